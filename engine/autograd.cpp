@@ -1,0 +1,282 @@
+// The autograd engine: FunctionNode runs an op's recorded backward, AccumulateGrad sums into a
+// leaf's .grad and fires its grad-ready hooks, and backward() runs ready nodes newest first.
+#include "engine/autograd.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "engine/ops.h"
+
+namespace kiln {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+std::atomic<uint64_t> g_next_sequence{0};
+}  // namespace
+
+bool GradMode::enabled() { return t_grad_enabled; }
+void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
+
+Node::Node() : sequence_nr(g_next_sequence.fetch_add(1)) {}
+
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (!t.defined()) return;
+  data_ = t.detach();
+  version_ = t.version();
+}
+
+Tensor SavedTensor::unpack(const char* op) const {
+  if (!data_.defined()) return data_;
+  KILN_CHECK(data_.version() == version_, op, ": a tensor ", data_.type_str(),
+             " saved for its backward was modified in place afterwards (version ", data_.version(), ", saved at ",
+             version_, "); clone() it before modifying, or modify a copy");
+  return data_;
+}
+
+namespace {
+
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(const char* name, BackwardFn fn) : name_(name), fn_(std::move(fn)) {}
+  std::string name() const override { return name_; }
+  void release() override {
+    fn_ = nullptr;
+    released_ = true;
+  }
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    KILN_CHECK(!released_, "backward through ", name_,
+               " a second time: its saved tensors were freed after the first backward; pass retain_graph=true to "
+               "the first call");
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (!grads[i].defined()) grads[i] = zeros(out_meta[i].shape, TensorOptions(out_meta[i].dtype, out_meta[i].device));
+    std::vector<bool> needs(next_edges.size());
+    for (size_t i = 0; i < needs.size(); ++i) needs[i] = next_edges[i].fn != nullptr;
+    GradCtx ctx{&grads, &needs};
+    std::vector<Tensor> res = fn_(ctx);
+    KILN_ASSERT(res.size() == next_edges.size(), name_, " backward returned ", res.size(), " gradients for ",
+                next_edges.size(), " inputs");
+    for (size_t i = 0; i < res.size(); ++i) {
+      if (!needs[i] || !res[i].defined()) {
+        res[i] = Tensor();
+        continue;
+      }
+      const TensorMeta& m = in_meta[i];
+      if (res[i].shape() != m.shape) {
+        KILN_ASSERT(res[i].numel() >= m.shape.numel(), name_, " backward: gradient ", res[i].shape(),
+                    " cannot reduce to input ", m.shape);
+        res[i] = sum_to(res[i], m.shape);
+      }
+      if (res[i].dtype() != m.dtype) res[i] = res[i].to(m.dtype);
+    }
+    return res;
+  }
+
+  std::vector<TensorMeta> in_meta, out_meta;
+
+ private:
+  const char* name_;
+  BackwardFn fn_;
+  bool released_ = false;
+};
+
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  std::string name() const override { return "AccumulateGrad"; }
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    Tensor g = std::move(grads.at(0));
+    if (!g.defined()) return {};
+    Tensor leaf(leaf_);
+    AutogradMeta& m = *leaf_->autograd;
+    if (!m.grad) {
+      // Keep the incoming buffer when nobody else can see it; otherwise own a copy.
+      const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
+      Tensor own = exclusive ? g : g.clone();
+      if (own.dtype() != leaf.dtype()) own = own.to(leaf.dtype());
+      m.grad = own.impl_ptr();
+    } else {
+      Tensor(m.grad).add_(g);
+    }
+    for (auto& [id, hook] : m.grad_ready_hooks) hook(leaf);
+    return {};
+  }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  AutogradMeta& m = *t.impl().autograd;
+  if (m.grad_fn) return {m.grad_fn, m.output_nr};
+  std::shared_ptr<Node> acc = m.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    m.grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+size_t num_outputs(Node* n) {
+  if (auto* f = dynamic_cast<FunctionNode*>(n)) return f->out_meta.size();
+  return 1;
+}
+
+struct Capture {
+  Node* node;
+  uint32_t output_nr;
+  size_t slot;
+};
+
+// The engine. With `captures`, gradients reaching those (node, output) pairs are returned instead
+// of accumulated, and leaves' .grad are left alone.
+std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads_in,
+                                 bool retain_graph, const std::vector<Capture>* captures, size_t ncapture) {
+  KILN_CHECK(roots.size() == grads_in.size() || grads_in.empty(), "backward: ", roots.size(), " outputs but ",
+             grads_in.size(), " gradients");
+  NoGradGuard no_grad;
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  std::unordered_map<Node*, int> deps;
+  std::vector<std::shared_ptr<Node>> root_nodes;
+
+  auto add_to = [&](Node* n, uint32_t slot, Tensor g) {
+    auto& buf = buffers[n];
+    if (buf.empty()) buf.resize(num_outputs(n));
+    if (!g.defined()) return;
+    if (!buf[slot].defined()) {
+      buf[slot] = std::move(g);
+    } else {
+      buf[slot] = add(buf[slot], g);
+    }
+  };
+
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    KILN_CHECK(r.defined() && r.requires_grad(), "backward: output ", i,
+               " does not require grad (no input of the computation requires grad, or it ran under NoGradGuard)");
+    Tensor g = grads_in.empty() ? Tensor() : grads_in[i];
+    if (!g.defined()) {
+      KILN_CHECK(r.numel() == 1, "backward: output ", i, " has shape ", r.shape(),
+                 "; pass grad_output for a non-scalar output");
+      g = ones_like(r);
+    }
+    KILN_CHECK(g.shape() == r.shape(), "backward: grad_output shape ", g.shape(), " differs from output shape ",
+               r.shape());
+    Edge e = gradient_edge(r);
+    add_to(e.fn.get(), e.input_nr, g.dtype() == r.dtype() ? g : g.to(r.dtype()));
+    root_nodes.push_back(e.fn);
+  }
+
+  // Count, for every node reachable from the roots, how many edges point at it.
+  {
+    std::vector<Node*> stack;
+    std::unordered_set<Node*> seen;
+    for (auto& n : root_nodes)
+      if (seen.insert(n.get()).second) stack.push_back(n.get());
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->next_edges) {
+        if (!e.fn) continue;
+        ++deps[e.fn.get()];
+        if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+      }
+    }
+  }
+
+  std::vector<Tensor> captured(ncapture);
+  auto cmp = [](Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(cmp)> ready(cmp);
+  {
+    std::unordered_set<Node*> pushed;
+    for (auto& n : root_nodes)
+      if (deps[n.get()] == 0 && pushed.insert(n.get()).second) ready.push(n.get());
+  }
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    std::vector<Tensor> in = std::move(buffers[n]);
+    buffers.erase(n);
+    if (in.empty()) in.resize(num_outputs(n));
+    bool skip = false;
+    if (captures) {
+      for (const Capture& c : *captures)
+        if (c.node == n && c.output_nr < in.size()) captured[c.slot] = in[c.output_nr];
+      skip = dynamic_cast<AccumulateGrad*>(n) != nullptr;
+    }
+    bool any = false;
+    for (const Tensor& t : in) any = any || t.defined();
+    std::vector<Tensor> out;
+    if (any && !skip) out = n->apply(std::move(in));
+    if (!retain_graph) n->release();
+    for (size_t i = 0; i < n->next_edges.size(); ++i) {
+      const Edge& e = n->next_edges[i];
+      if (!e.fn) continue;
+      add_to(e.fn.get(), e.input_nr, i < out.size() ? out[i] : Tensor());
+      if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
+    }
+  }
+  return captured;
+}
+
+}  // namespace
+
+namespace autograd {
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!GradMode::enabled()) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn) {
+  if (!needs_grad(inputs)) return;
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  for (const Tensor& in : inputs) {
+    node->next_edges.push_back(gradient_edge(in));
+    if (in.defined()) {
+      node->in_meta.push_back({in.shape(), in.dtype(), in.device()});
+    } else {
+      node->in_meta.push_back({});
+    }
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    node->out_meta.push_back({out.shape(), out.dtype(), out.device()});
+    if (!is_floating(out.dtype())) continue;  // indices and masks carry no gradient
+    TensorImpl& im = out.impl();
+    if (!im.autograd) im.autograd = std::make_unique<AutogradMeta>();
+    im.autograd->requires_grad = true;
+    im.autograd->grad_fn = node;
+    im.autograd->output_nr = uint32_t(i);
+  }
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+  run_backward(roots, grads, retain_graph, nullptr, 0);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph) {
+  std::vector<Capture> caps;
+  std::vector<std::shared_ptr<Node>> keep;  // accumulators created here must live through the pass
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    KILN_CHECK(inputs[i].requires_grad(), "autograd::grad: input ", i, " ", inputs[i].type_str(),
+               " does not require grad");
+    Edge e = gradient_edge(inputs[i]);
+    keep.push_back(e.fn);
+    caps.push_back({e.fn.get(), e.input_nr, i});
+  }
+  std::vector<Tensor> res = run_backward(outputs, grad_outputs, retain_graph, &caps, inputs.size());
+  for (size_t i = 0; i < res.size(); ++i)
+    if (!res[i].defined()) res[i] = zeros_like(inputs[i]);
+  return res;
+}
+
+}  // namespace autograd
+}  // namespace kiln

@@ -1,0 +1,91 @@
+// Reverse-mode autograd on a dynamic graph. An op that wants gradients records a Node holding a
+// backward function; Tensor::backward walks the graph in reverse creation order.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace kiln {
+
+// Gradient recording is on by default, per thread.
+struct GradMode {
+  static bool enabled();
+  static void set_enabled(bool on);
+};
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(GradMode::enabled()) { GradMode::set_enabled(false); }
+  ~NoGradGuard() { GradMode::set_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+struct Edge {
+  std::shared_ptr<Node> fn;  // null: that input needs no gradient
+  uint32_t input_nr = 0;
+};
+
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+};
+
+class Node {
+ public:
+  Node();
+  virtual ~Node() = default;
+  // One gradient per output in, one per input (next_edges) out; undefined means zero.
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) = 0;
+  virtual std::string name() const = 0;
+  // Drops saved tensors after a backward pass that did not ask to retain the graph.
+  virtual void release() {}
+
+  std::vector<Edge> next_edges;
+  uint64_t sequence_nr;  // creation order; backward runs the newest ready node first
+};
+
+// What a backward function sees: the gradient of each output (zeros when an output was unused)
+// and which inputs need a gradient.
+struct GradCtx {
+  const std::vector<Tensor>* grads;
+  const std::vector<bool>* needs;
+  const Tensor& g(size_t i = 0) const { return (*grads)[i]; }
+  bool needs_grad(size_t i) const { return (*needs)[i]; }
+};
+using BackwardFn = std::function<std::vector<Tensor>(const GradCtx&)>;
+
+// A tensor kept for backward; unpack() fails with a clear error if it was modified in place since.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& t);
+  Tensor unpack(const char* op) const;
+  bool defined() const { return data_.defined(); }
+
+ private:
+  Tensor data_;
+  uint64_t version_ = 0;
+};
+
+namespace autograd {
+
+// True when grad mode is on and some input requires a gradient.
+bool needs_grad(const std::vector<Tensor>& inputs);
+// Records `fn` as the backward of `outputs` w.r.t. `inputs`. Gradients it returns are summed down
+// to each input's shape (undoing broadcasting) and cast to its dtype. A no-op when !needs_grad.
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn);
+// Runs backward from several roots at once.
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false);
+// Gradients of `outputs` w.r.t. `inputs` without touching .grad of leaves.
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false);
+
+}  // namespace autograd
+}  // namespace kiln

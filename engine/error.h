@@ -1,0 +1,47 @@
+// Errors that say what and where: kiln::Error carries file:line and a message built from values.
+// KILN_CHECK is for user errors (bad shapes, bad files); KILN_ASSERT for broken internal invariants.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace kiln {
+
+class Error : public std::runtime_error {
+ public:
+  Error(const std::string& what, const char* file, int line)
+      : std::runtime_error(what + " (" + file + ":" + std::to_string(line) + ")"), msg_(what) {}
+  // The message without the source location.
+  const std::string& message() const { return msg_; }
+
+ private:
+  std::string msg_;
+};
+
+namespace detail {
+template <typename... Args>
+std::string str_cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+[[noreturn]] void throw_error(const std::string& msg, const char* file, int line);
+}  // namespace detail
+
+}  // namespace kiln
+
+#define KILN_CHECK(cond, ...)                                                                   \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]]                                                                   \
+      ::kiln::detail::throw_error(::kiln::detail::str_cat(__VA_ARGS__), __FILE__, __LINE__);    \
+  } while (0)
+
+#define KILN_ASSERT(cond, ...)                                                                  \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]]                                                                   \
+      ::kiln::detail::throw_error(                                                              \
+          ::kiln::detail::str_cat("internal error: assertion `" #cond "` failed. ", ##__VA_ARGS__), \
+          __FILE__, __LINE__);                                                                  \
+  } while (0)
+
+#define KILN_FAIL(...) ::kiln::detail::throw_error(::kiln::detail::str_cat(__VA_ARGS__), __FILE__, __LINE__)

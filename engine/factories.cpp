@@ -1,0 +1,94 @@
+// Tensor factories, the default random generator, and the random fills.
+#include <cmath>
+
+#include "engine/autograd.h"
+#include "engine/internal.h"
+#include "engine/ops.h"
+
+namespace kiln {
+
+Generator& default_generator() {
+  static Generator g(0x4b494c4eull);  // "KILN"
+  return g;
+}
+void manual_seed(uint64_t seed) { default_generator() = Generator(seed); }
+
+namespace {
+Tensor finish(Tensor t, const TensorOptions& o) {
+  if (o.requires_grad) t.set_requires_grad(true);
+  return t;
+}
+}  // namespace
+
+Tensor empty(const Shape& shape, TensorOptions o) { return finish(make_tensor(shape, o.dtype, o.device), o); }
+
+Tensor full(const Shape& shape, double value, TensorOptions o) {
+  Tensor t = make_tensor(shape, o.dtype, o.device);
+  detail::backend(o.device).fill(detail::desc(t), value);
+  return finish(t, o);
+}
+Tensor zeros(const Shape& shape, TensorOptions o) { return full(shape, 0.0, o); }
+Tensor ones(const Shape& shape, TensorOptions o) { return full(shape, 1.0, o); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), TensorOptions(t.dtype(), t.device())); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), TensorOptions(t.dtype(), t.device())); }
+Tensor full_like(const Tensor& t, double v) { return full(t.shape(), v, TensorOptions(t.dtype(), t.device())); }
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), TensorOptions(t.dtype(), t.device())); }
+Tensor scalar_tensor(double v, TensorOptions o) { return full(Shape{}, v, o); }
+
+Tensor arange(double start, double end, double step, TensorOptions o) {
+  KILN_CHECK(step != 0 && std::isfinite(step), "arange: step must be finite and non-zero, got ", step);
+  KILN_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start ", start, " and end ", end, " must be finite");
+  const double n = std::ceil((end - start) / step);
+  KILN_CHECK(n < 9.0e15, "arange: ", n, " elements is too many");
+  Tensor t = make_tensor(Shape{std::max<int64_t>(0, int64_t(n))}, o.dtype, o.device);
+  detail::backend(o.device).arange(detail::desc(t), start, step);
+  return finish(t, o);
+}
+Tensor arange(int64_t end, TensorOptions o) { return arange(0.0, double(end), 1.0, o); }
+
+Tensor eye(int64_t n, int64_t m, TensorOptions o) {
+  if (m < 0) m = n;
+  KILN_CHECK(n >= 0, "eye: negative size ", n);
+  Tensor t = zeros({n, m}, TensorOptions(o.dtype, o.device));
+  const int64_t d = std::min(n, m);
+  if (d > 0) t.as_strided({d}, {m + 1}, 0).fill_(1.0);
+  return finish(t, o);
+}
+
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions o) {
+  KILN_CHECK(int64_t(values.size()) == shape.numel(), "from_vector: ", values.size(), " values for shape ", shape,
+             " (", shape.numel(), " elements)");
+  Tensor src = make_tensor(shape, DType::f64, kCPU);
+  std::copy(values.begin(), values.end(), src.data<double>());
+  Tensor t = make_tensor(shape, o.dtype, o.device);
+  detail::backend(o.device).copy(detail::desc(t), detail::desc(src));
+  return finish(t, o);
+}
+
+namespace {
+Tensor random_fill(RandomKind kind, const Shape& shape, double p0, double p1, TensorOptions o, Generator* gen) {
+  Generator& g = gen ? *gen : default_generator();
+  KILN_CHECK(is_floating(o.dtype) || kind == RandomKind::bernoulli, "random tensors must be floating, got ", o.dtype);
+  Tensor t = make_tensor(shape, o.dtype, o.device);
+  const uint64_t offset = g.reserve(uint64_t(t.numel()));
+  detail::backend(o.device).random(kind, detail::desc(t), g.seed, offset, p0, p1);
+  return finish(t, o);
+}
+}  // namespace
+
+Tensor rand(const Shape& shape, TensorOptions o, Generator* g) { return random_fill(RandomKind::uniform, shape, 0, 1, o, g); }
+Tensor uniform(const Shape& shape, double lo, double hi, TensorOptions o, Generator* g) {
+  KILN_CHECK(lo <= hi, "uniform: low ", lo, " is greater than high ", hi);
+  return random_fill(RandomKind::uniform, shape, lo, hi, o, g);
+}
+Tensor randn(const Shape& shape, TensorOptions o, Generator* g) { return random_fill(RandomKind::normal, shape, 0, 1, o, g); }
+Tensor normal(const Shape& shape, double mean, double std, TensorOptions o, Generator* g) {
+  KILN_CHECK(std >= 0, "normal: std must be >= 0, got ", std);
+  return random_fill(RandomKind::normal, shape, mean, std, o, g);
+}
+Tensor bernoulli(const Shape& shape, double p, TensorOptions o, Generator* g) {
+  KILN_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got ", p);
+  return random_fill(RandomKind::bernoulli, shape, p, 0, o, g);
+}
+
+}  // namespace kiln

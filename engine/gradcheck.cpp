@@ -1,0 +1,66 @@
+// gradcheck: analytic gradients of sum(w * f(x)) against central differences, element by element.
+#include "engine/gradcheck.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "engine/autograd.h"
+#include "engine/ops.h"
+
+namespace kiln {
+
+std::string gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs,
+                      GradcheckOptions opts) {
+  std::vector<Tensor> xs;
+  std::vector<size_t> diff;  // indices of the inputs we differentiate
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined() && is_floating(inputs[i].dtype())) {
+      Tensor x = inputs[i].detach().to(DType::f64).clone().contiguous();
+      x.set_requires_grad(true);
+      xs.push_back(x);
+      diff.push_back(i);
+    } else {
+      xs.push_back(inputs[i]);
+    }
+  }
+  Tensor out = fn(xs);
+  KILN_CHECK(out.defined() && is_floating(out.dtype()), "gradcheck: fn must return a floating tensor");
+  Generator gen(opts.seed);
+  const Tensor w = uniform(out.shape(), 0.5, 1.5, TensorOptions(DType::f64), &gen);
+  auto objective = [&](const Tensor& y) { return sum(y.to(DType::f64) * w).item<double>(); };
+
+  std::vector<Tensor> leaves;
+  for (size_t i : diff) leaves.push_back(xs[i]);
+  if (leaves.empty()) return "";
+  if (!out.requires_grad()) return "gradcheck: output does not depend on any floating input";
+  std::vector<Tensor> analytic = autograd::grad({sum(out.to(DType::f64) * w)}, leaves);
+
+  NoGradGuard ng;
+  for (size_t li = 0; li < leaves.size(); ++li) {
+    Tensor x = leaves[li];
+    double* p = x.data<double>();
+    const std::vector<double> ga = analytic[li].to_vector();
+    for (int64_t e = 0; e < x.numel(); ++e) {
+      const double orig = p[e];
+      p[e] = orig + opts.eps;
+      x.bump_version();
+      const double fp = objective(fn(xs));
+      p[e] = orig - opts.eps;
+      x.bump_version();
+      const double fm = objective(fn(xs));
+      p[e] = orig;
+      x.bump_version();
+      const double num = (fp - fm) / (2 * opts.eps);
+      const double ana = ga[size_t(e)];
+      if (!(std::abs(num - ana) <= opts.atol + opts.rtol * std::abs(num))) {
+        std::ostringstream os;
+        os << "gradcheck: input " << diff[li] << " " << inputs[diff[li]].shape() << " element " << e
+           << ": analytic " << ana << " vs numerical " << num;
+        return os.str();
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace kiln

@@ -1,0 +1,25 @@
+// Checks analytic gradients against central finite differences, in f64. For op authors and tests.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace kiln {
+
+struct GradcheckOptions {
+  double eps = 1e-6;
+  double atol = 1e-6;
+  double rtol = 1e-4;
+  uint64_t seed = 1234;  // for the random projection of the output
+};
+
+// `fn` maps the inputs to one output. Floating inputs are copied to contiguous f64 leaves that
+// require grad (fn can take views of them to test strided paths); others pass as they are.
+// Compares d(sum(w * fn(x)))/dx for a random w with the numerical derivative, element by element.
+// Returns "" on success, otherwise a message naming the input, the element and both values.
+std::string gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                      const std::vector<Tensor>& inputs, GradcheckOptions opts = {});
+
+}  // namespace kiln

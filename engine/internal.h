@@ -1,0 +1,23 @@
+// Helpers shared by the engine's op files: kernel descriptors, backend lookup, argument checks.
+// Not installed for users.
+#pragma once
+#include <vector>
+
+#include "engine/tensor.h"
+#include "kernels/backend.h"
+
+namespace kiln::detail {
+
+TensorDesc desc(const Tensor& t);
+// The view of `t` broadcast to `shape` as a kernel descriptor (stride 0 on broadcast dims).
+TensorDesc desc_broadcast(const Tensor& t, const Shape& shape);
+const Backend& backend(Device d);
+// All tensors on one device; names the op and the devices otherwise.
+Device common_device(const char* op, const std::vector<Tensor>& ts);
+std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op);
+// A new tensor sharing t's storage with other geometry.
+Tensor make_view(const Tensor& t, const Shape& shape, const Shape& strides, int64_t offset);
+// Throws when an in-place write to t would break autograd.
+void check_inplace(const Tensor& t, const char* op);
+
+}  // namespace kiln::detail

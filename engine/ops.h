@@ -1,0 +1,137 @@
+// The tensor operations of the core: factories, elementwise math with broadcasting and dtype
+// promotion, reductions and matmul. Every differentiable op records its backward (engine/ops_*.cpp).
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "engine/random.h"
+#include "engine/tensor.h"
+
+namespace kiln {
+
+struct TensorOptions {
+  DType dtype = DType::f32;
+  Device device = kCPU;
+  bool requires_grad = false;
+  TensorOptions() = default;
+  TensorOptions(DType d) : dtype(d) {}
+  TensorOptions(DType d, Device dev) : dtype(d), device(dev) {}
+  TensorOptions& with_grad(bool r = true) {
+    requires_grad = r;
+    return *this;
+  }
+};
+
+// ---- factories -------------------------------------------------------------------------------
+Tensor empty(const Shape& shape, TensorOptions opts = {});
+Tensor zeros(const Shape& shape, TensorOptions opts = {});
+Tensor ones(const Shape& shape, TensorOptions opts = {});
+Tensor full(const Shape& shape, double value, TensorOptions opts = {});
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, double value);
+Tensor empty_like(const Tensor& t);
+Tensor scalar_tensor(double value, TensorOptions opts = {});  // 0-dim
+// [start, end) with `step`; the number of elements is ceil((end - start) / step).
+Tensor arange(double start, double end, double step = 1.0, TensorOptions opts = {DType::i64});
+Tensor arange(int64_t end, TensorOptions opts = {DType::i64});
+Tensor eye(int64_t n, int64_t m = -1, TensorOptions opts = {});
+// From host values (row-major), converted to opts.dtype.
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts = {});
+template <typename T> Tensor from_blob_copy(const T* data, const Shape& shape) {
+  Tensor t = empty(shape, TensorOptions(DTypeOf<T>::value));
+  std::copy(data, data + t.numel(), t.data<T>());
+  return t;
+}
+
+// Random numbers from the Philox stream of `gen` (default: the context's generator). Each call
+// takes the next block of the stream, so the same seed gives the same tensors on CPU and GPU.
+Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);  // U[0,1)
+Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts = {}, Generator* gen = nullptr);
+Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
+Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts = {}, Generator* gen = nullptr);
+// 1 with probability p, else 0, in opts.dtype.
+Tensor bernoulli(const Shape& shape, double p, TensorOptions opts = {}, Generator* gen = nullptr);
+
+// ---- elementwise: broadcasting and type promotion ----------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);  // a + alpha * b
+Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor neg(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor sign(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+enum class GeluApprox { none, tanh };
+Tensor gelu(const Tensor& a, GeluApprox approx = GeluApprox::none);
+Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> max);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// Comparisons give bool tensors (not differentiable).
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_not(const Tensor& a);
+// A cast that autograd sees (the gradient is cast back).
+Tensor cast(const Tensor& a, DType dtype);
+
+// Scalars take the tensor's dtype when it is floating (a f16 tensor times 2.0 stays f16).
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, double s);
+Tensor operator-(const Tensor& a, double s);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator/(const Tensor& a, double s);
+Tensor operator+(double s, const Tensor& a);
+Tensor operator-(double s, const Tensor& a);
+Tensor operator*(double s, const Tensor& a);
+Tensor operator/(double s, const Tensor& a);
+Tensor scalar_like(double s, const Tensor& like);  // 0-dim tensor in the dtype a scalar gets next to `like`
+
+// ---- reductions ---------------------------------------------------------------------------------
+// An empty `dims` reduces over every dim. Sums of integers and bools give i64.
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Variance with Bessel-style `correction` (1: unbiased, 0: population).
+Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+// Max/min over dims; the gradient is shared equally among tied maxima.
+Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+struct ValuesIndices {
+  Tensor values, indices;
+};
+// Max/min along one dim with the (first) index of each; the gradient goes to that index.
+ValuesIndices max(const Tensor& a, int64_t dim, bool keepdim = false);
+ValuesIndices min(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor argmin(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& a);  // index into the flattened tensor
+// Sums `a` down to `shape` (the inverse of broadcasting `shape` up to a.shape()).
+Tensor sum_to(const Tensor& a, const Shape& shape);
+
+// ---- linear algebra -----------------------------------------------------------------------------
+// numpy semantics: 1-D operands are promoted and the added dim removed; batch dims broadcast.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- shape ops as free functions (also on Tensor) -----------------------------------------------
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+
+}  // namespace kiln

@@ -1,0 +1,394 @@
+// Elementwise ops: broadcasting, dtype promotion, the kernel call and the backward of each op,
+// one op per block.
+#include <cmath>
+#include <limits>
+
+#include "engine/autograd.h"
+#include "engine/internal.h"
+#include "engine/ops.h"
+
+namespace kiln {
+
+using detail::backend;
+using detail::desc;
+using detail::desc_broadcast;
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    KILN_CHECK(da == db || da == 1 || db == 1, "shapes ", a, " and ", b, " do not broadcast (dim ", i, ": ", da,
+               " vs ", db, ")");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+namespace {
+
+// A cast that autograd does not see (for kernel inputs; the op records its own backward).
+Tensor raw_cast(const Tensor& t, DType dt) {
+  if (t.dtype() == dt) return t;
+  Tensor out = make_tensor(t.shape(), dt, t.device());
+  backend(t.device()).copy(desc(out), desc(t));
+  return out;
+}
+
+Tensor run_binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, DType compute, DType out_dtype,
+                  double alpha = 1.0) {
+  const Device dev = detail::common_device(name, {a, b});
+  Shape shape;
+  try {
+    shape = broadcast_shapes(a.shape(), b.shape());
+  } catch (const Error& e) {
+    KILN_FAIL(name, ": ", e.message());
+  }
+  const Tensor a2 = raw_cast(a, compute), b2 = raw_cast(b, compute);
+  Tensor out = make_tensor(shape, out_dtype, dev);
+  backend(dev).binary(op, desc(out), desc_broadcast(a2, shape), desc_broadcast(b2, shape), alpha);
+  return out;
+}
+
+Tensor run_unary(UnaryOp op, const Tensor& a, DType dt, double p0 = 0, double p1 = 0) {
+  const Tensor a2 = raw_cast(a, dt);
+  Tensor out = make_tensor(a.shape(), dt, a.device());
+  backend(a.device()).unary(op, desc(out), desc(a2), p0, p1);
+  return out;
+}
+
+// Float ops on integer inputs compute in f32, as in common array libraries.
+DType float_type(DType t) { return is_floating(t) ? t : DType::f32; }
+
+DType arith_type(const char* name, const Tensor& a, const Tensor& b) {
+  const DType t = promote_types(a.dtype(), b.dtype());
+  return t;
+}
+
+void check_not_bool(const char* name, DType t) {
+  KILN_CHECK(t != DType::boolean, name, ": not defined for bool tensors");
+}
+
+}  // namespace
+
+// ---- binary arithmetic ------------------------------------------------------------------------------
+
+Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  const DType t = arith_type("add", a, b);
+  Tensor out = run_binary("add", BinaryOp::add, a, b, t, t, alpha);
+  if (autograd::needs_grad({a, b}))
+    autograd::record("add", {a, b}, {out}, [alpha](const GradCtx& c) -> std::vector<Tensor> {
+      return {c.g(), alpha == 1.0 ? c.g() : c.g() * alpha};
+    });
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  const DType t = arith_type("sub", a, b);
+  check_not_bool("sub", t);
+  Tensor out = run_binary("sub", BinaryOp::sub, a, b, t, t, alpha);
+  if (autograd::needs_grad({a, b}))
+    autograd::record("sub", {a, b}, {out}, [alpha](const GradCtx& c) -> std::vector<Tensor> {
+      return {c.g(), c.g() * -alpha};
+    });
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  const DType t = arith_type("mul", a, b);
+  Tensor out = run_binary("mul", BinaryOp::mul, a, b, t, t);
+  if (autograd::needs_grad({a, b})) {
+    SavedTensor sa(a), sb(b);
+    autograd::record("mul", {a, b}, {out}, [sa, sb](const GradCtx& c) -> std::vector<Tensor> {
+      return {c.needs_grad(0) ? c.g() * sb.unpack("mul") : Tensor(),
+              c.needs_grad(1) ? c.g() * sa.unpack("mul") : Tensor()};
+    });
+  }
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  const DType t = float_type(arith_type("div", a, b));
+  Tensor out = run_binary("div", BinaryOp::div, a, b, t, t);
+  if (autograd::needs_grad({a, b})) {
+    SavedTensor sa(a), sb(b);
+    autograd::record("div", {a, b}, {out}, [sa, sb](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor b = sb.unpack("div");
+      const Tensor ga = c.g() / b;
+      return {ga, c.needs_grad(1) ? neg(ga * sa.unpack("div") / b) : Tensor()};
+    });
+  }
+  return out;
+}
+
+Tensor pow(const Tensor& a, const Tensor& b) {
+  const DType t = arith_type("pow", a, b);
+  check_not_bool("pow", t);
+  Tensor out = run_binary("pow", BinaryOp::pow, a, b, t, t);
+  if (autograd::needs_grad({a, b})) {
+    SavedTensor sa(a), sb(b), so(out);
+    autograd::record("pow", {a, b}, {out}, [sa, sb, so](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor a = sa.unpack("pow"), b = sb.unpack("pow");
+      Tensor ga, gb;
+      if (c.needs_grad(0)) ga = c.g() * b * pow(a, b - 1.0);
+      if (c.needs_grad(1)) {
+        // d(a^b)/db = a^b log a; where a == 0 the limit used by common libraries is 0.
+        const Tensor safe = where(eq(a, scalar_like(0, a)), ones_like(a), a);
+        gb = where(eq(a, scalar_like(0, a)), zeros_like(so.unpack("pow")), c.g() * so.unpack("pow") * log(safe));
+      }
+      return {ga, gb};
+    });
+  }
+  return out;
+}
+
+Tensor pow(const Tensor& a, double e) {
+  check_not_bool("pow", a.dtype());
+  const DType t = (e == std::floor(e) && !is_floating(a.dtype()) && e >= 0) ? a.dtype() : float_type(a.dtype());
+  Tensor out;
+  if (is_floating(t)) {
+    out = run_unary(UnaryOp::pow_scalar, a, t, e);
+  } else {
+    out = run_binary("pow", BinaryOp::pow, a, scalar_tensor(e, TensorOptions(t, a.device())), t, t);
+  }
+  if (autograd::needs_grad({a})) {
+    SavedTensor sa(a);
+    autograd::record("pow", {a}, {out}, [sa, e](const GradCtx& c) -> std::vector<Tensor> {
+      if (e == 0.0) return {zeros_like(c.g())};
+      return {c.g() * e * pow(sa.unpack("pow"), e - 1.0)};
+    });
+  }
+  return out;
+}
+
+namespace {
+// max/min: the gradient goes to the larger (smaller) input; ties split it in half.
+Tensor extremum(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, bool is_max) {
+  const DType t = arith_type(name, a, b);
+  Tensor out = run_binary(name, op, a, b, t, t);
+  if (autograd::needs_grad({a, b})) {
+    SavedTensor sa(a), sb(b);
+    autograd::record(name, {a, b}, {out}, [sa, sb, is_max, name](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor a = sa.unpack(name), b = sb.unpack(name);
+      const DType gt_ = c.g().dtype();
+      const Tensor wins = cast(is_max ? gt(a, b) : lt(a, b), gt_);
+      const Tensor ties = cast(eq(a, b), gt_) * 0.5;
+      const Tensor wa = wins + ties;
+      return {c.g() * wa, c.g() * (1.0 - wa)};
+    });
+  }
+  return out;
+}
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) { return extremum("maximum", BinaryOp::maximum, a, b, true); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", BinaryOp::minimum, a, b, false); }
+
+// ---- comparisons and logic (not differentiable) ------------------------------------------------------
+
+namespace {
+Tensor compare(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
+  return run_binary(name, op, a, b, promote_types(a.dtype(), b.dtype()), DType::boolean);
+}
+}  // namespace
+
+Tensor eq(const Tensor& a, const Tensor& b) { return compare("eq", BinaryOp::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return compare("ne", BinaryOp::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return compare("lt", BinaryOp::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return compare("le", BinaryOp::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return compare("gt", BinaryOp::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return compare("ge", BinaryOp::ge, a, b); }
+Tensor logical_and(const Tensor& a, const Tensor& b) { return compare("logical_and", BinaryOp::logical_and, a, b); }
+Tensor logical_or(const Tensor& a, const Tensor& b) { return compare("logical_or", BinaryOp::logical_or, a, b); }
+Tensor logical_not(const Tensor& a) { return run_unary(UnaryOp::logical_not, raw_cast(a, DType::boolean), DType::boolean); }
+
+// ---- unary ---------------------------------------------------------------------------------------
+
+namespace {
+// A float unary op whose backward needs the input (in) or the output (out).
+template <typename Back>
+Tensor float_unary(const char* name, UnaryOp op, const Tensor& a, bool save_output, Back back) {
+  check_not_bool(name, a.dtype());
+  Tensor out = run_unary(op, a, float_type(a.dtype()));
+  if (autograd::needs_grad({a})) {
+    SavedTensor saved(save_output ? out : a);
+    autograd::record(name, {a}, {out}, [saved, back, name](const GradCtx& c) -> std::vector<Tensor> {
+      return {back(c.g(), saved.unpack(name))};
+    });
+  }
+  return out;
+}
+}  // namespace
+
+Tensor neg(const Tensor& a) {
+  check_not_bool("neg", a.dtype());
+  Tensor out = run_unary(UnaryOp::neg, a, a.dtype());
+  if (autograd::needs_grad({a}))
+    autograd::record("neg", {a}, {out}, [](const GradCtx& c) -> std::vector<Tensor> { return {neg(c.g())}; });
+  return out;
+}
+
+Tensor abs(const Tensor& a) {
+  check_not_bool("abs", a.dtype());
+  Tensor out = run_unary(UnaryOp::abs, a, a.dtype());
+  if (autograd::needs_grad({a})) {
+    SavedTensor sa(a);
+    autograd::record("abs", {a}, {out}, [sa](const GradCtx& c) -> std::vector<Tensor> {
+      return {c.g() * sign(sa.unpack("abs"))};
+    });
+  }
+  return out;
+}
+
+Tensor sign(const Tensor& a) {
+  check_not_bool("sign", a.dtype());
+  Tensor out = run_unary(UnaryOp::sign, a, a.dtype());
+  if (autograd::needs_grad({a}))
+    autograd::record("sign", {a}, {out}, [](const GradCtx& c) -> std::vector<Tensor> { return {zeros_like(c.g())}; });
+  return out;
+}
+
+Tensor exp(const Tensor& a) {
+  return float_unary("exp", UnaryOp::exp, a, true, [](const Tensor& g, const Tensor& y) { return g * y; });
+}
+Tensor log(const Tensor& a) {
+  return float_unary("log", UnaryOp::log, a, false, [](const Tensor& g, const Tensor& x) { return g / x; });
+}
+Tensor sqrt(const Tensor& a) {
+  return float_unary("sqrt", UnaryOp::sqrt, a, true, [](const Tensor& g, const Tensor& y) { return g / (y * 2.0); });
+}
+Tensor rsqrt(const Tensor& a) {
+  // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
+  return float_unary("rsqrt", UnaryOp::rsqrt, a, true,
+                     [](const Tensor& g, const Tensor& y) { return g * pow(y, 3.0) * -0.5; });
+}
+
+namespace {
+Tensor fused_backward(BinaryOp op, const Tensor& g, const Tensor& saved) {
+  return run_binary("backward", op, g, saved, promote_types(g.dtype(), saved.dtype()),
+                    promote_types(g.dtype(), saved.dtype()));
+}
+}  // namespace
+
+Tensor tanh(const Tensor& a) {
+  return float_unary("tanh", UnaryOp::tanh, a, true,
+                     [](const Tensor& g, const Tensor& y) { return fused_backward(BinaryOp::tanh_backward, g, y); });
+}
+Tensor sigmoid(const Tensor& a) {
+  return float_unary("sigmoid", UnaryOp::sigmoid, a, true,
+                     [](const Tensor& g, const Tensor& y) { return fused_backward(BinaryOp::sigmoid_backward, g, y); });
+}
+
+Tensor relu(const Tensor& a) {
+  check_not_bool("relu", a.dtype());
+  Tensor out = run_unary(UnaryOp::relu, a, a.dtype());
+  if (autograd::needs_grad({a})) {
+    SavedTensor so(out);
+    autograd::record("relu", {a}, {out}, [so](const GradCtx& c) -> std::vector<Tensor> {
+      return {fused_backward(BinaryOp::relu_backward, c.g(), so.unpack("relu"))};
+    });
+  }
+  return out;
+}
+
+Tensor gelu(const Tensor& a, GeluApprox approx) {
+  const bool t = approx == GeluApprox::tanh;
+  return float_unary(t ? "gelu_tanh" : "gelu", t ? UnaryOp::gelu_tanh : UnaryOp::gelu_erf, a, false,
+                     [t](const Tensor& g, const Tensor& x) {
+                       return fused_backward(t ? BinaryOp::gelu_tanh_backward : BinaryOp::gelu_erf_backward, g, x);
+                     });
+}
+
+Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+  check_not_bool("clamp", a.dtype());
+  if (lo && hi) KILN_CHECK(*lo <= *hi, "clamp: min ", *lo, " is greater than max ", *hi);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor out = run_unary(UnaryOp::clamp, a, a.dtype(), lo ? *lo : nan, hi ? *hi : nan);
+  if (autograd::needs_grad({a})) {
+    SavedTensor sa(a);
+    autograd::record("clamp", {a}, {out}, [sa, lo, hi](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor x = sa.unpack("clamp");
+      Tensor inside = ones_like(x).to(DType::boolean);
+      if (lo) inside = logical_and(inside, ge(x, scalar_like(*lo, x)));
+      if (hi) inside = logical_and(inside, le(x, scalar_like(*hi, x)));
+      return {where(inside, c.g(), zeros_like(c.g()))};
+    });
+  }
+  return out;
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  const Device dev = detail::common_device("where", {cond, a, b});
+  KILN_CHECK(cond.dtype() == DType::boolean, "where: condition must be bool, got ", cond.dtype());
+  Shape shape;
+  try {
+    shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape()), b.shape());
+  } catch (const Error& e) {
+    KILN_FAIL("where: ", e.message());
+  }
+  const DType t = promote_types(a.dtype(), b.dtype());
+  const Tensor a2 = raw_cast(a, t), b2 = raw_cast(b, t);
+  Tensor out = make_tensor(shape, t, dev);
+  backend(dev).where(desc(out), desc_broadcast(cond, shape), desc_broadcast(a2, shape), desc_broadcast(b2, shape));
+  if (autograd::needs_grad({a, b})) {
+    const Tensor c0 = cond.detach();
+    autograd::record("where", {a, b}, {out}, [c0](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor z = zeros_like(c.g());
+      return {c.needs_grad(0) ? where(c0, c.g(), z) : Tensor(), c.needs_grad(1) ? where(c0, z, c.g()) : Tensor()};
+    });
+  }
+  return out;
+}
+
+Tensor cast(const Tensor& a, DType dt) {
+  if (a.dtype() == dt) return a;
+  Tensor out = raw_cast(a, dt);
+  if (is_floating(dt) && autograd::needs_grad({a}))
+    autograd::record("cast", {a}, {out}, [](const GradCtx& c) -> std::vector<Tensor> { return {c.g()}; });
+  return out;
+}
+
+// ---- operators with scalars -------------------------------------------------------------------------
+
+Tensor scalar_like(double s, const Tensor& like) {
+  DType t;
+  const bool integral = std::isfinite(s) && s == std::floor(s);
+  if (is_floating(like.dtype())) {
+    t = like.dtype();
+  } else if (integral) {
+    t = like.dtype() == DType::boolean ? DType::i64 : like.dtype();
+  } else {
+    t = DType::f32;
+  }
+  return scalar_tensor(s, TensorOptions(t, like.device()));
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator-(const Tensor& a) { return neg(a); }
+Tensor operator+(const Tensor& a, double s) { return add(a, scalar_like(s, a)); }
+Tensor operator-(const Tensor& a, double s) { return sub(a, scalar_like(s, a)); }
+Tensor operator*(const Tensor& a, double s) { return mul(a, scalar_like(s, a)); }
+Tensor operator/(const Tensor& a, double s) { return div(a, scalar_like(s, a)); }
+Tensor operator+(double s, const Tensor& a) { return add(scalar_like(s, a), a); }
+Tensor operator-(double s, const Tensor& a) { return sub(scalar_like(s, a), a); }
+Tensor operator*(double s, const Tensor& a) { return mul(scalar_like(s, a), a); }
+Tensor operator/(double s, const Tensor& a) { return div(scalar_like(s, a), a); }
+
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  if (a.shape() != b.shape()) return false;
+  const std::vector<double> x = a.to_vector(), y = b.to_vector();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) {
+      if (!(std::isnan(x[i]) && std::isnan(y[i]))) return false;
+      continue;
+    }
+    if (std::abs(x[i] - y[i]) > atol + rtol * std::abs(y[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace kiln

@@ -1,0 +1,110 @@
+// matmul with numpy semantics over the backend GEMM. Transposed operands (a stride-1 row dim)
+// are passed to GEMM as transposes, not copied; 16-bit inputs compute in f32 on the CPU.
+#include "engine/autograd.h"
+#include "engine/internal.h"
+#include "engine/ops.h"
+#include "engine/thread_pool.h"
+
+namespace kiln {
+namespace {
+
+struct MatLayout {
+  bool trans = false;
+  int64_t ld = 0;
+  bool ok = false;
+};
+
+// How GEMM can read a rows x cols matrix with row stride rs and column stride cs.
+MatLayout layout_of(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  if (cs == 1 && (rows == 1 || rs >= cols)) return {false, std::max<int64_t>({rs, cols, 1}), true};
+  if (rs == 1 && (cols == 1 || cs >= rows)) return {true, std::max<int64_t>({cs, rows, 1}), true};
+  return {};
+}
+
+Tensor as_compute(const Tensor& t, DType dt) {
+  Tensor x = t.detach();
+  if (x.dtype() != dt) x = x.to(dt);
+  return x;
+}
+
+// [..., m, k] x [..., k, n] with at least 2 dims each.
+Tensor matmul_nd(const Tensor& a, const Tensor& b) {
+  const Device dev = detail::common_device("matmul", {a, b});
+  const DType t = promote_types(a.dtype(), b.dtype());
+  KILN_CHECK(is_floating(t), "matmul: ", a.type_str(), " x ", b.type_str(), ": needs floating tensors");
+  const int64_t m = a.size(-2), k = a.size(-1), k2 = b.size(-2), n = b.size(-1);
+  KILN_CHECK(k == k2, "matmul: ", a.shape(), " x ", b.shape(), ": inner dimensions ", k, " and ", k2, " differ");
+  Shape ab(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  Shape batch;
+  try {
+    batch = broadcast_shapes(ab, bb);
+  } catch (const Error& e) {
+    KILN_FAIL("matmul: ", a.shape(), " x ", b.shape(), ": batch dims do not broadcast (", e.message(), ")");
+  }
+  const DType ct = (t == DType::f64) ? DType::f64 : DType::f32;
+  Shape ea = batch, eb = batch, oshape = batch;
+  ea.insert(ea.end(), {m, k});
+  eb.insert(eb.end(), {k, n});
+  oshape.insert(oshape.end(), {m, n});
+  Tensor x = as_compute(a, ct).expand(ea), y = as_compute(b, ct).expand(eb);
+  MatLayout la = layout_of(m, k, x.stride(-2), x.stride(-1));
+  if (!la.ok) {
+    x = x.contiguous();
+    la = layout_of(m, k, x.stride(-2), x.stride(-1));
+  }
+  MatLayout lb = layout_of(k, n, y.stride(-2), y.stride(-1));
+  if (!lb.ok) {
+    y = y.contiguous();
+    lb = layout_of(k, n, y.stride(-2), y.stride(-1));
+  }
+  Tensor out = make_tensor(oshape, ct, dev);
+  const int64_t nbatch = batch.numel();
+  const size_t es = dtype_size(ct);
+  const auto& be = detail::backend(dev);
+  auto one = [&](int64_t bi) {
+    int64_t offa = 0, offb = 0, rem = bi;
+    for (int64_t d = int64_t(batch.size()) - 1; d >= 0; --d) {
+      const int64_t i = rem % batch[size_t(d)];
+      rem /= batch[size_t(d)];
+      offa += i * x.strides()[size_t(d)];
+      offb += i * y.strides()[size_t(d)];
+    }
+    be.gemm(ct, la.trans, lb.trans, m, n, k, 1.0, static_cast<const char*>(x.raw_data()) + offa * int64_t(es), la.ld,
+            static_cast<const char*>(y.raw_data()) + offb * int64_t(es), lb.ld, 0.0,
+            static_cast<char*>(out.raw_data()) + bi * m * n * int64_t(es), n);
+  };
+  if (nbatch > 1 && m * n * k < (int64_t(1) << 21)) {
+    // Many small products: one per task (the GEMM inside then runs on its task's thread).
+    parallel_for(0, nbatch, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t bi = b0; bi < b1; ++bi) one(bi);
+    });
+  } else {
+    for (int64_t bi = 0; bi < nbatch; ++bi) one(bi);
+  }
+  if (out.dtype() != t) out = out.to(t);
+  if (autograd::needs_grad({a, b})) {
+    SavedTensor sa(a), sb(b);
+    autograd::record("matmul", {a, b}, {out}, [sa, sb](const GradCtx& c) -> std::vector<Tensor> {
+      Tensor ga, gb;
+      if (c.needs_grad(0)) ga = matmul_nd(c.g(), sb.unpack("matmul").transpose(-1, -2));
+      if (c.needs_grad(1)) gb = matmul_nd(sa.unpack("matmul").transpose(-1, -2), c.g());
+      return {ga, gb};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: ", a.shape(), " x ", b.shape(), ": 0-dim operands are not allowed");
+  const bool va = a.dim() == 1, vb = b.dim() == 1;
+  Tensor x = va ? a.unsqueeze(0) : a;
+  Tensor y = vb ? b.unsqueeze(1) : b;
+  Tensor out = matmul_nd(x, y);
+  if (vb) out = out.squeeze(-1);
+  if (va) out = out.squeeze(-2);
+  return out;
+}
+
+}  // namespace kiln

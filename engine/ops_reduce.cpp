@@ -1,0 +1,187 @@
+// Reductions: each becomes one kernel call over a contiguous [outer, r, inner] block; reduced
+// dims that are not one block of a contiguous tensor are permuted to the end first.
+#include <algorithm>
+
+#include "engine/autograd.h"
+#include "engine/internal.h"
+#include "engine/ops.h"
+
+namespace kiln {
+namespace {
+
+struct Plan {
+  Tensor src;  // contiguous, no autograd
+  int64_t outer = 1, r = 1, inner = 1;
+  Shape keep_shape;  // input shape with reduced dims set to 1
+  Shape out_shape;   // keep_shape, or with those dims removed
+};
+
+Plan plan_reduce(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim, const char* op) {
+  Plan p;
+  const int64_t nd = a.dim();
+  std::vector<int64_t> dims = detail::normalize_dims(dims_in, nd, op);
+  if (dims.empty())
+    for (int64_t i = 0; i < nd; ++i) dims.push_back(i);
+  std::vector<bool> red(size_t(nd), false);
+  for (int64_t d : dims) red[size_t(d)] = true;
+  for (int64_t i = 0; i < nd; ++i) {
+    p.keep_shape.push_back(red[size_t(i)] ? 1 : a.shape()[size_t(i)]);
+    if (!red[size_t(i)] || keepdim) p.out_shape.push_back(p.keep_shape.back());
+  }
+  const Tensor x = a.detach();
+  const bool block = dims.empty() || dims.back() - dims.front() + 1 == int64_t(dims.size());
+  if (x.is_contiguous() && block) {
+    p.src = x;
+    if (!dims.empty()) {
+      for (int64_t i = 0; i < dims.front(); ++i) p.outer *= a.shape()[size_t(i)];
+      for (int64_t d : dims) p.r *= a.shape()[size_t(d)];
+      for (int64_t i = dims.back() + 1; i < nd; ++i) p.inner *= a.shape()[size_t(i)];
+    } else {
+      p.outer = a.numel();
+    }
+    return p;
+  }
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < nd; ++i)
+    if (!red[size_t(i)]) {
+      perm.push_back(i);
+      p.outer *= a.shape()[size_t(i)];
+    }
+  for (int64_t d : dims) {
+    perm.push_back(d);
+    p.r *= a.shape()[size_t(d)];
+  }
+  p.src = x.permute(perm).contiguous();
+  return p;
+}
+
+Tensor run_reduce(ReduceOp op, const Plan& p, DType out_dtype) {
+  Tensor out = make_tensor(p.out_shape, out_dtype, p.src.device());
+  detail::backend(p.src.device()).reduce(op, out.raw_data(), out_dtype, p.src.raw_data(), p.src.dtype(), p.outer, p.r,
+                                         p.inner);
+  return out;
+}
+
+// The gradient of a reduction output, shaped back to the input's rank (reduced dims of size 1).
+Tensor unsqueeze_grad(const Tensor& g, const Shape& keep_shape) { return g.reshape(keep_shape); }
+
+}  // namespace
+
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  Plan p = plan_reduce(a, dims, keepdim, "sum");
+  const DType out_dtype = is_floating(a.dtype()) ? a.dtype() : DType::i64;
+  Tensor out = run_reduce(ReduceOp::sum, p, out_dtype);
+  if (autograd::needs_grad({a})) {
+    const Shape keep = p.keep_shape, in_shape = a.shape();
+    autograd::record("sum", {a}, {out}, [keep, in_shape](const GradCtx& c) -> std::vector<Tensor> {
+      return {unsqueeze_grad(c.g(), keep).expand(in_shape)};
+    });
+  }
+  return out;
+}
+
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
+  const Plan p = plan_reduce(a, dims, keepdim, "mean");
+  const Tensor s = sum(x, dims, keepdim);
+  return s * (1.0 / double(std::max<int64_t>(p.r, 0)));
+}
+
+Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  KILN_CHECK(correction >= 0, "var: correction must be >= 0, got ", correction);
+  const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
+  const Plan p = plan_reduce(a, dims, keepdim, "var");
+  const Tensor d = x - mean(x, dims, true);
+  // Like common libraries, fewer elements than the correction gives inf/NaN rather than an error.
+  return sum(d * d, dims, keepdim) / double(p.r - correction);
+}
+
+namespace {
+
+Tensor extreme_all(const char* name, ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  Plan p = plan_reduce(a, dims, keepdim, name);
+  KILN_CHECK(p.r > 0, name, ": cannot reduce over an empty dim of ", a.shape());
+  Tensor out = run_reduce(op, p, a.dtype());
+  if (autograd::needs_grad({a})) {
+    SavedTensor sa(a), so(out);
+    const Shape keep = p.keep_shape;
+    const std::vector<int64_t> d = dims;
+    autograd::record(name, {a}, {out}, [sa, so, keep, d, name](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor x = sa.unpack(name);
+      const Tensor mask = cast(eq(x, unsqueeze_grad(so.unpack(name), keep)), c.g().dtype());
+      const Tensor count = sum(mask, d, true);
+      return {mask * (unsqueeze_grad(c.g(), keep) / count)};
+    });
+  }
+  return out;
+}
+
+ValuesIndices extreme_dim(const char* name, bool is_max, const Tensor& a, int64_t dim, bool keepdim) {
+  const int64_t d = wrap_dim(dim, a.dim(), name);
+  Plan p = plan_reduce(a, {d}, keepdim, name);
+  KILN_CHECK(p.r > 0, name, ": cannot reduce over an empty dim of ", a.shape());
+  ValuesIndices vi;
+  vi.values = run_reduce(is_max ? ReduceOp::max : ReduceOp::min, p, a.dtype());
+  vi.indices = run_reduce(is_max ? ReduceOp::argmax : ReduceOp::argmin, p, DType::i64);
+  if (autograd::needs_grad({a})) {
+    const Shape keep = p.keep_shape, in_shape = a.shape();
+    const Tensor idx = vi.indices.detach();
+    const int64_t n = a.dim() == 0 ? 1 : a.shape()[size_t(d)];
+    const int64_t nd = a.dim();
+    autograd::record(name, {a}, {vi.values}, [=](const GradCtx& c) -> std::vector<Tensor> {
+      Shape iota_shape(size_t(nd), 1);
+      if (nd > 0) iota_shape[size_t(d)] = n;
+      const Tensor iota = arange(n, TensorOptions(DType::i64, c.g().device())).reshape(iota_shape);
+      const Tensor hit = eq(iota, idx.reshape(keep));
+      const Tensor g = unsqueeze_grad(c.g(), keep).expand(in_shape);
+      return {where(hit, g, zeros_like(g))};
+    });
+  }
+  return vi;
+}
+
+}  // namespace
+
+Tensor amax(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  return extreme_all("amax", ReduceOp::max, a, dims, keepdim);
+}
+Tensor amin(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  return extreme_all("amin", ReduceOp::min, a, dims, keepdim);
+}
+ValuesIndices max(const Tensor& a, int64_t dim, bool keepdim) { return extreme_dim("max", true, a, dim, keepdim); }
+ValuesIndices min(const Tensor& a, int64_t dim, bool keepdim) { return extreme_dim("min", false, a, dim, keepdim); }
+
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) {
+  const int64_t d = wrap_dim(dim, a.dim(), "argmax");
+  Plan p = plan_reduce(a, {d}, keepdim, "argmax");
+  KILN_CHECK(p.r > 0, "argmax: cannot reduce over an empty dim of ", a.shape());
+  return run_reduce(ReduceOp::argmax, p, DType::i64);
+}
+Tensor argmin(const Tensor& a, int64_t dim, bool keepdim) {
+  const int64_t d = wrap_dim(dim, a.dim(), "argmin");
+  Plan p = plan_reduce(a, {d}, keepdim, "argmin");
+  KILN_CHECK(p.r > 0, "argmin: cannot reduce over an empty dim of ", a.shape());
+  return run_reduce(ReduceOp::argmin, p, DType::i64);
+}
+Tensor argmax(const Tensor& a) { return argmax(a.detach().reshape({-1}), 0); }
+
+Tensor sum_to(const Tensor& a, const Shape& shape) {
+  if (a.shape() == shape) return a;
+  const int64_t lead = a.dim() - int64_t(shape.size());
+  KILN_CHECK(lead >= 0, "sum_to: cannot sum ", a.shape(), " to the larger rank of ", shape);
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < a.dim(); ++i) {
+    if (i < lead) {
+      dims.push_back(i);
+    } else {
+      const int64_t want = shape[size_t(i - lead)];
+      const int64_t have = a.shape()[size_t(i)];
+      KILN_CHECK(want == have || want == 1, "sum_to: cannot sum ", a.shape(), " to ", shape);
+      if (want == 1 && have != 1) dims.push_back(i);
+    }
+  }
+  if (dims.empty()) return a.reshape(shape);
+  return sum(a, dims, true).reshape(shape);
+}
+
+}  // namespace kiln

@@ -1,0 +1,616 @@
+// Storage, the CPU allocator, and Tensor's own methods: geometry, views (each recording its
+// backward), copies, in-place updates and printing.
+#include "engine/tensor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <iomanip>
+#include <numeric>
+#include <sstream>
+
+#include "engine/autograd.h"
+#include "engine/internal.h"
+#include "engine/ops.h"
+
+namespace kiln {
+
+// ---- Shape, storage, allocator -------------------------------------------------------------------
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int64_t s : *this) n *= s;
+  return n;
+}
+
+std::ostream& operator<<(std::ostream& os, const Shape& s) {
+  os << '[';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? "," : "") << s[i];
+  return os << ']';
+}
+
+namespace {
+class CpuAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    const size_t rounded = (nbytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    KILN_CHECK(p, "out of host memory allocating ", nbytes, " bytes");
+    return p;
+  }
+  void deallocate(void* p, size_t) noexcept override { std::free(p); }
+};
+}  // namespace
+
+Allocator& cpu_allocator() {
+  static CpuAllocator a;
+  return a;
+}
+
+Storage::Storage(size_t n, Device dev, Allocator* alloc) : nbytes(n), device(dev), allocator(alloc) {
+  data = alloc->allocate(n);
+}
+Storage::Storage(void* d, size_t n, Device dev, std::function<void(void*)> rel)
+    : data(d), nbytes(n), device(dev), release(std::move(rel)) {}
+Storage::~Storage() {
+  if (allocator) {
+    allocator->deallocate(data, nbytes);
+  } else if (release) {
+    release(data);
+  }
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size());
+  int64_t s = 1;
+  for (int64_t i = int64_t(shape.size()) - 1; i >= 0; --i) {
+    st[size_t(i)] = s;
+    s *= std::max<int64_t>(shape[size_t(i)], 1);
+  }
+  return st;
+}
+
+int64_t wrap_dim(int64_t d, int64_t ndim, const char* op) {
+  const int64_t n = std::max<int64_t>(ndim, 1);  // a 0-dim tensor accepts dim 0 and -1
+  KILN_CHECK(d >= -n && d < n, op, ": dim ", d, " is out of range for a tensor with ", ndim, " dims");
+  return d < 0 ? d + n : d;
+}
+
+Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
+  KILN_CHECK(shape.size() <= size_t(kMaxDims), "tensors have at most ", kMaxDims, " dims, got shape ", shape);
+  for (int64_t s : shape) KILN_CHECK(s >= 0, "negative size in shape ", shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  const size_t nbytes = size_t(shape.numel()) * dtype_size(dtype);
+  KILN_CHECK(device.is_cpu(), "cannot allocate on ", device, ": this build of Kiln has no CUDA backend yet");
+  impl->storage = std::make_shared<Storage>(nbytes, device, &cpu_allocator());
+  return Tensor(std::move(impl));
+}
+
+// ---- detail helpers -----------------------------------------------------------------------------
+
+namespace detail {
+
+TensorDesc desc(const Tensor& t) {
+  TensorDesc d;
+  d.data = t.raw_data();
+  d.dtype = t.dtype();
+  d.ndim = int(t.dim());
+  KILN_CHECK(d.ndim <= kMaxKernelDims, "kernels take at most ", kMaxKernelDims, " dims, got ", t.shape());
+  for (int i = 0; i < d.ndim; ++i) {
+    d.shape[i] = t.shape()[size_t(i)];
+    d.strides[i] = t.strides()[size_t(i)];
+  }
+  return d;
+}
+
+TensorDesc desc_broadcast(const Tensor& t, const Shape& shape) {
+  TensorDesc d;
+  d.data = t.raw_data();
+  d.dtype = t.dtype();
+  d.ndim = int(shape.size());
+  const int64_t off = int64_t(shape.size()) - t.dim();
+  KILN_ASSERT(off >= 0, "cannot broadcast ", t.shape(), " to ", shape);
+  for (int i = 0; i < d.ndim; ++i) {
+    d.shape[i] = shape[size_t(i)];
+    const int64_t j = i - off;
+    if (j < 0 || t.shape()[size_t(j)] == 1) {
+      d.strides[i] = 0;
+    } else {
+      KILN_ASSERT(t.shape()[size_t(j)] == shape[size_t(i)], "cannot broadcast ", t.shape(), " to ", shape);
+      d.strides[i] = t.strides()[size_t(j)];
+    }
+  }
+  return d;
+}
+
+const Backend& backend(Device d) {
+  KILN_CHECK(d.is_cpu(), "no backend for ", d, " in this build");
+  return cpu_backend();
+}
+
+Device common_device(const char* op, const std::vector<Tensor>& ts) {
+  Device d = ts.at(0).device();
+  for (const Tensor& t : ts)
+    KILN_CHECK(t.device() == d, op, ": tensors are on different devices (", d, " and ", t.device(), ")");
+  return d;
+}
+
+std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op) {
+  std::vector<int64_t> out;
+  for (int64_t d : dims) {
+    const int64_t w = wrap_dim(d, ndim, op);
+    KILN_CHECK(std::find(out.begin(), out.end(), w) == out.end(), op, ": dim ", d, " appears twice");
+    out.push_back(w);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Tensor make_view(const Tensor& t, const Shape& shape, const Shape& strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t.storage();
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = t.dtype();
+  return Tensor(std::move(impl));
+}
+
+void check_inplace(const Tensor& t, const char* op) {
+  KILN_CHECK(!(GradMode::enabled() && t.requires_grad()), op, ": in-place update of a tensor that requires grad ",
+             t.type_str(), "; do it under NoGradGuard or use the out-of-place op");
+}
+
+}  // namespace detail
+
+using detail::make_view;
+
+// ---- geometry -------------------------------------------------------------------------------------
+
+int64_t Tensor::size(int64_t d) const { return shape()[size_t(wrap_dim(d, dim(), "size"))]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[size_t(wrap_dim(d, dim(), "stride"))]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t i = dim() - 1; i >= 0; --i) {
+    const int64_t s = shape()[size_t(i)];
+    if (s == 1) continue;
+    if (strides()[size_t(i)] != expected) return false;
+    expected *= s;
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  auto& im = impl();
+  if (!im.storage->data) return nullptr;
+  return static_cast<char*>(im.storage->data) + im.offset * int64_t(dtype_size(im.dtype));
+}
+
+double Tensor::item_double() const {
+  KILN_CHECK(numel() == 1, "item(): tensor has ", numel(), " elements (shape ", shape(), "), expected 1");
+  Tensor c = device().is_cpu() ? *this : to(kCPU);
+  return visit_dtype(dtype(), [&](auto tag) -> double {
+    using T = decltype(tag);
+    return static_cast<double>(static_cast<const T*>(c.raw_data())[0]);
+  });
+}
+
+std::vector<double> Tensor::to_vector() const {
+  Tensor c = detach();
+  if (!c.device().is_cpu()) c = c.to(kCPU);
+  c = c.to(DType::f64).contiguous();
+  const double* p = static_cast<const double*>(c.raw_data());
+  return std::vector<double>(p, p + c.numel());
+}
+
+// ---- autograd accessors ---------------------------------------------------------------------------
+
+Tensor& Tensor::set_requires_grad(bool r) {
+  KILN_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can be flagged; this one was made by ",
+             grad_fn()->name(), " (use detach() to make a leaf)");
+  KILN_CHECK(!r || is_floating(dtype()), "set_requires_grad: only floating tensors can require grad, got ", dtype());
+  auto& im = impl();
+  if (!im.autograd) im.autograd = std::make_unique<AutogradMeta>();
+  im.autograd->requires_grad = r;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  if (!impl_ || !impl_->autograd || !impl_->autograd->grad) return Tensor();
+  return Tensor(impl_->autograd->grad);
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  auto& im = impl();
+  if (!im.autograd) im.autograd = std::make_unique<AutogradMeta>();
+  if (g.defined())
+    KILN_CHECK(g.shape() == shape(), "set_grad: gradient shape ", g.shape(), " differs from tensor shape ", shape());
+  im.autograd->grad = g.defined() ? g.impl_ptr() : nullptr;
+}
+
+void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
+  autograd::backward({*this}, {grad_output}, retain_graph);
+}
+
+Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offset()); }
+
+int Tensor::register_grad_ready_hook(GradHook hook) {
+  KILN_CHECK(is_leaf() && requires_grad(), "register_grad_ready_hook: needs a leaf that requires grad");
+  auto& m = *impl().autograd;
+  const int id = m.next_hook_id++;
+  m.grad_ready_hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+void Tensor::remove_grad_ready_hook(int id) {
+  if (!impl_ || !impl_->autograd) return;
+  auto& h = impl_->autograd->grad_ready_hooks;
+  h.erase(std::remove_if(h.begin(), h.end(), [id](const auto& p) { return p.first == id; }), h.end());
+}
+
+// ---- views ------------------------------------------------------------------------------------------
+
+namespace {
+
+// Records that `out` is a view of `in` whose gradient maps back through `back`.
+void record_view(const char* name, const Tensor& in, const Tensor& out, std::function<Tensor(const Tensor&)> back) {
+  if (!autograd::needs_grad({in})) return;
+  autograd::record(name, {in}, {out}, [back = std::move(back)](const GradCtx& c) -> std::vector<Tensor> {
+    return {back(c.g())};
+  });
+}
+
+Shape infer_shape(const Shape& want, int64_t numel, const Shape& from) {
+  Shape s = want;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      KILN_CHECK(infer < 0, "view: only one dim may be -1, got ", want);
+      infer = int64_t(i);
+    } else {
+      KILN_CHECK(s[i] >= 0, "view: invalid size in ", want);
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) {
+    KILN_CHECK(known > 0 && numel % known == 0, "view: shape ", want, " is invalid for ", from, " (", numel,
+               " elements)");
+    s[size_t(infer)] = numel / known;
+  }
+  KILN_CHECK(s.numel() == numel, "view: shape ", want, " is invalid for ", from, " (", numel, " elements)");
+  return s;
+}
+
+// Strides for viewing (shape, strides) as new_shape without a copy, if that is possible.
+bool view_strides(const Shape& shape, const Shape& strides, const Shape& ns, Shape& out) {
+  out.assign(ns.size(), 0);
+  if (shape.numel() == 0 || shape.empty()) {
+    out = contiguous_strides(ns);
+    return true;
+  }
+  // Walk chunks of old dims that are contiguous among themselves and match them to new dims.
+  int64_t view_d = int64_t(ns.size()) - 1;
+  int64_t chunk_base_stride = strides.empty() ? 1 : strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = int64_t(shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= shape[size_t(d)];
+    if (d == 0 || (shape[size_t(d - 1)] != 1 && strides[size_t(d - 1)] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || ns[size_t(view_d)] == 1)) {
+        out[size_t(view_d)] = view_numel * chunk_base_stride;
+        view_numel *= ns[size_t(view_d)];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (d > 0) {
+        chunk_base_stride = strides[size_t(d - 1)];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+
+}  // namespace
+
+Tensor Tensor::view(const Shape& want) const {
+  const Shape ns = infer_shape(want, numel(), shape());
+  Shape st;
+  KILN_CHECK(view_strides(shape(), strides(), ns, st), "view: cannot view ", shape(), " with strides ", strides(),
+             " as ", ns, " without a copy; use reshape()");
+  Tensor out = make_view(*this, ns, st, offset());
+  const Shape in_shape = shape();
+  record_view("view", *this, out, [in_shape](const Tensor& g) { return g.reshape(in_shape); });
+  return out;
+}
+
+Tensor Tensor::reshape(const Shape& want) const {
+  const Shape ns = infer_shape(want, numel(), shape());
+  Shape st;
+  if (view_strides(shape(), strides(), ns, st)) return view(ns);
+  return contiguous().view(ns);
+}
+
+Tensor Tensor::flatten(int64_t start, int64_t end) const {
+  if (dim() == 0) return reshape({1});
+  start = wrap_dim(start, dim(), "flatten");
+  end = wrap_dim(end, dim(), "flatten");
+  KILN_CHECK(start <= end, "flatten: start_dim ", start, " is after end_dim ", end);
+  Shape ns;
+  for (int64_t i = 0; i < start; ++i) ns.push_back(shape()[size_t(i)]);
+  int64_t m = 1;
+  for (int64_t i = start; i <= end; ++i) m *= shape()[size_t(i)];
+  ns.push_back(m);
+  for (int64_t i = end + 1; i < dim(); ++i) ns.push_back(shape()[size_t(i)]);
+  return reshape(ns);
+}
+
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  KILN_CHECK(int64_t(dims.size()) == dim(), "permute: got ", dims.size(), " dims for a tensor of shape ", shape());
+  Shape ns(dims.size()), st(dims.size());
+  std::vector<int64_t> inv(dims.size(), -1);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = wrap_dim(dims[i], dim(), "permute");
+    KILN_CHECK(inv[size_t(d)] < 0, "permute: dim ", dims[i], " repeats");
+    inv[size_t(d)] = int64_t(i);
+    ns[i] = shape()[size_t(d)];
+    st[i] = strides()[size_t(d)];
+  }
+  Tensor out = make_view(*this, ns, st, offset());
+  record_view("permute", *this, out, [inv](const Tensor& g) { return g.permute(inv); });
+  return out;
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  if (dim() == 0) return *this;
+  std::vector<int64_t> p(static_cast<size_t>(dim()));
+  std::iota(p.begin(), p.end(), 0);
+  std::swap(p[size_t(wrap_dim(d0, dim(), "transpose"))], p[size_t(wrap_dim(d1, dim(), "transpose"))]);
+  return permute(p);
+}
+
+Tensor Tensor::t() const {
+  KILN_CHECK(dim() <= 2, "t(): expects at most 2 dims, got ", shape());
+  return dim() < 2 ? *this : transpose(0, 1);
+}
+
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  d = wrap_dim(d, dim(), "slice");
+  KILN_CHECK(step >= 1, "slice: step must be positive, got ", step);
+  const int64_t n = shape()[size_t(d)];
+  if (start < 0) start += n;
+  if (end < 0) end += n;
+  start = std::clamp<int64_t>(start, 0, n);
+  end = std::clamp<int64_t>(end, start, n);
+  Shape ns = shape(), st = strides();
+  ns[size_t(d)] = (end - start + step - 1) / step;
+  st[size_t(d)] *= step;
+  Tensor out = make_view(*this, ns, st, offset() + start * strides()[size_t(d)]);
+  const Shape in_shape = shape();
+  const DType dt = dtype();
+  record_view("slice", *this, out, [=](const Tensor& g) {
+    Tensor gi = zeros(in_shape, TensorOptions(dt, g.device()));
+    gi.slice(d, start, end, step).copy_(g);
+    return gi;
+  });
+  return out;
+}
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  const int64_t dd = wrap_dim(d, dim(), "narrow");
+  const int64_t n = shape()[size_t(dd)];
+  if (start < 0) start += n;
+  KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: start ", start, " length ", length,
+             " is out of range for dim ", d, " of ", shape());
+  return slice(dd, start, start + length);
+}
+
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  d = wrap_dim(d, dim(), "select");
+  const int64_t n = shape()[size_t(d)];
+  KILN_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dim ", d, " of ", shape());
+  if (index < 0) index += n;
+  return narrow(d, index, 1).squeeze(d);
+}
+
+Tensor Tensor::expand(const Shape& want) const {
+  KILN_CHECK(int64_t(want.size()) >= dim(), "expand: cannot expand ", shape(), " to fewer dims ", want);
+  const int64_t off = int64_t(want.size()) - dim();
+  Shape ns(want.size()), st(want.size());
+  for (int64_t i = 0; i < int64_t(want.size()); ++i) {
+    const int64_t j = i - off;
+    const int64_t cur = j >= 0 ? shape()[size_t(j)] : 1;
+    const int64_t w = want[size_t(i)] == -1 ? cur : want[size_t(i)];
+    KILN_CHECK(j >= 0 || want[size_t(i)] != -1, "expand: -1 is not allowed for new leading dims, got ", want);
+    KILN_CHECK(cur == w || cur == 1, "expand: cannot expand ", shape(), " to ", want, " (dim ", i, ": ", cur, " vs ",
+               w, ")");
+    ns[size_t(i)] = w;
+    st[size_t(i)] = (j >= 0 && cur == w) ? strides()[size_t(j)] : 0;
+  }
+  Tensor out = make_view(*this, ns, st, offset());
+  // The generic sum_to in autograd::record undoes the broadcast.
+  record_view("expand", *this, out, [](const Tensor& g) { return g; });
+  return out;
+}
+
+Tensor Tensor::squeeze() const {
+  Shape ns;
+  for (int64_t s : shape())
+    if (s != 1) ns.push_back(s);
+  return ns.size() == shape().size() ? *this : reshape(ns);
+}
+
+Tensor Tensor::squeeze(int64_t d) const {
+  if (dim() == 0) return *this;
+  d = wrap_dim(d, dim(), "squeeze");
+  if (shape()[size_t(d)] != 1) return *this;
+  Shape ns = shape(), st = strides();
+  ns.erase(ns.begin() + d);
+  st.erase(st.begin() + d);
+  Tensor out = make_view(*this, ns, st, offset());
+  const Shape in_shape = shape();
+  record_view("squeeze", *this, out, [in_shape](const Tensor& g) { return g.reshape(in_shape); });
+  return out;
+}
+
+Tensor Tensor::unsqueeze(int64_t d) const {
+  d = wrap_dim(d, dim() + 1, "unsqueeze");
+  Shape ns = shape(), st = strides();
+  const int64_t s = d < dim() ? strides()[size_t(d)] * shape()[size_t(d)] : 1;
+  ns.insert(ns.begin() + d, 1);
+  st.insert(st.begin() + d, s);
+  Tensor out = make_view(*this, ns, st, offset());
+  record_view("unsqueeze", *this, out, [d](const Tensor& g) { return g.squeeze(d); });
+  return out;
+}
+
+Tensor Tensor::as_strided(const Shape& ns, const Shape& st, int64_t off) const {
+  KILN_CHECK(ns.size() == st.size(), "as_strided: shape ", ns, " and strides ", st, " differ in length");
+  KILN_CHECK(!autograd::needs_grad({*this}),
+             "as_strided: not differentiable; build the view from view/permute/slice/expand instead");
+  int64_t hi = off, lo = off;
+  for (size_t i = 0; i < ns.size(); ++i) {
+    KILN_CHECK(ns[i] >= 0, "as_strided: negative size in ", ns);
+    if (ns[i] == 0) return make_view(*this, ns, st, off);
+    (st[i] >= 0 ? hi : lo) += (ns[i] - 1) * st[i];
+  }
+  const int64_t cap = int64_t(storage()->nbytes / element_size());
+  KILN_CHECK(lo >= 0 && hi < cap, "as_strided: shape ", ns, " strides ", st, " offset ", off,
+             " reaches outside the storage of ", cap, " elements");
+  return make_view(*this, ns, st, off);
+}
+
+// ---- copies -----------------------------------------------------------------------------------------
+
+namespace {
+Tensor copy_as(const Tensor& src, DType dt) {
+  Tensor out = make_tensor(src.shape(), dt, src.device());
+  detail::backend(src.device()).copy(detail::desc(out), detail::desc(src));
+  return out;
+}
+}  // namespace
+
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+
+Tensor Tensor::clone() const {
+  Tensor out = copy_as(*this, dtype());
+  record_view("clone", *this, out, [](const Tensor& g) { return g; });
+  return out;
+}
+
+Tensor Tensor::to(DType dt) const { return dt == dtype() ? *this : cast(*this, dt); }
+
+Tensor Tensor::to(Device d) const {
+  if (d == device()) return *this;
+  KILN_FAIL("to(", d, "): this build of Kiln has no CUDA backend yet (tensor ", type_str(), ")");
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  detail::check_inplace(*this, "copy_");
+  KILN_CHECK(src.device() == device(), "copy_: source on ", src.device(), ", destination on ", device());
+  Tensor s = src.detach();
+  if (s.shape() != shape()) s = s.expand(shape());
+  detail::backend(device()).copy(detail::desc(*this), detail::desc(s));
+  bump_version();
+  return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+  detail::check_inplace(*this, "fill_");
+  detail::backend(device()).fill(detail::desc(*this), value);
+  bump_version();
+  return *this;
+}
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  detail::check_inplace(*this, "add_");
+  Tensor o = other.detach();
+  if (o.dtype() != dtype()) o = o.to(dtype());
+  KILN_CHECK(broadcast_shapes(shape(), o.shape()) == shape(), "add_: cannot broadcast ", other.shape(), " into ",
+             shape());
+  detail::backend(device()).binary(BinaryOp::add, detail::desc(*this), detail::desc(*this),
+                                   detail::desc_broadcast(o, shape()), alpha);
+  bump_version();
+  return *this;
+}
+
+Tensor& Tensor::mul_(const Tensor& other) {
+  detail::check_inplace(*this, "mul_");
+  Tensor o = other.detach();
+  if (o.dtype() != dtype()) o = o.to(dtype());
+  KILN_CHECK(broadcast_shapes(shape(), o.shape()) == shape(), "mul_: cannot broadcast ", other.shape(), " into ",
+             shape());
+  detail::backend(device()).binary(BinaryOp::mul, detail::desc(*this), detail::desc(*this),
+                                   detail::desc_broadcast(o, shape()), 1.0);
+  bump_version();
+  return *this;
+}
+
+Tensor& Tensor::mul_(double v) { return mul_(scalar_like(v, *this)); }
+
+// ---- printing ---------------------------------------------------------------------------------------
+
+std::string Tensor::type_str() const {
+  std::ostringstream os;
+  os << dtype() << ' ' << device() << ' ' << shape();
+  return os.str();
+}
+
+namespace {
+void print_rec(std::ostream& os, const std::vector<double>& v, const Shape& shape, size_t d, int64_t base,
+               int64_t max_per_dim, DType dt, int indent) {
+  const int64_t n = shape[d];
+  int64_t inner = 1;
+  for (size_t i = d + 1; i < shape.size(); ++i) inner *= shape[i];
+  const bool elide = n > max_per_dim;
+  const int64_t head = elide ? max_per_dim / 2 : n;
+  os << '[';
+  for (int64_t i = 0; i < n; ++i) {
+    if (elide && i == head) {
+      os << (d + 1 == shape.size() ? "..., " : "...,\n" + std::string(size_t(indent + 1), ' '));
+      i = n - (max_per_dim - head) - 1;
+      continue;
+    }
+    if (d + 1 == shape.size()) {
+      const double x = v[size_t(base + i)];
+      if (dt == DType::boolean) {
+        os << (x != 0 ? "true" : "false");
+      } else if (is_floating(dt)) {
+        os << std::setprecision(5) << x;
+      } else {
+        os << int64_t(x);
+      }
+    } else {
+      print_rec(os, v, shape, d + 1, base + i * inner, max_per_dim, dt, indent + 1);
+    }
+    if (i + 1 < n) os << (d + 1 == shape.size() ? ", " : ",\n" + std::string(size_t(indent + 1), ' '));
+  }
+  os << ']';
+}
+}  // namespace
+
+std::string Tensor::str(int64_t max_per_dim) const {
+  if (!defined()) return "tensor(undefined)";
+  std::ostringstream os;
+  os << "tensor(" << dtype() << ", " << device() << ", " << shape();
+  if (requires_grad()) os << ", requires_grad";
+  if (grad_fn()) os << ", grad_fn=" << grad_fn()->name();
+  os << ")\n";
+  const std::vector<double> v = to_vector();
+  if (dim() == 0) {
+    print_rec(os, v, Shape{1}, 0, 0, max_per_dim, dtype(), 0);
+  } else if (numel() == 0) {
+    os << "[]";
+  } else {
+    print_rec(os, v, shape(), 0, 0, std::max<int64_t>(max_per_dim, 2), dtype(), 0);
+  }
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
+}  // namespace kiln

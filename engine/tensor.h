@@ -1,0 +1,178 @@
+// Tensor: a refcounted view (shape, strides, offset, dtype) onto a refcounted Storage, plus the
+// autograd state. Copying a Tensor copies the handle, never the data.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "engine/dtype.h"
+#include "engine/error.h"
+
+namespace kiln {
+
+// A shape or a list of strides. A struct of its own so that printing it is found by ADL.
+struct Shape : std::vector<int64_t> {
+  using std::vector<int64_t>::vector;
+  Shape() = default;
+  Shape(const std::vector<int64_t>& v) : std::vector<int64_t>(v) {}
+  int64_t numel() const;
+};
+std::ostream& operator<<(std::ostream& os, const Shape& s);  // [2,3,4]
+constexpr int kMaxDims = 8;
+
+// Memory for tensors on one device. Allocators are owned by the runtime and outlive storages.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t nbytes) = 0;
+  virtual void deallocate(void* p, size_t nbytes) noexcept = 0;
+};
+Allocator& cpu_allocator();  // 64-byte aligned
+
+struct Storage {
+  Storage(size_t nbytes, Device device, Allocator* alloc);
+  // Wraps memory owned elsewhere; `release` runs when the last tensor lets go.
+  Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> release);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data = nullptr;
+  size_t nbytes = 0;
+  Device device;
+  Allocator* allocator = nullptr;
+  std::function<void(void*)> release;
+  // Bumped by every in-place write; autograd compares it with the value seen when a tensor was saved.
+  uint64_t version = 0;
+};
+
+class Tensor;
+class Node;
+using GradHook = std::function<void(Tensor& leaf)>;
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  std::shared_ptr<Node> grad_fn;  // null for leaves
+  uint32_t output_nr = 0;
+  std::shared_ptr<struct TensorImpl> grad;  // accumulated gradient of a leaf
+  std::weak_ptr<Node> grad_accumulator;
+  std::vector<std::pair<int, GradHook>> grad_ready_hooks;
+  int next_hook_id = 0;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Shape strides;  // in elements
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::f32;
+  std::unique_ptr<AutogradMeta> autograd;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl().shape; }
+  const Shape& strides() const { return impl().strides; }
+  int64_t dim() const { return static_cast<int64_t>(impl().shape.size()); }
+  int64_t size(int64_t d) const;  // negative d counts from the end
+  int64_t stride(int64_t d) const;
+  int64_t numel() const { return impl().shape.numel(); }
+  int64_t offset() const { return impl().offset; }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device; }
+  size_t element_size() const { return dtype_size(dtype()); }
+  size_t nbytes() const { return size_t(numel()) * element_size(); }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+  uint64_t version() const { return impl().storage->version; }
+  void bump_version() const { ++impl().storage->version; }
+
+  void* raw_data() const;  // address of element 0 (offset applied)
+  template <typename T> T* data() const {
+    KILN_CHECK(DTypeOf<T>::value == dtype(), "data<", dtype_name(DTypeOf<T>::value), ">(): tensor is ", dtype());
+    return static_cast<T*>(raw_data());
+  }
+  // The value of a one-element tensor, converted to T (copied from the device if needed).
+  template <typename T> T item() const { return static_cast<T>(item_double()); }
+  double item_double() const;
+  // All elements in row-major order, converted (copied from the device if needed).
+  std::vector<double> to_vector() const;
+
+  // ---- autograd ----
+  bool requires_grad() const { return impl_ && impl_->autograd && impl_->autograd->requires_grad; }
+  // Only leaves may be flagged; returns *this for chaining.
+  Tensor& set_requires_grad(bool r = true);
+  bool is_leaf() const { return !grad_fn(); }
+  std::shared_ptr<Node> grad_fn() const { return impl_ && impl_->autograd ? impl_->autograd->grad_fn : nullptr; }
+  uint32_t output_nr() const { return impl_ && impl_->autograd ? impl_->autograd->output_nr : 0; }
+  Tensor grad() const;
+  void set_grad(const Tensor& g);
+  // Runs reverse-mode autograd from this tensor. With no gradient the tensor must have one element.
+  void backward(const Tensor& grad_output = Tensor(), bool retain_graph = false) const;
+  // A tensor sharing the data, cut from the graph.
+  Tensor detach() const;
+  // Called after the gradient of this leaf has been fully accumulated in a backward pass. Returns an id.
+  int register_grad_ready_hook(GradHook hook);
+  void remove_grad_ready_hook(int id);
+
+  // ---- views (no copies) ----
+  Tensor view(const Shape& shape) const;  // one dim may be -1; needs compatible strides
+  Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor permute(const std::vector<int64_t>& dims) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor t() const;  // 2-D transpose
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
+  Tensor select(int64_t dim, int64_t index) const;  // removes the dim
+  Tensor expand(const Shape& shape) const;  // -1 keeps a size
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor as_strided(const Shape& shape, const Shape& strides, int64_t offset) const;
+
+  // ---- copies ----
+  Tensor contiguous() const;
+  Tensor clone() const;
+  Tensor to(DType dtype) const;
+  Tensor to(Device device) const;
+
+  // ---- in-place (bump the version; not recorded by autograd) ----
+  Tensor& copy_(const Tensor& src);
+  Tensor& fill_(double value);
+  Tensor& zero_() { return fill_(0.0); }
+  Tensor& add_(const Tensor& other, double alpha = 1.0);
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(double value);
+
+  std::string str(int64_t max_per_dim = 6) const;
+  std::string type_str() const;  // "f32 cpu [2,3]"
+
+  TensorImpl& impl() const {
+    KILN_CHECK(impl_, "use of an undefined tensor");
+    return *impl_;
+  }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool same(const Tensor& o) const { return impl_ == o.impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// Builds a tensor over fresh storage; `strides` empty means contiguous.
+Tensor make_tensor(const Shape& shape, DType dtype, Device device);
+Shape contiguous_strides(const Shape& shape);
+// Normalises a possibly negative dim against `ndim`, naming `op` in the error.
+int64_t wrap_dim(int64_t d, int64_t ndim, const char* op);
+
+}  // namespace kiln

@@ -1,0 +1,165 @@
+// A fixed pool of workers that run the chunks of one parallel_for at a time; the calling thread
+// takes part. Chunks are handed out through an atomic counter, so fast threads take more of them.
+#include "engine/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/error.h"
+
+namespace kiln {
+namespace {
+
+thread_local bool t_in_parallel = false;
+
+int default_threads() {
+  if (const char* env = std::getenv("KILN_NUM_THREADS")) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    KILN_CHECK(end != env && *end == '\0' && v >= 1 && v <= 4096,
+               "KILN_NUM_THREADS must be an integer between 1 and 4096, got '", env, "'");
+    return static_cast<int>(v);
+  }
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+class Pool {
+ public:
+  explicit Pool(int n) { resize(n); }
+  ~Pool() { stop(); }
+
+  int size() const { return n_; }
+
+  void resize(int n) {
+    KILN_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
+    stop();
+    n_ = n;
+    quit_ = false;
+    for (int i = 0; i + 1 < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+
+  void run(int64_t nchunks, const std::function<void(int64_t)>& chunk_fn) {
+    std::unique_lock<std::mutex> run_lock(run_mutex_);  // one parallel_for at a time
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      job_ = &chunk_fn;
+      nchunks_ = nchunks;
+      next_.store(0);
+      done_.store(0);
+      error_ = nullptr;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work_on_job();
+    std::unique_lock<std::mutex> lk(m_);
+    done_cv_.wait(lk, [&] { return done_.load() == nchunks_ && active_ == 0; });
+    job_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  void worker_loop() {
+    t_in_parallel = true;
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return quit_ || (job_ != nullptr && generation_ != seen); });
+        if (quit_) return;
+        seen = generation_;
+        ++active_;
+      }
+      work_on_job();
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        --active_;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  void work_on_job() {
+    const bool was = t_in_parallel;
+    t_in_parallel = true;
+    for (;;) {
+      int64_t i = next_.fetch_add(1);
+      if (i >= nchunks_) break;
+      try {
+        (*job_)(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(m_);
+        if (!error_) error_ = std::current_exception();
+      }
+      done_.fetch_add(1);
+    }
+    t_in_parallel = was;
+  }
+
+  int n_ = 1;
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_;
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int64_t)>* job_ = nullptr;
+  int64_t nchunks_ = 0;
+  std::atomic<int64_t> next_{0}, done_{0};
+  int active_ = 0;
+  uint64_t generation_ = 0;
+  bool quit_ = false;
+  std::exception_ptr error_;
+};
+
+Pool& pool() {
+  static Pool p(default_threads());
+  return p;
+}
+
+}  // namespace
+
+int num_threads() { return pool().size(); }
+
+void set_num_threads(int n) {
+  KILN_CHECK(!t_in_parallel, "set_num_threads: cannot resize the pool from inside a parallel_for");
+  pool().resize(n);
+}
+
+bool in_parallel_region() { return t_in_parallel; }
+
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (end <= begin) return;
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t n = end - begin;
+  const int threads = t_in_parallel ? 1 : pool().size();
+  if (threads == 1 || n <= grain) {
+    fn(begin, end);
+    return;
+  }
+  // Up to 4 chunks per thread balances uneven work without much scheduling overhead.
+  int64_t nchunks = std::min<int64_t>((n + grain - 1) / grain, int64_t(threads) * 4);
+  const int64_t chunk = (n + nchunks - 1) / nchunks;
+  nchunks = (n + chunk - 1) / chunk;
+  pool().run(nchunks, [&](int64_t i) {
+    int64_t b = begin + i * chunk;
+    fn(b, std::min(end, b + chunk));
+  });
+}
+
+}  // namespace kiln

@@ -1,0 +1,19 @@
+// The engine's own thread pool for CPU kernels, sized by KILN_NUM_THREADS (default: hardware threads).
+// parallel_for splits [begin, end) into chunks of at least `grain` items; nested calls run inline.
+#pragma once
+#include <cstdint>
+#include <functional>
+
+namespace kiln {
+
+int num_threads();
+// Resizes the pool (n >= 1). Not safe to call while a parallel_for is running.
+void set_num_threads(int n);
+// Calls fn(chunk_begin, chunk_end) on disjoint chunks covering [begin, end), in parallel.
+// Chunk boundaries depend on the thread count, so a kernel whose result must not depend on it
+// (a reduction) must pick its own fixed chunking and use parallel_for only to spread the chunks.
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+// True inside a pool worker (or inside a parallel_for body on the calling thread).
+bool in_parallel_region();
+
+}  // namespace kiln

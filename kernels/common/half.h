@@ -1,0 +1,106 @@
+// 16-bit floating types as stored bits, with round-to-nearest-even conversions from f32.
+// Shared by CPU and CUDA; on the CPU, bulk conversions use F16C/AVX-512 where the build has them.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/common/macros.h"
+
+namespace kiln {
+
+KILN_HD uint32_t f32_bits(float f) {
+#if KILN_DEVICE_CODE
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+KILN_HD float f32_from_bits(uint32_t u) {
+#if KILN_DEVICE_CODE
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits.
+KILN_HD uint16_t f32_to_f16_bits(float f) {
+  const uint32_t x = f32_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) {  // inf or NaN: keep NaN quiet and non-zero
+    return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
+  }
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (ax < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
+    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25 rounds to 0
+    const uint32_t e = ax >> 23;
+    const uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+    // value = mant * 2^(e-150); in units of the half subnormal step 2^-24 that is mant >> (126 - e).
+    const uint32_t shift = 126u - e;
+    uint32_t q = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1u);
+    const uint32_t halfway = 1u << (shift - 1u);
+    if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest even.
+  uint32_t h = ((ax - 0x38000000u) >> 13);
+  const uint32_t rem = ax & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is correct
+  return static_cast<uint16_t>(sign | h);
+}
+
+KILN_HD float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = (uint32_t(h) & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu;
+  const uint32_t m = h & 0x3ffu;
+  if (e == 0x1f) return f32_from_bits(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    if (m == 0) return f32_from_bits(sign);
+    // subnormal: m * 2^-24
+    float v = static_cast<float>(m) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  return f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// bfloat16: the top 16 bits of an f32, rounded to nearest even.
+KILN_HD uint16_t f32_to_bf16_bits(float f) {
+  const uint32_t x = f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+KILN_HD float bf16_bits_to_f32(uint16_t b) { return f32_from_bits(uint32_t(b) << 16); }
+
+// Storage types. They convert implicitly to float so generic kernels can compute in f32.
+struct Half {
+  uint16_t bits = 0;
+  Half() = default;
+  KILN_HD explicit Half(float f) : bits(f32_to_f16_bits(f)) {}
+  KILN_HD operator float() const { return f16_bits_to_f32(bits); }
+  KILN_HD static Half from_bits(uint16_t b) {
+    Half h;
+    h.bits = b;
+    return h;
+  }
+};
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  KILN_HD explicit BFloat16(float f) : bits(f32_to_bf16_bits(f)) {}
+  KILN_HD operator float() const { return bf16_bits_to_f32(bits); }
+  KILN_HD static BFloat16 from_bits(uint16_t b) {
+    BFloat16 h;
+    h.bits = b;
+    return h;
+  }
+};
+static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
+
+}  // namespace kiln

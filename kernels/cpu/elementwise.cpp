@@ -1,0 +1,262 @@
+// CPU elementwise kernels: copy/cast, fill, arange, unary, binary and where over strided views.
+// Each op is a scalar functor on Acc<T>; contiguous rows get a plain loop the compiler vectorises.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/common/math.h"
+#include "kernels/cpu/loops.h"
+#include "kernels/cpu/ops_cpu.h"
+
+namespace kiln::cpu {
+namespace {
+
+template <typename T> constexpr bool is_float_v =
+    std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+template <typename TO, typename TI> void copy_typed(const TensorDesc& dst, const TensorDesc& src) {
+  auto L = make_loop<2>({&dst, &src});
+  run_rows(L, [](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t n) {
+    TO* o = reinterpret_cast<TO*>(p[0]);
+    const TI* in = reinterpret_cast<const TI*>(p[1]);
+    if constexpr (std::is_same_v<TO, TI>) {
+      if (s[0] == 1 && s[1] == 1) {
+        std::memcpy(o, in, size_t(n) * sizeof(TO));
+        return;
+      }
+      for (int64_t i = 0; i < n; ++i) o[i * s[0]] = in[i * s[1]];
+    } else if constexpr (std::is_same_v<TO, bool>) {
+      for (int64_t i = 0; i < n; ++i) o[i * s[0]] = load(in + i * s[1]) != Acc<TI>(0);
+    } else {
+      for (int64_t i = 0; i < n; ++i) store(o + i * s[0], load(in + i * s[1]));
+    }
+  });
+}
+
+template <typename T, typename F> void unary_loop(const TensorDesc& dst, const TensorDesc& src, F f) {
+  auto L = make_loop<2>({&dst, &src});
+  run_rows(L, [&](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t n) {
+    T* o = reinterpret_cast<T*>(p[0]);
+    const T* a = reinterpret_cast<const T*>(p[1]);
+    if (s[0] == 1 && s[1] == 1) {
+      for (int64_t i = 0; i < n; ++i) store(o + i, f(load(a + i)));
+    } else {
+      for (int64_t i = 0; i < n; ++i) store(o + i * s[0], f(load(a + i * s[1])));
+    }
+  });
+}
+
+template <typename TO, typename T, typename F>
+void binary_loop(const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, F f) {
+  auto L = make_loop<3>({&dst, &a, &b});
+  run_rows(L, [&](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t n) {
+    TO* o = reinterpret_cast<TO*>(p[0]);
+    const T* x = reinterpret_cast<const T*>(p[1]);
+    const T* y = reinterpret_cast<const T*>(p[2]);
+    if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+      for (int64_t i = 0; i < n; ++i) store(o + i, f(load(x + i), load(y + i)));
+    } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
+      const auto yv = load(y);
+      for (int64_t i = 0; i < n; ++i) store(o + i, f(load(x + i), yv));
+    } else if (s[0] == 1 && s[1] == 0 && s[2] == 1) {
+      const auto xv = load(x);
+      for (int64_t i = 0; i < n; ++i) store(o + i, f(xv, load(y + i)));
+    } else {
+      for (int64_t i = 0; i < n; ++i) store(o + i * s[0], f(load(x + i * s[1]), load(y + i * s[2])));
+    }
+  });
+}
+
+template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, double p1) {
+  using A = Acc<T>;
+  if constexpr (is_float_v<T>) {
+    switch (op) {
+      case UnaryOp::exp: return unary_loop<T>(dst, src, [](A x) { return std::exp(x); });
+      case UnaryOp::log: return unary_loop<T>(dst, src, [](A x) { return std::log(x); });
+      case UnaryOp::sqrt: return unary_loop<T>(dst, src, [](A x) { return std::sqrt(x); });
+      case UnaryOp::rsqrt: return unary_loop<T>(dst, src, [](A x) { return A(1) / std::sqrt(x); });
+      case UnaryOp::tanh: return unary_loop<T>(dst, src, [](A x) { return std::tanh(x); });
+      case UnaryOp::sigmoid: return unary_loop<T>(dst, src, [](A x) { return math::sigmoid(x); });
+      case UnaryOp::gelu_erf: return unary_loop<T>(dst, src, [](A x) { return math::gelu_erf(x); });
+      case UnaryOp::gelu_tanh: return unary_loop<T>(dst, src, [](A x) { return math::gelu_tanh(x); });
+      case UnaryOp::pow_scalar: {
+        const A e = A(p0);
+        if (p0 == 2.0) return unary_loop<T>(dst, src, [](A x) { return x * x; });
+        return unary_loop<T>(dst, src, [e](A x) { return std::pow(x, e); });
+      }
+      default: break;
+    }
+  }
+  switch (op) {
+    case UnaryOp::neg: return unary_loop<T>(dst, src, [](A x) { return A(-x); });
+    case UnaryOp::abs: return unary_loop<T>(dst, src, [](A x) { return x < A(0) ? A(-x) : x; });
+    case UnaryOp::sign: return unary_loop<T>(dst, src, [](A x) { return A((A(0) < x) - (x < A(0))); });
+    case UnaryOp::relu: return unary_loop<T>(dst, src, [](A x) { return x > A(0) ? x : A(0); });
+    case UnaryOp::logical_not: return unary_loop<T>(dst, src, [](A x) { return A(!x); });
+    case UnaryOp::clamp: {
+      const bool has_lo = !std::isnan(p0), has_hi = !std::isnan(p1);
+      const A lo = has_lo ? A(p0) : A(0), hi = has_hi ? A(p1) : A(0);
+      return unary_loop<T>(dst, src, [=](A x) {
+        if constexpr (is_float_v<T>) {
+          if (x != x) return x;  // NaN stays NaN
+        }
+        if (has_lo && x < lo) x = lo;
+        if (has_hi && x > hi) x = hi;
+        return x;
+      });
+    }
+    default: break;
+  }
+  KILN_FAIL("unary op ", int(op), " is not defined for dtype ", dtype_name(src.dtype));
+}
+
+template <typename T>
+void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, double alpha) {
+  using A = Acc<T>;
+  switch (op) {
+    case BinaryOp::eq: return binary_loop<bool, T>(dst, a, b, [](A x, A y) { return x == y; });
+    case BinaryOp::ne: return binary_loop<bool, T>(dst, a, b, [](A x, A y) { return x != y; });
+    case BinaryOp::lt: return binary_loop<bool, T>(dst, a, b, [](A x, A y) { return x < y; });
+    case BinaryOp::le: return binary_loop<bool, T>(dst, a, b, [](A x, A y) { return x <= y; });
+    case BinaryOp::gt: return binary_loop<bool, T>(dst, a, b, [](A x, A y) { return x > y; });
+    case BinaryOp::ge: return binary_loop<bool, T>(dst, a, b, [](A x, A y) { return x >= y; });
+    case BinaryOp::logical_and: return binary_loop<bool, T>(dst, a, b, [](A x, A y) { return x != A(0) && y != A(0); });
+    case BinaryOp::logical_or: return binary_loop<bool, T>(dst, a, b, [](A x, A y) { return x != A(0) || y != A(0); });
+    default: break;
+  }
+  KILN_ASSERT(dst.dtype == a.dtype, "binary op output dtype ", dst.dtype, " differs from input ", a.dtype);
+  if constexpr (std::is_same_v<T, bool>) {
+    // bool arithmetic: + is or, * is and; other ops make no sense on bool.
+    switch (op) {
+      case BinaryOp::add: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x || y; });
+      case BinaryOp::mul: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x && y; });
+      case BinaryOp::maximum: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x || y; });
+      case BinaryOp::minimum: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x && y; });
+      default: KILN_FAIL("binary op ", int(op), " is not defined for bool tensors");
+    }
+  } else {
+    switch (op) {
+      case BinaryOp::add:
+        if (alpha == 1.0) return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x + y); });
+        return binary_loop<T, T>(dst, a, b, [al = A(alpha)](A x, A y) { return A(x + al * y); });
+      case BinaryOp::sub:
+        if (alpha == 1.0) return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x - y); });
+        return binary_loop<T, T>(dst, a, b, [al = A(alpha)](A x, A y) { return A(x - al * y); });
+      case BinaryOp::mul: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x * y); });
+      case BinaryOp::div:
+        if constexpr (is_float_v<T>) {
+          return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x / y; });
+        } else {
+          // Integer division truncates toward zero; division by zero is an error, never UB.
+          return binary_loop<T, T>(dst, a, b, [](A x, A y) {
+            KILN_CHECK(y != A(0), "div: integer division by zero");
+            if constexpr (std::is_signed_v<A>) {
+              if (y == A(-1)) return A(A(0) - x);
+            }
+            return A(x / y);
+          });
+        }
+      case BinaryOp::maximum:
+        return binary_loop<T, T>(dst, a, b, [](A x, A y) {
+          if constexpr (is_float_v<T>) {
+            if (x != x || y != y) return std::numeric_limits<A>::quiet_NaN();
+          }
+          return x > y ? x : y;
+        });
+      case BinaryOp::minimum:
+        return binary_loop<T, T>(dst, a, b, [](A x, A y) {
+          if constexpr (is_float_v<T>) {
+            if (x != x || y != y) return std::numeric_limits<A>::quiet_NaN();
+          }
+          return x < y ? x : y;
+        });
+      default: break;
+    }
+    if constexpr (is_float_v<T>) {
+      switch (op) {
+        case BinaryOp::pow: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return std::pow(x, y); });
+        case BinaryOp::relu_backward: return binary_loop<T, T>(dst, a, b, [](A g, A y) { return y > A(0) ? g : A(0); });
+        case BinaryOp::gelu_erf_backward:
+          return binary_loop<T, T>(dst, a, b, [](A g, A x) { return g * math::gelu_erf_grad(x); });
+        case BinaryOp::gelu_tanh_backward:
+          return binary_loop<T, T>(dst, a, b, [](A g, A x) { return g * math::gelu_tanh_grad(x); });
+        case BinaryOp::sigmoid_backward:
+          return binary_loop<T, T>(dst, a, b, [](A g, A y) { return g * y * (A(1) - y); });
+        case BinaryOp::tanh_backward: return binary_loop<T, T>(dst, a, b, [](A g, A y) { return g * (A(1) - y * y); });
+        default: break;
+      }
+    } else if (op == BinaryOp::pow) {
+      return binary_loop<T, T>(dst, a, b, [](A x, A y) {
+        KILN_CHECK(!(std::is_signed_v<A> && y < A(0)), "pow: negative integer exponent ", int64_t(y));
+        // Wrapping unsigned arithmetic: overflow gives the low bits, as integer types do, never UB.
+        uint64_t r = 1, base = uint64_t(int64_t(x));
+        for (int64_t e = int64_t(y); e > 0; e >>= 1, base *= base)
+          if (e & 1) r *= base;
+        return A(r);
+      });
+    }
+  }
+  KILN_FAIL("binary op ", int(op), " is not defined for dtype ", dtype_name(a.dtype));
+}
+
+template <typename T> void where_typed(const TensorDesc& dst, const TensorDesc& c, const TensorDesc& a, const TensorDesc& b) {
+  auto L = make_loop<4>({&dst, &c, &a, &b});
+  run_rows(L, [](std::array<char*, 4> p, std::array<int64_t, 4> s, int64_t n) {
+    T* o = reinterpret_cast<T*>(p[0]);
+    const bool* cc = reinterpret_cast<const bool*>(p[1]);
+    const T* x = reinterpret_cast<const T*>(p[2]);
+    const T* y = reinterpret_cast<const T*>(p[3]);
+    for (int64_t i = 0; i < n; ++i) o[i * s[0]] = cc[i * s[1]] ? x[i * s[2]] : y[i * s[3]];
+  });
+}
+
+}  // namespace
+
+void copy(const TensorDesc& dst, const TensorDesc& src) {
+  visit_dtype(dst.dtype, [&](auto to) {
+    visit_dtype(src.dtype, [&](auto ti) { copy_typed<decltype(to), decltype(ti)>(dst, src); });
+  });
+}
+
+void fill(const TensorDesc& dst, double value) {
+  visit_dtype(dst.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T v;
+    if constexpr (std::is_same_v<T, bool>) {
+      v = value != 0.0;
+    } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      v = T(static_cast<float>(value));
+    } else {
+      v = static_cast<T>(value);
+    }
+    auto L = make_loop<1>({&dst});
+    run_rows(L, [v](std::array<char*, 1> p, std::array<int64_t, 1> s, int64_t n) {
+      T* o = reinterpret_cast<T*>(p[0]);
+      for (int64_t i = 0; i < n; ++i) o[i * s[0]] = v;
+    });
+  });
+}
+
+void arange(const TensorDesc& dst, double start, double step) {
+  KILN_ASSERT(dst.ndim == 1, "arange writes a 1-D tensor");
+  visit_dtype(dst.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(dst.data);
+    for (int64_t i = 0; i < dst.shape[0]; ++i) store(o + i * dst.strides[0], start + double(i) * step);
+  });
+}
+
+void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, double p1) {
+  visit_dtype(src.dtype, [&](auto tag) { unary_typed<decltype(tag)>(op, dst, src, p0, p1); });
+}
+
+void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, double alpha) {
+  visit_dtype(a.dtype, [&](auto tag) { binary_typed<decltype(tag)>(op, dst, a, b, alpha); });
+}
+
+void where(const TensorDesc& dst, const TensorDesc& cond, const TensorDesc& a, const TensorDesc& b) {
+  visit_dtype(dst.dtype, [&](auto tag) { where_typed<decltype(tag)>(dst, cond, a, b); });
+}
+
+}  // namespace kiln::cpu

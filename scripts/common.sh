@@ -1,0 +1,54 @@
+# Shared by scripts/demo and scripts/test: install what is missing, then configure and build.
+# Sourced, not run. Honours KILN_BUILD_DIR, KILN_CUDA (AUTO|ON|OFF), KILN_CUDA_ARCHS, KILN_JOBS.
+set -euo pipefail
+
+KILN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+KILN_JOBS="${KILN_JOBS:-$(nproc)}"
+
+kiln_log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+# Debian packages Kiln builds with; only the missing ones are installed.
+KILN_DEBIAN_PACKAGES=(cmake ninja-build g++ pkg-config libeigen3-dev libstb-dev doctest-dev nlohmann-json3-dev
+                      libcli11-dev zlib1g-dev ccache)
+
+kiln_install_deps() {
+  local missing=()
+  for p in "${KILN_DEBIAN_PACKAGES[@]}" "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    kiln_log "installing Debian packages: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+  # The CUDA toolkit lives outside PATH on many machines.
+  if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  fi
+}
+
+# kiln_configure BUILD_DIR [extra cmake args...]
+kiln_configure() {
+  local dir="$1"
+  shift
+  local args=(-S "$KILN_ROOT" -B "$dir" -G Ninja -DKILN_CUDA="${KILN_CUDA:-AUTO}")
+  [ -n "${KILN_CUDA_ARCHS:-}" ] && args+=(-DCMAKE_CUDA_ARCHITECTURES="$KILN_CUDA_ARCHS")
+  if command -v ccache >/dev/null 2>&1; then
+    args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
+  kiln_log "configuring $dir"
+  cmake "${args[@]}" "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
+  grep -E '^-- kiln:' "$dir.configure.log" || true
+}
+
+# kiln_build BUILD_DIR [targets...]
+kiln_build() {
+  local dir="$1"
+  shift
+  kiln_log "building $dir ${*:-(all)}"
+  local t=()
+  for x in "$@"; do t+=(--target "$x"); done
+  cmake --build "$dir" -j "$KILN_JOBS" "${t[@]}"
+}

@@ -1,0 +1,41 @@
+// The `kiln` command line: one binary, one subcommand per job.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "engine/error.h"
+#include "kiln_build_info.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Kiln: a from-scratch deep-learning training engine"};
+  app.require_subcommand(0, 1);
+  bool version = false;
+  app.add_flag("--version", version, "Print the version and exit");
+  kiln::tools::DoctorOptions doctor_opts;
+  CLI::App* doctor = app.add_subcommand("doctor", "Report the build and what this machine offers for training");
+  kiln::tools::add_doctor_flags(*doctor, doctor_opts);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Bad flags: one clear line (CLI11 prints it) and exit code 2, before any work starts.
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    if (version) {
+      std::printf("kiln %s\n", KILN_VERSION_STRING);
+      return 0;
+    }
+    if (doctor->parsed()) return kiln::tools::run_doctor(doctor_opts);
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "kiln: error: %s\n", e.message().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln: error: %s\n", e.what());
+    return 1;
+  }
+}
