@@ -20,6 +20,7 @@ Plan plan_reduce(const Tensor& a, const std::vector<int64_t>& dims_in, bool keep
   Plan p;
   const int64_t nd = a.dim();
   std::vector<int64_t> dims = detail::normalize_dims(dims_in, nd, op);
+  if (nd == 0) dims.clear();  // a 0-dim tensor accepts dim 0 / -1 and reduces over nothing
   if (dims.empty())
     for (int64_t i = 0; i < nd; ++i) dims.push_back(i);
   std::vector<bool> red(size_t(nd), false);
@@ -129,7 +130,7 @@ ValuesIndices extreme_dim(const char* name, bool is_max, const Tensor& a, int64_
     const int64_t n = a.dim() == 0 ? 1 : a.shape()[size_t(d)];
     const int64_t nd = a.dim();
     autograd::record(name, {a}, {vi.values}, [=](const GradCtx& c) -> std::vector<Tensor> {
-      Shape iota_shape(size_t(nd), 1);
+      Shape iota_shape(static_cast<size_t>(nd), 1);
       if (nd > 0) iota_shape[size_t(d)] = n;
       const Tensor iota = arange(n, TensorOptions(DType::i64, c.g().device())).reshape(iota_shape);
       const Tensor hit = eq(iota, idx.reshape(keep));

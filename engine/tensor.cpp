@@ -170,8 +170,14 @@ using detail::make_view;
 
 // ---- geometry -------------------------------------------------------------------------------------
 
-int64_t Tensor::size(int64_t d) const { return shape()[size_t(wrap_dim(d, dim(), "size"))]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[size_t(wrap_dim(d, dim(), "stride"))]; }
+int64_t Tensor::size(int64_t d) const {
+  KILN_CHECK(dim() > 0, "size(", d, "): tensor is 0-dim");
+  return shape()[size_t(wrap_dim(d, dim(), "size"))];
+}
+int64_t Tensor::stride(int64_t d) const {
+  KILN_CHECK(dim() > 0, "stride(", d, "): tensor is 0-dim");
+  return strides()[size_t(wrap_dim(d, dim(), "stride"))];
+}
 
 bool Tensor::is_contiguous() const {
   int64_t expected = 1;
@@ -379,6 +385,7 @@ Tensor Tensor::t() const {
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  KILN_CHECK(dim() > 0, "slice: tensor is 0-dim");
   d = wrap_dim(d, dim(), "slice");
   KILN_CHECK(step >= 1, "slice: step must be positive, got ", step);
   const int64_t n = shape()[size_t(d)];
@@ -401,6 +408,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  KILN_CHECK(dim() > 0, "narrow: tensor is 0-dim");
   const int64_t dd = wrap_dim(d, dim(), "narrow");
   const int64_t n = shape()[size_t(dd)];
   if (start < 0) start += n;
@@ -410,6 +418,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
+  KILN_CHECK(dim() > 0, "select: tensor is 0-dim");
   d = wrap_dim(d, dim(), "select");
   const int64_t n = shape()[size_t(d)];
   KILN_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dim ", d, " of ", shape());

@@ -24,7 +24,7 @@ template <typename TO, typename T> void sum_typed(TO* dst, const T* src, int64_t
   if (inner == 1) {
     const int64_t nchunks = std::max<int64_t>(1, (r + kChunk - 1) / kChunk);
     std::vector<S> partial(size_t(outer * nchunks), S(0));
-    parallel_for(0, outer * nchunks, std::max<int64_t>(1, 16384 / std::min(r, kChunk) ), [&](int64_t b, int64_t e) {
+    parallel_for(0, outer * nchunks, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, std::min(r, kChunk))), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const int64_t o = t / nchunks, c = t % nchunks;
         const T* p = src + o * r;

@@ -1,0 +1,208 @@
+// bench_gemm: kiln::cpu::gemm_f32 on square and transformer-shaped problems, beside OpenBLAS when the build found it.
+// Prints a table (ms, GFLOP/s, OpenBLAS GFLOP/s, ratio) and, with --json FILE, writes the rows.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/thread_pool.h"
+#include "kernels/cpu/gemm.h"
+
+#if defined(KILN_BENCH_HAVE_CBLAS)
+#include <cblas.h>
+#endif
+
+namespace {
+
+struct Shape {
+  int64_t m, n, k;
+  bool trans_a, trans_b;
+  bool f64;
+  const char* note;
+};
+
+std::string layout_name(const Shape& s) { return std::string(s.trans_a ? "T" : "N") + (s.trans_b ? "T" : "N"); }
+
+// Median wall time of `reps` calls after `warmup` untimed ones, in seconds. The rep count grows for fast
+// problems so each measurement spans at least `min_total_s`.
+double median_seconds(const std::function<void()>& fn, int min_reps, int max_reps, double min_total_s) {
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  fn();  // warm-up: page faults, pack buffers, pool threads awake
+  fn();
+  const double once = std::chrono::duration<double>(clock::now() - t0).count() / 2;
+  const int reps = std::clamp(int(min_total_s / std::max(once, 1e-9)), min_reps, max_reps);
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    auto t = clock::now();
+    fn();
+    times.push_back(std::chrono::duration<double>(clock::now() - t).count());
+  }
+  std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
+  return times[reps / 2];
+}
+
+template <typename T>
+std::vector<T> random_matrix(int64_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<T> v(static_cast<size_t>(count));
+  for (auto& x : v) x = T(dist(rng));
+  return v;
+}
+
+struct Row {
+  Shape shape;
+  double ms, gflops;
+  double openblas_gflops;  // NaN when not measured
+  double max_rel_diff;     // Kiln vs OpenBLAS, NaN when not measured
+};
+
+template <typename T>
+Row run_shape(const Shape& s, bool quick) {
+  const int64_t a_count = s.m * s.k, b_count = s.k * s.n, c_count = s.m * s.n;
+  const auto a = random_matrix<T>(a_count, 1), b = random_matrix<T>(b_count, 2);
+  std::vector<T> c(size_t(c_count), T(0));
+  // Leading dimensions of the stored (possibly transposed) operands, packed tight.
+  const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n, ldc = s.n;
+  const int min_reps = quick ? 3 : 7, max_reps = quick ? 5 : 50;
+  const double min_total = quick ? 0.05 : 0.5;
+  const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
+
+  auto kiln_call = [&] {
+    if constexpr (std::is_same_v<T, float>)
+      kiln::cpu::gemm_f32(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
+    else
+      kiln::cpu::gemm_f64(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0, a.data(), lda, b.data(), ldb, 0.0, c.data(), ldc);
+  };
+  const double t = median_seconds(kiln_call, min_reps, max_reps, min_total);
+  Row row{s, t * 1e3, flops / t * 1e-9, NAN, NAN};
+
+#if defined(KILN_BENCH_HAVE_CBLAS)
+  std::vector<T> c_ref(size_t(c_count), T(0));
+  const auto ta = s.trans_a ? CblasTrans : CblasNoTrans, tb = s.trans_b ? CblasTrans : CblasNoTrans;
+  auto blas_call = [&] {
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, ta, tb, int(s.m), int(s.n), int(s.k), 1.0f, a.data(), int(lda), b.data(), int(ldb),
+                  0.0f, c_ref.data(), int(ldc));
+    else
+      cblas_dgemm(CblasRowMajor, ta, tb, int(s.m), int(s.n), int(s.k), 1.0, a.data(), int(lda), b.data(), int(ldb),
+                  0.0, c_ref.data(), int(ldc));
+  };
+  const double tb_s = median_seconds(blas_call, min_reps, max_reps, min_total);
+  row.openblas_gflops = flops / tb_s * 1e-9;
+  double worst = 0;
+  for (int64_t i = 0; i < c_count; ++i)
+    worst = std::max(worst, std::abs(double(c[size_t(i)]) - double(c_ref[size_t(i)])) /
+                                (std::abs(double(c_ref[size_t(i)])) + std::sqrt(double(s.k))));
+  row.max_rel_diff = worst;
+  // OpenBLAS workers spin for a while after a call; let them settle so they don't steal the next Kiln run's cores.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+#endif
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  int threads = 0;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (arg == "--threads" && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+      if (threads < 1) {
+        std::fprintf(stderr, "bench_gemm: --threads needs a positive integer, got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (arg == "--quick") {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: bench_gemm [--json FILE] [--threads N] [--quick]\n");
+      return arg == "--help" || arg == "-h" ? 0 : 2;
+    }
+  }
+  if (threads > 0) kiln::set_num_threads(threads);
+  threads = kiln::num_threads();
+#if defined(KILN_BENCH_HAVE_CBLAS)
+  openblas_set_num_threads(threads);
+#endif
+
+  // BERT-base with 4096 tokens: QKV/out projection (768 -> 768), FFN up (768 -> 3072), FFN down (3072 -> 768),
+  // and FFN-up's backward: dX = dY W^T (NT) and dW = X^T dY (TN). Plus a convolution's im2col GEMM.
+  std::vector<Shape> shapes;
+  if (quick) {
+    shapes = {{256, 256, 256, false, false, false, "square"},
+              {256, 256, 256, false, true, false, "square"},
+              {256, 256, 256, true, false, false, "square"},
+              {512, 64, 576, false, false, false, "conv-like"}};
+  } else {
+    shapes = {{256, 256, 256, false, false, false, "square"},
+              {512, 512, 512, false, false, false, "square"},
+              {1024, 1024, 1024, false, false, false, "square"},
+              {2048, 2048, 2048, false, false, false, "square"},
+              {4096, 768, 768, false, false, false, "bert attn proj"},
+              {4096, 3072, 768, false, false, false, "bert ffn up"},
+              {4096, 768, 3072, false, false, false, "bert ffn down"},
+              {4096, 768, 3072, false, true, false, "ffn up dX=dY*W^T"},
+              {768, 3072, 4096, true, false, false, "ffn up dW=X^T*dY"},
+              {2048, 64, 576, false, false, false, "conv-like im2col"},
+              {1024, 1024, 1024, false, false, true, "square f64"}};
+  }
+
+  std::printf("bench_gemm: %d thread%s%s\n", threads, threads == 1 ? "" : "s",
+#if defined(KILN_BENCH_HAVE_CBLAS)
+              ", OpenBLAS beside Kiln"
+#else
+              " (built without OpenBLAS: Kiln only)"
+#endif
+  );
+  std::printf("%-20s %-6s %-18s %10s %10s %14s %8s\n", "shape (m x n x k)", "layout", "note", "ms", "GFLOP/s",
+              "OpenBLAS GF/s", "ratio");
+  nlohmann::json rows = nlohmann::json::array();
+  bool mismatch = false;
+  for (const auto& s : shapes) {
+    const Row r = s.f64 ? run_shape<double>(s, quick) : run_shape<float>(s, quick);
+    const std::string dims = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
+    const std::string layout = layout_name(s) + (s.f64 ? " f64" : "");
+    if (std::isnan(r.openblas_gflops)) {
+      std::printf("%-20s %-6s %-18s %10.3f %10.1f %14s %8s\n", dims.c_str(), layout.c_str(), s.note, r.ms, r.gflops,
+                  "-", "-");
+    } else {
+      std::printf("%-20s %-6s %-18s %10.3f %10.1f %14.1f %7.2fx\n", dims.c_str(), layout.c_str(), s.note, r.ms,
+                  r.gflops, r.openblas_gflops, r.gflops / r.openblas_gflops);
+      // Loose: only a wrong result, not rounding, trips it.
+      if (r.max_rel_diff > (s.f64 ? 1e-10 : 1e-4)) {
+        std::printf("  ^ Kiln and OpenBLAS disagree: max scaled difference %.3g\n", r.max_rel_diff);
+        mismatch = true;
+      }
+    }
+    std::fflush(stdout);
+    nlohmann::json j = {{"m", s.m},   {"n", s.n},   {"k", s.k},         {"layout", layout_name(s)},
+                        {"ms", r.ms}, {"gflops", r.gflops}, {"dtype", s.f64 ? "f64" : "f32"}};
+    j["openblas_gflops"] = std::isnan(r.openblas_gflops) ? nlohmann::json(nullptr) : nlohmann::json(r.openblas_gflops);
+    rows.push_back(j);
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << nlohmann::json{{"benchmark", "gemm"}, {"threads", threads}, {"rows", rows}}.dump(2) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "bench_gemm: could not write %s\n", json_path.c_str());
+      return 1;
+    }
+  }
+  return mismatch ? 1 : 0;
+}
