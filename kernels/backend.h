@@ -44,6 +44,18 @@ enum class BinaryOp : uint8_t {
 enum class ReduceOp : uint8_t { sum, max, min, argmax, argmin };
 enum class RandomKind : uint8_t { uniform, normal, bernoulli };
 
+// 2-D convolution of contiguous NCHW x [n,c,h,w] with weight [o, c/groups, kh, kw] into y [n,o,oh,ow].
+struct Conv2dParams {
+  int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups, oh, ow;
+};
+// Pooling windows over contiguous NCHW planes: fixed (kernel, stride, padding, dilation) or
+// adaptive (window i spans floor(i*H/OH) .. ceil((i+1)*H/OH)).
+struct Pool2dParams {
+  int64_t planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
+  bool adaptive = false;
+  bool count_include_pad = true;  // average pooling divisor
+};
+
 struct Backend {
   const char* name;
   // dst[i] = src[i] for same-shaped views, converting dtypes.
@@ -67,6 +79,53 @@ struct Backend {
   // Contiguous dst filled from the Philox stream (seed, offset): uniform [p0, p1), normal (mean p0,
   // std p1), bernoulli (probability p0).
   void (*random)(RandomKind kind, const TensorDesc& dst, uint64_t seed, uint64_t offset, double p0, double p1);
+
+  // ---- neural-network kernels; every buffer contiguous, dtype f32 or f64 on the CPU ----
+  void (*conv2d_forward)(DType dt, const Conv2dParams& p, const void* x, const void* w, const void* bias, void* y);
+  // Writes (does not accumulate) gx and gw where non-null.
+  void (*conv2d_backward)(DType dt, const Conv2dParams& p, const void* x, const void* w, const void* gy, void* gx,
+                          void* gw);
+  // Max pooling writes y and the flat index (ih * W + iw) of each maximum within its plane.
+  void (*max_pool2d_forward)(DType dt, const Pool2dParams& p, const void* x, void* y, int64_t* idx);
+  void (*max_pool2d_backward)(DType dt, const Pool2dParams& p, const void* gy, const int64_t* idx, void* gx);
+  void (*avg_pool2d_forward)(DType dt, const Pool2dParams& p, const void* x, void* y);
+  void (*avg_pool2d_backward)(DType dt, const Pool2dParams& p, const void* gy, void* gx);
+  // Softmax or log-softmax over the middle dim of [outer, n, inner].
+  void (*softmax_forward)(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* x, void* y);
+  // gx = y * (gy - sum(gy * y)) for softmax, gy - exp(y) * sum(gy) for log-softmax (y: the output).
+  void (*softmax_backward)(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* y, const void* gy,
+                           void* gx);
+  // Layer norm over rows of length d: y = (x - mean) * rstd * gamma + beta (gamma/beta may be null);
+  // writes mean and rstd (f32 or f64, one per row) for the backward.
+  void (*layer_norm_forward)(DType dt, int64_t rows, int64_t d, double eps, const void* x, const void* gamma,
+                             const void* beta, void* y, void* mean, void* rstd);
+  void (*layer_norm_backward)(DType dt, int64_t rows, int64_t d, const void* x, const void* gamma, const void* mean,
+                              const void* rstd, const void* gy, void* gx, void* ggamma, void* gbeta);
+  // Batch norm over NCHW viewed as [n, c, hw]. Training: batch statistics into mean/rstd (and the
+  // running buffers updated with momentum, unbiased variance); eval: running statistics.
+  void (*batch_norm_forward)(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
+                             const void* x, const void* gamma, const void* beta, void* running_mean,
+                             void* running_var, void* y, void* mean, void* rstd);
+  void (*batch_norm_backward)(DType dt, int64_t n, int64_t c, int64_t hw, bool training, const void* x,
+                              const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx,
+                              void* ggamma, void* gbeta);
+  // Cross-entropy of logits [rows, classes] against i64 targets, with ignore_index and label
+  // smoothing; writes per-row losses (0 for ignored rows) and, when grad_scale != 0, the gradient
+  // grad_scale * d loss_row / d logits into glogits.
+  void (*cross_entropy)(DType dt, int64_t rows, int64_t classes, const void* logits, const int64_t* target,
+                        int64_t ignore_index, double smoothing, void* loss, void* glogits, double grad_scale);
+  // Gather along the middle dim: dst[o, i, in] = src[o, idx[i], in] ([outer, n_src, inner] -> [outer, n_idx, inner]).
+  void (*index_select)(DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* src, int64_t n_idx,
+                       const int64_t* idx, void* dst);
+  // The adjoint: dst[o, idx[i], in] += src[o, i, in], in a fixed order.
+  void (*index_add)(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx,
+                    const int64_t* idx, const void* src);
+  // Elementwise along the middle dim with a full index tensor: gather dst[o,i,in] = src[o, idx[o,i,in], in];
+  // scatter_add dst[o, idx[o,i,in], in] += src[o,i,in].
+  void (*gather)(DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* src, int64_t n_idx,
+                 const int64_t* idx, void* dst);
+  void (*scatter_add)(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx,
+                      const int64_t* idx, const void* src);
 };
 
 const Backend& cpu_backend();

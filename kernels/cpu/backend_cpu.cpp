@@ -22,8 +22,35 @@ void gemm_any(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, do
 }  // namespace
 
 const Backend& cpu_backend() {
-  static const Backend b{"cpu", cpu::copy, cpu::fill, cpu::arange, cpu::unary, cpu::binary,
-                         cpu::where, cpu::reduce, gemm_any, cpu::random};
+  static const Backend b{
+      .name = "cpu",
+      .copy = cpu::copy,
+      .fill = cpu::fill,
+      .arange = cpu::arange,
+      .unary = cpu::unary,
+      .binary = cpu::binary,
+      .where = cpu::where,
+      .reduce = cpu::reduce,
+      .gemm = gemm_any,
+      .random = cpu::random,
+      .conv2d_forward = cpu::conv2d_forward,
+      .conv2d_backward = cpu::conv2d_backward,
+      .max_pool2d_forward = cpu::max_pool2d_forward,
+      .max_pool2d_backward = cpu::max_pool2d_backward,
+      .avg_pool2d_forward = cpu::avg_pool2d_forward,
+      .avg_pool2d_backward = cpu::avg_pool2d_backward,
+      .softmax_forward = cpu::softmax_forward,
+      .softmax_backward = cpu::softmax_backward,
+      .layer_norm_forward = cpu::layer_norm_forward,
+      .layer_norm_backward = cpu::layer_norm_backward,
+      .batch_norm_forward = cpu::batch_norm_forward,
+      .batch_norm_backward = cpu::batch_norm_backward,
+      .cross_entropy = cpu::cross_entropy,
+      .index_select = cpu::index_select,
+      .index_add = cpu::index_add,
+      .gather = cpu::gather,
+      .scatter_add = cpu::scatter_add,
+  };
   return b;
 }
 

@@ -1,0 +1,531 @@
+// CPU kernels of the neural-network ops: pooling, softmax, layer and batch norm, fused
+// cross-entropy, and the index kernels (index_select/index_add, gather/scatter_add).
+// Statistics accumulate in f64; every loop that sums over rows runs in a fixed order.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/loops.h"
+#include "kernels/cpu/ops_cpu.h"
+
+namespace kiln::cpu {
+namespace {
+
+template <typename Fn> void dispatch_float(DType dt, const char* op, Fn&& fn) {
+  if (dt == DType::f32) return fn(float{});
+  if (dt == DType::f64) return fn(double{});
+  KILN_FAIL(op, ": the CPU kernel computes f32 and f64, got ", dt);
+}
+
+// ---- pooling ---------------------------------------------------------------------------------------
+
+struct Window {
+  int64_t h0, h1, w0, w1;  // [h0, h1) x [w0, w1), clipped to the image
+  int64_t count;           // divisor for average pooling
+};
+
+Window window_of(const Pool2dParams& p, int64_t oh, int64_t ow) {
+  Window w;
+  if (p.adaptive) {
+    w.h0 = (oh * p.h) / p.oh;
+    w.h1 = ((oh + 1) * p.h + p.oh - 1) / p.oh;
+    w.w0 = (ow * p.w) / p.ow;
+    w.w1 = ((ow + 1) * p.w + p.ow - 1) / p.ow;
+    w.count = (w.h1 - w.h0) * (w.w1 - w.w0);
+    return w;
+  }
+  const int64_t hs = oh * p.sh - p.ph, ws = ow * p.sw - p.pw;
+  const int64_t he = std::min(hs + (p.kh - 1) * p.dh + 1, p.h + p.ph), we = std::min(ws + (p.kw - 1) * p.dw + 1, p.w + p.pw);
+  const int64_t padded = ((he - hs + p.dh - 1) / p.dh) * ((we - ws + p.dw - 1) / p.dw);
+  w.h0 = hs;
+  w.h1 = std::min(he, p.h);
+  w.w0 = ws;
+  w.w1 = std::min(we, p.w);
+  int64_t valid = 0;
+  for (int64_t ih = w.h0; ih < w.h1; ih += p.dh)
+    if (ih >= 0)
+      for (int64_t iw = w.w0; iw < w.w1; iw += p.dw)
+        if (iw >= 0) ++valid;
+  w.count = p.count_include_pad ? padded : valid;
+  return w;
+}
+
+template <typename T> void max_pool_fwd(const Pool2dParams& p, const T* x, T* y, int64_t* idx) {
+  parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl) {
+      const T* img = x + pl * p.h * p.w;
+      for (int64_t oh = 0; oh < p.oh; ++oh)
+        for (int64_t ow = 0; ow < p.ow; ++ow) {
+          const Window w = window_of(p, oh, ow);
+          T best = -std::numeric_limits<T>::infinity();
+          int64_t bi = -1;
+          const int64_t step_h = p.adaptive ? 1 : p.dh, step_w = p.adaptive ? 1 : p.dw;
+          for (int64_t ih = w.h0; ih < w.h1; ih += step_h) {
+            if (ih < 0) continue;
+            for (int64_t iw = w.w0; iw < w.w1; iw += step_w) {
+              if (iw < 0) continue;
+              const T v = img[ih * p.w + iw];
+              if (bi < 0 || v > best || v != v) {
+                best = v;
+                bi = ih * p.w + iw;
+                if (v != v) break;
+              }
+            }
+          }
+          y[(pl * p.oh + oh) * p.ow + ow] = best;
+          idx[(pl * p.oh + oh) * p.ow + ow] = bi;
+        }
+    }
+  });
+}
+
+template <typename T> void max_pool_bwd(const Pool2dParams& p, const T* gy, const int64_t* idx, T* gx) {
+  parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl) {
+      T* g = gx + pl * p.h * p.w;
+      std::fill(g, g + p.h * p.w, T(0));
+      for (int64_t i = 0; i < p.oh * p.ow; ++i) {
+        const int64_t k = idx[pl * p.oh * p.ow + i];
+        if (k >= 0) g[k] += gy[pl * p.oh * p.ow + i];
+      }
+    }
+  });
+}
+
+template <typename T> void avg_pool_fwd(const Pool2dParams& p, const T* x, T* y) {
+  parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl) {
+      const T* img = x + pl * p.h * p.w;
+      for (int64_t oh = 0; oh < p.oh; ++oh)
+        for (int64_t ow = 0; ow < p.ow; ++ow) {
+          const Window w = window_of(p, oh, ow);
+          const int64_t step_h = p.adaptive ? 1 : p.dh, step_w = p.adaptive ? 1 : p.dw;
+          double acc = 0;
+          for (int64_t ih = std::max<int64_t>(w.h0, 0); ih < w.h1; ih += step_h)
+            for (int64_t iw = std::max<int64_t>(w.w0, 0); iw < w.w1; iw += step_w) acc += double(img[ih * p.w + iw]);
+          y[(pl * p.oh + oh) * p.ow + ow] = T(w.count > 0 ? acc / double(w.count) : 0.0);
+        }
+    }
+  });
+}
+
+template <typename T> void avg_pool_bwd(const Pool2dParams& p, const T* gy, T* gx) {
+  parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl) {
+      T* g = gx + pl * p.h * p.w;
+      std::fill(g, g + p.h * p.w, T(0));
+      for (int64_t oh = 0; oh < p.oh; ++oh)
+        for (int64_t ow = 0; ow < p.ow; ++ow) {
+          const Window w = window_of(p, oh, ow);
+          if (w.count <= 0) continue;
+          const T v = gy[(pl * p.oh + oh) * p.ow + ow] / T(w.count);
+          const int64_t step_h = p.adaptive ? 1 : p.dh, step_w = p.adaptive ? 1 : p.dw;
+          for (int64_t ih = std::max<int64_t>(w.h0, 0); ih < w.h1; ih += step_h)
+            for (int64_t iw = std::max<int64_t>(w.w0, 0); iw < w.w1; iw += step_w) g[ih * p.w + iw] += v;
+        }
+    }
+  });
+}
+
+// ---- softmax ---------------------------------------------------------------------------------------
+
+template <typename T>
+void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, T* y) {
+  parallel_for(0, outer * inner, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / inner, j = t % inner;
+      const T* xr = x + o * n * inner + j;
+      T* yr = y + o * n * inner + j;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t i = 0; i < n; ++i) mx = std::max(mx, xr[i * inner]);
+      if (!std::isfinite(mx)) mx = 0;  // all -inf rows give NaN/0 naturally below; avoid inf - inf
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i) s += std::exp(double(xr[i * inner] - mx));
+      if (log) {
+        const T lse = T(std::log(s)) + mx;
+        for (int64_t i = 0; i < n; ++i) yr[i * inner] = xr[i * inner] - lse;
+      } else {
+        const double inv = 1.0 / s;
+        for (int64_t i = 0; i < n; ++i) yr[i * inner] = T(std::exp(double(xr[i * inner] - mx)) * inv);
+      }
+    }
+  });
+}
+
+template <typename T>
+void softmax_bwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* y, const T* gy, T* gx) {
+  parallel_for(0, outer * inner, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / inner, j = t % inner;
+      const int64_t base = o * n * inner + j;
+      double s = 0;
+      if (log) {
+        for (int64_t i = 0; i < n; ++i) s += double(gy[base + i * inner]);
+        for (int64_t i = 0; i < n; ++i)
+          gx[base + i * inner] = T(double(gy[base + i * inner]) - std::exp(double(y[base + i * inner])) * s);
+      } else {
+        for (int64_t i = 0; i < n; ++i) s += double(gy[base + i * inner]) * double(y[base + i * inner]);
+        for (int64_t i = 0; i < n; ++i)
+          gx[base + i * inner] = T(double(y[base + i * inner]) * (double(gy[base + i * inner]) - s));
+      }
+    }
+  });
+}
+
+// ---- layer norm ------------------------------------------------------------------------------------
+
+template <typename T>
+void layer_norm_fwd(int64_t rows, int64_t d, double eps, const T* x, const T* gamma, const T* beta, T* y, T* mean,
+                    T* rstd) {
+  parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* xr = x + r * d;
+      double m = 0;
+      for (int64_t i = 0; i < d; ++i) m += double(xr[i]);
+      m /= double(std::max<int64_t>(d, 1));
+      double v = 0;
+      for (int64_t i = 0; i < d; ++i) v += (double(xr[i]) - m) * (double(xr[i]) - m);
+      v /= double(std::max<int64_t>(d, 1));
+      const double rs = 1.0 / std::sqrt(v + eps);
+      T* yr = y + r * d;
+      for (int64_t i = 0; i < d; ++i) {
+        T h = T((double(xr[i]) - m) * rs);
+        if (gamma) h *= gamma[i];
+        if (beta) h += beta[i];
+        yr[i] = h;
+      }
+      mean[r] = T(m);
+      rstd[r] = T(rs);
+    }
+  });
+}
+
+template <typename T>
+void layer_norm_bwd(int64_t rows, int64_t d, const T* x, const T* gamma, const T* mean, const T* rstd, const T* gy,
+                    T* gx, T* ggamma, T* gbeta) {
+  if (gx) {
+    parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const T* xr = x + r * d;
+        const T* g = gy + r * d;
+        const double m = double(mean[r]), rs = double(rstd[r]);
+        // gx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), gh = gy * gamma
+        double s1 = 0, s2 = 0;
+        for (int64_t i = 0; i < d; ++i) {
+          const double gh = double(g[i]) * (gamma ? double(gamma[i]) : 1.0);
+          const double xh = (double(xr[i]) - m) * rs;
+          s1 += gh;
+          s2 += gh * xh;
+        }
+        s1 /= double(d);
+        s2 /= double(d);
+        T* o = gx + r * d;
+        for (int64_t i = 0; i < d; ++i) {
+          const double gh = double(g[i]) * (gamma ? double(gamma[i]) : 1.0);
+          const double xh = (double(xr[i]) - m) * rs;
+          o[i] = T(rs * (gh - s1 - xh * s2));
+        }
+      }
+    });
+  }
+  if (ggamma || gbeta) {
+    // Column sums over rows, in row order per column block.
+    parallel_for(0, d, 64, [&](int64_t b, int64_t e) {
+      std::vector<double> sg(size_t(e - b), 0.0), sb(size_t(e - b), 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const double m = double(mean[r]), rs = double(rstd[r]);
+        for (int64_t i = b; i < e; ++i) {
+          const double g = double(gy[r * d + i]);
+          sg[size_t(i - b)] += g * (double(x[r * d + i]) - m) * rs;
+          sb[size_t(i - b)] += g;
+        }
+      }
+      for (int64_t i = b; i < e; ++i) {
+        if (ggamma) ggamma[i] = T(sg[size_t(i - b)]);
+        if (gbeta) gbeta[i] = T(sb[size_t(i - b)]);
+      }
+    });
+  }
+}
+
+// ---- batch norm ------------------------------------------------------------------------------------
+
+template <typename T>
+void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training, const T* x,
+                    const T* gamma, const T* beta, T* rmean, T* rvar, T* y, T* mean, T* rstd) {
+  parallel_for(0, c, 1, [&](int64_t b, int64_t e) {
+    for (int64_t ch = b; ch < e; ++ch) {
+      double m, v;
+      const int64_t count = n * hw;
+      if (training) {
+        double s = 0;
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < hw; ++j) s += double(x[(i * c + ch) * hw + j]);
+        m = s / double(std::max<int64_t>(count, 1));
+        double q = 0;
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < hw; ++j) {
+            const double dlt = double(x[(i * c + ch) * hw + j]) - m;
+            q += dlt * dlt;
+          }
+        v = q / double(std::max<int64_t>(count, 1));
+        if (rmean) rmean[ch] = T((1 - momentum) * double(rmean[ch]) + momentum * m);
+        if (rvar) {
+          const double unbiased = count > 1 ? q / double(count - 1) : v;
+          rvar[ch] = T((1 - momentum) * double(rvar[ch]) + momentum * unbiased);
+        }
+      } else {
+        m = double(rmean[ch]);
+        v = double(rvar[ch]);
+      }
+      const double rs = 1.0 / std::sqrt(v + eps);
+      mean[ch] = T(m);
+      rstd[ch] = T(rs);
+      const double sc = rs * (gamma ? double(gamma[ch]) : 1.0);
+      const double sh = (beta ? double(beta[ch]) : 0.0) - m * sc;
+      for (int64_t i = 0; i < n; ++i) {
+        const T* xr = x + (i * c + ch) * hw;
+        T* yr = y + (i * c + ch) * hw;
+        for (int64_t j = 0; j < hw; ++j) yr[j] = T(double(xr[j]) * sc + sh);
+      }
+    }
+  });
+}
+
+template <typename T>
+void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool training, const T* x, const T* gamma, const T* mean,
+                    const T* rstd, const T* gy, T* gx, T* ggamma, T* gbeta) {
+  parallel_for(0, c, 1, [&](int64_t b, int64_t e) {
+    for (int64_t ch = b; ch < e; ++ch) {
+      const double m = double(mean[ch]), rs = double(rstd[ch]);
+      const double gm = gamma ? double(gamma[ch]) : 1.0;
+      double sg = 0, sgx = 0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < hw; ++j) {
+          const int64_t k = (i * c + ch) * hw + j;
+          sg += double(gy[k]);
+          sgx += double(gy[k]) * (double(x[k]) - m) * rs;
+        }
+      if (ggamma) ggamma[ch] = T(sgx);
+      if (gbeta) gbeta[ch] = T(sg);
+      if (!gx) continue;
+      const double count = double(std::max<int64_t>(n * hw, 1));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < hw; ++j) {
+          const int64_t k = (i * c + ch) * hw + j;
+          if (training) {
+            const double xh = (double(x[k]) - m) * rs;
+            gx[k] = T(gm * rs * (double(gy[k]) - sg / count - xh * sgx / count));
+          } else {
+            gx[k] = T(gm * rs * double(gy[k]));
+          }
+        }
+    }
+  });
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------------------
+
+template <typename T>
+void cross_entropy_typed(int64_t rows, int64_t classes, const T* logits, const int64_t* target, int64_t ignore,
+                         double eps, T* loss, T* glogits, double grad_scale) {
+  parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(classes, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* x = logits + r * classes;
+      const int64_t t = target[r];
+      T* g = glogits ? glogits + r * classes : nullptr;
+      if (t == ignore) {
+        loss[r] = T(0);
+        if (g) std::fill(g, g + classes, T(0));
+        continue;
+      }
+      KILN_CHECK(t >= 0 && t < classes, "cross_entropy: target ", t, " at row ", r, " is outside [0, ", classes, ")");
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t i = 0; i < classes; ++i) mx = std::max(mx, double(x[i]));
+      double s = 0, sum_x = 0;
+      for (int64_t i = 0; i < classes; ++i) {
+        s += std::exp(double(x[i]) - mx);
+        sum_x += double(x[i]);
+      }
+      const double lse = std::log(s) + mx;
+      // loss = -(1-eps) * logp[t] - eps/C * sum_i logp[i]
+      const double nll = lse - double(x[t]);
+      const double smooth = lse - sum_x / double(classes);
+      loss[r] = T((1 - eps) * nll + eps * smooth);
+      if (g) {
+        for (int64_t i = 0; i < classes; ++i) {
+          const double p = std::exp(double(x[i]) - lse);
+          const double want = (i == t ? (1 - eps) : 0.0) + eps / double(classes);
+          g[i] = T(grad_scale * (p - want));
+        }
+      }
+    }
+  });
+}
+
+// ---- index kernels -----------------------------------------------------------------------------------
+
+template <typename T>
+void index_select_typed(int64_t outer, int64_t n_src, int64_t inner, const T* src, int64_t n_idx, const int64_t* idx,
+                        T* dst) {
+  for (int64_t i = 0; i < n_idx; ++i)
+    KILN_CHECK(idx[i] >= 0 && idx[i] < n_src, "index ", idx[i], " at position ", i, " is out of range [0, ", n_src, ")");
+  parallel_for(0, outer * n_idx, std::max<int64_t>(1, 16384 / std::max<int64_t>(inner, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / n_idx, i = t % n_idx;
+      std::memcpy(dst + t * inner, src + (o * n_src + idx[i]) * inner, size_t(inner) * sizeof(T));
+    }
+  });
+}
+
+template <typename T>
+void index_add_typed(int64_t outer, int64_t n_dst, int64_t inner, T* dst, int64_t n_idx, const int64_t* idx,
+                     const T* src) {
+  for (int64_t i = 0; i < n_idx; ++i)
+    KILN_CHECK(idx[i] >= 0 && idx[i] < n_dst, "index ", idx[i], " at position ", i, " is out of range [0, ", n_dst, ")");
+  // Parallel over (outer, column blocks); each column is summed in index order.
+  const int64_t blk = 256, nblk = (inner + blk - 1) / blk;
+  parallel_for(0, outer * nblk, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / nblk, j0 = (t % nblk) * blk, j1 = std::min(inner, j0 + blk);
+      for (int64_t i = 0; i < n_idx; ++i) {
+        T* d = dst + (o * n_dst + idx[i]) * inner;
+        const T* s = src + (o * n_idx + i) * inner;
+        for (int64_t j = j0; j < j1; ++j) d[j] += s[j];
+      }
+    }
+  });
+}
+
+template <typename T>
+void gather_typed(int64_t outer, int64_t n_src, int64_t inner, const T* src, int64_t n_idx, const int64_t* idx, T* dst) {
+  parallel_for(0, outer, 1, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o)
+      for (int64_t i = 0; i < n_idx; ++i)
+        for (int64_t j = 0; j < inner; ++j) {
+          const int64_t k = idx[(o * n_idx + i) * inner + j];
+          KILN_CHECK(k >= 0 && k < n_src, "gather: index ", k, " is out of range [0, ", n_src, ")");
+          dst[(o * n_idx + i) * inner + j] = src[(o * n_src + k) * inner + j];
+        }
+  });
+}
+
+template <typename T>
+void scatter_add_typed(int64_t outer, int64_t n_dst, int64_t inner, T* dst, int64_t n_idx, const int64_t* idx,
+                       const T* src) {
+  parallel_for(0, outer, 1, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o)
+      for (int64_t i = 0; i < n_idx; ++i)
+        for (int64_t j = 0; j < inner; ++j) {
+          const int64_t k = idx[(o * n_idx + i) * inner + j];
+          KILN_CHECK(k >= 0 && k < n_dst, "scatter_add: index ", k, " is out of range [0, ", n_dst, ")");
+          dst[(o * n_dst + k) * inner + j] += src[(o * n_idx + i) * inner + j];
+        }
+  });
+}
+
+template <typename T> const T* cp(const void* p) { return static_cast<const T*>(p); }
+template <typename T> T* mp(void* p) { return static_cast<T*>(p); }
+
+}  // namespace
+
+void max_pool2d_forward(DType dt, const Pool2dParams& p, const void* x, void* y, int64_t* idx) {
+  dispatch_float(dt, "max_pool2d", [&](auto t) { max_pool_fwd(p, cp<decltype(t)>(x), mp<decltype(t)>(y), idx); });
+}
+void max_pool2d_backward(DType dt, const Pool2dParams& p, const void* gy, const int64_t* idx, void* gx) {
+  dispatch_float(dt, "max_pool2d", [&](auto t) { max_pool_bwd(p, cp<decltype(t)>(gy), idx, mp<decltype(t)>(gx)); });
+}
+void avg_pool2d_forward(DType dt, const Pool2dParams& p, const void* x, void* y) {
+  dispatch_float(dt, "avg_pool2d", [&](auto t) { avg_pool_fwd(p, cp<decltype(t)>(x), mp<decltype(t)>(y)); });
+}
+void avg_pool2d_backward(DType dt, const Pool2dParams& p, const void* gy, void* gx) {
+  dispatch_float(dt, "avg_pool2d", [&](auto t) { avg_pool_bwd(p, cp<decltype(t)>(gy), mp<decltype(t)>(gx)); });
+}
+void softmax_forward(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* x, void* y) {
+  dispatch_float(dt, "softmax", [&](auto t) { softmax_fwd(log, outer, n, inner, cp<decltype(t)>(x), mp<decltype(t)>(y)); });
+}
+void softmax_backward(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* y, const void* gy,
+                      void* gx) {
+  dispatch_float(dt, "softmax", [&](auto t) {
+    using T = decltype(t);
+    softmax_bwd(log, outer, n, inner, cp<T>(y), cp<T>(gy), mp<T>(gx));
+  });
+}
+void layer_norm_forward(DType dt, int64_t rows, int64_t d, double eps, const void* x, const void* gamma,
+                        const void* beta, void* y, void* mean, void* rstd) {
+  dispatch_float(dt, "layer_norm", [&](auto t) {
+    using T = decltype(t);
+    layer_norm_fwd(rows, d, eps, cp<T>(x), cp<T>(gamma), cp<T>(beta), mp<T>(y), mp<T>(mean), mp<T>(rstd));
+  });
+}
+void layer_norm_backward(DType dt, int64_t rows, int64_t d, const void* x, const void* gamma, const void* mean,
+                         const void* rstd, const void* gy, void* gx, void* ggamma, void* gbeta) {
+  dispatch_float(dt, "layer_norm", [&](auto t) {
+    using T = decltype(t);
+    layer_norm_bwd(rows, d, cp<T>(x), cp<T>(gamma), cp<T>(mean), cp<T>(rstd), cp<T>(gy), mp<T>(gx), mp<T>(ggamma),
+                   mp<T>(gbeta));
+  });
+}
+void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
+                        const void* x, const void* gamma, const void* beta, void* rmean, void* rvar, void* y,
+                        void* mean, void* rstd) {
+  dispatch_float(dt, "batch_norm", [&](auto t) {
+    using T = decltype(t);
+    batch_norm_fwd(n, c, hw, eps, momentum, training, cp<T>(x), cp<T>(gamma), cp<T>(beta), mp<T>(rmean), mp<T>(rvar),
+                   mp<T>(y), mp<T>(mean), mp<T>(rstd));
+  });
+}
+void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, const void* x, const void* gamma,
+                         const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma, void* gbeta) {
+  dispatch_float(dt, "batch_norm", [&](auto t) {
+    using T = decltype(t);
+    batch_norm_bwd(n, c, hw, training, cp<T>(x), cp<T>(gamma), cp<T>(mean), cp<T>(rstd), cp<T>(gy), mp<T>(gx),
+                   mp<T>(ggamma), mp<T>(gbeta));
+  });
+}
+void cross_entropy(DType dt, int64_t rows, int64_t classes, const void* logits, const int64_t* target,
+                   int64_t ignore_index, double smoothing, void* loss, void* glogits, double grad_scale) {
+  dispatch_float(dt, "cross_entropy", [&](auto t) {
+    using T = decltype(t);
+    cross_entropy_typed(rows, classes, cp<T>(logits), target, ignore_index, smoothing, mp<T>(loss), mp<T>(glogits),
+                        grad_scale);
+  });
+}
+
+namespace {
+// Index kernels move any dtype; they dispatch on every storage type.
+template <typename Fn> void dispatch_any(DType dt, Fn&& fn) {
+  visit_dtype(dt, [&](auto t) { fn(t); });
+}
+}  // namespace
+
+void index_select(DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* src, int64_t n_idx,
+                  const int64_t* idx, void* dst) {
+  dispatch_any(dt, [&](auto t) {
+    using T = decltype(t);
+    index_select_typed(outer, n_src, inner, cp<T>(src), n_idx, idx, mp<T>(dst));
+  });
+}
+void index_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx, const int64_t* idx,
+               const void* src) {
+  dispatch_float(dt, "index_add", [&](auto t) {
+    using T = decltype(t);
+    index_add_typed(outer, n_dst, inner, mp<T>(dst), n_idx, idx, cp<T>(src));
+  });
+}
+void gather(DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* src, int64_t n_idx, const int64_t* idx,
+            void* dst) {
+  dispatch_any(dt, [&](auto t) {
+    using T = decltype(t);
+    gather_typed(outer, n_src, inner, cp<T>(src), n_idx, idx, mp<T>(dst));
+  });
+}
+void scatter_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx, const int64_t* idx,
+                 const void* src) {
+  dispatch_float(dt, "scatter_add", [&](auto t) {
+    using T = decltype(t);
+    scatter_add_typed(outer, n_dst, inner, mp<T>(dst), n_idx, idx, cp<T>(src));
+  });
+}
+
+}  // namespace kiln::cpu
