@@ -1,9 +1,10 @@
-// Kiln's public API in one include: tensors, ops, autograd, random numbers, the thread pool.
+// Kiln's public API in one include: tensors, ops, nn ops, autograd, random numbers, the thread pool.
 #pragma once
 #include "engine/autograd.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/gradcheck.h"
+#include "engine/nn_ops.h"
 #include "engine/ops.h"
 #include "engine/random.h"
 #include "engine/tensor.h"

@@ -14,10 +14,11 @@ struct MatLayout {
   bool ok = false;
 };
 
-// How GEMM can read a rows x cols matrix with row stride rs and column stride cs.
+// How GEMM can read a rows x cols matrix with row stride rs and column stride cs. The stride of
+// a dim of size 1 is never used, so it does not constrain the layout.
 MatLayout layout_of(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  if (cs == 1 && (rows == 1 || rs >= cols)) return {false, std::max<int64_t>({rs, cols, 1}), true};
-  if (rs == 1 && (cols == 1 || cs >= rows)) return {true, std::max<int64_t>({cs, rows, 1}), true};
+  if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) return {false, std::max<int64_t>(rows == 1 ? cols : rs, 1), true};
+  if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) return {true, std::max<int64_t>(cols == 1 ? rows : cs, 1), true};
   return {};
 }
 
@@ -49,12 +50,12 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
   Tensor x = as_compute(a, ct).expand(ea), y = as_compute(b, ct).expand(eb);
   MatLayout la = layout_of(m, k, x.stride(-2), x.stride(-1));
   if (!la.ok) {
-    x = x.contiguous();
+    x = x.clone();  // contiguous() would keep odd strides on size-1 dims
     la = layout_of(m, k, x.stride(-2), x.stride(-1));
   }
   MatLayout lb = layout_of(k, n, y.stride(-2), y.stride(-1));
   if (!lb.ok) {
-    y = y.contiguous();
+    y = y.clone();
     lb = layout_of(k, n, y.stride(-2), y.stride(-1));
   }
   Tensor out = make_tensor(oshape, ct, dev);
@@ -103,7 +104,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor y = vb ? b.unsqueeze(1) : b;
   Tensor out = matmul_nd(x, y);
   if (vb) out = out.squeeze(-1);
-  if (va) out = out.squeeze(-2);
+  if (va) out = out.squeeze(vb ? -1 : -2);
   return out;
 }
 

@@ -372,7 +372,7 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
-  if (dim() == 0) return *this;
+  if (dim() == 0) return permute({});
   std::vector<int64_t> p(static_cast<size_t>(dim()));
   std::iota(p.begin(), p.end(), 0);
   std::swap(p[size_t(wrap_dim(d0, dim(), "transpose"))], p[size_t(wrap_dim(d1, dim(), "transpose"))]);
@@ -381,7 +381,7 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 
 Tensor Tensor::t() const {
   KILN_CHECK(dim() <= 2, "t(): expects at most 2 dims, got ", shape());
-  return dim() < 2 ? *this : transpose(0, 1);
+  return dim() < 2 ? transpose(0, 0) : transpose(0, 1);  // always a new view, as for 2-D
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {

@@ -107,8 +107,8 @@ TEST_CASE("tensor: promote_types table") {
   };
   for (int i = 0; i < 8; ++i)
     for (int j = 0; j < 8; ++j) {
-      CAPTURE(dtype_name(kAll[i]));
-      CAPTURE(dtype_name(kAll[j]));
+      CAPTURE(std::string(dtype_name(kAll[i])));
+      CAPTURE(std::string(dtype_name(kAll[j])));
       CHECK(promote_types(kAll[i], kAll[j]) == table[i][j]);
     }
   CHECK(promote_types(D::f16, D::bf16) == D::f32);
@@ -130,7 +130,7 @@ TEST_CASE("tensor: devices print and parse") {
 
 TEST_CASE("tensor: empty, zeros, ones, full in every dtype") {
   for (DType dt : kAll) {
-    CAPTURE(dtype_name(dt));
+    CAPTURE(std::string(dtype_name(dt)));
     Tensor e = empty({2, 3}, dt);
     CHECK(e.shape() == Shape{2, 3});
     CHECK(e.strides() == Shape{3, 1});
@@ -578,8 +578,8 @@ TEST_CASE("tensor: to(dtype) for all 64 dtype pairs") {
     Tensor x = from_vector(src, {2, 4}, from);
     CHECK(x.dtype() == from);
     for (DType to : kAll) {
-      CAPTURE(dtype_name(from));
-      CAPTURE(dtype_name(to));
+      CAPTURE(std::string(dtype_name(from)));
+      CAPTURE(std::string(dtype_name(to)));
       Tensor y = x.to(to);
       CHECK(y.dtype() == to);
       CHECK(y.shape() == Shape{2, 4});
@@ -659,7 +659,7 @@ TEST_CASE("tensor: f32 -> f16 and bf16 casts match the scalar conversions, conti
 
 TEST_CASE("tensor: item") {
   for (DType dt : kAll) {
-    CAPTURE(dtype_name(dt));
+    CAPTURE(std::string(dtype_name(dt)));
     const double v = dt == DType::boolean ? 1.0 : 5.0;
     CHECK(full({1}, v, dt).item<double>() == v);
     CHECK(full({1, 1, 1}, v, dt).item_double() == v);

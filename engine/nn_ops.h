@@ -1,0 +1,67 @@
+// The neural-network ops ResNet and BERT need, each differentiable: convolution, pooling,
+// normalisation, softmax and losses, embedding, dropout, attention, and tensor assembly/indexing.
+#pragma once
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/ops.h"
+
+namespace kiln {
+
+using Pair = std::array<int64_t, 2>;
+
+// x [N, C, H, W], weight [O, C/groups, kh, kw], bias [O] or undefined.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Pair stride = {1, 1},
+              Pair padding = {0, 0}, Pair dilation = {1, 1}, int64_t groups = 1);
+
+// stride {0, 0} means stride = kernel. Floor mode output sizes.
+Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0}, Pair dilation = {1, 1});
+Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0},
+                  bool count_include_pad = true);
+Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size);
+
+// x [N, C, *]. In training, normalises with batch statistics and updates running_mean/var in place
+// (momentum, unbiased variance); in eval, uses them. gamma/beta [C] or undefined.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma,
+                  const Tensor& beta, bool training, double momentum = 0.1, double eps = 1e-5);
+// Normalises over the trailing dims given by normalized_shape; gamma/beta of that shape or undefined.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& gamma = {}, const Tensor& beta = {},
+                  double eps = 1e-5);
+
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+
+enum class Reduction { none, mean, sum };
+// logits [N, C] or [N, C, d...], target i64 [N] or [N, d...]. Mean is over non-ignored targets.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                     double label_smoothing = 0.0, Reduction reduction = Reduction::mean);
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100,
+                Reduction reduction = Reduction::mean);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        Reduction reduction = Reduction::mean);
+
+// weight [V, D], indices i64 of any shape -> [..., D]. Rows at padding_idx get no gradient.
+Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx = -1);
+// Zeroes elements with probability p and scales the rest by 1/(1-p); the mask comes from the
+// Philox stream, so a (seed, offset) reproduces it on any device.
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
+// q [..., L, D], k [..., S, D], v [..., S, Dv]; mask additive, broadcastable to [..., L, S].
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},
+                                    double dropout_p = 0.0, bool training = false, Generator* gen = nullptr);
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);
+// indices i64 1-D.
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices);
+// indices i64 with x's shape except along dim; out[..i..] = x[..indices[..i..]..] along dim.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices);
+// out = x, then out[..indices[..i..]..] += src[..i..] along dim; indices has src's shape.
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src);
+Tensor one_hot(const Tensor& indices, int64_t num_classes);  // i64 [..., num_classes]
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+}  // namespace kiln

@@ -1,0 +1,246 @@
+// Assembly and indexing ops (cat, stack, split, index_select, gather, scatter_add, one_hot,
+// masked_fill) and the ops built on them: embedding, dropout, scaled dot-product attention.
+#include <cmath>
+
+#include "engine/autograd.h"
+#include "engine/internal.h"
+#include "engine/nn_ops.h"
+
+namespace kiln {
+namespace {
+
+// [outer, n, inner] around `dim`.
+void split_dims(const Shape& s, int64_t dim, int64_t& outer, int64_t& n, int64_t& inner) {
+  outer = 1;
+  inner = 1;
+  for (int64_t i = 0; i < dim; ++i) outer *= s[size_t(i)];
+  n = s[size_t(dim)];
+  for (size_t i = size_t(dim) + 1; i < s.size(); ++i) inner *= s[i];
+}
+
+Tensor index_tensor(const char* op, const Tensor& idx) {
+  KILN_CHECK(idx.defined() && (idx.dtype() == DType::i64 || idx.dtype() == DType::i32), op,
+             ": indices must be i64 (or i32), got ", idx.defined() ? idx.type_str() : "undefined");
+  Tensor t = idx.detach();
+  if (t.dtype() != DType::i64) t = t.to(DType::i64);
+  return t.contiguous();
+}
+
+// Gathered rows along dim, flat indices, no autograd.
+Tensor index_select_raw(const Tensor& x, int64_t d, const Tensor& idx) {
+  const Tensor xc = x.detach().contiguous();
+  int64_t outer, n, inner;
+  split_dims(xc.shape(), d, outer, n, inner);
+  Shape os = xc.shape();
+  os[size_t(d)] = idx.numel();
+  Tensor out = make_tensor(os, xc.dtype(), xc.device());
+  detail::backend(xc.device()).index_select(xc.dtype(), outer, n, inner, xc.raw_data(), idx.numel(),
+                                            idx.data<int64_t>(), out.raw_data());
+  return out;
+}
+
+DType float_compute(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+}  // namespace
+
+Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
+  KILN_CHECK(!ts.empty(), "cat: needs at least one tensor");
+  const int64_t nd = ts[0].dim();
+  KILN_CHECK(nd > 0, "cat: 0-dim tensors cannot be concatenated; unsqueeze them or use stack");
+  const int64_t d = wrap_dim(dim, nd, "cat");
+  DType t = ts[0].dtype();
+  Shape out_shape = ts[0].shape();
+  out_shape[size_t(d)] = 0;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    KILN_CHECK(ts[i].dim() == nd, "cat: tensor ", i, " has shape ", ts[i].shape(), ", tensor 0 has ", ts[0].shape());
+    for (int64_t k = 0; k < nd; ++k)
+      KILN_CHECK(k == d || ts[i].shape()[size_t(k)] == ts[0].shape()[size_t(k)], "cat: tensor ", i, " has shape ",
+                 ts[i].shape(), ", which differs from ", ts[0].shape(), " outside dim ", d);
+    out_shape[size_t(d)] += ts[i].size(d);
+    t = promote_types(t, ts[i].dtype());
+  }
+  const Device dev = detail::common_device("cat", ts);
+  Tensor out = make_tensor(out_shape, t, dev);
+  std::vector<int64_t> sizes;
+  {
+    NoGradGuard ng;
+    int64_t off = 0;
+    for (const Tensor& x : ts) {
+      out.narrow(d, off, x.size(d)).copy_(x.detach());
+      sizes.push_back(x.size(d));
+      off += x.size(d);
+    }
+  }
+  if (autograd::needs_grad(ts)) {
+    autograd::record("cat", ts, {out}, [sizes, d](const GradCtx& c) -> std::vector<Tensor> {
+      std::vector<Tensor> gs;
+      int64_t off = 0;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        gs.push_back(c.needs_grad(i) ? c.g().narrow(d, off, sizes[i]) : Tensor());
+        off += sizes[i];
+      }
+      return gs;
+    });
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& ts, int64_t dim) {
+  KILN_CHECK(!ts.empty(), "stack: needs at least one tensor");
+  const int64_t d = wrap_dim(dim, ts[0].dim() + 1, "stack");
+  std::vector<Tensor> us;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    KILN_CHECK(ts[i].shape() == ts[0].shape(), "stack: tensor ", i, " has shape ", ts[i].shape(), ", tensor 0 has ",
+               ts[0].shape());
+    us.push_back(ts[i].unsqueeze(d));
+  }
+  return cat(us, d);
+}
+
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  KILN_CHECK(split_size >= 1, "split: split_size must be >= 1, got ", split_size);
+  KILN_CHECK(x.dim() > 0, "split: tensor is 0-dim");
+  const int64_t d = wrap_dim(dim, x.dim(), "split");
+  std::vector<Tensor> out;
+  for (int64_t off = 0; off < x.size(d); off += split_size)
+    out.push_back(x.narrow(d, off, std::min(split_size, x.size(d) - off)));
+  return out;
+}
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices) {
+  KILN_CHECK(x.dim() > 0, "index_select: tensor is 0-dim");
+  const int64_t d = wrap_dim(dim, x.dim(), "index_select");
+  KILN_CHECK(indices.dim() <= 1, "index_select: indices must be 1-D, got ", indices.shape());
+  const Tensor idx = index_tensor("index_select", indices).reshape({-1});
+  Tensor out = index_select_raw(x, d, idx);
+  if (autograd::needs_grad({x})) {
+    const Shape in_shape = x.shape();
+    autograd::record("index_select", {x}, {out}, [idx, d, in_shape](const GradCtx& c) -> std::vector<Tensor> {
+      const DType ct = float_compute(c.g().dtype());
+      const Tensor g = c.g().detach().to(ct).contiguous();
+      Tensor gx = zeros(in_shape, TensorOptions(ct, g.device()));
+      int64_t outer, n, inner;
+      split_dims(in_shape, d, outer, n, inner);
+      detail::backend(g.device()).index_add(ct, outer, n, inner, gx.raw_data(), idx.numel(), idx.data<int64_t>(),
+                                            g.raw_data());
+      return {gx};
+    });
+  }
+  return out;
+}
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices) {
+  KILN_CHECK(x.dim() > 0, "gather: tensor is 0-dim");
+  const int64_t d = wrap_dim(dim, x.dim(), "gather");
+  const Tensor idx = index_tensor("gather", indices);
+  KILN_CHECK(idx.dim() == x.dim(), "gather: indices ", idx.shape(), " must have the rank of input ", x.shape());
+  for (int64_t i = 0; i < x.dim(); ++i)
+    KILN_CHECK(i == d || idx.size(i) == x.size(i), "gather: indices ", idx.shape(), " must match input ", x.shape(),
+               " outside dim ", d);
+  const Tensor xc = x.detach().contiguous();
+  int64_t outer, n, inner;
+  split_dims(xc.shape(), d, outer, n, inner);
+  Tensor out = make_tensor(idx.shape(), xc.dtype(), xc.device());
+  detail::backend(xc.device()).gather(xc.dtype(), outer, n, inner, xc.raw_data(), idx.size(d), idx.data<int64_t>(),
+                                      out.raw_data());
+  if (autograd::needs_grad({x})) {
+    const Shape in_shape = x.shape();
+    autograd::record("gather", {x}, {out}, [idx, d, in_shape](const GradCtx& c) -> std::vector<Tensor> {
+      return {scatter_add(zeros(in_shape, TensorOptions(c.g().dtype(), c.g().device())), d, idx, c.g())};
+    });
+  }
+  return out;
+}
+
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src) {
+  KILN_CHECK(x.dim() > 0, "scatter_add: tensor is 0-dim");
+  const int64_t d = wrap_dim(dim, x.dim(), "scatter_add");
+  const Tensor idx = index_tensor("scatter_add", indices);
+  KILN_CHECK(idx.shape() == src.shape(), "scatter_add: indices ", idx.shape(), " and src ", src.shape(), " differ");
+  KILN_CHECK(idx.dim() == x.dim(), "scatter_add: indices ", idx.shape(), " must have the rank of input ", x.shape());
+  for (int64_t i = 0; i < x.dim(); ++i)
+    KILN_CHECK(i == d || idx.size(i) == x.size(i), "scatter_add: indices ", idx.shape(), " must match input ",
+               x.shape(), " outside dim ", d);
+  const DType t = promote_types(x.dtype(), src.dtype());
+  KILN_CHECK(is_floating(t), "scatter_add: needs floating tensors, got ", x.type_str(), " and ", src.type_str());
+  const DType ct = float_compute(t);
+  Tensor out = x.detach().to(ct).clone();
+  const Tensor sc = src.detach().to(ct).contiguous();
+  int64_t outer, n, inner;
+  split_dims(out.shape(), d, outer, n, inner);
+  detail::backend(out.device()).scatter_add(ct, outer, n, inner, out.raw_data(), idx.size(d), idx.data<int64_t>(),
+                                            sc.raw_data());
+  if (t != ct) out = out.to(t);
+  if (autograd::needs_grad({x, src})) {
+    autograd::record("scatter_add", {x, src}, {out}, [idx, d](const GradCtx& c) -> std::vector<Tensor> {
+      return {c.g(), c.needs_grad(1) ? gather(c.g(), d, idx) : Tensor()};
+    });
+  }
+  return out;
+}
+
+Tensor one_hot(const Tensor& indices, int64_t num_classes) {
+  KILN_CHECK(num_classes >= 1, "one_hot: num_classes must be >= 1, got ", num_classes);
+  const Tensor idx = index_tensor("one_hot", indices);
+  if (idx.numel() > 0) {
+    const int64_t lo = amin(idx).item<int64_t>(), hi = amax(idx).item<int64_t>();
+    KILN_CHECK(lo >= 0 && hi < num_classes, "one_hot: indices span [", lo, ", ", hi, "], outside [0, ", num_classes,
+               ")");
+  }
+  return cast(eq(idx.unsqueeze(-1), arange(num_classes, TensorOptions(DType::i64, idx.device()))), DType::i64);
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  KILN_CHECK(mask.dtype() == DType::boolean, "masked_fill: mask must be bool, got ", mask.type_str());
+  return where(mask, scalar_like(value, x), x);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
+  KILN_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got ", weight.shape());
+  const Tensor idx = index_tensor("embedding", indices);
+  const int64_t v = weight.size(0), dm = weight.size(1);
+  KILN_CHECK(padding_idx >= -1 && padding_idx < v, "embedding: padding_idx ", padding_idx, " is outside [0, ", v, ")");
+  const Tensor flat = idx.reshape({-1});
+  Tensor rows = index_select_raw(weight, 0, flat);  // validates every index against v
+  Shape os = idx.shape();
+  os.push_back(dm);
+  Tensor out = rows.view(os);
+  if (autograd::needs_grad({weight})) {
+    autograd::record("embedding", {weight}, {out}, [flat, v, dm, padding_idx](const GradCtx& c) -> std::vector<Tensor> {
+      const DType ct = float_compute(c.g().dtype());
+      Tensor g = c.g().detach().to(ct).contiguous().view({flat.numel(), dm});
+      if (padding_idx >= 0) {
+        const Tensor pad = eq(flat, scalar_tensor(double(padding_idx), TensorOptions(DType::i64, flat.device())));
+        g = where(pad.unsqueeze(1), zeros_like(g), g);
+      }
+      Tensor gw = zeros({v, dm}, TensorOptions(ct, g.device()));
+      detail::backend(g.device()).index_add(ct, 1, v, dm, gw.raw_data(), flat.numel(), flat.data<int64_t>(),
+                                            g.raw_data());
+      return {gw};
+    });
+  }
+  return out;
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  KILN_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", p);
+  if (!training || p == 0.0) return x;
+  if (p == 1.0) return x * 0.0;
+  const Tensor keep = bernoulli(x.shape(), 1.0 - p, TensorOptions(x.dtype(), x.device()), gen);
+  return x * (keep * (1.0 / (1.0 - p)));
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                    double dropout_p, bool training, Generator* gen) {
+  KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "attention: q, k, v need at least 2 dims, got ",
+             q.shape(), ", ", k.shape(), ", ", v.shape());
+  KILN_CHECK(q.size(-1) == k.size(-1), "attention: q ", q.shape(), " and k ", k.shape(), " differ in head size");
+  KILN_CHECK(k.size(-2) == v.size(-2), "attention: k ", k.shape(), " and v ", v.shape(), " differ in length");
+  Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(double(q.size(-1))));
+  if (mask.defined()) scores = scores + mask;
+  Tensor probs = softmax(scores, -1);
+  probs = dropout(probs, dropout_p, training, gen);
+  return matmul(probs, v);
+}
+
+}  // namespace kiln

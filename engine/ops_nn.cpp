@@ -1,0 +1,429 @@
+// Neural-network ops over the backend's fused kernels: convolution, pooling, normalisation,
+// softmax and cross-entropy. 16-bit inputs compute in f32 and return their own dtype.
+#include <cmath>
+
+#include "engine/autograd.h"
+#include "engine/internal.h"
+#include "engine/nn_ops.h"
+
+namespace kiln {
+namespace {
+
+DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+// A detached, contiguous copy (or view) in the kernel's dtype.
+Tensor kin(const Tensor& t, DType dt) {
+  Tensor x = t.detach();
+  if (x.dtype() != dt) x = x.to(dt);
+  return x.contiguous();
+}
+Tensor kout(const Shape& shape, DType dt, Device dev) { return make_tensor(shape, dt, dev); }
+Tensor back_to(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
+const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+
+void check_floating(const char* op, const Tensor& t, const char* what) {
+  KILN_CHECK(t.defined() && is_floating(t.dtype()), op, ": ", what, " must be a floating tensor, got ",
+             t.defined() ? t.type_str() : "undefined");
+}
+
+int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; }
+
+}  // namespace
+
+// ---- conv2d ---------------------------------------------------------------------------------------
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
+              int64_t groups) {
+  check_floating("conv2d", x, "input");
+  check_floating("conv2d", weight, "weight");
+  KILN_CHECK(x.dim() == 4, "conv2d: input must be [N, C, H, W], got ", x.shape());
+  KILN_CHECK(weight.dim() == 4, "conv2d: weight must be [O, C/groups, kh, kw], got ", weight.shape());
+  KILN_CHECK(groups >= 1 && x.size(1) % groups == 0 && weight.size(0) % groups == 0, "conv2d: groups ", groups,
+             " must divide input channels ", x.size(1), " and output channels ", weight.size(0));
+  KILN_CHECK(weight.size(1) * groups == x.size(1), "conv2d: input ", x.shape(), " has ", x.size(1),
+             " channels but weight ", weight.shape(), " expects ", weight.size(1) * groups);
+  KILN_CHECK(stride[0] >= 1 && stride[1] >= 1 && dilation[0] >= 1 && dilation[1] >= 1 && padding[0] >= 0 &&
+                 padding[1] >= 0,
+             "conv2d: stride and dilation must be >= 1 and padding >= 0");
+  if (bias.defined())
+    KILN_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "conv2d: bias ", bias.shape(), " must be [",
+               weight.size(0), "]");
+  Conv2dParams p{x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0), weight.size(2), weight.size(3),
+                 stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], groups, 0, 0};
+  p.oh = conv_out(p.h, p.kh, p.sh, p.ph, p.dh);
+  p.ow = conv_out(p.w, p.kw, p.sw, p.pw, p.dw);
+  KILN_CHECK(p.oh > 0 && p.ow > 0, "conv2d: input ", x.shape(), " is too small for kernel ", weight.shape(),
+             " with padding [", p.ph, ",", p.pw, "] and dilation [", p.dh, ",", p.dw, "]");
+  const Device dev = detail::common_device("conv2d", {x, weight});
+  const DType out_t = promote_types(x.dtype(), weight.dtype()), ct = compute_dtype(out_t);
+  const Tensor xc = kin(x, ct), wc = kin(weight, ct), bc = bias.defined() ? kin(bias, ct) : Tensor();
+  Tensor y = kout({p.n, p.o, p.oh, p.ow}, ct, dev);
+  detail::backend(dev).conv2d_forward(ct, p, xc.raw_data(), wc.raw_data(), ptr_or_null(bc), y.raw_data());
+  y = back_to(y, out_t);
+  if (autograd::needs_grad({x, weight, bias})) {
+    SavedTensor sx(xc), sw(wc);
+    autograd::record("conv2d", {x, weight, bias}, {y}, [sx, sw, p, ct, dev](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor xs = sx.unpack("conv2d"), ws = sw.unpack("conv2d");
+      const Tensor g = kin(c.g(), ct);
+      Tensor gx = c.needs_grad(0) ? kout(xs.shape(), ct, dev) : Tensor();
+      Tensor gw = c.needs_grad(1) ? kout(ws.shape(), ct, dev) : Tensor();
+      if (gx.defined() || gw.defined())
+        detail::backend(dev).conv2d_backward(ct, p, xs.raw_data(), ws.raw_data(), g.raw_data(),
+                                             gx.defined() ? gx.raw_data() : nullptr,
+                                             gw.defined() ? gw.raw_data() : nullptr);
+      Tensor gb = c.needs_grad(2) ? sum(g, {0, 2, 3}) : Tensor();
+      return {gx, gw, gb};
+    });
+  }
+  return y;
+}
+
+// ---- pooling --------------------------------------------------------------------------------------
+
+namespace {
+Pool2dParams pool_params(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation) {
+  KILN_CHECK(x.dim() == 4 || x.dim() == 3, op, ": input must be [N, C, H, W] or [C, H, W], got ", x.shape());
+  if (stride[0] == 0 && stride[1] == 0) stride = kernel;
+  KILN_CHECK(kernel[0] >= 1 && kernel[1] >= 1 && stride[0] >= 1 && stride[1] >= 1 && dilation[0] >= 1 &&
+                 dilation[1] >= 1,
+             op, ": kernel, stride and dilation must be >= 1");
+  KILN_CHECK(padding[0] >= 0 && padding[1] >= 0 && 2 * padding[0] <= kernel[0] && 2 * padding[1] <= kernel[1], op,
+             ": padding [", padding[0], ",", padding[1], "] must be at most half the kernel [", kernel[0], ",",
+             kernel[1], "]");
+  Pool2dParams p{};
+  p.h = x.size(-2);
+  p.w = x.size(-1);
+  p.planes = x.numel() / std::max<int64_t>(p.h * p.w, 1);
+  p.kh = kernel[0];
+  p.kw = kernel[1];
+  p.sh = stride[0];
+  p.sw = stride[1];
+  p.ph = padding[0];
+  p.pw = padding[1];
+  p.dh = dilation[0];
+  p.dw = dilation[1];
+  p.oh = conv_out(p.h, p.kh, p.sh, p.ph, p.dh);
+  p.ow = conv_out(p.w, p.kw, p.sw, p.pw, p.dw);
+  KILN_CHECK(p.oh > 0 && p.ow > 0, op, ": input ", x.shape(), " is too small for kernel [", p.kh, ",", p.kw, "]");
+  return p;
+}
+
+Shape pooled_shape(const Tensor& x, const Pool2dParams& p) {
+  Shape s = x.shape();
+  s[s.size() - 2] = p.oh;
+  s[s.size() - 1] = p.ow;
+  return s;
+}
+
+Tensor avg_pool_impl(const char* name, const Tensor& x, const Pool2dParams& p) {
+  const Device dev = x.device();
+  const DType ct = compute_dtype(x.dtype());
+  const Tensor xc = kin(x, ct);
+  Tensor y = kout(pooled_shape(x, p), ct, dev);
+  detail::backend(dev).avg_pool2d_forward(ct, p, xc.raw_data(), y.raw_data());
+  y = back_to(y, x.dtype());
+  if (autograd::needs_grad({x})) {
+    const Shape in_shape = x.shape();
+    autograd::record(name, {x}, {y}, [p, ct, dev, in_shape](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor g = kin(c.g(), ct);
+      Tensor gx = kout(in_shape, ct, dev);
+      detail::backend(dev).avg_pool2d_backward(ct, p, g.raw_data(), gx.raw_data());
+      return {gx};
+    });
+  }
+  return y;
+}
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation) {
+  check_floating("max_pool2d", x, "input");
+  const Pool2dParams p = pool_params("max_pool2d", x, kernel, stride, padding, dilation);
+  const Device dev = x.device();
+  const DType ct = compute_dtype(x.dtype());
+  const Tensor xc = kin(x, ct);
+  Tensor y = kout(pooled_shape(x, p), ct, dev);
+  Tensor idx = kout(pooled_shape(x, p), DType::i64, dev);
+  detail::backend(dev).max_pool2d_forward(ct, p, xc.raw_data(), y.raw_data(), idx.data<int64_t>());
+  y = back_to(y, x.dtype());
+  if (autograd::needs_grad({x})) {
+    const Shape in_shape = x.shape();
+    autograd::record("max_pool2d", {x}, {y}, [p, ct, dev, in_shape, idx](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor g = kin(c.g(), ct);
+      Tensor gx = kout(in_shape, ct, dev);
+      detail::backend(dev).max_pool2d_backward(ct, p, g.raw_data(), idx.data<int64_t>(), gx.raw_data());
+      return {gx};
+    });
+  }
+  return y;
+}
+
+Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool count_include_pad) {
+  check_floating("avg_pool2d", x, "input");
+  Pool2dParams p = pool_params("avg_pool2d", x, kernel, stride, padding, {1, 1});
+  p.count_include_pad = count_include_pad;
+  return avg_pool_impl("avg_pool2d", x, p);
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, Pair out) {
+  check_floating("adaptive_avg_pool2d", x, "input");
+  KILN_CHECK(x.dim() == 4 || x.dim() == 3, "adaptive_avg_pool2d: input must be [N, C, H, W] or [C, H, W], got ",
+             x.shape());
+  KILN_CHECK(out[0] >= 1 && out[1] >= 1, "adaptive_avg_pool2d: output size must be >= 1");
+  Pool2dParams p{};
+  p.h = x.size(-2);
+  p.w = x.size(-1);
+  KILN_CHECK(p.h >= 1 && p.w >= 1, "adaptive_avg_pool2d: empty input ", x.shape());
+  p.planes = x.numel() / (p.h * p.w);
+  p.oh = out[0];
+  p.ow = out[1];
+  p.adaptive = true;
+  return avg_pool_impl("adaptive_avg_pool2d", x, p);
+}
+
+// ---- normalisation -------------------------------------------------------------------------------
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma,
+                  const Tensor& beta, bool training, double momentum, double eps) {
+  check_floating("batch_norm", x, "input");
+  KILN_CHECK(x.dim() >= 2, "batch_norm: input must be [N, C, ...], got ", x.shape());
+  const int64_t n = x.size(0), c = x.size(1), hw = x.numel() / std::max<int64_t>(n * c, 1);
+  for (const Tensor* t : {&running_mean, &running_var, &gamma, &beta})
+    if (t->defined())
+      KILN_CHECK(t->dim() == 1 && t->size(0) == c, "batch_norm: per-channel tensors must be [", c, "], got ",
+                 t->shape());
+  KILN_CHECK(training || (running_mean.defined() && running_var.defined()),
+             "batch_norm: eval mode needs running_mean and running_var");
+  if (training) KILN_CHECK(n * hw > 1, "batch_norm: training needs more than one value per channel, got input ", x.shape());
+  const Device dev = x.device();
+  const DType ct = compute_dtype(x.dtype());
+  const Tensor xc = kin(x, ct);
+  const Tensor gc = gamma.defined() ? kin(gamma, ct) : Tensor(), bc = beta.defined() ? kin(beta, ct) : Tensor();
+  // Running statistics are updated in place in the caller's tensors (a temporary when their dtype differs).
+  Tensor rm = running_mean, rv = running_var;
+  const bool rm_direct = rm.defined() && rm.dtype() == ct && rm.is_contiguous();
+  const bool rv_direct = rv.defined() && rv.dtype() == ct && rv.is_contiguous();
+  if (rm.defined() && !rm_direct) rm = kin(rm, ct).clone();
+  if (rv.defined() && !rv_direct) rv = kin(rv, ct).clone();
+  Tensor y = kout(x.shape(), ct, dev), mean = kout({c}, ct, dev), rstd = kout({c}, ct, dev);
+  detail::backend(dev).batch_norm_forward(ct, n, c, hw, eps, momentum, training, xc.raw_data(), ptr_or_null(gc),
+                                          ptr_or_null(bc), rm.defined() ? rm.raw_data() : nullptr,
+                                          rv.defined() ? rv.raw_data() : nullptr, y.raw_data(), mean.raw_data(),
+                                          rstd.raw_data());
+  if (training) {
+    NoGradGuard ng;
+    if (running_mean.defined()) {
+      if (rm_direct) {
+        running_mean.bump_version();
+      } else {
+        Tensor(running_mean).copy_(rm);
+      }
+    }
+    if (running_var.defined()) {
+      if (rv_direct) {
+        running_var.bump_version();
+      } else {
+        Tensor(running_var).copy_(rv);
+      }
+    }
+  }
+  y = back_to(y, x.dtype());
+  if (autograd::needs_grad({x, gamma, beta})) {
+    SavedTensor sx(xc);
+    autograd::record("batch_norm", {x, gamma, beta}, {y},
+                     [sx, gc, mean, rstd, n, c, hw, training, ct, dev](const GradCtx& cx) -> std::vector<Tensor> {
+                       const Tensor xs = sx.unpack("batch_norm");
+                       const Tensor g = kin(cx.g(), ct);
+                       Tensor gx = cx.needs_grad(0) ? kout(xs.shape(), ct, dev) : Tensor();
+                       Tensor gg = cx.needs_grad(1) ? kout({c}, ct, dev) : Tensor();
+                       Tensor gb = cx.needs_grad(2) ? kout({c}, ct, dev) : Tensor();
+                       detail::backend(dev).batch_norm_backward(
+                           ct, n, c, hw, training, xs.raw_data(), ptr_or_null(gc), mean.raw_data(), rstd.raw_data(),
+                           g.raw_data(), gx.defined() ? gx.raw_data() : nullptr,
+                           gg.defined() ? gg.raw_data() : nullptr, gb.defined() ? gb.raw_data() : nullptr);
+                       return {gx, gg, gb};
+                     });
+  }
+  return y;
+}
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& gamma, const Tensor& beta, double eps) {
+  check_floating("layer_norm", x, "input");
+  const int64_t k = int64_t(normalized_shape.size());
+  KILN_CHECK(k >= 1 && k <= x.dim(), "layer_norm: normalized_shape ", normalized_shape, " does not fit input ",
+             x.shape());
+  for (int64_t i = 0; i < k; ++i)
+    KILN_CHECK(x.shape()[size_t(x.dim() - k + i)] == normalized_shape[size_t(i)], "layer_norm: input ", x.shape(),
+               " does not end with normalized_shape ", normalized_shape);
+  for (const Tensor* t : {&gamma, &beta})
+    if (t->defined())
+      KILN_CHECK(t->shape() == normalized_shape, "layer_norm: weight/bias ", t->shape(), " must be ",
+                 normalized_shape);
+  const int64_t d = normalized_shape.numel(), rows = d > 0 ? x.numel() / d : 0;
+  const Device dev = x.device();
+  const DType ct = compute_dtype(x.dtype());
+  const Tensor xc = kin(x, ct);
+  const Tensor gc = gamma.defined() ? kin(gamma, ct) : Tensor(), bc = beta.defined() ? kin(beta, ct) : Tensor();
+  Tensor y = kout(x.shape(), ct, dev), mean = kout({rows}, ct, dev), rstd = kout({rows}, ct, dev);
+  detail::backend(dev).layer_norm_forward(ct, rows, d, eps, xc.raw_data(), ptr_or_null(gc), ptr_or_null(bc),
+                                          y.raw_data(), mean.raw_data(), rstd.raw_data());
+  y = back_to(y, x.dtype());
+  if (autograd::needs_grad({x, gamma, beta})) {
+    SavedTensor sx(xc);
+    autograd::record("layer_norm", {x, gamma, beta}, {y},
+                     [sx, gc, mean, rstd, rows, d, ct, dev, normalized_shape](const GradCtx& c) -> std::vector<Tensor> {
+                       const Tensor xs = sx.unpack("layer_norm");
+                       const Tensor g = kin(c.g(), ct);
+                       Tensor gx = c.needs_grad(0) ? kout(xs.shape(), ct, dev) : Tensor();
+                       Tensor gg = c.needs_grad(1) ? kout(normalized_shape, ct, dev) : Tensor();
+                       Tensor gb = c.needs_grad(2) ? kout(normalized_shape, ct, dev) : Tensor();
+                       detail::backend(dev).layer_norm_backward(
+                           ct, rows, d, xs.raw_data(), ptr_or_null(gc), mean.raw_data(), rstd.raw_data(), g.raw_data(),
+                           gx.defined() ? gx.raw_data() : nullptr, gg.defined() ? gg.raw_data() : nullptr,
+                           gb.defined() ? gb.raw_data() : nullptr);
+                       return {gx, gg, gb};
+                     });
+  }
+  return y;
+}
+
+// ---- softmax ---------------------------------------------------------------------------------------
+
+namespace {
+Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
+  const char* name = log ? "log_softmax" : "softmax";
+  check_floating(name, x, "input");
+  if (x.dim() == 0) return log ? zeros_like(x) : ones_like(x);
+  const int64_t d = wrap_dim(dim, x.dim(), name);
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < d; ++i) outer *= x.size(i);
+  for (int64_t i = d + 1; i < x.dim(); ++i) inner *= x.size(i);
+  const int64_t n = x.size(d);
+  const Device dev = x.device();
+  const DType ct = compute_dtype(x.dtype());
+  const Tensor xc = kin(x, ct);
+  Tensor y = kout(x.shape(), ct, dev);
+  detail::backend(dev).softmax_forward(ct, log, outer, n, inner, xc.raw_data(), y.raw_data());
+  const Tensor yc = y;
+  y = back_to(y, x.dtype());
+  if (autograd::needs_grad({x})) {
+    SavedTensor sy(yc);
+    autograd::record(name, {x}, {y}, [sy, log, outer, n, inner, ct, dev, name](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor ys = sy.unpack(name);
+      const Tensor g = kin(c.g(), ct);
+      Tensor gx = kout(ys.shape(), ct, dev);
+      detail::backend(dev).softmax_backward(ct, log, outer, n, inner, ys.raw_data(), g.raw_data(), gx.raw_data());
+      return {gx};
+    });
+  }
+  return y;
+}
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
+
+// ---- losses ----------------------------------------------------------------------------------------
+
+namespace {
+Tensor reduce_loss(const Tensor& per, Reduction r) {
+  if (r == Reduction::none) return per;
+  if (r == Reduction::sum) return sum(per);
+  return mean(per);
+}
+
+// [N, C, d...] -> [N * d..., C] and [N, d...] -> [N * d...].
+void flatten_class_dim(const char* op, const Tensor& logits, const Tensor& target, Tensor& l2, Tensor& t2) {
+  KILN_CHECK(logits.dim() >= 2, op, ": input must be [N, C] or [N, C, d...], got ", logits.shape());
+  KILN_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, op, ": target must hold class indices (i64), got ",
+             target.type_str());
+  Shape want = logits.shape();
+  want.erase(want.begin() + 1);
+  KILN_CHECK(target.shape() == want, op, ": target ", target.shape(), " does not match input ", logits.shape(),
+             " (expected ", want, ")");
+  const int64_t c = logits.size(1);
+  if (logits.dim() == 2) {
+    l2 = logits;
+  } else {
+    std::vector<int64_t> perm{0};
+    for (int64_t i = 2; i < logits.dim(); ++i) perm.push_back(i);
+    perm.push_back(1);
+    l2 = logits.permute(perm).reshape({-1, c});
+  }
+  t2 = target.reshape({-1});
+  if (t2.dtype() != DType::i64) t2 = t2.to(DType::i64);
+}
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                     Reduction reduction) {
+  check_floating("cross_entropy", logits, "input");
+  KILN_CHECK(label_smoothing >= 0 && label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], got ",
+             label_smoothing);
+  Tensor l2, t2;
+  flatten_class_dim("cross_entropy", logits, target, l2, t2);
+  const int64_t rows = l2.size(0), classes = l2.size(1);
+  const Device dev = detail::common_device("cross_entropy", {logits, target});
+  const DType ct = compute_dtype(logits.dtype());
+  const Tensor lc = kin(l2, ct), tc = t2.contiguous();
+  const bool grad = autograd::needs_grad({logits});
+  Tensor per = kout({rows}, ct, dev);
+  Tensor glogits = grad ? kout({rows, classes}, ct, dev) : Tensor();
+  detail::backend(dev).cross_entropy(ct, rows, classes, lc.raw_data(), tc.data<int64_t>(), ignore_index,
+                                     label_smoothing, per.raw_data(), grad ? glogits.raw_data() : nullptr, 1.0);
+  // The divisor of the mean counts the targets that are not ignored.
+  double denom = 1.0;
+  if (reduction == Reduction::mean) {
+    denom = double(sum(ne(tc, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, dev)))).item<int64_t>());
+  }
+  Tensor out;
+  if (reduction == Reduction::none) {
+    out = back_to(per.reshape(t2.shape()), logits.dtype()).reshape(target.shape());
+  } else {
+    out = back_to(sum(per) * (reduction == Reduction::mean ? 1.0 / denom : 1.0), logits.dtype());
+  }
+  if (grad) {
+    // d loss / d logits = glogits * (upstream gradient of each row's loss); recorded against l2,
+    // whose own views carry it back to logits' layout.
+    const Shape row_shape{rows, 1};
+    autograd::record("cross_entropy", {l2}, {out}, [glogits, reduction, denom, row_shape](const GradCtx& c) -> std::vector<Tensor> {
+      Tensor g = c.g();
+      if (reduction == Reduction::none) {
+        g = g.reshape(row_shape);
+      } else if (reduction == Reduction::mean) {
+        g = g * (1.0 / denom);
+      }
+      return {glogits * g.to(glogits.dtype())};
+    });
+  }
+  return out;
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+  check_floating("nll_loss", log_probs, "input");
+  Tensor l2, t2;
+  flatten_class_dim("nll_loss", log_probs, target, l2, t2);
+  const Tensor keep = ne(t2, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, t2.device())));
+  const Tensor safe = where(keep, t2, zeros_like(t2));
+  const Tensor picked = gather(l2, 1, safe.unsqueeze(1)).squeeze(1);
+  const Tensor per = where(keep, neg(picked), zeros_like(picked));
+  if (reduction == Reduction::none) return per.reshape(target.shape());
+  if (reduction == Reduction::sum) return sum(per);
+  return sum(per) / double(sum(keep).item<int64_t>());
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  KILN_CHECK(input.shape() == target.shape(), "mse_loss: input ", input.shape(), " and target ", target.shape(),
+             " differ");
+  const Tensor d = input - target;
+  return reduce_loss(d * d, reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& y, Reduction reduction) {
+  KILN_CHECK(x.shape() == y.shape(), "binary_cross_entropy_with_logits: input ", x.shape(), " and target ", y.shape(),
+             " differ");
+  // max(x, 0) - x*y + log(1 + exp(-|x|)): no overflow for large |x|.
+  const Tensor per = relu(x) - x * y + log(exp(neg(abs(x))) + 1.0);
+  return reduce_loss(per, reduction);
+}
+
+}  // namespace kiln

@@ -1,0 +1,751 @@
+// Tests for autograd: finite-difference gradient checks of every differentiable op and view, and
+// the engine's behaviour (accumulation, retain_graph, no-grad, detach, saved-tensor versions,
+// diamonds, grad-ready hooks, autograd::grad, and its errors).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Random f64 values in [lo, hi]; with `away` > 0 the magnitude is at least `away` (random sign).
+Tensor rnd(const Shape& s, double lo = -1, double hi = 1, uint32_t seed = 1, double away = 0) {
+  std::mt19937 rng(seed * 7919u + uint32_t(s.size()) * 31u + 17u);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<double> v(static_cast<size_t>(s.numel()));
+  for (double& x : v) {
+    x = d(rng);
+    if (away > 0) {
+      const double m = away + std::abs(x) * (1 - away);
+      x = (rng() & 1) ? m : -m;
+    }
+  }
+  return from_vector(v, s, DType::f64);
+}
+
+std::string run_gradcheck(const Fn& fn, const std::vector<Tensor>& inputs, GradcheckOptions opts = {}) {
+  try {
+    return gradcheck(fn, inputs, opts);
+  } catch (const std::exception& e) {
+    return std::string("threw: ") + e.what();
+  }
+}
+
+#define GRADCHECK_OPTS(name, fn, inputs, opts)                          \
+  do {                                                                  \
+    const std::string r_ = run_gradcheck(fn, inputs, opts);             \
+    CHECK_MESSAGE(r_.empty(), std::string(name), ": ", r_);              \
+  } while (0)
+#define GRADCHECK(name, fn, inputs) GRADCHECK_OPTS(name, fn, inputs, GradcheckOptions{})
+
+void check_values(const Tensor& t, const std::vector<double>& want, double tol, const std::string& what) {
+  REQUIRE_MESSAGE(t.defined(), what, ": undefined tensor");
+  const std::vector<double> got = t.to_vector();
+  REQUIRE_MESSAGE(got.size() == want.size(), what, ": ", got.size(), " values, want ", want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= tol * (1 + std::abs(want[i])))) {
+      FAIL_CHECK(what, ": element ", i, " got ", got[i], " want ", want[i]);
+      return;
+    }
+}
+
+template <typename F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("NOT A kiln::Error: ") + e.what();
+  }
+  return "NO ERROR";
+}
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+Tensor leaf(const Shape& s, double lo = -1, double hi = 1, uint32_t seed = 1) {
+  Tensor t = rnd(s, lo, hi, seed);
+  t.set_requires_grad(true);
+  return t;
+}
+
+// A user-defined op through autograd::record: y = x^2 with a backward that can be made wrong.
+Tensor custom_square(const Tensor& x, double grad_scale) {
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = x * x;
+  }
+  SavedTensor sx(x);
+  autograd::record("custom_square", {x}, {out}, [sx, grad_scale](const GradCtx& c) -> std::vector<Tensor> {
+    return {c.g() * sx.unpack("custom_square") * grad_scale};
+  });
+  return out;
+}
+
+}  // namespace
+
+// ---- gradcheck of elementwise ops ---------------------------------------------------------------------
+
+TEST_CASE("autograd: gradcheck catches a wrong backward") {
+  Tensor x = rnd({3, 2}, -1, 1, 2);
+  CHECK(run_gradcheck([](const std::vector<Tensor>& v) { return custom_square(v[0], 2.0); }, {x}).empty());
+  const std::string bad = run_gradcheck([](const std::vector<Tensor>& v) { return custom_square(v[0], 3.0); }, {x});
+  CHECK(!bad.empty());
+  CHECK(contains(bad, "input 0"));
+}
+
+TEST_CASE("autograd: gradcheck unary ops") {
+  const Tensor x = rnd({3, 4}, -2, 2, 3);
+  const Tensor pos = rnd({3, 4}, 0.2, 3, 4);
+  const Tensor nz = rnd({3, 4}, -2, 2, 5, 0.1);  // away from the kinks at 0
+  struct C {
+    const char* name;
+    Fn fn;
+    const Tensor* in;
+  };
+  const std::vector<C> cases = {
+      {"neg", [](const std::vector<Tensor>& v) { return neg(v[0]); }, &x},
+      {"unary -", [](const std::vector<Tensor>& v) { return -v[0]; }, &x},
+      {"abs", [](const std::vector<Tensor>& v) { return abs(v[0]); }, &nz},
+      {"sign", [](const std::vector<Tensor>& v) { return sign(v[0]) + v[0]; }, &nz},
+      {"exp", [](const std::vector<Tensor>& v) { return exp(v[0]); }, &x},
+      {"log", [](const std::vector<Tensor>& v) { return log(v[0]); }, &pos},
+      {"sqrt", [](const std::vector<Tensor>& v) { return sqrt(v[0]); }, &pos},
+      {"rsqrt", [](const std::vector<Tensor>& v) { return rsqrt(v[0]); }, &pos},
+      {"tanh", [](const std::vector<Tensor>& v) { return tanh(v[0]); }, &x},
+      {"sigmoid", [](const std::vector<Tensor>& v) { return sigmoid(v[0]); }, &x},
+      {"relu", [](const std::vector<Tensor>& v) { return relu(v[0]); }, &nz},
+      {"gelu", [](const std::vector<Tensor>& v) { return gelu(v[0]); }, &x},
+      {"gelu tanh", [](const std::vector<Tensor>& v) { return gelu(v[0], GeluApprox::tanh); }, &x},
+      {"pow 2", [](const std::vector<Tensor>& v) { return pow(v[0], 2.0); }, &x},
+      {"pow 3", [](const std::vector<Tensor>& v) { return pow(v[0], 3.0); }, &x},
+      {"pow -1.5", [](const std::vector<Tensor>& v) { return pow(v[0], -1.5); }, &pos},
+      {"pow 0.5", [](const std::vector<Tensor>& v) { return pow(v[0], 0.5); }, &pos},
+      {"pow 0", [](const std::vector<Tensor>& v) { return pow(v[0], 0.0) + v[0]; }, &x},
+      {"clamp both", [](const std::vector<Tensor>& v) { return clamp(v[0], -0.5, 0.7); }, &x},
+      {"clamp min", [](const std::vector<Tensor>& v) { return clamp(v[0], -0.5, std::nullopt); }, &x},
+      {"clamp max", [](const std::vector<Tensor>& v) { return clamp(v[0], std::nullopt, 0.3); }, &x},
+      {"x * 2.5", [](const std::vector<Tensor>& v) { return v[0] * 2.5; }, &x},
+      {"2.5 * x", [](const std::vector<Tensor>& v) { return 2.5 * v[0]; }, &x},
+      {"x + 1", [](const std::vector<Tensor>& v) { return v[0] + 1.0; }, &x},
+      {"1 + x", [](const std::vector<Tensor>& v) { return 1.0 + v[0]; }, &x},
+      {"x - 1", [](const std::vector<Tensor>& v) { return v[0] - 1.0; }, &x},
+      {"1 - x", [](const std::vector<Tensor>& v) { return 1.0 - v[0]; }, &x},
+      {"x / 3", [](const std::vector<Tensor>& v) { return v[0] / 3.0; }, &x},
+      {"3 / x", [](const std::vector<Tensor>& v) { return 3.0 / v[0]; }, &pos},
+      {"clone", [](const std::vector<Tensor>& v) { return v[0].clone() * v[0]; }, &x},
+      {"contiguous of t", [](const std::vector<Tensor>& v) { return v[0].t().contiguous() * 2.0; }, &x},
+      {"composite", [](const std::vector<Tensor>& v) { return sigmoid(exp(tanh(v[0])) * v[0]) - gelu(v[0] * v[0]); }, &x},
+  };
+  for (const C& c : cases) GRADCHECK(c.name, c.fn, {*c.in});
+}
+
+TEST_CASE("autograd: gradcheck binary ops with broadcasting") {
+  struct SP {
+    Shape a, b;
+  };
+  const SP shapes[] = {{{3, 4}, {3, 4}}, {{3, 1, 4}, {2, 1}}, {{2, 3}, {}}, {{}, {2, 3}}, {{4}, {3, 1}}, {{1}, {2, 2}}};
+  struct C {
+    const char* name;
+    Fn fn;
+    double alo, ahi, blo, bhi;
+  };
+  const std::vector<C> cases = {
+      {"add", [](const std::vector<Tensor>& v) { return add(v[0], v[1]); }, -1, 1, -1, 1},
+      {"add alpha", [](const std::vector<Tensor>& v) { return add(v[0], v[1], -1.5); }, -1, 1, -1, 1},
+      {"sub", [](const std::vector<Tensor>& v) { return sub(v[0], v[1]); }, -1, 1, -1, 1},
+      {"sub alpha", [](const std::vector<Tensor>& v) { return sub(v[0], v[1], 0.25); }, -1, 1, -1, 1},
+      {"a + b", [](const std::vector<Tensor>& v) { return v[0] + v[1]; }, -1, 1, -1, 1},
+      {"a - b", [](const std::vector<Tensor>& v) { return v[0] - v[1]; }, -1, 1, -1, 1},
+      {"mul", [](const std::vector<Tensor>& v) { return mul(v[0], v[1]); }, -1, 1, -1, 1},
+      {"div", [](const std::vector<Tensor>& v) { return div(v[0], v[1]); }, -1, 1, 0.5, 2},
+      {"a / b", [](const std::vector<Tensor>& v) { return v[0] / v[1]; }, -1, 1, -2, -0.5},
+      {"pow", [](const std::vector<Tensor>& v) { return pow(v[0], v[1]); }, 0.5, 2, -1.5, 1.5},
+      {"maximum", [](const std::vector<Tensor>& v) { return maximum(v[0], v[1]); }, -1, 1, -1, 1},
+      {"minimum", [](const std::vector<Tensor>& v) { return minimum(v[0], v[1]); }, -1, 1, -1, 1},
+      {"a * b + a / (b*b + 1)", [](const std::vector<Tensor>& v) { return v[0] * v[1] + v[0] / (v[1] * v[1] + 1.0); }, -1, 1, -1, 1},
+  };
+  uint32_t seed = 10;
+  for (const C& c : cases)
+    for (const SP& sp : shapes) {
+      Tensor a = rnd(sp.a, c.alo, c.ahi, seed++), b = rnd(sp.b, c.blo, c.bhi, seed++);
+      GRADCHECK(std::string(c.name) + " " + [&] {
+        std::ostringstream os;
+        os << sp.a << " " << sp.b;
+        return os.str();
+      }(), c.fn, (std::vector<Tensor>{a, b}));
+    }
+  // The same tensor on both sides.
+  Tensor x = rnd({3}, 0.5, 2, 99);
+  GRADCHECK("x * x", [](const std::vector<Tensor>& v) { return v[0] * v[0]; }, {x});
+  GRADCHECK("pow(x, x)", [](const std::vector<Tensor>& v) { return pow(v[0], v[0]); }, {x});
+  GRADCHECK("x / x.t", [](const std::vector<Tensor>& v) { return v[0].unsqueeze(1) / v[0]; }, {x});
+}
+
+TEST_CASE("autograd: gradcheck where, cast and sum_to") {
+  Tensor cond = from_vector({1, 0, 0, 1, 1, 0, 1, 0, 1, 1, 0, 0}, {3, 4}, DType::boolean);
+  Tensor c1 = from_vector({1, 0, 1, 1}, {4}, DType::boolean);
+  GRADCHECK("where", [](const std::vector<Tensor>& v) { return where(v[0], v[1], v[2]); },
+            (std::vector<Tensor>{cond, rnd({3, 4}, -1, 1, 1), rnd({3, 4}, -1, 1, 2)}));
+  GRADCHECK("where broadcast", [](const std::vector<Tensor>& v) { return where(v[0], v[1], v[2]); },
+            (std::vector<Tensor>{c1, rnd({3, 1}, -1, 1, 3), rnd({}, -1, 1, 4)}));
+  GRADCHECK("where of exp", [](const std::vector<Tensor>& v) { return where(v[0], exp(v[1]), v[1] * v[1]); },
+            (std::vector<Tensor>{cond, rnd({3, 4}, -1, 1, 5)}));
+  GradcheckOptions loose;
+  loose.eps = 1e-3;
+  loose.atol = 5e-3;
+  loose.rtol = 1e-2;
+  GRADCHECK_OPTS("cast f32 and back", [](const std::vector<Tensor>& v) { return cast(cast(v[0], DType::f32) * 2.0, DType::f64); },
+                 {rnd({3, 4}, -1, 1, 6)}, loose);
+  GRADCHECK("cast to f64 of f64", [](const std::vector<Tensor>& v) { return cast(v[0], DType::f64) * v[0]; },
+            {rnd({5}, -1, 1, 7)});
+  GRADCHECK("sum_to [3,1]", [](const std::vector<Tensor>& v) { return sum_to(v[0], {3, 1}); }, {rnd({2, 3, 4}, -1, 1, 8)});
+  GRADCHECK("sum_to []", [](const std::vector<Tensor>& v) { return sum_to(v[0] * v[0], {}); }, {rnd({2, 3}, -1, 1, 9)});
+  GRADCHECK("sum_to [4]", [](const std::vector<Tensor>& v) { return sum_to(v[0].transpose(0, 2), {2}); }, {rnd({2, 3, 4}, -1, 1, 10)});
+}
+
+TEST_CASE("autograd: cast gradients come back in the leaf's dtype") {
+  Tensor x = from_vector({1.5, -2, 0.25}, {3}, DType::f64);
+  x.set_requires_grad(true);
+  Tensor y = cast(x, DType::f32);
+  CHECK(y.dtype() == DType::f32);
+  CHECK(y.requires_grad());
+  sum(y * y).backward();
+  REQUIRE(x.grad().defined());
+  CHECK(x.grad().dtype() == DType::f64);
+  check_values(x.grad(), {3, -4, 0.5}, 1e-6, "d sum(cast(x)^2)");
+  // f16 leaves get f16 gradients.
+  Tensor h = from_vector({1, 2}, {2}, DType::f16);
+  h.set_requires_grad(true);
+  sum(cast(h, DType::f32) * 3.0).backward();
+  REQUIRE(h.grad().defined());
+  CHECK(h.grad().dtype() == DType::f16);
+  check_values(h.grad(), {3, 3}, 1e-3, "f16 leaf");
+  // A leaf in f32 used with an f64 tensor: the promoted op's gradient is cast back.
+  Tensor f = from_vector({1, 2}, {2}, DType::f32);
+  f.set_requires_grad(true);
+  sum(f * from_vector({0.5, 4}, {2}, DType::f64)).backward();
+  CHECK(f.grad().dtype() == DType::f32);
+  check_values(f.grad(), {0.5, 4}, 1e-6, "promoted mul");
+  // Casting to an integer type cuts the graph.
+  CHECK(!cast(x, DType::i32).requires_grad());
+}
+
+// ---- gradcheck of views -------------------------------------------------------------------------------
+
+TEST_CASE("autograd: gradcheck views made inside fn") {
+  const Tensor m = rnd({3, 4}, -1, 1, 20);
+  const Tensor c = rnd({2, 3, 4}, -1, 1, 21);
+  const Tensor k = rnd({3, 1, 4}, -1, 1, 22);
+  struct C {
+    const char* name;
+    Fn fn;
+    const Tensor* in;
+  };
+  const std::vector<C> cases = {
+      {"exp(t)", [](const std::vector<Tensor>& v) { return exp(v[0].t()); }, &m},
+      {"t * weights", [](const std::vector<Tensor>& v) { return v[0].t() * arange(int64_t(3)).to(DType::f64); }, &m},
+      {"permute", [](const std::vector<Tensor>& v) { return exp(v[0].permute({2, 0, 1})); }, &c},
+      {"transpose", [](const std::vector<Tensor>& v) { return v[0].transpose(0, 2) * v[0].transpose(0, 2); }, &c},
+      {"narrow", [](const std::vector<Tensor>& v) { return exp(v[0].narrow(1, 1, 2)); }, &c},
+      {"narrow negative dim", [](const std::vector<Tensor>& v) { return v[0].narrow(-1, 1, 3) * 2.0; }, &c},
+      {"slice step", [](const std::vector<Tensor>& v) { return exp(v[0].slice(2, 0, 4, 2)); }, &c},
+      {"slice step offset", [](const std::vector<Tensor>& v) { return tanh(v[0].slice(2, 1, 4, 2)); }, &c},
+      {"slice rows", [](const std::vector<Tensor>& v) { return v[0].slice(0, 1, 3) * v[0].slice(0, 0, 2); }, &m},
+      {"select", [](const std::vector<Tensor>& v) { return exp(v[0].select(1, 2)); }, &c},
+      {"select negative", [](const std::vector<Tensor>& v) { return v[0].select(-1, -1) * v[0].select(-1, 0); }, &c},
+      {"expand", [](const std::vector<Tensor>& v) { return exp(v[0].expand({2, 3, 5, 4})); }, &k},
+      {"expand -1", [](const std::vector<Tensor>& v) { return v[0].expand({-1, 3, -1}) * 3.0; }, &k},
+      {"squeeze", [](const std::vector<Tensor>& v) { return exp(v[0].squeeze()); }, &k},
+      {"squeeze dim", [](const std::vector<Tensor>& v) { return exp(v[0].squeeze(1)); }, &k},
+      {"unsqueeze", [](const std::vector<Tensor>& v) { return exp(v[0].unsqueeze(0)) * v[0].unsqueeze(1); }, &m},
+      {"unsqueeze last", [](const std::vector<Tensor>& v) { return exp(v[0].unsqueeze(-1)) * 2.0; }, &m},
+      {"view", [](const std::vector<Tensor>& v) { return exp(v[0].view({4, 3})); }, &m},
+      {"view -1", [](const std::vector<Tensor>& v) { return v[0].view({-1}) * v[0].view({-1}); }, &c},
+      {"reshape (view)", [](const std::vector<Tensor>& v) { return exp(v[0].reshape({6, 4})); }, &c},
+      {"reshape (copy)", [](const std::vector<Tensor>& v) { return exp(v[0].t().reshape({12})); }, &m},
+      {"flatten", [](const std::vector<Tensor>& v) { return exp(v[0].flatten()); }, &c},
+      {"flatten range", [](const std::vector<Tensor>& v) { return exp(v[0].flatten(1, 2)); }, &c},
+      {"flatten of permuted", [](const std::vector<Tensor>& v) { return exp(v[0].permute({2, 1, 0}).flatten(0, 1)); }, &c},
+      {"chain", [](const std::vector<Tensor>& v) {
+         return exp(v[0].permute({1, 0, 2}).slice(2, 0, 4, 2).narrow(0, 1, 2).unsqueeze(1).expand({2, 3, 2, 2}).select(3, 1));
+       }, &c},
+      {"chain 2", [](const std::vector<Tensor>& v) {
+         return v[0].t().reshape({2, 6}).slice(1, 1, 6, 2).t().contiguous().view({-1}) * v[0].view({-1}).narrow(0, 0, 6);
+       }, &m},
+      {"view of a view mixed with base", [](const std::vector<Tensor>& v) {
+         return v[0] + v[0].t().t() * v[0].select(0, 1).unsqueeze(0);
+       }, &m},
+  };
+  for (const C& cs : cases) GRADCHECK(cs.name, cs.fn, {*cs.in});
+}
+
+// ---- gradcheck of reductions --------------------------------------------------------------------------
+
+TEST_CASE("autograd: gradcheck reductions") {
+  const Tensor x = rnd({3, 4, 5}, -2, 2, 30);
+  const std::vector<std::vector<int64_t>> dim_sets = {{}, {0}, {1}, {-1}, {0, 2}, {1, 2}, {0, 1, 2}};
+  for (const auto& dims : dim_sets)
+    for (bool keep : {false, true}) {
+      std::string tag = " dims";
+      for (int64_t d : dims) tag += " " + std::to_string(d);
+      if (keep) tag += " keepdim";
+      GRADCHECK("sum" + tag, [&](const std::vector<Tensor>& v) { return sum(v[0], dims, keep); }, {x});
+      GRADCHECK("sum of square" + tag, [&](const std::vector<Tensor>& v) { return sum(v[0] * v[0], dims, keep); }, {x});
+      GRADCHECK("mean" + tag, [&](const std::vector<Tensor>& v) { return mean(v[0], dims, keep); }, {x});
+      GRADCHECK("var 1" + tag, [&](const std::vector<Tensor>& v) { return var(v[0], dims, 1, keep); }, {x});
+      GRADCHECK("var 0" + tag, [&](const std::vector<Tensor>& v) { return var(v[0], dims, 0, keep); }, {x});
+      GRADCHECK("amax" + tag, [&](const std::vector<Tensor>& v) { return amax(v[0], dims, keep); }, {x});
+      GRADCHECK("amin" + tag, [&](const std::vector<Tensor>& v) { return amin(v[0], dims, keep); }, {x});
+      GRADCHECK("sum of transposed" + tag, [&](const std::vector<Tensor>& v) { return sum(v[0].transpose(0, 2), dims, keep); }, {x});
+      GRADCHECK("amax of sliced" + tag, [&](const std::vector<Tensor>& v) { return amax(v[0].slice(2, 0, 5, 2), dims, keep); }, {x});
+    }
+  for (int64_t d : {0, 1, 2, -1})
+    for (bool keep : {false, true}) {
+      const std::string tag = " dim " + std::to_string(d) + (keep ? " keepdim" : "");
+      GRADCHECK("max" + tag, [&](const std::vector<Tensor>& v) { return max(v[0], d, keep).values; }, {x});
+      GRADCHECK("min" + tag, [&](const std::vector<Tensor>& v) { return min(v[0], d, keep).values; }, {x});
+      GRADCHECK("max of permuted" + tag, [&](const std::vector<Tensor>& v) { return max(v[0].permute({1, 2, 0}), d, keep).values * 2.0; }, {x});
+    }
+  GRADCHECK("mean of a 0-dim", [](const std::vector<Tensor>& v) { return mean(v[0] * v[0]); }, {rnd({}, -1, 1, 31)});
+  GRADCHECK("softmax-like", [](const std::vector<Tensor>& v) {
+    Tensor e = exp(v[0] - amax(v[0], {1}, true));
+    return e / sum(e, {1}, true);
+  }, {rnd({3, 5}, -2, 2, 32)});
+  GRADCHECK("layernorm-like", [](const std::vector<Tensor>& v) {
+    Tensor c = v[0] - mean(v[0], {-1}, true);
+    return c * rsqrt(var(v[0], {-1}, 0, true) + 1e-5);
+  }, {rnd({4, 6}, -2, 2, 33)});
+}
+
+TEST_CASE("autograd: tied maxima share the gradient, max(dim) gives it to the first index") {
+  Tensor x = from_vector({1, 3, 3, 2}, {4}, DType::f64);
+  x.set_requires_grad(true);
+  amax(x).backward();
+  check_values(x.grad(), {0, 0.5, 0.5, 0}, 1e-12, "amax ties");
+  Tensor y = from_vector({5, 1, 5, 2, 5, 5}, {2, 3}, DType::f64);
+  y.set_requires_grad(true);
+  sum(amax(y, {1}) * from_vector({3, 6}, {2}, DType::f64)).backward();
+  check_values(y.grad(), {1.5, 0, 1.5, 0, 3, 3}, 1e-12, "amax ties per row");
+  Tensor z = from_vector({-1, -4, -4, 0}, {4}, DType::f64);
+  z.set_requires_grad(true);
+  amin(z).backward();
+  check_values(z.grad(), {0, 0.5, 0.5, 0}, 1e-12, "amin ties");
+  Tensor w = from_vector({2, 7, 7, 1, 1, 0}, {2, 3}, DType::f64);
+  w.set_requires_grad(true);
+  auto mx = max(w, 1);
+  check_values(mx.indices, {1, 0}, 0, "max indices");
+  sum(mx.values).backward();
+  check_values(w.grad(), {0, 1, 0, 1, 0, 0}, 1e-12, "max(dim) to the first index");
+  CHECK(!mx.indices.requires_grad());
+  Tensor u = from_vector({2, 7, 7, 1, 1, 0}, {2, 3}, DType::f64);
+  u.set_requires_grad(true);
+  sum(min(u, 1, true).values * 2.0).backward();
+  check_values(u.grad(), {2, 0, 0, 0, 0, 2}, 1e-12, "min(dim) keepdim");
+}
+
+// ---- gradcheck of matmul ------------------------------------------------------------------------------
+
+TEST_CASE("autograd: gradcheck matmul in all shapes") {
+  struct SP {
+    Shape a, b;
+  };
+  const SP shapes[] = {
+      {{5}, {5}},          {{4}, {4, 3}},           {{3, 4}, {4}},        {{3, 4}, {4, 2}},
+      {{1, 1}, {1, 1}},    {{2, 3, 4}, {2, 4, 5}},  {{2, 3, 4}, {4, 5}},  {{3, 4}, {2, 4, 5}},
+      {{2, 1, 3, 4}, {3, 4, 2}}, {{4}, {2, 4, 3}},  {{2, 3, 4}, {4}},
+  };
+  uint32_t seed = 40;
+  for (const SP& sp : shapes) {
+    std::ostringstream os;
+    os << "matmul " << sp.a << " x " << sp.b;
+    GRADCHECK(os.str(), [](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); },
+              (std::vector<Tensor>{rnd(sp.a, -1, 1, seed), rnd(sp.b, -1, 1, seed + 1)}));
+    seed += 2;
+  }
+  GRADCHECK("matmul a.t() @ b", [](const std::vector<Tensor>& v) { return matmul(v[0].t(), v[1]); },
+            (std::vector<Tensor>{rnd({4, 3}, -1, 1, 50), rnd({4, 5}, -1, 1, 51)}));
+  GRADCHECK("matmul a @ b.t()", [](const std::vector<Tensor>& v) { return matmul(v[0], v[1].t()); },
+            (std::vector<Tensor>{rnd({3, 4}, -1, 1, 52), rnd({5, 4}, -1, 1, 53)}));
+  GRADCHECK("matmul a.t() @ b.t()", [](const std::vector<Tensor>& v) { return matmul(v[0].t(), v[1].t()); },
+            (std::vector<Tensor>{rnd({4, 3}, -1, 1, 54), rnd({5, 4}, -1, 1, 55)}));
+  GRADCHECK("matmul sliced", [](const std::vector<Tensor>& v) { return matmul(v[0].slice(1, 0, 8, 2), v[1]); },
+            (std::vector<Tensor>{rnd({3, 8}, -1, 1, 56), rnd({4, 2}, -1, 1, 57)}));
+  GRADCHECK("matmul x @ x.t()", [](const std::vector<Tensor>& v) { return matmul(v[0], v[0].t()); },
+            {rnd({3, 4}, -1, 1, 58)});
+  GRADCHECK("matmul expanded batch", [](const std::vector<Tensor>& v) {
+    return matmul(v[0].unsqueeze(0).expand({3, 2, 4}), v[1]);
+  }, (std::vector<Tensor>{rnd({2, 4}, -1, 1, 59), rnd({3, 4, 2}, -1, 1, 60)}));
+  GRADCHECK("two-layer mlp", [](const std::vector<Tensor>& v) {
+    return matmul(tanh(matmul(v[0], v[1]) + v[2]), v[3]);
+  }, (std::vector<Tensor>{rnd({5, 3}, -1, 1, 61), rnd({3, 4}, -1, 1, 62), rnd({4}, -1, 1, 63), rnd({4, 2}, -1, 1, 64)}));
+}
+
+// ---- engine behaviour -------------------------------------------------------------------------------------
+
+TEST_CASE("autograd: leaves, requires_grad and grad_fn") {
+  Tensor x = leaf({3});
+  CHECK(x.requires_grad());
+  CHECK(x.is_leaf());
+  CHECK(!x.grad().defined());
+  Tensor y = exp(x);
+  CHECK(y.requires_grad());
+  CHECK(!y.is_leaf());
+  CHECK(y.grad_fn() != nullptr);
+  Tensor plain = rnd({3});
+  CHECK(!plain.requires_grad());
+  CHECK(!(plain * 2.0).requires_grad());
+  CHECK(!exp(plain).grad_fn());
+  CHECK((plain + x).requires_grad());
+  // Comparisons are not differentiable.
+  CHECK(!gt(x, plain).requires_grad());
+  CHECK(!argmax(x, 0).requires_grad());
+  // Views of leaves are not leaves.
+  CHECK(!x.view({3, 1}).is_leaf());
+  CHECK(x.view({3, 1}).requires_grad());
+  // Only leaves may be flagged.
+  CHECK_THROWS_AS(y.set_requires_grad(true), Error);
+  CHECK_THROWS_AS(x.view({3}).set_requires_grad(false), Error);
+  // Clearing the flag on a leaf works.
+  Tensor z = leaf({2});
+  z.set_requires_grad(false);
+  CHECK(!z.requires_grad());
+  CHECK(!exp(z).requires_grad());
+  // Factories can make leaves that require grad.
+  Tensor f = zeros({2}, TensorOptions(DType::f64).with_grad());
+  CHECK(f.requires_grad());
+  CHECK(f.is_leaf());
+}
+
+TEST_CASE("autograd: gradients accumulate into leaves across backward calls") {
+  Tensor x = from_vector({1, -2, 3}, {3}, DType::f64);
+  x.set_requires_grad(true);
+  sum(x * x).backward();
+  check_values(x.grad(), {2, -4, 6}, 1e-12, "first backward");
+  CHECK(x.grad().shape() == Shape{3});
+  CHECK(x.grad().dtype() == DType::f64);
+  sum(x * x).backward();
+  check_values(x.grad(), {4, -8, 12}, 1e-12, "accumulated");
+  sum(x * 3.0).backward();
+  check_values(x.grad(), {7, -5, 15}, 1e-12, "accumulated other graph");
+  x.set_grad(Tensor());
+  CHECK(!x.grad().defined());
+  sum(x).backward();
+  check_values(x.grad(), {1, 1, 1}, 1e-12, "after reset");
+  // The gradient buffer is not the incoming gradient of some other tensor: changing one later
+  // does not change the other.
+  Tensor a = from_vector({1, 2}, {2}, DType::f64);
+  a.set_requires_grad(true);
+  Tensor b = from_vector({3, 4}, {2}, DType::f64);
+  b.set_requires_grad(true);
+  sum(a + b).backward();
+  check_values(a.grad(), {1, 1}, 0, "a");
+  check_values(b.grad(), {1, 1}, 0, "b");
+  {
+    NoGradGuard ng;
+    a.grad().mul_(10.0);
+  }
+  check_values(b.grad(), {1, 1}, 0, "b after scaling a.grad");
+  // Broadcast leaves get gradients of their own shape.
+  Tensor bias = from_vector({0, 0, 0, 0}, {4}, DType::f64);
+  bias.set_requires_grad(true);
+  Tensor m = rnd({3, 4}, -1, 1, 70);
+  m.set_requires_grad(true);
+  sum((m + bias) * 2.0).backward();
+  CHECK(bias.grad().shape() == Shape{4});
+  check_values(bias.grad(), {6, 6, 6, 6}, 1e-12, "broadcast bias");
+  Tensor s = scalar_tensor(2.0, DType::f64);
+  s.set_requires_grad(true);
+  sum(m * s).backward();
+  CHECK(s.grad().dim() == 0);
+  double total = 0;
+  for (double v : m.to_vector()) total += v;
+  check_values(s.grad(), {total}, 1e-12, "0-dim leaf");
+}
+
+TEST_CASE("autograd: retain_graph") {
+  Tensor x = from_vector({0.5, -1}, {2}, DType::f64);
+  x.set_requires_grad(true);
+  Tensor y = sum(exp(x) * x);
+  y.backward(Tensor(), true);
+  const std::vector<double> g1 = {std::exp(0.5) * 1.5, std::exp(-1.0) * 0.0};
+  check_values(x.grad(), g1, 1e-12, "first");
+  y.backward();  // the graph was retained
+  check_values(x.grad(), {2 * g1[0], 2 * g1[1]}, 1e-12, "second");
+  // Now it was freed: a third backward is an error, not a crash or silent zeros.
+  const std::string e = error_of([&] { y.backward(); });
+  CHECK(e != "NO ERROR");
+  CHECK(!contains(e, "NOT A kiln::Error"));
+  check_values(x.grad(), {2 * g1[0], 2 * g1[1]}, 1e-12, "unchanged after the failed backward");
+  // Without retain_graph the second call fails.
+  Tensor z = sum(tanh(x) * x);
+  z.backward();
+  CHECK_THROWS_AS(z.backward(), Error);
+}
+
+TEST_CASE("autograd: NoGradGuard and detach") {
+  Tensor x = leaf({3});
+  CHECK(GradMode::enabled());
+  {
+    NoGradGuard ng;
+    CHECK(!GradMode::enabled());
+    Tensor y = exp(x) * x;
+    CHECK(!y.requires_grad());
+    CHECK(!y.grad_fn());
+    CHECK(!matmul(x, x).requires_grad());
+    CHECK(!x.unsqueeze(0).requires_grad());
+    CHECK(!sum(x).requires_grad());
+    {
+      NoGradGuard inner;
+      CHECK(!GradMode::enabled());
+    }
+    CHECK(!GradMode::enabled());  // the inner guard restores the outer state
+  }
+  CHECK(GradMode::enabled());
+  CHECK(exp(x).requires_grad());
+  GradMode::set_enabled(false);
+  CHECK(!exp(x).requires_grad());
+  GradMode::set_enabled(true);
+  // detach: same data, no graph.
+  Tensor y = exp(x);
+  Tensor d = y.detach();
+  CHECK(!d.requires_grad());
+  CHECK(d.is_leaf());
+  CHECK(d.storage().get() == y.storage().get());
+  CHECK(!exp(d).requires_grad());
+  Tensor loss = sum(y * d);  // d is a constant: d(loss)/dx = exp(x) * d = exp(2x)
+  loss.backward();
+  std::vector<double> want;
+  for (double v : x.to_vector()) want.push_back(std::exp(2 * v));
+  check_values(x.grad(), want, 1e-12, "detached factor");
+}
+
+TEST_CASE("autograd: a saved tensor modified in place makes backward fail naming the op") {
+  Tensor x = leaf({3});
+  Tensor y = exp(x);
+  Tensor z = sum(y);
+  {
+    NoGradGuard ng;
+    y.add_(ones({3}, DType::f64));
+  }
+  const std::string e = error_of([&] { z.backward(); });
+  CHECK(contains(e, "exp"));
+  CHECK(!contains(e, "NOT A kiln::Error"));
+  // The same through a detached alias (shared storage, shared version).
+  Tensor x2 = leaf({3});
+  Tensor y2 = exp(x2);
+  Tensor z2 = sum(y2 * 2.0);
+  y2.detach().mul_(3.0);
+  const std::string e2 = error_of([&] { z2.backward(); });
+  CHECK(contains(e2, "exp"));
+  // A constant input saved by mul, modified afterwards.
+  Tensor w = leaf({3});
+  Tensor c = rnd({3}, -1, 1, 80);
+  Tensor p = sum(w * c);
+  c.fill_(0.0);
+  const std::string e3 = error_of([&] { p.backward(); });
+  CHECK(contains(e3, "mul"));
+  // A user op's SavedTensor names the user op.
+  Tensor u = leaf({2});
+  Tensor cs = sum(custom_square(u, 2.0));
+  {
+    NoGradGuard ng;
+    u.add_(ones({2}, DType::f64));
+  }
+  CHECK(contains(error_of([&] { cs.backward(); }), "custom_square"));
+  // Modifying a tensor that was not saved is fine: add saves nothing.
+  Tensor q = leaf({2});
+  Tensor k = rnd({2}, -1, 1, 81);
+  Tensor r = sum(q + k);
+  k.fill_(5.0);
+  CHECK_NOTHROW(r.backward());
+  check_values(q.grad(), {1, 1}, 0, "add after modifying the constant");
+}
+
+TEST_CASE("autograd: diamonds sum the gradients of every use") {
+  Tensor x = from_vector({0.3, -0.7, 1.1}, {3}, DType::f64);
+  x.set_requires_grad(true);
+  Tensor y = sum(x * x + exp(x) + x * 3.0);
+  y.backward();
+  std::vector<double> want;
+  for (double v : x.to_vector()) want.push_back(2 * v + std::exp(v) + 3);
+  check_values(x.grad(), want, 1e-12, "x used four times");
+  // A diamond on an intermediate: a = 2x, b = a * a + a.
+  Tensor x2 = from_vector({1, 2}, {2}, DType::f64);
+  x2.set_requires_grad(true);
+  Tensor a = x2 * 2.0;
+  sum(a * a + a).backward();
+  check_values(x2.grad(), {2 * (2 * 2 + 1), 2 * (2 * 4 + 1)}, 1e-12, "intermediate used twice");  // d/dx = 2(2a + 1)
+  // Through views of the same leaf.
+  Tensor m = from_vector({1, 2, 3, 4}, {2, 2}, DType::f64);
+  m.set_requires_grad(true);
+  sum(m.t() * m).backward();  // sum_ij m_ji m_ij: d/dm_ij = 2 m_ji
+  check_values(m.grad(), {2, 6, 4, 8}, 1e-12, "m.t() * m");
+  GRADCHECK("deep diamond", [](const std::vector<Tensor>& v) {
+    Tensor a = tanh(v[0]);
+    Tensor b = a * v[0];
+    Tensor c = exp(a) + b;
+    return c * a + sum(b) * v[0];
+  }, {rnd({4}, -1, 1, 90)});
+}
+
+TEST_CASE("autograd: several roots at once") {
+  Tensor x = from_vector({1, 2}, {2}, DType::f64);
+  x.set_requires_grad(true);
+  Tensor y1 = sum(x * x);
+  Tensor y2 = x * 3.0;
+  autograd::backward({y1, y2}, {Tensor(), from_vector({1, -1}, {2}, DType::f64)});
+  check_values(x.grad(), {2 + 3, 4 - 3}, 1e-12, "two roots");
+}
+
+TEST_CASE("autograd: backward errors") {
+  Tensor x = leaf({3});
+  Tensor y = x * 2.0;
+  const std::string e = error_of([&] { y.backward(); });
+  CHECK(e != "NO ERROR");
+  CHECK(!contains(e, "NOT A kiln::Error"));
+  CHECK(contains(e, "[3]"));
+  // With a gradient it works.
+  y.backward(from_vector({1, 2, 3}, {3}, DType::f64));
+  check_values(x.grad(), {2, 4, 6}, 1e-12, "with grad_output");
+  // A gradient of the wrong shape is an error.
+  Tensor y2 = x * 2.0;
+  CHECK_THROWS_AS(y2.backward(ones({4}, DType::f64)), Error);
+  // Backward from something that does not require grad.
+  CHECK_THROWS_AS(sum(rnd({3})).backward(), Error);
+  // A one-element non-scalar needs no gradient.
+  Tensor one = leaf({1, 1});
+  CHECK_NOTHROW((one * 5.0).backward());
+  check_values(one.grad(), {5}, 1e-12, "[1,1] root");
+}
+
+TEST_CASE("autograd: autograd::grad does not touch .grad") {
+  Tensor x = from_vector({1, 2, 3}, {3}, DType::f64);
+  x.set_requires_grad(true);
+  Tensor w = from_vector({-1, 0.5, 2}, {3}, DType::f64);
+  w.set_requires_grad(true);
+  Tensor y = sum(x * x * w);
+  std::vector<Tensor> g = autograd::grad({y}, {x, w}, {}, true);
+  REQUIRE(g.size() == 2);
+  check_values(g[0], {-2, 2, 12}, 1e-12, "dy/dx");
+  check_values(g[1], {1, 4, 9}, 1e-12, "dy/dw");
+  CHECK(!x.grad().defined());
+  CHECK(!w.grad().defined());
+  // The graph was retained: backward still works and fills .grad.
+  y.backward();
+  check_values(x.grad(), {-2, 2, 12}, 1e-12, ".grad after backward");
+  // With explicit output gradients, and with respect to an intermediate.
+  Tensor x2 = from_vector({0.5, 1.5}, {2}, DType::f64);
+  x2.set_requires_grad(true);
+  Tensor h = exp(x2);
+  Tensor out = h * h;
+  std::vector<Tensor> gh = autograd::grad({out}, {h, x2}, {from_vector({1, 10}, {2}, DType::f64)});
+  check_values(gh[0], {2 * std::exp(0.5), 20 * std::exp(1.5)}, 1e-12, "d out / d h");
+  check_values(gh[1], {2 * std::exp(1.0), 20 * std::exp(3.0)}, 1e-12, "d out / d x");
+  CHECK(!x2.grad().defined());
+  // An input the outputs do not depend on gets zeros.
+  Tensor a = leaf({2});
+  Tensor b = leaf({2});
+  std::vector<Tensor> gz = autograd::grad({sum(a * 2.0)}, {a, b});
+  check_values(gz[0], {2, 2}, 1e-12, "used");
+  if (gz[1].defined()) check_values(gz[1], {0, 0}, 0, "unused");
+  CHECK(!a.grad().defined());
+  CHECK(!b.grad().defined());
+  CHECK_THROWS_AS(autograd::grad({sum(a * 2.0)}, {rnd({2})}), Error);  // input does not require grad
+}
+
+// ---- grad-ready hooks -------------------------------------------------------------------------------------
+
+TEST_CASE("autograd: grad-ready hook fires once per leaf per backward, after the gradient is complete") {
+  Tensor w = from_vector({0.2, -0.4, 0.9}, {3}, DType::f64);
+  w.set_requires_grad(true);
+  // d/dw of sum(w*w) + sum(exp(w)) + sum(3w) + sum(tanh(tanh(w))) (the long path arrives last)
+  std::vector<double> want(3);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double v = w.to_vector()[i];
+    const double t1 = std::tanh(v), t2 = std::tanh(t1);
+    want[i] = 2 * v + std::exp(v) + 3 + (1 - t2 * t2) * (1 - t1 * t1);
+  }
+  int calls = 0;
+  std::vector<double> seen;
+  const int id = w.register_grad_ready_hook([&](Tensor& t) {
+    ++calls;
+    CHECK(t.same(w));
+    seen = t.grad().to_vector();
+  });
+  auto forward = [&] { return sum(w * w) + sum(exp(w)) + sum(w * 3.0) + sum(tanh(tanh(w))); };
+  forward().backward();
+  CHECK(calls == 1);
+  REQUIRE(seen.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(std::abs(seen[i] - want[i]) < 1e-12);
+  forward().backward();
+  CHECK(calls == 2);
+  for (size_t i = 0; i < 3; ++i) CHECK(std::abs(seen[i] - 2 * want[i]) < 1e-12);  // accumulated
+  w.remove_grad_ready_hook(id);
+  forward().backward();
+  CHECK(calls == 2);
+  // A leaf that the loss does not reach does not fire.
+  Tensor unused = leaf({2});
+  int unused_calls = 0;
+  unused.register_grad_ready_hook([&](Tensor&) { ++unused_calls; });
+  sum(w).backward();
+  CHECK(unused_calls == 0);
+  // Hooks need a leaf that requires grad.
+  CHECK_THROWS_AS(exp(w).register_grad_ready_hook([](Tensor&) {}), Error);
+}
+
+TEST_CASE("autograd: grad-ready hooks fire in reverse order of use for a chain of layers") {
+  Tensor x = rnd({4, 3}, -1, 1, 100);
+  Tensor w1 = leaf({3, 5}, -1, 1, 101), b1 = leaf({5}, -1, 1, 102);
+  Tensor w2 = leaf({5, 5}, -1, 1, 103), b2 = leaf({5}, -1, 1, 104);
+  Tensor w3 = leaf({5, 2}, -1, 1, 105);
+  std::vector<std::string> order;
+  std::vector<std::pair<Tensor*, std::string>> params = {{&w1, "w1"}, {&b1, "b1"}, {&w2, "w2"}, {&b2, "b2"}, {&w3, "w3"}};
+  for (auto& [p, name] : params) {
+    const std::string n = name;
+    Tensor* pp = p;
+    p->register_grad_ready_hook([&order, n, pp](Tensor& t) {
+      order.push_back(n);
+      CHECK(t.grad().defined());
+      CHECK(t.grad().shape() == pp->shape());
+    });
+  }
+  auto step = [&] {
+    Tensor h1 = tanh(matmul(x, w1) + b1);
+    Tensor h2 = tanh(matmul(h1, w2) + b2);
+    return mean(matmul(h2, w3) * matmul(h2, w3));
+  };
+  step().backward();
+  // Each fires once; a later layer's parameters are ready before an earlier layer's.
+  REQUIRE(order.size() == 5);
+  auto pos = [&](const std::string& n) { return std::find(order.begin(), order.end(), n) - order.begin(); };
+  CHECK(pos("w3") < pos("w2"));
+  CHECK(pos("w3") < pos("b2"));
+  CHECK(pos("w2") < pos("w1"));
+  CHECK(pos("b2") < pos("b1"));
+  CHECK(pos("w2") < pos("b1"));
+  CHECK(pos("b2") < pos("w1"));
+  CHECK(order.front() == "w3");
+  order.clear();
+  step().backward();
+  CHECK(order.size() == 5);
+  // The gradients the hooks saw are the full ones: compare with autograd::grad on a fresh graph.
+  Tensor w1_grad_twice = w1.grad().clone();
+  std::vector<Tensor> g = autograd::grad({step()}, {w1});
+  check_values(w1_grad_twice, [&] {
+    std::vector<double> v = g[0].to_vector();
+    for (double& e : v) e *= 2;
+    return v;
+  }(), 1e-10, "w1 grad after two steps");
+}

@@ -1,0 +1,367 @@
+// nn ops: forward against naive references written here, backward against finite differences.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+Tensor rnd(const Shape& s, uint64_t seed, DType dt = DType::f64) {
+  Generator g(seed);
+  return randn(s, TensorOptions(dt), &g);
+}
+
+void check_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& in,
+                double atol = 1e-6, double rtol = 1e-4) {
+  GradcheckOptions o;
+  o.atol = atol;
+  o.rtol = rtol;
+  const std::string err = gradcheck(fn, in, o);
+  CHECK_MESSAGE(err.empty(), err);
+}
+
+double at(const std::vector<double>& v, const Shape& s, std::initializer_list<int64_t> idx) {
+  int64_t off = 0, k = 0;
+  const Shape st = contiguous_strides(s);
+  for (int64_t i : idx) off += i * st[size_t(k++)];
+  return v[size_t(off)];
+}
+
+// Direct convolution, one output element at a time.
+std::vector<double> naive_conv(const Tensor& x, const Tensor& w, const Tensor& b, Pair s, Pair p, Pair d, int64_t g,
+                               Shape& os) {
+  const auto xv = x.to_vector(), wv = w.to_vector();
+  const auto bv = b.defined() ? b.to_vector() : std::vector<double>();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), o = w.size(0), kh = w.size(2),
+                kw = w.size(3);
+  const int64_t oh = (h + 2 * p[0] - d[0] * (kh - 1) - 1) / s[0] + 1, ow = (wd + 2 * p[1] - d[1] * (kw - 1) - 1) / s[1] + 1;
+  os = {n, o, oh, ow};
+  std::vector<double> out(size_t(n * o * oh * ow));
+  const int64_t cg = c / g, og = o / g;
+  for (int64_t in = 0; in < n; ++in)
+    for (int64_t oc = 0; oc < o; ++oc)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          double acc = bv.empty() ? 0 : bv[size_t(oc)];
+          const int64_t grp = oc / og;
+          for (int64_t ic = 0; ic < cg; ++ic)
+            for (int64_t a = 0; a < kh; ++a)
+              for (int64_t bb = 0; bb < kw; ++bb) {
+                const int64_t y = i * s[0] - p[0] + a * d[0], xx = j * s[1] - p[1] + bb * d[1];
+                if (y < 0 || y >= h || xx < 0 || xx >= wd) continue;
+                acc += at(xv, x.shape(), {in, grp * cg + ic, y, xx}) * at(wv, w.shape(), {oc, ic, a, bb});
+              }
+          out[size_t(((in * o + oc) * oh + i) * ow + j)] = acc;
+        }
+  return out;
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(tol).scale(1.0));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("nn: conv2d forward matches direct convolution") {
+  struct Case {
+    Shape x, w;
+    Pair s, p, d;
+    int64_t g;
+    bool bias;
+  };
+  const Case cases[] = {
+      {{2, 3, 7, 6}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, true},
+      {{1, 4, 9, 9}, {6, 2, 3, 2}, {2, 1}, {0, 1}, {1, 2}, 2, false},
+      {{3, 2, 5, 5}, {2, 2, 1, 1}, {2, 2}, {0, 0}, {1, 1}, 1, true},
+      {{1, 8, 6, 6}, {8, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 8, false},  // depthwise
+      {{70, 2, 4, 4}, {3, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, true},  // several image chunks
+  };
+  for (const Case& cs : cases) {
+    const Tensor x = rnd(cs.x, 1, DType::f32), w = rnd(cs.w, 2, DType::f32);
+    const Tensor b = cs.bias ? rnd({cs.w[0]}, 3, DType::f32) : Tensor();
+    Shape os;
+    const auto want = naive_conv(x, w, b, cs.s, cs.p, cs.d, cs.g, os);
+    const Tensor y = conv2d(x, w, b, cs.s, cs.p, cs.d, cs.g);
+    CHECK(y.shape() == os);
+    check_close(y.to_vector(), want, 1e-4);
+  }
+}
+
+TEST_CASE("nn: conv2d gradients") {
+  check_grad([](const std::vector<Tensor>& v) { return conv2d(v[0], v[1], v[2], {1, 1}, {1, 1}); },
+             {rnd({2, 2, 5, 4}, 1), rnd({3, 2, 3, 3}, 2), rnd({3}, 3)});
+  check_grad([](const std::vector<Tensor>& v) { return conv2d(v[0], v[1], {}, {2, 1}, {1, 0}, {1, 2}, 2); },
+             {rnd({1, 4, 6, 7}, 4), rnd({2, 2, 2, 3}, 5)});
+  // Non-contiguous input: a transposed view.
+  check_grad([](const std::vector<Tensor>& v) { return conv2d(v[0].transpose(2, 3), v[1]); },
+             {rnd({1, 2, 5, 4}, 6), rnd({2, 2, 2, 2}, 7)});
+}
+
+TEST_CASE("nn: conv2d errors name the shapes") {
+  const Tensor x = zeros({1, 3, 8, 8}), w = zeros({4, 2, 3, 3});
+  CHECK_THROWS_WITH_AS(conv2d(x, w), doctest::Contains("[1,3,8,8]"), kiln::Error);
+  CHECK_THROWS_AS(conv2d(zeros({1, 3, 2, 2}), zeros({4, 3, 5, 5})), kiln::Error);
+}
+
+TEST_CASE("nn: pooling forward and gradients") {
+  const Tensor x = rnd({2, 3, 7, 6}, 11);
+  const auto xv = x.to_vector();
+  // max pool 3x3 stride 2 pad 1
+  const Tensor y = max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
+  CHECK(y.shape() == Shape{2, 3, 4, 3});
+  const auto yv = y.to_vector();
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t i = 0; i < 4; ++i)
+        for (int64_t j = 0; j < 3; ++j) {
+          double best = -1e300;
+          for (int64_t a = 0; a < 3; ++a)
+            for (int64_t b = 0; b < 3; ++b) {
+              const int64_t r = i * 2 - 1 + a, q = j * 2 - 1 + b;
+              if (r >= 0 && r < 7 && q >= 0 && q < 6) best = std::max(best, at(xv, x.shape(), {n, c, r, q}));
+            }
+          CHECK(at(yv, y.shape(), {n, c, i, j}) == best);
+        }
+  // avg pool 2x2 and adaptive to 1x1 / 3x2
+  const Tensor a = avg_pool2d(x, {2, 2});
+  CHECK(a.shape() == Shape{2, 3, 3, 3});
+  CHECK(at(a.to_vector(), a.shape(), {1, 2, 1, 1}) ==
+        doctest::Approx((at(xv, x.shape(), {1, 2, 2, 2}) + at(xv, x.shape(), {1, 2, 2, 3}) +
+                         at(xv, x.shape(), {1, 2, 3, 2}) + at(xv, x.shape(), {1, 2, 3, 3})) / 4));
+  const Tensor g = adaptive_avg_pool2d(x, {1, 1});
+  check_close(g.reshape({6}).to_vector(), mean(x, {2, 3}).reshape({6}).to_vector(), 1e-12);
+  CHECK(adaptive_avg_pool2d(x, {3, 2}).shape() == Shape{2, 3, 3, 2});
+
+  check_grad([](const std::vector<Tensor>& v) { return max_pool2d(v[0], {2, 2}, {1, 1}); }, {rnd({1, 2, 4, 5}, 12)});
+  check_grad([](const std::vector<Tensor>& v) { return avg_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}, false); },
+             {rnd({1, 2, 5, 5}, 13)});
+  check_grad([](const std::vector<Tensor>& v) { return avg_pool2d(v[0], {3, 3}, {2, 2}, {1, 1}, true); },
+             {rnd({1, 2, 5, 5}, 14)});
+  check_grad([](const std::vector<Tensor>& v) { return adaptive_avg_pool2d(v[0], {2, 3}); }, {rnd({2, 1, 5, 7}, 15)});
+}
+
+TEST_CASE("nn: softmax and log_softmax") {
+  const Tensor x = rnd({3, 4, 5}, 21);
+  for (int64_t d : {0, 1, 2, -1}) {
+    const Tensor want = exp(x - amax(x, {d}, true)) / sum(exp(x - amax(x, {d}, true)), {d}, true);
+    check_close(softmax(x, d).to_vector(), want.to_vector(), 1e-12);
+    check_close(log_softmax(x, d).to_vector(), log(want).to_vector(), 1e-12);
+  }
+  // Stable for large logits.
+  const Tensor big = from_vector({1000, 1001, 1002}, {3});
+  CHECK(std::isfinite(log_softmax(big, 0).to_vector()[0]));
+  check_grad([](const std::vector<Tensor>& v) { return softmax(v[0], 1); }, {rnd({3, 4, 2}, 22)});
+  check_grad([](const std::vector<Tensor>& v) { return log_softmax(v[0].t(), 0); }, {rnd({4, 3}, 23)});
+}
+
+TEST_CASE("nn: layer_norm") {
+  const Tensor x = rnd({2, 3, 8}, 31), w = rnd({8}, 32), b = rnd({8}, 33);
+  const Tensor m = mean(x, {-1}, true), v = var(x, {-1}, 0, true);
+  const Tensor want = (x - m) / sqrt(v + 1e-5) * w + b;
+  check_close(layer_norm(x, {8}, w, b).to_vector(), want.to_vector(), 1e-10);
+  check_grad([](const std::vector<Tensor>& t) { return layer_norm(t[0], {3, 4}, t[1], t[2]); },
+             {rnd({2, 3, 4}, 34), rnd({3, 4}, 35), rnd({3, 4}, 36)});
+  check_grad([](const std::vector<Tensor>& t) { return layer_norm(t[0], {5}); }, {rnd({3, 5}, 37)});
+}
+
+TEST_CASE("nn: batch_norm training, running statistics and eval") {
+  const Tensor x = rnd({4, 3, 2, 2}, 41), w = rnd({3}, 42), b = rnd({3}, 43);
+  Tensor rm = zeros({3}, TensorOptions(DType::f64)), rv = ones({3}, TensorOptions(DType::f64));
+  const Tensor y = batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5);
+  const Tensor m = mean(x, {0, 2, 3}, true), v = var(x, {0, 2, 3}, 0, true);
+  const Tensor want = (x - m) / sqrt(v + 1e-5) * w.reshape({1, 3, 1, 1}) + b.reshape({1, 3, 1, 1});
+  check_close(y.to_vector(), want.to_vector(), 1e-10);
+  check_close(rm.to_vector(), (m.reshape({3}) * 0.1).to_vector(), 1e-12);
+  check_close(rv.to_vector(), (var(x, {0, 2, 3}, 1) * 0.1 + 0.9).to_vector(), 1e-12);
+  const Tensor ye = batch_norm(x, rm, rv, w, b, false);
+  const Tensor want_e = (x - rm.reshape({1, 3, 1, 1})) / sqrt(rv.reshape({1, 3, 1, 1}) + 1e-5) *
+                            w.reshape({1, 3, 1, 1}) + b.reshape({1, 3, 1, 1});
+  check_close(ye.to_vector(), want_e.to_vector(), 1e-10);
+  check_grad([](const std::vector<Tensor>& t) { return batch_norm(t[0], {}, {}, t[1], t[2], true); },
+             {rnd({3, 2, 2, 3}, 44), rnd({2}, 45), rnd({2}, 46)});
+  check_grad(
+      [](const std::vector<Tensor>& t) {
+        return batch_norm(t[0], zeros({2}, TensorOptions(DType::f64)), ones({2}, TensorOptions(DType::f64)), t[1],
+                          t[2], false);
+      },
+      {rnd({3, 2, 4}, 47), rnd({2}, 48), rnd({2}, 49)});
+}
+
+TEST_CASE("nn: cross_entropy against log_softmax + one-hot, ignore_index and smoothing") {
+  const Tensor x = rnd({5, 4}, 51);
+  const Tensor t = from_vector({0, 3, 1, -100, 2}, {5}, TensorOptions(DType::i64));
+  const auto lp = log_softmax(x, 1).to_vector();
+  const std::vector<int64_t> tv{0, 3, 1, -100, 2};
+  double want = 0, want_s = 0;
+  int kept = 0;
+  for (int64_t r = 0; r < 5; ++r) {
+    if (tv[size_t(r)] < 0) continue;
+    ++kept;
+    want += -lp[size_t(r * 4 + tv[size_t(r)])];
+    double all = 0;
+    for (int64_t c = 0; c < 4; ++c) all += -lp[size_t(r * 4 + c)];
+    want_s += 0.9 * -lp[size_t(r * 4 + tv[size_t(r)])] + 0.1 * all / 4;
+  }
+  CHECK(cross_entropy(x, t).item<double>() == doctest::Approx(want / kept));
+  CHECK(cross_entropy(x, t, -100, 0.1).item<double>() == doctest::Approx(want_s / kept));
+  CHECK(cross_entropy(x, t, -100, 0.0, Reduction::sum).item<double>() == doctest::Approx(want));
+  CHECK(nll_loss(log_softmax(x, 1), t).item<double>() == doctest::Approx(want / kept));
+  check_grad([&](const std::vector<Tensor>& v) { return cross_entropy(v[0], t, -100, 0.1); }, {x});
+  check_grad([&](const std::vector<Tensor>& v) { return cross_entropy(v[0], t, -100, 0.0, Reduction::none); }, {x});
+  check_grad([&](const std::vector<Tensor>& v) { return nll_loss(log_softmax(v[0], 1), t); }, {x});
+  // [N, C, L] layout
+  const Tensor t3 = from_vector({0, 2, 1, 1, 0, 2}, {2, 3}, TensorOptions(DType::i64));
+  check_grad([&](const std::vector<Tensor>& v) { return cross_entropy(v[0], t3); }, {rnd({2, 3, 3}, 52)});
+  CHECK_THROWS_WITH_AS(cross_entropy(x, from_vector({0, 9, 1, 1, 2}, {5}, TensorOptions(DType::i64))),
+                       doctest::Contains("target 9"), kiln::Error);
+}
+
+TEST_CASE("nn: mse and bce with logits") {
+  const Tensor a = rnd({3, 2}, 61), b = rnd({3, 2}, 62);
+  CHECK(mse_loss(a, b).item<double>() == doctest::Approx(mean(pow(a - b, 2.0)).item<double>()));
+  const Tensor y = from_vector({0, 1, 1, 0, 1, 0}, {3, 2}, TensorOptions(DType::f64));
+  const Tensor big = from_vector({15, -15, 3, 0, -2, 12}, {3, 2}, TensorOptions(DType::f64));
+  const double l = binary_cross_entropy_with_logits(big, y, Reduction::sum).item<double>();
+  const auto bv = big.to_vector(), yv = y.to_vector();
+  double want = 0;
+  for (size_t i = 0; i < 6; ++i) {
+    const double p = 1 / (1 + std::exp(-bv[i]));
+    want += -(yv[i] * std::log(p) + (1 - yv[i]) * std::log(1 - p));
+  }
+  CHECK(l == doctest::Approx(want).epsilon(1e-6));
+  check_grad([&](const std::vector<Tensor>& v) { return binary_cross_entropy_with_logits(v[0], y); }, {a});
+  check_grad([&](const std::vector<Tensor>& v) { return mse_loss(v[0], v[1]); }, {a, b});
+}
+
+TEST_CASE("nn: embedding with padding_idx") {
+  const Tensor w = rnd({6, 3}, 71);
+  const Tensor idx = from_vector({1, 0, 5, 1, 2, 0}, {2, 3}, TensorOptions(DType::i64));
+  const Tensor e = embedding(w, idx);
+  CHECK(e.shape() == Shape{2, 3, 3});
+  const auto wv = w.to_vector(), ev = e.to_vector();
+  CHECK(ev[3 * 2 + 1] == wv[3 * 5 + 1]);
+  check_grad([&](const std::vector<Tensor>& v) { return embedding(v[0], idx); }, {w});
+  Tensor wl = w.clone().set_requires_grad();
+  sum(embedding(wl, idx, 0)).backward();
+  const auto gv = wl.grad().to_vector();
+  CHECK(gv[0] == 0.0);          // padding row gets nothing
+  CHECK(gv[3 * 1] == 2.0);      // row 1 used twice
+  CHECK(gv[3 * 4] == 0.0);      // unused
+  CHECK_THROWS_AS(embedding(w, from_vector({6}, {1}, TensorOptions(DType::i64))), kiln::Error);
+}
+
+TEST_CASE("nn: dropout is reproducible and scaled") {
+  const Tensor x = ones({1000});
+  Generator g1(5), g2(5);
+  const Tensor a = dropout(x, 0.3, true, &g1), b = dropout(x, 0.3, true, &g2);
+  CHECK(allclose(a, b, 0, 0));
+  const auto av = a.to_vector();
+  int64_t zeros_n = 0;
+  for (double v : av) {
+    if (v == 0) {
+      ++zeros_n;
+    } else {
+      CHECK(v == doctest::Approx(1 / 0.7));
+    }
+  }
+  CHECK(zeros_n > 240);
+  CHECK(zeros_n < 360);
+  CHECK(dropout(x, 0.3, false).same(x));
+  // Gradient flows through the kept elements with the same scale.
+  Tensor xl = ones({50}).set_requires_grad();
+  Generator g3(9), g4(9);
+  sum(dropout(xl, 0.5, true, &g3)).backward();
+  CHECK(allclose(xl.grad(), dropout(ones({50}), 0.5, true, &g4)));
+}
+
+TEST_CASE("nn: attention equals its definition and has gradients") {
+  const Tensor q = rnd({2, 2, 3, 4}, 81), k = rnd({2, 2, 5, 4}, 82), v = rnd({2, 2, 5, 3}, 83);
+  Tensor mask = zeros({2, 1, 1, 5}, TensorOptions(DType::f64));
+  mask.narrow(3, 3, 2).fill_(-1e9);  // pad the last two keys
+  const Tensor out = scaled_dot_product_attention(q, k, v, mask);
+  const Tensor p = softmax(matmul(q, k.transpose(-1, -2)) / 2.0 + mask, -1);
+  check_close(out.to_vector(), matmul(p, v).to_vector(), 1e-12);
+  // Padded keys carry no weight.
+  CHECK(amax(p.narrow(3, 3, 2)).item<double>() < 1e-12);
+  const Tensor mask4 = mask.narrow(0, 0, 1).narrow(3, 1, 4);  // [1,1,1,4], last key padded
+  check_grad([&](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], t[1], t[2], mask4); },
+             {rnd({1, 2, 3, 2}, 84), rnd({1, 2, 4, 2}, 85), rnd({1, 2, 4, 3}, 86)});
+}
+
+TEST_CASE("nn: cat, stack, split, index_select, gather, scatter_add, one_hot, masked_fill") {
+  const Tensor a = rnd({2, 3}, 91), b = rnd({2, 1}, 92);
+  const Tensor c = cat({a, b}, 1);
+  CHECK(c.shape() == Shape{2, 4});
+  CHECK(c.to_vector()[3] == b.to_vector()[0]);
+  CHECK(stack({a, a}, 0).shape() == Shape{2, 2, 3});
+  const auto parts = split(c, 3, 1);
+  REQUIRE(parts.size() == 2);
+  CHECK(parts[1].shape() == Shape{2, 1});
+  CHECK_THROWS_AS(cat({a, rnd({3, 3}, 1)}, 1), kiln::Error);
+  check_grad([](const std::vector<Tensor>& v) { return cat({v[0], v[1].t()}, 0); }, {rnd({2, 3}, 93), rnd({3, 1}, 94)});
+  check_grad([](const std::vector<Tensor>& v) { return stack({v[0], v[1]}, 1); }, {rnd({2, 3}, 95), rnd({2, 3}, 96)});
+
+  const Tensor idx = from_vector({2, 0, 2}, {3}, TensorOptions(DType::i64));
+  const Tensor s = index_select(a, 1, idx);
+  CHECK(s.shape() == Shape{2, 3});
+  CHECK(s.to_vector()[0] == a.to_vector()[2]);
+  check_grad([&](const std::vector<Tensor>& v) { return index_select(v[0], 1, idx); }, {a});
+  CHECK_THROWS_AS(index_select(a, 1, from_vector({3}, {1}, TensorOptions(DType::i64))), kiln::Error);
+
+  const Tensor gi = from_vector({0, 2, 1, 1}, {2, 2}, TensorOptions(DType::i64));
+  const Tensor gth = gather(a, 1, gi);
+  const auto av = a.to_vector();
+  CHECK(gth.to_vector() == std::vector<double>{av[0], av[2], av[4], av[4]});
+  check_grad([&](const std::vector<Tensor>& v) { return gather(v[0], 1, gi); }, {a});
+  const Tensor sa = scatter_add(zeros({2, 3}, TensorOptions(DType::f64)), 1, gi, ones({2, 2}, TensorOptions(DType::f64)));
+  CHECK(sa.to_vector() == std::vector<double>{1, 0, 1, 0, 2, 0});
+  check_grad([&](const std::vector<Tensor>& v) { return scatter_add(v[0], 1, gi, v[1]); }, {a, rnd({2, 2}, 97)});
+
+  const Tensor oh = one_hot(from_vector({2, 0}, {2}, TensorOptions(DType::i64)), 3);
+  CHECK(oh.dtype() == DType::i64);
+  CHECK(oh.to_vector() == std::vector<double>{0, 0, 1, 1, 0, 0});
+  CHECK_THROWS_AS(one_hot(from_vector({3}, {1}, TensorOptions(DType::i64)), 3), kiln::Error);
+  const Tensor mf = masked_fill(a, gt(a, scalar_like(0, a)), -1.0);
+  for (double v : mf.to_vector()) CHECK(v <= 0.0);
+}
+
+TEST_CASE("nn: a small CNN learns a synthetic task") {
+  // Class = which half of the image is brighter; conv -> relu -> pool -> linear.
+  Generator gen(3);
+  const int64_t n = 64;
+  Tensor x = randn({n, 1, 8, 8}, {}, &gen);
+  std::vector<double> labels(static_cast<size_t>(n));
+  {
+    const auto xv = x.to_vector();
+    for (int64_t i = 0; i < n; ++i) {
+      double left = 0, right = 0;
+      for (int64_t r = 0; r < 8; ++r)
+        for (int64_t c = 0; c < 8; ++c) (c < 4 ? left : right) += xv[size_t(i * 64 + r * 8 + c)];
+      labels[size_t(i)] = left > right ? 0 : 1;
+    }
+  }
+  const Tensor y = from_vector(labels, {n}, TensorOptions(DType::i64));
+  Tensor w1 = (randn({4, 1, 3, 3}, {}, &gen) * 0.5).detach().set_requires_grad();
+  Tensor b1 = zeros({4}).set_requires_grad();
+  Tensor w2 = (randn({4 * 16, 2}, {}, &gen) * 0.1).detach().set_requires_grad();
+  std::vector<Tensor> params{w1, b1, w2};
+  double first = 0, last = 0;
+  for (int step = 0; step < 60; ++step) {
+    const Tensor h = max_pool2d(relu(conv2d(x, w1, b1, {1, 1}, {1, 1})), {2, 2});
+    const Tensor loss = cross_entropy(matmul(h.flatten(1), w2), y);
+    if (step == 0) first = loss.item<double>();
+    last = loss.item<double>();
+    for (Tensor& p : params) p.set_grad(Tensor());
+    loss.backward();
+    NoGradGuard ng;
+    for (Tensor& p : params) p.add_(p.grad(), -0.2);
+  }
+  CHECK(last < 0.5 * first);
+}

@@ -1,0 +1,1114 @@
+// Tests for the ops of engine/ops.h: every op's forward against a naive double-precision reference
+// written here, over dtypes, broadcasting, non-contiguous inputs and type promotion.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+const DType kFloat[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
+const DType kInt[] = {DType::i32, DType::i64};
+
+struct Tol {
+  double atol, rtol;
+};
+Tol tol_for(DType t) {
+  switch (t) {
+    case DType::f64: return {1e-12, 1e-12};
+    case DType::f32: return {1e-5, 1e-5};
+    case DType::f16: return {2e-3, 2e-3};
+    case DType::bf16: return {1.6e-2, 1.6e-2};
+    default: return {0, 0};
+  }
+}
+
+// The value `v` has after storing it in dtype t (inputs are made exactly representable).
+double round_to(double v, DType t) {
+  switch (t) {
+    case DType::f32: return double(float(v));
+    case DType::f16: return double(f16_bits_to_f32(f32_to_f16_bits(float(v))));
+    case DType::bf16: return double(bf16_bits_to_f32(f32_to_bf16_bits(float(v))));
+    case DType::f64: return v;
+    case DType::boolean: return v != 0 ? 1.0 : 0.0;
+    default: return std::trunc(v);
+  }
+}
+
+// A reference array: a shape and row-major values.
+struct Ref {
+  Shape shape;
+  std::vector<double> v;
+};
+
+int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+// Broadcasting written independently of the engine.
+Shape bshape(const Shape& a, const Shape& b) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n, 1);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i + a.size() >= n ? a[i + a.size() - n] : 1;
+    const int64_t db = i + b.size() >= n ? b[i + b.size() - n] : 1;
+    REQUIRE((da == db || da == 1 || db == 1));
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+std::vector<int64_t> unravel(int64_t flat, const Shape& s) {
+  std::vector<int64_t> idx(s.size());
+  for (int64_t d = int64_t(s.size()) - 1; d >= 0; --d) {
+    idx[size_t(d)] = s[size_t(d)] ? flat % s[size_t(d)] : 0;
+    if (s[size_t(d)]) flat /= s[size_t(d)];
+  }
+  return idx;
+}
+
+// Element of r at the index `idx` of a broadcast shape (trailing alignment, size-1 dims repeat).
+double bget(const Ref& r, const std::vector<int64_t>& idx) {
+  const size_t off = idx.size() - r.shape.size();
+  int64_t flat = 0;
+  for (size_t d = 0; d < r.shape.size(); ++d) {
+    const int64_t i = r.shape[d] == 1 ? 0 : idx[d + off];
+    flat = flat * r.shape[d] + i;
+  }
+  return r.v[size_t(flat)];
+}
+
+template <typename F> Ref map1(const Ref& a, F f) {
+  Ref out{a.shape, a.v};
+  for (double& x : out.v) x = f(x);
+  return out;
+}
+
+template <typename F> Ref map2(const Ref& a, const Ref& b, F f) {
+  Ref out;
+  out.shape = bshape(a.shape, b.shape);
+  const int64_t n = numel_of(out.shape);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto idx = unravel(i, out.shape);
+    out.v.push_back(f(bget(a, idx), bget(b, idx)));
+  }
+  return out;
+}
+
+template <typename F> Ref map3(const Ref& a, const Ref& b, const Ref& c, F f) {
+  Ref out;
+  out.shape = bshape(bshape(a.shape, b.shape), c.shape);
+  const int64_t n = numel_of(out.shape);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto idx = unravel(i, out.shape);
+    out.v.push_back(f(bget(a, idx), bget(b, idx), bget(c, idx)));
+  }
+  return out;
+}
+
+void expect_close(const Tensor& got, const Ref& want, Tol tol, const std::string& what = "") {
+  CAPTURE(what);
+  REQUIRE(got.shape() == want.shape);
+  const std::vector<double> g = got.to_vector();
+  REQUIRE(g.size() == want.v.size());
+  int bad = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double w = want.v[i];
+    bool ok;
+    if (std::isnan(w)) {
+      ok = std::isnan(g[i]);
+    } else if (std::isinf(w)) {
+      ok = g[i] == w;
+    } else {
+      ok = std::abs(g[i] - w) <= tol.atol + tol.rtol * std::abs(w);
+    }
+    if (!ok && ++bad <= 6)
+      FAIL_CHECK(what, ": element ", i, " of ", got.type_str(), ": got ", g[i], " want ", w);
+  }
+}
+void expect_close(const Tensor& got, const Ref& want, DType dt, const std::string& what = "") {
+  expect_close(got, want, tol_for(dt), what);
+}
+
+enum class Layout { contiguous, transposed, strided, expanded };
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::contiguous: return "contiguous";
+    case Layout::transposed: return "transposed";
+    case Layout::strided: return "strided";
+    case Layout::expanded: return "expanded";
+  }
+  return "?";
+}
+bool layout_applies(Layout l, const Shape& s) {
+  switch (l) {
+    case Layout::contiguous: return true;
+    case Layout::transposed: return s.size() >= 2;
+    case Layout::strided: return s.size() >= 1;
+    case Layout::expanded: return s.size() >= 1 && s[0] > 1;
+  }
+  return false;
+}
+
+struct Gen {
+  std::mt19937 rng;
+  bool ints_only = false;  // draw small integers even for floating dtypes (to get ties)
+  explicit Gen(uint32_t seed) : rng(seed) {}
+  // n values in [lo, hi], rounded to dtype t; integers for integral dtypes.
+  std::vector<double> values(int64_t n, double lo, double hi, DType t) {
+    std::vector<double> v(static_cast<size_t>(n));
+    if (is_integral(t) || ints_only) {
+      std::uniform_int_distribution<int64_t> d(int64_t(std::ceil(lo)), int64_t(std::floor(hi)));
+      for (double& x : v) x = double(d(rng));
+      if (t == DType::boolean)
+        for (double& x : v) x = x != 0;
+    } else {
+      std::uniform_real_distribution<double> d(lo, hi);
+      for (double& x : v) x = round_to(d(rng), t);
+    }
+    return v;
+  }
+  // A tensor of logical shape s and dtype t in the given layout, with its logical values in `ref`.
+  // The reference values are known from construction, never read back through the engine.
+  Tensor make(const Shape& s, DType t, Layout l, double lo, double hi, Ref& ref) {
+    ref.shape = s;
+    const int64_t n = numel_of(s);
+    switch (l) {
+      case Layout::contiguous: {
+        ref.v = values(n, lo, hi, t);
+        return from_vector(ref.v, s, t);
+      }
+      case Layout::transposed: {
+        ref.v = values(n, lo, hi, t);
+        const size_t nd = s.size();
+        Shape bs = s;
+        std::swap(bs[nd - 1], bs[nd - 2]);
+        std::vector<double> base(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          auto idx = unravel(i, s);
+          std::swap(idx[nd - 1], idx[nd - 2]);
+          int64_t flat = 0;
+          for (size_t d = 0; d < nd; ++d) flat = flat * bs[d] + idx[d];
+          base[size_t(flat)] = ref.v[size_t(i)];
+        }
+        return from_vector(base, bs, t).transpose(-1, -2);
+      }
+      case Layout::strided: {
+        ref.v = values(n, lo, hi, t);
+        Shape bs = s;
+        const int64_t last = s.back();
+        bs.back() = 2 * last + 1;
+        const double junk = is_integral(t) ? (t == DType::boolean ? 1.0 : 77.0) : std::nan("");
+        std::vector<double> base(static_cast<size_t>(numel_of(bs)), junk);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t row = last ? i / last : 0, col = last ? i % last : 0;
+          base[size_t(row * (2 * last + 1) + 1 + 2 * col)] = ref.v[size_t(i)];
+        }
+        return from_vector(base, bs, t).slice(-1, 1, 2 * last + 1, 2);
+      }
+      case Layout::expanded: {
+        Shape bs = s;
+        bs[0] = 1;
+        const std::vector<double> base = values(numel_of(bs), lo, hi, t);
+        ref.v.clear();
+        for (int64_t r = 0; r < s[0]; ++r) ref.v.insert(ref.v.end(), base.begin(), base.end());
+        return from_vector(base, bs, t).expand(s);
+      }
+    }
+    return Tensor();
+  }
+};
+
+template <typename Fn> std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("NOT A kiln::Error: ") + e.what();
+  }
+  return "NO ERROR";
+}
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+double gelu_erf_ref(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+double gelu_tanh_ref(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+double sigmoid_ref(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sign_ref(double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); }
+
+const Shape kShapes[] = {Shape{2, 3}, Shape{3, 1, 4}, Shape{5}, Shape{2, 3, 2, 3}};
+
+}  // namespace
+
+// ---- unary -------------------------------------------------------------------------------------------
+
+TEST_CASE("ops: unary float ops against a double reference, every float dtype and layout") {
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&)> op;
+    std::function<double(double)> ref;
+    double lo, hi;
+  };
+  const std::vector<Case> cases = {
+      {"neg", [](const Tensor& x) { return neg(x); }, [](double x) { return -x; }, -3, 3},
+      {"unary -", [](const Tensor& x) { return -x; }, [](double x) { return -x; }, -3, 3},
+      {"abs", [](const Tensor& x) { return abs(x); }, [](double x) { return std::abs(x); }, -3, 3},
+      {"sign", [](const Tensor& x) { return sign(x); }, sign_ref, -3, 3},
+      {"exp", [](const Tensor& x) { return exp(x); }, [](double x) { return std::exp(x); }, -3, 3},
+      {"log", [](const Tensor& x) { return log(x); }, [](double x) { return std::log(x); }, 0.1, 4},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); }, 0, 4},
+      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, [](double x) { return 1 / std::sqrt(x); }, 0.1, 4},
+      {"tanh", [](const Tensor& x) { return tanh(x); }, [](double x) { return std::tanh(x); }, -3, 3},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, sigmoid_ref, -6, 6},
+      {"relu", [](const Tensor& x) { return relu(x); }, [](double x) { return x > 0 ? x : 0.0; }, -3, 3},
+      {"gelu", [](const Tensor& x) { return gelu(x); }, gelu_erf_ref, -4, 4},
+      {"gelu tanh", [](const Tensor& x) { return gelu(x, GeluApprox::tanh); }, gelu_tanh_ref, -4, 4},
+      {"pow 2", [](const Tensor& x) { return pow(x, 2.0); }, [](double x) { return x * x; }, -3, 3},
+      {"pow 3", [](const Tensor& x) { return pow(x, 3.0); }, [](double x) { return x * x * x; }, -2, 2},
+      {"pow 0.5", [](const Tensor& x) { return pow(x, 0.5); }, [](double x) { return std::sqrt(x); }, 0, 4},
+      {"pow -1", [](const Tensor& x) { return pow(x, -1.0); }, [](double x) { return 1 / x; }, 0.5, 3},
+      {"pow 0", [](const Tensor& x) { return pow(x, 0.0); }, [](double) { return 1.0; }, -3, 3},
+      {"clamp both", [](const Tensor& x) { return clamp(x, -1.0, 0.5); },
+       [](double x) { return std::min(std::max(x, -1.0), 0.5); }, -3, 3},
+      {"clamp min only", [](const Tensor& x) { return clamp(x, -0.5, std::nullopt); },
+       [](double x) { return std::max(x, -0.5); }, -3, 3},
+      {"clamp max only", [](const Tensor& x) { return clamp(x, std::nullopt, 0.25); },
+       [](double x) { return std::min(x, 0.25); }, -3, 3},
+      {"x * 2.5", [](const Tensor& x) { return x * 2.5; }, [](double x) { return x * 2.5; }, -3, 3},
+      {"2.5 * x", [](const Tensor& x) { return 2.5 * x; }, [](double x) { return x * 2.5; }, -3, 3},
+      {"x + 1.5", [](const Tensor& x) { return x + 1.5; }, [](double x) { return x + 1.5; }, -3, 3},
+      {"1.5 + x", [](const Tensor& x) { return 1.5 + x; }, [](double x) { return x + 1.5; }, -3, 3},
+      {"x - 0.75", [](const Tensor& x) { return x - 0.75; }, [](double x) { return x - 0.75; }, -3, 3},
+      {"2 - x", [](const Tensor& x) { return 2.0 - x; }, [](double x) { return 2 - x; }, -3, 3},
+      {"x / 4", [](const Tensor& x) { return x / 4.0; }, [](double x) { return x / 4; }, -3, 3},
+      {"3 / x", [](const Tensor& x) { return 3.0 / x; }, [](double x) { return 3 / x; }, 0.5, 3},
+  };
+  Gen gen(1);
+  for (const Case& c : cases) {
+    for (DType dt : kFloat) {
+      for (const Shape& s : kShapes) {
+        for (Layout l : {Layout::contiguous, Layout::transposed, Layout::strided, Layout::expanded}) {
+          if (!layout_applies(l, s)) continue;
+          Ref in;
+          Tensor x = gen.make(s, dt, l, c.lo, c.hi, in);
+          Tensor y = c.op(x);
+          CHECK_MESSAGE(y.dtype() == dt, std::string(c.name), " ", std::string(dtype_name(dt)));
+          // Low-precision results are the f32 result rounded once: compare with the rounded reference.
+          Ref want = map1(in, c.ref);
+          expect_close(y, want, dt, std::string(c.name) + " " + dtype_name(dt) + " " + layout_name(l));
+          // The input is left alone.
+          CHECK(x.shape() == s);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ops: unary ops on integers") {
+  Gen gen(2);
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&)> op;
+    std::function<double(double)> ref;
+  };
+  const std::vector<Case> cases = {
+      {"neg", [](const Tensor& x) { return neg(x); }, [](double x) { return -x; }},
+      {"abs", [](const Tensor& x) { return abs(x); }, [](double x) { return std::abs(x); }},
+      {"sign", [](const Tensor& x) { return sign(x); }, sign_ref},
+      {"relu", [](const Tensor& x) { return relu(x); }, [](double x) { return x > 0 ? x : 0.0; }},
+      {"clamp", [](const Tensor& x) { return clamp(x, -2.0, 3.0); },
+       [](double x) { return std::min(std::max(x, -2.0), 3.0); }},
+      {"clamp min", [](const Tensor& x) { return clamp(x, 1.0, std::nullopt); }, [](double x) { return std::max(x, 1.0); }},
+      {"clamp max", [](const Tensor& x) { return clamp(x, std::nullopt, -1.0); }, [](double x) { return std::min(x, -1.0); }},
+      {"x * 3", [](const Tensor& x) { return x * 3.0; }, [](double x) { return 3 * x; }},
+      {"x + 2", [](const Tensor& x) { return x + 2.0; }, [](double x) { return x + 2; }},
+      {"x - 5", [](const Tensor& x) { return x - 5.0; }, [](double x) { return x - 5; }},
+      {"10 - x", [](const Tensor& x) { return 10.0 - x; }, [](double x) { return 10 - x; }},
+  };
+  for (const Case& c : cases)
+    for (DType dt : kInt)
+      for (Layout l : {Layout::contiguous, Layout::transposed, Layout::strided, Layout::expanded}) {
+        Ref in;
+        Tensor x = gen.make({3, 4}, dt, l, -9, 9, in);
+        Tensor y = c.op(x);
+        CHECK_MESSAGE(y.dtype() == dt, std::string(c.name), " ", std::string(dtype_name(dt)));  // integral scalars keep the dtype
+        expect_close(y, map1(in, c.ref), Tol{0, 0}, std::string(c.name) + " " + dtype_name(dt) + " " + layout_name(l));
+      }
+  // u8: the ops that stay in range.
+  Ref in;
+  Tensor u = gen.make({7}, DType::u8, Layout::strided, 0, 200, in);
+  expect_close(abs(u), in, Tol{0, 0}, "abs u8");
+  expect_close(relu(u), in, Tol{0, 0}, "relu u8");
+  expect_close(clamp(u, 50.0, 150.0), map1(in, [](double x) { return std::min(std::max(x, 50.0), 150.0); }),
+               Tol{0, 0}, "clamp u8");
+  CHECK(clamp(u, 50.0, 150.0).dtype() == DType::u8);
+  // Float math on integers computes in a floating type.
+  Tensor xi = from_vector({0, 1, 2, 4}, {4}, DType::i32);
+  Tensor e = exp(xi);
+  CHECK(is_floating(e.dtype()));
+  expect_close(e, Ref{{4}, {1, std::exp(1.0), std::exp(2.0), std::exp(4.0)}}, Tol{1e-4, 1e-6}, "exp i32");
+  expect_close(sqrt(xi), Ref{{4}, {0, 1, std::sqrt(2.0), 2}}, Tol{1e-6, 1e-6}, "sqrt i32");
+  CHECK(is_floating(sigmoid(xi).dtype()));
+}
+
+TEST_CASE("ops: activations and math at special values") {
+  Tensor x = from_vector({-1000, -20, -1, 0, 1, 20, 1000}, {7});
+  expect_close(sigmoid(x), map1(Ref{{7}, x.to_vector()}, sigmoid_ref), Tol{1e-7, 1e-6}, "sigmoid extremes");
+  expect_close(tanh(x), Ref{{7}, {-1, -1, std::tanh(-1.0), 0, std::tanh(1.0), 1, 1}}, Tol{1e-7, 1e-6}, "tanh");
+  expect_close(gelu(x), Ref{{7}, {0, gelu_erf_ref(-20), gelu_erf_ref(-1), 0, gelu_erf_ref(1), 20, 1000}},
+               Tol{1e-6, 1e-6}, "gelu");
+  expect_close(relu(x), Ref{{7}, {0, 0, 0, 0, 1, 20, 1000}}, Tol{0, 0}, "relu");
+  Tensor p = from_vector({0, 1, 4}, {3}, DType::f64);
+  expect_close(log(p), Ref{{3}, {-std::numeric_limits<double>::infinity(), 0, std::log(4.0)}}, DType::f64, "log 0");
+  expect_close(rsqrt(p), Ref{{3}, {std::numeric_limits<double>::infinity(), 1, 0.5}}, DType::f64, "rsqrt 0");
+  CHECK(std::isnan(sqrt(from_vector({-1}, {1})).item<double>()));
+  CHECK(std::isnan(log(from_vector({-1}, {1})).item<double>()));
+  // Known values.
+  CHECK(sigmoid(scalar_tensor(0.0)).item<double>() == 0.5);
+  CHECK(std::abs(gelu(scalar_tensor(1.0, DType::f64)).item<double>() - 0.8413447460685429) < 1e-12);
+  CHECK(std::abs(gelu(scalar_tensor(1.0, DType::f64), GeluApprox::tanh).item<double>() - 0.8411919906082768) < 1e-12);
+  CHECK(sign(from_vector({-0.0, 0.0, -2, 3}, {4})).to_vector() == std::vector<double>{0, 0, -1, 1});
+}
+
+// ---- binary ------------------------------------------------------------------------------------------
+
+namespace {
+struct BinCase {
+  const char* name;
+  std::function<Tensor(const Tensor&, const Tensor&)> op;
+  std::function<double(double, double)> ref;
+  double alo, ahi, blo, bhi;
+};
+
+std::vector<BinCase> arith_cases() {
+  return {
+      {"add", [](const Tensor& a, const Tensor& b) { return add(a, b); }, [](double a, double b) { return a + b; }, -3, 3, -3, 3},
+      {"a + b", [](const Tensor& a, const Tensor& b) { return a + b; }, [](double a, double b) { return a + b; }, -3, 3, -3, 3},
+      {"add alpha", [](const Tensor& a, const Tensor& b) { return add(a, b, 2.5); }, [](double a, double b) { return a + 2.5 * b; }, -3, 3, -3, 3},
+      {"sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); }, [](double a, double b) { return a - b; }, -3, 3, -3, 3},
+      {"a - b", [](const Tensor& a, const Tensor& b) { return a - b; }, [](double a, double b) { return a - b; }, -3, 3, -3, 3},
+      {"sub alpha", [](const Tensor& a, const Tensor& b) { return sub(a, b, 0.5); }, [](double a, double b) { return a - 0.5 * b; }, -3, 3, -3, 3},
+      {"mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); }, [](double a, double b) { return a * b; }, -3, 3, -3, 3},
+      {"a * b", [](const Tensor& a, const Tensor& b) { return a * b; }, [](double a, double b) { return a * b; }, -3, 3, -3, 3},
+      {"div", [](const Tensor& a, const Tensor& b) { return div(a, b); }, [](double a, double b) { return a / b; }, -3, 3, 0.5, 3},
+      {"a / b", [](const Tensor& a, const Tensor& b) { return a / b; }, [](double a, double b) { return a / b; }, -3, 3, -3, -0.5},
+      {"pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); }, [](double a, double b) { return std::pow(a, b); }, 0.5, 2, -2, 2},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }, [](double a, double b) { return std::max(a, b); }, -3, 3, -3, 3},
+      {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); }, [](double a, double b) { return std::min(a, b); }, -3, 3, -3, 3},
+  };
+}
+
+std::vector<BinCase> compare_cases() {
+  return {
+      {"eq", [](const Tensor& a, const Tensor& b) { return eq(a, b); }, [](double a, double b) { return double(a == b); }, -1, 2, -1, 2},
+      {"ne", [](const Tensor& a, const Tensor& b) { return ne(a, b); }, [](double a, double b) { return double(a != b); }, -1, 2, -1, 2},
+      {"lt", [](const Tensor& a, const Tensor& b) { return lt(a, b); }, [](double a, double b) { return double(a < b); }, -1, 2, -1, 2},
+      {"le", [](const Tensor& a, const Tensor& b) { return le(a, b); }, [](double a, double b) { return double(a <= b); }, -1, 2, -1, 2},
+      {"gt", [](const Tensor& a, const Tensor& b) { return gt(a, b); }, [](double a, double b) { return double(a > b); }, -1, 2, -1, 2},
+      {"ge", [](const Tensor& a, const Tensor& b) { return ge(a, b); }, [](double a, double b) { return double(a >= b); }, -1, 2, -1, 2},
+      {"logical_and", [](const Tensor& a, const Tensor& b) { return logical_and(a, b); }, [](double a, double b) { return double(a != 0 && b != 0); }, -1, 2, -1, 2},
+      {"logical_or", [](const Tensor& a, const Tensor& b) { return logical_or(a, b); }, [](double a, double b) { return double(a != 0 || b != 0); }, -1, 2, -1, 2},
+  };
+}
+
+struct ShapePair {
+  Shape a, b;
+};
+const ShapePair kPairs[] = {
+    {{3, 1, 4}, {2, 1}}, {{2, 3}, {2, 3}}, {{4}, {3, 1}}, {{}, {2, 3}}, {{2, 3}, {}}, {{1}, {5}},
+    {{2, 1, 3}, {2, 4, 1}}, {{6, 5}, {5}}, {{}, {}},
+};
+const std::pair<Layout, Layout> kLayoutPairs[] = {
+    {Layout::contiguous, Layout::contiguous}, {Layout::transposed, Layout::strided},
+    {Layout::strided, Layout::expanded},      {Layout::expanded, Layout::transposed},
+};
+
+// Comparisons of floats computed in a low-precision dtype: the engine rounds inputs to it first.
+void run_binary_cases(const std::vector<BinCase>& cases, const std::vector<DType>& dtypes, bool is_compare, Gen& gen) {
+  gen.ints_only = is_compare;
+  for (const BinCase& c : cases)
+    for (DType dt : dtypes)
+      for (const ShapePair& sp : kPairs)
+        for (auto [la, lb] : kLayoutPairs) {
+          if (!layout_applies(la, sp.a) || !layout_applies(lb, sp.b)) continue;
+          double alo = c.alo, ahi = c.ahi, blo = c.blo, bhi = c.bhi;
+          if (is_integral(dt) && std::string(c.name) == "pow") {
+            alo = -3, ahi = 3, blo = 0, bhi = 3;
+          }
+          if (dt == DType::u8) {  // stay in range of an unsigned byte
+            alo = 0, ahi = 9, blo = 0, bhi = 9;
+          }
+          Ref ra, rb;
+          Tensor a = gen.make(sp.a, dt, la, alo, ahi, ra);
+          Tensor b = gen.make(sp.b, dt, lb, blo, bhi, rb);
+          Tensor y = c.op(a, b);
+          const std::string what = std::string(c.name) + " " + dtype_name(dt) + " " + layout_name(la) + "/" +
+                                   layout_name(lb);
+          CAPTURE(what);
+          if (is_compare) {
+            CHECK(y.dtype() == DType::boolean);
+            expect_close(y, map2(ra, rb, c.ref), Tol{0, 0}, what);
+          } else {
+            CHECK(y.dtype() == dt);
+            Ref want = map2(ra, rb, c.ref);
+            if (is_integral(dt)) {
+              for (double& v : want.v) v = std::trunc(v);
+            }
+            expect_close(y, want, dt, what);
+          }
+        }
+}
+}  // namespace
+
+TEST_CASE("ops: binary arithmetic with broadcasting and strided inputs, float dtypes") {
+  Gen gen(3);
+  run_binary_cases(arith_cases(), {DType::f32, DType::f64, DType::f16, DType::bf16}, false, gen);
+}
+
+TEST_CASE("ops: binary arithmetic on integers") {
+  Gen gen(4);
+  std::vector<BinCase> cases;
+  for (const BinCase& c : arith_cases()) {
+    const std::string n = c.name;
+    if (n == "div" || n == "a / b") continue;  // tested below
+    BinCase ic = c;
+    if (n == "add alpha") {
+      ic.op = [](const Tensor& a, const Tensor& b) { return add(a, b, 2.0); };
+      ic.ref = [](double a, double b) { return a + 2 * b; };
+    }
+    if (n == "sub alpha") {
+      ic.op = [](const Tensor& a, const Tensor& b) { return sub(a, b, 3.0); };
+      ic.ref = [](double a, double b) { return a - 3 * b; };
+    }
+    cases.push_back(ic);
+  }
+  run_binary_cases(cases, {DType::i32, DType::i64}, false, gen);
+  std::vector<BinCase> u8_cases;
+  for (const BinCase& c : cases) {
+    const std::string n = c.name;
+    if (n == "add" || n == "a + b" || n == "mul" || n == "a * b" || n == "maximum" || n == "minimum") u8_cases.push_back(c);
+  }
+  run_binary_cases(u8_cases, {DType::u8}, false, gen);
+}
+
+TEST_CASE("ops: comparisons and logical ops give bool") {
+  Gen gen(5);
+  run_binary_cases(compare_cases(), {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64}, true,
+                   gen);
+  Ref r;
+  Tensor x = gen.make({4, 3}, DType::f32, Layout::transposed, -1, 1, r);
+  Tensor n = logical_not(gt(x, scalar_tensor(0.0)));
+  CHECK(n.dtype() == DType::boolean);
+  expect_close(n, map1(r, [](double v) { return double(!(v > 0)); }), Tol{0, 0}, "logical_not");
+  Tensor ints = from_vector({0, 3, -1, 0}, {4}, DType::i32);
+  expect_close(logical_not(ints), Ref{{4}, {1, 0, 0, 1}}, Tol{0, 0}, "logical_not i32");
+  CHECK(logical_not(ints).dtype() == DType::boolean);
+  // Mixed dtypes compare after promotion.
+  expect_close(lt(from_vector({1, 2}, {2}, DType::i32), from_vector({1.5, 1.5}, {2})), Ref{{2}, {1, 0}}, Tol{0, 0},
+               "lt i32 f32");
+  expect_close(eq(from_vector({1, 0, 1}, {3}, DType::boolean), from_vector({1, 1, 0}, {3}, DType::boolean)),
+               Ref{{3}, {1, 0, 0}}, Tol{0, 0}, "eq bool");
+  // Comparing with a scalar through scalar_like.
+  expect_close(ge(from_vector({1, 2, 3}, {3}, DType::i64), scalar_like(2, from_vector({1}, {1}, DType::i64))),
+               Ref{{3}, {0, 1, 1}}, Tol{0, 0}, "ge scalar");
+}
+
+TEST_CASE("ops: integer division, type promotion and scalars") {
+  // i32 + f32 -> f32, f16 + bf16 -> f32, i64 + f16 -> f16, u8 + bool -> u8, f32 + f64 -> f64.
+  struct P {
+    DType a, b, out;
+  };
+  const P ps[] = {{DType::i32, DType::f32, DType::f32}, {DType::f16, DType::bf16, DType::f32},
+                  {DType::i64, DType::f16, DType::f16}, {DType::u8, DType::boolean, DType::u8},
+                  {DType::f32, DType::f64, DType::f64}, {DType::i32, DType::i64, DType::i64},
+                  {DType::bf16, DType::u8, DType::bf16}, {DType::boolean, DType::i32, DType::i32}};
+  for (const P& p : ps) {
+    CAPTURE(std::string(dtype_name(p.a)));
+    CAPTURE(std::string(dtype_name(p.b)));
+    Tensor a = from_vector({1, 2, 3}, {3}, p.a == DType::boolean ? TensorOptions(p.a) : TensorOptions(p.a));
+    Tensor b = from_vector({1, 0, 1}, {3}, p.b);
+    CHECK(add(a, b).dtype() == p.out);
+    CHECK(add(b, a).dtype() == p.out);
+    CHECK(mul(a, b).dtype() == p.out);
+    CHECK(maximum(a, b).dtype() == p.out);
+    const double a0 = p.a == DType::boolean ? 1 : 1, a1 = p.a == DType::boolean ? 1 : 2, a2 = p.a == DType::boolean ? 1 : 3;
+    expect_close(add(a, b), Ref{{3}, {a0 + 1, a1 + 0, a2 + 1}}, Tol{0, 0}, "promoted add");
+    expect_close(mul(a, b), Ref{{3}, {a0, 0, a2}}, Tol{0, 0}, "promoted mul");
+    CHECK(eq(a, b).dtype() == DType::boolean);
+  }
+  // A 0-dim tensor promotes like any other tensor.
+  CHECK((ones({2}) + scalar_tensor(1, DType::f64)).dtype() == DType::f64);
+  CHECK((ones({2}, DType::i32) + scalar_tensor(1, DType::i64)).dtype() == DType::i64);
+  // Scalars take a floating tensor's dtype.
+  for (DType dt : kFloat) {
+    Tensor x = from_vector({1, 2}, {2}, dt);
+    CHECK((x * 2.0).dtype() == dt);
+    CHECK((2.0 * x).dtype() == dt);
+    CHECK((x + 0.1).dtype() == dt);
+    CHECK((x / 3.0).dtype() == dt);
+    CHECK((1.0 - x).dtype() == dt);
+    CHECK(scalar_like(2.5, x).dtype() == dt);
+    CHECK(scalar_like(2.5, x).dim() == 0);
+  }
+  // f16 * 3.1 rounds the scalar to f16 first or computes in f32: either way the result is f16 close to 6.2.
+  expect_close(from_vector({2}, {1}, DType::f16) * 3.1, Ref{{1}, {6.2}}, DType::f16, "f16 * 3.1");
+  // Integral scalars keep an integer tensor's dtype; fractional ones make it floating.
+  Tensor xi = from_vector({1, 2, 3}, {3}, DType::i32);
+  CHECK((xi * 2.0).dtype() == DType::i32);
+  CHECK((xi + 1.0).dtype() == DType::i32);
+  Tensor frac = xi * 2.5;
+  CHECK(is_floating(frac.dtype()));
+  expect_close(frac, Ref{{3}, {2.5, 5, 7.5}}, Tol{1e-6, 1e-6}, "i32 * 2.5");
+  CHECK(scalar_like(3, xi).dtype() == DType::i32);
+  // Integer division: int / int gives a floating true quotient.
+  Tensor q = div(from_vector({7, -7, 1, 6}, {4}, DType::i32), from_vector({2, 2, 3, -4}, {4}, DType::i32));
+  CHECK(is_floating(q.dtype()));
+  expect_close(q, Ref{{4}, {3.5, -3.5, 1.0 / 3, -1.5}}, Tol{1e-6, 1e-6}, "i32 / i32");
+  Tensor q64 = from_vector({9}, {1}, DType::i64) / 2.0;
+  CHECK(is_floating(q64.dtype()));
+  CHECK(std::abs(q64.item<double>() - 4.5) < 1e-6);
+  // Bool tensors: sum counts, mean is a fraction.
+  Tensor bo = from_vector({1, 0, 1, 1}, {4}, DType::boolean);
+  CHECK(sum(bo).dtype() == DType::i64);
+  CHECK(sum(bo).item<int64_t>() == 3);
+  CHECK(std::abs(mean(bo).item<double>() - 0.75) < 1e-6);
+  // where promotes its two branches.
+  Tensor w = where(from_vector({1, 0}, {2}, DType::boolean), from_vector({1, 2}, {2}, DType::i32),
+                   from_vector({0.5, 0.25}, {2}));
+  CHECK(w.dtype() == DType::f32);
+  expect_close(w, Ref{{2}, {1, 0.25}}, Tol{0, 0}, "where promote");
+}
+
+TEST_CASE("ops: broadcast_shapes and shape errors") {
+  CHECK(broadcast_shapes({3, 1, 4}, {2, 1}) == Shape{3, 2, 4});
+  CHECK(broadcast_shapes({}, {2, 3}) == Shape{2, 3});
+  CHECK(broadcast_shapes({5, 1}, {1, 6}) == Shape{5, 6});
+  CHECK(broadcast_shapes({0, 1}, {1, 3}) == Shape{0, 3});
+  CHECK(broadcast_shapes({1}, {}) == Shape{1});
+  CHECK_THROWS_AS(broadcast_shapes({2, 3}, {4}), Error);
+  const std::string e = error_of([] { add(ones({3, 2}), ones({4, 2})); });
+  CHECK(contains(e, "[3,2]"));
+  CHECK(contains(e, "[4,2]"));
+  CHECK(error_of([] { where(ones({2}), ones({2}), ones({2})); }) != "NO ERROR");  // cond must be bool
+  CHECK(error_of([] { where(ones({2}, DType::boolean), ones({3}), ones({2})); }) != "NO ERROR");
+  CHECK(error_of([] { clamp(ones({2}), 2.0, 1.0); }) != "NO ERROR");
+}
+
+TEST_CASE("ops: where") {
+  Gen gen(6);
+  const Shape shapes[][3] = {
+      {{3, 1}, {1, 4}, {3, 4}}, {{2, 3}, {2, 3}, {}}, {{4}, {3, 4}, {1}}, {{}, {2, 2}, {2, 2}}, {{2, 1, 3}, {4, 1}, {3}}};
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8}) {
+    for (const auto& s : shapes) {
+      for (auto [la, lb] : kLayoutPairs) {
+        Ref rc, ra, rb;
+        Tensor c = gen.make(s[0], DType::boolean, layout_applies(la, s[0]) ? la : Layout::contiguous, 0, 1, rc);
+        Tensor a = gen.make(s[1], dt, layout_applies(lb, s[1]) ? lb : Layout::contiguous, 0, 9, ra);
+        Tensor b = gen.make(s[2], dt, layout_applies(la, s[2]) ? la : Layout::contiguous, 0, 9, rb);
+        Tensor y = where(c, a, b);
+        CHECK(y.dtype() == dt);
+        expect_close(y, map3(rc, ra, rb, [](double c, double a, double b) { return c != 0 ? a : b; }), Tol{0, 0},
+                     std::string("where ") + dtype_name(dt));
+      }
+    }
+  }
+  // where picks, it does not blend: NaN in the unpicked branch does not leak.
+  Tensor nan = full({3}, std::nan(""));
+  Tensor picked = where(from_vector({1, 1, 0}, {3}, DType::boolean), ones({3}), nan);
+  CHECK(picked.to_vector()[0] == 1.0);
+  CHECK(picked.to_vector()[1] == 1.0);
+  CHECK(std::isnan(picked.to_vector()[2]));
+}
+
+TEST_CASE("ops: cast") {
+  Tensor x = from_vector({1.25, -2.5, 3, 0}, {2, 2});
+  for (DType dt : {DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8, DType::boolean}) {
+    Tensor y = cast(x.t(), dt);
+    CHECK(y.dtype() == dt);
+    CHECK(y.shape() == Shape{2, 2});
+    std::vector<double> want = {1.25, 3, -2.5, 0};
+    for (double& v : want) v = dt == DType::u8 ? (v < 0 ? 0 : std::trunc(v)) : round_to(v, dt);
+    if (dt == DType::u8) continue;  // negative to unsigned is not a portable conversion
+    expect_close(y, Ref{{2, 2}, want}, Tol{0, 0}, std::string("cast ") + dtype_name(dt));
+  }
+  CHECK(cast(x, DType::f32).dtype() == DType::f32);
+  expect_close(cast(x, DType::f32), Ref{{2, 2}, {1.25, -2.5, 3, 0}}, Tol{0, 0}, "cast same");
+}
+
+TEST_CASE("ops: allclose") {
+  Tensor a = from_vector({1, 2, 3}, {3});
+  CHECK(allclose(a, a));
+  CHECK(allclose(a, from_vector({1, 2, 3.00001}, {3}), 1e-4));
+  CHECK(!allclose(a, from_vector({1, 2, 3.1}, {3})));
+  CHECK(!allclose(a, from_vector({1, 2, 3}, {3, 1})));  // shapes differ
+  CHECK(allclose(a, from_vector({1, 2, 3.05}, {3}), 0.0, 0.1));
+  CHECK(allclose(a.to(DType::f64), a));
+}
+
+// ---- reductions -------------------------------------------------------------------------------------
+
+namespace {
+
+enum class Red { sum, mean, var0, var1, amax, amin };
+
+// Reference reduction over `dims` (already non-negative) of r.
+Ref ref_reduce(const Ref& r, std::vector<int64_t> dims, bool keepdim, Red op) {
+  const int64_t nd = int64_t(r.shape.size());
+  if (dims.empty())
+    for (int64_t d = 0; d < nd; ++d) dims.push_back(d);
+  std::vector<bool> red(size_t(std::max<int64_t>(nd, 0)), false);
+  for (int64_t d : dims) red[size_t(d)] = true;
+  Shape keep, out;
+  for (int64_t d = 0; d < nd; ++d) {
+    keep.push_back(red[size_t(d)] ? 1 : r.shape[size_t(d)]);
+    if (!red[size_t(d)] || keepdim) out.push_back(keep.back());
+  }
+  const int64_t nout = numel_of(keep);
+  std::vector<std::vector<double>> groups(static_cast<size_t>(nout));
+  for (int64_t i = 0; i < numel_of(r.shape); ++i) {
+    auto idx = unravel(i, r.shape);
+    int64_t flat = 0;
+    for (int64_t d = 0; d < nd; ++d) flat = flat * keep[size_t(d)] + (red[size_t(d)] ? 0 : idx[size_t(d)]);
+    groups[size_t(flat)].push_back(r.v[size_t(i)]);
+  }
+  Ref res{out, {}};
+  for (const auto& g : groups) {
+    double s = 0;
+    for (double x : g) s += x;
+    const double n = double(g.size());
+    double v = 0;
+    switch (op) {
+      case Red::sum: v = s; break;
+      case Red::mean: v = s / n; break;
+      case Red::var0:
+      case Red::var1: {
+        const double m = s / n;
+        double ss = 0;
+        for (double x : g) ss += (x - m) * (x - m);
+        v = ss / (n - (op == Red::var1 ? 1 : 0));
+        break;
+      }
+      case Red::amax: v = *std::max_element(g.begin(), g.end()); break;
+      case Red::amin: v = *std::min_element(g.begin(), g.end()); break;
+    }
+    res.v.push_back(v);
+  }
+  return res;
+}
+
+Tensor run_red(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Red op) {
+  switch (op) {
+    case Red::sum: return sum(x, dims, keepdim);
+    case Red::mean: return mean(x, dims, keepdim);
+    case Red::var0: return var(x, dims, 0, keepdim);
+    case Red::var1: return var(x, dims, 1, keepdim);
+    case Red::amax: return amax(x, dims, keepdim);
+    case Red::amin: return amin(x, dims, keepdim);
+  }
+  return Tensor();
+}
+const char* red_name(Red op) {
+  switch (op) {
+    case Red::sum: return "sum";
+    case Red::mean: return "mean";
+    case Red::var0: return "var(correction 0)";
+    case Red::var1: return "var(correction 1)";
+    case Red::amax: return "amax";
+    case Red::amin: return "amin";
+  }
+  return "?";
+}
+
+}  // namespace
+
+TEST_CASE("ops: reductions over single, several, all and negative dims, with keepdim") {
+  Gen gen(7);
+  const Shape s{3, 4, 5};
+  const std::vector<std::vector<int64_t>> dim_sets = {{}, {0}, {1}, {2}, {-1}, {0, 2}, {-3, -1}, {1, 2}, {2, 0}, {0, 1, 2}, {-2}};
+  for (Red op : {Red::sum, Red::mean, Red::var0, Red::var1, Red::amax, Red::amin}) {
+    for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64}) {
+      const bool int_in = is_integral(dt);
+      for (Layout l : {Layout::contiguous, Layout::transposed, Layout::strided, Layout::expanded}) {
+        Ref in;
+        Tensor x = gen.make(s, dt, l, -5, 5, in);
+        for (const auto& dims : dim_sets) {
+          for (bool keepdim : {false, true}) {
+            std::vector<int64_t> nd;
+            for (int64_t d : dims) nd.push_back(d < 0 ? d + 3 : d);
+            std::string what = std::string(red_name(op)) + " " + dtype_name(dt) + " " + layout_name(l) + " dims";
+            for (int64_t d : dims) what += " " + std::to_string(d);
+            if (keepdim) what += " keepdim";
+            CAPTURE(Shape(dims));
+            Tensor y = run_red(x, dims, keepdim, op);
+            Ref want = ref_reduce(in, nd, keepdim, op);
+            // Result dtypes: sums of integers are i64; mean/var of integers are floating; others keep it.
+            if (op == Red::sum) CHECK(y.dtype() == (int_in ? DType::i64 : dt));
+            if (op == Red::amax || op == Red::amin) CHECK(y.dtype() == dt);
+            if (op == Red::mean || op == Red::var0 || op == Red::var1) {
+              CHECK(is_floating(y.dtype()));
+              if (!int_in) CHECK(y.dtype() == dt);
+            }
+            Tol tol = tol_for(y.dtype());
+            if (is_low_precision(y.dtype())) tol.atol *= 4;  // var/mean may round intermediates
+            expect_close(y, want, tol, what);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ops: sum of ints gives i64 without overflow") {
+  Tensor x = full({1000}, 3e6, DType::i32);  // 3e9 overflows i32 but not i64
+  Tensor s = sum(x);
+  CHECK(s.dtype() == DType::i64);
+  CHECK(s.item<int64_t>() == 3000000000LL);
+  Tensor u = full({300}, 255, DType::u8);
+  CHECK(sum(u).dtype() == DType::i64);
+  CHECK(sum(u).item<int64_t>() == 76500);
+  CHECK(sum(u.view({30, 10}), {1}).dtype() == DType::i64);
+  expect_close(sum(u.view({30, 10}), {1}), Ref{{30}, std::vector<double>(30, 2550)}, Tol{0, 0}, "sum u8 rows");
+}
+
+TEST_CASE("ops: large reductions are accurate") {
+  Gen gen(8);
+  Ref in;
+  Tensor x = gen.make({100003}, DType::f32, Layout::contiguous, -1, 1, in);
+  double s = 0;
+  for (double v : in.v) s += v;
+  CHECK(std::abs(sum(x).item<double>() - s) < 1e-3);
+  CHECK(std::abs(mean(x).item<double>() - s / 100003) < 1e-7);
+  // Many rows and a wide inner dim: column blocks.
+  Ref in2;
+  Tensor y = gen.make({700, 300}, DType::f32, Layout::contiguous, -1, 1, in2);
+  expect_close(sum(y, {0}), ref_reduce(in2, {0}, false, Red::sum), Tol{1e-4, 1e-5}, "sum dim 0 of [700,300]");
+  expect_close(sum(y, {1}), ref_reduce(in2, {1}, false, Red::sum), Tol{1e-4, 1e-5}, "sum dim 1 of [700,300]");
+  expect_close(amax(y, {0}), ref_reduce(in2, {0}, false, Red::amax), Tol{0, 0}, "amax dim 0 of [700,300]");
+  expect_close(var(y, {1}), ref_reduce(in2, {1}, false, Red::var1), Tol{1e-5, 1e-4}, "var dim 1 of [700,300]");
+  // A long reduced dim (more than one summation chunk) in the middle.
+  Ref in3;
+  Tensor z = gen.make({2, 20000, 3}, DType::f32, Layout::contiguous, -1, 1, in3);
+  expect_close(sum(z, {1}), ref_reduce(in3, {1}, false, Red::sum), Tol{1e-3, 1e-5}, "sum dim 1 of [2,20000,3]");
+  Ref in4;
+  Tensor w = gen.make({3, 20000}, DType::f64, Layout::contiguous, -1, 1, in4);
+  expect_close(sum(w, {1}), ref_reduce(in4, {1}, false, Red::sum), Tol{1e-10, 1e-12}, "sum f64 of [3,20000]");
+  // Many f16 elements: accumulation happens in wider precision, so the sum is the f16 of the true sum.
+  Tensor h = full({4096}, 0.1, DType::f16);
+  const double h1 = round_to(0.1, DType::f16);
+  CHECK(std::abs(sum(h).item<double>() - 4096 * h1) <= 4096 * h1 * 1e-3);
+}
+
+TEST_CASE("ops: var with correction 0 and 1 by hand") {
+  Tensor x = from_vector({1, 2, 3, 4, 10, 20, 30, 40}, {2, 4}, DType::f64);
+  expect_close(var(x, {1}, 0), Ref{{2}, {1.25, 125}}, DType::f64, "var pop");
+  expect_close(var(x, {1}, 1), Ref{{2}, {5.0 / 3, 500.0 / 3}}, DType::f64, "var unbiased");
+  expect_close(var(x, {1}, 1, true), Ref{{2, 1}, {5.0 / 3, 500.0 / 3}}, DType::f64, "var keepdim");
+  expect_close(var(x, {0}, 0), Ref{{4}, {20.25, 81, 182.25, 324}}, DType::f64, "var dim 0");
+  expect_close(var(x), ref_reduce(Ref{{2, 4}, x.to_vector()}, {}, false, Red::var1), DType::f64, "var all");
+  CHECK(var(x).dim() == 0);
+  expect_close(mean(x, {0, 1}, true), Ref{{1, 1}, {13.75}}, DType::f64, "mean keepdim all");
+}
+
+TEST_CASE("ops: amax/amin ties, max/min/argmax/argmin values and indices") {
+  Tensor x = from_vector({3, 1, 3, 2,    //
+                          -1, -1, -5, -1,  //
+                          0, 7, 7, 7},
+                         {3, 4}, DType::f32);
+  expect_close(amax(x, {1}), Ref{{3}, {3, -1, 7}}, Tol{0, 0}, "amax ties");
+  expect_close(amin(x, {1}), Ref{{3}, {1, -5, 0}}, Tol{0, 0}, "amin");
+  expect_close(amax(x, {0}), Ref{{4}, {3, 7, 7, 7}}, Tol{0, 0}, "amax dim 0");
+  expect_close(amax(x), Ref{{}, {7}}, Tol{0, 0}, "amax all");
+  auto mx = max(x, 1);
+  expect_close(mx.values, Ref{{3}, {3, -1, 7}}, Tol{0, 0}, "max values");
+  CHECK(mx.indices.dtype() == DType::i64);
+  expect_close(mx.indices, Ref{{3}, {0, 0, 1}}, Tol{0, 0}, "max indices (first of ties)");
+  auto mn = min(x, -1, true);
+  CHECK(mn.values.shape() == Shape{3, 1});
+  CHECK(mn.indices.shape() == Shape{3, 1});
+  expect_close(mn.values, Ref{{3, 1}, {1, -5, 0}}, Tol{0, 0}, "min values");
+  expect_close(mn.indices, Ref{{3, 1}, {1, 2, 0}}, Tol{0, 0}, "min indices");
+  auto m0 = max(x, 0);
+  expect_close(m0.values, Ref{{4}, {3, 7, 7, 7}}, Tol{0, 0}, "max dim 0");
+  expect_close(m0.indices, Ref{{4}, {0, 2, 2, 2}}, Tol{0, 0}, "max dim 0 indices");
+  expect_close(argmax(x, 1), Ref{{3}, {0, 0, 1}}, Tol{0, 0}, "argmax");
+  expect_close(argmin(x, 1), Ref{{3}, {1, 2, 0}}, Tol{0, 0}, "argmin");
+  expect_close(argmax(x, 0, true), Ref{{1, 4}, {0, 2, 2, 2}}, Tol{0, 0}, "argmax keepdim");
+  CHECK(argmax(x, 1).dtype() == DType::i64);
+  Tensor fa = argmax(x);
+  CHECK(fa.dim() == 0);
+  CHECK(fa.item<int64_t>() == 9);  // first 7 in row-major order
+  CHECK(argmax(x.t()).item<int64_t>() == 5);  // the transposed view: (1,2) in a [4,3] -> 1*3+2
+  // Against the reference on random data with many ties, every dtype, strided inputs.
+  Gen gen(9);
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64}) {
+    for (Layout l : {Layout::contiguous, Layout::transposed, Layout::strided}) {
+      Ref in;
+      Tensor y = gen.make({4, 6, 5}, dt, l, -3, 3, in);
+      for (int64_t d : {0, 1, 2, -1}) {
+        const int64_t dd = d < 0 ? d + 3 : d;
+        auto r = max(y, d);
+        auto q = min(y, d);
+        Ref want_v = ref_reduce(in, {dd}, false, Red::amax);
+        expect_close(r.values, want_v, Tol{0, 0}, std::string("max values ") + dtype_name(dt));
+        expect_close(q.values, ref_reduce(in, {dd}, false, Red::amin), Tol{0, 0}, "min values");
+        CHECK(r.values.dtype() == dt);
+        // Reference indices: the first position of the extreme along dd.
+        Shape os;
+        for (int64_t k = 0; k < 3; ++k)
+          if (k != dd) os.push_back(in.shape[size_t(k)]);
+        std::vector<double> imax, imin;
+        for (int64_t o = 0; o < numel_of(os); ++o) {
+          auto oi = unravel(o, os);
+          oi.insert(oi.begin() + dd, 0);
+          int64_t bmax = 0, bmin = 0;
+          double vmax = -1e300, vmin = 1e300;
+          for (int64_t i = 0; i < in.shape[size_t(dd)]; ++i) {
+            oi[size_t(dd)] = i;
+            const double v = in.v[size_t((oi[0] * in.shape[1] + oi[1]) * in.shape[2] + oi[2])];
+            if (v > vmax) vmax = v, bmax = i;
+            if (v < vmin) vmin = v, bmin = i;
+          }
+          imax.push_back(double(bmax));
+          imin.push_back(double(bmin));
+        }
+        expect_close(r.indices, Ref{os, imax}, Tol{0, 0}, std::string("max indices ") + dtype_name(dt) + layout_name(l));
+        expect_close(q.indices, Ref{os, imin}, Tol{0, 0}, std::string("min indices ") + dtype_name(dt) + layout_name(l));
+        expect_close(argmax(y, d), Ref{os, imax}, Tol{0, 0}, "argmax");
+        expect_close(argmin(y, d), Ref{os, imin}, Tol{0, 0}, "argmin");
+      }
+      // Flattened argmax: the first maximum in row-major logical order.
+      const auto it = std::max_element(in.v.begin(), in.v.end());
+      CHECK(argmax(y).item<int64_t>() == int64_t(it - in.v.begin()));
+    }
+  }
+  CHECK_THROWS_AS(max(x, 2), Error);
+}
+
+TEST_CASE("ops: sum_to") {
+  Gen gen(10);
+  Ref in;
+  Tensor x = gen.make({2, 3, 4}, DType::f64, Layout::transposed, -2, 2, in);
+  struct C {
+    Shape target;
+    std::vector<int64_t> dims;  // reduced dims of x
+  };
+  const C cs[] = {{{3, 1}, {0, 2}}, {{4}, {0, 1}}, {{1, 1}, {0, 1, 2}}, {{}, {0, 1, 2}}, {{3, 4}, {0}},
+                  {{1, 3, 1}, {0, 2}}, {{2, 1, 4}, {1}}, {{1, 4}, {0, 1}}};
+  for (const C& c : cs) {
+    CAPTURE(c.target);
+    Tensor y = sum_to(x, c.target);
+    CHECK(y.shape() == c.target);
+    Ref want = ref_reduce(in, c.dims, false, Red::sum);
+    want.shape = c.target;
+    expect_close(y, want, DType::f64, "sum_to");
+  }
+  expect_close(sum_to(x, {2, 3, 4}), in, DType::f64, "sum_to same shape");
+  CHECK_THROWS_AS(sum_to(x, {5}), Error);
+  CHECK_THROWS_AS(sum_to(ones({3}), {2, 3}), Error);
+  Tensor i = from_vector({1, 2, 3, 4}, {2, 2}, DType::i32);
+  expect_close(sum_to(i, {2}), Ref{{2}, {4, 6}}, Tol{0, 0}, "sum_to ints");
+}
+
+// ---- matmul -------------------------------------------------------------------------------------------
+
+namespace {
+
+// numpy matmul, written out: 1-D operands are promoted and the added dim removed; batch dims broadcast.
+Ref ref_matmul(const Ref& a, const Ref& b) {
+  Shape as = a.shape, bs = b.shape;
+  const bool va = as.size() == 1, vb = bs.size() == 1;
+  if (va) as.insert(as.begin(), 1);
+  if (vb) bs.push_back(1);
+  const int64_t m = as[as.size() - 2], k = as.back(), n = bs.back();
+  REQUIRE(bs[bs.size() - 2] == k);
+  const Shape ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
+  const Shape batch = bshape(ab, bb);
+  Ref A{as, a.v}, B{bs, b.v};
+  Ref out;
+  const int64_t nb = numel_of(batch);
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    auto bidx = unravel(bi, batch);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          auto ia = bidx;
+          ia.push_back(i);
+          ia.push_back(p);
+          auto ib = bidx;
+          ib.push_back(p);
+          ib.push_back(j);
+          acc += bget(A, ia) * bget(B, ib);
+        }
+        out.v.push_back(acc);
+      }
+  }
+  out.shape = batch;
+  if (!va) out.shape.push_back(m);
+  if (!vb) out.shape.push_back(n);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ops: matmul 1-D, 2-D, batched and broadcast against a naive reference") {
+  Gen gen(11);
+  const ShapePair cases[] = {
+      {{4}, {4, 3}},               // vector x matrix -> [3]
+      {{3, 4}, {4}},               // matrix x vector -> [3]
+      {{3, 4}, {4, 5}},            // plain
+      {{1, 1}, {1, 1}},            //
+      {{7, 1}, {1, 6}},            // outer product
+      {{2, 3, 4}, {2, 4, 5}},      // batched
+      {{2, 3, 4}, {4, 5}},         // batch x matrix
+      {{3, 4}, {2, 4, 5}},         // matrix x batch
+      {{2, 1, 3, 4}, {3, 4, 2}},   // broadcast batch -> [2,3,3,2]
+      {{4}, {2, 4, 3}},            // vector x batch -> [2,3]
+      {{2, 3, 4}, {4}},            // batch x vector -> [2,3]
+      {{33, 65}, {65, 47}},        // larger than one micro-tile
+      {{3, 17, 9}, {3, 9, 130}},   //
+  };
+  for (DType dt : kFloat) {
+    for (const ShapePair& c : cases) {
+      for (auto [la, lb] : kLayoutPairs) {
+        if (!layout_applies(la, c.a) || !layout_applies(lb, c.b)) continue;
+        Ref ra, rb;
+        Tensor a = gen.make(c.a, dt, la, -1, 1, ra);
+        Tensor b = gen.make(c.b, dt, lb, -1, 1, rb);
+        const std::string what = std::string("matmul ") + dtype_name(dt) + " " + layout_name(la) + "/" + layout_name(lb);
+        CAPTURE(c.a);
+        CAPTURE(c.b);
+        Tensor y;
+        try {
+          y = matmul(a, b);
+        } catch (const std::exception& e) {
+          FAIL_CHECK(what, " ", c.a, " x ", c.b, " (strides ", a.strides(), " and ", b.strides(), ") threw: ", std::string(e.what()));
+          continue;
+        }
+        CHECK(y.dtype() == dt);
+        const int64_t k = c.a.back();
+        Tol tol = tol_for(dt);
+        tol.atol *= std::max<int64_t>(1, k / 8);
+        expect_close(y, ref_matmul(ra, rb), tol, what);
+      }
+    }
+  }
+}
+
+TEST_CASE("ops: matmul with transposed, sliced and expanded operands") {
+  Gen gen(12);
+  for (DType dt : {DType::f32, DType::f64}) {
+    Ref ra, rb;
+    Tensor a = gen.make({6, 5}, dt, Layout::contiguous, -1, 1, ra);
+    Tensor b = gen.make({6, 4}, dt, Layout::contiguous, -1, 1, rb);
+    // a.t() @ b: a transposed view, GEMM reads it as a transpose.
+    Ref rat{{5, 6}, {}};
+    for (int i = 0; i < 5; ++i)
+      for (int j = 0; j < 6; ++j) rat.v.push_back(ra.v[size_t(j * 5 + i)]);
+    expect_close(matmul(a.t(), b), ref_matmul(rat, rb), dt, "a.t() @ b");
+    // b.t() @ a
+    Ref rbt{{4, 6}, {}};
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 6; ++j) rbt.v.push_back(rb.v[size_t(j * 4 + i)]);
+    expect_close(matmul(b.t(), a), ref_matmul(rbt, ra), dt, "b.t() @ a");
+    // a.t() @ a.t().t()
+    expect_close(matmul(a.t(), a), ref_matmul(rat, ra), dt, "a.t() @ a");
+    expect_close(matmul(a, a.t()), ref_matmul(ra, rat), dt, "a @ a.t()");
+    // Columns with a step: neither row- nor column-major.
+    Tensor s = a.slice(1, 0, 5, 2);  // [6,3]
+    Ref rs{{6, 3}, {}};
+    for (int i = 0; i < 6; ++i)
+      for (int j = 0; j < 5; j += 2) rs.v.push_back(ra.v[size_t(i * 5 + j)]);
+    expect_close(matmul(s.t(), b), ref_matmul(Ref{{3, 6}, [&] {
+                                                 std::vector<double> v;
+                                                 for (int i = 0; i < 3; ++i)
+                                                   for (int j = 0; j < 6; ++j) v.push_back(rs.v[size_t(j * 3 + i)]);
+                                                 return v;
+                                               }()},
+                                               rb),
+                 dt, "sliced.t() @ b");
+    expect_close(matmul(b.t(), s), ref_matmul(rbt, rs), dt, "b.t() @ sliced");
+    // Rows with a step.
+    Tensor rstep = a.slice(0, 1, 6, 2);  // rows 1,3,5 -> [3,5]
+    Ref rr{{3, 5}, {}};
+    for (int i = 1; i < 6; i += 2)
+      for (int j = 0; j < 5; ++j) rr.v.push_back(ra.v[size_t(i * 5 + j)]);
+    expect_close(matmul(rstep, a.t()), ref_matmul(rr, rat), dt, "row-stepped @ a.t()");
+    // An expanded batch operand (stride 0 over the batch).
+    Tensor e = a.unsqueeze(0).expand({3, 6, 5});
+    Ref re{{3, 6, 5}, {}};
+    for (int r = 0; r < 3; ++r) re.v.insert(re.v.end(), ra.v.begin(), ra.v.end());
+    Ref rc;
+    Tensor c = gen.make({3, 5, 2}, dt, Layout::transposed, -1, 1, rc);
+    expect_close(matmul(e, c), ref_matmul(re, rc), dt, "expanded batch @ transposed batch");
+    // A permuted batch: [5, 3, 6] viewed as [3, 6, 5] through permute.
+    Ref rp0;
+    Tensor p0 = gen.make({5, 3, 6}, dt, Layout::contiguous, -1, 1, rp0);
+    Tensor p = p0.permute({1, 2, 0});
+    Ref rp{{3, 6, 5}, {}};
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 6; ++j)
+        for (int k = 0; k < 5; ++k) rp.v.push_back(rp0.v[size_t((k * 3 + i) * 6 + j)]);
+    expect_close(matmul(p, c), ref_matmul(rp, rc), dt, "permuted batch");
+  }
+}
+
+TEST_CASE("ops: matmul of two vectors is a 0-dim dot product") {
+  Tensor d;
+  CHECK_NOTHROW(d = matmul(from_vector({1, 2, 3}, {3}), from_vector({4, 5, 6}, {3})));
+  if (d.defined()) {
+    CHECK(d.dim() == 0);
+    expect_close(d, Ref{{}, {32}}, Tol{0, 0}, "dot");
+  }
+  Gen gen(13);
+  for (DType dt : kFloat)
+    for (Layout l : {Layout::contiguous, Layout::strided}) {
+      Ref ra, rb;
+      Tensor a = gen.make({17}, dt, l, -1, 1, ra);
+      Tensor b = gen.make({17}, dt, Layout::strided, -1, 1, rb);
+      Tensor y;
+      try {
+        y = matmul(a, b);
+      } catch (const std::exception& e) {
+        FAIL_CHECK("dot of [17] and [17] ", std::string(dtype_name(dt)), " threw: ", std::string(e.what()));
+        continue;
+      }
+      CHECK(y.dtype() == dt);
+      Tol tol = tol_for(dt);
+      tol.atol *= 2;
+      expect_close(y, ref_matmul(ra, rb), tol, std::string("dot ") + dtype_name(dt));
+    }
+}
+
+TEST_CASE("ops: matmul errors and exact small products") {
+  Tensor a = from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, DType::f64);
+  Tensor b = from_vector({7, 8, 9, 10, 11, 12}, {3, 2}, DType::f64);
+  expect_close(matmul(a, b), Ref{{2, 2}, {58, 64, 139, 154}}, Tol{0, 0}, "2x3 @ 3x2");
+  expect_close(matmul(eye(3), from_vector({1, 2, 3}, {3})), Ref{{3}, {1, 2, 3}}, Tol{0, 0}, "eye @ v");
+  // Mixed dtypes promote.
+  CHECK(matmul(ones({2, 2}), ones({2, 2}, DType::f64)).dtype() == DType::f64);
+  CHECK(matmul(ones({2, 2}, DType::f16), ones({2, 2}, DType::bf16)).dtype() == DType::f32);
+  const std::string e1 = error_of([] { matmul(ones({2, 3}), ones({4, 5})); });
+  CHECK(contains(e1, "[2,3]"));
+  CHECK(contains(e1, "[4,5]"));
+  CHECK(error_of([] { matmul(ones({3}), ones({4})); }) != "NO ERROR");
+  CHECK(error_of([] { matmul(scalar_tensor(1), ones({1})); }) != "NO ERROR");
+  CHECK(error_of([] { matmul(ones({2, 2, 3}), ones({3, 3, 4})); }) != "NO ERROR");  // batch 2 vs 3
+  CHECK(error_of([] { matmul(ones({2, 2}, DType::i32), ones({2, 2}, DType::i32)); }) != "NO ERROR");
+}
