@@ -86,6 +86,17 @@ Tensor normal(const Shape& shape, double mean, double std, TensorOptions o, Gene
   KILN_CHECK(std >= 0, "normal: std must be >= 0, got ", std);
   return random_fill(RandomKind::normal, shape, mean, std, o, g);
 }
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions o, Generator* g) {
+  KILN_CHECK(low < high && high - low <= (int64_t(1) << 24), "randint: need low < high and high - low <= 2^24, got [",
+             low, ", ", high, ")");
+  // 24 random bits per element: floor(u * range) is exact and below range.
+  const Tensor u = random_fill(RandomKind::uniform, shape, 0, 1, TensorOptions(DType::f64, o.device), g);
+  const std::vector<double> v = u.to_vector();
+  std::vector<double> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = double(low) + std::floor(v[i] * double(high - low));
+  return finish(from_vector(r, shape, TensorOptions(o.dtype, o.device)), o);
+}
+
 Tensor bernoulli(const Shape& shape, double p, TensorOptions o, Generator* g) {
   KILN_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got ", p);
   return random_fill(RandomKind::bernoulli, shape, p, 0, o, g);

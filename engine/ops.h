@@ -50,6 +50,8 @@ Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullpt
 Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts = {}, Generator* gen = nullptr);
 Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
 Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts = {}, Generator* gen = nullptr);
+// Integers uniform in [low, high) (high - low at most 2^24), in opts.dtype (default i64).
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = {DType::i64}, Generator* gen = nullptr);
 // 1 with probability p, else 0, in opts.dtype.
 Tensor bernoulli(const Shape& shape, double p, TensorOptions opts = {}, Generator* gen = nullptr);
 

@@ -1069,6 +1069,41 @@ TEST_CASE("ops: matmul with transposed, sliced and expanded operands") {
   }
 }
 
+TEST_CASE("ops: matmul across GEMM cache blocks, transposed or not") {
+  Gen gen(14);
+  struct MKN {
+    int64_t m, k, n;
+  };
+  const MKN sizes[] = {{20, 400, 390}, {7, 385, 65}, {1, 800, 1}, {100, 3, 100}, {13, 1, 129}, {6, 64, 64}};
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (const MKN& z : sizes) {
+      for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+          // Logical A is m x k, B is k x n; stored transposed when ta / tb.
+          const std::vector<double> av = gen.values(z.m * z.k, -1, 1, dt), bv = gen.values(z.k * z.n, -1, 1, dt);
+          std::vector<double> as(av.size()), bs(bv.size());
+          for (int64_t i = 0; i < z.m; ++i)
+            for (int64_t p = 0; p < z.k; ++p) as[size_t(p * z.m + i)] = av[size_t(i * z.k + p)];
+          for (int64_t p = 0; p < z.k; ++p)
+            for (int64_t j = 0; j < z.n; ++j) bs[size_t(j * z.k + p)] = bv[size_t(p * z.n + j)];
+          Tensor a = ta ? from_vector(as, {z.k, z.m}, dt).t() : from_vector(av, {z.m, z.k}, dt);
+          Tensor b = tb ? from_vector(bs, {z.n, z.k}, dt).t() : from_vector(bv, {z.k, z.n}, dt);
+          Ref want{{z.m, z.n}, std::vector<double>(size_t(z.m * z.n), 0.0)};
+          for (int64_t i = 0; i < z.m; ++i)
+            for (int64_t p = 0; p < z.k; ++p) {
+              const double x = av[size_t(i * z.k + p)];
+              for (int64_t j = 0; j < z.n; ++j) want.v[size_t(i * z.n + j)] += x * bv[size_t(p * z.n + j)];
+            }
+          const Tol tol = dt == DType::f64 ? Tol{1e-11, 1e-11} : Tol{2e-5 * std::sqrt(double(z.k)), 1e-5};
+          expect_close(matmul(a, b), want, tol,
+                       std::string("gemm ") + dtype_name(dt) + " m=" + std::to_string(z.m) + " k=" + std::to_string(z.k) +
+                           " n=" + std::to_string(z.n) + (ta ? " A^T" : "") + (tb ? " B^T" : ""));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("ops: matmul of two vectors is a 0-dim dot product") {
   Tensor d;
   CHECK_NOTHROW(d = matmul(from_vector({1, 2, 3}, {3}), from_vector({4, 5, 6}, {3})));

@@ -1,0 +1,234 @@
+// Module bookkeeping (names, train/eval, state dicts) and the standard layers.
+#include "engine/nn.h"
+
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "engine/autograd.h"
+#include "engine/init.h"
+
+namespace kiln::nn {
+
+// ---- Module -----------------------------------------------------------------------------------------
+
+Tensor Module::register_parameter(const std::string& name, Tensor t) {
+  KILN_CHECK(!name.empty() && name.find('.') == std::string::npos, "register_parameter: bad name '", name, "'");
+  if (t.defined()) {
+    t = t.detach();
+    t.set_requires_grad(true);
+  }
+  params_.emplace_back(name, t);
+  return t;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  KILN_CHECK(!name.empty() && name.find('.') == std::string::npos, "register_buffer: bad name '", name, "'");
+  buffers_.emplace_back(name, t);
+  return t;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
+  KILN_CHECK(m, "register_module: '", name, "' is null");
+  KILN_CHECK(!name.empty() && name.find('.') == std::string::npos, "register_module: bad name '", name, "'");
+  children_.emplace_back(name, std::move(m));
+}
+
+void Module::collect(const std::string& prefix, bool params, NamedTensors& out) const {
+  for (const auto& [n, t] : params ? params_ : buffers_)
+    if (t.defined()) out.emplace_back(prefix + n, t);
+  for (const auto& [n, c] : children_) c->collect(prefix + n + ".", params, out);
+}
+
+NamedTensors Module::named_parameters() const {
+  NamedTensors out;
+  collect("", true, out);
+  return out;
+}
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  collect("", false, out);
+  return out;
+}
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto& [name, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+void Module::zero_grad() {
+  for (auto& [n, t] : named_parameters()) Tensor(t).set_grad(Tensor());
+}
+
+StateDict Module::state_dict() const {
+  StateDict sd;
+  for (auto& [n, t] : named_parameters()) sd[n] = t;
+  for (auto& [n, t] : named_buffers()) sd[n] = t;
+  return sd;
+}
+
+void Module::load_state_dict(const StateDict& sd, bool strict) {
+  StateDict mine = state_dict();
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const auto& [n, t] : mine) {
+    auto it = sd.find(n);
+    if (it == sd.end()) {
+      missing.push_back(n);
+    } else if (it->second.shape() != t.shape()) {
+      std::ostringstream os;
+      os << n << " (checkpoint " << it->second.shape() << ", model " << t.shape() << ")";
+      mismatched.push_back(os.str());
+    }
+  }
+  for (const auto& [n, t] : sd)
+    if (!mine.count(n)) unexpected.push_back(n);
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+  };
+  if (!mismatched.empty() || (strict && (!missing.empty() || !unexpected.empty()))) {
+    std::string msg = "load_state_dict: state dict does not match the model:";
+    if (!missing.empty()) msg += "\n  missing: " + join(missing);
+    if (!unexpected.empty()) msg += "\n  unexpected: " + join(unexpected);
+    if (!mismatched.empty()) msg += "\n  shape mismatch: " + join(mismatched);
+    KILN_FAIL(msg);
+  }
+  NoGradGuard ng;
+  for (auto& [n, t] : mine) {
+    auto it = sd.find(n);
+    if (it != sd.end()) Tensor(t).copy_(it->second.to(t.dtype()).to(t.device()));
+  }
+}
+
+// ---- layers -------------------------------------------------------------------------------------------
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias) {
+  KILN_CHECK(in >= 1 && out >= 1, "Linear: sizes must be >= 1, got in=", in, " out=", out);
+  Tensor w = empty({out, in});
+  init::kaiming_uniform_(w, std::sqrt(5.0));
+  weight = register_parameter("weight", w);
+  if (with_bias) {
+    Tensor b = empty({out});
+    const double bound = 1.0 / std::sqrt(double(in));
+    init::uniform_(b, -bound, bound);
+    bias = register_parameter("bias", b);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  KILN_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "Linear(", weight.size(1), " -> ", weight.size(0),
+             "): input ", x.shape(), " must end with ", weight.size(1));
+  Tensor y = matmul(x, weight.t());
+  return bias.defined() ? y + bias : y;
+}
+
+Conv2d::Conv2d(int64_t in, int64_t out, Pair kernel, Pair s, Pair p, Pair d, int64_t g, bool with_bias)
+    : stride(s), padding(p), dilation(d), groups(g) {
+  KILN_CHECK(in >= 1 && out >= 1 && g >= 1 && in % g == 0 && out % g == 0, "Conv2d: channels ", in, " -> ", out,
+             " must be positive multiples of groups ", g);
+  Tensor w = empty({out, in / g, kernel[0], kernel[1]});
+  init::kaiming_uniform_(w, std::sqrt(5.0));
+  weight = register_parameter("weight", w);
+  if (with_bias) {
+    Tensor b = empty({out});
+    const double bound = 1.0 / std::sqrt(double(init::fans(w).first));
+    init::uniform_(b, -bound, bound);
+    bias = register_parameter("bias", b);
+  }
+}
+
+Tensor Conv2d::forward(const Tensor& x) { return conv2d(x, weight, bias, stride, padding, dilation, groups); }
+
+BatchNorm2d::BatchNorm2d(int64_t c, double e, double m, bool affine) : eps(e), momentum(m) {
+  KILN_CHECK(c >= 1, "BatchNorm2d: channels must be >= 1, got ", c);
+  if (affine) {
+    weight = register_parameter("weight", ones({c}));
+    bias = register_parameter("bias", zeros({c}));
+  }
+  running_mean = register_buffer("running_mean", zeros({c}));
+  running_var = register_buffer("running_var", ones({c}));
+  num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, TensorOptions(DType::i64)));
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  if (is_training()) {
+    NoGradGuard ng;
+    num_batches_tracked.add_(ones({}, TensorOptions(DType::i64)));
+  }
+  return batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
+}
+
+LayerNorm::LayerNorm(Shape ns, double e, bool affine) : normalized_shape(std::move(ns)), eps(e) {
+  if (affine) {
+    weight = register_parameter("weight", ones(normalized_shape));
+    bias = register_parameter("bias", zeros(normalized_shape));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, normalized_shape, weight, bias, eps); }
+
+Embedding::Embedding(int64_t num, int64_t dim, int64_t pad) : padding_idx(pad) {
+  KILN_CHECK(num >= 1 && dim >= 1, "Embedding: sizes must be >= 1, got ", num, " x ", dim);
+  Tensor w = randn({num, dim});
+  if (pad >= 0) {
+    KILN_CHECK(pad < num, "Embedding: padding_idx ", pad, " is outside [0, ", num, ")");
+    w.select(0, pad).zero_();
+  }
+  weight = register_parameter("weight", w);
+}
+
+Tensor Embedding::forward(const Tensor& idx) { return embedding(weight, idx, padding_idx); }
+
+Sequential::Sequential(std::vector<std::shared_ptr<Layer>> layers) {
+  for (auto& l : layers) push_back(std::move(l));
+}
+
+Sequential& Sequential::push_back(std::shared_ptr<Layer> layer) {
+  add_child(std::to_string(layers_.size()), layer);
+  layers_.push_back(std::move(layer));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor y = x;
+  for (auto& l : layers_) y = l->forward(y);
+  return y;
+}
+
+MultiheadSelfAttention::MultiheadSelfAttention(int64_t e, int64_t h, double p) : embed_dim(e), heads(h), dropout_p(p) {
+  KILN_CHECK(h >= 1 && e % h == 0, "MultiheadSelfAttention: embed_dim ", e, " must be a multiple of heads ", h);
+  query = register_module("query", std::make_shared<Linear>(e, e));
+  key = register_module("key", std::make_shared<Linear>(e, e));
+  value = register_module("value", std::make_shared<Linear>(e, e));
+  out = register_module("out", std::make_shared<Linear>(e, e));
+}
+
+Tensor MultiheadSelfAttention::forward(const Tensor& x, const Tensor& mask) {
+  KILN_CHECK(x.dim() == 3 && x.size(2) == embed_dim, "MultiheadSelfAttention: input must be [B, L, ", embed_dim,
+             "], got ", x.shape());
+  const int64_t b = x.size(0), l = x.size(1), d = embed_dim / heads;
+  auto split_heads = [&](const Tensor& t) { return t.view({b, l, heads, d}).transpose(1, 2); };  // [B, H, L, d]
+  const Tensor q = split_heads(query->forward(x)), k = split_heads(key->forward(x)), v = split_heads(value->forward(x));
+  const Tensor ctx = scaled_dot_product_attention(q, k, v, mask, dropout_p, is_training());
+  return out->forward(ctx.transpose(1, 2).reshape({b, l, embed_dim}));
+}
+
+Tensor additive_padding_mask(const Tensor& keep, DType dtype) {
+  KILN_CHECK(keep.dim() == 2, "additive_padding_mask: expects [B, L], got ", keep.shape());
+  const Tensor k = cast(keep, DType::f32);
+  // (1 - keep) * -10000: the value BERT uses; large enough to zero the softmax, small enough for f16.
+  return ((1.0 - k) * -10000.0).view({keep.size(0), 1, 1, keep.size(1)}).to(dtype);
+}
+
+}  // namespace kiln::nn

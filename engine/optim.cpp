@@ -1,0 +1,266 @@
+// Optimizer bookkeeping, the three update rules, gradient clipping and LR schedules.
+// Updates are tensor ops under NoGradGuard, so they run on whatever device holds the parameters;
+// state tensors are f32 for f32 parameters (and f32 for 16-bit ones: master precision).
+#include "engine/optim.h"
+
+#include <cmath>
+
+#include "engine/autograd.h"
+
+namespace kiln::optim {
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
+  KILN_CHECK(!groups_.empty(), "optimizer: needs at least one parameter group");
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const Tensor& p = groups_[g].params[i];
+      KILN_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "optimizer: parameter ", i, " of group ", g,
+                 " must be a leaf that requires grad");
+      KILN_CHECK(groups_[g].lr >= 0 && groups_[g].weight_decay >= 0, "optimizer: group ", g,
+                 " has a negative lr or weight decay");
+    }
+    slots_.emplace_back(groups_[g].params.size());
+  }
+}
+
+void Optimizer::step() {
+  NoGradGuard ng;
+  ++steps_;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      Tensor& p = groups_[g].params[i];
+      const Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      KILN_CHECK(grad.shape() == p.shape(), name(), ": gradient ", grad.shape(), " does not match parameter ",
+                 p.shape());
+      update(groups_[g], p, grad, slots_[g][i]);
+    }
+}
+
+void Optimizer::zero_grad() {
+  for (auto& g : groups_)
+    for (auto& p : g.params) p.set_grad(Tensor());
+}
+
+void Optimizer::set_lr(double lr) {
+  for (auto& g : groups_) g.lr = lr;
+}
+
+OptimizerState Optimizer::state() const {
+  OptimizerState s;
+  s.scalars["steps"] = double(steps_);
+  for (const auto& [k, v] : hyper()) s.scalars[k] = v;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    s.scalars["group" + std::to_string(g) + ".lr"] = groups_[g].lr;
+    s.scalars["group" + std::to_string(g) + ".weight_decay"] = groups_[g].weight_decay;
+    for (size_t i = 0; i < slots_[g].size(); ++i)
+      for (const auto& [slot, t] : slots_[g][i])
+        s.tensors[std::to_string(g) + "." + std::to_string(i) + "." + slot] = t;
+  }
+  return s;
+}
+
+void Optimizer::load_state(const OptimizerState& s) {
+  auto it = s.scalars.find("steps");
+  KILN_CHECK(it != s.scalars.end(), name(), ": optimizer state has no step count");
+  for (const auto& [k, v] : hyper()) {
+    auto h = s.scalars.find(k);
+    KILN_CHECK(h != s.scalars.end(), name(), ": optimizer state lacks '", k, "' (saved by another optimizer?)");
+  }
+  std::vector<std::vector<std::map<std::string, Tensor>>> slots(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) slots[g].resize(groups_[g].params.size());
+  for (const auto& [key, t] : s.tensors) {
+    size_t a = key.find('.'), b = key.find('.', a + 1);
+    KILN_CHECK(a != std::string::npos && b != std::string::npos, name(), ": bad optimizer state name '", key, "'");
+    const size_t g = std::stoul(key.substr(0, a)), i = std::stoul(key.substr(a + 1, b - a - 1));
+    KILN_CHECK(g < groups_.size() && i < groups_[g].params.size(), name(), ": optimizer state '", key,
+               "' names a parameter this optimizer does not have");
+    KILN_CHECK(t.shape() == groups_[g].params[i].shape(), name(), ": optimizer state '", key, "' has shape ",
+               t.shape(), ", parameter has ", groups_[g].params[i].shape());
+    slots[g][i][key.substr(b + 1)] = t.clone();
+  }
+  steps_ = int64_t(it->second);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    auto lr = s.scalars.find("group" + std::to_string(g) + ".lr");
+    if (lr != s.scalars.end()) groups_[g].lr = lr->second;
+  }
+  slots_ = std::move(slots);
+}
+
+namespace {
+Tensor& slot(std::map<std::string, Tensor>& slots, const char* name, const Tensor& like) {
+  auto it = slots.find(name);
+  if (it == slots.end()) it = slots.emplace(name, zeros(like.shape(), TensorOptions(DType::f32, like.device()))).first;
+  return it->second;
+}
+Tensor f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : t.to(DType::f32); }
+void write_back(Tensor& p, const Tensor& v) {
+  if (p.dtype() == DType::f32 && v.same(p)) return;
+  p.copy_(v);
+}
+}  // namespace
+
+// ---- SGD ---------------------------------------------------------------------------------------------
+
+SGD::SGD(std::vector<ParamGroup> groups, SgdOptions o) : Optimizer(std::move(groups)), o_(o) {
+  KILN_CHECK(o.momentum >= 0, "sgd: momentum must be >= 0, got ", o.momentum);
+  KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "sgd: nesterov needs momentum > 0 and no dampening");
+}
+
+std::map<std::string, double> SGD::hyper() const {
+  return {{"momentum", o_.momentum}, {"dampening", o_.dampening}, {"nesterov", o_.nesterov ? 1.0 : 0.0}};
+}
+
+void SGD::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  Tensor w = f32(p);
+  Tensor d = f32(grad);
+  if (g.weight_decay != 0) d = d + w * g.weight_decay;
+  if (o_.momentum != 0) {
+    const bool fresh = !slots.count("momentum_buffer");
+    Tensor& buf = slot(slots, "momentum_buffer", p);
+    if (fresh) {
+      buf.copy_(d);
+    } else {
+      buf.mul_(o_.momentum).add_(d, 1.0 - o_.dampening);
+    }
+    d = o_.nesterov ? d + buf * o_.momentum : buf;
+  }
+  if (w.same(p)) {
+    p.add_(d, -g.lr);
+  } else {
+    write_back(p, w - d * g.lr);
+  }
+}
+
+// ---- AdamW -------------------------------------------------------------------------------------------
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions o) : Optimizer(std::move(groups)), o_(o) {
+  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0, "adamw: betas must be in [0, 1) and eps > 0");
+}
+
+std::map<std::string, double> AdamW::hyper() const {
+  return {{"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps}};
+}
+
+void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  const Tensor gr = f32(grad);
+  Tensor& m = slot(slots, "exp_avg", p);
+  Tensor& v = slot(slots, "exp_avg_sq", p);
+  m.mul_(o_.beta1).add_(gr, 1.0 - o_.beta1);
+  v.mul_(o_.beta2).add_(gr * gr, 1.0 - o_.beta2);
+  const double t = double(steps_);
+  const double bc1 = 1.0 - std::pow(o_.beta1, t), bc2 = 1.0 - std::pow(o_.beta2, t);
+  Tensor w = f32(p);
+  if (!w.same(p)) w = w.clone();
+  if (g.weight_decay != 0) w.mul_(1.0 - g.lr * g.weight_decay);
+  const Tensor denom = sqrt(v * (1.0 / bc2)) + o_.eps;
+  w.add_(m / denom, -g.lr / bc1);
+  write_back(p, w);
+}
+
+// ---- LAMB --------------------------------------------------------------------------------------------
+
+LAMB::LAMB(std::vector<ParamGroup> groups, AdamOptions o) : Optimizer(std::move(groups)), o_(o) {
+  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0, "lamb: betas must be in [0, 1) and eps > 0");
+}
+
+std::map<std::string, double> LAMB::hyper() const {
+  return {{"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps}};
+}
+
+void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  const Tensor gr = f32(grad);
+  Tensor& m = slot(slots, "exp_avg", p);
+  Tensor& v = slot(slots, "exp_avg_sq", p);
+  m.mul_(o_.beta1).add_(gr, 1.0 - o_.beta1);
+  v.mul_(o_.beta2).add_(gr * gr, 1.0 - o_.beta2);
+  const double t = double(steps_);
+  const double bc1 = 1.0 - std::pow(o_.beta1, t), bc2 = 1.0 - std::pow(o_.beta2, t);
+  Tensor w = f32(p);
+  Tensor u = (m * (1.0 / bc1)) / (sqrt(v * (1.0 / bc2)) + o_.eps);
+  if (g.weight_decay != 0) u = u + w * g.weight_decay;
+  const double wn = std::sqrt(sum(w * w).item<double>()), un = std::sqrt(sum(u * u).item<double>());
+  const double trust = (wn > 0 && un > 0) ? wn / un : 1.0;
+  if (!w.same(p)) w = w.clone();
+  w.add_(u, -g.lr * trust);
+  write_back(p, w);
+}
+
+// ---- clipping, groups --------------------------------------------------------------------------------
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  KILN_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  NoGradGuard ng;
+  double sq = 0;
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const Tensor gf = g.to(DType::f32);
+    sq += sum(gf * gf).to(DType::f64).item<double>();
+  }
+  const double norm = std::sqrt(sq);
+  if (std::isfinite(norm) && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (g.defined()) g.mul_(scale);
+    }
+  }
+  return norm;
+}
+
+void clip_grad_value(const std::vector<Tensor>& params, double clip) {
+  KILN_CHECK(clip > 0, "clip_grad_value: clip must be > 0, got ", clip);
+  NoGradGuard ng;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (g.defined()) g.copy_(clamp(g, -clip, clip));
+  }
+}
+
+std::vector<ParamGroup> decay_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
+                                     double weight_decay) {
+  ParamGroup decay{{}, lr, weight_decay, "decay"}, no_decay{{}, lr, 0.0, "no_decay"};
+  for (const auto& [n, t] : named) (t.dim() <= 1 ? no_decay : decay).params.push_back(t);
+  std::vector<ParamGroup> out;
+  if (!decay.params.empty()) out.push_back(decay);
+  if (!no_decay.params.empty()) out.push_back(no_decay);
+  return out;
+}
+
+// ---- schedules -------------------------------------------------------------------------------------
+
+ScheduleKind LrSchedule::parse(const std::string& n) {
+  if (n == "constant") return ScheduleKind::constant;
+  if (n == "step") return ScheduleKind::step;
+  if (n == "multistep") return ScheduleKind::multistep;
+  if (n == "cosine") return ScheduleKind::cosine;
+  if (n == "linear") return ScheduleKind::linear;
+  if (n == "polynomial" || n == "poly") return ScheduleKind::polynomial;
+  KILN_FAIL("unknown LR schedule '", n, "' (expected constant, step, multistep, cosine, linear or polynomial)");
+}
+
+double LrSchedule::at(int64_t step) const {
+  KILN_CHECK(step >= 0, "LR schedule: negative step ", step);
+  if (warmup_steps > 0 && step < warmup_steps) return base_lr * double(step + 1) / double(warmup_steps);
+  const int64_t s = step - warmup_steps;
+  const int64_t span = std::max<int64_t>(total_steps - warmup_steps, 1);
+  const double frac = std::clamp(double(s) / double(span), 0.0, 1.0);
+  switch (kind) {
+    case ScheduleKind::constant: return base_lr;
+    case ScheduleKind::step:
+      KILN_CHECK(step_size >= 1, "step schedule: step_size must be >= 1");
+      return base_lr * std::pow(gamma, double(s / step_size));
+    case ScheduleKind::multistep: {
+      int64_t passed = 0;
+      for (int64_t m : milestones) passed += step >= m ? 1 : 0;
+      return base_lr * std::pow(gamma, double(passed));
+    }
+    case ScheduleKind::cosine: return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * frac));
+    case ScheduleKind::linear: return min_lr + (base_lr - min_lr) * (1.0 - frac);
+    case ScheduleKind::polynomial: return min_lr + (base_lr - min_lr) * std::pow(1.0 - frac, power);
+  }
+  return base_lr;
+}
+
+}  // namespace kiln::optim

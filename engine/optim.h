@@ -1,0 +1,120 @@
+// Optimizers (SGD, AdamW, LAMB) over parameter groups, gradient clipping, and learning-rate
+// schedules that are pure functions of the step (a resumed run gets the same LR).
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/ops.h"
+
+namespace kiln::optim {
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  std::string name;
+};
+
+// What a checkpoint stores: per-parameter tensors under "<group>.<index>.<slot>" and scalars.
+struct OptimizerState {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, double> scalars;
+};
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<ParamGroup> groups);
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;
+  // One update from the parameters' .grad (parameters without a gradient are skipped).
+  void step();
+  void zero_grad();
+  std::vector<ParamGroup>& groups() { return groups_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  void set_lr(double lr);  // every group
+  int64_t steps() const { return steps_; }
+
+  OptimizerState state() const;
+  // Restores state() output; names, shapes and the optimizer kind must match.
+  void load_state(const OptimizerState& s);
+
+ protected:
+  // Updates parameter p (index i of group g) with gradient grad; slots are this parameter's state.
+  virtual void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) = 0;
+  virtual std::map<std::string, double> hyper() const = 0;
+  int64_t steps_ = 0;
+
+ private:
+  std::vector<ParamGroup> groups_;
+  std::vector<std::vector<std::map<std::string, Tensor>>> slots_;  // [group][param] -> slot -> tensor
+};
+
+struct SgdOptions {
+  double momentum = 0.0, dampening = 0.0;
+  bool nesterov = false;
+};
+class SGD final : public Optimizer {
+ public:
+  SGD(std::vector<ParamGroup> groups, SgdOptions o = {});
+  std::string name() const override { return "sgd"; }
+
+ private:
+  void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
+  std::map<std::string, double> hyper() const override;
+  SgdOptions o_;
+};
+
+struct AdamOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+// Adam with decoupled weight decay: p -= lr * (wd * p + m_hat / (sqrt(v_hat) + eps)).
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::vector<ParamGroup> groups, AdamOptions o = {});
+  std::string name() const override { return "adamw"; }
+
+ private:
+  void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
+  std::map<std::string, double> hyper() const override;
+  AdamOptions o_;
+};
+
+// LAMB (You et al. 2019): the Adam direction plus weight decay, scaled per tensor by the trust
+// ratio ||p|| / ||update|| (1 when either norm is zero).
+class LAMB final : public Optimizer {
+ public:
+  LAMB(std::vector<ParamGroup> groups, AdamOptions o = {0.9, 0.999, 1e-6});
+  std::string name() const override { return "lamb"; }
+
+ private:
+  void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
+  std::map<std::string, double> hyper() const override;
+  AdamOptions o_;
+};
+
+// Scales all gradients so their global L2 norm is at most max_norm; returns the norm before.
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+void clip_grad_value(const std::vector<Tensor>& params, double clip);
+
+// Groups for the usual recipe: no weight decay on biases and normalisation weights (1-D tensors).
+std::vector<ParamGroup> decay_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
+                                     double weight_decay);
+
+enum class ScheduleKind { constant, step, multistep, cosine, linear, polynomial };
+struct LrSchedule {
+  ScheduleKind kind = ScheduleKind::constant;
+  double base_lr = 0.1;
+  int64_t warmup_steps = 0;   // linear warmup from 0 to base_lr (all kinds)
+  int64_t total_steps = 0;    // cosine / linear / polynomial end
+  double min_lr = 0.0;        // cosine / linear / polynomial floor
+  int64_t step_size = 1;      // step
+  double gamma = 0.1;         // step / multistep factor
+  std::vector<int64_t> milestones;  // multistep
+  double power = 1.0;         // polynomial
+  // The learning rate for optimizer step `step` (0-based).
+  double at(int64_t step) const;
+  static ScheduleKind parse(const std::string& name);
+};
+
+}  // namespace kiln::optim

@@ -1,0 +1,295 @@
+// nn modules, initialisers, optimizers (against hand-computed steps), clipping and LR schedules,
+// and a small transformer block that learns.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Block : nn::Module {
+  std::shared_ptr<nn::Conv2d> conv1;
+  std::shared_ptr<nn::BatchNorm2d> bn1;
+  std::shared_ptr<nn::Sequential> downsample;
+  Block() {
+    conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(3, 4, Pair{3, 3}, Pair{1, 1}, Pair{1, 1}, Pair{1, 1}, 1, false));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(4));
+    downsample = register_module("downsample", std::make_shared<nn::Sequential>());
+    downsample->push_back(std::make_shared<nn::Conv2d>(3, 4, Pair{1, 1}, Pair{1, 1}, Pair{0, 0}, Pair{1, 1}, 1, false));
+    downsample->push_back(std::make_shared<nn::BatchNorm2d>(4));
+  }
+  std::string type_name() const override { return "Block"; }
+};
+
+struct Net : nn::Module {
+  std::shared_ptr<nn::Sequential> layer1;
+  std::shared_ptr<nn::Linear> fc;
+  Net() {
+    layer1 = register_module("layer1", std::make_shared<nn::Sequential>());
+    fc = register_module("fc", std::make_shared<nn::Linear>(4, 2));
+  }
+  std::string type_name() const override { return "Net"; }
+};
+
+std::vector<std::string> names(const nn::NamedTensors& v) {
+  std::vector<std::string> out;
+  for (auto& [n, t] : v) out.push_back(n);
+  return out;
+}
+
+Tensor param(std::vector<double> v) { return from_vector(v, {int64_t(v.size())}).set_requires_grad(); }
+
+}  // namespace
+
+TEST_CASE("modules: dotted names in the common convention, buffers, counts") {
+  Block b;
+  CHECK(names(b.named_parameters()) ==
+        std::vector<std::string>{"conv1.weight", "bn1.weight", "bn1.bias", "downsample.0.weight", "downsample.1.weight",
+                                 "downsample.1.bias"});
+  CHECK(names(b.named_buffers()) ==
+        std::vector<std::string>{"bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked",
+                                 "downsample.1.running_mean", "downsample.1.running_var",
+                                 "downsample.1.num_batches_tracked"});
+  CHECK(b.num_parameters() == 4 * 3 * 9 + 4 + 4 + 4 * 3 + 4 + 4);
+  b.eval();
+  CHECK(!b.bn1->is_training());
+  CHECK(!b.downsample->children()[1].second->is_training());
+  b.train();
+  CHECK(b.bn1->is_training());
+}
+
+TEST_CASE("modules: state_dict round trip and strict errors list every problem") {
+  Block a, b;
+  CHECK(!allclose(a.conv1->weight, b.conv1->weight));
+  b.load_state_dict(a.state_dict());
+  CHECK(allclose(a.conv1->weight, b.conv1->weight, 0, 0));
+  CHECK(allclose(a.downsample->children()[0].second->state_dict().at("weight"), b.downsample->state_dict().at("0.weight")));
+
+  nn::StateDict sd = a.state_dict();
+  sd.erase("bn1.bias");
+  sd["extra.weight"] = zeros({1});
+  sd["conv1.weight"] = zeros({4, 3, 1, 1});
+  try {
+    b.load_state_dict(sd);
+    FAIL("expected an error");
+  } catch (const kiln::Error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("missing: bn1.bias") != std::string::npos);
+    CHECK(m.find("unexpected: extra.weight") != std::string::npos);
+    CHECK(m.find("conv1.weight (checkpoint [4,3,1,1], model [4,3,3,3])") != std::string::npos);
+  }
+  // Non-strict still refuses shape mismatches but tolerates missing and unexpected names.
+  sd["conv1.weight"] = a.conv1->weight;
+  b.load_state_dict(sd, false);
+}
+
+TEST_CASE("modules: layers compute what their ops do") {
+  nn::Linear lin(3, 2);
+  const Tensor x = randn({5, 3});
+  CHECK(allclose(lin(x), matmul(x, lin.weight.t()) + lin.bias, 1e-6, 1e-6));
+  CHECK_THROWS_WITH_AS(lin(randn({5, 4})), doctest::Contains("[5,4]"), kiln::Error);
+  nn::Sequential seq({std::make_shared<nn::Linear>(3, 4), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(4, 1)});
+  CHECK(seq(x).shape() == Shape{5, 1});
+  CHECK(names(seq.named_parameters())[2] == "2.weight");
+
+  nn::BatchNorm2d bn(2);
+  const Tensor img = randn({4, 2, 3, 3});
+  bn(img);
+  CHECK(bn.num_batches_tracked.item<int64_t>() == 1);
+  CHECK(!allclose(bn.running_mean, zeros({2})));
+  bn.eval();
+  const Tensor before = bn.running_mean.clone();
+  bn(img);
+  CHECK(allclose(bn.running_mean, before, 0, 0));
+
+  nn::Embedding emb(10, 4, 0);
+  CHECK(amax(abs(emb.weight.select(0, 0))).item<double>() == 0.0);
+  nn::Dropout drop(0.5);
+  drop.eval();
+  CHECK(allclose(drop(x), x, 0, 0));
+
+  nn::MultiheadSelfAttention mha(8, 2);
+  const Tensor h = randn({2, 5, 8});
+  const Tensor keep = from_vector({1, 1, 1, 0, 0, 1, 1, 1, 1, 1}, {2, 5}, TensorOptions(DType::i64));
+  const Tensor out = mha.forward(h, nn::additive_padding_mask(keep));
+  CHECK(out.shape() == Shape{2, 5, 8});
+  // Changing a padded position of sample 0 does not change sample 0's outputs at kept positions.
+  Tensor h2 = h.clone();
+  h2.select(0, 0).select(0, 4).fill_(7.0);
+  const Tensor out2 = mha.forward(h2, nn::additive_padding_mask(keep));
+  CHECK(allclose(out.select(0, 0).narrow(0, 0, 3), out2.select(0, 0).narrow(0, 0, 3), 1e-5, 1e-6));
+}
+
+TEST_CASE("init: kaiming, xavier, normal, trunc_normal have the right spread") {
+  Tensor w = empty({256, 128, 3, 3});
+  nn::init::kaiming_normal_(w, 0.0, nn::init::FanMode::fan_out, "relu");
+  const double want = std::sqrt(2.0 / (256 * 9));
+  CHECK(std::sqrt(var(w).item<double>()) == doctest::Approx(want).epsilon(0.02));
+  nn::init::kaiming_uniform_(w, 0.0, nn::init::FanMode::fan_in, "relu");
+  const double bound = std::sqrt(3.0) * std::sqrt(2.0 / (128 * 9));
+  CHECK(amax(abs(w)).item<double>() <= bound);
+  CHECK(amax(abs(w)).item<double>() > 0.99 * bound);
+  Tensor x = empty({400, 600});
+  nn::init::xavier_uniform_(x);
+  CHECK(amax(abs(x)).item<double>() <= std::sqrt(6.0 / 1000));
+  nn::init::xavier_normal_(x);
+  CHECK(std::sqrt(var(x).item<double>()) == doctest::Approx(std::sqrt(2.0 / 1000)).epsilon(0.02));
+  Tensor t = empty({100000});
+  nn::init::trunc_normal_(t, 0.0, 0.02, -0.04, 0.04);
+  CHECK(amax(abs(t)).item<double>() <= 0.04);
+  // A normal truncated at 2 sigma has std 0.8796 sigma.
+  CHECK(std::sqrt(var(t).item<double>()) == doctest::Approx(0.02 * 0.8796).epsilon(0.02));
+  CHECK_THROWS_AS(nn::init::kaiming_normal_(t), kiln::Error);  // 1-D: no fan
+}
+
+TEST_CASE("optim: SGD with momentum, dampening, nesterov and weight decay, by hand") {
+  Tensor p = param({1.0, -2.0});
+  optim::SGD opt({{{p}, 0.1, 0.01}}, {0.9, 0.0, true});
+  // step 1: g = [0.5, 1]; d = g + wd p = [0.51, 0.98]; buf = d; nesterov d' = d + 0.9 buf = 1.9 d
+  p.set_grad(from_vector({0.5, 1.0}, {2}));
+  opt.step();
+  std::vector<double> v = p.to_vector();
+  CHECK(v[0] == doctest::Approx(1.0 - 0.1 * 1.9 * 0.51));
+  CHECK(v[1] == doctest::Approx(-2.0 - 0.1 * 1.9 * 0.98));
+  // step 2: g = [0, 0]; d = wd p; buf = 0.9 buf + d; d' = d + 0.9 buf
+  const double p0 = v[0], b0 = 0.51;
+  p.set_grad(zeros({2}));
+  opt.step();
+  const double d = 0.01 * p0, buf = 0.9 * b0 + d;
+  CHECK(p.to_vector()[0] == doctest::Approx(p0 - 0.1 * (d + 0.9 * buf)));
+
+  Tensor q = param({1.0});
+  optim::SGD damp({{{q}, 1.0, 0.0}}, {0.5, 0.5, false});
+  q.set_grad(from_vector({2.0}, {1}));
+  damp.step();  // buf = g = 2 (first step ignores dampening)
+  q.set_grad(from_vector({2.0}, {1}));
+  damp.step();  // buf = 0.5*2 + 0.5*2 = 2
+  CHECK(q.item<double>() == doctest::Approx(1.0 - 2.0 - 2.0));
+  CHECK_THROWS_AS(optim::SGD({{{q}, 1.0, 0.0}}, {0.0, 0.0, true}), kiln::Error);
+}
+
+TEST_CASE("optim: AdamW by hand") {
+  Tensor p = param({0.5});
+  optim::AdamW opt({{{p}, 0.01, 0.1}}, {0.9, 0.999, 1e-8});
+  double w = 0.5, m = 0, v = 0;
+  const double gs[3] = {0.2, -0.1, 0.4};
+  for (int t = 1; t <= 3; ++t) {
+    p.set_grad(from_vector({gs[t - 1]}, {1}));
+    opt.step();
+    m = 0.9 * m + 0.1 * gs[t - 1];
+    v = 0.999 * v + 0.001 * gs[t - 1] * gs[t - 1];
+    w *= 1 - 0.01 * 0.1;
+    w -= 0.01 * (m / (1 - std::pow(0.9, t))) / (std::sqrt(v / (1 - std::pow(0.999, t))) + 1e-8);
+    CHECK(p.item<double>() == doctest::Approx(w).epsilon(1e-6));
+  }
+  // State round trip into a fresh optimizer continues identically.
+  Tensor p2 = param({p.item<double>()});
+  optim::AdamW opt2({{{p2}, 0.01, 0.1}}, {0.9, 0.999, 1e-8});
+  opt2.load_state(opt.state());
+  CHECK(opt2.steps() == 3);
+  p.set_grad(from_vector({0.3}, {1}));
+  p2.set_grad(from_vector({0.3}, {1}));
+  opt.step();
+  opt2.step();
+  CHECK(p.item<double>() == p2.item<double>());
+  optim::SGD sgd({{{p2}, 0.1, 0.0}}, {0.9});
+  CHECK_THROWS_AS(sgd.load_state(opt.state()), kiln::Error);
+}
+
+TEST_CASE("optim: LAMB by hand, trust ratio") {
+  Tensor p = param({3.0, 4.0});  // ||p|| = 5
+  optim::LAMB opt({{{p}, 0.1, 0.0}}, {0.9, 0.999, 1e-6});
+  p.set_grad(from_vector({1.0, -1.0}, {2}));
+  opt.step();
+  // step 1: m_hat = g, v_hat = g^2, u = g / (|g| + eps) ~ [1, -1], ||u|| = sqrt(2), trust = 5 / sqrt(2)
+  const double u = 1.0 / (1.0 + 1e-6), trust = 5.0 / (std::sqrt(2.0) * u);
+  const auto v = p.to_vector();
+  CHECK(v[0] == doctest::Approx(3.0 - 0.1 * trust * u));
+  CHECK(v[1] == doctest::Approx(4.0 + 0.1 * trust * u));
+}
+
+TEST_CASE("optim: clipping, decay groups") {
+  Tensor a = param({0, 0}), b = param({0});
+  a.set_grad(from_vector({3, 0}, {2}));
+  b.set_grad(from_vector({4}, {1}));
+  const double n = optim::clip_grad_norm({a, b}, 1.0);
+  CHECK(n == doctest::Approx(5.0));
+  CHECK(a.grad().to_vector()[0] == doctest::Approx(0.6).epsilon(1e-5));
+  CHECK(b.grad().item<double>() == doctest::Approx(0.8).epsilon(1e-5));
+  CHECK(optim::clip_grad_norm({a, b}, 10.0) == doctest::Approx(1.0).epsilon(1e-5));  // no change below the max
+  optim::clip_grad_value({a, b}, 0.7);
+  CHECK(b.grad().item<double>() == doctest::Approx(0.7));
+  Block blk;
+  const auto groups = optim::decay_groups(blk.named_parameters(), 0.1, 5e-4);
+  REQUIRE(groups.size() == 2);
+  CHECK(groups[0].params.size() == 2);  // the two conv weights
+  CHECK(groups[1].weight_decay == 0.0);
+}
+
+TEST_CASE("optim: LR schedules are pure functions of the step") {
+  optim::LrSchedule s;
+  s.kind = optim::ScheduleKind::cosine;
+  s.base_lr = 1.0;
+  s.warmup_steps = 10;
+  s.total_steps = 110;
+  CHECK(s.at(0) == doctest::Approx(0.1));
+  CHECK(s.at(9) == doctest::Approx(1.0));
+  CHECK(s.at(10) == doctest::Approx(1.0));
+  CHECK(s.at(60) == doctest::Approx(0.5));
+  CHECK(s.at(110) == doctest::Approx(0.0));
+  CHECK(s.at(500) == doctest::Approx(0.0));
+  s.kind = optim::ScheduleKind::linear;
+  CHECK(s.at(35) == doctest::Approx(0.75));
+  s.kind = optim::ScheduleKind::polynomial;
+  s.power = 2.0;
+  CHECK(s.at(60) == doctest::Approx(0.25));
+  optim::LrSchedule st;
+  st.kind = optim::ScheduleKind::step;
+  st.base_lr = 1.0;
+  st.step_size = 30;
+  st.gamma = 0.1;
+  CHECK(st.at(29) == doctest::Approx(1.0));
+  CHECK(st.at(30) == doctest::Approx(0.1));
+  CHECK(st.at(65) == doctest::Approx(0.01));
+  optim::LrSchedule ms;
+  ms.kind = optim::ScheduleKind::multistep;
+  ms.base_lr = 0.1;
+  ms.milestones = {5, 8};
+  CHECK(ms.at(4) == doctest::Approx(0.1));
+  CHECK(ms.at(5) == doctest::Approx(0.01));
+  CHECK(ms.at(9) == doctest::Approx(0.001));
+  CHECK_THROWS_AS(optim::LrSchedule::parse("wobbly"), kiln::Error);
+}
+
+TEST_CASE("modules: a small transformer block learns to copy a token") {
+  // Inputs: random tokens; target at each position = the token at position 0 (needs attention).
+  Generator gen(11);
+  const int64_t vocab = 8, len = 6, dm = 16, batch = 32;
+  nn::Embedding tok(vocab, dm), pos(len, dm);
+  nn::MultiheadSelfAttention attn(dm, 2);
+  nn::LayerNorm ln1(Shape{dm}), ln2(Shape{dm});
+  nn::Linear ff1(dm, 32), ff2(32, dm), head(dm, vocab);
+  std::vector<Tensor> params;
+  for (nn::Module* m : std::initializer_list<nn::Module*>{&tok, &pos, &attn, &ln1, &ln2, &ff1, &ff2, &head})
+    for (auto& p : m->parameters()) params.push_back(p);
+  optim::AdamW opt({{params, 3e-3, 0.0}});
+  const Tensor positions = arange(len);
+  double first = 0, last = 0;
+  for (int step = 0; step < 150; ++step) {
+    const Tensor ids = randint(0, vocab, {batch, len}, TensorOptions(DType::i64), &gen);
+    const Tensor target = ids.narrow(1, 0, 1).expand({batch, len}).contiguous();
+    Tensor h = tok(ids) + pos(positions);
+    h = ln1(h + attn.forward(h));
+    h = ln2(h + ff2(gelu(ff1(h))));
+    const Tensor loss = cross_entropy(head(h).reshape({batch * len, vocab}), target.reshape({-1}));
+    if (step == 0) first = loss.item<double>();
+    last = loss.item<double>();
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  CHECK(last < 0.3 * first);
+}
