@@ -10,9 +10,11 @@
 namespace kiln::optim {
 
 struct ParamGroup {
+  ParamGroup(std::vector<Tensor> p, double lr_ = 1e-3, double wd = 0.0, std::string n = "")
+      : params(std::move(p)), lr(lr_), weight_decay(wd), name(std::move(n)) {}
   std::vector<Tensor> params;
-  double lr = 1e-3;
-  double weight_decay = 0.0;
+  double lr;
+  double weight_decay;
   std::string name;
 };
 

@@ -1,5 +1,5 @@
-// A two-layer MLP learns three interleaved spirals, written against Kiln's core API only
-// (tensors, autograd, random numbers): the demo of scripts/demo and the find_package example.
+// A two-layer MLP learns three interleaved spirals with Kiln's autograd, nn modules and SGD:
+// the demo of scripts/demo until the training command lands.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -33,16 +33,6 @@ void make_spirals(int64_t per_class, Generator& gen, Tensor& x, Tensor& y) {
   y = from_vector(labels, {n}, TensorOptions(DType::i64));
 }
 
-// Mean cross-entropy of logits [N, C] against class indices [N], from core ops: a stable
-// log-softmax and a one-hot mask.
-Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
-  const int64_t classes = logits.size(1);
-  const Tensor shifted = logits - amax(logits, {1}, true).detach();
-  const Tensor logp = shifted - log(sum(exp(shifted), {1}, true));
-  const Tensor onehot = cast(eq(arange(classes).unsqueeze(0), target.unsqueeze(1)), logits.dtype());
-  return neg(mean(sum(logp * onehot, {1})));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -51,37 +41,32 @@ int main(int argc, char** argv) {
   Tensor x, y;
   make_spirals(400, gen, x, y);
 
-  // Parameters: 2 -> 64 -> 3, Kaiming-style scaling, drawn from the same seeded stream.
-  const int64_t hidden = 64;
-  Tensor w1 = (randn({2, hidden}, {}, &gen) * std::sqrt(2.0 / 2.0)).detach().set_requires_grad();
-  Tensor b1 = zeros({hidden}).set_requires_grad();
-  Tensor w2 = (randn({hidden, 3}, {}, &gen) * std::sqrt(1.0 / double(hidden))).detach().set_requires_grad();
-  Tensor b2 = zeros({3}).set_requires_grad();
-  std::vector<Tensor> params{w1, b1, w2, b2}, velocity;
-  for (const Tensor& p : params) velocity.push_back(zeros_like(p));
+  // 2 -> 64 -> 3 with ReLU; SGD with momentum 0.9 and a cosine schedule.
+  nn::Sequential net({std::make_shared<nn::Linear>(2, 64), std::make_shared<nn::ReLU>(),
+                      std::make_shared<nn::Linear>(64, 3)});
+  optim::SGD opt({{net.parameters(), 0.5, 0.0}}, {0.9});
+  optim::LrSchedule lr;
+  lr.kind = optim::ScheduleKind::cosine;
+  lr.base_lr = 0.5;
+  lr.total_steps = steps;
 
-  std::printf("training a 2-64-3 MLP on %lld spiral points, full batch, SGD momentum 0.9\n",
-              static_cast<long long>(x.size(0)));
+  std::printf("training a 2-64-3 MLP (%lld parameters) on %lld spiral points, full batch, SGD momentum 0.9\n",
+              static_cast<long long>(net.num_parameters()), static_cast<long long>(x.size(0)));
   const auto t0 = std::chrono::steady_clock::now();
   double loss_v = 0;
   for (int step = 0; step <= steps; ++step) {
-    const Tensor logits = matmul(relu(matmul(x, w1) + b1), w2) + b2;
-    const Tensor loss = cross_entropy(logits, y);
+    const Tensor loss = cross_entropy(net(x), y);
     loss_v = loss.item<double>();
     if (step % 50 == 0) std::printf("  step %4d  loss %.4f\n", step, loss_v);
     if (step == steps) break;
-    for (Tensor& p : params) p.set_grad(Tensor());
+    opt.zero_grad();
     loss.backward();
-    const double lr = 0.5 * 0.5 * (1.0 + std::cos(M_PI * step / steps));  // cosine decay
-    NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) {
-      velocity[i].mul_(0.9).add_(params[i].grad());
-      params[i].add_(velocity[i], -lr);
-    }
+    opt.set_lr(lr.at(step));
+    opt.step();
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   NoGradGuard no_grad;
-  const Tensor pred = argmax(matmul(relu(matmul(x, w1) + b1), w2) + b2, 1);
+  const Tensor pred = argmax(net(x), 1);
   const double acc = mean(cast(eq(pred, y), DType::f32)).item<double>();
   std::printf("final loss %.4f, training accuracy %.2f%% (%d steps in %.2f s)\n", loss_v, 100.0 * acc, steps, secs);
   return acc > 0.9 ? 0 : 1;

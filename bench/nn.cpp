@@ -1,0 +1,121 @@
+// nn kernel benchmark: conv2d forward+backward on ResNet-20 and ResNet-50 layer shapes in GFLOP/s,
+// layer norm and softmax forward+backward in GB/s. Prints a table; --json FILE writes the rows.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+double median_ms(const std::function<void()>& fn, int reps) {
+  fn();  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct ConvCase {
+  const char* name;
+  int64_t n, c, h, w, o, k, s, p;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) set_num_threads(std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else {
+      std::fprintf(stderr, "usage: bench_nn [--json FILE] [--threads N] [--quick]\n");
+      return 2;
+    }
+  }
+  const int reps = quick ? 2 : 5;
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("conv2d forward + backward (f32, %d threads)\n", num_threads());
+  std::printf("%-28s %-22s %10s %10s %10s\n", "layer", "input", "fwd ms", "fwd+bwd ms", "GFLOP/s");
+  std::vector<ConvCase> convs = {
+      {"resnet20 stage1 3x3 (32px)", 128, 16, 32, 32, 16, 3, 1, 1},
+      {"resnet20 stage2 3x3 (32px)", 128, 32, 16, 16, 32, 3, 1, 1},
+      {"resnet20 stage3 3x3 (32px)", 128, 64, 8, 8, 64, 3, 1, 1},
+      {"resnet20 stage1 3x3 (28px)", 128, 16, 28, 28, 16, 3, 1, 1},
+      {"resnet20 stage3 3x3 (28px)", 128, 64, 7, 7, 64, 3, 1, 1},
+      {"resnet50 conv1 7x7/2", 8, 3, 224, 224, 64, 7, 2, 3},
+      {"resnet50 layer1 3x3", 8, 64, 56, 56, 64, 3, 1, 1},
+      {"resnet50 layer3 1x1", 8, 1024, 14, 14, 256, 1, 1, 0},
+      {"resnet50 layer4 3x3", 8, 512, 7, 7, 512, 3, 1, 1},
+  };
+  if (quick) convs.resize(2);
+  for (const ConvCase& cc : convs) {
+    Tensor x = randn({cc.n, cc.c, cc.h, cc.w}).set_requires_grad();
+    Tensor w = (randn({cc.o, cc.c, cc.k, cc.k}) * 0.05).detach().set_requires_grad();
+    const int64_t oh = (cc.h + 2 * cc.p - cc.k) / cc.s + 1, ow = (cc.w + 2 * cc.p - cc.k) / cc.s + 1;
+    const double flops_fwd = 2.0 * double(cc.n) * cc.o * oh * ow * cc.c * cc.k * cc.k;
+    const double fwd = median_ms([&] {
+      NoGradGuard ng;
+      conv2d(x, w, {}, {cc.s, cc.s}, {cc.p, cc.p});
+    }, reps);
+    const double both = median_ms([&] {
+      x.set_grad(Tensor());
+      w.set_grad(Tensor());
+      sum(conv2d(x, w, {}, {cc.s, cc.s}, {cc.p, cc.p})).backward();
+    }, reps);
+    const double gflops = 3.0 * flops_fwd / (both * 1e-3) / 1e9;  // forward + data grad + weight grad
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "[%lld,%lld,%lld,%lld]", (long long)cc.n, (long long)cc.c, (long long)cc.h,
+                  (long long)cc.w);
+    std::printf("%-28s %-22s %10.2f %10.2f %10.1f\n", cc.name, shape, fwd, both, gflops);
+    rows.push_back({{"op", "conv2d"}, {"name", cc.name}, {"input", shape}, {"kernel", cc.k}, {"out_channels", cc.o},
+                    {"fwd_ms", fwd}, {"fwd_bwd_ms", both}, {"gflops", gflops}});
+  }
+
+  std::printf("\nmemory-bound ops, forward + backward (f32)\n");
+  std::printf("%-28s %-22s %10s %10s\n", "op", "shape", "ms", "GB/s");
+  struct Mem {
+    const char* name;
+    Shape shape;
+  };
+  std::vector<Mem> mems = {{"layer_norm (BERT-base)", {4096, 768}}, {"softmax (attention)", {8 * 12 * 128, 128}},
+                           {"layer_norm (BERT-large)", {4096, 1024}}};
+  if (quick) mems.resize(1);
+  for (const Mem& m : mems) {
+    const bool ln = std::string(m.name).rfind("layer_norm", 0) == 0;
+    Tensor x = randn(m.shape).set_requires_grad();
+    const int64_t d = m.shape.back();
+    Tensor g = ones({d}).set_requires_grad(), b = zeros({d}).set_requires_grad();
+    const Tensor gy = randn(m.shape);
+    const double ms = median_ms([&] {
+      x.set_grad(Tensor());
+      Tensor y = ln ? layer_norm(x, {d}, g, b) : softmax(x, -1);
+      y.backward(gy);
+    }, reps * 2);
+    // Bytes the fused kernels must move: forward reads x, writes y; backward reads x (or y) and gy, writes gx.
+    const double bytes = double(x.numel()) * 4.0 * 5.0;
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    std::printf("%-28s %-22s %10.3f %10.1f\n", m.name, Tensor(x).type_str().c_str(), ms, gbs);
+    rows.push_back({{"op", ln ? "layer_norm" : "softmax"}, {"name", m.name}, {"shape", m.shape}, {"ms", ms}, {"gbps", gbs}});
+  }
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << nlohmann::json{{"benchmark", "nn"}, {"threads", num_threads()}, {"rows", rows}}.dump(2) << "\n";
+    std::printf("\nwrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
