@@ -365,3 +365,39 @@ TEST_CASE("nn: a small CNN learns a synthetic task") {
   }
   CHECK(last < 0.5 * first);
 }
+
+TEST_CASE("nn: non-contiguous inputs and 16-bit dtypes") {
+  // Each op on a permuted / strided view equals the op on its contiguous copy, and has gradients.
+  const Tensor base = rnd({3, 4, 6, 5}, 101);
+  const Tensor v = base.permute({0, 1, 3, 2});  // [3,4,5,6], non-contiguous
+  REQUIRE(!v.is_contiguous());
+  check_close(layer_norm(v, {6}).to_vector(), layer_norm(v.contiguous(), {6}).to_vector(), 1e-12);
+  check_close(batch_norm(v, {}, {}, {}, {}, true).to_vector(), batch_norm(v.contiguous(), {}, {}, {}, {}, true).to_vector(), 1e-12);
+  check_close(max_pool2d(v, {2, 2}).to_vector(), max_pool2d(v.contiguous(), {2, 2}).to_vector(), 1e-15);
+  check_close(softmax(v, 2).to_vector(), softmax(v.contiguous(), 2).to_vector(), 1e-12);
+  const Tensor strided = base.slice(3, 0, 5, 2);  // every other column
+  check_close(avg_pool2d(strided, {2, 1}).to_vector(), avg_pool2d(strided.contiguous(), {2, 1}).to_vector(), 1e-12);
+  check_grad([](const std::vector<Tensor>& t) { return layer_norm(t[0].transpose(0, 1), {2}); }, {rnd({2, 3}, 102)});
+  check_grad([](const std::vector<Tensor>& t) { return batch_norm(t[0].permute({1, 0, 2}), {}, {}, {}, {}, true); },
+             {rnd({2, 3, 2}, 103)});
+  check_grad([](const std::vector<Tensor>& t) { return max_pool2d(t[0].slice(3, 0, 6, 2), {2, 2}, {1, 1}); },
+             {rnd({1, 1, 3, 6}, 104)});
+  const Tensor tgt = from_vector({1, 0, 2}, {3}, TensorOptions(DType::i64));
+  check_grad([&](const std::vector<Tensor>& t) { return cross_entropy(t[0].t(), tgt); }, {rnd({4, 3}, 105)});
+  // Broadcasting gamma through a stride-0 expanded weight.
+  check_grad([](const std::vector<Tensor>& t) { return layer_norm(t[0], {4}, t[1].expand({4}), {}); },
+             {rnd({2, 4}, 106), rnd({1}, 107)});
+
+  // f16 / bf16 compute in f32 and return their own dtype, close to the f32 result.
+  const Tensor x = rnd({2, 3, 6, 6}, 108, DType::f32), w = rnd({4, 3, 3, 3}, 109, DType::f32);
+  for (DType dt : {DType::f16, DType::bf16}) {
+    const Tensor y = conv2d(x.to(dt), w.to(dt), {}, {1, 1}, {1, 1});
+    CHECK(y.dtype() == dt);
+    CHECK(allclose(y.to(DType::f32), conv2d(x.to(dt).to(DType::f32), w.to(dt).to(DType::f32), {}, {1, 1}, {1, 1}),
+                   dt == DType::f16 ? 2e-3 : 1e-2, dt == DType::f16 ? 2e-3 : 2e-2));
+    const Tensor ln = layer_norm(x.to(dt), {6});
+    CHECK(ln.dtype() == dt);
+    CHECK(allclose(ln.to(DType::f32), layer_norm(x.to(dt).to(DType::f32), {6}), 1e-2, 1e-2));
+    CHECK(cross_entropy(x.to(dt).reshape({-1, 6}), zeros({36}, TensorOptions(DType::i64))).dtype() == dt);
+  }
+}

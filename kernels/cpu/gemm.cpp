@@ -28,7 +28,7 @@ namespace kiln::cpu {
 namespace {
 
 // Below this many multiply-adds a problem runs on the calling thread: waking the pool costs more.
-constexpr double kParallelMinMacs = double(1 << 21);
+constexpr double kParallelMinMacs = double(1 << 23);
 
 template <typename T>
 void check_args(const char* name, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
@@ -92,15 +92,14 @@ double macs(const Problem<T>& p) {
   return double(p.m) * double(p.n) * double(p.k);
 }
 
-// Runs `fn` on `tiles` blocks of C cut along the larger of M and N at multiples of `align`.
-// Boundaries are a function of (tiles, shape, align) only; `fn(block)` may run on any thread.
+// Runs `fn` on `tiles` blocks of C cut along N (split_n) or M at multiples of `align`.
+// Boundaries are a function of the arguments only; `fn(block)` may run on any thread.
 template <typename T, typename Fn>
-void for_each_block(const Problem<T>& p, int64_t tiles, int64_t align, const Fn& fn) {
+void for_each_block(const Problem<T>& p, bool split_n, int64_t tiles, int64_t align, const Fn& fn) {
   if (tiles <= 1) {
     fn(p);
     return;
   }
-  const bool split_n = p.n >= p.m;
   const int64_t dim = split_n ? p.n : p.m;
   auto edge = [&](int64_t t) {
     // Round each boundary to `align` so no block but the last has a ragged register tile.
@@ -146,7 +145,7 @@ void eigen_gemm(const Problem<T>& p) {
   const int64_t dim = std::max(p.m, p.n);
   const int64_t tiles = macs(p) >= kParallelMinMacs ? std::max<int64_t>(1, dim / kTile) : 1;
   scale_c(p.m, p.n, p.beta, p.c, p.ldc);
-  for_each_block(p, tiles, 16, [](const Problem<T>& blk) { eigen_block(blk); });
+  for_each_block(p, p.n >= p.m, tiles, 16, [](const Problem<T>& blk) { eigen_block(blk); });
 }
 
 #if KILN_GEMM_AVX512
@@ -271,23 +270,32 @@ int64_t balanced_block(int64_t total, int64_t max_block, int64_t align) {
   return (size + align - 1) / align * align;
 }
 
-// B[pc:pc+kc, j0:j0+nc] -> panels of kc x NR (row q of a panel: NR consecutive values), zero past nc.
+// Vectors in the panel of B starting at column jr: NV, or fewer for a narrow last panel.
+template <typename T>
+int panel_vectors(int64_t cols) {
+  return int(std::min<int64_t>(kNV, (cols + Simd<T>::kW - 1) / Simd<T>::kW));
+}
+
+// B[pc:pc+kc, j0:j0+nc] -> panels of kc x NR (row q of a panel: its NR consecutive values), a narrow last
+// panel only as many vectors wide as it needs, zero past nc.
 template <typename T>
 void pack_b(const Problem<T>& p, int64_t pc, int64_t kc, int64_t j0, int64_t nc, T* dst) {
   using S = Simd<T>;
   constexpr int kW = S::kW, kNR = kW * kNV;
   for (int64_t jr = 0; jr < nc; jr += kNR, dst += kc * kNR) {
     const int64_t cols = std::min<int64_t>(kNR, nc - jr);
+    const int nv = panel_vectors<T>(cols);
+    const int64_t stride = int64_t(nv) * kW;
     if (!p.trans_b) {
       const T* src = p.b + pc * p.ldb + j0 + jr;
       for (int64_t q = 0; q < kc; ++q, src += p.ldb)
-        for (int v = 0; v < kNV; ++v) S::store(dst + q * kNR + kW * v, S::maskz_loadu(S::tail(cols - kW * v), src + kW * v));
+        for (int v = 0; v < nv; ++v) S::store(dst + q * stride + kW * v, S::maskz_loadu(S::tail(cols - kW * v), src + kW * v));
       continue;
     }
     // B stored n x k: a panel column is a contiguous run along k. Transpose kW x kW blocks in registers;
     // ragged edges (and columns past nc, as zeros) go one element at a time.
-    for (int v = 0; v < kNV; ++v) {
-      const int64_t vcols = std::clamp<int64_t>(cols - kW * v, 0, kW);
+    for (int v = 0; v < nv; ++v) {
+      const int64_t vcols = std::min<int64_t>(cols - kW * v, kW);
       const T* src = p.b + (j0 + jr + kW * v) * p.ldb + pc;
       int64_t q = 0;
       if (vcols == kW) {
@@ -295,11 +303,11 @@ void pack_b(const Problem<T>& p, int64_t pc, int64_t kc, int64_t j0, int64_t nc,
           typename S::V r[kW];
           for (int i = 0; i < kW; ++i) r[i] = S::loadu(src + i * p.ldb + q);
           S::transpose(r);
-          for (int i = 0; i < kW; ++i) S::store(dst + (q + i) * kNR + kW * v, r[i]);
+          for (int i = 0; i < kW; ++i) S::store(dst + (q + i) * stride + kW * v, r[i]);
         }
       }
       for (; q < kc; ++q)
-        for (int i = 0; i < kW; ++i) dst[q * kNR + kW * v + i] = i < vcols ? src[i * p.ldb + q] : T(0);
+        for (int i = 0; i < kW; ++i) dst[q * stride + kW * v + i] = i < vcols ? src[i * p.ldb + q] : T(0);
     }
   }
 }
@@ -312,14 +320,15 @@ void pack_a_trans(const Problem<T>& p, int64_t i0, int64_t rows, int64_t pc, int
     for (int r = 0; r < kMR; ++r) dst[r] = r < rows ? src[r] : T(0);
 }
 
-// C[0:rows, 0:cols] = alpha * A'B' + beta * C over one MR x NR tile (beta == 0: C is not read).
+// C[0:rows, 0:cols] = alpha * A'B' + beta * C over one MR x (kNVv vectors) tile (beta == 0: C is not read).
 // A' element (r, q) is a_row[r][q * kAStep]: kAStep = 1 reads rows of A in place, kAStep = MR a packed panel.
-template <typename T, int kAStep>
+// The B panel's rows are kNVv vectors apart; kNVv < NV only for a narrow last panel.
+template <typename T, int kAStep, int kNVv>
 __attribute__((noinline)) void micro_kernel(int64_t kc, const T* const* a_row, const T* __restrict pb, T* c, int64_t ldc, int64_t rows,
                   int64_t cols, T alpha, T beta) {
   using S = Simd<T>;
   using V = typename S::V;
-  constexpr int kW = S::kW, kNR = kW * kNV;
+  constexpr int kW = S::kW, kStride = kW * kNVv;
   const T* a0 = a_row[0];
   const T* a1 = a_row[1];
   const T* a2 = a_row[2];
@@ -328,43 +337,55 @@ __attribute__((noinline)) void micro_kernel(int64_t kc, const T* const* a_row, c
   const T* a5 = a_row[5];
   static_assert(kMR == 6, "the row pointers above assume MR = 6");
 
-  V acc[kMR][kNV];
+  V acc[kMR][kNVv];
 #pragma GCC unroll 6
   for (int r = 0; r < kMR; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < kNV; ++v) acc[r][v] = S::zero();
+    for (int v = 0; v < kNVv; ++v) acc[r][v] = S::zero();
 
   // C is touched once per K block; start its lines on their way so the final loads don't stall.
   for (int64_t r = 0; r < rows; ++r)
-    for (int v = 0; v < kNV; ++v) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + kW * v), _MM_HINT_T0);
+    for (int v = 0; v < kNVv; ++v) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + kW * v), _MM_HINT_T0);
 
 #pragma GCC unroll 2
   for (int64_t q = 0; q < kc; ++q) {
-    V bv[kNV];
+    V bv[kNVv];
 #pragma GCC unroll 4
-    for (int v = 0; v < kNV; ++v) bv[v] = S::load(pb + q * kNR + kW * v);
+    for (int v = 0; v < kNVv; ++v) bv[v] = S::load(pb + q * kStride + kW * v);
     const T av[kMR] = {a0[q * kAStep], a1[q * kAStep], a2[q * kAStep], a3[q * kAStep], a4[q * kAStep], a5[q * kAStep]};
 #pragma GCC unroll 6
     for (int r = 0; r < kMR; ++r) {
       const V a = S::set1(av[r]);
 #pragma GCC unroll 4
-      for (int v = 0; v < kNV; ++v) acc[r][v] = S::fmadd(a, bv[v], acc[r][v]);
+      for (int v = 0; v < kNVv; ++v) acc[r][v] = S::fmadd(a, bv[v], acc[r][v]);
     }
   }
 
   const V valpha = S::set1(alpha), vbeta = S::set1(beta);
-  typename S::Mask mask[kNV];
-  for (int v = 0; v < kNV; ++v) mask[v] = S::tail(cols - kW * v);
+  typename S::Mask mask[kNVv];
+  for (int v = 0; v < kNVv; ++v) mask[v] = S::tail(cols - kW * v);
 #pragma GCC unroll 6
   for (int r = 0; r < kMR; ++r) {
     if (r >= rows) break;
     T* crow = c + r * ldc;
 #pragma GCC unroll 4
-    for (int v = 0; v < kNV; ++v) {
+    for (int v = 0; v < kNVv; ++v) {
       V out = S::mul(acc[r][v], valpha);
       if (beta != T(0)) out = S::fmadd(S::maskz_loadu(mask[v], crow + kW * v), vbeta, out);
       S::mask_storeu(crow + kW * v, mask[v], out);
     }
+  }
+}
+
+template <typename T, int kAStep>
+void dispatch_kernel(int nv, int64_t kc, const T* const* a_row, const T* pb, T* c, int64_t ldc, int64_t rows,
+                     int64_t cols, T alpha, T beta) {
+  static_assert(kNV == 4, "one case per panel width below");
+  switch (nv) {
+    case 4: return micro_kernel<T, kAStep, 4>(kc, a_row, pb, c, ldc, rows, cols, alpha, beta);
+    case 3: return micro_kernel<T, kAStep, 3>(kc, a_row, pb, c, ldc, rows, cols, alpha, beta);
+    case 2: return micro_kernel<T, kAStep, 2>(kc, a_row, pb, c, ldc, rows, cols, alpha, beta);
+    default: return micro_kernel<T, kAStep, 1>(kc, a_row, pb, c, ldc, rows, cols, alpha, beta);
   }
 }
 
@@ -399,9 +420,9 @@ void avx512_block(const Problem<T>& p) {
           const T* pb = pack_b_buf + (jr / kNR) * kc * kNR;
           const int64_t cols = std::min<int64_t>(kNR, nc - jr);
           if (p.trans_a)
-            micro_kernel<T, kMR>(kc, a_row, pb, c_tile + jr, p.ldc, rows, cols, p.alpha, beta);
+            dispatch_kernel<T, kMR>(panel_vectors<T>(cols), kc, a_row, pb, c_tile + jr, p.ldc, rows, cols, p.alpha, beta);
           else
-            micro_kernel<T, 1>(kc, a_row, pb, c_tile + jr, p.ldc, rows, cols, p.alpha, beta);
+            dispatch_kernel<T, 1>(panel_vectors<T>(cols), kc, a_row, pb, c_tile + jr, p.ldc, rows, cols, p.alpha, beta);
         }
       }
     }
@@ -411,17 +432,20 @@ void avx512_block(const Problem<T>& p) {
 template <typename T>
 void avx512_gemm(const Problem<T>& p) {
   constexpr int kNR = Simd<T>::kW * kNV;
-  // Any split gives the same bits here, so one block per thread, cut at register-tile multiples.
-  const bool split_n = p.n >= p.m;
-  const int64_t units = split_n ? p.n / kNR : p.m / (4 * kMR);
-  const int64_t tiles = macs(p) >= kParallelMinMacs ? std::min<int64_t>(num_threads(), units) : 1;
-  for_each_block(p, tiles, split_n ? kNR : 4 * kMR, [](const Problem<T>& blk) { avx512_block(blk); });
+  // Any split gives the same bits here, so one block per thread, cut at register-tile multiples: along the
+  // longer side unless only the other has a unit of work for every thread.
+  const int64_t threads = macs(p) >= kParallelMinMacs ? num_threads() : 1;
+  const int64_t units_n = p.n / kNR, units_m = p.m / (4 * kMR);
+  const bool split_n = p.n >= p.m ? units_n >= std::min(threads, units_m) : units_m < std::min(threads, units_n);
+  const int64_t tiles = std::min(threads, split_n ? units_n : units_m);
+  for_each_block(p, split_n, tiles, split_n ? kNR : 4 * kMR, [](const Problem<T>& blk) { avx512_block(blk); });
 }
 
 // Where the micro-kernel beats Eigen; a function of the shape alone, so the choice never depends on threads.
+// A single row or column is a matrix-vector product, where Eigen's GEMV wins: nothing to reuse a packed panel.
 template <typename T>
 bool use_avx512(const Problem<T>& p) {
-  return true;
+  return p.m > 1 && p.n > 1;
 }
 #endif
 
