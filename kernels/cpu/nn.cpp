@@ -139,14 +139,19 @@ void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, 
       T mx = -std::numeric_limits<T>::infinity();
       for (int64_t i = 0; i < n; ++i) mx = std::max(mx, xr[i * inner]);
       if (!std::isfinite(mx)) mx = 0;  // all -inf rows give NaN/0 naturally below; avoid inf - inf
+      // exp in T (each term is at most 1), summed in f64; softmax keeps the terms in y for the scale pass.
       double s = 0;
-      for (int64_t i = 0; i < n; ++i) s += std::exp(double(xr[i * inner] - mx));
+      for (int64_t i = 0; i < n; ++i) {
+        const T e = std::exp(xr[i * inner] - mx);
+        if (!log) yr[i * inner] = e;
+        s += double(e);
+      }
       if (log) {
         const T lse = T(std::log(s)) + mx;
         for (int64_t i = 0; i < n; ++i) yr[i * inner] = xr[i * inner] - lse;
       } else {
-        const double inv = 1.0 / s;
-        for (int64_t i = 0; i < n; ++i) yr[i * inner] = T(std::exp(double(xr[i * inner] - mx)) * inv);
+        const T inv = T(1.0 / s);
+        for (int64_t i = 0; i < n; ++i) yr[i * inner] *= inv;
       }
     }
   });
