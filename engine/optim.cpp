@@ -98,6 +98,22 @@ void write_back(Tensor& p, const Tensor& v) {
   if (p.dtype() == DType::f32 && v.same(p)) return;
   p.copy_(v);
 }
+
+// Adam's moment update, shared by AdamW and LAMB: m and v (f32 slots) and the bias corrections.
+struct Moments {
+  Tensor m, v;
+  double bc1, bc2;
+};
+Moments adam_moments(const AdamOptions& o, int64_t steps, const Tensor& p, const Tensor& grad,
+                     std::map<std::string, Tensor>& slots) {
+  const Tensor gr = f32(grad);
+  Tensor& m = slot(slots, "exp_avg", p);
+  Tensor& v = slot(slots, "exp_avg_sq", p);
+  m.mul_(o.beta1).add_(gr, 1.0 - o.beta1);
+  v.mul_(o.beta2).add_(gr * gr, 1.0 - o.beta2);
+  const double t = double(steps);
+  return {m, v, 1.0 - std::pow(o.beta1, t), 1.0 - std::pow(o.beta2, t)};
+}
 }  // namespace
 
 // ---- SGD ---------------------------------------------------------------------------------------------
@@ -143,13 +159,7 @@ std::map<std::string, double> AdamW::hyper() const {
 }
 
 void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
-  const Tensor gr = f32(grad);
-  Tensor& m = slot(slots, "exp_avg", p);
-  Tensor& v = slot(slots, "exp_avg_sq", p);
-  m.mul_(o_.beta1).add_(gr, 1.0 - o_.beta1);
-  v.mul_(o_.beta2).add_(gr * gr, 1.0 - o_.beta2);
-  const double t = double(steps_);
-  const double bc1 = 1.0 - std::pow(o_.beta1, t), bc2 = 1.0 - std::pow(o_.beta2, t);
+  const auto [m, v, bc1, bc2] = adam_moments(o_, steps_, p, grad, slots);
   Tensor w = f32(p);
   if (!w.same(p)) w = w.clone();
   if (g.weight_decay != 0) w.mul_(1.0 - g.lr * g.weight_decay);
@@ -169,13 +179,7 @@ std::map<std::string, double> LAMB::hyper() const {
 }
 
 void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
-  const Tensor gr = f32(grad);
-  Tensor& m = slot(slots, "exp_avg", p);
-  Tensor& v = slot(slots, "exp_avg_sq", p);
-  m.mul_(o_.beta1).add_(gr, 1.0 - o_.beta1);
-  v.mul_(o_.beta2).add_(gr * gr, 1.0 - o_.beta2);
-  const double t = double(steps_);
-  const double bc1 = 1.0 - std::pow(o_.beta1, t), bc2 = 1.0 - std::pow(o_.beta2, t);
+  const auto [m, v, bc1, bc2] = adam_moments(o_, steps_, p, grad, slots);
   Tensor w = f32(p);
   Tensor u = (m * (1.0 / bc1)) / (sqrt(v * (1.0 / bc2)) + o_.eps);
   if (g.weight_decay != 0) u = u + w * g.weight_decay;

@@ -13,8 +13,11 @@
 #include <vector>
 
 #include "kiln.h"
+#include "test_util.h"
 
 using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::error_of;
 
 namespace {
 
@@ -60,18 +63,6 @@ void check_values(const Tensor& t, const std::vector<double>& want, double tol, 
       return;
     }
 }
-
-template <typename F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("NOT A kiln::Error: ") + e.what();
-  }
-  return "NO ERROR";
-}
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
 Tensor leaf(const Shape& s, double lo = -1, double hi = 1, uint32_t seed = 1) {
   Tensor t = rnd(s, lo, hi, seed);

@@ -13,8 +13,11 @@
 #include <vector>
 
 #include "kiln.h"
+#include "test_util.h"
 
 using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::error_of;
 
 namespace {
 
@@ -231,19 +234,6 @@ struct Gen {
     return Tensor();
   }
 };
-
-template <typename Fn> std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("NOT A kiln::Error: ") + e.what();
-  }
-  return "NO ERROR";
-}
-
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
 double gelu_erf_ref(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
 double gelu_tanh_ref(double x) {

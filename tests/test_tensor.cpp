@@ -11,9 +11,12 @@
 #include <vector>
 
 #include "kiln.h"
+#include "test_util.h"
 #include "kernels/common/philox.h"
 
 using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::error_of;
 
 namespace {
 
@@ -41,19 +44,6 @@ void check_values(const Tensor& t, const std::vector<double>& want, double atol 
 }
 
 bool same_storage(const Tensor& a, const Tensor& b) { return a.storage().get() == b.storage().get(); }
-
-template <typename Fn> std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("NOT A kiln::Error: ") + e.what();
-  }
-  return "NO ERROR";
-}
-
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
 }  // namespace
 
