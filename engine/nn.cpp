@@ -70,6 +70,23 @@ void Module::zero_grad() {
   for (auto& [n, t] : named_parameters()) Tensor(t).set_grad(Tensor());
 }
 
+void Module::to(DType dt) {
+  KILN_CHECK(is_floating(dt), "Module::to: target dtype must be floating, got ", dt);
+  NoGradGuard ng;
+  auto convert = [dt](const Tensor& t) {
+    if (!is_floating(t.dtype()) || t.dtype() == dt) return;
+    const Tensor c = t.detach().to(dt).contiguous();
+    TensorImpl& im = t.impl();
+    im.storage = c.storage();
+    im.strides = c.strides();
+    im.offset = c.offset();
+    im.dtype = dt;
+    if (im.autograd) im.autograd->grad = nullptr;
+  };
+  for (auto& [n, t] : named_parameters()) convert(t);
+  for (auto& [n, t] : named_buffers()) convert(t);
+}
+
 StateDict Module::state_dict() const {
   StateDict sd;
   for (auto& [n, t] : named_parameters()) sd[n] = t;

@@ -30,6 +30,8 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
   void zero_grad();  // drops every parameter's .grad
+  // Converts every floating parameter and buffer to dtype in place (handles held elsewhere see it).
+  void to(DType dtype);
 
   // Parameters and buffers under their dotted names (buffers included, as checkpoints expect).
   StateDict state_dict() const;
@@ -178,6 +180,24 @@ class Sequential : public Layer {
 
  private:
   std::vector<std::shared_ptr<Layer>> layers_;
+};
+
+// Modules under indices 0, 1, 2, ... with no forward of their own (BERT's encoder.layer.N).
+template <typename M> class ModuleList : public Module {
+ public:
+  std::string type_name() const override { return "ModuleList"; }
+  std::shared_ptr<M> push_back(std::shared_ptr<M> m) {
+    add_child(std::to_string(items_.size()), m);
+    items_.push_back(m);
+    return m;
+  }
+  size_t size() const { return items_.size(); }
+  M& operator[](size_t i) { return *items_.at(i); }
+  auto begin() { return items_.begin(); }
+  auto end() { return items_.end(); }
+
+ private:
+  std::vector<std::shared_ptr<M>> items_;
 };
 
 // Self-attention over x [B, L, E] with `heads` heads; children query, key, value, out (Linear).
