@@ -2,6 +2,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 namespace kiln::tools {
 
@@ -12,5 +13,14 @@ struct DoctorOptions {
 };
 void add_doctor_flags(CLI::App& app, DoctorOptions& o);
 int run_doctor(const DoctorOptions& o);
+
+struct ForwardOptions {
+  std::string model, weights, inputs, out, grad_output;
+  std::vector<std::string> sets;
+  bool train = false;
+  bool allow_missing = false;
+};
+void add_forward_flags(CLI::App& app, ForwardOptions& o);
+int run_forward(const ForwardOptions& o);
 
 }  // namespace kiln::tools

@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
   kiln::tools::DoctorOptions doctor_opts;
   CLI::App* doctor = app.add_subcommand("doctor", "Report the build and what this machine offers for training");
   kiln::tools::add_doctor_flags(*doctor, doctor_opts);
+  kiln::tools::ForwardOptions forward_opts;
+  CLI::App* forward = app.add_subcommand("forward", "Run a model on inputs from a safetensors file and write its outputs");
+  kiln::tools::add_forward_flags(*forward, forward_opts);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -29,6 +32,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (doctor->parsed()) return kiln::tools::run_doctor(doctor_opts);
+    if (forward->parsed()) return kiln::tools::run_forward(forward_opts);
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const kiln::Error& e) {

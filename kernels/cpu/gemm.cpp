@@ -164,8 +164,14 @@ void eigen_gemm(const Problem<T>& p) {
 // in the same KC blocks, whatever the thread split: results are independent of the thread count.
 constexpr int kMR = 6;
 constexpr int kNV = 4;
-constexpr int64_t kKC = 384;
-constexpr int64_t kNC = 384;
+#ifndef KILN_GEMM_KC
+#define KILN_GEMM_KC 384
+#endif
+#ifndef KILN_GEMM_NC
+#define KILN_GEMM_NC 384
+#endif
+constexpr int64_t kKC = KILN_GEMM_KC;
+constexpr int64_t kNC = KILN_GEMM_NC;
 
 template <typename T>
 struct Simd;
@@ -315,9 +321,11 @@ void pack_b(const Problem<T>& p, int64_t pc, int64_t kc, int64_t j0, int64_t nc,
 // A[i0:i0+rows, pc:pc+kc] from a transposed A (stored k x m) -> one kc x MR panel, zero past rows.
 template <typename T>
 void pack_a_trans(const Problem<T>& p, int64_t i0, int64_t rows, int64_t pc, int64_t kc, T* dst) {
+  using S = Simd<T>;
+  static_assert(kMR <= S::kW, "a panel row must fit one vector");
+  const auto load_mask = S::tail(rows), store_mask = S::tail(kMR);
   const T* src = p.a + pc * p.lda + i0;
-  for (int64_t q = 0; q < kc; ++q, src += p.lda, dst += kMR)
-    for (int r = 0; r < kMR; ++r) dst[r] = r < rows ? src[r] : T(0);
+  for (int64_t q = 0; q < kc; ++q, src += p.lda, dst += kMR) S::mask_storeu(dst, store_mask, S::maskz_loadu(load_mask, src));
 }
 
 // C[0:rows, 0:cols] = alpha * A'B' + beta * C over one MR x (kNVv vectors) tile (beta == 0: C is not read).
@@ -442,10 +450,11 @@ void avx512_gemm(const Problem<T>& p) {
 }
 
 // Where the micro-kernel beats Eigen; a function of the shape alone, so the choice never depends on threads.
-// A single row or column is a matrix-vector product, where Eigen's GEMV wins: nothing to reuse a packed panel.
+// A few rows or columns are (nearly) matrix-vector products: a 6 x 64 tile would mostly compute padding,
+// and Eigen's GEMV / small kernels measured as fast or faster there.
 template <typename T>
 bool use_avx512(const Problem<T>& p) {
-  return p.m > 1 && p.n > 1;
+  return p.m >= 4 && p.n >= 5;
 }
 #endif
 

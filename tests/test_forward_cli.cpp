@@ -1,0 +1,120 @@
+// `kiln forward` end to end: weights and inputs written with the safetensors writer, the binary
+// run as a user would, its outputs and gradients compared with the same model run in-process.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "io/safetensors.h"
+#include "kiln.h"
+#include "models/bert.h"
+#include "models/resnet.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path p;
+  TempDir() {
+    p = fs::temp_directory_path() / ("kiln_forward_" + std::to_string(::getpid()) + "_" + std::to_string(std::rand()));
+    fs::create_directories(p);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+  }
+  std::string operator/(const std::string& f) const { return (p / f).string(); }
+};
+
+int run(const std::string& args) {
+  const std::string cmd = std::string(KILN_BINARY) + " forward " + args + " > /dev/null 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("forward: resnet20 outputs and gradients match the in-process model") {
+  TempDir d;
+  models::ResNetConfig cfg{"resnet20", 4, 1};
+  auto m = models::make_resnet(cfg);
+  io::save_safetensors(d / "w.safetensors", m->state_dict());
+  const Tensor x = randn({2, 1, 12, 12});
+  io::save_safetensors(d / "x.safetensors", {{"input", x}});
+  m->eval();
+  Tensor want;
+  {
+    NoGradGuard ng;
+    want = (*m)(x);
+  }
+  const std::string base = "--model resnet20 --set num_classes=4 --set in_channels=1 --weights " + d / "w.safetensors" +
+                           " --inputs " + d / "x.safetensors";
+  REQUIRE(run(base + " --out " + d / "y.safetensors") == 0);
+  const auto y = io::load_safetensors(d / "y.safetensors");
+  CHECK(allclose(y.tensors.at("output"), want, 1e-5, 1e-6));
+
+  // Training-mode batch norm with a gradient: compare every parameter's gradient.
+  const Tensor g = randn({2, 4});
+  io::save_safetensors(d / "g.safetensors", {{"output", g}});
+  REQUIRE(run(base + " --train --grad-output " + d / "g.safetensors" + " --out " + d / "y2.safetensors") == 0);
+  const auto y2 = io::load_safetensors(d / "y2.safetensors");
+  auto m2 = models::make_resnet(cfg);
+  m2->load_state_dict(m->state_dict());
+  m2->train();
+  Tensor xi = x.clone().set_requires_grad();
+  (*m2)(xi).backward(g);
+  CHECK(allclose(y2.tensors.at("grad.input"), xi.grad(), 1e-4, 1e-6));
+  for (auto& [n, p] : m2->named_parameters()) {
+    INFO(n);
+    CHECK(allclose(y2.tensors.at("grad." + n), p.grad(), 1e-4, 1e-6));
+  }
+}
+
+TEST_CASE("forward: bert-tiny-mlm, bad weights and flags") {
+  TempDir d;
+  models::BertConfig c = models::bert_config("tiny");
+  c.vocab_size = 40;
+  c.hidden_dropout = c.attention_dropout = 0;
+  models::BertForMaskedLM m(c);
+  m.eval();
+  io::save_safetensors(d / "w.safetensors", m.state_dict());
+  const Tensor ids = randint(0, 40, {2, 5});
+  const Tensor mask = ones({2, 5}, TensorOptions(DType::i64));
+  io::save_safetensors(d / "x.safetensors", {{"input_ids", ids}, {"attention_mask", mask}});
+  const std::string base = "--model bert-tiny-mlm --set vocab_size=40 --inputs " + d / "x.safetensors";
+  REQUIRE(run(base + " --weights " + d / "w.safetensors" + " --out " + d / "y.safetensors") == 0);
+  Tensor want;
+  {
+    NoGradGuard ng;
+    want = m.forward(ids, mask);
+  }
+  CHECK(allclose(io::load_safetensors(d / "y.safetensors").tensors.at("output"), want, 1e-5, 1e-6));
+
+  // Old gamma/beta names load as aliases.
+  nn::StateDict old = m.state_dict();
+  old["bert.embeddings.LayerNorm.gamma"] = old.at("bert.embeddings.LayerNorm.weight");
+  old.erase("bert.embeddings.LayerNorm.weight");
+  io::save_safetensors(d / "old.safetensors", old);
+  CHECK(run(base + " --weights " + d / "old.safetensors" + " --out " + d / "y3.safetensors") == 0);
+
+  // Missing and unexpected names are errors (exit 1); --allow-missing tolerates the missing.
+  nn::StateDict bad = m.state_dict();
+  bad.erase("cls.predictions.bias");
+  io::save_safetensors(d / "missing.safetensors", bad);
+  CHECK(run(base + " --weights " + d / "missing.safetensors" + " --out " + d / "y4.safetensors") == 1);
+  CHECK(run(base + " --weights " + d / "missing.safetensors" + " --allow-missing --out " + d / "y4.safetensors") == 0);
+  bad["stray.weight"] = zeros({1});
+  io::save_safetensors(d / "stray.safetensors", bad);
+  CHECK(run(base + " --weights " + d / "stray.safetensors" + " --allow-missing --out " + d / "y5.safetensors") == 1);
+  // Bad flags: exit 2 before any work.
+  CHECK(run("--model bert-tiny-mlm --weights " + d / "nope.safetensors" + " --inputs " + d / "x.safetensors" +
+            " --out " + d / "y6.safetensors") == 2);
+  CHECK(run(base + " --weights " + d / "w.safetensors" + " --set colour=blue --out " + d / "y7.safetensors") == 1);
+  CHECK(!fs::exists(d / "y7.safetensors"));
+}
