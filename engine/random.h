@@ -24,3 +24,43 @@ Generator& default_generator();
 void manual_seed(uint64_t seed);
 
 }  // namespace kiln
+
+#include "kernels/common/philox.h"
+
+namespace kiln {
+
+// Sequential host-side draws from one Philox stream: key `seed`, counters from `first_block` on.
+// Data loaders use it so a shuffle or an augmentation is a pure function of (seed, stream), never
+// of thread timing.
+class PhiloxStream {
+ public:
+  PhiloxStream(uint64_t seed, uint64_t first_block) : seed_(seed), block_(first_block) {}
+  uint32_t next_u32() {
+    if (lane_ == 4) {
+      cur_ = philox_block(seed_, block_++);
+      lane_ = 0;
+    }
+    return cur_.v[lane_++];
+  }
+  // Uniform in [0, n) for n >= 1 (64-bit multiply-shift; the bias is below 2^-32 for the sizes used).
+  uint64_t below(uint64_t n) {
+    const uint64_t x = uint64_t(next_u32()) << 32 | next_u32();
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(x) * n) >> 64);
+  }
+  float uniform() { return u32_to_uniform(next_u32()); }  // [0, 1)
+
+ private:
+  uint64_t seed_, block_;
+  U32x4 cur_{};
+  int lane_ = 4;
+};
+
+// Mixes two 64-bit values into a seed (splitmix64 finaliser), for per-epoch and per-purpose keys.
+inline uint64_t mix_seed(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9E3779B97F4A7C15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace kiln

@@ -143,6 +143,8 @@ void set_num_threads(int n) {
 
 bool in_parallel_region() { return t_in_parallel; }
 
+void run_inline_on_this_thread() { t_in_parallel = true; }
+
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (end <= begin) return;
   grain = std::max<int64_t>(grain, 1);

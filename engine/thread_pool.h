@@ -15,5 +15,8 @@ void set_num_threads(int n);
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 // True inside a pool worker (or inside a parallel_for body on the calling thread).
 bool in_parallel_region();
+// Makes every parallel_for on the calling thread run inline, for threads that must not queue on the
+// compute pool (data-loader workers). Lasts for the thread's life.
+void run_inline_on_this_thread();
 
 }  // namespace kiln

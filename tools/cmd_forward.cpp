@@ -15,6 +15,7 @@
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "tools/commands.h"
+#include "tools/zoo.h"
 
 namespace kiln::tools {
 
@@ -41,35 +42,6 @@ struct Built {
   std::vector<std::string> input_names;
 };
 
-std::pair<std::string, std::string> split_set(const std::string& kv) {
-  const auto eq = kv.find('=');
-  KILN_CHECK(eq != std::string::npos && eq > 0, "--set ", kv, ": expected key=value");
-  return {kv.substr(0, eq), kv.substr(eq + 1)};
-}
-
-int64_t to_int(const std::string& k, const std::string& v) {
-  size_t used = 0;
-  int64_t x = 0;
-  try {
-    x = std::stoll(v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  KILN_CHECK(used == v.size() && !v.empty(), "--set ", k, "=", v, ": expected an integer");
-  return x;
-}
-double to_double(const std::string& k, const std::string& v) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  KILN_CHECK(used == v.size() && !v.empty(), "--set ", k, "=", v, ": expected a number");
-  return x;
-}
-
 const Tensor& need(const std::map<std::string, Tensor>& in, const std::string& name, const std::string& file) {
   auto it = in.find(name);
   KILN_CHECK(it != in.end(), file, ": no tensor named '", name, "'");
@@ -79,15 +51,7 @@ const Tensor& need(const std::map<std::string, Tensor>& in, const std::string& n
 Built build(const ForwardOptions& o) {
   Built b;
   if (models::is_resnet_name(o.model)) {
-    models::ResNetConfig c;
-    c.name = o.model;
-    for (const auto& kv : o.sets) {
-      const auto [k, v] = split_set(kv);
-      if (k == "num_classes") c.num_classes = to_int(k, v);
-      else if (k == "in_channels") c.in_channels = to_int(k, v);
-      else if (k == "zero_init_residual") c.zero_init_residual = to_int(k, v) != 0;
-      else KILN_FAIL("--set ", k, ": not a ResNet config field (num_classes, in_channels, zero_init_residual)");
-    }
+    const models::ResNetConfig c = resnet_config_from(o.model, o.sets);
     auto m = models::make_resnet(c);
     b.module = m;
     b.input_names = {"input"};
@@ -96,29 +60,9 @@ Built build(const ForwardOptions& o) {
     };
     return b;
   }
-  KILN_CHECK(o.model.rfind("bert-", 0) == 0, "--model ", o.model,
-             ": unknown (expected resnet20..resnet152, bert-SIZE, bert-SIZE-mlm or bert-SIZE-cls)");
-  std::string rest = o.model.substr(5), head;
-  for (const char* h : {"-mlm", "-cls"})
-    if (rest.size() > 4 && rest.compare(rest.size() - 4, 4, h) == 0) {
-      head = h + 1;
-      rest = rest.substr(0, rest.size() - 4);
-    }
-  models::BertConfig c = models::bert_config(rest);
-  for (const auto& kv : o.sets) {
-    const auto [k, v] = split_set(kv);
-    if (k == "vocab_size") c.vocab_size = to_int(k, v);
-    else if (k == "hidden_size") c.hidden_size = to_int(k, v);
-    else if (k == "num_layers") c.num_layers = to_int(k, v);
-    else if (k == "num_heads") c.num_heads = to_int(k, v);
-    else if (k == "intermediate_size") c.intermediate_size = to_int(k, v);
-    else if (k == "max_position") c.max_position = to_int(k, v);
-    else if (k == "type_vocab_size") c.type_vocab_size = to_int(k, v);
-    else if (k == "num_labels") c.num_labels = to_int(k, v);
-    else if (k == "layer_norm_eps") c.layer_norm_eps = to_double(k, v);
-    else KILN_FAIL("--set ", k, ": not a BERT config field (vocab_size, hidden_size, num_layers, num_heads, "
-                   "intermediate_size, max_position, type_vocab_size, num_labels, layer_norm_eps)");
-  }
+  const BertName bn = parse_bert_name(o.model);
+  const std::string& head = bn.head;
+  models::BertConfig c = bert_config_from(bn.size, o.sets);
   // Deterministic outputs: dropout is always off here (eval, and --train means batch-norm mode only).
   c.hidden_dropout = c.attention_dropout = 0.0;
   b.input_names = {"input_ids", "attention_mask", "token_type_ids"};

@@ -7,6 +7,7 @@
 #include "engine/error.h"
 #include "kiln_build_info.h"
 #include "tools/commands.h"
+#include "tools/train.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Kiln: a from-scratch deep-learning training engine"};
@@ -19,6 +20,18 @@ int main(int argc, char** argv) {
   kiln::tools::ForwardOptions forward_opts;
   CLI::App* forward = app.add_subcommand("forward", "Run a model on inputs from a safetensors file and write its outputs");
   kiln::tools::add_forward_flags(*forward, forward_opts);
+  kiln::tools::TrainConfig train_cfg;
+  CLI::App* train = app.add_subcommand("train", "Train a model (ResNet on Fashion-MNIST by default) and evaluate it");
+  kiln::tools::add_train_flags(*train, train_cfg);
+  kiln::tools::TrainConfig eval_cfg;
+  std::string eval_weights;
+  CLI::App* eval = app.add_subcommand("eval", "Evaluate trained weights on a data set's test split");
+  kiln::tools::add_eval_flags(*eval, eval_cfg, eval_weights);
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  kiln::tools::BenchTrainOptions bench_train_opts;
+  CLI::App* bench_train = bench->add_subcommand("train", "Time full training steps (forward, backward, optimizer)");
+  kiln::tools::add_bench_train_flags(*bench_train, bench_train_opts);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -33,6 +46,9 @@ int main(int argc, char** argv) {
     }
     if (doctor->parsed()) return kiln::tools::run_doctor(doctor_opts);
     if (forward->parsed()) return kiln::tools::run_forward(forward_opts);
+    if (train->parsed()) return kiln::tools::run_train(train_cfg);
+    if (eval->parsed()) return kiln::tools::run_eval(eval_cfg, eval_weights);
+    if (bench_train->parsed()) return kiln::tools::run_bench_train(bench_train_opts);
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const kiln::Error& e) {

@@ -1,0 +1,108 @@
+// `kiln bench train`: full training steps (forward, backward, optimizer) on synthetic batches,
+// timed after warm-up. Prints median ms/step and samples/s, and writes JSON with --json.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "engine/optim.h"
+#include "engine/thread_pool.h"
+#include "models/bert.h"
+#include "models/resnet.h"
+#include "tools/train.h"
+#include "tools/zoo.h"
+
+namespace kiln::tools {
+
+void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
+  app.add_option("--model", o.models, "Models to time (repeatable; default: resnet20 and bert-tiny)");
+  app.add_option("--batch", o.batch, "Batch size (default: 128 for ResNet, 32 for BERT)")->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", o.seq_len, "BERT sequence length")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--image-size", o.image_size, "ResNet input size (default: 32 for small ResNets, 224 otherwise)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--in-channels", o.in_channels, "ResNet input channels (default 3)")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads (0: KILN_NUM_THREADS or all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--json", o.json, "Write the rows to this JSON file");
+}
+
+int run_bench_train(const BenchTrainOptions& o) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  std::vector<std::string> names = o.models.empty() ? std::vector<std::string>{"resnet20", "bert-tiny"} : o.models;
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("kiln bench train: %d threads, %lld warm-up + %lld timed steps, SGD momentum (ResNet) / AdamW (BERT)\n",
+              num_threads(), (long long)o.warmup, (long long)o.steps);
+  std::printf("%-12s %-22s %10s %10s %10s %12s\n", "model", "input", "median ms", "min ms", "max ms", "samples/s");
+  for (const auto& name : names) {
+    manual_seed(1);
+    std::shared_ptr<nn::Module> model;
+    std::function<Tensor()> step_loss;
+    std::string input;
+    int64_t batch = o.batch;
+    if (models::is_resnet_name(name)) {
+      auto rc = resnet_config_from(name, {});
+      rc.in_channels = o.in_channels > 0 ? o.in_channels : 3;
+      const bool small = name == "resnet20" || name == "resnet32" || name == "resnet44" || name == "resnet56" ||
+                         name == "resnet110";
+      const int64_t s = o.image_size > 0 ? o.image_size : small ? 32 : 224;
+      if (batch == 0) batch = small ? 128 : 32;
+      auto m = models::make_resnet(rc);
+      model = m;
+      const Tensor x = randn({batch, rc.in_channels, s, s});
+      const Tensor y = randint(0, rc.num_classes, {batch});
+      step_loss = [m, x, y] { return cross_entropy((*m)(x), y); };
+      input = std::to_string(batch) + "x" + std::to_string(rc.in_channels) + "x" + std::to_string(s) + "x" +
+              std::to_string(s);
+    } else {
+      const BertName bn = parse_bert_name(name);
+      const models::BertConfig bc = bert_config_from(bn.size, {});
+      if (batch == 0) batch = 32;
+      auto m = std::make_shared<models::BertForMaskedLM>(bc);
+      model = m;
+      // Masked-LM shape of work: every position predicted, 15% of them scored.
+      const Tensor ids = randint(0, bc.vocab_size, {batch, o.seq_len});
+      Tensor labels = where(lt(rand({batch, o.seq_len}), scalar_tensor(0.15)), ids, full({batch, o.seq_len}, -100, DType::i64));
+      step_loss = [m, ids, labels, v = bc.vocab_size] {
+        return cross_entropy(m->forward(ids).reshape({-1, v}), labels.reshape({-1}));
+      };
+      input = std::to_string(batch) + "x" + std::to_string(o.seq_len) + " tokens";
+    }
+    model->train();
+    auto groups = optim::decay_groups(model->named_parameters(), 0.01, 1e-4);
+    std::unique_ptr<optim::Optimizer> opt;
+    if (models::is_resnet_name(name)) opt = std::make_unique<optim::SGD>(groups, optim::SgdOptions{0.9, 0, true});
+    else opt = std::make_unique<optim::AdamW>(groups);
+    std::vector<double> ms;
+    for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Tensor loss = step_loss();
+      opt->zero_grad();
+      loss.backward();
+      opt->step();
+      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (i >= o.warmup) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    std::printf("%-12s %-22s %10.1f %10.1f %10.1f %12.1f\n", name.c_str(), input.c_str(), med, ms.front(), ms.back(),
+                double(batch) * 1000.0 / med);
+    rows.push_back({{"model", name},
+                    {"input", input},
+                    {"batch", batch},
+                    {"threads", num_threads()},
+                    {"median_ms", med},
+                    {"min_ms", ms.front()},
+                    {"max_ms", ms.back()},
+                    {"samples_per_s", double(batch) * 1000.0 / med},
+                    {"steps", o.steps}});
+  }
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    KILN_CHECK(f.good(), o.json, ": cannot open for writing");
+    f << nlohmann::json{{"bench", "train"}, {"rows", rows}}.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace kiln::tools

@@ -1,0 +1,93 @@
+// `kiln train`, `kiln eval` and `kiln bench train`: the run configuration, the tasks (what a batch
+// means for a model and how it is scored), and the training loop.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/nn.h"
+#include "io/data.h"
+
+namespace kiln::tools {
+
+struct TrainConfig {
+  // model and task
+  std::string model = "resnet20";
+  std::string task;  // classify | mlm (default: classify for ResNet, mlm for BERT)
+  std::vector<std::string> sets;
+  // data
+  std::string data = "fashion-mnist";  // fashion-mnist | mnist (an MNIST-format directory via --data-dir)
+  std::string data_dir;
+  bool augment = true;
+  int64_t limit_train = 0, limit_eval = 0;  // use only the first N samples (0: all)
+  // schedule of the run
+  int64_t epochs = 1, batch = 128, max_steps = 0;
+  std::string optimizer = "sgd";
+  double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0.0, clip_grad_norm = 0.0;
+  bool nesterov = true;
+  std::string schedule = "cosine";
+  int64_t warmup = 0;
+  // machine
+  uint64_t seed = 0;
+  int threads = 0;  // 0: KILN_NUM_THREADS or all hardware threads
+  int workers = 1;
+  std::string device = "cpu";
+  // output
+  std::string out;
+  int64_t log_every = 50;
+  std::string progress = "auto";  // auto | bar | lines
+  std::string config_file;
+
+  nlohmann::json to_json() const;
+};
+
+// Registers every flag of `kiln train` (and --config FILE, a JSON object of the same flags;
+// flags on the command line win).
+void add_train_flags(CLI::App& app, TrainConfig& c);
+// Flags of `kiln eval`: the model and data flags of train plus --weights.
+void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights);
+// The checks that need no data: one message per problem, empty when the config is sound.
+std::vector<std::string> validate(const TrainConfig& c);
+
+// What a batch means for a model, and how a prediction is scored.
+struct StepResult {
+  Tensor loss;  // mean over the batch's scored items
+  int64_t correct = 0, count = 0;
+};
+struct Task {
+  std::string name;    // "classify" or "mlm"
+  std::string metric;  // "accuracy" or "mlm_accuracy"
+  std::shared_ptr<nn::Module> model;
+  std::shared_ptr<const io::Dataset> train_data, eval_data;
+  std::function<StepResult(const io::Batch&)> step;  // forward + loss in the model's current mode
+  nlohmann::json data_info;
+};
+Task make_task(const TrainConfig& c);
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t count = 0;
+  double seconds = 0;
+};
+// Runs the whole eval split once, in eval mode and without gradients.
+EvalResult evaluate(Task& task, const TrainConfig& c);
+
+int run_train(const TrainConfig& c);
+int run_eval(const TrainConfig& c, const std::string& weights);
+
+// `kiln bench train`: median step time of full training steps on synthetic batches.
+struct BenchTrainOptions {
+  std::vector<std::string> models;
+  int64_t batch = 0, seq_len = 128, steps = 10, warmup = 3, image_size = 0, in_channels = 0;
+  int threads = 0;
+  std::string json;
+};
+void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o);
+int run_bench_train(const BenchTrainOptions& o);
+
+}  // namespace kiln::tools

@@ -1,0 +1,155 @@
+// The flags of `kiln train` and `kiln eval`, a JSON config file that supplies any of them, and the
+// checks that reject an impossible run before any work starts.
+#include <fstream>
+#include <sstream>
+
+#include "engine/optim.h"
+#include "models/resnet.h"
+#include "tools/train.h"
+
+namespace kiln::tools {
+namespace {
+
+// CLI11 reads config files through a converter: this one takes a JSON object whose keys are flag
+// names (with - or _) and whose values are strings, numbers, booleans or arrays of them.
+class JsonConfig final : public CLI::Config {
+ public:
+  std::string to_config(const CLI::App*, bool, bool, std::string) const override { return {}; }
+  std::vector<CLI::ConfigItem> from_config(std::istream& in) const override {
+    nlohmann::json j;
+    try {
+      in >> j;
+    } catch (const std::exception& e) {
+      throw CLI::ConversionError(std::string("--config: not valid JSON: ") + e.what());
+    }
+    if (!j.is_object()) throw CLI::ConversionError("--config: expected a JSON object of flag names and values");
+    std::vector<CLI::ConfigItem> items;
+    for (const auto& [k, v] : j.items()) {
+      CLI::ConfigItem item;
+      item.name = k;
+      for (char& ch : item.name)
+        if (ch == '_') ch = '-';
+      auto str = [&](const nlohmann::json& x) -> std::string {
+        if (x.is_string()) return x.get<std::string>();
+        if (x.is_boolean()) return x.get<bool>() ? "true" : "false";
+        if (x.is_number()) return x.dump();
+        throw CLI::ConversionError("--config: the value of '" + k + "' must be a string, number, boolean or array");
+      };
+      if (v.is_array())
+        for (const auto& e : v) item.inputs.push_back(str(e));
+      else
+        item.inputs.push_back(str(v));
+      items.push_back(std::move(item));
+    }
+    return items;
+  }
+};
+
+void add_model_data_flags(CLI::App& app, TrainConfig& c) {
+  app.add_option("--model", c.model, "resnet20|32|44|56|110, resnet18|34|50|101|152, bert-tiny|mini|small|base|large")
+      ->capture_default_str();
+  app.add_option("--task", c.task, "classify or mlm (default: classify for ResNet, mlm for BERT)")
+      ->check(CLI::IsMember({"classify", "mlm"}));
+  app.add_option("--set", c.sets, "Override a model config field, key=value (repeatable)");
+  app.add_option("--data", c.data, "fashion-mnist, or mnist (an MNIST-format directory given by --data-dir)")
+      ->check(CLI::IsMember({"fashion-mnist", "mnist"}))
+      ->capture_default_str();
+  app.add_option("--data-dir", c.data_dir, "Where the data set lives (default for fashion-mnist: Debian's package)");
+  app.add_option("--limit-train", c.limit_train, "Use only the first N training samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--limit-eval", c.limit_eval, "Use only the first N evaluation samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", c.batch, "Batch size")->capture_default_str();
+  app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout")->capture_default_str();
+  app.add_option("--threads", c.threads, "CPU threads for the kernels (0: KILN_NUM_THREADS or all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--workers", c.workers, "Data-loader threads (0: load on the training thread)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  app.add_option("--device", c.device, "cpu (cuda arrives with the CUDA backend)")->capture_default_str();
+}
+
+}  // namespace
+
+void add_train_flags(CLI::App& app, TrainConfig& c) {
+  app.config_formatter(std::make_shared<JsonConfig>());
+  app.set_config("--config", "", "A JSON object of flags (e.g. {\"epochs\": 5, \"lr\": 0.05}); flags given here win");
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  add_model_data_flags(app, c);
+  app.add_flag("--augment,!--no-augment", c.augment, "Random crop (pad 2) and horizontal flip for images")
+      ->capture_default_str();
+  app.add_option("--epochs", c.epochs, "Passes over the training set")->capture_default_str();
+  app.add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--optimizer", c.optimizer, "sgd, adamw or lamb")
+      ->check(CLI::IsMember({"sgd", "adamw", "lamb"}))
+      ->capture_default_str();
+  app.add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
+  app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  app.add_flag("--nesterov,!--no-nesterov", c.nesterov, "Nesterov momentum for SGD")->capture_default_str();
+  app.add_option("--weight-decay", c.weight_decay, "Weight decay (not on biases and normalisation weights)")
+      ->capture_default_str();
+  app.add_option("--label-smoothing", c.label_smoothing, "Label smoothing of the classification loss")
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", c.clip_grad_norm, "Clip gradients to this global L2 norm (0: off)")
+      ->capture_default_str();
+  app.add_option("--schedule", c.schedule, "constant, cosine, linear, polynomial, step or multistep")
+      ->check(CLI::IsMember({"constant", "cosine", "linear", "polynomial", "step", "multistep"}))
+      ->capture_default_str();
+  app.add_option("--warmup", c.warmup, "Linear warmup steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--out", c.out, "Run directory: metrics.jsonl, summary.json, model.safetensors")->required();
+  app.add_option("--log-every", c.log_every, "Steps between metrics lines")->capture_default_str();
+  app.add_option("--progress", c.progress, "auto (a bar on a terminal, lines otherwise), bar or lines")
+      ->check(CLI::IsMember({"auto", "bar", "lines"}))
+      ->capture_default_str();
+}
+
+void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights) {
+  add_model_data_flags(app, c);
+  app.add_option("--weights", weights, "Trained weights (safetensors, e.g. RUN/model.safetensors)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--out", c.out, "Write the metrics to this JSON file too");
+}
+
+std::vector<std::string> validate(const TrainConfig& c) {
+  std::vector<std::string> e;
+  if (c.batch < 1) e.push_back("--batch must be at least 1, got " + std::to_string(c.batch));
+  if (c.epochs < 1) e.push_back("--epochs must be at least 1, got " + std::to_string(c.epochs));
+  if (!(c.lr > 0)) e.push_back("--lr must be positive, got " + std::to_string(c.lr));
+  if (c.momentum < 0 || c.momentum >= 1) e.push_back("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
+  if (c.weight_decay < 0) e.push_back("--weight-decay must be >= 0, got " + std::to_string(c.weight_decay));
+  if (c.label_smoothing < 0 || c.label_smoothing >= 1)
+    e.push_back("--label-smoothing must be in [0, 1), got " + std::to_string(c.label_smoothing));
+  if (c.clip_grad_norm < 0) e.push_back("--clip-grad-norm must be >= 0, got " + std::to_string(c.clip_grad_norm));
+  if (c.log_every < 1) e.push_back("--log-every must be at least 1, got " + std::to_string(c.log_every));
+  if (c.device != "cpu")
+    e.push_back("--device " + c.device + ": this build trains on the CPU only (the CUDA backend is not in Kiln yet)");
+  const bool resnet = models::is_resnet_name(c.model);
+  if (!resnet && c.model.rfind("bert-", 0) != 0)
+    e.push_back("--model " + c.model + ": unknown (resnet20..resnet110, resnet18..resnet152, bert-SIZE)");
+  if (resnet && !c.task.empty() && c.task != "classify")
+    e.push_back("--task " + c.task + ": a ResNet classifies images (--task classify)");
+  if (!resnet && c.model.rfind("bert-", 0) == 0)
+    e.push_back("--model " + c.model + ": BERT training needs the text pipeline, which is not in this build yet");
+  if (c.data == "mnist" && c.data_dir.empty()) e.push_back("--data mnist needs --data-dir (an MNIST-format directory)");
+  return e;
+}
+
+nlohmann::json TrainConfig::to_json() const {
+  return {{"model", model},         {"task", task.empty() ? "classify" : task},
+          {"set", sets},            {"data", data},
+          {"data_dir", data_dir},   {"augment", augment},
+          {"limit_train", limit_train}, {"limit_eval", limit_eval},
+          {"epochs", epochs},       {"batch", batch},
+          {"max_steps", max_steps}, {"optimizer", optimizer},
+          {"lr", lr},               {"momentum", momentum},
+          {"nesterov", nesterov},   {"weight_decay", weight_decay},
+          {"label_smoothing", label_smoothing}, {"clip_grad_norm", clip_grad_norm},
+          {"schedule", schedule},   {"warmup", warmup},
+          {"seed", seed},           {"threads", threads},
+          {"workers", workers},     {"device", device},
+          {"out", out},             {"log_every", log_every}};
+}
+
+}  // namespace kiln::tools
