@@ -3,17 +3,20 @@
 // weight gradients are summed per chunk in chunk order, so results do not depend on threads.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "kernels/cpu/scratch.h"
 
 namespace kiln::cpu {
 namespace {
 
 constexpr int64_t kTargetCols = 4096;      // columns of the chunk GEMM (S * OH * OW) to aim for
 constexpr int64_t kMaxColElems = 1 << 23;  // cap on one chunk's im2col buffer (32 MiB of f32)
+thread_local ScratchBuffer t_col, t_out;     // a chunk's im2col matrix and its [O, cols] GEMM operand
 
 struct Geometry {
   const Conv2dParams& p;
@@ -86,9 +89,15 @@ template <typename T> void col2im(const Geometry& G, const T* col, int64_t n0, i
             T* dst = img + ih * p.w;
             const T* o = in + oh * p.ow;
             const int64_t off = kj * p.dw - p.pw;
-            for (int64_t ow = 0; ow < p.ow; ++ow) {
-              const int64_t iw = ow * p.sw + off;
-              if (iw >= 0 && iw < p.w) dst[iw] += o[ow];
+            if (p.sw == 1) {
+              const int64_t lo = std::clamp<int64_t>(-off, 0, p.ow), hi = std::clamp<int64_t>(p.w - off, lo, p.ow);
+              T* d = dst + off;
+              for (int64_t ow = lo; ow < hi; ++ow) d[ow] += o[ow];
+            } else {
+              for (int64_t ow = 0; ow < p.ow; ++ow) {
+                const int64_t iw = ow * p.sw + off;
+                if (iw >= 0 && iw < p.w) dst[iw] += o[ow];
+              }
             }
           }
         }
@@ -123,15 +132,15 @@ template <typename T> void forward_typed(const Conv2dParams& p, const T* x, cons
   const Geometry G(p);
   for_chunks(G, [&](int64_t chunk) {
     const int64_t n0 = chunk * G.s, ns = std::min(G.s, p.n - n0), cols = ns * G.ohw;
-    std::vector<T> col(size_t(G.ckk * cols)), tmp(size_t(G.og * cols));
+    T* col = t_col.get<T>(size_t(G.ckk * cols));
+    T* tmp = t_out.get<T>(size_t(G.og * cols));
     for (int64_t g = 0; g < p.groups; ++g) {
-      im2col(G, x, n0, ns, g, col.data());
-      gemm_t<T>(false, false, G.og, cols, G.ckk, T(1), w + g * G.og * G.ckk, G.ckk, col.data(), cols, T(0),
-                tmp.data(), cols);
+      im2col(G, x, n0, ns, g, col);
+      gemm_t<T>(false, false, G.og, cols, G.ckk, T(1), w + g * G.og * G.ckk, G.ckk, col, cols, T(0), tmp, cols);
       for (int64_t si = 0; si < ns; ++si)
         for (int64_t o = 0; o < G.og; ++o) {
           const T b = bias ? bias[g * G.og + o] : T(0);
-          const T* src = tmp.data() + o * cols + si * G.ohw;
+          const T* src = tmp + o * cols + si * G.ohw;
           T* dst = y + ((n0 + si) * p.o + g * G.og + o) * G.ohw;
           for (int64_t i = 0; i < G.ohw; ++i) dst[i] = src[i] + b;
         }
@@ -143,27 +152,27 @@ template <typename T>
 void backward_typed(const Conv2dParams& p, const T* x, const T* w, const T* gy, T* gx, T* gw) {
   const Geometry G(p);
   const int64_t wsize = p.o * G.ckk;
-  std::vector<T> partial;
-  if (gw) partial.assign(size_t(G.nchunks * wsize), T(0));
+  // Every chunk writes its own slice in full (beta = 0), so this needs no zeroing.
+  std::unique_ptr<T[]> partial(gw ? new T[size_t(G.nchunks * wsize)] : nullptr);
   if (gx) std::fill(gx, gx + p.n * p.c * p.h * p.w, T(0));
   for_chunks(G, [&](int64_t chunk) {
     const int64_t n0 = chunk * G.s, ns = std::min(G.s, p.n - n0), cols = ns * G.ohw;
-    std::vector<T> col(size_t(G.ckk * cols)), gyc(size_t(G.og * cols));
+    T* col = t_col.get<T>(size_t(G.ckk * cols));
+    T* gyc = t_out.get<T>(size_t(G.og * cols));
     for (int64_t g = 0; g < p.groups; ++g) {
       // Gather this group's output gradient as [Og, ns * OH * OW].
       for (int64_t si = 0; si < ns; ++si)
         for (int64_t o = 0; o < G.og; ++o)
-          std::memcpy(gyc.data() + o * cols + si * G.ohw, gy + ((n0 + si) * p.o + g * G.og + o) * G.ohw,
+          std::memcpy(gyc + o * cols + si * G.ohw, gy + ((n0 + si) * p.o + g * G.og + o) * G.ohw,
                       size_t(G.ohw) * sizeof(T));
       if (gw) {
-        im2col(G, x, n0, ns, g, col.data());
-        gemm_t<T>(false, true, G.og, G.ckk, cols, T(1), gyc.data(), cols, col.data(), cols, T(0),
-                  partial.data() + chunk * wsize + g * G.og * G.ckk, G.ckk);
+        im2col(G, x, n0, ns, g, col);
+        gemm_t<T>(false, true, G.og, G.ckk, cols, T(1), gyc, cols, col, cols, T(0),
+                  partial.get() + chunk * wsize + g * G.og * G.ckk, G.ckk);
       }
       if (gx) {
-        gemm_t<T>(true, false, G.ckk, cols, G.og, T(1), w + g * G.og * G.ckk, G.ckk, gyc.data(), cols, T(0),
-                  col.data(), cols);
-        col2im(G, col.data(), n0, ns, g, gx);
+        gemm_t<T>(true, false, G.ckk, cols, G.og, T(1), w + g * G.og * G.ckk, G.ckk, gyc, cols, T(0), col, cols);
+        col2im(G, col, n0, ns, g, gx);
       }
     }
   });

@@ -1,6 +1,7 @@
 // CPU GEMM: an AVX-512 packed, cache-blocked micro-kernel for f32 (when the build targets AVX-512), and Eigen
 // for f64 and as the portable f32 fallback; both spread output blocks over the engine's pool.
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/scratch.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -251,23 +252,7 @@ struct Simd<double> {
 };
 
 // Pack buffers per thread, grown on demand and kept: pool threads live as long as the program.
-struct PackBuffer {
-  void* data = nullptr;
-  size_t bytes = 0;
-  ~PackBuffer() { std::free(data); }
-  template <typename T>
-  T* get(size_t count) {
-    const size_t need = (count * sizeof(T) + 63) / 64 * 64;
-    if (need > bytes) {
-      std::free(data);
-      data = std::aligned_alloc(64, need);
-      bytes = data ? need : 0;
-      KILN_CHECK(data != nullptr, "gemm: out of memory allocating a ", need, "-byte pack buffer");
-    }
-    return static_cast<T*>(data);
-  }
-};
-thread_local PackBuffer t_pack_a, t_pack_b;
+thread_local ScratchBuffer t_pack_a, t_pack_b;
 
 // Splits [0, total) into equal blocks of at most `max_block`, rounded up to `align`: few ragged blocks.
 int64_t balanced_block(int64_t total, int64_t max_block, int64_t align) {

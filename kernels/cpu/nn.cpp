@@ -2,6 +2,7 @@
 // cross-entropy, and the index kernels (index_select/index_add, gather/scatter_add).
 // Statistics accumulate in f64; every loop that sums over rows runs in a fixed order.
 #include <cmath>
+#include <type_traits>
 #include <limits>
 #include <vector>
 
@@ -255,24 +256,48 @@ void layer_norm_bwd(int64_t rows, int64_t d, const T* x, const T* gamma, const T
 
 // ---- batch norm ------------------------------------------------------------------------------------
 
+// Per-row sums in a fixed lane order (16 independent accumulators the compiler keeps in one vector
+// register), added up in double per row: fast, and the same bits whatever the thread count.
+template <typename T> using BnAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+constexpr int kBnLanes = 16;
+
+template <typename T, typename F> double bn_row_sum(int64_t hw, F&& term) {
+  using A = BnAcc<T>;
+  A acc[kBnLanes] = {};
+  int64_t j = 0;
+  for (; j + kBnLanes <= hw; j += kBnLanes)
+    for (int l = 0; l < kBnLanes; ++l) acc[l] += term(j + l);
+  double s = 0;
+  for (; j < hw; ++j) s += double(term(j));
+  for (int l = 0; l < kBnLanes; ++l) s += double(acc[l]);
+  return s;
+}
+
 template <typename T>
 void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training, const T* x,
                     const T* gamma, const T* beta, T* rmean, T* rvar, T* y, T* mean, T* rstd) {
+  using A = BnAcc<T>;
   parallel_for(0, c, 1, [&](int64_t b, int64_t e) {
     for (int64_t ch = b; ch < e; ++ch) {
       double m, v;
       const int64_t count = n * hw;
       if (training) {
         double s = 0;
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < hw; ++j) s += double(x[(i * c + ch) * hw + j]);
+        for (int64_t i = 0; i < n; ++i) {
+          const T* xr = x + (i * c + ch) * hw;
+          s += bn_row_sum<T>(hw, [&](int64_t j) { return A(xr[j]); });
+        }
         m = s / double(std::max<int64_t>(count, 1));
+        // Two passes: the sum of squared deviations from the mean does not cancel catastrophically.
+        const A mf = A(m);
         double q = 0;
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < hw; ++j) {
-            const double dlt = double(x[(i * c + ch) * hw + j]) - m;
-            q += dlt * dlt;
-          }
+        for (int64_t i = 0; i < n; ++i) {
+          const T* xr = x + (i * c + ch) * hw;
+          q += bn_row_sum<T>(hw, [&](int64_t j) {
+            const A d = A(xr[j]) - mf;
+            return d * d;
+          });
+        }
         v = q / double(std::max<int64_t>(count, 1));
         if (rmean) rmean[ch] = T((1 - momentum) * double(rmean[ch]) + momentum * m);
         if (rvar) {
@@ -286,12 +311,12 @@ void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentu
       const double rs = 1.0 / std::sqrt(v + eps);
       mean[ch] = T(m);
       rstd[ch] = T(rs);
-      const double sc = rs * (gamma ? double(gamma[ch]) : 1.0);
-      const double sh = (beta ? double(beta[ch]) : 0.0) - m * sc;
+      const A sc = A(rs * (gamma ? double(gamma[ch]) : 1.0));
+      const A sh = A((beta ? double(beta[ch]) : 0.0) - m * double(sc));
       for (int64_t i = 0; i < n; ++i) {
         const T* xr = x + (i * c + ch) * hw;
         T* yr = y + (i * c + ch) * hw;
-        for (int64_t j = 0; j < hw; ++j) yr[j] = T(double(xr[j]) * sc + sh);
+        for (int64_t j = 0; j < hw; ++j) yr[j] = T(A(xr[j]) * sc + sh);
       }
     }
   });
@@ -300,31 +325,50 @@ void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentu
 template <typename T>
 void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool training, const T* x, const T* gamma, const T* mean,
                     const T* rstd, const T* gy, T* gx, T* ggamma, T* gbeta) {
+  using A = BnAcc<T>;
   parallel_for(0, c, 1, [&](int64_t b, int64_t e) {
     for (int64_t ch = b; ch < e; ++ch) {
       const double m = double(mean[ch]), rs = double(rstd[ch]);
       const double gm = gamma ? double(gamma[ch]) : 1.0;
-      double sg = 0, sgx = 0;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < hw; ++j) {
-          const int64_t k = (i * c + ch) * hw + j;
-          sg += double(gy[k]);
-          sgx += double(gy[k]) * (double(x[k]) - m) * rs;
+      const A mf = A(m);
+      double sg = 0, sgd = 0;  // sum gy, sum gy * (x - mean)
+      for (int64_t i = 0; i < n; ++i) {
+        const T* xr = x + (i * c + ch) * hw;
+        const T* gr = gy + (i * c + ch) * hw;
+        // One pass for both sums: gy*(x - m) = gy*x - m*gy, so accumulate gy and gy*x per lane.
+        A acc_g[kBnLanes] = {}, acc_gx[kBnLanes] = {};
+        int64_t j = 0;
+        for (; j + kBnLanes <= hw; j += kBnLanes)
+          for (int l = 0; l < kBnLanes; ++l) {
+            const A gv = A(gr[j + l]);
+            acc_g[l] += gv;
+            acc_gx[l] += gv * (A(xr[j + l]) - mf);
+          }
+        for (; j < hw; ++j) {
+          sg += double(gr[j]);
+          sgd += double(A(gr[j]) * (A(xr[j]) - mf));
         }
+        for (int l = 0; l < kBnLanes; ++l) {
+          sg += double(acc_g[l]);
+          sgd += double(acc_gx[l]);
+        }
+      }
+      const double sgx = sgd * rs;
       if (ggamma) ggamma[ch] = T(sgx);
       if (gbeta) gbeta[ch] = T(sg);
       if (!gx) continue;
       const double count = double(std::max<int64_t>(n * hw, 1));
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < hw; ++j) {
-          const int64_t k = (i * c + ch) * hw + j;
-          if (training) {
-            const double xh = (double(x[k]) - m) * rs;
-            gx[k] = T(gm * rs * (double(gy[k]) - sg / count - xh * sgx / count));
-          } else {
-            gx[k] = T(gm * rs * double(gy[k]));
-          }
-        }
+      // gx = gm * rs * (gy - sg / count - (x - m) * rs * sgx / count) = k1 * gy + k2 * x + k3
+      const double k1 = gm * rs;
+      const double k2 = training ? -gm * rs * rs * sgx / count : 0.0;
+      const double k3 = training ? -gm * rs * sg / count - k2 * m : 0.0;
+      const A a1 = A(k1), a2 = A(k2), a3 = A(k3);
+      for (int64_t i = 0; i < n; ++i) {
+        const T* xr = x + (i * c + ch) * hw;
+        const T* gr = gy + (i * c + ch) * hw;
+        T* out = gx + (i * c + ch) * hw;
+        for (int64_t j = 0; j < hw; ++j) out[j] = T(a1 * A(gr[j]) + a2 * A(xr[j]) + a3);
+      }
     }
   });
 }
