@@ -13,24 +13,13 @@
 #include "kiln.h"
 #include "models/bert.h"
 #include "models/resnet.h"
+#include "test_util.h"
 
 using namespace kiln;
+using kiln::testing::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path p;
-  TempDir() {
-    p = fs::temp_directory_path() / ("kiln_forward_" + std::to_string(::getpid()) + "_" + std::to_string(std::rand()));
-    fs::create_directories(p);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(p, ec);
-  }
-  std::string operator/(const std::string& f) const { return (p / f).string(); }
-};
 
 int run(const std::string& args) {
   const std::string cmd = std::string(KILN_BINARY) + " forward " + args + " > /dev/null 2>&1";

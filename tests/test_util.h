@@ -1,6 +1,13 @@
 // Helpers shared by the test files.
 #pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "engine/error.h"
@@ -20,5 +27,45 @@ template <typename F> std::string error_of(F&& f) {
 }
 
 inline bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+struct TempDir {
+  std::filesystem::path p;
+  explicit TempDir(const std::string& tag = "kiln") {
+    static int counter = 0;
+    p = std::filesystem::temp_directory_path() /
+        (tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(++counter) + "_" + std::to_string(std::rand()));
+    std::filesystem::create_directories(p);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(p, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& f) const { return (p / f).string(); }
+};
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct CliResult {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+// Runs the `kiln` binary built beside the tests with `args` (shell syntax), as a user would.
+inline CliResult run_kiln(const std::string& args, const std::string& scratch_dir) {
+  const std::string log = scratch_dir + "/cli_output.txt";
+  const std::string cmd = std::string(KILN_BINARY) + " " + args + " > " + log + " 2>&1 < /dev/null";
+  const int rc = std::system(cmd.c_str());
+  CliResult r;
+  r.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.output = read_text(log);
+  return r;
+}
 
 }  // namespace kiln::testing

@@ -34,6 +34,14 @@ int main(int argc, char** argv) {
   kiln::tools::add_bench_train_flags(*bench_train, bench_train_opts);
   try {
     app.parse(argc, argv);
+    if (train->parsed() && !train_cfg.config_file.empty()) {
+      try {
+        kiln::tools::apply_json_config(*train, train_cfg.config_file);
+      } catch (const kiln::Error& e) {
+        std::fprintf(stderr, "kiln train: error: %s\n", e.message().c_str());
+        return 2;
+      }
+    }
   } catch (const CLI::ParseError& e) {
     // Bad flags: one clear line (CLI11 prints it) and exit code 2, before any work starts.
     const int rc = app.exit(e);

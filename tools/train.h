@@ -49,6 +49,9 @@ struct TrainConfig {
 // Registers every flag of `kiln train` (and --config FILE, a JSON object of the same flags;
 // flags on the command line win).
 void add_train_flags(CLI::App& app, TrainConfig& c);
+// Fills every flag of `app` not given on the command line from the JSON object in `path`; an
+// unknown key, a bad value or a broken file is an error naming the file and the key.
+void apply_json_config(CLI::App& app, const std::string& path);
 // Flags of `kiln eval`: the model and data flags of train plus --weights.
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights);
 // The checks that need no data: one message per problem, empty when the config is sound.

@@ -1,5 +1,6 @@
 // The flags of `kiln train` and `kiln eval`, a JSON config file that supplies any of them, and the
 // checks that reject an impossible run before any work starts.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -9,41 +10,6 @@
 
 namespace kiln::tools {
 namespace {
-
-// CLI11 reads config files through a converter: this one takes a JSON object whose keys are flag
-// names (with - or _) and whose values are strings, numbers, booleans or arrays of them.
-class JsonConfig final : public CLI::Config {
- public:
-  std::string to_config(const CLI::App*, bool, bool, std::string) const override { return {}; }
-  std::vector<CLI::ConfigItem> from_config(std::istream& in) const override {
-    nlohmann::json j;
-    try {
-      in >> j;
-    } catch (const std::exception& e) {
-      throw CLI::ConversionError(std::string("--config: not valid JSON: ") + e.what());
-    }
-    if (!j.is_object()) throw CLI::ConversionError("--config: expected a JSON object of flag names and values");
-    std::vector<CLI::ConfigItem> items;
-    for (const auto& [k, v] : j.items()) {
-      CLI::ConfigItem item;
-      item.name = k;
-      for (char& ch : item.name)
-        if (ch == '_') ch = '-';
-      auto str = [&](const nlohmann::json& x) -> std::string {
-        if (x.is_string()) return x.get<std::string>();
-        if (x.is_boolean()) return x.get<bool>() ? "true" : "false";
-        if (x.is_number()) return x.dump();
-        throw CLI::ConversionError("--config: the value of '" + k + "' must be a string, number, boolean or array");
-      };
-      if (v.is_array())
-        for (const auto& e : v) item.inputs.push_back(str(e));
-      else
-        item.inputs.push_back(str(v));
-      items.push_back(std::move(item));
-    }
-    return items;
-  }
-};
 
 void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--model", c.model, "resnet20|32|44|56|110, resnet18|34|50|101|152, bert-tiny|mini|small|base|large")
@@ -72,9 +38,8 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
 }  // namespace
 
 void add_train_flags(CLI::App& app, TrainConfig& c) {
-  app.config_formatter(std::make_shared<JsonConfig>());
-  app.set_config("--config", "", "A JSON object of flags (e.g. {\"epochs\": 5, \"lr\": 0.05}); flags given here win");
-  app.allow_config_extras(CLI::config_extras_mode::error);
+  app.add_option("--config", c.config_file, "A JSON object of flags (e.g. {\"epochs\": 5, \"lr\": 0.05}); flags given here win")
+      ->check(CLI::ExistingFile);
   add_model_data_flags(app, c);
   app.add_flag("--augment,!--no-augment", c.augment, "Random crop (pad 2) and horizontal flip for images")
       ->capture_default_str();
@@ -110,6 +75,46 @@ void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights) {
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--out", c.out, "Write the metrics to this JSON file too");
+}
+
+void apply_json_config(CLI::App& app, const std::string& path) {
+  std::ifstream in(path);
+  KILN_CHECK(in.good(), "--config ", path, ": cannot open");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    KILN_FAIL("--config ", path, ": not valid JSON: ", e.what());
+  }
+  KILN_CHECK(j.is_object(), "--config ", path, ": expected a JSON object of flag names and values");
+  for (const auto& [key, value] : j.items()) {
+    std::string name = key;
+    for (char& ch : name)
+      if (ch == '_') ch = '-';
+    CLI::Option* opt = name == "config" ? nullptr : app.get_option_no_throw("--" + name);
+    const auto& lnames = opt ? opt->get_lnames() : std::vector<std::string>{};
+    // A typo must not pass silently, and a negated flag name ("no-augment") would invert its value.
+    KILN_CHECK(opt && std::find(lnames.begin(), lnames.end(), name) != lnames.end(), "--config ", path, ": '", key,
+               "' is not a flag of `kiln ", app.get_name(), "`", opt ? " (use the positive name with true/false)" : "");
+    if (opt->count() > 0) continue;  // given on the command line: that wins
+    std::vector<std::string> inputs;
+    auto str = [&](const nlohmann::json& x) -> std::string {
+      if (x.is_string()) return x.get<std::string>();
+      if (x.is_boolean()) return x.get<bool>() ? "true" : "false";
+      if (x.is_number()) return x.dump();
+      KILN_FAIL("--config ", path, ": the value of '", key, "' must be a string, number, boolean or an array of them");
+    };
+    if (value.is_array())
+      for (const auto& e : value) inputs.push_back(str(e));
+    else
+      inputs.push_back(str(value));
+    try {
+      for (const auto& v : inputs) opt->add_result(v);
+      opt->run_callback();
+    } catch (const CLI::Error& e) {
+      KILN_FAIL("--config ", path, ": '", key, "': ", e.what());
+    }
+  }
 }
 
 std::vector<std::string> validate(const TrainConfig& c) {
