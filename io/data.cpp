@@ -66,7 +66,7 @@ void DataLoader::seek(LoaderPosition pos) {
   next_to_build_ = pos.batch;
   ready_.clear();
   stop_ = false;
-  start_workers();
+  started_ = false;  // the workers start with the first next(): a seek right after another builds nothing twice
 }
 
 Batch DataLoader::build(int64_t batch) const {
@@ -117,6 +117,10 @@ std::optional<Batch> DataLoader::next() {
   const auto t0 = std::chrono::steady_clock::now();
   if (pos_.batch >= batches_per_epoch()) return std::nullopt;
   std::pair<Batch, std::exception_ptr> got;
+  if (!started_) {
+    started_ = true;
+    start_workers();
+  }
   if (o_.workers == 0) {
     got.first = build(pos_.batch);
   } else {

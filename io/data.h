@@ -88,6 +88,7 @@ class DataLoader {
   std::condition_variable cv_;
   std::vector<std::thread> threads_;
   bool stop_ = false;
+  bool started_ = false;
   int64_t next_to_build_ = 0;
   std::map<int64_t, std::pair<Batch, std::exception_ptr>> ready_;
 };

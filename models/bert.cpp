@@ -159,11 +159,21 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c) {
 }
 
 Tensor BertForMaskedLM::forward(const Tensor& ids, const Tensor& mask, const Tensor& types) {
-  const BertOutputs o = bert->forward(ids, mask, types);
+  return head(bert->forward(ids, mask, types).last_hidden_state);
+}
+
+Tensor BertForMaskedLM::head(const Tensor& hidden) {
   const auto& t = *cls->predictions->transform;
-  const Tensor h = (*t.LayerNorm)(gelu((*t.dense)(o.last_hidden_state)));
+  const Tensor h = (*t.LayerNorm)(gelu((*t.dense)(hidden)));
   // The decoder is tied to the word embeddings: the same tensor, so it trains once.
   return matmul(h, bert->embeddings->word_embeddings->weight.t()) + cls->predictions->bias;
+}
+
+Tensor BertForMaskedLM::forward_at(const Tensor& ids, const Tensor& positions, const Tensor& mask, const Tensor& types) {
+  KILN_CHECK(positions.dtype() == DType::i64 && positions.dim() == 1, "BertForMaskedLM::forward_at: positions must be "
+             "i64 [P] (indices into the flattened [B*L] tokens), got ", positions.type_str());
+  const Tensor hidden = bert->forward(ids, mask, types).last_hidden_state;
+  return head(index_select(hidden.reshape({-1, hidden.size(-1)}), 0, positions));
 }
 
 BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c) {

@@ -128,6 +128,12 @@ class BertForMaskedLM final : public nn::Module {
   std::string type_name() const override { return "BertForMaskedLM"; }
   // Logits over the vocabulary [B, L, V].
   Tensor forward(const Tensor& input_ids, const Tensor& attention_mask = {}, const Tensor& token_type_ids = {});
+  // Logits [P, V] at `positions` (i64 indices into the flattened B*L tokens) only: masked-LM training
+  // scores about 15% of the tokens, so the vocabulary projection runs on those alone.
+  Tensor forward_at(const Tensor& input_ids, const Tensor& positions, const Tensor& attention_mask = {},
+                    const Tensor& token_type_ids = {});
+  // The prediction head on hidden states [..., H] -> [..., V].
+  Tensor head(const Tensor& hidden);
   std::shared_ptr<BertModel> bert;
   struct Transform final : nn::Module {
     explicit Transform(const BertConfig& c);

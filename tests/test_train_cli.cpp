@@ -104,3 +104,82 @@ TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees wit
   CHECK(bad.code == 2);
   CHECK_MESSAGE(contains(bad.output, "layer1.3"), bad.output);
 }
+
+namespace {
+const std::string kFortunes = "/usr/share/games/fortunes";
+
+// label<TAB>text rows from fortune files: each record (between "%" lines) labelled by its file.
+void fortunes_tsv(const std::string& path, const std::vector<std::string>& cats, int every, int offset) {
+  std::ofstream out(path);
+  for (const auto& cat : cats) {
+    std::istringstream in(read_text(kFortunes + "/" + cat));
+    std::string line, rec;
+    int n = 0;
+    auto flush = [&] {
+      if (!rec.empty() && n++ % every == offset) out << cat << "\t" << rec << "\n";
+      rec.clear();
+    };
+    while (std::getline(in, line)) {
+      if (line == "%") {
+        flush();
+        continue;
+      }
+      for (char& ch : line)
+        if (ch == '\t') ch = ' ';
+      rec += (rec.empty() ? "" : " ") + line;
+    }
+    flush();
+  }
+}
+}  // namespace
+
+TEST_CASE("train: BERT-tiny masked LM and classification on fortune text (Debian's fortunes)") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_bert");
+  const std::string text = kFortunes + "/computers " + kFortunes + "/food " + kFortunes + "/science";
+  auto r = run_kiln("vocab --text " + text + " --size 3000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "3000 tokens"));
+
+  // Missing vocab, and a vocab without [MASK]: exit 2 before any work.
+  r = run_kiln("train --model bert-tiny --text " + text + " --out " + d / "x", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "needs --vocab"), r.output);
+  std::ofstream(d / "nomask.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n";
+  r = run_kiln("train --model bert-tiny --text " + text + " --vocab " + d / "nomask.txt" + " --out " + d / "x",
+               d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "no [MASK] token"), r.output);
+
+  r = run_kiln("train --model bert-tiny --task mlm --text " + text + " --vocab " + d / "vocab.txt" +
+                   " --seq-len 64 --batch 16 --max-steps 60 --log-every 10 --lr 2e-3 --threads 2 --out " + d / "mlm",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  std::vector<double> losses;
+  for (const auto& m : read_jsonl(d / "mlm/metrics.jsonl"))
+    if (m.contains("loss")) losses.push_back(m["loss"].get<double>());
+  REQUIRE(losses.size() >= 6);
+  CHECK_MESSAGE(losses.back() < losses.front() - 1.0, losses.front(), " -> ", losses.back());  // from ~ln(3000) = 8
+  const json s = json::parse(read_text(d / "mlm/summary.json"));
+  CHECK(s["task"] == "mlm");
+  CHECK(s["test_mlm_accuracy"].get<double>() > 0.02);
+  CHECK(s["config"]["optimizer"] == "adamw");  // BERT's default
+
+  fortunes_tsv(d / "train.tsv", {"computers", "food"}, 5, 1);
+  fortunes_tsv(d / "eval.tsv", {"computers", "food"}, 5, 0);
+  r = run_kiln("train --model bert-tiny --task classify --train-tsv " + d / "train.tsv" + " --eval-tsv " +
+                   d / "eval.tsv" + " --vocab " + d / "vocab.txt" +
+                   " --seq-len 64 --batch 16 --epochs 2 --lr 1e-3 --log-every 5 --threads 2 --out " + d / "cls",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const json c = json::parse(read_text(d / "cls/summary.json"));
+  CHECK(c["task"] == "classify");
+  const double acc = c["test_accuracy"].get<double>();
+  CHECK(acc > 0.6);  // two topics
+  r = run_kiln("eval --model bert-tiny --task classify --train-tsv " + d / "train.tsv" + " --eval-tsv " + d / "eval.tsv" +
+                   " --vocab " + d / "vocab.txt" + " --seq-len 64 --weights " + d / "cls/model.safetensors" +
+                   " --out " + d / "cls_eval.json",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(json::parse(read_text(d / "cls_eval.json"))["test_accuracy"].get<double>() == doctest::Approx(acc).epsilon(1e-9));
+}

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "engine/autograd.h"
 #include "engine/optim.h"
@@ -131,7 +132,7 @@ int run_train(const TrainConfig& c) {
   optim::LrSchedule sched;
   sched.kind = optim::LrSchedule::parse(c.schedule);
   sched.base_lr = c.lr;
-  sched.warmup_steps = c.warmup;
+  sched.warmup_steps = c.warmup >= 0 ? c.warmup : task.name == "mlm" || c.model.rfind("bert-", 0) == 0 ? total_steps * 6 / 100 : 0;
   sched.total_steps = total_steps;
   sched.step_size = std::max<int64_t>(spe, 1);  // "step": decay once per epoch
   sched.milestones = {total_steps / 2, total_steps * 3 / 4};
@@ -140,6 +141,7 @@ int run_train(const TrainConfig& c) {
   nlohmann::json resolved = c.to_json();
   resolved["task"] = task.name;
   resolved["threads"] = num_threads();
+  resolved["warmup"] = sched.warmup_steps;
   resolved["steps_per_epoch"] = spe;
   resolved["total_steps"] = total_steps;
   resolved["parameters"] = model.num_parameters();
@@ -147,7 +149,7 @@ int run_train(const TrainConfig& c) {
   std::ofstream metrics(c.out + "/metrics.jsonl", std::ios::trunc);
   KILN_CHECK(metrics.good(), c.out, "/metrics.jsonl: cannot open for writing");
   Progress progress(c.progress, c.epochs, spe);
-  progress.line("kiln train: " + c.model + " on " + c.data + " (" + std::to_string(task.train_data->size()) +
+  progress.line("kiln train: " + c.model + " (" + task.name + ") on " + task.data_info.value("name", c.data) + " (" + std::to_string(task.train_data->size()) +
                 " samples), " + std::to_string(model.num_parameters()) + " parameters, " +
                 std::to_string(num_threads()) + " threads, " + std::to_string(total_steps) + " steps");
 
@@ -254,7 +256,9 @@ int run_train(const TrainConfig& c) {
   }
 
   // ---- 5. weights and summary ----
-  io::save_safetensors(c.out + "/model.safetensors", model.state_dict(), {{"model", c.model}, {"format", "kiln"}});
+  std::map<std::string, std::string> meta = {{"model", c.model}, {"task", task.name}, {"format", "kiln"}};
+  if (task.data_info.contains("labels")) meta["labels"] = task.data_info["labels"].dump();
+  io::save_safetensors(c.out + "/model.safetensors", model.state_dict(), meta);
   const double wall = since(t_start);
   nlohmann::json summary = {{"model", c.model},
                             {"task", task.name},
@@ -263,6 +267,7 @@ int run_train(const TrainConfig& c) {
                             {"test_loss", last_eval.loss},
                             {"test_" + task.metric, last_eval.accuracy},
                             {"test_samples", last_eval.count},
+                            {"bad_samples_skipped", task.bad_samples ? task.bad_samples() : 0},
                             {"wall_seconds", wall},
                             {"train_seconds", train_seconds},
                             {"samples_per_s", samples_seen / std::max(train_seconds, 1e-9)},
@@ -285,15 +290,18 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
   if (c.threads > 0) set_num_threads(c.threads);
   Task task;
   try {
-    task = make_task(c);
     const io::SafetensorsFile f = io::load_safetensors(weights);
+    // A classifier's label names travel with its weights, so ids mean the same classes here.
+    if (auto it = f.metadata.find("labels"); it != f.metadata.end())
+      c.label_names = nlohmann::json::parse(it->second).get<std::vector<std::string>>();
+    task = make_task(c);
     task.model->load_state_dict(f.tensors, /*strict=*/true);
   } catch (const Error& e) {
     std::fprintf(stderr, "kiln eval: error: %s\n", e.message().c_str());
     return 2;
   }
   const EvalResult r = evaluate(task, c);
-  nlohmann::json j = {{"model", c.model},           {"weights", weights},     {"data", c.data},
+  nlohmann::json j = {{"model", c.model},           {"weights", weights},     {"data", task.data_info},
                       {"test_loss", r.loss},        {"test_" + task.metric, r.accuracy},
                       {"test_samples", r.count},    {"seconds", r.seconds}};
   std::printf("test %s %.2f%% loss %.4f (%lld samples, %.1f s)\n", task.metric.c_str(), 100.0 * r.accuracy, r.loss,

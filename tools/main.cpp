@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
   std::string eval_weights;
   CLI::App* eval = app.add_subcommand("eval", "Evaluate trained weights on a data set's test split");
   kiln::tools::add_eval_flags(*eval, eval_cfg, eval_weights);
+  kiln::tools::VocabOptions vocab_opts;
+  CLI::App* vocab = app.add_subcommand("vocab", "Learn a WordPiece vocabulary (vocab.txt) from text");
+  kiln::tools::add_vocab_flags(*vocab, vocab_opts);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   kiln::tools::BenchTrainOptions bench_train_opts;
@@ -42,6 +45,8 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    if (train->parsed()) kiln::tools::apply_model_defaults(*train, train_cfg);
+    if (eval->parsed()) kiln::tools::apply_model_defaults(*eval, eval_cfg);
   } catch (const CLI::ParseError& e) {
     // Bad flags: one clear line (CLI11 prints it) and exit code 2, before any work starts.
     const int rc = app.exit(e);
@@ -56,6 +61,7 @@ int main(int argc, char** argv) {
     if (forward->parsed()) return kiln::tools::run_forward(forward_opts);
     if (train->parsed()) return kiln::tools::run_train(train_cfg);
     if (eval->parsed()) return kiln::tools::run_eval(eval_cfg, eval_weights);
+    if (vocab->parsed()) return kiln::tools::run_vocab(vocab_opts);
     if (bench_train->parsed()) return kiln::tools::run_bench_train(bench_train_opts);
     std::printf("%s", app.help().c_str());
     return 0;

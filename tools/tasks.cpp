@@ -1,12 +1,23 @@
 // Tasks: the model, the data and the scoring of one kind of training run.
 //   classify (ResNet on an MNIST-format data set): cross-entropy on logits, accuracy.
+//   mlm (BERT on a text corpus): cross-entropy at the masked positions, their accuracy.
+//   classify (BERT on label<TAB>text files): cross-entropy on the pooled output's logits, accuracy.
+#include <dirent.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <fstream>
 #include <numeric>
 
 #include "engine/autograd.h"
 #include "io/data.h"
+#include "io/images.h"
+#include "io/text.h"
+#include "models/bert.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
+#include <chrono>
+#include <filesystem>
 
 namespace kiln::tools {
 namespace {
@@ -28,6 +39,48 @@ std::shared_ptr<const io::Dataset> limit(std::shared_ptr<const io::Dataset> ds, 
   return std::make_shared<Prefix>(std::move(ds), n);
 }
 
+int64_t count_correct(const Tensor& logits, const Tensor& target) {
+  const Tensor pred = argmax(logits.detach(), -1);
+  const int64_t* p = pred.data<int64_t>();
+  const int64_t* q = target.data<int64_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < target.numel(); ++i) n += p[i] == q[i];
+  return n;
+}
+
+Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train, std::shared_ptr<const io::Dataset> test,
+                 int64_t channels, int64_t classes, nlohmann::json info);
+
+Task image_folder(const TrainConfig& c) {
+  namespace fs = std::filesystem;
+  const fs::path root(c.data_dir);
+  const fs::path val = fs::is_directory(root / "val") ? root / "val" : root / "test";
+  KILN_CHECK(fs::is_directory(root / "train") && fs::is_directory(val), "--data-dir ", c.data_dir,
+             ": an image-folder data set holds train/ and val/ (or test/), each with one sub-directory per class");
+  int64_t channels = 3;
+  for (const auto& kv : c.sets)
+    if (kv.rfind("in_channels=", 0) == 0) channels = std::stoll(kv.substr(12));
+  KILN_CHECK(channels == 1 || channels == 3, "--set in_channels=", channels, ": images load as 1 (grey) or 3 (RGB) channels");
+  io::ImageFolderOptions o;
+  o.size = c.image_size;
+  o.resize = c.image_size * 8 / 7;  // 224 -> 256, the usual evaluation resize
+  o.channels = channels;
+  if (channels == 1) {
+    o.mean = {0.449f};
+    o.std = {0.226f};
+  }
+  o.skip_bad = c.skip_bad_samples;
+  o.train = c.augment;
+  auto train = std::make_shared<io::ImageFolderDataset>((root / "train").string(), o);
+  o.train = false;
+  auto test = std::make_shared<io::ImageFolderDataset>(val.string(), o, train->classes());
+  nlohmann::json info = {{"name", "folder"}, {"dir", c.data_dir}, {"shape", {channels, c.image_size, c.image_size}},
+                         {"classes", train->classes()}};
+  Task t = resnet_task(c, train, test, channels, int64_t(train->classes().size()), info);
+  t.bad_samples = [train, test] { return train->bad_samples() + test->bad_samples(); };
+  return t;
+}
+
 Task image_classification(const TrainConfig& c) {
   const std::string dir = !c.data_dir.empty() ? c.data_dir : c.data == "fashion-mnist" ? io::kFashionMnistDir : "";
   // Fashion-MNIST's pixel mean and standard deviation over the training set (MNIST: 0.1307, 0.3081).
@@ -47,49 +100,186 @@ Task image_classification(const TrainConfig& c) {
                 "(or pass --data-dir)");
     throw;
   }
-  std::vector<std::string> sets = {"in_channels=" + std::to_string(d.channels),
-                                   "num_classes=" + std::to_string(d.num_classes)};
+  return resnet_task(c, d.train, d.test, d.channels, d.num_classes,
+                     {{"name", c.data}, {"dir", dir}, {"shape", {d.channels, d.height, d.width}}, {"classes", d.class_names}});
+}
+
+Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train, std::shared_ptr<const io::Dataset> test,
+                 int64_t channels, int64_t classes, nlohmann::json info) {
+  std::vector<std::string> sets = {"in_channels=" + std::to_string(channels), "num_classes=" + std::to_string(classes)};
   sets.insert(sets.end(), c.sets.begin(), c.sets.end());  // the user's --set wins
   const models::ResNetConfig rc = resnet_config_from(c.model, sets);
-  KILN_CHECK(rc.in_channels == d.channels, "--set in_channels=", rc.in_channels, ": the ", c.data, " images have ",
-             d.channels, " channel(s)");
-  KILN_CHECK(rc.num_classes >= d.num_classes, "--set num_classes=", rc.num_classes, ": the ", c.data, " labels need ",
-             d.num_classes);
+  KILN_CHECK(rc.in_channels == channels, "--set in_channels=", rc.in_channels, ": the ", c.data, " images have ",
+             channels, " channel(s)");
+  KILN_CHECK(rc.num_classes >= classes, "--set num_classes=", rc.num_classes, ": the ", c.data, " labels need ", classes);
   auto model = models::make_resnet(rc);
   Task t;
   t.name = "classify";
   t.metric = "accuracy";
   t.model = model;
-  t.train_data = limit(d.train, c.limit_train);
-  t.eval_data = limit(d.test, c.limit_eval);
+  t.train_data = limit(train, c.limit_train);
+  t.eval_data = limit(test, c.limit_eval);
   const double smoothing = c.label_smoothing;
   t.step = [model, smoothing](const io::Batch& b) {
-    const Tensor& x = b.at("input");
     const Tensor& y = b.at("target");
-    Tensor logits = (*model)(x);
+    Tensor logits = (*model)(b.at("input"));
     StepResult r;
     r.loss = cross_entropy(logits, y, -100, model->is_training() ? smoothing : 0.0);
-    const Tensor pred = argmax(logits.detach(), 1);
-    const int64_t* p = pred.data<int64_t>();
-    const int64_t* q = y.data<int64_t>();
-    for (int64_t i = 0; i < y.numel(); ++i) r.correct += p[i] == q[i];
+    r.correct = count_correct(logits, y);
     r.count = y.numel();
     return r;
   };
-  t.data_info = {{"name", c.data},
-                 {"dir", dir},
+  info["train_samples"] = t.train_data->size();
+  info["eval_samples"] = t.eval_data->size();
+  t.data_info = info;
+  return t;
+}
+
+// A subset of another data set's samples, by index.
+class Subset final : public io::Dataset {
+ public:
+  Subset(std::shared_ptr<const io::Dataset> ds, std::vector<int64_t> idx) : ds_(std::move(ds)), idx_(std::move(idx)) {}
+  int64_t size() const override { return int64_t(idx_.size()); }
+  io::Batch get_batch(const std::vector<int64_t>& idx, uint64_t seed) const override {
+    std::vector<int64_t> mapped;
+    for (int64_t i : idx) mapped.push_back(idx_.at(size_t(i)));
+    return ds_->get_batch(mapped, seed);
+  }
+
+ private:
+  std::shared_ptr<const io::Dataset> ds_;
+  std::vector<int64_t> idx_;
+};
+
+
+Task bert_mlm(const TrainConfig& c, const BertName& bn) {
+  io::BasicTokenizerOptions bo{c.lower_case, c.lower_case};
+  auto tok = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(c.vocab), bo);
+  io::MlmOptions mo{c.seq_len, c.mask_prob};
+  auto corpus = std::make_shared<io::MlmDataset>(tok, expand_text_paths(c.text, "--text"), mo);
+  std::shared_ptr<const io::Dataset> train, eval;
+  if (!c.eval_text.empty()) {
+    train = corpus;
+    eval = std::make_shared<io::MlmDataset>(tok, expand_text_paths(c.eval_text, "--eval-text"), mo);
+  } else {
+    // Every 50th sequence is held out: the held-out text comes from all over the corpus.
+    std::vector<int64_t> tr, ev;
+    for (int64_t i = 0; i < corpus->size(); ++i) (i % 50 == 49 ? ev : tr).push_back(i);
+    KILN_CHECK(!ev.empty(), "--text: ", corpus->size(), " sequences are too few to hold 2% out for evaluation (give --eval-text)");
+    train = std::make_shared<Subset>(corpus, tr);
+    eval = std::make_shared<Subset>(corpus, ev);
+  }
+  std::vector<std::string> sets = {"vocab_size=" + std::to_string(tok->vocab().size())};
+  sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+  const models::BertConfig bc = bert_config_from(bn.size, sets);
+  KILN_CHECK(bc.vocab_size == tok->vocab().size(), "--set vocab_size=", bc.vocab_size, ": ", c.vocab, " holds ",
+             tok->vocab().size(), " tokens");
+  KILN_CHECK(c.seq_len <= bc.max_position, "--seq-len ", c.seq_len, " exceeds the model's ", bc.max_position,
+             " positions (--set max_position=N)");
+  auto model = std::make_shared<models::BertForMaskedLM>(bc);
+  Task t;
+  t.name = "mlm";
+  t.metric = "mlm_accuracy";
+  t.model = model;
+  t.train_data = limit(train, c.limit_train);
+  t.eval_data = limit(eval, c.limit_eval);
+  t.step = [model](const io::Batch& b) {
+    const Tensor& labels = b.at("labels");
+    // Score the masked positions only: gather them before the vocabulary projection.
+    std::vector<int64_t> pos, tgt;
+    const int64_t* l = labels.data<int64_t>();
+    for (int64_t i = 0; i < labels.numel(); ++i)
+      if (l[i] != -100) {
+        pos.push_back(i);
+        tgt.push_back(l[i]);
+      }
+    const Tensor positions = from_blob_copy(pos.data(), {int64_t(pos.size())});
+    const Tensor target = from_blob_copy(tgt.data(), {int64_t(tgt.size())});
+    const Tensor logits = model->forward_at(b.at("input_ids"), positions, b.at("attention_mask"), b.at("token_type_ids"));
+    StepResult r;
+    r.loss = cross_entropy(logits, target);
+    r.correct = count_correct(logits, target);
+    r.count = target.numel();
+    return r;
+  };
+  t.data_info = {{"name", "text"},
+                 {"files", expand_text_paths(c.text, "--text")},
+                 {"vocab", c.vocab},
+                 {"vocab_size", tok->vocab().size()},
                  {"train_samples", t.train_data->size()},
                  {"eval_samples", t.eval_data->size()},
-                 {"shape", {d.channels, d.height, d.width}},
-                 {"classes", d.class_names}};
+                 {"corpus_tokens", corpus->tokens()},
+                 {"seq_len", c.seq_len}};
+  return t;
+}
+
+Task bert_classify(const TrainConfig& c, const BertName& bn) {
+  io::BasicTokenizerOptions bo{c.lower_case, c.lower_case};
+  auto tok = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(c.vocab), bo);
+  auto train = std::make_shared<io::TsvClassificationDataset>(tok, c.train_tsv, c.seq_len, c.label_names);
+  auto eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, train->label_names());
+  std::vector<std::string> sets = {"vocab_size=" + std::to_string(tok->vocab().size()),
+                                   "num_labels=" + std::to_string(train->label_names().size())};
+  sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+  const models::BertConfig bc = bert_config_from(bn.size, sets);
+  KILN_CHECK(c.seq_len <= bc.max_position, "--seq-len ", c.seq_len, " exceeds the model's ", bc.max_position,
+             " positions (--set max_position=N)");
+  auto model = std::make_shared<models::BertForSequenceClassification>(bc);
+  Task t;
+  t.name = "classify";
+  t.metric = "accuracy";
+  t.model = model;
+  t.train_data = limit(train, c.limit_train);
+  t.eval_data = limit(eval, c.limit_eval);
+  const double smoothing = c.label_smoothing;
+  t.step = [model, smoothing](const io::Batch& b) {
+    const Tensor logits = model->forward(b.at("input_ids"), b.at("attention_mask"), b.at("token_type_ids"));
+    const Tensor& y = b.at("target");
+    StepResult r;
+    r.loss = cross_entropy(logits, y, -100, model->is_training() ? smoothing : 0.0);
+    r.correct = count_correct(logits, y);
+    r.count = y.numel();
+    return r;
+  };
+  t.data_info = {{"name", "tsv"},         {"train", c.train_tsv},        {"eval", c.eval_tsv},
+                 {"vocab", c.vocab},      {"labels", train->label_names()},
+                 {"train_samples", t.train_data->size()}, {"eval_samples", t.eval_data->size()},
+                 {"seq_len", c.seq_len}};
   return t;
 }
 
 }  // namespace
 
+std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths, const std::string& flag) {
+  std::vector<std::string> out;
+  for (const auto& p : paths) {
+    struct stat st{};
+    KILN_CHECK(::stat(p.c_str(), &st) == 0, flag, " ", p, ": no such file or directory");
+    if (!S_ISDIR(st.st_mode)) {
+      out.push_back(p);
+      continue;
+    }
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(p)) {
+      if (!e.is_regular_file() || e.is_symlink()) continue;
+      std::ifstream f(e.path(), std::ios::binary);
+      std::string head(4096, '\0');
+      f.read(head.data(), std::streamsize(head.size()));
+      head.resize(size_t(f.gcount()));
+      if (head.find('\0') == std::string::npos) files.push_back(e.path().string());
+    }
+    KILN_CHECK(!files.empty(), flag, " ", p, ": the directory holds no text files");
+    std::sort(files.begin(), files.end());
+    out.insert(out.end(), files.begin(), files.end());
+  }
+  return out;
+}
+
 Task make_task(const TrainConfig& c) {
-  if (models::is_resnet_name(c.model)) return image_classification(c);
-  KILN_FAIL("--model ", c.model, ": no training task for it in this build");
+  if (models::is_resnet_name(c.model)) return c.data == "folder" ? image_folder(c) : image_classification(c);
+  const BertName bn = parse_bert_name(c.model);
+  const std::string task = c.task.empty() ? "mlm" : c.task;
+  return task == "mlm" ? bert_mlm(c, bn) : bert_classify(c, bn);
 }
 
 EvalResult evaluate(Task& task, const TrainConfig& c) {

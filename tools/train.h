@@ -24,14 +24,23 @@ struct TrainConfig {
   std::string data = "fashion-mnist";  // fashion-mnist | mnist (an MNIST-format directory via --data-dir)
   std::string data_dir;
   bool augment = true;
+  int64_t image_size = 224;  // image folders
+  bool skip_bad_samples = false;
   int64_t limit_train = 0, limit_eval = 0;  // use only the first N samples (0: all)
+  // text (BERT)
+  std::vector<std::string> text, eval_text;  // masked-LM corpus files or directories
+  std::string vocab, train_tsv, eval_tsv;
+  int64_t seq_len = 128;
+  double mask_prob = 0.15;
+  bool lower_case = true;
+  std::vector<std::string> label_names;  // not a flag: fixed by a trained model's metadata in `kiln eval`
   // schedule of the run
   int64_t epochs = 1, batch = 128, max_steps = 0;
   std::string optimizer = "sgd";
   double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0.0, clip_grad_norm = 0.0;
   bool nesterov = true;
   std::string schedule = "cosine";
-  int64_t warmup = 0;
+  int64_t warmup = -1;  // -1: 0 for ResNet, 6% of the steps for BERT
   // machine
   uint64_t seed = 0;
   int threads = 0;  // 0: KILN_NUM_THREADS or all hardware threads
@@ -52,6 +61,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c);
 // Fills every flag of `app` not given on the command line from the JSON object in `path`; an
 // unknown key, a bad value or a broken file is an error naming the file and the key.
 void apply_json_config(CLI::App& app, const std::string& path);
+// Defaults that depend on the model, for flags the user did not give: BERT trains with AdamW,
+// lr 5e-4, weight decay 0.01 and a linear schedule; ResNet with the defaults above.
+void apply_model_defaults(const CLI::App& app, TrainConfig& c);
 // Flags of `kiln eval`: the model and data flags of train plus --weights.
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights);
 // The checks that need no data: one message per problem, empty when the config is sound.
@@ -69,6 +81,7 @@ struct Task {
   std::shared_ptr<const io::Dataset> train_data, eval_data;
   std::function<StepResult(const io::Batch&)> step;  // forward + loss in the model's current mode
   nlohmann::json data_info;
+  std::function<int64_t()> bad_samples;  // unreadable samples skipped so far (image folders), if it applies
 };
 Task make_task(const TrainConfig& c);
 
@@ -81,6 +94,18 @@ struct EvalResult {
 EvalResult evaluate(Task& task, const TrainConfig& c);
 
 int run_train(const TrainConfig& c);
+// `kiln vocab`: learn a WordPiece vocabulary from text.
+struct VocabOptions {
+  std::vector<std::string> text;
+  int64_t size = 8000, min_frequency = 2;
+  bool lower_case = true;
+  std::string out;
+};
+void add_vocab_flags(CLI::App& app, VocabOptions& o);
+int run_vocab(const VocabOptions& o);
+// Text files named by the user: files as they are; a directory gives every regular text file in it
+// (sorted; files holding NUL bytes, like fortune's .dat indexes, are skipped).
+std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths, const std::string& flag);
 int run_eval(const TrainConfig& c, const std::string& weights);
 
 // `kiln bench train`: median step time of full training steps on synthetic batches.

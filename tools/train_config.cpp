@@ -17,14 +17,30 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--task", c.task, "classify or mlm (default: classify for ResNet, mlm for BERT)")
       ->check(CLI::IsMember({"classify", "mlm"}));
   app.add_option("--set", c.sets, "Override a model config field, key=value (repeatable)");
-  app.add_option("--data", c.data, "fashion-mnist, or mnist (an MNIST-format directory given by --data-dir)")
-      ->check(CLI::IsMember({"fashion-mnist", "mnist"}))
+  app.add_option("--data", c.data,
+                 "fashion-mnist; mnist (an MNIST-format directory given by --data-dir); folder (--data-dir holds "
+                 "train/ and val/, each with one sub-directory of .jpg/.png/.bmp images per class)")
+      ->check(CLI::IsMember({"fashion-mnist", "mnist", "folder"}))
       ->capture_default_str();
   app.add_option("--data-dir", c.data_dir, "Where the data set lives (default for fashion-mnist: Debian's package)");
+  app.add_option("--image-size", c.image_size, "Side of the images fed to the model (image folders)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--skip-bad-samples", c.skip_bad_samples,
+               "Leave unreadable images out of their batch and count them, instead of stopping");
   app.add_option("--limit-train", c.limit_train, "Use only the first N training samples (0: all)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--limit-eval", c.limit_eval, "Use only the first N evaluation samples (0: all)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--text", c.text, "Masked-LM corpus: text files or directories of them (BERT --task mlm)");
+  app.add_option("--eval-text", c.eval_text, "Held-out masked-LM text (default: every 50th sequence of --text)");
+  app.add_option("--vocab", c.vocab, "WordPiece vocab.txt (BERT; make one with `kiln vocab`)");
+  app.add_option("--train-tsv", c.train_tsv, "label<TAB>text training file (BERT --task classify)");
+  app.add_option("--eval-tsv", c.eval_tsv, "label<TAB>text evaluation file (BERT --task classify)");
+  app.add_option("--seq-len", c.seq_len, "BERT sequence length")->capture_default_str();
+  app.add_option("--mask-prob", c.mask_prob, "Share of tokens masked for masked-LM")->capture_default_str();
+  app.add_flag("--lower-case,!--no-lower-case", c.lower_case, "Lower-case and strip accents before WordPiece")
+      ->capture_default_str();
   app.add_option("--batch", c.batch, "Batch size")->capture_default_str();
   app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout")->capture_default_str();
   app.add_option("--threads", c.threads, "CPU threads for the kernels (0: KILN_NUM_THREADS or all)")
@@ -61,7 +77,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--schedule", c.schedule, "constant, cosine, linear, polynomial, step or multistep")
       ->check(CLI::IsMember({"constant", "cosine", "linear", "polynomial", "step", "multistep"}))
       ->capture_default_str();
-  app.add_option("--warmup", c.warmup, "Linear warmup steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", c.warmup, "Linear warmup steps (default: 0 for ResNet, 6% of the steps for BERT)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--out", c.out, "Run directory: metrics.jsonl, summary.json, model.safetensors")->required();
   app.add_option("--log-every", c.log_every, "Steps between metrics lines")->capture_default_str();
   app.add_option("--progress", c.progress, "auto (a bar on a terminal, lines otherwise), bar or lines")
@@ -135,17 +152,45 @@ std::vector<std::string> validate(const TrainConfig& c) {
     e.push_back("--model " + c.model + ": unknown (resnet20..resnet110, resnet18..resnet152, bert-SIZE)");
   if (resnet && !c.task.empty() && c.task != "classify")
     e.push_back("--task " + c.task + ": a ResNet classifies images (--task classify)");
-  if (!resnet && c.model.rfind("bert-", 0) == 0)
-    e.push_back("--model " + c.model + ": BERT training needs the text pipeline, which is not in this build yet");
-  if (c.data == "mnist" && c.data_dir.empty()) e.push_back("--data mnist needs --data-dir (an MNIST-format directory)");
+  if (resnet && c.data == "mnist" && c.data_dir.empty())
+    e.push_back("--data mnist needs --data-dir (an MNIST-format directory)");
+  if (resnet && c.data == "folder" && c.data_dir.empty())
+    e.push_back("--data folder needs --data-dir (a directory with train/ and val/ image folders)");
+  if (!resnet && c.model.rfind("bert-", 0) == 0) {
+    const std::string task = c.task.empty() ? "mlm" : c.task;
+    if (c.vocab.empty()) e.push_back("--model " + c.model + " needs --vocab (make one: kiln vocab --text FILE --size 8000 --out vocab.txt)");
+    if (task == "mlm" && c.text.empty()) e.push_back("--task mlm needs --text (a corpus: files or directories)");
+    if (task == "classify" && (c.train_tsv.empty() || c.eval_tsv.empty()))
+      e.push_back("--task classify needs --train-tsv and --eval-tsv (label<TAB>text lines)");
+    if (c.seq_len < 8) e.push_back("--seq-len must be at least 8, got " + std::to_string(c.seq_len));
+    if (!(c.mask_prob > 0 && c.mask_prob < 1)) e.push_back("--mask-prob must be in (0, 1), got " + std::to_string(c.mask_prob));
+  }
   return e;
+}
+
+void apply_model_defaults(const CLI::App& app, TrainConfig& c) {
+  if (c.model.rfind("bert-", 0) != 0) return;
+  auto given = [&](const char* flag) {
+    const CLI::Option* o = app.get_option_no_throw(flag);
+    return o != nullptr && o->count() > 0;
+  };
+  if (!given("--optimizer")) c.optimizer = "adamw";
+  if (!given("--lr")) c.lr = 5e-4;
+  if (!given("--weight-decay")) c.weight_decay = 0.01;
+  if (!given("--schedule")) c.schedule = "linear";
+  if (!given("--batch")) c.batch = 32;
 }
 
 nlohmann::json TrainConfig::to_json() const {
   return {{"model", model},         {"task", task.empty() ? "classify" : task},
           {"set", sets},            {"data", data},
           {"data_dir", data_dir},   {"augment", augment},
+          {"image_size", image_size}, {"skip_bad_samples", skip_bad_samples},
           {"limit_train", limit_train}, {"limit_eval", limit_eval},
+          {"text", text},           {"eval_text", eval_text},
+          {"vocab", vocab},         {"train_tsv", train_tsv},
+          {"eval_tsv", eval_tsv},   {"seq_len", seq_len},
+          {"mask_prob", mask_prob}, {"lower_case", lower_case},
           {"epochs", epochs},       {"batch", batch},
           {"max_steps", max_steps}, {"optimizer", optimizer},
           {"lr", lr},               {"momentum", momentum},

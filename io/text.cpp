@@ -1,0 +1,588 @@
+// BERT text processing. Character classes follow BERT's basic tokenizer; the Unicode tables here are
+// the ranges English and European text need (see each function), not the whole Unicode database.
+#include "io/text.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <queue>
+#include <set>
+#include <sstream>
+#include <unistd.h>
+#include <unordered_set>
+
+#include "engine/random.h"
+#include "io/idx.h"
+
+namespace kiln::io {
+
+// ---- UTF-8 ---------------------------------------------------------------------------------------
+
+std::u32string decode_utf8(std::string_view s) {
+  std::u32string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    char32_t cp = len == 1 ? b : len == 2 ? b & 0x1F : len == 3 ? b & 0x0F : b & 0x07;
+    bool ok = len > 0 && i + size_t(len) <= s.size();
+    for (int k = 1; ok && k < len; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + size_t(k)]);
+      ok = (c >> 6) == 2;
+      cp = cp << 6 | (c & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are malformed too.
+    ok = ok && !(len == 2 && cp < 0x80) && !(len == 3 && cp < 0x800) && !(len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) &&
+         !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (ok) {
+      out.push_back(cp);
+      i += size_t(len);
+    } else {
+      out.push_back(0xFFFD);
+      i += 1;
+    }
+  }
+  return out;
+}
+
+std::string encode_utf8(std::u32string_view s) {
+  std::string out;
+  for (char32_t c : s) {
+    if (c < 0x80) {
+      out += char(c);
+    } else if (c < 0x800) {
+      out += char(0xC0 | (c >> 6));
+      out += char(0x80 | (c & 0x3F));
+    } else if (c < 0x10000) {
+      out += char(0xE0 | (c >> 12));
+      out += char(0x80 | ((c >> 6) & 0x3F));
+      out += char(0x80 | (c & 0x3F));
+    } else {
+      out += char(0xF0 | (c >> 18));
+      out += char(0x80 | ((c >> 12) & 0x3F));
+      out += char(0x80 | ((c >> 6) & 0x3F));
+      out += char(0x80 | (c & 0x3F));
+    }
+  }
+  return out;
+}
+
+// ---- character classes ---------------------------------------------------------------------------
+namespace {
+
+bool in(char32_t c, char32_t lo, char32_t hi) { return c >= lo && c <= hi; }
+
+bool is_whitespace(char32_t c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == 0xA0 || c == 0x1680 || in(c, 0x2000, 0x200A) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+// Removed before tokenizing, as BERT's cleaner does (NUL, U+FFFD and the C0/C1 controls).
+bool is_control(char32_t c) {
+  if (c == '\t' || c == '\n' || c == '\r') return false;
+  return c < 0x20 || in(c, 0x7F, 0x9F) || c == 0xFFFD || in(c, 0x200B, 0x200F) || c == 0xFEFF;
+}
+
+// ASCII symbols count as punctuation (as in BERT); beyond ASCII, the punctuation blocks.
+bool is_punctuation(char32_t c) {
+  if (in(c, 33, 47) || in(c, 58, 64) || in(c, 91, 96) || in(c, 123, 126)) return true;
+  return c == 0xA1 || c == 0xA7 || c == 0xAB || c == 0xB6 || c == 0xB7 || c == 0xBB || c == 0xBF ||
+         in(c, 0x2010, 0x2027) || in(c, 0x2030, 0x205E) || in(c, 0x3001, 0x3003) || in(c, 0x3008, 0x3011) ||
+         in(c, 0x3014, 0x301F) || in(c, 0xFF01, 0xFF0F) || in(c, 0xFF1A, 0xFF20) || in(c, 0xFF3B, 0xFF40) ||
+         in(c, 0xFF5B, 0xFF65);
+}
+
+bool is_cjk(char32_t c) {
+  return in(c, 0x4E00, 0x9FFF) || in(c, 0x3400, 0x4DBF) || in(c, 0x20000, 0x2A6DF) || in(c, 0x2A700, 0x2CEAF) ||
+         in(c, 0xF900, 0xFAFF) || in(c, 0x2F800, 0x2FA1F);
+}
+
+bool is_combining_mark(char32_t c) {
+  return in(c, 0x0300, 0x036F) || in(c, 0x1AB0, 0x1AFF) || in(c, 0x1DC0, 0x1DFF) || in(c, 0x20D0, 0x20FF) ||
+         in(c, 0xFE20, 0xFE2F);
+}
+
+char32_t to_lower(char32_t c) {
+  if (in(c, 'A', 'Z')) return c + 32;
+  if (c < 0xC0) return c;
+  if (in(c, 0xC0, 0xDE) && c != 0xD7) return c + 32;
+  if (in(c, 0x100, 0x137) || in(c, 0x14A, 0x177)) return c | 1;  // pairs: even upper, odd lower
+  if (in(c, 0x139, 0x148) || in(c, 0x179, 0x17E)) return (c & 1) ? c + 1 : c;  // odd upper, even lower
+  if (c == 0x178) return 0xFF;
+  if (in(c, 0x391, 0x3A9) && c != 0x3A2) return c + 32;  // Greek
+  if (in(c, 0x410, 0x42F)) return c + 32;                // Cyrillic
+  if (in(c, 0x400, 0x40F)) return c + 80;
+  return c;
+}
+
+// The base letter of an accented Latin-1 or Latin Extended-A letter ('-': none, e.g. Æ, Ø, ß, Ł,
+// which Unicode does not decompose).
+constexpr const char kLatin1Base[] = "AAAAAA-CEEEEIIII-NOOOOO--UUUUY--aaaaaa-ceeeeiiii-nooooo--uuuuy-y";
+constexpr const char kLatinExtABase[] =
+    "AaAaAaCcCcCcCcDd--EeEeEeEeEeGgGgGgGgHh--IiIiIiIiI---JjKk-LlLlLl----NnNnNn---OoOoOo--RrRrRrSsSsSsSsTtTt--UuUuUuUu"
+    "UuUuWwYyYZzZzZz-";
+static_assert(sizeof(kLatin1Base) == 65 && sizeof(kLatinExtABase) == 129, "one entry per code point");
+
+char32_t strip_accent(char32_t c) {
+  char b = '-';
+  if (in(c, 0xC0, 0xFF)) b = kLatin1Base[c - 0xC0];
+  else if (in(c, 0x100, 0x17F)) b = kLatinExtABase[c - 0x100];
+  return b == '-' ? c : char32_t(b);
+}
+
+}  // namespace
+
+std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& o) {
+  std::vector<std::string> out;
+  std::u32string word;
+  auto flush = [&] {
+    if (!word.empty()) out.push_back(encode_utf8(word));
+    word.clear();
+  };
+  for (char32_t c : decode_utf8(text)) {
+    if (is_control(c)) continue;
+    if (is_whitespace(c)) {
+      flush();
+      continue;
+    }
+    if (o.lower_case) c = to_lower(c);
+    if (o.strip_accents) {
+      if (is_combining_mark(c)) continue;
+      c = strip_accent(c);
+    }
+    if (is_punctuation(c) || is_cjk(c)) {
+      flush();
+      out.push_back(encode_utf8(std::u32string(1, c)));
+      continue;
+    }
+    word.push_back(c);
+  }
+  flush();
+  return out;
+}
+
+// ---- vocabulary ----------------------------------------------------------------------------------
+
+Vocab Vocab::from_tokens(std::vector<std::string> tokens, std::string source) {
+  Vocab v;
+  v.source_ = std::move(source);
+  KILN_CHECK(!tokens.empty(), v.source_, ": the vocabulary is empty");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    KILN_CHECK(!tokens[i].empty(), v.source_, ": token ", i, " (line ", i + 1, ") is empty");
+    const bool fresh = v.ids_.emplace(tokens[i], int64_t(i)).second;
+    KILN_CHECK(fresh, v.source_, ": token '", tokens[i], "' appears twice (lines ", v.ids_.at(tokens[i]) + 1, " and ",
+               i + 1, ")");
+  }
+  v.tokens_ = std::move(tokens);
+  return v;
+}
+
+Vocab Vocab::load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KILN_CHECK(f.good(), path, ": cannot open the vocabulary");
+  std::vector<std::string> tokens;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    tokens.push_back(line);
+  }
+  return from_tokens(std::move(tokens), path);
+}
+
+void Vocab::save(const std::string& path) const {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    KILN_CHECK(f.good(), tmp, ": cannot open for writing");
+    for (const auto& t : tokens_) f << t << '\n';
+    f.flush();
+    KILN_CHECK(f.good(), tmp, ": write failed (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp);
+    KILN_FAIL(path, ": cannot rename the temporary file into place: ", ec.message());
+  }
+}
+
+int64_t Vocab::id(const std::string& token) const {
+  auto it = ids_.find(token);
+  return it == ids_.end() ? -1 : it->second;
+}
+
+const std::string& Vocab::token(int64_t id) const {
+  KILN_CHECK(id >= 0 && id < size(), source_, ": token id ", id, " is outside the vocabulary of ", size());
+  return tokens_[size_t(id)];
+}
+
+int64_t Vocab::require(const std::string& token, const std::string& why) const {
+  const int64_t i = id(token);
+  KILN_CHECK(i >= 0, source_, ": the vocabulary has no ", token, " token, which ", why);
+  return i;
+}
+
+// ---- WordPiece -----------------------------------------------------------------------------------
+
+WordPieceTokenizer::WordPieceTokenizer(Vocab vocab, BasicTokenizerOptions o, int64_t max_chars_per_word)
+    : vocab_(std::move(vocab)), o_(o), max_chars_(max_chars_per_word) {
+  unk_id = vocab_.id("[UNK]");
+  pad_id = vocab_.id("[PAD]");
+  cls_id = vocab_.id("[CLS]");
+  sep_id = vocab_.id("[SEP]");
+  mask_id = vocab_.id("[MASK]");
+  KILN_CHECK(unk_id >= 0, vocab_.source(), ": the vocabulary has no [UNK] token, which WordPiece needs for words it "
+             "cannot split");
+}
+
+std::vector<std::string> WordPieceTokenizer::tokenize(std::string_view text) const {
+  std::vector<std::string> out;
+  for (const std::string& word : basic_tokenize(text, o_)) {
+    const std::u32string cps = decode_utf8(word);
+    if (int64_t(cps.size()) > max_chars_) {
+      out.push_back("[UNK]");
+      continue;
+    }
+    std::vector<std::string> pieces;
+    size_t start = 0;
+    bool bad = false;
+    while (start < cps.size()) {
+      size_t end = cps.size();
+      std::string found;
+      for (; end > start; --end) {
+        std::string sub = (start > 0 ? "##" : "") + encode_utf8(cps.substr(start, end - start));
+        if (vocab_.id(sub) >= 0) {
+          found = std::move(sub);
+          break;
+        }
+      }
+      if (found.empty()) {
+        bad = true;
+        break;
+      }
+      pieces.push_back(std::move(found));
+      start = end;
+    }
+    if (bad) out.push_back("[UNK]");
+    else out.insert(out.end(), pieces.begin(), pieces.end());
+  }
+  return out;
+}
+
+std::vector<int64_t> WordPieceTokenizer::encode(std::string_view text) const {
+  std::vector<int64_t> ids;
+  for (const auto& t : tokenize(text)) ids.push_back(t == "[UNK]" ? unk_id : vocab_.id(t));
+  return ids;
+}
+
+std::string WordPieceTokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::string s;
+  for (int64_t id : ids) {
+    const std::string& t = vocab_.token(id);
+    if (t.rfind("##", 0) == 0 && !s.empty()) {
+      s += t.substr(2);
+    } else {
+      if (!s.empty()) s += ' ';
+      s += t;
+    }
+  }
+  return s;
+}
+
+// ---- vocabulary builder --------------------------------------------------------------------------
+
+Vocab build_wordpiece_vocab(const std::vector<std::string>& files, int64_t size, const BasicTokenizerOptions& o,
+                            int64_t min_frequency) {
+  KILN_CHECK(size > int64_t(kBertSpecialTokens.size()), "vocabulary size ", size, " leaves no room beside the ",
+             kBertSpecialTokens.size(), " special tokens");
+  KILN_CHECK(!files.empty(), "build_wordpiece_vocab: no text files");
+  std::map<std::string, int64_t> word_freq;
+  for (const auto& f : files) {
+    const std::string text = read_maybe_gzip(f);
+    for (auto& w : basic_tokenize(text, o))
+      if (decode_utf8(w).size() <= 100) ++word_freq[w];
+  }
+  KILN_CHECK(!word_freq.empty(), "build_wordpiece_vocab: no words in ", files.front(), files.size() > 1 ? " ..." : "");
+
+  // Symbols: strings; words: sequences of symbol ids with their frequency.
+  std::vector<std::string> sym;
+  std::unordered_map<std::string, int> sym_id;
+  auto intern = [&](const std::string& s) {
+    auto [it, fresh] = sym_id.emplace(s, int(sym.size()));
+    if (fresh) sym.push_back(s);
+    return it->second;
+  };
+  std::vector<std::vector<int>> words;
+  std::vector<int64_t> freq;
+  std::map<std::string, int64_t> char_freq;
+  for (const auto& [w, f] : word_freq) {
+    const std::u32string cps = decode_utf8(w);
+    std::vector<int> ids;
+    for (size_t i = 0; i < cps.size(); ++i) {
+      const std::string piece = (i ? "##" : "") + encode_utf8(cps.substr(i, 1));
+      ids.push_back(intern(piece));
+      char_freq[piece] += f;
+    }
+    words.push_back(std::move(ids));
+    freq.push_back(f);
+  }
+  std::vector<std::string> vocab = kBertSpecialTokens;
+  // The alphabet, most frequent first, so a small size keeps the common characters.
+  std::vector<std::pair<int64_t, std::string>> alphabet;
+  for (const auto& [p, f] : char_freq) alphabet.push_back({-f, p});
+  std::sort(alphabet.begin(), alphabet.end());
+  for (const auto& [f, p] : alphabet)
+    if (int64_t(vocab.size()) < size) vocab.push_back(p);
+
+  auto key = [](int a, int b) { return uint64_t(uint32_t(a)) << 32 | uint32_t(b); };
+  std::unordered_map<uint64_t, int64_t> pair_count;
+  std::unordered_map<uint64_t, std::unordered_set<int>> pair_words;
+  auto merged = [&](int a, int b) { return sym[size_t(a)] + (sym[size_t(b)].rfind("##", 0) == 0 ? sym[size_t(b)].substr(2) : sym[size_t(b)]); };
+  struct Entry {
+    int64_t count;
+    std::string merged;
+    int a, b;
+    bool operator<(const Entry& o) const {  // max-heap: highest count, then the smallest string
+      return count != o.count ? count < o.count : merged > o.merged;
+    }
+  };
+  std::priority_queue<Entry> heap;
+  auto add_word_pairs = [&](int w, int64_t sign, std::set<uint64_t>* touched) {
+    const auto& s = words[size_t(w)];
+    for (size_t i = 0; i + 1 < s.size(); ++i) {
+      const uint64_t k = key(s[i], s[i + 1]);
+      pair_count[k] += sign * freq[size_t(w)];
+      if (sign > 0) pair_words[k].insert(w);
+      if (touched) touched->insert(k);
+    }
+  };
+  for (int w = 0; w < int(words.size()); ++w) add_word_pairs(w, 1, nullptr);
+  for (const auto& [k, c] : pair_count) heap.push({c, merged(int(k >> 32), int(uint32_t(k))), int(k >> 32), int(uint32_t(k))});
+
+  std::unordered_set<std::string> in_vocab(vocab.begin(), vocab.end());
+  while (int64_t(vocab.size()) < size && !heap.empty()) {
+    const Entry e = heap.top();
+    heap.pop();
+    const uint64_t k = key(e.a, e.b);
+    auto it = pair_count.find(k);
+    if (it == pair_count.end() || it->second != e.count) continue;  // stale
+    if (e.count < min_frequency) break;
+    const int c = intern(e.merged);
+    if (in_vocab.insert(e.merged).second) vocab.push_back(e.merged);
+    std::set<uint64_t> touched;
+    const std::unordered_set<int> ws = pair_words[k];
+    for (int w : ws) {
+      add_word_pairs(w, -1, &touched);
+      auto& s = words[size_t(w)];
+      std::vector<int> t;
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (i + 1 < s.size() && s[i] == e.a && s[i + 1] == e.b) {
+          t.push_back(c);
+          ++i;
+        } else {
+          t.push_back(s[i]);
+        }
+      }
+      s = std::move(t);
+      add_word_pairs(w, 1, &touched);
+    }
+    pair_words.erase(k);
+    for (uint64_t t : touched) {
+      const int64_t cnt = pair_count[t];
+      if (cnt > 0) heap.push({cnt, merged(int(t >> 32), int(uint32_t(t))), int(t >> 32), int(uint32_t(t))});
+    }
+  }
+  return Vocab::from_tokens(std::move(vocab), "built vocabulary");
+}
+
+// ---- masked-LM corpus ----------------------------------------------------------------------------
+
+MlmDataset::MlmDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std::vector<std::string>& files,
+                       MlmOptions o)
+    : tok_(std::move(tok)), o_(o) {
+  const Vocab& v = tok_->vocab();
+  v.require("[CLS]", "masked-LM sequences start with");
+  v.require("[SEP]", "masked-LM sequences end with");
+  v.require("[PAD]", "pads short masked-LM sequences");
+  v.require("[MASK]", "masked-LM training puts in place of the hidden tokens");
+  KILN_CHECK(o_.seq_len >= 8, "masked-LM sequence length must be at least 8, got ", o_.seq_len);
+  KILN_CHECK(o_.mask_prob > 0 && o_.mask_prob < 1, "mask probability must be in (0, 1), got ", o_.mask_prob);
+  KILN_CHECK(!files.empty(), "masked-LM: no text files");
+  const size_t room = size_t(o_.seq_len - 2);
+  std::vector<int32_t> cur;
+  auto emit = [&] {
+    if (cur.empty()) return;
+    std::vector<int32_t> s;
+    s.reserve(cur.size() + 2);
+    s.push_back(int32_t(tok_->cls_id));
+    s.insert(s.end(), cur.begin(), cur.end());
+    s.push_back(int32_t(tok_->sep_id));
+    tokens_ += int64_t(cur.size());
+    seqs_.push_back(std::move(s));
+    cur.clear();
+  };
+  for (const auto& f : files) {
+    const std::string text = read_maybe_gzip(f);
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.find_first_not_of(" \t") == std::string::npos || line == "%") {
+        emit();  // end of a document
+        continue;
+      }
+      const std::vector<int64_t> ids = tok_->encode(line);
+      if (cur.size() + ids.size() > room) emit();
+      for (int64_t id : ids) {
+        if (cur.size() == room) emit();  // a line longer than a sequence continues in the next
+        cur.push_back(int32_t(id));
+      }
+    }
+    emit();
+  }
+  KILN_CHECK(!seqs_.empty(), "masked-LM: no text in ", files.front(), files.size() > 1 ? " ..." : "");
+}
+
+std::shared_ptr<MlmDataset> MlmDataset::subset(int64_t from, int64_t to) const {
+  KILN_CHECK(from >= 0 && from <= to && to <= size(), "masked-LM subset [", from, ", ", to, ") of ", size(), " sequences");
+  auto d = std::shared_ptr<MlmDataset>(new MlmDataset());
+  d->tok_ = tok_;
+  d->o_ = o_;
+  d->seqs_.assign(seqs_.begin() + from, seqs_.begin() + to);
+  for (const auto& s : d->seqs_) d->tokens_ += int64_t(s.size()) - 2;
+  return d;
+}
+
+namespace {
+Batch text_batch(int64_t b, int64_t len, int64_t pad_id) {
+  Batch out;
+  out["input_ids"] = make_tensor({b, len}, DType::i64, kCPU);
+  out["attention_mask"] = make_tensor({b, len}, DType::i64, kCPU);
+  out["token_type_ids"] = make_tensor({b, len}, DType::i64, kCPU);
+  std::fill_n(out["input_ids"].data<int64_t>(), b * len, pad_id);
+  std::fill_n(out["attention_mask"].data<int64_t>(), b * len, 0);
+  std::fill_n(out["token_type_ids"].data<int64_t>(), b * len, 0);
+  return out;
+}
+}  // namespace
+
+Batch MlmDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) const {
+  const int64_t b = int64_t(indices.size()), len = o_.seq_len, vocab = tok_->vocab().size();
+  Batch out = text_batch(b, len, tok_->pad_id);
+  Tensor labels = make_tensor({b, len}, DType::i64, kCPU);
+  std::fill_n(labels.data<int64_t>(), b * len, -100);
+  int64_t* ids = out["input_ids"].data<int64_t>();
+  int64_t* mask = out["attention_mask"].data<int64_t>();
+  int64_t* lab = labels.data<int64_t>();
+  const float p = float(o_.mask_prob);
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t n = indices[size_t(i)];
+    KILN_CHECK(n >= 0 && n < size(), "masked-LM: sample ", n, " out of range [0, ", size(), ")");
+    const auto& s = seqs_[size_t(n)];
+    PhiloxStream rng(seed, uint64_t(n) << 16);
+    for (size_t j = 0; j < s.size(); ++j) {
+      int64_t t = s[j];
+      mask[i * len + int64_t(j)] = 1;
+      const bool special = j == 0 || j + 1 == s.size();
+      // Three draws per position whether or not it is masked: the stream stays aligned with positions.
+      const float u = rng.uniform(), r = rng.uniform();
+      const uint64_t rand_tok = rng.below(uint64_t(vocab));
+      if (!special && u < p) {
+        lab[i * len + int64_t(j)] = t;
+        if (r < 0.8f) t = tok_->mask_id;
+        else if (r < 0.9f) t = int64_t(rand_tok);
+      }
+      ids[i * len + int64_t(j)] = t;
+    }
+    // A sequence with nothing masked would teach nothing and could leave a batch without a target:
+    // mask one of its tokens, drawn from the same stream.
+    bool any = false;
+    for (size_t j = 0; j < s.size(); ++j) any = any || lab[i * len + int64_t(j)] != -100;
+    if (!any && s.size() > 2) {
+      const int64_t j = 1 + int64_t(rng.below(uint64_t(s.size() - 2)));
+      const float r = rng.uniform();
+      const uint64_t rand_tok = rng.below(uint64_t(vocab));
+      lab[i * len + j] = s[size_t(j)];
+      if (r < 0.8f) ids[i * len + j] = tok_->mask_id;
+      else if (r < 0.9f) ids[i * len + j] = int64_t(rand_tok);
+    }
+  }
+  out["labels"] = labels;
+  return out;
+}
+
+// ---- TSV classification --------------------------------------------------------------------------
+
+TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPieceTokenizer> tok,
+                                                   const std::string& path, int64_t seq_len,
+                                                   std::vector<std::string> label_names)
+    : tok_(std::move(tok)), seq_len_(seq_len), labels_(std::move(label_names)) {
+  tok_->vocab().require("[CLS]", "classification inputs start with");
+  tok_->vocab().require("[SEP]", "classification inputs end with");
+  tok_->vocab().require("[PAD]", "pads short classification inputs");
+  KILN_CHECK(seq_len_ >= 3, "classification sequence length must be at least 3, got ", seq_len_);
+  const std::string text = read_maybe_gzip(path);
+  std::istringstream in(text);
+  std::string line;
+  std::vector<std::pair<std::string, std::string>> rows;
+  int64_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    const auto tab = line.find('\t');
+    KILN_CHECK(tab != std::string::npos && tab > 0, path, ":", lineno, ": expected label<TAB>text, got '",
+               line.substr(0, 60), line.size() > 60 ? "...'" : "'");
+    std::string label = line.substr(0, tab), body = line.substr(tab + 1);
+    if (lineno == 1 && label == "label" && (body == "text" || body == "sentence")) continue;  // a header
+    rows.emplace_back(std::move(label), std::move(body));
+  }
+  KILN_CHECK(!rows.empty(), path, ": no label<TAB>text lines");
+  const bool fixed = !labels_.empty();
+  if (!fixed) {
+    std::set<std::string> names;
+    for (const auto& r : rows) names.insert(r.first);
+    labels_.assign(names.begin(), names.end());
+  }
+  std::map<std::string, int64_t> label_id;
+  for (size_t i = 0; i < labels_.size(); ++i) label_id[labels_[i]] = int64_t(i);
+  lineno = 0;
+  for (const auto& [label, body] : rows) {
+    ++lineno;
+    auto it = label_id.find(label);
+    KILN_CHECK(it != label_id.end(), path, ": row ", lineno, " has label '", label,
+               "', which the training file does not have");
+    std::vector<int32_t> s = {int32_t(tok_->cls_id)};
+    for (int64_t id : tok_->encode(body)) {
+      if (int64_t(s.size()) + 1 >= seq_len_) break;
+      s.push_back(int32_t(id));
+    }
+    s.push_back(int32_t(tok_->sep_id));
+    seqs_.push_back(std::move(s));
+    targets_.push_back(it->second);
+  }
+}
+
+Batch TsvClassificationDataset::get_batch(const std::vector<int64_t>& indices, uint64_t) const {
+  const int64_t b = int64_t(indices.size());
+  Batch out = text_batch(b, seq_len_, tok_->pad_id);
+  Tensor target = make_tensor({b}, DType::i64, kCPU);
+  int64_t* ids = out["input_ids"].data<int64_t>();
+  int64_t* mask = out["attention_mask"].data<int64_t>();
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t n = indices[size_t(i)];
+    KILN_CHECK(n >= 0 && n < size(), "classification: sample ", n, " out of range [0, ", size(), ")");
+    const auto& s = seqs_[size_t(n)];
+    for (size_t j = 0; j < s.size(); ++j) {
+      ids[i * seq_len_ + int64_t(j)] = s[j];
+      mask[i * seq_len_ + int64_t(j)] = 1;
+    }
+    target.data<int64_t>()[i] = targets_[size_t(n)];
+  }
+  out["target"] = target;
+  return out;
+}
+
+}  // namespace kiln::io

@@ -1,0 +1,123 @@
+// Text for BERT: UTF-8, the basic tokenizer (cleaning, lower-casing, accent stripping, punctuation
+// and CJK splitting), a WordPiece vocabulary and tokenizer, a vocabulary builder, and the two text
+// data sets: a corpus packed into masked-LM sequences, and `label<TAB>text` classification files.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "io/data.h"
+
+namespace kiln::io {
+
+// Code points of `s`; a malformed byte becomes U+FFFD.
+std::u32string decode_utf8(std::string_view s);
+std::string encode_utf8(std::u32string_view s);
+
+struct BasicTokenizerOptions {
+  bool lower_case = true;     // Latin, Greek and Cyrillic letters
+  bool strip_accents = true;  // combining marks dropped, Latin-1 and Latin Extended-A letters to their base
+};
+// BERT's basic tokenizer: drops control characters, splits on whitespace, makes every punctuation
+// mark and every CJK ideograph a token of its own, lower-cases and strips accents.
+std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& o = {});
+
+// A vocabulary: token i is line i of a vocab.txt.
+class Vocab {
+ public:
+  static Vocab load(const std::string& path);
+  static Vocab from_tokens(std::vector<std::string> tokens, std::string source);
+  void save(const std::string& path) const;  // atomically
+  int64_t size() const { return int64_t(tokens_.size()); }
+  int64_t id(const std::string& token) const;  // -1 when absent
+  const std::string& token(int64_t id) const;
+  // The id of `token`, or an error naming the vocabulary and why it is needed.
+  int64_t require(const std::string& token, const std::string& why) const;
+  const std::string& source() const { return source_; }
+
+ private:
+  std::vector<std::string> tokens_;
+  std::unordered_map<std::string, int64_t> ids_;
+  std::string source_;
+};
+
+// Greedy longest-match-first WordPiece over the basic tokenizer's words; continuation pieces carry
+// "##"; a word with no segmentation, or longer than max_chars_per_word, becomes [UNK].
+class WordPieceTokenizer {
+ public:
+  explicit WordPieceTokenizer(Vocab vocab, BasicTokenizerOptions o = {}, int64_t max_chars_per_word = 100);
+  std::vector<std::string> tokenize(std::string_view text) const;
+  std::vector<int64_t> encode(std::string_view text) const;  // no special tokens added
+  // Tokens joined with spaces, continuation pieces glued to the piece before.
+  std::string decode(const std::vector<int64_t>& ids) const;
+  const Vocab& vocab() const { return vocab_; }
+  int64_t unk_id = -1, pad_id = -1, cls_id = -1, sep_id = -1, mask_id = -1;  // -1 when the vocab lacks them
+
+ private:
+  Vocab vocab_;
+  BasicTokenizerOptions o_;
+  int64_t max_chars_;
+};
+
+inline const std::vector<std::string> kBertSpecialTokens = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+
+// A WordPiece vocabulary of at most `size` tokens learned from text files: the special tokens, every
+// character seen (as a word start and as a "##" continuation), then the most frequent merges of
+// adjacent pieces (ties broken by the merged string, so the result is deterministic) while a pair
+// occurs at least `min_frequency` times.
+Vocab build_wordpiece_vocab(const std::vector<std::string>& files, int64_t size, const BasicTokenizerOptions& o = {},
+                            int64_t min_frequency = 2);
+
+// ---- data sets ---------------------------------------------------------------------------------
+
+struct MlmOptions {
+  int64_t seq_len = 128;
+  double mask_prob = 0.15;  // of the non-special tokens; of those 80% [MASK], 10% random, 10% kept
+};
+
+// Text files packed into sequences [CLS] tokens [SEP] [PAD]...: lines are appended to a sequence
+// while they fit; a blank line or a line holding only "%" (the fortune format) ends a document and
+// its sequence. Batches: input_ids, attention_mask, token_type_ids (i64 [B, L]) and labels (the
+// original id where a token was masked, -100 elsewhere). Masking is a function of (seed, sample);
+// a sequence that drew no mask gets one masked token, so every sequence has a target.
+class MlmDataset final : public Dataset {
+ public:
+  MlmDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std::vector<std::string>& files, MlmOptions o);
+  int64_t size() const override { return int64_t(seqs_.size()); }
+  Batch get_batch(const std::vector<int64_t>& indices, uint64_t seed) const override;
+  int64_t tokens() const { return tokens_; }
+  // Sequences [from, to) as a data set of its own (a held-out split).
+  std::shared_ptr<MlmDataset> subset(int64_t from, int64_t to) const;
+
+ private:
+  MlmDataset() = default;
+  std::shared_ptr<const WordPieceTokenizer> tok_;
+  MlmOptions o_;
+  std::vector<std::vector<int32_t>> seqs_;  // with [CLS]/[SEP], without padding
+  int64_t tokens_ = 0;
+};
+
+// `label<TAB>text` lines (a header line "label<TAB>text" or "label<TAB>sentence" is skipped).
+// Labels are names; `label_names` fixes their ids (empty: the sorted distinct labels of this file).
+// Batches: input_ids, attention_mask, token_type_ids (i64 [B, L], [CLS] text [SEP], cut to seq_len)
+// and target (i64 [B]).
+class TsvClassificationDataset final : public Dataset {
+ public:
+  TsvClassificationDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std::string& path, int64_t seq_len,
+                           std::vector<std::string> label_names = {});
+  int64_t size() const override { return int64_t(seqs_.size()); }
+  Batch get_batch(const std::vector<int64_t>& indices, uint64_t seed) const override;
+  const std::vector<std::string>& label_names() const { return labels_; }
+
+ private:
+  std::shared_ptr<const WordPieceTokenizer> tok_;
+  int64_t seq_len_;
+  std::vector<std::string> labels_;
+  std::vector<std::vector<int32_t>> seqs_;
+  std::vector<int64_t> targets_;
+};
+
+}  // namespace kiln::io
