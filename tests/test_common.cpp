@@ -506,3 +506,19 @@ TEST_CASE("common: gelu values and derivatives against finite differences") {
   CHECK_NEAR(math::gelu_erf_grad(10.0), 1.0, 1e-15, 0.0);
   CHECK(std::abs(math::gelu_tanh_grad(-10.0)) < 1e-10);
 }
+
+#include "kernels/cpu/vmath.h"
+
+TEST_CASE("cpu vexp: within 2 ulp of exp over the float range, 0 and inf at the ends") {
+  double worst = 0;
+  for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
+    const double want = std::exp(double(x));
+    const double got = double(kiln::cpu::vexp(x));
+    const double ulp = std::nextafter(float(want), INFINITY) - float(want);
+    worst = std::max(worst, std::abs(got - want) / ulp);
+  }
+  CHECK(worst <= 2.0);
+  CHECK(kiln::cpu::vexp(0.0f) == 1.0f);
+  CHECK(kiln::cpu::vexp(-200.0f) < 1e-37f);
+  CHECK(std::isinf(kiln::cpu::vexp(100.0f)));
+}

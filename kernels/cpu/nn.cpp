@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "kernels/cpu/vmath.h"
 
 namespace kiln::cpu {
 namespace {
@@ -375,6 +376,45 @@ void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool training, const T* x,
 
 // ---- cross-entropy -----------------------------------------------------------------------------------
 
+// One f32 row: max, sum of exponentials and the gradient in 16 fixed lanes (vectorised, the same
+// bits on any thread count), combined in double.
+void cross_entropy_row_f32(int64_t classes, const float* x, int64_t t, double eps, float* loss, float* g,
+                           double grad_scale) {
+  constexpr int L = 16;
+  float mxl[L];
+  for (int l = 0; l < L; ++l) mxl[l] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + L <= classes; i += L)
+    for (int l = 0; l < L; ++l) mxl[l] = mxl[l] > x[i + l] ? mxl[l] : x[i + l];
+  float mx = -std::numeric_limits<float>::infinity();
+  for (; i < classes; ++i) mx = mx > x[i] ? mx : x[i];
+  for (int l = 0; l < L; ++l) mx = mx > mxl[l] ? mx : mxl[l];
+  float sl[L] = {}, xl[L] = {};
+  double s = 0, sum_x = 0;
+  i = 0;
+  for (; i + L <= classes; i += L)
+    for (int l = 0; l < L; ++l) {
+      sl[l] += vexp(x[i + l] - mx);
+      xl[l] += x[i + l];
+    }
+  for (; i < classes; ++i) {
+    s += double(vexp(x[i] - mx));
+    sum_x += double(x[i]);
+  }
+  for (int l = 0; l < L; ++l) {
+    s += double(sl[l]);
+    sum_x += double(xl[l]);
+  }
+  const double lse = std::log(s) + double(mx);
+  const double nll = lse - double(x[t]);
+  const double smooth = lse - sum_x / double(classes);
+  *loss = float((1 - eps) * nll + eps * smooth);
+  if (!g) return;
+  const float lse_f = float(lse), sc = float(grad_scale), off = float(grad_scale * eps / double(classes));
+  for (int64_t j = 0; j < classes; ++j) g[j] = sc * vexp(x[j] - lse_f) - off;
+  g[t] = float(grad_scale * (std::exp(double(x[t]) - lse) - (1 - eps) - eps / double(classes)));
+}
+
 template <typename T>
 void cross_entropy_typed(int64_t rows, int64_t classes, const T* logits, const int64_t* target, int64_t ignore,
                          double eps, T* loss, T* glogits, double grad_scale) {
@@ -389,6 +429,10 @@ void cross_entropy_typed(int64_t rows, int64_t classes, const T* logits, const i
         continue;
       }
       KILN_CHECK(t >= 0 && t < classes, "cross_entropy: target ", t, " at row ", r, " is outside [0, ", classes, ")");
+      if constexpr (std::is_same_v<T, float>) {
+        cross_entropy_row_f32(classes, x, t, eps, loss + r, g, grad_scale);
+        continue;
+      }
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t i = 0; i < classes; ++i) mx = std::max(mx, double(x[i]));
       double s = 0, sum_x = 0;
