@@ -99,22 +99,6 @@ Built build(const ForwardOptions& o) {
   return b;
 }
 
-// Old BERT checkpoints name LayerNorm parameters gamma/beta, and carry the tied decoder and
-// position ids; map them onto Kiln's names.
-nn::StateDict normalise_names(const nn::StateDict& in, const nn::StateDict& mine) {
-  nn::StateDict out;
-  for (const auto& [n, t] : in) {
-    std::string k = n;
-    auto ends = [&](const std::string& s) { return k.size() >= s.size() && k.compare(k.size() - s.size(), s.size(), s) == 0; };
-    if (k.find("LayerNorm.") != std::string::npos && ends(".gamma")) k = k.substr(0, k.size() - 6) + ".weight";
-    if (k.find("LayerNorm.") != std::string::npos && ends(".beta")) k = k.substr(0, k.size() - 5) + ".bias";
-    if (k == "cls.predictions.decoder.bias") k = "cls.predictions.bias";
-    if ((k == "cls.predictions.decoder.weight" || ends("embeddings.position_ids")) && !mine.count(k)) continue;
-    out[k] = t;
-  }
-  return out;
-}
-
 }  // namespace
 
 int run_forward(const ForwardOptions& o) {
@@ -123,7 +107,7 @@ int run_forward(const ForwardOptions& o) {
   // Weights: every mismatch reported at once.
   const io::SafetensorsFile wf = io::load_safetensors(o.weights);
   const nn::StateDict mine = m.state_dict();
-  const nn::StateDict given = normalise_names(wf.tensors, mine);
+  const nn::StateDict given = normalise_checkpoint_names(wf.tensors, mine);
   std::vector<std::string> missing, unexpected;
   for (const auto& [n, t] : mine)
     if (!given.count(n)) missing.push_back(n);

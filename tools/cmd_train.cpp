@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -14,8 +15,10 @@
 #include "engine/autograd.h"
 #include "engine/optim.h"
 #include "engine/thread_pool.h"
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "tools/commands.h"
+#include "tools/checkpointing.h"
 #include "tools/train.h"
 
 namespace kiln::tools {
@@ -32,23 +35,7 @@ std::string hms(double s) {
   return buf;
 }
 
-// Writes `text` to `path` through a temporary file and a rename, so readers never see half a file.
-void write_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    KILN_CHECK(f.good(), tmp, ": cannot open for writing");
-    f << text;
-    f.flush();
-    KILN_CHECK(f.good(), tmp, ": write failed (disk full?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    KILN_FAIL(path, ": cannot rename the temporary file into place: ", ec.message());
-  }
-}
+void write_atomic(const std::string& path, const std::string& text) { io::write_file_atomic(path, text); }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Module& m) {
   auto groups = optim::decay_groups(m.named_parameters(), c.lr, c.weight_decay);
@@ -88,6 +75,55 @@ class Progress {
   int64_t epochs_, spe_;
 };
 
+// SIGINT, SIGTERM and SIGHUP ask the loop to save and stop after the current step; a second SIGINT
+// leaves at once (the last complete checkpoint is never touched: writes go to temporary files).
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal != 0 && sig == SIGINT) {
+    const char msg[] = "\nkiln train: second interrupt, exiting now (the last complete checkpoint is intact)\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+    ::_exit(130);
+  }
+  g_stop_signal = sig;
+}
+
+struct SignalScope {
+  struct sigaction old_int{}, old_term{}, old_hup{};
+  SignalScope() {
+    g_stop_signal = 0;
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int);
+    ::sigaction(SIGTERM, &sa, &old_term);
+    ::sigaction(SIGHUP, &sa, &old_hup);
+  }
+  ~SignalScope() {
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+    ::sigaction(SIGHUP, &old_hup, nullptr);
+  }
+};
+
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal"; }
+
+// metrics.jsonl of a resumed run: the lines the checkpoint already accounts for, nothing after.
+void trim_metrics(const std::string& path, const RunState& run) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    try {
+      const auto j = nlohmann::json::parse(line);
+      const bool eval = j.contains("eval_loss");
+      if (eval ? j.value("epoch", int64_t(0)) <= run.epoch : j.value("step", int64_t(0)) <= run.step) kept += line + "\n";
+    } catch (const std::exception&) {
+      // a line cut by the kill: dropped
+    }
+  }
+  io::write_file_atomic(path, kept);
+}
+
 }  // namespace
 
 int run_train(const TrainConfig& c) {
@@ -124,6 +160,7 @@ int run_train(const TrainConfig& c) {
                  ec ? ec.message().c_str() : "not writable");
     return 2;
   }
+  const std::string ckpt_dir = c.out + "/checkpoints";
 
   // ---- 2. optimizer and schedule ----
   nn::Module& model = *task.model;
@@ -132,7 +169,7 @@ int run_train(const TrainConfig& c) {
   optim::LrSchedule sched;
   sched.kind = optim::LrSchedule::parse(c.schedule);
   sched.base_lr = c.lr;
-  sched.warmup_steps = c.warmup >= 0 ? c.warmup : task.name == "mlm" || c.model.rfind("bert-", 0) == 0 ? total_steps * 6 / 100 : 0;
+  sched.warmup_steps = c.warmup >= 0 ? c.warmup : c.model.rfind("bert-", 0) == 0 ? total_steps * 6 / 100 : 0;
   sched.total_steps = total_steps;
   sched.step_size = std::max<int64_t>(spe, 1);  // "step": decay once per epoch
   sched.milestones = {total_steps / 2, total_steps * 3 / 4};
@@ -146,33 +183,73 @@ int run_train(const TrainConfig& c) {
   resolved["total_steps"] = total_steps;
   resolved["parameters"] = model.num_parameters();
   resolved["data_info"] = task.data_info;
-  std::ofstream metrics(c.out + "/metrics.jsonl", std::ios::trunc);
-  KILN_CHECK(metrics.good(), c.out, "/metrics.jsonl: cannot open for writing");
-  Progress progress(c.progress, c.epochs, spe);
-  progress.line("kiln train: " + c.model + " (" + task.name + ") on " + task.data_info.value("name", c.data) + " (" + std::to_string(task.train_data->size()) +
-                " samples), " + std::to_string(model.num_parameters()) + " parameters, " +
-                std::to_string(num_threads()) + " threads, " + std::to_string(total_steps) + " steps");
 
-  // ---- 3. the loop ----
-  int64_t step = 0;
-  double train_seconds = 0;
-  int64_t samples_seen = 0;
-  EvalResult last_eval;
-  nlohmann::json epochs_log = nlohmann::json::array();
-  for (int64_t epoch = 0; epoch < c.epochs && step < total_steps; ++epoch) {
+  // ---- 3. resume: the newest complete checkpoint (auto) or the one named ----
+  RunState run;
+  std::string resumed_from;
+  if (!c.resume.empty()) {
+    const std::string path = c.resume == "auto" ? find_latest_checkpoint(ckpt_dir) : c.resume;
+    if (!path.empty()) {
+      try {
+        LoadedRun lr = load_run_checkpoint(path, model, opt.get());
+        if (!lr.weights_only) {
+          const auto diffs = config_differences(lr.config, resolved);
+          if (!diffs.empty()) {
+            std::string msg;
+            for (const auto& d : diffs) msg += "\n  " + d;
+            KILN_FAIL(path, " was written by a run with another configuration; resuming would not continue it:", msg);
+          }
+          run = lr.run;
+        }
+      } catch (const Error& e) {
+        std::fprintf(stderr, "kiln train: error: --resume: %s\n", e.message().c_str());
+        return 2;
+      }
+      resumed_from = path;
+    } else if (c.resume != "auto") {
+      std::fprintf(stderr, "kiln train: error: --resume %s: no such checkpoint\n", c.resume.c_str());
+      return 2;
+    }
+  }
+  const std::string metrics_path = c.out + "/metrics.jsonl";
+  if (resumed_from.empty() || run.step == 0) {
+    std::ofstream(metrics_path, std::ios::trunc);
+  } else {
+    trim_metrics(metrics_path, run);
+  }
+  std::ofstream metrics(metrics_path, std::ios::app);
+  KILN_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
+  prune_checkpoints(ckpt_dir, 0);  // temporary files a killed writer left behind
+  std::unique_ptr<CheckpointMirror> mirror;
+  if (!c.mirror.empty()) mirror = std::make_unique<CheckpointMirror>(c.mirror, c.keep_last);
+  std::string last_saved;
+  auto save = [&]() {
+    last_saved = save_run_checkpoint(ckpt_dir, model, *opt, run, resolved);
+    prune_checkpoints(ckpt_dir, c.keep_last);
+    if (mirror) mirror->enqueue(last_saved);
+  };
+  auto last_save_time = Clock::now();
+
+  Progress progress(c.progress, c.epochs, spe);
+  progress.line("kiln train: " + c.model + " (" + task.name + ") on " + task.data_info.value("name", c.data) + " (" +
+                std::to_string(task.train_data->size()) + " samples), " + std::to_string(model.num_parameters()) +
+                " parameters, " + std::to_string(num_threads()) + " threads, " + std::to_string(total_steps) + " steps" +
+                (resumed_from.empty() ? "" : ", resumed at step " + std::to_string(run.step) + " from " + resumed_from));
+  SignalScope signals;
+
+  // ---- 4. the loop ----
+  while (run.epoch < c.epochs && run.step < total_steps) {
     model.train();
-    loader.seek({epoch, 0});
-    double win_loss = 0, win_data = 0, win_fb = 0, win_opt = 0;
-    int64_t win_steps = 0, win_samples = 0, win_correct = 0, win_count = 0, epoch_correct = 0, epoch_count = 0;
-    double epoch_loss = 0;
+    loader.seek({run.epoch, run.batch});
     auto win_start = Clock::now();
     const auto epoch_start = Clock::now();
-    while (step < total_steps) {
+    double epoch_seconds_before = 0;  // time of this epoch spent before a resume is not known: counted from here
+    while (run.step < total_steps) {
       auto t0 = Clock::now();
       std::optional<io::Batch> batch = loader.next();
       if (!batch) break;
-      win_data += since(t0);
-      const double lr = sched.at(step);
+      run.win_data += since(t0);
+      const double lr = sched.at(run.step);
       opt->set_lr(lr);
 
       t0 = Clock::now();
@@ -182,102 +259,132 @@ int run_train(const TrainConfig& c) {
         progress.line("");
         std::fprintf(stderr,
                      "kiln train: error: the loss is %s at step %lld (epoch %lld, lr %g); stopping. Lower --lr, add "
-                     "--warmup or --clip-grad-norm. Metrics so far are in %s/metrics.jsonl\n",
-                     std::isnan(loss) ? "NaN" : "infinite", (long long)step, (long long)epoch + 1, lr, c.out.c_str());
+                     "--warmup or --clip-grad-norm. Metrics so far are in %s\n",
+                     std::isnan(loss) ? "NaN" : "infinite", (long long)run.step, (long long)run.epoch + 1, lr,
+                     metrics_path.c_str());
         return 1;
       }
       opt->zero_grad();
       r.loss.backward();
-      win_fb += since(t0);
+      run.win_fb += since(t0);
 
       t0 = Clock::now();
       if (c.clip_grad_norm > 0) optim::clip_grad_norm(params, c.clip_grad_norm);
       opt->step();
-      win_opt += since(t0);
-      ++step;
+      run.win_opt += since(t0);
+      ++run.step;
+      run.batch = loader.position().batch;
 
       const int64_t bs = batch->begin()->second.size(0);
-      win_loss += loss;
-      ++win_steps;
-      win_samples += bs;
-      samples_seen += bs;
-      win_correct += r.correct;
-      win_count += r.count;
-      epoch_correct += r.correct;
-      epoch_count += r.count;
-      epoch_loss += loss;
-      const int64_t in_epoch = loader.position().batch;
-      const bool log_now = step % c.log_every == 0 || in_epoch == spe || step == total_steps;
+      run.win_loss += loss;
+      ++run.win_steps;
+      run.win_samples += bs;
+      run.samples_seen += bs;
+      run.win_correct += r.correct;
+      run.win_count += r.count;
+      run.epoch_correct += r.correct;
+      run.epoch_count += r.count;
+      run.epoch_loss += loss;
+      const bool log_now = run.step % c.log_every == 0 || run.batch == spe || run.step == total_steps;
       const double win_s = since(win_start);
-      const double sps = win_samples / std::max(win_s, 1e-9);
-      const double elapsed = train_seconds + since(epoch_start);
-      const double eta = elapsed / double(step) * double(total_steps - step);
-      progress.step(epoch, in_epoch, win_loss / win_steps, lr, sps, eta, log_now);
+      const double sps = double(run.win_samples) / std::max(win_s, 1e-9);
+      const double elapsed = run.train_seconds + since(epoch_start) - epoch_seconds_before;
+      const double eta = elapsed / double(std::max<int64_t>(run.step, 1)) * double(total_steps - run.step);
+      progress.step(run.epoch, run.batch, run.win_loss / double(run.win_steps), lr, sps, eta, log_now);
       if (log_now) {
-        nlohmann::json m = {{"step", step},
-                            {"epoch", epoch + 1},
-                            {"epoch_progress", double(in_epoch) / double(spe)},
-                            {"loss", win_loss / win_steps},
-                            {"train_" + task.metric, win_count ? double(win_correct) / double(win_count) : 0.0},
+        nlohmann::json m = {{"step", run.step},
+                            {"epoch", run.epoch + 1},
+                            {"epoch_progress", double(run.batch) / double(spe)},
+                            {"loss", run.win_loss / double(run.win_steps)},
+                            {"train_" + task.metric, run.win_count ? double(run.win_correct) / double(run.win_count) : 0.0},
                             {"lr", lr},
                             {"samples_per_s", sps},
-                            {"data_wait_s", win_data},
-                            {"forward_backward_s", win_fb},
-                            {"optimizer_s", win_opt},
+                            {"data_wait_s", run.win_data},
+                            {"forward_backward_s", run.win_fb},
+                            {"optimizer_s", run.win_opt},
                             {"elapsed_s", since(t_start)}};
         metrics << m.dump() << "\n";
         metrics.flush();
-        win_loss = win_data = win_fb = win_opt = 0;
-        win_steps = win_samples = win_correct = win_count = 0;
+        run.win_loss = run.win_data = run.win_fb = run.win_opt = 0;
+        run.win_steps = run.win_samples = run.win_correct = run.win_count = 0;
         win_start = Clock::now();
       }
+      const bool due = (c.save_every > 0 && run.step % c.save_every == 0) ||
+                       (c.save_minutes > 0 && since(last_save_time) >= 60.0 * c.save_minutes);
+      if (due || g_stop_signal) {
+        run.train_seconds += since(epoch_start) - epoch_seconds_before;
+        epoch_seconds_before = since(epoch_start);
+        save();
+        last_save_time = Clock::now();
+      }
+      if (g_stop_signal) {
+        progress.line("kiln train: caught " + std::string(signal_name(g_stop_signal)) + " at step " +
+                      std::to_string(run.step) + "; saved " + last_saved + "; continue with --resume auto");
+        return 0;
+      }
     }
+    run.train_seconds += since(epoch_start) - epoch_seconds_before;
     const double epoch_s = since(epoch_start);
-    train_seconds += epoch_s;
 
-    // ---- 4. evaluation at the end of every epoch ----
-    last_eval = evaluate(task, c);
+    // ---- 5. evaluation at the end of every epoch ----
+    const EvalResult ev = evaluate(task, c);
     char buf[256];
     std::snprintf(buf, sizeof buf, "epoch %lld: train loss %.4f %s %.2f%% | test loss %.4f %s %.2f%% | %.1f s (+%.1f s eval)",
-                  (long long)epoch + 1, epoch_loss / std::max<int64_t>(loader.position().batch, 1), task.metric.c_str(),
-                  100.0 * epoch_correct / std::max<int64_t>(epoch_count, 1), last_eval.loss, task.metric.c_str(),
-                  100.0 * last_eval.accuracy, epoch_s, last_eval.seconds);
+                  (long long)run.epoch + 1, run.epoch_loss / double(std::max<int64_t>(run.batch, 1)), task.metric.c_str(),
+                  100.0 * double(run.epoch_correct) / double(std::max<int64_t>(run.epoch_count, 1)), ev.loss,
+                  task.metric.c_str(), 100.0 * ev.accuracy, epoch_s, ev.seconds);
     progress.line(buf);
-    nlohmann::json em = {{"step", step},
-                         {"epoch", epoch + 1},
-                         {"eval_loss", last_eval.loss},
-                         {"eval_" + task.metric, last_eval.accuracy},
-                         {"eval_samples", last_eval.count},
-                         {"epoch_seconds", epoch_s},
-                         {"eval_seconds", last_eval.seconds}};
+    nlohmann::json em = {{"step", run.step},           {"epoch", run.epoch + 1},
+                         {"eval_loss", ev.loss},       {"eval_" + task.metric, ev.accuracy},
+                         {"eval_samples", ev.count},   {"epoch_seconds", epoch_s},
+                         {"eval_seconds", ev.seconds}};
     metrics << em.dump() << "\n";
     metrics.flush();
-    epochs_log.push_back(em);
+    run.epochs_log.push_back(em);
+    run.last_eval_loss = ev.loss;
+    run.last_eval_accuracy = ev.accuracy;
+    run.last_eval_count = ev.count;
+    ++run.epoch;
+    run.batch = 0;
+    run.epoch_loss = 0;
+    run.epoch_correct = run.epoch_count = 0;
+    if (c.save_every > 0 || c.save_minutes > 0 || c.save_epochs || g_stop_signal) {
+      save();
+      last_save_time = Clock::now();
+    }
+    if (g_stop_signal) {
+      progress.line("kiln train: caught " + std::string(signal_name(g_stop_signal)) + " after epoch " +
+                    std::to_string(run.epoch) + "; saved " + last_saved + "; continue with --resume auto");
+      return 0;
+    }
   }
 
-  // ---- 5. weights and summary ----
+  // ---- 6. weights and summary ----
   std::map<std::string, std::string> meta = {{"model", c.model}, {"task", task.name}, {"format", "kiln"}};
   if (task.data_info.contains("labels")) meta["labels"] = task.data_info["labels"].dump();
   io::save_safetensors(c.out + "/model.safetensors", model.state_dict(), meta);
   const double wall = since(t_start);
   nlohmann::json summary = {{"model", c.model},
                             {"task", task.name},
-                            {"steps", step},
-                            {"epochs", epochs_log.size()},
-                            {"test_loss", last_eval.loss},
-                            {"test_" + task.metric, last_eval.accuracy},
-                            {"test_samples", last_eval.count},
+                            {"steps", run.step},
+                            {"epochs", run.epochs_log.size()},
+                            {"test_loss", run.last_eval_loss},
+                            {"test_" + task.metric, run.last_eval_accuracy},
+                            {"test_samples", run.last_eval_count},
                             {"bad_samples_skipped", task.bad_samples ? task.bad_samples() : 0},
                             {"wall_seconds", wall},
-                            {"train_seconds", train_seconds},
-                            {"samples_per_s", samples_seen / std::max(train_seconds, 1e-9)},
-                            {"per_epoch", epochs_log},
+                            {"train_seconds", run.train_seconds},
+                            {"samples_per_s", double(run.samples_seen) / std::max(run.train_seconds, 1e-9)},
+                            {"resumed_from", resumed_from},
+                            {"last_checkpoint", last_saved},
+                            {"per_epoch", run.epochs_log},
                             {"config", resolved}};
   write_atomic(c.out + "/summary.json", summary.dump(2) + "\n");
   char buf[256];
   std::snprintf(buf, sizeof buf, "test %s %.2f%% (%lld samples), %lld steps in %s, %.0f samples/s; wrote %s",
-                task.metric.c_str(), 100.0 * last_eval.accuracy, (long long)last_eval.count, (long long)step,
-                hms(wall).c_str(), samples_seen / std::max(train_seconds, 1e-9), c.out.c_str());
+                task.metric.c_str(), 100.0 * run.last_eval_accuracy, (long long)run.last_eval_count,
+                (long long)run.step, hms(wall).c_str(), double(run.samples_seen) / std::max(run.train_seconds, 1e-9),
+                c.out.c_str());
   progress.line(buf);
   return 0;
 }

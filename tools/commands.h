@@ -23,4 +23,12 @@ struct ForwardOptions {
 void add_forward_flags(CLI::App& app, ForwardOptions& o);
 int run_forward(const ForwardOptions& o);
 
+struct CkptOptions {
+  std::string action, file, out, model;
+  std::vector<std::string> sets;
+  bool all = false;
+};
+void add_ckpt_commands(CLI::App& app, CkptOptions& o);
+int run_ckpt(const CkptOptions& o);
+
 }  // namespace kiln::tools

@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   kiln::tools::VocabOptions vocab_opts;
   CLI::App* vocab = app.add_subcommand("vocab", "Learn a WordPiece vocabulary (vocab.txt) from text");
   kiln::tools::add_vocab_flags(*vocab, vocab_opts);
+  kiln::tools::CkptOptions ckpt_opts;
+  CLI::App* ckpt = app.add_subcommand("ckpt", "Inspect, verify, export or import checkpoints");
+  kiln::tools::add_ckpt_commands(*ckpt, ckpt_opts);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   kiln::tools::BenchTrainOptions bench_train_opts;
@@ -62,6 +65,7 @@ int main(int argc, char** argv) {
     if (train->parsed()) return kiln::tools::run_train(train_cfg);
     if (eval->parsed()) return kiln::tools::run_eval(eval_cfg, eval_weights);
     if (vocab->parsed()) return kiln::tools::run_vocab(vocab_opts);
+    if (ckpt->parsed()) return kiln::tools::run_ckpt(ckpt_opts);
     if (bench_train->parsed()) return kiln::tools::run_bench_train(bench_train_opts);
     std::printf("%s", app.help().c_str());
     return 0;

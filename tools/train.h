@@ -48,6 +48,13 @@ struct TrainConfig {
   std::string device = "cpu";
   // output
   std::string out;
+  // checkpoints
+  int64_t save_every = 0;      // steps (0: off)
+  double save_minutes = 0;     // (0: off)
+  bool save_epochs = true;     // at the end of every epoch
+  int64_t keep_last = 3;
+  std::string resume;          // "", "auto" or a checkpoint path
+  std::string mirror;          // a second directory for every completed checkpoint
   int64_t log_every = 50;
   std::string progress = "auto";  // auto | bar | lines
   std::string config_file;

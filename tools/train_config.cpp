@@ -81,6 +81,16 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--out", c.out, "Run directory: metrics.jsonl, summary.json, model.safetensors")->required();
   app.add_option("--log-every", c.log_every, "Steps between metrics lines")->capture_default_str();
+  app.add_option("--save-every", c.save_every, "Checkpoint every N steps (0: off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--save-minutes", c.save_minutes, "Checkpoint every M minutes (0: off)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--save-epochs,!--no-save-epochs", c.save_epochs, "Checkpoint at the end of every epoch")
+      ->capture_default_str();
+  app.add_option("--keep-last", c.keep_last, "Checkpoints to keep (older ones are deleted; 0 keeps all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--resume", c.resume,
+                 "auto (the newest complete checkpoint in OUT/checkpoints, or a fresh start) or a checkpoint file");
+  app.add_option("--mirror", c.mirror, "Copy every completed checkpoint here too, in the background");
   app.add_option("--progress", c.progress, "auto (a bar on a terminal, lines otherwise), bar or lines")
       ->check(CLI::IsMember({"auto", "bar", "lines"}))
       ->capture_default_str();
@@ -199,7 +209,9 @@ nlohmann::json TrainConfig::to_json() const {
           {"schedule", schedule},   {"warmup", warmup},
           {"seed", seed},           {"threads", threads},
           {"workers", workers},     {"device", device},
-          {"out", out},             {"log_every", log_every}};
+          {"out", out},             {"log_every", log_every},
+          {"save_every", save_every}, {"save_minutes", save_minutes},
+          {"keep_last", keep_last}, {"mirror", mirror}};
 }
 
 }  // namespace kiln::tools

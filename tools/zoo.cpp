@@ -74,4 +74,20 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
   return c;
 }
 
+// Old BERT checkpoints name LayerNorm parameters gamma/beta, and carry the tied decoder and
+// position ids; map them onto Kiln's names.
+nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine) {
+  nn::StateDict out;
+  for (const auto& [n, t] : in) {
+    std::string k = n;
+    auto ends = [&](const std::string& s) { return k.size() >= s.size() && k.compare(k.size() - s.size(), s.size(), s) == 0; };
+    if (k.find("LayerNorm.") != std::string::npos && ends(".gamma")) k = k.substr(0, k.size() - 6) + ".weight";
+    if (k.find("LayerNorm.") != std::string::npos && ends(".beta")) k = k.substr(0, k.size() - 5) + ".bias";
+    if (k == "cls.predictions.decoder.bias") k = "cls.predictions.bias";
+    if ((k == "cls.predictions.decoder.weight" || ends("embeddings.position_ids")) && !mine.count(k)) continue;
+    out[k] = t;
+  }
+  return out;
+}
+
 }  // namespace kiln::tools

@@ -21,4 +21,8 @@ BertName parse_bert_name(const std::string& name);
 // The size's config with `key=value` overrides (vocab_size, hidden_size, num_layers, ...).
 models::BertConfig bert_config_from(const std::string& size, const std::vector<std::string>& sets);
 
+// Old BERT checkpoints name LayerNorm parameters gamma/beta and carry the tied decoder and position
+// ids: `in` with those mapped onto Kiln's names (`mine`: the model's state dict).
+nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine);
+
 }  // namespace kiln::tools

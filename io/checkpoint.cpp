@@ -1,0 +1,277 @@
+// Checkpoint writing and reading. Layout (all integers little-endian):
+//   0  magic "KILNCKPT" | 8 u32 major | 12 u32 minor | 16 u64 manifest offset | 24 u64 manifest length
+//   32 u32 manifest CRC32C | 36 u32 CRC32C of bytes 0..35 | 40..63 zero
+//   64 blobs, each starting 64-byte aligned, zero padding between | manifest JSON | end of file
+#include "io/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "io/atomic_file.h"
+#if defined(__SSE4_2__)
+#include <nmmintrin.h>
+#endif
+
+namespace kiln::io {
+
+static_assert(std::endian::native == std::endian::little, "checkpoint I/O assumes a little-endian host");
+
+namespace {
+using json = nlohmann::json;
+constexpr uint64_t kHeaderBytes = 64, kAlign = 64;
+constexpr uint64_t kMaxManifestBytes = uint64_t(1) << 32;
+
+struct CrcTable {
+  uint32_t t[8][256];
+  CrcTable() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+  }
+};
+
+template <typename T> void put(std::string& s, size_t at, T v) { std::memcpy(s.data() + at, &v, sizeof(T)); }
+template <typename T> T get(const unsigned char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+void pread_all(int fd, void* buf, size_t n, uint64_t offset, const std::string& path, const std::string& what) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, off_t(offset));
+    if (r < 0 && errno == EINTR) continue;
+    KILN_CHECK(r > 0, path, ": reading ", what, " at byte ", offset, " failed: ", r == 0 ? "unexpected end of file" : std::strerror(errno));
+    p += r;
+    n -= size_t(r);
+    offset += uint64_t(r);
+  }
+}
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+#if defined(__SSE4_2__)
+  uint64_t c = crc;
+  for (; n >= 8; n -= 8, p += 8) c = _mm_crc32_u64(c, get<uint64_t>(p));
+  crc = uint32_t(c);
+  for (; n > 0; --n, ++p) crc = _mm_crc32_u8(crc, *p);
+#else
+  static const CrcTable tab;
+  for (; n >= 8; n -= 8, p += 8) {
+    const uint64_t v = get<uint64_t>(p) ^ crc;
+    crc = tab.t[7][v & 0xFF] ^ tab.t[6][(v >> 8) & 0xFF] ^ tab.t[5][(v >> 16) & 0xFF] ^ tab.t[4][(v >> 24) & 0xFF] ^
+          tab.t[3][(v >> 32) & 0xFF] ^ tab.t[2][(v >> 40) & 0xFF] ^ tab.t[1][(v >> 48) & 0xFF] ^ tab.t[0][v >> 56];
+  }
+  for (; n > 0; --n, ++p) crc = (crc >> 8) ^ tab.t[0][(crc ^ *p) & 0xFF];
+#endif
+  return ~crc;
+}
+
+// ---- writing -------------------------------------------------------------------------------------
+
+void save_checkpoint(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                     const std::string& state_json) {
+  json state;
+  try {
+    state = json::parse(state_json);
+  } catch (const std::exception& e) {
+    KILN_FAIL(path, ": the checkpoint state is not valid JSON: ", e.what());
+  }
+  KILN_CHECK(state.is_object(), path, ": the checkpoint state must be a JSON object");
+  std::set<std::string> names;
+  for (const auto& [name, t] : tensors) {
+    KILN_CHECK(!name.empty() && names.insert(name).second, path, ": tensor name '", name, "' is empty or repeated");
+    KILN_CHECK(t.defined(), path, ": tensor '", name, "' is undefined");
+  }
+  AtomicFile f(path);
+  const std::string zeros(kAlign, '\0');
+  f.write(zeros.data(), kHeaderBytes);  // the header, filled in at the end
+  json entries = json::array();
+  for (const auto& [name, t] : tensors) {
+    if (f.size() % kAlign) f.write(zeros.data(), size_t(kAlign - f.size() % kAlign));
+    Tensor c = t.detach();
+    if (!c.device().is_cpu()) c = c.to(kCPU);
+    c = c.contiguous();
+    const uint64_t offset = f.size(), nbytes = c.nbytes();
+    if (nbytes) f.write(c.raw_data(), size_t(nbytes));
+    entries.push_back({{"name", name},
+                       {"dtype", dtype_name(c.dtype())},
+                       {"shape", std::vector<int64_t>(c.shape().begin(), c.shape().end())},
+                       {"offset", offset},
+                       {"nbytes", nbytes},
+                       {"crc32c", nbytes ? crc32c(c.raw_data(), size_t(nbytes)) : crc32c(nullptr, 0)}});
+  }
+  const json manifest = {{"format", "kiln-checkpoint"},
+                         {"version", {kCheckpointMajor, kCheckpointMinor}},
+                         {"tensors", entries},
+                         {"state", state}};
+  const std::string text = manifest.dump();
+  const uint64_t manifest_offset = f.size();
+  f.write(text.data(), text.size());
+  std::string header(kHeaderBytes, '\0');
+  std::memcpy(header.data(), kCheckpointMagic, 8);
+  put<uint32_t>(header, 8, kCheckpointMajor);
+  put<uint32_t>(header, 12, kCheckpointMinor);
+  put<uint64_t>(header, 16, manifest_offset);
+  put<uint64_t>(header, 24, text.size());
+  put<uint32_t>(header, 32, crc32c(text.data(), text.size()));
+  put<uint32_t>(header, 36, crc32c(header.data(), 36));
+  f.write_at(0, header.data(), header.size());
+  f.commit();
+}
+
+// ---- reading -------------------------------------------------------------------------------------
+
+CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  KILN_CHECK(fd_ >= 0, path, ": cannot open the checkpoint: ", std::strerror(errno));
+  struct stat st{};
+  KILN_CHECK(::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode), path, ": not a regular file");
+  size_ = uint64_t(st.st_size);
+  KILN_CHECK(size_ >= kHeaderBytes, path, ": ", size_, " bytes is too short for a checkpoint header (64 bytes); "
+             "the file is truncated or not a Kiln checkpoint");
+  unsigned char h[kHeaderBytes];
+  pread_all(fd_, h, kHeaderBytes, 0, path, "the header");
+  KILN_CHECK(std::memcmp(h, kCheckpointMagic, 8) == 0, path, ": not a Kiln checkpoint (the magic is not KILNCKPT)");
+  KILN_CHECK(get<uint32_t>(h + 36) == crc32c(h, 36), path, ": the header is damaged (its checksum does not match)");
+  major_ = get<uint32_t>(h + 8);
+  minor_ = get<uint32_t>(h + 12);
+  KILN_CHECK(major_ <= kCheckpointMajor, path, ": written in checkpoint format ", major_, ".", minor_,
+             " by a newer Kiln; this build reads format ", kCheckpointMajor, ".x");
+  manifest_offset_ = get<uint64_t>(h + 16);
+  manifest_length_ = get<uint64_t>(h + 24);
+  KILN_CHECK(manifest_offset_ >= kHeaderBytes && manifest_length_ <= kMaxManifestBytes &&
+                 manifest_offset_ <= size_ && manifest_length_ <= size_ - manifest_offset_,
+             path, ": truncated: the manifest should span bytes ", manifest_offset_, "..",
+             manifest_offset_ + manifest_length_, " but the file has ", size_);
+  KILN_CHECK(manifest_offset_ + manifest_length_ == size_, path, ": ", size_ - manifest_offset_ - manifest_length_,
+             " unexpected bytes after the manifest");
+  std::string text(size_t(manifest_length_), '\0');
+  pread_all(fd_, text.data(), text.size(), manifest_offset_, path, "the manifest");
+  KILN_CHECK(get<uint32_t>(h + 32) == crc32c(text.data(), text.size()), path,
+             ": the manifest is damaged (its checksum does not match)");
+  json m;
+  try {
+    m = json::parse(text);
+  } catch (const std::exception& e) {
+    KILN_FAIL(path, ": the manifest is not valid JSON: ", e.what());
+  }
+  KILN_CHECK(m.is_object() && m.value("format", "") == "kiln-checkpoint" && m.contains("tensors") &&
+                 m["tensors"].is_array(),
+             path, ": the manifest lacks the kiln-checkpoint format tag or its tensor list");
+  if (m.contains("state")) {
+    KILN_CHECK(m["state"].is_object(), path, ": the manifest's state is not an object");
+    state_ = m["state"].dump();
+  } else {
+    state_ = "{}";
+  }
+  std::set<std::string> seen;
+  for (const auto& e : m["tensors"]) {
+    CheckpointEntry c;
+    try {
+      c.name = e.at("name").get<std::string>();
+      c.dtype = dtype_from_name(e.at("dtype").get<std::string>());
+      for (const auto& d : e.at("shape")) c.shape.push_back(d.get<int64_t>());
+      c.offset = e.at("offset").get<uint64_t>();
+      c.nbytes = e.at("nbytes").get<uint64_t>();
+      c.crc = e.at("crc32c").get<uint32_t>();
+    } catch (const std::exception& ex) {
+      KILN_FAIL(path, ": a manifest tensor entry is malformed (", ex.what(), ")");
+    }
+    KILN_CHECK(seen.insert(c.name).second, path, ": tensor '", c.name, "' appears twice");
+    KILN_CHECK(c.shape.size() <= size_t(kMaxDims), path, ": tensor '", c.name, "' has ", c.shape.size(), " dims");
+    uint64_t numel = 1;
+    for (int64_t d : c.shape) {
+      KILN_CHECK(d >= 0 && (d == 0 || numel <= (uint64_t(1) << 50) / uint64_t(d)), path, ": tensor '", c.name,
+                 "' has a bad shape ", c.shape);
+      numel *= uint64_t(d);
+    }
+    KILN_CHECK(numel * dtype_size(c.dtype) == c.nbytes, path, ": tensor '", c.name, "' holds ", c.nbytes,
+               " bytes, its shape ", c.shape, " of ", c.dtype, " needs ", numel * dtype_size(c.dtype));
+    KILN_CHECK(c.offset % kAlign == 0 && c.offset >= kHeaderBytes && c.offset <= manifest_offset_ &&
+                   c.nbytes <= manifest_offset_ - c.offset,
+               path, ": tensor '", c.name, "' lies at bytes ", c.offset, "..", c.offset + c.nbytes,
+               ", outside the data area 64..", manifest_offset_, " or unaligned");
+    entries_.push_back(std::move(c));
+  }
+  std::vector<const CheckpointEntry*> by_offset;
+  for (const auto& e : entries_) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i)
+    KILN_CHECK(by_offset[i - 1]->offset + by_offset[i - 1]->nbytes <= by_offset[i]->offset, path, ": tensors '",
+               by_offset[i - 1]->name, "' and '", by_offset[i]->name, "' overlap");
+}
+
+CheckpointReader::~CheckpointReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const CheckpointEntry* CheckpointReader::find(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+Tensor CheckpointReader::read(const std::string& name) const {
+  const CheckpointEntry* e = find(name);
+  KILN_CHECK(e, path_, ": no tensor '", name, "' in the checkpoint");
+  Tensor t = make_tensor(e->shape, e->dtype, kCPU);
+  if (e->nbytes) pread_all(fd_, t.raw_data(), size_t(e->nbytes), e->offset, path_, "tensor '" + name + "'");
+  KILN_CHECK(crc32c(e->nbytes ? t.raw_data() : nullptr, size_t(e->nbytes)) == e->crc, path_, ": tensor '", name,
+             "' is damaged (its checksum does not match)");
+  if (e->dtype == DType::boolean) {
+    const auto* b = static_cast<const uint8_t*>(t.raw_data());
+    for (uint64_t i = 0; i < e->nbytes; ++i)
+      KILN_CHECK(b[i] <= 1, path_, ": tensor '", name, "' is bool but holds the byte ", int(b[i]));
+  }
+  return t;
+}
+
+std::vector<std::string> CheckpointReader::verify() const {
+  std::vector<std::string> problems;
+  std::vector<const CheckpointEntry*> by_offset;
+  for (const auto& e : entries_) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  std::vector<unsigned char> buf;
+  auto check_zero = [&](uint64_t from, uint64_t to) {
+    if (to <= from) return;
+    buf.resize(size_t(to - from));
+    pread_all(fd_, buf.data(), buf.size(), from, path_, "padding");
+    for (size_t i = 0; i < buf.size(); ++i)
+      if (buf[i] != 0) {
+        problems.push_back("bytes " + std::to_string(from) + ".." + std::to_string(to) +
+                           " (padding) are not zero: the file is damaged");
+        return;
+      }
+  };
+  uint64_t at = 40;  // the header's reserved bytes onwards
+  for (const auto* e : by_offset) {
+    check_zero(at, e->offset);
+    try {
+      (void)read(e->name);
+    } catch (const Error& err) {
+      problems.push_back(err.message());
+    }
+    at = e->offset + e->nbytes;
+  }
+  check_zero(at, manifest_offset_);
+  return problems;
+}
+
+}  // namespace kiln::io

@@ -1,0 +1,258 @@
+// Training checkpoints on top of io/checkpoint: tensor names "model/<state dict name>" and
+// "optim/<optimizer slot>", and a state object {kind, run, rng, optimizer, config}.
+#include "tools/checkpointing.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "engine/random.h"
+#include "io/atomic_file.h"
+#include "io/checkpoint.h"
+#include "kiln_build_info.h"
+
+namespace kiln::tools {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+json RunState::to_json() const {
+  return {{"step", step},
+          {"epoch", epoch},
+          {"batch", batch},
+          {"window", {win_loss, win_data, win_fb, win_opt, win_steps, win_samples, win_correct, win_count}},
+          {"epoch_sums", {epoch_loss, epoch_correct, epoch_count}},
+          {"train_seconds", train_seconds},
+          {"samples_seen", samples_seen},
+          {"epochs_log", epochs_log},
+          {"last_eval", {last_eval_loss, last_eval_accuracy, last_eval_count}}};
+}
+
+RunState RunState::from_json(const json& j) {
+  RunState r;
+  r.step = j.at("step");
+  r.epoch = j.at("epoch");
+  r.batch = j.at("batch");
+  const auto& w = j.at("window");
+  r.win_loss = w.at(0);
+  r.win_data = w.at(1);
+  r.win_fb = w.at(2);
+  r.win_opt = w.at(3);
+  r.win_steps = w.at(4);
+  r.win_samples = w.at(5);
+  r.win_correct = w.at(6);
+  r.win_count = w.at(7);
+  const auto& e = j.at("epoch_sums");
+  r.epoch_loss = e.at(0);
+  r.epoch_correct = e.at(1);
+  r.epoch_count = e.at(2);
+  r.train_seconds = j.at("train_seconds");
+  r.samples_seen = j.at("samples_seen");
+  r.epochs_log = j.at("epochs_log");
+  const auto& l = j.at("last_eval");
+  r.last_eval_loss = l.at(0);
+  r.last_eval_accuracy = l.at(1);
+  r.last_eval_count = l.at(2);
+  return r;
+}
+
+std::string save_run_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& opt,
+                                const RunState& run, const json& config) {
+  fs::create_directories(dir);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [n, t] : model.state_dict()) tensors.emplace_back("model/" + n, t);
+  const optim::OptimizerState os = opt.state();
+  for (const auto& [n, t] : os.tensors) tensors.emplace_back("optim/" + n, t);
+  const Generator& g = default_generator();
+  const json state = {{"kind", "training"},
+                      {"kiln_version", KILN_VERSION_STRING},
+                      {"run", run.to_json()},
+                      {"rng", {{"seed", g.seed}, {"offset", g.offset}}},
+                      {"optimizer", {{"name", opt.name()}, {"scalars", os.scalars}}},
+                      {"config", config}};
+  char name[64];
+  std::snprintf(name, sizeof name, "step-%09lld.kiln", (long long)run.step);
+  const std::string path = (fs::path(dir) / name).string();
+  io::save_checkpoint(path, tensors, state.dump());
+  io::write_file_atomic((fs::path(dir) / "latest").string(), std::string(name) + "\n");
+  return path;
+}
+
+namespace {
+std::vector<fs::path> step_files(const std::string& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_regular_file() && n.rfind("step-", 0) == 0 && n.size() > 5 && n.compare(n.size() - 5, 5, ".kiln") == 0)
+      out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+std::string find_latest_checkpoint(const std::string& dir) {
+  std::ifstream f(fs::path(dir) / "latest");
+  std::string name;
+  if (f && std::getline(f, name) && !name.empty() && name.find('/') == std::string::npos &&
+      fs::is_regular_file(fs::path(dir) / name))
+    return (fs::path(dir) / name).string();
+  // No pointer (or a stale one): the newest file that opens as a valid checkpoint.
+  auto files = step_files(dir);
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    try {
+      io::CheckpointReader r(it->string());
+      return it->string();
+    } catch (const Error&) {
+    }
+  }
+  return "";
+}
+
+void prune_checkpoints(const std::string& dir, int64_t keep) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos) fs::remove(e.path(), ec);
+  if (keep <= 0) return;
+  auto files = step_files(dir);
+  for (size_t i = 0; i + size_t(keep) < files.size(); ++i) fs::remove(files[i], ec);
+}
+
+LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt) {
+  io::CheckpointReader r(path);
+  json state = json::parse(r.state_json());
+  LoadedRun out;
+  const std::string kind = state.value("kind", "");
+  KILN_CHECK(kind == "training" || kind == "weights", path, ": not a training checkpoint (kind '", kind, "')");
+  out.weights_only = kind == "weights";
+  // Model: every name and shape checked, all differences listed at once.
+  nn::StateDict sd;
+  std::set<std::string> model_names;
+  const nn::StateDict mine = model.state_dict();
+  std::vector<std::string> problems;
+  for (const auto& e : r.entries()) {
+    if (e.name.rfind("model/", 0) != 0) continue;
+    const std::string n = e.name.substr(6);
+    model_names.insert(n);
+    auto it = mine.find(n);
+    if (it == mine.end()) problems.push_back("unexpected " + n + " " + dtype_name(e.dtype) + " " + [&] { std::ostringstream s; s << e.shape; return s.str(); }());
+    else if (it->second.shape() != e.shape) {
+      std::ostringstream s;
+      s << "shape of " << n << ": checkpoint " << e.shape << ", model " << it->second.shape();
+      problems.push_back(s.str());
+    }
+  }
+  for (const auto& [n, t] : mine)
+    if (!model_names.count(n)) {
+      std::ostringstream s;
+      s << "missing " << n << " " << t.shape();
+      problems.push_back(s.str());
+    }
+  if (!problems.empty()) {
+    std::string msg;
+    for (const auto& p : problems) msg += "\n  " + p;
+    KILN_FAIL(path, " does not match the model:", msg);
+  }
+  for (const auto& n : model_names) sd[n] = r.read("model/" + n);
+  model.load_state_dict(sd, /*strict=*/true);
+  out.config = state.value("config", json::object());
+  if (out.weights_only) return out;
+  out.run = RunState::from_json(state.at("run"));
+  const auto& rng = state.at("rng");
+  default_generator().seed = rng.at("seed").get<uint64_t>();
+  default_generator().offset = rng.at("offset").get<uint64_t>();
+  if (opt) {
+    const json& o = state.at("optimizer");
+    KILN_CHECK(o.at("name").get<std::string>() == opt->name(), path, ": saved with optimizer ",
+               o.at("name").get<std::string>(), ", this run uses ", opt->name());
+    optim::OptimizerState os;
+    for (const auto& [k, v] : o.at("scalars").items()) os.scalars[k] = v.get<double>();
+    for (const auto& e : r.entries())
+      if (e.name.rfind("optim/", 0) == 0) os.tensors[e.name.substr(6)] = r.read(e.name);
+    opt->load_state(os);
+  }
+  return out;
+}
+
+std::vector<std::string> config_differences(const json& saved, const json& now) {
+  static const char* kKeys[] = {"model", "task", "set", "data", "data_dir", "augment", "image_size", "limit_train",
+                                "text", "eval_text", "vocab", "train_tsv", "seq_len", "mask_prob", "lower_case",
+                                "epochs", "batch", "max_steps", "optimizer", "lr", "momentum", "nesterov",
+                                "weight_decay", "label_smoothing", "clip_grad_norm", "schedule", "warmup", "seed"};
+  std::vector<std::string> out;
+  for (const char* k : kKeys) {
+    const json a = saved.value(k, json()), b = now.value(k, json());
+    if (a != b) out.push_back(std::string(k) + ": checkpoint " + a.dump() + ", now " + b.dump());
+  }
+  return out;
+}
+
+// ---- mirror --------------------------------------------------------------------------------------
+
+CheckpointMirror::CheckpointMirror(std::string dir, int64_t keep) : dir_(std::move(dir)), keep_(keep) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+CheckpointMirror::~CheckpointMirror() {
+  {
+    std::lock_guard<std::mutex> lk(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CheckpointMirror::enqueue(const std::string& checkpoint_path) {
+  {
+    std::lock_guard<std::mutex> lk(m_);
+    queue_.push_back(checkpoint_path);
+  }
+  cv_.notify_all();
+}
+
+void CheckpointMirror::loop() {
+  for (;;) {
+    std::string src;
+    {
+      std::unique_lock<std::mutex> lk(m_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      src = queue_.front();
+      queue_.pop_front();
+    }
+    const std::string name = fs::path(src).filename().string();
+    for (int attempt = 1;; ++attempt) {
+      try {
+        fs::create_directories(dir_);
+        std::ifstream in(src, std::ios::binary);
+        KILN_CHECK(in.good(), src, ": cannot open to mirror it");
+        io::AtomicFile out((fs::path(dir_) / name).string());
+        std::vector<char> buf(size_t(8) << 20);
+        while (in) {
+          in.read(buf.data(), std::streamsize(buf.size()));
+          if (in.gcount() > 0) out.write(buf.data(), size_t(in.gcount()));
+        }
+        KILN_CHECK(in.eof(), src, ": read failed while mirroring");
+        out.commit();
+        io::write_file_atomic((fs::path(dir_) / "latest").string(), name + "\n");
+        prune_checkpoints(dir_, keep_);
+        break;
+      } catch (const std::exception& e) {
+        if (attempt >= 5) {
+          std::fprintf(stderr, "kiln train: mirror: giving up on %s after %d attempts: %s\n", name.c_str(), attempt,
+                       e.what());
+          break;
+        }
+        const int wait_s = 1 << (attempt - 1);
+        std::fprintf(stderr, "kiln train: mirror: copying %s to %s failed (%s); retrying in %d s\n", name.c_str(),
+                     dir_.c_str(), e.what(), wait_s);
+        std::this_thread::sleep_for(std::chrono::seconds(wait_s));
+      }
+    }
+  }
+}
+
+}  // namespace kiln::tools

@@ -1,0 +1,73 @@
+// Checkpoints of a training run: what is saved (model, optimizer, RNG, loader position, the run's
+// counters and its config), where (OUT/checkpoints/step-N.kiln and a `latest` pointer), pruning
+// to the last K, and a background mirror to a second location.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "engine/nn.h"
+#include "engine/optim.h"
+
+namespace kiln::tools {
+
+// The counters of a run that a resume restores, so it logs and ends exactly as the uninterrupted run.
+struct RunState {
+  int64_t step = 0, epoch = 0, batch = 0;  // optimizer steps done; where the loader continues
+  double win_loss = 0, win_data = 0, win_fb = 0, win_opt = 0;
+  int64_t win_steps = 0, win_samples = 0, win_correct = 0, win_count = 0;
+  double epoch_loss = 0;
+  int64_t epoch_correct = 0, epoch_count = 0;
+  double train_seconds = 0;
+  int64_t samples_seen = 0;
+  nlohmann::json epochs_log = nlohmann::json::array();
+  double last_eval_loss = 0, last_eval_accuracy = 0;
+  int64_t last_eval_count = 0;
+  nlohmann::json to_json() const;
+  static RunState from_json(const nlohmann::json& j);
+};
+
+// OUT/checkpoints/step-<step, 9 digits>.kiln, written atomically, then `latest` updated atomically.
+// Returns the checkpoint's path.
+std::string save_run_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& opt,
+                                const RunState& run, const nlohmann::json& config);
+// The checkpoint `latest` names in `dir`, or the newest complete step-*.kiln, or "" when none.
+std::string find_latest_checkpoint(const std::string& dir);
+// Deletes all but the newest `keep` step-*.kiln files in `dir` (and stray temporary files).
+void prune_checkpoints(const std::string& dir, int64_t keep);
+
+struct LoadedRun {
+  RunState run;
+  nlohmann::json config;
+  bool weights_only = false;  // made by `kiln ckpt import`: weights, no optimizer or progress
+};
+// Restores model, optimizer and the default RNG from `path`; names and shapes must match the
+// model (a mismatch lists every difference).
+LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt);
+
+// Config keys that change the numbers of a run: a resume with any of them different is refused.
+std::vector<std::string> config_differences(const nlohmann::json& saved, const nlohmann::json& now);
+
+// Copies each completed checkpoint (and `latest`) to a second directory in a background thread,
+// atomically there too; a failed copy is logged and retried with back-off, never fatal.
+class CheckpointMirror {
+ public:
+  CheckpointMirror(std::string dir, int64_t keep);
+  ~CheckpointMirror();  // finishes the queue (each copy still gets its retries)
+  void enqueue(const std::string& checkpoint_path);
+
+ private:
+  void loop();
+  std::string dir_;
+  int64_t keep_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::string> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kiln::tools
