@@ -18,10 +18,18 @@
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "tools/commands.h"
-#include "tools/checkpointing.h"
+#include "io/run_checkpoint.h"
 #include "tools/train.h"
 
 namespace kiln::tools {
+using io::CheckpointMirror;
+using io::RunState;
+using io::LoadedRun;
+using io::find_latest_checkpoint;
+using io::load_run_checkpoint;
+using io::prune_checkpoints;
+using io::save_run_checkpoint;
+using io::config_differences;
 namespace {
 
 using Clock = std::chrono::steady_clock;

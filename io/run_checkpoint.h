@@ -12,7 +12,7 @@
 #include "engine/nn.h"
 #include "engine/optim.h"
 
-namespace kiln::tools {
+namespace kiln::io {
 
 // The counters of a run that a resume restores, so it logs and ends exactly as the uninterrupted run.
 struct RunState {
@@ -70,4 +70,4 @@ class CheckpointMirror {
   std::thread thread_;
 };
 
-}  // namespace kiln::tools
+}  // namespace kiln::io

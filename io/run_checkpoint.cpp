@@ -1,6 +1,6 @@
 // Training checkpoints on top of io/checkpoint: tensor names "model/<state dict name>" and
 // "optim/<optimizer slot>", and a state object {kind, run, rng, optimizer, config}.
-#include "tools/checkpointing.h"
+#include "io/run_checkpoint.h"
 
 #include <chrono>
 #include <cstdio>
@@ -14,7 +14,7 @@
 #include "io/checkpoint.h"
 #include "kiln_build_info.h"
 
-namespace kiln::tools {
+namespace kiln::io {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -255,4 +255,4 @@ void CheckpointMirror::loop() {
   }
 }
 
-}  // namespace kiln::tools
+}  // namespace kiln::io

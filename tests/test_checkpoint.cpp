@@ -1,0 +1,286 @@
+// Checkpoints: round trips of every dtype, truncation and bit flips always detected, a writer killed
+// mid-write never breaks `latest`, a full disk loses nothing, model mismatches are listed, and
+// `kiln train` resumes bit for bit after SIGKILL at several points and saves on SIGTERM.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "io/atomic_file.h"
+#include "io/checkpoint.h"
+#include "kiln.h"
+#include "models/resnet.h"
+#include "test_util.h"
+#include "io/run_checkpoint.h"
+
+using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::error_of;
+using kiln::testing::read_text;
+using kiln::testing::run_kiln;
+using kiln::testing::TempDir;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+std::vector<std::pair<std::string, Tensor>> sample_tensors() {
+  std::vector<std::pair<std::string, Tensor>> t;
+  const DType all[] = {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i32, DType::i64, DType::u8, DType::boolean};
+  for (DType d : all) t.emplace_back(std::string("t.") + dtype_name(d), randn({3, 5}).mul_(3.0).to(d));
+  t.emplace_back("empty", zeros({0, 4}));
+  t.emplace_back("scalar", scalar_tensor(2.5, DType::f64));
+  t.emplace_back("strided", randn({6, 4}).t());
+  return t;
+}
+std::string bytes_of(const std::string& p) { return read_text(p); }
+void write_bytes(const std::string& p, const std::string& b) { std::ofstream(p, std::ios::binary | std::ios::trunc) << b; }
+
+// Whether opening and verifying `path` reports a problem.
+bool damaged(const std::string& path) {
+  try {
+    io::CheckpointReader r(path);
+    return !r.verify().empty();
+  } catch (const Error&) {
+    return true;
+  }
+}
+}  // namespace
+
+TEST_CASE("checkpoint: every dtype, empty and 0-dim tensors and the state round-trip exactly") {
+  TempDir d("kiln_ckpt");
+  const auto tensors = sample_tensors();
+  io::save_checkpoint(d / "a.kiln", tensors, R"({"step": 7, "note": "hi"})");
+  io::CheckpointReader r(d / "a.kiln");
+  CHECK(r.major() == io::kCheckpointMajor);
+  CHECK(json::parse(r.state_json())["step"] == 7);
+  REQUIRE(r.entries().size() == tensors.size());
+  for (const auto& [name, t] : tensors) {
+    const Tensor back = r.read(name);
+    CHECK(back.dtype() == t.dtype());
+    CHECK(back.shape() == t.shape());
+    CHECK(back.to_vector() == t.to_vector());
+    CHECK(r.find(name)->offset % 64 == 0);
+  }
+  CHECK(r.verify().empty());
+  CHECK(io::crc32c("123456789", 9) == 0xE3069283u);  // the standard check value of CRC-32C
+  CHECK(contains(error_of([&] { io::save_checkpoint(d / "b.kiln", {{"x", ones({1})}, {"x", ones({1})}}, "{}"); }),
+                 "'x' is empty or repeated"));
+  CHECK(contains(error_of([&] { io::save_checkpoint(d / "b.kiln", {}, "[1]"); }), "must be a JSON object"));
+  CHECK(!fs::exists(d / "b.kiln"));
+}
+
+TEST_CASE("checkpoint: truncation at any length and a flipped bit anywhere are detected") {
+  TempDir d("kiln_ckpt");
+  io::save_checkpoint(d / "a.kiln", sample_tensors(), R"({"step": 1})");
+  const std::string good = bytes_of(d / "a.kiln");
+  const std::string p = d / "x.kiln";
+  int cut_missed = 0, flip_missed = 0, checked = 0;
+  for (size_t cut = 0; cut < good.size(); cut += 1 + cut / 16) {
+    write_bytes(p, good.substr(0, cut));
+    cut_missed += !damaged(p);
+  }
+  for (size_t pos = 0; pos < good.size(); pos += 1 + (pos % 7)) {
+    std::string b = good;
+    b[pos] = char(b[pos] ^ (1 << (pos % 8)));
+    write_bytes(p, b);
+    flip_missed += !damaged(p);
+    ++checked;
+  }
+  CHECK(cut_missed == 0);
+  CHECK(flip_missed == 0);
+  CHECK(checked > 200);
+  write_bytes(p, good + "x");
+  CHECK(contains(error_of([&] { io::CheckpointReader r(p); }), "1 unexpected bytes after the manifest"));
+  // A newer major version (with a valid header checksum) is refused by name.
+  std::string newer = good;
+  const uint32_t two = 2;
+  std::memcpy(newer.data() + 8, &two, 4);
+  const uint32_t crc = io::crc32c(newer.data(), 36);
+  std::memcpy(newer.data() + 36, &crc, 4);
+  write_bytes(p, newer);
+  CHECK(contains(error_of([&] { io::CheckpointReader r(p); }), "newer Kiln"));
+  write_bytes(p, std::string(100, 'z'));
+  CHECK(contains(error_of([&] { io::CheckpointReader r(p); }), "not a Kiln checkpoint"));
+}
+
+TEST_CASE("checkpoint: a writer killed mid-write leaves `latest` pointing at a complete checkpoint") {
+  TempDir d("kiln_ckpt");
+  const std::string dir = d.p.string();
+  const Tensor big = randn({4 << 20});  // 16 MiB: the kill lands inside the write
+  io::save_checkpoint(dir + "/step-000000001.kiln", {{"w", big}}, R"({"step": 1})");
+  io::write_file_atomic(dir + "/latest", "step-000000001.kiln\n");
+  for (int trial = 0; trial < 6; ++trial) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      for (int s = 2;; ++s) {
+        char name[64];
+        std::snprintf(name, sizeof name, "step-%09d.kiln", s);
+        io::save_checkpoint(dir + "/" + name, {{"w", big}}, "{\"step\": " + std::to_string(s) + "}");
+        io::write_file_atomic(dir + "/latest", std::string(name) + "\n");
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 + 17 * trial));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    const std::string latest = io::find_latest_checkpoint(dir);
+    REQUIRE(!latest.empty());
+    io::CheckpointReader r(latest);
+    CHECK(r.verify().empty());
+    CHECK(r.read("w").to_vector() == big.to_vector());
+  }
+  io::prune_checkpoints(dir, 2);  // also clears the killed writers' temporary files
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+    files += e.path().extension() == ".kiln";
+  }
+  CHECK(files <= 2);
+}
+
+TEST_CASE("checkpoint: out of space while saving: a clear error, no temporary file, the old file intact") {
+  TempDir d("kiln_ckpt");
+  io::save_checkpoint(d / "c.kiln", {{"w", ones({8})}}, "{}");
+  const std::string before = bytes_of(d / "c.kiln");
+  struct rlimit old{};
+  ::getrlimit(RLIMIT_FSIZE, &old);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG, like a full disk
+  struct rlimit lim = old;
+  lim.rlim_cur = 1 << 20;
+  ::setrlimit(RLIMIT_FSIZE, &lim);
+  const std::string err = error_of([&] { io::save_checkpoint(d / "c.kiln", {{"w", ones({1 << 20})}}, "{}"); });
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+  CHECK(contains(err, "c.kiln: writing"));
+  CHECK(contains(err, "File too large"));
+  CHECK(bytes_of(d / "c.kiln") == before);
+  for (const auto& e : fs::directory_iterator(d.p)) CHECK(e.path().filename() == "c.kiln");
+}
+
+TEST_CASE("checkpoint: loading into another model lists every missing, unexpected and mis-shaped name") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  io::RunState run;
+  run.step = 3;
+  const std::string path = io::save_run_checkpoint(d.p.string(), *a, opt, run, {{"model", "resnet20"}});
+  auto b = models::make_resnet({"resnet32", 10, 1});
+  const std::string e = error_of([&] { io::load_run_checkpoint(path, *b, nullptr); });
+  CHECK(contains(e, "does not match the model"));
+  CHECK(contains(e, "missing layer1.3.conv1.weight [16,16,3,3]"));
+  auto c = models::make_resnet({"resnet20", 7, 1});
+  CHECK(contains(error_of([&] { io::load_run_checkpoint(path, *c, nullptr); }), "shape of fc.weight: checkpoint [10,64], model [7,64]"));
+  auto same = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt2(optim::decay_groups(same->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const io::LoadedRun lr = io::load_run_checkpoint(path, *same, &opt2);
+  CHECK(lr.run.step == 3);
+  CHECK(same->state_dict().at("conv1.weight").to_vector() == a->state_dict().at("conv1.weight").to_vector());
+}
+
+namespace {
+std::vector<std::pair<int64_t, double>> step_losses(const std::string& path) {
+  std::vector<std::pair<int64_t, double>> out;
+  std::istringstream in(read_text(path));
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) {
+      const json j = json::parse(line);
+      if (j.contains("loss")) out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+    }
+  return out;
+}
+size_t lines_in(const std::string& path) {
+  std::istringstream in(read_text(path));
+  return size_t(std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n'));
+}
+}  // namespace
+
+TEST_CASE("train: SIGKILL at several steps, then --resume auto: the same losses and weights, bit for bit") {
+  TempDir d("kiln_resume");
+  const std::string args = "train --limit-train 384 --limit-eval 100 --batch 32 --epochs 2 --log-every 1 --save-every 5 "
+                           "--threads 2 --progress lines";
+  auto ref = run_kiln(args + " --out " + d / "ref", d.p.string());
+  REQUIRE_MESSAGE(ref.code == 0, ref.output);
+  const auto want = step_losses(d / "ref/metrics.jsonl");
+  REQUIRE(want.size() == 24);
+  const std::string want_weights = read_text(d / "ref/model.safetensors");
+  for (size_t kill_after : {7u, 13u, 19u}) {  // after the saves at steps 5, 10 and 15
+    const std::string out = d / ("run" + std::to_string(kill_after));
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const std::string log = out + ".log";
+      ::execl("/bin/sh", "sh", "-c", (std::string(KILN_BINARY) + " " + args + " --out " + out + " > " + log + " 2>&1").c_str(),
+              (char*)nullptr);
+      ::_exit(127);
+    }
+    // Kill the whole process group member running kiln once it has logged `kill_after` steps.
+    for (int waited = 0; waited < 6000; ++waited) {
+      if (fs::exists(out + "/metrics.jsonl") && lines_in(out + "/metrics.jsonl") >= kill_after) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::system(("pkill -9 -f -- '--out " + out + "( |$)'").c_str());
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    CHECK_MESSAGE(!fs::exists(out + "/model.safetensors"), "the run finished before it was killed at ", kill_after);
+    const auto r = run_kiln(args + " --out " + out + " --resume auto", d.p.string());
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+    CHECK(contains(r.output, "resumed at step"));
+    CHECK(step_losses(out + "/metrics.jsonl") == want);
+    CHECK(read_text(out + "/model.safetensors") == want_weights);
+  }
+}
+
+TEST_CASE("train: SIGTERM saves and exits 0; ckpt verify, export and import") {
+  TempDir d("kiln_resume");
+  const std::string out = d / "run";
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::execl(KILN_BINARY, KILN_BINARY, "train", "--limit-train", "2048", "--batch", "32", "--epochs", "3", "--log-every", "1",
+            "--threads", "2", "--progress", "lines", "--out", out.c_str(), (char*)nullptr);
+    ::_exit(127);
+  }
+  for (int waited = 0; waited < 6000; ++waited) {
+    if (fs::exists(out + "/metrics.jsonl") && lines_in(out + "/metrics.jsonl") >= 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  const std::string latest = io::find_latest_checkpoint(out + "/checkpoints");
+  REQUIRE(!latest.empty());
+  auto r = run_kiln("ckpt verify " + latest, d.p.string());
+  CHECK(r.code == 0);
+  CHECK(contains(r.output, "OK"));
+  std::string b = read_text(latest);
+  b[b.size() / 2] = char(b[b.size() / 2] ^ 4);
+  write_bytes(d / "bad.kiln", b);
+  r = run_kiln("ckpt verify " + d / "bad.kiln", d.p.string());
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.output, "DAMAGED"), r.output);
+  r = run_kiln("ckpt inspect " + latest, d.p.string());
+  CHECK(r.code == 0);
+  CHECK(contains(r.output, "kind: training"));
+  r = run_kiln("ckpt export " + latest + " --safetensors " + d / "w.safetensors", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("ckpt import " + d / "w.safetensors" + " --model resnet20 --set in_channels=1 --out " + d / "imp.kiln", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("train --limit-train 256 --limit-eval 64 --batch 32 --max-steps 2 --threads 1 --resume " + d / "imp.kiln" +
+                   " --out " + d / "from_import",
+               d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  // A resume with another configuration is refused, naming the difference.
+  r = run_kiln("train --limit-train 2048 --batch 64 --epochs 3 --threads 2 --resume auto --out " + out, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "batch: checkpoint 32, now 64"), r.output);
+}
