@@ -152,6 +152,21 @@ class Subset final : public io::Dataset {
 };
 
 
+// The size's config sized to the vocabulary (and `extra`), then the user's --set; checked against
+// the vocabulary and the sequence length.
+models::BertConfig bert_config_for(const TrainConfig& c, const BertName& bn, const io::WordPieceTokenizer& tok,
+                                   std::vector<std::string> extra) {
+  std::vector<std::string> sets = {"vocab_size=" + std::to_string(tok.vocab().size())};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+  const models::BertConfig bc = bert_config_from(bn.size, sets);
+  KILN_CHECK(bc.vocab_size == tok.vocab().size(), "--set vocab_size=", bc.vocab_size, ": ", c.vocab, " holds ",
+             tok.vocab().size(), " tokens");
+  KILN_CHECK(c.seq_len <= bc.max_position, "--seq-len ", c.seq_len, " exceeds the model's ", bc.max_position,
+             " positions (--set max_position=N)");
+  return bc;
+}
+
 Task bert_mlm(const TrainConfig& c, const BertName& bn) {
   io::BasicTokenizerOptions bo{c.lower_case, c.lower_case};
   auto tok = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(c.vocab), bo);
@@ -169,14 +184,7 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
     train = std::make_shared<Subset>(corpus, tr);
     eval = std::make_shared<Subset>(corpus, ev);
   }
-  std::vector<std::string> sets = {"vocab_size=" + std::to_string(tok->vocab().size())};
-  sets.insert(sets.end(), c.sets.begin(), c.sets.end());
-  const models::BertConfig bc = bert_config_from(bn.size, sets);
-  KILN_CHECK(bc.vocab_size == tok->vocab().size(), "--set vocab_size=", bc.vocab_size, ": ", c.vocab, " holds ",
-             tok->vocab().size(), " tokens");
-  KILN_CHECK(c.seq_len <= bc.max_position, "--seq-len ", c.seq_len, " exceeds the model's ", bc.max_position,
-             " positions (--set max_position=N)");
-  auto model = std::make_shared<models::BertForMaskedLM>(bc);
+  auto model = std::make_shared<models::BertForMaskedLM>(bert_config_for(c, bn, *tok, {}));
   Task t;
   t.name = "mlm";
   t.metric = "mlm_accuracy";
@@ -218,13 +226,8 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
   auto tok = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(c.vocab), bo);
   auto train = std::make_shared<io::TsvClassificationDataset>(tok, c.train_tsv, c.seq_len, c.label_names);
   auto eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, train->label_names());
-  std::vector<std::string> sets = {"vocab_size=" + std::to_string(tok->vocab().size()),
-                                   "num_labels=" + std::to_string(train->label_names().size())};
-  sets.insert(sets.end(), c.sets.begin(), c.sets.end());
-  const models::BertConfig bc = bert_config_from(bn.size, sets);
-  KILN_CHECK(c.seq_len <= bc.max_position, "--seq-len ", c.seq_len, " exceeds the model's ", bc.max_position,
-             " positions (--set max_position=N)");
-  auto model = std::make_shared<models::BertForSequenceClassification>(bc);
+  auto model = std::make_shared<models::BertForSequenceClassification>(
+      bert_config_for(c, bn, *tok, {"num_labels=" + std::to_string(train->label_names().size())}));
   Task t;
   t.name = "classify";
   t.metric = "accuracy";
