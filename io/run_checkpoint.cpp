@@ -247,9 +247,15 @@ void CheckpointMirror::loop() {
           break;
         }
         const int wait_s = 1 << (attempt - 1);
+        std::unique_lock<std::mutex> lk(m_);
+        if (stop_ && attempt >= 2) {  // the run is over: one retry, then leave
+          std::fprintf(stderr, "kiln train: mirror: could not copy %s to %s (%s); the checkpoint is still in the run "
+                       "directory\n", name.c_str(), dir_.c_str(), e.what());
+          break;
+        }
         std::fprintf(stderr, "kiln train: mirror: copying %s to %s failed (%s); retrying in %d s\n", name.c_str(),
                      dir_.c_str(), e.what(), wait_s);
-        std::this_thread::sleep_for(std::chrono::seconds(wait_s));
+        cv_.wait_for(lk, std::chrono::seconds(wait_s), [&] { return stop_; });
       }
     }
   }

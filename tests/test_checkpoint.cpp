@@ -284,3 +284,40 @@ TEST_CASE("train: SIGTERM saves and exits 0; ckpt verify, export and import") {
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "batch: checkpoint 32, now 64"), r.output);
 }
+
+TEST_CASE("checkpoint: f32 weights load into an f16 or bf16 model and back") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {});
+  const std::string path = io::save_run_checkpoint(d.p.string(), *a, opt, {}, {{"model", "resnet20"}});
+  for (DType low : {DType::f16, DType::bf16}) {
+    auto b = models::make_resnet({"resnet20", 10, 1});
+    b->to(low);
+    io::load_run_checkpoint(path, *b, nullptr);
+    const Tensor w = b->state_dict().at("layer2.0.conv1.weight");
+    CHECK(w.dtype() == low);
+    CHECK(allclose(w.to(DType::f32), a->state_dict().at("layer2.0.conv1.weight"), low == DType::f16 ? 1e-3 : 1e-2, 1e-4));
+    // And back: an f32 model from the low-precision model's checkpoint holds the rounded values exactly.
+    optim::SGD opt_b(optim::decay_groups(b->named_parameters(), 0.1, 0), {});
+    TempDir e("kiln_ckpt");
+    const std::string low_path = io::save_run_checkpoint(e.p.string(), *b, opt_b, {}, {{"model", "resnet20"}});
+    auto c = models::make_resnet({"resnet20", 10, 1});
+    io::load_run_checkpoint(low_path, *c, nullptr);
+    CHECK(c->state_dict().at("layer2.0.conv1.weight").to_vector() == w.to(DType::f32).to_vector());
+  }
+}
+
+TEST_CASE("train: --mirror copies every checkpoint; a mirror that cannot be written is never fatal") {
+  TempDir d("kiln_mirror");
+  const std::string args = "train --limit-train 256 --limit-eval 64 --batch 32 --epochs 2 --threads 2 --progress lines";
+  auto r = run_kiln(args + " --out " + d / "run" + " --mirror " + d / "mirror", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(read_text(d / "mirror/latest") == read_text(d / "run/checkpoints/latest"));
+  const std::string name = read_text(d / "mirror/latest").substr(0, 19);
+  CHECK(read_text(d / ("mirror/" + name)) == read_text(d / ("run/checkpoints/" + name)));
+  std::ofstream(d / "blocker") << "a file where the mirror directory should go";
+  r = run_kiln(args + " --out " + d / "run2" + " --mirror " + d / "blocker/sub", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "mirror: copying"));
+  CHECK(fs::exists(d / "run2/model.safetensors"));
+}
