@@ -14,7 +14,7 @@
 namespace kiln::cpu {
 namespace {
 
-constexpr int64_t kTargetCols = 4096;      // columns of the chunk GEMM (S * OH * OW) to aim for
+constexpr int64_t kTargetCols = 1024;  // columns of a chunk (S * OH * OW): its im2col matrix stays in L2
 constexpr int64_t kMaxColElems = 1 << 23;  // cap on one chunk's im2col buffer (32 MiB of f32)
 thread_local ScratchBuffer t_col, t_out;     // a chunk's im2col matrix and its [O, cols] GEMM operand
 
@@ -34,10 +34,11 @@ struct Geometry {
 };
 
 // col[(c, ki, kj), (si, oh, ow)] for images n0 .. n0+ns of group g; cols = ns * OH * OW.
-template <typename T> void im2col(const Geometry& G, const T* x, int64_t n0, int64_t ns, int64_t g, T* col) {
+template <typename T> void im2col_channels(const Geometry& G, const T* x, int64_t n0, int64_t ns, int64_t g, T* col,
+                                           int64_t c0, int64_t c1) {
   const auto& p = G.p;
   const int64_t cols = ns * G.ohw;
-  for (int64_t c = 0; c < G.cg; ++c) {
+  for (int64_t c = c0; c < c1; ++c) {
     for (int64_t ki = 0; ki < p.kh; ++ki) {
       for (int64_t kj = 0; kj < p.kw; ++kj) {
         T* row = col + ((c * p.kh + ki) * p.kw + kj) * cols;
@@ -72,11 +73,13 @@ template <typename T> void im2col(const Geometry& G, const T* x, int64_t n0, int
   }
 }
 
-// The adjoint of im2col: adds col back into gx (which the caller zeroed).
-template <typename T> void col2im(const Geometry& G, const T* col, int64_t n0, int64_t ns, int64_t g, T* gx) {
+// The adjoint of im2col: adds col back into gx (which the caller zeroed). Channels touch disjoint
+// planes of gx, so they may run in parallel.
+template <typename T> void col2im_channels(const Geometry& G, const T* col, int64_t n0, int64_t ns, int64_t g, T* gx,
+                                           int64_t c0, int64_t c1) {
   const auto& p = G.p;
   const int64_t cols = ns * G.ohw;
-  for (int64_t c = 0; c < G.cg; ++c) {
+  for (int64_t c = c0; c < c1; ++c) {
     for (int64_t ki = 0; ki < p.kh; ++ki) {
       for (int64_t kj = 0; kj < p.kw; ++kj) {
         const T* row = col + ((c * p.kh + ki) * p.kw + kj) * cols;
@@ -104,6 +107,15 @@ template <typename T> void col2im(const Geometry& G, const T* col, int64_t n0, i
       }
     }
   }
+}
+
+// Whole-chunk versions: spread over the pool's threads by channel (inline when already inside a
+// parallel region, i.e. when chunks themselves run in parallel).
+template <typename T> void im2col(const Geometry& G, const T* x, int64_t n0, int64_t ns, int64_t g, T* col) {
+  parallel_for(0, G.cg, 1, [&](int64_t c0, int64_t c1) { im2col_channels(G, x, n0, ns, g, col, c0, c1); });
+}
+template <typename T> void col2im(const Geometry& G, const T* col, int64_t n0, int64_t ns, int64_t g, T* gx) {
+  parallel_for(0, G.cg, 1, [&](int64_t c0, int64_t c1) { col2im_channels(G, col, n0, ns, g, gx, c0, c1); });
 }
 
 template <typename T>
@@ -137,13 +149,15 @@ template <typename T> void forward_typed(const Conv2dParams& p, const T* x, cons
     for (int64_t g = 0; g < p.groups; ++g) {
       im2col(G, x, n0, ns, g, col);
       gemm_t<T>(false, false, G.og, cols, G.ckk, T(1), w + g * G.og * G.ckk, G.ckk, col, cols, T(0), tmp, cols);
-      for (int64_t si = 0; si < ns; ++si)
-        for (int64_t o = 0; o < G.og; ++o) {
+      parallel_for(0, ns * G.og, 4, [&](int64_t b0, int64_t b1) {
+        for (int64_t t = b0; t < b1; ++t) {
+          const int64_t si = t / G.og, o = t % G.og;
           const T b = bias ? bias[g * G.og + o] : T(0);
           const T* src = tmp + o * cols + si * G.ohw;
           T* dst = y + ((n0 + si) * p.o + g * G.og + o) * G.ohw;
           for (int64_t i = 0; i < G.ohw; ++i) dst[i] = src[i] + b;
         }
+      });
     }
   });
 }
@@ -154,17 +168,21 @@ void backward_typed(const Conv2dParams& p, const T* x, const T* w, const T* gy, 
   const int64_t wsize = p.o * G.ckk;
   // Every chunk writes its own slice in full (beta = 0), so this needs no zeroing.
   std::unique_ptr<T[]> partial(gw ? new T[size_t(G.nchunks * wsize)] : nullptr);
-  if (gx) std::fill(gx, gx + p.n * p.c * p.h * p.w, T(0));
+  if (gx)
+    parallel_for(0, p.n * p.c * p.h * p.w, 1 << 16, [&](int64_t b, int64_t e) { std::fill(gx + b, gx + e, T(0)); });
   for_chunks(G, [&](int64_t chunk) {
     const int64_t n0 = chunk * G.s, ns = std::min(G.s, p.n - n0), cols = ns * G.ohw;
     T* col = t_col.get<T>(size_t(G.ckk * cols));
     T* gyc = t_out.get<T>(size_t(G.og * cols));
     for (int64_t g = 0; g < p.groups; ++g) {
       // Gather this group's output gradient as [Og, ns * OH * OW].
-      for (int64_t si = 0; si < ns; ++si)
-        for (int64_t o = 0; o < G.og; ++o)
+      parallel_for(0, ns * G.og, 4, [&](int64_t b0, int64_t b1) {
+        for (int64_t t = b0; t < b1; ++t) {
+          const int64_t si = t / G.og, o = t % G.og;
           std::memcpy(gyc + o * cols + si * G.ohw, gy + ((n0 + si) * p.o + g * G.og + o) * G.ohw,
                       size_t(G.ohw) * sizeof(T));
+        }
+      });
       if (gw) {
         im2col(G, x, n0, ns, g, col);
         gemm_t<T>(false, true, G.og, G.ckk, cols, T(1), gyc, cols, col, cols, T(0),
