@@ -321,3 +321,20 @@ TEST_CASE("train: --mirror copies every checkpoint; a mirror that cannot be writ
   CHECK(contains(r.output, "mirror: copying"));
   CHECK(fs::exists(d / "run2/model.safetensors"));
 }
+
+TEST_CASE("train: a checkpoint that cannot be written (file-size limit, like a full disk) is reported; training goes on") {
+  TempDir d("kiln_full");
+  // 3000 blocks of 512 bytes (1.5 MB) per file: metrics and the final weights (1.1 MB) fit, a training checkpoint (2.2 MB) does not.
+  const std::string cmd = "sh -c 'ulimit -f 3000; exec " + std::string(KILN_BINARY) +
+                          " train --limit-train 256 --limit-eval 64 --batch 32 --epochs 1 --threads 2 --progress lines "
+                          "--out " + d / "run" + "' > " + d / "log.txt" + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string log = read_text(d / "log.txt");
+  CHECK_MESSAGE(WIFEXITED(rc), log);
+  CHECK_MESSAGE(WEXITSTATUS(rc) == 0, log);
+  CHECK(contains(log, "checkpoint at step 8 failed"));
+  CHECK(contains(log, "File too large"));
+  CHECK(fs::exists(d / "run/model.safetensors"));
+  for (const auto& e : fs::directory_iterator(d / "run/checkpoints"))
+    CHECK_MESSAGE(e.path().filename().string().find(".tmp.") == std::string::npos, e.path());
+}

@@ -228,17 +228,26 @@ int run_train(const TrainConfig& c) {
   std::ofstream metrics(metrics_path, std::ios::app);
   KILN_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
   prune_checkpoints(ckpt_dir, 0);  // temporary files a killed writer left behind
+  Progress progress(c.progress, c.epochs, spe);
   std::unique_ptr<CheckpointMirror> mirror;
   if (!c.mirror.empty()) mirror = std::make_unique<CheckpointMirror>(c.mirror, c.keep_last);
   std::string last_saved;
+  // A periodic checkpoint that cannot be written (a full disk) is reported and training goes on:
+  // the previous checkpoints are intact and the next save point tries again. Returns success.
   auto save = [&]() {
-    last_saved = save_run_checkpoint(ckpt_dir, model, *opt, run, resolved);
+    try {
+      last_saved = save_run_checkpoint(ckpt_dir, model, *opt, run, resolved);
+    } catch (const Error& e) {
+      progress.line("kiln train: error: checkpoint at step " + std::to_string(run.step) + " failed: " + e.message() +
+                    (last_saved.empty() ? "" : "; the last good one is " + last_saved));
+      return false;
+    }
     prune_checkpoints(ckpt_dir, c.keep_last);
     if (mirror) mirror->enqueue(last_saved);
+    return true;
   };
   auto last_save_time = Clock::now();
 
-  Progress progress(c.progress, c.epochs, spe);
   progress.line("kiln train: " + c.model + " (" + task.name + ") on " + task.data_info.value("name", c.data) + " (" +
                 std::to_string(task.train_data->size()) + " samples), " + std::to_string(model.num_parameters()) +
                 " parameters, " + std::to_string(num_threads()) + " threads, " + std::to_string(total_steps) + " steps" +
@@ -322,8 +331,9 @@ int run_train(const TrainConfig& c) {
       if (due || g_stop_signal) {
         run.train_seconds += since(epoch_start) - epoch_seconds_before;
         epoch_seconds_before = since(epoch_start);
-        save();
+        const bool ok = save();
         last_save_time = Clock::now();
+        if (g_stop_signal && !ok) return 1;
       }
       if (g_stop_signal) {
         progress.line("kiln train: caught " + std::string(signal_name(g_stop_signal)) + " at step " +
@@ -357,8 +367,9 @@ int run_train(const TrainConfig& c) {
     run.epoch_loss = 0;
     run.epoch_correct = run.epoch_count = 0;
     if (c.save_every > 0 || c.save_minutes > 0 || c.save_epochs || g_stop_signal) {
-      save();
+      const bool ok = save();
       last_save_time = Clock::now();
+      if (g_stop_signal && !ok) return 1;
     }
     if (g_stop_signal) {
       progress.line("kiln train: caught " + std::string(signal_name(g_stop_signal)) + " after epoch " +

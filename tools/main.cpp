@@ -1,6 +1,7 @@
 // The `kiln` command line: one binary, one subcommand per job.
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -10,6 +11,9 @@
 #include "tools/train.h"
 
 int main(int argc, char** argv) {
+  // Past a file-size limit (ulimit -f, some quota setups) a write should fail with an error Kiln
+  // reports and survives, not kill the process.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"Kiln: a from-scratch deep-learning training engine"};
   app.require_subcommand(0, 1);
   bool version = false;

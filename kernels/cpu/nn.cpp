@@ -131,8 +131,56 @@ template <typename T> void avg_pool_bwd(const Pool2dParams& p, const T* gy, T* g
 
 // ---- softmax ---------------------------------------------------------------------------------------
 
+// Per-row sums in a fixed lane order (16 independent accumulators the compiler keeps in one vector
+// register), added up in double per row: fast, and the same bits whatever the thread count.
+template <typename T> using LaneAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+constexpr int kLanes = 16;
+
+template <typename T, typename F> double lane_sum(int64_t hw, F&& term) {
+  using A = LaneAcc<T>;
+  A acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= hw; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += term(j + l);
+  double s = 0;
+  for (; j < hw; ++j) s += double(term(j));
+  for (int l = 0; l < kLanes; ++l) s += double(acc[l]);
+  return s;
+}
+
 template <typename T>
 void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, T* y) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (inner == 1) {  // rows are contiguous: max, exp and sums in fixed vector lanes
+      parallel_for(0, outer, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const float* xr = x + r * n;
+          float* yr = y + r * n;
+          float ml[kLanes];
+          for (int l = 0; l < kLanes; ++l) ml[l] = -std::numeric_limits<float>::infinity();
+          int64_t i = 0;
+          for (; i + kLanes <= n; i += kLanes)
+            for (int l = 0; l < kLanes; ++l) ml[l] = ml[l] > xr[i + l] ? ml[l] : xr[i + l];
+          float mx = -std::numeric_limits<float>::infinity();
+          for (; i < n; ++i) mx = mx > xr[i] ? mx : xr[i];
+          for (int l = 0; l < kLanes; ++l) mx = mx > ml[l] ? mx : ml[l];
+          if (!std::isfinite(mx)) mx = 0;
+          double sum;
+          if (log) {
+            sum = lane_sum<float>(n, [&](int64_t j) { return vexp(xr[j] - mx); });
+            const float lse = float(std::log(sum)) + mx;
+            for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] - lse;
+          } else {
+            for (int64_t j = 0; j < n; ++j) yr[j] = vexp(xr[j] - mx);
+            sum = lane_sum<float>(n, [&](int64_t j) { return yr[j]; });
+            const float inv = float(1.0 / sum);
+            for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+          }
+        }
+      });
+      return;
+    }
+  }
   parallel_for(0, outer * inner, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t o = t / inner, j = t % inner;
@@ -161,6 +209,25 @@ void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, 
 
 template <typename T>
 void softmax_bwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* y, const T* gy, T* gx) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (inner == 1) {
+      parallel_for(0, outer, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const float* yr = y + r * n;
+          const float* g = gy + r * n;
+          float* o = gx + r * n;
+          if (log) {
+            const float sf = float(lane_sum<float>(n, [&](int64_t j) { return g[j]; }));
+            for (int64_t j = 0; j < n; ++j) o[j] = g[j] - vexp(yr[j]) * sf;
+          } else {
+            const float sf = float(lane_sum<float>(n, [&](int64_t j) { return g[j] * yr[j]; }));
+            for (int64_t j = 0; j < n; ++j) o[j] = yr[j] * (g[j] - sf);
+          }
+        }
+      });
+      return;
+    }
+  }
   parallel_for(0, outer * inner, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t o = t / inner, j = t % inner;
@@ -184,22 +251,28 @@ void softmax_bwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* y, 
 template <typename T>
 void layer_norm_fwd(int64_t rows, int64_t d, double eps, const T* x, const T* gamma, const T* beta, T* y, T* mean,
                     T* rstd) {
+  using A = LaneAcc<T>;
   parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const T* xr = x + r * d;
-      double m = 0;
-      for (int64_t i = 0; i < d; ++i) m += double(xr[i]);
-      m /= double(std::max<int64_t>(d, 1));
-      double v = 0;
-      for (int64_t i = 0; i < d; ++i) v += (double(xr[i]) - m) * (double(xr[i]) - m);
-      v /= double(std::max<int64_t>(d, 1));
+      const double m = lane_sum<T>(d, [&](int64_t i) { return A(xr[i]); }) / double(std::max<int64_t>(d, 1));
+      const A mf = A(m);
+      const double v = lane_sum<T>(d, [&](int64_t i) {
+                         const A t = A(xr[i]) - mf;
+                         return t * t;
+                       }) / double(std::max<int64_t>(d, 1));
       const double rs = 1.0 / std::sqrt(v + eps);
+      const A rsf = A(rs);
       T* yr = y + r * d;
-      for (int64_t i = 0; i < d; ++i) {
-        T h = T((double(xr[i]) - m) * rs);
-        if (gamma) h *= gamma[i];
-        if (beta) h += beta[i];
-        yr[i] = h;
+      if (gamma && beta) {
+        for (int64_t i = 0; i < d; ++i) yr[i] = T((A(xr[i]) - mf) * rsf * A(gamma[i]) + A(beta[i]));
+      } else {
+        for (int64_t i = 0; i < d; ++i) {
+          A h = (A(xr[i]) - mf) * rsf;
+          if (gamma) h *= A(gamma[i]);
+          if (beta) h += A(beta[i]);
+          yr[i] = T(h);
+        }
       }
       mean[r] = T(m);
       rstd[r] = T(rs);
@@ -210,28 +283,19 @@ void layer_norm_fwd(int64_t rows, int64_t d, double eps, const T* x, const T* ga
 template <typename T>
 void layer_norm_bwd(int64_t rows, int64_t d, const T* x, const T* gamma, const T* mean, const T* rstd, const T* gy,
                     T* gx, T* ggamma, T* gbeta) {
+  using A = LaneAcc<T>;
   if (gx) {
     parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = x + r * d;
         const T* g = gy + r * d;
-        const double m = double(mean[r]), rs = double(rstd[r]);
+        const A m = A(mean[r]), rs = A(rstd[r]);
         // gx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), gh = gy * gamma
-        double s1 = 0, s2 = 0;
-        for (int64_t i = 0; i < d; ++i) {
-          const double gh = double(g[i]) * (gamma ? double(gamma[i]) : 1.0);
-          const double xh = (double(xr[i]) - m) * rs;
-          s1 += gh;
-          s2 += gh * xh;
-        }
-        s1 /= double(d);
-        s2 /= double(d);
+        auto gh = [&](int64_t i) { return gamma ? A(g[i]) * A(gamma[i]) : A(g[i]); };
+        const A s1 = A(lane_sum<T>(d, gh) / double(d));
+        const A s2 = A(lane_sum<T>(d, [&](int64_t i) { return gh(i) * ((A(xr[i]) - m) * rs); }) / double(d));
         T* o = gx + r * d;
-        for (int64_t i = 0; i < d; ++i) {
-          const double gh = double(g[i]) * (gamma ? double(gamma[i]) : 1.0);
-          const double xh = (double(xr[i]) - m) * rs;
-          o[i] = T(rs * (gh - s1 - xh * s2));
-        }
+        for (int64_t i = 0; i < d; ++i) o[i] = T(rs * (gh(i) - s1 - (A(xr[i]) - m) * rs * s2));
       }
     });
   }
@@ -257,27 +321,10 @@ void layer_norm_bwd(int64_t rows, int64_t d, const T* x, const T* gamma, const T
 
 // ---- batch norm ------------------------------------------------------------------------------------
 
-// Per-row sums in a fixed lane order (16 independent accumulators the compiler keeps in one vector
-// register), added up in double per row: fast, and the same bits whatever the thread count.
-template <typename T> using BnAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-constexpr int kBnLanes = 16;
-
-template <typename T, typename F> double bn_row_sum(int64_t hw, F&& term) {
-  using A = BnAcc<T>;
-  A acc[kBnLanes] = {};
-  int64_t j = 0;
-  for (; j + kBnLanes <= hw; j += kBnLanes)
-    for (int l = 0; l < kBnLanes; ++l) acc[l] += term(j + l);
-  double s = 0;
-  for (; j < hw; ++j) s += double(term(j));
-  for (int l = 0; l < kBnLanes; ++l) s += double(acc[l]);
-  return s;
-}
-
 template <typename T>
 void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training, const T* x,
                     const T* gamma, const T* beta, T* rmean, T* rvar, T* y, T* mean, T* rstd) {
-  using A = BnAcc<T>;
+  using A = LaneAcc<T>;
   parallel_for(0, c, 1, [&](int64_t b, int64_t e) {
     for (int64_t ch = b; ch < e; ++ch) {
       double m, v;
@@ -286,7 +333,7 @@ void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentu
         double s = 0;
         for (int64_t i = 0; i < n; ++i) {
           const T* xr = x + (i * c + ch) * hw;
-          s += bn_row_sum<T>(hw, [&](int64_t j) { return A(xr[j]); });
+          s += lane_sum<T>(hw, [&](int64_t j) { return A(xr[j]); });
         }
         m = s / double(std::max<int64_t>(count, 1));
         // Two passes: the sum of squared deviations from the mean does not cancel catastrophically.
@@ -294,7 +341,7 @@ void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentu
         double q = 0;
         for (int64_t i = 0; i < n; ++i) {
           const T* xr = x + (i * c + ch) * hw;
-          q += bn_row_sum<T>(hw, [&](int64_t j) {
+          q += lane_sum<T>(hw, [&](int64_t j) {
             const A d = A(xr[j]) - mf;
             return d * d;
           });
@@ -326,7 +373,7 @@ void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentu
 template <typename T>
 void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool training, const T* x, const T* gamma, const T* mean,
                     const T* rstd, const T* gy, T* gx, T* ggamma, T* gbeta) {
-  using A = BnAcc<T>;
+  using A = LaneAcc<T>;
   parallel_for(0, c, 1, [&](int64_t b, int64_t e) {
     for (int64_t ch = b; ch < e; ++ch) {
       const double m = double(mean[ch]), rs = double(rstd[ch]);
@@ -337,10 +384,10 @@ void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool training, const T* x,
         const T* xr = x + (i * c + ch) * hw;
         const T* gr = gy + (i * c + ch) * hw;
         // One pass for both sums: gy*(x - m) = gy*x - m*gy, so accumulate gy and gy*x per lane.
-        A acc_g[kBnLanes] = {}, acc_gx[kBnLanes] = {};
+        A acc_g[kLanes] = {}, acc_gx[kLanes] = {};
         int64_t j = 0;
-        for (; j + kBnLanes <= hw; j += kBnLanes)
-          for (int l = 0; l < kBnLanes; ++l) {
+        for (; j + kLanes <= hw; j += kLanes)
+          for (int l = 0; l < kLanes; ++l) {
             const A gv = A(gr[j + l]);
             acc_g[l] += gv;
             acc_gx[l] += gv * (A(xr[j + l]) - mf);
@@ -349,7 +396,7 @@ void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool training, const T* x,
           sg += double(gr[j]);
           sgd += double(A(gr[j]) * (A(xr[j]) - mf));
         }
-        for (int l = 0; l < kBnLanes; ++l) {
+        for (int l = 0; l < kLanes; ++l) {
           sg += double(acc_g[l]);
           sgd += double(acc_gx[l]);
         }
