@@ -180,7 +180,7 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
 std::vector<std::string> config_differences(const json& saved, const json& now) {
   static const char* kKeys[] = {"model", "task", "set", "data", "data_dir", "augment", "image_size", "limit_train",
                                 "text", "eval_text", "vocab", "train_tsv", "seq_len", "mask_prob", "lower_case",
-                                "epochs", "batch", "max_steps", "optimizer", "lr", "momentum", "nesterov",
+                                "epochs", "batch", "accum_steps", "max_steps", "optimizer", "lr", "momentum", "nesterov",
                                 "weight_decay", "label_smoothing", "clip_grad_norm", "schedule", "warmup", "seed"};
   std::vector<std::string> out;
   for (const char* k : kKeys) {

@@ -155,10 +155,16 @@ int run_train(const TrainConfig& c) {
   lo.workers = c.workers;
   lo.drop_last = true;  // equal batches: batch-norm statistics from a handful of samples would be noise
   io::DataLoader loader(task.train_data, lo);
-  const int64_t spe = loader.batches_per_epoch();
+  // Optimizer steps per epoch: each takes --accum-steps micro-batches; a last partial group is dropped.
+  const int64_t accum = c.accum_steps;
+  const int64_t spe = loader.batches_per_epoch() / accum;
   if (spe < 1) {
-    std::fprintf(stderr, "kiln train: error: --batch %lld is larger than the %lld training samples\n",
-                 (long long)c.batch, (long long)task.train_data->size());
+    if (accum == 1)
+      std::fprintf(stderr, "kiln train: error: --batch %lld is larger than the %lld training samples\n",
+                   (long long)c.batch, (long long)task.train_data->size());
+    else
+      std::fprintf(stderr, "kiln train: error: --accum-steps %lld x --batch %lld is more than the %lld training samples\n",
+                   (long long)accum, (long long)c.batch, (long long)task.train_data->size());
     return 2;
   }
   std::error_code ec;
@@ -261,57 +267,66 @@ int run_train(const TrainConfig& c) {
     auto win_start = Clock::now();
     const auto epoch_start = Clock::now();
     double epoch_seconds_before = 0;  // time of this epoch spent before a resume is not known: counted from here
-    while (run.step < total_steps) {
-      auto t0 = Clock::now();
-      std::optional<io::Batch> batch = loader.next();
-      if (!batch) break;
-      run.win_data += since(t0);
+    while (run.step < total_steps && run.batch < spe * accum) {
+      // One optimizer step: `accum` micro-batches, each loss scaled by 1/accum so the gradients add up
+      // to those of one batch of accum x batch samples.
       const double lr = sched.at(run.step);
       opt->set_lr(lr);
-
-      t0 = Clock::now();
-      StepResult r = task.step(*batch);
-      const double loss = r.loss.item<double>();
-      if (!std::isfinite(loss)) {
-        progress.line("");
-        std::fprintf(stderr,
-                     "kiln train: error: the loss is %s at step %lld (epoch %lld, lr %g); stopping. Lower --lr, add "
-                     "--warmup or --clip-grad-norm. Metrics so far are in %s\n",
-                     std::isnan(loss) ? "NaN" : "infinite", (long long)run.step, (long long)run.epoch + 1, lr,
-                     metrics_path.c_str());
-        return 1;
-      }
       opt->zero_grad();
-      r.loss.backward();
-      run.win_fb += since(t0);
+      double loss = 0;
+      int64_t bs = 0, correct = 0, count = 0;
+      for (int64_t k = 0; k < accum; ++k) {
+        auto t0 = Clock::now();
+        std::optional<io::Batch> batch = loader.next();
+        KILN_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step at batch ", loader.position().batch);
+        run.win_data += since(t0);
+        t0 = Clock::now();
+        StepResult r = task.step(*batch);
+        const double micro = r.loss.item<double>();
+        if (!std::isfinite(micro)) {
+          progress.line("");
+          std::fprintf(stderr,
+                       "kiln train: error: the loss is %s at step %lld (epoch %lld, lr %g); stopping. Lower --lr, add "
+                       "--warmup or --clip-grad-norm. Metrics so far are in %s\n",
+                       std::isnan(micro) ? "NaN" : "infinite", (long long)run.step, (long long)run.epoch + 1, lr,
+                       metrics_path.c_str());
+          return 1;
+        }
+        (accum == 1 ? r.loss : r.loss * (1.0 / double(accum))).backward();
+        run.win_fb += since(t0);
+        loss += micro / double(accum);
+        bs += batch->begin()->second.size(0);
+        correct += r.correct;
+        count += r.count;
+      }
 
-      t0 = Clock::now();
+      auto t0 = Clock::now();
       if (c.clip_grad_norm > 0) optim::clip_grad_norm(params, c.clip_grad_norm);
       opt->step();
       run.win_opt += since(t0);
       ++run.step;
       run.batch = loader.position().batch;
 
-      const int64_t bs = batch->begin()->second.size(0);
       run.win_loss += loss;
       ++run.win_steps;
       run.win_samples += bs;
       run.samples_seen += bs;
-      run.win_correct += r.correct;
-      run.win_count += r.count;
-      run.epoch_correct += r.correct;
-      run.epoch_count += r.count;
+      run.win_correct += correct;
+      run.win_count += count;
+      run.epoch_correct += correct;
+      run.epoch_count += count;
       run.epoch_loss += loss;
-      const bool log_now = run.step % c.log_every == 0 || run.batch == spe || run.step == total_steps;
+      const int64_t in_epoch = run.batch / accum;  // optimizer steps done in this epoch
+      const bool log_now = run.step % c.log_every == 0 || in_epoch == spe || run.step == total_steps;
       const double win_s = since(win_start);
       const double sps = double(run.win_samples) / std::max(win_s, 1e-9);
       const double elapsed = run.train_seconds + since(epoch_start) - epoch_seconds_before;
       const double eta = elapsed / double(std::max<int64_t>(run.step, 1)) * double(total_steps - run.step);
-      progress.step(run.epoch, run.batch, run.win_loss / double(run.win_steps), lr, sps, eta, log_now);
+      progress.step(run.epoch, in_epoch, run.win_loss / double(run.win_steps), lr, sps, eta, log_now);
       if (log_now) {
         nlohmann::json m = {{"step", run.step},
                             {"epoch", run.epoch + 1},
-                            {"epoch_progress", double(run.batch) / double(spe)},
+                            {"epoch_progress", double(in_epoch) / double(spe)},
                             {"loss", run.win_loss / double(run.win_steps)},
                             {"train_" + task.metric, run.win_count ? double(run.win_correct) / double(run.win_count) : 0.0},
                             {"lr", lr},
@@ -348,7 +363,7 @@ int run_train(const TrainConfig& c) {
     const EvalResult ev = evaluate(task, c);
     char buf[256];
     std::snprintf(buf, sizeof buf, "epoch %lld: train loss %.4f %s %.2f%% | test loss %.4f %s %.2f%% | %.1f s (+%.1f s eval)",
-                  (long long)run.epoch + 1, run.epoch_loss / double(std::max<int64_t>(run.batch, 1)), task.metric.c_str(),
+                  (long long)run.epoch + 1, run.epoch_loss / double(std::max<int64_t>(run.batch / accum, 1)), task.metric.c_str(),
                   100.0 * double(run.epoch_correct) / double(std::max<int64_t>(run.epoch_count, 1)), ev.loss,
                   task.metric.c_str(), 100.0 * ev.accuracy, epoch_s, ev.seconds);
     progress.line(buf);

@@ -36,6 +36,7 @@ struct TrainConfig {
   std::vector<std::string> label_names;  // not a flag: fixed by a trained model's metadata in `kiln eval`
   // schedule of the run
   int64_t epochs = 1, batch = 128, max_steps = 0;
+  int64_t accum_steps = 1;  // micro-batches per optimizer step
   std::string optimizer = "sgd";
   double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0.0, clip_grad_norm = 0.0;
   bool nesterov = true;

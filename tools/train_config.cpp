@@ -60,6 +60,10 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_flag("--augment,!--no-augment", c.augment, "Random crop (pad 2) and horizontal flip for images")
       ->capture_default_str();
   app.add_option("--epochs", c.epochs, "Passes over the training set")->capture_default_str();
+  app.add_option("--accum-steps", c.accum_steps,
+                 "Micro-batches of --batch per optimizer step (gradient accumulation; the effective batch is K x B)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (0: no limit)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--optimizer", c.optimizer, "sgd, adamw or lamb")
@@ -205,6 +209,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"eval_tsv", eval_tsv},   {"seq_len", seq_len},
           {"mask_prob", mask_prob}, {"lower_case", lower_case},
           {"epochs", epochs},       {"batch", batch},
+          {"accum_steps", accum_steps},
           {"max_steps", max_steps}, {"optimizer", optimizer},
           {"lr", lr},               {"momentum", momentum},
           {"nesterov", nesterov},   {"weight_decay", weight_decay},
