@@ -1,5 +1,6 @@
 // Kiln's public API in one include: tensors, ops, nn ops and modules, optimizers, autograd, random numbers, the thread pool.
 #pragma once
+#include "engine/amp.h"
 #include "engine/autograd.h"
 #include "engine/dtype.h"
 #include "engine/error.h"

@@ -126,6 +126,11 @@ struct Backend {
                  const int64_t* idx, void* dst);
   void (*scatter_add)(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx,
                       const int64_t* idx, const void* src);
+
+  // ---- mixed precision ----
+  // One pass over a contiguous floating buffer: x *= inv_scale, and *found_inf (an f32 flag in the
+  // backend's memory, so a GPU step never waits for the host) is set to 1 if any element is inf or NaN.
+  void (*unscale_check)(DType dt, int64_t n, void* x, double inv_scale, float* found_inf);
 };
 
 const Backend& cpu_backend();

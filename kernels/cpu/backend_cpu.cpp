@@ -50,6 +50,7 @@ const Backend& cpu_backend() {
       .index_add = cpu::index_add,
       .gather = cpu::gather,
       .scatter_add = cpu::scatter_add,
+      .unscale_check = cpu::unscale_check,
   };
   return b;
 }

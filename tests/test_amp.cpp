@@ -1,0 +1,139 @@
+// Dynamic loss scaling: the fused unscale + inf/NaN check on every float dtype, and the GradScaler
+// state machine (skip and back off on overflow with weights and optimizer state untouched, growth
+// after the interval, no growth past the f32 range, misuse errors, rank agreement, state round trip).
+#include <doctest/doctest.h>
+
+#include <cfloat>
+#include <cmath>
+
+#include "kernels/backend.h"
+#include "kiln.h"
+#include "test_util.h"
+
+using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::error_of;
+
+namespace {
+struct Toy {
+  Tensor w = randn({4, 3}).set_requires_grad();
+  Tensor b = zeros({3}).set_requires_grad();
+  std::vector<Tensor> params() const { return {w, b}; }
+  Tensor loss(const Tensor& x) const { return mean(pow(matmul(x, w) + b, 2.0)); }
+};
+}  // namespace
+
+TEST_CASE("unscale kernel: divides in place and flags inf and NaN, for f32, f64, f16 and bf16") {
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    Tensor g = from_vector({2, -4, 8, 0.5}, {4}, dt);
+    float flag = 0;
+    cpu_backend().unscale_check(dt, g.numel(), g.raw_data(), 0.25, &flag);
+    CHECK(g.to_vector() == std::vector<double>{0.5, -1, 2, 0.125});
+    CHECK(flag == 0.0f);
+    for (double bad : {double(INFINITY), -double(INFINITY), double(NAN)}) {
+      // One bad element deep inside a large buffer (several parallel chunks) is found.
+      std::vector<double> v(200000, 1.0);
+      v[150001] = bad;
+      Tensor h = from_vector(v, {200000}, dt);
+      float f = 0;
+      cpu_backend().unscale_check(dt, h.numel(), h.raw_data(), 0.5, &f);
+      CHECK(f == 1.0f);
+      CHECK(h.to_vector()[7] == 0.5);
+    }
+  }
+}
+
+TEST_CASE("grad scaler: scaled loss, exact unscale, a normal step") {
+  manual_seed(3);
+  Toy m;
+  const Tensor x = randn({8, 4});
+  m.loss(x).backward();
+  const std::vector<double> want = m.w.grad().to_vector();
+  m.w.set_grad(Tensor());
+  m.b.set_grad(Tensor());
+  amp::GradScaler sc;
+  CHECK(sc.get_scale() == 65536.0);
+  sc.scale(m.loss(x)).backward();
+  optim::SGD opt({optim::ParamGroup(m.params(), 0.1)});
+  const std::vector<double> before = m.w.to_vector();
+  CHECK(sc.step(opt, m.params()));
+  CHECK(m.w.grad().to_vector() == want);  // a power-of-two scale unscales exactly
+  CHECK(m.w.to_vector() != before);
+  sc.update();
+  CHECK(sc.get_scale() == 65536.0);
+  CHECK(sc.skipped_steps() == 0);
+}
+
+TEST_CASE("grad scaler: an inf or NaN gradient skips the step, leaves weights and optimizer state alone, halves the scale") {
+  Toy m;
+  optim::AdamW opt({optim::ParamGroup(m.params(), 0.1, 0.01)});
+  amp::GradScaler sc({1024.0, 2.0, 0.5, 3});
+  const Tensor x = randn({8, 4});
+  // A clean step first, so the optimizer has state to protect.
+  sc.scale(m.loss(x)).backward();
+  CHECK(sc.step(opt, m.params()));
+  sc.update();
+  const auto state_before = opt.state();
+  const std::vector<double> w_before = m.w.to_vector();
+  for (double bad : {double(INFINITY), double(NAN)}) {
+    opt.zero_grad();
+    sc.scale(m.loss(x)).backward();
+    m.b.grad().data<float>()[1] = float(bad);
+    const double s = sc.get_scale();
+    CHECK_FALSE(sc.step(opt, m.params()));
+    CHECK(sc.found_inf().item<double>() == 1.0);
+    sc.update();
+    CHECK(sc.get_scale() == s * 0.5);
+    CHECK(m.w.to_vector() == w_before);
+    const auto st = opt.state();
+    CHECK(st.scalars.at("steps") == state_before.scalars.at("steps"));
+    for (const auto& [k, t] : st.tensors) CHECK(t.to_vector() == state_before.tensors.at(k).to_vector());
+  }
+  CHECK(sc.skipped_steps() == 2);
+  // Three clean steps (the growth interval) double the scale; the tracker restarts.
+  for (int i = 0; i < 3; ++i) {
+    opt.zero_grad();
+    sc.scale(m.loss(x)).backward();
+    CHECK(sc.step(opt, m.params()));
+    sc.update();
+  }
+  CHECK(sc.get_scale() == 1024.0 * 0.25 * 2.0);
+  CHECK(sc.state().growth_tracker == 0);
+}
+
+TEST_CASE("grad scaler: never grows past the f32 range; misuse is an error; ranks agree; state round-trips") {
+  Toy m;
+  optim::SGD opt({optim::ParamGroup(m.params(), 0.0)});
+  amp::GradScaler sc({double(FLT_MAX) / 1.5, 2.0, 0.5, 1});
+  const Tensor x = randn({2, 4});
+  for (int i = 0; i < 3; ++i) {
+    opt.zero_grad();
+    sc.scale(m.loss(x)).backward();
+    sc.step(opt, m.params());
+    sc.update();
+    CHECK(sc.get_scale() == double(FLT_MAX) / 1.5);
+  }
+  amp::GradScaler s2;
+  opt.zero_grad();
+  s2.scale(m.loss(x)).backward();
+  s2.unscale(m.params());
+  CHECK(contains(error_of([&] { s2.unscale(m.params()); }), "already called"));
+  CHECK(s2.step(opt, m.params()));  // uses the unscale above
+  CHECK(contains(error_of([&] { s2.step(opt, m.params()); }), "step() was already called"));
+  s2.update();
+  CHECK(contains(error_of([&] { s2.update(); }), "needs a step() first"));
+  // Another rank saw an overflow: the agreement hook makes this one skip too.
+  s2.agree = [](Tensor& f) { f.fill_(1.0); };
+  opt.zero_grad();
+  s2.scale(m.loss(x)).backward();
+  CHECK_FALSE(s2.step(opt, m.params()));
+  s2.update();
+  amp::GradScaler s3;
+  s3.load_state(s2.state());
+  CHECK(s3.get_scale() == s2.get_scale());
+  CHECK(s3.skipped_steps() == 1);
+  CHECK(contains(error_of([&] { s3.load_state({-1.0, 0, 0}); }), "invalid saved state"));
+  // Disabled (bf16 or f32 runs): scale 1, loss untouched.
+  amp::GradScaler off({65536.0, 2.0, 0.5, 2000, false});
+  CHECK(off.get_scale() == 1.0);
+}
