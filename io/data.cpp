@@ -123,14 +123,15 @@ std::optional<Batch> DataLoader::next() {
   }
   if (o_.workers == 0) {
     got.first = build(pos_.batch);
+    ++pos_.batch;
   } else {
     std::unique_lock<std::mutex> lk(m_);
     cv_.wait(lk, [&] { return ready_.count(pos_.batch) != 0; });
     auto it = ready_.find(pos_.batch);
     got = std::move(it->second);
     ready_.erase(it);
+    ++pos_.batch;  // under the lock: the workers' wait reads it
   }
-  ++pos_.batch;
   cv_.notify_all();
   last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (got.second) std::rethrow_exception(got.second);
