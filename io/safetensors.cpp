@@ -20,6 +20,8 @@
 #include <tuple>
 #include <vector>
 
+#include "io/atomic_file.h"
+
 namespace kiln::io {
 
 // Tensor bytes are stored little-endian and are used in place; a big-endian port would byte-swap.
@@ -393,40 +395,6 @@ bool valid_utf8(const std::string& s) {
   }
 }
 
-void write_all(int fd, const void* buf, size_t n, const std::string& path, const std::string& tmp,
-               uint64_t& written) {
-  const auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) errno = ENOSPC;
-    KILN_CHECK(r > 0, path, ": writing ", quote_name(tmp), " failed after ", written, " bytes: ", sys_error());
-    p += r;
-    n -= size_t(r);
-    written += uint64_t(r);
-  }
-}
-
-// The temporary file: removed unless committed.
-struct TempFile {
-  std::string path;
-  int fd = -1;
-  bool committed = false;
-  ~TempFile() {
-    if (fd >= 0) ::close(fd);
-    if (!committed) ::unlink(path.c_str());
-  }
-};
-
-void fsync_parent_dir(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // durability of the rename is best effort; the file itself is complete
-  (void)::fsync(fd);
-  ::close(fd);
-}
-
 }  // namespace
 
 // ---- the API -------------------------------------------------------------------------------------
@@ -493,23 +461,12 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   std::string prefix(8, '\0');
   for (int i = 0; i < 8; ++i) prefix[size_t(i)] = char((uint64_t(text.size()) >> (8 * i)) & 0xff);
 
-  TempFile tmp;
-  tmp.path = path + ".tmp." + std::to_string(::getpid());
-  tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
-  KILN_CHECK(tmp.fd >= 0, path, ": cannot create the temporary file ", quote_name(tmp.path), ": ", sys_error());
-  uint64_t written = 0;
-  write_all(tmp.fd, prefix.data(), prefix.size(), path, tmp.path, written);
-  write_all(tmp.fd, text.data(), text.size(), path, tmp.path, written);
+  AtomicFile f(path);
+  f.write(prefix.data(), prefix.size());
+  f.write(text.data(), text.size());
   for (const Tensor& c : blobs)
-    if (c.nbytes() > 0) write_all(tmp.fd, c.raw_data(), c.nbytes(), path, tmp.path, written);
-  KILN_CHECK(::fsync(tmp.fd) == 0, path, ": flushing ", quote_name(tmp.path), " to disk failed: ", sys_error());
-  const int fd = tmp.fd;
-  tmp.fd = -1;
-  KILN_CHECK(::close(fd) == 0, path, ": closing ", quote_name(tmp.path), " failed: ", sys_error());
-  KILN_CHECK(::rename(tmp.path.c_str(), path.c_str()) == 0, path, ": cannot rename ", quote_name(tmp.path),
-             " over it: ", sys_error());
-  tmp.committed = true;
-  fsync_parent_dir(path);
+    if (c.nbytes() > 0) f.write(c.raw_data(), c.nbytes());
+  f.commit();
 }
 
 }  // namespace kiln::io

@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "engine/random.h"
+#include "io/atomic_file.h"
 #include "io/idx.h"
 
 namespace kiln::io {
@@ -192,20 +193,9 @@ Vocab Vocab::load(const std::string& path) {
 }
 
 void Vocab::save(const std::string& path) const {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    KILN_CHECK(f.good(), tmp, ": cannot open for writing");
-    for (const auto& t : tokens_) f << t << '\n';
-    f.flush();
-    KILN_CHECK(f.good(), tmp, ": write failed (disk full?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    KILN_FAIL(path, ": cannot rename the temporary file into place: ", ec.message());
-  }
+  std::string text;
+  for (const auto& t : tokens_) text += t + '\n';
+  write_file_atomic(path, text);
 }
 
 int64_t Vocab::id(const std::string& token) const {

@@ -43,8 +43,6 @@ std::string hms(double s) {
   return buf;
 }
 
-void write_atomic(const std::string& path, const std::string& text) { io::write_file_atomic(path, text); }
-
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Module& m) {
   auto groups = optim::decay_groups(m.named_parameters(), c.lr, c.weight_decay);
   if (c.optimizer == "sgd") return std::make_unique<optim::SGD>(groups, optim::SgdOptions{c.momentum, 0.0, c.nesterov});
@@ -413,7 +411,7 @@ int run_train(const TrainConfig& c) {
                             {"last_checkpoint", last_saved},
                             {"per_epoch", run.epochs_log},
                             {"config", resolved}};
-  write_atomic(c.out + "/summary.json", summary.dump(2) + "\n");
+  io::write_file_atomic(c.out + "/summary.json", summary.dump(2) + "\n");
   char buf[256];
   std::snprintf(buf, sizeof buf, "test %s %.2f%% (%lld samples), %lld steps in %s, %.0f samples/s; wrote %s",
                 task.metric.c_str(), 100.0 * run.last_eval_accuracy, (long long)run.last_eval_count,
@@ -447,7 +445,7 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
                       {"test_samples", r.count},    {"seconds", r.seconds}};
   std::printf("test %s %.2f%% loss %.4f (%lld samples, %.1f s)\n", task.metric.c_str(), 100.0 * r.accuracy, r.loss,
               (long long)r.count, r.seconds);
-  if (!c.out.empty()) write_atomic(c.out, j.dump(2) + "\n");
+  if (!c.out.empty()) io::write_file_atomic(c.out, j.dump(2) + "\n");
   return 0;
 }
 

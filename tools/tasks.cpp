@@ -48,6 +48,15 @@ int64_t count_correct(const Tensor& logits, const Tensor& target) {
   return n;
 }
 
+// Loss (label smoothing only while training) and the count of correct predictions of one batch.
+StepResult score(const Tensor& logits, const Tensor& target, double smoothing, bool training) {
+  StepResult r;
+  r.loss = cross_entropy(logits, target, -100, training ? smoothing : 0.0);
+  r.correct = count_correct(logits, target);
+  r.count = target.numel();
+  return r;
+}
+
 Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train, std::shared_ptr<const io::Dataset> test,
                  int64_t channels, int64_t classes, nlohmann::json info);
 
@@ -121,13 +130,7 @@ Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train,
   t.eval_data = limit(test, c.limit_eval);
   const double smoothing = c.label_smoothing;
   t.step = [model, smoothing](const io::Batch& b) {
-    const Tensor& y = b.at("target");
-    Tensor logits = (*model)(b.at("input"));
-    StepResult r;
-    r.loss = cross_entropy(logits, y, -100, model->is_training() ? smoothing : 0.0);
-    r.correct = count_correct(logits, y);
-    r.count = y.numel();
-    return r;
+    return score((*model)(b.at("input")), b.at("target"), smoothing, model->is_training());
   };
   info["train_samples"] = t.train_data->size();
   info["eval_samples"] = t.eval_data->size();
@@ -171,7 +174,8 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
   io::BasicTokenizerOptions bo{c.lower_case, c.lower_case};
   auto tok = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(c.vocab), bo);
   io::MlmOptions mo{c.seq_len, c.mask_prob};
-  auto corpus = std::make_shared<io::MlmDataset>(tok, expand_text_paths(c.text, "--text"), mo);
+  const std::vector<std::string> files = expand_text_paths(c.text, "--text");
+  auto corpus = std::make_shared<io::MlmDataset>(tok, files, mo);
   std::shared_ptr<const io::Dataset> train, eval;
   if (!c.eval_text.empty()) {
     train = corpus;
@@ -204,14 +208,10 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
     const Tensor positions = from_blob_copy(pos.data(), {int64_t(pos.size())});
     const Tensor target = from_blob_copy(tgt.data(), {int64_t(tgt.size())});
     const Tensor logits = model->forward_at(b.at("input_ids"), positions, b.at("attention_mask"), b.at("token_type_ids"));
-    StepResult r;
-    r.loss = cross_entropy(logits, target);
-    r.correct = count_correct(logits, target);
-    r.count = target.numel();
-    return r;
+    return score(logits, target, 0.0, false);
   };
   t.data_info = {{"name", "text"},
-                 {"files", expand_text_paths(c.text, "--text")},
+                 {"files", files},
                  {"vocab", c.vocab},
                  {"vocab_size", tok->vocab().size()},
                  {"train_samples", t.train_data->size()},
@@ -236,13 +236,8 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
   t.eval_data = limit(eval, c.limit_eval);
   const double smoothing = c.label_smoothing;
   t.step = [model, smoothing](const io::Batch& b) {
-    const Tensor logits = model->forward(b.at("input_ids"), b.at("attention_mask"), b.at("token_type_ids"));
-    const Tensor& y = b.at("target");
-    StepResult r;
-    r.loss = cross_entropy(logits, y, -100, model->is_training() ? smoothing : 0.0);
-    r.correct = count_correct(logits, y);
-    r.count = y.numel();
-    return r;
+    return score(model->forward(b.at("input_ids"), b.at("attention_mask"), b.at("token_type_ids")), b.at("target"),
+                 smoothing, model->is_training());
   };
   t.data_info = {{"name", "tsv"},         {"train", c.train_tsv},        {"eval", c.eval_tsv},
                  {"vocab", c.vocab},      {"labels", train->label_names()},

@@ -148,6 +148,19 @@ template <typename T, typename F> double lane_sum(int64_t hw, F&& term) {
   return s;
 }
 
+// The maximum of a contiguous f32 row, in the same fixed lanes.
+float lane_max(int64_t n, const float* x) {
+  float ml[kLanes];
+  for (int l = 0; l < kLanes; ++l) ml[l] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) ml[l] = ml[l] > x[i + l] ? ml[l] : x[i + l];
+  float mx = -std::numeric_limits<float>::infinity();
+  for (; i < n; ++i) mx = mx > x[i] ? mx : x[i];
+  for (int l = 0; l < kLanes; ++l) mx = mx > ml[l] ? mx : ml[l];
+  return mx;
+}
+
 template <typename T>
 void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, T* y) {
   if constexpr (std::is_same_v<T, float>) {
@@ -156,14 +169,7 @@ void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, 
         for (int64_t r = b; r < e; ++r) {
           const float* xr = x + r * n;
           float* yr = y + r * n;
-          float ml[kLanes];
-          for (int l = 0; l < kLanes; ++l) ml[l] = -std::numeric_limits<float>::infinity();
-          int64_t i = 0;
-          for (; i + kLanes <= n; i += kLanes)
-            for (int l = 0; l < kLanes; ++l) ml[l] = ml[l] > xr[i + l] ? ml[l] : xr[i + l];
-          float mx = -std::numeric_limits<float>::infinity();
-          for (; i < n; ++i) mx = mx > xr[i] ? mx : xr[i];
-          for (int l = 0; l < kLanes; ++l) mx = mx > ml[l] ? mx : ml[l];
+          float mx = lane_max(n, xr);
           if (!std::isfinite(mx)) mx = 0;
           double sum;
           if (log) {
@@ -427,18 +433,11 @@ void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool training, const T* x,
 // bits on any thread count), combined in double.
 void cross_entropy_row_f32(int64_t classes, const float* x, int64_t t, double eps, float* loss, float* g,
                            double grad_scale) {
-  constexpr int L = 16;
-  float mxl[L];
-  for (int l = 0; l < L; ++l) mxl[l] = -std::numeric_limits<float>::infinity();
-  int64_t i = 0;
-  for (; i + L <= classes; i += L)
-    for (int l = 0; l < L; ++l) mxl[l] = mxl[l] > x[i + l] ? mxl[l] : x[i + l];
-  float mx = -std::numeric_limits<float>::infinity();
-  for (; i < classes; ++i) mx = mx > x[i] ? mx : x[i];
-  for (int l = 0; l < L; ++l) mx = mx > mxl[l] ? mx : mxl[l];
+  constexpr int L = kLanes;
+  const float mx = lane_max(classes, x);
   float sl[L] = {}, xl[L] = {};
   double s = 0, sum_x = 0;
-  i = 0;
+  int64_t i = 0;
   for (; i + L <= classes; i += L)
     for (int l = 0; l < L; ++l) {
       sl[l] += vexp(x[i + l] - mx);
