@@ -1,6 +1,7 @@
 // Kiln's public API in one include: tensors, ops, nn ops and modules, optimizers, autograd, random numbers, the thread pool.
 #pragma once
 #include "engine/amp.h"
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/dtype.h"
 #include "engine/error.h"

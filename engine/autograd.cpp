@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "engine/autocast.h"
 #include "engine/ops.h"
 
 namespace kiln {
@@ -139,6 +140,8 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
   KILN_CHECK(roots.size() == grads_in.size() || grads_in.empty(), "backward: ", roots.size(), " outputs but ",
              grads_in.size(), " gradients");
   NoGradGuard no_grad;
+  // Backward ops take the dtypes the forward chose; an autocast region around backward() changes nothing.
+  amp::AutocastGuard no_autocast(DType::f16, /*enabled=*/false);
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
   std::unordered_map<Node*, int> deps;
   std::vector<std::shared_ptr<Node>> root_nodes;

@@ -146,8 +146,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) {
 Tensor Linear::forward(const Tensor& x) {
   KILN_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "Linear(", weight.size(1), " -> ", weight.size(0),
              "): input ", x.shape(), " must end with ", weight.size(1));
-  Tensor y = matmul(x, weight.t());
-  return bias.defined() ? y + bias : y;
+  return linear(x, weight, bias);
 }
 
 Conv2d::Conv2d(int64_t in, int64_t out, Pair kernel, Pair s, Pair p, Pair d, int64_t g, bool with_bias)

@@ -12,6 +12,9 @@ namespace kiln {
 
 using Pair = std::array<int64_t, 2>;
 
+// x @ weight^T + bias: x [..., in], weight [out, in], bias [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+
 // x [N, C, H, W], weight [O, C/groups, kh, kw], bias [O] or undefined.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Pair stride = {1, 1},
               Pair padding = {0, 0}, Pair dilation = {1, 1}, int64_t groups = 1);

@@ -1,7 +1,9 @@
 // matmul with numpy semantics over the backend GEMM. Transposed operands (a stride-1 row dim)
 // are passed to GEMM as transposes, not copied; 16-bit inputs compute in f32 on the CPU.
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/internal.h"
+#include "engine/nn_ops.h"
 #include "engine/ops.h"
 #include "engine/thread_pool.h"
 
@@ -97,7 +99,8 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = amp::autocast_arg(amp::AutocastOp::matmul, a_in), b = amp::autocast_arg(amp::AutocastOp::matmul, b_in);
   KILN_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: ", a.shape(), " x ", b.shape(), ": 0-dim operands are not allowed");
   const bool va = a.dim() == 1, vb = b.dim() == 1;
   Tensor x = va ? a.unsqueeze(0) : a;
@@ -106,6 +109,18 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (vb) out = out.squeeze(-1);
   if (va) out = out.squeeze(vb ? -1 : -2);
   return out;
+}
+
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  using amp::AutocastOp;
+  const Tensor x = amp::autocast_arg(AutocastOp::linear, x_in), w = amp::autocast_arg(AutocastOp::linear, weight_in),
+               b = amp::autocast_arg(AutocastOp::linear, bias_in);
+  KILN_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input ", x.shape(), " and weight ",
+             w.shape(), ": the weight must be [out, in] and the input end with in");
+  KILN_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "linear: bias ", b.shape(), " must be [",
+             w.size(0), "]");
+  const Tensor y = matmul(x, w.t());
+  return b.defined() ? y + b : y;
 }
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 // softmax and cross-entropy. 16-bit inputs compute in f32 and return their own dtype.
 #include <cmath>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/internal.h"
 #include "engine/nn_ops.h"
@@ -32,8 +33,11 @@ int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) { retur
 
 // ---- conv2d ---------------------------------------------------------------------------------------
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
-              int64_t groups) {
+Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, Pair stride, Pair padding,
+              Pair dilation, int64_t groups) {
+  using amp::AutocastOp;
+  const Tensor x = amp::autocast_arg(AutocastOp::conv2d, x_in), weight = amp::autocast_arg(AutocastOp::conv2d, weight_in),
+               bias = amp::autocast_arg(AutocastOp::conv2d, bias_in);
   check_floating("conv2d", x, "input");
   check_floating("conv2d", weight, "weight");
   KILN_CHECK(x.dim() == 4, "conv2d: input must be [N, C, H, W], got ", x.shape());
@@ -246,7 +250,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   return y;
 }
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& gamma, const Tensor& beta, double eps) {
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& gamma, const Tensor& beta, double eps) {
+  const Tensor x = amp::autocast_arg(amp::AutocastOp::layer_norm, x_in);
   check_floating("layer_norm", x, "input");
   const int64_t k = int64_t(normalized_shape.size());
   KILN_CHECK(k >= 1 && k <= x.dim(), "layer_norm: normalized_shape ", normalized_shape, " does not fit input ",
@@ -319,8 +324,12 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
 }
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl(amp::autocast_arg(amp::AutocastOp::softmax, x), dim, false);
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl(amp::autocast_arg(amp::AutocastOp::log_softmax, x), dim, true);
+}
 
 // ---- losses ----------------------------------------------------------------------------------------
 
@@ -354,8 +363,9 @@ void flatten_class_dim(const char* op, const Tensor& logits, const Tensor& targe
 }
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t ignore_index, double label_smoothing,
                      Reduction reduction) {
+  const Tensor logits = amp::autocast_arg(amp::AutocastOp::cross_entropy, logits_in);
   check_floating("cross_entropy", logits, "input");
   KILN_CHECK(label_smoothing >= 0 && label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], got ",
              label_smoothing);
@@ -398,7 +408,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   return out;
 }
 
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+  const Tensor log_probs = amp::autocast_arg(amp::AutocastOp::nll_loss, log_probs_in);
   check_floating("nll_loss", log_probs, "input");
   Tensor l2, t2;
   flatten_class_dim("nll_loss", log_probs, target, l2, t2);
@@ -411,14 +422,18 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_in
   return sum(per) / double(sum(keep).item<int64_t>());
 }
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor input = amp::autocast_arg(amp::AutocastOp::mse_loss, input_in),
+               target = amp::autocast_arg(amp::AutocastOp::mse_loss, target_in);
   KILN_CHECK(input.shape() == target.shape(), "mse_loss: input ", input.shape(), " and target ", target.shape(),
              " differ");
   const Tensor d = input - target;
   return reduce_loss(d * d, reduction);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& y, Reduction reduction) {
+Tensor binary_cross_entropy_with_logits(const Tensor& x_in, const Tensor& y_in, Reduction reduction) {
+  const Tensor x = amp::autocast_arg(amp::AutocastOp::binary_cross_entropy_with_logits, x_in),
+               y = amp::autocast_arg(amp::AutocastOp::binary_cross_entropy_with_logits, y_in);
   KILN_CHECK(x.shape() == y.shape(), "binary_cross_entropy_with_logits: input ", x.shape(), " and target ", y.shape(),
              " differ");
   // max(x, 0) - x*y + log(1 + exp(-|x|)): no overflow for large |x|.

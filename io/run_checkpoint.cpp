@@ -27,7 +27,8 @@ json RunState::to_json() const {
           {"train_seconds", train_seconds},
           {"samples_seen", samples_seen},
           {"epochs_log", epochs_log},
-          {"last_eval", {last_eval_loss, last_eval_accuracy, last_eval_count}}};
+          {"last_eval", {last_eval_loss, last_eval_accuracy, last_eval_count}},
+          {"scaler", {{"scale", scaler.scale}, {"growth_tracker", scaler.growth_tracker}, {"skipped", scaler.skipped}}}};
 }
 
 RunState RunState::from_json(const json& j) {
@@ -55,6 +56,12 @@ RunState RunState::from_json(const json& j) {
   r.last_eval_loss = l.at(0);
   r.last_eval_accuracy = l.at(1);
   r.last_eval_count = l.at(2);
+  if (j.contains("scaler")) {  // checkpoints written before mixed precision have none: scale 1
+    const auto& s = j.at("scaler");
+    r.scaler = {s.at("scale").get<double>(), s.at("growth_tracker").get<int64_t>(), s.at("skipped").get<int64_t>()};
+  } else {
+    r.scaler = {1.0, 0, 0};
+  }
   return r;
 }
 
@@ -181,10 +188,14 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
   static const char* kKeys[] = {"model", "task", "set", "data", "data_dir", "augment", "image_size", "limit_train",
                                 "text", "eval_text", "vocab", "train_tsv", "seq_len", "mask_prob", "lower_case",
                                 "epochs", "batch", "accum_steps", "max_steps", "optimizer", "lr", "momentum", "nesterov",
-                                "weight_decay", "label_smoothing", "clip_grad_norm", "schedule", "warmup", "seed"};
+                                "weight_decay", "label_smoothing", "clip_grad_norm", "schedule", "warmup", "seed", "amp"};
   std::vector<std::string> out;
   for (const char* k : kKeys) {
-    const json a = saved.value(k, json()), b = now.value(k, json());
+    json a = saved.value(k, json()), b = now.value(k, json());
+    if (std::string(k) == "amp") {  // a run from before --amp trained in f32
+      if (a.is_null()) a = "off";
+      if (b.is_null()) b = "off";
+    }
     if (a != b) out.push_back(std::string(k) + ": checkpoint " + a.dump() + ", now " + b.dump());
   }
   return out;

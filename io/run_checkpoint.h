@@ -1,5 +1,5 @@
 // Checkpoints of a training run: what is saved (model, optimizer, RNG, loader position, the run's
-// counters and its config), where (OUT/checkpoints/step-N.kiln and a `latest` pointer), pruning
+// counters, the loss scaler and its config), where (OUT/checkpoints/step-N.kiln and a `latest` pointer), pruning
 // to the last K, and a background mirror to a second location.
 #pragma once
 #include <condition_variable>
@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "engine/amp.h"
 #include "engine/nn.h"
 #include "engine/optim.h"
 
@@ -26,6 +27,7 @@ struct RunState {
   nlohmann::json epochs_log = nlohmann::json::array();
   double last_eval_loss = 0, last_eval_accuracy = 0;
   int64_t last_eval_count = 0;
+  amp::GradScalerState scaler;  // loss scaling of --amp fp16 (scale 1 when off)
   nlohmann::json to_json() const;
   static RunState from_json(const nlohmann::json& j);
 };

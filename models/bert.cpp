@@ -166,7 +166,7 @@ Tensor BertForMaskedLM::head(const Tensor& hidden) {
   const auto& t = *cls->predictions->transform;
   const Tensor h = (*t.LayerNorm)(gelu((*t.dense)(hidden)));
   // The decoder is tied to the word embeddings: the same tensor, so it trains once.
-  return matmul(h, bert->embeddings->word_embeddings->weight.t()) + cls->predictions->bias;
+  return linear(h, bert->embeddings->word_embeddings->weight, cls->predictions->bias);
 }
 
 Tensor BertForMaskedLM::forward_at(const Tensor& ids, const Tensor& positions, const Tensor& mask, const Tensor& types) {

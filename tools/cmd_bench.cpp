@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "engine/amp.h"
+#include "engine/autocast.h"
 #include "engine/optim.h"
 #include "engine/thread_pool.h"
 #include "models/bert.h"
@@ -24,6 +26,8 @@ void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
   app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (0: KILN_NUM_THREADS or all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--amp", o.amp, "off, fp16 or bf16 (repeatable: each is timed; default off)")
+      ->check(CLI::IsMember({"off", "fp16", "bf16"}));
   app.add_option("--json", o.json, "Write the rows to this JSON file");
 }
 
@@ -33,8 +37,12 @@ int run_bench_train(const BenchTrainOptions& o) {
   nlohmann::json rows = nlohmann::json::array();
   std::printf("kiln bench train: %d threads, %lld warm-up + %lld timed steps, SGD momentum (ResNet) / AdamW (BERT)\n",
               num_threads(), (long long)o.warmup, (long long)o.steps);
-  std::printf("%-12s %-22s %10s %10s %10s %12s\n", "model", "input", "median ms", "min ms", "max ms", "samples/s");
+  const std::vector<std::string> amps = o.amp.empty() ? std::vector<std::string>{"off"} : o.amp;
+  std::printf("%-12s %-5s %-22s %10s %10s %10s %12s %8s\n", "model", "amp", "input", "median ms", "min ms", "max ms",
+              "samples/s", "vs off");
   for (const auto& name : names) {
+  double off_ms = 0;
+  for (const auto& amp_mode : amps) {
     manual_seed(1);
     std::shared_ptr<nn::Module> model;
     std::function<Tensor()> step_loss;
@@ -82,21 +90,35 @@ int run_bench_train(const BenchTrainOptions& o) {
     std::unique_ptr<optim::Optimizer> opt;
     if (models::is_resnet_name(name)) opt = std::make_unique<optim::SGD>(groups, optim::SgdOptions{0.9, 0, true});
     else opt = std::make_unique<optim::AdamW>(groups);
+    // The step `kiln train --amp` takes: forward and loss under autocast, scaled backward, scaler step.
+    const std::optional<DType> low = amp_dtype(amp_mode);
+    amp::GradScalerOptions so;
+    so.enabled = low == DType::f16;
+    amp::GradScaler scaler(so);
+    const std::vector<Tensor> params = model->parameters();
     std::vector<double> ms;
     for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      Tensor loss = step_loss();
+      Tensor loss;
+      {
+        amp::AutocastGuard autocast(low.value_or(DType::f16), low.has_value());
+        loss = step_loss();
+      }
       opt->zero_grad();
-      loss.backward();
-      opt->step();
+      scaler.scale(loss).backward();
+      scaler.step(*opt, params);
+      scaler.update();
       const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (i >= o.warmup) ms.push_back(t);
     }
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
-    std::printf("%-12s %-22s %10.1f %10.1f %10.1f %12.1f\n", name.c_str(), input.c_str(), med, ms.front(), ms.back(),
-                double(batch) * 1000.0 / med);
-    rows.push_back({{"model", name},
+    if (amp_mode == "off") off_ms = med;
+    const std::string vs = off_ms > 0 ? std::to_string(off_ms / med).substr(0, 4) + "x" : "-";
+    std::printf("%-12s %-5s %-22s %10.1f %10.1f %10.1f %12.1f %8s\n", name.c_str(), amp_mode.c_str(), input.c_str(), med,
+                ms.front(), ms.back(), double(batch) * 1000.0 / med, vs.c_str());
+    nlohmann::json row = {{"model", name},
+                    {"amp", amp_mode},
                     {"input", input},
                     {"batch", batch},
                     {"threads", num_threads()},
@@ -104,7 +126,10 @@ int run_bench_train(const BenchTrainOptions& o) {
                     {"min_ms", ms.front()},
                     {"max_ms", ms.back()},
                     {"samples_per_s", double(batch) * 1000.0 / med},
-                    {"steps", o.steps}});
+                    {"steps", o.steps}};
+    if (off_ms > 0) row["speedup_vs_off"] = off_ms / med;
+    rows.push_back(row);
+  }
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);

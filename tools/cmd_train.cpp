@@ -12,6 +12,8 @@
 #include <fstream>
 #include <map>
 
+#include "engine/amp.h"
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/optim.h"
 #include "engine/thread_pool.h"
@@ -186,6 +188,12 @@ int run_train(const TrainConfig& c) {
   sched.step_size = std::max<int64_t>(spe, 1);  // "step": decay once per epoch
   sched.milestones = {total_steps / 2, total_steps * 3 / 4};
   const std::vector<Tensor> params = model.parameters();
+  // Mixed precision: forward and loss under autocast; f32 weights and optimizer; for f16 a dynamic
+  // loss scale (bf16 has f32's range and needs none: the scaler is then a pass-through).
+  const std::optional<DType> amp_dt = amp_dtype(c.amp);
+  amp::GradScalerOptions scaler_options;
+  scaler_options.enabled = amp_dt == DType::f16;
+  amp::GradScaler scaler(scaler_options);
 
   nlohmann::json resolved = c.to_json();
   resolved["task"] = task.name;
@@ -212,6 +220,7 @@ int run_train(const TrainConfig& c) {
             KILN_FAIL(path, " was written by a run with another configuration; resuming would not continue it:", msg);
           }
           run = lr.run;
+          if (scaler.enabled()) scaler.load_state(run.scaler);
         }
       } catch (const Error& e) {
         std::fprintf(stderr, "kiln train: error: --resume: %s\n", e.message().c_str());
@@ -240,6 +249,7 @@ int run_train(const TrainConfig& c) {
   // the previous checkpoints are intact and the next save point tries again. Returns success.
   auto save = [&]() {
     try {
+      run.scaler = scaler.state();
       last_saved = save_run_checkpoint(ckpt_dir, model, *opt, run, resolved);
     } catch (const Error& e) {
       progress.line("kiln train: error: checkpoint at step " + std::to_string(run.step) + " failed: " + e.message() +
@@ -255,6 +265,7 @@ int run_train(const TrainConfig& c) {
   progress.line("kiln train: " + c.model + " (" + task.name + ") on " + task.data_info.value("name", c.data) + " (" +
                 std::to_string(task.train_data->size()) + " samples), " + std::to_string(model.num_parameters()) +
                 " parameters, " + std::to_string(num_threads()) + " threads, " + std::to_string(total_steps) + " steps" +
+                (amp_dt ? ", mixed precision " + c.amp + (scaler.enabled() ? " with dynamic loss scaling" : "") : "") +
                 (resumed_from.empty() ? "" : ", resumed at step " + std::to_string(run.step) + " from " + resumed_from));
   SignalScope signals;
 
@@ -279,18 +290,23 @@ int run_train(const TrainConfig& c) {
         KILN_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step at batch ", loader.position().batch);
         run.win_data += since(t0);
         t0 = Clock::now();
-        StepResult r = task.step(*batch);
+        StepResult r;
+        {
+          amp::AutocastGuard autocast(amp_dt.value_or(DType::f16), amp_dt.has_value());
+          r = task.step(*batch);
+        }
         const double micro = r.loss.item<double>();
         if (!std::isfinite(micro)) {
           progress.line("");
           std::fprintf(stderr,
                        "kiln train: error: the loss is %s at step %lld (epoch %lld, lr %g); stopping. Lower --lr, add "
-                       "--warmup or --clip-grad-norm. Metrics so far are in %s\n",
+                       "--warmup or --clip-grad-norm%s. Metrics so far are in %s\n",
                        std::isnan(micro) ? "NaN" : "infinite", (long long)run.step, (long long)run.epoch + 1, lr,
+                       amp_dt == DType::f16 ? " (the forward pass overflowed f16: try --amp bf16)" : "",
                        metrics_path.c_str());
           return 1;
         }
-        (accum == 1 ? r.loss : r.loss * (1.0 / double(accum))).backward();
+        scaler.scale(accum == 1 ? r.loss : r.loss * (1.0 / double(accum))).backward();
         run.win_fb += since(t0);
         loss += micro / double(accum);
         bs += batch->begin()->second.size(0);
@@ -299,8 +315,13 @@ int run_train(const TrainConfig& c) {
       }
 
       auto t0 = Clock::now();
-      if (c.clip_grad_norm > 0) optim::clip_grad_norm(params, c.clip_grad_norm);
-      opt->step();
+      // One scaler decision per optimizer step: unscale (before clipping), skip on inf/NaN, update.
+      if (c.clip_grad_norm > 0) {
+        scaler.unscale(params);
+        optim::clip_grad_norm(params, c.clip_grad_norm);
+      }
+      scaler.step(*opt, params);
+      scaler.update();
       run.win_opt += since(t0);
       ++run.step;
       run.batch = loader.position().batch;
@@ -333,6 +354,10 @@ int run_train(const TrainConfig& c) {
                             {"forward_backward_s", run.win_fb},
                             {"optimizer_s", run.win_opt},
                             {"elapsed_s", since(t_start)}};
+        if (amp_dt) {
+          m["loss_scale"] = scaler.get_scale();
+          m["skipped_steps"] = scaler.skipped_steps();
+        }
         metrics << m.dump() << "\n";
         metrics.flush();
         run.win_loss = run.win_data = run.win_fb = run.win_opt = 0;
@@ -404,6 +429,9 @@ int run_train(const TrainConfig& c) {
                             {"test_" + task.metric, run.last_eval_accuracy},
                             {"test_samples", run.last_eval_count},
                             {"bad_samples_skipped", task.bad_samples ? task.bad_samples() : 0},
+                            {"amp", c.amp},
+                            {"loss_scale", scaler.get_scale()},
+                            {"skipped_steps", scaler.skipped_steps()},
                             {"wall_seconds", wall},
                             {"train_seconds", run.train_seconds},
                             {"samples_per_s", double(run.samples_seen) / std::max(run.train_seconds, 1e-9)},
@@ -412,11 +440,15 @@ int run_train(const TrainConfig& c) {
                             {"per_epoch", run.epochs_log},
                             {"config", resolved}};
   io::write_file_atomic(c.out + "/summary.json", summary.dump(2) + "\n");
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "test %s %.2f%% (%lld samples), %lld steps in %s, %.0f samples/s; wrote %s",
+  char buf[384];
+  char skipped[96] = "";
+  if (scaler.enabled())
+    std::snprintf(skipped, sizeof skipped, " (%lld skipped for inf/NaN gradients, loss scale %g)",
+                  (long long)scaler.skipped_steps(), scaler.get_scale());
+  std::snprintf(buf, sizeof buf, "test %s %.2f%% (%lld samples), %lld steps%s in %s, %.0f samples/s; wrote %s",
                 task.metric.c_str(), 100.0 * run.last_eval_accuracy, (long long)run.last_eval_count,
-                (long long)run.step, hms(wall).c_str(), double(run.samples_seen) / std::max(run.train_seconds, 1e-9),
-                c.out.c_str());
+                (long long)run.step, skipped, hms(wall).c_str(),
+                double(run.samples_seen) / std::max(run.train_seconds, 1e-9), c.out.c_str());
   progress.line(buf);
   return 0;
 }

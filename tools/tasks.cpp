@@ -9,6 +9,7 @@
 #include <fstream>
 #include <numeric>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "io/data.h"
 #include "io/images.h"
@@ -283,6 +284,8 @@ Task make_task(const TrainConfig& c) {
 EvalResult evaluate(Task& task, const TrainConfig& c) {
   const auto t0 = std::chrono::steady_clock::now();
   NoGradGuard no_grad;
+  const std::optional<DType> low = amp_dtype(c.amp);
+  amp::AutocastGuard autocast(low.value_or(DType::f16), low.has_value());  // evaluate as the run trains
   const bool was_training = task.model->is_training();
   task.model->eval();
   io::LoaderOptions lo;

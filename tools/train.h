@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,7 @@ struct TrainConfig {
   int threads = 0;  // 0: KILN_NUM_THREADS or all hardware threads
   int workers = 1;
   std::string device = "cpu";
+  std::string amp = "off";  // off | fp16 | bf16: autocast dtype (fp16 adds dynamic loss scaling)
   // output
   std::string out;
   // checkpoints
@@ -121,9 +123,12 @@ struct BenchTrainOptions {
   std::vector<std::string> models;
   int64_t batch = 0, seq_len = 128, steps = 10, warmup = 3, image_size = 0, in_channels = 0;
   int threads = 0;
+  std::vector<std::string> amp;  // off | fp16 | bf16, each timed (default: off)
   std::string json;
 };
 void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o);
+// The autocast dtype of an --amp value: f16, bf16, or none for "off".
+std::optional<DType> amp_dtype(const std::string& amp);
 int run_bench_train(const BenchTrainOptions& o);
 
 }  // namespace kiln::tools

@@ -49,6 +49,11 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   app.add_option("--device", c.device, "cpu (cuda arrives with the CUDA backend)")->capture_default_str();
+  app.add_option("--amp", c.amp,
+                 "Mixed precision: off, fp16 (f16 GEMMs and convolutions, dynamic loss scaling) or bf16 (no scaling "
+                 "needed); softmax, norms and losses stay f32, weights and optimizer f32")
+      ->check(CLI::IsMember({"off", "fp16", "bf16"}))
+      ->capture_default_str();
 }
 
 }  // namespace
@@ -217,9 +222,17 @@ nlohmann::json TrainConfig::to_json() const {
           {"schedule", schedule},   {"warmup", warmup},
           {"seed", seed},           {"threads", threads},
           {"workers", workers},     {"device", device},
+          {"amp", amp},
           {"out", out},             {"log_every", log_every},
           {"save_every", save_every}, {"save_minutes", save_minutes},
           {"keep_last", keep_last}, {"mirror", mirror}};
+}
+
+std::optional<DType> amp_dtype(const std::string& amp) {
+  if (amp == "fp16") return DType::f16;
+  if (amp == "bf16") return DType::bf16;
+  KILN_CHECK(amp == "off", "--amp ", amp, ": expected off, fp16 or bf16");
+  return std::nullopt;
 }
 
 }  // namespace kiln::tools
