@@ -1,5 +1,7 @@
 // 16-bit floating types as stored bits, with round-to-nearest-even conversions from f32.
-// Shared by CPU and CUDA; on the CPU, bulk conversions use F16C/AVX-512 where the build has them.
+// Shared by CPU and CUDA. The *_soft conversions are plain integer code (device code and CPUs
+// without F16C use them); where the host compiler targets F16C or AVX512-FP16 the f16 conversions
+// are single hardware instructions with the same results (tests compare the two exhaustively).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -27,8 +29,14 @@ KILN_HD float f32_from_bits(uint32_t u) {
 #endif
 }
 
+#if !defined(__CUDACC__) && (defined(__F16C__) || defined(__AVX512FP16__))
+#define KILN_HOST_F16_HW 1
+#else
+#define KILN_HOST_F16_HW 0
+#endif
+
 // IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits.
-KILN_HD uint16_t f32_to_f16_bits(float f) {
+KILN_HD uint16_t f32_to_f16_bits_soft(float f) {
   const uint32_t x = f32_bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t ax = x & 0x7fffffffu;
@@ -55,11 +63,11 @@ KILN_HD uint16_t f32_to_f16_bits(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
-KILN_HD float f16_bits_to_f32(uint16_t h) {
+KILN_HD float f16_bits_to_f32_soft(uint16_t h) {
   const uint32_t sign = (uint32_t(h) & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1fu;
   const uint32_t m = h & 0x3ffu;
-  if (e == 0x1f) return f32_from_bits(sign | 0x7f800000u | (m << 13));
+  if (e == 0x1f) return f32_from_bits(sign | 0x7f800000u | (m ? 0x400000u | (m << 13) : 0u));  // NaN stays quiet
   if (e == 0) {
     if (m == 0) return f32_from_bits(sign);
     // subnormal: m * 2^-24
@@ -67,6 +75,21 @@ KILN_HD float f16_bits_to_f32(uint16_t h) {
     return sign ? -v : v;
   }
   return f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+KILN_HD uint16_t f32_to_f16_bits(float f) {
+#if KILN_HOST_F16_HW
+  return __builtin_bit_cast(uint16_t, static_cast<_Float16>(f));
+#else
+  return f32_to_f16_bits_soft(f);
+#endif
+}
+KILN_HD float f16_bits_to_f32(uint16_t h) {
+#if KILN_HOST_F16_HW
+  return static_cast<float>(__builtin_bit_cast(_Float16, h));
+#else
+  return f16_bits_to_f32_soft(h);
+#endif
 }
 
 // bfloat16: the top 16 bits of an f32, rounded to nearest even.

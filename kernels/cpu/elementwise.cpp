@@ -65,6 +65,16 @@ template <typename T, typename F> void unary_loop(const TensorDesc& dst, const T
   run_rows(L, [&](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t n) {
     T* o = reinterpret_cast<T*>(p[0]);
     const T* a = reinterpret_cast<const T*>(p[1]);
+    if constexpr (is_f16_or_bf16_v<T>) {
+      float buf[kStageBlock];
+      for (int64_t i0 = 0; i0 < n; i0 += kStageBlock) {
+        const int64_t m = std::min(kStageBlock, n - i0);
+        load_block_f32(a + i0 * s[1], s[1], buf, m);
+        for (int64_t j = 0; j < m; ++j) buf[j] = f(buf[j]);
+        store_block_f32(buf, o + i0 * s[0], s[0], m);
+      }
+      return;
+    }
     if (s[0] == 1 && s[1] == 1) {
       for (int64_t i = 0; i < n; ++i) store(o + i, f(load(a + i)));
     } else {
@@ -80,6 +90,21 @@ void binary_loop(const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b
     TO* o = reinterpret_cast<TO*>(p[0]);
     const T* x = reinterpret_cast<const T*>(p[1]);
     const T* y = reinterpret_cast<const T*>(p[2]);
+    if constexpr (is_f16_or_bf16_v<T>) {
+      float xa[kStageBlock], ya[kStageBlock];
+      for (int64_t i0 = 0; i0 < n; i0 += kStageBlock) {
+        const int64_t m = std::min(kStageBlock, n - i0);
+        load_block_f32(x + i0 * s[1], s[1], xa, m);
+        load_block_f32(y + i0 * s[2], s[2], ya, m);
+        if constexpr (std::is_same_v<TO, T>) {
+          for (int64_t j = 0; j < m; ++j) xa[j] = f(xa[j], ya[j]);
+          store_block_f32(xa, o + i0 * s[0], s[0], m);
+        } else {
+          for (int64_t j = 0; j < m; ++j) store(o + (i0 + j) * s[0], f(xa[j], ya[j]));
+        }
+      }
+      return;
+    }
     if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
       for (int64_t i = 0; i < n; ++i) store(o + i, f(load(x + i), load(y + i)));
     } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {

@@ -1,8 +1,14 @@
 // Strided N-operand loops for the CPU kernels: drop size-1 dims, merge dims that are contiguous in
 // every operand, then run the innermost dim as a row, rows spread over the thread pool.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "engine/error.h"
 #include "engine/thread_pool.h"
@@ -22,6 +28,46 @@ template <typename T, typename V> inline void store(T* p, V v) {
     *p = T(static_cast<float>(v));
   } else {
     *p = static_cast<T>(v);
+  }
+}
+
+// 16-bit rows are computed in f32 blocks: a block is converted in (F16C for f16 rows, 8 at a time),
+// the op runs on plain floats (which the compiler vectorises), and the result is converted out.
+template <typename T> constexpr bool is_f16_or_bf16_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+constexpr int64_t kStageBlock = 256;
+
+template <typename T> inline void load_block_f32(const T* in, int64_t s, float* out, int64_t n) {
+  if (s == 1) {
+#if defined(__F16C__)
+    if constexpr (std::is_same_v<T, Half>) {
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+      for (; i < n; ++i) out[i] = float(in[i]);
+      return;
+    }
+#endif
+    for (int64_t i = 0; i < n; ++i) out[i] = float(in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = float(in[i * s]);
+  }
+}
+
+template <typename T> inline void store_block_f32(const float* in, T* out, int64_t s, int64_t n) {
+  if (s == 1) {
+#if defined(__F16C__)
+    if constexpr (std::is_same_v<T, Half>) {
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+      for (; i < n; ++i) out[i] = T(in[i]);
+      return;
+    }
+#endif
+    for (int64_t i = 0; i < n; ++i) out[i] = T(in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i * s] = T(in[i]);
   }
 }
 
@@ -76,6 +122,15 @@ template <int N, typename RowFn> void run_rows(const Loop<N>& L, RowFn&& row) {
   const int64_t rows = L.numel / inner;
   std::array<int64_t, N> inner_st;
   for (int k = 0; k < N; ++k) inner_st[k] = L.st[k][nd - 1];
+  if (rows == 1 && inner >= 65536) {
+    // One long row (a contiguous tensor): split it, so every thread takes a piece.
+    parallel_for(0, inner, 32768, [&](int64_t i0, int64_t i1) {
+      std::array<char*, N> p;
+      for (int k = 0; k < N; ++k) p[k] = L.base[k] + i0 * L.st[k][nd - 1] * L.esize[k];
+      row(p, inner_st, i1 - i0);
+    });
+    return;
+  }
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(inner, 1));
   parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
     int64_t idx[kMaxKernelDims] = {};
