@@ -14,10 +14,38 @@
 
 #include "engine/error.h"
 
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
+
 namespace kiln {
 namespace {
 
 thread_local bool t_in_parallel = false;
+std::atomic<bool> g_flush_denormal{true};
+
+// Sets FTZ (flush results) and DAZ (treat inputs as zero) for a scope, restoring the caller's mode.
+class DenormalScope {
+ public:
+  DenormalScope() {
+#if defined(__SSE2__)
+    saved_ = _mm_getcsr();
+    constexpr unsigned kFtzDaz = 0x8040u;
+    const unsigned want = g_flush_denormal.load(std::memory_order_relaxed) ? (saved_ | kFtzDaz) : (saved_ & ~kFtzDaz);
+    if (want != saved_) _mm_setcsr(want);
+#endif
+  }
+  ~DenormalScope() {
+#if defined(__SSE2__)
+    if (_mm_getcsr() != saved_) _mm_setcsr(saved_);
+#endif
+  }
+  DenormalScope(const DenormalScope&) = delete;
+  DenormalScope& operator=(const DenormalScope&) = delete;
+
+ private:
+  unsigned saved_ = 0;
+};
 
 int default_threads() {
   if (const char* env = std::getenv("KILN_NUM_THREADS")) {
@@ -97,6 +125,7 @@ class Pool {
   }
 
   void work_on_job() {
+    DenormalScope denormals;
     const bool was = t_in_parallel;
     t_in_parallel = true;
     for (;;) {
@@ -145,12 +174,16 @@ bool in_parallel_region() { return t_in_parallel; }
 
 void run_inline_on_this_thread() { t_in_parallel = true; }
 
+void set_flush_denormal(bool on) { g_flush_denormal.store(on); }
+bool flush_denormal() { return g_flush_denormal.load(); }
+
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (end <= begin) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t n = end - begin;
   const int threads = t_in_parallel ? 1 : pool().size();
   if (threads == 1 || n <= grain) {
+    DenormalScope denormals;
     fn(begin, end);
     return;
   }

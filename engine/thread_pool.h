@@ -15,6 +15,12 @@ void set_num_threads(int n);
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 // True inside a pool worker (or inside a parallel_for body on the calling thread).
 bool in_parallel_region();
+// Denormal (subnormal) floats are flushed to zero inside every parallel_for, on every thread that runs
+// a chunk (x86 FTZ + DAZ), so results never depend on which thread ran what. Default on: a softmax
+// row whose exp underflows to subnormals otherwise makes each GEMM that reads it up to 8x slower
+// (microcode assists), and GPUs flush in their fast paths too. Off gives IEEE gradual underflow.
+void set_flush_denormal(bool on);
+bool flush_denormal();
 // Makes every parallel_for on the calling thread run inline, for threads that must not queue on the
 // compute pool (data-loader workers). Lasts for the thread's life.
 void run_inline_on_this_thread();

@@ -188,13 +188,16 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
   static const char* kKeys[] = {"model", "task", "set", "data", "data_dir", "augment", "image_size", "limit_train",
                                 "text", "eval_text", "vocab", "train_tsv", "seq_len", "mask_prob", "lower_case",
                                 "epochs", "batch", "accum_steps", "max_steps", "optimizer", "lr", "momentum", "nesterov",
-                                "weight_decay", "label_smoothing", "clip_grad_norm", "schedule", "warmup", "seed", "amp"};
+                                "weight_decay", "label_smoothing", "clip_grad_norm", "schedule", "warmup", "seed",
+                                "amp", "loss_scale_window"};
+  // Keys added after checkpoints were first written: a config without one ran with its default.
+  const json later = {{"amp", "off"}, {"loss_scale_window", 2000}};
   std::vector<std::string> out;
   for (const char* k : kKeys) {
     json a = saved.value(k, json()), b = now.value(k, json());
-    if (std::string(k) == "amp") {  // a run from before --amp trained in f32
-      if (a.is_null()) a = "off";
-      if (b.is_null()) b = "off";
+    if (later.contains(k)) {
+      if (a.is_null()) a = later[k];
+      if (b.is_null()) b = later[k];
     }
     if (a != b) out.push_back(std::string(k) + ": checkpoint " + a.dump() + ", now " + b.dump());
   }

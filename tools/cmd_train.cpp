@@ -193,6 +193,8 @@ int run_train(const TrainConfig& c) {
   const std::optional<DType> amp_dt = amp_dtype(c.amp);
   amp::GradScalerOptions scaler_options;
   scaler_options.enabled = amp_dt == DType::f16;
+  scaler_options.init_scale = c.loss_scale;
+  scaler_options.growth_interval = c.loss_scale_window;
   amp::GradScaler scaler(scaler_options);
 
   nlohmann::json resolved = c.to_json();

@@ -49,6 +49,8 @@ struct TrainConfig {
   int workers = 1;
   std::string device = "cpu";
   std::string amp = "off";  // off | fp16 | bf16: autocast dtype (fp16 adds dynamic loss scaling)
+  double loss_scale = 65536.0;       // fp16: the initial loss scale
+  int64_t loss_scale_window = 2000;  // fp16: clean steps before the scale doubles
   // output
   std::string out;
   // checkpoints

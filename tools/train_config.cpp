@@ -65,6 +65,10 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_flag("--augment,!--no-augment", c.augment, "Random crop (pad 2) and horizontal flip for images")
       ->capture_default_str();
   app.add_option("--epochs", c.epochs, "Passes over the training set")->capture_default_str();
+  app.add_option("--loss-scale", c.loss_scale, "--amp fp16: the initial loss scale")->capture_default_str();
+  app.add_option("--loss-scale-window", c.loss_scale_window,
+                 "--amp fp16: steps without inf/NaN gradients before the loss scale doubles")
+      ->capture_default_str();
   app.add_option("--accum-steps", c.accum_steps,
                  "Micro-batches of --batch per optimizer step (gradient accumulation; the effective batch is K x B)")
       ->check(CLI::PositiveNumber)
@@ -166,6 +170,10 @@ std::vector<std::string> validate(const TrainConfig& c) {
   if (c.label_smoothing < 0 || c.label_smoothing >= 1)
     e.push_back("--label-smoothing must be in [0, 1), got " + std::to_string(c.label_smoothing));
   if (c.clip_grad_norm < 0) e.push_back("--clip-grad-norm must be >= 0, got " + std::to_string(c.clip_grad_norm));
+  if (!(c.loss_scale > 0 && c.loss_scale <= 3.4028234663852886e38))
+    e.push_back("--loss-scale must be positive and within the f32 range, got " + std::to_string(c.loss_scale));
+  if (c.loss_scale_window < 1)
+    e.push_back("--loss-scale-window must be at least 1, got " + std::to_string(c.loss_scale_window));
   if (c.log_every < 1) e.push_back("--log-every must be at least 1, got " + std::to_string(c.log_every));
   if (c.device != "cpu")
     e.push_back("--device " + c.device + ": this build trains on the CPU only (the CUDA backend is not in Kiln yet)");
@@ -222,7 +230,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"schedule", schedule},   {"warmup", warmup},
           {"seed", seed},           {"threads", threads},
           {"workers", workers},     {"device", device},
-          {"amp", amp},
+          {"amp", amp},             {"loss_scale", loss_scale},
+          {"loss_scale_window", loss_scale_window},
           {"out", out},             {"log_every", log_every},
           {"save_every", save_every}, {"save_minutes", save_minutes},
           {"keep_last", keep_last}, {"mirror", mirror}};
