@@ -9,7 +9,7 @@ kiln_log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
 # Debian packages Kiln builds with; only the missing ones are installed.
 KILN_DEBIAN_PACKAGES=(cmake ninja-build g++ pkg-config libeigen3-dev libstb-dev doctest-dev nlohmann-json3-dev
-                      libcli11-dev zlib1g-dev ccache dataset-fashion-mnist fortunes)
+                      libcli11-dev zlib1g-dev ccache dataset-fashion-mnist fortunes libopenmpi-dev openmpi-bin)
 
 kiln_install_deps() {
   local missing=()

@@ -1,0 +1,275 @@
+// The launcher's environment, the single-process communicator, the cross-rank model check and
+// DataParallel's gradient buckets. The MPI communicator is in dist_mpi.cpp (built when MPI is found).
+#include "engine/dist.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+#include "engine/autograd.h"
+#include "engine/error.h"
+#include "engine/ops.h"
+
+namespace kiln::dist {
+
+#if KILN_WITH_MPI
+std::unique_ptr<Communicator> make_mpi_communicator(std::chrono::seconds timeout);  // dist_mpi.cpp
+bool have_mpi() { return true; }
+#else
+bool have_mpi() { return false; }
+#endif
+
+namespace {
+
+bool env_int(const char* name, int& out) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return false;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  KILN_CHECK(end != v && *end == '\0' && x >= 0 && x < (1 << 24), "environment variable ", name, "='", v,
+             "' is not a non-negative integer");
+  out = int(x);
+  return true;
+}
+
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+};
+
+class SingleCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  const char* backend() const override { return "single"; }
+  std::shared_ptr<Work> all_reduce_async(const Tensor&, ReduceOp) override { return std::make_shared<DoneWork>(); }
+  void broadcast(const Tensor&, int root) override {
+    KILN_CHECK(root == 0, "broadcast: root ", root, " with a world of 1");
+  }
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    KILN_CHECK(out.numel() == in.numel(), "all_gather: output of ", out.numel(), " elements for ", in.numel());
+    Tensor(out).copy_(in.reshape(out.shape()));
+  }
+  void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp) override {
+    KILN_CHECK(out.numel() == in.numel(), "reduce_scatter: output of ", out.numel(), " elements for ", in.numel());
+    Tensor(out).copy_(in.reshape(out.shape()));
+  }
+  void barrier() override {}
+};
+
+std::string describe(const std::string& name, const Tensor& t) {
+  std::ostringstream s;
+  s << name << ' ' << t.dtype() << ' ' << t.shape();
+  return s.str();
+}
+
+}  // namespace
+
+DistEnv DistEnv::from_environment() {
+  DistEnv e;
+  if (env_int("WORLD_SIZE", e.world_size)) {  // torchrun, `kiln launch`
+    e.launcher = "torchrun";
+    env_int("RANK", e.rank);
+    e.local_rank = e.rank;
+    env_int("LOCAL_RANK", e.local_rank);
+    e.local_world_size = e.world_size;
+    env_int("LOCAL_WORLD_SIZE", e.local_world_size);
+    if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
+    env_int("MASTER_PORT", e.master_port);
+  } else if (env_int("OMPI_COMM_WORLD_SIZE", e.world_size)) {
+    e.launcher = "openmpi";
+    env_int("OMPI_COMM_WORLD_RANK", e.rank);
+    env_int("OMPI_COMM_WORLD_LOCAL_RANK", e.local_rank);
+    e.local_world_size = e.world_size;
+    env_int("OMPI_COMM_WORLD_LOCAL_SIZE", e.local_world_size);
+  } else if (env_int("SLURM_NTASKS", e.world_size)) {
+    e.launcher = "slurm";
+    env_int("SLURM_PROCID", e.rank);
+    env_int("SLURM_LOCALID", e.local_rank);
+    e.local_world_size = e.world_size;
+    env_int("SLURM_NTASKS_PER_NODE", e.local_world_size);
+  }
+  KILN_CHECK(e.world_size >= 1 && e.rank < e.world_size && e.local_rank < std::max(e.local_world_size, 1),
+             "the ", e.launcher, " environment says rank ", e.rank, " (local ", e.local_rank, ") of ", e.world_size,
+             " (", e.local_world_size, " on this node): inconsistent");
+  return e;
+}
+
+std::unique_ptr<Communicator> make_single_communicator() { return std::make_unique<SingleCommunicator>(); }
+
+std::unique_ptr<Communicator> make_cpu_communicator(const DistEnv& env, std::chrono::seconds timeout) {
+  if (env.world_size == 1) return make_single_communicator();
+#if KILN_WITH_MPI
+  KILN_CHECK(env.launcher != "torchrun",
+             "CPU ranks talk through MPI: start them with mpirun or srun (this process was started with RANK/WORLD_SIZE "
+             "set, as torchrun or `kiln launch` do, without an MPI runtime)");
+  auto c = make_mpi_communicator(timeout);
+  KILN_CHECK(c->world_size() == env.world_size && c->rank() == env.rank, "MPI says rank ", c->rank(), " of ",
+             c->world_size(), " but the ", env.launcher, " environment says rank ", env.rank, " of ", env.world_size);
+  return c;
+#else
+  KILN_FAIL("this process is rank ", env.rank, " of ", env.world_size, " (", env.launcher,
+            ") but Kiln was built without MPI, which CPU ranks need (install libopenmpi-dev and rebuild)");
+#endif
+}
+
+// ---- the cross-rank check --------------------------------------------------------------------------
+
+void check_same_on_all_ranks(Communicator& comm, const std::vector<std::string>& entries, const std::string& what) {
+  if (comm.world_size() == 1) return;
+  std::string mine;
+  for (const auto& e : entries) mine += e + "\n";
+  Tensor len = from_vector({double(mine.size())}, {1}, DType::i64);
+  comm.broadcast(len, 0);
+  Tensor bytes = zeros({len.data<int64_t>()[0]}, DType::u8);
+  if (comm.rank() == 0) std::copy(mine.begin(), mine.end(), bytes.data<uint8_t>());
+  comm.broadcast(bytes, 0);
+  std::vector<std::string> root;
+  {
+    std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data<uint8_t>()), size_t(bytes.numel())));
+    for (std::string line; std::getline(in, line);) root.push_back(line);
+  }
+  int64_t first = -1;
+  for (size_t i = 0; i < std::max(root.size(), entries.size()); ++i)
+    if (i >= root.size() || i >= entries.size() || root[i] != entries[i]) {
+      first = int64_t(i);
+      break;
+    }
+  Tensor firsts = zeros({comm.world_size()}, DType::i64);
+  comm.all_gather(from_vector({double(first)}, {1}, DType::i64), firsts);
+  std::vector<int> bad;
+  int64_t where = -1;
+  for (int r = 0; r < comm.world_size(); ++r)
+    if (firsts.data<int64_t>()[r] >= 0) {
+      bad.push_back(r);
+      if (where < 0) where = firsts.data<int64_t>()[r];
+    }
+  if (bad.empty()) return;
+  auto at = [](const std::vector<std::string>& v, int64_t i) {
+    return size_t(i) < v.size() ? "'" + v[size_t(i)] + "'" : std::string("nothing (the list ends)");
+  };
+  std::string ranks;
+  for (int r : bad) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  if (first >= 0)
+    KILN_FAIL(what, " differs between ranks: at entry ", first, " rank ", comm.rank(), " has ", at(entries, first),
+              ", rank 0 has ", at(root, first));
+  KILN_FAIL(what, " differs between ranks: rank(s) ", ranks, " differ from rank 0 at entry ", where,
+            " (rank 0 has ", at(root, where), ")");
+}
+
+// ---- DataParallel ------------------------------------------------------------------------------------
+
+DataParallel::DataParallel(nn::Module& model, Communicator& comm, DataParallelOptions o) : model_(model), comm_(comm) {
+  const nn::NamedTensors named = model.named_parameters(), buffers = model.named_buffers();
+  std::vector<std::string> entries;
+  for (const auto& [n, t] : named) entries.push_back("parameter " + describe(n, t));
+  for (const auto& [n, t] : buffers) entries.push_back("buffer " + describe(n, t));
+  check_same_on_all_ranks(comm, entries, "the model");
+  {
+    NoGradGuard no_grad;
+    for (const auto& [n, t] : named) {
+      KILN_CHECK(t.is_contiguous(), "DataParallel: parameter ", n, " is not contiguous");
+      comm.broadcast(t, 0);
+      Tensor(t).bump_version();
+    }
+    for (const auto& [n, t] : buffers) {
+      KILN_CHECK(t.is_contiguous(), "DataParallel: buffer ", n, " is not contiguous");
+      comm.broadcast(t, 0);
+    }
+  }
+  for (const auto& [n, t] : named)
+    if (t.requires_grad()) {
+      KILN_CHECK(t.dtype() == DType::f32, "DataParallel: parameter ", n, " is ", t.dtype(),
+                 "; gradients are reduced in f32 buckets (keep master weights in f32)");
+      params_.push_back(t);
+    }
+  // Buckets in reverse registration order (the order backward produces gradients), the first small.
+  bucket_of_.assign(params_.size(), 0);
+  int64_t bytes = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    const int64_t limit = buckets_.size() <= 1 ? o.first_bucket_bytes : o.bucket_bytes;
+    if (buckets_.empty() || (bytes > 0 && bytes + params_[k].numel() * 4 > limit)) {
+      buckets_.emplace_back();
+      bytes = 0;
+    }
+    Bucket& b = buckets_.back();
+    b.params.push_back(k);
+    b.numel += params_[k].numel();
+    bytes += params_[k].numel() * 4;
+    bucket_of_[k] = buckets_.size() - 1;
+  }
+  for (auto& b : buckets_) {
+    b.flat = zeros({b.numel}, DType::f32);
+    b.pending = int(b.params.size());
+  }
+  if (comm.world_size() > 1)
+    for (size_t k = 0; k < params_.size(); ++k)
+      hook_ids_.push_back(params_[k].register_grad_ready_hook([this, k](Tensor&) { on_grad_ready(k); }));
+}
+
+DataParallel::~DataParallel() {
+  for (size_t k = 0; k < hook_ids_.size(); ++k) params_[k].remove_grad_ready_hook(hook_ids_[k]);
+  for (auto& b : buckets_)
+    if (b.work) b.work->wait();
+}
+
+void DataParallel::on_grad_ready(size_t index) {
+  if (!sync_) return;
+  Bucket& b = buckets_[bucket_of_[index]];
+  if (--b.pending > 0) return;
+  // Launch in bucket order only, so every rank issues the same all-reduces in the same sequence.
+  for (auto& x : buckets_) {
+    if (x.work) continue;
+    if (x.pending > 0) break;
+    launch(x);
+  }
+}
+
+void DataParallel::launch(Bucket& b) {
+  float* dst = b.flat.data<float>();
+  for (size_t k : b.params) {
+    const Tensor g = params_[k].grad();
+    const int64_t n = params_[k].numel();
+    if (g.defined()) {
+      const Tensor gc = g.dtype() == DType::f32 && g.is_contiguous() ? g : g.to(DType::f32).contiguous();
+      std::copy(gc.data<float>(), gc.data<float>() + n, dst);
+    } else {
+      std::fill(dst, dst + n, 0.0f);  // no gradient on this rank this step: contributes zeros
+    }
+    dst += n;
+  }
+  b.work = comm_.all_reduce_async(b.flat, ReduceOp::avg);
+}
+
+void DataParallel::finish() {
+  if (comm_.world_size() == 1) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& b : buckets_)
+    if (!b.work) launch(b);  // buckets with a parameter that got no gradient in this backward
+  for (auto& b : buckets_) {
+    b.work->wait();
+    b.work.reset();
+    b.pending = int(b.params.size());
+    const float* src = b.flat.data<float>();
+    for (size_t k : b.params) {
+      Tensor& p = params_[k];
+      Tensor g = p.grad();
+      if (!g.defined() || !g.is_contiguous() || g.dtype() != DType::f32) {
+        g = zeros(p.shape(), DType::f32);
+        p.set_grad(g);
+      }
+      std::copy(src, src + p.numel(), g.data<float>());
+      g.bump_version();
+      src += p.numel();
+    }
+  }
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double DataParallel::take_wait_seconds() {
+  const double s = wait_seconds_;
+  wait_seconds_ = 0;
+  return s;
+}
+
+}  // namespace kiln::dist

@@ -1,0 +1,250 @@
+// The MPI communicator for CPU ranks. Every collective runs on one communication thread, in the
+// order it was issued (so bucket all-reduces overlap the backward that issues them, and all ranks
+// see one sequence), as a non-blocking MPI call polled against a deadline: a collective that does
+// not complete in time prints which one, on which rank, and aborts the job instead of hanging.
+#include <mpi.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "engine/autograd.h"
+#include "engine/dist.h"
+#include "engine/error.h"
+#include "engine/ops.h"
+#include "engine/thread_pool.h"
+
+namespace kiln::dist {
+namespace {
+
+#define KILN_MPI_CHECK(call)                                                         \
+  do {                                                                               \
+    const int rc_ = (call);                                                          \
+    if (rc_ != MPI_SUCCESS) {                                                        \
+      char msg_[MPI_MAX_ERROR_STRING];                                               \
+      int len_ = 0;                                                                  \
+      MPI_Error_string(rc_, msg_, &len_);                                            \
+      KILN_FAIL(#call, " failed: ", std::string(msg_, size_t(len_)));                \
+    }                                                                                \
+  } while (0)
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: case DType::boolean: return MPI_UINT8_T;
+    default: KILN_FAIL("MPI collectives take f32, f64, i32, i64, u8 or bool tensors, got ", t, " (reduce 16-bit in f32)");
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: case ReduceOp::avg: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+class Job final : public Work {
+ public:
+  explicit Job(std::function<void()> fn) : fn_(std::move(fn)) {}
+  void run() {
+    try {
+      fn_();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> lk(m_);
+    cv_.wait(lk, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::function<void()> fn_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(std::chrono::seconds timeout) : timeout_(timeout) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      KILN_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+      KILN_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI: the library gives thread level ", provided,
+                 ", Kiln needs MPI_THREAD_SERIALIZED");
+      owns_mpi_ = true;
+    }
+    KILN_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    MPI_Comm_free(&comm_);
+    if (owns_mpi_) MPI_Finalize();
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
+
+  std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) override {
+    check(t, "all_reduce");
+    const bool low = is_low_precision(t.dtype());
+    return submit([this, t, op, low] {
+      Tensor buf = low ? t.to(DType::f32) : t;  // 16-bit: reduce in f32, round once
+      run("all_reduce", buf.numel() * int64_t(dtype_size(buf.dtype())), [&](MPI_Request* r) {
+        return MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), int(buf.numel()), mpi_type(buf.dtype()), mpi_op(op), comm_, r);
+      });
+      if (op == ReduceOp::avg) {
+        NoGradGuard g;
+        Tensor(buf).mul_(1.0 / double(size_));
+      }
+      if (low) Tensor(t).copy_(buf);
+    });
+  }
+
+  void broadcast(const Tensor& t, int root) override {
+    check(t, "broadcast");
+    KILN_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of ", size_);
+    submit([this, t, root] {
+      run("broadcast", t.numel() * int64_t(dtype_size(t.dtype())), [&](MPI_Request* r) {
+        return MPI_Ibcast(t.raw_data(), int(t.numel() * int64_t(dtype_size(t.dtype()))), MPI_BYTE, root, comm_, r);
+      });
+    })->wait();
+  }
+
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    check(in, "all_gather");
+    check(out, "all_gather");
+    KILN_CHECK(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(), "all_gather: output ", out.type_str(),
+               " must hold ", size_, " x ", in.numel(), " elements of ", in.dtype());
+    submit([this, in, out] {
+      const int bytes = int(in.numel() * int64_t(dtype_size(in.dtype())));
+      run("all_gather", int64_t(bytes) * size_, [&](MPI_Request* r) {
+        return MPI_Iallgather(in.raw_data(), bytes, MPI_BYTE, out.raw_data(), bytes, MPI_BYTE, comm_, r);
+      });
+    })->wait();
+  }
+
+  void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
+    check(in, "reduce_scatter");
+    check(out, "reduce_scatter");
+    KILN_CHECK(in.numel() == out.numel() * size_ && out.dtype() == in.dtype(), "reduce_scatter: input ", in.type_str(),
+               " must hold ", size_, " x ", out.numel(), " elements of ", out.dtype());
+    submit([this, in, out, op] {
+      run("reduce_scatter", in.numel() * int64_t(dtype_size(in.dtype())), [&](MPI_Request* r) {
+        return MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), int(out.numel()), mpi_type(in.dtype()), mpi_op(op),
+                                         comm_, r);
+      });
+      if (op == ReduceOp::avg) {
+        NoGradGuard g;
+        Tensor(out).mul_(1.0 / double(size_));
+      }
+    })->wait();
+  }
+
+  void barrier() override {
+    submit([this] { run("barrier", 0, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }); })->wait();
+  }
+
+ private:
+  static void check(const Tensor& t, const char* what) {
+    KILN_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), what, ": needs a contiguous CPU tensor, got ",
+               t.defined() ? t.type_str() : std::string("an undefined tensor"));
+    KILN_CHECK(t.numel() * int64_t(dtype_size(t.dtype())) < (int64_t(1) << 31), what, ": ", t.type_str(),
+               " is 2 GiB or more; split it");
+  }
+
+  std::shared_ptr<Job> submit(std::function<void()> fn) {
+    auto job = std::make_shared<Job>(std::move(fn));
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      queue_.push_back(job);
+    }
+    cv_.notify_all();
+    return job;
+  }
+
+  void loop() {
+    run_inline_on_this_thread();  // the compute pool belongs to the training thread
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and nothing left
+        job = queue_.front();
+        queue_.pop_front();
+      }
+      job->run();
+    }
+  }
+
+  // Starts a non-blocking collective and polls it to completion or the deadline.
+  template <typename Start> void run(const char* what, int64_t bytes, Start start) {
+    MPI_Request req;
+    KILN_MPI_CHECK(start(&req));
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    int spins = 0;
+    for (;;) {
+      int done = 0;
+      KILN_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr,
+                     "kiln: rank %d of %d: %s of %lld bytes did not complete within %lld s (--dist-timeout); another "
+                     "rank has died, hangs, or issued different collectives. Aborting the job.\n",
+                     rank_, size_, what, (long long)bytes, (long long)timeout_.count());
+        std::fflush(stderr);
+        MPI_Abort(comm_, 1);
+        std::_Exit(1);
+      }
+      // Spin briefly (latency), then yield the core to the compute threads.
+      if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  std::chrono::seconds timeout_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  bool owns_mpi_ = false;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(std::chrono::seconds timeout) {
+  return std::make_unique<MpiCommunicator>(timeout);
+}
+
+}  // namespace kiln::dist
