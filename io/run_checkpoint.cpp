@@ -23,6 +23,7 @@ json RunState::to_json() const {
           {"epoch", epoch},
           {"batch", batch},
           {"window", {win_loss, win_data, win_fb, win_opt, win_steps, win_samples, win_correct, win_count}},
+          {"window_comm", win_comm},
           {"epoch_sums", {epoch_loss, epoch_correct, epoch_count}},
           {"train_seconds", train_seconds},
           {"samples_seen", samples_seen},
@@ -41,6 +42,7 @@ RunState RunState::from_json(const json& j) {
   r.win_data = w.at(1);
   r.win_fb = w.at(2);
   r.win_opt = w.at(3);
+  r.win_comm = j.value("window_comm", 0.0);
   r.win_steps = w.at(4);
   r.win_samples = w.at(5);
   r.win_correct = w.at(6);
@@ -189,9 +191,9 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
                                 "text", "eval_text", "vocab", "train_tsv", "seq_len", "mask_prob", "lower_case",
                                 "epochs", "batch", "accum_steps", "max_steps", "optimizer", "lr", "momentum", "nesterov",
                                 "weight_decay", "label_smoothing", "clip_grad_norm", "schedule", "warmup", "seed",
-                                "amp", "loss_scale_window"};
+                                "amp", "loss_scale_window", "world_size"};
   // Keys added after checkpoints were first written: a config without one ran with its default.
-  const json later = {{"amp", "off"}, {"loss_scale_window", 2000}};
+  const json later = {{"amp", "off"}, {"loss_scale_window", 2000}, {"world_size", 1}};
   std::vector<std::string> out;
   for (const char* k : kKeys) {
     json a = saved.value(k, json()), b = now.value(k, json());

@@ -18,7 +18,7 @@ namespace kiln::io {
 // The counters of a run that a resume restores, so it logs and ends exactly as the uninterrupted run.
 struct RunState {
   int64_t step = 0, epoch = 0, batch = 0;  // optimizer steps done; where the loader continues
-  double win_loss = 0, win_data = 0, win_fb = 0, win_opt = 0;
+  double win_loss = 0, win_data = 0, win_fb = 0, win_opt = 0, win_comm = 0;
   int64_t win_steps = 0, win_samples = 0, win_correct = 0, win_count = 0;
   double epoch_loss = 0;
   int64_t epoch_correct = 0, epoch_count = 0;

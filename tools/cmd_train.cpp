@@ -55,9 +55,12 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Modul
 // A progress bar on a terminal, plain lines otherwise.
 class Progress {
  public:
+  // mode "quiet": nothing (ranks other than 0).
   Progress(const std::string& mode, int64_t epochs, int64_t steps_per_epoch)
-      : bar_(mode == "bar" || (mode == "auto" && ::isatty(STDOUT_FILENO))), epochs_(epochs), spe_(steps_per_epoch) {}
+      : bar_(mode == "bar" || (mode == "auto" && ::isatty(STDOUT_FILENO))), quiet_(mode == "quiet"), epochs_(epochs),
+        spe_(steps_per_epoch) {}
   void step(int64_t epoch, int64_t in_epoch, double loss, double lr, double sps, double eta_s, bool log_line) {
+    if (quiet_) return;
     if (bar_) {
       constexpr int kWidth = 24;
       const int filled = int(kWidth * in_epoch / std::max<int64_t>(spe_, 1));
@@ -73,13 +76,14 @@ class Progress {
     }
   }
   void line(const std::string& s) {
+    if (quiet_) return;
     if (bar_) std::printf("\r\033[K");
     std::printf("%s\n", s.c_str());
     std::fflush(stdout);
   }
 
  private:
-  bool bar_;
+  bool bar_, quiet_;
   int64_t epochs_, spe_;
 };
 
@@ -141,6 +145,23 @@ int run_train(const TrainConfig& c) {
   for (const auto& p : problems) std::fprintf(stderr, "kiln train: error: %s\n", p.c_str());
   if (!problems.empty()) return 2;
   if (c.threads > 0) set_num_threads(c.threads);
+  // Data parallel: one process per rank (mpirun/srun); rank 0 alone writes files and logs.
+  std::unique_ptr<dist::Communicator> comm;
+  try {
+    comm = dist::make_cpu_communicator(dist::DistEnv::from_environment(), std::chrono::seconds(c.dist_timeout));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "kiln train: error: %s\n", e.message().c_str());
+    return 2;
+  }
+  const int rank = comm->rank(), world = comm->world_size();
+  const bool lead = rank == 0;
+  // Flags every rank must agree on (a signal, a save due by the clock): true when any rank says so.
+  auto any_rank = [&](bool mine) {
+    if (world == 1) return mine;
+    Tensor f = from_vector({mine ? 1.0 : 0.0}, {1}, DType::f64);
+    comm->all_reduce(f, dist::ReduceOp::max);
+    return f.data<double>()[0] != 0.0;
+  };
   manual_seed(c.seed);
   Task task;
   try {
@@ -154,6 +175,8 @@ int run_train(const TrainConfig& c) {
   lo.seed = c.seed;
   lo.workers = c.workers;
   lo.drop_last = true;  // equal batches: batch-norm statistics from a handful of samples would be noise
+  lo.rank = rank;        // rank r takes every world-th sample of the epoch's order: the ranks' batches
+  lo.world_size = world; // together are the one-process batch of world x --batch
   io::DataLoader loader(task.train_data, lo);
   // Optimizer steps per epoch: each takes --accum-steps micro-batches; a last partial group is dropped.
   const int64_t accum = c.accum_steps;
@@ -169,7 +192,7 @@ int run_train(const TrainConfig& c) {
   }
   std::error_code ec;
   std::filesystem::create_directories(c.out, ec);
-  if (ec || ::access(c.out.c_str(), W_OK) != 0) {
+  if (any_rank(ec || ::access(c.out.c_str(), W_OK) != 0)) {
     std::fprintf(stderr, "kiln train: error: --out %s: cannot create or write the directory (%s)\n", c.out.c_str(),
                  ec ? ec.message().c_str() : "not writable");
     return 2;
@@ -204,6 +227,8 @@ int run_train(const TrainConfig& c) {
   resolved["steps_per_epoch"] = spe;
   resolved["total_steps"] = total_steps;
   resolved["parameters"] = model.num_parameters();
+  resolved["world_size"] = world;
+  resolved["global_batch"] = c.batch * accum * world;
   resolved["data_info"] = task.data_info;
 
   // ---- 3. resume: the newest complete checkpoint (auto) or the one named ----
@@ -235,21 +260,37 @@ int run_train(const TrainConfig& c) {
     }
   }
   const std::string metrics_path = c.out + "/metrics.jsonl";
-  if (resumed_from.empty() || run.step == 0) {
-    std::ofstream(metrics_path, std::ios::trunc);
-  } else {
-    trim_metrics(metrics_path, run);
+  std::ofstream metrics;  // rank 0's; on other ranks never opened (writes go nowhere)
+  if (lead) {
+    if (resumed_from.empty() || run.step == 0) {
+      std::ofstream(metrics_path, std::ios::trunc);
+    } else {
+      trim_metrics(metrics_path, run);
+    }
+    metrics.open(metrics_path, std::ios::app);
+    KILN_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
+    prune_checkpoints(ckpt_dir, 0);  // temporary files a killed writer left behind
   }
-  std::ofstream metrics(metrics_path, std::ios::app);
-  KILN_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
-  prune_checkpoints(ckpt_dir, 0);  // temporary files a killed writer left behind
-  Progress progress(c.progress, c.epochs, spe);
+  Progress progress(lead ? c.progress : "quiet", c.epochs, spe);
   std::unique_ptr<CheckpointMirror> mirror;
-  if (!c.mirror.empty()) mirror = std::make_unique<CheckpointMirror>(c.mirror, c.keep_last);
+  if (!c.mirror.empty() && lead) mirror = std::make_unique<CheckpointMirror>(c.mirror, c.keep_last);
+  // Every rank starts from rank 0's weights and buffers; gradients are averaged over ranks in
+  // buckets while backward runs.
+  std::unique_ptr<dist::DataParallel> dp;
+  if (world > 1) {
+    try {
+      dp = std::make_unique<dist::DataParallel>(model, *comm);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "kiln train: error: rank %d: %s\n", rank, e.message().c_str());
+      return 2;
+    }
+    scaler.agree = [&](Tensor& found_inf) { comm->all_reduce(found_inf, dist::ReduceOp::max); };
+  }
   std::string last_saved;
   // A periodic checkpoint that cannot be written (a full disk) is reported and training goes on:
   // the previous checkpoints are intact and the next save point tries again. Returns success.
   auto save = [&]() {
+    if (!lead) return true;  // rank 0 writes for all: every rank holds the same weights and state
     try {
       run.scaler = scaler.state();
       last_saved = save_run_checkpoint(ckpt_dir, model, *opt, run, resolved);
@@ -266,7 +307,11 @@ int run_train(const TrainConfig& c) {
 
   progress.line("kiln train: " + c.model + " (" + task.name + ") on " + task.data_info.value("name", c.data) + " (" +
                 std::to_string(task.train_data->size()) + " samples), " + std::to_string(model.num_parameters()) +
-                " parameters, " + std::to_string(num_threads()) + " threads, " + std::to_string(total_steps) + " steps" +
+                " parameters, " + std::to_string(num_threads()) + " threads, " +
+                (world > 1 ? std::to_string(world) + " ranks (" + comm->backend() + "), global batch " +
+                                 std::to_string(c.batch * accum * world) + ", "
+                           : std::string()) +
+                std::to_string(total_steps) + " steps" +
                 (amp_dt ? ", mixed precision " + c.amp + (scaler.enabled() ? " with dynamic loss scaling" : "") : "") +
                 (resumed_from.empty() ? "" : ", resumed at step " + std::to_string(run.step) + " from " + resumed_from));
   SignalScope signals;
@@ -292,22 +337,13 @@ int run_train(const TrainConfig& c) {
         KILN_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step at batch ", loader.position().batch);
         run.win_data += since(t0);
         t0 = Clock::now();
+        if (dp) dp->set_sync(k == accum - 1);  // reduce once, after the last micro-batch
         StepResult r;
         {
           amp::AutocastGuard autocast(amp_dt.value_or(DType::f16), amp_dt.has_value());
           r = task.step(*batch);
         }
         const double micro = r.loss.item<double>();
-        if (!std::isfinite(micro)) {
-          progress.line("");
-          std::fprintf(stderr,
-                       "kiln train: error: the loss is %s at step %lld (epoch %lld, lr %g); stopping. Lower --lr, add "
-                       "--warmup or --clip-grad-norm%s. Metrics so far are in %s\n",
-                       std::isnan(micro) ? "NaN" : "infinite", (long long)run.step, (long long)run.epoch + 1, lr,
-                       amp_dt == DType::f16 ? " (the forward pass overflowed f16: try --amp bf16)" : "",
-                       metrics_path.c_str());
-          return 1;
-        }
         scaler.scale(accum == 1 ? r.loss : r.loss * (1.0 / double(accum))).backward();
         run.win_fb += since(t0);
         loss += micro / double(accum);
@@ -317,6 +353,36 @@ int run_train(const TrainConfig& c) {
       }
 
       auto t0 = Clock::now();
+      if (dp) dp->finish();
+      // The step's numbers over all ranks, and the decisions they must take together.
+      bool stop_now = g_stop_signal != 0;
+      bool time_due = c.save_minutes > 0 && since(last_save_time) >= 60.0 * c.save_minutes;
+      if (world > 1) {
+        Tensor st = from_vector({loss, double(correct), double(count), double(bs), stop_now ? 1.0 : 0.0,
+                                 time_due && lead ? 1.0 : 0.0},
+                                {6}, DType::f64);
+        comm->all_reduce(st, dist::ReduceOp::sum);
+        const double* v = st.data<double>();
+        loss = v[0] / double(world);
+        correct = int64_t(v[1]);
+        count = int64_t(v[2]);
+        bs = int64_t(v[3]);
+        stop_now = v[4] > 0;
+        time_due = v[5] > 0;  // rank 0's clock decides
+      }
+      run.win_comm += since(t0);
+      if (!std::isfinite(loss)) {
+        progress.line("");
+        if (lead)
+          std::fprintf(stderr,
+                       "kiln train: error: the loss is %s at step %lld (epoch %lld, lr %g); stopping. Lower --lr, add "
+                       "--warmup or --clip-grad-norm%s. Metrics so far are in %s\n",
+                       std::isnan(loss) ? "NaN" : "infinite", (long long)run.step, (long long)run.epoch + 1, lr,
+                       amp_dt == DType::f16 ? " (the forward pass overflowed f16: try --amp bf16)" : "",
+                       metrics_path.c_str());
+        return 1;
+      }
+      t0 = Clock::now();
       // One scaler decision per optimizer step: unscale (before clipping), skip on inf/NaN, update.
       if (c.clip_grad_norm > 0) {
         scaler.unscale(params);
@@ -356,27 +422,39 @@ int run_train(const TrainConfig& c) {
                             {"forward_backward_s", run.win_fb},
                             {"optimizer_s", run.win_opt},
                             {"elapsed_s", since(t_start)}};
+        if (world > 1) {
+          // Where each rank's time went: the rank that waits least for communication is the slow one.
+          Tensor mine = from_vector({run.win_data, run.win_fb, run.win_comm, run.win_opt}, {4}, DType::f64);
+          Tensor all = zeros({world, 4}, DType::f64);
+          comm->all_gather(mine, all);
+          nlohmann::json ranks = nlohmann::json::array();
+          for (int q = 0; q < world; ++q) {
+            const double* v = all.data<double>() + 4 * q;
+            ranks.push_back({{"data_wait_s", v[0]}, {"forward_backward_s", v[1]}, {"comm_wait_s", v[2]}, {"optimizer_s", v[3]}});
+          }
+          m["comm_wait_s"] = run.win_comm;
+          m["ranks"] = ranks;
+        }
         if (amp_dt) {
           m["loss_scale"] = scaler.get_scale();
           m["skipped_steps"] = scaler.skipped_steps();
         }
         metrics << m.dump() << "\n";
         metrics.flush();
-        run.win_loss = run.win_data = run.win_fb = run.win_opt = 0;
+        run.win_loss = run.win_data = run.win_fb = run.win_opt = run.win_comm = 0;
         run.win_steps = run.win_samples = run.win_correct = run.win_count = 0;
         win_start = Clock::now();
       }
-      const bool due = (c.save_every > 0 && run.step % c.save_every == 0) ||
-                       (c.save_minutes > 0 && since(last_save_time) >= 60.0 * c.save_minutes);
-      if (due || g_stop_signal) {
+      const bool due = (c.save_every > 0 && run.step % c.save_every == 0) || time_due;
+      if (due || stop_now) {
         run.train_seconds += since(epoch_start) - epoch_seconds_before;
         epoch_seconds_before = since(epoch_start);
         const bool ok = save();
         last_save_time = Clock::now();
-        if (g_stop_signal && !ok) return 1;
+        if (stop_now && !ok) return 1;
       }
-      if (g_stop_signal) {
-        progress.line("kiln train: caught " + std::string(signal_name(g_stop_signal)) + " at step " +
+      if (stop_now) {
+        progress.line("kiln train: caught " + std::string(signal_name(g_stop_signal ? int(g_stop_signal) : SIGTERM)) + " at step " +
                       std::to_string(run.step) + "; saved " + last_saved + "; continue with --resume auto");
         return 0;
       }
@@ -385,7 +463,7 @@ int run_train(const TrainConfig& c) {
     const double epoch_s = since(epoch_start);
 
     // ---- 5. evaluation at the end of every epoch ----
-    const EvalResult ev = evaluate(task, c);
+    const EvalResult ev = evaluate(task, c, comm.get());
     char buf[256];
     std::snprintf(buf, sizeof buf, "epoch %lld: train loss %.4f %s %.2f%% | test loss %.4f %s %.2f%% | %.1f s (+%.1f s eval)",
                   (long long)run.epoch + 1, run.epoch_loss / double(std::max<int64_t>(run.batch / accum, 1)), task.metric.c_str(),
@@ -406,19 +484,21 @@ int run_train(const TrainConfig& c) {
     run.batch = 0;
     run.epoch_loss = 0;
     run.epoch_correct = run.epoch_count = 0;
-    if (c.save_every > 0 || c.save_minutes > 0 || c.save_epochs || g_stop_signal) {
+    const bool stop_epoch = any_rank(g_stop_signal != 0);
+    if (c.save_every > 0 || c.save_minutes > 0 || c.save_epochs || stop_epoch) {
       const bool ok = save();
       last_save_time = Clock::now();
-      if (g_stop_signal && !ok) return 1;
+      if (stop_epoch && !ok) return 1;
     }
-    if (g_stop_signal) {
-      progress.line("kiln train: caught " + std::string(signal_name(g_stop_signal)) + " after epoch " +
+    if (stop_epoch) {
+      progress.line("kiln train: caught " + std::string(signal_name(g_stop_signal ? int(g_stop_signal) : SIGTERM)) + " after epoch " +
                     std::to_string(run.epoch) + "; saved " + last_saved + "; continue with --resume auto");
       return 0;
     }
   }
 
   // ---- 6. weights and summary ----
+  if (!lead) return 0;  // rank 0 writes the weights and the summary
   std::map<std::string, std::string> meta = {{"model", c.model}, {"task", task.name}, {"format", "kiln"}};
   if (task.data_info.contains("labels")) meta["labels"] = task.data_info["labels"].dump();
   io::save_safetensors(c.out + "/model.safetensors", model.state_dict(), meta);

@@ -281,7 +281,7 @@ Task make_task(const TrainConfig& c) {
   return task == "mlm" ? bert_mlm(c, bn) : bert_classify(c, bn);
 }
 
-EvalResult evaluate(Task& task, const TrainConfig& c) {
+EvalResult evaluate(Task& task, const TrainConfig& c, dist::Communicator* comm) {
   const auto t0 = std::chrono::steady_clock::now();
   NoGradGuard no_grad;
   const std::optional<DType> low = amp_dtype(c.amp);
@@ -292,6 +292,11 @@ EvalResult evaluate(Task& task, const TrainConfig& c) {
   lo.batch_size = c.batch;
   lo.shuffle = false;
   lo.workers = c.workers;
+  if (comm) {
+    lo.rank = comm->rank();
+    lo.world_size = comm->world_size();
+    lo.pad_ranks = false;  // exactly once over all ranks
+  }
   io::DataLoader loader(task.eval_data, lo);
   EvalResult r;
   double loss_sum = 0;
@@ -303,6 +308,13 @@ EvalResult evaluate(Task& task, const TrainConfig& c) {
     r.count += s.count;
   }
   task.model->train(was_training);
+  if (comm && comm->world_size() > 1) {
+    Tensor sums = from_vector({loss_sum, double(correct), double(r.count)}, {3}, DType::f64);
+    comm->all_reduce(sums, dist::ReduceOp::sum);
+    loss_sum = sums.data<double>()[0];
+    correct = int64_t(sums.data<double>()[1]);
+    r.count = int64_t(sums.data<double>()[2]);
+  }
   r.loss = r.count ? loss_sum / double(r.count) : 0.0;
   r.accuracy = r.count ? double(correct) / double(r.count) : 0.0;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

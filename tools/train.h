@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/dist.h"
 #include "engine/nn.h"
 #include "io/data.h"
 
@@ -48,6 +49,7 @@ struct TrainConfig {
   int threads = 0;  // 0: KILN_NUM_THREADS or all hardware threads
   int workers = 1;
   std::string device = "cpu";
+  int dist_timeout = 600;  // seconds a collective may take before the job is ended
   std::string amp = "off";  // off | fp16 | bf16: autocast dtype (fp16 adds dynamic loss scaling)
   double loss_scale = 65536.0;       // fp16: the initial loss scale
   int64_t loss_scale_window = 2000;  // fp16: clean steps before the scale doubles
@@ -102,8 +104,9 @@ struct EvalResult {
   int64_t count = 0;
   double seconds = 0;
 };
-// Runs the whole eval split once, in eval mode and without gradients.
-EvalResult evaluate(Task& task, const TrainConfig& c);
+// Runs the whole eval split once, in eval mode and without gradients. With several ranks each
+// evaluates its share (every sample exactly once over all ranks) and the sums are combined.
+EvalResult evaluate(Task& task, const TrainConfig& c, dist::Communicator* comm = nullptr);
 
 int run_train(const TrainConfig& c);
 // `kiln vocab`: learn a WordPiece vocabulary from text.

@@ -49,6 +49,10 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   app.add_option("--device", c.device, "cpu (cuda arrives with the CUDA backend)")->capture_default_str();
+  app.add_option("--dist-timeout", c.dist_timeout,
+                 "Seconds a collective between ranks may take before the job is ended with an error")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--amp", c.amp,
                  "Mixed precision: off, fp16 (f16 GEMMs and convolutions, dynamic loss scaling) or bf16 (no scaling "
                  "needed); softmax, norms and losses stay f32, weights and optimizer f32")
