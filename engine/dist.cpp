@@ -12,6 +12,7 @@
 
 namespace kiln::dist {
 
+std::unique_ptr<Communicator> make_tcp_communicator(const DistEnv& env, std::chrono::seconds timeout);  // dist_tcp.cpp
 #if KILN_WITH_MPI
 std::unique_ptr<Communicator> make_mpi_communicator(std::chrono::seconds timeout);  // dist_mpi.cpp
 bool have_mpi() { return true; }
@@ -99,17 +100,15 @@ std::unique_ptr<Communicator> make_single_communicator() { return std::make_uniq
 
 std::unique_ptr<Communicator> make_cpu_communicator(const DistEnv& env, std::chrono::seconds timeout) {
   if (env.world_size == 1) return make_single_communicator();
+  if (env.launcher == "torchrun") return make_tcp_communicator(env, timeout);  // `kiln launch`: no MPI runtime
 #if KILN_WITH_MPI
-  KILN_CHECK(env.launcher != "torchrun",
-             "CPU ranks talk through MPI: start them with mpirun or srun (this process was started with RANK/WORLD_SIZE "
-             "set, as torchrun or `kiln launch` do, without an MPI runtime)");
   auto c = make_mpi_communicator(timeout);
   KILN_CHECK(c->world_size() == env.world_size && c->rank() == env.rank, "MPI says rank ", c->rank(), " of ",
              c->world_size(), " but the ", env.launcher, " environment says rank ", env.rank, " of ", env.world_size);
   return c;
 #else
   KILN_FAIL("this process is rank ", env.rank, " of ", env.world_size, " (", env.launcher,
-            ") but Kiln was built without MPI, which CPU ranks need (install libopenmpi-dev and rebuild)");
+            ") but Kiln was built without MPI (install libopenmpi-dev and rebuild, or start the ranks with kiln launch)");
 #endif
 }
 

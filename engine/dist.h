@@ -41,7 +41,7 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  virtual const char* backend() const = 0;  // "single", "mpi"
+  virtual const char* backend() const = 0;  // "single", "mpi", "tcp"
   virtual std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) = 0;
   void all_reduce(const Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
   virtual void broadcast(const Tensor& t, int root) = 0;
@@ -52,8 +52,9 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
-// The communicator for `env` on CPU tensors: MPI when world_size > 1 (the build must have MPI and
-// the job must run under mpirun or srun), else the single-process one.
+// The communicator for `env` on CPU tensors: under mpirun or srun, MPI (the build must have it);
+// started by `kiln launch` or torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Kiln's own TCP
+// ring, which needs no MPI runtime; one process: the single-process one.
 std::unique_ptr<Communicator> make_cpu_communicator(const DistEnv& env, std::chrono::seconds timeout);
 std::unique_ptr<Communicator> make_single_communicator();
 // Whether this build has the MPI backend.

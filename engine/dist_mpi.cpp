@@ -4,18 +4,15 @@
 // not complete in time prints which one, on which rank, and aborts the job instead of hanging.
 #include <mpi.h>
 
-#include <condition_variable>
 #include <cstdio>
-#include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 
 #include "engine/autograd.h"
 #include "engine/dist.h"
+#include "engine/dist_internal.h"
 #include "engine/error.h"
 #include "engine/ops.h"
-#include "engine/thread_pool.h"
 
 namespace kiln::dist {
 namespace {
@@ -51,35 +48,6 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_SUM;
 }
 
-class Job final : public Work {
- public:
-  explicit Job(std::function<void()> fn) : fn_(std::move(fn)) {}
-  void run() {
-    try {
-      fn_();
-    } catch (...) {
-      error_ = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      done_ = true;
-    }
-    cv_.notify_all();
-  }
-  void wait() override {
-    std::unique_lock<std::mutex> lk(m_);
-    cv_.wait(lk, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-
- private:
-  std::function<void()> fn_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
-
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(std::chrono::seconds timeout) : timeout_(timeout) {
@@ -95,16 +63,10 @@ class MpiCommunicator final : public Communicator {
     KILN_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    thread_ = std::thread([this] { loop(); });
   }
 
   ~MpiCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
+    thread_.stop();
     MPI_Comm_free(&comm_);
     if (owns_mpi_) MPI_Finalize();
   }
@@ -181,30 +143,7 @@ class MpiCommunicator final : public Communicator {
                " is 2 GiB or more; split it");
   }
 
-  std::shared_ptr<Job> submit(std::function<void()> fn) {
-    auto job = std::make_shared<Job>(std::move(fn));
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      queue_.push_back(job);
-    }
-    cv_.notify_all();
-    return job;
-  }
-
-  void loop() {
-    run_inline_on_this_thread();  // the compute pool belongs to the training thread
-    for (;;) {
-      std::shared_ptr<Job> job;
-      {
-        std::unique_lock<std::mutex> lk(m_);
-        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stop_ and nothing left
-        job = queue_.front();
-        queue_.pop_front();
-      }
-      job->run();
-    }
-  }
+  std::shared_ptr<detail::Job> submit(std::function<void()> fn) { return thread_.submit(std::move(fn)); }
 
   // Starts a non-blocking collective and polls it to completion or the deadline.
   template <typename Start> void run(const char* what, int64_t bytes, Start start) {
@@ -217,11 +156,7 @@ class MpiCommunicator final : public Communicator {
       KILN_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
       if (done) return;
       if (std::chrono::steady_clock::now() > deadline) {
-        std::fprintf(stderr,
-                     "kiln: rank %d of %d: %s of %lld bytes did not complete within %lld s (--dist-timeout); another "
-                     "rank has died, hangs, or issued different collectives. Aborting the job.\n",
-                     rank_, size_, what, (long long)bytes, (long long)timeout_.count());
-        std::fflush(stderr);
+        detail::report_timeout("mpi", rank_, size_, what, (long long)bytes, timeout_);
         MPI_Abort(comm_, 1);
         std::_Exit(1);
       }
@@ -234,11 +169,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   bool owns_mpi_ = false;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Job>> queue_;
-  bool stop_ = false;
-  std::thread thread_;
+  detail::CommThread thread_;  // last member: started after, stopped before the rest
 };
 
 }  // namespace

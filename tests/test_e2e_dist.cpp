@@ -4,7 +4,9 @@
 // another world size is refused.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -81,14 +83,25 @@ TEST_CASE("e2e dist: N ranks x batch B = one process x batch N*B (losses and wei
   struct Case {
     int ranks;
     std::string extra;
+    bool mpi;  // mpirun (MPI) or `kiln launch` (TCP ring)
   };
-  for (const Case& k : {Case{2, "--batch 8"}, Case{4, "--batch 4"}, Case{2, "--batch 4 --accum-steps 2"}}) {
+  int port = 29650;
+  for (const Case& k : {Case{2, "--batch 8", true}, Case{4, "--batch 4", true}, Case{2, "--batch 4 --accum-steps 2", true},
+                        Case{2, "--batch 8", false}, Case{4, "--batch 4", false}}) {
     CAPTURE(k.ranks);
     CAPTURE(k.extra);
-    const std::string out = d / ("ranks" + std::to_string(k.ranks) + "_" + std::to_string(k.extra.size()));
-    r = run_ranks(k.ranks, common + " " + k.extra + " --out " + out, d.p.string());
+    CAPTURE(k.mpi);
+    const std::string out = d / ((k.mpi ? "ranks" : "launch") + std::to_string(k.ranks) + "_" + std::to_string(k.extra.size()));
+    if (k.mpi)
+      r = run_ranks(k.ranks, common + " " + k.extra + " --out " + out, d.p.string());
+    else
+      r = run_kiln("launch --nproc-per-node " + std::to_string(k.ranks) + " --master-port " + std::to_string(++port) +
+                       " -- kiln " + common + " " + k.extra + " --out " + out,
+                   d.p.string());
     REQUIRE_MESSAGE(r.code == 0, r.output);
-    CHECK(contains(r.output, std::to_string(k.ranks) + " ranks (mpi), global batch 16"));
+    CHECK_MESSAGE(contains(r.output, std::to_string(k.ranks) + (k.mpi ? " ranks (mpi)" : " ranks (tcp)") + ", global batch 16"),
+                  r.output);
+    if (!k.mpi) CHECK(contains(r.output, "[rank 0] epoch 1"));  // each line names its rank
     const auto got = losses(out + "/metrics.jsonl");
     REQUIRE(got.size() == want.size());
     for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
@@ -108,4 +121,43 @@ TEST_CASE("e2e dist: N ranks x batch B = one process x batch N*B (losses and wei
                d.p.string());
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "world_size: checkpoint 2, now 1"), r.output);
+}
+
+TEST_CASE("e2e dist: a rank killed mid-run makes kiln launch stop the others and exit non-zero within seconds, naming it") {
+  TempDir d("kiln_dist_kill");
+  const std::string launch_log = d / "launch.txt";
+  // In the background: the launcher's pid to `pid`, its exit status to `rc` when it ends.
+  const std::string inner = std::string(KILN_BINARY) +
+                            " launch --nproc-per-node 2 --master-port 29671 --grace 3 -- kiln train --limit-train 8192 "
+                            "--limit-eval 256 --batch 32 --epochs 1 --log-every 2 --progress lines --out " + d / "run" +
+                            " > " + launch_log + " 2>&1 & echo $! > " + d / "pid" + "; wait $!; echo $? > " + d / "rc";
+  const std::string cmd = "sh -c '" + inner + "' > /dev/null 2>&1 &";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  // Wait for training to be under way (rank 0 has written metrics), then SIGKILL rank 1.
+  for (int i = 0; i < 3000 && !std::filesystem::exists(d / "run/metrics.jsonl"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int i = 0; i < 3000 && read_text(d / "run/metrics.jsonl").size() < 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::string pid = read_text(d / "pid").substr(0, read_text(d / "pid").find('\n'));
+  // The launcher's children in start order: rank 0, rank 1.
+  REQUIRE(std::system(("kill -9 $(pgrep -P " + pid + " | sort -n | tail -1)").c_str()) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = -1;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+    const std::string rc = read_text(d / "rc");
+    if (!rc.empty() && rc.back() == '\n') {
+      status = std::stoi(rc);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_MESSAGE(status >= 0, "kiln launch still running 30 s after a rank died");
+  CHECK(status != 0);
+  CHECK_MESSAGE(secs < 10, secs);
+  const std::string out = read_text(launch_log);
+  CHECK_MESSAGE(contains(out, "kiln launch: rank 1 (pid"), out);
+  CHECK_MESSAGE(contains(out, "was killed by signal 9"), out);
+  CHECK_MESSAGE(contains(out, "kiln launch: failed: rank 1"), out);
+  CHECK(!std::filesystem::exists(d / "run/model.safetensors"));
 }

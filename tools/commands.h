@@ -31,4 +31,14 @@ struct CkptOptions {
 void add_ckpt_commands(CLI::App& app, CkptOptions& o);
 int run_ckpt(const CkptOptions& o);
 
+struct LaunchOptions {
+  int nproc_per_node = 1, nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  double grace_seconds = 10;
+  std::vector<std::string> command;
+};
+void add_launch_flags(CLI::App& app, LaunchOptions& o);
+int run_launch(const LaunchOptions& o);
+
 }  // namespace kiln::tools

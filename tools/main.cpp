@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
   kiln::tools::CkptOptions ckpt_opts;
   CLI::App* ckpt = app.add_subcommand("ckpt", "Inspect, verify, export or import checkpoints");
   kiln::tools::add_ckpt_commands(*ckpt, ckpt_opts);
+  kiln::tools::LaunchOptions launch_opts;
+  CLI::App* launch = app.add_subcommand("launch", "Start the ranks of a data-parallel job on this machine (-- kiln train ...)");
+  kiln::tools::add_launch_flags(*launch, launch_opts);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   kiln::tools::BenchTrainOptions bench_train_opts;
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
     if (eval->parsed()) return kiln::tools::run_eval(eval_cfg, eval_weights);
     if (vocab->parsed()) return kiln::tools::run_vocab(vocab_opts);
     if (ckpt->parsed()) return kiln::tools::run_ckpt(ckpt_opts);
+    if (launch->parsed()) return kiln::tools::run_launch(launch_opts);
     if (bench_train->parsed()) return kiln::tools::run_bench_train(bench_train_opts);
     std::printf("%s", app.help().c_str());
     return 0;

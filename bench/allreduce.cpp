@@ -1,0 +1,79 @@
+// All-reduce bandwidth between ranks, as nccl-tests defines it: for S bytes in time t,
+// algbw = S / t and busbw = algbw x 2(n-1)/n (what each link carries in a ring). Run it under the
+// launcher of the backend: `mpirun -np 4 bench_allreduce` (CPU ranks, MPI). Sizes from 8 B to
+// --max-bytes (default 1 GiB; fewer when memory is short); rank 0 prints the table, --json FILE.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/dist.h"
+#include "kiln.h"
+
+using namespace kiln;
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  int64_t max_bytes = int64_t(1) << 30;
+  int iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--max-bytes") && i + 1 < argc) max_bytes = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: mpirun -np N bench_allreduce [--max-bytes B] [--iters K] [--json FILE]\n");
+      return 2;
+    }
+  }
+  auto comm = dist::make_cpu_communicator(dist::DistEnv::from_environment(), std::chrono::seconds(600));
+  const int n = comm->world_size();
+  const bool lead = comm->rank() == 0;
+  if (lead)
+    std::printf("all-reduce (sum, f32) over %d ranks, backend %s; median of %d iterations after 3 warm-up\n%12s %12s %14s %14s\n",
+                n, comm->backend(), iters, "bytes", "time us", "algbw GB/s", "busbw GB/s");
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
+    const int64_t count = bytes / 4;
+    Tensor t = ones({count});
+    // Large sizes take fewer iterations so the sweep stays in minutes.
+    const int reps = bytes >= (int64_t(64) << 20) ? std::max(3, iters / 4) : iters;
+    std::vector<double> us;
+    for (int i = 0; i < reps + 3; ++i) {
+      comm->barrier();
+      const auto a = std::chrono::steady_clock::now();
+      comm->all_reduce(t, dist::ReduceOp::sum);
+      const double dt = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
+      if (i >= 3) us.push_back(dt);
+    }
+    // The slowest rank's time is the collective's time.
+    Tensor mine = from_vector(us, {int64_t(us.size())}, DType::f64);
+    comm->all_reduce(mine, dist::ReduceOp::max);
+    std::vector<double> worst = mine.to_vector();
+    std::sort(worst.begin(), worst.end());
+    const double med = worst[worst.size() / 2];
+    const double algbw = double(bytes) / (med * 1e-6) / 1e9;
+    const double busbw = algbw * 2.0 * double(n - 1) / double(n);
+    if (lead) {
+      std::printf("%12lld %12.1f %14.3f %14.3f\n", (long long)bytes, med, algbw, busbw);
+      rows.push_back({{"bytes", bytes}, {"time_us", med}, {"algbw_GBps", algbw}, {"busbw_GBps", busbw}});
+    }
+  }
+  // One correctness check, so a broken transport never reports a bandwidth.
+  Tensor chk = full({1000}, double(comm->rank() + 1));
+  comm->all_reduce(chk, dist::ReduceOp::sum);
+  const bool ok = chk.to_vector()[999] == double(n) * double(n + 1) / 2.0;
+  if (lead) {
+    std::printf("check: %s\n", ok ? "sums correct" : "WRONG SUMS");
+    if (!json_path.empty()) {
+      std::ofstream f(json_path);
+      f << nlohmann::json{{"benchmark", "allreduce"}, {"backend", comm->backend()}, {"ranks", n}, {"rows", rows}}.dump(2)
+        << "\n";
+      std::printf("wrote %s\n", json_path.c_str());
+    }
+  }
+  return ok ? 0 : 1;
+}

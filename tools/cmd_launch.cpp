@@ -1,0 +1,216 @@
+// `kiln launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] -- CMD...`:
+// starts N local ranks of CMD with the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes each output line with its rank, forwards
+// SIGINT/SIGTERM/SIGHUP, and when a rank fails stops the others and exits non-zero naming it.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tools/commands.h"
+
+namespace kiln::tools {
+namespace {
+
+volatile std::sig_atomic_t g_launch_signal = 0;
+extern "C" void on_launch_signal(int sig) { g_launch_signal = sig; }
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const char* name = strsignal(WTERMSIG(status));
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + (name ? name : "?") + ")";
+  }
+  return "ended with status " + std::to_string(status);
+}
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  int out = -1;  // read end of its stdout+stderr
+  bool running = false;
+  int status = 0;
+  std::thread reader;
+};
+
+}  // namespace
+
+void add_launch_flags(CLI::App& app, LaunchOptions& o) {
+  app.add_option("--nproc-per-node", o.nproc_per_node, "Ranks to start on this machine")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--nnodes", o.nnodes, "Machines in the job")->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--node-rank", o.node_rank, "This machine's index in [0, nnodes)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--master-addr", o.master_addr, "Address of the machine running rank 0")->capture_default_str();
+  app.add_option("--master-port", o.master_port, "Port rank 0 listens on for the rendezvous")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  app.add_option("--grace", o.grace_seconds, "Seconds the other ranks get to stop after one fails, before SIGKILL")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("command", o.command, "The command each rank runs, after --  (e.g. -- kiln train ...)")->required();
+}
+
+int run_launch(const LaunchOptions& o) {
+  if (o.node_rank >= o.nnodes) {
+    std::fprintf(stderr, "kiln launch: error: --node-rank %d must be below --nnodes %d\n", o.node_rank, o.nnodes);
+    return 2;
+  }
+  const int world = o.nnodes * o.nproc_per_node;
+  // `kiln` as the command means this very binary, so a rank never runs another build from PATH.
+  std::vector<std::string> cmd = o.command;
+  if (cmd[0] == "kiln") {
+    char self[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) cmd[0] = std::string(self, size_t(n));
+  }
+  // Cores are shared: each rank's compute pool gets its share unless the user chose.
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const std::string threads = std::to_string(std::max(1u, hw / unsigned(o.nproc_per_node)));
+
+  struct sigaction sa{};
+  sa.sa_handler = on_launch_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &sa, nullptr);
+
+  std::vector<Child> children(size_t(o.nproc_per_node));
+  std::mutex print_mutex;
+  for (int i = 0; i < o.nproc_per_node; ++i) {
+    Child& c = children[size_t(i)];
+    c.rank = o.node_rank * o.nproc_per_node + i;
+    int fds[2];
+    if (::pipe(fds) != 0) {
+      std::perror("kiln launch: pipe");
+      return 1;
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("kiln launch: fork");
+      return 1;
+    }
+    if (pid == 0) {
+      // The child: its own process group (a terminal's Ctrl-C reaches it once, through us), output
+      // into the pipe, the rank's variables, then the command.
+      ::setpgid(0, 0);
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::dup2(fds[1], STDERR_FILENO);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
+      ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
+      ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+      ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
+      ::setenv("KILN_NUM_THREADS", threads.c_str(), 0);
+      std::vector<char*> argv;
+      for (auto& a : cmd) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::fprintf(stderr, "kiln launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    c.pid = pid;
+    c.out = fds[0];
+    c.running = true;
+    c.reader = std::thread([&print_mutex, fd = c.out, rank = c.rank] {
+      // Line by line, each prefixed with its rank; a progress bar's carriage returns end a line too.
+      std::string line;
+      char buf[4096];
+      for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        for (ssize_t k = 0; k < n; ++k) {
+          line += buf[k];
+          if (buf[k] == '\n') {
+            std::lock_guard<std::mutex> lk(print_mutex);
+            std::printf("[rank %d] %s", rank, line.c_str());
+            std::fflush(stdout);
+            line.clear();
+          }
+        }
+      }
+      if (!line.empty()) {
+        std::lock_guard<std::mutex> lk(print_mutex);
+        std::printf("[rank %d] %s\n", rank, line.c_str());
+        std::fflush(stdout);
+      }
+      ::close(fd);
+    });
+  }
+  {
+    std::lock_guard<std::mutex> lk(print_mutex);
+    std::printf("kiln launch: %d rank(s) on this node (ranks %d..%d of %d), rendezvous at %s:%d, %s threads each\n",
+                o.nproc_per_node, o.node_rank * o.nproc_per_node, (o.node_rank + 1) * o.nproc_per_node - 1, world,
+                o.master_addr.c_str(), o.master_port, threads.c_str());
+    std::fflush(stdout);
+  }
+
+  using Clock = std::chrono::steady_clock;
+  int exit_code = 0;
+  std::string failure;
+  Clock::time_point kill_at{};
+  bool stopping = false;
+  int alive = o.nproc_per_node;
+  auto signal_all = [&](int sig) {
+    for (auto& c : children)
+      if (c.running) ::kill(c.pid, sig);
+  };
+  while (alive > 0) {
+    if (g_launch_signal) {
+      const int sig = g_launch_signal;
+      g_launch_signal = 0;
+      signal_all(sig);  // each rank saves and stops (kiln train), or does what its command does
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (auto& c : children)
+        if (c.pid == pid && c.running) {
+          c.running = false;
+          c.status = status;
+          --alive;
+          const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+          if (!ok && !stopping) {
+            stopping = true;
+            failure = "rank " + std::to_string(c.rank) + " (pid " + std::to_string(pid) + ") " + describe_status(status);
+            exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            {
+              std::lock_guard<std::mutex> lk(print_mutex);
+              std::fprintf(stderr, "kiln launch: %s; stopping the other ranks\n", failure.c_str());
+            }
+            signal_all(SIGTERM);
+            kill_at = Clock::now() + std::chrono::milliseconds(int64_t(o.grace_seconds * 1000));
+          }
+        }
+      continue;
+    }
+    if (stopping && Clock::now() >= kill_at) {
+      signal_all(SIGKILL);  // a rank blocked in a collective with the dead one cannot stop by itself
+      kill_at = Clock::now() + std::chrono::hours(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (auto& c : children) c.reader.join();
+  if (!failure.empty()) {
+    std::fprintf(stderr, "kiln launch: failed: %s\n", failure.c_str());
+    return exit_code == 0 ? 1 : exit_code;
+  }
+  return 0;
+}
+
+}  // namespace kiln::tools
