@@ -24,6 +24,7 @@ json RunState::to_json() const {
           {"batch", batch},
           {"window", {win_loss, win_data, win_fb, win_opt, win_steps, win_samples, win_correct, win_count}},
           {"window_comm", win_comm},
+          {"rng_ranks", rng_ranks},
           {"epoch_sums", {epoch_loss, epoch_correct, epoch_count}},
           {"train_seconds", train_seconds},
           {"samples_seen", samples_seen},
@@ -43,6 +44,7 @@ RunState RunState::from_json(const json& j) {
   r.win_fb = w.at(2);
   r.win_opt = w.at(3);
   r.win_comm = j.value("window_comm", 0.0);
+  r.rng_ranks = j.value("rng_ranks", json::array());
   r.win_steps = w.at(4);
   r.win_samples = w.at(5);
   r.win_correct = w.at(6);

@@ -28,6 +28,7 @@ struct RunState {
   double last_eval_loss = 0, last_eval_accuracy = 0;
   int64_t last_eval_count = 0;
   amp::GradScalerState scaler;  // loss scaling of --amp fp16 (scale 1 when off)
+  nlohmann::json rng_ranks = nlohmann::json::array();  // data parallel: [seed, offset] of every rank's generator
   nlohmann::json to_json() const;
   static RunState from_json(const nlohmann::json& j);
 };

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "kiln.h"
 #include "test_util.h"
@@ -116,6 +117,16 @@ TEST_CASE("e2e dist: N ranks x batch B = one process x batch N*B (losses and wei
     const json first = json::parse(lines.substr(0, lines.find('\n')));
     CHECK(first["ranks"].size() == size_t(k.ranks));
   }
+  // Resuming the 2-rank run from its step-3 checkpoint, again with 2 ranks, ends bit for bit where the
+  // uninterrupted run ended (each rank restores its own generator; the loader position is shared).
+  r = run_ranks(2, common + " --batch 8 --resume " + d / "ranks2_9/checkpoints/step-000000003.kiln" + " --out " +
+                       d / "resumed2",
+                d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "resumed at step 3"));
+  CHECK(read_text(d / "resumed2/model.safetensors") == read_text(d / "ranks2_9/model.safetensors"));
+  const json ck = json::parse(kiln::io::CheckpointReader(d / "ranks2_9/checkpoints/step-000000003.kiln").state_json());
+  CHECK(ck["run"]["rng_ranks"].size() == 2);
   // A checkpoint of a 2-rank run does not continue as 1 rank (the global batch would change).
   r = run_kiln(common + " --batch 8 --resume " + d / "ranks2_9/checkpoints/step-000000003.kiln" + " --out " + d / "re1",
                d.p.string());

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 #include "engine/amp.h"
 #include "engine/autocast.h"
+#include "engine/dist.h"
 #include "engine/optim.h"
 #include "engine/thread_pool.h"
 #include "models/bert.h"
@@ -33,10 +36,18 @@ void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
 
 int run_bench_train(const BenchTrainOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
+  // Under `kiln launch` or mpirun: data parallel, --batch per rank; rank 0 prints the global numbers.
+  auto comm = dist::make_cpu_communicator(dist::DistEnv::from_environment(), std::chrono::seconds(600));
+  const int world = comm->world_size();
+  const bool lead = comm->rank() == 0;
+  if (!lead) std::freopen("/dev/null", "w", stdout);
   std::vector<std::string> names = o.models.empty() ? std::vector<std::string>{"resnet20", "bert-tiny"} : o.models;
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("kiln bench train: %d threads, %lld warm-up + %lld timed steps, SGD momentum (ResNet) / AdamW (BERT)\n",
-              num_threads(), (long long)o.warmup, (long long)o.steps);
+  std::printf("kiln bench train: %d threads, %lld warm-up + %lld timed steps, SGD momentum (ResNet) / AdamW (BERT)%s\n",
+              num_threads(), (long long)o.warmup, (long long)o.steps,
+              world > 1 ? (", " + std::to_string(world) + " ranks (" + comm->backend() + "), batch per rank, samples/s global")
+                              .c_str()
+                        : "");
   const std::vector<std::string> amps = o.amp.empty() ? std::vector<std::string>{"off"} : o.amp;
   std::printf("%-12s %-5s %-22s %10s %10s %10s %12s %8s\n", "model", "amp", "input", "median ms", "min ms", "max ms",
               "samples/s", "vs off");
@@ -96,6 +107,11 @@ int run_bench_train(const BenchTrainOptions& o) {
     so.enabled = low == DType::f16;
     amp::GradScaler scaler(so);
     const std::vector<Tensor> params = model->parameters();
+    std::unique_ptr<dist::DataParallel> dp;
+    if (world > 1) {
+      dp = std::make_unique<dist::DataParallel>(*model, *comm);
+      scaler.agree = [&](Tensor& f) { comm->all_reduce(f, dist::ReduceOp::max); };
+    }
     std::vector<double> ms;
     for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -106,13 +122,20 @@ int run_bench_train(const BenchTrainOptions& o) {
       }
       opt->zero_grad();
       scaler.scale(loss).backward();
+      if (dp) dp->finish();
       scaler.step(*opt, params);
       scaler.update();
       const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (i >= o.warmup) ms.push_back(t);
     }
+    if (world > 1) {  // a step takes as long as its slowest rank
+      Tensor t = from_vector(ms, {int64_t(ms.size())}, DType::f64);
+      comm->all_reduce(t, dist::ReduceOp::max);
+      ms = t.to_vector();
+    }
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
+    batch *= world;  // samples per step, over all ranks
     if (amp_mode == "off") off_ms = med;
     const std::string vs = off_ms > 0 ? std::to_string(off_ms / med).substr(0, 4) + "x" : "-";
     std::printf("%-12s %-5s %-22s %10.1f %10.1f %10.1f %12.1f %8s\n", name.c_str(), amp_mode.c_str(), input.c_str(), med,
@@ -122,6 +145,7 @@ int run_bench_train(const BenchTrainOptions& o) {
                     {"input", input},
                     {"batch", batch},
                     {"threads", num_threads()},
+                    {"ranks", world},
                     {"median_ms", med},
                     {"min_ms", ms.front()},
                     {"max_ms", ms.back()},
@@ -131,10 +155,67 @@ int run_bench_train(const BenchTrainOptions& o) {
     rows.push_back(row);
   }
   }
-  if (!o.json.empty()) {
+  if (!o.json.empty() && lead) {
     std::ofstream f(o.json);
     KILN_CHECK(f.good(), o.json, ": cannot open for writing");
     f << nlohmann::json{{"bench", "train"}, {"rows", rows}}.dump(2) << "\n";
+  }
+  return 0;
+}
+
+void add_bench_scaling_flags(CLI::App& app, BenchScalingOptions& o) {
+  app.add_option("--model", o.model, "Model to time")->capture_default_str();
+  app.add_option("--batch", o.batch, "Batch per rank (default: as bench train)")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-ranks", o.max_ranks, "Time 1..N ranks")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--threads-per-rank", o.threads_per_rank, "Compute threads of each rank")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--master-port", o.master_port, "First rendezvous port (one per run)")->capture_default_str();
+  app.add_option("--json", o.json, "Write the rows to this JSON file");
+}
+
+int run_bench_scaling(const BenchScalingOptions& o) {
+  char self[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  KILN_CHECK(len > 0, "bench scaling: cannot find the kiln binary (/proc/self/exe)");
+  const std::string kiln(self, size_t(len));
+  const std::string dir = (std::filesystem::temp_directory_path() / ("kiln_scaling_" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  std::printf("kiln bench scaling: %s, %d thread(s) per rank, data parallel through kiln launch (tcp)\n%6s %14s %12s %12s\n",
+              o.model.c_str(), o.threads_per_rank, "ranks", "samples/s", "speed-up", "efficiency");
+  nlohmann::json rows = nlohmann::json::array();
+  double one = 0;
+  for (int n = 1; n <= o.max_ranks; ++n) {
+    const std::string out = dir + "/ranks" + std::to_string(n) + ".json";
+    std::string cmd = kiln + " launch --nproc-per-node " + std::to_string(n) + " --master-port " +
+                      std::to_string(o.master_port + n) + " -- " + kiln + " bench train --model " + o.model +
+                      " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) + " --threads " +
+                      std::to_string(o.threads_per_rank) + " --json " + out;
+    if (o.batch > 0) cmd += " --batch " + std::to_string(o.batch);
+    cmd += " > " + dir + "/ranks" + std::to_string(n) + ".log 2>&1";
+    const int rc = std::system(cmd.c_str());
+    std::ifstream f(out);
+    KILN_CHECK(rc == 0 && f.good(), "bench scaling: the run with ", n, " rank(s) failed; its output is in ", dir,
+               "/ranks", n, ".log");
+    nlohmann::json j;
+    f >> j;
+    const double sps = j.at("rows").at(0).at("samples_per_s").get<double>();
+    if (n == 1) one = sps;
+    const double eff = sps / (double(n) * one);
+    std::printf("%6d %14.1f %11.2fx %11.1f%%\n", n, sps, sps / one, 100.0 * eff);
+    std::fflush(stdout);
+    rows.push_back({{"ranks", n}, {"samples_per_s", sps}, {"speedup", sps / one}, {"efficiency", eff},
+                    {"median_ms", j["rows"][0]["median_ms"]}, {"global_batch", j["rows"][0]["batch"]}});
+  }
+  std::filesystem::remove_all(dir);
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    KILN_CHECK(f.good(), o.json, ": cannot open for writing");
+    f << nlohmann::json{{"bench", "scaling"}, {"model", o.model}, {"threads_per_rank", o.threads_per_rank}, {"rows", rows}}
+             .dump(2)
+      << "\n";
   }
   return 0;
 }

@@ -247,6 +247,10 @@ int run_train(const TrainConfig& c) {
             KILN_FAIL(path, " was written by a run with another configuration; resuming would not continue it:", msg);
           }
           run = lr.run;
+          if (int64_t(run.rng_ranks.size()) == world) {  // this rank's own generator
+            default_generator().seed = run.rng_ranks[size_t(rank)][0].get<uint64_t>();
+            default_generator().offset = run.rng_ranks[size_t(rank)][1].get<uint64_t>();
+          }
           if (scaler.enabled()) scaler.load_state(run.scaler);
         }
       } catch (const Error& e) {
@@ -290,6 +294,15 @@ int run_train(const TrainConfig& c) {
   // A periodic checkpoint that cannot be written (a full disk) is reported and training goes on:
   // the previous checkpoints are intact and the next save point tries again. Returns success.
   auto save = [&]() {
+    if (world > 1) {  // every rank's generator goes into rank 0's checkpoint
+      Tensor mine = zeros({2}, DType::i64), all = zeros({world, 2}, DType::i64);
+      mine.data<int64_t>()[0] = int64_t(default_generator().seed);
+      mine.data<int64_t>()[1] = int64_t(default_generator().offset);
+      comm->all_gather(mine, all);
+      run.rng_ranks = nlohmann::json::array();
+      for (int q = 0; q < world; ++q)
+        run.rng_ranks.push_back({uint64_t(all.data<int64_t>()[2 * q]), uint64_t(all.data<int64_t>()[2 * q + 1])});
+    }
     if (!lead) return true;  // rank 0 writes for all: every rank holds the same weights and state
     try {
       run.scaler = scaler.state();

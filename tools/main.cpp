@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
   kiln::tools::BenchTrainOptions bench_train_opts;
   CLI::App* bench_train = bench->add_subcommand("train", "Time full training steps (forward, backward, optimizer)");
   kiln::tools::add_bench_train_flags(*bench_train, bench_train_opts);
+  kiln::tools::BenchScalingOptions bench_scaling_opts;
+  CLI::App* bench_scaling =
+      bench->add_subcommand("scaling", "Data-parallel training throughput for 1..N ranks and its efficiency");
+  kiln::tools::add_bench_scaling_flags(*bench_scaling, bench_scaling_opts);
   try {
     app.parse(argc, argv);
     if (train->parsed() && !train_cfg.config_file.empty()) {
@@ -75,6 +79,7 @@ int main(int argc, char** argv) {
     if (ckpt->parsed()) return kiln::tools::run_ckpt(ckpt_opts);
     if (launch->parsed()) return kiln::tools::run_launch(launch_opts);
     if (bench_train->parsed()) return kiln::tools::run_bench_train(bench_train_opts);
+    if (bench_scaling->parsed()) return kiln::tools::run_bench_scaling(bench_scaling_opts);
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const kiln::Error& e) {

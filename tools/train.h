@@ -136,4 +136,15 @@ void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o);
 std::optional<DType> amp_dtype(const std::string& amp);
 int run_bench_train(const BenchTrainOptions& o);
 
+// `kiln bench scaling`: `kiln bench train` under `kiln launch` for 1..N ranks; throughput and
+// efficiency against N x one rank.
+struct BenchScalingOptions {
+  std::string model = "resnet20";
+  int64_t batch = 0, steps = 10, warmup = 3;
+  int max_ranks = 2, threads_per_rank = 1, master_port = 29800;
+  std::string json;
+};
+void add_bench_scaling_flags(CLI::App& app, BenchScalingOptions& o);
+int run_bench_scaling(const BenchScalingOptions& o);
+
 }  // namespace kiln::tools
