@@ -1,0 +1,364 @@
+// Kiln's FP16/BF16 Tensor Core GEMM for sm_80+: mma.sync m16n8k16 with f32 accumulation,
+// cp.async staging, ldmatrix fragments, fused epilogue.
+//
+// Launch: grid (ceil(N/128), ceil(M/128), batch), 256 threads = 8 warps (2 along m x 4 along n),
+// 48 KB of dynamic shared memory (3 stages x (A 128x32 + B 32x128) halves).
+// Block: the 128 x 128 tile of C at (blockIdx.y * 128, blockIdx.x * 128), K in steps of 32.
+// Thread: per stage copies 2 aligned 16-byte chunks of A and 2 of B with cp.async (a chunk past
+//   an edge copies only its valid bytes and zero-fills the rest: nothing outside A or B is read).
+// Warp: a 64 x 32 sub-tile, 4 x 4 MMA tiles of 16 x 8; per k16 step it loads 4 A fragments and
+//   2 x (two B fragments) with ldmatrix.x4 (.trans for operands whose tile is MN-major) and issues
+//   16 mma.sync. Each thread holds 4 x 4 x 4 = 64 f32 accumulators.
+// Pipeline: stages kt+1, kt+2 are in flight while kt is computed (cp.async.wait_group 1, then a
+//   barrier, then the copy for kt+2 into the stage freed by kt-1).
+// Memory traffic per block: (128 x K) x 2 operands x 2 bytes read once from global memory; C read
+//   (beta, residual) and written once; each shared-memory element is read by 4 (A) or 2 (B) warps.
+// Every index (chunk -> shared offset, swizzles, lane -> ldmatrix address, accumulator -> C) is a
+// function from kernels/common/tc_gemm_layout.h, which tests/test_tcgemm.cpp proves on the CPU.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "engine/error.h"
+#include "kernels/common/half.h"
+#include "kernels/cuda/tc_gemm.h"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace kiln::tcgemm;
+
+struct Params {
+  const uint16_t* a;
+  const uint16_t* b;
+  void* out;
+  const void* c0;
+  const float* bias;
+  const void* residual;
+  int64_t M, N, K, lda, ldb, ldc, stride_a, stride_b, stride_c;
+  int out_kind;  // 0 f32, 1 f16, 2 bf16
+  Epilogue ep;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ float load_out(const void* p, int64_t i, int kind) {
+  if (kind == 0) return static_cast<const float*>(p)[i];
+  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
+  return kind == 1 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
+}
+__device__ __forceinline__ void store_out(void* p, int64_t i, int kind, float v) {
+  if (kind == 0) static_cast<float*>(p)[i] = v;
+  else static_cast<uint16_t*>(p)[i] = kind == 1 ? f32_to_f16_bits(v) : f32_to_bf16_bits(v);
+}
+
+template <bool kBf16, bool kAMajorK, bool kBMajorK>
+__global__ void __launch_bounds__(kThreads) tc_gemm_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t* const sa = smem;
+  uint16_t* const sb = smem + kStages * kTileHalves;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t bm = int64_t(blockIdx.y) * kBM, bn = int64_t(blockIdx.x) * kBN;
+  const uint16_t* const A = p.a + int64_t(blockIdx.z) * p.stride_a;
+  const uint16_t* const B = p.b + int64_t(blockIdx.z) * p.stride_b;
+  const int ktiles = int((p.K + kBK - 1) / kBK);
+
+  auto load_stage = [&](int stage, int kt) {
+    const int64_t k0 = int64_t(kt) * kBK;
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const ChunkCoord ca = load_chunk(kAMajorK, tid, i);
+      const int va = chunk_valid(kAMajorK, ca, bm, k0, p.M, p.K);
+      const uint16_t* ga = A + (va > 0 ? chunk_global_offset(kAMajorK, ca, bm, k0, p.lda) : 0);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                       smem_u32(sa + stage * kTileHalves + chunk_smem_offset(kAMajorK, ca))),
+                   "l"(ga), "r"(va * 2));
+      const ChunkCoord cb = load_chunk(kBMajorK, tid, i);
+      const int vb = chunk_valid(kBMajorK, cb, bn, k0, p.N, p.K);
+      const uint16_t* gb = B + (vb > 0 ? chunk_global_offset(kBMajorK, cb, bn, k0, p.ldb) : 0);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                       smem_u32(sb + stage * kTileHalves + chunk_smem_offset(kBMajorK, cb))),
+                   "l"(gb), "r"(vb * 2));
+    }
+  };
+
+  float acc[kTilesM][kTilesN][4];
+#pragma unroll
+  for (int tm = 0; tm < kTilesM; ++tm)
+#pragma unroll
+    for (int tn = 0; tn < kTilesN; ++tn)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[tm][tn][i] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ktiles) load_stage(s, s);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+
+  for (int kt = 0; kt < ktiles; ++kt) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    __syncthreads();  // stage kt landed for every thread; stage kt-1 is no longer read by anyone
+    const int next = kt + kStages - 1;
+    if (next < ktiles) load_stage(next % kStages, next);
+    asm volatile("cp.async.commit_group;\n" ::);
+    const uint16_t* const ta = sa + (kt % kStages) * kTileHalves;
+    const uint16_t* const tb = sb + (kt % kStages) * kTileHalves;
+#pragma unroll
+    for (int ks = 0; ks < kBK; ks += kMmaK) {
+      uint32_t af[kTilesM][4], bf[kTilesN / 2][4];
+#pragma unroll
+      for (int tm = 0; tm < kTilesM; ++tm) {
+        const int m0 = warp_row0(warp) + tm * kMmaM;
+        const uint32_t addr =
+            smem_u32(ta + ldsm_offset(kAMajorK, kAMajorK ? ldsm_a_kmajor(lane, m0, ks) : ldsm_a_mnmajor(lane, m0, ks)));
+        if constexpr (kAMajorK)
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                       : "=r"(af[tm][0]), "=r"(af[tm][1]), "=r"(af[tm][2]), "=r"(af[tm][3])
+                       : "r"(addr));
+        else
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                       : "=r"(af[tm][0]), "=r"(af[tm][1]), "=r"(af[tm][2]), "=r"(af[tm][3])
+                       : "r"(addr));
+      }
+#pragma unroll
+      for (int tp = 0; tp < kTilesN / 2; ++tp) {
+        const int n0 = warp_col0(warp) + tp * 2 * kMmaN;
+        const uint32_t addr =
+            smem_u32(tb + ldsm_offset(kBMajorK, kBMajorK ? ldsm_b_kmajor(lane, n0, ks) : ldsm_b_mnmajor(lane, n0, ks)));
+        if constexpr (kBMajorK)
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                       : "=r"(bf[tp][0]), "=r"(bf[tp][1]), "=r"(bf[tp][2]), "=r"(bf[tp][3])
+                       : "r"(addr));
+        else
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                       : "=r"(bf[tp][0]), "=r"(bf[tp][1]), "=r"(bf[tp][2]), "=r"(bf[tp][3])
+                       : "r"(addr));
+      }
+#pragma unroll
+      for (int tm = 0; tm < kTilesM; ++tm)
+#pragma unroll
+        for (int tn = 0; tn < kTilesN; ++tn) {
+          float* d = acc[tm][tn];
+          const uint32_t b0 = bf[tn / 2][2 * (tn % 2)], b1 = bf[tn / 2][2 * (tn % 2) + 1];
+          if constexpr (kBf16)
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                "{%0,%1,%2,%3};\n"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                : "r"(af[tm][0]), "r"(af[tm][1]), "r"(af[tm][2]), "r"(af[tm][3]), "r"(b0), "r"(b1));
+          else
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                "{%0,%1,%2,%3};\n"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                : "r"(af[tm][0]), "r"(af[tm][1]), "r"(af[tm][2]), "r"(af[tm][3]), "r"(b0), "r"(b1));
+        }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+
+  // Epilogue straight from the registers: each accumulator to its (row, col), predicated at the edges.
+  const int64_t zc = int64_t(blockIdx.z) * p.stride_c;
+#pragma unroll
+  for (int tm = 0; tm < kTilesM; ++tm)
+#pragma unroll
+    for (int tn = 0; tn < kTilesN; ++tn)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const RowCol x = epilogue_coord(warp, lane, tm, tn, i);
+        const int64_t r = bm + x.r, c = bn + x.c;
+        if (r >= p.M || c >= p.N) continue;
+        const int64_t o = zc + r * p.ldc + c;
+        const float c0 = p.ep.beta != 0.0f ? load_out(p.c0, o, p.out_kind) : 0.0f;
+        const float bias = p.bias ? p.bias[c] : 0.0f;
+        const float res = p.residual ? load_out(p.residual, o, p.out_kind) : 0.0f;
+        store_out(p.out, o, p.out_kind, apply_epilogue(p.ep, acc[tm][tn][i], c0, bias, res));
+      }
+#else
+  __trap();  // built for an architecture without m16n8k16 (sm_75): tc_gemm_supported() says no first
+#endif
+}
+
+std::string cuda_error(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+#define KILN_CUDA_OK(call)                                                              \
+  do {                                                                                  \
+    const cudaError_t e_ = (call);                                                      \
+    KILN_CHECK(e_ == cudaSuccess, #call, " failed: ", cuda_error(e_));                  \
+  } while (0)
+
+template <bool kBf16, bool kAMajorK, bool kBMajorK> void launch(const Params& p, dim3 grid, cudaStream_t s) {
+  tc_gemm_kernel<kBf16, kAMajorK, kBMajorK><<<grid, kThreads, kSmemBytes, s>>>(p);
+}
+
+}  // namespace
+
+bool tc_gemm_supported(int device, std::string* why) {
+  cudaDeviceProp prop{};
+  const cudaError_t e = cudaGetDeviceProperties(&prop, device);
+  if (e != cudaSuccess) {
+    if (why) *why = cuda_error(e);
+    return false;
+  }
+  if (prop.major < 8) {
+    if (why) *why = std::string(prop.name) + " is sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
+                    "; the Tensor Core GEMM needs sm_80 or newer (mma.m16n8k16, cp.async)";
+    return false;
+  }
+  return true;
+}
+
+void tc_gemm(const TcGemmArgs& g, void* stream) {
+  KILN_CHECK(g.in_dtype == DType::f16 || g.in_dtype == DType::bf16, "tc_gemm: inputs must be f16 or bf16, got ",
+             g.in_dtype);
+  KILN_CHECK(g.out_dtype == DType::f32 || g.out_dtype == DType::f16 || g.out_dtype == DType::bf16,
+             "tc_gemm: the output must be f32, f16 or bf16, got ", g.out_dtype);
+  KILN_CHECK(g.M > 0 && g.N > 0 && g.K > 0 && g.batch > 0, "tc_gemm: empty problem M ", g.M, " N ", g.N, " K ", g.K);
+  KILN_CHECK(g.K % 8 == 0, "tc_gemm: K must be a multiple of 8, got ", g.K);
+  const int64_t a_inner = g.la == Layout::row ? g.K : g.M, b_inner = g.lb == Layout::col ? g.K : g.N;
+  KILN_CHECK(g.lda % 8 == 0 && g.lda >= a_inner, "tc_gemm: lda ", g.lda, " must be a multiple of 8 and >= ", a_inner);
+  KILN_CHECK(g.ldb % 8 == 0 && g.ldb >= b_inner, "tc_gemm: ldb ", g.ldb, " must be a multiple of 8 and >= ", b_inner);
+  KILN_CHECK(g.ldc >= g.N, "tc_gemm: ldc ", g.ldc, " must be >= N ", g.N);
+  KILN_CHECK(reinterpret_cast<uintptr_t>(g.a) % 16 == 0 && reinterpret_cast<uintptr_t>(g.b) % 16 == 0,
+             "tc_gemm: A and B must be 16-byte aligned");
+  KILN_CHECK(g.stride_a % 8 == 0 && g.stride_b % 8 == 0, "tc_gemm: batch strides of A and B must be multiples of 8");
+  KILN_CHECK(g.ep.beta == 0.0f || g.c0, "tc_gemm: beta is ", g.ep.beta, " but no C0 was given");
+  KILN_CHECK(g.out, "tc_gemm: no output");
+  Params p{static_cast<const uint16_t*>(g.a), static_cast<const uint16_t*>(g.b), g.out, g.c0, g.bias, g.residual,
+           g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.stride_a, g.stride_b, g.stride_c,
+           g.out_dtype == DType::f32 ? 0 : g.out_dtype == DType::f16 ? 1 : 2, g.ep};
+  KILN_CHECK(g.batch <= 65535, "tc_gemm: batch ", g.batch, " is more than a grid's z dimension (65535)");
+  const dim3 grid(unsigned((g.N + kBN - 1) / kBN), unsigned((g.M + kBM - 1) / kBM), unsigned(g.batch));
+  auto s = static_cast<cudaStream_t>(stream);
+  const bool bf = g.in_dtype == DType::bf16, ak = a_is_kmajor(g.la), bk = b_is_kmajor(g.lb);
+  if (bf) {
+    if (ak && bk) launch<true, true, true>(p, grid, s);
+    else if (ak) launch<true, true, false>(p, grid, s);
+    else if (bk) launch<true, false, true>(p, grid, s);
+    else launch<true, false, false>(p, grid, s);
+  } else {
+    if (ak && bk) launch<false, true, true>(p, grid, s);
+    else if (ak) launch<false, true, false>(p, grid, s);
+    else if (bk) launch<false, false, true>(p, grid, s);
+    else launch<false, false, false>(p, grid, s);
+  }
+  KILN_CUDA_OK(cudaGetLastError());
+}
+
+// ---- self-test against the CPU ----------------------------------------------------------------------
+
+std::string tc_gemm_selftest(int device) {
+  std::string why;
+  if (!tc_gemm_supported(device, &why)) return why;
+  KILN_CUDA_OK(cudaSetDevice(device));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::ostringstream report;
+  int failures = 0;
+  struct Size {
+    int64_t M, N, K;
+  };
+  const Size sizes[] = {{1, 1, 8}, {13, 7, 24}, {128, 128, 32}, {130, 129, 40}, {257, 200, 72}, {512, 768, 256}};
+  for (DType in : {DType::f16, DType::bf16})
+    for (DType out : {DType::f32, DType::f16, DType::bf16})
+      for (Layout la : {Layout::row, Layout::col})
+        for (Layout lb : {Layout::row, Layout::col})
+          for (const Size& sz : sizes) {
+            const int variant = int(rng() % 5);
+            TcGemmArgs g;
+            g.in_dtype = in;
+            g.out_dtype = out;
+            g.la = la;
+            g.lb = lb;
+            g.M = sz.M, g.N = sz.N, g.K = sz.K;
+            const bool ak = a_is_kmajor(la), bk = b_is_kmajor(lb);
+            g.lda = ((ak ? sz.K : sz.M) + 7) / 8 * 8;
+            g.ldb = ((bk ? sz.K : sz.N) + 7) / 8 * 8;
+            g.ldc = sz.N;
+            g.batch = 2;
+            g.ep.act = Activation(variant % 4);
+            g.ep.alpha = variant == 3 ? 0.5f : 1.0f;
+            g.ep.beta = variant == 2 || variant == 4 ? -0.75f : 0.0f;
+            const int64_t na = (ak ? sz.M : sz.K) * g.lda, nb = (bk ? sz.N : sz.K) * g.ldb, nc = sz.M * sz.N;
+            g.stride_a = na, g.stride_b = nb, g.stride_c = nc;
+            auto bits = [&](float x) { return in == DType::f16 ? f32_to_f16_bits(x) : f32_to_bf16_bits(x); };
+            auto val = [&](uint16_t b) { return in == DType::f16 ? f16_bits_to_f32(b) : bf16_bits_to_f32(b); };
+            auto obits = [&](float x) {
+              return out == DType::f16 ? f32_to_f16_bits(x) : out == DType::bf16 ? f32_to_bf16_bits(x) : uint16_t(0);
+            };
+            auto oval = [&](const std::vector<char>& v, int64_t i) {
+              if (out == DType::f32) return reinterpret_cast<const float*>(v.data())[i];
+              const uint16_t b = reinterpret_cast<const uint16_t*>(v.data())[i];
+              return out == DType::f16 ? f16_bits_to_f32(b) : bf16_bits_to_f32(b);
+            };
+            const size_t osz = out == DType::f32 ? 4 : 2;
+            std::vector<uint16_t> A(size_t(2 * na)), B(size_t(2 * nb));
+            for (auto& x : A) x = bits(u(rng));
+            for (auto& x : B) x = bits(u(rng));
+            std::vector<float> bias(size_t(sz.N));
+            for (auto& x : bias) x = u(rng);
+            std::vector<char> c0(size_t(2 * nc) * osz), res(size_t(2 * nc) * osz);
+            for (int64_t i = 0; i < 2 * nc; ++i) {
+              const float x = u(rng), y = u(rng);
+              if (out == DType::f32) {
+                reinterpret_cast<float*>(c0.data())[i] = x;
+                reinterpret_cast<float*>(res.data())[i] = y;
+              } else {
+                reinterpret_cast<uint16_t*>(c0.data())[i] = obits(x);
+                reinterpret_cast<uint16_t*>(res.data())[i] = obits(y);
+              }
+            }
+            const bool use_bias = variant >= 1, use_res = variant >= 3;
+            void *dA, *dB, *dC, *dC0, *dR, *dBias;
+            KILN_CUDA_OK(cudaMalloc(&dA, A.size() * 2));
+            KILN_CUDA_OK(cudaMalloc(&dB, B.size() * 2));
+            KILN_CUDA_OK(cudaMalloc(&dC, c0.size()));
+            KILN_CUDA_OK(cudaMalloc(&dC0, c0.size()));
+            KILN_CUDA_OK(cudaMalloc(&dR, res.size()));
+            KILN_CUDA_OK(cudaMalloc(&dBias, bias.size() * 4));
+            KILN_CUDA_OK(cudaMemcpy(dA, A.data(), A.size() * 2, cudaMemcpyHostToDevice));
+            KILN_CUDA_OK(cudaMemcpy(dB, B.data(), B.size() * 2, cudaMemcpyHostToDevice));
+            KILN_CUDA_OK(cudaMemcpy(dC0, c0.data(), c0.size(), cudaMemcpyHostToDevice));
+            KILN_CUDA_OK(cudaMemcpy(dR, res.data(), res.size(), cudaMemcpyHostToDevice));
+            KILN_CUDA_OK(cudaMemcpy(dBias, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
+            g.a = dA, g.b = dB, g.out = dC, g.c0 = dC0;
+            g.bias = use_bias ? static_cast<const float*>(dBias) : nullptr;
+            g.residual = use_res ? dR : nullptr;
+            tc_gemm(g, nullptr);
+            KILN_CUDA_OK(cudaDeviceSynchronize());
+            std::vector<char> got(c0.size());
+            KILN_CUDA_OK(cudaMemcpy(got.data(), dC, got.size(), cudaMemcpyDeviceToHost));
+            for (void* p : {dA, dB, dC, dC0, dR, dBias}) cudaFree(p);
+            double worst = 0;
+            for (int64_t z = 0; z < 2; ++z)
+              for (int64_t m = 0; m < sz.M; ++m)
+                for (int64_t n = 0; n < sz.N; ++n) {
+                  double s = 0;
+                  for (int64_t k = 0; k < sz.K; ++k) {
+                    const float a = val(A[size_t(z * na + (ak ? m * g.lda + k : k * g.lda + m))]);
+                    const float b = val(B[size_t(z * nb + (bk ? n * g.ldb + k : k * g.ldb + n))]);
+                    s += double(a) * double(b);
+                  }
+                  const int64_t o = z * nc + m * sz.N + n;
+                  const float want = apply_epilogue(g.ep, float(s), oval(c0, o), use_bias ? bias[size_t(n)] : 0.0f,
+                                                    use_res ? oval(res, o) : 0.0f);
+                  worst = std::max(worst, std::abs(double(oval(got, o)) - double(want)) / (1.0 + std::abs(double(want))));
+                }
+            const double tol = out == DType::f32 ? 1e-4 * std::sqrt(double(sz.K)) : out == DType::f16 ? 2e-3 : 1.6e-2;
+            if (!(worst <= tol) && ++failures <= 10)
+              report << "in " << dtype_name(in) << " out " << dtype_name(out) << " A " << (ak ? "row" : "col") << " B "
+                     << (bk ? "col" : "row") << " M " << sz.M << " N " << sz.N << " K " << sz.K << " epilogue "
+                     << variant << ": worst relative error " << worst << " (tolerance " << tol << ")\n";
+          }
+  if (failures) report << failures << " case(s) differ from the CPU reference\n";
+  return report.str();
+}
+
+}  // namespace kiln::cuda
