@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "engine/dist.h"
+#include "engine/error.h"
 #include "engine/thread_pool.h"
 
 namespace kiln::dist::detail {
@@ -91,6 +92,22 @@ class CommThread {
   bool stop_ = false;
   std::thread thread_;
 };
+
+// The argument rules every communicator enforces, with the same messages.
+inline void check_tensor(const Tensor& t, const char* what) {
+  KILN_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), what, ": needs a contiguous CPU tensor, got ",
+             t.defined() ? t.type_str() : std::string("an undefined tensor"));
+}
+inline void check_root(int root, int size) {
+  KILN_CHECK(root >= 0 && root < size, "broadcast: root ", root, " is not a rank of ", size);
+}
+// all_gather: out holds size blocks of in; reduce_scatter: in holds size blocks of out.
+inline void check_blocks(const char* what, const Tensor& whole, const Tensor& block, int size) {
+  check_tensor(whole, what);
+  check_tensor(block, what);
+  KILN_CHECK(whole.numel() == block.numel() * size && whole.dtype() == block.dtype(), what, ": ", whole.type_str(),
+             " must hold ", size, " x ", block.numel(), " elements of ", block.dtype());
+}
 
 inline void report_timeout(const char* backend, int rank, int size, const char* what, long long bytes,
                            std::chrono::seconds timeout) {

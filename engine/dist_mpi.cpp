@@ -93,7 +93,7 @@ class MpiCommunicator final : public Communicator {
 
   void broadcast(const Tensor& t, int root) override {
     check(t, "broadcast");
-    KILN_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of ", size_);
+    detail::check_root(root, size_);
     submit([this, t, root] {
       run("broadcast", t.numel() * int64_t(dtype_size(t.dtype())), [&](MPI_Request* r) {
         return MPI_Ibcast(t.raw_data(), int(t.numel() * int64_t(dtype_size(t.dtype()))), MPI_BYTE, root, comm_, r);
@@ -102,10 +102,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   void all_gather(const Tensor& in, const Tensor& out) override {
-    check(in, "all_gather");
+    detail::check_blocks("all_gather", out, in, size_);
     check(out, "all_gather");
-    KILN_CHECK(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(), "all_gather: output ", out.type_str(),
-               " must hold ", size_, " x ", in.numel(), " elements of ", in.dtype());
     submit([this, in, out] {
       const int bytes = int(in.numel() * int64_t(dtype_size(in.dtype())));
       run("all_gather", int64_t(bytes) * size_, [&](MPI_Request* r) {
@@ -115,10 +113,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
+    detail::check_blocks("reduce_scatter", in, out, size_);
     check(in, "reduce_scatter");
-    check(out, "reduce_scatter");
-    KILN_CHECK(in.numel() == out.numel() * size_ && out.dtype() == in.dtype(), "reduce_scatter: input ", in.type_str(),
-               " must hold ", size_, " x ", out.numel(), " elements of ", out.dtype());
     submit([this, in, out, op] {
       run("reduce_scatter", in.numel() * int64_t(dtype_size(in.dtype())), [&](MPI_Request* r) {
         return MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), int(out.numel()), mpi_type(in.dtype()), mpi_op(op),
@@ -137,8 +133,7 @@ class MpiCommunicator final : public Communicator {
 
  private:
   static void check(const Tensor& t, const char* what) {
-    KILN_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), what, ": needs a contiguous CPU tensor, got ",
-               t.defined() ? t.type_str() : std::string("an undefined tensor"));
+    detail::check_tensor(t, what);
     KILN_CHECK(t.numel() * int64_t(dtype_size(t.dtype())) < (int64_t(1) << 31), what, ": ", t.type_str(),
                " is 2 GiB or more; split it");
   }

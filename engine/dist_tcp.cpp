@@ -241,7 +241,7 @@ class TcpCommunicator final : public Communicator {
   const char* backend() const override { return "tcp"; }
 
   std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) override {
-    check(t, "all_reduce");
+    detail::check_tensor(t, "all_reduce");
     return thread_.submit([this, t, op] {
       const bool low = is_low_precision(t.dtype());
       Tensor buf = low ? t.to(DType::f32) : t;
@@ -269,8 +269,8 @@ class TcpCommunicator final : public Communicator {
   }
 
   void broadcast(const Tensor& t, int root) override {
-    check(t, "broadcast");
-    KILN_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of ", size_);
+    detail::check_tensor(t, "broadcast");
+    detail::check_root(root, size_);
     thread_.submit([this, t, root] {
       const size_t bytes = size_t(t.numel()) * dtype_size(t.dtype());
       // Along the ring from the root; the rank before the root does not forward.
@@ -280,10 +280,7 @@ class TcpCommunicator final : public Communicator {
   }
 
   void all_gather(const Tensor& in, const Tensor& out) override {
-    check(in, "all_gather");
-    check(out, "all_gather");
-    KILN_CHECK(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(), "all_gather: output ", out.type_str(),
-               " must hold ", size_, " x ", in.numel(), " elements of ", in.dtype());
+    detail::check_blocks("all_gather", out, in, size_);
     thread_.submit([this, in, out] {
       const int64_t b = in.numel() * int64_t(dtype_size(in.dtype()));
       char* base = static_cast<char*>(out.raw_data());
@@ -294,10 +291,7 @@ class TcpCommunicator final : public Communicator {
   }
 
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
-    check(in, "reduce_scatter");
-    check(out, "reduce_scatter");
-    KILN_CHECK(in.numel() == out.numel() * size_ && out.dtype() == in.dtype(), "reduce_scatter: input ", in.type_str(),
-               " must hold ", size_, " x ", out.numel(), " elements of ", out.dtype());
+    detail::check_blocks("reduce_scatter", in, out, size_);
     thread_.submit([this, in, out, op] {
       Tensor work = in.clone();
       const int64_t n = out.numel(), b = n * int64_t(dtype_size(in.dtype()));
@@ -321,11 +315,6 @@ class TcpCommunicator final : public Communicator {
 
  private:
   int mod(int x) const { return ((x % size_) + size_) % size_; }
-
-  static void check(const Tensor& t, const char* what) {
-    KILN_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu(), what, ": needs a contiguous CPU tensor, got ",
-               t.defined() ? t.type_str() : std::string("an undefined tensor"));
-  }
 
   // One ring step: send to the next rank while receiving from the previous one.
   void step(const char* what, const void* sp, int64_t sn, void* rp, int64_t rn, int64_t total_bytes) {

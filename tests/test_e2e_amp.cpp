@@ -17,21 +17,8 @@ using kiln::testing::run_kiln;
 using kiln::testing::TempDir;
 using json = nlohmann::json;
 
-namespace {
-const std::string kFortunes = "/usr/share/games/fortunes";
-
-std::vector<json> step_lines(const std::string& path) {
-  std::vector<json> out;
-  std::istringstream in(read_text(path));
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) {
-      json j = json::parse(line);
-      if (j.contains("loss")) out.push_back(j);
-    }
-  return out;
-}
-}  // namespace
+using kiln::testing::kFortunes;
+std::vector<json> step_lines(const std::string& path) { return kiln::testing::step_lines<json>(path); }
 
 TEST_CASE("e2e amp: ResNet-20 on Fashion-MNIST under fp16 and bf16 ends within 0.5 points of f32") {
   TempDir d("kiln_amp_resnet");

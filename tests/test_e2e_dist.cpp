@@ -22,16 +22,11 @@ using kiln::testing::TempDir;
 using json = nlohmann::json;
 
 namespace {
-const std::string kFortunes = "/usr/share/games/fortunes";
+using kiln::testing::kFortunes;
 
 std::vector<double> losses(const std::string& path) {
   std::vector<double> out;
-  std::istringstream in(read_text(path));
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) {
-      const json j = json::parse(line);
-      if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-    }
+  for (const json& j : kiln::testing::step_lines<json>(path)) out.push_back(j["loss"].get<double>());
   return out;
 }
 

@@ -108,7 +108,7 @@ TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees wit
 }
 
 namespace {
-const std::string kFortunes = "/usr/share/games/fortunes";
+using kiln::testing::kFortunes;
 
 // label<TAB>text rows from fortune files: each record (between "%" lines) labelled by its file.
 void fortunes_tsv(const std::string& path, const std::vector<std::string>& cats, int every, int offset) {

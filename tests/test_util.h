@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "engine/error.h"
 
@@ -51,6 +52,21 @@ inline std::string read_text(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// Debian's fortunes package: the English text the BERT tests train on.
+inline const std::string kFortunes = "/usr/share/games/fortunes";
+
+// The lines of a metrics.jsonl file that log training steps (they have "loss"), parsed.
+template <typename Json> std::vector<Json> step_lines(const std::string& path) {
+  std::vector<Json> out;
+  std::istringstream in(read_text(path));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) {
+      Json j = Json::parse(line);
+      if (j.contains("loss")) out.push_back(j);
+    }
+  return out;
 }
 
 struct CliResult {

@@ -5,10 +5,6 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
 #include "kernels/common/math.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -24,28 +20,13 @@ template <typename TO, typename TI> void copy_typed(const TensorDesc& dst, const
   run_rows(L, [](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t n) {
     TO* o = reinterpret_cast<TO*>(p[0]);
     const TI* in = reinterpret_cast<const TI*>(p[1]);
-#if defined(__F16C__)
-    // Hardware conversion, 8 at a time; same IEEE round-to-nearest-even as f32_to_f16_bits.
+    // f16 <-> f32 rows: the F16C block conversions of loops.h, 8 at a time.
     if constexpr (std::is_same_v<TO, Half> && std::is_same_v<TI, float>) {
-      if (s[0] == 1 && s[1] == 1) {
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i),
-                           _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
-        for (; i < n; ++i) o[i] = Half(in[i]);
-        return;
-      }
+      if (s[0] == 1 && s[1] == 1) return store_block_f32(in, o, 1, n);
     }
     if constexpr (std::is_same_v<TO, float> && std::is_same_v<TI, Half>) {
-      if (s[0] == 1 && s[1] == 1) {
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
-          _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
-        for (; i < n; ++i) o[i] = float(in[i]);
-        return;
-      }
+      if (s[0] == 1 && s[1] == 1) return load_block_f32(in, 1, o, n);
     }
-#endif
     if constexpr (std::is_same_v<TO, TI>) {
       if (s[0] == 1 && s[1] == 1) {
         std::memcpy(o, in, size_t(n) * sizeof(TO));
