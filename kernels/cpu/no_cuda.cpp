@@ -1,5 +1,6 @@
 // The CUDA runtime queries in a build without the CUDA backend: they say so.
 #include "kernels/cuda/runtime_info.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/tc_gemm.h"
 
 #include "engine/error.h"
@@ -18,5 +19,10 @@ bool tc_gemm_supported(int, std::string* why) {
   return false;
 }
 std::string tc_gemm_selftest(int) { return "this build of Kiln has no CUDA backend"; }
+CachingAllocator& device_allocator(int device) {
+  KILN_FAIL("cuda:", device, ": this build of Kiln has no CUDA backend");
+}
+void* pinned_alloc(size_t) { KILN_FAIL("pinned memory: this build of Kiln has no CUDA backend"); }
+void pinned_free(void*) {}
 }  // namespace kiln::cuda
 #endif

@@ -1,0 +1,109 @@
+// The CUDA side of device memory: a RawDevice over cudaMalloc/cudaFree and CUDA events for the
+// caching allocator (engine/caching_allocator.h holds the policy, tested on the CPU), and pinned
+// host allocations.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/error.h"
+#include "kernels/cuda/device_memory.h"
+
+namespace kiln::cuda {
+namespace {
+
+std::string cuda_error(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+#define KILN_CUDA_OK(call)                                                              \
+  do {                                                                                  \
+    const cudaError_t e_ = (call);                                                      \
+    KILN_CHECK(e_ == cudaSuccess, #call, " failed: ", cuda_error(e_));                  \
+  } while (0)
+
+// Runs the calls of one device with that device current, restoring the caller's.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int d) {
+    cudaGetDevice(&prev_);
+    if (prev_ != d) KILN_CUDA_OK(cudaSetDevice(d));
+    changed_ = prev_ != d;
+  }
+  ~DeviceScope() {
+    if (changed_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0;
+  bool changed_ = false;
+};
+
+class CudaDevice final : public RawDevice {
+ public:
+  explicit CudaDevice(int d) : d_(d) {}
+  void* allocate(size_t bytes) override {
+    DeviceScope s(d_);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear the error state so the next call does not report it
+      return nullptr;
+    }
+    KILN_CHECK(e == cudaSuccess, "cudaMalloc of ", bytes, " bytes on cuda:", d_, " failed: ", cuda_error(e));
+    return p;
+  }
+  void deallocate(void* p) override {
+    DeviceScope s(d_);
+    KILN_CUDA_OK(cudaFree(p));
+  }
+  void* record_event(StreamId stream) override {
+    DeviceScope s(d_);
+    cudaEvent_t ev;
+    KILN_CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    KILN_CUDA_OK(cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream)));
+    return ev;
+  }
+  bool event_done(void* ev) override {
+    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+    if (e == cudaErrorNotReady) return false;
+    KILN_CHECK(e == cudaSuccess, "cudaEventQuery failed: ", cuda_error(e));
+    return true;
+  }
+  void destroy_event(void* ev) override { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); }
+  size_t free_bytes() override {
+    DeviceScope s(d_);
+    size_t free = 0, total = 0;
+    return cudaMemGetInfo(&free, &total) == cudaSuccess ? free : 0;
+  }
+
+ private:
+  int d_;
+};
+
+}  // namespace
+
+CachingAllocator& device_allocator(int device) {
+  static std::mutex m;
+  static std::vector<std::unique_ptr<CachingAllocator>> allocators;
+  std::lock_guard<std::mutex> lk(m);
+  int count = 0;
+  KILN_CUDA_OK(cudaGetDeviceCount(&count));
+  KILN_CHECK(device >= 0 && device < count, "cuda:", device, " does not exist (", count, " device(s) visible)");
+  if (allocators.size() < size_t(count)) allocators.resize(size_t(count));
+  auto& a = allocators[size_t(device)];
+  if (!a) a = std::make_unique<CachingAllocator>(std::make_unique<CudaDevice>(device), "cuda:" + std::to_string(device));
+  return *a;
+}
+
+void* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  KILN_CUDA_OK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  return p;
+}
+
+void pinned_free(void* p) {
+  if (p) KILN_CUDA_OK(cudaFreeHost(p));
+}
+
+}  // namespace kiln::cuda
