@@ -9,18 +9,12 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_memory.h"
 
 namespace kiln::cuda {
 namespace {
 
-std::string cuda_error(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
-
-#define KILN_CUDA_OK(call)                                                              \
-  do {                                                                                  \
-    const cudaError_t e_ = (call);                                                      \
-    KILN_CHECK(e_ == cudaSuccess, #call, " failed: ", cuda_error(e_));                  \
-  } while (0)
 
 // Runs the calls of one device with that device current, restoring the caller's.
 class DeviceScope {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/common/half.h"
 #include "kernels/cuda/tc_gemm.h"
 
@@ -186,13 +187,6 @@ __global__ void __launch_bounds__(kThreads) tc_gemm_kernel(Params p) {
 #endif
 }
 
-std::string cuda_error(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
-
-#define KILN_CUDA_OK(call)                                                              \
-  do {                                                                                  \
-    const cudaError_t e_ = (call);                                                      \
-    KILN_CHECK(e_ == cudaSuccess, #call, " failed: ", cuda_error(e_));                  \
-  } while (0)
 
 template <bool kBf16, bool kAMajorK, bool kBMajorK> void launch(const Params& p, dim3 grid, cudaStream_t s) {
   tc_gemm_kernel<kBf16, kAMajorK, kBMajorK><<<grid, kThreads, kSmemBytes, s>>>(p);

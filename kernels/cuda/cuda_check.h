@@ -1,0 +1,20 @@
+// One macro for CUDA runtime return codes: a failed call throws kiln::Error naming the call and the
+// runtime's own error name and string. Only for .cu files (it needs cuda_runtime.h).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "engine/error.h"
+
+namespace kiln::cuda {
+inline std::string cuda_error(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+}  // namespace kiln::cuda
+
+#define KILN_CUDA_OK(call)                                                                   \
+  do {                                                                                       \
+    const cudaError_t kiln_cuda_e_ = (call);                                                 \
+    KILN_CHECK(kiln_cuda_e_ == cudaSuccess, #call, " failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_)); \
+  } while (0)
