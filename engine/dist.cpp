@@ -66,29 +66,35 @@ std::string describe(const std::string& name, const Tensor& t) {
 
 }  // namespace
 
+// The variables each launcher sets: world size, rank, local rank, ranks on this node.
+struct LauncherVars {
+  const char* name;
+  const char* size;
+  const char* rank;
+  const char* local_rank;
+  const char* local_size;
+};
+constexpr LauncherVars kLaunchers[] = {
+    {"torchrun", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},  // also `kiln launch`
+    {"openmpi", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"slurm", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+};
+
 DistEnv DistEnv::from_environment() {
   DistEnv e;
-  if (env_int("WORLD_SIZE", e.world_size)) {  // torchrun, `kiln launch`
-    e.launcher = "torchrun";
-    env_int("RANK", e.rank);
+  for (const LauncherVars& l : kLaunchers) {
+    if (!env_int(l.size, e.world_size)) continue;
+    e.launcher = l.name;
+    env_int(l.rank, e.rank);
     e.local_rank = e.rank;
-    env_int("LOCAL_RANK", e.local_rank);
+    env_int(l.local_rank, e.local_rank);
     e.local_world_size = e.world_size;
-    env_int("LOCAL_WORLD_SIZE", e.local_world_size);
+    env_int(l.local_size, e.local_world_size);
+    break;
+  }
+  if (e.launcher == "torchrun") {
     if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
     env_int("MASTER_PORT", e.master_port);
-  } else if (env_int("OMPI_COMM_WORLD_SIZE", e.world_size)) {
-    e.launcher = "openmpi";
-    env_int("OMPI_COMM_WORLD_RANK", e.rank);
-    env_int("OMPI_COMM_WORLD_LOCAL_RANK", e.local_rank);
-    e.local_world_size = e.world_size;
-    env_int("OMPI_COMM_WORLD_LOCAL_SIZE", e.local_world_size);
-  } else if (env_int("SLURM_NTASKS", e.world_size)) {
-    e.launcher = "slurm";
-    env_int("SLURM_PROCID", e.rank);
-    env_int("SLURM_LOCALID", e.local_rank);
-    e.local_world_size = e.world_size;
-    env_int("SLURM_NTASKS_PER_NODE", e.local_world_size);
   }
   KILN_CHECK(e.world_size >= 1 && e.rank < e.world_size && e.local_rank < std::max(e.local_world_size, 1),
              "the ", e.launcher, " environment says rank ", e.rank, " (local ", e.local_rank, ") of ", e.world_size,

@@ -59,26 +59,19 @@ TEST_CASE("tcgemm: every ldmatrix phase and every cp.async store group is free o
   for (bool kmajor : {true, false}) {
     CAPTURE(kmajor);
     // ldmatrix.x4: four phases, lanes 8q..8q+7 each; every fragment position a warp loads.
+    auto phases_conflict_free = [&](auto lane_offset) {
+      for (int q = 0; q < 4; ++q) {
+        std::vector<int> offs;
+        for (int l = 8 * q; l < 8 * q + 8; ++l) offs.push_back(lane_offset(l));
+        CHECK(conflict_free(offs));
+      }
+    };
     for (int warp = 0; warp < kWarps; ++warp)
       for (int ks = 0; ks < kBK; ks += kMmaK) {
         for (int tm = 0; tm < kTilesM; ++tm)
-          for (int q = 0; q < 4; ++q) {
-            std::vector<int> offs;
-            for (int l = 8 * q; l < 8 * q + 8; ++l) {
-              const int m0 = warp_row0(warp) + tm * kMmaM;
-              offs.push_back(ldsm_offset(kmajor, kmajor ? ldsm_a_kmajor(l, m0, ks) : ldsm_a_mnmajor(l, m0, ks)));
-            }
-            CHECK(conflict_free(offs));
-          }
+          phases_conflict_free([&](int l) { return ldsm_a_offset(kmajor, l, warp_row0(warp) + tm * kMmaM, ks); });
         for (int tn = 0; tn < kTilesN; tn += 2)
-          for (int q = 0; q < 4; ++q) {
-            std::vector<int> offs;
-            for (int l = 8 * q; l < 8 * q + 8; ++l) {
-              const int n0 = warp_col0(warp) + tn * kMmaN;
-              offs.push_back(ldsm_offset(kmajor, kmajor ? ldsm_b_kmajor(l, n0, ks) : ldsm_b_mnmajor(l, n0, ks)));
-            }
-            CHECK(conflict_free(offs));
-          }
+          phases_conflict_free([&](int l) { return ldsm_b_offset(kmajor, l, warp_col0(warp) + tn * kMmaN, ks); });
       }
     // cp.async: 16-byte stores are served 8 threads at a time.
     for (int i = 0; i < kChunksPerThread; ++i)
@@ -212,18 +205,12 @@ std::vector<float> emulate(const Problem& p, const std::vector<uint16_t>& A, con
             uint16_t afr[kTilesM][32][4][2], bfr[kTilesN / 2][32][4][2];
             for (int tm = 0; tm < kTilesM; ++tm) {
               int addr[32];
-              for (int l = 0; l < 32; ++l) {
-                const int m0 = warp_row0(w) + tm * kMmaM;
-                addr[l] = ldsm_offset(akm, akm ? ldsm_a_kmajor(l, m0, ks) : ldsm_a_mnmajor(l, m0, ks));
-              }
+              for (int l = 0; l < 32; ++l) addr[l] = ldsm_a_offset(akm, l, warp_row0(w) + tm * kMmaM, ks);
               ldmatrix_x4(sa, addr, !akm, afr[tm]);
             }
             for (int tp = 0; tp < kTilesN / 2; ++tp) {
               int addr[32];
-              for (int l = 0; l < 32; ++l) {
-                const int n0 = warp_col0(w) + tp * 2 * kMmaN;
-                addr[l] = ldsm_offset(bkm, bkm ? ldsm_b_kmajor(l, n0, ks) : ldsm_b_mnmajor(l, n0, ks));
-              }
+              for (int l = 0; l < 32; ++l) addr[l] = ldsm_b_offset(bkm, l, warp_col0(w) + tp * 2 * kMmaN, ks);
               ldmatrix_x4(sb, addr, !bkm, bfr[tp]);
             }
             // mma.m16n8k16.row.col: gather A (16x16) and B (16x8) from the lanes by the documented

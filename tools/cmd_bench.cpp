@@ -34,6 +34,102 @@ void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
   app.add_option("--json", o.json, "Write the rows to this JSON file");
 }
 
+namespace {
+
+struct Timing {
+  std::string input;
+  int64_t batch = 0;  // samples per step, over all ranks
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+};
+
+// Full training steps of one model in one precision, on a fresh model seeded the same for each.
+Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std::string& amp_mode,
+                  dist::Communicator& comm) {
+  const int world = comm.world_size();
+  manual_seed(1);
+  std::shared_ptr<nn::Module> model;
+  std::function<Tensor()> step_loss;
+  std::string input;
+  int64_t batch = o.batch;
+  if (models::is_resnet_name(name)) {
+    auto rc = resnet_config_from(name, {});
+    rc.in_channels = o.in_channels > 0 ? o.in_channels : 3;
+    const bool small = name == "resnet20" || name == "resnet32" || name == "resnet44" || name == "resnet56" ||
+                       name == "resnet110";
+    const int64_t s = o.image_size > 0 ? o.image_size : small ? 32 : 224;
+    if (batch == 0) batch = small ? 128 : 32;
+    auto m = models::make_resnet(rc);
+    model = m;
+    const Tensor x = randn({batch, rc.in_channels, s, s});
+    const Tensor y = randint(0, rc.num_classes, {batch});
+    step_loss = [m, x, y] { return cross_entropy((*m)(x), y); };
+    input = std::to_string(batch) + "x" + std::to_string(rc.in_channels) + "x" + std::to_string(s) + "x" +
+            std::to_string(s);
+  } else {
+    const BertName bn = parse_bert_name(name);
+    const models::BertConfig bc = bert_config_from(bn.size, {});
+    if (batch == 0) batch = 32;
+    auto m = std::make_shared<models::BertForMaskedLM>(bc);
+    model = m;
+      // Masked-LM shape of work as `kiln train` does it: 15% of the positions go through the vocabulary
+    // projection and the loss.
+    const Tensor ids = randint(0, bc.vocab_size, {batch, o.seq_len});
+    std::vector<int64_t> pos, tgt;
+    const std::vector<double> u = rand({batch * o.seq_len}).to_vector();
+    for (int64_t i = 0; i < batch * o.seq_len; ++i)
+      if (u[size_t(i)] < 0.15) {
+        pos.push_back(i);
+        tgt.push_back(ids.data<int64_t>()[i]);
+      }
+    const Tensor positions = from_blob_copy(pos.data(), {int64_t(pos.size())});
+    const Tensor target = from_blob_copy(tgt.data(), {int64_t(tgt.size())});
+    const Tensor attn = ones({batch, o.seq_len}, DType::i64);
+    step_loss = [m, ids, positions, target, attn] { return cross_entropy(m->forward_at(ids, positions, attn), target); };
+    input = std::to_string(batch) + "x" + std::to_string(o.seq_len) + " tokens";
+  }
+  model->train();
+  auto groups = optim::decay_groups(model->named_parameters(), 0.01, 1e-4);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (models::is_resnet_name(name)) opt = std::make_unique<optim::SGD>(groups, optim::SgdOptions{0.9, 0, true});
+  else opt = std::make_unique<optim::AdamW>(groups);
+  // The step `kiln train --amp` takes: forward and loss under autocast, scaled backward, scaler step.
+  const std::optional<DType> low = amp_dtype(amp_mode);
+  amp::GradScalerOptions so;
+  so.enabled = low == DType::f16;
+  amp::GradScaler scaler(so);
+  const std::vector<Tensor> params = model->parameters();
+  std::unique_ptr<dist::DataParallel> dp;
+  if (world > 1) {
+    dp = std::make_unique<dist::DataParallel>(*model, comm);
+    scaler.agree = [&](Tensor& f) { comm.all_reduce(f, dist::ReduceOp::max); };
+  }
+  std::vector<double> ms;
+  for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor loss;
+    {
+      amp::AutocastGuard autocast(low.value_or(DType::f16), low.has_value());
+      loss = step_loss();
+    }
+    opt->zero_grad();
+    scaler.scale(loss).backward();
+    if (dp) dp->finish();
+    scaler.step(*opt, params);
+    scaler.update();
+    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= o.warmup) ms.push_back(t);
+  }
+  if (world > 1) {  // a step takes as long as its slowest rank
+    Tensor t = from_vector(ms, {int64_t(ms.size())}, DType::f64);
+    comm.all_reduce(t, dist::ReduceOp::max);
+    ms = t.to_vector();
+  }
+  std::sort(ms.begin(), ms.end());
+  return {input, batch * world, ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+}  // namespace
+
 int run_bench_train(const BenchTrainOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   // Under `kiln launch` or mpirun: data parallel, --batch per rank; rank 0 prints the global numbers.
@@ -52,108 +148,21 @@ int run_bench_train(const BenchTrainOptions& o) {
   std::printf("%-12s %-5s %-22s %10s %10s %10s %12s %8s\n", "model", "amp", "input", "median ms", "min ms", "max ms",
               "samples/s", "vs off");
   for (const auto& name : names) {
-  double off_ms = 0;
-  for (const auto& amp_mode : amps) {
-    manual_seed(1);
-    std::shared_ptr<nn::Module> model;
-    std::function<Tensor()> step_loss;
-    std::string input;
-    int64_t batch = o.batch;
-    if (models::is_resnet_name(name)) {
-      auto rc = resnet_config_from(name, {});
-      rc.in_channels = o.in_channels > 0 ? o.in_channels : 3;
-      const bool small = name == "resnet20" || name == "resnet32" || name == "resnet44" || name == "resnet56" ||
-                         name == "resnet110";
-      const int64_t s = o.image_size > 0 ? o.image_size : small ? 32 : 224;
-      if (batch == 0) batch = small ? 128 : 32;
-      auto m = models::make_resnet(rc);
-      model = m;
-      const Tensor x = randn({batch, rc.in_channels, s, s});
-      const Tensor y = randint(0, rc.num_classes, {batch});
-      step_loss = [m, x, y] { return cross_entropy((*m)(x), y); };
-      input = std::to_string(batch) + "x" + std::to_string(rc.in_channels) + "x" + std::to_string(s) + "x" +
-              std::to_string(s);
-    } else {
-      const BertName bn = parse_bert_name(name);
-      const models::BertConfig bc = bert_config_from(bn.size, {});
-      if (batch == 0) batch = 32;
-      auto m = std::make_shared<models::BertForMaskedLM>(bc);
-      model = m;
-      // Masked-LM shape of work: every position predicted, 15% of them scored.
-      // Masked-LM shape of work as `kiln train` does it: 15% of the positions go through the vocabulary
-      // projection and the loss.
-      const Tensor ids = randint(0, bc.vocab_size, {batch, o.seq_len});
-      std::vector<int64_t> pos, tgt;
-      const std::vector<double> u = rand({batch * o.seq_len}).to_vector();
-      for (int64_t i = 0; i < batch * o.seq_len; ++i)
-        if (u[size_t(i)] < 0.15) {
-          pos.push_back(i);
-          tgt.push_back(ids.data<int64_t>()[i]);
-        }
-      const Tensor positions = from_blob_copy(pos.data(), {int64_t(pos.size())});
-      const Tensor target = from_blob_copy(tgt.data(), {int64_t(tgt.size())});
-      const Tensor attn = ones({batch, o.seq_len}, DType::i64);
-      step_loss = [m, ids, positions, target, attn] { return cross_entropy(m->forward_at(ids, positions, attn), target); };
-      input = std::to_string(batch) + "x" + std::to_string(o.seq_len) + " tokens";
+    double off_ms = 0;
+    for (const auto& amp_mode : amps) {
+      const Timing t = time_steps(o, name, amp_mode, *comm);
+      const double med = t.median_ms, sps = double(t.batch) * 1000.0 / med;
+      if (amp_mode == "off") off_ms = med;
+      const std::string vs = off_ms > 0 ? std::to_string(off_ms / med).substr(0, 4) + "x" : "-";
+      std::printf("%-12s %-5s %-22s %10.1f %10.1f %10.1f %12.1f %8s\n", name.c_str(), amp_mode.c_str(), t.input.c_str(),
+                  med, t.min_ms, t.max_ms, sps, vs.c_str());
+      nlohmann::json row = {{"model", name},         {"amp", amp_mode},     {"input", t.input},
+                            {"batch", t.batch},      {"threads", num_threads()}, {"ranks", world},
+                            {"median_ms", med},      {"min_ms", t.min_ms},  {"max_ms", t.max_ms},
+                            {"samples_per_s", sps},  {"steps", o.steps}};
+      if (off_ms > 0) row["speedup_vs_off"] = off_ms / med;
+      rows.push_back(row);
     }
-    model->train();
-    auto groups = optim::decay_groups(model->named_parameters(), 0.01, 1e-4);
-    std::unique_ptr<optim::Optimizer> opt;
-    if (models::is_resnet_name(name)) opt = std::make_unique<optim::SGD>(groups, optim::SgdOptions{0.9, 0, true});
-    else opt = std::make_unique<optim::AdamW>(groups);
-    // The step `kiln train --amp` takes: forward and loss under autocast, scaled backward, scaler step.
-    const std::optional<DType> low = amp_dtype(amp_mode);
-    amp::GradScalerOptions so;
-    so.enabled = low == DType::f16;
-    amp::GradScaler scaler(so);
-    const std::vector<Tensor> params = model->parameters();
-    std::unique_ptr<dist::DataParallel> dp;
-    if (world > 1) {
-      dp = std::make_unique<dist::DataParallel>(*model, *comm);
-      scaler.agree = [&](Tensor& f) { comm->all_reduce(f, dist::ReduceOp::max); };
-    }
-    std::vector<double> ms;
-    for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      Tensor loss;
-      {
-        amp::AutocastGuard autocast(low.value_or(DType::f16), low.has_value());
-        loss = step_loss();
-      }
-      opt->zero_grad();
-      scaler.scale(loss).backward();
-      if (dp) dp->finish();
-      scaler.step(*opt, params);
-      scaler.update();
-      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (i >= o.warmup) ms.push_back(t);
-    }
-    if (world > 1) {  // a step takes as long as its slowest rank
-      Tensor t = from_vector(ms, {int64_t(ms.size())}, DType::f64);
-      comm->all_reduce(t, dist::ReduceOp::max);
-      ms = t.to_vector();
-    }
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    batch *= world;  // samples per step, over all ranks
-    if (amp_mode == "off") off_ms = med;
-    const std::string vs = off_ms > 0 ? std::to_string(off_ms / med).substr(0, 4) + "x" : "-";
-    std::printf("%-12s %-5s %-22s %10.1f %10.1f %10.1f %12.1f %8s\n", name.c_str(), amp_mode.c_str(), input.c_str(), med,
-                ms.front(), ms.back(), double(batch) * 1000.0 / med, vs.c_str());
-    nlohmann::json row = {{"model", name},
-                    {"amp", amp_mode},
-                    {"input", input},
-                    {"batch", batch},
-                    {"threads", num_threads()},
-                    {"ranks", world},
-                    {"median_ms", med},
-                    {"min_ms", ms.front()},
-                    {"max_ms", ms.back()},
-                    {"samples_per_s", double(batch) * 1000.0 / med},
-                    {"steps", o.steps}};
-    if (off_ms > 0) row["speedup_vs_off"] = off_ms / med;
-    rows.push_back(row);
-  }
   }
   if (!o.json.empty() && lead) {
     std::ofstream f(o.json);

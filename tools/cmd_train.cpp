@@ -228,7 +228,8 @@ int run_train(const TrainConfig& c) {
   resolved["total_steps"] = total_steps;
   resolved["parameters"] = model.num_parameters();
   resolved["world_size"] = world;
-  resolved["global_batch"] = c.batch * accum * world;
+  const int64_t global_batch = c.batch * accum * world;  // samples per optimizer step, all ranks
+  resolved["global_batch"] = global_batch;
   resolved["data_info"] = task.data_info;
 
   // ---- 3. resume: the newest complete checkpoint (auto) or the one named ----
@@ -322,7 +323,7 @@ int run_train(const TrainConfig& c) {
                 std::to_string(task.train_data->size()) + " samples), " + std::to_string(model.num_parameters()) +
                 " parameters, " + std::to_string(num_threads()) + " threads, " +
                 (world > 1 ? std::to_string(world) + " ranks (" + comm->backend() + "), global batch " +
-                                 std::to_string(c.batch * accum * world) + ", "
+                                 std::to_string(global_batch) + ", "
                            : std::string()) +
                 std::to_string(total_steps) + " steps" +
                 (amp_dt ? ", mixed precision " + c.amp + (scaler.enabled() ? " with dynamic loss scaling" : "") : "") +

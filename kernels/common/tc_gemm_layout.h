@@ -126,6 +126,14 @@ KILN_HD ChunkCoord ldsm_b_mnmajor(int lane, int n0, int k0) {
 }
 // The shared-memory offset (halves) of lane's ldmatrix row address.
 KILN_HD int ldsm_offset(bool kmajor, ChunkCoord c) { return kmajor ? smem_kmajor(c.r, c.k) : smem_mnmajor(c.k, c.r); }
+// Lane's ldmatrix row address (shared offset in halves) for the A fragment at (m0, k0) or the pair of
+// B fragments at (n0, k0), in whichever layout the operand's tile has.
+KILN_HD int ldsm_a_offset(bool kmajor, int lane, int m0, int k0) {
+  return ldsm_offset(kmajor, kmajor ? ldsm_a_kmajor(lane, m0, k0) : ldsm_a_mnmajor(lane, m0, k0));
+}
+KILN_HD int ldsm_b_offset(bool kmajor, int lane, int n0, int k0) {
+  return ldsm_offset(kmajor, kmajor ? ldsm_b_kmajor(lane, n0, k0) : ldsm_b_mnmajor(lane, n0, k0));
+}
 
 // mma.m16n8k16 accumulator layout (PTX ISA): register i (0..3) of lane holds
 // D[(lane >> 2) + 8 * (i >> 1)][2 * (lane & 3) + (i & 1)].

@@ -58,6 +58,39 @@ __device__ __forceinline__ void store_out(void* p, int64_t i, int kind, float v)
   else static_cast<uint16_t*>(p)[i] = kind == 1 ? f32_to_f16_bits(v) : f32_to_bf16_bits(v);
 }
 
+// One aligned 16-byte global -> shared copy, of which only `bytes` are read (the rest zero-filled).
+__device__ __forceinline__ void cp_async16(const void* smem_dst, const void* gmem_src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(gmem_src), "r"(bytes));
+}
+
+// Four 8x8 b16 matrices from the row addresses the lanes supply (.trans: each delivered transposed).
+template <bool kTrans> __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  const uint32_t addr = smem_u32(smem_row);
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a (16x16, row) * b (16x8, col), f32 accumulation.
+template <bool kBf16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kBf16)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 template <bool kBf16, bool kAMajorK, bool kBMajorK>
 __global__ void __launch_bounds__(kThreads) tc_gemm_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -70,23 +103,20 @@ __global__ void __launch_bounds__(kThreads) tc_gemm_kernel(Params p) {
   const uint16_t* const B = p.b + int64_t(blockIdx.z) * p.stride_b;
   const int ktiles = int((p.K + kBK - 1) / kBK);
 
-  auto load_stage = [&](int stage, int kt) {
-    const int64_t k0 = int64_t(kt) * kBK;
+  // This thread's chunks of one operand's tile (rows: M or N) into `stage`.
+  auto load_tile = [&](bool kmajor, const uint16_t* g, int64_t ld, int64_t row0, int64_t rows, uint16_t* s,
+                       int stage, int64_t k0) {
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
-      const ChunkCoord ca = load_chunk(kAMajorK, tid, i);
-      const int va = chunk_valid(kAMajorK, ca, bm, k0, p.M, p.K);
-      const uint16_t* ga = A + (va > 0 ? chunk_global_offset(kAMajorK, ca, bm, k0, p.lda) : 0);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                       smem_u32(sa + stage * kTileHalves + chunk_smem_offset(kAMajorK, ca))),
-                   "l"(ga), "r"(va * 2));
-      const ChunkCoord cb = load_chunk(kBMajorK, tid, i);
-      const int vb = chunk_valid(kBMajorK, cb, bn, k0, p.N, p.K);
-      const uint16_t* gb = B + (vb > 0 ? chunk_global_offset(kBMajorK, cb, bn, k0, p.ldb) : 0);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                       smem_u32(sb + stage * kTileHalves + chunk_smem_offset(kBMajorK, cb))),
-                   "l"(gb), "r"(vb * 2));
+      const ChunkCoord c = load_chunk(kmajor, tid, i);
+      const int v = chunk_valid(kmajor, c, row0, k0, rows, p.K);
+      cp_async16(s + stage * kTileHalves + chunk_smem_offset(kmajor, c),
+                 g + (v > 0 ? chunk_global_offset(kmajor, c, row0, k0, ld) : 0), v * 2);
     }
+  };
+  auto load_stage = [&](int stage, int kt) {
+    load_tile(kAMajorK, A, p.lda, bm, p.M, sa, stage, int64_t(kt) * kBK);
+    load_tile(kBMajorK, B, p.ldb, bn, p.N, sb, stage, int64_t(kt) * kBK);
   };
 
   float acc[kTilesM][kTilesN][4];
@@ -117,50 +147,18 @@ __global__ void __launch_bounds__(kThreads) tc_gemm_kernel(Params p) {
 #pragma unroll
       for (int tm = 0; tm < kTilesM; ++tm) {
         const int m0 = warp_row0(warp) + tm * kMmaM;
-        const uint32_t addr =
-            smem_u32(ta + ldsm_offset(kAMajorK, kAMajorK ? ldsm_a_kmajor(lane, m0, ks) : ldsm_a_mnmajor(lane, m0, ks)));
-        if constexpr (kAMajorK)
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                       : "=r"(af[tm][0]), "=r"(af[tm][1]), "=r"(af[tm][2]), "=r"(af[tm][3])
-                       : "r"(addr));
-        else
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                       : "=r"(af[tm][0]), "=r"(af[tm][1]), "=r"(af[tm][2]), "=r"(af[tm][3])
-                       : "r"(addr));
+        ldmatrix_x4<!kAMajorK>(af[tm], ta + ldsm_a_offset(kAMajorK, lane, m0, ks));
       }
 #pragma unroll
       for (int tp = 0; tp < kTilesN / 2; ++tp) {
         const int n0 = warp_col0(warp) + tp * 2 * kMmaN;
-        const uint32_t addr =
-            smem_u32(tb + ldsm_offset(kBMajorK, kBMajorK ? ldsm_b_kmajor(lane, n0, ks) : ldsm_b_mnmajor(lane, n0, ks)));
-        if constexpr (kBMajorK)
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                       : "=r"(bf[tp][0]), "=r"(bf[tp][1]), "=r"(bf[tp][2]), "=r"(bf[tp][3])
-                       : "r"(addr));
-        else
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                       : "=r"(bf[tp][0]), "=r"(bf[tp][1]), "=r"(bf[tp][2]), "=r"(bf[tp][3])
-                       : "r"(addr));
+        ldmatrix_x4<!kBMajorK>(bf[tp], tb + ldsm_b_offset(kBMajorK, lane, n0, ks));
       }
 #pragma unroll
       for (int tm = 0; tm < kTilesM; ++tm)
 #pragma unroll
-        for (int tn = 0; tn < kTilesN; ++tn) {
-          float* d = acc[tm][tn];
-          const uint32_t b0 = bf[tn / 2][2 * (tn % 2)], b1 = bf[tn / 2][2 * (tn % 2) + 1];
-          if constexpr (kBf16)
-            asm volatile(
-                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                "{%0,%1,%2,%3};\n"
-                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                : "r"(af[tm][0]), "r"(af[tm][1]), "r"(af[tm][2]), "r"(af[tm][3]), "r"(b0), "r"(b1));
-          else
-            asm volatile(
-                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                "{%0,%1,%2,%3};\n"
-                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                : "r"(af[tm][0]), "r"(af[tm][1]), "r"(af[tm][2]), "r"(af[tm][3]), "r"(b0), "r"(b1));
-        }
+        for (int tn = 0; tn < kTilesN; ++tn)
+          mma_16816<kBf16>(acc[tm][tn], af[tm], bf[tn / 2][2 * (tn % 2)], bf[tn / 2][2 * (tn % 2) + 1]);
     }
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
