@@ -26,6 +26,12 @@ Tensor GradScaler::scale(const Tensor& loss) const {
 void GradScaler::unscale(const std::vector<Tensor>& params) {
   KILN_CHECK(stage_ == Stage::ready, "GradScaler: unscale() was already called for this step; call update() after "
              "the optimizer step before unscaling again");
+  // The flag lives with the gradients, so a GPU step never copies it to the host to check it.
+  for (const Tensor& p : params)
+    if (p.grad().defined()) {
+      if (found_inf_.device() != p.grad().device()) found_inf_ = zeros({}, TensorOptions(DType::f32, p.grad().device()));
+      break;
+    }
   found_inf_.fill_(0.0);
   if (o_.enabled) {
     const double inv = 1.0 / s_.scale;
@@ -34,6 +40,8 @@ void GradScaler::unscale(const std::vector<Tensor>& params) {
       if (!g.defined()) continue;
       KILN_CHECK(is_floating(g.dtype()), "GradScaler: a gradient of dtype ", g.dtype(), " cannot be unscaled");
       KILN_CHECK(g.is_contiguous(), "GradScaler: gradients must be contiguous, got strides ", g.strides());
+      KILN_CHECK(g.device() == found_inf_.device(), "GradScaler: gradients on ", g.device(), " and ",
+                 found_inf_.device(), "; one scaler serves one device");
       detail::backend(g.device()).unscale_check(g.dtype(), g.numel(), g.raw_data(), inv, found_inf_.data<float>());
       g.bump_version();
     }

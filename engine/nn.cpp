@@ -87,6 +87,21 @@ void Module::to(DType dt) {
   for (auto& [n, t] : named_buffers()) convert(t);
 }
 
+void Module::to(Device device) {
+  NoGradGuard ng;
+  auto move = [device](const Tensor& t) {
+    if (t.device() == device) return;
+    const Tensor c = t.detach().to(device);
+    TensorImpl& im = t.impl();
+    im.storage = c.storage();
+    im.strides = c.strides();
+    im.offset = c.offset();
+    if (im.autograd) im.autograd->grad = nullptr;
+  };
+  for (auto& [n, t] : named_parameters()) move(t);
+  for (auto& [n, t] : named_buffers()) move(t);
+}
+
 StateDict Module::state_dict() const {
   StateDict sd;
   for (auto& [n, t] : named_parameters()) sd[n] = t;

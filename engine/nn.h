@@ -32,6 +32,9 @@ class Module {
   void zero_grad();  // drops every parameter's .grad
   // Converts every floating parameter and buffer to dtype in place (handles held elsewhere see it).
   void to(DType dtype);
+  // Moves every parameter and buffer to `device` in place (handles held elsewhere see it; gradients
+  // are dropped). Create the optimizer after this, so its state lives on the same device.
+  void to(Device device);
 
   // Parameters and buffers under their dotted names (buffers included, as checkpoints expect).
   StateDict state_dict() const;

@@ -18,9 +18,13 @@ void split_dims(const Shape& s, int64_t dim, int64_t& outer, int64_t& n, int64_t
   for (size_t i = size_t(dim) + 1; i < s.size(); ++i) inner *= s[i];
 }
 
-Tensor index_tensor(const char* op, const Tensor& idx) {
+// `on`: the tensor the indices address; kernels read indices on its device.
+Tensor index_tensor(const char* op, const Tensor& idx, const Tensor& on = {}) {
   KILN_CHECK(idx.defined() && (idx.dtype() == DType::i64 || idx.dtype() == DType::i32), op,
              ": indices must be i64 (or i32), got ", idx.defined() ? idx.type_str() : "undefined");
+  if (on.defined())
+    KILN_CHECK(idx.device() == on.device(), op, ": indices are on ", idx.device(), " but the tensor they index is on ",
+               on.device(), "; move them with .to(", on.device(), ")");
   Tensor t = idx.detach();
   if (t.dtype() != DType::i64) t = t.to(DType::i64);
   return t.contiguous();
@@ -111,7 +115,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices) {
   KILN_CHECK(x.dim() > 0, "index_select: tensor is 0-dim");
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
   KILN_CHECK(indices.dim() <= 1, "index_select: indices must be 1-D, got ", indices.shape());
-  const Tensor idx = index_tensor("index_select", indices).reshape({-1});
+  const Tensor idx = index_tensor("index_select", indices, x).reshape({-1});
   Tensor out = index_select_raw(x, d, idx);
   if (autograd::needs_grad({x})) {
     const Shape in_shape = x.shape();
@@ -132,7 +136,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices) {
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices) {
   KILN_CHECK(x.dim() > 0, "gather: tensor is 0-dim");
   const int64_t d = wrap_dim(dim, x.dim(), "gather");
-  const Tensor idx = index_tensor("gather", indices);
+  const Tensor idx = index_tensor("gather", indices, x);
   KILN_CHECK(idx.dim() == x.dim(), "gather: indices ", idx.shape(), " must have the rank of input ", x.shape());
   for (int64_t i = 0; i < x.dim(); ++i)
     KILN_CHECK(i == d || idx.size(i) == x.size(i), "gather: indices ", idx.shape(), " must match input ", x.shape(),
@@ -155,7 +159,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices) {
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src) {
   KILN_CHECK(x.dim() > 0, "scatter_add: tensor is 0-dim");
   const int64_t d = wrap_dim(dim, x.dim(), "scatter_add");
-  const Tensor idx = index_tensor("scatter_add", indices);
+  const Tensor idx = index_tensor("scatter_add", indices, x);
   KILN_CHECK(idx.shape() == src.shape(), "scatter_add: indices ", idx.shape(), " and src ", src.shape(), " differ");
   KILN_CHECK(idx.dim() == x.dim(), "scatter_add: indices ", idx.shape(), " must have the rank of input ", x.shape());
   for (int64_t i = 0; i < x.dim(); ++i)
@@ -197,7 +201,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
   KILN_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got ", weight.shape());
-  const Tensor idx = index_tensor("embedding", indices);
+  const Tensor idx = index_tensor("embedding", indices, weight);
   const int64_t v = weight.size(0), dm = weight.size(1);
   KILN_CHECK(padding_idx >= -1 && padding_idx < v, "embedding: padding_idx ", padding_idx, " is outside [0, ", v, ")");
   const Tensor flat = idx.reshape({-1});

@@ -1,5 +1,6 @@
 // matmul with numpy semantics over the backend GEMM. Transposed operands (a stride-1 row dim)
-// are passed to GEMM as transposes, not copied; 16-bit inputs compute in f32 on the CPU.
+// are passed to GEMM as transposes, not copied; 16-bit inputs compute in f32 on the CPU and natively
+// (f32 accumulation) on CUDA.
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/internal.h"
@@ -24,6 +25,24 @@ MatLayout layout_of(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
   return {};
 }
 
+// Whether the batch dims (the leading dims of t, of sizes `batch`) step through t by one stride;
+// sets it (0 for a broadcast operand).
+bool uniform_batch_stride(const Tensor& t, const Shape& batch, int64_t& stride) {
+  int64_t expect = -1;  // the stride the next-outer dim must have, once one dim of size > 1 is seen
+  stride = 0;
+  for (int64_t d = int64_t(batch.size()) - 1; d >= 0; --d) {
+    const int64_t size = batch[size_t(d)], st = t.strides()[size_t(d)];
+    if (size == 1) continue;
+    if (expect < 0) {
+      stride = st;
+    } else if (st != expect) {
+      return false;
+    }
+    expect = st * size;
+  }
+  return true;
+}
+
 Tensor as_compute(const Tensor& t, DType dt) {
   Tensor x = t.detach();
   if (x.dtype() != dt) x = x.to(dt);
@@ -44,7 +63,9 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
   } catch (const Error& e) {
     KILN_FAIL("matmul: ", a.shape(), " x ", b.shape(), ": batch dims do not broadcast (", e.message(), ")");
   }
-  const DType ct = (t == DType::f64) ? DType::f64 : DType::f32;
+  const auto& be = detail::backend(dev);
+  // The CPU computes 16-bit products in f32; CUDA takes them as they are (f32 accumulation).
+  const DType ct = (t == DType::f64) ? DType::f64 : (is_low_precision(t) && be.native_16bit_gemm_conv) ? t : DType::f32;
   Shape ea = batch, eb = batch, oshape = batch;
   ea.insert(ea.end(), {m, k});
   eb.insert(eb.end(), {k, n});
@@ -63,7 +84,6 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
   Tensor out = make_tensor(oshape, ct, dev);
   const int64_t nbatch = batch.numel();
   const size_t es = dtype_size(ct);
-  const auto& be = detail::backend(dev);
   auto one = [&](int64_t bi) {
     int64_t offa = 0, offb = 0, rem = bi;
     for (int64_t d = int64_t(batch.size()) - 1; d >= 0; --d) {
@@ -76,7 +96,12 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
             static_cast<const char*>(y.raw_data()) + offb * int64_t(es), lb.ld, 0.0,
             static_cast<char*>(out.raw_data()) + bi * m * n * int64_t(es), n);
   };
-  if (nbatch > 1 && m * n * k < (int64_t(1) << 21)) {
+  int64_t sx = 0, sy = 0;
+  if (nbatch > 1 && be.gemm_batched && uniform_batch_stride(x, batch, sx) && uniform_batch_stride(y, batch, sy)) {
+    // One call for all products (CUDA): the batch dims step through each operand by one stride.
+    be.gemm_batched(ct, la.trans, lb.trans, m, n, k, 1.0, x.raw_data(), la.ld, sx, y.raw_data(), lb.ld, sy, 0.0,
+                    out.raw_data(), n, m * n, nbatch);
+  } else if (nbatch > 1 && dev.is_cpu() && m * n * k < (int64_t(1) << 21)) {
     // Many small products: one per task (the GEMM inside then runs on its task's thread).
     parallel_for(0, nbatch, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t bi = b0; bi < b1; ++bi) one(bi);

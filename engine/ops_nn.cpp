@@ -59,7 +59,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   KILN_CHECK(p.oh > 0 && p.ow > 0, "conv2d: input ", x.shape(), " is too small for kernel ", weight.shape(),
              " with padding [", p.ph, ",", p.pw, "] and dilation [", p.dh, ",", p.dw, "]");
   const Device dev = detail::common_device("conv2d", {x, weight});
-  const DType out_t = promote_types(x.dtype(), weight.dtype()), ct = compute_dtype(out_t);
+  const DType out_t = promote_types(x.dtype(), weight.dtype());
+  const DType ct = is_low_precision(out_t) && detail::backend(dev).native_16bit_gemm_conv ? out_t : compute_dtype(out_t);
   const Tensor xc = kin(x, ct), wc = kin(weight, ct), bc = bias.defined() ? kin(bias, ct) : Tensor();
   Tensor y = kout({p.n, p.o, p.oh, p.ow}, ct, dev);
   detail::backend(dev).conv2d_forward(ct, p, xc.raw_data(), wc.raw_data(), ptr_or_null(bc), y.raw_data());

@@ -77,7 +77,8 @@ void Optimizer::load_state(const OptimizerState& s) {
                "' names a parameter this optimizer does not have");
     KILN_CHECK(t.shape() == groups_[g].params[i].shape(), name(), ": optimizer state '", key, "' has shape ",
                t.shape(), ", parameter has ", groups_[g].params[i].shape());
-    slots[g][i][key.substr(b + 1)] = t.clone();
+    const Tensor& p = groups_[g].params[i];  // state follows its parameter (a CPU checkpoint resumes on a GPU)
+    slots[g][i][key.substr(b + 1)] = t.device() == p.device() ? t.clone() : t.to(p.device());
   }
   steps_ = int64_t(it->second);
   for (size_t g = 0; g < groups_.size(); ++g) {

@@ -13,6 +13,7 @@
 #include "engine/autograd.h"
 #include "engine/internal.h"
 #include "engine/ops.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace kiln {
 
@@ -151,8 +152,8 @@ Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   const size_t nbytes = size_t(shape.numel()) * dtype_size(dtype);
-  KILN_CHECK(device.is_cpu(), "cannot allocate on ", device, ": this build of Kiln has no CUDA backend yet");
-  impl->storage = std::make_shared<Storage>(nbytes, device, &cpu_allocator());
+  Allocator* alloc = device.is_cpu() ? &cpu_allocator() : &cuda::tensor_allocator(device.index);
+  impl->storage = std::make_shared<Storage>(nbytes, device, alloc);
   return Tensor(std::move(impl));
 }
 
@@ -193,10 +194,7 @@ TensorDesc desc_broadcast(const Tensor& t, const Shape& shape) {
   return d;
 }
 
-const Backend& backend(Device d) {
-  KILN_CHECK(d.is_cpu(), "no backend for ", d, " in this build");
-  return cpu_backend();
-}
+const Backend& backend(Device d) { return d.is_cpu() ? cpu_backend() : cuda::backend(d.index); }
 
 Device common_device(const char* op, const std::vector<Tensor>& ts) {
   Device d = ts.at(0).device();
@@ -582,13 +580,17 @@ Tensor Tensor::to(DType dt) const { return dt == dtype() ? *this : cast(*this, d
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
-  KILN_FAIL("to(", d, "): this build of Kiln has no CUDA backend yet (tensor ", type_str(), ")");
+  const Tensor src = contiguous();
+  Tensor out = make_tensor(shape(), dtype(), d);
+  cuda::copy_bytes(out.raw_data(), d, src.raw_data(), src.device(), nbytes());
+  record_view("to", *this, out, [from = device()](const Tensor& g) { return g.to(from); });
+  return out;
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
   detail::check_inplace(*this, "copy_");
-  KILN_CHECK(src.device() == device(), "copy_: source on ", src.device(), ", destination on ", device());
   Tensor s = src.detach();
+  if (s.device() != device()) s = s.to(device());  // across devices: one transfer, then a local copy
   if (s.shape() != shape()) s = s.expand(shape());
   detail::backend(device()).copy(detail::desc(*this), detail::desc(s));
   bump_version();

@@ -76,6 +76,11 @@ struct Backend {
   // Row-major C = alpha * op(A) op(B) + beta * C for f32 and f64; beta == 0 never reads C.
   void (*gemm)(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
                int64_t lda, const void* b, int64_t ldb, double beta, void* c, int64_t ldc);
+  // `batch` GEMMs at once, operand i of product b at base + b * stride (elements; a stride may be
+  // 0 to reuse an operand). Null where the backend has no batched GEMM: the engine then loops.
+  void (*gemm_batched)(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+                       const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b,
+                       double beta, void* c, int64_t ldc, int64_t stride_c, int64_t batch);
   // Contiguous dst filled from the Philox stream (seed, offset): uniform [p0, p1), normal (mean p0,
   // std p1), bernoulli (probability p0).
   void (*random)(RandomKind kind, const TensorDesc& dst, uint64_t seed, uint64_t offset, double p0, double p1);
@@ -131,6 +136,10 @@ struct Backend {
   // One pass over a contiguous floating buffer: x *= inv_scale, and *found_inf (an f32 flag in the
   // backend's memory, so a GPU step never waits for the host) is set to 1 if any element is inf or NaN.
   void (*unscale_check)(DType dt, int64_t n, void* x, double inv_scale, float* found_inf);
+
+  // gemm and conv2d take f16 and bf16 operands themselves (with f32 accumulation) instead of
+  // the engine converting them to f32 first: true on CUDA (tensor cores), false on the CPU.
+  bool native_16bit_gemm_conv = false;
 };
 
 const Backend& cpu_backend();

@@ -43,6 +43,7 @@ TEST_CASE("train: impossible configurations exit 2 with one clear line, before a
       {"--optimizer adam" + out, "--optimizer"},
       {"--data mnist" + out, "--data mnist needs --data-dir"},
       {"--device tpu" + out, "--device tpu"},
+      {"--device cuda:7" + out, "--device cuda:7: "},  // no such GPU here, or no CUDA backend in this build
       {"--limit-train 10 --batch 64" + out, "--batch 64 is larger than the 10 training samples"},
       {"--epochs", "--epochs"},
       {"--lr 0.1", "--out is required"},

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "engine/thread_pool.h"
 #include "kernels/cuda/runtime_info.h"
@@ -18,6 +19,13 @@ namespace {
 std::string cuda_version_str(int v) {
   if (v <= 0) return "none";
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+// Library versions: MAJOR*10000 + MINOR*100 + PATCH, or MAJOR*1000 + ... before NCCL 2.9 and cuDNN 9.
+std::string lib_version_str(int v) {
+  if (v <= 0) return "unknown";
+  const int m = v < 10000 ? 1000 : 10000;
+  return std::to_string(v / m) + "." + std::to_string((v % m) / 100) + "." + std::to_string(v % 100);
 }
 
 std::string cpu_features() {
@@ -51,7 +59,197 @@ struct Report {
   void section(const char* name) {
     if (!json) std::printf("%s\n", name);
   }
+  // What to do about the check printed just above; also collected for --json.
+  void fix(const std::string& what) {
+    if (!json) std::printf("  %-18s fix: %s\n", "", what.c_str());
+    j["fixes"].push_back(what);
+  }
 };
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", double(bytes) / (1 << 30));
+  return buf;
+}
+
+// What the CUDA checks found, for the verdict.
+struct GpuFindings {
+  std::string no_gpu;        // why no GPU can work at all (driver, visibility); "" otherwise
+  std::vector<int> usable;   // GPUs with code for them that passed the self-test
+  std::string lib_problem;   // a library the GPU backend needs that does not work
+  std::string nccl_problem;  // why multi-GPU collectives do not work
+};
+
+void check_driver(Report& r, const cuda::RuntimeInfo& ci, GpuFindings& f) {
+  const std::string rt = cuda_version_str(ci.runtime_version);
+  r.line("runtime", rt + " (the version Kiln was built with)");
+  const std::string drv = ci.driver_string.empty() ? "" : ci.driver_string + ", ";
+  if (ci.driver_version == 0 && !ci.driver_string.empty()) {
+    r.line("driver", "kernel module " + ci.driver_string + " is loaded, but its library libcuda.so.1 was not found");
+    r.fix("in a container, start it with the NVIDIA Container Toolkit (docker run --gpus all); elsewhere install the "
+          "driver's user-space libraries");
+    f.no_gpu = "the NVIDIA driver's libcuda.so.1 was not found";
+  } else if (ci.driver_version == 0) {
+    r.line("driver", "none: no NVIDIA driver is loaded");
+    f.no_gpu = "no GPU on this machine (no NVIDIA driver)";
+  } else if (ci.driver_version >= ci.runtime_version) {
+    r.line("driver", drv + "supports CUDA up to " + cuda_version_str(ci.driver_version) + ": OK");
+  } else if (ci.driver_version / 1000 == ci.runtime_version / 1000) {
+    // Minor-version compatibility: the runtime works, but the driver cannot JIT newer PTX.
+    r.line("driver", drv + "supports CUDA up to " + cuda_version_str(ci.driver_version) +
+                         ": OK (minor-version compatibility; JIT from PTX needs a driver for CUDA " + rt + ")");
+  } else {
+    r.line("driver", drv + "supports CUDA up to " + cuda_version_str(ci.driver_version) + ": TOO OLD for CUDA " + rt);
+    r.fix("update the NVIDIA driver to one supporting CUDA " + rt);
+    f.no_gpu = "the NVIDIA driver is too old for CUDA " + rt;
+  }
+  r.j["cuda"]["runtime_version"] = ci.runtime_version;
+  r.j["cuda"]["driver_version"] = ci.driver_version;
+  r.j["cuda"]["driver_string"] = ci.driver_string;
+}
+
+void check_devices(Report& r, const cuda::RuntimeInfo& ci, bool self_test, GpuFindings& f) {
+  nlohmann::json devs = nlohmann::json::array();
+  if (ci.devices.empty()) {
+    if (f.no_gpu.empty()) {
+      r.line("GPUs", "none visible (" + ci.error + ")");
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+      r.fix(visible ? std::string("CUDA_VISIBLE_DEVICES=") + visible + " hides the GPUs: unset it or name the right ones"
+                    : "check that nvidia-smi lists the GPUs; in a container, start it with --gpus all");
+      f.no_gpu = "no GPU visible";
+    } else {
+      r.line("GPUs", "none: " + f.no_gpu);
+      if (ci.driver_version == 0 && ci.driver_string.empty())
+        r.fix("train with the CPU backend (--device cpu); to use a GPU, install the NVIDIA driver on a machine that "
+              "has one (nvidia-smi should list it)");
+    }
+  }
+  const std::string rt = cuda_version_str(ci.runtime_version);
+  for (const auto& d : ci.devices) {
+    const std::string cc = std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
+    const std::string key = "GPU " + std::to_string(d.index);
+    r.line(key.c_str(), d.name + ", compute capability " + cc + ", " + std::to_string(d.multiprocessors) + " SMs, " +
+                            gib(d.total_bytes) + " total, " + gib(d.free_bytes) + " free");
+    bool usable = d.code.kind != cuda::ArchMatch::none;
+    std::string line = d.code.text, st = "not run";
+    if (usable && self_test) {
+      st = cuda::device_self_test(d.index);
+      usable = st.empty();
+      line += st.empty() ? "; self-test OK" : "; self-test FAILED: " + st;
+    }
+    r.line("", line);
+    if (!st.empty() && st != "not run") {
+      const std::string sm = std::to_string(d.cc_major * 10 + d.cc_minor);
+      if (st.find("UnsupportedPtxVersion") != std::string::npos)
+        r.fix("update the NVIDIA driver to one supporting CUDA " + rt + " (to JIT this build's PTX), or rebuild with "
+              "-DCMAKE_CUDA_ARCHITECTURES=" + sm);
+      else if (st.find("NoKernelImage") != std::string::npos)
+        r.fix("rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + sm);
+      else
+        r.fix("this GPU does not compute what the CPU does: check nvidia-smi -q for ECC and Xid errors, or use another GPU");
+    }
+    if (usable) f.usable.push_back(d.index);
+    static const char* kinds[] = {"sass", "ptx", "none", "unknown"};
+    devs.push_back({{"index", d.index},
+                    {"name", d.name},
+                    {"compute_capability", cc},
+                    {"multiprocessors", d.multiprocessors},
+                    {"total_bytes", d.total_bytes},
+                    {"free_bytes", d.free_bytes},
+                    {"code", {{"kind", kinds[d.code.kind]}, {"arch", d.code.arch}, {"text", d.code.text}}},
+                    {"self_test", st.empty() ? "ok" : st},
+                    {"usable", usable}});
+  }
+  if (!ci.devices.empty() && f.usable.empty()) f.no_gpu = "no usable GPU (see above)";
+  r.j["cuda"]["device_count"] = ci.device_count;
+  r.j["cuda"]["error"] = ci.error;
+  r.j["cuda"]["devices"] = devs;
+}
+
+// One library line: version, the CUDA it was built for, where it was loaded from and, with a GPU,
+// whether a handle (communicator for NCCL) worked. Returns the problem, "" when none.
+std::string check_library(Report& r, const char* name, const cuda::LibraryInfo& l, int runtime_version,
+                          const std::string& what_was_tried) {
+  std::string line = lib_version_str(l.version);
+  if (l.cuda_version) line += " for CUDA " + cuda_version_str(l.cuda_version);
+  if (!l.path.empty()) line += " (" + l.path + ")";
+  std::string problem;
+  if (l.version <= 0) {
+    problem = "not loaded";
+  } else if (l.cuda_version && l.cuda_version / 1000 != runtime_version / 1000) {
+    problem = "built for CUDA " + cuda_version_str(l.cuda_version) + ", but Kiln uses CUDA " +
+              cuda_version_str(runtime_version);
+  } else if (l.checked && !l.error.empty()) {
+    problem = what_was_tried + " FAILED: " + l.error;
+  }
+  if (!problem.empty()) {
+    line += ": " + problem;
+  } else if (l.checked) {
+    line += ": " + what_was_tried + " OK";
+  } else {
+    line += ": " + what_was_tried + " not checked (no GPU)";
+  }
+  if (l.version > 0 && l.version < l.header_version)
+    line += "; older than the " + lib_version_str(l.header_version) + " headers Kiln was built with";
+  r.line(name, line);
+  r.j["libraries"][name] = {{"version", lib_version_str(l.version)},
+                            {"header_version", lib_version_str(l.header_version)},
+                            {"cuda_version", l.cuda_version ? cuda_version_str(l.cuda_version) : ""},
+                            {"path", l.path},
+                            {"checked", l.checked},
+                            {"status", !problem.empty() ? "failed" : l.checked ? "ok" : "loaded, not checked (no GPU)"},
+                            {"error", problem}};
+  return problem;
+}
+
+void check_libraries(Report& r, const cuda::RuntimeInfo& ci, GpuFindings& f) {
+  r.section("Libraries");
+  const std::string major = std::to_string(ci.runtime_version / 1000);
+  if (!check_library(r, "cuBLAS", ci.cublas, ci.runtime_version, "handle").empty()) {
+    r.fix("install cuBLAS for CUDA " + major + " (the CUDA toolkit's libcublas package) and make libcublasLt.so." +
+          major + " findable (ldconfig or LD_LIBRARY_PATH)");
+    f.lib_problem = "cuBLAS does not work (see above)";
+  }
+  if (!check_library(r, "cuDNN", ci.cudnn, ci.runtime_version, "handle").empty()) {
+    r.fix("install cuDNN 9 for CUDA " + major + " (pip install nvidia-cudnn-cu" + major +
+          " or the distribution package) and make libcudnn.so.9 findable (ldconfig or LD_LIBRARY_PATH)");
+    if (f.lib_problem.empty()) f.lib_problem = "cuDNN does not work (see above)";
+  }
+  const size_t gpus = ci.p2p.size();
+  const std::string nccl = check_library(r, "NCCL", ci.nccl, ci.runtime_version,
+                                         "all-reduce" + (gpus ? " over " + std::to_string(gpus) + " GPU(s)" : ""));
+  if (!nccl.empty()) {
+    r.fix("run with NCCL_DEBUG=INFO to see why; in a container allow shared memory (docker run --ipc=host or "
+          "--shm-size=1g); where GPU peer access is broken (some VMs) try NCCL_P2P_DISABLE=1");
+    f.nccl_problem = "NCCL " + nccl;
+  } else if (!ci.nccl.checked) {
+    f.nccl_problem = "NCCL not checked (no GPU)";
+  }
+}
+
+void check_p2p(Report& r, const cuda::RuntimeInfo& ci) {
+  const size_t n = ci.p2p.size();
+  r.j["cuda"]["p2p"] = ci.p2p;
+  if (n < 2) {
+    r.line("P2P", n == 1 ? "n/a (one GPU)" : "n/a (no GPU)");
+    return;
+  }
+  std::string pairs;
+  size_t can = 0;
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j || !ci.p2p[i][j]) continue;
+      ++can;
+      if (j < i && ci.p2p[j][i]) continue;  // already listed as j<->i
+      pairs += (pairs.empty() ? "" : ", ") + std::to_string(i) + (ci.p2p[j][i] ? "<->" : "->") + std::to_string(j);
+    }
+  if (can == n * (n - 1))
+    r.line("P2P", "all pairs");
+  else if (can == 0)
+    r.line("P2P", "none (all-reduce goes through host memory; expect lower multi-GPU bandwidth)");
+  else
+    r.line("P2P", "some pairs: " + pairs + " (the others go through host memory; expect lower bandwidth there)");
+}
 }  // namespace
 
 void add_doctor_flags(CLI::App& app, DoctorOptions& o) {
@@ -64,6 +262,7 @@ void add_doctor_flags(CLI::App& app, DoctorOptions& o) {
 int run_doctor(const DoctorOptions& o) {
   Report r;
   r.json = o.json;
+  r.j["fixes"] = nlohmann::json::array();
   const char* env_threads = std::getenv("KILN_NUM_THREADS");
   const int threads = num_threads();
   const unsigned hw = std::thread::hardware_concurrency();
@@ -77,7 +276,7 @@ int run_doctor(const DoctorOptions& o) {
                             "; hardware threads " + std::to_string(hw) + ")");
   r.line("CPU code for", cpu_features() + (std::string(KILN_NATIVE_STRING) == "ON" ? " (-march=native)" : ""));
   if (std::string(KILN_SANITIZE_STRING).size()) r.line("sanitizers", KILN_SANITIZE_STRING);
-  const cuda::RuntimeInfo ci = cuda::query_runtime();
+  const cuda::RuntimeInfo ci = cuda::query_runtime(true);
   r.line("CUDA backend", ci.compiled ? std::string("compiled in (nvcc ") + KILN_CUDA_COMPILER_VERSION +
                                            ", architectures " + ci.archs + ")"
                                      : "not compiled in (KILN_CUDA=OFF or no nvcc at configure time)");
@@ -86,56 +285,43 @@ int run_doctor(const DoctorOptions& o) {
                   {"threads", threads},           {"cpu_features", cpu_features()},
                   {"cuda_compiled", ci.compiled}, {"cuda_architectures", ci.archs}};
 
-  bool gpu_ready = false;
+  GpuFindings f;
   if (ci.compiled) {
     r.section("CUDA");
-    r.line("runtime", cuda_version_str(ci.runtime_version) + " (the version Kiln was built with)");
-    if (ci.driver_version == 0) {
-      r.line("driver", "none found: no NVIDIA driver is loaded (install the driver to use a GPU)");
-    } else {
-      const bool ok = ci.driver_version >= ci.runtime_version;
-      r.line("driver", "supports CUDA up to " + cuda_version_str(ci.driver_version) +
-                           (ok ? ": OK" : ": TOO OLD for this runtime; update the NVIDIA driver"));
-    }
-    if (ci.device_count == 0) {
-      r.line("GPUs", "none visible (" + ci.error + ")");
-    }
-    nlohmann::json devs = nlohmann::json::array();
-    for (const auto& d : ci.devices) {
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "%s, sm_%d%d, %d SMs, %.1f GiB total, %.1f GiB free", d.name.c_str(), d.cc_major,
-                    d.cc_minor, d.multiprocessors, double(d.total_bytes) / (1 << 30), double(d.free_bytes) / (1 << 30));
-      std::string line = buf;
-      nlohmann::json jd = {{"index", d.index}, {"name", d.name}, {"compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)},
-                           {"total_bytes", d.total_bytes}, {"free_bytes", d.free_bytes}};
-      if (o.self_test) {
-        const std::string st = cuda::device_self_test(d.index);
-        line += st.empty() ? "; self-test OK" : "; self-test FAILED: " + st;
-        jd["self_test"] = st.empty() ? "ok" : st;
-        if (st.empty()) gpu_ready = true;
-      } else {
-        gpu_ready = true;
-      }
-      devs.push_back(jd);
-      r.line(("GPU " + std::to_string(d.index)).c_str(), line);
-    }
-    r.j["cuda"] = {{"runtime_version", ci.runtime_version}, {"driver_version", ci.driver_version},
-                   {"device_count", ci.device_count}, {"error", ci.error}, {"devices", devs}};
+    check_driver(r, ci, f);
+    check_devices(r, ci, o.self_test, f);
+    check_libraries(r, ci, f);
+    check_p2p(r, ci);
   }
 
-  std::string verdict;
+  const bool gpu_ready = ci.compiled && !f.usable.empty() && f.lib_problem.empty();
+  const std::string no_gpu_why = !ci.compiled      ? "this build has no CUDA backend; rebuild with KILN_CUDA=ON"
+                                 : !f.no_gpu.empty() ? f.no_gpu
+                                                     : f.lib_problem;
+  const size_t n_usable = f.usable.size();
+  std::string verdict, ready_for = "none";
   int rc = 0;
   if (o.device == "cpu" || (o.device == "auto" && !gpu_ready)) {
     verdict = "ready for CPU training with " + std::to_string(threads) + " threads (--device cpu)";
-    if (o.device == "auto")
-      verdict += ci.compiled ? "; no usable GPU, see above" : "; this build has no CUDA backend";
+    if (o.device == "auto") verdict += "; " + no_gpu_why;
+    ready_for = "cpu";
+  } else if (gpu_ready && n_usable >= 2 && f.nccl_problem.empty()) {
+    verdict = "ready for multi-GPU training (" + std::to_string(n_usable) + " GPUs, NCCL OK)";
+    ready_for = "multi-gpu";
   } else if (gpu_ready) {
     verdict = "ready for single-GPU training (--device cuda)";
+    if (n_usable >= 2)
+      verdict += "; multi-GPU NOT ready: " + f.nccl_problem;
+    else if (ci.devices.size() >= 2)
+      verdict += "; multi-GPU NOT ready: only GPU " + std::to_string(f.usable[0]) + " of " +
+                 std::to_string(ci.devices.size()) + " is usable (see above)";
+    ready_for = "single-gpu";
   } else {
-    verdict = ci.compiled ? "NOT ready for GPU training: no usable GPU (see above); the CPU backend works (--device cpu)"
-                          : "NOT ready for GPU training: this build has no CUDA backend; rebuild with KILN_CUDA=ON";
+    verdict = "NOT ready for GPU training: " + no_gpu_why + "; the CPU backend works (--device cpu)";
     rc = 1;
   }
+  r.j["ready_for"] = ready_for;
+  r.j["gpus_usable"] = f.usable;
   r.j["verdict"] = verdict;
   r.j["ready"] = rc == 0;
   if (o.json) {

@@ -155,6 +155,12 @@ int run_train(const TrainConfig& c) {
   }
   const int rank = comm->rank(), world = comm->world_size();
   const bool lead = rank == 0;
+  if (world > 1 && c.resolved_device().is_cuda()) {
+    std::fprintf(stderr, "kiln train: error: --device %s with %d ranks: data-parallel training on GPUs needs the NCCL "
+                 "communicator, which this build does not have yet; run one process per machine, or --device cpu\n",
+                 c.device.c_str(), world);
+    return 2;
+  }
   // Flags every rank must agree on (a signal, a save due by the clock): true when any rank says so.
   auto any_rank = [&](bool mine) {
     if (world == 1) return mine;

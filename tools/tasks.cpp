@@ -130,8 +130,9 @@ Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train,
   t.train_data = limit(train, c.limit_train);
   t.eval_data = limit(test, c.limit_eval);
   const double smoothing = c.label_smoothing;
-  t.step = [model, smoothing](const io::Batch& b) {
-    return score((*model)(b.at("input")), b.at("target"), smoothing, model->is_training());
+  const Device dev = c.resolved_device();
+  t.step = [model, smoothing, dev](const io::Batch& b) {
+    return score((*model)(b.at("input").to(dev)), b.at("target").to(dev), smoothing, model->is_training());
   };
   info["train_samples"] = t.train_data->size();
   info["eval_samples"] = t.eval_data->size();
@@ -196,8 +197,9 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
   t.model = model;
   t.train_data = limit(train, c.limit_train);
   t.eval_data = limit(eval, c.limit_eval);
-  t.step = [model](const io::Batch& b) {
-    const Tensor& labels = b.at("labels");
+  const Device dev = c.resolved_device();
+  t.step = [model, dev](const io::Batch& b) {
+    const Tensor& labels = b.at("labels");  // read on the host: batches are made on the CPU
     // Score the masked positions only: gather them before the vocabulary projection.
     std::vector<int64_t> pos, tgt;
     const int64_t* l = labels.data<int64_t>();
@@ -206,9 +208,10 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
         pos.push_back(i);
         tgt.push_back(l[i]);
       }
-    const Tensor positions = from_blob_copy(pos.data(), {int64_t(pos.size())});
-    const Tensor target = from_blob_copy(tgt.data(), {int64_t(tgt.size())});
-    const Tensor logits = model->forward_at(b.at("input_ids"), positions, b.at("attention_mask"), b.at("token_type_ids"));
+    const Tensor positions = from_blob_copy(pos.data(), {int64_t(pos.size())}).to(dev);
+    const Tensor target = from_blob_copy(tgt.data(), {int64_t(tgt.size())}).to(dev);
+    const Tensor logits = model->forward_at(b.at("input_ids").to(dev), positions, b.at("attention_mask").to(dev),
+                                            b.at("token_type_ids").to(dev));
     return score(logits, target, 0.0, false);
   };
   t.data_info = {{"name", "text"},
@@ -236,9 +239,11 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
   t.train_data = limit(train, c.limit_train);
   t.eval_data = limit(eval, c.limit_eval);
   const double smoothing = c.label_smoothing;
-  t.step = [model, smoothing](const io::Batch& b) {
-    return score(model->forward(b.at("input_ids"), b.at("attention_mask"), b.at("token_type_ids")), b.at("target"),
-                 smoothing, model->is_training());
+  const Device dev = c.resolved_device();
+  t.step = [model, smoothing, dev](const io::Batch& b) {
+    return score(model->forward(b.at("input_ids").to(dev), b.at("attention_mask").to(dev),
+                                b.at("token_type_ids").to(dev)),
+                 b.at("target").to(dev), smoothing, model->is_training());
   };
   t.data_info = {{"name", "tsv"},         {"train", c.train_tsv},        {"eval", c.eval_tsv},
                  {"vocab", c.vocab},      {"labels", train->label_names()},
@@ -275,10 +280,18 @@ std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths
 }
 
 Task make_task(const TrainConfig& c) {
-  if (models::is_resnet_name(c.model)) return c.data == "folder" ? image_folder(c) : image_classification(c);
-  const BertName bn = parse_bert_name(c.model);
-  const std::string task = c.task.empty() ? "mlm" : c.task;
-  return task == "mlm" ? bert_mlm(c, bn) : bert_classify(c, bn);
+  Task t;
+  if (models::is_resnet_name(c.model)) {
+    t = c.data == "folder" ? image_folder(c) : image_classification(c);
+  } else {
+    const BertName bn = parse_bert_name(c.model);
+    const std::string task = c.task.empty() ? "mlm" : c.task;
+    t = task == "mlm" ? bert_mlm(c, bn) : bert_classify(c, bn);
+  }
+  // Built on the CPU (the same initial weights on every device), then moved; the steps move each
+  // batch after the loader made it.
+  t.model->to(c.resolved_device());
+  return t;
 }
 
 EvalResult evaluate(Task& task, const TrainConfig& c, dist::Communicator* comm) {

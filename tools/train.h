@@ -48,7 +48,8 @@ struct TrainConfig {
   uint64_t seed = 0;
   int threads = 0;  // 0: KILN_NUM_THREADS or all hardware threads
   int workers = 1;
-  std::string device = "cpu";
+  std::string device = "cpu";  // cpu | cuda | cuda:N | auto (a GPU when one is visible)
+  Device resolved_device() const;
   int dist_timeout = 600;  // seconds a collective may take before the job is ended
   std::string amp = "off";  // off | fp16 | bf16: autocast dtype (fp16 adds dynamic loss scaling)
   double loss_scale = 65536.0;       // fp16: the initial loss scale

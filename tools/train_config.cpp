@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "engine/optim.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "models/resnet.h"
 #include "tools/train.h"
 
@@ -48,7 +49,7 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--workers", c.workers, "Data-loader threads (0: load on the training thread)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
-  app.add_option("--device", c.device, "cpu (cuda arrives with the CUDA backend)")->capture_default_str();
+  app.add_option("--device", c.device, "cpu, cuda, cuda:N, or auto (the GPU when one is visible)")->capture_default_str();
   app.add_option("--dist-timeout", c.dist_timeout,
                  "Seconds a collective between ranks may take before the job is ended with an error")
       ->check(CLI::PositiveNumber)
@@ -61,6 +62,11 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
 }
 
 }  // namespace
+
+Device TrainConfig::resolved_device() const {
+  if (device == "auto") return cuda::device_count() > 0 ? cuda_device(0) : kCPU;
+  return Device::parse(device);
+}
 
 void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--config", c.config_file, "A JSON object of flags (e.g. {\"epochs\": 5, \"lr\": 0.05}); flags given here win")
@@ -179,8 +185,19 @@ std::vector<std::string> validate(const TrainConfig& c) {
   if (c.loss_scale_window < 1)
     e.push_back("--loss-scale-window must be at least 1, got " + std::to_string(c.loss_scale_window));
   if (c.log_every < 1) e.push_back("--log-every must be at least 1, got " + std::to_string(c.log_every));
-  if (c.device != "cpu")
-    e.push_back("--device " + c.device + ": this build trains on the CPU only (the CUDA backend is not in Kiln yet)");
+  if (c.device != "auto") {
+    try {
+      const Device d = Device::parse(c.device);
+      if (d.is_cuda() && !cuda::compiled())
+        e.push_back("--device " + c.device + ": this build has no CUDA backend (rebuild with the CUDA toolkit, or use "
+                    "--device cpu)");
+      else if (d.is_cuda() && d.index >= cuda::device_count())
+        e.push_back("--device " + c.device + ": " + std::to_string(cuda::device_count()) +
+                    " CUDA device(s) visible (`kiln doctor` says why; --device cpu trains on the CPU)");
+    } catch (const Error& err) {
+      e.push_back("--device " + c.device + ": " + err.message() + " (cpu, cuda, cuda:N or auto)");
+    }
+  }
   const bool resnet = models::is_resnet_name(c.model);
   if (!resnet && c.model.rfind("bert-", 0) != 0)
     e.push_back("--model " + c.model + ": unknown (resnet20..resnet110, resnet18..resnet152, bert-SIZE)");

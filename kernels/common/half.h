@@ -1,7 +1,8 @@
 // 16-bit floating types as stored bits, with round-to-nearest-even conversions from f32.
-// Shared by CPU and CUDA. The *_soft conversions are plain integer code (device code and CPUs
-// without F16C use them); where the host compiler targets F16C or AVX512-FP16 the f16 conversions
-// are single hardware instructions with the same results (tests compare the two exhaustively).
+// Shared by CPU and CUDA. The *_soft conversions are plain integer code (CPUs without F16C use
+// them); where the host compiler targets F16C or AVX512-FP16, and in device code (PTX cvt), the
+// conversions are single hardware instructions with the same results (tests compare the host ones
+// exhaustively; `kiln doctor`'s self-test compares the device with the host).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -80,6 +81,10 @@ KILN_HD float f16_bits_to_f32_soft(uint16_t h) {
 KILN_HD uint16_t f32_to_f16_bits(float f) {
 #if KILN_HOST_F16_HW
   return __builtin_bit_cast(uint16_t, static_cast<_Float16>(f));
+#elif KILN_DEVICE_CODE
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
 #else
   return f32_to_f16_bits_soft(f);
 #endif
@@ -87,6 +92,10 @@ KILN_HD uint16_t f32_to_f16_bits(float f) {
 KILN_HD float f16_bits_to_f32(uint16_t h) {
 #if KILN_HOST_F16_HW
   return static_cast<float>(__builtin_bit_cast(_Float16, h));
+#elif KILN_DEVICE_CODE
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
 #else
   return f16_bits_to_f32_soft(h);
 #endif
@@ -94,10 +103,16 @@ KILN_HD float f16_bits_to_f32(uint16_t h) {
 
 // bfloat16: the top 16 bits of an f32, rounded to nearest even.
 KILN_HD uint16_t f32_to_bf16_bits(float f) {
+#if KILN_DEVICE_CODE && __CUDA_ARCH__ >= 800
+  uint16_t h;  // the same rounding in one instruction (NaN becomes the canonical quiet NaN)
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   const uint32_t x = f32_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
   const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding) >> 16);
+#endif
 }
 KILN_HD float bf16_bits_to_f32(uint16_t b) { return f32_from_bits(uint32_t(b) << 16); }
 

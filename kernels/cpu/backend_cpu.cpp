@@ -32,6 +32,7 @@ const Backend& cpu_backend() {
       .where = cpu::where,
       .reduce = cpu::reduce,
       .gemm = gemm_any,
+      .gemm_batched = nullptr,
       .random = cpu::random,
       .conv2d_forward = cpu::conv2d_forward,
       .conv2d_backward = cpu::conv2d_backward,

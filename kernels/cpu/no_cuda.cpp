@@ -1,4 +1,5 @@
 // The CUDA runtime queries in a build without the CUDA backend: they say so.
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/runtime_info.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/tc_gemm.h"
@@ -7,7 +8,24 @@
 
 #if !defined(KILN_WITH_CUDA)
 namespace kiln::cuda {
-RuntimeInfo query_runtime() {
+namespace {
+[[noreturn]] void no_cuda(const char* what, int device) {
+  KILN_FAIL(what, " cuda:", device, ": this build of Kiln has no CUDA backend (configured with KILN_CUDA=OFF or "
+            "without nvcc, cuDNN and NCCL); use --device cpu, or rebuild with the CUDA toolkit installed");
+}
+}  // namespace
+bool compiled() { return false; }
+int device_count() { return 0; }
+const Backend& backend(int device) { no_cuda("compute on", device); }
+Allocator& tensor_allocator(int device) { no_cuda("allocate on", device); }
+void copy_bytes(void*, Device dd, const void*, Device sd, size_t) { no_cuda("copy to", dd.is_cuda() ? dd.index : sd.index); }
+void synchronize(int device) { no_cuda("synchronize", device); }
+void set_deterministic(bool) {}
+bool deterministic() { return false; }
+void set_cudnn_benchmark(bool) {}
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
+RuntimeInfo query_runtime(bool) {
   RuntimeInfo info;
   info.error = "this build of Kiln has no CUDA backend (configured with KILN_CUDA=OFF or without nvcc)";
   return info;

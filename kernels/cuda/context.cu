@@ -1,0 +1,265 @@
+// The CUDA backend's runtime: one Context per device (streams, library handles, the device error
+// word), tensor memory from the caching allocator, copies between host and devices, and the
+// backend table the engine dispatches to.
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/tensor.h"
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace kiln::cuda {
+
+const char* kernel_error_text(KernelError e) {
+  switch (e) {
+    case KernelError::none: return "no error";
+    case KernelError::index_select: return "index_select/embedding: an index is out of range";
+    case KernelError::index_add: return "index_add (index_select/embedding backward): an index is out of range";
+    case KernelError::gather: return "gather: an index is out of range";
+    case KernelError::scatter_add: return "scatter_add: an index is out of range";
+    case KernelError::max_pool_index: return "max_pool2d backward: a saved index is outside its plane";
+    case KernelError::ce_target: return "cross_entropy: a target is outside [0, classes) and is not ignore_index";
+    case KernelError::int_div_zero: return "div: integer division by zero";
+    case KernelError::int_pow_negative: return "pow: an integer raised to a negative integer exponent";
+  }
+  return "unknown kernel error";
+}
+
+// ---- Context -----------------------------------------------------------------------------------
+
+Context::Context(int d) : device(d) {
+  KILN_CUDA_OK(cudaSetDevice(d));
+  KILN_CUDA_OK(cudaGetDeviceProperties(&prop, d));
+  // Non-blocking: the legacy default stream (used by other libraries) never serialises with ours.
+  KILN_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  KILN_CUDA_OK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+  KILN_CUDA_OK(cudaMalloc(&error_word, sizeof(int)));
+  KILN_CUDA_OK(cudaMemset(error_word, 0, sizeof(int)));
+}
+
+// Runs at process exit; errors are ignored because the driver may already be shutting down.
+Context::~Context() {
+  if (dnn_) cudnnDestroy(dnn_);
+  if (lt_) cublasLtDestroy(lt_);
+  cudaFree(error_word);
+  cudaStreamDestroy(copy_stream);
+  cudaStreamDestroy(stream);
+}
+
+cublasLtHandle_t Context::cublaslt() {
+  if (!lt_) KILN_CUBLAS_OK(cublasLtCreate(&lt_));
+  return lt_;
+}
+
+cudnnHandle_t Context::cudnn() {
+  if (!dnn_) {
+    KILN_CUDNN_OK(cudnnCreate(&dnn_));
+    KILN_CUDNN_OK(cudnnSetStream(dnn_, stream));
+  }
+  return dnn_;
+}
+
+CachingAllocator& Context::allocator() const { return device_allocator(device); }
+
+StreamId stream_id(cudaStream_t s) { return reinterpret_cast<StreamId>(s); }
+
+namespace {
+thread_local int t_current = -1;  // the device backend() last made current on this thread
+
+std::mutex g_contexts_mutex;
+std::vector<std::unique_ptr<Context>>& contexts() {
+  static std::vector<std::unique_ptr<Context>> all;
+  return all;
+}
+std::atomic<bool> g_deterministic{false}, g_tf32{false};
+}  // namespace
+
+Context& context(int d) {
+  std::lock_guard<std::mutex> lk(g_contexts_mutex);
+  const int count = device_count();
+  KILN_CHECK(d >= 0 && d < count, "cuda:", d, " does not exist (", count, " CUDA device(s) visible)");
+  auto& all = contexts();
+  if (all.size() < size_t(count)) all.resize(size_t(count));
+  if (!all[size_t(d)]) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    all[size_t(d)] = std::make_unique<Context>(d);
+    cudaSetDevice(prev);
+  }
+  return *all[size_t(d)];
+}
+
+Context& current() {
+  KILN_ASSERT(t_current >= 0, "no CUDA device is current on this thread (call cuda::backend(device) first)");
+  return context(t_current);
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : ctx_(&current()) {
+  if (bytes) p_ = ctx_->allocator().allocate(bytes, stream_id(ctx_->stream));
+}
+void DeviceBuffer::reset() noexcept {
+  if (!p_) return;
+  try {
+    ctx_->allocator().free(p_);
+  } catch (...) {
+    // Never throws from a destructor; the block stays with the allocator.
+  }
+  p_ = nullptr;
+}
+
+// ---- what the engine calls ---------------------------------------------------------------------
+
+bool compiled() { return true; }
+
+int device_count() {
+  static const int n = [] {
+    int c = 0;
+    if (cudaGetDeviceCount(&c) != cudaSuccess) {
+      cudaGetLastError();  // no driver or no device: not an error for a CPU user
+      c = 0;
+    }
+    return c;
+  }();
+  return n;
+}
+
+namespace {
+class TensorAllocator final : public Allocator {
+ public:
+  explicit TensorAllocator(int d) : d_(d) {}
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    Context& c = context(d_);
+    return c.allocator().allocate(nbytes, stream_id(c.stream));
+  }
+  void deallocate(void* p, size_t) noexcept override {
+    if (!p) return;
+    try {
+      context(d_).allocator().free(p);
+    } catch (...) {
+      // A destructor never throws; the block stays with the allocator until process exit.
+    }
+  }
+
+ private:
+  int d_;
+};
+
+// The engine reads results on the host only after these waits, so this is where errors that
+// kernels flagged on the device become exceptions.
+void check_error_word(Context& c) {
+  int word = 0;
+  KILN_CUDA_OK(cudaMemcpyAsync(&word, c.error_word, sizeof(int), cudaMemcpyDeviceToHost, c.stream));
+  KILN_CUDA_OK(cudaStreamSynchronize(c.stream));
+  if (word != 0) {
+    KILN_CUDA_OK(cudaMemsetAsync(c.error_word, 0, sizeof(int), c.stream));
+    KILN_FAIL("cuda:", c.device, ": ", kernel_error_text(KernelError(word)),
+              " (found by a kernel; the results of that op are undefined)");
+  }
+}
+
+bool is_pinned(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
+const Backend& table() {
+  static const Backend b{
+      .name = "cuda",
+      .copy = cuda::copy,
+      .fill = cuda::fill,
+      .arange = cuda::arange,
+      .unary = cuda::unary,
+      .binary = cuda::binary,
+      .where = cuda::where,
+      .reduce = cuda::reduce,
+      .gemm = cuda::gemm,
+      .gemm_batched = cuda::gemm_batched,
+      .random = cuda::random,
+      .conv2d_forward = cuda::conv2d_forward,
+      .conv2d_backward = cuda::conv2d_backward,
+      .max_pool2d_forward = cuda::max_pool2d_forward,
+      .max_pool2d_backward = cuda::max_pool2d_backward,
+      .avg_pool2d_forward = cuda::avg_pool2d_forward,
+      .avg_pool2d_backward = cuda::avg_pool2d_backward,
+      .softmax_forward = cuda::softmax_forward,
+      .softmax_backward = cuda::softmax_backward,
+      .layer_norm_forward = cuda::layer_norm_forward,
+      .layer_norm_backward = cuda::layer_norm_backward,
+      .batch_norm_forward = cuda::batch_norm_forward,
+      .batch_norm_backward = cuda::batch_norm_backward,
+      .cross_entropy = cuda::cross_entropy,
+      .index_select = cuda::index_select,
+      .index_add = cuda::index_add,
+      .gather = cuda::gather,
+      .scatter_add = cuda::scatter_add,
+      .unscale_check = cuda::unscale_check,
+      .native_16bit_gemm_conv = true,
+  };
+  return b;
+}
+}  // namespace
+
+const Backend& backend(int d) {
+  if (t_current != d) {
+    context(d);  // validates d, creates the context on first use
+    KILN_CUDA_OK(cudaSetDevice(d));
+    t_current = d;
+  }
+  return table();
+}
+
+Allocator& tensor_allocator(int d) {
+  static std::mutex m;
+  static std::vector<std::unique_ptr<TensorAllocator>> all;
+  std::lock_guard<std::mutex> lk(m);
+  context(d);
+  if (all.size() <= size_t(d)) all.resize(size_t(d) + 1);
+  if (!all[size_t(d)]) all[size_t(d)] = std::make_unique<TensorAllocator>(d);
+  return *all[size_t(d)];
+}
+
+void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
+  if (n == 0) return;
+  if (dd.is_cuda() && sd.is_cpu()) {
+    Context& c = context(dd.index);
+    KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c.stream));
+    // From pageable memory the runtime has staged the data when the call returns; from pinned
+    // memory the DMA reads the source later, so wait before the caller may free it.
+    if (is_pinned(src)) KILN_CUDA_OK(cudaStreamSynchronize(c.stream));
+  } else if (dd.is_cpu() && sd.is_cuda()) {
+    Context& c = context(sd.index);
+    KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c.stream));
+    check_error_word(c);  // synchronises the stream
+  } else if (dd.is_cuda() && sd.is_cuda()) {
+    Context& cd = context(dd.index);
+    if (dd.index == sd.index) {
+      KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cd.stream));
+    } else {
+      Context& cs = context(sd.index);
+      KILN_CUDA_OK(cudaStreamSynchronize(cs.stream));  // the source is complete
+      KILN_CUDA_OK(cudaMemcpyPeerAsync(dst, dd.index, src, sd.index, n, cd.stream));
+      KILN_CUDA_OK(cudaStreamSynchronize(cd.stream));  // the source may be freed on its own stream
+    }
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
+
+void synchronize(int d) { check_error_word(context(d)); }
+
+void set_deterministic(bool on) { g_deterministic = on; }
+bool deterministic() { return g_deterministic; }
+void set_allow_tf32(bool on) { g_tf32 = on; }
+bool allow_tf32() { return g_tf32; }
+
+}  // namespace kiln::cuda

@@ -1,0 +1,43 @@
+// The CUDA backend as the engine sees it: the backend table, tensor memory, copies between host and
+// device, synchronisation. No CUDA headers: engine code includes this, and builds without CUDA get
+// versions (kernels/cpu/no_cuda.cpp) that say so.
+#pragma once
+#include <cstddef>
+
+#include "engine/dtype.h"
+#include "kernels/backend.h"
+
+namespace kiln {
+class Allocator;
+}
+
+namespace kiln::cuda {
+
+// Whether this build has the CUDA backend, and how many devices the driver shows (0 without a
+// driver or a device; never throws).
+bool compiled();
+int device_count();
+
+// The CUDA backend table. Makes `device` the current device of the calling thread first, so the
+// kernels it runs go to that device's compute stream.
+const Backend& backend(int device);
+// Storage for tensors on `device`: the caching allocator, stream-ordered on the compute stream.
+Allocator& tensor_allocator(int device);
+// Copies n bytes; either side may be the host or a device. Returns when dst holds the data (a
+// host-to-device copy from pageable memory has been staged; device-to-host has completed).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t n);
+// Waits for everything queued on the device's compute stream, then reports an error that a kernel
+// flagged on the device (an index out of range), naming the op.
+void synchronize(int device);
+
+// Deterministic mode: reductions without atomics and fixed cuDNN algorithms, so that two runs give
+// the same bits. Off by default (cuDNN then picks its fastest algorithm by heuristics).
+void set_deterministic(bool on);
+bool deterministic();
+// Opt-in cuDNN benchmark mode: time every algorithm once per shape and keep the fastest.
+void set_cudnn_benchmark(bool on);
+// TF32 tensor cores for f32 GEMM and convolution (about 10 mantissa bits). Off unless asked for.
+void set_allow_tf32(bool on);
+bool allow_tf32();
+
+}  // namespace kiln::cuda

@@ -1,0 +1,492 @@
+// CUDA elementwise kernels: copy/cast, fill, arange, unary, binary, where and random fills over
+// strided, broadcast views, with the CPU's semantics (kernels/cpu/elementwise.cpp, random.cpp).
+//
+// Every op has two paths. Contiguous same-dtype operands aligned to 16 bytes take the vector path:
+// each thread moves 16-byte packs (4 f32, 8 f16/bf16, 2 f64, 16 u8/bool) with one load per operand
+// and one store. Everything else takes the strided path: the host first merges dims that are
+// contiguous in every operand (so most broadcasts become 2-D), then each thread turns its flat index
+// into per-operand offsets. Both are grid-stride loops over the elements; all traffic is one read
+// per input element and one write per output element.
+//
+// The op is a runtime switch inside one kernel per dtype (not one kernel per op and dtype): the
+// switch is uniform across a warp, the kernels stay memory-bound, and the binary stays small.
+#include <cmath>
+#include <limits>
+
+#include "kernels/common/math.h"
+#include "kernels/common/philox.h"
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace kiln::cuda {
+namespace {
+
+// ---- geometry ------------------------------------------------------------------------------------
+
+// N operands of one shape (operand 0 is the output) after merging dims.
+template <int N> struct Geo {
+  int ndim = 0;
+  int64_t numel = 1;
+  int64_t shape[kMaxKernelDims] = {};
+  int64_t stride[N][kMaxKernelDims] = {};
+};
+
+template <int N> Geo<N> make_geo(const TensorDesc* const (&ds)[N]) {
+  Geo<N> g;
+  const TensorDesc& d0 = *ds[0];
+  g.numel = d0.numel();
+  // Keep the dims of size > 1, outermost first; merge a dim into the one inside it when every
+  // operand steps over it as over one longer row.
+  for (int i = 0; i < d0.ndim; ++i) {
+    if (d0.shape[i] == 1) continue;
+    bool merge = g.ndim > 0;
+    for (int k = 0; k < N && merge; ++k)
+      merge = ds[k]->strides[i] * d0.shape[i] == g.stride[k][g.ndim - 1] ||
+              (ds[k]->strides[i] == 0 && g.stride[k][g.ndim - 1] == 0);
+    // The previous (outer) dim merges into this one: outer stride == this stride * this size.
+    if (merge) {
+      for (int k = 0; k < N; ++k) g.stride[k][g.ndim - 1] = ds[k]->strides[i];
+      g.shape[g.ndim - 1] *= d0.shape[i];
+    } else {
+      for (int k = 0; k < N; ++k) g.stride[k][g.ndim] = ds[k]->strides[i];
+      g.shape[g.ndim] = d0.shape[i];
+      ++g.ndim;
+    }
+  }
+  return g;
+}
+
+template <int N> bool contiguous(const Geo<N>& g) {
+  if (g.ndim == 0) return true;
+  if (g.ndim > 1) return false;
+  for (int k = 0; k < N; ++k)
+    if (g.stride[k][0] != 1) return false;
+  return true;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <int N> __device__ __forceinline__ void offsets(const Geo<N>& g, int64_t i, int64_t (&off)[N]) {
+  for (int k = 0; k < N; ++k) off[k] = 0;
+  for (int d = g.ndim - 1; d >= 0; --d) {
+    const int64_t s = g.shape[d];
+    const int64_t q = i / s, idx = i - q * s;
+    i = q;
+    for (int k = 0; k < N; ++k) off[k] += idx * g.stride[k][d];
+  }
+}
+
+// Launch: grid-stride, one thread per element; f gets the element offset of each operand.
+template <int N, typename F> __global__ void strided_kernel(Geo<N> g, F f) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < g.numel; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[N];
+    offsets(g, i, off);
+    f(off);
+  }
+}
+
+template <int N, typename F> void launch_strided(const Geo<N>& g, const F& f, const char* what) {
+  if (g.numel == 0) return;
+  strided_kernel<N><<<grid_for(g.numel), kThreads, 0, current().stream>>>(g, f);
+  KILN_LAUNCH_OK(what);
+}
+
+// 16 bytes of T.
+template <typename T> struct alignas(16) Pack {
+  static constexpr int n = 16 / int(sizeof(T));
+  T v[n];
+};
+
+// Launch: grid-stride over 16-byte packs, then over the tail elements; f maps NIN input values
+// (DAcc<T>) to one output value. Operands are contiguous, same dtype, 16-byte aligned.
+template <typename T, int NIN, typename F>
+__global__ void vector_kernel(T* out, const T* in0, const T* in1, int64_t n, F f) {
+  constexpr int V = Pack<T>::n;
+  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
+  const int64_t npacks = n / V;
+  for (int64_t j = tid; j < npacks; j += step) {
+    const Pack<T> a = reinterpret_cast<const Pack<T>*>(in0)[j];
+    Pack<T> b, o;
+    if constexpr (NIN == 2) b = reinterpret_cast<const Pack<T>*>(in1)[j];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      if constexpr (NIN == 1) {
+        st(&o.v[e], f(ld(&a.v[e])));
+      } else {
+        st(&o.v[e], f(ld(&a.v[e]), ld(&b.v[e])));
+      }
+    }
+    reinterpret_cast<Pack<T>*>(out)[j] = o;
+  }
+  for (int64_t i = npacks * V + tid; i < n; i += step) {
+    if constexpr (NIN == 1) {
+      st(out + i, f(ld(in0 + i)));
+    } else {
+      st(out + i, f(ld(in0 + i), ld(in1 + i)));
+    }
+  }
+}
+
+template <typename T, int NIN, typename F>
+void launch_vector(T* out, const T* in0, const T* in1, int64_t n, const F& f, const char* what) {
+  if (n == 0) return;
+  vector_kernel<T, NIN><<<grid_for((n + Pack<T>::n - 1) / Pack<T>::n), kThreads, 0, current().stream>>>(out, in0, in1,
+                                                                                                          n, f);
+  KILN_LAUNCH_OK(what);
+}
+
+// ---- copy ----------------------------------------------------------------------------------------
+
+template <typename TO, typename TI> struct CopyF {
+  char* o;
+  const char* i;
+  __device__ void operator()(const int64_t (&off)[2]) const {
+    st(reinterpret_cast<TO*>(o) + off[0], ld(reinterpret_cast<const TI*>(i) + off[1]));
+  }
+};
+
+// ---- unary ---------------------------------------------------------------------------------------
+
+template <typename A> __device__ __forceinline__ bool negative(A x) {
+  if constexpr (std::is_unsigned_v<A> || std::is_same_v<A, bool>) {
+    return false;
+  } else {
+    return x < A(0);
+  }
+}
+
+template <typename T> struct UnaryF {
+  using A = DAcc<T>;
+  UnaryOp op;
+  A p0, p1;
+  bool has_lo, has_hi;
+  __device__ A operator()(A x) const {
+    if constexpr (is_float_v<T>) {
+      switch (op) {
+        case UnaryOp::exp: return exp(x);
+        case UnaryOp::log: return log(x);
+        case UnaryOp::sqrt: return sqrt(x);
+        case UnaryOp::rsqrt: return A(1) / sqrt(x);
+        case UnaryOp::tanh: return tanh(x);
+        case UnaryOp::sigmoid: return math::sigmoid(x);
+        case UnaryOp::gelu_erf: return math::gelu_erf(x);
+        case UnaryOp::gelu_tanh: return math::gelu_tanh(x);
+        case UnaryOp::pow_scalar: return p0 == A(2) ? x * x : A(pow(x, p0));
+        default: break;
+      }
+    }
+    switch (op) {
+      case UnaryOp::neg: return A(-x);
+      case UnaryOp::abs: return negative(x) ? A(-x) : x;
+      case UnaryOp::sign: return A((A(0) < x) - negative(x));
+      case UnaryOp::relu: return x > A(0) ? x : A(0);
+      case UnaryOp::logical_not: return A(!x);
+      case UnaryOp::clamp:
+        if constexpr (is_float_v<T>) {
+          if (x != x) return x;  // NaN stays NaN
+        }
+        if (has_lo && x < p0) x = p0;
+        if (has_hi && x > p1) x = p1;
+        return x;
+      default: return x;  // not reached: the host checks the op is defined for T
+    }
+  }
+};
+
+bool unary_defined(UnaryOp op, DType t) {
+  switch (op) {
+    case UnaryOp::neg: case UnaryOp::abs: case UnaryOp::sign: case UnaryOp::relu: case UnaryOp::logical_not:
+    case UnaryOp::clamp:
+      return true;
+    default: return is_floating(t);
+  }
+}
+
+template <typename T> struct UnaryStridedF {
+  T* o;
+  const T* a;
+  UnaryF<T> f;
+  __device__ void operator()(const int64_t (&off)[2]) const { st(o + off[0], f(ld(a + off[1]))); }
+};
+
+// ---- binary --------------------------------------------------------------------------------------
+
+template <typename T> struct BinaryF {
+  using A = DAcc<T>;
+  BinaryOp op;
+  A alpha;
+  int* err;
+  __device__ A operator()(A x, A y) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      // bool arithmetic: + is or, * is and (the host rejects the rest).
+      return (op == BinaryOp::add || op == BinaryOp::maximum) ? (x || y) : (x && y);
+    } else {
+      switch (op) {
+        case BinaryOp::add: return A(x + alpha * y);
+        case BinaryOp::sub: return A(x - alpha * y);
+        case BinaryOp::mul: return A(x * y);
+        case BinaryOp::div:
+          if constexpr (is_float_v<T>) {
+            return x / y;
+          } else {
+            if (y == A(0)) {
+              flag_error(err, KernelError::int_div_zero);
+              return A(0);
+            }
+            if constexpr (std::is_signed_v<A>) {
+              if (y == A(-1)) return A(A(0) - x);
+            }
+            return A(x / y);
+          }
+        case BinaryOp::maximum:
+          if constexpr (is_float_v<T>) {
+            if (x != x || y != y) return std::numeric_limits<A>::quiet_NaN();
+          }
+          return x > y ? x : y;
+        case BinaryOp::minimum:
+          if constexpr (is_float_v<T>) {
+            if (x != x || y != y) return std::numeric_limits<A>::quiet_NaN();
+          }
+          return x < y ? x : y;
+        case BinaryOp::pow:
+          if constexpr (is_float_v<T>) {
+            return pow(x, y);
+          } else {
+            if (std::is_signed_v<A> && y < A(0)) {
+              flag_error(err, KernelError::int_pow_negative);
+              return A(0);
+            }
+            uint64_t r = 1, base = uint64_t(int64_t(x));  // wrapping, as integer types do
+            for (int64_t e = int64_t(y); e > 0; e >>= 1, base *= base)
+              if (e & 1) r *= base;
+            return A(r);
+          }
+        default: break;
+      }
+      if constexpr (is_float_v<T>) {
+        switch (op) {
+          case BinaryOp::relu_backward: return y > A(0) ? x : A(0);
+          case BinaryOp::gelu_erf_backward: return x * math::gelu_erf_grad(y);
+          case BinaryOp::gelu_tanh_backward: return x * math::gelu_tanh_grad(y);
+          case BinaryOp::sigmoid_backward: return x * y * (A(1) - y);
+          case BinaryOp::tanh_backward: return x * (A(1) - y * y);
+          default: break;
+        }
+      }
+      return A(0);  // not reached: the host checks the op is defined for T
+    }
+  }
+};
+
+bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq && op <= BinaryOp::logical_or; }
+
+bool binary_defined(BinaryOp op, DType t) {
+  if (is_comparison(op)) return true;
+  if (t == DType::boolean)
+    return op == BinaryOp::add || op == BinaryOp::mul || op == BinaryOp::maximum || op == BinaryOp::minimum;
+  switch (op) {
+    case BinaryOp::add: case BinaryOp::sub: case BinaryOp::mul: case BinaryOp::div: case BinaryOp::maximum:
+    case BinaryOp::minimum: case BinaryOp::pow:
+      return true;
+    default: return is_floating(t);
+  }
+}
+
+template <typename A> __device__ bool compare(BinaryOp op, A x, A y) {
+  switch (op) {
+    case BinaryOp::eq: return x == y;
+    case BinaryOp::ne: return x != y;
+    case BinaryOp::lt: return x < y;
+    case BinaryOp::le: return x <= y;
+    case BinaryOp::gt: return x > y;
+    case BinaryOp::ge: return x >= y;
+    case BinaryOp::logical_and: return x != A(0) && y != A(0);
+    case BinaryOp::logical_or: return x != A(0) || y != A(0);
+    default: return false;
+  }
+}
+
+template <typename T> struct BinaryStridedF {
+  T* o;
+  const T* a;
+  const T* b;
+  BinaryF<T> f;
+  __device__ void operator()(const int64_t (&off)[3]) const { st(o + off[0], f(ld(a + off[1]), ld(b + off[2]))); }
+};
+template <typename T> struct CompareStridedF {
+  bool* o;
+  const T* a;
+  const T* b;
+  BinaryOp op;
+  __device__ void operator()(const int64_t (&off)[3]) const { o[off[0]] = compare(op, ld(a + off[1]), ld(b + off[2])); }
+};
+
+// ---- where, fill, arange, random ----------------------------------------------------------------
+
+// Moves elements as unsigned words of the element size: where never converts.
+template <typename W> struct WhereF {
+  W* o;
+  const bool* c;
+  const W* a;
+  const W* b;
+  __device__ void operator()(const int64_t (&off)[4]) const { o[off[0]] = c[off[1]] ? a[off[2]] : b[off[3]]; }
+};
+template <typename T> struct FillF {
+  T* o;
+  T v;
+  __device__ void operator()(const int64_t (&off)[1]) const { o[off[0]] = v; }
+};
+
+// Launch: grid-stride, one thread per element of the 1-D output.
+template <typename T> __global__ void arange_kernel(T* o, int64_t n, int64_t stride, double start, double step) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    st(o + i * stride, start + double(i) * step);
+}
+
+// Launch: grid-stride over Philox blocks; thread b draws block (offset/4 + b) and writes elements
+// 4b .. 4b+3 of the contiguous output, exactly as the CPU does (so dropout masks are identical).
+// Memory: 4 elements written per block, nothing read.
+template <typename T>
+__global__ void random_kernel(T* out, int64_t n, RandomKind kind, uint64_t seed, uint64_t first, double p0, double p1) {
+  const int64_t nblocks = (n + 3) / 4;
+  for (int64_t blk = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; blk < nblocks;
+       blk += int64_t(gridDim.x) * blockDim.x) {
+    const U32x4 r = philox_block(seed, first + uint64_t(blk));
+    float v[4];
+    if (kind == RandomKind::normal) {
+      philox_normal4(r, v);
+      for (float& x : v) x = float(p0 + p1 * double(x));
+    } else if (kind == RandomKind::uniform) {
+      for (int l = 0; l < 4; ++l) v[l] = float(p0 + (p1 - p0) * double(u32_to_uniform(r.v[l])));
+    } else {
+      for (int l = 0; l < 4; ++l) v[l] = double(u32_to_uniform(r.v[l])) < p0 ? 1.0f : 0.0f;
+    }
+    for (int l = 0; l < 4; ++l) {
+      const int64_t i = blk * 4 + l;
+      if (i < n) st(out + i, v[l]);
+    }
+  }
+}
+
+}  // namespace
+
+void copy(const TensorDesc& dst, const TensorDesc& src) {
+  const TensorDesc* ds[2] = {&dst, &src};
+  const Geo<2> g = make_geo(ds);
+  if (g.numel == 0) return;
+  visit_dtype(dst.dtype, [&](auto to) {
+    using TO = decltype(to);
+    visit_dtype(src.dtype, [&](auto ti) {
+      using TI = decltype(ti);
+      if constexpr (std::is_same_v<TO, TI>) {
+        if (contiguous(g)) {
+          KILN_CUDA_OK(cudaMemcpyAsync(dst.data, src.data, size_t(g.numel) * sizeof(TO), cudaMemcpyDeviceToDevice,
+                                       current().stream));
+          return;
+        }
+      }
+      launch_strided(g, CopyF<TO, TI>{static_cast<char*>(dst.data), static_cast<const char*>(src.data)}, "copy");
+    });
+  });
+}
+
+void fill(const TensorDesc& dst, double value) {
+  const TensorDesc* ds[1] = {&dst};
+  const Geo<1> g = make_geo(ds);
+  visit_dtype(dst.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T v;
+    if constexpr (std::is_same_v<T, bool>) {
+      v = value != 0.0;
+    } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      v = T(static_cast<float>(value));
+    } else {
+      v = static_cast<T>(value);
+    }
+    launch_strided(g, FillF<T>{static_cast<T*>(dst.data), v}, "fill");
+  });
+}
+
+void arange(const TensorDesc& dst, double start, double step) {
+  KILN_ASSERT(dst.ndim == 1, "arange writes a 1-D tensor");
+  const int64_t n = dst.shape[0];
+  if (n == 0) return;
+  visit_dtype(dst.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    arange_kernel<T><<<grid_for(n), kThreads, 0, current().stream>>>(static_cast<T*>(dst.data), n, dst.strides[0],
+                                                                       start, step);
+  });
+  KILN_LAUNCH_OK("arange");
+}
+
+void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, double p1) {
+  KILN_CHECK(unary_defined(op, src.dtype), "unary op ", int(op), " is not defined for dtype ", dtype_name(src.dtype));
+  const TensorDesc* ds[2] = {&dst, &src};
+  const Geo<2> g = make_geo(ds);
+  visit_dtype(src.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = DAcc<T>;
+    const bool has_lo = !std::isnan(p0), has_hi = !std::isnan(p1);
+    const UnaryF<T> f{op, has_lo || op != UnaryOp::clamp ? A(p0) : A(0), has_hi ? A(p1) : A(0), has_lo, has_hi};
+    T* o = static_cast<T*>(dst.data);
+    const T* a = static_cast<const T*>(src.data);
+    if (contiguous(g) && aligned16(o) && aligned16(a)) {
+      launch_vector<T, 1>(o, a, nullptr, g.numel, f, "unary");
+    } else {
+      launch_strided(g, UnaryStridedF<T>{o, a, f}, "unary");
+    }
+  });
+}
+
+void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, double alpha) {
+  KILN_CHECK(binary_defined(op, a.dtype), "binary op ", int(op), " is not defined for dtype ", dtype_name(a.dtype));
+  const TensorDesc* ds[3] = {&dst, &a, &b};
+  const Geo<3> g = make_geo(ds);
+  visit_dtype(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = static_cast<const T*>(a.data);
+    const T* y = static_cast<const T*>(b.data);
+    if (is_comparison(op)) {
+      launch_strided(g, CompareStridedF<T>{static_cast<bool*>(dst.data), x, y, op}, "binary");
+      return;
+    }
+    KILN_ASSERT(dst.dtype == a.dtype, "binary op output dtype ", dst.dtype, " differs from input ", a.dtype);
+    const BinaryF<T> f{op, DAcc<T>(alpha), current().error_word};
+    T* o = static_cast<T*>(dst.data);
+    if (contiguous(g) && aligned16(o) && aligned16(x) && aligned16(y)) {
+      launch_vector<T, 2>(o, x, y, g.numel, f, "binary");
+    } else {
+      launch_strided(g, BinaryStridedF<T>{o, x, y, f}, "binary");
+    }
+  });
+}
+
+void where(const TensorDesc& dst, const TensorDesc& cond, const TensorDesc& a, const TensorDesc& b) {
+  const TensorDesc* ds[4] = {&dst, &cond, &a, &b};
+  const Geo<4> g = make_geo(ds);
+  auto run = [&](auto word) {
+    using W = decltype(word);
+    launch_strided(g, WhereF<W>{static_cast<W*>(dst.data), static_cast<const bool*>(cond.data),
+                                static_cast<const W*>(a.data), static_cast<const W*>(b.data)},
+                   "where");
+  };
+  switch (dtype_size(dst.dtype)) {
+    case 1: return run(uint8_t{});
+    case 2: return run(uint16_t{});
+    case 4: return run(uint32_t{});
+    default: return run(uint64_t{});
+  }
+}
+
+void random(RandomKind kind, const TensorDesc& dst, uint64_t seed, uint64_t offset, double p0, double p1) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  visit_dtype(dst.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    random_kernel<T><<<grid_for((n + 3) / 4), kThreads, 0, current().stream>>>(static_cast<T*>(dst.data), n, kind,
+                                                                                 seed, offset / 4, p0, p1);
+  });
+  KILN_LAUNCH_OK("random");
+}
+
+}  // namespace kiln::cuda

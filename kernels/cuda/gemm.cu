@@ -1,0 +1,161 @@
+// GEMM through cuBLASLt. The engine's GEMM is row-major (C = alpha op(A) op(B) + beta C with row
+// strides lda/ldb/ldc); cuBLASLt is column-major, so we compute the transpose C^T = op(B)^T op(A)^T,
+// which is the same memory: B's buffer becomes cuBLASLt's first operand and A's the second.
+// f32 (TF32 tensor cores only when cuda::set_allow_tf32(true)), f64, and f16/bf16 with f32
+// accumulation. The heuristic's choice is cached per shape, layout and pointer alignment.
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // what cuBLASLt asks for on Hopper
+
+// Launch: grid-stride over the m x n matrix (row stride ldc), one thread per element.
+// Memory: reads and writes each element once. Only for k == 0, where C = beta * C.
+template <typename T> __global__ void scale_matrix(T* c, int64_t m, int64_t n, int64_t ldc, float beta) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m * n; i += int64_t(gridDim.x) * blockDim.x) {
+    T* p = c + (i / n) * ldc + i % n;
+    st(p, beta == 0.0f ? DAcc<T>(0) : DAcc<T>(ld(p) * beta));
+  }
+}
+
+struct Types {
+  cudaDataType_t data, scale;
+  cublasComputeType_t compute;
+};
+Types types_of(DType dt) {
+  switch (dt) {
+    case DType::f32:
+      return {CUDA_R_32F, CUDA_R_32F, allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F};
+    case DType::f64: return {CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F};
+    case DType::f16: return {CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+    case DType::bf16: return {CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+    default: KILN_FAIL("cuda gemm: dtype ", dt, " is not supported (f32, f64, f16, bf16)");
+  }
+}
+
+int alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  for (int al = 256; al > 1; al /= 2)
+    if (a % uintptr_t(al) == 0) return al;
+  return 1;
+}
+
+// RAII for the four cuBLASLt descriptors of one call.
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~Descs() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+using Key = std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int64_t,
+                       int64_t, int64_t, int64_t>;
+std::mutex g_cache_mutex;
+std::map<Key, cublasLtMatmulAlgo_t> g_algos;
+
+}  // namespace
+
+void gemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a, int64_t lda,
+          const void* b, int64_t ldb, double beta, void* c, int64_t ldc) {
+  gemm_batched(dt, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
+}
+
+void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
+                  int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb, double beta, void* c, int64_t ldc,
+                  int64_t sc, int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  Context& ctx = current();
+  const Types ty = types_of(dt);
+  if (k == 0) {
+    if (beta == 1.0) return;
+    visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (is_float_v<T>) {
+        for (int64_t i = 0; i < batch; ++i)
+          scale_matrix<T><<<grid_for(m * n), kThreads, 0, ctx.stream>>>(static_cast<T*>(c) + i * sc, m, n, ldc,
+                                                                         float(beta));
+      }
+    });
+    KILN_LAUNCH_OK("gemm (k = 0)");
+    return;
+  }
+  // Column-major view: D (n x m, ld ldc) = opA'(B) (n x k) * opB'(A) (k x m).
+  const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  Descs d;
+  KILN_CUBLAS_OK(cublasLtMatmulDescCreate(&d.op, ty.compute, ty.scale));
+  KILN_CUBLAS_OK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+  KILN_CUBLAS_OK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+  // Stored shapes (rows x cols, column-major): the first operand is B's buffer, the second A's.
+  KILN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&d.a, ty.data, tb ? k : n, tb ? n : k, ldb));
+  KILN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&d.b, ty.data, ta ? m : k, ta ? k : m, lda));
+  KILN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&d.c, ty.data, n, m, ldc));
+  if (batch > 1) {
+    const int32_t count = int32_t(batch);
+    KILN_CHECK(batch < INT32_MAX, "cuda gemm: ", batch, " products in one batch is too many");
+    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[3] = {{d.a, sb}, {d.b, sa}, {d.c, sc}};
+    for (const auto& [layout, stride] : layouts) {
+      KILN_CUBLAS_OK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      KILN_CUBLAS_OK(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+  }
+
+  // cuBLASLt assumes 256-byte aligned operands unless told otherwise; views and batch strides are
+  // often less aligned, so tell it the truth (it then skips kernels that need more).
+  int al = std::min({alignment(a), alignment(b), alignment(c)});
+  if (batch > 1) {
+    const auto es = int64_t(dtype_size(dt));
+    for (int64_t stride : {sa, sb, sc}) al = std::min(al, alignment(reinterpret_cast<const void*>(stride * es)));
+  }
+  const Key key{ctx.device, int(dt), int(ty.compute), ta, tb, m, n, k, lda, ldb, ldc, al, beta != 0.0, batch, sa, sb, sc};
+  cublasLtMatmulAlgo_t algo;
+  bool found = false;
+  {
+    std::lock_guard<std::mutex> lk(g_cache_mutex);
+    auto it = g_algos.find(key);
+    if (it != g_algos.end()) {
+      algo = it->second;
+      found = true;
+    }
+  }
+  if (!found) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    KILN_CUBLAS_OK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kWorkspaceBytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    const uint32_t align = uint32_t(al);
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+    cublasLtMatmulHeuristicResult_t res{};
+    int count = 0;
+    const cublasStatus_t s =
+        cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt(), d.op, d.a, d.b, d.c, d.c, pref, 1, &res, &count);
+    cublasLtMatmulPreferenceDestroy(pref);
+    KILN_CHECK(s == CUBLAS_STATUS_SUCCESS && count > 0, "cuda gemm: cuBLASLt has no algorithm for ", dt, " m=", m,
+               " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc, " (", cublasLtGetStatusString(s), ")");
+    algo = res.algo;
+    std::lock_guard<std::mutex> lk(g_cache_mutex);
+    g_algos.emplace(key, algo);
+  }
+  DeviceBuffer ws(kWorkspaceBytes);
+  const float af = float(alpha), bf = float(beta);
+  const void* pa = dt == DType::f64 ? static_cast<const void*>(&alpha) : &af;
+  const void* pb = dt == DType::f64 ? static_cast<const void*>(&beta) : &bf;
+  KILN_CUBLAS_OK(cublasLtMatmul(ctx.cublaslt(), d.op, pa, b, d.a, a, d.b, pb, c, d.c, c, d.c, &algo, ws.get(),
+                                kWorkspaceBytes, ctx.stream));
+}
+
+}  // namespace kiln::cuda

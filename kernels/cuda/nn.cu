@@ -1,0 +1,1136 @@
+// CUDA kernels of the neural-network ops, with the semantics of kernels/cpu/nn.cpp and
+// kernels/cpu/amp.cpp: pooling, softmax, layer and batch norm, fused cross-entropy, the index kernels
+// and the loss scaler's unscale pass.
+//
+// Determinism: no floating-point atomics anywhere. Every sum runs in an order fixed by the shape
+// (warp shuffles and block trees of a fixed size, partial buffers summed in index order), so two
+// runs give the same bits. The pooling backwards and the index adds gather instead of scatter:
+// each output element is owned by one thread that adds its contributions in the CPU's order.
+// Row kernels (softmax, layer norm, cross-entropy) give a row to one warp when it has at most
+// kWarpRow elements and to a block of kThreads otherwise; statistics combine in f64 as on the CPU.
+#include <cub/cub.cuh>
+
+#include <algorithm>
+#include <bit>
+#include <climits>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int64_t kWarpRow = 1024;  // longest row a single warp owns (32 elements per lane)
+
+template <typename Fn> void dispatch_nn(DType dt, const char* op, Fn&& fn) {
+  switch (dt) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    default: KILN_FAIL("cuda ", op, ": dtype ", dt, " is not supported (f32, f64)");
+  }
+}
+template <typename Fn> void dispatch_floating(DType dt, const char* op, Fn&& fn) {
+  switch (dt) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::f16: return fn(Half{});
+    case DType::bf16: return fn(BFloat16{});
+    default: KILN_FAIL("cuda ", op, ": dtype ", dt, " is not supported (f32, f64, f16, bf16)");
+  }
+}
+
+template <typename T> const T* cp(const void* p) { return static_cast<const T*>(p); }
+template <typename T> T* mp(void* p) { return static_cast<T*>(p); }
+
+template <typename T> __device__ __forceinline__ T dexp(T v) {
+  if constexpr (std::is_same_v<T, float>) return expf(v);
+  else return ::exp(v);
+}
+template <typename T> constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+// ---- row groups: a warp or a whole block reduces one row ------------------------------------------
+
+// Rank of the thread in its row group, the group's size, the first row and the row step of a
+// grid-stride loop over rows.
+template <bool kBlock> struct RowGroup {
+  __device__ static int rank() { return kBlock ? int(threadIdx.x) : int(threadIdx.x & 31); }
+  __device__ static int size() { return kBlock ? int(blockDim.x) : 32; }
+  __device__ static int64_t first() {
+    return kBlock ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  }
+  __device__ static int64_t step() { return kBlock ? int64_t(gridDim.x) : int64_t(gridDim.x) * (blockDim.x >> 5); }
+};
+
+template <bool kBlock, typename A> __device__ __forceinline__ A group_sum(A v, A* smem) {
+  if constexpr (kBlock) return block_sum(v, smem);
+  else return warp_sum(v);
+}
+
+// Online softmax state: the running maximum m and s = sum of exp(x - m). -inf entries add nothing
+// (also while m is still -inf, where x - m would be NaN); a NaN entry makes s NaN for good.
+template <typename A> struct MaxSum {
+  A m, s;
+};
+template <typename A> __device__ __forceinline__ void ms_add(MaxSum<A>& a, A x) {
+  if (x > a.m) {
+    a.s = a.s * dexp(a.m - x) + A(1);
+    a.m = x;
+  } else if (x != kNegInf<A>) {
+    a.s += dexp(x - a.m);
+  }
+}
+template <typename A> __device__ __forceinline__ MaxSum<A> ms_merge(MaxSum<A> a, MaxSum<A> b) {
+  const A m = a.m > b.m ? a.m : b.m;
+  const A sa = a.s == A(0) ? A(0) : a.s * dexp(a.m - m);
+  const A sb = b.s == A(0) ? A(0) : b.s * dexp(b.m - m);
+  return {m, sa + sb};
+}
+template <typename A> __device__ __forceinline__ MaxSum<A> warp_merge(MaxSum<A> v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = ms_merge(v, MaxSum<A>{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  return v;
+}
+// Every thread of the group gets the merged state. `smem` holds 32 states (block groups only).
+template <bool kBlock, typename A> __device__ MaxSum<A> group_merge(MaxSum<A> v, MaxSum<A>* smem) {
+  v = warp_merge(v);
+  if constexpr (kBlock) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    __syncthreads();  // smem may still be read by a previous call
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    v = warp_merge(lane < nwarps ? smem[lane] : MaxSum<A>{kNegInf<A>, A(0)});
+  }
+  return v;
+}
+
+// Launches `warp` (a warp per row) for rows of at most kWarpRow elements, else `block` (a block of
+// kThreads per row): the two instantiations of one row kernel.
+template <typename... P, typename... A>
+void launch_rows(void (*warp)(P...), void (*block)(P...), const char* name, int64_t rows, int64_t len,
+                 cudaStream_t s, A... args) {
+  if (len <= kWarpRow) warp<<<grid_for(rows * 32), kThreads, 0, s>>>(args...);
+  else block<<<grid_for(rows * kThreads), kThreads, 0, s>>>(args...);
+  KILN_LAUNCH_OK(name);
+}
+
+// ---- pooling ---------------------------------------------------------------------------------------
+
+struct Window {
+  int64_t h0, h1, w0, w1;  // visited rows h0, h0 + step_h, ... < h1 (negative ones skipped); columns alike
+  int64_t step_h, step_w;
+  int64_t count;           // divisor for average pooling
+};
+
+// The CPU's window_of, with its count of valid positions in closed form.
+__device__ Window window_of(const Pool2dParams& p, int64_t oh, int64_t ow) {
+  Window w;
+  if (p.adaptive) {
+    w.h0 = (oh * p.h) / p.oh;
+    w.h1 = ((oh + 1) * p.h + p.oh - 1) / p.oh;
+    w.w0 = (ow * p.w) / p.ow;
+    w.w1 = ((ow + 1) * p.w + p.ow - 1) / p.ow;
+    w.step_h = w.step_w = 1;
+    w.count = (w.h1 - w.h0) * (w.w1 - w.w0);
+    return w;
+  }
+  const int64_t hs = oh * p.sh - p.ph, ws = ow * p.sw - p.pw;
+  const int64_t he = min(hs + (p.kh - 1) * p.dh + 1, p.h + p.ph), we = min(ws + (p.kw - 1) * p.dw + 1, p.w + p.pw);
+  w.h0 = hs;
+  w.h1 = min(he, p.h);
+  w.w0 = ws;
+  w.w1 = min(we, p.w);
+  w.step_h = p.dh;
+  w.step_w = p.dw;
+  if (p.count_include_pad) {
+    w.count = ((he - hs + p.dh - 1) / p.dh) * ((we - ws + p.dw - 1) / p.dw);
+  } else {  // positions a, a + s, ... < b that are >= 0
+    auto valid = [](int64_t a, int64_t b, int64_t s) {
+      if (a < 0) a += ((-a + s - 1) / s) * s;
+      return a < b ? (b - a + s - 1) / s : int64_t(0);
+    };
+    w.count = valid(w.h0, w.h1, p.dh) * valid(w.w0, w.w1, p.dw);
+  }
+  return w;
+}
+
+// Outputs [lo, hi) along one axis whose windows may contain input position i (a superset for fixed
+// windows; exact for adaptive ones). Backward kernels then test membership exactly.
+__device__ __forceinline__ void candidates(int64_t i, int64_t in, int64_t out, int64_t k, int64_t s, int64_t pad,
+                                           int64_t dil, bool adaptive, int64_t& lo, int64_t& hi) {
+  if (adaptive) {
+    lo = (i * out) / in;
+    hi = min(out, ((i + 1) * out + in - 1) / in);
+    return;
+  }
+  const int64_t a = i + pad - (k - 1) * dil;
+  lo = a <= 0 ? 0 : (a + s - 1) / s;
+  hi = min(out, (i + pad) / s + 1);
+}
+
+// Max pool forward. Launch: grid_for(planes*oh*ow) blocks of kThreads, grid-stride; a thread owns
+// one output (adjacent threads adjacent ow). Traffic: each window read (cached across neighbours),
+// one T and one i64 written per output. NaN handling and tie order are the CPU's loop, verbatim.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) max_pool_fwd_kernel(Pool2dParams p, const T* x, T* y, int64_t* idx) {
+  const int64_t total = p.planes * p.oh * p.ow;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t ow = e % p.ow, t = e / p.ow, oh = t % p.oh, pl = t / p.oh;
+    const Window w = window_of(p, oh, ow);
+    const T* img = x + pl * p.h * p.w;
+    T best = kNegInf<T>;
+    int64_t bi = -1;
+    for (int64_t ih = w.h0; ih < w.h1; ih += w.step_h) {
+      if (ih < 0) continue;
+      for (int64_t iw = w.w0; iw < w.w1; iw += w.step_w) {
+        if (iw < 0) continue;
+        const T v = img[ih * p.w + iw];
+        if (bi < 0 || v > best || v != v) {
+          best = v;
+          bi = ih * p.w + iw;
+          if (v != v) break;  // leaves this row only, as the CPU does
+        }
+      }
+    }
+    y[e] = best;
+    idx[e] = bi;
+  }
+}
+
+// Max pool backward as a gather. Launch: grid_for(planes*h*w) blocks of kThreads, grid-stride; a
+// thread owns one input element and adds gy of every candidate output whose index names it, in
+// output order (the CPU's scatter order, so the same bits). Traffic: per input element about
+// (kh/sh)*(kw/sw) candidate (i64 + T) reads, mostly cache hits; one T written.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) max_pool_bwd_kernel(Pool2dParams p, const T* gy, const int64_t* idx,
+                                                                T* gx, int* err) {
+  const int64_t plane = p.h * p.w, total = p.planes * plane;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t iw = e % p.w, t = e / p.w, ih = t % p.h, pl = t / p.h, me = ih * p.w + iw;
+    int64_t oh0, oh1, ow0, ow1;
+    candidates(ih, p.h, p.oh, p.kh, p.sh, p.ph, p.dh, p.adaptive, oh0, oh1);
+    candidates(iw, p.w, p.ow, p.kw, p.sw, p.pw, p.dw, p.adaptive, ow0, ow1);
+    const int64_t* ip = idx + pl * p.oh * p.ow;
+    const T* gp = gy + pl * p.oh * p.ow;
+    T acc = T(0);
+    for (int64_t oh = oh0; oh < oh1; ++oh)
+      for (int64_t ow = ow0; ow < ow1; ++ow) {
+        const int64_t k = ip[oh * p.ow + ow];
+        if (k >= plane) flag_error(err, KernelError::max_pool_index);
+        else if (k == me) acc += gp[oh * p.ow + ow];
+      }
+    gx[e] = acc;
+  }
+}
+
+// Average pool forward. Launch and ownership as max_pool_fwd_kernel; sums in f64 like the CPU.
+// Traffic: each window read (cached across neighbours), one T written per output.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) avg_pool_fwd_kernel(Pool2dParams p, const T* x, T* y) {
+  const int64_t total = p.planes * p.oh * p.ow;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t ow = e % p.ow, t = e / p.ow, oh = t % p.oh, pl = t / p.oh;
+    const Window w = window_of(p, oh, ow);
+    const T* img = x + pl * p.h * p.w;
+    double acc = 0;
+    for (int64_t ih = max(w.h0, int64_t(0)); ih < w.h1; ih += w.step_h)
+      for (int64_t iw = max(w.w0, int64_t(0)); iw < w.w1; iw += w.step_w) acc += double(img[ih * p.w + iw]);
+    y[e] = T(w.count > 0 ? acc / double(w.count) : 0.0);
+  }
+}
+
+// Average pool backward as a gather. Launch and ownership as max_pool_bwd_kernel: a thread adds
+// gy / count of every output whose window visits its element, in output order (the CPU's bits).
+// Traffic: one T read per candidate output (cached), one T written.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) avg_pool_bwd_kernel(Pool2dParams p, const T* gy, T* gx) {
+  const int64_t total = p.planes * p.h * p.w;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t iw = e % p.w, t = e / p.w, ih = t % p.h, pl = t / p.h;
+    int64_t oh0, oh1, ow0, ow1;
+    candidates(ih, p.h, p.oh, p.kh, p.sh, p.ph, p.dh, p.adaptive, oh0, oh1);
+    candidates(iw, p.w, p.ow, p.kw, p.sw, p.pw, p.dw, p.adaptive, ow0, ow1);
+    const T* gp = gy + pl * p.oh * p.ow;
+    T acc = T(0);
+    for (int64_t oh = oh0; oh < oh1; ++oh)
+      for (int64_t ow = ow0; ow < ow1; ++ow) {
+        const Window w = window_of(p, oh, ow);
+        if (w.count <= 0) continue;
+        const int64_t hb = max(w.h0, int64_t(0)), wb = max(w.w0, int64_t(0));
+        if (ih < hb || ih >= w.h1 || (ih - hb) % w.step_h != 0) continue;
+        if (iw < wb || iw >= w.w1 || (iw - wb) % w.step_w != 0) continue;
+        acc += gp[oh * p.ow + ow] / T(w.count);
+      }
+    gx[e] = acc;
+  }
+}
+
+// ---- softmax ---------------------------------------------------------------------------------------
+
+// Softmax / log-softmax of contiguous rows (inner == 1). Launch: launch_rows, a warp or a
+// block per row, grid-stride over rows; lane r of the group owns elements r, r + group, ...
+// Pass 1 folds the online (max, sum) state and merges it across the group; pass 2 writes y.
+// A row whose maximum is not finite takes the CPU's path (max := 0, one more pass for the sum).
+// Traffic: x read twice (the second time from L1/L2), y written once.
+template <typename T, bool kBlock>
+__global__ void __launch_bounds__(kThreads) softmax_rows_kernel(bool log, int64_t rows, int64_t n, const T* x, T* y) {
+  using G = RowGroup<kBlock>;
+  __shared__ MaxSum<T> red[32];
+  __shared__ T sred[32];
+  for (int64_t r = G::first(); r < rows; r += G::step()) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    MaxSum<T> ms{kNegInf<T>, T(0)};
+    for (int64_t i = G::rank(); i < n; i += G::size()) ms_add(ms, xr[i]);
+    ms = group_merge<kBlock>(ms, red);
+    T m = ms.m, s = ms.s;
+    if (!isfinite(m)) {  // the same for the whole group
+      m = T(0);
+      T t = T(0);
+      for (int64_t i = G::rank(); i < n; i += G::size()) t += dexp(xr[i]);
+      s = group_sum<kBlock>(t, sred);
+    }
+    if (log) {
+      const T lse = T(::log(double(s))) + m;
+      for (int64_t i = G::rank(); i < n; i += G::size()) yr[i] = xr[i] - lse;
+    } else {
+      const T inv = T(1.0 / double(s));
+      for (int64_t i = G::rank(); i < n; i += G::size()) yr[i] = dexp(xr[i] - m) * inv;
+    }
+  }
+}
+
+// Softmax over the middle dim of [outer, n, inner], inner > 1. Launch: grid_for(tiles * kThreads)
+// blocks of 256 = 32 columns x 8 row-slices, grid-stride over tiles (o, 32 consecutive j); thread
+// (tx, ty) folds rows ty, ty + 8, ... of column j (a warp reads 32 consecutive elements), the 8
+// slices merge through shared memory in slice order. Traffic: x read twice, y written once.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) softmax_cols_kernel(bool log, int64_t outer, int64_t n, int64_t inner,
+                                                                const T* x, T* y) {
+  __shared__ MaxSum<T> red[8][32];
+  __shared__ T sred[8][32];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int64_t col_tiles = (inner + 31) / 32, tiles = outer * col_tiles, step = 8 * inner;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t o = t / col_tiles, j = (t % col_tiles) * 32 + tx;
+    // This thread's slice: rows ty, ty + 8, ... of column j; empty for a column past the edge.
+    const int64_t first = o * n * inner + j + ty * inner, end = j < inner ? (o + 1) * n * inner : 0;
+    MaxSum<T> ms{kNegInf<T>, T(0)};
+    for (int64_t q = first; q < end; q += step) ms_add(ms, x[q]);
+    red[ty][tx] = ms;
+    __syncthreads();
+    ms = red[0][tx];
+#pragma unroll 1
+    for (int k = 1; k < 8; ++k) ms = ms_merge(ms, red[k][tx]);
+    T m = ms.m, s = ms.s;
+    if (__syncthreads_or(j < inner && !isfinite(m))) {  // some column takes the CPU's max := 0 path
+      T acc = T(0);
+      for (int64_t q = first; q < end; q += step) acc += dexp(x[q]);
+      sred[ty][tx] = acc;
+      __syncthreads();
+      if (!isfinite(m)) {
+        m = T(0);
+        s = sred[0][tx];
+        for (int k = 1; k < 8; ++k) s += sred[k][tx];
+      }
+    }
+    if (log) {
+      const T lse = T(::log(double(s))) + m;
+      for (int64_t q = first; q < end; q += step) y[q] = x[q] - lse;
+    } else {
+      const T inv = T(1.0 / double(s));
+      for (int64_t q = first; q < end; q += step) y[q] = dexp(x[q] - m) * inv;
+    }
+    __syncthreads();  // red and sred are rewritten by the next tile
+  }
+}
+
+// Softmax backward, contiguous rows. Launch: launch_rows; lane r owns elements r, r + group, ...
+// s = sum(gy * y) (softmax) or sum(gy) (log-softmax), per-thread in T, across the group in f64.
+// Traffic: y and gy read twice (second time cached), gx written once.
+template <typename T, bool kBlock>
+__global__ void __launch_bounds__(kThreads) softmax_bwd_rows_kernel(bool log, int64_t rows, int64_t n, const T* y,
+                                                                    const T* gy, T* gx) {
+  using G = RowGroup<kBlock>;
+  __shared__ double sred[32];
+  for (int64_t r = G::first(); r < rows; r += G::step()) {
+    const T* yr = y + r * n;
+    const T* g = gy + r * n;
+    T* o = gx + r * n;
+    T acc = T(0);
+    for (int64_t i = G::rank(); i < n; i += G::size()) acc += log ? g[i] : g[i] * yr[i];
+    const T s = T(group_sum<kBlock>(double(acc), sred));
+    if (log) {
+      for (int64_t i = G::rank(); i < n; i += G::size()) o[i] = g[i] - dexp(yr[i]) * s;
+    } else {
+      for (int64_t i = G::rank(); i < n; i += G::size()) o[i] = yr[i] * (g[i] - s);
+    }
+  }
+}
+
+// Softmax backward over the middle dim, inner > 1. Launch and ownership as softmax_cols_kernel; the
+// 8 slice sums (in T) combine in f64 in slice order. Traffic: y and gy read twice, gx written once.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) softmax_bwd_cols_kernel(bool log, int64_t outer, int64_t n, int64_t inner,
+                                                                    const T* y, const T* gy, T* gx) {
+  __shared__ double sred[8][32];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int64_t col_tiles = (inner + 31) / 32, tiles = outer * col_tiles, step = 8 * inner;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t o = t / col_tiles, j = (t % col_tiles) * 32 + tx;
+    const int64_t first = o * n * inner + j + ty * inner, end = j < inner ? (o + 1) * n * inner : 0;
+    T acc = T(0);
+    for (int64_t q = first; q < end; q += step) acc += log ? gy[q] : gy[q] * y[q];
+    sred[ty][tx] = double(acc);
+    __syncthreads();
+    double sum = sred[0][tx];
+    for (int k = 1; k < 8; ++k) sum += sred[k][tx];
+    const T s = T(sum);
+    for (int64_t q = first; q < end; q += step) gx[q] = log ? gy[q] - dexp(y[q]) * s : y[q] * (gy[q] - s);
+    __syncthreads();  // sred is rewritten by the next tile
+  }
+}
+
+// ---- layer norm ------------------------------------------------------------------------------------
+
+// Layer norm forward. Launch: launch_rows over rows of length d; lane r owns elements r,
+// r + group, ... Two passes like the CPU: mean, then the sum of squared deviations from it (no
+// cancellation), per-thread in T and across the group in f64; a third pass writes y.
+// Traffic: x read three times (twice from cache), y written once, mean and rstd once per row.
+template <typename T, bool kBlock>
+__global__ void __launch_bounds__(kThreads) layer_norm_fwd_kernel(int64_t rows, int64_t d, double eps, const T* x,
+                                                                  const T* gamma, const T* beta, T* y, T* mean,
+                                                                  T* rstd) {
+  using G = RowGroup<kBlock>;
+  __shared__ double sred[32];
+  const double dd = double(d > 0 ? d : 1);
+  for (int64_t r = G::first(); r < rows; r += G::step()) {
+    const T* xr = x + r * d;
+    T acc = T(0);
+    for (int64_t i = G::rank(); i < d; i += G::size()) acc += xr[i];
+    const double m = group_sum<kBlock>(double(acc), sred) / dd;
+    const T mf = T(m);
+    acc = T(0);
+    for (int64_t i = G::rank(); i < d; i += G::size()) {
+      const T t = xr[i] - mf;
+      acc += t * t;
+    }
+    const double v = group_sum<kBlock>(double(acc), sred) / dd;
+    const double rs = 1.0 / ::sqrt(v + eps);
+    const T rsf = T(rs);
+    T* yr = y + r * d;
+    for (int64_t i = G::rank(); i < d; i += G::size()) {
+      T h = (xr[i] - mf) * rsf;
+      if (gamma) h *= gamma[i];
+      if (beta) h += beta[i];
+      yr[i] = h;
+    }
+    if (G::rank() == 0) {
+      mean[r] = T(m);
+      rstd[r] = T(rs);
+    }
+  }
+}
+
+// Layer norm backward, gx. Launch: launch_rows; lane r owns elements r, r + group, ...
+// gx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), gh = gy * gamma.
+// Traffic: x, gy (and gamma) read twice (second time cached), gx written once.
+template <typename T, bool kBlock>
+__global__ void __launch_bounds__(kThreads) layer_norm_bwd_kernel(int64_t rows, int64_t d, const T* x,
+                                                                  const T* gamma, const T* mean, const T* rstd,
+                                                                  const T* gy, T* gx) {
+  using G = RowGroup<kBlock>;
+  __shared__ double sred[32];
+  for (int64_t r = G::first(); r < rows; r += G::step()) {
+    const T* xr = x + r * d;
+    const T* g = gy + r * d;
+    const T m = mean[r], rs = rstd[r];
+    T a1 = T(0), a2 = T(0);
+    for (int64_t i = G::rank(); i < d; i += G::size()) {
+      const T h = gamma ? g[i] * gamma[i] : g[i];
+      a1 += h;
+      a2 += h * ((xr[i] - m) * rs);
+    }
+    const T s1 = T(group_sum<kBlock>(double(a1), sred) / double(d));
+    const T s2 = T(group_sum<kBlock>(double(a2), sred) / double(d));
+    T* o = gx + r * d;
+    for (int64_t i = G::rank(); i < d; i += G::size()) {
+      const T h = gamma ? g[i] * gamma[i] : g[i];
+      o[i] = rs * (h - s1 - (xr[i] - m) * rs * s2);
+    }
+  }
+}
+
+constexpr int64_t kLnChunkMin = 64;    // rows per partial-sum chunk, at least
+constexpr int64_t kLnMaxChunks = 256;  // chunks per column, at most (bounds the partial buffer)
+
+// Layer norm backward, ggamma/gbeta partial sums. Launch: grid (ceil(d/32), chunks), 256 threads =
+// 32 columns x 8 row-slices; thread (tx, ty) sums rows chunk_start + ty, + 8, ... of column j in
+// f64 (as the CPU); the 8 slices add up in slice order into partial[chunk][j] (gamma) and
+// partial[chunks + chunk][j] (beta). The chunking depends on the shape only, so the bits never vary.
+// Traffic: x and gy read once (coalesced along j), mean/rstd once per row per column tile.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) layer_norm_param_partial_kernel(int64_t rows, int64_t d, int64_t chunk,
+                                                                            const T* x, const T* mean,
+                                                                            const T* rstd, const T* gy,
+                                                                            double* partial) {
+  __shared__ double sg[8][32], sb[8][32];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int64_t j = int64_t(blockIdx.x) * 32 + tx;
+  const int64_t r0 = int64_t(blockIdx.y) * chunk, r1 = min(rows, r0 + chunk);
+  double ag = 0, ab = 0;
+  if (j < d)
+    for (int64_t r = r0 + ty; r < r1; r += 8) {
+      const double g = double(gy[r * d + j]);
+      ag += g * (double(x[r * d + j]) - double(mean[r])) * double(rstd[r]);
+      ab += g;
+    }
+  sg[ty][tx] = ag;
+  sb[ty][tx] = ab;
+  __syncthreads();
+  if (ty == 0 && j < d) {
+    for (int k = 1; k < 8; ++k) {
+      ag += sg[k][tx];
+      ab += sb[k][tx];
+    }
+    partial[int64_t(blockIdx.y) * d + j] = ag;
+    partial[(int64_t(gridDim.y) + blockIdx.y) * d + j] = ab;
+  }
+}
+
+// Sums the chunk partials of each column in chunk order. Launch: grid_for(d), a thread per column;
+// reads chunks x 2 doubles per column (coalesced), writes ggamma/gbeta where non-null.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) layer_norm_param_finish_kernel(int64_t d, int64_t chunks,
+                                                                           const double* partial, T* ggamma,
+                                                                           T* gbeta) {
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < d; j += int64_t(gridDim.x) * blockDim.x) {
+    double sg = 0, sb = 0;
+    for (int64_t k = 0; k < chunks; ++k) {
+      sg += partial[k * d + j];
+      sb += partial[(chunks + k) * d + j];
+    }
+    if (ggamma) ggamma[j] = T(sg);
+    if (gbeta) gbeta[j] = T(sb);
+  }
+}
+
+// ---- batch norm ------------------------------------------------------------------------------------
+//
+// Why cuDNN for the training path: BN reduces each channel over N*H*W with only 64..2048 channels,
+// so filling the GPU needs every channel split across many blocks and combined deterministically,
+// a pass for the statistics and one for y, and in backward a fused pass for the two sums and gx.
+// cuDNN ships exactly that, tuned per architecture, deterministic (BN is not on its list of
+// non-reproducible routines), and ResNet spends a real share of its step in it. Its conventions
+// match the CPU's: exponentialAverageFactor = momentum (running = (1-m)*running + m*batch), the
+// running variance takes the unbiased batch variance, and the saved inverse variance is
+// 1/sqrt(biased var + eps), our rstd. Eval mode is a per-channel affine map and its backward a
+// per-channel sum, small handwritten kernels below that follow the CPU's formulas exactly.
+
+struct BnTensor {
+  cudnnTensorDescriptor_t d = nullptr;
+  BnTensor(cudnnDataType_t t, int64_t n, int64_t c, int64_t h) {
+    KILN_CUDNN_OK(cudnnCreateTensorDescriptor(&d));
+    const cudnnStatus_t s = cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, t, int(n), int(c), int(h), 1);
+    if (s != CUDNN_STATUS_SUCCESS) cudnnDestroyTensorDescriptor(d);
+    KILN_CUDNN_OK(s);
+  }
+  ~BnTensor() { cudnnDestroyTensorDescriptor(d); }
+  BnTensor(const BnTensor&) = delete;
+  BnTensor& operator=(const BnTensor&) = delete;
+};
+
+void check_cudnn_bn(int64_t n, int64_t c, int64_t hw, double eps) {
+  KILN_CHECK(n * c * hw <= INT_MAX, "cuda batch_norm: cuDNN takes at most 2^31-1 elements, got [", n, ", ", c,
+             ", ", hw, "]");
+  KILN_CHECK(eps >= CUDNN_BN_MIN_EPSILON, "cuda batch_norm: eps ", eps, " is below cuDNN's minimum ",
+             CUDNN_BN_MIN_EPSILON);
+}
+
+// Writes v to n elements. Launch: grid_for(n); one T written per element.
+template <typename T> __global__ void __launch_bounds__(kThreads) fill_kernel(int64_t n, T v, T* p) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+
+// Eval forward, per channel: mean/rstd from the running buffers and the affine map y = x*sc + sh,
+// computed in f64 as on the CPU. Launch: grid_for(c), a thread per channel. Traffic per channel:
+// up to 4 T read; mean, rstd and the (sc, sh) pair into `affine` [2, c] written.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bn_eval_prepare_kernel(int64_t c, double eps, const T* gamma,
+                                                                   const T* beta, const T* rmean, const T* rvar,
+                                                                   T* mean, T* rstd, T* affine) {
+  for (int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; ch < c; ch += int64_t(gridDim.x) * blockDim.x) {
+    const double m = double(rmean[ch]), rs = 1.0 / ::sqrt(double(rvar[ch]) + eps);
+    mean[ch] = T(m);
+    rstd[ch] = T(rs);
+    const T sc = T(rs * (gamma ? double(gamma[ch]) : 1.0));
+    affine[ch] = sc;
+    affine[c + ch] = T((beta ? double(beta[ch]) : 0.0) - m * double(sc));
+  }
+}
+
+// Eval forward, elementwise. Launch: grid_for(n*c*hw), grid-stride; a thread per element.
+// Traffic: one T read and one written per element (sc/sh are cache hits).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bn_eval_apply_kernel(int64_t total, int64_t c, int64_t hw, const T* x,
+                                                                 const T* affine, T* y) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t ch = (e / hw) % c;
+    y[e] = x[e] * affine[ch] + affine[c + ch];
+  }
+}
+
+// Backward without cuDNN: eval mode (gx = k1*gy + k2*x + k3 with the CPU's k2 = k3 = 0, passed at
+// run time so that an inf/NaN in x propagates exactly as on the CPU), or training with gx == null
+// (only ggamma/gbeta). Launch: grid_for(c * kThreads) blocks of kThreads, grid-stride over
+// channels; a block owns a channel, thread t the elements t, t + kThreads, ... of its n*hw values,
+// summing in T, then the block tree in f64. Traffic: x and gy read once, gx written once.
+// A block per channel under-fills the GPU when c is small; this path is rare (frozen BN).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bn_backward_channel_kernel(int64_t n, int64_t c, int64_t hw, T zero,
+                                                                       const T* x, const T* gamma, const T* mean,
+                                                                       const T* rstd, const T* gy, T* gx, T* ggamma,
+                                                                       T* gbeta) {
+  __shared__ double sred[32];
+  const int64_t count = n * hw;
+  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    const double rs = double(rstd[ch]);
+    const T mf = mean[ch];
+    const T a1 = T((gamma ? double(gamma[ch]) : 1.0) * rs);
+    T sg = T(0), sgd = T(0);
+    for (int64_t q = threadIdx.x; q < count; q += blockDim.x) {
+      const int64_t i = q / hw, off = (i * c + ch) * hw + (q - i * hw);
+      const T g = gy[off], xv = x[off];
+      sg += g;
+      sgd += g * (xv - mf);
+      if (gx) gx[off] = a1 * g + zero * xv + zero;
+    }
+    const double tsg = block_sum(double(sg), sred);
+    const double tsgd = block_sum(double(sgd), sred);
+    if (threadIdx.x == 0) {
+      if (ggamma) ggamma[ch] = T(tsgd * rs);
+      if (gbeta) gbeta[ch] = T(tsg);
+    }
+  }
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------------------
+
+// Fused log-softmax + NLL with label smoothing. Launch: launch_rows over rows of `classes`
+// logits; lane r owns logits r, r + group, ... Pass 1: online (max, sum of exp) and the sum of
+// logits, merged across the group; lse and the loss in f64 (rank 0 writes it). Pass 2 writes
+// glogits = grad_scale * (softmax - target distribution). Ignored rows write 0; a target outside
+// [0, classes) flags ce_target and writes 0. A non-finite maximum gives NaN, as on the CPU.
+// Traffic: logits read twice (second time cached), glogits written once, one i64 target per row.
+template <typename T, bool kBlock>
+__global__ void __launch_bounds__(kThreads) cross_entropy_kernel(int64_t rows, int64_t classes, const T* logits,
+                                                                 const int64_t* target, int64_t ignore, double eps,
+                                                                 T* loss, T* glogits, double grad_scale, int* err) {
+  using G = RowGroup<kBlock>;
+  __shared__ MaxSum<T> red[32];
+  __shared__ double sred[32];
+  for (int64_t r = G::first(); r < rows; r += G::step()) {
+    const T* x = logits + r * classes;
+    T* g = glogits ? glogits + r * classes : nullptr;
+    const int64_t t = target[r];
+    const bool bad = t != ignore && (t < 0 || t >= classes);
+    if (t == ignore || bad) {
+      if (G::rank() == 0) {
+        if (bad) flag_error(err, KernelError::ce_target);
+        loss[r] = T(0);
+      }
+      if (g)
+        for (int64_t i = G::rank(); i < classes; i += G::size()) g[i] = T(0);
+      continue;
+    }
+    MaxSum<T> ms{kNegInf<T>, T(0)};
+    T sx = T(0);
+    for (int64_t i = G::rank(); i < classes; i += G::size()) {
+      const T v = x[i];
+      ms_add(ms, v);
+      sx += v;
+    }
+    ms = group_merge<kBlock>(ms, red);
+    const double sum_x = group_sum<kBlock>(double(sx), sred);
+    const double lse = isfinite(ms.m) ? ::log(double(ms.s)) + double(ms.m) : std::numeric_limits<double>::quiet_NaN();
+    const double dc = double(classes);
+    if (G::rank() == 0) {
+      const double nll = lse - double(x[t]);
+      const double smooth = lse - sum_x / dc;
+      loss[r] = T((1 - eps) * nll + eps * smooth);
+    }
+    if (g) {
+      if constexpr (std::is_same_v<T, float>) {  // the CPU's f32 row: f32 terms, the target's in f64
+        const float lse_f = float(lse), sc = float(grad_scale), off = float(grad_scale * eps / dc);
+        for (int64_t i = G::rank(); i < classes; i += G::size())
+          g[i] = i == t ? float(grad_scale * (::exp(double(x[t]) - lse) - (1 - eps) - eps / dc))
+                        : sc * expf(x[i] - lse_f) - off;
+      } else {
+        for (int64_t i = G::rank(); i < classes; i += G::size()) {
+          const double want = (i == t ? (1 - eps) : 0.0) + eps / dc;
+          g[i] = T(grad_scale * (::exp(double(x[i]) - lse) - want));
+        }
+      }
+    }
+  }
+}
+
+// ---- index kernels -----------------------------------------------------------------------------------
+
+// index_select as a copy of U-sized units (U up to 16 bytes when rows and pointers allow).
+// Launch: grid_for(outer*n_idx*units), grid-stride; a thread moves one unit (a warp 32 consecutive
+// units of a row: coalesced). Traffic: one unit read and written, one cached i64 index per unit.
+template <typename U>
+__global__ void __launch_bounds__(kThreads) index_select_kernel(int64_t rows, int64_t n_idx, int64_t n_src,
+                                                                int64_t units, const U* src, const int64_t* idx,
+                                                                U* dst, int* err) {
+  const int64_t total = rows * units;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = e / units, col = e - row * units, o = row / n_idx, i = row - o * n_idx;
+    const int64_t k = idx[i];
+    U v{};
+    if (k >= 0 && k < n_src) v = src[(o * n_src + k) * units + col];
+    else if (col == 0) flag_error(err, KernelError::index_select);
+    dst[e] = v;
+  }
+}
+
+// gather with a full index tensor. Launch: grid_for(outer*n_idx*inner); a thread per element.
+// Traffic: one i64 index and one element read (the element at an arbitrary row), one written.
+template <typename U>
+__global__ void __launch_bounds__(kThreads) gather_kernel(int64_t outer, int64_t n_src, int64_t n_idx, int64_t inner,
+                                                          const U* src, const int64_t* idx, U* dst, int* err) {
+  const int64_t total = outer * n_idx * inner;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = e % inner, o = e / (n_idx * inner), k = idx[e];
+    U v{};
+    if (k >= 0 && k < n_src) v = src[(o * n_src + k) * inner + j];
+    else flag_error(err, KernelError::gather);
+    dst[e] = v;
+  }
+}
+
+// index_add step 1: sort keys (an out-of-range index becomes n_dst, flagged, and sorts last) and
+// positions. Launch: grid_for(n_idx); a thread per index. Traffic: 8 bytes read, 16 written per index.
+__global__ void __launch_bounds__(kThreads) index_add_keys_kernel(int64_t n_idx, int64_t n_dst, const int64_t* idx,
+                                                                  uint64_t* keys, int64_t* pos, int* err) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_idx; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t k = idx[i];
+    const bool ok = k >= 0 && k < n_dst;
+    if (!ok) flag_error(err, KernelError::index_add);
+    keys[i] = uint64_t(ok ? k : n_dst);
+    pos[i] = i;
+  }
+}
+
+// index_add step 3, after a stable radix sort of (key, position). Launch: grid_for(outer*n_idx*inner);
+// thread (o, s, j) does work only when sorted slot s starts a run of equal keys: it adds the run's
+// source rows in position order (the CPU's order) onto dst[o, key, j], starting from dst, in
+// DAcc<T>. Traffic: dst read and written once per touched element, src read once (coalesced in j),
+// sorted keys/positions cached.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) index_add_runs_kernel(int64_t outer, int64_t n_dst, int64_t inner, T* dst,
+                                                                  int64_t n_idx, const uint64_t* keys,
+                                                                  const int64_t* pos, const T* src) {
+  const int64_t total = outer * n_idx * inner;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = e % inner, t = e / inner, s = t % n_idx, o = t / n_idx;
+    const uint64_t k = keys[s];
+    if (k >= uint64_t(n_dst) || (s > 0 && keys[s - 1] == k)) continue;
+    T* d = dst + (o * n_dst + int64_t(k)) * inner + j;
+    DAcc<T> acc = ld(d);
+    for (int64_t q = s; q < n_idx && keys[q] == k; ++q) acc += ld(src + (o * n_idx + pos[q]) * inner + j);
+    st(d, acc);
+  }
+}
+
+// scatter_add as a gather: a thread owns dst[o, k, j] and scans all n_idx indices of column (o, j)
+// in order, adding src where the index is k: O(n_dst * n_idx) index reads per column, traded for
+// determinism without atomics or a sort per column. The k == 0 thread (one exists even when
+// n_dst == 0) flags out-of-range indices. Launch: grid_for(outer*max(n_dst,1)*inner); adjacent
+// threads adjacent j, so index and src reads coalesce. Traffic: dst read and written once.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) scatter_add_kernel(int64_t outer, int64_t n_dst, int64_t inner, T* dst,
+                                                               int64_t n_idx, const int64_t* idx, const T* src,
+                                                               int* err) {
+  const int64_t nk = n_dst > 0 ? n_dst : 1, total = outer * nk * inner;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = e % inner, t = e / inner, k = t % nk, o = t / nk;
+    const int64_t* ic = idx + o * n_idx * inner + j;
+    const T* sc = src + o * n_idx * inner + j;
+    T* d = dst + (o * n_dst + k) * inner + j;
+    DAcc<T> acc = k < n_dst ? ld(d) : DAcc<T>(0);
+    for (int64_t i = 0; i < n_idx; ++i) {
+      const int64_t v = ic[i * inner];
+      if (v < 0 || v >= n_dst) {
+        if (k == 0) flag_error(err, KernelError::scatter_add);
+      } else if (v == k) {
+        acc += ld(sc + i * inner);
+      }
+    }
+    if (k < n_dst) st(d, acc);
+  }
+}
+
+// ---- unscale_check -----------------------------------------------------------------------------------
+
+// The CPU's arithmetic: in C (f64 for f64, f32 otherwise), the product rounded back to T (16-bit
+// types convert with single cvt instructions in device code, kernels/common/half.h).
+template <typename T, typename C> __device__ __forceinline__ void unscale_one(T& x, C s, bool& bad) {
+  const C v = C(x);
+  bad |= !isfinite(v);
+  x = T(v * s);
+}
+
+// x *= s over a contiguous buffer; any non-finite input stores 1.0f into *found_inf (a plain store:
+// every writer writes the same value). Launch: grid_for(max(vectors, scalars)); a thread handles
+// 16-byte vectors v, v + stride, ... of the aligned body, and the first threads the unaligned head
+// and the tail element by element. Traffic: every byte read and written once, 128-bit accesses.
+template <typename T, typename C>
+__global__ void __launch_bounds__(kThreads) unscale_kernel(int64_t n, int64_t head, int64_t nvec, T* x, C s,
+                                                           float* found_inf) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  bool bad = false;
+  uint4* xv = reinterpret_cast<uint4*>(x + head);
+  for (int64_t v = tid; v < nvec; v += stride) {
+    uint4 u = xv[v];
+    T e[kVec];
+    memcpy(e, &u, 16);
+#pragma unroll
+    for (int l = 0; l < kVec; ++l) unscale_one(e[l], s, bad);
+    memcpy(&u, e, 16);
+    xv[v] = u;
+  }
+  const int64_t tail0 = head + nvec * kVec, scalars = head + (n - tail0);
+  for (int64_t q = tid; q < scalars; q += stride) unscale_one(x[q < head ? q : tail0 + (q - head)], s, bad);
+  if (bad) *found_inf = 1.0f;
+}
+
+}  // namespace
+
+// ---- pooling ---------------------------------------------------------------------------------------
+
+void max_pool2d_forward(DType dt, const Pool2dParams& p, const void* x, void* y, int64_t* idx) {
+  const int64_t total = p.planes * p.oh * p.ow;
+  if (total == 0) return;
+  dispatch_nn(dt, "max_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    max_pool_fwd_kernel<T><<<grid_for(total), kThreads, 0, current().stream>>>(p, cp<T>(x), mp<T>(y), idx);
+    KILN_LAUNCH_OK("max_pool_fwd_kernel");
+  });
+}
+
+void max_pool2d_backward(DType dt, const Pool2dParams& p, const void* gy, const int64_t* idx, void* gx) {
+  const int64_t total = p.planes * p.h * p.w;
+  if (total == 0) return;
+  Context& ctx = current();
+  dispatch_nn(dt, "max_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    max_pool_bwd_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(p, cp<T>(gy), idx, mp<T>(gx), ctx.error_word);
+    KILN_LAUNCH_OK("max_pool_bwd_kernel");
+  });
+}
+
+void avg_pool2d_forward(DType dt, const Pool2dParams& p, const void* x, void* y) {
+  const int64_t total = p.planes * p.oh * p.ow;
+  if (total == 0) return;
+  dispatch_nn(dt, "avg_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    avg_pool_fwd_kernel<T><<<grid_for(total), kThreads, 0, current().stream>>>(p, cp<T>(x), mp<T>(y));
+    KILN_LAUNCH_OK("avg_pool_fwd_kernel");
+  });
+}
+
+void avg_pool2d_backward(DType dt, const Pool2dParams& p, const void* gy, void* gx) {
+  const int64_t total = p.planes * p.h * p.w;
+  if (total == 0) return;
+  dispatch_nn(dt, "avg_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    avg_pool_bwd_kernel<T><<<grid_for(total), kThreads, 0, current().stream>>>(p, cp<T>(gy), mp<T>(gx));
+    KILN_LAUNCH_OK("avg_pool_bwd_kernel");
+  });
+}
+
+// ---- softmax ---------------------------------------------------------------------------------------
+
+void softmax_forward(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* x, void* y) {
+  if (outer * n * inner == 0) return;
+  const cudaStream_t s = current().stream;
+  dispatch_nn(dt, "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    if (inner == 1) {
+      launch_rows(softmax_rows_kernel<T, false>, softmax_rows_kernel<T, true>, "softmax_rows_kernel", outer, n, s,
+                  log, outer, n, cp<T>(x), mp<T>(y));
+    } else {
+      const int64_t tiles = outer * ((inner + 31) / 32);
+      softmax_cols_kernel<T><<<grid_for(tiles * kThreads), kThreads, 0, s>>>(log, outer, n, inner, cp<T>(x), mp<T>(y));
+      KILN_LAUNCH_OK("softmax_cols_kernel");
+    }
+  });
+}
+
+void softmax_backward(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* y, const void* gy,
+                      void* gx) {
+  if (outer * n * inner == 0) return;
+  const cudaStream_t s = current().stream;
+  dispatch_nn(dt, "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    if (inner == 1) {
+      launch_rows(softmax_bwd_rows_kernel<T, false>, softmax_bwd_rows_kernel<T, true>, "softmax_bwd_rows_kernel",
+                  outer, n, s, log, outer, n, cp<T>(y), cp<T>(gy), mp<T>(gx));
+    } else {
+      const int64_t tiles = outer * ((inner + 31) / 32);
+      softmax_bwd_cols_kernel<T><<<grid_for(tiles * kThreads), kThreads, 0, s>>>(log, outer, n, inner, cp<T>(y),
+                                                                                 cp<T>(gy), mp<T>(gx));
+      KILN_LAUNCH_OK("softmax_bwd_cols_kernel");
+    }
+  });
+}
+
+// ---- layer norm ------------------------------------------------------------------------------------
+
+void layer_norm_forward(DType dt, int64_t rows, int64_t d, double eps, const void* x, const void* gamma,
+                        const void* beta, void* y, void* mean, void* rstd) {
+  if (rows == 0) return;
+  const cudaStream_t s = current().stream;
+  dispatch_nn(dt, "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    launch_rows(layer_norm_fwd_kernel<T, false>, layer_norm_fwd_kernel<T, true>, "layer_norm_fwd_kernel", rows, d, s,
+                rows, d, eps, cp<T>(x), cp<T>(gamma), cp<T>(beta), mp<T>(y), mp<T>(mean), mp<T>(rstd));
+  });
+}
+
+void layer_norm_backward(DType dt, int64_t rows, int64_t d, const void* x, const void* gamma, const void* mean,
+                         const void* rstd, const void* gy, void* gx, void* ggamma, void* gbeta) {
+  if (d == 0) return;
+  const cudaStream_t s = current().stream;
+  dispatch_nn(dt, "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    if (rows == 0) {  // empty column sums
+      if (ggamma) KILN_CUDA_OK(cudaMemsetAsync(ggamma, 0, size_t(d) * sizeof(T), s));
+      if (gbeta) KILN_CUDA_OK(cudaMemsetAsync(gbeta, 0, size_t(d) * sizeof(T), s));
+      return;
+    }
+    if (gx)
+      launch_rows(layer_norm_bwd_kernel<T, false>, layer_norm_bwd_kernel<T, true>, "layer_norm_bwd_kernel", rows, d,
+                  s, rows, d, cp<T>(x), cp<T>(gamma), cp<T>(mean), cp<T>(rstd), cp<T>(gy), mp<T>(gx));
+    if (!ggamma && !gbeta) return;
+    const int64_t chunk = std::max(kLnChunkMin, (rows + kLnMaxChunks - 1) / kLnMaxChunks);
+    const int64_t chunks = (rows + chunk - 1) / chunk;
+    DeviceBuffer partial(size_t(2 * chunks * d) * sizeof(double));
+    const dim3 grid(unsigned((d + 31) / 32), unsigned(chunks));
+    layer_norm_param_partial_kernel<T><<<grid, kThreads, 0, s>>>(rows, d, chunk, cp<T>(x), cp<T>(mean), cp<T>(rstd),
+                                                                 cp<T>(gy), partial.get<double>());
+    KILN_LAUNCH_OK("layer_norm_param_partial_kernel");
+    layer_norm_param_finish_kernel<T><<<grid_for(d), kThreads, 0, s>>>(d, chunks, partial.get<double>(),
+                                                                       mp<T>(ggamma), mp<T>(gbeta));
+    KILN_LAUNCH_OK("layer_norm_param_finish_kernel");
+  });
+}
+
+// ---- batch norm ------------------------------------------------------------------------------------
+
+void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
+                        const void* x, const void* gamma, const void* beta, void* running_mean, void* running_var,
+                        void* y, void* mean, void* rstd) {
+  if (c == 0) return;
+  Context& ctx = current();
+  dispatch_nn(dt, "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    if (!training) {
+      KILN_CHECK(running_mean && running_var, "cuda batch_norm: eval mode needs running_mean and running_var");
+      DeviceBuffer affine(size_t(2 * c) * sizeof(T));
+      bn_eval_prepare_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(
+          c, eps, cp<T>(gamma), cp<T>(beta), cp<T>(running_mean), cp<T>(running_var), mp<T>(mean), mp<T>(rstd),
+          affine.get<T>());
+      KILN_LAUNCH_OK("bn_eval_prepare_kernel");
+      const int64_t total = n * c * hw;
+      if (total == 0) return;
+      bn_eval_apply_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(total, c, hw, cp<T>(x), affine.get<T>(),
+                                                                            mp<T>(y));
+      KILN_LAUNCH_OK("bn_eval_apply_kernel");
+      return;
+    }
+    KILN_CHECK(n * hw > 1, "cuda batch_norm: training needs more than one value per channel, got [", n, ", ", c, ", ",
+               hw, "]");
+    check_cudnn_bn(n, c, hw, eps);
+    // cuDNN needs scale and bias, and both running buffers or neither: stand-ins for what is missing.
+    const bool stand_in_running = (running_mean == nullptr) != (running_var == nullptr);
+    DeviceBuffer scratch(size_t(3 * c) * sizeof(T));
+    T* ones = scratch.get<T>();
+    T* zeros = ones + c;
+    T* spare = ones + 2 * c;
+    if (!gamma) {
+      fill_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(c, T(1), ones);
+      KILN_LAUNCH_OK("fill_kernel");
+    }
+    if (!beta) KILN_CUDA_OK(cudaMemsetAsync(zeros, 0, size_t(c) * sizeof(T), ctx.stream));
+    void* rm = stand_in_running && !running_mean ? spare : running_mean;
+    void* rv = stand_in_running && !running_var ? spare : running_var;
+    const cudnnDataType_t type = std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    const BnTensor xd(type, n, c, hw), pd(type, 1, c, 1);
+    const T one = T(1), zero = T(0);  // blend factors: double for double data, float otherwise
+    KILN_CUDNN_OK(cudnnBatchNormalizationForwardTraining(
+        ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x, xd.d, y, pd.d, gamma ? gamma : ones,
+        beta ? beta : zeros, momentum, rm, rv, eps, mean, rstd));
+  });
+}
+
+void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, const void* x, const void* gamma,
+                         const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma, void* gbeta) {
+  if (c == 0) return;
+  Context& ctx = current();
+  dispatch_nn(dt, "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    if (!training || !gx || n * hw == 0) {
+      bn_backward_channel_kernel<T><<<grid_for(c * kThreads), kThreads, 0, ctx.stream>>>(
+          n, c, hw, T(0), cp<T>(x), cp<T>(gamma), cp<T>(mean), cp<T>(rstd), cp<T>(gy), training ? nullptr : mp<T>(gx),
+          mp<T>(ggamma), mp<T>(gbeta));
+      KILN_LAUNCH_OK("bn_backward_channel_kernel");
+      return;
+    }
+    // The saved statistics are passed, so cuDNN uses them and never eps (any value >= its minimum).
+    const double eps = std::max(CUDNN_BN_MIN_EPSILON, 1e-5);
+    check_cudnn_bn(n, c, hw, eps);
+    DeviceBuffer scratch(size_t(3 * c) * sizeof(T));
+    T* ones = scratch.get<T>();
+    if (!gamma) {
+      fill_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(c, T(1), ones);
+      KILN_LAUNCH_OK("fill_kernel");
+    }
+    void* dg = ggamma ? ggamma : ones + c;
+    void* db = gbeta ? gbeta : ones + 2 * c;
+    const cudnnDataType_t type = std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    const BnTensor xd(type, n, c, hw), pd(type, 1, c, 1);
+    const T one = T(1), zero = T(0);
+    KILN_CUDNN_OK(cudnnBatchNormalizationBackward(ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
+                                                  xd.d, x, xd.d, gy, xd.d, gx, pd.d, gamma ? gamma : ones, dg, db,
+                                                  eps, mean, rstd));
+  });
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------------------
+
+void cross_entropy(DType dt, int64_t rows, int64_t classes, const void* logits, const int64_t* target,
+                   int64_t ignore_index, double smoothing, void* loss, void* glogits, double grad_scale) {
+  if (rows == 0) return;
+  Context& ctx = current();
+  dispatch_nn(dt, "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    launch_rows(cross_entropy_kernel<T, false>, cross_entropy_kernel<T, true>, "cross_entropy_kernel", rows, classes,
+                ctx.stream, rows, classes, cp<T>(logits), target, ignore_index, smoothing, mp<T>(loss),
+                mp<T>(glogits), grad_scale, ctx.error_word);
+  });
+}
+
+// ---- index kernels -----------------------------------------------------------------------------------
+
+void index_select(DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* src, int64_t n_idx,
+                  const int64_t* idx, void* dst) {
+  const int64_t rows = outer * n_idx;
+  if (rows * inner == 0) return;
+  Context& ctx = current();
+  // The widest unit that divides a row and both base pointers' alignment.
+  const uint64_t row_bytes = uint64_t(inner) * dtype_size(dt);
+  const uint64_t align = row_bytes | uintptr_t(src) | uintptr_t(dst);
+  const int64_t unit = align % 16 == 0 ? 16 : align % 8 == 0 ? 8 : align % 4 == 0 ? 4 : align % 2 == 0 ? 2 : 1;
+  const int64_t units = int64_t(row_bytes) / unit;
+  auto launch = [&](auto tag) {
+    using U = decltype(tag);
+    index_select_kernel<U><<<grid_for(rows * units), kThreads, 0, ctx.stream>>>(
+        rows, n_idx, n_src, units, static_cast<const U*>(src), idx, static_cast<U*>(dst), ctx.error_word);
+    KILN_LAUNCH_OK("index_select_kernel");
+  };
+  switch (unit) {
+    case 16: launch(uint4{}); break;
+    case 8: launch(uint2{}); break;
+    case 4: launch(uint32_t{}); break;
+    case 2: launch(uint16_t{}); break;
+    default: launch(uint8_t{}); break;
+  }
+}
+
+void gather(DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* src, int64_t n_idx, const int64_t* idx,
+            void* dst) {
+  const int64_t total = outer * n_idx * inner;
+  if (total == 0) return;
+  Context& ctx = current();
+  auto launch = [&](auto tag) {
+    using U = decltype(tag);
+    gather_kernel<U><<<grid_for(total), kThreads, 0, ctx.stream>>>(
+        outer, n_src, n_idx, inner, static_cast<const U*>(src), idx, static_cast<U*>(dst), ctx.error_word);
+    KILN_LAUNCH_OK("gather_kernel");
+  };
+  switch (dtype_size(dt)) {
+    case 1: launch(uint8_t{}); break;
+    case 2: launch(uint16_t{}); break;
+    case 4: launch(uint32_t{}); break;
+    case 8: launch(uint64_t{}); break;
+    default: KILN_FAIL("cuda gather: dtype ", dt, " is not supported");
+  }
+}
+
+void index_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx, const int64_t* idx,
+               const void* src) {
+  if (outer * n_idx * inner == 0) return;
+  Context& ctx = current();
+  dispatch_floating(dt, "index_add", [&](auto tag) {
+    using T = decltype(tag);
+    DeviceBuffer keys(size_t(n_idx) * 8 * 4);
+    uint64_t* keys_in = keys.get<uint64_t>();
+    uint64_t* keys_out = keys_in + n_idx;
+    int64_t* pos_in = reinterpret_cast<int64_t*>(keys_out + n_idx);
+    int64_t* pos_out = pos_in + n_idx;
+    index_add_keys_kernel<<<grid_for(n_idx), kThreads, 0, ctx.stream>>>(n_idx, n_dst, idx, keys_in, pos_in,
+                                                                        ctx.error_word);
+    KILN_LAUNCH_OK("index_add_keys_kernel");
+    // Keys lie in [0, n_dst]: sort only their bits. The radix sort is stable, so a run of equal keys
+    // keeps its positions in ascending order.
+    const int end_bit = std::max(1, int(std::bit_width(uint64_t(n_dst))));
+    size_t temp_bytes = 0;
+    KILN_CUDA_OK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, pos_in, pos_out, n_idx, 0,
+                                                 end_bit, ctx.stream));
+    DeviceBuffer temp(std::max<size_t>(temp_bytes, 16));
+    KILN_CUDA_OK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys_in, keys_out, pos_in, pos_out, n_idx, 0,
+                                                 end_bit, ctx.stream));
+    index_add_runs_kernel<T><<<grid_for(outer * n_idx * inner), kThreads, 0, ctx.stream>>>(
+        outer, n_dst, inner, mp<T>(dst), n_idx, keys_out, pos_out, cp<T>(src));
+    KILN_LAUNCH_OK("index_add_runs_kernel");
+  });
+}
+
+void scatter_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx, const int64_t* idx,
+                 const void* src) {
+  if (outer * n_idx * inner == 0) return;
+  Context& ctx = current();
+  dispatch_floating(dt, "scatter_add", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t total = outer * std::max<int64_t>(n_dst, 1) * inner;
+    scatter_add_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(outer, n_dst, inner, mp<T>(dst), n_idx, idx,
+                                                                        cp<T>(src), ctx.error_word);
+    KILN_LAUNCH_OK("scatter_add_kernel");
+  });
+}
+
+// ---- mixed precision ---------------------------------------------------------------------------------
+
+void unscale_check(DType dt, int64_t n, void* x, double inv_scale, float* found_inf) {
+  if (n == 0) return;
+  const cudaStream_t s = current().stream;
+  dispatch_floating(dt, "unscale_check", [&](auto tag) {
+    using T = decltype(tag);
+    using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    constexpr int64_t kVec = 16 / sizeof(T);
+    const uintptr_t mis = uintptr_t(x) % 16;
+    const int64_t head = std::min<int64_t>(n, mis == 0 ? 0 : int64_t(16 - mis) / int64_t(sizeof(T)));
+    const int64_t nvec = (n - head) / kVec, scalars = n - nvec * kVec;
+    unscale_kernel<T, C><<<grid_for(std::max(nvec, scalars)), kThreads, 0, s>>>(n, head, nvec, mp<T>(x), C(inv_scale),
+                                                                               found_inf);
+    KILN_LAUNCH_OK("unscale_kernel");
+  });
+}
+
+}  // namespace kiln::cuda
