@@ -5,7 +5,10 @@
 
 #include <cmath>
 
+#include <algorithm>
+
 #include "engine/autograd.h"
+#include "engine/internal.h"
 
 namespace kiln::optim {
 
@@ -26,15 +29,30 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
 void Optimizer::step() {
   NoGradGuard ng;
   ++steps_;
-  for (size_t g = 0; g < groups_.size(); ++g)
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    OptimKind kind{};
+    OptimHyper h;
+    const bool fuse = use_fused && fused(groups_[g], kind, h);
+    std::vector<std::pair<Device, std::vector<OptimSlice>>> batches;  // fused slices per device
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       Tensor& p = groups_[g].params[i];
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
       KILN_CHECK(grad.shape() == p.shape(), name(), ": gradient ", grad.shape(), " does not match parameter ",
                  p.shape());
-      update(groups_[g], p, grad, slots_[g][i]);
+      if (fuse && p.dtype() == DType::f32 && grad.dtype() == DType::f32 && p.is_contiguous() && grad.is_contiguous() &&
+          grad.device() == p.device()) {
+        auto it = std::find_if(batches.begin(), batches.end(), [&](const auto& b) { return b.first == p.device(); });
+        if (it == batches.end()) it = batches.insert(batches.end(), {p.device(), {}});
+        it->second.push_back(fused_slice(p, grad, slots_[g][i]));
+        p.bump_version();
+      } else {
+        update(groups_[g], p, grad, slots_[g][i]);
+      }
     }
+    for (const auto& [dev, slices] : batches)
+      detail::backend(dev).optimizer_step(kind, slices.data(), int64_t(slices.size()), h);
+  }
 }
 
 void Optimizer::zero_grad() {
@@ -149,6 +167,25 @@ void SGD::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<st
   }
 }
 
+bool SGD::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
+  kind = OptimKind::sgd;
+  h.lr = g.lr;
+  h.weight_decay = g.weight_decay;
+  h.momentum = o_.momentum;
+  h.dampening = o_.dampening;
+  h.nesterov = o_.nesterov;
+  return true;
+}
+
+OptimSlice SGD::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  OptimSlice s{p.data<float>(), grad.data<float>(), nullptr, nullptr, p.numel(), false};
+  if (o_.momentum != 0) {
+    s.fresh = !slots.count("momentum_buffer");
+    s.s0 = slot(slots, "momentum_buffer", p).data<float>();
+  }
+  return s;
+}
+
 // ---- AdamW -------------------------------------------------------------------------------------------
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions o) : Optimizer(std::move(groups)), o_(o) {
@@ -167,6 +204,32 @@ void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<
   const Tensor denom = sqrt(v * (1.0 / bc2)) + o_.eps;
   w.add_(m / denom, -g.lr / bc1);
   write_back(p, w);
+}
+
+namespace {
+void adam_hyper(const ParamGroup& g, const AdamOptions& o, int64_t steps, OptimHyper& h) {
+  h.lr = g.lr;
+  h.weight_decay = g.weight_decay;
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.eps = o.eps;
+  h.bc1 = 1.0 - std::pow(o.beta1, double(steps));
+  h.bc2 = 1.0 - std::pow(o.beta2, double(steps));
+}
+OptimSlice adam_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  float* m = slot(slots, "exp_avg", p).data<float>();
+  float* v = slot(slots, "exp_avg_sq", p).data<float>();
+  return {p.data<float>(), grad.data<float>(), m, v, p.numel(), false};
+}
+}  // namespace
+
+bool AdamW::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
+  kind = OptimKind::adamw;
+  adam_hyper(g, o_, steps_, h);
+  return true;
+}
+OptimSlice AdamW::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  return adam_slice(p, grad, slots);
 }
 
 // ---- LAMB --------------------------------------------------------------------------------------------
@@ -189,6 +252,15 @@ void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<s
   if (!w.same(p)) w = w.clone();
   w.add_(u, -g.lr * trust);
   write_back(p, w);
+}
+
+bool LAMB::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
+  kind = OptimKind::lamb;
+  adam_hyper(g, o_, steps_, h);
+  return true;
+}
+OptimSlice LAMB::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  return adam_slice(p, grad, slots);
 }
 
 // ---- clipping, groups --------------------------------------------------------------------------------

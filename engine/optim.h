@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/ops.h"
+#include "kernels/backend.h"
 
 namespace kiln::optim {
 
@@ -40,8 +41,15 @@ class Optimizer {
   OptimizerState state() const;
   // Restores state() output; names, shapes and the optimizer kind must match.
   void load_state(const OptimizerState& s);
+  // f32 parameters with contiguous f32 gradients are updated by one fused backend call per group
+  // and device (the same arithmetic); off: one tensor-op update per parameter.
+  bool use_fused = true;
 
  protected:
+  // The fused form of a group's step (kind and hyper-parameters), when the optimizer has one.
+  virtual bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const { return false; }
+  // The fused slice of one parameter, creating its state slots.
+  virtual OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) { return {}; }
   // Updates parameter p (index i of group g) with gradient grad; slots are this parameter's state.
   virtual void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) = 0;
   virtual std::map<std::string, double> hyper() const = 0;
@@ -64,6 +72,8 @@ class SGD final : public Optimizer {
  private:
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
   std::map<std::string, double> hyper() const override;
+  bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const override;
+  OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
   SgdOptions o_;
 };
 
@@ -79,6 +89,8 @@ class AdamW final : public Optimizer {
  private:
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
   std::map<std::string, double> hyper() const override;
+  bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const override;
+  OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
   AdamOptions o_;
 };
 
@@ -92,6 +104,8 @@ class LAMB final : public Optimizer {
  private:
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
   std::map<std::string, double> hyper() const override;
+  bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const override;
+  OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
   AdamOptions o_;
 };
 

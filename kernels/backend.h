@@ -56,6 +56,24 @@ struct Pool2dParams {
   bool count_include_pad = true;  // average pooling divisor
 };
 
+// One parameter of a fused optimizer step: f32 weights, gradient and state, updated in place.
+struct OptimSlice {
+  float* w;
+  const float* g;
+  float* s0;  // SGD: momentum buffer (null without momentum); Adam/LAMB: first moment
+  float* s1;  // Adam/LAMB: second moment
+  int64_t n;
+  bool fresh;  // SGD: the momentum buffer starts as this step's direction
+};
+enum class OptimKind : uint8_t { sgd, adamw, lamb };
+// In f64 as the user gave them; bc1/bc2 are Adam's bias corrections 1 - beta^t.
+struct OptimHyper {
+  double lr = 0, weight_decay = 0;
+  double momentum = 0, dampening = 0;
+  bool nesterov = false;
+  double beta1 = 0, beta2 = 0, eps = 0, bc1 = 1, bc2 = 1;
+};
+
 struct Backend {
   const char* name;
   // dst[i] = src[i] for same-shaped views, converting dtypes.
@@ -136,6 +154,12 @@ struct Backend {
   // One pass over a contiguous floating buffer: x *= inv_scale, and *found_inf (an f32 flag in the
   // backend's memory, so a GPU step never waits for the host) is set to 1 if any element is inf or NaN.
   void (*unscale_check)(DType dt, int64_t n, void* x, double inv_scale, float* found_inf);
+
+  // ---- optimizers ----
+  // One fused step over `count` parameters of one group (multi-tensor: one pass over each weight,
+  // gradient and state; LAMB's per-tensor trust ratios never leave the device). The arithmetic is
+  // kernels/common/optim_math.h, the same as the unfused tensor ops.
+  void (*optimizer_step)(OptimKind kind, const OptimSlice* slices, int64_t count, const OptimHyper& h);
 
   // gemm and conv2d take f16 and bf16 operands themselves (with f32 accumulation) instead of
   // the engine converting them to f32 first: true on CUDA (tensor cores), false on the CPU.

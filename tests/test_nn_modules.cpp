@@ -293,3 +293,42 @@ TEST_CASE("modules: a small transformer block learns to copy a token") {
   }
   CHECK(last < 0.3 * first);
 }
+
+TEST_CASE("optimizers: the fused step (one backend call per group) matches the per-tensor ops") {
+  using namespace kiln;
+  auto run = [](const std::string& which, bool fused) {
+    Generator g(21);
+    std::vector<Tensor> ps = {randn({37, 5}, DType::f32, &g).set_requires_grad(), randn({300}, DType::f32, &g).set_requires_grad(),
+                              randn({70001}, DType::f32, &g).set_requires_grad()};
+    std::vector<optim::ParamGroup> groups = {{{ps[0], ps[2]}, 0.05, 0.01}, {{ps[1]}, 0.02, 0.0}};
+    std::unique_ptr<optim::Optimizer> opt;
+    if (which == "sgd") opt = std::make_unique<optim::SGD>(groups, optim::SgdOptions{0.9, 0.1, false});
+    if (which == "nesterov") opt = std::make_unique<optim::SGD>(groups, optim::SgdOptions{0.9, 0.0, true});
+    if (which == "adamw") opt = std::make_unique<optim::AdamW>(groups);
+    if (which == "lamb") opt = std::make_unique<optim::LAMB>(groups);
+    opt->use_fused = fused;
+    for (int step = 0; step < 3; ++step) {
+      for (Tensor& p : ps) p.set_grad(randn(p.shape(), DType::f32, &g));
+      opt->step();
+    }
+    std::vector<double> out;
+    for (const Tensor& p : ps) {
+      const auto v = p.to_vector();
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    for (const auto& [k, t] : opt->state().tensors) {
+      const auto v = t.to_vector();
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
+  for (const char* which : {"sgd", "nesterov", "adamw", "lamb"}) {
+    const auto a = run(which, true), b = run(which, false);
+    REQUIRE(a.size() == b.size());
+    // The same f32 operations in the same order; the compiler may contract a*b+c into one FMA in
+    // either version, so the last bit may differ.
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / (1.0 + std::abs(b[i])));
+    CHECK_MESSAGE(worst < 2e-6, std::string(which), ": largest relative difference ", worst);
+  }
+}

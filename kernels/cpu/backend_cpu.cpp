@@ -52,6 +52,7 @@ const Backend& cpu_backend() {
       .gather = cpu::gather,
       .scatter_add = cpu::scatter_add,
       .unscale_check = cpu::unscale_check,
+      .optimizer_step = cpu::optimizer_step,
   };
   return b;
 }

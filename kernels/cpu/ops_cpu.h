@@ -41,6 +41,7 @@ void index_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst,
 void gather(DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* src, int64_t n_idx, const int64_t* idx,
             void* dst);
 void unscale_check(DType dt, int64_t n, void* x, double inv_scale, float* found_inf);
+void optimizer_step(OptimKind kind, const OptimSlice* slices, int64_t count, const OptimHyper& h);
 void scatter_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx, const int64_t* idx,
                  const void* src);
 

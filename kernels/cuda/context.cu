@@ -203,6 +203,7 @@ const Backend& table() {
       .gather = cuda::gather,
       .scatter_add = cuda::scatter_add,
       .unscale_check = cuda::unscale_check,
+      .optimizer_step = cuda::optimizer_step,
       .native_16bit_gemm_conv = true,
   };
   return b;

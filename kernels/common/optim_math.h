@@ -1,0 +1,68 @@
+// The per-element arithmetic of the fused optimizer steps, shared by the CPU and CUDA kernels so
+// both devices update a weight with the same f32 operations in the same order (the order of the
+// unfused tensor-op versions in engine/optim.cpp).
+#pragma once
+#include <cmath>
+
+#include "kernels/backend.h"
+#include "kernels/common/macros.h"
+
+namespace kiln::optim_math {
+
+// Hyper-parameters as f32, converted once on the host (as the tensor ops convert their scalars).
+struct SgdF {
+  float lr, wd, momentum, one_minus_dampening;
+  bool nesterov;
+};
+struct AdamF {
+  float lr, wd, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, inv_bc1, inv_bc2, decay_factor, step_scale;
+};
+
+inline SgdF sgd_constants(const OptimHyper& h) {
+  return {float(h.lr), float(h.weight_decay), float(h.momentum), float(1.0 - h.dampening), h.nesterov};
+}
+inline AdamF adam_constants(const OptimHyper& h) {
+  return {float(h.lr),          float(h.weight_decay),        float(h.beta1),   float(1.0 - h.beta1),
+          float(h.beta2),       float(1.0 - h.beta2),         float(h.eps),     float(1.0 / h.bc1),
+          float(1.0 / h.bc2),   float(1.0 - h.lr * h.weight_decay), float(-h.lr / h.bc1)};
+}
+// LAMB's step factor for one tensor: -lr * trust, rounded to f32 once.
+inline float lamb_step(const OptimHyper& h, double trust) { return float(-h.lr * trust); }
+
+// w -= lr * d with d = g + wd * w, through the momentum buffer when there is one.
+KILN_HD void sgd(float& w, float g, float* buf, bool fresh, const SgdF& h) {
+  float d = g;
+  if (h.wd != 0.0f) d = d + w * h.wd;
+  if (buf) {
+    *buf = fresh ? d : *buf * h.momentum + h.one_minus_dampening * d;
+    d = h.nesterov ? d + *buf * h.momentum : *buf;
+  }
+  w = w + (-h.lr) * d;
+}
+
+KILN_HD void adam_moments(float g, float& m, float& v, const AdamF& h) {
+  m = m * h.beta1 + h.one_minus_beta1 * g;
+  v = v * h.beta2 + h.one_minus_beta2 * (g * g);
+}
+
+// AdamW after the moments: decoupled decay, then the bias-corrected step (step_scale = -lr / bc1).
+KILN_HD void adamw_apply(float& w, float m, float v, const AdamF& h) {
+  if (h.wd != 0.0f) w = w * h.decay_factor;
+  const float denom = std::sqrt(v * h.inv_bc2) + h.eps;
+  w = w + h.step_scale * (m / denom);
+}
+
+// LAMB's direction before the trust ratio: m_hat / (sqrt(v_hat) + eps) + wd * w.
+KILN_HD float lamb_direction(float w, float m, float v, const AdamF& h) {
+  float u = (m * h.inv_bc1) / (std::sqrt(v * h.inv_bc2) + h.eps);
+  if (h.wd != 0.0f) u = u + w * h.wd;
+  return u;
+}
+
+// ||w|| / ||u||, or 1 when either is zero.
+KILN_HD double lamb_trust(double w_sq, double u_sq) {
+  const double wn = std::sqrt(w_sq), un = std::sqrt(u_sq);
+  return (wn > 0 && un > 0) ? wn / un : 1.0;
+}
+
+}  // namespace kiln::optim_math
