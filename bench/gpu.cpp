@@ -1,0 +1,233 @@
+// GPU benchmark: the memory-bound kernels (elementwise, cast, reduction, softmax, layer norm,
+// cross-entropy) in GB/s against the device's measured copy bandwidth and its datasheet peak;
+// cuBLASLt GEMM in TFLOP/s (f16, bf16, f32 and TF32) against the datasheet peak; cuDNN convolutions
+// of ResNet-50 forward + backward. Prints tables; --json FILE writes every row. With no GPU it says
+// so and measures nothing.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/runtime_info.h"
+#include "kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+const Device kGpu = cuda_device(0);
+
+// Median milliseconds of fn over reps runs, each timed from an idle device to an idle device.
+double median_ms(const std::function<void()>& fn, int reps) {
+  fn();
+  cuda::synchronize(0);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    fn();
+    cuda::synchronize(0);
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Datasheet numbers by device name (dense, no sparsity): memory TB/s, f16/bf16 and TF32 tensor
+// TFLOP/s, f32 TFLOP/s. Unknown devices get 0 and their rows show no percentage.
+struct Peak {
+  const char* name_part;
+  double tbps, tf16, tf32_tc, tf32;
+};
+constexpr Peak kPeaks[] = {
+    {"H200", 4.8, 989, 494, 67},   {"H100 SXM", 3.35, 989, 494, 67}, {"H100 PCIe", 2.0, 756, 378, 51},
+    {"H100", 3.35, 989, 494, 67},  {"A100-SXM4-80GB", 2.04, 312, 156, 19.5}, {"A100", 1.56, 312, 156, 19.5},
+    {"L40S", 0.864, 362, 183, 91.6}, {"L4", 0.3, 121, 60, 30}, {"A10", 0.6, 125, 62.5, 31.2},
+    {"T4", 0.32, 65, 0, 8.1},      {"RTX 4090", 1.0, 165, 82.6, 82.6},
+};
+Peak peak_of(const std::string& name) {
+  for (const Peak& p : kPeaks)
+    if (name.find(p.name_part) != std::string::npos) return p;
+  return {"", 0, 0, 0, 0};
+}
+
+std::string pct(double x, double of) {
+  if (of <= 0) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f%%", 100.0 * x / of);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else {
+      std::fprintf(stderr, "usage: bench_gpu [--json FILE] [--quick]\n");
+      return 2;
+    }
+  }
+  nlohmann::json out;
+  if (cuda::device_count() == 0) {
+    const std::string why = cuda::compiled() ? "no CUDA device visible" : "this build has no CUDA backend";
+    std::printf("bench_gpu: %s; nothing measured\n", why.c_str());
+    out = {{"skipped", why}};
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+    return 0;
+  }
+  const cuda::RuntimeInfo info = cuda::query_runtime();
+  const std::string dev_name = info.devices.at(0).name;
+  const Peak peak = peak_of(dev_name);
+  const int reps = quick ? 3 : 10;
+  NoGradGuard no_grad;
+  out["device"] = dev_name;
+  out["datasheet"] = {{"memory_TBps", peak.tbps}, {"f16_TFLOPs", peak.tf16}, {"tf32_TFLOPs", peak.tf32_tc},
+                      {"f32_TFLOPs", peak.tf32}};
+
+  // ---- memory-bound kernels ----
+  const int64_t n = quick ? (int64_t(1) << 24) : (int64_t(1) << 26);  // 64 Mi f32 = 256 MiB
+  const TensorOptions f32(DType::f32, kGpu);
+  Tensor a = randn({n}, f32), b = randn({n}, f32);
+  const double copy_ms = median_ms([&] { (void)a.clone(); }, reps);
+  const double copy_gbps = 2.0 * 4 * double(n) / copy_ms / 1e6;
+  const int64_t rows = n / 1024, cols = 1024;
+  Tensor x2 = randn({rows, cols}, f32), g2 = randn({rows, cols}, f32), gamma = ones({cols}, f32), beta = zeros({cols}, f32);
+  const int64_t ce_rows = n / 32768;
+  Tensor logits = randn({ce_rows, 32768}, f32), target = randint(0, 32768, {ce_rows}, TensorOptions(DType::i64, kGpu));
+  struct Mem {
+    const char* name;
+    double bytes;
+    std::function<void()> fn;
+  };
+  const double fb = 4.0 * double(n);
+  std::vector<Mem> mems = {
+      {"copy (clone)", 2 * fb, [&] { (void)a.clone(); }},
+      {"add a + b", 3 * fb, [&] { (void)(a + b); }},
+      {"gelu", 2 * fb, [&] { (void)gelu(a); }},
+      {"cast f32 -> bf16", fb * 1.5, [&] { (void)a.to(DType::bf16); }},
+      {"sum (all)", fb, [&] { (void)sum(a); }},
+      {"sum over rows [R,1024]", fb, [&] { (void)sum(x2, {0}); }},
+      {"softmax fwd [R,1024]", 2 * fb, [&] { (void)softmax(x2, 1); }},
+      {"layer_norm fwd [R,1024]", 2 * fb, [&] { (void)layer_norm(x2, {cols}, gamma, beta); }},
+      {"cross_entropy fwd [R,32768]", fb, [&] { (void)cross_entropy(logits, target); }},
+  };
+  std::printf("%s: memory-bound kernels, f32, %lld elements (measured copy bandwidth %.0f GB/s, datasheet %.0f GB/s)\n",
+              dev_name.c_str(), (long long)n, copy_gbps, peak.tbps * 1000);
+  std::printf("%-30s %10s %10s %10s %10s\n", "kernel", "ms", "GB/s", "% copy", "% peak");
+  nlohmann::json mem_rows = nlohmann::json::array();
+  for (const Mem& m : mems) {
+    const double ms = median_ms(m.fn, reps), gbps = m.bytes / ms / 1e6;
+    std::printf("%-30s %10.3f %10.0f %10s %10s\n", m.name, ms, gbps, pct(gbps, copy_gbps).c_str(),
+                pct(gbps, peak.tbps * 1000).c_str());
+    mem_rows.push_back({{"kernel", m.name}, {"ms", ms}, {"GBps", gbps}, {"bytes", m.bytes}});
+  }
+  // Backward passes: gradients through autograd (forward excluded from the time).
+  {
+    GradMode::set_enabled(true);
+    Tensor xs = x2.detach().set_requires_grad(true);
+    struct Bwd {
+      const char* name;
+      double bytes;
+      std::function<Tensor()> fwd;
+    };
+    std::vector<Bwd> bwds = {
+        {"softmax bwd [R,1024]", 3 * fb, [&] { return softmax(xs, 1); }},
+        {"layer_norm bwd [R,1024]", 3 * fb, [&] { return layer_norm(xs, {cols}, gamma, beta); }},
+    };
+    for (const Bwd& bw : bwds) {
+      const double ms = median_ms(
+          [&] {
+            const Tensor y = bw.fwd();
+            cuda::synchronize(0);
+            y.backward(g2);
+          },
+          reps);
+      const double fwd_ms = median_ms([&] { (void)bw.fwd(); }, reps);
+      const double bms = std::max(ms - fwd_ms, 1e-6), gbps = bw.bytes / bms / 1e6;
+      std::printf("%-30s %10.3f %10.0f %10s %10s\n", bw.name, bms, gbps, pct(gbps, copy_gbps).c_str(),
+                  pct(gbps, peak.tbps * 1000).c_str());
+      mem_rows.push_back({{"kernel", bw.name}, {"ms", bms}, {"GBps", gbps}, {"bytes", bw.bytes}});
+      xs.set_grad(Tensor());
+    }
+    GradMode::set_enabled(false);
+  }
+  out["memory_bound"] = mem_rows;
+  out["copy_GBps"] = copy_gbps;
+  a = b = x2 = g2 = logits = Tensor();
+
+  // ---- GEMM through cuBLASLt ----
+  std::printf("\ncuBLASLt GEMM (C = A B, row-major, TFLOP/s)\n");
+  std::printf("%-8s %-18s %10s %10s %10s\n", "dtype", "m x n x k", "ms", "TFLOP/s", "% peak");
+  nlohmann::json gemm_rows = nlohmann::json::array();
+  const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{2048, 4096} : std::vector<int64_t>{2048, 4096, 8192};
+  struct G {
+    const char* name;
+    DType dt;
+    bool tf32;
+    double peak;
+  };
+  for (const G& g : {G{"f16", DType::f16, false, peak.tf16}, G{"bf16", DType::bf16, false, peak.tf16},
+                     G{"tf32", DType::f32, true, peak.tf32_tc}, G{"f32", DType::f32, false, peak.tf32}}) {
+    cuda::set_allow_tf32(g.tf32);
+    for (int64_t s : sizes) {
+      const Tensor A = randn({s, s}, TensorOptions(g.dt, kGpu)), B = randn({s, s}, TensorOptions(g.dt, kGpu));
+      const double ms = median_ms([&] { (void)matmul(A, B); }, reps);
+      const double tf = 2.0 * double(s) * double(s) * double(s) / ms / 1e9;
+      std::printf("%-8s %-18s %10.3f %10.1f %10s\n", g.name,
+                  (std::to_string(s) + "^3").c_str(), ms, tf, pct(tf, g.peak).c_str());
+      gemm_rows.push_back({{"dtype", g.name}, {"m", s}, {"n", s}, {"k", s}, {"ms", ms}, {"TFLOPs", tf}});
+    }
+  }
+  cuda::set_allow_tf32(false);
+  out["gemm"] = gemm_rows;
+
+  // ---- ResNet-50 convolutions, forward + backward ----
+  struct Conv {
+    const char* name;
+    int64_t c, h, o, k, s, p;
+  };
+  const std::vector<Conv> convs = {{"conv1 7x7/2", 3, 224, 64, 7, 2, 3},       {"layer1 1x1", 64, 56, 64, 1, 1, 0},
+                                   {"layer1 3x3", 64, 56, 64, 3, 1, 1},        {"layer2 3x3", 128, 28, 128, 3, 1, 1},
+                                   {"layer3 3x3", 256, 14, 256, 3, 1, 1},      {"layer4 3x3", 512, 7, 512, 3, 1, 1},
+                                   {"layer4 1x1 expand", 512, 7, 2048, 1, 1, 0}};
+  const int64_t batch = quick ? 32 : 128;
+  std::printf("\ncuDNN conv2d, ResNet-50 layers, batch %lld, forward + backward (data and filter)\n", (long long)batch);
+  std::printf("%-20s %-6s %10s %10s %10s %10s\n", "layer", "dtype", "fwd ms", "fwd+bwd ms", "TFLOP/s", "% peak");
+  nlohmann::json conv_rows = nlohmann::json::array();
+  GradMode::set_enabled(true);
+  for (DType dt : {DType::f16, DType::f32}) {
+    for (const Conv& c : convs) {
+      const TensorOptions o(dt, kGpu);
+      Tensor x = randn({batch, c.c, c.h, c.h}, o).set_requires_grad(true);
+      Tensor w = (randn({c.o, c.c, c.k, c.k}, o) * 0.05).detach().set_requires_grad(true);
+      const int64_t oh = (c.h + 2 * c.p - c.k) / c.s + 1;
+      const Tensor gy = randn({batch, c.o, oh, oh}, o);
+      const double fwd = median_ms([&] { (void)conv2d(x.detach(), w.detach(), {}, {c.s, c.s}, {c.p, c.p}); }, reps);
+      const double all = median_ms(
+          [&] {
+            conv2d(x, w, {}, {c.s, c.s}, {c.p, c.p}).backward(gy);
+            x.set_grad(Tensor());
+            w.set_grad(Tensor());
+          },
+          reps);
+      const double flops = 3.0 * 2.0 * double(batch * c.o * oh * oh) * double(c.c * c.k * c.k);
+      const double tf = flops / all / 1e9;
+      const double pk = dt == DType::f16 ? peak.tf16 : peak.tf32;
+      std::printf("%-20s %-6s %10.3f %10.3f %10.1f %10s\n", c.name, dtype_name(dt), fwd, all, tf, pct(tf, pk).c_str());
+      conv_rows.push_back({{"layer", c.name}, {"dtype", dtype_name(dt)}, {"batch", batch}, {"fwd_ms", fwd},
+                           {"fwd_bwd_ms", all}, {"TFLOPs", tf}});
+    }
+  }
+  out["conv"] = conv_rows;
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+  return 0;
+}
