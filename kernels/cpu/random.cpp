@@ -1,6 +1,6 @@
 // CPU random fills from Kiln's Philox stream: element i uses lane i % 4 of block offset/4 + i/4,
 // exactly as the CUDA kernel does, so both devices draw the same numbers.
-#include "kernels/common/philox.h"
+#include "kernels/common/random_draw.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
 
@@ -17,16 +17,8 @@ void random(RandomKind kind, const TensorDesc& dst, uint64_t seed, uint64_t offs
     T* out = static_cast<T*>(dst.data);
     parallel_for(0, nblocks, 1024, [&](int64_t b0, int64_t b1) {
       for (int64_t blk = b0; blk < b1; ++blk) {
-        const U32x4 r = philox_block(seed, first + uint64_t(blk));
         float v[4];
-        if (kind == RandomKind::normal) {
-          philox_normal4(r, v);
-          for (float& x : v) x = float(p0 + p1 * double(x));
-        } else if (kind == RandomKind::uniform) {
-          for (int l = 0; l < 4; ++l) v[l] = float(p0 + (p1 - p0) * double(u32_to_uniform(r.v[l])));
-        } else {
-          for (int l = 0; l < 4; ++l) v[l] = double(u32_to_uniform(r.v[l])) < p0 ? 1.0f : 0.0f;
-        }
+        random_draw4(kind, philox_block(seed, first + uint64_t(blk)), p0, p1, v);
         for (int l = 0; l < 4; ++l) {
           const int64_t i = blk * 4 + l;
           if (i < n) store(out + i, v[l]);

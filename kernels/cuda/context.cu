@@ -52,14 +52,18 @@ Context::~Context() {
 }
 
 cublasLtHandle_t Context::cublaslt() {
+  std::lock_guard<std::mutex> lk(handles_mutex_);
   if (!lt_) KILN_CUBLAS_OK(cublasLtCreate(&lt_));
   return lt_;
 }
 
 cudnnHandle_t Context::cudnn() {
+  std::lock_guard<std::mutex> lk(handles_mutex_);
   if (!dnn_) {
-    KILN_CUDNN_OK(cudnnCreate(&dnn_));
-    KILN_CUDNN_OK(cudnnSetStream(dnn_, stream));
+    cudnnHandle_t h = nullptr;
+    KILN_CUDNN_OK(cudnnCreate(&h));
+    KILN_CUDNN_OK(cudnnSetStream(h, stream));
+    dnn_ = h;
   }
   return dnn_;
 }
@@ -72,17 +76,21 @@ namespace {
 thread_local int t_current = -1;  // the device backend() last made current on this thread
 
 std::mutex g_contexts_mutex;
+// Never destroyed: at process exit the CUDA libraries may already be unloaded, and destroying
+// handles then can crash; the driver reclaims everything anyway.
 std::vector<std::unique_ptr<Context>>& contexts() {
-  static std::vector<std::unique_ptr<Context>> all;
-  return all;
+  static auto* all = new std::vector<std::unique_ptr<Context>>();
+  return *all;
 }
+std::string g_no_device_reason;  // why cudaGetDeviceCount found nothing
 std::atomic<bool> g_deterministic{false}, g_tf32{false};
 }  // namespace
 
 Context& context(int d) {
   std::lock_guard<std::mutex> lk(g_contexts_mutex);
   const int count = device_count();
-  KILN_CHECK(d >= 0 && d < count, "cuda:", d, " does not exist (", count, " CUDA device(s) visible)");
+  KILN_CHECK(d >= 0 && d < count, "cuda:", d, " does not exist (", count, " CUDA device(s) visible",
+             g_no_device_reason.empty() ? "" : ": " + g_no_device_reason, "; `kiln doctor` checks the machine)");
   auto& all = contexts();
   if (all.size() < size_t(count)) all.resize(size_t(count));
   if (!all[size_t(d)]) {
@@ -119,8 +127,10 @@ bool compiled() { return true; }
 int device_count() {
   static const int n = [] {
     int c = 0;
-    if (cudaGetDeviceCount(&c) != cudaSuccess) {
+    const cudaError_t e = cudaGetDeviceCount(&c);
+    if (e != cudaSuccess) {
       cudaGetLastError();  // no driver or no device: not an error for a CPU user
+      g_no_device_reason = cuda_error(e);
       c = 0;
     }
     return c;
@@ -211,11 +221,11 @@ const Backend& table() {
 }  // namespace
 
 const Backend& backend(int d) {
-  if (t_current != d) {
-    context(d);  // validates d, creates the context on first use
-    KILN_CUDA_OK(cudaSetDevice(d));
-    t_current = d;
-  }
+  if (t_current != d) context(d);  // validates d, creates the context on first use
+  // Other code (a library, `kiln doctor`) may have switched the device since: ask the runtime.
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess || cur != d) KILN_CUDA_OK(cudaSetDevice(d));
+  t_current = d;
   return table();
 }
 

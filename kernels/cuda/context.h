@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -66,11 +67,12 @@ struct Context {
   CachingAllocator& allocator() const;
 
   explicit Context(int device);
-  ~Context();
+  ~Context();  // not run at process exit (contexts live until the driver reclaims them)
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
  private:
+  std::mutex handles_mutex_;
   cublasLtHandle_t lt_ = nullptr;
   cudnnHandle_t dnn_ = nullptr;
 };

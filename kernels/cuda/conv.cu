@@ -44,7 +44,17 @@ struct ConvDescs {
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
 
+  // The destructor of a member-less base would not run if this constructor threw, so creation
+  // happens in init(), after the object is complete.
   ConvDescs(DType dt, const Conv2dParams& p) {
+    try {
+      init(dt, p);
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  void init(DType dt, const Conv2dParams& p) {
     const cudnnDataType_t t = data_type(dt);
     KILN_CHECK(p.n < INT32_MAX && p.c < INT32_MAX && p.h < INT32_MAX && p.w < INT32_MAX && p.o < INT32_MAX,
                "cuda conv2d: sizes beyond 2^31 are not supported by cuDNN");
@@ -68,12 +78,16 @@ struct ConvDescs {
                                                                       : CUDNN_FMA_MATH;
     KILN_CUDNN_OK(cudnnSetConvolutionMathType(conv, math));
   }
-  ~ConvDescs() {
-    cudnnDestroyConvolutionDescriptor(conv);
-    cudnnDestroyFilterDescriptor(w);
-    cudnnDestroyTensorDescriptor(bias);
-    cudnnDestroyTensorDescriptor(y);
-    cudnnDestroyTensorDescriptor(x);
+  ~ConvDescs() { destroy(); }
+  void destroy() {
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (bias) cudnnDestroyTensorDescriptor(bias);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+    conv = nullptr;
+    w = nullptr;
+    bias = y = x = nullptr;
   }
   ConvDescs(const ConvDescs&) = delete;
   ConvDescs& operator=(const ConvDescs&) = delete;
@@ -87,8 +101,11 @@ Key key_of(Pass pass, DType dt, const Conv2dParams& p) {
              std::vector<int64_t>{p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh, p.dw, p.groups}};
 }
 
+// cuDNN's lists pair an algorithm with a math type, and the workspace size belongs to the pair, so
+// both are kept and the math type is set on the descriptor before the call.
 struct Choice {
   int algo = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   size_t workspace = 0;
 };
 std::mutex g_mutex;
@@ -99,7 +116,9 @@ template <typename Perf> Choice pick(const Perf* perf, int count, const char* wh
   for (int i = 0; i < count; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace) continue;
     if (deterministic() && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
-    return Choice{int(perf[i].algo), perf[i].memory};
+    // f32 without TF32 must stay in f32 arithmetic.
+    if (dt == DType::f32 && !allow_tf32() && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    return Choice{int(perf[i].algo), perf[i].mathType, perf[i].memory};
   }
   KILN_FAIL("cuda conv2d ", what, ": cuDNN has no ", deterministic() ? "deterministic " : "", "algorithm for ", dt,
             " input [", p.n, ",", p.c, ",", p.h, ",", p.w, "] weight [", p.o, ",", p.c / p.groups, ",", p.kh, ",", p.kw,
@@ -170,42 +189,56 @@ constexpr Scale kOne{1.0f, 1.0}, kZero{0.0f, 0.0};
 void set_cudnn_benchmark(bool on) { g_benchmark = on; }
 
 void conv2d_forward(DType dt, const Conv2dParams& p, const void* x, const void* w, const void* bias, void* y) {
-  if (p.n * p.o * p.oh * p.ow == 0) return;
+  const int64_t ny = p.n * p.o * p.oh * p.ow;
+  if (ny == 0) return;
+  cudaStream_t stream = current().stream;
+  if (p.c == 0) {
+    // No input channels (cuDNN rejects zero sizes): y is the bias, or zeros.
+    KILN_CUDA_OK(cudaMemsetAsync(y, 0, size_t(ny) * dtype_size(dt), stream));
+    if (bias) {
+      const Conv2dParams one{1, 1, 1, 1, p.o, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1};
+      const ConvDescs d(dt, one);
+      const ConvDescs full(dt, Conv2dParams{p.n, 1, p.oh, p.ow, p.o, 1, 1, 1, 1, 0, 0, 1, 1, 1, p.oh, p.ow});
+      KILN_CUDNN_OK(cudnnAddTensor(current().cudnn(), kOne.of(dt), d.bias, bias, kOne.of(dt), full.y, y));
+    }
+    return;
+  }
   const ConvDescs d(dt, p);
   const Choice c = choose(Pass::forward, dt, p, d, x, w, nullptr, y);
   DeviceBuffer ws(c.workspace);
   cudnnHandle_t h = current().cudnn();
+  KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, c.math));
   KILN_CUDNN_OK(cudnnConvolutionForward(h, kOne.of(dt), d.x, x, d.w, w, d.conv, cudnnConvolutionFwdAlgo_t(c.algo),
                                         ws.get(), c.workspace, kZero.of(dt), d.y, y));
   if (bias) KILN_CUDNN_OK(cudnnAddTensor(h, kOne.of(dt), d.bias, bias, kOne.of(dt), d.y, y));
 }
 
 void conv2d_backward(DType dt, const Conv2dParams& p, const void* x, const void* w, const void* gy, void* gx, void* gw) {
+  cudaStream_t stream = current().stream;
+  const int64_t nx = p.n * p.c * p.h * p.w, nw = p.o * (p.c / p.groups) * p.kh * p.kw;
+  // Nothing flows when the output is empty: the gradients are zeros (cuDNN rejects zero sizes).
+  if (p.n * p.o * p.oh * p.ow == 0 || nx == 0 || nw == 0) {
+    if (gx && nx > 0) KILN_CUDA_OK(cudaMemsetAsync(gx, 0, size_t(nx) * dtype_size(dt), stream));
+    if (gw && nw > 0) KILN_CUDA_OK(cudaMemsetAsync(gw, 0, size_t(nw) * dtype_size(dt), stream));
+    return;
+  }
   const ConvDescs d(dt, p);
   cudnnHandle_t h = current().cudnn();
-  const bool empty_out = p.n * p.o * p.oh * p.ow == 0;
-  if (gx && p.n * p.c * p.h * p.w > 0) {
-    if (empty_out) {
-      KILN_CUDA_OK(cudaMemsetAsync(gx, 0, size_t(p.n * p.c * p.h * p.w) * dtype_size(dt), current().stream));
-    } else {
-      const Choice c = choose(Pass::backward_data, dt, p, d, x, w, gy, gx);
-      DeviceBuffer ws(c.workspace);
-      KILN_CUDNN_OK(cudnnConvolutionBackwardData(h, kOne.of(dt), d.w, w, d.y, gy, d.conv,
-                                                 cudnnConvolutionBwdDataAlgo_t(c.algo), ws.get(), c.workspace,
-                                                 kZero.of(dt), d.x, gx));
-    }
+  if (gx) {
+    const Choice c = choose(Pass::backward_data, dt, p, d, x, w, gy, gx);
+    DeviceBuffer ws(c.workspace);
+    KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, c.math));
+    KILN_CUDNN_OK(cudnnConvolutionBackwardData(h, kOne.of(dt), d.w, w, d.y, gy, d.conv,
+                                               cudnnConvolutionBwdDataAlgo_t(c.algo), ws.get(), c.workspace,
+                                               kZero.of(dt), d.x, gx));
   }
-  if (gw && p.o * (p.c / p.groups) * p.kh * p.kw > 0) {
-    if (empty_out) {
-      KILN_CUDA_OK(cudaMemsetAsync(gw, 0, size_t(p.o * (p.c / p.groups) * p.kh * p.kw) * dtype_size(dt),
-                                   current().stream));
-    } else {
-      const Choice c = choose(Pass::backward_filter, dt, p, d, x, w, gy, gw);
-      DeviceBuffer ws(c.workspace);
-      KILN_CUDNN_OK(cudnnConvolutionBackwardFilter(h, kOne.of(dt), d.x, x, d.y, gy, d.conv,
-                                                   cudnnConvolutionBwdFilterAlgo_t(c.algo), ws.get(), c.workspace,
-                                                   kZero.of(dt), d.w, gw));
-    }
+  if (gw) {
+    const Choice c = choose(Pass::backward_filter, dt, p, d, x, w, gy, gw);
+    DeviceBuffer ws(c.workspace);
+    KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, c.math));
+    KILN_CUDNN_OK(cudnnConvolutionBackwardFilter(h, kOne.of(dt), d.x, x, d.y, gy, d.conv,
+                                                 cudnnConvolutionBwdFilterAlgo_t(c.algo), ws.get(), c.workspace,
+                                                 kZero.of(dt), d.w, gw));
   }
 }
 

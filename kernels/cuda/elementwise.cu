@@ -14,7 +14,7 @@
 #include <limits>
 
 #include "kernels/common/math.h"
-#include "kernels/common/philox.h"
+#include "kernels/common/random_draw.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -351,16 +351,8 @@ __global__ void random_kernel(T* out, int64_t n, RandomKind kind, uint64_t seed,
   const int64_t nblocks = (n + 3) / 4;
   for (int64_t blk = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; blk < nblocks;
        blk += int64_t(gridDim.x) * blockDim.x) {
-    const U32x4 r = philox_block(seed, first + uint64_t(blk));
     float v[4];
-    if (kind == RandomKind::normal) {
-      philox_normal4(r, v);
-      for (float& x : v) x = float(p0 + p1 * double(x));
-    } else if (kind == RandomKind::uniform) {
-      for (int l = 0; l < 4; ++l) v[l] = float(p0 + (p1 - p0) * double(u32_to_uniform(r.v[l])));
-    } else {
-      for (int l = 0; l < 4; ++l) v[l] = double(u32_to_uniform(r.v[l])) < p0 ? 1.0f : 0.0f;
-    }
+    random_draw4(kind, philox_block(seed, first + uint64_t(blk)), p0, p1, v);
     for (int l = 0; l < 4; ++l) {
       const int64_t i = blk * 4 + l;
       if (i < n) st(out + i, v[l]);

@@ -19,10 +19,10 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // what cuBLASLt asks for 
 
 // Launch: grid-stride over the m x n matrix (row stride ldc), one thread per element.
 // Memory: reads and writes each element once. Only for k == 0, where C = beta * C.
-template <typename T> __global__ void scale_matrix(T* c, int64_t m, int64_t n, int64_t ldc, float beta) {
+template <typename T> __global__ void scale_matrix(T* c, int64_t m, int64_t n, int64_t ldc, DAcc<T> beta) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m * n; i += int64_t(gridDim.x) * blockDim.x) {
     T* p = c + (i / n) * ldc + i % n;
-    st(p, beta == 0.0f ? DAcc<T>(0) : DAcc<T>(ld(p) * beta));
+    st(p, beta == DAcc<T>(0) ? DAcc<T>(0) : DAcc<T>(ld(p) * beta));
   }
 }
 
@@ -85,7 +85,7 @@ void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, d
       if constexpr (is_float_v<T>) {
         for (int64_t i = 0; i < batch; ++i)
           scale_matrix<T><<<grid_for(m * n), kThreads, 0, ctx.stream>>>(static_cast<T*>(c) + i * sc, m, n, ldc,
-                                                                         float(beta));
+                                                                         DAcc<T>(beta));
       }
     });
     KILN_LAUNCH_OK("gemm (k = 0)");
@@ -134,11 +134,13 @@ void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, d
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_CUBLAS_OK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = kWorkspaceBytes;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     const uint32_t align = uint32_t(al);
+    cublasStatus_t ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+      if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+    if (ps != CUBLAS_STATUS_SUCCESS) cublasLtMatmulPreferenceDestroy(pref);
+    KILN_CUBLAS_OK(ps);
     cublasLtMatmulHeuristicResult_t res{};
     int count = 0;
     const cublasStatus_t s =
