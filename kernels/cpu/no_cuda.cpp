@@ -20,6 +20,8 @@ const Backend& backend(int device) { no_cuda("compute on", device); }
 Allocator& tensor_allocator(int device) { no_cuda("allocate on", device); }
 void copy_bytes(void*, Device dd, const void*, Device sd, size_t) { no_cuda("copy to", dd.is_cuda() ? dd.index : sd.index); }
 void synchronize(int device) { no_cuda("synchronize", device); }
+void* compute_stream(int device) { no_cuda("the compute stream of", device); }
+void set_gemm_backend(const std::string&) {}
 void set_deterministic(bool) {}
 bool deterministic() { return false; }
 void set_cudnn_benchmark(bool) {}

@@ -268,6 +268,8 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
 
 void synchronize(int d) { check_error_word(context(d)); }
 
+void* compute_stream(int d) { return context(d).stream; }
+
 void set_deterministic(bool on) { g_deterministic = on; }
 bool deterministic() { return g_deterministic; }
 void set_allow_tf32(bool on) { g_tf32 = on; }

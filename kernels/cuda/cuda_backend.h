@@ -3,6 +3,7 @@
 // versions (kernels/cpu/no_cuda.cpp) that say so.
 #pragma once
 #include <cstddef>
+#include <string>
 
 #include "engine/dtype.h"
 #include "kernels/backend.h"
@@ -29,6 +30,13 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // Waits for everything queued on the device's compute stream, then reports an error that a kernel
 // flagged on the device (an index out of range), naming the op.
 void synchronize(int device);
+
+// The compute stream of `device` (a cudaStream_t), for callers launching their own kernels in order
+// with Kiln's.
+void* compute_stream(int device);
+// Which GEMM runs f16/bf16 products: "kiln" (the Tensor Core kernel where it takes the shape),
+// "cublaslt", or "auto" (timed once per shape). The default comes from KILN_GEMM, else auto.
+void set_gemm_backend(const std::string& which);
 
 // Deterministic mode: reductions without atomics and fixed cuDNN algorithms, so that two runs give
 // the same bits. Off by default (cuDNN then picks its fastest algorithm by heuristics).

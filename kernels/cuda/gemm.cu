@@ -3,14 +3,23 @@
 // which is the same memory: B's buffer becomes cuBLASLt's first operand and A's the second.
 // f32 (TF32 tensor cores only when cuda::set_allow_tf32(true)), f64, and f16/bf16 with f32
 // accumulation. The heuristic's choice is cached per shape, layout and pointer alignment.
+//
+// f16/bf16 products may instead run on Kiln's own Tensor Core kernel (kernels/cuda/tc_gemm.cu),
+// chosen by KILN_GEMM: "cublaslt" (never), "kiln" (whenever the kernel can take the shape: sm_80+,
+// K and leading dimensions multiples of 8, 16-byte aligned operands), or "auto" (the default):
+// both are timed once per shape on the device and the faster one is kept.
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
 
+#include <atomic>
+#include <cstdlib>
+
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/tc_gemm.h"
 
 namespace kiln::cuda {
 namespace {
@@ -65,7 +74,87 @@ using Key = std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, int
 std::mutex g_cache_mutex;
 std::map<Key, cublasLtMatmulAlgo_t> g_algos;
 
+enum class GemmChoice : int { cublaslt, kiln, automatic };
+GemmChoice parse_choice(const std::string& v, const char* from) {
+  if (v == "cublaslt") return GemmChoice::cublaslt;
+  if (v == "kiln") return GemmChoice::kiln;
+  KILN_CHECK(v == "auto" || v.empty(), from, v, ": expected kiln, cublaslt or auto");
+  return GemmChoice::automatic;
+}
+std::atomic<int> g_choice{-1};  // -1: not read from the environment yet
+GemmChoice gemm_choice() {
+  if (g_choice.load() < 0) {
+    const char* e = std::getenv("KILN_GEMM");
+    g_choice = int(parse_choice(e ? e : "auto", "KILN_GEMM="));
+  }
+  return GemmChoice(g_choice.load());
+}
+
+// The Tensor Core kernel's arguments for a row-major product, when it can take it.
+bool tc_args(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a, int64_t lda,
+             int64_t sa, const void* b, int64_t ldb, int64_t sb, double beta, void* c, int64_t ldc, int64_t sc,
+             int64_t batch, TcGemmArgs& g) {
+  if (!is_low_precision(dt) || k % 8 != 0 || lda % 8 != 0 || ldb % 8 != 0 || sa % 8 != 0 || sb % 8 != 0 ||
+      batch > 65535 || reinterpret_cast<uintptr_t>(a) % 16 != 0 || reinterpret_cast<uintptr_t>(b) % 16 != 0)
+    return false;
+  static const bool device_ok = tc_gemm_supported(current().device);
+  if (!device_ok) return false;
+  g.in_dtype = g.out_dtype = dt;
+  g.la = ta ? tcgemm::Layout::col : tcgemm::Layout::row;  // A^T stored [k, m] is A column-major
+  g.lb = tb ? tcgemm::Layout::col : tcgemm::Layout::row;  // B^T stored [n, k] is B column-major
+  g.M = m;
+  g.N = n;
+  g.K = k;
+  g.lda = lda;
+  g.ldb = ldb;
+  g.ldc = ldc;
+  g.a = a;
+  g.b = b;
+  g.out = c;
+  g.c0 = beta != 0.0 ? c : nullptr;
+  g.batch = batch;
+  g.stride_a = sa;
+  g.stride_b = sb;
+  g.stride_c = sc;
+  g.ep.alpha = float(alpha);
+  g.ep.beta = float(beta);
+  return true;
+}
+
+using ShapeKey = std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int64_t>;
+std::mutex g_choice_mutex;
+std::map<ShapeKey, bool> g_use_kiln;  // auto: the measured winner per shape
+
+void cublaslt_gemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
+                   int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb, double beta, void* c, int64_t ldc,
+                   int64_t sc, int64_t batch);
+
+// auto: times both on this product (beta == 0, so running it twice is harmless) and keeps the faster.
+bool measure_kiln_faster(const TcGemmArgs& g, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                         double alpha, const void* a, int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb,
+                         void* c, int64_t ldc, int64_t sc, int64_t batch) {
+  cudaStream_t s = current().stream;
+  cudaEvent_t e[3];
+  for (auto& ev : e) KILN_CUDA_OK(cudaEventCreate(&ev));
+  float ms_kiln = 0, ms_lt = 0;
+  constexpr int kReps = 3;
+  tc_gemm(g, s);  // warm-up (and the lazy module load)
+  cublaslt_gemm(dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, 0.0, c, ldc, sc, batch);
+  KILN_CUDA_OK(cudaEventRecord(e[0], s));
+  for (int i = 0; i < kReps; ++i) tc_gemm(g, s);
+  KILN_CUDA_OK(cudaEventRecord(e[1], s));
+  for (int i = 0; i < kReps; ++i) cublaslt_gemm(dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, 0.0, c, ldc, sc, batch);
+  KILN_CUDA_OK(cudaEventRecord(e[2], s));
+  KILN_CUDA_OK(cudaEventSynchronize(e[2]));
+  KILN_CUDA_OK(cudaEventElapsedTime(&ms_kiln, e[0], e[1]));
+  KILN_CUDA_OK(cudaEventElapsedTime(&ms_lt, e[1], e[2]));
+  for (auto& ev : e) cudaEventDestroy(ev);
+  return ms_kiln < ms_lt;
+}
+
 }  // namespace
+
+void set_gemm_backend(const std::string& which) { g_choice = int(parse_choice(which, "set_gemm_backend: ")); }
 
 void gemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a, int64_t lda,
           const void* b, int64_t ldb, double beta, void* c, int64_t ldc) {
@@ -76,6 +165,29 @@ void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, d
                   int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb, double beta, void* c, int64_t ldc,
                   int64_t sc, int64_t batch) {
   if (m == 0 || n == 0 || batch == 0) return;
+  TcGemmArgs g;
+  const GemmChoice choice = gemm_choice();
+  if (k > 0 && choice != GemmChoice::cublaslt &&
+      tc_args(dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch, g)) {
+    bool use = choice == GemmChoice::kiln;
+    if (choice == GemmChoice::automatic) {
+      const ShapeKey key{current().device, int(dt), ta, tb, m, n, k, batch};
+      std::lock_guard<std::mutex> lk(g_choice_mutex);
+      auto it = g_use_kiln.find(key);
+      if (it == g_use_kiln.end() && beta == 0.0)
+        it = g_use_kiln.emplace(key, measure_kiln_faster(g, dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, c, ldc,
+                                                         sc, batch)).first;
+      use = it != g_use_kiln.end() && it->second;
+    }
+    if (use) return tc_gemm(g, current().stream);
+  }
+  cublaslt_gemm(dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
+}
+
+namespace {
+void cublaslt_gemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
+                   int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb, double beta, void* c, int64_t ldc,
+                   int64_t sc, int64_t batch) {
   Context& ctx = current();
   const Types ty = types_of(dt);
   if (k == 0) {
@@ -159,5 +271,7 @@ void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, d
   KILN_CUBLAS_OK(cublasLtMatmul(ctx.cublaslt(), d.op, pa, b, d.a, a, d.b, pb, c, d.c, c, d.c, &algo, ws.get(),
                                 kWorkspaceBytes, ctx.stream));
 }
+
+}  // namespace
 
 }  // namespace kiln::cuda
