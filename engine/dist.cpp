@@ -203,8 +203,11 @@ DataParallel::DataParallel(nn::Module& model, Communicator& comm, DataParallelOp
     bytes += params_[k].numel() * 4;
     bucket_of_[k] = buckets_.size() - 1;
   }
+  const Device dev = params_.empty() ? kCPU : params_[0].device();
+  for (const Tensor& p : params_)
+    KILN_CHECK(p.device() == dev, "DataParallel: parameters on ", dev, " and ", p.device(), "; one device per rank");
   for (auto& b : buckets_) {
-    b.flat = zeros({b.numel}, DType::f32);
+    b.flat = zeros({b.numel}, TensorOptions(DType::f32, dev));
     b.pending = int(b.params.size());
   }
   if (comm.world_size() > 1)
@@ -230,18 +233,21 @@ void DataParallel::on_grad_ready(size_t index) {
   }
 }
 
+// Gradients are packed into the bucket and unpacked by tensor copies, so the same code serves CPU
+// ranks and GPU ranks (where the copies are kernels on the compute stream, ordered before NCCL).
 void DataParallel::launch(Bucket& b) {
-  float* dst = b.flat.data<float>();
+  NoGradGuard no_grad;
+  int64_t off = 0;
   for (size_t k : b.params) {
     const Tensor g = params_[k].grad();
     const int64_t n = params_[k].numel();
+    Tensor dst = b.flat.narrow(0, off, n);
     if (g.defined()) {
-      const Tensor gc = g.dtype() == DType::f32 && g.is_contiguous() ? g : g.to(DType::f32).contiguous();
-      std::copy(gc.data<float>(), gc.data<float>() + n, dst);
+      dst.copy_(g.detach().reshape({n}));
     } else {
-      std::fill(dst, dst + n, 0.0f);  // no gradient on this rank this step: contributes zeros
+      dst.zero_();  // no gradient on this rank this step: contributes zeros
     }
-    dst += n;
+    off += n;
   }
   b.work = comm_.all_reduce_async(b.flat, ReduceOp::avg);
 }
@@ -251,21 +257,21 @@ void DataParallel::finish() {
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& b : buckets_)
     if (!b.work) launch(b);  // buckets with a parameter that got no gradient in this backward
+  NoGradGuard no_grad;
   for (auto& b : buckets_) {
     b.work->wait();
     b.work.reset();
     b.pending = int(b.params.size());
-    const float* src = b.flat.data<float>();
+    int64_t off = 0;
     for (size_t k : b.params) {
       Tensor& p = params_[k];
       Tensor g = p.grad();
       if (!g.defined() || !g.is_contiguous() || g.dtype() != DType::f32) {
-        g = zeros(p.shape(), DType::f32);
+        g = zeros(p.shape(), TensorOptions(DType::f32, p.device()));
         p.set_grad(g);
       }
-      std::copy(src, src + p.numel(), g.data<float>());
-      g.bump_version();
-      src += p.numel();
+      g.view({p.numel()}).copy_(b.flat.narrow(0, off, p.numel()));
+      off += p.numel();
     }
   }
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -21,6 +21,7 @@
 #include "io/safetensors.h"
 #include "tools/commands.h"
 #include "io/run_checkpoint.h"
+#include "kernels/cuda/nccl_comm.h"
 #include "tools/train.h"
 
 namespace kiln::tools {
@@ -155,12 +156,18 @@ int run_train(const TrainConfig& c) {
   }
   const int rank = comm->rank(), world = comm->world_size();
   const bool lead = rank == 0;
+  // GPU ranks reduce gradients with NCCL (one GPU per process, cuda:LOCAL_RANK); small host-side
+  // agreements (flags, counters) stay on the CPU communicator, which also carries NCCL's id.
+  std::unique_ptr<dist::Communicator> gpu_comm;
   if (world > 1 && c.resolved_device().is_cuda()) {
-    std::fprintf(stderr, "kiln train: error: --device %s with %d ranks: data-parallel training on GPUs needs the NCCL "
-                 "communicator, which this build does not have yet; run one process per machine, or --device cpu\n",
-                 c.device.c_str(), world);
-    return 2;
+    try {
+      gpu_comm = cuda::make_nccl_communicator(*comm, c.resolved_device().index, std::chrono::seconds(c.dist_timeout));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "kiln train: error: rank %d: NCCL: %s\n", rank, e.message().c_str());
+      return 2;
+    }
   }
+  dist::Communicator& grad_comm = gpu_comm ? *gpu_comm : *comm;
   // Flags every rank must agree on (a signal, a save due by the clock): true when any rank says so.
   auto any_rank = [&](bool mine) {
     if (world == 1) return mine;
@@ -290,12 +297,12 @@ int run_train(const TrainConfig& c) {
   std::unique_ptr<dist::DataParallel> dp;
   if (world > 1) {
     try {
-      dp = std::make_unique<dist::DataParallel>(model, *comm);
+      dp = std::make_unique<dist::DataParallel>(model, grad_comm);
     } catch (const Error& e) {
       std::fprintf(stderr, "kiln train: error: rank %d: %s\n", rank, e.message().c_str());
       return 2;
     }
-    scaler.agree = [&](Tensor& found_inf) { comm->all_reduce(found_inf, dist::ReduceOp::max); };
+    scaler.agree = [&](Tensor& found_inf) { grad_comm.all_reduce(found_inf, dist::ReduceOp::max); };
   }
   std::string last_saved;
   // A periodic checkpoint that cannot be written (a full disk) is reported and training goes on:

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "engine/dist.h"
 #include "engine/optim.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "models/resnet.h"
@@ -63,8 +64,12 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
 
 }  // namespace
 
+// With several ranks on a machine (kiln launch, torchrun, mpirun), "cuda" and "auto" mean this
+// rank's own GPU, cuda:LOCAL_RANK: one process per GPU.
 Device TrainConfig::resolved_device() const {
-  if (device == "auto") return cuda::device_count() > 0 ? cuda_device(0) : kCPU;
+  const int local = dist::DistEnv::from_environment().local_rank;
+  if (device == "auto") return cuda::device_count() > 0 ? cuda_device(local % cuda::device_count()) : kCPU;
+  if (device == "cuda" || device == "gpu") return cuda_device(local);
   return Device::parse(device);
 }
 

@@ -1,5 +1,6 @@
 // The CUDA runtime queries in a build without the CUDA backend: they say so.
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/nccl_comm.h"
 #include "kernels/cuda/runtime_info.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/tc_gemm.h"
@@ -22,6 +23,9 @@ void copy_bytes(void*, Device dd, const void*, Device sd, size_t) { no_cuda("cop
 void synchronize(int device) { no_cuda("synchronize", device); }
 void* compute_stream(int device) { no_cuda("the compute stream of", device); }
 void set_gemm_backend(const std::string&) {}
+std::unique_ptr<dist::Communicator> make_nccl_communicator(dist::Communicator&, int device, std::chrono::seconds) {
+  no_cuda("NCCL communicator for", device);
+}
 void set_deterministic(bool) {}
 bool deterministic() { return false; }
 void set_cudnn_benchmark(bool) {}

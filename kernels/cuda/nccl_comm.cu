@@ -1,0 +1,240 @@
+// NCCL communicator. Ordering: a collective first makes its NCCL stream wait for an event recorded
+// on the compute stream (the gradients it reduces are written there), then runs on the NCCL stream,
+// so bucket all-reduces overlap the rest of backward; Work::wait() polls for completion with the
+// job's timeout and then orders the compute stream after it. Communicators are created with
+// blocking = 0, so set-up and enqueueing never block past the timeout either.
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "engine/dist_internal.h"
+#include "engine/ops.h"
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/nccl_comm.h"
+
+namespace kiln::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f64: return ncclFloat64;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u8: case DType::boolean: return ncclUint8;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(dist::ReduceOp op) {
+  switch (op) {
+    case dist::ReduceOp::sum: return ncclSum;
+    case dist::ReduceOp::avg: return ncclAvg;
+    case dist::ReduceOp::max: return ncclMax;
+    case dist::ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+class NcclComm;
+
+class NcclWork final : public dist::Work {
+ public:
+  NcclWork(NcclComm* c, cudaEvent_t done, std::string what, long long bytes)
+      : c_(c), done_(done), what_(std::move(what)), bytes_(bytes) {}
+  ~NcclWork() override { cudaEventDestroy(done_); }
+  void wait() override;
+
+ private:
+  NcclComm* c_;
+  cudaEvent_t done_;
+  std::string what_;
+  long long bytes_;
+};
+
+class NcclComm final : public dist::Communicator {
+ public:
+  NcclComm(dist::Communicator& bootstrap, int device, std::chrono::seconds timeout)
+      : rank_(bootstrap.rank()), size_(bootstrap.world_size()), device_(device), timeout_(timeout) {
+    Context& ctx = context(device);
+    KILN_CUDA_OK(cudaSetDevice(device));
+    KILN_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (rank_ == 0) ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    Tensor bytes = zeros({int64_t(sizeof id)}, DType::u8);
+    std::memcpy(bytes.raw_data(), &id, sizeof id);
+    bootstrap.broadcast(bytes, 0);
+    std::memcpy(&id, bytes.raw_data(), sizeof id);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+    settle(r, "ncclCommInitRankConfig (setting up NCCL between the ranks)", 0);
+    (void)ctx;
+  }
+  ~NcclComm() override {
+    if (comm_) ncclCommDestroy(comm_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  const char* backend() const override { return "nccl"; }
+
+  std::shared_ptr<dist::Work> all_reduce_async(const Tensor& t, dist::ReduceOp op) override {
+    if (t.device().is_cpu()) return staged(t, [&](const Tensor& d) { all_reduce(d, op); });
+    check(t, "all_reduce");
+    before(t);
+    settle(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op), comm_, stream_),
+           "ncclAllReduce", t.nbytes());
+    return after("all_reduce", t.nbytes());
+  }
+  void broadcast(const Tensor& t, int root) override {
+    dist::detail::check_root(root, size_);
+    if (t.device().is_cpu()) return staged(t, [&](const Tensor& d) { broadcast(d, root); })->wait();
+    check(t, "broadcast");
+    before(t);
+    settle(ncclBroadcast(t.raw_data(), t.raw_data(), t.nbytes(), ncclUint8, root, comm_, stream_), "ncclBroadcast",
+           t.nbytes());
+    after("broadcast", t.nbytes())->wait();
+  }
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    KILN_CHECK(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(), "all_gather: ", out.type_str(),
+               " must hold ", size_, " x ", in.numel(), " elements of ", in.dtype());
+    if (in.device().is_cpu() || out.device().is_cpu()) {
+      const Tensor di = in.to(cuda_device(device_)), dout = zeros(out.shape(), TensorOptions(out.dtype(), cuda_device(device_)));
+      all_gather(di, dout);
+      Tensor(out).copy_(dout);
+      synchronize(device_);
+      return;
+    }
+    check(in, "all_gather");
+    check(out, "all_gather");
+    before(in);
+    before(out);
+    settle(ncclAllGather(in.raw_data(), out.raw_data(), in.nbytes(), ncclUint8, comm_, stream_), "ncclAllGather",
+           out.nbytes());
+    after("all_gather", out.nbytes())->wait();
+  }
+  void reduce_scatter(const Tensor& in, const Tensor& out, dist::ReduceOp op) override {
+    KILN_CHECK(in.numel() == out.numel() * size_ && out.dtype() == in.dtype(), "reduce_scatter: ", in.type_str(),
+               " must hold ", size_, " x ", out.numel(), " elements of ", out.dtype());
+    if (in.device().is_cpu() || out.device().is_cpu()) {
+      const Tensor di = in.to(cuda_device(device_)), dout = zeros(out.shape(), TensorOptions(out.dtype(), cuda_device(device_)));
+      reduce_scatter(di, dout, op);
+      Tensor(out).copy_(dout);
+      synchronize(device_);
+      return;
+    }
+    check(in, "reduce_scatter");
+    check(out, "reduce_scatter");
+    before(in);
+    before(out);
+    settle(ncclReduceScatter(in.raw_data(), out.raw_data(), size_t(out.numel()), nccl_type(out.dtype()), nccl_op(op),
+                             comm_, stream_),
+           "ncclReduceScatter", in.nbytes());
+    after("reduce_scatter", in.nbytes())->wait();
+  }
+  void barrier() override {
+    Tensor one = ones({1}, TensorOptions(DType::f32, cuda_device(device_)));
+    all_reduce(one, dist::ReduceOp::sum);
+    synchronize(device_);
+  }
+
+  // Polls until `done` has passed or the job's timeout; NCCL's own errors end the wait early.
+  void wait_for(cudaEvent_t done, const std::string& what, long long bytes) {
+    const auto deadline = Clock::now() + timeout_;
+    while (true) {
+      const cudaError_t e = cudaEventQuery(done);
+      if (e == cudaSuccess) break;
+      KILN_CHECK(e == cudaErrorNotReady, "NCCL ", what, " on cuda:", device_, ": ", cuda_error(e));
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      KILN_CHECK(async == ncclSuccess || async == ncclInProgress, "NCCL ", what, " failed on rank ", rank_, ": ",
+                 ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
+      if (Clock::now() > deadline) abort_job(what.c_str(), bytes);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    // Later work on the compute stream reads the result.
+    KILN_CUDA_OK(cudaStreamWaitEvent(context(device_).stream, done, 0));
+  }
+
+ private:
+  void ok(ncclResult_t r, const char* what) {
+    KILN_CHECK(r == ncclSuccess, what, " failed on rank ", rank_, ": ", ncclGetErrorString(r));
+  }
+  // Non-blocking communicators may answer ncclInProgress: poll until the call has settled.
+  void settle(ncclResult_t r, const char* what, long long bytes) {
+    const auto deadline = Clock::now() + timeout_;
+    while (r == ncclInProgress) {
+      if (Clock::now() > deadline) abort_job(what, bytes);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      ncclCommGetAsyncError(comm_, &r);
+    }
+    KILN_CHECK(r == ncclSuccess, what, " failed on rank ", rank_, " of ", size_, ": ", ncclGetErrorString(r),
+               comm_ ? std::string(" (") + ncclGetLastError(comm_) + ")" : std::string());
+  }
+  [[noreturn]] void abort_job(const char* what, long long bytes) {
+    dist::detail::report_timeout("nccl", rank_, size_, what, bytes, timeout_);
+    if (comm_) ncclCommAbort(comm_);
+    std::_Exit(1);
+  }
+  void check(const Tensor& t, const char* what) {
+    KILN_CHECK(t.defined() && t.is_contiguous() && t.device() == cuda_device(device_), what,
+               ": the NCCL communicator of cuda:", device_, " needs a contiguous tensor there, got ",
+               t.defined() ? t.type_str() : std::string("an undefined tensor"));
+  }
+  // The NCCL stream waits for what the compute stream has queued; the tensor's memory is not
+  // reused before the NCCL stream is done with it.
+  void before(const Tensor& t) {
+    Context& ctx = context(device_);
+    cudaEvent_t ready;
+    KILN_CUDA_OK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    KILN_CUDA_OK(cudaEventRecord(ready, ctx.stream));
+    KILN_CUDA_OK(cudaStreamWaitEvent(stream_, ready, 0));
+    cudaEventDestroy(ready);  // released once the wait has been enqueued
+    if (t.nbytes() > 0) ctx.allocator().record_stream(t.storage()->data, stream_id(stream_));
+  }
+  std::shared_ptr<dist::Work> after(const char* what, long long bytes) {
+    cudaEvent_t done;
+    KILN_CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    KILN_CUDA_OK(cudaEventRecord(done, stream_));
+    return std::make_shared<NcclWork>(this, done, what, bytes);
+  }
+  // A CPU tensor goes through the device and back (small agreements: flags, counters, ids).
+  template <typename F> std::shared_ptr<dist::Work> staged(const Tensor& t, F&& fn) {
+    KILN_CHECK(t.defined() && t.is_contiguous(), "NCCL communicator: needs a contiguous tensor");
+    const Tensor d = t.to(cuda_device(device_));
+    fn(d);
+    Tensor(t).copy_(d);  // to(cpu) inside waits for the device
+    struct Done final : dist::Work {
+      void wait() override {}
+    };
+    return std::make_shared<Done>();
+  }
+
+  int rank_, size_, device_;
+  std::chrono::seconds timeout_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+void NcclWork::wait() { c_->wait_for(done_, what_, bytes_); }
+
+}  // namespace
+
+std::unique_ptr<dist::Communicator> make_nccl_communicator(dist::Communicator& bootstrap, int device,
+                                                           std::chrono::seconds timeout) {
+  return std::make_unique<NcclComm>(bootstrap, device, timeout);
+}
+
+}  // namespace kiln::cuda
