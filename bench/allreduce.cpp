@@ -1,6 +1,7 @@
 // All-reduce bandwidth between ranks, as nccl-tests defines it: for S bytes in time t,
-// algbw = S / t and busbw = algbw x 2(n-1)/n (what each link carries in a ring). Run it under the
-// launcher of the backend: `mpirun -np 4 bench_allreduce` (CPU ranks, MPI). Sizes from 8 B to
+// algbw = S / t and busbw = algbw x 2(n-1)/n (what each link carries in a ring). Run it under a
+// launcher: `mpirun -np 4 bench_allreduce` (CPU ranks, MPI), `kiln launch --nproc-per-node 4 --
+// bench_allreduce` (TCP ring), or with --device cuda one rank per GPU over NCCL. Sizes from 8 B to
 // --max-bytes (default 1 GiB; fewer when memory is short); rank 0 prints the table, --json FILE.
 #include <algorithm>
 #include <chrono>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "engine/dist.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/nccl_comm.h"
 #include "kiln.h"
 
 using namespace kiln;
@@ -20,16 +23,30 @@ int main(int argc, char** argv) {
   std::string json_path;
   int64_t max_bytes = int64_t(1) << 30;
   int iters = 20;
+  bool gpu = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--max-bytes") && i + 1 < argc) max_bytes = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) gpu = std::string(argv[++i]) == "cuda";
     else {
-      std::fprintf(stderr, "usage: mpirun -np N bench_allreduce [--max-bytes B] [--iters K] [--json FILE]\n");
+      std::fprintf(stderr,
+                   "usage: mpirun -np N bench_allreduce [--device cpu|cuda] [--max-bytes B] [--iters K] [--json FILE]\n");
       return 2;
     }
   }
-  auto comm = dist::make_cpu_communicator(dist::DistEnv::from_environment(), std::chrono::seconds(600));
+  const dist::DistEnv env = dist::DistEnv::from_environment();
+  auto host_comm = dist::make_cpu_communicator(env, std::chrono::seconds(600));
+  std::unique_ptr<dist::Communicator> gpu_comm;
+  if (gpu) {
+    if (cuda::device_count() == 0) {
+      std::fprintf(stderr, "bench_allreduce: --device cuda but no CUDA device is visible\n");
+      return 2;
+    }
+    gpu_comm = cuda::make_nccl_communicator(*host_comm, env.local_rank % cuda::device_count(), std::chrono::seconds(600));
+  }
+  dist::Communicator* comm = gpu ? gpu_comm.get() : host_comm.get();
+  const Device dev = gpu ? cuda_device(env.local_rank % cuda::device_count()) : kCPU;
   const int n = comm->world_size();
   const bool lead = comm->rank() == 0;
   if (lead)
@@ -38,7 +55,7 @@ int main(int argc, char** argv) {
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
     const int64_t count = bytes / 4;
-    Tensor t = ones({count});
+    Tensor t = ones({count}, TensorOptions(DType::f32, dev));
     // Large sizes take fewer iterations so the sweep stays in minutes.
     const int reps = bytes >= (int64_t(64) << 20) ? std::max(3, iters / 4) : iters;
     std::vector<double> us;
@@ -46,6 +63,7 @@ int main(int argc, char** argv) {
       comm->barrier();
       const auto a = std::chrono::steady_clock::now();
       comm->all_reduce(t, dist::ReduceOp::sum);
+      if (gpu) cuda::synchronize(dev.index);
       const double dt = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
       if (i >= 3) us.push_back(dt);
     }
@@ -63,7 +81,7 @@ int main(int argc, char** argv) {
     }
   }
   // One correctness check, so a broken transport never reports a bandwidth.
-  Tensor chk = full({1000}, double(comm->rank() + 1));
+  Tensor chk = full({1000}, double(comm->rank() + 1), TensorOptions(DType::f32, dev));
   comm->all_reduce(chk, dist::ReduceOp::sum);
   const bool ok = chk.to_vector()[999] == double(n) * double(n + 1) / 2.0;
   if (lead) {
