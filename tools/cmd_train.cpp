@@ -21,6 +21,7 @@
 #include "io/safetensors.h"
 #include "tools/commands.h"
 #include "io/run_checkpoint.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "tools/train.h"
 
@@ -44,6 +45,14 @@ std::string hms(double s) {
   if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
   else std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
   return buf;
+}
+
+// The caching allocator's view of a GPU: what tensors hold, what it keeps from the device, peaks.
+nlohmann::json gpu_memory_json(int device) {
+  const AllocatorStats st = cuda::device_allocator(device).stats();
+  const double mib = 1.0 / (1 << 20);
+  return {{"allocated", double(st.allocated) * mib}, {"reserved", double(st.reserved) * mib},
+          {"peak_allocated", double(st.peak_allocated) * mib}, {"peak_reserved", double(st.peak_reserved) * mib}};
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Module& m) {
@@ -211,6 +220,7 @@ int run_train(const TrainConfig& c) {
     return 2;
   }
   const std::string ckpt_dir = c.out + "/checkpoints";
+  const Device train_device = c.resolved_device();
 
   // ---- 2. optimizer and schedule ----
   nn::Module& model = *task.model;
@@ -466,6 +476,7 @@ int run_train(const TrainConfig& c) {
           m["loss_scale"] = scaler.get_scale();
           m["skipped_steps"] = scaler.skipped_steps();
         }
+        if (train_device.is_cuda()) m["gpu_memory_mib"] = gpu_memory_json(train_device.index);
         metrics << m.dump() << "\n";
         metrics.flush();
         run.win_loss = run.win_data = run.win_fb = run.win_opt = run.win_comm = 0;
@@ -542,12 +553,14 @@ int run_train(const TrainConfig& c) {
                             {"loss_scale", scaler.get_scale()},
                             {"skipped_steps", scaler.skipped_steps()},
                             {"wall_seconds", wall},
+                            {"device", train_device.str()},
                             {"train_seconds", run.train_seconds},
                             {"samples_per_s", double(run.samples_seen) / std::max(run.train_seconds, 1e-9)},
                             {"resumed_from", resumed_from},
                             {"last_checkpoint", last_saved},
                             {"per_epoch", run.epochs_log},
                             {"config", resolved}};
+  if (train_device.is_cuda()) summary["gpu_memory_mib"] = gpu_memory_json(train_device.index);
   io::write_file_atomic(c.out + "/summary.json", summary.dump(2) + "\n");
   char buf[384];
   char skipped[96] = "";
