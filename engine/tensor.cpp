@@ -582,7 +582,12 @@ Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   const Tensor src = contiguous();
   Tensor out = make_tensor(shape(), dtype(), d);
-  cuda::copy_bytes(out.raw_data(), d, src.raw_data(), src.device(), nbytes());
+  if (src.device().is_cpu() && d.is_cuda()) {
+    // Returns at once; a page-locked source stays alive until the device has read it.
+    cuda::copy_to_device_async(out.raw_data(), d.index, src.raw_data(), nbytes(), src.storage());
+  } else {
+    cuda::copy_bytes(out.raw_data(), d, src.raw_data(), src.device(), nbytes());
+  }
   record_view("to", *this, out, [from = device()](const Tensor& g) { return g.to(from); });
   return out;
 }

@@ -40,6 +40,9 @@ struct LoaderOptions {
   // With several ranks: pad the order (repeating its start) so every rank gets as many samples
   // (training); without, each sample is seen exactly once and ranks may differ by one (evaluation).
   bool pad_ranks = true;
+  // Batches in page-locked memory (built by the workers), so that their copy to a GPU is queued
+  // behind the previous step's kernels without the host waiting for it. Ignored without a GPU.
+  bool pin_memory = false;
 };
 
 struct LoaderPosition {

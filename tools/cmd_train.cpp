@@ -199,6 +199,7 @@ int run_train(const TrainConfig& c) {
   lo.drop_last = true;  // equal batches: batch-norm statistics from a handful of samples would be noise
   lo.rank = rank;        // rank r takes every world-th sample of the epoch's order: the ranks' batches
   lo.world_size = world; // together are the one-process batch of world x --batch
+  lo.pin_memory = c.resolved_device().is_cuda();  // batch copies to the GPU never block the host
   io::DataLoader loader(task.train_data, lo);
   // Optimizer steps per epoch: each takes --accum-steps micro-batches; a last partial group is dropped.
   const int64_t accum = c.accum_steps;

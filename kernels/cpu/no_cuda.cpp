@@ -23,6 +23,10 @@ void copy_bytes(void*, Device dd, const void*, Device sd, size_t) { no_cuda("cop
 void synchronize(int device) { no_cuda("synchronize", device); }
 void* compute_stream(int device) { no_cuda("the compute stream of", device); }
 void set_gemm_backend(const std::string&) {}
+void copy_to_device_async(void*, int device, const void*, size_t, std::shared_ptr<void>) {
+  no_cuda("copy to", device);
+}
+Tensor pin_memory(const Tensor& t) { return t; }
 std::unique_ptr<dist::Communicator> make_nccl_communicator(dist::Communicator&, int device, std::chrono::seconds) {
   no_cuda("NCCL communicator for", device);
 }

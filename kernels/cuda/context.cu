@@ -3,6 +3,7 @@
 // backend table the engine dispatches to.
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -264,6 +265,75 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
   } else {
     std::memcpy(dst, src, n);
   }
+}
+
+namespace {
+// Sources of asynchronous copies, held until an event after their copy has passed.
+struct InFlight {
+  cudaEvent_t done;
+  std::shared_ptr<void> keep_alive;
+};
+std::mutex g_inflight_mutex;
+std::vector<InFlight> g_inflight;
+
+void release_finished_locked() {
+  std::erase_if(g_inflight, [](InFlight& f) {
+    if (cudaEventQuery(f.done) != cudaSuccess) return false;  // not yet (or an error the next sync reports)
+    cudaEventDestroy(f.done);
+    return true;
+  });
+}
+}  // namespace
+
+void copy_to_device_async(void* dst, int device, const void* src, size_t n, std::shared_ptr<void> keep_alive) {
+  if (n == 0) return;
+  Context& c = context(device);
+  KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c.stream));
+  if (!is_pinned(src)) return;
+  cudaEvent_t ev;
+  KILN_CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  KILN_CUDA_OK(cudaEventRecord(ev, c.stream));
+  std::lock_guard<std::mutex> lk(g_inflight_mutex);
+  release_finished_locked();
+  g_inflight.push_back({ev, std::move(keep_alive)});
+}
+
+namespace {
+// Page-locked blocks are kept for reuse: cudaFreeHost waits for the whole device, which would stall
+// every step, and a loader asks for the same sizes again and again.
+std::mutex g_pinned_mutex;
+std::multimap<size_t, void*> g_pinned_free;
+
+void* pinned_take(size_t n) {
+  {
+    std::lock_guard<std::mutex> lk(g_pinned_mutex);
+    auto it = g_pinned_free.find(n);
+    if (it != g_pinned_free.end()) {
+      void* p = it->second;
+      g_pinned_free.erase(it);
+      return p;
+    }
+  }
+  return pinned_alloc(n);
+}
+void pinned_give_back(void* p, size_t n) {
+  std::lock_guard<std::mutex> lk(g_pinned_mutex);
+  g_pinned_free.emplace(n, p);
+}
+}  // namespace
+
+Tensor pin_memory(const Tensor& t) {
+  if (!t.device().is_cpu() || device_count() == 0 || t.nbytes() == 0) return t;
+  const Tensor c = t.contiguous();
+  const size_t n = c.nbytes();
+  void* p = pinned_take(n);
+  std::memcpy(p, c.raw_data(), n);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(p, n, kCPU, [n](void* q) { pinned_give_back(q, n); });
+  impl->shape = c.shape();
+  impl->strides = contiguous_strides(c.shape());
+  impl->dtype = c.dtype();
+  return Tensor(std::move(impl));
 }
 
 void synchronize(int d) { check_error_word(context(d)); }

@@ -3,14 +3,12 @@
 // versions (kernels/cpu/no_cuda.cpp) that say so.
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "engine/dtype.h"
+#include "engine/tensor.h"
 #include "kernels/backend.h"
-
-namespace kiln {
-class Allocator;
-}
 
 namespace kiln::cuda {
 
@@ -27,6 +25,14 @@ Allocator& tensor_allocator(int device);
 // Copies n bytes; either side may be the host or a device. Returns when dst holds the data (a
 // host-to-device copy from pageable memory has been staged; device-to-host has completed).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t n);
+// A host-to-device copy that returns at once: from page-locked memory the DMA runs later, so
+// `keep_alive` (the source's storage) is held until the device has read it; from pageable memory
+// the runtime has staged the data when the call returns.
+void copy_to_device_async(void* dst, int device, const void* src, size_t n, std::shared_ptr<void> keep_alive);
+// A copy of a CPU tensor in page-locked memory (the source itself where CUDA is absent or no GPU
+// is visible): what a data loader hands out so that host-to-device copies never block the host.
+Tensor pin_memory(const Tensor& t);
+
 // Waits for everything queued on the device's compute stream, then reports an error that a kernel
 // flagged on the device (an index out of range), naming the op.
 void synchronize(int device);
