@@ -235,15 +235,15 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   if (autograd::needs_grad({x, gamma, beta})) {
     SavedTensor sx(xc);
     autograd::record("batch_norm", {x, gamma, beta}, {y},
-                     [sx, gc, mean, rstd, n, c, hw, training, ct, dev](const GradCtx& cx) -> std::vector<Tensor> {
+                     [sx, gc, mean, rstd, n, c, hw, training, eps, ct, dev](const GradCtx& cx) -> std::vector<Tensor> {
                        const Tensor xs = sx.unpack("batch_norm");
                        const Tensor g = kin(cx.g(), ct);
                        Tensor gx = cx.needs_grad(0) ? kout(xs.shape(), ct, dev) : Tensor();
                        Tensor gg = cx.needs_grad(1) ? kout({c}, ct, dev) : Tensor();
                        Tensor gb = cx.needs_grad(2) ? kout({c}, ct, dev) : Tensor();
                        detail::backend(dev).batch_norm_backward(
-                           ct, n, c, hw, training, xs.raw_data(), ptr_or_null(gc), mean.raw_data(), rstd.raw_data(),
-                           g.raw_data(), gx.defined() ? gx.raw_data() : nullptr,
+                           ct, n, c, hw, training, eps, xs.raw_data(), ptr_or_null(gc), mean.raw_data(),
+                           rstd.raw_data(), g.raw_data(), gx.defined() ? gx.raw_data() : nullptr,
                            gg.defined() ? gg.raw_data() : nullptr, gb.defined() ? gb.raw_data() : nullptr);
                        return {gx, gg, gb};
                      });

@@ -129,7 +129,8 @@ struct Backend {
   void (*batch_norm_forward)(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
                              const void* x, const void* gamma, const void* beta, void* running_mean,
                              void* running_var, void* y, void* mean, void* rstd);
-  void (*batch_norm_backward)(DType dt, int64_t n, int64_t c, int64_t hw, bool training, const void* x,
+  // eps is the forward's (cuDNN asks for the same value in both passes); mean/rstd are the forward's outputs.
+  void (*batch_norm_backward)(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
                               const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx,
                               void* ggamma, void* gbeta);
   // Cross-entropy of logits [rows, classes] against i64 targets, with ignore_index and label

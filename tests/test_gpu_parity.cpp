@@ -140,6 +140,15 @@ void compare_case(const Case& c, Device dev) {
   }
 }
 
+// Deterministic mode for the CUDA run of a case (the CPU has one mode), restored when it ends.
+struct DeterministicOnCuda {
+  const bool was = cuda::deterministic();
+  explicit DeterministicOnCuda(const Tensor& x) { cuda::set_deterministic(was || x.device().is_cuda()); }
+  ~DeterministicOnCuda() { cuda::set_deterministic(was); }
+  DeterministicOnCuda(const DeterministicOnCuda&) = delete;
+  DeterministicOnCuda& operator=(const DeterministicOnCuda&) = delete;
+};
+
 const std::vector<Case>& cases() {
   using V = std::vector<Tensor>;
   static const std::vector<Case> all = [] {
@@ -220,6 +229,38 @@ const std::vector<Case>& cases() {
                    Tensor rv = ones({5}, TensorOptions(DType::f32, x[0].device()));
                    const Tensor y = batch_norm(x[0], rm, rv, x[1], x[2], true, 0.1, 1e-5);
                    return V{y, rm, rv};
+                 }, 3e-2});
+    // eps well above cuDNN's default, which the backward must take from the forward; the second call
+    // has running_var only (cuDNN gets a zeroed stand-in for running_mean) and no gamma.
+    v.push_back({"batch_norm_eps", {{{4, 5, 6, 7}}, {{5}}, {{5}}},
+                 [](const V& x) {
+                   Tensor rm = zeros({5}, TensorOptions(DType::f32, x[0].device()));
+                   Tensor rv = ones({5}, TensorOptions(DType::f32, x[0].device()));
+                   Tensor rv2 = ones({5}, TensorOptions(DType::f32, x[0].device()));
+                   const Tensor y = batch_norm(x[0], rm, rv, x[1], x[2], true, 0.1, 0.1);
+                   const Tensor y2 = batch_norm(x[0], Tensor(), rv2, Tensor(), x[2], true, 0.3, 0.1);
+                   return V{y, rm, rv, y2, rv2};
+                 }, 3e-2});
+    // The handwritten deterministic kernels (CUDA run only): 40*60*4 = 9600 values per channel is two
+    // chunks of the split reduction, the first ending inside an image. The backward runs inside the
+    // case, while the mode is on; the gradients reach the leaves as in every other case.
+    v.push_back({"batch_norm_deterministic", {{{4, 3, 40, 60}}, {{3}}, {{3}}},
+                 [](const V& x) {
+                   const DeterministicOnCuda on(x[0]);
+                   Tensor rm = zeros({3}, TensorOptions(DType::f32, x[0].device()));
+                   Tensor rv = ones({3}, TensorOptions(DType::f32, x[0].device()));
+                   Tensor rv2 = ones({3}, TensorOptions(DType::f32, x[0].device()));
+                   const Tensor y = batch_norm(x[0], rm, rv, x[1], x[2], true, 0.1, 1e-5);
+                   const Tensor y2 = batch_norm(x[0], Tensor(), rv2, Tensor(), Tensor(), true, 0.2, 1e-3);
+                   Generator g(31);
+                   Tensor loss;
+                   for (const Tensor& o : {y, y2}) {
+                     const Tensor w = randn(o.shape(), DType::f64, &g).to(o.dtype()).to(o.device());
+                     const Tensor term = sum(cast(o * w, DType::f32));
+                     loss = loss.defined() ? loss + term : term;
+                   }
+                   loss.backward();
+                   return V{y.detach(), rm, rv, y2.detach(), rv2};
                  }, 3e-2});
     v.push_back({"batch_norm_eval", {{{4, 5, 6, 7}}, {{5}}, {{5}}, {{5}}, {{5}, Kind::positive}},
                  [](const V& x) {

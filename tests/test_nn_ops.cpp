@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "kiln.h"
 
@@ -221,6 +222,37 @@ TEST_CASE("nn: cross_entropy against log_softmax + one-hot, ignore_index and smo
   check_grad([&](const std::vector<Tensor>& v) { return cross_entropy(v[0], t3); }, {rnd({2, 3, 3}, 52)});
   CHECK_THROWS_WITH_AS(cross_entropy(x, from_vector({0, 9, 1, 1, 2}, {5}, TensorOptions(DType::i64))),
                        doctest::Contains("target 9"), kiln::Error);
+}
+
+TEST_CASE("nn: cross_entropy with a -inf logit and no smoothing is finite") {
+  // Without smoothing the loss must not touch sum(logits) = -inf (0 * inf is NaN): it is the
+  // log-sum-exp minus the target's logit, and the -inf logit gets gradient 0.
+  const double inf = std::numeric_limits<double>::infinity(), e = std::exp(1.0);
+  const double want = std::log(1.0 + e);  // log(e^0 + e^-inf + e^1) - 0
+  const std::vector<double> want_g{1.0 / (1.0 + e) - 1.0, 0.0, e / (1.0 + e)};
+  const TensorOptions i64(DType::i64);
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO("dtype ", dt);
+    const double tol = dt == DType::f32 ? 1e-6 : 1e-12;
+    Tensor x = from_vector({0, -inf, 1}, {1, 3}, TensorOptions(dt)).set_requires_grad(true);
+    const Tensor l = cross_entropy(x, from_vector({0}, {1}, i64));
+    CHECK(std::isfinite(l.item<double>()));
+    CHECK(l.item<double>() == doctest::Approx(want).epsilon(tol));
+    l.backward();
+    const std::vector<double> g = x.grad().to_vector();
+    for (double v : g) CHECK(std::isfinite(v));
+    check_close(g, want_g, tol);
+    // With ignored rows, one of them with -inf logits too: the mean counts the kept row only.
+    Tensor x2 = from_vector({-inf, 2, 3, 0, -inf, 1, 5, -inf, -inf}, {3, 3}, TensorOptions(dt)).set_requires_grad(true);
+    const Tensor t2 = from_vector({-100, 0, -100}, {3}, i64);
+    const Tensor l2 = cross_entropy(x2, t2);
+    CHECK(l2.item<double>() == doctest::Approx(want).epsilon(tol));
+    check_close(cross_entropy(x2, t2, -100, 0.0, Reduction::none).to_vector(), {0, want, 0}, tol);
+    l2.backward();
+    const std::vector<double> g2 = x2.grad().to_vector();
+    for (double v : g2) CHECK(std::isfinite(v));
+    check_close(g2, {0, 0, 0, want_g[0], want_g[1], want_g[2], 0, 0, 0}, tol);
+  }
 }
 
 TEST_CASE("nn: mse and bce with logits") {

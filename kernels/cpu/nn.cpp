@@ -453,8 +453,8 @@ void cross_entropy_row_f32(int64_t classes, const float* x, int64_t t, double ep
   }
   const double lse = std::log(s) + double(mx);
   const double nll = lse - double(x[t]);
-  const double smooth = lse - sum_x / double(classes);
-  *loss = float((1 - eps) * nll + eps * smooth);
+  // The smoothing term only when it is asked for: with a -inf logit sum_x is -inf, and 0 * inf is NaN.
+  *loss = float(eps != 0 ? (1 - eps) * nll + eps * (lse - sum_x / double(classes)) : nll);
   if (!g) return;
   const float lse_f = float(lse), sc = float(grad_scale), off = float(grad_scale * eps / double(classes));
   for (int64_t j = 0; j < classes; ++j) g[j] = sc * vexp(x[j] - lse_f) - off;
@@ -487,10 +487,10 @@ void cross_entropy_typed(int64_t rows, int64_t classes, const T* logits, const i
         sum_x += double(x[i]);
       }
       const double lse = std::log(s) + mx;
-      // loss = -(1-eps) * logp[t] - eps/C * sum_i logp[i]
+      // loss = -(1-eps) * logp[t] - eps/C * sum_i logp[i]; the smoothing term only when eps != 0
+      // (with a -inf logit sum_x is -inf, and 0 * inf is NaN).
       const double nll = lse - double(x[t]);
-      const double smooth = lse - sum_x / double(classes);
-      loss[r] = T((1 - eps) * nll + eps * smooth);
+      loss[r] = T(eps != 0 ? (1 - eps) * nll + eps * (lse - sum_x / double(classes)) : nll);
       if (g) {
         for (int64_t i = 0; i < classes; ++i) {
           const double p = std::exp(double(x[i]) - lse);
@@ -614,8 +614,10 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
                    mp<T>(y), mp<T>(mean), mp<T>(rstd));
   });
 }
-void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, const void* x, const void* gamma,
-                         const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma, void* gbeta) {
+// eps is not needed here: the saved rstd already holds it.
+void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double /*eps*/, const void* x,
+                         const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma,
+                         void* gbeta) {
   dispatch_float(dt, "batch_norm", [&](auto t) {
     using T = decltype(t);
     batch_norm_bwd(n, c, hw, training, cp<T>(x), cp<T>(gamma), cp<T>(mean), cp<T>(rstd), cp<T>(gy), mp<T>(gx),

@@ -4,8 +4,10 @@
 //
 // Determinism: no floating-point atomics anywhere. Every sum runs in an order fixed by the shape
 // (warp shuffles and block trees of a fixed size, partial buffers summed in index order), so two
-// runs give the same bits. The pooling backwards and the index adds gather instead of scatter:
-// each output element is owned by one thread that adds its contributions in the CPU's order.
+// runs give the same bits (batch-norm training goes to cuDNN, whose backward may vary, unless
+// deterministic mode is on: see the batch norm section). The pooling backwards and the index adds
+// gather instead of scatter: each output element is owned by one thread that adds its
+// contributions in the CPU's order.
 // Row kernels (softmax, layer norm, cross-entropy) give a row to one warp when it has at most
 // kWarpRow elements and to a block of kThreads otherwise; statistics combine in f64 as on the CPU.
 #include <cub/cub.cuh>
@@ -17,6 +19,7 @@
 #include <limits>
 
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/ops_cuda.h"
 
 namespace kiln::cuda {
@@ -200,7 +203,9 @@ __global__ void __launch_bounds__(kThreads) max_pool_fwd_kernel(Pool2dParams p, 
 
 // Max pool backward as a gather. Launch: grid_for(planes*h*w) blocks of kThreads, grid-stride; a
 // thread owns one input element and adds gy of every candidate output whose index names it, in
-// output order (the CPU's scatter order, so the same bits). Traffic: per input element about
+// output order (the CPU's scatter order, so the same bits). An index outside [0, h*w) is flagged,
+// except -1: the forward's mark of a window with no position inside the image (dilated windows
+// with padding can miss it), which the CPU skips too. Traffic: per input element about
 // (kh/sh)*(kw/sw) candidate (i64 + T) reads, mostly cache hits; one T written.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) max_pool_bwd_kernel(Pool2dParams p, const T* gy, const int64_t* idx,
@@ -217,8 +222,8 @@ __global__ void __launch_bounds__(kThreads) max_pool_bwd_kernel(Pool2dParams p, 
     for (int64_t oh = oh0; oh < oh1; ++oh)
       for (int64_t ow = ow0; ow < ow1; ++ow) {
         const int64_t k = ip[oh * p.ow + ow];
-        if (k >= plane) flag_error(err, KernelError::max_pool_index);
-        else if (k == me) acc += gp[oh * p.ow + ow];
+        if (k == me) acc += gp[oh * p.ow + ow];
+        else if (k >= plane || k < -1) flag_error(err, KernelError::max_pool_index);
       }
     gx[e] = acc;
   }
@@ -518,15 +523,38 @@ __global__ void __launch_bounds__(kThreads) layer_norm_param_finish_kernel(int64
 
 // ---- batch norm ------------------------------------------------------------------------------------
 //
-// Why cuDNN for the training path: BN reduces each channel over N*H*W with only 64..2048 channels,
-// so filling the GPU needs every channel split across many blocks and combined deterministically,
+// Why cuDNN for the training path by default: BN reduces each channel over N*H*W with only
+// 64..2048 channels, so filling the GPU needs every channel split across many blocks and combined,
 // a pass for the statistics and one for y, and in backward a fused pass for the two sums and gx.
-// cuDNN ships exactly that, tuned per architecture, deterministic (BN is not on its list of
-// non-reproducible routines), and ResNet spends a real share of its step in it. Its conventions
-// match the CPU's: exponentialAverageFactor = momentum (running = (1-m)*running + m*batch), the
-// running variance takes the unbiased batch variance, and the saved inverse variance is
-// 1/sqrt(biased var + eps), our rstd. Eval mode is a per-channel affine map and its backward a
-// per-channel sum, small handwritten kernels below that follow the CPU's formulas exactly.
+// cuDNN ships that, tuned per architecture, and ResNet spends a real share of its step in it. Its
+// conventions match the CPU's: exponentialAverageFactor = momentum (running = (1-m)*running +
+// m*batch), the running variance takes the unbiased batch variance, and the saved inverse variance
+// is 1/sqrt(biased var + eps), our rstd. But cudnnBatchNormalizationBackward is not guaranteed
+// reproducible, and its one-pass variance loses digits on near-constant channels; so in
+// deterministic mode (cuda::deterministic()) training uses the handwritten kernels below, with the
+// CPU's two-pass formulas and sums in a fixed order.
+//
+// The handwritten path splits each channel's n*hw values into fixed chunks (bn_chunking: the
+// split depends on the shape only), reduces a chunk per block into an f64 partial, sums the
+// partials of a channel in chunk order, then applies a per-channel affine map. Eval forward is
+// that affine map alone; every backward that cuDNN does not take (eval mode, training without gx,
+// deterministic mode) is partials + finish + apply.
+
+constexpr int64_t kBnChunkMin = 8192;  // values of a channel per block, at least (32 per thread)
+constexpr int64_t kBnMaxChunks = 256;  // chunks per channel, at most (gridDim.y, partial buffer size)
+
+struct BnChunking {
+  int64_t chunk, chunks;
+};
+inline BnChunking bn_chunking(int64_t c, int64_t count) {
+  KILN_CHECK(c <= INT_MAX, "cuda batch_norm: at most 2^31-1 channels, got ", c);
+  const int64_t chunk = std::max(kBnChunkMin, (count + kBnMaxChunks - 1) / kBnMaxChunks);
+  return {chunk, std::max<int64_t>(1, (count + chunk - 1) / chunk)};
+}
+
+// Bytes of one per-channel slot in a scratch buffer: c values rounded up to 256 bytes, so that every
+// slot cuDNN reads starts aligned.
+inline size_t bn_slot_bytes(int64_t c, size_t elem) { return (size_t(c) * elem + 255) / 256 * 256; }
 
 struct BnTensor {
   cudnnTensorDescriptor_t d = nullptr;
@@ -554,6 +582,106 @@ template <typename T> __global__ void __launch_bounds__(kThreads) fill_kernel(in
     p[i] = v;
 }
 
+// Value q of a channel's n*hw values is at image i = q / hw, offset j = q % hw; steps q by a fixed
+// stride with one compare instead of a 64-bit division per step.
+struct BnWalk {
+  int64_t i, j, di, dj;
+  __device__ BnWalk(int64_t q, int64_t stride, int64_t hw)
+      : i(q / hw), j(q - (q / hw) * hw), di(stride / hw), dj(stride - (stride / hw) * hw) {}
+  __device__ void next(int64_t hw) {
+    i += di;
+    j += dj;
+    if (j >= hw) {
+      j -= hw;
+      ++i;
+    }
+  }
+};
+
+enum class BnSum : int {
+  x,        // sum x                                 (forward, pass 1)
+  dev2,     // sum (x - mean)^2                      (forward, pass 2: no cancellation)
+  grad,     // sum gy and sum gy * (x - mean)        (backward)
+};
+
+// Partial sums of one chunk of one channel. Launch: grid (c, chunks) blocks of kThreads; block
+// (ch, k) owns values [k*chunk, min((k+1)*chunk, n*hw)) of channel ch, thread t the values t,
+// t + kThreads, ... of it (a warp reads 32 consecutive elements of an image row, split only where
+// an image's hw values end). Per-thread sums in T as the CPU's lanes, the block tree in f64; thread 0
+// writes partial[ch*chunks + k] (and, for grad, the second sum at partial[(c + ch)*chunks + k]).
+// mean is read as T, the CPU's mf. Traffic: x (and gy) read once; 8 or 16 bytes written per block.
+template <typename T, BnSum kSum>
+__global__ void __launch_bounds__(kThreads) bn_partial_kernel(int64_t n, int64_t c, int64_t hw, int64_t chunk,
+                                                              const T* x, const T* gy, const T* mean,
+                                                              double* partial) {
+  __shared__ double sred[32];
+  const int64_t ch = blockIdx.x, k = blockIdx.y, chunks = gridDim.y;
+  const int64_t q1 = min(n * hw, (k + 1) * chunk);
+  const T mf = kSum == BnSum::x ? T(0) : mean[ch];
+  T a = T(0), b = T(0);
+  BnWalk w(k * chunk + threadIdx.x, blockDim.x, hw);
+  for (int64_t q = k * chunk + threadIdx.x; q < q1; q += blockDim.x, w.next(hw)) {
+    const int64_t off = (w.i * c + ch) * hw + w.j;
+    if constexpr (kSum == BnSum::x) {
+      a += x[off];
+    } else if constexpr (kSum == BnSum::dev2) {
+      const T d = x[off] - mf;
+      a += d * d;
+    } else {
+      const T g = gy[off];
+      a += g;
+      b += g * (x[off] - mf);
+    }
+  }
+  const double ta = block_sum(double(a), sred);
+  if constexpr (kSum == BnSum::grad) {
+    const double tb = block_sum(double(b), sred);
+    if (threadIdx.x == 0) partial[(c + ch) * chunks + k] = tb;
+  }
+  if (threadIdx.x == 0) partial[ch * chunks + k] = ta;
+}
+
+// Forward, between the two passes: mean[ch] = (sum of the channel's partials, in chunk order) / count.
+// Launch: grid_for(c), a thread per channel. Traffic: chunks doubles read, one T written per channel.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bn_mean_kernel(int64_t c, int64_t chunks, int64_t count,
+                                                           const double* partial, T* mean) {
+  for (int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; ch < c; ch += int64_t(gridDim.x) * blockDim.x) {
+    double s = 0;
+    for (int64_t k = 0; k < chunks; ++k) s += partial[ch * chunks + k];
+    mean[ch] = T(s / double(count));
+  }
+}
+
+// Forward, training, after both passes: the CPU's per-channel arithmetic in f64. m and the sum of
+// squared deviations q from the partials (in chunk order; m the same bits as bn_mean_kernel's),
+// the running buffers updated with momentum (unbiased variance), mean, rstd and the affine pair
+// (sc, sh) into `affine` [2, c]. Launch: grid_for(c), a thread per channel. Traffic per channel:
+// 2*chunks doubles and up to 4 T read; up to 6 T written.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bn_stats_finish_kernel(int64_t c, int64_t chunks, int64_t count,
+                                                                   double eps, double momentum, const double* partial,
+                                                                   const T* gamma, const T* beta, T* rmean, T* rvar,
+                                                                   T* mean, T* rstd, T* affine) {
+  for (int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; ch < c; ch += int64_t(gridDim.x) * blockDim.x) {
+    double s = 0, q = 0;
+    for (int64_t k = 0; k < chunks; ++k) s += partial[ch * chunks + k];
+    for (int64_t k = 0; k < chunks; ++k) q += partial[(c + ch) * chunks + k];
+    const double m = s / double(count), v = q / double(count);
+    if (rmean) rmean[ch] = T((1 - momentum) * double(rmean[ch]) + momentum * m);
+    if (rvar) {
+      const double unbiased = count > 1 ? q / double(count - 1) : v;
+      rvar[ch] = T((1 - momentum) * double(rvar[ch]) + momentum * unbiased);
+    }
+    const double rs = 1.0 / ::sqrt(v + eps);
+    mean[ch] = T(m);
+    rstd[ch] = T(rs);
+    const T sc = T(rs * (gamma ? double(gamma[ch]) : 1.0));
+    affine[ch] = sc;
+    affine[c + ch] = T((beta ? double(beta[ch]) : 0.0) - m * double(sc));
+  }
+}
+
 // Eval forward, per channel: mean/rstd from the running buffers and the affine map y = x*sc + sh,
 // computed in f64 as on the CPU. Launch: grid_for(c), a thread per channel. Traffic per channel:
 // up to 4 T read; mean, rstd and the (sc, sh) pair into `affine` [2, c] written.
@@ -571,48 +699,56 @@ __global__ void __launch_bounds__(kThreads) bn_eval_prepare_kernel(int64_t c, do
   }
 }
 
-// Eval forward, elementwise. Launch: grid_for(n*c*hw), grid-stride; a thread per element.
+// Forward (eval, and training in deterministic mode), elementwise: y = x*sc + sh with the pair of
+// `affine` [2, c]. Launch: grid_for(n*c*hw), grid-stride; a thread per element.
 // Traffic: one T read and one written per element (sc/sh are cache hits).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) bn_eval_apply_kernel(int64_t total, int64_t c, int64_t hw, const T* x,
-                                                                 const T* affine, T* y) {
+__global__ void __launch_bounds__(kThreads) bn_apply_kernel(int64_t total, int64_t c, int64_t hw, const T* x,
+                                                            const T* affine, T* y) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t ch = (e / hw) % c;
     y[e] = x[e] * affine[ch] + affine[c + ch];
   }
 }
 
-// Backward without cuDNN: eval mode (gx = k1*gy + k2*x + k3 with the CPU's k2 = k3 = 0, passed at
-// run time so that an inf/NaN in x propagates exactly as on the CPU), or training with gx == null
-// (only ggamma/gbeta). Launch: grid_for(c * kThreads) blocks of kThreads, grid-stride over
-// channels; a block owns a channel, thread t the elements t, t + kThreads, ... of its n*hw values,
-// summing in T, then the block tree in f64. Traffic: x and gy read once, gx written once.
-// A block per channel under-fills the GPU when c is small; this path is rare (frozen BN).
+// Backward, per channel, after bn_partial_kernel<grad> (or with chunks == 0 when no sum is needed:
+// eval mode without ggamma/gbeta): sg = sum gy and sgd = sum gy*(x - mean) in chunk order, then
+// the CPU's arithmetic in f64: ggamma = sgd*rstd, gbeta = sg where non-null, and the coefficients
+// of gx = k1*gy + k2*x + k3 into coef [3, c] where non-null (eval: k2 = k3 = 0, still applied, so
+// that an inf/NaN in x propagates exactly as on the CPU). Launch: grid_for(c), a thread per
+// channel. Traffic per channel: 2*chunks doubles and 3 T read, up to 5 T written.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) bn_backward_channel_kernel(int64_t n, int64_t c, int64_t hw, T zero,
-                                                                       const T* x, const T* gamma, const T* mean,
-                                                                       const T* rstd, const T* gy, T* gx, T* ggamma,
-                                                                       T* gbeta) {
-  __shared__ double sred[32];
-  const int64_t count = n * hw;
-  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
-    const double rs = double(rstd[ch]);
-    const T mf = mean[ch];
-    const T a1 = T((gamma ? double(gamma[ch]) : 1.0) * rs);
-    T sg = T(0), sgd = T(0);
-    for (int64_t q = threadIdx.x; q < count; q += blockDim.x) {
-      const int64_t i = q / hw, off = (i * c + ch) * hw + (q - i * hw);
-      const T g = gy[off], xv = x[off];
-      sg += g;
-      sgd += g * (xv - mf);
-      if (gx) gx[off] = a1 * g + zero * xv + zero;
-    }
-    const double tsg = block_sum(double(sg), sred);
-    const double tsgd = block_sum(double(sgd), sred);
-    if (threadIdx.x == 0) {
-      if (ggamma) ggamma[ch] = T(tsgd * rs);
-      if (gbeta) gbeta[ch] = T(tsg);
-    }
+__global__ void __launch_bounds__(kThreads) bn_backward_finish_kernel(int64_t c, int64_t chunks, int64_t count,
+                                                                      bool training, const double* partial,
+                                                                      const T* gamma, const T* mean, const T* rstd,
+                                                                      T* ggamma, T* gbeta, T* coef) {
+  for (int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; ch < c; ch += int64_t(gridDim.x) * blockDim.x) {
+    double sg = 0, sgd = 0;
+    for (int64_t k = 0; k < chunks; ++k) sg += partial[ch * chunks + k];
+    for (int64_t k = 0; k < chunks; ++k) sgd += partial[(c + ch) * chunks + k];
+    const double rs = double(rstd[ch]), sgx = sgd * rs;
+    if (ggamma) ggamma[ch] = T(sgx);
+    if (gbeta) gbeta[ch] = T(sg);
+    if (!coef) continue;
+    const double m = double(mean[ch]), gm = gamma ? double(gamma[ch]) : 1.0;
+    const double cnt = double(count > 1 ? count : 1);
+    const double k1 = gm * rs;
+    const double k2 = training ? -gm * rs * rs * sgx / cnt : 0.0;
+    const double k3 = training ? -gm * rs * sg / cnt - k2 * m : 0.0;
+    coef[ch] = T(k1);
+    coef[c + ch] = T(k2);
+    coef[2 * c + ch] = T(k3);
+  }
+}
+
+// Backward, elementwise: gx = k1*gy + k2*x + k3 with the coefficients of coef [3, c]. Launch:
+// grid_for(n*c*hw), grid-stride; a thread per element. Traffic: x and gy read once, gx written once.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bn_backward_apply_kernel(int64_t total, int64_t c, int64_t hw,
+                                                                     const T* x, const T* gy, const T* coef, T* gx) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t ch = (e / hw) % c;
+    gx[e] = coef[ch] * gy[e] + coef[c + ch] * x[e] + coef[2 * c + ch];
   }
 }
 
@@ -658,8 +794,8 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(int64_t rows, i
     const double dc = double(classes);
     if (G::rank() == 0) {
       const double nll = lse - double(x[t]);
-      const double smooth = lse - sum_x / dc;
-      loss[r] = T((1 - eps) * nll + eps * smooth);
+      // The smoothing term only when asked for: with a -inf logit sum_x is -inf, and 0 * inf is NaN.
+      loss[r] = T(eps != 0 ? (1 - eps) * nll + eps * (lse - sum_x / dc) : nll);
     }
     if (g) {
       if constexpr (std::is_same_v<T, float>) {  // the CPU's f32 row: f32 terms, the target's in f64
@@ -668,10 +804,12 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(int64_t rows, i
           g[i] = i == t ? float(grad_scale * (::exp(double(x[t]) - lse) - (1 - eps) - eps / dc))
                         : sc * expf(x[i] - lse_f) - off;
       } else {
-        for (int64_t i = G::rank(); i < classes; i += G::size()) {
-          const double want = (i == t ? (1 - eps) : 0.0) + eps / dc;
-          g[i] = T(grad_scale * (::exp(double(x[i]) - lse) - want));
-        }
+        // The target distribution's two values, hoisted (and the loop kept rolled: unrolled, the
+        // f64 kernel spilled on sm_90).
+        const double on = (1 - eps) + eps / dc, off = eps / dc;
+#pragma unroll 1
+        for (int64_t i = G::rank(); i < classes; i += G::size())
+          g[i] = T(grad_scale * (::exp(double(x[i]) - lse) - (i == t ? on : off)));
       }
     }
   }
@@ -725,23 +863,72 @@ __global__ void __launch_bounds__(kThreads) index_add_keys_kernel(int64_t n_idx,
   }
 }
 
+// index_add works on the sorted slots in fixed chunks of kRunChunk: a run of equal keys longer than
+// a chunk is summed chunk by chunk in parallel, and the chunk sums are added in chunk order, so a
+// run of 500k padding tokens costs ~2k serial adds instead of 500k, and the bits depend on the
+// indices only.
+constexpr int64_t kRunChunk = 256;
+
 // index_add step 3, after a stable radix sort of (key, position). Launch: grid_for(outer*n_idx*inner);
-// thread (o, s, j) does work only when sorted slot s starts a run of equal keys: it adds the run's
-// source rows in position order (the CPU's order) onto dst[o, key, j], starting from dst, in
-// DAcc<T>. Traffic: dst read and written once per touched element, src read once (coalesced in j),
-// sorted keys/positions cached.
+// thread (o, s, j) does work only when sorted slot s starts a segment: a stretch of equal keys
+// within one chunk of kRunChunk slots (it starts at a new key or at the chunk's first slot). It adds
+// the segment's source rows in position order (the CPU's order) in DAcc<T>. A segment that is its
+// whole run (the run does not cross a chunk edge) starts from dst and stores onto dst[o, key, j]:
+// the bits of a serial sum. A run that crosses chunk edges leaves its segment sums, each started
+// from 0, for step 4: the first segment in lead[o, chunk, j], each later one in cont[o, chunk, j].
+// Traffic: dst read and written once per short run's element, src read once (coalesced in j),
+// sorted keys/positions cached, one DAcc<T> written per crossing segment.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) index_add_runs_kernel(int64_t outer, int64_t n_dst, int64_t inner, T* dst,
                                                                   int64_t n_idx, const uint64_t* keys,
-                                                                  const int64_t* pos, const T* src) {
-  const int64_t total = outer * n_idx * inner;
+                                                                  const int64_t* pos, const T* src, DAcc<T>* lead,
+                                                                  DAcc<T>* cont) {
+  const int64_t total = outer * n_idx * inner, nch = (n_idx + kRunChunk - 1) / kRunChunk;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = e % inner, t = e / inner, s = t % n_idx, o = t / n_idx;
     const uint64_t k = keys[s];
-    if (k >= uint64_t(n_dst) || (s > 0 && keys[s - 1] == k)) continue;
+    const int64_t ck = s / kRunChunk, end = min(n_idx, (ck + 1) * kRunChunk);
+    const bool chunk_first = s == ck * kRunChunk;
+    if (k >= uint64_t(n_dst) || (!chunk_first && keys[s - 1] == k)) continue;
+    const bool from_prev = chunk_first && s > 0 && keys[s - 1] == k;
+    const bool to_next = end < n_idx && keys[end] == k;  // keys are sorted: then [s, end] all hold k
     T* d = dst + (o * n_dst + int64_t(k)) * inner + j;
-    DAcc<T> acc = ld(d);
-    for (int64_t q = s; q < n_idx && keys[q] == k; ++q) acc += ld(src + (o * n_idx + pos[q]) * inner + j);
+    const bool whole = !from_prev && !to_next;
+    DAcc<T> acc = whole ? ld(d) : DAcc<T>(0);
+    for (int64_t q = s; q < end && keys[q] == k; ++q) acc += ld(src + (o * n_idx + pos[q]) * inner + j);
+    if (whole) st(d, acc);
+    else (from_prev ? cont : lead)[(o * nch + ck) * inner + j] = acc;
+  }
+}
+
+// index_add step 4: each run that crosses a chunk edge onto dst, its chunk sums in chunk order.
+// Launch: grid_for(outer*chunks*inner); thread (o, ck, j) works only when chunk ck holds the first
+// segment of a crossing run (its last slot's key continues into the next chunk and did not come
+// from the previous one). It finds the run's last chunk by a binary search of the sorted keys and
+// adds dst + lead[ck] + cont[ck+1] + ... + cont[last]. Traffic: per crossing run and column, one
+// DAcc<T> read per chunk it spans (coalesced in j), dst read and written once; keys cached.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) index_add_chunks_kernel(int64_t outer, int64_t n_dst, int64_t inner,
+                                                                    T* dst, int64_t n_idx, const uint64_t* keys,
+                                                                    const DAcc<T>* lead, const DAcc<T>* cont) {
+  const int64_t nch = (n_idx + kRunChunk - 1) / kRunChunk, total = outer * nch * inner;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = e % inner, t = e / inner, ck = t % nch, o = t / nch;
+    const int64_t first = ck * kRunChunk, end = first + kRunChunk;
+    if (end >= n_idx) continue;  // the last chunk: nothing continues past it
+    const uint64_t k = keys[end - 1];
+    if (k >= uint64_t(n_dst) || keys[end] != k) continue;           // no run crosses this chunk's end
+    if (first > 0 && keys[first] == k && keys[first - 1] == k) continue;  // a continuation, not a first segment
+    int64_t lo = end, hi = n_idx;  // the run's end: the first slot after `end` whose key is not k
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (keys[mid] == k) lo = mid + 1;
+      else hi = mid;
+    }
+    const int64_t last = (lo - 1) / kRunChunk;
+    T* d = dst + (o * n_dst + int64_t(k)) * inner + j;
+    DAcc<T> acc = ld(d) + lead[(o * nch + ck) * inner + j];
+    for (int64_t u = ck + 1; u <= last; ++u) acc += cont[(o * nch + u) * inner + j];
     st(d, acc);
   }
 }
@@ -933,6 +1120,60 @@ void layer_norm_backward(DType dt, int64_t rows, int64_t d, const void* x, const
 
 // ---- batch norm ------------------------------------------------------------------------------------
 
+namespace {
+
+// The handwritten training forward (deterministic mode): pass 1 sums x, bn_mean_kernel makes the
+// mean, pass 2 sums the squared deviations from it, the finish kernel makes the statistics, running
+// buffers and the affine map, and bn_apply_kernel writes y. 5 launches, x read three times.
+template <typename T>
+void bn_forward_handwritten(Context& ctx, int64_t n, int64_t c, int64_t hw, double eps, double momentum, const T* x,
+                            const T* gamma, const T* beta, T* rmean, T* rvar, T* y, T* mean, T* rstd) {
+  const int64_t count = n * hw;
+  const BnChunking ck = bn_chunking(c, count);
+  DeviceBuffer partial(size_t(2 * c * ck.chunks) * sizeof(double));
+  DeviceBuffer affine(size_t(2 * c) * sizeof(T));
+  double* part = partial.get<double>();
+  const dim3 grid(unsigned(c), unsigned(ck.chunks));
+  bn_partial_kernel<T, BnSum::x><<<grid, kThreads, 0, ctx.stream>>>(n, c, hw, ck.chunk, x, nullptr, nullptr, part);
+  KILN_LAUNCH_OK("bn_partial_kernel");
+  bn_mean_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(c, ck.chunks, count, part, mean);
+  KILN_LAUNCH_OK("bn_mean_kernel");
+  bn_partial_kernel<T, BnSum::dev2><<<grid, kThreads, 0, ctx.stream>>>(n, c, hw, ck.chunk, x, nullptr, mean,
+                                                                       part + c * ck.chunks);
+  KILN_LAUNCH_OK("bn_partial_kernel");
+  bn_stats_finish_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(c, ck.chunks, count, eps, momentum, part, gamma,
+                                                                      beta, rmean, rvar, mean, rstd, affine.get<T>());
+  KILN_LAUNCH_OK("bn_stats_finish_kernel");
+  bn_apply_kernel<T><<<grid_for(n * c * hw), kThreads, 0, ctx.stream>>>(n * c * hw, c, hw, x, affine.get<T>(), y);
+  KILN_LAUNCH_OK("bn_apply_kernel");
+}
+
+// The handwritten backward: the two sums per channel (skipped when nothing needs them), the finish
+// kernel (ggamma, gbeta, gx's coefficients) and, with gx, the elementwise pass.
+template <typename T>
+void bn_backward_handwritten(Context& ctx, int64_t n, int64_t c, int64_t hw, bool training, const T* x,
+                             const T* gamma, const T* mean, const T* rstd, const T* gy, T* gx, T* ggamma, T* gbeta) {
+  const int64_t count = n * hw, total = n * c * hw;
+  const bool sums = count > 0 && (ggamma || gbeta || (training && gx));
+  const BnChunking ck = bn_chunking(c, count);
+  const int64_t chunks = sums ? ck.chunks : 0;
+  DeviceBuffer partial(size_t(2 * c * chunks) * sizeof(double));
+  DeviceBuffer coef(gx && total > 0 ? size_t(3 * c) * sizeof(T) : 0);
+  if (sums) {
+    bn_partial_kernel<T, BnSum::grad><<<dim3(unsigned(c), unsigned(chunks)), kThreads, 0, ctx.stream>>>(
+        n, c, hw, ck.chunk, x, gy, mean, partial.get<double>());
+    KILN_LAUNCH_OK("bn_partial_kernel");
+  }
+  bn_backward_finish_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(
+      c, chunks, count, training, partial.get<double>(), gamma, mean, rstd, ggamma, gbeta, coef.get<T>());
+  KILN_LAUNCH_OK("bn_backward_finish_kernel");
+  if (!coef.get<T>()) return;
+  bn_backward_apply_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(total, c, hw, x, gy, coef.get<T>(), gx);
+  KILN_LAUNCH_OK("bn_backward_apply_kernel");
+}
+
+}  // namespace
+
 void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
                         const void* x, const void* gamma, const void* beta, void* running_mean, void* running_var,
                         void* y, void* mean, void* rstd) {
@@ -949,25 +1190,33 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
       KILN_LAUNCH_OK("bn_eval_prepare_kernel");
       const int64_t total = n * c * hw;
       if (total == 0) return;
-      bn_eval_apply_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(total, c, hw, cp<T>(x), affine.get<T>(),
-                                                                            mp<T>(y));
-      KILN_LAUNCH_OK("bn_eval_apply_kernel");
+      bn_apply_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(total, c, hw, cp<T>(x), affine.get<T>(),
+                                                                       mp<T>(y));
+      KILN_LAUNCH_OK("bn_apply_kernel");
       return;
     }
     KILN_CHECK(n * hw > 1, "cuda batch_norm: training needs more than one value per channel, got [", n, ", ", c, ", ",
                hw, "]");
+    if (deterministic()) {
+      bn_forward_handwritten<T>(ctx, n, c, hw, eps, momentum, cp<T>(x), cp<T>(gamma), cp<T>(beta),
+                                mp<T>(running_mean), mp<T>(running_var), mp<T>(y), mp<T>(mean), mp<T>(rstd));
+      return;
+    }
     check_cudnn_bn(n, c, hw, eps);
-    // cuDNN needs scale and bias, and both running buffers or neither: stand-ins for what is missing.
+    // cuDNN needs scale and bias, and both running buffers or neither: stand-ins for what is missing
+    // (a zeroed one for the missing running buffer: cuDNN reads it before it blends in the batch).
     const bool stand_in_running = (running_mean == nullptr) != (running_var == nullptr);
-    DeviceBuffer scratch(size_t(3 * c) * sizeof(T));
+    const size_t slot = bn_slot_bytes(c, sizeof(T));
+    DeviceBuffer scratch(3 * slot);
     T* ones = scratch.get<T>();
-    T* zeros = ones + c;
-    T* spare = ones + 2 * c;
+    T* zeros = reinterpret_cast<T*>(scratch.get<char>() + slot);
+    T* spare = reinterpret_cast<T*>(scratch.get<char>() + 2 * slot);
     if (!gamma) {
       fill_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(c, T(1), ones);
       KILN_LAUNCH_OK("fill_kernel");
     }
     if (!beta) KILN_CUDA_OK(cudaMemsetAsync(zeros, 0, size_t(c) * sizeof(T), ctx.stream));
+    if (stand_in_running) KILN_CUDA_OK(cudaMemsetAsync(spare, 0, size_t(c) * sizeof(T), ctx.stream));
     void* rm = stand_in_running && !running_mean ? spare : running_mean;
     void* rv = stand_in_running && !running_var ? spare : running_var;
     const cudnnDataType_t type = std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
@@ -979,36 +1228,36 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
   });
 }
 
-void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, const void* x, const void* gamma,
-                         const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma, void* gbeta) {
+void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
+                         const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma,
+                         void* gbeta) {
   if (c == 0) return;
   Context& ctx = current();
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
     using T = decltype(tag);
-    if (!training || !gx || n * hw == 0) {
-      bn_backward_channel_kernel<T><<<grid_for(c * kThreads), kThreads, 0, ctx.stream>>>(
-          n, c, hw, T(0), cp<T>(x), cp<T>(gamma), cp<T>(mean), cp<T>(rstd), cp<T>(gy), training ? nullptr : mp<T>(gx),
-          mp<T>(ggamma), mp<T>(gbeta));
-      KILN_LAUNCH_OK("bn_backward_channel_kernel");
+    if (!training || !gx || n * hw == 0 || deterministic()) {
+      bn_backward_handwritten<T>(ctx, n, c, hw, training, cp<T>(x), cp<T>(gamma), cp<T>(mean), cp<T>(rstd),
+                                 cp<T>(gy), mp<T>(gx), mp<T>(ggamma), mp<T>(gbeta));
       return;
     }
-    // The saved statistics are passed, so cuDNN uses them and never eps (any value >= its minimum).
-    const double eps = std::max(CUDNN_BN_MIN_EPSILON, 1e-5);
-    check_cudnn_bn(n, c, hw, eps);
-    DeviceBuffer scratch(size_t(3 * c) * sizeof(T));
+    // cuDNN asks for the forward's epsilon (it uses the saved statistics, but the value must agree).
+    const double bn_eps = std::max(eps, double(CUDNN_BN_MIN_EPSILON));
+    check_cudnn_bn(n, c, hw, bn_eps);
+    const size_t slot = bn_slot_bytes(c, sizeof(T));
+    DeviceBuffer scratch(3 * slot);
     T* ones = scratch.get<T>();
     if (!gamma) {
       fill_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(c, T(1), ones);
       KILN_LAUNCH_OK("fill_kernel");
     }
-    void* dg = ggamma ? ggamma : ones + c;
-    void* db = gbeta ? gbeta : ones + 2 * c;
+    void* dg = ggamma ? ggamma : scratch.get<char>() + slot;
+    void* db = gbeta ? gbeta : scratch.get<char>() + 2 * slot;
     const cudnnDataType_t type = std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
     const BnTensor xd(type, n, c, hw), pd(type, 1, c, 1);
     const T one = T(1), zero = T(0);
     KILN_CUDNN_OK(cudnnBatchNormalizationBackward(ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
                                                   xd.d, x, xd.d, gy, xd.d, gx, pd.d, gamma ? gamma : ones, dg, db,
-                                                  eps, mean, rstd));
+                                                  bn_eps, mean, rstd));
   });
 }
 
@@ -1096,9 +1345,19 @@ void index_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst,
     DeviceBuffer temp(std::max<size_t>(temp_bytes, 16));
     KILN_CUDA_OK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys_in, keys_out, pos_in, pos_out, n_idx, 0,
                                                  end_bit, ctx.stream));
+    // Chunk sums of runs that cross a chunk edge: [2][outer, chunks, inner] in DAcc<T> (none with one chunk).
+    const int64_t chunks = (n_idx + kRunChunk - 1) / kRunChunk;
+    const size_t part = chunks > 1 ? size_t(outer * chunks * inner) : 0;
+    DeviceBuffer sums(2 * part * sizeof(DAcc<T>));
+    DAcc<T>* lead = sums.get<DAcc<T>>();
+    DAcc<T>* cont = lead ? lead + part : nullptr;
     index_add_runs_kernel<T><<<grid_for(outer * n_idx * inner), kThreads, 0, ctx.stream>>>(
-        outer, n_dst, inner, mp<T>(dst), n_idx, keys_out, pos_out, cp<T>(src));
+        outer, n_dst, inner, mp<T>(dst), n_idx, keys_out, pos_out, cp<T>(src), lead, cont);
     KILN_LAUNCH_OK("index_add_runs_kernel");
+    if (chunks == 1) return;
+    index_add_chunks_kernel<T><<<grid_for(outer * chunks * inner), kThreads, 0, ctx.stream>>>(
+        outer, n_dst, inner, mp<T>(dst), n_idx, keys_out, lead, cont);
+    KILN_LAUNCH_OK("index_add_chunks_kernel");
   });
 }
 
