@@ -61,6 +61,16 @@ void compare_states(const nn::StateDict& cpu, const nn::StateDict& gpu, double t
   }
 }
 
+// Losses step by step, then every weight and buffer at the end.
+void compare_runs(const std::vector<double>& want, const std::vector<double>& got, const nn::StateDict& cpu_state,
+                  const nn::StateDict& gpu_state) {
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    CHECK_MESSAGE(std::abs(got[i] - want[i]) <= 1e-3 * (1 + std::abs(want[i])), "step ", i, ": CPU loss ", want[i],
+                  ", CUDA loss ", got[i]);
+  compare_states(cpu_state, gpu_state, 2e-3);
+}
+
 }  // namespace
 
 TEST_CASE("gpu training: ResNet-20 steps on CUDA follow the CPU") {
@@ -78,10 +88,7 @@ TEST_CASE("gpu training: ResNet-20 steps on CUDA follow the CPU") {
   nn::StateDict cpu_state, gpu_state;
   const auto want = train<M>(kCPU, build, loss_at, make_opt, 4, &cpu_state);
   const auto got = train<M>(cuda_device(0), build, loss_at, make_opt, 4, &gpu_state);
-  for (size_t i = 0; i < want.size(); ++i)
-    CHECK_MESSAGE(std::abs(got[i] - want[i]) <= 1e-3 * (1 + std::abs(want[i])), "step ", i, ": CPU loss ", want[i],
-                  ", CUDA loss ", got[i]);
-  compare_states(cpu_state, gpu_state, 2e-3);
+  compare_runs(want, got, cpu_state, gpu_state);
 }
 
 TEST_CASE("gpu training: BERT-tiny masked-LM steps on CUDA follow the CPU") {
@@ -105,11 +112,8 @@ TEST_CASE("gpu training: BERT-tiny masked-LM steps on CUDA follow the CPU") {
   nn::StateDict cpu_state, gpu_state;
   const auto want = train<M>(kCPU, build, loss_at, make_opt, 4, &cpu_state);
   const auto got = train<M>(cuda_device(0), build, loss_at, make_opt, 4, &gpu_state);
-  for (size_t i = 0; i < want.size(); ++i)
-    CHECK_MESSAGE(std::abs(got[i] - want[i]) <= 1e-3 * (1 + std::abs(want[i])), "step ", i, ": CPU loss ", want[i],
-                  ", CUDA loss ", got[i]);
   // Adam normalises each update, so a tiny gradient difference can move a weight by up to lr.
-  compare_states(cpu_state, gpu_state, 2e-3);
+  compare_runs(want, got, cpu_state, gpu_state);
 }
 
 TEST_CASE("gpu training: a kernel-detected bad index is reported at the next synchronisation") {

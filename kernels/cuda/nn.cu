@@ -653,6 +653,18 @@ __global__ void __launch_bounds__(kThreads) bn_mean_kernel(int64_t c, int64_t ch
   }
 }
 
+// Channel ch's saved statistics and its affine map y = x * sc + sh (sc = rstd * gamma,
+// sh = beta - mean * sc), in f64 as on the CPU, into mean, rstd and affine [2, c].
+template <typename T>
+__device__ void bn_write_stats(int64_t ch, int64_t c, double m, double rs, const T* gamma, const T* beta, T* mean,
+                               T* rstd, T* affine) {
+  mean[ch] = T(m);
+  rstd[ch] = T(rs);
+  const T sc = T(rs * (gamma ? double(gamma[ch]) : 1.0));
+  affine[ch] = sc;
+  affine[c + ch] = T((beta ? double(beta[ch]) : 0.0) - m * double(sc));
+}
+
 // Forward, training, after both passes: the CPU's per-channel arithmetic in f64. m and the sum of
 // squared deviations q from the partials (in chunk order; m the same bits as bn_mean_kernel's),
 // the running buffers updated with momentum (unbiased variance), mean, rstd and the affine pair
@@ -673,12 +685,7 @@ __global__ void __launch_bounds__(kThreads) bn_stats_finish_kernel(int64_t c, in
       const double unbiased = count > 1 ? q / double(count - 1) : v;
       rvar[ch] = T((1 - momentum) * double(rvar[ch]) + momentum * unbiased);
     }
-    const double rs = 1.0 / ::sqrt(v + eps);
-    mean[ch] = T(m);
-    rstd[ch] = T(rs);
-    const T sc = T(rs * (gamma ? double(gamma[ch]) : 1.0));
-    affine[ch] = sc;
-    affine[c + ch] = T((beta ? double(beta[ch]) : 0.0) - m * double(sc));
+    bn_write_stats(ch, c, m, 1.0 / ::sqrt(v + eps), gamma, beta, mean, rstd, affine);
   }
 }
 
@@ -690,12 +697,7 @@ __global__ void __launch_bounds__(kThreads) bn_eval_prepare_kernel(int64_t c, do
                                                                    const T* beta, const T* rmean, const T* rvar,
                                                                    T* mean, T* rstd, T* affine) {
   for (int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; ch < c; ch += int64_t(gridDim.x) * blockDim.x) {
-    const double m = double(rmean[ch]), rs = 1.0 / ::sqrt(double(rvar[ch]) + eps);
-    mean[ch] = T(m);
-    rstd[ch] = T(rs);
-    const T sc = T(rs * (gamma ? double(gamma[ch]) : 1.0));
-    affine[ch] = sc;
-    affine[c + ch] = T((beta ? double(beta[ch]) : 0.0) - m * double(sc));
+    bn_write_stats(ch, c, double(rmean[ch]), 1.0 / ::sqrt(double(rvar[ch]) + eps), gamma, beta, mean, rstd, affine);
   }
 }
 
