@@ -12,6 +12,7 @@
 #include "engine/optim.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "models/bert.h"
+#include "io/checkpoint.h"
 #include "models/resnet.h"
 #include "test_util.h"
 
@@ -139,4 +140,43 @@ TEST_CASE("gpu training: a page-locked batch copied asynchronously arrives intac
   const Tensor again = cuda::pin_memory(randn({256, 1024}, DType::f32, &g));  // likely reuses the block
   (void)again;
   CHECK(allclose(dev.to(kCPU), host, 0, 0));
+}
+
+TEST_CASE("gpu training: a checkpoint written from the GPU loads on the CPU and back, optimizer state included") {
+  skip_without_gpu();
+  testing::TempDir d("kiln_gpu_ckpt");
+  manual_seed(5);
+  nn::Linear gpu_model(12, 7);
+  gpu_model.to(cuda_device(0));
+  optim::AdamW opt({{gpu_model.parameters(), 1e-2, 0.0}});
+  const Tensor x = randn({5, 12}, TensorOptions(DType::f32, cuda_device(0)));
+  sum(gpu_model(x)).backward();
+  opt.step();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [n, t] : gpu_model.state_dict()) tensors.push_back({"model." + n, t});
+  for (const auto& [n, t] : opt.state().tensors) tensors.push_back({"optim." + n, t});
+  io::save_checkpoint(d / "c.ckpt", tensors, "{}");
+
+  // Onto the CPU: the same weights; then an optimizer there takes the same next step as on the GPU.
+  io::CheckpointReader r(d / "c.ckpt");
+  manual_seed(6);
+  nn::Linear cpu_model(12, 7);
+  nn::StateDict sd;
+  for (const auto& [n, t] : gpu_model.state_dict()) sd[n] = r.read("model." + n);
+  cpu_model.load_state_dict(sd);
+  CHECK(allclose(cpu_model.weight, gpu_model.weight.to(kCPU), 0, 0));
+  optim::AdamW cpu_opt({{cpu_model.parameters(), 1e-2, 0.0}});
+  optim::OptimizerState st = opt.state();
+  for (auto& [k, t] : st.tensors) t = r.read("optim." + k);
+  cpu_opt.load_state(st);
+  sum(cpu_model(x.to(kCPU))).backward();
+  cpu_opt.step();
+  opt.zero_grad();
+  sum(gpu_model(x)).backward();
+  opt.step();
+  CHECK(allclose(cpu_model.weight, gpu_model.weight.to(kCPU), 1e-5, 1e-6));
+  // And a CPU state dict loads into the GPU model in place.
+  gpu_model.load_state_dict(cpu_model.state_dict());
+  CHECK(gpu_model.weight.device() == cuda_device(0));
+  CHECK(allclose(gpu_model.weight.to(kCPU), cpu_model.weight, 0, 0));
 }
