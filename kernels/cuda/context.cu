@@ -230,6 +230,11 @@ const Backend& backend(int d) {
   return table();
 }
 
+Context& use(int d) {
+  backend(d);
+  return context(d);
+}
+
 Allocator& tensor_allocator(int d) {
   static std::mutex m;
   static std::vector<std::unique_ptr<TensorAllocator>> all;
@@ -243,17 +248,17 @@ Allocator& tensor_allocator(int d) {
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
   if (n == 0) return;
   if (dd.is_cuda() && sd.is_cpu()) {
-    Context& c = context(dd.index);
+    Context& c = use(dd.index);
     KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c.stream));
     // From pageable memory the runtime has staged the data when the call returns; from pinned
     // memory the DMA reads the source later, so wait before the caller may free it.
     if (is_pinned(src)) KILN_CUDA_OK(cudaStreamSynchronize(c.stream));
   } else if (dd.is_cpu() && sd.is_cuda()) {
-    Context& c = context(sd.index);
+    Context& c = use(sd.index);
     KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c.stream));
     check_error_word(c);  // synchronises the stream
   } else if (dd.is_cuda() && sd.is_cuda()) {
-    Context& cd = context(dd.index);
+    Context& cd = use(dd.index);
     if (dd.index == sd.index) {
       KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cd.stream));
     } else {
@@ -287,7 +292,7 @@ void release_finished_locked() {
 
 void copy_to_device_async(void* dst, int device, const void* src, size_t n, std::shared_ptr<void> keep_alive) {
   if (n == 0) return;
-  Context& c = context(device);
+  Context& c = use(device);
   KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c.stream));
   if (!is_pinned(src)) return;
   cudaEvent_t ev;
@@ -336,7 +341,7 @@ Tensor pin_memory(const Tensor& t) {
   return Tensor(std::move(impl));
 }
 
-void synchronize(int d) { check_error_word(context(d)); }
+void synchronize(int d) { check_error_word(use(d)); }
 
 void* compute_stream(int d) { return context(d).stream; }
 

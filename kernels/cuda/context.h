@@ -78,6 +78,9 @@ struct Context {
 };
 
 Context& context(int device);
+// The context of `device`, made current on this thread first (streams and events of a device are
+// used with that device current).
+Context& use(int device);
 // The context of the device that backend(device) last made current on this thread.
 Context& current();
 StreamId stream_id(cudaStream_t s);

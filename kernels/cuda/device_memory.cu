@@ -92,7 +92,7 @@ CachingAllocator& device_allocator(int device) {
 
 void* pinned_alloc(size_t bytes) {
   void* p = nullptr;
-  KILN_CUDA_OK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  KILN_CUDA_OK(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));  // pinned for every device's context
   return p;
 }
 

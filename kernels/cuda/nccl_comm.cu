@@ -65,8 +65,7 @@ class NcclComm final : public dist::Communicator {
  public:
   NcclComm(dist::Communicator& bootstrap, int device, std::chrono::seconds timeout)
       : rank_(bootstrap.rank()), size_(bootstrap.world_size()), device_(device), timeout_(timeout) {
-    Context& ctx = context(device);
-    KILN_CUDA_OK(cudaSetDevice(device));
+    Context& ctx = use(device);
     KILN_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ncclUniqueId id;
     std::memset(&id, 0, sizeof id);
@@ -152,6 +151,7 @@ class NcclComm final : public dist::Communicator {
 
   // Polls until `done` has passed or the job's timeout; NCCL's own errors end the wait early.
   void wait_for(cudaEvent_t done, const std::string& what, long long bytes) {
+    use(device_);
     const auto deadline = Clock::now() + timeout_;
     while (true) {
       const cudaError_t e = cudaEventQuery(done);
@@ -196,7 +196,7 @@ class NcclComm final : public dist::Communicator {
   // The NCCL stream waits for what the compute stream has queued; the tensor's memory is not
   // reused before the NCCL stream is done with it.
   void before(const Tensor& t) {
-    Context& ctx = context(device_);
+    Context& ctx = use(device_);
     cudaEvent_t ready;
     KILN_CUDA_OK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
     KILN_CUDA_OK(cudaEventRecord(ready, ctx.stream));
@@ -205,6 +205,7 @@ class NcclComm final : public dist::Communicator {
     if (t.nbytes() > 0) ctx.allocator().record_stream(t.storage()->data, stream_id(stream_));
   }
   std::shared_ptr<dist::Work> after(const char* what, long long bytes) {
+    use(device_);
     cudaEvent_t done;
     KILN_CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     KILN_CUDA_OK(cudaEventRecord(done, stream_));
