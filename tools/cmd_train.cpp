@@ -21,6 +21,7 @@
 #include "io/safetensors.h"
 #include "tools/commands.h"
 #include "io/run_checkpoint.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "tools/train.h"
@@ -383,6 +384,9 @@ int run_train(const TrainConfig& c) {
         }
         const double micro = r.loss.item<double>();
         scaler.scale(accum == 1 ? r.loss : r.loss * (1.0 / double(accum))).backward();
+        // GPU kernels run after their launch: wait for them, so the time is the device's and not
+        // charged to the next phase (the cost is one launch latency per step).
+        if (train_device.is_cuda()) cuda::synchronize(train_device.index);
         run.win_fb += since(t0);
         loss += micro / double(accum);
         bs += batch->begin()->second.size(0);
@@ -428,6 +432,7 @@ int run_train(const TrainConfig& c) {
       }
       scaler.step(*opt, params);
       scaler.update();
+      if (train_device.is_cuda()) cuda::synchronize(train_device.index);
       run.win_opt += since(t0);
       ++run.step;
       run.batch = loader.position().batch;
