@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/common/macros.h"
 
@@ -140,5 +141,17 @@ struct BFloat16 {
   }
 };
 static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
+
+// A scalar given as f64 (a fill value) in element type T: bool is "non-zero", 16-bit floats round
+// from f32, the rest convert as C++ does. Shared by the CPU and CUDA fill kernels.
+template <typename T> KILN_HD T value_as(double v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v != 0.0;
+  } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
 
 }  // namespace kiln

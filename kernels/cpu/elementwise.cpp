@@ -254,14 +254,7 @@ void copy(const TensorDesc& dst, const TensorDesc& src) {
 void fill(const TensorDesc& dst, double value) {
   visit_dtype(dst.dtype, [&](auto tag) {
     using T = decltype(tag);
-    T v;
-    if constexpr (std::is_same_v<T, bool>) {
-      v = value != 0.0;
-    } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-      v = T(static_cast<float>(value));
-    } else {
-      v = static_cast<T>(value);
-    }
+    const T v = value_as<T>(value);
     auto L = make_loop<1>({&dst});
     run_rows(L, [v](std::array<char*, 1> p, std::array<int64_t, 1> s, int64_t n) {
       T* o = reinterpret_cast<T*>(p[0]);

@@ -387,14 +387,7 @@ void fill(const TensorDesc& dst, double value) {
   const Geo<1> g = make_geo(ds);
   visit_dtype(dst.dtype, [&](auto tag) {
     using T = decltype(tag);
-    T v;
-    if constexpr (std::is_same_v<T, bool>) {
-      v = value != 0.0;
-    } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-      v = T(static_cast<float>(value));
-    } else {
-      v = static_cast<T>(value);
-    }
+    const T v = value_as<T>(value);
     launch_strided(g, FillF<T>{static_cast<T*>(dst.data), v}, "fill");
   });
 }
