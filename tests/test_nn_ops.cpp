@@ -105,6 +105,98 @@ TEST_CASE("nn: conv2d gradients") {
              {rnd({1, 2, 5, 4}, 6), rnd({2, 2, 2, 2}, 7)});
 }
 
+// f32 convolutions take other code paths than f64 on AVX-512 builds (direct convolution for stride-1
+// "same" shapes, im2col packed inside the GEMM otherwise, the input gradient as a convolution with the
+// flipped filters); the f64 path is the plain im2col + GEMM one that gradcheck covers above. Every
+// gradient of the f32 paths must match it, on shapes that hit their edges.
+TEST_CASE("nn: conv2d f32 forward and gradients match f64 on every CPU path") {
+  struct Case {
+    const char* what;
+    Shape x, w;
+    Pair s, p, d;
+    int64_t g;
+  };
+  const Case cases[] = {
+      {"same 3x3, 7 wide, 7 filters (a short row tile)", {3, 5, 7, 7}, {7, 5, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"same 3x3 on 28x28 (49 pixel vectors)", {2, 3, 28, 28}, {8, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"same 5x5, non-square, groups", {2, 4, 9, 11}, {6, 2, 5, 5}, {1, 1}, {2, 2}, {1, 1}, 2},
+      {"same 3x1", {2, 3, 6, 5}, {4, 3, 3, 1}, {1, 1}, {1, 0}, {1, 1}, 1},
+      {"8x8 maps over several image chunks", {40, 6, 8, 8}, {5, 6, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"stride 1, no padding", {2, 3, 9, 8}, {4, 3, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1},
+      {"padding beyond the kernel", {1, 2, 5, 6}, {3, 2, 3, 3}, {1, 1}, {3, 3}, {1, 1}, 1},
+      {"stride 2", {2, 3, 9, 10}, {4, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
+      {"dilation 2", {2, 3, 9, 9}, {4, 3, 3, 3}, {1, 1}, {2, 2}, {2, 2}, 1},
+      {"1x1", {3, 8, 5, 5}, {6, 8, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1},
+      {"K over several GEMM blocks, same", {2, 50, 6, 6}, {9, 50, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"K over several GEMM blocks, valid", {2, 50, 6, 6}, {9, 50, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1},
+  };
+  for (const Case& cs : cases) {
+    INFO(std::string(cs.what));
+    const Tensor x64 = rnd(cs.x, 11), w64 = rnd(cs.w, 12), b64 = rnd({cs.w[0]}, 13);
+    Shape os;
+    (void)naive_conv(x64, w64, b64, cs.s, cs.p, cs.d, cs.g, os);
+    const Tensor r64 = rnd(os, 14);
+    std::vector<std::vector<double>> grads[2];
+    std::vector<double> outs[2];
+    for (int k = 0; k < 2; ++k) {
+      const DType dt = k == 0 ? DType::f64 : DType::f32;
+      Tensor x = x64.to(dt).detach(), w = w64.to(dt).detach(), b = b64.to(dt).detach();
+      x.set_requires_grad();
+      w.set_requires_grad();
+      b.set_requires_grad();
+      const Tensor y = conv2d(x, w, b, cs.s, cs.p, cs.d, cs.g);
+      sum(y * r64.to(dt)).backward();
+      outs[k] = y.to_vector();
+      grads[k] = {x.grad().to_vector(), w.grad().to_vector(), b.grad().to_vector()};
+    }
+    const char* names[] = {"y", "grad x", "grad w", "grad b"};
+    for (int t = 0; t < 4; ++t) {
+      const auto& want = t == 0 ? outs[0] : grads[0][size_t(t - 1)];
+      const auto& got = t == 0 ? outs[1] : grads[1][size_t(t - 1)];
+      REQUIRE(got.size() == want.size());
+      double scale = 0, err = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        scale = std::max(scale, std::abs(want[i]));
+        err = std::max(err, std::abs(got[i] - want[i]));
+      }
+      INFO(names[t] << ": max error " << err << " at scale " << scale);
+      CHECK(err <= 2e-6 * std::max(scale, 1.0) * 8);
+    }
+  }
+}
+
+TEST_CASE("nn: f32 conv2d forward and gradients are bitwise identical with 1 and 3 threads") {
+  struct Case {
+    Shape x, w;
+    Pair s, p;
+  };
+  // Direct (same 3x3, images in several chunks), implicit GEMM (valid), strided; big enough to be split.
+  const Case cases[] = {{{40, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}, {1, 1}},
+                        {{4, 16, 20, 20}, {24, 16, 3, 3}, {1, 1}, {0, 0}},
+                        {{4, 16, 20, 20}, {24, 16, 3, 3}, {2, 2}, {1, 1}}};
+  const int saved = num_threads();
+  for (const Case& cs : cases) {
+    std::vector<std::vector<double>> runs;
+    for (int threads : {1, 3}) {
+      set_num_threads(threads);
+      Tensor x = rnd(cs.x, 21, DType::f32), w = rnd(cs.w, 22, DType::f32);
+      x.set_requires_grad();
+      w.set_requires_grad();
+      const Tensor y = conv2d(x, w, {}, cs.s, cs.p);
+      Shape os = y.shape();
+      sum(y * rnd(os, 23, DType::f32)).backward();
+      std::vector<double> all = y.to_vector();
+      for (const Tensor& g : {x.grad(), w.grad()}) {
+        const auto v = g.to_vector();
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      runs.push_back(all);
+    }
+    CHECK(runs[0] == runs[1]);
+  }
+  set_num_threads(saved);
+}
+
 TEST_CASE("nn: conv2d errors name the shapes") {
   const Tensor x = zeros({1, 3, 8, 8}), w = zeros({4, 2, 3, 3});
   CHECK_THROWS_WITH_AS(conv2d(x, w), doctest::Contains("[1,3,8,8]"), kiln::Error);

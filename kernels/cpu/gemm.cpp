@@ -74,6 +74,8 @@ struct Problem {
   T beta;
   T* c;
   int64_t ldc;
+  const PackedB* packed_b = nullptr;  // f32 only: B comes from packed_b->pack, and b is unused
+  int64_t b_col0 = 0;                 // with packed_b: B's column of this (sub-)problem's column 0
 
   // The sub-problem writing rows [i0, i1) and columns [j0, j1) of C.
   Problem block(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
@@ -81,7 +83,8 @@ struct Problem {
     p.m = i1 - i0;
     p.n = j1 - j0;
     p.a = trans_a ? a + i0 : a + i0 * lda;
-    p.b = trans_b ? b + j0 * ldb : b + j0;
+    if (!packed_b) p.b = trans_b ? b + j0 * ldb : b + j0;
+    p.b_col0 = b_col0 + j0;
     p.c = c + i0 * ldc + j0;
     return p;
   }
@@ -165,6 +168,7 @@ void eigen_gemm(const Problem<T>& p) {
 // in the same KC blocks, whatever the thread split: results are independent of the thread count.
 constexpr int kMR = 6;
 constexpr int kNV = 4;
+static_assert(kNV * 16 == kGemmPanelCols, "gemm.h documents the f32 panel layout");
 #ifndef KILN_GEMM_KC
 #define KILN_GEMM_KC 384
 #endif
@@ -397,7 +401,12 @@ void avx512_block(const Problem<T>& p) {
       const int64_t kc = std::min(kc_block, p.k - pc);
       // The first K block applies beta; later ones accumulate onto what it wrote.
       const T beta = pc == 0 ? p.beta : T(1);
-      pack_b(p, pc, kc, jc, nc, pack_b_buf);
+      if constexpr (std::is_same_v<T, float>) {
+        if (p.packed_b) p.packed_b->pack(p.packed_b->ctx, pc, kc, p.b_col0 + jc, nc, pack_b_buf);
+        else pack_b(p, pc, kc, jc, nc, pack_b_buf);
+      } else {
+        pack_b(p, pc, kc, jc, nc, pack_b_buf);
+      }
       for (int64_t ir = 0; ir < p.m; ir += kMR) {
         const int64_t rows = std::min<int64_t>(kMR, p.m - ir);
         const T* a_row[kMR];
@@ -451,7 +460,7 @@ void gemm_impl(const Problem<T>& p) {
     return;
   }
 #if KILN_GEMM_AVX512
-  if (use_avx512(p)) return avx512_gemm(p);
+  if (p.packed_b || use_avx512(p)) return avx512_gemm(p);
 #endif
   eigen_gemm(p);
 }
@@ -462,6 +471,25 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   check_args("gemm_f32", trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
   gemm_impl(Problem<float>{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc});
+}
+
+bool gemm_has_packed_b() {
+#if KILN_GEMM_AVX512
+  return true;
+#else
+  return false;
+#endif
+}
+
+void gemm_f32_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                       const PackedB& b, float beta, float* c, int64_t ldc) {
+  KILN_CHECK(gemm_has_packed_b(), "gemm_f32_packed_b: this build has no AVX-512 micro-kernel (check gemm_has_packed_b)");
+  KILN_CHECK(b.pack != nullptr, "gemm_f32_packed_b: no pack function");
+  // check_args on a stand-in B: only A's and C's arguments are real.
+  check_args("gemm_f32_packed_b", trans_a, false, m, n, k, a, lda, a, n, c, ldc);
+  Problem<float> p{trans_a, false, m, n, k, alpha, a, lda, nullptr, n, beta, c, ldc};
+  p.packed_b = &b;
+  gemm_impl(p);
 }
 
 void gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
