@@ -240,9 +240,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
              q.shape(), ", ", k.shape(), ", ", v.shape());
   KILN_CHECK(q.size(-1) == k.size(-1), "attention: q ", q.shape(), " and k ", k.shape(), " differ in head size");
   KILN_CHECK(k.size(-2) == v.size(-2), "attention: k ", k.shape(), " and v ", v.shape(), " differ in length");
-  Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(double(q.size(-1))));
-  if (mask.defined()) scores = scores + mask;
-  Tensor probs = softmax(scores, -1);
+  // The scale and the mask go into the softmax kernel: no scaled or masked copy of the scores is made.
+  Tensor probs = masked_softmax(matmul(q, k.transpose(-1, -2)), mask, 1.0 / std::sqrt(double(q.size(-1))));
   probs = dropout(probs, dropout_p, training, gen);
   return matmul(probs, v);
 }

@@ -325,6 +325,67 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
 }
 }  // namespace
 
+Tensor masked_softmax(const Tensor& input, const Tensor& mask_in, double scale) {
+  const Tensor x = amp::autocast_arg(amp::AutocastOp::softmax, input);
+  check_floating("masked_softmax", x, "input");
+  KILN_CHECK(x.dim() >= 1, "masked_softmax: input must have at least 1 dim, got a scalar");
+  KILN_CHECK(std::isfinite(scale), "masked_softmax: scale must be finite, got ", scale);
+  const Device dev = x.device();
+  const DType ct = compute_dtype(x.dtype());
+  const int64_t n = x.size(-1), rows = n == 0 ? 0 : x.numel() / n;
+  MaskRows mr;
+  Tensor mc;
+  if (mask_in.defined()) {
+    KILN_CHECK(mask_in.device() == dev, "masked_softmax: mask is on ", mask_in.device(), " but the input on ", dev);
+    KILN_CHECK(mask_in.dim() <= x.dim(), "masked_softmax: mask ", mask_in.shape(), " has more dims than the input ",
+               x.shape());
+    KILN_CHECK(x.dim() - 1 <= MaskRows::kMaxDims, "masked_softmax: at most ", MaskRows::kMaxDims + 1,
+               " dims with a mask, got ", x.shape());
+    // Right-aligned broadcast of the mask over x, as strides of its contiguous copy.
+    mc = kin(mask_in, ct);
+    const int64_t off = x.dim() - mc.dim();
+    const Shape ms = contiguous_strides(mc.shape());
+    auto stride_for = [&](int64_t d) -> int64_t {  // d: a dim of x
+      const int64_t md = d - off;
+      if (md < 0) return 0;
+      const int64_t sz = mc.size(md);
+      KILN_CHECK(sz == 1 || sz == x.size(d), "masked_softmax: mask ", mask_in.shape(),
+                 " does not broadcast to the input ", x.shape(), " (dim ", d, ")");
+      return sz == 1 ? 0 : ms[size_t(md)];
+    };
+    mr.ndim = int(x.dim() - 1);
+    for (int64_t d = 0; d + 1 < x.dim(); ++d) {
+      mr.size[d] = x.size(d);
+      mr.stride[d] = stride_for(d);
+    }
+    mr.step = stride_for(x.dim() - 1);
+  }
+  const Tensor xc = kin(x, ct);
+  Tensor y = kout(x.shape(), ct, dev);
+  detail::backend(dev).masked_softmax_forward(ct, rows, n, xc.raw_data(), scale, ptr_or_null(mc), mr, y.raw_data());
+  const Tensor yc = y;
+  y = back_to(y, x.dtype());
+  std::vector<Tensor> inputs{x};
+  if (mask_in.defined() && is_floating(mask_in.dtype())) inputs.push_back(mask_in);
+  if (autograd::needs_grad(inputs)) {
+    SavedTensor sy(yc);
+    autograd::record("masked_softmax", inputs, {y}, [sy, rows, n, ct, dev, scale](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor ys = sy.unpack("masked_softmax");
+      const Tensor g = kin(c.g(), ct);
+      const bool mask_grad = c.needs->size() > 1 && c.needs_grad(1);
+      // The gradient of the scaled, masked scores z; x's is scale times it, the mask's is z's summed
+      // down to the mask's shape (record does that).
+      Tensor gz = kout(ys.shape(), ct, dev);
+      detail::backend(dev).masked_softmax_backward(ct, rows, n, ys.raw_data(), g.raw_data(), mask_grad ? 1.0 : scale,
+                                                   gz.raw_data());
+      if (c.needs->size() == 1) return {gz};
+      if (!mask_grad) return {gz, Tensor()};
+      return {c.needs_grad(0) ? gz * scale : Tensor(), gz};
+    });
+  }
+  return y;
+}
+
 Tensor softmax(const Tensor& x, int64_t dim) {
   return softmax_impl(amp::autocast_arg(amp::AutocastOp::softmax, x), dim, false);
 }

@@ -56,6 +56,28 @@ struct Pool2dParams {
   bool count_include_pad = true;  // average pooling divisor
 };
 
+// Where row r of an attention mask starts: the rows of x ([..., n] viewed as rows x n) are indexed by
+// the leading dims `size` (outermost first); the mask is broadcast over them with `stride` (0 where it
+// is broadcast) and along the row with `step` (0 or 1).
+struct MaskRows {
+  static constexpr int kMaxDims = 7;
+  int ndim = 0;
+  int64_t size[kMaxDims] = {};
+  int64_t stride[kMaxDims] = {};
+  int64_t step = 1;
+};
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline int64_t mask_row_offset(const MaskRows& m, int64_t r) {
+  int64_t off = 0;
+  for (int d = m.ndim - 1; d >= 0; --d) {
+    off += (r % m.size[d]) * m.stride[d];
+    r /= m.size[d];
+  }
+  return off;
+}
+
 // One parameter of a fused optimizer step: f32 weights, gradient and state, updated in place.
 struct OptimSlice {
   float* w;
@@ -118,6 +140,13 @@ struct Backend {
   // gx = y * (gy - sum(gy * y)) for softmax, gy - exp(y) * sum(gy) for log-softmax (y: the output).
   void (*softmax_backward)(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* y, const void* gy,
                            void* gx);
+  // Attention's softmax in one pass over contiguous rows of n: y = softmax(scale * x + mask), mask
+  // (same dtype, may be null) placed by MaskRows. Rows that are all -inf follow softmax's rule.
+  void (*masked_softmax_forward)(DType dt, int64_t rows, int64_t n, const void* x, double scale, const void* mask,
+                                 const MaskRows& mask_rows, void* y);
+  // gx = scale * y * (gy - sum(gy * y)).
+  void (*masked_softmax_backward)(DType dt, int64_t rows, int64_t n, const void* y, const void* gy, double scale,
+                                  void* gx);
   // Layer norm over rows of length d: y = (x - mean) * rstd * gamma + beta (gamma/beta may be null);
   // writes mean and rstd (f32 or f64, one per row) for the backward.
   void (*layer_norm_forward)(DType dt, int64_t rows, int64_t d, double eps, const void* x, const void* gamma,

@@ -18,6 +18,9 @@ void max_pool2d_backward(DType dt, const Pool2dParams& p, const void* gy, const 
 void avg_pool2d_forward(DType dt, const Pool2dParams& p, const void* x, void* y);
 void avg_pool2d_backward(DType dt, const Pool2dParams& p, const void* gy, void* gx);
 void softmax_forward(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* x, void* y);
+void masked_softmax_forward(DType dt, int64_t rows, int64_t n, const void* x, double scale, const void* mask,
+                            const MaskRows& mask_rows, void* y);
+void masked_softmax_backward(DType dt, int64_t rows, int64_t n, const void* y, const void* gy, double scale, void* gx);
 void softmax_backward(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* y, const void* gy,
                       void* gx);
 void layer_norm_forward(DType dt, int64_t rows, int64_t d, double eps, const void* x, const void* gamma,

@@ -269,6 +269,11 @@ const std::vector<Case>& cases() {
     v.push_back({"layer_norm", {{{3, 7, 96}}, {{96}}, {{96}}},
                  [](const V& x) { return one(layer_norm(x[0], {96}, x[1], x[2])); }, 3e-2});
     v.push_back({"softmax", {{{5, 300}}}, [](const V& x) { return V{softmax(x[0], 1), softmax(x[0], 0)}; }});
+    v.push_back({"masked_softmax", {{{2, 3, 10, 40}}, {{2, 1, 1, 40}}, {{10, 1}}},
+                 [](const V& x) {
+                   return V{masked_softmax(x[0], x[1], 0.3), masked_softmax(x[0], x[2], 1.5),
+                            masked_softmax(x[0].narrow(3, 0, 7), Tensor(), 0.9)};
+                 }});
     v.push_back({"log_softmax", {{{5, 300}}}, [](const V& x) { return V{log_softmax(x[0], 1), log_softmax(x[0], 0)}; }});
     v.push_back({"cross_entropy", {{{40, 13}}, {{40}, Kind::index, 13}},
                  [](const V& x) {

@@ -405,6 +405,41 @@ TEST_CASE("nn: dropout is reproducible and scaled") {
   CHECK(allclose(xl.grad(), dropout(ones({50}), 0.5, true, &g4)));
 }
 
+TEST_CASE("nn: masked_softmax equals softmax(scale * x + mask) for every mask broadcast, with gradients") {
+  const Tensor x = rnd({2, 3, 4, 5}, 71);
+  const Shape mask_shapes[] = {{5}, {2, 1, 1, 5}, {4, 5}, {2, 3, 4, 5}, {2, 3, 4, 1}, {1}, {3, 1, 5}};
+  for (DType dt : {DType::f64, DType::f32}) {
+    const Tensor xd = x.to(dt);
+    check_close(masked_softmax(xd, Tensor(), 0.7).to_vector(), softmax(xd * 0.7, -1).to_vector(), 1e-6);
+    for (const Shape& ms : mask_shapes) {
+      INFO("mask " << ms << " " << dt);
+      const Tensor m = rnd(ms, 72).to(dt);
+      check_close(masked_softmax(xd, m, 0.5).to_vector(), softmax(xd * 0.5 + m, -1).to_vector(), 1e-6);
+    }
+    // A bool mask adds 0 or 1, as x + mask does.
+    const Tensor bm = lt(rand({4, 5}, DType::f64), scalar_tensor(0.5, DType::f64));
+    check_close(masked_softmax(xd, bm).to_vector(), softmax(xd + bm, -1).to_vector(), 1e-6);
+  }
+  // A fully masked row follows softmax's rule (0/0), a partly masked one puts no weight on -inf.
+  Tensor inf_mask = zeros({2, 5}, TensorOptions(DType::f64));
+  inf_mask.narrow(0, 0, 1).fill_(-std::numeric_limits<double>::infinity());
+  inf_mask.narrow(0, 1, 1).narrow(1, 0, 2).fill_(-std::numeric_limits<double>::infinity());
+  const Tensor xr = rnd({2, 5}, 73);
+  const std::vector<double> got = masked_softmax(xr, inf_mask).to_vector(), want = softmax(xr + inf_mask, -1).to_vector();
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i);
+    CHECK(std::isnan(got[i]) == std::isnan(want[i]));
+    if (!std::isnan(want[i])) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-12));
+  }
+  CHECK(got[5] == 0.0);
+  // Gradients to x and to a floating mask (summed over its broadcast dims).
+  check_grad([](const std::vector<Tensor>& v) { return masked_softmax(v[0], v[1], 0.8); },
+             {rnd({2, 3, 4}, 74), rnd({2, 1, 4}, 75)});
+  check_grad([](const std::vector<Tensor>& v) { return masked_softmax(v[0], Tensor(), 1.3); }, {rnd({3, 7}, 76)});
+  CHECK_THROWS_WITH_AS(masked_softmax(x, rnd({3, 5}, 1)), doctest::Contains("does not broadcast"), kiln::Error);
+  CHECK_THROWS_WITH_AS(masked_softmax(x, rnd({1, 2, 3, 4, 5}, 1)), doctest::Contains("more dims"), kiln::Error);
+}
+
 TEST_CASE("nn: attention equals its definition and has gradients") {
   const Tensor q = rnd({2, 2, 3, 4}, 81), k = rnd({2, 2, 5, 4}, 82), v = rnd({2, 2, 5, 3}, 83);
   Tensor mask = zeros({2, 1, 1, 5}, TensorOptions(DType::f64));

@@ -42,6 +42,8 @@ const Backend& cpu_backend() {
       .avg_pool2d_backward = cpu::avg_pool2d_backward,
       .softmax_forward = cpu::softmax_forward,
       .softmax_backward = cpu::softmax_backward,
+      .masked_softmax_forward = cpu::masked_softmax_forward,
+      .masked_softmax_backward = cpu::masked_softmax_backward,
       .layer_norm_forward = cpu::layer_norm_forward,
       .layer_norm_backward = cpu::layer_norm_backward,
       .batch_norm_forward = cpu::batch_norm_forward,

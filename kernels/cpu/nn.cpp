@@ -161,6 +161,14 @@ float lane_max(int64_t n, const float* x) {
   return mx;
 }
 
+// y = exp(x - mx) / sum, in fixed lanes; x may be y.
+void softmax_row_f32(int64_t n, float mx, const float* xr, float* yr) {
+  for (int64_t j = 0; j < n; ++j) yr[j] = vexp(xr[j] - mx);
+  const double sum = lane_sum<float>(n, [&](int64_t j) { return yr[j]; });
+  const float inv = float(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+}
+
 template <typename T>
 void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, T* y) {
   if constexpr (std::is_same_v<T, float>) {
@@ -177,10 +185,7 @@ void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, 
             const float lse = float(std::log(sum)) + mx;
             for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] - lse;
           } else {
-            for (int64_t j = 0; j < n; ++j) yr[j] = vexp(xr[j] - mx);
-            sum = lane_sum<float>(n, [&](int64_t j) { return yr[j]; });
-            const float inv = float(1.0 / sum);
-            for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+            softmax_row_f32(n, mx, xr, yr);
           }
         }
       });
@@ -248,6 +253,53 @@ void softmax_bwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* y, 
         for (int64_t i = 0; i < n; ++i)
           gx[base + i * inner] = T(double(y[base + i * inner]) * (double(gy[base + i * inner]) - s));
       }
+    }
+  });
+}
+
+// Attention's softmax: z = scale * x + mask written into y, then softmax in place (softmax_fwd's rules:
+// a row whose maximum is not finite uses 0 as its shift).
+template <typename T>
+void masked_softmax_fwd(int64_t rows, int64_t n, const T* x, T scale, const T* mask, const MaskRows& mr, T* y) {
+  parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* xr = x + r * n;
+      T* yr = y + r * n;
+      if (mask) {
+        const T* mrow = mask + mask_row_offset(mr, r);
+        if (mr.step == 1)
+          for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * scale + mrow[j];
+        else
+          for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * scale + mrow[0];
+      } else {
+        for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * scale;
+      }
+      if constexpr (std::is_same_v<T, float>) {
+        float mx = lane_max(n, yr);
+        if (!std::isfinite(mx)) mx = 0;
+        softmax_row_f32(n, mx, yr, yr);
+      } else {
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, yr[j]);
+        if (!std::isfinite(mx)) mx = 0;
+        double s = 0;
+        for (int64_t j = 0; j < n; ++j) s += double(yr[j] = std::exp(yr[j] - mx));
+        const T inv = T(1.0 / s);
+        for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+      }
+    }
+  });
+}
+
+template <typename T>
+void masked_softmax_bwd(int64_t rows, int64_t n, const T* y, const T* gy, T scale, T* gx) {
+  parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* yr = y + r * n;
+      const T* g = gy + r * n;
+      T* o = gx + r * n;
+      const T s = T(lane_sum<T>(n, [&](int64_t j) { return LaneAcc<T>(g[j] * yr[j]); }));
+      for (int64_t j = 0; j < n; ++j) o[j] = scale * (yr[j] * (g[j] - s));
     }
   });
 }
@@ -588,6 +640,20 @@ void softmax_backward(DType dt, bool log, int64_t outer, int64_t n, int64_t inne
   dispatch_float(dt, "softmax", [&](auto t) {
     using T = decltype(t);
     softmax_bwd(log, outer, n, inner, cp<T>(y), cp<T>(gy), mp<T>(gx));
+  });
+}
+
+void masked_softmax_forward(DType dt, int64_t rows, int64_t n, const void* x, double scale, const void* mask,
+                            const MaskRows& mask_rows, void* y) {
+  dispatch_float(dt, "masked_softmax", [&](auto t) {
+    using T = decltype(t);
+    masked_softmax_fwd(rows, n, cp<T>(x), T(scale), cp<T>(mask), mask_rows, mp<T>(y));
+  });
+}
+void masked_softmax_backward(DType dt, int64_t rows, int64_t n, const void* y, const void* gy, double scale, void* gx) {
+  dispatch_float(dt, "masked_softmax", [&](auto t) {
+    using T = decltype(t);
+    masked_softmax_bwd(rows, n, cp<T>(y), cp<T>(gy), T(scale), mp<T>(gx));
   });
 }
 void layer_norm_forward(DType dt, int64_t rows, int64_t d, double eps, const void* x, const void* gamma,

@@ -204,6 +204,8 @@ const Backend& table() {
       .avg_pool2d_backward = cuda::avg_pool2d_backward,
       .softmax_forward = cuda::softmax_forward,
       .softmax_backward = cuda::softmax_backward,
+      .masked_softmax_forward = cuda::masked_softmax_forward,
+      .masked_softmax_backward = cuda::masked_softmax_backward,
       .layer_norm_forward = cuda::layer_norm_forward,
       .layer_norm_backward = cuda::layer_norm_backward,
       .batch_norm_forward = cuda::batch_norm_forward,

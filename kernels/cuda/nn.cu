@@ -397,6 +397,56 @@ __global__ void __launch_bounds__(kThreads) softmax_bwd_cols_kernel(bool log, in
   }
 }
 
+// Attention's softmax, y = softmax(scale * x + mask), contiguous rows. Launch: launch_rows, as
+// softmax_rows_kernel (a warp or a block per row, lane r owning elements r, r + group, ...). The
+// scaled, masked scores z are recomputed from x and the mask row in each pass instead of being stored:
+// what the unfused ops would write and read back as two [rows, n] tensors never leaves registers.
+// Traffic: x and the mask row read twice (the second time from L1/L2), y written once.
+template <typename T, bool kBlock>
+__global__ void __launch_bounds__(kThreads) masked_softmax_rows_kernel(int64_t rows, int64_t n, const T* x, T scale,
+                                                                       const T* mask, MaskRows mr, T* y) {
+  using G = RowGroup<kBlock>;
+  __shared__ MaxSum<T> red[32];
+  __shared__ T sred[32];
+  for (int64_t r = G::first(); r < rows; r += G::step()) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    const T* mrow = mask ? mask + mask_row_offset(mr, r) : nullptr;
+    const int64_t mstep = mr.step;
+    auto z = [&](int64_t i) { return mrow ? xr[i] * scale + mrow[i * mstep] : xr[i] * scale; };
+    MaxSum<T> ms{kNegInf<T>, T(0)};
+    for (int64_t i = G::rank(); i < n; i += G::size()) ms_add(ms, z(i));
+    ms = group_merge<kBlock>(ms, red);
+    T m = ms.m, s = ms.s;
+    if (!isfinite(m)) {  // the same for the whole group: the CPU's max := 0 path
+      m = T(0);
+      T t = T(0);
+      for (int64_t i = G::rank(); i < n; i += G::size()) t += dexp(z(i));
+      s = group_sum<kBlock>(t, sred);
+    }
+    const T inv = T(1.0 / double(s));
+    for (int64_t i = G::rank(); i < n; i += G::size()) yr[i] = dexp(z(i) - m) * inv;
+  }
+}
+
+// Its backward, gx = scale * y * (gy - sum(gy * y)). Launch and ownership as softmax_bwd_rows_kernel.
+// Traffic: y and gy read twice (second time cached), gx written once.
+template <typename T, bool kBlock>
+__global__ void __launch_bounds__(kThreads) masked_softmax_bwd_rows_kernel(int64_t rows, int64_t n, const T* y,
+                                                                           const T* gy, T scale, T* gx) {
+  using G = RowGroup<kBlock>;
+  __shared__ double sred[32];
+  for (int64_t r = G::first(); r < rows; r += G::step()) {
+    const T* yr = y + r * n;
+    const T* g = gy + r * n;
+    T* o = gx + r * n;
+    T acc = T(0);
+    for (int64_t i = G::rank(); i < n; i += G::size()) acc += g[i] * yr[i];
+    const T s = T(group_sum<kBlock>(double(acc), sred));
+    for (int64_t i = G::rank(); i < n; i += G::size()) o[i] = scale * (yr[i] * (g[i] - s));
+  }
+}
+
 // ---- layer norm ------------------------------------------------------------------------------------
 
 // Layer norm forward. Launch: launch_rows over rows of length d; lane r owns elements r,
@@ -1076,6 +1126,27 @@ void softmax_backward(DType dt, bool log, int64_t outer, int64_t n, int64_t inne
                                                                                  cp<T>(gy), mp<T>(gx));
       KILN_LAUNCH_OK("softmax_bwd_cols_kernel");
     }
+  });
+}
+
+void masked_softmax_forward(DType dt, int64_t rows, int64_t n, const void* x, double scale, const void* mask,
+                            const MaskRows& mask_rows, void* y) {
+  if (rows * n == 0) return;
+  const cudaStream_t s = current().stream;
+  dispatch_nn(dt, "masked_softmax", [&](auto tag) {
+    using T = decltype(tag);
+    launch_rows(masked_softmax_rows_kernel<T, false>, masked_softmax_rows_kernel<T, true>, "masked_softmax_rows_kernel",
+                rows, n, s, rows, n, cp<T>(x), T(scale), cp<T>(mask), mask_rows, mp<T>(y));
+  });
+}
+
+void masked_softmax_backward(DType dt, int64_t rows, int64_t n, const void* y, const void* gy, double scale, void* gx) {
+  if (rows * n == 0) return;
+  const cudaStream_t s = current().stream;
+  dispatch_nn(dt, "masked_softmax", [&](auto tag) {
+    using T = decltype(tag);
+    launch_rows(masked_softmax_bwd_rows_kernel<T, false>, masked_softmax_bwd_rows_kernel<T, true>,
+                "masked_softmax_bwd_rows_kernel", rows, n, s, rows, n, cp<T>(y), cp<T>(gy), T(scale), mp<T>(gx));
   });
 }
 
