@@ -94,9 +94,16 @@ class AccumulateGrad final : public Node {
     Tensor leaf(leaf_);
     AutogradMeta& m = *leaf_->autograd;
     if (!m.grad) {
-      // Keep the incoming buffer when nobody else can see it; otherwise own a copy.
-      const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
-      Tensor own = exclusive ? g : g.clone();
+      // Keep the incoming buffer when nobody else can see it; otherwise own a copy. Either way dense
+      // in the leaf's layout (a channels_last leaf gets a channels_last gradient).
+      const MemoryFormat fmt = leaf.is_channels_last() ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+      const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous(fmt);
+      Tensor own = g;
+      if (!exclusive) {
+        own = make_tensor(g.shape(), g.dtype(), g.device(), fmt);
+        NoGradGuard ng;
+        own.copy_(g);
+      }
       if (own.dtype() != leaf.dtype()) own = own.to(leaf.dtype());
       m.grad = own.impl_ptr();
     } else {

@@ -28,10 +28,18 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 
 namespace {
 
+// An elementwise output keeps channels_last when an input of the output's shape has it.
+MemoryFormat layout_of(const Shape& shape, std::initializer_list<const Tensor*> inputs) {
+  if (shape.size() != 4) return MemoryFormat::contiguous;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->shape() == shape && t->is_channels_last()) return MemoryFormat::channels_last;
+  return MemoryFormat::contiguous;
+}
+
 // A cast that autograd does not see (for kernel inputs; the op records its own backward).
 Tensor raw_cast(const Tensor& t, DType dt) {
   if (t.dtype() == dt) return t;
-  Tensor out = make_tensor(t.shape(), dt, t.device());
+  Tensor out = make_tensor(t.shape(), dt, t.device(), layout_of(t.shape(), {&t}));
   backend(t.device()).copy(desc(out), desc(t));
   return out;
 }
@@ -46,14 +54,14 @@ Tensor run_binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& 
     KILN_FAIL(name, ": ", e.message());
   }
   const Tensor a2 = raw_cast(a, compute), b2 = raw_cast(b, compute);
-  Tensor out = make_tensor(shape, out_dtype, dev);
+  Tensor out = make_tensor(shape, out_dtype, dev, layout_of(shape, {&a, &b}));
   backend(dev).binary(op, desc(out), desc_broadcast(a2, shape), desc_broadcast(b2, shape), alpha);
   return out;
 }
 
 Tensor run_unary(UnaryOp op, const Tensor& a, DType dt, double p0 = 0, double p1 = 0) {
   const Tensor a2 = raw_cast(a, dt);
-  Tensor out = make_tensor(a.shape(), dt, a.device());
+  Tensor out = make_tensor(a.shape(), dt, a.device(), layout_of(a.shape(), {&a}));
   backend(a.device()).unary(op, desc(out), desc(a2), p0, p1);
   return out;
 }
@@ -329,7 +337,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   }
   const DType t = promote_types(a.dtype(), b.dtype());
   const Tensor a2 = raw_cast(a, t), b2 = raw_cast(b, t);
-  Tensor out = make_tensor(shape, t, dev);
+  Tensor out = make_tensor(shape, t, dev, layout_of(shape, {&a, &b}));
   backend(dev).where(desc(out), desc_broadcast(cond, shape), desc_broadcast(a2, shape), desc_broadcast(b2, shape));
   if (autograd::needs_grad({a, b})) {
     const Tensor c0 = cond.detach();

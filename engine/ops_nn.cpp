@@ -12,13 +12,21 @@ namespace {
 
 DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
-// A detached, contiguous copy (or view) in the kernel's dtype.
-Tensor kin(const Tensor& t, DType dt) {
+// A detached, dense copy (or view) in the kernel's dtype and layout.
+Tensor kin(const Tensor& t, DType dt, MemoryFormat format = MemoryFormat::contiguous) {
   Tensor x = t.detach();
   if (x.dtype() != dt) x = x.to(dt);
-  return x.contiguous();
+  return x.contiguous(format);
 }
-Tensor kout(const Shape& shape, DType dt, Device dev) { return make_tensor(shape, dt, dev); }
+Tensor kout(const Shape& shape, DType dt, Device dev, MemoryFormat format = MemoryFormat::contiguous) {
+  return make_tensor(shape, dt, dev, format);
+}
+// The layout a 4-D op keeps: channels_last in, channels_last out.
+MemoryFormat layout_of(const Tensor& x) { return x.is_channels_last() ? MemoryFormat::channels_last : MemoryFormat::contiguous; }
+// Whether the backend runs a channels_last op on channels_last buffers (else it gets NCHW copies).
+bool runs_channels_last(const Tensor& x, Device dev, DType ct) {
+  return x.is_channels_last() && detail::backend(dev).native_channels_last && ct != DType::f64;
+}
 Tensor back_to(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
 const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
 
@@ -61,22 +69,31 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const Device dev = detail::common_device("conv2d", {x, weight});
   const DType out_t = promote_types(x.dtype(), weight.dtype());
   const DType ct = is_low_precision(out_t) && detail::backend(dev).native_16bit_gemm_conv ? out_t : compute_dtype(out_t);
-  const Tensor xc = kin(x, ct), wc = kin(weight, ct), bc = bias.defined() ? kin(bias, ct) : Tensor();
-  Tensor y = kout({p.n, p.o, p.oh, p.ow}, ct, dev);
+  // A channels_last input gives a channels_last output (and input gradient). cuDNN computes on
+  // NHWC buffers with the filters copied to KRSC for the call; the CPU computes NCHW copies.
+  const MemoryFormat out_fmt = layout_of(x);
+  const bool nhwc = runs_channels_last(x, dev, ct);
+  const MemoryFormat fmt = nhwc ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+  p.nhwc = nhwc;
+  const Tensor xc = kin(x, ct, fmt), wc = kin(weight, ct, fmt), bc = bias.defined() ? kin(bias, ct) : Tensor();
+  Tensor y = kout({p.n, p.o, p.oh, p.ow}, ct, dev, fmt);
   detail::backend(dev).conv2d_forward(ct, p, xc.raw_data(), wc.raw_data(), ptr_or_null(bc), y.raw_data());
-  y = back_to(y, out_t);
+  y = back_to(y.contiguous(out_fmt), out_t);
   if (autograd::needs_grad({x, weight, bias})) {
     SavedTensor sx(xc), sw(wc);
-    autograd::record("conv2d", {x, weight, bias}, {y}, [sx, sw, p, ct, dev](const GradCtx& c) -> std::vector<Tensor> {
+    autograd::record("conv2d", {x, weight, bias}, {y}, [sx, sw, p, ct, dev, fmt, out_fmt](const GradCtx& c) -> std::vector<Tensor> {
       const Tensor xs = sx.unpack("conv2d"), ws = sw.unpack("conv2d");
-      const Tensor g = kin(c.g(), ct);
-      Tensor gx = c.needs_grad(0) ? kout(xs.shape(), ct, dev) : Tensor();
-      Tensor gw = c.needs_grad(1) ? kout(ws.shape(), ct, dev) : Tensor();
+      const Tensor g = kin(c.g(), ct, fmt);
+      Tensor gx = c.needs_grad(0) ? kout(xs.shape(), ct, dev, fmt) : Tensor();
+      Tensor gw = c.needs_grad(1) ? kout(ws.shape(), ct, dev, fmt) : Tensor();
       if (gx.defined() || gw.defined())
         detail::backend(dev).conv2d_backward(ct, p, xs.raw_data(), ws.raw_data(), g.raw_data(),
                                              gx.defined() ? gx.raw_data() : nullptr,
                                              gw.defined() ? gw.raw_data() : nullptr);
       Tensor gb = c.needs_grad(2) ? sum(g, {0, 2, 3}) : Tensor();
+      // The weight gradient in the parameters' own (NCHW) layout, the input's in the input's.
+      if (gw.defined()) gw = gw.contiguous();
+      if (gx.defined()) gx = gx.contiguous(out_fmt);
       return {gx, gw, gb};
     });
   }
@@ -126,14 +143,16 @@ Tensor avg_pool_impl(const char* name, const Tensor& x, const Pool2dParams& p) {
   const Tensor xc = kin(x, ct);
   Tensor y = kout(pooled_shape(x, p), ct, dev);
   detail::backend(dev).avg_pool2d_forward(ct, p, xc.raw_data(), y.raw_data());
-  y = back_to(y, x.dtype());
+  // Pooling kernels take NCHW planes; a channels_last input gets channels_last results back.
+  const MemoryFormat fmt = layout_of(x);
+  y = back_to(y.contiguous(fmt), x.dtype());
   if (autograd::needs_grad({x})) {
     const Shape in_shape = x.shape();
-    autograd::record(name, {x}, {y}, [p, ct, dev, in_shape](const GradCtx& c) -> std::vector<Tensor> {
+    autograd::record(name, {x}, {y}, [p, ct, dev, in_shape, fmt](const GradCtx& c) -> std::vector<Tensor> {
       const Tensor g = kin(c.g(), ct);
       Tensor gx = kout(in_shape, ct, dev);
       detail::backend(dev).avg_pool2d_backward(ct, p, g.raw_data(), gx.raw_data());
-      return {gx};
+      return {gx.contiguous(fmt)};
     });
   }
   return y;
@@ -149,14 +168,16 @@ Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair 
   Tensor y = kout(pooled_shape(x, p), ct, dev);
   Tensor idx = kout(pooled_shape(x, p), DType::i64, dev);
   detail::backend(dev).max_pool2d_forward(ct, p, xc.raw_data(), y.raw_data(), idx.data<int64_t>());
-  y = back_to(y, x.dtype());
+  // Pooling kernels take NCHW planes; a channels_last input gets channels_last results back.
+  const MemoryFormat fmt = layout_of(x);
+  y = back_to(y.contiguous(fmt), x.dtype());
   if (autograd::needs_grad({x})) {
     const Shape in_shape = x.shape();
-    autograd::record("max_pool2d", {x}, {y}, [p, ct, dev, in_shape, idx](const GradCtx& c) -> std::vector<Tensor> {
+    autograd::record("max_pool2d", {x}, {y}, [p, ct, dev, in_shape, idx, fmt](const GradCtx& c) -> std::vector<Tensor> {
       const Tensor g = kin(c.g(), ct);
       Tensor gx = kout(in_shape, ct, dev);
       detail::backend(dev).max_pool2d_backward(ct, p, g.raw_data(), idx.data<int64_t>(), gx.raw_data());
-      return {gx};
+      return {gx.contiguous(fmt)};
     });
   }
   return y;
@@ -201,7 +222,11 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   if (training) KILN_CHECK(n * hw > 1, "batch_norm: training needs more than one value per channel, got input ", x.shape());
   const Device dev = x.device();
   const DType ct = compute_dtype(x.dtype());
-  const Tensor xc = kin(x, ct);
+  // channels_last in, channels_last out: cuDNN normalises NHWC buffers, the CPU NCHW copies.
+  const MemoryFormat out_fmt = layout_of(x);
+  const bool nhwc = runs_channels_last(x, dev, ct);
+  const MemoryFormat fmt = nhwc ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+  const Tensor xc = kin(x, ct, fmt);
   const Tensor gc = gamma.defined() ? kin(gamma, ct) : Tensor(), bc = beta.defined() ? kin(beta, ct) : Tensor();
   // Running statistics are updated in place in the caller's tensors (a temporary when their dtype differs).
   Tensor rm = running_mean, rv = running_var;
@@ -209,11 +234,11 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   const bool rv_direct = rv.defined() && rv.dtype() == ct && rv.is_contiguous();
   if (rm.defined() && !rm_direct) rm = kin(rm, ct).clone();
   if (rv.defined() && !rv_direct) rv = kin(rv, ct).clone();
-  Tensor y = kout(x.shape(), ct, dev), mean = kout({c}, ct, dev), rstd = kout({c}, ct, dev);
+  Tensor y = kout(x.shape(), ct, dev, fmt), mean = kout({c}, ct, dev), rstd = kout({c}, ct, dev);
   detail::backend(dev).batch_norm_forward(ct, n, c, hw, eps, momentum, training, xc.raw_data(), ptr_or_null(gc),
                                           ptr_or_null(bc), rm.defined() ? rm.raw_data() : nullptr,
                                           rv.defined() ? rv.raw_data() : nullptr, y.raw_data(), mean.raw_data(),
-                                          rstd.raw_data());
+                                          rstd.raw_data(), nhwc);
   if (training) {
     NoGradGuard ng;
     if (running_mean.defined()) {
@@ -231,20 +256,21 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
       }
     }
   }
-  y = back_to(y, x.dtype());
+  y = back_to(y.contiguous(out_fmt), x.dtype());
   if (autograd::needs_grad({x, gamma, beta})) {
     SavedTensor sx(xc);
     autograd::record("batch_norm", {x, gamma, beta}, {y},
-                     [sx, gc, mean, rstd, n, c, hw, training, eps, ct, dev](const GradCtx& cx) -> std::vector<Tensor> {
+                     [sx, gc, mean, rstd, n, c, hw, training, eps, ct, dev, nhwc, fmt, out_fmt](const GradCtx& cx) -> std::vector<Tensor> {
                        const Tensor xs = sx.unpack("batch_norm");
-                       const Tensor g = kin(cx.g(), ct);
-                       Tensor gx = cx.needs_grad(0) ? kout(xs.shape(), ct, dev) : Tensor();
+                       const Tensor g = kin(cx.g(), ct, fmt);
+                       Tensor gx = cx.needs_grad(0) ? kout(xs.shape(), ct, dev, fmt) : Tensor();
                        Tensor gg = cx.needs_grad(1) ? kout({c}, ct, dev) : Tensor();
                        Tensor gb = cx.needs_grad(2) ? kout({c}, ct, dev) : Tensor();
                        detail::backend(dev).batch_norm_backward(
                            ct, n, c, hw, training, eps, xs.raw_data(), ptr_or_null(gc), mean.raw_data(),
                            rstd.raw_data(), g.raw_data(), gx.defined() ? gx.raw_data() : nullptr,
-                           gg.defined() ? gg.raw_data() : nullptr, gb.defined() ? gb.raw_data() : nullptr);
+                           gg.defined() ? gg.raw_data() : nullptr, gb.defined() ? gb.raw_data() : nullptr, nhwc);
+                       if (gx.defined()) gx = gx.contiguous(out_fmt);
                        return {gx, gg, gb};
                      });
   }

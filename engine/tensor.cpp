@@ -157,6 +157,16 @@ Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
   return Tensor(std::move(impl));
 }
 
+Tensor make_tensor(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
+  if (format == MemoryFormat::contiguous) return make_tensor(shape, dtype, device);
+  KILN_CHECK(shape.size() == 4, "channels_last needs a 4-D [N, C, H, W] shape, got ", shape);
+  Tensor t = make_tensor({shape[0], shape[2], shape[3], shape[1]}, dtype, device);
+  TensorImpl& im = t.impl();
+  im.shape = shape;
+  im.strides = {shape[2] * shape[3] * shape[1], 1, shape[3] * shape[1], shape[1]};
+  return t;
+}
+
 // ---- detail helpers -----------------------------------------------------------------------------
 
 namespace detail {
@@ -242,6 +252,19 @@ int64_t Tensor::size(int64_t d) const {
 int64_t Tensor::stride(int64_t d) const {
   KILN_CHECK(dim() > 0, "stride(", d, "): tensor is 0-dim");
   return strides()[size_t(wrap_dim(d, dim(), "stride"))];
+}
+
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::contiguous) return is_contiguous();
+  if (dim() != 4) return false;
+  int64_t expected = 1;
+  for (int64_t i : {1, 3, 2, 0}) {  // C, W, H, N: innermost first
+    const int64_t s = shape()[size_t(i)];
+    if (s == 1) continue;
+    if (strides()[size_t(i)] != expected) return false;
+    expected *= s;
+  }
+  return true;
 }
 
 bool Tensor::is_contiguous() const {
@@ -569,6 +592,16 @@ Tensor copy_as(const Tensor& src, DType dt) {
 }  // namespace
 
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::contiguous) return contiguous();
+  KILN_CHECK(dim() == 4, "contiguous(channels_last): needs a 4-D [N, C, H, W] tensor, got ", shape());
+  if (is_contiguous(format)) return *this;
+  Tensor out = make_tensor(shape(), dtype(), device(), format);
+  detail::backend(device()).copy(detail::desc(out), detail::desc(*this));
+  record_view("contiguous", *this, out, [](const Tensor& g) { return g; });
+  return out;
+}
 
 Tensor Tensor::clone() const {
   Tensor out = copy_as(*this, dtype());

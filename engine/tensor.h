@@ -50,6 +50,13 @@ struct Storage {
   uint64_t version = 0;
 };
 
+// How a 4-D [N, C, H, W] tensor lies in memory: contiguous (NCHW) or channels_last (NHWC, strides
+// [H*W*C, 1, W*C, C]), the layout tensor-core convolutions prefer. Shapes and indices are NCHW either
+// way. conv2d, batch norm, pooling and elementwise ops given channels_last inputs return
+// channels_last outputs, so a model converted once (Module::to(MemoryFormat)) stays in it; cuDNN runs
+// on it natively, the CPU through NCHW copies.
+enum class MemoryFormat { contiguous, channels_last };
+
 class Tensor;
 class Node;
 using GradHook = std::function<void(Tensor& leaf)>;
@@ -91,6 +98,12 @@ class Tensor {
   size_t element_size() const { return dtype_size(dtype()); }
   size_t nbytes() const { return size_t(numel()) * element_size(); }
   bool is_contiguous() const;
+  // Whether the elements lie densely in that layout's order (size-1 dims are ignored, so a tensor can
+  // be both); channels_last needs 4 dims.
+  bool is_contiguous(MemoryFormat format) const;
+  // Dense NHWC-ordered (channels_last) and not NCHW-contiguous: the layout the conv, batch norm and
+  // elementwise ops keep (see MemoryFormat).
+  bool is_channels_last() const { return dim() == 4 && !is_contiguous() && is_contiguous(MemoryFormat::channels_last); }
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
   uint64_t version() const { return impl().storage->version; }
   void bump_version() const { ++impl().storage->version; }
@@ -141,6 +154,8 @@ class Tensor {
 
   // ---- copies ----
   Tensor contiguous() const;
+  // This tensor, or a copy of it, laid out in `format` (differentiable, as clone).
+  Tensor contiguous(MemoryFormat format) const;
   Tensor clone() const;
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
@@ -171,6 +186,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 // Builds a tensor over fresh storage; `strides` empty means contiguous.
 Tensor make_tensor(const Shape& shape, DType dtype, Device device);
+// The same in a memory format (channels_last: a 4-D shape, NHWC in memory).
+Tensor make_tensor(const Shape& shape, DType dtype, Device device, MemoryFormat format);
 Shape contiguous_strides(const Shape& shape);
 // Normalises a possibly negative dim against `ndim`, naming `op` in the error.
 int64_t wrap_dim(int64_t d, int64_t ndim, const char* op);

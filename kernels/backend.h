@@ -47,6 +47,9 @@ enum class RandomKind : uint8_t { uniform, normal, bernoulli };
 // 2-D convolution of contiguous NCHW x [n,c,h,w] with weight [o, c/groups, kh, kw] into y [n,o,oh,ow].
 struct Conv2dParams {
   int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups, oh, ow;
+  // x, y (and their gradients) channels_last, w [O, kh, kw, C/groups] in memory; only where the
+  // backend says native_channels_last.
+  bool nhwc = false;
 };
 // Pooling windows over contiguous NCHW planes: fixed (kernel, stride, padding, dilation) or
 // adaptive (window i spans floor(i*H/OH) .. ceil((i+1)*H/OH)).
@@ -157,11 +160,12 @@ struct Backend {
   // running buffers updated with momentum, unbiased variance); eval: running statistics.
   void (*batch_norm_forward)(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
                              const void* x, const void* gamma, const void* beta, void* running_mean,
-                             void* running_var, void* y, void* mean, void* rstd);
+                             void* running_var, void* y, void* mean, void* rstd, bool nhwc);
   // eps is the forward's (cuDNN asks for the same value in both passes); mean/rstd are the forward's outputs.
+  // nhwc (only where native_channels_last): x, y, gy and gx lie as [n, hw, c] in memory.
   void (*batch_norm_backward)(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
                               const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx,
-                              void* ggamma, void* gbeta);
+                              void* ggamma, void* gbeta, bool nhwc);
   // Cross-entropy of logits [rows, classes] against i64 targets, with ignore_index and label
   // smoothing; writes per-row losses (0 for ignored rows) and, when grad_scale != 0, the gradient
   // grad_scale * d loss_row / d logits into glogits.
@@ -194,6 +198,9 @@ struct Backend {
   // gemm and conv2d take f16 and bf16 operands themselves (with f32 accumulation) instead of
   // the engine converting them to f32 first: true on CUDA (tensor cores), false on the CPU.
   bool native_16bit_gemm_conv = false;
+  // conv2d and batch norm take channels_last (NHWC) buffers themselves (Conv2dParams::nhwc, the
+  // batch-norm `nhwc` flag): true on CUDA (cuDNN), false on the CPU, which computes NCHW copies.
+  bool native_channels_last = false;
 };
 
 const Backend& cpu_backend();

@@ -29,10 +29,10 @@ void layer_norm_backward(DType dt, int64_t rows, int64_t d, const void* x, const
                          const void* rstd, const void* gy, void* gx, void* ggamma, void* gbeta);
 void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
                         const void* x, const void* gamma, const void* beta, void* running_mean, void* running_var,
-                        void* y, void* mean, void* rstd);
+                        void* y, void* mean, void* rstd, bool nhwc);
 void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
                          const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma,
-                         void* gbeta);
+                         void* gbeta, bool nhwc);
 void cross_entropy(DType dt, int64_t rows, int64_t classes, const void* logits, const int64_t* target,
                    int64_t ignore_index, double smoothing, void* loss, void* glogits, double grad_scale);
 void index_select(DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* src, int64_t n_idx,

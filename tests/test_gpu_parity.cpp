@@ -218,6 +218,25 @@ const std::vector<Case>& cases() {
                  [](const V& x) { return one(conv2d(x[0], x[1], x[2], {1, 1}, {1, 1})); }, 3e-2});
     v.push_back({"conv2d_strided_grouped", {{{2, 4, 12, 9}}, {{6, 2, 3, 2}}},
                  [](const V& x) { return one(conv2d(x[0], x[1], {}, {2, 1}, {1, 0}, {1, 2}, 2)); }, 3e-2});
+    // channels_last: cuDNN on NHWC buffers (filters copied to KRSC) against the CPU's NCHW kernels;
+    // training batch norm through cuDNN, then eval (the apply kernel's NHWC indexing), then the
+    // deterministic handwritten kernels on NCHW copies, and pooling, which keeps the layout.
+    v.push_back({"channels_last", {{{2, 8, 9, 7}}, {{6, 8, 3, 3}}, {{6}}, {{6}}},
+                 [](const V& x) {
+                   const Tensor xl = x[0].contiguous(MemoryFormat::channels_last);
+                   const Tensor y = conv2d(xl, x[1], {}, {1, 1}, {1, 1});
+                   const Tensor y2 = conv2d(xl, x[1], {}, {2, 2}, {0, 0});
+                   Tensor rm = zeros({6}, TensorOptions(DType::f32, x[0].device()));
+                   Tensor rv = ones({6}, TensorOptions(DType::f32, x[0].device()));
+                   const Tensor b = batch_norm(y, rm, rv, x[2], x[3], true, 0.1, 1e-5);
+                   const Tensor be = batch_norm(y2, rm, rv, x[2], x[3], false, 0.1, 1e-5);
+                   Tensor bd;
+                   {
+                     const DeterministicOnCuda on(x[0]);
+                     bd = batch_norm(y, Tensor(), Tensor(), x[2], x[3], true, 0.1, 1e-5);
+                   }
+                   return V{y, y2, b, be, bd, rm, rv, max_pool2d(relu(b), {2, 2}), avg_pool2d(bd, {3, 3}, {1, 1}, {1, 1})};
+                 }, 3e-2});
     v.push_back({"max_pool2d", {{{2, 3, 11, 10}}}, [](const V& x) { return one(max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1})); }});
     v.push_back({"avg_pool2d", {{{2, 3, 11, 10}}},
                  [](const V& x) { return V{avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}), avg_pool2d(x[0], {2, 2}, {2, 2}, {1, 1}, false)}; }});

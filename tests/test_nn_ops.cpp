@@ -560,3 +560,63 @@ TEST_CASE("nn: non-contiguous inputs and 16-bit dtypes") {
     CHECK(cross_entropy(x.to(dt).reshape({-1, 6}), zeros({36}, TensorOptions(DType::i64))).dtype() == dt);
   }
 }
+
+TEST_CASE("nn: channels_last tensors: layout, copies, and elementwise ops keep it") {
+  const Tensor x = rnd({2, 3, 4, 5}, 101, DType::f32);
+  CHECK_FALSE(x.is_channels_last());
+  const Tensor xl = x.contiguous(MemoryFormat::channels_last);
+  CHECK(xl.is_channels_last());
+  CHECK(xl.strides() == Shape{60, 1, 15, 3});
+  CHECK(xl.to_vector() == x.to_vector());
+  CHECK(xl.contiguous(MemoryFormat::channels_last).same(xl));  // already in that layout: no copy
+  CHECK(xl.contiguous().is_contiguous());
+  CHECK(make_tensor({2, 3, 4, 5}, DType::f32, kCPU, MemoryFormat::channels_last).is_channels_last());
+  // A size-1 channel or plane is both layouts at once: not "channels_last" for the ops.
+  CHECK_FALSE(rnd({2, 1, 4, 5}, 1).contiguous(MemoryFormat::channels_last).is_channels_last());
+  CHECK_THROWS_WITH_AS(rnd({2, 3}, 1).contiguous(MemoryFormat::channels_last), doctest::Contains("4-D"), kiln::Error);
+  // Elementwise results keep the layout (and the values).
+  const Tensor b = rnd({3, 1, 1}, 102, DType::f32);
+  for (const Tensor& r : {relu(xl), xl + b, xl * xl, where(gt(xl, b), xl, b), xl.to(DType::f64)}) {
+    CHECK(r.is_channels_last());
+  }
+  CHECK((xl + b).to_vector() == (x + b).to_vector());
+  CHECK(relu(xl).to_vector() == relu(x).to_vector());
+  // The copy is differentiable.
+  Tensor xg = x.detach().set_requires_grad();
+  sum(xg.contiguous(MemoryFormat::channels_last) * 2.0).backward();
+  CHECK(allclose(xg.grad(), full_like(x, 2.0)));
+}
+
+// On the CPU, channels_last inputs run the NCHW kernels on copies: every output, and every gradient,
+// must be bit-identical to the NCHW run, and outputs and input gradients must come back channels_last.
+TEST_CASE("nn: conv2d, batch norm and pooling on channels_last inputs equal the NCHW results") {
+  using Fn = std::function<Tensor(const Tensor&, const Tensor&)>;
+  const std::pair<const char*, Fn> ops[] = {
+      {"conv2d", [](const Tensor& x, const Tensor& w) { return conv2d(x, w, {}, {1, 1}, {1, 1}); }},
+      {"conv2d strided", [](const Tensor& x, const Tensor& w) { return conv2d(x, w, {}, {2, 2}, {0, 0}); }},
+      {"batch_norm", [](const Tensor& x, const Tensor&) { return batch_norm(x, {}, {}, {}, {}, true, 0.1, 1e-5); }},
+      {"max_pool2d", [](const Tensor& x, const Tensor&) { return max_pool2d(x, {2, 2}); }},
+      {"avg_pool2d", [](const Tensor& x, const Tensor&) { return avg_pool2d(x, {3, 3}, {1, 1}, {1, 1}); }},
+  };
+  for (const auto& [name, op] : ops) {
+    INFO(std::string(name));
+    std::vector<double> results[2];
+    for (int cl = 0; cl < 2; ++cl) {
+      Tensor x = rnd({3, 6, 8, 7}, 111, DType::f32), w = rnd({5, 6, 3, 3}, 112, DType::f32);
+      if (cl) x = x.contiguous(MemoryFormat::channels_last);
+      x = x.detach().set_requires_grad();
+      w.set_requires_grad();
+      const Tensor y = op(x, w);
+      CHECK(y.is_channels_last() == bool(cl));
+      sum(y * y).backward();
+      CHECK(x.grad().is_channels_last() == bool(cl));
+      results[cl] = y.to_vector();
+      for (const Tensor& g : {x.grad(), w.grad()})
+        if (g.defined()) {
+          const auto v = g.to_vector();
+          results[cl].insert(results[cl].end(), v.begin(), v.end());
+        }
+    }
+    CHECK(results[0] == results[1]);
+  }
+}

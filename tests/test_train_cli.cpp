@@ -45,6 +45,7 @@ TEST_CASE("train: impossible configurations exit 2 with one clear line, before a
       {"--device tpu" + out, "--device tpu"},
       {"--device cuda:7" + out, "--device cuda:7: "},  // no such GPU here, or no CUDA backend in this build
       {"--limit-train 10 --batch 64" + out, "--batch 64 is larger than the 10 training samples"},
+      {"--model bert-tiny --channels-last" + out, "--channels-last: only ResNets"},
       {"--epochs", "--epochs"},
       {"--lr 0.1", "--out is required"},
   };
@@ -217,4 +218,27 @@ TEST_CASE("train: --accum-steps K with batch B updates like one batch of K x B (
   r = run_kiln(common + " --batch 64 --accum-steps 100 --out " + d / "x", d.p.string());
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "--accum-steps 100 x --batch 64 is more than"), r.output);
+}
+
+// --channels-last feeds NHWC batches; on the CPU the kernels run on NCHW copies, so the run must log
+// exactly the same losses as the default layout, step for step.
+TEST_CASE("train: --channels-last trains the same ResNet-20 steps bit for bit on the CPU") {
+  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  TempDir d("kiln_train_cl");
+  std::vector<std::vector<double>> losses;
+  for (const char* layout : {"", " --channels-last"}) {
+    const std::string out = d / (*layout ? "cl" : "nchw");
+    const auto r = run_kiln(std::string("train --epochs 1 --batch 32 --limit-train 192 --limit-eval 64 --log-every 1 "
+                                        "--threads 2 --seed 4 --out ") + out + layout,
+                            d.p.string());
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+    std::vector<double> l;
+    for (const auto& m : read_jsonl(out + "/metrics.jsonl"))
+      if (m.contains("loss")) l.push_back(m["loss"].get<double>());
+    CHECK(l.size() == 6);
+    losses.push_back(l);
+    CHECK(json::parse(read_text(out + "/summary.json"))["config"]["channels_last"] == bool(*layout));
+  }
+  CHECK(losses[0] == losses[1]);
 }

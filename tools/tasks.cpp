@@ -131,8 +131,10 @@ Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train,
   t.eval_data = limit(test, c.limit_eval);
   const double smoothing = c.label_smoothing;
   const Device dev = c.resolved_device();
-  t.step = [model, smoothing, dev](const io::Batch& b) {
-    return score((*model)(b.at("input").to(dev)), b.at("target").to(dev), smoothing, model->is_training());
+  const MemoryFormat fmt = c.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+  t.step = [model, smoothing, dev, fmt](const io::Batch& b) {
+    const Tensor x = b.at("input").to(dev).contiguous(fmt);
+    return score((*model)(x), b.at("target").to(dev), smoothing, model->is_training());
   };
   info["train_samples"] = t.train_data->size();
   info["eval_samples"] = t.eval_data->size();

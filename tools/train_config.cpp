@@ -55,6 +55,10 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                  "Seconds a collective between ranks may take before the job is ended with an error")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_flag("--channels-last,!--no-channels-last", c.channels_last,
+               "ResNet: feed batches as channels_last (NHWC) tensors, so every activation stays NHWC and cuDNN's "
+               "tensor-core convolutions need no layout transposes; on the CPU it only adds copies")
+      ->capture_default_str();
   app.add_option("--amp", c.amp,
                  "Mixed precision: off, fp16 (f16 GEMMs and convolutions, dynamic loss scaling) or bf16 (no scaling "
                  "needed); softmax, norms and losses stay f32, weights and optimizer f32")
@@ -206,6 +210,8 @@ std::vector<std::string> validate(const TrainConfig& c) {
   const bool resnet = models::is_resnet_name(c.model);
   if (!resnet && c.model.rfind("bert-", 0) != 0)
     e.push_back("--model " + c.model + ": unknown (resnet20..resnet110, resnet18..resnet152, bert-SIZE)");
+  if (!resnet && c.channels_last)
+    e.push_back("--channels-last: only ResNets take image batches (--model " + c.model + ")");
   if (resnet && !c.task.empty() && c.task != "classify")
     e.push_back("--task " + c.task + ": a ResNet classifies images (--task classify)");
   if (resnet && c.data == "mnist" && c.data_dir.empty())
@@ -256,7 +262,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"schedule", schedule},   {"warmup", warmup},
           {"seed", seed},           {"threads", threads},
           {"workers", workers},     {"device", device},
-          {"amp", amp},             {"loss_scale", loss_scale},
+          {"amp", amp},             {"channels_last", channels_last},
+          {"loss_scale", loss_scale},
           {"loss_scale_window", loss_scale_window},
           {"out", out},             {"log_every", log_every},
           {"save_every", save_every}, {"save_minutes", save_minutes},

@@ -610,6 +610,7 @@ void backward_typed(const Conv2dParams& p, const T* x, const T* w, const T* gy, 
 }  // namespace
 
 void conv2d_forward(DType dt, const Conv2dParams& p, const void* x, const void* w, const void* bias, void* y) {
+  KILN_CHECK(!p.nhwc, "conv2d: the CPU kernels take NCHW buffers (the engine converts channels_last)");
   if (dt == DType::f32) {
     forward_typed(p, static_cast<const float*>(x), static_cast<const float*>(w), static_cast<const float*>(bias),
                   static_cast<float*>(y));
@@ -622,6 +623,7 @@ void conv2d_forward(DType dt, const Conv2dParams& p, const void* x, const void* 
 }
 
 void conv2d_backward(DType dt, const Conv2dParams& p, const void* x, const void* w, const void* gy, void* gx, void* gw) {
+  KILN_CHECK(!p.nhwc, "conv2d backward: the CPU kernels take NCHW buffers (the engine converts channels_last)");
   if (dt == DType::f32) {
     backward_typed(p, static_cast<const float*>(x), static_cast<const float*>(w), static_cast<const float*>(gy),
                    static_cast<float*>(gx), static_cast<float*>(gw));

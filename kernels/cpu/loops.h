@@ -89,7 +89,13 @@ template <int N> Loop<N> make_loop(const std::array<const TensorDesc*, N>& d) {
     L.base[k] = static_cast<char*>(d[k]->data);
     L.esize[k] = int64_t(dtype_size(d[k]->dtype));
   }
-  for (int i = 0; i < d0.ndim; ++i) {
+  // Dims in the order of the destination's strides, outermost first: a contiguous destination keeps
+  // its order, a permuted dense one (channels_last) still runs as long contiguous rows.
+  int order[kMaxKernelDims];
+  for (int i = 0; i < d0.ndim; ++i) order[i] = i;
+  std::stable_sort(order, order + d0.ndim, [&](int x, int y) { return d0.strides[x] > d0.strides[y]; });
+  for (int oi = 0; oi < d0.ndim; ++oi) {
+    const int i = order[oi];
     L.numel *= d0.shape[i];
     if (d0.shape[i] == 1) continue;
     if (L.nd > 0) {

@@ -673,7 +673,8 @@ void layer_norm_backward(DType dt, int64_t rows, int64_t d, const void* x, const
 }
 void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
                         const void* x, const void* gamma, const void* beta, void* rmean, void* rvar, void* y,
-                        void* mean, void* rstd) {
+                        void* mean, void* rstd, bool nhwc) {
+  KILN_CHECK(!nhwc, "batch_norm: the CPU kernels take NCHW buffers (the engine converts channels_last)");
   dispatch_float(dt, "batch_norm", [&](auto t) {
     using T = decltype(t);
     batch_norm_fwd(n, c, hw, eps, momentum, training, cp<T>(x), cp<T>(gamma), cp<T>(beta), mp<T>(rmean), mp<T>(rvar),
@@ -683,7 +684,8 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
 // eps is not needed here: the saved rstd already holds it.
 void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double /*eps*/, const void* x,
                          const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma,
-                         void* gbeta) {
+                         void* gbeta, bool nhwc) {
+  KILN_CHECK(!nhwc, "batch_norm backward: the CPU kernels take NCHW buffers (the engine converts channels_last)");
   dispatch_float(dt, "batch_norm", [&](auto t) {
     using T = decltype(t);
     batch_norm_bwd(n, c, hw, training, cp<T>(x), cp<T>(gamma), cp<T>(mean), cp<T>(rstd), cp<T>(gy), mp<T>(gx),

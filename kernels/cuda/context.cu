@@ -218,6 +218,7 @@ const Backend& table() {
       .unscale_check = cuda::unscale_check,
       .optimizer_step = cuda::optimizer_step,
       .native_16bit_gemm_conv = true,
+      .native_channels_last = true,
   };
   return b;
 }

@@ -1,4 +1,5 @@
-// 2-D convolution through cuDNN: forward, backward data and backward filter, NCHW, f32/f64/f16/bf16
+// 2-D convolution through cuDNN: forward, backward data and backward filter, NCHW or NHWC
+// (Conv2dParams::nhwc: activations channels_last, filters KRSC), f32/f64/f16/bf16
 // (16-bit with f32 accumulation on tensor cores; f32 on TF32 tensor cores only when
 // cuda::set_allow_tf32(true)).
 //
@@ -63,11 +64,13 @@ struct ConvDescs {
     KILN_CUDNN_OK(cudnnCreateTensorDescriptor(&bias));
     KILN_CUDNN_OK(cudnnCreateFilterDescriptor(&w));
     KILN_CUDNN_OK(cudnnCreateConvolutionDescriptor(&conv));
-    KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, t, int(p.n), int(p.c), int(p.h), int(p.w)));
-    KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, t, int(p.n), int(p.o), int(p.oh), int(p.ow)));
+    // Dimensions are given as N, C, H, W in both formats; the format says how they lie in memory.
+    // The bias [1, O, 1, 1] lies the same way in either.
+    const cudnnTensorFormat_t f = p.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(x, f, t, int(p.n), int(p.c), int(p.h), int(p.w)));
+    KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(y, f, t, int(p.n), int(p.o), int(p.oh), int(p.ow)));
     KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(bias, CUDNN_TENSOR_NCHW, t, 1, int(p.o), 1, 1));
-    KILN_CUDNN_OK(cudnnSetFilter4dDescriptor(w, t, CUDNN_TENSOR_NCHW, int(p.o), int(p.c / p.groups), int(p.kh),
-                                             int(p.kw)));
+    KILN_CUDNN_OK(cudnnSetFilter4dDescriptor(w, t, f, int(p.o), int(p.c / p.groups), int(p.kh), int(p.kw)));
     const cudnnDataType_t compute = dt == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
     KILN_CUDNN_OK(cudnnSetConvolution2dDescriptor(conv, int(p.ph), int(p.pw), int(p.sh), int(p.sw), int(p.dh),
                                                   int(p.dw), CUDNN_CROSS_CORRELATION, compute));
@@ -98,7 +101,8 @@ enum class Pass : int { forward, backward_data, backward_filter };
 using Key = std::tuple<int, int, int, bool, bool, std::vector<int64_t>>;
 Key key_of(Pass pass, DType dt, const Conv2dParams& p) {
   return Key{current().device, int(pass), int(dt), deterministic(), allow_tf32(),
-             std::vector<int64_t>{p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh, p.dw, p.groups}};
+             std::vector<int64_t>{p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh, p.dw, p.groups,
+                                  int64_t(p.nhwc)}};
 }
 
 // cuDNN's lists pair an algorithm with a math type, and the workspace size belongs to the pair, so
@@ -198,7 +202,7 @@ void conv2d_forward(DType dt, const Conv2dParams& p, const void* x, const void* 
     if (bias) {
       const Conv2dParams one{1, 1, 1, 1, p.o, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1};
       const ConvDescs d(dt, one);
-      const ConvDescs full(dt, Conv2dParams{p.n, 1, p.oh, p.ow, p.o, 1, 1, 1, 1, 0, 0, 1, 1, 1, p.oh, p.ow});
+      const ConvDescs full(dt, Conv2dParams{p.n, 1, p.oh, p.ow, p.o, 1, 1, 1, 1, 0, 0, 1, 1, 1, p.oh, p.ow, p.nhwc});
       KILN_CUDNN_OK(cudnnAddTensor(current().cudnn(), kOne.of(dt), d.bias, bias, kOne.of(dt), full.y, y));
     }
     return;

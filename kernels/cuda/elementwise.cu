@@ -10,6 +10,7 @@
 //
 // The op is a runtime switch inside one kernel per dtype (not one kernel per op and dtype): the
 // switch is uniform across a warp, the kernels stay memory-bound, and the binary stays small.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -35,9 +36,14 @@ template <int N> Geo<N> make_geo(const TensorDesc* const (&ds)[N]) {
   Geo<N> g;
   const TensorDesc& d0 = *ds[0];
   g.numel = d0.numel();
-  // Keep the dims of size > 1, outermost first; merge a dim into the one inside it when every
-  // operand steps over it as over one longer row.
-  for (int i = 0; i < d0.ndim; ++i) {
+  // Keep the dims of size > 1, outermost first in the output's stride order (a contiguous output
+  // keeps its order; a permuted dense one such as channels_last becomes one row again); merge a dim
+  // into the one inside it when every operand steps over it as over one longer row.
+  int order[kMaxKernelDims];
+  for (int i = 0; i < d0.ndim; ++i) order[i] = i;
+  std::stable_sort(order, order + d0.ndim, [&](int x, int y) { return d0.strides[x] > d0.strides[y]; });
+  for (int oi = 0; oi < d0.ndim; ++oi) {
+    const int i = order[oi];
     if (d0.shape[i] == 1) continue;
     bool merge = g.ndim > 0;
     for (int k = 0; k < N && merge; ++k)

@@ -608,9 +608,11 @@ inline size_t bn_slot_bytes(int64_t c, size_t elem) { return (size_t(c) * elem +
 
 struct BnTensor {
   cudnnTensorDescriptor_t d = nullptr;
-  BnTensor(cudnnDataType_t t, int64_t n, int64_t c, int64_t h) {
+  // [n, c, h, 1] in NCHW, or in NHWC (memory [n, h, c]) when nhwc.
+  BnTensor(cudnnDataType_t t, int64_t n, int64_t c, int64_t h, bool nhwc = false) {
     KILN_CUDNN_OK(cudnnCreateTensorDescriptor(&d));
-    const cudnnStatus_t s = cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, t, int(n), int(c), int(h), 1);
+    const cudnnStatus_t s = cudnnSetTensor4dDescriptor(d, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, t, int(n),
+                                                       int(c), int(h), 1);
     if (s != CUDNN_STATUS_SUCCESS) cudnnDestroyTensorDescriptor(d);
     KILN_CUDNN_OK(s);
   }
@@ -618,6 +620,29 @@ struct BnTensor {
   BnTensor(const BnTensor&) = delete;
   BnTensor& operator=(const BnTensor&) = delete;
 };
+
+// A batch-norm buffer [n, c, hw] as the strided copy kernel sees it: NCHW, or NHWC ([n, hw, c] in
+// memory). The handwritten kernels take NCHW; an NHWC batch goes through NCHW copies for them.
+TensorDesc bn_layout(DType dt, const void* p, int64_t n, int64_t c, int64_t hw, bool nhwc) {
+  TensorDesc d;
+  d.data = const_cast<void*>(p);
+  d.dtype = dt;
+  d.ndim = 3;
+  d.shape[0] = n;
+  d.shape[1] = c;
+  d.shape[2] = hw;
+  d.strides[0] = c * hw;
+  d.strides[1] = nhwc ? 1 : hw;
+  d.strides[2] = nhwc ? c : 1;
+  return d;
+}
+
+// An NCHW copy of an NHWC batch-norm buffer (or nothing, for a null one).
+DeviceBuffer bn_to_nchw(DType dt, const void* p, int64_t n, int64_t c, int64_t hw) {
+  DeviceBuffer b(p ? size_t(n * c * hw) * dtype_size(dt) : 0);
+  if (p) copy(bn_layout(dt, b.get(), n, c, hw, false), bn_layout(dt, p, n, c, hw, true));
+  return b;
+}
 
 void check_cudnn_bn(int64_t n, int64_t c, int64_t hw, double eps) {
   KILN_CHECK(n * c * hw <= INT_MAX, "cuda batch_norm: cuDNN takes at most 2^31-1 elements, got [", n, ", ", c,
@@ -1249,9 +1274,17 @@ void bn_backward_handwritten(Context& ctx, int64_t n, int64_t c, int64_t hw, boo
 
 void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
                         const void* x, const void* gamma, const void* beta, void* running_mean, void* running_var,
-                        void* y, void* mean, void* rstd) {
+                        void* y, void* mean, void* rstd, bool nhwc) {
   if (c == 0) return;
   Context& ctx = current();
+  if (nhwc && training && deterministic()) {
+    // The handwritten kernels take NCHW: normalise an NCHW copy, then lay y back out as NHWC.
+    const DeviceBuffer xt = bn_to_nchw(dt, x, n, c, hw), yt(size_t(n * c * hw) * dtype_size(dt));
+    batch_norm_forward(dt, n, c, hw, eps, momentum, training, xt.get(), gamma, beta, running_mean, running_var,
+                       yt.get(), mean, rstd, false);
+    copy(bn_layout(dt, y, n, c, hw, true), bn_layout(dt, yt.get(), n, c, hw, false));
+    return;
+  }
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     if (!training) {
@@ -1263,8 +1296,9 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
       KILN_LAUNCH_OK("bn_eval_prepare_kernel");
       const int64_t total = n * c * hw;
       if (total == 0) return;
-      bn_apply_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(total, c, hw, cp<T>(x), affine.get<T>(),
-                                                                       mp<T>(y));
+      // NHWC: element e is in channel e % c, which is the NCHW rule with hw = 1.
+      bn_apply_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(total, c, nhwc ? 1 : hw, cp<T>(x),
+                                                                       affine.get<T>(), mp<T>(y));
       KILN_LAUNCH_OK("bn_apply_kernel");
       return;
     }
@@ -1293,7 +1327,7 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
     void* rm = stand_in_running && !running_mean ? spare : running_mean;
     void* rv = stand_in_running && !running_var ? spare : running_var;
     const cudnnDataType_t type = std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-    const BnTensor xd(type, n, c, hw), pd(type, 1, c, 1);
+    const BnTensor xd(type, n, c, hw, nhwc), pd(type, 1, c, 1);
     const T one = T(1), zero = T(0);  // blend factors: double for double data, float otherwise
     KILN_CUDNN_OK(cudnnBatchNormalizationForwardTraining(
         ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x, xd.d, y, pd.d, gamma ? gamma : ones,
@@ -1303,9 +1337,18 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
 
 void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
                          const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma,
-                         void* gbeta) {
+                         void* gbeta, bool nhwc) {
   if (c == 0) return;
   Context& ctx = current();
+  if (nhwc && (!training || !gx || n * hw == 0 || deterministic())) {
+    // The handwritten backward takes NCHW: run it on NCHW copies, lay gx back out as NHWC.
+    const DeviceBuffer xt = bn_to_nchw(dt, x, n, c, hw), gyt = bn_to_nchw(dt, gy, n, c, hw);
+    const DeviceBuffer gxt(gx ? size_t(n * c * hw) * dtype_size(dt) : 0);
+    batch_norm_backward(dt, n, c, hw, training, eps, xt.get(), gamma, mean, rstd, gyt.get(), gx ? gxt.get() : nullptr,
+                        ggamma, gbeta, false);
+    if (gx) copy(bn_layout(dt, gx, n, c, hw, true), bn_layout(dt, gxt.get(), n, c, hw, false));
+    return;
+  }
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     if (!training || !gx || n * hw == 0 || deterministic()) {
@@ -1326,7 +1369,7 @@ void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool traini
     void* dg = ggamma ? ggamma : scratch.get<char>() + slot;
     void* db = gbeta ? gbeta : scratch.get<char>() + 2 * slot;
     const cudnnDataType_t type = std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-    const BnTensor xd(type, n, c, hw), pd(type, 1, c, 1);
+    const BnTensor xd(type, n, c, hw, nhwc), pd(type, 1, c, 1);
     const T one = T(1), zero = T(0);
     KILN_CUDNN_OK(cudnnBatchNormalizationBackward(ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
                                                   xd.d, x, xd.d, gy, xd.d, gx, pd.d, gamma ? gamma : ones, dg, db,
