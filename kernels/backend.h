@@ -73,8 +73,14 @@ struct MaskRows {
 __host__ __device__
 #endif
 inline int64_t mask_row_offset(const MaskRows& m, int64_t r) {
+  // Constant indices after unrolling: a kernel reads the struct from its parameters instead of
+  // copying it to local memory to index it.
   int64_t off = 0;
-  for (int d = m.ndim - 1; d >= 0; --d) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int d = MaskRows::kMaxDims - 1; d >= 0; --d) {
+    if (d >= m.ndim) continue;
     off += (r % m.size[d]) * m.stride[d];
     r /= m.size[d];
   }
