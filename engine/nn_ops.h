@@ -36,8 +36,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 // softmax(scale * x + mask) over the last dim in one kernel (attention's scores): mask additive,
-// broadcastable to x (a bool mask adds 0 or 1, as x + mask would), and may be undefined. Gradients
-// flow to x and to a floating mask that requires them.
+// broadcastable to x's shape (no more dims than x; a bool mask adds 0 or 1, as x + mask would), and
+// may be undefined. The result has x's dtype (the mask is converted to it), softmax's autocast rule
+// applies. Gradients flow to x and to a floating mask that requires them.
 Tensor masked_softmax(const Tensor& x, const Tensor& mask, double scale = 1.0);
 
 enum class Reduction { none, mean, sum };

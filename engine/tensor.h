@@ -53,8 +53,8 @@ struct Storage {
 // How a 4-D [N, C, H, W] tensor lies in memory: contiguous (NCHW) or channels_last (NHWC, strides
 // [H*W*C, 1, W*C, C]), the layout tensor-core convolutions prefer. Shapes and indices are NCHW either
 // way. conv2d, batch norm, pooling and elementwise ops given channels_last inputs return
-// channels_last outputs, so a model converted once (Module::to(MemoryFormat)) stays in it; cuDNN runs
-// on it natively, the CPU through NCHW copies.
+// channels_last outputs, so a channels_last input batch keeps the whole network in it (parameters
+// stay NCHW); cuDNN runs on it natively, the CPU through NCHW copies.
 enum class MemoryFormat { contiguous, channels_last };
 
 class Tensor;

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "engine/dtype.h"
+#include "kernels/common/macros.h"
 
 namespace kiln {
 
@@ -69,10 +70,7 @@ struct MaskRows {
   int64_t stride[kMaxDims] = {};
   int64_t step = 1;
 };
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline int64_t mask_row_offset(const MaskRows& m, int64_t r) {
+KILN_HD int64_t mask_row_offset(const MaskRows& m, int64_t r) {
   // Constant indices after unrolling: a kernel reads the struct from its parameters instead of
   // copying it to local memory to index it.
   int64_t off = 0;

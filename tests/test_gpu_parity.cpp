@@ -221,11 +221,16 @@ const std::vector<Case>& cases() {
     // channels_last: cuDNN on NHWC buffers (filters copied to KRSC) against the CPU's NCHW kernels;
     // training batch norm through cuDNN, then eval (the apply kernel's NHWC indexing), then the
     // deterministic handwritten kernels on NCHW copies, and pooling, which keeps the layout.
-    v.push_back({"channels_last", {{{2, 8, 9, 7}}, {{6, 8, 3, 3}}, {{6}}, {{6}}},
+    v.push_back({"channels_last", {{{2, 8, 9, 7}}, {{6, 8, 3, 3}}, {{6}}, {{6}}, {{6}}},
                  [](const V& x) {
                    const Tensor xl = x[0].contiguous(MemoryFormat::channels_last);
-                   const Tensor y = conv2d(xl, x[1], {}, {1, 1}, {1, 1});
+                   const Tensor y = conv2d(xl, x[1], x[4], {1, 1}, {1, 1});
                    const Tensor y2 = conv2d(xl, x[1], {}, {2, 2}, {0, 0});
+                   Tensor y3;  // deterministic algorithms only (or NCHW copies where cuDNN has no NHWC one)
+                   {
+                     const DeterministicOnCuda on(x[0]);
+                     y3 = conv2d(xl, x[1], x[4], {1, 1}, {2, 2}, {2, 2});
+                   }
                    Tensor rm = zeros({6}, TensorOptions(DType::f32, x[0].device()));
                    Tensor rv = ones({6}, TensorOptions(DType::f32, x[0].device()));
                    const Tensor b = batch_norm(y, rm, rv, x[2], x[3], true, 0.1, 1e-5);
@@ -235,7 +240,8 @@ const std::vector<Case>& cases() {
                      const DeterministicOnCuda on(x[0]);
                      bd = batch_norm(y, Tensor(), Tensor(), x[2], x[3], true, 0.1, 1e-5);
                    }
-                   return V{y, y2, b, be, bd, rm, rv, max_pool2d(relu(b), {2, 2}), avg_pool2d(bd, {3, 3}, {1, 1}, {1, 1})};
+                   return V{y,  y2, y3, b, be, bd, rm, rv, max_pool2d(relu(b), {2, 2}),
+                            avg_pool2d(bd, {3, 3}, {1, 1}, {1, 1})};
                  }, 3e-2});
     v.push_back({"max_pool2d", {{{2, 3, 11, 10}}}, [](const V& x) { return one(max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1})); }});
     v.push_back({"avg_pool2d", {{{2, 3, 11, 10}}},
@@ -288,10 +294,11 @@ const std::vector<Case>& cases() {
     v.push_back({"layer_norm", {{{3, 7, 96}}, {{96}}, {{96}}},
                  [](const V& x) { return one(layer_norm(x[0], {96}, x[1], x[2])); }, 3e-2});
     v.push_back({"softmax", {{{5, 300}}}, [](const V& x) { return V{softmax(x[0], 1), softmax(x[0], 0)}; }});
-    v.push_back({"masked_softmax", {{{2, 3, 10, 40}}, {{2, 1, 1, 40}}, {{10, 1}}},
+    // Rows of 40 (a warp per row) and of 1100 (a block per row); masks get gradients too.
+    v.push_back({"masked_softmax", {{{2, 3, 10, 40}}, {{2, 1, 1, 40}}, {{10, 1}}, {{3, 1100}}, {{1100}}},
                  [](const V& x) {
                    return V{masked_softmax(x[0], x[1], 0.3), masked_softmax(x[0], x[2], 1.5),
-                            masked_softmax(x[0].narrow(3, 0, 7), Tensor(), 0.9)};
+                            masked_softmax(x[0].narrow(3, 0, 7), Tensor(), 0.9), masked_softmax(x[3], x[4], 0.7)};
                  }});
     v.push_back({"log_softmax", {{{5, 300}}}, [](const V& x) { return V{log_softmax(x[0], 1), log_softmax(x[0], 0)}; }});
     v.push_back({"cross_entropy", {{{40, 13}}, {{40}, Kind::index, 13}},

@@ -91,9 +91,13 @@ template <int N> Loop<N> make_loop(const std::array<const TensorDesc*, N>& d) {
   }
   // Dims in the order of the destination's strides, outermost first: a contiguous destination keeps
   // its order, a permuted dense one (channels_last) still runs as long contiguous rows.
+  // (An insertion sort: stable, and no allocation in every elementwise op.)
   int order[kMaxKernelDims];
-  for (int i = 0; i < d0.ndim; ++i) order[i] = i;
-  std::stable_sort(order, order + d0.ndim, [&](int x, int y) { return d0.strides[x] > d0.strides[y]; });
+  for (int i = 0; i < d0.ndim; ++i) {
+    int j = i;
+    for (; j > 0 && d0.strides[order[j - 1]] < d0.strides[i]; --j) order[j] = order[j - 1];
+    order[j] = i;
+  }
   for (int oi = 0; oi < d0.ndim; ++oi) {
     const int i = order[oi];
     L.numel *= d0.shape[i];

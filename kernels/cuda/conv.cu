@@ -64,12 +64,12 @@ struct ConvDescs {
     KILN_CUDNN_OK(cudnnCreateTensorDescriptor(&bias));
     KILN_CUDNN_OK(cudnnCreateFilterDescriptor(&w));
     KILN_CUDNN_OK(cudnnCreateConvolutionDescriptor(&conv));
-    // Dimensions are given as N, C, H, W in both formats; the format says how they lie in memory.
-    // The bias [1, O, 1, 1] lies the same way in either.
+    // Dimensions are given as N, C, H, W in both formats; the format says how they lie in memory
+    // (the bias [1, O, 1, 1] has the same bytes in either, and takes y's format for cudnnAddTensor).
     const cudnnTensorFormat_t f = p.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(x, f, t, int(p.n), int(p.c), int(p.h), int(p.w)));
     KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(y, f, t, int(p.n), int(p.o), int(p.oh), int(p.ow)));
-    KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(bias, CUDNN_TENSOR_NCHW, t, 1, int(p.o), 1, 1));
+    KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(bias, f, t, 1, int(p.o), 1, 1));
     KILN_CUDNN_OK(cudnnSetFilter4dDescriptor(w, t, f, int(p.o), int(p.c / p.groups), int(p.kh), int(p.kw)));
     const cudnnDataType_t compute = dt == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
     KILN_CUDNN_OK(cudnnSetConvolution2dDescriptor(conv, int(p.ph), int(p.pw), int(p.sh), int(p.sw), int(p.dh),
@@ -188,6 +188,43 @@ struct Scale {
 };
 constexpr Scale kOne{1.0f, 1.0}, kZero{0.0f, 0.0};
 
+// ---- NHWC through NCHW copies --------------------------------------------------------------------
+// cuDNN may have no NHWC algorithm for a pass (f32 without TF32 allows only FMA math, deterministic
+// mode only deterministic algorithms). Then the pass runs on NCHW copies of its NHWC buffers, laid
+// back out as NHWC: slower, never an error the NCHW layout would not give.
+
+// A 4-D buffer [n, c, h, w] as the strided copy kernel sees it: NCHW, or NHWC ([n, h, w, c] in memory).
+TensorDesc desc4(DType dt, const void* p, int64_t n, int64_t c, int64_t h, int64_t w, bool nhwc) {
+  TensorDesc d;
+  d.data = const_cast<void*>(p);
+  d.dtype = dt;
+  d.ndim = 4;
+  const int64_t shape[4] = {n, c, h, w};
+  const int64_t nchw[4] = {c * h * w, h * w, w, 1}, nhwc_st[4] = {h * w * c, 1, w * c, c};
+  for (int i = 0; i < 4; ++i) {
+    d.shape[i] = shape[i];
+    d.strides[i] = nhwc ? nhwc_st[i] : nchw[i];
+  }
+  return d;
+}
+
+// A buffer in `to_nhwc` layout (to_nhwc false: NCHW) filled from `src` in the other one; null in, null out.
+DeviceBuffer relaid(DType dt, const void* src, int64_t n, int64_t c, int64_t h, int64_t w, bool to_nhwc) {
+  DeviceBuffer b(src ? size_t(n * c * h * w) * dtype_size(dt) : 0);
+  if (src) copy(desc4(dt, b.get(), n, c, h, w, to_nhwc), desc4(dt, src, n, c, h, w, !to_nhwc));
+  return b;
+}
+
+bool has_choice(Pass pass, DType dt, const Conv2dParams& p, const ConvDescs& d, const void* x, const void* w,
+                const void* gy_or_y, void* out) {
+  try {
+    choose(pass, dt, p, d, x, w, gy_or_y, out);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 void set_cudnn_benchmark(bool on) { g_benchmark = on; }
@@ -208,6 +245,16 @@ void conv2d_forward(DType dt, const Conv2dParams& p, const void* x, const void* 
     return;
   }
   const ConvDescs d(dt, p);
+  if (p.nhwc && !has_choice(Pass::forward, dt, p, d, x, w, nullptr, y)) {
+    Conv2dParams q = p;
+    q.nhwc = false;
+    const int64_t cg = p.c / p.groups;
+    const DeviceBuffer xt = relaid(dt, x, p.n, p.c, p.h, p.w, false), wt = relaid(dt, w, p.o, cg, p.kh, p.kw, false);
+    const DeviceBuffer yt(size_t(ny) * dtype_size(dt));
+    conv2d_forward(dt, q, xt.get(), wt.get(), bias, yt.get());
+    copy(desc4(dt, y, p.n, p.o, p.oh, p.ow, true), desc4(dt, yt.get(), p.n, p.o, p.oh, p.ow, false));
+    return;
+  }
   const Choice c = choose(Pass::forward, dt, p, d, x, w, nullptr, y);
   DeviceBuffer ws(c.workspace);
   cudnnHandle_t h = current().cudnn();
@@ -227,6 +274,19 @@ void conv2d_backward(DType dt, const Conv2dParams& p, const void* x, const void*
     return;
   }
   const ConvDescs d(dt, p);
+  if (p.nhwc && ((gx && !has_choice(Pass::backward_data, dt, p, d, x, w, gy, gx)) ||
+                 (gw && !has_choice(Pass::backward_filter, dt, p, d, x, w, gy, gw)))) {
+    Conv2dParams q = p;
+    q.nhwc = false;
+    const int64_t cg = p.c / p.groups;
+    const DeviceBuffer xt = relaid(dt, x, p.n, p.c, p.h, p.w, false), wt = relaid(dt, w, p.o, cg, p.kh, p.kw, false);
+    const DeviceBuffer gyt = relaid(dt, gy, p.n, p.o, p.oh, p.ow, false);
+    const DeviceBuffer gxt(gx ? size_t(nx) * dtype_size(dt) : 0), gwt(gw ? size_t(nw) * dtype_size(dt) : 0);
+    conv2d_backward(dt, q, xt.get(), wt.get(), gyt.get(), gx ? gxt.get() : nullptr, gw ? gwt.get() : nullptr);
+    if (gx) copy(desc4(dt, gx, p.n, p.c, p.h, p.w, true), desc4(dt, gxt.get(), p.n, p.c, p.h, p.w, false));
+    if (gw) copy(desc4(dt, gw, p.o, cg, p.kh, p.kw, true), desc4(dt, gwt.get(), p.o, cg, p.kh, p.kw, false));
+    return;
+  }
   cudnnHandle_t h = current().cudnn();
   if (gx) {
     const Choice c = choose(Pass::backward_data, dt, p, d, x, w, gy, gx);

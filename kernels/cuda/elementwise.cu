@@ -39,9 +39,13 @@ template <int N> Geo<N> make_geo(const TensorDesc* const (&ds)[N]) {
   // Keep the dims of size > 1, outermost first in the output's stride order (a contiguous output
   // keeps its order; a permuted dense one such as channels_last becomes one row again); merge a dim
   // into the one inside it when every operand steps over it as over one longer row.
+  // (An insertion sort: stable, and no allocation in every elementwise op.)
   int order[kMaxKernelDims];
-  for (int i = 0; i < d0.ndim; ++i) order[i] = i;
-  std::stable_sort(order, order + d0.ndim, [&](int x, int y) { return d0.strides[x] > d0.strides[y]; });
+  for (int i = 0; i < d0.ndim; ++i) {
+    int j = i;
+    for (; j > 0 && d0.strides[order[j - 1]] < d0.strides[i]; --j) order[j] = order[j - 1];
+    order[j] = i;
+  }
   for (int oi = 0; oi < d0.ndim; ++oi) {
     const int i = order[oi];
     if (d0.shape[i] == 1) continue;

@@ -621,29 +621,6 @@ struct BnTensor {
   BnTensor& operator=(const BnTensor&) = delete;
 };
 
-// A batch-norm buffer [n, c, hw] as the strided copy kernel sees it: NCHW, or NHWC ([n, hw, c] in
-// memory). The handwritten kernels take NCHW; an NHWC batch goes through NCHW copies for them.
-TensorDesc bn_layout(DType dt, const void* p, int64_t n, int64_t c, int64_t hw, bool nhwc) {
-  TensorDesc d;
-  d.data = const_cast<void*>(p);
-  d.dtype = dt;
-  d.ndim = 3;
-  d.shape[0] = n;
-  d.shape[1] = c;
-  d.shape[2] = hw;
-  d.strides[0] = c * hw;
-  d.strides[1] = nhwc ? 1 : hw;
-  d.strides[2] = nhwc ? c : 1;
-  return d;
-}
-
-// An NCHW copy of an NHWC batch-norm buffer (or nothing, for a null one).
-DeviceBuffer bn_to_nchw(DType dt, const void* p, int64_t n, int64_t c, int64_t hw) {
-  DeviceBuffer b(p ? size_t(n * c * hw) * dtype_size(dt) : 0);
-  if (p) copy(bn_layout(dt, b.get(), n, c, hw, false), bn_layout(dt, p, n, c, hw, true));
-  return b;
-}
-
 void check_cudnn_bn(int64_t n, int64_t c, int64_t hw, double eps) {
   KILN_CHECK(n * c * hw <= INT_MAX, "cuda batch_norm: cuDNN takes at most 2^31-1 elements, got [", n, ", ", c,
              ", ", hw, "]");
@@ -1277,14 +1254,12 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
                         void* y, void* mean, void* rstd, bool nhwc) {
   if (c == 0) return;
   Context& ctx = current();
-  if (nhwc && training && deterministic()) {
-    // The handwritten kernels take NCHW: normalise an NCHW copy, then lay y back out as NHWC.
-    const DeviceBuffer xt = bn_to_nchw(dt, x, n, c, hw), yt(size_t(n * c * hw) * dtype_size(dt));
-    batch_norm_forward(dt, n, c, hw, eps, momentum, training, xt.get(), gamma, beta, running_mean, running_var,
-                       yt.get(), mean, rstd, false);
-    copy(bn_layout(dt, y, n, c, hw, true), bn_layout(dt, yt.get(), n, c, hw, false));
-    return;
-  }
+  // NHWC memory [n, hw, c] is NCHW [n*hw, c, 1] with the same values of each channel in the same
+  // order: the handwritten kernels (eval, and training in deterministic mode) take it as that and
+  // compute exactly what they compute on the NCHW layout. Only cuDNN's path gets NHWC descriptors.
+  if (nhwc && (!training || deterministic()))
+    return batch_norm_forward(dt, n * hw, c, 1, eps, momentum, training, x, gamma, beta, running_mean, running_var, y,
+                              mean, rstd, false);
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     if (!training) {
@@ -1296,9 +1271,8 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
       KILN_LAUNCH_OK("bn_eval_prepare_kernel");
       const int64_t total = n * c * hw;
       if (total == 0) return;
-      // NHWC: element e is in channel e % c, which is the NCHW rule with hw = 1.
-      bn_apply_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(total, c, nhwc ? 1 : hw, cp<T>(x),
-                                                                       affine.get<T>(), mp<T>(y));
+      bn_apply_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(total, c, hw, cp<T>(x), affine.get<T>(),
+                                                                       mp<T>(y));
       KILN_LAUNCH_OK("bn_apply_kernel");
       return;
     }
@@ -1340,15 +1314,9 @@ void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool traini
                          void* gbeta, bool nhwc) {
   if (c == 0) return;
   Context& ctx = current();
-  if (nhwc && (!training || !gx || n * hw == 0 || deterministic())) {
-    // The handwritten backward takes NCHW: run it on NCHW copies, lay gx back out as NHWC.
-    const DeviceBuffer xt = bn_to_nchw(dt, x, n, c, hw), gyt = bn_to_nchw(dt, gy, n, c, hw);
-    const DeviceBuffer gxt(gx ? size_t(n * c * hw) * dtype_size(dt) : 0);
-    batch_norm_backward(dt, n, c, hw, training, eps, xt.get(), gamma, mean, rstd, gyt.get(), gx ? gxt.get() : nullptr,
-                        ggamma, gbeta, false);
-    if (gx) copy(bn_layout(dt, gx, n, c, hw, true), bn_layout(dt, gxt.get(), n, c, hw, false));
-    return;
-  }
+  // NHWC as NCHW [n*hw, c, 1] for the handwritten backward, as in the forward.
+  if (nhwc && (!training || !gx || n * hw == 0 || deterministic()))
+    return batch_norm_backward(dt, n * hw, c, 1, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta, false);
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     if (!training || !gx || n * hw == 0 || deterministic()) {
