@@ -353,10 +353,11 @@ __global__ void __launch_bounds__(kThreads) softmax_cols_kernel(bool log, int64_
 
 // Softmax backward, contiguous rows. Launch: launch_rows; lane r owns elements r, r + group, ...
 // s = sum(gy * y) (softmax) or sum(gy) (log-softmax), per-thread in T, across the group in f64.
+// gx is multiplied by `scale` (1, or masked softmax's score scale: exact when 1).
 // Traffic: y and gy read twice (second time cached), gx written once.
 template <typename T, bool kBlock>
 __global__ void __launch_bounds__(kThreads) softmax_bwd_rows_kernel(bool log, int64_t rows, int64_t n, const T* y,
-                                                                    const T* gy, T* gx) {
+                                                                    const T* gy, T scale, T* gx) {
   using G = RowGroup<kBlock>;
   __shared__ double sred[32];
   for (int64_t r = G::first(); r < rows; r += G::step()) {
@@ -367,9 +368,9 @@ __global__ void __launch_bounds__(kThreads) softmax_bwd_rows_kernel(bool log, in
     for (int64_t i = G::rank(); i < n; i += G::size()) acc += log ? g[i] : g[i] * yr[i];
     const T s = T(group_sum<kBlock>(double(acc), sred));
     if (log) {
-      for (int64_t i = G::rank(); i < n; i += G::size()) o[i] = g[i] - dexp(yr[i]) * s;
+      for (int64_t i = G::rank(); i < n; i += G::size()) o[i] = scale * (g[i] - dexp(yr[i]) * s);
     } else {
-      for (int64_t i = G::rank(); i < n; i += G::size()) o[i] = yr[i] * (g[i] - s);
+      for (int64_t i = G::rank(); i < n; i += G::size()) o[i] = scale * (yr[i] * (g[i] - s));
     }
   }
 }
@@ -401,7 +402,8 @@ __global__ void __launch_bounds__(kThreads) softmax_bwd_cols_kernel(bool log, in
 // softmax_rows_kernel (a warp or a block per row, lane r owning elements r, r + group, ...). The
 // scaled, masked scores z are recomputed from x and the mask row in each pass instead of being stored:
 // what the unfused ops would write and read back as two [rows, n] tensors never leaves registers.
-// Traffic: x and the mask row read twice (the second time from L1/L2), y written once.
+// Traffic: x and the mask row read twice (the second time from L1/L2), y written once. Its backward
+// is softmax_bwd_rows_kernel with the scale.
 template <typename T, bool kBlock>
 __global__ void __launch_bounds__(kThreads) masked_softmax_rows_kernel(int64_t rows, int64_t n, const T* x, T scale,
                                                                        const T* mask, MaskRows mr, T* y) {
@@ -426,24 +428,6 @@ __global__ void __launch_bounds__(kThreads) masked_softmax_rows_kernel(int64_t r
     }
     const T inv = T(1.0 / double(s));
     for (int64_t i = G::rank(); i < n; i += G::size()) yr[i] = dexp(z(i) - m) * inv;
-  }
-}
-
-// Its backward, gx = scale * y * (gy - sum(gy * y)). Launch and ownership as softmax_bwd_rows_kernel.
-// Traffic: y and gy read twice (second time cached), gx written once.
-template <typename T, bool kBlock>
-__global__ void __launch_bounds__(kThreads) masked_softmax_bwd_rows_kernel(int64_t rows, int64_t n, const T* y,
-                                                                           const T* gy, T scale, T* gx) {
-  using G = RowGroup<kBlock>;
-  __shared__ double sred[32];
-  for (int64_t r = G::first(); r < rows; r += G::step()) {
-    const T* yr = y + r * n;
-    const T* g = gy + r * n;
-    T* o = gx + r * n;
-    T acc = T(0);
-    for (int64_t i = G::rank(); i < n; i += G::size()) acc += g[i] * yr[i];
-    const T s = T(group_sum<kBlock>(double(acc), sred));
-    for (int64_t i = G::rank(); i < n; i += G::size()) o[i] = scale * (yr[i] * (g[i] - s));
   }
 }
 
@@ -1121,7 +1105,7 @@ void softmax_backward(DType dt, bool log, int64_t outer, int64_t n, int64_t inne
     using T = decltype(tag);
     if (inner == 1) {
       launch_rows(softmax_bwd_rows_kernel<T, false>, softmax_bwd_rows_kernel<T, true>, "softmax_bwd_rows_kernel",
-                  outer, n, s, log, outer, n, cp<T>(y), cp<T>(gy), mp<T>(gx));
+                  outer, n, s, log, outer, n, cp<T>(y), cp<T>(gy), T(1), mp<T>(gx));
     } else {
       const int64_t tiles = outer * ((inner + 31) / 32);
       softmax_bwd_cols_kernel<T><<<grid_for(tiles * kThreads), kThreads, 0, s>>>(log, outer, n, inner, cp<T>(y),
@@ -1147,8 +1131,8 @@ void masked_softmax_backward(DType dt, int64_t rows, int64_t n, const void* y, c
   const cudaStream_t s = current().stream;
   dispatch_nn(dt, "masked_softmax", [&](auto tag) {
     using T = decltype(tag);
-    launch_rows(masked_softmax_bwd_rows_kernel<T, false>, masked_softmax_bwd_rows_kernel<T, true>,
-                "masked_softmax_bwd_rows_kernel", rows, n, s, rows, n, cp<T>(y), cp<T>(gy), T(scale), mp<T>(gx));
+    launch_rows(softmax_bwd_rows_kernel<T, false>, softmax_bwd_rows_kernel<T, true>, "softmax_bwd_rows_kernel", rows,
+                n, s, false, rows, n, cp<T>(y), cp<T>(gy), T(scale), mp<T>(gx));
   });
 }
 
