@@ -1,4 +1,4 @@
-// GPU benchmark: the memory-bound kernels (elementwise, cast, reduction, softmax, layer norm,
+// GPU benchmark: the memory-bound kernels (elementwise, cast, reduction, softmax, masked softmax, layer norm,
 // cross-entropy) in GB/s against the device's measured copy bandwidth and its datasheet peak;
 // cuBLASLt GEMM in TFLOP/s (f16, bf16, f32 and TF32) against the datasheet peak; cuDNN convolutions
 // of ResNet-50 forward + backward. Prints tables; --json FILE writes every row. With no GPU it says
@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   const double copy_gbps = 2.0 * 4 * double(n) / copy_ms / 1e6;
   const int64_t rows = n / 1024, cols = 1024;
   Tensor x2 = randn({rows, cols}, f32), g2 = randn({rows, cols}, f32), gamma = ones({cols}, f32), beta = zeros({cols}, f32);
+  const Tensor row_mask = randn({cols}, f32);  // an attention padding mask shared by every row
   const int64_t ce_rows = n / 32768;
   Tensor logits = randn({ce_rows, 32768}, f32), target = randint(0, 32768, {ce_rows}, TensorOptions(DType::i64, kGpu));
   struct Mem {
@@ -118,6 +119,10 @@ int main(int argc, char** argv) {
       {"sum (all)", fb, [&] { (void)sum(a); }},
       {"sum over rows [R,1024]", fb, [&] { (void)sum(x2, {0}); }},
       {"softmax fwd [R,1024]", 2 * fb, [&] { (void)softmax(x2, 1); }},
+      // Attention's scores: the fused kernel against scale, mask add and softmax as three ops (same
+      // useful bytes, so the GB/s columns compare the two directly).
+      {"masked_softmax fwd [R,1024]", 2 * fb, [&] { (void)masked_softmax(x2, row_mask, 0.125); }},
+      {"x*s + mask, softmax (3 ops)", 2 * fb, [&] { (void)softmax(x2 * 0.125 + row_mask, 1); }},
       {"layer_norm fwd [R,1024]", 2 * fb, [&] { (void)layer_norm(x2, {cols}, gamma, beta); }},
       {"cross_entropy fwd [R,32768]", fb, [&] { (void)cross_entropy(logits, target); }},
   };
@@ -263,16 +268,25 @@ int main(int argc, char** argv) {
                                    {"layer4 1x1 expand", 512, 7, 2048, 1, 1, 0}};
   const int64_t batch = quick ? 32 : 128;
   std::printf("\ncuDNN conv2d, ResNet-50 layers, batch %lld, forward + backward (data and filter)\n", (long long)batch);
-  std::printf("%-20s %-6s %10s %10s %10s %10s\n", "layer", "dtype", "fwd ms", "fwd+bwd ms", "TFLOP/s", "% peak");
+  std::printf("(NHWC: input and output gradient channels_last, as `kiln train --channels-last` runs them)\n");
+  std::printf("%-20s %-6s %-6s %10s %10s %10s %10s\n", "layer", "dtype", "layout", "fwd ms", "fwd+bwd ms", "TFLOP/s",
+              "% peak");
   nlohmann::json conv_rows = nlohmann::json::array();
   GradMode::set_enabled(true);
-  for (DType dt : {DType::f16, DType::f32}) {
+  struct Variant {
+    DType dt;
+    MemoryFormat fmt;
+  };
+  for (const Variant& var : {Variant{DType::f16, MemoryFormat::contiguous}, Variant{DType::f16, MemoryFormat::channels_last},
+                             Variant{DType::f32, MemoryFormat::contiguous}}) {
+    const DType dt = var.dt;
+    const char* layout = var.fmt == MemoryFormat::channels_last ? "NHWC" : "NCHW";
     for (const Conv& c : convs) {
       const TensorOptions o(dt, kGpu);
-      Tensor x = randn({batch, c.c, c.h, c.h}, o).set_requires_grad(true);
+      Tensor x = randn({batch, c.c, c.h, c.h}, o).contiguous(var.fmt).detach().set_requires_grad(true);
       Tensor w = (randn({c.o, c.c, c.k, c.k}, o) * 0.05).detach().set_requires_grad(true);
       const int64_t oh = (c.h + 2 * c.p - c.k) / c.s + 1;
-      const Tensor gy = randn({batch, c.o, oh, oh}, o);
+      const Tensor gy = randn({batch, c.o, oh, oh}, o).contiguous(var.fmt);
       const double fwd = median_ms([&] { (void)conv2d(x.detach(), w.detach(), {}, {c.s, c.s}, {c.p, c.p}); }, reps);
       const double all = median_ms(
           [&] {
@@ -284,9 +298,10 @@ int main(int argc, char** argv) {
       const double flops = 3.0 * 2.0 * double(batch * c.o * oh * oh) * double(c.c * c.k * c.k);
       const double tf = flops / all / 1e9;
       const double pk = dt == DType::f16 ? peak.tf16 : peak.tf32;
-      std::printf("%-20s %-6s %10.3f %10.3f %10.1f %10s\n", c.name, dtype_name(dt), fwd, all, tf, pct(tf, pk).c_str());
-      conv_rows.push_back({{"layer", c.name}, {"dtype", dtype_name(dt)}, {"batch", batch}, {"fwd_ms", fwd},
-                           {"fwd_bwd_ms", all}, {"TFLOPs", tf}});
+      std::printf("%-20s %-6s %-6s %10.3f %10.3f %10.1f %10s\n", c.name, dtype_name(dt), layout, fwd, all, tf,
+                  pct(tf, pk).c_str());
+      conv_rows.push_back({{"layer", c.name}, {"dtype", dtype_name(dt)}, {"layout", layout}, {"batch", batch},
+                           {"fwd_ms", fwd}, {"fwd_bwd_ms", all}, {"TFLOPs", tf}});
     }
   }
   out["conv"] = conv_rows;
