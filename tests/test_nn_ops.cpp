@@ -129,6 +129,9 @@ TEST_CASE("nn: conv2d f32 forward and gradients match f64 on every CPU path") {
       {"1x1", {3, 8, 5, 5}, {6, 8, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1},
       {"K over several GEMM blocks, same", {2, 50, 6, 6}, {9, 50, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
       {"K over several GEMM blocks, valid", {2, 50, 6, 6}, {9, 50, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1},
+      {"direct with padding beyond the kernel in H", {2, 3, 5, 6}, {4, 3, 3, 3}, {1, 1}, {3, 1}, {1, 1}, 1},
+      {"63 taps", {2, 2, 9, 8}, {3, 2, 9, 7}, {1, 1}, {4, 3}, {1, 1}, 1},
+      {"one image, 100 filters (several channel spans)", {1, 8, 6, 6}, {100, 8, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
   };
   for (const Case& cs : cases) {
     INFO(std::string(cs.what));
@@ -169,11 +172,16 @@ TEST_CASE("nn: f32 conv2d forward and gradients are bitwise identical with 1 and
   struct Case {
     Shape x, w;
     Pair s, p;
+    int64_t g;
   };
-  // Direct (same 3x3, images in several chunks), implicit GEMM (valid), strided; big enough to be split.
-  const Case cases[] = {{{40, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}, {1, 1}},
-                        {{4, 16, 20, 20}, {24, 16, 3, 3}, {1, 1}, {0, 0}},
-                        {{4, 16, 20, 20}, {24, 16, 3, 3}, {2, 2}, {1, 1}}};
+  // Direct (same 3x3, images in several chunks; one image with channel spans; groups), implicit GEMM
+  // (valid, and padding beyond the kernel), strided; big enough to be split.
+  const Case cases[] = {{{40, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}, {1, 1}, 1},
+                        {{1, 32, 12, 12}, {120, 32, 3, 3}, {1, 1}, {1, 1}, 1},
+                        {{6, 16, 12, 12}, {24, 8, 3, 3}, {1, 1}, {1, 1}, 2},
+                        {{4, 16, 20, 20}, {24, 16, 3, 3}, {1, 1}, {0, 0}, 1},
+                        {{4, 16, 20, 20}, {24, 16, 3, 3}, {1, 1}, {3, 3}, 1},
+                        {{4, 16, 20, 20}, {24, 16, 3, 3}, {2, 2}, {1, 1}, 1}};
   const int saved = num_threads();
   for (const Case& cs : cases) {
     std::vector<std::vector<double>> runs;
@@ -182,7 +190,7 @@ TEST_CASE("nn: f32 conv2d forward and gradients are bitwise identical with 1 and
       Tensor x = rnd(cs.x, 21, DType::f32), w = rnd(cs.w, 22, DType::f32);
       x.set_requires_grad();
       w.set_requires_grad();
-      const Tensor y = conv2d(x, w, {}, cs.s, cs.p);
+      const Tensor y = conv2d(x, w, {}, cs.s, cs.p, {1, 1}, cs.g);
       Shape os = y.shape();
       sum(y * rnd(os, 23, DType::f32)).backward();
       std::vector<double> all = y.to_vector();

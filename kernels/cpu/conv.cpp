@@ -210,8 +210,8 @@ void pack_im2col(const void* ctx, int64_t pc, int64_t kc, int64_t j0, int64_t nc
 // that fall in the padding (or past the plane, or wrap into a neighbouring row) must be masked off.
 // The GEMM's B operand is loaded straight from the image: nothing is packed.
 //
-// A task is one image and one tile of 64 output pixels (4 vectors). It computes every output channel
-// of the tile, 6 at a time (register tile 6 x 4 vectors, as in the GEMM): for each input channel and
+// A task is one image, one tile of 64 output pixels (4 vectors) and up to 48 output channels of one
+// group (so even one image spreads over the threads). It computes its channels 6 at a time (register tile 6 x 4 vectors, as in the GEMM): for each input channel and
 // tap t, 4 masked loads of x (the tap's masks precomputed per tile) and 6 broadcasts of w[o, c, t] feed
 // 24 FMAs. Sums run over (c, ki, kj) in order, as the im2col GEMM's K does: results do not depend on
 // threads. Channel-outer order keeps the taps of one channel on the same few lines of x (a tap-outer
@@ -290,28 +290,32 @@ void direct_conv(const Conv2dParams& p, const float* x, const float* w, float* y
   const std::vector<TileMasks> tm = tile_masks(p);
   int64_t base_shift[kDirectMaxTaps];
   for (int64_t t = 0; t < taps; ++t) base_shift[t] = tap_shift(p, t);
-  parallel_for(0, p.n * tiles, 1, [&](int64_t b, int64_t e) {
+  // A task: one image, one tile, one group's output channels kOutSpan at a time (so a single image
+  // still spreads over the threads); every output has one writer.
+  constexpr int64_t kOutSpan = 48;
+  const int64_t spans = (og + kOutSpan - 1) / kOutSpan, per_image = tiles * p.groups * spans;
+  parallel_for(0, p.n * per_image, 1, [&](int64_t b, int64_t e) {
     int64_t shift[kDirectMaxTaps];
     for (int64_t task = b; task < e; ++task) {
-      const int64_t n = task / tiles, tile = task % tiles, p0 = tile * 64;
+      const int64_t n = task / per_image, rest = task % per_image, tile = rest / (p.groups * spans);
+      const int64_t g = rest / spans % p.groups, o_begin = rest % spans * kOutSpan;
+      const int64_t o_end = std::min(og, o_begin + kOutSpan), p0 = tile * 64;
       const auto& masks = tm[size_t(tile)].load;
       const __mmask16* store = tm[size_t(tile)].store;
       for (int64_t t = 0; t < taps; ++t) shift[t] = p0 + base_shift[t];
-      for (int64_t g = 0; g < p.groups; ++g) {
-        const float* xg = x + (n * p.c + g * cg) * plane;
-        float* yg = y + (n * p.o + g * og) * ohw + p0;
-        const float* wg = w + g * og * wstride;
-        int64_t o = 0;
-        for (; o + 6 <= og; o += 6)
-          direct_block<6>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store);
-        switch (og - o) {
-          case 5: direct_block<5>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
-          case 4: direct_block<4>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
-          case 3: direct_block<3>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
-          case 2: direct_block<2>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
-          case 1: direct_block<1>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
-          default: break;
-        }
+      const float* xg = x + (n * p.c + g * cg) * plane;
+      float* yg = y + (n * p.o + g * og) * ohw + p0;
+      const float* wg = w + g * og * wstride;
+      int64_t o = o_begin;
+      for (; o + 6 <= o_end; o += 6)
+        direct_block<6>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store);
+      switch (o_end - o) {
+        case 5: direct_block<5>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
+        case 4: direct_block<4>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
+        case 3: direct_block<3>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
+        case 2: direct_block<2>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
+        case 1: direct_block<1>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
+        default: break;
       }
     }
   });
@@ -389,7 +393,12 @@ __attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, con
 void direct_conv_wgrad(const Conv2dParams& p, const float* x, const float* gy, float* gw) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, vecs = (ohw + 15) / 16, cols = cg * taps, wsize = p.o * cols;
-  const int64_t s = std::clamp<int64_t>(kTargetCols / std::max<int64_t>(ohw, 1), 1, std::max<int64_t>(p.n, 1));
+  // S as Geometry picks it (S * OH * OW ~ 1024), but at most kMaxWgradChunks chunks: their partials
+  // take chunks x |w| floats.
+  constexpr int64_t kMaxWgradChunks = 64;
+  int64_t s = (kTargetCols + ohw - 1) / std::max<int64_t>(ohw, 1);
+  s = std::max(s, (p.n + kMaxWgradChunks - 1) / kMaxWgradChunks);
+  s = std::clamp<int64_t>(s, 1, std::max<int64_t>(p.n, 1));
   const int64_t nchunks = (p.n + s - 1) / s, oblocks = (og + 5) / 6, jblocks = (cols + 3) / 4;
   // The tile masks laid out per tap along the vectors: tap_masks[t * vecs + v], plane_mask[v].
   const std::vector<TileMasks> tm = tile_masks(p);
@@ -404,7 +413,8 @@ void direct_conv_wgrad(const Conv2dParams& p, const float* x, const float* gy, f
     pair_tap[size_t(jj)] = jj % taps;
     pair_off[size_t(jj)] = jj / taps * plane + tap_shift(p, jj % taps);
   }
-  std::vector<float> partial(size_t(nchunks * wsize));
+  // Every partial is written before it is read: no zeroing.
+  std::unique_ptr<float[]> partial(new float[size_t(nchunks * wsize)]);
   const int64_t per_chunk = p.groups * oblocks * jblocks;
   parallel_for(0, nchunks * per_chunk, 8, [&](int64_t b, int64_t e) {
     for (int64_t task = b; task < e; ++task) {
@@ -424,7 +434,7 @@ void direct_conv_wgrad(const Conv2dParams& p, const float* x, const float* gy, f
       for (int j = 0; j < 4; ++j) xmask[j] = tap_masks.data() + tap[j] * vecs;
       wgrad_tile(gy + chunk * s * p.o * ohw, p.o * ohw, x + chunk * s * p.c * plane, p.c * plane,
                  std::min(p.n, chunk * s + s) - chunk * s, vecs, ohw, orow, xoff, xmask, plane_mask.data(), sums);
-      float* out = partial.data() + chunk * wsize;
+      float* out = partial.get() + chunk * wsize;
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < ncol; ++j) out[orow[r] * cols + j0 + j] = sums[r][j];
     }
