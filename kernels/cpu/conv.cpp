@@ -211,8 +211,8 @@ void pack_im2col(const void* ctx, int64_t pc, int64_t kc, int64_t j0, int64_t nc
 // The GEMM's B operand is loaded straight from the image: nothing is packed.
 //
 // A task is one image, one tile of 64 output pixels (4 vectors) and up to 48 output channels of one
-// group (so even one image spreads over the threads). It computes its channels 6 at a time (register tile 6 x 4 vectors, as in the GEMM): for each input channel and
-// tap t, 4 masked loads of x (the tap's masks precomputed per tile) and 6 broadcasts of w[o, c, t] feed
+// group (so even one image spreads over the threads). It computes its channels 6 at a time (register
+// tile 6 x 4 vectors, as in the GEMM): for each input channel and tap t, 4 masked loads of x (the tap's masks precomputed per tile) and 6 broadcasts of w[o, c, t] feed
 // 24 FMAs. Sums run over (c, ki, kj) in order, as the im2col GEMM's K does: results do not depend on
 // threads. Channel-outer order keeps the taps of one channel on the same few lines of x (a tap-outer
 // order strides by whole planes, and 4 KiB planes thrash L1's sets); the tile's slice of x
@@ -393,10 +393,9 @@ __attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, con
 void direct_conv_wgrad(const Conv2dParams& p, const float* x, const float* gy, float* gw) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, vecs = (ohw + 15) / 16, cols = cg * taps, wsize = p.o * cols;
-  // S as Geometry picks it (S * OH * OW ~ 1024), but at most kMaxWgradChunks chunks: their partials
-  // take chunks x |w| floats.
-  constexpr int64_t kMaxWgradChunks = 64;
-  int64_t s = (kTargetCols + ohw - 1) / std::max<int64_t>(ohw, 1);
+  // S * OH * OW ~ 1024, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats.
+  constexpr int64_t kMaxWgradChunks = 128;
+  int64_t s = kTargetCols / std::max<int64_t>(ohw, 1);
   s = std::max(s, (p.n + kMaxWgradChunks - 1) / kMaxWgradChunks);
   s = std::clamp<int64_t>(s, 1, std::max<int64_t>(p.n, 1));
   const int64_t nchunks = (p.n + s - 1) / s, oblocks = (og + 5) / 6, jblocks = (cols + 3) / 4;

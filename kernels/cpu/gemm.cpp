@@ -101,9 +101,7 @@ double macs(const Problem<T>& p) {
 template <typename T, typename Fn>
 void for_each_block(const Problem<T>& p, bool split_n, int64_t tiles, int64_t align, const Fn& fn) {
   if (tiles <= 1) {
-    // Through parallel_for all the same: it runs inline, but inside the flush-denormals scope every
-    // pool thread has, so a result never depends on whether the problem was split.
-    parallel_for(0, 1, 1, [&](int64_t, int64_t) { fn(p); });
+    fn(p);
     return;
   }
   const int64_t dim = split_n ? p.n : p.m;
