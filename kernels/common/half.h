@@ -3,12 +3,17 @@
 // them); where the host compiler targets F16C or AVX512-FP16, and in device code (PTX cvt), the
 // conversions are single hardware instructions with the same results (tests compare the host ones
 // exhaustively; `kiln doctor`'s self-test compares the device with the host).
+// The host path uses the F16C intrinsics, not _Float16: clang 14 rejects _Float16 on x86 unless
+// the target has AVX512-FP16, and GCC and clang emit the same vcvtps2ph/vcvtph2ps for both.
 #pragma once
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "kernels/common/macros.h"
+#if !defined(__CUDACC__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace kiln {
 
@@ -31,7 +36,7 @@ KILN_HD float f32_from_bits(uint32_t u) {
 #endif
 }
 
-#if !defined(__CUDACC__) && (defined(__F16C__) || defined(__AVX512FP16__))
+#if !defined(__CUDACC__) && defined(__F16C__)
 #define KILN_HOST_F16_HW 1
 #else
 #define KILN_HOST_F16_HW 0
@@ -81,7 +86,7 @@ KILN_HD float f16_bits_to_f32_soft(uint16_t h) {
 
 KILN_HD uint16_t f32_to_f16_bits(float f) {
 #if KILN_HOST_F16_HW
-  return __builtin_bit_cast(uint16_t, static_cast<_Float16>(f));
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
 #elif KILN_DEVICE_CODE
   uint16_t h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
@@ -92,7 +97,7 @@ KILN_HD uint16_t f32_to_f16_bits(float f) {
 }
 KILN_HD float f16_bits_to_f32(uint16_t h) {
 #if KILN_HOST_F16_HW
-  return static_cast<float>(__builtin_bit_cast(_Float16, h));
+  return _cvtsh_ss(h);
 #elif KILN_DEVICE_CODE
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
