@@ -1,10 +1,11 @@
 // Kiln's public API in one include: tensors, ops, nn ops and modules, optimizers, autograd, random numbers, the thread pool.
 #pragma once
+#include "base/dtype.h"
+#include "base/error.h"
+#include "base/thread_pool.h"
 #include "engine/amp.h"
 #include "engine/autocast.h"
 #include "engine/autograd.h"
-#include "engine/dtype.h"
-#include "engine/error.h"
 #include "engine/gradcheck.h"
 #include "engine/init.h"
 #include "engine/nn.h"
@@ -13,4 +14,3 @@
 #include "engine/optim.h"
 #include "engine/random.h"
 #include "engine/tensor.h"
-#include "engine/thread_pool.h"

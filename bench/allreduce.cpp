@@ -16,10 +16,12 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "kiln.h"
+#include "tools/environment.h"
 
 using namespace kiln;
 
 int main(int argc, char** argv) {
+  kiln::tools::apply_environment();  // KILN_NUM_THREADS, KILN_GEMM, ... as `kiln` reads them
   std::string json_path;
   int64_t max_bytes = int64_t(1) << 30;
   int iters = 20;
@@ -35,7 +37,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const dist::DistEnv env = dist::DistEnv::from_environment();
+  const dist::DistEnv env = kiln::tools::dist_env();
   auto host_comm = dist::make_cpu_communicator(env, std::chrono::seconds(600));
   std::unique_ptr<dist::Communicator> gpu_comm;
   if (gpu) {

@@ -15,8 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/thread_pool.h"
+#include "base/thread_pool.h"
 #include "kernels/cpu/gemm.h"
+#include "tools/environment.h"
 
 #if defined(KILN_BENCH_HAVE_CBLAS)
 #include <cblas.h>
@@ -115,6 +116,7 @@ Row run_shape(const Shape& s, bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::tools::apply_environment();  // KILN_NUM_THREADS, KILN_GEMM, ... as `kiln` reads them
   std::string json_path;
   int threads = 0;
   bool quick = false;

@@ -17,6 +17,7 @@
 #include "kernels/cuda/runtime_info.h"
 #include "kernels/cuda/tc_gemm.h"
 #include "kiln.h"
+#include "tools/environment.h"
 
 using namespace kiln;
 
@@ -67,6 +68,7 @@ std::string pct(double x, double of) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::tools::apply_environment();  // KILN_NUM_THREADS, KILN_GEMM, ... as `kiln` reads them
   std::string json_path;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln.h"
+#include "tools/environment.h"
 
 using namespace kiln;
 
@@ -36,6 +37,7 @@ struct ConvCase {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::tools::apply_environment();  // KILN_NUM_THREADS, KILN_GEMM, ... as `kiln` reads them
   std::string json_path;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {

@@ -1,7 +1,7 @@
 // The autocast policy table and the per-thread autocast state.
 #include "engine/autocast.h"
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/ops.h"
 
 namespace kiln::amp {

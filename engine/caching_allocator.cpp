@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace kiln {
 namespace {

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "engine/autograd.h"
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/ops.h"
 
 namespace kiln::dist {
@@ -22,8 +22,8 @@ bool have_mpi() { return false; }
 
 namespace {
 
-bool env_int(const char* name, int& out) {
-  const char* v = std::getenv(name);
+bool env_int(const DistEnv::Lookup& get, const char* name, int& out) {
+  const char* v = get(name);
   if (!v || !*v) return false;
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
@@ -80,21 +80,21 @@ constexpr LauncherVars kLaunchers[] = {
     {"slurm", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
 };
 
-DistEnv DistEnv::from_environment() {
+DistEnv DistEnv::from_variables(const Lookup& get) {
   DistEnv e;
   for (const LauncherVars& l : kLaunchers) {
-    if (!env_int(l.size, e.world_size)) continue;
+    if (!env_int(get, l.size, e.world_size)) continue;
     e.launcher = l.name;
-    env_int(l.rank, e.rank);
+    env_int(get, l.rank, e.rank);
     e.local_rank = e.rank;
-    env_int(l.local_rank, e.local_rank);
+    env_int(get, l.local_rank, e.local_rank);
     e.local_world_size = e.world_size;
-    env_int(l.local_size, e.local_world_size);
+    env_int(get, l.local_size, e.local_world_size);
     break;
   }
   if (e.launcher == "torchrun") {
-    if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
-    env_int("MASTER_PORT", e.master_port);
+    if (const char* a = get("MASTER_ADDR")) e.master_addr = a;
+    env_int(get, "MASTER_PORT", e.master_port);
   }
   KILN_CHECK(e.world_size >= 1 && e.rank < e.world_size && e.local_rank < std::max(e.local_world_size, 1),
              "the ", e.launcher, " environment says rank ", e.rank, " (local ", e.local_rank, ") of ", e.world_size,

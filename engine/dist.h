@@ -4,10 +4,12 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "engine/nn.h"
 #include "engine/tensor.h"
 
@@ -15,16 +17,34 @@ namespace kiln::dist {
 
 // Rank and world size as the launcher set them: torchrun / `kiln launch` (RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_*), or Slurm
-// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID); none of them: one process.
+// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID); none of them: one process. The library reads no
+// environment: `get` looks a variable up (null when unset); tools pass std::getenv
+// (tools/environment.h, dist_env()).
 struct DistEnv {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
   std::string master_addr;
   int master_port = 0;
   std::string launcher = "none";  // torchrun | openmpi | slurm | none
-  static DistEnv from_environment();
+  using Lookup = std::function<const char*(const char*)>;
+  static DistEnv from_variables(const Lookup& get);
 };
 
 enum class ReduceOp : uint8_t { sum, avg, max, min };
+
+// A collective that failed: it did not complete within the communicator's timeout (a rank died,
+// hangs or issued different collectives), or a peer's connection broke. The communicator is then
+// unusable: every later collective on it throws this too. The library never ends the process; a
+// tool that catches this should exit at once (`kiln` exits with code 3) rather than run the
+// destructors of a communicator whose peers are gone.
+class CollectiveError : public Error {
+ public:
+  CollectiveError(const std::string& what, bool timed_out, const char* file, int line)
+      : Error(what, file, line), timed_out_(timed_out) {}
+  bool timed_out() const { return timed_out_; }
+
+ private:
+  bool timed_out_;
+};
 
 // A collective in flight; wait() returns when its result is in the tensor.
 class Work {
@@ -34,7 +54,7 @@ class Work {
 };
 
 // Collectives on contiguous tensors, in place. Every rank must issue the same collectives in the
-// same order; one that does not complete within the timeout ends the job with a message naming the
+// same order; one that does not complete within the timeout throws CollectiveError naming the
 // collective and the rank (a dead or diverged rank must not hang the others forever).
 class Communicator {
  public:

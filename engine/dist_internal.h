@@ -1,6 +1,7 @@
 // What the communicators share: one thread that runs collectives in the order they were issued
 // (bucket all-reduces overlap the backward that issues them; every rank sees one sequence), and the
-// message a collective that timed out leaves before the job is ended.
+// CollectiveError a collective that timed out or broke throws. After one, the thread fails every
+// later job at once: the ranks no longer agree on the sequence, so nothing more may be sent.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -13,17 +14,24 @@
 #include <thread>
 
 #include "engine/dist.h"
-#include "engine/error.h"
-#include "engine/thread_pool.h"
+#include "base/error.h"
+#include "base/thread_pool.h"
 
 namespace kiln::dist::detail {
 
 class Job final : public Work {
  public:
   explicit Job(std::function<void()> fn) : fn_(std::move(fn)) {}
-  void run() {
+  // Runs the job, or fails it with `poison` (an earlier collective's error) without running it.
+  // Returns the CollectiveError the job threw, if any.
+  std::exception_ptr run(const std::exception_ptr& poison) {
+    std::exception_ptr broke;
     try {
+      if (poison) std::rethrow_exception(poison);
       fn_();
+    } catch (const CollectiveError&) {
+      error_ = std::current_exception();
+      broke = error_;
     } catch (...) {
       error_ = std::current_exception();
     }
@@ -32,6 +40,7 @@ class Job final : public Work {
       done_ = true;
     }
     cv_.notify_all();
+    return broke;
   }
   void wait() override {
     std::unique_lock<std::mutex> lk(m_);
@@ -83,9 +92,10 @@ class CommThread {
         job = queue_.front();
         queue_.pop_front();
       }
-      job->run();
+      if (std::exception_ptr broke = job->run(poison_); broke && !poison_) poison_ = broke;
     }
   }
+  std::exception_ptr poison_;  // the first CollectiveError; touched by the thread only
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
@@ -109,13 +119,14 @@ inline void check_blocks(const char* what, const Tensor& whole, const Tensor& bl
              " must hold ", size, " x ", block.numel(), " elements of ", block.dtype());
 }
 
-inline void report_timeout(const char* backend, int rank, int size, const char* what, long long bytes,
-                           std::chrono::seconds timeout) {
-  std::fprintf(stderr,
-               "kiln: rank %d of %d (%s): %s of %lld bytes did not complete within %lld s (--dist-timeout); another "
-               "rank has died, hangs, or issued different collectives. Aborting the job.\n",
-               rank, size, backend, what, bytes, (long long)timeout.count());
-  std::fflush(stderr);
+#define KILN_COLLECTIVE_FAIL(timed_out, ...) \
+  throw ::kiln::dist::CollectiveError(::kiln::detail::str_cat(__VA_ARGS__), timed_out, __FILE__, __LINE__)
+
+[[noreturn]] inline void throw_timeout(const char* backend, int rank, int size, const char* what, long long bytes,
+                                       std::chrono::seconds timeout) {
+  KILN_COLLECTIVE_FAIL(true, "rank ", rank, " of ", size, " (", backend, "): ", what, " of ", bytes,
+                       " bytes did not complete within ", timeout.count(),
+                       " s (--dist-timeout); another rank has died, hangs, or issued different collectives");
 }
 
 }  // namespace kiln::dist::detail

@@ -1,9 +1,12 @@
 // The MPI communicator for CPU ranks. Every collective runs on one communication thread, in the
 // order it was issued (so bucket all-reduces overlap the backward that issues them, and all ranks
 // see one sequence), as a non-blocking MPI call polled against a deadline: a collective that does
-// not complete in time prints which one, on which rank, and aborts the job instead of hanging.
+// not complete in time throws CollectiveError naming it and the rank instead of hanging. MPI is then
+// left as it is (a pending request, peers that may be gone): the process should exit without
+// finalising it, which is what `kiln` does.
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdio>
 #include <functional>
 #include <thread>
@@ -11,7 +14,7 @@
 #include "engine/autograd.h"
 #include "engine/dist.h"
 #include "engine/dist_internal.h"
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/ops.h"
 
 namespace kiln::dist {
@@ -67,6 +70,7 @@ class MpiCommunicator final : public Communicator {
 
   ~MpiCommunicator() override {
     thread_.stop();
+    if (failed_) return;  // a request is still pending and peers may be gone: freeing or finalising could hang
     MPI_Comm_free(&comm_);
     if (owns_mpi_) MPI_Finalize();
   }
@@ -151,9 +155,8 @@ class MpiCommunicator final : public Communicator {
       KILN_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
       if (done) return;
       if (std::chrono::steady_clock::now() > deadline) {
-        detail::report_timeout("mpi", rank_, size_, what, (long long)bytes, timeout_);
-        MPI_Abort(comm_, 1);
-        std::_Exit(1);
+        failed_ = true;
+        detail::throw_timeout("mpi", rank_, size_, what, (long long)bytes, timeout_);
       }
       // Spin briefly (latency), then yield the core to the compute threads.
       if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -164,6 +167,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   bool owns_mpi_ = false;
+  std::atomic<bool> failed_{false};
   detail::CommThread thread_;  // last member: started after, stopped before the rest
 };
 

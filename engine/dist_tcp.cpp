@@ -4,8 +4,8 @@
 // port; then each rank connects to the next one, forming a ring. Collectives are ring algorithms:
 // all-reduce = reduce-scatter + all-gather (each chunk is reduced once, in one order, then copied,
 // so every rank ends with identical bits), each step sending to the next rank while receiving from
-// the previous one. A step that stalls past the timeout, or a peer that disconnects, ends the job
-// with a message naming the collective and the rank.
+// the previous one. A step that stalls past the timeout, or a peer that disconnects, throws
+// CollectiveError naming the collective and the rank.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -23,7 +23,7 @@
 #include "engine/autograd.h"
 #include "engine/dist.h"
 #include "engine/dist_internal.h"
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/ops.h"
 
 namespace kiln::dist {
@@ -45,11 +45,7 @@ struct Socket {
   }
 };
 
-[[noreturn]] void fatal(const std::string& msg) {
-  std::fprintf(stderr, "kiln: %s\n", msg.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
+[[noreturn]] void broken(const std::string& msg) { KILN_COLLECTIVE_FAIL(false, msg); }
 
 Socket listener(int port, int backlog) {
   Socket s(::socket(AF_INET, SOCK_STREAM, 0));
@@ -116,7 +112,7 @@ Socket accept_from(const Socket& l, Clock::time_point deadline, const std::strin
 }
 
 // Sends sn bytes on `out` while receiving rn bytes on `in`, until both are done. false: timed out.
-// A peer that closed its end is fatal (it has exited).
+// A peer that closed its end throws CollectiveError (it has exited).
 bool exchange(int out, const void* sp, size_t sn, int in, void* rp, size_t rn, Clock::time_point deadline,
               const std::string& what) {
   size_t so = 0, ro = 0;
@@ -128,7 +124,7 @@ bool exchange(int out, const void* sp, size_t sn, int in, void* rp, size_t rn, C
     if (so < sn) io = np, p[np++] = {out, POLLOUT, 0};
     if (ro < rn) ii = np, p[np++] = {in, POLLIN, 0};
     const int k = ::poll(p, nfds_t(np), 200);
-    if (k < 0 && errno != EINTR) fatal(what + ": poll: " + std::strerror(errno));
+    if (k < 0 && errno != EINTR) broken(what + ": poll: " + std::strerror(errno));
     if (k <= 0) {
       if (Clock::now() > deadline) return false;
       continue;
@@ -137,14 +133,14 @@ bool exchange(int out, const void* sp, size_t sn, int in, void* rp, size_t rn, C
       const ssize_t n = ::send(out, s + so, sn - so, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) so += size_t(n);
       else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        fatal(what + ": the next rank in the ring is gone (" + std::strerror(errno) + ")");
+        broken(what + ": the next rank in the ring is gone (" + std::strerror(errno) + ")");
     }
     if (ii >= 0 && (p[ii].revents & (POLLIN | POLLERR | POLLHUP))) {
       const ssize_t n = ::recv(in, r + ro, rn - ro, MSG_DONTWAIT);
       if (n > 0) ro += size_t(n);
-      else if (n == 0) fatal(what + ": the previous rank in the ring closed its connection (it has exited)");
+      else if (n == 0) broken(what + ": the previous rank in the ring closed its connection (it has exited)");
       else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        fatal(what + ": receiving from the previous rank: " + std::strerror(errno));
+        broken(what + ": receiving from the previous rank: " + std::strerror(errno));
     }
   }
   return true;
@@ -320,8 +316,7 @@ class TcpCommunicator final : public Communicator {
   void step(const char* what, const void* sp, int64_t sn, void* rp, int64_t rn, int64_t total_bytes) {
     const std::string label = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (tcp): " + what;
     if (!exchange(next_.fd, sp, size_t(sn), prev_.fd, rp, size_t(rn), Clock::now() + timeout_, label)) {
-      detail::report_timeout("tcp", rank_, size_, what, (long long)total_bytes, timeout_);
-      std::_Exit(1);
+      detail::throw_timeout("tcp", rank_, size_, what, (long long)total_bytes, timeout_);
     }
   }
 

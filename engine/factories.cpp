@@ -55,6 +55,28 @@ Tensor eye(int64_t n, int64_t m, TensorOptions o) {
   return finish(t, o);
 }
 
+Tensor from_blob(void* data, const Shape& shape, DType dtype, std::function<void(void*)> deleter, Device device,
+                 const Shape& strides) {
+  for (int64_t s : shape) KILN_CHECK(s >= 0, "from_blob: negative size in shape ", shape);
+  const Shape st = strides.empty() ? contiguous_strides(shape) : strides;
+  KILN_CHECK(st.size() == shape.size(), "from_blob: ", st.size(), " strides ", st, " for the ", shape.size(),
+             "-d shape ", shape);
+  // The extent of the elements the view can reach, in elements past data.
+  int64_t extent = shape.numel() > 0 ? 1 : 0;
+  for (size_t i = 0; i < shape.size() && extent > 0; ++i) {
+    KILN_CHECK(st[i] >= 0, "from_blob: negative stride in ", st);
+    extent += (shape[i] - 1) * st[i];
+  }
+  KILN_CHECK(data != nullptr || extent == 0, "from_blob: null data for shape ", shape);
+  auto storage = std::make_shared<Storage>(data, size_t(extent) * dtype_size(dtype), device, std::move(deleter));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = shape;
+  impl->strides = st;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions o) {
   KILN_CHECK(int64_t(values.size()) == shape.numel(), "from_vector: ", values.size(), " values for shape ", shape,
              " (", shape.numel(), " elements)");

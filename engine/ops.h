@@ -38,6 +38,12 @@ Tensor arange(int64_t end, TensorOptions opts = {DType::i64});
 Tensor eye(int64_t n, int64_t m = -1, TensorOptions opts = {});
 // From host values (row-major), converted to opts.dtype.
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts = {});
+// A tensor over the caller's memory, no copy: `data` holds `shape` elements of `dtype` at `strides`
+// (elements; empty: contiguous) on `device`. `deleter(data)` runs when the last tensor viewing it
+// lets go (none: the caller keeps the memory alive at least as long). Writes through the tensor
+// reach the caller's buffer. A null pointer is an error unless the shape has no elements.
+Tensor from_blob(void* data, const Shape& shape, DType dtype, std::function<void(void*)> deleter = {},
+                 Device device = kCPU, const Shape& strides = {});
 template <typename T> Tensor from_blob_copy(const T* data, const Shape& shape) {
   Tensor t = empty(shape, TensorOptions(DTypeOf<T>::value));
   std::copy(data, data + t.numel(), t.data<T>());

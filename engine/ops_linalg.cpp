@@ -6,7 +6,7 @@
 #include "engine/internal.h"
 #include "engine/nn_ops.h"
 #include "engine/ops.h"
-#include "engine/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace kiln {
 namespace {

@@ -47,9 +47,11 @@ class Optimizer {
 
  protected:
   // The fused form of a group's step (kind and hyper-parameters), when the optimizer has one.
-  virtual bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const { return false; }
+  virtual bool fused(const ParamGroup& /*g*/, OptimKind& /*kind*/, OptimHyper& /*h*/) const { return false; }
   // The fused slice of one parameter, creating its state slots.
-  virtual OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) { return {}; }
+  virtual OptimSlice fused_slice(Tensor& /*p*/, const Tensor& /*grad*/, std::map<std::string, Tensor>& /*slots*/) {
+    return {};
+  }
   // Updates parameter p (index i of group g) with gradient grad; slots are this parameter's state.
   virtual void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) = 0;
   virtual std::map<std::string, double> hyper() const = 0;

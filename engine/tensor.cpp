@@ -3,6 +3,7 @@
 #include "engine/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <iomanip>
 #include <mutex>
@@ -35,16 +36,22 @@ namespace {
 // Large blocks are kept for reuse instead of going back to the system: a training step frees and
 // allocates the same sizes every step, and fresh pages cost a page fault and a zeroing each. Blocks
 // of 64 KiB and more are rounded up to one of 8 size classes per power of two (at most 12.5%
-// slack) and cached up to a limit (KILN_CPU_CACHE_MB, default 4096; 0 turns the cache off, as do
+// slack) and cached up to a limit (set_cpu_cache_limit, default 4 GiB; 0 turns the cache off, as do
 // AddressSanitizer builds, so a use after free is still caught).
 class CpuAllocator final : public Allocator {
  public:
   CpuAllocator() {
     limit_ = size_t(4096) << 20;
-    if (const char* env = std::getenv("KILN_CPU_CACHE_MB")) limit_ = size_t(std::strtoull(env, nullptr, 10)) << 20;
 #if defined(__SANITIZE_ADDRESS__)
     limit_ = 0;
 #endif
+  }
+  void set_limit(size_t bytes) {
+#if !defined(__SANITIZE_ADDRESS__)
+    std::lock_guard<std::mutex> lk(m_);
+    limit_ = bytes;
+#endif
+    if (cached_ > bytes) release_cache();
   }
 
   void* allocate(size_t nbytes) override {
@@ -105,14 +112,20 @@ class CpuAllocator final : public Allocator {
 
   std::mutex m_;
   std::unordered_map<size_t, std::vector<void*>> free_;
-  size_t cached_ = 0, limit_ = 0;
+  size_t cached_ = 0;
+  std::atomic<size_t> limit_{0};
 };
-}  // namespace
 
-Allocator& cpu_allocator() {
+CpuAllocator& cpu_allocator_impl() {
   // Never destroyed: tensors held in other statics may be freed after this one's destructor would run.
   static CpuAllocator* a = new CpuAllocator;
   return *a;
+}
+}  // namespace
+
+void set_cpu_cache_limit(size_t bytes) { cpu_allocator_impl().set_limit(bytes); }
+Allocator& cpu_allocator() {
+  return cpu_allocator_impl();
 }
 
 Storage::Storage(size_t n, Device dev, Allocator* alloc) : nbytes(n), device(dev), allocator(alloc) {

@@ -7,10 +7,11 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "engine/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 
 namespace kiln {
 
@@ -32,6 +33,8 @@ class Allocator {
   virtual void deallocate(void* p, size_t nbytes) noexcept = 0;
 };
 Allocator& cpu_allocator();  // 64-byte aligned
+// Host memory the CPU allocator keeps for reuse (default 4 GiB; 0: every block goes back at once).
+void set_cpu_cache_limit(size_t bytes);
 
 struct Storage {
   Storage(size_t nbytes, Device device, Allocator* alloc);
@@ -113,11 +116,26 @@ class Tensor {
     KILN_CHECK(DTypeOf<T>::value == dtype(), "data<", dtype_name(DTypeOf<T>::value), ">(): tensor is ", dtype());
     return static_cast<T*>(raw_data());
   }
-  // The value of a one-element tensor, converted to T (copied from the device if needed).
-  template <typename T> T item() const { return static_cast<T>(item_double()); }
+  // The value of a one-element tensor, converted to T (copied from the device if needed); integer
+  // types are read exactly (an i64 above 2^53 survives), floats through f64.
+  template <typename T> T item() const {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      KILN_CHECK(numel() == 1, "item(): the tensor has ", numel(), " elements, not 1");
+      return values<T>()[0];
+    } else {
+      return static_cast<T>(item_double());
+    }
+  }
   double item_double() const;
   // All elements in row-major order, converted (copied from the device if needed).
   std::vector<double> to_vector() const;
+  // All elements in row-major order as T, converted as to(dtype) converts: exact when the tensor
+  // already holds T's dtype (no detour through f64).
+  template <typename T> std::vector<T> values() const {
+    const Tensor c = detach().to(kCPU).to(DTypeOf<T>::value).contiguous();
+    const T* p = c.data<T>();
+    return std::vector<T>(p, p + c.numel());
+  }
 
   // ---- autograd ----
   bool requires_grad() const { return impl_ && impl_->autograd && impl_->autograd->requires_grad; }

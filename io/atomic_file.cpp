@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace kiln::io {
 

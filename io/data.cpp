@@ -9,7 +9,7 @@
 #include <numeric>
 
 #include "engine/random.h"
-#include "engine/thread_pool.h"
+#include "base/thread_pool.h"
 #include "io/idx.h"
 
 namespace kiln::io {

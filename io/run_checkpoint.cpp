@@ -18,14 +18,29 @@ namespace kiln::io {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+json WindowStats::to_json() const { return {loss, data_s, fb_s, opt_s, steps, samples, correct, count}; }
+WindowStats WindowStats::from_json(const json& w, double comm) {
+  WindowStats s;
+  s.loss = w.at(0);
+  s.data_s = w.at(1);
+  s.fb_s = w.at(2);
+  s.opt_s = w.at(3);
+  s.comm_s = comm;
+  s.steps = w.at(4);
+  s.samples = w.at(5);
+  s.correct = w.at(6);
+  s.count = w.at(7);
+  return s;
+}
+
 json RunState::to_json() const {
   return {{"step", step},
           {"epoch", epoch},
           {"batch", batch},
-          {"window", {win_loss, win_data, win_fb, win_opt, win_steps, win_samples, win_correct, win_count}},
-          {"window_comm", win_comm},
+          {"window", window.to_json()},
+          {"window_comm", window.comm_s},
           {"rng_ranks", rng_ranks},
-          {"epoch_sums", {epoch_loss, epoch_correct, epoch_count}},
+          {"epoch_sums", epoch_sums.to_json()},
           {"train_seconds", train_seconds},
           {"samples_seen", samples_seen},
           {"epochs_log", epochs_log},
@@ -38,21 +53,9 @@ RunState RunState::from_json(const json& j) {
   r.step = j.at("step");
   r.epoch = j.at("epoch");
   r.batch = j.at("batch");
-  const auto& w = j.at("window");
-  r.win_loss = w.at(0);
-  r.win_data = w.at(1);
-  r.win_fb = w.at(2);
-  r.win_opt = w.at(3);
-  r.win_comm = j.value("window_comm", 0.0);
+  r.window = WindowStats::from_json(j.at("window"), j.value("window_comm", 0.0));
   r.rng_ranks = j.value("rng_ranks", json::array());
-  r.win_steps = w.at(4);
-  r.win_samples = w.at(5);
-  r.win_correct = w.at(6);
-  r.win_count = w.at(7);
-  const auto& e = j.at("epoch_sums");
-  r.epoch_loss = e.at(0);
-  r.epoch_correct = e.at(1);
-  r.epoch_count = e.at(2);
+  r.epoch_sums = EpochStats::from_json(j.at("epoch_sums"));
   r.train_seconds = j.at("train_seconds");
   r.samples_seen = j.at("samples_seen");
   r.epochs_log = j.at("epochs_log");

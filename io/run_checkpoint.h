@@ -16,12 +16,46 @@
 namespace kiln::io {
 
 // The counters of a run that a resume restores, so it logs and ends exactly as the uninterrupted run.
+// One optimizer step's numbers, summed over its micro-batches and over the ranks.
+struct StepStats {
+  double loss = 0;  // mean over the step's samples
+  int64_t samples = 0, correct = 0, count = 0;
+};
+// The sums of one logging window (reset after each metrics line): losses, scored items and where
+// the time went (seconds waiting for data, in forward+backward, in communication, in the optimizer).
+struct WindowStats {
+  double loss = 0, data_s = 0, fb_s = 0, opt_s = 0, comm_s = 0;
+  int64_t steps = 0, samples = 0, correct = 0, count = 0;
+  void add(const StepStats& s) {
+    loss += s.loss;
+    ++steps;
+    samples += s.samples;
+    correct += s.correct;
+    count += s.count;
+  }
+  double mean_loss() const { return steps ? loss / double(steps) : 0.0; }
+  double accuracy() const { return count ? double(correct) / double(count) : 0.0; }
+  // The checkpoint's layout: [loss, data, fb, opt, steps, samples, correct, count]; comm apart.
+  nlohmann::json to_json() const;
+  static WindowStats from_json(const nlohmann::json& w, double comm_s);
+};
+// The sums of the current epoch, for the line printed at its end.
+struct EpochStats {
+  double loss = 0;
+  int64_t correct = 0, count = 0;
+  void add(const StepStats& s) {
+    loss += s.loss;
+    correct += s.correct;
+    count += s.count;
+  }
+  nlohmann::json to_json() const { return {loss, correct, count}; }
+  static EpochStats from_json(const nlohmann::json& e) { return {e.at(0), e.at(1), e.at(2)}; }
+};
+
 struct RunState {
   int64_t step = 0, epoch = 0, batch = 0;  // optimizer steps done; where the loader continues
-  double win_loss = 0, win_data = 0, win_fb = 0, win_opt = 0, win_comm = 0;
-  int64_t win_steps = 0, win_samples = 0, win_correct = 0, win_count = 0;
-  double epoch_loss = 0;
-  int64_t epoch_correct = 0, epoch_count = 0;
+  WindowStats window;
+  EpochStats epoch_sums;
   double train_seconds = 0;
   int64_t samples_seen = 0;
   nlohmann::json epochs_log = nlohmann::json::array();

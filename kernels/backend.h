@@ -4,8 +4,8 @@
 #pragma once
 #include <cstdint>
 
-#include "engine/dtype.h"
-#include "kernels/common/macros.h"
+#include "base/dtype.h"
+#include "base/macros.h"
 
 namespace kiln {
 

@@ -4,6 +4,10 @@ set -euo pipefail
 
 KILN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 KILN_JOBS="${KILN_JOBS:-$(nproc)}"
+# ccache: paths under the checkout are hashed relative to it, so a second clone (CI's) reuses what
+# an earlier one compiled.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$KILN_ROOT}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 
 kiln_log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 

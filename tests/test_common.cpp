@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kiln.h"
-#include "kernels/common/half.h"
+#include "base/half.h"
 #include "kernels/common/math.h"
 #include "kernels/common/philox.h"
 

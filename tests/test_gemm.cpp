@@ -11,8 +11,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/thread_pool.h"
+#include "base/error.h"
+#include "base/thread_pool.h"
 #include "kernels/cpu/gemm.h"
 
 namespace {

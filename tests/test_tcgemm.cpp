@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-#include "kernels/common/half.h"
+#include "base/half.h"
 #include "kernels/common/tc_gemm_layout.h"
 
 using namespace kiln;

@@ -969,3 +969,36 @@ TEST_CASE("tensor: moments of 100k random samples") {
   CHECK_THROWS_AS(bernoulli({4}, 1.5, {}, &g), Error);
   CHECK(rand({2, 3}, TensorOptions(DType::f32).with_grad(), &g).requires_grad());
 }
+
+TEST_CASE("from_blob wraps the caller's memory with its strides; values<T> reads back exactly") {
+  std::vector<double> buf = iota(12);
+  int released = 0;
+  {
+    // A transposed view of a 3x4 row-major buffer: [4, 3] with strides [1, 4].
+    Tensor t = from_blob(buf.data(), {4, 3}, DType::f64, [&released](void*) { ++released; }, kCPU, {1, 4});
+    CHECK(t.raw_data() == buf.data());
+    CHECK(t.to_vector() == std::vector<double>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11});
+    Tensor row = t.select(0, 1);  // shares the storage: the deleter waits for it too
+    t = Tensor();
+    CHECK(released == 0);
+    row.fill_(-1.0);
+    CHECK(buf[1] == -1.0);
+    CHECK(buf[5] == -1.0);
+    CHECK(buf[9] == -1.0);
+  }
+  CHECK(released == 1);
+  CHECK(contains(error_of([] { from_blob(nullptr, {2}, DType::f32); }), "from_blob: null data for shape [2]"));
+  CHECK(from_blob(nullptr, {0, 3}, DType::f32).numel() == 0);
+  float f[4] = {};
+  CHECK(contains(error_of([&] { from_blob(f, {2, 2}, DType::f32, {}, kCPU, {1}); }), "1 strides [1] for the 2-d shape"));
+  CHECK(contains(error_of([&] { from_blob(f, {2}, DType::f32, {}, kCPU, {-1}); }), "negative stride"));
+
+  const int64_t big = (int64_t(1) << 62) + 1;  // not representable in f64
+  Tensor i = from_vector({0, 0}, {2}, DType::i64);
+  i.data<int64_t>()[0] = big;
+  CHECK(i.values<int64_t>()[0] == big);
+  CHECK(i.select(0, 0).item<int64_t>() == big);
+  CHECK(i.values<int32_t>()[1] == 0);
+  CHECK(from_vector({1.5, -2.5}, {2}).values<float>() == std::vector<float>{1.5f, -2.5f});
+  CHECK(contains(error_of([&] { (void)i.item<int64_t>(); }), "item(): the tensor has 2 elements"));
+}

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace kiln::testing {
 

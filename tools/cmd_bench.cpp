@@ -11,9 +11,10 @@
 #include "engine/autocast.h"
 #include "engine/dist.h"
 #include "engine/optim.h"
-#include "engine/thread_pool.h"
+#include "base/thread_pool.h"
 #include "models/bert.h"
 #include "models/resnet.h"
+#include "tools/environment.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
 
@@ -133,7 +134,7 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
 int run_bench_train(const BenchTrainOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   // Under `kiln launch` or mpirun: data parallel, --batch per rank; rank 0 prints the global numbers.
-  auto comm = dist::make_cpu_communicator(dist::DistEnv::from_environment(), std::chrono::seconds(600));
+  auto comm = dist::make_cpu_communicator(kiln::tools::dist_env(), std::chrono::seconds(600));
   const int world = comm->world_size();
   const bool lead = comm->rank() == 0;
   if (!lead) std::freopen("/dev/null", "w", stdout);

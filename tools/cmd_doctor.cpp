@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/thread_pool.h"
+#include "base/thread_pool.h"
 #include "kernels/cuda/runtime_info.h"
 #include "kiln_build_info.h"
 #include "tools/commands.h"

@@ -1,6 +1,7 @@
-// `kiln train`: one run, top to bottom. Check the config, build the task (data + model), the loader,
-// the optimizer and the LR schedule; then per step: fetch a batch, forward, loss, backward, clip,
-// update, log; per epoch: evaluate; at the end: weights and a summary with the final metrics.
+// `kiln train`: one run in phases (class Trainer): setup checks the config and builds the task (data
+// + model), the loader, the optimizer and the LR schedule, and resumes; then per optimizer step:
+// fetch batches, forward, loss, backward, reduce, clip, update, log, maybe checkpoint; per epoch:
+// evaluate; at the end: weights and a summary with the final metrics.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,7 +17,7 @@
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/optim.h"
-#include "engine/thread_pool.h"
+#include "base/thread_pool.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "tools/commands.h"
@@ -24,11 +25,15 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/nccl_comm.h"
+#include "tools/environment.h"
 #include "tools/train.h"
 
 namespace kiln::tools {
 using io::CheckpointMirror;
 using io::RunState;
+using io::StepStats;
+using io::WindowStats;
+using io::EpochStats;
 using io::LoadedRun;
 using io::find_latest_checkpoint;
 using io::load_run_checkpoint;
@@ -54,13 +59,6 @@ nlohmann::json gpu_memory_json(int device) {
   const double mib = 1.0 / (1 << 20);
   return {{"allocated", double(st.allocated) * mib}, {"reserved", double(st.reserved) * mib},
           {"peak_allocated", double(st.peak_allocated) * mib}, {"peak_reserved", double(st.peak_reserved) * mib}};
-}
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Module& m) {
-  auto groups = optim::decay_groups(m.named_parameters(), c.lr, c.weight_decay);
-  if (c.optimizer == "sgd") return std::make_unique<optim::SGD>(groups, optim::SgdOptions{c.momentum, 0.0, c.nesterov});
-  if (c.optimizer == "adamw") return std::make_unique<optim::AdamW>(groups);
-  return std::make_unique<optim::LAMB>(groups);
 }
 
 // A progress bar on a terminal, plain lines otherwise.
@@ -147,439 +145,475 @@ void trim_metrics(const std::string& path, const RunState& run) {
   io::write_file_atomic(path, kept);
 }
 
-}  // namespace
+// The run in phases: setup() checks the config and builds everything (or answers an exit code);
+// then per optimizer step step(), log_step() and maybe checkpoint(); per epoch evaluate_epoch();
+// at the end finish(). Every member a phase shares lives here, named once.
+class Trainer {
+ public:
+  explicit Trainer(const TrainConfig& c) : c_(c) {}
 
-int run_train(const TrainConfig& c) {
-  const auto t_start = Clock::now();
-  // ---- 1. the config, the output directory, the task: every problem before any work starts ----
-  const auto problems = validate(c);
-  for (const auto& p : problems) std::fprintf(stderr, "kiln train: error: %s\n", p.c_str());
-  if (!problems.empty()) return 2;
-  if (c.threads > 0) set_num_threads(c.threads);
-  // Data parallel: one process per rank (mpirun/srun); rank 0 alone writes files and logs.
-  std::unique_ptr<dist::Communicator> comm;
-  try {
-    comm = dist::make_cpu_communicator(dist::DistEnv::from_environment(), std::chrono::seconds(c.dist_timeout));
-  } catch (const Error& e) {
-    std::fprintf(stderr, "kiln train: error: %s\n", e.message().c_str());
-    return 2;
-  }
-  const int rank = comm->rank(), world = comm->world_size();
-  const bool lead = rank == 0;
-  // GPU ranks reduce gradients with NCCL (one GPU per process, cuda:LOCAL_RANK); small host-side
-  // agreements (flags, counters) stay on the CPU communicator, which also carries NCCL's id.
-  std::unique_ptr<dist::Communicator> gpu_comm;
-  if (world > 1 && c.resolved_device().is_cuda()) {
-    try {
-      gpu_comm = cuda::make_nccl_communicator(*comm, c.resolved_device().index, std::chrono::seconds(c.dist_timeout));
-    } catch (const Error& e) {
-      std::fprintf(stderr, "kiln train: error: rank %d: NCCL: %s\n", rank, e.message().c_str());
-      return 2;
+  int run() {
+    if (const int rc = setup(); rc >= 0) return rc;
+    announce();
+    SignalScope signals;
+    while (run_.epoch < c_.epochs && run_.step < total_steps_) {
+      model().train();
+      loader_->seek({run_.epoch, run_.batch});
+      win_start_ = epoch_start_ = Clock::now();
+      epoch_seconds_before_ = 0;  // time of this epoch spent before a resume is not known: counted from here
+      while (run_.step < total_steps_ && run_.batch < spe_ * accum_) {
+        const double lr = sched_.at(run_.step);
+        StepStats s;
+        if (const int rc = step(lr, s); rc >= 0) return rc;
+        log_step(lr);
+        const bool due = (c_.save_every > 0 && run_.step % c_.save_every == 0) || time_due_;
+        if (due || stop_now_) {
+          run_.train_seconds += since(epoch_start_) - epoch_seconds_before_;
+          epoch_seconds_before_ = since(epoch_start_);
+          if (const int rc = checkpoint(stop_now_, " at step " + std::to_string(run_.step)); rc >= 0) return rc;
+        }
+      }
+      run_.train_seconds += since(epoch_start_) - epoch_seconds_before_;
+      evaluate_epoch(since(epoch_start_));
+      const bool stop = any_rank(g_stop_signal != 0);
+      if (c_.save_every > 0 || c_.save_minutes > 0 || c_.save_epochs || stop)
+        if (const int rc = checkpoint(stop, " after epoch " + std::to_string(run_.epoch)); rc >= 0) return rc;
     }
+    return finish();
   }
-  dist::Communicator& grad_comm = gpu_comm ? *gpu_comm : *comm;
-  // Flags every rank must agree on (a signal, a save due by the clock): true when any rank says so.
-  auto any_rank = [&](bool mine) {
-    if (world == 1) return mine;
+
+ private:
+  nn::Module& model() { return *task_.model; }
+
+  // True when any rank says so (a signal, a save due by the clock).
+  bool any_rank(bool mine) {
+    if (world_ == 1) return mine;
     Tensor f = from_vector({mine ? 1.0 : 0.0}, {1}, DType::f64);
-    comm->all_reduce(f, dist::ReduceOp::max);
+    comm_->all_reduce(f, dist::ReduceOp::max);
     return f.data<double>()[0] != 0.0;
-  };
-  manual_seed(c.seed);
-  Task task;
-  try {
-    task = make_task(c);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "kiln train: error: %s\n", e.message().c_str());
-    return 2;
   }
-  io::LoaderOptions lo;
-  lo.batch_size = c.batch;
-  lo.seed = c.seed;
-  lo.workers = c.workers;
-  lo.drop_last = true;  // equal batches: batch-norm statistics from a handful of samples would be noise
-  lo.rank = rank;        // rank r takes every world-th sample of the epoch's order: the ranks' batches
-  lo.world_size = world; // together are the one-process batch of world x --batch
-  lo.pin_memory = c.resolved_device().is_cuda();  // batch copies to the GPU never block the host
-  io::DataLoader loader(task.train_data, lo);
-  // Optimizer steps per epoch: each takes --accum-steps micro-batches; a last partial group is dropped.
-  const int64_t accum = c.accum_steps;
-  const int64_t spe = loader.batches_per_epoch() / accum;
-  if (spe < 1) {
-    if (accum == 1)
-      std::fprintf(stderr, "kiln train: error: --batch %lld is larger than the %lld training samples\n",
-                   (long long)c.batch, (long long)task.train_data->size());
-    else
-      std::fprintf(stderr, "kiln train: error: --accum-steps %lld x --batch %lld is more than the %lld training samples\n",
-                   (long long)accum, (long long)c.batch, (long long)task.train_data->size());
-    return 2;
+  int fail(const std::string& msg, int rc = 2) {
+    std::fprintf(stderr, "kiln train: error: %s\n", msg.c_str());
+    return rc;
   }
-  std::error_code ec;
-  std::filesystem::create_directories(c.out, ec);
-  if (any_rank(ec || ::access(c.out.c_str(), W_OK) != 0)) {
-    std::fprintf(stderr, "kiln train: error: --out %s: cannot create or write the directory (%s)\n", c.out.c_str(),
-                 ec ? ec.message().c_str() : "not writable");
-    return 2;
-  }
-  const std::string ckpt_dir = c.out + "/checkpoints";
-  const Device train_device = c.resolved_device();
 
-  // ---- 2. optimizer and schedule ----
-  nn::Module& model = *task.model;
-  auto opt = make_optimizer(c, model);
-  const int64_t total_steps = c.max_steps > 0 ? std::min(c.max_steps, c.epochs * spe) : c.epochs * spe;
-  optim::LrSchedule sched;
-  sched.kind = optim::LrSchedule::parse(c.schedule);
-  sched.base_lr = c.lr;
-  sched.warmup_steps = c.warmup >= 0 ? c.warmup : c.model.rfind("bert-", 0) == 0 ? total_steps * 6 / 100 : 0;
-  sched.total_steps = total_steps;
-  sched.step_size = std::max<int64_t>(spe, 1);  // "step": decay once per epoch
-  sched.milestones = {total_steps / 2, total_steps * 3 / 4};
-  const std::vector<Tensor> params = model.parameters();
-  // Mixed precision: forward and loss under autocast; f32 weights and optimizer; for f16 a dynamic
-  // loss scale (bf16 has f32's range and needs none: the scaler is then a pass-through).
-  const std::optional<DType> amp_dt = amp_dtype(c.amp);
-  amp::GradScalerOptions scaler_options;
-  scaler_options.enabled = amp_dt == DType::f16;
-  scaler_options.init_scale = c.loss_scale;
-  scaler_options.growth_interval = c.loss_scale_window;
-  amp::GradScaler scaler(scaler_options);
-
-  nlohmann::json resolved = c.to_json();
-  resolved["task"] = task.name;
-  resolved["threads"] = num_threads();
-  resolved["warmup"] = sched.warmup_steps;
-  resolved["steps_per_epoch"] = spe;
-  resolved["total_steps"] = total_steps;
-  resolved["parameters"] = model.num_parameters();
-  resolved["world_size"] = world;
-  const int64_t global_batch = c.batch * accum * world;  // samples per optimizer step, all ranks
-  resolved["global_batch"] = global_batch;
-  resolved["data_info"] = task.data_info;
-
-  // ---- 3. resume: the newest complete checkpoint (auto) or the one named ----
-  RunState run;
-  std::string resumed_from;
-  if (!c.resume.empty()) {
-    const std::string path = c.resume == "auto" ? find_latest_checkpoint(ckpt_dir) : c.resume;
-    if (!path.empty()) {
+  // ---- setup: every problem before any work starts; -1 when the run can begin ----
+  int setup() {
+    const auto problems = validate(c_);
+    for (const auto& p : problems) fail(p);
+    if (!problems.empty()) return 2;
+    if (c_.threads > 0) set_num_threads(c_.threads);
+    // Data parallel: one process per rank; rank 0 alone writes files and logs.
+    try {
+      comm_ = dist::make_cpu_communicator(kiln::tools::dist_env(), std::chrono::seconds(c_.dist_timeout));
+    } catch (const Error& e) {
+      return fail(e.message());
+    }
+    rank_ = comm_->rank();
+    world_ = comm_->world_size();
+    lead_ = rank_ == 0;
+    device_ = c_.resolved_device();
+    // GPU ranks reduce gradients with NCCL (one GPU per process, cuda:LOCAL_RANK); small host-side
+    // agreements (flags, counters) stay on the CPU communicator, which also carries NCCL's id.
+    if (world_ > 1 && device_.is_cuda()) {
       try {
-        LoadedRun lr = load_run_checkpoint(path, model, opt.get());
-        if (!lr.weights_only) {
-          const auto diffs = config_differences(lr.config, resolved);
-          if (!diffs.empty()) {
-            std::string msg;
-            for (const auto& d : diffs) msg += "\n  " + d;
-            KILN_FAIL(path, " was written by a run with another configuration; resuming would not continue it:", msg);
-          }
-          run = lr.run;
-          if (int64_t(run.rng_ranks.size()) == world) {  // this rank's own generator
-            default_generator().seed = run.rng_ranks[size_t(rank)][0].get<uint64_t>();
-            default_generator().offset = run.rng_ranks[size_t(rank)][1].get<uint64_t>();
-          }
-          if (scaler.enabled()) scaler.load_state(run.scaler);
-        }
+        gpu_comm_ = cuda::make_nccl_communicator(*comm_, device_.index, std::chrono::seconds(c_.dist_timeout));
+      } catch (const dist::CollectiveError&) {
+        throw;  // main() ends the process at once
       } catch (const Error& e) {
-        std::fprintf(stderr, "kiln train: error: --resume: %s\n", e.message().c_str());
-        return 2;
+        return fail("rank " + std::to_string(rank_) + ": NCCL: " + e.message());
       }
-      resumed_from = path;
-    } else if (c.resume != "auto") {
-      std::fprintf(stderr, "kiln train: error: --resume %s: no such checkpoint\n", c.resume.c_str());
-      return 2;
     }
-  }
-  const std::string metrics_path = c.out + "/metrics.jsonl";
-  std::ofstream metrics;  // rank 0's; on other ranks never opened (writes go nowhere)
-  if (lead) {
-    if (resumed_from.empty() || run.step == 0) {
-      std::ofstream(metrics_path, std::ios::trunc);
-    } else {
-      trim_metrics(metrics_path, run);
-    }
-    metrics.open(metrics_path, std::ios::app);
-    KILN_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
-    prune_checkpoints(ckpt_dir, 0);  // temporary files a killed writer left behind
-  }
-  Progress progress(lead ? c.progress : "quiet", c.epochs, spe);
-  std::unique_ptr<CheckpointMirror> mirror;
-  if (!c.mirror.empty() && lead) mirror = std::make_unique<CheckpointMirror>(c.mirror, c.keep_last);
-  // Every rank starts from rank 0's weights and buffers; gradients are averaged over ranks in
-  // buckets while backward runs.
-  std::unique_ptr<dist::DataParallel> dp;
-  if (world > 1) {
+    manual_seed(c_.seed);
     try {
-      dp = std::make_unique<dist::DataParallel>(model, grad_comm);
+      task_ = make_task(c_);
     } catch (const Error& e) {
-      std::fprintf(stderr, "kiln train: error: rank %d: %s\n", rank, e.message().c_str());
-      return 2;
+      return fail(e.message());
     }
-    scaler.agree = [&](Tensor& found_inf) { grad_comm.all_reduce(found_inf, dist::ReduceOp::max); };
+    io::LoaderOptions lo;
+    lo.batch_size = c_.batch;
+    lo.seed = c_.seed;
+    lo.workers = c_.workers;
+    lo.drop_last = true;  // equal batches: batch-norm statistics from a handful of samples would be noise
+    lo.rank = rank_;        // rank r takes every world-th sample of the epoch's order: the ranks' batches
+    lo.world_size = world_; // together are the one-process batch of world x --batch
+    lo.pin_memory = device_.is_cuda();  // batch copies to the GPU never block the host
+    loader_ = std::make_unique<io::DataLoader>(task_.train_data, lo);
+    // Optimizer steps per epoch: each takes --accum-steps micro-batches; a last partial group is dropped.
+    accum_ = c_.accum_steps;
+    spe_ = loader_->batches_per_epoch() / accum_;
+    if (spe_ < 1) {
+      const auto n = std::to_string(task_.train_data->size());
+      return fail(accum_ == 1 ? "--batch " + std::to_string(c_.batch) + " is larger than the " + n + " training samples"
+                              : "--accum-steps " + std::to_string(accum_) + " x --batch " + std::to_string(c_.batch) +
+                                    " is more than the " + n + " training samples");
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(c_.out, ec);
+    if (any_rank(ec || ::access(c_.out.c_str(), W_OK) != 0))
+      return fail("--out " + c_.out + ": cannot create or write the directory (" +
+                  (ec ? ec.message() : std::string("not writable")) + ")");
+    ckpt_dir_ = c_.out + "/checkpoints";
+
+    // optimizer and schedule
+    opt_ = make_optimizer(c_, model());
+    total_steps_ = c_.max_steps > 0 ? std::min(c_.max_steps, c_.epochs * spe_) : c_.epochs * spe_;
+    sched_.kind = optim::LrSchedule::parse(c_.schedule);
+    sched_.base_lr = c_.lr;
+    sched_.warmup_steps = c_.warmup >= 0 ? c_.warmup : c_.model.rfind("bert-", 0) == 0 ? total_steps_ * 6 / 100 : 0;
+    sched_.total_steps = total_steps_;
+    sched_.step_size = std::max<int64_t>(spe_, 1);  // "step": decay once per epoch
+    sched_.milestones = {total_steps_ / 2, total_steps_ * 3 / 4};
+    params_ = model().parameters();
+    // Mixed precision: forward and loss under autocast; f32 weights and optimizer; for f16 a dynamic
+    // loss scale (bf16 has f32's range and needs none: the scaler is then a pass-through).
+    amp_dt_ = amp_dtype(c_.amp);
+    amp::GradScalerOptions so;
+    so.enabled = amp_dt_ == DType::f16;
+    so.init_scale = c_.loss_scale;
+    so.growth_interval = c_.loss_scale_window;
+    scaler_ = std::make_unique<amp::GradScaler>(so);
+
+    resolved_ = c_.to_json();
+    resolved_["task"] = task_.name;
+    resolved_["threads"] = num_threads();
+    resolved_["warmup"] = sched_.warmup_steps;
+    resolved_["steps_per_epoch"] = spe_;
+    resolved_["total_steps"] = total_steps_;
+    resolved_["parameters"] = model().num_parameters();
+    resolved_["world_size"] = world_;
+    global_batch_ = c_.batch * accum_ * world_;  // samples per optimizer step, all ranks
+    resolved_["global_batch"] = global_batch_;
+    resolved_["data_info"] = task_.data_info;
+
+    if (const int rc = resume(); rc >= 0) return rc;
+    metrics_path_ = c_.out + "/metrics.jsonl";
+    if (lead_) {  // on other ranks never opened: writes go nowhere
+      if (resumed_from_.empty() || run_.step == 0) std::ofstream(metrics_path_, std::ios::trunc);
+      else trim_metrics(metrics_path_, run_);
+      metrics_.open(metrics_path_, std::ios::app);
+      KILN_CHECK(metrics_.good(), metrics_path_, ": cannot open for writing");
+      prune_checkpoints(ckpt_dir_, 0);  // temporary files a killed writer left behind
+    }
+    progress_ = std::make_unique<Progress>(lead_ ? c_.progress : "quiet", c_.epochs, spe_);
+    if (!c_.mirror.empty() && lead_) mirror_ = std::make_unique<CheckpointMirror>(c_.mirror, c_.keep_last);
+    // Every rank starts from rank 0's weights and buffers; gradients are averaged over ranks in
+    // buckets while backward runs.
+    dist::Communicator& grad_comm = gpu_comm_ ? *gpu_comm_ : *comm_;
+    if (world_ > 1) {
+      try {
+        dp_ = std::make_unique<dist::DataParallel>(model(), grad_comm);
+      } catch (const dist::CollectiveError&) {
+        throw;  // main() ends the process at once
+      } catch (const Error& e) {
+        return fail("rank " + std::to_string(rank_) + ": " + e.message());
+      }
+      dist::Communicator* agree_on = &grad_comm;
+      scaler_->agree = [agree_on](Tensor& found_inf) { agree_on->all_reduce(found_inf, dist::ReduceOp::max); };
+    }
+    last_save_time_ = Clock::now();
+    return -1;
   }
-  std::string last_saved;
-  // A periodic checkpoint that cannot be written (a full disk) is reported and training goes on:
-  // the previous checkpoints are intact and the next save point tries again. Returns success.
-  auto save = [&]() {
-    if (world > 1) {  // every rank's generator goes into rank 0's checkpoint
-      Tensor mine = zeros({2}, DType::i64), all = zeros({world, 2}, DType::i64);
-      mine.data<int64_t>()[0] = int64_t(default_generator().seed);
-      mine.data<int64_t>()[1] = int64_t(default_generator().offset);
-      comm->all_gather(mine, all);
-      run.rng_ranks = nlohmann::json::array();
-      for (int q = 0; q < world; ++q)
-        run.rng_ranks.push_back({uint64_t(all.data<int64_t>()[2 * q]), uint64_t(all.data<int64_t>()[2 * q + 1])});
-    }
-    if (!lead) return true;  // rank 0 writes for all: every rank holds the same weights and state
+
+  // The newest complete checkpoint (--resume auto) or the one named; -1 to go on.
+  int resume() {
+    if (c_.resume.empty()) return -1;
+    const std::string path = c_.resume == "auto" ? find_latest_checkpoint(ckpt_dir_) : c_.resume;
+    if (path.empty()) return c_.resume == "auto" ? -1 : fail("--resume " + c_.resume + ": no such checkpoint");
     try {
-      run.scaler = scaler.state();
-      last_saved = save_run_checkpoint(ckpt_dir, model, *opt, run, resolved);
-    } catch (const Error& e) {
-      progress.line("kiln train: error: checkpoint at step " + std::to_string(run.step) + " failed: " + e.message() +
-                    (last_saved.empty() ? "" : "; the last good one is " + last_saved));
-      return false;
-    }
-    prune_checkpoints(ckpt_dir, c.keep_last);
-    if (mirror) mirror->enqueue(last_saved);
-    return true;
-  };
-  auto last_save_time = Clock::now();
-
-  progress.line("kiln train: " + c.model + " (" + task.name + ") on " + task.data_info.value("name", c.data) + " (" +
-                std::to_string(task.train_data->size()) + " samples), " + std::to_string(model.num_parameters()) +
-                " parameters, " + std::to_string(num_threads()) + " threads, " +
-                (world > 1 ? std::to_string(world) + " ranks (" + comm->backend() + "), global batch " +
-                                 std::to_string(global_batch) + ", "
-                           : std::string()) +
-                std::to_string(total_steps) + " steps" +
-                (amp_dt ? ", mixed precision " + c.amp + (scaler.enabled() ? " with dynamic loss scaling" : "") : "") +
-                (resumed_from.empty() ? "" : ", resumed at step " + std::to_string(run.step) + " from " + resumed_from));
-  SignalScope signals;
-
-  // ---- 4. the loop ----
-  while (run.epoch < c.epochs && run.step < total_steps) {
-    model.train();
-    loader.seek({run.epoch, run.batch});
-    auto win_start = Clock::now();
-    const auto epoch_start = Clock::now();
-    double epoch_seconds_before = 0;  // time of this epoch spent before a resume is not known: counted from here
-    while (run.step < total_steps && run.batch < spe * accum) {
-      // One optimizer step: `accum` micro-batches, each loss scaled by 1/accum so the gradients add up
-      // to those of one batch of accum x batch samples.
-      const double lr = sched.at(run.step);
-      opt->set_lr(lr);
-      opt->zero_grad();
-      double loss = 0;
-      int64_t bs = 0, correct = 0, count = 0;
-      for (int64_t k = 0; k < accum; ++k) {
-        auto t0 = Clock::now();
-        std::optional<io::Batch> batch = loader.next();
-        KILN_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step at batch ", loader.position().batch);
-        run.win_data += since(t0);
-        t0 = Clock::now();
-        if (dp) dp->set_sync(k == accum - 1);  // reduce once, after the last micro-batch
-        StepResult r;
-        {
-          amp::AutocastGuard autocast(amp_dt.value_or(DType::f16), amp_dt.has_value());
-          r = task.step(*batch);
+      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get());
+      if (!lr.weights_only) {
+        const auto diffs = config_differences(lr.config, resolved_);
+        if (!diffs.empty()) {
+          std::string msg;
+          for (const auto& d : diffs) msg += "\n  " + d;
+          KILN_FAIL(path, " was written by a run with another configuration; resuming would not continue it:", msg);
         }
-        const double micro = r.loss.item<double>();
-        scaler.scale(accum == 1 ? r.loss : r.loss * (1.0 / double(accum))).backward();
-        // GPU kernels run after their launch: wait for them, so the time is the device's and not
-        // charged to the next phase (the cost is one launch latency per step).
-        if (train_device.is_cuda()) cuda::synchronize(train_device.index);
-        run.win_fb += since(t0);
-        loss += micro / double(accum);
-        bs += batch->begin()->second.size(0);
-        correct += r.correct;
-        count += r.count;
+        run_ = lr.run;
+        if (int64_t(run_.rng_ranks.size()) == world_) {  // this rank's own generator
+          default_generator().seed = run_.rng_ranks[size_t(rank_)][0].get<uint64_t>();
+          default_generator().offset = run_.rng_ranks[size_t(rank_)][1].get<uint64_t>();
+        }
+        if (scaler_->enabled()) scaler_->load_state(run_.scaler);
       }
+    } catch (const Error& e) {
+      return fail("--resume: " + e.message());
+    }
+    resumed_from_ = path;
+    return -1;
+  }
 
+  void announce() {
+    progress_->line(
+        "kiln train: " + c_.model + " (" + task_.name + ") on " + task_.data_info.value("name", c_.data) + " (" +
+        std::to_string(task_.train_data->size()) + " samples), " + std::to_string(model().num_parameters()) +
+        " parameters, " + std::to_string(num_threads()) + " threads, " +
+        (world_ > 1 ? std::to_string(world_) + " ranks (" + comm_->backend() + "), global batch " +
+                          std::to_string(global_batch_) + ", "
+                    : std::string()) +
+        std::to_string(total_steps_) + " steps" +
+        (amp_dt_ ? ", mixed precision " + c_.amp + (scaler_->enabled() ? " with dynamic loss scaling" : "") : "") +
+        (resumed_from_.empty() ? "" : ", resumed at step " + std::to_string(run_.step) + " from " + resumed_from_));
+  }
+
+  // ---- one optimizer step: `accum` micro-batches, each loss scaled by 1/accum so the gradients
+  // add up to those of one batch of accum x batch samples; then the ranks agree and the weights
+  // move. -1 to go on, else the exit code.
+  int step(double lr, StepStats& s) {
+    opt_->set_lr(lr);
+    opt_->zero_grad();
+    for (int64_t k = 0; k < accum_; ++k) {
       auto t0 = Clock::now();
-      if (dp) dp->finish();
-      // The step's numbers over all ranks, and the decisions they must take together.
-      bool stop_now = g_stop_signal != 0;
-      bool time_due = c.save_minutes > 0 && since(last_save_time) >= 60.0 * c.save_minutes;
-      if (world > 1) {
-        Tensor st = from_vector({loss, double(correct), double(count), double(bs), stop_now ? 1.0 : 0.0,
-                                 time_due && lead ? 1.0 : 0.0},
-                                {6}, DType::f64);
-        comm->all_reduce(st, dist::ReduceOp::sum);
-        const double* v = st.data<double>();
-        loss = v[0] / double(world);
-        correct = int64_t(v[1]);
-        count = int64_t(v[2]);
-        bs = int64_t(v[3]);
-        stop_now = v[4] > 0;
-        time_due = v[5] > 0;  // rank 0's clock decides
-      }
-      run.win_comm += since(t0);
-      if (!std::isfinite(loss)) {
-        progress.line("");
-        if (lead)
-          std::fprintf(stderr,
-                       "kiln train: error: the loss is %s at step %lld (epoch %lld, lr %g); stopping. Lower --lr, add "
-                       "--warmup or --clip-grad-norm%s. Metrics so far are in %s\n",
-                       std::isnan(loss) ? "NaN" : "infinite", (long long)run.step, (long long)run.epoch + 1, lr,
-                       amp_dt == DType::f16 ? " (the forward pass overflowed f16: try --amp bf16)" : "",
-                       metrics_path.c_str());
-        return 1;
-      }
+      std::optional<io::Batch> batch = loader_->next();
+      KILN_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step at batch ", loader_->position().batch);
+      run_.window.data_s += since(t0);
       t0 = Clock::now();
-      // One scaler decision per optimizer step: unscale (before clipping), skip on inf/NaN, update.
-      if (c.clip_grad_norm > 0) {
-        scaler.unscale(params);
-        optim::clip_grad_norm(params, c.clip_grad_norm);
+      if (dp_) dp_->set_sync(k == accum_ - 1);  // reduce once, after the last micro-batch
+      StepResult r;
+      {
+        amp::AutocastGuard autocast(amp_dt_.value_or(DType::f16), amp_dt_.has_value());
+        r = task_.step(*batch);
       }
-      scaler.step(*opt, params);
-      scaler.update();
-      if (train_device.is_cuda()) cuda::synchronize(train_device.index);
-      run.win_opt += since(t0);
-      ++run.step;
-      run.batch = loader.position().batch;
-
-      run.win_loss += loss;
-      ++run.win_steps;
-      run.win_samples += bs;
-      run.samples_seen += bs;
-      run.win_correct += correct;
-      run.win_count += count;
-      run.epoch_correct += correct;
-      run.epoch_count += count;
-      run.epoch_loss += loss;
-      const int64_t in_epoch = run.batch / accum;  // optimizer steps done in this epoch
-      const bool log_now = run.step % c.log_every == 0 || in_epoch == spe || run.step == total_steps;
-      const double win_s = since(win_start);
-      const double sps = double(run.win_samples) / std::max(win_s, 1e-9);
-      const double elapsed = run.train_seconds + since(epoch_start) - epoch_seconds_before;
-      const double eta = elapsed / double(std::max<int64_t>(run.step, 1)) * double(total_steps - run.step);
-      progress.step(run.epoch, in_epoch, run.win_loss / double(run.win_steps), lr, sps, eta, log_now);
-      if (log_now) {
-        nlohmann::json m = {{"step", run.step},
-                            {"epoch", run.epoch + 1},
-                            {"epoch_progress", double(in_epoch) / double(spe)},
-                            {"loss", run.win_loss / double(run.win_steps)},
-                            {"train_" + task.metric, run.win_count ? double(run.win_correct) / double(run.win_count) : 0.0},
-                            {"lr", lr},
-                            {"samples_per_s", sps},
-                            {"data_wait_s", run.win_data},
-                            {"forward_backward_s", run.win_fb},
-                            {"optimizer_s", run.win_opt},
-                            {"elapsed_s", since(t_start)}};
-        if (world > 1) {
-          // Where each rank's time went: the rank that waits least for communication is the slow one.
-          Tensor mine = from_vector({run.win_data, run.win_fb, run.win_comm, run.win_opt}, {4}, DType::f64);
-          Tensor all = zeros({world, 4}, DType::f64);
-          comm->all_gather(mine, all);
-          nlohmann::json ranks = nlohmann::json::array();
-          for (int q = 0; q < world; ++q) {
-            const double* v = all.data<double>() + 4 * q;
-            ranks.push_back({{"data_wait_s", v[0]}, {"forward_backward_s", v[1]}, {"comm_wait_s", v[2]}, {"optimizer_s", v[3]}});
-          }
-          m["comm_wait_s"] = run.win_comm;
-          m["ranks"] = ranks;
-        }
-        if (amp_dt) {
-          m["loss_scale"] = scaler.get_scale();
-          m["skipped_steps"] = scaler.skipped_steps();
-        }
-        if (train_device.is_cuda()) m["gpu_memory_mib"] = gpu_memory_json(train_device.index);
-        metrics << m.dump() << "\n";
-        metrics.flush();
-        run.win_loss = run.win_data = run.win_fb = run.win_opt = run.win_comm = 0;
-        run.win_steps = run.win_samples = run.win_correct = run.win_count = 0;
-        win_start = Clock::now();
-      }
-      const bool due = (c.save_every > 0 && run.step % c.save_every == 0) || time_due;
-      if (due || stop_now) {
-        run.train_seconds += since(epoch_start) - epoch_seconds_before;
-        epoch_seconds_before = since(epoch_start);
-        const bool ok = save();
-        last_save_time = Clock::now();
-        if (stop_now && !ok) return 1;
-      }
-      if (stop_now) {
-        progress.line("kiln train: caught " + std::string(signal_name(g_stop_signal ? int(g_stop_signal) : SIGTERM)) + " at step " +
-                      std::to_string(run.step) + "; saved " + last_saved + "; continue with --resume auto");
-        return 0;
-      }
+      const double micro = r.loss.item<double>();
+      scaler_->scale(accum_ == 1 ? r.loss : r.loss * (1.0 / double(accum_))).backward();
+      // GPU kernels run after their launch: wait for them, so the time is the device's and not
+      // charged to the next phase (the cost is one launch latency per step).
+      if (device_.is_cuda()) cuda::synchronize(device_.index);
+      run_.window.fb_s += since(t0);
+      s.loss += micro / double(accum_);
+      s.samples += batch->begin()->second.size(0);
+      s.correct += r.correct;
+      s.count += r.count;
     }
-    run.train_seconds += since(epoch_start) - epoch_seconds_before;
-    const double epoch_s = since(epoch_start);
 
-    // ---- 5. evaluation at the end of every epoch ----
-    const EvalResult ev = evaluate(task, c, comm.get());
+    auto t0 = Clock::now();
+    if (dp_) dp_->finish();
+    // The step's numbers over all ranks, and the decisions they must take together.
+    stop_now_ = g_stop_signal != 0;
+    time_due_ = c_.save_minutes > 0 && since(last_save_time_) >= 60.0 * c_.save_minutes;
+    if (world_ > 1) {
+      Tensor st = from_vector({s.loss, double(s.correct), double(s.count), double(s.samples), stop_now_ ? 1.0 : 0.0,
+                               time_due_ && lead_ ? 1.0 : 0.0},
+                              {6}, DType::f64);
+      comm_->all_reduce(st, dist::ReduceOp::sum);
+      const double* v = st.data<double>();
+      s.loss = v[0] / double(world_);
+      s.correct = int64_t(v[1]);
+      s.count = int64_t(v[2]);
+      s.samples = int64_t(v[3]);
+      stop_now_ = v[4] > 0;
+      time_due_ = v[5] > 0;  // rank 0's clock decides
+    }
+    run_.window.comm_s += since(t0);
+    if (!std::isfinite(s.loss)) {
+      progress_->line("");
+      if (lead_)
+        std::fprintf(stderr,
+                     "kiln train: error: the loss is %s at step %lld (epoch %lld, lr %g); stopping. Lower --lr, add "
+                     "--warmup or --clip-grad-norm%s. Metrics so far are in %s\n",
+                     std::isnan(s.loss) ? "NaN" : "infinite", (long long)run_.step, (long long)run_.epoch + 1, lr,
+                     amp_dt_ == DType::f16 ? " (the forward pass overflowed f16: try --amp bf16)" : "",
+                     metrics_path_.c_str());
+      return 1;
+    }
+    t0 = Clock::now();
+    // One scaler decision per optimizer step: unscale (before clipping), skip on inf/NaN, update.
+    if (c_.clip_grad_norm > 0) {
+      scaler_->unscale(params_);
+      optim::clip_grad_norm(params_, c_.clip_grad_norm);
+    }
+    scaler_->step(*opt_, params_);
+    scaler_->update();
+    if (device_.is_cuda()) cuda::synchronize(device_.index);
+    run_.window.opt_s += since(t0);
+    ++run_.step;
+    run_.batch = loader_->position().batch;
+    run_.window.add(s);
+    run_.epoch_sums.add(s);
+    run_.samples_seen += s.samples;
+    return -1;
+  }
+
+  // ---- the progress line after every step; a metrics line every --log-every steps ----
+  void log_step(double lr) {
+    const int64_t in_epoch = run_.batch / accum_;  // optimizer steps done in this epoch
+    const bool log_now = run_.step % c_.log_every == 0 || in_epoch == spe_ || run_.step == total_steps_;
+    const double win_s = since(win_start_);
+    const double sps = double(run_.window.samples) / std::max(win_s, 1e-9);
+    const double elapsed = run_.train_seconds + since(epoch_start_) - epoch_seconds_before_;
+    const double eta = elapsed / double(std::max<int64_t>(run_.step, 1)) * double(total_steps_ - run_.step);
+    progress_->step(run_.epoch, in_epoch, run_.window.mean_loss(), lr, sps, eta, log_now);
+    if (!log_now) return;
+    const WindowStats& w = run_.window;
+    nlohmann::json m = {{"step", run_.step},
+                        {"epoch", run_.epoch + 1},
+                        {"epoch_progress", double(in_epoch) / double(spe_)},
+                        {"loss", w.mean_loss()},
+                        {"train_" + task_.metric, w.accuracy()},
+                        {"lr", lr},
+                        {"samples_per_s", sps},
+                        {"data_wait_s", w.data_s},
+                        {"forward_backward_s", w.fb_s},
+                        {"optimizer_s", w.opt_s},
+                        {"elapsed_s", since(t_start_)}};
+    if (world_ > 1) {
+      // Where each rank's time went: the rank that waits least for communication is the slow one.
+      Tensor mine = from_vector({w.data_s, w.fb_s, w.comm_s, w.opt_s}, {4}, DType::f64);
+      Tensor all = zeros({world_, 4}, DType::f64);
+      comm_->all_gather(mine, all);
+      nlohmann::json ranks = nlohmann::json::array();
+      for (int q = 0; q < world_; ++q) {
+        const double* v = all.data<double>() + 4 * q;
+        ranks.push_back({{"data_wait_s", v[0]}, {"forward_backward_s", v[1]}, {"comm_wait_s", v[2]}, {"optimizer_s", v[3]}});
+      }
+      m["comm_wait_s"] = w.comm_s;
+      m["ranks"] = ranks;
+    }
+    if (amp_dt_) {
+      m["loss_scale"] = scaler_->get_scale();
+      m["skipped_steps"] = scaler_->skipped_steps();
+    }
+    if (device_.is_cuda()) m["gpu_memory_mib"] = gpu_memory_json(device_.index);
+    metrics_ << m.dump() << "\n";
+    metrics_.flush();
+    run_.window = {};
+    win_start_ = Clock::now();
+  }
+
+  // ---- the end of an epoch: evaluate, print and log it ----
+  void evaluate_epoch(double epoch_s) {
+    const EvalResult ev = evaluate(task_, c_, comm_.get());
+    const EpochStats& e = run_.epoch_sums;
     char buf[256];
     std::snprintf(buf, sizeof buf, "epoch %lld: train loss %.4f %s %.2f%% | test loss %.4f %s %.2f%% | %.1f s (+%.1f s eval)",
-                  (long long)run.epoch + 1, run.epoch_loss / double(std::max<int64_t>(run.batch / accum, 1)), task.metric.c_str(),
-                  100.0 * double(run.epoch_correct) / double(std::max<int64_t>(run.epoch_count, 1)), ev.loss,
-                  task.metric.c_str(), 100.0 * ev.accuracy, epoch_s, ev.seconds);
-    progress.line(buf);
-    nlohmann::json em = {{"step", run.step},           {"epoch", run.epoch + 1},
-                         {"eval_loss", ev.loss},       {"eval_" + task.metric, ev.accuracy},
-                         {"eval_samples", ev.count},   {"epoch_seconds", epoch_s},
+                  (long long)run_.epoch + 1, e.loss / double(std::max<int64_t>(run_.batch / accum_, 1)),
+                  task_.metric.c_str(), 100.0 * double(e.correct) / double(std::max<int64_t>(e.count, 1)), ev.loss,
+                  task_.metric.c_str(), 100.0 * ev.accuracy, epoch_s, ev.seconds);
+    progress_->line(buf);
+    nlohmann::json em = {{"step", run_.step},           {"epoch", run_.epoch + 1},
+                         {"eval_loss", ev.loss},        {"eval_" + task_.metric, ev.accuracy},
+                         {"eval_samples", ev.count},    {"epoch_seconds", epoch_s},
                          {"eval_seconds", ev.seconds}};
-    metrics << em.dump() << "\n";
-    metrics.flush();
-    run.epochs_log.push_back(em);
-    run.last_eval_loss = ev.loss;
-    run.last_eval_accuracy = ev.accuracy;
-    run.last_eval_count = ev.count;
-    ++run.epoch;
-    run.batch = 0;
-    run.epoch_loss = 0;
-    run.epoch_correct = run.epoch_count = 0;
-    const bool stop_epoch = any_rank(g_stop_signal != 0);
-    if (c.save_every > 0 || c.save_minutes > 0 || c.save_epochs || stop_epoch) {
-      const bool ok = save();
-      last_save_time = Clock::now();
-      if (stop_epoch && !ok) return 1;
-    }
-    if (stop_epoch) {
-      progress.line("kiln train: caught " + std::string(signal_name(g_stop_signal ? int(g_stop_signal) : SIGTERM)) + " after epoch " +
-                    std::to_string(run.epoch) + "; saved " + last_saved + "; continue with --resume auto");
-      return 0;
-    }
+    metrics_ << em.dump() << "\n";
+    metrics_.flush();
+    run_.epochs_log.push_back(em);
+    run_.last_eval_loss = ev.loss;
+    run_.last_eval_accuracy = ev.accuracy;
+    run_.last_eval_count = ev.count;
+    ++run_.epoch;
+    run_.batch = 0;
+    run_.epoch_sums = {};
   }
 
-  // ---- 6. weights and summary ----
-  if (!lead) return 0;  // rank 0 writes the weights and the summary
-  std::map<std::string, std::string> meta = {{"model", c.model}, {"task", task.name}, {"format", "kiln"}};
-  if (task.data_info.contains("labels")) meta["labels"] = task.data_info["labels"].dump();
-  io::save_safetensors(c.out + "/model.safetensors", model.state_dict(), meta);
-  const double wall = since(t_start);
-  nlohmann::json summary = {{"model", c.model},
-                            {"task", task.name},
-                            {"steps", run.step},
-                            {"epochs", run.epochs_log.size()},
-                            {"test_loss", run.last_eval_loss},
-                            {"test_" + task.metric, run.last_eval_accuracy},
-                            {"test_samples", run.last_eval_count},
-                            {"bad_samples_skipped", task.bad_samples ? task.bad_samples() : 0},
-                            {"amp", c.amp},
-                            {"loss_scale", scaler.get_scale()},
-                            {"skipped_steps", scaler.skipped_steps()},
-                            {"wall_seconds", wall},
-                            {"device", train_device.str()},
-                            {"train_seconds", run.train_seconds},
-                            {"samples_per_s", double(run.samples_seen) / std::max(run.train_seconds, 1e-9)},
-                            {"resumed_from", resumed_from},
-                            {"last_checkpoint", last_saved},
-                            {"per_epoch", run.epochs_log},
-                            {"config", resolved}};
-  if (train_device.is_cuda()) summary["gpu_memory_mib"] = gpu_memory_json(train_device.index);
-  io::write_file_atomic(c.out + "/summary.json", summary.dump(2) + "\n");
-  char buf[384];
-  char skipped[96] = "";
-  if (scaler.enabled())
-    std::snprintf(skipped, sizeof skipped, " (%lld skipped for inf/NaN gradients, loss scale %g)",
-                  (long long)scaler.skipped_steps(), scaler.get_scale());
-  std::snprintf(buf, sizeof buf, "test %s %.2f%% (%lld samples), %lld steps%s in %s, %.0f samples/s; wrote %s",
-                task.metric.c_str(), 100.0 * run.last_eval_accuracy, (long long)run.last_eval_count,
-                (long long)run.step, skipped, hms(wall).c_str(),
-                double(run.samples_seen) / std::max(run.train_seconds, 1e-9), c.out.c_str());
-  progress.line(buf);
-  return 0;
-}
+  // ---- a checkpoint, and the stop a signal asked for (`where`: " at step N" / " after epoch N").
+  // -1 to go on, else the exit code. A periodic checkpoint that cannot be written (a full disk) is
+  // reported and training goes on: the previous ones are intact and the next save point tries again.
+  int checkpoint(bool stopping, const std::string& where) {
+    const bool ok = save();
+    last_save_time_ = Clock::now();
+    if (!stopping) return -1;
+    if (!ok) return 1;
+    progress_->line("kiln train: caught " + std::string(signal_name(g_stop_signal ? int(g_stop_signal) : SIGTERM)) +
+                    where + "; saved " + last_saved_ + "; continue with --resume auto");
+    return 0;
+  }
+  bool save() {
+    if (world_ > 1) {  // every rank's generator goes into rank 0's checkpoint
+      Tensor mine = zeros({2}, DType::i64), all = zeros({world_, 2}, DType::i64);
+      mine.data<int64_t>()[0] = int64_t(default_generator().seed);
+      mine.data<int64_t>()[1] = int64_t(default_generator().offset);
+      comm_->all_gather(mine, all);
+      run_.rng_ranks = nlohmann::json::array();
+      for (int q = 0; q < world_; ++q)
+        run_.rng_ranks.push_back({uint64_t(all.data<int64_t>()[2 * q]), uint64_t(all.data<int64_t>()[2 * q + 1])});
+    }
+    if (!lead_) return true;  // rank 0 writes for all: every rank holds the same weights and state
+    try {
+      run_.scaler = scaler_->state();
+      last_saved_ = save_run_checkpoint(ckpt_dir_, model(), *opt_, run_, resolved_);
+    } catch (const Error& e) {
+      progress_->line("kiln train: error: checkpoint at step " + std::to_string(run_.step) + " failed: " + e.message() +
+                      (last_saved_.empty() ? "" : "; the last good one is " + last_saved_));
+      return false;
+    }
+    prune_checkpoints(ckpt_dir_, c_.keep_last);
+    if (mirror_) mirror_->enqueue(last_saved_);
+    return true;
+  }
+
+  // ---- weights and summary (rank 0) ----
+  int finish() {
+    if (!lead_) return 0;
+    std::map<std::string, std::string> meta = {{"model", c_.model}, {"task", task_.name}, {"format", "kiln"}};
+    if (task_.data_info.contains("labels")) meta["labels"] = task_.data_info["labels"].dump();
+    io::save_safetensors(c_.out + "/model.safetensors", model().state_dict(), meta);
+    const double wall = since(t_start_);
+    const double sps = double(run_.samples_seen) / std::max(run_.train_seconds, 1e-9);
+    nlohmann::json summary = {{"model", c_.model},
+                              {"task", task_.name},
+                              {"steps", run_.step},
+                              {"epochs", run_.epochs_log.size()},
+                              {"test_loss", run_.last_eval_loss},
+                              {"test_" + task_.metric, run_.last_eval_accuracy},
+                              {"test_samples", run_.last_eval_count},
+                              {"bad_samples_skipped", task_.bad_samples ? task_.bad_samples() : 0},
+                              {"amp", c_.amp},
+                              {"loss_scale", scaler_->get_scale()},
+                              {"skipped_steps", scaler_->skipped_steps()},
+                              {"wall_seconds", wall},
+                              {"device", device_.str()},
+                              {"train_seconds", run_.train_seconds},
+                              {"samples_per_s", sps},
+                              {"resumed_from", resumed_from_},
+                              {"last_checkpoint", last_saved_},
+                              {"per_epoch", run_.epochs_log},
+                              {"config", resolved_}};
+    if (device_.is_cuda()) summary["gpu_memory_mib"] = gpu_memory_json(device_.index);
+    io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
+    char buf[384];
+    char skipped[96] = "";
+    if (scaler_->enabled())
+      std::snprintf(skipped, sizeof skipped, " (%lld skipped for inf/NaN gradients, loss scale %g)",
+                    (long long)scaler_->skipped_steps(), scaler_->get_scale());
+    std::snprintf(buf, sizeof buf, "test %s %.2f%% (%lld samples), %lld steps%s in %s, %.0f samples/s; wrote %s",
+                  task_.metric.c_str(), 100.0 * run_.last_eval_accuracy, (long long)run_.last_eval_count,
+                  (long long)run_.step, skipped, hms(wall).c_str(), sps, c_.out.c_str());
+    progress_->line(buf);
+    return 0;
+  }
+
+  const TrainConfig& c_;
+  const Clock::time_point t_start_ = Clock::now();
+  // who and where
+  std::unique_ptr<dist::Communicator> comm_, gpu_comm_;
+  int rank_ = 0, world_ = 1;
+  bool lead_ = true;
+  Device device_;
+  // what is trained, on what, how
+  Task task_;
+  std::unique_ptr<io::DataLoader> loader_;
+  int64_t accum_ = 1, spe_ = 0, total_steps_ = 0, global_batch_ = 0;
+  std::unique_ptr<optim::Optimizer> opt_;
+  optim::LrSchedule sched_;
+  std::vector<Tensor> params_;
+  std::optional<DType> amp_dt_;
+  std::unique_ptr<amp::GradScaler> scaler_;
+  std::unique_ptr<dist::DataParallel> dp_;
+  nlohmann::json resolved_;
+  // progress, output, checkpoints
+  RunState run_;
+  std::string ckpt_dir_, metrics_path_, resumed_from_, last_saved_;
+  std::ofstream metrics_;
+  std::unique_ptr<Progress> progress_;
+  std::unique_ptr<CheckpointMirror> mirror_;
+  Clock::time_point last_save_time_, win_start_, epoch_start_;
+  double epoch_seconds_before_ = 0;
+  bool stop_now_ = false, time_due_ = false;
+};
+
+}  // namespace
+
+int run_train(const TrainConfig& c) { return Trainer(c).run(); }
 
 int run_eval(const TrainConfig& c0, const std::string& weights) {
   TrainConfig c = c0;

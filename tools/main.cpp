@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <exception>
 
-#include "engine/error.h"
+#include "engine/dist.h"
+#include "base/error.h"
 #include "kiln_build_info.h"
 #include "tools/commands.h"
+#include "tools/environment.h"
 #include "tools/train.h"
 
 int main(int argc, char** argv) {
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   try {
+    kiln::tools::apply_environment();
     if (version) {
       std::printf("kiln %s\n", KILN_VERSION_STRING);
       return 0;
@@ -82,6 +85,12 @@ int main(int argc, char** argv) {
     if (bench_scaling->parsed()) return kiln::tools::run_bench_scaling(bench_scaling_opts);
     std::printf("%s", app.help().c_str());
     return 0;
+  } catch (const kiln::dist::CollectiveError& e) {
+    // The other ranks are gone or hang: leave now, without the destructors of a communicator (MPI
+    // finalisation, NCCL teardown) that would wait for them. `kiln launch` then stops the rest.
+    std::fprintf(stderr, "kiln: error: %s\n", e.message().c_str());
+    std::fflush(nullptr);
+    std::_Exit(3);
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "kiln: error: %s\n", e.message().c_str());
     return 1;

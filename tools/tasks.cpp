@@ -281,15 +281,63 @@ std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths
   return out;
 }
 
+const std::vector<TaskKind>& task_kinds() {
+  static const std::vector<TaskKind> kinds = {
+      {"classify/image-folder", [](const TrainConfig& c) { return models::is_resnet_name(c.model) && c.data == "folder"; },
+       image_folder},
+      {"classify/idx", [](const TrainConfig& c) { return models::is_resnet_name(c.model) && c.data != "folder"; },
+       image_classification},
+      {"mlm", [](const TrainConfig& c) { return !models::is_resnet_name(c.model) && (c.task.empty() || c.task == "mlm"); },
+       [](const TrainConfig& c) { return bert_mlm(c, parse_bert_name(c.model)); }},
+      {"classify/text", [](const TrainConfig& c) { return !models::is_resnet_name(c.model) && c.task == "classify"; },
+       [](const TrainConfig& c) { return bert_classify(c, parse_bert_name(c.model)); }},
+  };
+  return kinds;
+}
+
+const std::vector<std::string>& data_names() {
+  static const std::vector<std::string> names = {"fashion-mnist", "mnist", "folder"};
+  return names;
+}
+
+const std::vector<OptimizerKind>& optimizer_kinds() {
+  static const std::vector<OptimizerKind> kinds = {
+      {"sgd", [](const TrainConfig& c, std::vector<optim::ParamGroup> g) -> std::unique_ptr<optim::Optimizer> {
+         return std::make_unique<optim::SGD>(std::move(g), optim::SgdOptions{c.momentum, 0.0, c.nesterov});
+       }},
+      {"adamw", [](const TrainConfig&, std::vector<optim::ParamGroup> g) -> std::unique_ptr<optim::Optimizer> {
+         return std::make_unique<optim::AdamW>(std::move(g));
+       }},
+      {"lamb", [](const TrainConfig&, std::vector<optim::ParamGroup> g) -> std::unique_ptr<optim::Optimizer> {
+         return std::make_unique<optim::LAMB>(std::move(g));
+       }},
+  };
+  return kinds;
+}
+
+std::vector<std::string> optimizer_names() {
+  std::vector<std::string> names;
+  for (const auto& k : optimizer_kinds()) names.push_back(k.name);
+  return names;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Module& m) {
+  for (const auto& k : optimizer_kinds())
+    if (c.optimizer == k.name) return k.make(c, optim::decay_groups(m.named_parameters(), c.lr, c.weight_decay));
+  KILN_FAIL("--optimizer ", c.optimizer, ": unknown (expected one of ", nlohmann::json(optimizer_names()).dump(), ")");
+}
+
 Task make_task(const TrainConfig& c) {
-  Task t;
-  if (models::is_resnet_name(c.model)) {
-    t = c.data == "folder" ? image_folder(c) : image_classification(c);
-  } else {
-    const BertName bn = parse_bert_name(c.model);
-    const std::string task = c.task.empty() ? "mlm" : c.task;
-    t = task == "mlm" ? bert_mlm(c, bn) : bert_classify(c, bn);
-  }
+  if (!models::is_resnet_name(c.model)) parse_bert_name(c.model);  // an unknown name: the list of known ones
+  const TaskKind* kind = nullptr;
+  for (const auto& k : task_kinds())
+    if (k.takes(c)) {
+      kind = &k;
+      break;
+    }
+  KILN_CHECK(kind, "no task takes --model ", c.model, " with --task ", c.task.empty() ? "(default)" : c.task,
+             " and --data ", c.data);
+  Task t = kind->make(c);
   // Built on the CPU (the same initial weights on every device), then moved; the steps move each
   // batch after the loader made it.
   t.model->to(c.resolved_device());

@@ -13,6 +13,7 @@
 
 #include "engine/dist.h"
 #include "engine/nn.h"
+#include "engine/optim.h"
 #include "io/data.h"
 
 namespace kiln::tools {
@@ -99,7 +100,27 @@ struct Task {
   nlohmann::json data_info;
   std::function<int64_t()> bad_samples;  // unreadable samples skipped so far (image folders), if it applies
 };
+// Builds the task the config names (the first row of task_kinds() that takes it), its model moved
+// to the run's device.
 Task make_task(const TrainConfig& c);
+
+// Name -> factory tables: a new task, data set or optimizer is one row (tools/tasks.cpp).
+struct TaskKind {
+  const char* name;                       // what `kiln train` prints: "classify/images", "mlm", ...
+  bool (*takes)(const TrainConfig& c);    // whether this row builds the run `c` asks for
+  Task (*make)(const TrainConfig& c);
+};
+const std::vector<TaskKind>& task_kinds();
+// --data values (image data sets; BERT reads --text or --train-tsv instead).
+const std::vector<std::string>& data_names();
+struct OptimizerKind {
+  const char* name;  // --optimizer
+  std::unique_ptr<optim::Optimizer> (*make)(const TrainConfig& c, std::vector<optim::ParamGroup> groups);
+};
+const std::vector<OptimizerKind>& optimizer_kinds();
+std::vector<std::string> optimizer_names();
+// The optimizer --optimizer names over the model's parameters (no decay on biases and norms).
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Module& m);
 
 struct EvalResult {
   double loss = 0, accuracy = 0;

@@ -8,6 +8,7 @@
 #include "engine/optim.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "models/resnet.h"
+#include "tools/environment.h"
 #include "tools/train.h"
 
 namespace kiln::tools {
@@ -22,7 +23,7 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--data", c.data,
                  "fashion-mnist; mnist (an MNIST-format directory given by --data-dir); folder (--data-dir holds "
                  "train/ and val/, each with one sub-directory of .jpg/.png/.bmp images per class)")
-      ->check(CLI::IsMember({"fashion-mnist", "mnist", "folder"}))
+      ->check(CLI::IsMember(data_names()))
       ->capture_default_str();
   app.add_option("--data-dir", c.data_dir, "Where the data set lives (default for fashion-mnist: Debian's package)");
   app.add_option("--image-size", c.image_size, "Side of the images fed to the model (image folders)")
@@ -71,7 +72,7 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
 // With several ranks on a machine (kiln launch, torchrun, mpirun), "cuda" and "auto" mean this
 // rank's own GPU, cuda:LOCAL_RANK: one process per GPU.
 Device TrainConfig::resolved_device() const {
-  const int local = dist::DistEnv::from_environment().local_rank;
+  const int local = kiln::tools::dist_env().local_rank;
   if (device == "auto") return cuda::device_count() > 0 ? cuda_device(local % cuda::device_count()) : kCPU;
   if (device == "cuda" || device == "gpu") return cuda_device(local);
   return Device::parse(device);
@@ -95,7 +96,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (0: no limit)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--optimizer", c.optimizer, "sgd, adamw or lamb")
-      ->check(CLI::IsMember({"sgd", "adamw", "lamb"}))
+      ->check(CLI::IsMember(optimizer_names()))
       ->capture_default_str();
   app.add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
   app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();

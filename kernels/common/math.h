@@ -3,7 +3,7 @@
 #pragma once
 #include <cmath>
 
-#include "kernels/common/macros.h"
+#include "base/macros.h"
 
 namespace kiln::math {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "kernels/backend.h"
-#include "kernels/common/macros.h"
+#include "base/macros.h"
 
 namespace kiln::optim_math {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/common/macros.h"
+#include "base/macros.h"
 
 namespace kiln {
 

@@ -26,7 +26,7 @@
 #pragma once
 #include <cstdint>
 
-#include "kernels/common/macros.h"
+#include "base/macros.h"
 #include "kernels/common/math.h"
 
 namespace kiln::tcgemm {

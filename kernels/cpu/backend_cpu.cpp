@@ -1,5 +1,5 @@
 // The CPU row of the backend table.
-#include "engine/error.h"
+#include "base/error.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops_cpu.h"
 

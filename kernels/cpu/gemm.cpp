@@ -17,8 +17,8 @@
 #include <Eigen/Core>
 #pragma GCC diagnostic pop
 
-#include "engine/error.h"
-#include "engine/thread_pool.h"
+#include "base/error.h"
+#include "base/thread_pool.h"
 
 #if defined(__AVX512F__) && !defined(KILN_GEMM_EIGEN_ONLY)
 #define KILN_GEMM_AVX512 1

@@ -10,8 +10,8 @@
 #include <immintrin.h>
 #endif
 
-#include "engine/error.h"
-#include "engine/thread_pool.h"
+#include "base/error.h"
+#include "base/thread_pool.h"
 #include "kernels/backend.h"
 
 namespace kiln::cpu {

@@ -5,7 +5,7 @@
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/tc_gemm.h"
 
-#include "engine/error.h"
+#include "base/error.h"
 
 #if !defined(KILN_WITH_CUDA)
 namespace kiln::cuda {

@@ -3,7 +3,7 @@
 // chunks combined in order, so they do not depend on the thread count.
 #include <vector>
 
-#include "engine/thread_pool.h"
+#include "base/thread_pool.h"
 #include "kernels/common/optim_math.h"
 #include "kernels/cpu/ops_cpu.h"
 

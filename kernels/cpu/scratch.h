@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdlib>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace kiln::cpu {
 

@@ -14,7 +14,7 @@
 
 #include "engine/caching_allocator.h"
 #include "kernels/backend.h"
-#include "kernels/common/half.h"
+#include "base/half.h"
 #include "kernels/cuda/cuda_check.h"
 
 #define KILN_CUBLAS_OK(call)                                                                          \

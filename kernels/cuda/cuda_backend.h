@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/dtype.h"
+#include "base/dtype.h"
 #include "engine/tensor.h"
 #include "kernels/backend.h"
 
@@ -41,7 +41,7 @@ void synchronize(int device);
 // with Kiln's.
 void* compute_stream(int device);
 // Which GEMM runs f16/bf16 products: "kiln" (the Tensor Core kernel where it takes the shape),
-// "cublaslt", or "auto" (timed once per shape). The default comes from KILN_GEMM, else auto.
+// "cublaslt", or "auto" (timed once per shape). Default auto; the `kiln` command maps KILN_GEMM to it.
 void set_gemm_backend(const std::string& which);
 
 // Deterministic mode: reductions without atomics and fixed cuDNN algorithms, so that two runs give

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace kiln::cuda {
 inline std::string cuda_error(cudaError_t e) {

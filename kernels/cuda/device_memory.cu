@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_memory.h"
 

@@ -5,7 +5,7 @@
 // accumulation. The heuristic's choice is cached per shape, layout and pointer alignment.
 //
 // f16/bf16 products may instead run on Kiln's own Tensor Core kernel (kernels/cuda/tc_gemm.cu),
-// chosen by KILN_GEMM: "cublaslt" (never), "kiln" (whenever the kernel can take the shape: sm_80+,
+// chosen by cuda::set_gemm_backend (the `kiln` command maps KILN_GEMM to it): "cublaslt" (never), "kiln" (whenever the kernel can take the shape: sm_80+,
 // K and leading dimensions multiples of 8, 16-byte aligned operands), or "auto" (the default):
 // both are timed once per shape on the device and the faster one is kept.
 #include <cstring>
@@ -81,13 +81,21 @@ GemmChoice parse_choice(const std::string& v, const char* from) {
   KILN_CHECK(v == "auto" || v.empty(), from, v, ": expected kiln, cublaslt or auto");
   return GemmChoice::automatic;
 }
-std::atomic<int> g_choice{-1};  // -1: not read from the environment yet
-GemmChoice gemm_choice() {
-  if (g_choice.load() < 0) {
-    const char* e = std::getenv("KILN_GEMM");
-    g_choice = int(parse_choice(e ? e : "auto", "KILN_GEMM="));
+std::atomic<int> g_choice{int(GemmChoice::automatic)};
+GemmChoice gemm_choice() { return GemmChoice(g_choice.load()); }
+
+// Whether the Tensor Core kernel runs on `device`, asked once per device (a machine may mix an
+// sm_75 and an sm_80 GPU: each answers for itself).
+bool tc_gemm_supported_cached(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int8_t> known[kMaxDevices] = {};  // 0: not asked yet, 1: yes, -1: no
+  if (device < 0 || device >= kMaxDevices) return tc_gemm_supported(device);
+  int8_t v = known[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = tc_gemm_supported(device) ? 1 : -1;
+    known[device].store(v, std::memory_order_relaxed);
   }
-  return GemmChoice(g_choice.load());
+  return v > 0;
 }
 
 // The Tensor Core kernel's arguments for a row-major product, when it can take it.
@@ -97,8 +105,7 @@ bool tc_args(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double
   if (!is_low_precision(dt) || k % 8 != 0 || lda % 8 != 0 || ldb % 8 != 0 || sa % 8 != 0 || sb % 8 != 0 ||
       batch > 65535 || reinterpret_cast<uintptr_t>(a) % 16 != 0 || reinterpret_cast<uintptr_t>(b) % 16 != 0)
     return false;
-  static const bool device_ok = tc_gemm_supported(current().device);
-  if (!device_ok) return false;
+  if (!tc_gemm_supported_cached(current().device)) return false;
   g.in_dtype = g.out_dtype = dt;
   g.la = ta ? tcgemm::Layout::col : tcgemm::Layout::row;  // A^T stored [k, m] is A column-major
   g.lb = tb ? tcgemm::Layout::col : tcgemm::Layout::row;  // B^T stored [n, k] is B column-major

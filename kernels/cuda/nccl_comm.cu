@@ -157,10 +157,12 @@ class NcclComm final : public dist::Communicator {
       const cudaError_t e = cudaEventQuery(done);
       if (e == cudaSuccess) break;
       KILN_CHECK(e == cudaErrorNotReady, "NCCL ", what, " on cuda:", device_, ": ", cuda_error(e));
+      live(what.c_str());
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
-      KILN_CHECK(async == ncclSuccess || async == ncclInProgress, "NCCL ", what, " failed on rank ", rank_, ": ",
-                 ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
+      if (async != ncclSuccess && async != ncclInProgress)
+        KILN_COLLECTIVE_FAIL(false, "NCCL ", what, " failed on rank ", rank_, " of ", size_, ": ",
+                             ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
       if (Clock::now() > deadline) abort_job(what.c_str(), bytes);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -183,12 +185,20 @@ class NcclComm final : public dist::Communicator {
     KILN_CHECK(r == ncclSuccess, what, " failed on rank ", rank_, " of ", size_, ": ", ncclGetErrorString(r),
                comm_ ? std::string(" (") + ncclGetLastError(comm_) + ")" : std::string());
   }
+  // A timed-out collective: abort the communicator (its kernels return, later calls fail) and throw.
   [[noreturn]] void abort_job(const char* what, long long bytes) {
-    dist::detail::report_timeout("nccl", rank_, size_, what, bytes, timeout_);
     if (comm_) ncclCommAbort(comm_);
-    std::_Exit(1);
+    comm_ = nullptr;
+    dist::detail::throw_timeout("nccl", rank_, size_, what, bytes, timeout_);
+  }
+  // After a timed-out collective aborted the communicator, every later one throws.
+  void live(const char* what) const {
+    if (!comm_)
+      KILN_COLLECTIVE_FAIL(false, "NCCL ", what, " on rank ", rank_, " of ", size_,
+                           ": the communicator was aborted after an earlier collective timed out");
   }
   void check(const Tensor& t, const char* what) {
+    live(what);
     KILN_CHECK(t.defined() && t.is_contiguous() && t.device() == cuda_device(device_), what,
                ": the NCCL communicator of cuda:", device_, " needs a contiguous tensor there, got ",
                t.defined() ? t.type_str() : std::string("an undefined tensor"));

@@ -1002,7 +1002,7 @@ __global__ void __launch_bounds__(kThreads) scatter_add_kernel(int64_t outer, in
 // ---- unscale_check -----------------------------------------------------------------------------------
 
 // The CPU's arithmetic: in C (f64 for f64, f32 otherwise), the product rounded back to T (16-bit
-// types convert with single cvt instructions in device code, kernels/common/half.h).
+// types convert with single cvt instructions in device code, base/half.h).
 template <typename T, typename C> __device__ __forceinline__ void unscale_one(T& x, C s, bool& bad) {
   const C v = C(x);
   bad |= !isfinite(v);

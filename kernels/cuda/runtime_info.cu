@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/common/half.h"
+#include "base/half.h"
 #include "kernels/common/math.h"
 #include "kernels/common/philox.h"
 #include "kernels/cuda/runtime_info.h"

@@ -22,9 +22,9 @@
 #include <sstream>
 #include <vector>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/common/half.h"
+#include "base/half.h"
 #include "kernels/cuda/tc_gemm.h"
 
 namespace kiln::cuda {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/dtype.h"
+#include "base/dtype.h"
 #include "kernels/common/tc_gemm_layout.h"
 
 namespace kiln::cuda {

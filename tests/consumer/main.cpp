@@ -2,6 +2,7 @@
 #include <kiln/kiln.h>
 
 #include <cstdio>
+#include <vector>
 
 using namespace kiln;
 
@@ -21,7 +22,37 @@ Tensor softplus(const Tensor& x) {
   return out;
 }
 
+// The caller's buffer as a tensor without a copy, and values read back in their own type.
+int check_buffers() {
+  std::vector<float> buf = {1, 2, 3, 4, 5, 6};
+  Tensor t = from_blob(buf.data(), {2, 3}, DType::f32);
+  t.mul_(2.0);  // writes reach the caller's memory
+  if (buf[5] != 12.0f || t.raw_data() != buf.data()) {
+    std::printf("from_blob: the tensor does not share the buffer\n");
+    return 1;
+  }
+  bool released = false;
+  {
+    auto* owned = new int64_t[2]{int64_t(1) << 60, 3};
+    Tensor big = from_blob(owned, {2}, DType::i64, [&released](void* p) {
+      delete[] static_cast<int64_t*>(p);
+      released = true;
+    });
+    const std::vector<int64_t> v = (big + 1).values<int64_t>();  // 2^60 + 1 has no f64 representation
+    if (v[0] != (int64_t(1) << 60) + 1 || v[1] != 4 || big.select(0, 0).item<int64_t>() != int64_t(1) << 60) {
+      std::printf("values<int64_t>: read back through f64\n");
+      return 1;
+    }
+  }
+  if (!released) {
+    std::printf("from_blob: the deleter did not run\n");
+    return 1;
+  }
+  return 0;
+}
+
 int main() {
+  if (check_buffers() != 0) return 1;
   const std::string err = gradcheck([](const std::vector<Tensor>& v) { return softplus(v[0]); },
                                     {randn({3, 4}, TensorOptions(DType::f64))});
   if (!err.empty()) {

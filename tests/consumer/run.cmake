@@ -6,6 +6,21 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${KILN_BUILD_DIR} --prefix ${
 if(rc)
   message(FATAL_ERROR "install into ${SCRATCH}/prefix failed: ${rc}")
 endif()
+# A shared libkiln keeps its dependencies private: the installed package names none of them, so a
+# consumer needs no CUDA toolkit, MPI, Eigen, nlohmann-json or zlib to build against it.
+file(GLOB targets ${SCRATCH}/prefix/lib*/cmake/kiln/kilnTargets*.cmake)
+foreach(f ${targets})
+  file(READ ${f} text)
+  foreach(dep "CUDA::" "MPI::" "Eigen3::" "nlohmann_json::" "ZLIB::")
+    string(FIND "${text}" "${dep}" at)
+    if(NOT at EQUAL -1)
+      message(FATAL_ERROR "${f} makes consumers link ${dep}: a private dependency leaked")
+    endif()
+  endforeach()
+endforeach()
+if(NOT targets)
+  message(FATAL_ERROR "no kilnTargets*.cmake under ${SCRATCH}/prefix")
+endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${KILN_SOURCE_DIR}/tests/consumer -B ${SCRATCH}/build -G ${GENERATOR}
                         -DCMAKE_PREFIX_PATH=${SCRATCH}/prefix -DCMAKE_BUILD_TYPE=Release RESULT_VARIABLE rc)
 if(rc)

@@ -10,6 +10,7 @@
 
 #include "engine/dist.h"
 #include "kiln.h"
+#include "tools/environment.h"
 
 using namespace kiln;
 
@@ -187,13 +188,31 @@ TEST_CASE("dist: ranks that built different models are told where they differ") 
 }
 
 int main(int argc, char** argv) {
-  const dist::DistEnv env = dist::DistEnv::from_environment();
+  tools::apply_environment();
+  const dist::DistEnv env = kiln::tools::dist_env();
   const bool hang = std::getenv("KILN_DIST_TEST_HANG") != nullptr;
   auto c = dist::make_cpu_communicator(env, std::chrono::seconds(hang ? 3 : 120));
   g_comm = c.get();
   if (hang) {
     // The last rank never joins: the others must report the collective and their rank, then end the job.
-    if (c->rank() != c->world_size() - 1) c->all_reduce(ones({1024}), dist::ReduceOp::sum);
+    // The communicator throws CollectiveError; later collectives on it fail at once, unsent.
+    if (c->rank() != c->world_size() - 1) {
+      try {
+        c->all_reduce(ones({1024}), dist::ReduceOp::sum);
+      } catch (const dist::CollectiveError& e) {
+        std::string later;
+        try {
+          c->all_reduce(ones({4}), dist::ReduceOp::sum);
+        } catch (const dist::CollectiveError& e2) {
+          later = e2.message();
+        }
+        const bool same = later == e.message();
+        std::fprintf(stderr, "kiln: error: %s%s\n", e.message().c_str(),
+                     e.timed_out() && same ? "" : " [the error is not a timeout, or a later collective did not fail with it]");
+        std::fflush(nullptr);
+        std::_Exit(3);  // as `kiln` does: MPI's finalisation would wait for the hung rank
+      }
+    }
     std::this_thread::sleep_for(std::chrono::seconds(60));
     return 0;
   }

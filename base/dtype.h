@@ -5,7 +5,7 @@
 #include <ostream>
 #include <string>
 
-#include "kernels/common/half.h"
+#include "base/half.h"
 
 namespace kiln {
 

@@ -1,5 +1,5 @@
 // Out-of-line thrower, so every KILN_CHECK site stays one compare and one cold call.
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace kiln::detail {
 

@@ -1,7 +1,7 @@
 // DType names, sizes and the promotion lattice; Device parsing and printing.
-#include "engine/dtype.h"
+#include "base/dtype.h"
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace kiln {
 

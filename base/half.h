@@ -10,7 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kernels/common/macros.h"
+#include "base/macros.h"
 #if !defined(__CUDACC__) && defined(__F16C__)
 #include <immintrin.h>
 #endif

@@ -1,6 +1,6 @@
 // A fixed pool of workers that run the chunks of one parallel_for at a time; the calling thread
 // takes part. Chunks are handed out through an atomic counter, so fast threads take more of them.
-#include "engine/thread_pool.h"
+#include "base/thread_pool.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 #if defined(__SSE2__)
 #include <xmmintrin.h>
@@ -48,13 +48,6 @@ class DenormalScope {
 };
 
 int default_threads() {
-  if (const char* env = std::getenv("KILN_NUM_THREADS")) {
-    char* end = nullptr;
-    long v = std::strtol(env, &end, 10);
-    KILN_CHECK(end != env && *end == '\0' && v >= 1 && v <= 4096,
-               "KILN_NUM_THREADS must be an integer between 1 and 4096, got '", env, "'");
-    return static_cast<int>(v);
-  }
   unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
 }

@@ -1,4 +1,5 @@
-// The engine's own thread pool for CPU kernels, sized by KILN_NUM_THREADS (default: hardware threads).
+// The engine's own thread pool for CPU kernels: all hardware threads unless set_num_threads says
+// otherwise (the library reads no environment; `kiln` maps KILN_NUM_THREADS and --threads to it).
 // parallel_for splits [begin, end) into chunks of at least `grain` items; nested calls run inline.
 #pragma once
 #include <cstdint>

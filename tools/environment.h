@@ -1,0 +1,43 @@
+// The environment variables Kiln's programs honour, read in one place: the library itself reads
+// none (docs/architecture.md, "Explicit settings"), so the `kiln` command, the test runners and
+// the benchmarks call apply_environment() once at start. Header-only for those separate programs.
+//   KILN_NUM_THREADS   CPU threads for the kernels (default: all hardware threads)
+//   KILN_CPU_CACHE_MB  host memory the CPU allocator keeps for reuse (default 4096; 0: none)
+//   KILN_GEMM          f16/bf16 GEMM on CUDA: kiln, cublaslt or auto (default auto)
+#pragma once
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "engine/dist.h"
+#include "engine/tensor.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace kiln::tools {
+
+// An integer environment variable in [lo, hi], or `fallback` when unset or empty.
+inline int64_t env_integer(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  KILN_CHECK(end != v && *end == '\0' && x >= lo && x <= hi, name, " must be an integer between ", lo, " and ", hi,
+             ", got '", v, "'");
+  return x;
+}
+
+// Rank and world size as the launcher (kiln launch, torchrun, mpirun, srun) set them.
+inline dist::DistEnv dist_env() {
+  return dist::DistEnv::from_variables([](const char* name) -> const char* { return std::getenv(name); });
+}
+
+inline void apply_environment() {
+  if (const int64_t n = env_integer("KILN_NUM_THREADS", 1, 4096, 0); n > 0) set_num_threads(int(n));
+  if (const int64_t mb = env_integer("KILN_CPU_CACHE_MB", 0, int64_t(1) << 30, -1); mb >= 0)
+    set_cpu_cache_limit(size_t(mb) << 20);
+  if (const char* g = std::getenv("KILN_GEMM"); g && *g) cuda::set_gemm_backend(g);
+}
+
+}  // namespace kiln::tools
