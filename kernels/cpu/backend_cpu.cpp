@@ -22,40 +22,16 @@ void gemm_any(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, do
 }  // namespace
 
 const Backend& cpu_backend() {
-  static const Backend b{
-      .name = "cpu",
-      .copy = cpu::copy,
-      .fill = cpu::fill,
-      .arange = cpu::arange,
-      .unary = cpu::unary,
-      .binary = cpu::binary,
-      .where = cpu::where,
-      .reduce = cpu::reduce,
-      .gemm = gemm_any,
-      .gemm_batched = nullptr,
-      .random = cpu::random,
-      .conv2d_forward = cpu::conv2d_forward,
-      .conv2d_backward = cpu::conv2d_backward,
-      .max_pool2d_forward = cpu::max_pool2d_forward,
-      .max_pool2d_backward = cpu::max_pool2d_backward,
-      .avg_pool2d_forward = cpu::avg_pool2d_forward,
-      .avg_pool2d_backward = cpu::avg_pool2d_backward,
-      .softmax_forward = cpu::softmax_forward,
-      .softmax_backward = cpu::softmax_backward,
-      .masked_softmax_forward = cpu::masked_softmax_forward,
-      .masked_softmax_backward = cpu::masked_softmax_backward,
-      .layer_norm_forward = cpu::layer_norm_forward,
-      .layer_norm_backward = cpu::layer_norm_backward,
-      .batch_norm_forward = cpu::batch_norm_forward,
-      .batch_norm_backward = cpu::batch_norm_backward,
-      .cross_entropy = cpu::cross_entropy,
-      .index_select = cpu::index_select,
-      .index_add = cpu::index_add,
-      .gather = cpu::gather,
-      .scatter_add = cpu::scatter_add,
-      .unscale_check = cpu::unscale_check,
-      .optimizer_step = cpu::optimizer_step,
-  };
+  static const Backend b = [] {
+    Backend t{};
+    t.name = "cpu";
+    t.gemm = gemm_any;
+    t.gemm_batched = nullptr;  // the engine loops over gemm
+#define KILN_KERNEL(name, params) t.name = cpu::name;
+#include "kernels/kernel_list.h"
+#undef KILN_KERNEL
+    return t;
+  }();
   return b;
 }
 

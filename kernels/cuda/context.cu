@@ -184,42 +184,18 @@ bool is_pinned(const void* p) {
 }
 
 const Backend& table() {
-  static const Backend b{
-      .name = "cuda",
-      .copy = cuda::copy,
-      .fill = cuda::fill,
-      .arange = cuda::arange,
-      .unary = cuda::unary,
-      .binary = cuda::binary,
-      .where = cuda::where,
-      .reduce = cuda::reduce,
-      .gemm = cuda::gemm,
-      .gemm_batched = cuda::gemm_batched,
-      .random = cuda::random,
-      .conv2d_forward = cuda::conv2d_forward,
-      .conv2d_backward = cuda::conv2d_backward,
-      .max_pool2d_forward = cuda::max_pool2d_forward,
-      .max_pool2d_backward = cuda::max_pool2d_backward,
-      .avg_pool2d_forward = cuda::avg_pool2d_forward,
-      .avg_pool2d_backward = cuda::avg_pool2d_backward,
-      .softmax_forward = cuda::softmax_forward,
-      .softmax_backward = cuda::softmax_backward,
-      .masked_softmax_forward = cuda::masked_softmax_forward,
-      .masked_softmax_backward = cuda::masked_softmax_backward,
-      .layer_norm_forward = cuda::layer_norm_forward,
-      .layer_norm_backward = cuda::layer_norm_backward,
-      .batch_norm_forward = cuda::batch_norm_forward,
-      .batch_norm_backward = cuda::batch_norm_backward,
-      .cross_entropy = cuda::cross_entropy,
-      .index_select = cuda::index_select,
-      .index_add = cuda::index_add,
-      .gather = cuda::gather,
-      .scatter_add = cuda::scatter_add,
-      .unscale_check = cuda::unscale_check,
-      .optimizer_step = cuda::optimizer_step,
-      .native_16bit_gemm_conv = true,
-      .native_channels_last = true,
-  };
+  static const Backend b = [] {
+    Backend t{};
+    t.name = "cuda";
+    t.gemm = cuda::gemm;
+    t.gemm_batched = cuda::gemm_batched;
+#define KILN_KERNEL(name, params) t.name = cuda::name;
+#include "kernels/kernel_list.h"
+#undef KILN_KERNEL
+    t.native_16bit_gemm_conv = true;
+    t.native_channels_last = true;
+    return t;
+  }();
   return b;
 }
 }  // namespace
