@@ -16,27 +16,23 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "kiln.h"
-#include "tools/environment.h"
+#include "bench/bench_main.h"
 
 using namespace kiln;
 
 int main(int argc, char** argv) {
-  kiln::tools::apply_environment();  // KILN_NUM_THREADS, KILN_GEMM, ... as `kiln` reads them
-  std::string json_path;
+  CLI::App app("All-reduce bandwidth over the ranks of this job (mpirun -np N, or kiln launch)", "bench_allreduce");
+  bench::CommonFlags flags;
+  bench::add_common_flags(app, flags, /*threads=*/false, /*quick=*/false);
   int64_t max_bytes = int64_t(1) << 30;
   int iters = 20;
-  bool gpu = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--max-bytes") && i + 1 < argc) max_bytes = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) gpu = std::string(argv[++i]) == "cuda";
-    else {
-      std::fprintf(stderr,
-                   "usage: mpirun -np N bench_allreduce [--device cpu|cuda] [--max-bytes B] [--iters K] [--json FILE]\n");
-      return 2;
-    }
-  }
+  std::string device = "cpu";
+  app.add_option("--max-bytes", max_bytes, "Largest message")->check(CLI::PositiveNumber);
+  app.add_option("--iters", iters, "Timed repetitions per size")->check(CLI::PositiveNumber);
+  app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  if (const int rc = bench::start(app, flags, argc, argv); rc >= 0) return rc;
+  const std::string& json_path = flags.json;
+  const bool gpu = device == "cuda";
   const dist::DistEnv env = kiln::tools::dist_env();
   auto host_comm = dist::make_cpu_communicator(env, std::chrono::seconds(600));
   std::unique_ptr<dist::Communicator> gpu_comm;

@@ -17,7 +17,7 @@
 
 #include "base/thread_pool.h"
 #include "kernels/cpu/gemm.h"
-#include "tools/environment.h"
+#include "bench/bench_main.h"
 
 #if defined(KILN_BENCH_HAVE_CBLAS)
 #include <cblas.h>
@@ -116,29 +116,13 @@ Row run_shape(const Shape& s, bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  kiln::tools::apply_environment();  // KILN_NUM_THREADS, KILN_GEMM, ... as `kiln` reads them
-  std::string json_path;
-  int threads = 0;
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else if (arg == "--threads" && i + 1 < argc) {
-      threads = std::atoi(argv[++i]);
-      if (threads < 1) {
-        std::fprintf(stderr, "bench_gemm: --threads needs a positive integer, got '%s'\n", argv[i]);
-        return 2;
-      }
-    } else if (arg == "--quick") {
-      quick = true;
-    } else {
-      std::fprintf(stderr, "usage: bench_gemm [--json FILE] [--threads N] [--quick]\n");
-      return arg == "--help" || arg == "-h" ? 0 : 2;
-    }
-  }
-  if (threads > 0) kiln::set_num_threads(threads);
-  threads = kiln::num_threads();
+  CLI::App app("f32 GEMM: Kiln against Eigen (and OpenBLAS when installed)", "bench_gemm");
+  kiln::bench::CommonFlags flags;
+  kiln::bench::add_common_flags(app, flags);
+  if (const int rc = kiln::bench::start(app, flags, argc, argv); rc >= 0) return rc;
+  const std::string& json_path = flags.json;
+  const bool quick = flags.quick;
+  int threads = kiln::num_threads();
 #if defined(KILN_BENCH_HAVE_CBLAS)
   openblas_set_num_threads(threads);
 #endif

@@ -17,7 +17,7 @@
 #include "kernels/cuda/runtime_info.h"
 #include "kernels/cuda/tc_gemm.h"
 #include "kiln.h"
-#include "tools/environment.h"
+#include "bench/bench_main.h"
 
 using namespace kiln;
 
@@ -68,17 +68,12 @@ std::string pct(double x, double of) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  kiln::tools::apply_environment();  // KILN_NUM_THREADS, KILN_GEMM, ... as `kiln` reads them
-  std::string json_path;
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else {
-      std::fprintf(stderr, "usage: bench_gpu [--json FILE] [--quick]\n");
-      return 2;
-    }
-  }
+  CLI::App app("GPU kernels against bandwidth and cuBLASLt/cuDNN", "bench_gpu");
+  bench::CommonFlags flags;
+  bench::add_common_flags(app, flags, /*threads=*/false);
+  if (const int rc = bench::start(app, flags, argc, argv); rc >= 0) return rc;
+  const std::string& json_path = flags.json;
+  const bool quick = flags.quick;
   nlohmann::json out;
   if (cuda::device_count() == 0) {
     const std::string why = cuda::compiled() ? "no CUDA device visible" : "this build has no CUDA backend";

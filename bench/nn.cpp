@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kiln.h"
-#include "tools/environment.h"
+#include "bench/bench_main.h"
 
 using namespace kiln;
 
@@ -37,18 +37,12 @@ struct ConvCase {
 }  // namespace
 
 int main(int argc, char** argv) {
-  kiln::tools::apply_environment();  // KILN_NUM_THREADS, KILN_GEMM, ... as `kiln` reads them
-  std::string json_path;
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) set_num_threads(std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else {
-      std::fprintf(stderr, "usage: bench_nn [--json FILE] [--threads N] [--quick]\n");
-      return 2;
-    }
-  }
+  CLI::App app("CPU convolution, pooling and normalisation layers", "bench_nn");
+  bench::CommonFlags flags;
+  bench::add_common_flags(app, flags);
+  if (const int rc = bench::start(app, flags, argc, argv); rc >= 0) return rc;
+  const std::string& json_path = flags.json;
+  const bool quick = flags.quick;
   const int reps = quick ? 2 : 5;
   nlohmann::json rows = nlohmann::json::array();
   std::printf("conv2d forward + backward (f32, %d threads)\n", num_threads());

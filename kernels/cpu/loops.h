@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "kernels/backend.h"
+#include "kernels/common/dims.h"
 
 namespace kiln::cpu {
 
@@ -89,32 +90,14 @@ template <int N> Loop<N> make_loop(const std::array<const TensorDesc*, N>& d) {
     L.base[k] = static_cast<char*>(d[k]->data);
     L.esize[k] = int64_t(dtype_size(d[k]->dtype));
   }
-  // Dims in the order of the destination's strides, outermost first: a contiguous destination keeps
-  // its order, a permuted dense one (channels_last) still runs as long contiguous rows.
-  // (An insertion sort: stable, and no allocation in every elementwise op.)
-  int order[kMaxKernelDims];
-  for (int i = 0; i < d0.ndim; ++i) {
-    int j = i;
-    for (; j > 0 && d0.strides[order[j - 1]] < d0.strides[i]; --j) order[j] = order[j - 1];
-    order[j] = i;
-  }
-  for (int oi = 0; oi < d0.ndim; ++oi) {
-    const int i = order[oi];
-    L.numel *= d0.shape[i];
-    if (d0.shape[i] == 1) continue;
-    if (L.nd > 0) {
-      bool mergeable = true;
-      for (int k = 0; k < N; ++k)
-        if (L.st[k][L.nd - 1] != d[k]->strides[i] * d0.shape[i]) mergeable = false;
-      if (mergeable) {
-        L.shape[L.nd - 1] *= d0.shape[i];
-        for (int k = 0; k < N; ++k) L.st[k][L.nd - 1] = d[k]->strides[i];
-        continue;
-      }
-    }
-    L.shape[L.nd] = d0.shape[i];
-    for (int k = 0; k < N; ++k) L.st[k][L.nd] = d[k]->strides[i];
-    ++L.nd;
+  const TensorDesc* ds[N];
+  for (int k = 0; k < N; ++k) ds[k] = d[k];
+  const MergedDims<N> g = merge_dims<N>(ds);
+  L.numel = g.numel;
+  L.nd = g.ndim;
+  for (int i = 0; i < g.ndim; ++i) {
+    L.shape[i] = g.shape[i];
+    for (int k = 0; k < N; ++k) L.st[k][i] = g.stride[k][i];
   }
   if (L.nd == 0) {  // a single element
     L.nd = 1;

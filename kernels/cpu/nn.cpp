@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/common/pool_window.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/cpu/vmath.h"
@@ -21,36 +22,8 @@ template <typename Fn> void dispatch_float(DType dt, const char* op, Fn&& fn) {
 
 // ---- pooling ---------------------------------------------------------------------------------------
 
-struct Window {
-  int64_t h0, h1, w0, w1;  // [h0, h1) x [w0, w1), clipped to the image
-  int64_t count;           // divisor for average pooling
-};
-
-Window window_of(const Pool2dParams& p, int64_t oh, int64_t ow) {
-  Window w;
-  if (p.adaptive) {
-    w.h0 = (oh * p.h) / p.oh;
-    w.h1 = ((oh + 1) * p.h + p.oh - 1) / p.oh;
-    w.w0 = (ow * p.w) / p.ow;
-    w.w1 = ((ow + 1) * p.w + p.ow - 1) / p.ow;
-    w.count = (w.h1 - w.h0) * (w.w1 - w.w0);
-    return w;
-  }
-  const int64_t hs = oh * p.sh - p.ph, ws = ow * p.sw - p.pw;
-  const int64_t he = std::min(hs + (p.kh - 1) * p.dh + 1, p.h + p.ph), we = std::min(ws + (p.kw - 1) * p.dw + 1, p.w + p.pw);
-  const int64_t padded = ((he - hs + p.dh - 1) / p.dh) * ((we - ws + p.dw - 1) / p.dw);
-  w.h0 = hs;
-  w.h1 = std::min(he, p.h);
-  w.w0 = ws;
-  w.w1 = std::min(we, p.w);
-  int64_t valid = 0;
-  for (int64_t ih = w.h0; ih < w.h1; ih += p.dh)
-    if (ih >= 0)
-      for (int64_t iw = w.w0; iw < w.w1; iw += p.dw)
-        if (iw >= 0) ++valid;
-  w.count = p.count_include_pad ? padded : valid;
-  return w;
-}
+using Window = PoolWindow;
+Window window_of(const Pool2dParams& p, int64_t oh, int64_t ow) { return pool_window(p, oh, ow); }
 
 template <typename T> void max_pool_fwd(const Pool2dParams& p, const T* x, T* y, int64_t* idx) {
   parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {

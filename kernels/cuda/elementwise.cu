@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/common/dims.h"
 #include "kernels/common/math.h"
 #include "kernels/common/random_draw.h"
 #include "kernels/cuda/context.h"
@@ -24,47 +25,8 @@ namespace {
 
 // ---- geometry ------------------------------------------------------------------------------------
 
-// N operands of one shape (operand 0 is the output) after merging dims.
-template <int N> struct Geo {
-  int ndim = 0;
-  int64_t numel = 1;
-  int64_t shape[kMaxKernelDims] = {};
-  int64_t stride[N][kMaxKernelDims] = {};
-};
-
-template <int N> Geo<N> make_geo(const TensorDesc* const (&ds)[N]) {
-  Geo<N> g;
-  const TensorDesc& d0 = *ds[0];
-  g.numel = d0.numel();
-  // Keep the dims of size > 1, outermost first in the output's stride order (a contiguous output
-  // keeps its order; a permuted dense one such as channels_last becomes one row again); merge a dim
-  // into the one inside it when every operand steps over it as over one longer row.
-  // (An insertion sort: stable, and no allocation in every elementwise op.)
-  int order[kMaxKernelDims];
-  for (int i = 0; i < d0.ndim; ++i) {
-    int j = i;
-    for (; j > 0 && d0.strides[order[j - 1]] < d0.strides[i]; --j) order[j] = order[j - 1];
-    order[j] = i;
-  }
-  for (int oi = 0; oi < d0.ndim; ++oi) {
-    const int i = order[oi];
-    if (d0.shape[i] == 1) continue;
-    bool merge = g.ndim > 0;
-    for (int k = 0; k < N && merge; ++k)
-      merge = ds[k]->strides[i] * d0.shape[i] == g.stride[k][g.ndim - 1] ||
-              (ds[k]->strides[i] == 0 && g.stride[k][g.ndim - 1] == 0);
-    // The previous (outer) dim merges into this one: outer stride == this stride * this size.
-    if (merge) {
-      for (int k = 0; k < N; ++k) g.stride[k][g.ndim - 1] = ds[k]->strides[i];
-      g.shape[g.ndim - 1] *= d0.shape[i];
-    } else {
-      for (int k = 0; k < N; ++k) g.stride[k][g.ndim] = ds[k]->strides[i];
-      g.shape[g.ndim] = d0.shape[i];
-      ++g.ndim;
-    }
-  }
-  return g;
-}
+template <int N> using Geo = MergedDims<N>;
+template <int N> Geo<N> make_geo(const TensorDesc* const (&ds)[N]) { return merge_dims<N>(ds); }
 
 template <int N> bool contiguous(const Geo<N>& g) {
   if (g.ndim == 0) return true;

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/common/pool_window.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -120,43 +121,8 @@ void launch_rows(void (*warp)(P...), void (*block)(P...), const char* name, int6
 
 // ---- pooling ---------------------------------------------------------------------------------------
 
-struct Window {
-  int64_t h0, h1, w0, w1;  // visited rows h0, h0 + step_h, ... < h1 (negative ones skipped); columns alike
-  int64_t step_h, step_w;
-  int64_t count;           // divisor for average pooling
-};
-
-// The CPU's window_of, with its count of valid positions in closed form.
-__device__ Window window_of(const Pool2dParams& p, int64_t oh, int64_t ow) {
-  Window w;
-  if (p.adaptive) {
-    w.h0 = (oh * p.h) / p.oh;
-    w.h1 = ((oh + 1) * p.h + p.oh - 1) / p.oh;
-    w.w0 = (ow * p.w) / p.ow;
-    w.w1 = ((ow + 1) * p.w + p.ow - 1) / p.ow;
-    w.step_h = w.step_w = 1;
-    w.count = (w.h1 - w.h0) * (w.w1 - w.w0);
-    return w;
-  }
-  const int64_t hs = oh * p.sh - p.ph, ws = ow * p.sw - p.pw;
-  const int64_t he = min(hs + (p.kh - 1) * p.dh + 1, p.h + p.ph), we = min(ws + (p.kw - 1) * p.dw + 1, p.w + p.pw);
-  w.h0 = hs;
-  w.h1 = min(he, p.h);
-  w.w0 = ws;
-  w.w1 = min(we, p.w);
-  w.step_h = p.dh;
-  w.step_w = p.dw;
-  if (p.count_include_pad) {
-    w.count = ((he - hs + p.dh - 1) / p.dh) * ((we - ws + p.dw - 1) / p.dw);
-  } else {  // positions a, a + s, ... < b that are >= 0
-    auto valid = [](int64_t a, int64_t b, int64_t s) {
-      if (a < 0) a += ((-a + s - 1) / s) * s;
-      return a < b ? (b - a + s - 1) / s : int64_t(0);
-    };
-    w.count = valid(w.h0, w.h1, p.dh) * valid(w.w0, w.w1, p.dw);
-  }
-  return w;
-}
+using Window = PoolWindow;
+__device__ __forceinline__ Window window_of(const Pool2dParams& p, int64_t oh, int64_t ow) { return pool_window(p, oh, ow); }
 
 // Outputs [lo, hi) along one axis whose windows may contain input position i (a superset for fixed
 // windows; exact for adaptive ones). Backward kernels then test membership exactly.
