@@ -28,7 +28,7 @@ std::vector<json> read_jsonl(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("train: impossible configurations exit 2 with one clear line, before any work") {
+TEST_CASE("train flags: impossible configurations exit 2 with one clear line, before any work") {
   TempDir d("kiln_train");
   const std::string out = " --out " + d / "run";
   struct Case {
