@@ -217,8 +217,15 @@ DataParallel::DataParallel(nn::Module& model, Communicator& comm, DataParallelOp
 
 DataParallel::~DataParallel() {
   for (size_t k = 0; k < hook_ids_.size(); ++k) params_[k].remove_grad_ready_hook(hook_ids_[k]);
+  // Buckets still in flight must land before their buffers go; a failed one has already thrown to
+  // finish() (a destructor never throws).
   for (auto& b : buckets_)
-    if (b.work) b.work->wait();
+    if (b.work) {
+      try {
+        b.work->wait();
+      } catch (...) {
+      }
+    }
 }
 
 void DataParallel::on_grad_ready(size_t index) {

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstdio>
 #include <functional>
+#include <initializer_list>
+#include <vector>
 #include <thread>
 
 #include "engine/autograd.h"
@@ -84,7 +86,7 @@ class MpiCommunicator final : public Communicator {
     const bool low = is_low_precision(t.dtype());
     return submit([this, t, op, low] {
       Tensor buf = low ? t.to(DType::f32) : t;  // 16-bit: reduce in f32, round once
-      run("all_reduce", buf.numel() * int64_t(dtype_size(buf.dtype())), [&](MPI_Request* r) {
+      run("all_reduce", buf.numel() * int64_t(dtype_size(buf.dtype())), {buf}, [&](MPI_Request* r) {
         return MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), int(buf.numel()), mpi_type(buf.dtype()), mpi_op(op), comm_, r);
       });
       if (op == ReduceOp::avg) {
@@ -99,7 +101,7 @@ class MpiCommunicator final : public Communicator {
     check(t, "broadcast");
     detail::check_root(root, size_);
     submit([this, t, root] {
-      run("broadcast", t.numel() * int64_t(dtype_size(t.dtype())), [&](MPI_Request* r) {
+      run("broadcast", t.numel() * int64_t(dtype_size(t.dtype())), {t}, [&](MPI_Request* r) {
         return MPI_Ibcast(t.raw_data(), int(t.numel() * int64_t(dtype_size(t.dtype()))), MPI_BYTE, root, comm_, r);
       });
     })->wait();
@@ -110,7 +112,7 @@ class MpiCommunicator final : public Communicator {
     check(out, "all_gather");
     submit([this, in, out] {
       const int bytes = int(in.numel() * int64_t(dtype_size(in.dtype())));
-      run("all_gather", int64_t(bytes) * size_, [&](MPI_Request* r) {
+      run("all_gather", int64_t(bytes) * size_, {in, out}, [&](MPI_Request* r) {
         return MPI_Iallgather(in.raw_data(), bytes, MPI_BYTE, out.raw_data(), bytes, MPI_BYTE, comm_, r);
       });
     })->wait();
@@ -120,7 +122,7 @@ class MpiCommunicator final : public Communicator {
     detail::check_blocks("reduce_scatter", in, out, size_);
     check(in, "reduce_scatter");
     submit([this, in, out, op] {
-      run("reduce_scatter", in.numel() * int64_t(dtype_size(in.dtype())), [&](MPI_Request* r) {
+      run("reduce_scatter", in.numel() * int64_t(dtype_size(in.dtype())), {in, out}, [&](MPI_Request* r) {
         return MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), int(out.numel()), mpi_type(in.dtype()), mpi_op(op),
                                          comm_, r);
       });
@@ -132,7 +134,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    submit([this] { run("barrier", 0, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }); })->wait();
+    submit([this] { run("barrier", 0, {}, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }); })->wait();
   }
 
  private:
@@ -144,8 +146,11 @@ class MpiCommunicator final : public Communicator {
 
   std::shared_ptr<detail::Job> submit(std::function<void()> fn) { return thread_.submit(std::move(fn)); }
 
-  // Starts a non-blocking collective and polls it to completion or the deadline.
-  template <typename Start> void run(const char* what, int64_t bytes, Start start) {
+  // Starts a non-blocking collective on the buffers of `uses` and polls it to completion or the
+  // deadline. A request that timed out cannot be cancelled (MPI has no cancel for collectives) and
+  // may still write into its buffers: they are kept alive for the rest of the process.
+  template <typename Start>
+  void run(const char* what, int64_t bytes, std::initializer_list<Tensor> uses, Start start) {
     MPI_Request req;
     KILN_MPI_CHECK(start(&req));
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -156,6 +161,8 @@ class MpiCommunicator final : public Communicator {
       if (done) return;
       if (std::chrono::steady_clock::now() > deadline) {
         failed_ = true;
+        static auto* abandoned = new std::vector<Tensor>;  // never freed: see above
+        abandoned->insert(abandoned->end(), uses.begin(), uses.end());
         detail::throw_timeout("mpi", rank_, size_, what, (long long)bytes, timeout_);
       }
       // Spin briefly (latency), then yield the core to the compute threads.

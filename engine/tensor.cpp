@@ -48,10 +48,10 @@ class CpuAllocator final : public Allocator {
   }
   void set_limit(size_t bytes) {
 #if !defined(__SANITIZE_ADDRESS__)
-    std::lock_guard<std::mutex> lk(m_);
     limit_ = bytes;
 #endif
-    if (cached_ > bytes) release_cache();
+    std::lock_guard<std::mutex> lk(m_);
+    if (cached_ > limit_) release_cache_locked();
   }
 
   void* allocate(size_t nbytes) override {
@@ -104,6 +104,9 @@ class CpuAllocator final : public Allocator {
   }
   void release_cache() noexcept {
     std::lock_guard<std::mutex> lk(m_);
+    release_cache_locked();
+  }
+  void release_cache_locked() noexcept {  // m_ held
     for (auto& [size, blocks] : free_)
       for (void* p : blocks) std::free(p);
     free_.clear();

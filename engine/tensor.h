@@ -121,7 +121,8 @@ class Tensor {
   template <typename T> T item() const {
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       KILN_CHECK(numel() == 1, "item(): the tensor has ", numel(), " elements, not 1");
-      return values<T>()[0];
+      if constexpr (requires { DTypeOf<T>::value; }) return values<T>()[0];
+      else return static_cast<T>(values<int64_t>()[0]);  // size_t, long long, ...: through i64
     } else {
       return static_cast<T>(item_double());
     }

@@ -6,18 +6,22 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kiln.h"
 #include "base/half.h"
 #include "kernels/common/math.h"
 #include "kernels/common/philox.h"
+#include "kernels/common/self_test.h"
+#include "test_util.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 using namespace kiln;
+using kiln::testing::contains;
 
 namespace {
 
@@ -519,4 +523,31 @@ TEST_CASE("cpu vexp: within 2 ulp of exp over the float range, 0 and inf at the 
   CHECK(kiln::cpu::vexp(0.0f) == 1.0f);
   CHECK(kiln::cpu::vexp(-200.0f) < 1e-37f);
   CHECK(std::isinf(kiln::cpu::vexp(100.0f)));
+}
+
+TEST_CASE("doctor self-test: a GPU's canonical NaN matches the host's payload NaN; real differences do not") {
+  constexpr int n = 1024;  // what device_self_test runs
+  std::vector<uint32_t> dev(size_t(kSelfTestWords) * n);
+  for (int i = 0; i < n; ++i) self_test_row(i, dev.data() + kSelfTestWords * i);
+  // What a GPU returns: cvt.f32.f16 gives the canonical NaN for every f16 NaN pattern.
+  int payloads = 0;
+  for (int i = 0; i < n; ++i) {
+    uint32_t& w = dev[size_t(kSelfTestWords * i + 3)];
+    if (self_test_is_nan(w) && w != 0x7fffffffu) {
+      w = 0x7fffffffu;
+      ++payloads;
+    }
+  }
+  REQUIRE(payloads > 0);  // the sweep does reach NaNs with payloads (the bug this rule fixes)
+  CHECK(self_test_mismatch(dev.data(), n).empty());
+  auto with = [&](int i, int j, int64_t delta) {
+    std::vector<uint32_t> d = dev;
+    d[size_t(kSelfTestWords * i + j)] = uint32_t(int64_t(d[size_t(kSelfTestWords * i + j)]) + delta);
+    return self_test_mismatch(d.data(), n);
+  };
+  CHECK(with(7, 4, 1).empty());  // erf: an ulp apart is fine
+  CHECK(contains(with(7, 4, 2), "gelu_erf differs at element 7"));
+  CHECK(contains(with(3, 0, 1), "philox differs at element 3"));
+  CHECK(contains(with(100, 3, 1), "f16->f32 differs at element 100"));  // a number is not a NaN's neighbour
+  CHECK(contains(with(200, 1, 1), "f32->f16 differs at element 200"));
 }

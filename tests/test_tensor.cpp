@@ -1002,3 +1002,11 @@ TEST_CASE("from_blob wraps the caller's memory with its strides; values<T> reads
   CHECK(from_vector({1.5, -2.5}, {2}).values<float>() == std::vector<float>{1.5f, -2.5f});
   CHECK(contains(error_of([&] { (void)i.item<int64_t>(); }), "item(): the tensor has 2 elements"));
 }
+
+TEST_CASE("set_cpu_cache_limit: lowering the limit below what is cached gives the blocks back") {
+  for (int i = 0; i < 4; ++i) (void)empty({1 << 20});  // 4 MiB blocks, freed into the cache
+  set_cpu_cache_limit(0);  // must not wait on its own lock
+  Tensor t = full({1 << 20}, 2.0);
+  CHECK(sum(t).item<double>() == double(1 << 21));
+  set_cpu_cache_limit(size_t(4096) << 20);
+}

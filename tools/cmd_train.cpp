@@ -613,7 +613,18 @@ class Trainer {
 
 }  // namespace
 
-int run_train(const TrainConfig& c) { return Trainer(c).run(); }
+int run_train(const TrainConfig& c) {
+  auto trainer = std::make_unique<Trainer>(c);
+  try {
+    return trainer->run();
+  } catch (const dist::CollectiveError&) {
+    // The peers are gone or hang: the Trainer's destructors (DataParallel's pending buckets, NCCL
+    // and MPI teardown, the checkpoint mirror) could wait for them. main() prints and exits with
+    // code 3 without running them; the Trainer is deliberately never destroyed.
+    (void)trainer.release();
+    throw;
+  }
+}
 
 int run_eval(const TrainConfig& c0, const std::string& weights) {
   TrainConfig c = c0;

@@ -152,6 +152,7 @@ class NcclComm final : public dist::Communicator {
   // Polls until `done` has passed or the job's timeout; NCCL's own errors end the wait early.
   void wait_for(cudaEvent_t done, const std::string& what, long long bytes) {
     use(device_);
+    live(what.c_str());  // an aborted communicator's earlier events may still complete: not a result
     const auto deadline = Clock::now() + timeout_;
     while (true) {
       const cudaError_t e = cudaEventQuery(done);
@@ -160,9 +161,7 @@ class NcclComm final : public dist::Communicator {
       live(what.c_str());
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress)
-        KILN_COLLECTIVE_FAIL(false, "NCCL ", what, " failed on rank ", rank_, " of ", size_, ": ",
-                             ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
+      if (async != ncclSuccess && async != ncclInProgress) broken(what.c_str(), async);
       if (Clock::now() > deadline) abort_job(what.c_str(), bytes);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -182,8 +181,20 @@ class NcclComm final : public dist::Communicator {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       ncclCommGetAsyncError(comm_, &r);
     }
-    KILN_CHECK(r == ncclSuccess, what, " failed on rank ", rank_, " of ", size_, ": ", ncclGetErrorString(r),
-               comm_ ? std::string(" (") + ncclGetLastError(comm_) + ")" : std::string());
+    // A bad argument is the caller's error; anything else (a peer, the network, NCCL itself) breaks
+    // the communicator.
+    if (r == ncclInvalidArgument || r == ncclInvalidUsage)
+      KILN_FAIL(what, " failed on rank ", rank_, " of ", size_, ": ", ncclGetErrorString(r),
+                comm_ ? std::string(" (") + ncclGetLastError(comm_) + ")" : std::string());
+    if (r != ncclSuccess) broken(what, r);
+  }
+  // A collective that failed: abort the communicator (later calls fail at once) and throw.
+  [[noreturn]] void broken(const char* what, ncclResult_t r) {
+    const std::string detail = comm_ ? std::string(" (") + ncclGetLastError(comm_) + ")" : std::string();
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    KILN_COLLECTIVE_FAIL(false, "NCCL ", what, " failed on rank ", rank_, " of ", size_, ": ", ncclGetErrorString(r),
+                         detail);
   }
   // A timed-out collective: abort the communicator (its kernels return, later calls fail) and throw.
   [[noreturn]] void abort_job(const char* what, long long bytes) {
@@ -212,7 +223,9 @@ class NcclComm final : public dist::Communicator {
     KILN_CUDA_OK(cudaEventRecord(ready, ctx.stream));
     KILN_CUDA_OK(cudaStreamWaitEvent(stream_, ready, 0));
     cudaEventDestroy(ready);  // released once the wait has been enqueued
-    if (t.nbytes() > 0) ctx.allocator().record_stream(t.storage()->data, stream_id(stream_));
+    // Memory the caching allocator owns is not reused before the NCCL stream is done with it; a
+    // from_blob tensor's memory is its owner's to keep alive.
+    if (t.nbytes() > 0 && t.storage()->allocator) ctx.allocator().record_stream(t.storage()->data, stream_id(stream_));
   }
   std::shared_ptr<dist::Work> after(const char* what, long long bytes) {
     use(device_);

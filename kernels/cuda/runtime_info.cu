@@ -16,25 +16,20 @@
 #include "base/half.h"
 #include "kernels/common/math.h"
 #include "kernels/common/philox.h"
+#include "kernels/common/self_test.h"
 #include "kernels/cuda/runtime_info.h"
 #include "kiln_build_info.h"
 
 namespace kiln::cuda {
 namespace {
 
-// Launch: 1-D grid, one thread per test element i (n elements). Thread i writes 5 words:
-// philox lane i%4 of block i/4 (seed 42), f16 and bf16 bits of x_i, and gelu(x_i) bits.
+// Launch: 1-D grid, one thread per test element i (n elements). Thread i writes the
+// kSelfTestWords words of self_test_row(i) (kernels/common/self_test.h).
 // Memory: 20 bytes written per thread; nothing read but the index.
 __global__ void self_test_kernel(uint32_t* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const U32x4 r = philox_block(42, uint64_t(i) / 4);
-  const float x = (float(i) - 512.0f) * 0.03125f;
-  out[5 * i + 0] = r.v[i % 4];
-  out[5 * i + 1] = f32_to_f16_bits(x * 1.001f);
-  out[5 * i + 2] = f32_to_bf16_bits(x * 1.001f);
-  out[5 * i + 3] = f32_bits(f16_bits_to_f32(uint16_t(i * 61)));
-  out[5 * i + 4] = f32_bits(float(math::gelu_erf(double(x))));
+  self_test_row(i, out + kSelfTestWords * i);
 }
 
 std::string err(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
@@ -237,31 +232,14 @@ std::string device_self_test(int index) {
   cudaError_t e = cudaSetDevice(index);
   if (e != cudaSuccess) return err(e);
   uint32_t* d_out = nullptr;
-  if ((e = cudaMalloc(&d_out, 5 * n * sizeof(uint32_t))) != cudaSuccess) return err(e);
+  if ((e = cudaMalloc(&d_out, kSelfTestWords * n * sizeof(uint32_t))) != cudaSuccess) return err(e);
   self_test_kernel<<<(n + 255) / 256, 256>>>(d_out, n);
-  std::vector<uint32_t> got(5 * n);
+  std::vector<uint32_t> got(kSelfTestWords * n);
   e = cudaGetLastError();
   if (e == cudaSuccess) e = cudaMemcpy(got.data(), d_out, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
   cudaFree(d_out);
   if (e != cudaSuccess) return err(e);
-  const char* what[5] = {"philox", "f32->f16", "f32->bf16", "f16->f32", "gelu_erf"};
-  for (int i = 0; i < n; ++i) {
-    const U32x4 r = philox_block(42, uint64_t(i) / 4);
-    const float x = (float(i) - 512.0f) * 0.03125f;
-    const uint32_t want[5] = {r.v[i % 4], f32_to_f16_bits(x * 1.001f), f32_to_bf16_bits(x * 1.001f),
-                              f32_bits(f16_bits_to_f32(uint16_t(i * 61))), f32_bits(float(math::gelu_erf(double(x))))};
-    for (int j = 0; j < 5; ++j) {
-      // erf may differ by an ulp between libm and the device; everything else must be exact.
-      const int64_t diff = int64_t(got[5 * i + j]) - int64_t(want[j]);
-      if (diff != 0 && !(j == 4 && diff >= -1 && diff <= 1)) {
-        std::ostringstream os;
-        os << what[j] << " differs at element " << i << ": device 0x" << std::hex << got[5 * i + j] << ", host 0x"
-           << want[j];
-        return os.str();
-      }
-    }
-  }
-  return "";
+  return self_test_mismatch(got.data(), n);
 }
 
 }  // namespace kiln::cuda

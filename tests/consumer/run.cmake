@@ -7,9 +7,15 @@ if(rc)
   message(FATAL_ERROR "install into ${SCRATCH}/prefix failed: ${rc}")
 endif()
 # A shared libkiln keeps its dependencies private: the installed package names none of them, so a
-# consumer needs no CUDA toolkit, MPI, Eigen, nlohmann-json or zlib to build against it.
+# consumer needs no CUDA toolkit, MPI, Eigen, nlohmann-json or zlib to build against it. (A static
+# one must pass them on.)
 file(GLOB targets ${SCRATCH}/prefix/lib*/cmake/kiln/kilnTargets*.cmake)
-foreach(f ${targets})
+if(NOT KILN_SHARED)
+  set(targets_checked "")
+else()
+  set(targets_checked ${targets})
+endif()
+foreach(f ${targets_checked})
   file(READ ${f} text)
   foreach(dep "CUDA::" "MPI::" "Eigen3::" "nlohmann_json::" "ZLIB::")
     string(FIND "${text}" "${dep}" at)
