@@ -22,19 +22,16 @@ template <typename Fn> void dispatch_float(DType dt, const char* op, Fn&& fn) {
 
 // ---- pooling ---------------------------------------------------------------------------------------
 
-using Window = PoolWindow;
-Window window_of(const Pool2dParams& p, int64_t oh, int64_t ow) { return pool_window(p, oh, ow); }
-
 template <typename T> void max_pool_fwd(const Pool2dParams& p, const T* x, T* y, int64_t* idx) {
   parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
     for (int64_t pl = b; pl < e; ++pl) {
       const T* img = x + pl * p.h * p.w;
       for (int64_t oh = 0; oh < p.oh; ++oh)
         for (int64_t ow = 0; ow < p.ow; ++ow) {
-          const Window w = window_of(p, oh, ow);
+          const PoolWindow w = pool_window(p, oh, ow);
           T best = -std::numeric_limits<T>::infinity();
           int64_t bi = -1;
-          const int64_t step_h = p.adaptive ? 1 : p.dh, step_w = p.adaptive ? 1 : p.dw;
+          const int64_t step_h = w.step_h, step_w = w.step_w;
           for (int64_t ih = w.h0; ih < w.h1; ih += step_h) {
             if (ih < 0) continue;
             for (int64_t iw = w.w0; iw < w.w1; iw += step_w) {
@@ -73,8 +70,8 @@ template <typename T> void avg_pool_fwd(const Pool2dParams& p, const T* x, T* y)
       const T* img = x + pl * p.h * p.w;
       for (int64_t oh = 0; oh < p.oh; ++oh)
         for (int64_t ow = 0; ow < p.ow; ++ow) {
-          const Window w = window_of(p, oh, ow);
-          const int64_t step_h = p.adaptive ? 1 : p.dh, step_w = p.adaptive ? 1 : p.dw;
+          const PoolWindow w = pool_window(p, oh, ow);
+          const int64_t step_h = w.step_h, step_w = w.step_w;
           double acc = 0;
           for (int64_t ih = std::max<int64_t>(w.h0, 0); ih < w.h1; ih += step_h)
             for (int64_t iw = std::max<int64_t>(w.w0, 0); iw < w.w1; iw += step_w) acc += double(img[ih * p.w + iw]);
@@ -91,10 +88,10 @@ template <typename T> void avg_pool_bwd(const Pool2dParams& p, const T* gy, T* g
       std::fill(g, g + p.h * p.w, T(0));
       for (int64_t oh = 0; oh < p.oh; ++oh)
         for (int64_t ow = 0; ow < p.ow; ++ow) {
-          const Window w = window_of(p, oh, ow);
+          const PoolWindow w = pool_window(p, oh, ow);
           if (w.count <= 0) continue;
           const T v = gy[(pl * p.oh + oh) * p.ow + ow] / T(w.count);
-          const int64_t step_h = p.adaptive ? 1 : p.dh, step_w = p.adaptive ? 1 : p.dw;
+          const int64_t step_h = w.step_h, step_w = w.step_w;
           for (int64_t ih = std::max<int64_t>(w.h0, 0); ih < w.h1; ih += step_h)
             for (int64_t iw = std::max<int64_t>(w.w0, 0); iw < w.w1; iw += step_w) g[ih * p.w + iw] += v;
         }

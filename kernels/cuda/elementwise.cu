@@ -25,10 +25,7 @@ namespace {
 
 // ---- geometry ------------------------------------------------------------------------------------
 
-template <int N> using Geo = MergedDims<N>;
-template <int N> Geo<N> make_geo(const TensorDesc* const (&ds)[N]) { return merge_dims<N>(ds); }
-
-template <int N> bool contiguous(const Geo<N>& g) {
+template <int N> bool contiguous(const MergedDims<N>& g) {
   if (g.ndim == 0) return true;
   if (g.ndim > 1) return false;
   for (int k = 0; k < N; ++k)
@@ -38,7 +35,7 @@ template <int N> bool contiguous(const Geo<N>& g) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <int N> __device__ __forceinline__ void offsets(const Geo<N>& g, int64_t i, int64_t (&off)[N]) {
+template <int N> __device__ __forceinline__ void offsets(const MergedDims<N>& g, int64_t i, int64_t (&off)[N]) {
   for (int k = 0; k < N; ++k) off[k] = 0;
   for (int d = g.ndim - 1; d >= 0; --d) {
     const int64_t s = g.shape[d];
@@ -49,7 +46,7 @@ template <int N> __device__ __forceinline__ void offsets(const Geo<N>& g, int64_
 }
 
 // Launch: grid-stride, one thread per element; f gets the element offset of each operand.
-template <int N, typename F> __global__ void strided_kernel(Geo<N> g, F f) {
+template <int N, typename F> __global__ void strided_kernel(MergedDims<N> g, F f) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < g.numel; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[N];
     offsets(g, i, off);
@@ -57,7 +54,7 @@ template <int N, typename F> __global__ void strided_kernel(Geo<N> g, F f) {
   }
 }
 
-template <int N, typename F> void launch_strided(const Geo<N>& g, const F& f, const char* what) {
+template <int N, typename F> void launch_strided(const MergedDims<N>& g, const F& f, const char* what) {
   if (g.numel == 0) return;
   strided_kernel<N><<<grid_for(g.numel), kThreads, 0, current().stream>>>(g, f);
   KILN_LAUNCH_OK(what);
@@ -336,7 +333,7 @@ __global__ void random_kernel(T* out, int64_t n, RandomKind kind, uint64_t seed,
 
 void copy(const TensorDesc& dst, const TensorDesc& src) {
   const TensorDesc* ds[2] = {&dst, &src};
-  const Geo<2> g = make_geo(ds);
+  const MergedDims<2> g = merge_dims(ds);
   if (g.numel == 0) return;
   visit_dtype(dst.dtype, [&](auto to) {
     using TO = decltype(to);
@@ -356,7 +353,7 @@ void copy(const TensorDesc& dst, const TensorDesc& src) {
 
 void fill(const TensorDesc& dst, double value) {
   const TensorDesc* ds[1] = {&dst};
-  const Geo<1> g = make_geo(ds);
+  const MergedDims<1> g = merge_dims(ds);
   visit_dtype(dst.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T v = value_as<T>(value);
@@ -379,7 +376,7 @@ void arange(const TensorDesc& dst, double start, double step) {
 void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, double p1) {
   KILN_CHECK(unary_defined(op, src.dtype), "unary op ", int(op), " is not defined for dtype ", dtype_name(src.dtype));
   const TensorDesc* ds[2] = {&dst, &src};
-  const Geo<2> g = make_geo(ds);
+  const MergedDims<2> g = merge_dims(ds);
   visit_dtype(src.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = DAcc<T>;
@@ -398,7 +395,7 @@ void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, 
 void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, double alpha) {
   KILN_CHECK(binary_defined(op, a.dtype), "binary op ", int(op), " is not defined for dtype ", dtype_name(a.dtype));
   const TensorDesc* ds[3] = {&dst, &a, &b};
-  const Geo<3> g = make_geo(ds);
+  const MergedDims<3> g = merge_dims(ds);
   visit_dtype(a.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* x = static_cast<const T*>(a.data);
@@ -420,7 +417,7 @@ void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const Tenso
 
 void where(const TensorDesc& dst, const TensorDesc& cond, const TensorDesc& a, const TensorDesc& b) {
   const TensorDesc* ds[4] = {&dst, &cond, &a, &b};
-  const Geo<4> g = make_geo(ds);
+  const MergedDims<4> g = merge_dims(ds);
   auto run = [&](auto word) {
     using W = decltype(word);
     launch_strided(g, WhereF<W>{static_cast<W*>(dst.data), static_cast<const bool*>(cond.data),

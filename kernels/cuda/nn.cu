@@ -121,9 +121,6 @@ void launch_rows(void (*warp)(P...), void (*block)(P...), const char* name, int6
 
 // ---- pooling ---------------------------------------------------------------------------------------
 
-using Window = PoolWindow;
-__device__ __forceinline__ Window window_of(const Pool2dParams& p, int64_t oh, int64_t ow) { return pool_window(p, oh, ow); }
-
 // Outputs [lo, hi) along one axis whose windows may contain input position i (a superset for fixed
 // windows; exact for adaptive ones). Backward kernels then test membership exactly.
 __device__ __forceinline__ void candidates(int64_t i, int64_t in, int64_t out, int64_t k, int64_t s, int64_t pad,
@@ -146,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) max_pool_fwd_kernel(Pool2dParams p, 
   const int64_t total = p.planes * p.oh * p.ow;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t ow = e % p.ow, t = e / p.ow, oh = t % p.oh, pl = t / p.oh;
-    const Window w = window_of(p, oh, ow);
+    const PoolWindow w = pool_window(p, oh, ow);
     const T* img = x + pl * p.h * p.w;
     T best = kNegInf<T>;
     int64_t bi = -1;
@@ -202,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) avg_pool_fwd_kernel(Pool2dParams p, 
   const int64_t total = p.planes * p.oh * p.ow;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t ow = e % p.ow, t = e / p.ow, oh = t % p.oh, pl = t / p.oh;
-    const Window w = window_of(p, oh, ow);
+    const PoolWindow w = pool_window(p, oh, ow);
     const T* img = x + pl * p.h * p.w;
     double acc = 0;
     for (int64_t ih = max(w.h0, int64_t(0)); ih < w.h1; ih += w.step_h)
@@ -226,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) avg_pool_bwd_kernel(Pool2dParams p, 
     T acc = T(0);
     for (int64_t oh = oh0; oh < oh1; ++oh)
       for (int64_t ow = ow0; ow < ow1; ++ow) {
-        const Window w = window_of(p, oh, ow);
+        const PoolWindow w = pool_window(p, oh, ow);
         if (w.count <= 0) continue;
         const int64_t hb = max(w.h0, int64_t(0)), wb = max(w.w0, int64_t(0));
         if (ih < hb || ih >= w.h1 || (ih - hb) % w.step_h != 0) continue;
