@@ -244,8 +244,15 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
+namespace {
+std::atomic<RecordObserver> g_record_observer{nullptr};
+}  // namespace
+
+void set_record_observer(RecordObserver observer) { g_record_observer.store(observer); }
+
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn) {
   if (!needs_grad(inputs)) return;
+  if (const RecordObserver obs = g_record_observer.load(std::memory_order_relaxed)) obs(name);
   auto node = std::make_shared<FunctionNode>(name, std::move(fn));
   for (const Tensor& in : inputs) {
     node->next_edges.push_back(gradient_edge(in));

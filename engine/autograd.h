@@ -81,6 +81,10 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 // Records `fn` as the backward of `outputs` w.r.t. `inputs`. Gradients it returns are summed down
 // to each input's shape (undoing broadcasting) and cast to its dtype. A no-op when !needs_grad.
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn);
+// Called with the op's name each time record() records a backward; null removes it. Process-wide,
+// for tests and tools (the op table checks that every recorded op has a row).
+using RecordObserver = void (*)(const char* name);
+void set_record_observer(RecordObserver observer);
 // Runs backward from several roots at once.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false);
 // Gradients of `outputs` w.r.t. `inputs` without touching .grad of leaves.

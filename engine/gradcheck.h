@@ -13,6 +13,11 @@ struct GradcheckOptions {
   double atol = 1e-6;
   double rtol = 1e-4;
   uint64_t seed = 1234;  // for the random projection of the output
+  // Elements checked per input: 0 checks all; n > 0 checks about n, evenly spread, first and last
+  // included (each check costs two evaluations of fn).
+  int64_t max_checks = 0;
+  // Which inputs to differentiate (by position); empty: every floating input.
+  std::vector<bool> differentiate;
 };
 
 // `fn` maps the inputs to one output. Floating inputs are copied to contiguous f64 leaves that

@@ -4,10 +4,17 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstring>
 
+#include "tests/op_table.h"
 #include "tools/environment.h"
 
 int main(int argc, char** argv) {
+  // The op table's row names, one per line: ctest makes a gpu_parity_<row> entry of each.
+  if (argc == 2 && std::strcmp(argv[1], "--list-op-rows") == 0) {
+    for (const kiln::optable::Row& r : kiln::optable::rows()) std::printf("%s\n", r.name.c_str());
+    return 0;
+  }
   try {
     kiln::tools::apply_environment();
   } catch (const kiln::Error& e) {

@@ -1,0 +1,120 @@
+// The op table's timing mode: every row of tests/op_table.cpp (or those matching --rows), forward
+// alone and forward + backward, median milliseconds in f32 on the CPU and, where a GPU is visible,
+// on cuda:0 with the CPU/CUDA ratio. Prints a table and writes JSON (--json FILE).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_main.h"
+#include "engine/autograd.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "tests/op_table.h"
+
+using namespace kiln;
+using namespace kiln::optable;
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+// Median milliseconds of `reps` calls after one warm-up call.
+template <typename F> double median_ms(int reps, Device dev, F&& f) {
+  f();
+  if (dev.is_cuda()) cuda::synchronize(dev.index);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    if (dev.is_cuda()) cuda::synchronize(dev.index);
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Timing {
+  double fwd = 0, both = 0;
+};
+
+Timing time_row(const Row& r, Device dev, int reps) {
+  const std::vector<Tensor> in = make_inputs(r, DType::f32, false);
+  std::vector<Tensor> xs;
+  for (const Tensor& x : in) xs.push_back(x.to(dev));
+  Timing t;
+  t.fwd = median_ms(reps, dev, [&] {
+    NoGradGuard ng;
+    r.fn(xs);
+  });
+  t.both = median_ms(reps, dev, [&] { run_row(r, in, false, dev); });
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("Per-op timings over the op table", "bench_ops");
+  bench::CommonFlags flags;
+  bench::add_common_flags(app, flags);
+  std::string pattern = ".*";
+  app.add_option("--rows", pattern, "Only rows whose name matches this regular expression");
+  if (const int rc = bench::start(app, flags, argc, argv); rc >= 0) return rc;
+
+  std::regex re;
+  try {
+    re = std::regex(pattern);
+  } catch (const std::regex_error& e) {
+    std::fprintf(stderr, "bench_ops: --rows '%s' is not a regular expression: %s\n", pattern.c_str(), e.what());
+    return 2;
+  }
+  const int reps = flags.quick ? 3 : 15;
+  const bool gpu = cuda::device_count() > 0;
+  std::printf("op table timings, f32, median of %d (CPU: %s, %d threads; %s)\n", reps, cpu_model().c_str(), num_threads(),
+              gpu ? "CUDA device 0" : "no GPU visible: CPU columns only");
+  std::printf("%-26s %12s %14s", "row", "cpu fwd ms", "cpu fwd+bwd ms");
+  if (gpu) std::printf(" %12s %14s %10s", "cuda fwd ms", "cuda fwd+bwd", "cpu/cuda");
+  std::printf("\n");
+  nlohmann::json rows_json = nlohmann::json::array();
+  int n = 0;
+  for (const Row& r : rows()) {
+    if (!std::regex_search(r.name, re)) continue;
+    ++n;
+    const Timing c = time_row(r, kCPU, reps);
+    nlohmann::json j = {{"row", r.name}, {"cpu_fwd_ms", c.fwd}, {"cpu_fwd_bwd_ms", c.both}};
+    std::printf("%-26s %12.3f %14.3f", r.name.c_str(), c.fwd, c.both);
+    if (gpu) {
+      const Timing g = time_row(r, cuda_device(0), reps);
+      std::printf(" %12.3f %14.3f %10.1f", g.fwd, g.both, c.both / g.both);
+      j["cuda_fwd_ms"] = g.fwd;
+      j["cuda_fwd_bwd_ms"] = g.both;
+      j["cpu_over_cuda"] = c.both / g.both;
+    }
+    std::printf("\n");
+    rows_json.push_back(j);
+  }
+  if (n == 0) {
+    std::fprintf(stderr, "bench_ops: no row matches --rows '%s'\n", pattern.c_str());
+    return 2;
+  }
+  if (!flags.json.empty()) {
+    std::ofstream out(flags.json);
+    out << nlohmann::json{{"benchmark", "ops"}, {"cpu", cpu_model()}, {"threads", num_threads()}, {"rows", rows_json}}.dump(2)
+        << "\n";
+    if (!out) {
+      std::fprintf(stderr, "bench_ops: cannot write %s\n", flags.json.c_str());
+      return 1;
+    }
+    std::printf("\nwrote %s\n", flags.json.c_str());
+  }
+  return 0;
+}

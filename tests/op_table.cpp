@@ -1,0 +1,578 @@
+// The op table's rows and the harness that runs them (see op_table.h). Rows are grouped as the
+// public headers are: elementwise, reductions, linear algebra, neural-network ops, indexing,
+// factories. A row's inputs are small enough for finite differences and large enough to reach the
+// vectorised and multi-block paths (rows of 1100 for softmax, 1000-long sums).
+#include "tests/op_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "engine/autograd.h"
+#include "engine/nn_ops.h"
+#include "engine/ops.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace kiln::optable {
+
+namespace {
+
+using V = std::vector<Tensor>;
+using amp::AutocastOp;
+
+V one(const Tensor& t) { return {t}; }
+
+// Plain f64 references, element by element over contiguous CPU copies.
+Tensor map1(const Tensor& x, const std::function<double(double)>& f) {
+  std::vector<double> v = x.to_vector();
+  for (double& e : v) e = f(e);
+  return from_vector(v, x.shape(), DType::f64);
+}
+Tensor map2(const Tensor& a, const Tensor& b, const std::function<double(double, double)>& f) {
+  const Shape s = broadcast_shapes(a.shape(), b.shape());
+  const std::vector<double> x = a.expand(s).contiguous().to_vector(), y = b.expand(s).contiguous().to_vector();
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = f(x[i], y[i]);
+  return from_vector(out, s, DType::f64);
+}
+// Softmax or log-softmax of a 2-D tensor over `dim`, with the max subtracted first.
+Tensor softmax_ref(const Tensor& x, int64_t dim, bool log) {
+  const Tensor m = dim == 1 ? x.contiguous() : x.t().contiguous();
+  const int64_t rows = m.shape()[0], n = m.shape()[1];
+  std::vector<double> v = m.to_vector();
+  for (int64_t r = 0; r < rows; ++r) {
+    double* p = v.data() + r * n;
+    const double mx = *std::max_element(p, p + n);
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += std::exp(p[i] - mx);
+    for (int64_t i = 0; i < n; ++i) p[i] = log ? (p[i] - mx) - std::log(s) : std::exp(p[i] - mx) / s;
+  }
+  const Tensor out = from_vector(v, m.shape(), DType::f64);
+  return dim == 1 ? out : out.t().contiguous();
+}
+Tensor matmul_ref(const Tensor& a, const Tensor& b) {
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
+  const std::vector<double> x = a.contiguous().to_vector(), y = b.contiguous().to_vector();
+  std::vector<double> out(size_t(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) s += x[size_t(i * k + p)] * y[size_t(p * n + j)];
+      out[size_t(i * n + j)] = s;
+    }
+  return from_vector(out, {m, n}, DType::f64);
+}
+
+double gelu_exact(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+double gelu_tanh(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+
+std::vector<Row> build() {
+  std::vector<Row> v;
+  auto row = [&](std::string name, std::vector<In> inputs, Fn fn) -> Row& {
+    Row r;
+    r.name = std::move(name);
+    r.inputs = std::move(inputs);
+    r.fn = std::move(fn);
+    v.push_back(std::move(r));
+    return v.back();
+  };
+  const AutocastOp ew = AutocastOp::elementwise;
+
+  // ---- elementwise: unary on [33, 17], binary with the second operand broadcast ----
+  auto un = [&](const char* name, Tensor (*f)(const Tensor&), double (*r)(double), Kind k = Kind::normal) -> Row& {
+    return row(name, {{{33, 17}, k}}, [f](const V& x) { return one(f(x[0])); })
+        .ref([r](const V& x) { return one(map1(x[0], r)); })
+        .autocast(ew);
+  };
+  un("neg", [](const Tensor& a) { return neg(a); }, [](double x) { return -x; });
+  un("abs", [](const Tensor& a) { return abs(a); }, [](double x) { return std::abs(x); }, Kind::nonzero);
+  un("exp", [](const Tensor& a) { return exp(a); }, [](double x) { return std::exp(x); });
+  un("log", [](const Tensor& a) { return log(a); }, [](double x) { return std::log(x); }, Kind::positive);
+  un("sqrt", [](const Tensor& a) { return sqrt(a); }, [](double x) { return std::sqrt(x); }, Kind::positive);
+  un("rsqrt", [](const Tensor& a) { return rsqrt(a); }, [](double x) { return 1 / std::sqrt(x); }, Kind::positive);
+  un("tanh", [](const Tensor& a) { return tanh(a); }, [](double x) { return std::tanh(x); });
+  un("sigmoid", [](const Tensor& a) { return sigmoid(a); }, [](double x) { return 1 / (1 + std::exp(-x)); });
+  un("relu", [](const Tensor& a) { return relu(a); }, [](double x) { return x > 0 ? x : 0.0; }, Kind::nonzero);
+  un("gelu", [](const Tensor& a) { return gelu(a); }, gelu_exact);
+  un("gelu_tanh", [](const Tensor& a) { return gelu(a, GeluApprox::tanh); }, gelu_tanh).covers({"gelu"});
+  // sign has no gradient of its own: times x, so the row has one to check.
+  row("sign", {{{33, 17}, Kind::nonzero}}, [](const V& x) { return V{sign(x[0]), sign(x[0]) * x[0]}; })
+      .ref([](const V& x) { return V{map1(x[0], [](double e) { return double((e > 0) - (e < 0)); }), map1(x[0], [](double e) { return std::abs(e); })}; })
+      .autocast(ew);
+  row("clamp", {{{33, 17}}},
+      [](const V& x) { return V{clamp(x[0], -0.5, 0.7), clamp(x[0], -0.5, std::nullopt), clamp(x[0], std::nullopt, 0.3)}; })
+      .ref([](const V& x) {
+        return V{map1(x[0], [](double e) { return std::clamp(e, -0.5, 0.7); }), map1(x[0], [](double e) { return std::max(e, -0.5); }),
+                 map1(x[0], [](double e) { return std::min(e, 0.3); })};
+      })
+      .autocast(ew);
+  row("pow_scalar", {{{33, 17}}, {{33, 17}, Kind::positive}},
+      [](const V& x) { return V{pow(x[0], 2.0), pow(x[0], 3.0), pow(x[1], -1.5), pow(x[1], 0.5), pow(x[0], 0.0) + x[0]}; })
+      .ref([](const V& x) {
+        return V{map1(x[0], [](double e) { return e * e; }), map1(x[0], [](double e) { return e * e * e; }),
+                 map1(x[1], [](double e) { return std::pow(e, -1.5); }), map1(x[1], [](double e) { return std::sqrt(e); }),
+                 map1(x[0], [](double e) { return 1 + e; })};
+      })
+      .covers({"pow"})
+      .autocast(ew);
+  // The scalar operators, on both sides of the tensor.
+  row("scalar_operators", {{{33, 17}}, {{33, 17}, Kind::positive}},
+      [](const V& x) {
+        return V{x[0] * 2.5, 2.5 * x[0], x[0] + 1.0, 1.0 + x[0], x[0] - 1.0, 1.0 - x[0], x[0] / 3.0, 3.0 / x[1], -x[0]};
+      })
+      .ref([](const V& x) {
+        return V{map1(x[0], [](double e) { return e * 2.5; }), map1(x[0], [](double e) { return 2.5 * e; }),
+                 map1(x[0], [](double e) { return e + 1; }),   map1(x[0], [](double e) { return 1 + e; }),
+                 map1(x[0], [](double e) { return e - 1; }),   map1(x[0], [](double e) { return 1 - e; }),
+                 map1(x[0], [](double e) { return e / 3; }),   map1(x[1], [](double e) { return 3 / e; }),
+                 map1(x[0], [](double e) { return -e; })};
+      })
+      .covers({"scalar_like"})
+      .autocast(ew);
+  // Rounding through bf16 and back: the rounding itself is compared on CUDA, not with f64.
+  row("cast", {{{33, 17}}}, [](const V& x) { return V{cast(cast(x[0], DType::bf16), DType::f32)}; })
+      .no_grad()
+      .dtype_dependent("rounds through bf16, so f32 and f64 inputs round differently");
+  // Casts that keep the values: gradients come back through them.
+  row("cast_grad", {{{33, 17}}}, [](const V& x) { return V{cast(x[0], DType::f64) * x[0], cast(cast(x[0], DType::f64) * 2.0, x[0].dtype())}; })
+      .covers({"cast"});
+  row("contiguous", {{{33, 17}}}, [](const V& x) { return one(x[0].t().contiguous() * x[0].t()); }).covers({});
+
+  auto bin = [&](const char* name, Tensor (*f)(const Tensor&, const Tensor&), double (*r)(double, double),
+                 Kind kb = Kind::normal) -> Row& {
+    return row(name, {{{8, 33, 17}}, {{33, 1}, kb}}, [f](const V& x) { return one(f(x[0], x[1])); })
+        .ref([r](const V& x) { return one(map2(x[0], x[1], r)); })
+        .autocast(ew);
+  };
+  bin("add", [](const Tensor& a, const Tensor& b) { return add(a, b, 0.5); }, [](double a, double b) { return a + 0.5 * b; });
+  bin("sub", [](const Tensor& a, const Tensor& b) { return sub(a, b, 2.0); }, [](double a, double b) { return a - 2 * b; });
+  bin("mul", [](const Tensor& a, const Tensor& b) { return a * b; }, [](double a, double b) { return a * b; });
+  bin("div", [](const Tensor& a, const Tensor& b) { return a / b; }, [](double a, double b) { return a / b; }, Kind::positive);
+  bin("maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }, [](double a, double b) { return std::max(a, b); });
+  bin("minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); }, [](double a, double b) { return std::min(a, b); });
+  row("pow", {{{8, 33, 17}, Kind::positive}, {{33, 17}}}, [](const V& x) { return one(pow(x[0], x[1])); })
+      .ref([](const V& x) { return one(map2(x[0], x[1], [](double a, double b) { return std::pow(a, b); })); })
+      .autocast(ew)
+      .tol(3e-2);
+  // Every broadcasting pattern: scalar (0-dim) on either side, a vector against a column, 1 against many.
+  row("broadcast", {{{3, 1, 4}}, {{2, 1}, Kind::positive}, {{2, 3}}, {{}, Kind::positive}, {{}}, {{2, 3}, Kind::positive},
+                    {{4}}, {{3, 1}, Kind::positive}},
+      [](const V& x) {
+        V out;
+        for (int p = 0; p < 4; ++p) {
+          const Tensor& a = x[size_t(2 * p)];
+          const Tensor& b = x[size_t(2 * p + 1)];
+          for (const Tensor& t : {add(a, b, -1.5), sub(a, b, 0.25), mul(a, b), div(a, b), maximum(a, b), minimum(a, b),
+                                  pow(b, a), a * b + a / (b * b + 1.0)})
+            out.push_back(t);
+        }
+        return out;
+      })
+      .covers({"add", "sub", "mul", "div", "maximum", "minimum", "pow"})
+      .f32_only();
+  // One tensor on both sides of a binary op: both gradients land on the same leaf.
+  row("same_operand", {{{7}, Kind::positive}},
+      [](const V& x) { return V{x[0] * x[0], pow(x[0], x[0]), x[0].unsqueeze(1) / x[0]}; })
+      .covers({"mul", "pow", "div"});
+  row("where", {{{4, 33, 17}, Kind::mask}, {{4, 33, 17}}, {{33, 17}}, {{4, 1, 17}, Kind::mask}, {{33, 1}}, {{}}},
+      [](const V& x) { return V{where(x[0], x[1], x[2]), where(x[3], x[4], x[5]), where(x[0], exp(x[2]), x[2] * x[2])}; })
+      .autocast(ew);
+  row("compare", {{{33, 17}}, {{33, 17}}},
+      [](const V& x) {
+        const Tensor a = x[0], b = x[1];
+        const Tensor ge0 = ge(a, scalar_like(0.0, a));
+        return V{eq(a, a), ne(a, b), lt(a, b), le(a, b), gt(a, b), ge(a, b),
+                 logical_and(ge0, lt(b, scalar_like(0.0, b))), logical_or(ge0, gt(b, a)), logical_not(ge0)};
+      })
+      .covers({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "scalar_like"})
+      .no_grad();
+  row("masked_fill", {{{33, 17}}, {{33, 17}, Kind::mask}}, [](const V& x) { return one(masked_fill(x[0], x[1], -3.0)); })
+      .autocast(ew);
+
+  // ---- reductions ----
+  row("sum", {{{6, 1000, 7}}}, [](const V& x) { return V{sum(x[0], {1}), sum(x[0], {0, 2}), sum(x[0])}; })
+      .autocast(AutocastOp::reductions)
+      .tol(5e-2);
+  row("sum_large", {{{3, 20000}}}, [](const V& x) { return V{sum(x[0], {1}), sum(x[0])}; }).covers({"sum"}).tol(5e-2, 1e-4).f32_only();
+  // Every dim set, with and without keepdim, on contiguous and strided views.
+  row("reduce_dims", {{{3, 4, 5}}},
+      [](const V& x) {
+        V out;
+        const std::vector<std::vector<int64_t>> dim_sets = {{}, {0}, {1}, {-1}, {0, 2}, {1, 2}, {0, 1, 2}};
+        for (const auto& d : dim_sets)
+          for (bool keep : {false, true}) {
+            out.push_back(sum(x[0], d, keep));
+            out.push_back(mean(x[0], d, keep));
+            out.push_back(var(x[0], d, 1, keep));
+            out.push_back(var(x[0], d, 0, keep));
+            out.push_back(amax(x[0], d, keep));
+            out.push_back(amin(x[0], d, keep));
+            out.push_back(sum(x[0].transpose(0, 2), d, keep));
+            out.push_back(amax(x[0].slice(2, 0, 5, 2), d, keep));
+          }
+        return out;
+      })
+      .covers({"sum", "mean", "var", "amax", "amin"})
+      .tol(5e-2);
+  row("mean", {{{6, 100, 7}}}, [](const V& x) { return V{mean(x[0], {1}), mean(x[0], {2}, true)}; }).autocast(AutocastOp::reductions);
+  row("var", {{{6, 100, 7}}}, [](const V& x) { return V{var(x[0], {1}), var(x[0], {0, 2}, 0)}; }).tol(5e-2);
+  row("amax", {{{6, 100, 7}}}, [](const V& x) { return V{amax(x[0], {1}), amax(x[0], {2})}; });
+  row("amin", {{{6, 100, 7}}}, [](const V& x) { return V{amin(x[0], {1}), amin(x[0], {2})}; });
+  row("max_min_dim", {{{3, 4, 5}}},
+      [](const V& x) {
+        V out;
+        for (int64_t d : {0, 1, 2, -1})
+          for (bool keep : {false, true}) {
+            const ValuesIndices a = max(x[0], d, keep), b = min(x[0], d, keep);
+            out.insert(out.end(), {a.values, a.indices, b.values, b.indices, max(x[0].permute({1, 2, 0}), d, keep).values * 2.0});
+          }
+        return out;
+      })
+      .covers({"max", "min"})
+      .f32_only();
+  row("argmax", {{{6, 100, 7}}}, [](const V& x) { return V{argmax(x[0], 1), argmax(x[0], 2), argmax(x[0])}; }).no_grad();
+  row("argmin", {{{6, 100, 7}}}, [](const V& x) { return V{argmin(x[0], 1), argmin(x[0], 2, true)}; }).no_grad();
+  row("sum_to", {{{2, 3, 4}}},
+      [](const V& x) { return V{sum_to(x[0], {3, 1}), sum_to(x[0] * x[0], {}), sum_to(x[0].transpose(0, 2), {2})}; });
+
+  // ---- linear algebra ----
+  row("matmul", {{{70, 45}}, {{45, 33}}}, [](const V& x) { return one(matmul(x[0], x[1])); })
+      .ref([](const V& x) { return one(matmul_ref(x[0], x[1])); })
+      .autocast(AutocastOp::matmul);
+  row("matmul_batched", {{{3, 4, 20, 16}}, {{4, 16, 24}}}, [](const V& x) { return one(matmul(x[0], x[1])); })
+      .covers({"matmul"})
+      .autocast(AutocastOp::matmul);
+  // Vectors on either side, batch broadcasting, transposed and strided operands, one tensor twice.
+  row("matmul_shapes",
+      {{{5}}, {{5}}, {{4}}, {{4, 3}}, {{3, 4}}, {{2, 3, 4}}, {{2, 4, 5}}, {{2, 1, 3, 4}}, {{3, 4, 2}}, {{3, 8}}, {{4, 2}}},
+      [](const V& x) {
+        return V{matmul(x[0], x[1]),  matmul(x[2], x[3]),         matmul(x[4], x[2]),
+                 matmul(x[5], x[6]),  matmul(x[5], x[6].select(0, 0)), matmul(x[4], x[6]),
+                 matmul(x[7], x[8]),  matmul(x[2], x[6]),         matmul(x[5], x[2]),
+                 matmul(x[4].t(), x[4]), matmul(x[4], x[4].t()),  matmul(x[9].slice(1, 0, 8, 2), x[10]),
+                 matmul(x[4].unsqueeze(0).expand({2, 3, 4}), x[6])};
+      })
+      .covers({"matmul"})
+      .f32_only();
+  row("linear", {{{2, 9, 40}}, {{24, 40}}, {{24}}}, [](const V& x) { return V{linear(x[0], x[1], x[2]), linear(x[0], x[1])}; })
+      .autocast(AutocastOp::linear)
+      .tol(3e-2);
+
+  // ---- neural-network ops ----
+  row("conv2d", {{{2, 3, 11, 10}}, {{5, 3, 3, 3}}, {{5}}},
+      [](const V& x) { return one(conv2d(x[0], x[1], x[2], {1, 1}, {1, 1})); })
+      .autocast(AutocastOp::conv2d)
+      .tol(3e-2);
+  row("conv2d_strided_grouped", {{{2, 4, 12, 9}}, {{6, 2, 3, 2}}},
+      [](const V& x) { return V{conv2d(x[0], x[1], {}, {2, 1}, {1, 0}, {1, 2}, 2), conv2d(x[0], x[1], {}, {1, 2}, {2, 1}, {2, 1}, 2)}; })
+      .covers({"conv2d"})
+      .tol(3e-2);
+  // channels_last: on CUDA, cuDNN on NHWC buffers (filters copied to KRSC) against the CPU's NCHW
+  // kernels; training batch norm through cuDNN, then eval (the apply kernel's NHWC indexing), then
+  // the deterministic handwritten kernels on NCHW copies, and pooling, which keeps the layout.
+  row("channels_last", {{{2, 8, 9, 7}}, {{6, 8, 3, 3}}, {{6}}, {{6}}, {{6}}},
+      [](const V& x) {
+        const Tensor xl = x[0].contiguous(MemoryFormat::channels_last);
+        const Tensor y = conv2d(xl, x[1], x[4], {1, 1}, {1, 1});
+        const Tensor y2 = conv2d(xl, x[1], {}, {2, 2}, {0, 0});
+        Tensor y3;  // deterministic algorithms only (or NCHW copies where cuDNN has no NHWC one)
+        {
+          const DeterministicOnCuda on(x[0]);
+          y3 = conv2d(xl, x[1], x[4], {1, 1}, {2, 2}, {2, 2});
+        }
+        const TensorOptions o(DType::f32, x[0].device());
+        Tensor rm = zeros({6}, o), rv = ones({6}, o);
+        const Tensor b = batch_norm(y, rm, rv, x[2], x[3], true, 0.1, 1e-5);
+        const Tensor be = batch_norm(y2, zeros({6}, o) + 0.1, ones({6}, o) * 1.5, x[2], x[3], false, 0.1, 1e-5);
+        Tensor bd;
+        {
+          const DeterministicOnCuda on(x[0]);
+          bd = batch_norm(y, Tensor(), Tensor(), x[2], x[3], true, 0.1, 1e-5);
+        }
+        return V{y, y2, y3, b, be, bd, rm, rv, max_pool2d(relu(b), {2, 2}), avg_pool2d(bd, {3, 3}, {1, 1}, {1, 1})};
+      })
+      .covers({"conv2d", "batch_norm", "max_pool2d", "avg_pool2d"})
+      .tol(3e-2);
+  row("max_pool2d", {{{2, 3, 11, 10}}},
+      [](const V& x) { return V{max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}), max_pool2d(x[0], {2, 3}, {1, 2}, {0, 1}, {2, 1})}; })
+      .autocast(AutocastOp::pooling);
+  row("avg_pool2d", {{{2, 3, 11, 10}}},
+      [](const V& x) { return V{avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}), avg_pool2d(x[0], {2, 2}, {2, 2}, {1, 1}, false)}; })
+      .autocast(AutocastOp::pooling);
+  row("adaptive_avg_pool2d", {{{2, 3, 11, 10}}},
+      [](const V& x) { return V{adaptive_avg_pool2d(x[0], {1, 1}), adaptive_avg_pool2d(x[0], {4, 3})}; })
+      .autocast(AutocastOp::pooling);
+  row("batch_norm", {{{4, 5, 6, 7}}, {{5}}, {{5}}},
+      [](const V& x) {
+        const TensorOptions o(DType::f32, x[0].device());
+        Tensor rm = zeros({5}, o), rv = ones({5}, o);
+        const Tensor y = batch_norm(x[0], rm, rv, x[1], x[2], true, 0.1, 1e-5);
+        return V{y, rm, rv};
+      })
+      .autocast(AutocastOp::batch_norm)
+      .tol(3e-2);
+  // eps well above cuDNN's default, which the backward must take from the forward; the second call
+  // has running_var only (cuDNN gets a zeroed stand-in for running_mean) and no gamma.
+  row("batch_norm_eps", {{{4, 5, 6, 7}}, {{5}}, {{5}}},
+      [](const V& x) {
+        const TensorOptions o(DType::f32, x[0].device());
+        Tensor rm = zeros({5}, o), rv = ones({5}, o), rv2 = ones({5}, o);
+        const Tensor y = batch_norm(x[0], rm, rv, x[1], x[2], true, 0.1, 0.1);
+        const Tensor y2 = batch_norm(x[0], Tensor(), rv2, Tensor(), x[2], true, 0.3, 0.1);
+        return V{y, rm, rv, y2, rv2};
+      })
+      .covers({"batch_norm"})
+      .tol(3e-2);
+  // The handwritten deterministic kernels (CUDA run): 40*60*4 = 9600 values per channel is two
+  // chunks of the split reduction, the first ending inside an image. The backward runs inside the
+  // row, while the mode is on; its gradients reach the leaves as in every other row.
+  row("batch_norm_deterministic", {{{4, 3, 40, 60}}, {{3}}, {{3}}},
+      [](const V& x) {
+        const DeterministicOnCuda on(x[0]);
+        const TensorOptions o(DType::f32, x[0].device());
+        Tensor rm = zeros({3}, o), rv = ones({3}, o), rv2 = ones({3}, o);
+        const Tensor y = batch_norm(x[0], rm, rv, x[1], x[2], true, 0.1, 1e-5);
+        const Tensor y2 = batch_norm(x[0], Tensor(), rv2, Tensor(), Tensor(), true, 0.2, 1e-3);
+        if (GradMode::enabled()) {
+          Generator g(31);
+          Tensor loss;
+          for (const Tensor& out : {y, y2}) {
+            const Tensor w = randn(out.shape(), DType::f64, &g).to(out.dtype()).to(out.device());
+            const Tensor term = sum(cast(out * w, DType::f32));
+            loss = loss.defined() ? loss + term : term;
+          }
+          loss.backward();
+        }
+        return V{y.detach(), rm, rv, y2.detach(), rv2};
+      })
+      .covers({"batch_norm"})
+      .no_grad()
+      .tol(3e-2);
+  row("batch_norm_eval", {{{4, 5, 6, 7}}, {{5}}, {{5}}, {{5}, Kind::normal, 0, false}, {{5}, Kind::positive, 0, false}},
+      [](const V& x) { return one(batch_norm(x[0], x[3].detach(), x[4].detach(), x[1], x[2], false, 0.1, 1e-5)); })
+      .covers({"batch_norm"});
+  row("layer_norm", {{{3, 7, 96}}, {{96}}, {{96}}, {{4, 6, 5}}},
+      [](const V& x) { return V{layer_norm(x[0], {96}, x[1], x[2]), layer_norm(x[3], {6, 5})}; })
+      .autocast(AutocastOp::layer_norm)
+      .tol(3e-2);
+  row("softmax", {{{5, 300}}}, [](const V& x) { return V{softmax(x[0], 1), softmax(x[0], 0)}; })
+      .ref([](const V& x) { return V{softmax_ref(x[0], 1, false), softmax_ref(x[0], 0, false)}; })
+      .autocast(AutocastOp::softmax);
+  row("log_softmax", {{{5, 300}}}, [](const V& x) { return V{log_softmax(x[0], 1), log_softmax(x[0], 0)}; })
+      .ref([](const V& x) { return V{softmax_ref(x[0], 1, true), softmax_ref(x[0], 0, true)}; })
+      .autocast(AutocastOp::log_softmax);
+  // Rows of 40 (a warp per row) and of 1100 (a block per row); masks get gradients too.
+  row("masked_softmax", {{{2, 3, 10, 40}}, {{2, 1, 1, 40}}, {{10, 1}}, {{3, 1100}}, {{1100}}},
+      [](const V& x) {
+        return V{masked_softmax(x[0], x[1], 0.3), masked_softmax(x[0], x[2], 1.5),
+                 masked_softmax(x[0].narrow(3, 0, 7), Tensor(), 0.9), masked_softmax(x[3], x[4], 0.7)};
+      })
+      .autocast(AutocastOp::softmax);
+  row("cross_entropy", {{{40, 13}}, {{40}, Kind::index, 13}},
+      [](const V& x) { return V{cross_entropy(x[0], x[1]), cross_entropy(x[0], x[1], 3, 0.1, Reduction::none)}; })
+      .autocast(AutocastOp::cross_entropy);
+  row("nll_loss", {{{40, 13}}, {{40}, Kind::index, 13}},
+      [](const V& x) { return V{nll_loss(log_softmax(x[0], 1), x[1], 5), nll_loss(x[0], x[1], -100, Reduction::sum)}; })
+      .autocast(AutocastOp::nll_loss);
+  row("mse_loss", {{{40, 13}}, {{40, 13}}},
+      [](const V& x) { return V{mse_loss(x[0], x[1]), mse_loss(x[0], x[1], Reduction::none)}; })
+      .autocast(AutocastOp::mse_loss);
+  row("bce_with_logits", {{{40, 13}}, {{40, 13}, Kind::unit}},
+      [](const V& x) { return one(binary_cross_entropy_with_logits(x[0], x[1])); })
+      .covers({"binary_cross_entropy_with_logits"})
+      .autocast(AutocastOp::binary_cross_entropy_with_logits);
+  row("embedding", {{{50, 24}}, {{4, 30}, Kind::index, 50}}, [](const V& x) { return one(embedding(x[0], x[1])); })
+      .autocast(AutocastOp::embedding);
+  // padding_idx's row is returned but gets no gradient: no finite differences (the parity run and
+  // tests/test_nn_ops.cpp check its zero gradient).
+  row("embedding_padding", {{{50, 24}}, {{4, 30}, Kind::index, 50}}, [](const V& x) { return one(embedding(x[0], x[1], 7)); })
+      .covers({"embedding"})
+      .no_grad();
+  row("dropout", {{{64, 40}}},
+      [](const V& x) {
+        Generator g(5);
+        return V{dropout(x[0], 0.3, true, &g), dropout(x[0], 0.3, false)};
+      })
+      .autocast(AutocastOp::dropout);
+  row("attention", {{{2, 3, 10, 16}}, {{2, 3, 12, 16}}, {{2, 3, 12, 8}}, {{10, 12}, Kind::mask}},
+      [](const V& x) {
+        return V{scaled_dot_product_attention(x[0], x[1], x[2]), scaled_dot_product_attention(x[0], x[1], x[2], logical_not(x[3]))};
+      })
+      .covers({"scaled_dot_product_attention"})
+      .tol(3e-2);
+
+  // ---- joining, splitting and indexing ----
+  row("cat_stack_split", {{{4, 5}}, {{4, 5}}},
+      [](const V& x) {
+        const std::vector<Tensor> parts = split(x[0], 2, 1);
+        return V{cat({x[0], x[1]}, 1), stack({x[0], x[1]}, 0), parts[0] * 2.0, parts[2], cat({x[0].t(), x[1].t()}, 0)};
+      })
+      .covers({"cat", "stack", "split"});
+  row("index_select", {{{9, 20}}, {{14}, Kind::index, 9}},
+      [](const V& x) { return V{index_select(x[0], 0, x[1]), index_select(x[0].t(), 1, x[1])}; });
+  row("gather", {{{9, 20}}, {{9, 6}, Kind::index, 20}}, [](const V& x) { return one(gather(x[0], 1, x[1])); });
+  row("scatter_add", {{{9, 20}}, {{9, 6}, Kind::index, 20}, {{9, 6}}},
+      [](const V& x) { return one(scatter_add(x[0], 1, x[1], x[2])); });
+  row("one_hot", {{{7, 3}, Kind::index, 6}}, [](const V& x) { return one(one_hot(x[0], 6)); }).f32_only().no_grad();
+
+  // ---- factories and random streams (the device comes from the input) ----
+  row("factories", {{{3, 4}}},
+      [](const V& x) {
+        const TensorOptions o(DType::f32, x[0].device());
+        return V{arange(0.0, 10.0, 0.5, o), full({3, 4}, 2.5, o), eye(4, 5, o),  zeros({2, 3}, o),
+                 ones({3}, o),               zeros_like(x[0]),    ones_like(x[0]), full_like(x[0], -1.5),
+                 scalar_tensor(4.0, o),      arange(int64_t(7), TensorOptions(DType::i64, x[0].device())), x[0] * 1.0};
+      })
+      .covers({"arange", "full", "eye", "zeros", "ones", "zeros_like", "ones_like", "full_like", "scalar_tensor"})
+      .f32_only()
+      .no_grad()
+      .tol(2e-2, 1e-5);
+  row("random", {{{3, 4}}},
+      [](const V& x) {
+        const TensorOptions o(DType::f32, x[0].device());
+        Generator g(77);
+        return V{rand({1001}, o, &g), bernoulli({1001}, 0.4, o, &g), randn({1001}, o, &g), uniform({64}, -2, 3, o, &g),
+                 normal({64}, 1, 0.5, o, &g), randint(3, 9, {64}, TensorOptions(DType::i64, x[0].device()), &g)};
+      })
+      .covers({"rand", "bernoulli", "randn", "uniform", "normal", "randint"})
+      .f32_only()
+      .no_grad()
+      .tol(2e-2, 1e-5)
+      .dtype_dependent("draws in f32 whatever the inputs' dtype: nothing for f64 to check");
+
+  for (Row& r : v)
+    if (r.ops.empty()) r.ops = {r.name};
+  return v;
+}
+
+}  // namespace
+
+const std::vector<Row>& rows() {
+  static const std::vector<Row> all = build();
+  return all;
+}
+
+const Row* find_row(const std::string& name) {
+  for (const Row& r : rows())
+    if (r.name == name) return &r;
+  return nullptr;
+}
+
+bool transposable(const In& in) {
+  return (in.kind == Kind::normal || in.kind == Kind::positive || in.kind == Kind::unit || in.kind == Kind::nonzero) &&
+         in.shape.size() >= 2 && in.shape[in.shape.size() - 1] != in.shape[in.shape.size() - 2];
+}
+
+std::vector<Tensor> make_inputs(const Row& row, DType dt, bool transposed, uint64_t seed) {
+  Generator g(seed);
+  std::vector<Tensor> out;
+  for (const In& in : row.inputs) {
+    Shape s = in.shape;
+    if (transposed && transposable(in)) std::swap(s[s.size() - 1], s[s.size() - 2]);
+    Tensor t;
+    switch (in.kind) {
+      case Kind::normal: t = randn(s, DType::f64, &g); break;
+      case Kind::positive: t = rand(s, DType::f64, &g) + 0.5; break;
+      case Kind::unit: t = rand(s, DType::f64, &g); break;
+      case Kind::nonzero: {
+        const Tensor r = randn(s, DType::f64, &g);
+        t = r + where(ge(r, scalar_like(0.0, r)), full_like(r, 0.1), full_like(r, -0.1));
+        break;
+      }
+      case Kind::index: out.push_back(randint(0, in.hi, s, DType::i64, &g)); continue;
+      case Kind::mask: out.push_back(lt(rand(s, DType::f64, &g), scalar_tensor(0.3, DType::f64))); continue;
+    }
+    out.push_back(t.to(dt));
+  }
+  return out;
+}
+
+RunResult run_row(const Row& row, const std::vector<Tensor>& cpu_inputs, bool transposed, Device dev,
+                  std::optional<DType> dtype, uint64_t grad_seed) {
+  std::vector<Tensor> xs;
+  for (size_t i = 0; i < cpu_inputs.size(); ++i) {
+    Tensor x = cpu_inputs[i];
+    if (dtype && is_floating(x.dtype())) x = x.to(*dtype);
+    x = x.to(dev);
+    if (transposed && transposable(row.inputs[i])) x = x.transpose(-1, -2);
+    // A transposed view is made a leaf again (detach keeps the strides).
+    if (is_floating(x.dtype())) x = x.detach().set_requires_grad(row.inputs[i].grad);
+    xs.push_back(x);
+  }
+  // The projection weights are rounded through the inputs' dtype, so a 16-bit run and its f64
+  // reference differentiate the same function.
+  DType round_dt = DType::f64;
+  for (const Tensor& x : cpu_inputs)
+    if (is_floating(x.dtype())) {
+      round_dt = x.dtype();
+      break;
+    }
+  const std::vector<Tensor> outs = row.fn(xs);
+  Tensor loss;
+  Generator g(grad_seed);
+  for (const Tensor& o : outs) {
+    if (!o.defined() || !is_floating(o.dtype()) || !o.requires_grad()) continue;
+    const Tensor w = randn(o.shape(), DType::f64, &g).to(round_dt).to(o.dtype()).to(o.device());
+    const Tensor term = sum(cast(o * w, DType::f32));
+    loss = loss.defined() ? loss + term : term;
+  }
+  if (loss.defined()) loss.backward();
+  RunResult res;
+  for (const Tensor& o : outs) res.outputs.push_back(o.defined() ? o.detach().to(kCPU) : Tensor());
+  for (const Tensor& x : xs) res.grads.push_back(x.grad().defined() ? x.grad().to(kCPU) : Tensor());
+  return res;
+}
+
+double worst_error(const Tensor& got, const Tensor& want) {
+  if (got.shape() != want.shape()) return INFINITY;
+  const std::vector<double> x = got.to_vector(), y = want.to_vector();
+  double w = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) {
+      if (!(std::isnan(x[i]) && std::isnan(y[i]))) return INFINITY;
+      continue;
+    }
+    if (std::isinf(x[i]) || std::isinf(y[i])) {
+      if (x[i] != y[i]) return INFINITY;
+      continue;
+    }
+    w = std::max(w, std::abs(x[i] - y[i]) / (1.0 + std::abs(y[i])));
+  }
+  return w;
+}
+
+std::string compare(const Row& row, const RunResult& got, const RunResult& want, double tol, const std::string& what) {
+  std::ostringstream err;
+  auto one_list = [&](const std::vector<Tensor>& g, const std::vector<Tensor>& w, const char* kind) {
+    if (g.size() != w.size()) {
+      err << row.name << " (" << what << "): " << g.size() << " " << kind << "s, want " << w.size() << "\n";
+      return;
+    }
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i].defined() != w[i].defined()) {
+        err << row.name << " (" << what << "): " << kind << " " << i << " is " << (g[i].defined() ? "" : "not ")
+            << "defined, the reference's is " << (w[i].defined() ? "" : "not ") << "\n";
+        continue;
+      }
+      if (!g[i].defined()) continue;
+      if (g[i].shape() != w[i].shape()) {
+        err << row.name << " (" << what << "): " << kind << " " << i << " has shape " << g[i].shape() << ", want "
+            << w[i].shape() << "\n";
+        continue;
+      }
+      const double e = worst_error(g[i], w[i]);
+      if (!(e <= tol)) err << row.name << " (" << what << "): " << kind << " " << i << ": worst relative error " << e << " > " << tol << "\n";
+    }
+  };
+  one_list(got.outputs, want.outputs, "output");
+  one_list(got.grads, want.grads, "gradient");
+  return err.str();
+}
+
+DeterministicOnCuda::DeterministicOnCuda(const Tensor& x) : was_(cuda::deterministic()) {
+  cuda::set_deterministic(was_ || x.device().is_cuda());
+}
+DeterministicOnCuda::~DeterministicOnCuda() { cuda::set_deterministic(was_); }
+
+}  // namespace kiln::optable

@@ -1,0 +1,237 @@
+// The op table's CPU harness (rows in tests/op_table.cpp): every row against its plain f64
+// reference, in f32/f16/bf16 against f64 with contiguous and non-contiguous inputs, gradients
+// against finite differences, the autocast rule, and the check that every public op and every op
+// the models record has a row. CUDA against the CPU is tests/test_gpu_parity.cpp, over the same rows.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "engine/autocast.h"
+#include "engine/autograd.h"
+#include "engine/gradcheck.h"
+#include "engine/nn_ops.h"
+#include "engine/ops.h"
+#include "models/bert.h"
+#include "models/resnet.h"
+#include "tests/op_table.h"
+#include "test_util.h"
+
+using namespace kiln;
+using namespace kiln::optable;
+using namespace kiln::models;
+
+namespace {
+
+bool any_transposable(const Row& r) {
+  for (const In& in : r.inputs)
+    if (transposable(in)) return true;
+  return false;
+}
+
+// The names record() is called with, while a RecordNames is alive.
+std::mutex g_names_mu;
+std::set<std::string>* g_names = nullptr;
+struct RecordNames {
+  std::set<std::string> names;
+  RecordNames() {
+    g_names = &names;
+    autograd::set_record_observer([](const char* n) {
+      const std::lock_guard<std::mutex> lock(g_names_mu);
+      if (g_names) g_names->insert(n);
+    });
+  }
+  ~RecordNames() {
+    autograd::set_record_observer(nullptr);
+    g_names = nullptr;
+  }
+  RecordNames(const RecordNames&) = delete;
+  RecordNames& operator=(const RecordNames&) = delete;
+};
+
+// The free functions a public header declares (operators and helpers excluded by the regex).
+std::set<std::string> declared_functions(const std::string& header) {
+  std::ifstream f(std::string(KILN_TEST_SOURCE_DIR) + "/../" + header);
+  REQUIRE_MESSAGE(f.good(), "cannot read ", header);
+  const std::regex decl(R"(^(?:template <[^>]*> )?(?:[A-Za-z_:<>]+ )+([a-z_0-9]+)\()");
+  std::set<std::string> out;
+  for (std::string line; std::getline(f, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, decl)) out.insert(m[1]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("op table: row names are unique and every row names what it covers") {
+  std::set<std::string> names;
+  for (const Row& r : rows()) {
+    CHECK_MESSAGE(names.insert(r.name).second, "two rows named ", r.name);
+    CHECK_MESSAGE(!r.ops.empty(), r.name);
+    CHECK_MESSAGE(find_row(r.name) == &r, r.name);
+  }
+  CHECK(rows().size() >= 50);
+}
+
+TEST_CASE("op table: each plain f64 reference equals the op in f64") {
+  int checked = 0;
+  for (const Row& r : rows()) {
+    if (!r.reference) continue;
+    const std::vector<Tensor> in = make_inputs(r, DType::f64, false);
+    const RunResult got = run_row(r, in, false, kCPU);
+    RunResult want;
+    want.outputs = r.reference(in);
+    want.grads = got.grads;  // the plain references are forward only
+    const std::string err = compare(r, got, want, 1e-12, "f64 against the plain reference");
+    CHECK_MESSAGE(err.empty(), err);
+    ++checked;
+  }
+  CHECK(checked >= 20);
+}
+
+TEST_CASE("op table: f32, f16 and bf16 on the CPU against f64, contiguous and non-contiguous") {
+  for (const Row& r : rows()) {
+    if (!r.no_f64_reference.empty()) continue;
+    std::vector<DType> dts = {DType::f32};
+    if (r.lowp) dts.insert(dts.end(), {DType::f16, DType::bf16});
+    for (DType dt : dts)
+      for (bool transposed : {false, true}) {
+        if (transposed && !any_transposable(r)) continue;
+        // Inputs rounded to dt, so both runs start from the same values.
+        const std::vector<Tensor> in = make_inputs(r, dt, transposed);
+        const RunResult got = run_row(r, in, transposed, kCPU);
+        const RunResult want = run_row(r, in, transposed, kCPU, DType::f64);
+        std::ostringstream what;
+        what << dt << (transposed ? ", non-contiguous" : "") << " against f64";
+        const double tol = dt == DType::f32 ? r.tol32 : dt == DType::bf16 ? 4 * r.tol16 : r.tol16;
+        const std::string err = compare(r, got, want, tol, what.str());
+        CHECK_MESSAGE(err.empty(), err);
+      }
+  }
+}
+
+TEST_CASE("op table: gradients against finite differences in f64") {
+  GradcheckOptions opts;
+  opts.max_checks = 48;  // per input, spread over it: two f64 forwards each
+  int checked = 0;
+  for (const Row& r : rows()) {
+    if (!r.grad) continue;
+    const std::vector<Tensor> in = make_inputs(r, DType::f64, false);
+    opts.differentiate.clear();
+    for (const In& i : r.inputs) opts.differentiate.push_back(i.grad);
+    std::vector<size_t> diff;  // the outputs with gradients, found on the first (grad-enabled) call
+    bool first = true;
+    auto fn = [&](const std::vector<Tensor>& xs) {
+      const std::vector<Tensor> outs = r.fn(xs);
+      if (first) {
+        for (size_t i = 0; i < outs.size(); ++i)
+          if (outs[i].defined() && is_floating(outs[i].dtype()) && outs[i].requires_grad()) diff.push_back(i);
+        first = false;
+      }
+      std::vector<Tensor> flat;
+      for (size_t i : diff) flat.push_back(cast(outs[i], DType::f64).reshape({-1}));
+      return cat(flat, 0);
+    };
+    const std::string err = gradcheck(fn, in, opts);
+    CHECK_MESSAGE(err.empty(), r.name, ": ", err);
+    CHECK_MESSAGE(!diff.empty(), r.name, " says it has gradients but no output requires one");
+    ++checked;
+  }
+  CHECK(checked >= 40);
+}
+
+TEST_CASE("op table: each row's op follows its autocast rule") {
+  int checked = 0;
+  for (const Row& r : rows()) {
+    if (!r.rule) continue;
+    const amp::CastPolicy policy = amp::autocast_policy()[size_t(*r.rule)].policy;
+    auto first_floating = [&](DType input_dt, DType autocast_dt) {
+      const std::vector<Tensor> in = make_inputs(r, input_dt, false);
+      const amp::AutocastGuard on(autocast_dt);
+      for (const Tensor& o : r.fn(in))
+        if (o.defined() && is_floating(o.dtype())) return o.dtype();
+      FAIL(r.name, " has no floating output");
+      return DType::f32;
+    };
+    // f32 inputs under f16 autocast, then f16 inputs under bf16 autocast: each policy gives a
+    // different pair of output dtypes.
+    const DType a = first_floating(DType::f32, DType::f16), b = first_floating(DType::f16, DType::bf16);
+    INFO(r.name, " under rule ", std::string(amp::autocast_policy()[size_t(*r.rule)].name), " (",
+         std::string(amp::policy_name(policy)), ")");
+    switch (policy) {
+      case amp::CastPolicy::lower: CHECK(a == DType::f16); CHECK(b == DType::bf16); break;
+      case amp::CastPolicy::fp32: CHECK(a == DType::f32); CHECK(b == DType::f32); break;
+      case amp::CastPolicy::native: CHECK(a == DType::f32); CHECK(b == DType::f16); break;
+    }
+    ++checked;
+  }
+  // Every rule of the policy table is exercised by some row.
+  std::set<int> rules;
+  for (const Row& r : rows())
+    if (r.rule) rules.insert(int(*r.rule));
+  for (const amp::AutocastRule& rule : amp::autocast_policy())
+    CHECK_MESSAGE(rules.count(int(rule.op)), "no row exercises the autocast rule ", std::string(rule.name));
+  CHECK(checked >= 30);
+}
+
+TEST_CASE("op table: every public op and every op the models record has a row") {
+  std::set<std::string> covered;
+  for (const Row& r : rows()) covered.insert(r.ops.begin(), r.ops.end());
+
+  // Public functions without a row, and why.
+  const std::map<std::string, std::string> exempt = {
+      {"empty", "uninitialised memory: nothing to compare"},
+      {"empty_like", "uninitialised memory: nothing to compare"},
+      {"from_vector", "wraps host values: tests/test_tensor.cpp"},
+      {"from_blob", "wraps a caller's buffer: tests/test_tensor.cpp and tests/consumer"},
+      {"from_blob_copy", "copies a caller's buffer: tests/test_tensor.cpp"},
+      {"broadcast_shapes", "shape arithmetic: tests/test_tensor.cpp"},
+      {"allclose", "a host-side comparison for tests"},
+  };
+  for (const std::string header : {"engine/ops.h", "engine/nn_ops.h"}) {
+    const std::set<std::string> declared = declared_functions(header);
+    CHECK_MESSAGE(declared.size() >= 20, header, ": the declaration pattern found only ", declared.size());
+    for (const std::string& f : declared)
+      CHECK_MESSAGE((covered.count(f) || exempt.count(f)), header, " declares ", f,
+                    " but no row of tests/op_table.cpp covers it (add a row, or an exemption with its reason)");
+  }
+  for (const auto& [name, why] : exempt) CHECK_MESSAGE(!covered.count(name), name, " has a row: drop its exemption");
+
+  // The ops the table records with autograd, against those the models and modules record.
+  RecordNames in_table;
+  for (const Row& r : rows()) run_row(r, make_inputs(r, DType::f64, false), false, kCPU);
+  const std::set<std::string> table_records = in_table.names;
+
+  RecordNames in_models;
+  {
+    Generator g(3);
+    auto net = make_resnet({"resnet20", 10, 3});
+    sum(net->forward(randn({2, 3, 16, 16}, DType::f32, &g))).backward();
+    BertConfig c = bert_config("tiny");
+    BertForMaskedLM mlm(c);
+    const Tensor ids = randint(0, c.vocab_size, {2, 12}, DType::i64, &g);
+    const Tensor mask = ones({2, 12}, DType::i64);
+    const Tensor logits = mlm.forward_at(ids, from_vector({1, 5, 13}, {3}, DType::i64), mask);
+    cross_entropy(logits, from_vector({4, 7, 9}, {3}, DType::i64)).backward();
+    BertForSequenceClassification cls(c);
+    sum(cls.forward(ids, mask)).backward();
+  }
+  for (const std::string& n : in_models.names)
+    CHECK_MESSAGE(table_records.count(n), "the models record '", n, "' but no row of the op table does");
+  CHECK(in_models.names.size() >= 10);
+
+  // Every literal name in the engine's record() calls is recorded by some row.
+  for (const std::string src : {"engine/ops_elementwise.cpp", "engine/ops_nn.cpp", "engine/ops_reduce.cpp", "engine/ops_index.cpp",
+                          "engine/ops_linalg.cpp", "engine/tensor.cpp"}) {
+    const std::string text = testing::read_text(std::string(KILN_TEST_SOURCE_DIR) + "/../" + src);
+    REQUIRE_MESSAGE(!text.empty(), "cannot read ", src);
+    const std::regex lit(R"(record\("([a-z_0-9]+)\")");
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), lit); it != std::sregex_iterator(); ++it)
+      CHECK_MESSAGE(table_records.count((*it)[1]), src, " records '", (*it)[1].str(), "' but no row of the op table does");
+  }
+}
