@@ -26,27 +26,34 @@ struct GradScalerState {
   int64_t skipped = 0;         // steps skipped so far
 };
 
+// The scale, the growth count, the skipped-step count and this step's inf/NaN flag live on the
+// gradients' device and are read there: the unscale kernel divides by the scale, the optimizer's
+// kernels skip the step on the flag, and update() advances the state in a kernel. Nothing in a
+// step waits for the host; get_scale(), skipped_steps() and state() do (for logs and checkpoints).
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions o = {});
 
   // loss * scale, recorded by autograd (f32).
-  Tensor scale(const Tensor& loss) const;
+  Tensor scale(const Tensor& loss);
   // Divides every parameter's gradient by the scale in place, noting any inf/NaN, in one pass per
   // tensor. At most once per step: a second call before update() is an error.
   void unscale(const std::vector<Tensor>& params);
   // Unscales (if not done yet), agrees on the inf flag across ranks (`agree`), and steps the
-  // optimizer unless a gradient was inf/NaN. Returns whether it stepped.
-  bool step(optim::Optimizer& opt, const std::vector<Tensor>& params);
+  // optimizer, which changes nothing if a gradient was inf/NaN (decided on the device).
+  void step(optim::Optimizer& opt, const std::vector<Tensor>& params);
   // Ends the step: backs the scale off after an overflow, grows it after growth_interval clean steps.
   void update();
 
-  double get_scale() const { return s_.scale; }
+  // Read from the device (a synchronising read: for logs, checkpoints and tests).
+  double get_scale() const { return state().scale; }
+  int64_t skipped_steps() const { return state().skipped; }
+  GradScalerState state() const;
+  // Whether the last step() found an inf/NaN and was skipped (a synchronising read).
+  bool last_step_skipped() const;
   bool enabled() const { return o_.enabled; }
-  // The f32 flag tensor of this step (1: inf/NaN found); on a GPU it stays on the device.
+  // The f32 flag tensor of this step (1: inf/NaN found), on the gradients' device.
   const Tensor& found_inf() const { return found_inf_; }
-  int64_t skipped_steps() const { return s_.skipped; }
-  GradScalerState state() const { return s_; }
   void load_state(const GradScalerState& s);
 
   // Combines the found-inf flag over ranks (data parallel: an all-reduce with max), so every rank
@@ -54,9 +61,11 @@ class GradScaler {
   std::function<void(Tensor& found_inf)> agree;
 
  private:
+  // Moves the state and the flag to `dev` (the first time, or when the model moved).
+  void place(Device dev);
   GradScalerOptions o_;
-  GradScalerState s_;
-  Tensor found_inf_;
+  Tensor state_;      // f64 [3] {scale, growth_tracker, skipped}: kernels/common/amp_math.h
+  Tensor found_inf_;  // f32 []
   enum class Stage { ready, unscaled, stepped } stage_ = Stage::ready;
 };
 

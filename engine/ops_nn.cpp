@@ -468,27 +468,31 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
   Tensor glogits = grad ? kout({rows, classes}, ct, dev) : Tensor();
   detail::backend(dev).cross_entropy(ct, rows, classes, lc.raw_data(), tc.data<int64_t>(), ignore_index,
                                      label_smoothing, per.raw_data(), grad ? glogits.raw_data() : nullptr, 1.0);
-  // The divisor of the mean counts the targets that are not ignored.
-  double denom = 1.0;
+  // The mean divides by the number of targets that are not ignored, counted on the device (1/0 is
+  // inf, so a batch that ignores every target has a NaN mean, as in the common frameworks).
+  Tensor inv;
   if (reduction == Reduction::mean) {
-    denom = double(sum(ne(tc, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, dev)))).item<int64_t>());
+    const Tensor count = sum(ne(tc, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, dev))));
+    inv = 1.0 / count.to(DType::f64);
   }
   Tensor out;
   if (reduction == Reduction::none) {
     out = back_to(per.reshape(t2.shape()), logits.dtype()).reshape(target.shape());
+  } else if (reduction == Reduction::mean) {
+    out = back_to(sum(per) * inv.to(per.dtype()), logits.dtype());
   } else {
-    out = back_to(sum(per) * (reduction == Reduction::mean ? 1.0 / denom : 1.0), logits.dtype());
+    out = back_to(sum(per), logits.dtype());
   }
   if (grad) {
     // d loss / d logits = glogits * (upstream gradient of each row's loss); recorded against l2,
     // whose own views carry it back to logits' layout.
     const Shape row_shape{rows, 1};
-    autograd::record("cross_entropy", {l2}, {out}, [glogits, reduction, denom, row_shape](const GradCtx& c) -> std::vector<Tensor> {
+    autograd::record("cross_entropy", {l2}, {out}, [glogits, reduction, inv, row_shape](const GradCtx& c) -> std::vector<Tensor> {
       Tensor g = c.g();
       if (reduction == Reduction::none) {
         g = g.reshape(row_shape);
       } else if (reduction == Reduction::mean) {
-        g = g * (1.0 / denom);
+        g = g * inv.to(g.dtype());
       }
       return {glogits * g.to(glogits.dtype())};
     });
@@ -507,7 +511,7 @@ Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, int64_t ignore
   const Tensor per = where(keep, neg(picked), zeros_like(picked));
   if (reduction == Reduction::none) return per.reshape(target.shape());
   if (reduction == Reduction::sum) return sum(per);
-  return sum(per) / double(sum(keep).item<int64_t>());
+  return sum(per) / sum(keep).to(per.dtype());  // counted on the device
 }
 
 Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include <algorithm>
+#include <optional>
 
 #include "engine/autograd.h"
 #include "engine/internal.h"
@@ -26,9 +27,30 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
   }
 }
 
-void Optimizer::step() {
+void Optimizer::step(const Tensor& skip_if) {
   NoGradGuard ng;
-  ++steps_;
+  // The step count lives with the parameters: it moves when they have moved (a resumed CPU
+  // checkpoint on a GPU), and counts this step unless the flag says skip, on the device.
+  const Device dev = groups_.front().params.front().device();
+  if (!step_count_.defined()) step_count_ = zeros({}, TensorOptions(DType::f64, dev));
+  if (step_count_.device() != dev) step_count_ = step_count_.to(dev);
+  if (skip_if.defined()) {
+    KILN_CHECK(skip_if.numel() == 1 && skip_if.dtype() == DType::f32 && skip_if.device() == dev, name(),
+               ": the skip flag must be one f32 element on ", dev, ", got ", skip_if.dtype(), " ", skip_if.shape(),
+               " on ", skip_if.device());
+    step_count_.add_(1.0 - skip_if);
+  } else {
+    step_count_.add_(scalar_like(1.0, step_count_));
+  }
+  // The per-tensor path reads the flag and the count on the host, once, if any parameter takes it.
+  std::optional<bool> host_skip;
+  auto unfused_skip = [&] {
+    if (!host_skip) {
+      host_skip = skip_if.defined() && skip_if.item<double>() != 0.0;
+      steps_ = int64_t(step_count_.item<double>());
+    }
+    return *host_skip;
+  };
   for (size_t g = 0; g < groups_.size(); ++g) {
     OptimKind kind{};
     OptimHyper h;
@@ -40,20 +62,26 @@ void Optimizer::step() {
       if (!grad.defined()) continue;
       KILN_CHECK(grad.shape() == p.shape(), name(), ": gradient ", grad.shape(), " does not match parameter ",
                  p.shape());
+      KILN_CHECK(p.device() == dev, name(), ": parameters on ", dev, " and ", p.device(), "; one optimizer serves one device");
       if (fuse && p.dtype() == DType::f32 && grad.dtype() == DType::f32 && p.is_contiguous() && grad.is_contiguous() &&
           grad.device() == p.device()) {
         auto it = std::find_if(batches.begin(), batches.end(), [&](const auto& b) { return b.first == p.device(); });
         if (it == batches.end()) it = batches.insert(batches.end(), {p.device(), {}});
+        // A slot made here (SGD's momentum buffer) starts fresh even if the device skips this step;
+        // it stays zero then, and the next step's direction goes in at 1 - dampening.
         it->second.push_back(fused_slice(p, grad, slots_[g][i]));
         p.bump_version();
-      } else {
+      } else if (!unfused_skip()) {
         update(groups_[g], p, grad, slots_[g][i]);
       }
     }
-    for (const auto& [dev, slices] : batches)
-      detail::backend(dev).optimizer_step(kind, slices.data(), int64_t(slices.size()), h);
+    h.step = step_count_.data<double>();
+    h.skip_if = skip_if.defined() ? skip_if.data<float>() : nullptr;
+    for (const auto& [d, slices] : batches) detail::backend(d).optimizer_step(kind, slices.data(), int64_t(slices.size()), h);
   }
 }
+
+int64_t Optimizer::steps() const { return step_count_.defined() ? int64_t(step_count_.item<double>()) : 0; }
 
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
@@ -66,7 +94,7 @@ void Optimizer::set_lr(double lr) {
 
 OptimizerState Optimizer::state() const {
   OptimizerState s;
-  s.scalars["steps"] = double(steps_);
+  s.scalars["steps"] = double(steps());
   for (const auto& [k, v] : hyper()) s.scalars[k] = v;
   for (size_t g = 0; g < groups_.size(); ++g) {
     s.scalars["group" + std::to_string(g) + ".lr"] = groups_[g].lr;
@@ -99,6 +127,7 @@ void Optimizer::load_state(const OptimizerState& s) {
     slots[g][i][key.substr(b + 1)] = t.device() == p.device() ? t.clone() : t.to(p.device());
   }
   steps_ = int64_t(it->second);
+  step_count_ = full({}, it->second, TensorOptions(DType::f64, groups_.front().params.front().device()));
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto lr = s.scalars.find("group" + std::to_string(g) + ".lr");
     if (lr != s.scalars.end()) groups_[g].lr = lr->second;
@@ -207,14 +236,13 @@ void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<
 }
 
 namespace {
-void adam_hyper(const ParamGroup& g, const AdamOptions& o, int64_t steps, OptimHyper& h) {
+// The bias corrections come from the device-side step count (OptimHyper::step), set by step().
+void adam_hyper(const ParamGroup& g, const AdamOptions& o, OptimHyper& h) {
   h.lr = g.lr;
   h.weight_decay = g.weight_decay;
   h.beta1 = o.beta1;
   h.beta2 = o.beta2;
   h.eps = o.eps;
-  h.bc1 = 1.0 - std::pow(o.beta1, double(steps));
-  h.bc2 = 1.0 - std::pow(o.beta2, double(steps));
 }
 OptimSlice adam_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
   float* m = slot(slots, "exp_avg", p).data<float>();
@@ -225,7 +253,7 @@ OptimSlice adam_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tenso
 
 bool AdamW::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
   kind = OptimKind::adamw;
-  adam_hyper(g, o_, steps_, h);
+  adam_hyper(g, o_, h);
   return true;
 }
 OptimSlice AdamW::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
@@ -256,7 +284,7 @@ void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<s
 
 bool LAMB::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
   kind = OptimKind::lamb;
-  adam_hyper(g, o_, steps_, h);
+  adam_hyper(g, o_, h);
   return true;
 }
 OptimSlice LAMB::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
@@ -265,23 +293,26 @@ OptimSlice LAMB::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string
 
 // ---- clipping, groups --------------------------------------------------------------------------------
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   KILN_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
   NoGradGuard ng;
-  double sq = 0;
+  // Every step on the device: the squares summed in f64 in parameter order, the factor chosen by a
+  // comparison there (1 when the norm is within max_norm or not finite), the gradients scaled by it.
+  Tensor sq;
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
     const Tensor gf = g.to(DType::f32);
-    sq += sum(gf * gf).to(DType::f64).item<double>();
+    const Tensor term = sum(gf * gf).to(DType::f64);
+    sq = sq.defined() ? sq + term : term;
   }
-  const double norm = std::sqrt(sq);
-  if (std::isfinite(norm) && norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);
-    for (const Tensor& p : params) {
-      Tensor g = p.grad();
-      if (g.defined()) g.mul_(scale);
-    }
+  if (!sq.defined()) return zeros({}, DType::f64);
+  const Tensor norm = sqrt(sq);
+  const Tensor clip = logical_and(gt(norm, scalar_like(max_norm, norm)), lt(norm, scalar_like(INFINITY, norm)));
+  const Tensor factor = where(clip, max_norm / (norm + 1e-6), scalar_like(1.0, norm));
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (g.defined()) g.mul_(factor.to(g.dtype()));
   }
   return norm;
 }

@@ -30,13 +30,18 @@ class Optimizer {
   explicit Optimizer(std::vector<ParamGroup> groups);
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
-  // One update from the parameters' .grad (parameters without a gradient are skipped).
-  void step();
+  // One update from the parameters' .grad (parameters without a gradient are skipped). With
+  // skip_if (an f32 one-element flag on the parameters' device, the loss scaler's inf/NaN flag) the
+  // update changes nothing where the flag is nonzero, decided on the device: the fused kernels read
+  // the flag and the step count there, so a step never waits for the host. (Parameters outside the
+  // fused path, see use_fused, read both on the host.)
+  void step(const Tensor& skip_if = {});
   void zero_grad();
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   void set_lr(double lr);  // every group
-  int64_t steps() const { return steps_; }
+  // Steps taken (skipped ones not counted): a synchronising read of the device-side count.
+  int64_t steps() const;
 
   OptimizerState state() const;
   // Restores state() output; names, shapes and the optimizer kind must match.
@@ -55,11 +60,14 @@ class Optimizer {
   // Updates parameter p (index i of group g) with gradient grad; slots are this parameter's state.
   virtual void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) = 0;
   virtual std::map<std::string, double> hyper() const = 0;
+  // This step's number (skipped steps not counted), for the per-tensor update() path only: read
+  // from the device-side count when that path runs.
   int64_t steps_ = 0;
 
  private:
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<std::map<std::string, Tensor>>> slots_;  // [group][param] -> slot -> tensor
+  Tensor step_count_;  // f64 [] on the parameters' device: steps taken, read by the fused kernels
 };
 
 struct SgdOptions {
@@ -111,8 +119,10 @@ class LAMB final : public Optimizer {
   AdamOptions o_;
 };
 
-// Scales all gradients so their global L2 norm is at most max_norm; returns the norm before.
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+// Scales all gradients so their global L2 norm is at most max_norm (a norm that is inf or NaN leaves
+// them as they are); returns the norm before, as an f64 0-dim tensor on the gradients' device. No
+// value goes to the host.
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 void clip_grad_value(const std::vector<Tensor>& params, double clip);
 
 // Groups for the usual recipe: no weight decay on biases and normalisation weights (1-D tensors).

@@ -300,8 +300,16 @@ void* Tensor::raw_data() const {
   return static_cast<char*>(im.storage->data) + im.offset * int64_t(dtype_size(im.dtype));
 }
 
+namespace {
+std::atomic<uint64_t> g_host_reads{0};
+}  // namespace
+
+uint64_t host_read_count() { return g_host_reads.load(std::memory_order_relaxed); }
+void detail::count_host_read() { g_host_reads.fetch_add(1, std::memory_order_relaxed); }
+
 double Tensor::item_double() const {
   KILN_CHECK(numel() == 1, "item(): tensor has ", numel(), " elements (shape ", shape(), "), expected 1");
+  if (device().is_cpu()) detail::count_host_read();
   Tensor c = device().is_cpu() ? *this : to(kCPU);
   return visit_dtype(dtype(), [&](auto tag) -> double {
     using T = decltype(tag);
@@ -310,6 +318,7 @@ double Tensor::item_double() const {
 }
 
 std::vector<double> Tensor::to_vector() const {
+  if (device().is_cpu()) detail::count_host_read();
   Tensor c = detach();
   if (!c.device().is_cpu()) c = c.to(kCPU);
   c = c.to(DType::f64).contiguous();
@@ -635,6 +644,7 @@ Tensor Tensor::to(Device d) const {
     // Returns at once; a page-locked source stays alive until the device has read it.
     cuda::copy_to_device_async(out.raw_data(), d.index, src.raw_data(), nbytes(), src.storage());
   } else {
+    if (d.is_cpu()) detail::count_host_read();  // waits for the device
     cuda::copy_bytes(out.raw_data(), d, src.raw_data(), src.device(), nbytes());
   }
   record_view("to", *this, out, [from = device()](const Tensor& g) { return g.to(from); });

@@ -61,6 +61,15 @@ struct Storage {
 enum class MemoryFormat { contiguous, channels_last };
 
 class Tensor;
+
+// Synchronising reads so far, process-wide: item(), to_vector() and values() of CPU tensors, and
+// every copy from a device to the host (which waits for the device). A training step outside its
+// logging steps makes none, on the CPU as on a GPU (tests/test_amp.cpp checks it), so a step can
+// run ahead of the host and be captured as a CUDA graph.
+uint64_t host_read_count();
+namespace detail {
+void count_host_read();
+}  // namespace detail
 class Node;
 using GradHook = std::function<void(Tensor& leaf)>;
 
@@ -133,6 +142,7 @@ class Tensor {
   // All elements in row-major order as T, converted as to(dtype) converts: exact when the tensor
   // already holds T's dtype (no detour through f64).
   template <typename T> std::vector<T> values() const {
+    if (device().is_cpu()) detail::count_host_read();
     const Tensor c = detach().to(kCPU).to(DTypeOf<T>::value).contiguous();
     const T* p = c.data<T>();
     return std::vector<T>(p, p + c.numel());

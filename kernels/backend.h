@@ -101,6 +101,11 @@ struct OptimHyper {
   double momentum = 0, dampening = 0;
   bool nesterov = false;
   double beta1 = 0, beta2 = 0, eps = 0, bc1 = 1, bc2 = 1;
+  // In the backend's memory, read by the kernels (never by the host): when step is set, t = *step
+  // (this step's number, f64) gives bc1/bc2; when skip_if is set and *skip_if != 0 (the loss
+  // scaler found an inf/NaN), the step changes nothing.
+  const double* step = nullptr;
+  const float* skip_if = nullptr;
 };
 
 struct Backend {

@@ -80,9 +80,13 @@ KILN_KERNEL(scatter_add, (DType dt, int64_t outer, int64_t n_dst, int64_t inner,
                     const int64_t* idx, const void* src))
 
 // ---- mixed precision ----
-// One pass over a contiguous floating buffer: x *= inv_scale, and *found_inf (an f32 flag in the
-// backend's memory, so a GPU step never waits for the host) is set to 1 if any element is inf or NaN.
-KILN_KERNEL(unscale_check, (DType dt, int64_t n, void* x, double inv_scale, float* found_inf))
+// One pass over a contiguous floating buffer: x *= 1 / *scale, and *found_inf (an f32 flag) is set
+// to 1 if any element is inf or NaN. scale and found_inf are in the backend's memory, so a GPU step
+// never waits for the host.
+KILN_KERNEL(unscale_check, (DType dt, int64_t n, void* x, const double* scale, float* found_inf))
+// The end of a loss-scaling step on the scaler's device-resident state {scale, growth_tracker,
+// skipped} (f64, kernels/common/amp_math.h), from this step's flag.
+KILN_KERNEL(amp_update_scale, (double* state, const float* found_inf, double growth, double backoff, int64_t interval))
 
 // ---- optimizers ----
 // One fused step over `count` parameters of one group (multi-tensor: one pass over each weight,

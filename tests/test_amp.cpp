@@ -1,6 +1,7 @@
 // Dynamic loss scaling: the fused unscale + inf/NaN check on every float dtype, and the GradScaler
 // state machine (skip and back off on overflow with weights and optimizer state untouched, growth
-// after the interval, no growth past the f32 range, misuse errors, rank agreement, state round trip).
+// after the interval, no growth past the f32 range, misuse errors, rank agreement, state round trip),
+// and a whole training step without one synchronising read.
 #include <doctest/doctest.h>
 
 #include <cfloat>
@@ -27,7 +28,8 @@ TEST_CASE("unscale kernel: divides in place and flags inf and NaN, for f32, f64,
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
     Tensor g = from_vector({2, -4, 8, 0.5}, {4}, dt);
     float flag = 0;
-    cpu_backend().unscale_check(dt, g.numel(), g.raw_data(), 0.25, &flag);
+    const double four = 4.0, two = 2.0;
+    cpu_backend().unscale_check(dt, g.numel(), g.raw_data(), &four, &flag);
     CHECK(g.to_vector() == std::vector<double>{0.5, -1, 2, 0.125});
     CHECK(flag == 0.0f);
     for (double bad : {double(INFINITY), -double(INFINITY), double(NAN)}) {
@@ -36,7 +38,7 @@ TEST_CASE("unscale kernel: divides in place and flags inf and NaN, for f32, f64,
       v[150001] = bad;
       Tensor h = from_vector(v, {200000}, dt);
       float f = 0;
-      cpu_backend().unscale_check(dt, h.numel(), h.raw_data(), 0.5, &f);
+      cpu_backend().unscale_check(dt, h.numel(), h.raw_data(), &two, &f);
       CHECK(f == 1.0f);
       CHECK(h.to_vector()[7] == 0.5);
     }
@@ -56,7 +58,8 @@ TEST_CASE("grad scaler: scaled loss, exact unscale, a normal step") {
   sc.scale(m.loss(x)).backward();
   optim::SGD opt({optim::ParamGroup(m.params(), 0.1)});
   const std::vector<double> before = m.w.to_vector();
-  CHECK(sc.step(opt, m.params()));
+  sc.step(opt, m.params());
+  CHECK_FALSE(sc.last_step_skipped());
   CHECK(m.w.grad().to_vector() == want);  // a power-of-two scale unscales exactly
   CHECK(m.w.to_vector() != before);
   sc.update();
@@ -71,7 +74,8 @@ TEST_CASE("grad scaler: an inf or NaN gradient skips the step, leaves weights an
   const Tensor x = randn({8, 4});
   // A clean step first, so the optimizer has state to protect.
   sc.scale(m.loss(x)).backward();
-  CHECK(sc.step(opt, m.params()));
+  sc.step(opt, m.params());
+  CHECK_FALSE(sc.last_step_skipped());
   sc.update();
   const auto state_before = opt.state();
   const std::vector<double> w_before = m.w.to_vector();
@@ -80,7 +84,8 @@ TEST_CASE("grad scaler: an inf or NaN gradient skips the step, leaves weights an
     sc.scale(m.loss(x)).backward();
     m.b.grad().data<float>()[1] = float(bad);
     const double s = sc.get_scale();
-    CHECK_FALSE(sc.step(opt, m.params()));
+    sc.step(opt, m.params());
+  CHECK(sc.last_step_skipped());
     CHECK(sc.found_inf().item<double>() == 1.0);
     sc.update();
     CHECK(sc.get_scale() == s * 0.5);
@@ -94,7 +99,8 @@ TEST_CASE("grad scaler: an inf or NaN gradient skips the step, leaves weights an
   for (int i = 0; i < 3; ++i) {
     opt.zero_grad();
     sc.scale(m.loss(x)).backward();
-    CHECK(sc.step(opt, m.params()));
+    sc.step(opt, m.params());
+  CHECK_FALSE(sc.last_step_skipped());
     sc.update();
   }
   CHECK(sc.get_scale() == 1024.0 * 0.25 * 2.0);
@@ -118,7 +124,8 @@ TEST_CASE("grad scaler: never grows past the f32 range; misuse is an error; rank
   s2.scale(m.loss(x)).backward();
   s2.unscale(m.params());
   CHECK(contains(error_of([&] { s2.unscale(m.params()); }), "already called"));
-  CHECK(s2.step(opt, m.params()));  // uses the unscale above
+  s2.step(opt, m.params());
+  CHECK_FALSE(s2.last_step_skipped());  // uses the unscale above
   CHECK(contains(error_of([&] { s2.step(opt, m.params()); }), "step() was already called"));
   s2.update();
   CHECK(contains(error_of([&] { s2.update(); }), "needs a step() first"));
@@ -126,7 +133,8 @@ TEST_CASE("grad scaler: never grows past the f32 range; misuse is an error; rank
   s2.agree = [](Tensor& f) { f.fill_(1.0); };
   opt.zero_grad();
   s2.scale(m.loss(x)).backward();
-  CHECK_FALSE(s2.step(opt, m.params()));
+  s2.step(opt, m.params());
+  CHECK(s2.last_step_skipped());
   s2.update();
   amp::GradScaler s3;
   s3.load_state(s2.state());
@@ -136,4 +144,46 @@ TEST_CASE("grad scaler: never grows past the f32 range; misuse is an error; rank
   // Disabled (bf16 or f32 runs): scale 1, loss untouched.
   amp::GradScaler off({65536.0, 2.0, 0.5, 2000, false});
   CHECK(off.get_scale() == 1.0);
+}
+
+TEST_CASE("training step: no synchronising read outside logging (loss scaling, clipping, fused optimizers, losses)") {
+  // The counter counts: a read is one.
+  const uint64_t r0 = host_read_count();
+  (void)ones({1}).item<double>();
+  CHECK(host_read_count() == r0 + 1);
+
+  manual_seed(11);
+  const Tensor w = randn({6, 5}).set_requires_grad(), b = zeros({5}).set_requires_grad();
+  const Tensor x = randn({16, 6});
+  Tensor target = randint(0, 5, {16});
+  target.data<int64_t>()[3] = -100;  // an ignored row: the mean's divisor is counted on the device
+  optim::AdamW adamw({optim::ParamGroup({w}, 0.01, 0.01)});
+  optim::LAMB lamb({optim::ParamGroup({b}, 0.01)});
+  amp::GradScaler sc({1024.0, 2.0, 0.5, 2});
+  auto one_step = [&](bool overflow) {
+    adamw.zero_grad();
+    lamb.zero_grad();
+    const Tensor logits = linear(x, w.t(), b);
+    const Tensor loss = cross_entropy(logits, target) + nll_loss(log_softmax(logits, 1), target);
+    sc.scale(loss).backward();
+    if (overflow) w.grad().data<float>()[2] = INFINITY;
+    sc.unscale({w, b});
+    const Tensor norm = optim::clip_grad_norm({w, b}, 0.5);
+    sc.step(adamw, {w});
+    sc.update();
+    return norm;
+  };
+  one_step(false);  // the first step makes the optimizer's state
+  const std::vector<double> before = w.to_vector();
+  const uint64_t start = host_read_count();
+  for (int i = 0; i < 4; ++i) one_step(i == 1);
+  CHECK(host_read_count() == start);  // four steps, one of them skipped on the device: no read
+  lamb.step();  // LAMB's fused norms stay on the device too
+  CHECK(host_read_count() == start);
+  // What the device decided, read afterwards: one skip; the scale grown after two clean steps
+  // (2048), halved at the overflow, grown again after two more; AdamW counts the applied steps.
+  CHECK(sc.skipped_steps() == 1);
+  CHECK(sc.get_scale() == 2048.0);
+  CHECK(adamw.steps() == 4);
+  CHECK(w.to_vector() != before);
 }

@@ -215,11 +215,11 @@ TEST_CASE("optim: clipping, decay groups") {
   Tensor a = param({0, 0}), b = param({0});
   a.set_grad(from_vector({3, 0}, {2}));
   b.set_grad(from_vector({4}, {1}));
-  const double n = optim::clip_grad_norm({a, b}, 1.0);
+  const double n = optim::clip_grad_norm({a, b}, 1.0).item<double>();
   CHECK(n == doctest::Approx(5.0));
   CHECK(a.grad().to_vector()[0] == doctest::Approx(0.6).epsilon(1e-5));
   CHECK(b.grad().item<double>() == doctest::Approx(0.8).epsilon(1e-5));
-  CHECK(optim::clip_grad_norm({a, b}, 10.0) == doctest::Approx(1.0).epsilon(1e-5));  // no change below the max
+  CHECK(optim::clip_grad_norm({a, b}, 10.0).item<double>() == doctest::Approx(1.0).epsilon(1e-5));  // no change below the max
   optim::clip_grad_value({a, b}, 0.7);
   CHECK(b.grad().item<double>() == doctest::Approx(0.7));
   Block blk;

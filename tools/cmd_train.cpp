@@ -165,7 +165,7 @@ class Trainer {
         const double lr = sched_.at(run_.step);
         StepStats s;
         if (const int rc = step(lr, s); rc >= 0) return rc;
-        log_step(lr);
+        if (const int rc = log_step(lr); rc >= 0) return rc;
         const bool due = (c_.save_every > 0 && run_.step % c_.save_every == 0) || time_due_;
         if (due || stop_now_) {
           run_.train_seconds += since(epoch_start_) - epoch_seconds_before_;
@@ -174,6 +174,7 @@ class Trainer {
         }
       }
       run_.train_seconds += since(epoch_start_) - epoch_seconds_before_;
+      if (const int rc = fold(); rc >= 0) return rc;
       evaluate_epoch(since(epoch_start_));
       const bool stop = any_rank(g_stop_signal != 0);
       if (c_.save_every > 0 || c_.save_minutes > 0 || c_.save_epochs || stop)
@@ -287,6 +288,7 @@ class Trainer {
     resolved_["data_info"] = task_.data_info;
 
     if (const int rc = resume(); rc >= 0) return rc;
+    load_sums();
     metrics_path_ = c_.out + "/metrics.jsonl";
     if (lead_) {  // on other ranks never opened: writes go nowhere
       if (resumed_from_.empty() || run_.step == 0) std::ofstream(metrics_path_, std::ios::trunc);
@@ -362,6 +364,7 @@ class Trainer {
   int step(double lr, StepStats& s) {
     opt_->set_lr(lr);
     opt_->zero_grad();
+    Tensor step_loss, step_correct;  // over the micro-batches, on the device
     for (int64_t k = 0; k < accum_; ++k) {
       auto t0 = Clock::now();
       std::optional<io::Batch> batch = loader_->next();
@@ -374,16 +377,26 @@ class Trainer {
         amp::AutocastGuard autocast(amp_dt_.value_or(DType::f16), amp_dt_.has_value());
         r = task_.step(*batch);
       }
-      const double micro = r.loss.item<double>();
+      {
+        NoGradGuard ng;  // the sums stay on the device: nothing here waits for it
+        const Tensor micro = r.loss.detach().to(DType::f64) / double(accum_);
+        step_loss = step_loss.defined() ? step_loss + micro : micro;
+        step_correct = step_correct.defined() ? step_correct + r.correct : r.correct;
+      }
       scaler_->scale(accum_ == 1 ? r.loss : r.loss * (1.0 / double(accum_))).backward();
       // GPU kernels run after their launch: wait for them, so the time is the device's and not
       // charged to the next phase (the cost is one launch latency per step).
       if (device_.is_cuda()) cuda::synchronize(device_.index);
       run_.window.fb_s += since(t0);
-      s.loss += micro / double(accum_);
       s.samples += batch->begin()->second.size(0);
-      s.correct += r.correct;
       s.count += r.count;
+    }
+    {
+      NoGradGuard ng;
+      win_loss_.add_(step_loss);
+      epoch_loss_.add_(step_loss);
+      win_correct_.add_(step_correct);
+      epoch_correct_.add_(step_correct);
     }
 
     auto t0 = Clock::now();
@@ -391,31 +404,17 @@ class Trainer {
     // The step's numbers over all ranks, and the decisions they must take together.
     stop_now_ = g_stop_signal != 0;
     time_due_ = c_.save_minutes > 0 && since(last_save_time_) >= 60.0 * c_.save_minutes;
-    if (world_ > 1) {
-      Tensor st = from_vector({s.loss, double(s.correct), double(s.count), double(s.samples), stop_now_ ? 1.0 : 0.0,
-                               time_due_ && lead_ ? 1.0 : 0.0},
-                              {6}, DType::f64);
+    if (world_ > 1) {  // host numbers only: the loss and the correct count are summed over ranks by fold()
+      Tensor st = from_vector({double(s.count), double(s.samples), stop_now_ ? 1.0 : 0.0, time_due_ && lead_ ? 1.0 : 0.0},
+                              {4}, DType::f64);
       comm_->all_reduce(st, dist::ReduceOp::sum);
       const double* v = st.data<double>();
-      s.loss = v[0] / double(world_);
-      s.correct = int64_t(v[1]);
-      s.count = int64_t(v[2]);
-      s.samples = int64_t(v[3]);
-      stop_now_ = v[4] > 0;
-      time_due_ = v[5] > 0;  // rank 0's clock decides
+      s.count = int64_t(v[0]);
+      s.samples = int64_t(v[1]);
+      stop_now_ = v[2] > 0;
+      time_due_ = v[3] > 0;  // rank 0's clock decides
     }
     run_.window.comm_s += since(t0);
-    if (!std::isfinite(s.loss)) {
-      progress_->line("");
-      if (lead_)
-        std::fprintf(stderr,
-                     "kiln train: error: the loss is %s at step %lld (epoch %lld, lr %g); stopping. Lower --lr, add "
-                     "--warmup or --clip-grad-norm%s. Metrics so far are in %s\n",
-                     std::isnan(s.loss) ? "NaN" : "infinite", (long long)run_.step, (long long)run_.epoch + 1, lr,
-                     amp_dt_ == DType::f16 ? " (the forward pass overflowed f16: try --amp bf16)" : "",
-                     metrics_path_.c_str());
-      return 1;
-    }
     t0 = Clock::now();
     // One scaler decision per optimizer step: unscale (before clipping), skip on inf/NaN, update.
     if (c_.clip_grad_norm > 0) {
@@ -434,16 +433,23 @@ class Trainer {
     return -1;
   }
 
-  // ---- the progress line after every step; a metrics line every --log-every steps ----
-  void log_step(double lr) {
+  // ---- the progress line after every step (with the loss of the last metrics line: reading the
+  // loss every step would make each step wait for the device); a metrics line every --log-every
+  // steps. -1 to go on, else the exit code (a loss that is not finite).
+  int log_step(double lr) {
     const int64_t in_epoch = run_.batch / accum_;  // optimizer steps done in this epoch
     const bool log_now = run_.step % c_.log_every == 0 || in_epoch == spe_ || run_.step == total_steps_;
     const double win_s = since(win_start_);
     const double sps = double(run_.window.samples) / std::max(win_s, 1e-9);
     const double elapsed = run_.train_seconds + since(epoch_start_) - epoch_seconds_before_;
     const double eta = elapsed / double(std::max<int64_t>(run_.step, 1)) * double(total_steps_ - run_.step);
-    progress_->step(run_.epoch, in_epoch, run_.window.mean_loss(), lr, sps, eta, log_now);
-    if (!log_now) return;
+    if (!log_now) {
+      progress_->step(run_.epoch, in_epoch, shown_loss_, lr, sps, eta, false);
+      return -1;
+    }
+    if (const int rc = fold(lr); rc >= 0) return rc;
+    shown_loss_ = run_.window.mean_loss();
+    progress_->step(run_.epoch, in_epoch, shown_loss_, lr, sps, eta, true);
     const WindowStats& w = run_.window;
     nlohmann::json m = {{"step", run_.step},
                         {"epoch", run_.epoch + 1},
@@ -455,7 +461,8 @@ class Trainer {
                         {"data_wait_s", w.data_s},
                         {"forward_backward_s", w.fb_s},
                         {"optimizer_s", w.opt_s},
-                        {"elapsed_s", since(t_start_)}};
+                        {"elapsed_s", since(t_start_)},
+                        {"host_reads", host_read_count() - reads_at_log_}};
     if (world_ > 1) {
       // Where each rank's time went: the rank that waits least for communication is the slow one.
       Tensor mine = from_vector({w.data_s, w.fb_s, w.comm_s, w.opt_s}, {4}, DType::f64);
@@ -477,7 +484,53 @@ class Trainer {
     metrics_ << m.dump() << "\n";
     metrics_.flush();
     run_.window = {};
+    win_loss_.zero_();
+    win_correct_.zero_();
     win_start_ = Clock::now();
+    reads_at_log_ = host_read_count();
+    return -1;
+  }
+
+  // ---- the device-side sums of losses and correct predictions ----
+  // Each rank adds its own on the device; fold() reads them (one synchronising read), sums them
+  // over ranks and sets run_.window's and run_.epoch_sums' loss (the mean over ranks) and correct
+  // count, at a metrics line, at the end of an epoch and before a checkpoint: on every rank at the
+  // same step. It replaces, not adds, so a sum is added up in one order however often it is read,
+  // and a resumed run continues it exactly. -1 to go on, else the exit code (a loss that is not
+  // finite: stop before anything is saved).
+  int fold(double lr = 0) {
+    const std::vector<double> v =
+        stack({win_loss_, epoch_loss_, win_correct_.to(DType::f64), epoch_correct_.to(DType::f64)}, 0).to_vector();
+    Tensor all = from_vector(v, {4}, DType::f64);
+    if (world_ > 1) comm_->all_reduce(all, dist::ReduceOp::sum);
+    const double* a = all.data<double>();
+    run_.window.loss = world_ > 1 ? a[0] / double(world_) : a[0];
+    run_.epoch_sums.loss = world_ > 1 ? a[1] / double(world_) : a[1];
+    run_.window.correct = int64_t(a[2]);
+    run_.epoch_sums.correct = int64_t(a[3]);
+    if (std::isfinite(run_.window.loss) && std::isfinite(run_.epoch_sums.loss)) return -1;
+    progress_->line("");
+    if (lead_) {
+      char lr_text[48] = "";
+      if (lr > 0) std::snprintf(lr_text, sizeof lr_text, ", lr %g", lr);
+      std::fprintf(stderr,
+                   "kiln train: error: the loss is %s in the steps up to step %lld (epoch %lld%s); stopping. Lower "
+                   "--lr, add --warmup or --clip-grad-norm%s. Metrics so far are in %s\n",
+                   std::isnan(run_.window.loss) || std::isnan(run_.epoch_sums.loss) ? "NaN" : "infinite",
+                   (long long)run_.step, (long long)run_.epoch + 1, lr_text,
+                   amp_dt_ == DType::f16 ? " (the forward pass overflowed f16: try --amp bf16)" : "", metrics_path_.c_str());
+    }
+    return 1;
+  }
+  // The device sums from run_ (zero, or a resumed run's): rank 0 holds the correct counts so far,
+  // every rank the loss (fold() takes the mean over ranks).
+  void load_sums() {
+    const TensorOptions f(DType::f64, device_), i(DType::i64, device_);
+    win_loss_ = full({}, run_.window.loss, f);
+    epoch_loss_ = full({}, run_.epoch_sums.loss, f);
+    win_correct_ = full({}, lead_ ? double(run_.window.correct) : 0.0, i);
+    epoch_correct_ = full({}, lead_ ? double(run_.epoch_sums.correct) : 0.0, i);
+    reads_at_log_ = host_read_count();
   }
 
   // ---- the end of an epoch: evaluate, print and log it ----
@@ -503,12 +556,15 @@ class Trainer {
     ++run_.epoch;
     run_.batch = 0;
     run_.epoch_sums = {};
+    epoch_loss_.zero_();
+    epoch_correct_.zero_();
   }
 
   // ---- a checkpoint, and the stop a signal asked for (`where`: " at step N" / " after epoch N").
   // -1 to go on, else the exit code. A periodic checkpoint that cannot be written (a full disk) is
   // reported and training goes on: the previous ones are intact and the next save point tries again.
   int checkpoint(bool stopping, const std::string& where) {
+    if (const int rc = fold(); rc >= 0) return rc;
     const bool ok = save();
     last_save_time_ = Clock::now();
     if (!stopping) return -1;
@@ -609,6 +665,10 @@ class Trainer {
   Clock::time_point last_save_time_, win_start_, epoch_start_;
   double epoch_seconds_before_ = 0;
   bool stop_now_ = false, time_due_ = false;
+  // this rank's sums since the window's and the epoch's start, on the device (see fold())
+  Tensor win_loss_, epoch_loss_, win_correct_, epoch_correct_;
+  double shown_loss_ = 0;      // the progress line's loss: the last metrics line's
+  uint64_t reads_at_log_ = 0;  // host_read_count() at the last metrics line
 };
 
 }  // namespace

@@ -40,13 +40,9 @@ std::shared_ptr<const io::Dataset> limit(std::shared_ptr<const io::Dataset> ds, 
   return std::make_shared<Prefix>(std::move(ds), n);
 }
 
-int64_t count_correct(const Tensor& logits, const Tensor& target) {
-  const Tensor pred = argmax(logits.detach(), -1);
-  const int64_t* p = pred.data<int64_t>();
-  const int64_t* q = target.data<int64_t>();
-  int64_t n = 0;
-  for (int64_t i = 0; i < target.numel(); ++i) n += p[i] == q[i];
-  return n;
+// On the logits' device (i64 0-dim): a training step does not wait to count.
+Tensor count_correct(const Tensor& logits, const Tensor& target) {
+  return sum(eq(argmax(logits.detach(), -1), target));
 }
 
 // Loss (label smoothing only while training) and the count of correct predictions of one batch.
@@ -367,7 +363,7 @@ EvalResult evaluate(Task& task, const TrainConfig& c, dist::Communicator* comm) 
   while (auto b = loader.next()) {
     const StepResult s = task.step(*b);
     loss_sum += s.loss.item<double>() * double(s.count);
-    correct += s.correct;
+    correct += s.correct.item<int64_t>();
     r.count += s.count;
   }
   task.model->train(was_training);

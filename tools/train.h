@@ -88,8 +88,9 @@ std::vector<std::string> validate(const TrainConfig& c);
 
 // What a batch means for a model, and how a prediction is scored.
 struct StepResult {
-  Tensor loss;  // mean over the batch's scored items
-  int64_t correct = 0, count = 0;
+  Tensor loss;     // mean over the batch's scored items
+  Tensor correct;  // i64 0-dim, on the model's device: counted there, read only when logged
+  int64_t count = 0;
 };
 struct Task {
   std::string name;    // "classify" or "mlm"

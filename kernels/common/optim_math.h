@@ -18,14 +18,22 @@ struct AdamF {
   float lr, wd, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, inv_bc1, inv_bc2, decay_factor, step_scale;
 };
 
-inline SgdF sgd_constants(const OptimHyper& h) {
+KILN_HD SgdF sgd_constants(const OptimHyper& h) {
   return {float(h.lr), float(h.weight_decay), float(h.momentum), float(1.0 - h.dampening), h.nesterov};
 }
-inline AdamF adam_constants(const OptimHyper& h) {
+// On the device (or the CPU) where h.step points: the bias corrections from the step number there.
+KILN_HD AdamF adam_constants(const OptimHyper& h) {
+  double bc1 = h.bc1, bc2 = h.bc2;
+  if (h.step) {
+    bc1 = 1.0 - std::pow(h.beta1, *h.step);
+    bc2 = 1.0 - std::pow(h.beta2, *h.step);
+  }
   return {float(h.lr),          float(h.weight_decay),        float(h.beta1),   float(1.0 - h.beta1),
-          float(h.beta2),       float(1.0 - h.beta2),         float(h.eps),     float(1.0 / h.bc1),
-          float(1.0 / h.bc2),   float(1.0 - h.lr * h.weight_decay), float(-h.lr / h.bc1)};
+          float(h.beta2),       float(1.0 - h.beta2),         float(h.eps),     float(1.0 / bc1),
+          float(1.0 / bc2),     float(1.0 - h.lr * h.weight_decay), float(-h.lr / bc1)};
 }
+// Whether the loss scaler asked this step to be skipped (read where the flag lives).
+KILN_HD bool skipped(const OptimHyper& h) { return h.skip_if && *h.skip_if != 0.0f; }
 // LAMB's step factor for one tensor: -lr * trust, rounded to f32 once.
 inline float lamb_step(const OptimHyper& h, double trust) { return float(-h.lr * trust); }
 

@@ -1,10 +1,12 @@
-// The loss scaler's fused pass: unscale a gradient in place and flag any inf/NaN, for every floating
-// dtype (16-bit values are computed in f32 and stored back rounded).
+// The loss scaler's kernels: the fused pass that unscales a gradient in place and flags any inf/NaN,
+// for every floating dtype (16-bit values are computed in f32 and stored back rounded), and the
+// end-of-step update of the scaler's state.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
+#include "kernels/common/amp_math.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
 
@@ -34,7 +36,8 @@ template <typename T> static bool unscale_typed(int64_t n, T* x, double inv_scal
   return false;
 }
 
-void unscale_check(DType dt, int64_t n, void* x, double inv_scale, float* found_inf) {
+void unscale_check(DType dt, int64_t n, void* x, const double* scale, float* found_inf) {
+  const double inv_scale = 1.0 / *scale;
   bool bad = false;
   switch (dt) {
     case DType::f32: bad = unscale_typed(n, static_cast<float*>(x), inv_scale); break;
@@ -44,6 +47,10 @@ void unscale_check(DType dt, int64_t n, void* x, double inv_scale, float* found_
     default: KILN_FAIL("unscale: gradients must be floating, got ", dt);
   }
   if (bad) *found_inf = 1.0f;
+}
+
+void amp_update_scale(double* state, const float* found_inf, double growth, double backoff, int64_t interval) {
+  amp_math::update_scale(state, *found_inf, growth, backoff, interval);
 }
 
 }  // namespace kiln::cpu

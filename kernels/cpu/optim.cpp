@@ -41,6 +41,7 @@ void lamb_one(const OptimSlice& s, const OptimHyper& h, const optim_math::AdamF&
 }  // namespace
 
 void optimizer_step(OptimKind kind, const OptimSlice* slices, int64_t count, const OptimHyper& h) {
+  if (optim_math::skipped(h)) return;
   for (int64_t t = 0; t < count; ++t) {
     const OptimSlice& s = slices[t];
     switch (kind) {

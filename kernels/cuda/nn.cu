@@ -1,6 +1,5 @@
-// CUDA kernels of the neural-network ops, with the semantics of kernels/cpu/nn.cpp and
-// kernels/cpu/amp.cpp: pooling, softmax, layer and batch norm, fused cross-entropy, the index kernels
-// and the loss scaler's unscale pass.
+// CUDA kernels of the neural-network ops, with the semantics of kernels/cpu/nn.cpp:
+// pooling, softmax, layer and batch norm, fused cross-entropy and the index kernels.
 //
 // Determinism: no floating-point atomics anywhere. Every sum runs in an order fixed by the shape
 // (warp shuffles and block trees of a fixed size, partial buffers summed in index order), so two
@@ -962,41 +961,6 @@ __global__ void __launch_bounds__(kThreads) scatter_add_kernel(int64_t outer, in
   }
 }
 
-// ---- unscale_check -----------------------------------------------------------------------------------
-
-// The CPU's arithmetic: in C (f64 for f64, f32 otherwise), the product rounded back to T (16-bit
-// types convert with single cvt instructions in device code, base/half.h).
-template <typename T, typename C> __device__ __forceinline__ void unscale_one(T& x, C s, bool& bad) {
-  const C v = C(x);
-  bad |= !isfinite(v);
-  x = T(v * s);
-}
-
-// x *= s over a contiguous buffer; any non-finite input stores 1.0f into *found_inf (a plain store:
-// every writer writes the same value). Launch: grid_for(max(vectors, scalars)); a thread handles
-// 16-byte vectors v, v + stride, ... of the aligned body, and the first threads the unaligned head
-// and the tail element by element. Traffic: every byte read and written once, 128-bit accesses.
-template <typename T, typename C>
-__global__ void __launch_bounds__(kThreads) unscale_kernel(int64_t n, int64_t head, int64_t nvec, T* x, C s,
-                                                           float* found_inf) {
-  constexpr int kVec = 16 / sizeof(T);
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
-  bool bad = false;
-  uint4* xv = reinterpret_cast<uint4*>(x + head);
-  for (int64_t v = tid; v < nvec; v += stride) {
-    uint4 u = xv[v];
-    T e[kVec];
-    memcpy(e, &u, 16);
-#pragma unroll
-    for (int l = 0; l < kVec; ++l) unscale_one(e[l], s, bad);
-    memcpy(&u, e, 16);
-    xv[v] = u;
-  }
-  const int64_t tail0 = head + nvec * kVec, scalars = head + (n - tail0);
-  for (int64_t q = tid; q < scalars; q += stride) unscale_one(x[q < head ? q : tail0 + (q - head)], s, bad);
-  if (bad) *found_inf = 1.0f;
-}
-
 }  // namespace
 
 // ---- pooling ---------------------------------------------------------------------------------------
@@ -1406,21 +1370,5 @@ void scatter_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* ds
 }
 
 // ---- mixed precision ---------------------------------------------------------------------------------
-
-void unscale_check(DType dt, int64_t n, void* x, double inv_scale, float* found_inf) {
-  if (n == 0) return;
-  const cudaStream_t s = current().stream;
-  dispatch_floating(dt, "unscale_check", [&](auto tag) {
-    using T = decltype(tag);
-    using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    constexpr int64_t kVec = 16 / sizeof(T);
-    const uintptr_t mis = uintptr_t(x) % 16;
-    const int64_t head = std::min<int64_t>(n, mis == 0 ? 0 : int64_t(16 - mis) / int64_t(sizeof(T)));
-    const int64_t nvec = (n - head) / kVec, scalars = n - nvec * kVec;
-    unscale_kernel<T, C><<<grid_for(std::max(nvec, scalars)), kThreads, 0, s>>>(n, head, nvec, mp<T>(x), C(inv_scale),
-                                                                               found_inf);
-    KILN_LAUNCH_OK("unscale_kernel");
-  });
-}
 
 }  // namespace kiln::cuda

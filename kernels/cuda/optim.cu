@@ -6,7 +6,9 @@
 // Memory traffic per element: SGD reads w, g (and the momentum buffer) and writes w (and it):
 // 12-16 bytes; AdamW reads w, g, m, v and writes w, m, v: 28 bytes. LAMB takes two passes (the
 // trust ratio needs the norms of the whole tensor first): 28 + 20 bytes, and its per-tensor
-// norms are reduced on the device in a fixed order, so nothing waits for the host.
+// norms are reduced on the device in a fixed order, so nothing waits for the host. The step number
+// (Adam's bias corrections) and the loss scaler's skip flag are read on the device too: each
+// thread derives the f32 constants from OptimHyper once.
 #include <vector>
 
 #include "kernels/common/optim_math.h"
@@ -24,7 +26,9 @@ struct Chunk {
 };
 
 // Launch: one block of kThreads per chunk; thread t updates elements begin + t, + kThreads, ...
-__global__ void sgd_kernel(const OptimSlice* slices, const Chunk* chunks, optim_math::SgdF h) {
+__global__ void sgd_kernel(const OptimSlice* slices, const Chunk* chunks, OptimHyper hy) {
+  if (optim_math::skipped(hy)) return;
+  const optim_math::SgdF h = optim_math::sgd_constants(hy);
   const Chunk c = chunks[blockIdx.x];
   const OptimSlice s = slices[c.slice];
   for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x)
@@ -32,7 +36,9 @@ __global__ void sgd_kernel(const OptimSlice* slices, const Chunk* chunks, optim_
 }
 
 // Launch: as sgd_kernel.
-__global__ void adamw_kernel(const OptimSlice* slices, const Chunk* chunks, optim_math::AdamF h) {
+__global__ void adamw_kernel(const OptimSlice* slices, const Chunk* chunks, OptimHyper hy) {
+  if (optim_math::skipped(hy)) return;
+  const optim_math::AdamF h = optim_math::adam_constants(hy);
   const Chunk c = chunks[blockIdx.x];
   const OptimSlice s = slices[c.slice];
   for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
@@ -47,8 +53,9 @@ __global__ void adamw_kernel(const OptimSlice* slices, const Chunk* chunks, opti
 
 // LAMB pass 1. Launch: as sgd_kernel; updates the moments and writes the chunk's sums of w^2 and
 // u^2 (f64, a fixed tree per block) to partial[2 * chunk].
-__global__ void lamb_moments_kernel(const OptimSlice* slices, const Chunk* chunks, optim_math::AdamF h,
-                                    double* partial) {
+__global__ void lamb_moments_kernel(const OptimSlice* slices, const Chunk* chunks, OptimHyper hy, double* partial) {
+  if (optim_math::skipped(hy)) return;
+  const optim_math::AdamF h = optim_math::adam_constants(hy);
   __shared__ double smem[32];
   const Chunk c = chunks[blockIdx.x];
   const OptimSlice s = slices[c.slice];
@@ -73,8 +80,10 @@ __global__ void lamb_moments_kernel(const OptimSlice* slices, const Chunk* chunk
 
 // LAMB pass 2. Launch: grid-stride, one thread per parameter; sums its chunks' partials in order
 // and writes its step factor -lr * trust as f32.
-__global__ void lamb_trust_kernel(const int64_t* chunk_begin, int64_t count, const double* partial, double lr,
+__global__ void lamb_trust_kernel(const int64_t* chunk_begin, int64_t count, const double* partial, OptimHyper hy,
                                   float* step) {
+  if (optim_math::skipped(hy)) return;
+  const double lr = hy.lr;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < count; t += int64_t(gridDim.x) * blockDim.x) {
     double ws = 0, us = 0;
     for (int64_t c = chunk_begin[t]; c < chunk_begin[t + 1]; ++c) {
@@ -86,8 +95,9 @@ __global__ void lamb_trust_kernel(const int64_t* chunk_begin, int64_t count, con
 }
 
 // LAMB pass 3. Launch: as sgd_kernel; w += step * u, with u recomputed from the new moments.
-__global__ void lamb_apply_kernel(const OptimSlice* slices, const Chunk* chunks, optim_math::AdamF h,
-                                  const float* step) {
+__global__ void lamb_apply_kernel(const OptimSlice* slices, const Chunk* chunks, OptimHyper hy, const float* step) {
+  if (optim_math::skipped(hy)) return;
+  const optim_math::AdamF h = optim_math::adam_constants(hy);
   const Chunk c = chunks[blockIdx.x];
   const OptimSlice s = slices[c.slice];
   const float f = step[c.slice];
@@ -124,21 +134,20 @@ void optimizer_step(OptimKind kind, const OptimSlice* slices, int64_t count, con
   const unsigned nblocks = unsigned(chunks.size());
   switch (kind) {
     case OptimKind::sgd:
-      sgd_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, optim_math::sgd_constants(h));
+      sgd_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, h);
       break;
     case OptimKind::adamw:
-      adamw_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, optim_math::adam_constants(h));
+      adamw_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, h);
       break;
     case OptimKind::lamb: {
-      const optim_math::AdamF a = optim_math::adam_constants(h);
       const DeviceBuffer partial(chunks.size() * 2 * sizeof(double)), step(size_t(count) * sizeof(float));
       const DeviceBuffer d_begin = upload(chunk_begin);
-      lamb_moments_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, a, partial.get<double>());
+      lamb_moments_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, h, partial.get<double>());
       KILN_LAUNCH_OK("lamb_moments_kernel");
       lamb_trust_kernel<<<grid_for(count), kThreads, 0, stream>>>(d_begin.get<const int64_t>(), count,
-                                                                   partial.get<const double>(), h.lr, step.get<float>());
+                                                                   partial.get<const double>(), h, step.get<float>());
       KILN_LAUNCH_OK("lamb_trust_kernel");
-      lamb_apply_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, a, step.get<const float>());
+      lamb_apply_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, h, step.get<const float>());
       break;
     }
   }
