@@ -1,5 +1,5 @@
 // The input window of one pooling output, shared by the CPU and CUDA pooling kernels
-// (kernels/cpu/nn.cpp, kernels/cuda/nn.cu): which rows and columns it visits and the divisor of
+// (kernels/cpu/pool.cpp, kernels/cuda/pool.cu): which rows and columns it visits and the divisor of
 // average pooling, with the count of valid positions in closed form.
 #pragma once
 #include <cstdint>

@@ -1,0 +1,187 @@
+// CPU kernels of softmax and log-softmax over any dim and of attention's masked softmax
+// (softmax(scale * x + mask)), forward and backward; contiguous f32 rows run in fixed vector lanes.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/cpu/loops.h"
+#include "kernels/cpu/nn_common.h"
+#include "kernels/cpu/ops_cpu.h"
+#include "kernels/cpu/vmath.h"
+
+namespace kiln::cpu {
+using namespace nn_detail;
+namespace {
+
+// y = exp(x - mx) / sum, in fixed lanes; x may be y.
+void softmax_row_f32(int64_t n, float mx, const float* xr, float* yr) {
+  for (int64_t j = 0; j < n; ++j) yr[j] = vexp(xr[j] - mx);
+  const double sum = lane_sum<float>(n, [&](int64_t j) { return yr[j]; });
+  const float inv = float(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+}
+
+template <typename T>
+void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, T* y) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (inner == 1) {  // rows are contiguous: max, exp and sums in fixed vector lanes
+      parallel_for(0, outer, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const float* xr = x + r * n;
+          float* yr = y + r * n;
+          float mx = lane_max(n, xr);
+          if (!std::isfinite(mx)) mx = 0;
+          double sum;
+          if (log) {
+            sum = lane_sum<float>(n, [&](int64_t j) { return vexp(xr[j] - mx); });
+            const float lse = float(std::log(sum)) + mx;
+            for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] - lse;
+          } else {
+            softmax_row_f32(n, mx, xr, yr);
+          }
+        }
+      });
+      return;
+    }
+  }
+  parallel_for(0, outer * inner, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / inner, j = t % inner;
+      const T* xr = x + o * n * inner + j;
+      T* yr = y + o * n * inner + j;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t i = 0; i < n; ++i) mx = std::max(mx, xr[i * inner]);
+      if (!std::isfinite(mx)) mx = 0;  // all -inf rows give NaN/0 naturally below; avoid inf - inf
+      // exp in T (each term is at most 1), summed in f64; softmax keeps the terms in y for the scale pass.
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const T e = std::exp(xr[i * inner] - mx);
+        if (!log) yr[i * inner] = e;
+        s += double(e);
+      }
+      if (log) {
+        const T lse = T(std::log(s)) + mx;
+        for (int64_t i = 0; i < n; ++i) yr[i * inner] = xr[i * inner] - lse;
+      } else {
+        const T inv = T(1.0 / s);
+        for (int64_t i = 0; i < n; ++i) yr[i * inner] *= inv;
+      }
+    }
+  });
+}
+
+template <typename T>
+void softmax_bwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* y, const T* gy, T* gx) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (inner == 1) {
+      parallel_for(0, outer, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const float* yr = y + r * n;
+          const float* g = gy + r * n;
+          float* o = gx + r * n;
+          if (log) {
+            const float sf = float(lane_sum<float>(n, [&](int64_t j) { return g[j]; }));
+            for (int64_t j = 0; j < n; ++j) o[j] = g[j] - vexp(yr[j]) * sf;
+          } else {
+            const float sf = float(lane_sum<float>(n, [&](int64_t j) { return g[j] * yr[j]; }));
+            for (int64_t j = 0; j < n; ++j) o[j] = yr[j] * (g[j] - sf);
+          }
+        }
+      });
+      return;
+    }
+  }
+  parallel_for(0, outer * inner, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / inner, j = t % inner;
+      const int64_t base = o * n * inner + j;
+      double s = 0;
+      if (log) {
+        for (int64_t i = 0; i < n; ++i) s += double(gy[base + i * inner]);
+        for (int64_t i = 0; i < n; ++i)
+          gx[base + i * inner] = T(double(gy[base + i * inner]) - std::exp(double(y[base + i * inner])) * s);
+      } else {
+        for (int64_t i = 0; i < n; ++i) s += double(gy[base + i * inner]) * double(y[base + i * inner]);
+        for (int64_t i = 0; i < n; ++i)
+          gx[base + i * inner] = T(double(y[base + i * inner]) * (double(gy[base + i * inner]) - s));
+      }
+    }
+  });
+}
+
+// Attention's softmax: z = scale * x + mask written into y, then softmax in place (softmax_fwd's rules:
+// a row whose maximum is not finite uses 0 as its shift).
+template <typename T>
+void masked_softmax_fwd(int64_t rows, int64_t n, const T* x, T scale, const T* mask, const MaskRows& mr, T* y) {
+  parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* xr = x + r * n;
+      T* yr = y + r * n;
+      if (mask) {
+        const T* mrow = mask + mask_row_offset(mr, r);
+        if (mr.step == 1)
+          for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * scale + mrow[j];
+        else
+          for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * scale + mrow[0];
+      } else {
+        for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * scale;
+      }
+      if constexpr (std::is_same_v<T, float>) {
+        float mx = lane_max(n, yr);
+        if (!std::isfinite(mx)) mx = 0;
+        softmax_row_f32(n, mx, yr, yr);
+      } else {
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, yr[j]);
+        if (!std::isfinite(mx)) mx = 0;
+        double s = 0;
+        for (int64_t j = 0; j < n; ++j) s += double(yr[j] = std::exp(yr[j] - mx));
+        const T inv = T(1.0 / s);
+        for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+      }
+    }
+  });
+}
+
+template <typename T>
+void masked_softmax_bwd(int64_t rows, int64_t n, const T* y, const T* gy, T scale, T* gx) {
+  parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* yr = y + r * n;
+      const T* g = gy + r * n;
+      T* o = gx + r * n;
+      const T s = T(lane_sum<T>(n, [&](int64_t j) { return LaneAcc<T>(g[j] * yr[j]); }));
+      for (int64_t j = 0; j < n; ++j) o[j] = scale * (yr[j] * (g[j] - s));
+    }
+  });
+}
+
+}  // namespace
+
+void softmax_forward(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* x, void* y) {
+  dispatch_float(dt, "softmax", [&](auto t) { softmax_fwd(log, outer, n, inner, cp<decltype(t)>(x), mp<decltype(t)>(y)); });
+}
+void softmax_backward(DType dt, bool log, int64_t outer, int64_t n, int64_t inner, const void* y, const void* gy,
+                      void* gx) {
+  dispatch_float(dt, "softmax", [&](auto t) {
+    using T = decltype(t);
+    softmax_bwd(log, outer, n, inner, cp<T>(y), cp<T>(gy), mp<T>(gx));
+  });
+}
+
+void masked_softmax_forward(DType dt, int64_t rows, int64_t n, const void* x, double scale, const void* mask,
+                            const MaskRows& mask_rows, void* y) {
+  dispatch_float(dt, "masked_softmax", [&](auto t) {
+    using T = decltype(t);
+    masked_softmax_fwd(rows, n, cp<T>(x), T(scale), cp<T>(mask), mask_rows, mp<T>(y));
+  });
+}
+void masked_softmax_backward(DType dt, int64_t rows, int64_t n, const void* y, const void* gy, double scale, void* gx) {
+  dispatch_float(dt, "masked_softmax", [&](auto t) {
+    using T = decltype(t);
+    masked_softmax_bwd(rows, n, cp<T>(y), cp<T>(gy), T(scale), mp<T>(gx));
+  });
+}
+
+}  // namespace kiln::cpu
