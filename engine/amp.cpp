@@ -27,18 +27,22 @@ void GradScaler::place(Device dev) {
 
 Tensor GradScaler::scale(const Tensor& loss) {
   if (!o_.enabled) return loss;
-  place(loss.device());
   // The f32 loss times the scale rounded to f32 (exact: the scale is init_scale times powers of 2).
-  return cast(loss, DType::f32) * cast(state_.narrow(0, amp_math::kScale, 1).reshape({}), DType::f32);
+  // The state stays where the gradients are (placed by unscale()); a loss elsewhere gets a copy.
+  Tensor s = cast(state_.narrow(0, amp_math::kScale, 1).reshape({}), DType::f32);
+  if (s.device() != loss.device()) s = s.to(loss.device());
+  return cast(loss, DType::f32) * s;
 }
 
 void GradScaler::unscale(const std::vector<Tensor>& params) {
   KILN_CHECK(stage_ == Stage::ready, "GradScaler: unscale() was already called for this step; call update() after "
              "the optimizer step before unscaling again");
   // The flag and the scale live with the gradients, so a GPU step never copies them to the host.
+  have_grads_ = false;
   for (const Tensor& p : params)
     if (p.grad().defined()) {
       place(p.grad().device());
+      have_grads_ = true;
       break;
     }
   found_inf_.fill_(0.0);
@@ -63,7 +67,7 @@ void GradScaler::step(optim::Optimizer& opt, const std::vector<Tensor>& params) 
   if (stage_ == Stage::ready) unscale(params);
   if (agree) agree(found_inf_);
   stage_ = Stage::stepped;
-  opt.step(o_.enabled ? found_inf_ : Tensor());
+  opt.step(o_.enabled && have_grads_ ? found_inf_ : Tensor());
 }
 
 void GradScaler::update() {

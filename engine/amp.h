@@ -66,6 +66,7 @@ class GradScaler {
   GradScalerOptions o_;
   Tensor state_;      // f64 [3] {scale, growth_tracker, skipped}: kernels/common/amp_math.h
   Tensor found_inf_;  // f32 []
+  bool have_grads_ = false;  // unscale() saw a gradient (and placed the state with it)
   enum class Stage { ready, unscaled, stepped } stage_ = Stage::ready;
 };
 

@@ -492,7 +492,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
       if (reduction == Reduction::none) {
         g = g.reshape(row_shape);
       } else if (reduction == Reduction::mean) {
-        g = g * inv.to(g.dtype());
+        g = g.to(glogits.dtype()) * inv.to(glogits.dtype());  // in the compute dtype: 1/count unrounded to 16 bits
       }
       return {glogits * g.to(glogits.dtype())};
     });
@@ -511,7 +511,9 @@ Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, int64_t ignore
   const Tensor per = where(keep, neg(picked), zeros_like(picked));
   if (reduction == Reduction::none) return per.reshape(target.shape());
   if (reduction == Reduction::sum) return sum(per);
-  return sum(per) / sum(keep).to(per.dtype());  // counted on the device
+  // Counted on the device, divided in f32 at least (a count rounded to bf16 or f16 would be off).
+  const DType ct = promote_types(per.dtype(), DType::f32);
+  return (sum(per).to(ct) / sum(keep).to(ct)).to(per.dtype());
 }
 
 Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {

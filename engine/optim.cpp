@@ -24,27 +24,44 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
                  " has a negative lr or weight decay");
     }
     slots_.emplace_back(groups_[g].params.size());
+    started_.emplace_back(groups_[g].params.size(), false);
   }
 }
 
 void Optimizer::step(const Tensor& skip_if) {
   NoGradGuard ng;
-  // The step count lives with the parameters: it moves when they have moved (a resumed CPU
-  // checkpoint on a GPU), and counts this step unless the flag says skip, on the device.
-  const Device dev = groups_.front().params.front().device();
-  if (!step_count_.defined()) step_count_ = zeros({}, TensorOptions(DType::f64, dev));
-  if (step_count_.device() != dev) step_count_ = step_count_.to(dev);
-  if (skip_if.defined()) {
-    KILN_CHECK(skip_if.numel() == 1 && skip_if.dtype() == DType::f32 && skip_if.device() == dev, name(),
-               ": the skip flag must be one f32 element on ", dev, ", got ", skip_if.dtype(), " ", skip_if.shape(),
-               " on ", skip_if.device());
-    step_count_.add_(1.0 - skip_if);
-  } else {
-    step_count_.add_(scalar_like(1.0, step_count_));
+  // Every check before anything changes: the parameters with gradients share one device (the
+  // step count's and the flag's), and their gradients match them.
+  std::optional<Device> dev;
+  for (const ParamGroup& grp : groups_)
+    for (const Tensor& p : grp.params) {
+      const Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      KILN_CHECK(grad.shape() == p.shape(), name(), ": gradient ", grad.shape(), " does not match parameter ",
+                 p.shape());
+      if (!dev) dev = p.device();
+      KILN_CHECK(p.device() == *dev && grad.device() == *dev, name(), ": parameters and gradients on ", *dev, " and ",
+                 p.device() == *dev ? grad.device() : p.device(), "; one optimizer serves one device");
+    }
+  if (!dev) {  // no gradient anywhere: nothing moves, the step is counted
+    if (step_count_.defined()) step_count_.add_(scalar_like(1.0, step_count_));
+    else step_count_ = ones({}, DType::f64);
+    return;
   }
-  // The per-tensor path reads the flag and the count on the host, once, if any parameter takes it.
+  if (skip_if.defined())
+    KILN_CHECK(skip_if.numel() == 1 && skip_if.dtype() == DType::f32 && skip_if.device() == *dev, name(),
+               ": the skip flag must be one f32 element on ", *dev, ", got ", skip_if.dtype(), " ", skip_if.shape(),
+               " on ", skip_if.device());
+  // The step count lives with the parameters (it follows them when they move: a CPU checkpoint
+  // resumed on a GPU) and counts this step unless the flag is set, on the device.
+  if (!step_count_.defined()) step_count_ = zeros({}, TensorOptions(DType::f64, *dev));
+  if (step_count_.device() != *dev) step_count_ = step_count_.to(*dev);
+  step_count_.add_(skip_if.defined() ? eq(skip_if, scalar_like(0.0, skip_if)) : scalar_like(1.0, step_count_));
+  // The host reads the flag and the count, once, only where it must: for the per-tensor path, and
+  // when a parameter's state is made this step (a skipped step makes none, as if it never ran:
+  // SGD's first momentum is the direction itself).
   std::optional<bool> host_skip;
-  auto unfused_skip = [&] {
+  auto skip_on_host = [&] {
     if (!host_skip) {
       host_skip = skip_if.defined() && skip_if.item<double>() != 0.0;
       steps_ = int64_t(step_count_.item<double>());
@@ -55,29 +72,23 @@ void Optimizer::step(const Tensor& skip_if) {
     OptimKind kind{};
     OptimHyper h;
     const bool fuse = use_fused && fused(groups_[g], kind, h);
-    std::vector<std::pair<Device, std::vector<OptimSlice>>> batches;  // fused slices per device
+    std::vector<OptimSlice> slices;
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       Tensor& p = groups_[g].params[i];
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      KILN_CHECK(grad.shape() == p.shape(), name(), ": gradient ", grad.shape(), " does not match parameter ",
-                 p.shape());
-      KILN_CHECK(p.device() == dev, name(), ": parameters on ", dev, " and ", p.device(), "; one optimizer serves one device");
-      if (fuse && p.dtype() == DType::f32 && grad.dtype() == DType::f32 && p.is_contiguous() && grad.is_contiguous() &&
-          grad.device() == p.device()) {
-        auto it = std::find_if(batches.begin(), batches.end(), [&](const auto& b) { return b.first == p.device(); });
-        if (it == batches.end()) it = batches.insert(batches.end(), {p.device(), {}});
-        // A slot made here (SGD's momentum buffer) starts fresh even if the device skips this step;
-        // it stays zero then, and the next step's direction goes in at 1 - dampening.
-        it->second.push_back(fused_slice(p, grad, slots_[g][i]));
+      if (fuse && p.dtype() == DType::f32 && grad.dtype() == DType::f32 && p.is_contiguous() && grad.is_contiguous()) {
+        if (!started_[g][i] && skip_if.defined() && skip_on_host()) continue;  // skipped: no state made
+        started_[g][i] = true;
+        slices.push_back(fused_slice(p, grad, slots_[g][i]));
         p.bump_version();
-      } else if (!unfused_skip()) {
+      } else if (!skip_on_host()) {
         update(groups_[g], p, grad, slots_[g][i]);
       }
     }
     h.step = step_count_.data<double>();
     h.skip_if = skip_if.defined() ? skip_if.data<float>() : nullptr;
-    for (const auto& [d, slices] : batches) detail::backend(d).optimizer_step(kind, slices.data(), int64_t(slices.size()), h);
+    if (!slices.empty()) detail::backend(*dev).optimizer_step(kind, slices.data(), int64_t(slices.size()), h);
   }
 }
 
@@ -132,6 +143,8 @@ void Optimizer::load_state(const OptimizerState& s) {
     auto lr = s.scalars.find("group" + std::to_string(g) + ".lr");
     if (lr != s.scalars.end()) groups_[g].lr = lr->second;
   }
+  for (size_t g = 0; g < slots.size(); ++g)
+    for (size_t i = 0; i < slots[g].size(); ++i) started_[g][i] = !slots[g][i].empty();
   slots_ = std::move(slots);
 }
 
@@ -215,14 +228,33 @@ OptimSlice SGD::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string,
   return s;
 }
 
-// ---- AdamW -------------------------------------------------------------------------------------------
+// ---- AdamW and LAMB ----------------------------------------------------------------------------------
 
-AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions o) : Optimizer(std::move(groups)), o_(o) {
-  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0, "adamw: betas must be in [0, 1) and eps > 0");
+AdamFamily::AdamFamily(std::vector<ParamGroup> groups, AdamOptions o, OptimKind kind, const char* name)
+    : Optimizer(std::move(groups)), o_(o), kind_(kind) {
+  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0, name,
+             ": betas must be in [0, 1) and eps > 0");
 }
 
-std::map<std::string, double> AdamW::hyper() const {
+std::map<std::string, double> AdamFamily::hyper() const {
   return {{"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps}};
+}
+
+// The bias corrections come from the device-side step count (OptimHyper::step), set by step().
+bool AdamFamily::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
+  kind = kind_;
+  h.lr = g.lr;
+  h.weight_decay = g.weight_decay;
+  h.beta1 = o_.beta1;
+  h.beta2 = o_.beta2;
+  h.eps = o_.eps;
+  return true;
+}
+
+OptimSlice AdamFamily::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  float* m = slot(slots, "exp_avg", p).data<float>();
+  float* v = slot(slots, "exp_avg_sq", p).data<float>();
+  return {p.data<float>(), grad.data<float>(), m, v, p.numel(), false};
 }
 
 void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
@@ -235,41 +267,6 @@ void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<
   write_back(p, w);
 }
 
-namespace {
-// The bias corrections come from the device-side step count (OptimHyper::step), set by step().
-void adam_hyper(const ParamGroup& g, const AdamOptions& o, OptimHyper& h) {
-  h.lr = g.lr;
-  h.weight_decay = g.weight_decay;
-  h.beta1 = o.beta1;
-  h.beta2 = o.beta2;
-  h.eps = o.eps;
-}
-OptimSlice adam_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
-  float* m = slot(slots, "exp_avg", p).data<float>();
-  float* v = slot(slots, "exp_avg_sq", p).data<float>();
-  return {p.data<float>(), grad.data<float>(), m, v, p.numel(), false};
-}
-}  // namespace
-
-bool AdamW::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
-  kind = OptimKind::adamw;
-  adam_hyper(g, o_, h);
-  return true;
-}
-OptimSlice AdamW::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
-  return adam_slice(p, grad, slots);
-}
-
-// ---- LAMB --------------------------------------------------------------------------------------------
-
-LAMB::LAMB(std::vector<ParamGroup> groups, AdamOptions o) : Optimizer(std::move(groups)), o_(o) {
-  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0, "lamb: betas must be in [0, 1) and eps > 0");
-}
-
-std::map<std::string, double> LAMB::hyper() const {
-  return {{"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps}};
-}
-
 void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
   const auto [m, v, bc1, bc2] = adam_moments(o_, steps_, p, grad, slots);
   Tensor w = f32(p);
@@ -280,15 +277,6 @@ void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<s
   if (!w.same(p)) w = w.clone();
   w.add_(u, -g.lr * trust);
   write_back(p, w);
-}
-
-bool LAMB::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
-  kind = OptimKind::lamb;
-  adam_hyper(g, o_, h);
-  return true;
-}
-OptimSlice LAMB::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
-  return adam_slice(p, grad, slots);
 }
 
 // ---- clipping, groups --------------------------------------------------------------------------------
@@ -306,13 +294,18 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     const Tensor term = sum(gf * gf).to(DType::f64);
     sq = sq.defined() ? sq + term : term;
   }
-  if (!sq.defined()) return zeros({}, DType::f64);
+  if (!sq.defined()) return zeros({}, DType::f64);  // no gradients: norm 0, on the CPU
   const Tensor norm = sqrt(sq);
   const Tensor clip = logical_and(gt(norm, scalar_like(max_norm, norm)), lt(norm, scalar_like(INFINITY, norm)));
   const Tensor factor = where(clip, max_norm / (norm + 1e-6), scalar_like(1.0, norm));
+  std::map<DType, Tensor> in_dtype;  // the factor cast once per gradient dtype
   for (const Tensor& p : params) {
     Tensor g = p.grad();
-    if (g.defined()) g.mul_(factor.to(g.dtype()));
+    if (!g.defined()) continue;
+    KILN_CHECK(g.device() == norm.device(), "clip_grad_norm: gradients on ", norm.device(), " and ", g.device());
+    auto it = in_dtype.find(g.dtype());
+    if (it == in_dtype.end()) it = in_dtype.emplace(g.dtype(), factor.to(g.dtype())).first;
+    g.mul_(it->second);
   }
   return norm;
 }

@@ -68,6 +68,9 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<std::map<std::string, Tensor>>> slots_;  // [group][param] -> slot -> tensor
   Tensor step_count_;  // f64 [] on the parameters' device: steps taken, read by the fused kernels
+  // [group][param]: updated by the fused path at least once (before that, a step that might be
+  // skipped reads the flag on the host, so that a skipped step makes no state)
+  std::vector<std::vector<bool>> started_;
 };
 
 struct SgdOptions {
@@ -90,38 +93,45 @@ class SGD final : public Optimizer {
 struct AdamOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
 };
-// Adam with decoupled weight decay: p -= lr * (wd * p + m_hat / (sqrt(v_hat) + eps)).
-class AdamW final : public Optimizer {
+// What AdamW and LAMB share: the options and their check, the moments (slots "exp_avg",
+// "exp_avg_sq"), the saved hyper-parameters and the fused form; each adds its update rule.
+class AdamFamily : public Optimizer {
  public:
-  AdamW(std::vector<ParamGroup> groups, AdamOptions o = {});
+  AdamFamily(std::vector<ParamGroup> groups, AdamOptions o, OptimKind kind, const char* name);
+
+ protected:
+  std::map<std::string, double> hyper() const override;
+  bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const override;
+  OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
+  AdamOptions o_;
+  OptimKind kind_;
+};
+
+// Adam with decoupled weight decay: p -= lr * (wd * p + m_hat / (sqrt(v_hat) + eps)).
+class AdamW final : public AdamFamily {
+ public:
+  AdamW(std::vector<ParamGroup> groups, AdamOptions o = {}) : AdamFamily(std::move(groups), o, OptimKind::adamw, "adamw") {}
   std::string name() const override { return "adamw"; }
 
  private:
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
-  std::map<std::string, double> hyper() const override;
-  bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const override;
-  OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
-  AdamOptions o_;
 };
 
 // LAMB (You et al. 2019): the Adam direction plus weight decay, scaled per tensor by the trust
 // ratio ||p|| / ||update|| (1 when either norm is zero).
-class LAMB final : public Optimizer {
+class LAMB final : public AdamFamily {
  public:
-  LAMB(std::vector<ParamGroup> groups, AdamOptions o = {0.9, 0.999, 1e-6});
+  LAMB(std::vector<ParamGroup> groups, AdamOptions o = {0.9, 0.999, 1e-6})
+      : AdamFamily(std::move(groups), o, OptimKind::lamb, "lamb") {}
   std::string name() const override { return "lamb"; }
 
  private:
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
-  std::map<std::string, double> hyper() const override;
-  bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const override;
-  OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
-  AdamOptions o_;
 };
 
 // Scales all gradients so their global L2 norm is at most max_norm (a norm that is inf or NaN leaves
-// them as they are); returns the norm before, as an f64 0-dim tensor on the gradients' device. No
-// value goes to the host.
+// them as they are); returns the norm before, as an f64 0-dim tensor on the gradients' device (on
+// the CPU when there are none). No value goes to the host.
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 void clip_grad_value(const std::vector<Tensor>& params, double clip);
 

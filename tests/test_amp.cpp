@@ -187,3 +187,25 @@ TEST_CASE("training step: no synchronising read outside logging (loss scaling, c
   CHECK(adamw.steps() == 4);
   CHECK(w.to_vector() != before);
 }
+
+TEST_CASE("grad scaler: a skipped first step makes no optimizer state; an empty group is fine") {
+  // SGD with dampening: its first momentum is the direction itself, so a skipped first step must
+  // leave no zero buffer behind. Run A skips a step, then steps with G; run B only steps with G.
+  Tensor a = from_vector({1, 2, 3}, {3}).set_requires_grad(), b = from_vector({1, 2, 3}, {3}).set_requires_grad();
+  optim::SGD oa({optim::ParamGroup({}, 0.1), optim::ParamGroup({a}, 0.1)}, {0.9, 0.5, false});
+  optim::SGD ob({optim::ParamGroup({b}, 0.1)}, {0.9, 0.5, false});
+  amp::GradScaler sc({1024.0, 2.0, 0.5, 100});
+  a.set_grad(from_vector({INFINITY, 0, 0}, {3}));
+  sc.step(oa, {a});
+  CHECK(sc.last_step_skipped());
+  sc.update();
+  const Tensor g = from_vector({0.5, -1, 2}, {3});
+  a.set_grad(g * sc.get_scale());  // unscaled exactly (a power of two)
+  sc.step(oa, {a});
+  sc.update();
+  b.set_grad(g.clone());
+  ob.step();
+  CHECK(a.to_vector() == b.to_vector());
+  CHECK(oa.steps() == 1);
+  CHECK(oa.state().tensors.at("1.0.momentum_buffer").to_vector() == ob.state().tensors.at("0.0.momentum_buffer").to_vector());
+}

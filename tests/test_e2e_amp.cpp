@@ -42,8 +42,12 @@ TEST_CASE("e2e amp: ResNet-20 on Fashion-MNIST under fp16 and bf16 learns as f32
     REQUIRE(lines.size() == 6);
     last_loss[i] = lines.back()["loss"].get<double>();
     // 20 steps per line, with loss scaling, skips and all: the line's own read of the sums is the
-    // only synchronising read (the scale and the skip count are read after it is counted).
-    for (const auto& m : lines) CHECK_MESSAGE(m["host_reads"] == 1, "step ", m["step"].get<int64_t>());
+    // only synchronising read (the scale and the skip count are read after it is counted), but for
+    // fp16's first step, which reads the skip flag once before the optimizer makes its state.
+    for (const auto& m : lines) {
+      const int64_t want = i == 1 && m["step"] == lines.front()["step"] ? 2 : 1;
+      CHECK_MESSAGE(m["host_reads"] == want, "step ", m["step"].get<int64_t>());
+    }
     if (i == 0) {
       CHECK(!lines.back().contains("loss_scale"));  // f32 runs carry no scaler fields
       CHECK(s["loss_scale"] == 1.0);

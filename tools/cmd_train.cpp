@@ -289,6 +289,7 @@ class Trainer {
 
     if (const int rc = resume(); rc >= 0) return rc;
     load_sums();
+    shown_loss_ = run_.window.mean_loss();  // a resumed run shows its window's loss until the next line
     metrics_path_ = c_.out + "/metrics.jsonl";
     if (lead_) {  // on other ranks never opened: writes go nowhere
       if (resumed_from_.empty() || run_.step == 0) std::ofstream(metrics_path_, std::ios::trunc);
@@ -477,8 +478,9 @@ class Trainer {
       m["ranks"] = ranks;
     }
     if (amp_dt_) {
-      m["loss_scale"] = scaler_->get_scale();
-      m["skipped_steps"] = scaler_->skipped_steps();
+      const amp::GradScalerState st = scaler_->state();  // one read
+      m["loss_scale"] = st.scale;
+      m["skipped_steps"] = st.skipped;
     }
     if (device_.is_cuda()) m["gpu_memory_mib"] = gpu_memory_json(device_.index);
     metrics_ << m.dump() << "\n";
