@@ -1,4 +1,5 @@
-// Kiln's public API in one include: tensors, ops, nn ops and modules, optimizers, autograd, random numbers, the thread pool.
+// Kiln's public API in one include: tensors, ops, nn ops and modules, optimizers, autograd, random numbers, the thread pool,
+// the Context of settings.
 #pragma once
 #include "base/dtype.h"
 #include "base/error.h"
@@ -6,6 +7,7 @@
 #include "engine/amp.h"
 #include "engine/autocast.h"
 #include "engine/autograd.h"
+#include "engine/context.h"
 #include "engine/gradcheck.h"
 #include "engine/init.h"
 #include "engine/nn.h"

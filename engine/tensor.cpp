@@ -46,6 +46,7 @@ class CpuAllocator final : public Allocator {
     limit_ = 0;
 #endif
   }
+  size_t limit() const { return limit_.load(); }
   void set_limit(size_t bytes) {
 #if !defined(__SANITIZE_ADDRESS__)
     limit_ = bytes;
@@ -127,6 +128,7 @@ CpuAllocator& cpu_allocator_impl() {
 }  // namespace
 
 void set_cpu_cache_limit(size_t bytes) { cpu_allocator_impl().set_limit(bytes); }
+size_t cpu_cache_limit() { return cpu_allocator_impl().limit(); }
 Allocator& cpu_allocator() {
   return cpu_allocator_impl();
 }

@@ -35,6 +35,7 @@ class Allocator {
 Allocator& cpu_allocator();  // 64-byte aligned
 // Host memory the CPU allocator keeps for reuse (default 4 GiB; 0: every block goes back at once).
 void set_cpu_cache_limit(size_t bytes);
+size_t cpu_cache_limit();
 
 struct Storage {
   Storage(size_t nbytes, Device device, Allocator* alloc);

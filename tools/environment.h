@@ -10,10 +10,8 @@
 #include <string>
 
 #include "base/error.h"
-#include "base/thread_pool.h"
+#include "engine/context.h"
 #include "engine/dist.h"
-#include "engine/tensor.h"
-#include "kernels/cuda/cuda_backend.h"
 
 namespace kiln::tools {
 
@@ -33,11 +31,20 @@ inline dist::DistEnv dist_env() {
   return dist::DistEnv::from_variables([](const char* name) -> const char* { return std::getenv(name); });
 }
 
-inline void apply_environment() {
-  if (const int64_t n = env_integer("KILN_NUM_THREADS", 1, 4096, 0); n > 0) set_num_threads(int(n));
+// The Context the environment asks for, over the one in force (unset variables keep its values).
+inline Context environment_context() {
+  Context c = Context::current();
+  if (const int64_t n = env_integer("KILN_NUM_THREADS", 1, 4096, 0); n > 0) c.num_threads = int(n);
   if (const int64_t mb = env_integer("KILN_CPU_CACHE_MB", 0, int64_t(1) << 30, -1); mb >= 0)
-    set_cpu_cache_limit(size_t(mb) << 20);
-  if (const char* g = std::getenv("KILN_GEMM"); g && *g) cuda::set_gemm_backend(g);
+    c.cpu_cache_bytes = size_t(mb) << 20;
+  if (const char* g = std::getenv("KILN_GEMM"); g && *g) {
+    KILN_CHECK(std::string(g) == "auto" || std::string(g) == "kiln" || std::string(g) == "cublaslt", "KILN_GEMM must be "
+               "kiln, cublaslt or auto, got '", g, "'");
+    c.gemm = g;
+  }
+  return c;
 }
+
+inline void apply_environment() { environment_context().apply(); }
 
 }  // namespace kiln::tools

@@ -22,7 +22,18 @@ Allocator& tensor_allocator(int device) { no_cuda("allocate on", device); }
 void copy_bytes(void*, Device dd, const void*, Device sd, size_t) { no_cuda("copy to", dd.is_cuda() ? dd.index : sd.index); }
 void synchronize(int device) { no_cuda("synchronize", device); }
 void* compute_stream(int device) { no_cuda("the compute stream of", device); }
-void set_gemm_backend(const std::string&) {}
+// Without a CUDA backend the CUDA settings do nothing, but keep their values, so a Context reads
+// back what was set (and names like "auto" are still checked).
+namespace {
+std::string g_gemm = "auto";
+bool g_deterministic = false, g_benchmark = false, g_tf32 = false;
+}  // namespace
+void set_gemm_backend(const std::string& which) {
+  KILN_CHECK(which == "auto" || which == "kiln" || which == "cublaslt" || which.empty(), "set_gemm_backend: ", which,
+             ": expected kiln, cublaslt or auto");
+  g_gemm = which.empty() ? "auto" : which;
+}
+std::string gemm_backend() { return g_gemm; }
 void copy_to_device_async(void*, int device, const void*, size_t, std::shared_ptr<void>) {
   no_cuda("copy to", device);
 }
@@ -30,11 +41,12 @@ Tensor pin_memory(const Tensor& t) { return t; }
 std::unique_ptr<dist::Communicator> make_nccl_communicator(dist::Communicator&, int device, std::chrono::seconds) {
   no_cuda("NCCL communicator for", device);
 }
-void set_deterministic(bool) {}
-bool deterministic() { return false; }
-void set_cudnn_benchmark(bool) {}
-void set_allow_tf32(bool) {}
-bool allow_tf32() { return false; }
+void set_deterministic(bool on) { g_deterministic = on; }
+bool deterministic() { return g_deterministic; }
+void set_cudnn_benchmark(bool on) { g_benchmark = on; }
+bool cudnn_benchmark() { return g_benchmark; }
+void set_allow_tf32(bool on) { g_tf32 = on; }
+bool allow_tf32() { return g_tf32; }
 RuntimeInfo query_runtime(bool) {
   RuntimeInfo info;
   info.error = "this build of Kiln has no CUDA backend (configured with KILN_CUDA=OFF or without nvcc)";

@@ -228,6 +228,7 @@ bool has_choice(Pass pass, DType dt, const Conv2dParams& p, const ConvDescs& d, 
 }  // namespace
 
 void set_cudnn_benchmark(bool on) { g_benchmark = on; }
+bool cudnn_benchmark() { return g_benchmark; }
 
 void conv2d_forward(DType dt, const Conv2dParams& p, const void* x, const void* w, const void* bias, void* y) {
   const int64_t ny = p.n * p.o * p.oh * p.ow;

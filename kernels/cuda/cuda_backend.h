@@ -43,6 +43,7 @@ void* compute_stream(int device);
 // Which GEMM runs f16/bf16 products: "kiln" (the Tensor Core kernel where it takes the shape),
 // "cublaslt", or "auto" (timed once per shape). Default auto; the `kiln` command maps KILN_GEMM to it.
 void set_gemm_backend(const std::string& which);
+std::string gemm_backend();
 
 // Deterministic mode: reductions without atomics and fixed cuDNN algorithms, so that two runs give
 // the same bits. Off by default (cuDNN then picks its fastest algorithm by heuristics).
@@ -50,6 +51,7 @@ void set_deterministic(bool on);
 bool deterministic();
 // Opt-in cuDNN benchmark mode: time every algorithm once per shape and keep the fastest.
 void set_cudnn_benchmark(bool on);
+bool cudnn_benchmark();
 // TF32 tensor cores for f32 GEMM and convolution (about 10 mantissa bits). Off unless asked for.
 void set_allow_tf32(bool on);
 bool allow_tf32();

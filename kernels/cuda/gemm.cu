@@ -162,6 +162,13 @@ bool measure_kiln_faster(const TcGemmArgs& g, DType dt, bool ta, bool tb, int64_
 }  // namespace
 
 void set_gemm_backend(const std::string& which) { g_choice = int(parse_choice(which, "set_gemm_backend: ")); }
+std::string gemm_backend() {
+  switch (gemm_choice()) {
+    case GemmChoice::cublaslt: return "cublaslt";
+    case GemmChoice::kiln: return "kiln";
+    default: return "auto";
+  }
+}
 
 void gemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a, int64_t lda,
           const void* b, int64_t ldb, double beta, void* c, int64_t ldc) {

@@ -1,0 +1,93 @@
+// The Context of settings: what apply() sets current() reads back, a guard restores every setting
+// (also when an exception leaves its scope), bad values are errors that change nothing, and the
+// environment variables of the programs map onto it.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/context.h"
+#include "test_util.h"
+#include "tools/environment.h"
+
+using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::error_of;
+
+namespace {
+Context changed(const Context& c) {
+  Context d = c;
+  d.num_threads = c.num_threads == 1 ? 2 : 1;
+  d.cpu_cache_bytes = c.cpu_cache_bytes + (size_t(64) << 20);
+  d.flush_denormal = !c.flush_denormal;
+  d.deterministic = !c.deterministic;
+  d.allow_tf32 = !c.allow_tf32;
+  d.cudnn_benchmark = !c.cudnn_benchmark;
+  d.gemm = c.gemm == "kiln" ? "cublaslt" : "kiln";
+  return d;
+}
+}  // namespace
+
+TEST_CASE("context: apply() sets what current() reads; a guard restores every setting, also on an exception") {
+  const Context before = Context::current();
+  const Context other = changed(before);
+  REQUIRE(other != before);
+  {
+    ContextGuard g(other);
+    CHECK(Context::current() == other);
+    CHECK(g.saved() == before);
+  }
+  CHECK(Context::current() == before);
+  try {
+    ContextGuard g(other);
+    throw std::runtime_error("leaves the scope");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(Context::current() == before);
+}
+
+TEST_CASE("context: a bad value is an error naming it, and nothing changes") {
+  const Context before = Context::current();
+  Context bad = changed(before);
+  bad.num_threads = 0;
+  CHECK(contains(error_of([&] { bad.apply(); }), "num_threads must be at least 1, got 0"));
+  bad = changed(before);
+  bad.gemm = "fastest";
+  CHECK(contains(error_of([&] { bad.apply(); }), "gemm must be auto, kiln or cublaslt, got 'fastest'"));
+  CHECK(Context::current() == before);
+}
+
+TEST_CASE("context: the programs' environment variables map onto it, and unset ones keep the settings") {
+  const ContextGuard g;
+  const Context before = Context::current();
+  // The variables as this process got them, restored at the end.
+  struct Saved {
+    const char* name;
+    std::string value;
+    bool set;
+  };
+  std::vector<Saved> saved;
+  for (const char* n : {"KILN_NUM_THREADS", "KILN_CPU_CACHE_MB", "KILN_GEMM"}) {
+    const char* v = std::getenv(n);
+    saved.push_back({n, v ? v : "", v != nullptr});
+  }
+  ::setenv("KILN_NUM_THREADS", "3", 1);
+  ::setenv("KILN_CPU_CACHE_MB", "5", 1);
+  ::setenv("KILN_GEMM", "cublaslt", 1);
+  const Context c = tools::environment_context();
+  CHECK(c.num_threads == 3);
+  CHECK(c.cpu_cache_bytes == size_t(5) << 20);
+  CHECK(c.gemm == "cublaslt");
+  CHECK(c.flush_denormal == before.flush_denormal);
+  CHECK(c.deterministic == before.deterministic);
+  ::setenv("KILN_GEMM", "best", 1);
+  CHECK(contains(error_of([] { tools::environment_context(); }), "KILN_GEMM must be kiln, cublaslt or auto, got 'best'"));
+  ::unsetenv("KILN_NUM_THREADS");
+  ::unsetenv("KILN_CPU_CACHE_MB");
+  ::unsetenv("KILN_GEMM");
+  CHECK(tools::environment_context() == before);
+  for (const Saved& v : saved)
+    if (v.set) ::setenv(v.name, v.value.c_str(), 1);
+}
