@@ -110,6 +110,19 @@ Task image_classification(const TrainConfig& c) {
                      {{"name", c.data}, {"dir", dir}, {"shape", {d.channels, d.height, d.width}}, {"classes", d.class_names}});
 }
 
+// The parts every task sets the same way: its kind, metric, model and the two data sets cut to
+// --limit-train / --limit-eval.
+Task task_of(const TrainConfig& c, const char* name, const char* metric, std::shared_ptr<nn::Module> model,
+             std::shared_ptr<const io::Dataset> train, std::shared_ptr<const io::Dataset> eval) {
+  Task t;
+  t.name = name;
+  t.metric = metric;
+  t.model = std::move(model);
+  t.train_data = limit(std::move(train), c.limit_train);
+  t.eval_data = limit(std::move(eval), c.limit_eval);
+  return t;
+}
+
 Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train, std::shared_ptr<const io::Dataset> test,
                  int64_t channels, int64_t classes, nlohmann::json info) {
   std::vector<std::string> sets = {"in_channels=" + std::to_string(channels), "num_classes=" + std::to_string(classes)};
@@ -119,12 +132,7 @@ Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train,
              channels, " channel(s)");
   KILN_CHECK(rc.num_classes >= classes, "--set num_classes=", rc.num_classes, ": the ", c.data, " labels need ", classes);
   auto model = models::make_resnet(rc);
-  Task t;
-  t.name = "classify";
-  t.metric = "accuracy";
-  t.model = model;
-  t.train_data = limit(train, c.limit_train);
-  t.eval_data = limit(test, c.limit_eval);
+  Task t = task_of(c, "classify", "accuracy", model, train, test);
   const double smoothing = c.label_smoothing;
   const Device dev = c.resolved_device();
   const MemoryFormat fmt = c.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
@@ -189,12 +197,7 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
     eval = std::make_shared<Subset>(corpus, ev);
   }
   auto model = std::make_shared<models::BertForMaskedLM>(bert_config_for(c, bn, *tok, {}));
-  Task t;
-  t.name = "mlm";
-  t.metric = "mlm_accuracy";
-  t.model = model;
-  t.train_data = limit(train, c.limit_train);
-  t.eval_data = limit(eval, c.limit_eval);
+  Task t = task_of(c, "mlm", "mlm_accuracy", model, train, eval);
   const Device dev = c.resolved_device();
   t.step = [model, dev](const io::Batch& b) {
     const Tensor& labels = b.at("labels");  // read on the host: batches are made on the CPU
@@ -230,12 +233,7 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
   auto eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, train->label_names());
   auto model = std::make_shared<models::BertForSequenceClassification>(
       bert_config_for(c, bn, *tok, {"num_labels=" + std::to_string(train->label_names().size())}));
-  Task t;
-  t.name = "classify";
-  t.metric = "accuracy";
-  t.model = model;
-  t.train_data = limit(train, c.limit_train);
-  t.eval_data = limit(eval, c.limit_eval);
+  Task t = task_of(c, "classify", "accuracy", model, train, eval);
   const double smoothing = c.label_smoothing;
   const Device dev = c.resolved_device();
   t.step = [model, smoothing, dev](const io::Batch& b) {

@@ -1,4 +1,5 @@
-// Uses an installed Kiln: a custom op with its own backward, checked by gradcheck, then a tiny fit.
+// Uses an installed Kiln: a custom op with its own backward, checked by gradcheck, then a tiny fit;
+// the caller's buffers without copies; and (extending.cpp) the walkthroughs of docs/extending.md.
 #include <kiln/kiln.h>
 
 #include <cstdio>
@@ -51,8 +52,11 @@ int check_buffers() {
   return 0;
 }
 
+int extending_examples();
+
 int main() {
   if (check_buffers() != 0) return 1;
+  if (extending_examples() != 0) return 1;
   const std::string err = gradcheck([](const std::vector<Tensor>& v) { return softplus(v[0]); },
                                     {randn({3, 4}, TensorOptions(DType::f64))});
   if (!err.empty()) {
