@@ -10,12 +10,16 @@
 // does not express yet; that is the moment to move.
 //
 // Algorithm choice: by default cuDNN's heuristic order (the first that fits in the workspace
-// limit); with cuda::set_cudnn_benchmark(true) every algorithm is timed once per shape and the
-// fastest kept; in deterministic mode only algorithms cuDNN marks deterministic are used. The
-// choice is cached per (device, dtype, shape, math mode).
+// limit and runs: a candidate that refuses the problem is skipped for the next); with
+// cuda::set_cudnn_benchmark(true) every algorithm is timed once per shape and the fastest kept; in
+// deterministic mode only algorithms cuDNN marks deterministic are used. The candidates and the
+// algorithm that ran are cached per (device, pass, dtype, shape, deterministic, TF32).
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -105,81 +109,6 @@ Key key_of(Pass pass, DType dt, const Conv2dParams& p) {
                                   int64_t(p.nhwc)}};
 }
 
-// cuDNN's lists pair an algorithm with a math type, and the workspace size belongs to the pair, so
-// both are kept and the math type is set on the descriptor before the call.
-struct Choice {
-  int algo = 0;
-  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
-  size_t workspace = 0;
-};
-std::mutex g_mutex;
-std::map<Key, Choice> g_choices;
-
-// The first usable entry of cuDNN's list (sorted fastest first, by heuristics or by timing).
-template <typename Perf> Choice pick(const Perf* perf, int count, const char* what, const Conv2dParams& p, DType dt) {
-  for (int i = 0; i < count; ++i) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace) continue;
-    if (deterministic() && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
-    // f32 without TF32 must stay in f32 arithmetic.
-    if (dt == DType::f32 && !allow_tf32() && perf[i].mathType != CUDNN_FMA_MATH) continue;
-    return Choice{int(perf[i].algo), perf[i].mathType, perf[i].memory};
-  }
-  KILN_FAIL("cuda conv2d ", what, ": cuDNN has no ", deterministic() ? "deterministic " : "", "algorithm for ", dt,
-            " input [", p.n, ",", p.c, ",", p.h, ",", p.w, "] weight [", p.o, ",", p.c / p.groups, ",", p.kh, ",", p.kw,
-            "] groups ", p.groups);
-}
-
-// Looks up or finds the algorithm of one pass. The Find* calls time the algorithms on the real
-// buffers (their outputs are overwritten afterwards by the real call).
-Choice choose(Pass pass, DType dt, const Conv2dParams& p, const ConvDescs& d, const void* x, const void* w,
-              const void* gy_or_y, void* out) {
-  const Key key = key_of(pass, dt, p);
-  {
-    std::lock_guard<std::mutex> lk(g_mutex);
-    auto it = g_choices.find(key);
-    if (it != g_choices.end()) return it->second;
-  }
-  cudnnHandle_t h = current().cudnn();
-  constexpr int kMax = 16;
-  int n = 0;
-  Choice c;
-  const bool bench = g_benchmark.load();
-  if (pass == Pass::forward) {
-    cudnnConvolutionFwdAlgoPerf_t perf[kMax];
-    if (bench) {
-      DeviceBuffer ws(kMaxWorkspace / 4);
-      KILN_CUDNN_OK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x, d.w, w, d.conv, d.y, out, kMax, &n, perf,
-                                                           ws.get(), kMaxWorkspace / 4));
-    } else {
-      KILN_CUDNN_OK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, kMax, &n, perf));
-    }
-    c = pick(perf, n, "forward", p, dt);
-  } else if (pass == Pass::backward_data) {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
-    if (bench) {
-      DeviceBuffer ws(kMaxWorkspace / 4);
-      KILN_CUDNN_OK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, w, d.y, gy_or_y, d.conv, d.x, out, kMax, &n,
-                                                                perf, ws.get(), kMaxWorkspace / 4));
-    } else {
-      KILN_CUDNN_OK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, kMax, &n, perf));
-    }
-    c = pick(perf, n, "backward data", p, dt);
-  } else {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
-    if (bench) {
-      DeviceBuffer ws(kMaxWorkspace / 4);
-      KILN_CUDNN_OK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x, d.y, gy_or_y, d.conv, d.w, out, kMax, &n,
-                                                                  perf, ws.get(), kMaxWorkspace / 4));
-    } else {
-      KILN_CUDNN_OK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, kMax, &n, perf));
-    }
-    c = pick(perf, n, "backward filter", p, dt);
-  }
-  std::lock_guard<std::mutex> lk(g_mutex);
-  g_choices.emplace(key, c);
-  return c;
-}
-
 // alpha = 1, beta = 0 (or 1 to add), in the scaling type cuDNN expects for the dtype.
 struct Scale {
   float f;
@@ -187,6 +116,166 @@ struct Scale {
   const void* of(DType dt) const { return dt == DType::f64 ? static_cast<const void*>(&d) : &f; }
 };
 constexpr Scale kOne{1.0f, 1.0}, kZero{0.0f, 0.0};
+
+// cuDNN's lists pair an algorithm with a math type, and the workspace size belongs to the pair, so
+// both are kept and the math type is set on the descriptor before the call.
+struct Choice {
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  size_t workspace = 0;
+};
+// The buffers of one pass: forward reads x and w into out (y); backward data reads w and gy into
+// out (gx); backward filter reads x and gy into out (gw).
+struct Operands {
+  const void* x;
+  const void* w;
+  const void* gy;
+  void* out;
+};
+
+// What differs between the three passes: cuDNN's perf type, its heuristic and timed searches, and
+// the call that runs the pass. The search and the retry below are written once over these.
+template <Pass P> struct PassApi;
+template <> struct PassApi<Pass::forward> {
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  static constexpr const char* kName = "forward";
+  static void get(cudnnHandle_t h, const ConvDescs& d, int max, int* n, Perf* perf) {
+    KILN_CUDNN_OK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, max, n, perf));
+  }
+  static void find(cudnnHandle_t h, const ConvDescs& d, const Operands& o, int max, int* n, Perf* perf, void* ws,
+                   size_t wsn) {
+    KILN_CUDNN_OK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, o.x, d.w, o.w, d.conv, d.y, o.out, max, n, perf, ws, wsn));
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, DType dt, const ConvDescs& d, const Operands& o, int algo, void* ws,
+                           size_t wsn) {
+    return cudnnConvolutionForward(h, kOne.of(dt), d.x, o.x, d.w, o.w, d.conv, cudnnConvolutionFwdAlgo_t(algo), ws, wsn,
+                                   kZero.of(dt), d.y, o.out);
+  }
+};
+template <> struct PassApi<Pass::backward_data> {
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  static constexpr const char* kName = "backward data";
+  static void get(cudnnHandle_t h, const ConvDescs& d, int max, int* n, Perf* perf) {
+    KILN_CUDNN_OK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, max, n, perf));
+  }
+  static void find(cudnnHandle_t h, const ConvDescs& d, const Operands& o, int max, int* n, Perf* perf, void* ws,
+                   size_t wsn) {
+    KILN_CUDNN_OK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, o.w, d.y, o.gy, d.conv, d.x, o.out, max, n, perf,
+                                                              ws, wsn));
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, DType dt, const ConvDescs& d, const Operands& o, int algo, void* ws,
+                           size_t wsn) {
+    return cudnnConvolutionBackwardData(h, kOne.of(dt), d.w, o.w, d.y, o.gy, d.conv, cudnnConvolutionBwdDataAlgo_t(algo),
+                                        ws, wsn, kZero.of(dt), d.x, o.out);
+  }
+};
+template <> struct PassApi<Pass::backward_filter> {
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  static constexpr const char* kName = "backward filter";
+  static void get(cudnnHandle_t h, const ConvDescs& d, int max, int* n, Perf* perf) {
+    KILN_CUDNN_OK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, max, n, perf));
+  }
+  static void find(cudnnHandle_t h, const ConvDescs& d, const Operands& o, int max, int* n, Perf* perf, void* ws,
+                   size_t wsn) {
+    KILN_CUDNN_OK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, o.x, d.y, o.gy, d.conv, d.w, o.out, max, n,
+                                                                perf, ws, wsn));
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, DType dt, const ConvDescs& d, const Operands& o, int algo, void* ws,
+                           size_t wsn) {
+    return cudnnConvolutionBackwardFilter(h, kOne.of(dt), d.x, o.x, d.y, o.gy, d.conv,
+                                          cudnnConvolutionBwdFilterAlgo_t(algo), ws, wsn, kZero.of(dt), d.w, o.out);
+  }
+};
+
+std::mutex g_mutex;
+std::map<Key, Choice> g_choices;                  // the algorithm that ran, per pass and shape
+std::map<Key, std::vector<Choice>> g_candidates;  // cuDNN's usable list, per pass and shape
+
+// The usable entries of cuDNN's list, fastest first (by heuristics, or timed on the real buffers in
+// benchmark mode, whose outputs the real call overwrites): within the workspace limit,
+// deterministic in deterministic mode, and f32 without TF32 in f32 arithmetic. Empty when none is.
+template <Pass P>
+const std::vector<Choice>& candidates(DType dt, const Conv2dParams& p, const ConvDescs& d, const Operands& o) {
+  const Key key = key_of(P, dt, p);
+  {
+    std::lock_guard<std::mutex> lk(g_mutex);
+    auto it = g_candidates.find(key);
+    if (it != g_candidates.end()) return it->second;
+  }
+  using Api = PassApi<P>;
+  constexpr int kMax = 16;
+  typename Api::Perf perf[kMax];
+  int n = 0;
+  cudnnHandle_t h = current().cudnn();
+  if (g_benchmark.load()) {
+    DeviceBuffer ws(kMaxWorkspace / 4);
+    Api::find(h, d, o, kMax, &n, perf, ws.get(), kMaxWorkspace / 4);
+  } else {
+    Api::get(h, d, kMax, &n, perf);
+  }
+  std::vector<Choice> usable;
+  for (int i = 0; i < n; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace) continue;
+    if (deterministic() && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
+    if (dt == DType::f32 && !allow_tf32() && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    usable.push_back(Choice{int(perf[i].algo), perf[i].mathType, perf[i].memory});
+  }
+  std::lock_guard<std::mutex> lk(g_mutex);
+  return g_candidates.emplace(key, std::move(usable)).first->second;
+}
+
+std::string describe(DType dt, const Conv2dParams& p) {
+  std::ostringstream os;
+  os << dt << " input [" << p.n << "," << p.c << "," << p.h << "," << p.w << "] weight [" << p.o << "," << p.c / p.groups
+     << "," << p.kh << "," << p.kw << "] groups " << p.groups << (p.nhwc ? " (NHWC)" : "");
+  return os.str();
+}
+
+// Runs pass P with the algorithm that ran before for this shape, or else tries cuDNN's usable
+// candidates in order and keeps the first that runs: the legacy heuristics sometimes name an
+// algorithm that then refuses the problem. Fails naming every algorithm tried and its status.
+template <Pass P> void convolve(DType dt, const Conv2dParams& p, const ConvDescs& d, const Operands& o) {
+  using Api = PassApi<P>;
+  cudnnHandle_t h = current().cudnn();
+  auto attempt = [&](const Choice& c) {
+    DeviceBuffer ws(c.workspace);
+    KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, c.math));
+    return Api::run(h, dt, d, o, c.algo, ws.get(), c.workspace);
+  };
+  const Key key = key_of(P, dt, p);
+  std::optional<Choice> known;
+  {
+    std::lock_guard<std::mutex> lk(g_mutex);
+    if (auto it = g_choices.find(key); it != g_choices.end()) known = it->second;
+  }
+  if (known) {
+    KILN_CUDNN_OK(attempt(*known));
+    return;
+  }
+  std::string tried;
+  for (const Choice& c : candidates<P>(dt, p, d, o)) {
+    const cudnnStatus_t st = attempt(c);
+    if (st == CUDNN_STATUS_SUCCESS) {
+      std::lock_guard<std::mutex> lk(g_mutex);
+      g_choices.emplace(key, c);
+      return;
+    }
+    tried += " algorithm " + std::to_string(c.algo) + ": " + cudnnGetErrorString(st) + ";";
+  }
+  KILN_FAIL("cuda conv2d ", Api::kName, ": no cuDNN ", deterministic() ? "deterministic " : "", "algorithm runs for ",
+            describe(dt, p), tried.empty() ? " (cuDNN offers none within the limits)" : " (tried" + tried + ")");
+}
+
+// Whether cuDNN offers an algorithm for the pass at all (NHWC without one runs on NCHW copies).
+// Only "none offered" answers false: a descriptor or library error still throws.
+bool has_algorithm(Pass pass, DType dt, const Conv2dParams& p, const ConvDescs& d, const Operands& o) {
+  switch (pass) {
+    case Pass::forward: return !candidates<Pass::forward>(dt, p, d, o).empty();
+    case Pass::backward_data: return !candidates<Pass::backward_data>(dt, p, d, o).empty();
+    case Pass::backward_filter: return !candidates<Pass::backward_filter>(dt, p, d, o).empty();
+  }
+  return false;
+}
 
 // ---- NHWC through NCHW copies --------------------------------------------------------------------
 // cuDNN may have no NHWC algorithm for a pass (f32 without TF32 allows only FMA math, deterministic
@@ -215,16 +304,6 @@ DeviceBuffer relaid(DType dt, const void* src, int64_t n, int64_t c, int64_t h, 
   return b;
 }
 
-bool has_choice(Pass pass, DType dt, const Conv2dParams& p, const ConvDescs& d, const void* x, const void* w,
-                const void* gy_or_y, void* out) {
-  try {
-    choose(pass, dt, p, d, x, w, gy_or_y, out);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 }  // namespace
 
 void set_cudnn_benchmark(bool on) { g_benchmark = on; }
@@ -246,7 +325,7 @@ void conv2d_forward(DType dt, const Conv2dParams& p, const void* x, const void* 
     return;
   }
   const ConvDescs d(dt, p);
-  if (p.nhwc && !has_choice(Pass::forward, dt, p, d, x, w, nullptr, y)) {
+  if (p.nhwc && !has_algorithm(Pass::forward, dt, p, d, Operands{x, w, nullptr, y})) {
     Conv2dParams q = p;
     q.nhwc = false;
     const int64_t cg = p.c / p.groups;
@@ -256,13 +335,8 @@ void conv2d_forward(DType dt, const Conv2dParams& p, const void* x, const void* 
     copy(desc4(dt, y, p.n, p.o, p.oh, p.ow, true), desc4(dt, yt.get(), p.n, p.o, p.oh, p.ow, false));
     return;
   }
-  const Choice c = choose(Pass::forward, dt, p, d, x, w, nullptr, y);
-  DeviceBuffer ws(c.workspace);
-  cudnnHandle_t h = current().cudnn();
-  KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, c.math));
-  KILN_CUDNN_OK(cudnnConvolutionForward(h, kOne.of(dt), d.x, x, d.w, w, d.conv, cudnnConvolutionFwdAlgo_t(c.algo),
-                                        ws.get(), c.workspace, kZero.of(dt), d.y, y));
-  if (bias) KILN_CUDNN_OK(cudnnAddTensor(h, kOne.of(dt), d.bias, bias, kOne.of(dt), d.y, y));
+  convolve<Pass::forward>(dt, p, d, Operands{x, w, nullptr, y});
+  if (bias) KILN_CUDNN_OK(cudnnAddTensor(current().cudnn(), kOne.of(dt), d.bias, bias, kOne.of(dt), d.y, y));
 }
 
 void conv2d_backward(DType dt, const Conv2dParams& p, const void* x, const void* w, const void* gy, void* gx, void* gw) {
@@ -275,8 +349,8 @@ void conv2d_backward(DType dt, const Conv2dParams& p, const void* x, const void*
     return;
   }
   const ConvDescs d(dt, p);
-  if (p.nhwc && ((gx && !has_choice(Pass::backward_data, dt, p, d, x, w, gy, gx)) ||
-                 (gw && !has_choice(Pass::backward_filter, dt, p, d, x, w, gy, gw)))) {
+  if (p.nhwc && ((gx && !has_algorithm(Pass::backward_data, dt, p, d, Operands{x, w, gy, gx})) ||
+                 (gw && !has_algorithm(Pass::backward_filter, dt, p, d, Operands{x, w, gy, gw})))) {
     Conv2dParams q = p;
     q.nhwc = false;
     const int64_t cg = p.c / p.groups;
@@ -288,23 +362,8 @@ void conv2d_backward(DType dt, const Conv2dParams& p, const void* x, const void*
     if (gw) copy(desc4(dt, gw, p.o, cg, p.kh, p.kw, true), desc4(dt, gwt.get(), p.o, cg, p.kh, p.kw, false));
     return;
   }
-  cudnnHandle_t h = current().cudnn();
-  if (gx) {
-    const Choice c = choose(Pass::backward_data, dt, p, d, x, w, gy, gx);
-    DeviceBuffer ws(c.workspace);
-    KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, c.math));
-    KILN_CUDNN_OK(cudnnConvolutionBackwardData(h, kOne.of(dt), d.w, w, d.y, gy, d.conv,
-                                               cudnnConvolutionBwdDataAlgo_t(c.algo), ws.get(), c.workspace,
-                                               kZero.of(dt), d.x, gx));
-  }
-  if (gw) {
-    const Choice c = choose(Pass::backward_filter, dt, p, d, x, w, gy, gw);
-    DeviceBuffer ws(c.workspace);
-    KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, c.math));
-    KILN_CUDNN_OK(cudnnConvolutionBackwardFilter(h, kOne.of(dt), d.x, x, d.y, gy, d.conv,
-                                                 cudnnConvolutionBwdFilterAlgo_t(c.algo), ws.get(), c.workspace,
-                                                 kZero.of(dt), d.w, gw));
-  }
+  if (gx) convolve<Pass::backward_data>(dt, p, d, Operands{x, w, gy, gx});
+  if (gw) convolve<Pass::backward_filter>(dt, p, d, Operands{x, w, gy, gw});
 }
 
 }  // namespace kiln::cuda
