@@ -14,7 +14,7 @@
 
 #include "engine/dist.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/nccl_comm.h"
+#include "runtime/nccl_comm.h"
 #include "kiln.h"
 #include "bench/bench_main.h"
 

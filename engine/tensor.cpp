@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <iomanip>
 #include <mutex>
 #include <unordered_map>
@@ -160,6 +161,18 @@ int64_t wrap_dim(int64_t d, int64_t ndim, const char* op) {
   const int64_t n = std::max<int64_t>(ndim, 1);  // a 0-dim tensor accepts dim 0 and -1
   KILN_CHECK(d >= -n && d < n, op, ": dim ", d, " is out of range for a tensor with ", ndim, " dims");
   return d < 0 ? d + n : d;
+}
+
+Tensor pin_memory(const Tensor& t) {
+  if (!t.device().is_cpu() || t.nbytes() == 0 || cuda::device_count() == 0) return t;
+  const Tensor c = t.contiguous();
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(c.nbytes(), kCPU, &cuda::pinned_allocator());
+  std::memcpy(impl->storage->data, c.raw_data(), c.nbytes());
+  impl->shape = c.shape();
+  impl->strides = contiguous_strides(c.shape());
+  impl->dtype = c.dtype();
+  return Tensor(std::move(impl));
 }
 
 Tensor make_tensor(const Shape& shape, DType dtype, Device device) {

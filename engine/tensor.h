@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "base/allocator.h"
 #include "base/dtype.h"
 #include "base/error.h"
 
@@ -25,14 +26,11 @@ struct Shape : std::vector<int64_t> {
 std::ostream& operator<<(std::ostream& os, const Shape& s);  // [2,3,4]
 constexpr int kMaxDims = 8;
 
-// Memory for tensors on one device. Allocators are owned by the runtime and outlive storages.
-class Allocator {
- public:
-  virtual ~Allocator() = default;
-  virtual void* allocate(size_t nbytes) = 0;
-  virtual void deallocate(void* p, size_t nbytes) noexcept = 0;
-};
 Allocator& cpu_allocator();  // 64-byte aligned
+class Tensor;
+// A copy of a CPU tensor in page-locked memory (the tensor itself where no GPU is visible): what a
+// data loader hands out so that host-to-device copies never block the host.
+Tensor pin_memory(const Tensor& t);
 // Host memory the CPU allocator keeps for reuse (default 4 GiB; 0: every block goes back at once).
 void set_cpu_cache_limit(size_t bytes);
 size_t cpu_cache_limit();

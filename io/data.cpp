@@ -1,6 +1,5 @@
 // The data loader's ordering and worker threads, and the in-memory image data sets.
 #include "io/data.h"
-#include "kernels/cuda/cuda_backend.h"
 
 #include <sys/stat.h>
 
@@ -74,7 +73,7 @@ Batch DataLoader::build(int64_t batch) const {
   const int64_t b0 = batch * o_.batch_size, b1 = std::min<int64_t>(b0 + o_.batch_size, int64_t(order_.size()));
   Batch b = ds_->get_batch(std::vector<int64_t>(order_.begin() + b0, order_.begin() + b1), epoch_seed_);
   if (o_.pin_memory)
-    for (auto& [name, t] : b) t = cuda::pin_memory(t);
+    for (auto& [name, t] : b) t = pin_memory(t);
   return b;
 }
 

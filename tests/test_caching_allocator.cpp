@@ -7,7 +7,7 @@
 #include <random>
 #include <set>
 
-#include "engine/caching_allocator.h"
+#include "base/caching_allocator.h"
 #include "test_util.h"
 
 using namespace kiln;

@@ -9,7 +9,7 @@
 
 #include "engine/dist.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/nccl_comm.h"
+#include "runtime/nccl_comm.h"
 #include "kiln.h"
 #include "test_util.h"
 

@@ -133,11 +133,11 @@ TEST_CASE("gpu training: a page-locked batch copied asynchronously arrives intac
   const Tensor host = randn({256, 1024}, DType::f32, &g);
   Tensor dev;
   {
-    const Tensor pinned = cuda::pin_memory(host);
+    const Tensor pinned = pin_memory(host);
     CHECK(pinned.storage() != host.storage());
     dev = pinned.to(cuda_device(0));  // returns before the DMA is done
   }  // the pinned block goes back to the cache only after the copy has passed
-  const Tensor again = cuda::pin_memory(randn({256, 1024}, DType::f32, &g));  // likely reuses the block
+  const Tensor again = pin_memory(randn({256, 1024}, DType::f32, &g));  // likely reuses the block
   (void)again;
   CHECK(allclose(dev.to(kCPU), host, 0, 0));
 }

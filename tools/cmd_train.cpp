@@ -24,7 +24,7 @@
 #include "io/run_checkpoint.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
-#include "kernels/cuda/nccl_comm.h"
+#include "runtime/nccl_comm.h"
 #include "tools/environment.h"
 #include "tools/train.h"
 

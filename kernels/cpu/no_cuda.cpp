@@ -1,6 +1,5 @@
 // The CUDA runtime queries in a build without the CUDA backend: they say so.
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/nccl_comm.h"
 #include "kernels/cuda/runtime_info.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/tc_gemm.h"
@@ -37,10 +36,7 @@ std::string gemm_backend() { return g_gemm; }
 void copy_to_device_async(void*, int device, const void*, size_t, std::shared_ptr<void>) {
   no_cuda("copy to", device);
 }
-Tensor pin_memory(const Tensor& t) { return t; }
-std::unique_ptr<dist::Communicator> make_nccl_communicator(dist::Communicator&, int device, std::chrono::seconds) {
-  no_cuda("NCCL communicator for", device);
-}
+Allocator& pinned_allocator() { no_cuda("pinned memory for", 0); }
 void set_deterministic(bool on) { g_deterministic = on; }
 bool deterministic() { return g_deterministic; }
 void set_cudnn_benchmark(bool on) { g_benchmark = on; }

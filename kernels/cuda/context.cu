@@ -8,7 +8,6 @@
 #include <mutex>
 #include <vector>
 
-#include "engine/tensor.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
@@ -306,18 +305,17 @@ void pinned_give_back(void* p, size_t n) {
 }
 }  // namespace
 
-Tensor pin_memory(const Tensor& t) {
-  if (!t.device().is_cpu() || device_count() == 0 || t.nbytes() == 0) return t;
-  const Tensor c = t.contiguous();
-  const size_t n = c.nbytes();
-  void* p = pinned_take(n);
-  std::memcpy(p, c.raw_data(), n);
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(p, n, kCPU, [n](void* q) { pinned_give_back(q, n); });
-  impl->shape = c.shape();
-  impl->strides = contiguous_strides(c.shape());
-  impl->dtype = c.dtype();
-  return Tensor(std::move(impl));
+namespace {
+class PinnedAllocator final : public Allocator {
+ public:
+  void* allocate(size_t n) override { return pinned_take(n); }
+  void deallocate(void* p, size_t n) noexcept override { pinned_give_back(p, n); }
+};
+}  // namespace
+
+Allocator& pinned_allocator() {
+  static PinnedAllocator a;  // never destroyed before the storages that use it: see device_memory.cu
+  return a;
 }
 
 void synchronize(int d) { check_error_word(use(d)); }

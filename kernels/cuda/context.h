@@ -12,7 +12,7 @@
 #include <string>
 #include <type_traits>
 
-#include "engine/caching_allocator.h"
+#include "base/caching_allocator.h"
 #include "kernels/backend.h"
 #include "base/half.h"
 #include "kernels/cuda/cuda_check.h"

@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "base/allocator.h"
 #include "base/dtype.h"
-#include "engine/tensor.h"
 #include "kernels/backend.h"
 
 namespace kiln::cuda {
@@ -29,9 +29,9 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // `keep_alive` (the source's storage) is held until the device has read it; from pageable memory
 // the runtime has staged the data when the call returns.
 void copy_to_device_async(void* dst, int device, const void* src, size_t n, std::shared_ptr<void> keep_alive);
-// A copy of a CPU tensor in page-locked memory (the source itself where CUDA is absent or no GPU
-// is visible): what a data loader hands out so that host-to-device copies never block the host.
-Tensor pin_memory(const Tensor& t);
+// Page-locked host memory, kept for reuse (cudaFreeHost would wait for the whole device): what
+// kiln::pin_memory (engine/tensor.h) copies a loader's batches into.
+Allocator& pinned_allocator();
 
 // Waits for everything queued on the device's compute stream, then reports an error that a kernel
 // flagged on the device (an index out of range), naming the op.

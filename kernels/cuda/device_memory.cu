@@ -1,5 +1,5 @@
 // The CUDA side of device memory: a RawDevice over cudaMalloc/cudaFree and CUDA events for the
-// caching allocator (engine/caching_allocator.h holds the policy, tested on the CPU), and pinned
+// caching allocator (base/caching_allocator.h holds the policy, tested on the CPU), and pinned
 // host allocations.
 #include <cuda_runtime.h>
 

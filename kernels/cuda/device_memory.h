@@ -3,7 +3,7 @@
 #pragma once
 #include <cstddef>
 
-#include "engine/caching_allocator.h"
+#include "base/caching_allocator.h"
 
 namespace kiln::cuda {
 

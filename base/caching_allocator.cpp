@@ -1,5 +1,5 @@
 // The caching allocator's bookkeeping; see caching_allocator.h for the policy.
-#include "engine/caching_allocator.h"
+#include "base/caching_allocator.h"
 
 #include <algorithm>
 #include <cstdio>

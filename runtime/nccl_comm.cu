@@ -15,7 +15,7 @@
 #include "engine/ops.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/nccl_comm.h"
+#include "runtime/nccl_comm.h"
 
 namespace kiln::cuda {
 namespace {
