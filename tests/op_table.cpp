@@ -352,6 +352,13 @@ std::vector<Row> build() {
   row("batch_norm_eval", {{{4, 5, 6, 7}}, {{5}}, {{5}}, {{5}, Kind::normal, 0, false}, {{5}, Kind::positive, 0, false}},
       [](const V& x) { return one(batch_norm(x[0], x[3].detach(), x[4].detach(), x[1], x[2], false, 0.1, 1e-5)); })
       .covers({"batch_norm"});
+  // [N, C, L] inputs: training statistics without running buffers, and eval with given ones.
+  row("batch_norm_1d", {{{3, 2, 4}}, {{2}}, {{2}}, {{2}, Kind::normal, 0, false}, {{2}, Kind::positive, 0, false}},
+      [](const V& x) {
+        return V{batch_norm(x[0], {}, {}, x[1], x[2], true), batch_norm(x[0], x[3].detach(), x[4].detach(), x[1], x[2], false)};
+      })
+      .covers({"batch_norm"})
+      .tol(3e-2);
   row("layer_norm", {{{3, 7, 96}}, {{96}}, {{96}}, {{4, 6, 5}}},
       [](const V& x) { return V{layer_norm(x[0], {96}, x[1], x[2]), layer_norm(x[3], {6, 5})}; })
       .autocast(AutocastOp::layer_norm)
@@ -372,6 +379,10 @@ std::vector<Row> build() {
   row("cross_entropy", {{{40, 13}}, {{40}, Kind::index, 13}},
       [](const V& x) { return V{cross_entropy(x[0], x[1]), cross_entropy(x[0], x[1], 3, 0.1, Reduction::none)}; })
       .autocast(AutocastOp::cross_entropy);
+  // [N, C, L] logits with [N, L] targets: the class dim is dim 1.
+  row("cross_entropy_kdim", {{{2, 5, 3}}, {{2, 3}, Kind::index, 5}},
+      [](const V& x) { return V{cross_entropy(x[0], x[1]), cross_entropy(x[0], x[1], -100, 0.2, Reduction::none)}; })
+      .covers({"cross_entropy"});
   row("nll_loss", {{{40, 13}}, {{40}, Kind::index, 13}},
       [](const V& x) { return V{nll_loss(log_softmax(x[0], 1), x[1], 5), nll_loss(x[0], x[1], -100, Reduction::sum)}; })
       .autocast(AutocastOp::nll_loss);

@@ -115,34 +115,42 @@ TEST_CASE("op table: f32, f16 and bf16 on the CPU against f64, contiguous and no
   }
 }
 
-TEST_CASE("op table: gradients against finite differences in f64") {
+TEST_CASE("op table: gradients against finite differences in f64, through contiguous and strided inputs") {
   GradcheckOptions opts;
   opts.max_checks = 48;  // per input, spread over it: two f64 forwards each
   int checked = 0;
   for (const Row& r : rows()) {
-    if (!r.grad) continue;
-    const std::vector<Tensor> in = make_inputs(r, DType::f64, false);
-    opts.differentiate.clear();
-    for (const In& i : r.inputs) opts.differentiate.push_back(i.grad);
-    std::vector<size_t> diff;  // the outputs with gradients, found on the first (grad-enabled) call
-    bool first = true;
-    auto fn = [&](const std::vector<Tensor>& xs) {
-      const std::vector<Tensor> outs = r.fn(xs);
-      if (first) {
-        for (size_t i = 0; i < outs.size(); ++i)
-          if (outs[i].defined() && is_floating(outs[i].dtype()) && outs[i].requires_grad()) diff.push_back(i);
-        first = false;
-      }
-      std::vector<Tensor> flat;
-      for (size_t i : diff) flat.push_back(cast(outs[i], DType::f64).reshape({-1}));
-      return cat(flat, 0);
-    };
-    const std::string err = gradcheck(fn, in, opts);
-    CHECK_MESSAGE(err.empty(), r.name, ": ", err);
-    CHECK_MESSAGE(!diff.empty(), r.name, " says it has gradients but no output requires one");
-    ++checked;
+    for (bool transposed : {false, true}) {
+      if (!r.grad || (transposed && !any_transposable(r))) continue;
+      // Transposed: the inputs are stored with their last two dims swapped and fn sees transposed
+      // views of them, so the backward of every strided path meets finite differences too.
+      const std::vector<Tensor> in = make_inputs(r, DType::f64, transposed);
+      opts.differentiate.clear();
+      for (const In& i : r.inputs) opts.differentiate.push_back(i.grad);
+      std::vector<size_t> diff;  // the outputs with gradients, found on the first (grad-enabled) call
+      bool first = true;
+      auto fn = [&](const std::vector<Tensor>& leaves) {
+        std::vector<Tensor> xs = leaves;
+        if (transposed)
+          for (size_t i = 0; i < xs.size(); ++i)
+            if (transposable(r.inputs[i])) xs[i] = xs[i].transpose(-1, -2);
+        const std::vector<Tensor> outs = r.fn(xs);
+        if (first) {
+          for (size_t i = 0; i < outs.size(); ++i)
+            if (outs[i].defined() && is_floating(outs[i].dtype()) && outs[i].requires_grad()) diff.push_back(i);
+          first = false;
+        }
+        std::vector<Tensor> flat;
+        for (size_t i : diff) flat.push_back(cast(outs[i], DType::f64).reshape({-1}));
+        return cat(flat, 0);
+      };
+      const std::string err = gradcheck(fn, in, opts);
+      CHECK_MESSAGE(err.empty(), r.name, transposed ? " (strided inputs)" : "", ": ", err);
+      CHECK_MESSAGE(!diff.empty(), r.name, " says it has gradients but no output requires one");
+      ++checked;
+    }
   }
-  CHECK(checked >= 40);
+  CHECK(checked >= 80);
 }
 
 TEST_CASE("op table: each row's op follows its autocast rule") {
