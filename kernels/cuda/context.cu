@@ -213,14 +213,15 @@ Context& use(int d) {
   return context(d);
 }
 
+// Never destroyed, as every process-lifetime piece of the CUDA runtime (device_memory.cu says why).
 Allocator& tensor_allocator(int d) {
-  static std::mutex m;
-  static std::vector<std::unique_ptr<TensorAllocator>> all;
-  std::lock_guard<std::mutex> lk(m);
+  static auto* m = new std::mutex;
+  static auto* all = new std::vector<std::unique_ptr<TensorAllocator>>;
+  std::lock_guard<std::mutex> lk(*m);
   context(d);
-  if (all.size() <= size_t(d)) all.resize(size_t(d) + 1);
-  if (!all[size_t(d)]) all[size_t(d)] = std::make_unique<TensorAllocator>(d);
-  return *all[size_t(d)];
+  if (all->size() <= size_t(d)) all->resize(size_t(d) + 1);
+  if (!(*all)[size_t(d)]) (*all)[size_t(d)] = std::make_unique<TensorAllocator>(d);
+  return *(*all)[size_t(d)];
 }
 
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
@@ -256,11 +257,19 @@ struct InFlight {
   cudaEvent_t done;
   std::shared_ptr<void> keep_alive;
 };
-std::mutex g_inflight_mutex;
-std::vector<InFlight> g_inflight;
+// Never destroyed: a destroyed list would drop page-locked sources into a destroyed pool at exit
+// (the order of namespace-scope destructors across this file is the reverse of definition).
+struct InFlightList {
+  std::mutex mutex;
+  std::vector<InFlight> list;
+};
+InFlightList& in_flight() {
+  static auto* l = new InFlightList;
+  return *l;
+}
 
 void release_finished_locked() {
-  std::erase_if(g_inflight, [](InFlight& f) {
+  std::erase_if(in_flight().list, [](InFlight& f) {
     if (cudaEventQuery(f.done) != cudaSuccess) return false;  // not yet (or an error the next sync reports)
     cudaEventDestroy(f.done);
     return true;
@@ -276,32 +285,41 @@ void copy_to_device_async(void* dst, int device, const void* src, size_t n, std:
   cudaEvent_t ev;
   KILN_CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   KILN_CUDA_OK(cudaEventRecord(ev, c.stream));
-  std::lock_guard<std::mutex> lk(g_inflight_mutex);
+  std::lock_guard<std::mutex> lk(in_flight().mutex);
   release_finished_locked();
-  g_inflight.push_back({ev, std::move(keep_alive)});
+  in_flight().list.push_back({ev, std::move(keep_alive)});
 }
 
 namespace {
 // Page-locked blocks are kept for reuse: cudaFreeHost waits for the whole device, which would stall
 // every step, and a loader asks for the same sizes again and again.
-std::mutex g_pinned_mutex;
-std::multimap<size_t, void*> g_pinned_free;
+// Never destroyed (a pinned batch may be released by another static's destructor at exit).
+struct PinnedPool {
+  std::mutex mutex;
+  std::multimap<size_t, void*> free;
+};
+PinnedPool& pinned_pool() {
+  static auto* p = new PinnedPool;
+  return *p;
+}
 
 void* pinned_take(size_t n) {
   {
-    std::lock_guard<std::mutex> lk(g_pinned_mutex);
-    auto it = g_pinned_free.find(n);
-    if (it != g_pinned_free.end()) {
+    PinnedPool& pool = pinned_pool();
+    std::lock_guard<std::mutex> lk(pool.mutex);
+    auto it = pool.free.find(n);
+    if (it != pool.free.end()) {
       void* p = it->second;
-      g_pinned_free.erase(it);
+      pool.free.erase(it);
       return p;
     }
   }
   return pinned_alloc(n);
 }
 void pinned_give_back(void* p, size_t n) {
-  std::lock_guard<std::mutex> lk(g_pinned_mutex);
-  g_pinned_free.emplace(n, p);
+  PinnedPool& pool = pinned_pool();
+  std::lock_guard<std::mutex> lk(pool.mutex);
+  pool.free.emplace(n, p);
 }
 }  // namespace
 
@@ -314,8 +332,8 @@ class PinnedAllocator final : public Allocator {
 }  // namespace
 
 Allocator& pinned_allocator() {
-  static PinnedAllocator a;  // never destroyed before the storages that use it: see device_memory.cu
-  return a;
+  static auto* a = new PinnedAllocator;  // never destroyed: storages may outlive every static
+  return *a;
 }
 
 void synchronize(int d) { check_error_word(use(d)); }

@@ -77,15 +77,19 @@ class CudaDevice final : public RawDevice {
 
 }  // namespace
 
+// Process-lifetime state is never destroyed (here and in context.cu): at exit the CUDA runtime may
+// already be unloading, a cudaFree from a static destructor then fails inside a noexcept path
+// (std::terminate after any sticky error), and tensors released by other statics' destructors
+// would reach a destroyed allocator. The driver reclaims everything when the process ends.
 CachingAllocator& device_allocator(int device) {
-  static std::mutex m;
-  static std::vector<std::unique_ptr<CachingAllocator>> allocators;
-  std::lock_guard<std::mutex> lk(m);
+  static auto* m = new std::mutex;
+  static auto* allocators = new std::vector<std::unique_ptr<CachingAllocator>>;
+  std::lock_guard<std::mutex> lk(*m);
   int count = 0;
   KILN_CUDA_OK(cudaGetDeviceCount(&count));
   KILN_CHECK(device >= 0 && device < count, "cuda:", device, " does not exist (", count, " device(s) visible)");
-  if (allocators.size() < size_t(count)) allocators.resize(size_t(count));
-  auto& a = allocators[size_t(device)];
+  if (allocators->size() < size_t(count)) allocators->resize(size_t(count));
+  auto& a = (*allocators)[size_t(device)];
   if (!a) a = std::make_unique<CachingAllocator>(std::make_unique<CudaDevice>(device), "cuda:" + std::to_string(device));
   return *a;
 }

@@ -105,6 +105,8 @@ bool tc_args(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double
   if (!is_low_precision(dt) || k % 8 != 0 || lda % 8 != 0 || ldb % 8 != 0 || sa % 8 != 0 || sb % 8 != 0 ||
       batch > 65535 || reinterpret_cast<uintptr_t>(a) % 16 != 0 || reinterpret_cast<uintptr_t>(b) % 16 != 0)
     return false;
+  // The kernel's grid is (N / kBN, M / kBM, batch): y and z stop at 65535 (cuBLASLt takes the rest).
+  if ((m + tcgemm::kBM - 1) / tcgemm::kBM > 65535) return false;
   if (!tc_gemm_supported_cached(current().device)) return false;
   g.in_dtype = g.out_dtype = dt;
   g.la = ta ? tcgemm::Layout::col : tcgemm::Layout::row;  // A^T stored [k, m] is A column-major

@@ -122,6 +122,9 @@ void run(const T* src, void* dst, int64_t outer, int64_t r, int64_t inner, Out f
   const bool rows = inner == 1;
   const int64_t chunk = rows ? kRowChunk : kColChunk;
   int64_t nchunks = std::max<int64_t>(1, (r + chunk - 1) / chunk);
+  // The row kernels take a block per (row, chunk): a grid's x dimension stops at 2^31 - 1.
+  KILN_CHECK(!rows || outer * nchunks <= int64_t(INT32_MAX), "cuda reduce: ", outer, " rows of ", r,
+             " elements need more than 2^31 - 1 blocks; reduce in parts");
   if (nchunks == 1) {
     if (rows) {
       rows_kernel<R, T, TO><<<unsigned(outer), kThreads, 0, stream>>>(src, dst, r, chunk, 1, final_how);

@@ -227,6 +227,8 @@ void tc_gemm(const TcGemmArgs& g, void* stream) {
            g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.stride_a, g.stride_b, g.stride_c,
            g.out_dtype == DType::f32 ? 0 : g.out_dtype == DType::f16 ? 1 : 2, g.ep};
   KILN_CHECK(g.batch <= 65535, "tc_gemm: batch ", g.batch, " is more than a grid's z dimension (65535)");
+  KILN_CHECK((g.M + kBM - 1) / kBM <= 65535, "tc_gemm: M ", g.M, " needs more than 65535 row blocks of ", kBM,
+             " (a grid's y dimension)");
   const dim3 grid(unsigned((g.N + kBN - 1) / kBN), unsigned((g.M + kBM - 1) / kBM), unsigned(g.batch));
   auto s = static_cast<cudaStream_t>(stream);
   const bool bf = g.in_dtype == DType::bf16, ak = a_is_kmajor(g.la), bk = b_is_kmajor(g.lb);
