@@ -22,7 +22,9 @@ struct GradcheckOptions {
 
 // `fn` maps the inputs to one output. Floating inputs are copied to contiguous f64 leaves that
 // require grad (fn can take views of them to test strided paths); others pass as they are.
-// Compares d(sum(w * fn(x)))/dx for a random w with the numerical derivative, element by element.
+// Compares d(sum(w * fn(x)))/dx for a random w with the numerical derivative, element by element,
+// within atol + rtol * |numerical| + the difference quotient's rounding error (which grows with the
+// size of sum(w * fn(x))).
 // Returns "" on success, otherwise a message naming the input, the element and both values.
 std::string gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                       const std::vector<Tensor>& inputs, GradcheckOptions opts = {});

@@ -62,12 +62,10 @@ void Optimizer::step(const Tensor& skip_if) {
   // SGD's first momentum is the direction itself).
   std::optional<bool> host_skip;
   auto skip_on_host = [&] {
-    if (!host_skip) {
-      host_skip = skip_if.defined() && skip_if.item<double>() != 0.0;
-      steps_ = int64_t(step_count_.item<double>());
-    }
+    if (!host_skip) host_skip = skip_if.defined() && skip_if.item<double>() != 0.0;
     return *host_skip;
   };
+  bool have_steps = false;
   for (size_t g = 0; g < groups_.size(); ++g) {
     OptimKind kind{};
     OptimHyper h;
@@ -83,6 +81,8 @@ void Optimizer::step(const Tensor& skip_if) {
         slices.push_back(fused_slice(p, grad, slots_[g][i]));
         p.bump_version();
       } else if (!skip_on_host()) {
+        if (!have_steps) steps_ = int64_t(step_count_.item<double>());  // this step's number, once
+        have_steps = true;
         update(groups_[g], p, grad, slots_[g][i]);
       }
     }

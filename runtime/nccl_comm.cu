@@ -47,15 +47,18 @@ ncclRedOp_t nccl_op(dist::ReduceOp op) {
 
 class NcclComm;
 
+// A pending collective. It names its communicator through a weak token, so a wait() after the
+// communicator was destroyed is an error, not a dangling pointer.
 class NcclWork final : public dist::Work {
  public:
-  NcclWork(NcclComm* c, cudaEvent_t done, std::string what, long long bytes)
-      : c_(c), done_(done), what_(std::move(what)), bytes_(bytes) {}
+  NcclWork(NcclComm* c, std::weak_ptr<void> alive, cudaEvent_t done, std::string what, long long bytes)
+      : c_(c), alive_(std::move(alive)), done_(done), what_(std::move(what)), bytes_(bytes) {}
   ~NcclWork() override { cudaEventDestroy(done_); }
   void wait() override;
 
  private:
   NcclComm* c_;
+  std::weak_ptr<void> alive_;
   cudaEvent_t done_;
   std::string what_;
   long long bytes_;
@@ -80,8 +83,22 @@ class NcclComm final : public dist::Communicator {
     settle(r, "ncclCommInitRankConfig (setting up NCCL between the ranks)", 0);
     (void)ctx;
   }
+  // Teardown of a non-blocking communicator: its device current, finalize (flushes what was issued),
+  // poll until that settles, then destroy; abort instead when it does not settle in the timeout or
+  // fails. Never throws (a destructor), whatever state NCCL or the device is in.
   ~NcclComm() override {
-    if (comm_) ncclCommDestroy(comm_);
+    cudaSetDevice(device_);
+    if (comm_) {
+      ncclResult_t r = ncclCommFinalize(comm_);
+      const auto deadline = Clock::now() + timeout_;
+      while (r == ncclInProgress && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) break;
+      }
+      if (r == ncclSuccess) ncclCommDestroy(comm_);
+      else ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -232,7 +249,7 @@ class NcclComm final : public dist::Communicator {
     cudaEvent_t done;
     KILN_CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     KILN_CUDA_OK(cudaEventRecord(done, stream_));
-    return std::make_shared<NcclWork>(this, done, what, bytes);
+    return std::make_shared<NcclWork>(this, alive_, done, what, bytes);
   }
   // A CPU tensor goes through the device and back (small agreements: flags, counters, ids).
   template <typename F> std::shared_ptr<dist::Work> staged(const Tensor& t, F&& fn) {
@@ -250,9 +267,14 @@ class NcclComm final : public dist::Communicator {
   std::chrono::seconds timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  std::shared_ptr<void> alive_ = std::make_shared<int>(0);  // expires with the communicator
 };
 
-void NcclWork::wait() { c_->wait_for(done_, what_, bytes_); }
+void NcclWork::wait() {
+  if (alive_.expired())
+    KILN_COLLECTIVE_FAIL(false, "NCCL ", what_, ": the communicator was destroyed before wait() on its work");
+  c_->wait_for(done_, what_, bytes_);
+}
 
 }  // namespace
 

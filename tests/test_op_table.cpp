@@ -145,7 +145,7 @@ TEST_CASE("op table: gradients against finite differences in f64, through contig
         return cat(flat, 0);
       };
       const std::string err = gradcheck(fn, in, opts);
-      CHECK_MESSAGE(err.empty(), r.name, transposed ? " (strided inputs)" : "", ": ", err);
+      CHECK_MESSAGE(err.empty(), r.name, std::string(transposed ? " (strided inputs)" : ""), ": ", err);
       CHECK_MESSAGE(!diff.empty(), r.name, " says it has gradients but no output requires one");
       ++checked;
     }
