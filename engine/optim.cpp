@@ -331,14 +331,22 @@ std::vector<ParamGroup> decay_groups(const std::vector<std::pair<std::string, Te
 
 // ---- schedules -------------------------------------------------------------------------------------
 
+const std::vector<std::pair<std::string, ScheduleKind>>& LrSchedule::kinds() {
+  static const std::vector<std::pair<std::string, ScheduleKind>> table = {
+      {"constant", ScheduleKind::constant}, {"step", ScheduleKind::step},     {"multistep", ScheduleKind::multistep},
+      {"cosine", ScheduleKind::cosine},     {"linear", ScheduleKind::linear}, {"polynomial", ScheduleKind::polynomial},
+  };
+  return table;
+}
+
 ScheduleKind LrSchedule::parse(const std::string& n) {
-  if (n == "constant") return ScheduleKind::constant;
-  if (n == "step") return ScheduleKind::step;
-  if (n == "multistep") return ScheduleKind::multistep;
-  if (n == "cosine") return ScheduleKind::cosine;
-  if (n == "linear") return ScheduleKind::linear;
-  if (n == "polynomial" || n == "poly") return ScheduleKind::polynomial;
-  KILN_FAIL("unknown LR schedule '", n, "' (expected constant, step, multistep, cosine, linear or polynomial)");
+  std::string known;
+  for (const auto& [name, kind] : kinds()) {
+    if (n == name) return kind;
+    known += (known.empty() ? "" : ", ") + name;
+  }
+  if (n == "poly") return ScheduleKind::polynomial;
+  KILN_FAIL("unknown LR schedule '", n, "' (expected one of ", known, ")");
 }
 
 double LrSchedule::at(int64_t step) const {

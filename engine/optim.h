@@ -152,6 +152,8 @@ struct LrSchedule {
   double power = 1.0;         // polynomial
   // The learning rate for optimizer step `step` (0-based).
   double at(int64_t step) const;
+  // The schedules by name, one row each (the command line's choices come from them).
+  static const std::vector<std::pair<std::string, ScheduleKind>>& kinds();
   static ScheduleKind parse(const std::string& name);
 };
 

@@ -5,8 +5,11 @@
 #include <cmath>
 
 #include "kiln.h"
+#include "test_util.h"
 
 using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::error_of;
 
 namespace {
 
@@ -230,6 +233,11 @@ TEST_CASE("optim: clipping, decay groups") {
 }
 
 TEST_CASE("optim: LR schedules are pure functions of the step") {
+  // Every schedule by its name, and an unknown name lists them all.
+  for (const auto& [name, kind] : optim::LrSchedule::kinds()) CHECK(optim::LrSchedule::parse(name) == kind);
+  CHECK(optim::LrSchedule::kinds().size() == 6);
+  CHECK(contains(error_of([] { optim::LrSchedule::parse("cyclic"); }),
+                 "unknown LR schedule 'cyclic' (expected one of constant, step, multistep, cosine, linear, polynomial)"));
   optim::LrSchedule s;
   s.kind = optim::ScheduleKind::cosine;
   s.base_lr = 1.0;

@@ -107,8 +107,10 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--clip-grad-norm", c.clip_grad_norm, "Clip gradients to this global L2 norm (0: off)")
       ->capture_default_str();
-  app.add_option("--schedule", c.schedule, "constant, cosine, linear, polynomial, step or multistep")
-      ->check(CLI::IsMember({"constant", "cosine", "linear", "polynomial", "step", "multistep"}))
+  std::vector<std::string> schedules;
+  for (const auto& [name, kind] : optim::LrSchedule::kinds()) schedules.push_back(name);
+  app.add_option("--schedule", c.schedule, "LR schedule: constant, step, multistep, cosine, linear or polynomial")
+      ->check(CLI::IsMember(schedules))
       ->capture_default_str();
   app.add_option("--warmup", c.warmup, "Linear warmup steps (default: 0 for ResNet, 6% of the steps for BERT)")
       ->check(CLI::NonNegativeNumber);

@@ -41,7 +41,9 @@ void synchronize(int device);
 // with Kiln's.
 void* compute_stream(int device);
 // Which GEMM runs f16/bf16 products: "kiln" (the Tensor Core kernel where it takes the shape),
-// "cublaslt", or "auto" (timed once per shape). Default auto; the `kiln` command maps KILN_GEMM to it.
+// "cublaslt", or "auto" (timed once per shape, except in deterministic mode, where a timing race
+// could pick differently between runs: Kiln's kernel wherever it takes the shape). Default auto;
+// the `kiln` command maps KILN_GEMM to it.
 void set_gemm_backend(const std::string& which);
 std::string gemm_backend();
 

@@ -186,7 +186,11 @@ void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, d
   if (k > 0 && choice != GemmChoice::cublaslt &&
       tc_args(dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch, g)) {
     bool use = choice == GemmChoice::kiln;
-    if (choice == GemmChoice::automatic) {
+    // Deterministic mode takes no timing race (its winner can differ between runs and ranks): Kiln's
+    // kernel, which sums in a fixed order, wherever it takes the shape.
+    if (choice == GemmChoice::automatic && deterministic()) {
+      use = true;
+    } else if (choice == GemmChoice::automatic) {
       const ShapeKey key{current().device, int(dt), ta, tb, m, n, k, batch};
       std::lock_guard<std::mutex> lk(g_choice_mutex);
       auto it = g_use_kiln.find(key);
