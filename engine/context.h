@@ -16,7 +16,7 @@ namespace kiln {
 
 struct Context {
   int num_threads = 1;          // CPU kernel threads (>= 1)
-  size_t cpu_cache_bytes = 0;   // host memory the CPU allocator keeps for reuse (0: none)
+  size_t cpu_cache_bytes = 0;   // host memory the CPU allocator keeps for reuse (0: none; always 0 under ASan)
   bool flush_denormal = true;   // CPU: subnormal results flushed to zero (x86 FTZ + DAZ)
   bool deterministic = false;   // CUDA: deterministic algorithms only (the CPU always is)
   bool allow_tf32 = false;      // CUDA: f32 GEMM and convolution on TF32 tensor cores
