@@ -12,7 +12,6 @@
 #include "engine/autograd.h"
 #include "engine/nn_ops.h"
 #include "engine/ops.h"
-#include "kernels/cuda/cuda_backend.h"
 
 namespace kiln::optable {
 
@@ -581,9 +580,11 @@ std::string compare(const Row& row, const RunResult& got, const RunResult& want,
   return err.str();
 }
 
-DeterministicOnCuda::DeterministicOnCuda(const Tensor& x) : was_(cuda::deterministic()) {
-  cuda::set_deterministic(was_ || x.device().is_cuda());
+DeterministicOnCuda::DeterministicOnCuda(const Tensor& x) {
+  if (!x.device().is_cuda()) return;
+  Context c = guard_.saved();
+  c.deterministic = true;
+  c.apply();
 }
-DeterministicOnCuda::~DeterministicOnCuda() { cuda::set_deterministic(was_); }
 
 }  // namespace kiln::optable

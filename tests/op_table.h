@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/autocast.h"
+#include "engine/context.h"
 #include "engine/tensor.h"
 
 namespace kiln::optable {
@@ -83,16 +84,14 @@ double worst_error(const Tensor& got, const Tensor& want);
 // error. `what` says which comparison this is.
 std::string compare(const Row& row, const RunResult& got, const RunResult& want, double tol, const std::string& what);
 
-// The deterministic mode for a CUDA run inside a row (the CPU has one mode), restored at scope exit.
+// The deterministic mode for a CUDA run inside a row (the CPU has one mode); the Context's guard
+// restores the settings at scope exit.
 class DeterministicOnCuda {
  public:
   explicit DeterministicOnCuda(const Tensor& x);
-  ~DeterministicOnCuda();
-  DeterministicOnCuda(const DeterministicOnCuda&) = delete;
-  DeterministicOnCuda& operator=(const DeterministicOnCuda&) = delete;
 
  private:
-  bool was_;
+  ContextGuard guard_;
 };
 
 }  // namespace kiln::optable
