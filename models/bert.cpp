@@ -8,21 +8,39 @@
 
 namespace kiln::models {
 
+namespace {
+struct BertSize {
+  const char* name;
+  int64_t layers, hidden, heads;
+};
+// The sizes of Turc et al.'s compact BERTs and the original two, smallest first.
+constexpr BertSize kBertSizes[] = {
+    {"tiny", 2, 128, 2}, {"mini", 4, 256, 4}, {"small", 4, 512, 8}, {"base", 12, 768, 12}, {"large", 24, 1024, 16},
+};
+}  // namespace
+
+const std::vector<std::string>& bert_sizes() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const BertSize& s : kBertSizes) v.push_back(s.name);
+    return v;
+  }();
+  return names;
+}
+
 BertConfig bert_config(const std::string& size) {
-  BertConfig c;
-  auto set = [&](int64_t layers, int64_t hidden, int64_t heads) {
-    c.num_layers = layers;
-    c.hidden_size = hidden;
-    c.num_heads = heads;
-    c.intermediate_size = 4 * hidden;
-  };
-  if (size == "tiny") set(2, 128, 2);
-  else if (size == "mini") set(4, 256, 4);
-  else if (size == "small") set(4, 512, 8);
-  else if (size == "base") set(12, 768, 12);
-  else if (size == "large") set(24, 1024, 16);
-  else KILN_FAIL("unknown BERT size '", size, "' (known: tiny, mini, small, base, large)");
-  return c;
+  for (const BertSize& s : kBertSizes)
+    if (size == s.name) {
+      BertConfig c;
+      c.num_layers = s.layers;
+      c.hidden_size = s.hidden;
+      c.num_heads = s.heads;
+      c.intermediate_size = 4 * s.hidden;
+      return c;
+    }
+  std::string known;
+  for (const BertSize& s : kBertSizes) known += (known.empty() ? "" : ", ") + std::string(s.name);
+  KILN_FAIL("unknown BERT size '", size, "' (known: ", known, ")");
 }
 
 namespace {

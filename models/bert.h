@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/nn.h"
 
@@ -26,6 +27,8 @@ struct BertConfig {
 // "tiny" (2/128/2), "mini" (4/256/4), "small" (4/512/8), "base" (12/768/12), "large" (24/1024/16);
 // intermediate size is 4 x hidden.
 BertConfig bert_config(const std::string& size);
+// The sizes bert_config takes, smallest first.
+const std::vector<std::string>& bert_sizes();
 
 class BertEmbeddings final : public nn::Module {
  public:

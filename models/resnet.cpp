@@ -2,7 +2,8 @@
 // option B) where the shape changes, so every variant shares torchvision's layerN.M.downsample.K names.
 #include "models/resnet.h"
 
-#include <map>
+#include <utility>
+#include <vector>
 
 #include "engine/init.h"
 
@@ -28,8 +29,9 @@ struct Arch {
   std::vector<int64_t> blocks;
 };
 
-const std::map<std::string, Arch>& archs() {
-  static const std::map<std::string, Arch> a = {
+// In the order names are listed to users: the small-image ResNets, then the ImageNet ones.
+const std::vector<std::pair<std::string, Arch>>& archs() {
+  static const std::vector<std::pair<std::string, Arch>> a = {
       {"resnet20", {false, false, {3, 3, 3}}},       {"resnet32", {false, false, {5, 5, 5}}},
       {"resnet44", {false, false, {7, 7, 7}}},       {"resnet56", {false, false, {9, 9, 9}}},
       {"resnet110", {false, false, {18, 18, 18}}},   {"resnet18", {true, false, {2, 2, 2, 2}}},
@@ -39,9 +41,24 @@ const std::map<std::string, Arch>& archs() {
   return a;
 }
 
+const Arch* find_arch(const std::string& name) {
+  for (const auto& [n, a] : archs())
+    if (n == name) return &a;
+  return nullptr;
+}
+
 }  // namespace
 
-bool is_resnet_name(const std::string& name) { return archs().count(name) > 0; }
+const std::vector<std::string>& resnet_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& [n, a] : archs()) v.push_back(n);
+    return v;
+  }();
+  return names;
+}
+
+bool is_resnet_name(const std::string& name) { return find_arch(name) != nullptr; }
 
 BasicBlock::BasicBlock(int64_t in, int64_t planes, int64_t stride) {
   conv1 = register_module("conv1", conv3x3(in, planes, stride));
@@ -76,15 +93,15 @@ Tensor Bottleneck::forward(const Tensor& x) {
 }
 
 ResNet::ResNet(const ResNetConfig& cfg) : config(cfg) {
-  auto it = archs().find(cfg.name);
-  if (it == archs().end()) {
+  const Arch* arch = find_arch(cfg.name);
+  if (arch == nullptr) {
     std::string known;
-    for (auto& [n, a] : archs()) known += (known.empty() ? "" : ", ") + n;
+    for (const auto& n : resnet_names()) known += (known.empty() ? "" : ", ") + n;
     KILN_FAIL("unknown ResNet '", cfg.name, "' (known: ", known, ")");
   }
   KILN_CHECK(cfg.num_classes >= 1 && cfg.in_channels >= 1, cfg.name, ": num_classes and in_channels must be >= 1, got ",
              cfg.num_classes, " and ", cfg.in_channels);
-  const Arch& a = it->second;
+  const Arch& a = *arch;
   imagenet = a.imagenet;
   const int64_t width0 = imagenet ? 64 : 16;
   if (imagenet) {

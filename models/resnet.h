@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/nn.h"
 
@@ -55,5 +56,8 @@ class ResNet final : public nn::Layer {
 // Throws a clear error listing the known names for an unknown one.
 std::shared_ptr<ResNet> make_resnet(const ResNetConfig& cfg);
 bool is_resnet_name(const std::string& name);
+// Every name make_resnet takes: resnet20, resnet32, resnet44, resnet56, resnet110, then resnet18,
+// resnet34, resnet50, resnet101, resnet152.
+const std::vector<std::string>& resnet_names();
 
 }  // namespace kiln::models

@@ -7,7 +7,9 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "io/safetensors.h"
 #include "kiln.h"
@@ -106,4 +108,39 @@ TEST_CASE("forward: bert-tiny-mlm, bad weights and flags") {
             " --out " + d / "y6.safetensors") == 2);
   CHECK(run(base + " --weights " + d / "w.safetensors" + " --set colour=blue --out " + d / "y7.safetensors") == 1);
   CHECK(!fs::exists(d / "y7.safetensors"));
+}
+
+TEST_CASE("models by name: every name of the table builds and runs; an unknown one's error lists them all") {
+  // What the command line promises: the ResNet depths and every BERT size, bare or with a head.
+  std::vector<std::string> names = models::resnet_names();
+  for (const auto& size : models::bert_sizes())
+    for (const char* head : {"", "-mlm", "-cls"}) names.push_back("bert-" + size + head);
+  TempDir d;
+  io::save_safetensors(d / "none.safetensors", {});  // with --allow-missing: the initializer's weights
+  io::save_safetensors(d / "image.safetensors", {{"input", randn({1, 3, 32, 32})}});
+  io::save_safetensors(d / "tokens.safetensors", {{"input_ids", randint(0, 40, {1, 4})}});
+  const std::string files = " --weights " + d / "none.safetensors" + " --allow-missing --out " + d / "y.safetensors";
+
+  const auto r = testing::run_kiln("forward --model resnet7 --inputs " + d / "image.safetensors" + files, d.p.string());
+  CHECK(r.code == 1);
+  const std::string lead = "--model resnet7: unknown (expected one of ";
+  const size_t at = r.output.find(lead);
+  REQUIRE_MESSAGE(at != std::string::npos, r.output);
+  const size_t end = r.output.find(')', at);
+  REQUIRE(end != std::string::npos);
+  std::vector<std::string> listed;
+  std::istringstream list(r.output.substr(at + lead.size(), end - at - lead.size()));
+  for (std::string n; std::getline(list, n, ',');) listed.push_back(n.substr(n.find_first_not_of(' ')));
+  CHECK(listed == names);
+
+  for (const auto& n : listed) {
+    // BERT with one layer and a small vocabulary: each size's width and heads, built in seconds.
+    const bool bert = n.rfind("bert-", 0) == 0;
+    const std::string args = "forward --model " + n + " --inputs " + d / (bert ? "tokens" : "image") + ".safetensors" +
+                             (bert ? " --set vocab_size=40 --set num_layers=1" : "") + files;
+    const auto b = testing::run_kiln(args, d.p.string());
+    CHECK_MESSAGE(b.code == 0, n, ": ", b.output);
+    if (b.code == 0) CHECK(io::load_safetensors(d / "y.safetensors").tensors.count("output") == 1);
+    fs::remove(d / "y.safetensors");
+  }
 }

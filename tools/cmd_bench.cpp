@@ -52,15 +52,16 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
   std::function<Tensor()> step_loss;
   std::string input;
   int64_t batch = o.batch;
-  if (models::is_resnet_name(name)) {
+  // Synthetic steps for the two kinds of input: image classification by a ResNet, masked LM by BERT.
+  const ModelFamily& family = model_family(name);
+  if (family.input == ModelInput::images) {
     auto rc = resnet_config_from(name, {});
     rc.in_channels = o.in_channels > 0 ? o.in_channels : 3;
-    const bool small = name == "resnet20" || name == "resnet32" || name == "resnet44" || name == "resnet56" ||
-                       name == "resnet110";
-    const int64_t s = o.image_size > 0 ? o.image_size : small ? 32 : 224;
-    if (batch == 0) batch = small ? 128 : 32;
     auto m = models::make_resnet(rc);
     model = m;
+    // The small-image ResNets are timed on 32x32 images, the ImageNet ones on 224x224.
+    const int64_t s = o.image_size > 0 ? o.image_size : m->imagenet ? 224 : 32;
+    if (batch == 0) batch = m->imagenet ? 32 : 128;
     const Tensor x = randn({batch, rc.in_channels, s, s});
     const Tensor y = randint(0, rc.num_classes, {batch});
     step_loss = [m, x, y] { return cross_entropy((*m)(x), y); };
@@ -72,7 +73,7 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
     if (batch == 0) batch = 32;
     auto m = std::make_shared<models::BertForMaskedLM>(bc);
     model = m;
-      // Masked-LM shape of work as `kiln train` does it: 15% of the positions go through the vocabulary
+    // Masked-LM shape of work as `kiln train` does it: 15% of the positions go through the vocabulary
     // projection and the loss.
     const Tensor ids = randint(0, bc.vocab_size, {batch, o.seq_len});
     std::vector<int64_t> pos, tgt;
@@ -91,7 +92,7 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
   model->train();
   auto groups = optim::decay_groups(model->named_parameters(), 0.01, 1e-4);
   std::unique_ptr<optim::Optimizer> opt;
-  if (models::is_resnet_name(name)) opt = std::make_unique<optim::SGD>(groups, optim::SgdOptions{0.9, 0, true});
+  if (family.input == ModelInput::images) opt = std::make_unique<optim::SGD>(groups, optim::SgdOptions{0.9, 0, true});
   else opt = std::make_unique<optim::AdamW>(groups);
   // The step `kiln train --amp` takes: forward and loss under autocast, scaled backward, scaler step.
   const std::optional<DType> low = amp_dtype(amp_mode);

@@ -7,8 +7,6 @@
 
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
-#include "models/bert.h"
-#include "models/resnet.h"
 #include "tools/commands.h"
 #include "tools/zoo.h"
 
@@ -29,7 +27,7 @@ void add_ckpt_commands(CLI::App& app, CkptOptions& o) {
   exp->callback([&o] { o.action = "export"; });
   auto* imp = app.add_subcommand("import", "Make a weights-only checkpoint (to start `kiln train --resume`) from safetensors");
   imp->add_option("weights", o.file, "Weights (safetensors)")->required()->check(CLI::ExistingFile);
-  imp->add_option("--model", o.model, "resnet20..resnet152, bert-SIZE, bert-SIZE-mlm, bert-SIZE-cls")->required();
+  imp->add_option("--model", o.model, "One of " + model_names_text())->required();
   imp->add_option("--set", o.sets, "Override a config field, key=value (repeatable)");
   imp->add_option("--out", o.out, "Checkpoint to write")->required();
   imp->callback([&o] { o.action = "import"; });
@@ -101,16 +99,7 @@ int export_weights(const CkptOptions& o) {
 }
 
 int import_weights(const CkptOptions& o) {
-  std::shared_ptr<nn::Module> m;
-  if (models::is_resnet_name(o.model)) {
-    m = models::make_resnet(resnet_config_from(o.model, o.sets));
-  } else {
-    const BertName bn = parse_bert_name(o.model);
-    const models::BertConfig c = bert_config_from(bn.size, o.sets);
-    if (bn.head == "mlm") m = std::make_shared<models::BertForMaskedLM>(c);
-    else if (bn.head == "cls") m = std::make_shared<models::BertForSequenceClassification>(c);
-    else m = std::make_shared<models::BertModel>(c);
-  }
+  const std::shared_ptr<nn::Module> m = model_family(o.model).build(o.model, o.sets, /*deterministic=*/false).module;
   const io::SafetensorsFile f = io::load_safetensors(o.file);
   m->load_state_dict(normalise_checkpoint_names(f.tensors, m->state_dict()), /*strict=*/true);
   std::vector<std::pair<std::string, Tensor>> tensors;

@@ -27,6 +27,7 @@
 #include "runtime/nccl_comm.h"
 #include "tools/environment.h"
 #include "tools/train.h"
+#include "tools/zoo.h"
 
 namespace kiln::tools {
 using io::CheckpointMirror;
@@ -261,7 +262,7 @@ class Trainer {
     total_steps_ = c_.max_steps > 0 ? std::min(c_.max_steps, c_.epochs * spe_) : c_.epochs * spe_;
     sched_.kind = optim::LrSchedule::parse(c_.schedule);
     sched_.base_lr = c_.lr;
-    sched_.warmup_steps = c_.warmup >= 0 ? c_.warmup : c_.model.rfind("bert-", 0) == 0 ? total_steps_ * 6 / 100 : 0;
+    sched_.warmup_steps = c_.warmup >= 0 ? c_.warmup : model_family(c_.model).input == ModelInput::tokens ? total_steps_ * 6 / 100 : 0;
     sched_.total_steps = total_steps_;
     sched_.step_size = std::max<int64_t>(spe_, 1);  // "step": decay once per epoch
     sched_.milestones = {total_steps_ / 2, total_steps_ * 3 / 4};

@@ -248,6 +248,9 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
   return t;
 }
 
+// What the model family of --model takes (make_task has checked that the name is known).
+ModelInput input_of(const TrainConfig& c) { return model_family(c.model).input; }
+
 }  // namespace
 
 std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths, const std::string& flag) {
@@ -277,13 +280,14 @@ std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths
 
 const std::vector<TaskKind>& task_kinds() {
   static const std::vector<TaskKind> kinds = {
-      {"classify/image-folder", [](const TrainConfig& c) { return models::is_resnet_name(c.model) && c.data == "folder"; },
-       image_folder},
-      {"classify/idx", [](const TrainConfig& c) { return models::is_resnet_name(c.model) && c.data != "folder"; },
+      {"classify/image-folder",
+       [](const TrainConfig& c) { return input_of(c) == ModelInput::images && c.data == "folder"; }, image_folder},
+      {"classify/idx", [](const TrainConfig& c) { return input_of(c) == ModelInput::images && c.data != "folder"; },
        image_classification},
-      {"mlm", [](const TrainConfig& c) { return !models::is_resnet_name(c.model) && (c.task.empty() || c.task == "mlm"); },
+      {"mlm",
+       [](const TrainConfig& c) { return input_of(c) == ModelInput::tokens && (c.task.empty() || c.task == "mlm"); },
        [](const TrainConfig& c) { return bert_mlm(c, parse_bert_name(c.model)); }},
-      {"classify/text", [](const TrainConfig& c) { return !models::is_resnet_name(c.model) && c.task == "classify"; },
+      {"classify/text", [](const TrainConfig& c) { return input_of(c) == ModelInput::tokens && c.task == "classify"; },
        [](const TrainConfig& c) { return bert_classify(c, parse_bert_name(c.model)); }},
   };
   return kinds;
@@ -322,7 +326,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Modul
 }
 
 Task make_task(const TrainConfig& c) {
-  if (!models::is_resnet_name(c.model)) parse_bert_name(c.model);  // an unknown name: the list of known ones
+  model_family(c.model);  // an unknown name: the list of known ones, before any task is asked
   const TaskKind* kind = nullptr;
   for (const auto& k : task_kinds())
     if (k.takes(c)) {

@@ -7,15 +7,15 @@
 #include "engine/dist.h"
 #include "engine/optim.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "models/resnet.h"
 #include "tools/environment.h"
 #include "tools/train.h"
+#include "tools/zoo.h"
 
 namespace kiln::tools {
 namespace {
 
 void add_model_data_flags(CLI::App& app, TrainConfig& c) {
-  app.add_option("--model", c.model, "resnet20|32|44|56|110, resnet18|34|50|101|152, bert-tiny|mini|small|base|large")
+  app.add_option("--model", c.model, "One of " + model_names_text())
       ->capture_default_str();
   app.add_option("--task", c.task, "classify or mlm (default: classify for ResNet, mlm for BERT)")
       ->check(CLI::IsMember({"classify", "mlm"}));
@@ -210,18 +210,19 @@ std::vector<std::string> validate(const TrainConfig& c) {
       e.push_back("--device " + c.device + ": " + err.message() + " (cpu, cuda, cuda:N or auto)");
     }
   }
-  const bool resnet = models::is_resnet_name(c.model);
-  if (!resnet && c.model.rfind("bert-", 0) != 0)
-    e.push_back("--model " + c.model + ": unknown (resnet20..resnet110, resnet18..resnet152, bert-SIZE)");
-  if (!resnet && c.channels_last)
+  const ModelFamily* family = find_model_family(c.model);
+  const bool images = family != nullptr && family->input == ModelInput::images;
+  const bool tokens = family != nullptr && family->input == ModelInput::tokens;
+  if (family == nullptr) e.push_back(unknown_model_message(c.model));
+  if (!images && c.channels_last)
     e.push_back("--channels-last: only ResNets take image batches (--model " + c.model + ")");
-  if (resnet && !c.task.empty() && c.task != "classify")
-    e.push_back("--task " + c.task + ": a ResNet classifies images (--task classify)");
-  if (resnet && c.data == "mnist" && c.data_dir.empty())
+  if (images && !c.task.empty() && c.task != "classify")
+    e.push_back("--task " + c.task + ": a " + family->name + " classifies images (--task classify)");
+  if (images && c.data == "mnist" && c.data_dir.empty())
     e.push_back("--data mnist needs --data-dir (an MNIST-format directory)");
-  if (resnet && c.data == "folder" && c.data_dir.empty())
+  if (images && c.data == "folder" && c.data_dir.empty())
     e.push_back("--data folder needs --data-dir (a directory with train/ and val/ image folders)");
-  if (!resnet && c.model.rfind("bert-", 0) == 0) {
+  if (tokens) {
     const std::string task = c.task.empty() ? "mlm" : c.task;
     if (c.vocab.empty()) e.push_back("--model " + c.model + " needs --vocab (make one: kiln vocab --text FILE --size 8000 --out vocab.txt)");
     if (task == "mlm" && c.text.empty()) e.push_back("--task mlm needs --text (a corpus: files or directories)");
@@ -234,7 +235,9 @@ std::vector<std::string> validate(const TrainConfig& c) {
 }
 
 void apply_model_defaults(const CLI::App& app, TrainConfig& c) {
-  if (c.model.rfind("bert-", 0) != 0) return;
+  // Token models (BERT) train with the transformer recipe; image models keep the flags' defaults.
+  const ModelFamily* family = find_model_family(c.model);
+  if (family == nullptr || family->input != ModelInput::tokens) return;
   auto given = [&](const char* flag) {
     const CLI::Option* o = app.get_option_no_throw(flag);
     return o != nullptr && o->count() > 0;

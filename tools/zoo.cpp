@@ -1,5 +1,7 @@
-// Model names and config overrides for the command line.
+// The model-family table, the families' builders and config overrides for the command line.
 #include "tools/zoo.h"
+
+#include <algorithm>
 
 namespace kiln::tools {
 namespace {
@@ -40,16 +42,10 @@ models::ResNetConfig resnet_config_from(const std::string& name, const std::vect
 }
 
 BertName parse_bert_name(const std::string& name) {
-  KILN_CHECK(name.rfind("bert-", 0) == 0, "--model ", name,
-             ": unknown (expected resnet20..resnet152, bert-SIZE, bert-SIZE-mlm or bert-SIZE-cls; SIZE is tiny, "
-             "mini, small, base or large)");
-  BertName b{name.substr(5), ""};
-  for (const char* h : {"-mlm", "-cls"})
-    if (b.size.size() > 4 && b.size.compare(b.size.size() - 4, 4, h) == 0) {
-      b.head = h + 1;
-      b.size = b.size.substr(0, b.size.size() - 4);
-    }
-  return b;
+  for (const auto& size : models::bert_sizes())
+    for (const char* head : {"", "mlm", "cls"})
+      if (name == "bert-" + size + (*head ? std::string("-") + head : "")) return {size, head};
+  KILN_FAIL(unknown_model_message(name));
 }
 
 models::BertConfig bert_config_from(const std::string& size, const std::vector<std::string>& sets) {
@@ -72,6 +68,106 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
                    "attention_dropout)");
   }
   return c;
+}
+
+namespace {
+
+const Tensor& need(const std::map<std::string, Tensor>& in, const std::string& name, const std::string& file) {
+  auto it = in.find(name);
+  KILN_CHECK(it != in.end(), file, ": no tensor named '", name, "'");
+  return it->second;
+}
+
+BuiltModel build_resnet(const std::string& name, const std::vector<std::string>& sets, bool /*deterministic*/) {
+  auto m = models::make_resnet(resnet_config_from(name, sets));  // no dropout to turn off
+  BuiltModel b;
+  b.module = m;
+  b.input_names = {"input"};
+  b.run = [m](const std::map<std::string, Tensor>& in, const std::string& file) {
+    return std::map<std::string, Tensor>{{"output", (*m)(need(in, "input", file))}};
+  };
+  return b;
+}
+
+// bert-SIZE: the encoder (output: the last hidden state); -mlm: the masked-LM head (output: the
+// vocabulary logits); -cls: sequence classification (output: the logits). The encoder and the
+// classifier also give their pooled output.
+BuiltModel build_bert(const std::string& name, const std::vector<std::string>& sets, bool deterministic) {
+  const BertName bn = parse_bert_name(name);
+  models::BertConfig c = bert_config_from(bn.size, sets);
+  if (deterministic) c.hidden_dropout = c.attention_dropout = 0.0;
+  auto opt = [](const std::map<std::string, Tensor>& in, const char* n) {
+    auto it = in.find(n);
+    return it == in.end() ? Tensor() : it->second;
+  };
+  BuiltModel b;
+  b.input_names = {"input_ids", "attention_mask", "token_type_ids"};
+  if (bn.head == "mlm") {
+    auto m = std::make_shared<models::BertForMaskedLM>(c);
+    b.module = m;
+    b.run = [m, opt](const std::map<std::string, Tensor>& in, const std::string& file) {
+      return std::map<std::string, Tensor>{
+          {"output", m->forward(need(in, "input_ids", file), opt(in, "attention_mask"), opt(in, "token_type_ids"))}};
+    };
+  } else if (bn.head == "cls") {
+    auto m = std::make_shared<models::BertForSequenceClassification>(c);
+    b.module = m;
+    b.run = [m, opt](const std::map<std::string, Tensor>& in, const std::string& file) {
+      const models::BertOutputs bo =
+          m->bert->forward(need(in, "input_ids", file), opt(in, "attention_mask"), opt(in, "token_type_ids"));
+      return std::map<std::string, Tensor>{{"output", (*m->classifier)((*m->dropout)(bo.pooled_output))},
+                                           {"pooled_output", bo.pooled_output}};
+    };
+  } else {
+    auto m = std::make_shared<models::BertModel>(c);
+    b.module = m;
+    b.run = [m, opt](const std::map<std::string, Tensor>& in, const std::string& file) {
+      const models::BertOutputs bo =
+          m->forward(need(in, "input_ids", file), opt(in, "attention_mask"), opt(in, "token_type_ids"));
+      return std::map<std::string, Tensor>{{"output", bo.last_hidden_state}, {"pooled_output", bo.pooled_output}};
+    };
+  }
+  return b;
+}
+
+std::vector<std::string> bert_names() {
+  std::vector<std::string> v;
+  for (const auto& size : models::bert_sizes())
+    for (const char* head : {"", "-mlm", "-cls"}) v.push_back("bert-" + size + head);
+  return v;
+}
+
+}  // namespace
+
+const std::vector<ModelFamily>& model_families() {
+  static const std::vector<ModelFamily> families = {
+      {"ResNet", ModelInput::images, models::resnet_names(), build_resnet},
+      {"BERT", ModelInput::tokens, bert_names(), build_bert},
+  };
+  return families;
+}
+
+const ModelFamily* find_model_family(const std::string& name) {
+  for (const ModelFamily& f : model_families())
+    if (std::find(f.names.begin(), f.names.end(), name) != f.names.end()) return &f;
+  return nullptr;
+}
+
+const ModelFamily& model_family(const std::string& name) {
+  const ModelFamily* f = find_model_family(name);
+  KILN_CHECK(f != nullptr, unknown_model_message(name));
+  return *f;
+}
+
+std::string model_names_text() {
+  std::string s;
+  for (const ModelFamily& f : model_families())
+    for (const auto& n : f.names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+std::string unknown_model_message(const std::string& name) {
+  return "--model " + name + ": unknown (expected one of " + model_names_text() + ")";
 }
 
 // Old BERT checkpoints name LayerNorm parameters gamma/beta, and carry the tied decoder and

@@ -1,6 +1,11 @@
-// Model names on the command line (resnet20, bert-base-mlm, ...) and `--set key=value` overrides,
-// shared by `kiln forward`, `kiln train`, `kiln eval` and `kiln bench`.
+// Models by name on the command line (resnet20, bert-base-mlm, ...): one table of model families,
+// each with every name it takes and how it builds them with `--set key=value` overrides. `kiln
+// forward`, `kiln train`, `kiln eval`, `kiln bench` and `kiln ckpt import` look names up here, and
+// an unknown name's error lists the table's names; a new family is one row of model_families().
 #pragma once
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -9,14 +14,52 @@
 
 namespace kiln::tools {
 
+// What a family's models take: the tasks, defaults and checks of `kiln train` and the synthetic
+// batches of `kiln bench train` follow it.
+enum class ModelInput {
+  images,  // [N, C, H, W] batches: image classification
+  tokens,  // input_ids (attention_mask, token_type_ids): masked LM, text classification
+};
+
+// One model ready for `kiln forward` and `kiln ckpt import`: the module, the tensors its forward
+// takes (by name, from a safetensors file), and that forward by name.
+struct BuiltModel {
+  std::shared_ptr<nn::Module> module;
+  std::vector<std::string> input_names;
+  // in: the inputs by name (from `file`, which a missing one's error names) -> the outputs by
+  // name, "output" first among them.
+  std::function<std::map<std::string, Tensor>(const std::map<std::string, Tensor>& in, const std::string& file)> run;
+};
+
+struct ModelFamily {
+  const char* name;                // "ResNet", "BERT": what messages call the family
+  ModelInput input;
+  std::vector<std::string> names;  // every --model value of the family, in the order they are listed
+  // The model `name` (one of names) with `key=value` overrides; deterministic: dropout off whatever
+  // the config says (`kiln forward` compares outputs with other frameworks).
+  BuiltModel (*build)(const std::string& name, const std::vector<std::string>& sets, bool deterministic);
+};
+
+const std::vector<ModelFamily>& model_families();
+// The family that takes `name`, or null.
+const ModelFamily* find_model_family(const std::string& name);
+// The family that takes `name`; an unknown name is an error listing every name of the table.
+const ModelFamily& model_family(const std::string& name);
+// "--model NAME: unknown (expected one of resnet20, ..., bert-large-cls)": the error of an unknown
+// name, for a caller that collects errors rather than throwing.
+std::string unknown_model_message(const std::string& name);
+// Every name of the table, comma-separated (for --help).
+std::string model_names_text();
+
 // Applies `key=value` overrides to a ResNet config (num_classes, in_channels, zero_init_residual).
 models::ResNetConfig resnet_config_from(const std::string& name, const std::vector<std::string>& sets);
 
 struct BertName {
-  std::string size;  // tiny, mini, small, base, large
+  std::string size;  // one of models::bert_sizes()
   std::string head;  // "", "mlm" or "cls"
 };
-// "bert-tiny", "bert-base-mlm", "bert-small-cls"; anything else is an error listing the known names.
+// A BERT family name ("bert-tiny", "bert-base-mlm", "bert-small-cls") split; anything else is
+// the unknown-model error.
 BertName parse_bert_name(const std::string& name);
 // The size's config with `key=value` overrides (vocab_size, hidden_size, num_layers, ...).
 models::BertConfig bert_config_from(const std::string& size, const std::vector<std::string>& sets);
