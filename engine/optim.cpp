@@ -138,7 +138,15 @@ void Optimizer::load_state(const OptimizerState& s) {
     slots[g][i][key.substr(b + 1)] = t.device() == p.device() ? t.clone() : t.to(p.device());
   }
   steps_ = int64_t(it->second);
-  step_count_ = full({}, it->second, TensorOptions(DType::f64, groups_.front().params.front().device()));
+  // The count goes where the parameters are (the first one of any group: a group may be empty);
+  // an optimizer without parameters keeps it on the CPU. step() moves it if they move later.
+  Device dev = kCPU;
+  for (const ParamGroup& g : groups_)
+    if (!g.params.empty()) {
+      dev = g.params.front().device();
+      break;
+    }
+  step_count_ = full({}, it->second, TensorOptions(DType::f64, dev));
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto lr = s.scalars.find("group" + std::to_string(g) + ".lr");
     if (lr != s.scalars.end()) groups_[g].lr = lr->second;

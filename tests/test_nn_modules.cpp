@@ -202,6 +202,34 @@ TEST_CASE("optim: AdamW by hand") {
   CHECK_THROWS_AS(sgd.load_state(opt.state()), kiln::Error);
 }
 
+TEST_CASE("optim: load_state with an empty first group, and with no parameters at all") {
+  // A hand-made group list may lead with an empty group: the restored step count still goes to the
+  // parameters' device, and the restored optimizer continues as the saved one does.
+  Tensor p = param({0.5});
+  optim::SGD a({optim::ParamGroup({}, 0.1), optim::ParamGroup({p}, 0.1)}, {0.9});
+  for (double g : {0.2, -0.4}) {
+    p.set_grad(from_vector({g}, {1}));
+    a.step();
+  }
+  Tensor q = param({p.item<double>()});
+  optim::SGD b({optim::ParamGroup({}, 0.1), optim::ParamGroup({q}, 0.1)}, {0.9});
+  b.load_state(a.state());
+  CHECK(b.steps() == 2);
+  p.set_grad(from_vector({0.3}, {1}));
+  q.set_grad(from_vector({0.3}, {1}));
+  a.step();
+  b.step();
+  CHECK(p.item<double>() == q.item<double>());
+  // No parameters anywhere: the count alone, on the CPU.
+  optim::SGD none({optim::ParamGroup({}, 0.1)});
+  none.step();
+  optim::SGD none2({optim::ParamGroup({}, 0.1)});
+  none2.load_state(none.state());
+  CHECK(none2.steps() == 1);
+  none2.step();
+  CHECK(none2.steps() == 2);
+}
+
 TEST_CASE("optim: LAMB by hand, trust ratio") {
   Tensor p = param({3.0, 4.0});  // ||p|| = 5
   optim::LAMB opt({{{p}, 0.1, 0.0}}, {0.9, 0.999, 1e-6});
