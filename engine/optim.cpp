@@ -24,7 +24,6 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
                  " has a negative lr or weight decay");
     }
     slots_.emplace_back(groups_[g].params.size());
-    started_.emplace_back(groups_[g].params.size(), false);
   }
 }
 
@@ -59,7 +58,8 @@ void Optimizer::step(const Tensor& skip_if) {
   step_count_.add_(skip_if.defined() ? eq(skip_if, scalar_like(0.0, skip_if)) : scalar_like(1.0, step_count_));
   // The host reads the flag and the count, once, only where it must: for the per-tensor path, and
   // when a parameter's state is made this step (a skipped step makes none, as if it never ran:
-  // SGD's first momentum is the direction itself).
+  // SGD's first momentum is the direction itself). A parameter whose slots are still empty after
+  // its slice is made has no state to make (SGD without momentum): its steps read nothing.
   std::optional<bool> host_skip;
   auto skip_on_host = [&] {
     if (!host_skip) host_skip = skip_if.defined() && skip_if.item<double>() != 0.0;
@@ -76,9 +76,14 @@ void Optimizer::step(const Tensor& skip_if) {
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
       if (fuse && p.dtype() == DType::f32 && grad.dtype() == DType::f32 && p.is_contiguous() && grad.is_contiguous()) {
-        if (!started_[g][i] && skip_if.defined() && skip_on_host()) continue;  // skipped: no state made
-        started_[g][i] = true;
-        slices.push_back(fused_slice(p, grad, slots_[g][i]));
+        auto& slots = slots_[g][i];
+        const bool had_state = !slots.empty();
+        const OptimSlice slice = fused_slice(p, grad, slots);
+        if (!had_state && !slots.empty() && skip_if.defined() && skip_on_host()) {
+          slots.clear();  // skipped: the state just made is dropped (no kernel has touched it)
+          continue;
+        }
+        slices.push_back(slice);
         p.bump_version();
       } else if (!skip_on_host()) {
         if (!have_steps) steps_ = int64_t(step_count_.item<double>());  // this step's number, once
@@ -137,7 +142,6 @@ void Optimizer::load_state(const OptimizerState& s) {
     const Tensor& p = groups_[g].params[i];  // state follows its parameter (a CPU checkpoint resumes on a GPU)
     slots[g][i][key.substr(b + 1)] = t.device() == p.device() ? t.clone() : t.to(p.device());
   }
-  steps_ = int64_t(it->second);
   // The count goes where the parameters are (the first one of any group: a group may be empty);
   // an optimizer without parameters keeps it on the CPU. step() moves it if they move later.
   Device dev = kCPU;
@@ -151,8 +155,6 @@ void Optimizer::load_state(const OptimizerState& s) {
     auto lr = s.scalars.find("group" + std::to_string(g) + ".lr");
     if (lr != s.scalars.end()) groups_[g].lr = lr->second;
   }
-  for (size_t g = 0; g < slots.size(); ++g)
-    for (size_t i = 0; i < slots[g].size(); ++i) started_[g][i] = !slots[g][i].empty();
   slots_ = std::move(slots);
 }
 

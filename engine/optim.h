@@ -60,17 +60,19 @@ class Optimizer {
   // Updates parameter p (index i of group g) with gradient grad; slots are this parameter's state.
   virtual void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) = 0;
   virtual std::map<std::string, double> hyper() const = 0;
-  // This step's number (skipped steps not counted), for the per-tensor update() path only: read
-  // from the device-side count when that path runs.
+  // This step's number (skipped steps not counted), for the per-tensor update() path only: a host
+  // copy of step_count_, read once in a step that runs that path (update() is called once per
+  // parameter, and the fused path must not wait for the device).
   int64_t steps_ = 0;
 
  private:
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<std::map<std::string, Tensor>>> slots_;  // [group][param] -> slot -> tensor
-  Tensor step_count_;  // f64 [] on the parameters' device: steps taken, read by the fused kernels
-  // [group][param]: updated by the fused path at least once (before that, a step that might be
-  // skipped reads the flag on the host, so that a skipped step makes no state)
-  std::vector<std::vector<bool>> started_;
+  // f64 [] on the parameters' device: steps taken, the one count (the fused kernels read it there;
+  // steps() and the per-tensor path's steps_ read it on the host). Whether a parameter's state
+  // exists is its slots: a step that might be skipped reads the flag on the host only while they
+  // are being made.
+  Tensor step_count_;
 };
 
 struct SgdOptions {

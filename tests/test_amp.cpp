@@ -208,4 +208,15 @@ TEST_CASE("grad scaler: a skipped first step makes no optimizer state; an empty 
   CHECK(a.to_vector() == b.to_vector());
   CHECK(oa.steps() == 1);
   CHECK(oa.state().tensors.at("1.0.momentum_buffer").to_vector() == ob.state().tensors.at("0.0.momentum_buffer").to_vector());
+  // SGD without momentum has no state to make: even its first step under the flag reads nothing
+  // on the host (the kernel skips it on the device).
+  Tensor c = from_vector({1, 2, 3}, {3}).set_requires_grad();
+  optim::SGD plain({optim::ParamGroup({c}, 0.1)});
+  c.set_grad(from_vector({INFINITY, 0, 0}, {3}));
+  const uint64_t reads = host_read_count();
+  sc.step(plain, {c});
+  CHECK(host_read_count() == reads);
+  CHECK(sc.last_step_skipped());
+  CHECK(c.to_vector() == std::vector<double>{1, 2, 3});
+  CHECK(plain.state().tensors.empty());
 }
