@@ -12,6 +12,16 @@ TensorDesc desc(const Tensor& t);
 // The view of `t` broadcast to `shape` as a kernel descriptor (stride 0 on broadcast dims).
 TensorDesc desc_broadcast(const Tensor& t, const Shape& shape);
 const Backend& backend(Device d);
+// Tests only: while one lives, CPU tensors run `b`'s kernels instead of the CPU backend's (the
+// CUDA kernels under the emulator, kernels/cuda/emulator, on host memory). Not nested; not while
+// another thread runs ops.
+class BackendOverride {
+ public:
+  explicit BackendOverride(const Backend& b);
+  ~BackendOverride();
+  BackendOverride(const BackendOverride&) = delete;
+  BackendOverride& operator=(const BackendOverride&) = delete;
+};
 // All tensors on one device; names the op and the devices otherwise.
 Device common_device(const char* op, const std::vector<Tensor>& ts);
 std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op);

@@ -84,6 +84,13 @@ double worst_error(const Tensor& got, const Tensor& want);
 // error. `what` says which comparison this is.
 std::string compare(const Row& row, const RunResult& got, const RunResult& want, double tol, const std::string& what);
 
+// Parity of a device with the CPU: the row through `got` (the device under test, from the CPU
+// inputs) against run_row on the CPU, in f32 with tol32 and, where lowp, f16 and bf16 with tol16,
+// contiguous and (where an input is transposable) non-contiguous. Returns every failure's message
+// (`who` names the device in them); empty when all agree.
+using Runner = std::function<RunResult(const std::vector<Tensor>& cpu_inputs, bool transposed)>;
+std::vector<std::string> parity(const Row& row, const std::string& who, const Runner& got);
+
 // The deterministic mode for a CUDA run inside a row (the CPU has one mode); the Context's guard
 // restores the settings at scope exit.
 class DeterministicOnCuda {

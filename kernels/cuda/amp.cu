@@ -58,9 +58,8 @@ template <typename T> void unscale_typed(int64_t n, void* x, const double* scale
   const uintptr_t mis = uintptr_t(x) % 16;
   const int64_t head = std::min<int64_t>(n, mis == 0 ? 0 : int64_t(16 - mis) / int64_t(sizeof(T)));
   const int64_t nvec = (n - head) / kVec, scalars = n - nvec * kVec;
-  unscale_kernel<T, C><<<grid_for(std::max(nvec, scalars)), kThreads, 0, s>>>(n, head, nvec, static_cast<T*>(x), scale,
-                                                                             found_inf);
-  KILN_LAUNCH_OK("unscale_kernel");
+  launch("unscale_kernel", unscale_kernel<T, C>, grid_for(std::max(nvec, scalars)), kThreads, 0, s, n, head, nvec,
+         static_cast<T*>(x), scale, found_inf);
 }
 
 }  // namespace
@@ -78,8 +77,8 @@ void unscale_check(DType dt, int64_t n, void* x, const double* scale, float* fou
 }
 
 void amp_update_scale(double* state, const float* found_inf, double growth, double backoff, int64_t interval) {
-  update_scale_kernel<<<1, 1, 0, current().stream>>>(state, found_inf, growth, backoff, interval);
-  KILN_LAUNCH_OK("update_scale_kernel");
+  launch("update_scale_kernel", update_scale_kernel, 1, 1, 0, current().stream, state, found_inf, growth, backoff,
+         interval);
 }
 
 }  // namespace kiln::cuda

@@ -47,6 +47,7 @@ inline BnChunking bn_chunking(int64_t c, int64_t count) {
 // slot cuDNN reads starts aligned.
 inline size_t bn_slot_bytes(int64_t c, size_t elem) { return (size_t(c) * elem + 255) / 256 * 256; }
 
+#ifndef KILN_CUDA_EMULATION  // the emulator has no cuDNN: batch norm takes the handwritten kernels there
 struct BnTensor {
   cudnnTensorDescriptor_t d = nullptr;
   // [n, c, h, 1] in NCHW, or in NHWC (memory [n, h, c]) when nhwc.
@@ -69,11 +70,17 @@ void check_cudnn_bn(int64_t n, int64_t c, int64_t hw, double eps) {
              CUDNN_BN_MIN_EPSILON);
 }
 
-// Writes v to n elements. Launch: grid_for(n); one T written per element.
-template <typename T> __global__ void __launch_bounds__(kThreads) fill_kernel(int64_t n, T v, T* p) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = v;
+// c ones of T for cuDNN's stand-in scale (the backend's fill kernel).
+template <typename T> void fill_ones(T* p, int64_t c) {
+  TensorDesc d;
+  d.data = p;
+  d.dtype = std::is_same_v<T, double> ? DType::f64 : DType::f32;
+  d.ndim = 1;
+  d.shape[0] = c;
+  d.strides[0] = 1;
+  fill(d, 1.0);
 }
+#endif
 
 // Value q of a channel's n*hw values is at image i = q / hw, offset j = q % hw; steps q by a fixed
 // stride with one compare instead of a 64-bit division per step.
@@ -259,18 +266,15 @@ void bn_forward_handwritten(Context& ctx, int64_t n, int64_t c, int64_t hw, doub
   DeviceBuffer affine(size_t(2 * c) * sizeof(T));
   double* part = partial.get<double>();
   const dim3 grid(unsigned(c), unsigned(ck.chunks));
-  bn_partial_kernel<T, BnSum::x><<<grid, kThreads, 0, ctx.stream>>>(n, c, hw, ck.chunk, x, nullptr, nullptr, part);
-  KILN_LAUNCH_OK("bn_partial_kernel");
-  bn_mean_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(c, ck.chunks, count, part, mean);
-  KILN_LAUNCH_OK("bn_mean_kernel");
-  bn_partial_kernel<T, BnSum::dev2><<<grid, kThreads, 0, ctx.stream>>>(n, c, hw, ck.chunk, x, nullptr, mean,
-                                                                       part + c * ck.chunks);
-  KILN_LAUNCH_OK("bn_partial_kernel");
-  bn_stats_finish_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(c, ck.chunks, count, eps, momentum, part, gamma,
-                                                                      beta, rmean, rvar, mean, rstd, affine.get<T>());
-  KILN_LAUNCH_OK("bn_stats_finish_kernel");
-  bn_apply_kernel<T><<<grid_for(n * c * hw), kThreads, 0, ctx.stream>>>(n * c * hw, c, hw, x, affine.get<T>(), y);
-  KILN_LAUNCH_OK("bn_apply_kernel");
+  launch("bn_partial_kernel", bn_partial_kernel<T, BnSum::x>, grid, kThreads, 0, ctx.stream, n, c, hw, ck.chunk, x,
+         nullptr, nullptr, part);
+  launch("bn_mean_kernel", bn_mean_kernel<T>, grid_for(c), kThreads, 0, ctx.stream, c, ck.chunks, count, part, mean);
+  launch("bn_partial_kernel", bn_partial_kernel<T, BnSum::dev2>, grid, kThreads, 0, ctx.stream, n, c, hw, ck.chunk, x,
+         nullptr, mean, part + c * ck.chunks);
+  launch("bn_stats_finish_kernel", bn_stats_finish_kernel<T>, grid_for(c), kThreads, 0, ctx.stream, c, ck.chunks, count,
+         eps, momentum, part, gamma, beta, rmean, rvar, mean, rstd, affine.get<T>());
+  launch("bn_apply_kernel", bn_apply_kernel<T>, grid_for(n * c * hw), kThreads, 0, ctx.stream, n * c * hw, c, hw, x,
+         affine.get<T>(), y);
 }
 
 // The handwritten backward: the two sums per channel (skipped when nothing needs them), the finish
@@ -285,16 +289,14 @@ void bn_backward_handwritten(Context& ctx, int64_t n, int64_t c, int64_t hw, boo
   DeviceBuffer partial(size_t(2 * c * chunks) * sizeof(double));
   DeviceBuffer coef(gx && total > 0 ? size_t(3 * c) * sizeof(T) : 0);
   if (sums) {
-    bn_partial_kernel<T, BnSum::grad><<<dim3(unsigned(c), unsigned(chunks)), kThreads, 0, ctx.stream>>>(
-        n, c, hw, ck.chunk, x, gy, mean, partial.get<double>());
-    KILN_LAUNCH_OK("bn_partial_kernel");
+    launch("bn_partial_kernel", bn_partial_kernel<T, BnSum::grad>, dim3(unsigned(c), unsigned(chunks)), kThreads, 0,
+           ctx.stream, n, c, hw, ck.chunk, x, gy, mean, partial.get<double>());
   }
-  bn_backward_finish_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(
-      c, chunks, count, training, partial.get<double>(), gamma, mean, rstd, ggamma, gbeta, coef.get<T>());
-  KILN_LAUNCH_OK("bn_backward_finish_kernel");
+  launch("bn_backward_finish_kernel", bn_backward_finish_kernel<T>, grid_for(c), kThreads, 0, ctx.stream, c, chunks,
+         count, training, partial.get<double>(), gamma, mean, rstd, ggamma, gbeta, coef.get<T>());
   if (!coef.get<T>()) return;
-  bn_backward_apply_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(total, c, hw, x, gy, coef.get<T>(), gx);
-  KILN_LAUNCH_OK("bn_backward_apply_kernel");
+  launch("bn_backward_apply_kernel", bn_backward_apply_kernel<T>, grid_for(total), kThreads, 0, ctx.stream, total, c,
+         hw, x, gy, coef.get<T>(), gx);
 }
 
 }  // namespace
@@ -315,23 +317,24 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
     if (!training) {
       KILN_CHECK(running_mean && running_var, "cuda batch_norm: eval mode needs running_mean and running_var");
       DeviceBuffer affine(size_t(2 * c) * sizeof(T));
-      bn_eval_prepare_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(
-          c, eps, cp<T>(gamma), cp<T>(beta), cp<T>(running_mean), cp<T>(running_var), mp<T>(mean), mp<T>(rstd),
-          affine.get<T>());
-      KILN_LAUNCH_OK("bn_eval_prepare_kernel");
+      launch("bn_eval_prepare_kernel", bn_eval_prepare_kernel<T>, grid_for(c), kThreads, 0, ctx.stream, c, eps,
+             cp<T>(gamma), cp<T>(beta), cp<T>(running_mean), cp<T>(running_var), mp<T>(mean), mp<T>(rstd),
+             affine.get<T>());
       const int64_t total = n * c * hw;
       if (total == 0) return;
-      bn_apply_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(total, c, hw, cp<T>(x), affine.get<T>(),
-                                                                       mp<T>(y));
-      KILN_LAUNCH_OK("bn_apply_kernel");
+      launch("bn_apply_kernel", bn_apply_kernel<T>, grid_for(total), kThreads, 0, ctx.stream, total, c, hw, cp<T>(x),
+             affine.get<T>(), mp<T>(y));
       return;
     }
     KILN_CHECK(n * hw > 1, "cuda batch_norm: training needs more than one value per channel, got [", n, ", ", c, ", ",
                hw, "]");
+#ifndef KILN_CUDA_EMULATION
     if (deterministic()) {
+#endif
       bn_forward_handwritten<T>(ctx, n, c, hw, eps, momentum, cp<T>(x), cp<T>(gamma), cp<T>(beta),
                                 mp<T>(running_mean), mp<T>(running_var), mp<T>(y), mp<T>(mean), mp<T>(rstd));
       return;
+#ifndef KILN_CUDA_EMULATION
     }
     check_cudnn_bn(n, c, hw, eps);
     // cuDNN needs scale and bias, and both running buffers or neither: stand-ins for what is missing
@@ -342,10 +345,7 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
     T* ones = scratch.get<T>();
     T* zeros = reinterpret_cast<T*>(scratch.get<char>() + slot);
     T* spare = reinterpret_cast<T*>(scratch.get<char>() + 2 * slot);
-    if (!gamma) {
-      fill_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(c, T(1), ones);
-      KILN_LAUNCH_OK("fill_kernel");
-    }
+    if (!gamma) fill_ones(ones, c);
     if (!beta) KILN_CUDA_OK(cudaMemsetAsync(zeros, 0, size_t(c) * sizeof(T), ctx.stream));
     if (stand_in_running) KILN_CUDA_OK(cudaMemsetAsync(spare, 0, size_t(c) * sizeof(T), ctx.stream));
     void* rm = stand_in_running && !running_mean ? spare : running_mean;
@@ -356,6 +356,7 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
     KILN_CUDNN_OK(cudnnBatchNormalizationForwardTraining(
         ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x, xd.d, y, pd.d, gamma ? gamma : ones,
         beta ? beta : zeros, momentum, rm, rv, eps, mean, rstd));
+#endif
   });
 }
 
@@ -374,16 +375,14 @@ void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool traini
                                  cp<T>(gy), mp<T>(gx), mp<T>(ggamma), mp<T>(gbeta));
       return;
     }
+#ifndef KILN_CUDA_EMULATION
     // cuDNN asks for the forward's epsilon (it uses the saved statistics, but the value must agree).
     const double bn_eps = std::max(eps, double(CUDNN_BN_MIN_EPSILON));
     check_cudnn_bn(n, c, hw, bn_eps);
     const size_t slot = bn_slot_bytes(c, sizeof(T));
     DeviceBuffer scratch(3 * slot);
     T* ones = scratch.get<T>();
-    if (!gamma) {
-      fill_kernel<T><<<grid_for(c), kThreads, 0, ctx.stream>>>(c, T(1), ones);
-      KILN_LAUNCH_OK("fill_kernel");
-    }
+    if (!gamma) fill_ones(ones, c);
     void* dg = ggamma ? ggamma : scratch.get<char>() + slot;
     void* db = gbeta ? gbeta : scratch.get<char>() + 2 * slot;
     const cudnnDataType_t type = std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
@@ -392,6 +391,7 @@ void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool traini
     KILN_CUDNN_OK(cudnnBatchNormalizationBackward(ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
                                                   xd.d, x, xd.d, gy, xd.d, gx, pd.d, gamma ? gamma : ones, dg, db,
                                                   bn_eps, mean, rstd));
+#endif
   });
 }
 

@@ -1,10 +1,15 @@
 // Per-device state of the CUDA backend and what every .cu file shares: the Context (streams,
 // library handles, the device error word), scratch memory, launch helpers and the element types
-// as device code sees them. Only for .cu files: it includes the CUDA headers.
+// as device code sees them. Only for .cu files: it includes the CUDA headers (or, in the emulated
+// build of the kernels, kernels/cuda/emulator/cuda_runtime_emulated.h).
 #pragma once
+#ifdef KILN_CUDA_EMULATION
+#include "kernels/cuda/emulator/cuda_runtime_emulated.h"
+#else
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -53,7 +58,20 @@ enum class KernelError : int {
   int_div_zero,    // integer division by zero
   int_pow_negative,  // an integer raised to a negative integer power
 };
-const char* kernel_error_text(KernelError e);
+inline const char* kernel_error_text(KernelError e) {
+  switch (e) {
+    case KernelError::none: return "no error";
+    case KernelError::index_select: return "index_select/embedding: an index is out of range";
+    case KernelError::index_add: return "index_add (index_select/embedding backward): an index is out of range";
+    case KernelError::gather: return "gather: an index is out of range";
+    case KernelError::scatter_add: return "scatter_add: an index is out of range";
+    case KernelError::max_pool_index: return "max_pool2d backward: a saved index is outside its plane";
+    case KernelError::ce_target: return "cross_entropy: a target is outside [0, classes) and is not ignore_index";
+    case KernelError::int_div_zero: return "div: integer division by zero";
+    case KernelError::int_pow_negative: return "pow: an integer raised to a negative integer exponent";
+  }
+  return "unknown kernel error";
+}
 
 // One per device, created on first use and kept until the process exits.
 struct Context {
@@ -113,6 +131,20 @@ class DeviceBuffer {
 
 // ---- launch shapes -----------------------------------------------------------------------------
 constexpr int kThreads = 256;
+
+// Queues kernel k on stream s with the given shape and checks the launch, naming the kernel (`name`,
+// its source name: the emulator's coverage list goes by it). In the emulated build, runs every
+// thread of the grid on the host before it returns.
+template <typename... P, typename... A>
+void launch(const char* name, void (*k)(P...), dim3 grid, dim3 block, size_t shared, cudaStream_t s, A... args) {
+#ifdef KILN_CUDA_EMULATION
+  (void)s;
+  emu::run(name, grid, block, shared, [&] { k(args...); });
+#else
+  k<<<grid, block, shared, s>>>(args...);
+#endif
+  KILN_LAUNCH_OK(name);
+}
 // Blocks for a grid-stride loop over n items: enough to fill the device, never more than needed.
 inline unsigned grid_for(int64_t n, int threads = kThreads) {
   const int64_t want = (n + threads - 1) / threads;

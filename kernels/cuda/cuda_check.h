@@ -1,7 +1,12 @@
 // One macro for CUDA runtime return codes: a failed call throws kiln::Error naming the call and the
-// runtime's own error name and string. Only for .cu files (it needs cuda_runtime.h).
+// runtime's own error name and string. Only for .cu files (it needs cuda_runtime.h, or the
+// emulator's stand-in for it).
 #pragma once
+#ifdef KILN_CUDA_EMULATION
+#include "kernels/cuda/emulator/cuda_runtime_emulated.h"
+#else
 #include <cuda_runtime.h>
+#endif
 
 #include <string>
 

@@ -54,10 +54,9 @@ template <int N, typename F> __global__ void strided_kernel(MergedDims<N> g, F f
   }
 }
 
-template <int N, typename F> void launch_strided(const MergedDims<N>& g, const F& f, const char* what) {
+template <int N, typename F> void launch_strided(const MergedDims<N>& g, const F& f) {
   if (g.numel == 0) return;
-  strided_kernel<N><<<grid_for(g.numel), kThreads, 0, current().stream>>>(g, f);
-  KILN_LAUNCH_OK(what);
+  launch("strided_kernel", strided_kernel<N, F>, grid_for(g.numel), kThreads, 0, current().stream, g, f);
 }
 
 // 16 bytes of T.
@@ -97,11 +96,10 @@ __global__ void vector_kernel(T* out, const T* in0, const T* in1, int64_t n, F f
 }
 
 template <typename T, int NIN, typename F>
-void launch_vector(T* out, const T* in0, const T* in1, int64_t n, const F& f, const char* what) {
+void launch_vector(T* out, const T* in0, const T* in1, int64_t n, const F& f) {
   if (n == 0) return;
-  vector_kernel<T, NIN><<<grid_for((n + Pack<T>::n - 1) / Pack<T>::n), kThreads, 0, current().stream>>>(out, in0, in1,
-                                                                                                          n, f);
-  KILN_LAUNCH_OK(what);
+  launch("vector_kernel", vector_kernel<T, NIN, F>, grid_for((n + Pack<T>::n - 1) / Pack<T>::n), kThreads, 0,
+         current().stream, out, in0, in1, n, f);
 }
 
 // ---- copy ----------------------------------------------------------------------------------------
@@ -346,7 +344,7 @@ void copy(const TensorDesc& dst, const TensorDesc& src) {
           return;
         }
       }
-      launch_strided(g, CopyF<TO, TI>{static_cast<char*>(dst.data), static_cast<const char*>(src.data)}, "copy");
+      launch_strided(g, CopyF<TO, TI>{static_cast<char*>(dst.data), static_cast<const char*>(src.data)});
     });
   });
 }
@@ -357,7 +355,7 @@ void fill(const TensorDesc& dst, double value) {
   visit_dtype(dst.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T v = value_as<T>(value);
-    launch_strided(g, FillF<T>{static_cast<T*>(dst.data), v}, "fill");
+    launch_strided(g, FillF<T>{static_cast<T*>(dst.data), v});
   });
 }
 
@@ -367,10 +365,9 @@ void arange(const TensorDesc& dst, double start, double step) {
   if (n == 0) return;
   visit_dtype(dst.dtype, [&](auto tag) {
     using T = decltype(tag);
-    arange_kernel<T><<<grid_for(n), kThreads, 0, current().stream>>>(static_cast<T*>(dst.data), n, dst.strides[0],
-                                                                       start, step);
+    launch("arange_kernel", arange_kernel<T>, grid_for(n), kThreads, 0, current().stream, static_cast<T*>(dst.data), n,
+           dst.strides[0], start, step);
   });
-  KILN_LAUNCH_OK("arange");
 }
 
 void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, double p1) {
@@ -385,9 +382,9 @@ void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, 
     T* o = static_cast<T*>(dst.data);
     const T* a = static_cast<const T*>(src.data);
     if (contiguous(g) && aligned16(o) && aligned16(a)) {
-      launch_vector<T, 1>(o, a, nullptr, g.numel, f, "unary");
+      launch_vector<T, 1>(o, a, nullptr, g.numel, f);
     } else {
-      launch_strided(g, UnaryStridedF<T>{o, a, f}, "unary");
+      launch_strided(g, UnaryStridedF<T>{o, a, f});
     }
   });
 }
@@ -401,16 +398,16 @@ void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const Tenso
     const T* x = static_cast<const T*>(a.data);
     const T* y = static_cast<const T*>(b.data);
     if (is_comparison(op)) {
-      launch_strided(g, CompareStridedF<T>{static_cast<bool*>(dst.data), x, y, op}, "binary");
+      launch_strided(g, CompareStridedF<T>{static_cast<bool*>(dst.data), x, y, op});
       return;
     }
     KILN_ASSERT(dst.dtype == a.dtype, "binary op output dtype ", dst.dtype, " differs from input ", a.dtype);
     const BinaryF<T> f{op, DAcc<T>(alpha), current().error_word};
     T* o = static_cast<T*>(dst.data);
     if (contiguous(g) && aligned16(o) && aligned16(x) && aligned16(y)) {
-      launch_vector<T, 2>(o, x, y, g.numel, f, "binary");
+      launch_vector<T, 2>(o, x, y, g.numel, f);
     } else {
-      launch_strided(g, BinaryStridedF<T>{o, x, y, f}, "binary");
+      launch_strided(g, BinaryStridedF<T>{o, x, y, f});
     }
   });
 }
@@ -421,8 +418,7 @@ void where(const TensorDesc& dst, const TensorDesc& cond, const TensorDesc& a, c
   auto run = [&](auto word) {
     using W = decltype(word);
     launch_strided(g, WhereF<W>{static_cast<W*>(dst.data), static_cast<const bool*>(cond.data),
-                                static_cast<const W*>(a.data), static_cast<const W*>(b.data)},
-                   "where");
+                                static_cast<const W*>(a.data), static_cast<const W*>(b.data)});
   };
   switch (dtype_size(dst.dtype)) {
     case 1: return run(uint8_t{});
@@ -437,10 +433,9 @@ void random(RandomKind kind, const TensorDesc& dst, uint64_t seed, uint64_t offs
   if (n == 0) return;
   visit_dtype(dst.dtype, [&](auto tag) {
     using T = decltype(tag);
-    random_kernel<T><<<grid_for((n + 3) / 4), kThreads, 0, current().stream>>>(static_cast<T*>(dst.data), n, kind,
-                                                                                 seed, offset / 4, p0, p1);
+    launch("random_kernel", random_kernel<T>, grid_for((n + 3) / 4), kThreads, 0, current().stream,
+           static_cast<T*>(dst.data), n, kind, seed, offset / 4, p0, p1);
   });
-  KILN_LAUNCH_OK("random");
 }
 
 }  // namespace kiln::cuda

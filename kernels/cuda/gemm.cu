@@ -216,11 +216,10 @@ void cublaslt_gemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
       using T = decltype(tag);
       if constexpr (is_float_v<T>) {
         for (int64_t i = 0; i < batch; ++i)
-          scale_matrix<T><<<grid_for(m * n), kThreads, 0, ctx.stream>>>(static_cast<T*>(c) + i * sc, m, n, ldc,
-                                                                         DAcc<T>(beta));
+          launch("scale_matrix", scale_matrix<T>, grid_for(m * n), kThreads, 0, ctx.stream, static_cast<T*>(c) + i * sc,
+                 m, n, ldc, DAcc<T>(beta));
       }
     });
-    KILN_LAUNCH_OK("gemm (k = 0)");
     return;
   }
   // Column-major view: D (n x m, ld ldc) = opA'(B) (n x k) * opB'(A) (k x m).

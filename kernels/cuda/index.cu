@@ -1,6 +1,8 @@
 // CUDA kernels of the index ops, with the semantics of kernels/cpu/index.cpp: index_select/gather as
 // copies, index_add by a stable key sort and chunked run sums, scatter_add as a gather.
+#ifndef KILN_CUDA_EMULATION  // the emulated build: cuda_runtime_emulated.h
 #include <cub/cub.cuh>
+#endif
 
 #include <algorithm>
 #include <bit>
@@ -180,18 +182,17 @@ void index_select(DType dt, int64_t outer, int64_t n_src, int64_t inner, const v
   const uint64_t align = row_bytes | uintptr_t(src) | uintptr_t(dst);
   const int64_t unit = align % 16 == 0 ? 16 : align % 8 == 0 ? 8 : align % 4 == 0 ? 4 : align % 2 == 0 ? 2 : 1;
   const int64_t units = int64_t(row_bytes) / unit;
-  auto launch = [&](auto tag) {
+  auto run = [&](auto tag) {
     using U = decltype(tag);
-    index_select_kernel<U><<<grid_for(rows * units), kThreads, 0, ctx.stream>>>(
-        rows, n_idx, n_src, units, static_cast<const U*>(src), idx, static_cast<U*>(dst), ctx.error_word);
-    KILN_LAUNCH_OK("index_select_kernel");
+    launch("index_select_kernel", index_select_kernel<U>, grid_for(rows * units), kThreads, 0, ctx.stream, rows, n_idx,
+           n_src, units, static_cast<const U*>(src), idx, static_cast<U*>(dst), ctx.error_word);
   };
   switch (unit) {
-    case 16: launch(uint4{}); break;
-    case 8: launch(uint2{}); break;
-    case 4: launch(uint32_t{}); break;
-    case 2: launch(uint16_t{}); break;
-    default: launch(uint8_t{}); break;
+    case 16: run(uint4{}); break;
+    case 8: run(uint2{}); break;
+    case 4: run(uint32_t{}); break;
+    case 2: run(uint16_t{}); break;
+    default: run(uint8_t{}); break;
   }
 }
 
@@ -200,17 +201,16 @@ void gather(DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* s
   const int64_t total = outer * n_idx * inner;
   if (total == 0) return;
   Context& ctx = current();
-  auto launch = [&](auto tag) {
+  auto run = [&](auto tag) {
     using U = decltype(tag);
-    gather_kernel<U><<<grid_for(total), kThreads, 0, ctx.stream>>>(
-        outer, n_src, n_idx, inner, static_cast<const U*>(src), idx, static_cast<U*>(dst), ctx.error_word);
-    KILN_LAUNCH_OK("gather_kernel");
+    launch("gather_kernel", gather_kernel<U>, grid_for(total), kThreads, 0, ctx.stream, outer, n_src, n_idx, inner,
+           static_cast<const U*>(src), idx, static_cast<U*>(dst), ctx.error_word);
   };
   switch (dtype_size(dt)) {
-    case 1: launch(uint8_t{}); break;
-    case 2: launch(uint16_t{}); break;
-    case 4: launch(uint32_t{}); break;
-    case 8: launch(uint64_t{}); break;
+    case 1: run(uint8_t{}); break;
+    case 2: run(uint16_t{}); break;
+    case 4: run(uint32_t{}); break;
+    case 8: run(uint64_t{}); break;
     default: KILN_FAIL("cuda gather: dtype ", dt, " is not supported");
   }
 }
@@ -226,9 +226,8 @@ void index_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst,
     uint64_t* keys_out = keys_in + n_idx;
     int64_t* pos_in = reinterpret_cast<int64_t*>(keys_out + n_idx);
     int64_t* pos_out = pos_in + n_idx;
-    index_add_keys_kernel<<<grid_for(n_idx), kThreads, 0, ctx.stream>>>(n_idx, n_dst, idx, keys_in, pos_in,
-                                                                        ctx.error_word);
-    KILN_LAUNCH_OK("index_add_keys_kernel");
+    launch("index_add_keys_kernel", index_add_keys_kernel, grid_for(n_idx), kThreads, 0, ctx.stream, n_idx, n_dst, idx,
+           keys_in, pos_in, ctx.error_word);
     // Keys lie in [0, n_dst]: sort only their bits. The radix sort is stable, so a run of equal keys
     // keeps its positions in ascending order.
     const int end_bit = std::max(1, int(std::bit_width(uint64_t(n_dst))));
@@ -244,13 +243,11 @@ void index_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst,
     DeviceBuffer sums(2 * part * sizeof(DAcc<T>));
     DAcc<T>* lead = sums.get<DAcc<T>>();
     DAcc<T>* cont = lead ? lead + part : nullptr;
-    index_add_runs_kernel<T><<<grid_for(outer * n_idx * inner), kThreads, 0, ctx.stream>>>(
-        outer, n_dst, inner, mp<T>(dst), n_idx, keys_out, pos_out, cp<T>(src), lead, cont);
-    KILN_LAUNCH_OK("index_add_runs_kernel");
+    launch("index_add_runs_kernel", index_add_runs_kernel<T>, grid_for(outer * n_idx * inner), kThreads, 0, ctx.stream,
+           outer, n_dst, inner, mp<T>(dst), n_idx, keys_out, pos_out, cp<T>(src), lead, cont);
     if (chunks == 1) return;
-    index_add_chunks_kernel<T><<<grid_for(outer * chunks * inner), kThreads, 0, ctx.stream>>>(
-        outer, n_dst, inner, mp<T>(dst), n_idx, keys_out, lead, cont);
-    KILN_LAUNCH_OK("index_add_chunks_kernel");
+    launch("index_add_chunks_kernel", index_add_chunks_kernel<T>, grid_for(outer * chunks * inner), kThreads, 0,
+           ctx.stream, outer, n_dst, inner, mp<T>(dst), n_idx, keys_out, lead, cont);
   });
 }
 
@@ -261,9 +258,8 @@ void scatter_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* ds
   dispatch_floating(dt, "scatter_add", [&](auto tag) {
     using T = decltype(tag);
     const int64_t total = outer * std::max<int64_t>(n_dst, 1) * inner;
-    scatter_add_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(outer, n_dst, inner, mp<T>(dst), n_idx, idx,
-                                                                        cp<T>(src), ctx.error_word);
-    KILN_LAUNCH_OK("scatter_add_kernel");
+    launch("scatter_add_kernel", scatter_add_kernel<T>, grid_for(total), kThreads, 0, ctx.stream, outer, n_dst, inner,
+           mp<T>(dst), n_idx, idx, cp<T>(src), ctx.error_word);
   });
 }
 

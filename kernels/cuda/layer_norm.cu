@@ -165,12 +165,10 @@ void layer_norm_backward(DType dt, int64_t rows, int64_t d, const void* x, const
     const int64_t chunks = (rows + chunk - 1) / chunk;
     DeviceBuffer partial(size_t(2 * chunks * d) * sizeof(double));
     const dim3 grid(unsigned((d + 31) / 32), unsigned(chunks));
-    layer_norm_param_partial_kernel<T><<<grid, kThreads, 0, s>>>(rows, d, chunk, cp<T>(x), cp<T>(mean), cp<T>(rstd),
-                                                                 cp<T>(gy), partial.get<double>());
-    KILN_LAUNCH_OK("layer_norm_param_partial_kernel");
-    layer_norm_param_finish_kernel<T><<<grid_for(d), kThreads, 0, s>>>(d, chunks, partial.get<double>(),
-                                                                       mp<T>(ggamma), mp<T>(gbeta));
-    KILN_LAUNCH_OK("layer_norm_param_finish_kernel");
+    launch("layer_norm_param_partial_kernel", layer_norm_param_partial_kernel<T>, grid, kThreads, 0, s, rows, d, chunk,
+           cp<T>(x), cp<T>(mean), cp<T>(rstd), cp<T>(gy), partial.get<double>());
+    launch("layer_norm_param_finish_kernel", layer_norm_param_finish_kernel<T>, grid_for(d), kThreads, 0, s, d, chunks,
+           partial.get<double>(), mp<T>(ggamma), mp<T>(gbeta));
   });
 }
 

@@ -98,9 +98,10 @@ template <bool kBlock, typename A> __device__ MaxSum<A> group_merge(MaxSum<A> v,
 template <typename... P, typename... A>
 void launch_rows(void (*warp)(P...), void (*block)(P...), const char* name, int64_t rows, int64_t len,
                  cudaStream_t s, A... args) {
-  if (len <= kWarpRow) warp<<<grid_for(rows * 32), kThreads, 0, s>>>(args...);
-  else block<<<grid_for(rows * kThreads), kThreads, 0, s>>>(args...);
-  KILN_LAUNCH_OK(name);
+  if (len <= kWarpRow)
+    launch(name, warp, grid_for(rows * 32), kThreads, 0, s, args...);
+  else
+    launch(name, block, grid_for(rows * kThreads), kThreads, 0, s, args...);
 }
 
 }  // namespace kiln::cuda::nn_detail

@@ -133,25 +133,19 @@ void optimizer_step(OptimKind kind, const OptimSlice* slices, int64_t count, con
   const auto* pc = d_chunks.get<const Chunk>();
   const unsigned nblocks = unsigned(chunks.size());
   switch (kind) {
-    case OptimKind::sgd:
-      sgd_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, h);
-      break;
-    case OptimKind::adamw:
-      adamw_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, h);
-      break;
+    case OptimKind::sgd: launch("sgd_kernel", sgd_kernel, nblocks, kThreads, 0, stream, ps, pc, h); break;
+    case OptimKind::adamw: launch("adamw_kernel", adamw_kernel, nblocks, kThreads, 0, stream, ps, pc, h); break;
     case OptimKind::lamb: {
       const DeviceBuffer partial(chunks.size() * 2 * sizeof(double)), step(size_t(count) * sizeof(float));
       const DeviceBuffer d_begin = upload(chunk_begin);
-      lamb_moments_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, h, partial.get<double>());
-      KILN_LAUNCH_OK("lamb_moments_kernel");
-      lamb_trust_kernel<<<grid_for(count), kThreads, 0, stream>>>(d_begin.get<const int64_t>(), count,
-                                                                   partial.get<const double>(), h, step.get<float>());
-      KILN_LAUNCH_OK("lamb_trust_kernel");
-      lamb_apply_kernel<<<nblocks, kThreads, 0, stream>>>(ps, pc, h, step.get<const float>());
+      launch("lamb_moments_kernel", lamb_moments_kernel, nblocks, kThreads, 0, stream, ps, pc, h,
+             partial.get<double>());
+      launch("lamb_trust_kernel", lamb_trust_kernel, grid_for(count), kThreads, 0, stream, d_begin.get<const int64_t>(),
+             count, partial.get<const double>(), h, step.get<float>());
+      launch("lamb_apply_kernel", lamb_apply_kernel, nblocks, kThreads, 0, stream, ps, pc, h, step.get<const float>());
       break;
     }
   }
-  KILN_LAUNCH_OK("optimizer_step");
 }
 
 }  // namespace kiln::cuda

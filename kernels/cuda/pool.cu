@@ -131,8 +131,8 @@ void max_pool2d_forward(DType dt, const Pool2dParams& p, const void* x, void* y,
   if (total == 0) return;
   dispatch_nn(dt, "max_pool2d", [&](auto tag) {
     using T = decltype(tag);
-    max_pool_fwd_kernel<T><<<grid_for(total), kThreads, 0, current().stream>>>(p, cp<T>(x), mp<T>(y), idx);
-    KILN_LAUNCH_OK("max_pool_fwd_kernel");
+    launch("max_pool_fwd_kernel", max_pool_fwd_kernel<T>, grid_for(total), kThreads, 0, current().stream, p, cp<T>(x),
+           mp<T>(y), idx);
   });
 }
 
@@ -142,8 +142,8 @@ void max_pool2d_backward(DType dt, const Pool2dParams& p, const void* gy, const 
   Context& ctx = current();
   dispatch_nn(dt, "max_pool2d", [&](auto tag) {
     using T = decltype(tag);
-    max_pool_bwd_kernel<T><<<grid_for(total), kThreads, 0, ctx.stream>>>(p, cp<T>(gy), idx, mp<T>(gx), ctx.error_word);
-    KILN_LAUNCH_OK("max_pool_bwd_kernel");
+    launch("max_pool_bwd_kernel", max_pool_bwd_kernel<T>, grid_for(total), kThreads, 0, ctx.stream, p, cp<T>(gy), idx,
+           mp<T>(gx), ctx.error_word);
   });
 }
 
@@ -152,8 +152,8 @@ void avg_pool2d_forward(DType dt, const Pool2dParams& p, const void* x, void* y)
   if (total == 0) return;
   dispatch_nn(dt, "avg_pool2d", [&](auto tag) {
     using T = decltype(tag);
-    avg_pool_fwd_kernel<T><<<grid_for(total), kThreads, 0, current().stream>>>(p, cp<T>(x), mp<T>(y));
-    KILN_LAUNCH_OK("avg_pool_fwd_kernel");
+    launch("avg_pool_fwd_kernel", avg_pool_fwd_kernel<T>, grid_for(total), kThreads, 0, current().stream, p, cp<T>(x),
+           mp<T>(y));
   });
 }
 
@@ -162,8 +162,8 @@ void avg_pool2d_backward(DType dt, const Pool2dParams& p, const void* gy, void* 
   if (total == 0) return;
   dispatch_nn(dt, "avg_pool2d", [&](auto tag) {
     using T = decltype(tag);
-    avg_pool_bwd_kernel<T><<<grid_for(total), kThreads, 0, current().stream>>>(p, cp<T>(gy), mp<T>(gx));
-    KILN_LAUNCH_OK("avg_pool_bwd_kernel");
+    launch("avg_pool_bwd_kernel", avg_pool_bwd_kernel<T>, grid_for(total), kThreads, 0, current().stream, p, cp<T>(gy),
+           mp<T>(gx));
   });
 }
 

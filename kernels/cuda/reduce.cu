@@ -127,24 +127,23 @@ void run(const T* src, void* dst, int64_t outer, int64_t r, int64_t inner, Out f
              " elements need more than 2^31 - 1 blocks; reduce in parts");
   if (nchunks == 1) {
     if (rows) {
-      rows_kernel<R, T, TO><<<unsigned(outer), kThreads, 0, stream>>>(src, dst, r, chunk, 1, final_how);
+      launch("rows_kernel", rows_kernel<R, T, TO>, unsigned(outer), kThreads, 0, stream, src, dst, r, chunk, 1,
+             final_how);
     } else {
-      cols_kernel<R, T, TO><<<grid_for(outer * inner), kThreads, 0, stream>>>(src, dst, outer, r, inner, chunk, 1,
-                                                                               final_how);
+      launch("cols_kernel", cols_kernel<R, T, TO>, grid_for(outer * inner), kThreads, 0, stream, src, dst, outer, r,
+             inner, chunk, 1, final_how);
     }
-    KILN_LAUNCH_OK("reduce");
     return;
   }
   // Pass 1 into states [outer, nchunks, inner], then fold the states until one chunk is left.
   DeviceBuffer states(size_t(outer * nchunks * inner) * sizeof(S));
   if (rows) {
-    rows_kernel<R, T, TO><<<unsigned(outer * nchunks), kThreads, 0, stream>>>(src, states.get(), r, chunk, nchunks,
-                                                                               Out::state);
+    launch("rows_kernel", rows_kernel<R, T, TO>, unsigned(outer * nchunks), kThreads, 0, stream, src, states.get(), r,
+           chunk, nchunks, Out::state);
   } else {
-    cols_kernel<R, T, TO><<<grid_for(outer * nchunks * inner), kThreads, 0, stream>>>(src, states.get(), outer, r, inner,
-                                                                                       chunk, nchunks, Out::state);
+    launch("cols_kernel", cols_kernel<R, T, TO>, grid_for(outer * nchunks * inner), kThreads, 0, stream, src,
+           states.get(), outer, r, inner, chunk, nchunks, Out::state);
   }
-  KILN_LAUNCH_OK("reduce");
   DeviceBuffer next;
   const S* cur = states.get<S>();
   int64_t n = nchunks;
@@ -155,12 +154,12 @@ void run(const T* src, void* dst, int64_t outer, int64_t r, int64_t inner, Out f
     void* target = last ? dst : out.get();
     const Out how = last ? final_how : Out::state;
     if (rows) {
-      rows_kernel<StateR<R>, S, TO><<<unsigned(outer * nc), kThreads, 0, stream>>>(cur, target, n, chunk, nc, how);
+      launch("rows_kernel", rows_kernel<StateR<R>, S, TO>, unsigned(outer * nc), kThreads, 0, stream, cur, target, n,
+             chunk, nc, how);
     } else {
-      cols_kernel<StateR<R>, S, TO><<<grid_for(outer * nc * inner), kThreads, 0, stream>>>(cur, target, outer, n, inner,
-                                                                                           chunk, nc, how);
+      launch("cols_kernel", cols_kernel<StateR<R>, S, TO>, grid_for(outer * nc * inner), kThreads, 0, stream, cur,
+             target, outer, n, inner, chunk, nc, how);
     }
-    KILN_LAUNCH_OK("reduce");
     if (last) return;
     next = std::move(out);
     cur = next.get<S>();

@@ -180,8 +180,8 @@ void softmax_forward(DType dt, bool log, int64_t outer, int64_t n, int64_t inner
                   log, outer, n, cp<T>(x), mp<T>(y));
     } else {
       const int64_t tiles = outer * ((inner + 31) / 32);
-      softmax_cols_kernel<T><<<grid_for(tiles * kThreads), kThreads, 0, s>>>(log, outer, n, inner, cp<T>(x), mp<T>(y));
-      KILN_LAUNCH_OK("softmax_cols_kernel");
+      launch("softmax_cols_kernel", softmax_cols_kernel<T>, grid_for(tiles * kThreads), kThreads, 0, s, log, outer, n,
+             inner, cp<T>(x), mp<T>(y));
     }
   });
 }
@@ -197,9 +197,8 @@ void softmax_backward(DType dt, bool log, int64_t outer, int64_t n, int64_t inne
                   outer, n, s, log, outer, n, cp<T>(y), cp<T>(gy), T(1), mp<T>(gx));
     } else {
       const int64_t tiles = outer * ((inner + 31) / 32);
-      softmax_bwd_cols_kernel<T><<<grid_for(tiles * kThreads), kThreads, 0, s>>>(log, outer, n, inner, cp<T>(y),
-                                                                                 cp<T>(gy), mp<T>(gx));
-      KILN_LAUNCH_OK("softmax_bwd_cols_kernel");
+      launch("softmax_bwd_cols_kernel", softmax_bwd_cols_kernel<T>, grid_for(tiles * kThreads), kThreads, 0, s, log,
+             outer, n, inner, cp<T>(y), cp<T>(gy), mp<T>(gx));
     }
   });
 }

@@ -1,0 +1,37 @@
+// The CUDA emulator as tests see it: the CUDA backend's kernels compiled as host C++ (the kernel
+// files of kernels/cuda with KILN_CUDA_EMULATION; see cuda_runtime_emulated.h for how), gathered
+// into a Backend table whose "device" memory is host memory. With it installed for CPU tensors
+// (kiln::detail::BackendOverride), every op runs the CUDA kernel bodies on the CPU, so the op
+// table can hold them against the CPU backend in CI, where no GPU is.
+//
+// What the table does not emulate comes from the CPU backend: GEMM (cuBLASLt, the Tensor Core
+// GEMM) and convolution (cuDNN). Batch norm always takes its handwritten kernels (cuDNN's path
+// needs a GPU).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "kernels/backend.h"
+
+namespace kiln::emu {
+
+// The CUDA backend's kernels on host memory. After each call, an error a kernel flagged (an index
+// out of range, ...) is thrown as the real backend throws it at the next synchronisation.
+const Backend& emulated_cuda_backend();
+
+// The order in which the threads of a block run between barriers: forward (thread 0 first) or
+// reverse. A kernel whose threads race (read what another writes with no barrier between) tends
+// to give different results in the two orders.
+enum class Order { forward, reverse };
+void set_order(Order o);  // for the calling thread
+Order order();
+
+// Launches per kernel name since the process started, and how many threads they ran in all.
+struct KernelRuns {
+  int64_t launches = 0;
+  int64_t threads = 0;
+};
+std::map<std::string, KernelRuns> kernel_runs();
+
+}  // namespace kiln::emu

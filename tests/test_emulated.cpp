@@ -1,0 +1,201 @@
+// The CUDA kernels under the emulator (kernels/cuda/emulator; ctest label emulated): every row of
+// the op table through the CUDA backend's kernel bodies, compiled from kernels/cuda as host C++,
+// against the CPU backend on the same inputs: f32, f16 and bf16, contiguous and not, outputs and
+// gradients (optable::parity, the harness of the GPU parity test). Then every handwritten
+// __global__ kernel of kernels/cuda must have run, and the kernels' own checks (an index out of
+// range) must surface as the real backend's errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "engine/amp.h"
+#include "engine/internal.h"
+#include "engine/ops.h"
+#include "engine/optim.h"
+#include "kernels/cuda/emulator/emulator.h"
+#include "tests/op_table.h"
+
+using namespace kiln;
+using namespace kiln::optable;
+
+namespace {
+
+std::vector<std::string> emulated_parity(const Row& r) {
+  const auto run = [&](const std::vector<Tensor>& in, bool transposed) {
+    detail::BackendOverride use(emu::emulated_cuda_backend());
+    return run_row(r, in, transposed, kCPU);
+  };
+  return parity(r, "emulated CUDA", run);
+}
+
+// Each __global__ kernel of a kernels/cuda file, by its source name.
+std::set<std::string> global_kernels(const std::string& file) {
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  static const std::regex re(R"(__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\()");
+  std::set<std::string> names;
+  for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it)
+    names.insert((*it)[1].str());
+  return names;
+}
+
+// Five steps of an optimizer under loss scaling (the third step's gradient holds an inf, so it is
+// skipped and the scale backs off; the growth interval of 2 grows it again), from the same start:
+// the parameters, the optimizer state and the scaler state after them.
+struct AfterSteps {
+  std::vector<std::vector<double>> params;
+  optim::OptimizerState opt;
+  amp::GradScalerState scaler;
+};
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+
+AfterSteps run_steps(const MakeOptimizer& make, const std::vector<Tensor>& start, const std::vector<Tensor>& dirs,
+                     bool emulated) {
+  std::vector<Tensor> ps;
+  for (const Tensor& t : start) ps.push_back(t.clone().set_requires_grad());
+  std::optional<detail::BackendOverride> use;
+  if (emulated) use.emplace(emu::emulated_cuda_backend());
+  const std::unique_ptr<optim::Optimizer> opt = make(ps);
+  amp::GradScaler scaler({1024.0, 2.0, 0.5, 2});
+  for (int s = 0; s < 5; ++s) {
+    opt->zero_grad();
+    Tensor loss = zeros({});
+    for (size_t i = 0; i < ps.size(); ++i) loss = loss + sum(ps[i] * dirs[i] * double(s + 1) + ps[i] * ps[i]);
+    scaler.scale(loss).backward();
+    if (s == 2) ps[1].grad().data<float>()[3] = INFINITY;
+    scaler.step(*opt, ps);
+    scaler.update();
+  }
+  AfterSteps out{{}, opt->state(), scaler.state()};
+  for (const Tensor& p : ps) out.params.push_back(p.to_vector());
+  return out;
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+  REQUIRE_MESSAGE(got.size() == want.size(), what, ": sizes differ");
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / (1 + std::abs(want[i])));
+  CHECK_MESSAGE(worst <= 1e-6, what, ": worst relative error ", worst);
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda: every op-table row matches the CPU (KILN_EMULATED_OP: one row)") {
+  const char* only = std::getenv("KILN_EMULATED_OP");
+  bool found = false;
+  for (const Row& r : rows()) {
+    if (only && r.name != only) continue;
+    found = true;
+    INFO("row ", r.name);
+    for (const std::string& err : emulated_parity(r)) CHECK_MESSAGE(false, err);
+  }
+  CHECK_MESSAGE(found, "no op-table row named ", only ? only : "");
+}
+
+TEST_CASE("emulated cuda: the threads of a block in reverse order give the same results") {
+  // A kernel whose threads race between barriers tends to change its result with the order.
+  emu::set_order(emu::Order::reverse);
+  for (const char* name : {"softmax", "log_softmax", "layer_norm", "cross_entropy", "sum_large", "batch_norm",
+                           "masked_softmax", "embedding", "max_pool2d"}) {
+    const Row* r = find_row(name);
+    REQUIRE_MESSAGE(r, "no op-table row ", name);
+    INFO("row ", name);
+    for (const std::string& err : emulated_parity(*r)) CHECK_MESSAGE(false, err);
+  }
+  emu::set_order(emu::Order::forward);
+}
+
+TEST_CASE("emulated cuda: the fused optimizer steps and loss scaling match the CPU") {
+  // Odd sizes: a parameter smaller than a warp, one over several 256-thread chunks.
+  const std::vector<Tensor> start = {randn({3, 5}), randn({1000}), randn({7})};
+  const std::vector<Tensor> dirs = {randn({3, 5}), randn({1000}), randn({7})};
+  const std::vector<std::pair<std::string, MakeOptimizer>> optimizers = {
+      {"sgd",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::SGD>(std::vector<optim::ParamGroup>{{p, 0.1, 0.01}});
+       }},
+      {"sgd momentum",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::SGD>(std::vector<optim::ParamGroup>{{p, 0.1, 0.01}},
+                                             optim::SgdOptions{0.9, 0.1, false});
+       }},
+      {"sgd nesterov",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::SGD>(std::vector<optim::ParamGroup>{{p, 0.1, 0.0}},
+                                             optim::SgdOptions{0.9, 0.0, true});
+       }},
+      {"adamw",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{{p, 0.01, 0.1}});
+       }},
+      {"lamb",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<optim::LAMB>(std::vector<optim::ParamGroup>{{p, 0.01, 0.1}});
+       }},
+  };
+  for (const auto& [name, make] : optimizers) {
+    INFO("optimizer ", name);
+    const AfterSteps want = run_steps(make, start, dirs, false), got = run_steps(make, start, dirs, true);
+    CHECK(got.scaler.scale == want.scaler.scale);
+    CHECK(got.scaler.growth_tracker == want.scaler.growth_tracker);
+    CHECK(got.scaler.skipped == want.scaler.skipped);
+    CHECK(want.scaler.skipped == 1);
+    for (size_t i = 0; i < want.params.size(); ++i)
+      check_close(got.params[i], want.params[i], "parameter " + std::to_string(i));
+    CHECK(got.opt.scalars == want.opt.scalars);
+    REQUIRE(got.opt.tensors.size() == want.opt.tensors.size());
+    for (const auto& [k, t] : want.opt.tensors) check_close(got.opt.tensors.at(k).to_vector(), t.to_vector(), k);
+  }
+}
+
+TEST_CASE("emulated cuda: a kernel's index check throws the backend's error") {
+  const Backend& b = emu::emulated_cuda_backend();
+  const std::vector<float> src = {1, 2, 3, 4, 5, 6};
+  const std::vector<int64_t> idx = {0, 3};  // row 3 of 3
+  std::vector<float> dst(4);
+  CHECK_THROWS_WITH_AS(b.index_select(DType::f32, 1, 3, 2, src.data(), 2, idx.data(), dst.data()),
+                       doctest::Contains("index_select/embedding: an index is out of range"), Error);
+  // The word is cleared: the next call with good indices succeeds.
+  const std::vector<int64_t> good = {2, 0};
+  b.index_select(DType::f32, 1, 3, 2, src.data(), 2, good.data(), dst.data());
+  CHECK(dst == std::vector<float>{5, 6, 1, 2});
+}
+
+TEST_CASE("emulated cuda: every handwritten kernel of kernels/cuda ran") {
+  if (std::getenv("KILN_EMULATED_OP")) return;  // one row runs only its own kernels
+  // Kernels the emulated build does not compile, and what covers them instead.
+  const std::map<std::string, std::string> elsewhere = {
+      {"tc_gemm_kernel", "inline PTX: the Tensor Core GEMM's own emulator (test_tcgemm.cpp)"},
+      {"scale_matrix", "gemm.cu: the cuBLASLt file (library calls), not compiled under the emulator"},
+      {"self_test_kernel", "runtime_info.cu: the doctor's device self-test, not compiled under the emulator"},
+  };
+  const std::string dir = std::string(KILN_TEST_SOURCE_DIR) + "/../kernels/cuda/";
+  std::set<std::string> all;
+  for (const char* f : {"amp", "batch_norm", "conv", "cross_entropy", "elementwise", "gemm", "index", "layer_norm",
+                        "optim", "pool", "reduce", "runtime_info", "softmax", "tc_gemm"})
+    for (const std::string& k : global_kernels(dir + f + ".cu")) all.insert(k);
+  CHECK(all.size() > 30);
+  const auto runs = emu::kernel_runs();
+  std::printf("%-32s %10s %12s\n", "kernel", "launches", "threads");
+  for (const std::string& k : all) {
+    auto it = runs.find(k);
+    if (it != runs.end()) {
+      std::printf("%-32s %10lld %12lld\n", k.c_str(), (long long)it->second.launches, (long long)it->second.threads);
+    } else if (elsewhere.count(k)) {
+      std::printf("%-32s %23s\n", k.c_str(), "not emulated");
+    } else {
+      CHECK_MESSAGE(false, "kernel ", k, " never ran under the emulator: give the op table a row that reaches it");
+    }
+  }
+  for (const auto& [k, r] : runs) CHECK_MESSAGE(all.count(k), "launch name ", k, " is not a __global__ kernel");
+}
