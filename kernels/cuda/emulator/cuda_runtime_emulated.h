@@ -33,7 +33,7 @@
 #define __shared__ static thread_local
 #define __align__(n) __attribute__((aligned(n)))
 
-// ---- runtime types and calls -------------------------------------------------------------------------
+// ---- runtime types and calls (C++ functions: their names never meet the C API's in one binary) --------
 enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
@@ -210,8 +210,9 @@ inline double __longlong_as_double(long long v) { return kiln::emu::from_bits<do
 inline long long __double_as_longlong(double d) { return (long long)kiln::emu::to_bits(d); }
 template <typename T> T __ldg(const T* p) { return *p; }
 
-// ---- CUB, as far as kernels/cuda uses it: a library call, made on the host ------------------------------
-namespace cub {
+// ---- CUB, as far as kernels/cuda uses it: a library call, made on the host (in Kiln's namespace, so
+// that it never meets the real CUB's symbols in one binary) ------------------------------------------------
+namespace kiln::emu::cub {
 struct DeviceRadixSort {
   // Stable sort of (key, value) pairs by bits [begin_bit, end_bit) of the keys (non-negative here,
   // as CUB orders them); the first call (temp null) asks for no scratch space.
@@ -240,4 +241,5 @@ struct DeviceRadixSort {
     return cudaSuccess;
   }
 };
-}  // namespace cub
+}  // namespace kiln::emu::cub
+namespace cub = kiln::emu::cub;
