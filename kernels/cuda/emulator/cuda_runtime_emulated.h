@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <source_location>
 #include <type_traits>
 #include <vector>
 
@@ -116,8 +117,12 @@ enum class Sync : uint8_t {
   all
 };
 // Suspends the calling emulated thread until its group arrives; returns this thread's result
-// (the value read from the source lane, the vote, the barrier's reduction).
-uint64_t arrive(Sync op, unsigned mask, uint64_t value, int param, int width);
+// (the value read from the source lane, the vote, the barrier's reduction). `where` is the call's
+// place in the source: the threads of a block must meet at one __syncthreads, not merely at as many
+// (a GPU counts arrivals, so a barrier in a branch some threads skip can appear to work there; CUDA
+// leaves it undefined).
+uint64_t arrive(Sync op, unsigned mask, uint64_t value, int param, int width,
+                const std::source_location& where = std::source_location::current());
 
 // Runs `thread` for every thread of the grid (emulator.cpp). A configuration CUDA would refuse
 // (block over 1024 threads, grid y or z over 65535, ...) runs nothing and leaves
@@ -139,10 +144,18 @@ template <typename T> T from_bits(uint64_t b) {
 }  // namespace kiln::emu
 
 // ---- barriers, shuffles, votes -----------------------------------------------------------------------
-inline void __syncthreads() { kiln::emu::arrive(kiln::emu::Sync::block, 0, 0, 0, 0); }
-inline int __syncthreads_or(int p) { return int(kiln::emu::arrive(kiln::emu::Sync::block_or, 0, p != 0, 0, 0)); }
-inline int __syncthreads_and(int p) { return int(kiln::emu::arrive(kiln::emu::Sync::block_and, 0, p != 0, 0, 0)); }
-inline int __syncthreads_count(int p) { return int(kiln::emu::arrive(kiln::emu::Sync::block_count, 0, p != 0, 0, 0)); }
+inline void __syncthreads(std::source_location w = std::source_location::current()) {
+  kiln::emu::arrive(kiln::emu::Sync::block, 0, 0, 0, 0, w);
+}
+inline int __syncthreads_or(int p, std::source_location w = std::source_location::current()) {
+  return int(kiln::emu::arrive(kiln::emu::Sync::block_or, 0, p != 0, 0, 0, w));
+}
+inline int __syncthreads_and(int p, std::source_location w = std::source_location::current()) {
+  return int(kiln::emu::arrive(kiln::emu::Sync::block_and, 0, p != 0, 0, 0, w));
+}
+inline int __syncthreads_count(int p, std::source_location w = std::source_location::current()) {
+  return int(kiln::emu::arrive(kiln::emu::Sync::block_count, 0, p != 0, 0, 0, w));
+}
 inline void __syncwarp(unsigned mask = 0xffffffffu) { kiln::emu::arrive(kiln::emu::Sync::warp, mask, 0, 0, 32); }
 template <typename T> T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
   return kiln::emu::from_bits<T>(kiln::emu::arrive(kiln::emu::Sync::shfl, mask, kiln::emu::to_bits(v), src, width));

@@ -12,6 +12,7 @@
 #include <ucontext.h>
 #endif
 
+#include <cstring>
 #include <exception>
 #include <map>
 #include <memory>
@@ -95,6 +96,8 @@ struct Thread {
   unsigned mask = 0;
   uint64_t value = 0;
   int param = 0, width = 32;
+  const char* file = "";
+  unsigned line = 0;
   uint64_t result = 0;
 };
 
@@ -305,6 +308,10 @@ bool release_block(Launch& l) {
     if (!first_waiting) first_waiting = &t;
     KILN_CHECK(t.op == first_waiting->op, "cuda emulator: ", block_text(l), ": threads meet at ",
                op_name(first_waiting->op), " and ", op_name(t.op), " at once");
+    KILN_CHECK(t.line == first_waiting->line && std::strcmp(t.file, first_waiting->file) == 0,
+               "cuda emulator: ", block_text(l), ": threads wait at different ", op_name(t.op), " calls (",
+               first_waiting->file, ":", first_waiting->line, " and ", t.file, ":", t.line,
+               "): a barrier in a branch that not every thread takes");
     count += t.value != 0;
     any = 1;
   }
@@ -374,7 +381,7 @@ void run_block(Launch& l) {
 
 }  // namespace
 
-uint64_t arrive(Sync op, unsigned mask, uint64_t value, int param, int width) {
+uint64_t arrive(Sync op, unsigned mask, uint64_t value, int param, int width, const std::source_location& where) {
   Launch* l = g_launch;
   KILN_CHECK(l && l->current, "cuda emulator: ", op_name(op), " called outside a kernel");
   Thread& t = *l->current;
@@ -383,6 +390,8 @@ uint64_t arrive(Sync op, unsigned mask, uint64_t value, int param, int width) {
   t.value = value;
   t.param = param;
   t.width = width;
+  t.file = where.file_name();
+  t.line = where.line();
   t.state = State::waiting;
   leave(*l, t, false);
   return t.result;
