@@ -198,4 +198,10 @@ TEST_CASE("emulated cuda: every handwritten kernel of kernels/cuda ran") {
     }
   }
   for (const auto& [k, r] : runs) CHECK_MESSAGE(all.count(k), "launch name ", k, " is not a __global__ kernel");
+  // The list for bench/kernel_facts.sh, which prints it beside each kernel's registers.
+  if (const char* out = std::getenv("KILN_EMULATED_KERNELS_OUT")) {
+    std::ofstream f(out);
+    for (const auto& [k, r] : runs) f << k << " " << r.launches << " " << r.threads << "\n";
+    CHECK_MESSAGE(f.good(), "could not write ", out);
+  }
 }
