@@ -6,9 +6,11 @@
 // request's power of two (at most 12.5% slack). A freed block goes to the free list of the stream
 // it was allocated on and is reused for the same class on that stream at once (work on one stream
 // is ordered). A block also used on other streams (record_stream) is reused only after an event
-// recorded on each of them at free time has completed. When the device is out of memory, every
-// cached block is released and the allocation retried once; if it still fails, the error says how
-// much was asked, what is in use, what is reserved and what the device has free.
+// recorded on each of them at free time has completed. When the device is out of memory, the host
+// waits for the work that blocks freed on one stream and used on others still wait for (an
+// all-reduce on the communication stream, say), then every cached block is released and the
+// allocation retried once; if it still fails, the error says how much was asked, what is in use,
+// what is reserved and what the device has free.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +33,8 @@ class RawDevice {
   // An event recorded on `stream` now, and whether the device has passed it.
   virtual void* record_event(StreamId stream) = 0;
   virtual bool event_done(void* event) = 0;
+  // Blocks the calling thread until the device has passed `event`.
+  virtual void wait_event(void* event) = 0;
   virtual void destroy_event(void* event) = 0;
   virtual size_t free_bytes() = 0;  // what the device reports free
 };

@@ -38,8 +38,37 @@ struct FakeDevice : RawDevice {
   }
   void* record_event(StreamId) override { return reinterpret_cast<void*>(uintptr_t(next_event++)); }
   bool event_done(void* e) override { return done_events.count(e) > 0; }
+  void wait_event(void* e) override { done_events.insert(e); }
   void destroy_event(void*) override {}
   size_t free_bytes() override { return capacity - used; }
+};
+
+// A device on a simulated timeline: each stream is a queue of work items; an event recorded on a
+// stream completes when the items queued on it before the event have run, and only run() (the
+// device making progress) or a host wait (wait_event drains the stream up to the event) runs them.
+// Memory is a fixed capacity, as in FakeDevice.
+struct TimelineDevice : FakeDevice {
+  std::map<StreamId, int64_t> queued, ran;     // items queued / run per stream
+  std::map<void*, std::pair<StreamId, int64_t>> events;  // event -> (stream, items before it)
+  int64_t host_waits = 0;
+  explicit TimelineDevice(size_t cap) : FakeDevice(cap) {}
+  void enqueue(StreamId s, int64_t items) { queued[s] += items; }
+  void run(StreamId s, int64_t items) { ran[s] = std::min(queued[s], ran[s] + items); }
+  void* record_event(StreamId s) override {
+    void* e = reinterpret_cast<void*>(uintptr_t(next_event++));
+    events[e] = {s, queued[s]};
+    return e;
+  }
+  bool event_done(void* e) override {
+    const auto& [s, before] = events.at(e);
+    return ran[s] >= before;
+  }
+  void wait_event(void* e) override {
+    ++host_waits;
+    const auto& [s, before] = events.at(e);
+    ran[s] = std::max(ran[s], before);
+  }
+  void destroy_event(void* e) override { events.erase(e); }
 };
 }  // namespace
 
@@ -117,4 +146,56 @@ TEST_CASE("allocator: out of memory releases the cache and retries; a real short
   CHECK_MESSAGE(contains(msg, "fake:0: out of memory allocating 5.0 MiB"), msg);
   CHECK_MESSAGE(contains(msg, "in use 6.0 MiB, reserved by Kiln 6.0 MiB, free on the device 4.0 MiB"), msg);
   a.free(big);
+}
+
+TEST_CASE("allocator on a timeline: an all-reduce's buffer is reused only after the communication stream ran") {
+  constexpr StreamId compute = 1, comm = 2;
+  auto dev = std::make_unique<TimelineDevice>(size_t(64) << 20);
+  TimelineDevice* d = dev.get();
+  CachingAllocator a(std::move(dev), "timeline:0");
+  // A gradient bucket written on the compute stream, all-reduced on the communication stream (three
+  // items queued there: NCCL's kernel and what came before it), freed by the host at once.
+  void* bucket = a.allocate(size_t(1) << 20, compute);
+  d->enqueue(compute, 1);
+  d->enqueue(comm, 3);
+  a.record_stream(bucket, comm);
+  a.free(bucket);
+  // The next step's allocations on the compute stream must not get it while comm may still read.
+  d->run(comm, 2);
+  void* next = a.allocate(size_t(1) << 20, compute);
+  CHECK(next != bucket);
+  a.free(next);
+  // Once the all-reduce has run, the bucket is a free block of the compute stream again.
+  d->run(comm, 1);
+  void* again = a.allocate(size_t(1) << 20, compute);
+  void* again2 = a.allocate(size_t(1) << 20, compute);
+  CHECK(((again == bucket) || (again2 == bucket)));
+  CHECK(d->host_waits == 0);  // no host wait while memory was plentiful
+  a.free(again);
+  a.free(again2);
+}
+
+TEST_CASE("allocator on a timeline: out of memory waits for pending blocks' streams, then retries") {
+  constexpr StreamId compute = 1, comm = 2;
+  auto dev = std::make_unique<TimelineDevice>(size_t(10) << 20);
+  TimelineDevice* d = dev.get();
+  CachingAllocator a(std::move(dev), "timeline:0");
+  void* live = a.allocate(size_t(4) << 20, compute);
+  void* bucket = a.allocate(size_t(4) << 20, compute);
+  d->enqueue(comm, 5);
+  a.record_stream(bucket, comm);
+  a.free(bucket);  // pending: comm has run none of its 5 items
+  // 4 MiB live, 4 MiB pending, 2 MiB free on the device. A 6 MiB request fits only once the pending
+  // block's stream has run and the block has gone back to the device.
+  void* big = a.allocate(size_t(6) << 20, compute);
+  CHECK(big != nullptr);
+  CHECK(d->host_waits == 1);
+  CHECK(d->ran[comm] == 5);
+  CHECK(a.stats().oom_retries == 1);
+  CHECK(a.stats().reserved == size_t(10) << 20);
+  // With nothing pending or cached left, a real shortage is still the clear error.
+  const std::string msg = error_of([&] { a.allocate(size_t(4) << 20, compute); });
+  CHECK_MESSAGE(contains(msg, "timeline:0: out of memory allocating 4.0 MiB"), msg);
+  a.free(big);
+  a.free(live);
 }

@@ -64,6 +64,9 @@ class CudaDevice final : public RawDevice {
     KILN_CHECK(e == cudaSuccess, "cudaEventQuery failed: ", cuda_error(e));
     return true;
   }
+  void wait_event(void* ev) override {
+    KILN_CUDA_OK(cudaEventSynchronize(static_cast<cudaEvent_t>(ev)));
+  }
   void destroy_event(void* ev) override { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); }
   size_t free_bytes() override {
     DeviceScope s(d_);
