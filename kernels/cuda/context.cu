@@ -23,6 +23,7 @@ Context::Context(int d) : device(d) {
   // Non-blocking: the legacy default stream (used by other libraries) never serialises with ours.
   KILN_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   KILN_CUDA_OK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+  allocator_ = &device_allocator(d);
   KILN_CUDA_OK(cudaMalloc(&error_word, sizeof(int)));
   KILN_CUDA_OK(cudaMemset(error_word, 0, sizeof(int)));
 }
@@ -53,43 +54,46 @@ cudnnHandle_t Context::cudnn() {
   return dnn_;
 }
 
-CachingAllocator& Context::allocator() const { return device_allocator(device); }
-
 StreamId stream_id(cudaStream_t s) { return reinterpret_cast<StreamId>(s); }
 
 namespace {
-thread_local int t_current = -1;  // the device backend() last made current on this thread
+// The device backend() last made current on this thread, and its context: what current() returns
+// on every launch, without a lock.
+thread_local int t_current = -1;
+thread_local Context* t_context = nullptr;
 
+// One slot per device, filled once under the mutex and read without it afterwards (every op asks
+// for its context). Never destroyed: at process exit the CUDA libraries may already be unloaded,
+// and destroying handles then can crash; the driver reclaims everything anyway.
+constexpr int kMaxDevices = 64;
+std::atomic<Context*> g_contexts[kMaxDevices];
 std::mutex g_contexts_mutex;
-// Never destroyed: at process exit the CUDA libraries may already be unloaded, and destroying
-// handles then can crash; the driver reclaims everything anyway.
-std::vector<std::unique_ptr<Context>>& contexts() {
-  static auto* all = new std::vector<std::unique_ptr<Context>>();
-  return *all;
-}
 std::string g_no_device_reason;  // why cudaGetDeviceCount found nothing
 std::atomic<bool> g_deterministic{false}, g_tf32{false};
 }  // namespace
 
 Context& context(int d) {
-  std::lock_guard<std::mutex> lk(g_contexts_mutex);
+  if (d >= 0 && d < kMaxDevices)
+    if (Context* c = g_contexts[d].load(std::memory_order_acquire)) return *c;
   const int count = device_count();
   KILN_CHECK(d >= 0 && d < count, "cuda:", d, " does not exist (", count, " CUDA device(s) visible",
              g_no_device_reason.empty() ? "" : ": " + g_no_device_reason, "; `kiln doctor` checks the machine)");
-  auto& all = contexts();
-  if (all.size() < size_t(count)) all.resize(size_t(count));
-  if (!all[size_t(d)]) {
+  KILN_CHECK(d < kMaxDevices, "cuda:", d, ": Kiln supports at most ", kMaxDevices, " devices per process");
+  std::lock_guard<std::mutex> lk(g_contexts_mutex);
+  Context* c = g_contexts[d].load(std::memory_order_relaxed);
+  if (!c) {
     int prev = 0;
     cudaGetDevice(&prev);
-    all[size_t(d)] = std::make_unique<Context>(d);
+    c = new Context(d);
     cudaSetDevice(prev);
+    g_contexts[d].store(c, std::memory_order_release);
   }
-  return *all[size_t(d)];
+  return *c;
 }
 
 Context& current() {
-  KILN_ASSERT(t_current >= 0, "no CUDA device is current on this thread (call cuda::backend(device) first)");
-  return context(t_current);
+  KILN_ASSERT(t_context, "no CUDA device is current on this thread (call cuda::backend(device) first)");
+  return *t_context;
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : ctx_(&current()) {
@@ -190,6 +194,7 @@ const Backend& backend(int d) {
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess || cur != d) KILN_CUDA_OK(cudaSetDevice(d));
   t_current = d;
+  t_context = &context(d);
   return table();
 }
 

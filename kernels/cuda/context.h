@@ -82,7 +82,7 @@ struct Context {
   int* error_word = nullptr;           // device int, a KernelError
   cublasLtHandle_t cublaslt();         // created on first use
   cudnnHandle_t cudnn();               // created on first use (loading cuDNN takes a while), on `stream`
-  CachingAllocator& allocator() const;
+  CachingAllocator& allocator() const { return *allocator_; }  // device_allocator(device), looked up once
 
   explicit Context(int device);
   ~Context();  // not run at process exit (contexts live until the driver reclaims them)
@@ -90,6 +90,7 @@ struct Context {
   Context& operator=(const Context&) = delete;
 
  private:
+  CachingAllocator* allocator_ = nullptr;
   std::mutex handles_mutex_;
   cublasLtHandle_t lt_ = nullptr;
   cudnnHandle_t dnn_ = nullptr;
