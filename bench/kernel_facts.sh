@@ -22,14 +22,21 @@ archs=("$@")
 printf '#pragma once\n#define KILN_CUDA_ARCHS "facts"\n' > "$work/kiln_build_info.h"
 cudnn_inc=$(dirname "$(find /usr/include /usr/local/cuda/include -name cudnn.h 2>/dev/null | head -1)")
 flags=(-std=c++20 --expt-relaxed-constexpr -I"$root" -I"$work" -I"$cudnn_inc" -DNDEBUG -O3)
+# One nvcc per (file, architecture), as many at once as there are cores.
+compile() {  # compile SRC ARCH
+  local name
+  name=$(basename "$1")
+  "$nvcc" "${flags[@]}" -gencode "arch=compute_$2,code=sm_$2" -Xptxas -v -c "$1" -o "$work/${name%.cu}@$2.o" \
+    2> "$work/${name%.cu}@$2.log" || { cat "$work/${name%.cu}@$2.log" >&2; return 1; }
+}
+export -f compile
+export nvcc work
+export flags_string="${flags[*]}"
 for src in "$root"/kernels/cuda/*.cu; do
-  name=$(basename "$src")
-  [ "$name" = tc_gemm.cu ] && continue
-  for arch in "${archs[@]}"; do
-    "$nvcc" "${flags[@]}" -gencode arch=compute_$arch,code=sm_$arch -Xptxas -v -c "$src" -o "$work/k.o" \
-      2> "$work/${name%.cu}@$arch.log"
-  done
-done
+  [ "$(basename "$src")" = tc_gemm.cu ] && continue
+  for arch in "${archs[@]}"; do printf '%s %s\n' "$src" "$arch"; done
+done | xargs -P "$(nproc)" -n 2 bash -c 'flags=($flags_string); compile "$0" "$1"' ||
+  { echo "kernel_facts: a kernel file did not compile" >&2; exit 1; }
 # ptxas -v prints, per kernel, "Compiling entry function 'MANGLED'", then its registers and spills.
 python3 - "$work" "$emulated" "${archs[@]}" <<'PY'
 import glob, os, re, subprocess, sys
