@@ -1,7 +1,15 @@
 // The per-element arithmetic of the fused optimizer steps, shared by the CPU and CUDA kernels so
 // both devices update a weight with the same f32 operations in the same order (the order of the
 // unfused tensor-op versions in engine/optim.cpp).
+//
+// Every a * b + c is written as an explicit fused multiply-add (fmaf: one rounding) and no other
+// sum is left where a product could be fused into it: nvcc contracts a * b + c into an FMA by
+// default and the host compiler does where the target has FMA (GCC's default for C++), each at
+// places of its own choosing, so the two devices differed in the last bit. Written out, both
+// compute the same bits. (The unfused tensor ops round the product apart: they agree to an ulp.)
 #pragma once
+#include <math.h>
+
 #include <cmath>
 
 #include "kernels/backend.h"
@@ -40,32 +48,35 @@ inline float lamb_step(const OptimHyper& h, double trust) { return float(-h.lr *
 // w -= lr * d with d = g + wd * w, through the momentum buffer when there is one.
 KILN_HD void sgd(float& w, float g, float* buf, bool fresh, const SgdF& h) {
   float d = g;
-  if (h.wd != 0.0f) d = d + w * h.wd;
+  if (h.wd != 0.0f) d = fmaf(w, h.wd, d);
   if (buf) {
-    *buf = fresh ? d : *buf * h.momentum + h.one_minus_dampening * d;
-    d = h.nesterov ? d + *buf * h.momentum : *buf;
+    *buf = fresh ? d : fmaf(*buf, h.momentum, h.one_minus_dampening * d);
+    d = h.nesterov ? fmaf(*buf, h.momentum, d) : *buf;
   }
-  w = w + (-h.lr) * d;
+  w = fmaf(-h.lr, d, w);
 }
 
 KILN_HD void adam_moments(float g, float& m, float& v, const AdamF& h) {
-  m = m * h.beta1 + h.one_minus_beta1 * g;
-  v = v * h.beta2 + h.one_minus_beta2 * (g * g);
+  m = fmaf(m, h.beta1, h.one_minus_beta1 * g);
+  v = fmaf(v, h.beta2, h.one_minus_beta2 * (g * g));
 }
 
 // AdamW after the moments: decoupled decay, then the bias-corrected step (step_scale = -lr / bc1).
 KILN_HD void adamw_apply(float& w, float m, float v, const AdamF& h) {
   if (h.wd != 0.0f) w = w * h.decay_factor;
   const float denom = std::sqrt(v * h.inv_bc2) + h.eps;
-  w = w + h.step_scale * (m / denom);
+  w = fmaf(h.step_scale, m / denom, w);
 }
 
 // LAMB's direction before the trust ratio: m_hat / (sqrt(v_hat) + eps) + wd * w.
 KILN_HD float lamb_direction(float w, float m, float v, const AdamF& h) {
   float u = (m * h.inv_bc1) / (std::sqrt(v * h.inv_bc2) + h.eps);
-  if (h.wd != 0.0f) u = u + w * h.wd;
+  if (h.wd != 0.0f) u = fmaf(w, h.wd, u);
   return u;
 }
+
+// LAMB's update once the step factor (-lr * trust) is known.
+KILN_HD void lamb_apply(float& w, float step, float u) { w = fmaf(step, u, w); }
 
 // ||w|| / ||u||, or 1 when either is zero.
 KILN_HD double lamb_trust(double w_sq, double u_sq) {

@@ -26,6 +26,7 @@
 #pragma once
 #include <cstdint>
 
+#include "base/dtype.h"
 #include "base/macros.h"
 #include "kernels/common/math.h"
 
@@ -175,5 +176,26 @@ KILN_HD float apply_epilogue(const Epilogue& e, float acc, float c0, float bias,
   }
   return v + residual;
 }
+
+// ---- the kernel's arguments ------------------------------------------------------------------------
+
+// out[b] = act(alpha * A[b] B[b] + beta * c0[b] + bias) + residual[b] for b < batch, all row-major
+// M x N with leading dimension ldc (c0 and residual in the output dtype; bias f32 [N]). Plain data
+// outside the CUDA backend's namespace (kiln::cuda::TcGemmArgs names it), so the host dispatch that
+// fills it (kernels/common/gemm_plan.h) and the CUDA emulator that interprets it share one type.
+struct GemmArgs {
+  DType in_dtype = DType::f16;   // f16 or bf16, for A and B
+  DType out_dtype = DType::f32;  // f16, bf16 or f32
+  Layout la = Layout::row, lb = Layout::row;
+  int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* out = nullptr;
+  const void* c0 = nullptr;                                     // used when ep.beta != 0
+  const float* bias = nullptr;                                  // optional
+  const void* residual = nullptr;                               // optional
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch entries
+  Epilogue ep;
+};
 
 }  // namespace kiln::tcgemm

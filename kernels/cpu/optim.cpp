@@ -35,7 +35,8 @@ void lamb_one(const OptimSlice& s, const OptimHyper& h, const optim_math::AdamF&
   }
   const float step = optim_math::lamb_step(h, optim_math::lamb_trust(ws, us));
   parallel_for(0, s.n, kChunk, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) s.w[i] = s.w[i] + step * optim_math::lamb_direction(s.w[i], s.s0[i], s.s1[i], a);
+    for (int64_t i = b; i < e; ++i)
+      optim_math::lamb_apply(s.w[i], step, optim_math::lamb_direction(s.w[i], s.s0[i], s.s1[i], a));
   });
 }
 }  // namespace

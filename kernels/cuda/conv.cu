@@ -9,6 +9,10 @@
 // The graph API earns its verbosity with fusions (conv + bias + activation), which the engine
 // does not express yet; that is the moment to move.
 //
+// The descriptors are built from a plan (kernels/common/conv_plan.h's plan_conv: formats, dims,
+// strides, the convolution's parameters, and the paths cuDNN cannot take), a pure function that the
+// CUDA emulator executes on the CPU in CI; which of cuDNN's candidates are usable is libplan::usable.
+//
 // Algorithm choice: by default cuDNN's heuristic order (the first that fits in the workspace
 // limit and runs: a candidate that refuses the problem is skipped for the next); with
 // cuda::set_cudnn_benchmark(true) every algorithm is timed once per shape and the fastest kept; in
@@ -18,11 +22,11 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "kernels/common/conv_plan.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -30,20 +34,50 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr size_t kMaxWorkspace = size_t(1) << 30;  // algorithms needing more are skipped
+using libplan::ConvPath;
+using libplan::ConvPlan;
+using Pass = libplan::ConvPass;
+
+constexpr size_t kMaxWorkspace = libplan::kConvMaxWorkspace;  // algorithms needing more are skipped
 std::atomic<bool> g_benchmark{false};
 
-cudnnDataType_t data_type(DType dt) {
-  switch (dt) {
-    case DType::f32: return CUDNN_DATA_FLOAT;
-    case DType::f64: return CUDNN_DATA_DOUBLE;
-    case DType::f16: return CUDNN_DATA_HALF;
-    case DType::bf16: return CUDNN_DATA_BFLOAT16;
-    default: KILN_FAIL("cuda conv2d: dtype ", dt, " is not supported (f32, f64, f16, bf16)");
+// The plan's plain enums as cuDNN's.
+cudnnDataType_t dnn_type(libplan::DnnType t) {
+  switch (t) {
+    case libplan::DnnType::f32: return CUDNN_DATA_FLOAT;
+    case libplan::DnnType::f64: return CUDNN_DATA_DOUBLE;
+    case libplan::DnnType::f16: return CUDNN_DATA_HALF;
+    case libplan::DnnType::bf16: return CUDNN_DATA_BFLOAT16;
+  }
+  KILN_FAIL("cuda conv2d: unknown data type ", int(t));
+}
+cudnnTensorFormat_t dnn_format(libplan::DnnFormat f) {
+  return f == libplan::DnnFormat::nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+}
+cudnnMathType_t dnn_math(libplan::DnnMath m) {
+  switch (m) {
+    case libplan::DnnMath::default_math: return CUDNN_DEFAULT_MATH;
+    case libplan::DnnMath::tensor_op: return CUDNN_TENSOR_OP_MATH;
+    case libplan::DnnMath::tensor_op_allow_conversion: return CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    case libplan::DnnMath::fma: return CUDNN_FMA_MATH;
+  }
+  KILN_FAIL("cuda conv2d: unknown math type ", int(m));
+}
+libplan::DnnMath plan_math(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_TENSOR_OP_MATH: return libplan::DnnMath::tensor_op;
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return libplan::DnnMath::tensor_op_allow_conversion;
+    case CUDNN_FMA_MATH: return libplan::DnnMath::fma;
+    default: return libplan::DnnMath::default_math;  // not FMA: never taken for f32 without TF32
   }
 }
+void set_tensor(cudnnTensorDescriptor_t d, const libplan::DnnTensor& t, cudnnDataType_t type) {
+  KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(d, dnn_format(t.format), type, t.n, t.c, t.h, t.w));
+}
 
-// The descriptors of one convolution, built from the engine's parameters.
+// The descriptors of one convolution, built from its plan: y and the bias always, x, the filter and
+// the convolution when the plan convolves (a bias-only plan has an empty x and filter, which cuDNN
+// would reject).
 struct ConvDescs {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
@@ -51,39 +85,33 @@ struct ConvDescs {
 
   // The destructor of a member-less base would not run if this constructor threw, so creation
   // happens in init(), after the object is complete.
-  ConvDescs(DType dt, const Conv2dParams& p) {
+  explicit ConvDescs(const ConvPlan& p) {
     try {
-      init(dt, p);
+      init(p);
     } catch (...) {
       destroy();
       throw;
     }
   }
-  void init(DType dt, const Conv2dParams& p) {
-    const cudnnDataType_t t = data_type(dt);
-    KILN_CHECK(p.n < INT32_MAX && p.c < INT32_MAX && p.h < INT32_MAX && p.w < INT32_MAX && p.o < INT32_MAX,
-               "cuda conv2d: sizes beyond 2^31 are not supported by cuDNN");
-    KILN_CUDNN_OK(cudnnCreateTensorDescriptor(&x));
+  void init(const ConvPlan& p) {
+    const cudnnDataType_t t = dnn_type(p.data);
     KILN_CUDNN_OK(cudnnCreateTensorDescriptor(&y));
     KILN_CUDNN_OK(cudnnCreateTensorDescriptor(&bias));
+    set_tensor(y, p.y, t);
+    set_tensor(bias, p.bias, t);
+    if (p.path != ConvPath::convolve) return;
+    KILN_CUDNN_OK(cudnnCreateTensorDescriptor(&x));
     KILN_CUDNN_OK(cudnnCreateFilterDescriptor(&w));
     KILN_CUDNN_OK(cudnnCreateConvolutionDescriptor(&conv));
-    // Dimensions are given as N, C, H, W in both formats; the format says how they lie in memory
-    // (the bias [1, O, 1, 1] has the same bytes in either, and takes y's format for cudnnAddTensor).
-    const cudnnTensorFormat_t f = p.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
-    KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(x, f, t, int(p.n), int(p.c), int(p.h), int(p.w)));
-    KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(y, f, t, int(p.n), int(p.o), int(p.oh), int(p.ow)));
-    KILN_CUDNN_OK(cudnnSetTensor4dDescriptor(bias, f, t, 1, int(p.o), 1, 1));
-    KILN_CUDNN_OK(cudnnSetFilter4dDescriptor(w, t, f, int(p.o), int(p.c / p.groups), int(p.kh), int(p.kw)));
-    const cudnnDataType_t compute = dt == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-    KILN_CUDNN_OK(cudnnSetConvolution2dDescriptor(conv, int(p.ph), int(p.pw), int(p.sh), int(p.sw), int(p.dh),
-                                                  int(p.dw), CUDNN_CROSS_CORRELATION, compute));
-    KILN_CUDNN_OK(cudnnSetConvolutionGroupCount(conv, int(p.groups)));
-    // FMA math forbids TF32; tensor-op math lets 16-bit inputs use tensor cores.
-    const cudnnMathType_t math = is_low_precision(dt) ? CUDNN_TENSOR_OP_MATH
-                                 : (dt == DType::f32 && allow_tf32()) ? CUDNN_DEFAULT_MATH
-                                                                      : CUDNN_FMA_MATH;
-    KILN_CUDNN_OK(cudnnSetConvolutionMathType(conv, math));
+    set_tensor(x, p.x, t);
+    KILN_CUDNN_OK(cudnnSetFilter4dDescriptor(w, t, dnn_format(p.w.format), p.w.k, p.w.c, p.w.r, p.w.s));
+    const libplan::DnnConvolution& c = p.conv;
+    const cudnnConvolutionMode_t mode =
+        c.mode == libplan::DnnMode::convolution ? CUDNN_CONVOLUTION : CUDNN_CROSS_CORRELATION;
+    KILN_CUDNN_OK(cudnnSetConvolution2dDescriptor(conv, c.pad_h, c.pad_w, c.stride_h, c.stride_w, c.dilation_h,
+                                                  c.dilation_w, mode, dnn_type(c.compute)));
+    KILN_CUDNN_OK(cudnnSetConvolutionGroupCount(conv, c.groups));
+    KILN_CUDNN_OK(cudnnSetConvolutionMathType(conv, dnn_math(c.math)));
   }
   ~ConvDescs() { destroy(); }
   void destroy() {
@@ -99,8 +127,6 @@ struct ConvDescs {
   ConvDescs(const ConvDescs&) = delete;
   ConvDescs& operator=(const ConvDescs&) = delete;
 };
-
-enum class Pass : int { forward, backward_data, backward_filter };
 
 using Key = std::tuple<int, int, int, bool, bool, std::vector<int64_t>>;
 Key key_of(Pass pass, DType dt, const Conv2dParams& p) {
@@ -215,20 +241,13 @@ const std::vector<Choice>& candidates(DType dt, const Conv2dParams& p, const Con
   }
   std::vector<Choice> usable;
   for (int i = 0; i < n; ++i) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace) continue;
-    if (deterministic() && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
-    if (dt == DType::f32 && !allow_tf32() && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    const libplan::DnnCandidate c{perf[i].status == CUDNN_STATUS_SUCCESS, perf[i].memory,
+                                  perf[i].determinism == CUDNN_DETERMINISTIC, plan_math(perf[i].mathType)};
+    if (!libplan::usable(c, dt, deterministic(), allow_tf32())) continue;
     usable.push_back(Choice{int(perf[i].algo), perf[i].mathType, perf[i].memory});
   }
   std::lock_guard<std::mutex> lk(g_mutex);
   return g_candidates.emplace(key, std::move(usable)).first->second;
-}
-
-std::string describe(DType dt, const Conv2dParams& p) {
-  std::ostringstream os;
-  os << dt << " input [" << p.n << "," << p.c << "," << p.h << "," << p.w << "] weight [" << p.o << "," << p.c / p.groups
-     << "," << p.kh << "," << p.kw << "] groups " << p.groups << (p.nhwc ? " (NHWC)" : "");
-  return os.str();
 }
 
 // Runs pass P with the algorithm that ran before for this shape, or else tries cuDNN's usable
@@ -263,7 +282,8 @@ template <Pass P> void convolve(DType dt, const Conv2dParams& p, const ConvDescs
     tried += " algorithm " + std::to_string(c.algo) + ": " + cudnnGetErrorString(st) + ";";
   }
   KILN_FAIL("cuda conv2d ", Api::kName, ": no cuDNN ", deterministic() ? "deterministic " : "", "algorithm runs for ",
-            describe(dt, p), tried.empty() ? " (cuDNN offers none within the limits)" : " (tried" + tried + ")");
+            libplan::describe(dt, p),
+            tried.empty() ? " (cuDNN offers none within the limits)" : " (tried" + tried + ")");
 }
 
 // Whether cuDNN offers an algorithm for the pass at all (NHWC without one runs on NCHW copies).
@@ -310,21 +330,16 @@ void set_cudnn_benchmark(bool on) { g_benchmark = on; }
 bool cudnn_benchmark() { return g_benchmark; }
 
 void conv2d_forward(DType dt, const Conv2dParams& p, const void* x, const void* w, const void* bias, void* y) {
-  const int64_t ny = p.n * p.o * p.oh * p.ow;
-  if (ny == 0) return;
-  cudaStream_t stream = current().stream;
-  if (p.c == 0) {
+  const ConvPlan plan = libplan::plan_conv(dt, p, Pass::forward, allow_tf32());
+  if (plan.path == ConvPath::nothing) return;
+  const int64_t ny = libplan::elements(plan.y);
+  const ConvDescs d(plan);
+  if (plan.path == ConvPath::bias_only) {
     // No input channels (cuDNN rejects zero sizes): y is the bias, or zeros.
-    KILN_CUDA_OK(cudaMemsetAsync(y, 0, size_t(ny) * dtype_size(dt), stream));
-    if (bias) {
-      const Conv2dParams one{1, 1, 1, 1, p.o, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1};
-      const ConvDescs d(dt, one);
-      const ConvDescs full(dt, Conv2dParams{p.n, 1, p.oh, p.ow, p.o, 1, 1, 1, 1, 0, 0, 1, 1, 1, p.oh, p.ow, p.nhwc});
-      KILN_CUDNN_OK(cudnnAddTensor(current().cudnn(), kOne.of(dt), d.bias, bias, kOne.of(dt), full.y, y));
-    }
+    KILN_CUDA_OK(cudaMemsetAsync(y, 0, size_t(ny) * dtype_size(dt), current().stream));
+    if (bias) KILN_CUDNN_OK(cudnnAddTensor(current().cudnn(), kOne.of(dt), d.bias, bias, kOne.of(dt), d.y, y));
     return;
   }
-  const ConvDescs d(dt, p);
   if (p.nhwc && !has_algorithm(Pass::forward, dt, p, d, Operands{x, w, nullptr, y})) {
     Conv2dParams q = p;
     q.nhwc = false;
@@ -341,14 +356,17 @@ void conv2d_forward(DType dt, const Conv2dParams& p, const void* x, const void* 
 
 void conv2d_backward(DType dt, const Conv2dParams& p, const void* x, const void* w, const void* gy, void* gx, void* gw) {
   cudaStream_t stream = current().stream;
-  const int64_t nx = p.n * p.c * p.h * p.w, nw = p.o * (p.c / p.groups) * p.kh * p.kw;
-  // Nothing flows when the output is empty: the gradients are zeros (cuDNN rejects zero sizes).
-  if (p.n * p.o * p.oh * p.ow == 0 || nx == 0 || nw == 0) {
+  const ConvPlan data = libplan::plan_conv(dt, p, Pass::backward_data, allow_tf32());
+  const ConvPlan filter = libplan::plan_conv(dt, p, Pass::backward_filter, allow_tf32());
+  const int64_t nx = libplan::output_elements(data), nw = libplan::output_elements(filter);
+  // Nothing flows when x, w or y is empty: the gradients are zeros (cuDNN rejects zero sizes). Both
+  // passes' plans take this path together (the same sizes decide it).
+  if (data.path == ConvPath::zero_output || filter.path == ConvPath::zero_output) {
     if (gx && nx > 0) KILN_CUDA_OK(cudaMemsetAsync(gx, 0, size_t(nx) * dtype_size(dt), stream));
     if (gw && nw > 0) KILN_CUDA_OK(cudaMemsetAsync(gw, 0, size_t(nw) * dtype_size(dt), stream));
     return;
   }
-  const ConvDescs d(dt, p);
+  const ConvDescs d(data);  // the descriptors do not depend on the pass
   if (p.nhwc && ((gx && !has_algorithm(Pass::backward_data, dt, p, d, Operands{x, w, gy, gx})) ||
                  (gw && !has_algorithm(Pass::backward_filter, dt, p, d, Operands{x, w, gy, gw})))) {
     Conv2dParams q = p;

@@ -1,13 +1,17 @@
 // GEMM through cuBLASLt. The engine's GEMM is row-major (C = alpha op(A) op(B) + beta C with row
 // strides lda/ldb/ldc); cuBLASLt is column-major, so we compute the transpose C^T = op(B)^T op(A)^T,
-// which is the same memory: B's buffer becomes cuBLASLt's first operand and A's the second.
+// which is the same memory: B's buffer becomes cuBLASLt's first operand and A's the second. That
+// mapping (operands, transposes, layouts, batch offsets, types, the k == 0 path) is a pure function,
+// kernels/common/gemm_plan.h's plan_gemm: this file builds its descriptors from the plan alone, and
+// the CUDA emulator executes the same plan on the CPU in CI.
 // f32 (TF32 tensor cores only when cuda::set_allow_tf32(true)), f64, and f16/bf16 with f32
-// accumulation. The heuristic's choice is cached per shape, layout and pointer alignment.
+// accumulation. The heuristic's choice is cached per plan and pointer alignment.
 //
 // f16/bf16 products may instead run on Kiln's own Tensor Core kernel (kernels/cuda/tc_gemm.cu),
-// chosen by cuda::set_gemm_backend (the `kiln` command maps KILN_GEMM to it): "cublaslt" (never), "kiln" (whenever the kernel can take the shape: sm_80+,
-// K and leading dimensions multiples of 8, 16-byte aligned operands), or "auto" (the default):
-// both are timed once per shape on the device and the faster one is kept.
+// chosen by cuda::set_gemm_backend (the `kiln` command maps KILN_GEMM to it): "cublaslt" (never), "kiln" (whenever
+// the kernel can take the shape: sm_80+, K and leading dimensions multiples of 8, 16-byte aligned operands; the
+// rules are plan_tc_gemm's), or "auto" (the default): both are timed once per shape on the device and the faster
+// one is kept.
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -16,6 +20,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "kernels/common/gemm_plan.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -35,27 +40,30 @@ template <typename T> __global__ void scale_matrix(T* c, int64_t m, int64_t n, i
   }
 }
 
-struct Types {
-  cudaDataType_t data, scale;
-  cublasComputeType_t compute;
-};
-Types types_of(DType dt) {
-  switch (dt) {
-    case DType::f32:
-      return {CUDA_R_32F, CUDA_R_32F, allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F};
-    case DType::f64: return {CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F};
-    case DType::f16: return {CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F};
-    case DType::bf16: return {CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F};
-    default: KILN_FAIL("cuda gemm: dtype ", dt, " is not supported (f32, f64, f16, bf16)");
-  }
-}
+using libplan::GemmCall;
+using libplan::GemmPath;
+using libplan::GemmPlan;
+using libplan::TcRefusal;
 
-int alignment(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  for (int al = 256; al > 1; al /= 2)
-    if (a % uintptr_t(al) == 0) return al;
-  return 1;
+// The plan's plain enums as cuBLASLt's.
+cudaDataType_t lt_type(libplan::LtType t) {
+  switch (t) {
+    case libplan::LtType::r16f: return CUDA_R_16F;
+    case libplan::LtType::r16bf: return CUDA_R_16BF;
+    case libplan::LtType::r32f: return CUDA_R_32F;
+    case libplan::LtType::r64f: return CUDA_R_64F;
+  }
+  KILN_FAIL("cuda gemm: unknown data type ", int(t));
 }
+cublasComputeType_t lt_compute(libplan::LtCompute c) {
+  switch (c) {
+    case libplan::LtCompute::f32: return CUBLAS_COMPUTE_32F;
+    case libplan::LtCompute::f32_fast_tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case libplan::LtCompute::f64: return CUBLAS_COMPUTE_64F;
+  }
+  KILN_FAIL("cuda gemm: unknown compute type ", int(c));
+}
+cublasOperation_t lt_op(libplan::LtOp o) { return o == libplan::LtOp::t ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 // RAII for the four cuBLASLt descriptors of one call.
 struct Descs {
@@ -69,8 +77,9 @@ struct Descs {
   }
 };
 
-using Key = std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int64_t,
-                       int64_t, int64_t, int64_t>;
+// The algorithm depends on everything the descriptors say, and on the alignment promised.
+using Key = std::tuple<int, int, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int, bool, int64_t, int64_t, int64_t>;
 std::mutex g_cache_mutex;
 std::map<Key, cublasLtMatmulAlgo_t> g_algos;
 
@@ -98,61 +107,33 @@ bool tc_gemm_supported_cached(int device) {
   return v > 0;
 }
 
-// The Tensor Core kernel's arguments for a row-major product, when it can take it.
-bool tc_args(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a, int64_t lda,
-             int64_t sa, const void* b, int64_t ldb, int64_t sb, double beta, void* c, int64_t ldc, int64_t sc,
-             int64_t batch, TcGemmArgs& g) {
-  if (!is_low_precision(dt) || k % 8 != 0 || lda % 8 != 0 || ldb % 8 != 0 || sa % 8 != 0 || sb % 8 != 0 ||
-      batch > 65535 || reinterpret_cast<uintptr_t>(a) % 16 != 0 || reinterpret_cast<uintptr_t>(b) % 16 != 0)
-    return false;
-  // The kernel's grid is (N / kBN, M / kBM, batch): y and z stop at 65535 (cuBLASLt takes the rest).
-  if ((m + tcgemm::kBM - 1) / tcgemm::kBM > 65535) return false;
-  if (!tc_gemm_supported_cached(current().device)) return false;
-  g.in_dtype = g.out_dtype = dt;
-  g.la = ta ? tcgemm::Layout::col : tcgemm::Layout::row;  // A^T stored [k, m] is A column-major
-  g.lb = tb ? tcgemm::Layout::col : tcgemm::Layout::row;  // B^T stored [n, k] is B column-major
-  g.M = m;
-  g.N = n;
-  g.K = k;
-  g.lda = lda;
-  g.ldb = ldb;
-  g.ldc = ldc;
-  g.a = a;
-  g.b = b;
-  g.out = c;
-  g.c0 = beta != 0.0 ? c : nullptr;
-  g.batch = batch;
-  g.stride_a = sa;
-  g.stride_b = sb;
-  g.stride_c = sc;
-  g.ep.alpha = float(alpha);
-  g.ep.beta = float(beta);
-  return true;
+// Whether the Tensor Core kernel takes the product on this device, and its arguments in g when it does.
+TcRefusal tc_route(const GemmCall& call, const void* a, const void* b, void* c, TcGemmArgs& g) {
+  TcRefusal r = libplan::plan_tc_gemm(call, a, b, c, &g);
+  if (r == TcRefusal::none && !tc_gemm_supported_cached(current().device)) r = TcRefusal::device;
+  return r;
 }
 
 using ShapeKey = std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int64_t>;
 std::mutex g_choice_mutex;
 std::map<ShapeKey, bool> g_use_kiln;  // auto: the measured winner per shape
 
-void cublaslt_gemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
-                   int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb, double beta, void* c, int64_t ldc,
-                   int64_t sc, int64_t batch);
+void cublaslt_gemm(const GemmCall& call, const GemmPlan& p, const void* a, const void* b, void* c);
 
 // auto: times both on this product (beta == 0, so running it twice is harmless) and keeps the faster.
-bool measure_kiln_faster(const TcGemmArgs& g, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                         double alpha, const void* a, int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb,
-                         void* c, int64_t ldc, int64_t sc, int64_t batch) {
+bool measure_kiln_faster(const TcGemmArgs& g, const GemmCall& call, const GemmPlan& plan, const void* a, const void* b,
+                         void* c) {
   cudaStream_t s = current().stream;
   cudaEvent_t e[3];
   for (auto& ev : e) KILN_CUDA_OK(cudaEventCreate(&ev));
   float ms_kiln = 0, ms_lt = 0;
   constexpr int kReps = 3;
   tc_gemm(g, s);  // warm-up (and the lazy module load)
-  cublaslt_gemm(dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, 0.0, c, ldc, sc, batch);
+  cublaslt_gemm(call, plan, a, b, c);
   KILN_CUDA_OK(cudaEventRecord(e[0], s));
   for (int i = 0; i < kReps; ++i) tc_gemm(g, s);
   KILN_CUDA_OK(cudaEventRecord(e[1], s));
-  for (int i = 0; i < kReps; ++i) cublaslt_gemm(dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, 0.0, c, ldc, sc, batch);
+  for (int i = 0; i < kReps; ++i) cublaslt_gemm(call, plan, a, b, c);
   KILN_CUDA_OK(cudaEventRecord(e[2], s));
   KILN_CUDA_OK(cudaEventSynchronize(e[2]));
   KILN_CUDA_OK(cudaEventElapsedTime(&ms_kiln, e[0], e[1]));
@@ -180,11 +161,13 @@ void gemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double al
 void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
                   int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb, double beta, void* c, int64_t ldc,
                   int64_t sc, int64_t batch) {
-  if (m == 0 || n == 0 || batch == 0) return;
+  const GemmCall call{dt, ta, tb, m, n, k, alpha, lda, sa, ldb, sb, beta, ldc, sc, batch};
+  const GemmPlan plan = libplan::plan_gemm(call, allow_tf32());
+  if (plan.path == GemmPath::nothing) return;
   TcGemmArgs g;
   const GemmChoice choice = gemm_choice();
-  if (k > 0 && choice != GemmChoice::cublaslt &&
-      tc_args(dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch, g)) {
+  if (plan.path == GemmPath::matmul && choice != GemmChoice::cublaslt &&
+      tc_route(call, a, b, c, g) == TcRefusal::none) {
     bool use = choice == GemmChoice::kiln;
     // Deterministic mode takes no timing race (its winner can differ between runs and ranks): Kiln's
     // kernel, which sums in a fixed order, wherever it takes the shape.
@@ -195,62 +178,59 @@ void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, d
       std::lock_guard<std::mutex> lk(g_choice_mutex);
       auto it = g_use_kiln.find(key);
       if (it == g_use_kiln.end() && beta == 0.0)
-        it = g_use_kiln.emplace(key, measure_kiln_faster(g, dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, c, ldc,
-                                                         sc, batch)).first;
+        it = g_use_kiln.emplace(key, measure_kiln_faster(g, call, plan, a, b, c)).first;
       use = it != g_use_kiln.end() && it->second;
     }
     if (use) return tc_gemm(g, current().stream);
   }
-  cublaslt_gemm(dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
+  cublaslt_gemm(call, plan, a, b, c);
 }
 
 namespace {
-void cublaslt_gemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
-                   int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb, double beta, void* c, int64_t ldc,
-                   int64_t sc, int64_t batch) {
+// Issues the plan: the scale kernel for k == 0, else one cublasLtMatmul with the plan's descriptors.
+void cublaslt_gemm(const GemmCall& call, const GemmPlan& p, const void* a, const void* b, void* c) {
   Context& ctx = current();
-  const Types ty = types_of(dt);
-  if (k == 0) {
-    if (beta == 1.0) return;
-    visit_dtype(dt, [&](auto tag) {
+  if (p.path == GemmPath::nothing) return;
+  if (p.path == GemmPath::scale) {
+    // p.c is C^T (n x m, ld ldc), which the kernel takes as the engine's row-major m x n with row stride ldc.
+    visit_dtype(libplan::dtype_of(p.data), [&](auto tag) {
       using T = decltype(tag);
       if constexpr (is_float_v<T>) {
-        for (int64_t i = 0; i < batch; ++i)
-          launch("scale_matrix", scale_matrix<T>, grid_for(m * n), kThreads, 0, ctx.stream, static_cast<T*>(c) + i * sc,
-                 m, n, ldc, DAcc<T>(beta));
+        for (int64_t i = 0; i < p.batch_count; ++i)
+          launch("scale_matrix", scale_matrix<T>, grid_for(p.c.rows * p.c.cols), kThreads, 0, ctx.stream,
+                 static_cast<T*>(c) + i * p.c.batch_stride, p.c.cols, p.c.rows, p.c.ld, DAcc<T>(p.beta));
       }
     });
     return;
   }
-  // Column-major view: D (n x m, ld ldc) = opA'(B) (n x k) * opB'(A) (k x m).
-  const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   Descs d;
-  KILN_CUBLAS_OK(cublasLtMatmulDescCreate(&d.op, ty.compute, ty.scale));
-  KILN_CUBLAS_OK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
-  KILN_CUBLAS_OK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
-  // Stored shapes (rows x cols, column-major): the first operand is B's buffer, the second A's.
-  KILN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&d.a, ty.data, tb ? k : n, tb ? n : k, ldb));
-  KILN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&d.b, ty.data, ta ? m : k, ta ? k : m, lda));
-  KILN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&d.c, ty.data, n, m, ldc));
-  if (batch > 1) {
-    const int32_t count = int32_t(batch);
-    KILN_CHECK(batch < INT32_MAX, "cuda gemm: ", batch, " products in one batch is too many");
-    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[3] = {{d.a, sb}, {d.b, sa}, {d.c, sc}};
+  KILN_CUBLAS_OK(cublasLtMatmulDescCreate(&d.op, lt_compute(p.compute), lt_type(p.scale)));
+  const cublasOperation_t op_a = lt_op(p.trans_a), op_b = lt_op(p.trans_b);
+  KILN_CUBLAS_OK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  KILN_CUBLAS_OK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  const cudaDataType_t data = lt_type(p.data);
+  KILN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&d.a, data, uint64_t(p.a.rows), uint64_t(p.a.cols), p.a.ld));
+  KILN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&d.b, data, uint64_t(p.b.rows), uint64_t(p.b.cols), p.b.ld));
+  KILN_CUBLAS_OK(cublasLtMatrixLayoutCreate(&d.c, data, uint64_t(p.c.rows), uint64_t(p.c.cols), p.c.ld));
+  if (p.batch_count > 1) {
+    const int32_t count = int32_t(p.batch_count);  // plan_gemm checked it fits
+    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[3] = {
+        {d.a, p.a.batch_stride}, {d.b, p.b.batch_stride}, {d.c, p.c.batch_stride}};
     for (const auto& [layout, stride] : layouts) {
       KILN_CUBLAS_OK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
       KILN_CUBLAS_OK(
           cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
     }
   }
+  const void* lt_a = libplan::operand(p.a_from, a, b);
+  const void* lt_b = libplan::operand(p.b_from, a, b);
 
-  // cuBLASLt assumes 256-byte aligned operands unless told otherwise; views and batch strides are
-  // often less aligned, so tell it the truth (it then skips kernels that need more).
-  int al = std::min({alignment(a), alignment(b), alignment(c)});
-  if (batch > 1) {
-    const auto es = int64_t(dtype_size(dt));
-    for (int64_t stride : {sa, sb, sc}) al = std::min(al, alignment(reinterpret_cast<const void*>(stride * es)));
-  }
-  const Key key{ctx.device, int(dt), int(ty.compute), ta, tb, m, n, k, lda, ldb, ldc, al, beta != 0.0, batch, sa, sb, sc};
+  // cuBLASLt assumes 256-byte aligned operands unless told otherwise (plan's lt_alignment says why we tell it).
+  const int al = libplan::lt_alignment(p, a, b, c);
+  const Key key{ctx.device, int(p.data),   int(p.compute),   int(p.trans_a),   int(p.trans_b),
+                p.a.rows,   p.a.cols,      p.a.ld,           p.b.rows,         p.b.cols,
+                p.b.ld,     p.c.rows,      p.c.cols,         p.c.ld,           p.batch_count,
+                al,         p.beta != 0.0, p.a.batch_stride, p.b.batch_stride, p.c.batch_stride};
   cublasLtMatmulAlgo_t algo;
   bool found = false;
   {
@@ -277,17 +257,18 @@ void cublaslt_gemm(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
     const cublasStatus_t s =
         cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt(), d.op, d.a, d.b, d.c, d.c, pref, 1, &res, &count);
     cublasLtMatmulPreferenceDestroy(pref);
-    KILN_CHECK(s == CUBLAS_STATUS_SUCCESS && count > 0, "cuda gemm: cuBLASLt has no algorithm for ", dt, " m=", m,
-               " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc, " (", cublasLtGetStatusString(s), ")");
+    KILN_CHECK(s == CUBLAS_STATUS_SUCCESS && count > 0, "cuda gemm: cuBLASLt has no algorithm for ",
+               libplan::describe(call), " (", cublasLtGetStatusString(s), ")");
     algo = res.algo;
     std::lock_guard<std::mutex> lk(g_cache_mutex);
     g_algos.emplace(key, algo);
   }
   DeviceBuffer ws(kWorkspaceBytes);
-  const float af = float(alpha), bf = float(beta);
-  const void* pa = dt == DType::f64 ? static_cast<const void*>(&alpha) : &af;
-  const void* pb = dt == DType::f64 ? static_cast<const void*>(&beta) : &bf;
-  KILN_CUBLAS_OK(cublasLtMatmul(ctx.cublaslt(), d.op, pa, b, d.a, a, d.b, pb, c, d.c, c, d.c, &algo, ws.get(),
+  const float af = float(p.alpha), bf = float(p.beta);
+  const bool f64_scale = p.scale == libplan::LtType::r64f;
+  const void* pa = f64_scale ? static_cast<const void*>(&p.alpha) : &af;
+  const void* pb = f64_scale ? static_cast<const void*>(&p.beta) : &bf;
+  KILN_CUBLAS_OK(cublasLtMatmul(ctx.cublaslt(), d.op, pa, lt_a, d.a, lt_b, d.b, pb, c, d.c, c, d.c, &algo, ws.get(),
                                 kWorkspaceBytes, ctx.stream));
 }
 

@@ -102,7 +102,7 @@ __global__ void lamb_apply_kernel(const OptimSlice* slices, const Chunk* chunks,
   const OptimSlice s = slices[c.slice];
   const float f = step[c.slice];
   for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x)
-    s.w[i] = s.w[i] + f * optim_math::lamb_direction(s.w[i], s.s0[i], s.s1[i], h);
+    optim_math::lamb_apply(s.w[i], f, optim_math::lamb_direction(s.w[i], s.s0[i], s.s1[i], h));
 }
 
 // Uploads host data for kernels queued next on the compute stream (pageable memory is staged by

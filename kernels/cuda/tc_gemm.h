@@ -10,22 +10,10 @@
 
 namespace kiln::cuda {
 
-// out[b] = act(alpha * A[b] B[b] + beta * c0[b] + bias) + residual[b] for b < batch, all row-major
-// M x N with leading dimension ldc (c0 and residual in the output dtype; bias f32 [N]).
-struct TcGemmArgs {
-  DType in_dtype = DType::f16;   // f16 or bf16, for A and B
-  DType out_dtype = DType::f32;  // f16, bf16 or f32
-  tcgemm::Layout la = tcgemm::Layout::row, lb = tcgemm::Layout::row;
-  int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
-  const void* a = nullptr;
-  const void* b = nullptr;
-  void* out = nullptr;
-  const void* c0 = nullptr;        // used when ep.beta != 0
-  const float* bias = nullptr;     // optional
-  const void* residual = nullptr;  // optional
-  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch entries
-  tcgemm::Epilogue ep;
-};
+// The kernel's arguments (tcgemm::GemmArgs in kernels/common/tc_gemm_layout.h): out[b] =
+// act(alpha * A[b] B[b] + beta * c0[b] + bias) + residual[b], row-major M x N. gemm.cu fills them
+// with kernels/common/gemm_plan.h's plan_tc_gemm.
+using TcGemmArgs = tcgemm::GemmArgs;
 
 // Checks the arguments (a clear error for each violated rule: dtypes, K % 8, leading dimensions
 // multiples of 8, 16-byte aligned pointers) and launches on `stream` (a cudaStream_t; null: default).

@@ -4,9 +4,11 @@
 // (kiln::detail::BackendOverride), every op runs the CUDA kernel bodies on the CPU, so the op
 // table can hold them against the CPU backend in CI, where no GPU is.
 //
-// What the table does not emulate comes from the CPU backend: GEMM (cuBLASLt, the Tensor Core
-// GEMM) and convolution (cuDNN). Batch norm always takes its handwritten kernels (cuDNN's path
-// needs a GPU).
+// GEMM (cuBLASLt, the Tensor Core GEMM) and convolution (cuDNN) are their call plans
+// (kernels/common/gemm_plan.h, conv_plan.h, built by the same functions as on a GPU) executed on the
+// CPU by library_interp.cpp. The table takes 16-bit products and convolutions and channels_last
+// buffers natively, as the CUDA table does. Batch norm always takes its handwritten kernels
+// (cuDNN's path needs a GPU).
 #pragma once
 #include <cstdint>
 #include <map>
