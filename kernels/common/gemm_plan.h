@@ -246,4 +246,28 @@ inline TcRefusal plan_tc_gemm(const GemmCall& g, const void* a, const void* b, v
   return TcRefusal::none;
 }
 
+// The rules the Tensor Core kernel's arguments must keep, each a clear error prefixed by `who`:
+// tc_gemm (kernels/cuda/tc_gemm.cu) checks them before every launch and the emulator's interpreter
+// before it runs them, so both refuse the same arguments.
+inline void check_tc_gemm_args(const tcgemm::GemmArgs& g, const char* who) {
+  KILN_CHECK(g.in_dtype == DType::f16 || g.in_dtype == DType::bf16, who, ": inputs must be f16 or bf16, got ",
+             g.in_dtype);
+  KILN_CHECK(g.out_dtype == DType::f32 || g.out_dtype == DType::f16 || g.out_dtype == DType::bf16, who,
+             ": the output must be f32, f16 or bf16, got ", g.out_dtype);
+  KILN_CHECK(g.M > 0 && g.N > 0 && g.K > 0 && g.batch > 0, who, ": empty problem M ", g.M, " N ", g.N, " K ", g.K);
+  KILN_CHECK(g.K % 8 == 0, who, ": K must be a multiple of 8, got ", g.K);
+  const int64_t a_inner = g.la == tcgemm::Layout::row ? g.K : g.M, b_inner = g.lb == tcgemm::Layout::col ? g.K : g.N;
+  KILN_CHECK(g.lda % 8 == 0 && g.lda >= a_inner, who, ": lda ", g.lda, " must be a multiple of 8 and >= ", a_inner);
+  KILN_CHECK(g.ldb % 8 == 0 && g.ldb >= b_inner, who, ": ldb ", g.ldb, " must be a multiple of 8 and >= ", b_inner);
+  KILN_CHECK(g.ldc >= g.N, who, ": ldc ", g.ldc, " must be >= N ", g.N);
+  KILN_CHECK(reinterpret_cast<uintptr_t>(g.a) % 16 == 0 && reinterpret_cast<uintptr_t>(g.b) % 16 == 0, who,
+             ": A and B must be 16-byte aligned");
+  KILN_CHECK(g.stride_a % 8 == 0 && g.stride_b % 8 == 0, who, ": batch strides of A and B must be multiples of 8");
+  KILN_CHECK(g.ep.beta == 0.0f || g.c0, who, ": beta is ", g.ep.beta, " but no C0 was given");
+  KILN_CHECK(g.out, who, ": no output");
+  KILN_CHECK(g.batch <= 65535, who, ": batch ", g.batch, " is more than a grid's z dimension (65535)");
+  KILN_CHECK((g.M + tcgemm::kBM - 1) / tcgemm::kBM <= 65535, who, ": M ", g.M, " needs more than 65535 row blocks of ",
+             tcgemm::kBM, " (a grid's y dimension)");
+}
+
 }  // namespace kiln::libplan

@@ -23,8 +23,9 @@
 #include <vector>
 
 #include "base/error.h"
-#include "kernels/cuda/cuda_check.h"
 #include "base/half.h"
+#include "kernels/common/gemm_plan.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/tc_gemm.h"
 
 namespace kiln::cuda {
@@ -208,27 +209,26 @@ bool tc_gemm_supported(int device, std::string* why) {
 }
 
 void tc_gemm(const TcGemmArgs& g, void* stream) {
-  KILN_CHECK(g.in_dtype == DType::f16 || g.in_dtype == DType::bf16, "tc_gemm: inputs must be f16 or bf16, got ",
-             g.in_dtype);
-  KILN_CHECK(g.out_dtype == DType::f32 || g.out_dtype == DType::f16 || g.out_dtype == DType::bf16,
-             "tc_gemm: the output must be f32, f16 or bf16, got ", g.out_dtype);
-  KILN_CHECK(g.M > 0 && g.N > 0 && g.K > 0 && g.batch > 0, "tc_gemm: empty problem M ", g.M, " N ", g.N, " K ", g.K);
-  KILN_CHECK(g.K % 8 == 0, "tc_gemm: K must be a multiple of 8, got ", g.K);
-  const int64_t a_inner = g.la == Layout::row ? g.K : g.M, b_inner = g.lb == Layout::col ? g.K : g.N;
-  KILN_CHECK(g.lda % 8 == 0 && g.lda >= a_inner, "tc_gemm: lda ", g.lda, " must be a multiple of 8 and >= ", a_inner);
-  KILN_CHECK(g.ldb % 8 == 0 && g.ldb >= b_inner, "tc_gemm: ldb ", g.ldb, " must be a multiple of 8 and >= ", b_inner);
-  KILN_CHECK(g.ldc >= g.N, "tc_gemm: ldc ", g.ldc, " must be >= N ", g.N);
-  KILN_CHECK(reinterpret_cast<uintptr_t>(g.a) % 16 == 0 && reinterpret_cast<uintptr_t>(g.b) % 16 == 0,
-             "tc_gemm: A and B must be 16-byte aligned");
-  KILN_CHECK(g.stride_a % 8 == 0 && g.stride_b % 8 == 0, "tc_gemm: batch strides of A and B must be multiples of 8");
-  KILN_CHECK(g.ep.beta == 0.0f || g.c0, "tc_gemm: beta is ", g.ep.beta, " but no C0 was given");
-  KILN_CHECK(g.out, "tc_gemm: no output");
-  Params p{static_cast<const uint16_t*>(g.a), static_cast<const uint16_t*>(g.b), g.out, g.c0, g.bias, g.residual,
-           g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.stride_a, g.stride_b, g.stride_c,
-           g.out_dtype == DType::f32 ? 0 : g.out_dtype == DType::f16 ? 1 : 2, g.ep};
-  KILN_CHECK(g.batch <= 65535, "tc_gemm: batch ", g.batch, " is more than a grid's z dimension (65535)");
-  KILN_CHECK((g.M + kBM - 1) / kBM <= 65535, "tc_gemm: M ", g.M, " needs more than 65535 row blocks of ", kBM,
-             " (a grid's y dimension)");
+  libplan::check_tc_gemm_args(g, "tc_gemm");
+  Params p{static_cast<const uint16_t*>(g.a),
+           static_cast<const uint16_t*>(g.b),
+           g.out,
+           g.c0,
+           g.bias,
+           g.residual,
+           g.M,
+           g.N,
+           g.K,
+           g.lda,
+           g.ldb,
+           g.ldc,
+           g.stride_a,
+           g.stride_b,
+           g.stride_c,
+           g.out_dtype == DType::f32   ? 0
+           : g.out_dtype == DType::f16 ? 1
+                                       : 2,
+           g.ep};
   const dim3 grid(unsigned((g.N + kBN - 1) / kBN), unsigned((g.M + kBM - 1) / kBM), unsigned(g.batch));
   auto s = static_cast<cudaStream_t>(stream);
   const bool bf = g.in_dtype == DType::bf16, ak = a_is_kmajor(g.la), bk = b_is_kmajor(g.lb);

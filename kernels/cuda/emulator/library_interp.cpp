@@ -230,23 +230,9 @@ void run_gemm_plan(const GemmPlan& p, const void* a, const void* b, void* c) {
 }
 
 void run_tc_gemm(const tcgemm::GemmArgs& g) {
-  // tc_gemm's own checks (kernels/cuda/tc_gemm.cu), so arguments it would refuse fail here too.
-  KILN_CHECK(is_low_precision(g.in_dtype), "emulated tc_gemm: inputs must be f16 or bf16, got ", g.in_dtype);
-  KILN_CHECK(g.out_dtype == DType::f32 || is_low_precision(g.out_dtype), "emulated tc_gemm: output ", g.out_dtype);
-  KILN_CHECK(g.M > 0 && g.N > 0 && g.K > 0 && g.batch > 0, "emulated tc_gemm: empty problem M ", g.M, " N ", g.N, " K ",
-             g.K);
+  // tc_gemm's own checks, so arguments it would refuse fail here too.
+  libplan::check_tc_gemm_args(g, "emulated tc_gemm");
   const bool a_row = g.la == tcgemm::Layout::row, b_row = g.lb == tcgemm::Layout::row;
-  const int64_t a_inner = a_row ? g.K : g.M, b_inner = b_row ? g.N : g.K;
-  KILN_CHECK(g.K % 8 == 0, "emulated tc_gemm: K must be a multiple of 8, got ", g.K);
-  KILN_CHECK(g.lda % 8 == 0 && g.lda >= a_inner, "emulated tc_gemm: lda ", g.lda, " (inner ", a_inner, ")");
-  KILN_CHECK(g.ldb % 8 == 0 && g.ldb >= b_inner, "emulated tc_gemm: ldb ", g.ldb, " (inner ", b_inner, ")");
-  KILN_CHECK(g.ldc >= g.N, "emulated tc_gemm: ldc ", g.ldc, " must be >= N ", g.N);
-  KILN_CHECK(reinterpret_cast<uintptr_t>(g.a) % 16 == 0 && reinterpret_cast<uintptr_t>(g.b) % 16 == 0,
-             "emulated tc_gemm: A and B must be 16-byte aligned");
-  KILN_CHECK(g.stride_a % 8 == 0 && g.stride_b % 8 == 0, "emulated tc_gemm: batch strides must be multiples of 8");
-  KILN_CHECK(g.ep.beta == 0.0f || g.c0, "emulated tc_gemm: beta is ", g.ep.beta, " but no C0 was given");
-  KILN_CHECK(g.out, "emulated tc_gemm: no output");
-  KILN_CHECK(g.batch <= 65535 && (g.M + tcgemm::kBM - 1) / tcgemm::kBM <= 65535, "emulated tc_gemm: grid too large");
   count_library_call("tc_gemm");
   const double alpha = g.ep.alpha, beta = g.ep.beta;
   for (int64_t i = 0; i < g.batch; ++i) {
