@@ -210,25 +210,9 @@ bool tc_gemm_supported(int device, std::string* why) {
 
 void tc_gemm(const TcGemmArgs& g, void* stream) {
   libplan::check_tc_gemm_args(g, "tc_gemm");
-  Params p{static_cast<const uint16_t*>(g.a),
-           static_cast<const uint16_t*>(g.b),
-           g.out,
-           g.c0,
-           g.bias,
-           g.residual,
-           g.M,
-           g.N,
-           g.K,
-           g.lda,
-           g.ldb,
-           g.ldc,
-           g.stride_a,
-           g.stride_b,
-           g.stride_c,
-           g.out_dtype == DType::f32   ? 0
-           : g.out_dtype == DType::f16 ? 1
-                                       : 2,
-           g.ep};
+  Params p{static_cast<const uint16_t*>(g.a), static_cast<const uint16_t*>(g.b), g.out, g.c0, g.bias, g.residual,
+           g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.stride_a, g.stride_b, g.stride_c,
+           g.out_dtype == DType::f32 ? 0 : g.out_dtype == DType::f16 ? 1 : 2, g.ep};
   const dim3 grid(unsigned((g.N + kBN - 1) / kBN), unsigned((g.M + kBM - 1) / kBM), unsigned(g.batch));
   auto s = static_cast<cudaStream_t>(stream);
   const bool bf = g.in_dtype == DType::bf16, ak = a_is_kmajor(g.la), bk = b_is_kmajor(g.lb);
