@@ -175,18 +175,40 @@ TEST_CASE("emulated cuda: a kernel's index check throws the backend's error") {
   CHECK(dst == std::vector<float>{5, 6, 1, 2});
 }
 
+TEST_CASE("emulated cuda: a product over k = 0 scales C by beta (gemm.cu's scale kernel), never reading it for beta 0") {
+  const Backend& b = emu::emulated_cuda_backend();
+  // Two 3 x 4 matrices with row stride 5 and 16 elements apart; the padding must stay untouched.
+  std::vector<float> c(32, 7.0f);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = float(i);
+  const std::vector<float> before = c;
+  b.gemm_batched(DType::f32, false, false, 3, 4, 0, 1.0, nullptr, 1, 0, nullptr, 4, 0, 0.5, c.data(), 5, 16, 2);
+  for (int64_t i = 0; i < 32; ++i) {
+    const int64_t in = i % 16, row = in / 5, col = in % 5;
+    const bool inside = row < 3 && col < 4;
+    CHECK(c[size_t(i)] == (inside ? before[size_t(i)] * 0.5f : before[size_t(i)]));
+  }
+  std::vector<float> nan_c(12, std::nanf(""));
+  b.gemm(DType::f32, false, false, 3, 4, 0, 1.0, nullptr, 1, nullptr, 4, 0.0, nan_c.data(), 4);
+  for (float v : nan_c) CHECK(v == 0.0f);
+}
+
+TEST_CASE("emulated cuda: kiln doctor's device self-test passes") {
+  // The same kernel and rule as `kiln doctor --device cuda`: the device's scalar math (Philox, f16
+  // and bf16 conversions, NaN patterns, GELU) against the host's.
+  const std::string mismatch = emu::device_self_test();
+  CHECK_MESSAGE(mismatch.empty(), mismatch);
+}
+
 TEST_CASE("emulated cuda: every handwritten kernel of kernels/cuda ran") {
   if (std::getenv("KILN_EMULATED_OP")) return;  // one row runs only its own kernels
   // Kernels the emulated build does not compile, and what covers them instead.
   const std::map<std::string, std::string> elsewhere = {
       {"tc_gemm_kernel", "inline PTX: the Tensor Core GEMM's own emulator (test_tcgemm.cpp)"},
-      {"scale_matrix", "gemm.cu: the cuBLASLt file (library calls), not compiled under the emulator"},
-      {"self_test_kernel", "runtime_info.cu: the doctor's device self-test, not compiled under the emulator"},
   };
   const std::string dir = std::string(KILN_TEST_SOURCE_DIR) + "/../kernels/cuda/";
   std::set<std::string> all;
   for (const char* f : {"amp", "batch_norm", "conv", "cross_entropy", "elementwise", "gemm", "index", "layer_norm",
-                        "optim", "pool", "reduce", "runtime_info", "softmax", "tc_gemm"})
+                        "optim", "pool", "reduce", "runtime_info", "self_test", "softmax", "tc_gemm"})
     for (const std::string& k : global_kernels(dir + f + ".cu")) all.insert(k);
   CHECK(all.size() > 30);
   const auto runs = emu::kernel_runs();

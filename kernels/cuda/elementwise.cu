@@ -438,4 +438,32 @@ void random(RandomKind kind, const TensorDesc& dst, uint64_t seed, uint64_t offs
   });
 }
 
+// ---- GEMM's k == 0: C = beta * C -------------------------------------------------------------------
+
+namespace {
+// Launch: grid-stride over the m x n matrix (row stride ldc), one thread per element.
+// Memory: reads and writes each element once (beta == 0 never reads C, as the GEMM contract says).
+template <typename T> __global__ void scale_matrix(T* c, int64_t m, int64_t n, int64_t ldc, DAcc<T> beta) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m * n; i += int64_t(gridDim.x) * blockDim.x) {
+    T* p = c + (i / n) * ldc + i % n;
+    st(p, beta == DAcc<T>(0) ? DAcc<T>(0) : DAcc<T>(ld(p) * beta));
+  }
+}
+}  // namespace
+
+void scale_matrices(DType dt, void* c, int64_t m, int64_t n, int64_t ldc, int64_t stride, int64_t batch,
+                    double beta) {
+  if (m * n == 0) return;
+  visit_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (is_float_v<T>) {
+      for (int64_t i = 0; i < batch; ++i)
+        launch("scale_matrix", scale_matrix<T>, grid_for(m * n), kThreads, 0, current().stream,
+               static_cast<T*>(c) + i * stride, m, n, ldc, DAcc<T>(beta));
+    } else {
+      KILN_FAIL("cuda gemm: dtype ", dt, " is not a floating type");
+    }
+  });
+}
+
 }  // namespace kiln::cuda

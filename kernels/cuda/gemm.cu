@@ -31,15 +31,6 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // what cuBLASLt asks for on Hopper
 
-// Launch: grid-stride over the m x n matrix (row stride ldc), one thread per element.
-// Memory: reads and writes each element once. Only for k == 0, where C = beta * C.
-template <typename T> __global__ void scale_matrix(T* c, int64_t m, int64_t n, int64_t ldc, DAcc<T> beta) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m * n; i += int64_t(gridDim.x) * blockDim.x) {
-    T* p = c + (i / n) * ldc + i % n;
-    st(p, beta == DAcc<T>(0) ? DAcc<T>(0) : DAcc<T>(ld(p) * beta));
-  }
-}
-
 using libplan::GemmCall;
 using libplan::GemmPath;
 using libplan::GemmPlan;
@@ -193,14 +184,7 @@ void cublaslt_gemm(const GemmCall& call, const GemmPlan& p, const void* a, const
   if (p.path == GemmPath::nothing) return;
   if (p.path == GemmPath::scale) {
     // p.c is C^T (n x m, ld ldc), which the kernel takes as the engine's row-major m x n with row stride ldc.
-    visit_dtype(libplan::dtype_of(p.data), [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (is_float_v<T>) {
-        for (int64_t i = 0; i < p.batch_count; ++i)
-          launch("scale_matrix", scale_matrix<T>, grid_for(p.c.rows * p.c.cols), kThreads, 0, ctx.stream,
-                 static_cast<T*>(c) + i * p.c.batch_stride, p.c.cols, p.c.rows, p.c.ld, DAcc<T>(p.beta));
-      }
-    });
+    scale_matrices(libplan::dtype_of(p.data), c, p.c.cols, p.c.rows, p.c.ld, p.c.batch_stride, p.batch_count, p.beta);
     return;
   }
   Descs d;

@@ -1,5 +1,6 @@
-// CUDA runtime queries for `kiln doctor`, and a self-test kernel that runs kernels/common's
-// scalar math on the device so a user can see the GPU computes what the CPU reference does.
+// CUDA runtime queries for `kiln doctor`, and the device self-test that runs kernels/common's
+// scalar math on the device (its kernel: self_test.cu) so a user can see the GPU computes what the
+// CPU reference does.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/error.h"
 #include "base/half.h"
 #include "kernels/common/math.h"
 #include "kernels/common/philox.h"
@@ -22,15 +24,6 @@
 
 namespace kiln::cuda {
 namespace {
-
-// Launch: 1-D grid, one thread per test element i (n elements). Thread i writes the
-// kSelfTestWords words of self_test_row(i) (kernels/common/self_test.h).
-// Memory: 20 bytes written per thread; nothing read but the index.
-__global__ void self_test_kernel(uint32_t* out, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  self_test_row(i, out + kSelfTestWords * i);
-}
 
 std::string err(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
 
@@ -233,8 +226,17 @@ std::string device_self_test(int index) {
   if (e != cudaSuccess) return err(e);
   uint32_t* d_out = nullptr;
   if ((e = cudaMalloc(&d_out, kSelfTestWords * n * sizeof(uint32_t))) != cudaSuccess) return err(e);
-  self_test_kernel<<<(n + 255) / 256, 256>>>(d_out, n);
+  std::string launch_error;
+  try {
+    launch_self_test(d_out, n);  // self_test.cu
+  } catch (const Error& x) {
+    launch_error = x.what();
+  }
   std::vector<uint32_t> got(kSelfTestWords * n);
+  if (!launch_error.empty()) {
+    cudaFree(d_out);
+    return launch_error;
+  }
   e = cudaGetLastError();
   if (e == cudaSuccess) e = cudaMemcpy(got.data(), d_out, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
   cudaFree(d_out);

@@ -2,6 +2,7 @@
 // translation units include it, and builds without CUDA get an implementation that says so.
 #pragma once
 #include <cctype>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -124,5 +125,8 @@ RuntimeInfo query_runtime(bool check_libraries = false);
 // Runs the shared scalar math (kernels/common: half/bf16 conversion, Philox, GELU) on device
 // `index` and compares it bit for bit with the host. Returns "" when equal, else what differed.
 std::string device_self_test(int index);
+// Queues the self-test kernel (self_test.cu): rows 0..n-1 of kernels/common/self_test.h into `out`,
+// kSelfTestWords * n words of device memory, on the current device's default stream.
+void launch_self_test(uint32_t* out, int n);
 
 }  // namespace kiln::cuda

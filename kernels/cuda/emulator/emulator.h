@@ -29,6 +29,10 @@ enum class Order { forward, reverse };
 void set_order(Order o);  // for the calling thread
 Order order();
 
+// `kiln doctor`'s device self-test (kernels/cuda/self_test.cu) run by the emulator, judged by the
+// doctor's rule (kernels/common/self_test.h): "" when it passes, else the first mismatch.
+std::string device_self_test();
+
 // Launches per kernel name since the process started, and how many threads they ran in all.
 struct KernelRuns {
   int64_t launches = 0;

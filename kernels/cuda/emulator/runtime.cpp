@@ -7,11 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/self_test.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/emulator/emulator.h"
 #include "kernels/cuda/emulator/library_interp.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/runtime_info.h"
 
 namespace kiln::cuda {
 
@@ -53,6 +55,8 @@ void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, d
                   int64_t batch) {
   const libplan::GemmCall call{dt, ta, tb, m, n, k, alpha, lda, sa, ldb, sb, beta, ldc, sc, batch};
   const libplan::GemmPlan plan = libplan::plan_gemm(call, /*allow_tf32=*/false);
+  if (plan.path == libplan::GemmPath::scale)  // gemm.cu's scale kernel, emulated (not the interpreter's loop)
+    return scale_matrices(dt, c, plan.c.cols, plan.c.rows, plan.c.ld, plan.c.batch_stride, plan.batch_count, plan.beta);
   if (plan.path != libplan::GemmPath::matmul) return emu::run_gemm_plan(plan, a, b, c);
   tcgemm::GemmArgs g;
   const libplan::TcRefusal r = libplan::plan_tc_gemm(call, a, b, c, &g);
@@ -134,6 +138,13 @@ const Backend& emulated_cuda_backend() {
     return t;
   }();
   return b;
+}
+
+std::string device_self_test() {
+  constexpr int n = 1024;  // as cuda::device_self_test
+  std::vector<uint32_t> out(size_t(kSelfTestWords) * n);
+  cuda::launch_self_test(out.data(), n);
+  return self_test_mismatch(out.data(), n);
 }
 
 }  // namespace kiln::emu
