@@ -106,7 +106,7 @@ TEST_CASE("emulated cuda: the threads of a block in reverse order give the same 
   // A kernel whose threads race between barriers tends to change its result with the order.
   emu::set_order(emu::Order::reverse);
   for (const char* name : {"softmax", "log_softmax", "layer_norm", "cross_entropy", "sum_large", "batch_norm",
-                           "masked_softmax", "embedding", "max_pool2d"}) {
+                           "masked_softmax", "embedding", "max_pool2d", "batch_norm_1d"}) {
     const Row* r = find_row(name);
     REQUIRE_MESSAGE(r, "no op-table row ", name);
     INFO("row ", name);

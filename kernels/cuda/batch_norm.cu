@@ -141,6 +141,64 @@ __global__ void __launch_bounds__(kThreads) bn_partial_kernel(int64_t n, int64_t
   if (threadIdx.x == 0) partial[ch * chunks + k] = ta;
 }
 
+// The partial sums of bn_partial_kernel for hw == 1: memory [rows, c] (channels_last, whose [n, hw,
+// c] the handwritten path takes as [n*hw, c, 1], and BatchNorm1d's [n, c]), where a channel's values
+// lie c apart and a thread per value of one channel would read uncoalesced. Launch: grid
+// (ceil(c/32), chunks) blocks of 256 = 32 channels x 8 row slices; thread (tx, ty) sums rows
+// k*chunk + ty, + 8, ... of channel 32*blockIdx.x + tx in T (a warp reads 32 consecutive channels of
+// a row), the 8 slices add up in f64 in slice order; writes partial as bn_partial_kernel does.
+// Traffic: x (and gy) read once, coalesced; 8 or 16 bytes written per channel and chunk.
+template <typename T, BnSum kSum>
+__global__ void __launch_bounds__(kThreads) bn_partial_rows_kernel(int64_t rows, int64_t c, int64_t chunk,
+                                                                   const T* x, const T* gy, const T* mean,
+                                                                   double* partial) {
+  __shared__ double sa[8][32], sb[8][32];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int64_t ch = int64_t(blockIdx.x) * 32 + tx, k = blockIdx.y, chunks = gridDim.y;
+  T a = T(0), b = T(0);
+  if (ch < c) {
+    const T mf = kSum == BnSum::x ? T(0) : mean[ch];
+    for (int64_t r = k * chunk + ty, r1 = min(rows, (k + 1) * chunk); r < r1; r += 8) {
+      const int64_t off = r * c + ch;
+      if constexpr (kSum == BnSum::x) {
+        a += x[off];
+      } else if constexpr (kSum == BnSum::dev2) {
+        const T d = x[off] - mf;
+        a += d * d;
+      } else {
+        const T g = gy[off];
+        a += g;
+        b += g * (x[off] - mf);
+      }
+    }
+  }
+  sa[ty][tx] = double(a);
+  sb[ty][tx] = double(b);
+  __syncthreads();
+  if (ty == 0 && ch < c) {
+    double ta = sa[0][tx], tb = sb[0][tx];
+    for (int s = 1; s < 8; ++s) {
+      ta += sa[s][tx];
+      tb += sb[s][tx];
+    }
+    partial[ch * chunks + k] = ta;
+    if constexpr (kSum == BnSum::grad) partial[(c + ch) * chunks + k] = tb;
+  }
+}
+
+// Launches the partial sums of one kind over [n, c, hw]: channel-major blocks, or rows of channels
+// when hw == 1.
+template <typename T, BnSum kSum>
+void bn_partials(Context& ctx, int64_t n, int64_t c, int64_t hw, const BnChunking& ck, const T* x, const T* gy,
+                 const T* mean, double* partial) {
+  if (hw == 1)
+    launch("bn_partial_rows_kernel", bn_partial_rows_kernel<T, kSum>, dim3(unsigned((c + 31) / 32), unsigned(ck.chunks)),
+           kThreads, 0, ctx.stream, n, c, ck.chunk, x, gy, mean, partial);
+  else
+    launch("bn_partial_kernel", bn_partial_kernel<T, kSum>, dim3(unsigned(c), unsigned(ck.chunks)), kThreads, 0,
+           ctx.stream, n, c, hw, ck.chunk, x, gy, mean, partial);
+}
+
 // Forward, between the two passes: mean[ch] = (sum of the channel's partials, in chunk order) / count.
 // Launch: grid_for(c), a thread per channel. Traffic: chunks doubles read, one T written per channel.
 template <typename T>
@@ -265,12 +323,9 @@ void bn_forward_handwritten(Context& ctx, int64_t n, int64_t c, int64_t hw, doub
   DeviceBuffer partial(size_t(2 * c * ck.chunks) * sizeof(double));
   DeviceBuffer affine(size_t(2 * c) * sizeof(T));
   double* part = partial.get<double>();
-  const dim3 grid(unsigned(c), unsigned(ck.chunks));
-  launch("bn_partial_kernel", bn_partial_kernel<T, BnSum::x>, grid, kThreads, 0, ctx.stream, n, c, hw, ck.chunk, x,
-         nullptr, nullptr, part);
+  bn_partials<T, BnSum::x>(ctx, n, c, hw, ck, x, nullptr, nullptr, part);
   launch("bn_mean_kernel", bn_mean_kernel<T>, grid_for(c), kThreads, 0, ctx.stream, c, ck.chunks, count, part, mean);
-  launch("bn_partial_kernel", bn_partial_kernel<T, BnSum::dev2>, grid, kThreads, 0, ctx.stream, n, c, hw, ck.chunk, x,
-         nullptr, mean, part + c * ck.chunks);
+  bn_partials<T, BnSum::dev2>(ctx, n, c, hw, ck, x, nullptr, mean, part + c * ck.chunks);
   launch("bn_stats_finish_kernel", bn_stats_finish_kernel<T>, grid_for(c), kThreads, 0, ctx.stream, c, ck.chunks, count,
          eps, momentum, part, gamma, beta, rmean, rvar, mean, rstd, affine.get<T>());
   launch("bn_apply_kernel", bn_apply_kernel<T>, grid_for(n * c * hw), kThreads, 0, ctx.stream, n * c * hw, c, hw, x,
@@ -288,10 +343,7 @@ void bn_backward_handwritten(Context& ctx, int64_t n, int64_t c, int64_t hw, boo
   const int64_t chunks = sums ? ck.chunks : 0;
   DeviceBuffer partial(size_t(2 * c * chunks) * sizeof(double));
   DeviceBuffer coef(gx && total > 0 ? size_t(3 * c) * sizeof(T) : 0);
-  if (sums) {
-    launch("bn_partial_kernel", bn_partial_kernel<T, BnSum::grad>, dim3(unsigned(c), unsigned(chunks)), kThreads, 0,
-           ctx.stream, n, c, hw, ck.chunk, x, gy, mean, partial.get<double>());
-  }
+  if (sums) bn_partials<T, BnSum::grad>(ctx, n, c, hw, ck, x, gy, mean, partial.get<double>());
   launch("bn_backward_finish_kernel", bn_backward_finish_kernel<T>, grid_for(c), kThreads, 0, ctx.stream, c, chunks,
          count, training, partial.get<double>(), gamma, mean, rstd, ggamma, gbeta, coef.get<T>());
   if (!coef.get<T>()) return;
