@@ -104,6 +104,21 @@ enum class BnSum : int {
   grad,     // sum gy and sum gy * (x - mean)        (backward)
 };
 
+// One value's share of the sums of kind kSum: x at off (and gy), the channel's mean mf as T.
+template <typename T, BnSum kSum>
+__device__ __forceinline__ void bn_accumulate(T& a, T& b, const T* x, const T* gy, int64_t off, T mf) {
+  if constexpr (kSum == BnSum::x) {
+    a += x[off];
+  } else if constexpr (kSum == BnSum::dev2) {
+    const T d = x[off] - mf;
+    a += d * d;
+  } else {
+    const T g = gy[off];
+    a += g;
+    b += g * (x[off] - mf);
+  }
+}
+
 // Partial sums of one chunk of one channel. Launch: grid (c, chunks) blocks of kThreads; block
 // (ch, k) owns values [k*chunk, min((k+1)*chunk, n*hw)) of channel ch, thread t the values t,
 // t + kThreads, ... of it (a warp reads 32 consecutive elements of an image row, split only where
@@ -121,17 +136,7 @@ __global__ void __launch_bounds__(kThreads) bn_partial_kernel(int64_t n, int64_t
   T a = T(0), b = T(0);
   BnWalk w(k * chunk + threadIdx.x, blockDim.x, hw);
   for (int64_t q = k * chunk + threadIdx.x; q < q1; q += blockDim.x, w.next(hw)) {
-    const int64_t off = (w.i * c + ch) * hw + w.j;
-    if constexpr (kSum == BnSum::x) {
-      a += x[off];
-    } else if constexpr (kSum == BnSum::dev2) {
-      const T d = x[off] - mf;
-      a += d * d;
-    } else {
-      const T g = gy[off];
-      a += g;
-      b += g * (x[off] - mf);
-    }
+    bn_accumulate<T, kSum>(a, b, x, gy, (w.i * c + ch) * hw + w.j, mf);
   }
   const double ta = block_sum(double(a), sred);
   if constexpr (kSum == BnSum::grad) {
@@ -158,19 +163,8 @@ __global__ void __launch_bounds__(kThreads) bn_partial_rows_kernel(int64_t rows,
   T a = T(0), b = T(0);
   if (ch < c) {
     const T mf = kSum == BnSum::x ? T(0) : mean[ch];
-    for (int64_t r = k * chunk + ty, r1 = min(rows, (k + 1) * chunk); r < r1; r += 8) {
-      const int64_t off = r * c + ch;
-      if constexpr (kSum == BnSum::x) {
-        a += x[off];
-      } else if constexpr (kSum == BnSum::dev2) {
-        const T d = x[off] - mf;
-        a += d * d;
-      } else {
-        const T g = gy[off];
-        a += g;
-        b += g * (x[off] - mf);
-      }
-    }
+    for (int64_t r = k * chunk + ty, r1 = min(rows, (k + 1) * chunk); r < r1; r += 8)
+      bn_accumulate<T, kSum>(a, b, x, gy, r * c + ch, mf);
   }
   sa[ty][tx] = double(a);
   sb[ty][tx] = double(b);
