@@ -274,7 +274,8 @@ int run_doctor(const DoctorOptions& o) {
   r.line("CPU backend", "Eigen " + eigen + ", " + std::to_string(threads) + " threads (" +
                             (env_threads ? std::string("KILN_NUM_THREADS=") + env_threads : "KILN_NUM_THREADS unset") +
                             "; hardware threads " + std::to_string(hw) + ")");
-  r.line("CPU code for", cpu_features() + (std::string(KILN_NATIVE_STRING) == "ON" ? " (-march=native)" : ""));
+  r.line("CPU code for",
+         cpu_features() + (std::string(KILN_NATIVE_STRING) == "ON" ? " (-march=" KILN_MARCH_STRING ")" : ""));
   if (std::string(KILN_SANITIZE_STRING).size()) r.line("sanitizers", KILN_SANITIZE_STRING);
   const cuda::RuntimeInfo ci = cuda::query_runtime(true);
   r.line("CUDA backend", ci.compiled ? std::string("compiled in (nvcc ") + KILN_CUDA_COMPILER_VERSION +
