@@ -1,4 +1,4 @@
-// The CUDA emulator's grid runner: every thread of a block is a fiber (ucontext) with its own
+// The CUDA emulator's grid runner: every thread of a block is a fiber with a stack of its own
 // stack; the block runs until each thread has finished or waits at a barrier, a shuffle or a vote,
 // then the groups whose members have all arrived are released together and the block runs again.
 // Blocks run one after another on the calling thread. What CUDA leaves undefined and a real GPU
@@ -8,9 +8,7 @@
 
 #include "kernels/cuda/emulator/cuda_runtime_emulated.h"
 
-#if !defined(__x86_64__)
-#include <ucontext.h>
-#endif
+
 
 #include <cstring>
 #include <exception>
@@ -30,13 +28,21 @@
 #endif
 #endif
 #ifdef KILN_EMU_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#endif
+// The hand-written switch below: x86-64 ELF without CET shadow stacks (a `ret` into another fiber's
+// stack would fault where the kernel enforces them; glibc's swapcontext handles that case).
+#if defined(__x86_64__) && defined(__ELF__) && !(defined(__CET__) && (__CET__ & 2))
+#define KILN_EMU_ASM_SWITCH 1
+#else
+#include <ucontext.h>
 #endif
 
 // Fiber switch. swapcontext also saves and restores the signal mask, a system call each way: most
 // of the emulator's time. On x86-64 the switch is this instead: the callee-saved registers, the SSE
 // and x87 control words and the stack pointer (System V ABI), a few nanoseconds.
-#if defined(__x86_64__)
+#ifdef KILN_EMU_ASM_SWITCH
 extern "C" void kiln_emu_switch(void** save_sp, void* load_sp);
 asm(R"(
   .text
@@ -79,7 +85,7 @@ constexpr size_t kStackBytes = 256 * 1024;
 enum class State : uint8_t { ready, waiting, done };
 
 struct Context {
-#if defined(__x86_64__)
+#ifdef KILN_EMU_ASM_SWITCH
   void* sp = nullptr;
 #else
   ucontext_t uc{};
@@ -150,7 +156,7 @@ const char* op_name(Sync op) {
 void thread_main();
 
 void switch_to(Context& save, Context& load) {
-#if defined(__x86_64__)
+#ifdef KILN_EMU_ASM_SWITCH
   kiln_emu_switch(&save.sp, load.sp);
 #else
   swapcontext(&save.uc, &load.uc);
@@ -159,7 +165,12 @@ void switch_to(Context& save, Context& load) {
 
 // A fresh fiber on `stack` that starts in thread_main.
 void make_fiber(Context& c, char* stack, size_t bytes) {
-#if defined(__x86_64__)
+#ifdef KILN_EMU_ASAN
+  // The stack is reused from the last block: frames that never returned (thread_main, a fiber
+  // abandoned after an error) left their redzones poisoned.
+  __asan_unpoison_memory_region(stack, bytes);
+#endif
+#ifdef KILN_EMU_ASM_SWITCH
   // What kiln_emu_switch pops, from the bottom: the control words (MXCSR 0x1f80, x87 0x037f: the
   // defaults), r15, r14, r13, r12, rbx, rbp, then thread_main as the return address, above it a null
   // "return address" of thread_main (which never returns) so that its entry sees the ABI alignment.
@@ -264,7 +275,8 @@ bool release_warp(Launch& l, size_t w) {
         all = false;
         continue;
       }
-      KILN_CHECK(o.op == t.op && o.mask == mask, "cuda emulator: ", block_text(l), ": lanes ", lane, " and ", k,
+      KILN_CHECK(o.op == t.op && o.mask == mask && o.width == t.width, "cuda emulator: ", block_text(l), ": lanes ",
+                 lane, " and ", k,
                  " of warp ", w, " meet at different warp ops (", op_name(t.op), " mask ", std::hex, mask, ", ",
                  op_name(o.op), " mask ", o.mask, std::dec, ")");
     }
