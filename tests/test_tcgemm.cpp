@@ -1,16 +1,23 @@
 // Kiln's Tensor Core GEMM checked without a GPU: its index arithmetic (kernels/common/tc_gemm_layout.h)
-// proved piece by piece, then a host emulator that runs the kernel's tile schedule with those same
-// functions — cp.async chunk copies with zero-fill, ldmatrix (plain and .trans) and mma.m16n8k16
-// computed from the register layouts the PTX ISA documents — against a reference GEMM.
+// proved piece by piece, then the host emulator of tests/tcgemm_emulator.h, which runs the kernel's grid
+// with those same functions through a model of its cp.async pipeline (3-stage ring, commit/wait groups,
+// barriers: a read before a copy has landed, or a copy into a stage a warp may still be reading, is
+// reported), ldmatrix and mma.m16n8k16 from the PTX ISA's register layouts, and the kernel's own epilogue
+// stores, against a reference GEMM: partial tiles, every K-tile count the pipeline's tail meets, all four
+// layouts, batches with strides (broadcast included), ldc padding, f32/f16/bf16 outputs.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "base/half.h"
+#include "kernels/common/gemm_plan.h"
 #include "kernels/common/tc_gemm_layout.h"
+#include "tests/tcgemm_emulator.h"
 
 using namespace kiln;
 using namespace kiln::tcgemm;
@@ -146,181 +153,265 @@ TEST_CASE("tcgemm: edge predicates never address outside the matrices") {
   }
 }
 
-// ---- the host emulator --------------------------------------------------------------------------------
+// ---- the host emulator (tests/tcgemm_emulator.h) --------------------------------------------------------
+
+TEST_CASE("tcgemm: the kernel's cp.async ring never reads a stage before it lands nor copies into one being read") {
+  // Every K-tile count the loop's prologue, steady state and tail can meet (1 and 2 end inside the
+  // prologue; 3 and more reach the steady state; 7 leaves a partial turn of the ring).
+  for (int ktiles = 1; ktiles <= 12; ++ktiles) {
+    CAPTURE(ktiles);
+    std::string trace;
+    CHECK(emu::check_schedule(ktiles, {}, &trace) == "");
+    // Each k-tile is read once, from stage kt % 3, in order.
+    for (int kt = 0; kt < ktiles; ++kt)
+      CHECK(trace.find("read stage " + std::to_string(kt % kStages) + " k" + std::to_string(kt) + " ") !=
+            std::string::npos);
+  }
+  // The schedule spelled out: which k-tile goes to which stage when, and the wait/barrier between.
+  std::string trace;
+  CHECK(emu::check_schedule(1, {}, &trace) == "");
+  CHECK(trace ==
+        "copy A stage 0 k0 copy B stage 0 k0 commit commit "  // prologue (the second group empty)
+        "wait 1 sync commit read stage 0 k0 "                 // group 0 complete; an empty group
+        "wait 0 ");
+  CHECK(emu::check_schedule(4, {}, &trace) == "");
+  CHECK(trace ==
+        "copy A stage 0 k0 copy B stage 0 k0 commit copy A stage 1 k1 copy B stage 1 k1 commit "
+        "wait 1 sync copy A stage 2 k2 copy B stage 2 k2 commit read stage 0 k0 "
+        "wait 1 sync copy A stage 0 k3 copy B stage 0 k3 commit read stage 1 k1 "  // stage 0 freed by the barrier
+        "wait 1 sync commit read stage 2 k2 "
+        "wait 1 sync commit read stage 0 k3 "  // wait 1 covers k3's group: the empty ones after it are newer
+        "wait 0 ");
+  // A stricter wait (wait_group 0) is slower but as safe: the checks do not demand the kernel's exact depth.
+  emu::Schedule strict;
+  strict.wait_depth = 0;
+  for (int ktiles : {1, 2, 3, 7}) CHECK(emu::check_schedule(ktiles, strict) == "");
+}
+
+TEST_CASE("tcgemm: the ring model reports a wrong wait depth, a missing or misplaced barrier and a too-deep prefetch") {
+  emu::Schedule s;
+  s.wait_depth = kStages - 1;  // wait_group 2: k-tile 0's group is still allowed to be pending
+  CHECK(emu::check_schedule(3, s) ==
+        "k-tile 0 read from A stage 0 while the copy of k-tile 0 (group 0) is in flight: no cp.async.wait_group has "
+        "covered that group yet");
+  s = {};
+  s.barrier = emu::Schedule::Barrier::none;
+  CHECK(emu::check_schedule(3, s) ==
+        "k-tile 0 read from A stage 0 after the wait_group that landed k-tile 0 but before a __syncthreads: the other "
+        "threads' chunks need not be visible");
+  s = {};
+  s.barrier = emu::Schedule::Barrier::after_copy;  // the copy for kt+2 races the slow warps still on kt-1
+  CHECK(emu::check_schedule(4, s) ==
+        "copy of k-tile 3 into A stage 0 issued while a warp may still be reading k-tile 0 from it (no "
+        "__syncthreads since that read)");
+  CHECK(emu::check_schedule(3, s) == "");  // with 3 k-tiles no stage is reused: nothing to race
+  s = {};
+  s.prefetch = kStages;  // k-tile kt+3 lands in the stage kt is read from
+  CHECK(emu::check_schedule(4, s) ==
+        "k-tile 0 read from A stage 0 while the copy of k-tile 3 (group 2) is in flight: no cp.async.wait_group has "
+        "covered that group yet");
+}
 
 namespace {
 
-template <typename H> float to_f(uint16_t bits) {
-  return std::is_same_v<H, Half> ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
-}
+// A 16-bit value's bits from f32 (f16 or bf16), and back.
+uint16_t bits16(DType d, float x) { return d == DType::f16 ? f32_to_f16_bits(x) : f32_to_bf16_bits(x); }
+float value16(DType d, uint16_t b) { return d == DType::f16 ? f16_bits_to_f32(b) : bf16_bits_to_f32(b); }
 
-// ldmatrix.sync.aligned.m8n8.x4[.trans].b16 as the PTX ISA defines it: lanes 8q..8q+7 give the row
-// addresses of matrix q; lane l receives, in register q, elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1)
-// of matrix q, or with .trans elements (2(l%4), l/4) and (2(l%4)+1, l/4).
-void ldmatrix_x4(const std::vector<uint16_t>& smem, const int addr[32], bool trans, uint16_t regs[32][4][2]) {
-  for (int q = 0; q < 4; ++q)
-    for (int l = 0; l < 32; ++l)
-      for (int h = 0; h < 2; ++h) {
-        const int row = trans ? 2 * (l % 4) + h : l / 4, col = trans ? l / 4 : 2 * (l % 4) + h;
-        regs[l][q][h] = smem[size_t(addr[8 * q + row] + col)];
-      }
-}
-
-struct Problem {
-  Layout la, lb;
-  int64_t M, N, K, lda, ldb;
-  Epilogue ep;
-  bool has_c0 = false, has_bias = false, has_residual = false;
+// A buffer of the output dtype (out, c0, residual), read and written with the kernel's own conversions.
+struct OutBuffer {
+  DType dt;
+  std::vector<unsigned char> storage;
+  OutBuffer(DType d, int64_t n) : dt(d), storage(size_t(n) * dtype_size(d)) {}
+  void* data() { return storage.data(); }
+  float get(int64_t i) const { return load_out(storage.data(), i, out_kind(dt)); }
+  void set(int64_t i, float v) { store_out(storage.data(), i, out_kind(dt), v); }
+  uint32_t bits(int64_t i) const {
+    uint32_t b = 0;
+    std::memcpy(&b, storage.data() + size_t(i) * dtype_size(dt), dtype_size(dt));
+    return b;
+  }
 };
 
-// Runs every block of the kernel's schedule. A, B as 16-bit bits; c0/residual/bias in f32; returns f32.
-template <typename H>
-std::vector<float> emulate(const Problem& p, const std::vector<uint16_t>& A, const std::vector<uint16_t>& B,
-                           const std::vector<float>& c0, const std::vector<float>& bias, const std::vector<float>& res) {
-  std::vector<float> out(size_t(p.M * p.N), 0.0f);
-  const bool akm = a_is_kmajor(p.la), bkm = b_is_kmajor(p.lb);
-  std::vector<uint16_t> sa(kTileHalves), sb(kTileHalves);
-  for (int64_t bm = 0; bm < p.M; bm += kBM)
-    for (int64_t bn = 0; bn < p.N; bn += kBN) {
-      static float acc[kWarps][32][kTilesM][kTilesN][4];
-      std::fill(&acc[0][0][0][0][0], &acc[0][0][0][0][0] + sizeof acc / sizeof(float), 0.0f);
-      for (int64_t k0 = 0; k0 < p.K; k0 += kBK) {
-        // cp.async: each thread's chunks, `valid` elements copied and the rest zero-filled.
-        auto load = [&](bool km, const std::vector<uint16_t>& g, int64_t ld, int64_t row0, int64_t rows,
-                        std::vector<uint16_t>& s) {
-          std::fill(s.begin(), s.end(), uint16_t(0xFFFF));  // poison: an unfilled element would show
-          for (int t = 0; t < kThreads; ++t)
-            for (int i = 0; i < kChunksPerThread; ++i) {
-              const ChunkCoord c = load_chunk(km, t, i);
-              const int v = chunk_valid(km, c, row0, k0, rows, p.K);
-              const int64_t off = v > 0 ? chunk_global_offset(km, c, row0, k0, ld) : 0;
-              const int so = chunk_smem_offset(km, c);
-              for (int e = 0; e < kChunk; ++e) s[size_t(so + e)] = e < v ? g[size_t(off + e)] : uint16_t(0);
-            }
-        };
-        load(akm, A, p.lda, bm, p.M, sa);
-        load(bkm, B, p.ldb, bn, p.N, sb);
-        for (int w = 0; w < kWarps; ++w)
-          for (int ks = 0; ks < kBK; ks += kMmaK) {
-            uint16_t afr[kTilesM][32][4][2], bfr[kTilesN / 2][32][4][2];
-            for (int tm = 0; tm < kTilesM; ++tm) {
-              int addr[32];
-              for (int l = 0; l < 32; ++l) addr[l] = ldsm_a_offset(akm, l, warp_row0(w) + tm * kMmaM, ks);
-              ldmatrix_x4(sa, addr, !akm, afr[tm]);
-            }
-            for (int tp = 0; tp < kTilesN / 2; ++tp) {
-              int addr[32];
-              for (int l = 0; l < 32; ++l) addr[l] = ldsm_b_offset(bkm, l, warp_col0(w) + tp * 2 * kMmaN, ks);
-              ldmatrix_x4(sb, addr, !bkm, bfr[tp]);
-            }
-            // mma.m16n8k16.row.col: gather A (16x16) and B (16x8) from the lanes by the documented
-            // layouts, multiply in f32, scatter D back by the accumulator layout.
-            for (int tm = 0; tm < kTilesM; ++tm)
-              for (int tn = 0; tn < kTilesN; ++tn) {
-                float a[16][16], b[16][8];
-                for (int l = 0; l < 32; ++l) {
-                  for (int j = 0; j < 8; ++j) {
-                    const RowCol x = a_frag_coord(l, j);
-                    a[x.r][x.c] = to_f<H>(afr[tm][l][j / 2][j % 2]);
-                  }
-                  for (int j = 0; j < 4; ++j) {
-                    const RowCol x = b_frag_coord(l, j);
-                    // registers 0,1 of an x4 B load are n-tile 2*tp, registers 2,3 n-tile 2*tp+1
-                    b[x.r][x.c] = to_f<H>(bfr[tn / 2][l][2 * (tn % 2) + j / 2][j % 2]);
-                  }
-                }
-                for (int l = 0; l < 32; ++l)
-                  for (int i = 0; i < 4; ++i) {
-                    const RowCol x = acc_coord(l, i);
-                    float s = 0;
-                    for (int kk = 0; kk < 16; ++kk) s += a[x.r][kk] * b[kk][x.c];
-                    acc[w][l][tm][tn][i] += s;
-                  }
-              }
-          }
-      }
-      for (int w = 0; w < kWarps; ++w)
-        for (int l = 0; l < 32; ++l)
-          for (int tm = 0; tm < kTilesM; ++tm)
-            for (int tn = 0; tn < kTilesN; ++tn)
-              for (int i = 0; i < 4; ++i) {
-                const RowCol x = epilogue_coord(w, l, tm, tn, i);
-                const int64_t r = bm + x.r, c = bn + x.c;
-                if (r >= p.M || c >= p.N) continue;  // the store predicate
-                const size_t o = size_t(r * p.N + c);
-                out[o] = apply_epilogue(p.ep, acc[w][l][tm][tn][i], p.has_c0 ? c0[o] : 0.0f,
-                                        p.has_bias ? bias[size_t(c)] : 0.0f, p.has_residual ? res[o] : 0.0f);
-              }
-    }
-  return out;
+enum class Strides { packed, gaps, broadcast_a, broadcast_b };
+
+struct Case {
+  DType in = DType::f16, out = DType::f32;
+  Layout la = Layout::row, lb = Layout::row;
+  int64_t M = 1, N = 1, K = 8, batch = 1;
+  Strides strides = Strides::packed;
+  int variant = 0;         // the epilogue: 0 plain, 1 bias + relu, 2 beta + bias + gelu_tanh, 3 alpha + residual +
+                           // gelu_erf, 4 beta + bias + residual
+  bool c0_is_out = false;  // C = alpha A B + beta C in place, as plan_tc_gemm asks for it
+};
+
+std::string describe(const Case& c) {
+  std::ostringstream s;
+  s << "in " << dtype_name(c.in) << " out " << dtype_name(c.out) << " A " << (c.la == Layout::row ? "row" : "col")
+    << " B " << (c.lb == Layout::row ? "row" : "col") << " M " << c.M << " N " << c.N << " K " << c.K << " batch "
+    << c.batch << " strides " << int(c.strides) << " epilogue " << c.variant << (c.c0_is_out ? " in place" : "");
+  return s.str();
 }
 
-template <typename H> uint16_t to_bits(float x) {
-  return std::is_same_v<H, Half> ? f32_to_f16_bits(x) : f32_to_bf16_bits(x);
-}
-
-template <typename H> void run_case(const Problem& p, std::mt19937& rng) {
+// Builds the operands of `c` (padding and gaps poisoned with NaN, so reading one would show), runs the
+// emulated kernel, and checks the result against a double-precision reference, the store count of every
+// element of the output buffer (in range: once; ldc padding and gaps between batch entries: never, and
+// their bits unchanged) and the pipeline's hazards.
+void run_case(const Case& c, std::mt19937& rng) {
+  INFO(describe(c));
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  // Stored matrices, with padding columns (ld > extent) filled with NaN: a read of one would show.
-  const bool akm = a_is_kmajor(p.la), bkm = b_is_kmajor(p.lb);
-  const int64_t a_outer = akm ? p.M : p.K, b_outer = bkm ? p.N : p.K;
-  const int64_t a_inner = akm ? p.K : p.M, b_inner = bkm ? p.K : p.N;
-  std::vector<uint16_t> A(size_t((a_outer - 1) * p.lda + a_inner)), B(size_t((b_outer - 1) * p.ldb + b_inner));
-  for (int64_t o = 0; o < a_outer; ++o)
-    for (int64_t i = 0; i < p.lda && o * p.lda + i < int64_t(A.size()); ++i)
-      A[size_t(o * p.lda + i)] = i < a_inner ? to_bits<H>(u(rng)) : uint16_t(0x7FC0);
-  for (int64_t o = 0; o < b_outer; ++o)
-    for (int64_t i = 0; i < p.ldb && o * p.ldb + i < int64_t(B.size()); ++i)
-      B[size_t(o * p.ldb + i)] = i < b_inner ? to_bits<H>(u(rng)) : uint16_t(0x7FC0);
-  auto a_at = [&](int64_t m, int64_t k) { return to_f<H>(A[size_t(akm ? m * p.lda + k : k * p.lda + m)]); };
-  auto b_at = [&](int64_t k, int64_t n) { return to_f<H>(B[size_t(bkm ? n * p.ldb + k : k * p.ldb + n)]); };
-  std::vector<float> c0(size_t(p.M * p.N)), bias(size_t(p.N)), res(size_t(p.M * p.N));
-  for (auto& x : c0) x = u(rng);
+  const bool akm = a_is_kmajor(c.la), bkm = b_is_kmajor(c.lb);
+  GemmArgs g;
+  g.in_dtype = c.in, g.out_dtype = c.out, g.la = c.la, g.lb = c.lb, g.M = c.M, g.N = c.N, g.K = c.K, g.batch = c.batch;
+  const int64_t a_outer = akm ? c.M : c.K, a_inner = akm ? c.K : c.M;
+  const int64_t b_outer = bkm ? c.N : c.K, b_inner = bkm ? c.K : c.N;
+  const bool gaps = c.strides != Strides::packed;
+  g.lda = (a_inner + 7) / 8 * 8 + (gaps ? 8 : 0);
+  g.ldb = (b_inner + 7) / 8 * 8 + (gaps ? 16 : 0);
+  g.ldc = c.N + (gaps ? 5 : 0);
+  g.stride_a = c.strides == Strides::broadcast_a ? 0 : a_outer * g.lda + (gaps ? 24 : 0);
+  g.stride_b = c.strides == Strides::broadcast_b ? 0 : b_outer * g.ldb + (gaps ? 8 : 0);
+  g.stride_c = c.M * g.ldc + (gaps ? 3 : 0);
+  // Exact extents: the last row of the last batch entry is not padded, so an overread leaves the buffer.
+  emu::Extents ext;
+  ext.a = (c.batch - 1) * g.stride_a + (a_outer - 1) * g.lda + a_inner;
+  ext.b = (c.batch - 1) * g.stride_b + (b_outer - 1) * g.ldb + b_inner;
+  ext.c = (c.batch - 1) * g.stride_c + (c.M - 1) * g.ldc + c.N;
+  const uint16_t nan16 = c.in == DType::f16 ? uint16_t(0x7E00) : uint16_t(0x7FC0);
+  std::vector<uint16_t> A(size_t(ext.a), nan16), B(size_t(ext.b), nan16);
+  const int64_t a_entries = g.stride_a == 0 ? 1 : c.batch, b_entries = g.stride_b == 0 ? 1 : c.batch;
+  for (int64_t z = 0; z < a_entries; ++z)
+    for (int64_t o = 0; o < a_outer; ++o)
+      for (int64_t i = 0; i < a_inner; ++i) A[size_t(z * g.stride_a + o * g.lda + i)] = bits16(c.in, u(rng));
+  for (int64_t z = 0; z < b_entries; ++z)
+    for (int64_t o = 0; o < b_outer; ++o)
+      for (int64_t i = 0; i < b_inner; ++i) B[size_t(z * g.stride_b + o * g.ldb + i)] = bits16(c.in, u(rng));
+  auto a_at = [&](int64_t z, int64_t m, int64_t k) {
+    return value16(c.in, A[size_t(z * g.stride_a + (akm ? m * g.lda + k : k * g.lda + m))]);
+  };
+  auto b_at = [&](int64_t z, int64_t k, int64_t n) {
+    return value16(c.in, B[size_t(z * g.stride_b + (bkm ? n * g.ldb + k : k * g.ldb + n))]);
+  };
+  auto in_range = [&](int64_t o, int64_t* z, int64_t* r, int64_t* col) {
+    *z = o / g.stride_c;
+    const int64_t w = o % g.stride_c;
+    *r = w / g.ldc, *col = w % g.ldc;
+    return *z < c.batch && *r < c.M && *col < c.N;
+  };
+  // out starts as a NaN sentinel except, in place, where it is C0; c0 and residual hold random values
+  // and NaN in their padding (read only in range).
+  OutBuffer out(c.out, ext.c), c0(c.out, ext.c), res(c.out, ext.c);
+  for (int64_t o = 0; o < ext.c; ++o) {
+    int64_t z, r, col;
+    const bool in = in_range(o, &z, &r, &col);
+    c0.set(o, in ? u(rng) : NAN);
+    res.set(o, in ? u(rng) : NAN);
+    out.set(o, c.c0_is_out && in ? c0.get(o) : NAN);
+  }
+  const OutBuffer out_before = out;
+  std::vector<float> bias(size_t(c.N));
   for (auto& x : bias) x = u(rng);
-  for (auto& x : res) x = u(rng);
-  const std::vector<float> got = emulate<H>(p, A, B, c0, bias, res);
+  g.ep.act = Activation(c.variant % 4);
+  g.ep.alpha = c.variant == 3 ? 0.5f : 1.0f;
+  g.ep.beta = c.variant == 2 || c.variant == 4 ? -0.75f : 0.0f;
+  g.a = A.data(), g.b = B.data(), g.out = out.data();
+  g.c0 = g.ep.beta == 0.0f ? nullptr : c.c0_is_out ? out.data() : c0.data();
+  g.bias = c.variant == 1 || c.variant == 2 || c.variant == 4 ? bias.data() : nullptr;
+  g.residual = c.variant >= 3 ? res.data() : nullptr;
+  libplan::check_tc_gemm_args(g, "emulated tc_gemm");  // arguments the kernel is given
+  const emu::Result got = emu::run_kernel(g, ext);
+  REQUIRE_MESSAGE(got.hazard.empty(), got.hazard);
+
+  // f32 sums of products of 16-bit values: only the summation order differs from the reference; a
+  // 16-bit output adds its half ulp (2^-11 of the value for f16, 2^-8 for bf16).
+  const double tol = 2e-5 * std::sqrt(double(c.K)) + (c.out == DType::f16    ? std::ldexp(1.0, -11)
+                                                      : c.out == DType::bf16 ? std::ldexp(1.0, -8)
+                                                                             : 0.0);
   double worst = 0;
-  for (int64_t m = 0; m < p.M; ++m)
-    for (int64_t n = 0; n < p.N; ++n) {
-      double s = 0;
-      for (int64_t k = 0; k < p.K; ++k) s += double(a_at(m, k)) * double(b_at(k, n));
-      const size_t o = size_t(m * p.N + n);
-      const float want = apply_epilogue(p.ep, float(s), p.has_c0 ? c0[o] : 0.0f, p.has_bias ? bias[size_t(n)] : 0.0f,
-                                        p.has_residual ? res[o] : 0.0f);
-      worst = std::max(worst, std::abs(double(got[o]) - double(want)) / (1.0 + std::abs(double(want))));
+  int64_t bad_writes = 0, clobbered = 0;
+  for (int64_t o = 0; o < ext.c; ++o) {
+    int64_t z, r, col;
+    if (!in_range(o, &z, &r, &col)) {
+      bad_writes += got.writes[size_t(o)] != 0;
+      clobbered += out.bits(o) != out_before.bits(o);
+      continue;
     }
-  // f32 sums of products of 16-bit values: only the summation order differs from the reference.
-  CHECK_MESSAGE(worst < 2e-5 * std::sqrt(double(p.K)), "M ", p.M, " N ", p.N, " K ", p.K, " worst ", worst);
+    bad_writes += got.writes[size_t(o)] != 1;
+    double s = 0;
+    for (int64_t k = 0; k < c.K; ++k) s += double(a_at(z, r, k)) * double(b_at(z, k, col));
+    const float want = apply_epilogue(g.ep, float(s), g.c0 ? c0.get(o) : 0.0f, g.bias ? bias[size_t(col)] : 0.0f,
+                                      g.residual ? res.get(o) : 0.0f);
+    const double err = std::abs(double(out.get(o)) - double(want)) / (1.0 + std::abs(double(want)));
+    worst = std::isnan(err) ? INFINITY : std::max(worst, err);
+  }
+  CHECK_MESSAGE(worst <= tol, "worst relative error ", worst, " (tolerance ", tol, ")");
+  CHECK_MESSAGE(bad_writes == 0, bad_writes, " element(s) of the output buffer stored a wrong number of times");
+  CHECK_MESSAGE(clobbered == 0, clobbered, " padding element(s) of the output changed");
 }
 
 }  // namespace
 
-TEST_CASE("tcgemm: the host emulator of the kernel's schedule reproduces a reference GEMM (layouts, sizes, epilogues)") {
+TEST_CASE(
+    "tcgemm: the emulated kernel matches a reference GEMM over partial tiles, K-tile counts, layouts and batches") {
   std::mt19937 rng(11);
   struct Size {
-    int64_t M, N, K;
+    int64_t M, N, K, batch;
   };
-  const Size sizes[] = {{1, 1, 8}, {13, 7, 24}, {128, 128, 32}, {130, 129, 40}, {257, 200, 72}, {64, 300, 8}};
-  for (Layout la : {Layout::row, Layout::col})
-    for (Layout lb : {Layout::row, Layout::col})
-      for (const Size& s : sizes) {
-        Problem p{la, lb, s.M, s.N, s.K, 0, 0, {}};
-        const int64_t a_inner = a_is_kmajor(la) ? s.K : s.M, b_inner = b_is_kmajor(lb) ? s.K : s.N;
-        p.lda = (a_inner + 7) / 8 * 8 + 8 * int64_t(rng() % 2);
-        p.ldb = (b_inner + 7) / 8 * 8 + 8 * int64_t(rng() % 2);
-        const int variant = int(rng() % 5);
-        p.ep.act = Activation(variant % 4);
-        p.has_bias = variant >= 1;
-        p.has_c0 = variant == 2 || variant == 4;
-        p.ep.alpha = variant == 3 ? 0.5f : 1.0f;
-        p.ep.beta = p.has_c0 ? -0.75f : 0.0f;
-        p.has_residual = variant >= 3;
-        CAPTURE(int(la));
-        CAPTURE(int(lb));
-        CAPTURE(variant);
-        run_case<Half>(p, rng);
-        run_case<BFloat16>(p, rng);
+  // K / 32 = 1 (partial), 1, 1, 2 (partial), 3 (partial), 4, 3, 7 (partial), 7 (partial, on a 3 x 3 grid);
+  // M and N off the 128 tile but for one exact tile.
+  const Size sizes[] = {{1, 1, 8, 1},      {13, 7, 24, 3},   {128, 128, 32, 1}, {130, 129, 40, 2}, {257, 200, 72, 2},
+                        {64, 300, 128, 1}, {200, 33, 96, 2}, {45, 140, 216, 2}, {260, 300, 200, 2}};
+  const DType ins[] = {DType::f16, DType::bf16}, outs[] = {DType::f32, DType::f16, DType::bf16};
+  int n = 0;
+  for (const Size& sz : sizes)
+    for (Layout la : {Layout::row, Layout::col})
+      for (Layout lb : {Layout::row, Layout::col}) {
+        // Every (input, output) dtype pair meets every layout over the sizes; strides and epilogue rotate.
+        Case c;
+        c.in = ins[n % 2];
+        c.out = outs[(n / 2) % 3];
+        c.la = la, c.lb = lb;
+        c.M = sz.M, c.N = sz.N, c.K = sz.K, c.batch = sz.batch;
+        c.strides = Strides(n % 4);
+        c.variant = int(rng() % 5);
+        c.c0_is_out = n % 3 == 0;
+        run_case(c, rng);
+        ++n;
       }
+}
+
+TEST_CASE("tcgemm: the emulated epilogue stores f32, f16 and bf16 with every epilogue, stride and ldc") {
+  std::mt19937 rng(12);
+  for (DType in : {DType::f16, DType::bf16})
+    for (DType out : {DType::f32, DType::f16, DType::bf16})
+      for (int variant = 0; variant < 5; ++variant)
+        for (Strides st : {Strides::packed, Strides::gaps, Strides::broadcast_a, Strides::broadcast_b}) {
+          Case c;
+          c.in = in, c.out = out, c.variant = variant, c.strides = st;
+          c.la = Layout(variant % 2), c.lb = Layout((variant / 2) % 2);
+          c.M = 37, c.N = 45, c.K = 40, c.batch = 3;
+          c.c0_is_out = variant == 4;
+          run_case(c, rng);
+        }
+}
+
+TEST_CASE("tcgemm: a broken pipeline shows in the emulated kernel's report and in its numbers") {
+  // wait_group 2: the first k-tile is read before it lands; shared memory still holds its NaN poison.
+  GemmArgs g;
+  g.M = 20, g.N = 20, g.K = 64, g.lda = 64, g.ldb = 24;
+  std::vector<uint16_t> A(size_t(g.M * g.lda), f32_to_f16_bits(1.0f)), B(size_t(g.K * g.ldb), f32_to_f16_bits(1.0f));
+  std::vector<float> C(size_t(g.M * g.N), 0.0f);
+  g.ldc = g.N, g.a = A.data(), g.b = B.data(), g.out = C.data();
+  emu::Extents ext{int64_t(A.size()), int64_t(B.size()), int64_t(C.size())};
+  CHECK(emu::run_kernel(g, ext).hazard == "");
+  CHECK(C[0] == 64.0f);
+  emu::Schedule s;
+  s.wait_depth = kStages - 1;
+  const emu::Result r = emu::run_kernel(g, ext, s);
+  CHECK(r.hazard ==
+        "block (0, 0, 0): k-tile 0 read from A stage 0 while the copy of k-tile 0 (group 0) is in flight: "
+        "no cp.async.wait_group has covered that group yet");
+  CHECK(std::isnan(C[0]));
 }
 
 TEST_CASE("tcgemm: every activation of the epilogue is the shared scalar math") {

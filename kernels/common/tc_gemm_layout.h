@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "base/dtype.h"
+#include "base/half.h"
 #include "base/macros.h"
 #include "kernels/common/math.h"
 
@@ -38,6 +39,11 @@ constexpr int kWM = kBM / kWarpsM, kWN = kBN / kWarpsN;  // 64 x 32 per warp
 constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;
 constexpr int kTilesM = kWM / kMmaM, kTilesN = kWN / kMmaN;  // 4 x 4 MMAs per warp per k16
 constexpr int kStages = 3;
+// The pipeline (tc_gemm_kernel's main loop; tests/tcgemm_emulator.h checks it): the prologue copies k-tiles
+// 0 .. kPrefetch-1, iteration kt waits until at most kWaitDepth groups are pending (so k-tile kt has
+// landed), and after the barrier copies k-tile kt + kPrefetch into stage (kt + kPrefetch) % kStages, the
+// stage k-tile kt-1 was read from before that barrier.
+constexpr int kPrefetch = kStages - 1, kWaitDepth = kStages - 2;
 constexpr int kChunk = 8;  // halves per 16-byte chunk
 constexpr int kTileHalves = kBM * kBK;  // one operand tile of one stage (A and B tiles are the same size)
 static_assert(kBM == kBN, "A and B stage tiles share one size");
@@ -175,6 +181,34 @@ KILN_HD float apply_epilogue(const Epilogue& e, float acc, float c0, float bias,
     case Activation::gelu_erf: v = math::gelu_erf(v); break;
   }
   return v + residual;
+}
+
+// The output dtype as the epilogue switches on it (c0 and residual are in it too): 0 f32, 1 f16, 2 bf16.
+KILN_HD int out_kind(DType d) { return d == DType::f32 ? 0 : d == DType::f16 ? 1 : 2; }
+KILN_HD float load_out(const void* p, int64_t i, int kind) {
+  if (kind == 0) return static_cast<const float*>(p)[i];
+  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
+  return kind == 1 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
+}
+KILN_HD void store_out(void* p, int64_t i, int kind, float v) {
+  if (kind == 0)
+    static_cast<float*>(p)[i] = v;
+  else
+    static_cast<uint16_t*>(p)[i] = kind == 1 ? f32_to_f16_bits(v) : f32_to_bf16_bits(v);
+}
+// Element (r, c) of batch entry z in C (and in c0 and residual, which share its layout).
+KILN_HD int64_t c_offset(int64_t z, int64_t stride_c, int64_t r, int64_t c, int64_t ldc) {
+  return z * stride_c + r * ldc + c;
+}
+// One output element of column c at offset o in C from its f32 sum: everything in f32, one rounding at the
+// store. c0 is read only when beta is not 0 (so a NaN there cannot leak through 0 * NaN); bias and residual
+// are optional (null).
+KILN_HD void epilogue_element(const Epilogue& ep, int kind, void* out, const void* c0, const float* bias,
+                              const void* residual, int64_t o, int64_t c, float acc) {
+  const float c0v = ep.beta != 0.0f ? load_out(c0, o, kind) : 0.0f;
+  const float b = bias ? bias[c] : 0.0f;
+  const float res = residual ? load_out(residual, o, kind) : 0.0f;
+  store_out(out, o, kind, apply_epilogue(ep, acc, c0v, b, res));
 }
 
 // ---- the kernel's arguments ------------------------------------------------------------------------

@@ -49,16 +49,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ float load_out(const void* p, int64_t i, int kind) {
-  if (kind == 0) return static_cast<const float*>(p)[i];
-  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
-  return kind == 1 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
-}
-__device__ __forceinline__ void store_out(void* p, int64_t i, int kind, float v) {
-  if (kind == 0) static_cast<float*>(p)[i] = v;
-  else static_cast<uint16_t*>(p)[i] = kind == 1 ? f32_to_f16_bits(v) : f32_to_bf16_bits(v);
-}
-
 // One aligned 16-byte global -> shared copy, of which only `bytes` are read (the rest zero-filled).
 __device__ __forceinline__ void cp_async16(const void* smem_dst, const void* gmem_src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(gmem_src), "r"(bytes));
@@ -128,16 +118,18 @@ __global__ void __launch_bounds__(kThreads) tc_gemm_kernel(Params p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[tm][tn][i] = 0.0f;
 
+  // The pipeline. tests/tcgemm_emulator.h's run_pipeline is this loop, statement for statement, checked
+  // against a model of cp.async groups and barriers: a change here goes there too.
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kPrefetch; ++s) {
     if (s < ktiles) load_stage(s, s);
     asm volatile("cp.async.commit_group;\n" ::);
   }
 
   for (int kt = 0; kt < ktiles; ++kt) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kWaitDepth));
     __syncthreads();  // stage kt landed for every thread; stage kt-1 is no longer read by anyone
-    const int next = kt + kStages - 1;
+    const int next = kt + kPrefetch;
     if (next < ktiles) load_stage(next % kStages, next);
     asm volatile("cp.async.commit_group;\n" ::);
     const uint16_t* const ta = sa + (kt % kStages) * kTileHalves;
@@ -165,7 +157,6 @@ __global__ void __launch_bounds__(kThreads) tc_gemm_kernel(Params p) {
   asm volatile("cp.async.wait_group 0;\n" ::);
 
   // Epilogue straight from the registers: each accumulator to its (row, col), predicated at the edges.
-  const int64_t zc = int64_t(blockIdx.z) * p.stride_c;
 #pragma unroll
   for (int tm = 0; tm < kTilesM; ++tm)
 #pragma unroll
@@ -175,11 +166,8 @@ __global__ void __launch_bounds__(kThreads) tc_gemm_kernel(Params p) {
         const RowCol x = epilogue_coord(warp, lane, tm, tn, i);
         const int64_t r = bm + x.r, c = bn + x.c;
         if (r >= p.M || c >= p.N) continue;
-        const int64_t o = zc + r * p.ldc + c;
-        const float c0 = p.ep.beta != 0.0f ? load_out(p.c0, o, p.out_kind) : 0.0f;
-        const float bias = p.bias ? p.bias[c] : 0.0f;
-        const float res = p.residual ? load_out(p.residual, o, p.out_kind) : 0.0f;
-        store_out(p.out, o, p.out_kind, apply_epilogue(p.ep, acc[tm][tn][i], c0, bias, res));
+        epilogue_element(p.ep, p.out_kind, p.out, p.c0, p.bias, p.residual,
+                         c_offset(blockIdx.z, p.stride_c, r, c, p.ldc), c, acc[tm][tn][i]);
       }
 #else
   __trap();  // built for an architecture without m16n8k16 (sm_75): tc_gemm_supported() says no first
@@ -212,7 +200,7 @@ void tc_gemm(const TcGemmArgs& g, void* stream) {
   libplan::check_tc_gemm_args(g, "tc_gemm");
   Params p{static_cast<const uint16_t*>(g.a), static_cast<const uint16_t*>(g.b), g.out, g.c0, g.bias, g.residual,
            g.M, g.N, g.K, g.lda, g.ldb, g.ldc, g.stride_a, g.stride_b, g.stride_c,
-           g.out_dtype == DType::f32 ? 0 : g.out_dtype == DType::f16 ? 1 : 2, g.ep};
+           out_kind(g.out_dtype), g.ep};
   const dim3 grid(unsigned((g.N + kBN - 1) / kBN), unsigned((g.M + kBM - 1) / kBM), unsigned(g.batch));
   auto s = static_cast<cudaStream_t>(stream);
   const bool bf = g.in_dtype == DType::bf16, ak = a_is_kmajor(g.la), bk = b_is_kmajor(g.lb);
