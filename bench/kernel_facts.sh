@@ -20,7 +20,10 @@ trap 'rm -rf "$work"' EXIT
 archs=("$@")
 [ ${#archs[@]} -gt 0 ] || archs=(75 90)
 printf '#pragma once\n#define KILN_CUDA_ARCHS "facts"\n' > "$work/kiln_build_info.h"
-cudnn_inc=$(dirname "$(find /usr/include /usr/local/cuda/include -name cudnn.h 2>/dev/null | head -1)")
+# cudnn.h: CUDNN_ROOT's, else the system's or the CUDA toolkit's, else a pip wheel's.
+site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)
+cudnn_inc=$(dirname "$(find ${CUDNN_ROOT:+"$CUDNN_ROOT/include"} /usr/include /usr/local/cuda/include \
+  ${site:+"$site/nvidia/cudnn/include"} -name cudnn.h 2>/dev/null | head -1)")
 flags=(-std=c++20 --expt-relaxed-constexpr -I"$root" -I"$work" -I"$cudnn_inc" -DNDEBUG -O3)
 # One nvcc per (file, architecture), as many at once as there are cores.
 compile() {  # compile SRC ARCH
@@ -52,6 +55,10 @@ def base(demangled):
     return out.split('::')[-1]
 facts = {}  # name -> {'file', 'inst', arch -> most registers, 'spills'}
 library = set()
+mangled = sorted({m for log in glob.glob(os.path.join(work, '*.log'))
+                  for m in re.findall(r"Compiling entry function '([^']+)'", open(log).read())})
+demangled = dict(zip(mangled, subprocess.run(['c++filt'], input='\n'.join(mangled), capture_output=True,
+                                             text=True).stdout.split('\n')))
 for log in sorted(glob.glob(os.path.join(work, '*.log'))):
     src, arch = os.path.basename(log)[:-4].split('@')
     f = None
@@ -59,7 +66,7 @@ for log in sorted(glob.glob(os.path.join(work, '*.log'))):
         m = re.search(r"Compiling entry function '([^']+)'", line)
         if m:
             k = m.group(1)
-            dem = subprocess.run(['c++filt', k], capture_output=True, text=True).stdout.strip()
+            dem = demangled.get(k, k)
             if 'kiln::' not in dem:  # a library's kernel (CUB's radix sort), not handwritten
                 library.add(k)
                 f = None

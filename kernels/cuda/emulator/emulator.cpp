@@ -1,5 +1,5 @@
-// The CUDA emulator's grid runner: every thread of a block is a fiber with a stack of its own
-// stack; the block runs until each thread has finished or waits at a barrier, a shuffle or a vote,
+// The CUDA emulator's grid runner: every thread of a block is a fiber with a stack of its own;
+// the block runs until each thread has finished or waits at a barrier, a shuffle or a vote,
 // then the groups whose members have all arrived are released together and the block runs again.
 // Blocks run one after another on the calling thread. What CUDA leaves undefined and a real GPU
 // would hang on or silently get wrong (a barrier some threads never reach, a shuffle naming a lane
