@@ -12,32 +12,35 @@ namespace kiln::cpu {
 using namespace nn_detail;
 namespace {
 
-template <typename T> void max_pool_fwd(const Pool2dParams& p, const T* x, T* y, int64_t* idx) {
+// Calls f(plane's input, flat output index, window) for every output of every plane; planes in
+// parallel.
+template <typename T, typename F> void each_window(const Pool2dParams& p, const T* x, F&& f) {
   parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl) {
-      const T* img = x + pl * p.h * p.w;
+    for (int64_t pl = b; pl < e; ++pl)
       for (int64_t oh = 0; oh < p.oh; ++oh)
-        for (int64_t ow = 0; ow < p.ow; ++ow) {
-          const PoolWindow w = pool_window(p, oh, ow);
-          T best = -std::numeric_limits<T>::infinity();
-          int64_t bi = -1;
-          const int64_t step_h = w.step_h, step_w = w.step_w;
-          for (int64_t ih = w.h0; ih < w.h1; ih += step_h) {
-            if (ih < 0) continue;
-            for (int64_t iw = w.w0; iw < w.w1; iw += step_w) {
-              if (iw < 0) continue;
-              const T v = img[ih * p.w + iw];
-              if (bi < 0 || v > best || v != v) {
-                best = v;
-                bi = ih * p.w + iw;
-                if (v != v) break;
-              }
-            }
-          }
-          y[(pl * p.oh + oh) * p.ow + ow] = best;
-          idx[(pl * p.oh + oh) * p.ow + ow] = bi;
+        for (int64_t ow = 0; ow < p.ow; ++ow) f(x + pl * p.h * p.w, (pl * p.oh + oh) * p.ow + ow, pool_window(p, oh, ow));
+  });
+}
+
+template <typename T> void max_pool_fwd(const Pool2dParams& p, const T* x, T* y, int64_t* idx) {
+  each_window(p, x, [&](const T* img, int64_t o, const PoolWindow& w) {
+    T best = -std::numeric_limits<T>::infinity();
+    int64_t bi = -1;
+    const int64_t step_h = w.step_h, step_w = w.step_w;
+    for (int64_t ih = w.h0; ih < w.h1; ih += step_h) {
+      if (ih < 0) continue;
+      for (int64_t iw = w.w0; iw < w.w1; iw += step_w) {
+        if (iw < 0) continue;
+        const T v = img[ih * p.w + iw];
+        if (bi < 0 || v > best || v != v) {
+          best = v;
+          bi = ih * p.w + iw;
+          if (v != v) break;
         }
+      }
     }
+    y[o] = best;
+    idx[o] = bi;
   });
 }
 
@@ -55,19 +58,12 @@ template <typename T> void max_pool_bwd(const Pool2dParams& p, const T* gy, cons
 }
 
 template <typename T> void avg_pool_fwd(const Pool2dParams& p, const T* x, T* y) {
-  parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl) {
-      const T* img = x + pl * p.h * p.w;
-      for (int64_t oh = 0; oh < p.oh; ++oh)
-        for (int64_t ow = 0; ow < p.ow; ++ow) {
-          const PoolWindow w = pool_window(p, oh, ow);
-          const int64_t step_h = w.step_h, step_w = w.step_w;
-          double acc = 0;
-          for (int64_t ih = std::max<int64_t>(w.h0, 0); ih < w.h1; ih += step_h)
-            for (int64_t iw = std::max<int64_t>(w.w0, 0); iw < w.w1; iw += step_w) acc += double(img[ih * p.w + iw]);
-          y[(pl * p.oh + oh) * p.ow + ow] = T(w.count > 0 ? acc / double(w.count) : 0.0);
-        }
-    }
+  each_window(p, x, [&](const T* img, int64_t o, const PoolWindow& w) {
+    const int64_t step_h = w.step_h, step_w = w.step_w;
+    double acc = 0;
+    for (int64_t ih = std::max<int64_t>(w.h0, 0); ih < w.h1; ih += step_h)
+      for (int64_t iw = std::max<int64_t>(w.w0, 0); iw < w.w1; iw += step_w) acc += double(img[ih * p.w + iw]);
+    y[o] = T(w.count > 0 ? acc / double(w.count) : 0.0);
   });
 }
 
