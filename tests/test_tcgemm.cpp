@@ -427,3 +427,19 @@ TEST_CASE("tcgemm: every activation of the epilogue is the shared scalar math") 
   e.beta = 1.0f;
   CHECK(apply_epilogue(e, 1.0f, 3.0f, 0.0f, 0.0f) == 5.0f);
 }
+
+TEST_CASE("tcgemm: output batches that overlap are refused (the kernel's blocks would race on C)") {
+  alignas(16) static uint16_t a[16 * 16], b[16 * 16];
+  static float out[2 * 16 * 16];
+  GemmArgs g;
+  g.M = g.N = g.K = 16;
+  g.lda = g.ldb = g.ldc = 16;
+  g.a = a, g.b = b, g.out = out;
+  g.batch = 2;
+  g.stride_c = 16 * 16;  // one whole output apart: fine
+  CHECK_NOTHROW(libplan::check_tc_gemm_args(g, "tc_gemm"));
+  for (int64_t s : {int64_t(0), int64_t(15 * 16 + 15)}) {
+    g.stride_c = s;
+    CHECK_THROWS_WITH(libplan::check_tc_gemm_args(g, "tc_gemm"), doctest::Contains("would overwrite each other"));
+  }
+}

@@ -265,6 +265,9 @@ inline void check_tc_gemm_args(const tcgemm::GemmArgs& g, const char* who) {
   KILN_CHECK(g.stride_a % 8 == 0 && g.stride_b % 8 == 0, who, ": batch strides of A and B must be multiples of 8");
   KILN_CHECK(g.ep.beta == 0.0f || g.c0, who, ": beta is ", g.ep.beta, " but no C0 was given");
   KILN_CHECK(g.out, who, ": no output");
+  // Each batch's blocks write their own C: output batches that overlap would race.
+  KILN_CHECK(g.batch == 1 || g.stride_c >= (g.M - 1) * g.ldc + g.N, who, ": batch stride of C ", g.stride_c,
+             " is smaller than one output (", g.M, " rows of ldc ", g.ldc, "): the batches would overwrite each other");
   KILN_CHECK(g.batch <= 65535, who, ": batch ", g.batch, " is more than a grid's z dimension (65535)");
   KILN_CHECK((g.M + tcgemm::kBM - 1) / tcgemm::kBM <= 65535, who, ": M ", g.M, " needs more than 65535 row blocks of ",
              tcgemm::kBM, " (a grid's y dimension)");

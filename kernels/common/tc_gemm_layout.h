@@ -24,6 +24,8 @@
 // ldmatrix.x4 fills a warp's fragments from either layout (.trans for MN-major), giving exactly the
 // register layouts the PTX ISA defines for mma.m16n8k16 .row.col.
 #pragma once
+#include <math.h>
+
 #include <cstdint>
 
 #include "base/dtype.h"
@@ -171,9 +173,11 @@ struct Epilogue {
   float alpha = 1.0f, beta = 0.0f;
   Activation act = Activation::none;
 };
+// The multiply-adds are written out as fmaf (one rounding each), so the kernel (nvcc would contract
+// them by its own choice) and the host's emulator of it compute the same bits.
 KILN_HD float apply_epilogue(const Epilogue& e, float acc, float c0, float bias, float residual) {
-  float v = e.alpha * acc + bias;
-  if (e.beta != 0.0f) v += e.beta * c0;
+  float v = fmaf(e.alpha, acc, bias);
+  if (e.beta != 0.0f) v = fmaf(e.beta, c0, v);
   switch (e.act) {
     case Activation::none: break;
     case Activation::relu: v = math::relu(v); break;

@@ -10,6 +10,9 @@
 
 
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <exception>
 #include <map>
@@ -84,6 +87,34 @@ constexpr size_t kStackBytes = 256 * 1024;
 
 enum class State : uint8_t { ready, waiting, done };
 
+// A fiber's stack from mmap, with an inaccessible page below it: a kernel that overflows its stack
+// faults there instead of writing over the heap (another fiber's stack, say).
+class FiberStack {
+ public:
+  FiberStack() = default;
+  FiberStack(FiberStack&& o) noexcept : base_(o.base_) { o.base_ = nullptr; }
+  FiberStack& operator=(FiberStack&& o) noexcept {
+    std::swap(base_, o.base_);
+    return *this;
+  }
+  ~FiberStack() {
+    if (base_) munmap(base_, kStackBytes + guard());
+  }
+  char* get() {
+    if (!base_) {
+      void* p = mmap(nullptr, kStackBytes + guard(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      KILN_CHECK(p != MAP_FAILED, "cuda emulator: no memory for a ", kStackBytes, "-byte fiber stack");
+      KILN_CHECK(mprotect(p, guard(), PROT_NONE) == 0, "cuda emulator: mprotect of a stack guard page failed");
+      base_ = static_cast<char*>(p);
+    }
+    return base_ + guard();
+  }
+
+ private:
+  static size_t guard() { return size_t(sysconf(_SC_PAGESIZE)); }
+  char* base_ = nullptr;
+};
+
 struct Context {
 #ifdef KILN_EMU_ASM_SWITCH
   void* sp = nullptr;
@@ -94,7 +125,7 @@ struct Context {
 
 struct Thread {
   Context ctx;
-  std::unique_ptr<char[]> stack;
+  FiberStack stack;
   State state = State::ready;
   uint3 idx{0, 0, 0};
   // What it waits for (valid while waiting) and what it gets back.
@@ -363,7 +394,6 @@ void run_block(Launch& l) {
   std::vector<Thread>& ts = *l.threads;
   for (size_t i = 0; i < l.n; ++i) {
     Thread& t = ts[i];
-    if (!t.stack) t.stack.reset(new char[kStackBytes]);
     make_fiber(t.ctx, t.stack.get(), kStackBytes);
     t.state = State::ready;
     t.idx = uint3{unsigned(i % blockDim.x), unsigned(i / blockDim.x % blockDim.y),
