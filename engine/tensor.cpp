@@ -175,7 +175,9 @@ Tensor pin_memory(const Tensor& t) {
   return Tensor(std::move(impl));
 }
 
-Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
+namespace {
+// A contiguous tensor whose storage comes from `alloc`.
+Tensor make_tensor_in(const Shape& shape, DType dtype, Device device, Allocator& alloc) {
   KILN_CHECK(shape.size() <= size_t(kMaxDims), "tensors have at most ", kMaxDims, " dims, got shape ", shape);
   for (int64_t s : shape) KILN_CHECK(s >= 0, "negative size in shape ", shape);
   auto impl = std::make_shared<TensorImpl>();
@@ -183,9 +185,13 @@ Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   const size_t nbytes = size_t(shape.numel()) * dtype_size(dtype);
-  Allocator* alloc = device.is_cpu() ? &cpu_allocator() : &cuda::tensor_allocator(device.index);
-  impl->storage = std::make_shared<Storage>(nbytes, device, alloc);
+  impl->storage = std::make_shared<Storage>(nbytes, device, &alloc);
   return Tensor(std::move(impl));
+}
+}  // namespace
+
+Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
+  return make_tensor_in(shape, dtype, device, device.is_cpu() ? cpu_allocator() : cuda::tensor_allocator(device.index));
 }
 
 Tensor make_tensor(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
@@ -668,11 +674,14 @@ Tensor Tensor::to(DType dt) const { return dt == dtype() ? *this : cast(*this, d
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   const Tensor src = contiguous();
-  Tensor out = make_tensor(shape(), dtype(), d);
+  Tensor out;
   if (src.device().is_cpu() && d.is_cuda()) {
-    // Returns at once; a page-locked source stays alive until the device has read it.
+    // Returns at once; a page-locked source stays alive until the device has read it, and its copy
+    // overlaps the kernels already queued (cuda_backend.h).
+    out = make_tensor_in(shape(), dtype(), d, cuda::upload_allocator(d.index, src.raw_data()));
     cuda::copy_to_device_async(out.raw_data(), d.index, src.raw_data(), nbytes(), src.storage());
   } else {
+    out = make_tensor(shape(), dtype(), d);
     if (d.is_cpu()) detail::count_host_read();  // waits for the device
     cuda::copy_bytes(out.raw_data(), d, src.raw_data(), src.device(), nbytes());
   }

@@ -36,6 +36,8 @@ std::string gemm_backend() { return g_gemm; }
 void copy_to_device_async(void*, int device, const void*, size_t, std::shared_ptr<void>) {
   no_cuda("copy to", device);
 }
+Allocator& upload_allocator(int device, const void*) { no_cuda("allocate on", device); }
+void* copy_stream(int device) { no_cuda("the copy stream of", device); }
 Allocator& pinned_allocator() { no_cuda("pinned memory for", 0); }
 void set_deterministic(bool on) { g_deterministic = on; }
 bool deterministic() { return g_deterministic; }

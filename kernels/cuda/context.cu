@@ -149,6 +149,33 @@ class TensorAllocator final : public Allocator {
   int d_;
 };
 
+// Destinations of uploads from page-locked memory (upload_allocator): blocks come from the copy
+// stream's free lists, so the copy into one waits only for earlier copies, never for the compute
+// stream's queue; the block is marked as used on the compute stream too, so once freed it is reused
+// only after the compute stream has passed its last reader.
+class UploadAllocator final : public Allocator {
+ public:
+  explicit UploadAllocator(int d) : d_(d) {}
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    Context& c = context(d_);
+    void* p = c.allocator().allocate(nbytes, stream_id(c.copy_stream));
+    c.allocator().record_stream(p, stream_id(c.stream));
+    return p;
+  }
+  void deallocate(void* p, size_t) noexcept override {
+    if (!p) return;
+    try {
+      context(d_).allocator().free(p);
+    } catch (...) {
+      // As TensorAllocator: kept until process exit.
+    }
+  }
+
+ private:
+  int d_;
+};
+
 // The engine reads results on the host only after these waits, so this is where errors that
 // kernels flagged on the device become exceptions.
 void check_error_word(Context& c) {
@@ -204,14 +231,22 @@ Context& use(int d) {
 }
 
 // Never destroyed, as every process-lifetime piece of the CUDA runtime (device_memory.cu says why).
-Allocator& tensor_allocator(int d) {
+namespace {
+template <typename A> Allocator& per_device(int d) {
   static auto* m = new std::mutex;
-  static auto* all = new std::vector<std::unique_ptr<TensorAllocator>>;
+  static auto* all = new std::vector<std::unique_ptr<A>>;
   std::lock_guard<std::mutex> lk(*m);
   context(d);
   if (all->size() <= size_t(d)) all->resize(size_t(d) + 1);
-  if (!(*all)[size_t(d)]) (*all)[size_t(d)] = std::make_unique<TensorAllocator>(d);
+  if (!(*all)[size_t(d)]) (*all)[size_t(d)] = std::make_unique<A>(d);
   return *(*all)[size_t(d)];
+}
+}  // namespace
+
+Allocator& tensor_allocator(int d) { return per_device<TensorAllocator>(d); }
+
+Allocator& upload_allocator(int d, const void* src) {
+  return is_pinned(src) ? per_device<UploadAllocator>(d) : per_device<TensorAllocator>(d);
 }
 
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
@@ -270,11 +305,20 @@ void release_finished_locked() {
 void copy_to_device_async(void* dst, int device, const void* src, size_t n, std::shared_ptr<void> keep_alive) {
   if (n == 0) return;
   Context& c = use(device);
-  KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c.stream));
-  if (!is_pinned(src)) return;
+  if (!is_pinned(src)) {  // staged by the runtime before the call returns: in order on the compute stream
+    KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c.stream));
+    return;
+  }
+  // On the copy stream, so the DMA runs beside the kernels already queued; work queued on the
+  // compute stream from now on waits for it. dst came from upload_allocator (the copy stream's pool).
+  KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c.copy_stream));
   cudaEvent_t ev;
   KILN_CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  KILN_CUDA_OK(cudaEventRecord(ev, c.stream));
+  KILN_CUDA_OK(cudaEventRecord(ev, c.copy_stream));
+  if (const cudaError_t e = cudaStreamWaitEvent(c.stream, ev, 0); e != cudaSuccess) {
+    cudaEventDestroy(ev);
+    KILN_CUDA_OK(e);
+  }
   std::lock_guard<std::mutex> lk(in_flight().mutex);
   release_finished_locked();
   in_flight().list.push_back({ev, std::move(keep_alive)});
@@ -329,6 +373,7 @@ Allocator& pinned_allocator() {
 void synchronize(int d) { check_error_word(use(d)); }
 
 void* compute_stream(int d) { return context(d).stream; }
+void* copy_stream(int d) { return context(d).copy_stream; }
 
 void set_deterministic(bool on) { g_deterministic = on; }
 bool deterministic() { return g_deterministic; }

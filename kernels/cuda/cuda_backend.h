@@ -25,10 +25,14 @@ Allocator& tensor_allocator(int device);
 // Copies n bytes; either side may be the host or a device. Returns when dst holds the data (a
 // host-to-device copy from pageable memory has been staged; device-to-host has completed).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t n);
-// A host-to-device copy that returns at once: from page-locked memory the DMA runs later, so
-// `keep_alive` (the source's storage) is held until the device has read it; from pageable memory
-// the runtime has staged the data when the call returns.
+// A host-to-device copy that returns at once. From page-locked memory it runs on the copy stream,
+// beside the kernels already queued (work queued on the compute stream afterwards waits for it), and
+// `keep_alive` (the source's storage) is held until the device has read it; from pageable memory it
+// runs on the compute stream, and the runtime has staged the data when the call returns. `dst` must
+// come from upload_allocator(device, src): for a page-locked source that is the copy stream's pool
+// (a block the compute stream freed may still be read by its queued kernels).
 void copy_to_device_async(void* dst, int device, const void* src, size_t n, std::shared_ptr<void> keep_alive);
+Allocator& upload_allocator(int device, const void* src);
 // Page-locked host memory, kept for reuse (cudaFreeHost would wait for the whole device): what
 // kiln::pin_memory (engine/tensor.h) copies a loader's batches into.
 Allocator& pinned_allocator();
@@ -40,6 +44,8 @@ void synchronize(int device);
 // The compute stream of `device` (a cudaStream_t), for callers launching their own kernels in order
 // with Kiln's.
 void* compute_stream(int device);
+// The side stream that uploads from page-locked memory run on (a cudaStream_t).
+void* copy_stream(int device);
 // Which GEMM runs f16/bf16 products: "kiln" (the Tensor Core kernel where it takes the shape),
 // "cublaslt", or "auto" (timed once per shape, except in deterministic mode, where a timing race
 // could pick differently between runs: Kiln's kernel wherever it takes the shape). Default auto;
