@@ -35,10 +35,11 @@ Tensor map2(const Tensor& a, const Tensor& b, const std::function<double(double,
   for (size_t i = 0; i < x.size(); ++i) out[i] = f(x[i], y[i]);
   return from_vector(out, s, DType::f64);
 }
-// Softmax or log-softmax of a 2-D tensor over `dim`, with the max subtracted first.
+// Softmax or log-softmax over `dim`, with the max subtracted first.
 Tensor softmax_ref(const Tensor& x, int64_t dim, bool log) {
-  const Tensor m = dim == 1 ? x.contiguous() : x.t().contiguous();
-  const int64_t rows = m.shape()[0], n = m.shape()[1];
+  const int64_t last = x.dim() - 1;
+  const Tensor m = x.transpose(dim, last).contiguous();
+  const int64_t n = m.shape()[size_t(last)], rows = m.numel() / std::max<int64_t>(n, 1);
   std::vector<double> v = m.to_vector();
   for (int64_t r = 0; r < rows; ++r) {
     double* p = v.data() + r * n;
@@ -47,8 +48,7 @@ Tensor softmax_ref(const Tensor& x, int64_t dim, bool log) {
     for (int64_t i = 0; i < n; ++i) s += std::exp(p[i] - mx);
     for (int64_t i = 0; i < n; ++i) p[i] = log ? (p[i] - mx) - std::log(s) : std::exp(p[i] - mx) / s;
   }
-  const Tensor out = from_vector(v, m.shape(), DType::f64);
-  return dim == 1 ? out : out.t().contiguous();
+  return from_vector(v, m.shape(), DType::f64).transpose(dim, last).contiguous();
 }
 Tensor matmul_ref(const Tensor& a, const Tensor& b) {
   const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
@@ -362,11 +362,21 @@ std::vector<Row> build() {
       [](const V& x) { return V{layer_norm(x[0], {96}, x[1], x[2]), layer_norm(x[3], {6, 5})}; })
       .autocast(AutocastOp::layer_norm)
       .tol(3e-2);
-  row("softmax", {{{5, 300}}}, [](const V& x) { return V{softmax(x[0], 1), softmax(x[0], 0)}; })
-      .ref([](const V& x) { return V{softmax_ref(x[0], 1, false), softmax_ref(x[0], 0, false)}; })
+  // Over rows, and over the middle dim with 300, 5 and 2 columns (a block of the column kernel
+  // covers 32 columns, or several rows of fewer).
+  row("softmax", {{{5, 300}}, {{3, 70, 5}}, {{2, 40, 2}}},
+      [](const V& x) { return V{softmax(x[0], 1), softmax(x[0], 0), softmax(x[1], 1), softmax(x[2], 1)}; })
+      .ref([](const V& x) {
+        return V{softmax_ref(x[0], 1, false), softmax_ref(x[0], 0, false), softmax_ref(x[1], 1, false),
+                 softmax_ref(x[2], 1, false)};
+      })
       .autocast(AutocastOp::softmax);
-  row("log_softmax", {{{5, 300}}}, [](const V& x) { return V{log_softmax(x[0], 1), log_softmax(x[0], 0)}; })
-      .ref([](const V& x) { return V{softmax_ref(x[0], 1, true), softmax_ref(x[0], 0, true)}; })
+  row("log_softmax", {{{5, 300}}, {{3, 70, 5}}, {{2, 40, 2}}},
+      [](const V& x) { return V{log_softmax(x[0], 1), log_softmax(x[0], 0), log_softmax(x[1], 1), log_softmax(x[2], 1)}; })
+      .ref([](const V& x) {
+        return V{softmax_ref(x[0], 1, true), softmax_ref(x[0], 0, true), softmax_ref(x[1], 1, true),
+                 softmax_ref(x[2], 1, true)};
+      })
       .autocast(AutocastOp::log_softmax);
   // Rows of 40 (a warp per row) and of 1100 (a block per row); masks get gradients too.
   row("masked_softmax", {{{2, 3, 10, 40}}, {{2, 1, 1, 40}}, {{10, 1}}, {{3, 1100}}, {{1100}}},

@@ -75,8 +75,10 @@ template <typename A> __device__ __forceinline__ MaxSum<A> ms_merge(MaxSum<A> a,
   const A sb = b.s == A(0) ? A(0) : b.s * dexp(b.m - m);
   return {m, sa + sb};
 }
-template <typename A> __device__ __forceinline__ MaxSum<A> warp_merge(MaxSum<A> v) {
-  for (int o = 16; o > 0; o >>= 1)
+// Merges the lanes of a warp that agree in lane % w (w a power of two, 1 for the whole warp): each
+// lane gets its class's state.
+template <typename A> __device__ __forceinline__ MaxSum<A> warp_merge(MaxSum<A> v, int w = 1) {
+  for (int o = 16; o >= w; o >>= 1)
     v = ms_merge(v, MaxSum<A>{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
   return v;
 }

@@ -43,33 +43,62 @@ __global__ void __launch_bounds__(kThreads) softmax_rows_kernel(bool log, int64_
   }
 }
 
-// Softmax over the middle dim of [outer, n, inner], inner > 1. Launch: grid_for(tiles * kThreads)
-// blocks of 256 = 32 columns x 8 row-slices, grid-stride over tiles (o, 32 consecutive j); thread
-// (tx, ty) folds rows ty, ty + 8, ... of column j (a warp reads 32 consecutive elements), the 8
-// slices merge through shared memory in slice order. Traffic: x read twice, y written once.
+// How the column kernels' blocks of 8 warps cover [outer, n, inner], inner > 1: a tile is w
+// consecutive columns of one o (w = 32, or inner rounded up to a power of two when inner < 32).
+// Lane l of warp ty takes column l % w and rows ty * 32 / w + l / w, then every 8 * 32 / w rows
+// on, so a warp reads 32 consecutive elements however narrow the columns are (only the padding of
+// inner up to w idles: 3 columns use 24 of 32 lanes, not 3).
+struct ColTiles {
+  int w = 1;
+  int64_t per_o;  // tiles per o
+  __host__ __device__ explicit ColTiles(int64_t inner) {
+    while (w < 32 && w < inner) w <<= 1;
+    per_o = (inner + w - 1) / w;
+  }
+  unsigned blocks(int64_t outer) const { return grid_for(outer * per_o * kThreads); }
+};
+// Per-thread range of the column kernels: first element, end, and step of this thread's rows of its
+// column in tile t ([first, end) empty for a row past n; end == 0 for a column past inner's edge).
+struct ColSlice {
+  int64_t first, end, step;
+};
+__device__ __forceinline__ ColSlice col_slice(const ColTiles& ct, int64_t t, int64_t n, int64_t inner) {
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, rows_per_warp = 32 / ct.w;
+  const int64_t o = t / ct.per_o, j = (t % ct.per_o) * ct.w + tx % ct.w;
+  const int64_t row = int64_t(ty) * rows_per_warp + tx / ct.w;
+  return {o * n * inner + row * inner + j, j < inner ? (o + 1) * n * inner : 0, int64_t(8 * rows_per_warp) * inner};
+}
+// Sum over the lanes of this warp that share a column (lane % w); every lane gets its column's sum.
+template <typename A> __device__ __forceinline__ A col_lanes_sum(A v, int w) {
+  for (int o = 16; o >= w; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Softmax over the middle dim of [outer, n, inner], inner > 1. Launch: ColTiles::blocks blocks of
+// 256, grid-stride over tiles (ColTiles); each thread folds its rows of its column (ColSlice), the
+// lanes of a warp that share a column merge by shuffles, then the 8 warps through shared memory in
+// warp order. Traffic: x read twice, y written once.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) softmax_cols_kernel(bool log, int64_t outer, int64_t n, int64_t inner,
                                                                 const T* x, T* y) {
   __shared__ MaxSum<T> red[8][32];
   __shared__ T sred[8][32];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-  const int64_t col_tiles = (inner + 31) / 32, tiles = outer * col_tiles, step = 8 * inner;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t o = t / col_tiles, j = (t % col_tiles) * 32 + tx;
-    // This thread's slice: rows ty, ty + 8, ... of column j; empty for a column past the edge.
-    const int64_t first = o * n * inner + j + ty * inner, end = j < inner ? (o + 1) * n * inner : 0;
+  const ColTiles ct(inner);
+  for (int64_t t = blockIdx.x; t < outer * ct.per_o; t += gridDim.x) {
+    const auto [first, end, step] = col_slice(ct, t, n, inner);
     MaxSum<T> ms{kNegInf<T>, T(0)};
     for (int64_t q = first; q < end; q += step) ms_add(ms, x[q]);
-    red[ty][tx] = ms;
+    red[ty][tx] = warp_merge(ms, ct.w);
     __syncthreads();
     ms = red[0][tx];
 #pragma unroll 1
     for (int k = 1; k < 8; ++k) ms = ms_merge(ms, red[k][tx]);
     T m = ms.m, s = ms.s;
-    if (__syncthreads_or(j < inner && !isfinite(m))) {  // some column takes the CPU's max := 0 path
+    if (__syncthreads_or(end != 0 && !isfinite(m))) {  // some column takes the CPU's max := 0 path
       T acc = T(0);
       for (int64_t q = first; q < end; q += step) acc += dexp(x[q]);
-      sred[ty][tx] = acc;
+      sred[ty][tx] = col_lanes_sum(acc, ct.w);
       __syncthreads();
       if (!isfinite(m)) {
         m = T(0);
@@ -113,19 +142,19 @@ __global__ void __launch_bounds__(kThreads) softmax_bwd_rows_kernel(bool log, in
 }
 
 // Softmax backward over the middle dim, inner > 1. Launch and ownership as softmax_cols_kernel; the
-// 8 slice sums (in T) combine in f64 in slice order. Traffic: y and gy read twice, gx written once.
+// per-thread sums (in T) combine in f64, across a warp's lanes of one column by shuffles, then over
+// the 8 warps in warp order. Traffic: y and gy read twice, gx written once.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) softmax_bwd_cols_kernel(bool log, int64_t outer, int64_t n, int64_t inner,
                                                                     const T* y, const T* gy, T* gx) {
   __shared__ double sred[8][32];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-  const int64_t col_tiles = (inner + 31) / 32, tiles = outer * col_tiles, step = 8 * inner;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t o = t / col_tiles, j = (t % col_tiles) * 32 + tx;
-    const int64_t first = o * n * inner + j + ty * inner, end = j < inner ? (o + 1) * n * inner : 0;
+  const ColTiles ct(inner);
+  for (int64_t t = blockIdx.x; t < outer * ct.per_o; t += gridDim.x) {
+    const auto [first, end, step] = col_slice(ct, t, n, inner);
     T acc = T(0);
     for (int64_t q = first; q < end; q += step) acc += log ? gy[q] : gy[q] * y[q];
-    sred[ty][tx] = double(acc);
+    sred[ty][tx] = col_lanes_sum(double(acc), ct.w);
     __syncthreads();
     double sum = sred[0][tx];
     for (int k = 1; k < 8; ++k) sum += sred[k][tx];
@@ -179,9 +208,8 @@ void softmax_forward(DType dt, bool log, int64_t outer, int64_t n, int64_t inner
       launch_rows(softmax_rows_kernel<T, false>, softmax_rows_kernel<T, true>, "softmax_rows_kernel", outer, n, s,
                   log, outer, n, cp<T>(x), mp<T>(y));
     } else {
-      const int64_t tiles = outer * ((inner + 31) / 32);
-      launch("softmax_cols_kernel", softmax_cols_kernel<T>, grid_for(tiles * kThreads), kThreads, 0, s, log, outer, n,
-             inner, cp<T>(x), mp<T>(y));
+      launch("softmax_cols_kernel", softmax_cols_kernel<T>, ColTiles(inner).blocks(outer), kThreads, 0, s, log, outer,
+             n, inner, cp<T>(x), mp<T>(y));
     }
   });
 }
@@ -196,9 +224,8 @@ void softmax_backward(DType dt, bool log, int64_t outer, int64_t n, int64_t inne
       launch_rows(softmax_bwd_rows_kernel<T, false>, softmax_bwd_rows_kernel<T, true>, "softmax_bwd_rows_kernel",
                   outer, n, s, log, outer, n, cp<T>(y), cp<T>(gy), T(1), mp<T>(gx));
     } else {
-      const int64_t tiles = outer * ((inner + 31) / 32);
-      launch("softmax_bwd_cols_kernel", softmax_bwd_cols_kernel<T>, grid_for(tiles * kThreads), kThreads, 0, s, log,
-             outer, n, inner, cp<T>(y), cp<T>(gy), mp<T>(gx));
+      launch("softmax_bwd_cols_kernel", softmax_bwd_cols_kernel<T>, ColTiles(inner).blocks(outer), kThreads, 0, s,
+             log, outer, n, inner, cp<T>(y), cp<T>(gy), mp<T>(gx));
     }
   });
 }
