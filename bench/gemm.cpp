@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
               {1024, 1024, 1024, false, false, true, "square f64"}};
   }
 
-  std::printf("bench_gemm: %d thread%s%s\n", threads, threads == 1 ? "" : "s",
+  std::printf("bench_gemm: %s; %d thread%s%s\n", kiln::bench::cpu_line().c_str(), threads, threads == 1 ? "" : "s",
 #if defined(KILN_BENCH_HAVE_CBLAS)
               ", OpenBLAS beside Kiln"
 #else
@@ -184,7 +184,13 @@ int main(int argc, char** argv) {
   }
   if (!json_path.empty()) {
     std::ofstream out(json_path);
-    out << nlohmann::json{{"benchmark", "gemm"}, {"threads", threads}, {"rows", rows}}.dump(2) << "\n";
+    out << nlohmann::json{{"benchmark", "gemm"},
+                          {"cpu", kiln::bench::cpu_model()},
+                          {"cpu_kernels", kiln::cpu_isa_name(kiln::cpu_isa())},
+                          {"threads", threads},
+                          {"rows", rows}}
+               .dump(2)
+        << "\n";
     if (!out) {
       std::fprintf(stderr, "bench_gemm: could not write %s\n", json_path.c_str());
       return 1;

@@ -2,6 +2,7 @@
 // the CUDA backend keep, as one value.
 #include "engine/context.h"
 
+#include "base/cpu_isa.h"
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "engine/tensor.h"
@@ -18,6 +19,7 @@ Context Context::current() {
   c.allow_tf32 = cuda::allow_tf32();
   c.cudnn_benchmark = cuda::cudnn_benchmark();
   c.gemm = cuda::gemm_backend();
+  c.cpu_isa = cpu_isa_name(kiln::cpu_isa());
   return c;
 }
 
@@ -25,6 +27,9 @@ void Context::apply() const {
   KILN_CHECK(num_threads >= 1, "Context: num_threads must be at least 1, got ", num_threads);
   KILN_CHECK(gemm == "auto" || gemm == "kiln" || gemm == "cublaslt", "Context: gemm must be auto, kiln or cublaslt, got '",
              gemm, "'");
+  const CpuIsa isa = cpu_isa.empty() ? kiln::cpu_isa() : parse_cpu_isa(cpu_isa, "Context: cpu_isa");
+  KILN_CHECK(isa <= cpu_isa_supported(), "Context: cpu_isa ", cpu_isa, ": this CPU supports at most ",
+             cpu_isa_name(cpu_isa_supported()));
   if (num_threads != kiln::num_threads()) set_num_threads(num_threads);
   set_cpu_cache_limit(cpu_cache_bytes);
   set_flush_denormal(flush_denormal);
@@ -32,6 +37,7 @@ void Context::apply() const {
   cuda::set_allow_tf32(allow_tf32);
   cuda::set_cudnn_benchmark(cudnn_benchmark);
   cuda::set_gemm_backend(gemm);
+  if (isa != kiln::cpu_isa()) set_cpu_isa(isa);
 }
 
 ContextGuard::~ContextGuard() {

@@ -22,6 +22,9 @@ struct Context {
   bool allow_tf32 = false;      // CUDA: f32 GEMM and convolution on TF32 tensor cores
   bool cudnn_benchmark = false; // CUDA: time every cuDNN algorithm once per shape
   std::string gemm = "auto";    // CUDA f16/bf16 GEMM: "auto", "kiln" or "cublaslt"
+  // CPU kernel set (base/cpu_isa.h): "avx512", "avx2" or "generic"; at most what the CPU
+  // supports. Empty in a Context built by hand: keep the set in force (by default the best supported).
+  std::string cpu_isa;
 
   // The settings in force now.
   static Context current();

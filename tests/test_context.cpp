@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "base/cpu_isa.h"
+#include "base/thread_pool.h"
 #include "engine/context.h"
 #include "test_util.h"
 #include "tools/environment.h"
@@ -26,6 +28,7 @@ Context changed(const Context& c) {
   d.allow_tf32 = !c.allow_tf32;
   d.cudnn_benchmark = !c.cudnn_benchmark;
   d.gemm = c.gemm == "kiln" ? "cublaslt" : "kiln";
+  d.cpu_isa = c.cpu_isa == "generic" ? cpu_isa_name(cpu_isa_supported()) : "generic";
   return d;
 }
 }  // namespace
@@ -64,7 +67,41 @@ TEST_CASE("context: a bad value is an error naming it, and nothing changes") {
   bad = changed(before);
   bad.gemm = "fastest";
   CHECK(contains(error_of([&] { bad.apply(); }), "gemm must be auto, kiln or cublaslt, got 'fastest'"));
+  bad = changed(before);
+  bad.cpu_isa = "sse9";
+  CHECK(contains(error_of([&] { bad.apply(); }), "Context: cpu_isa: 'sse9' is not a CPU kernel set"));
+  if (cpu_isa_supported() != CpuIsa::avx512) {
+    bad = changed(before);
+    bad.cpu_isa = "avx512";
+    CHECK(contains(error_of([&] { bad.apply(); }), "this CPU supports at most"));
+  }
   CHECK(Context::current() == before);
+}
+
+TEST_CASE("context: the CPU kernel set: the best supported unless asked, every lower set can be asked for") {
+  const ContextGuard g;
+  if (!std::getenv("KILN_CPU_ISA")) {  // the runner applied none
+    CHECK(cpu_isa() == cpu_isa_supported());
+    CHECK(contains(cpu_isa_reason(), "the best this CPU supports"));
+  }
+  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
+    if (isa > cpu_isa_supported()) {
+      CHECK(contains(error_of([&] { set_cpu_isa(isa); }), "this CPU supports at most"));
+      continue;
+    }
+    Context c = Context::current();
+    c.cpu_isa = cpu_isa_name(isa);
+    c.apply();
+    CHECK(cpu_isa() == isa);
+    CHECK(Context::current().cpu_isa == cpu_isa_name(isa));
+    CHECK(contains(cpu_isa_reason(), isa == cpu_isa_supported() ? "the best" : "asked for"));
+  }
+  // A Context built by hand (cpu_isa empty) keeps the set in force.
+  set_cpu_isa(CpuIsa::generic);
+  Context hand;
+  hand.num_threads = kiln::num_threads();
+  hand.apply();
+  CHECK(cpu_isa() == CpuIsa::generic);
 }
 
 TEST_CASE("context: the programs' environment variables map onto it, and unset ones keep the settings") {
@@ -77,14 +114,16 @@ TEST_CASE("context: the programs' environment variables map onto it, and unset o
     bool set;
   };
   std::vector<Saved> saved;
-  for (const char* n : {"KILN_NUM_THREADS", "KILN_CPU_CACHE_MB", "KILN_GEMM"}) {
+  for (const char* n : {"KILN_NUM_THREADS", "KILN_CPU_CACHE_MB", "KILN_GEMM", "KILN_CPU_ISA"}) {
     const char* v = std::getenv(n);
     saved.push_back({n, v ? v : "", v != nullptr});
   }
   ::setenv("KILN_NUM_THREADS", "3", 1);
   ::setenv("KILN_CPU_CACHE_MB", "5", 1);
   ::setenv("KILN_GEMM", "cublaslt", 1);
+  ::setenv("KILN_CPU_ISA", "generic", 1);
   const Context c = tools::environment_context();
+  CHECK(c.cpu_isa == "generic");
   CHECK(c.num_threads == 3);
   CHECK(c.cpu_cache_bytes == size_t(5) << 20);
   CHECK(c.gemm == "cublaslt");
@@ -92,9 +131,13 @@ TEST_CASE("context: the programs' environment variables map onto it, and unset o
   CHECK(c.deterministic == before.deterministic);
   ::setenv("KILN_GEMM", "best", 1);
   CHECK(contains(error_of([] { tools::environment_context(); }), "KILN_GEMM must be kiln, cublaslt or auto, got 'best'"));
+  ::setenv("KILN_GEMM", "auto", 1);
+  ::setenv("KILN_CPU_ISA", "avx3", 1);
+  CHECK(contains(error_of([] { tools::environment_context(); }), "KILN_CPU_ISA: 'avx3' is not a CPU kernel set"));
   ::unsetenv("KILN_NUM_THREADS");
   ::unsetenv("KILN_CPU_CACHE_MB");
   ::unsetenv("KILN_GEMM");
+  ::unsetenv("KILN_CPU_ISA");
   CHECK(tools::environment_context() == before);
   for (const Saved& v : saved)
     if (v.set) ::setenv(v.name, v.value.c_str(), 1);

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/cpu_isa.h"
 #include "base/thread_pool.h"
 #include "kernels/cuda/runtime_info.h"
 #include "kiln_build_info.h"
@@ -276,15 +277,23 @@ int run_doctor(const DoctorOptions& o) {
                             "; hardware threads " + std::to_string(hw) + ")");
   r.line("CPU code for",
          cpu_features() + (std::string(KILN_NATIVE_STRING) == "ON" ? " (-march=" KILN_MARCH_STRING ")" : ""));
+  const std::string isa = cpu_isa_name(cpu_isa());
+  r.line("CPU kernels", isa + ": " + cpu_isa_reason() + (cpu_isa() == CpuIsa::generic ? " (Eigen)" : ""));
   if (std::string(KILN_SANITIZE_STRING).size()) r.line("sanitizers", KILN_SANITIZE_STRING);
   const cuda::RuntimeInfo ci = cuda::query_runtime(true);
   r.line("CUDA backend", ci.compiled ? std::string("compiled in (nvcc ") + KILN_CUDA_COMPILER_VERSION +
                                            ", architectures " + ci.archs + ")"
                                      : "not compiled in (KILN_CUDA=OFF or no nvcc at configure time)");
   r.j["version"] = KILN_VERSION_STRING;
-  r.j["build"] = {{"type", KILN_BUILD_TYPE},      {"compiler", KILN_CXX_COMPILER}, {"eigen", eigen},
-                  {"threads", threads},           {"cpu_features", cpu_features()},
-                  {"cuda_compiled", ci.compiled}, {"cuda_architectures", ci.archs}};
+  r.j["build"] = {{"type", KILN_BUILD_TYPE},
+                  {"compiler", KILN_CXX_COMPILER},
+                  {"eigen", eigen},
+                  {"threads", threads},
+                  {"cpu_features", cpu_features()},
+                  {"cpu_kernels", isa},
+                  {"cpu_kernels_supported", cpu_isa_name(cpu_isa_supported())},
+                  {"cuda_compiled", ci.compiled},
+                  {"cuda_architectures", ci.archs}};
 
   GpuFindings f;
   if (ci.compiled) {

@@ -4,11 +4,13 @@
 //   KILN_NUM_THREADS   CPU threads for the kernels (default: all hardware threads)
 //   KILN_CPU_CACHE_MB  host memory the CPU allocator keeps for reuse (default 4096; 0: none)
 //   KILN_GEMM          f16/bf16 GEMM on CUDA: kiln, cublaslt or auto (default auto)
+//   KILN_CPU_ISA       CPU kernel set: avx512, avx2 or generic (default: the best the CPU supports)
 #pragma once
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
+#include "base/cpu_isa.h"
 #include "base/error.h"
 #include "engine/context.h"
 #include "engine/dist.h"
@@ -41,6 +43,12 @@ inline Context environment_context() {
     KILN_CHECK(std::string(g) == "auto" || std::string(g) == "kiln" || std::string(g) == "cublaslt", "KILN_GEMM must be "
                "kiln, cublaslt or auto, got '", g, "'");
     c.gemm = g;
+  }
+  if (const char* isa = std::getenv("KILN_CPU_ISA"); isa && *isa) {
+    const CpuIsa want = parse_cpu_isa(isa, "KILN_CPU_ISA");
+    KILN_CHECK(want <= cpu_isa_supported(), "KILN_CPU_ISA=", isa, ": this CPU supports at most ",
+               cpu_isa_name(cpu_isa_supported()));
+    c.cpu_isa = isa;
   }
   return c;
 }

@@ -17,9 +17,8 @@
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/cpu/scratch.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "base/cpu_isa.h"
+#include "kernels/cpu/isa/leaves.h"
 
 namespace kiln::cpu {
 namespace {
@@ -128,7 +127,6 @@ template <typename T> void col2im(const Geometry& G, const T* col, int64_t n0, i
   parallel_for(0, G.cg, 1, [&](int64_t c0, int64_t c1) { col2im_channels(G, col, n0, ns, g, gx, c0, c1); });
 }
 
-#if defined(__AVX512F__)
 // The GEMM's B operand for images n0 .. n0+ns of group g, packed on demand (the layout gemm.h documents):
 // element (r, j) of the im2col matrix, r = (c, ki, kj) and j = (si, oh, ow), is
 // x[n0 + si, g * Cg + c, oh * sh - ph + ki * dh, ow * sw - pw + kj * dw], or 0 in the padding.
@@ -141,66 +139,31 @@ struct ImplicitCol {
   int64_t n0, g;
 };
 
+// The convolution leaves of the kernel set in use (AVX-512 only so far), or null.
+const isa::ConvLeaves* conv_leaves() {
+#if defined(__x86_64__)
+  if (cpu_isa() == CpuIsa::avx512) return &isa::avx512_leaves().conv;
+#endif
+  return nullptr;
+}
+
 void pack_im2col(const void* ctx, int64_t pc, int64_t kc, int64_t j0, int64_t nc, float* dst) {
   const auto& s = *static_cast<const ImplicitCol*>(ctx);
   const Geometry& G = *s.G;
   const Conv2dParams& p = G.p;
-  const int64_t kk = p.kh * p.kw, plane = p.h * p.w;
-  struct Run {
-    int64_t col;    // first panel column
-    int64_t image;  // offset of (image, group's channel 0) in x
-    int64_t ih0;    // input row for ki = 0
-    int64_t iw0;    // input column of the first element for kj = 0
-    int64_t len;
-  };
-  Run runs[kGemmPanelCols];
+  const isa::Im2colGeometry geo{s.x, p.h * p.w, p.h, p.w, p.kh, p.kw, p.dh, p.dw, p.sw};
+  isa::Im2colRun runs[kGemmPanelCols];
   for (int64_t jr = 0; jr < nc; jr += kGemmPanelCols, dst += kc * kGemmPanelCols) {
     const int64_t cols = std::min(kGemmPanelCols, nc - jr), stride = gemm_panel_stride(cols);
     int nruns = 0;
     for (int64_t j = j0 + jr, end = j0 + jr + cols; j < end;) {
       const int64_t si = j / G.ohw, rem = j - si * G.ohw, oh = rem / p.ow, ow0 = rem - oh * p.ow;
       const int64_t len = std::min(p.ow - ow0, end - j);
-      runs[nruns++] = {j - (j0 + jr), ((s.n0 + si) * p.c + s.g * G.cg) * plane, oh * p.sh - p.ph, ow0 * p.sw - p.pw, len};
+      runs[nruns++] = {j - (j0 + jr), ((s.n0 + si) * p.c + s.g * G.cg) * geo.plane, oh * p.sh - p.ph, ow0 * p.sw - p.pw,
+                       len};
       j += len;
     }
-    // (c, ki, kj) of row pc, then stepped along without divisions.
-    int64_t c = pc / kk, ki = (pc - c * kk) / p.kw, kj = pc - c * kk - ki * p.kw;
-    for (int64_t q = 0; q < kc; ++q) {
-      float* d = dst + q * stride;
-      const float* xc = s.x + c * plane;
-      const int64_t kdh = ki * p.dh, kdw = kj * p.dw;
-      for (int i = 0; i < nruns; ++i) {
-        const Run& run = runs[i];
-        float* o = d + run.col;
-        const int64_t ih = run.ih0 + kdh;
-        if (ih < 0 || ih >= p.h) {
-          std::fill(o, o + run.len, 0.0f);
-          continue;
-        }
-        const float* src = xc + run.image + ih * p.w;
-        const int64_t iw0 = run.iw0 + kdw;
-        if (p.sw == 1) {
-          for (int64_t e = 0; e < run.len; e += 16) {
-            // Lanes [lo, hi) of this 16-wide step are inside the row (input columns iw0 + e + lane); the
-            // masked load touches only those, the rest are zeros.
-            const int64_t n = std::min<int64_t>(16, run.len - e), base = iw0 + e;
-            const int64_t lo = std::clamp<int64_t>(-base, 0, n), hi = std::clamp<int64_t>(p.w - base, lo, n);
-            const __mmask16 in = __mmask16(((1u << hi) - 1) & ~((1u << lo) - 1));
-            _mm512_mask_storeu_ps(o + e, __mmask16((1u << n) - 1), _mm512_maskz_loadu_ps(in, src + base));
-          }
-        } else {
-          for (int64_t e = 0; e < run.len; ++e) {
-            const int64_t iw = iw0 + e * p.sw;
-            o[e] = (iw >= 0 && iw < p.w) ? src[iw] : 0.0f;
-          }
-        }
-      }
-      std::fill(d + cols, d + stride, 0.0f);
-      if (++kj == p.kw) {
-        kj = 0;
-        if (++ki == p.kh) ki = 0, ++c;
-      }
-    }
+    conv_leaves()->pack_im2col_panel(geo, runs, nruns, pc, kc, cols, stride, dst);
   }
 }
 
@@ -227,8 +190,8 @@ bool direct_conv_applies(const Conv2dParams& p) {
 // Per tile of 64 output pixels (the same for every image): each tap's 4 load masks (lanes whose input
 // pixel is inside the image) and the 4 store masks (lanes inside the output plane).
 struct TileMasks {
-  __mmask16 load[kDirectMaxTaps][4];
-  __mmask16 store[4];
+  isa::Mask16 load[kDirectMaxTaps][4];
+  isa::Mask16 store[4];
 };
 
 std::vector<TileMasks> tile_masks(const Conv2dParams& p) {
@@ -238,7 +201,7 @@ std::vector<TileMasks> tile_masks(const Conv2dParams& p) {
     for (int64_t tile = b; tile < e; ++tile) {
       TileMasks& m = tm[size_t(tile)];
       const int64_t p0 = tile * 64;
-      for (int v = 0; v < 4; ++v) m.store[v] = __mmask16(((1u << std::clamp<int64_t>(ohw - p0 - 16 * v, 0, 16)) - 1));
+      for (int v = 0; v < 4; ++v) m.store[v] = isa::Mask16(((1u << std::clamp<int64_t>(ohw - p0 - 16 * v, 0, 16)) - 1));
       for (int64_t t = 0; t < taps; ++t) {
         const int64_t di = t / p.kw - p.ph, dj = t % p.kw - p.pw;
         for (int v = 0; v < 4; ++v) {
@@ -247,7 +210,7 @@ std::vector<TileMasks> tile_masks(const Conv2dParams& p) {
             const int64_t px = p0 + 16 * v + l, ih = px / p.w + di, iw = px % p.w + dj;
             if (px < ohw && ih >= 0 && ih < p.h && iw >= 0 && iw < p.w) bits |= 1u << l;
           }
-          m.load[t][v] = __mmask16(bits);
+          m.load[t][v] = isa::Mask16(bits);
         }
       }
     }
@@ -258,33 +221,8 @@ std::vector<TileMasks> tile_masks(const Conv2dParams& p) {
 // Input offset of tap t relative to the output pixel: (ki - ph) * W + (kj - pw).
 int64_t tap_shift(const Conv2dParams& p, int64_t t) { return (t / p.kw - p.ph) * p.w + (t % p.kw - p.pw); }
 
-template <int kRows>
-void direct_block(const float* x, int64_t plane, int64_t cg, const float* w, int64_t wstride, int64_t taps,
-                  const int64_t* shift, const __mmask16 (*masks)[4], float* y, int64_t ldy, const __mmask16* store) {
-  __m512 acc[kRows][4];
-  for (int r = 0; r < kRows; ++r)
-    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < cg; ++c, x += plane, w += taps) {
-    for (int64_t t = 0; t < taps; ++t) {
-      const float* xs = x + shift[t];
-      const __m512 b0 = _mm512_maskz_loadu_ps(masks[t][0], xs), b1 = _mm512_maskz_loadu_ps(masks[t][1], xs + 16);
-      const __m512 b2 = _mm512_maskz_loadu_ps(masks[t][2], xs + 32), b3 = _mm512_maskz_loadu_ps(masks[t][3], xs + 48);
-#pragma GCC unroll 6
-      for (int r = 0; r < kRows; ++r) {
-        const __m512 a = _mm512_set1_ps(w[r * wstride + t]);
-        acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
-        acc[r][2] = _mm512_fmadd_ps(a, b2, acc[r][2]);
-        acc[r][3] = _mm512_fmadd_ps(a, b3, acc[r][3]);
-      }
-    }
-  }
-  for (int r = 0; r < kRows; ++r)
-    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + r * ldy + 16 * v, store[v], acc[r][v]);
-}
-
-// y = conv(x, w) (no bias) for every image and group, by direct_block.
-void direct_conv(const Conv2dParams& p, const float* x, const float* w, float* y) {
+// y = conv(x, w) (no bias) for every image and group, by the direct leaves (6 output channels at a time).
+void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x, const float* w, float* y) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, tiles = (ohw + 63) / 64, wstride = cg * taps;
   const std::vector<TileMasks> tm = tile_masks(p);
@@ -301,96 +239,25 @@ void direct_conv(const Conv2dParams& p, const float* x, const float* w, float* y
       const int64_t g = rest / spans % p.groups, o_begin = rest % spans * kOutSpan;
       const int64_t o_end = std::min(og, o_begin + kOutSpan), p0 = tile * 64;
       const auto& masks = tm[size_t(tile)].load;
-      const __mmask16* store = tm[size_t(tile)].store;
+      const isa::Mask16* store = tm[size_t(tile)].store;
       for (int64_t t = 0; t < taps; ++t) shift[t] = p0 + base_shift[t];
       const float* xg = x + (n * p.c + g * cg) * plane;
       float* yg = y + (n * p.o + g * og) * ohw + p0;
       const float* wg = w + g * og * wstride;
-      int64_t o = o_begin;
-      for (; o + 6 <= o_end; o += 6)
-        direct_block<6>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store);
-      switch (o_end - o) {
-        case 5: direct_block<5>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
-        case 4: direct_block<4>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
-        case 3: direct_block<3>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
-        case 2: direct_block<2>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
-        case 1: direct_block<1>(xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store); break;
-        default: break;
+      for (int64_t o = o_begin; o < o_end; o += 6) {
+        const int64_t rows = std::min<int64_t>(6, o_end - o);
+        L.direct[rows - 1](xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store);
       }
     }
   });
 }
-// The sum of a vector's 16 lanes, folded in halves (a fixed order).
-inline float lane_total(__m512 v) {
-  // The mask forms with a full mask: the plain ones pass an undefined vector GCC 12 warns about.
-  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, 0x4E));
-  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, 0xB1));
-  v = _mm512_add_ps(v, _mm512_mask_permute_ps(v, 0xFFFF, v, 0x4E));
-  v = _mm512_add_ps(v, _mm512_mask_permute_ps(v, 0xFFFF, v, 0xB1));
-  return _mm512_cvtss_f32(v);
-}
-
-// One task of direct_conv_wgrad: 6 x 4 lane-wise sums over `images` images and all their pixel vectors,
-// folded to sums[r][j]. Row r reads gy at gy + orow[r] * ohw; pair j reads x at x + xoff[j] under the
-// masks xmask[j][v] (vector v); plane_mask[v] marks the lanes inside the output plane.
-// Per vector: 6 loads of gy stay in registers while each of the 4 x vectors is loaded and used at once,
-// so 24 sums + 6 + 1 operands fit the 32 vector registers.
-__attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
-                                          int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
-                                          const int64_t* xoff, const __mmask16* const* xmask,
-                                          const __mmask16* plane_mask, float (&sums)[6][4]) {
-  __m512 acc[6][4];
-#pragma GCC unroll 6
-  for (int r = 0; r < 6; ++r)
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
-  const __mmask16* m0 = xmask[0];
-  const __mmask16* m1 = xmask[1];
-  const __mmask16* m2 = xmask[2];
-  const __mmask16* m3 = xmask[3];
-  for (int64_t n = 0; n < images; ++n, gy += gy_image, x += x_image) {
-    const float* g0 = gy + orow[0] * ohw;
-    const float* g1 = gy + orow[1] * ohw;
-    const float* g2 = gy + orow[2] * ohw;
-    const float* g3 = gy + orow[3] * ohw;
-    const float* g4 = gy + orow[4] * ohw;
-    const float* g5 = gy + orow[5] * ohw;
-    const float* x0 = x + xoff[0];
-    const float* x1 = x + xoff[1];
-    const float* x2 = x + xoff[2];
-    const float* x3 = x + xoff[3];
-    for (int64_t v = 0, o = 0; v < vecs; ++v, o += 16) {
-      const __mmask16 in_plane = plane_mask[v];
-      const __m512 gv[6] = {_mm512_maskz_loadu_ps(in_plane, g0 + o), _mm512_maskz_loadu_ps(in_plane, g1 + o),
-                            _mm512_maskz_loadu_ps(in_plane, g2 + o), _mm512_maskz_loadu_ps(in_plane, g3 + o),
-                            _mm512_maskz_loadu_ps(in_plane, g4 + o), _mm512_maskz_loadu_ps(in_plane, g5 + o)};
-      __m512 xv = _mm512_maskz_loadu_ps(m0[v], x0 + o);
-#pragma GCC unroll 6
-      for (int r = 0; r < 6; ++r) acc[r][0] = _mm512_fmadd_ps(gv[r], xv, acc[r][0]);
-      xv = _mm512_maskz_loadu_ps(m1[v], x1 + o);
-#pragma GCC unroll 6
-      for (int r = 0; r < 6; ++r) acc[r][1] = _mm512_fmadd_ps(gv[r], xv, acc[r][1]);
-      xv = _mm512_maskz_loadu_ps(m2[v], x2 + o);
-#pragma GCC unroll 6
-      for (int r = 0; r < 6; ++r) acc[r][2] = _mm512_fmadd_ps(gv[r], xv, acc[r][2]);
-      xv = _mm512_maskz_loadu_ps(m3[v], x3 + o);
-#pragma GCC unroll 6
-      for (int r = 0; r < 6; ++r) acc[r][3] = _mm512_fmadd_ps(gv[r], xv, acc[r][3]);
-    }
-  }
-#pragma GCC unroll 6
-  for (int r = 0; r < 6; ++r)
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) sums[r][j] = lane_total(acc[r][j]);
-}
-
 // The weight gradient of the same convolutions: gw[o, c, t] = sum over images n and output pixels q of
 // gy[n, o, q] * x[n, c, q + shift(t)] (masked as above). Both operands are read in place, 16 pixels to a
 // vector: a register tile of 6 output channels x 4 (c, t) pairs keeps 24 lane-wise sums, fed per pixel
 // vector by 6 loads of gy and 4 masked loads of x. Images go in fixed chunks of S (S * OH * OW ~ 1024,
 // so a chunk's gy and x stay in L2); each task (chunk, 6 channels, 4 pairs) folds its lanes into one
 // partial per weight, and the chunks' partials are added in chunk order: no result depends on threads.
-void direct_conv_wgrad(const Conv2dParams& p, const float* x, const float* gy, float* gw) {
+void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x, const float* gy, float* gw) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, vecs = (ohw + 15) / 16, cols = cg * taps, wsize = p.o * cols;
   // S * OH * OW ~ 1024, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats.
@@ -401,7 +268,7 @@ void direct_conv_wgrad(const Conv2dParams& p, const float* x, const float* gy, f
   const int64_t nchunks = (p.n + s - 1) / s, oblocks = (og + 5) / 6, jblocks = (cols + 3) / 4;
   // The tile masks laid out per tap along the vectors: tap_masks[t * vecs + v], plane_mask[v].
   const std::vector<TileMasks> tm = tile_masks(p);
-  std::vector<__mmask16> tap_masks(static_cast<size_t>(taps * vecs)), plane_mask(static_cast<size_t>(vecs));
+  std::vector<isa::Mask16> tap_masks(static_cast<size_t>(taps * vecs)), plane_mask(static_cast<size_t>(vecs));
   for (int64_t v = 0; v < vecs; ++v) {
     plane_mask[size_t(v)] = tm[size_t(v / 4)].store[v % 4];
     for (int64_t t = 0; t < taps; ++t) tap_masks[size_t(t * vecs + v)] = tm[size_t(v / 4)].load[t][v % 4];
@@ -429,10 +296,10 @@ void direct_conv_wgrad(const Conv2dParams& p, const float* x, const float* gy, f
         xoff[j] = g * cg * plane + pair_off[jj];
       }
       float sums[6][4];
-      const __mmask16* xmask[4];
+      const isa::Mask16* xmask[4];
       for (int j = 0; j < 4; ++j) xmask[j] = tap_masks.data() + tap[j] * vecs;
-      wgrad_tile(gy + chunk * s * p.o * ohw, p.o * ohw, x + chunk * s * p.c * plane, p.c * plane,
-                 std::min(p.n, chunk * s + s) - chunk * s, vecs, ohw, orow, xoff, xmask, plane_mask.data(), sums);
+      L.wgrad_tile(gy + chunk * s * p.o * ohw, p.o * ohw, x + chunk * s * p.c * plane, p.c * plane,
+                   std::min(p.n, chunk * s + s) - chunk * s, vecs, ohw, orow, xoff, xmask, plane_mask.data(), sums);
       float* out = partial.get() + chunk * wsize;
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < ncol; ++j) out[orow[r] * cols + j0 + j] = sums[r][j];
@@ -446,7 +313,6 @@ void direct_conv_wgrad(const Conv2dParams& p, const float* x, const float* gy, f
     }
   });
 }
-#endif
 
 template <typename T>
 void gemm_t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
@@ -470,22 +336,19 @@ template <typename Fn> void for_chunks(const Geometry& G, Fn&& fn) {
   }
 }
 
-// Whether this build and type take the implicit-GEMM path.
-template <typename T> constexpr bool implicit_gemm() {
-#if defined(__AVX512F__)
-  return std::is_same_v<T, float>;
-#else
-  return false;
-#endif
+// The convolution leaves when T takes the implicit-GEMM and direct paths (f32 on the AVX-512 set), or null.
+template <typename T> const isa::ConvLeaves* implicit_leaves() {
+  if constexpr (std::is_same_v<T, float>) return gemm_has_packed_b() ? conv_leaves() : nullptr;
+  return nullptr;
 }
 
 template <typename T> void forward_typed(const Conv2dParams& p, const T* x, const T* w, const T* bias, T* y) {
   const Geometry G(p);
-  const bool implicit = implicit_gemm<T>() && gemm_has_packed_b();
-#if defined(__AVX512F__)
-  if constexpr (implicit_gemm<T>()) {
-    if (direct_conv_applies(p)) {
-      direct_conv(p, x, w, y);
+  const isa::ConvLeaves* leaves = implicit_leaves<T>();
+  const bool implicit = leaves != nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    if (leaves && direct_conv_applies(p)) {
+      direct_conv(*leaves, p, x, w, y);
       if (bias)
         parallel_for(0, p.n * p.o, 4, [&](int64_t b0, int64_t b1) {
           for (int64_t t = b0; t < b1; ++t) {
@@ -496,7 +359,6 @@ template <typename T> void forward_typed(const Conv2dParams& p, const T* x, cons
       return;
     }
   }
-#endif
   for_chunks(G, [&](int64_t chunk) {
     const int64_t n0 = chunk * G.s, ns = std::min(G.s, p.n - n0), cols = ns * G.ohw;
     // One image: the GEMM writes y's [Og, OH*OW] block in place; several: a [Og, cols] scratch first.
@@ -505,15 +367,13 @@ template <typename T> void forward_typed(const Conv2dParams& p, const T* x, cons
     for (int64_t g = 0; g < p.groups; ++g) {
       T* c = tmp ? tmp : y + (n0 * p.o + g * G.og) * G.ohw;
       const T* wg = w + g * G.og * G.ckk;
-#if defined(__AVX512F__)
-      if constexpr (implicit_gemm<T>()) {
+      if constexpr (std::is_same_v<T, float>) {
         if (implicit) {
           const ImplicitCol ctx{&G, x, n0, g};
           const PackedB packed{pack_im2col, &ctx};
           gemm_f32_packed_b(false, G.og, cols, G.ckk, 1.0f, wg, G.ckk, packed, 0.0f, c, cols);
         }
       }
-#endif
       if (!implicit) {
         im2col(G, x, n0, ns, g, col);
         gemm_t<T>(false, false, G.og, cols, G.ckk, T(1), wg, G.ckk, col, cols, T(0), c, cols);
@@ -557,20 +417,18 @@ template <typename T> void input_grad_as_conv(const Conv2dParams& p, const T* w,
 template <typename T>
 void backward_typed(const Conv2dParams& p, const T* x, const T* w, const T* gy, T* gx, T* gw) {
   const Geometry G(p);
-  const bool gx_as_conv = gx && implicit_gemm<T>() && gemm_has_packed_b() && p.sh == 1 && p.sw == 1 && p.dh == 1 &&
-                          p.dw == 1;
+  const isa::ConvLeaves* leaves = implicit_leaves<T>();
+  const bool gx_as_conv = gx && leaves && p.sh == 1 && p.sw == 1 && p.dh == 1 && p.dw == 1;
   if (gx_as_conv) {
     input_grad_as_conv(p, w, gy, gx);
     gx = nullptr;
   }
-#if defined(__AVX512F__)
-  if constexpr (implicit_gemm<T>()) {
-    if (gw && direct_conv_applies(p)) {
-      direct_conv_wgrad(p, x, gy, gw);
+  if constexpr (std::is_same_v<T, float>) {
+    if (gw && leaves && direct_conv_applies(p)) {
+      direct_conv_wgrad(*leaves, p, x, gy, gw);
       gw = nullptr;
     }
   }
-#endif
   if (!gx && !gw) return;
   const int64_t wsize = p.o * G.ckk;
   // Every chunk writes its own slice in full (beta = 0), so this needs no zeroing.

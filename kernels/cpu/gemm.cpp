@@ -1,5 +1,6 @@
-// CPU GEMM: an AVX-512 packed, cache-blocked micro-kernel for f32 (when the build targets AVX-512), and Eigen
-// for f64 and as the portable f32 fallback; both spread output blocks over the engine's pool.
+// CPU GEMM: packed, cache-blocked micro-kernels of the kernel set in use (base/cpu_isa.h: AVX-512 or AVX2, f32 and
+// f64), and Eigen for the generic set and for matrix-vector shapes; both spread output blocks over the
+// engine's pool.
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/scratch.h"
 
@@ -20,10 +21,8 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 
-#if defined(__AVX512F__) && !defined(KILN_GEMM_EIGEN_ONLY)
-#define KILN_GEMM_AVX512 1
-#include <immintrin.h>
-#endif
+#include "base/cpu_isa.h"
+#include "kernels/cpu/isa/leaves.h"
 
 namespace kiln::cpu {
 namespace {
@@ -152,108 +151,37 @@ void eigen_gemm(const Problem<T>& p) {
   for_each_block(p, p.n >= p.m, tiles, 16, [](const Problem<T>& blk) { eigen_block(blk); });
 }
 
-#if KILN_GEMM_AVX512
-// ---- AVX-512 micro-kernel (f32 and f64) -------------------------------------------------------------
+// ---- packed kernels (the instruction-set leaves of kernels/cpu/isa) ---------------------------------
 //
 // Goto/BLIS-style blocking, run independently by each thread on its block of C:
-//   for jc in N step NC:          pack B[pc:pc+KC, jc:jc+NC] as NC/NR panels of KC x NR    (~0.4 MiB f32: L2)
+//   for jc in N step NC:          pack B[pc:pc+KC, jc:jc+NC] as NC/NR panels of KC x NR    (L2)
 //     for pc in K step KC:
 //       for ir in M step MR:      A rows ir:ir+MR over pc:pc+KC, read in place when A is not transposed
-//                                 (MR row streams), else packed into a KC x MR panel  (9 KiB f32: L1)
+//                                 (MR row streams), else packed into a KC x MR panel  (L1)
 //         for jr in NC step NR:   micro-kernel: C[ir:ir+MR, jc+jr:+NR] = alpha * A'B' + beta' * C
-// Register tile MR x NR = 6 x 4 vectors (6 x 64 f32, 6 x 32 f64): 24 zmm accumulators acc[r][v] (row r,
-// vector v), 4 zmm holding the current row of the B panel; each A value is broadcast straight from memory
-// into its 4 FMAs. Per k step: 4 vector loads, 6 broadcasts, 24 FMAs (Zen4 issues one 512-bit FMA a cycle).
-// KC and NC blocks are balanced from k and n alone, so an element's sum runs over p in the same order,
-// in the same KC blocks, whatever the thread split: results are independent of the thread count.
-constexpr int kMR = 6;
-constexpr int kNV = 4;
-static_assert(kNV * 16 == kGemmPanelCols, "gemm.h documents the f32 panel layout");
-#ifndef KILN_GEMM_KC
-#define KILN_GEMM_KC 384
+// MR = 6 rows; NR = 4 vectors (AVX-512: 64 f32, 32 f64) or 2 (AVX2: 16 f32, 8 f64); the leaves
+// (kernels/cpu/isa/gemm_leaves.inc) describe the register tiles. KC and NC blocks are balanced from k and
+// n alone, so an element's sum runs over p in the same order, in the same KC blocks, whatever the thread
+// split: results are independent of the thread count (not of the kernel set).
+constexpr int kMR = isa::kGemmMR;
+
+// The leaves of the kernel set in use, or null for Eigen (the generic set).
+const isa::Leaves* packed_leaves() {
+#if defined(__x86_64__)
+  switch (cpu_isa()) {
+    case CpuIsa::avx512: return &isa::avx512_leaves();
+    case CpuIsa::avx2: return &isa::avx2_leaves();
+    case CpuIsa::generic: return nullptr;
+  }
 #endif
-#ifndef KILN_GEMM_NC
-#define KILN_GEMM_NC 384
-#endif
-constexpr int64_t kKC = KILN_GEMM_KC;
-constexpr int64_t kNC = KILN_GEMM_NC;
-
-template <typename T>
-struct Simd;
-
-template <>
-struct Simd<float> {
-  using V = __m512;
-  using Mask = __mmask16;
-  static constexpr int kW = 16;
-  static V zero() { return _mm512_setzero_ps(); }
-  static V set1(float x) { return _mm512_set1_ps(x); }
-  static V load(const float* p) { return _mm512_load_ps(p); }
-  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
-  static V maskz_loadu(Mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
-  static void store(float* p, V v) { _mm512_store_ps(p, v); }
-  static void mask_storeu(float* p, Mask m, V v) { _mm512_mask_storeu_ps(p, m, v); }
-  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static Mask tail(int64_t valid) {
-    return valid >= kW ? Mask(0xFFFF) : valid <= 0 ? Mask(0) : Mask((1u << valid) - 1);
-  }
-  // r[i][j] -> r[j][i] for a 16 x 16 block: unpack pairs, 4x4 within 128-bit lanes, then two lane shuffles.
-  static void transpose(V (&r)[kW]) {
-    V b[16], c[16];
-    for (int i = 0; i < 16; i += 2) {
-      b[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-      b[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int g = 0; g < 16; g += 4) {  // c[g + j], lane L: column 4L + j, rows g..g+3
-      c[g + 0] = _mm512_shuffle_ps(b[g + 0], b[g + 2], 0x44);
-      c[g + 1] = _mm512_shuffle_ps(b[g + 0], b[g + 2], 0xEE);
-      c[g + 2] = _mm512_shuffle_ps(b[g + 1], b[g + 3], 0x44);
-      c[g + 3] = _mm512_shuffle_ps(b[g + 1], b[g + 3], 0xEE);
-    }
-    for (int j = 0; j < 4; ++j) {
-      const V d0 = _mm512_shuffle_f32x4(c[j], c[4 + j], 0x88), d1 = _mm512_shuffle_f32x4(c[j], c[4 + j], 0xDD);
-      const V d2 = _mm512_shuffle_f32x4(c[8 + j], c[12 + j], 0x88), d3 = _mm512_shuffle_f32x4(c[8 + j], c[12 + j], 0xDD);
-      r[j] = _mm512_shuffle_f32x4(d0, d2, 0x88);
-      r[8 + j] = _mm512_shuffle_f32x4(d0, d2, 0xDD);
-      r[4 + j] = _mm512_shuffle_f32x4(d1, d3, 0x88);
-      r[12 + j] = _mm512_shuffle_f32x4(d1, d3, 0xDD);
-    }
-  }
-};
-
-template <>
-struct Simd<double> {
-  using V = __m512d;
-  using Mask = __mmask8;
-  static constexpr int kW = 8;
-  static V zero() { return _mm512_setzero_pd(); }
-  static V set1(double x) { return _mm512_set1_pd(x); }
-  static V load(const double* p) { return _mm512_load_pd(p); }
-  static V loadu(const double* p) { return _mm512_loadu_pd(p); }
-  static V maskz_loadu(Mask m, const double* p) { return _mm512_maskz_loadu_pd(m, p); }
-  static void store(double* p, V v) { _mm512_store_pd(p, v); }
-  static void mask_storeu(double* p, Mask m, V v) { _mm512_mask_storeu_pd(p, m, v); }
-  static V fmadd(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
-  static V mul(V a, V b) { return _mm512_mul_pd(a, b); }
-  static Mask tail(int64_t valid) { return valid >= kW ? Mask(0xFF) : valid <= 0 ? Mask(0) : Mask((1u << valid) - 1); }
-  // 8 x 8: unpack pairs, then two 128-bit lane shuffles.
-  static void transpose(V (&r)[kW]) {
-    V b[8];
-    for (int i = 0; i < 8; i += 2) {  // b[i + j], lane L: column 2L + j, rows i, i+1
-      b[i] = _mm512_unpacklo_pd(r[i], r[i + 1]);
-      b[i + 1] = _mm512_unpackhi_pd(r[i], r[i + 1]);
-    }
-    for (int j = 0; j < 2; ++j) {
-      const V d0 = _mm512_shuffle_f64x2(b[j], b[2 + j], 0x88), d1 = _mm512_shuffle_f64x2(b[j], b[2 + j], 0xDD);
-      const V d2 = _mm512_shuffle_f64x2(b[4 + j], b[6 + j], 0x88), d3 = _mm512_shuffle_f64x2(b[4 + j], b[6 + j], 0xDD);
-      r[j] = _mm512_shuffle_f64x2(d0, d2, 0x88);
-      r[4 + j] = _mm512_shuffle_f64x2(d0, d2, 0xDD);
-      r[2 + j] = _mm512_shuffle_f64x2(d1, d3, 0x88);
-      r[6 + j] = _mm512_shuffle_f64x2(d1, d3, 0xDD);
-    }
-  }
-};
+  return nullptr;
+}
+template <typename T> const isa::GemmLeaves<T>& leaves_of(const isa::Leaves& l) {
+  if constexpr (std::is_same_v<T, float>)
+    return l.f32;
+  else
+    return l.f64;
+}
 
 // Pack buffers per thread, grown on demand and kept: pool threads live as long as the program.
 thread_local ScratchBuffer t_pack_a, t_pack_b;
@@ -265,134 +193,12 @@ int64_t balanced_block(int64_t total, int64_t max_block, int64_t align) {
   return (size + align - 1) / align * align;
 }
 
-// Vectors in the panel of B starting at column jr: NV, or fewer for a narrow last panel.
-template <typename T>
-int panel_vectors(int64_t cols) {
-  return int(std::min<int64_t>(kNV, (cols + Simd<T>::kW - 1) / Simd<T>::kW));
-}
-
-// B[pc:pc+kc, j0:j0+nc] -> panels of kc x NR (row q of a panel: its NR consecutive values), a narrow last
-// panel only as many vectors wide as it needs, zero past nc.
-template <typename T>
-void pack_b(const Problem<T>& p, int64_t pc, int64_t kc, int64_t j0, int64_t nc, T* dst) {
-  using S = Simd<T>;
-  constexpr int kW = S::kW, kNR = kW * kNV;
-  for (int64_t jr = 0; jr < nc; jr += kNR, dst += kc * kNR) {
-    const int64_t cols = std::min<int64_t>(kNR, nc - jr);
-    const int nv = panel_vectors<T>(cols);
-    const int64_t stride = int64_t(nv) * kW;
-    if (!p.trans_b) {
-      const T* src = p.b + pc * p.ldb + j0 + jr;
-      for (int64_t q = 0; q < kc; ++q, src += p.ldb)
-        for (int v = 0; v < nv; ++v) S::store(dst + q * stride + kW * v, S::maskz_loadu(S::tail(cols - kW * v), src + kW * v));
-      continue;
-    }
-    // B stored n x k: a panel column is a contiguous run along k. Transpose kW x kW blocks in registers;
-    // ragged edges (and columns past nc, as zeros) go one element at a time.
-    for (int v = 0; v < nv; ++v) {
-      const int64_t vcols = std::min<int64_t>(cols - kW * v, kW);
-      const T* src = p.b + (j0 + jr + kW * v) * p.ldb + pc;
-      int64_t q = 0;
-      if (vcols == kW) {
-        for (; q + kW <= kc; q += kW) {
-          typename S::V r[kW];
-          for (int i = 0; i < kW; ++i) r[i] = S::loadu(src + i * p.ldb + q);
-          S::transpose(r);
-          for (int i = 0; i < kW; ++i) S::store(dst + (q + i) * stride + kW * v, r[i]);
-        }
-      }
-      for (; q < kc; ++q)
-        for (int i = 0; i < kW; ++i) dst[q * stride + kW * v + i] = i < vcols ? src[i * p.ldb + q] : T(0);
-    }
-  }
-}
-
-// A[i0:i0+rows, pc:pc+kc] from a transposed A (stored k x m) -> one kc x MR panel, zero past rows.
-template <typename T>
-void pack_a_trans(const Problem<T>& p, int64_t i0, int64_t rows, int64_t pc, int64_t kc, T* dst) {
-  using S = Simd<T>;
-  static_assert(kMR <= S::kW, "a panel row must fit one vector");
-  const auto load_mask = S::tail(rows), store_mask = S::tail(kMR);
-  const T* src = p.a + pc * p.lda + i0;
-  for (int64_t q = 0; q < kc; ++q, src += p.lda, dst += kMR) S::mask_storeu(dst, store_mask, S::maskz_loadu(load_mask, src));
-}
-
-// C[0:rows, 0:cols] = alpha * A'B' + beta * C over one MR x (kNVv vectors) tile (beta == 0: C is not read).
-// A' element (r, q) is a_row[r][q * kAStep]: kAStep = 1 reads rows of A in place, kAStep = MR a packed panel.
-// The B panel's rows are kNVv vectors apart; kNVv < NV only for a narrow last panel.
-template <typename T, int kAStep, int kNVv>
-__attribute__((noinline)) void micro_kernel(int64_t kc, const T* const* a_row, const T* __restrict pb, T* c, int64_t ldc, int64_t rows,
-                  int64_t cols, T alpha, T beta) {
-  using S = Simd<T>;
-  using V = typename S::V;
-  constexpr int kW = S::kW, kStride = kW * kNVv;
-  const T* a0 = a_row[0];
-  const T* a1 = a_row[1];
-  const T* a2 = a_row[2];
-  const T* a3 = a_row[3];
-  const T* a4 = a_row[4];
-  const T* a5 = a_row[5];
-  static_assert(kMR == 6, "the row pointers above assume MR = 6");
-
-  V acc[kMR][kNVv];
-#pragma GCC unroll 6
-  for (int r = 0; r < kMR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < kNVv; ++v) acc[r][v] = S::zero();
-
-  // C is touched once per K block; start its lines on their way so the final loads don't stall.
-  for (int64_t r = 0; r < rows; ++r)
-    for (int v = 0; v < kNVv; ++v) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + kW * v), _MM_HINT_T0);
-
-#pragma GCC unroll 2
-  for (int64_t q = 0; q < kc; ++q) {
-    V bv[kNVv];
-#pragma GCC unroll 4
-    for (int v = 0; v < kNVv; ++v) bv[v] = S::load(pb + q * kStride + kW * v);
-    const T av[kMR] = {a0[q * kAStep], a1[q * kAStep], a2[q * kAStep], a3[q * kAStep], a4[q * kAStep], a5[q * kAStep]};
-#pragma GCC unroll 6
-    for (int r = 0; r < kMR; ++r) {
-      const V a = S::set1(av[r]);
-#pragma GCC unroll 4
-      for (int v = 0; v < kNVv; ++v) acc[r][v] = S::fmadd(a, bv[v], acc[r][v]);
-    }
-  }
-
-  const V valpha = S::set1(alpha), vbeta = S::set1(beta);
-  typename S::Mask mask[kNVv];
-  for (int v = 0; v < kNVv; ++v) mask[v] = S::tail(cols - kW * v);
-#pragma GCC unroll 6
-  for (int r = 0; r < kMR; ++r) {
-    if (r >= rows) break;
-    T* crow = c + r * ldc;
-#pragma GCC unroll 4
-    for (int v = 0; v < kNVv; ++v) {
-      V out = S::mul(acc[r][v], valpha);
-      if (beta != T(0)) out = S::fmadd(S::maskz_loadu(mask[v], crow + kW * v), vbeta, out);
-      S::mask_storeu(crow + kW * v, mask[v], out);
-    }
-  }
-}
-
-template <typename T, int kAStep>
-void dispatch_kernel(int nv, int64_t kc, const T* const* a_row, const T* pb, T* c, int64_t ldc, int64_t rows,
-                     int64_t cols, T alpha, T beta) {
-  static_assert(kNV == 4, "one case per panel width below");
-  switch (nv) {
-    case 4: return micro_kernel<T, kAStep, 4>(kc, a_row, pb, c, ldc, rows, cols, alpha, beta);
-    case 3: return micro_kernel<T, kAStep, 3>(kc, a_row, pb, c, ldc, rows, cols, alpha, beta);
-    case 2: return micro_kernel<T, kAStep, 2>(kc, a_row, pb, c, ldc, rows, cols, alpha, beta);
-    default: return micro_kernel<T, kAStep, 1>(kc, a_row, pb, c, ldc, rows, cols, alpha, beta);
-  }
-}
-
 // One thread's block of C, start to finish.
-template <typename T>
-void avx512_block(const Problem<T>& p) {
-  constexpr int kNR = Simd<T>::kW * kNV;
+template <typename T> void packed_block(const Problem<T>& p, const isa::GemmLeaves<T>& L) {
+  const int64_t kNR = int64_t(L.w) * L.nv;
   // Both block sizes follow from k and n alone (n of this block: only where columns go, not how sums run).
-  const int64_t kc_block = balanced_block(p.k, kKC, 8);
-  const int64_t nc_block = balanced_block(p.n, kNC, kNR);
+  const int64_t kc_block = balanced_block(p.k, L.kc, 8);
+  const int64_t nc_block = balanced_block(p.n, L.nc, kNR);
   T* pack_b_buf = t_pack_b.get<T>(size_t(std::min(nc_block, (p.n + kNR - 1) / kNR * kNR) * std::min(kc_block, p.k)));
   T* pack_a_buf = p.trans_a ? t_pack_a.get<T>(size_t(kMR * std::min(kc_block, p.k))) : nullptr;
   for (int64_t jc = 0; jc < p.n; jc += nc_block) {
@@ -403,15 +209,16 @@ void avx512_block(const Problem<T>& p) {
       const T beta = pc == 0 ? p.beta : T(1);
       if constexpr (std::is_same_v<T, float>) {
         if (p.packed_b) p.packed_b->pack(p.packed_b->ctx, pc, kc, p.b_col0 + jc, nc, pack_b_buf);
-        else pack_b(p, pc, kc, jc, nc, pack_b_buf);
+        else
+          L.pack_b(p.trans_b, p.b, p.ldb, pc, kc, jc, nc, pack_b_buf);
       } else {
-        pack_b(p, pc, kc, jc, nc, pack_b_buf);
+        L.pack_b(p.trans_b, p.b, p.ldb, pc, kc, jc, nc, pack_b_buf);
       }
       for (int64_t ir = 0; ir < p.m; ir += kMR) {
         const int64_t rows = std::min<int64_t>(kMR, p.m - ir);
         const T* a_row[kMR];
         if (p.trans_a) {
-          pack_a_trans(p, ir, rows, pc, kc, pack_a_buf);
+          L.pack_a_trans(p.a, p.lda, ir, rows, pc, kc, pack_a_buf);
           for (int r = 0; r < kMR; ++r) a_row[r] = pack_a_buf + r;
         } else {
           // Rows past the edge re-read row 0: their sums are computed but never stored.
@@ -421,36 +228,29 @@ void avx512_block(const Problem<T>& p) {
         for (int64_t jr = 0; jr < nc; jr += kNR) {
           const T* pb = pack_b_buf + (jr / kNR) * kc * kNR;
           const int64_t cols = std::min<int64_t>(kNR, nc - jr);
-          if (p.trans_a)
-            dispatch_kernel<T, kMR>(panel_vectors<T>(cols), kc, a_row, pb, c_tile + jr, p.ldc, rows, cols, p.alpha, beta);
-          else
-            dispatch_kernel<T, 1>(panel_vectors<T>(cols), kc, a_row, pb, c_tile + jr, p.ldc, rows, cols, p.alpha, beta);
+          const int nv = int((cols + L.w - 1) / L.w);  // vectors in this panel: fewer for a narrow last one
+          L.micro[p.trans_a ? 1 : 0][nv - 1](kc, a_row, pb, c_tile + jr, p.ldc, rows, cols, p.alpha, beta);
         }
       }
     }
   }
 }
 
-template <typename T>
-void avx512_gemm(const Problem<T>& p) {
-  constexpr int kNR = Simd<T>::kW * kNV;
+template <typename T> void packed_gemm(const Problem<T>& p, const isa::GemmLeaves<T>& L) {
+  const int64_t kNR = int64_t(L.w) * L.nv;
   // Any split gives the same bits here, so one block per thread, cut at register-tile multiples: along the
   // longer side unless only the other has a unit of work for every thread.
   const int64_t threads = macs(p) >= kParallelMinMacs ? num_threads() : 1;
   const int64_t units_n = p.n / kNR, units_m = p.m / (4 * kMR);
   const bool split_n = p.n >= p.m ? units_n >= std::min(threads, units_m) : units_m < std::min(threads, units_n);
   const int64_t tiles = std::min(threads, split_n ? units_n : units_m);
-  for_each_block(p, split_n, tiles, split_n ? kNR : 4 * kMR, [](const Problem<T>& blk) { avx512_block(blk); });
+  for_each_block(p, split_n, tiles, split_n ? kNR : 4 * kMR, [&L](const Problem<T>& blk) { packed_block(blk, L); });
 }
 
-// Where the micro-kernel beats Eigen; a function of the shape alone, so the choice never depends on threads.
-// A few rows or columns are (nearly) matrix-vector products: a 6 x 64 tile would mostly compute padding,
+// Where the micro-kernels beat Eigen; a function of the shape alone, so the choice never depends on threads.
+// A few rows or columns are (nearly) matrix-vector products: a 6-row tile would mostly compute padding,
 // and Eigen's GEMV / small kernels measured as fast or faster there.
-template <typename T>
-bool use_avx512(const Problem<T>& p) {
-  return p.m >= 4 && p.n >= 5;
-}
-#endif
+template <typename T> bool use_packed(const Problem<T>& p) { return p.m >= 4 && p.n >= 5; }
 
 template <typename T>
 void gemm_impl(const Problem<T>& p) {
@@ -459,9 +259,8 @@ void gemm_impl(const Problem<T>& p) {
     scale_c(p.m, p.n, p.beta, p.c, p.ldc);
     return;
   }
-#if KILN_GEMM_AVX512
-  if (p.packed_b || use_avx512(p)) return avx512_gemm(p);
-#endif
+  if (const isa::Leaves* l = packed_leaves(); l && (p.packed_b || use_packed(p)))
+    return packed_gemm(p, leaves_of<T>(*l));
   eigen_gemm(p);
 }
 
@@ -474,16 +273,14 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 }
 
 bool gemm_has_packed_b() {
-#if KILN_GEMM_AVX512
-  return true;
-#else
-  return false;
-#endif
+  const isa::Leaves* l = packed_leaves();
+  return l && l->f32.w * l->f32.nv == kGemmPanelCols;
 }
 
 void gemm_f32_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                        const PackedB& b, float beta, float* c, int64_t ldc) {
-  KILN_CHECK(gemm_has_packed_b(), "gemm_f32_packed_b: this build has no AVX-512 micro-kernel (check gemm_has_packed_b)");
+  KILN_CHECK(gemm_has_packed_b(), "gemm_f32_packed_b: the CPU kernel set in use (", cpu_isa_name(cpu_isa()),
+             ") has no ", kGemmPanelCols, "-column panels (check gemm_has_packed_b)");
   KILN_CHECK(b.pack != nullptr, "gemm_f32_packed_b: no pack function");
   // check_args on a stand-in B: only A's and C's arguments are real.
   check_args("gemm_f32_packed_b", trans_a, false, m, n, k, a, lda, a, n, c, ldc);

@@ -14,7 +14,7 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 void gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
               const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 
-// ---- f32 GEMM with a B operand that is never stored (AVX-512 builds) ----------------------------------
+// ---- f32 GEMM with a B operand that is never stored (the AVX-512 kernel set) ---------------------------
 // For a convolution's im2col matrix: the GEMM asks `pack` for the blocks of B it is about to use, in the
 // layout its micro-kernel reads, so the matrix is built once, straight into cache, instead of being written
 // out whole and then copied into that layout. Same blocking and kernels as gemm_f32: C gets the bits
@@ -31,7 +31,7 @@ struct PackedB {
   void (*pack)(const void* ctx, int64_t pc, int64_t kc, int64_t j0, int64_t nc, float* dst);
   const void* ctx;
 };
-// Whether gemm_f32_packed_b exists in this build (the AVX-512 micro-kernel is compiled in).
+// Whether gemm_f32_packed_b can run: the kernel set in use (base/cpu_isa.h) has panels of kGemmPanelCols columns.
 bool gemm_has_packed_b();
 // C[m,n] = alpha * op(A) * B + beta * C, B (k x n) supplied by b.pack. Throws if !gemm_has_packed_b().
 void gemm_f32_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,

@@ -1,0 +1,260 @@
+// The AVX-512 leaf kernels (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma whatever
+// the rest of the build targets; run only where base/cpu_isa.h's cpu_isa() says avx512). Everything but
+// avx512_leaves() has internal linkage (leaves.h says why).
+#include <immintrin.h>
+
+#include <cstdint>
+
+// GCC 12 reports a false -Wmaybe-uninitialized inside the AVX-512 shuffles (the _mm512_undefined_*
+// placeholders of the intrinsics' masked forms).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include "kernels/cpu/isa/leaves.h"
+
+namespace kiln::cpu::isa {
+namespace {
+
+struct F32 {
+  using T = float;
+  using V = __m512;
+  using Mask = __mmask16;
+  static constexpr int kW = 16, kNV = 4;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_load_ps(p); }
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static V maskz_loadu(Mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+  static void store(float* p, V v) { _mm512_store_ps(p, v); }
+  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void mask_storeu(float* p, Mask m, V v) { _mm512_mask_storeu_ps(p, m, v); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static Mask tail(int64_t valid) {
+    return valid >= kW ? Mask(0xFFFF) : valid <= 0 ? Mask(0) : Mask((1u << valid) - 1);
+  }
+  // r[i][j] -> r[j][i] for a 16 x 16 block: unpack pairs, 4x4 within 128-bit lanes, then two lane shuffles.
+  static void transpose(V (&r)[kW]) {
+    V b[16], c[16];
+    for (int i = 0; i < 16; i += 2) {
+      b[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      b[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) {  // c[g + j], lane L: column 4L + j, rows g..g+3
+      c[g + 0] = _mm512_shuffle_ps(b[g + 0], b[g + 2], 0x44);
+      c[g + 1] = _mm512_shuffle_ps(b[g + 0], b[g + 2], 0xEE);
+      c[g + 2] = _mm512_shuffle_ps(b[g + 1], b[g + 3], 0x44);
+      c[g + 3] = _mm512_shuffle_ps(b[g + 1], b[g + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; ++j) {
+      const V d0 = _mm512_shuffle_f32x4(c[j], c[4 + j], 0x88), d1 = _mm512_shuffle_f32x4(c[j], c[4 + j], 0xDD);
+      const V d2 = _mm512_shuffle_f32x4(c[8 + j], c[12 + j], 0x88),
+              d3 = _mm512_shuffle_f32x4(c[8 + j], c[12 + j], 0xDD);
+      r[j] = _mm512_shuffle_f32x4(d0, d2, 0x88);
+      r[8 + j] = _mm512_shuffle_f32x4(d0, d2, 0xDD);
+      r[4 + j] = _mm512_shuffle_f32x4(d1, d3, 0x88);
+      r[12 + j] = _mm512_shuffle_f32x4(d1, d3, 0xDD);
+    }
+  }
+};
+
+struct F64 {
+  using T = double;
+  using V = __m512d;
+  using Mask = __mmask8;
+  static constexpr int kW = 8, kNV = 4;
+  static V zero() { return _mm512_setzero_pd(); }
+  static V set1(double x) { return _mm512_set1_pd(x); }
+  static V load(const double* p) { return _mm512_load_pd(p); }
+  static V loadu(const double* p) { return _mm512_loadu_pd(p); }
+  static V maskz_loadu(Mask m, const double* p) { return _mm512_maskz_loadu_pd(m, p); }
+  static void store(double* p, V v) { _mm512_store_pd(p, v); }
+  static void storeu(double* p, V v) { _mm512_storeu_pd(p, v); }
+  static void mask_storeu(double* p, Mask m, V v) { _mm512_mask_storeu_pd(p, m, v); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_pd(a, b); }
+  static Mask tail(int64_t valid) { return valid >= kW ? Mask(0xFF) : valid <= 0 ? Mask(0) : Mask((1u << valid) - 1); }
+  // 8 x 8: unpack pairs, then two 128-bit lane shuffles.
+  static void transpose(V (&r)[kW]) {
+    V b[8];
+    for (int i = 0; i < 8; i += 2) {  // b[i + j], lane L: column 2L + j, rows i, i+1
+      b[i] = _mm512_unpacklo_pd(r[i], r[i + 1]);
+      b[i + 1] = _mm512_unpackhi_pd(r[i], r[i + 1]);
+    }
+    for (int j = 0; j < 2; ++j) {
+      const V d0 = _mm512_shuffle_f64x2(b[j], b[2 + j], 0x88), d1 = _mm512_shuffle_f64x2(b[j], b[2 + j], 0xDD);
+      const V d2 = _mm512_shuffle_f64x2(b[4 + j], b[6 + j], 0x88), d3 = _mm512_shuffle_f64x2(b[4 + j], b[6 + j], 0xDD);
+      r[j] = _mm512_shuffle_f64x2(d0, d2, 0x88);
+      r[4 + j] = _mm512_shuffle_f64x2(d0, d2, 0xDD);
+      r[2 + j] = _mm512_shuffle_f64x2(d1, d3, 0x88);
+      r[6 + j] = _mm512_shuffle_f64x2(d1, d3, 0xDD);
+    }
+  }
+};
+
+#include "kernels/cpu/isa/gemm_leaves.inc"
+
+// ---- convolution (conv.cpp describes the schemes) ----------------------------------------------------
+
+int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+void zero(float* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = 0.0f;
+}
+
+void pack_im2col_panel(const Im2colGeometry& g, const Im2colRun* runs, int nruns, int64_t pc, int64_t kc, int64_t cols,
+                       int64_t stride, float* dst) {
+  const int64_t kk = g.kh * g.kw;
+  // (c, ki, kj) of row pc, then stepped along without divisions.
+  int64_t c = pc / kk, ki = (pc - c * kk) / g.kw, kj = pc - c * kk - ki * g.kw;
+  for (int64_t q = 0; q < kc; ++q) {
+    float* d = dst + q * stride;
+    const float* xc = g.x + c * g.plane;
+    const int64_t kdh = ki * g.dh, kdw = kj * g.dw;
+    for (int i = 0; i < nruns; ++i) {
+      const Im2colRun& run = runs[i];
+      float* o = d + run.col;
+      const int64_t ih = run.ih0 + kdh;
+      if (ih < 0 || ih >= g.h) {
+        zero(o, run.len);
+        continue;
+      }
+      const float* src = xc + run.image + ih * g.w;
+      const int64_t iw0 = run.iw0 + kdw;
+      if (g.sw == 1) {
+        for (int64_t e = 0; e < run.len; e += 16) {
+          // Lanes [lo, hi) of this 16-wide step are inside the row (input columns iw0 + e + lane); the
+          // masked load touches only those, the rest are zeros.
+          const int64_t n = run.len - e < 16 ? run.len - e : 16, base = iw0 + e;
+          const int64_t lo = clamp64(-base, 0, n), hi = clamp64(g.w - base, lo, n);
+          const __mmask16 in = __mmask16(((1u << hi) - 1) & ~((1u << lo) - 1));
+          _mm512_mask_storeu_ps(o + e, __mmask16((1u << n) - 1), _mm512_maskz_loadu_ps(in, src + base));
+        }
+      } else {
+        for (int64_t e = 0; e < run.len; ++e) {
+          const int64_t iw = iw0 + e * g.sw;
+          o[e] = (iw >= 0 && iw < g.w) ? src[iw] : 0.0f;
+        }
+      }
+    }
+    zero(d + cols, stride - cols);
+    if (++kj == g.kw) {
+      kj = 0;
+      if (++ki == g.kh) ki = 0, ++c;
+    }
+  }
+}
+
+template <int kRows> void direct_block(const float* x, int64_t plane, int64_t cg, const float* w, int64_t wstride,
+                                       int64_t taps, const int64_t* shift, const Mask16 (*masks)[4], float* y,
+                                       int64_t ldy, const Mask16* store) {
+  // Every loop over the tile fully unrolled, or GCC keeps acc in memory (a store per FMA).
+  __m512 acc[kRows][4];
+#pragma GCC unroll 6
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < cg; ++c, x += plane, w += taps) {
+    for (int64_t t = 0; t < taps; ++t) {
+      const float* xs = x + shift[t];
+      const __m512 b0 = _mm512_maskz_loadu_ps(masks[t][0], xs), b1 = _mm512_maskz_loadu_ps(masks[t][1], xs + 16);
+      const __m512 b2 = _mm512_maskz_loadu_ps(masks[t][2], xs + 32), b3 = _mm512_maskz_loadu_ps(masks[t][3], xs + 48);
+#pragma GCC unroll 6
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 a = _mm512_set1_ps(w[r * wstride + t]);
+        acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(a, b2, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(a, b3, acc[r][3]);
+      }
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + r * ldy + 16 * v, store[v], acc[r][v]);
+}
+
+// The sum of a vector's 16 lanes, folded in halves (a fixed order).
+float lane_total(__m512 v) {
+  // The mask forms with a full mask: the plain ones pass an undefined vector GCC 12 warns about.
+  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, 0xB1));
+  v = _mm512_add_ps(v, _mm512_mask_permute_ps(v, 0xFFFF, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_mask_permute_ps(v, 0xFFFF, v, 0xB1));
+  return _mm512_cvtss_f32(v);
+}
+
+// Per vector: 6 loads of gy stay in registers while each of the 4 x vectors is loaded and used at once,
+// so 24 sums + 6 + 1 operands fit the 32 vector registers.
+__attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
+                                          int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
+                                          const int64_t* xoff, const Mask16* const* xmask, const Mask16* plane_mask,
+                                          float (*sums)[4]) {
+  __m512 acc[6][4];
+#pragma GCC unroll 6
+  for (int r = 0; r < 6; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  const Mask16* m0 = xmask[0];
+  const Mask16* m1 = xmask[1];
+  const Mask16* m2 = xmask[2];
+  const Mask16* m3 = xmask[3];
+  for (int64_t n = 0; n < images; ++n, gy += gy_image, x += x_image) {
+    const float* g0 = gy + orow[0] * ohw;
+    const float* g1 = gy + orow[1] * ohw;
+    const float* g2 = gy + orow[2] * ohw;
+    const float* g3 = gy + orow[3] * ohw;
+    const float* g4 = gy + orow[4] * ohw;
+    const float* g5 = gy + orow[5] * ohw;
+    const float* x0 = x + xoff[0];
+    const float* x1 = x + xoff[1];
+    const float* x2 = x + xoff[2];
+    const float* x3 = x + xoff[3];
+    for (int64_t v = 0, o = 0; v < vecs; ++v, o += 16) {
+      const __mmask16 in_plane = plane_mask[v];
+      const __m512 gv[6] = {_mm512_maskz_loadu_ps(in_plane, g0 + o), _mm512_maskz_loadu_ps(in_plane, g1 + o),
+                            _mm512_maskz_loadu_ps(in_plane, g2 + o), _mm512_maskz_loadu_ps(in_plane, g3 + o),
+                            _mm512_maskz_loadu_ps(in_plane, g4 + o), _mm512_maskz_loadu_ps(in_plane, g5 + o)};
+      __m512 xv = _mm512_maskz_loadu_ps(m0[v], x0 + o);
+#pragma GCC unroll 6
+      for (int r = 0; r < 6; ++r) acc[r][0] = _mm512_fmadd_ps(gv[r], xv, acc[r][0]);
+      xv = _mm512_maskz_loadu_ps(m1[v], x1 + o);
+#pragma GCC unroll 6
+      for (int r = 0; r < 6; ++r) acc[r][1] = _mm512_fmadd_ps(gv[r], xv, acc[r][1]);
+      xv = _mm512_maskz_loadu_ps(m2[v], x2 + o);
+#pragma GCC unroll 6
+      for (int r = 0; r < 6; ++r) acc[r][2] = _mm512_fmadd_ps(gv[r], xv, acc[r][2]);
+      xv = _mm512_maskz_loadu_ps(m3[v], x3 + o);
+#pragma GCC unroll 6
+      for (int r = 0; r < 6; ++r) acc[r][3] = _mm512_fmadd_ps(gv[r], xv, acc[r][3]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < 6; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) sums[r][j] = lane_total(acc[r][j]);
+}
+
+Leaves make() {
+  Leaves l{};
+  l.name = "avx512";
+  l.f32 = gemm_leaves<F32>(384, 384);
+  l.f64 = gemm_leaves<F64>(384, 384);
+  l.conv.pack_im2col_panel = pack_im2col_panel;
+  l.conv.direct[0] = direct_block<1>;
+  l.conv.direct[1] = direct_block<2>;
+  l.conv.direct[2] = direct_block<3>;
+  l.conv.direct[3] = direct_block<4>;
+  l.conv.direct[4] = direct_block<5>;
+  l.conv.direct[5] = direct_block<6>;
+  l.conv.wgrad_tile = wgrad_tile;
+  return l;
+}
+
+}  // namespace
+
+const Leaves& avx512_leaves() {
+  static const Leaves leaves = make();
+  return leaves;
+}
+
+}  // namespace kiln::cpu::isa

@@ -1,0 +1,80 @@
+// The leaf kernels of one CPU instruction set: what kernels/cpu/isa/<set>.cpp compiles with that
+// set's flags and exports as a table of function pointers. Only plain data and function pointer
+// types here (no default member initialisers either: they make constructors): a header compiled
+// under several -m flags must define no function, or the linker could keep an AVX-512 copy for
+// every caller (tests/isa_objects.cmake checks the objects for that). Tables are value-initialised.
+//
+// The drivers around them (blocking, threads, masks) stay in baseline code: kernels/cpu/gemm.cpp
+// and conv.cpp.
+#pragma once
+#include <cstdint>
+
+namespace kiln::cpu::isa {
+
+inline constexpr int kGemmMR = 6;  // rows of a GEMM register tile, every set
+
+// GEMM leaves for T (float or double), the Goto/BLIS scheme of gemm.cpp: B packed into panels of
+// kc x NR (NR = w * nv: row q of a panel holds its NR values, a narrow last panel only as many
+// vectors as it needs, zeros past the edge), A read in place (6 row pointers) or packed (kc x 6).
+template <typename T> struct GemmLeaves {
+  int w;           // lanes of one vector
+  int nv;          // vectors of a full panel
+  int64_t kc, nc;  // the largest K and N blocks (nc a multiple of NR)
+  // micro[a_packed][v - 1]: C[0:rows, 0:cols] = alpha * A'B' + beta * C for a 6 x (v vectors) tile,
+  // beta == 0 never reads C. a_row: 6 row pointers (rows of A in place, element q at [q]) or, packed,
+  // 6 pointers into one kc x 6 panel (element q at [6 q]).
+  using Micro = void (*)(int64_t kc, const T* const* a_row, const T* pb, T* c, int64_t ldc, int64_t rows, int64_t cols,
+                         T alpha, T beta);
+  Micro micro[2][4];
+  // B[pc:pc+kc, j0:j0+nc] into panels (B stored k x n, or n x k when trans_b).
+  void (*pack_b)(bool trans_b, const T* b, int64_t ldb, int64_t pc, int64_t kc, int64_t j0, int64_t nc, T* dst);
+  // A[i0:i0+rows, pc:pc+kc] of a transposed A (stored k x m) into one kc x 6 panel, zeros past rows.
+  void (*pack_a_trans)(const T* a, int64_t lda, int64_t i0, int64_t rows, int64_t pc, int64_t kc, T* dst);
+};
+
+// The implicit-GEMM convolution's packer (conv.cpp): one run is a stretch of output pixels within one
+// output row, `len` long, starting at panel column `col`.
+struct Im2colRun {
+  int64_t col;    // first panel column
+  int64_t image;  // offset of (image, group's channel 0) in x
+  int64_t ih0;    // input row for ki = 0
+  int64_t iw0;    // input column of the run's first element for kj = 0
+  int64_t len;
+};
+struct Im2colGeometry {
+  const float* x;
+  int64_t plane, h, w, kh, kw, dh, dw, sw;
+};
+
+// The direct convolution (conv.cpp): 64-pixel tiles as 4 vectors of 16, lanes masked by 16-bit masks.
+using Mask16 = uint16_t;
+
+// AVX-512 only for now (null in other sets): see conv.cpp for the schemes.
+struct ConvLeaves {
+  // Rows q of one panel: for each row (c, ki, kj) stepped from row pc, every run's stretch of input
+  // row (or zeros in the padding), then zeros from `cols` up to `stride`.
+  void (*pack_im2col_panel)(const Im2colGeometry& g, const Im2colRun* runs, int nruns, int64_t pc, int64_t kc,
+                            int64_t cols, int64_t stride, float* dst);
+  // direct[rows - 1]: y[r, 0:64] (store-masked) = sum over c < cg and taps t of w[r * wstride + c * taps + t] *
+  // x[c * plane + shift[t] + lane] (load-masked by masks[t][vector]), for rows = 1..6 output channels.
+  using Direct = void (*)(const float* x, int64_t plane, int64_t cg, const float* w, int64_t wstride, int64_t taps,
+                          const int64_t* shift, const Mask16 (*masks)[4], float* y, int64_t ldy, const Mask16* store);
+  Direct direct[6];
+  // 6 x 4 sums over images and pixel vectors of gy row r times x pair j (see conv.cpp's direct_conv_wgrad).
+  void (*wgrad_tile)(const float* gy, int64_t gy_image, const float* x, int64_t x_image, int64_t images, int64_t vecs,
+                     int64_t ohw, const int64_t* orow, const int64_t* xoff, const Mask16* const* xmask,
+                     const Mask16* plane_mask, float (*sums)[4]);
+};
+
+struct Leaves {
+  const char* name;
+  GemmLeaves<float> f32;
+  GemmLeaves<double> f64;
+  ConvLeaves conv;
+};
+
+// Defined in kernels/cpu/isa/avx512.cpp and avx2.cpp (x86-64 builds only).
+const Leaves& avx512_leaves();
+const Leaves& avx2_leaves();
+
+}  // namespace kiln::cpu::isa
