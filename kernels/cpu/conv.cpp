@@ -2,9 +2,10 @@
 // (8x8 maps) still give GEMMs wide enough to run near peak. S depends only on the shapes, and
 // weight gradients are summed per chunk in chunk order, so results do not depend on threads.
 //
-// f32 on AVX-512 builds never stores the im2col matrix of the forward pass: the GEMM's B panels are
-// packed straight from the images (implicit GEMM, pack_im2col below). The input gradient of a stride-1
-// convolution is the forward convolution of the output gradient with the flipped, transposed filters
+// f32 under the AVX-512 and AVX2 kernel sets (base/cpu_isa.h) never stores the im2col matrix of the forward
+// pass: the GEMM's B panels are packed straight from the images (implicit GEMM, pack_im2col below), and
+// stride-1 convolutions whose output rows are as wide as the input's run as direct convolutions. The input gradient of
+// a stride-1 convolution is the forward convolution of the output gradient with the flipped, transposed filters
 // (padding k-1-p), so it takes the same path instead of GEMM + col2im; the weight gradient, and the
 // input gradient of strided convolutions, use the explicit im2col matrix.
 #include <algorithm>
@@ -130,19 +131,23 @@ template <typename T> void col2im(const Geometry& G, const T* col, int64_t n0, i
 // The GEMM's B operand for images n0 .. n0+ns of group g, packed on demand (the layout gemm.h documents):
 // element (r, j) of the im2col matrix, r = (c, ki, kj) and j = (si, oh, ow), is
 // x[n0 + si, g * Cg + c, oh * sh - ph + ki * dh, ow * sw - pw + kj * dw], or 0 in the padding.
-// A panel's 64 columns are cut into runs that stay within one output row; each row of the panel then
-// copies, per run, a stretch of one input row (stride 1: 16 lanes at a time, masked loads that touch only
-// the in-bounds lanes) or zeros where the row is padding.
+// A panel's columns (64 on AVX-512, 16 on AVX2) are cut into runs that stay within one output row; each row
+// of the panel then copies, per run, a stretch of one input row (stride 1: a vector at a time, masked loads
+// that touch only the in-bounds lanes) or zeros where the row is padding.
 struct ImplicitCol {
   const Geometry* G;
   const float* x;
   int64_t n0, g;
 };
 
-// The convolution leaves of the kernel set in use (AVX-512 only so far), or null.
+// The convolution leaves of the kernel set in use, or null (the generic set).
 const isa::ConvLeaves* conv_leaves() {
 #if defined(__x86_64__)
-  if (cpu_isa() == CpuIsa::avx512) return &isa::avx512_leaves().conv;
+  switch (cpu_isa()) {
+    case CpuIsa::avx512: return &isa::avx512_leaves().conv;
+    case CpuIsa::avx2: return &isa::avx2_leaves().conv;
+    case CpuIsa::generic: return nullptr;
+  }
 #endif
   return nullptr;
 }
@@ -152,9 +157,12 @@ void pack_im2col(const void* ctx, int64_t pc, int64_t kc, int64_t j0, int64_t nc
   const Geometry& G = *s.G;
   const Conv2dParams& p = G.p;
   const isa::Im2colGeometry geo{s.x, p.h * p.w, p.h, p.w, p.kh, p.kw, p.dh, p.dw, p.sw};
-  isa::Im2colRun runs[kGemmPanelCols];
-  for (int64_t jr = 0; jr < nc; jr += kGemmPanelCols, dst += kc * kGemmPanelCols) {
-    const int64_t cols = std::min(kGemmPanelCols, nc - jr), stride = gemm_panel_stride(cols);
+  const GemmPanels panels = gemm_panels();
+  constexpr int64_t kMaxPanelCols = 64;
+  KILN_ASSERT(panels.cols > 0 && panels.cols <= kMaxPanelCols, "pack_im2col: panels of ", panels.cols, " columns");
+  isa::Im2colRun runs[kMaxPanelCols];
+  for (int64_t jr = 0; jr < nc; jr += panels.cols, dst += kc * panels.cols) {
+    const int64_t cols = std::min(panels.cols, nc - jr), stride = panels.stride(cols);
     int nruns = 0;
     for (int64_t j = j0 + jr, end = j0 + jr + cols; j < end;) {
       const int64_t si = j / G.ohw, rem = j - si * G.ohw, oh = rem / p.ow, ow0 = rem - oh * p.ow;
@@ -180,7 +188,7 @@ void pack_im2col(const void* ctx, int64_t pc, int64_t kc, int64_t j0, int64_t nc
 // threads. Channel-outer order keeps the taps of one channel on the same few lines of x (a tap-outer
 // order strides by whole planes, and 4 KiB planes thrash L1's sets); the tile's slice of x
 // (Cg planes x ~(64 + 2W) floats) stays in L1/L2 across the channel blocks.
-constexpr int kDirectMaxTaps = 64;
+using isa::kDirectMaxTaps;
 
 bool direct_conv_applies(const Conv2dParams& p) {
   return p.sh == 1 && p.sw == 1 && p.dh == 1 && p.dw == 1 && p.ow == p.w && p.kh * p.kw > 1 &&
@@ -273,6 +281,12 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
     plane_mask[size_t(v)] = tm[size_t(v / 4)].store[v % 4];
     for (int64_t t = 0; t < taps; ++t) tap_masks[size_t(t * vecs + v)] = tm[size_t(v / 4)].load[t][v % 4];
   }
+  // In the kernel set's own format (AVX-512: as they are; AVX2: lane vectors).
+  const size_t mb = size_t(L.mask_bytes);
+  std::unique_ptr<unsigned char[]> tap_x(new unsigned char[tap_masks.size() * mb]),
+      plane_x(new unsigned char[plane_mask.size() * mb]);
+  L.expand_masks(tap_masks.data(), int64_t(tap_masks.size()), tap_x.get());
+  L.expand_masks(plane_mask.data(), int64_t(plane_mask.size()), plane_x.get());
   // Pair jj = (c, t) of a group: its tap and its offset in x from the group's first channel.
   std::vector<int64_t> pair_tap(static_cast<size_t>(cols)), pair_off(static_cast<size_t>(cols));
   for (int64_t jj = 0; jj < cols; ++jj) {
@@ -296,10 +310,10 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
         xoff[j] = g * cg * plane + pair_off[jj];
       }
       float sums[6][4];
-      const isa::Mask16* xmask[4];
-      for (int j = 0; j < 4; ++j) xmask[j] = tap_masks.data() + tap[j] * vecs;
+      const void* xmask[4];
+      for (int j = 0; j < 4; ++j) xmask[j] = tap_x.get() + size_t(tap[j] * vecs) * mb;
       L.wgrad_tile(gy + chunk * s * p.o * ohw, p.o * ohw, x + chunk * s * p.c * plane, p.c * plane,
-                   std::min(p.n, chunk * s + s) - chunk * s, vecs, ohw, orow, xoff, xmask, plane_mask.data(), sums);
+                   std::min(p.n, chunk * s + s) - chunk * s, vecs, ohw, orow, xoff, xmask, plane_x.get(), sums);
       float* out = partial.get() + chunk * wsize;
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < ncol; ++j) out[orow[r] * cols + j0 + j] = sums[r][j];

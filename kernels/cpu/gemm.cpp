@@ -272,15 +272,17 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
   gemm_impl(Problem<float>{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc});
 }
 
-bool gemm_has_packed_b() {
+GemmPanels gemm_panels() {
   const isa::Leaves* l = packed_leaves();
-  return l && l->f32.w * l->f32.nv == kGemmPanelCols;
+  return l ? GemmPanels{int64_t(l->f32.w) * l->f32.nv, l->f32.w} : GemmPanels{};
 }
+
+bool gemm_has_packed_b() { return packed_leaves() != nullptr; }
 
 void gemm_f32_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                        const PackedB& b, float beta, float* c, int64_t ldc) {
   KILN_CHECK(gemm_has_packed_b(), "gemm_f32_packed_b: the CPU kernel set in use (", cpu_isa_name(cpu_isa()),
-             ") has no ", kGemmPanelCols, "-column panels (check gemm_has_packed_b)");
+             ") has no packed kernels (check gemm_has_packed_b)");
   KILN_CHECK(b.pack != nullptr, "gemm_f32_packed_b: no pack function");
   // check_args on a stand-in B: only A's and C's arguments are real.
   check_args("gemm_f32_packed_b", trans_a, false, m, n, k, a, lda, a, n, c, ldc);

@@ -14,24 +14,28 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 void gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
               const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 
-// ---- f32 GEMM with a B operand that is never stored (the AVX-512 kernel set) ---------------------------
+// ---- f32 GEMM with a B operand that is never stored (the AVX-512 and AVX2 kernel sets) ---------------
 // For a convolution's im2col matrix: the GEMM asks `pack` for the blocks of B it is about to use, in the
 // layout its micro-kernel reads, so the matrix is built once, straight into cache, instead of being written
 // out whole and then copied into that layout. Same blocking and kernels as gemm_f32: C gets the bits
 // gemm_f32 would give on the materialised B.
 //
-// The panel layout `pack(ctx, pc, kc, j0, nc, dst)` must write for B[pc:pc+kc, j0:j0+nc]:
-// ceil(nc / kGemmPanelCols) panels, kc * kGemmPanelCols floats apart; panel t covers columns
-// j0 + t * kGemmPanelCols .. + cols (cols = min(kGemmPanelCols, nc - t * kGemmPanelCols)); its row q
-// starts at q * gemm_panel_stride(cols) and holds those cols values, then zeros up to the stride.
-// dst is 64-byte aligned. `pack` may run on any of the pool's threads, several at once.
-constexpr int64_t kGemmPanelCols = 64;
-constexpr int64_t gemm_panel_stride(int64_t cols) { return cols >= 64 ? 64 : (cols + 15) / 16 * 16; }
+// The panel layout (of the kernel set in use: `gemm_panels()`) that `pack(ctx, pc, kc, j0, nc, dst)` must
+// write for B[pc:pc+kc, j0:j0+nc]: ceil(nc / cols) panels, kc * cols floats apart; panel t covers columns
+// j0 + t * cols .. + c (c = min(cols, nc - t * cols)); its row q starts at q * stride(c) and holds those
+// c values, then zeros up to the stride. dst is 64-byte aligned. `pack` may run on any of the pool's
+// threads, several at once.
+struct GemmPanels {
+  int64_t cols = 0;   // columns of a full panel (0: the set has no packed kernels)
+  int64_t lanes = 1;  // a narrow panel's rows are padded to a multiple of this
+  int64_t stride(int64_t c) const { return c >= cols ? cols : (c + lanes - 1) / lanes * lanes; }
+};
+GemmPanels gemm_panels();
 struct PackedB {
   void (*pack)(const void* ctx, int64_t pc, int64_t kc, int64_t j0, int64_t nc, float* dst);
   const void* ctx;
 };
-// Whether gemm_f32_packed_b can run: the kernel set in use (base/cpu_isa.h) has panels of kGemmPanelCols columns.
+// Whether gemm_f32_packed_b can run: the kernel set in use (base/cpu_isa.h) has packed kernels.
 bool gemm_has_packed_b();
 // C[m,n] = alpha * op(A) * B + beta * C, B (k x n) supplied by b.pack. Throws if !gemm_has_packed_b().
 void gemm_f32_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,

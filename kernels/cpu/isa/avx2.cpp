@@ -1,7 +1,6 @@
 // The AVX2 + FMA leaf kernels (compiled with -mavx2 -mfma -mf16c and without AVX-512, whatever the
 // rest of the build targets; run only where base/cpu_isa.h's cpu_isa() says avx2 or better). Everything but
-// avx2_leaves() has internal linkage (leaves.h says why). The convolution has no AVX2 leaves yet:
-// it runs as im2col + this GEMM.
+// avx2_leaves() has internal linkage (leaves.h says why).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -83,9 +82,180 @@ struct F64 {
 
 #include "kernels/cpu/isa/gemm_leaves.inc"
 
+// ---- convolution (conv.cpp describes the schemes; these are the AVX-512 leaves in 8-lane vectors) -----
+
+int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+void zero(float* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = 0.0f;
+}
+// The lane mask of 8 mask bits (bit l: lane l on).
+__m256i expand8(unsigned bits) {
+  const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(bits)), lane), lane);
+}
+// Stores the lanes of `bits` (the low ones): a plain store for all 8 (AVX2's masked stores are slow on AMD).
+void store_lanes(float* p, unsigned bits, __m256 v) {
+  if (bits == 0xFF)
+    _mm256_storeu_ps(p, v);
+  else if (bits)
+    _mm256_maskstore_ps(p, expand8(bits), v);
+}
+
+void pack_im2col_panel(const Im2colGeometry& g, const Im2colRun* runs, int nruns, int64_t pc, int64_t kc, int64_t cols,
+                       int64_t stride, float* dst) {
+  const int64_t kk = g.kh * g.kw;
+  int64_t c = pc / kk, ki = (pc - c * kk) / g.kw, kj = pc - c * kk - ki * g.kw;
+  for (int64_t q = 0; q < kc; ++q) {
+    float* d = dst + q * stride;
+    const float* xc = g.x + c * g.plane;
+    const int64_t kdh = ki * g.dh, kdw = kj * g.dw;
+    for (int i = 0; i < nruns; ++i) {
+      const Im2colRun& run = runs[i];
+      float* o = d + run.col;
+      const int64_t ih = run.ih0 + kdh;
+      if (ih < 0 || ih >= g.h) {
+        zero(o, run.len);
+        continue;
+      }
+      const float* src = xc + run.image + ih * g.w;
+      const int64_t iw0 = run.iw0 + kdw;
+      if (g.sw == 1) {
+        for (int64_t e = 0; e < run.len; e += 8) {
+          // Lanes [lo, hi) of this 8-wide step are inside the row; the masked load touches only those.
+          const int64_t n = run.len - e < 8 ? run.len - e : 8, base = iw0 + e;
+          const int64_t lo = clamp64(-base, 0, n), hi = clamp64(g.w - base, lo, n);
+          const unsigned in = ((1u << hi) - 1) & ~((1u << lo) - 1);
+          const __m256 v = in == 0xFF ? _mm256_loadu_ps(src + base) : _mm256_maskload_ps(src + base, expand8(in));
+          store_lanes(o + e, (1u << n) - 1, v);
+        }
+      } else {
+        for (int64_t e = 0; e < run.len; ++e) {
+          const int64_t iw = iw0 + e * g.sw;
+          o[e] = (iw >= 0 && iw < g.w) ? src[iw] : 0.0f;
+        }
+      }
+    }
+    zero(d + cols, stride - cols);
+    if (++kj == g.kw) {
+      kj = 0;
+      if (++ki == g.kh) ki = 0, ++c;
+    }
+  }
+}
+
+// A 64-pixel tile as 4 groups of 16 pixels (2 vectors), each with a register tile of kRows x 2
+// vectors: per input channel and tap, 2 masked loads of x and kRows broadcasts of w feed 2 kRows FMAs.
+// Each output's sum runs over (c, t) in order, as the AVX-512 leaf's does: the same bits.
+template <int kRows> void direct_block(const float* x, int64_t plane, int64_t cg, const float* w, int64_t wstride,
+                                       int64_t taps, const int64_t* shift, const Mask16 (*masks)[4], float* y,
+                                       int64_t ldy, const Mask16* store) {
+  __m256i lm[kDirectMaxTaps][8];  // the tile's load masks as lane vectors, per tap and 8-pixel vector
+  for (int64_t t = 0; t < taps; ++t)
+    for (int h = 0; h < 8; ++h) lm[t][h] = expand8((unsigned(masks[t][h >> 1]) >> (8 * (h & 1))) & 0xFFu);
+  for (int g = 0; g < 4; ++g) {
+    if (store[g] == 0) continue;  // past the plane
+    __m256 acc[kRows][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const float* xc = x + 16 * g;
+    const float* wc = w;
+    for (int64_t c = 0; c < cg; ++c, xc += plane, wc += taps) {
+      for (int64_t t = 0; t < taps; ++t) {
+        const float* xs = xc + shift[t];
+        const __m256 b0 = _mm256_maskload_ps(xs, lm[t][2 * g]), b1 = _mm256_maskload_ps(xs + 8, lm[t][2 * g + 1]);
+#pragma GCC unroll 6
+        for (int r = 0; r < kRows; ++r) {
+          const __m256 a = _mm256_broadcast_ss(wc + r * wstride + t);
+          acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+        }
+      }
+    }
+    const unsigned lo = store[g] & 0xFFu, hi = unsigned(store[g]) >> 8;
+#pragma GCC unroll 6
+    for (int r = 0; r < kRows; ++r) {
+      store_lanes(y + r * ldy + 16 * g, lo, acc[r][0]);
+      store_lanes(y + r * ldy + 16 * g + 8, hi, acc[r][1]);
+    }
+  }
+}
+
+// The weight gradient's masks: each 16-pixel mask as two lane vectors (64 bytes, unaligned).
+void expand_masks(const Mask16* in, int64_t n, void* out) {
+  unsigned char* o = static_cast<unsigned char*>(out);
+  for (int64_t i = 0; i < n; ++i, o += 64) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), expand8(in[i] & 0xFFu));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 32), expand8(unsigned(in[i]) >> 8));
+  }
+}
+__m256i mask_at(const void* masks, int64_t i) { return _mm256_loadu_si256(static_cast<const __m256i*>(masks) + i); }
+
+// The sum of a vector's 8 lanes, folded in halves (a fixed order).
+float lane_total(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 16 ymm registers: three passes of 2 rows x 4 pairs (8 sums, 2 of gy, 1 of x, 1 mask), each reading
+// its rows of gy and all 4 pairs of x over the images' pixels, 8 at a time.
+__attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
+                                          int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
+                                          const int64_t* xoff, const void* const* xmask, const void* plane_mask,
+                                          float (*sums)[4]) {
+  for (int pass = 0; pass < 3; ++pass) {
+    __m256 acc[2][4];
+#pragma GCC unroll 2
+    for (int r = 0; r < 2; ++r)
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+    const float* gyn = gy;
+    const float* xn = x;
+    for (int64_t n = 0; n < images; ++n, gyn += gy_image, xn += x_image) {
+      const float* g0 = gyn + orow[2 * pass] * ohw;
+      const float* g1 = gyn + orow[2 * pass + 1] * ohw;
+      const float* xs[4] = {xn + xoff[0], xn + xoff[1], xn + xoff[2], xn + xoff[3]};
+      for (int64_t h = 0; h < 2 * vecs; ++h) {
+        const int64_t o = 8 * h;
+        // gy past the plane (the last group's tail) is masked; x by each pair's tap masks.
+        __m256 gv0, gv1;
+        if (o + 8 <= ohw) {
+          gv0 = _mm256_loadu_ps(g0 + o);
+          gv1 = _mm256_loadu_ps(g1 + o);
+        } else {
+          const __m256i pm = mask_at(plane_mask, h);
+          gv0 = _mm256_maskload_ps(g0 + o, pm);
+          gv1 = _mm256_maskload_ps(g1 + o, pm);
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          const __m256 xv = _mm256_maskload_ps(xs[j] + o, mask_at(xmask[j], h));
+          acc[0][j] = _mm256_fmadd_ps(gv0, xv, acc[0][j]);
+          acc[1][j] = _mm256_fmadd_ps(gv1, xv, acc[1][j]);
+        }
+      }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < 2; ++r)
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) sums[2 * pass + r][j] = lane_total(acc[r][j]);
+  }
+}
+
 Leaves make() {
   Leaves l{};
   l.name = "avx2";
+  l.conv.mask_bytes = 64;
+  l.conv.expand_masks = expand_masks;
+  l.conv.pack_im2col_panel = pack_im2col_panel;
+  l.conv.direct[0] = direct_block<1>;
+  l.conv.direct[1] = direct_block<2>;
+  l.conv.direct[2] = direct_block<3>;
+  l.conv.direct[3] = direct_block<4>;
+  l.conv.direct[4] = direct_block<5>;
+  l.conv.direct[5] = direct_block<6>;
+  l.conv.wgrad_tile = wgrad_tile;
   // K blocks of 256: a 256 x 16 panel of B is 16 KiB, half of Zen 2/3's and Haswell's 32 KiB L1.
   l.f32 = gemm_leaves<F32>(256, 384);
   l.f64 = gemm_leaves<F64>(256, 384);

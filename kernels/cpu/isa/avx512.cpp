@@ -187,8 +187,10 @@ float lane_total(__m512 v) {
 // so 24 sums + 6 + 1 operands fit the 32 vector registers.
 __attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
                                           int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
-                                          const int64_t* xoff, const Mask16* const* xmask, const Mask16* plane_mask,
+                                          const int64_t* xoff, const void* const* xmasks, const void* plane_masks,
                                           float (*sums)[4]) {
+  const Mask16* const* xmask = reinterpret_cast<const Mask16* const*>(xmasks);
+  const Mask16* plane_mask = static_cast<const Mask16*>(plane_masks);
   __m512 acc[6][4];
 #pragma GCC unroll 6
   for (int r = 0; r < 6; ++r)
@@ -234,9 +236,17 @@ __attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, con
     for (int j = 0; j < 4; ++j) sums[r][j] = lane_total(acc[r][j]);
 }
 
+// The weight gradient's masks are the 16-bit masks themselves.
+void expand_masks(const Mask16* in, int64_t n, void* out) {
+  Mask16* o = static_cast<Mask16*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = in[i];
+}
+
 Leaves make() {
   Leaves l{};
   l.name = "avx512";
+  l.conv.mask_bytes = sizeof(Mask16);
+  l.conv.expand_masks = expand_masks;
   l.f32 = gemm_leaves<F32>(384, 384);
   l.f64 = gemm_leaves<F64>(384, 384);
   l.conv.pack_im2col_panel = pack_im2col_panel;

@@ -46,11 +46,16 @@ struct Im2colGeometry {
   int64_t plane, h, w, kh, kw, dh, dw, sw;
 };
 
-// The direct convolution (conv.cpp): 64-pixel tiles as 4 vectors of 16, lanes masked by 16-bit masks.
+// The direct convolution (conv.cpp): 64-pixel tiles as 4 groups of 16 pixels, lanes masked by 16-bit
+// masks (bit l: pixel l of the group). The weight gradient takes its masks in the set's own format
+// (expand_masks), one entry of mask_bytes per 16 pixels.
 using Mask16 = uint16_t;
+inline constexpr int kDirectMaxTaps = 64;
 
-// AVX-512 only for now (null in other sets): see conv.cpp for the schemes.
+// See conv.cpp for the schemes. Null in the generic set.
 struct ConvLeaves {
+  int mask_bytes;
+  void (*expand_masks)(const Mask16* in, int64_t n, void* out);
   // Rows q of one panel: for each row (c, ki, kj) stepped from row pc, every run's stretch of input
   // row (or zeros in the padding), then zeros from `cols` up to `stride`.
   void (*pack_im2col_panel)(const Im2colGeometry& g, const Im2colRun* runs, int nruns, int64_t pc, int64_t kc,
@@ -60,10 +65,11 @@ struct ConvLeaves {
   using Direct = void (*)(const float* x, int64_t plane, int64_t cg, const float* w, int64_t wstride, int64_t taps,
                           const int64_t* shift, const Mask16 (*masks)[4], float* y, int64_t ldy, const Mask16* store);
   Direct direct[6];
-  // 6 x 4 sums over images and pixel vectors of gy row r times x pair j (see conv.cpp's direct_conv_wgrad).
+  // 6 x 4 sums over images and 16-pixel groups of gy row r times x pair j (see conv.cpp's
+  // direct_conv_wgrad); xmask[j] and plane_mask: `vecs` expanded masks each.
   void (*wgrad_tile)(const float* gy, int64_t gy_image, const float* x, int64_t x_image, int64_t images, int64_t vecs,
-                     int64_t ohw, const int64_t* orow, const int64_t* xoff, const Mask16* const* xmask,
-                     const Mask16* plane_mask, float (*sums)[4]);
+                     int64_t ohw, const int64_t* orow, const int64_t* xoff, const void* const* xmask,
+                     const void* plane_mask, float (*sums)[4]);
 };
 
 struct Leaves {
