@@ -39,8 +39,8 @@ kiln_configure() {
   shift
   local args=(-S "$KILN_ROOT" -B "$dir" -G Ninja -DKILN_CUDA="${KILN_CUDA:-AUTO}")
   [ -n "${KILN_CUDA_ARCHS:-}" ] && args+=(-DCMAKE_CUDA_ARCHITECTURES="$KILN_CUDA_ARCHS")
-  # KILN_MARCH=x86-64-v3: the main build's CPU code as an AVX2 + FMA machine gets it (timing CI on
-  # an AVX-512 machine as an AVX2 one would run it).
+  # KILN_MARCH: the CPU code's instruction set (CMakeLists.txt: portable by default, native, or an
+  # -march= value); KILN_CPU_ISA at run time picks the hand-written kernels' set.
   [ -n "${KILN_MARCH:-}" ] && args+=(-DKILN_MARCH="$KILN_MARCH")
   if command -v ccache >/dev/null 2>&1; then
     args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)

@@ -46,7 +46,10 @@ std::string cpu_features() {
 #if defined(__F16C__)
   f += "F16C ";
 #endif
-  if (f.empty()) f = "baseline x86-64 ";
+#if defined(__SSE4_2__) && !defined(__AVX__)
+  f += "SSE4.2 ";
+#endif
+  if (f.empty()) f = "the compiler's default ";
   f.pop_back();
   return f;
 }
@@ -275,8 +278,8 @@ int run_doctor(const DoctorOptions& o) {
   r.line("CPU backend", "Eigen " + eigen + ", " + std::to_string(threads) + " threads (" +
                             (env_threads ? std::string("KILN_NUM_THREADS=") + env_threads : "KILN_NUM_THREADS unset") +
                             "; hardware threads " + std::to_string(hw) + ")");
-  r.line("CPU code for",
-         cpu_features() + (std::string(KILN_NATIVE_STRING) == "ON" ? " (-march=" KILN_MARCH_STRING ")" : ""));
+  r.line("CPU code for", cpu_features() + " (KILN_MARCH=" KILN_MARCH_STRING +
+                             (std::string(KILN_MARCH_FLAGS).empty() ? std::string() : ": " KILN_MARCH_FLAGS) + ")");
   const std::string isa = cpu_isa_name(cpu_isa());
   r.line("CPU kernels", isa + ": " + cpu_isa_reason() + (cpu_isa() == CpuIsa::generic ? " (Eigen)" : ""));
   if (std::string(KILN_SANITIZE_STRING).size()) r.line("sanitizers", KILN_SANITIZE_STRING);

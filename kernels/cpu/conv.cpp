@@ -18,8 +18,7 @@
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/cpu/scratch.h"
 
-#include "base/cpu_isa.h"
-#include "kernels/cpu/isa/leaves.h"
+#include "kernels/cpu/kernel_sets.h"
 
 namespace kiln::cpu {
 namespace {
@@ -142,14 +141,8 @@ struct ImplicitCol {
 
 // The convolution leaves of the kernel set in use, or null (the generic set).
 const isa::ConvLeaves* conv_leaves() {
-#if defined(__x86_64__)
-  switch (cpu_isa()) {
-    case CpuIsa::avx512: return &isa::avx512_leaves().conv;
-    case CpuIsa::avx2: return &isa::avx2_leaves().conv;
-    case CpuIsa::generic: return nullptr;
-  }
-#endif
-  return nullptr;
+  const isa::Leaves& l = kernel_set();
+  return l.conv.wgrad_tile ? &l.conv : nullptr;
 }
 
 void pack_im2col(const void* ctx, int64_t pc, int64_t kc, int64_t j0, int64_t nc, float* dst) {

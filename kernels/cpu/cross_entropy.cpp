@@ -5,46 +5,14 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/cpu/kernel_sets.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/nn_common.h"
 #include "kernels/cpu/ops_cpu.h"
-#include "kernels/cpu/vmath.h"
 
 namespace kiln::cpu {
 using namespace nn_detail;
 namespace {
-
-// One f32 row: max, sum of exponentials and the gradient in 16 fixed lanes (vectorised, the same
-// bits on any thread count), combined in double.
-void cross_entropy_row_f32(int64_t classes, const float* x, int64_t t, double eps, float* loss, float* g,
-                           double grad_scale) {
-  constexpr int L = kLanes;
-  const float mx = lane_max(classes, x);
-  float sl[L] = {}, xl[L] = {};
-  double s = 0, sum_x = 0;
-  int64_t i = 0;
-  for (; i + L <= classes; i += L)
-    for (int l = 0; l < L; ++l) {
-      sl[l] += vexp(x[i + l] - mx);
-      xl[l] += x[i + l];
-    }
-  for (; i < classes; ++i) {
-    s += double(vexp(x[i] - mx));
-    sum_x += double(x[i]);
-  }
-  for (int l = 0; l < L; ++l) {
-    s += double(sl[l]);
-    sum_x += double(xl[l]);
-  }
-  const double lse = std::log(s) + double(mx);
-  const double nll = lse - double(x[t]);
-  // The smoothing term only when it is asked for: with a -inf logit sum_x is -inf, and 0 * inf is NaN.
-  *loss = float(eps != 0 ? (1 - eps) * nll + eps * (lse - sum_x / double(classes)) : nll);
-  if (!g) return;
-  const float lse_f = float(lse), sc = float(grad_scale), off = float(grad_scale * eps / double(classes));
-  for (int64_t j = 0; j < classes; ++j) g[j] = sc * vexp(x[j] - lse_f) - off;
-  g[t] = float(grad_scale * (std::exp(double(x[t]) - lse) - (1 - eps) - eps / double(classes)));
-}
 
 template <typename T>
 void cross_entropy_typed(int64_t rows, int64_t classes, const T* logits, const int64_t* target, int64_t ignore,
@@ -60,8 +28,8 @@ void cross_entropy_typed(int64_t rows, int64_t classes, const T* logits, const i
         continue;
       }
       KILN_CHECK(t >= 0 && t < classes, "cross_entropy: target ", t, " at row ", r, " is outside [0, ", classes, ")");
-      if constexpr (std::is_same_v<T, float>) {
-        cross_entropy_row_f32(classes, x, t, eps, loss + r, g, grad_scale);
+      if constexpr (std::is_same_v<T, float>) {  // the kernel set's row leaf (fixed vector lanes)
+        kernel_set().rows.cross_entropy(classes, x, t, eps, loss + r, g, grad_scale);
         continue;
       }
       double mx = -std::numeric_limits<double>::infinity();

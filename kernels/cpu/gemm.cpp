@@ -22,7 +22,7 @@
 #include "base/thread_pool.h"
 
 #include "base/cpu_isa.h"
-#include "kernels/cpu/isa/leaves.h"
+#include "kernels/cpu/kernel_sets.h"
 
 namespace kiln::cpu {
 namespace {
@@ -167,14 +167,8 @@ constexpr int kMR = isa::kGemmMR;
 
 // The leaves of the kernel set in use, or null for Eigen (the generic set).
 const isa::Leaves* packed_leaves() {
-#if defined(__x86_64__)
-  switch (cpu_isa()) {
-    case CpuIsa::avx512: return &isa::avx512_leaves();
-    case CpuIsa::avx2: return &isa::avx2_leaves();
-    case CpuIsa::generic: return nullptr;
-  }
-#endif
-  return nullptr;
+  const isa::Leaves& l = kernel_set();
+  return l.f32.w ? &l : nullptr;
 }
 template <typename T> const isa::GemmLeaves<T>& leaves_of(const isa::Leaves& l) {
   if constexpr (std::is_same_v<T, float>)

@@ -3,7 +3,6 @@
 // Statistics accumulate in f64; every loop that sums over rows runs in a fixed order.
 #pragma once
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 
 #include "kernels/cpu/ops_cpu.h"
@@ -34,19 +33,6 @@ template <typename T, typename F> double lane_sum(int64_t hw, F&& term) {
   for (; j < hw; ++j) s += double(term(j));
   for (int l = 0; l < kLanes; ++l) s += double(acc[l]);
   return s;
-}
-
-// The maximum of a contiguous f32 row, in the same fixed lanes.
-inline float lane_max(int64_t n, const float* x) {
-  float ml[kLanes];
-  for (int l = 0; l < kLanes; ++l) ml[l] = -std::numeric_limits<float>::infinity();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) ml[l] = ml[l] > x[i + l] ? ml[l] : x[i + l];
-  float mx = -std::numeric_limits<float>::infinity();
-  for (; i < n; ++i) mx = mx > x[i] ? mx : x[i];
-  for (int l = 0; l < kLanes; ++l) mx = mx > ml[l] ? mx : ml[l];
-  return mx;
 }
 
 }  // namespace kiln::cpu::nn_detail

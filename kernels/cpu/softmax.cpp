@@ -1,46 +1,27 @@
 // CPU kernels of softmax and log-softmax over any dim and of attention's masked softmax
-// (softmax(scale * x + mask)), forward and backward; contiguous f32 rows run in fixed vector lanes.
+// (softmax(scale * x + mask)), forward and backward; contiguous f32 rows run in the kernel set's row
+// leaves (kernels/cpu/isa/rows.inc: fixed vector lanes).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
+#include "kernels/cpu/kernel_sets.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/nn_common.h"
 #include "kernels/cpu/ops_cpu.h"
-#include "kernels/cpu/vmath.h"
 
 namespace kiln::cpu {
 using namespace nn_detail;
 namespace {
 
-// y = exp(x - mx) / sum, in fixed lanes; x may be y.
-void softmax_row_f32(int64_t n, float mx, const float* xr, float* yr) {
-  for (int64_t j = 0; j < n; ++j) yr[j] = vexp(xr[j] - mx);
-  const double sum = lane_sum<float>(n, [&](int64_t j) { return yr[j]; });
-  const float inv = float(1.0 / sum);
-  for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
-}
-
 template <typename T>
 void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, T* y) {
   if constexpr (std::is_same_v<T, float>) {
-    if (inner == 1) {  // rows are contiguous: max, exp and sums in fixed vector lanes
+    if (inner == 1) {  // rows are contiguous: the kernel set's row leaf (fixed vector lanes)
+      const auto row = kernel_set().rows.softmax;
       parallel_for(0, outer, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) {
-          const float* xr = x + r * n;
-          float* yr = y + r * n;
-          float mx = lane_max(n, xr);
-          if (!std::isfinite(mx)) mx = 0;
-          double sum;
-          if (log) {
-            sum = lane_sum<float>(n, [&](int64_t j) { return vexp(xr[j] - mx); });
-            const float lse = float(std::log(sum)) + mx;
-            for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] - lse;
-          } else {
-            softmax_row_f32(n, mx, xr, yr);
-          }
-        }
+        for (int64_t r = b; r < e; ++r) row(log, n, x + r * n, y + r * n);
       });
       return;
     }
@@ -75,19 +56,9 @@ template <typename T>
 void softmax_bwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* y, const T* gy, T* gx) {
   if constexpr (std::is_same_v<T, float>) {
     if (inner == 1) {
+      const auto row = kernel_set().rows.softmax_bwd;
       parallel_for(0, outer, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) {
-          const float* yr = y + r * n;
-          const float* g = gy + r * n;
-          float* o = gx + r * n;
-          if (log) {
-            const float sf = float(lane_sum<float>(n, [&](int64_t j) { return g[j]; }));
-            for (int64_t j = 0; j < n; ++j) o[j] = g[j] - vexp(yr[j]) * sf;
-          } else {
-            const float sf = float(lane_sum<float>(n, [&](int64_t j) { return g[j] * yr[j]; }));
-            for (int64_t j = 0; j < n; ++j) o[j] = yr[j] * (g[j] - sf);
-          }
-        }
+        for (int64_t r = b; r < e; ++r) row(log, n, y + r * n, gy + r * n, 1.0f, gx + r * n);
       });
       return;
     }
@@ -128,9 +99,7 @@ void masked_softmax_fwd(int64_t rows, int64_t n, const T* x, T scale, const T* m
         for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * scale;
       }
       if constexpr (std::is_same_v<T, float>) {
-        float mx = lane_max(n, yr);
-        if (!std::isfinite(mx)) mx = 0;
-        softmax_row_f32(n, mx, yr, yr);
+        kernel_set().rows.softmax(false, n, yr, yr);
       } else {
         T mx = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j < n; ++j) mx = std::max(mx, yr[j]);
@@ -151,6 +120,10 @@ void masked_softmax_bwd(int64_t rows, int64_t n, const T* y, const T* gy, T scal
       const T* yr = y + r * n;
       const T* g = gy + r * n;
       T* o = gx + r * n;
+      if constexpr (std::is_same_v<T, float>) {
+        kernel_set().rows.softmax_bwd(false, n, yr, g, scale, o);
+        continue;
+      }
       const T s = T(lane_sum<T>(n, [&](int64_t j) { return LaneAcc<T>(g[j] * yr[j]); }));
       for (int64_t j = 0; j < n; ++j) o[j] = scale * (yr[j] * (g[j] - s));
     }

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/isa/leaves.h"
 
@@ -81,6 +82,8 @@ struct F64 {
 };
 
 #include "kernels/cpu/isa/gemm_leaves.inc"
+#include "kernels/cpu/isa/rows.inc"
+#include "kernels/cpu/isa/vexp.inc"
 
 // ---- convolution (conv.cpp describes the schemes; these are the AVX-512 leaves in 8-lane vectors) -----
 
@@ -246,6 +249,7 @@ __attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, con
 Leaves make() {
   Leaves l{};
   l.name = "avx2";
+  l.rows = row_leaves();
   l.conv.mask_bytes = 64;
   l.conv.expand_masks = expand_masks;
   l.conv.pack_im2col_panel = pack_im2col_panel;

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 // GCC 12 reports a false -Wmaybe-uninitialized inside the AVX-512 shuffles (the _mm512_undefined_*
 // placeholders of the intrinsics' masked forms).
@@ -92,6 +93,8 @@ struct F64 {
 };
 
 #include "kernels/cpu/isa/gemm_leaves.inc"
+#include "kernels/cpu/isa/rows.inc"
+#include "kernels/cpu/isa/vexp.inc"
 
 // ---- convolution (conv.cpp describes the schemes) ----------------------------------------------------
 
@@ -245,6 +248,7 @@ void expand_masks(const Mask16* in, int64_t n, void* out) {
 Leaves make() {
   Leaves l{};
   l.name = "avx512";
+  l.rows = row_leaves();
   l.conv.mask_bytes = sizeof(Mask16);
   l.conv.expand_masks = expand_masks;
   l.f32 = gemm_leaves<F32>(384, 384);

@@ -72,8 +72,21 @@ struct ConvLeaves {
                      const void* plane_mask, float (*sums)[4]);
 };
 
+// f32 rows of the nn ops (kernels/cpu/isa/rows.inc), in every set, the generic one included.
+struct RowLeaves {
+  float (*max)(int64_t n, const float* x);
+  // y = softmax(x) or log_softmax(x) of one contiguous row; x may be y.
+  void (*softmax)(bool log, int64_t n, const float* x, float* y);
+  // The input gradient of one row from y and the output gradient g (softmax: times scale).
+  void (*softmax_bwd)(bool log, int64_t n, const float* y, const float* g, float scale, float* o);
+  // The fused cross-entropy of one row (cross_entropy.cpp): its loss and, with g, its gradient.
+  void (*cross_entropy)(int64_t classes, const float* x, int64_t target, double eps, float* loss, float* g,
+                        double grad_scale);
+};
+
 struct Leaves {
   const char* name;
+  RowLeaves rows;
   GemmLeaves<float> f32;
   GemmLeaves<double> f64;
   ConvLeaves conv;
@@ -82,5 +95,7 @@ struct Leaves {
 // Defined in kernels/cpu/isa/avx512.cpp and avx2.cpp (x86-64 builds only).
 const Leaves& avx512_leaves();
 const Leaves& avx2_leaves();
+// The generic set (kernels/cpu/kernel_sets.cpp, baseline flags): rows only, no GEMM or conv leaves.
+const Leaves& generic_leaves();
 
 }  // namespace kiln::cpu::isa

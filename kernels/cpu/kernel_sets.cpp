@@ -1,0 +1,40 @@
+// The generic CPU kernel set (compiled with the build's own flags) and the choice between sets.
+#include "kernels/cpu/kernel_sets.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "base/cpu_isa.h"
+
+namespace kiln::cpu {
+namespace isa {
+namespace {
+#include "kernels/cpu/isa/rows.inc"
+#include "kernels/cpu/isa/vexp.inc"
+
+Leaves make() {
+  Leaves l{};
+  l.name = "generic";
+  l.rows = row_leaves();
+  return l;
+}
+}  // namespace
+
+const Leaves& generic_leaves() {
+  static const Leaves leaves = make();
+  return leaves;
+}
+}  // namespace isa
+
+const isa::Leaves& kernel_set() {
+#if defined(__x86_64__)
+  switch (cpu_isa()) {
+    case CpuIsa::avx512: return isa::avx512_leaves();
+    case CpuIsa::avx2: return isa::avx2_leaves();
+    case CpuIsa::generic: break;
+  }
+#endif
+  return isa::generic_leaves();
+}
+
+}  // namespace kiln::cpu
