@@ -10,7 +10,6 @@ namespace kiln::cpu {
 namespace isa {
 namespace {
 #include "kernels/cpu/isa/rows.inc"
-#include "kernels/cpu/isa/vexp.inc"
 
 Leaves make() {
   Leaves l{};

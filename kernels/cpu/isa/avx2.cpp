@@ -83,7 +83,6 @@ struct F64 {
 
 #include "kernels/cpu/isa/gemm_leaves.inc"
 #include "kernels/cpu/isa/rows.inc"
-#include "kernels/cpu/isa/vexp.inc"
 
 // ---- convolution (conv.cpp describes the schemes; these are the AVX-512 leaves in 8-lane vectors) -----
 

@@ -8,7 +8,9 @@
 
 // GCC 12 reports a false -Wmaybe-uninitialized inside the AVX-512 shuffles (the _mm512_undefined_*
 // placeholders of the intrinsics' masked forms).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include "kernels/cpu/isa/leaves.h"
 
@@ -94,7 +96,6 @@ struct F64 {
 
 #include "kernels/cpu/isa/gemm_leaves.inc"
 #include "kernels/cpu/isa/rows.inc"
-#include "kernels/cpu/isa/vexp.inc"
 
 // ---- convolution (conv.cpp describes the schemes) ----------------------------------------------------
 
