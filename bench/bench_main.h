@@ -3,12 +3,11 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
-#include <fstream>
 #include <string>
 
-#include "base/cpu_isa.h"
 #include "base/thread_pool.h"
 #include "tools/environment.h"
+#include "tools/machine.h"
 
 namespace kiln::bench {
 
@@ -42,22 +41,7 @@ inline int start(CLI::App& app, CommonFlags& f, int argc, char** argv) {
   return -1;
 }
 
-// The CPU's model name (/proc/cpuinfo), or "unknown CPU": every CPU figure names the machine.
-inline std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) != 0) continue;
-    const size_t colon = line.find(':');
-    if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
-  }
-  return "unknown CPU";
-}
-// "AMD EPYC ..., CPU kernels avx2 (this CPU supports avx512)": what a CPU benchmark ran on.
-inline std::string cpu_line() {
-  std::string s = cpu_model() + ", CPU kernels " + cpu_isa_name(cpu_isa());
-  if (cpu_isa() != cpu_isa_supported())
-    s += std::string(" (this CPU supports ") + cpu_isa_name(cpu_isa_supported()) + ")";
-  return s;
-}
+using tools::cpu_line;
+using tools::cpu_model;
 
 }  // namespace kiln::bench

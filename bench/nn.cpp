@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
   const bool quick = flags.quick;
   const int reps = quick ? 2 : 5;
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("conv2d forward + backward (f32, %d threads)\n", num_threads());
+  std::printf("bench_nn: %s\nconv2d forward + backward (f32, %d threads)\n", kiln::bench::cpu_line().c_str(),
+              num_threads());
   std::printf("%-28s %-22s %10s %10s %10s\n", "layer", "input", "fwd ms", "fwd+bwd ms", "GFLOP/s");
   std::vector<ConvCase> convs = {
       {"resnet20 stage1 3x3 (32px)", 128, 16, 32, 32, 16, 3, 1, 1},
@@ -110,7 +111,13 @@ int main(int argc, char** argv) {
   }
   if (!json_path.empty()) {
     std::ofstream f(json_path);
-    f << nlohmann::json{{"benchmark", "nn"}, {"threads", num_threads()}, {"rows", rows}}.dump(2) << "\n";
+    f << nlohmann::json{{"benchmark", "nn"},
+                        {"cpu", tools::cpu_model()},
+                        {"cpu_kernels", cpu_isa_name(cpu_isa())},
+                        {"threads", num_threads()},
+                        {"rows", rows}}
+             .dump(2)
+      << "\n";
     std::printf("\nwrote %s\n", json_path.c_str());
   }
   return 0;

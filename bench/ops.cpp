@@ -15,18 +15,12 @@
 #include "engine/autograd.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/op_table.h"
+#include "tools/machine.h"
 
 using namespace kiln;
 using namespace kiln::optable;
 
 namespace {
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
 
 // Median milliseconds of `reps` calls after one warm-up call.
 template <typename F> double median_ms(int reps, Device dev, F&& f) {
@@ -79,8 +73,8 @@ int main(int argc, char** argv) {
   }
   const int reps = flags.quick ? 3 : 15;
   const bool gpu = cuda::device_count() > 0;
-  std::printf("op table timings, f32, median of %d (CPU: %s, %d threads; %s)\n", reps, cpu_model().c_str(), num_threads(),
-              gpu ? "CUDA device 0" : "no GPU visible: CPU columns only");
+  std::printf("op table timings, f32, median of %d (CPU: %s, %d threads; %s)\n", reps, tools::cpu_line().c_str(),
+              num_threads(), gpu ? "CUDA device 0" : "no GPU visible: CPU columns only");
   std::printf("%-26s %12s %14s", "row", "cpu fwd ms", "cpu fwd+bwd ms");
   if (gpu) std::printf(" %12s %14s %10s", "cuda fwd ms", "cuda fwd+bwd", "cpu/cuda");
   std::printf("\n");
@@ -108,7 +102,12 @@ int main(int argc, char** argv) {
   }
   if (!flags.json.empty()) {
     std::ofstream out(flags.json);
-    out << nlohmann::json{{"benchmark", "ops"}, {"cpu", cpu_model()}, {"threads", num_threads()}, {"rows", rows_json}}.dump(2)
+    out << nlohmann::json{{"benchmark", "ops"},
+                          {"cpu", tools::cpu_model()},
+                          {"cpu_kernels", cpu_isa_name(cpu_isa())},
+                          {"threads", num_threads()},
+                          {"rows", rows_json}}
+               .dump(2)
         << "\n";
     if (!out) {
       std::fprintf(stderr, "bench_ops: cannot write %s\n", flags.json.c_str());

@@ -7,14 +7,15 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "base/thread_pool.h"
 #include "engine/amp.h"
 #include "engine/autocast.h"
 #include "engine/dist.h"
 #include "engine/optim.h"
-#include "base/thread_pool.h"
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "tools/environment.h"
+#include "tools/machine.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
 
@@ -141,11 +142,13 @@ int run_bench_train(const BenchTrainOptions& o) {
   if (!lead) std::freopen("/dev/null", "w", stdout);
   std::vector<std::string> names = o.models.empty() ? std::vector<std::string>{"resnet20", "bert-tiny"} : o.models;
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("kiln bench train: %d threads, %lld warm-up + %lld timed steps, SGD momentum (ResNet) / AdamW (BERT)%s\n",
-              num_threads(), (long long)o.warmup, (long long)o.steps,
-              world > 1 ? (", " + std::to_string(world) + " ranks (" + comm->backend() + "), batch per rank, samples/s global")
-                              .c_str()
-                        : "");
+  std::printf(
+      "kiln bench train: %s; %d threads, %lld warm-up + %lld timed steps, SGD momentum (ResNet) / AdamW "
+      "(BERT)%s\n",
+      tools::cpu_line().c_str(), num_threads(), (long long)o.warmup, (long long)o.steps,
+      world > 1 ? (", " + std::to_string(world) + " ranks (" + comm->backend() + "), batch per rank, samples/s global")
+                      .c_str()
+                : "");
   const std::vector<std::string> amps = o.amp.empty() ? std::vector<std::string>{"off"} : o.amp;
   std::printf("%-12s %-5s %-22s %10s %10s %10s %12s %8s\n", "model", "amp", "input", "median ms", "min ms", "max ms",
               "samples/s", "vs off");
@@ -169,7 +172,12 @@ int run_bench_train(const BenchTrainOptions& o) {
   if (!o.json.empty() && lead) {
     std::ofstream f(o.json);
     KILN_CHECK(f.good(), o.json, ": cannot open for writing");
-    f << nlohmann::json{{"bench", "train"}, {"rows", rows}}.dump(2) << "\n";
+    f << nlohmann::json{{"bench", "train"},
+                        {"cpu", tools::cpu_model()},
+                        {"cpu_kernels", cpu_isa_name(cpu_isa())},
+                        {"rows", rows}}
+             .dump(2)
+      << "\n";
   }
   return 0;
 }
