@@ -3,20 +3,33 @@
 
 #include <atomic>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 #include "base/error.h"
 
 namespace kiln {
 namespace {
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c"); the OS side is
+// AVX's, which the AVX2 check below covers.
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
+
 CpuIsa detect() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  // libgcc's CPU model checks the CPUID bits and that the OS saves the AVX / AVX-512 state (XGETBV).
+  // The compiler runtime's CPU model checks the CPUID bits and that the OS saves the AVX / AVX-512
+  // state (XGETBV).
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma"))
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") && has_f16c())
     return CpuIsa::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return CpuIsa::avx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) return CpuIsa::avx2;
 #endif
   return CpuIsa::generic;
 }

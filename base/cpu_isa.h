@@ -21,6 +21,8 @@ CpuIsa cpu_isa_supported();
 // The set in use: cpu_isa_supported() unless set_cpu_isa chose another.
 CpuIsa cpu_isa();
 // Uses `isa` from now on (the Context of engine/context.h sets it); above cpu_isa_supported() throws.
+// Between ops, not while another thread runs CPU kernels: ops read the set as they run, and a
+// convolution whose GEMM and packer saw different sets would disagree on the panel layout.
 void set_cpu_isa(CpuIsa isa);
 // Why the set in use was chosen, for `kiln doctor`.
 std::string cpu_isa_reason();
