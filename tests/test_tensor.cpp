@@ -622,6 +622,8 @@ TEST_CASE("tensor: f32 -> f16 and bf16 casts match the scalar conversions, conti
   // Exact ties and subnormals.
   for (int i = 0; i < 32; ++i) vals.push_back(1.0 + std::ldexp(1.0, -11) * (2 * i + 1));
   for (int i = 0; i < 32; ++i) vals.push_back(std::ldexp(1.0, -25) * (2 * i + 1));
+  // bf16 ties (the low 16 bits exactly half way), with even and odd upper halves.
+  for (uint32_t i = 0; i < 32; ++i) vals.push_back(double(f32_from_bits(0x3f808000u + (i << 16))));
   const int64_t n = int64_t(vals.size());
   for (double& v : vals)
     if (std::isnan(v)) v = 0.5;
@@ -644,6 +646,11 @@ TEST_CASE("tensor: f32 -> f16 and bf16 casts match the scalar conversions, conti
     if (back.data<float>()[i] != f16_bits_to_f32(h.data<Half>()[i].bits) && !std::isnan(back.data<float>()[i]) &&
         ++bad < 5)
       FAIL_CHECK("f16 -> f32 element ", i);
+  // bf16 -> f32 is exact too.
+  Tensor bback = b.to(DType::f32);
+  for (int64_t i = 0; i < n; ++i)
+    if (f32_bits(bback.data<float>()[i]) != uint32_t(b.data<BFloat16>()[i].bits) << 16 && ++bad < 5)
+      FAIL_CHECK("bf16 -> f32 element ", i);
   CHECK(bad == 0);
 }
 

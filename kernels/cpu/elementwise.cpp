@@ -20,11 +20,11 @@ template <typename TO, typename TI> void copy_typed(const TensorDesc& dst, const
   run_rows(L, [](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t n) {
     TO* o = reinterpret_cast<TO*>(p[0]);
     const TI* in = reinterpret_cast<const TI*>(p[1]);
-    // f16 <-> f32 rows: the F16C block conversions of loops.h, 8 at a time.
-    if constexpr (std::is_same_v<TO, Half> && std::is_same_v<TI, float>) {
+    // f16/bf16 <-> f32 rows: the kernel set's block conversions (loops.h).
+    if constexpr (is_f16_or_bf16_v<TO> && std::is_same_v<TI, float>) {
       if (s[0] == 1 && s[1] == 1) return store_block_f32(in, o, 1, n);
     }
-    if constexpr (std::is_same_v<TO, float> && std::is_same_v<TI, Half>) {
+    if constexpr (std::is_same_v<TO, float> && is_f16_or_bf16_v<TI>) {
       if (s[0] == 1 && s[1] == 1) return load_block_f32(in, 1, o, n);
     }
     if constexpr (std::is_same_v<TO, TI>) {

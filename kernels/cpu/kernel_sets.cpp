@@ -5,16 +5,21 @@
 #include <cstring>
 
 #include "base/cpu_isa.h"
+#include "base/half.h"
 
 namespace kiln::cpu {
 namespace isa {
 namespace {
 #include "kernels/cpu/isa/rows.inc"
+// clang-format off: convert.inc follows rows.inc
+#include "kernels/cpu/isa/convert.inc"
+// clang-format on
 
 Leaves make() {
   Leaves l{};
   l.name = "generic";
   l.rows = row_leaves();
+  add_conversions(l.rows);
   return l;
 }
 }  // namespace

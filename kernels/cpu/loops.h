@@ -6,14 +6,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "kernels/backend.h"
 #include "kernels/common/dims.h"
+#include "kernels/cpu/kernel_sets.h"
 
 namespace kiln::cpu {
 
@@ -32,22 +29,21 @@ template <typename T, typename V> inline void store(T* p, V v) {
   }
 }
 
-// 16-bit rows are computed in f32 blocks: a block is converted in (F16C for f16 rows, 8 at a time),
-// the op runs on plain floats (which the compiler vectorises), and the result is converted out.
+// 16-bit rows are computed in f32 blocks: a block is converted in (contiguous runs by the kernel set's
+// conversion leaves: F16C, 8 at a time, on AVX2 and AVX-512), the op runs on plain floats (which the
+// compiler vectorises), and the result is converted out.
 template <typename T> constexpr bool is_f16_or_bf16_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 constexpr int64_t kStageBlock = 256;
 
 template <typename T> inline void load_block_f32(const T* in, int64_t s, float* out, int64_t n) {
   if (s == 1) {
-#if defined(__F16C__)
     if constexpr (std::is_same_v<T, Half>) {
-      int64_t i = 0;
-      for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
-      for (; i < n; ++i) out[i] = float(in[i]);
+      kernel_set().rows.f16_to_f32(reinterpret_cast<const uint16_t*>(in), out, n);
+      return;
+    } else if constexpr (std::is_same_v<T, BFloat16>) {
+      kernel_set().rows.bf16_to_f32(reinterpret_cast<const uint16_t*>(in), out, n);
       return;
     }
-#endif
     for (int64_t i = 0; i < n; ++i) out[i] = float(in[i]);
   } else {
     for (int64_t i = 0; i < n; ++i) out[i] = float(in[i * s]);
@@ -56,16 +52,13 @@ template <typename T> inline void load_block_f32(const T* in, int64_t s, float* 
 
 template <typename T> inline void store_block_f32(const float* in, T* out, int64_t s, int64_t n) {
   if (s == 1) {
-#if defined(__F16C__)
     if constexpr (std::is_same_v<T, Half>) {
-      int64_t i = 0;
-      for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
-      for (; i < n; ++i) out[i] = T(in[i]);
+      kernel_set().rows.f32_to_f16(in, reinterpret_cast<uint16_t*>(out), n);
+      return;
+    } else if constexpr (std::is_same_v<T, BFloat16>) {
+      kernel_set().rows.f32_to_bf16(in, reinterpret_cast<uint16_t*>(out), n);
       return;
     }
-#endif
     for (int64_t i = 0; i < n; ++i) out[i] = T(in[i]);
   } else {
     for (int64_t i = 0; i < n; ++i) out[i * s] = T(in[i]);

@@ -83,6 +83,9 @@ struct F64 {
 
 #include "kernels/cpu/isa/gemm_leaves.inc"
 #include "kernels/cpu/isa/rows.inc"
+// clang-format off: convert.inc follows rows.inc
+#include "kernels/cpu/isa/convert.inc"
+// clang-format on
 
 // ---- convolution (conv.cpp describes the schemes; these are the AVX-512 leaves in 8-lane vectors) -----
 
@@ -249,6 +252,7 @@ Leaves make() {
   Leaves l{};
   l.name = "avx2";
   l.rows = row_leaves();
+  add_conversions(l.rows);
   l.conv.mask_bytes = 64;
   l.conv.expand_masks = expand_masks;
   l.conv.pack_im2col_panel = pack_im2col_panel;

@@ -96,6 +96,9 @@ struct F64 {
 
 #include "kernels/cpu/isa/gemm_leaves.inc"
 #include "kernels/cpu/isa/rows.inc"
+// clang-format off: convert.inc follows rows.inc
+#include "kernels/cpu/isa/convert.inc"
+// clang-format on
 
 // ---- convolution (conv.cpp describes the schemes) ----------------------------------------------------
 
@@ -250,6 +253,7 @@ Leaves make() {
   Leaves l{};
   l.name = "avx512";
   l.rows = row_leaves();
+  add_conversions(l.rows);
   l.conv.mask_bytes = sizeof(Mask16);
   l.conv.expand_masks = expand_masks;
   l.f32 = gemm_leaves<F32>(384, 384);

@@ -72,7 +72,8 @@ struct ConvLeaves {
                      const void* plane_mask, float (*sums)[4]);
 };
 
-// f32 rows of the nn ops (kernels/cpu/isa/rows.inc), in every set, the generic one included.
+// f32 rows of the nn ops (kernels/cpu/isa/rows.inc) and the 16-bit conversions, in every set, the
+// generic one included.
 struct RowLeaves {
   float (*max)(int64_t n, const float* x);
   // y = softmax(x) or log_softmax(x) of one contiguous row; x may be y.
@@ -82,6 +83,11 @@ struct RowLeaves {
   // The fused cross-entropy of one row (cross_entropy.cpp): its loss and, with g, its gradient.
   void (*cross_entropy)(int64_t classes, const float* x, int64_t target, double eps, float* loss, float* g,
                         double grad_scale);
+  // Contiguous conversions with the bits of base/half.h's (kernels/cpu/isa/convert.inc).
+  void (*f16_to_f32)(const uint16_t* in, float* out, int64_t n);
+  void (*f32_to_f16)(const float* in, uint16_t* out, int64_t n);
+  void (*bf16_to_f32)(const uint16_t* in, float* out, int64_t n);
+  void (*f32_to_bf16)(const float* in, uint16_t* out, int64_t n);
 };
 
 struct Leaves {
