@@ -128,13 +128,20 @@ int device_count() {
 }
 
 namespace {
-class TensorAllocator final : public Allocator {
+// Tensor storage from the device's caching allocator. Compute: blocks of the compute stream's pool.
+// Upload (the destinations of uploads from page-locked memory, upload_allocator): blocks of the copy
+// stream's pool, so the copy into one waits only for earlier copies, never for the compute stream's
+// queue; marked as used on the compute stream too, so once freed a block is reused only after the
+// compute stream has passed its last reader.
+template <bool kUpload> class StreamAllocator final : public Allocator {
  public:
-  explicit TensorAllocator(int d) : d_(d) {}
+  explicit StreamAllocator(int d) : d_(d) {}
   void* allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
     Context& c = context(d_);
-    return c.allocator().allocate(nbytes, stream_id(c.stream));
+    void* p = c.allocator().allocate(nbytes, stream_id(kUpload ? c.copy_stream : c.stream));
+    if (kUpload) c.allocator().record_stream(p, stream_id(c.stream));
+    return p;
   }
   void deallocate(void* p, size_t) noexcept override {
     if (!p) return;
@@ -148,33 +155,8 @@ class TensorAllocator final : public Allocator {
  private:
   int d_;
 };
-
-// Destinations of uploads from page-locked memory (upload_allocator): blocks come from the copy
-// stream's free lists, so the copy into one waits only for earlier copies, never for the compute
-// stream's queue; the block is marked as used on the compute stream too, so once freed it is reused
-// only after the compute stream has passed its last reader.
-class UploadAllocator final : public Allocator {
- public:
-  explicit UploadAllocator(int d) : d_(d) {}
-  void* allocate(size_t nbytes) override {
-    if (nbytes == 0) return nullptr;
-    Context& c = context(d_);
-    void* p = c.allocator().allocate(nbytes, stream_id(c.copy_stream));
-    c.allocator().record_stream(p, stream_id(c.stream));
-    return p;
-  }
-  void deallocate(void* p, size_t) noexcept override {
-    if (!p) return;
-    try {
-      context(d_).allocator().free(p);
-    } catch (...) {
-      // As TensorAllocator: kept until process exit.
-    }
-  }
-
- private:
-  int d_;
-};
+using TensorAllocator = StreamAllocator<false>;
+using UploadAllocator = StreamAllocator<true>;
 
 // The engine reads results on the host only after these waits, so this is where errors that
 // kernels flagged on the device become exceptions.

@@ -89,10 +89,8 @@ struct F64 {
 
 // ---- convolution (conv.cpp describes the schemes; these are the AVX-512 leaves in 8-lane vectors) -----
 
-int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
-void zero(float* p, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) p[i] = 0.0f;
-}
+#include "kernels/cpu/isa/im2col_pack.inc"
+
 // The lane mask of 8 mask bits (bit l: lane l on).
 __m256i expand8(unsigned bits) {
   const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -106,45 +104,14 @@ void store_lanes(float* p, unsigned bits, __m256 v) {
     _mm256_maskstore_ps(p, expand8(bits), v);
 }
 
-void pack_im2col_panel(const Im2colGeometry& g, const Im2colRun* runs, int nruns, int64_t pc, int64_t kc, int64_t cols,
-                       int64_t stride, float* dst) {
-  const int64_t kk = g.kh * g.kw;
-  int64_t c = pc / kk, ki = (pc - c * kk) / g.kw, kj = pc - c * kk - ki * g.kw;
-  for (int64_t q = 0; q < kc; ++q) {
-    float* d = dst + q * stride;
-    const float* xc = g.x + c * g.plane;
-    const int64_t kdh = ki * g.dh, kdw = kj * g.dw;
-    for (int i = 0; i < nruns; ++i) {
-      const Im2colRun& run = runs[i];
-      float* o = d + run.col;
-      const int64_t ih = run.ih0 + kdh;
-      if (ih < 0 || ih >= g.h) {
-        zero(o, run.len);
-        continue;
-      }
-      const float* src = xc + run.image + ih * g.w;
-      const int64_t iw0 = run.iw0 + kdw;
-      if (g.sw == 1) {
-        for (int64_t e = 0; e < run.len; e += 8) {
-          // Lanes [lo, hi) of this 8-wide step are inside the row; the masked load touches only those.
-          const int64_t n = run.len - e < 8 ? run.len - e : 8, base = iw0 + e;
-          const int64_t lo = clamp64(-base, 0, n), hi = clamp64(g.w - base, lo, n);
-          const unsigned in = ((1u << hi) - 1) & ~((1u << lo) - 1);
-          const __m256 v = in == 0xFF ? _mm256_loadu_ps(src + base) : _mm256_maskload_ps(src + base, expand8(in));
-          store_lanes(o + e, (1u << n) - 1, v);
-        }
-      } else {
-        for (int64_t e = 0; e < run.len; ++e) {
-          const int64_t iw = iw0 + e * g.sw;
-          o[e] = (iw >= 0 && iw < g.w) ? src[iw] : 0.0f;
-        }
-      }
-    }
-    zero(d + cols, stride - cols);
-    if (++kj == g.kw) {
-      kj = 0;
-      if (++ki == g.kh) ki = 0, ++c;
-    }
+// Lanes [lo, hi) of each 8-wide step are inside the row; the masked load touches only those.
+void copy_row_stride1(const float* src, int64_t iw0, int64_t w, int64_t len, float* o) {
+  for (int64_t e = 0; e < len; e += 8) {
+    const int64_t n = len - e < 8 ? len - e : 8, base = iw0 + e;
+    const int64_t lo = clamp64(-base, 0, n), hi = clamp64(w - base, lo, n);
+    const unsigned in = ((1u << hi) - 1) & ~((1u << lo) - 1);
+    const __m256 v = in == 0xFF ? _mm256_loadu_ps(src + base) : _mm256_maskload_ps(src + base, expand8(in));
+    store_lanes(o + e, (1u << n) - 1, v);
   }
 }
 

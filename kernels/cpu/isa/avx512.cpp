@@ -102,51 +102,15 @@ struct F64 {
 
 // ---- convolution (conv.cpp describes the schemes) ----------------------------------------------------
 
-int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
-void zero(float* p, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) p[i] = 0.0f;
-}
+#include "kernels/cpu/isa/im2col_pack.inc"
 
-void pack_im2col_panel(const Im2colGeometry& g, const Im2colRun* runs, int nruns, int64_t pc, int64_t kc, int64_t cols,
-                       int64_t stride, float* dst) {
-  const int64_t kk = g.kh * g.kw;
-  // (c, ki, kj) of row pc, then stepped along without divisions.
-  int64_t c = pc / kk, ki = (pc - c * kk) / g.kw, kj = pc - c * kk - ki * g.kw;
-  for (int64_t q = 0; q < kc; ++q) {
-    float* d = dst + q * stride;
-    const float* xc = g.x + c * g.plane;
-    const int64_t kdh = ki * g.dh, kdw = kj * g.dw;
-    for (int i = 0; i < nruns; ++i) {
-      const Im2colRun& run = runs[i];
-      float* o = d + run.col;
-      const int64_t ih = run.ih0 + kdh;
-      if (ih < 0 || ih >= g.h) {
-        zero(o, run.len);
-        continue;
-      }
-      const float* src = xc + run.image + ih * g.w;
-      const int64_t iw0 = run.iw0 + kdw;
-      if (g.sw == 1) {
-        for (int64_t e = 0; e < run.len; e += 16) {
-          // Lanes [lo, hi) of this 16-wide step are inside the row (input columns iw0 + e + lane); the
-          // masked load touches only those, the rest are zeros.
-          const int64_t n = run.len - e < 16 ? run.len - e : 16, base = iw0 + e;
-          const int64_t lo = clamp64(-base, 0, n), hi = clamp64(g.w - base, lo, n);
-          const __mmask16 in = __mmask16(((1u << hi) - 1) & ~((1u << lo) - 1));
-          _mm512_mask_storeu_ps(o + e, __mmask16((1u << n) - 1), _mm512_maskz_loadu_ps(in, src + base));
-        }
-      } else {
-        for (int64_t e = 0; e < run.len; ++e) {
-          const int64_t iw = iw0 + e * g.sw;
-          o[e] = (iw >= 0 && iw < g.w) ? src[iw] : 0.0f;
-        }
-      }
-    }
-    zero(d + cols, stride - cols);
-    if (++kj == g.kw) {
-      kj = 0;
-      if (++ki == g.kh) ki = 0, ++c;
-    }
+// Lanes [lo, hi) of each 16-wide step are inside the row; the masked load touches only those.
+void copy_row_stride1(const float* src, int64_t iw0, int64_t w, int64_t len, float* o) {
+  for (int64_t e = 0; e < len; e += 16) {
+    const int64_t n = len - e < 16 ? len - e : 16, base = iw0 + e;
+    const int64_t lo = clamp64(-base, 0, n), hi = clamp64(w - base, lo, n);
+    const __mmask16 in = __mmask16(((1u << hi) - 1) & ~((1u << lo) - 1));
+    _mm512_mask_storeu_ps(o + e, __mmask16((1u << n) - 1), _mm512_maskz_loadu_ps(in, src + base));
   }
 }
 
