@@ -195,6 +195,34 @@ TEST_CASE("nn: f32 conv2d forward and gradients are bitwise identical with 1 and
   set_num_threads(saved);
 }
 
+// The direct kernels may load whole vectors across a plane's edge and clear the lanes outside it
+// (kernels/cpu/isa/avx2.cpp): what lies there (the neighbouring channel or image) must not reach the
+// result, even NaN. Image 1 (and its output gradient) is NaN; images 0 and 2 must come out exactly as
+// with image 1 all zeros.
+TEST_CASE("nn: f32 conv2d results of an image do not depend on its neighbours, even NaN ones") {
+  for (const Shape& xs : {Shape{3, 16, 8, 8}, Shape{3, 4, 28, 28}, Shape{3, 5, 7, 7}}) {
+    INFO("planes of " << xs[2] << "x" << xs[3]);
+    std::vector<double> outs[2];
+    for (int k = 0; k < 2; ++k) {
+      const double fill = k == 0 ? 0.0 : std::nan("");
+      Tensor x = rnd(xs, 31, DType::f32), w = rnd({6, xs[1], 3, 3}, 32, DType::f32);
+      Tensor gy = rnd({xs[0], 6, xs[2], xs[3]}, 33, DType::f32);
+      x.select(0, 1).fill_(fill);
+      gy.select(0, 1).fill_(fill);
+      x.set_requires_grad();
+      const Tensor y = conv2d(x, w, {}, {1, 1}, {1, 1});
+      y.backward(gy);
+      for (const Tensor& t : {y, x.grad()})
+        for (int64_t n : {0, 2}) {
+          const auto v = t.select(0, n).to_vector();
+          outs[k].insert(outs[k].end(), v.begin(), v.end());
+        }
+    }
+    for (double v : outs[1]) REQUIRE(std::isfinite(v));
+    CHECK(outs[0] == outs[1]);
+  }
+}
+
 TEST_CASE("nn: conv2d errors name the shapes") {
   const Tensor x = zeros({1, 3, 8, 8}), w = zeros({4, 2, 3, 3});
   CHECK_THROWS_WITH_AS(conv2d(x, w), doctest::Contains("[1,3,8,8]"), kiln::Error);

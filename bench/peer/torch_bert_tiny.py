@@ -1,9 +1,15 @@
 # PyTorch CPU eager BERT-tiny masked-LM step (as `kiln bench train --model bert-tiny`): batch 32 x 128,
 # 15% of positions through the tied-vocabulary MLM head, AdamW, dropout 0.1.
-# Needs `pip install torch`. Usage: python3 bench/peer/torch_bert_tiny.py [THREADS]
-import sys, time, math, torch, torch.nn as nn, torch.nn.functional as F
-torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2); torch.manual_seed(0)
-V, H, L, NH, I, B, S = 30522, 128, 2, 2, 512, 32, 128
+# The peer of bench/train_vs_torch.py. Needs torch (PyPI).
+# Usage: python3 bench/peer/torch_bert_tiny.py [--threads 2] [--batch 32] [--seq-len 128] [--steps 20]
+#        [--warmup 3]; the last line printed is JSON.
+import argparse, json, time, math, torch, torch.nn as nn, torch.nn.functional as F
+ap = argparse.ArgumentParser()
+for name, default in [("threads", 2), ("batch", 32), ("seq-len", 128), ("steps", 20), ("warmup", 3)]:
+    ap.add_argument("--" + name, type=int, default=default)
+a = ap.parse_args()
+torch.set_num_threads(a.threads); torch.manual_seed(0)
+V, H, L, NH, I, B, S = 30522, 128, 2, 2, 512, a.batch, a.seq_len
 class Layer(nn.Module):
     def __init__(s):
         super().__init__(); s.qkv = nn.Linear(H, 3 * H); s.o = nn.Linear(H, H); s.ln1 = nn.LayerNorm(H, eps=1e-12)
@@ -34,8 +40,10 @@ m = Bert().train(); opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_deca
 ids = torch.randint(0, V, (B, S)); sel = torch.rand(B * S) < 0.15
 positions = sel.nonzero().flatten(); target = ids.flatten()[positions]; attn = torch.ones(B, S, dtype=torch.long)
 ms = []
-for i in range(23):
+for i in range(a.warmup + a.steps):
     t0 = time.perf_counter()
     loss = F.cross_entropy(m(ids, positions, attn), target); opt.zero_grad(); loss.backward(); opt.step()
-    if i >= 3: ms.append((time.perf_counter() - t0) * 1e3)
-ms.sort(); print(f"torch bert-tiny b{B}x{S}: median {ms[len(ms)//2]:.1f} ms  min {ms[0]:.1f}")
+    if i >= a.warmup: ms.append((time.perf_counter() - t0) * 1e3)
+ms.sort()
+print(json.dumps({"peer": "torch " + torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                  "threads": a.threads, "median_ms": ms[len(ms) // 2], "min_ms": ms[0], "max_ms": ms[-1]}))

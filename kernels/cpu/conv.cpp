@@ -228,7 +228,13 @@ void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x
   const int64_t ohw = p.oh * p.ow, tiles = (ohw + 63) / 64, wstride = cg * taps;
   const std::vector<TileMasks> tm = tile_masks(p);
   int64_t base_shift[kDirectMaxTaps];
-  for (int64_t t = 0; t < taps; ++t) base_shift[t] = tap_shift(p, t);
+  int64_t lo_shift = 0, hi_shift = 0;
+  for (int64_t t = 0; t < taps; ++t) {
+    base_shift[t] = tap_shift(p, t);
+    lo_shift = std::min(lo_shift, base_shift[t]);
+    hi_shift = std::max(hi_shift, base_shift[t]);
+  }
+  const int64_t x_size = p.n * p.c * plane;
   // A task: one image, one tile, one group's output channels kOutSpan at a time (so a single image
   // still spreads over the threads); every output has one writer.
   constexpr int64_t kOutSpan = 48;
@@ -245,9 +251,14 @@ void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x
       const float* xg = x + (n * p.c + g * cg) * plane;
       float* yg = y + (n * p.o + g * og) * ohw + p0;
       const float* wg = w + g * og * wstride;
+      // Whether the tile's reads, masked lanes included, stay inside x (all but the first and last tiles).
+      const int64_t first = (n * p.c + g * cg) * plane + p0 + lo_shift;
+      const int64_t last = (n * p.c + g * cg + cg - 1) * plane + p0 + 64 + hi_shift;
+      const bool inside = first >= 0 && last <= x_size;
       for (int64_t o = o_begin; o < o_end; o += 6) {
         const int64_t rows = std::min<int64_t>(6, o_end - o);
-        L.direct[rows - 1](xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store);
+        L.direct[rows - 1](xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store,
+                           inside);
       }
     }
   });
@@ -261,6 +272,7 @@ void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x
 void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x, const float* gy, float* gw) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, vecs = (ohw + 15) / 16, cols = cg * taps, wsize = p.o * cols;
+  const int64_t x_size = p.n * p.c * plane;
   // S * OH * OW ~ 1024, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats.
   constexpr int64_t kMaxWgradChunks = 128;
   int64_t s = kTargetCols / std::max<int64_t>(ohw, 1);
@@ -305,8 +317,12 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
       float sums[6][4];
       const void* xmask[4];
       for (int j = 0; j < 4; ++j) xmask[j] = tap_x.get() + size_t(tap[j] * vecs) * mb;
-      L.wgrad_tile(gy + chunk * s * p.o * ohw, p.o * ohw, x + chunk * s * p.c * plane, p.c * plane,
-                   std::min(p.n, chunk * s + s) - chunk * s, vecs, ohw, orow, xoff, xmask, plane_x.get(), sums);
+      // Whether every x address read, masked lanes included, lies inside x.
+      const int64_t images = std::min(p.n, chunk * s + s) - chunk * s, x0 = chunk * s * p.c * plane;
+      const int64_t lo = x0 + *std::min_element(xoff, xoff + 4);
+      const int64_t hi = x0 + (images - 1) * p.c * plane + *std::max_element(xoff, xoff + 4) + 16 * vecs;
+      L.wgrad_tile(gy + chunk * s * p.o * ohw, p.o * ohw, x + x0, p.c * plane, images, vecs, ohw, orow, xoff, xmask,
+                   plane_x.get(), sums, lo >= 0 && hi <= x_size);
       float* out = partial.get() + chunk * wsize;
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < ncol; ++j) out[orow[r] * cols + j0 + j] = sums[r][j];

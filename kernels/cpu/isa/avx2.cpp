@@ -116,11 +116,14 @@ void copy_row_stride1(const float* src, int64_t iw0, int64_t w, int64_t len, flo
 }
 
 // A 64-pixel tile as 4 groups of 16 pixels (2 vectors), each with a register tile of kRows x 2
-// vectors: per input channel and tap, 2 masked loads of x and kRows broadcasts of w feed 2 kRows FMAs.
+// vectors: per input channel and tap, 2 loads of x and kRows broadcasts of w feed 2 kRows FMAs.
+// kPlain (every address the tile reads lies inside x's buffer): a plain load and an AND with the lane
+// mask, which on AMD cores is much cheaper than a masked load; else masked loads, which touch only
+// the lanes inside the plane. The lanes outside are +0 either way.
 // Each output's sum runs over (c, t) in order, as the AVX-512 leaf's does: the same bits.
-template <int kRows> void direct_block(const float* x, int64_t plane, int64_t cg, const float* w, int64_t wstride,
-                                       int64_t taps, const int64_t* shift, const Mask16 (*masks)[4], float* y,
-                                       int64_t ldy, const Mask16* store) {
+template <int kRows, bool kPlain>
+void direct_tile(const float* x, int64_t plane, int64_t cg, const float* w, int64_t wstride, int64_t taps,
+                 const int64_t* shift, const Mask16 (*masks)[4], float* y, int64_t ldy, const Mask16* store) {
   __m256i lm[kDirectMaxTaps][8];  // the tile's load masks as lane vectors, per tap and 8-pixel vector
   for (int64_t t = 0; t < taps; ++t)
     for (int h = 0; h < 8; ++h) lm[t][h] = expand8((unsigned(masks[t][h >> 1]) >> (8 * (h & 1))) & 0xFFu);
@@ -134,7 +137,14 @@ template <int kRows> void direct_block(const float* x, int64_t plane, int64_t cg
     for (int64_t c = 0; c < cg; ++c, xc += plane, wc += taps) {
       for (int64_t t = 0; t < taps; ++t) {
         const float* xs = xc + shift[t];
-        const __m256 b0 = _mm256_maskload_ps(xs, lm[t][2 * g]), b1 = _mm256_maskload_ps(xs + 8, lm[t][2 * g + 1]);
+        __m256 b0, b1;
+        if constexpr (kPlain) {
+          b0 = _mm256_and_ps(_mm256_loadu_ps(xs), _mm256_castsi256_ps(lm[t][2 * g]));
+          b1 = _mm256_and_ps(_mm256_loadu_ps(xs + 8), _mm256_castsi256_ps(lm[t][2 * g + 1]));
+        } else {
+          b0 = _mm256_maskload_ps(xs, lm[t][2 * g]);
+          b1 = _mm256_maskload_ps(xs + 8, lm[t][2 * g + 1]);
+        }
 #pragma GCC unroll 6
         for (int r = 0; r < kRows; ++r) {
           const __m256 a = _mm256_broadcast_ss(wc + r * wstride + t);
@@ -150,6 +160,14 @@ template <int kRows> void direct_block(const float* x, int64_t plane, int64_t cg
       store_lanes(y + r * ldy + 16 * g + 8, hi, acc[r][1]);
     }
   }
+}
+template <int kRows> void direct_block(const float* x, int64_t plane, int64_t cg, const float* w, int64_t wstride,
+                                       int64_t taps, const int64_t* shift, const Mask16 (*masks)[4], float* y,
+                                       int64_t ldy, const Mask16* store, bool inside) {
+  if (inside)
+    direct_tile<kRows, true>(x, plane, cg, w, wstride, taps, shift, masks, y, ldy, store);
+  else
+    direct_tile<kRows, false>(x, plane, cg, w, wstride, taps, shift, masks, y, ldy, store);
 }
 
 // The weight gradient's masks: each 16-pixel mask as two lane vectors (64 bytes, unaligned).
@@ -170,49 +188,67 @@ float lane_total(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// 16 ymm registers: three passes of 2 rows x 4 pairs (8 sums, 2 of gy, 1 of x, 1 mask), each reading
-// its rows of gy and all 4 pairs of x over the images' pixels, 8 at a time.
-__attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
-                                          int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
-                                          const int64_t* xoff, const void* const* xmask, const void* plane_mask,
-                                          float (*sums)[4]) {
-  for (int pass = 0; pass < 3; ++pass) {
-    __m256 acc[2][4];
-#pragma GCC unroll 2
-    for (int r = 0; r < 2; ++r)
+// Passes of kR rows x 4 pairs over the 6 rows, each reading its rows of gy and all 4 pairs of x over
+// the images' pixels, 8 at a time. kPlain (every x address read lies inside x's buffer): whole-vector
+// loads of x cleared by the tap masks, 2 passes of 3 rows (12 sums, 3 of gy, 1 of x: all 16 ymm
+// registers, the masks read as memory operands); else masked loads, whose masks need a register: 3
+// passes of 2 rows. Each sum runs over images and vectors in order either way: the same bits.
+template <int kR, bool kPlain> void wgrad_passes(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
+                                                 int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
+                                                 const int64_t* xoff, const void* const* xmask, const void* plane_mask,
+                                                 float (*sums)[4]) {
+  static_assert(6 % kR == 0, "whole passes");
+  for (int pass = 0; pass < 6 / kR; ++pass) {
+    __m256 acc[kR][4];
+#pragma GCC unroll 3
+    for (int r = 0; r < kR; ++r)
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
     const float* gyn = gy;
     const float* xn = x;
     for (int64_t n = 0; n < images; ++n, gyn += gy_image, xn += x_image) {
-      const float* g0 = gyn + orow[2 * pass] * ohw;
-      const float* g1 = gyn + orow[2 * pass + 1] * ohw;
+      const float* g[kR];
+#pragma GCC unroll 3
+      for (int r = 0; r < kR; ++r) g[r] = gyn + orow[kR * pass + r] * ohw;
       const float* xs[4] = {xn + xoff[0], xn + xoff[1], xn + xoff[2], xn + xoff[3]};
       for (int64_t h = 0; h < 2 * vecs; ++h) {
         const int64_t o = 8 * h;
         // gy past the plane (the last group's tail) is masked; x by each pair's tap masks.
-        __m256 gv0, gv1;
+        __m256 gv[kR];
         if (o + 8 <= ohw) {
-          gv0 = _mm256_loadu_ps(g0 + o);
-          gv1 = _mm256_loadu_ps(g1 + o);
+#pragma GCC unroll 3
+          for (int r = 0; r < kR; ++r) gv[r] = _mm256_loadu_ps(g[r] + o);
         } else {
           const __m256i pm = mask_at(plane_mask, h);
-          gv0 = _mm256_maskload_ps(g0 + o, pm);
-          gv1 = _mm256_maskload_ps(g1 + o, pm);
+#pragma GCC unroll 3
+          for (int r = 0; r < kR; ++r) gv[r] = _mm256_maskload_ps(g[r] + o, pm);
         }
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
-          const __m256 xv = _mm256_maskload_ps(xs[j] + o, mask_at(xmask[j], h));
-          acc[0][j] = _mm256_fmadd_ps(gv0, xv, acc[0][j]);
-          acc[1][j] = _mm256_fmadd_ps(gv1, xv, acc[1][j]);
+          __m256 xv;
+          if constexpr (kPlain)
+            xv = _mm256_and_ps(_mm256_loadu_ps(xs[j] + o), _mm256_castsi256_ps(mask_at(xmask[j], h)));
+          else
+            xv = _mm256_maskload_ps(xs[j] + o, mask_at(xmask[j], h));
+#pragma GCC unroll 3
+          for (int r = 0; r < kR; ++r) acc[r][j] = _mm256_fmadd_ps(gv[r], xv, acc[r][j]);
         }
       }
     }
-#pragma GCC unroll 2
-    for (int r = 0; r < 2; ++r)
+#pragma GCC unroll 3
+    for (int r = 0; r < kR; ++r)
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) sums[2 * pass + r][j] = lane_total(acc[r][j]);
+      for (int j = 0; j < 4; ++j) sums[kR * pass + r][j] = lane_total(acc[r][j]);
   }
+}
+__attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
+                                          int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
+                                          const int64_t* xoff, const void* const* xmask, const void* plane_mask,
+                                          float (*sums)[4], bool inside) {
+  if (inside)
+    wgrad_passes<3, true>(gy, gy_image, x, x_image, images, vecs, ohw, orow, xoff, xmask, plane_mask, sums);
+  else
+    wgrad_passes<2, false>(gy, gy_image, x, x_image, images, vecs, ohw, orow, xoff, xmask, plane_mask, sums);
 }
 
 Leaves make() {

@@ -116,7 +116,8 @@ void copy_row_stride1(const float* src, int64_t iw0, int64_t w, int64_t len, flo
 
 template <int kRows> void direct_block(const float* x, int64_t plane, int64_t cg, const float* w, int64_t wstride,
                                        int64_t taps, const int64_t* shift, const Mask16 (*masks)[4], float* y,
-                                       int64_t ldy, const Mask16* store) {
+                                       int64_t ldy, const Mask16* store,
+                                       bool /*inside: masked loads cost nothing extra*/) {
   // Every loop over the tile fully unrolled, or GCC keeps acc in memory (a store per FMA).
   __m512 acc[kRows][4];
 #pragma GCC unroll 6
@@ -159,7 +160,7 @@ float lane_total(__m512 v) {
 __attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
                                           int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
                                           const int64_t* xoff, const void* const* xmasks, const void* plane_masks,
-                                          float (*sums)[4]) {
+                                          float (*sums)[4], bool /*inside: masked loads cost nothing extra*/) {
   const Mask16* const* xmask = reinterpret_cast<const Mask16* const*>(xmasks);
   const Mask16* plane_mask = static_cast<const Mask16*>(plane_masks);
   __m512 acc[6][4];

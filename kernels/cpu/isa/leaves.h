@@ -62,14 +62,18 @@ struct ConvLeaves {
                             int64_t cols, int64_t stride, float* dst);
   // direct[rows - 1]: y[r, 0:64] (store-masked) = sum over c < cg and taps t of w[r * wstride + c * taps + t] *
   // x[c * plane + shift[t] + lane] (load-masked by masks[t][vector]), for rows = 1..6 output channels.
+  // inside: every x[c * plane + shift[t] + l], l < 64, lies in x's buffer, so a set may load whole
+  // vectors and clear the masked lanes instead of using masked loads.
   using Direct = void (*)(const float* x, int64_t plane, int64_t cg, const float* w, int64_t wstride, int64_t taps,
-                          const int64_t* shift, const Mask16 (*masks)[4], float* y, int64_t ldy, const Mask16* store);
+                          const int64_t* shift, const Mask16 (*masks)[4], float* y, int64_t ldy, const Mask16* store,
+                          bool inside);
   Direct direct[6];
   // 6 x 4 sums over images and 16-pixel groups of gy row r times x pair j (see conv.cpp's
-  // direct_conv_wgrad); xmask[j] and plane_mask: `vecs` expanded masks each.
+  // direct_conv_wgrad); xmask[j] and plane_mask: `vecs` expanded masks each. inside: as for direct, every
+  // x[n * x_image + xoff[j] + l], l < 16 * vecs, lies in x's buffer.
   void (*wgrad_tile)(const float* gy, int64_t gy_image, const float* x, int64_t x_image, int64_t images, int64_t vecs,
                      int64_t ohw, const int64_t* orow, const int64_t* xoff, const void* const* xmask,
-                     const void* plane_mask, float (*sums)[4]);
+                     const void* plane_mask, float (*sums)[4], bool inside);
 };
 
 // f32 rows of the nn ops (kernels/cpu/isa/rows.inc) and the 16-bit conversions, in every set, the
