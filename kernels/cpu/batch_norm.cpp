@@ -1,8 +1,11 @@
 // CPU kernels of batch norm on NCHW buffers (training and eval), forward and backward: a channel's
-// statistics are two-pass sums in fixed lanes combined in f64 (the engine converts channels_last).
+// statistics are two-pass sums in fixed lanes combined in f64 (the engine converts channels_last). The f32
+// loops over a plane are leaves of the kernel set in use (kernels/cpu/isa/rows.inc).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
+#include "kernels/cpu/kernel_sets.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/nn_common.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -11,31 +14,70 @@ namespace kiln::cpu {
 using namespace nn_detail;
 namespace {
 
+// The per-plane loops: f32 through the kernel set's leaves (kernels/cpu/isa/rows.inc, vectorised for
+// its registers), f64 here, in the same fixed lanes.
+struct F64Planes {
+  static void stats(int64_t n, const double* x, double m, double* sum, double* sq) {
+    if (sum) *sum += lane_sum<double>(n, [&](int64_t j) { return x[j]; });
+    if (sq)
+      *sq += lane_sum<double>(n, [&](int64_t j) {
+        const double d = x[j] - m;
+        return d * d;
+      });
+  }
+  static void affine(int64_t n, const double* x, double sc, double sh, double* y) {
+    for (int64_t j = 0; j < n; ++j) y[j] = x[j] * sc + sh;
+  }
+  // One pass for both sums; the tail goes straight into the totals, then the lanes.
+  static void grad_sums(int64_t n, const double* g, const double* x, double m, double* sg, double* sgd) {
+    double ag[kLanes] = {}, ad[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        ag[l] += g[j + l];
+        ad[l] += g[j + l] * (x[j + l] - m);
+      }
+    for (; j < n; ++j) {
+      *sg += g[j];
+      *sgd += g[j] * (x[j] - m);
+    }
+    for (int l = 0; l < kLanes; ++l) {
+      *sg += ag[l];
+      *sgd += ad[l];
+    }
+  }
+  static void grad_apply(int64_t n, const double* g, const double* x, double k1, double k2, double k3, double* o) {
+    for (int64_t j = 0; j < n; ++j) o[j] = k1 * g[j] + k2 * x[j] + k3;
+  }
+};
+struct F32Planes {
+  const isa::RowLeaves& r = kernel_set().rows;
+  void stats(int64_t n, const float* x, float m, double* sum, double* sq) const { r.bn_stats(n, x, m, sum, sq); }
+  void affine(int64_t n, const float* x, float sc, float sh, float* y) const { r.bn_affine(n, x, sc, sh, y); }
+  void grad_sums(int64_t n, const float* g, const float* x, float m, double* sg, double* sgd) const {
+    r.bn_grad_sums(n, g, x, m, sg, sgd);
+  }
+  void grad_apply(int64_t n, const float* g, const float* x, float k1, float k2, float k3, float* o) const {
+    r.bn_grad_apply(n, g, x, k1, k2, k3, o);
+  }
+};
+template <typename T> using Planes = std::conditional_t<std::is_same_v<T, float>, F32Planes, F64Planes>;
+
 template <typename T>
 void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training, const T* x,
                     const T* gamma, const T* beta, T* rmean, T* rvar, T* y, T* mean, T* rstd) {
-  using A = LaneAcc<T>;
+  const Planes<T> planes{};
   parallel_for(0, c, 1, [&](int64_t b, int64_t e) {
     for (int64_t ch = b; ch < e; ++ch) {
       double m, v;
       const int64_t count = n * hw;
       if (training) {
         double s = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const T* xr = x + (i * c + ch) * hw;
-          s += lane_sum<T>(hw, [&](int64_t j) { return A(xr[j]); });
-        }
+        for (int64_t i = 0; i < n; ++i) planes.stats(hw, x + (i * c + ch) * hw, T(0), &s, nullptr);
         m = s / double(std::max<int64_t>(count, 1));
         // Two passes: the sum of squared deviations from the mean does not cancel catastrophically.
-        const A mf = A(m);
         double q = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const T* xr = x + (i * c + ch) * hw;
-          q += lane_sum<T>(hw, [&](int64_t j) {
-            const A d = A(xr[j]) - mf;
-            return d * d;
-          });
-        }
+        for (int64_t i = 0; i < n; ++i) planes.stats(hw, x + (i * c + ch) * hw, T(m), nullptr, &q);
         v = q / double(std::max<int64_t>(count, 1));
         if (rmean) rmean[ch] = T((1 - momentum) * double(rmean[ch]) + momentum * m);
         if (rvar) {
@@ -49,13 +91,9 @@ void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentu
       const double rs = 1.0 / std::sqrt(v + eps);
       mean[ch] = T(m);
       rstd[ch] = T(rs);
-      const A sc = A(rs * (gamma ? double(gamma[ch]) : 1.0));
-      const A sh = A((beta ? double(beta[ch]) : 0.0) - m * double(sc));
-      for (int64_t i = 0; i < n; ++i) {
-        const T* xr = x + (i * c + ch) * hw;
-        T* yr = y + (i * c + ch) * hw;
-        for (int64_t j = 0; j < hw; ++j) yr[j] = T(A(xr[j]) * sc + sh);
-      }
+      const T sc = T(rs * (gamma ? double(gamma[ch]) : 1.0));
+      const T sh = T((beta ? double(beta[ch]) : 0.0) - m * double(sc));
+      for (int64_t i = 0; i < n; ++i) planes.affine(hw, x + (i * c + ch) * hw, sc, sh, y + (i * c + ch) * hw);
     }
   });
 }
@@ -63,34 +101,14 @@ void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, double eps, double momentu
 template <typename T>
 void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool training, const T* x, const T* gamma, const T* mean,
                     const T* rstd, const T* gy, T* gx, T* ggamma, T* gbeta) {
-  using A = LaneAcc<T>;
+  const Planes<T> planes{};
   parallel_for(0, c, 1, [&](int64_t b, int64_t e) {
     for (int64_t ch = b; ch < e; ++ch) {
       const double m = double(mean[ch]), rs = double(rstd[ch]);
       const double gm = gamma ? double(gamma[ch]) : 1.0;
-      const A mf = A(m);
       double sg = 0, sgd = 0;  // sum gy, sum gy * (x - mean)
-      for (int64_t i = 0; i < n; ++i) {
-        const T* xr = x + (i * c + ch) * hw;
-        const T* gr = gy + (i * c + ch) * hw;
-        // One pass for both sums: gy*(x - m) = gy*x - m*gy, so accumulate gy and gy*x per lane.
-        A acc_g[kLanes] = {}, acc_gx[kLanes] = {};
-        int64_t j = 0;
-        for (; j + kLanes <= hw; j += kLanes)
-          for (int l = 0; l < kLanes; ++l) {
-            const A gv = A(gr[j + l]);
-            acc_g[l] += gv;
-            acc_gx[l] += gv * (A(xr[j + l]) - mf);
-          }
-        for (; j < hw; ++j) {
-          sg += double(gr[j]);
-          sgd += double(A(gr[j]) * (A(xr[j]) - mf));
-        }
-        for (int l = 0; l < kLanes; ++l) {
-          sg += double(acc_g[l]);
-          sgd += double(acc_gx[l]);
-        }
-      }
+      for (int64_t i = 0; i < n; ++i)
+        planes.grad_sums(hw, gy + (i * c + ch) * hw, x + (i * c + ch) * hw, T(m), &sg, &sgd);
       const double sgx = sgd * rs;
       if (ggamma) ggamma[ch] = T(sgx);
       if (gbeta) gbeta[ch] = T(sg);
@@ -100,13 +118,9 @@ void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool training, const T* x,
       const double k1 = gm * rs;
       const double k2 = training ? -gm * rs * rs * sgx / count : 0.0;
       const double k3 = training ? -gm * rs * sg / count - k2 * m : 0.0;
-      const A a1 = A(k1), a2 = A(k2), a3 = A(k3);
-      for (int64_t i = 0; i < n; ++i) {
-        const T* xr = x + (i * c + ch) * hw;
-        const T* gr = gy + (i * c + ch) * hw;
-        T* out = gx + (i * c + ch) * hw;
-        for (int64_t j = 0; j < hw; ++j) out[j] = T(a1 * A(gr[j]) + a2 * A(xr[j]) + a3);
-      }
+      for (int64_t i = 0; i < n; ++i)
+        planes.grad_apply(hw, gy + (i * c + ch) * hw, x + (i * c + ch) * hw, T(k1), T(k2), T(k3),
+                          gx + (i * c + ch) * hw);
     }
   });
 }
