@@ -134,6 +134,20 @@ void direct_tile(const float* x, int64_t plane, int64_t cg, const float* w, int6
     for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const float* xc = x + 16 * g;
     const float* wc = w;
+    if ((store[g] >> 8) == 0) {  // the plane ends in the group's first 8 pixels: one vector
+      for (int64_t c = 0; c < cg; ++c, xc += plane, wc += taps)
+        for (int64_t t = 0; t < taps; ++t) {
+          const float* xs = xc + shift[t];
+          const __m256 b0 = kPlain ? _mm256_and_ps(_mm256_loadu_ps(xs), _mm256_castsi256_ps(lm[t][2 * g]))
+                                   : _mm256_maskload_ps(xs, lm[t][2 * g]);
+#pragma GCC unroll 6
+          for (int r = 0; r < kRows; ++r)
+            acc[r][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(wc + r * wstride + t), b0, acc[r][0]);
+        }
+#pragma GCC unroll 6
+      for (int r = 0; r < kRows; ++r) store_lanes(y + r * ldy + 16 * g, store[g], acc[r][0]);
+      continue;
+    }
     for (int64_t c = 0; c < cg; ++c, xc += plane, wc += taps) {
       for (int64_t t = 0; t < taps; ++t) {
         const float* xs = xc + shift[t];
@@ -198,6 +212,7 @@ template <int kR, bool kPlain> void wgrad_passes(const float* gy, int64_t gy_ima
                                                  const int64_t* xoff, const void* const* xmask, const void* plane_mask,
                                                  float (*sums)[4]) {
   static_assert(6 % kR == 0, "whole passes");
+  const int64_t half_vecs = (ohw + 7) / 8;  // 8-lane vectors with a pixel in the plane (of the 2 * vecs)
   for (int pass = 0; pass < 6 / kR; ++pass) {
     __m256 acc[kR][4];
 #pragma GCC unroll 3
@@ -211,7 +226,7 @@ template <int kR, bool kPlain> void wgrad_passes(const float* gy, int64_t gy_ima
 #pragma GCC unroll 3
       for (int r = 0; r < kR; ++r) g[r] = gyn + orow[kR * pass + r] * ohw;
       const float* xs[4] = {xn + xoff[0], xn + xoff[1], xn + xoff[2], xn + xoff[3]};
-      for (int64_t h = 0; h < 2 * vecs; ++h) {
+      for (int64_t h = 0; h < half_vecs; ++h) {
         const int64_t o = 8 * h;
         // gy past the plane (the last group's tail) is masked; x by each pair's tap masks.
         __m256 gv[kR];
