@@ -22,6 +22,7 @@
 #include "engine/optim.h"
 #include "kernels/cuda/emulator/emulator.h"
 #include "tests/op_table.h"
+#include "tests/softmax_edges.h"
 
 using namespace kiln;
 using namespace kiln::optable;
@@ -100,6 +101,12 @@ TEST_CASE("emulated cuda: every op-table row matches the CPU (KILN_EMULATED_OP: 
     for (const std::string& err : emulated_parity(r)) CHECK_MESSAGE(false, err);
   }
   CHECK_MESSAGE(found, "no op-table row named ", only ? only : "");
+}
+
+TEST_CASE(
+    "emulated cuda: large inputs keep log-softmax's precision; a fully masked row gives softmax 0 and attention 0") {
+  detail::BackendOverride use(emu::emulated_cuda_backend());
+  kiln::testing::check_softmax_edges();
 }
 
 TEST_CASE("emulated cuda: the threads of a block in reverse order give the same results") {

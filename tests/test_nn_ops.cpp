@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kiln.h"
+#include "tests/softmax_edges.h"
 
 using namespace kiln;
 
@@ -270,6 +271,10 @@ TEST_CASE("nn: softmax and log_softmax") {
   // Stable for large logits.
   const Tensor big = from_vector({1000, 1001, 1002}, {3});
   CHECK(std::isfinite(log_softmax(big, 0).to_vector()[0]));
+}
+
+TEST_CASE("nn: large inputs keep log-softmax's precision; a fully masked row gives softmax 0 and attention 0") {
+  kiln::testing::check_softmax_edges();
 }
 
 TEST_CASE("nn: layer_norm") {

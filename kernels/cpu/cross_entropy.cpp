@@ -39,14 +39,14 @@ void cross_entropy_typed(int64_t rows, int64_t classes, const T* logits, const i
         s += std::exp(double(x[i]) - mx);
         sum_x += double(x[i]);
       }
-      const double lse = std::log(s) + mx;
+      const double ls = std::log(s), lse = ls + mx;
       // loss = -(1-eps) * logp[t] - eps/C * sum_i logp[i]; the smoothing term only when eps != 0
       // (with a -inf logit sum_x is -inf, and 0 * inf is NaN).
       const double nll = lse - double(x[t]);
       loss[r] = T(eps != 0 ? (1 - eps) * nll + eps * (lse - sum_x / double(classes)) : nll);
       if (g) {
         for (int64_t i = 0; i < classes; ++i) {
-          const double p = std::exp(double(x[i]) - lse);
+          const double p = std::exp((double(x[i]) - mx) - ls);  // not x - lse: lse is rounded to mx's ulp
           const double want = (i == t ? (1 - eps) : 0.0) + eps / double(classes);
           g[i] = T(grad_scale * (p - want));
         }

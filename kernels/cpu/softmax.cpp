@@ -15,6 +15,15 @@ namespace kiln::cpu {
 using namespace nn_detail;
 namespace {
 
+// Whether a row (n elements `inner` apart) of maximum mx is all -inf: a fully masked attention row, which
+// gives softmax 0 and log-softmax -inf on every device and in every dtype (NaN in it is not -inf).
+template <typename T> bool all_neg_inf(int64_t n, int64_t inner, const T* x, T mx) {
+  if (!(mx == -std::numeric_limits<T>::infinity())) return false;
+  for (int64_t i = 0; i < n; ++i)
+    if (!(x[i * inner] == -std::numeric_limits<T>::infinity())) return false;
+  return true;
+}
+
 template <typename T>
 void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, T* y) {
   if constexpr (std::is_same_v<T, float>) {
@@ -33,7 +42,11 @@ void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, 
       T* yr = y + o * n * inner + j;
       T mx = -std::numeric_limits<T>::infinity();
       for (int64_t i = 0; i < n; ++i) mx = std::max(mx, xr[i * inner]);
-      if (!std::isfinite(mx)) mx = 0;  // all -inf rows give NaN/0 naturally below; avoid inf - inf
+      if (all_neg_inf(n, inner, xr, mx)) {  // a fully masked row: 0 (log: -inf)
+        for (int64_t i = 0; i < n; ++i) yr[i * inner] = log ? -std::numeric_limits<T>::infinity() : T(0);
+        continue;
+      }
+      if (!std::isfinite(mx)) mx = 0;  // avoid inf - inf
       // exp in T (each term is at most 1), summed in f64; softmax keeps the terms in y for the scale pass.
       double s = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -41,9 +54,9 @@ void softmax_fwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* x, 
         if (!log) yr[i * inner] = e;
         s += double(e);
       }
-      if (log) {
-        const T lse = T(std::log(s)) + mx;
-        for (int64_t i = 0; i < n; ++i) yr[i * inner] = xr[i * inner] - lse;
+      if (log) {  // (x - max) - log(sum): adding log(sum) to max first would round it to max's ulp
+        const T ls = T(std::log(s));
+        for (int64_t i = 0; i < n; ++i) yr[i * inner] = (xr[i * inner] - mx) - ls;
       } else {
         const T inv = T(1.0 / s);
         for (int64_t i = 0; i < n; ++i) yr[i * inner] *= inv;
@@ -82,7 +95,7 @@ void softmax_bwd(bool log, int64_t outer, int64_t n, int64_t inner, const T* y, 
 }
 
 // Attention's softmax: z = scale * x + mask written into y, then softmax in place (softmax_fwd's rules:
-// a row whose maximum is not finite uses 0 as its shift).
+// a fully masked row, all -inf, gives 0; any other row whose maximum is not finite uses 0 as its shift).
 template <typename T>
 void masked_softmax_fwd(int64_t rows, int64_t n, const T* x, T scale, const T* mask, const MaskRows& mr, T* y) {
   parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
@@ -103,6 +116,10 @@ void masked_softmax_fwd(int64_t rows, int64_t n, const T* x, T scale, const T* m
       } else {
         T mx = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j < n; ++j) mx = std::max(mx, yr[j]);
+        if (all_neg_inf(n, 1, yr, mx)) {
+          std::fill(yr, yr + n, T(0));
+          continue;
+        }
         if (!std::isfinite(mx)) mx = 0;
         double s = 0;
         for (int64_t j = 0; j < n; ++j) s += double(yr[j] = std::exp(yr[j] - mx));

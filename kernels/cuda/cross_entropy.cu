@@ -57,17 +57,20 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(int64_t rows, i
     }
     if (g) {
       if constexpr (std::is_same_v<T, float>) {  // the CPU's f32 row: f32 terms, the target's in f64
-        const float lse_f = float(lse), sc = float(grad_scale), off = float(grad_scale * eps / dc);
+        // log(sum) beside the max, as the CPU's row does; NaN (like lse) when the max is not finite.
+        const float ls = isfinite(ms.m) ? float(::log(double(ms.s))) : std::numeric_limits<float>::quiet_NaN();
+        const float sc = float(grad_scale), off = float(grad_scale * eps / dc);
         for (int64_t i = G::rank(); i < classes; i += G::size())
           g[i] = i == t ? float(grad_scale * (::exp(double(x[t]) - lse) - (1 - eps) - eps / dc))
-                        : sc * expf(x[i] - lse_f) - off;
+                        : sc * expf((x[i] - ms.m) - ls) - off;
       } else {
         // The target distribution's two values, hoisted (and the loop kept rolled: unrolled, the
         // f64 kernel spilled on sm_90).
-        const double on = (1 - eps) + eps / dc, off = eps / dc;
+        const double on = (1 - eps) + eps / dc, off = eps / dc, m = double(ms.m);
+        const double ls = isfinite(ms.m) ? ::log(double(ms.s)) : std::numeric_limits<double>::quiet_NaN();
 #pragma unroll 1
         for (int64_t i = G::rank(); i < classes; i += G::size())
-          g[i] = T(grad_scale * (::exp(double(x[i]) - lse) - (i == t ? on : off)));
+          g[i] = T(grad_scale * (::exp((double(x[i]) - m) - ls) - (i == t ? on : off)));
       }
     }
   }

@@ -27,15 +27,19 @@ __global__ void __launch_bounds__(kThreads) softmax_rows_kernel(bool log, int64_
     for (int64_t i = G::rank(); i < n; i += G::size()) ms_add(ms, xr[i]);
     ms = group_merge<kBlock>(ms, red);
     T m = ms.m, s = ms.s;
+    if (m == kNegInf<T> && s == T(0)) {  // every element -inf (NaN would make s NaN): the CPU's 0 / -inf
+      for (int64_t i = G::rank(); i < n; i += G::size()) yr[i] = log ? kNegInf<T> : T(0);
+      continue;
+    }
     if (!isfinite(m)) {  // the same for the whole group
       m = T(0);
       T t = T(0);
       for (int64_t i = G::rank(); i < n; i += G::size()) t += dexp(xr[i]);
       s = group_sum<kBlock>(t, sred);
     }
-    if (log) {
-      const T lse = T(::log(double(s))) + m;
-      for (int64_t i = G::rank(); i < n; i += G::size()) yr[i] = xr[i] - lse;
+    if (log) {  // (x - max) - log(sum), as on the CPU: max + log(sum) would round to max's ulp
+      const T ls = T(::log(double(s)));
+      for (int64_t i = G::rank(); i < n; i += G::size()) yr[i] = (xr[i] - m) - ls;
     } else {
       const T inv = T(1.0 / double(s));
       for (int64_t i = G::rank(); i < n; i += G::size()) yr[i] = dexp(xr[i] - m) * inv;
@@ -95,6 +99,7 @@ __global__ void __launch_bounds__(kThreads) softmax_cols_kernel(bool log, int64_
 #pragma unroll 1
     for (int k = 1; k < 8; ++k) ms = ms_merge(ms, red[k][tx]);
     T m = ms.m, s = ms.s;
+    const bool all_neg_inf = m == kNegInf<T> && s == T(0);  // the CPU's 0 / -inf for this column
     if (__syncthreads_or(end != 0 && !isfinite(m))) {  // some column takes the CPU's max := 0 path
       T acc = T(0);
       for (int64_t q = first; q < end; q += step) acc += dexp(x[q]);
@@ -106,9 +111,11 @@ __global__ void __launch_bounds__(kThreads) softmax_cols_kernel(bool log, int64_
         for (int k = 1; k < 8; ++k) s += sred[k][tx];
       }
     }
-    if (log) {
-      const T lse = T(::log(double(s))) + m;
-      for (int64_t q = first; q < end; q += step) y[q] = x[q] - lse;
+    if (all_neg_inf) {
+      for (int64_t q = first; q < end; q += step) y[q] = log ? kNegInf<T> : T(0);
+    } else if (log) {
+      const T ls = T(::log(double(s)));
+      for (int64_t q = first; q < end; q += step) y[q] = (x[q] - m) - ls;
     } else {
       const T inv = T(1.0 / double(s));
       for (int64_t q = first; q < end; q += step) y[q] = dexp(x[q] - m) * inv;
@@ -186,6 +193,10 @@ __global__ void __launch_bounds__(kThreads) masked_softmax_rows_kernel(int64_t r
     for (int64_t i = G::rank(); i < n; i += G::size()) ms_add(ms, z(i));
     ms = group_merge<kBlock>(ms, red);
     T m = ms.m, s = ms.s;
+    if (m == kNegInf<T> && s == T(0)) {  // a fully masked row: zeros, as on the CPU
+      for (int64_t i = G::rank(); i < n; i += G::size()) yr[i] = T(0);
+      continue;
+    }
     if (!isfinite(m)) {  // the same for the whole group: the CPU's max := 0 path
       m = T(0);
       T t = T(0);
