@@ -133,11 +133,11 @@ BertPooler::BertPooler(const BertConfig& c) {
   dense = register_module("dense", std::make_shared<nn::Linear>(c.hidden_size, c.hidden_size));
 }
 
-BertModel::BertModel(const BertConfig& c) : config(c) {
+BertModel::BertModel(const BertConfig& c, bool add_pooling_layer) : config(c) {
   check_config(c);
   embeddings = register_module("embeddings", std::make_shared<BertEmbeddings>(c));
   encoder = register_module("encoder", std::make_shared<BertEncoder>(c));
-  pooler = register_module("pooler", std::make_shared<BertPooler>(c));
+  if (add_pooling_layer) pooler = register_module("pooler", std::make_shared<BertPooler>(c));
   init_bert_weights(*this, c.initializer_range);
 }
 
@@ -154,7 +154,7 @@ BertOutputs BertModel::forward(const Tensor& ids, const Tensor& attention_mask, 
   const Tensor mask = attention_mask.defined() ? nn::additive_padding_mask(attention_mask, h0.dtype()) : Tensor();
   BertOutputs out;
   out.last_hidden_state = encoder->forward(h0, mask);
-  out.pooled_output = pooler->forward(out.last_hidden_state);
+  if (pooler) out.pooled_output = pooler->forward(out.last_hidden_state);
   return out;
 }
 
@@ -171,7 +171,7 @@ BertForMaskedLM::Cls::Cls(const BertConfig& c) {
 }
 
 BertForMaskedLM::BertForMaskedLM(const BertConfig& c) {
-  bert = register_module("bert", std::make_shared<BertModel>(c));
+  bert = register_module("bert", std::make_shared<BertModel>(c, /*add_pooling_layer=*/false));
   cls = register_module("cls", std::make_shared<Cls>(c));
   init_bert_weights(*cls, c.initializer_range);
 }

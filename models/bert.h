@@ -108,23 +108,26 @@ class BertPooler final : public nn::Module {
 
 struct BertOutputs {
   Tensor last_hidden_state;  // [B, L, H]
-  Tensor pooled_output;      // [B, H]
+  Tensor pooled_output;      // [B, H]; undefined without a pooler
 };
 
 class BertModel final : public nn::Module {
  public:
-  explicit BertModel(const BertConfig& c);
+  // add_pooling_layer false: no pooler (its parameters are not created), as a masked-LM model has
+  // none: its head reads every position, never the pooled [CLS].
+  explicit BertModel(const BertConfig& c, bool add_pooling_layer = true);
   std::string type_name() const override { return "BertModel"; }
   // input_ids [B, L] i64; attention_mask [B, L] (1 keep, 0 pad) or undefined; token_type_ids or undefined.
   BertOutputs forward(const Tensor& input_ids, const Tensor& attention_mask = {}, const Tensor& token_type_ids = {});
   BertConfig config;
   std::shared_ptr<BertEmbeddings> embeddings;
   std::shared_ptr<BertEncoder> encoder;
-  std::shared_ptr<BertPooler> pooler;
+  std::shared_ptr<BertPooler> pooler;  // null without a pooling layer
 };
 
 // Masked-LM head: cls.predictions.transform (dense + GELU + LayerNorm), a decoder tied to the word
-// embeddings, and cls.predictions.bias.
+// embeddings, and cls.predictions.bias. Its BertModel has no pooler (as a Hugging Face BertForMaskedLM
+// checkpoint has none).
 class BertForMaskedLM final : public nn::Module {
  public:
   explicit BertForMaskedLM(const BertConfig& c);

@@ -94,6 +94,25 @@ TEST_CASE("forward: bert-tiny-mlm, bad weights and flags") {
   io::save_safetensors(d / "old.safetensors", old);
   CHECK(run(base + " --weights " + d / "old.safetensors" + " --out " + d / "y3.safetensors") == 0);
 
+  // A pretraining checkpoint (Hugging Face BertForPreTraining, or a Kiln masked-LM run from before the
+  // pooler was dropped) also holds the pooler and the next-sentence head: masked LM never uses them, so
+  // they are ignored, and named.
+  nn::StateDict pre = m.state_dict();
+  pre["bert.pooler.dense.weight"] = zeros({c.hidden_size, c.hidden_size});
+  pre["bert.pooler.dense.bias"] = zeros({c.hidden_size});
+  pre["cls.seq_relationship.weight"] = zeros({2, c.hidden_size});
+  pre["cls.seq_relationship.bias"] = zeros({2});
+  io::save_safetensors(d / "pre.safetensors", pre);
+  const auto r = testing::run_kiln(
+      "forward " + base + " --weights " + d / "pre.safetensors" + " --out " + d / "y2.safetensors", d.p.string());
+  CHECK(r.code == 0);
+  CHECK_MESSAGE(r.output.find("ignored 4 tensors of " + d / "pre.safetensors" +
+                              " that bert-tiny-mlm does not use: "
+                              "bert.pooler.dense.bias, bert.pooler.dense.weight, cls.seq_relationship.bias, "
+                              "cls.seq_relationship.weight") != std::string::npos,
+                r.output);
+  CHECK(allclose(io::load_safetensors(d / "y2.safetensors").tensors.at("output"), want, 1e-5, 1e-6));
+
   // Missing and unexpected names are errors (exit 1); --allow-missing tolerates the missing.
   nn::StateDict bad = m.state_dict();
   bad.erase("cls.predictions.bias");

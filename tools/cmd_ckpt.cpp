@@ -101,7 +101,11 @@ int export_weights(const CkptOptions& o) {
 int import_weights(const CkptOptions& o) {
   const std::shared_ptr<nn::Module> m = model_family(o.model).build(o.model, o.sets, /*deterministic=*/false).module;
   const io::SafetensorsFile f = io::load_safetensors(o.file);
-  m->load_state_dict(normalise_checkpoint_names(f.tensors, m->state_dict()), /*strict=*/true);
+  const nn::StateDict mine = m->state_dict();
+  nn::StateDict given = normalise_checkpoint_names(f.tensors, mine);
+  if (const std::string note = ignored_message(drop_unused_heads(*m, given), o.file, o.model); !note.empty())
+    std::fprintf(stderr, "kiln ckpt import: %s\n", note.c_str());
+  m->load_state_dict(given, /*strict=*/true);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [n, t] : m->state_dict()) tensors.emplace_back("model/" + n, t);
   const nlohmann::json state = {{"kind", "weights"}, {"config", {{"model", o.model}, {"set", o.sets}}}, {"source", o.file}};

@@ -186,4 +186,33 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
   return out;
 }
 
+std::vector<std::string> drop_unused_heads(const nn::Module& m, nn::StateDict& in) {
+  std::vector<std::string> prefixes;
+  if (m.type_name() == "BertForMaskedLM") prefixes = {"bert.pooler.", "cls.seq_relationship."};
+  if (m.type_name() == "BertForSequenceClassification") prefixes = {"cls."};
+  const nn::StateDict mine = m.state_dict();
+  std::vector<std::string> dropped;
+  for (auto it = in.begin(); it != in.end();) {
+    const bool unused = !mine.count(it->first) && std::any_of(prefixes.begin(), prefixes.end(), [&](const auto& p) {
+      return it->first.rfind(p, 0) == 0;
+    });
+    if (unused) {
+      dropped.push_back(it->first);
+      it = in.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
+std::string ignored_message(const std::vector<std::string>& ignored, const std::string& file,
+                            const std::string& model) {
+  if (ignored.empty()) return "";
+  std::string s = "ignored " + std::to_string(ignored.size()) + " tensor" + (ignored.size() == 1 ? "" : "s") + " of " +
+                  file + " that " + model + " does not use:";
+  for (size_t i = 0; i < ignored.size(); ++i) s += (i ? ", " : " ") + ignored[i];
+  return s;
+}
+
 }  // namespace kiln::tools
