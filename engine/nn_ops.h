@@ -33,6 +33,20 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& gamma = {}, const Tensor& beta = {},
                   double eps = 1e-5);
 
+// Activations, as torch.nn.functional defines them (defaults included).
+Tensor silu(const Tensor& x);  // x * sigmoid(x), also called swish
+Tensor mish(const Tensor& x);  // x * tanh(softplus(x))
+Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);
+Tensor softsign(const Tensor& x);
+Tensor logsigmoid(const Tensor& x);
+Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
+Tensor elu(const Tensor& x, double alpha = 1.0);
+Tensor selu(const Tensor& x);
+Tensor celu(const Tensor& x, double alpha = 1.0);
+Tensor hardtanh(const Tensor& x, double min_val = -1.0, double max_val = 1.0);  // gradient 0 at and past the bounds
+Tensor relu6(const Tensor& x);
+Tensor hardsigmoid(const Tensor& x);
+Tensor hardswish(const Tensor& x);
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 // softmax(scale * x + mask) over the last dim in one kernel (attention's scores): mask additive,

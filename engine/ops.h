@@ -83,6 +83,30 @@ Tensor relu(const Tensor& a);
 enum class GeluApprox { none, tanh };
 Tensor gelu(const Tensor& a, GeluApprox approx = GeluApprox::none);
 Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> max);
+// Elementwise math (floating results; integer inputs compute in f32, as exp does). floor, ceil, round
+// (half to even) and trunc keep an integer tensor as it is; their gradient is 0; frac is x - trunc(x).
+Tensor sin(const Tensor& a);
+Tensor cos(const Tensor& a);
+Tensor tan(const Tensor& a);
+Tensor asin(const Tensor& a);
+Tensor acos(const Tensor& a);
+Tensor atan(const Tensor& a);
+Tensor sinh(const Tensor& a);
+Tensor cosh(const Tensor& a);
+Tensor erf(const Tensor& a);
+Tensor erfc(const Tensor& a);
+Tensor erfinv(const Tensor& a);
+Tensor log1p(const Tensor& a);
+Tensor expm1(const Tensor& a);
+Tensor log2(const Tensor& a);
+Tensor log10(const Tensor& a);
+Tensor exp2(const Tensor& a);
+Tensor reciprocal(const Tensor& a);
+Tensor floor(const Tensor& a);
+Tensor ceil(const Tensor& a);
+Tensor round(const Tensor& a);
+Tensor trunc(const Tensor& a);
+Tensor frac(const Tensor& a);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // Comparisons give bool tensors (not differentiable).
 Tensor eq(const Tensor& a, const Tensor& b);

@@ -5,6 +5,7 @@
 
 #include "engine/autograd.h"
 #include "engine/internal.h"
+#include "engine/nn_ops.h"
 #include "engine/ops.h"
 
 namespace kiln {
@@ -270,6 +271,178 @@ Tensor rsqrt(const Tensor& a) {
   // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
   return float_unary("rsqrt", UnaryOp::rsqrt, a, true,
                      [](const Tensor& g, const Tensor& y) { return g * pow(y, 3.0) * -0.5; });
+}
+
+namespace {
+// A float unary op with parameters p0, p1 whose backward reads the input.
+template <typename Back>
+Tensor unary_on_input(const char* name, UnaryOp op, const Tensor& a, double p0, double p1, Back back) {
+  check_not_bool(name, a.dtype());
+  Tensor out = run_unary(op, a, float_type(a.dtype()), p0, p1);
+  if (autograd::needs_grad({a})) {
+    SavedTensor saved(a);
+    autograd::record(name, {a}, {out}, [saved, back, name](const GradCtx& c) -> std::vector<Tensor> {
+      return {back(c.g(), saved.unpack(name))};
+    });
+  }
+  return out;
+}
+// floor, ceil, round, trunc: an integer tensor is already whole (a copy, its own dtype); gradient 0.
+Tensor rounding(const char* name, UnaryOp op, const Tensor& a) {
+  check_not_bool(name, a.dtype());
+  if (!is_floating(a.dtype())) return a.clone();
+  return float_unary(name, op, a, false, [](const Tensor& g, const Tensor&) { return zeros_like(g); });
+}
+constexpr double kLn2 = 0.69314718055994530942, kLn10 = 2.30258509299404568402;
+constexpr double kTwoOverSqrtPi = 1.12837916709551257390;
+}  // namespace
+
+Tensor sin(const Tensor& a) {
+  return float_unary("sin", UnaryOp::sin, a, false, [](const Tensor& g, const Tensor& x) { return g * cos(x); });
+}
+Tensor cos(const Tensor& a) {
+  return float_unary("cos", UnaryOp::cos, a, false, [](const Tensor& g, const Tensor& x) { return -(g * sin(x)); });
+}
+Tensor tan(const Tensor& a) {
+  return float_unary("tan", UnaryOp::tan, a, true, [](const Tensor& g, const Tensor& y) { return g * (y * y + 1.0); });
+}
+Tensor asin(const Tensor& a) {
+  return float_unary("asin", UnaryOp::asin, a, false,
+                     [](const Tensor& g, const Tensor& x) { return g * rsqrt(1.0 - x * x); });
+}
+Tensor acos(const Tensor& a) {
+  return float_unary("acos", UnaryOp::acos, a, false,
+                     [](const Tensor& g, const Tensor& x) { return -(g * rsqrt(1.0 - x * x)); });
+}
+Tensor atan(const Tensor& a) {
+  return float_unary("atan", UnaryOp::atan, a, false,
+                     [](const Tensor& g, const Tensor& x) { return g / (x * x + 1.0); });
+}
+Tensor sinh(const Tensor& a) {
+  return float_unary("sinh", UnaryOp::sinh, a, false, [](const Tensor& g, const Tensor& x) { return g * cosh(x); });
+}
+Tensor cosh(const Tensor& a) {
+  return float_unary("cosh", UnaryOp::cosh, a, false, [](const Tensor& g, const Tensor& x) { return g * sinh(x); });
+}
+Tensor erf(const Tensor& a) {
+  return float_unary("erf", UnaryOp::erf, a, false,
+                     [](const Tensor& g, const Tensor& x) { return g * (exp(-(x * x)) * kTwoOverSqrtPi); });
+}
+Tensor erfc(const Tensor& a) {
+  return float_unary("erfc", UnaryOp::erfc, a, false,
+                     [](const Tensor& g, const Tensor& x) { return g * (exp(-(x * x)) * -kTwoOverSqrtPi); });
+}
+Tensor erfinv(const Tensor& a) {
+  // d/dx erfinv(x) = sqrt(pi) / 2 * e^(y^2)
+  return float_unary("erfinv", UnaryOp::erfinv, a, true,
+                     [](const Tensor& g, const Tensor& y) { return g * (exp(y * y) * (1.0 / kTwoOverSqrtPi)); });
+}
+Tensor log1p(const Tensor& a) {
+  return float_unary("log1p", UnaryOp::log1p, a, false, [](const Tensor& g, const Tensor& x) { return g / (x + 1.0); });
+}
+Tensor expm1(const Tensor& a) {
+  return float_unary("expm1", UnaryOp::expm1, a, true, [](const Tensor& g, const Tensor& y) { return g * (y + 1.0); });
+}
+Tensor log2(const Tensor& a) {
+  return float_unary("log2", UnaryOp::log2, a, false, [](const Tensor& g, const Tensor& x) { return g / (x * kLn2); });
+}
+Tensor log10(const Tensor& a) {
+  return float_unary("log10", UnaryOp::log10, a, false,
+                     [](const Tensor& g, const Tensor& x) { return g / (x * kLn10); });
+}
+Tensor exp2(const Tensor& a) {
+  return float_unary("exp2", UnaryOp::exp2, a, true, [](const Tensor& g, const Tensor& y) { return g * (y * kLn2); });
+}
+Tensor reciprocal(const Tensor& a) {
+  return float_unary("reciprocal", UnaryOp::reciprocal, a, true,
+                     [](const Tensor& g, const Tensor& y) { return -(g * (y * y)); });
+}
+Tensor floor(const Tensor& a) { return rounding("floor", UnaryOp::floor, a); }
+Tensor ceil(const Tensor& a) { return rounding("ceil", UnaryOp::ceil, a); }
+Tensor round(const Tensor& a) { return rounding("round", UnaryOp::round, a); }
+Tensor trunc(const Tensor& a) { return rounding("trunc", UnaryOp::trunc, a); }
+Tensor frac(const Tensor& a) {
+  return float_unary("frac", UnaryOp::frac, a, false, [](const Tensor& g, const Tensor&) { return g; });
+}
+
+// ---- activations -------------------------------------------------------------------------------------
+
+namespace {
+Tensor where_positive(const Tensor& x, const Tensor& pos, const Tensor& rest) {
+  return where(gt(x, scalar_like(0, x)), pos, rest);
+}
+}  // namespace
+
+Tensor silu(const Tensor& x) {
+  return unary_on_input("silu", UnaryOp::silu, x, 0, 0, [](const Tensor& g, const Tensor& x) {
+    const Tensor s = sigmoid(x);
+    return g * (s * (x * (1.0 - s) + 1.0));
+  });
+}
+Tensor mish(const Tensor& x) {
+  return unary_on_input("mish", UnaryOp::mish, x, 0, 0, [](const Tensor& g, const Tensor& x) {
+    const Tensor t = tanh(softplus(x));
+    return g * (t + x * sigmoid(x) * (1.0 - t * t));
+  });
+}
+Tensor softplus(const Tensor& x, double beta, double threshold) {
+  KILN_CHECK(beta != 0 && std::isfinite(beta), "softplus: beta must be finite and non-zero, got ", beta);
+  return unary_on_input("softplus", UnaryOp::softplus, x, beta, threshold,
+                        [beta, threshold](const Tensor& g, const Tensor& x) {
+                          const Tensor z = x * beta;
+                          return where(gt(z, scalar_like(threshold, z)), g, g * sigmoid(z));
+                        });
+}
+Tensor softsign(const Tensor& x) {
+  return unary_on_input("softsign", UnaryOp::softsign, x, 0, 0, [](const Tensor& g, const Tensor& x) {
+    const Tensor d = abs(x) + 1.0;
+    return g / (d * d);
+  });
+}
+Tensor logsigmoid(const Tensor& x) {
+  return unary_on_input("logsigmoid", UnaryOp::logsigmoid, x, 0, 0,
+                        [](const Tensor& g, const Tensor& x) { return g * sigmoid(-x); });
+}
+Tensor leaky_relu(const Tensor& x, double slope) {
+  return unary_on_input("leaky_relu", UnaryOp::leaky_relu, x, slope, 0,
+                        [slope](const Tensor& g, const Tensor& x) { return where_positive(x, g, g * slope); });
+}
+namespace {
+Tensor elu_scaled(const char* name, const Tensor& x, double alpha, double scale) {
+  return unary_on_input(name, UnaryOp::elu, x, alpha, scale, [alpha, scale](const Tensor& g, const Tensor& x) {
+    return where_positive(x, g * scale, g * (exp(x) * (alpha * scale)));
+  });
+}
+}  // namespace
+Tensor elu(const Tensor& x, double alpha) { return elu_scaled("elu", x, alpha, 1.0); }
+// Klambauer et al.'s constants, as torch.nn.functional.selu.
+Tensor selu(const Tensor& x) {
+  return elu_scaled("selu", x, 1.6732632423543772848170429916717, 1.0507009873554804934193349852946);
+}
+Tensor celu(const Tensor& x, double alpha) {
+  KILN_CHECK(alpha != 0, "celu: alpha must be non-zero");
+  return unary_on_input("celu", UnaryOp::celu, x, alpha, 0,
+                        [alpha](const Tensor& g, const Tensor& x) { return where_positive(x, g, g * exp(x / alpha)); });
+}
+Tensor hardtanh(const Tensor& x, double min_val, double max_val) {
+  KILN_CHECK(min_val <= max_val, "hardtanh: min_val ", min_val, " is above max_val ", max_val);
+  return unary_on_input(
+      "hardtanh", UnaryOp::clamp, x, min_val, max_val, [min_val, max_val](const Tensor& g, const Tensor& x) {
+        const Tensor inside = logical_and(gt(x, scalar_like(min_val, x)), lt(x, scalar_like(max_val, x)));
+        return where(inside, g, zeros_like(g));
+      });
+}
+Tensor relu6(const Tensor& x) { return hardtanh(x, 0.0, 6.0); }
+Tensor hardsigmoid(const Tensor& x) {
+  return unary_on_input("hardsigmoid", UnaryOp::hardsigmoid, x, 0, 0, [](const Tensor& g, const Tensor& x) {
+    return where(lt(abs(x), scalar_like(3, x)), g * (1.0 / 6.0), zeros_like(g));
+  });
+}
+Tensor hardswish(const Tensor& x) {
+  return unary_on_input("hardswish", UnaryOp::hardswish, x, 0, 0, [](const Tensor& g, const Tensor& x) {
+    return where(lt(x, scalar_like(-3, x)), zeros_like(g),
+                 where(le(x, scalar_like(3, x)), g * (x * (1.0 / 3.0) + 0.5), g));
+  });
 }
 
 namespace {

@@ -26,10 +26,54 @@ struct TensorDesc {
 };
 
 enum class UnaryOp : uint8_t {
-  neg, abs, sign, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu_erf, gelu_tanh,
+  neg,
+  abs,
+  sign,
+  exp,
+  log,
+  sqrt,
+  rsqrt,
+  tanh,
+  sigmoid,
+  relu,
+  gelu_erf,
+  gelu_tanh,
   pow_scalar,  // x ^ p0
   clamp,       // clamp(x, p0, p1); NaN bounds mean "no bound"
   logical_not,
+  // Floating point only (kernels/common/math.h has the ones <cmath> lacks):
+  sin,
+  cos,
+  tan,
+  asin,
+  acos,
+  atan,
+  sinh,
+  cosh,
+  erf,
+  erfc,
+  erfinv,
+  log1p,
+  expm1,
+  log2,
+  log10,
+  exp2,
+  reciprocal,
+  floor,
+  ceil,
+  round,  // round: half to even
+  trunc,
+  frac,  // frac: x - trunc(x)
+  silu,
+  mish,
+  softsign,
+  logsigmoid,
+  hardsigmoid,
+  hardswish,
+  softplus,    // log(1 + e^(p0 x)) / p0; x where p0 x > p1 (beta, threshold)
+  leaky_relu,  // x > 0 ? x : p0 x
+  elu,         // p1 (x > 0 ? x : p0 (e^x - 1))   (alpha, scale: selu is elu with its two constants)
+  celu,        // x > 0 ? x : p0 (e^(x / p0) - 1)
 };
 enum class BinaryOp : uint8_t {
   add,  // a + alpha * b

@@ -64,6 +64,19 @@ Tensor matmul_ref(const Tensor& a, const Tensor& b) {
 }
 
 double gelu_exact(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+// erf's inverse by bisection: slow, plain, exact to the last bit of a double.
+double erfinv_ref(double x) {
+  double lo = -6, hi = 6;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (std::erf(mid) < x ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+double softplus_ref(double x, double beta, double threshold) {
+  return beta * x > threshold ? x : std::log1p(std::exp(beta * x)) / beta;
+}
+constexpr double kSeluAlpha = 1.6732632423543772848170429916717, kSeluScale = 1.0507009873554804934193349852946;
 double gelu_tanh(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
 
 std::vector<Row> build() {
@@ -95,6 +108,121 @@ std::vector<Row> build() {
   un("relu", [](const Tensor& a) { return relu(a); }, [](double x) { return x > 0 ? x : 0.0; }, Kind::nonzero);
   un("gelu", [](const Tensor& a) { return gelu(a); }, gelu_exact);
   un("gelu_tanh", [](const Tensor& a) { return gelu(a, GeluApprox::tanh); }, gelu_tanh).covers({"gelu"});
+  // Elementwise math (docs/ops.md), inputs inside each function's domain.
+  un(
+      "sin", [](const Tensor& a) { return sin(a); }, [](double x) { return std::sin(x); });
+  un(
+      "cos", [](const Tensor& a) { return cos(a); }, [](double x) { return std::cos(x); });
+  un(
+      "tan", [](const Tensor& a) { return tan(a); }, [](double x) { return std::tan(x); }, Kind::unit);
+  un(
+      "asin", [](const Tensor& a) { return asin(a); }, [](double x) { return std::asin(x); }, Kind::unit);
+  un(
+      "acos", [](const Tensor& a) { return acos(a); }, [](double x) { return std::acos(x); }, Kind::unit);
+  un(
+      "atan", [](const Tensor& a) { return atan(a); }, [](double x) { return std::atan(x); });
+  un(
+      "sinh", [](const Tensor& a) { return sinh(a); }, [](double x) { return std::sinh(x); });
+  un(
+      "cosh", [](const Tensor& a) { return cosh(a); }, [](double x) { return std::cosh(x); });
+  un(
+      "erf", [](const Tensor& a) { return erf(a); }, [](double x) { return std::erf(x); });
+  un(
+      "erfc", [](const Tensor& a) { return erfc(a); }, [](double x) { return std::erfc(x); });
+  // erfinv over (-0.96, 0.96), and its tail branch (|x| > 0.9925) in f32 and f64 only: 16 bits cannot
+  // hold inputs that close to 1 (bf16 rounds them to 1, whose erfinv is inf).
+  row("erfinv", {{{33, 17}, Kind::unit}}, [](const V& x) {
+    return one(erfinv(x[0] * 1.92 - 0.96));
+  }).ref([](const V& x) {
+      return one(map1(x[0], [](double e) { return erfinv_ref(e * 1.92 - 0.96); }));
+    }).autocast(ew);
+  row("erfinv_tail", {{{33, 17}, Kind::unit}}, [](const V& x) { return one(erfinv(x[0] * 0.007 + 0.9925)); })
+      .ref([](const V& x) { return one(map1(x[0], [](double e) { return erfinv_ref(e * 0.007 + 0.9925); })); })
+      .covers({"erfinv"})
+      .f32_only()
+      .autocast(ew);
+  un(
+      "log1p", [](const Tensor& a) { return log1p(a); }, [](double x) { return std::log1p(x); }, Kind::positive);
+  un(
+      "expm1", [](const Tensor& a) { return expm1(a); }, [](double x) { return std::expm1(x); });
+  un(
+      "log2", [](const Tensor& a) { return log2(a); }, [](double x) { return std::log2(x); }, Kind::positive);
+  un(
+      "log10", [](const Tensor& a) { return log10(a); }, [](double x) { return std::log10(x); }, Kind::positive);
+  un(
+      "exp2", [](const Tensor& a) { return exp2(a); }, [](double x) { return std::exp2(x); });
+  un(
+      "reciprocal", [](const Tensor& a) { return reciprocal(a); }, [](double x) { return 1 / x; }, Kind::nonzero);
+  // The rounding ops on 4x the inputs (several integers apart), each times x so the row has a gradient.
+  row("rounding", {{{33, 17}, Kind::nonzero}},
+      [](const V& x) {
+        const Tensor y = x[0] * 4.0;
+        return V{floor(y) * x[0], ceil(y) * x[0], round(y) * x[0], trunc(y) * x[0], frac(y)};
+      })
+      .ref([](const V& x) {
+        return V{map1(x[0], [](double e) { return std::floor(4 * e) * e; }),
+                 map1(x[0], [](double e) { return std::ceil(4 * e) * e; }),
+                 map1(x[0], [](double e) { return std::nearbyint(4 * e) * e; }),
+                 map1(x[0], [](double e) { return std::trunc(4 * e) * e; }),
+                 map1(x[0], [](double e) { return 4 * e - std::trunc(4 * e); })};
+      })
+      .covers({"floor", "ceil", "round", "trunc", "frac"})
+      .autocast(ew);
+  // Activations (torch.nn.functional's definitions and defaults).
+  un(
+      "silu", [](const Tensor& a) { return silu(a); }, [](double x) { return x / (1 + std::exp(-x)); });
+  un(
+      "mish", [](const Tensor& a) { return mish(a); }, [](double x) { return x * std::tanh(std::log1p(std::exp(x))); });
+  un(
+      "softsign", [](const Tensor& a) { return softsign(a); }, [](double x) { return x / (1 + std::abs(x)); },
+      Kind::nonzero);
+  un(
+      "logsigmoid", [](const Tensor& a) { return logsigmoid(a); }, [](double x) { return -std::log1p(std::exp(-x)); });
+  row("softplus", {{{33, 17}}},
+      [](const V& x) {
+        return V{softplus(x[0]), softplus(x[0], 2.0, 1.0)};
+      })
+      .ref([](const V& x) {
+        return V{map1(x[0], [](double e) { return softplus_ref(e, 1, 20); }),
+                 map1(x[0], [](double e) { return softplus_ref(e, 2, 1); })};
+      })
+      .autocast(ew);
+  row("leaky_relu", {{{33, 17}, Kind::nonzero}},
+      [](const V& x) {
+        return V{leaky_relu(x[0]), leaky_relu(x[0], 0.2)};
+      })
+      .ref([](const V& x) {
+        return V{map1(x[0], [](double e) { return e > 0 ? e : 0.01 * e; }),
+                 map1(x[0], [](double e) { return e > 0 ? e : 0.2 * e; })};
+      })
+      .autocast(ew);
+  row("elu", {{{33, 17}, Kind::nonzero}},
+      [](const V& x) {
+        return V{elu(x[0]), elu(x[0], 0.5), selu(x[0]), celu(x[0], 0.7)};
+      })
+      .ref([](const V& x) {
+        return V{map1(x[0], [](double e) { return e > 0 ? e : std::expm1(e); }),
+                 map1(x[0], [](double e) { return e > 0 ? e : 0.5 * std::expm1(e); }),
+                 map1(x[0], [](double e) { return kSeluScale * (e > 0 ? e : kSeluAlpha * std::expm1(e)); }),
+                 map1(x[0], [](double e) { return e > 0 ? e : 0.7 * std::expm1(e / 0.7); })};
+      })
+      .covers({"elu", "selu", "celu"})
+      .autocast(ew);
+  // The hard activations on 4x the inputs, so their flat parts are reached.
+  row("hardtanh", {{{33, 17}, Kind::nonzero}},
+      [](const V& x) {
+        const Tensor y = x[0] * 4.0;
+        return V{hardtanh(y), hardtanh(y, -0.5, 2.5), relu6(y * 2.0), hardsigmoid(y), hardswish(y)};
+      })
+      .ref([](const V& x) {
+        return V{map1(x[0], [](double e) { return std::clamp(4 * e, -1.0, 1.0); }),
+                 map1(x[0], [](double e) { return std::clamp(4 * e, -0.5, 2.5); }),
+                 map1(x[0], [](double e) { return std::clamp(8 * e, 0.0, 6.0); }),
+                 map1(x[0], [](double e) { return std::clamp(4 * e / 6 + 0.5, 0.0, 1.0); }),
+                 map1(x[0], [](double e) { return 4 * e * std::clamp(4 * e + 3, 0.0, 6.0) / 6; })};
+      })
+      .covers({"hardtanh", "relu6", "hardsigmoid", "hardswish"})
+      .autocast(ew);
   // sign has no gradient of its own: times x, so the row has one to check.
   row("sign", {{{33, 17}, Kind::nonzero}}, [](const V& x) { return V{sign(x[0]), sign(x[0]) * x[0]}; })
       .ref([](const V& x) { return V{map1(x[0], [](double e) { return double((e > 0) - (e < 0)); }), map1(x[0], [](double e) { return std::abs(e); })}; })

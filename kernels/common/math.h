@@ -10,8 +10,13 @@ namespace kiln::math {
 // Overloads for float and double on host; nvcc maps the same std:: names to device intrinsics.
 using std::erf;
 using std::exp;
+using std::expm1;
+using std::fabs;
+using std::log;
+using std::log1p;
 using std::sqrt;
 using std::tanh;
+using std::trunc;
 
 constexpr double kSqrt1_2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
@@ -49,5 +54,69 @@ template <typename T> KILN_HD T gelu_tanh_grad(T x) {
 }
 
 template <typename T> KILN_HD T rsqrt(T x) { return T(1) / sqrt(x); }
+
+// ---- the elementwise math and activation ops of UnaryOp (kernels/backend.h), p0/p1 as named there ----
+
+template <typename T> KILN_HD T frac(T x) { return x - trunc(x); }
+
+// The inverse of erf on (-1, 1) (+-inf at +-1, NaN outside): Giles' single-precision approximation
+// ("Approximating the erfinv function", GPU Computing Gems, 2011), then Newton steps on erf(y) - x,
+// one in float and two in double, so both reach their type's precision.
+template <typename T> KILN_HD T erfinv(T x) {
+  if (!(x > T(-1) && x < T(1))) {
+    if (x == T(1)) return T(INFINITY);
+    if (x == T(-1)) return T(-INFINITY);
+    return T(NAN);
+  }
+  float w = -log((1.0f - float(x)) * (1.0f + float(x))), p;
+  if (w < 5.0f) {
+    w -= 2.5f;
+    p = 2.81022636e-08f;
+    p = 3.43273939e-07f + p * w;
+    p = -3.5233877e-06f + p * w;
+    p = -4.39150654e-06f + p * w;
+    p = 0.00021858087f + p * w;
+    p = -0.00125372503f + p * w;
+    p = -0.00417768164f + p * w;
+    p = 0.246640727f + p * w;
+    p = 1.50140941f + p * w;
+  } else {
+    w = sqrt(w) - 3.0f;
+    p = -0.000200214257f;
+    p = 0.000100950558f + p * w;
+    p = 0.00134934322f + p * w;
+    p = -0.00367342844f + p * w;
+    p = 0.00573950773f + p * w;
+    p = -0.0076224613f + p * w;
+    p = 0.00943887047f + p * w;
+    p = 1.00167406f + p * w;
+    p = 2.83297682f + p * w;
+  }
+  T y = T(p * float(x));
+  constexpr int kSteps = sizeof(T) == 4 ? 1 : 2;
+  for (int i = 0; i < kSteps; ++i) {
+    const T d = T(2 * kInvSqrt2Pi * 1.4142135623730950488) * exp(-y * y);  // erf'(y) = 2/sqrt(pi) e^-y^2
+    if (!(d > T(0))) break;  // far in the tail: the approximation is as good as it gets
+    y -= (erf(y) - x) / d;
+  }
+  return y;
+}
+
+template <typename T> KILN_HD T silu(T x) { return x * sigmoid(x); }
+// log(1 + e^(beta x)) / beta, as max(z, 0) + log1p(e^-|z|) (z = beta x) so it never overflows; x where
+// z > threshold (PyTorch's rule).
+template <typename T> KILN_HD T softplus(T x, T beta, T threshold) {
+  const T z = beta * x;
+  if (z > threshold) return x;
+  return ((z > T(0) ? z : T(0)) + log1p(exp(-fabs(z)))) / beta;
+}
+template <typename T> KILN_HD T mish(T x) { return x * tanh(softplus(x, T(1), T(20))); }
+template <typename T> KILN_HD T logsigmoid(T x) { return (x < T(0) ? x : T(0)) - log1p(exp(-fabs(x))); }
+template <typename T> KILN_HD T softsign(T x) { return x / (T(1) + fabs(x)); }
+template <typename T> KILN_HD T leaky_relu(T x, T slope) { return x > T(0) ? x : slope * x; }
+template <typename T> KILN_HD T elu(T x, T alpha, T scale) { return scale * (x > T(0) ? x : alpha * expm1(x)); }
+template <typename T> KILN_HD T celu(T x, T alpha) { return x > T(0) ? x : alpha * expm1(x / alpha); }
+template <typename T> KILN_HD T hardsigmoid(T x) { return x <= T(-3) ? T(0) : x >= T(3) ? T(1) : x / T(6) + T(0.5); }
+template <typename T> KILN_HD T hardswish(T x) { return x <= T(-3) ? T(0) : x >= T(3) ? x : x * (x + T(3)) / T(6); }
 
 }  // namespace kiln::math

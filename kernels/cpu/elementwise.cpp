@@ -119,6 +119,43 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
       }
       default: break;
     }
+    const A a0 = A(p0), a1 = A(p1);
+    const auto F = [&](auto f) { unary_loop<T>(dst, src, f); };
+    switch (op) {
+      case UnaryOp::sin: return F([](A x) { return std::sin(x); });
+      case UnaryOp::cos: return F([](A x) { return std::cos(x); });
+      case UnaryOp::tan: return F([](A x) { return std::tan(x); });
+      case UnaryOp::asin: return F([](A x) { return std::asin(x); });
+      case UnaryOp::acos: return F([](A x) { return std::acos(x); });
+      case UnaryOp::atan: return F([](A x) { return std::atan(x); });
+      case UnaryOp::sinh: return F([](A x) { return std::sinh(x); });
+      case UnaryOp::cosh: return F([](A x) { return std::cosh(x); });
+      case UnaryOp::erf: return F([](A x) { return std::erf(x); });
+      case UnaryOp::erfc: return F([](A x) { return std::erfc(x); });
+      case UnaryOp::erfinv: return F([](A x) { return math::erfinv(x); });
+      case UnaryOp::log1p: return F([](A x) { return std::log1p(x); });
+      case UnaryOp::expm1: return F([](A x) { return std::expm1(x); });
+      case UnaryOp::log2: return F([](A x) { return std::log2(x); });
+      case UnaryOp::log10: return F([](A x) { return std::log10(x); });
+      case UnaryOp::exp2: return F([](A x) { return std::exp2(x); });
+      case UnaryOp::reciprocal: return F([](A x) { return A(1) / x; });
+      case UnaryOp::floor: return F([](A x) { return std::floor(x); });
+      case UnaryOp::ceil: return F([](A x) { return std::ceil(x); });
+      case UnaryOp::round: return F([](A x) { return std::nearbyint(x); });
+      case UnaryOp::trunc: return F([](A x) { return std::trunc(x); });
+      case UnaryOp::frac: return F([](A x) { return math::frac(x); });
+      case UnaryOp::silu: return F([](A x) { return math::silu(x); });
+      case UnaryOp::mish: return F([](A x) { return math::mish(x); });
+      case UnaryOp::softsign: return F([](A x) { return math::softsign(x); });
+      case UnaryOp::logsigmoid: return F([](A x) { return math::logsigmoid(x); });
+      case UnaryOp::hardsigmoid: return F([](A x) { return math::hardsigmoid(x); });
+      case UnaryOp::hardswish: return F([](A x) { return math::hardswish(x); });
+      case UnaryOp::softplus: return F([a0, a1](A x) { return math::softplus(x, a0, a1); });
+      case UnaryOp::leaky_relu: return F([a0](A x) { return math::leaky_relu(x, a0); });
+      case UnaryOp::elu: return F([a0, a1](A x) { return math::elu(x, a0, a1); });
+      case UnaryOp::celu: return F([a0](A x) { return math::celu(x, a0); });
+      default: break;
+    }
   }
   switch (op) {
     case UnaryOp::neg: return unary_loop<T>(dst, src, [](A x) { return A(-x); });

@@ -139,6 +139,38 @@ template <typename T> struct UnaryF {
         case UnaryOp::gelu_erf: return math::gelu_erf(x);
         case UnaryOp::gelu_tanh: return math::gelu_tanh(x);
         case UnaryOp::pow_scalar: return p0 == A(2) ? x * x : A(pow(x, p0));
+        case UnaryOp::sin: return sin(x);
+        case UnaryOp::cos: return cos(x);
+        case UnaryOp::tan: return tan(x);
+        case UnaryOp::asin: return asin(x);
+        case UnaryOp::acos: return acos(x);
+        case UnaryOp::atan: return atan(x);
+        case UnaryOp::sinh: return sinh(x);
+        case UnaryOp::cosh: return cosh(x);
+        case UnaryOp::erf: return erf(x);
+        case UnaryOp::erfc: return erfc(x);
+        case UnaryOp::erfinv: return math::erfinv(x);
+        case UnaryOp::log1p: return log1p(x);
+        case UnaryOp::expm1: return expm1(x);
+        case UnaryOp::log2: return log2(x);
+        case UnaryOp::log10: return log10(x);
+        case UnaryOp::exp2: return exp2(x);
+        case UnaryOp::reciprocal: return A(1) / x;
+        case UnaryOp::floor: return floor(x);
+        case UnaryOp::ceil: return ceil(x);
+        case UnaryOp::round: return rint(x);
+        case UnaryOp::trunc: return trunc(x);
+        case UnaryOp::frac: return math::frac(x);
+        case UnaryOp::silu: return math::silu(x);
+        case UnaryOp::mish: return math::mish(x);
+        case UnaryOp::softsign: return math::softsign(x);
+        case UnaryOp::logsigmoid: return math::logsigmoid(x);
+        case UnaryOp::hardsigmoid: return math::hardsigmoid(x);
+        case UnaryOp::hardswish: return math::hardswish(x);
+        case UnaryOp::softplus: return math::softplus(x, p0, p1);
+        case UnaryOp::leaky_relu: return math::leaky_relu(x, p0);
+        case UnaryOp::elu: return math::elu(x, p0, p1);
+        case UnaryOp::celu: return math::celu(x, p0);
         default: break;
       }
     }

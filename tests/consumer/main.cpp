@@ -7,17 +7,19 @@
 
 using namespace kiln;
 
-// softplus(x) = log(1 + exp(x)), with its derivative sigmoid(x) written by hand.
-Tensor softplus(const Tensor& x) {
+// squareplus(x) = (x + sqrt(x^2 + 4)) / 2, a smooth ReLU, with its derivative
+// (1 + x / sqrt(x^2 + 4)) / 2 written by hand.
+Tensor squareplus(const Tensor& x) {
   Tensor out;
   {
     NoGradGuard ng;
-    out = log(exp(x) + 1.0);
+    out = (x + sqrt(x * x + 4.0)) * 0.5;
   }
   if (autograd::needs_grad({x})) {
     SavedTensor sx(x);
-    autograd::record("softplus", {x}, {out}, [sx](const GradCtx& c) -> std::vector<Tensor> {
-      return {c.g() * sigmoid(sx.unpack("softplus"))};
+    autograd::record("squareplus", {x}, {out}, [sx](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor xs = sx.unpack("squareplus");
+      return {c.g() * ((xs / sqrt(xs * xs + 4.0) + 1.0) * 0.5)};
     });
   }
   return out;
@@ -57,18 +59,18 @@ int extending_examples();
 int main() {
   if (check_buffers() != 0) return 1;
   if (extending_examples() != 0) return 1;
-  const std::string err = gradcheck([](const std::vector<Tensor>& v) { return softplus(v[0]); },
+  const std::string err = gradcheck([](const std::vector<Tensor>& v) { return squareplus(v[0]); },
                                     {randn({3, 4}, TensorOptions(DType::f64))});
   if (!err.empty()) {
     std::printf("gradcheck failed: %s\n", err.c_str());
     return 1;
   }
-  // Fit w so that softplus(x * w) matches a target made with w = 2.
+  // Fit w so that squareplus(x * w) matches a target made with w = 2.
   Tensor x = randn({64});
-  Tensor target = softplus(x * 2.0).detach();
+  Tensor target = squareplus(x * 2.0).detach();
   Tensor w = zeros({1}).set_requires_grad();
   for (int i = 0; i < 200; ++i) {
-    Tensor loss = mean(pow(softplus(x * w) - target, 2.0));
+    Tensor loss = mean(pow(squareplus(x * w) - target, 2.0));
     w.set_grad(Tensor());
     loss.backward();
     NoGradGuard ng;
