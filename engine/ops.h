@@ -107,6 +107,22 @@ Tensor ceil(const Tensor& a);
 Tensor round(const Tensor& a);
 Tensor trunc(const Tensor& a);
 Tensor frac(const Tensor& a);
+// NaN and infinity tests (bool; an integer tensor is all finite), and nan_to_num: NaN -> nan, +inf ->
+// posinf, -inf -> neginf (default: the dtype's largest and lowest finite values), as PyTorch.
+Tensor isnan(const Tensor& a);
+Tensor isinf(const Tensor& a);
+Tensor isfinite(const Tensor& a);
+Tensor nan_to_num(const Tensor& a, double nan = 0.0, std::optional<double> posinf = std::nullopt,
+                  std::optional<double> neginf = std::nullopt);
+// a + weight * (b - a), as b - (b - a) * (1 - weight) where |weight| >= 0.5 (exact at weight 1).
+Tensor lerp(const Tensor& a, const Tensor& b, const Tensor& weight);
+Tensor lerp(const Tensor& a, const Tensor& b, double weight);
+// x + value * t1 * t2, and x + value * t1 / t2.
+Tensor addcmul(const Tensor& x, const Tensor& t1, const Tensor& t2, double value = 1.0);
+Tensor addcdiv(const Tensor& x, const Tensor& t1, const Tensor& t2, double value = 1.0);
+// clamp with tensor bounds (broadcast; either may be undefined): min(max(a, min), max). NaN in a stays
+// NaN; the gradient goes to a where min <= a <= max, else to the bound that won.
+Tensor clamp(const Tensor& a, const Tensor& min, const Tensor& max);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // Comparisons give bool tensors (not differentiable).
 Tensor eq(const Tensor& a, const Tensor& b);
@@ -143,7 +159,8 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim 
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // Variance with Bessel-style `correction` (1: unbiased, 0: population).
 Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
-// Max/min over dims; the gradient is shared equally among tied maxima.
+// Max/min over dims; the gradient is shared equally among tied maxima. Over an empty slice a floating
+// tensor gives -inf (amax) / +inf (amin), the identities of the reductions; an integer one is an error.
 Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amin(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 struct ValuesIndices {
@@ -155,6 +172,17 @@ ValuesIndices min(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor argmin(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor argmax(const Tensor& a);  // index into the flattened tensor
+// log(sum(exp(a))) over dims, as max + log(sum(exp(a - max))); -inf for a slice of all -inf, and
+// for an empty one.
+Tensor logsumexp(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// The p-norm over dims (all by default): p = 2 (Frobenius over several dims), 1, inf (max |a|), -inf
+// (min |a|), 0 (the count of non-zeros), or any other p > 0: sum(|a|^p)^(1/p). The 2-norm's gradient
+// at 0 is 0, as PyTorch's.
+Tensor norm(const Tensor& a, double p = 2.0, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Whether any / every element over dims is non-zero (bool; empty: false / true), and how many are (i64).
+Tensor any(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor all(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor count_nonzero(const Tensor& a, const std::vector<int64_t>& dims = {});
 // Sums `a` down to `shape` (the inverse of broadcasting `shape` up to a.shape()).
 Tensor sum_to(const Tensor& a, const Shape& shape);
 

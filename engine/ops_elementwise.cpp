@@ -573,3 +573,63 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
 }
 
 }  // namespace kiln
+
+// ---- NaN tests, interpolation, tensor-bounded clamp (built from the ops above) ------------------------
+
+namespace kiln {
+namespace {
+double largest_finite(DType t) {
+  switch (t) {
+    case DType::f16: return 65504.0;
+    case DType::bf16: return 3.3895313892515355e38;
+    case DType::f32: return double(std::numeric_limits<float>::max());
+    default: return std::numeric_limits<double>::max();
+  }
+}
+}  // namespace
+
+Tensor isnan(const Tensor& a) {
+  if (!is_floating(a.dtype())) return zeros(a.shape(), TensorOptions(DType::boolean, a.device()));
+  return ne(a, a);
+}
+Tensor isinf(const Tensor& a) {
+  if (!is_floating(a.dtype())) return zeros(a.shape(), TensorOptions(DType::boolean, a.device()));
+  return eq(abs(a.detach()), scalar_like(std::numeric_limits<double>::infinity(), a));
+}
+Tensor isfinite(const Tensor& a) {
+  if (!is_floating(a.dtype())) return ones(a.shape(), TensorOptions(DType::boolean, a.device()));
+  // x - x is 0 for a finite x, NaN for inf and NaN.
+  const Tensor d = a.detach();
+  return eq(d - d, scalar_like(0, a));
+}
+Tensor nan_to_num(const Tensor& a, double nan, std::optional<double> posinf, std::optional<double> neginf) {
+  if (!is_floating(a.dtype())) return a.clone();
+  const double big = largest_finite(a.dtype()), inf = std::numeric_limits<double>::infinity();
+  const Tensor d = a.detach();
+  Tensor out = where(ne(d, d), scalar_like(nan, a), a);
+  out = where(eq(d, scalar_like(inf, a)), scalar_like(posinf.value_or(big), a), out);
+  return where(eq(d, scalar_like(-inf, a)), scalar_like(neginf.value_or(-big), a), out);
+}
+
+Tensor lerp(const Tensor& a, const Tensor& b, const Tensor& weight) {
+  const Tensor diff = b - a;
+  const Tensor small = lt(abs(weight.detach()), scalar_like(0.5, weight));
+  return where(small, a + weight * diff, b - diff * (1.0 - weight));
+}
+Tensor lerp(const Tensor& a, const Tensor& b, double weight) {
+  return std::abs(weight) < 0.5 ? a + (b - a) * weight : b - (b - a) * (1.0 - weight);
+}
+Tensor addcmul(const Tensor& x, const Tensor& t1, const Tensor& t2, double value) { return x + t1 * t2 * value; }
+Tensor addcdiv(const Tensor& x, const Tensor& t1, const Tensor& t2, double value) { return x + t1 / t2 * value; }
+
+Tensor clamp(const Tensor& a, const Tensor& min, const Tensor& max) {
+  KILN_CHECK(min.defined() || max.defined(), "clamp: give min or max (or both)");
+  check_not_bool("clamp", a.dtype());
+  Tensor out = a;
+  // lt/gt are false for NaN: a NaN input is kept.
+  if (min.defined()) out = where(lt(out.detach(), min.detach()), min, out);
+  if (max.defined()) out = where(gt(out.detach(), max.detach()), max, out);
+  return out;
+}
+
+}  // namespace kiln

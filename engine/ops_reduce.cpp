@@ -1,6 +1,8 @@
 // Reductions: each becomes one kernel call over a contiguous [outer, r, inner] block; reduced
 // dims that are not one block of a contiguous tensor are permuted to the end first.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "engine/autograd.h"
 #include "engine/internal.h"
@@ -101,7 +103,19 @@ namespace {
 
 Tensor extreme_all(const char* name, ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   Plan p = plan_reduce(a, dims, keepdim, name);
-  KILN_CHECK(p.r > 0, name, ": cannot reduce over an empty dim of ", a.shape());
+  if (p.r == 0) {  // nothing to compare: the reduction's identity, where the dtype has one
+    KILN_CHECK(is_floating(a.dtype()), name, ": cannot reduce ", a.dtype(), " over an empty dim of ", a.shape(),
+               " (no identity: only floating tensors have -inf/+inf)");
+    const double inf = std::numeric_limits<double>::infinity();
+    Tensor out = full(p.out_shape, op == ReduceOp::max ? -inf : inf, TensorOptions(a.dtype(), a.device()));
+    if (autograd::needs_grad({a})) {
+      const Shape in_shape = a.shape();
+      autograd::record(name, {a}, {out}, [in_shape](const GradCtx& c) -> std::vector<Tensor> {
+        return {zeros(in_shape, TensorOptions(c.g().dtype(), c.g().device()))};
+      });
+    }
+    return out;
+  }
   Tensor out = run_reduce(op, p, a.dtype());
   if (autograd::needs_grad({a})) {
     SavedTensor sa(a), so(out);
@@ -165,6 +179,56 @@ Tensor argmin(const Tensor& a, int64_t dim, bool keepdim) {
   return run_reduce(ReduceOp::argmin, p, DType::i64);
 }
 Tensor argmax(const Tensor& a) { return argmax(a.detach().reshape({-1}), 0); }
+
+Tensor logsumexp(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
+  // The shift only steadies the exponentials (it cancels): no gradient through it. A slice whose
+  // maximum is not finite shifts by 0 (all -inf: log(0) = -inf; +inf or NaN: inf/NaN as arithmetic says).
+  const Tensor m = amax(x.detach(), dims, true);
+  const Tensor shift = where(isfinite(m), m, zeros_like(m));
+  const Tensor out = log(sum(exp(x - shift), dims, true)) + shift;
+  if (keepdim) return out;
+  const Plan p = plan_reduce(a, dims, false, "logsumexp");
+  return out.reshape(p.out_shape);
+}
+
+Tensor norm(const Tensor& a, double p, const std::vector<int64_t>& dims, bool keepdim) {
+  KILN_CHECK(!std::isnan(p) && (p > 0 || p == 0 || std::isinf(p)), "norm: p must be > 0, 0 or +-inf, got ", p);
+  const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
+  if (std::isinf(p)) return p > 0 ? amax(abs(x), dims, keepdim) : amin(abs(x), dims, keepdim);
+  if (p == 0) return cast(sum(ne(x.detach(), scalar_like(0, x)), dims, keepdim), x.dtype());
+  if (p == 1) return sum(abs(x), dims, keepdim);
+  if (p == 2) {
+    // sqrt(sum(x^2)) with the gradient x / norm, and 0 where the norm is 0 (sqrt's inf would make NaN).
+    Tensor out;
+    {
+      NoGradGuard ng;
+      out = sqrt(sum(x * x, dims, keepdim));
+    }
+    if (autograd::needs_grad({x})) {
+      SavedTensor sx(x), so(out);
+      const Plan pl = plan_reduce(a, dims, keepdim, "norm");
+      const Shape keep = pl.keep_shape;
+      autograd::record("norm", {x}, {out}, [sx, so, keep](const GradCtx& c) -> std::vector<Tensor> {
+        const Tensor xs = sx.unpack("norm"), n = so.unpack("norm").reshape(keep), g = c.g().reshape(keep);
+        const Tensor zero = eq(n, scalar_like(0, n));
+        return {where(zero, zeros_like(xs), xs * (g / where(zero, ones_like(n), n)))};
+      });
+    }
+    return out;
+  }
+  return pow(sum(pow(abs(x), p), dims, keepdim), 1.0 / p);
+}
+
+Tensor any(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  return gt(sum(ne(a.detach(), scalar_like(0, a)), dims, keepdim), scalar_like(0, a).to(DType::i64));
+}
+Tensor all(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  return eq(sum(eq(a.detach(), scalar_like(0, a)), dims, keepdim), scalar_like(0, a).to(DType::i64));
+}
+Tensor count_nonzero(const Tensor& a, const std::vector<int64_t>& dims) {
+  return sum(ne(a.detach(), scalar_like(0, a)), dims, false);
+}
 
 Tensor sum_to(const Tensor& a, const Shape& shape) {
   if (a.shape() == shape) return a;

@@ -316,6 +316,62 @@ std::vector<Row> build() {
       .no_grad();
   row("masked_fill", {{{33, 17}}, {{33, 17}, Kind::mask}}, [](const V& x) { return one(masked_fill(x[0], x[1], -3.0)); })
       .autocast(ew);
+  // x with +inf where x > 1, -inf where x < -1 and NaN where 0.5 < x < 0.6; each test as 0/1 in x's dtype.
+  row("nan_inf", {{{33, 17}}},
+      [](const V& x) {
+        const Tensor a = x[0], inf = scalar_like(INFINITY, a);
+        Tensor z = where(gt(a, scalar_like(1, a)), inf, where(lt(a, scalar_like(-1, a)), -inf, a));
+        z = where(logical_and(gt(a, scalar_like(0.5, a)), lt(a, scalar_like(0.6, a))), scalar_like(NAN, a), z);
+        const auto f = [&](const Tensor& b) { return where(b, ones_like(a), zeros_like(a)); };
+        // nan_to_num's default for inf is the dtype's largest value: test_ops.cpp checks it per dtype.
+        return V{f(isnan(z)), f(isinf(z)), f(isfinite(z)), where(isinf(z), zeros_like(a), nan_to_num(z)),
+                 nan_to_num(z, 1.5, 7.0, -8.0) * a};
+      })
+      .ref([](const V& x) {
+        const auto z = [](double e) { return e > 1 ? INFINITY : e < -1 ? -INFINITY : (e > 0.5 && e < 0.6) ? NAN : e; };
+        return V{map1(x[0], [&](double e) { return std::isnan(z(e)) ? 1.0 : 0.0; }),
+                 map1(x[0], [&](double e) { return std::isinf(z(e)) ? 1.0 : 0.0; }),
+                 map1(x[0], [&](double e) { return std::isfinite(z(e)) ? 1.0 : 0.0; }),
+                 map1(x[0], [&](double e) { return std::isinf(z(e)) || std::isnan(z(e)) ? 0.0 : e; }),
+                 map1(x[0], [&](double e) {
+                   return (e > 1 ? 7.0 : e < -1 ? -8.0 : (e > 0.5 && e < 0.6) ? 1.5 : e) * e;
+                 })};
+      })
+      .covers({"isnan", "isinf", "isfinite", "nan_to_num"})
+      .f32_only();
+  row("lerp", {{{33, 17}}, {{33, 17}}, {{17}, Kind::unit}},
+      [](const V& x) {
+        return V{lerp(x[0], x[1], x[2] * 2.0 - 0.5), lerp(x[0], x[1], 0.3), lerp(x[0], x[1], 0.8)};
+      })
+      .ref([](const V& x) {
+        const Tensor w = (x[2] * 2.0 - 0.5).expand({33, 17});
+        return V{x[0] + w * (x[1] - x[0]), x[0] + (x[1] - x[0]) * 0.3, x[0] + (x[1] - x[0]) * 0.8};
+      })
+      .autocast(ew);
+  row("addcmul", {{{33, 17}}, {{33, 17}}, {{33, 17}, Kind::nonzero}},
+      [](const V& x) {
+        return V{addcmul(x[0], x[1], x[2], 0.5), addcdiv(x[0], x[1], x[2], -2.0)};
+      })
+      .ref([](const V& x) {
+        return V{x[0] + x[1] * x[2] * 0.5, x[0] - x[1] / x[2] * 2.0};
+      })
+      .covers({"addcmul", "addcdiv"})
+      .autocast(ew);
+  row("clamp_tensor", {{{33, 17}}, {{33, 17}}, {{17}}},
+      [](const V& x) {
+        const Tensor lo = x[1] - 1.0, hi = x[2] + 1.0;
+        return V{clamp(x[0], lo, hi), clamp(x[0], lo, Tensor()), clamp(x[0], Tensor(), hi)};
+      })
+      .ref([](const V& x) {
+        const Tensor lo = x[1] - 1.0, hi = (x[2] + 1.0).expand({33, 17});
+        return V{map2(map2(x[0], lo, [](double a, double l) { return std::max(a, l); }), hi,
+                      [](double a, double h) { return std::min(a, h); }),
+                 map2(x[0], lo, [](double a, double l) { return std::max(a, l); }),
+                 map2(x[0], hi, [](double a, double h) { return std::min(a, h); })};
+      })
+      .covers({"clamp"})
+      .f32_only()  // 16-bit rounding moves x across a bound it nearly touches, and the gradient with it
+      .autocast(ew);
 
   // ---- reductions ----
   row("sum", {{{6, 1000, 7}}}, [](const V& x) { return V{sum(x[0], {1}), sum(x[0], {0, 2}), sum(x[0])}; })
@@ -360,6 +416,47 @@ std::vector<Row> build() {
       .f32_only();
   row("argmax", {{{6, 100, 7}}}, [](const V& x) { return V{argmax(x[0], 1), argmax(x[0], 2), argmax(x[0])}; }).no_grad();
   row("argmin", {{{6, 100, 7}}}, [](const V& x) { return V{argmin(x[0], 1), argmin(x[0], 2, true)}; }).no_grad();
+  // logsumexp over each dim set; norms of every kind; any/all/count_nonzero.
+  row("logsumexp", {{{6, 10, 7}}},
+      [](const V& x) {
+        return V{logsumexp(x[0], {1}), logsumexp(x[0] * 30.0, {0, 2}, true), logsumexp(x[0])};
+      })
+      .ref([](const V& x) {
+        const auto lse = [](const Tensor& t, const std::vector<int64_t>& d, bool keep) {
+          const Tensor m = amax(t, d, true);
+          const Tensor out = log(sum(exp(t - m), d, true)) + m;
+          return keep ? out : out.reshape(sum(t, d, false).shape());
+        };
+        return V{lse(x[0], {1}, false), lse(x[0] * 30.0, {0, 2}, true), lse(x[0], {}, false)};
+      })
+      .autocast(AutocastOp::reductions);
+  row("norm", {{{6, 10, 7}, Kind::nonzero}},
+      [](const V& x) {
+        return V{norm(x[0]),
+                 norm(x[0], 2, {1}),
+                 norm(x[0], 1, {2}, true),
+                 norm(x[0], INFINITY, {0}),
+                 norm(x[0], -INFINITY, {1}),
+                 norm(x[0], 3, {1}),
+                 norm(x[0], 0, {2})};
+      })
+      .autocast(AutocastOp::reductions)
+      .tol(5e-2);
+  row("any_all", {{{6, 10, 7}, Kind::mask}, {{6, 10, 7}}},
+      [](const V& x) {
+        const Tensor m = x[0];
+        const Tensor some = logical_and(m, gt(x[1], scalar_like(1.5, x[1])));  // rare: most rows have none
+        return V{any(m, {1}),
+                 all(m, {1}),
+                 any(some, {2}),
+                 all(logical_or(m, ge(x[1], scalar_like(-1, x[1]))), {1}),
+                 count_nonzero(m, {0, 2}),
+                 count_nonzero(x[1]),
+                 any(x[1] * 0.0),
+                 all(x[1])};
+      })
+      .covers({"any", "all", "count_nonzero"})
+      .no_grad();
   row("sum_to", {{{2, 3, 4}}},
       [](const V& x) { return V{sum_to(x[0], {3, 1}), sum_to(x[0] * x[0], {}), sum_to(x[0].transpose(0, 2), {2})}; });
 

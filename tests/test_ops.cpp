@@ -376,6 +376,83 @@ TEST_CASE("ops: activations and math at special values") {
   CHECK(sign(from_vector({-0.0, 0.0, -2, 3}, {4})).to_vector() == std::vector<double>{0, 0, -1, 1});
 }
 
+TEST_CASE("ops: rounding, erfinv, softplus and the NaN tests at their edges") {
+  const double inf = std::numeric_limits<double>::infinity();
+  // round is half to even; floor/ceil/trunc/frac by hand, negative halves included.
+  const Tensor h = from_vector({-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -1.25}, {7}, DType::f64);
+  CHECK(round(h).to_vector() == std::vector<double>{-2, -2, -0, 0, 2, 2, -1});
+  CHECK(floor(h).to_vector() == std::vector<double>{-3, -2, -1, 0, 1, 2, -2});
+  CHECK(ceil(h).to_vector() == std::vector<double>{-2, -1, -0, 1, 2, 3, -1});
+  CHECK(trunc(h).to_vector() == std::vector<double>{-2, -1, -0, 0, 1, 2, -1});
+  CHECK(frac(h).to_vector() == std::vector<double>{-0.5, -0.5, -0.5, 0.5, 0.5, 0.5, -0.25});
+  // An integer tensor is already whole: the same values and dtype.
+  const Tensor i = from_vector({-3, 7}, {2}, DType::i64);
+  for (const Tensor& r : {floor(i), ceil(i), round(i), trunc(i)}) {
+    CHECK(r.dtype() == DType::i64);
+    CHECK(r.to_vector() == std::vector<double>{-3, 7});
+  }
+  // erfinv: exact at 0, +-inf at +-1, NaN outside; erf(erfinv(x)) = x in f32 and f64.
+  for (DType dt : {DType::f32, DType::f64}) {
+    const auto e = erfinv(from_vector({0, 1, -1, 1.5}, {4}, dt)).to_vector();
+    CHECK(e[0] == 0);
+    CHECK(e[1] == inf);
+    CHECK(e[2] == -inf);
+    CHECK(std::isnan(e[3]));
+    const Tensor x = from_vector({-0.999, -0.5, 0.1, 0.9, 0.9999}, {5}, dt);
+    const auto back = erf(erfinv(x)).to_vector(), xv = x.to_vector();
+    for (size_t k = 0; k < xv.size(); ++k) CHECK(std::abs(back[k] - xv[k]) <= (dt == DType::f32 ? 2e-7 : 1e-15));
+  }
+  // softplus never overflows and passes x through above the threshold.
+  const auto sp = softplus(from_vector({-1000, 0, 30, 1000}, {4})).to_vector();
+  CHECK(sp[0] == 0);
+  CHECK(std::abs(sp[1] - std::log(2.0)) < 1e-7);
+  CHECK(sp[2] == 30);
+  CHECK(sp[3] == 1000);
+  // nan_to_num's defaults are each dtype's largest and lowest finite values.
+  const struct {
+    DType dt;
+    double big;
+  } limits[] = {{DType::f16, 65504.0},
+                {DType::bf16, 3.3895313892515355e38},
+                {DType::f32, double(std::numeric_limits<float>::max())},
+                {DType::f64, std::numeric_limits<double>::max()}};
+  for (const auto& l : limits) {
+    INFO(l.dt);
+    const auto v = nan_to_num(from_vector({std::nan(""), inf, -inf, 2.5}, {4}, l.dt)).to_vector();
+    CHECK(v == std::vector<double>{0, l.big, -l.big, 2.5});
+    CHECK(isnan(from_vector({std::nan(""), 1}, {2}, l.dt)).to_vector() == std::vector<double>{1, 0});
+  }
+  CHECK(isfinite(from_vector({1, 2}, {2}, DType::i64)).to_vector() == std::vector<double>{1, 1});
+  CHECK(isinf(from_vector({1, 2}, {2}, DType::i32)).to_vector() == std::vector<double>{0, 0});
+}
+
+TEST_CASE("ops: reductions over an empty dim give their identity") {
+  const Tensor e = zeros({0, 3});
+  CHECK(sum(e, {0}).to_vector() == std::vector<double>{0, 0, 0});
+  for (double m : mean(e, {0}).to_vector()) CHECK(std::isnan(m));
+  CHECK(amax(e, {0}).to_vector() == std::vector<double>(3, -std::numeric_limits<double>::infinity()));
+  CHECK(amin(e, {0}).to_vector() == std::vector<double>(3, std::numeric_limits<double>::infinity()));
+  CHECK(logsumexp(e, {0}).to_vector() == std::vector<double>(3, -std::numeric_limits<double>::infinity()));
+  CHECK(any(e, {0}).to_vector() == std::vector<double>{0, 0, 0});
+  CHECK(all(e, {0}).to_vector() == std::vector<double>{1, 1, 1});
+  CHECK(count_nonzero(e, {0}).to_vector() == std::vector<double>{0, 0, 0});
+  CHECK(norm(e, 2, {0}).to_vector() == std::vector<double>{0, 0, 0});
+  // amax over nothing of an integer tensor has no identity: an error naming the dtype and shape.
+  CHECK_THROWS_WITH_AS(amax(zeros({0, 3}, TensorOptions(DType::i64)), {0}), doctest::Contains("i64"), kiln::Error);
+  // Gradients through an empty reduction are empty, not an error.
+  Tensor x = zeros({0, 3}).set_requires_grad();
+  sum(amax(x, {0})).backward();
+  CHECK(x.grad().shape() == Shape{0, 3});
+  // logsumexp of a slice of -inf is -inf; of large values, max + log(n) without overflow.
+  const double inf = std::numeric_limits<double>::infinity();
+  CHECK(logsumexp(from_vector({-inf, -inf}, {2})).item<double>() == -inf);
+  CHECK(std::abs(logsumexp(from_vector({1000, 1000}, {2})).item<double>() - (1000 + std::log(2.0))) < 1e-3);
+  // The 2-norm's gradient at 0 is 0.
+  Tensor z = zeros({3}).set_requires_grad();
+  norm(z).backward();
+  CHECK(z.grad().to_vector() == std::vector<double>{0, 0, 0});
+}
+
 // ---- binary ------------------------------------------------------------------------------------------
 
 namespace {
