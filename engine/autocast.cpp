@@ -18,15 +18,16 @@ constexpr AutocastRule kRules[] = {
     {O::layer_norm, "layer_norm", P::fp32, "mean and variance of a row need f32; its output feeds the residual stream"},
     {O::cross_entropy, "cross_entropy", P::fp32, "losses are reductions over many terms"},
     {O::nll_loss, "nll_loss", P::fp32, "as cross_entropy"},
-    {O::mse_loss, "mse_loss", P::fp32, "squares overflow f16"},
-    {O::binary_cross_entropy_with_logits, "binary_cross_entropy_with_logits", P::fp32, "as cross_entropy"},
+    {O::mse_loss, "mse_loss, l1_loss, smooth_l1_loss, huber_loss", P::fp32, "squares overflow f16"},
+    {O::binary_cross_entropy_with_logits, "binary_cross_entropy(_with_logits)", P::fp32, "as cross_entropy"},
     {O::batch_norm, "batch_norm", P::native, "statistics and running buffers in f32; output in the input's dtype"},
     {O::embedding, "embedding", P::native, "a gather: the f32 table gives f32 rows"},
     {O::dropout, "dropout", P::native, "mask and scale in the input's dtype"},
     {O::pooling, "max/avg/adaptive pooling", P::native, "f32 sums inside, output in the input's dtype"},
     {O::elementwise, "elementwise (add, mul, relu, gelu, ...)", P::native,
      "computed in f32, stored in the input's dtype; mixed dtypes promote (f16 + f32 -> f32)"},
-    {O::reductions, "sum, mean, max, ...", P::native, "sums accumulate in f64 on the CPU; the result keeps the input's dtype"},
+    {O::reductions, "sum, mean, max, ...", P::native,
+     "sums accumulate in f64 on the CPU; the result keeps the input's dtype"},
 };
 static_assert(sizeof(kRules) / sizeof(kRules[0]) == size_t(O::reductions) + 1, "one rule per AutocastOp");
 

@@ -55,15 +55,41 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 // applies. Gradients flow to x and to a floating mask that requires them.
 Tensor masked_softmax(const Tensor& x, const Tensor& mask, double scale = 1.0);
 
-enum class Reduction { none, mean, sum };
+// batchmean: the sum divided by the size of dim 0 (kl_div's mathematically right mean).
+enum class Reduction { none, mean, sum, batchmean };
 // logits [N, C] or [N, C, d...], target i64 [N] or [N, d...]. Mean is over non-ignored targets.
+// weight [C] (optional): each target's loss times weight[target], and the mean divides by the sum of
+// those weights (PyTorch's rule; with label smoothing the smoothing term weighs each class too).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
-                     double label_smoothing = 0.0, Reduction reduction = Reduction::mean);
+                     double label_smoothing = 0.0, Reduction reduction = Reduction::mean, const Tensor& weight = {});
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100,
-                Reduction reduction = Reduction::mean);
+                Reduction reduction = Reduction::mean, const Tensor& weight = {});
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
                                         Reduction reduction = Reduction::mean);
+// Regression losses on same-shaped input and target: |d|; smooth L1 (0.5 d^2 / beta where |d| < beta,
+// else |d| - 0.5 beta); Huber (0.5 d^2 where |d| <= delta, else delta (|d| - 0.5 delta)).
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean,
+                      double beta = 1.0);
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean, double delta = 1.0);
+// Binary cross-entropy on probabilities: -(y log p + (1 - y) log(1 - p)), each log clamped at -100 as
+// PyTorch does (p = 0 or 1 gives a finite loss); weight (optional) broadcasts over the elements.
+Tensor binary_cross_entropy(const Tensor& probs, const Tensor& target, Reduction reduction = Reduction::mean,
+                            const Tensor& weight = {});
+// KL(target || input) with input as log-probabilities: target (log target - input), 0 where target is
+// 0; log_target: target given as log-probabilities. Mean is over elements (PyTorch's default); use
+// batchmean for the true mean KL per sample.
+Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean,
+              bool log_target = false);
+// max(0, -y (x1 - x2) + margin), y = +-1.
+Tensor margin_ranking_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin = 0.0,
+                           Reduction reduction = Reduction::mean);
+// x1 . x2 / max(|x1| |x2|, eps) along dim.
+Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int64_t dim = 1, double eps = 1e-8);
+// Rows of x1, x2 [N, D] and y [N] = +-1: 1 - cos where y = 1, max(0, cos - margin) where y = -1.
+Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin = 0.0,
+                             Reduction reduction = Reduction::mean);
 
 // weight [V, D], indices i64 of any shape -> [..., D]. Rows at padding_idx get no gradient.
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx = -1);

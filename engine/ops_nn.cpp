@@ -425,7 +425,15 @@ namespace {
 Tensor reduce_loss(const Tensor& per, Reduction r) {
   if (r == Reduction::none) return per;
   if (r == Reduction::sum) return sum(per);
+  if (r == Reduction::batchmean) return sum(per) / double(per.dim() == 0 ? 1 : std::max<int64_t>(per.size(0), 1));
   return mean(per);
+}
+
+void check_class_weight(const char* op, const Tensor& weight, int64_t classes) {
+  if (!weight.defined()) return;
+  KILN_CHECK(weight.dim() == 1 && weight.size(0) == classes, op, ": weight must be [C] = [", classes, "], got ",
+             weight.shape());
+  KILN_CHECK(is_floating(weight.dtype()), op, ": weight must be floating, got ", weight.type_str());
 }
 
 // [N, C, d...] -> [N * d..., C] and [N, d...] -> [N * d...].
@@ -452,11 +460,37 @@ void flatten_class_dim(const char* op, const Tensor& logits, const Tensor& targe
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                     Reduction reduction) {
+                     Reduction reduction, const Tensor& weight) {
   const Tensor logits = amp::autocast_arg(amp::AutocastOp::cross_entropy, logits_in);
   check_floating("cross_entropy", logits, "input");
   KILN_CHECK(label_smoothing >= 0 && label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], got ",
              label_smoothing);
+  KILN_CHECK(reduction != Reduction::batchmean, "cross_entropy: reduction batchmean is for kl_div; use mean or sum");
+  if (weight.defined()) {
+    // Class weights: from log_softmax, as PyTorch defines them. Row loss = (1 - e) w[t] (-log p_t) +
+    // e / C sum_c w[c] (-log p_c); the mean divides by the sum of w[t] over the rows not ignored.
+    KILN_CHECK(logits.dim() >= 2, "cross_entropy: input must be [N, C] or [N, C, d...], got ", logits.shape());
+    check_class_weight("cross_entropy", weight, logits.size(1));
+    const Tensor lp = log_softmax(logits, 1);
+    Tensor per = nll_loss(lp, target, ignore_index, Reduction::none, weight);
+    if (label_smoothing > 0) {
+      Shape wshape(size_t(logits.dim()), 1);
+      wshape[1] = logits.size(1);
+      const Tensor smooth = neg(sum(lp * weight.to(lp.dtype()).reshape(wshape), {1})) / double(logits.size(1));
+      const Tensor keep =
+          ne(target.to(DType::i64), scalar_tensor(double(ignore_index), TensorOptions(DType::i64, target.device())));
+      per = per * (1.0 - label_smoothing) + where(keep, smooth, zeros_like(smooth)) * label_smoothing;
+    }
+    if (reduction == Reduction::none) return per;
+    if (reduction == Reduction::sum) return sum(per);
+    Tensor l2, t2;
+    flatten_class_dim("cross_entropy", logits, target, l2, t2);
+    const Tensor keep = ne(t2, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, t2.device())));
+    const Tensor wt =
+        where(keep, index_select(weight, 0, where(keep, t2, zeros_like(t2))), zeros_like(t2).to(weight.dtype()));
+    const DType ct = promote_types(per.dtype(), DType::f32);
+    return (sum(per).to(ct) / sum(wt).to(ct)).to(per.dtype());
+  }
   Tensor l2, t2;
   flatten_class_dim("cross_entropy", logits, target, l2, t2);
   const int64_t rows = l2.size(0), classes = l2.size(1);
@@ -500,20 +534,26 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
   return out;
 }
 
-Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, int64_t ignore_index, Reduction reduction,
+                const Tensor& weight) {
   const Tensor log_probs = amp::autocast_arg(amp::AutocastOp::nll_loss, log_probs_in);
   check_floating("nll_loss", log_probs, "input");
+  KILN_CHECK(reduction != Reduction::batchmean, "nll_loss: reduction batchmean is for kl_div; use mean or sum");
   Tensor l2, t2;
   flatten_class_dim("nll_loss", log_probs, target, l2, t2);
+  check_class_weight("nll_loss", weight, l2.size(1));
   const Tensor keep = ne(t2, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, t2.device())));
   const Tensor safe = where(keep, t2, zeros_like(t2));
   const Tensor picked = gather(l2, 1, safe.unsqueeze(1)).squeeze(1);
-  const Tensor per = where(keep, neg(picked), zeros_like(picked));
+  // Each row's weight: weight[target], 0 where ignored (1 without class weights).
+  const Tensor w =
+      weight.defined() ? where(keep, index_select(weight, 0, safe).to(picked.dtype()), zeros_like(picked)) : Tensor();
+  const Tensor per = w.defined() ? neg(picked) * w : where(keep, neg(picked), zeros_like(picked));
   if (reduction == Reduction::none) return per.reshape(target.shape());
   if (reduction == Reduction::sum) return sum(per);
   // Counted on the device, divided in f32 at least (a count rounded to bf16 or f16 would be off).
   const DType ct = promote_types(per.dtype(), DType::f32);
-  return (sum(per).to(ct) / sum(keep).to(ct)).to(per.dtype());
+  return (sum(per).to(ct) / (w.defined() ? sum(w).to(ct) : sum(keep).to(ct))).to(per.dtype());
 }
 
 Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
@@ -523,6 +563,70 @@ Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduc
              " differ");
   const Tensor d = input - target;
   return reduce_loss(d * d, reduction);
+}
+
+namespace {
+void check_same_shape(const char* op, const Tensor& input, const Tensor& target) {
+  KILN_CHECK(input.shape() == target.shape(), op, ": input ", input.shape(), " and target ", target.shape(), " differ");
+}
+// |input - target| with mse_loss's autocast rule (losses in f32).
+Tensor abs_diff(const char* op, const Tensor& input, const Tensor& target) {
+  check_same_shape(op, input, target);
+  return abs(amp::autocast_arg(amp::AutocastOp::mse_loss, input) -
+             amp::autocast_arg(amp::AutocastOp::mse_loss, target));
+}
+}  // namespace
+
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  return reduce_loss(abs_diff("l1_loss", input, target), reduction);
+}
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
+  KILN_CHECK(beta >= 0, "smooth_l1_loss: beta must be >= 0, got ", beta);
+  const Tensor d = abs_diff("smooth_l1_loss", input, target);
+  if (beta == 0) return reduce_loss(d, reduction);  // L1 (PyTorch's rule for beta 0)
+  return reduce_loss(where(lt(d, scalar_like(beta, d)), d * d * (0.5 / beta), d - 0.5 * beta), reduction);
+}
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction, double delta) {
+  KILN_CHECK(delta > 0, "huber_loss: delta must be > 0, got ", delta);
+  const Tensor d = abs_diff("huber_loss", input, target);
+  return reduce_loss(where(le(d, scalar_like(delta, d)), d * d * 0.5, (d - 0.5 * delta) * delta), reduction);
+}
+Tensor binary_cross_entropy(const Tensor& p_in, const Tensor& y_in, Reduction reduction, const Tensor& weight) {
+  const Tensor p = amp::autocast_arg(amp::AutocastOp::binary_cross_entropy_with_logits, p_in),
+               y = amp::autocast_arg(amp::AutocastOp::binary_cross_entropy_with_logits, y_in);
+  check_same_shape("binary_cross_entropy", p, y);
+  check_floating("binary_cross_entropy", p, "input");
+  const Tensor floor = scalar_like(-100, p);
+  const Tensor lp = maximum(log(p), floor), lq = maximum(log(1.0 - p), floor);
+  Tensor per = neg(y * lp + (1.0 - y) * lq);
+  if (weight.defined()) per = per * weight;
+  return reduce_loss(per, reduction);
+}
+Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction, bool log_target) {
+  check_same_shape("kl_div", input, target);
+  // target * (log target - input), 0 where target is 0 (the limit of t log t).
+  const Tensor per =
+      log_target ? exp(target) * (target - input)
+                 : where(gt(target, scalar_like(0, target)),
+                         target * (log(where(gt(target, scalar_like(0, target)), target, ones_like(target))) - input),
+                         zeros_like(input * target));
+  return reduce_loss(per, reduction);
+}
+Tensor margin_ranking_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin, Reduction reduction) {
+  return reduce_loss(relu(neg(y) * (x1 - x2) + margin), reduction);
+}
+Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int64_t dim, double eps) {
+  const Tensor dot = sum(x1 * x2, {dim});
+  const Tensor n = sqrt(sum(x1 * x1, {dim}) * sum(x2 * x2, {dim}));
+  return dot / maximum(n, scalar_like(eps, n));
+}
+Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin, Reduction reduction) {
+  KILN_CHECK(x1.dim() == 2 && x1.shape() == x2.shape() && y.dim() == 1 && y.size(0) == x1.size(0),
+             "cosine_embedding_loss: x1, x2 must be [N, D] and y [N], got ", x1.shape(), ", ", x2.shape(), ", ",
+             y.shape());
+  const Tensor c = cosine_similarity(x1, x2, 1, 1e-8);
+  const Tensor pos = gt(y, scalar_like(0, y));
+  return reduce_loss(where(pos, 1.0 - c, relu(c - margin)), reduction);
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& x_in, const Tensor& y_in, Reduction reduction) {

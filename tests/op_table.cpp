@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -627,6 +629,138 @@ std::vector<Row> build() {
       [](const V& x) { return one(binary_cross_entropy_with_logits(x[0], x[1])); })
       .covers({"binary_cross_entropy_with_logits"})
       .autocast(AutocastOp::binary_cross_entropy_with_logits);
+  // Class weights: plain references from log-softmax, PyTorch's formulas (weighted mean; smoothing weighs
+  // every class).
+  row("cross_entropy_weight", {{{40, 13}}, {{40}, Kind::index, 13}, {{13}, Kind::positive}},
+      [](const V& x) {
+        return V{cross_entropy(x[0], x[1], -100, 0.0, Reduction::mean, x[2]),
+                 cross_entropy(x[0], x[1], 3, 0.1, Reduction::mean, x[2]),
+                 cross_entropy(x[0], x[1], 3, 0.1, Reduction::none, x[2]),
+                 nll_loss(x[0], x[1], 5, Reduction::mean, x[2]), nll_loss(x[0], x[1], -100, Reduction::sum, x[2])};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> lg = x[0].to_vector(), w = x[2].to_vector();
+        const std::vector<double> t = x[1].to_vector();
+        const int64_t n = 40, c = 13;
+        // ce(ignore, eps) per row and the sum of target weights.
+        auto ce = [&](int64_t ignore, double eps, std::vector<double>& per, double& wsum) {
+          per.assign(size_t(n), 0.0);
+          wsum = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t ti = int64_t(t[size_t(i)]);
+            if (ti == ignore) continue;
+            const double* r = lg.data() + i * c;
+            const double mx = *std::max_element(r, r + c);
+            double se = 0;
+            for (int64_t k = 0; k < c; ++k) se += std::exp(r[k] - mx);
+            const auto lp = [&](int64_t k) { return (r[k] - mx) - std::log(se); };
+            double smooth = 0;
+            for (int64_t k = 0; k < c; ++k) smooth -= w[size_t(k)] * lp(k);
+            per[size_t(i)] = (1 - eps) * -w[size_t(ti)] * lp(ti) + eps * smooth / double(c);
+            wsum += w[size_t(ti)];
+          }
+        };
+        auto nll = [&](int64_t ignore, double& wsum) {
+          double s = 0;
+          wsum = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t ti = int64_t(t[size_t(i)]);
+            if (ti == ignore) continue;
+            s -= w[size_t(ti)] * lg[size_t(i * c + ti)];
+            wsum += w[size_t(ti)];
+          }
+          return s;
+        };
+        std::vector<double> p0, p1;
+        double w0, w1, w2, w3;
+        ce(-100, 0.0, p0, w0);
+        ce(3, 0.1, p1, w1);
+        const double sum0 = std::accumulate(p0.begin(), p0.end(), 0.0),
+                     sum1 = std::accumulate(p1.begin(), p1.end(), 0.0);
+        const double n2 = nll(5, w2), n3 = nll(-100, w3);
+        return V{scalar_tensor(sum0 / w0, DType::f64), scalar_tensor(sum1 / w1, DType::f64),
+                 from_vector(p1, {40}, DType::f64), scalar_tensor(n2 / w2, DType::f64), scalar_tensor(n3, DType::f64)};
+      })
+      .covers({"cross_entropy", "nll_loss"})
+      .autocast(AutocastOp::cross_entropy);
+  row("regression_losses", {{{40, 13}}, {{40, 13}}},
+      [](const V& x) {
+        return V{l1_loss(x[0], x[1]),
+                 l1_loss(x[0], x[1], Reduction::none),
+                 smooth_l1_loss(x[0], x[1]),
+                 smooth_l1_loss(x[0], x[1], Reduction::sum, 0.5),
+                 smooth_l1_loss(x[0], x[1], Reduction::mean, 0.0),
+                 huber_loss(x[0], x[1]),
+                 huber_loss(x[0], x[1], Reduction::batchmean, 0.3)};
+      })
+      .ref([](const V& x) {
+        const auto per = [&](const std::function<double(double)>& f) {
+          return map2(x[0], x[1], [f](double a, double b) { return f(std::abs(a - b)); });
+        };
+        const Tensor l1 = per([](double d) { return d; });
+        const Tensor s1 = per([](double d) { return d < 1 ? 0.5 * d * d : d - 0.5; });
+        const Tensor s5 = per([](double d) { return d < 0.5 ? d * d : d - 0.25; });
+        const Tensor h1 = per([](double d) { return d <= 1 ? 0.5 * d * d : d - 0.5; });
+        const Tensor h3 = per([](double d) { return d <= 0.3 ? 0.5 * d * d : 0.3 * (d - 0.15); });
+        return V{mean(l1), l1, mean(s1), sum(s5), mean(l1), mean(h1), sum(h3) / 40.0};
+      })
+      .covers({"l1_loss", "smooth_l1_loss", "huber_loss"})
+      .autocast(AutocastOp::mse_loss);
+  row("binary_cross_entropy", {{{40, 13}, Kind::unit}, {{40, 13}, Kind::unit}, {{13}, Kind::positive}},
+      [](const V& x) {
+        const Tensor p = x[0] * 0.9 + 0.05;  // inside (0, 1), away from the log clamp
+        return V{binary_cross_entropy(p, x[1]), binary_cross_entropy(p, x[1], Reduction::none, x[2])};
+      })
+      .ref([](const V& x) {
+        const Tensor p = x[0] * 0.9 + 0.05;
+        const Tensor per =
+            map2(p, x[1], [](double a, double y) { return -(y * std::log(a) + (1 - y) * std::log(1 - a)); });
+        return V{mean(per), per * x[2]};
+      })
+      .autocast(AutocastOp::binary_cross_entropy_with_logits);
+  row("kl_div", {{{40, 13}}, {{40, 13}, Kind::unit}},
+      [](const V& x) {
+        // Some target probabilities exactly 0: their terms are 0, not NaN.
+        const Tensor q0 = where(gt(x[1], scalar_like(0.8, x[1])), zeros_like(x[1]), x[1]);
+        return V{kl_div(x[0], q0), kl_div(x[0], q0, Reduction::batchmean),
+                 kl_div(x[0], x[1] - 1.0, Reduction::sum, true)};
+      })
+      .ref([](const V& x) {
+        const Tensor q0 = map1(x[1], [](double t) { return t > 0.8 ? 0.0 : t; });
+        const Tensor per = map2(q0, x[0], [](double t, double l) { return t > 0 ? t * (std::log(t) - l) : 0.0; });
+        const Tensor perl = map2(x[1], x[0], [](double t, double l) { return std::exp(t - 1) * ((t - 1) - l); });
+        return V{mean(per), sum(per) / 40.0, sum(perl)};
+      })
+      .autocast(AutocastOp::reductions);
+  row("margin_losses", {{{40, 13}}, {{40, 13}}, {{40}, Kind::mask}, {{40}}},
+      [](const V& x) {
+        const Tensor y = where(x[2], ones_like(x[3]), -ones_like(x[3]));
+        const Tensor a = x[0].slice(1, 0, 1).squeeze(1), b = x[1].slice(1, 0, 1).squeeze(1);
+        return V{margin_ranking_loss(a, b, y, 0.3), cosine_similarity(x[0], x[1]),
+                 cosine_embedding_loss(x[0], x[1], y, 0.1, Reduction::none), cosine_embedding_loss(x[0], x[1], y)};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> a = x[0].to_vector(), b = x[1].to_vector(), m = x[2].to_vector();
+        std::vector<double> rank(40), cs(40), emb(40);
+        for (size_t i = 0; i < 40; ++i) {
+          const double y = m[i] != 0 ? 1 : -1;
+          rank[i] = std::max(0.0, -y * (a[i * 13] - b[i * 13]) + 0.3);
+          double d = 0, na = 0, nb = 0;
+          for (size_t k = 0; k < 13; ++k) {
+            d += a[i * 13 + k] * b[i * 13 + k];
+            na += a[i * 13 + k] * a[i * 13 + k];
+            nb += b[i * 13 + k] * b[i * 13 + k];
+          }
+          cs[i] = d / std::max(std::sqrt(na * nb), 1e-8);
+          emb[i] = y > 0 ? 1 - cs[i] : std::max(0.0, cs[i] - 0.1);
+        }
+        std::vector<double> emb0(40);  // margin 0
+        for (size_t i = 0; i < 40; ++i) emb0[i] = m[i] != 0 ? 1 - cs[i] : std::max(0.0, cs[i]);
+        return V{mean(from_vector(rank, {40}, DType::f64)), from_vector(cs, {40}, DType::f64),
+                 from_vector(emb, {40}, DType::f64), mean(from_vector(emb0, {40}, DType::f64))};
+      })
+      .covers({"margin_ranking_loss", "cosine_similarity", "cosine_embedding_loss"})
+      .autocast(AutocastOp::reductions);
   // 280 indices: the CUDA backward sums runs in chunks of 256 (index_add_chunks_kernel).
   row("embedding", {{{50, 24}}, {{4, 70}, Kind::index, 50}}, [](const V& x) {
     return one(embedding(x[0], x[1]));
