@@ -110,6 +110,30 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices);
 // out = x, then out[..indices[..i..]..] += src[..i..] along dim; indices has src's shape.
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src);
 Tensor one_hot(const Tensor& indices, int64_t num_classes);  // i64 [..., num_classes]
+// Shape ops built from the ones above (gradients come with them). tril / triu keep the elements of the
+// last two dims with col - row <= k / >= k and zero the rest.
+Tensor tril(const Tensor& x, int64_t k = 0);
+Tensor triu(const Tensor& x, int64_t k = 0);
+Tensor flip(const Tensor& x, const std::vector<int64_t>& dims);
+// Shifts along dim by `shift` with wrap-around (element i goes to (i + shift) mod size).
+Tensor roll(const Tensor& x, int64_t shift, int64_t dim);
+// x repeated reps[i] times along dim i (numpy.tile, torch.Tensor.repeat); more reps than dims adds
+// leading dims.
+Tensor tile(const Tensor& x, const std::vector<int64_t>& reps);
+// `chunks` pieces of ceil(size / chunks) along dim (fewer when that leaves nothing for the last).
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim);  // the slices along dim, that dim removed
+// gather with indices broadcast against x in every dim but `dim` (torch.take_along_dim).
+Tensor take_along_dim(const Tensor& x, const Tensor& indices, int64_t dim);
+enum class PadMode { constant, reflect, replicate, circular };
+// Pads the last pad.size() / 2 dims, in torch.nn.functional.pad's order: {left, right} of the last
+// dim, then {before, after} of the one before it, ... Negative amounts crop (constant mode). reflect
+// mirrors without repeating the edge (pad < size), replicate repeats the edge, circular wraps
+// (pad <= size).
+Tensor pad(const Tensor& x, const std::vector<int64_t>& pad, PadMode mode = PadMode::constant, double value = 0.0);
+// [N, C r^2, H, W] <-> [N, C, H r, W r] (sub-pixel convolution's rearrangement).
+Tensor pixel_shuffle(const Tensor& x, int64_t r);
+Tensor pixel_unshuffle(const Tensor& x, int64_t r);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 // Assembly and indexing ops (cat, stack, split, index_select, gather, scatter_add, one_hot,
 // masked_fill) and the ops built on them: embedding, dropout, scaled dot-product attention.
+#include <algorithm>
 #include <cmath>
 
 #include "engine/autograd.h"
@@ -244,6 +245,159 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   Tensor probs = masked_softmax(matmul(q, k.transpose(-1, -2)), mask, 1.0 / std::sqrt(double(q.size(-1))));
   probs = dropout(probs, dropout_p, training, gen);
   return matmul(probs, v);
+}
+
+}  // namespace kiln
+
+// ---- shape ops built from views, index_select, gather, cat and where --------------------------------
+
+namespace kiln {
+namespace {
+// A host-built i64 index vector on x's device.
+Tensor host_indices(const std::vector<int64_t>& v, const Tensor& like) {
+  return from_blob_copy(v.data(), {int64_t(v.size())}).to(like.device());
+}
+Tensor triangle(const char* name, const Tensor& x, int64_t k, bool lower) {
+  KILN_CHECK(x.dim() >= 2, name, ": needs at least 2 dims, got ", x.shape());
+  const int64_t h = x.size(-2), w = x.size(-1);
+  const Tensor rows = arange(h, TensorOptions(DType::i64, x.device())).reshape({h, 1});
+  const Tensor cols = arange(w, TensorOptions(DType::i64, x.device())).reshape({1, w});
+  const Tensor diff = cols - rows;  // col - row
+  const Tensor kt = scalar_tensor(double(k), TensorOptions(DType::i64, x.device()));
+  return where(lower ? le(diff, kt) : ge(diff, kt), x, zeros_like(x));
+}
+}  // namespace
+
+Tensor tril(const Tensor& x, int64_t k) { return triangle("tril", x, k, true); }
+Tensor triu(const Tensor& x, int64_t k) { return triangle("triu", x, k, false); }
+
+Tensor flip(const Tensor& x, const std::vector<int64_t>& dims) {
+  Tensor out = x;
+  std::vector<bool> seen(size_t(std::max<int64_t>(x.dim(), 1)), false);
+  for (int64_t d0 : dims) {
+    const int64_t d = wrap_dim(d0, x.dim(), "flip");
+    KILN_CHECK(!seen[size_t(d)], "flip: dim ", d0, " given twice");
+    seen[size_t(d)] = true;
+    const int64_t n = x.size(d);
+    std::vector<int64_t> idx(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = n - 1 - i;
+    out = index_select(out, d, host_indices(idx, x));
+  }
+  return dims.empty() ? x.clone() : out;
+}
+
+Tensor roll(const Tensor& x, int64_t shift, int64_t dim) {
+  const int64_t d = wrap_dim(dim, x.dim(), "roll");
+  const int64_t n = x.size(d);
+  if (n == 0) return x.clone();
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = (((i - shift) % n) + n) % n;  // out[i] = x[i - shift]
+  return index_select(x, d, host_indices(idx, x));
+}
+
+Tensor tile(const Tensor& x, const std::vector<int64_t>& reps) {
+  for (int64_t r : reps) KILN_CHECK(r >= 0, "tile: repetitions must be >= 0, got ", r);
+  const int64_t nd = std::max<int64_t>(x.dim(), int64_t(reps.size()));
+  Shape s(size_t(nd), 1), r(size_t(nd), 1);
+  for (int64_t i = 0; i < x.dim(); ++i) s[size_t(nd - x.dim() + i)] = x.size(i);
+  for (size_t i = 0; i < reps.size(); ++i) r[size_t(nd) - reps.size() + i] = reps[i];
+  // [1, s0, 1, s1, ...] expanded to [r0, s0, r1, s1, ...], then each pair merged.
+  Shape inter, expanded, out;
+  for (int64_t i = 0; i < nd; ++i) {
+    inter.insert(inter.end(), {1, s[size_t(i)]});
+    expanded.insert(expanded.end(), {r[size_t(i)], s[size_t(i)]});
+    out.push_back(r[size_t(i)] * s[size_t(i)]);
+  }
+  return x.reshape(inter).expand(expanded).contiguous().reshape(out);
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  KILN_CHECK(chunks >= 1, "chunk: chunks must be >= 1, got ", chunks);
+  const int64_t d = wrap_dim(dim, x.dim(), "chunk");
+  const int64_t n = x.size(d);
+  return split(x, std::max<int64_t>(1, (n + chunks - 1) / chunks), d);
+}
+
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim) {
+  const int64_t d = wrap_dim(dim, x.dim(), "unbind");
+  std::vector<Tensor> out;
+  for (int64_t i = 0; i < x.size(d); ++i) out.push_back(x.select(d, i));
+  return out;
+}
+
+Tensor take_along_dim(const Tensor& x, const Tensor& indices, int64_t dim) {
+  KILN_CHECK(x.dim() == indices.dim(), "take_along_dim: x ", x.shape(), " and indices ", indices.shape(),
+             " need the same number of dims");
+  const int64_t d = wrap_dim(dim, x.dim(), "take_along_dim");
+  Shape xs = x.shape(), is = indices.shape();
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    if (i == d) continue;
+    const int64_t a = xs[size_t(i)], b = is[size_t(i)];
+    KILN_CHECK(a == b || a == 1 || b == 1, "take_along_dim: x ", x.shape(), " and indices ", indices.shape(),
+               " do not broadcast in dim ", i);
+    xs[size_t(i)] = is[size_t(i)] = std::max(a, b);
+  }
+  return gather(x.expand(xs), d, indices.expand(is).contiguous());
+}
+
+Tensor pad(const Tensor& x, const std::vector<int64_t>& amounts, PadMode mode, double value) {
+  KILN_CHECK(amounts.size() % 2 == 0 && int64_t(amounts.size()) / 2 <= x.dim(), "pad: ", amounts.size(),
+             " amounts for ", x.shape(), " (two per padded dim, last dim first)");
+  Tensor out = x;
+  for (size_t k = 0; k < amounts.size() / 2; ++k) {
+    const int64_t d = x.dim() - 1 - int64_t(k), lo = amounts[2 * k], hi = amounts[2 * k + 1];
+    const int64_t n = out.size(d);
+    KILN_CHECK(n + lo + hi >= 0, "pad: padding (", lo, ", ", hi, ") of dim ", d, " leaves a negative size from ", n);
+    if (mode == PadMode::constant) {
+      // Crop first (negative amounts), then add the constant blocks.
+      out = out.narrow(d, std::max<int64_t>(0, -lo), n - std::max<int64_t>(0, -lo) - std::max<int64_t>(0, -hi));
+      std::vector<Tensor> parts;
+      Shape side = out.shape();
+      if (lo > 0) {
+        side[size_t(d)] = lo;
+        parts.push_back(full(side, value, TensorOptions(out.dtype(), out.device())));
+      }
+      parts.push_back(out);
+      if (hi > 0) {
+        side[size_t(d)] = hi;
+        parts.push_back(full(side, value, TensorOptions(out.dtype(), out.device())));
+      }
+      out = parts.size() == 1 ? out : cat(parts, d);
+      continue;
+    }
+    const char* mname = mode == PadMode::reflect ? "reflect" : mode == PadMode::replicate ? "replicate" : "circular";
+    KILN_CHECK(lo >= 0 && hi >= 0, "pad: ", mname, " padding must be >= 0, got (", lo, ", ", hi, ")");
+    KILN_CHECK(n > 0, "pad: ", mname, " padding of an empty dim ", d);
+    if (mode == PadMode::reflect)
+      KILN_CHECK(lo < n && hi < n, "pad: reflect padding (", lo, ", ", hi, ") must be below the size ", n, " of dim ",
+                 d);
+    if (mode == PadMode::circular)
+      KILN_CHECK(lo <= n && hi <= n, "pad: circular padding (", lo, ", ", hi, ") must be at most the size ", n,
+                 " of dim ", d);
+    std::vector<int64_t> idx;
+    for (int64_t i = -lo; i < n + hi; ++i) {
+      int64_t j = i;
+      if (mode == PadMode::reflect) j = i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i;
+      if (mode == PadMode::replicate) j = std::clamp<int64_t>(i, 0, n - 1);
+      if (mode == PadMode::circular) j = ((i % n) + n) % n;
+      idx.push_back(j);
+    }
+    out = index_select(out, d, host_indices(idx, x));
+  }
+  return out;
+}
+
+Tensor pixel_shuffle(const Tensor& x, int64_t r) {
+  KILN_CHECK(x.dim() == 4 && r >= 1 && x.size(1) % (r * r) == 0, "pixel_shuffle: needs [N, C r^2, H, W] with r = ", r,
+             ", got ", x.shape());
+  const int64_t n = x.size(0), c = x.size(1) / (r * r), h = x.size(2), w = x.size(3);
+  return x.reshape({n, c, r, r, h, w}).permute({0, 1, 4, 2, 5, 3}).reshape({n, c, h * r, w * r});
+}
+Tensor pixel_unshuffle(const Tensor& x, int64_t r) {
+  KILN_CHECK(x.dim() == 4 && r >= 1 && x.size(2) % r == 0 && x.size(3) % r == 0,
+             "pixel_unshuffle: needs [N, C, H r, W r] with r = ", r, ", got ", x.shape());
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2) / r, w = x.size(3) / r;
+  return x.reshape({n, c, h, r, w, r}).permute({0, 1, 3, 5, 2, 4}).reshape({n, c * r * r, h, w});
 }
 
 }  // namespace kiln

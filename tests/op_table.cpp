@@ -761,6 +761,134 @@ std::vector<Row> build() {
       })
       .covers({"margin_ranking_loss", "cosine_similarity", "cosine_embedding_loss"})
       .autocast(AutocastOp::reductions);
+  // ---- shape ops built from views, index_select, gather, cat, where: plain index-by-index references ----
+  row("tril_triu", {{{3, 5, 6}}},
+      [](const V& x) {
+        return V{tril(x[0]), tril(x[0], 1), triu(x[0], -1), triu(x[0], 2)};
+      })
+      .ref([](const V& x) {
+        const auto tri = [&](int64_t k, bool lower) {
+          std::vector<double> v = x[0].to_vector();
+          for (int64_t b = 0; b < 3; ++b)
+            for (int64_t i = 0; i < 5; ++i)
+              for (int64_t j = 0; j < 6; ++j)
+                if (lower ? j - i > k : j - i < k) v[size_t((b * 5 + i) * 6 + j)] = 0;
+          return from_vector(v, {3, 5, 6}, DType::f64);
+        };
+        return V{tri(0, true), tri(1, true), tri(-1, false), tri(2, false)};
+      })
+      .covers({"tril", "triu"});
+  row("flip_roll", {{{4, 6}}},
+      [](const V& x) {
+        return V{flip(x[0], {0}), flip(x[0], {0, -1}), roll(x[0], 2, 1), roll(x[0], -5, 0)};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> v = x[0].to_vector();
+        const auto map = [&](const std::function<double(int64_t, int64_t)>& f) {
+          std::vector<double> o(24);
+          for (int64_t i = 0; i < 4; ++i)
+            for (int64_t j = 0; j < 6; ++j) o[size_t(i * 6 + j)] = f(i, j);
+          return from_vector(o, {4, 6}, DType::f64);
+        };
+        const auto at = [&](int64_t i, int64_t j) { return v[size_t(i * 6 + j)]; };
+        return V{map([&](int64_t i, int64_t j) { return at(3 - i, j); }),
+                 map([&](int64_t i, int64_t j) { return at(3 - i, 5 - j); }),
+                 map([&](int64_t i, int64_t j) { return at(i, (j + 4) % 6); }),
+                 map([&](int64_t i, int64_t j) { return at((i + 5) % 4, j); })};
+      })
+      .covers({"flip", "roll"});
+  row("tile_chunk_unbind", {{{2, 3}}, {{7, 3}}},
+      [](const V& x) {
+        const std::vector<Tensor> c = chunk(x[1], 3, 0), u = unbind(x[0], 1);
+        return V{tile(x[0], {2, 2}), tile(x[0], {2, 1, 3}), c[0], c[1], c[2], u[1] * 2.0};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> a = x[0].to_vector(), b = x[1].to_vector();
+        std::vector<double> t1, t2, u;
+        for (int64_t i = 0; i < 4; ++i)
+          for (int64_t j = 0; j < 6; ++j) t1.push_back(a[size_t((i % 2) * 3 + j % 3)]);
+        for (int64_t r = 0; r < 2; ++r)
+          for (int64_t i = 0; i < 2; ++i)
+            for (int64_t j = 0; j < 9; ++j) t2.push_back(a[size_t(i * 3 + j % 3)]);
+        for (int64_t i = 0; i < 2; ++i) u.push_back(2 * a[size_t(i * 3 + 1)]);
+        const auto rows = [&](int64_t r0, int64_t n) {
+          return from_vector(std::vector<double>(b.begin() + r0 * 3, b.begin() + (r0 + n) * 3), {n, 3}, DType::f64);
+        };
+        return V{from_vector(t1, {4, 6}, DType::f64),
+                 from_vector(t2, {2, 2, 9}, DType::f64),
+                 rows(0, 3),
+                 rows(3, 3),
+                 rows(6, 1),
+                 from_vector(u, {2}, DType::f64)};
+      })
+      .covers({"tile", "chunk", "unbind"});
+  row("take_along_dim", {{{4, 6}}, {{4, 2}, Kind::index, 6}, {{2, 1}, Kind::index, 4}}, [](const V& x) {
+    return V{take_along_dim(x[0], x[1], 1), take_along_dim(x[0], x[2], 0)};
+  }).ref([](const V& x) {
+    const std::vector<double> v = x[0].to_vector(), i1 = x[1].to_vector(), i2 = x[2].to_vector();
+    std::vector<double> o1, o2;
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t j = 0; j < 2; ++j) o1.push_back(v[size_t(i * 6 + int64_t(i1[size_t(i * 2 + j)]))]);
+    for (int64_t i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < 6; ++j) o2.push_back(v[size_t(int64_t(i2[size_t(i)]) * 6 + j)]);
+    return V{from_vector(o1, {4, 2}, DType::f64), from_vector(o2, {2, 6}, DType::f64)};
+  });
+  row("pad", {{{2, 3, 5}}}, [](const V& x) {
+    return V{pad(x[0], {1, 2}, PadMode::constant, 0.5), pad(x[0], {-1, 2, 1, -1}),
+             pad(x[0], {2, 1, 1, 0}, PadMode::reflect), pad(x[0], {3, 1, 2, 2}, PadMode::replicate),
+             pad(x[0], {2, 5, 1, 3}, PadMode::circular)};
+  }).ref([](const V& x) {
+    const std::vector<double> v = x[0].to_vector();
+    // Output (b, i, j) reads input row src(i) and column src(j), or the constant where src is -1.
+    const auto padded = [&](int64_t h, int64_t w, const std::function<int64_t(int64_t)>& si,
+                            const std::function<int64_t(int64_t)>& sj, double c) {
+      std::vector<double> o;
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t i = 0; i < h; ++i)
+          for (int64_t j = 0; j < w; ++j) {
+            const int64_t r = si(i), q = sj(j);
+            o.push_back(r < 0 || q < 0 ? c : v[size_t((b * 3 + r) * 5 + q)]);
+          }
+      return from_vector(o, {2, h, w}, DType::f64);
+    };
+    const auto reflect = [](int64_t i, int64_t n) { return i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i; };
+    const auto clampi = [](int64_t i, int64_t n) { return std::clamp<int64_t>(i, 0, n - 1); };
+    const auto wrap = [](int64_t i, int64_t n) { return ((i % n) + n) % n; };
+    const auto inside = [](int64_t i, int64_t n) { return i >= 0 && i < n ? i : -1; };
+    return V{padded(
+                 3, 8, [](int64_t i) { return i; }, [&](int64_t j) { return inside(j - 1, 5); }, 0.5),
+             padded(
+                 3, 6, [&](int64_t i) { return inside(i - 1, 3); }, [&](int64_t j) { return inside(j + 1, 5); }, 0.0)
+                 .narrow(1, 0, 3),
+             padded(
+                 4, 8, [&](int64_t i) { return reflect(i - 1, 3); }, [&](int64_t j) { return reflect(j - 2, 5); }, 0),
+             padded(
+                 7, 9, [&](int64_t i) { return clampi(i - 2, 3); }, [&](int64_t j) { return clampi(j - 3, 5); }, 0),
+             padded(
+                 7, 12, [&](int64_t i) { return wrap(i - 1, 3); }, [&](int64_t j) { return wrap(j - 2, 5); }, 0)};
+  });
+  row("pixel_shuffle", {{{2, 8, 3, 2}}, {{2, 3, 4, 6}}},
+      [](const V& x) {
+        return V{pixel_shuffle(x[0], 2), pixel_unshuffle(pixel_shuffle(x[0], 2), 2), pixel_unshuffle(x[1], 2)};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> a = x[0].to_vector(), b = x[1].to_vector();
+        std::vector<double> s(a.size()), u(b.size());
+        for (int64_t n = 0; n < 2; ++n)
+          for (int64_t c = 0; c < 2; ++c)
+            for (int64_t y = 0; y < 6; ++y)
+              for (int64_t z = 0; z < 4; ++z)  // out[n, c, y, z] = in[n, c*4 + (y%2)*2 + z%2, y/2, z/2]
+                s[size_t(((n * 2 + c) * 6 + y) * 4 + z)] =
+                    a[size_t(((n * 8 + c * 4 + (y % 2) * 2 + z % 2) * 3 + y / 2) * 2 + z / 2)];
+        for (int64_t n = 0; n < 2; ++n)
+          for (int64_t c = 0; c < 12; ++c)
+            for (int64_t y = 0; y < 2; ++y)
+              for (int64_t z = 0; z < 3; ++z)  // out[n, c, y, z] = in[n, c/4, y*2 + (c%4)/2, z*2 + c%2]
+                u[size_t(((n * 12 + c) * 2 + y) * 3 + z)] =
+                    b[size_t(((n * 3 + c / 4) * 4 + y * 2 + (c % 4) / 2) * 6 + z * 2 + c % 2)];
+        return V{from_vector(s, {2, 2, 6, 4}, DType::f64), x[0], from_vector(u, {2, 12, 2, 3}, DType::f64)};
+      })
+      .covers({"pixel_shuffle", "pixel_unshuffle"});
   // 280 indices: the CUDA backward sums runs in chunks of 256 (index_add_chunks_kernel).
   row("embedding", {{{50, 24}}, {{4, 70}, Kind::index, 50}}, [](const V& x) {
     return one(embedding(x[0], x[1]));
