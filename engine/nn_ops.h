@@ -131,6 +131,15 @@ enum class PadMode { constant, reflect, replicate, circular };
 // mirrors without repeating the edge (pad < size), replicate repeats the edge, circular wraps
 // (pad <= size).
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pad, PadMode mode = PadMode::constant, double value = 0.0);
+// Resizes the last two dims of [N, C, H, W] to `size`: nearest (source index floor(dst * in / out), as
+// PyTorch's 'nearest') or bilinear (align_corners false: source (dst + 0.5) in / out - 0.5, clamped at
+// 0; true: dst (in - 1) / (out - 1)). interpolate_scale: size floor(in * scale) (PyTorch's
+// recompute_scale_factor=True).
+enum class InterpMode { nearest, bilinear };
+Tensor interpolate(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode = InterpMode::nearest,
+                   bool align_corners = false);
+Tensor interpolate_scale(const Tensor& x, std::array<double, 2> scale_factor, InterpMode mode = InterpMode::nearest,
+                         bool align_corners = false);
 // [N, C r^2, H, W] <-> [N, C, H r, W r] (sub-pixel convolution's rearrangement).
 Tensor pixel_shuffle(const Tensor& x, int64_t r);
 Tensor pixel_unshuffle(const Tensor& x, int64_t r);

@@ -401,3 +401,55 @@ Tensor pixel_unshuffle(const Tensor& x, int64_t r) {
 }
 
 }  // namespace kiln
+
+// ---- interpolate: separable, one dim at a time, by index_select and weights --------------------------
+
+namespace kiln {
+namespace {
+// Resizes dim d of x from its size to `out`.
+Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool align_corners) {
+  const int64_t in = x.size(d);
+  if (in == out) return x;  // every mode maps o to o
+  std::vector<int64_t> i0(static_cast<size_t>(out)), i1(static_cast<size_t>(out));
+  std::vector<double> w1(static_cast<size_t>(out));
+  const double scale = double(in) / double(out);
+  for (int64_t o = 0; o < out; ++o) {
+    if (mode == InterpMode::nearest) {
+      i0[size_t(o)] = std::min<int64_t>(int64_t(std::floor(double(o) * scale)), in - 1);
+      continue;
+    }
+    const double src = align_corners ? (out > 1 ? double(o) * double(in - 1) / double(out - 1) : 0.0)
+                                     : std::max(0.0, (double(o) + 0.5) * scale - 0.5);
+    const int64_t lo = std::min<int64_t>(int64_t(std::floor(src)), in - 1);
+    i0[size_t(o)] = lo;
+    i1[size_t(o)] = std::min<int64_t>(lo + 1, in - 1);
+    w1[size_t(o)] = src - double(lo);
+  }
+  const Tensor a = index_select(x, d, from_blob_copy(i0.data(), {out}).to(x.device()));
+  if (mode == InterpMode::nearest) return a;
+  const Tensor b = index_select(x, d, from_blob_copy(i1.data(), {out}).to(x.device()));
+  Shape ws(size_t(x.dim()), 1);
+  ws[size_t(d)] = out;
+  const Tensor w = from_vector(w1, ws, TensorOptions(x.dtype(), x.device()));
+  return a + (b - a) * w;
+}
+}  // namespace
+
+Tensor interpolate(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode, bool align_corners) {
+  KILN_CHECK(x.dim() == 4, "interpolate: needs [N, C, H, W], got ", x.shape());
+  KILN_CHECK(size[0] >= 1 && size[1] >= 1, "interpolate: output size must be >= 1, got ", size[0], "x", size[1]);
+  KILN_CHECK(x.size(2) >= 1 && x.size(3) >= 1, "interpolate: empty input ", x.shape());
+  KILN_CHECK(mode == InterpMode::bilinear || !align_corners, "interpolate: align_corners is for bilinear");
+  if (mode == InterpMode::bilinear) KILN_CHECK(is_floating(x.dtype()), "interpolate: bilinear needs a floating tensor");
+  return resize_dim(resize_dim(x, 2, size[0], mode, align_corners), 3, size[1], mode, align_corners);
+}
+
+Tensor interpolate_scale(const Tensor& x, std::array<double, 2> scale, InterpMode mode, bool align_corners) {
+  KILN_CHECK(x.dim() == 4, "interpolate: needs [N, C, H, W], got ", x.shape());
+  KILN_CHECK(scale[0] > 0 && scale[1] > 0, "interpolate: scale factors must be > 0, got ", scale[0], ", ", scale[1]);
+  const std::array<int64_t, 2> size = {int64_t(std::floor(double(x.size(2)) * scale[0])),
+                                       int64_t(std::floor(double(x.size(3)) * scale[1]))};
+  return interpolate(x, size, mode, align_corners);
+}
+
+}  // namespace kiln

@@ -889,6 +889,44 @@ std::vector<Row> build() {
         return V{from_vector(s, {2, 2, 6, 4}, DType::f64), x[0], from_vector(u, {2, 12, 2, 3}, DType::f64)};
       })
       .covers({"pixel_shuffle", "pixel_unshuffle"});
+  row("interpolate", {{{2, 3, 5, 4}}},
+      [](const V& x) {
+        return V{interpolate(x[0], {7, 9}), interpolate(x[0], {3, 2}), interpolate(x[0], {8, 6}, InterpMode::bilinear),
+                 interpolate(x[0], {3, 7}, InterpMode::bilinear, true),
+                 interpolate_scale(x[0], {2.0, 1.5}, InterpMode::bilinear)};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> v = x[0].to_vector();
+        // Bilinear by its 2-D formula (not separably), nearest by floor(dst * in / out).
+        const auto resize = [&](int64_t oh, int64_t ow, bool bilinear, bool ac) {
+          const auto src = [&](int64_t o, int64_t in, int64_t out) {
+            if (ac) return out > 1 ? double(o) * double(in - 1) / double(out - 1) : 0.0;
+            return std::max(0.0, (double(o) + 0.5) * double(in) / double(out) - 0.5);
+          };
+          std::vector<double> o;
+          for (int64_t p = 0; p < 6; ++p)
+            for (int64_t i = 0; i < oh; ++i)
+              for (int64_t j = 0; j < ow; ++j) {
+                const double* plane = v.data() + p * 20;
+                if (!bilinear) {
+                  const int64_t r = std::min<int64_t>(int64_t(std::floor(double(i) * 5 / double(oh))), 4);
+                  const int64_t c = std::min<int64_t>(int64_t(std::floor(double(j) * 4 / double(ow))), 3);
+                  o.push_back(plane[r * 4 + c]);
+                  continue;
+                }
+                const double sy = src(i, 5, oh), sx = src(j, 4, ow);
+                const int64_t y0 = std::min<int64_t>(int64_t(sy), 4), x0 = std::min<int64_t>(int64_t(sx), 3);
+                const int64_t y1 = std::min<int64_t>(y0 + 1, 4), x1 = std::min<int64_t>(x0 + 1, 3);
+                const double ly = sy - double(y0), lx = sx - double(x0);
+                o.push_back((1 - ly) * ((1 - lx) * plane[y0 * 4 + x0] + lx * plane[y0 * 4 + x1]) +
+                            ly * ((1 - lx) * plane[y1 * 4 + x0] + lx * plane[y1 * 4 + x1]));
+              }
+          return from_vector(o, {2, 3, oh, ow}, DType::f64);
+        };
+        return V{resize(7, 9, false, false), resize(3, 2, false, false), resize(8, 6, true, false),
+                 resize(3, 7, true, true), resize(10, 6, true, false)};
+      })
+      .covers({"interpolate", "interpolate_scale"});
   // 280 indices: the CUDA backward sums runs in chunks of 256 (index_add_chunks_kernel).
   row("embedding", {{{50, 24}}, {{4, 70}, Kind::index, 50}}, [](const V& x) {
     return one(embedding(x[0], x[1]));
