@@ -96,7 +96,9 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
 // Zeroes elements with probability p and scales the rest by 1/(1-p); the mask comes from the
 // Philox stream, so a (seed, offset) reproduces it on any device.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
-// q [..., L, D], k [..., S, D], v [..., S, Dv]; mask additive, broadcastable to [..., L, S].
+// q [..., L, D], k [..., S, D], v [..., S, Dv]; mask additive, broadcastable to [..., L, S]. k and v
+// may have fewer heads (dim -3) than q, dividing them (grouped-query and multi-query attention):
+// query head h reads key/value head h / (q heads / kv heads).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},
                                     double dropout_p = 0.0, bool training = false, Generator* gen = nullptr);
 

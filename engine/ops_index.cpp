@@ -241,10 +241,24 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
              q.shape(), ", ", k.shape(), ", ", v.shape());
   KILN_CHECK(q.size(-1) == k.size(-1), "attention: q ", q.shape(), " and k ", k.shape(), " differ in head size");
   KILN_CHECK(k.size(-2) == v.size(-2), "attention: k ", k.shape(), " and v ", v.shape(), " differ in length");
+  // Grouped-query / multi-query attention: k and v with fewer heads (dim -3) than q, each shared by
+  // q.size(-3) / k.size(-3) consecutive query heads.
+  Tensor kk = k, vv = v;
+  if (q.dim() >= 3 && k.dim() >= 3 && k.size(-3) != q.size(-3)) {
+    const int64_t hq = q.size(-3), hk = k.size(-3);
+    KILN_CHECK(v.dim() >= 3 && v.size(-3) == hk, "attention: k ", k.shape(), " and v ", v.shape(),
+               " differ in heads (dim -3)");
+    KILN_CHECK(hk >= 1 && hq % hk == 0, "attention: q has ", hq, " heads (dim -3), not a multiple of k and v's ", hk);
+    std::vector<int64_t> group(static_cast<size_t>(hq));
+    for (int64_t h = 0; h < hq; ++h) group[size_t(h)] = h / (hq / hk);
+    const Tensor idx = from_blob_copy(group.data(), {hq}).to(k.device());
+    kk = index_select(k, k.dim() - 3, idx);
+    vv = index_select(v, v.dim() - 3, idx);
+  }
   // The scale and the mask go into the softmax kernel: no scaled or masked copy of the scores is made.
-  Tensor probs = masked_softmax(matmul(q, k.transpose(-1, -2)), mask, 1.0 / std::sqrt(double(q.size(-1))));
+  Tensor probs = masked_softmax(matmul(q, kk.transpose(-1, -2)), mask, 1.0 / std::sqrt(double(q.size(-1))));
   probs = dropout(probs, dropout_p, training, gen);
-  return matmul(probs, v);
+  return matmul(probs, vv);
 }
 
 }  // namespace kiln

@@ -948,6 +948,25 @@ std::vector<Row> build() {
       })
       .covers({"scaled_dot_product_attention"})
       .tol(3e-2);
+  // Grouped-query (6 query heads over 2 key/value heads) and multi-query (1): against the same
+  // attention with each key/value head repeated for its query heads by hand.
+  row("attention_gqa", {{{2, 6, 5, 8}}, {{2, 2, 7, 8}}, {{2, 2, 7, 4}}, {{2, 1, 7, 8}}, {{2, 1, 7, 4}}},
+      [](const V& x) {
+        return V{scaled_dot_product_attention(x[0], x[1], x[2]), scaled_dot_product_attention(x[0], x[3], x[4])};
+      })
+      .ref([](const V& x) {
+        const auto rep = [](const Tensor& t, int64_t times) {  // head h of the result is head h / times of t
+          std::vector<Tensor> heads;
+          for (int64_t h = 0; h < t.size(1) * times; ++h) heads.push_back(t.select(1, h / times));
+          return stack(heads, 1);
+        };
+        const auto att = [](const Tensor& q, const Tensor& k, const Tensor& v) {
+          return matmul(softmax(matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(8.0)), -1), v);
+        };
+        return V{att(x[0], rep(x[1], 3), rep(x[2], 3)), att(x[0], rep(x[3], 6), rep(x[4], 6))};
+      })
+      .covers({"scaled_dot_product_attention"})
+      .tol(3e-2);
 
   // ---- joining, splitting and indexing ----
   row("cat_stack_split", {{{4, 5}}, {{4, 5}}},

@@ -452,6 +452,9 @@ TEST_CASE("nn: attention equals its definition and has gradients") {
   // Padded keys carry no weight.
   CHECK(amax(p.narrow(3, 3, 2)).item<double>() < 1e-12);
   const Tensor mask4 = mask.narrow(0, 0, 1).narrow(3, 1, 4);  // [1,1,1,4], last key padded
+  // Grouped-query heads must divide the query heads: 4 over 3 is an error naming both.
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(rnd({1, 4, 2, 8}, 1), rnd({1, 3, 2, 8}, 2), rnd({1, 3, 2, 8}, 3)),
+                       doctest::Contains("q has 4 heads (dim -3), not a multiple of k and v's 3"), kiln::Error);
 }
 
 TEST_CASE("nn: cat, stack, split, index_select, gather, scatter_add, one_hot, masked_fill") {
