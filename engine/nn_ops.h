@@ -47,6 +47,10 @@ Tensor hardtanh(const Tensor& x, double min_val = -1.0, double max_val = 1.0);  
 Tensor relu6(const Tensor& x);
 Tensor hardsigmoid(const Tensor& x);
 Tensor hardswish(const Tensor& x);
+// x where x > 0, else weight * x; weight [1] or [C] with C = x.size(1) (one slope per channel).
+Tensor prelu(const Tensor& x, const Tensor& weight);
+// a * sigmoid(b) for the two halves a, b of x along dim (its size must be even).
+Tensor glu(const Tensor& x, int64_t dim = -1);
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 // softmax(scale * x + mask) over the last dim in one kernel (attention's scores): mask additive,

@@ -433,6 +433,19 @@ Tensor hardtanh(const Tensor& x, double min_val, double max_val) {
       });
 }
 Tensor relu6(const Tensor& x) { return hardtanh(x, 0.0, 6.0); }
+Tensor prelu(const Tensor& x, const Tensor& weight) {
+  KILN_CHECK(weight.dim() == 1 && (weight.size(0) == 1 || (x.dim() >= 2 && weight.size(0) == x.size(1))),
+             "prelu: weight must be [1] or [C] with C = x.size(1), got weight ", weight.shape(), " for x ", x.shape());
+  Shape ws(size_t(std::max<int64_t>(x.dim(), 1)), 1);
+  if (x.dim() >= 2) ws[1] = weight.size(0);
+  return where_positive(x, x, weight.reshape(ws) * x);
+}
+Tensor glu(const Tensor& x, int64_t dim) {
+  const int64_t d = wrap_dim(dim, x.dim(), "glu");
+  KILN_CHECK(x.size(d) % 2 == 0, "glu: dim ", dim, " of ", x.shape(), " must have an even size");
+  const int64_t h = x.size(d) / 2;
+  return x.narrow(d, 0, h) * sigmoid(x.narrow(d, h, h));
+}
 Tensor hardsigmoid(const Tensor& x) {
   return unary_on_input("hardsigmoid", UnaryOp::hardsigmoid, x, 0, 0, [](const Tensor& g, const Tensor& x) {
     return where(lt(abs(x), scalar_like(3, x)), g * (1.0 / 6.0), zeros_like(g));

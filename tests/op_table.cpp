@@ -210,6 +210,31 @@ std::vector<Row> build() {
       })
       .covers({"elu", "selu", "celu"})
       .autocast(ew);
+  row("prelu_glu", {{{6, 4, 5}, Kind::nonzero}, {{4}, Kind::positive}, {{1}, Kind::positive}},
+      [](const V& x) {
+        return V{prelu(x[0], x[1]), prelu(x[0], x[2]), glu(x[0], 1), glu(x[0].narrow(2, 0, 4))};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> v = x[0].to_vector(), w = x[1].to_vector();
+        const double w1 = x[2].to_vector()[0];
+        std::vector<double> p4(v.size()), p1(v.size()), g1, g2;
+        for (size_t i = 0; i < v.size(); ++i) {
+          const size_t c = (i / 5) % 4;
+          p4[i] = v[i] > 0 ? v[i] : w[c] * v[i];
+          p1[i] = v[i] > 0 ? v[i] : w1 * v[i];
+        }
+        const auto sig = [](double z) { return 1 / (1 + std::exp(-z)); };
+        for (size_t n = 0; n < 6; ++n)
+          for (size_t c = 0; c < 2; ++c)
+            for (size_t k = 0; k < 5; ++k) g1.push_back(v[(n * 4 + c) * 5 + k] * sig(v[(n * 4 + c + 2) * 5 + k]));
+        for (size_t n = 0; n < 6; ++n)
+          for (size_t c = 0; c < 4; ++c)
+            for (size_t k = 0; k < 2; ++k) g2.push_back(v[(n * 4 + c) * 5 + k] * sig(v[(n * 4 + c) * 5 + k + 2]));
+        return V{from_vector(p4, {6, 4, 5}, DType::f64), from_vector(p1, {6, 4, 5}, DType::f64),
+                 from_vector(g1, {6, 2, 5}, DType::f64), from_vector(g2, {6, 4, 2}, DType::f64)};
+      })
+      .covers({"prelu", "glu"})
+      .autocast(ew);
   // The hard activations on 4x the inputs, so their flat parts are reached.
   row("hardtanh", {{{33, 17}, Kind::nonzero}},
       [](const V& x) {
