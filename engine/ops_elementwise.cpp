@@ -215,11 +215,12 @@ Tensor logical_not(const Tensor& a) { return run_unary(UnaryOp::logical_not, raw
 // ---- unary ---------------------------------------------------------------------------------------
 
 namespace {
-// A float unary op whose backward needs the input (in) or the output (out).
+// A float unary op (parameters p0, p1) whose backward needs the input (save_output false) or the output.
 template <typename Back>
-Tensor float_unary(const char* name, UnaryOp op, const Tensor& a, bool save_output, Back back) {
+Tensor float_unary(const char* name, UnaryOp op, const Tensor& a, bool save_output, Back back, double p0 = 0,
+                   double p1 = 0) {
   check_not_bool(name, a.dtype());
-  Tensor out = run_unary(op, a, float_type(a.dtype()));
+  Tensor out = run_unary(op, a, float_type(a.dtype()), p0, p1);
   if (autograd::needs_grad({a})) {
     SavedTensor saved(save_output ? out : a);
     autograd::record(name, {a}, {out}, [saved, back, name](const GradCtx& c) -> std::vector<Tensor> {
@@ -277,15 +278,7 @@ namespace {
 // A float unary op with parameters p0, p1 whose backward reads the input.
 template <typename Back>
 Tensor unary_on_input(const char* name, UnaryOp op, const Tensor& a, double p0, double p1, Back back) {
-  check_not_bool(name, a.dtype());
-  Tensor out = run_unary(op, a, float_type(a.dtype()), p0, p1);
-  if (autograd::needs_grad({a})) {
-    SavedTensor saved(a);
-    autograd::record(name, {a}, {out}, [saved, back, name](const GradCtx& c) -> std::vector<Tensor> {
-      return {back(c.g(), saved.unpack(name))};
-    });
-  }
-  return out;
+  return float_unary(name, op, a, false, back, p0, p1);
 }
 // floor, ceil, round, trunc: an integer tensor is already whole (a copy, its own dtype); gradient 0.
 Tensor rounding(const char* name, UnaryOp op, const Tensor& a) {

@@ -457,6 +457,30 @@ void flatten_class_dim(const char* op, const Tensor& logits, const Tensor& targe
   t2 = target.reshape({-1});
   if (t2.dtype() != DType::i64) t2 = t2.to(DType::i64);
 }
+
+// nll_loss's rows from log-probabilities [rows, C] and targets [rows]: which rows count (keep), each
+// row's weight (weight[target], 0 where ignored; undefined without class weights) and its loss.
+struct NllRows {
+  Tensor keep, w, per;
+};
+NllRows nll_rows(const Tensor& lp, const Tensor& t2, int64_t ignore_index, const Tensor& weight) {
+  NllRows r;
+  r.keep = ne(t2, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, t2.device())));
+  const Tensor safe = where(r.keep, t2, zeros_like(t2));
+  const Tensor picked = gather(lp, 1, safe.unsqueeze(1)).squeeze(1);
+  if (weight.defined()) r.w = where(r.keep, index_select(weight, 0, safe).to(picked.dtype()), zeros_like(picked));
+  r.per = r.w.defined() ? neg(picked) * r.w : where(r.keep, neg(picked), zeros_like(picked));
+  return r;
+}
+// The reduction of per-row losses: none (in the target's shape), sum, or the mean over the weights
+// (the count of kept rows without class weights), divided in f32 at least (a count rounded to bf16
+// or f16 would be off).
+Tensor reduce_rows(const Tensor& per, const NllRows& r, Reduction reduction, const Shape& target_shape) {
+  if (reduction == Reduction::none) return per.reshape(target_shape);
+  if (reduction == Reduction::sum) return sum(per);
+  const DType ct = promote_types(per.dtype(), DType::f32);
+  return (sum(per).to(ct) / (r.w.defined() ? sum(r.w).to(ct) : sum(r.keep).to(ct))).to(per.dtype());
+}
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t ignore_index, double label_smoothing,
@@ -469,27 +493,17 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
   if (weight.defined()) {
     // Class weights: from log_softmax, as PyTorch defines them. Row loss = (1 - e) w[t] (-log p_t) +
     // e / C sum_c w[c] (-log p_c); the mean divides by the sum of w[t] over the rows not ignored.
-    KILN_CHECK(logits.dim() >= 2, "cross_entropy: input must be [N, C] or [N, C, d...], got ", logits.shape());
-    check_class_weight("cross_entropy", weight, logits.size(1));
-    const Tensor lp = log_softmax(logits, 1);
-    Tensor per = nll_loss(lp, target, ignore_index, Reduction::none, weight);
-    if (label_smoothing > 0) {
-      Shape wshape(size_t(logits.dim()), 1);
-      wshape[1] = logits.size(1);
-      const Tensor smooth = neg(sum(lp * weight.to(lp.dtype()).reshape(wshape), {1})) / double(logits.size(1));
-      const Tensor keep =
-          ne(target.to(DType::i64), scalar_tensor(double(ignore_index), TensorOptions(DType::i64, target.device())));
-      per = per * (1.0 - label_smoothing) + where(keep, smooth, zeros_like(smooth)) * label_smoothing;
-    }
-    if (reduction == Reduction::none) return per;
-    if (reduction == Reduction::sum) return sum(per);
     Tensor l2, t2;
     flatten_class_dim("cross_entropy", logits, target, l2, t2);
-    const Tensor keep = ne(t2, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, t2.device())));
-    const Tensor wt =
-        where(keep, index_select(weight, 0, where(keep, t2, zeros_like(t2))), zeros_like(t2).to(weight.dtype()));
-    const DType ct = promote_types(per.dtype(), DType::f32);
-    return (sum(per).to(ct) / sum(wt).to(ct)).to(per.dtype());
+    check_class_weight("cross_entropy", weight, l2.size(1));
+    const Tensor lp = log_softmax(l2, 1);
+    const NllRows r = nll_rows(lp, t2, ignore_index, weight);
+    Tensor per = r.per;
+    if (label_smoothing > 0) {
+      const Tensor smooth = neg(sum(lp * weight.to(lp.dtype()).unsqueeze(0), {1})) / double(l2.size(1));
+      per = per * (1.0 - label_smoothing) + where(r.keep, smooth, zeros_like(smooth)) * label_smoothing;
+    }
+    return reduce_rows(per, r, reduction, target.shape());
   }
   Tensor l2, t2;
   flatten_class_dim("cross_entropy", logits, target, l2, t2);
@@ -542,18 +556,8 @@ Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, int64_t ignore
   Tensor l2, t2;
   flatten_class_dim("nll_loss", log_probs, target, l2, t2);
   check_class_weight("nll_loss", weight, l2.size(1));
-  const Tensor keep = ne(t2, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, t2.device())));
-  const Tensor safe = where(keep, t2, zeros_like(t2));
-  const Tensor picked = gather(l2, 1, safe.unsqueeze(1)).squeeze(1);
-  // Each row's weight: weight[target], 0 where ignored (1 without class weights).
-  const Tensor w =
-      weight.defined() ? where(keep, index_select(weight, 0, safe).to(picked.dtype()), zeros_like(picked)) : Tensor();
-  const Tensor per = w.defined() ? neg(picked) * w : where(keep, neg(picked), zeros_like(picked));
-  if (reduction == Reduction::none) return per.reshape(target.shape());
-  if (reduction == Reduction::sum) return sum(per);
-  // Counted on the device, divided in f32 at least (a count rounded to bf16 or f16 would be off).
-  const DType ct = promote_types(per.dtype(), DType::f32);
-  return (sum(per).to(ct) / (w.defined() ? sum(w).to(ct) : sum(keep).to(ct))).to(per.dtype());
+  const NllRows r = nll_rows(l2, t2, ignore_index, weight);
+  return reduce_rows(r.per, r, reduction, target.shape());
 }
 
 Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {

@@ -103,8 +103,7 @@ int import_weights(const CkptOptions& o) {
   const io::SafetensorsFile f = io::load_safetensors(o.file);
   const nn::StateDict mine = m->state_dict();
   nn::StateDict given = normalise_checkpoint_names(f.tensors, mine);
-  if (const std::string note = ignored_message(drop_unused_heads(*m, given), o.file, o.model); !note.empty())
-    std::fprintf(stderr, "kiln ckpt import: %s\n", note.c_str());
+  drop_unused_heads(*m, given, o.file, o.model, "kiln ckpt import");
   m->load_state_dict(given, /*strict=*/true);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [n, t] : m->state_dict()) tensors.emplace_back("model/" + n, t);

@@ -39,8 +39,7 @@ int run_forward(const ForwardOptions& o) {
   const io::SafetensorsFile wf = io::load_safetensors(o.weights);
   const nn::StateDict mine = m.state_dict();
   nn::StateDict given = normalise_checkpoint_names(wf.tensors, mine);
-  if (const std::string note = ignored_message(drop_unused_heads(m, given), o.weights, o.model); !note.empty())
-    std::fprintf(stderr, "kiln forward: %s\n", note.c_str());
+  drop_unused_heads(m, given, o.weights, o.model, "kiln forward");
   std::vector<std::string> missing, unexpected;
   for (const auto& [n, t] : mine)
     if (!given.count(n)) missing.push_back(n);

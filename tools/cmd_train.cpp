@@ -703,9 +703,7 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
       c.label_names = nlohmann::json::parse(it->second).get<std::vector<std::string>>();
     task = make_task(c);
     nn::StateDict given = f.tensors;
-    if (const std::string note = ignored_message(drop_unused_heads(*task.model, given), weights, c.model);
-        !note.empty())
-      std::fprintf(stderr, "kiln eval: %s\n", note.c_str());
+    drop_unused_heads(*task.model, given, weights, c.model, "kiln eval");
     task.model->load_state_dict(given, /*strict=*/true);
   } catch (const Error& e) {
     std::fprintf(stderr, "kiln eval: error: %s\n", e.message().c_str());

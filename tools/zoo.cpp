@@ -2,6 +2,7 @@
 #include "tools/zoo.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace kiln::tools {
 namespace {
@@ -186,7 +187,8 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
   return out;
 }
 
-std::vector<std::string> drop_unused_heads(const nn::Module& m, nn::StateDict& in) {
+void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file, const std::string& model,
+                       const char* who) {
   std::vector<std::string> prefixes;
   if (m.type_name() == "BertForMaskedLM") prefixes = {"bert.pooler.", "cls.seq_relationship."};
   if (m.type_name() == "BertForSequenceClassification") prefixes = {"cls."};
@@ -203,16 +205,11 @@ std::vector<std::string> drop_unused_heads(const nn::Module& m, nn::StateDict& i
       ++it;
     }
   }
-  return dropped;
-}
-
-std::string ignored_message(const std::vector<std::string>& ignored, const std::string& file,
-                            const std::string& model) {
-  if (ignored.empty()) return "";
-  std::string s = "ignored " + std::to_string(ignored.size()) + " tensor" + (ignored.size() == 1 ? "" : "s") + " of " +
+  if (dropped.empty()) return;
+  std::string s = "ignored " + std::to_string(dropped.size()) + " tensor" + (dropped.size() == 1 ? "" : "s") + " of " +
                   file + " that " + model + " does not use:";
-  for (size_t i = 0; i < ignored.size(); ++i) s += (i ? ", " : " ") + ignored[i];
-  return s;
+  for (size_t i = 0; i < dropped.size(); ++i) s += (i ? ", " : " ") + dropped[i];
+  std::fprintf(stderr, "%s: %s\n", who, s.c_str());
 }
 
 }  // namespace kiln::tools

@@ -68,12 +68,11 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
 // ids: `in` with those mapped onto Kiln's names (`mine`: the model's state dict).
 nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine);
 
-// The tensors of a checkpoint (names normalised) that model `m` has no parameter for and never needs:
-// the family's other heads (BERT masked LM: a pretraining checkpoint's pooler and next-sentence head,
-// or an older Kiln masked-LM checkpoint's pooler; classification: the pretraining heads, cls.*). They
-// are removed from `in` and returned, for the caller to say what it ignored.
-std::vector<std::string> drop_unused_heads(const nn::Module& m, nn::StateDict& in);
-// "ignored 2 tensors of FILE that MODEL does not use: a, b", or "" for none.
-std::string ignored_message(const std::vector<std::string>& ignored, const std::string& file, const std::string& model);
+// Removes from `in` the tensors of a checkpoint (names normalised) that model `m` has no parameter for
+// and never needs: the family's other heads (BERT masked LM: a pretraining checkpoint's pooler and
+// next-sentence head, or an older Kiln masked-LM checkpoint's pooler; classification: the pretraining
+// heads, cls.*), and says so on stderr: "WHO: ignored 2 tensors of FILE that MODEL does not use: a, b".
+void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file, const std::string& model,
+                       const char* who);
 
 }  // namespace kiln::tools
