@@ -12,7 +12,9 @@ using O = AutocastOp;
 constexpr AutocastRule kRules[] = {
     {O::matmul, "matmul", P::lower, "GEMM: 16-bit inputs, f32 accumulation (Tensor Cores on GPU)"},
     {O::linear, "linear", P::lower, "GEMM + bias; the bias is cast too, so the output stays 16-bit"},
-    {O::conv2d, "conv2d", P::lower, "implicit GEMM: 16-bit inputs, f32 accumulation"},
+    {O::conv2d, "conv2d", P::lower,
+     "implicit GEMM: 16-bit inputs, f32 accumulation; also conv_transpose2d, and conv1d/conv3d through it (conv3d sums "
+     "its depth planes in f32)"},
     {O::softmax, "softmax", P::fp32, "exp of large logits overflows f16"},
     {O::log_softmax, "log_softmax", P::fp32, "as softmax"},
     {O::layer_norm, "layer_norm", P::fp32, "mean and variance of a row need f32; its output feeds the residual stream"},

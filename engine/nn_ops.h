@@ -19,6 +19,35 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Pair stride = {1, 1},
               Pair padding = {0, 0}, Pair dilation = {1, 1}, int64_t groups = 1);
 
+// The adjoint of conv2d (a "deconvolution"): x [N, C_in, H, W], weight [C_in, C_out/groups, kh, kw],
+// bias [C_out]; output size (H - 1) stride - 2 padding + dilation (kh - 1) + output_padding + 1, with
+// output_padding smaller than the stride. torch.nn.functional.conv_transpose2d's argument order.
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Pair stride = {1, 1},
+                        Pair padding = {0, 0}, Pair output_padding = {0, 0}, int64_t groups = 1,
+                        Pair dilation = {1, 1});
+// 1-D: x [N, C, L], weight [O, C/groups, k] (transposed: [C_in, C_out/groups, k]); conv2d over a
+// height of 1.
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, int64_t stride = 1, int64_t padding = 0,
+              int64_t dilation = 1, int64_t groups = 1);
+Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, int64_t stride = 1,
+                        int64_t padding = 0, int64_t output_padding = 0, int64_t groups = 1, int64_t dilation = 1);
+// 3-D: x [N, C, D, H, W], weight [O, C/groups, kd, kh, kw]: kd convolutions in 2-D over the depth
+// slices each kernel plane meets, summed (in f32 for 16-bit inputs).
+using Triple = std::array<int64_t, 3>;
+Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Triple stride = {1, 1, 1},
+              Triple padding = {0, 0, 0}, Triple dilation = {1, 1, 1}, int64_t groups = 1);
+// padding="same" (stride 1): the output keeps the input's size. Of the total dilation (k - 1) per dim
+// the odd one out goes after (right, bottom, back), as PyTorch; then the input is padded with zeros
+// first. Other asymmetric padding: pad() the input, then convolve without padding.
+struct SamePadding {};
+inline constexpr SamePadding kSame{};
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, SamePadding, int64_t dilation = 1,
+              int64_t groups = 1);
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, SamePadding, Pair dilation = {1, 1},
+              int64_t groups = 1);
+Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, SamePadding, Triple dilation = {1, 1, 1},
+              int64_t groups = 1);
+
 // stride {0, 0} means stride = kernel. Floor mode output sizes.
 Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0}, Pair dilation = {1, 1});
 Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0},
@@ -32,6 +61,20 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 // Normalises over the trailing dims given by normalized_shape; gamma/beta of that shape or undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& gamma = {}, const Tensor& beta = {},
                   double eps = 1e-5);
+
+// group_norm: x [N, C, *] normalised over each group of C / num_groups channels (and all of *), then
+// gamma/beta [C] per channel; instance_norm: one group per channel (statistics of each sample's
+// planes; no running statistics, as InstanceNorm's default). Both through layer norm's kernel.
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& gamma = {}, const Tensor& beta = {},
+                  double eps = 1e-5);
+Tensor instance_norm(const Tensor& x, const Tensor& gamma = {}, const Tensor& beta = {}, double eps = 1e-5);
+// x / sqrt(mean(x^2 over the trailing normalized_shape) + eps) * weight, computed in f32 at least;
+// eps by default the dtype's machine epsilon (torch.nn.functional.rms_norm).
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                std::optional<double> eps = std::nullopt);
+// x / (k + alpha / size * sum of x^2 over `size` neighbouring channels)^beta, the window running from
+// c - size/2 to c + (size-1)/2 (zeros past the ends), x [N, C, *].
+Tensor local_response_norm(const Tensor& x, int64_t size, double alpha = 1e-4, double beta = 0.75, double k = 1.0);
 
 // Activations, as torch.nn.functional defines them (defaults included).
 Tensor silu(const Tensor& x);  // x * sigmoid(x), also called swish

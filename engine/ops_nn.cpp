@@ -100,6 +100,76 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   return y;
 }
 
+// The adjoint of conv2d: x [N, C_in, H, W] is the output gradient of a convolution whose input y
+// [N, C_out, H', W'] it computes (conv2d's input-gradient kernel), weight [C_in, C_out/groups, kh, kw]
+// is that convolution's filter, unchanged. Backward: gx = conv2d(gy, weight), gw = conv2d's weight
+// gradient with gy as the input and x as the output gradient.
+Tensor conv_transpose2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, Pair stride, Pair padding,
+                        Pair output_padding, int64_t groups, Pair dilation) {
+  using amp::AutocastOp;
+  const Tensor x = amp::autocast_arg(AutocastOp::conv2d, x_in),
+               weight = amp::autocast_arg(AutocastOp::conv2d, weight_in),
+               bias = amp::autocast_arg(AutocastOp::conv2d, bias_in);
+  const char* op = "conv_transpose2d";
+  check_floating(op, x, "input");
+  check_floating(op, weight, "weight");
+  KILN_CHECK(x.dim() == 4, op, ": input must be [N, C, H, W], got ", x.shape());
+  KILN_CHECK(weight.dim() == 4, op, ": weight must be [C_in, C_out/groups, kh, kw], got ", weight.shape());
+  KILN_CHECK(groups >= 1 && weight.size(0) % groups == 0, op, ": groups ", groups, " must divide input channels ",
+             weight.size(0));
+  KILN_CHECK(weight.size(0) == x.size(1), op, ": input ", x.shape(), " has ", x.size(1), " channels but weight ",
+             weight.shape(), " expects ", weight.size(0));
+  for (int i = 0; i < 2; ++i) {
+    KILN_CHECK(stride[i] >= 1 && dilation[i] >= 1 && padding[i] >= 0, op,
+               ": stride and dilation must be >= 1 and padding >= 0");
+    KILN_CHECK(output_padding[i] >= 0 && output_padding[i] < stride[i], op, ": output_padding [", output_padding[0],
+               ",", output_padding[1], "] must be >= 0 and smaller than the stride [", stride[0], ",", stride[1], "]");
+  }
+  const int64_t c_out = weight.size(1) * groups;
+  if (bias.defined())
+    KILN_CHECK(bias.dim() == 1 && bias.size(0) == c_out, op, ": bias ", bias.shape(), " must be [", c_out, "]");
+  auto out_size = [&](int i) {
+    return (x.size(2 + i) - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.size(2 + i) - 1) +
+           output_padding[i] + 1;
+  };
+  // The convolution y -> x that this op is the adjoint of.
+  Conv2dParams p{x.size(0),      c_out,     out_size(0), out_size(1), weight.size(0), weight.size(2),
+                 weight.size(3), stride[0], stride[1],   padding[0],  padding[1],     dilation[0],
+                 dilation[1],    groups,    x.size(2),   x.size(3)};
+  KILN_CHECK(p.h > 0 && p.w > 0, op, ": input ", x.shape(), " with kernel ", weight.shape(), ", stride [", stride[0],
+             ",", stride[1], "] and padding [", padding[0], ",", padding[1], "] gives an empty output (", p.h, "x", p.w,
+             ")");
+  const Device dev = detail::common_device(op, {x, weight});
+  const DType out_t = promote_types(x.dtype(), weight.dtype());
+  const DType ct =
+      is_low_precision(out_t) && detail::backend(dev).native_16bit_gemm_conv ? out_t : compute_dtype(out_t);
+  const Tensor xc = kin(x, ct), wc = kin(weight, ct);
+  Tensor y = kout({p.n, p.c, p.h, p.w}, ct, dev);
+  // The input-gradient pass reads no input; y (being written) stands in for it.
+  detail::backend(dev).conv2d_backward(ct, p, y.raw_data(), wc.raw_data(), xc.raw_data(), y.raw_data(), nullptr);
+  if (bias.defined()) y = y + kin(bias, ct).reshape({1, c_out, 1, 1});
+  y = back_to(y, out_t);
+  if (autograd::needs_grad({x, weight, bias})) {
+    SavedTensor sx(xc), sw(wc);
+    autograd::record(op, {x, weight, bias}, {y}, [sx, sw, p, ct, dev](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor xs = sx.unpack("conv_transpose2d"), ws = sw.unpack("conv_transpose2d");
+      const Tensor g = kin(c.g(), ct);
+      Tensor gx, gw;
+      if (c.needs_grad(0)) {
+        gx = kout(xs.shape(), ct, dev);
+        detail::backend(dev).conv2d_forward(ct, p, g.raw_data(), ws.raw_data(), nullptr, gx.raw_data());
+      }
+      if (c.needs_grad(1)) {
+        gw = kout(ws.shape(), ct, dev);
+        detail::backend(dev).conv2d_backward(ct, p, g.raw_data(), ws.raw_data(), xs.raw_data(), nullptr, gw.raw_data());
+      }
+      Tensor gb = c.needs_grad(2) ? sum(g, {0, 2, 3}) : Tensor();
+      return {gx, gw, gb};
+    });
+  }
+  return y;
+}
+
 // ---- pooling --------------------------------------------------------------------------------------
 
 namespace {

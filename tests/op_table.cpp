@@ -52,6 +52,60 @@ Tensor softmax_ref(const Tensor& x, int64_t dim, bool log) {
   }
   return from_vector(v, m.shape(), DType::f64).transpose(dim, last).contiguous();
 }
+// Convolution in 1 to 3 spatial dims by its definition (transposed: each input element scattered
+// through the kernel), f64. s, p, d, op (output padding): one per spatial dim.
+Tensor conv_ref(const Tensor& xt, const Tensor& wt, const Tensor& bt, std::vector<int64_t> s, std::vector<int64_t> p,
+                std::vector<int64_t> d, int64_t groups, bool transposed = false, std::vector<int64_t> op = {}) {
+  const int64_t nd = xt.dim() - 2;
+  std::vector<int64_t> in(3, 1), k(3, 1), out(3, 1);
+  s.resize(3, 1), p.resize(3, 0), d.resize(3, 1), op.resize(3, 0);
+  for (int64_t i = 0; i < nd; ++i) in[size_t(i)] = xt.size(2 + i), k[size_t(i)] = wt.size(2 + i);
+  const int64_t n = xt.size(0), c = xt.size(1);
+  const int64_t o = transposed ? wt.size(1) * groups : wt.size(0), cg = c / groups, og = o / groups;
+  for (size_t i = 0; i < 3; ++i)
+    out[i] = transposed ? (in[i] - 1) * s[i] - 2 * p[i] + d[i] * (k[i] - 1) + op[i] + 1
+                        : (in[i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) / s[i] + 1;
+  const std::vector<double> x = xt.contiguous().to_vector(), w = wt.contiguous().to_vector();
+  std::vector<double> y(size_t(n * o * out[0] * out[1] * out[2]), 0.0);
+  const auto at = [](const std::vector<int64_t>& sz, int64_t a, int64_t b, int64_t cc) {
+    return (a * sz[1] + b) * sz[2] + cc;
+  };
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t ci = 0; ci < cg; ++ci)
+        for (int64_t co = 0; co < og; ++co)
+          for (int64_t k0 = 0; k0 < k[0]; ++k0)
+            for (int64_t k1 = 0; k1 < k[1]; ++k1)
+              for (int64_t k2 = 0; k2 < k[2]; ++k2) {
+                const int64_t kk = at(k, k0, k1, k2);
+                const double wv = transposed ? w[size_t(((g * cg + ci) * og + co) * k[0] * k[1] * k[2] + kk)]
+                                             : w[size_t(((g * og + co) * cg + ci) * k[0] * k[1] * k[2] + kk)];
+                // The "small" side (conv input, transposed output) indexes the big one through the kernel.
+                const std::vector<int64_t>& big = transposed ? in : out;
+                for (int64_t a0 = 0; a0 < big[0]; ++a0)
+                  for (int64_t a1 = 0; a1 < big[1]; ++a1)
+                    for (int64_t a2 = 0; a2 < big[2]; ++a2) {
+                      const int64_t i0 = a0 * s[0] - p[0] + k0 * d[0], i1 = a1 * s[1] - p[1] + k1 * d[1],
+                                    i2 = a2 * s[2] - p[2] + k2 * d[2];
+                      const std::vector<int64_t>& other = transposed ? out : in;
+                      if (i0 < 0 || i1 < 0 || i2 < 0 || i0 >= other[0] || i1 >= other[1] || i2 >= other[2]) continue;
+                      const int64_t xi = (b * c + g * cg + ci) * in[0] * in[1] * in[2];
+                      const int64_t yi = (b * o + g * og + co) * out[0] * out[1] * out[2];
+                      if (transposed)
+                        y[size_t(yi + at(out, i0, i1, i2))] += x[size_t(xi + at(in, a0, a1, a2))] * wv;
+                      else
+                        y[size_t(yi + at(out, a0, a1, a2))] += x[size_t(xi + at(in, i0, i1, i2))] * wv;
+                    }
+              }
+  if (bt.defined()) {
+    const std::vector<double> bv = bt.to_vector();
+    const int64_t plane = out[0] * out[1] * out[2];
+    for (int64_t i = 0; i < int64_t(y.size()); ++i) y[size_t(i)] += bv[size_t((i / plane) % o)];
+  }
+  Shape shape{n, o};
+  for (int64_t i = 0; i < nd; ++i) shape.push_back(out[size_t(i)]);
+  return from_vector(y, shape, DType::f64);
+}
 Tensor matmul_ref(const Tensor& a, const Tensor& b) {
   const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
   const std::vector<double> x = a.contiguous().to_vector(), y = b.contiguous().to_vector();
@@ -545,6 +599,54 @@ std::vector<Row> build() {
       })
       .covers({"conv2d", "batch_norm", "max_pool2d", "avg_pool2d"})
       .tol(3e-2);
+  row("conv_transpose2d", {{{2, 4, 5, 6}}, {{4, 3, 3, 2}}, {{6}}},
+      [](const V& x) {
+        return V{conv_transpose2d(x[0], x[1], x[2].narrow(0, 0, 3)),
+                 conv_transpose2d(x[0], x[1], x[2], {2, 3}, {1, 0}, {1, 2}, 2, {1, 2})};
+      })
+      .ref([](const V& x) {
+        return V{conv_ref(x[0], x[1], x[2].narrow(0, 0, 3), {1, 1}, {0, 0}, {1, 1}, 1, true),
+                 conv_ref(x[0], x[1], x[2], {2, 3}, {1, 0}, {1, 2}, 2, true, {1, 2})};
+      })
+      .autocast(AutocastOp::conv2d)
+      .tol(3e-2);
+  row("conv1d", {{{2, 4, 13}}, {{6, 2, 3}}, {{6}}, {{4, 3, 4}}},
+      [](const V& x) {
+        return V{conv1d(x[0], x[1], x[2], 2, 1, 2, 2), conv1d(x[0], x[1], {}, kSame, 1, 2),
+                 conv1d(x[0], x[1].narrow(2, 0, 2), x[2], kSame, 3, 2),
+                 conv_transpose1d(x[0], x[3], x[2].narrow(0, 0, 3), 2, 1, 1)};
+      })
+      .ref([](const V& x) {
+        const Tensor w2 = x[1].narrow(2, 0, 2);
+        return V{conv_ref(x[0], x[1], x[2], {2}, {1}, {2}, 2), conv_ref(x[0], x[1], {}, {1}, {1}, {1}, 2),
+                 conv_ref(pad(x[0], {1, 2}), w2, x[2], {1}, {0}, {3}, 2),
+                 conv_ref(x[0], x[3], x[2].narrow(0, 0, 3), {2}, {1}, {1}, 1, true, {1})};
+      })
+      .covers({"conv1d", "conv_transpose1d"})
+      .autocast(AutocastOp::conv2d)
+      .tol(3e-2);
+  row("conv3d", {{{2, 4, 5, 6, 4}}, {{6, 2, 3, 2, 3}}, {{6}}},
+      [](const V& x) {
+        return V{conv3d(x[0], x[1], x[2], {2, 1, 1}, {1, 0, 1}, {1, 2, 1}, 2),
+                 conv3d(x[0], x[1], {}, kSame, {1, 1, 1}, 2)};
+      })
+      .ref([](const V& x) {
+        return V{conv_ref(x[0], x[1], x[2], {2, 1, 1}, {1, 0, 1}, {1, 2, 1}, 2),
+                 conv_ref(pad(x[0], {1, 1, 0, 1, 1, 1}), x[1], {}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, 2)};
+      })
+      .autocast(AutocastOp::conv2d)
+      .tol(3e-2);
+  row("conv2d_same", {{{2, 3, 7, 6}}, {{4, 3, 2, 3}}},
+      [](const V& x) {
+        return V{conv2d(x[0], x[1], {}, kSame), conv2d(x[0], x[1], {}, kSame, {2, 2})};
+      })
+      .ref([](const V& x) {
+        return V{conv_ref(pad(x[0], {1, 1, 0, 1}), x[1], {}, {1, 1}, {0, 0}, {1, 1}, 1),
+                 conv_ref(x[0], x[1], {}, {1, 1}, {1, 2}, {2, 2}, 1)};
+      })
+      .covers({"conv2d"})
+      .autocast(AutocastOp::conv2d)
+      .tol(3e-2);
   row("max_pool2d", {{{2, 3, 11, 10}}},
       [](const V& x) { return V{max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}), max_pool2d(x[0], {2, 3}, {1, 2}, {0, 1}, {2, 1})}; })
       .autocast(AutocastOp::pooling);
@@ -613,6 +715,76 @@ std::vector<Row> build() {
   row("layer_norm", {{{3, 7, 96}}, {{96}}, {{96}}, {{4, 6, 5}}},
       [](const V& x) { return V{layer_norm(x[0], {96}, x[1], x[2]), layer_norm(x[3], {6, 5})}; })
       .autocast(AutocastOp::layer_norm)
+      .tol(3e-2);
+  row("group_norm", {{{3, 6, 5, 4}}, {{6}}, {{6}}, {{2, 4, 7}}},
+      [](const V& x) {
+        return V{group_norm(x[0], 3, x[1], x[2]), group_norm(x[3], 2, {}, {}, 1e-3), instance_norm(x[0], x[1], x[2]),
+                 instance_norm(x[3])};
+      })
+      .ref([](const V& x) {
+        // Statistics over each (sample, group) slice by hand, biased variance.
+        const auto gn = [](const Tensor& t, int64_t groups, const Tensor& g, const Tensor& b, double eps) {
+          std::vector<double> v = t.contiguous().to_vector();
+          const int64_t n = t.size(0), c = t.size(1), per = t.numel() / (n * c) * (c / groups);
+          for (int64_t s0 = 0; s0 < n * groups; ++s0) {
+            double* p0 = v.data() + s0 * per;
+            double m = 0, q = 0;
+            for (int64_t i = 0; i < per; ++i) m += p0[i];
+            m /= double(per);
+            for (int64_t i = 0; i < per; ++i) q += (p0[i] - m) * (p0[i] - m);
+            for (int64_t i = 0; i < per; ++i) p0[i] = (p0[i] - m) / std::sqrt(q / double(per) + eps);
+          }
+          Tensor y = from_vector(v, t.shape(), DType::f64);
+          Shape cs(size_t(t.dim()), 1);
+          cs[1] = c;
+          if (g.defined()) y = y * g.reshape(cs) + b.reshape(cs);
+          return y;
+        };
+        return V{gn(x[0], 3, x[1], x[2], 1e-5), gn(x[3], 2, {}, {}, 1e-3), gn(x[0], 6, x[1], x[2], 1e-5),
+                 gn(x[3], 4, {}, {}, 1e-5)};
+      })
+      .covers({"group_norm", "instance_norm"})
+      .tol(3e-2);
+  row("rms_norm", {{{3, 5, 8}}, {{5, 8}}, {{8}}},
+      [](const V& x) {
+        return V{rms_norm(x[0], {5, 8}, x[1]), rms_norm(x[0], {8}, x[2], 1e-2), rms_norm(x[0], {8})};
+      })
+      .ref([](const V& x) {
+        const auto rms = [](const Tensor& t, int64_t d, double eps) {
+          std::vector<double> v = t.to_vector();
+          for (size_t r = 0; r < v.size(); r += size_t(d)) {
+            double q = 0;
+            for (int64_t i = 0; i < d; ++i) q += v[r + size_t(i)] * v[r + size_t(i)];
+            for (int64_t i = 0; i < d; ++i) v[r + size_t(i)] /= std::sqrt(q / double(d) + eps);
+          }
+          return from_vector(v, t.shape(), DType::f64);
+        };
+        return V{rms(x[0], 40, 2.220446049250313e-16) * x[1], rms(x[0], 8, 1e-2) * x[2],
+                 rms(x[0], 8, 2.220446049250313e-16)};
+      })
+      .tol(3e-2);
+  row("local_response_norm", {{{2, 7, 3, 4}}, {{3, 5}}},
+      [](const V& x) {
+        return V{local_response_norm(x[0], 3, 0.5, 0.75, 2.0), local_response_norm(x[1], 4, 1e-1)};
+      })
+      .ref([](const V& x) {
+        const auto lrn = [](const Tensor& t, int64_t size, double alpha, double beta, double k) {
+          const std::vector<double> v = t.contiguous().to_vector();
+          std::vector<double> y(v.size());
+          const int64_t n = t.size(0), c = t.size(1), r = t.numel() / (n * c);
+          for (int64_t b = 0; b < n; ++b)
+            for (int64_t ch = 0; ch < c; ++ch)
+              for (int64_t i = 0; i < r; ++i) {
+                double sq = 0;
+                for (int64_t j = ch - size / 2; j <= ch + (size - 1) / 2; ++j)
+                  if (j >= 0 && j < c) sq += v[size_t((b * c + j) * r + i)] * v[size_t((b * c + j) * r + i)];
+                const size_t at = size_t((b * c + ch) * r + i);
+                y[at] = v[at] / std::pow(k + alpha / double(size) * sq, beta);
+              }
+          return from_vector(y, t.shape(), DType::f64);
+        };
+        return V{lrn(x[0], 3, 0.5, 0.75, 2.0), lrn(x[1], 4, 1e-1, 0.75, 1.0)};
+      })
       .tol(3e-2);
   // Over rows, and over the middle dim with 300, 5 and 2 columns (a block of the column kernel
   // covers 32 columns, or several rows of fewer).

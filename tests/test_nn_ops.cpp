@@ -618,3 +618,24 @@ TEST_CASE("nn: conv2d, batch norm and pooling on channels_last inputs equal the 
     CHECK(results[0] == results[1]);
   }
 }
+
+TEST_CASE("nn: transposed, 1-D, 3-D and same-padded convolutions and the composed norms refuse bad input by name") {
+  const Tensor x = randn({1, 4, 5, 5}), w = randn({4, 2, 3, 3});
+  CHECK(conv_transpose2d(x, w, {}, {2, 2}, {1, 1}, {1, 1}).shape() == Shape{1, 2, 10, 10});
+  CHECK_THROWS_WITH_AS(conv_transpose2d(x, w, {}, {2, 2}, {0, 0}, {2, 0}), doctest::Contains("output_padding [2,0]"),
+                       kiln::Error);
+  CHECK_THROWS_WITH_AS(conv_transpose2d(randn({1, 3, 5, 5}), w), doctest::Contains("has 3 channels"), kiln::Error);
+  CHECK_THROWS_WITH_AS(conv_transpose2d(x, w, {}, {1, 1}, {4, 4}), doctest::Contains("empty output"), kiln::Error);
+  CHECK_THROWS_WITH_AS(conv1d(x, randn({2, 4, 3})), doctest::Contains("conv1d: input must be [N, C, L]"), kiln::Error);
+  CHECK_THROWS_WITH_AS(conv3d(randn({1, 4, 2, 5, 5}), randn({2, 4, 3, 3, 3})), doctest::Contains("too small"),
+                       kiln::Error);
+  CHECK_THROWS_WITH_AS(conv3d(randn({1, 4, 2, 5, 5}), randn({2, 4, 1, 3, 3}), randn({3})),
+                       doctest::Contains("bias [3] must be [2]"), kiln::Error);
+  // "same" keeps every size, for odd and even kernels.
+  CHECK(conv2d(x, randn({3, 4, 2, 4}), {}, kSame).shape() == Shape{1, 3, 5, 5});
+  CHECK(conv3d(randn({1, 2, 3, 4, 5}), randn({3, 2, 2, 3, 4}), {}, kSame).shape() == Shape{1, 3, 3, 4, 5});
+  CHECK_THROWS_WITH_AS(group_norm(x, 3), doctest::Contains("num_groups 3 must divide the channels 4"), kiln::Error);
+  CHECK_THROWS_WITH_AS(group_norm(x, 2, randn({3})), doctest::Contains("gamma [3] must be [4]"), kiln::Error);
+  CHECK_THROWS_WITH_AS(rms_norm(x, {4}), doctest::Contains("trailing dims"), kiln::Error);
+  CHECK_THROWS_WITH_AS(local_response_norm(x, 0), doctest::Contains("size must be >= 1"), kiln::Error);
+}

@@ -1,0 +1,179 @@
+// Neural-network ops composed from the fused ones (their gradients, autocast rules and CUDA paths
+// come with them): convolution in 1-D and 3-D and with "same" padding, and the group, instance, RMS
+// and local-response normalisations.
+#include <cmath>
+#include <limits>
+
+#include "engine/autocast.h"
+#include "engine/internal.h"
+#include "engine/nn_ops.h"
+
+namespace kiln {
+namespace {
+
+// Shape [1, C, 1, ...] for a per-channel vector against x [N, C, *].
+Shape channel_shape(const Tensor& x) {
+  Shape s(static_cast<size_t>(x.dim()), 1);
+  s[1] = x.size(1);
+  return s;
+}
+
+void check_conv_dims(const char* op, const Tensor& x, const Tensor& weight, int64_t dims, const char* xs,
+                     const char* ws) {
+  KILN_CHECK(x.defined() && x.dim() == dims + 2, op, ": input must be ", xs, ", got ",
+             x.defined() ? x.shape() : Shape{});
+  KILN_CHECK(weight.defined() && weight.dim() == dims + 2, op, ": weight must be ", ws, ", got ",
+             weight.defined() ? weight.shape() : Shape{});
+}
+
+// "same" padding of one dim: {before, after}.
+std::array<int64_t, 2> same_pad(int64_t k, int64_t dilation) {
+  const int64_t total = dilation * (k - 1);
+  return {total / 2, total - total / 2};
+}
+
+}  // namespace
+
+// ---- convolution ---------------------------------------------------------------------------------
+
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
+              int64_t dilation, int64_t groups) {
+  check_conv_dims("conv1d", x, weight, 1, "[N, C, L]", "[O, C/groups, k]");
+  return conv2d(x.unsqueeze(2), weight.unsqueeze(2), bias, {1, stride}, {0, padding}, {1, dilation}, groups).squeeze(2);
+}
+
+Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
+                        int64_t output_padding, int64_t groups, int64_t dilation) {
+  check_conv_dims("conv_transpose1d", x, weight, 1, "[N, C_in, L]", "[C_in, C_out/groups, k]");
+  return conv_transpose2d(x.unsqueeze(2), weight.unsqueeze(2), bias, {1, stride}, {0, padding}, {0, output_padding},
+                          groups, {1, dilation})
+      .squeeze(2);
+}
+
+Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, Triple stride, Triple padding, Triple dilation,
+              int64_t groups) {
+  const char* op = "conv3d";
+  check_conv_dims(op, x, weight, 3, "[N, C, D, H, W]", "[O, C/groups, kd, kh, kw]");
+  KILN_CHECK(groups >= 1 && x.size(1) % groups == 0 && weight.size(0) % groups == 0, op, ": groups ", groups,
+             " must divide input channels ", x.size(1), " and output channels ", weight.size(0));
+  KILN_CHECK(weight.size(1) * groups == x.size(1), op, ": input ", x.shape(), " has ", x.size(1),
+             " channels but weight ", weight.shape(), " expects ", weight.size(1) * groups);
+  for (int i = 0; i < 3; ++i)
+    KILN_CHECK(stride[i] >= 1 && dilation[i] >= 1 && padding[i] >= 0, op,
+               ": stride and dilation must be >= 1 and padding >= 0");
+  if (bias.defined())
+    KILN_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": bias ", bias.shape(), " must be [",
+               weight.size(0), "]");
+  const int64_t n = x.size(0), c = x.size(1), kd = weight.size(2);
+  const int64_t depth = x.size(2) + 2 * padding[0];
+  const int64_t od = (depth - dilation[0] * (kd - 1) - 1) / stride[0] + 1;
+  KILN_CHECK(depth - dilation[0] * (kd - 1) - 1 >= 0 && od > 0, op, ": input ", x.shape(), " is too small for kernel ",
+             weight.shape(), " with padding [", padding[0], ",", padding[1], ",", padding[2], "] and dilation [",
+             dilation[0], ",", dilation[1], ",", dilation[2], "]");
+  // [N, D, C, H, W] with the depth padding, so that the slices one kernel plane meets are a strided
+  // range of dim 1, folded into the batch for conv2d.
+  Tensor xt = x.permute({0, 2, 1, 3, 4});
+  if (padding[0] > 0) xt = pad(xt, {0, 0, 0, 0, 0, 0, padding[0], padding[0]});
+  Tensor out;
+  DType out_t = DType::f32;  // conv2d's result dtype (its promotion and autocast rule)
+  for (int64_t i = 0; i < kd; ++i) {
+    const int64_t first = i * dilation[0];
+    const Tensor xs =
+        xt.slice(1, first, first + (od - 1) * stride[0] + 1, stride[0]).reshape({n * od, c, xt.size(3), xt.size(4)});
+    Tensor yi = conv2d(xs, weight.select(2, i), {}, {stride[1], stride[2]}, {padding[1], padding[2]},
+                       {dilation[1], dilation[2]}, groups);
+    out_t = yi.dtype();
+    if (is_low_precision(out_t)) yi = cast(yi, DType::f32);  // the kd partial sums in f32
+    out = out.defined() ? out + yi : yi;
+  }
+  out = out.reshape({n, od, weight.size(0), out.size(2), out.size(3)}).permute({0, 2, 1, 3, 4}).contiguous();
+  if (bias.defined())
+    out = out + (bias.dtype() == out.dtype() ? bias : cast(bias, out.dtype())).reshape({1, weight.size(0), 1, 1, 1});
+  return out.dtype() == out_t ? out : cast(out, out_t);
+}
+
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, SamePadding, int64_t dilation,
+              int64_t groups) {
+  check_conv_dims("conv1d", x, weight, 1, "[N, C, L]", "[O, C/groups, k]");
+  const auto p = same_pad(weight.size(2), dilation);
+  if (p[0] == p[1]) return conv1d(x, weight, bias, 1, p[0], dilation, groups);
+  return conv1d(pad(x, {p[0], p[1]}), weight, bias, 1, 0, dilation, groups);
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, SamePadding, Pair dilation, int64_t groups) {
+  check_conv_dims("conv2d", x, weight, 2, "[N, C, H, W]", "[O, C/groups, kh, kw]");
+  const auto ph = same_pad(weight.size(2), dilation[0]), pw = same_pad(weight.size(3), dilation[1]);
+  if (ph[0] == ph[1] && pw[0] == pw[1]) return conv2d(x, weight, bias, {1, 1}, {ph[0], pw[0]}, dilation, groups);
+  return conv2d(pad(x, {pw[0], pw[1], ph[0], ph[1]}), weight, bias, {1, 1}, {0, 0}, dilation, groups);
+}
+
+Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, SamePadding, Triple dilation, int64_t groups) {
+  check_conv_dims("conv3d", x, weight, 3, "[N, C, D, H, W]", "[O, C/groups, kd, kh, kw]");
+  const auto pd = same_pad(weight.size(2), dilation[0]), ph = same_pad(weight.size(3), dilation[1]),
+             pw = same_pad(weight.size(4), dilation[2]);
+  if (pd[0] == pd[1] && ph[0] == ph[1] && pw[0] == pw[1])
+    return conv3d(x, weight, bias, {1, 1, 1}, {pd[0], ph[0], pw[0]}, dilation, groups);
+  return conv3d(pad(x, {pw[0], pw[1], ph[0], ph[1], pd[0], pd[1]}), weight, bias, {1, 1, 1}, {0, 0, 0}, dilation,
+                groups);
+}
+
+// ---- normalisation -------------------------------------------------------------------------------
+
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& gamma, const Tensor& beta, double eps) {
+  KILN_CHECK(x.defined() && x.dim() >= 2, "group_norm: input must be [N, C, *], got ",
+             x.defined() ? x.shape() : Shape{});
+  const int64_t c = x.size(1);
+  KILN_CHECK(num_groups >= 1 && c % num_groups == 0, "group_norm: num_groups ", num_groups,
+             " must divide the channels ", c, " of input ", x.shape());
+  for (const Tensor* t : {&gamma, &beta})
+    if (t->defined())
+      KILN_CHECK(t->dim() == 1 && t->size(0) == c, "group_norm: ", t == &gamma ? "gamma " : "beta ", t->shape(),
+                 " must be [", c, "] for input ", x.shape());
+  KILN_CHECK(x.numel() > 0, "group_norm: empty input ", x.shape());
+  const Tensor xr = x.reshape({x.size(0), num_groups, -1});
+  Tensor y = layer_norm(xr, {xr.size(2)}, {}, {}, eps).reshape(x.shape());
+  if (gamma.defined()) y = y * gamma.reshape(channel_shape(x));
+  if (beta.defined()) y = y + beta.reshape(channel_shape(x));
+  return y;
+}
+
+Tensor instance_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
+  KILN_CHECK(x.defined() && x.dim() >= 3, "instance_norm: input must be [N, C, *] with at least one spatial dim, got ",
+             x.defined() ? x.shape() : Shape{});
+  return group_norm(x, x.size(1), gamma, beta, eps);
+}
+
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, std::optional<double> eps) {
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  KILN_CHECK(x.defined() && is_floating(x.dtype()), "rms_norm: input must be a floating tensor");
+  KILN_CHECK(k >= 1 && k <= x.dim() && Shape(x.shape().end() - k, x.shape().end()) == normalized_shape,
+             "rms_norm: normalized_shape ", normalized_shape, " must be the trailing dims of input ", x.shape());
+  if (weight.defined())
+    KILN_CHECK(weight.shape() == normalized_shape, "rms_norm: weight ", weight.shape(), " must be ", normalized_shape);
+  const DType dt = x.dtype(), ct = promote_types(dt, DType::f32);
+  const double e = eps                 ? *eps
+                   : dt == DType::f64  ? std::numeric_limits<double>::epsilon()
+                   : dt == DType::f16  ? 0.0009765625
+                   : dt == DType::bf16 ? 0.0078125
+                                       : double(std::numeric_limits<float>::epsilon());
+  KILN_CHECK(e >= 0, "rms_norm: eps must be >= 0, got ", e);
+  std::vector<int64_t> dims;
+  for (int64_t i = x.dim() - k; i < x.dim(); ++i) dims.push_back(i);
+  const Tensor xf = dt == ct ? x : cast(x, ct);
+  Tensor y = xf * rsqrt(mean(xf * xf, dims, true) + e);
+  if (weight.defined()) y = y * (weight.dtype() == ct ? weight : cast(weight, ct));
+  return y.dtype() == dt ? y : cast(y, dt);
+}
+
+Tensor local_response_norm(const Tensor& x, int64_t size, double alpha, double beta, double k) {
+  KILN_CHECK(x.defined() && x.dim() >= 2, "local_response_norm: input must be [N, C, *], got ",
+             x.defined() ? x.shape() : Shape{});
+  KILN_CHECK(size >= 1, "local_response_norm: size must be >= 1, got ", size);
+  const int64_t n = x.size(0), c = x.size(1);
+  // The channel window's mean of x^2 by average pooling down the channels of [N, 1, C, rest].
+  const Tensor sq = (x * x).reshape({n, 1, c, x.numel() / std::max<int64_t>(n * c, 1)});
+  const Tensor avg = avg_pool2d(pad(sq, {0, 0, size / 2, (size - 1) / 2}), {size, 1}, {1, 1});
+  return x / pow(avg.reshape(x.shape()) * alpha + k, beta);
+}
+
+}  // namespace kiln
