@@ -68,6 +68,14 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, double exponent);
+// fmod: a - b trunc(a / b) (the sign of a, C's fmod); remainder: a - b floor(a / b) (the sign of b,
+// Python's %). Exact for floats and integers; an integer divisor of 0 is an error. atan2(a, b): the
+// angle of the point (b, a) in [-pi, pi] (floating results).
+Tensor fmod(const Tensor& a, const Tensor& b);
+Tensor fmod(const Tensor& a, double b);
+Tensor remainder(const Tensor& a, const Tensor& b);
+Tensor remainder(const Tensor& a, double b);
+Tensor atan2(const Tensor& a, const Tensor& b);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 Tensor neg(const Tensor& a);

@@ -152,6 +152,51 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+namespace {
+// fmod and remainder: the gradient is 1 for a and -round(a / b) for b, rounded as the op rounds.
+Tensor modulo(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
+  const DType t = arith_type(name, a, b);
+  check_not_bool(name, t);
+  Tensor out = run_binary(name, op, a, b, t, t);
+  if (autograd::needs_grad({a, b})) {
+    SavedTensor sa(a), sb(b);
+    autograd::record(name, {a, b}, {out}, [sa, sb, op, name](const GradCtx& c) -> std::vector<Tensor> {
+      Tensor gb;
+      if (c.needs_grad(1)) {
+        // The quotient in f32 at least: a 16-bit one could round across the integer the op rounds to.
+        const Tensor a = sa.unpack(name), b = sb.unpack(name);
+        const DType qt = promote_types(promote_types(a.dtype(), b.dtype()), DType::f32);
+        const Tensor q = div(a.to(qt), b.to(qt));
+        gb = neg(c.g() * (op == BinaryOp::fmod ? trunc(q) : floor(q)).to(c.g().dtype()));
+      }
+      return {c.g(), gb};
+    });
+  }
+  return out;
+}
+}  // namespace
+
+Tensor fmod(const Tensor& a, const Tensor& b) { return modulo("fmod", BinaryOp::fmod, a, b); }
+Tensor fmod(const Tensor& a, double b) { return fmod(a, scalar_like(b, a)); }
+Tensor remainder(const Tensor& a, const Tensor& b) { return modulo("remainder", BinaryOp::remainder, a, b); }
+Tensor remainder(const Tensor& a, double b) { return remainder(a, scalar_like(b, a)); }
+
+Tensor atan2(const Tensor& a, const Tensor& b) {
+  const DType t = float_type(arith_type("atan2", a, b));
+  check_not_bool("atan2", arith_type("atan2", a, b));
+  Tensor out = run_binary("atan2", BinaryOp::atan2, a, b, t, t);
+  if (autograd::needs_grad({a, b})) {
+    SavedTensor sa(a), sb(b);
+    autograd::record("atan2", {a, b}, {out}, [sa, sb](const GradCtx& c) -> std::vector<Tensor> {
+      // d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2).
+      const Tensor a = sa.unpack("atan2"), b = sb.unpack("atan2");
+      const Tensor gr = c.g() / (a * a + b * b);
+      return {c.needs_grad(0) ? gr * b : Tensor(), c.needs_grad(1) ? neg(gr * a) : Tensor()};
+    });
+  }
+  return out;
+}
+
 Tensor pow(const Tensor& a, double e) {
   check_not_bool("pow", a.dtype());
   const DType t = (e == std::floor(e) && !is_floating(a.dtype()) && e >= 0) ? a.dtype() : float_type(a.dtype());

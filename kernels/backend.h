@@ -78,8 +78,22 @@ enum class UnaryOp : uint8_t {
 enum class BinaryOp : uint8_t {
   add,  // a + alpha * b
   sub,  // a - alpha * b
-  mul, div, pow, maximum, minimum,
-  eq, ne, lt, le, gt, ge, logical_and, logical_or,  // write bool
+  mul,
+  div,
+  pow,
+  maximum,
+  minimum,
+  fmod,       // a - b * trunc(a / b), exactly (C's fmod; the sign of a)
+  remainder,  // a - b * floor(a / b), exactly (Python's %; the sign of b)
+  atan2,      // atan2(a, b): the angle of (b, a); floating only
+  eq,
+  ne,
+  lt,
+  le,
+  gt,
+  ge,
+  logical_and,
+  logical_or,          // write bool
   relu_backward,       // b > 0 ? a : 0          (a: grad, b: relu output)
   gelu_erf_backward,   // a * gelu_erf'(b)       (b: input)
   gelu_tanh_backward,  // a * gelu_tanh'(b)

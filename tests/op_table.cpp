@@ -363,6 +363,32 @@ std::vector<Row> build() {
       .ref([](const V& x) { return one(map2(x[0], x[1], [](double a, double b) { return std::pow(a, b); })); })
       .autocast(ew)
       .tol(3e-2);
+  // Divisors of both signs (|b| in [0.5, 1.5)); quotients up to about 10, away from the jumps almost surely.
+  row("fmod_remainder", {{{6, 33, 17}}, {{33, 17}, Kind::positive}},
+      [](const V& x) {
+        const Tensor& a = x[0];  // no arithmetic before the op: a rounded product could cross a jump
+        return V{fmod(a, x[1]), remainder(a, x[1]), fmod(a, neg(x[1])), remainder(a, neg(x[1])), remainder(a, 0.75)};
+      })
+      .ref([](const V& x) {
+        const Tensor& a = x[0];
+        const auto f = [](double p, double q) { return p - q * std::trunc(p / q); };
+        const auto r = [](double p, double q) { return p - q * std::floor(p / q); };
+        return V{map2(a, x[1], f), map2(a, x[1], r), map2(a, neg(x[1]), f), map2(a, neg(x[1]), r),
+                 map1(a, [&](double p) { return r(p, 0.75); })};
+      })
+      .covers({"fmod", "remainder"})
+      .autocast(ew)
+      .tol(3e-2);
+  row("atan2", {{{6, 33, 17}}, {{33, 17}}},
+      [](const V& x) {
+        return V{atan2(x[0], x[1]), atan2(x[1], x[0])};
+      })
+      .ref([](const V& x) {
+        return V{map2(x[0], x[1], [](double a, double b) { return std::atan2(a, b); }),
+                 map2(x[1], x[0], [](double a, double b) { return std::atan2(a, b); })};
+      })
+      .autocast(ew)
+      .tol(3e-2);
   // Every broadcasting pattern: scalar (0-dim) on either side, a vector against a column, 1 against many.
   row("broadcast", {{{3, 1, 4}}, {{2, 1}, Kind::positive}, {{2, 3}}, {{}, Kind::positive}, {{}}, {{2, 3}, Kind::positive},
                     {{4}}, {{3, 1}, Kind::positive}},

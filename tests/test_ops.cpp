@@ -703,6 +703,36 @@ TEST_CASE("ops: where") {
   CHECK(std::isnan(picked.to_vector()[2]));
 }
 
+TEST_CASE("ops: fmod and remainder on integers and floats take the signs C and Python give") {
+  const std::vector<double> a{-7, 7, -7, 7, 6, -6, 0}, b{3, 3, -3, -3, 3, -4, 5};
+  const std::vector<double> f{-1, 1, -1, 1, 0, -2, 0}, r{2, 1, -1, -2, 0, -2, 0};
+  for (DType dt : {DType::i32, DType::i64, DType::f32, DType::f64}) {
+    CAPTURE(dtype_name(dt));
+    const Tensor x = from_vector(a, {7}, dt), y = from_vector(b, {7}, dt);
+    CHECK(fmod(x, y).dtype() == dt);
+    CHECK(fmod(x, y).to_vector() == f);
+    CHECK(remainder(x, y).to_vector() == r);
+  }
+  // Exact for floats where a - b * floor(a / b) is not: 1e17 mod 3 and a tiny b.
+  CHECK(remainder(from_vector({1e17}, {1}, DType::f64), 3.0).item<double>() == std::fmod(1e17, 3.0));
+  CHECK(fmod(from_vector({-7.5}, {1}), 2.0).item<double>() == -1.5);
+  CHECK(remainder(from_vector({-7.5}, {1}), 2.0).item<double>() == 0.5);
+  CHECK(fmod(from_vector({200, 7}, {2}, DType::u8), from_vector({7, 200}, {2}, DType::u8)).to_vector() ==
+        std::vector<double>{4, 7});
+  CHECK(std::isnan(fmod(from_vector({1.0}, {1}), 0.0).item<double>()));
+  CHECK_THROWS_WITH_AS(remainder(from_vector({5}, {1}, DType::i64), 0.0),
+                       doctest::Contains("remainder: integer division by zero"), kiln::Error);
+  CHECK_THROWS_WITH_AS(fmod(from_vector({1}, {1}, DType::boolean), from_vector({1}, {1}, DType::boolean)),
+                       doctest::Contains("fmod: not defined for bool"), kiln::Error);
+  // atan2's quadrants and its integer inputs (computed in f32).
+  const Tensor at =
+      atan2(from_vector({1, 1, -1, -1, 0}, {5}, DType::i64), from_vector({1, -1, 1, -1, -1}, {5}, DType::i64));
+  CHECK(at.dtype() == DType::f32);
+  const std::vector<double> want{std::atan2(1, 1), std::atan2(1, -1), std::atan2(-1, 1), std::atan2(-1, -1),
+                                 std::atan2(0, -1)};
+  for (size_t i = 0; i < 5; ++i) CHECK(at.to_vector()[i] == doctest::Approx(want[i]).epsilon(1e-6));
+}
+
 TEST_CASE("ops: cast") {
   Tensor x = from_vector({1.25, -2.5, 3, 0}, {2, 2});
   for (DType dt : {DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8, DType::boolean}) {

@@ -2,6 +2,7 @@
 // Each function is written once here so the CPU tests cover what the GPU runs.
 #pragma once
 #include <cmath>
+#include <type_traits>
 
 #include "base/macros.h"
 
@@ -17,6 +18,25 @@ using std::log1p;
 using std::sqrt;
 using std::tanh;
 using std::trunc;
+
+// fmod and Python's remainder, exact for floats (fmod is) and integers (b != 0, checked by the caller).
+template <typename T> KILN_HD T fmod_of(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return std::fmod(a, b);
+  } else {
+    if constexpr (std::is_signed_v<T>) {
+      if (b == T(-1)) return T(0);  // INT_MIN % -1 overflows
+    }
+    return T(a % b);
+  }
+}
+template <typename T> KILN_HD T remainder_of(T a, T b) {
+  const T r = fmod_of(a, b);
+  if constexpr (std::is_signed_v<T> || std::is_floating_point_v<T>) {
+    if (r != T(0) && ((r < T(0)) != (b < T(0)))) return T(r + b);
+  }
+  return r;
+}
 
 constexpr double kSqrt1_2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;

@@ -226,6 +226,17 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
             return A(x / y);
           });
         }
+      case BinaryOp::fmod:
+      case BinaryOp::remainder:
+        if constexpr (!is_float_v<T>) {
+          return binary_loop<T, T>(dst, a, b, [op](A x, A y) {
+            KILN_CHECK(y != A(0), op == BinaryOp::fmod ? "fmod" : "remainder", ": integer division by zero");
+            return op == BinaryOp::fmod ? math::fmod_of(x, y) : math::remainder_of(x, y);
+          });
+        } else {
+          if (op == BinaryOp::fmod) return binary_loop<T, T>(dst, a, b, [](A x, A y) { return math::fmod_of(x, y); });
+          return binary_loop<T, T>(dst, a, b, [](A x, A y) { return math::remainder_of(x, y); });
+        }
       case BinaryOp::maximum:
         return binary_loop<T, T>(dst, a, b, [](A x, A y) {
           if constexpr (is_float_v<T>) {
@@ -245,6 +256,7 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
     if constexpr (is_float_v<T>) {
       switch (op) {
         case BinaryOp::pow: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return std::pow(x, y); });
+        case BinaryOp::atan2: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return std::atan2(x, y); });
         case BinaryOp::relu_backward: return binary_loop<T, T>(dst, a, b, [](A g, A y) { return y > A(0) ? g : A(0); });
         case BinaryOp::gelu_erf_backward:
           return binary_loop<T, T>(dst, a, b, [](A g, A x) { return g * math::gelu_erf_grad(x); });

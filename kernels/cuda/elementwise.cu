@@ -237,6 +237,15 @@ template <typename T> struct BinaryF {
             }
             return A(x / y);
           }
+        case BinaryOp::fmod:
+        case BinaryOp::remainder:
+          if constexpr (!is_float_v<T>) {
+            if (y == A(0)) {
+              flag_error(err, KernelError::int_mod_zero);
+              return A(0);
+            }
+          }
+          return op == BinaryOp::fmod ? math::fmod_of(x, y) : math::remainder_of(x, y);
         case BinaryOp::maximum:
           if constexpr (is_float_v<T>) {
             if (x != x || y != y) return std::numeric_limits<A>::quiet_NaN();
@@ -264,6 +273,7 @@ template <typename T> struct BinaryF {
       }
       if constexpr (is_float_v<T>) {
         switch (op) {
+          case BinaryOp::atan2: return atan2(x, y);
           case BinaryOp::relu_backward: return y > A(0) ? x : A(0);
           case BinaryOp::gelu_erf_backward: return x * math::gelu_erf_grad(y);
           case BinaryOp::gelu_tanh_backward: return x * math::gelu_tanh_grad(y);
@@ -285,8 +295,10 @@ bool binary_defined(BinaryOp op, DType t) {
     return op == BinaryOp::add || op == BinaryOp::mul || op == BinaryOp::maximum || op == BinaryOp::minimum;
   switch (op) {
     case BinaryOp::add: case BinaryOp::sub: case BinaryOp::mul: case BinaryOp::div: case BinaryOp::maximum:
-    case BinaryOp::minimum: case BinaryOp::pow:
-      return true;
+    case BinaryOp::minimum:
+    case BinaryOp::pow:
+    case BinaryOp::fmod:
+    case BinaryOp::remainder: return true;
     default: return is_floating(t);
   }
 }
