@@ -191,6 +191,34 @@ Tensor norm(const Tensor& a, double p = 2.0, const std::vector<int64_t>& dims = 
 Tensor any(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor all(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor count_nonzero(const Tensor& a, const std::vector<int64_t>& dims = {});
+// Standard deviation, sqrt(var(...)) (torch.std; a function cannot be called std in C++).
+Tensor stddev(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+// The product over dims (all by default): integers and bool give i64, an empty product is 1. Its
+// gradient is exact where a holds zeros (through cumprod's).
+Tensor prod(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+
+// ---- scans and sorting along one dim -------------------------------------------------------------
+// Running sum / product (integers and bool give i64; floats accumulate in f64, one rounding per
+// output). cumprod's gradient is exact where x holds zeros.
+Tensor cumsum(const Tensor& x, int64_t dim);
+Tensor cumprod(const Tensor& x, int64_t dim);
+// The running maximum / minimum and where it is: ties take the latest index, and a NaN, once met,
+// stays (each later NaN takes the index), as PyTorch. The gradient goes to the picked elements.
+ValuesIndices cummax(const Tensor& x, int64_t dim);
+ValuesIndices cummin(const Tensor& x, int64_t dim);
+// A stable sort along dim (equal values keep their order; NaN sorts after every number, equal to NaN
+// in both directions: last ascending, first descending). Values are gathered from x, so their gradient
+// goes back to the sorted positions.
+ValuesIndices sort(const Tensor& x, int64_t dim = -1, bool descending = false);
+Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false);
+// The k largest (or smallest) along dim, in sorted order (ties in index order), 0 <= k <= size.
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true);
+// The k-th smallest along dim (1-based), and the lower median (element (n - 1) / 2 in sorted order; a
+// slice holding NaN gives NaN and its first NaN's index, as torch.median). median(x): over all elements.
+ValuesIndices kthvalue(const Tensor& x, int64_t k, int64_t dim = -1, bool keepdim = false);
+ValuesIndices median(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor median(const Tensor& x);
+
 // Sums `a` down to `shape` (the inverse of broadcasting `shape` up to a.shape()).
 Tensor sum_to(const Tensor& a, const Shape& shape);
 

@@ -19,6 +19,17 @@ KILN_KERNEL(where, (const TensorDesc& dst, const TensorDesc& cond, const TensorD
 // dst has src's dtype except sum of integers (i64) and argmax/argmin (i64).
 KILN_KERNEL(reduce, (ReduceOp op, void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t outer,
                int64_t r, int64_t inner))
+// Scans along the middle dim of contiguous [outer, n, inner], dst alike; idx (cummax/cummin only) the
+// position of each running extreme. Types: f32, f64, i32, i64.
+KILN_KERNEL(scan,
+            (ScanOp op, DType dt, int64_t outer, int64_t n, int64_t inner, const void* src, void* dst, int64_t* idx))
+// cumprod's input gradient, exact where x has zeros: gx_i = sum_{j >= i} gy_j prod_{k <= j, k != i} x_k.
+KILN_KERNEL(cumprod_backward,
+            (DType dt, int64_t outer, int64_t n, int64_t inner, const void* x, const void* gy, void* gx))
+// A stable sort of each [.., n, ..] column of contiguous [outer, n, inner] (NaN greater than every
+// number, equal to NaN): idx gets the source positions in sorted order. Types: f32, f64, i32, i64.
+KILN_KERNEL(argsort,
+            (DType dt, int64_t outer, int64_t n, int64_t inner, const void* src, bool descending, int64_t* idx))
 // Contiguous dst filled from the Philox stream (seed, offset): uniform [p0, p1), normal (mean p0,
 // std p1), bernoulli (probability p0).
 KILN_KERNEL(random, (RandomKind kind, const TensorDesc& dst, uint64_t seed, uint64_t offset, double p0, double p1))

@@ -106,6 +106,46 @@ Tensor conv_ref(const Tensor& xt, const Tensor& wt, const Tensor& bt, std::vecto
   for (int64_t i = 0; i < nd; ++i) shape.push_back(out[size_t(i)]);
   return from_vector(y, shape, DType::f64);
 }
+// f(row) applied to each 1-D slice of x along dim (f64 values in, one or more same-length rows out),
+// results stacked back along dim; `int_out` marks outputs that are positions (i64).
+std::vector<Tensor> along(const Tensor& x, int64_t dim,
+                          const std::function<std::vector<std::vector<double>>(const std::vector<double>&)>& f,
+                          std::vector<bool> int_out = {}) {
+  const int64_t last = x.dim() - 1;
+  const Tensor m = x.transpose(dim, last).contiguous();
+  const int64_t n = m.size(last), rows = n ? m.numel() / n : 0;
+  const std::vector<double> v = m.to_vector();
+  std::vector<std::vector<double>> outs;
+  int64_t len = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<std::vector<double>> got = f(std::vector<double>(v.begin() + r * n, v.begin() + (r + 1) * n));
+    if (outs.empty()) outs.resize(got.size());
+    for (size_t i = 0; i < got.size(); ++i) outs[i].insert(outs[i].end(), got[i].begin(), got[i].end());
+    len = int64_t(got[0].size());
+  }
+  std::vector<Tensor> res;
+  Shape s = m.shape();
+  s[size_t(last)] = len;
+  int_out.resize(outs.size(), false);
+  for (size_t i = 0; i < outs.size(); ++i)
+    res.push_back(from_vector(outs[i], s, int_out[i] ? DType::i64 : DType::f64).transpose(dim, last).contiguous());
+  return res;
+}
+// The stable ascending or descending order of a row (NaN last ascending).
+std::vector<double> order_of(const std::vector<double>& v, bool descending) {
+  std::vector<double> o(v.size());
+  std::iota(o.begin(), o.end(), 0.0);
+  std::stable_sort(o.begin(), o.end(), [&](double a, double b) {
+    const double x = v[size_t(a)], y = v[size_t(b)];
+    return descending ? x > y : x < y;
+  });
+  return o;
+}
+std::vector<double> pick(const std::vector<double>& v, const std::vector<double>& at) {
+  std::vector<double> o;
+  for (double i : at) o.push_back(v[size_t(i)]);
+  return o;
+}
 Tensor matmul_ref(const Tensor& a, const Tensor& b) {
   const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
   const std::vector<double> x = a.contiguous().to_vector(), y = b.contiguous().to_vector();
@@ -521,6 +561,105 @@ std::vector<Row> build() {
       })
       .covers({"max", "min"})
       .f32_only();
+  // Scans along the middle and the last dim; cumprod also over rows with zeros (masked in), whose
+  // gradient is the exact product of the others.
+  row("cumsum_cumprod", {{{4, 30, 5}}, {{3, 12, 4}, Kind::positive}, {{3, 12, 4}, Kind::mask, 0, false}},
+      [](const V& x) {
+        return V{cumsum(x[0], 1), cumsum(x[0], -1), cumprod(x[1], 1), cumprod(masked_fill(x[1], x[2], 0.0), 1),
+                 cumprod(x[1], 2)};
+      })
+      .ref([](const V& x) {
+        const auto run = [](bool prod) {
+          return [prod](const std::vector<double>& v) {
+            std::vector<double> o;
+            double acc = prod ? 1 : 0;
+            for (double e : v) o.push_back(acc = prod ? acc * e : acc + e);
+            return std::vector<std::vector<double>>{o};
+          };
+        };
+        return V{along(x[0], 1, run(false))[0], along(x[0], 2, run(false))[0], along(x[1], 1, run(true))[0],
+                 along(masked_fill(x[1], x[2], 0.0), 1, run(true))[0], along(x[1], 2, run(true))[0]};
+      })
+      .covers({"cumsum", "cumprod"})
+      .tol(5e-2);
+  row("cummax_cummin", {{{4, 30, 5}}},
+      [](const V& x) {
+        const ValuesIndices a = cummax(x[0], 1), b = cummin(x[0], -1);
+        return V{a.values, a.indices, b.values, b.indices};
+      })
+      .ref([](const V& x) {
+        const auto run = [](bool mx) {
+          return [mx](const std::vector<double>& v) {
+            std::vector<double> val, at;
+            for (size_t i = 0; i < v.size(); ++i) {
+              if (i == 0 || (mx ? v[i] >= val.back() : v[i] <= val.back())) {
+                val.push_back(v[i]), at.push_back(double(i));
+              } else {
+                val.push_back(val.back()), at.push_back(at.back());
+              }
+            }
+            return std::vector<std::vector<double>>{val, at};
+          };
+        };
+        const V a = along(x[0], 1, run(true), {false, true}), b = along(x[0], 2, run(false), {false, true});
+        return V{a[0], a[1], b[0], b[1]};
+      })
+      .covers({"cummax", "cummin"});
+  // Sorting over 300 (several merge passes in the CUDA kernel) and over a short middle dim.
+  row("sort", {{{3, 300}}, {{4, 9, 5}}},
+      [](const V& x) {
+        const ValuesIndices a = sort(x[0]), b = sort(x[1], 1, true);
+        const ValuesIndices t = topk(x[0], 7), u = topk(x[1], 3, 1, false);
+        const ValuesIndices k = kthvalue(x[1], 4, 1), m = median(x[1], -1, true);
+        return V{a.values, a.indices, b.values, b.indices, argsort(x[1], 2), t.values,  t.indices,
+                 u.values, u.indices, k.values, k.indices, m.values,         m.indices, median(x[0])};
+      })
+      .ref([](const V& x) {
+        const auto sorter = [](bool desc, size_t take, size_t from = 0) {
+          return [=](const std::vector<double>& v) {
+            const std::vector<double> o = order_of(v, desc);
+            const std::vector<double> at(o.begin() + long(from), o.begin() + long(from + take));
+            return std::vector<std::vector<double>>{pick(v, at), at};
+          };
+        };
+        const V a = along(x[0], 1, sorter(false, 300), {false, true}),
+                b = along(x[1], 1, sorter(true, 9), {false, true});
+        const V s = along(x[1], 2, sorter(false, 5), {false, true});
+        const V t = along(x[0], 1, sorter(true, 7), {false, true}), u = along(x[1], 1, sorter(false, 3), {false, true});
+        const V k = along(x[1], 1, sorter(false, 1, 3), {false, true}),
+                m = along(x[1], 2, sorter(false, 1, 2), {false, true});
+        const std::vector<double> all = x[0].to_vector();
+        const double med = all[size_t(order_of(all, false)[449])];
+        return V{a[0],
+                 a[1],
+                 b[0],
+                 b[1],
+                 s[1],
+                 t[0],
+                 t[1],
+                 u[0],
+                 u[1],
+                 k[0].squeeze(1),
+                 k[1].squeeze(1),
+                 m[0],
+                 m[1],
+                 from_vector({med}, {}, DType::f64)};
+      })
+      .covers({"sort", "argsort", "topk", "kthvalue", "median"})
+      .tol(1e-2, 1e-6);  // f32: a position off by one is an error of at least 1/300
+  row("prod_stddev", {{{4, 6, 5}, Kind::positive}, {{4, 6, 5}}},
+      [](const V& x) {
+        return V{prod(x[0], {1}), prod(x[0], {0, 2}, true), prod(x[0] * 0.9), stddev(x[1], {1}), stddev(x[1], {}, 0)};
+      })
+      .ref([](const V& x) {
+        const auto p = [](const Tensor& t, const std::vector<int64_t>& d, bool keep) {
+          return exp(sum(log(t), d, keep));
+        };
+        return V{p(x[0], {1}, false), p(x[0], {0, 2}, true), p(x[0] * 0.9, {}, false), sqrt(var(x[1], {1})),
+                 sqrt(var(x[1], {}, 0))};
+      })
+      .covers({"prod", "stddev"})
+      .tol(5e-2);
   row("argmax", {{{6, 100, 7}}}, [](const V& x) { return V{argmax(x[0], 1), argmax(x[0], 2), argmax(x[0])}; }).no_grad();
   row("argmin", {{{6, 100, 7}}}, [](const V& x) { return V{argmin(x[0], 1), argmin(x[0], 2, true)}; }).no_grad();
   // logsumexp over each dim set; norms of every kind; any/all/count_nonzero.

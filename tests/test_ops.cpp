@@ -733,6 +733,50 @@ TEST_CASE("ops: fmod and remainder on integers and floats take the signs C and P
   for (size_t i = 0; i < 5; ++i) CHECK(at.to_vector()[i] == doctest::Approx(want[i]).epsilon(1e-6));
 }
 
+TEST_CASE("ops: scans and sorting at their edges: zeros, ties, NaN, integers, empty") {
+  const auto vec = [](const Tensor& t) { return t.to_vector(); };
+  const double nan = std::nan("");
+  // cumprod's gradient with zeros: d/dx_i sum_j prod_{k<=j} x_k, by hand for x = [2, 0, 3, 0, 5].
+  Tensor x = from_vector({2, 0, 3, 0, 5}, {5}, DType::f64).set_requires_grad();
+  sum(cumprod(x, 0)).backward();
+  // i = 0: 1 + x1 + x1 x2 + ... = 1; i = 1 (first zero): x0 (1 + x2 + x2 x3 + x2 x3 x4) = 2 * 4 = 8; after: 0.
+  CHECK(vec(x.grad()) == std::vector<double>{1, 8, 0, 0, 0});
+  Tensor y = from_vector({3, 0, 2}, {3}, DType::f64).set_requires_grad();
+  prod(y).backward();
+  CHECK(vec(y.grad()) == std::vector<double>{0, 6, 0});
+  CHECK(prod(zeros({0, 3})).item<double>() == 1.0);
+  CHECK(vec(prod(zeros({2, 0}), {1})) == std::vector<double>{1, 1});
+  CHECK(prod(from_vector({2, 3, 4}, {3}, DType::i32)).dtype() == DType::i64);
+  CHECK(prod(from_vector({2, 3, 4}, {3}, DType::i32)).item<double>() == 24);
+  // Integer and bool running sums are i64, exactly past 2^53 / 2^31.
+  const Tensor big = from_vector({2147483647, 2147483647, 1}, {3}, DType::i32);
+  CHECK(cumsum(big, 0).dtype() == DType::i64);
+  CHECK(vec(cumsum(big, 0)) == std::vector<double>{2147483647.0, 4294967294.0, 4294967295.0});
+  CHECK(vec(cumsum(from_vector({1, 0, 1}, {3}, DType::boolean), 0)) == std::vector<double>{1, 1, 2});
+  // cummax: ties take the latest index, NaN stays once seen.
+  const ValuesIndices cm = cummax(from_vector({1, 3, 3, 2, nan, 5, nan}, {7}), 0);
+  CHECK(vec(cm.indices) == std::vector<double>{0, 1, 2, 2, 4, 4, 6});
+  CHECK(std::isnan(vec(cm.values)[5]));
+  CHECK(vec(cummin(from_vector({4, 2, 2, 7}, {4}, DType::u8), 0).values) == std::vector<double>{4, 2, 2, 2});
+  // sort: stable, NaN after every number ascending and first descending, -0 equal to +0.
+  const Tensor s = from_vector({2, nan, -1, 2, -0.0, 0.0, nan, -5}, {8});
+  CHECK(vec(argsort(s)) == std::vector<double>{7, 2, 4, 5, 0, 3, 1, 6});
+  CHECK(vec(argsort(s, 0, true)) == std::vector<double>{1, 6, 0, 3, 4, 5, 2, 7});
+  CHECK(vec(sort(from_vector({3, 1, 2}, {3}, DType::i64)).values) == std::vector<double>{1, 2, 3});
+  CHECK(vec(topk(from_vector({1, 9, 9, 4}, {4}, DType::f16), 2).indices) == std::vector<double>{1, 2});
+  CHECK(topk(s, 0).values.numel() == 0);
+  CHECK_THROWS_WITH_AS(topk(s, 9), doctest::Contains("topk: k = 9 is outside [0, 8]"), kiln::Error);
+  CHECK_THROWS_WITH_AS(kthvalue(s, 0), doctest::Contains("kthvalue: k = 0 is outside [1, 8]"), kiln::Error);
+  // median: the lower one; NaN if the slice holds one (its first NaN's index).
+  const ValuesIndices md = median(from_vector({4, 1, 3, 2, 9, 8, nan, 0}, {2, 4}), 1);
+  CHECK(vec(md.values)[0] == 2);
+  CHECK(vec(md.indices) == std::vector<double>{3, 2});
+  CHECK(std::isnan(vec(md.values)[1]));
+  CHECK(median(from_vector({5, 1, 4, 2}, {4})).item<double>() == 2);
+  CHECK_THROWS_WITH_AS(median(zeros({0})), doctest::Contains("median: the tensor [0] is empty"), kiln::Error);
+  CHECK(stddev(from_vector({1, 2, 3, 4}, {4}, DType::f64)).item<double>() == doctest::Approx(std::sqrt(5.0 / 3.0)));
+}
+
 TEST_CASE("ops: cast") {
   Tensor x = from_vector({1.25, -2.5, 3, 0}, {2, 2});
   for (DType dt : {DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8, DType::boolean}) {

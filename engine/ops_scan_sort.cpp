@@ -1,0 +1,208 @@
+// Scans and sorting along one dim: cumsum, cumprod, cummax/cummin, prod; sort, argsort, topk,
+// kthvalue, median; stddev. The kernels see a contiguous [outer, n, inner] block; values that sorting
+// or an extreme picks are gathered from the input, so their gradient is gather's.
+#include <algorithm>
+#include <limits>
+
+#include "engine/autograd.h"
+#include "engine/internal.h"
+#include "engine/nn_ops.h"
+#include "engine/ops.h"
+
+namespace kiln {
+namespace {
+
+// x as a contiguous [outer, n, inner] block around dim, in a dtype the kernels take (f32, f64, i32,
+// i64): 16-bit floats go to f32, bool and u8 to i32 (all exact).
+struct Columns {
+  Tensor src;
+  int64_t dim = 0, outer = 1, n = 1, inner = 1;
+};
+DType kernel_dtype(DType t) {
+  switch (t) {
+    case DType::f16:
+    case DType::bf16: return DType::f32;
+    case DType::boolean:
+    case DType::u8: return DType::i32;
+    default: return t;
+  }
+}
+Columns columns(const Tensor& x, int64_t dim, const char* op) {
+  Columns c;
+  const int64_t nd = std::max<int64_t>(x.dim(), 1);
+  c.dim = wrap_dim(dim, nd, op);
+  Tensor t = x.detach();
+  if (x.dim() == 0) t = t.reshape({1});
+  t = t.to(kernel_dtype(t.dtype())).contiguous();
+  for (int64_t i = 0; i < c.dim; ++i) c.outer *= t.size(i);
+  c.n = t.size(c.dim);
+  for (int64_t i = c.dim + 1; i < t.dim(); ++i) c.inner *= t.size(i);
+  c.src = t;
+  return c;
+}
+
+// The kernel's positions (i64, x's shape; a 0-dim x gives a 0-dim result).
+Tensor positions_like(const Tensor& x, const Columns& c) {
+  return make_tensor(x.dim() == 0 ? Shape{1} : x.shape(), DType::i64, x.device());
+}
+
+Tensor scan_values(ScanOp op, const Tensor& x, const Columns& c, Tensor* idx) {
+  Tensor y = make_tensor(c.src.shape(), c.src.dtype(), x.device());
+  if (idx) *idx = positions_like(x, c);
+  detail::backend(x.device())
+      .scan(op, c.src.dtype(), c.outer, c.n, c.inner, c.src.raw_data(), y.raw_data(),
+            idx ? idx->data<int64_t>() : nullptr);
+  return y;
+}
+
+ValuesIndices running_extreme(const char* name, ScanOp op, const Tensor& x, int64_t dim) {
+  const Columns c = columns(x, dim, name);
+  Tensor idx;
+  scan_values(op, x, c, &idx);
+  if (x.dim() == 0) idx = idx.reshape({});
+  // The values are the picked elements: gather's gradient sends each one back to its source.
+  return {x.dim() == 0 ? x.clone() : gather(x, c.dim, idx), idx};
+}
+
+Tensor sorted_positions(const char* name, const Tensor& x, int64_t dim, bool descending, Columns* out = nullptr) {
+  const Columns c = columns(x, dim, name);
+  Tensor idx = positions_like(x, c);
+  detail::backend(x.device())
+      .argsort(c.src.dtype(), c.outer, c.n, c.inner, c.src.raw_data(), descending, idx.data<int64_t>());
+  if (out) *out = c;
+  return x.dim() == 0 ? idx.reshape({}) : idx;
+}
+
+}  // namespace
+
+Tensor cumsum(const Tensor& x, int64_t dim) {
+  // Integers and bool sum to i64 (PyTorch's rule), floats keep their dtype.
+  const DType out_t = is_floating(x.dtype()) ? x.dtype() : DType::i64;
+  const Columns c = columns(is_floating(x.dtype()) ? x : x.to(DType::i64), dim, "cumsum");
+  Tensor y = scan_values(ScanOp::cumsum, x, c, nullptr).to(out_t).reshape(x.shape());
+  if (autograd::needs_grad({x})) {
+    const int64_t d = c.dim;
+    const bool scalar = x.dim() == 0;
+    autograd::record("cumsum", {x}, {y}, [d, scalar](const GradCtx& g) -> std::vector<Tensor> {
+      // Each input reaches every later output: the gradient is the reversed running sum.
+      if (scalar) return {g.g()};
+      return {flip(cumsum(flip(g.g(), {d}), d), {d})};
+    });
+  }
+  return y;
+}
+
+Tensor cumprod(const Tensor& x, int64_t dim) {
+  const DType out_t = is_floating(x.dtype()) ? x.dtype() : DType::i64;
+  const Columns c = columns(is_floating(x.dtype()) ? x : x.to(DType::i64), dim, "cumprod");
+  Tensor y = scan_values(ScanOp::cumprod, x, c, nullptr).to(out_t).reshape(x.shape());
+  if (autograd::needs_grad({x})) {
+    SavedTensor sx(c.src);
+    const Device dev = x.device();
+    const Columns geo{Tensor(), c.dim, c.outer, c.n, c.inner};
+    autograd::record("cumprod", {x}, {y}, [sx, geo, dev](const GradCtx& g) -> std::vector<Tensor> {
+      const Tensor xs = sx.unpack("cumprod");
+      const DType ct = xs.dtype() == DType::f64 ? DType::f64 : DType::f32;
+      const Tensor xc = xs.to(ct).contiguous(), gc = g.g().detach().to(ct).contiguous().reshape(xc.shape());
+      Tensor gx = make_tensor(xc.shape(), ct, dev);
+      detail::backend(dev).cumprod_backward(ct, geo.outer, geo.n, geo.inner, xc.raw_data(), gc.raw_data(),
+                                            gx.raw_data());
+      return {gx.reshape(g.g().shape()).to(g.g().dtype())};
+    });
+  }
+  return y;
+}
+
+ValuesIndices cummax(const Tensor& x, int64_t dim) { return running_extreme("cummax", ScanOp::cummax, x, dim); }
+ValuesIndices cummin(const Tensor& x, int64_t dim) { return running_extreme("cummin", ScanOp::cummin, x, dim); }
+
+Tensor prod(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+  const int64_t nd = x.dim();
+  std::vector<int64_t> dims = detail::normalize_dims(dims_in, nd, "prod");
+  if (nd == 0) return is_floating(x.dtype()) ? x.clone() : x.to(DType::i64);
+  if (dims.empty())
+    for (int64_t i = 0; i < nd; ++i) dims.push_back(i);
+  // The reduced dims moved last and flattened; the product is the running product's last entry
+  // (cumprod's gradient is exact where x has zeros). An empty product is 1.
+  std::vector<bool> red(size_t(nd), false);
+  for (int64_t d : dims) red[size_t(d)] = true;
+  std::vector<int64_t> perm;
+  Shape kept, keep_shape;
+  int64_t r = 1;
+  for (int64_t i = 0; i < nd; ++i)
+    if (!red[size_t(i)]) perm.push_back(i), kept.push_back(x.size(i));
+  for (int64_t d : dims) perm.push_back(d), r *= x.size(d);
+  for (int64_t i = 0; i < nd; ++i) keep_shape.push_back(red[size_t(i)] ? 1 : x.size(i));
+  Shape flat = kept;
+  flat.push_back(r);
+  Tensor out;
+  if (r == 0) {
+    out = ones(kept, TensorOptions(is_floating(x.dtype()) ? x.dtype() : DType::i64, x.device()));
+  } else {
+    out = cumprod(x.permute(perm).reshape(flat), -1).select(-1, r - 1);
+  }
+  return keepdim ? out.reshape(keep_shape) : out;
+}
+
+Tensor stddev(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  return sqrt(var(a, dims, correction, keepdim));
+}
+
+ValuesIndices sort(const Tensor& x, int64_t dim, bool descending) {
+  const Tensor idx = sorted_positions("sort", x, dim, descending);
+  if (x.dim() == 0) return {x.clone(), idx};
+  return {gather(x, wrap_dim(dim, x.dim(), "sort"), idx), idx};
+}
+
+Tensor argsort(const Tensor& x, int64_t dim, bool descending) {
+  return sorted_positions("argsort", x, dim, descending);
+}
+
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim, bool largest) {
+  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), "topk");
+  const int64_t n = x.dim() == 0 ? 1 : x.size(d);
+  KILN_CHECK(k >= 0 && k <= n, "topk: k = ", k, " is outside [0, ", n, "] for dim ", dim, " of ", x.shape());
+  if (x.dim() == 0) return {x.clone(), zeros({}, TensorOptions(DType::i64, x.device()))};
+  const Tensor idx = sorted_positions("topk", x, d, largest).narrow(d, 0, k).contiguous();
+  return {gather(x, d, idx), idx};
+}
+
+ValuesIndices kthvalue(const Tensor& x, int64_t k, int64_t dim, bool keepdim) {
+  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), "kthvalue");
+  const int64_t n = x.dim() == 0 ? 1 : x.size(d);
+  KILN_CHECK(k >= 1 && k <= n, "kthvalue: k = ", k, " is outside [1, ", n, "] for dim ", dim, " of ", x.shape());
+  if (x.dim() == 0) return {x.clone(), zeros({}, TensorOptions(DType::i64, x.device()))};
+  Tensor idx = sorted_positions("kthvalue", x, d, false).narrow(d, k - 1, 1).contiguous();
+  Tensor v = gather(x, d, idx);
+  if (!keepdim) v = v.squeeze(d), idx = idx.squeeze(d);
+  return {v, idx};
+}
+
+ValuesIndices median(const Tensor& x, int64_t dim, bool keepdim) {
+  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), "median");
+  const int64_t n = x.dim() == 0 ? 1 : x.size(d);
+  KILN_CHECK(n >= 1, "median: dim ", dim, " of ", x.shape(), " is empty");
+  if (x.dim() == 0) return {x.clone(), zeros({}, TensorOptions(DType::i64, x.device()))};
+  const Tensor order = sorted_positions("median", x, d, false);
+  // The lower median, (n - 1) / 2 in sorted order; a slice with NaN gives its first NaN (NaN sorts
+  // last, stably: at n - count).
+  Shape one_shape = x.shape();
+  one_shape[size_t(d)] = 1;
+  Tensor pos = full(one_shape, double((n - 1) / 2), TensorOptions(DType::i64, x.device()));
+  if (is_floating(x.dtype())) {
+    const Tensor nans = sum(isnan(x.detach()), {d}, true);
+    pos =
+        where(gt(nans, zeros_like(nans)), scalar_tensor(double(n), TensorOptions(DType::i64, x.device())) - nans, pos);
+  }
+  Tensor idx = gather(order, d, pos);
+  Tensor v = gather(x, d, idx);
+  if (!keepdim) v = v.squeeze(d), idx = idx.squeeze(d);
+  return {v, idx};
+}
+
+Tensor median(const Tensor& x) {
+  KILN_CHECK(x.numel() >= 1, "median: the tensor ", x.shape(), " is empty");
+  return median(x.reshape({-1}), 0).values;
+}
+
+}  // namespace kiln
