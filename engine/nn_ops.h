@@ -49,9 +49,38 @@ Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, SamePad
               int64_t groups = 1);
 
 // stride {0, 0} means stride = kernel. Floor mode output sizes.
-Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0}, Pair dilation = {1, 1});
+// ceil_mode: ceil output sizes (a last window starting in the right padding is dropped, as PyTorch).
+Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0}, Pair dilation = {1, 1},
+                  bool ceil_mode = false);
+// return_indices: each maximum's flat index h * W + w within its plane (the first one in a tie).
+ValuesIndices max_pool2d_with_indices(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0},
+                                      Pair dilation = {1, 1}, bool ceil_mode = false);
+// divisor_override > 0 divides every window's sum by it. (ceil_mode and divisor_override come after
+// count_include_pad, unlike PyTorch's order, so that older calls keep their meaning.)
 Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0},
-                  bool count_include_pad = true);
+                  bool count_include_pad = true, bool ceil_mode = false, int64_t divisor_override = 0);
+// 1-D pooling of [N, C, L] or [C, L] (the 2-D kernels over a height of 1); indices are positions in L.
+Tensor max_pool1d(const Tensor& x, int64_t kernel, int64_t stride = 0, int64_t padding = 0, int64_t dilation = 1,
+                  bool ceil_mode = false);
+ValuesIndices max_pool1d_with_indices(const Tensor& x, int64_t kernel, int64_t stride = 0, int64_t padding = 0,
+                                      int64_t dilation = 1, bool ceil_mode = false);
+Tensor avg_pool1d(const Tensor& x, int64_t kernel, int64_t stride = 0, int64_t padding = 0,
+                  bool count_include_pad = true, bool ceil_mode = false);
+// 3-D pooling of [N, C, D, H, W] or [C, D, H, W], separably: the 2-D pool over (H, W) of each depth
+// slice, then a pool down the depth (max of maxima; the average's divisor is the product of the
+// per-dim counts, which is what a 3-D window's count is). stride {0, 0, 0} means stride = kernel.
+Tensor max_pool3d(const Tensor& x, Triple kernel, Triple stride = {0, 0, 0}, Triple padding = {0, 0, 0},
+                  Triple dilation = {1, 1, 1}, bool ceil_mode = false);
+Tensor avg_pool3d(const Tensor& x, Triple kernel, Triple stride = {0, 0, 0}, Triple padding = {0, 0, 0},
+                  bool count_include_pad = true, bool ceil_mode = false, int64_t divisor_override = 0);
+// The inverse of max pooling: x's values put at `indices` (max_pool*_with_indices' flat positions
+// within each plane) of a zero plane of output_size (default (in - 1) stride - 2 padding + kernel);
+// the rest are 0. Entries naming the same position (overlapping windows' picks of one element) give
+// their mean and share its gradient, so unpooling a max pool passes each element's gradient once.
+Tensor max_unpool2d(const Tensor& x, const Tensor& indices, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0},
+                    std::optional<Pair> output_size = std::nullopt);
+Tensor max_unpool1d(const Tensor& x, const Tensor& indices, int64_t kernel, int64_t stride = 0, int64_t padding = 0,
+                    std::optional<int64_t> output_size = std::nullopt);
 Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size);
 
 // x [N, C, *]. In training, normalises with batch statistics and updates running_mean/var in place

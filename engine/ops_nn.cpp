@@ -173,7 +173,18 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& weight_in, const Tenso
 // ---- pooling --------------------------------------------------------------------------------------
 
 namespace {
-Pool2dParams pool_params(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation) {
+// Output size of a pooling dim: floor, or ceil mode (PyTorch's rule: a last window that would
+// start in the right padding is dropped).
+int64_t pool_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+  const int64_t span = in + 2 * p - d * (k - 1) - 1;
+  if (span < 0) return 0;
+  int64_t out = (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+  if (ceil_mode && (out - 1) * s >= in + p) --out;
+  return out;
+}
+
+Pool2dParams pool_params(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation,
+                         bool ceil_mode) {
   KILN_CHECK(x.dim() == 4 || x.dim() == 3, op, ": input must be [N, C, H, W] or [C, H, W], got ", x.shape());
   if (stride[0] == 0 && stride[1] == 0) stride = kernel;
   KILN_CHECK(kernel[0] >= 1 && kernel[1] >= 1 && stride[0] >= 1 && stride[1] >= 1 && dilation[0] >= 1 &&
@@ -194,8 +205,8 @@ Pool2dParams pool_params(const char* op, const Tensor& x, Pair kernel, Pair stri
   p.pw = padding[1];
   p.dh = dilation[0];
   p.dw = dilation[1];
-  p.oh = conv_out(p.h, p.kh, p.sh, p.ph, p.dh);
-  p.ow = conv_out(p.w, p.kw, p.sw, p.pw, p.dw);
+  p.oh = pool_out(p.h, p.kh, p.sh, p.ph, p.dh, ceil_mode);
+  p.ow = pool_out(p.w, p.kw, p.sw, p.pw, p.dw, ceil_mode);
   KILN_CHECK(p.oh > 0 && p.ow > 0, op, ": input ", x.shape(), " is too small for kernel [", p.kh, ",", p.kw, "]");
   return p;
 }
@@ -229,9 +240,10 @@ Tensor avg_pool_impl(const char* name, const Tensor& x, const Pool2dParams& p) {
 }
 }  // namespace
 
-Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation) {
+ValuesIndices max_pool2d_with_indices(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation,
+                                      bool ceil_mode) {
   check_floating("max_pool2d", x, "input");
-  const Pool2dParams p = pool_params("max_pool2d", x, kernel, stride, padding, dilation);
+  const Pool2dParams p = pool_params("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
   const Device dev = x.device();
   const DType ct = compute_dtype(x.dtype());
   const Tensor xc = kin(x, ct);
@@ -250,13 +262,20 @@ Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair 
       return {gx.contiguous(fmt)};
     });
   }
-  return y;
+  return {y, idx};
 }
 
-Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool count_include_pad) {
+Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation, bool ceil_mode) {
+  return max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode).values;
+}
+
+Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool count_include_pad, bool ceil_mode,
+                  int64_t divisor_override) {
   check_floating("avg_pool2d", x, "input");
-  Pool2dParams p = pool_params("avg_pool2d", x, kernel, stride, padding, {1, 1});
+  KILN_CHECK(divisor_override >= 0, "avg_pool2d: divisor_override must be positive (0: none), got ", divisor_override);
+  Pool2dParams p = pool_params("avg_pool2d", x, kernel, stride, padding, {1, 1}, ceil_mode);
   p.count_include_pad = count_include_pad;
+  p.divisor = divisor_override;
   return avg_pool_impl("avg_pool2d", x, p);
 }
 

@@ -117,6 +117,126 @@ Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, SamePad
                 groups);
 }
 
+// ---- pooling in 1-D and 3-D, and unpooling -------------------------------------------------------
+
+namespace {
+void check_pool_input(const char* op, const Tensor& x, int64_t dims, const char* shapes) {
+  KILN_CHECK(x.defined() && (x.dim() == dims + 1 || x.dim() == dims + 2), op, ": input must be ", shapes, ", got ",
+             x.defined() ? x.shape() : Shape{});
+}
+Triple stride_or_kernel(Triple stride, Triple kernel) {
+  return stride[0] == 0 && stride[1] == 0 && stride[2] == 0 ? kernel : stride;
+}
+void check_pool3d(const char* op, const Tensor& x, Triple kernel, Triple stride, Triple padding, Triple dilation) {
+  check_pool_input(op, x, 3, "[N, C, D, H, W] or [C, D, H, W]");
+  for (int i = 0; i < 3; ++i) {
+    KILN_CHECK(kernel[i] >= 1 && stride[i] >= 1 && dilation[i] >= 1, op, ": kernel, stride and dilation must be >= 1");
+    KILN_CHECK(padding[i] >= 0 && 2 * padding[i] <= kernel[i], op, ": padding [", padding[0], ",", padding[1], ",",
+               padding[2], "] must be at most half the kernel [", kernel[0], ",", kernel[1], ",", kernel[2], "]");
+  }
+}
+// The 3-D pool of x as a 2-D pool of the (H, W) planes, then one down the depth of [N C, 1, D, Ho Wo].
+template <typename Pool2d, typename PoolDepth> Tensor pool3d(const Tensor& x_in, Pool2d&& plane, PoolDepth&& depth) {
+  const Tensor x = x_in.dim() == 4 ? x_in.unsqueeze(0) : x_in;
+  const int64_t n = x.size(0), c = x.size(1), d = x.size(2);
+  const Tensor a = plane(x.reshape({n, c * d, x.size(3), x.size(4)}));
+  const int64_t ho = a.size(2), wo = a.size(3);
+  const Tensor b = depth(a.reshape({n * c, 1, d, ho * wo}));
+  const Tensor y = b.reshape({n, c, b.size(2), ho, wo});
+  return x_in.dim() == 4 ? y.squeeze(0) : y;
+}
+}  // namespace
+
+ValuesIndices max_pool1d_with_indices(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding,
+                                      int64_t dilation, bool ceil_mode) {
+  check_pool_input("max_pool1d", x, 1, "[N, C, L] or [C, L]");
+  const ValuesIndices r = max_pool2d_with_indices(x.unsqueeze(-2), {1, kernel}, {1, stride ? stride : kernel},
+                                                  {0, padding}, {1, dilation}, ceil_mode);
+  return {r.values.squeeze(-2), r.indices.squeeze(-2)};
+}
+
+Tensor max_pool1d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation, bool ceil_mode) {
+  return max_pool1d_with_indices(x, kernel, stride, padding, dilation, ceil_mode).values;
+}
+
+Tensor avg_pool1d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding, bool count_include_pad,
+                  bool ceil_mode) {
+  check_pool_input("avg_pool1d", x, 1, "[N, C, L] or [C, L]");
+  return avg_pool2d(x.unsqueeze(-2), {1, kernel}, {1, stride ? stride : kernel}, {0, padding}, count_include_pad,
+                    ceil_mode)
+      .squeeze(-2);
+}
+
+Tensor max_pool3d(const Tensor& x, Triple kernel, Triple stride_in, Triple padding, Triple dilation, bool ceil_mode) {
+  const Triple stride = stride_or_kernel(stride_in, kernel);
+  check_pool3d("max_pool3d", x, kernel, stride, padding, dilation);
+  return pool3d(
+      x,
+      [&](const Tensor& t) {
+        return max_pool2d(t, {kernel[1], kernel[2]}, {stride[1], stride[2]}, {padding[1], padding[2]},
+                          {dilation[1], dilation[2]}, ceil_mode);
+      },
+      [&](const Tensor& t) {
+        return max_pool2d(t, {kernel[0], 1}, {stride[0], 1}, {padding[0], 0}, {dilation[0], 1}, ceil_mode);
+      });
+}
+
+Tensor avg_pool3d(const Tensor& x, Triple kernel, Triple stride_in, Triple padding, bool count_include_pad,
+                  bool ceil_mode, int64_t divisor_override) {
+  const Triple stride = stride_or_kernel(stride_in, kernel);
+  check_pool3d("avg_pool3d", x, kernel, stride, padding, {1, 1, 1});
+  KILN_CHECK(divisor_override >= 0, "avg_pool3d: divisor_override must be positive (0: none), got ", divisor_override);
+  // With a divisor override both passes sum (divisor 1), then one division.
+  const int64_t div = divisor_override > 0 ? 1 : 0;
+  const Tensor y = pool3d(
+      x,
+      [&](const Tensor& t) {
+        return avg_pool2d(t, {kernel[1], kernel[2]}, {stride[1], stride[2]}, {padding[1], padding[2]},
+                          count_include_pad, ceil_mode, div);
+      },
+      [&](const Tensor& t) {
+        return avg_pool2d(t, {kernel[0], 1}, {stride[0], 1}, {padding[0], 0}, count_include_pad, ceil_mode, div);
+      });
+  return divisor_override > 0 ? y / double(divisor_override) : y;
+}
+
+Tensor max_unpool2d(const Tensor& x, const Tensor& indices, Pair kernel, Pair stride, Pair padding,
+                    std::optional<Pair> output_size) {
+  const char* op = "max_unpool2d";
+  check_pool_input(op, x, 2, "[N, C, H, W] or [C, H, W]");
+  KILN_CHECK(indices.defined() && indices.dtype() == DType::i64 && indices.shape() == x.shape(), op,
+             ": indices must be i64 of the input's shape ", x.shape(), ", got ",
+             indices.defined() ? indices.type_str() : std::string("undefined"));
+  if (stride[0] == 0 && stride[1] == 0) stride = kernel;
+  const int64_t h = x.size(-2), w = x.size(-1);
+  const int64_t oh = output_size ? (*output_size)[0] : (h - 1) * stride[0] - 2 * padding[0] + kernel[0];
+  const int64_t ow = output_size ? (*output_size)[1] : (w - 1) * stride[1] - 2 * padding[1] + kernel[1];
+  KILN_CHECK(oh >= 1 && ow >= 1, op, ": output size ", oh, "x", ow, " must be positive");
+  const int64_t planes = x.numel() / std::max<int64_t>(h * w, 1);
+  // Scattered by sums, each position divided by how many entries name it: overlapping windows can
+  // pick the same element, and then they carry the same value, which the mean keeps. The gradient is
+  // that function's (shared among the entries), so max_unpool of max_pool passes each element's
+  // gradient once.
+  const Tensor idx = indices.reshape({planes, h * w}).contiguous();
+  const Tensor xf = x.reshape({planes, h * w});
+  const Tensor base = zeros({planes, oh * ow}, TensorOptions(xf.dtype(), x.device()));
+  const Tensor sums = scatter_add(base, 1, idx, xf);
+  const Tensor counts = scatter_add(base, 1, idx, ones_like(xf.detach()));
+  Shape out_shape = x.shape();
+  out_shape[out_shape.size() - 2] = oh;
+  out_shape[out_shape.size() - 1] = ow;
+  return where(gt(counts, ones_like(counts)), sums / counts, sums).reshape(out_shape);
+}
+
+Tensor max_unpool1d(const Tensor& x, const Tensor& indices, int64_t kernel, int64_t stride, int64_t padding,
+                    std::optional<int64_t> output_size) {
+  check_pool_input("max_unpool1d", x, 1, "[N, C, L] or [C, L]");
+  const std::optional<Pair> out = output_size ? std::optional<Pair>(Pair{1, *output_size}) : std::nullopt;
+  return max_unpool2d(x.unsqueeze(-2), indices.unsqueeze(-2), {1, kernel}, {1, stride ? stride : kernel}, {0, padding},
+                      out)
+      .squeeze(-2);
+}
+
 // ---- normalisation -------------------------------------------------------------------------------
 
 Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& gamma, const Tensor& beta, double eps) {

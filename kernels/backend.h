@@ -119,6 +119,7 @@ struct Pool2dParams {
   int64_t planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
   bool adaptive = false;
   bool count_include_pad = true;  // average pooling divisor
+  int64_t divisor = 0;            // average pooling: a fixed divisor (divisor_override); 0: the window's count
 };
 
 // Where row r of an attention mask starts: the rows of x ([..., n] viewed as rows x n) are indexed by

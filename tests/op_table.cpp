@@ -146,6 +146,65 @@ std::vector<double> pick(const std::vector<double>& v, const std::vector<double>
   for (double i : at) o.push_back(v[size_t(i)]);
   return o;
 }
+// Pooling in 1 to 3 spatial dims by its definition (PyTorch's output sizes, windows and divisors):
+// max (values, and the flat index of the first maximum within its plane when `idx`) or average.
+struct PoolRef {
+  std::vector<int64_t> k, s, p, d;
+  bool ceil = false, max = true, count_include_pad = true;
+  int64_t divisor = 0;
+};
+std::vector<Tensor> pool_ref(const Tensor& xt, PoolRef q) {
+  const int64_t nd = int64_t(q.k.size()), lead = xt.dim() - nd;
+  q.k.resize(3, 1), q.s.resize(3, 1), q.p.resize(3, 0), q.d.resize(3, 1);
+  std::vector<int64_t> in(3, 1), out(3, 1);
+  for (int64_t i = 0; i < nd; ++i) in[size_t(i)] = xt.size(lead + i);
+  for (size_t i = 0; i < 3; ++i) {
+    const int64_t span = in[i] + 2 * q.p[i] - q.d[i] * (q.k[i] - 1) - 1;
+    out[i] = (q.ceil ? (span + q.s[i] - 1) / q.s[i] : span / q.s[i]) + 1;
+    if (q.ceil && (out[i] - 1) * q.s[i] >= in[i] + q.p[i]) --out[i];
+  }
+  const std::vector<double> x = xt.contiguous().to_vector();
+  const int64_t plane = in[0] * in[1] * in[2], planes = xt.numel() / plane;
+  std::vector<double> y, at;
+  for (int64_t pl = 0; pl < planes; ++pl)
+    for (int64_t o0 = 0; o0 < out[0]; ++o0)
+      for (int64_t o1 = 0; o1 < out[1]; ++o1)
+        for (int64_t o2 = 0; o2 < out[2]; ++o2) {
+          const int64_t o[3] = {o0, o1, o2};
+          double best = -INFINITY, sum = 0, pad_count = 1, valid = 0;
+          int64_t best_at = -1;
+          for (size_t i = 0; i < 3; ++i) {
+            const int64_t st = o[i] * q.s[i] - q.p[i];
+            pad_count *= double(std::min(st + q.k[i], in[i] + q.p[i]) - st);
+          }
+          for (int64_t j0 = 0; j0 < q.k[0]; ++j0)
+            for (int64_t j1 = 0; j1 < q.k[1]; ++j1)
+              for (int64_t j2 = 0; j2 < q.k[2]; ++j2) {
+                const int64_t j[3] = {j0, j1, j2};
+                int64_t pos[3];
+                bool inside = true;
+                for (size_t i = 0; i < 3; ++i) {
+                  pos[i] = o[i] * q.s[i] - q.p[i] + j[i] * q.d[i];
+                  inside = inside && pos[i] >= 0 && pos[i] < in[i];
+                }
+                if (!inside) continue;
+                const int64_t flat = (pos[0] * in[1] + pos[1]) * in[2] + pos[2];
+                const double v = x[size_t(pl * plane + flat)];
+                if (v > best) best = v, best_at = flat;
+                sum += v, valid += 1;
+              }
+          if (q.max) {
+            y.push_back(best), at.push_back(double(best_at));
+          } else {
+            y.push_back(sum / (q.divisor ? double(q.divisor) : q.count_include_pad ? pad_count : valid));
+          }
+        }
+  Shape shape(xt.shape().begin(), xt.shape().begin() + lead);
+  for (int64_t i = 0; i < nd; ++i) shape.push_back(out[size_t(i)]);
+  std::vector<Tensor> r{from_vector(y, shape, DType::f64)};
+  if (q.max) r.push_back(from_vector(at, shape, DType::i64));
+  return r;
+}
 Tensor matmul_ref(const Tensor& a, const Tensor& b) {
   const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
   const std::vector<double> x = a.contiguous().to_vector(), y = b.contiguous().to_vector();
@@ -817,6 +876,64 @@ std::vector<Row> build() {
       .autocast(AutocastOp::pooling);
   row("avg_pool2d", {{{2, 3, 11, 10}}},
       [](const V& x) { return V{avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}), avg_pool2d(x[0], {2, 2}, {2, 2}, {1, 1}, false)}; })
+      .autocast(AutocastOp::pooling);
+  // ceil_mode (a window hanging over the end, one dropped by the padding rule), indices,
+  // divisor_override, 1-D and 3-D (separable), and unpooling of overlapping windows' picks.
+  row("pooling_more", {{{2, 3, 10, 9}}, {{2, 3, 11}}, {{2, 2, 5, 6, 7}}},
+      [](const V& x) {
+        const ValuesIndices m = max_pool2d_with_indices(x[0], {3, 3}, {2, 2}, {1, 1}, {1, 1}, true);
+        const ValuesIndices m1 = max_pool1d_with_indices(x[1], 3, 2, 1, 1, true);
+        const ValuesIndices mo = max_pool2d_with_indices(x[0], {3, 3}, {1, 1});
+        return V{m.values,
+                 m.indices,
+                 avg_pool2d(x[0], {3, 2}, {2, 2}, {1, 0}, false, true),
+                 avg_pool2d(x[0], {3, 3}, {2, 3}, {1, 1}, true, true),
+                 avg_pool2d(x[0], {2, 2}, {2, 2}, {1, 1}, true, false, 3),
+                 m1.values,
+                 m1.indices,
+                 avg_pool1d(x[1], 4, 3, 2, false, true),
+                 max_pool3d(x[2], {2, 3, 2}, {2, 2, 2}, {1, 1, 0}, {1, 1, 2}, true),
+                 avg_pool3d(x[2], {3, 2, 3}, {2, 2, 2}, {1, 1, 1}, false, true),
+                 avg_pool3d(x[2], {2, 2, 2}, {}, {}, true, false, 5),
+                 max_unpool2d(mo.values, mo.indices, {3, 3}, {1, 1}),
+                 max_unpool1d(m1.values, m1.indices, 3, 2, 1, 11)};
+      })
+      .ref([](const V& x) {
+        const V m = pool_ref(x[0], {{3, 3}, {2, 2}, {1, 1}, {1, 1}, true});
+        const V m1 = pool_ref(x[1], {{3}, {2}, {1}, {1}, true});
+        const V mo = pool_ref(x[0], {{3, 3}, {1, 1}, {0, 0}, {1, 1}});
+        const auto unpool = [](const Tensor& v, const Tensor& at, const Shape& shape) {
+          const int64_t plane = shape[shape.size() - 1] * (shape.size() > 3 ? shape[shape.size() - 2] : 1);
+          const std::vector<double> vv = v.to_vector(), aa = at.to_vector();
+          std::vector<double> y(size_t(Tensor(zeros(shape)).numel()), 0.0);
+          const int64_t per = v.numel() / (Tensor(zeros(shape)).numel() / plane);
+          for (size_t i = 0; i < vv.size(); ++i) y[size_t(int64_t(i) / per * plane + int64_t(aa[i]))] = vv[i];
+          return from_vector(y, shape, DType::f64);
+        };
+        return V{m[0],
+                 m[1],
+                 pool_ref(x[0], {{3, 2}, {2, 2}, {1, 0}, {1, 1}, true, false, false})[0],
+                 pool_ref(x[0], {{3, 3}, {2, 3}, {1, 1}, {1, 1}, true, false, true})[0],
+                 pool_ref(x[0], {{2, 2}, {2, 2}, {1, 1}, {1, 1}, false, false, true, 3})[0],
+                 m1[0],
+                 m1[1],
+                 pool_ref(x[1], {{4}, {3}, {2}, {1}, true, false, false})[0],
+                 pool_ref(x[2], {{2, 3, 2}, {2, 2, 2}, {1, 1, 0}, {1, 1, 2}, true})[0],
+                 pool_ref(x[2], {{3, 2, 3}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1}, true, false, false})[0],
+                 pool_ref(x[2], {{2, 2, 2}, {2, 2, 2}, {0, 0, 0}, {1, 1, 1}, false, false, true, 5})[0],
+                 unpool(mo[0], mo[1], {2, 3, 10, 9}),
+                 unpool(m1[0], m1[1], {2, 3, 11})};
+      })
+      .covers({"max_pool2d_with_indices", "avg_pool2d", "max_pool1d_with_indices", "avg_pool1d", "max_pool3d",
+               "avg_pool3d", "max_unpool2d", "max_unpool1d"})
+      .autocast(AutocastOp::pooling);
+  row("max_pool1d", {{{2, 3, 12}}},
+      [](const V& x) {
+        return V{max_pool1d(x[0], 3), max_pool1d(x[0], 2, 3, 1, 2, true)};
+      })
+      .ref([](const V& x) {
+        return V{pool_ref(x[0], {{3}, {3}, {0}, {1}})[0], pool_ref(x[0], {{2}, {3}, {1}, {2}, true})[0]};
+      })
       .autocast(AutocastOp::pooling);
   row("adaptive_avg_pool2d", {{{2, 3, 11, 10}}},
       [](const V& x) { return V{adaptive_avg_pool2d(x[0], {1, 1}), adaptive_avg_pool2d(x[0], {4, 3})}; })

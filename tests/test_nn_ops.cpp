@@ -638,4 +638,21 @@ TEST_CASE("nn: transposed, 1-D, 3-D and same-padded convolutions and the compose
   CHECK_THROWS_WITH_AS(group_norm(x, 2, randn({3})), doctest::Contains("gamma [3] must be [4]"), kiln::Error);
   CHECK_THROWS_WITH_AS(rms_norm(x, {4}), doctest::Contains("trailing dims"), kiln::Error);
   CHECK_THROWS_WITH_AS(local_response_norm(x, 0), doctest::Contains("size must be >= 1"), kiln::Error);
+  // Pooling sizes as PyTorch gives them: ceil mode adds the window hanging over the end, unless it
+  // would start in the right padding.
+  CHECK(max_pool2d(randn({1, 1, 5, 5}), {2, 2}, {2, 2}, {0, 0}, {1, 1}, true).shape() == Shape{1, 1, 3, 3});
+  CHECK(max_pool2d(randn({1, 1, 5, 5}), {2, 2}, {2, 2}, {1, 1}, {1, 1}, true).shape() == Shape{1, 1, 3, 3});
+  CHECK(avg_pool1d(randn({1, 6}), 3, 2, 1, true, true).shape() == Shape{1, 4});
+  CHECK(max_pool3d(randn({1, 2, 5, 4, 3}), {2, 2, 2}).shape() == Shape{1, 2, 2, 2, 1});
+  CHECK_THROWS_WITH_AS(max_pool3d(randn({1, 2, 5, 4, 3}), {2, 2, 2}, {}, {2, 0, 0}),
+                       doctest::Contains("max_pool3d: padding [2,0,0]"), kiln::Error);
+  CHECK_THROWS_WITH_AS(avg_pool2d(x, {2, 2}, {}, {}, true, false, -1), doctest::Contains("divisor_override"),
+                       kiln::Error);
+  const ValuesIndices m = max_pool2d_with_indices(x, {2, 2});
+  CHECK_THROWS_WITH_AS(max_unpool2d(m.values, m.indices.to(DType::i32), {2, 2}),
+                       doctest::Contains("indices must be i64"), kiln::Error);
+  CHECK_THROWS_AS(max_unpool2d(m.values, m.indices + 100, {2, 2}), kiln::Error);  // past the output plane
+  CHECK_THROWS_WITH_AS(max_unpool2d(m.values, m.indices, {2, 2}), doctest::Contains("is out of range [0, 16)"),
+                       kiln::Error);  // the 5x5 input needs output_size
+  CHECK(max_unpool2d(m.values, m.indices, {2, 2}, {}, {}, Pair{5, 5}).shape() == Shape{1, 4, 5, 5});
 }

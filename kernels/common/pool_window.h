@@ -44,6 +44,7 @@ KILN_HD PoolWindow pool_window(const Pool2dParams& p, int64_t oh, int64_t ow) {
     };
     w.count = valid(w.h0, w.h1, p.dh) * valid(w.w0, w.w1, p.dw);
   }
+  if (p.divisor > 0) w.count = p.divisor;
   return w;
 }
 
