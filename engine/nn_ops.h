@@ -129,7 +129,11 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 // broadcastable to x's shape (no more dims than x; a bool mask adds 0 or 1, as x + mask would), and
 // may be undefined. The result has x's dtype (the mask is converted to it), softmax's autocast rule
 // applies. Gradients flow to x and to a floating mask that requires them.
-Tensor masked_softmax(const Tensor& x, const Tensor& mask, double scale = 1.0);
+// causal: query i of the last-but-one dim (L) sees keys j <= i (top_left, PyTorch's is_causal) or
+// j <= i + S - L (bottom_right: the queries are the last L of S positions, as with a KV cache), in
+// the kernel, with no mask tensor; it combines with `mask`.
+enum class Causal { none, top_left, bottom_right };
+Tensor masked_softmax(const Tensor& x, const Tensor& mask, double scale = 1.0, Causal causal = Causal::none);
 
 // batchmean: the sum divided by the size of dim 0 (kl_div's mathematically right mean).
 enum class Reduction { none, mean, sum, batchmean };
@@ -177,6 +181,23 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullpt
 // query head h reads key/value head h / (q heads / kv heads).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},
                                     double dropout_p = 0.0, bool training = false, Generator* gen = nullptr);
+// The same attention with its options: a causal mask computed in the softmax kernel (combinable with
+// `mask`, which also serves as an additive attention bias), a scale (default 1/sqrt(head size)), a
+// softcap (> 0: scores become softcap tanh(scores / softcap) before the masks), dropout. With
+// need_weights, also the attention probabilities [..., L, S] (before dropout).
+struct AttentionOptions {
+  Causal causal = Causal::none;
+  std::optional<double> scale;
+  double softcap = 0.0;
+  double dropout_p = 0.0;
+  bool training = false;
+  Generator* gen = nullptr;
+};
+struct AttentionOutput {
+  Tensor out, weights;
+};
+AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},
+                          const AttentionOptions& options = {}, bool need_weights = false);
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);

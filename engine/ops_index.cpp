@@ -235,8 +235,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   return x * (keep * (1.0 / (1.0 - p)));
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                    double dropout_p, bool training, Generator* gen) {
+AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                          const AttentionOptions& o, bool need_weights) {
   KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "attention: q, k, v need at least 2 dims, got ",
              q.shape(), ", ", k.shape(), ", ", v.shape());
   KILN_CHECK(q.size(-1) == k.size(-1), "attention: q ", q.shape(), " and k ", k.shape(), " differ in head size");
@@ -255,10 +255,33 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     kk = index_select(k, k.dim() - 3, idx);
     vv = index_select(v, v.dim() - 3, idx);
   }
-  // The scale and the mask go into the softmax kernel: no scaled or masked copy of the scores is made.
-  Tensor probs = masked_softmax(matmul(q, kk.transpose(-1, -2)), mask, 1.0 / std::sqrt(double(q.size(-1))));
-  probs = dropout(probs, dropout_p, training, gen);
-  return matmul(probs, vv);
+  const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(q.size(-1)));
+  KILN_CHECK(std::isfinite(scale), "attention: scale must be finite, got ", scale);
+  KILN_CHECK(o.softcap >= 0 && std::isfinite(o.softcap), "attention: softcap must be >= 0 (0: none), got ", o.softcap);
+  KILN_CHECK(o.causal == Causal::none || q.size(-2) <= k.size(-2) || o.causal == Causal::top_left,
+             "attention: a bottom-right causal mask needs no more queries (", q.size(-2), ") than keys (", k.size(-2),
+             ")");
+  Tensor scores = matmul(q, kk.transpose(-1, -2));
+  double kernel_scale = scale;
+  if (o.softcap > 0) {
+    // softcap tanh(scale s / softcap), before the mask (Gemma 2's logit soft-capping).
+    scores = tanh(scores * (scale / o.softcap)) * o.softcap;
+    kernel_scale = 1.0;
+  }
+  // The scale, the mask and the causal mask go into the softmax kernel: no scaled or masked copy of
+  // the scores is made.
+  const Tensor probs = masked_softmax(scores, mask, kernel_scale, o.causal);
+  const Tensor out = matmul(dropout(probs, o.dropout_p, o.training, o.gen), vv);
+  return {out, need_weights ? probs : Tensor()};
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                    double dropout_p, bool training, Generator* gen) {
+  AttentionOptions o;
+  o.dropout_p = dropout_p;
+  o.training = training;
+  o.gen = gen;
+  return attention(q, k, v, mask, o).out;
 }
 
 }  // namespace kiln

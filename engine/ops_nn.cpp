@@ -440,7 +440,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
 }
 }  // namespace
 
-Tensor masked_softmax(const Tensor& input, const Tensor& mask_in, double scale) {
+Tensor masked_softmax(const Tensor& input, const Tensor& mask_in, double scale, Causal causal) {
   const Tensor x = amp::autocast_arg(amp::AutocastOp::softmax, input);
   check_floating("masked_softmax", x, "input");
   KILN_CHECK(x.dim() >= 1, "masked_softmax: input must have at least 1 dim, got a scalar");
@@ -474,6 +474,11 @@ Tensor masked_softmax(const Tensor& input, const Tensor& mask_in, double scale) 
       mr.stride[d] = stride_for(d);
     }
     mr.step = stride_for(x.dim() - 1);
+  }
+  if (causal != Causal::none) {
+    KILN_CHECK(x.dim() >= 2, "masked_softmax: a causal mask needs [..., L, S] scores, got ", x.shape());
+    mr.causal_rows = x.size(-2);
+    mr.causal_offset = causal == Causal::top_left ? 0 : x.size(-1) - x.size(-2);
   }
   const Tensor xc = kin(x, ct);
   Tensor y = kout(x.shape(), ct, dev);

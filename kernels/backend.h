@@ -125,13 +125,23 @@ struct Pool2dParams {
 // Where row r of an attention mask starts: the rows of x ([..., n] viewed as rows x n) are indexed by
 // the leading dims `size` (outermost first); the mask is broadcast over them with `stride` (0 where it
 // is broadcast) and along the row with `step` (0 or 1).
+// A causal mask without a tensor: with causal_rows = L > 0, row r is query r % L and sees the keys
+// j <= r % L + causal_offset (the rest are -inf).
 struct MaskRows {
   static constexpr int kMaxDims = 7;
   int ndim = 0;
   int64_t size[kMaxDims] = {};
   int64_t stride[kMaxDims] = {};
   int64_t step = 1;
+  int64_t causal_rows = 0;
+  int64_t causal_offset = 0;
 };
+// The first masked key of row r under the causal mask (n: none).
+KILN_HD int64_t causal_end(const MaskRows& m, int64_t r, int64_t n) {
+  if (m.causal_rows <= 0) return n;
+  const int64_t end = r % m.causal_rows + m.causal_offset + 1;
+  return end < 0 ? 0 : end > n ? n : end;
+}
 KILN_HD int64_t mask_row_offset(const MaskRows& m, int64_t r) {
   // Constant indices after unrolling: a kernel reads the struct from its parameters instead of
   // copying it to local memory to index it.

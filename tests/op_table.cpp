@@ -1446,6 +1446,42 @@ std::vector<Row> build() {
       })
       .covers({"scaled_dot_product_attention"})
       .tol(3e-2);
+  // Causal masks from the kernel (top-left and bottom-right, with and without an additive bias), a
+  // scale, a softcap and the weights: against materialised -inf masks and plain softmax.
+  row("attention_options", {{{2, 2, 5, 8}}, {{2, 2, 7, 8}}, {{2, 2, 7, 4}}, {{5, 7}}},
+      [](const V& x) {
+        AttentionOptions tl, br, cap;
+        tl.causal = Causal::top_left;
+        br.causal = Causal::bottom_right;
+        br.scale = 0.5;
+        cap.softcap = 2.0;
+        const AttentionOutput a = attention(x[0], x[1], x[2], {}, tl, true);
+        const AttentionOutput b = attention(x[0], x[1], x[2], x[3], br, true);
+        return V{a.out,
+                 a.weights,
+                 b.out,
+                 b.weights,
+                 attention(x[0], x[1], x[2], x[3], cap).out,
+                 masked_softmax(x[3], {}, 1.5, Causal::top_left)};
+      })
+      .ref([](const V& x) {
+        const double inf = INFINITY;
+        const auto causal = [inf](int64_t l, int64_t s, int64_t off) {
+          std::vector<double> m;
+          for (int64_t i = 0; i < l; ++i)
+            for (int64_t j = 0; j < s; ++j) m.push_back(j <= i + off ? 0.0 : -inf);
+          return from_vector(m, {l, s}, DType::f64);
+        };
+        const Tensor s = matmul(x[0], x[1].transpose(-1, -2));
+        const Tensor pa = softmax_ref(s * (1.0 / std::sqrt(8.0)) + causal(5, 7, 0), 3, false);
+        const Tensor pb = softmax_ref(s * 0.5 + x[3] + causal(5, 7, 2), 3, false);
+        const Tensor pc = softmax_ref(tanh(s * (1.0 / std::sqrt(8.0) / 2.0)) * 2.0 + x[3], 3, false);
+        return V{matmul(pa, x[2]), pa,
+                 matmul(pb, x[2]), pb,
+                 matmul(pc, x[2]), softmax_ref(x[3] * 1.5 + causal(5, 7, 0), 1, false)};
+      })
+      .covers({"attention", "masked_softmax"})
+      .tol(3e-2);
 
   // ---- joining, splitting and indexing ----
   row("cat_stack_split", {{{4, 5}}, {{4, 5}}},

@@ -111,6 +111,7 @@ void masked_softmax_fwd(int64_t rows, int64_t n, const T* x, T scale, const T* m
       } else {
         for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] * scale;
       }
+      for (int64_t j = causal_end(mr, r, n); j < n; ++j) yr[j] = -std::numeric_limits<T>::infinity();
       if constexpr (std::is_same_v<T, float>) {
         kernel_set().rows.softmax(false, n, yr, yr);
       } else {

@@ -187,8 +187,11 @@ __global__ void __launch_bounds__(kThreads) masked_softmax_rows_kernel(int64_t r
     const T* xr = x + r * n;
     T* yr = y + r * n;
     const T* mrow = mask ? mask + mask_row_offset(mr, r) : nullptr;
-    const int64_t mstep = mr.step;
-    auto z = [&](int64_t i) { return mrow ? xr[i] * scale + mrow[i * mstep] : xr[i] * scale; };
+    const int64_t mstep = mr.step, cend = causal_end(mr, r, n);
+    auto z = [&](int64_t i) {
+      if (i >= cend) return kNegInf<T>;
+      return mrow ? xr[i] * scale + mrow[i * mstep] : xr[i] * scale;
+    };
     MaxSum<T> ms{kNegInf<T>, T(0)};
     for (int64_t i = G::rank(); i < n; i += G::size()) ms_add(ms, z(i));
     ms = group_merge<kBlock>(ms, red);
