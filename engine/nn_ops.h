@@ -208,7 +208,16 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices);
 // out = x, then out[..indices[..i..]..] += src[..i..] along dim; indices has src's shape.
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src);
-Tensor one_hot(const Tensor& indices, int64_t num_classes);  // i64 [..., num_classes]
+// i64 [..., num_classes]; num_classes -1: the largest index + 1. An index outside [0, num_classes) is
+// an error naming the span (OutOfRange::error), or gets a row of zeros (OutOfRange::zeros).
+enum class OutOfRange { error, zeros };
+Tensor one_hot(const Tensor& indices, int64_t num_classes, OutOfRange policy = OutOfRange::error);
+// The coordinates of the non-zero elements, i64 [count, dims], in row-major order (one host read for
+// the count, as every framework's nonzero).
+Tensor nonzero(const Tensor& x);
+// x with the positions where mask (bool, broadcast to x) is true taken, in row-major order, from the
+// leading elements of src (which must have at least as many); gradients to x and src.
+Tensor masked_scatter(const Tensor& x, const Tensor& mask, const Tensor& src);
 // Shape ops built from the ones above (gradients come with them). tril / triu keep the elements of the
 // last two dims with col - row <= k / >= k and zero the rest.
 Tensor tril(const Tensor& x, int64_t k = 0);

@@ -184,15 +184,59 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Te
   return out;
 }
 
-Tensor one_hot(const Tensor& indices, int64_t num_classes) {
-  KILN_CHECK(num_classes >= 1, "one_hot: num_classes must be >= 1, got ", num_classes);
+Tensor one_hot(const Tensor& indices, int64_t num_classes, OutOfRange policy) {
+  KILN_CHECK(num_classes >= 1 || num_classes == -1,
+             "one_hot: num_classes must be >= 1 (or -1: the largest index + 1), got ", num_classes);
   const Tensor idx = index_tensor("one_hot", indices);
-  if (idx.numel() > 0) {
+  if (num_classes == -1) {
+    KILN_CHECK(idx.numel() > 0, "one_hot: num_classes -1 needs at least one index to size the classes");
+    num_classes = std::max<int64_t>(amax(idx).item<int64_t>() + 1, 1);
+  }
+  if (idx.numel() > 0 && policy == OutOfRange::error) {
     const int64_t lo = amin(idx).item<int64_t>(), hi = amax(idx).item<int64_t>();
     KILN_CHECK(lo >= 0 && hi < num_classes, "one_hot: indices span [", lo, ", ", hi, "], outside [0, ", num_classes,
-               ")");
+               ") (OutOfRange::zeros gives such an index a row of zeros)");
   }
   return cast(eq(idx.unsqueeze(-1), arange(num_classes, TensorOptions(DType::i64, idx.device()))), DType::i64);
+}
+
+Tensor nonzero(const Tensor& x) {
+  // The flat positions of the non-zeros in order are the first `count` of a stable descending sort
+  // of the 0/1 mask; one host read for the count, then coordinates by division.
+  const int64_t nd = x.dim();
+  const Tensor m = ne(x.detach().reshape({-1}), zeros({}, TensorOptions(x.dtype(), x.device())));
+  const int64_t count = m.numel() ? sum(m).item<int64_t>() : 0;
+  const Tensor flat = argsort(m.to(DType::i32), 0, true).narrow(0, 0, count);
+  std::vector<Tensor> cols;
+  Tensor f = flat;
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    const Tensor c = remainder(f, scalar_tensor(double(x.size(d)), TensorOptions(DType::i64, x.device())));
+    cols.push_back(c);
+    f = ((f - c).to(DType::f64) / double(x.size(d))).to(DType::i64);  // exact: f - c divides by the size
+  }
+  std::reverse(cols.begin(), cols.end());
+  return nd == 0 ? zeros({count, 0}, TensorOptions(DType::i64, x.device())) : stack(cols, 1);
+}
+
+Tensor masked_scatter(const Tensor& x, const Tensor& mask, const Tensor& src) {
+  KILN_CHECK(mask.dtype() == DType::boolean, "masked_scatter: mask must be bool, got ", mask.type_str());
+  Shape shape;
+  try {
+    shape = broadcast_shapes(x.shape(), mask.shape());
+  } catch (const Error&) {
+    KILN_FAIL("masked_scatter: mask ", mask.shape(), " does not broadcast to the input ", x.shape());
+  }
+  KILN_CHECK(shape == x.shape(), "masked_scatter: mask ", mask.shape(), " does not broadcast to the input ", x.shape());
+  const Tensor m = mask.expand(shape).reshape({-1});
+  const int64_t count = m.numel() ? sum(m).item<int64_t>() : 0;
+  KILN_CHECK(count <= src.numel(), "masked_scatter: the mask selects ", count, " elements but src ", src.shape(),
+             " has ", src.numel());
+  if (count == 0) return x.clone();
+  // The k-th selected position takes src's k-th element (row-major order): k = running count - 1.
+  const Tensor k = clamp(cumsum(m, 0) - 1.0, 0.0, std::nullopt).to(DType::i64);
+  const Tensor vals = index_select(src.reshape({-1}), 0, k);
+  const DType t = promote_types(x.dtype(), src.dtype());
+  return where(m, vals.to(t), x.reshape({-1}).to(t)).reshape(shape);
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {

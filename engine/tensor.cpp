@@ -14,6 +14,7 @@
 
 #include "engine/autograd.h"
 #include "engine/internal.h"
+#include "engine/nn_ops.h"
 #include "engine/ops.h"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -535,8 +536,19 @@ Tensor Tensor::t() const {
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
   KILN_CHECK(dim() > 0, "slice: tensor is 0-dim");
   d = wrap_dim(d, dim(), "slice");
-  KILN_CHECK(step >= 1, "slice: step must be positive, got ", step);
+  KILN_CHECK(step != 0, "slice: step must not be 0");
   const int64_t n = shape()[size_t(d)];
+  if (step < 0) {
+    // NumPy's rule: start, start + step, ... while > end, both taken from the end when negative and
+    // clamped to [-1, n - 1]. A copy (index_select), whose gradient scatters back.
+    if (start < 0) start += n;
+    if (end < 0) end += n;
+    start = std::clamp<int64_t>(start, -1, n - 1);
+    end = std::clamp<int64_t>(end, -1, n - 1);
+    std::vector<int64_t> at;
+    for (int64_t i = start; i > end; i += step) at.push_back(i);
+    return index_select(*this, d, from_blob_copy(at.data(), {int64_t(at.size())}).to(device()));
+  }
   if (start < 0) start += n;
   if (end < 0) end += n;
   start = std::clamp<int64_t>(start, 0, n);

@@ -172,6 +172,8 @@ class Tensor {
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor t() const;  // 2-D transpose
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  // A view for step > 0; a negative step (NumPy's rule: start, start + step, ... > end, negative
+  // start/end counted from the end) gives a copy.
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor select(int64_t dim, int64_t index) const;  // removes the dim
   Tensor expand(const Shape& shape) const;  // -1 keeps a size

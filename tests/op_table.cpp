@@ -1495,7 +1495,58 @@ std::vector<Row> build() {
   row("gather", {{{9, 20}}, {{9, 6}, Kind::index, 20}}, [](const V& x) { return one(gather(x[0], 1, x[1])); });
   row("scatter_add", {{{9, 20}}, {{9, 6}, Kind::index, 20}, {{9, 6}}},
       [](const V& x) { return one(scatter_add(x[0], 1, x[1], x[2])); });
-  row("one_hot", {{{7, 3}, Kind::index, 6}}, [](const V& x) { return one(one_hot(x[0], 6)); }).f32_only().no_grad();
+  row("one_hot", {{{7, 3}, Kind::index, 6}},
+      [](const V& x) {
+        return V{one_hot(x[0], 6), one_hot(x[0], 4, OutOfRange::zeros), one_hot(x[0], -1)};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> v = x[0].to_vector();
+        const double hi = *std::max_element(v.begin(), v.end());
+        const auto oh = [&](int64_t c) {
+          std::vector<double> o;
+          for (double e : v)
+            for (int64_t k = 0; k < c; ++k) o.push_back(double(k) == e ? 1 : 0);
+          return from_vector(o, {7, 3, c}, DType::i64);
+        };
+        return V{oh(6), oh(4), oh(int64_t(hi) + 1)};
+      })
+      .f32_only()
+      .no_grad();
+  // nonzero's coordinates, masked_scatter from a longer src, and slices with negative steps (copies).
+  row("nonzero_masked_scatter", {{{4, 5, 3}}, {{4, 5, 3}, Kind::mask}, {{70}}, {{5, 1}, Kind::mask}},
+      [](const V& x) {
+        return V{nonzero(x[1]),
+                 masked_scatter(x[0], x[1], x[2]),
+                 masked_scatter(x[0], x[3], x[2]),
+                 x[0].slice(1, -1, -100, -2),
+                 x[0].slice(2, 1, -4, -1),
+                 x[0].slice(0, 3, 0, -2)};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> m = x[1].to_vector(), xs = x[0].contiguous().to_vector(), src = x[2].to_vector();
+        std::vector<double> coords, ms = xs;
+        size_t k = 0;
+        for (size_t i = 0; i < m.size(); ++i)
+          if (m[i] != 0) {
+            coords.insert(coords.end(), {double(i / 15), double(i / 3 % 5), double(i % 3)});
+            ms[i] = src[k++];
+          }
+        const std::vector<double> m2 = x[3].to_vector();
+        std::vector<double> ms2 = xs;
+        k = 0;
+        for (size_t i = 0; i < xs.size(); ++i)
+          if (m2[i / 3 % 5] != 0) ms2[i] = src[k++];
+        const auto sel = [](const Tensor& t, int64_t d, std::vector<int64_t> at) {
+          return index_select(t, d, from_blob_copy(at.data(), {int64_t(at.size())}));
+        };
+        return V{from_vector(coords, {int64_t(coords.size() / 3), 3}, DType::i64),
+                 from_vector(ms, {4, 5, 3}, DType::f64),
+                 from_vector(ms2, {4, 5, 3}, DType::f64),
+                 sel(x[0], 1, {4, 2, 0}),
+                 sel(x[0], 2, {1, 0}),
+                 sel(x[0], 0, {3, 1})};
+      })
+      .covers({"nonzero", "masked_scatter"});
 
   // ---- factories and random streams (the device comes from the input) ----
   row("factories", {{{3, 4}}},

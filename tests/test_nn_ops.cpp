@@ -655,4 +655,14 @@ TEST_CASE("nn: transposed, 1-D, 3-D and same-padded convolutions and the compose
   CHECK_THROWS_WITH_AS(max_unpool2d(m.values, m.indices, {2, 2}), doctest::Contains("is out of range [0, 16)"),
                        kiln::Error);  // the 5x5 input needs output_size
   CHECK(max_unpool2d(m.values, m.indices, {2, 2}, {}, {}, Pair{5, 5}).shape() == Shape{1, 4, 5, 5});
+  const Tensor five = from_vector({0, 5, 2}, {3}, DType::i64);
+  CHECK_THROWS_WITH_AS(one_hot(five, 4), doctest::Contains("indices span [0, 5], outside [0, 4)"), kiln::Error);
+  CHECK(one_hot(five, 4, OutOfRange::zeros).to_vector() == std::vector<double>{1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0});
+  CHECK_THROWS_WITH_AS(masked_scatter(zeros({2, 3}), ones({2, 3}).to(DType::boolean), zeros({5})),
+                       doctest::Contains("selects 6 elements but src [5] has 5"), kiln::Error);
+  CHECK_THROWS_WITH_AS(masked_scatter(zeros({2, 3}), ones({3, 3}).to(DType::boolean), zeros({9})),
+                       doctest::Contains("does not broadcast"), kiln::Error);
+  CHECK(nonzero(zeros({2, 2})).shape() == Shape{0, 2});
+  CHECK_THROWS_WITH_AS(zeros({4}).slice(0, 0, 4, 0), doctest::Contains("step must not be 0"), kiln::Error);
+  CHECK(zeros({4}).slice(0, 0, 4, -1).numel() == 0);  // start 0 is not above end 3
 }
