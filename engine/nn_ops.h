@@ -208,6 +208,15 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices);
 // out = x, then out[..indices[..i..]..] += src[..i..] along dim; indices has src's shape.
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src);
+// out = x, then out[..indices[..i..]..] = src[..i..] along dim; of several writes to one place the
+// last in index order wins (deterministic; PyTorch leaves it unspecified), and only it gets gradient.
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src);
+// torch.scatter_reduce: the writes to each place combined by sum, prod, mean, amax or amin, with x's
+// own value (include_self) or without it (then a place nothing writes keeps x). Gradients as PyTorch:
+// amax/amin share among the participants equal to the result; prod's is exact with zeros.
+enum class ScatterReduce { sum, prod, mean, amax, amin };
+Tensor scatter_reduce(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src, ScatterReduce reduce,
+                      bool include_self = true);
 // i64 [..., num_classes]; num_classes -1: the largest index + 1. An index outside [0, num_classes) is
 // an error naming the span (OutOfRange::error), or gets a row of zeros (OutOfRange::zeros).
 enum class OutOfRange { error, zeros };
@@ -218,6 +227,11 @@ Tensor nonzero(const Tensor& x);
 // x with the positions where mask (bool, broadcast to x) is true taken, in row-major order, from the
 // leading elements of src (which must have at least as many); gradients to x and src.
 Tensor masked_scatter(const Tensor& x, const Tensor& mask, const Tensor& src);
+// x[indices...] = values (x.index_put_ out of place): i64 index tensors (negative ones count from the
+// end) for the leading dims, broadcast together, or bool masks standing for their true coordinates;
+// values broadcast to [index shape..., the remaining dims]. Repeated places: the last write wins, or
+// with accumulate the writes add up (torch.index_put with accumulate=True).
+Tensor index_put(const Tensor& x, const std::vector<Tensor>& indices, const Tensor& values, bool accumulate = false);
 // Shape ops built from the ones above (gradients come with them). tril / triu keep the elements of the
 // last two dims with col - row <= k / >= k and zero the rest.
 Tensor tril(const Tensor& x, int64_t k = 0);

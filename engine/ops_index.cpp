@@ -157,30 +157,136 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices) {
   return out;
 }
 
-Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src) {
-  KILN_CHECK(x.dim() > 0, "scatter_add: tensor is 0-dim");
-  const int64_t d = wrap_dim(dim, x.dim(), "scatter_add");
-  const Tensor idx = index_tensor("scatter_add", indices, x);
-  KILN_CHECK(idx.shape() == src.shape(), "scatter_add: indices ", idx.shape(), " and src ", src.shape(), " differ");
-  KILN_CHECK(idx.dim() == x.dim(), "scatter_add: indices ", idx.shape(), " must have the rank of input ", x.shape());
+namespace {
+// Checks and runs the scatter kernel: out = x with src's elements combined in at indices along dim.
+// Returns out (no autograd) and the dim.
+Tensor scatter_raw(const char* name, ScatterOp op, bool include_self, const Tensor& x, int64_t dim, const Tensor& idx,
+                   const Tensor& src, int64_t& d) {
+  KILN_CHECK(x.dim() > 0, name, ": tensor is 0-dim");
+  d = wrap_dim(dim, x.dim(), name);
+  KILN_CHECK(idx.shape() == src.shape(), name, ": indices ", idx.shape(), " and src ", src.shape(), " differ");
+  KILN_CHECK(idx.dim() == x.dim(), name, ": indices ", idx.shape(), " must have the rank of input ", x.shape());
   for (int64_t i = 0; i < x.dim(); ++i)
-    KILN_CHECK(i == d || idx.size(i) == x.size(i), "scatter_add: indices ", idx.shape(), " must match input ",
-               x.shape(), " outside dim ", d);
+    KILN_CHECK(i == d || idx.size(i) == x.size(i), name, ": indices ", idx.shape(), " must match input ", x.shape(),
+               " outside dim ", d);
   const DType t = promote_types(x.dtype(), src.dtype());
-  KILN_CHECK(is_floating(t), "scatter_add: needs floating tensors, got ", x.type_str(), " and ", src.type_str());
+  KILN_CHECK(is_floating(t), name, ": needs floating tensors, got ", x.type_str(), " and ", src.type_str());
   const DType ct = float_compute(t);
-  Tensor out = x.detach().to(ct).clone();
+  Tensor out = x.detach().to(ct).contiguous().clone();
   const Tensor sc = src.detach().to(ct).contiguous();
   int64_t outer, n, inner;
   split_dims(out.shape(), d, outer, n, inner);
-  detail::backend(out.device()).scatter_add(ct, outer, n, inner, out.raw_data(), idx.size(d), idx.data<int64_t>(),
-                                            sc.raw_data());
-  if (t != ct) out = out.to(t);
+  detail::backend(out.device())
+      .scatter(op, include_self, ct, outer, n, inner, out.raw_data(), idx.size(d), idx.data<int64_t>(), sc.raw_data());
+  return t != ct ? out.to(t) : out;
+}
+}  // namespace
+
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src) {
+  const Tensor idx = index_tensor("scatter_add", indices, x);
+  int64_t d = 0;
+  Tensor out = scatter_raw("scatter_add", ScatterOp::add, true, x, dim, idx, src, d);
   if (autograd::needs_grad({x, src})) {
     autograd::record("scatter_add", {x, src}, {out}, [idx, d](const GradCtx& c) -> std::vector<Tensor> {
       return {c.g(), c.needs_grad(1) ? gather(c.g(), d, idx) : Tensor()};
     });
   }
+  return out;
+}
+
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src) {
+  const Tensor idx = index_tensor("scatter", indices, x);
+  int64_t d = 0;
+  Tensor out = scatter_raw("scatter", ScatterOp::assign, true, x, dim, idx, src, d);
+  if (autograd::needs_grad({x, src})) {
+    const Shape xs = x.shape();
+    autograd::record("scatter", {x, src}, {out}, [idx, d, xs](const GradCtx& c) -> std::vector<Tensor> {
+      // x keeps its gradient where nothing was written; of several writes to one place only the last
+      // (in index order) reached the output: found by scattering each write's ordinal the same way.
+      const TensorOptions o(DType::f64, c.g().device());
+      int64_t dd = 0;
+      Shape os(static_cast<size_t>(idx.dim()), 1);
+      os[size_t(d)] = idx.size(d);
+      const Tensor ord = arange(0.0, double(idx.size(d)), 1.0, o).reshape(os).expand(idx.shape()).contiguous();
+      const Tensor last = scatter_raw("scatter", ScatterOp::assign, true, full(xs, -1.0, o), d, idx, ord, dd);
+      const Tensor hit = ge(last, zeros({}, o));
+      const Tensor won = eq(gather(last, d, idx), ord);
+      return {c.needs_grad(0) ? where(hit, zeros_like(c.g()), c.g()) : Tensor(),
+              c.needs_grad(1)
+                  ? where(won, gather(c.g(), d, idx), zeros({}, TensorOptions(c.g().dtype(), c.g().device())))
+                  : Tensor()};
+    });
+  }
+  return out;
+}
+
+Tensor scatter_reduce(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src, ScatterReduce reduce,
+                      bool include_self) {
+  const Tensor idx = index_tensor("scatter_reduce", indices, x);
+  static constexpr ScatterOp kOps[] = {ScatterOp::add, ScatterOp::mul, ScatterOp::mean, ScatterOp::amax,
+                                       ScatterOp::amin};
+  const ScatterOp op = kOps[int(reduce)];
+  int64_t d = 0;
+  Tensor out = scatter_raw("scatter_reduce", op, include_self, x, dim, idx, src, d);
+  if (!autograd::needs_grad({x, src})) return out;
+  const Tensor y = out.detach();
+  autograd::record("scatter_reduce", {x, src}, {out}, [=](const GradCtx& c) -> std::vector<Tensor> {
+    const Tensor g = c.g(), xs = x.detach(), ss = src.detach();
+    const TensorOptions o(g.dtype(), g.device());
+    int64_t dd = 0;
+    // Which elements were written, and how many times.
+    const Tensor writes =
+        scatter_raw("scatter_reduce", ScatterOp::add, true, zeros(xs.shape(), o), d, idx, ones(idx.shape(), o), dd);
+    const Tensor hit = gt(writes, zeros({}, o));
+    // x takes part where it was not replaced: everywhere with include_self, else where nothing wrote.
+    const Tensor x_in = include_self ? ones(xs.shape(), TensorOptions(DType::boolean, g.device())) : logical_not(hit);
+    Tensor gx, gs;
+    switch (reduce) {
+      case ScatterReduce::sum:
+        gx = where(x_in, g, zeros({}, o));
+        gs = gather(g, d, idx);
+        break;
+      case ScatterReduce::mean: {
+        const Tensor n = writes + (include_self ? 1.0 : 0.0);
+        const Tensor gn = where(gt(n, zeros({}, o)), g / n, g);
+        gx = where(x_in, gn, zeros({}, o));
+        gs = gather(gn, d, idx);
+        break;
+      }
+      case ScatterReduce::amax:
+      case ScatterReduce::amin: {
+        // Shared evenly among the participants equal to the result.
+        const Tensor x_eq = logical_and(x_in, eq(xs, y));
+        const Tensor s_eq = eq(ss, gather(y, d, idx));
+        const Tensor n =
+            scatter_raw("scatter_reduce", ScatterOp::add, true, x_eq.to(g.dtype()), d, idx, s_eq.to(g.dtype()), dd);
+        const Tensor gn = g / where(gt(n, zeros({}, o)), n, ones({}, o));
+        gx = where(x_eq, gn, zeros({}, o));
+        gs = where(s_eq, gather(gn, d, idx), zeros({}, o));
+        break;
+      }
+      case ScatterReduce::prod: {
+        // The product of the other participants, exact with zeros: from the product of the non-zero
+        // ones P and the count of zeros Z (others' product: P / v with no zero, P for the only zero,
+        // else 0).
+        const Tensor zero = zeros({}, TensorOptions(xs.dtype(), g.device()));
+        const Tensor x_nz = where(logical_and(x_in, ne(xs, zero)), xs, ones_like(xs));
+        const Tensor s_nz = where(ne(ss, zero), ss, ones_like(ss));
+        const Tensor p = scatter_raw("scatter_reduce", ScatterOp::mul, true, x_nz, d, idx, s_nz, dd);
+        const Tensor z =
+            scatter_raw("scatter_reduce", ScatterOp::add, true, logical_and(x_in, eq(xs, zero)).to(xs.dtype()), d, idx,
+                        eq(ss, zero).to(xs.dtype()), dd);
+        const auto others = [&](const Tensor& v, const Tensor& pv, const Tensor& zv) {
+          return where(eq(v, zero), where(eq(zv, ones_like(zv)), pv, zeros_like(pv)),
+                       where(eq(zv, zeros_like(zv)), pv / v, zeros_like(pv)));
+        };
+        gx = where(x_in, g * others(xs, p, z).to(g.dtype()), zeros({}, o));
+        gs = gather(g, d, idx) * others(ss, gather(p, d, idx), gather(z, d, idx)).to(g.dtype());
+        break;
+      }
+    }
+    return {c.needs_grad(0) ? gx : Tensor(), c.needs_grad(1) ? gs : Tensor()};
+  });
   return out;
 }
 
@@ -237,6 +343,58 @@ Tensor masked_scatter(const Tensor& x, const Tensor& mask, const Tensor& src) {
   const Tensor vals = index_select(src.reshape({-1}), 0, k);
   const DType t = promote_types(x.dtype(), src.dtype());
   return where(m, vals.to(t), x.reshape({-1}).to(t)).reshape(shape);
+}
+
+Tensor index_put(const Tensor& x, const std::vector<Tensor>& indices_in, const Tensor& values, bool accumulate) {
+  const char* op = "index_put";
+  // A bool mask stands for the coordinates of its true elements (over as many leading dims as it has).
+  std::vector<Tensor> indices;
+  for (const Tensor& t : indices_in) {
+    KILN_CHECK(t.defined(), op, ": an index tensor is undefined");
+    if (t.dtype() == DType::boolean) {
+      const Tensor nz = nonzero(t);
+      for (int64_t c = 0; c < nz.size(1); ++c) indices.push_back(nz.select(1, c));
+    } else {
+      indices.push_back(index_tensor(op, t, x));
+    }
+  }
+  const int64_t k = static_cast<int64_t>(indices.size());
+  KILN_CHECK(k >= 1 && k <= x.dim(), op, ": ", k, " index tensors for input ", x.shape());
+  Shape bshape;
+  try {
+    for (const Tensor& t : indices) bshape = broadcast_shapes(bshape, t.shape());
+  } catch (const Error&) {
+    KILN_FAIL(op, ": the index tensors do not broadcast together");
+  }
+  // Flat position over the first k dims (negative indices count from the end).
+  Tensor lin = zeros(bshape, TensorOptions(DType::i64, x.device()));
+  int64_t places = 1;
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t n = x.size(i);
+    Tensor t = indices[size_t(i)];
+    if (t.numel() > 0) {
+      const int64_t lo = amin(t).item<int64_t>(), hi = amax(t).item<int64_t>();
+      KILN_CHECK(lo >= -n && hi < n, op, ": indices for dim ", i, " span [", lo, ", ", hi, "], outside [", -n, ", ", n,
+                 ")");
+    }
+    t = where(lt(t, zeros({}, TensorOptions(DType::i64, x.device()))), t + double(n), t);
+    lin = lin * double(n) + t;
+    places *= n;
+  }
+  Shape rest(x.shape().begin() + k, x.shape().end()), vshape = bshape;
+  int64_t r = 1;
+  for (int64_t s : rest) r *= s, vshape.push_back(s);
+  const int64_t m = lin.numel();
+  Tensor vals;
+  try {
+    vals = values.expand(vshape);
+  } catch (const Error&) {
+    KILN_FAIL(op, ": values ", values.shape(), " do not broadcast to ", vshape);
+  }
+  const Tensor at = lin.reshape({m, 1}).expand({m, r}).contiguous();
+  const Tensor x2 = x.reshape({places, r}), v2 = vals.reshape({m, r});
+  const Tensor out = accumulate ? scatter_add(x2, 0, at, v2) : scatter(x2, 0, at, v2);
+  return out.reshape(x.shape());
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {

@@ -104,6 +104,8 @@ enum class ReduceOp : uint8_t { sum, max, min, argmax, argmin };
 // Running scans along a dim (kernels/common/scan.h): sums and products accumulate in f64 (i64 for
 // integers); cummax/cummin take the latest index among ties and NaN as the extreme.
 enum class ScanOp : uint8_t { cumsum, cumprod, cummax, cummin };
+// How scatter combines a write with the element (kernels/common/scatter.h).
+enum class ScatterOp : uint8_t { add, assign, mul, amax, amin, mean };
 enum class RandomKind : uint8_t { uniform, normal, bernoulli };
 
 // 2-D convolution of contiguous NCHW x [n,c,h,w] with weight [o, c/groups, kh, kw] into y [n,o,oh,ow].

@@ -84,11 +84,13 @@ KILN_KERNEL(index_select, (DType dt, int64_t outer, int64_t n_src, int64_t inner
 KILN_KERNEL(index_add, (DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx,
                   const int64_t* idx, const void* src))
 // Elementwise along the middle dim with a full index tensor: gather dst[o,i,in] = src[o, idx[o,i,in], in];
-// scatter_add dst[o, idx[o,i,in], in] += src[o,i,in].
+// scatter: dst[o, idx[o,i,in], in] combined with src[o,i,in] by `op` (kernels/common/scatter.h), the
+// writes to one element taken in index order (the last assign wins); without include_self the first
+// write replaces dst; mean divides by the writes (+ 1 with include_self).
 KILN_KERNEL(gather, (DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* src, int64_t n_idx,
                const int64_t* idx, void* dst))
-KILN_KERNEL(scatter_add, (DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx,
-                    const int64_t* idx, const void* src))
+KILN_KERNEL(scatter, (ScatterOp op, bool include_self, DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst,
+                      int64_t n_idx, const int64_t* idx, const void* src))
 
 // ---- mixed precision ----
 // One pass over a contiguous floating buffer: x *= 1 / *scale, and *found_inf (an f32 flag) is set

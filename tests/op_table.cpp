@@ -1512,6 +1512,76 @@ std::vector<Row> build() {
       })
       .f32_only()
       .no_grad();
+  // scatter and scatter_reduce along dim 1 with repeated indices (9 writes into 6 places per row;
+  // some places get none), with and without x's own value, against writes done in order by hand.
+  row("scatter_reduce", {{{4, 6}, Kind::positive}, {{4, 9}, Kind::index, 6}, {{4, 9}, Kind::positive}},
+      [](const V& x) {
+        V out{scatter(x[0], 1, x[1], x[2])};
+        for (ScatterReduce r :
+             {ScatterReduce::sum, ScatterReduce::prod, ScatterReduce::mean, ScatterReduce::amax, ScatterReduce::amin})
+          for (bool self : {true, false}) out.push_back(scatter_reduce(x[0], 1, x[1], x[2], r, self));
+        return out;
+      })
+      .ref([](const V& x) {
+        const std::vector<double> xv = x[0].to_vector(), iv = x[1].to_vector(), sv = x[2].to_vector();
+        const auto run = [&](int r, bool self) {  // r: -1 assign, else ScatterReduce's order
+          std::vector<double> y = xv, n(xv.size(), 0.0);
+          for (size_t row = 0; row < 4; ++row)
+            for (size_t i = 0; i < 9; ++i) {
+              const size_t at = row * 6 + size_t(iv[row * 9 + i]);
+              const double s = sv[row * 9 + i];
+              const bool first = !self && n[at] == 0;
+              n[at] += 1;
+              if (r == -1 || first)
+                y[at] = s;
+              else if (r == 0 || r == 2)
+                y[at] += s;
+              else if (r == 1)
+                y[at] *= s;
+              else if (r == 3)
+                y[at] = std::max(y[at], s);
+              else
+                y[at] = std::min(y[at], s);
+            }
+          if (r == 2)
+            for (size_t at = 0; at < y.size(); ++at)
+              if (n[at] > 0) y[at] /= n[at] + (self ? 1 : 0);
+          return from_vector(y, {4, 6}, DType::f64);
+        };
+        V out{run(-1, true)};
+        for (int r = 0; r < 5; ++r)
+          for (bool self : {true, false}) out.push_back(run(r, self));
+        return out;
+      })
+      .covers({"scatter", "scatter_reduce"})
+      .tol(3e-2);
+  // index_put on [5, 4, 3] with two broadcast index tensors (a repeated place, negative indices), a
+  // bool mask over the leading dims, and accumulation.
+  row("index_put", {{{5, 4, 3}}, {{2, 1}}, {{3, 4, 3}}, {{5, 4}, Kind::mask}}, [](const V& x) {
+    const TensorOptions o(DType::i64, x[0].device());
+    const Tensor i0 = from_vector({4, -5}, {2, 1}, o), i1 = from_vector({0, 3, -1}, {3}, o);
+    const Tensor rows = from_vector({1, 3, 1}, {3}, o);
+    return V{index_put(x[0], {i0, i1}, x[1].unsqueeze(2)), index_put(x[0], {rows}, x[2], true),
+             index_put(x[0], {rows}, x[2]), index_put(x[0], {x[3]}, x[1].select(1, 0).narrow(0, 0, 1))};
+  }).ref([](const V& x) {
+    std::vector<double> a = x[0].to_vector(), b = a, c = a, d = a;
+    const std::vector<double> v1 = x[1].to_vector(), v2 = x[2].to_vector(), m = x[3].to_vector();
+    const int64_t i0[2] = {4, 0}, i1[3] = {0, 3, 3};
+    for (int64_t p = 0; p < 2; ++p)
+      for (int64_t q = 0; q < 3; ++q)
+        for (int64_t e = 0; e < 3; ++e) a[size_t((i0[p] * 4 + i1[q]) * 3 + e)] = v1[size_t(p)];
+    const int64_t rows[3] = {1, 3, 1};
+    for (int64_t p = 0; p < 3; ++p)
+      for (int64_t e = 0; e < 12; ++e) {
+        b[size_t(rows[p] * 12 + e)] += v2[size_t(p * 12 + e)];
+        c[size_t(rows[p] * 12 + e)] = v2[size_t(p * 12 + e)];
+      }
+    for (size_t p = 0; p < 20; ++p)
+      if (m[p] != 0)
+        for (size_t e = 0; e < 3; ++e) d[p * 3 + e] = v1[0];
+    return V{from_vector(a, {5, 4, 3}, DType::f64), from_vector(b, {5, 4, 3}, DType::f64),
+             from_vector(c, {5, 4, 3}, DType::f64), from_vector(d, {5, 4, 3}, DType::f64)};
+  });
   // nonzero's coordinates, masked_scatter from a longer src, and slices with negative steps (copies).
   row("nonzero_masked_scatter", {{{4, 5, 3}}, {{4, 5, 3}, Kind::mask}, {{70}}, {{5, 1}, Kind::mask}},
       [](const V& x) {

@@ -663,6 +663,12 @@ TEST_CASE("nn: transposed, 1-D, 3-D and same-padded convolutions and the compose
   CHECK_THROWS_WITH_AS(masked_scatter(zeros({2, 3}), ones({3, 3}).to(DType::boolean), zeros({9})),
                        doctest::Contains("does not broadcast"), kiln::Error);
   CHECK(nonzero(zeros({2, 2})).shape() == Shape{0, 2});
+  CHECK_THROWS_WITH_AS(index_put(zeros({5, 2}), {from_vector({1, 5}, {2}, DType::i64)}, ones({1})),
+                       doctest::Contains("index_put: indices for dim 0 span [1, 5], outside [-5, 5)"), kiln::Error);
+  CHECK_THROWS_WITH_AS(index_put(zeros({5, 2}), {from_vector({1, 2}, {2}, DType::i64)}, ones({3})),
+                       doctest::Contains("do not broadcast to [2,2]"), kiln::Error);
+  CHECK_THROWS_WITH_AS(scatter_reduce(zeros({3}), 0, from_vector({3}, {1}, DType::i64), ones({1}), ScatterReduce::amax),
+                       doctest::Contains("index 3 is out of range [0, 3)"), kiln::Error);
   CHECK_THROWS_WITH_AS(zeros({4}).slice(0, 0, 4, 0), doctest::Contains("step must not be 0"), kiln::Error);
   CHECK(zeros({4}).slice(0, 0, 4, -1).numel() == 0);  // start 0 is not above end 3
 }

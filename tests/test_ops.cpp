@@ -774,6 +774,20 @@ TEST_CASE("ops: scans and sorting at their edges: zeros, ties, NaN, integers, em
   CHECK(std::isnan(vec(md.values)[1]));
   CHECK(median(from_vector({5, 1, 4, 2}, {4})).item<double>() == 2);
   CHECK_THROWS_WITH_AS(median(zeros({0})), doctest::Contains("median: the tensor [0] is empty"), kiln::Error);
+  // scatter_reduce prod's gradient through zeros: place 0 gets x0 = 2 and writes 0, 3; place 1 gets 0, 0.
+  Tensor sx = from_vector({2, 5}, {2}, DType::f64).set_requires_grad();
+  Tensor ss = from_vector({0, 3, 0, 0}, {4}, DType::f64).set_requires_grad();
+  sum(scatter_reduce(sx, 0, from_vector({0, 0, 1, 1}, {4}, DType::i64), ss, ScatterReduce::prod)).backward();
+  CHECK(vec(sx.grad()) == std::vector<double>{0, 0});
+  CHECK(vec(ss.grad()) == std::vector<double>{6, 0, 0, 0});  // the only zero of place 0: 2 * 3
+  // scatter: the last write wins and alone gets the gradient.
+  Tensor a = zeros({3}, DType::f64).set_requires_grad(),
+         b = from_vector({1, 2, 3}, {3}, DType::f64).set_requires_grad();
+  const Tensor sc = scatter(a, 0, from_vector({2, 0, 2}, {3}, DType::i64), b);
+  CHECK(vec(sc) == std::vector<double>{2, 0, 3});
+  sum(sc * from_vector({1, 10, 100}, {3}, DType::f64)).backward();
+  CHECK(vec(a.grad()) == std::vector<double>{0, 10, 0});
+  CHECK(vec(b.grad()) == std::vector<double>{0, 1, 100});
   CHECK(stddev(from_vector({1, 2, 3, 4}, {4}, DType::f64)).item<double>() == doctest::Approx(std::sqrt(5.0 / 3.0)));
 }
 

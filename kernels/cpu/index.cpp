@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include <vector>
+
+#include "kernels/common/scatter.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/nn_common.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -61,17 +64,31 @@ void gather_typed(int64_t outer, int64_t n_src, int64_t inner, const T* src, int
   });
 }
 
-template <typename T>
-void scatter_add_typed(int64_t outer, int64_t n_dst, int64_t inner, T* dst, int64_t n_idx, const int64_t* idx,
-                       const T* src) {
+template <typename T> void scatter_typed(ScatterOp op, bool include_self, int64_t outer, int64_t n_dst, int64_t inner,
+                                         T* dst, int64_t n_idx, const int64_t* idx, const T* src) {
+  const char* name = op == ScatterOp::add ? "scatter_add" : "scatter";
+  for (int64_t i = 0; i < outer * n_idx * inner; ++i)
+    KILN_CHECK(idx[i] >= 0 && idx[i] < n_dst, name, ": index ", idx[i], " is out of range [0, ", n_dst, ")");
+  // Writes per element, where the op needs them (mean's divisor, the first write without self).
+  const bool count = op == ScatterOp::mean || !include_self;
+  std::vector<int64_t> hits(count ? size_t(outer * n_dst * inner) : 0, 0);
   parallel_for(0, outer, 1, [&](int64_t b, int64_t e) {
-    for (int64_t o = b; o < e; ++o)
+    for (int64_t o = b; o < e; ++o) {
       for (int64_t i = 0; i < n_idx; ++i)
         for (int64_t j = 0; j < inner; ++j) {
-          const int64_t k = idx[(o * n_idx + i) * inner + j];
-          KILN_CHECK(k >= 0 && k < n_dst, "scatter_add: index ", k, " is out of range [0, ", n_dst, ")");
-          dst[(o * n_dst + k) * inner + j] += src[(o * n_idx + i) * inner + j];
+          const int64_t at = (o * n_dst + idx[(o * n_idx + i) * inner + j]) * inner + j;
+          const T s = src[(o * n_idx + i) * inner + j];
+          if (op == ScatterOp::add && include_self) {
+            dst[at] += s;
+            continue;
+          }
+          const int64_t h = count ? hits[size_t(at)]++ : 1;
+          dst[at] = !include_self && h == 0 ? s : scatter::combine(op, dst[at], s);
         }
+      if (op == ScatterOp::mean)
+        for (int64_t at = o * n_dst * inner; at < (o + 1) * n_dst * inner; ++at)
+          dst[at] = scatter::finish(op, include_self, dst[at], hits[size_t(at)]);
+    }
   });
 }
 
@@ -98,11 +115,11 @@ void gather(DType dt, int64_t outer, int64_t n_src, int64_t inner, const void* s
     gather_typed(outer, n_src, inner, cp<T>(src), n_idx, idx, mp<T>(dst));
   });
 }
-void scatter_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx, const int64_t* idx,
-                 const void* src) {
-  dispatch_float(dt, "scatter_add", [&](auto t) {
+void scatter(ScatterOp op, bool include_self, DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst,
+             int64_t n_idx, const int64_t* idx, const void* src) {
+  dispatch_float(dt, "scatter", [&](auto t) {
     using T = decltype(t);
-    scatter_add_typed(outer, n_dst, inner, mp<T>(dst), n_idx, idx, cp<T>(src));
+    scatter_typed(op, include_self, outer, n_dst, inner, mp<T>(dst), n_idx, idx, cp<T>(src));
   });
 }
 

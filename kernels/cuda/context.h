@@ -65,7 +65,7 @@ inline const char* kernel_error_text(KernelError e) {
     case KernelError::index_select: return "index_select/embedding: an index is out of range";
     case KernelError::index_add: return "index_add (index_select/embedding backward): an index is out of range";
     case KernelError::gather: return "gather: an index is out of range";
-    case KernelError::scatter_add: return "scatter_add: an index is out of range";
+    case KernelError::scatter_add: return "scatter/scatter_add: an index is out of range";
     case KernelError::max_pool_index: return "max_pool2d backward: a saved index is outside its plane";
     case KernelError::ce_target: return "cross_entropy: a target is outside [0, classes) and is not ignore_index";
     case KernelError::int_div_zero: return "div: integer division by zero";

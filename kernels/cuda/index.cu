@@ -1,5 +1,5 @@
 // CUDA kernels of the index ops, with the semantics of kernels/cpu/index.cpp: index_select/gather as
-// copies, index_add by a stable key sort and chunked run sums, scatter_add as a gather.
+// copies, index_add by a stable key sort and chunked run sums, scatter (add, assign, reductions) as a gather.
 #ifndef KILN_CUDA_EMULATION  // the emulated build: cuda_runtime_emulated.h
 #include <cub/cub.cuh>
 #endif
@@ -8,6 +8,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "kernels/common/scatter.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/nn_common.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -147,10 +148,9 @@ __global__ void __launch_bounds__(kThreads) index_add_chunks_kernel(int64_t oute
 // determinism without atomics or a sort per column. The k == 0 thread (one exists even when
 // n_dst == 0) flags out-of-range indices. Launch: grid_for(outer*max(n_dst,1)*inner); adjacent
 // threads adjacent j, so index and src reads coalesce. Traffic: dst read and written once.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) scatter_add_kernel(int64_t outer, int64_t n_dst, int64_t inner, T* dst,
-                                                               int64_t n_idx, const int64_t* idx, const T* src,
-                                                               int* err) {
+template <typename T> __global__ void __launch_bounds__(kThreads)
+    scatter_kernel(ScatterOp op, bool include_self, int64_t outer, int64_t n_dst, int64_t inner, T* dst, int64_t n_idx,
+                   const int64_t* idx, const T* src, int* err) {
   const int64_t nk = n_dst > 0 ? n_dst : 1, total = outer * nk * inner;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = e % inner, t = e / inner, k = t % nk, o = t / nk;
@@ -158,15 +158,18 @@ __global__ void __launch_bounds__(kThreads) scatter_add_kernel(int64_t outer, in
     const T* sc = src + o * n_idx * inner + j;
     T* d = dst + (o * n_dst + k) * inner + j;
     DAcc<T> acc = k < n_dst ? ld(d) : DAcc<T>(0);
+    int64_t hits = 0;
     for (int64_t i = 0; i < n_idx; ++i) {
       const int64_t v = ic[i * inner];
       if (v < 0 || v >= n_dst) {
         if (k == 0) flag_error(err, KernelError::scatter_add);
       } else if (v == k) {
-        acc += ld(sc + i * inner);
+        const DAcc<T> s = ld(sc + i * inner);
+        acc = !include_self && hits == 0 ? s : scatter::combine(op, acc, s);
+        ++hits;
       }
     }
-    if (k < n_dst) st(d, acc);
+    if (k < n_dst) st(d, scatter::finish(op, include_self, acc, hits));
   }
 }
 
@@ -251,15 +254,15 @@ void index_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst,
   });
 }
 
-void scatter_add(DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst, int64_t n_idx, const int64_t* idx,
-                 const void* src) {
+void scatter(ScatterOp op, bool include_self, DType dt, int64_t outer, int64_t n_dst, int64_t inner, void* dst,
+             int64_t n_idx, const int64_t* idx, const void* src) {
   if (outer * n_idx * inner == 0) return;
   Context& ctx = current();
-  dispatch_floating(dt, "scatter_add", [&](auto tag) {
+  dispatch_floating(dt, "scatter", [&](auto tag) {
     using T = decltype(tag);
     const int64_t total = outer * std::max<int64_t>(n_dst, 1) * inner;
-    launch("scatter_add_kernel", scatter_add_kernel<T>, grid_for(total), kThreads, 0, ctx.stream, outer, n_dst, inner,
-           mp<T>(dst), n_idx, idx, cp<T>(src), ctx.error_word);
+    launch("scatter_kernel", scatter_kernel<T>, grid_for(total), kThreads, 0, ctx.stream, op, include_self, outer,
+           n_dst, inner, mp<T>(dst), n_idx, idx, cp<T>(src), ctx.error_word);
   });
 }
 
