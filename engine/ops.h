@@ -2,6 +2,7 @@
 // promotion, reductions and matmul. Every differentiable op records its backward (engine/ops_*.cpp).
 #pragma once
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "engine/random.h"
@@ -225,6 +226,11 @@ Tensor sum_to(const Tensor& a, const Shape& shape);
 // ---- linear algebra -----------------------------------------------------------------------------
 // numpy semantics: 1-D operands are promoted and the added dim removed; batch dims broadcast.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// Einstein summation, e.g. "bhld,bhmd->bhlm" or "bi,ij,bj->b": lower-case labels, "..." for broadcast
+// leading dims, an implicit output (the labels used once, alphabetically) without "->". Operands are
+// contracted left to right, each pair as one batched matmul (labels no later operand or the output
+// needs are summed out first). A label repeated within one operand (a diagonal) is refused.
+Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands);
 
 // ---- shape ops as free functions (also on Tensor) -----------------------------------------------
 Shape broadcast_shapes(const Shape& a, const Shape& b);

@@ -1,6 +1,9 @@
 // matmul with numpy semantics over the backend GEMM. Transposed operands (a stride-1 row dim)
 // are passed to GEMM as transposes, not copied; 16-bit inputs compute in f32 on the CPU and natively
 // (f32 accumulation) on CUDA.
+#include <algorithm>
+#include <string>
+
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/internal.h"
@@ -146,6 +149,149 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
              w.size(0), "]");
   const Tensor y = matmul(x, w.t());
   return b.defined() ? y + b : y;
+}
+
+}  // namespace kiln
+
+// ---- einsum: pairwise contractions by matmul ---------------------------------------------------------
+
+namespace kiln {
+namespace {
+
+struct Labeled {
+  Tensor t;
+  std::string labels;  // one char per dim
+};
+
+// Sums out the labels of `a` that are in neither `keep` nor repeated elsewhere.
+Labeled sum_unused(Labeled a, const std::string& keep) {
+  std::vector<int64_t> dims;
+  std::string rest;
+  for (size_t i = 0; i < a.labels.size(); ++i) {
+    if (keep.find(a.labels[i]) == std::string::npos)
+      dims.push_back(int64_t(i));
+    else
+      rest += a.labels[i];
+  }
+  if (!dims.empty()) a = {sum(a.t, dims), rest};
+  return a;
+}
+
+// A (labels la) times B (lb), keeping the labels in `keep`: batch (in both, kept), contracted (in
+// both, not kept), free (in one) -> [batch, freeA, freeB].
+Labeled contract(Labeled a, Labeled b, const std::string& keep) {
+  a = sum_unused(a, keep + b.labels);
+  b = sum_unused(b, keep + a.labels);
+  std::string batch, con, fa, fb;
+  for (char c : a.labels) {
+    if (b.labels.find(c) == std::string::npos)
+      fa += c;
+    else if (keep.find(c) != std::string::npos)
+      batch += c;
+    else
+      con += c;
+  }
+  for (char c : b.labels)
+    if (a.labels.find(c) == std::string::npos) fb += c;
+  const auto size_of = [](const Labeled& x, char c) { return x.t.size(int64_t(x.labels.find(c))); };
+  // Broadcast batch dims of size 1 against the other operand's (ellipsis dims).
+  Shape ea = a.t.shape(), eb = b.t.shape();
+  for (char c : batch) {
+    const int64_t sa = size_of(a, c), sb = size_of(b, c);
+    KILN_CHECK(sa == sb || sa == 1 || sb == 1, "einsum: label '", c, "' has sizes ", sa, " and ", sb);
+    ea[a.labels.find(c)] = eb[b.labels.find(c)] = std::max(sa, sb);
+  }
+  for (char c : con)
+    KILN_CHECK(size_of(a, c) == size_of(b, c), "einsum: label '", c, "' has sizes ", size_of(a, c), " and ",
+               size_of(b, c));
+  const Tensor ta = a.t.expand(ea), tb = b.t.expand(eb);
+  const auto perm = [](const std::string& labels, const std::string& order) {
+    std::vector<int64_t> p;
+    for (char c : order) p.push_back(int64_t(labels.find(c)));
+    return p;
+  };
+  int64_t nb = 1, m = 1, n = 1, k = 1;
+  Shape out_shape;
+  for (char c : batch)
+    nb *= ta.size(int64_t(a.labels.find(c))), out_shape.push_back(ta.size(int64_t(a.labels.find(c))));
+  for (char c : fa) m *= ta.size(int64_t(a.labels.find(c))), out_shape.push_back(ta.size(int64_t(a.labels.find(c))));
+  for (char c : fb) n *= tb.size(int64_t(b.labels.find(c))), out_shape.push_back(tb.size(int64_t(b.labels.find(c))));
+  for (char c : con) k *= ta.size(int64_t(a.labels.find(c)));
+  const Tensor am = ta.permute(perm(a.labels, batch + fa + con)).reshape({nb, m, k});
+  const Tensor bm = tb.permute(perm(b.labels, batch + con + fb)).reshape({nb, k, n});
+  return {matmul(am, bm).reshape(out_shape), batch + fa + fb};
+}
+
+}  // namespace
+
+Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands) {
+  std::string eq;
+  for (char c : equation)
+    if (c != ' ') eq += c;
+  const size_t arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  std::vector<std::string> terms;
+  for (size_t s = 0;;) {
+    const size_t comma = lhs.find(',', s);
+    terms.push_back(lhs.substr(s, comma == std::string::npos ? std::string::npos : comma - s));
+    if (comma == std::string::npos) break;
+    s = comma + 1;
+  }
+  KILN_CHECK(terms.size() == operands.size(), "einsum: '", equation, "' names ", terms.size(), " operands, got ",
+             operands.size());
+  // "..." becomes one upper-case label per broadcast dim, right-aligned across the operands.
+  int64_t ell = 0;
+  for (size_t i = 0; i < terms.size(); ++i)
+    if (terms[i].find("...") != std::string::npos)
+      ell = std::max<int64_t>(ell, operands[i].dim() - int64_t(terms[i].size() - 3));
+  const std::string ell_all = std::string("ABCDEFGHIJKLMNOPQRSTUVWXYZ").substr(0, size_t(std::max<int64_t>(ell, 0)));
+  std::vector<Labeled> ops;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    std::string t = terms[i];
+    if (const size_t e = t.find("..."); e != std::string::npos) {
+      const int64_t here = operands[i].dim() - int64_t(t.size() - 3);
+      KILN_CHECK(here >= 0, "einsum: operand ", i, " ", operands[i].shape(), " has fewer dims than '", terms[i], "'");
+      t = t.substr(0, e) + ell_all.substr(ell_all.size() - size_t(here)) + t.substr(e + 3);
+    }
+    for (char c : t)
+      KILN_CHECK((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z' && ell_all.find(c) != std::string::npos), "einsum: '",
+                 equation, "': labels are lower-case letters (and '...'), got '", c, "'");
+    KILN_CHECK(int64_t(t.size()) == operands[i].dim(), "einsum: operand ", i, " ", operands[i].shape(), " has ",
+               operands[i].dim(), " dims but '", terms[i], "' names ", t.size());
+    for (size_t a = 0; a < t.size(); ++a)
+      KILN_CHECK(t.find(t[a], a + 1) == std::string::npos, "einsum: label '", t[a], "' repeats within operand ", i,
+                 " (diagonals are not supported)");
+    ops.push_back({operands[i], t});
+  }
+  std::string out;
+  if (arrow != std::string::npos) {
+    out = eq.substr(arrow + 2);
+    if (const size_t e = out.find("..."); e != std::string::npos) out = out.substr(0, e) + ell_all + out.substr(e + 3);
+  } else {  // implicit: the ellipsis labels, then the labels used once, alphabetically
+    std::string once;
+    for (char c = 'a'; c <= 'z'; ++c) {
+      int n = 0;
+      for (const Labeled& o : ops) n += int(std::count(o.labels.begin(), o.labels.end(), c));
+      if (n == 1) once += c;
+    }
+    out = ell_all + once;
+  }
+  for (char c : out) {
+    bool found = false;
+    for (const Labeled& o : ops) found = found || o.labels.find(c) != std::string::npos;
+    KILN_CHECK(found, "einsum: output label '", c, "' of '", equation, "' is in no operand");
+  }
+  // Left to right, keeping what the output or a later operand still needs.
+  Labeled acc = ops[0];
+  for (size_t i = 1; i < ops.size(); ++i) {
+    std::string keep = out;
+    for (size_t j = i + 1; j < ops.size(); ++j) keep += ops[j].labels;
+    acc = contract(acc, ops[i], keep);
+  }
+  acc = sum_unused(acc, out);
+  std::vector<int64_t> perm;
+  for (char c : out) perm.push_back(int64_t(acc.labels.find(c)));
+  return acc.t.permute(perm).contiguous();
 }
 
 }  // namespace kiln

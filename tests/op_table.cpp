@@ -205,6 +205,47 @@ std::vector<Tensor> pool_ref(const Tensor& xt, PoolRef q) {
   if (q.max) r.push_back(from_vector(at, shape, DType::i64));
   return r;
 }
+// einsum by brute force: every assignment of values to the labels (explicit "->", no "..."), the
+// product of the operands' elements added into the output's.
+Tensor einsum_ref(const std::string& eq, const std::vector<Tensor>& ops) {
+  const size_t arrow = eq.find("->");
+  std::vector<std::string> terms;
+  std::string lhs = eq.substr(0, arrow), out = eq.substr(arrow + 2);
+  for (size_t s = 0;;) {
+    const size_t c = lhs.find(',', s);
+    terms.push_back(lhs.substr(s, c == std::string::npos ? std::string::npos : c - s));
+    if (c == std::string::npos) break;
+    s = c + 1;
+  }
+  std::string labels;
+  std::vector<int64_t> size;
+  std::vector<std::vector<double>> vals;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    vals.push_back(ops[i].contiguous().to_vector());
+    for (size_t d = 0; d < terms[i].size(); ++d)
+      if (labels.find(terms[i][d]) == std::string::npos) labels += terms[i][d], size.push_back(ops[i].size(int64_t(d)));
+  }
+  Shape oshape;
+  for (char c : out) oshape.push_back(size[labels.find(c)]);
+  int64_t on = 1;
+  for (int64_t s : oshape) on *= s;
+  std::vector<double> res(size_t(on), 0.0);
+  std::vector<int64_t> v(labels.size(), 0);
+  const auto flat = [&](const std::string& t, const Shape& shape) {
+    int64_t f = 0;
+    for (size_t d = 0; d < t.size(); ++d) f = f * shape[d] + v[labels.find(t[d])];
+    return f;
+  };
+  for (;;) {
+    double p = 1;
+    for (size_t i = 0; i < terms.size(); ++i) p *= vals[i][size_t(flat(terms[i], ops[i].shape()))];
+    res[size_t(flat(out, oshape))] += p;
+    size_t l = 0;
+    while (l < v.size() && ++v[l] == size[l]) v[l++] = 0;
+    if (l == v.size()) break;
+  }
+  return from_vector(res, oshape, DType::f64);
+}
 Tensor matmul_ref(const Tensor& a, const Tensor& b) {
   const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
   const std::vector<double> x = a.contiguous().to_vector(), y = b.contiguous().to_vector();
@@ -1481,6 +1522,26 @@ std::vector<Row> build() {
                  matmul(pc, x[2]), softmax_ref(x[3] * 1.5 + causal(5, 7, 0), 1, false)};
       })
       .covers({"attention", "masked_softmax"})
+      .tol(3e-2);
+  // einsum: attention scores, a bilinear form over three operands, an ellipsis with broadcasting, a
+  // transpose, a full sum and an implicit output.
+  row("einsum", {{{2, 3, 4, 5}}, {{2, 3, 6, 5}}, {{4, 3}}, {{3, 5}}, {{4, 5}}, {{2, 3, 4}}, {{4, 2}}},
+      [](const V& x) {
+        return V{einsum("bhld,bhmd->bhlm", {x[0], x[1]}),
+                 einsum("bi,ij,bj->b", {x[2], x[3], x[4]}),
+                 einsum("...ij,...jk->...ik", {x[5], x[6]}),
+                 einsum("ij->ji", {x[3]}),
+                 einsum("ij->", {x[3]}),
+                 einsum("ij,jk", {x[2], x[3]})};
+      })
+      .ref([](const V& x) {
+        return V{einsum_ref("bhld,bhmd->bhlm", {x[0], x[1]}),
+                 einsum_ref("bi,ij,bj->b", {x[2], x[3], x[4]}),
+                 einsum_ref("aij,jk->aik", {x[5], x[6]}),
+                 einsum_ref("ij->ji", {x[3]}),
+                 einsum_ref("ij->", {x[3]}),
+                 einsum_ref("ij,jk->ik", {x[2], x[3]})};
+      })
       .tol(3e-2);
 
   // ---- joining, splitting and indexing ----

@@ -667,6 +667,12 @@ TEST_CASE("nn: transposed, 1-D, 3-D and same-padded convolutions and the compose
                        doctest::Contains("index_put: indices for dim 0 span [1, 5], outside [-5, 5)"), kiln::Error);
   CHECK_THROWS_WITH_AS(index_put(zeros({5, 2}), {from_vector({1, 2}, {2}, DType::i64)}, ones({3})),
                        doctest::Contains("do not broadcast to [2,2]"), kiln::Error);
+  CHECK_THROWS_WITH_AS(einsum("ii->i", {zeros({3, 3})}), doctest::Contains("repeats within operand 0"), kiln::Error);
+  CHECK_THROWS_WITH_AS(einsum("ij,jk->ik", {zeros({3, 4}), zeros({5, 2})}),
+                       doctest::Contains("label 'j' has sizes 4 and 5"), kiln::Error);
+  CHECK_THROWS_WITH_AS(einsum("ij->iq", {zeros({3, 4})}), doctest::Contains("output label 'q'"), kiln::Error);
+  CHECK_THROWS_WITH_AS(einsum("ijk->i", {zeros({3, 4})}), doctest::Contains("has 2 dims but 'ijk' names 3"),
+                       kiln::Error);
   CHECK_THROWS_WITH_AS(scatter_reduce(zeros({3}), 0, from_vector({3}, {1}, DType::i64), ones({1}), ScatterReduce::amax),
                        doctest::Contains("index 3 is out of range [0, 3)"), kiln::Error);
   CHECK_THROWS_WITH_AS(zeros({4}).slice(0, 0, 4, 0), doctest::Contains("step must not be 0"), kiln::Error);
