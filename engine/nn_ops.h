@@ -257,7 +257,9 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pad, PadMode mode = PadM
 // PyTorch's 'nearest') or bilinear (align_corners false: source (dst + 0.5) in / out - 0.5, clamped at
 // 0; true: dst (in - 1) / (out - 1)). interpolate_scale: size floor(in * scale) (PyTorch's
 // recompute_scale_factor=True).
-enum class InterpMode { nearest, bilinear };
+// bicubic: PyTorch's cubic convolution (A = -0.75) over 4 taps per dim clamped to the edge (values may
+// overshoot the input's range, as there).
+enum class InterpMode { nearest, bilinear, bicubic };
 Tensor interpolate(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode = InterpMode::nearest,
                    bool align_corners = false);
 Tensor interpolate_scale(const Tensor& x, std::array<double, 2> scale_factor, InterpMode mode = InterpMode::nearest,

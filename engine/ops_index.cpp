@@ -649,6 +649,34 @@ namespace {
 Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool align_corners) {
   const int64_t in = x.size(d);
   if (in == out) return x;  // every mode maps o to o
+  if (mode == InterpMode::bicubic) {
+    // PyTorch's cubic convolution (A = -0.75) over taps floor(src) - 1 .. + 2, clamped to the edge;
+    // the source index is not clamped at 0 as bilinear's is.
+    constexpr double A = -0.75;
+    const auto near = [](double t) { return ((A + 2) * t - (A + 3)) * t * t + 1; };       // |t| <= 1
+    const auto far = [](double t) { return ((A * t - 5 * A) * t + 8 * A) * t - 4 * A; };  // 1 < |t| < 2
+    std::vector<std::vector<int64_t>> at(4, std::vector<int64_t>(static_cast<size_t>(out)));
+    std::vector<std::vector<double>> w(4, std::vector<double>(static_cast<size_t>(out)));
+    for (int64_t o = 0; o < out; ++o) {
+      const double src = align_corners ? (out > 1 ? double(o) * double(in - 1) / double(out - 1) : 0.0)
+                                       : (double(o) + 0.5) * double(in) / double(out) - 0.5;
+      const double fl = std::floor(src), t = src - fl;
+      const double wt[4] = {far(t + 1), near(t), near(1 - t), far(2 - t)};
+      for (int k = 0; k < 4; ++k) {
+        at[size_t(k)][size_t(o)] = std::clamp<int64_t>(int64_t(fl) - 1 + k, 0, in - 1);
+        w[size_t(k)][size_t(o)] = wt[k];
+      }
+    }
+    Shape ws(size_t(x.dim()), 1);
+    ws[size_t(d)] = out;
+    Tensor y;
+    for (int k = 0; k < 4; ++k) {
+      const Tensor term = index_select(x, d, from_blob_copy(at[size_t(k)].data(), {out}).to(x.device())) *
+                          from_vector(w[size_t(k)], ws, TensorOptions(x.dtype(), x.device()));
+      y = y.defined() ? y + term : term;
+    }
+    return y;
+  }
   std::vector<int64_t> i0(static_cast<size_t>(out)), i1(static_cast<size_t>(out));
   std::vector<double> w1(static_cast<size_t>(out));
   const double scale = double(in) / double(out);
@@ -678,8 +706,9 @@ Tensor interpolate(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode
   KILN_CHECK(x.dim() == 4, "interpolate: needs [N, C, H, W], got ", x.shape());
   KILN_CHECK(size[0] >= 1 && size[1] >= 1, "interpolate: output size must be >= 1, got ", size[0], "x", size[1]);
   KILN_CHECK(x.size(2) >= 1 && x.size(3) >= 1, "interpolate: empty input ", x.shape());
-  KILN_CHECK(mode == InterpMode::bilinear || !align_corners, "interpolate: align_corners is for bilinear");
-  if (mode == InterpMode::bilinear) KILN_CHECK(is_floating(x.dtype()), "interpolate: bilinear needs a floating tensor");
+  KILN_CHECK(mode != InterpMode::nearest || !align_corners, "interpolate: align_corners is for bilinear and bicubic");
+  if (mode != InterpMode::nearest)
+    KILN_CHECK(is_floating(x.dtype()), "interpolate: bilinear and bicubic need a floating tensor");
   return resize_dim(resize_dim(x, 2, size[0], mode, align_corners), 3, size[1], mode, align_corners);
 }
 

@@ -1411,9 +1411,13 @@ std::vector<Row> build() {
       .covers({"pixel_shuffle", "pixel_unshuffle"});
   row("interpolate", {{{2, 3, 5, 4}}},
       [](const V& x) {
-        return V{interpolate(x[0], {7, 9}), interpolate(x[0], {3, 2}), interpolate(x[0], {8, 6}, InterpMode::bilinear),
+        return V{interpolate(x[0], {7, 9}),
+                 interpolate(x[0], {3, 2}),
+                 interpolate(x[0], {8, 6}, InterpMode::bilinear),
                  interpolate(x[0], {3, 7}, InterpMode::bilinear, true),
-                 interpolate_scale(x[0], {2.0, 1.5}, InterpMode::bilinear)};
+                 interpolate_scale(x[0], {2.0, 1.5}, InterpMode::bilinear),
+                 interpolate(x[0], {9, 3}, InterpMode::bicubic),
+                 interpolate(x[0], {3, 7}, InterpMode::bicubic, true)};
       })
       .ref([](const V& x) {
         const std::vector<double> v = x[0].to_vector();
@@ -1443,8 +1447,36 @@ std::vector<Row> build() {
               }
           return from_vector(o, {2, 3, oh, ow}, DType::f64);
         };
+        // Bicubic by its 4x4 formula (PyTorch's upsample_bicubic2d).
+        const auto bicubic = [&](int64_t oh, int64_t ow, bool ac) {
+          const double A = -0.75;
+          const auto cc = [A](double t) {
+            t = std::abs(t);
+            return t <= 1 ? ((A + 2) * t - (A + 3)) * t * t + 1 : ((A * t - 5 * A) * t + 8 * A) * t - 4 * A;
+          };
+          const auto src = [&](int64_t o, int64_t in, int64_t out) {
+            if (ac) return out > 1 ? double(o) * double(in - 1) / double(out - 1) : 0.0;
+            return (double(o) + 0.5) * double(in) / double(out) - 0.5;
+          };
+          std::vector<double> o;
+          for (int64_t p = 0; p < 6; ++p)
+            for (int64_t i = 0; i < oh; ++i)
+              for (int64_t j = 0; j < ow; ++j) {
+                const double sy = src(i, 5, oh), sx = src(j, 4, ow), fy = std::floor(sy), fx = std::floor(sx);
+                double acc = 0;
+                for (int a = -1; a <= 2; ++a)
+                  for (int b = -1; b <= 2; ++b) {
+                    const int64_t r = std::clamp<int64_t>(int64_t(fy) + a, 0, 4),
+                                  c = std::clamp<int64_t>(int64_t(fx) + b, 0, 3);
+                    acc += cc(sy - (fy + a)) * cc(sx - (fx + b)) * v[size_t(p * 20 + r * 4 + c)];
+                  }
+                o.push_back(acc);
+              }
+          return from_vector(o, {2, 3, oh, ow}, DType::f64);
+        };
         return V{resize(7, 9, false, false), resize(3, 2, false, false), resize(8, 6, true, false),
-                 resize(3, 7, true, true), resize(10, 6, true, false)};
+                 resize(3, 7, true, true),   resize(10, 6, true, false), bicubic(9, 3, false),
+                 bicubic(3, 7, true)};
       })
       .covers({"interpolate", "interpolate_scale"});
   // 280 indices: the CUDA backward sums runs in chunks of 256 (index_add_chunks_kernel).
