@@ -218,6 +218,9 @@ ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = 
 // slice holding NaN gives NaN and its first NaN's index, as torch.median). median(x): over all elements.
 ValuesIndices kthvalue(const Tensor& x, int64_t k, int64_t dim = -1, bool keepdim = false);
 ValuesIndices median(const Tensor& x, int64_t dim, bool keepdim = false);
+// The most frequent value along dim (the smallest among equally frequent ones) and its last position,
+// from the sorted runs.
+ValuesIndices mode(const Tensor& x, int64_t dim = -1, bool keepdim = false);
 Tensor median(const Tensor& x);
 
 // Sums `a` down to `shape` (the inverse of broadcasting `shape` up to a.shape()).

@@ -200,6 +200,34 @@ ValuesIndices median(const Tensor& x, int64_t dim, bool keepdim) {
   return {v, idx};
 }
 
+ValuesIndices mode(const Tensor& x, int64_t dim, bool keepdim) {
+  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), "mode");
+  const int64_t n = x.dim() == 0 ? 1 : x.size(d);
+  KILN_CHECK(n >= 1, "mode: dim ", dim, " of ", x.shape(), " is empty");
+  if (x.dim() == 0) return {x.clone(), zeros({}, TensorOptions(DType::i64, x.device()))};
+  // Runs of equal values in sorted order [rows, n]: each element's run length, the first longest run
+  // (the smallest value among the most frequent), and that run's last element (the value's last
+  // position, the order being stable).
+  const Tensor xt = x.detach().transpose(d, -1).contiguous();
+  const Shape lead(xt.shape().begin(), xt.shape().end() - 1);
+  const Tensor rows = xt.reshape({-1, n});
+  const ValuesIndices s = sort(rows, 1);
+  const TensorOptions o(DType::i64, x.device());
+  Tensor fresh = ones({rows.size(0), n}, TensorOptions(DType::boolean, x.device()));
+  if (n > 1) fresh = cat({fresh.narrow(1, 0, 1), ne(s.values.narrow(1, 1, n - 1), s.values.narrow(1, 0, n - 1))}, 1);
+  const Tensor run = cumsum(fresh, 1) - 1.0;
+  const Tensor len = gather(scatter_add(zeros({rows.size(0), n}, TensorOptions(DType::f64, x.device())), 1, run,
+                                        ones({rows.size(0), n}, TensorOptions(DType::f64, x.device()))),
+                            1, run);
+  const Tensor first = argmax(len, 1, true);
+  const Tensor last = first + gather(len, 1, first).to(DType::i64) - 1.0;
+  // Back from [lead..., 1] to x's layout with dim d of size 1.
+  const Tensor idx = gather(s.indices, 1, last).reshape(lead).unsqueeze(-1).transpose(d, -1).contiguous();
+  const Tensor v = gather(x, d, idx);
+  if (keepdim) return {v, idx};
+  return {v.squeeze(d), idx.squeeze(d)};
+}
+
 Tensor median(const Tensor& x) {
   KILN_CHECK(x.numel() >= 1, "median: the tensor ", x.shape(), " is empty");
   return median(x.reshape({-1}), 0).values;

@@ -711,8 +711,11 @@ std::vector<Row> build() {
         const ValuesIndices a = sort(x[0]), b = sort(x[1], 1, true);
         const ValuesIndices t = topk(x[0], 7), u = topk(x[1], 3, 1, false);
         const ValuesIndices k = kthvalue(x[1], 4, 1), m = median(x[1], -1, true);
-        return V{a.values, a.indices, b.values, b.indices, argsort(x[1], 2), t.values,  t.indices,
-                 u.values, u.indices, k.values, k.indices, m.values,         m.indices, median(x[0])};
+        // mode over values rounded to a few levels (floor(2x)), so that values repeat.
+        const ValuesIndices mo = mode(floor(x[1] * 2.0), 1), mk = mode(floor(x[1] * 2.0), 2, true);
+        return V{a.values,  a.indices,    b.values,  b.indices,  argsort(x[1], 2), t.values,
+                 t.indices, u.values,     u.indices, k.values,   k.indices,        m.values,
+                 m.indices, median(x[0]), mo.values, mo.indices, mk.values,        mk.indices};
       })
       .ref([](const V& x) {
         const auto sorter = [](bool desc, size_t take, size_t from = 0) {
@@ -730,6 +733,20 @@ std::vector<Row> build() {
                 m = along(x[1], 2, sorter(false, 1, 2), {false, true});
         const std::vector<double> all = x[0].to_vector();
         const double med = all[size_t(order_of(all, false)[449])];
+        const auto moder = [](const std::vector<double>& v) {
+          double best = 0, at = 0;
+          int bestn = 0;
+          for (size_t i = 0; i < v.size(); ++i) {
+            int cnt = 0;
+            size_t last = 0;
+            for (size_t j = 0; j < v.size(); ++j)
+              if (v[j] == v[i]) ++cnt, last = j;
+            if (cnt > bestn || (cnt == bestn && v[i] < best)) best = v[i], bestn = cnt, at = double(last);
+          }
+          return std::vector<std::vector<double>>{{best}, {at}};
+        };
+        const Tensor fl = floor(x[1] * 2.0);
+        const V mo = along(fl, 1, moder, {false, true}), mk = along(fl, 2, moder, {false, true});
         return V{a[0],
                  a[1],
                  b[0],
@@ -743,9 +760,13 @@ std::vector<Row> build() {
                  k[1].squeeze(1),
                  m[0],
                  m[1],
-                 from_vector({med}, {}, DType::f64)};
+                 from_vector({med}, {}, DType::f64),
+                 mo[0].squeeze(1),
+                 mo[1].squeeze(1),
+                 mk[0],
+                 mk[1]};
       })
-      .covers({"sort", "argsort", "topk", "kthvalue", "median"})
+      .covers({"sort", "argsort", "topk", "kthvalue", "median", "mode"})
       .tol(1e-2, 1e-6);  // f32: a position off by one is an error of at least 1/300
   row("prod_stddev", {{{4, 6, 5}, Kind::positive}, {{4, 6, 5}}},
       [](const V& x) {

@@ -774,6 +774,11 @@ TEST_CASE("ops: scans and sorting at their edges: zeros, ties, NaN, integers, em
   CHECK(std::isnan(vec(md.values)[1]));
   CHECK(median(from_vector({5, 1, 4, 2}, {4})).item<double>() == 2);
   CHECK_THROWS_WITH_AS(median(zeros({0})), doctest::Contains("median: the tensor [0] is empty"), kiln::Error);
+  // mode: the smallest of the most frequent values, at its last position.
+  const ValuesIndices mo = mode(from_vector({3, 2, 3, 2, 1}, {5}, DType::i64));
+  CHECK(mo.values.item<double>() == 2);
+  CHECK(mo.indices.item<double>() == 3);
+  CHECK_THROWS_WITH_AS(mode(zeros({2, 0})), doctest::Contains("mode: dim -1 of [2,0] is empty"), kiln::Error);
   // scatter_reduce prod's gradient through zeros: place 0 gets x0 = 2 and writes 0, 3; place 1 gets 0, 0.
   Tensor sx = from_vector({2, 5}, {2}, DType::f64).set_requires_grad();
   Tensor ss = from_vector({0, 3, 0, 0}, {4}, DType::f64).set_requires_grad();
