@@ -1056,6 +1056,42 @@ std::vector<Row> build() {
       })
       .covers({"batch_norm"})
       .tol(3e-2);
+  // Batch norm over [N, C] and [N, C, D, H, W] (BatchNorm1d on features, BatchNorm3d), train and
+  // eval, against per-channel statistics by hand (biased variance in the normalisation).
+  row("batch_norm_nd",
+      {{{6, 3}}, {{2, 3, 3, 4, 2}}, {{3}}, {{3}}, {{3}, Kind::normal, 0, false}, {{3}, Kind::positive, 0, false}},
+      [](const V& x) {
+        return V{batch_norm(x[0], {}, {}, x[2], x[3], true), batch_norm(x[1], {}, {}, x[2], x[3], true),
+                 batch_norm(x[1], x[4].detach(), x[5].detach(), x[2], x[3], false)};
+      })
+      .ref([](const V& x) {
+        const auto bn = [](const Tensor& t, const Tensor& g, const Tensor& b, const Tensor& rm, const Tensor& rv) {
+          const std::vector<double> v = t.contiguous().to_vector(), gv = g.to_vector(), bv = b.to_vector();
+          const int64_t n = t.size(0), c = t.size(1), r = t.numel() / (n * c);
+          std::vector<double> y(v.size());
+          for (int64_t ch = 0; ch < c; ++ch) {
+            double m = 0, q = 0;
+            const auto at = [&](int64_t s, int64_t i) { return size_t((s * c + ch) * r + i); };
+            if (rm.defined()) {
+              m = rm.to_vector()[size_t(ch)], q = rv.to_vector()[size_t(ch)];
+            } else {
+              for (int64_t s = 0; s < n; ++s)
+                for (int64_t i = 0; i < r; ++i) m += v[at(s, i)];
+              m /= double(n * r);
+              for (int64_t s = 0; s < n; ++s)
+                for (int64_t i = 0; i < r; ++i) q += (v[at(s, i)] - m) * (v[at(s, i)] - m);
+              q /= double(n * r);
+            }
+            for (int64_t s = 0; s < n; ++s)
+              for (int64_t i = 0; i < r; ++i)
+                y[at(s, i)] = (v[at(s, i)] - m) / std::sqrt(q + 1e-5) * gv[size_t(ch)] + bv[size_t(ch)];
+          }
+          return from_vector(y, t.shape(), DType::f64);
+        };
+        return V{bn(x[0], x[2], x[3], {}, {}), bn(x[1], x[2], x[3], {}, {}), bn(x[1], x[2], x[3], x[4], x[5])};
+      })
+      .covers({"batch_norm"})
+      .tol(3e-2);
   row("layer_norm", {{{3, 7, 96}}, {{96}}, {{96}}, {{4, 6, 5}}},
       [](const V& x) { return V{layer_norm(x[0], {96}, x[1], x[2]), layer_norm(x[3], {6, 5})}; })
       .autocast(AutocastOp::layer_norm)
