@@ -82,9 +82,10 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, Tensor
              " (", shape.numel(), " elements)");
   Tensor src = make_tensor(shape, DType::f64, kCPU);
   std::copy(values.begin(), values.end(), src.data<double>());
-  Tensor t = make_tensor(shape, o.dtype, o.device);
-  detail::backend(o.device).copy(detail::desc(t), detail::desc(src));
-  return finish(t, o);
+  // Converted on the host, then one transfer: a backend's copy kernel reads only its own memory.
+  Tensor t = make_tensor(shape, o.dtype, kCPU);
+  detail::backend(kCPU).copy(detail::desc(t), detail::desc(src));
+  return finish(o.device.is_cpu() ? t : t.to(o.device), o);
 }
 
 namespace {

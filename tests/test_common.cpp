@@ -463,6 +463,22 @@ TEST_CASE("common: sigmoid values, stability and derivative") {
   CHECK_NEAR(math::sigmoid(-100.0), std::exp(-100.0), 0.0, 1e-12);
 }
 
+TEST_CASE("common: gelu (erf) keeps its relative precision in the negative tail") {
+  // Reference in long double: x/2 * erfc(-x/sqrt2). Through 1 + erf(x/sqrt2), x = -8.25 lost every
+  // digit (1 + erf rounds to a multiple of 2^-52 near 1e-16), and a GPU's erf an ulp from libm's
+  // made kiln doctor's self-test report a factor of two.
+  for (double x : {-8.25, -6.0, -3.0, -0.5, 0.0, 0.7, 4.0}) {
+    const long double want = 0.5L * x * std::erfc(-static_cast<long double>(x) / std::sqrt(2.0L));
+    CHECK_NEAR(math::gelu_erf(x), double(want), 0.0, 1e-14);
+    // f32: x/sqrt2 rounded to f32 moves erfc by about x^2 ulps in the tail
+    CHECK_NEAR(double(math::gelu_erf(float(x))), double(want), 1e-30, 2e-5);
+    const long double cdf = 0.5L * std::erfc(-static_cast<long double>(x) / std::sqrt(2.0L));
+    const long double grad = cdf + x * std::exp(-0.5L * x * x) / std::sqrt(2.0L * 3.14159265358979323846L);
+    CHECK_NEAR(math::gelu_erf_grad(x), double(grad), 1e-300, 1e-13);
+  }
+  CHECK(math::gelu_erf(-8.25) < 0.0);  // x times a positive probability, not a cancelled zero
+}
+
 TEST_CASE("common: relu and rsqrt") {
   CHECK(math::relu(-2.0) == 0.0);
   CHECK(math::relu(3.5) == 3.5);

@@ -10,6 +10,7 @@ namespace kiln::math {
 
 // Overloads for float and double on host; nvcc maps the same std:: names to device intrinsics.
 using std::erf;
+using std::erfc;
 using std::exp;
 using std::expm1;
 using std::fabs;
@@ -55,9 +56,12 @@ template <typename T> KILN_HD T sigmoid(T x) {
 
 template <typename T> KILN_HD T relu(T x) { return x > T(0) ? x : T(0); }
 
-template <typename T> KILN_HD T gelu_erf(T x) { return T(0.5) * x * (T(1) + erf(x * T(kSqrt1_2))); }
+// The normal CDF as erfc(-x/sqrt2)/2, not (1 + erf(x/sqrt2))/2: for x below about -5, 1 + erf
+// cancels to a few bits (or to 0), so two libraries' erf, an ulp apart, gave results a factor of
+// two apart; erfc keeps full relative precision in that tail.
+template <typename T> KILN_HD T gelu_erf(T x) { return T(0.5) * x * erfc(-x * T(kSqrt1_2)); }
 template <typename T> KILN_HD T gelu_erf_grad(T x) {
-  const T cdf = T(0.5) * (T(1) + erf(x * T(kSqrt1_2)));
+  const T cdf = T(0.5) * erfc(-x * T(kSqrt1_2));
   const T pdf = T(kInvSqrt2Pi) * exp(T(-0.5) * x * x);
   return cdf + x * pdf;
 }

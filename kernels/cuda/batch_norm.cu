@@ -10,7 +10,8 @@
 // is 1/sqrt(biased var + eps), our rstd. But cudnnBatchNormalizationBackward is not guaranteed
 // reproducible, and its one-pass variance loses digits on near-constant channels; so in
 // deterministic mode (cuda::deterministic()) training uses the handwritten kernels below, with the
-// CPU's two-pass formulas and sums in a fixed order.
+// CPU's two-pass formulas and sums in a fixed order. So does every call after a cuDNN batch-norm
+// call returned an error on a healthy device (g_cudnn_bn): one line on stderr says so.
 //
 // The handwritten path splits each channel's n*hw values into fixed chunks (bn_chunking: the
 // split depends on the shape only), reduces a chunk per block into an f64 partial, sums the
@@ -18,8 +19,10 @@
 // that affine map alone; every backward that cuDNN does not take (eval mode, training without gx,
 // deterministic mode) is partials + finish + apply.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <type_traits>
 
 #include "kernels/cuda/context.h"
@@ -69,6 +72,29 @@ void check_cudnn_bn(int64_t n, int64_t c, int64_t hw, double eps) {
   KILN_CHECK(eps >= CUDNN_BN_MIN_EPSILON, "cuda batch_norm: eps ", eps, " is below cuDNN's minimum ",
              CUDNN_BN_MIN_EPSILON);
 }
+
+// Cleared for the process when a cuDNN batch-norm call returns an error on a healthy device (a
+// cuDNN build whose kernels this driver cannot load, say): batch norm then runs on the handwritten
+// kernels, which compute the same statistics (the saved mean and rstd mean the same in both, so a
+// forward of one and a backward of the other agree). A failure that leaves the device in an error
+// state (an earlier kernel's bad access) is reported as that, not hidden.
+std::atomic<bool> g_cudnn_bn{true};
+
+bool cudnn_bn_runs(cudnnStatus_t st, const char* call) {
+  if (st == CUDNN_STATUS_SUCCESS) return true;
+  const cudaError_t launch = cudaGetLastError();  // clears a launch error; a sticky one stays
+  const cudaError_t now = cudaStreamSynchronize(current().stream);
+  KILN_CHECK(now == cudaSuccess, "cuda batch_norm: ", call, " failed: ", cudnnGetErrorString(st),
+             "; the device is in an error state (", cudaGetErrorName(now), ": ", cudaGetErrorString(now),
+             "), which an earlier kernel left: rerun with CUDA_LAUNCH_BLOCKING=1 to find it");
+  if (g_cudnn_bn.exchange(false))
+    std::fprintf(stderr, "kiln: cuda batch_norm: %s failed (%s%s%s); batch norm runs on Kiln's kernels from now on\n",
+                 call, cudnnGetErrorString(st), launch == cudaSuccess ? "" : ", ",
+                 launch == cudaSuccess ? "" : cudaGetErrorString(launch));
+  return false;
+}
+
+bool cudnn_bn_usable() { return !deterministic() && g_cudnn_bn.load(); }
 
 // c ones of T for cuDNN's stand-in scale (the backend's fill kernel).
 template <typename T> void fill_ones(T* p, int64_t c) {
@@ -355,7 +381,12 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
   // NHWC memory [n, hw, c] is NCHW [n*hw, c, 1] with the same values of each channel in the same
   // order: the handwritten kernels (eval, and training in deterministic mode) take it as that and
   // compute exactly what they compute on the NCHW layout. Only cuDNN's path gets NHWC descriptors.
-  if (nhwc && (!training || deterministic()))
+#ifdef KILN_CUDA_EMULATION
+  const bool cudnn = false;
+#else
+  const bool cudnn = cudnn_bn_usable();
+#endif
+  if (nhwc && (!training || !cudnn))
     return batch_norm_forward(dt, n * hw, c, 1, eps, momentum, training, x, gamma, beta, running_mean, running_var, y,
                               mean, rstd, false);
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
@@ -374,14 +405,12 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
     }
     KILN_CHECK(n * hw > 1, "cuda batch_norm: training needs more than one value per channel, got [", n, ", ", c, ", ",
                hw, "]");
-#ifndef KILN_CUDA_EMULATION
-    if (deterministic()) {
-#endif
+    if (!cudnn) {
       bn_forward_handwritten<T>(ctx, n, c, hw, eps, momentum, cp<T>(x), cp<T>(gamma), cp<T>(beta),
                                 mp<T>(running_mean), mp<T>(running_var), mp<T>(y), mp<T>(mean), mp<T>(rstd));
       return;
-#ifndef KILN_CUDA_EMULATION
     }
+#ifndef KILN_CUDA_EMULATION
     check_cudnn_bn(n, c, hw, eps);
     // cuDNN needs scale and bias, and both running buffers or neither: stand-ins for what is missing
     // (a zeroed one for the missing running buffer: cuDNN reads it before it blends in the batch).
@@ -399,9 +428,12 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
     const cudnnDataType_t type = std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
     const BnTensor xd(type, n, c, hw, nhwc), pd(type, 1, c, 1);
     const T one = T(1), zero = T(0);  // blend factors: double for double data, float otherwise
-    KILN_CUDNN_OK(cudnnBatchNormalizationForwardTraining(
-        ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d, x, xd.d, y, pd.d, gamma ? gamma : ones,
-        beta ? beta : zeros, momentum, rm, rv, eps, mean, rstd));
+    if (!cudnn_bn_runs(cudnnBatchNormalizationForwardTraining(ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd.d,
+                                                              x, xd.d, y, pd.d, gamma ? gamma : ones,
+                                                              beta ? beta : zeros, momentum, rm, rv, eps, mean, rstd),
+                       "cudnnBatchNormalizationForwardTraining"))
+      batch_norm_forward(dt, n, c, hw, eps, momentum, training, x, gamma, beta, running_mean, running_var, y, mean,
+                         rstd, nhwc);  // now on the handwritten kernels
 #endif
   });
 }
@@ -412,11 +444,16 @@ void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool traini
   if (c == 0) return;
   Context& ctx = current();
   // NHWC as NCHW [n*hw, c, 1] for the handwritten backward, as in the forward.
-  if (nhwc && (!training || !gx || n * hw == 0 || deterministic()))
+#ifdef KILN_CUDA_EMULATION
+  const bool cudnn = false;
+#else
+  const bool cudnn = cudnn_bn_usable();
+#endif
+  if (nhwc && (!training || !gx || n * hw == 0 || !cudnn))
     return batch_norm_backward(dt, n * hw, c, 1, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta, false);
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
     using T = decltype(tag);
-    if (!training || !gx || n * hw == 0 || deterministic()) {
+    if (!training || !gx || n * hw == 0 || !cudnn) {
       bn_backward_handwritten<T>(ctx, n, c, hw, training, cp<T>(x), cp<T>(gamma), cp<T>(mean), cp<T>(rstd),
                                  cp<T>(gy), mp<T>(gx), mp<T>(ggamma), mp<T>(gbeta));
       return;
@@ -434,9 +471,12 @@ void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool traini
     const cudnnDataType_t type = std::is_same_v<T, double> ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
     const BnTensor xd(type, n, c, hw, nhwc), pd(type, 1, c, 1);
     const T one = T(1), zero = T(0);
-    KILN_CUDNN_OK(cudnnBatchNormalizationBackward(ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero,
-                                                  xd.d, x, xd.d, gy, xd.d, gx, pd.d, gamma ? gamma : ones, dg, db,
-                                                  bn_eps, mean, rstd));
+    if (!cudnn_bn_runs(
+            cudnnBatchNormalizationBackward(ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x,
+                                            xd.d, gy, xd.d, gx, pd.d, gamma ? gamma : ones, dg, db, bn_eps, mean, rstd),
+            "cudnnBatchNormalizationBackward"))
+      batch_norm_backward(dt, n, c, hw, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta,
+                          nhwc);  // now on the handwritten kernels
 #endif
   });
 }

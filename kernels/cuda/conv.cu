@@ -18,6 +18,7 @@
 // cuda::set_cudnn_benchmark(true) every algorithm is timed once per shape and the fastest kept; in
 // deterministic mode only algorithms cuDNN marks deterministic are used. The candidates and the
 // algorithm that ran are cached per (device, pass, dtype, shape, deterministic, TF32).
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -172,6 +173,9 @@ template <> struct PassApi<Pass::forward> {
                    size_t wsn) {
     KILN_CUDNN_OK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, o.x, d.w, o.w, d.conv, d.y, o.out, max, n, perf, ws, wsn));
   }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvDescs& d, int algo, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, cudnnConvolutionFwdAlgo_t(algo), bytes);
+  }
   static cudnnStatus_t run(cudnnHandle_t h, DType dt, const ConvDescs& d, const Operands& o, int algo, void* ws,
                            size_t wsn) {
     return cudnnConvolutionForward(h, kOne.of(dt), d.x, o.x, d.w, o.w, d.conv, cudnnConvolutionFwdAlgo_t(algo), ws, wsn,
@@ -189,6 +193,10 @@ template <> struct PassApi<Pass::backward_data> {
     KILN_CUDNN_OK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, o.w, d.y, o.gy, d.conv, d.x, o.out, max, n, perf,
                                                               ws, wsn));
   }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvDescs& d, int algo, size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, cudnnConvolutionBwdDataAlgo_t(algo),
+                                                        bytes);
+  }
   static cudnnStatus_t run(cudnnHandle_t h, DType dt, const ConvDescs& d, const Operands& o, int algo, void* ws,
                            size_t wsn) {
     return cudnnConvolutionBackwardData(h, kOne.of(dt), d.w, o.w, d.y, o.gy, d.conv, cudnnConvolutionBwdDataAlgo_t(algo),
@@ -205,6 +213,10 @@ template <> struct PassApi<Pass::backward_filter> {
                    size_t wsn) {
     KILN_CUDNN_OK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, o.x, d.y, o.gy, d.conv, d.w, o.out, max, n,
                                                                 perf, ws, wsn));
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvDescs& d, int algo, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w,
+                                                          cudnnConvolutionBwdFilterAlgo_t(algo), bytes);
   }
   static cudnnStatus_t run(cudnnHandle_t h, DType dt, const ConvDescs& d, const Operands& o, int algo, void* ws,
                            size_t wsn) {
@@ -241,10 +253,19 @@ const std::vector<Choice>& candidates(DType dt, const Conv2dParams& p, const Con
   }
   std::vector<Choice> usable;
   for (int i = 0; i < n; ++i) {
-    const libplan::DnnCandidate c{perf[i].status == CUDNN_STATUS_SUCCESS, perf[i].memory,
+    // The workspace as the size query answers for this algorithm and math type, when it asks for
+    // more than the list said: a kernel given less than it needs writes past its buffer.
+    size_t bytes = perf[i].memory;
+    if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+      KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, perf[i].mathType));
+      size_t asked = 0;
+      if (Api::workspace(h, d, int(perf[i].algo), &asked) != CUDNN_STATUS_SUCCESS) continue;
+      bytes = std::max(bytes, asked);
+    }
+    const libplan::DnnCandidate c{perf[i].status == CUDNN_STATUS_SUCCESS, bytes,
                                   perf[i].determinism == CUDNN_DETERMINISTIC, plan_math(perf[i].mathType)};
     if (!libplan::usable(c, dt, deterministic(), allow_tf32())) continue;
-    usable.push_back(Choice{int(perf[i].algo), perf[i].mathType, perf[i].memory});
+    usable.push_back(Choice{int(perf[i].algo), perf[i].mathType, bytes});
   }
   std::lock_guard<std::mutex> lk(g_mutex);
   return g_candidates.emplace(key, std::move(usable)).first->second;

@@ -47,8 +47,8 @@ bool deterministic() { return true; }
 // plan_tc_gemm takes the product (an sm_80+ device assumed), else cuBLASLt; every product records
 // the dispatch in emu::library_calls(). Where Kiln's kernel takes it, the cuBLASLt plan runs too, on
 // a copy of C, and the two must agree exactly (both sum in f64 in the same order): every 16-bit
-// product that reaches this table checks both mappings (the op table's reach it as f32, see
-// native_16bit_gemm_conv below; tests/test_library_plans.cpp drives 16-bit ones). TF32 stays off:
+// product that reaches this table checks both mappings (the op table's 16-bit rows, and
+// tests/test_library_plans.cpp's 16-bit plans). TF32 stays off:
 // f32 is exact, as the CPU's.
 void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a, int64_t lda,
                   int64_t sa, const void* b, int64_t ldb, int64_t sb, double beta, void* c, int64_t ldc, int64_t sc,
@@ -125,15 +125,12 @@ const Backend& emulated_cuda_backend() {
 #undef KILN_KERNEL
     t.gemm = &cuda::Checked<&cuda::gemm>::call;
     t.gemm_batched = &cuda::Checked<&cuda::gemm_batched>::call;
-    // As the CUDA table, channels_last convolutions and batch norms get NHWC buffers and KRSC filters.
-    // 16-bit products and convolutions are converted to f32 by the engine, unlike on CUDA: with them
-    // native, the op table's channels_last row misses its 3e-2 bound on 16-bit gradients (up to 7e-2;
-    // its f32 run, which checks the same NHWC mapping, passes, and so do the 16-bit conv2d, matmul,
-    // linear and attention rows). A convolution output that differs from the CPU's by one f16 ulp
-    // (any other summation order does, cuDNN's too) moves through batch norm into a max pool, whose
-    // argmax can then flip. tests/test_library_plans.cpp runs 16-bit plans, the Tensor Core route
-    // included, through this table instead.
-    t.native_16bit_gemm_conv = false;
+    // As the CUDA table: channels_last convolutions and batch norms get NHWC buffers and KRSC filters,
+    // and 16-bit products and convolutions stay 16-bit (f32 accumulation), so the op table's 16-bit
+    // rows check what a GPU computes: on an H200 (2026-12-04) the channels_last row's 16-bit
+    // gradients missed their bound by the very numbers this table gave (an argmax tie flipped by an
+    // ulp), and the row was mended here, before a second GPU run.
+    t.native_16bit_gemm_conv = true;
     t.native_channels_last = true;
     return t;
   }();
