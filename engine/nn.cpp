@@ -195,7 +195,7 @@ BatchNorm2d::BatchNorm2d(int64_t c, double e, double m, bool affine) : eps(e), m
 Tensor BatchNorm2d::forward(const Tensor& x) {
   if (is_training()) {
     NoGradGuard ng;
-    num_batches_tracked.add_(ones({}, TensorOptions(DType::i64)));
+    num_batches_tracked.add_(ones({}, TensorOptions(DType::i64, num_batches_tracked.device())));
   }
   return batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
 }

@@ -720,6 +720,7 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   detail::check_inplace(*this, "add_");
+  detail::common_device("add_", {*this, other});  // a kernel reads only its own device's memory
   Tensor o = other.detach();
   if (o.dtype() != dtype()) o = o.to(dtype());
   KILN_CHECK(broadcast_shapes(shape(), o.shape()) == shape(), "add_: cannot broadcast ", other.shape(), " into ",
@@ -732,6 +733,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 
 Tensor& Tensor::mul_(const Tensor& other) {
   detail::check_inplace(*this, "mul_");
+  detail::common_device("mul_", {*this, other});
   Tensor o = other.detach();
   if (o.dtype() != dtype()) o = o.to(dtype());
   KILN_CHECK(broadcast_shapes(shape(), o.shape()) == shape(), "mul_: cannot broadcast ", other.shape(), " into ",
