@@ -2,6 +2,7 @@
 // Not installed for users.
 #pragma once
 #include <vector>
+#include "base/allocator.h"
 
 #include "engine/tensor.h"
 #include "kernels/backend.h"
@@ -21,6 +22,18 @@ class BackendOverride {
   ~BackendOverride();
   BackendOverride(const BackendOverride&) = delete;
   BackendOverride& operator=(const BackendOverride&) = delete;
+};
+// Tests only: while one lives, the device cuda:0 is emulated on the host, with or without a GPU:
+// its tensors are host memory from `memory`, its kernels are `b`'s (the CUDA kernels under the
+// emulator), and copies to and from it are memcpy. The engine's own device paths (uploads, host
+// reads, device checks) run as they do on a GPU, so a kernel handed a CPU tensor shows up in CI
+// (the emulator checks every pointer a kernel gets). Not nested; not while another thread runs ops.
+class DeviceEmulation {
+ public:
+  DeviceEmulation(const Backend& b, Allocator& memory);
+  ~DeviceEmulation();
+  DeviceEmulation(const DeviceEmulation&) = delete;
+  DeviceEmulation& operator=(const DeviceEmulation&) = delete;
 };
 // All tensors on one device; names the op and the devices otherwise.
 Device common_device(const char* op, const std::vector<Tensor>& ts);

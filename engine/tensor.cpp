@@ -177,6 +177,19 @@ Tensor pin_memory(const Tensor& t) {
 }
 
 namespace {
+// detail::DeviceEmulation's backend and memory for cuda:0, while one lives.
+struct Emulation {
+  const Backend* backend;
+  Allocator* memory;
+};
+std::atomic<const Emulation*> g_emulation{nullptr};
+const Emulation* emulating(Device d) {
+  if (d.is_cpu()) return nullptr;
+  const Emulation* e = g_emulation.load(std::memory_order_relaxed);
+  KILN_CHECK(!e || d.index == 0, "the emulated device is cuda:0 only, got ", d);
+  return e;
+}
+
 // A contiguous tensor whose storage comes from `alloc`.
 Tensor make_tensor_in(const Shape& shape, DType dtype, Device device, Allocator& alloc) {
   KILN_CHECK(shape.size() <= size_t(kMaxDims), "tensors have at most ", kMaxDims, " dims, got shape ", shape);
@@ -192,6 +205,7 @@ Tensor make_tensor_in(const Shape& shape, DType dtype, Device device, Allocator&
 }  // namespace
 
 Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
+  if (const Emulation* e = emulating(device)) return make_tensor_in(shape, dtype, device, *e->memory);
   return make_tensor_in(shape, dtype, device, device.is_cpu() ? cpu_allocator() : cuda::tensor_allocator(device.index));
 }
 
@@ -247,6 +261,7 @@ std::atomic<const Backend*> g_cpu_override{nullptr};
 }
 
 const Backend& backend(Device d) {
+  if (const Emulation* e = emulating(d)) return *e->backend;
   if (!d.is_cpu()) return cuda::backend(d.index);
   const Backend* o = g_cpu_override.load(std::memory_order_relaxed);
   return o ? *o : cpu_backend();
@@ -257,6 +272,15 @@ BackendOverride::BackendOverride(const Backend& b) {
   KILN_CHECK(g_cpu_override.compare_exchange_strong(none, &b), "BackendOverride: one is already installed");
 }
 BackendOverride::~BackendOverride() { g_cpu_override.store(nullptr); }
+
+DeviceEmulation::DeviceEmulation(const Backend& b, Allocator& memory) {
+  static Emulation e;  // one at a time
+  const Emulation* none = nullptr;
+  KILN_CHECK(g_cpu_override.load() == nullptr, "DeviceEmulation: a BackendOverride is installed");
+  e = Emulation{&b, &memory};
+  KILN_CHECK(g_emulation.compare_exchange_strong(none, &e), "DeviceEmulation: one is already installed");
+}
+DeviceEmulation::~DeviceEmulation() { g_emulation.store(nullptr); }
 
 Device common_device(const char* op, const std::vector<Tensor>& ts) {
   Device d = ts.at(0).device();
@@ -687,7 +711,11 @@ Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   const Tensor src = contiguous();
   Tensor out;
-  if (src.device().is_cpu() && d.is_cuda()) {
+  if (emulating(d) || emulating(device())) {  // host memory on both sides
+    out = make_tensor(shape(), dtype(), d);
+    if (d.is_cpu()) detail::count_host_read();
+    if (nbytes()) std::memcpy(out.raw_data(), src.raw_data(), nbytes());
+  } else if (src.device().is_cpu() && d.is_cuda()) {
     // Returns at once; a page-locked source stays alive until the device has read it, and its copy
     // overlaps the kernels already queued (cuda_backend.h).
     out = make_tensor_in(shape(), dtype(), d, cuda::upload_allocator(d.index, src.raw_data()));

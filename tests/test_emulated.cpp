@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <regex>
@@ -19,9 +20,12 @@
 
 #include "engine/amp.h"
 #include "engine/internal.h"
+#include "engine/nn.h"
 #include "engine/ops.h"
 #include "engine/optim.h"
 #include "kernels/cuda/emulator/emulator.h"
+#include "models/bert.h"
+#include "models/resnet.h"
 #include "tests/op_table.h"
 #include "tests/softmax_edges.h"
 
@@ -30,10 +34,23 @@ using namespace kiln::optable;
 
 namespace {
 
+// While one lives, cuda:0 is the emulated device: its tensors live in the emulator's device memory,
+// its ops run the emulated CUDA table, and a kernel given any other memory throws.
+class EmulatedCuda {
+ public:
+  EmulatedCuda() { emu::check_device_pointers(true); }
+  ~EmulatedCuda() { emu::check_device_pointers(false); }
+
+ private:
+  detail::DeviceEmulation device_{emu::emulated_cuda_backend(), emu::device_memory()};
+};
+
+// The row on the emulated cuda:0, as the GPU parity test runs it on a real one: the inputs are
+// uploaded, the engine takes its device paths, and a kernel handed host memory is an error.
 std::vector<std::string> emulated_parity(const Row& r) {
   const auto run = [&](const std::vector<Tensor>& in, bool transposed) {
-    detail::BackendOverride use(emu::emulated_cuda_backend());
-    return run_row(r, in, transposed, kCPU);
+    EmulatedCuda device;
+    return run_row(r, in, transposed, cuda_device(0));
   };
   return parity(r, "emulated CUDA", run);
 }
@@ -205,6 +222,93 @@ TEST_CASE("emulated cuda: kiln doctor's device self-test passes") {
   // and bf16 conversions, NaN patterns, GELU) against the host's.
   const std::string mismatch = emu::device_self_test();
   CHECK_MESSAGE(mismatch.empty(), mismatch);
+}
+
+// Training steps on the emulated cuda:0 against the CPU from the same weights and data (as the GPU
+// training test does on a real device, smaller): modules, buffers, optimizers and their state on
+// the device, so that a module that hands a kernel a CPU tensor fails here, in CI.
+template <typename Model> std::pair<std::vector<double>, nn::StateDict> emulated_steps(
+    bool on_device, const std::function<std::shared_ptr<Model>()>& build,
+    const std::function<Tensor(Model&, Device)>& loss_at,
+    const std::function<std::unique_ptr<optim::Optimizer>(Model&)>& make_opt, int steps) {
+  std::optional<EmulatedCuda> device;
+  if (on_device) device.emplace();
+  const Device dev = on_device ? cuda_device(0) : kCPU;
+  manual_seed(11);
+  auto model = build();
+  model->to(dev);
+  auto opt = make_opt(*model);
+  manual_seed(12);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    opt->zero_grad();
+    Tensor loss = loss_at(*model, dev);
+    loss.backward();
+    opt->step();
+    losses.push_back(loss.item<double>());
+  }
+  nn::StateDict state;
+  for (auto& [name, t] : model->state_dict()) state[name] = t.detach().to(kCPU);
+  return {losses, state};
+}
+
+template <typename Model>
+void check_emulated_training(const std::function<std::shared_ptr<Model>()>& build,
+                             const std::function<Tensor(Model&, Device)>& loss_at,
+                             const std::function<std::unique_ptr<optim::Optimizer>(Model&)>& make_opt) {
+  const auto [want, cpu_state] = emulated_steps<Model>(false, build, loss_at, make_opt, 3);
+  const auto [got, dev_state] = emulated_steps<Model>(true, build, loss_at, make_opt, 3);
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    CHECK_MESSAGE(std::abs(got[i] - want[i]) <= 1e-3 * (1 + std::abs(want[i])), "step ", i, ": CPU loss ", want[i],
+                  ", emulated CUDA loss ", got[i]);
+  REQUIRE(cpu_state.size() == dev_state.size());
+  for (const auto& [name, t] : cpu_state) {
+    const std::vector<double> a = t.to_vector(), b = dev_state.at(name).to_vector();
+    REQUIRE_MESSAGE(a.size() == b.size(), name);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(a[i]));
+    CHECK_MESSAGE(worst <= 2e-3 * (1 + scale), name, ": largest difference ", worst, " (largest value ", scale, ")");
+  }
+}
+
+TEST_CASE("emulated cuda: ResNet-20 and BERT-tiny training steps on the device follow the CPU") {
+  if (std::getenv("KILN_EMULATED_OP")) return;  // one row only
+  {
+    INFO("ResNet-20, SGD with momentum");
+    using M = models::ResNet;
+    Generator g(3);
+    const Tensor images = randn({4, 3, 16, 16}, DType::f32, &g);
+    const Tensor labels = randint(0, 10, {4}, DType::i64, &g);
+    check_emulated_training<M>(
+        [] {
+          return models::make_resnet({"resnet20", 10, 3});
+        },
+        [&](M& m, Device dev) { return cross_entropy(m(images.to(dev)), labels.to(dev)); },
+        [](M& m) -> std::unique_ptr<optim::Optimizer> {
+          return std::make_unique<optim::SGD>(std::vector<optim::ParamGroup>{{m.parameters(), 0.05, 5e-4}},
+                                              optim::SgdOptions{0.9, 0.0, false});
+        });
+  }
+  {
+    INFO("BERT-tiny masked LM, AdamW, dropout on");
+    using M = models::BertForMaskedLM;
+    models::BertConfig c = models::bert_config("tiny");
+    c.vocab_size = 100;
+    Generator g(4);
+    const Tensor ids = randint(5, 100, {2, 16}, DType::i64, &g);
+    const Tensor picked = lt(rand({2, 16}, DType::f32, &g), scalar_tensor(0.3));
+    const Tensor labels = where(picked, ids, full({2, 16}, -100.0, DType::i64));
+    check_emulated_training<M>(
+        [c] { return std::make_shared<M>(c); },
+        [&](M& m, Device dev) {
+          return cross_entropy(m.forward(ids.to(dev)).reshape({-1, c.vocab_size}), labels.to(dev).reshape({-1}));
+        },
+        [](M& m) -> std::unique_ptr<optim::Optimizer> {
+          return std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{{m.parameters(), 1e-3, 0.01}});
+        });
+  }
 }
 
 TEST_CASE("emulated cuda: every handwritten kernel of kernels/cuda ran") {

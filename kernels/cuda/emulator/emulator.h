@@ -14,11 +14,13 @@
 #include <map>
 #include <string>
 
+#include "base/allocator.h"
 #include "kernels/backend.h"
 
 namespace kiln::emu {
 
-// The CUDA backend's kernels on host memory. After each call, an error a kernel flagged (an index
+// The CUDA backend's kernels on host memory (CPU tensors under a BackendOverride, or cuda:0's under
+// a DeviceEmulation). After each call, an error a kernel flagged (an index
 // out of range, ...) is thrown as the real backend throws it at the next synchronisation.
 const Backend& emulated_cuda_backend();
 
@@ -28,6 +30,14 @@ const Backend& emulated_cuda_backend();
 enum class Order { forward, reverse };
 void set_order(Order o);  // for the calling thread
 Order order();
+
+// The emulated device's memory: host memory the emulator hands out and keeps a list of. With
+// pointer checks on, every pointer a kernel of the table is given (TensorDesc data, raw buffers,
+// the optimizer's slices) must lie in it: a CPU tensor passed to a device kernel, which on a GPU is
+// an illegal address, throws, naming the kernel. Tests make it cuda:0's memory with
+// kiln::detail::DeviceEmulation (tests/test_emulated.cpp) and turn the checks on meanwhile.
+Allocator& device_memory();
+void check_device_pointers(bool on);
 
 // `kiln doctor`'s device self-test (kernels/cuda/self_test.cu) run by the emulator, judged by the
 // doctor's rule (kernels/common/self_test.h): "" when it passes, else the first mismatch.

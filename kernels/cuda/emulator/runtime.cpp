@@ -3,8 +3,13 @@
 // heap (so AddressSanitizer sees a kernel that reads past one), and the Backend table of the
 // kernels compiled from kernels/cuda (with KILN_CUDA_EMULATION; this file and those are built with
 // the namespace kiln::cuda renamed, so they sit beside a real CUDA backend in one test binary).
+#include <atomic>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/common/self_test.h"
@@ -103,13 +108,91 @@ void check_error_word() {
             " (found by a kernel; the results of that op are undefined)");
 }
 
+// The emulated device's memory (emu::device_memory): every block it handed out and not yet took back,
+// by address, so that a pointer can be told apart from host memory.
+struct DeviceBlocks {
+  std::mutex mutex;
+  std::map<uintptr_t, size_t> blocks;
+  std::atomic<bool> checking{false};
+};
+DeviceBlocks& device_blocks() {
+  static auto* b = new DeviceBlocks;  // never destroyed: tensors may outlive static destructors
+  return *b;
+}
+
+// Throws unless p is null or inside (or one past) a block of the emulated device's memory.
+void check_device_pointer(const char* kernel, const char* what, const void* p) {
+  if (!p) return;
+  DeviceBlocks& d = device_blocks();
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  {
+    std::lock_guard<std::mutex> lk(d.mutex);
+    auto it = d.blocks.upper_bound(a);
+    if (it != d.blocks.begin() && a <= std::prev(it)->first + std::prev(it)->second) return;
+  }
+  KILN_FAIL("cuda emulator: ", kernel, " was given ", what, " ", p,
+            ", which is not the device's memory: a host buffer handed to a device kernel (on a GPU, an "
+            "illegal address)");
+}
+
+template <typename T> void check_argument(const char* kernel, const T& a) {
+  if constexpr (std::is_same_v<T, TensorDesc>) {
+    check_device_pointer(kernel, "a tensor at", a.data);
+  } else if constexpr (std::is_same_v<T, OptimHyper>) {
+    check_device_pointer(kernel, "the step count at", a.step);
+    check_device_pointer(kernel, "the skip flag at", a.skip_if);
+  } else if constexpr (std::is_pointer_v<T> && !std::is_same_v<T, const OptimSlice*> &&
+                       !std::is_same_v<std::remove_cv_t<std::remove_pointer_t<T>>, char>) {
+    check_device_pointer(kernel, "a buffer at", a);
+  }
+}
+// optimizer_step's slices are a host array of device pointers.
+void check_slices(const char* kernel, const OptimSlice* s, int64_t count) {
+  for (int64_t i = 0; i < count; ++i)
+    for (const void* p : {static_cast<const void*>(s[i].w), static_cast<const void*>(s[i].g),
+                          static_cast<const void*>(s[i].s0), static_cast<const void*>(s[i].s1)})
+      check_device_pointer(kernel, "an optimizer slice's buffer at", p);
+}
+
 template <auto F> struct Checked;
 template <typename... A, void (*F)(A...)> struct Checked<F> {
+  static inline const char* kernel_name = "a kernel";
   static void call(A... a) {
+    if (device_blocks().checking.load(std::memory_order_relaxed)) {
+      (check_argument(kernel_name, static_cast<const std::decay_t<A>&>(a)), ...);
+      if constexpr (std::is_same_v<std::tuple<std::decay_t<A>...>,
+                                   std::tuple<OptimKind, const OptimSlice*, int64_t, OptimHyper>>)
+        check_slices(kernel_name, std::get<1>(std::tie(a...)), std::get<2>(std::tie(a...)));
+    }
     F(a...);
     check_error_word();
   }
 };
+
+// Host memory standing for the emulated device's, listed in device_blocks().
+class DeviceMemory final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    void* p = std::malloc(nbytes);
+    KILN_CHECK(p, "cuda emulator: out of host memory for ", nbytes, " bytes of device memory");
+    std::lock_guard<std::mutex> lk(device_blocks().mutex);
+    device_blocks().blocks[reinterpret_cast<uintptr_t>(p)] = nbytes;
+    return p;
+  }
+  void deallocate(void* p, size_t) noexcept override {
+    if (!p) return;
+    {
+      std::lock_guard<std::mutex> lk(device_blocks().mutex);
+      device_blocks().blocks.erase(reinterpret_cast<uintptr_t>(p));
+    }
+    std::free(p);
+  }
+};
+DeviceMemory& device_memory() {
+  static auto* m = new DeviceMemory;  // never destroyed, as device_blocks()
+  return *m;
+}
 
 }  // namespace
 }  // namespace kiln::cuda
@@ -120,11 +203,15 @@ const Backend& emulated_cuda_backend() {
   static const Backend b = [] {
     Backend t = cpu_backend();
     t.name = "cuda-emulated";
-#define KILN_KERNEL(name, params) t.name = &cuda::Checked<&cuda::name>::call;
+#define KILN_KERNEL(name, params)             \
+  t.name = &cuda::Checked<&cuda::name>::call; \
+  cuda::Checked<& cuda::name>::kernel_name = #name;
 #include "kernels/kernel_list.h"
 #undef KILN_KERNEL
     t.gemm = &cuda::Checked<&cuda::gemm>::call;
     t.gemm_batched = &cuda::Checked<&cuda::gemm_batched>::call;
+    cuda::Checked<& cuda::gemm>::kernel_name = "gemm";
+    cuda::Checked<& cuda::gemm_batched>::kernel_name = "gemm_batched";
     // As the CUDA table: channels_last convolutions and batch norms get NHWC buffers and KRSC filters,
     // and 16-bit products and convolutions stay 16-bit (f32 accumulation), so the op table's 16-bit
     // rows check what a GPU computes: on an H200 (2026-12-04) the channels_last row's 16-bit
@@ -136,6 +223,9 @@ const Backend& emulated_cuda_backend() {
   }();
   return b;
 }
+
+Allocator& device_memory() { return cuda::device_memory(); }
+void check_device_pointers(bool on) { cuda::device_blocks().checking = on; }
 
 std::string device_self_test() {
   constexpr int n = 1024;  // as cuda::device_self_test
