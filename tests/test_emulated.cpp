@@ -80,22 +80,25 @@ using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vecto
 
 AfterSteps run_steps(const MakeOptimizer& make, const std::vector<Tensor>& start, const std::vector<Tensor>& dirs,
                      bool emulated) {
-  std::vector<Tensor> ps;
-  for (const Tensor& t : start) ps.push_back(t.clone().set_requires_grad());
-  std::optional<detail::BackendOverride> use;
-  if (emulated) use.emplace(emu::emulated_cuda_backend());
+  std::optional<EmulatedCuda> device;  // parameters, gradients, optimizer and scaler state on cuda:0
+  if (emulated) device.emplace();
+  const Device dev = emulated ? cuda_device(0) : kCPU;
+  std::vector<Tensor> ps, ds;
+  for (const Tensor& t : start) ps.push_back(t.to(dev).clone().set_requires_grad());
+  for (const Tensor& t : dirs) ds.push_back(t.to(dev));
   const std::unique_ptr<optim::Optimizer> opt = make(ps);
   amp::GradScaler scaler({1024.0, 2.0, 0.5, 2});
   for (int s = 0; s < 5; ++s) {
     opt->zero_grad();
-    Tensor loss = zeros({});
-    for (size_t i = 0; i < ps.size(); ++i) loss = loss + sum(ps[i] * dirs[i] * double(s + 1) + ps[i] * ps[i]);
+    Tensor loss = zeros({}, TensorOptions(DType::f32, dev));
+    for (size_t i = 0; i < ps.size(); ++i) loss = loss + sum(ps[i] * ds[i] * double(s + 1) + ps[i] * ps[i]);
     scaler.scale(loss).backward();
-    if (s == 2) ps[1].grad().data<float>()[3] = INFINITY;
+    if (s == 2) ps[1].grad().narrow(0, 3, 1).fill_(INFINITY);
     scaler.step(*opt, ps);
     scaler.update();
   }
   AfterSteps out{{}, opt->state(), scaler.state()};
+  for (auto& [name, t] : out.opt.tensors) t = t.to(kCPU);
   for (const Tensor& p : ps) out.params.push_back(p.to_vector());
   return out;
 }
