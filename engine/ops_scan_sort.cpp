@@ -158,31 +158,45 @@ Tensor argsort(const Tensor& x, int64_t dim, bool descending) {
   return sorted_positions("argsort", x, dim, descending);
 }
 
+namespace {
+// Picks along a dim (topk, kthvalue, median, mode): the dim wrapped (a 0-dim x takes 0 and -1) and
+// its size, 1 for a 0-dim x.
+struct Along {
+  int64_t d, n;
+};
+Along along(const char* op, const Tensor& x, int64_t dim) {
+  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), op);
+  return {d, x.dim() == 0 ? 1 : x.size(d)};
+}
+// A 0-dim x is its own pick, at index 0.
+ValuesIndices pick_of_scalar(const Tensor& x) { return {x.clone(), zeros({}, TensorOptions(DType::i64, x.device()))}; }
+// x's values at idx (a size-1 dim d), dim d dropped unless keepdim.
+ValuesIndices picked(const Tensor& x, int64_t d, Tensor idx, bool keepdim) {
+  Tensor v = gather(x, d, idx);
+  if (!keepdim) v = v.squeeze(d), idx = idx.squeeze(d);
+  return {v, idx};
+}
+}  // namespace
+
 ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim, bool largest) {
-  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), "topk");
-  const int64_t n = x.dim() == 0 ? 1 : x.size(d);
+  const auto [d, n] = along("topk", x, dim);
   KILN_CHECK(k >= 0 && k <= n, "topk: k = ", k, " is outside [0, ", n, "] for dim ", dim, " of ", x.shape());
-  if (x.dim() == 0) return {x.clone(), zeros({}, TensorOptions(DType::i64, x.device()))};
+  if (x.dim() == 0) return pick_of_scalar(x);
   const Tensor idx = sorted_positions("topk", x, d, largest).narrow(d, 0, k).contiguous();
   return {gather(x, d, idx), idx};
 }
 
 ValuesIndices kthvalue(const Tensor& x, int64_t k, int64_t dim, bool keepdim) {
-  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), "kthvalue");
-  const int64_t n = x.dim() == 0 ? 1 : x.size(d);
+  const auto [d, n] = along("kthvalue", x, dim);
   KILN_CHECK(k >= 1 && k <= n, "kthvalue: k = ", k, " is outside [1, ", n, "] for dim ", dim, " of ", x.shape());
-  if (x.dim() == 0) return {x.clone(), zeros({}, TensorOptions(DType::i64, x.device()))};
-  Tensor idx = sorted_positions("kthvalue", x, d, false).narrow(d, k - 1, 1).contiguous();
-  Tensor v = gather(x, d, idx);
-  if (!keepdim) v = v.squeeze(d), idx = idx.squeeze(d);
-  return {v, idx};
+  if (x.dim() == 0) return pick_of_scalar(x);
+  return picked(x, d, sorted_positions("kthvalue", x, d, false).narrow(d, k - 1, 1).contiguous(), keepdim);
 }
 
 ValuesIndices median(const Tensor& x, int64_t dim, bool keepdim) {
-  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), "median");
-  const int64_t n = x.dim() == 0 ? 1 : x.size(d);
+  const auto [d, n] = along("median", x, dim);
   KILN_CHECK(n >= 1, "median: dim ", dim, " of ", x.shape(), " is empty");
-  if (x.dim() == 0) return {x.clone(), zeros({}, TensorOptions(DType::i64, x.device()))};
+  if (x.dim() == 0) return pick_of_scalar(x);
   const Tensor order = sorted_positions("median", x, d, false);
   // The lower median, (n - 1) / 2 in sorted order; a slice with NaN gives its first NaN (NaN sorts
   // last, stably: at n - count).
@@ -194,17 +208,13 @@ ValuesIndices median(const Tensor& x, int64_t dim, bool keepdim) {
     pos =
         where(gt(nans, zeros_like(nans)), scalar_tensor(double(n), TensorOptions(DType::i64, x.device())) - nans, pos);
   }
-  Tensor idx = gather(order, d, pos);
-  Tensor v = gather(x, d, idx);
-  if (!keepdim) v = v.squeeze(d), idx = idx.squeeze(d);
-  return {v, idx};
+  return picked(x, d, gather(order, d, pos), keepdim);
 }
 
 ValuesIndices mode(const Tensor& x, int64_t dim, bool keepdim) {
-  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), "mode");
-  const int64_t n = x.dim() == 0 ? 1 : x.size(d);
+  const auto [d, n] = along("mode", x, dim);
   KILN_CHECK(n >= 1, "mode: dim ", dim, " of ", x.shape(), " is empty");
-  if (x.dim() == 0) return {x.clone(), zeros({}, TensorOptions(DType::i64, x.device()))};
+  if (x.dim() == 0) return pick_of_scalar(x);
   // Runs of equal values in sorted order [rows, n]: each element's run length, the first longest run
   // (the smallest value among the most frequent), and that run's last element (the value's last
   // position, the order being stable).
@@ -222,10 +232,7 @@ ValuesIndices mode(const Tensor& x, int64_t dim, bool keepdim) {
   const Tensor first = argmax(len, 1, true);
   const Tensor last = first + gather(len, 1, first).to(DType::i64) - 1.0;
   // Back from [lead..., 1] to x's layout with dim d of size 1.
-  const Tensor idx = gather(s.indices, 1, last).reshape(lead).unsqueeze(-1).transpose(d, -1).contiguous();
-  const Tensor v = gather(x, d, idx);
-  if (keepdim) return {v, idx};
-  return {v.squeeze(d), idx.squeeze(d)};
+  return picked(x, d, gather(s.indices, 1, last).reshape(lead).unsqueeze(-1).transpose(d, -1).contiguous(), keepdim);
 }
 
 Tensor median(const Tensor& x) {

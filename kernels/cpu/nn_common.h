@@ -5,14 +5,13 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/common/dispatch.h"
 #include "kernels/cpu/ops_cpu.h"
 
 namespace kiln::cpu::nn_detail {
 
 template <typename Fn> void dispatch_float(DType dt, const char* op, Fn&& fn) {
-  if (dt == DType::f32) return fn(float{});
-  if (dt == DType::f64) return fn(double{});
-  KILN_FAIL(op, ": the CPU kernel computes f32 and f64, got ", dt);
+  dispatch_one_of<float, double>(dt, "cpu", op, fn);
 }
 
 template <typename T> const T* cp(const void* p) { return static_cast<const T*>(p); }

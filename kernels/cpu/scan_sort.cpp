@@ -4,6 +4,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/common/dispatch.h"
 #include "kernels/common/scan.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -12,13 +13,7 @@ namespace kiln::cpu {
 namespace {
 
 template <typename Fn> void dispatch_sortable(DType dt, const char* op, Fn&& fn) {
-  switch (dt) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::i32: return fn(int32_t{});
-    case DType::i64: return fn(int64_t{});
-    default: KILN_FAIL(op, ": the CPU kernel takes f32, f64, i32 or i64, got ", dt);
-  }
+  dispatch_one_of<float, double, int32_t, int64_t>(dt, "cpu", op, fn);
 }
 
 // Runs fn(base offset of the column) for each of the outer * inner columns of [outer, n, inner].
@@ -41,17 +36,13 @@ void scan(ScanOp op, DType dt, int64_t outer, int64_t n, int64_t inner, const vo
 }
 
 void cumprod_backward(DType dt, int64_t outer, int64_t n, int64_t inner, const void* x, const void* gy, void* gx) {
-  if (dt == DType::f32 || dt == DType::f64) {
-    dispatch_sortable(dt, "cumprod backward", [&](auto tag) {
-      using T = decltype(tag);
-      for_columns(outer, n, inner, [&](int64_t base) {
-        scan::cumprod_backward_column(n, inner, static_cast<const T*>(x) + base, static_cast<const T*>(gy) + base,
-                                      static_cast<T*>(gx) + base);
-      });
+  dispatch_one_of<float, double>(dt, "cpu", "cumprod backward", [&](auto tag) {
+    using T = decltype(tag);
+    for_columns(outer, n, inner, [&](int64_t base) {
+      scan::cumprod_backward_column(n, inner, static_cast<const T*>(x) + base, static_cast<const T*>(gy) + base,
+                                    static_cast<T*>(gx) + base);
     });
-    return;
-  }
-  KILN_FAIL("cumprod backward: the CPU kernel takes f32 or f64, got ", dt);
+  });
 }
 
 void argsort(DType dt, int64_t outer, int64_t n, int64_t inner, const void* src, bool descending, int64_t* idx) {

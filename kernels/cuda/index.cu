@@ -8,6 +8,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "kernels/common/dispatch.h"
 #include "kernels/common/scatter.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/nn_common.cuh"
@@ -18,13 +19,7 @@ using namespace nn_detail;
 namespace {
 
 template <typename Fn> void dispatch_floating(DType dt, const char* op, Fn&& fn) {
-  switch (dt) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::f16: return fn(Half{});
-    case DType::bf16: return fn(BFloat16{});
-    default: KILN_FAIL("cuda ", op, ": dtype ", dt, " is not supported (f32, f64, f16, bf16)");
-  }
+  dispatch_one_of<float, double, Half, BFloat16>(dt, "cuda", op, fn);
 }
 
 // index_select as a copy of U-sized units (U up to 16 bytes when rows and pointers allow).

@@ -14,6 +14,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/common/dispatch.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -22,11 +23,7 @@ namespace kiln::cuda::nn_detail {
 inline constexpr int64_t kWarpRow = 1024;  // longest row a single warp owns (32 elements per lane)
 
 template <typename Fn> void dispatch_nn(DType dt, const char* op, Fn&& fn) {
-  switch (dt) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    default: KILN_FAIL("cuda ", op, ": dtype ", dt, " is not supported (f32, f64)");
-  }
+  dispatch_one_of<float, double>(dt, "cuda", op, fn);
 }
 
 template <typename T> const T* cp(const void* p) { return static_cast<const T*>(p); }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/common/dispatch.h"
 #include "kernels/common/scan.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -11,13 +12,7 @@ namespace kiln::cuda {
 namespace {
 
 template <typename Fn> void dispatch_sortable(DType dt, const char* op, Fn&& fn) {
-  switch (dt) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::i32: return fn(int32_t{});
-    case DType::i64: return fn(int64_t{});
-    default: KILN_FAIL("cuda ", op, ": dtype ", dt, " is not supported (f32, f64, i32, i64)");
-  }
+  dispatch_one_of<float, double, int32_t, int64_t>(dt, "cuda", op, fn);
 }
 
 // A thread per column of [outer, n, inner], walking its n elements in order (a scan is sequential
