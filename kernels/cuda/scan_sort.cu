@@ -36,7 +36,7 @@ template <typename T> __global__ void __launch_bounds__(kThreads)
 }
 
 // A block per column (grid-stride over columns): a bottom-up merge sort of positions in `a`/`b`
-// (n each per column, ping-pong). In a pass of width w, each element of a run pair goes to its
+// (n each per block, ping-pong, reused column after column). In a pass of width w, each element of a run pair goes to its
 // rank in its own run plus the count of the other run's elements that sort before it (a binary
 // search); the order is total (ties broken by position), so every position is written once.
 // log2(n) passes, each O(n log n) work over the block's threads.
@@ -47,8 +47,8 @@ template <typename T> __global__ void __launch_bounds__(kThreads)
   for (int64_t c = blockIdx.x; c < cols; c += gridDim.x) {
     const int64_t base = (c / inner) * n * inner + c % inner;
     const T* col = x + base;
-    int64_t* src = a + c * n;
-    int64_t* dst = b + c * n;
+    int64_t* src = a + int64_t(blockIdx.x) * n;
+    int64_t* dst = b + int64_t(blockIdx.x) * n;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) src[i] = i;
     __syncthreads();
     for (int64_t w = 1; w < n; w *= 2) {
@@ -108,13 +108,13 @@ void argsort(DType dt, int64_t outer, int64_t n, int64_t inner, const void* src,
   const int64_t cols = outer * inner;
   if (cols == 0 || n == 0) return;
   Context& ctx = current();
-  const DeviceBuffer scratch(size_t(2 * cols * n) * sizeof(int64_t));
-  int64_t* a = scratch.get<int64_t>();
   const unsigned blocks = unsigned(std::min<int64_t>(cols, int64_t(ctx.prop.multiProcessorCount) * 8));
+  const DeviceBuffer scratch(size_t(2 * int64_t(blocks) * n) * sizeof(int64_t));  // two runs of n per block
+  int64_t* a = scratch.get<int64_t>();
   dispatch_sortable(dt, "argsort", [&](auto tag) {
     using T = decltype(tag);
     launch("argsort_kernel", argsort_kernel<T>, blocks, kThreads, 0, ctx.stream, outer, n, inner,
-           static_cast<const T*>(src), descending, a, a + cols * n, idx);
+           static_cast<const T*>(src), descending, a, a + int64_t(blocks) * n, idx);
   });
 }
 
