@@ -17,6 +17,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <string>
 
 #include "engine/amp.h"
 #include "engine/internal.h"
@@ -121,7 +122,7 @@ TEST_CASE("emulated cuda: every op-table row matches the CPU (KILN_EMULATED_OP: 
     INFO("row ", r.name);
     for (const std::string& err : emulated_parity(r)) CHECK_MESSAGE(false, err);
   }
-  CHECK_MESSAGE(found, "no op-table row named ", only ? only : "");
+  CHECK_MESSAGE(found, "no op-table row named ", std::string(only ? only : ""));
 }
 
 TEST_CASE(

@@ -42,6 +42,6 @@ TEST_CASE("gpu parity: the op named by KILN_PARITY_OP (all without it) matches t
     INFO("row ", r.name);
     compare_row(r, cuda_device(0));
   }
-  CHECK_MESSAGE(found, "no parity case named ", only ? only : "");
+  CHECK_MESSAGE(found, "no parity case named ", std::string(only ? only : ""));
   cuda::synchronize(0);
 }

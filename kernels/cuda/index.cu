@@ -143,8 +143,10 @@ __global__ void __launch_bounds__(kThreads) index_add_chunks_kernel(int64_t oute
 // determinism without atomics or a sort per column. The k == 0 thread (one exists even when
 // n_dst == 0) flags out-of-range indices. Launch: grid_for(outer*max(n_dst,1)*inner); adjacent
 // threads adjacent j, so index and src reads coalesce. Traffic: dst read and written once.
-template <typename T> __global__ void __launch_bounds__(kThreads)
-    scatter_kernel(ScatterOp op, bool include_self, int64_t outer, int64_t n_dst, int64_t inner, T* dst, int64_t n_idx,
+// The op is a template argument: a kernel per op, whose combine folds to one instruction (with the op
+// a kernel argument, the switch in the inner loop cost 48 bytes of spills at sm_80).
+template <typename T, ScatterOp op> __global__ void __launch_bounds__(kThreads)
+    scatter_kernel(bool include_self, int64_t outer, int64_t n_dst, int64_t inner, T* dst, int64_t n_idx,
                    const int64_t* idx, const T* src, int* err) {
   const int64_t nk = n_dst > 0 ? n_dst : 1, total = outer * nk * inner;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
@@ -256,8 +258,19 @@ void scatter(ScatterOp op, bool include_self, DType dt, int64_t outer, int64_t n
   dispatch_floating(dt, "scatter", [&](auto tag) {
     using T = decltype(tag);
     const int64_t total = outer * std::max<int64_t>(n_dst, 1) * inner;
-    launch("scatter_kernel", scatter_kernel<T>, grid_for(total), kThreads, 0, ctx.stream, op, include_self, outer,
-           n_dst, inner, mp<T>(dst), n_idx, idx, cp<T>(src), ctx.error_word);
+    auto run = [&](auto kernel) {
+      launch("scatter_kernel", kernel, grid_for(total), kThreads, 0, ctx.stream, include_self, outer, n_dst, inner,
+             mp<T>(dst), n_idx, idx, cp<T>(src), ctx.error_word);
+    };
+    switch (op) {
+      case ScatterOp::assign: return run(scatter_kernel<T, ScatterOp::assign>);
+      case ScatterOp::add: return run(scatter_kernel<T, ScatterOp::add>);
+      case ScatterOp::mul: return run(scatter_kernel<T, ScatterOp::mul>);
+      case ScatterOp::mean: return run(scatter_kernel<T, ScatterOp::mean>);
+      case ScatterOp::amax: return run(scatter_kernel<T, ScatterOp::amax>);
+      case ScatterOp::amin: return run(scatter_kernel<T, ScatterOp::amin>);
+    }
+    KILN_FAIL("cuda scatter: unknown op ", int(op));
   });
 }
 
