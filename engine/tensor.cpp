@@ -268,6 +268,7 @@ const Backend& backend(Device d) {
 }
 
 BackendOverride::BackendOverride(const Backend& b) {
+  KILN_CHECK(g_emulation.load() == nullptr, "BackendOverride: a DeviceEmulation is installed");
   const Backend* none = nullptr;
   KILN_CHECK(g_cpu_override.compare_exchange_strong(none, &b), "BackendOverride: one is already installed");
 }
@@ -275,10 +276,10 @@ BackendOverride::~BackendOverride() { g_cpu_override.store(nullptr); }
 
 DeviceEmulation::DeviceEmulation(const Backend& b, Allocator& memory) {
   static Emulation e;  // one at a time
-  const Emulation* none = nullptr;
   KILN_CHECK(g_cpu_override.load() == nullptr, "DeviceEmulation: a BackendOverride is installed");
+  KILN_CHECK(g_emulation.load() == nullptr, "DeviceEmulation: one is already installed");
   e = Emulation{&b, &memory};
-  KILN_CHECK(g_emulation.compare_exchange_strong(none, &e), "DeviceEmulation: one is already installed");
+  g_emulation.store(&e);
 }
 DeviceEmulation::~DeviceEmulation() { g_emulation.store(nullptr); }
 

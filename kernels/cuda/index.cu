@@ -156,6 +156,7 @@ template <typename T, ScatterOp op> __global__ void __launch_bounds__(kThreads)
     T* d = dst + (o * n_dst + k) * inner + j;
     DAcc<T> acc = k < n_dst ? ld(d) : DAcc<T>(0);
     int64_t hits = 0;
+#pragma unroll 1  // unrolled, the 16-bit amax/amin kernels spilled 8 bytes at sm_90
     for (int64_t i = 0; i < n_idx; ++i) {
       const int64_t v = ic[i * inner];
       if (v < 0 || v >= n_dst) {
