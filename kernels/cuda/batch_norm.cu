@@ -106,6 +106,8 @@ template <typename T> void fill_ones(T* p, int64_t c) {
   d.strides[0] = 1;
   fill(d, 1.0);
 }
+#else
+bool cudnn_bn_usable() { return false; }  // the emulator has no cuDNN
 #endif
 
 // Value q of a channel's n*hw values is at image i = q / hw, offset j = q % hw; steps q by a fixed
@@ -381,11 +383,7 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
   // NHWC memory [n, hw, c] is NCHW [n*hw, c, 1] with the same values of each channel in the same
   // order: the handwritten kernels (eval, and training in deterministic mode) take it as that and
   // compute exactly what they compute on the NCHW layout. Only cuDNN's path gets NHWC descriptors.
-#ifdef KILN_CUDA_EMULATION
-  const bool cudnn = false;
-#else
   const bool cudnn = cudnn_bn_usable();
-#endif
   if (nhwc && (!training || !cudnn))
     return batch_norm_forward(dt, n * hw, c, 1, eps, momentum, training, x, gamma, beta, running_mean, running_var, y,
                               mean, rstd, false);
@@ -444,11 +442,7 @@ void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool traini
   if (c == 0) return;
   Context& ctx = current();
   // NHWC as NCHW [n*hw, c, 1] for the handwritten backward, as in the forward.
-#ifdef KILN_CUDA_EMULATION
-  const bool cudnn = false;
-#else
   const bool cudnn = cudnn_bn_usable();
-#endif
   if (nhwc && (!training || !gx || n * hw == 0 || !cudnn))
     return batch_norm_backward(dt, n * hw, c, 1, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta, false);
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
