@@ -18,6 +18,13 @@ class Error : public std::runtime_error {
   std::string msg_;
 };
 
+// What a computation stops with when the host program interrupts it between kernels
+// (engine/context.h, set_interrupt_poll).
+class Interrupted : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Args>
 std::string str_cat(const Args&... args) {

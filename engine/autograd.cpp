@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "engine/autocast.h"
+#include "engine/context.h"
 #include "engine/ops.h"
 
 namespace kiln {
@@ -207,6 +208,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
       if (deps[n.get()] == 0 && pushed.insert(n.get()).second) ready.push(n.get());
   }
   while (!ready.empty()) {
+    detail::poll_interrupt();
     Node* n = ready.top();
     ready.pop();
     std::vector<Tensor> in = std::move(buffers[n]);

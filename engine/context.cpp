@@ -48,4 +48,14 @@ ContextGuard::~ContextGuard() {
   }
 }
 
+namespace {
+thread_local InterruptPoll t_interrupt_poll = nullptr;
+}  // namespace
+
+void set_interrupt_poll(InterruptPoll poll) { t_interrupt_poll = poll; }
+
+void detail::poll_interrupt() {
+  if (t_interrupt_poll && t_interrupt_poll()) throw Interrupted("interrupted", __FILE__, __LINE__);
+}
+
 }  // namespace kiln

@@ -51,4 +51,14 @@ class ContextGuard {
   Context saved_;
 };
 
+// A host program's interrupt (the Python package's Ctrl-C), polled between kernels on the thread
+// that set it: at every tensor allocation and between the nodes of a backward pass. When it answers
+// true, the computation in progress stops by throwing kiln::Interrupted. Null (the default): never
+// polled.
+using InterruptPoll = bool (*)();
+void set_interrupt_poll(InterruptPoll poll);
+namespace detail {
+void poll_interrupt();
+}  // namespace detail
+
 }  // namespace kiln

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "engine/autograd.h"
+#include "engine/context.h"
 #include "engine/internal.h"
 #include "engine/nn_ops.h"
 #include "engine/ops.h"
@@ -192,6 +193,7 @@ const Emulation* emulating(Device d) {
 
 // A contiguous tensor whose storage comes from `alloc`.
 Tensor make_tensor_in(const Shape& shape, DType dtype, Device device, Allocator& alloc) {
+  detail::poll_interrupt();  // between kernels: every op allocates its output here
   KILN_CHECK(shape.size() <= size_t(kMaxDims), "tensors have at most ", kMaxDims, " dims, got shape ", shape);
   for (int64_t s : shape) KILN_CHECK(s >= 0, "negative size in shape ", shape);
   auto impl = std::make_shared<TensorImpl>();

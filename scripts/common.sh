@@ -59,3 +59,28 @@ kiln_build() {
   for x in "$@"; do t+=(--target "$x"); done
   cmake --build "$dir" -j "$KILN_JOBS" "${t[@]}"
 }
+
+# kiln_python_install: a venv (KILN_VENV, default .venv in the checkout) with the Python package
+# built from this checkout by pip (scikit-build-core: pyproject.toml), its test requirements, and
+# PyTorch (for the interop tests) unless KILN_PYTHON_TORCH=0. Prints nothing but progress; the venv's
+# python is then "$KILN_VENV/bin/python".
+kiln_python_install() {
+  kiln_install_deps python3-venv python3-dev
+  export KILN_VENV="${KILN_VENV:-$KILN_ROOT/.venv}"
+  if [ ! -x "$KILN_VENV/bin/python" ]; then
+    kiln_log "creating the Python venv $KILN_VENV"
+    python3 -m venv "$KILN_VENV"
+  fi
+  local pip=("$KILN_VENV/bin/python" -m pip install -q --disable-pip-version-check)
+  local reqs=(scikit-build-core nanobind numpy pytest matplotlib nbclient nbformat ipykernel)
+  [ "${KILN_PYTHON_TORCH:-1}" = 1 ] && reqs+=(torch)
+  kiln_log "Python packages: ${reqs[*]}"
+  "${pip[@]}" "${reqs[@]}"
+  # The same CUDA architectures and build type as the C++ build, so ccache serves the library's
+  # objects from it.
+  local defs=()
+  [ -n "${KILN_CUDA_ARCHS:-}" ] && defs+=(-C "cmake.define.CMAKE_CUDA_ARCHITECTURES=$KILN_CUDA_ARCHS")
+  [ -n "${KILN_CUDA:-}" ] && defs+=(-C "cmake.define.KILN_CUDA=$KILN_CUDA")
+  kiln_log "pip install $KILN_ROOT (the kiln package)"
+  "${pip[@]}" --no-build-isolation "${defs[@]}" -C "build.verbose=false" "$KILN_ROOT"
+}

@@ -100,9 +100,10 @@ class Progress {
 // SIGINT, SIGTERM and SIGHUP ask the loop to save and stop after the current step; a second SIGINT
 // leaves at once (the last complete checkpoint is never touched: writes go to temporary files).
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_exit_on_second = 1;
 
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal != 0 && sig == SIGINT) {
+  if (g_stop_signal != 0 && sig == SIGINT && g_exit_on_second) {
     const char msg[] = "\nkiln train: second interrupt, exiting now (the last complete checkpoint is intact)\n";
     (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
     ::_exit(130);
@@ -151,11 +152,13 @@ void trim_metrics(const std::string& path, const RunState& run) {
 // at the end finish(). Every member a phase shares lives here, named once.
 class Trainer {
  public:
-  explicit Trainer(const TrainConfig& c) : c_(c) {}
+  Trainer(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outcome)
+      : c_(c), hooks_(hooks), outcome_(outcome) {}
 
   int run() {
     if (const int rc = setup(); rc >= 0) return rc;
     announce();
+    g_exit_on_second = hooks_.exit_on_second_interrupt ? 1 : 0;
     SignalScope signals;
     while (run_.epoch < c_.epochs && run_.step < total_steps_) {
       model().train();
@@ -167,6 +170,8 @@ class Trainer {
         StepStats s;
         if (const int rc = step(lr, s); rc >= 0) return rc;
         if (const int rc = log_step(lr); rc >= 0) return rc;
+        // A stop the host asked for at this step's metrics line (one process: no ranks to agree).
+        if (world_ == 1 && !stop_now_) stop_now_ = stop_wanted();
         const bool due = (c_.save_every > 0 && run_.step % c_.save_every == 0) || time_due_;
         if (due || stop_now_) {
           run_.train_seconds += since(epoch_start_) - epoch_seconds_before_;
@@ -177,7 +182,7 @@ class Trainer {
       run_.train_seconds += since(epoch_start_) - epoch_seconds_before_;
       if (const int rc = fold(); rc >= 0) return rc;
       evaluate_epoch(since(epoch_start_));
-      const bool stop = any_rank(g_stop_signal != 0);
+      const bool stop = any_rank(stop_wanted());
       if (c_.save_every > 0 || c_.save_minutes > 0 || c_.save_epochs || stop)
         if (const int rc = checkpoint(stop, " after epoch " + std::to_string(run_.epoch)); rc >= 0) return rc;
     }
@@ -196,7 +201,13 @@ class Trainer {
   }
   int fail(const std::string& msg, int rc = 2) {
     std::fprintf(stderr, "kiln train: error: %s\n", msg.c_str());
+    if (hooks_.on_error) hooks_.on_error(msg);
     return rc;
+  }
+  // A signal, or the host's stop request (asked once per call; a request is remembered).
+  bool stop_wanted() {
+    if (!asked_stop_ && hooks_.stop_requested && hooks_.stop_requested()) asked_stop_ = true;
+    return g_stop_signal != 0 || asked_stop_;
   }
 
   // ---- setup: every problem before any work starts; -1 when the run can begin ----
@@ -404,7 +415,7 @@ class Trainer {
     auto t0 = Clock::now();
     if (dp_) dp_->finish();
     // The step's numbers over all ranks, and the decisions they must take together.
-    stop_now_ = g_stop_signal != 0;
+    stop_now_ = stop_wanted();
     time_due_ = c_.save_minutes > 0 && since(last_save_time_) >= 60.0 * c_.save_minutes;
     if (world_ > 1) {  // host numbers only: the loss and the correct count are summed over ranks by fold()
       Tensor st = from_vector({double(s.count), double(s.samples), stop_now_ ? 1.0 : 0.0, time_due_ && lead_ ? 1.0 : 0.0},
@@ -486,6 +497,7 @@ class Trainer {
     if (device_.is_cuda()) m["gpu_memory_mib"] = gpu_memory_json(device_.index);
     metrics_ << m.dump() << "\n";
     metrics_.flush();
+    if (lead_ && hooks_.on_metrics) hooks_.on_metrics(m);
     run_.window = {};
     win_loss_.zero_();
     win_correct_.zero_();
@@ -552,6 +564,7 @@ class Trainer {
                          {"eval_seconds", ev.seconds}};
     metrics_ << em.dump() << "\n";
     metrics_.flush();
+    if (lead_ && hooks_.on_metrics) hooks_.on_metrics(em);
     run_.epochs_log.push_back(em);
     run_.last_eval_loss = ev.loss;
     run_.last_eval_accuracy = ev.accuracy;
@@ -571,9 +584,15 @@ class Trainer {
     const bool ok = save();
     last_save_time_ = Clock::now();
     if (!stopping) return -1;
+    if (outcome_) {
+      outcome_->stop_signal = int(g_stop_signal);
+      outcome_->stop_asked = g_stop_signal == 0;
+      outcome_->saved = ok ? last_saved_ : "";
+    }
     if (!ok) return 1;
-    progress_->line("kiln train: caught " + std::string(signal_name(g_stop_signal ? int(g_stop_signal) : SIGTERM)) +
-                    where + "; saved " + last_saved_ + "; continue with --resume auto");
+    const std::string why = g_stop_signal ? "caught " + std::string(signal_name(int(g_stop_signal)))
+                                          : std::string(asked_stop_ ? "stop requested" : "caught SIGTERM");
+    progress_->line("kiln train: " + why + where + "; saved " + last_saved_ + "; continue with --resume auto");
     return 0;
   }
   bool save() {
@@ -642,6 +661,9 @@ class Trainer {
   }
 
   const TrainConfig& c_;
+  const TrainHooks& hooks_;
+  TrainOutcome* outcome_;
+  bool asked_stop_ = false;
   const Clock::time_point t_start_ = Clock::now();
   // who and where
   std::unique_ptr<dist::Communicator> comm_, gpu_comm_;
@@ -676,8 +698,8 @@ class Trainer {
 
 }  // namespace
 
-int run_train(const TrainConfig& c) {
-  auto trainer = std::make_unique<Trainer>(c);
+int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outcome) {
+  auto trainer = std::make_unique<Trainer>(c, hooks, outcome);
   try {
     return trainer->run();
   } catch (const dist::CollectiveError&) {

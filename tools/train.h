@@ -132,7 +132,25 @@ struct EvalResult {
 // evaluates its share (every sample exactly once over all ranks) and the sums are combined.
 EvalResult evaluate(Task& task, const TrainConfig& c, dist::Communicator* comm = nullptr);
 
-int run_train(const TrainConfig& c);
+// What a program hosting a run (the Python package's kiln.train) hooks into it. Empty: the command's
+// behaviour.
+struct TrainHooks {
+  // Every metrics line as it is written to metrics.jsonl (rank 0).
+  std::function<void(const nlohmann::json&)> on_metrics;
+  // Asked after every step: true saves a checkpoint and stops, as SIGINT does.
+  std::function<bool()> stop_requested;
+  // Every error the run reports (also printed to stderr).
+  std::function<void(const std::string&)> on_error;
+  // A second SIGINT ends the process at once (the command's rule); false: it only repeats the stop
+  // request (an interpreter hosting the run must survive it).
+  bool exit_on_second_interrupt = true;
+};
+struct TrainOutcome {
+  int stop_signal = 0;      // the signal that stopped the run early (SIGINT, SIGTERM, SIGHUP), or 0
+  bool stop_asked = false;  // stop_requested() stopped it
+  std::string saved;        // the checkpoint it saved on stopping
+};
+int run_train(const TrainConfig& c, const TrainHooks& hooks = {}, TrainOutcome* outcome = nullptr);
 // `kiln vocab`: learn a WordPiece vocabulary from text.
 struct VocabOptions {
   std::vector<std::string> text;

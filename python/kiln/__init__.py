@@ -1,0 +1,112 @@
+"""Kiln from Python: tensors, ops and autograd over Kiln's C++ engine (CPU, and CUDA where built).
+
+    import kiln
+    x = kiln.randn(4, 3, requires_grad=True)
+    y = (x @ x.T).relu().sum()
+    y.backward()
+    x.grad.numpy()
+
+NumPy and PyTorch tensors move in and out without copies: kiln.from_numpy(a), t.numpy(),
+kiln.from_dlpack(torch_tensor), torch.from_dlpack(t). Errors raised by the engine are
+kiln.KilnError (a RuntimeError); bad arguments raise kiln.KilnValueError (also a ValueError) and
+bad indices kiln.KilnIndexError (also an IndexError).
+"""
+from . import _build
+
+
+def _preload_cuda_libraries():
+    """With CUDA compiled in, libkiln needs cudart, cuBLASLt, cuDNN and NCCL. Where pip's NVIDIA
+    wheels are installed (PyTorch brings them), load those first, globally, as PyTorch does: one
+    copy of each library serves both, whichever of kiln and torch is imported first (a process
+    holds one library per soname, and the older system copy would lack what torch needs).
+    KILN_NO_CUDA_PRELOAD=1 turns this off."""
+    import ctypes
+    import glob
+    import importlib.util
+    import os
+
+    if not _build.cuda or os.environ.get("KILN_NO_CUDA_PRELOAD") == "1":
+        return
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    names = ["libcudart.so.13", "libcublasLt.so.13", "libcudnn.so.9", "libnccl.so.2"]
+    for name in names:
+        for base in spec.submodule_search_locations:
+            found = sorted(glob.glob(os.path.join(base, "*", "lib", name)))
+            if found:
+                ctypes.CDLL(found[0], mode=ctypes.RTLD_GLOBAL)
+                break
+
+
+_preload_cuda_libraries()
+
+from . import _C  # noqa: E402
+from ._C import *  # noqa: F401,F403  (the engine's functions: zeros, matmul, sum, ...)
+from ._C import Tensor, Device, dtype, KilnError, KilnValueError, KilnIndexError
+from . import _tensor
+from ._tensor import tensor, no_grad, enable_grad, set_grad_enabled, is_grad_enabled
+from . import autograd
+from ._train import train
+from . import nn
+from . import optim, amp, models, data  # noqa: E402
+
+float32 = dtype.float32
+float16 = dtype.float16
+bfloat16 = dtype.bfloat16
+float64 = dtype.float64
+int32 = dtype.int32
+int64 = dtype.int64
+uint8 = dtype.uint8
+bool = dtype.bool  # noqa: A001  (as torch.bool)
+float = float32  # noqa: A001
+half = float16
+double = float64
+long = int64
+int = int32  # noqa: A001
+
+# numpy-style aliases
+std = _C.std
+__version__ = "0.1.0"
+
+
+def save(tensors, path, metadata=None):
+    """Writes a dict of tensors (or a module's state_dict) as safetensors, atomically."""
+    if hasattr(tensors, "state_dict"):
+        tensors = tensors.state_dict()
+    _C.save_safetensors(str(path), dict(tensors), dict(metadata or {}))
+
+
+def load(path):
+    """The tensors of a safetensors file as a dict (kiln.load_safetensors also gives its metadata)."""
+    return dict(_C.load_safetensors(str(path))[0])
+
+
+def _install_interrupts():
+    """Ctrl-C (a notebook's interrupt) stops a long call such as backward() between kernels rather
+    than after it, when SIGINT has Python's default handler (a program with its own keeps it)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def on_sigint(sig, frame):
+        _C._clear_interrupt()
+        return signal.default_int_handler(sig, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    _C._install_interrupt()
+
+
+_install_interrupts()
+
+
+def cuda_is_available():
+    """Whether a CUDA device is visible to this build."""
+    return _C.cuda_device_count() > 0

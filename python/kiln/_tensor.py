@@ -1,0 +1,165 @@
+"""The Python side of kiln.Tensor: the copying constructor, grad-mode contexts, NumPy and DLPack
+protocols, dtype and device shortcuts, and the ops of kiln attached as methods."""
+import builtins
+import functools
+
+from . import _C
+from ._C import Tensor
+
+
+def tensor(data, dtype=None, device=None, requires_grad=False):
+    """A new tensor holding a copy of `data`: a (nested) list of numbers, a number, a NumPy array
+    or anything NumPy accepts, or a tensor. Python floats give float32 and ints int64 (as PyTorch);
+    NumPy arrays keep their dtype."""
+    t = data.detach().clone() if isinstance(data, Tensor) else _C._tensor_from(data)
+    if dtype is not None or device is not None:
+        t = t.to(dtype=dtype, device=device) if dtype is not None and device is not None else (
+            t.to(dtype) if dtype is not None else t.to(device))
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def is_grad_enabled():
+    return _C.is_grad_enabled()
+
+
+class set_grad_enabled:
+    """Turns gradient recording on or off for this thread, as a context manager or a decorator."""
+
+    def __init__(self, mode):
+        self.mode = builtins.bool(mode)
+        self.prev = _C.is_grad_enabled()
+        _C._set_grad_enabled(self.mode)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _C._set_grad_enabled(self.prev)
+        return False
+
+
+class _GradModeContext:
+    mode = True
+
+    def __enter__(self):
+        self.prev = _C.is_grad_enabled()
+        _C._set_grad_enabled(self.mode)
+        return self
+
+    def __exit__(self, *exc):
+        _C._set_grad_enabled(self.prev)
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with self.__class__():
+                return fn(*args, **kwargs)
+        return wrapped
+
+
+class no_grad(_GradModeContext):
+    """No gradient recording inside: `with kiln.no_grad(): ...` or `@kiln.no_grad()`."""
+    mode = False
+
+
+class enable_grad(_GradModeContext):
+    """Gradient recording inside, also within no_grad."""
+    mode = True
+
+
+# ---- protocols ----
+
+def _numpy(self, force=False):
+    """A NumPy array sharing this CPU tensor's memory (no copy); force=True detaches and copies to
+    the CPU first when needed."""
+    t = self
+    if force:
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        if t.dtype == _C.dtype.bfloat16:
+            t = t.to(_C.dtype.float32)
+    return _C._numpy(t)
+
+
+def _array(self, dtype=None, copy=None):
+    a = _C._numpy(self.detach() if self.requires_grad else self)
+    if dtype is not None:
+        a = a.astype(dtype, copy=builtins.bool(copy))
+    elif copy:
+        a = a.copy()
+    return a
+
+
+def _dlpack(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    """DLPack export (no copy): torch.from_dlpack(t), np.from_dlpack(t). CUDA work queued on the
+    tensor is finished first, so any consumer stream may read it."""
+    view = _C._dlpack_view(self.detach())
+    kwargs = {}
+    if max_version is not None:
+        kwargs["max_version"] = max_version
+    if dl_device is not None:
+        kwargs["dl_device"] = dl_device
+    if copy is not None:
+        kwargs["copy"] = copy
+    return view.__dlpack__(**kwargs)
+
+
+def _dlpack_device(self):
+    d = self.device
+    return (2, d.index) if d.type == "cuda" else (1, 0)
+
+
+Tensor.numpy = _numpy
+Tensor.__array__ = _array
+Tensor.__dlpack__ = _dlpack
+Tensor.__dlpack_device__ = _dlpack_device
+Tensor.__array_priority__ = 1000  # numpy_array + tensor -> Tensor.__radd__
+
+
+def _cast(dt):
+    def f(self):
+        return self.to(dt)
+    f.__name__ = dt.name
+    return f
+
+
+Tensor.float = _cast(_C.dtype.float32)
+Tensor.double = _cast(_C.dtype.float64)
+Tensor.half = _cast(_C.dtype.float16)
+Tensor.bfloat16 = _cast(_C.dtype.bfloat16)
+Tensor.long = _cast(_C.dtype.int64)
+Tensor.int = _cast(_C.dtype.int32)
+Tensor.bool = _cast(_C.dtype.bool)
+Tensor.byte = _cast(_C.dtype.uint8)
+Tensor.cpu = lambda self: self.to("cpu")
+Tensor.cuda = lambda self, device=0: self.to(f"cuda:{device}" if isinstance(device, builtins.int) else device)
+Tensor.is_floating_point = lambda self: self.dtype.is_floating_point
+Tensor.type_as = lambda self, other: self.to(other.dtype)
+
+# The ops that are also methods (x.sum(), x.relu(), ...): the first argument is the tensor.
+_METHODS = """
+neg abs sign exp log sqrt rsqrt tanh sigmoid relu sin cos tan asin acos atan sinh cosh erf erfc erfinv
+log1p expm1 log2 log10 exp2 reciprocal floor ceil round trunc frac isnan isinf isfinite logical_not gelu
+add sub mul div pow fmod remainder atan2 maximum minimum eq ne lt le gt ge logical_and logical_or matmul
+clamp nan_to_num lerp addcmul addcdiv sum mean amax amin logsumexp any all prod count_nonzero var std norm
+max min argmax argmin cumsum cumprod cummax cummin sort argsort topk kthvalue median mode split chunk
+unbind index_select gather scatter scatter_add scatter_reduce take_along_dim nonzero masked_fill
+masked_scatter index_put tril triu flip roll tile softmax log_softmax
+""".split()
+
+
+def _as_method(fn):
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    return method
+
+
+for _name in _METHODS:
+    setattr(Tensor, _name, _as_method(getattr(_C, _name)))
+Tensor.clip = Tensor.clamp
+Tensor.mm = Tensor.matmul

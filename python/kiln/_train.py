@@ -1,0 +1,53 @@
+"""kiln.train: the `kiln train` run from Python."""
+import json
+import os
+import signal
+
+from . import _C
+
+
+def _flags(options):
+    args = []
+    for key, value in options.items():
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(f"{flag}={'true' if value else 'false'}")
+        elif key == "set" and isinstance(value, dict):
+            for k, v in value.items():
+                args += ["--set", f"{k}={v}"]
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                args += [flag, os.fspath(v) if hasattr(v, "__fspath__") else str(v)]
+        else:
+            args += [flag, os.fspath(value) if hasattr(value, "__fspath__") else str(value)]
+    return args
+
+
+def train(model="resnet20", *, out, callback=None, **options):
+    """Trains as `kiln train` does, in this process, with the same options: each keyword is the flag
+    of the same name (epochs=2 is --epochs 2, max_steps is --max-steps, augment=False is
+    --no-augment, text=[...] repeats --text, set={"hidden": 64} is --set hidden=64); `out` is the
+    run directory (metrics.jsonl, summary.json, checkpoints, model.safetensors).
+
+    callback(record) gets every metrics line as a dict (training lines with "loss", "lr",
+    "samples_per_s", ...; evaluation lines with "eval_loss"); returning False saves a checkpoint and
+    stops the run. An interrupt (Ctrl-C, a notebook's stop button) saves a checkpoint, stops, and
+    raises KeyboardInterrupt; train(..., resume="auto") continues from it.
+
+    Returns the run's summary.json as a dict. A run that fails raises kiln.KilnError with its
+    messages."""
+    args = ["--model", str(model), "--out", os.fspath(out)] + _flags(options)
+    r = _C._train(args, callback)
+    if r["stop_signal"] == signal.SIGINT:
+        raise KeyboardInterrupt(f"kiln.train: interrupted; saved {r['saved'] or 'nothing'}; "
+                                "continue with resume='auto'")
+    if r["returncode"] != 0:
+        detail = "; ".join(r["errors"]) or f"exit code {r['returncode']} (see the messages above)"
+        raise _C.KilnError(f"kiln.train: {detail}")
+    summary = os.path.join(r["out"], "summary.json")
+    if os.path.exists(summary):
+        with open(summary) as f:
+            return json.load(f)
+    return {"stopped": True, "saved": r["saved"]}

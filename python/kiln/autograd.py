@@ -1,0 +1,104 @@
+"""kiln.autograd: backward and grad over several tensors, custom functions with a Python backward
+(Function), and gradcheck against finite differences."""
+from . import _C
+from ._C import Tensor, KilnError
+from ._tensor import no_grad
+
+backward = _C.backward
+grad = _C.grad
+
+
+class GradcheckError(KilnError):
+    """An analytic gradient disagrees with the finite-difference one."""
+
+
+def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, max_checks=0, raise_exception=True):
+    """Checks fn's gradients against central differences in float64: fn(*inputs) -> one tensor.
+    Floating inputs are copied to float64 leaves; returns True, or raises GradcheckError with the
+    input, element and both values (False with raise_exception=False)."""
+    if isinstance(inputs, Tensor):
+        inputs = (inputs,)
+    msg = _C._gradcheck(lambda xs: fn(*xs), list(inputs), eps, atol, rtol, max_checks)
+    if msg:
+        if raise_exception:
+            raise GradcheckError(msg)
+        return False
+    return True
+
+
+class FunctionCtx:
+    """What forward leaves for backward: save_for_backward(*tensors) / saved_tensors,
+    needs_input_grad (one flag per forward argument), and any attribute set on it. Tensors are
+    saved detached and checked for in-place changes when read back."""
+
+    def save_for_backward(self, *tensors):
+        self._saved = [(None, 0) if t is None else (t.detach(), t._version) for t in tensors]
+
+    @property
+    def saved_tensors(self):
+        out = []
+        for i, (t, version) in enumerate(getattr(self, "_saved", [])):
+            if t is not None and t._version != version:
+                raise KilnError(f"saved tensor {i} of {self._name} was modified in place after it was saved "
+                                f"(version {version}, now {t._version})")
+            out.append(t)
+        return tuple(out)
+
+
+class Function:
+    """A differentiable op with a Python forward and backward:
+
+        class Cube(kiln.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * x * x
+
+            @staticmethod
+            def backward(ctx, grad):
+                (x,) = ctx.saved_tensors
+                return grad * 3 * x * x
+
+        y = Cube.apply(x)
+
+    forward runs without gradient recording; backward gets one gradient per output and returns one
+    per forward argument (None for non-tensors or inputs that need none). Keep tensors for backward
+    with ctx.save_for_backward, not as ctx attributes (an output held there would keep its own
+    graph alive)."""
+
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError("a kiln.autograd.Function subclass must define forward")
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("a kiln.autograd.Function subclass must define backward")
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        ctx = FunctionCtx()
+        ctx._name = cls.__name__
+        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        with no_grad():
+            out = cls.forward(ctx, *args, **kwargs)
+        single = isinstance(out, Tensor)
+        outs = (out,) if single else tuple(out)
+        for o in outs:
+            if not isinstance(o, Tensor):
+                raise KilnError(f"{cls.__name__}.forward must return tensors, got {type(o).__name__}")
+        # An input returned as it is gets a new handle, so that its own graph is not overwritten.
+        outs = tuple(o.detach() if any(o is a for a in args) else o for o in outs)
+        positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+        if _C.is_grad_enabled() and any(ctx.needs_input_grad):
+            name = cls.__name__
+
+            def run_backward(grads, needs):
+                res = cls.backward(ctx, *grads)
+                if not isinstance(res, tuple):
+                    res = (res,)
+                if len(res) != len(args):
+                    raise KilnError(f"{name}.backward returned {len(res)} values for {len(args)} forward arguments")
+                return tuple(res[i] for i in positions)
+
+            _C._record_function(name, [args[i] for i in positions], list(outs), run_backward)
+        return outs[0] if single else outs

@@ -1,0 +1,41 @@
+"""kiln.data: the engine's data sets and loader (background threads build batches, optionally in
+page-locked memory, so a GPU never waits).
+
+    d = kiln.data.fashion_mnist()                  # Debian's dataset-fashion-mnist
+    loader = kiln.data.DataLoader(d["train"], batch_size=128, shuffle=True, workers=2)
+    for batch in loader:                           # one epoch per iteration
+        x, y = batch["input"], batch["target"]
+"""
+from . import _C
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def mnist_dir(path, name="mnist", augment=True, mean=(0.2860,), std=(0.3530,)):
+    """An MNIST-format directory (train/t10k idx files, gzipped or not): {"train", "test",
+    "num_classes", "shape", "class_names"}; augment: random crop (pad 2) and horizontal flip."""
+    return dict(_C._load_mnist_dir(str(path), name, 2 if augment else 0, bool(augment), list(mean), list(std)))
+
+
+def fashion_mnist(path=FASHION_MNIST_DIR, augment=True):
+    """Fashion-MNIST with kiln train's transforms (the same batches for the same seed)."""
+    return mnist_dir(path, "fashion-mnist", augment)
+
+
+class DataLoader:
+    """Batches of a kiln Dataset as dicts of tensors; each iteration is the next epoch (shuffled by
+    seed and epoch, the same order every run)."""
+
+    def __init__(self, dataset, batch_size=32, shuffle=True, drop_last=False, seed=0, workers=1, pin_memory=False):
+        self._impl = _C._Loader(dataset, batch_size, shuffle, drop_last, seed, workers, pin_memory)
+
+    def __len__(self):
+        return len(self._impl)
+
+    def __iter__(self):
+        self._impl.start_epoch()
+        while True:
+            b = self._impl.next()
+            if b is None:
+                return
+            yield b

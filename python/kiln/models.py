@@ -1,0 +1,50 @@
+"""kiln.models: the model families of `kiln train` (ResNet, BERT), built in C++ with the same
+names and --set overrides:
+
+    model = kiln.models.create("resnet20")                        # CIFAR-style ResNet-20
+    model = kiln.models.create("resnet18", set={"num_classes": 100})
+    bert = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 3000})
+    logits = model(images)                                         # [N, classes]
+"""
+from . import _C
+from .nn.modules import CppModule
+
+
+def names():
+    """Every model name kiln train takes."""
+    return list(_C._model_names())
+
+
+class ZooModel(CppModule):
+    """A model of the zoo: call it with its inputs (positionally in input_names order, or by name);
+    returns its "output" tensor (run() gives every output by name)."""
+
+    def __init__(self, name, built):
+        super().__init__(built.module)
+        object.__setattr__(self, "_built", built)
+        object.__setattr__(self, "name", name)
+
+    @property
+    def input_names(self):
+        return list(self._built.input_names)
+
+    def run(self, *args, **inputs):
+        names = self.input_names
+        if len(args) > len(names):
+            raise _C.KilnValueError(f"{self.name} takes at most {len(names)} inputs ({', '.join(names)})")
+        for n, a in zip(names, args):
+            inputs[n] = a
+        return dict(self._built.run({k: v for k, v in inputs.items() if v is not None}))
+
+    def forward(self, *args, **inputs):
+        return self.run(*args, **inputs)["output"]
+
+
+def create(name, set=None, deterministic=False):  # noqa: A002  (as the flag)
+    """Builds a model by its kiln train name, with --set overrides as a dict or "key=value" strings."""
+    sets = []
+    if isinstance(set, dict):
+        sets = [f"{k}={v}" for k, v in set.items()]
+    elif set:
+        sets = list(set)
+    return ZooModel(name, _C._create_model(name, sets, deterministic))

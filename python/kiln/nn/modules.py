@@ -1,0 +1,525 @@
+"""kiln.nn modules in Python: Module (parameters, buffers and submodules by attribute, dotted names,
+state_dict), Parameter, and the common layers over kiln.nn.functional. Initialisation follows
+PyTorch's defaults (uniform in +-1/sqrt(fan_in) for Linear and Conv)."""
+import math
+from collections import OrderedDict
+
+from .. import _C
+from .._C import Tensor, KilnError
+from .._tensor import no_grad
+from . import functional as F
+
+
+class Parameter(Tensor):
+    """A tensor that is a module's parameter: a leaf that requires grad, sharing `data`'s memory."""
+
+    def __init__(self, data, requires_grad=True):
+        super().__init__(data.detach())
+        self.requires_grad_(requires_grad)
+
+    def __repr__(self):
+        return "Parameter containing:\n" + super().__repr__()
+
+
+class Module:
+    """Base class of every module: assign Parameters, Modules and (register_buffer) buffers as
+    attributes; forward() computes; calling the module calls forward."""
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    # ---- attributes ----
+    def __setattr__(self, name, value):
+        if "_parameters" not in self.__dict__:
+            raise KilnError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
+        if isinstance(value, (Parameter, Module)):
+            for d in (self._parameters, self._buffers, self._modules, self.__dict__):
+                d.pop(name, None)
+            (self._parameters if isinstance(value, Parameter) else self._modules)[name] = value
+        elif name in self._buffers:
+            self._buffers[name] = value
+        elif name in self._parameters:
+            if value is not None:
+                raise KilnError(f"cannot assign a {type(value).__name__} to parameter '{name}' "
+                                "(wrap it in kiln.nn.Parameter)")
+            self._parameters[name] = None
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        for store in ("_parameters", "_buffers", "_modules"):
+            if store in d and name in d[store]:
+                return d[store][name]
+        raise AttributeError(f"'{type(self).__name__}' has no attribute '{name}'")
+
+    def __delattr__(self, name):
+        for d in (self._parameters, self._buffers, self._modules):
+            if name in d:
+                del d[name]
+                return
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name, param):
+        if param is not None and not isinstance(param, Parameter):
+            param = Parameter(param)
+        self._parameters[name] = param
+
+    def register_buffer(self, name, tensor):
+        self._buffers[name] = tensor
+
+    def add_module(self, name, module):
+        self._modules[name] = module
+
+    # ---- traversal ----
+    def named_children(self):
+        return iter(self._modules.items())
+
+    def children(self):
+        return iter(self._modules.values())
+
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for name, m in self._modules.items():
+            if m is not None:
+                yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self):
+        return (m for _, m in self.named_modules())
+
+    def named_parameters(self, prefix=""):
+        for mp, m in self.named_modules(prefix):
+            for name, p in m._own_parameters():
+                if p is not None:
+                    yield (f"{mp}.{name}" if mp else name), p
+
+    def _own_parameters(self):
+        return self._parameters.items()
+
+    def _own_buffers(self):
+        return self._buffers.items()
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def named_buffers(self, prefix=""):
+        for mp, m in self.named_modules(prefix):
+            for name, b in m._own_buffers():
+                if b is not None:
+                    yield (f"{mp}.{name}" if mp else name), b
+
+    def buffers(self):
+        return [b for _, b in self.named_buffers()]
+
+    def num_parameters(self):
+        return sum(p.numel() for p in self.parameters())
+
+    # ---- modes and conversions ----
+    def train(self, mode=True):
+        for m in self.modules():
+            object.__setattr__(m, "training", bool(mode))
+            m._set_mode(bool(mode))
+        return self
+
+    def _set_mode(self, mode):
+        pass
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self):
+        for p in self.parameters():
+            p.grad = None
+
+    def requires_grad_(self, requires_grad=True):
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def to(self, *args, **kwargs):
+        """Moves every parameter and buffer to a device and converts the floating ones to a dtype:
+        to("cuda"), to(kiln.float64), to("cuda", kiln.bfloat16), to(device=..., dtype=...)."""
+        device, dtype = _parse_to(args, kwargs)
+        with no_grad():
+            for m in self.modules():
+                m._convert(device, dtype)
+        return self
+
+    def _convert(self, device, dtype):
+        def conv(t):
+            if device is not None:
+                t = t.to(device)
+            if dtype is not None and t.is_floating_point():
+                t = t.to(dtype)
+            return t
+
+        for name, p in list(self._parameters.items()):
+            if p is not None:
+                q = conv(p)
+                if q is not p:
+                    self._parameters[name] = Parameter(q, p.requires_grad)
+        for name, b in list(self._buffers.items()):
+            if b is not None:
+                self._buffers[name] = conv(b)
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def cuda(self, device=0):
+        return self.to(f"cuda:{device}" if isinstance(device, int) else device)
+
+    def float(self):
+        return self.to(_C.dtype.float32)
+
+    def double(self):
+        return self.to(_C.dtype.float64)
+
+    # ---- state ----
+    def state_dict(self):
+        """Parameters and buffers by dotted name, detached (they share memory with the module)."""
+        sd = OrderedDict()
+        for n, p in self.named_parameters():
+            sd[n] = p.detach()
+        for n, b in self.named_buffers():
+            sd[n] = b.detach()
+        return sd
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Copies tensors into the parameters and buffers of the same names. With strict, a missing or
+        unexpected name is an error that names them (and nothing is copied); a shape mismatch always is."""
+        mine = self.state_dict()
+        missing = [k for k in mine if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in mine]
+        if strict and (missing or unexpected):
+            raise KilnError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
+        for k, t in state_dict.items():
+            if k in mine and tuple(t.shape) != tuple(mine[k].shape):
+                raise KilnError(f"load_state_dict: {k} has shape {tuple(t.shape)}, the module's is {tuple(mine[k].shape)}")
+        with no_grad():
+            for k, t in state_dict.items():
+                if k in mine:
+                    mine[k].copy_(t)
+        return missing, unexpected
+
+    # ---- calling ----
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} must define forward")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def extra_repr(self):
+        return ""
+
+    def __repr__(self):
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        for name, m in self._modules.items():
+            sub = repr(m).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {sub}")
+        return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
+
+
+def _parse_to(args, kwargs):
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, Tensor):
+            device, dtype = a.device, a.dtype
+        elif isinstance(a, (_C.dtype,)) or (isinstance(a, str) and a != "cpu" and not a.startswith("cuda")):
+            dtype = a
+        else:
+            device = a
+    return device, dtype
+
+
+def _uniform(shape, bound):
+    return _C.rand(*shape) * (2 * bound) - bound
+
+
+class Linear(Module):
+    def __init__(self, in_features, out_features, bias=True):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        bound = 1.0 / math.sqrt(in_features)
+        self.weight = Parameter(_uniform((out_features, in_features), bound))
+        self.bias = Parameter(_uniform((out_features,), bound)) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class _ConvNd(Module):
+    _fn = None
+    _dims = 2
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True):
+        super().__init__()
+        k = (kernel_size,) * self._dims if isinstance(kernel_size, int) else tuple(kernel_size)
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
+        fan_in = in_channels // groups * math.prod(k)
+        bound = 1.0 / math.sqrt(fan_in)
+        self.weight = Parameter(_uniform((out_channels, in_channels // groups) + k, bound))
+        self.bias = Parameter(_uniform((out_channels,), bound)) if bias else None
+
+    def forward(self, x):
+        return type(self)._fn(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}")
+
+
+class Conv1d(_ConvNd):
+    _fn = staticmethod(F.conv1d)
+    _dims = 1
+
+
+class Conv2d(_ConvNd):
+    _fn = staticmethod(F.conv2d)
+    _dims = 2
+
+
+class Conv3d(_ConvNd):
+    _fn = staticmethod(F.conv3d)
+    _dims = 3
+
+
+class _BatchNorm(Module):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.weight = Parameter(_C.ones(num_features)) if affine else None
+        self.bias = Parameter(_C.zeros(num_features)) if affine else None
+        if track_running_stats:
+            self.register_buffer("running_mean", _C.zeros(num_features))
+            self.register_buffer("running_var", _C.ones(num_features))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+
+    def forward(self, x):
+        training = self.training or self.running_mean is None
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, training, self.momentum,
+                            self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class BatchNorm1d(_BatchNorm):
+    pass
+
+
+class BatchNorm2d(_BatchNorm):
+    pass
+
+
+class BatchNorm3d(_BatchNorm):
+    pass
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True):
+        super().__init__()
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        self.weight = Parameter(_C.ones(self.normalized_shape)) if elementwise_affine else None
+        self.bias = Parameter(_C.zeros(self.normalized_shape)) if elementwise_affine else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(Module):
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True):
+        super().__init__()
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        self.weight = Parameter(_C.ones(self.normalized_shape)) if elementwise_affine else None
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class GroupNorm(Module):
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True):
+        super().__init__()
+        self.num_groups, self.eps = num_groups, eps
+        self.weight = Parameter(_C.ones(num_channels)) if affine else None
+        self.bias = Parameter(_C.zeros(num_channels)) if affine else None
+
+    def forward(self, x):
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class Embedding(Module):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
+        super().__init__()
+        self.padding_idx = padding_idx
+        w = _C.randn(num_embeddings, embedding_dim)
+        if padding_idx is not None:
+            w[padding_idx] = 0.0
+        self.weight = Parameter(w)
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight, self.padding_idx)
+
+
+class Dropout(Module):
+    def __init__(self, p=0.5):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.training)
+
+
+def _simple(name, fn, doc):
+    def forward(self, x):
+        return fn(x)
+    return type(name, (Module,), {"forward": forward, "__doc__": doc})
+
+
+ReLU = _simple("ReLU", F.relu, "max(x, 0)")
+SiLU = _simple("SiLU", F.silu, "x * sigmoid(x)")
+Tanh = _simple("Tanh", F.tanh, "tanh(x)")
+Sigmoid = _simple("Sigmoid", F.sigmoid, "1 / (1 + exp(-x))")
+Identity = _simple("Identity", lambda x: x, "x")
+
+
+class GELU(Module):
+    def __init__(self, approximate="none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x):
+        return F.gelu(x, self.approximate)
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope=0.01):
+        super().__init__()
+        self.negative_slope = negative_slope
+
+    def forward(self, x):
+        return F.leaky_relu(x, self.negative_slope)
+
+
+class Softmax(Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return F.softmax(x, self.dim)
+
+
+class Flatten(Module):
+    def __init__(self, start_dim=1, end_dim=-1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x):
+        return x.flatten(self.start_dim, self.end_dim)
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+        super().__init__()
+        self.args = (kernel_size, stride, padding, dilation, ceil_mode)
+
+    def forward(self, x):
+        return F.max_pool2d(x, *self.args)
+
+
+class AvgPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+        super().__init__()
+        self.args = (kernel_size, stride, padding, ceil_mode, count_include_pad)
+
+    def forward(self, x):
+        return F.avg_pool2d(x, *self.args)
+
+
+class AdaptiveAvgPool2d(Module):
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+
+class Sequential(Module):
+    def __init__(self, *layers):
+        super().__init__()
+        for i, layer in enumerate(layers):
+            self.add_module(str(i), layer)
+
+    def forward(self, x):
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+
+class ModuleList(Module):
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, m):
+        self.add_module(str(len(self._modules)), m)
+        return self
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __len__(self):
+        return len(self._modules)
+
+
+class CppModule(Module):
+    """A module built in C++ (kiln.models): its parameters and buffers are the C++ module's own
+    tensors (shared: an optimizer step from Python updates the C++ model); train/eval, to and
+    load_state_dict go to C++."""
+
+    def __init__(self, cmodule):
+        super().__init__()
+        object.__setattr__(self, "_c", cmodule)
+
+    def _own_parameters(self):
+        return self._c.named_parameters()
+
+    def _own_buffers(self):
+        return self._c.named_buffers()
+
+    def _set_mode(self, mode):
+        self._c.train(mode)
+
+    def _convert(self, device, dtype):
+        if device is not None:
+            self._c.to_device(device)
+        if dtype is not None:
+            self._c.to_dtype(dtype)
+
+    def load_state_dict(self, state_dict, strict=True):
+        self._c.load_state_dict(dict(state_dict), strict)
+
+    def extra_repr(self):
+        return f"{self._c.type_name}, {self._c.num_parameters()} parameters"

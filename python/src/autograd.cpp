@@ -1,0 +1,119 @@
+// Autograd from Python: grad mode, backward and grad over several tensors, custom functions with a
+// Python backward (kiln.autograd.Function records through _record_function), and gradcheck.
+#include <nanobind/stl/function.h>
+
+#include <mutex>
+#include <set>
+
+#include "common.h"
+
+namespace kiln::py {
+namespace {
+
+// Node names live as long as the process (autograd keeps a const char*); one copy per distinct name.
+const char* intern(const std::string& name) {
+  static std::mutex mu;
+  static std::set<std::string> names;
+  std::lock_guard<std::mutex> lock(mu);
+  return names.insert(name).first->c_str();
+}
+
+std::vector<Tensor> tensors_or_empty(const std::optional<std::vector<std::optional<Tensor>>>& v) {
+  std::vector<Tensor> out;
+  if (v)
+    for (const auto& t : *v) out.push_back(t ? *t : Tensor());
+  return out;
+}
+
+}  // namespace
+
+void bind_autograd(nb::module_& m) {
+  m.def("is_grad_enabled", &GradMode::enabled);
+  m.def("_set_grad_enabled", &GradMode::set_enabled, nb::arg("enabled"));
+
+  m.def(
+      "_record_function",
+      [](const std::string& name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+         nb::callable backward) {
+        auto fn = hold(backward);
+        const size_t n_in = inputs.size();
+        const std::string label = name;
+        autograd::record(intern(name), inputs, outputs, [fn, n_in, label](const GradCtx& c) -> std::vector<Tensor> {
+          nb::gil_scoped_acquire gil;
+          nb::list grads;
+          for (const Tensor& g : *c.grads) grads.append(nb::cast(g));
+          nb::list needs;
+          for (size_t i = 0; i < n_in; ++i) needs.append(c.needs_grad(i));
+          nb::object res = fn->obj(grads, needs);
+          if (nb::isinstance<Tensor>(res) || res.is_none()) res = nb::make_tuple(res);
+          std::vector<Tensor> out;
+          for (nb::handle h : nb::iter(res)) {
+            if (h.is_none()) {
+              out.push_back(Tensor());
+            } else if (nb::isinstance<Tensor>(h)) {
+              out.push_back(nb::cast<Tensor>(h));
+            } else {
+              KILN_FAIL(label, ".backward returned a ",
+                        nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(h.ptr()))))),
+                        ", expected kiln.Tensor or None");
+            }
+          }
+          KILN_CHECK(out.size() == n_in, label, ".backward returned ", out.size(), " gradients for ", n_in,
+                     " tensor inputs of forward");
+          for (size_t i = 0; i < n_in; ++i)
+            if (out[i].defined() && !c.needs_grad(i)) out[i] = Tensor();
+          return out;
+        });
+      },
+      nb::arg("name"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("backward"),
+      "Records backward(grads, needs_input_grad) -> one gradient (or None) per input as the backward of outputs.");
+
+  m.def(
+      "backward",
+      [](const std::vector<Tensor>& tensors, std::optional<std::vector<std::optional<Tensor>>> grads,
+         bool retain_graph) {
+        std::vector<Tensor> g = tensors_or_empty(grads);
+        if (g.empty()) g.resize(tensors.size());
+        nb::gil_scoped_release nogil;
+        autograd::backward(tensors, g, retain_graph);
+      },
+      nb::arg("tensors"), nb::arg("grad_tensors") = nb::none(), nb::arg("retain_graph") = false);
+
+  m.def(
+      "grad",
+      [](const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+         std::optional<std::vector<std::optional<Tensor>>> grad_outputs, bool retain_graph) {
+        const std::vector<Tensor> go = tensors_or_empty(grad_outputs);
+        std::vector<Tensor> res;
+        {
+          nb::gil_scoped_release nogil;
+          res = autograd::grad(outputs, inputs, go, retain_graph);
+        }
+        nb::list out;
+        for (const Tensor& g : res) out.append(nb::cast(g));
+        return nb::tuple(out);
+      },
+      nb::arg("outputs"), nb::arg("inputs"), nb::arg("grad_outputs") = nb::none(), nb::arg("retain_graph") = false,
+      "The gradients of outputs with respect to inputs, without touching .grad; an input the outputs do not "
+      "depend on gets zeros (torch's materialize_grads=True).");
+
+  m.def(
+      "_gradcheck",
+      [](nb::callable fn, const std::vector<Tensor>& inputs, double eps, double atol, double rtol, int64_t max_checks) {
+        GradcheckOptions o;
+        o.eps = eps;
+        o.atol = atol;
+        o.rtol = rtol;
+        o.max_checks = max_checks;
+        return gradcheck(
+            [&fn](const std::vector<Tensor>& xs) {
+              nb::object r = fn(nb::cast(xs));
+              if (!nb::isinstance<Tensor>(r)) value_error("gradcheck: the function must return one kiln.Tensor");
+              return nb::cast<Tensor>(r);
+            },
+            inputs, o);
+      },
+      nb::arg("fn"), nb::arg("inputs"), nb::arg("eps"), nb::arg("atol"), nb::arg("rtol"), nb::arg("max_checks"));
+}
+
+}  // namespace kiln::py

@@ -1,0 +1,57 @@
+// What the files of the extension module kiln._C share: the argument conversions (dtypes, devices,
+// dims) and the functions each file registers with the module.
+#pragma once
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln.h"
+
+namespace kiln::py {
+
+namespace nb = nanobind;
+
+// A Python object held from C++ code that may run without the GIL (a backward function, a hook, a
+// deleter): the reference is dropped with the GIL held, and not at all once the interpreter is gone.
+struct PyRef {
+  nb::object obj;
+  explicit PyRef(nb::object o) : obj(std::move(o)) {}
+  ~PyRef();
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+};
+inline std::shared_ptr<PyRef> hold(nb::object o) { return std::make_shared<PyRef>(std::move(o)); }
+
+// Argument conversions. Each raises kiln.KilnValueError (a ValueError) naming `what` on bad input.
+DType to_dtype(nb::handle h, const char* what = "dtype");              // kiln.dtype or a name ("float32", "f32")
+Device to_device(nb::handle h, const char* what = "device");           // kiln.Device or "cpu", "cuda", "cuda:1"
+std::vector<int64_t> to_dims(nb::handle h, const char* what = "dim");  // None, an int or a sequence
+Shape to_shape(nb::handle args);                                       // f(2, 3) or f((2, 3)) or f([2, 3])
+// A Tensor from a Tensor, a Python number or bool (0-dim, in `like`'s dtype rules when given), a
+// nested list or any array NumPy accepts (copied).
+Tensor to_tensor(nb::handle h, const Tensor* like = nullptr, const char* what = "argument");
+
+// Raised for bad arguments: subclasses of kiln.KilnError that are also ValueError / IndexError.
+[[noreturn]] void value_error(const std::string& msg);
+[[noreturn]] void index_error(const std::string& msg);
+
+// Each file's part of the module.
+void bind_tensor(nb::module_& m);
+void bind_interop(nb::module_& m);
+void bind_ops(nb::module_& m);
+void bind_nn_ops(nb::module_& m);
+void bind_autograd(nb::module_& m);
+void bind_train(nb::module_& m);
+void bind_nn(nb::module_& m);
+
+// The module's exception types (set up by module.cpp).
+extern PyObject* g_kiln_error;
+extern PyObject* g_value_error;
+extern PyObject* g_index_error;
+
+}  // namespace kiln::py

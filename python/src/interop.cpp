@@ -1,0 +1,194 @@
+// Tensors in and out without copies: NumPy (.numpy(), kiln.from_numpy) and DLPack both ways
+// (__dlpack__ / __dlpack_device__, kiln.from_dlpack), and kiln.tensor, the copying constructor.
+// A tensor handed out keeps its storage alive through the owner it carries (a heap copy of the
+// Tensor handle); a buffer taken in is held by the storage's release function until the last
+// Kiln tensor viewing it lets go.
+#include <nanobind/ndarray.h>
+
+#include "common.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace kiln::py {
+namespace {
+
+enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
+
+nb::dlpack::dtype dl_dtype(DType d) {
+  using nb::dlpack::dtype_code;
+  switch (d) {
+    case DType::f32: return {uint8_t(dtype_code::Float), 32, 1};
+    case DType::f16: return {uint8_t(dtype_code::Float), 16, 1};
+    case DType::bf16: return {uint8_t(dtype_code::Bfloat), 16, 1};
+    case DType::f64: return {uint8_t(dtype_code::Float), 64, 1};
+    case DType::i32: return {uint8_t(dtype_code::Int), 32, 1};
+    case DType::i64: return {uint8_t(dtype_code::Int), 64, 1};
+    case DType::u8: return {uint8_t(dtype_code::UInt), 8, 1};
+    case DType::boolean: return {uint8_t(dtype_code::Bool), 8, 1};
+  }
+  return {};
+}
+
+std::string describe(nb::dlpack::dtype t) {
+  static const char* codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  const char* c = t.code < 7 ? codes[t.code] : "code?";
+  return std::string(c) + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+}
+
+DType kiln_dtype(nb::dlpack::dtype t, const char* what) {
+  using nb::dlpack::dtype_code;
+  if (t.lanes == 1) {
+    if (t.code == uint8_t(dtype_code::Float) && t.bits == 32) return DType::f32;
+    if (t.code == uint8_t(dtype_code::Float) && t.bits == 16) return DType::f16;
+    if (t.code == uint8_t(dtype_code::Float) && t.bits == 64) return DType::f64;
+    if (t.code == uint8_t(dtype_code::Bfloat) && t.bits == 16) return DType::bf16;
+    if (t.code == uint8_t(dtype_code::Int) && t.bits == 32) return DType::i32;
+    if (t.code == uint8_t(dtype_code::Int) && t.bits == 64) return DType::i64;
+    if (t.code == uint8_t(dtype_code::UInt) && t.bits == 8) return DType::u8;
+    if (t.code == uint8_t(dtype_code::Bool) && t.bits == 8) return DType::boolean;
+  }
+  value_error(std::string(what) + ": element type " + describe(t) +
+              " has no Kiln dtype (Kiln has float32, float16, bfloat16, float64, int32, int64, uint8, bool)");
+}
+
+// A Kiln tensor over an ndarray's memory; the ndarray (and through it the producer) stays alive
+// until the storage is released, and is let go with the GIL held (or kept, once the interpreter
+// has shut down).
+template <typename... A> Tensor wrap(const nb::ndarray<A...>& a, const char* what) {
+  const DType dt = kiln_dtype(a.dtype(), what);
+  Device dev = kCPU;
+  if (a.device_type() == kDLCUDA)
+    dev = cuda_device(a.device_id());
+  else if (a.device_type() != kDLCPU && a.device_type() != kDLCUDAHost)
+    value_error(std::string(what) + ": memory on DLPack device type " + std::to_string(a.device_type()) +
+                " (Kiln takes CPU and CUDA memory)");
+  Shape shape, strides;
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    shape.push_back(int64_t(a.shape(i)));
+    strides.push_back(a.stride(i));
+  }
+  auto* held = new nb::ndarray<nb::ro>(a);
+  return from_blob(
+      const_cast<void*>(static_cast<const void*>(a.data())), shape, dt,
+      [held](void*) {
+        if (!Py_IsInitialized()) return;
+        nb::gil_scoped_acquire gil;
+        delete held;
+      },
+      dev, strides);
+}
+
+// An ndarray view of `t` whose owner holds a copy of the handle (so the storage outlives every
+// consumer), in framework F.
+template <typename... F> nb::ndarray<F...> view_of(const Tensor& t) {
+  auto* held = new Tensor(t.detach());
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  std::vector<size_t> shape;
+  std::vector<int64_t> strides;
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    shape.push_back(size_t(t.size(i)));
+    strides.push_back(t.stride(i));
+  }
+  const int dev_type = t.device().is_cuda() ? kDLCUDA : kDLCPU;
+  return nb::ndarray<F...>(t.raw_data(), shape.size(), shape.data(), owner, strides.data(), dl_dtype(t.dtype()),
+                           dev_type, t.device().index);
+}
+
+nb::object numpy_of(const Tensor& t) {
+  if (t.requires_grad())
+    value_error("numpy(): the tensor requires grad; call .detach().numpy() (the array would not be part of the graph)");
+  if (!t.device().is_cpu()) value_error("numpy(): the tensor is on " + t.device().str() + "; call .cpu() first");
+  if (t.dtype() == DType::bf16)
+    value_error("numpy(): NumPy has no bfloat16; convert first (.float()) or share it with kiln.to_dlpack consumers");
+  return nb::cast(view_of<nb::numpy>(t));
+}
+
+}  // namespace
+
+Tensor numpy_to_tensor_copy(nb::handle obj, const char* what) {
+  nb::module_ np = nb::module_::import_("numpy");
+  nb::object arr;
+  try {
+    arr = np.attr("asarray")(obj);
+  } catch (nb::python_error& e) {
+    value_error(std::string(what) + ": cannot make a tensor from " +
+                nb::cast<std::string>(nb::repr(obj)).substr(0, 80) + " (" + e.what() + ")");
+  }
+  const std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
+  if (kind == "O" || kind == "U" || kind == "S")
+    value_error(std::string(what) + ": cannot make a tensor from " +
+                nb::cast<std::string>(nb::repr(obj)).substr(0, 80) + " (not numbers)");
+  const bool from_python = !nb::isinstance(obj, np.attr("ndarray"));
+  // Python floats are float32 in Kiln, as in PyTorch; NumPy arrays keep their dtype.
+  if (from_python && kind == "f") arr = arr.attr("astype")("float32");
+  if (from_python && kind == "i") arr = arr.attr("astype")("int64");
+  arr = np.attr("ascontiguousarray")(arr);
+  nb::ndarray<nb::ro> a;
+  try {
+    a = nb::cast<nb::ndarray<nb::ro>>(arr);
+  } catch (const std::exception&) {
+    value_error(std::string(what) + ": NumPy dtype " + nb::cast<std::string>(nb::str(arr.attr("dtype"))) +
+                " has no Kiln dtype (Kiln has float32, float16, bfloat16, float64, int32, int64, uint8, bool)");
+  }
+  return wrap(a, what).clone();
+}
+
+void bind_interop(nb::module_& m) {
+  m.def(
+      "from_numpy",
+      [](nb::handle obj) {
+        nb::module_ np = nb::module_::import_("numpy");
+        if (!nb::isinstance(obj, np.attr("ndarray"))) value_error("from_numpy: expected a numpy.ndarray");
+        if (!nb::cast<bool>(obj.attr("flags").attr("writeable")))
+          value_error("from_numpy: the array is read-only (kiln tensors are writable); use kiln.tensor(a) to copy it");
+        nb::ndarray<> a;
+        try {
+          a = nb::cast<nb::ndarray<>>(obj);
+        } catch (const std::exception&) {
+          value_error("from_numpy: NumPy dtype " + nb::cast<std::string>(nb::str(obj.attr("dtype"))) +
+                      " has no Kiln dtype (Kiln has float32, float16, bfloat16, float64, int32, int64, uint8, bool)");
+        }
+        return wrap(a, "from_numpy");
+      },
+      nb::arg("array"), "A tensor sharing the array's memory (no copy); each keeps the memory alive.");
+
+  m.def(
+      "from_dlpack",
+      [](nb::handle obj) {
+        if (nb::isinstance<Tensor>(obj)) return nb::cast<Tensor>(obj);
+        if (!nb::hasattr(obj, "__dlpack__") && !PyObject_CheckBuffer(obj.ptr()) && !(PyCapsule_CheckExact(obj.ptr())))
+          value_error("from_dlpack: expected an object with __dlpack__ (a NumPy array, a torch.Tensor, ...)");
+        nb::ndarray<> a;
+        try {
+          a = nb::cast<nb::ndarray<>>(obj);
+        } catch (nb::python_error&) {
+          throw;
+        } catch (const std::exception& e) {
+          nb::object dt = nb::getattr(obj, "dtype", nb::none());
+          value_error(
+              std::string("from_dlpack: cannot take this ") +
+              nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))))) +
+              (dt.is_none() ? std::string() : " of dtype " + nb::cast<std::string>(nb::str(dt))) +
+              " (an unsupported dtype, a read-only array, or a tensor that requires grad in its own framework)");
+        }
+        return wrap(a, "from_dlpack");
+      },
+      nb::arg("obj"), "A tensor sharing the memory of any DLPack producer (NumPy, PyTorch, CuPy, JAX): no copy.");
+
+  m.def("_numpy", &numpy_of, nb::arg("tensor"));
+  m.def(
+      "_dlpack_view",
+      [](const Tensor& t) {
+        if (t.device().is_cuda()) {
+          // Kiln's queued work on the tensor finishes before any consumer stream reads it.
+          nb::gil_scoped_release nogil;
+          cuda::synchronize(t.device().index);
+        }
+        return view_of<nb::array_api>(t);
+      },
+      nb::arg("tensor"), "An array-API object over the tensor (it implements __dlpack__).");
+
+  m.def(
+      "_tensor_from", [](nb::handle data) { return to_tensor(data, nullptr, "data"); }, nb::arg("data"));
+}
+
+}  // namespace kiln::py

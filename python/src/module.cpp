@@ -1,0 +1,245 @@
+// The extension module kiln._C: exceptions, dtypes and devices, settings, and the argument
+// conversions every binding uses. The Python package (python/kiln) builds its API on it.
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
+
+#include <atomic>
+#include <csignal>
+#include <thread>
+
+#include "common.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "tools/environment.h"
+
+namespace kiln::py {
+
+PyObject* g_kiln_error = nullptr;
+PyObject* g_value_error = nullptr;
+PyObject* g_index_error = nullptr;
+
+PyRef::~PyRef() {
+  if (!obj.is_valid() || !Py_IsInitialized()) {
+    (void)obj.release();  // the interpreter is gone: nothing to give back
+    return;
+  }
+  nb::gil_scoped_acquire gil;
+  obj.reset();
+}
+
+void value_error(const std::string& msg) {
+  PyErr_SetString(g_value_error, msg.c_str());
+  throw nb::python_error();
+}
+void index_error(const std::string& msg) {
+  PyErr_SetString(g_index_error, msg.c_str());
+  throw nb::python_error();
+}
+
+DType to_dtype(nb::handle h, const char* what) {
+  if (nb::isinstance<DType>(h)) return nb::cast<DType>(h);
+  std::string name;
+  if (h.is(reinterpret_cast<PyObject*>(&PyFloat_Type))) return DType::f64;  // as torch: dtype=float
+  if (h.is(reinterpret_cast<PyObject*>(&PyLong_Type))) return DType::i64;
+  if (h.is(reinterpret_cast<PyObject*>(&PyBool_Type))) return DType::boolean;
+  if (nb::isinstance<nb::str>(h)) {
+    name = nb::cast<std::string>(h);
+  } else if (nb::hasattr(h, "name") && nb::hasattr(h, "itemsize")) {  // a NumPy dtype
+    name = nb::cast<std::string>(h.attr("name"));
+  } else if (nb::hasattr(h, "is_floating_point") && nb::hasattr(h, "itemsize")) {  // a torch.dtype
+    name = nb::cast<std::string>(nb::str(h));
+    if (name.rfind("torch.", 0) == 0) name = name.substr(6);
+  } else {
+    value_error(std::string(what) + ": expected a kiln.dtype or a dtype name, got " +
+                nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(h.ptr()))))));
+  }
+  try {
+    return dtype_from_name(name);
+  } catch (const Error& e) {
+    value_error(std::string(what) + ": " + e.message());
+  }
+}
+
+Device to_device(nb::handle h, const char* what) {
+  if (nb::isinstance<Device>(h)) return nb::cast<Device>(h);
+  std::string s;
+  if (nb::isinstance<nb::str>(h)) {
+    s = nb::cast<std::string>(h);
+  } else if (nb::hasattr(h, "type") && nb::hasattr(h, "index")) {  // a torch.device
+    s = nb::cast<std::string>(nb::str(h));
+  } else {
+    value_error(std::string(what) + ": expected a kiln.Device or a name such as \"cpu\" or \"cuda:0\"");
+  }
+  try {
+    return Device::parse(s);
+  } catch (const Error& e) {
+    value_error(std::string(what) + ": " + e.message());
+  }
+}
+
+std::vector<int64_t> to_dims(nb::handle h, const char* what) {
+  if (h.is_none()) return {};
+  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) return {nb::cast<int64_t>(h)};
+  if (PySequence_Check(h.ptr()) && !nb::isinstance<nb::str>(h)) {
+    std::vector<int64_t> out;
+    for (nb::handle x : nb::iter(h)) {
+      if (!PyLong_Check(x.ptr()) || PyBool_Check(x.ptr())) value_error(std::string(what) + ": expected integers");
+      out.push_back(nb::cast<int64_t>(x));
+    }
+    return out;
+  }
+  value_error(std::string(what) + ": expected None, an int or a sequence of ints");
+}
+
+Shape to_shape(nb::handle args) {
+  nb::tuple t = nb::borrow<nb::tuple>(args);
+  if (t.size() == 1 && !PyLong_Check(t[0].ptr())) return Shape(to_dims(t[0], "size"));
+  Shape s;
+  for (nb::handle x : t) {
+    if (!PyLong_Check(x.ptr()) || PyBool_Check(x.ptr())) value_error("size: expected integers");
+    s.push_back(nb::cast<int64_t>(x));
+  }
+  return s;
+}
+
+Tensor numpy_to_tensor_copy(nb::handle array, const char* what);  // interop.cpp
+
+Tensor to_tensor(nb::handle h, const Tensor* like, const char* what) {
+  if (nb::isinstance<Tensor>(h)) return nb::cast<Tensor>(h);
+  if (PyBool_Check(h.ptr())) return scalar_tensor(h.is(Py_True) ? 1.0 : 0.0, TensorOptions(DType::boolean));
+  if (PyLong_Check(h.ptr())) {
+    const double v = nb::cast<double>(h);
+    if (like && like->defined()) return scalar_like(v, *like);
+    return scalar_tensor(v, TensorOptions(DType::i64));
+  }
+  if (PyFloat_Check(h.ptr())) {
+    const double v = nb::cast<double>(h);
+    if (like && like->defined() && is_floating(like->dtype())) return scalar_like(v, *like);
+    return scalar_tensor(v, TensorOptions(DType::f32));
+  }
+  return numpy_to_tensor_copy(h, what);
+}
+
+namespace {
+
+// Ctrl-C between kernels: a C-level SIGINT handler in front of Python's own marks the interrupt for
+// the engine's poll (engine/context.h), and passes the signal on, so Python raises
+// KeyboardInterrupt as usual. The package's Python-level handler clears the mark when Python
+// handles the signal itself (python/kiln/__init__.py).
+std::atomic<int> g_sigint{0};
+PyOS_sighandler_t g_python_sigint = nullptr;
+
+extern "C" void on_sigint(int sig) {
+  g_sigint.store(1, std::memory_order_relaxed);
+  if (g_python_sigint && g_python_sigint != SIG_DFL && g_python_sigint != SIG_IGN) g_python_sigint(sig);
+}
+bool interrupt_pending() { return g_sigint.load(std::memory_order_relaxed) != 0; }
+
+void translate_errors(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const Interrupted& e) {
+    g_sigint.store(0);
+    // Python's handler runs now (KeyboardInterrupt, or whatever the program installed).
+    if (PyErr_CheckSignals() != 0) return;
+    PyErr_SetString(PyExc_KeyboardInterrupt, "interrupted between kernels");
+  } catch (const Error& e) {
+    PyErr_SetString(g_kiln_error, e.what());
+  }
+}
+
+}  // namespace
+}  // namespace kiln::py
+
+using namespace kiln;
+using namespace kiln::py;
+
+NB_MODULE(_C, m) {
+  m.doc() = "Kiln's engine (C++): tensors, ops, autograd. Use it through the `kiln` package.";
+
+  g_kiln_error = PyErr_NewException("kiln.KilnError", PyExc_RuntimeError, nullptr);
+  nb::object bases_v = nb::make_tuple(nb::handle(g_kiln_error), nb::handle(PyExc_ValueError));
+  g_value_error = PyErr_NewException("kiln.KilnValueError", bases_v.ptr(), nullptr);
+  nb::object bases_i = nb::make_tuple(nb::handle(g_kiln_error), nb::handle(PyExc_IndexError));
+  g_index_error = PyErr_NewException("kiln.KilnIndexError", bases_i.ptr(), nullptr);
+  m.attr("KilnError") = nb::handle(g_kiln_error);
+  m.attr("KilnValueError") = nb::handle(g_value_error);
+  m.attr("KilnIndexError") = nb::handle(g_index_error);
+  nb::register_exception_translator(translate_errors);
+
+  // The settings of the `kiln` command: KILN_NUM_THREADS (default: every hardware thread),
+  // KILN_CPU_CACHE_MB, KILN_GEMM, KILN_CPU_ISA.
+  tools::apply_environment();
+
+  nb::enum_<DType>(m, "dtype", "Element types. float32 (f32), float16, bfloat16, float64, int32, int64, uint8, bool.")
+      .value("float32", DType::f32)
+      .value("float16", DType::f16)
+      .value("bfloat16", DType::bf16)
+      .value("float64", DType::f64)
+      .value("int32", DType::i32)
+      .value("int64", DType::i64)
+      .value("uint8", DType::u8)
+      .value("bool", DType::boolean)
+      .def_prop_ro("is_floating_point", [](DType d) { return is_floating(d); })
+      .def_prop_ro("itemsize", [](DType d) { return dtype_size(d); })
+      .def_prop_ro("short_name", [](DType d) { return std::string(dtype_name(d)); });
+  m.def(
+      "promote_types", [](nb::handle a, nb::handle b) { return promote_types(to_dtype(a), to_dtype(b)); },
+      "The dtype two operands of these dtypes compute in.");
+
+  nb::class_<Device>(m, "Device", "A device: kiln.Device(\"cpu\"), kiln.Device(\"cuda:1\").")
+      .def(
+          "__init__", [](Device* d, nb::handle spec) { new (d) Device(to_device(spec)); }, nb::arg("spec"))
+      .def_prop_ro("type", [](const Device& d) { return d.is_cpu() ? "cpu" : "cuda"; })
+      .def_prop_ro("index", [](const Device& d) { return d.index; })
+      .def("__str__", &Device::str)
+      .def("__repr__", [](const Device& d) { return "kiln.Device('" + d.str() + "')"; })
+      .def("__eq__",
+           [](const Device& a, nb::handle b) {
+             if (!nb::isinstance<Device>(b) && !nb::isinstance<nb::str>(b)) return false;
+             return a == to_device(b);
+           })
+      .def("__hash__", [](const Device& d) { return std::hash<std::string>()(d.str()); });
+  nb::implicitly_convertible<nb::str, Device>();
+
+  m.def("manual_seed", &manual_seed, nb::arg("seed"),
+        "Seeds the default random stream (Philox; the same on CPU and GPU).");
+  m.def(
+      "cuda_device_count", [] { return cuda::device_count(); },
+      "CUDA devices visible (0 without a GPU or a CUDA build).");
+  m.def(
+      "cuda_synchronize",
+      [](int device) {
+        nb::gil_scoped_release nogil;
+        cuda::synchronize(device);
+      },
+      nb::arg("device") = 0, "Waits for the device's queued work.");
+  m.def("get_num_threads", [] { return Context::current().num_threads; });
+  m.def(
+      "set_num_threads",
+      [](int n) {
+        Context c = Context::current();
+        c.num_threads = n;
+        c.apply();
+      },
+      nb::arg("n"), "CPU kernel threads.");
+  m.def(
+      "cpu_isa", [] { return Context::current().cpu_isa; }, "The CPU kernel set in use: avx512, avx2 or generic.");
+  m.def("host_read_count", &host_read_count);
+  m.def(
+      "_install_interrupt",
+      [] {
+        PyOS_sighandler_t prev = PyOS_setsig(SIGINT, on_sigint);
+        if (prev != on_sigint) g_python_sigint = prev;
+        set_interrupt_poll(&interrupt_pending);
+      },
+      "Lets Ctrl-C stop a long call between kernels (on this thread, the main one).");
+  m.def("_clear_interrupt", [] { g_sigint.store(0); });
+
+  bind_tensor(m);
+  bind_interop(m);
+  bind_ops(m);
+  bind_nn_ops(m);
+  bind_autograd(m);
+  bind_train(m);
+  bind_nn(m);
+}

@@ -1,0 +1,402 @@
+// The C++ side of kiln.nn modules, kiln.models, kiln.optim, kiln.amp, kiln.io and kiln.data: a C++
+// module (its parameters are the tensors the Python side sees, shared, not copied), the model
+// families of `kiln train`, the optimizers and LR schedules, autocast and the loss scaler,
+// safetensors and checkpoint files, and the data sets and loader.
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/unique_ptr.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "io/checkpoint.h"
+#include "io/data.h"
+#include "io/safetensors.h"
+#include "tools/zoo.h"
+
+namespace kiln::py {
+namespace {
+
+using R = nb::gil_scoped_release;
+auto nogil = nb::call_guard<nb::gil_scoped_release>();
+
+nb::list named(const nn::NamedTensors& v) {
+  nb::list out;
+  for (const auto& [n, t] : v) out.append(nb::make_tuple(n, t));
+  return out;
+}
+
+// Parameters as the C++ optimizers take them: a list of tensors, or of dicts
+// {"params": [...], "lr": ..., "weight_decay": ..., "name": ...} (missing values: the defaults).
+std::vector<optim::ParamGroup> groups_of(nb::handle params, double lr, double weight_decay) {
+  std::vector<optim::ParamGroup> groups;
+  std::vector<Tensor> plain;
+  for (nb::handle item : nb::iter(params)) {
+    if (nb::isinstance<Tensor>(item)) {
+      plain.push_back(nb::cast<Tensor>(item));
+    } else if (nb::isinstance<nb::dict>(item)) {
+      nb::dict d = nb::borrow<nb::dict>(item);
+      if (!d.contains("params")) value_error("optimizer: a parameter group needs \"params\"");
+      std::vector<Tensor> ps;
+      for (nb::handle p : nb::iter(d["params"])) ps.push_back(nb::cast<Tensor>(p));
+      groups.emplace_back(std::move(ps), d.contains("lr") ? nb::cast<double>(d["lr"]) : lr,
+                          d.contains("weight_decay") ? nb::cast<double>(d["weight_decay"]) : weight_decay,
+                          d.contains("name") ? nb::cast<std::string>(d["name"]) : std::string());
+    } else {
+      value_error("optimizer: params must be tensors or dicts of parameter groups");
+    }
+  }
+  if (!plain.empty()) groups.emplace(groups.begin(), std::move(plain), lr, weight_decay);
+  if (groups.empty()) value_error("optimizer: got an empty parameter list");
+  for (const auto& g : groups)
+    for (const Tensor& p : g.params)
+      if (!p.requires_grad()) value_error("optimizer: a parameter does not require grad (" + p.type_str() + ")");
+  return groups;
+}
+
+// An autocast region as a context manager object.
+struct Autocast {
+  DType dtype;
+  bool enabled;
+  std::unique_ptr<amp::AutocastGuard> guard;
+};
+
+// The loader as a Python iterator over epochs.
+struct Loader {
+  std::unique_ptr<io::DataLoader> loader;
+  int64_t epoch = -1;
+};
+
+nb::dict batch_dict(const io::Batch& b) {
+  nb::dict d;
+  for (const auto& [k, v] : b) d[k.c_str()] = v;
+  return d;
+}
+
+}  // namespace
+
+void bind_nn(nb::module_& m) {
+  // ---- C++ modules ----
+  nb::class_<nn::Module>(m, "_CModule", "A module built in C++ (a model of kiln.models).")
+      .def_prop_ro("type_name", &nn::Module::type_name)
+      .def("named_parameters", [](const nn::Module& x) { return named(x.named_parameters()); })
+      .def("named_buffers", [](const nn::Module& x) { return named(x.named_buffers()); })
+      .def("children",
+           [](const nn::Module& x) {
+             nb::list out;
+             for (const auto& [n, c] : x.children()) out.append(nb::make_tuple(n, c));
+             return out;
+           })
+      .def(
+          "train", [](nn::Module& x, bool on) { x.train(on); }, nb::arg("mode") = true)
+      .def_prop_ro("training", &nn::Module::is_training)
+      .def("zero_grad", &nn::Module::zero_grad)
+      .def("to_dtype", [](nn::Module& x, nb::handle d) { x.to(to_dtype(d)); })
+      .def("to_device",
+           [](nn::Module& x, nb::handle d) {
+             const Device dev = to_device(d);
+             R r;
+             x.to(dev);
+           })
+      .def("state_dict", &nn::Module::state_dict)
+      .def("load_state_dict", &nn::Module::load_state_dict, nb::arg("state_dict"), nb::arg("strict") = true, nogil)
+      .def("num_parameters", &nn::Module::num_parameters);
+
+  // ---- the model families of `kiln train` ----
+  struct ZooModel {
+    tools::BuiltModel built;
+    std::string name;
+  };
+  nb::class_<ZooModel>(m, "_ZooModel")
+      .def_prop_ro("module", [](const ZooModel& z) { return z.built.module; })
+      .def_prop_ro("input_names", [](const ZooModel& z) { return z.built.input_names; })
+      .def(
+          "run",
+          [](const ZooModel& z, const std::map<std::string, Tensor>& in) {
+            R r;
+            return z.built.run(in, z.name);
+          },
+          nb::arg("inputs"));
+  m.def(
+      "_create_model",
+      [](const std::string& name, const std::vector<std::string>& sets, bool deterministic) {
+        const tools::ModelFamily* fam = tools::find_model_family(name);
+        if (!fam) value_error(tools::unknown_model_message(name));
+        return ZooModel{fam->build(name, sets, deterministic), name};
+      },
+      nb::arg("name"), nb::arg("sets") = std::vector<std::string>{}, nb::arg("deterministic") = false);
+  m.def("_model_names", [] {
+    std::vector<std::string> out;
+    for (const auto& f : tools::model_families()) out.insert(out.end(), f.names.begin(), f.names.end());
+    return out;
+  });
+
+  // ---- optimizers ----
+  nb::class_<optim::Optimizer>(m, "_Optimizer")
+      .def_prop_ro("name", &optim::Optimizer::name)
+      .def(
+          "step",
+          [](optim::Optimizer& o) {
+            R r;
+            o.step();
+          },
+          "One update of every parameter that has a gradient (the fused kernel where it applies).")
+      .def("zero_grad", &optim::Optimizer::zero_grad)
+      .def("set_lr", &optim::Optimizer::set_lr, nb::arg("lr"))
+      .def_prop_ro("lrs",
+                   [](const optim::Optimizer& o) {
+                     std::vector<double> v;
+                     for (const auto& g : o.groups()) v.push_back(g.lr);
+                     return v;
+                   })
+      .def("set_group_lr",
+           [](optim::Optimizer& o, size_t i, double lr) {
+             if (i >= o.groups().size()) index_error("optimizer: no parameter group " + std::to_string(i));
+             o.groups()[i].lr = lr;
+           })
+      .def_prop_ro("steps", &optim::Optimizer::steps)
+      .def("state",
+           [](const optim::Optimizer& o) {
+             const optim::OptimizerState s = o.state();
+             return nb::make_tuple(s.tensors, s.scalars);
+           })
+      .def("load_state",
+           [](optim::Optimizer& o, const std::map<std::string, Tensor>& t, const std::map<std::string, double>& sc) {
+             optim::OptimizerState s;
+             s.tensors = t;
+             s.scalars = sc;
+             o.load_state(s);
+           });
+  m.def("_sgd", [](nb::handle params, double lr, double momentum, double dampening, bool nesterov, double wd) {
+    optim::SgdOptions o;
+    o.momentum = momentum;
+    o.dampening = dampening;
+    o.nesterov = nesterov;
+    return std::unique_ptr<optim::Optimizer>(new optim::SGD(groups_of(params, lr, wd), o));
+  });
+  m.def("_adamw", [](nb::handle params, double lr, double b1, double b2, double eps, double wd, bool lamb) {
+    optim::AdamOptions o{b1, b2, eps};
+    auto groups = groups_of(params, lr, wd);
+    if (lamb) return std::unique_ptr<optim::Optimizer>(new optim::LAMB(std::move(groups), o));
+    return std::unique_ptr<optim::Optimizer>(new optim::AdamW(std::move(groups), o));
+  });
+  m.def(
+      "clip_grad_norm_",
+      [](const std::vector<Tensor>& ps, double max_norm) { return optim::clip_grad_norm(ps, max_norm); },
+      nb::arg("parameters"), nb::arg("max_norm"), nogil,
+      "Scales gradients to a global L2 norm of at most max_norm; "
+      "returns the norm before clipping.");
+  m.def("_decay_groups", [](const std::vector<std::pair<std::string, Tensor>>& named, double lr, double wd) {
+    nb::list out;
+    for (const auto& g : optim::decay_groups(named, lr, wd)) {
+      nb::dict d;
+      d["params"] = g.params;
+      d["lr"] = g.lr;
+      d["weight_decay"] = g.weight_decay;
+      d["name"] = g.name;
+      out.append(d);
+    }
+    return out;
+  });
+  nb::class_<optim::LrSchedule>(m, "LrSchedule", "The learning rate per optimizer step (the schedules of kiln train).")
+      .def(
+          "__init__",
+          [](optim::LrSchedule* s, const std::string& kind, double base_lr, int64_t warmup_steps, int64_t total_steps,
+             double min_lr, int64_t step_size, double gamma, std::vector<int64_t> milestones, double power) {
+            new (s) optim::LrSchedule();
+            try {
+              s->kind = optim::LrSchedule::parse(kind);
+            } catch (const Error& e) {
+              value_error(e.message());
+            }
+            s->base_lr = base_lr;
+            s->warmup_steps = warmup_steps;
+            s->total_steps = total_steps;
+            s->min_lr = min_lr;
+            s->step_size = step_size;
+            s->gamma = gamma;
+            s->milestones = std::move(milestones);
+            s->power = power;
+          },
+          nb::arg("kind"), nb::arg("base_lr"), nb::arg("warmup_steps") = 0, nb::arg("total_steps") = 0,
+          nb::arg("min_lr") = 0.0, nb::arg("step_size") = 1, nb::arg("gamma") = 0.1,
+          nb::arg("milestones") = std::vector<int64_t>{}, nb::arg("power") = 1.0)
+      .def("at", &optim::LrSchedule::at, nb::arg("step"), "The rate of optimizer step `step` (0-based).")
+      .def("__call__", &optim::LrSchedule::at, nb::arg("step"));
+
+  // ---- mixed precision ----
+  nb::class_<Autocast>(m, "autocast", "Autocast region: with kiln.amp.autocast(kiln.bfloat16): ... (per thread).")
+      .def(
+          "__init__",
+          [](Autocast* a, nb::handle dtype, bool enabled) {
+            const DType d = to_dtype(dtype);
+            if (!is_low_precision(d)) value_error("autocast: dtype must be float16 or bfloat16");
+            new (a) Autocast{d, enabled, nullptr};
+          },
+          nb::arg("dtype") = "bfloat16", nb::arg("enabled") = true)
+      .def(
+          "__enter__",
+          [](Autocast& a) {
+            if (a.guard) value_error("autocast: this region is already entered");
+            a.guard = std::make_unique<amp::AutocastGuard>(a.dtype, a.enabled);
+            return &a;
+          },
+          nb::rv_policy::reference)
+      .def("__exit__", [](Autocast& a, nb::args) {
+        a.guard.reset();
+        return false;
+      });
+  m.def("autocast_dtype", [] { return amp::autocast_dtype(); });
+  nb::class_<amp::GradScaler>(m, "GradScaler", "Dynamic loss scaling for float16 training (as torch.amp.GradScaler).")
+      .def(
+          "__init__",
+          [](amp::GradScaler* g, double init_scale, double growth_factor, double backoff_factor,
+             int64_t growth_interval, bool enabled) {
+            amp::GradScalerOptions o;
+            o.init_scale = init_scale;
+            o.growth_factor = growth_factor;
+            o.backoff_factor = backoff_factor;
+            o.growth_interval = growth_interval;
+            o.enabled = enabled;
+            new (g) amp::GradScaler(o);
+          },
+          nb::arg("init_scale") = 65536.0, nb::arg("growth_factor") = 2.0, nb::arg("backoff_factor") = 0.5,
+          nb::arg("growth_interval") = 2000, nb::arg("enabled") = true)
+      .def("scale", &amp::GradScaler::scale, nb::arg("loss"), nogil)
+      .def(
+          "unscale_",
+          [](amp::GradScaler& g, optim::Optimizer& o) {
+            std::vector<Tensor> ps;
+            for (const auto& gr : o.groups()) ps.insert(ps.end(), gr.params.begin(), gr.params.end());
+            R r;
+            g.unscale(ps);
+          },
+          nb::arg("optimizer"))
+      .def(
+          "step",
+          [](amp::GradScaler& g, optim::Optimizer& o) {
+            std::vector<Tensor> ps;
+            for (const auto& gr : o.groups()) ps.insert(ps.end(), gr.params.begin(), gr.params.end());
+            R r;
+            g.step(o, ps);
+          },
+          nb::arg("optimizer"), "Unscales (unless unscale_ ran), then steps unless a gradient is inf/NaN.")
+      .def("update", &amp::GradScaler::update, nogil)
+      .def("get_scale", &amp::GradScaler::get_scale)
+      .def_prop_ro("skipped_steps", &amp::GradScaler::skipped_steps)
+      .def_prop_ro("last_step_skipped", &amp::GradScaler::last_step_skipped);
+
+  // ---- files ----
+  m.def(
+      "save_safetensors",
+      [](const std::string& path, const std::map<std::string, Tensor>& tensors,
+         const std::map<std::string, std::string>& metadata) { io::save_safetensors(path, tensors, metadata); },
+      nb::arg("path"), nb::arg("tensors"), nb::arg("metadata") = std::map<std::string, std::string>{}, nogil,
+      "Writes a dict of tensors (any device and layout) atomically: a crash never leaves half a file.");
+  m.def(
+      "load_safetensors",
+      [](const std::string& path) {
+        io::SafetensorsFile f;
+        {
+          R r;
+          f = io::load_safetensors(path);
+        }
+        return nb::make_tuple(f.tensors, f.metadata);
+      },
+      nb::arg("path"), "(tensors, metadata) of a safetensors file; damaged files are errors naming the part.");
+  m.def(
+      "save_checkpoint",
+      [](const std::string& path, const std::map<std::string, Tensor>& tensors, nb::handle state) {
+        const std::string js = nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(state));
+        std::vector<std::pair<std::string, Tensor>> v(tensors.begin(), tensors.end());
+        R r;
+        io::save_checkpoint(path, v, js);
+      },
+      nb::arg("path"), nb::arg("tensors"), nb::arg("state") = nb::dict(),
+      "Kiln's checkpoint format (docs/checkpoint.md): tensors with CRC32C checksums plus a JSON state; atomic.");
+  m.def(
+      "load_checkpoint",
+      [](const std::string& path) {
+        std::map<std::string, Tensor> tensors;
+        std::string js;
+        {
+          R r;
+          io::CheckpointReader reader(path);
+          for (const auto& e : reader.entries()) tensors[e.name] = reader.read(e.name);
+          js = reader.state_json();
+        }
+        return nb::make_tuple(tensors, nb::module_::import_("json").attr("loads")(js));
+      },
+      nb::arg("path"), "(tensors, state) of a Kiln checkpoint, every checksum verified.");
+
+  // ---- data ----
+  nb::class_<io::Dataset>(m, "Dataset", "A data set of the engine: size, and batches by index.")
+      .def("__len__", &io::Dataset::size)
+      .def(
+          "get_batch",
+          [](const io::Dataset& d, const std::vector<int64_t>& idx, uint64_t seed) {
+            io::Batch b;
+            {
+              R r;
+              b = d.get_batch(idx, seed);
+            }
+            return batch_dict(b);
+          },
+          nb::arg("indices"), nb::arg("seed") = 0);
+  m.def("_load_mnist_dir", [](const std::string& dir, const std::string& name, int64_t pad_crop, bool hflip,
+                              std::vector<float> mean, std::vector<float> std) {
+    io::ImageTransform t;
+    t.pad_crop = pad_crop;
+    t.hflip = hflip;
+    t.mean = std::move(mean);
+    t.std = std::move(std);
+    io::ImageClassData d;
+    {
+      R r;
+      d = io::load_mnist_dir(dir, t, name);
+    }
+    nb::dict out;
+    out["train"] = std::static_pointer_cast<io::Dataset>(d.train);
+    out["test"] = std::static_pointer_cast<io::Dataset>(d.test);
+    out["num_classes"] = d.num_classes;
+    out["shape"] = nb::make_tuple(d.channels, d.height, d.width);
+    out["class_names"] = d.class_names;
+    return out;
+  });
+  nb::class_<Loader>(m, "_Loader")
+      .def("__init__",
+           [](Loader* l, std::shared_ptr<io::Dataset> ds, int64_t batch_size, bool shuffle, bool drop_last,
+              uint64_t seed, int workers, bool pin_memory) {
+             io::LoaderOptions o;
+             o.batch_size = batch_size;
+             o.shuffle = shuffle;
+             o.drop_last = drop_last;
+             o.seed = seed;
+             o.workers = workers;
+             o.pin_memory = pin_memory;
+             new (l) Loader{std::make_unique<io::DataLoader>(std::move(ds), o), -1};
+           })
+      .def("__len__", [](const Loader& l) { return l.loader->batches_per_epoch(); })
+      .def(
+          "start_epoch",
+          [](Loader& l, std::optional<int64_t> epoch) {
+            l.epoch = epoch ? *epoch : l.epoch + 1;
+            R r;
+            l.loader->seek({l.epoch, 0});
+          },
+          nb::arg("epoch") = nb::none())
+      .def("next",
+           [](Loader& l) -> nb::object {
+             std::optional<io::Batch> b;
+             {
+               R r;
+               b = l.loader->next();
+             }
+             if (!b) return nb::none();
+             return batch_dict(*b);
+           })
+      .def_prop_ro("epoch", [](const Loader& l) { return l.epoch; });
+}
+
+}  // namespace kiln::py

@@ -1,0 +1,483 @@
+// The functions of engine/nn_ops.h (kiln.nn.functional in the package): convolution, pooling,
+// normalisation, activations, softmax, losses, embedding, dropout, attention, padding and
+// resampling. Sizes take an int or a tuple, as in torch.nn.functional.
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/tuple.h>
+
+#include <limits>
+
+#include "common.h"
+
+namespace kiln::py {
+namespace {
+
+using R = nb::gil_scoped_release;
+auto nogil = nb::call_guard<nb::gil_scoped_release>();
+
+template <size_t N> std::array<int64_t, N> tuple_of(nb::handle h, const char* what, int64_t fallback = 0) {
+  std::array<int64_t, N> out;
+  if (h.is_none()) {
+    out.fill(fallback);
+    return out;
+  }
+  if (PyLong_Check(h.ptr())) {
+    out.fill(nb::cast<int64_t>(h));
+    return out;
+  }
+  const std::vector<int64_t> v = to_dims(h, what);
+  if (v.size() != N)
+    value_error(std::string(what) + ": expected an int or " + std::to_string(N) + " ints, got " +
+                std::to_string(v.size()));
+  for (size_t i = 0; i < N; ++i) out[i] = v[i];
+  return out;
+}
+int64_t one_of(nb::handle h, const char* what, int64_t fallback = 0) { return tuple_of<1>(h, what, fallback)[0]; }
+
+Reduction reduction_of(const std::string& r) {
+  if (r == "mean") return Reduction::mean;
+  if (r == "sum") return Reduction::sum;
+  if (r == "none") return Reduction::none;
+  if (r == "batchmean") return Reduction::batchmean;
+  value_error("reduction must be \"mean\", \"sum\", \"none\" or \"batchmean\", got \"" + r + "\"");
+}
+
+Tensor opt(const std::optional<Tensor>& t) { return t ? *t : Tensor(); }
+
+bool is_same(nb::handle padding) {
+  if (!nb::isinstance<nb::str>(padding)) return false;
+  const std::string s = nb::cast<std::string>(padding);
+  if (s == "same") return true;
+  if (s == "valid") return false;
+  value_error("padding: expected an int, a tuple, \"same\" or \"valid\", got \"" + s + "\"");
+}
+bool is_valid(nb::handle padding) { return nb::isinstance<nb::str>(padding) && !is_same(padding); }
+
+}  // namespace
+
+void bind_nn_ops(nb::module_& m) {
+  auto a = [](const char* n) { return nb::arg(n); };
+  m.def(
+      "linear", [](const Tensor& x, const Tensor& w, std::optional<Tensor> b) { return linear(x, w, opt(b)); },
+      a("input"), a("weight"), nb::arg("bias") = nb::none(), nogil);
+
+  // ---- convolution ----
+  m.def(
+      "conv1d",
+      [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, nb::handle stride, nb::handle padding,
+         nb::handle dilation, int64_t groups) {
+        const int64_t dl = one_of(dilation, "dilation", 1);
+        if (is_same(padding)) {
+          R r;
+          return conv1d(x, w, opt(b), kSame, dl, groups);
+        }
+        const int64_t st = one_of(stride, "stride", 1), pd = is_valid(padding) ? 0 : one_of(padding, "padding");
+        R r;
+        return conv1d(x, w, opt(b), st, pd, dl, groups);
+      },
+      a("input"), a("weight"), nb::arg("bias") = nb::none(), nb::arg("stride") = 1, nb::arg("padding") = 0,
+      nb::arg("dilation") = 1, nb::arg("groups") = 1);
+  m.def(
+      "conv2d",
+      [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, nb::handle stride, nb::handle padding,
+         nb::handle dilation, int64_t groups) {
+        const Pair dl = tuple_of<2>(dilation, "dilation", 1);
+        if (is_same(padding)) {
+          R r;
+          return conv2d(x, w, opt(b), kSame, dl, groups);
+        }
+        const Pair st = tuple_of<2>(stride, "stride", 1),
+                   pd = is_valid(padding) ? Pair{0, 0} : tuple_of<2>(padding, "padding");
+        R r;
+        return conv2d(x, w, opt(b), st, pd, dl, groups);
+      },
+      a("input"), a("weight"), nb::arg("bias") = nb::none(), nb::arg("stride") = 1, nb::arg("padding") = 0,
+      nb::arg("dilation") = 1, nb::arg("groups") = 1);
+  m.def(
+      "conv3d",
+      [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, nb::handle stride, nb::handle padding,
+         nb::handle dilation, int64_t groups) {
+        const Triple dl = tuple_of<3>(dilation, "dilation", 1);
+        if (is_same(padding)) {
+          R r;
+          return conv3d(x, w, opt(b), kSame, dl, groups);
+        }
+        const Triple st = tuple_of<3>(stride, "stride", 1);
+        const Triple pd = is_valid(padding) ? Triple{0, 0, 0} : tuple_of<3>(padding, "padding");
+        R r;
+        return conv3d(x, w, opt(b), st, pd, dl, groups);
+      },
+      a("input"), a("weight"), nb::arg("bias") = nb::none(), nb::arg("stride") = 1, nb::arg("padding") = 0,
+      nb::arg("dilation") = 1, nb::arg("groups") = 1);
+  m.def(
+      "conv_transpose1d",
+      [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, nb::handle stride, nb::handle padding,
+         nb::handle output_padding, int64_t groups, nb::handle dilation) {
+        const int64_t st = one_of(stride, "stride", 1), pd = one_of(padding, "padding"),
+                      op = one_of(output_padding, "output_padding"), dl = one_of(dilation, "dilation", 1);
+        R r;
+        return conv_transpose1d(x, w, opt(b), st, pd, op, groups, dl);
+      },
+      a("input"), a("weight"), nb::arg("bias") = nb::none(), nb::arg("stride") = 1, nb::arg("padding") = 0,
+      nb::arg("output_padding") = 0, nb::arg("groups") = 1, nb::arg("dilation") = 1);
+  m.def(
+      "conv_transpose2d",
+      [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, nb::handle stride, nb::handle padding,
+         nb::handle output_padding, int64_t groups, nb::handle dilation) {
+        const Pair st = tuple_of<2>(stride, "stride", 1), pd = tuple_of<2>(padding, "padding"),
+                   op = tuple_of<2>(output_padding, "output_padding"), dl = tuple_of<2>(dilation, "dilation", 1);
+        R r;
+        return conv_transpose2d(x, w, opt(b), st, pd, op, groups, dl);
+      },
+      a("input"), a("weight"), nb::arg("bias") = nb::none(), nb::arg("stride") = 1, nb::arg("padding") = 0,
+      nb::arg("output_padding") = 0, nb::arg("groups") = 1, nb::arg("dilation") = 1);
+
+  // ---- pooling ----
+  m.def(
+      "max_pool1d",
+      [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, nb::handle d, bool ceil_mode,
+         bool return_indices) -> nb::object {
+        const int64_t kk = one_of(k, "kernel_size"), ss = one_of(s, "stride", 0), pp = one_of(p, "padding"),
+                      dd = one_of(d, "dilation", 1);
+        if (return_indices) {
+          ValuesIndices vi;
+          {
+            R r;
+            vi = max_pool1d_with_indices(x, kk, ss, pp, dd, ceil_mode);
+          }
+          return nb::make_tuple(vi.values, vi.indices);
+        }
+        R r;
+        Tensor out = max_pool1d(x, kk, ss, pp, dd, ceil_mode);
+        nb::gil_scoped_acquire g;
+        return nb::cast(out);
+      },
+      a("input"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0, nb::arg("dilation") = 1,
+      nb::arg("ceil_mode") = false, nb::arg("return_indices") = false);
+  m.def(
+      "max_pool2d",
+      [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, nb::handle d, bool ceil_mode,
+         bool return_indices) -> nb::object {
+        const Pair kk = tuple_of<2>(k, "kernel_size"), ss = tuple_of<2>(s, "stride", 0), pp = tuple_of<2>(p, "padding"),
+                   dd = tuple_of<2>(d, "dilation", 1);
+        if (return_indices) {
+          ValuesIndices vi;
+          {
+            R r;
+            vi = max_pool2d_with_indices(x, kk, ss, pp, dd, ceil_mode);
+          }
+          return nb::make_tuple(vi.values, vi.indices);
+        }
+        Tensor out;
+        {
+          R r;
+          out = max_pool2d(x, kk, ss, pp, dd, ceil_mode);
+        }
+        return nb::cast(out);
+      },
+      a("input"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0, nb::arg("dilation") = 1,
+      nb::arg("ceil_mode") = false, nb::arg("return_indices") = false);
+  m.def(
+      "max_pool3d",
+      [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, nb::handle d, bool ceil_mode) {
+        const Triple kk = tuple_of<3>(k, "kernel_size"), ss = tuple_of<3>(s, "stride", 0),
+                     pp = tuple_of<3>(p, "padding"), dd = tuple_of<3>(d, "dilation", 1);
+        R r;
+        return max_pool3d(x, kk, ss, pp, dd, ceil_mode);
+      },
+      a("input"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0, nb::arg("dilation") = 1,
+      nb::arg("ceil_mode") = false);
+  m.def(
+      "avg_pool1d",
+      [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, bool ceil_mode, bool cip) {
+        const int64_t kk = one_of(k, "kernel_size"), ss = one_of(s, "stride", 0), pp = one_of(p, "padding");
+        R r;
+        return avg_pool1d(x, kk, ss, pp, cip, ceil_mode);
+      },
+      a("input"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0,
+      nb::arg("ceil_mode") = false, nb::arg("count_include_pad") = true);
+  m.def(
+      "avg_pool2d",
+      [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, bool ceil_mode, bool cip,
+         std::optional<int64_t> divisor) {
+        const Pair kk = tuple_of<2>(k, "kernel_size"), ss = tuple_of<2>(s, "stride", 0), pp = tuple_of<2>(p, "padding");
+        R r;
+        return avg_pool2d(x, kk, ss, pp, cip, ceil_mode, divisor ? *divisor : 0);
+      },
+      a("input"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0,
+      nb::arg("ceil_mode") = false, nb::arg("count_include_pad") = true, nb::arg("divisor_override") = nb::none());
+  m.def(
+      "avg_pool3d",
+      [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, bool ceil_mode, bool cip,
+         std::optional<int64_t> divisor) {
+        const Triple kk = tuple_of<3>(k, "kernel_size"), ss = tuple_of<3>(s, "stride", 0),
+                     pp = tuple_of<3>(p, "padding");
+        R r;
+        return avg_pool3d(x, kk, ss, pp, cip, ceil_mode, divisor ? *divisor : 0);
+      },
+      a("input"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0,
+      nb::arg("ceil_mode") = false, nb::arg("count_include_pad") = true, nb::arg("divisor_override") = nb::none());
+  m.def(
+      "max_unpool1d",
+      [](const Tensor& x, const Tensor& idx, nb::handle k, nb::handle s, nb::handle p, std::optional<int64_t> size) {
+        const int64_t kk = one_of(k, "kernel_size"), ss = one_of(s, "stride", 0), pp = one_of(p, "padding");
+        R r;
+        return max_unpool1d(x, idx, kk, ss, pp, size);
+      },
+      a("input"), a("indices"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0,
+      nb::arg("output_size") = nb::none());
+  m.def(
+      "max_unpool2d",
+      [](const Tensor& x, const Tensor& idx, nb::handle k, nb::handle s, nb::handle p, nb::handle size) {
+        const Pair kk = tuple_of<2>(k, "kernel_size"), ss = tuple_of<2>(s, "stride", 0), pp = tuple_of<2>(p, "padding");
+        std::optional<Pair> os;
+        if (!size.is_none()) {
+          std::vector<int64_t> v = to_dims(size, "output_size");
+          if (v.size() < 2) value_error("output_size: expected (H, W) or a longer size ending in them");
+          os = Pair{v[v.size() - 2], v[v.size() - 1]};
+        }
+        R r;
+        return max_unpool2d(x, idx, kk, ss, pp, os);
+      },
+      a("input"), a("indices"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0,
+      nb::arg("output_size") = nb::none());
+  m.def(
+      "adaptive_avg_pool2d",
+      [](const Tensor& x, nb::handle size) {
+        const Pair s = tuple_of<2>(size, "output_size");
+        R r;
+        return adaptive_avg_pool2d(x, s);
+      },
+      a("input"), a("output_size"));
+
+  // ---- normalisation ----
+  m.def(
+      "batch_norm",
+      [](const Tensor& x, std::optional<Tensor> rm, std::optional<Tensor> rv, std::optional<Tensor> w,
+         std::optional<Tensor> b, bool training, double momentum,
+         double eps) { return batch_norm(x, opt(rm), opt(rv), opt(w), opt(b), training, momentum, eps); },
+      a("input"), a("running_mean").none(), a("running_var").none(), nb::arg("weight") = nb::none(),
+      nb::arg("bias") = nb::none(), nb::arg("training") = false, nb::arg("momentum") = 0.1, nb::arg("eps") = 1e-5,
+      nogil);
+  m.def(
+      "layer_norm",
+      [](const Tensor& x, nb::handle shape, std::optional<Tensor> w, std::optional<Tensor> b, double eps) {
+        const Shape s(to_dims(shape, "normalized_shape"));
+        R r;
+        return layer_norm(x, s, opt(w), opt(b), eps);
+      },
+      a("input"), a("normalized_shape"), nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(),
+      nb::arg("eps") = 1e-5);
+  m.def(
+      "group_norm",
+      [](const Tensor& x, int64_t g, std::optional<Tensor> w, std::optional<Tensor> b, double eps) {
+        return group_norm(x, g, opt(w), opt(b), eps);
+      },
+      a("input"), a("num_groups"), nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(), nb::arg("eps") = 1e-5,
+      nogil);
+  m.def(
+      "instance_norm",
+      [](const Tensor& x, std::optional<Tensor> w, std::optional<Tensor> b, double eps) {
+        return instance_norm(x, opt(w), opt(b), eps);
+      },
+      a("input"), nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(), nb::arg("eps") = 1e-5, nogil);
+  m.def(
+      "rms_norm",
+      [](const Tensor& x, nb::handle shape, std::optional<Tensor> w, std::optional<double> eps) {
+        const Shape s(to_dims(shape, "normalized_shape"));
+        R r;
+        return rms_norm(x, s, opt(w), eps);
+      },
+      a("input"), a("normalized_shape"), nb::arg("weight") = nb::none(), nb::arg("eps") = nb::none());
+  m.def("local_response_norm", &local_response_norm, a("input"), a("size"), nb::arg("alpha") = 1e-4,
+        nb::arg("beta") = 0.75, nb::arg("k") = 1.0, nogil);
+
+  // ---- activations ----
+  m.def("silu", &silu, a("input"), nogil);
+  m.def("mish", &mish, a("input"), nogil);
+  m.def("softsign", &softsign, a("input"), nogil);
+  m.def("logsigmoid", &logsigmoid, a("input"), nogil);
+  m.def("selu", &selu, a("input"), nogil);
+  m.def("relu6", &relu6, a("input"), nogil);
+  m.def("hardsigmoid", &hardsigmoid, a("input"), nogil);
+  m.def("hardswish", &hardswish, a("input"), nogil);
+  m.def("softplus", &softplus, a("input"), nb::arg("beta") = 1.0, nb::arg("threshold") = 20.0, nogil);
+  m.def("leaky_relu", &leaky_relu, a("input"), nb::arg("negative_slope") = 0.01, nogil);
+  m.def("elu", &elu, a("input"), nb::arg("alpha") = 1.0, nogil);
+  m.def("celu", &celu, a("input"), nb::arg("alpha") = 1.0, nogil);
+  m.def("hardtanh", &hardtanh, a("input"), nb::arg("min_val") = -1.0, nb::arg("max_val") = 1.0, nogil);
+  m.def("prelu", &prelu, a("input"), a("weight"), nogil);
+  m.def("glu", &glu, a("input"), nb::arg("dim") = -1, nogil);
+  m.def("softmax", &softmax, a("input"), a("dim"), nogil);
+  m.def("log_softmax", &log_softmax, a("input"), a("dim"), nogil);
+
+  // ---- losses ----
+  m.def(
+      "cross_entropy",
+      [](const Tensor& x, const Tensor& t, std::optional<Tensor> w, int64_t ignore_index, const std::string& red,
+         double smoothing) {
+        const Reduction r = reduction_of(red);
+        R g;
+        return cross_entropy(x, t, ignore_index, smoothing, r, opt(w));
+      },
+      a("input"), a("target"), nb::arg("weight") = nb::none(), nb::arg("ignore_index") = -100,
+      nb::arg("reduction") = "mean", nb::arg("label_smoothing") = 0.0);
+  m.def(
+      "nll_loss",
+      [](const Tensor& x, const Tensor& t, std::optional<Tensor> w, int64_t ignore_index, const std::string& red) {
+        const Reduction r = reduction_of(red);
+        R g;
+        return nll_loss(x, t, ignore_index, r, opt(w));
+      },
+      a("input"), a("target"), nb::arg("weight") = nb::none(), nb::arg("ignore_index") = -100,
+      nb::arg("reduction") = "mean");
+  auto loss2 = [&](const char* name, Tensor (*fn)(const Tensor&, const Tensor&, Reduction)) {
+    m.def(
+        name,
+        [fn](const Tensor& x, const Tensor& t, const std::string& red) {
+          const Reduction r = reduction_of(red);
+          R g;
+          return fn(x, t, r);
+        },
+        nb::arg("input"), nb::arg("target"), nb::arg("reduction") = "mean");
+  };
+  loss2("mse_loss", [](const Tensor& x, const Tensor& t, Reduction r) { return mse_loss(x, t, r); });
+  loss2("l1_loss", [](const Tensor& x, const Tensor& t, Reduction r) { return l1_loss(x, t, r); });
+  loss2("binary_cross_entropy_with_logits",
+        [](const Tensor& x, const Tensor& t, Reduction r) { return binary_cross_entropy_with_logits(x, t, r); });
+  m.def(
+      "binary_cross_entropy",
+      [](const Tensor& x, const Tensor& t, std::optional<Tensor> w, const std::string& red) {
+        const Reduction r = reduction_of(red);
+        R g;
+        return binary_cross_entropy(x, t, r, opt(w));
+      },
+      a("input"), a("target"), nb::arg("weight") = nb::none(), nb::arg("reduction") = "mean");
+  m.def(
+      "smooth_l1_loss",
+      [](const Tensor& x, const Tensor& t, const std::string& red, double beta) {
+        const Reduction r = reduction_of(red);
+        R g;
+        return smooth_l1_loss(x, t, r, beta);
+      },
+      a("input"), a("target"), nb::arg("reduction") = "mean", nb::arg("beta") = 1.0);
+  m.def(
+      "huber_loss",
+      [](const Tensor& x, const Tensor& t, const std::string& red, double delta) {
+        const Reduction r = reduction_of(red);
+        R g;
+        return huber_loss(x, t, r, delta);
+      },
+      a("input"), a("target"), nb::arg("reduction") = "mean", nb::arg("delta") = 1.0);
+  m.def(
+      "kl_div",
+      [](const Tensor& x, const Tensor& t, const std::string& red, bool log_target) {
+        const Reduction r = reduction_of(red);
+        R g;
+        return kl_div(x, t, r, log_target);
+      },
+      a("input"), a("target"), nb::arg("reduction") = "mean", nb::arg("log_target") = false);
+  m.def(
+      "margin_ranking_loss",
+      [](const Tensor& x1, const Tensor& x2, const Tensor& y, double margin, const std::string& red) {
+        const Reduction r = reduction_of(red);
+        R g;
+        return margin_ranking_loss(x1, x2, y, margin, r);
+      },
+      a("input1"), a("input2"), a("target"), nb::arg("margin") = 0.0, nb::arg("reduction") = "mean");
+  m.def(
+      "cosine_embedding_loss",
+      [](const Tensor& x1, const Tensor& x2, const Tensor& y, double margin, const std::string& red) {
+        const Reduction r = reduction_of(red);
+        R g;
+        return cosine_embedding_loss(x1, x2, y, margin, r);
+      },
+      a("input1"), a("input2"), a("target"), nb::arg("margin") = 0.0, nb::arg("reduction") = "mean");
+  m.def("cosine_similarity", &cosine_similarity, a("x1"), a("x2"), nb::arg("dim") = 1, nb::arg("eps") = 1e-8, nogil);
+
+  // ---- embedding, dropout, attention ----
+  m.def(
+      "embedding",
+      [](const Tensor& idx, const Tensor& w, std::optional<int64_t> padding_idx) {
+        return embedding(w, idx, padding_idx ? *padding_idx : -1);
+      },
+      a("input"), a("weight"), nb::arg("padding_idx") = nb::none(), nogil);
+  m.def(
+      "dropout", [](const Tensor& x, double p, bool training) { return dropout(x, p, training); }, a("input"),
+      nb::arg("p") = 0.5, nb::arg("training") = true, nogil);
+  m.def(
+      "scaled_dot_product_attention",
+      [](const Tensor& q, const Tensor& k, const Tensor& v, std::optional<Tensor> mask, double dropout_p,
+         bool is_causal, std::optional<double> scale) {
+        AttentionOptions o;
+        o.causal = is_causal ? Causal::top_left : Causal::none;
+        o.scale = scale;
+        o.dropout_p = dropout_p;
+        o.training = dropout_p > 0;
+        Tensor am = opt(mask);
+        if (am.defined() && am.dtype() == DType::boolean)  // torch's rule: True takes part; Kiln's masks add
+          am = masked_fill(zeros(am.shape(), TensorOptions(q.dtype(), q.device())), logical_not(am),
+                           -std::numeric_limits<double>::infinity());
+        return attention(q, k, v, am, o).out;
+      },
+      a("query"), a("key"), a("value"), nb::arg("attn_mask") = nb::none(), nb::arg("dropout_p") = 0.0,
+      nb::arg("is_causal") = false, nb::arg("scale") = nb::none(), nogil,
+      "softmax(q k^T * scale + mask) v; a bool mask keeps the True places (as torch); a fully masked row gives zeros.");
+
+  // ---- padding, resampling ----
+  m.def(
+      "pad",
+      [](const Tensor& x, nb::handle pad_, const std::string& mode, double value) {
+        PadMode pm;
+        if (mode == "constant")
+          pm = PadMode::constant;
+        else if (mode == "reflect")
+          pm = PadMode::reflect;
+        else if (mode == "replicate")
+          pm = PadMode::replicate;
+        else if (mode == "circular")
+          pm = PadMode::circular;
+        else
+          value_error("pad: mode must be constant, reflect, replicate or circular, got \"" + mode + "\"");
+        const std::vector<int64_t> p = to_dims(pad_, "pad");
+        R r;
+        return pad(x, p, pm, value);
+      },
+      a("input"), a("pad"), nb::arg("mode") = "constant", nb::arg("value") = 0.0);
+  m.def(
+      "interpolate",
+      [](const Tensor& x, nb::handle size, nb::handle scale, const std::string& mode,
+         std::optional<bool> align_corners) {
+        InterpMode im;
+        if (mode == "nearest")
+          im = InterpMode::nearest;
+        else if (mode == "bilinear")
+          im = InterpMode::bilinear;
+        else if (mode == "bicubic")
+          im = InterpMode::bicubic;
+        else
+          value_error("interpolate: mode must be nearest, bilinear or bicubic, got \"" + mode + "\"");
+        const bool ac = align_corners.value_or(false);
+        if (!size.is_none()) {
+          const Pair s = tuple_of<2>(size, "size");
+          R r;
+          return interpolate(x, s, im, ac);
+        }
+        if (scale.is_none()) value_error("interpolate: give size or scale_factor");
+        std::array<double, 2> sf;
+        if (PyFloat_Check(scale.ptr()) || PyLong_Check(scale.ptr())) {
+          sf.fill(nb::cast<double>(scale));
+        } else {
+          auto v = nb::cast<std::vector<double>>(scale);
+          if (v.size() != 2) value_error("interpolate: scale_factor takes a number or two");
+          sf = {v[0], v[1]};
+        }
+        R r;
+        return interpolate_scale(x, sf, im, ac);
+      },
+      a("input"), nb::arg("size") = nb::none(), nb::arg("scale_factor") = nb::none(), nb::arg("mode") = "nearest",
+      nb::arg("align_corners") = nb::none());
+  m.def("pixel_shuffle", &pixel_shuffle, a("input"), a("upscale_factor"), nogil);
+  m.def("pixel_unshuffle", &pixel_unshuffle, a("input"), a("downscale_factor"), nogil);
+}
+
+}  // namespace kiln::py

@@ -1,0 +1,492 @@
+// The functions of engine/ops.h as module functions: factories, elementwise math, reductions,
+// scans and sorting, linear algebra, and the shape and index ops of nn_ops.h. Argument names and
+// defaults follow torch where the op exists there (dim, keepdim, ...). The GIL is released around
+// every computation.
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
+
+#include "common.h"
+
+namespace kiln::py {
+namespace {
+
+using R = nb::gil_scoped_release;
+auto nogil = nb::call_guard<nb::gil_scoped_release>();
+
+TensorOptions options(nb::handle dtype, nb::handle device, bool requires_grad, DType fallback = DType::f32) {
+  TensorOptions o;
+  o.dtype = dtype.is_none() ? fallback : to_dtype(dtype);
+  o.device = device.is_none() ? kCPU : to_device(device);
+  o.requires_grad = requires_grad;
+  return o;
+}
+
+// A second operand: a tensor, or a number taking the first operand's dtype rules.
+Tensor operand(nb::handle h, const Tensor& like) { return to_tensor(h, &like, "other"); }
+
+nb::tuple pair_of(const ValuesIndices& vi) { return nb::make_tuple(vi.values, vi.indices); }
+
+Tensor finish(Tensor t, bool requires_grad) {
+  if (requires_grad) t.set_requires_grad(true);
+  return t;
+}
+
+template <typename F> void unary(nb::module_& m, const char* name, F fn, const char* doc = "") {
+  m.def(
+      name, [fn](const Tensor& x) { return fn(x); }, nb::arg("input"), nogil, doc);
+}
+
+template <typename F> void binary_fn(nb::module_& m, const char* name, F fn) {
+  m.def(
+      name,
+      [fn](const Tensor& a, nb::handle b) {
+        const Tensor t = operand(b, a);
+        R r;
+        return fn(a, t);
+      },
+      nb::arg("input"), nb::arg("other"));
+}
+
+}  // namespace
+
+void bind_ops(nb::module_& m) {
+  // ---- factories ----
+  auto sized = [&](const char* name, auto make) {
+    m.def(
+        name,
+        [make](nb::args size, nb::kwargs kw) {
+          nb::handle dtype = nb::none(), device = nb::none();
+          bool rg = false;
+          for (auto [k, v] : kw) {
+            const std::string key = nb::cast<std::string>(k);
+            if (key == "dtype")
+              dtype = v;
+            else if (key == "device")
+              device = v;
+            else if (key == "requires_grad")
+              rg = nb::cast<bool>(v);
+            else
+              value_error(std::string("unexpected keyword argument '") + key + "'");
+          }
+          const Shape s = to_shape(size);
+          TensorOptions o = options(dtype, device, false);
+          Tensor t;
+          {
+            R r;
+            t = make(s, o);
+          }
+          return finish(t, rg);
+        },
+        "(*size, dtype=kiln.float32, device='cpu', requires_grad=False)");
+  };
+  sized("zeros", [](const Shape& s, TensorOptions o) { return zeros(s, o); });
+  sized("ones", [](const Shape& s, TensorOptions o) { return ones(s, o); });
+  sized("empty", [](const Shape& s, TensorOptions o) { return empty(s, o); });
+  sized("rand", [](const Shape& s, TensorOptions o) { return rand(s, o); });
+  sized("randn", [](const Shape& s, TensorOptions o) { return randn(s, o); });
+  m.def(
+      "full",
+      [](nb::handle size, double value, nb::handle dtype, nb::handle device, bool rg) {
+        const Shape s(to_dims(size, "size"));
+        return finish(full(s, value, options(dtype, device, false)), rg);
+      },
+      nb::arg("size"), nb::arg("fill_value"), nb::kw_only(), nb::arg("dtype") = nb::none(),
+      nb::arg("device") = nb::none(), nb::arg("requires_grad") = false);
+  m.def(
+      "randint",
+      [](int64_t low, int64_t high, nb::handle size, nb::handle dtype, nb::handle device) {
+        return randint(low, high, Shape(to_dims(size, "size")), options(dtype, device, false, DType::i64));
+      },
+      nb::arg("low"), nb::arg("high"), nb::arg("size"), nb::kw_only(), nb::arg("dtype") = nb::none(),
+      nb::arg("device") = nb::none(), "Integers uniform in [low, high).");
+  m.def(
+      "normal",
+      [](double mean, double std, nb::handle size, nb::handle dtype, nb::handle device) {
+        return normal(Shape(to_dims(size, "size")), mean, std, options(dtype, device, false));
+      },
+      nb::arg("mean"), nb::arg("std"), nb::arg("size"), nb::kw_only(), nb::arg("dtype") = nb::none(),
+      nb::arg("device") = nb::none());
+  m.def(
+      "bernoulli",
+      [](nb::handle size, double p, nb::handle dtype, nb::handle device) {
+        return bernoulli(Shape(to_dims(size, "size")), p, options(dtype, device, false));
+      },
+      nb::arg("size"), nb::arg("p"), nb::kw_only(), nb::arg("dtype") = nb::none(), nb::arg("device") = nb::none());
+  auto like = [&](const char* name, auto make) {
+    m.def(
+        name,
+        [make](const Tensor& t, nb::handle dtype, nb::handle device, bool rg) {
+          TensorOptions o(t.dtype(), t.device());
+          if (!dtype.is_none()) o.dtype = to_dtype(dtype);
+          if (!device.is_none()) o.device = to_device(device);
+          return finish(make(t.shape(), o), rg);
+        },
+        nb::arg("input"), nb::kw_only(), nb::arg("dtype") = nb::none(), nb::arg("device") = nb::none(),
+        nb::arg("requires_grad") = false);
+  };
+  like("zeros_like", [](const Shape& s, TensorOptions o) { return zeros(s, o); });
+  like("ones_like", [](const Shape& s, TensorOptions o) { return ones(s, o); });
+  like("empty_like", [](const Shape& s, TensorOptions o) { return empty(s, o); });
+  like("rand_like", [](const Shape& s, TensorOptions o) { return rand(s, o); });
+  like("randn_like", [](const Shape& s, TensorOptions o) { return randn(s, o); });
+  m.def(
+      "full_like",
+      [](const Tensor& t, double v, nb::handle dtype, nb::handle device) {
+        TensorOptions o(t.dtype(), t.device());
+        if (!dtype.is_none()) o.dtype = to_dtype(dtype);
+        if (!device.is_none()) o.device = to_device(device);
+        return full(t.shape(), v, o);
+      },
+      nb::arg("input"), nb::arg("fill_value"), nb::kw_only(), nb::arg("dtype") = nb::none(),
+      nb::arg("device") = nb::none());
+  m.def(
+      "arange",
+      [](double start, std::optional<double> end, double step, nb::handle dtype, nb::handle device, bool rg) {
+        if (!end) {
+          end = start;
+          start = 0;
+        }
+        // As torch: integers give int64, a float anywhere gives float32.
+        return finish(arange(start, *end, step, options(dtype, device, false, DType::i64)), rg);
+      },
+      nb::arg("start"), nb::arg("end") = nb::none(), nb::arg("step") = 1.0, nb::kw_only(),
+      nb::arg("dtype") = nb::none(), nb::arg("device") = nb::none(), nb::arg("requires_grad") = false);
+  m.def(
+      "eye",
+      [](int64_t n, std::optional<int64_t> mm, nb::handle dtype, nb::handle device) {
+        return eye(n, mm ? *mm : -1, options(dtype, device, false));
+      },
+      nb::arg("n"), nb::arg("m") = nb::none(), nb::kw_only(), nb::arg("dtype") = nb::none(),
+      nb::arg("device") = nb::none());
+  m.def(
+      "scalar_tensor",
+      [](double v, nb::handle dtype, nb::handle device) { return scalar_tensor(v, options(dtype, device, false)); },
+      nb::arg("value"), nb::kw_only(), nb::arg("dtype") = nb::none(), nb::arg("device") = nb::none());
+
+  // ---- elementwise ----
+  unary(m, "neg", [](const Tensor& x) { return neg(x); });
+  unary(m, "abs", [](const Tensor& x) { return abs(x); });
+  unary(m, "sign", [](const Tensor& x) { return sign(x); });
+  unary(m, "exp", [](const Tensor& x) { return exp(x); });
+  unary(m, "log", [](const Tensor& x) { return log(x); });
+  unary(m, "sqrt", [](const Tensor& x) { return sqrt(x); });
+  unary(m, "rsqrt", [](const Tensor& x) { return rsqrt(x); });
+  unary(m, "tanh", [](const Tensor& x) { return tanh(x); });
+  unary(m, "sigmoid", [](const Tensor& x) { return sigmoid(x); });
+  unary(m, "relu", [](const Tensor& x) { return relu(x); });
+  unary(m, "sin", [](const Tensor& x) { return sin(x); });
+  unary(m, "cos", [](const Tensor& x) { return cos(x); });
+  unary(m, "tan", [](const Tensor& x) { return tan(x); });
+  unary(m, "asin", [](const Tensor& x) { return asin(x); });
+  unary(m, "acos", [](const Tensor& x) { return acos(x); });
+  unary(m, "atan", [](const Tensor& x) { return atan(x); });
+  unary(m, "sinh", [](const Tensor& x) { return sinh(x); });
+  unary(m, "cosh", [](const Tensor& x) { return cosh(x); });
+  unary(m, "erf", [](const Tensor& x) { return erf(x); });
+  unary(m, "erfc", [](const Tensor& x) { return erfc(x); });
+  unary(m, "erfinv", [](const Tensor& x) { return erfinv(x); });
+  unary(m, "log1p", [](const Tensor& x) { return log1p(x); });
+  unary(m, "expm1", [](const Tensor& x) { return expm1(x); });
+  unary(m, "log2", [](const Tensor& x) { return log2(x); });
+  unary(m, "log10", [](const Tensor& x) { return log10(x); });
+  unary(m, "exp2", [](const Tensor& x) { return exp2(x); });
+  unary(m, "reciprocal", [](const Tensor& x) { return reciprocal(x); });
+  unary(m, "floor", [](const Tensor& x) { return floor(x); });
+  unary(m, "ceil", [](const Tensor& x) { return ceil(x); });
+  unary(m, "round", [](const Tensor& x) { return round(x); });
+  unary(m, "trunc", [](const Tensor& x) { return trunc(x); });
+  unary(m, "frac", [](const Tensor& x) { return frac(x); });
+  unary(m, "isnan", [](const Tensor& x) { return isnan(x); });
+  unary(m, "isinf", [](const Tensor& x) { return isinf(x); });
+  unary(m, "isfinite", [](const Tensor& x) { return isfinite(x); });
+  unary(m, "logical_not", [](const Tensor& x) { return logical_not(x); });
+  m.def(
+      "gelu",
+      [](const Tensor& x, const std::string& approximate) {
+        if (approximate != "none" && approximate != "tanh")
+          value_error("gelu: approximate must be \"none\" or \"tanh\", got \"" + approximate + "\"");
+        R r;
+        return gelu(x, approximate == "tanh" ? GeluApprox::tanh : GeluApprox::none);
+      },
+      nb::arg("input"), nb::arg("approximate") = "none");
+
+  m.def(
+      "add",
+      [](const Tensor& a, nb::handle b, double alpha) {
+        const Tensor t = operand(b, a);
+        R r;
+        return add(a, t, alpha);
+      },
+      nb::arg("input"), nb::arg("other"), nb::kw_only(), nb::arg("alpha") = 1.0, "input + alpha * other");
+  m.def(
+      "sub",
+      [](const Tensor& a, nb::handle b, double alpha) {
+        const Tensor t = operand(b, a);
+        R r;
+        return sub(a, t, alpha);
+      },
+      nb::arg("input"), nb::arg("other"), nb::kw_only(), nb::arg("alpha") = 1.0, "input - alpha * other");
+  binary_fn(m, "mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); });
+  binary_fn(m, "div", [](const Tensor& a, const Tensor& b) { return div(a, b); });
+  binary_fn(m, "pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); });
+  binary_fn(m, "fmod", [](const Tensor& a, const Tensor& b) { return fmod(a, b); });
+  binary_fn(m, "remainder", [](const Tensor& a, const Tensor& b) { return remainder(a, b); });
+  binary_fn(m, "atan2", [](const Tensor& a, const Tensor& b) { return atan2(a, b); });
+  binary_fn(m, "maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); });
+  binary_fn(m, "minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); });
+  binary_fn(m, "eq", [](const Tensor& a, const Tensor& b) { return eq(a, b); });
+  binary_fn(m, "ne", [](const Tensor& a, const Tensor& b) { return ne(a, b); });
+  binary_fn(m, "lt", [](const Tensor& a, const Tensor& b) { return lt(a, b); });
+  binary_fn(m, "le", [](const Tensor& a, const Tensor& b) { return le(a, b); });
+  binary_fn(m, "gt", [](const Tensor& a, const Tensor& b) { return gt(a, b); });
+  binary_fn(m, "ge", [](const Tensor& a, const Tensor& b) { return ge(a, b); });
+  binary_fn(m, "logical_and", [](const Tensor& a, const Tensor& b) { return logical_and(a, b); });
+  binary_fn(m, "logical_or", [](const Tensor& a, const Tensor& b) { return logical_or(a, b); });
+  binary_fn(m, "matmul", [](const Tensor& a, const Tensor& b) { return matmul(a, b); });
+  m.def(
+      "where",
+      [](const Tensor& c, nb::handle a, nb::handle b) {
+        Tensor ta = nb::isinstance<Tensor>(a) ? nb::cast<Tensor>(a) : Tensor();
+        Tensor tb = nb::isinstance<Tensor>(b) ? nb::cast<Tensor>(b) : Tensor();
+        const Tensor* ref = ta.defined() ? &ta : (tb.defined() ? &tb : nullptr);
+        if (!ta.defined()) ta = to_tensor(a, ref, "input");
+        if (!tb.defined()) tb = to_tensor(b, ref ? ref : &ta, "other");
+        R r;
+        return where(c, ta, tb);
+      },
+      nb::arg("condition"), nb::arg("input"), nb::arg("other"));
+  m.def(
+      "clamp",
+      [](const Tensor& x, nb::handle lo, nb::handle hi) {
+        const bool tensors = nb::isinstance<Tensor>(lo) || nb::isinstance<Tensor>(hi);
+        if (tensors) {
+          const Tensor tl = lo.is_none() ? Tensor() : to_tensor(lo, &x, "min");
+          const Tensor th = hi.is_none() ? Tensor() : to_tensor(hi, &x, "max");
+          R r;
+          return clamp(x, tl, th);
+        }
+        std::optional<double> l, h;
+        if (!lo.is_none()) l = nb::cast<double>(lo);
+        if (!hi.is_none()) h = nb::cast<double>(hi);
+        R r;
+        return clamp(x, l, h);
+      },
+      nb::arg("input"), nb::arg("min") = nb::none(), nb::arg("max") = nb::none());
+  m.def(
+      "nan_to_num",
+      [](const Tensor& x, double nan, std::optional<double> posinf, std::optional<double> neginf) {
+        return nan_to_num(x, nan, posinf, neginf);
+      },
+      nb::arg("input"), nb::arg("nan") = 0.0, nb::arg("posinf") = nb::none(), nb::arg("neginf") = nb::none(), nogil);
+  m.def(
+      "lerp",
+      [](const Tensor& a, const Tensor& b, nb::handle w) {
+        if (nb::isinstance<Tensor>(w)) {
+          const Tensor tw = nb::cast<Tensor>(w);
+          R r;
+          return lerp(a, b, tw);
+        }
+        const double v = nb::cast<double>(w);
+        R r;
+        return lerp(a, b, v);
+      },
+      nb::arg("input"), nb::arg("end"), nb::arg("weight"));
+  m.def("addcmul", &addcmul, nb::arg("input"), nb::arg("tensor1"), nb::arg("tensor2"), nb::kw_only(),
+        nb::arg("value") = 1.0, nogil);
+  m.def("addcdiv", &addcdiv, nb::arg("input"), nb::arg("tensor1"), nb::arg("tensor2"), nb::kw_only(),
+        nb::arg("value") = 1.0, nogil);
+
+  // ---- reductions ----
+  auto reduce = [&](const char* name, Tensor (*fn)(const Tensor&, const std::vector<int64_t>&, bool)) {
+    m.def(
+        name,
+        [fn](const Tensor& x, nb::handle dim, bool keepdim) {
+          const std::vector<int64_t> d = to_dims(dim);
+          R r;
+          return fn(x, d, keepdim);
+        },
+        nb::arg("input"), nb::arg("dim") = nb::none(), nb::arg("keepdim") = false);
+  };
+  reduce("sum", [](const Tensor& x, const std::vector<int64_t>& d, bool k) { return sum(x, d, k); });
+  reduce("mean", [](const Tensor& x, const std::vector<int64_t>& d, bool k) { return mean(x, d, k); });
+  reduce("amax", [](const Tensor& x, const std::vector<int64_t>& d, bool k) { return amax(x, d, k); });
+  reduce("amin", [](const Tensor& x, const std::vector<int64_t>& d, bool k) { return amin(x, d, k); });
+  reduce("logsumexp", [](const Tensor& x, const std::vector<int64_t>& d, bool k) { return logsumexp(x, d, k); });
+  reduce("any", [](const Tensor& x, const std::vector<int64_t>& d, bool k) { return any(x, d, k); });
+  reduce("all", [](const Tensor& x, const std::vector<int64_t>& d, bool k) { return all(x, d, k); });
+  reduce("prod", [](const Tensor& x, const std::vector<int64_t>& d, bool k) { return prod(x, d, k); });
+  m.def(
+      "count_nonzero", [](const Tensor& x, nb::handle dim) { return count_nonzero(x, to_dims(dim)); }, nb::arg("input"),
+      nb::arg("dim") = nb::none());
+  auto varlike = [&](const char* name, Tensor (*fn)(const Tensor&, const std::vector<int64_t>&, int64_t, bool)) {
+    m.def(
+        name,
+        [fn](const Tensor& x, nb::handle dim, std::optional<bool> unbiased, std::optional<int64_t> correction,
+             bool keepdim) {
+          int64_t c = 1;
+          if (correction)
+            c = *correction;
+          else if (unbiased)
+            c = *unbiased ? 1 : 0;
+          const std::vector<int64_t> d = to_dims(dim);
+          R r;
+          return fn(x, d, c, keepdim);
+        },
+        nb::arg("input"), nb::arg("dim") = nb::none(), nb::arg("unbiased") = nb::none(), nb::kw_only(),
+        nb::arg("correction") = nb::none(), nb::arg("keepdim") = false);
+  };
+  varlike("var", [](const Tensor& x, const std::vector<int64_t>& d, int64_t c, bool k) { return var(x, d, c, k); });
+  varlike("std", [](const Tensor& x, const std::vector<int64_t>& d, int64_t c, bool k) { return stddev(x, d, c, k); });
+  m.def(
+      "norm",
+      [](const Tensor& x, nb::handle p, nb::handle dim, bool keepdim) {
+        double pv = 2.0;
+        if (nb::isinstance<nb::str>(p)) {
+          const std::string s = nb::cast<std::string>(p);
+          if (s != "fro") value_error("norm: p must be a number, inf or \"fro\", got \"" + s + "\"");
+        } else if (!p.is_none()) {
+          pv = nb::cast<double>(p);
+        }
+        const std::vector<int64_t> d = to_dims(dim);
+        R r;
+        return norm(x, pv, d, keepdim);
+      },
+      nb::arg("input"), nb::arg("p") = "fro", nb::arg("dim") = nb::none(), nb::arg("keepdim") = false);
+  auto maxmin = [&](const char* name, bool is_max) {
+    m.def(
+        name,
+        [is_max](const Tensor& x, std::optional<int64_t> dim, bool keepdim) -> nb::object {
+          if (!dim) return nb::cast(is_max ? amax(x, {}, false) : amin(x, {}, false));
+          R r;
+          const ValuesIndices vi = is_max ? max(x, *dim, keepdim) : min(x, *dim, keepdim);
+          nb::gil_scoped_acquire g;
+          return pair_of(vi);
+        },
+        nb::arg("input"), nb::arg("dim") = nb::none(), nb::arg("keepdim") = false,
+        "Without dim: the largest (smallest) element. With dim: (values, indices) along it.");
+  };
+  maxmin("max", true);
+  maxmin("min", false);
+  m.def(
+      "argmax",
+      [](const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+        return dim ? argmax(x, *dim, keepdim) : argmax(x);
+      },
+      nb::arg("input"), nb::arg("dim") = nb::none(), nb::arg("keepdim") = false, nogil);
+  m.def(
+      "argmin",
+      [](const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+        return dim ? argmin(x, *dim, keepdim) : argmin(x.reshape({-1}), 0, false);
+      },
+      nb::arg("input"), nb::arg("dim") = nb::none(), nb::arg("keepdim") = false, nogil);
+
+  // ---- scans and sorting ----
+  m.def("cumsum", &cumsum, nb::arg("input"), nb::arg("dim"), nogil);
+  m.def("cumprod", &cumprod, nb::arg("input"), nb::arg("dim"), nogil);
+  m.def(
+      "cummax", [](const Tensor& x, int64_t d) { return pair_of(cummax(x, d)); }, nb::arg("input"), nb::arg("dim"));
+  m.def(
+      "cummin", [](const Tensor& x, int64_t d) { return pair_of(cummin(x, d)); }, nb::arg("input"), nb::arg("dim"));
+  m.def(
+      "sort", [](const Tensor& x, int64_t d, bool desc) { return pair_of(sort(x, d, desc)); }, nb::arg("input"),
+      nb::arg("dim") = -1, nb::arg("descending") = false);
+  m.def("argsort", &argsort, nb::arg("input"), nb::arg("dim") = -1, nb::arg("descending") = false, nogil);
+  m.def(
+      "topk", [](const Tensor& x, int64_t k, int64_t d, bool largest) { return pair_of(topk(x, k, d, largest)); },
+      nb::arg("input"), nb::arg("k"), nb::arg("dim") = -1, nb::arg("largest") = true);
+  m.def(
+      "kthvalue", [](const Tensor& x, int64_t k, int64_t d, bool keep) { return pair_of(kthvalue(x, k, d, keep)); },
+      nb::arg("input"), nb::arg("k"), nb::arg("dim") = -1, nb::arg("keepdim") = false);
+  m.def(
+      "median",
+      [](const Tensor& x, std::optional<int64_t> d, bool keep) -> nb::object {
+        if (!d) return nb::cast(median(x));
+        return pair_of(median(x, *d, keep));
+      },
+      nb::arg("input"), nb::arg("dim") = nb::none(), nb::arg("keepdim") = false);
+  m.def(
+      "mode", [](const Tensor& x, int64_t d, bool keep) { return pair_of(mode(x, d, keep)); }, nb::arg("input"),
+      nb::arg("dim") = -1, nb::arg("keepdim") = false);
+
+  // ---- linear algebra ----
+  m.def(
+      "einsum",
+      [](const std::string& eq, nb::args ops) {
+        std::vector<Tensor> ts;
+        if (ops.size() == 1 && !nb::isinstance<Tensor>(ops[0]))
+          ts = nb::cast<std::vector<Tensor>>(ops[0]);
+        else
+          ts = nb::cast<std::vector<Tensor>>(ops);
+        R r;
+        return einsum(eq, ts);
+      },
+      nb::arg("equation"), nb::arg("operands"));
+
+  // ---- shapes, indices ----
+  m.def("cat", &cat, nb::arg("tensors"), nb::arg("dim") = 0, nogil);
+  m.def("stack", &stack, nb::arg("tensors"), nb::arg("dim") = 0, nogil);
+  m.def(
+      "split", [](const Tensor& x, int64_t size, int64_t dim) { return split(x, size, dim); }, nb::arg("tensor"),
+      nb::arg("split_size"), nb::arg("dim") = 0, nogil);
+  m.def("chunk", &chunk, nb::arg("input"), nb::arg("chunks"), nb::arg("dim") = 0, nogil);
+  m.def("unbind", &unbind, nb::arg("input"), nb::arg("dim") = 0, nogil);
+  m.def("index_select", &index_select, nb::arg("input"), nb::arg("dim"), nb::arg("index"), nogil);
+  m.def("gather", &gather, nb::arg("input"), nb::arg("dim"), nb::arg("index"), nogil);
+  m.def("scatter", &scatter, nb::arg("input"), nb::arg("dim"), nb::arg("index"), nb::arg("src"), nogil);
+  m.def("scatter_add", &scatter_add, nb::arg("input"), nb::arg("dim"), nb::arg("index"), nb::arg("src"), nogil);
+  m.def(
+      "scatter_reduce",
+      [](const Tensor& x, int64_t dim, const Tensor& idx, const Tensor& src, const std::string& reduce,
+         bool include_self) {
+        ScatterReduce r;
+        if (reduce == "sum")
+          r = ScatterReduce::sum;
+        else if (reduce == "prod")
+          r = ScatterReduce::prod;
+        else if (reduce == "mean")
+          r = ScatterReduce::mean;
+        else if (reduce == "amax")
+          r = ScatterReduce::amax;
+        else if (reduce == "amin")
+          r = ScatterReduce::amin;
+        else
+          value_error("scatter_reduce: reduce must be sum, prod, mean, amax or amin, got \"" + reduce + "\"");
+        R g;
+        return scatter_reduce(x, dim, idx, src, r, include_self);
+      },
+      nb::arg("input"), nb::arg("dim"), nb::arg("index"), nb::arg("src"), nb::arg("reduce"), nb::kw_only(),
+      nb::arg("include_self") = true);
+  m.def("take_along_dim", &take_along_dim, nb::arg("input"), nb::arg("indices"), nb::arg("dim"), nogil);
+  m.def(
+      "one_hot", [](const Tensor& idx, int64_t n) { return one_hot(idx, n); }, nb::arg("tensor"),
+      nb::arg("num_classes"), nogil);
+  m.def("nonzero", &nonzero, nb::arg("input"), nogil);
+  m.def(
+      "masked_fill", [](const Tensor& x, const Tensor& mask, double v) { return masked_fill(x, mask, v); },
+      nb::arg("input"), nb::arg("mask"), nb::arg("value"), nogil);
+  m.def("masked_scatter", &masked_scatter, nb::arg("input"), nb::arg("mask"), nb::arg("source"), nogil);
+  m.def("index_put", &index_put, nb::arg("input"), nb::arg("indices"), nb::arg("values"), nb::arg("accumulate") = false,
+        nogil);
+  m.def("tril", &tril, nb::arg("input"), nb::arg("diagonal") = 0, nogil);
+  m.def("triu", &triu, nb::arg("input"), nb::arg("diagonal") = 0, nogil);
+  m.def(
+      "flip", [](const Tensor& x, nb::handle dims) { return flip(x, to_dims(dims, "dims")); }, nb::arg("input"),
+      nb::arg("dims"));
+  m.def("roll", &roll, nb::arg("input"), nb::arg("shifts"), nb::arg("dims"), nogil);
+  m.def(
+      "tile", [](const Tensor& x, nb::handle reps) { return tile(x, to_dims(reps, "dims")); }, nb::arg("input"),
+      nb::arg("dims"));
+  m.def("broadcast_shapes", [](nb::args shapes) {
+    Shape s;
+    for (nb::handle h : shapes) s = broadcast_shapes(s, Shape(to_dims(h, "shape")));
+    nb::list l;
+    for (int64_t v : s) l.append(v);
+    return nb::tuple(l);
+  });
+  m.def("allclose", &allclose, nb::arg("input"), nb::arg("other"), nb::arg("rtol") = 1e-5, nb::arg("atol") = 1e-8,
+        nogil);
+  m.def("cast", &cast, nb::arg("input"), nb::arg("dtype"), nogil);
+}
+
+}  // namespace kiln::py

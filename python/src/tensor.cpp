@@ -1,0 +1,578 @@
+// kiln.Tensor: properties, views, indexing, the Python operators and the autograd entry points.
+// The functions of ops.h and nn_ops.h are module functions (ops.cpp); the package attaches the
+// usual ones as methods (python/kiln/_tensor_methods.py).
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/pair.h>
+
+#include "common.h"
+
+namespace kiln::py {
+namespace {
+
+nb::object scalar_of(const Tensor& t) {
+  KILN_CHECK(t.numel() == 1, "item(): the tensor has ", t.numel(), " elements, not 1");
+  Tensor c;
+  {
+    nb::gil_scoped_release nogil;
+    c = t.detach();
+  }
+  if (t.dtype() == DType::boolean) return nb::bool_(c.item<int64_t>() != 0);
+  if (is_integral(t.dtype())) return nb::int_(c.item<int64_t>());
+  return nb::float_(c.item_double());
+}
+
+nb::object to_list(const Tensor& t) {
+  if (t.dim() == 0) return scalar_of(t);
+  std::vector<double> vf;
+  std::vector<int64_t> vi;
+  const bool integral = is_integral(t.dtype());
+  {
+    nb::gil_scoped_release nogil;
+    if (integral)
+      vi = t.values<int64_t>();
+    else
+      vf = t.to_vector();
+  }
+  const Shape shape = t.shape();
+  const bool is_bool = t.dtype() == DType::boolean;
+  size_t pos = 0;
+  std::function<nb::object(size_t)> build = [&](size_t d) -> nb::object {
+    nb::list out;
+    for (int64_t i = 0; i < shape[d]; ++i) {
+      if (d + 1 == shape.size()) {
+        if (is_bool)
+          out.append(nb::bool_(vi[pos] != 0));
+        else if (integral)
+          out.append(nb::int_(vi[pos]));
+        else
+          out.append(nb::float_(vf[pos]));
+        ++pos;
+      } else {
+        out.append(build(d + 1));
+      }
+    }
+    return out;
+  };
+  return build(0);
+}
+
+nb::tuple shape_tuple(const Shape& s) {
+  nb::list l;
+  for (int64_t v : s) l.append(v);
+  return nb::tuple(l);
+}
+
+// ---- indexing ---------------------------------------------------------------------------------
+
+bool is_tensor_index(nb::handle h) {
+  return nb::isinstance<Tensor>(h) || PyList_Check(h.ptr()) || (nb::hasattr(h, "__array__") && !PyLong_Check(h.ptr()));
+}
+
+Tensor index_tensor(nb::handle h) {
+  Tensor t = to_tensor(h, nullptr, "index");
+  if (t.dtype() != DType::boolean && !is_integral(t.dtype()))
+    index_error("tensors used as indices must be integer or bool, not " + std::string(dtype_name(t.dtype())));
+  return t;
+}
+
+// Which dims of the indexed tensor an item consumes.
+int64_t consumed_dims(nb::handle item) {
+  if (item.is_none() || item.is(Py_Ellipsis)) return 0;
+  if (PyLong_Check(item.ptr()) || PySlice_Check(item.ptr())) return 1;
+  if (is_tensor_index(item)) {
+    Tensor t = index_tensor(item);
+    return t.dtype() == DType::boolean ? std::max<int64_t>(t.dim(), 1) : 1;
+  }
+  index_error("only integers, slices, None, ..., and integer or bool tensors are valid indices (got " +
+              nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(item.ptr()))))) + ")");
+}
+
+struct Indexed {
+  Tensor view;            // what the basic items (ints, slices, None, ...) select: a view of x
+  bool advanced = false;  // one tensor index remains, applied at `adv_dim` of `view`
+  Tensor adv;
+  int64_t adv_dim = 0;
+};
+
+// Applies the basic items of `key` to x as views; a tensor index is kept for the caller (one per
+// subscript). `for_write`: a negative-step slice (a copy) is refused, as a write through it would
+// be lost.
+Indexed apply_index(const Tensor& x, nb::handle key, bool for_write) {
+  nb::tuple items = nb::isinstance<nb::tuple>(key) ? nb::borrow<nb::tuple>(key) : nb::make_tuple(key);
+  int64_t used = 0, ellipses = 0;
+  for (nb::handle it : items) {
+    used += consumed_dims(it);
+    if (it.is(Py_Ellipsis)) ++ellipses;
+  }
+  if (ellipses > 1) index_error("an index can only have a single ellipsis ('...')");
+  if (used > x.dim())
+    index_error("too many indices for a tensor of dimension " + std::to_string(x.dim()) + " (" + std::to_string(used) +
+                " given)");
+  Indexed r;
+  Tensor v = x;
+  int64_t d = 0;    // the dim of v the next item applies to
+  int64_t src = 0;  // the dim of x it applies to (for messages)
+  for (nb::handle it : items) {
+    if (it.is_none()) {
+      v = v.unsqueeze(d++);
+    } else if (it.is(Py_Ellipsis)) {
+      d += x.dim() - used;
+      src += x.dim() - used;
+    } else if (PyLong_Check(it.ptr())) {
+      int64_t i = nb::cast<int64_t>(it);
+      const int64_t n = v.size(d);
+      if (i < -n || i >= n)
+        index_error("index " + std::to_string(i) + " is out of bounds for dimension " + std::to_string(src) +
+                    " with size " + std::to_string(n));
+      v = v.select(d, i < 0 ? i + n : i);
+      ++src;
+    } else if (PySlice_Check(it.ptr())) {
+      Py_ssize_t start, stop, step;
+      if (PySlice_Unpack(it.ptr(), &start, &stop, &step) < 0) throw nb::python_error();
+      const Py_ssize_t len = PySlice_AdjustIndices(Py_ssize_t(v.size(d)), &start, &stop, step);
+      if (step > 0) {
+        v = v.slice(d, start, start + len * step > v.size(d) ? v.size(d) : start + (len - 1) * step + 1, step);
+        if (len == 0) v = v.narrow(d, 0, 0);
+      } else {
+        if (for_write) index_error("assignment through a negative-step slice is not supported (it selects a copy)");
+        std::vector<int64_t> at;
+        for (Py_ssize_t k = 0; k < len; ++k) at.push_back(int64_t(start + k * step));
+        v = index_select(v, d, from_blob_copy(at.data(), {int64_t(at.size())}).to(v.device()));
+      }
+      ++d;
+      ++src;
+    } else {
+      if (r.advanced)
+        index_error("only one tensor index per subscript is supported; index in two steps, or use index_put / gather");
+      r.advanced = true;
+      r.adv = index_tensor(it);
+      r.adv_dim = d;
+      const int64_t k = r.adv.dtype() == DType::boolean ? std::max<int64_t>(r.adv.dim(), 1) : 1;
+      d += k;
+      src += k;
+    }
+  }
+  r.view = v;
+  return r;
+}
+
+// x[idx] for one integer or bool tensor at dim d.
+Tensor take_advanced(const Tensor& v, const Tensor& idx, int64_t d) {
+  if (idx.dtype() == DType::boolean) {
+    const int64_t k = std::max<int64_t>(idx.dim(), 1);
+    for (int64_t j = 0; j < idx.dim(); ++j)
+      if (idx.size(j) != v.size(d + j))
+        index_error("the mask's shape " + detail::str_cat(idx.shape()) + " does not match the indexed dims at " +
+                    std::to_string(d + j) + " (size " + std::to_string(v.size(d + j)) + ")");
+    Shape s(v.shape().begin(), v.shape().begin() + d);
+    s.push_back(-1);
+    s.insert(s.end(), v.shape().begin() + d + k, v.shape().end());
+    const Tensor flat = v.reshape(s);
+    const Tensor where_true = nonzero(idx.reshape({-1})).select(1, 0);
+    return index_select(flat, d, where_true);
+  }
+  const int64_t n = v.size(d);
+  Tensor i = idx.to(DType::i64);
+  const std::vector<int64_t> vals = i.values<int64_t>();
+  for (int64_t x : vals)
+    if (x < -n || x >= n)
+      index_error("index " + std::to_string(x) + " is out of bounds for dimension " + std::to_string(d) +
+                  " with size " + std::to_string(n));
+  i = add(i, mul(lt(i, scalar_tensor(0, TensorOptions(DType::i64, i.device()))).to(DType::i64),
+                 scalar_tensor(double(n), TensorOptions(DType::i64, i.device()))));
+  if (i.device() != v.device()) i = i.to(v.device());
+  Tensor picked = index_select(v, d, i.reshape({-1}));
+  Shape s(v.shape().begin(), v.shape().begin() + d);
+  s.insert(s.end(), idx.shape().begin(), idx.shape().end());
+  s.insert(s.end(), v.shape().begin() + d + 1, v.shape().end());
+  return picked.reshape(s);
+}
+
+Tensor getitem(const Tensor& x, nb::handle key) {
+  Indexed r = apply_index(x, key, false);
+  if (!r.advanced) return r.view;
+  return take_advanced(r.view, r.adv, r.adv_dim);
+}
+
+void setitem(Tensor& x, nb::handle key, nb::handle value) {
+  Indexed r = apply_index(x, key, true);
+  const bool scalar = PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr());
+  if (!r.advanced) {
+    if (scalar)
+      r.view.fill_(nb::cast<double>(value));
+    else
+      r.view.copy_(to_tensor(value, &x, "value"));
+    return;
+  }
+  // A tensor index: index_put with the indexed dims moved to the front (a view of x), written back
+  // in place. Values broadcast to what x[key] would give.
+  Tensor vals = scalar ? scalar_like(nb::cast<double>(value), r.view) : to_tensor(value, &x, "value");
+  if (vals.dtype() != r.view.dtype()) vals = vals.to(r.view.dtype());
+  if (vals.device() != r.view.device()) vals = vals.to(r.view.device());
+  const int64_t d = r.adv_dim;
+  const int64_t k = r.adv.dtype() == DType::boolean ? std::max<int64_t>(r.adv.dim(), 1) : 1;  // dims indexed
+  Tensor idx = r.adv;
+  if (idx.dtype() != DType::boolean) {
+    idx = idx.to(DType::i64);
+    if (idx.device() != r.view.device()) idx = idx.to(r.view.device());
+  }
+  const Shape result = take_advanced(r.view, r.adv, d).shape();
+  const int64_t m = int64_t(result.size()) - (r.view.dim() - k);  // dims of the index in the result
+  std::vector<int64_t> front, vfront;
+  for (int64_t j = d; j < d + k; ++j) front.push_back(j);
+  for (int64_t j = d; j < d + m; ++j) vfront.push_back(j);
+  for (int64_t j = 0; j < r.view.dim(); ++j)
+    if (j < d || j >= d + k) front.push_back(j);
+  for (int64_t j = 0; j < int64_t(result.size()); ++j)
+    if (j < d || j >= d + m) vfront.push_back(j);
+  Tensor p = r.view.permute(front);
+  vals = vals.expand(result).permute(vfront).contiguous();
+  Tensor updated = index_put(p.detach(), {idx}, vals, false);
+  p.copy_(updated);
+}
+
+bool is_number(nb::handle h) { return (PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr())) && !PyBool_Check(h.ptr()); }
+
+// a OP b for a Tensor and a Tensor, a number or anything to_tensor takes; nogil around the op.
+template <typename TT, typename TS> Tensor binary(const Tensor& a, nb::handle b, TT tensor_op, TS scalar_op) {
+  if (is_number(b)) {
+    const double v = nb::cast<double>(b);
+    nb::gil_scoped_release nogil;
+    return scalar_op(a, v);
+  }
+  const Tensor t = to_tensor(b, &a, "operand");
+  nb::gil_scoped_release nogil;
+  return tensor_op(a, t);
+}
+template <typename TT> Tensor binary(const Tensor& a, nb::handle b, TT tensor_op) {
+  const Tensor t = to_tensor(b, &a, "operand");
+  nb::gil_scoped_release nogil;
+  return tensor_op(a, t);
+}
+
+using TT2 = Tensor (*)(const Tensor&, const Tensor&);
+
+}  // namespace
+
+void bind_tensor(nb::module_& m) {
+  nb::class_<Tensor> t(m, "Tensor",
+                       "A strided view onto refcounted storage, with autograd state. Make one with kiln.tensor, "
+                       "kiln.zeros, kiln.from_numpy, kiln.from_dlpack, ...");
+  t.def(
+       "__init__", [](Tensor* self, const Tensor& other) { new (self) Tensor(other); }, nb::arg("other"),
+       "A second handle onto the same tensor (for subclasses such as kiln.nn.Parameter).")
+      .def_prop_ro("shape", [](const Tensor& x) { return shape_tuple(x.shape()); })
+      .def_prop_ro("dtype", &Tensor::dtype)
+      .def_prop_ro("device", &Tensor::device)
+      .def_prop_ro("ndim", &Tensor::dim)
+      .def_prop_ro("is_cuda", [](const Tensor& x) { return x.device().is_cuda(); })
+      .def_prop_ro("_version", &Tensor::version)
+      .def_prop_ro("T",
+                   [](const Tensor& x) {
+                     std::vector<int64_t> d;
+                     for (int64_t i = x.dim() - 1; i >= 0; --i) d.push_back(i);
+                     return x.permute(d);
+                   })
+      .def("dim", &Tensor::dim)
+      .def("numel", &Tensor::numel)
+      .def("element_size", &Tensor::element_size)
+      .def("nbytes", &Tensor::nbytes)
+      .def(
+          "size",
+          [](const Tensor& x, std::optional<int64_t> d) -> nb::object {
+            if (d) return nb::int_(x.size(*d));
+            return shape_tuple(x.shape());
+          },
+          nb::arg("dim") = nb::none())
+      .def(
+          "stride",
+          [](const Tensor& x, std::optional<int64_t> d) -> nb::object {
+            if (d) return nb::int_(x.stride(*d));
+            return shape_tuple(x.strides());
+          },
+          nb::arg("dim") = nb::none())
+      .def("storage_offset", &Tensor::offset)
+      .def("data_ptr", [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.raw_data()); })
+      .def("is_contiguous", [](const Tensor& x) { return x.is_contiguous(); })
+      .def("is_channels_last", &Tensor::is_channels_last)
+      .def("item", &scalar_of, "The value of a one-element tensor as a Python number.")
+      .def("tolist", &to_list)
+      .def("__repr__",
+           [](const Tensor& x) {
+             std::string s = x.str();
+             return s;
+           })
+      .def("__len__",
+           [](const Tensor& x) {
+             if (x.dim() == 0) throw nb::type_error("len() of a 0-d tensor");
+             return x.size(0);
+           })
+      .def("__bool__",
+           [](const Tensor& x) {
+             if (x.numel() != 1)
+               value_error("the truth value of a tensor with " + std::to_string(x.numel()) +
+                           " elements is ambiguous (use any() or all())");
+             return x.item_double() != 0;
+           })
+      .def("__float__", [](const Tensor& x) { return nb::float_(scalar_of(x)); })
+      .def("__int__", [](const Tensor& x) { return nb::int_(scalar_of(x)); })
+      .def("__index__",
+           [](const Tensor& x) {
+             if (!is_integral(x.dtype()) || x.numel() != 1)
+               throw nb::type_error("only one-element integer tensors can be used as an index");
+             return x.item<int64_t>();
+           })
+      .def("__hash__", [](nb::handle self) { return reinterpret_cast<intptr_t>(self.ptr()); })
+      .def("__iter__",
+           [](const Tensor& x) {
+             if (x.dim() == 0) throw nb::type_error("iteration over a 0-d tensor");
+             return nb::iter(nb::cast(unbind(x, 0)));
+           })
+      .def("__getitem__", [](const Tensor& x, nb::handle key) { return getitem(x, key); })
+      .def("__setitem__", [](Tensor& x, nb::handle key, nb::handle value) { setitem(x, key, value); })
+
+      // ---- views and copies ----
+      .def("view", [](const Tensor& x, nb::args s) { return x.view(to_shape(s)); })
+      .def("reshape", [](const Tensor& x, nb::args s) { return x.reshape(to_shape(s)); })
+      .def("expand", [](const Tensor& x, nb::args s) { return x.expand(to_shape(s)); })
+      .def("permute", [](const Tensor& x, nb::args s) { return x.permute(to_shape(s)); })
+      .def("flatten", &Tensor::flatten, nb::arg("start_dim") = 0, nb::arg("end_dim") = -1)
+      .def("transpose", &Tensor::transpose, nb::arg("dim0"), nb::arg("dim1"))
+      .def("t", &Tensor::t)
+      .def("narrow", &Tensor::narrow, nb::arg("dim"), nb::arg("start"), nb::arg("length"))
+      .def("select", &Tensor::select, nb::arg("dim"), nb::arg("index"))
+      .def(
+          "squeeze", [](const Tensor& x, std::optional<int64_t> d) { return d ? x.squeeze(*d) : x.squeeze(); },
+          nb::arg("dim") = nb::none())
+      .def("unsqueeze", &Tensor::unsqueeze, nb::arg("dim"))
+      .def(
+          "as_strided",
+          [](const Tensor& x, nb::handle size, nb::handle stride, int64_t offset) {
+            return x.as_strided(Shape(to_dims(size, "size")), Shape(to_dims(stride, "stride")), offset);
+          },
+          nb::arg("size"), nb::arg("stride"), nb::arg("storage_offset") = 0)
+      .def(
+          "contiguous",
+          [](const Tensor& x, const std::string& fmt) {
+            if (fmt == "channels_last") return x.contiguous(MemoryFormat::channels_last);
+            if (fmt != "contiguous")
+              value_error("memory_format: expected \"contiguous\" or \"channels_last\", got \"" + fmt + "\"");
+            return x.contiguous();
+          },
+          nb::arg("memory_format") = "contiguous")
+      .def("clone", &Tensor::clone, nb::call_guard<nb::gil_scoped_release>())
+      .def("detach", &Tensor::detach)
+      .def(
+          "to",
+          [](const Tensor& x, nb::args args, nb::kwargs kw) {
+            std::optional<DType> dt;
+            std::optional<Device> dev;
+            auto take = [&](nb::handle a) {
+              if (nb::isinstance<Tensor>(a)) {
+                const Tensor o = nb::cast<Tensor>(a);
+                dt = o.dtype();
+                dev = o.device();
+              } else if (nb::isinstance<DType>(a)) {
+                dt = nb::cast<DType>(a);
+              } else if (nb::isinstance<Device>(a)) {
+                dev = nb::cast<Device>(a);
+              } else if (nb::isinstance<nb::str>(a)) {
+                const std::string s = nb::cast<std::string>(a);
+                if (s == "cpu" || s.rfind("cuda", 0) == 0)
+                  dev = to_device(a);
+                else
+                  dt = to_dtype(a);
+              } else if (nb::hasattr(a, "itemsize")) {
+                dt = to_dtype(a);
+              } else {
+                dev = to_device(a);
+              }
+            };
+            for (nb::handle a : args) take(a);
+            for (auto [k, v] : kw) {
+              const std::string key = nb::cast<std::string>(k);
+              if (key == "dtype")
+                dt = to_dtype(v);
+              else if (key == "device")
+                dev = to_device(v);
+              else if (key != "non_blocking" && key != "copy")
+                value_error("to(): unexpected keyword argument '" + key + "'");
+            }
+            nb::gil_scoped_release nogil;
+            Tensor y = x;
+            if (dev) y = y.to(*dev);
+            if (dt) y = y.to(*dt);
+            return y;
+          },
+          "to(dtype), to(device), to(device, dtype), to(other): a converted tensor (this one if nothing changes); "
+          "autograd sees it.")
+
+      // ---- in place (not recorded by autograd: under kiln.no_grad(), or on tensors without grad) ----
+      .def(
+          "copy_", [](Tensor& x, nb::handle src) -> Tensor& { return x.copy_(to_tensor(src, &x, "src")); },
+          nb::arg("src"), nb::rv_policy::reference)
+      .def(
+          "fill_", [](Tensor& x, double v) -> Tensor& { return x.fill_(v); }, nb::arg("value"),
+          nb::rv_policy::reference)
+      .def(
+          "zero_", [](Tensor& x) -> Tensor& { return x.zero_(); }, nb::rv_policy::reference)
+      .def(
+          "add_",
+          [](Tensor& x, nb::handle o, double alpha) -> Tensor& { return x.add_(to_tensor(o, &x, "other"), alpha); },
+          nb::arg("other"), nb::arg("alpha") = 1.0, nb::rv_policy::reference)
+      .def(
+          "mul_",
+          [](Tensor& x, nb::handle o) -> Tensor& {
+            if (is_number(o)) return x.mul_(nb::cast<double>(o));
+            return x.mul_(to_tensor(o, &x, "other"));
+          },
+          nb::arg("other"), nb::rv_policy::reference)
+      .def(
+          "__iadd__", [](Tensor& x, nb::handle o) -> Tensor& { return x.add_(to_tensor(o, &x, "operand")); },
+          nb::rv_policy::reference)
+      .def(
+          "__isub__", [](Tensor& x, nb::handle o) -> Tensor& { return x.add_(to_tensor(o, &x, "operand"), -1.0); },
+          nb::rv_policy::reference)
+      .def(
+          "__imul__",
+          [](Tensor& x, nb::handle o) -> Tensor& {
+            if (is_number(o)) return x.mul_(nb::cast<double>(o));
+            return x.mul_(to_tensor(o, &x, "operand"));
+          },
+          nb::rv_policy::reference)
+      .def(
+          "__itruediv__",
+          [](Tensor& x, nb::handle o) -> Tensor& {
+            if (is_number(o)) return x.mul_(1.0 / nb::cast<double>(o));
+            return x.copy_(div(x, to_tensor(o, &x, "operand")));
+          },
+          nb::rv_policy::reference)
+
+      // ---- operators ----
+      .def("__add__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(
+                 a, b, [](const Tensor& x, const Tensor& y) { return x + y; },
+                 [](const Tensor& x, double v) { return x + v; });
+           })
+      .def("__radd__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(
+                 a, b, [](const Tensor& x, const Tensor& y) { return y + x; },
+                 [](const Tensor& x, double v) { return v + x; });
+           })
+      .def("__sub__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(
+                 a, b, [](const Tensor& x, const Tensor& y) { return x - y; },
+                 [](const Tensor& x, double v) { return x - v; });
+           })
+      .def("__rsub__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(
+                 a, b, [](const Tensor& x, const Tensor& y) { return y - x; },
+                 [](const Tensor& x, double v) { return v - x; });
+           })
+      .def("__mul__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(
+                 a, b, [](const Tensor& x, const Tensor& y) { return x * y; },
+                 [](const Tensor& x, double v) { return x * v; });
+           })
+      .def("__rmul__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(
+                 a, b, [](const Tensor& x, const Tensor& y) { return y * x; },
+                 [](const Tensor& x, double v) { return v * x; });
+           })
+      .def("__truediv__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(
+                 a, b, [](const Tensor& x, const Tensor& y) { return x / y; },
+                 [](const Tensor& x, double v) { return x / v; });
+           })
+      .def("__rtruediv__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(
+                 a, b, [](const Tensor& x, const Tensor& y) { return y / x; },
+                 [](const Tensor& x, double v) { return v / x; });
+           })
+      .def("__pow__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(
+                 a, b, [](const Tensor& x, const Tensor& y) { return pow(x, y); },
+                 [](const Tensor& x, double v) { return pow(x, v); });
+           })
+      .def("__rpow__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(a, b, [](const Tensor& x, const Tensor& y) { return pow(y, x); });
+           })
+      .def("__mod__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(a, b, static_cast<TT2>(&remainder),
+                           [](const Tensor& x, double v) { return remainder(x, v); });
+           })
+      .def("__matmul__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&matmul)); })
+      .def("__rmatmul__",
+           [](const Tensor& a, nb::handle b) {
+             return binary(a, b, [](const Tensor& x, const Tensor& y) { return matmul(y, x); });
+           })
+      .def("__neg__", [](const Tensor& a) { return -a; })
+      .def("__pos__", [](const Tensor& a) { return a; })
+      .def("__abs__", [](const Tensor& a) { return abs(a); })
+      .def("__invert__", [](const Tensor& a) { return logical_not(a); })
+      .def("__and__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&logical_and)); })
+      .def("__or__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&logical_or)); })
+      .def("__eq__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&eq)); })
+      .def("__ne__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&ne)); })
+      .def("__lt__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&lt)); })
+      .def("__le__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&le)); })
+      .def("__gt__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&gt)); })
+      .def("__ge__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&ge)); })
+
+      // ---- autograd ----
+      .def_prop_rw("requires_grad", &Tensor::requires_grad, [](Tensor& x, bool r) { x.set_requires_grad(r); })
+      .def(
+          "requires_grad_", [](Tensor& x, bool r) -> Tensor& { return x.set_requires_grad(r); },
+          nb::arg("requires_grad") = true, nb::rv_policy::reference)
+      .def_prop_rw(
+          "grad",
+          [](const Tensor& x) -> std::optional<Tensor> {
+            Tensor g = x.grad();
+            if (!g.defined()) return std::nullopt;
+            return g;
+          },
+          [](Tensor& x, std::optional<Tensor> g) { x.set_grad(g ? *g : Tensor()); }, nb::arg("grad").none())
+      .def_prop_ro("is_leaf", &Tensor::is_leaf)
+      .def_prop_ro(
+          "grad_fn",
+          [](const Tensor& x) -> std::optional<std::string> {
+            auto f = x.grad_fn();
+            if (!f) return std::nullopt;
+            return f->name();
+          },
+          "The name of the op that made this tensor (None for a leaf).")
+      .def(
+          "backward",
+          [](const Tensor& x, std::optional<Tensor> gradient, bool retain_graph) {
+            nb::gil_scoped_release nogil;
+            x.backward(gradient ? *gradient : Tensor(), retain_graph);
+          },
+          nb::arg("gradient") = nb::none(), nb::arg("retain_graph") = false,
+          "Reverse-mode autograd from this tensor (one element, or pass `gradient`); leaves accumulate .grad.")
+      .def(
+          "register_post_accumulate_grad_hook",
+          [](Tensor& x, nb::callable fn) {
+            auto ref = hold(fn);
+            return x.register_grad_ready_hook([ref](Tensor& leaf) {
+              nb::gil_scoped_acquire gil;
+              ref->obj(leaf);
+            });
+          },
+          nb::arg("hook"),
+          "Calls hook(tensor) once this leaf's .grad is complete in a backward pass; returns an id "
+          "for remove_post_accumulate_grad_hook.")
+      .def("remove_post_accumulate_grad_hook", &Tensor::remove_grad_ready_hook, nb::arg("id"));
+}
+
+}  // namespace kiln::py

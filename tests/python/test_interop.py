@@ -1,0 +1,141 @@
+# NumPy and PyTorch interop: zero-copy both ways (same data pointer), lifetimes (the source deleted
+# first, then the view read), every dtype.
+import gc
+
+import numpy as np
+import pytest
+
+import kiln
+
+try:
+    import torch
+except ImportError:  # the README's test command installs it; a bare venv may not have it
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+NUMPY_DTYPES = [np.float32, np.float16, np.float64, np.int32, np.int64, np.uint8, np.bool_]
+
+
+def churn():
+    """Allocates and fills memory, so a freed buffer read afterwards would show other values."""
+    junk = [np.full(1 << 16, 7, dtype=np.uint8) for _ in range(64)]
+    gc.collect()
+    return len(junk)
+
+
+@pytest.mark.parametrize("dt", NUMPY_DTYPES)
+def test_from_numpy_shares_memory(dt):
+    a = (np.arange(24) % 5).astype(dt).reshape(4, 6)
+    t = kiln.from_numpy(a)
+    assert t.data_ptr() == a.ctypes.data
+    assert t.shape == (4, 6)
+    assert np.array_equal(t.numpy(), a)
+    a[1, 2] = 1
+    assert t[1, 2].item() == 1  # writes to the array are seen by the tensor
+    t[2, 3] = 0
+    assert a[2, 3] == 0  # and the other way round
+
+
+@pytest.mark.parametrize("dt", NUMPY_DTYPES)
+def test_numpy_shares_memory(dt):
+    t = kiln.tensor((np.arange(10) % 3).astype(dt))
+    a = t.numpy()
+    assert a.ctypes.data == t.data_ptr()
+    assert a.dtype == np.dtype(dt)
+
+
+def test_numpy_source_deleted_first():
+    a = np.arange(1000, dtype=np.float64) * 0.5
+    t = kiln.from_numpy(a)
+    expect = a.copy()
+    del a
+    churn()
+    assert np.array_equal(t.numpy(), expect)
+
+
+def test_tensor_deleted_first():
+    t = kiln.arange(1000).to(kiln.float64) * 0.25
+    a = t.numpy()
+    expect = np.arange(1000) * 0.25
+    del t
+    churn()
+    assert np.array_equal(a, expect)
+
+
+def test_strided_views_keep_strides():
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2].T  # non-contiguous
+    t = kiln.from_numpy(a)
+    assert t.data_ptr() == a.ctypes.data
+    assert t.stride() == tuple(s // 4 for s in a.strides)
+    assert np.array_equal(t.numpy(), a)
+    v = kiln.arange(24).reshape(4, 6).transpose(0, 1)
+    assert v.numpy().strides == (8, 48)
+
+
+def test_numpy_refusals():
+    with pytest.raises(kiln.KilnValueError, match="int16"):
+        kiln.from_numpy(np.zeros(3, dtype=np.int16))
+    ro = np.zeros(3, dtype=np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        kiln.from_numpy(ro)
+    assert kiln.tensor(ro).shape == (3,)  # the copying constructor takes it
+    with pytest.raises(ValueError, match="requires grad"):
+        kiln.ones(2, requires_grad=True).numpy()
+    with pytest.raises(ValueError, match="bfloat16"):
+        kiln.ones(2).to(kiln.bfloat16).numpy()
+
+
+def test_numpy_protocols():
+    t = kiln.arange(6).reshape(2, 3)
+    assert np.asarray(t).ctypes.data == t.data_ptr()
+    assert np.array_equal(np.from_dlpack(t), np.arange(6).reshape(2, 3))
+    assert np.array_equal(np.asarray(t, dtype=np.float64), np.arange(6.0).reshape(2, 3))
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool"])
+def test_torch_round_trip_every_dtype(name):
+    tt = (torch.arange(12) % 3).to(getattr(torch, name)).reshape(3, 4)
+    k = kiln.from_dlpack(tt)
+    assert k.data_ptr() == tt.data_ptr()
+    assert k.dtype == getattr(kiln, name)
+    back = torch.from_dlpack(k)
+    assert back.data_ptr() == tt.data_ptr()
+    assert back.dtype == tt.dtype
+    assert torch.equal(back, tt)
+
+
+@needs_torch
+def test_torch_strides_and_writes():
+    tt = torch.arange(20.0).reshape(4, 5).t()  # a transposed view
+    k = kiln.from_dlpack(tt)
+    assert k.stride() == tt.stride()
+    assert k.tolist() == tt.tolist()
+    k[0, 1] = -1.0
+    assert tt[0, 1].item() == -1.0
+    back = torch.from_dlpack(k[1:3])
+    assert back.data_ptr() == tt[1:3].data_ptr()
+
+
+@needs_torch
+def test_torch_lifetimes():
+    tt = torch.linspace(0, 1, 4096, dtype=torch.float64)
+    expect = tt.clone()
+    k = kiln.from_dlpack(tt)
+    del tt
+    churn()
+    assert torch.equal(torch.from_dlpack(k.clone()), expect)
+    src = kiln.arange(4096).to(kiln.float64) / 4095.0
+    tt2 = torch.from_dlpack(src)
+    del src
+    churn()
+    assert torch.allclose(tt2, expect)
+
+
+@needs_torch
+def test_torch_tensor_that_requires_grad():
+    tt = torch.ones(3, requires_grad=True)
+    k = kiln.from_dlpack(tt)  # the data, shared; not torch's graph
+    assert k.data_ptr() == tt.data_ptr() and not k.requires_grad

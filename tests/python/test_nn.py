@@ -1,0 +1,157 @@
+# Modules, models, optimizers, mixed precision, files and data from Python.
+import os
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import nn
+from kiln.nn import functional as F
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        self.norm = nn.BatchNorm1d(3)
+        self.scale = nn.Parameter(kiln.ones(1))
+
+    def forward(self, x):
+        return self.norm(self.body(x)) * self.scale
+
+
+def test_module_names_state_and_modes():
+    m = MLP()
+    names = [n for n, _ in m.named_parameters()]
+    assert names == ["scale", "body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias", "norm.weight", "norm.bias"]
+    assert [n for n, _ in m.named_buffers()] == ["norm.running_mean", "norm.running_var"]
+    assert m.num_parameters() == 1 + 4 * 8 + 8 + 8 * 3 + 3 + 3 + 3
+    sd = m.state_dict()
+    m2 = MLP()
+    m2.load_state_dict(sd)
+    x = kiln.randn(5, 4)
+    m.eval(), m2.eval()
+    assert not m.training and not m.body[0].training
+    assert m(x).tolist() == m2(x).tolist()
+    with pytest.raises(kiln.KilnError, match="missing"):
+        m2.load_state_dict({k: v for k, v in sd.items() if k != "scale"})
+    with pytest.raises(kiln.KilnError, match="shape"):
+        m2.load_state_dict(dict(sd, scale=kiln.ones(2)), strict=False)
+    m.double()
+    assert m.body[0].weight.dtype == kiln.float64 and m.norm.running_mean.dtype == kiln.float64
+    assert isinstance(m.body[0].weight, nn.Parameter) and m.body[0].weight.requires_grad
+
+
+def test_training_a_python_module_converges():
+    kiln.manual_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    y = (x[:, 0] + 2 * x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1).astype(np.int64)
+    model = nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Linear(16, 3))
+    opt = kiln.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.0)
+    xs, ys = kiln.tensor(x), kiln.tensor(y)
+    first = None
+    for _ in range(60):
+        loss = F.cross_entropy(model(xs), ys)
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.35 * first
+    assert opt.steps == 60
+
+
+def test_sgd_matches_the_update_rule():
+    w = nn.Parameter(kiln.tensor([1.0, -2.0]))
+    opt = kiln.optim.SGD([w], lr=0.1, momentum=0.9, nesterov=True)
+    for _ in range(2):
+        opt.zero_grad()
+        (w * w).sum().backward()
+        opt.step()
+    # by hand: buf = g (first step), then buf = 0.9 buf + g; nesterov: p -= lr (g + 0.9 buf)
+    p, buf = np.array([1.0, -2.0]), None
+    for _ in range(2):
+        g = 2 * p
+        buf = g if buf is None else 0.9 * buf + g
+        p = p - 0.1 * (g + 0.9 * buf)
+    np.testing.assert_allclose(w.detach().numpy(), p, rtol=1e-6)
+    sched = kiln.optim.LrSchedule("cosine", base_lr=1.0, warmup_steps=2, total_steps=10)
+    assert sched(0) == 0.5 and sched(1) == 1.0 and sched(2) == 1.0 and sched(10) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_zoo_models_from_python():
+    assert "resnet20" in kiln.models.names() and "bert-tiny-mlm" in kiln.models.names()
+    kiln.manual_seed(1)
+    model = kiln.models.create("resnet20", set={"num_classes": 10, "in_channels": 1})
+    x = kiln.randn(2, 1, 28, 28)
+    y = kiln.tensor([3, 7])
+    model.train()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    names = [n for n, _ in model.named_parameters()]
+    assert len(names) > 20 and all(p.grad is not None for p in model.parameters())
+    opt = kiln.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    before = model.state_dict()[names[0]].clone()
+    opt.step()
+    assert not kiln.allclose(model.state_dict()[names[0]], before)  # the C++ model's own tensor moved
+    model.eval()
+    assert model(x).shape == (2, 10)
+    bert = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 50})
+    ids = kiln.randint(0, 50, (2, 6))
+    assert bert(ids).shape == (2, 6, 50)
+    assert set(bert.run(ids, attention_mask=kiln.ones(2, 6, dtype=kiln.int64))) >= {"output"}
+    with pytest.raises(ValueError, match="resnet-nope"):
+        kiln.models.create("resnet-nope")
+
+
+def test_autocast_and_grad_scaler():
+    a, b = kiln.randn(4, 8), kiln.randn(8, 3)
+    with kiln.amp.autocast(kiln.bfloat16):
+        assert kiln.amp.autocast_dtype() == kiln.bfloat16
+        assert (a @ b).dtype == kiln.bfloat16
+    assert kiln.amp.autocast_dtype() is None and (a @ b).dtype == kiln.float32
+    w = nn.Parameter(kiln.ones(3))
+    opt = kiln.optim.SGD([w], lr=0.5)
+    scaler = kiln.amp.GradScaler(init_scale=1024.0)
+    scaler.scale((w * 2).sum()).backward()
+    assert w.grad.tolist() == [2048.0] * 3
+    scaler.step(opt)
+    scaler.update()
+    assert w.tolist() == [0.0, 0.0, 0.0]  # unscaled before the step
+    opt.zero_grad()
+    scaler.scale((w * float("inf")).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.skipped_steps == 1 and scaler.get_scale() == 512.0 and w.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_files(tmp_path):
+    m = MLP()
+    kiln.save(m, tmp_path / "m.safetensors", metadata={"note": "test"})
+    back = kiln.load(tmp_path / "m.safetensors")
+    assert set(back) == set(m.state_dict())
+    tensors, meta = kiln.load_safetensors(str(tmp_path / "m.safetensors"))
+    assert meta["note"] == "test"
+    kiln.save_checkpoint(str(tmp_path / "c.kiln"), {"w": kiln.arange(5)}, {"step": 3})
+    t, state = kiln.load_checkpoint(str(tmp_path / "c.kiln"))
+    assert t["w"].tolist() == [0, 1, 2, 3, 4] and state == {"step": 3}
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+    with pytest.raises(kiln.KilnError, match="bad.safetensors"):
+        kiln.load(tmp_path / "bad.safetensors")
+    with pytest.raises(kiln.KilnError, match="nope.kiln"):
+        kiln.load_checkpoint(str(tmp_path / "nope.kiln"))
+
+
+@pytest.mark.skipif(not os.path.isdir(kiln.data.FASHION_MNIST_DIR), reason="dataset-fashion-mnist is not installed")
+def test_data_loader():
+    d = kiln.data.fashion_mnist()
+    assert len(d["train"]) == 60000 and d["num_classes"] == 10 and d["shape"] == (1, 28, 28)
+    loader = kiln.data.DataLoader(d["test"], batch_size=1000, shuffle=False, workers=2)
+    n, first = 0, None
+    for batch in loader:
+        first = first or batch["target"][:5].tolist()
+        assert batch["input"].shape[1:] == (1, 28, 28)
+        n += batch["input"].shape[0]
+    assert n == 10000 and len(loader) == 10
+    again = next(iter(loader))["target"][:5].tolist()
+    assert again == first  # unshuffled: the same order each epoch

@@ -1,0 +1,201 @@
+# Tensors from Python: construction and dtype rules, properties, indexing as views, the operators
+# against NumPy, reductions, conversions.
+import numpy as np
+import pytest
+
+import kiln
+
+
+def test_construction_and_dtypes():
+    assert kiln.tensor([1.5, 2.0]).dtype == kiln.float32  # Python floats: float32, as PyTorch
+    assert kiln.tensor([[1, 2], [3, 4]]).dtype == kiln.int64
+    assert kiln.tensor([True, False]).dtype == kiln.bool
+    assert kiln.tensor(np.zeros(2, dtype=np.float64)).dtype == kiln.float64  # arrays keep theirs
+    assert kiln.tensor(3.0).shape == ()
+    t = kiln.tensor([[1, 2, 3]], dtype=kiln.float64, requires_grad=True)
+    assert t.dtype == kiln.float64 and t.requires_grad and t.is_leaf
+    assert kiln.zeros(2, 3).shape == (2, 3)
+    assert kiln.zeros((2, 3), dtype="float16").dtype == kiln.float16
+    assert kiln.ones([4], dtype=kiln.int32).tolist() == [1, 1, 1, 1]
+    assert kiln.full((2,), 7.0).tolist() == [7.0, 7.0]
+    assert kiln.arange(5).tolist() == [0, 1, 2, 3, 4]
+    assert kiln.arange(1, 2, 0.25, dtype=kiln.float32).tolist() == [1.0, 1.25, 1.5, 1.75]
+    assert kiln.eye(2).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    assert kiln.zeros_like(t).dtype == kiln.float64
+    assert str(kiln.zeros(1).device) == "cpu"
+    assert kiln.zeros(1).device == "cpu"
+
+
+def test_random_streams_repeat():
+    kiln.manual_seed(7)
+    a = kiln.randn(5).tolist()
+    kiln.manual_seed(7)
+    assert kiln.randn(5).tolist() == a
+    r = kiln.randint(0, 10, (1000,))
+    assert r.dtype == kiln.int64 and 0 <= r.min().item() and r.max().item() < 10
+
+
+def test_properties():
+    t = kiln.arange(24).reshape(2, 3, 4)
+    assert t.ndim == 3 and t.dim() == 3 and t.numel() == 24 and len(t) == 2
+    assert t.size() == (2, 3, 4) and t.size(1) == 3 and t.size(-1) == 4
+    assert t.stride() == (12, 4, 1)
+    assert t.element_size() == 8
+    assert t.is_contiguous() and not t.transpose(0, 2).is_contiguous()
+    assert kiln.tensor(2.5).item() == 2.5
+    assert kiln.tensor(3).item() == 3 and isinstance(kiln.tensor(3).item(), int)
+    assert float(kiln.tensor(1.5)) == 1.5 and int(kiln.tensor(4)) == 4
+    assert "tensor" in repr(t) or "[" in repr(t)
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(kiln.zeros(2))
+
+
+def test_basic_indexing_is_a_view():
+    a = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    t = kiln.tensor(a)
+    for key in [1, -1, (1, 2), (slice(None), 1), (Ellipsis, 2), (None, 1), (slice(1, None), None, slice(None, None, 2)),
+                (1, Ellipsis, slice(-3, None)), (slice(0, 0),), (slice(None, None, 3), 0, 4), (-2, -1, -1)]:
+        assert np.array_equal(t[key].numpy(), a[key]), key
+    v = t[1, :, 1:3]
+    assert v.data_ptr() == t.data_ptr() + (20 + 1) * 4  # a view: no copy
+    v.fill_(0.0)
+    assert t[1, 2, 1].item() == 0.0
+
+
+def test_negative_steps_and_tensor_indices():
+    a = np.arange(20).reshape(4, 5)
+    t = kiln.tensor(a)
+    assert np.array_equal(t[::-1].numpy(), a[::-1])
+    assert np.array_equal(t[:, 4:0:-2].numpy(), a[:, 4:0:-2])
+    assert np.array_equal(t[[0, 2, -1]].numpy(), a[[0, 2, -1]])
+    assert np.array_equal(t[:, kiln.tensor([[0, 1], [4, 3]])].numpy(), a[:, np.array([[0, 1], [4, 3]])])
+    mask = a % 3 == 0
+    assert np.array_equal(t[kiln.tensor(mask)].numpy(), a[mask])
+    rows = a[:, 0] > 4
+    assert np.array_equal(t[kiln.tensor(rows)].numpy(), a[rows])
+
+
+def test_setitem():
+    a = np.zeros((3, 4), dtype=np.float32)
+    t = kiln.zeros(3, 4)
+    for key, val in [((0, 1), 5.0), ((slice(None), 2), 1.5), ((1,), np.arange(4, dtype=np.float32)),
+                     (([0, 2], 3), 9.0), ((slice(None), [1, 3]), np.array([[1, 2], [3, 4], [5, 6]], np.float32))]:
+        a[key] = val
+        t[key] = kiln.tensor(val) if isinstance(val, np.ndarray) else val
+        assert np.array_equal(t.numpy(), a), key
+    a[a > 4] = -1
+    t[t > 4] = -1
+    assert np.array_equal(t.numpy(), a)
+    with pytest.raises(IndexError, match="negative-step"):
+        t[::-1] = 0.0
+
+
+def test_index_errors():
+    t = kiln.zeros(2, 3)
+    with pytest.raises(IndexError, match="out of bounds for dimension 1 with size 3"):
+        t[0, 3]
+    with pytest.raises(IndexError, match="too many indices"):
+        t[0, 0, 0]
+    with pytest.raises(kiln.KilnIndexError, match="out of bounds"):
+        t[kiln.tensor([0, 5])]
+    with pytest.raises(IndexError, match="f32"):
+        t[kiln.tensor([0.0])]
+    with pytest.raises(IndexError, match="valid indices"):
+        t["a"]
+
+
+@pytest.mark.parametrize("op", ["+", "-", "*", "/", "**"])
+def test_operators_match_numpy(op):
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.5, 2, (3, 4)).astype(np.float32)
+    b = rng.uniform(0.5, 2, (4,)).astype(np.float32)
+    ka, kb = kiln.tensor(a), kiln.tensor(b)
+    for x, y, kx, ky in [(a, b, ka, kb), (a, 2.5, ka, 2.5), (3.0, a, 3.0, ka), (a, b, ka, b)]:
+        expect = eval(f"x {op} y")
+        got = eval(f"kx {op} ky")
+        assert isinstance(got, kiln.Tensor)
+        np.testing.assert_allclose(got.numpy(), expect, rtol=2e-6)
+
+
+def test_comparisons_and_logic():
+    a = kiln.tensor([1, 2, 3])
+    assert (a == 2).tolist() == [False, True, False]
+    assert (a >= 2).tolist() == [False, True, True]
+    assert ((a > 1) & (a < 3)).tolist() == [False, True, False]
+    assert (~(a > 1)).tolist() == [True, False, False]
+    m = kiln.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert (m @ m).tolist() == [[7.0, 10.0], [15.0, 22.0]]
+    assert (-m).tolist() == [[-1.0, -2.0], [-3.0, -4.0]]
+    assert abs(kiln.tensor([-2.0])).tolist() == [2.0]
+    assert (kiln.tensor([7, -7]) % 3).tolist() == [1, 2]  # Python's sign rule
+
+
+def test_inplace_operators():
+    t = kiln.ones(3)
+    ptr = t.data_ptr()
+    t += 1
+    t *= kiln.tensor([1.0, 2.0, 3.0])
+    t -= 0.5
+    t /= 2
+    assert t.data_ptr() == ptr
+    assert t.tolist() == [0.75, 1.75, 2.75]
+
+
+def test_reductions_and_methods():
+    a = np.arange(12, dtype=np.float64).reshape(3, 4)
+    t = kiln.tensor(a)
+    assert t.sum().item() == a.sum()
+    np.testing.assert_allclose(t.sum(dim=1).numpy(), a.sum(1))
+    np.testing.assert_allclose(t.mean((0, 1), keepdim=True).numpy(), a.mean(keepdims=True))
+    np.testing.assert_allclose(t.var(dim=0).numpy(), a.var(0, ddof=1))
+    np.testing.assert_allclose(t.std(dim=0, correction=0).numpy(), a.std(0))
+    values, indices = t.max(dim=1)
+    assert values.tolist() == [3.0, 7.0, 11.0] and indices.tolist() == [3, 3, 3]
+    assert t.max().item() == 11.0 and t.argmin().item() == 0
+    np.testing.assert_allclose(t.norm().item(), np.linalg.norm(a))
+    np.testing.assert_allclose(t.exp().log().numpy(), a, atol=1e-12)
+    assert t.relu().clamp(2, 5).tolist()[0] == [2.0, 2.0, 2.0, 3.0]
+    v, i = kiln.tensor([3.0, 1.0, 2.0]).sort()
+    assert v.tolist() == [1.0, 2.0, 3.0] and i.tolist() == [1, 2, 0]
+    assert kiln.cat([t, t], 0).shape == (6, 4) and kiln.stack([t, t], 1).shape == (3, 2, 4)
+    assert [c.shape for c in t.chunk(2, 1)] == [(3, 2), (3, 2)]
+    assert kiln.einsum("ij,kj->ik", t, t).shape == (3, 3)
+    assert kiln.where(t > 5, t, 0.0).sum().item() == sum(x for x in range(12) if x > 5)
+
+
+def test_conversions():
+    t = kiln.tensor([1.7, -2.2])
+    assert t.to(kiln.int64).tolist() == [1, -2]
+    assert t.double().dtype == kiln.float64 and t.half().dtype == kiln.float16
+    assert t.to("float64").dtype == kiln.float64
+    assert t.to("cpu") is not None
+    assert t.to(dtype=kiln.bfloat16).float().tolist() == [1.703125, -2.203125]
+    assert kiln.promote_types(kiln.int64, "float16") == kiln.float16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        t.to("float8")
+
+
+def test_functional_ops():
+    F = kiln.nn.functional
+    x = kiln.randn(2, 3, 8, 8)
+    w = kiln.randn(4, 3, 3, 3)
+    assert F.conv2d(x, w, padding=1).shape == (2, 4, 8, 8)
+    assert F.conv2d(x, w, padding="same", dilation=2).shape == (2, 4, 8, 8)
+    assert F.conv2d(x, w, stride=(2, 1)).shape == (2, 4, 3, 6)
+    out, idx = F.max_pool2d(x, 2, return_indices=True)
+    assert out.shape == (2, 3, 4, 4) and idx.dtype == kiln.int64
+    assert F.max_unpool2d(out, idx, 2).shape == x.shape
+    assert F.avg_pool2d(x, 3, stride=2, padding=1).shape == (2, 3, 4, 4)
+    assert F.layer_norm(x, (8,)).shape == x.shape
+    logits = kiln.randn(5, 10)
+    target = kiln.tensor([1, 0, 9, 3, 3])
+    ce = F.cross_entropy(logits, target)
+    lp = F.log_softmax(logits, 1).numpy()
+    np.testing.assert_allclose(ce.item(), -lp[np.arange(5), target.numpy()].mean(), rtol=1e-5)
+    q = kiln.randn(2, 4, 6, 8)
+    causal = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    keep = kiln.tensor(np.tril(np.ones((6, 6), dtype=bool)))
+    masked = F.scaled_dot_product_attention(q, q, q, attn_mask=keep)
+    np.testing.assert_allclose(causal.numpy(), masked.numpy(), atol=1e-6)
+    with pytest.raises(ValueError, match="reduction"):
+        F.mse_loss(logits, logits, reduction="avg")

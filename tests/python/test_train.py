@@ -1,0 +1,86 @@
+# kiln.train is `kiln train`: the same flags, bit-for-bit the same losses as the command with the
+# same seed, every metrics line streamed to the callback, a stop asked by the callback saves and
+# resumes, and bad options are clear errors.
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import kiln
+
+FORTUNES = "/usr/share/games/fortunes"
+
+
+def cli(*args, cwd=None):
+    r = subprocess.run([sys.executable, "-m", "kiln", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def lines(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(x) for x in f]
+
+
+def losses(records):
+    return [(r["step"], r["loss"]) for r in records if "loss" in r and "eval_loss" not in r]
+
+
+RESNET = dict(epochs=1, max_steps=4, batch=16, limit_train=64, limit_eval=32, log_every=1, threads=2, seed=5,
+              workers=0, progress="lines")
+
+
+def as_flags(opts):
+    out = []
+    for k, v in opts.items():
+        out += ["--" + k.replace("_", "-"), str(v)]
+    return out
+
+
+def test_resnet_steps_match_the_command(tmp_path):
+    cli("train", "--model", "resnet20", "--out", tmp_path / "cli", *as_flags(RESNET))
+    seen = []
+    summary = kiln.train("resnet20", out=tmp_path / "py", callback=seen.append, **RESNET)
+    want, got = losses(lines(tmp_path / "cli")), losses(lines(tmp_path / "py"))
+    assert len(want) == 4 and got == want  # bit for bit: the same floats
+    assert seen == lines(tmp_path / "py")  # every metrics line, as written
+    assert summary["steps"] == 4 and os.path.exists(tmp_path / "py" / "model.safetensors")
+
+
+@pytest.mark.skipif(not os.path.isdir(FORTUNES), reason="Debian's fortunes package is not installed")
+def test_bert_tiny_steps_match_the_command(tmp_path):
+    text = [f"{FORTUNES}/computers", f"{FORTUNES}/food"]
+    cli("vocab", "--text", *text, "--size", "1500", "--out", tmp_path / "vocab.txt")
+    opts = dict(task="mlm", vocab=tmp_path / "vocab.txt", seq_len=32, batch=8, max_steps=3, epochs=1, log_every=1,
+                threads=2, seed=3, limit_eval=16, workers=0, optimizer="adamw", lr=1e-3)
+    flags = as_flags(opts) + sum([["--text", t] for t in text], [])
+    cli("train", "--model", "bert-tiny", "--out", tmp_path / "cli", *flags)
+    kiln.train("bert-tiny", out=tmp_path / "py", text=text, **opts)
+    want, got = losses(lines(tmp_path / "cli")), losses(lines(tmp_path / "py"))
+    assert len(want) == 3 and got == want
+
+
+def test_callback_stops_and_resume_continues(tmp_path):
+    opts = dict(RESNET, max_steps=6)
+
+    def stop_at_3(record):
+        return record.get("step", 0) < 3
+
+    r = kiln.train("resnet20", out=tmp_path / "run", callback=stop_at_3, **opts)
+    assert r["stopped"] and os.path.basename(r["saved"]) == "step-000000003.kiln"
+    assert max(s for s, _ in losses(lines(tmp_path / "run"))) == 3
+    kiln.train("resnet20", out=tmp_path / "run", resume="auto", **opts)
+    cli("train", "--model", "resnet20", "--out", tmp_path / "straight", *as_flags(opts))
+    assert losses(lines(tmp_path / "run")) == losses(lines(tmp_path / "straight"))  # exact resume
+
+
+def test_bad_options(tmp_path):
+    with pytest.raises(ValueError, match="--epochz"):
+        kiln.train("resnet20", out=tmp_path / "x", epochz=1)
+    with pytest.raises(kiln.KilnError, match="model"):
+        kiln.train("resnet-nope", out=tmp_path / "y", max_steps=1)
+    with pytest.raises(ValueError, match="lr"):
+        kiln.train("resnet20", out=tmp_path / "z", lr="fast")
+    assert not os.path.exists(tmp_path / "x")
