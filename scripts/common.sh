@@ -76,11 +76,11 @@ kiln_python_install() {
   [ "${KILN_PYTHON_TORCH:-1}" = 1 ] && reqs+=(torch)
   kiln_log "Python packages: ${reqs[*]}"
   "${pip[@]}" "${reqs[@]}"
-  # The same CUDA architectures and build type as the C++ build, so ccache serves the library's
-  # objects from it.
+  # The same compiler, CUDA architectures and build type as the C++ build, so ccache serves the
+  # library's objects from it (scikit-build-core would take Python's CXX, g++, rather than c++).
   local defs=()
   [ -n "${KILN_CUDA_ARCHS:-}" ] && defs+=(-C "cmake.define.CMAKE_CUDA_ARCHITECTURES=$KILN_CUDA_ARCHS")
   [ -n "${KILN_CUDA:-}" ] && defs+=(-C "cmake.define.KILN_CUDA=$KILN_CUDA")
   kiln_log "pip install $KILN_ROOT (the kiln package)"
-  "${pip[@]}" --no-build-isolation "${defs[@]}" -C "build.verbose=false" "$KILN_ROOT"
+  CXX="${CXX:-c++}" "${pip[@]}" --no-build-isolation "${defs[@]}" "$KILN_ROOT"
 }

@@ -84,3 +84,31 @@ def test_bad_options(tmp_path):
     with pytest.raises(ValueError, match="lr"):
         kiln.train("resnet20", out=tmp_path / "z", lr="fast")
     assert not os.path.exists(tmp_path / "x")
+
+
+def test_interrupt_saves_then_raises(tmp_path):
+    import signal
+    import threading
+
+    first_line = threading.Event()
+
+    def note(record):
+        first_line.set()
+
+    def interrupt():
+        first_line.wait(60)
+        os.kill(os.getpid(), signal.SIGINT)  # what a notebook's stop button sends
+
+    t = threading.Thread(target=interrupt)
+    t.start()
+    opts = dict(RESNET, max_steps=0, limit_train=320)  # one epoch: 20 steps
+    with pytest.raises(KeyboardInterrupt, match="saved .*step-"):
+        kiln.train("resnet20", out=tmp_path / "run", callback=note, **opts)
+    t.join()
+    saved = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
+    assert saved and saved[-1].startswith("step-")
+    stopped_at = max(s for s, _ in losses(lines(tmp_path / "run")))
+    assert stopped_at < 20
+    # the interpreter is intact, and the run continues from the checkpoint to the end of the epoch
+    r = kiln.train("resnet20", out=tmp_path / "run", resume="auto", **opts)
+    assert r["steps"] == 20 and [s for s, _ in losses(lines(tmp_path / "run"))] == list(range(1, 21))
