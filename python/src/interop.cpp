@@ -157,9 +157,23 @@ void bind_interop(nb::module_& m) {
         if (nb::isinstance<Tensor>(obj)) return nb::cast<Tensor>(obj);
         if (!nb::hasattr(obj, "__dlpack__") && !PyObject_CheckBuffer(obj.ptr()) && !(PyCapsule_CheckExact(obj.ptr())))
           value_error("from_dlpack: expected an object with __dlpack__ (a NumPy array, a torch.Tensor, ...)");
+        // A CUDA producer is asked for its memory on Kiln's compute stream (DLPack's stream argument),
+        // so that its pending writes are ordered before the Kiln kernels that read them.
+        nb::object src = nb::borrow(obj);
+        if (nb::hasattr(obj, "__dlpack_device__") && nb::hasattr(obj, "__dlpack__")) {
+          nb::tuple dev = nb::cast<nb::tuple>(obj.attr("__dlpack_device__")());
+          if (nb::cast<int>(dev[0]) == kDLCUDA) {
+            const int index = nb::cast<int>(dev[1]);
+            if (index >= cuda::device_count())
+              value_error("from_dlpack: the tensor is on cuda:" + std::to_string(index) +
+                          ", which this Kiln does not " + "see (" + std::to_string(cuda::device_count()) +
+                          " CUDA devices)");
+            src = obj.attr("__dlpack__")(nb::arg("stream") = reinterpret_cast<intptr_t>(cuda::compute_stream(index)));
+          }
+        }
         nb::ndarray<> a;
         try {
-          a = nb::cast<nb::ndarray<>>(obj);
+          a = nb::cast<nb::ndarray<>>(src);
         } catch (nb::python_error&) {
           throw;
         } catch (const std::exception& e) {
