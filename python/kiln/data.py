@@ -39,3 +39,25 @@ class DataLoader:
             if b is None:
                 return
             yield b
+
+
+# ---- text ----
+from ._C import WordPieceTokenizer, build_vocab  # noqa: E402,F401
+
+
+def _tokenizer(tokenizer):
+    return tokenizer if isinstance(tokenizer, WordPieceTokenizer) else WordPieceTokenizer(str(tokenizer))
+
+
+def masked_lm(files, tokenizer, seq_len=128, mask_prob=0.15):
+    """Text files packed into [CLS] ... [SEP] sequences for masked-LM (kiln train --task mlm's data):
+    batches hold input_ids, attention_mask, token_type_ids and labels (-100 where not masked).
+    tokenizer: a WordPieceTokenizer or a vocab.txt path."""
+    files = [str(files)] if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__") else [str(f) for f in files]
+    return _C._mlm_dataset(_tokenizer(tokenizer), files, seq_len, mask_prob)
+
+
+def tsv_classification(path, tokenizer, seq_len=128, label_names=()):
+    """label<TAB>text lines (kiln train --task classify's data for BERT): (dataset, label_names);
+    batches hold input_ids, attention_mask, token_type_ids and target."""
+    return _C._tsv_dataset(_tokenizer(tokenizer), str(path), seq_len, list(label_names))

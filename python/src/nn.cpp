@@ -13,6 +13,7 @@
 #include "io/checkpoint.h"
 #include "io/data.h"
 #include "io/safetensors.h"
+#include "io/text.h"
 #include "tools/zoo.h"
 
 namespace kiln::py {
@@ -397,6 +398,64 @@ void bind_nn(nb::module_& m) {
              return batch_dict(*b);
            })
       .def_prop_ro("epoch", [](const Loader& l) { return l.epoch; });
+
+  // ---- text: WordPiece, the masked-LM corpus, label<TAB>text files ----
+  nb::class_<io::WordPieceTokenizer>(m, "WordPieceTokenizer", "BERT's WordPiece over a vocab.txt.")
+      .def(
+          "__init__",
+          [](io::WordPieceTokenizer* t, const std::string& vocab, bool lower_case) {
+            io::BasicTokenizerOptions o;
+            o.lower_case = o.strip_accents = lower_case;
+            io::Vocab v;
+            {
+              R r;
+              v = io::Vocab::load(vocab);
+            }
+            new (t) io::WordPieceTokenizer(std::move(v), o);
+          },
+          nb::arg("vocab"), nb::arg("lower_case") = true)
+      .def("tokenize", [](const io::WordPieceTokenizer& t, const std::string& s) { return t.tokenize(s); })
+      .def(
+          "encode", [](const io::WordPieceTokenizer& t, const std::string& s) { return t.encode(s); },
+          "Token ids, no special tokens added.")
+      .def("decode", &io::WordPieceTokenizer::decode)
+      .def_prop_ro("vocab_size", [](const io::WordPieceTokenizer& t) { return t.vocab().size(); })
+      .def("token", [](const io::WordPieceTokenizer& t, int64_t id) { return t.vocab().token(id); })
+      .def("id", [](const io::WordPieceTokenizer& t, const std::string& tok) { return t.vocab().id(tok); });
+  m.def(
+      "build_vocab",
+      [](const std::vector<std::string>& files, const std::string& out, int64_t size, int64_t min_frequency,
+         bool lower_case) {
+        io::BasicTokenizerOptions o;
+        o.lower_case = o.strip_accents = lower_case;
+        R r;
+        io::build_wordpiece_vocab(files, size, o, min_frequency).save(out);
+      },
+      nb::arg("files"), nb::arg("out"), nb::arg("size") = 8000, nb::arg("min_frequency") = 2,
+      nb::arg("lower_case") = true, "Learns a WordPiece vocab.txt from text files (as `kiln vocab`).");
+  m.def(
+      "_mlm_dataset",
+      [](std::shared_ptr<io::WordPieceTokenizer> tok, const std::vector<std::string>& files, int64_t seq_len,
+         double mask_prob) {
+        io::MlmOptions o;
+        o.seq_len = seq_len;
+        o.mask_prob = mask_prob;
+        R r;
+        return std::static_pointer_cast<io::Dataset>(std::make_shared<io::MlmDataset>(tok, files, o));
+      },
+      nb::arg("tokenizer"), nb::arg("files"), nb::arg("seq_len"), nb::arg("mask_prob"));
+  m.def(
+      "_tsv_dataset",
+      [](std::shared_ptr<io::WordPieceTokenizer> tok, const std::string& path, int64_t seq_len,
+         std::vector<std::string> labels) {
+        std::shared_ptr<io::TsvClassificationDataset> d;
+        {
+          R r;
+          d = std::make_shared<io::TsvClassificationDataset>(tok, path, seq_len, std::move(labels));
+        }
+        return nb::make_tuple(std::static_pointer_cast<io::Dataset>(d), d->label_names());
+      },
+      nb::arg("tokenizer"), nb::arg("path"), nb::arg("seq_len"), nb::arg("label_names"));
 }
 
 }  // namespace kiln::py

@@ -155,3 +155,25 @@ def test_data_loader():
     assert n == 10000 and len(loader) == 10
     again = next(iter(loader))["target"][:5].tolist()
     assert again == first  # unshuffled: the same order each epoch
+
+
+@pytest.mark.skipif(not os.path.isdir("/usr/share/games/fortunes"), reason="Debian's fortunes package is not installed")
+def test_text_data(tmp_path):
+    corpus = ["/usr/share/games/fortunes/computers"]
+    kiln.data.build_vocab(corpus, str(tmp_path / "vocab.txt"), size=1200)
+    tok = kiln.data.WordPieceTokenizer(str(tmp_path / "vocab.txt"))
+    ids = tok.encode("Computers are useless.")
+    assert ids and tok.decode(ids) == "computers are useless ." and tok.vocab_size <= 1200
+    mlm = kiln.data.masked_lm(corpus, tok, seq_len=32)
+    b = next(iter(kiln.data.DataLoader(mlm, batch_size=4, workers=0)))
+    assert b["input_ids"].shape == (4, 32) and (b["labels"] != -100).any().item()
+    bert = kiln.models.create("bert-tiny-mlm", set={"vocab_size": tok.vocab_size})
+    logits = bert(b["input_ids"], attention_mask=b["attention_mask"])
+    loss = F.cross_entropy(logits.reshape(-1, tok.vocab_size), b["labels"].reshape(-1))
+    assert loss.item() > 0
+    (tmp_path / "t.tsv").write_text("label\ttext\npos\tgreat fun\nneg\tawful\npos\tnice\n")
+    ds, labels = kiln.data.tsv_classification(tmp_path / "t.tsv", tok, seq_len=8)
+    assert labels == ["neg", "pos"] and len(ds) == 3
+    assert ds.get_batch([0, 1])["target"].tolist() == [1, 0]
+    with pytest.raises(kiln.KilnError, match="nope.txt"):
+        kiln.data.WordPieceTokenizer(str(tmp_path / "nope.txt"))
