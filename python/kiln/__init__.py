@@ -73,16 +73,30 @@ std = _C.std
 __version__ = "0.1.0"
 
 
-def save(tensors, path, metadata=None):
-    """Writes a dict of tensors (or a module's state_dict) as safetensors, atomically."""
+def save(tensors, f, metadata=None):
+    """Writes a dict of tensors (or a module's state_dict) as safetensors: to a path atomically, or
+    to a binary file object."""
     if hasattr(tensors, "state_dict"):
         tensors = tensors.state_dict()
-    _C.save_safetensors(str(path), dict(tensors), dict(metadata or {}))
+    if hasattr(f, "write"):
+        import os
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            tmp = os.path.join(d, "t.safetensors")
+            _C.save_safetensors(tmp, dict(tensors), dict(metadata or {}))
+            with open(tmp, "rb") as src:
+                f.write(src.read())
+        return
+    _C.save_safetensors(str(f), dict(tensors), dict(metadata or {}))
 
 
-def load(path):
-    """The tensors of a safetensors file as a dict (kiln.load_safetensors also gives its metadata)."""
-    return dict(_C.load_safetensors(str(path))[0])
+def load(f):
+    """The tensors of a safetensors file (a path or a binary file object) as a dict;
+    kiln.load_safetensors(path) also gives its metadata."""
+    if hasattr(f, "read"):
+        return dict(_C._parse_safetensors(f.read(), str(getattr(f, "name", "<stream>")))[0])
+    return dict(_C.load_safetensors(str(f))[0])
 
 
 def _install_interrupts():

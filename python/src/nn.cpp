@@ -307,6 +307,17 @@ void bind_nn(nb::module_& m) {
       },
       nb::arg("path"), "(tensors, metadata) of a safetensors file; damaged files are errors naming the part.");
   m.def(
+      "_parse_safetensors",
+      [](nb::bytes data, const std::string& what) {
+        io::SafetensorsFile f;
+        {
+          R r;
+          f = io::parse_safetensors(reinterpret_cast<const uint8_t*>(data.c_str()), data.size(), what);
+        }
+        return nb::make_tuple(f.tensors, f.metadata);
+      },
+      nb::arg("data"), nb::arg("what"));
+  m.def(
       "save_checkpoint",
       [](const std::string& path, const std::map<std::string, Tensor>& tensors, nb::handle state) {
         const std::string js = nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(state));

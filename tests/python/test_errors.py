@@ -47,3 +47,22 @@ def test_missing_device():
 def test_tensors_on_two_devices():
     with pytest.raises(kiln.KilnError, match="device"):
         kiln.zeros(2) + kiln.zeros(2, device="cuda")
+
+
+def test_files_and_streams(tmp_path):
+    import io
+
+    buf = io.BytesIO()
+    kiln.save({"w": kiln.arange(4)}, buf)
+    buf.seek(0)
+    assert kiln.load(buf)["w"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(kiln.KilnError, match="<stream>"):
+        kiln.load(io.BytesIO(b"\x05\x00\x00\x00\x00\x00\x00\x00{}"))
+    f = open(tmp_path / "x.safetensors", "wb")
+    f.close()
+    with pytest.raises(ValueError, match="closed file"):
+        kiln.save({"w": kiln.zeros(1)}, f)
+    with pytest.raises(kiln.KilnError, match="x.safetensors"):
+        kiln.load(tmp_path / "x.safetensors")  # empty
+    with pytest.raises(kiln.KilnError, match="missing.safetensors"):
+        kiln.load(tmp_path / "missing.safetensors")
