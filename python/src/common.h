@@ -8,6 +8,8 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "kiln.h"
@@ -35,6 +37,21 @@ Shape to_shape(nb::handle args);                                       // f(2, 3
 // A Tensor from a Tensor, a Python number or bool (0-dim, in `like`'s dtype rules when given), a
 // nested list or any array NumPy accepts (copied).
 Tensor to_tensor(nb::handle h, const Tensor* like = nullptr, const char* what = "argument");
+
+// The comment above a function's declaration in engine/ops.h or nn_ops.h ("" when none).
+const char* header_doc(std::string_view name);
+// Module functions that take the header's comment as their docstring unless given one.
+template <typename... E> inline constexpr bool kHasDoc = (std::is_convertible_v<E, const char*> || ...);
+struct Defs {
+  nb::module_& m;
+  template <typename F, typename... E> Defs& def(const char* name, F&& f, const E&... extra) {
+    if constexpr (kHasDoc<E...>)
+      m.def(name, std::forward<F>(f), extra...);
+    else
+      m.def(name, std::forward<F>(f), extra..., header_doc(name));
+    return *this;
+  }
+};
 
 // Raised for bad arguments: subclasses of kiln.KilnError that are also ValueError / IndexError.
 [[noreturn]] void value_error(const std::string& msg);

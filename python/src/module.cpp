@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "python_docs.h"
 #include "tools/environment.h"
 
 namespace kiln::py {
@@ -99,6 +100,12 @@ Shape to_shape(nb::handle args) {
     s.push_back(nb::cast<int64_t>(x));
   }
   return s;
+}
+
+const char* header_doc(std::string_view name) {
+  for (const auto& [n, d] : kHeaderDocs)
+    if (n == name) return d;
+  return "";
 }
 
 Tensor numpy_to_tensor_copy(nb::handle array, const char* what);  // interop.cpp

@@ -54,7 +54,8 @@ bool is_valid(nb::handle padding) { return nb::isinstance<nb::str>(padding) && !
 
 }  // namespace
 
-void bind_nn_ops(nb::module_& m) {
+void bind_nn_ops(nb::module_& mod) {
+  Defs m{mod};
   auto a = [](const char* n) { return nb::arg(n); };
   m.def(
       "linear", [](const Tensor& x, const Tensor& w, std::optional<Tensor> b) { return linear(x, w, opt(b)); },

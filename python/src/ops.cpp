@@ -32,12 +32,12 @@ Tensor finish(Tensor t, bool requires_grad) {
   return t;
 }
 
-template <typename F> void unary(nb::module_& m, const char* name, F fn, const char* doc = "") {
+template <typename F> void unary(Defs& m, const char* name, F fn) {
   m.def(
-      name, [fn](const Tensor& x) { return fn(x); }, nb::arg("input"), nogil, doc);
+      name, [fn](const Tensor& x) { return fn(x); }, nb::arg("input"), nogil);
 }
 
-template <typename F> void binary_fn(nb::module_& m, const char* name, F fn) {
+template <typename F> void binary_fn(Defs& m, const char* name, F fn) {
   m.def(
       name,
       [fn](const Tensor& a, nb::handle b) {
@@ -50,7 +50,8 @@ template <typename F> void binary_fn(nb::module_& m, const char* name, F fn) {
 
 }  // namespace
 
-void bind_ops(nb::module_& m) {
+void bind_ops(nb::module_& mod) {
+  Defs m{mod};
   // ---- factories ----
   auto sized = [&](const char* name, auto make) {
     m.def(

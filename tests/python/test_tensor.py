@@ -199,3 +199,9 @@ def test_functional_ops():
     np.testing.assert_allclose(causal.numpy(), masked.numpy(), atol=1e-6)
     with pytest.raises(ValueError, match="reduction"):
         F.mse_loss(logits, logits, reduction="avg")
+
+
+def test_docstrings_come_from_the_headers():
+    assert "Running sum" in kiln.cumsum.__doc__  # engine/ops.h's comment
+    assert "stride = kernel" in kiln.nn.functional.max_pool2d.__doc__  # engine/nn_ops.h's
+    assert "half to even" in kiln.round.__doc__  # a group comment that names it
