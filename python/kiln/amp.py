@@ -14,7 +14,7 @@ from ._C import autocast, autocast_dtype  # noqa: F401
 
 class GradScaler:
     def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, enabled=True):
-        self._impl = _C.GradScaler(init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+        self._impl = _C._GradScaler(init_scale, growth_factor, backoff_factor, growth_interval, enabled)
 
     def scale(self, loss):
         return self._impl.scale(loss)

@@ -249,7 +249,7 @@ void bind_nn(nb::module_& m) {
         return false;
       });
   m.def("autocast_dtype", [] { return amp::autocast_dtype(); });
-  nb::class_<amp::GradScaler>(m, "GradScaler", "Dynamic loss scaling for float16 training (as torch.amp.GradScaler).")
+  nb::class_<amp::GradScaler>(m, "_GradScaler", "Dynamic loss scaling for float16 training (as torch.amp.GradScaler).")
       .def(
           "__init__",
           [](amp::GradScaler* g, double init_scale, double growth_factor, double backoff_factor,
