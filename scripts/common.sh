@@ -72,7 +72,7 @@ kiln_python_install() {
     python3 -m venv "$KILN_VENV"
   fi
   local pip=("$KILN_VENV/bin/python" -m pip install -q --disable-pip-version-check)
-  local reqs=(scikit-build-core nanobind numpy pytest matplotlib nbclient nbformat ipykernel)
+  local reqs=(scikit-build-core nanobind numpy pytest matplotlib nbclient nbformat ipykernel tensorboard)
   [ "${KILN_PYTHON_TORCH:-1}" = 1 ] && reqs+=(torch)
   kiln_log "Python packages: ${reqs[*]}"
   "${pip[@]}" "${reqs[@]}"

@@ -6,25 +6,27 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
+#include "base/thread_pool.h"
 #include "engine/amp.h"
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/optim.h"
-#include "base/thread_pool.h"
 #include "io/atomic_file.h"
-#include "io/safetensors.h"
-#include "tools/commands.h"
 #include "io/run_checkpoint.h"
+#include "io/safetensors.h"
+#include "io/tensorboard.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
 #include "runtime/nccl_comm.h"
+#include "tools/commands.h"
 #include "tools/environment.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
@@ -204,6 +206,33 @@ class Trainer {
     if (hooks_.on_error) hooks_.on_error(msg);
     return rc;
   }
+  // Every number of a metrics line as a TensorBoard scalar at its step: "train/loss", "eval/accuracy"
+  // (the train_/eval_ prefix of a key dropped), "rank1/comm_wait_s" for the per-rank phases,
+  // "gpu_memory_mib/peak" for an object's fields.
+  void write_events(const nlohmann::json& line, const std::string& prefix) {
+    if (!tb_ || !tb_->ok()) return;
+    std::vector<std::pair<std::string, float>> values;
+    auto add = [&](const std::string& tag, const nlohmann::json& v) {
+      if (v.is_number()) values.emplace_back(tag, v.get<float>());
+    };
+    for (const auto& [k, v] : line.items()) {
+      if (k == "step") continue;
+      std::string name = k;
+      for (const char* p : {"train_", "eval_"})
+        if (name.rfind(p, 0) == 0) name = name.substr(std::strlen(p));
+      if (v.is_object()) {
+        for (const auto& [k2, v2] : v.items()) add(k + "/" + k2, v2);
+      } else if (v.is_array() && k == "ranks") {
+        for (size_t r = 0; r < v.size(); ++r)
+          for (const auto& [k2, v2] : v[r].items()) add("rank" + std::to_string(r) + "/" + k2, v2);
+      } else {
+        add(prefix + name, v);
+      }
+    }
+    tb_->scalars(line.value("step", int64_t(0)), values);
+    if (!tb_->ok()) progress_->line("kiln train: warning: " + tb_->error());
+  }
+
   // A signal, or the host's stop request (asked once per call; a request is remembered).
   bool stop_wanted() {
     if (!asked_stop_ && hooks_.stop_requested && hooks_.stop_requested()) asked_stop_ = true;
@@ -308,6 +337,14 @@ class Trainer {
       else trim_metrics(metrics_path_, run_);
       metrics_.open(metrics_path_, std::ios::app);
       KILN_CHECK(metrics_.good(), metrics_path_, ": cannot open for writing");
+      if (c_.tensorboard) {
+        // A run that starts over replaces its event files; a resumed one adds a file that begins
+        // with a restart at its step, so TensorBoard drops what the old files logged after it.
+        const bool fresh = resumed_from_.empty() || run_.step == 0;
+        if (fresh) io::EventWriter::remove_old(c_.out);
+        tb_ = std::make_unique<io::EventWriter>(c_.out);
+        if (!fresh) tb_->restart(run_.step + 1);  // TensorBoard drops the old events from this step on
+      }
       prune_checkpoints(ckpt_dir_, 0);  // temporary files a killed writer left behind
     }
     progress_ = std::make_unique<Progress>(lead_ ? c_.progress : "quiet", c_.epochs, spe_);
@@ -497,6 +534,7 @@ class Trainer {
     if (device_.is_cuda()) m["gpu_memory_mib"] = gpu_memory_json(device_.index);
     metrics_ << m.dump() << "\n";
     metrics_.flush();
+    write_events(m, "train/");
     if (lead_ && hooks_.on_metrics) hooks_.on_metrics(m);
     run_.window = {};
     win_loss_.zero_();
@@ -564,6 +602,7 @@ class Trainer {
                          {"eval_seconds", ev.seconds}};
     metrics_ << em.dump() << "\n";
     metrics_.flush();
+    write_events(em, "eval/");
     if (lead_ && hooks_.on_metrics) hooks_.on_metrics(em);
     run_.epochs_log.push_back(em);
     run_.last_eval_loss = ev.loss;
@@ -685,6 +724,7 @@ class Trainer {
   RunState run_;
   std::string ckpt_dir_, metrics_path_, resumed_from_, last_saved_;
   std::ofstream metrics_;
+  std::unique_ptr<io::EventWriter> tb_;  // rank 0, unless --no-tensorboard
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<CheckpointMirror> mirror_;
   Clock::time_point last_save_time_, win_start_, epoch_start_;

@@ -66,6 +66,7 @@ struct TrainConfig {
   std::string resume;          // "", "auto" or a checkpoint path
   std::string mirror;          // a second directory for every completed checkpoint
   int64_t log_every = 50;
+  bool tensorboard = true;        // TensorBoard event files beside metrics.jsonl
   std::string progress = "auto";  // auto | bar | lines
   std::string config_file;
 

@@ -116,6 +116,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--out", c.out, "Run directory: metrics.jsonl, summary.json, model.safetensors")->required();
   app.add_option("--log-every", c.log_every, "Steps between metrics lines")->capture_default_str();
+  app.add_flag("--tensorboard,!--no-tensorboard", c.tensorboard,
+               "TensorBoard event files in --out beside metrics.jsonl (every number of its lines)")
+      ->capture_default_str();
   app.add_option("--save-every", c.save_every, "Checkpoint every N steps (0: off)")->check(CLI::NonNegativeNumber);
   app.add_option("--save-minutes", c.save_minutes, "Checkpoint every M minutes (0: off)")->check(CLI::NonNegativeNumber);
   app.add_flag("--save-epochs,!--no-save-epochs", c.save_epochs, "Checkpoint at the end of every epoch")
@@ -250,30 +253,52 @@ void apply_model_defaults(const CLI::App& app, TrainConfig& c) {
 }
 
 nlohmann::json TrainConfig::to_json() const {
-  return {{"model", model},         {"task", task.empty() ? "classify" : task},
-          {"set", sets},            {"data", data},
-          {"data_dir", data_dir},   {"augment", augment},
-          {"image_size", image_size}, {"skip_bad_samples", skip_bad_samples},
-          {"limit_train", limit_train}, {"limit_eval", limit_eval},
-          {"text", text},           {"eval_text", eval_text},
-          {"vocab", vocab},         {"train_tsv", train_tsv},
-          {"eval_tsv", eval_tsv},   {"seq_len", seq_len},
-          {"mask_prob", mask_prob}, {"lower_case", lower_case},
-          {"epochs", epochs},       {"batch", batch},
+  return {{"model", model},
+          {"task", task.empty() ? "classify" : task},
+          {"set", sets},
+          {"data", data},
+          {"data_dir", data_dir},
+          {"augment", augment},
+          {"image_size", image_size},
+          {"skip_bad_samples", skip_bad_samples},
+          {"limit_train", limit_train},
+          {"limit_eval", limit_eval},
+          {"text", text},
+          {"eval_text", eval_text},
+          {"vocab", vocab},
+          {"train_tsv", train_tsv},
+          {"eval_tsv", eval_tsv},
+          {"seq_len", seq_len},
+          {"mask_prob", mask_prob},
+          {"lower_case", lower_case},
+          {"epochs", epochs},
+          {"batch", batch},
           {"accum_steps", accum_steps},
-          {"max_steps", max_steps}, {"optimizer", optimizer},
-          {"lr", lr},               {"momentum", momentum},
-          {"nesterov", nesterov},   {"weight_decay", weight_decay},
-          {"label_smoothing", label_smoothing}, {"clip_grad_norm", clip_grad_norm},
-          {"schedule", schedule},   {"warmup", warmup},
-          {"seed", seed},           {"threads", threads},
-          {"workers", workers},     {"device", device},
-          {"amp", amp},             {"channels_last", channels_last},
+          {"max_steps", max_steps},
+          {"optimizer", optimizer},
+          {"lr", lr},
+          {"momentum", momentum},
+          {"nesterov", nesterov},
+          {"weight_decay", weight_decay},
+          {"label_smoothing", label_smoothing},
+          {"clip_grad_norm", clip_grad_norm},
+          {"schedule", schedule},
+          {"warmup", warmup},
+          {"seed", seed},
+          {"threads", threads},
+          {"workers", workers},
+          {"device", device},
+          {"amp", amp},
+          {"channels_last", channels_last},
           {"loss_scale", loss_scale},
           {"loss_scale_window", loss_scale_window},
-          {"out", out},             {"log_every", log_every},
-          {"save_every", save_every}, {"save_minutes", save_minutes},
-          {"keep_last", keep_last}, {"mirror", mirror}};
+          {"out", out},
+          {"log_every", log_every},
+          {"save_every", save_every},
+          {"save_minutes", save_minutes},
+          {"keep_last", keep_last},
+          {"mirror", mirror},
+          {"tensorboard", tensorboard}};
 }
 
 std::optional<DType> amp_dtype(const std::string& amp) {

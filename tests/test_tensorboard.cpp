@@ -1,0 +1,65 @@
+// TensorBoard event encoding (io/tensorboard.h): CRC-32C's check value, the masked form, and an
+// event's bytes worked out by hand from the protobuf wire format. tests/python/test_tensorboard.py
+// reads real runs' files back with the tensorboard package.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "io/checkpoint.h"
+#include "io/tensorboard.h"
+#include "test_util.h"
+
+using namespace kiln;
+using kiln::testing::TempDir;
+
+TEST_CASE("tensorboard: CRC-32C and its mask") {
+  CHECK(io::crc32c("123456789", 9) == 0xE3069283u);  // the Castagnoli CRC's check value
+  const uint32_t c = 0xE3069283u;
+  CHECK(io::tb::masked_crc32c("123456789", 9) == uint32_t(((c >> 15) | (c << 17)) + 0xa282ead8u));
+}
+
+TEST_CASE("tensorboard: a scalar event, byte by byte") {
+  const std::string e = io::tb::scalars_event(0.5, 300, {{"a", 1.0f}});
+  std::string want;
+  want += '\x09';  // field 1 (wall_time), wire type 1 (fixed64)
+  double w = 0.5;
+  want.append(reinterpret_cast<const char*>(&w), 8);
+  want += "\x10\xac\x02";  // field 2 (step), varint 300
+  // field 5 (summary), length 10: field 1 (value), length 8: tag "a" (3 bytes), simple_value 1.0f (5)
+  want +=
+      "\x2a\x0a\x0a\x08\x0a\x01"
+      "a"
+      "\x15";
+  float one = 1.0f;
+  want.append(reinterpret_cast<const char*>(&one), 4);
+  CHECK(e == want);
+  const std::string r = io::tb::record(e);
+  REQUIRE(r.size() == 8 + 4 + e.size() + 4);
+  uint64_t len = 0;
+  std::memcpy(&len, r.data(), 8);
+  CHECK(len == e.size());
+  uint32_t crc = 0;
+  std::memcpy(&crc, r.data() + 12 + e.size(), 4);
+  CHECK(crc == io::tb::masked_crc32c(e.data(), e.size()));
+  // A restart: field 7 (session_log) holding status START (field 1 = 1).
+  const std::string s = io::tb::session_start_event(0.0, 4);
+  CHECK(s.substr(s.size() - 4) == std::string("\x3a\x02\x08\x01", 4));
+}
+
+TEST_CASE("tensorboard: the writer's file, and an unwritable folder named in the error") {
+  TempDir d("kiln_tb");
+  std::string path;
+  {
+    io::EventWriter w(d.p.string());
+    w.scalars(1, {{"train/loss", 2.5f}});
+    path = w.path();
+    CHECK(w.ok());
+  }
+  CHECK(path.find("tfevents") != std::string::npos);
+  CHECK(std::filesystem::file_size(path) > 40);
+  io::EventWriter::remove_old(d.p.string());
+  CHECK(!std::filesystem::exists(path));
+  CHECK_THROWS_WITH_AS(io::EventWriter((d.p / "missing" / "dir").string()), doctest::Contains("missing/dir"), Error);
+}
