@@ -424,6 +424,45 @@ void bind_nn_ops(nb::module_& mod) {
       nb::arg("is_causal") = false, nb::arg("scale") = nb::none(), nogil,
       "softmax(q k^T * scale + mask) v; a bool mask keeps the True places (as torch); a fully masked row gives zeros.");
 
+  auto causal_of = [](const std::string& c) {
+    if (c == "none") return Causal::none;
+    if (c == "top_left") return Causal::top_left;
+    if (c == "bottom_right") return Causal::bottom_right;
+    value_error("causal must be \"none\", \"top_left\" or \"bottom_right\", got \"" + c + "\"");
+  };
+  m.def(
+      "masked_softmax",
+      [causal_of](const Tensor& x, std::optional<Tensor> mask, double scale, const std::string& causal) {
+        const Causal cz = causal_of(causal);
+        R r;
+        return masked_softmax(x, opt(mask), scale, cz);
+      },
+      a("input"), nb::arg("mask") = nb::none(), nb::arg("scale") = 1.0, nb::arg("causal") = "none");
+  m.def(
+      "attention",
+      [causal_of](const Tensor& q, const Tensor& k, const Tensor& v, std::optional<Tensor> mask,
+                  const std::string& causal, std::optional<double> scale, double softcap, double dropout_p,
+                  bool training, bool need_weights) -> nb::object {
+        AttentionOptions o;
+        o.causal = causal_of(causal);
+        o.scale = scale;
+        o.softcap = softcap;
+        o.dropout_p = dropout_p;
+        o.training = training;
+        AttentionOutput out;
+        {
+          R r;
+          out = attention(q, k, v, opt(mask), o, need_weights);
+        }
+        if (need_weights) return nb::make_tuple(out.out, out.weights);
+        return nb::cast(out.out);
+      },
+      a("query"), a("key"), a("value"), nb::arg("mask") = nb::none(), nb::kw_only(), nb::arg("causal") = "none",
+      nb::arg("scale") = nb::none(), nb::arg("softcap") = 0.0, nb::arg("dropout_p") = 0.0, nb::arg("training") = false,
+      nb::arg("need_weights") = false,
+      "Kiln's attention with all its options: an additive mask (or bias), a causal mask computed in the "
+      "softmax kernel, scale (default 1/sqrt(head size)), softcap; need_weights also returns the weights.");
+
   // ---- padding, resampling ----
   m.def(
       "pad",

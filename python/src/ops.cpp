@@ -109,6 +109,16 @@ void bind_ops(nb::module_& mod) {
       nb::arg("mean"), nb::arg("std"), nb::arg("size"), nb::kw_only(), nb::arg("dtype") = nb::none(),
       nb::arg("device") = nb::none());
   m.def(
+      "uniform",
+      [](double low, double high, nb::handle size, nb::handle dtype, nb::handle device) {
+        return uniform(Shape(to_dims(size, "size")), low, high, options(dtype, device, false));
+      },
+      nb::arg("low"), nb::arg("high"), nb::arg("size"), nb::kw_only(), nb::arg("dtype") = nb::none(),
+      nb::arg("device") = nb::none(), "Uniform in [low, high), from the default Philox stream.");
+  m.def(
+      "sum_to", [](const Tensor& x, nb::handle shape) { return sum_to(x, Shape(to_dims(shape, "shape"))); },
+      nb::arg("input"), nb::arg("shape"));
+  m.def(
       "bernoulli",
       [](nb::handle size, double p, nb::handle dtype, nb::handle device) {
         return bernoulli(Shape(to_dims(size, "size")), p, options(dtype, device, false));

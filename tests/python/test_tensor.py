@@ -205,3 +205,19 @@ def test_docstrings_come_from_the_headers():
     assert "Running sum" in kiln.cumsum.__doc__  # engine/ops.h's comment
     assert "stride = kernel" in kiln.nn.functional.max_pool2d.__doc__  # engine/nn_ops.h's
     assert "half to even" in kiln.round.__doc__  # a group comment that names it
+
+
+def test_attention_options_and_random():
+    F = kiln.nn.functional
+    q = kiln.randn(1, 2, 5, 4)
+    out, w = F.attention(q, q, q, causal="top_left", need_weights=True)
+    assert out.shape == (1, 2, 5, 4) and w.shape == (1, 2, 5, 5)
+    assert w[0, 0, 0, 1:].sum().item() == 0.0  # nothing after the first position
+    np.testing.assert_allclose(out.numpy(), F.scaled_dot_product_attention(q, q, q, is_causal=True).numpy(), atol=1e-6)
+    s = F.masked_softmax(kiln.zeros(2, 3), kiln.tensor([0.0, float("-inf"), 0.0]))
+    assert s.tolist() == [[0.5, 0.0, 0.5]] * 2
+    with pytest.raises(ValueError, match="causal"):
+        F.attention(q, q, q, causal="upper")
+    u = kiln.uniform(2.0, 3.0, (1000,))
+    assert 2.0 <= u.min().item() and u.max().item() < 3.0
+    assert kiln.sum_to(kiln.ones(4, 3), (1, 3)).tolist() == [[4.0, 4.0, 4.0]]
