@@ -28,6 +28,7 @@
 #include "runtime/nccl_comm.h"
 #include "tools/commands.h"
 #include "tools/environment.h"
+#include "tools/report.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
 
@@ -231,6 +232,18 @@ class Trainer {
     }
     tb_->scalars(line.value("step", int64_t(0)), values);
     if (!tb_->ok()) progress_->line("kiln train: warning: " + tb_->error());
+  }
+
+  // OUT/report.html, the run's curves so far (rank 0): one file to open on a remote machine. A
+  // failure is a warning; training goes on.
+  void refresh_report() {
+    if (!lead_) return;
+    try {
+      std::vector<std::string> notes;
+      io::write_file_atomic(c_.out + "/report.html", render_report({c_.out}, "kiln train: " + c_.model, notes));
+    } catch (const std::exception& e) {
+      progress_->line(std::string("kiln train: warning: report.html: ") + e.what());
+    }
   }
 
   // A signal, or the host's stop request (asked once per call; a request is remembered).
@@ -604,6 +617,7 @@ class Trainer {
     metrics_.flush();
     write_events(em, "eval/");
     if (lead_ && hooks_.on_metrics) hooks_.on_metrics(em);
+    refresh_report();
     run_.epochs_log.push_back(em);
     run_.last_eval_loss = ev.loss;
     run_.last_eval_accuracy = ev.accuracy;
@@ -687,6 +701,7 @@ class Trainer {
                               {"config", resolved_}};
     if (device_.is_cuda()) summary["gpu_memory_mib"] = gpu_memory_json(device_.index);
     io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
+    refresh_report();
     char buf[384];
     char skipped[96] = "";
     if (scaler_->enabled())

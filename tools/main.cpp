@@ -5,11 +5,12 @@
 #include <cstdio>
 #include <exception>
 
-#include "engine/dist.h"
 #include "base/error.h"
+#include "engine/dist.h"
 #include "kiln_build_info.h"
 #include "tools/commands.h"
 #include "tools/environment.h"
+#include "tools/report.h"
 #include "tools/train.h"
 
 int main(int argc, char** argv) {
@@ -42,6 +43,10 @@ int main(int argc, char** argv) {
   kiln::tools::LaunchOptions launch_opts;
   CLI::App* launch = app.add_subcommand("launch", "Start the ranks of a data-parallel job on this machine (-- kiln train ...)");
   kiln::tools::add_launch_flags(*launch, launch_opts);
+  kiln::tools::ReportOptions report_opts;
+  CLI::App* report =
+      app.add_subcommand("report", "One HTML page of runs' curves (loss, accuracy, lr, throughput, phases)");
+  kiln::tools::add_report_flags(*report, report_opts);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   kiln::tools::BenchTrainOptions bench_train_opts;
@@ -81,6 +86,7 @@ int main(int argc, char** argv) {
     if (vocab->parsed()) return kiln::tools::run_vocab(vocab_opts);
     if (ckpt->parsed()) return kiln::tools::run_ckpt(ckpt_opts);
     if (launch->parsed()) return kiln::tools::run_launch(launch_opts);
+    if (report->parsed()) return kiln::tools::run_report(report_opts);
     if (bench_train->parsed()) return kiln::tools::run_bench_train(bench_train_opts);
     if (bench_scaling->parsed()) return kiln::tools::run_bench_scaling(bench_scaling_opts);
     std::printf("%s", app.help().c_str());

@@ -46,6 +46,9 @@ def test_every_scalar_as_written(tmp_path):
         np.testing.assert_array_equal([v for _, v in got[tag]], np.float32([m[key] for m in train_lines]), tag)
     assert got["eval/loss"] == [(evals[0]["step"], np.float32(evals[0]["eval_loss"]))]
     assert got["eval/accuracy"] == [(evals[0]["step"], np.float32(evals[0]["eval_accuracy"]))]
+    # and OUT/report.html, refreshed at the evaluation and at the end: the same points
+    html = (tmp_path / "report.html").read_text()
+    assert 'data-series="train" data-points="6"' in html and 'data-series="eval" data-points="1"' in html
 
 
 def test_resumed_run_is_continuous(tmp_path):

@@ -1,0 +1,382 @@
+// kiln report: runs' metrics as one HTML page of SVG charts (tools/report.h).
+#include "tools/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "base/error.h"
+#include "io/atomic_file.h"
+
+namespace kiln::tools {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string num(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4g", v);
+  return b;
+}
+std::string px(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", v);
+  return b;
+}
+
+// About five round ticks (1, 2 or 5 times a power of ten) covering [lo, hi].
+std::vector<double> linear_ticks(double lo, double hi) {
+  const double raw = (hi - lo) / 5.0;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * mag) {
+      step = m * mag;
+      break;
+    }
+  std::vector<double> t;
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
+    t.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
+  return t;
+}
+
+std::vector<double> log_ticks(double lo, double hi) {
+  std::vector<double> t;
+  const int a = int(std::floor(std::log10(lo))), b = int(std::ceil(std::log10(hi)));
+  const bool fine = b - a <= 2;
+  for (int k = a; k <= b; ++k)
+    for (double m : fine ? std::vector<double>{1, 2, 5} : std::vector<double>{1}) {
+      const double v = m * std::pow(10.0, k);
+      if (v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) t.push_back(v);
+    }
+  return t;
+}
+
+}  // namespace
+
+std::string render_chart(const Chart& c) {
+  const double W = 740, H = 300, L = 70, R = 190, T = 30, B = 46;  // the legend in the right margin
+  const double pw = W - L - R, ph = H - T - B;
+  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  for (const auto& s : c.series)
+    for (auto [x, y] : s.points) {
+      if (!std::isfinite(x) || !std::isfinite(y) || (c.log_y && y <= 0)) continue;
+      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+    }
+  std::ostringstream o;
+  o << "<figure class=\"chart\"><svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 " << W << " " << H
+    << "\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"" << esc(c.title) << "\">"
+    << "<text x=\"" << W / 2
+    << "\" y=\"18\" class=\"title\" font-size=\"13\" font-weight=\"600\" text-anchor=\"middle\">" << esc(c.title)
+    << "</text>";
+  if (x0 > x1) {
+    o << "<text x=\"" << W / 2 << "\" y=\"" << H / 2
+      << "\" text-anchor=\"middle\" class=\"empty\">no data</text></svg></figure>";
+    return o.str();
+  }
+  if (x1 == x0) x0 -= 0.5, x1 += 0.5;
+  if (c.log_y) {
+    y0 = std::pow(10.0, std::floor(std::log10(y0) * 4) / 4), y1 = std::pow(10.0, std::ceil(std::log10(y1) * 4) / 4);
+    if (y1 <= y0) y1 = y0 * 10;
+  } else {
+    if (y1 == y0) y0 -= std::max(std::abs(y0) * 0.1, 0.5), y1 += std::max(std::abs(y1) * 0.1, 0.5);
+    const double pad = (y1 - y0) * 0.05;
+    y0 -= pad, y1 += pad;
+  }
+  auto X = [&](double x) { return L + (x - x0) / (x1 - x0) * pw; };
+  auto Y = [&](double y) {
+    const double f =
+        c.log_y ? (std::log10(y) - std::log10(y0)) / (std::log10(y1) - std::log10(y0)) : (y - y0) / (y1 - y0);
+    return T + ph - f * ph;
+  };
+  // axes, grid, ticks
+  o << "<g class=\"axes\"><rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << pw << "\" height=\"" << ph
+    << "\" fill=\"none\" stroke=\"#999\"/>";
+  for (double v : linear_ticks(x0, x1))
+    o << "<line x1=\"" << px(X(v)) << "\" x2=\"" << px(X(v)) << "\" y1=\"" << T + ph << "\" y2=\"" << T + ph + 4
+      << "\" stroke=\"#999\"/><text x=\"" << px(X(v)) << "\" y=\"" << T + ph + 16 << "\" text-anchor=\"middle\">"
+      << num(v) << "</text>";
+  for (double v : c.log_y ? log_ticks(y0, y1) : linear_ticks(y0, y1))
+    o << "<line x1=\"" << L << "\" x2=\"" << L + pw << "\" y1=\"" << px(Y(v)) << "\" y2=\"" << px(Y(v))
+      << "\" stroke=\"#eee\"/><text x=\"" << L - 6 << "\" y=\"" << px(Y(v) + 4) << "\" text-anchor=\"end\">" << num(v)
+      << "</text>";
+  o << "<text x=\"" << L + pw / 2 << "\" y=\"" << H - 8 << "\" text-anchor=\"middle\">" << esc(c.x_label) << "</text>"
+    << "<text transform=\"translate(16 " << T + ph / 2 << ") rotate(-90)\" text-anchor=\"middle\">" << esc(c.y_label)
+    << (c.log_y ? " (log scale)" : "") << "</text></g>";
+  // series, then the legend (top right, inside the plot)
+  int i = 0;
+  for (const auto& s : c.series) {
+    const char* col = kColors[i++ % 8];
+    std::ostringstream d;
+    int n = 0;
+    for (auto [x, y] : s.points) {
+      if (!std::isfinite(x) || !std::isfinite(y) || (c.log_y && y <= 0)) continue;
+      if (s.markers)
+        d << "<circle cx=\"" << px(X(x)) << "\" cy=\"" << px(Y(y)) << "\" r=\"3.5\" fill=\"" << col << "\"/>";
+      else
+        d << (n ? " L" : "M") << px(X(x)) << " " << px(Y(y));
+      ++n;
+    }
+    if (s.markers)
+      o << "<g class=\"series\" data-series=\"" << esc(s.name) << "\" data-points=\"" << n << "\">" << d.str()
+        << "</g>";
+    else
+      o << "<path class=\"series\" data-series=\"" << esc(s.name) << "\" data-points=\"" << n << "\" d=\"" << d.str()
+        << "\" fill=\"none\" stroke=\"" << col << "\" stroke-width=\"1.6\"/>";
+  }
+  i = 0;
+  double ly = T + 8;
+  for (const auto& s : c.series) {
+    const char* col = kColors[i++ % 8];
+    o << "<g class=\"legend\">";
+    if (s.markers)
+      o << "<circle cx=\"" << L + pw + 20 << "\" cy=\"" << ly << "\" r=\"3.5\" fill=\"" << col << "\"/>";
+    else
+      o << "<line x1=\"" << L + pw + 12 << "\" x2=\"" << L + pw + 28 << "\" y1=\"" << ly << "\" y2=\"" << ly
+        << "\" stroke=\"" << col << "\" stroke-width=\"2\"/>";
+    // A long name keeps its end (the run's distinguishing suffix and the series); the whole in a tooltip.
+    const std::string label = s.name.size() > 24 ? "\u2026" + s.name.substr(s.name.size() - 23) : s.name;
+    o << "<title>" << esc(s.name) << "</title><text x=\"" << L + pw + 34 << "\" y=\"" << ly + 4 << "\">" << esc(label)
+      << "</text></g>";
+    ly += 15;
+  }
+  o << "</svg></figure>";
+  return o.str();
+}
+
+namespace {
+
+struct Run {
+  std::string name, dir;
+  std::vector<json> train, eval;
+  json summary;
+};
+
+Run read_run(const std::string& dir, std::vector<std::string>& notes) {
+  Run r;
+  r.dir = dir;
+  r.name = fs::path(dir).lexically_normal().filename().string();
+  if (r.name.empty() || r.name == ".") r.name = fs::path(dir).lexically_normal().parent_path().filename().string();
+  const std::string mpath = (fs::path(dir) / "metrics.jsonl").string();
+  std::ifstream in(mpath);
+  if (!in) {
+    notes.push_back(mpath + ": cannot be read (not a run directory of kiln train?)");
+  } else {
+    std::string line;
+    int64_t n = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      if (line.empty()) continue;
+      try {
+        json j = json::parse(line);
+        if (!j.is_object()) throw std::runtime_error("not an object");
+        (j.contains("eval_loss") ? r.eval : r.train).push_back(std::move(j));
+      } catch (const std::exception&) {
+        notes.push_back(mpath + ":" + std::to_string(n) + ": not a complete JSON line (cut by a kill?); skipped");
+      }
+    }
+    if (r.train.empty() && r.eval.empty()) notes.push_back(mpath + ": no metrics yet (an empty run)");
+  }
+  const std::string spath = (fs::path(dir) / "summary.json").string();
+  if (std::ifstream s(spath); s) {
+    try {
+      r.summary = json::parse(s);
+    } catch (const std::exception&) {
+      notes.push_back(spath + ": not valid JSON; skipped");
+    }
+  }
+  return r;
+}
+
+double get(const json& j, const std::string& k) {
+  auto it = j.find(k);
+  return it != j.end() && it->is_number() ? it->get<double>() : NAN;
+}
+
+// A series of one key over the step for each run (those that have it).
+void add_key(Chart& c, const std::vector<Run>& runs, bool eval, const std::string& key, const std::string& label,
+             double scale = 1.0) {
+  for (const Run& r : runs) {
+    ChartSeries s{runs.size() > 1 ? r.name + " " + label : label, {}, eval};
+    for (const json& j : eval ? r.eval : r.train)
+      if (std::isfinite(get(j, key))) s.points.emplace_back(get(j, "step"), scale * get(j, key));
+    if (!s.points.empty()) c.series.push_back(std::move(s));
+  }
+}
+
+std::string first_key(const std::vector<Run>& runs, bool eval, const std::string& prefix, const std::string& suffix) {
+  for (const Run& r : runs)
+    for (const json& j : eval ? r.eval : r.train)
+      for (const auto& [k, v] : j.items())
+        if (k.rfind(prefix, 0) == 0 && k.size() >= suffix.size() &&
+            k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0)
+          return k;
+  return "";
+}
+
+}  // namespace
+
+std::string render_report(const std::vector<std::string>& run_dirs, const std::string& title,
+                          std::vector<std::string>& notes) {
+  std::vector<Run> runs;
+  for (const auto& d : run_dirs) runs.push_back(read_run(d, notes));
+  std::vector<Chart> charts;
+  {
+    Chart c{"Loss (train: mean over each logging window)", "optimizer step", "loss", false, {}};
+    add_key(c, runs, false, "loss", "train");
+    add_key(c, runs, true, "eval_loss", "eval");
+    charts.push_back(std::move(c));
+  }
+  if (const std::string tk = first_key(runs, false, "train_", "accuracy"); !tk.empty()) {
+    Chart c{"Accuracy", "optimizer step", "accuracy (%)", false, {}};
+    add_key(c, runs, false, tk, "train", 100.0);
+    add_key(c, runs, true, "eval" + tk.substr(5), "eval", 100.0);
+    charts.push_back(std::move(c));
+  }
+  {
+    Chart c{"Learning rate", "optimizer step", "learning rate", false, {}};
+    add_key(c, runs, false, "lr", "lr");
+    charts.push_back(std::move(c));
+  }
+  if (!first_key(runs, false, "loss_scale", "loss_scale").empty()) {
+    Chart c{"Loss scale (fp16)", "optimizer step", "loss scale", true, {}};
+    add_key(c, runs, false, "loss_scale", "scale");
+    charts.push_back(std::move(c));
+  }
+  {
+    Chart c{"Throughput", "optimizer step", "samples/s", false, {}};
+    add_key(c, runs, false, "samples_per_s", "samples/s");
+    charts.push_back(std::move(c));
+  }
+  {
+    Chart c{"Time per logging window, by phase", "optimizer step", "seconds", false, {}};
+    for (const char* k : {"data_wait_s", "forward_backward_s", "comm_wait_s", "optimizer_s"})
+      add_key(c, runs, false, k, std::string(k).substr(0, std::strlen(k) - 2));
+    charts.push_back(std::move(c));
+  }
+  {
+    Chart c{"Each rank's wait for communication", "optimizer step", "seconds", false, {}};
+    for (const Run& r : runs) {
+      std::map<size_t, ChartSeries> per;
+      for (const json& j : r.train)
+        if (auto it = j.find("ranks"); it != j.end() && it->is_array())
+          for (size_t q = 0; q < it->size(); ++q) {
+            auto& s = per[q];
+            s.name = (runs.size() > 1 ? r.name + " " : "") + "rank " + std::to_string(q);
+            s.points.emplace_back(get(j, "step"), get((*it)[q], "comm_wait_s"));
+          }
+      for (auto& [q, s] : per) c.series.push_back(std::move(s));
+    }
+    if (!c.series.empty()) charts.push_back(std::move(c));
+  }
+  {
+    Chart c{"GPU memory", "optimizer step", "MiB", false, {}};
+    for (const Run& r : runs)
+      for (const char* k : {"allocated", "peak_allocated", "reserved"}) {
+        ChartSeries s{(runs.size() > 1 ? r.name + " " : "") + k, {}, false};
+        for (const json& j : r.train)
+          if (auto it = j.find("gpu_memory_mib"); it != j.end() && it->is_object())
+            s.points.emplace_back(get(j, "step"), get(*it, k));
+        if (!s.points.empty()) c.series.push_back(std::move(s));
+      }
+    if (!c.series.empty()) charts.push_back(std::move(c));
+  }
+
+  std::ostringstream o;
+  o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << esc(title) << "</title><style>"
+    << "body{font:14px system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}h2{font-size:16px;margin-top:28px}"
+    << ".charts{display:flex;flex-wrap:wrap;gap:12px}.chart{margin:0;border:1px solid #ddd;padding:4px}"
+    << "svg text{font:11px system-ui,sans-serif;fill:#333}svg text.title{font-size:13px;font-weight:600}"
+    << "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;"
+    << "vertical-align:top}.notes{background:#fff4e0;border:1px solid #e8c07a;padding:8px 12px}"
+    << "@media print{.chart{break-inside:avoid}}</style></head><body>\n<h1>" << esc(title) << "</h1>\n";
+  if (!notes.empty()) {
+    o << "<div class=\"notes\"><b>Not all of the input could be read:</b><ul>";
+    for (const auto& n : notes) o << "<li>" << esc(n) << "</li>";
+    o << "</ul></div>\n";
+  }
+  o << "<div class=\"charts\">\n";
+  for (const Chart& c : charts) o << render_chart(c) << "\n";
+  o << "</div>\n<h2>Final metrics</h2><table><tr><th>run</th><th>steps</th><th>test loss</th><th>test metric</th>"
+    << "<th>samples/s</th><th>wall time (s)</th></tr>";
+  for (const Run& r : runs) {
+    const json& s = r.summary;
+    std::string metric = "&mdash;";
+    if (s.is_object())
+      for (const auto& [k, v] : s.items())
+        if (k.rfind("test_", 0) == 0 && k != "test_loss" && k != "test_samples" && v.is_number())
+          metric = esc(k.substr(5)) + " " + num(100.0 * v.get<double>()) + "%";
+    auto field = [&](const char* k) {
+      return s.is_object() && s.contains(k) && s[k].is_number() ? num(s[k].get<double>()) : std::string("&mdash;");
+    };
+    o << "<tr><td>" << esc(r.name) << "</td><td>" << field("steps") << "</td><td>" << field("test_loss") << "</td><td>"
+      << metric << "</td><td>" << field("samples_per_s") << "</td><td>" << field("wall_seconds") << "</td></tr>";
+  }
+  o << "</table>\n<h2>Config</h2>";
+  for (const Run& r : runs) {
+    if (!r.summary.is_object() || !r.summary.contains("config")) continue;
+    o << "<details" << (runs.size() == 1 ? " open" : "") << "><summary>" << esc(r.name) << "</summary><table>";
+    for (const auto& [k, v] : r.summary["config"].items())
+      o << "<tr><td>" << esc(k) << "</td><td>" << esc(v.is_string() ? v.get<std::string>() : v.dump()) << "</td></tr>";
+    o << "</table></details>";
+  }
+  o << "\n</body></html>\n";
+  return o.str();
+}
+
+void add_report_flags(CLI::App& app, ReportOptions& o) {
+  app.add_option("runs", o.runs, "Run directories of kiln train (several: their curves overlaid)")->required();
+  app.add_option("--out", o.out, "The HTML file to write (default: report.html in the first run directory)");
+  app.add_option("--title", o.title, "The page's title (default: the runs' names)");
+}
+
+int run_report(const ReportOptions& o) {
+  for (const auto& d : o.runs)
+    if (!fs::is_directory(d)) {
+      std::fprintf(stderr, "kiln report: error: %s: no such run directory\n", d.c_str());
+      return 2;
+    }
+  std::string title = o.title;
+  if (title.empty()) {
+    title = "kiln report:";
+    for (const auto& d : o.runs) title += " " + fs::path(d).lexically_normal().filename().string();
+  }
+  std::vector<std::string> notes;
+  const std::string html = render_report(o.runs, title, notes);
+  for (const auto& n : notes) std::fprintf(stderr, "kiln report: warning: %s\n", n.c_str());
+  const std::string out = o.out.empty() ? (fs::path(o.runs[0]) / "report.html").string() : o.out;
+  try {
+    io::write_file_atomic(out, html);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "kiln report: error: %s\n", e.message().c_str());
+    return 1;
+  }
+  std::printf("kiln report: %s (%zu run%s)\n", out.c_str(), o.runs.size(), o.runs.size() == 1 ? "" : "s");
+  return 0;
+}
+
+}  // namespace kiln::tools
