@@ -63,3 +63,37 @@ TEST_CASE("report: a chart's axes, and no data") {
   CHECK(svg.find("data-points=\"2\"") != std::string::npos);
   CHECK(tools::render_chart(tools::Chart{"E", "x", "y", false, {}}).find("no data") != std::string::npos);
 }
+
+TEST_CASE("report: benchmark JSON of each kind, and one it does not know") {
+  TempDir d("kiln_report_bench");
+  write(d.p / "gemm.json", R"({"benchmark":"gemm","cpu":"X","cpu_kernels":"avx2","rows":[
+    {"m":256,"n":256,"k":256,"layout":"NN","dtype":"f32","gflops":100,"openblas_gflops":120},
+    {"m":1024,"n":1024,"k":1024,"layout":"NN","dtype":"f32","gflops":150,"openblas_gflops":160},
+    {"m":512,"n":512,"k":512,"layout":"NN","dtype":"f64","gflops":50,"openblas_gflops":null}]})");
+  write(d.p / "ar.json", R"({"benchmark":"allreduce","backend":"tcp","ranks":2,"rows":[
+    {"bytes":1024,"algbw_GBps":0.1,"busbw_GBps":0.1},{"bytes":1048576,"algbw_GBps":1.0,"busbw_GBps":1.0},
+    {"bytes":67108864,"algbw_GBps":2.0,"busbw_GBps":2.0}]})");
+  write(d.p / "scaling.json", R"({"bench":"scaling","model":"resnet20","rows":[
+    {"ranks":1,"samples_per_s":100,"efficiency":1.0},{"ranks":2,"samples_per_s":180,"efficiency":0.9}]})");
+  write(d.p / "train.json", R"({"bench":"train","rows":[{"model":"resnet20","amp":"off","input":"x","median_ms":10},
+    {"model":"resnet20","amp":"bf16","input":"x","median_ms":8}]})");
+  write(d.p / "odd.json", R"({"benchmark":"mystery","rows":[]})");
+  write(d.p / "bad.json", "{\"benchmark\": ");
+  std::vector<std::string> notes;
+  std::vector<std::string> in;
+  for (const char* f : {"gemm.json", "ar.json", "scaling.json", "train.json", "odd.json", "bad.json"})
+    in.push_back((d.p / f).string());
+  const std::string html = tools::render_report(in, "bench", notes);
+  CHECK(points(html, "Kiln f32 NN") == 2);
+  CHECK(points(html, "OpenBLAS f32 NN") == 2);  // the peer, dashed
+  CHECK(points(html, "Kiln f64 NN") == 1);
+  CHECK(points(html, "OpenBLAS f64 NN") == -1);  // no peer measured: no series
+  CHECK(points(html, "bus bandwidth") == 3);
+  CHECK(points(html, "ideal \\(linear\\)") == 2);
+  CHECK(points(html, "bars") == 2);
+  CHECK(html.find("stroke-dasharray") != std::string::npos);
+  CHECK(html.find("message size (bytes) (log scale)") != std::string::npos);
+  REQUIRE(notes.size() == 2);
+  CHECK(notes[0].find("odd.json: a benchmark JSON of an unknown kind (\"mystery\"") != std::string::npos);
+  CHECK(notes[1].find("bad.json: not a readable JSON file") != std::string::npos);
+}

@@ -83,7 +83,7 @@ std::string render_chart(const Chart& c) {
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const auto& s : c.series)
     for (auto [x, y] : s.points) {
-      if (!std::isfinite(x) || !std::isfinite(y) || (c.log_y && y <= 0)) continue;
+      if (!std::isfinite(x) || !std::isfinite(y) || (c.log_y && y <= 0) || (c.log_x && x <= 0)) continue;
       x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
     }
   std::ostringstream o;
@@ -98,7 +98,12 @@ std::string render_chart(const Chart& c) {
       << "\" text-anchor=\"middle\" class=\"empty\">no data</text></svg></figure>";
     return o.str();
   }
-  if (x1 == x0) x0 -= 0.5, x1 += 0.5;
+  if (c.log_x) {
+    x0 = std::pow(10.0, std::floor(std::log10(x0))), x1 = std::pow(10.0, std::ceil(std::log10(x1)));
+    if (x1 <= x0) x1 = x0 * 10;
+  } else if (x1 == x0) {
+    x0 -= 0.5, x1 += 0.5;
+  }
   if (c.log_y) {
     y0 = std::pow(10.0, std::floor(std::log10(y0) * 4) / 4), y1 = std::pow(10.0, std::ceil(std::log10(y1) * 4) / 4);
     if (y1 <= y0) y1 = y0 * 10;
@@ -107,7 +112,11 @@ std::string render_chart(const Chart& c) {
     const double pad = (y1 - y0) * 0.05;
     y0 -= pad, y1 += pad;
   }
-  auto X = [&](double x) { return L + (x - x0) / (x1 - x0) * pw; };
+  auto X = [&](double x) {
+    const double f =
+        c.log_x ? (std::log10(x) - std::log10(x0)) / (std::log10(x1) - std::log10(x0)) : (x - x0) / (x1 - x0);
+    return L + f * pw;
+  };
   auto Y = [&](double y) {
     const double f =
         c.log_y ? (std::log10(y) - std::log10(y0)) / (std::log10(y1) - std::log10(y0)) : (y - y0) / (y1 - y0);
@@ -116,7 +125,7 @@ std::string render_chart(const Chart& c) {
   // axes, grid, ticks
   o << "<g class=\"axes\"><rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << pw << "\" height=\"" << ph
     << "\" fill=\"none\" stroke=\"#999\"/>";
-  for (double v : linear_ticks(x0, x1))
+  for (double v : c.log_x ? log_ticks(x0, x1) : linear_ticks(x0, x1))
     o << "<line x1=\"" << px(X(v)) << "\" x2=\"" << px(X(v)) << "\" y1=\"" << T + ph << "\" y2=\"" << T + ph + 4
       << "\" stroke=\"#999\"/><text x=\"" << px(X(v)) << "\" y=\"" << T + ph + 16 << "\" text-anchor=\"middle\">"
       << num(v) << "</text>";
@@ -124,7 +133,8 @@ std::string render_chart(const Chart& c) {
     o << "<line x1=\"" << L << "\" x2=\"" << L + pw << "\" y1=\"" << px(Y(v)) << "\" y2=\"" << px(Y(v))
       << "\" stroke=\"#eee\"/><text x=\"" << L - 6 << "\" y=\"" << px(Y(v) + 4) << "\" text-anchor=\"end\">" << num(v)
       << "</text>";
-  o << "<text x=\"" << L + pw / 2 << "\" y=\"" << H - 8 << "\" text-anchor=\"middle\">" << esc(c.x_label) << "</text>"
+  o << "<text x=\"" << L + pw / 2 << "\" y=\"" << H - 8 << "\" text-anchor=\"middle\">" << esc(c.x_label)
+    << (c.log_x ? " (log scale)" : "") << "</text>"
     << "<text transform=\"translate(16 " << T + ph / 2 << ") rotate(-90)\" text-anchor=\"middle\">" << esc(c.y_label)
     << (c.log_y ? " (log scale)" : "") << "</text></g>";
   // series, then the legend (top right, inside the plot)
@@ -134,7 +144,7 @@ std::string render_chart(const Chart& c) {
     std::ostringstream d;
     int n = 0;
     for (auto [x, y] : s.points) {
-      if (!std::isfinite(x) || !std::isfinite(y) || (c.log_y && y <= 0)) continue;
+      if (!std::isfinite(x) || !std::isfinite(y) || (c.log_y && y <= 0) || (c.log_x && x <= 0)) continue;
       if (s.markers)
         d << "<circle cx=\"" << px(X(x)) << "\" cy=\"" << px(Y(y)) << "\" r=\"3.5\" fill=\"" << col << "\"/>";
       else
@@ -144,9 +154,15 @@ std::string render_chart(const Chart& c) {
     if (s.markers)
       o << "<g class=\"series\" data-series=\"" << esc(s.name) << "\" data-points=\"" << n << "\">" << d.str()
         << "</g>";
-    else
+    else if (n <= 2) {  // a line of one or two points would hardly show: its points too
+      for (auto [x, y] : s.points)
+        if (std::isfinite(x) && std::isfinite(y) && !(c.log_y && y <= 0) && !(c.log_x && x <= 0))
+          o << "<circle cx=\"" << px(X(x)) << "\" cy=\"" << px(Y(y)) << "\" r=\"3\" fill=\"" << col << "\"/>";
+    }
+    if (!s.markers)
       o << "<path class=\"series\" data-series=\"" << esc(s.name) << "\" data-points=\"" << n << "\" d=\"" << d.str()
-        << "\" fill=\"none\" stroke=\"" << col << "\" stroke-width=\"1.6\"/>";
+        << "\" fill=\"none\" stroke=\"" << col << "\" stroke-width=\"1.6\""
+        << (s.dashed ? " stroke-dasharray=\"5 4\"" : "") << "/>";
   }
   i = 0;
   double ly = T + 8;
@@ -157,7 +173,7 @@ std::string render_chart(const Chart& c) {
       o << "<circle cx=\"" << L + pw + 20 << "\" cy=\"" << ly << "\" r=\"3.5\" fill=\"" << col << "\"/>";
     else
       o << "<line x1=\"" << L + pw + 12 << "\" x2=\"" << L + pw + 28 << "\" y1=\"" << ly << "\" y2=\"" << ly
-        << "\" stroke=\"" << col << "\" stroke-width=\"2\"/>";
+        << "\" stroke=\"" << col << "\" stroke-width=\"2\"" << (s.dashed ? " stroke-dasharray=\"5 4\"" : "") << "/>";
     // A long name keeps its end (the run's distinguishing suffix and the series); the whole in a tooltip.
     const std::string label = s.name.size() > 24 ? "\u2026" + s.name.substr(s.name.size() - 23) : s.name;
     o << "<title>" << esc(s.name) << "</title><text x=\"" << L + pw + 34 << "\" y=\"" << ly + 4 << "\">" << esc(label)
@@ -165,6 +181,32 @@ std::string render_chart(const Chart& c) {
     ly += 15;
   }
   o << "</svg></figure>";
+  return o.str();
+}
+
+std::string render_bars(const std::string& title, const std::string& unit,
+                        const std::vector<std::pair<std::string, double>>& bars) {
+  const double W = 740, L = 230, R = 90, T = 30, row = 20;
+  const double H = T + row * double(std::max<size_t>(bars.size(), 1)) + 30, pw = W - L - R;
+  double top = 0;
+  for (const auto& b : bars)
+    if (std::isfinite(b.second)) top = std::max(top, b.second);
+  std::ostringstream o;
+  o << "<figure class=\"chart\"><svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 " << W << " " << H
+    << "\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"11\" role=\"img\" aria-label=\"" << esc(title) << "\"><text x=\""
+    << W / 2 << "\" y=\"18\" font-size=\"13\" font-weight=\"600\" text-anchor=\"middle\">" << esc(title)
+    << "</text><g class=\"series\" data-series=\"bars\" data-points=\"" << bars.size() << "\">";
+  double y = T;
+  for (const auto& [label, v] : bars) {
+    const double w = top > 0 && std::isfinite(v) ? v / top * pw : 0;
+    o << "<text x=\"" << L - 6 << "\" y=\"" << px(y + 13) << "\" text-anchor=\"end\">" << esc(label)
+      << "</text><rect x=\"" << L << "\" y=\"" << px(y + 3) << "\" width=\"" << px(w) << "\" height=\"" << row - 6
+      << "\" fill=\"" << kColors[0] << "\"/><text x=\"" << px(L + w + 4) << "\" y=\"" << px(y + 13) << "\">" << num(v)
+      << " " << esc(unit) << "</text>";
+    y += row;
+  }
+  o << "</g></svg></figure>";
   return o.str();
 }
 
@@ -240,10 +282,116 @@ std::string first_key(const std::vector<Run>& runs, bool eval, const std::string
 
 }  // namespace
 
-std::string render_report(const std::vector<std::string>& run_dirs, const std::string& title,
+namespace {
+
+// Charts of one benchmark's JSON (the "benchmark" or "bench" key names its kind); an unknown kind
+// or unreadable file is a note.
+std::vector<std::string> bench_charts(const std::string& path, std::vector<std::string>& notes) {
+  json j;
+  try {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot be read");
+    j = json::parse(in);
+  } catch (const std::exception& e) {
+    notes.push_back(path + ": not a readable JSON file (" + std::string(e.what()).substr(0, 120) + ")");
+    return {};
+  }
+  const std::string kind = j.value("benchmark", j.value("bench", std::string()));
+  const std::string where =
+      j.contains("cpu") ? " on " + j.value("cpu", std::string()) + " (" + j.value("cpu_kernels", std::string()) + ")"
+                        : std::string();
+  const json rows = j.value("rows", json::array());
+  std::vector<std::string> out;
+  auto key_of = [](const json& r, std::initializer_list<const char*> ks) {
+    std::string s;
+    for (const char* k : ks)
+      if (r.contains(k)) s += (s.empty() ? "" : " ") + (r[k].is_string() ? r[k].get<std::string>() : r[k].dump());
+    return s;
+  };
+  if (kind == "gemm") {
+    Chart c{"GEMM" + where, "size (cube root of m n k)", "GFLOP/s", false, {}, true};
+    std::map<std::string, ChartSeries> kiln_s, peer_s;
+    for (const json& r : rows) {
+      const double size = std::cbrt(get(r, "m") * get(r, "n") * get(r, "k"));
+      const std::string k = key_of(r, {"dtype", "layout"});
+      kiln_s[k].name = "Kiln " + k;
+      kiln_s[k].points.emplace_back(size, get(r, "gflops"));
+      if (std::isfinite(get(r, "openblas_gflops"))) {
+        peer_s[k].name = "OpenBLAS " + k;
+        peer_s[k].dashed = true;
+        peer_s[k].points.emplace_back(size, get(r, "openblas_gflops"));
+      }
+    }
+    for (auto* m : {&kiln_s, &peer_s})
+      for (auto& [k, v] : *m) {
+        std::sort(v.points.begin(), v.points.end());
+        c.series.push_back(v);
+      }
+    out.push_back(render_chart(c));
+  } else if (kind == "allreduce") {
+    Chart c{
+        "All-reduce (" + j.value("backend", std::string("?")) + ", " + std::to_string(j.value("ranks", 0)) + " ranks)",
+        "message size (bytes)",
+        "bandwidth (GB/s)",
+        false,
+        {},
+        true};
+    ChartSeries bus{"bus bandwidth", {}, false}, alg{"algorithm bandwidth", {}, false, true};
+    for (const json& r : rows) {
+      bus.points.emplace_back(get(r, "bytes"), get(r, "busbw_GBps"));
+      alg.points.emplace_back(get(r, "bytes"), get(r, "algbw_GBps"));
+    }
+    c.series = {bus, alg};
+    out.push_back(render_chart(c));
+  } else if (kind == "scaling") {
+    Chart t{"Scaling: " + j.value("model", std::string()) + " throughput", "ranks", "samples/s", false, {}};
+    Chart e{"Scaling efficiency", "ranks", "efficiency (%)", false, {}};
+    ChartSeries sps{"measured", {}, false}, ideal{"ideal (linear)", {}, false, true}, eff{"measured", {}, false},
+        full{"ideal", {}, false, true};
+    double one = NAN;
+    for (const json& r : rows) {
+      const double n = get(r, "ranks");
+      if (n == 1) one = get(r, "samples_per_s");
+      sps.points.emplace_back(n, get(r, "samples_per_s"));
+      eff.points.emplace_back(n, 100.0 * get(r, "efficiency"));
+      full.points.emplace_back(n, 100.0);
+    }
+    for (const auto& p : sps.points) ideal.points.emplace_back(p.first, p.first * one);
+    t.series = {sps, ideal};
+    e.series = {eff, full};
+    out.push_back(render_chart(t));
+    out.push_back(render_chart(e));
+  } else if (kind == "train") {
+    std::vector<std::pair<std::string, double>> bars;
+    for (const json& r : rows) bars.emplace_back(key_of(r, {"model", "amp", "input"}), get(r, "median_ms"));
+    out.push_back(render_bars("Training step (median)" + where, "ms", bars));
+  } else if (kind == "nn" || kind == "ops") {
+    std::vector<std::pair<std::string, double>> bars;
+    for (const json& r : rows)
+      bars.emplace_back(key_of(r, {"op", "name", "row"}), std::isfinite(get(r, "fwd_bwd_ms")) ? get(r, "fwd_bwd_ms")
+                                                          : std::isfinite(get(r, "ms"))       ? get(r, "ms")
+                                                                                        : get(r, "cpu_fwd_bwd_ms"));
+    out.push_back(render_bars(kind + " benchmark: forward+backward (or one pass)" + where, "ms", bars));
+  } else {
+    notes.push_back(path + ": a benchmark JSON of an unknown kind (\"" + kind +
+                    "\"; kiln report draws gemm, allreduce, scaling, train, nn and ops)");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_report(const std::vector<std::string>& inputs, const std::string& title,
                           std::vector<std::string>& notes) {
   std::vector<Run> runs;
-  for (const auto& d : run_dirs) runs.push_back(read_run(d, notes));
+  std::vector<std::string> bench_svgs;
+  for (const auto& d : inputs) {
+    if (d.size() > 5 && d.compare(d.size() - 5, 5, ".json") == 0) {
+      for (auto& svg : bench_charts(d, notes)) bench_svgs.push_back(std::move(svg));
+      continue;
+    }
+    runs.push_back(read_run(d, notes));
+  }
   std::vector<Chart> charts;
   {
     Chart c{"Loss (train: mean over each logging window)", "optimizer step", "loss", false, {}};
@@ -319,6 +467,15 @@ std::string render_report(const std::vector<std::string>& run_dirs, const std::s
     for (const auto& n : notes) o << "<li>" << esc(n) << "</li>";
     o << "</ul></div>\n";
   }
+  if (!bench_svgs.empty()) {
+    o << "<h2>Benchmarks</h2><div class=\"charts\">\n";
+    for (const auto& svg : bench_svgs) o << svg << "\n";
+    o << "</div>\n";
+  }
+  if (runs.empty()) {
+    o << "</body></html>\n";
+    return o.str();
+  }
   o << "<div class=\"charts\">\n";
   for (const Chart& c : charts) o << render_chart(c) << "\n";
   o << "</div>\n<h2>Final metrics</h2><table><tr><th>run</th><th>steps</th><th>test loss</th><th>test metric</th>"
@@ -349,17 +506,22 @@ std::string render_report(const std::vector<std::string>& run_dirs, const std::s
 }
 
 void add_report_flags(CLI::App& app, ReportOptions& o) {
-  app.add_option("runs", o.runs, "Run directories of kiln train (several: their curves overlaid)")->required();
+  app.add_option("runs", o.runs,
+                 "Run directories of kiln train (several: their curves overlaid) and benchmark JSON files")
+      ->required();
   app.add_option("--out", o.out, "The HTML file to write (default: report.html in the first run directory)");
   app.add_option("--title", o.title, "The page's title (default: the runs' names)");
 }
 
 int run_report(const ReportOptions& o) {
-  for (const auto& d : o.runs)
-    if (!fs::is_directory(d)) {
-      std::fprintf(stderr, "kiln report: error: %s: no such run directory\n", d.c_str());
+  for (const auto& d : o.runs) {
+    const bool json_file = d.size() > 5 && d.compare(d.size() - 5, 5, ".json") == 0;
+    if (json_file ? !fs::is_regular_file(d) : !fs::is_directory(d)) {
+      std::fprintf(stderr, "kiln report: error: %s: no such %s\n", d.c_str(),
+                   json_file ? "benchmark JSON file" : "run directory");
       return 2;
     }
+  }
   std::string title = o.title;
   if (title.empty()) {
     title = "kiln report:";
@@ -368,14 +530,21 @@ int run_report(const ReportOptions& o) {
   std::vector<std::string> notes;
   const std::string html = render_report(o.runs, title, notes);
   for (const auto& n : notes) std::fprintf(stderr, "kiln report: warning: %s\n", n.c_str());
-  const std::string out = o.out.empty() ? (fs::path(o.runs[0]) / "report.html").string() : o.out;
+  std::string out = o.out;
+  if (out.empty()) {
+    if (!fs::is_directory(o.runs[0])) {
+      std::fprintf(stderr, "kiln report: error: --out is needed when the first input is a JSON file\n");
+      return 2;
+    }
+    out = (fs::path(o.runs[0]) / "report.html").string();
+  }
   try {
     io::write_file_atomic(out, html);
   } catch (const Error& e) {
     std::fprintf(stderr, "kiln report: error: %s\n", e.message().c_str());
     return 1;
   }
-  std::printf("kiln report: %s (%zu run%s)\n", out.c_str(), o.runs.size(), o.runs.size() == 1 ? "" : "s");
+  std::printf("kiln report: %s (%zu input%s)\n", out.c_str(), o.runs.size(), o.runs.size() == 1 ? "" : "s");
   return 0;
 }
 
