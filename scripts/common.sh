@@ -65,7 +65,7 @@ kiln_build() {
 # PyTorch (for the interop tests) unless KILN_PYTHON_TORCH=0. Prints nothing but progress; the venv's
 # python is then "$KILN_VENV/bin/python".
 kiln_python_install() {
-  kiln_install_deps python3-venv python3-dev
+  kiln_install_deps python3-venv python3-dev chromium  # chromium: the report pages rendered in tests
   export KILN_VENV="${KILN_VENV:-$KILN_ROOT/.venv}"
   if [ ! -x "$KILN_VENV/bin/python" ]; then
     kiln_log "creating the Python venv $KILN_VENV"

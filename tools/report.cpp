@@ -413,7 +413,11 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
   if (!first_key(runs, false, "loss_scale", "loss_scale").empty()) {
     Chart c{"Loss scale (fp16)", "optimizer step", "loss scale", true, {}};
     add_key(c, runs, false, "loss_scale", "scale");
-    charts.push_back(std::move(c));
+    // bf16 runs carry a disabled scaler (scale 1 throughout): nothing to see
+    std::erase_if(c.series, [](const ChartSeries& s) {
+      return std::all_of(s.points.begin(), s.points.end(), [](const auto& p) { return p.second == 1.0; });
+    });
+    if (!c.series.empty()) charts.push_back(std::move(c));
   }
   {
     Chart c{"Throughput", "optimizer step", "samples/s", false, {}};
