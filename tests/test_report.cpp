@@ -97,3 +97,20 @@ TEST_CASE("report: benchmark JSON of each kind, and one it does not know") {
   CHECK(notes[0].find("odd.json: a benchmark JSON of an unknown kind (\"mystery\"") != std::string::npos);
   CHECK(notes[1].find("bad.json: not a readable JSON file") != std::string::npos);
 }
+
+TEST_CASE("report: bench_gpu's JSON, with the datasheet's peaks as reference lines") {
+  TempDir d("kiln_report_gpu");
+  write(d.p / "gpu.json", R"({"device":"NVIDIA H200","datasheet":{"memory_TBps":4.8,"f16_TFLOPs":989,"tf32_TFLOPs":494,
+    "f32_TFLOPs":67},"memory_bound":[{"kernel":"softmax","GBps":3000},{"kernel":"gelu","GBps":3500}],
+    "gemm":[{"dtype":"f16","m":2048,"TFLOPs":500},{"dtype":"f16","m":4096,"TFLOPs":700},{"dtype":"f32","m":2048,"TFLOPs":50}],
+    "tc_gemm":[{"shape":"bert","kiln_ms":1.0,"cublaslt_ms":0.9}],"conv":[]})");
+  std::vector<std::string> notes;
+  const std::string html = tools::render_report({(d.p / "gpu.json").string()}, "gpu", notes);
+  CHECK(notes.empty());
+  CHECK(points(html, "f16") == 2);
+  CHECK(points(html, "peak f16/bf16") == 2);
+  CHECK(points(html, "peak f32") == 2);
+  CHECK(points(html, "peak tf32") == -1);  // no tf32 rows: no tf32 peak
+  CHECK(html.find("4800 GB/s") != std::string::npos);
+  CHECK(html.find("bert: cuBLASLt") != std::string::npos);
+}

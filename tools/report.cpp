@@ -372,9 +372,57 @@ std::vector<std::string> bench_charts(const std::string& path, std::vector<std::
                                                           : std::isfinite(get(r, "ms"))       ? get(r, "ms")
                                                                                         : get(r, "cpu_fwd_bwd_ms"));
     out.push_back(render_bars(kind + " benchmark: forward+backward (or one pass)" + where, "ms", bars));
+  } else if (kind.empty() && j.contains("datasheet") && j.contains("gemm")) {  // bench_gpu
+    const std::string dev = " on " + j.value("device", std::string("the GPU"));
+    const json& sheet = j["datasheet"];
+    Chart g{"cuBLASLt GEMM" + dev, "size (m = n = k)", "TFLOP/s", false, {}, true};
+    std::map<std::string, ChartSeries> by;
+    for (const json& r : j["gemm"]) {
+      const std::string dt = r.value("dtype", std::string("?"));
+      by[dt].name = dt;
+      by[dt].points.emplace_back(get(r, "m"), get(r, "TFLOPs"));
+    }
+    double lo = 1e300, hi = 0;
+    for (auto& [dt, v] : by) {
+      for (auto& p : v.points) lo = std::min(lo, p.first), hi = std::max(hi, p.first);
+      g.series.push_back(v);
+    }
+    // the datasheet's peak of each dtype, dashed (f16 and bf16 share the tensor-core peak)
+    for (auto [dt, key] :
+         {std::pair<const char*, const char*>{"f16", "f16_TFLOPs"}, {"tf32", "tf32_TFLOPs"}, {"f32", "f32_TFLOPs"}})
+      if (by.count(dt) && std::isfinite(get(sheet, key)) && get(sheet, key) > 0)
+        g.series.push_back({std::string("peak ") + dt + (std::string(dt) == "f16" ? "/bf16" : ""),
+                            {{lo, get(sheet, key)}, {hi, get(sheet, key)}},
+                            false,
+                            true});
+    out.push_back(render_chart(g));
+    std::vector<std::pair<std::string, double>> mem;
+    for (const json& r : j.value("memory_bound", json::array()))
+      mem.emplace_back(r.value("kernel", std::string()), get(r, "GBps"));
+    if (!mem.empty())
+      out.push_back(
+          render_bars("Memory-bound kernels" + dev + " (datasheet " + num(1000 * get(sheet, "memory_TBps")) + " GB/s)",
+                      "GB/s", mem));
+    std::vector<std::pair<std::string, double>> tc;
+    if (j["tc_gemm"].is_array())
+      for (const json& r : j["tc_gemm"]) {
+        const std::string sh = r.value("shape", std::string());
+        if (r.contains("kiln_ms")) {
+          tc.emplace_back(sh + ": Kiln", get(r, "kiln_ms"));
+          tc.emplace_back(sh + ": cuBLASLt", get(r, "cublaslt_ms"));
+        } else {
+          tc.emplace_back(sh + ": Kiln fused", get(r, "kiln_fused_ms"));
+          tc.emplace_back(sh + ": cuBLASLt + bias + gelu", get(r, "cublaslt_bias_gelu_ms"));
+        }
+      }
+    if (!tc.empty()) out.push_back(render_bars("Tensor Core GEMM: Kiln against cuBLASLt" + dev, "ms", tc));
+    std::vector<std::pair<std::string, double>> conv;
+    for (const json& r : j.value("conv", json::array()))
+      conv.emplace_back(key_of(r, {"layer", "dtype", "layout"}), get(r, "fwd_bwd_ms"));
+    if (!conv.empty()) out.push_back(render_bars("Convolutions, forward + backward" + dev, "ms", conv));
   } else {
     notes.push_back(path + ": a benchmark JSON of an unknown kind (\"" + kind +
-                    "\"; kiln report draws gemm, allreduce, scaling, train, nn and ops)");
+                    "\"; kiln report draws gemm, allreduce, scaling, train, nn, ops and bench_gpu's)");
   }
   return out;
 }

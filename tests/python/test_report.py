@@ -56,10 +56,14 @@ def test_bench_report_in_a_browser(tmp_path):
         {"ranks": 4, "samples_per_s": 340, "efficiency": 0.85}]}))
     (tmp_path / "allreduce.json").write_text(json.dumps({"benchmark": "allreduce", "backend": "tcp", "ranks": 2, "rows": [
         {"bytes": 2 ** k, "algbw_GBps": 0.01 * k, "busbw_GBps": 0.01 * k} for k in range(10, 27, 4)]}))
+    # and a real benchmark's JSON, measured here
+    kiln("bench", "train", "--model", "resnet20", "--batch", "8", "--steps", "1", "--warmup", "0", "--amp", "off", "bf16",
+         "--json", tmp_path / "train.json")
     out = tmp_path / "bench.html"
-    kiln("report", tmp_path / "scaling.json", tmp_path / "allreduce.json", "--out", out)
+    kiln("report", tmp_path / "scaling.json", tmp_path / "allreduce.json", tmp_path / "train.json", "--out", out)
     dom, pixels = render(out, tmp_path)
     assert 'data-series="measured" data-points="3"' in dom and 'data-series="bus bandwidth" data-points="5"' in dom
+    assert 'data-series="bars" data-points="2"' in dom and "resnet20 bf16" in dom
     assert np.all(np.abs(pixels - SERIES_BLUE) < 0.08, axis=-1).sum() > 200
 
 
