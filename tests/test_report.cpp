@@ -31,7 +31,7 @@ TEST_CASE("report: charts, several runs, cut lines, empty runs") {
   for (int s = 1; s <= 3; ++s)
     a += "{\"step\":" + std::to_string(s) + ",\"loss\":" + std::to_string(2.0 / s) +
          ",\"lr\":0.1,\"train_accuracy\":0.5,\"samples_per_s\":100,\"data_wait_s\":0.01,"
-         "\"ranks\":[{\"comm_wait_s\":0.1},{\"comm_wait_s\":0.2}]}\n";
+         "\"ranks\":[{\"comm_wait_s\":0.1,\"data_wait_s\":0.01},{\"comm_wait_s\":0.2,\"data_wait_s\":0.0}]}\n";
   a += "{\"step\":3,\"epoch\":1,\"eval_loss\":0.9,\"eval_accuracy\":0.7}\n";
   a += "{\"step\":4,\"loss\":0.";  // cut by a kill
   write(d.p / "a" / "metrics.jsonl", a);
@@ -44,7 +44,8 @@ TEST_CASE("report: charts, several runs, cut lines, empty runs") {
   CHECK(points(html, "a train") == 3);
   CHECK(points(html, "a eval") == 1);
   CHECK(points(html, "b train") == 1);
-  CHECK(points(html, "a rank 1") == 3);
+  CHECK(points(html, "a rank 1 comm") == 3);
+  CHECK(points(html, "a rank 1 data") == 3);
   CHECK(points(html, "b scale") == 1);  // the loss-scale chart, log scale
   CHECK(html.find("(log scale)") != std::string::npos);
   REQUIRE(notes.size() == 2);

@@ -479,16 +479,20 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
     charts.push_back(std::move(c));
   }
   {
-    Chart c{"Each rank's wait for communication", "optimizer step", "seconds", false, {}};
+    // Who waits for whom: a rank that waits long for the others' gradients (comm) is ahead of them;
+    // one that waits for data starves.
+    Chart c{"Each rank's waiting: for the others (comm) and for data", "optimizer step", "seconds", false, {}};
     for (const Run& r : runs) {
-      std::map<size_t, ChartSeries> per;
+      std::map<std::pair<size_t, int>, ChartSeries> per;
       for (const json& j : r.train)
         if (auto it = j.find("ranks"); it != j.end() && it->is_array())
-          for (size_t q = 0; q < it->size(); ++q) {
-            auto& s = per[q];
-            s.name = (runs.size() > 1 ? r.name + " " : "") + "rank " + std::to_string(q);
-            s.points.emplace_back(get(j, "step"), get((*it)[q], "comm_wait_s"));
-          }
+          for (size_t q = 0; q < it->size(); ++q)
+            for (int w = 0; w < 2; ++w) {
+              auto& s = per[{q, w}];
+              s.name = (runs.size() > 1 ? r.name + " " : "") + "rank " + std::to_string(q) + (w ? " data" : " comm");
+              s.dashed = w == 1;
+              s.points.emplace_back(get(j, "step"), get((*it)[q], w ? "data_wait_s" : "comm_wait_s"));
+            }
       for (auto& [q, s] : per) c.series.push_back(std::move(s));
     }
     if (!c.series.empty()) charts.push_back(std::move(c));
