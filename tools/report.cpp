@@ -125,7 +125,12 @@ std::string render_chart(const Chart& c) {
   // axes, grid, ticks
   o << "<g class=\"axes\"><rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << pw << "\" height=\"" << ph
     << "\" fill=\"none\" stroke=\"#999\"/>";
-  for (double v : c.log_x ? log_ticks(x0, x1) : linear_ticks(x0, x1))
+  bool int_x = !c.log_x;  // counts (ranks, steps): no tick between two integers
+  for (const auto& sr : c.series)
+    for (const auto& p : sr.points) int_x = int_x && p.first == std::round(p.first);
+  std::vector<double> xt = c.log_x ? log_ticks(x0, x1) : linear_ticks(x0, x1);
+  if (int_x) std::erase_if(xt, [](double v) { return v != std::round(v); });
+  for (double v : xt)
     o << "<line x1=\"" << px(X(v)) << "\" x2=\"" << px(X(v)) << "\" y1=\"" << T + ph << "\" y2=\"" << T + ph + 4
       << "\" stroke=\"#999\"/><text x=\"" << px(X(v)) << "\" y=\"" << T + ph + 16 << "\" text-anchor=\"middle\">"
       << num(v) << "</text>";
