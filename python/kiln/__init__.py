@@ -50,7 +50,7 @@ from ._C import Tensor, Device, dtype, KilnError, KilnValueError, KilnIndexError
 from . import _tensor
 from ._tensor import tensor, no_grad, enable_grad, set_grad_enabled, is_grad_enabled
 from . import autograd
-from ._train import train
+from ._train import train, report
 from . import nn
 from . import optim, amp, models, data  # noqa: E402
 

@@ -51,3 +51,25 @@ def train(model="resnet20", *, out, callback=None, **options):
         with open(summary) as f:
             return json.load(f)
     return {"stopped": True, "saved": r["saved"]}
+
+
+def report(*inputs, out=None, title=None):
+    """The page `kiln report` writes: run directories of kiln train (curves overlaid) and benchmark
+    JSON files. Writes it to `out` when given and returns the HTML (in a notebook:
+    IPython.display.HTML(kiln.report("runs/a", "runs/b"))). What could not be read is named in a
+    warning and on the page."""
+    import warnings
+
+    paths = [os.fspath(p) for p in inputs]
+    if not paths:
+        raise _C.KilnValueError("kiln.report: give at least one run directory or benchmark JSON file")
+    for p in paths:
+        if not os.path.exists(p):
+            raise _C.KilnValueError(f"kiln.report: {p}: no such run directory or file")
+    html, notes = _C._report(paths, title or "kiln report: " + " ".join(os.path.basename(p.rstrip("/")) for p in paths))
+    for n in notes:
+        warnings.warn(n, stacklevel=2)
+    if out is not None:
+        with open(os.fspath(out), "w") as f:
+            f.write(html)
+    return html

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "io/atomic_file.h"
+#include "tools/report.h"
 #include "tools/train.h"
 
 namespace kiln::py {
@@ -68,6 +70,19 @@ void bind_train(nb::module_& m) {
       nb::arg("args"), nb::arg("callback").none(),
       "Runs `kiln train ARGS...` in this process; callback(record) gets every metrics line (a dict) and may "
       "return False to save and stop.");
+
+  m.def(
+      "_report",
+      [](const std::vector<std::string>& inputs, const std::string& title) {
+        std::vector<std::string> notes;
+        std::string html;
+        {
+          nb::gil_scoped_release nogil;
+          html = tools::render_report(inputs, title, notes);
+        }
+        return nb::make_tuple(html, notes);
+      },
+      nb::arg("inputs"), nb::arg("title"), "The page of `kiln report` for run directories and benchmark JSON files.");
 }
 
 }  // namespace kiln::py

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 
 SERIES_BLUE = np.array([0x1f, 0x77, 0xb4]) / 255.0
 
@@ -39,6 +39,7 @@ def render(html, tmp_path):
     return dom, pixels
 
 
+@needs_chromium
 def test_run_report_in_a_browser(tmp_path):
     run = tmp_path / "run"
     kiln("train", "--model", "resnet20", "--batch", "16", "--limit-train", "64", "--limit-eval", "32", "--log-every", "1",
@@ -50,6 +51,7 @@ def test_run_report_in_a_browser(tmp_path):
     assert blue > 300  # the first series of each chart is drawn in blue
 
 
+@needs_chromium
 def test_bench_report_in_a_browser(tmp_path):
     (tmp_path / "scaling.json").write_text(json.dumps({"bench": "scaling", "model": "resnet20", "rows": [
         {"ranks": 1, "samples_per_s": 100, "efficiency": 1.0}, {"ranks": 2, "samples_per_s": 185, "efficiency": 0.925},
@@ -78,3 +80,16 @@ def test_report_of_unreadable_input_names_it(tmp_path):
     assert "metrics.jsonl:2" in page and 'data-series="train" data-points="1"' in page
     bad = subprocess.run([sys.executable, "-m", "kiln", "report", tmp_path / "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "nope: no such run directory" in bad.stderr
+
+
+def test_report_from_python(tmp_path):
+    import kiln as k
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step":1,"loss":2.0,"lr":0.1}\n{"step":2,"loss":1.5,"lr":0.1}\n{"step":3,"lo')
+    with pytest.warns(UserWarning, match="metrics.jsonl:3"):
+        html = k.report(run, out=tmp_path / "p.html")
+    assert 'data-series="train" data-points="2"' in html and (tmp_path / "p.html").read_text() == html
+    with pytest.raises(ValueError, match="nope"):
+        k.report(tmp_path / "nope")
