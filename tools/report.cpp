@@ -77,13 +77,18 @@ std::vector<double> log_ticks(double lo, double hi) {
 
 }  // namespace
 
+// Whether a point can be drawn on c's axes (finite, and positive on a log axis).
+static bool plottable(const Chart& c, double x, double y) {
+  return std::isfinite(x) && std::isfinite(y) && !(c.log_y && y <= 0) && !(c.log_x && x <= 0);
+}
+
 std::string render_chart(const Chart& c) {
   const double W = 740, H = 300, L = 70, R = 190, T = 30, B = 46;  // the legend in the right margin
   const double pw = W - L - R, ph = H - T - B;
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const auto& s : c.series)
     for (auto [x, y] : s.points) {
-      if (!std::isfinite(x) || !std::isfinite(y) || (c.log_y && y <= 0) || (c.log_x && x <= 0)) continue;
+      if (!plottable(c, x, y)) continue;
       x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
     }
   std::ostringstream o;
@@ -149,7 +154,7 @@ std::string render_chart(const Chart& c) {
     std::ostringstream d;
     int n = 0;
     for (auto [x, y] : s.points) {
-      if (!std::isfinite(x) || !std::isfinite(y) || (c.log_y && y <= 0) || (c.log_x && x <= 0)) continue;
+      if (!plottable(c, x, y)) continue;
       if (s.markers)
         d << "<circle cx=\"" << px(X(x)) << "\" cy=\"" << px(Y(y)) << "\" r=\"3.5\" fill=\"" << col << "\"/>";
       else
@@ -161,7 +166,7 @@ std::string render_chart(const Chart& c) {
         << "</g>";
     else if (n <= 2) {  // a line of one or two points would hardly show: its points too
       for (auto [x, y] : s.points)
-        if (std::isfinite(x) && std::isfinite(y) && !(c.log_y && y <= 0) && !(c.log_x && x <= 0))
+        if (plottable(c, x, y))
           o << "<circle cx=\"" << px(X(x)) << "\" cy=\"" << px(Y(y)) << "\" r=\"3\" fill=\"" << col << "\"/>";
     }
     if (!s.markers)

@@ -12,6 +12,8 @@ namespace kiln::py {
 namespace {
 
 enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
+constexpr const char* kNoKilnDtype =
+    " has no Kiln dtype (Kiln has float32, float16, bfloat16, float64, int32, int64, uint8, bool)";
 
 nb::dlpack::dtype dl_dtype(DType d) {
   using nb::dlpack::dtype_code;
@@ -46,8 +48,7 @@ DType kiln_dtype(nb::dlpack::dtype t, const char* what) {
     if (t.code == uint8_t(dtype_code::UInt) && t.bits == 8) return DType::u8;
     if (t.code == uint8_t(dtype_code::Bool) && t.bits == 8) return DType::boolean;
   }
-  value_error(std::string(what) + ": element type " + describe(t) +
-              " has no Kiln dtype (Kiln has float32, float16, bfloat16, float64, int32, int64, uint8, bool)");
+  value_error(std::string(what) + ": element type " + describe(t) + kNoKilnDtype);
 }
 
 // A Kiln tensor over an ndarray's memory; the ndarray (and through it the producer) stays alive
@@ -127,7 +128,7 @@ Tensor numpy_to_tensor_copy(nb::handle obj, const char* what) {
     a = nb::cast<nb::ndarray<nb::ro>>(arr);
   } catch (const std::exception&) {
     value_error(std::string(what) + ": NumPy dtype " + nb::cast<std::string>(nb::str(arr.attr("dtype"))) +
-                " has no Kiln dtype (Kiln has float32, float16, bfloat16, float64, int32, int64, uint8, bool)");
+                kNoKilnDtype);
   }
   return wrap(a, what).clone();
 }
@@ -144,8 +145,7 @@ void bind_interop(nb::module_& m) {
         try {
           a = nb::cast<nb::ndarray<>>(obj);
         } catch (const std::exception&) {
-          value_error("from_numpy: NumPy dtype " + nb::cast<std::string>(nb::str(obj.attr("dtype"))) +
-                      " has no Kiln dtype (Kiln has float32, float16, bfloat16, float64, int32, int64, uint8, bool)");
+          value_error("from_numpy: NumPy dtype " + nb::cast<std::string>(nb::str(obj.attr("dtype"))) + kNoKilnDtype);
         }
         return wrap(a, "from_numpy");
       },
