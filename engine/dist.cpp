@@ -96,6 +96,7 @@ DistEnv DistEnv::from_variables(const Lookup& get) {
     if (const char* a = get("MASTER_ADDR")) e.master_addr = a;
     env_int(get, "MASTER_PORT", e.master_port);
   }
+  if (const char* k = get("KILN_DIST_SECRET")) e.secret = k;
   KILN_CHECK(e.world_size >= 1 && e.rank < e.world_size && e.local_rank < std::max(e.local_world_size, 1),
              "the ", e.launcher, " environment says rank ", e.rank, " (local ", e.local_rank, ") of ", e.world_size,
              " (", e.local_world_size, " on this node): inconsistent");

@@ -25,6 +25,17 @@ struct DistEnv {
   std::string master_addr;
   int master_port = 0;
   std::string launcher = "none";  // torchrun | openmpi | slurm | none
+  // The job's secret (KILN_DIST_SECRET; `kiln launch` makes one for a single-machine job). Ranks of
+  // the TCP communicator prove to each other that they know it (HMAC-SHA256 over fresh nonces, the
+  // secret itself never sent) before a connection counts as a rank; any other connection is
+  // refused and logged, and the job goes on. Empty: the handshake still runs, with an empty key,
+  // and rank 0 logs that anyone who can reach the ports could join.
+  std::string secret;
+  // Where the TCP communicator reports what it refused (null: standard error, "kiln: ..." lines).
+  std::function<void(const std::string&)> log;
+  // Called when a TCP listener is up, before it accepts: rank 0's "rendezvous" listener and each
+  // rank's "ring" listener, with the address and port bound. For tests and tools; may be null.
+  std::function<void(const char* what, const std::string& addr, int port)> on_listen;
   using Lookup = std::function<const char*(const char*)>;
   static DistEnv from_variables(const Lookup& get);
 };

@@ -1,29 +1,44 @@
 // The TCP communicator for CPU ranks started by `kiln launch` or torchrun (RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT; no MPI runtime). Rendezvous: rank 0 listens on MASTER_PORT, every other
 // rank connects and tells it the port of its own listener, rank 0 sends back everyone's address and
-// port; then each rank connects to the next one, forming a ring. Collectives are ring algorithms:
-// all-reduce = reduce-scatter + all-gather (each chunk is reduced once, in one order, then copied,
-// so every rank ends with identical bits), each step sending to the next rank while receiving from
-// the previous one. A step that stalls past the timeout, or a peer that disconnects, throws
-// CollectiveError naming the collective and the rank.
+// port; then each rank connects to the next one, forming a ring, and every listener is closed.
+// Collectives are ring algorithms: all-reduce = reduce-scatter + all-gather (each chunk is reduced
+// once, in one order, then copied, so every rank ends with identical bits), each step sending to the
+// next rank while receiving from the previous one. A step that stalls past the timeout, or a peer
+// that disconnects, throws CollectiveError naming the collective and the rank.
+//
+// Nobody else gets in. A single-machine job (LOCAL_WORLD_SIZE == WORLD_SIZE) listens on loopback
+// only; a multi-machine job binds rank 0 to MASTER_ADDR's address and every other rank to the
+// interface its connection to rank 0 left from. Every connection starts with a handshake: the
+// connecting side sends a hello (what it connects to, its rank, the world size, its listener's port,
+// a nonce); the listening side answers with its own nonce and HMAC-SHA256(secret, "server" | hello |
+// its nonce); the connecting side checks that and answers HMAC(secret, "client" | hello | nonce |
+// that MAC). Both have then shown that they know the job's secret without sending it. A connection
+// that sends anything else, says nothing for a few seconds, does not know the secret or claims a rank
+// that is not expected is closed and logged, and the listener goes on waiting for the real rank.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <future>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "base/error.h"
+#include "base/sha256.h"
 #include "engine/autograd.h"
 #include "engine/dist.h"
 #include "engine/dist_internal.h"
-#include "base/error.h"
 #include "engine/ops.h"
 
 namespace kiln::dist {
@@ -47,26 +62,51 @@ struct Socket {
 
 [[noreturn]] void broken(const std::string& msg) { KILN_COLLECTIVE_FAIL(false, msg); }
 
-Socket listener(int port, int backlog) {
+// The IPv4 address `host` names, as dotted decimal.
+std::string resolve_ipv4(const std::string& host, const std::string& who) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  KILN_CHECK(rc == 0 && res, "cannot resolve ", who, " address '", host, "': ", ::gai_strerror(rc));
+  char ip[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, ip, sizeof ip);
+  ::freeaddrinfo(res);
+  return ip;
+}
+
+// A listener on ip:port (port 0: any free one).
+Socket listener(const std::string& ip, int port, int backlog) {
   Socket s(::socket(AF_INET, SOCK_STREAM, 0));
   KILN_CHECK(s.fd >= 0, "socket(): ", std::strerror(errno));
   const int one = 1;
   ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  KILN_CHECK(::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) == 1, "not an IPv4 address: '", ip, "'");
   a.sin_port = htons(uint16_t(port));
-  KILN_CHECK(::bind(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "cannot listen on port ", port, ": ",
-             std::strerror(errno), port ? " (MASTER_PORT is taken: pick another with --master-port)" : "");
+  if (::bind(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    const int e = errno;
+    KILN_FAIL("cannot listen on ", ip, ":", port, ": ", std::strerror(e),
+              e == EADDRINUSE      ? " (MASTER_PORT is taken: pick another with --master-port)"
+              : e == EADDRNOTAVAIL ? " (MASTER_ADDR must be an address of the machine that runs rank 0)"
+                                   : "");
+  }
   KILN_CHECK(::listen(s.fd, backlog) == 0, "listen(): ", std::strerror(errno));
   return s;
 }
 
-int local_port(const Socket& s) {
+// The local (mine = true) or remote end of a socket, as ip and port.
+std::pair<std::string, int> endpoint(int fd, bool mine) {
   sockaddr_in a{};
   socklen_t len = sizeof a;
-  ::getsockname(s.fd, reinterpret_cast<sockaddr*>(&a), &len);
-  return ntohs(a.sin_port);
+  if (mine)
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  else
+    ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  char ip[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+  return {ip, ntohs(a.sin_port)};
 }
 
 void tune(int fd) {
@@ -96,7 +136,7 @@ Socket connect_to(const std::string& host, int port, Clock::time_point deadline,
   }
 }
 
-Socket accept_from(const Socket& l, Clock::time_point deadline, const std::string& who) {
+Socket accept_one(const Socket& l, Clock::time_point deadline, const std::string& who) {
   for (;;) {
     pollfd p{l.fd, POLLIN, 0};
     const int k = ::poll(&p, 1, 200);
@@ -146,6 +186,106 @@ bool exchange(int out, const void* sp, size_t sn, int in, void* rp, size_t rn, C
   return true;
 }
 
+// ---- the handshake ----------------------------------------------------------------------------
+
+struct Hello {
+  char magic[8];  // kRendezvous or kRing: what the connection is for
+  int32_t rank, world, port;
+  uint8_t nonce[16];
+};
+static_assert(sizeof(Hello) == 36);
+struct Challenge {
+  uint8_t nonce[16];
+  Digest256 mac;  // HMAC(secret, "server" | hello | nonce)
+};
+static_assert(sizeof(Challenge) == 48);
+constexpr char kRendezvous[8] = {'K', 'I', 'L', 'N', 'R', 'D', 'V', '1'};
+constexpr char kRing[8] = {'K', 'I', 'L', 'N', 'R', 'N', 'G', '1'};
+constexpr auto kHandshakeTime = std::chrono::seconds(5);  // what a stranger can hold a listener up
+
+void fill_nonce(uint8_t* p) {
+  size_t got = 0;
+  while (got < 16) {
+    const ssize_t n = ::getrandom(p + got, 16 - got, 0);
+    KILN_CHECK(n > 0 || errno == EINTR, "getrandom(): ", std::strerror(errno));
+    if (n > 0) got += size_t(n);
+  }
+}
+
+Digest256 server_mac(const std::string& secret, const Hello& h, const uint8_t* nonce) {
+  uint8_t msg[6 + sizeof(Hello) + 16];
+  std::memcpy(msg, "server", 6);
+  std::memcpy(msg + 6, &h, sizeof h);
+  std::memcpy(msg + 6 + sizeof h, nonce, 16);
+  return hmac_sha256(secret, msg, sizeof msg);
+}
+Digest256 client_mac(const std::string& secret, const Hello& h, const Challenge& c) {
+  uint8_t msg[6 + sizeof(Hello) + sizeof(Challenge)];
+  std::memcpy(msg, "client", 6);
+  std::memcpy(msg + 6, &h, sizeof h);
+  std::memcpy(msg + 6 + sizeof h, &c, sizeof c);
+  return hmac_sha256(secret, msg, sizeof msg);
+}
+
+// The connecting side: says who it is, checks that the listener knows the secret, proves it does.
+void introduce(const Socket& s, const char* magic, int rank, int world, int port, const std::string& secret,
+               Clock::time_point deadline, const std::string& who) {
+  Hello h{};
+  std::memcpy(h.magic, magic, 8);
+  h.rank = rank, h.world = world, h.port = port;
+  fill_nonce(h.nonce);
+  Challenge c{};
+  // The listener may be busy with other connections first: wait as long as the whole set-up may take.
+  KILN_CHECK(exchange(s.fd, &h, sizeof h, s.fd, &c, sizeof c, deadline, "handshake"), who,
+             " accepted the connection but did not answer Kiln's handshake before the timeout (another program "
+             "holds that port?)");
+  KILN_CHECK(digest_equal(c.mac, server_mac(secret, h, c.nonce)), "the process listening for ", who,
+             " does not know this job's secret: KILN_DIST_SECRET differs between the ranks, or another job or "
+             "program holds that port");
+  const Digest256 mine = client_mac(secret, h, c);
+  exchange(s.fd, mine.data(), mine.size(), -1, nullptr, 0, deadline, "handshake");
+}
+
+// The listening side: the Hello of a connection that proved it knows the secret and is a rank of
+// this job, or nothing, with `why` saying what was wrong.
+std::optional<Hello> admit(const Socket& s, const char* magic, int world, const std::string& secret,
+                           Clock::time_point deadline, std::string& why) {
+  const auto until = std::min(deadline, Clock::now() + kHandshakeTime);
+  try {
+    Hello h{};
+    if (!exchange(-1, nullptr, 0, s.fd, &h, sizeof h, until, "handshake")) {
+      why = "it sent no Kiln handshake within " + std::to_string(kHandshakeTime.count()) + " s";
+      return std::nullopt;
+    }
+    if (std::memcmp(h.magic, magic, 8) != 0) {
+      why = std::memcmp(h.magic, magic, 4) == 0 ? "it is a Kiln rank connecting to the wrong port"
+                                                : "it sent bytes that are not a Kiln handshake";
+      return std::nullopt;
+    }
+    Challenge c{};
+    fill_nonce(c.nonce);
+    c.mac = server_mac(secret, h, c.nonce);
+    Digest256 theirs{};
+    if (!exchange(s.fd, &c, sizeof c, s.fd, theirs.data(), theirs.size(), until, "handshake")) {
+      why = "it did not finish the handshake within " + std::to_string(kHandshakeTime.count()) + " s";
+      return std::nullopt;
+    }
+    if (!digest_equal(theirs, client_mac(secret, h, c))) {
+      why = "it does not know the job's secret (KILN_DIST_SECRET)";
+      return std::nullopt;
+    }
+    if (h.world != world || h.rank < 0 || h.rank >= world) {
+      why = "it says rank " + std::to_string(h.rank) + " of " + std::to_string(h.world) + ", this job has " +
+            std::to_string(world) + " ranks";
+      return std::nullopt;
+    }
+    return h;
+  } catch (const Error&) {  // it hung up (a rank that found our proof wrong does) or the socket failed
+    why = "it closed the connection during the handshake";
+    return std::nullopt;
+  }
+}
+
 template <typename T> void reduce_into(T* dst, const T* src, int64_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: case ReduceOp::avg:
@@ -175,35 +315,53 @@ void reduce_bytes(DType t, void* dst, const void* src, int64_t n, ReduceOp op) {
 class TcpCommunicator final : public Communicator {
  public:
   TcpCommunicator(const DistEnv& env, std::chrono::seconds timeout)
-      : rank_(env.rank), size_(env.world_size), timeout_(timeout) {
+      : rank_(env.rank),
+        size_(env.world_size),
+        timeout_(timeout),
+        secret_(env.secret),
+        log_(env.log),
+        label_("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + " (tcp)") {
     KILN_CHECK(!env.master_addr.empty() && env.master_port > 0, "rank ", rank_, " of ", size_,
                ": MASTER_ADDR and MASTER_PORT must be set (kiln launch sets them)");
     const auto deadline = Clock::now() + timeout_;
-    Socket ring = listener(0, 4);
-    const int my_port = local_port(ring);
+    if (rank_ == 0 && secret_.empty())
+      say("KILN_DIST_SECRET is not set: the ranks authenticate with an empty secret, so any process that can "
+          "reach the job's ports could join it (kiln launch sets a secret; for other launchers set the same "
+          "KILN_DIST_SECRET for every rank)");
+    // One machine: loopback only. Several: rank 0 on MASTER_ADDR's address, the others on the
+    // interface that reaches rank 0.
+    const bool one_machine = env.local_world_size == env.world_size;
+    const std::string master_ip = one_machine ? "127.0.0.1" : resolve_ipv4(env.master_addr, "MASTER_ADDR");
     std::vector<std::string> addr(static_cast<size_t>(size_));
     std::vector<int32_t> port(static_cast<size_t>(size_));
+    Socket ring;
+    auto open_ring = [&](const std::string& ip) {
+      ring = listener(ip, 0, 4);
+      const int p = endpoint(ring.fd, true).second;
+      if (env.on_listen) env.on_listen("ring", ip, p);
+      return p;
+    };
     // ---- rendezvous through rank 0 ----
     if (rank_ == 0) {
-      Socket l = listener(env.master_port, size_);
+      addr[0] = master_ip;
+      port[0] = open_ring(master_ip);
+      Socket l = listener(master_ip, env.master_port, size_ + 4);
+      if (env.on_listen) env.on_listen("rendezvous", master_ip, env.master_port);
       std::vector<Socket> peers(static_cast<size_t>(size_));
-      addr[0] = env.master_addr;
-      port[0] = my_port;
-      for (int k = 1; k < size_; ++k) {
-        Socket s = accept_from(l, deadline, "the other ranks");
-        int32_t hello[2];
-        KILN_CHECK(exchange(s.fd, nullptr, 0, s.fd, hello, sizeof hello, deadline, "rendezvous"),
-                   "rendezvous: a rank connected but said nothing");
-        KILN_CHECK(hello[0] > 0 && hello[0] < size_ && peers[size_t(hello[0])].fd < 0, "rendezvous: unexpected rank ",
-                   hello[0], " (two launches on one MASTER_PORT?)");
-        sockaddr_in a{};
-        socklen_t len = sizeof a;
-        ::getpeername(s.fd, reinterpret_cast<sockaddr*>(&a), &len);
-        char ip[INET_ADDRSTRLEN] = {};
-        ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
-        addr[size_t(hello[0])] = ip;
-        port[size_t(hello[0])] = hello[1];
-        peers[size_t(hello[0])] = std::move(s);
+      for (int joined = 1; joined < size_;) {
+        Socket s = accept_one(l, deadline, "the other ranks");
+        std::string why;
+        std::optional<Hello> h = admit(s, kRendezvous, size_, secret_, deadline, why);
+        if (h && (h->rank == 0 || peers[size_t(h->rank)].fd >= 0))
+          why = "rank " + std::to_string(h->rank) + " has joined already (two launches on one MASTER_PORT?)", h.reset();
+        if (!h) {
+          refuse(s, "the rendezvous port", why);
+          continue;
+        }
+        addr[size_t(h->rank)] = endpoint(s.fd, false).first;
+        port[size_t(h->rank)] = h->port;
+        peers[size_t(h->rank)] = std::move(s);
+        ++joined;
       }
       std::string table;
       for (int k = 0; k < size_; ++k) table += addr[size_t(k)] + " " + std::to_string(port[size_t(k)]) + "\n";
@@ -213,10 +371,11 @@ class TcpCommunicator final : public Communicator {
         exchange(peers[size_t(k)].fd, table.data(), table.size(), -1, nullptr, 0, deadline, "rendezvous");
       }
     } else {
-      Socket s = connect_to(env.master_addr, env.master_port, deadline, "rank 0 (MASTER_ADDR:MASTER_PORT)");
-      const int32_t hello[2] = {rank_, my_port};
+      Socket s = connect_to(master_ip, env.master_port, deadline, "rank 0 (MASTER_ADDR:MASTER_PORT)");
+      const int my_port = open_ring(one_machine ? master_ip : endpoint(s.fd, true).first);
+      introduce(s, kRendezvous, rank_, size_, my_port, secret_, deadline,
+                "rank 0 at " + master_ip + ":" + std::to_string(env.master_port));
       int32_t len = 0;
-      exchange(s.fd, hello, sizeof hello, -1, nullptr, 0, deadline, "rendezvous");
       KILN_CHECK(exchange(-1, nullptr, 0, s.fd, &len, sizeof len, deadline, "rendezvous") && len > 0 && len < (1 << 24),
                  "rendezvous: no address table from rank 0");
       std::string table(size_t(len), '\0');
@@ -225,9 +384,35 @@ class TcpCommunicator final : public Communicator {
       for (int k = 0; k < size_; ++k) in >> addr[size_t(k)] >> port[size_t(k)];
     }
     // ---- the ring: connect to the next rank, accept the previous one ----
-    const int next = (rank_ + 1) % size_;
-    next_ = connect_to(addr[size_t(next)], port[size_t(next)], deadline, "rank " + std::to_string(next));
-    prev_ = accept_from(ring, deadline, "rank " + std::to_string((rank_ + size_ - 1) % size_));
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    const std::string next_name = "rank " + std::to_string(next);
+    next_ = connect_to(addr[size_t(next)], port[size_t(next)], deadline, next_name);
+    // Every rank is a client of the next and a listener for the previous at once: introduce on a
+    // thread of its own while this one admits, or each would wait for the next to answer.
+    auto introduced = std::async(std::launch::async, [&] {
+      introduce(next_, kRing, rank_, size_, 0, secret_, deadline,
+                next_name + " at " + addr[size_t(next)] + ":" + std::to_string(port[size_t(next)]));
+    });
+    struct Join {  // the thread must end before its captures do, also on an error below
+      std::future<void>& f;
+      ~Join() {
+        if (f.valid()) f.wait();
+      }
+    } join{introduced};
+    for (;;) {
+      Socket s = accept_one(ring, deadline, "rank " + std::to_string(prev));
+      std::string why;
+      std::optional<Hello> h = admit(s, kRing, size_, secret_, deadline, why);
+      if (h && h->rank != prev)
+        why = "it says rank " + std::to_string(h->rank) + ", the ring expects " + std::to_string(prev) + " here",
+        h.reset();
+      if (h) {
+        prev_ = std::move(s);
+        break;
+      }
+      refuse(s, "the ring port", why);
+    }
+    introduced.get();
   }
 
   ~TcpCommunicator() override { thread_.stop(); }
@@ -314,14 +499,29 @@ class TcpCommunicator final : public Communicator {
 
   // One ring step: send to the next rank while receiving from the previous one.
   void step(const char* what, const void* sp, int64_t sn, void* rp, int64_t rn, int64_t total_bytes) {
-    const std::string label = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (tcp): " + what;
-    if (!exchange(next_.fd, sp, size_t(sn), prev_.fd, rp, size_t(rn), Clock::now() + timeout_, label)) {
+    if (!exchange(next_.fd, sp, size_t(sn), prev_.fd, rp, size_t(rn), Clock::now() + timeout_, label_ + ": " + what)) {
       detail::throw_timeout("tcp", rank_, size_, what, (long long)total_bytes, timeout_);
     }
   }
 
+  void say(const std::string& line) const {
+    if (log_)
+      log_(label_ + ": " + line);
+    else
+      std::fprintf(stderr, "kiln: %s: %s\n", label_.c_str(), line.c_str());
+  }
+  // Logs a connection that did not prove itself and closes it; the listener goes on.
+  void refuse(Socket& s, const char* where, const std::string& why) const {
+    const auto [ip, p] = endpoint(s.fd, false);
+    say("refused a connection from " + ip + ":" + std::to_string(p) + " to " + where + ": " + why);
+    s = Socket();
+  }
+
   int rank_, size_;
   std::chrono::seconds timeout_;
+  std::string secret_;
+  std::function<void(const std::string&)> log_;
+  std::string label_;
   Socket next_, prev_;
   detail::CommThread thread_;  // last member: started after, stopped before the rest
 };

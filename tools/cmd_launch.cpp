@@ -1,15 +1,20 @@
 // `kiln launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] -- CMD...`:
 // starts N local ranks of CMD with the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes each output line with its rank, forwards
-// SIGINT/SIGTERM/SIGHUP, and when a rank fails stops the others and exits non-zero naming it.
+// SIGINT/SIGTERM/SIGHUP, and when a rank fails stops the others and exits non-zero naming it. Every
+// rank gets the job's secret in KILN_DIST_SECRET (a fresh random one on one machine; on several,
+// the one the user set on each), which the TCP communicator's handshake checks.
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -68,6 +73,32 @@ int run_launch(const LaunchOptions& o) {
     return 2;
   }
   const int world = o.nnodes * o.nproc_per_node;
+  // The job's secret (engine/dist.h): the user's for a multi-machine job, which every node must
+  // share; a fresh one for a job on this machine alone.
+  std::string secret;
+  if (const char* k = std::getenv("KILN_DIST_SECRET"); k && *k) {
+    secret = k;
+  } else if (o.nnodes > 1) {
+    std::fprintf(stderr,
+                 "kiln launch: error: a job on %d machines needs the same secret on each: set KILN_DIST_SECRET on "
+                 "every node, e.g. from `head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'`\n",
+                 o.nnodes);
+    return 2;
+  } else {
+    uint8_t raw[16];
+    size_t got = 0;
+    while (got < sizeof raw) {
+      const ssize_t n = ::getrandom(raw + got, sizeof raw - got, 0);
+      if (n < 0 && errno != EINTR) {
+        std::perror("kiln launch: getrandom");
+        return 1;
+      }
+      if (n > 0) got += size_t(n);
+    }
+    char hex[33];
+    for (size_t i = 0; i < sizeof raw; ++i) std::snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    secret = hex;
+  }
   // `kiln` as the command means this very binary, so a rank never runs another build from PATH.
   std::vector<std::string> cmd = o.command;
   if (cmd[0] == "kiln") {
@@ -114,6 +145,7 @@ int run_launch(const LaunchOptions& o) {
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
       ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
+      ::setenv("KILN_DIST_SECRET", secret.c_str(), 1);
       ::setenv("KILN_NUM_THREADS", threads.c_str(), 0);
       std::vector<char*> argv;
       for (auto& a : cmd) argv.push_back(a.data());

@@ -1,0 +1,196 @@
+// The TCP communicator's handshake: SHA-256 and HMAC against published answers, and strangers at
+// the rendezvous and ring ports of a 2-rank job (its ranks as threads of this process): garbage, a
+// forged hello without the secret, a connection that says nothing, and a rank with the wrong
+// secret. Each is refused and logged, and the job's all-reduce still gives the right sum.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "base/sha256.h"
+#include "engine/dist.h"
+#include "kiln.h"
+#include "test_util.h"
+
+using namespace kiln;
+
+namespace {
+
+std::string hex(const Digest256& d) {
+  std::string s;
+  char b[3];
+  for (uint8_t x : d) std::snprintf(b, sizeof b, "%02x", x), s += b;
+  return s;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A connection to 127.0.0.1:port that sends `bytes` and stays open until the test ends.
+int stranger(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  if (!bytes.empty()) REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
+  return fd;
+}
+
+// A hello as a Kiln rank sends it (magic, rank, world, port, nonce), then a MAC made up without the secret.
+std::string forged_hello(const char* magic, int32_t rank, int32_t world) {
+  std::string h(magic, 8);
+  for (int32_t v : {rank, world, int32_t(0)}) h.append(reinterpret_cast<const char*>(&v), 4);
+  h.append(16, '\x07');  // nonce
+  h.append(32, '\x42');  // the "proof"
+  return h;
+}
+
+struct Log {
+  std::mutex m;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> sink() {
+    return [this](const std::string& l) {
+      std::lock_guard<std::mutex> lk(m);
+      lines.push_back(l);
+    };
+  }
+  int count(const std::string& part) {
+    std::lock_guard<std::mutex> lk(m);
+    int n = 0;
+    for (const auto& l : lines) n += l.find(part) != std::string::npos;
+    return n;
+  }
+};
+
+dist::DistEnv rank_env(int rank, int port, const std::string& secret, Log& log) {
+  dist::DistEnv e;
+  e.rank = e.local_rank = rank;
+  e.world_size = e.local_world_size = 2;
+  e.master_addr = "localhost";
+  e.master_port = port;
+  e.launcher = "torchrun";
+  e.secret = secret;
+  e.log = log.sink();
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("sha256 and hmac-sha256: published answers") {
+  CHECK(hex(sha256("abc", 3)) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(hex(sha256("", 0)) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  const std::string two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // two blocks once padded
+  CHECK(hex(sha256(two.data(), two.size())) == "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // RFC 4231, test cases 1, 2 and 6 (a key longer than a block).
+  CHECK(hex(hmac_sha256(std::string(20, '\x0b'), "Hi There", 8)) ==
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  const std::string q = "what do ya want for nothing?";
+  CHECK(hex(hmac_sha256("Jefe", q.data(), q.size())) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  const std::string m = "Test Using Larger Than Block-Size Key - Hash Key First";
+  CHECK(hex(hmac_sha256(std::string(131, '\xaa'), m.data(), m.size())) ==
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  Digest256 a{}, b{};
+  CHECK(digest_equal(a, b));
+  b[31] = 1;
+  CHECK_FALSE(digest_equal(a, b));
+}
+
+TEST_CASE("tcp: strangers at the rendezvous and ring ports are refused and logged; the job runs unchanged") {
+  const int port = free_port();
+  Log log;
+  std::vector<int> fds;
+  std::mutex fds_m;
+  auto keep = [&](int fd) {
+    std::lock_guard<std::mutex> lk(fds_m);
+    fds.push_back(fd);
+  };
+  std::promise<void> rendezvous_up;
+  dist::DistEnv e0 = rank_env(0, port, "the job's secret", log), e1 = rank_env(1, port, "the job's secret", log);
+  std::string bound;
+  // Before rank 0 accepts anyone: garbage, a forged hello, and one that says nothing, in that order.
+  e0.on_listen = [&](const char* what, const std::string& addr, int p) {
+    if (std::string(what) != "rendezvous") return;
+    bound = addr;
+    keep(stranger(p, std::string(64, 'G')));
+    keep(stranger(p, forged_hello("KILNRDV1", 1, 2)));
+    keep(stranger(p, ""));
+    rendezvous_up.set_value();
+  };
+  // Before rank 1's ring listener is known to rank 0: garbage and a forged ring hello claiming rank 0.
+  e1.on_listen = [&](const char* what, const std::string&, int p) {
+    if (std::string(what) != "ring") return;
+    keep(stranger(p, "GET / HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(40, ' ')));
+    keep(stranger(p, forged_hello("KILNRNG1", 0, 2)));
+  };
+  auto run_rank = [](dist::DistEnv env) {
+    auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(60));
+    Tensor t = full({1000}, double(env.rank + 1));
+    comm->all_reduce(t, dist::ReduceOp::sum);
+    return t.to_vector();
+  };
+  auto r0 = std::async(std::launch::async, run_rank, e0);
+  rendezvous_up.get_future().wait();
+  auto r1 = std::async(std::launch::async, run_rank, e1);
+  CHECK(r0.get() == std::vector<double>(1000, 3.0));
+  CHECK(r1.get() == std::vector<double>(1000, 3.0));
+  for (int fd : fds) ::close(fd);
+  CHECK(bound == "127.0.0.1");  // a single-machine job listens on loopback only
+  for (const auto& l : log.lines) MESSAGE(l);
+  CHECK(log.count("refused a connection") == 5);
+  CHECK(log.count("to the rendezvous port: it sent bytes that are not a Kiln handshake") == 1);
+  CHECK(log.count("to the rendezvous port: it does not know the job's secret (KILN_DIST_SECRET)") == 1);
+  CHECK(log.count("to the rendezvous port: it sent no Kiln handshake within 5 s") == 1);
+  CHECK(log.count("rank 1 of 2 (tcp): refused a connection from 127.0.0.1:") == 2);
+  CHECK(log.count("to the ring port: it sent bytes that are not a Kiln handshake") == 1);
+  CHECK(log.count("to the ring port: it does not know the job's secret") == 1);
+  CHECK(log.count("KILN_DIST_SECRET is not set") == 0);
+}
+
+TEST_CASE("tcp: a rank with the wrong secret is refused; it fails naming KILN_DIST_SECRET, the job times out") {
+  const int port = free_port();
+  Log log;
+  auto start = [](dist::DistEnv env) { dist::make_cpu_communicator(env, std::chrono::seconds(3)); };
+  auto r0 = std::async(std::launch::async, start, rank_env(0, port, "right", log));
+  auto r1 = std::async(std::launch::async, start, rank_env(1, port, "wrong", log));
+  CHECK_THROWS_WITH_AS(r1.get(), doctest::Contains("does not know this job's secret: KILN_DIST_SECRET differs"), Error);
+  CHECK_THROWS_WITH_AS(r0.get(), doctest::Contains("no connection from the other ranks before the timeout"), Error);
+  CHECK(log.count("rank 0 of 2 (tcp): refused a connection from 127.0.0.1:") >= 1);
+  // The wrong rank saw rank 0's proof fail and hung up before giving its own.
+  CHECK(log.count("to the rendezvous port: it closed the connection during the handshake") >= 1);
+}
+
+TEST_CASE("tcp: without a secret the handshake still runs, and rank 0 says the job is open") {
+  const int port = free_port();
+  Log log;
+  auto run_rank = [](dist::DistEnv env) {
+    auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(60));
+    Tensor t = full({3}, double(env.rank));
+    comm->all_reduce(t, dist::ReduceOp::max);
+    return t.to_vector();
+  };
+  auto r0 = std::async(std::launch::async, run_rank, rank_env(0, port, "", log));
+  auto r1 = std::async(std::launch::async, run_rank, rank_env(1, port, "", log));
+  CHECK(r0.get() == std::vector<double>(3, 1.0));
+  CHECK(r1.get() == std::vector<double>(3, 1.0));
+  CHECK(log.count("rank 0 of 2 (tcp): KILN_DIST_SECRET is not set") == 1);
+}
