@@ -86,9 +86,9 @@ void* CachingAllocator::allocate(size_t bytes, StreamId stream) {
       p = device_->allocate(size);
     }
     if (!p)
-      KILN_FAIL(name_, ": out of memory allocating ", mib(size), " (asked ", bytes, " bytes); in use ",
-                mib(stats_.allocated), ", reserved by Kiln ", mib(stats_.reserved), ", free on the device ",
-                mib(device_->free_bytes()), ". Lower the batch size, or use --amp to halve activations");
+      KILN_FAIL_OOM(name_, ": out of memory allocating ", mib(size), " (asked ", bytes, " bytes); in use ",
+                    mib(stats_.allocated), ", reserved by Kiln ", mib(stats_.reserved), ", free on the device ",
+                    mib(device_->free_bytes()), ". Lower the batch size, or use --amp to halve activations");
     ++stats_.device_allocations;
     stats_.reserved += size;
     stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);

@@ -3,17 +3,24 @@
 
 namespace kiln::detail {
 
-void throw_error(const std::string& msg, const char* file, int line) {
-  // Report the path from the repository root, not the build machine's absolute path.
+namespace {
+// The path from the repository root, not the build machine's absolute path.
+std::string repo_path(const char* file) {
   std::string f(file);
-  for (const char* root : {"/engine/", "/kernels/", "/io/", "/models/", "/tools/", "/tests/", "/bench/"}) {
+  for (const char* root : {"/base/", "/engine/", "/kernels/", "/io/", "/models/", "/tools/", "/tests/", "/bench/"}) {
     auto pos = f.rfind(root);
-    if (pos != std::string::npos) {
-      f = f.substr(pos + 1);
-      break;
-    }
+    if (pos != std::string::npos) return f.substr(pos + 1);
   }
-  throw Error(msg, f.c_str(), line);
+  return f;
+}
+}  // namespace
+
+void throw_error(const std::string& msg, const char* file, int line) {
+  throw Error(msg, repo_path(file).c_str(), line);
+}
+
+void throw_out_of_memory(const std::string& msg, const char* file, int line) {
+  throw OutOfMemory(msg, repo_path(file).c_str(), line);
 }
 
 }  // namespace kiln::detail

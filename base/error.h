@@ -25,6 +25,14 @@ class Interrupted : public Error {
   using Error::Error;
 };
 
+// An allocation that did not fit: the device's memory (or a cap set for testing, like
+// set_cpu_memory_cap) is full. A caller that can make a step smaller (`kiln train --micro-batch
+// auto`) catches this one; nothing else about the computation is wrong.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Args>
 std::string str_cat(const Args&... args) {
@@ -33,6 +41,7 @@ std::string str_cat(const Args&... args) {
   return os.str();
 }
 [[noreturn]] void throw_error(const std::string& msg, const char* file, int line);
+[[noreturn]] void throw_out_of_memory(const std::string& msg, const char* file, int line);
 }  // namespace detail
 
 }  // namespace kiln
@@ -52,3 +61,4 @@ std::string str_cat(const Args&... args) {
   } while (0)
 
 #define KILN_FAIL(...) ::kiln::detail::throw_error(::kiln::detail::str_cat(__VA_ARGS__), __FILE__, __LINE__)
+#define KILN_FAIL_OOM(...) ::kiln::detail::throw_out_of_memory(::kiln::detail::str_cat(__VA_ARGS__), __FILE__, __LINE__)

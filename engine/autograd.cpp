@@ -10,6 +10,7 @@
 #include "engine/autocast.h"
 #include "engine/context.h"
 #include "engine/ops.h"
+#include "engine/random.h"
 
 namespace kiln {
 
@@ -295,6 +296,76 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   for (size_t i = 0; i < res.size(); ++i)
     if (!res[i].defined()) res[i] = zeros_like(inputs[i]);
   return res;
+}
+
+namespace {
+thread_local int t_recomputing = 0;
+}  // namespace
+
+bool recomputing() { return t_recomputing > 0; }
+
+std::vector<Tensor> checkpoint(const RecomputeFn& fn, const std::vector<Tensor>& inputs) {
+  if (!GradMode::enabled()) return fn(inputs);
+  const Generator rng = default_generator();
+  const std::optional<DType> cast = amp::autocast_dtype();
+  std::vector<Tensor> outs;
+  {
+    NoGradGuard ng;
+    outs = fn(inputs);
+  }
+  for (Tensor& o : outs) o = o.detach();  // fresh handles: record() gives them their grad_fn
+  std::vector<SavedTensor> saved;
+  std::vector<bool> wanted;
+  for (const Tensor& t : inputs) saved.emplace_back(t), wanted.push_back(t.defined() && t.requires_grad());
+  // Parameters inside fn need gradients even when no input does, but a node is recorded only when
+  // an input requires grad: then it gets one more input, an empty leaf that does.
+  std::vector<Tensor> rec_inputs = inputs;
+  Tensor anchor;
+  if (!needs_grad(inputs)) {
+    anchor = zeros({0});
+    anchor.set_requires_grad(true);
+    rec_inputs.push_back(anchor);
+  }
+  record("checkpoint", rec_inputs, outs,
+         [fn, saved = std::move(saved), wanted, rng, cast, n = inputs.size()](const GradCtx& ctx) {
+           std::vector<Tensor> xs;
+           for (size_t i = 0; i < n; ++i) {
+             Tensor x = saved[i].unpack("checkpoint");
+             if (x.defined()) x = x.detach();
+             if (wanted[i]) x.set_requires_grad(true);
+             xs.push_back(x);
+           }
+           std::vector<Tensor> again;
+           {
+             struct Replay {  // the forward's random stream and autocast, put back afterwards
+               Generator keep = default_generator();
+               bool grad = GradMode::enabled();
+               Replay(const Generator& g) {
+                 default_generator() = g;
+                 GradMode::set_enabled(true);
+                 ++t_recomputing;
+               }
+               ~Replay() {
+                 default_generator() = keep;
+                 GradMode::set_enabled(grad);
+                 --t_recomputing;
+               }
+             } replay(rng);
+             amp::AutocastGuard ac(cast.value_or(DType::f16), cast.has_value());
+             again = fn(xs);
+           }
+           KILN_CHECK(again.size() == ctx.grads->size(), "checkpoint: the recomputed block returned ", again.size(),
+                      " tensors, the first run ", ctx.grads->size());
+           std::vector<Tensor> roots, grads;
+           for (size_t i = 0; i < again.size(); ++i)
+             if (again[i].defined() && again[i].requires_grad()) roots.push_back(again[i]), grads.push_back(ctx.g(i));
+           if (!roots.empty()) backward(roots, grads);
+           std::vector<Tensor> res(ctx.needs->size());
+           for (size_t i = 0; i < n; ++i)
+             if (wanted[i] && ctx.needs_grad(i)) res[i] = xs[i].grad();
+           return res;
+         });
+  return outs;
 }
 
 }  // namespace autograd

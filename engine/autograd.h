@@ -91,5 +91,17 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false);
 
+// Activation recomputation. Runs fn(inputs) keeping none of its intermediate tensors for backward:
+// only the inputs, the default generator's state and the autocast state. Backward runs fn again
+// with gradients on, the same random draws (dropout masks come out the same) and the same autocast,
+// and backpropagates through it: parameters used inside fn get their gradients as usual, the inputs
+// theirs. On the CPU the gradients are bit-identical to running fn directly. Without grad mode,
+// just fn(inputs). While fn reruns, recomputing() is true, so a module with a side effect (batch
+// norm's running statistics) leaves it out the second time. Random draws inside fn must come from
+// the default generator (a module given its own Generator would draw different masks).
+using RecomputeFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+std::vector<Tensor> checkpoint(const RecomputeFn& fn, const std::vector<Tensor>& inputs);
+bool recomputing();
+
 }  // namespace autograd
 }  // namespace kiln

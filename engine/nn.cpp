@@ -193,6 +193,9 @@ BatchNorm2d::BatchNorm2d(int64_t c, double e, double m, bool affine) : eps(e), m
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
+  // A block recomputed in backward (autograd::checkpoint) normalises with the batch's statistics
+  // again but must not count them into the running ones twice.
+  if (is_training() && autograd::recomputing()) return batch_norm(x, {}, {}, weight, bias, true, momentum, eps);
   if (is_training()) {
     NoGradGuard ng;
     num_batches_tracked.add_(ones({}, TensorOptions(DType::i64, num_batches_tracked.device())));

@@ -60,6 +60,43 @@ class CpuAllocator final : public Allocator {
 
   void* allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
+    const size_t now = allocated_.fetch_add(nbytes) + nbytes;
+    if (const size_t cap = cap_.load(); cap > 0 && now > cap) {
+      allocated_ -= nbytes;
+      KILN_FAIL_OOM("CPU memory cap reached: allocating ", mib(nbytes), " with ", mib(now - nbytes),
+                    " in use passes the cap of ", mib(cap));
+    }
+    for (size_t peak = peak_.load(); now > peak && !peak_.compare_exchange_weak(peak, now);) {
+    }
+    ++allocations_;
+    try {
+      return take(nbytes);
+    } catch (...) {
+      allocated_ -= nbytes;
+      throw;
+    }
+  }
+
+  HostMemoryStats stats() {
+    HostMemoryStats s;
+    s.allocated = allocated_.load();
+    s.peak_allocated = peak_.load();
+    s.cap = cap_.load();
+    s.allocations = allocations_.load();
+    std::lock_guard<std::mutex> lk(m_);
+    s.cached = cached_;
+    return s;
+  }
+  void reset_peak() { peak_ = allocated_.load(); }
+  void set_cap(size_t bytes) { cap_ = bytes; }
+
+ private:
+  static std::string mib(size_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(1 << 20));
+    return buf;
+  }
+  void* take(size_t nbytes) {
     const size_t size = size_class(nbytes);
     if (size >= kMinCached && limit_ > 0) {
       std::lock_guard<std::mutex> lk(m_);
@@ -80,8 +117,10 @@ class CpuAllocator final : public Allocator {
     return p;
   }
 
+ public:
   void deallocate(void* p, size_t nbytes) noexcept override {
     if (!p) return;
+    allocated_ -= nbytes;
     const size_t size = size_class(nbytes);
     if (size >= kMinCached && limit_ > 0) {
       std::lock_guard<std::mutex> lk(m_);
@@ -121,6 +160,8 @@ class CpuAllocator final : public Allocator {
   std::unordered_map<size_t, std::vector<void*>> free_;
   size_t cached_ = 0;
   std::atomic<size_t> limit_{0};
+  std::atomic<size_t> allocated_{0}, peak_{0}, cap_{0};
+  std::atomic<int64_t> allocations_{0};
 };
 
 CpuAllocator& cpu_allocator_impl() {
@@ -132,6 +173,9 @@ CpuAllocator& cpu_allocator_impl() {
 
 void set_cpu_cache_limit(size_t bytes) { cpu_allocator_impl().set_limit(bytes); }
 size_t cpu_cache_limit() { return cpu_allocator_impl().limit(); }
+HostMemoryStats cpu_memory_stats() { return cpu_allocator_impl().stats(); }
+void reset_cpu_memory_peak() { cpu_allocator_impl().reset_peak(); }
+void set_cpu_memory_cap(size_t bytes) { cpu_allocator_impl().set_cap(bytes); }
 Allocator& cpu_allocator() {
   return cpu_allocator_impl();
 }

@@ -34,6 +34,19 @@ Tensor pin_memory(const Tensor& t);
 // Host memory the CPU allocator keeps for reuse (default 4 GiB; 0: every block goes back at once).
 void set_cpu_cache_limit(size_t bytes);
 size_t cpu_cache_limit();
+// What CPU tensors hold: bytes of live storage from the CPU allocator (as asked, before size
+// classes), the most held at once since the last reset_cpu_memory_peak(), the bytes kept for reuse,
+// and allocations made. What the memory planner's predictions are checked against.
+struct HostMemoryStats {
+  size_t allocated = 0, peak_allocated = 0, cached = 0, cap = 0;
+  int64_t allocations = 0;
+};
+HostMemoryStats cpu_memory_stats();
+void reset_cpu_memory_peak();  // the peak becomes what is allocated now
+// A cap on the bytes CPU tensors may hold at once (0: none). An allocation past it throws
+// OutOfMemory naming the cap, as a full device would: how `--memory-cap` tries on the CPU what a
+// smaller device would do.
+void set_cpu_memory_cap(size_t bytes);
 
 struct Storage {
   Storage(size_t nbytes, Device device, Allocator* alloc);

@@ -121,11 +121,20 @@ Tensor BertLayer::forward(const Tensor& x, const Tensor& mask) {
 BertEncoder::BertEncoder(const BertConfig& c) {
   layer = register_module("layer", std::make_shared<nn::ModuleList<BertLayer>>());
   for (int64_t i = 0; i < c.num_layers; ++i) layer->push_back(std::make_shared<BertLayer>(c));
+  recompute = c.recompute;
 }
 
 Tensor BertEncoder::forward(const Tensor& x, const Tensor& mask) {
   Tensor h = x;
-  for (auto& l : *layer) h = l->forward(h, mask);
+  for (auto& l : *layer) {
+    if (!recompute) {
+      h = l->forward(h, mask);
+      continue;
+    }
+    BertLayer* one = l.get();
+    h = autograd::checkpoint(
+        [one](const std::vector<Tensor>& in) { return std::vector<Tensor>{one->forward(in[0], in[1])}; }, {h, mask})[0];
+  }
   return h;
 }
 

@@ -23,6 +23,9 @@ struct BertConfig {
   double layer_norm_eps = 1e-12;
   double initializer_range = 0.02;
   int64_t num_labels = 2;  // sequence classification
+  // Keep only each encoder layer's input for backward and run the layer again there
+  // (autograd::checkpoint), replaying its dropout masks.
+  bool recompute = false;
 };
 // "tiny" (2/128/2), "mini" (4/256/4), "small" (4/512/8), "base" (12/768/12), "large" (24/1024/16);
 // intermediate size is 4 x hidden.
@@ -95,6 +98,7 @@ class BertEncoder final : public nn::Module {
   std::string type_name() const override { return "BertEncoder"; }
   Tensor forward(const Tensor& x, const Tensor& mask);
   std::shared_ptr<nn::ModuleList<BertLayer>> layer;
+  bool recompute = false;  // BertConfig::recompute
 };
 
 class BertPooler final : public nn::Module {

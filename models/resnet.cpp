@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/autograd.h"
 #include "engine/init.h"
 
 namespace kiln::models {
@@ -149,7 +150,17 @@ Tensor ResNet::forward(const Tensor& x) {
              ", H, W], got ", x.shape());
   Tensor h = relu((*bn1)((*conv1)(x)));
   if (imagenet) h = max_pool2d(h, {3, 3}, {2, 2}, {1, 1});
-  for (auto& s : stages) h = (*s)(h);
+  for (auto& s : stages) {
+    if (!config.recompute) {
+      h = (*s)(h);
+      continue;
+    }
+    for (size_t i = 0; i < s->size(); ++i) {
+      nn::Layer* block = &(*s)[i];
+      h = autograd::checkpoint([block](const std::vector<Tensor>& in) { return std::vector<Tensor>{(*block)(in[0])}; },
+                               {h})[0];
+    }
+  }
   h = adaptive_avg_pool2d(h, {1, 1}).flatten(1);
   return (*fc)(h);
 }

@@ -15,6 +15,9 @@ struct ResNetConfig {
   int64_t num_classes = 10;
   int64_t in_channels = 3;
   bool zero_init_residual = false;  // start each block's last BN gamma at 0
+  // Keep only each block's input for backward and run the block again there
+  // (autograd::checkpoint): less activation memory for about one more forward pass.
+  bool recompute = false;
 };
 
 class BasicBlock final : public nn::Layer {

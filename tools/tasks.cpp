@@ -126,6 +126,7 @@ Task task_of(const TrainConfig& c, const char* name, const char* metric, std::sh
 Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train, std::shared_ptr<const io::Dataset> test,
                  int64_t channels, int64_t classes, nlohmann::json info) {
   std::vector<std::string> sets = {"in_channels=" + std::to_string(channels), "num_classes=" + std::to_string(classes)};
+  if (c.recompute == "blocks") sets.push_back("recompute=1");
   sets.insert(sets.end(), c.sets.begin(), c.sets.end());  // the user's --set wins
   const models::ResNetConfig rc = resnet_config_from(c.model, sets);
   KILN_CHECK(rc.in_channels == channels, "--set in_channels=", rc.in_channels, ": the ", c.data, " images have ",
@@ -168,6 +169,7 @@ class Subset final : public io::Dataset {
 models::BertConfig bert_config_for(const TrainConfig& c, const BertName& bn, const io::WordPieceTokenizer& tok,
                                    std::vector<std::string> extra) {
   std::vector<std::string> sets = {"vocab_size=" + std::to_string(tok.vocab().size())};
+  if (c.recompute == "blocks") sets.push_back("recompute=1");
   sets.insert(sets.end(), extra.begin(), extra.end());
   sets.insert(sets.end(), c.sets.begin(), c.sets.end());
   const models::BertConfig bc = bert_config_from(bn.size, sets);

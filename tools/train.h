@@ -54,6 +54,7 @@ struct TrainConfig {
   int dist_timeout = 600;  // seconds a collective may take before the job is ended
   std::string amp = "off";  // off | fp16 | bf16: autocast dtype (fp16 adds dynamic loss scaling)
   bool channels_last = false;  // ResNet batches as channels_last (NHWC) tensors
+  std::string recompute = "none";    // none | blocks: keep only each block's input, rerun it in backward
   double loss_scale = 65536.0;       // fp16: the initial loss scale
   int64_t loss_scale_window = 2000;  // fp16: clean steps before the scale doubles
   // output

@@ -60,6 +60,12 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                "ResNet: feed batches as channels_last (NHWC) tensors, so every activation stays NHWC and cuDNN's "
                "tensor-core convolutions need no layout transposes; on the CPU it only adds copies")
       ->capture_default_str();
+  app.add_option("--recompute", c.recompute,
+                 "Activation memory: none, or blocks (keep only each ResNet block's or BERT layer's input for "
+                 "backward and run the block again there, with the same dropout masks: less memory, about one "
+                 "more forward pass of time, the same gradients)")
+      ->check(CLI::IsMember({"none", "blocks"}))
+      ->capture_default_str();
   app.add_option("--amp", c.amp,
                  "Mixed precision: off, fp16 (f16 GEMMs and convolutions, dynamic loss scaling) or bf16 (no scaling "
                  "needed); softmax, norms and losses stay f32, weights and optimizer f32")
@@ -290,6 +296,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"device", device},
           {"amp", amp},
           {"channels_last", channels_last},
+          {"recompute", recompute},
           {"loss_scale", loss_scale},
           {"loss_scale_window", loss_scale_window},
           {"out", out},

@@ -37,7 +37,10 @@ models::ResNetConfig resnet_config_from(const std::string& name, const std::vect
     if (k == "num_classes") c.num_classes = parse_number<int64_t>(k, v);
     else if (k == "in_channels") c.in_channels = parse_number<int64_t>(k, v);
     else if (k == "zero_init_residual") c.zero_init_residual = parse_number<int64_t>(k, v) != 0;
-    else KILN_FAIL("--set ", k, ": not a ResNet config field (num_classes, in_channels, zero_init_residual)");
+    else if (k == "recompute")
+      c.recompute = parse_number<int64_t>(k, v) != 0;
+    else
+      KILN_FAIL("--set ", k, ": not a ResNet config field (num_classes, in_channels, zero_init_residual, recompute)");
   }
   return c;
 }
@@ -64,9 +67,13 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
     else if (k == "layer_norm_eps") c.layer_norm_eps = parse_number<double>(k, v);
     else if (k == "hidden_dropout") c.hidden_dropout = parse_number<double>(k, v);
     else if (k == "attention_dropout") c.attention_dropout = parse_number<double>(k, v);
-    else KILN_FAIL("--set ", k, ": not a BERT config field (vocab_size, hidden_size, num_layers, num_heads, "
-                   "intermediate_size, max_position, type_vocab_size, num_labels, layer_norm_eps, hidden_dropout, "
-                   "attention_dropout)");
+    else if (k == "recompute")
+      c.recompute = parse_number<int64_t>(k, v) != 0;
+    else
+      KILN_FAIL("--set ", k,
+                ": not a BERT config field (vocab_size, hidden_size, num_layers, num_heads, "
+                "intermediate_size, max_position, type_vocab_size, num_labels, layer_norm_eps, hidden_dropout, "
+                "attention_dropout, recompute)");
   }
   return c;
 }
