@@ -6,8 +6,9 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "engine/autograd.h"
 #include "base/error.h"
+#include "engine/autograd.h"
+#include "engine/dist_internal.h"
 #include "engine/ops.h"
 
 namespace kiln::dist {
@@ -119,6 +120,11 @@ std::unique_ptr<Communicator> make_cpu_communicator(const DistEnv& env, std::chr
 #endif
 }
 
+std::shared_ptr<Work> Communicator::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) {
+  reduce_scatter(in, out, op);
+  return std::make_shared<DoneWork>();
+}
+
 // ---- the cross-rank check --------------------------------------------------------------------------
 
 void check_same_on_all_ranks(Communicator& comm, const std::vector<std::string>& entries, const std::string& what) {
@@ -165,24 +171,27 @@ void check_same_on_all_ranks(Communicator& comm, const std::vector<std::string>&
 
 // ---- DataParallel ------------------------------------------------------------------------------------
 
-DataParallel::DataParallel(nn::Module& model, Communicator& comm, DataParallelOptions o) : model_(model), comm_(comm) {
+void replicate_model(nn::Module& model, Communicator& comm, const char* who) {
   const nn::NamedTensors named = model.named_parameters(), buffers = model.named_buffers();
   std::vector<std::string> entries;
   for (const auto& [n, t] : named) entries.push_back("parameter " + describe(n, t));
   for (const auto& [n, t] : buffers) entries.push_back("buffer " + describe(n, t));
   check_same_on_all_ranks(comm, entries, "the model");
-  {
-    NoGradGuard no_grad;
-    for (const auto& [n, t] : named) {
-      KILN_CHECK(t.is_contiguous(), "DataParallel: parameter ", n, " is not contiguous");
-      comm.broadcast(t, 0);
-      Tensor(t).bump_version();
-    }
-    for (const auto& [n, t] : buffers) {
-      KILN_CHECK(t.is_contiguous(), "DataParallel: buffer ", n, " is not contiguous");
-      comm.broadcast(t, 0);
-    }
+  NoGradGuard no_grad;
+  for (const auto& [n, t] : named) {
+    KILN_CHECK(t.is_contiguous(), who, ": parameter ", n, " is not contiguous");
+    comm.broadcast(t, 0);
+    Tensor(t).bump_version();
   }
+  for (const auto& [n, t] : buffers) {
+    KILN_CHECK(t.is_contiguous(), who, ": buffer ", n, " is not contiguous");
+    comm.broadcast(t, 0);
+  }
+}
+
+DataParallel::DataParallel(nn::Module& model, Communicator& comm, DataParallelOptions o) : model_(model), comm_(comm) {
+  replicate_model(model, comm, "DataParallel");
+  const nn::NamedTensors named = model.named_parameters();
   for (const auto& [n, t] : named)
     if (t.requires_grad()) {
       KILN_CHECK(t.dtype() == DType::f32, "DataParallel: parameter ", n, " is ", t.dtype(),
@@ -216,29 +225,12 @@ DataParallel::DataParallel(nn::Module& model, Communicator& comm, DataParallelOp
       hook_ids_.push_back(params_[k].register_grad_ready_hook([this, k](Tensor&) { on_grad_ready(k); }));
 }
 
-DataParallel::~DataParallel() {
-  for (size_t k = 0; k < hook_ids_.size(); ++k) params_[k].remove_grad_ready_hook(hook_ids_[k]);
-  // Buckets still in flight must land before their buffers go; a failed one has already thrown to
-  // finish() (a destructor never throws).
-  for (auto& b : buckets_)
-    if (b.work) {
-      try {
-        b.work->wait();
-      } catch (...) {
-      }
-    }
-}
+DataParallel::~DataParallel() { detail::release_buckets(params_, hook_ids_, buckets_); }
 
 void DataParallel::on_grad_ready(size_t index) {
   if (!sync_) return;
-  Bucket& b = buckets_[bucket_of_[index]];
-  if (--b.pending > 0) return;
-  // Launch in bucket order only, so every rank issues the same all-reduces in the same sequence.
-  for (auto& x : buckets_) {
-    if (x.work) continue;
-    if (x.pending > 0) break;
-    launch(x);
-  }
+  if (--buckets_[bucket_of_[index]].pending > 0) return;
+  detail::launch_ready_buckets(buckets_, [this](Bucket& b) { launch(b); });
 }
 
 // Gradients are packed into the bucket and unpacked by tensor copies, so the same code serves CPU

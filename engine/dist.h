@@ -80,6 +80,9 @@ class Communicator {
   virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
   // in holds world_size blocks of out's size; rank r gets the reduction of every rank's block r.
   virtual void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) = 0;
+  // The same, returning while it runs (on the communicator's thread where it has one; the default
+  // runs it now). `in` and `out` must stay untouched until wait() returns.
+  virtual std::shared_ptr<Work> reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op);
   virtual void barrier() = 0;
 };
 
@@ -138,6 +141,11 @@ class DataParallel {
   bool sync_ = true;
   double wait_seconds_ = 0;
 };
+
+// Checks that every rank built the same model (names, shapes, dtypes of parameters and buffers; a
+// mismatch is an error naming the first difference, on every rank) and copies rank 0's parameters
+// and buffers to all. `who` names the caller in errors.
+void replicate_model(nn::Module& model, Communicator& comm, const char* who);
 
 // Checks that every rank holds the same list of (name, shape, dtype) entries; throws on every rank,
 // naming the first difference, when they do not. `what` names the list in the message.

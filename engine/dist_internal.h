@@ -119,6 +119,31 @@ inline void check_blocks(const char* what, const Tensor& whole, const Tensor& bl
              " must hold ", size, " x ", block.numel(), " elements of ", block.dtype());
 }
 
+// What DataParallel and ZeroRedundancy share about their buckets (each has `pending`, the
+// gradients still to come, and `work`, the collective in flight).
+// Launches, in bucket order only, every bucket that is complete and not yet in flight, so every
+// rank issues the same collectives in the same sequence.
+template <typename Bucket, typename Launch> void launch_ready_buckets(std::vector<Bucket>& buckets, Launch launch) {
+  for (auto& b : buckets) {
+    if (b.work) continue;
+    if (b.pending > 0) break;
+    launch(b);
+  }
+}
+// Hooks off, and buckets still in flight landed before their buffers go; a failed one has already
+// thrown to finish() (a destructor never throws).
+template <typename Bucket>
+void release_buckets(std::vector<Tensor>& params, const std::vector<int>& hook_ids, std::vector<Bucket>& buckets) {
+  for (size_t k = 0; k < hook_ids.size(); ++k) params[k].remove_grad_ready_hook(hook_ids[k]);
+  for (auto& b : buckets)
+    if (b.work) {
+      try {
+        b.work->wait();
+      } catch (...) {
+      }
+    }
+}
+
 #define KILN_COLLECTIVE_FAIL(timed_out, ...) \
   throw ::kiln::dist::CollectiveError(::kiln::detail::str_cat(__VA_ARGS__), timed_out, __FILE__, __LINE__)
 

@@ -465,15 +465,19 @@ class TcpCommunicator final : public Communicator {
     thread_.submit([this, in, out] {
       const int64_t b = in.numel() * int64_t(dtype_size(in.dtype()));
       char* base = static_cast<char*>(out.raw_data());
-      std::memcpy(base + rank_ * b, in.raw_data(), size_t(b));
+      if (base + rank_ * b != in.raw_data()) std::memcpy(base + rank_ * b, in.raw_data(), size_t(b));
       for (int s = 0; s < size_ - 1; ++s)
         step("all_gather", base + mod(rank_ - s) * b, b, base + mod(rank_ - s - 1) * b, b, b * size_);
     })->wait();
   }
 
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
+    reduce_scatter_async(in, out, op)->wait();
+  }
+
+  std::shared_ptr<Work> reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) override {
     detail::check_blocks("reduce_scatter", in, out, size_);
-    thread_.submit([this, in, out, op] {
+    return thread_.submit([this, in, out, op] {
       Tensor work = in.clone();
       const int64_t n = out.numel(), b = n * int64_t(dtype_size(in.dtype()));
       char* base = static_cast<char*>(work.raw_data());
@@ -486,7 +490,7 @@ class TcpCommunicator final : public Communicator {
       std::memcpy(out.raw_data(), base + rank_ * b, size_t(b));
       NoGradGuard g;
       if (op == ReduceOp::avg) Tensor(out).mul_(1.0 / double(size_));
-    })->wait();
+    });
   }
 
   void barrier() override {

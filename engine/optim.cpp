@@ -291,7 +291,8 @@ void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<s
 
 // ---- clipping, groups --------------------------------------------------------------------------------
 
-Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
+                      const std::function<void(Tensor& squares)>& reduce_squares) {
   KILN_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
   NoGradGuard ng;
   // Every step on the device: the squares summed in f64 in parameter order, the factor chosen by a
@@ -303,6 +304,11 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     const Tensor gf = g.to(DType::f32);
     const Tensor term = sum(gf * gf).to(DType::f64);
     sq = sq.defined() ? sq + term : term;
+  }
+  if (reduce_squares) {  // every rank joins, with or without gradients of its own
+    if (!sq.defined()) sq = zeros({}, TensorOptions(DType::f64, params.empty() ? kCPU : params[0].device()));
+    sq = sq.contiguous().clone();
+    reduce_squares(sq);
   }
   if (!sq.defined()) return zeros({}, DType::f64);  // no gradients: norm 0, on the CPU
   const Tensor norm = sqrt(sq);

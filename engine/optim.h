@@ -1,6 +1,7 @@
 // Optimizers (SGD, AdamW, LAMB) over parameter groups, gradient clipping, and learning-rate
 // schedules that are pure functions of the step (a resumed run gets the same LR).
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -134,7 +135,10 @@ class LAMB final : public AdamFamily {
 // Scales all gradients so their global L2 norm is at most max_norm (a norm that is inf or NaN leaves
 // them as they are); returns the norm before, as an f64 0-dim tensor on the gradients' device (on
 // the CPU when there are none). No value goes to the host.
-Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+// With `reduce_squares`, the f64 sum of squares is passed through it before the root is taken:
+// for gradients sharded over ranks (dist::ZeroRedundancy), an all-reduce makes it the global one.
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
+                      const std::function<void(Tensor& squares)>& reduce_squares = {});
 void clip_grad_value(const std::vector<Tensor>& params, double clip);
 
 // Groups for the usual recipe: no weight decay on biases and normalisation weights (1-D tensors).

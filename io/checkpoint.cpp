@@ -87,6 +87,15 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
 
 void save_checkpoint(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                      const std::string& state_json) {
+  std::vector<std::pair<std::string, std::function<Tensor()>>> made;
+  made.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) made.emplace_back(name, [&t = t] { return t; });
+  save_checkpoint_lazy(path, made, state_json);
+}
+
+void save_checkpoint_lazy(const std::string& path,
+                          const std::vector<std::pair<std::string, std::function<Tensor()>>>& tensors,
+                          const std::string& state_json) {
   json state;
   try {
     state = json::parse(state_json);
@@ -95,16 +104,16 @@ void save_checkpoint(const std::string& path, const std::vector<std::pair<std::s
   }
   KILN_CHECK(state.is_object(), path, ": the checkpoint state must be a JSON object");
   std::set<std::string> names;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [name, make] : tensors)
     KILN_CHECK(!name.empty() && names.insert(name).second, path, ": tensor name '", name, "' is empty or repeated");
-    KILN_CHECK(t.defined(), path, ": tensor '", name, "' is undefined");
-  }
   AtomicFile f(path);
   const std::string zeros(kAlign, '\0');
   f.write(zeros.data(), kHeaderBytes);  // the header, filled in at the end
   json entries = json::array();
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [name, make] : tensors) {
     if (f.size() % kAlign) f.write(zeros.data(), size_t(kAlign - f.size() % kAlign));
+    const Tensor t = make();
+    KILN_CHECK(t.defined(), path, ": tensor '", name, "' is undefined");
     Tensor c = t.detach();
     if (!c.device().is_cpu()) c = c.to(kCPU);
     c = c.contiguous();

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -32,6 +33,11 @@ struct CheckpointEntry {
 // `path` through a temporary file, fsync and rename.
 void save_checkpoint(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                      const std::string& state_json);
+// The same with each tensor made when its turn comes (and dropped after it is written), in order:
+// a sharded optimizer's state gathered one piece at a time never exists whole.
+void save_checkpoint_lazy(const std::string& path,
+                          const std::vector<std::pair<std::string, std::function<Tensor()>>>& tensors,
+                          const std::string& state_json);
 
 class CheckpointReader {
  public:

@@ -72,26 +72,81 @@ RunState RunState::from_json(const json& j) {
   return r;
 }
 
-std::string save_run_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& opt,
-                                const RunState& run, const json& config) {
+json zero_layout_json(const dist::ZeroLayout& l) {
+  json buckets = json::array();
+  for (const auto& b : l.buckets) {
+    json params = json::array();
+    for (const auto& e : b.params) params.push_back({e.name, e.group, e.index, e.offset, e.numel});
+    buckets.push_back({{"chunk", b.chunk}, {"params", params}});
+  }
+  return {{"world_size", l.world_size}, {"buckets", buckets}};
+}
+
+dist::ZeroLayout zero_layout_from_json(const json& j, const std::string& what) {
+  try {
+    dist::ZeroLayout l;
+    l.world_size = j.at("world_size").get<int>();
+    for (const auto& b : j.at("buckets")) {
+      dist::ZeroLayout::Bucket& lb = l.buckets.emplace_back();
+      lb.chunk = b.at("chunk").get<int64_t>();
+      for (const auto& e : b.at("params"))
+        lb.params.push_back({e.at(0).get<std::string>(), e.at(1).get<size_t>(), e.at(2).get<size_t>(),
+                             e.at(3).get<int64_t>(), e.at(4).get<int64_t>()});
+    }
+    return l;
+  } catch (const json::exception& e) {
+    KILN_FAIL(what, ": the sharded optimizer's layout (state key 'zero') is malformed: ", e.what());
+  }
+}
+
+std::vector<std::string> zero_slots(const CheckpointReader& r) {
+  std::set<std::string> slots;
+  for (const auto& e : r.entries())
+    if (e.name.rfind("optim-zero/zero.", 0) == 0) {
+      const size_t dot = e.name.find('.', 16);
+      if (dot != std::string::npos) slots.insert(e.name.substr(dot + 1));
+    }
+  return {slots.begin(), slots.end()};
+}
+
+namespace {
+std::string save_run(const std::string& dir, const nn::Module& model, const optim::Optimizer& opt, const RunState& run,
+                     const json& config, const ShardedOptimizerState* sharded) {
   fs::create_directories(dir);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [n, t] : model.state_dict()) tensors.emplace_back("model/" + n, t);
+  const nn::StateDict sd = model.state_dict();
+  std::vector<std::pair<std::string, std::function<Tensor()>>> tensors;
+  for (const auto& [n, t] : sd) tensors.emplace_back("model/" + n, [&t = t] { return t; });
   const optim::OptimizerState os = opt.state();
-  for (const auto& [n, t] : os.tensors) tensors.emplace_back("optim/" + n, t);
+  if (sharded) {
+    for (const auto& [n, make] : sharded->entries) tensors.emplace_back("optim-zero/" + n, make);
+  } else {
+    for (const auto& [n, t] : os.tensors) tensors.emplace_back("optim/" + n, [&t = t] { return t; });
+  }
   const Generator& g = default_generator();
-  const json state = {{"kind", "training"},
-                      {"kiln_version", KILN_VERSION_STRING},
-                      {"run", run.to_json()},
-                      {"rng", {{"seed", g.seed}, {"offset", g.offset}}},
-                      {"optimizer", {{"name", opt.name()}, {"scalars", os.scalars}}},
-                      {"config", config}};
+  json state = {{"kind", "training"},
+                {"kiln_version", KILN_VERSION_STRING},
+                {"run", run.to_json()},
+                {"rng", {{"seed", g.seed}, {"offset", g.offset}}},
+                {"optimizer", {{"name", opt.name()}, {"scalars", os.scalars}}},
+                {"config", config}};
+  if (sharded) state["zero"] = sharded->layout;
   char name[64];
   std::snprintf(name, sizeof name, "step-%09lld.kiln", (long long)run.step);
   const std::string path = (fs::path(dir) / name).string();
-  io::save_checkpoint(path, tensors, state.dump());
+  io::save_checkpoint_lazy(path, tensors, state.dump());
   io::write_file_atomic((fs::path(dir) / "latest").string(), std::string(name) + "\n");
   return path;
+}
+}  // namespace
+
+std::string save_run_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& opt,
+                                const RunState& run, const json& config) {
+  return save_run(dir, model, opt, run, config, nullptr);
+}
+
+std::string save_run_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& opt,
+                                const RunState& run, const json& config, const ShardedOptimizerState& sharded) {
+  return save_run(dir, model, opt, run, config, &sharded);
 }
 
 namespace {
@@ -135,7 +190,8 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
   for (size_t i = 0; i + size_t(keep) < files.size(); ++i) fs::remove(files[i], ec);
 }
 
-LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt) {
+LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
+                              const LocalOptimizerState& local) {
   io::CheckpointReader r(path);
   json state = json::parse(r.state_json());
   LoadedRun out;
@@ -184,8 +240,17 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
                o.at("name").get<std::string>(), ", this run uses ", opt->name());
     optim::OptimizerState os;
     for (const auto& [k, v] : o.at("scalars").items()) os.scalars[k] = v.get<double>();
-    for (const auto& e : r.entries())
-      if (e.name.rfind("optim/", 0) == 0) os.tensors[e.name.substr(6)] = r.read(e.name);
+    const json zero = state.value("zero", json());
+    if (local) {
+      os.tensors = local(r, zero).tensors;
+    } else {
+      KILN_CHECK(zero.is_null(), path, ": its optimizer state is sharded over ", zero.value("world_size", 0),
+                 " ranks (written with --zero 1): resume it with --zero 1 and as many ranks, or make it whole with "
+                 "`kiln ckpt consolidate ",
+                 path, " --out FILE`");
+      for (const auto& e : r.entries())
+        if (e.name.rfind("optim/", 0) == 0) os.tensors[e.name.substr(6)] = r.read(e.name);
+    }
     opt->load_state(os);
   }
   return out;

@@ -4,6 +4,7 @@
 #pragma once
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -12,6 +13,8 @@
 #include "engine/amp.h"
 #include "engine/nn.h"
 #include "engine/optim.h"
+#include "engine/zero.h"
+#include "io/checkpoint.h"
 
 namespace kiln::io {
 
@@ -71,6 +74,23 @@ struct RunState {
 // Returns the checkpoint's path.
 std::string save_run_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& opt,
                                 const RunState& run, const nlohmann::json& config);
+
+// The optimizer state of a ZeRO run (dist::ZeroRedundancy): every rank's chunks as tensors made on
+// demand, written as `optim-zero/<name>` in their order (each make() is a collective: the other
+// ranks call theirs in the same order), and the layout, kept as the state's `zero` key.
+struct ShardedOptimizerState {
+  std::vector<std::pair<std::string, std::function<Tensor()>>> entries;
+  nlohmann::json layout;
+};
+// A ZeRO layout as a checkpoint keeps it, and back (a malformed one is an error naming `what`).
+nlohmann::json zero_layout_json(const dist::ZeroLayout& l);
+dist::ZeroLayout zero_layout_from_json(const nlohmann::json& j, const std::string& what);
+// The slot names ("exp_avg", ...) of a sharded checkpoint's optim-zero/ entries.
+std::vector<std::string> zero_slots(const CheckpointReader& r);
+// save_run_checkpoint with the optimizer's tensors from `sharded` instead of opt.state()'s.
+std::string save_run_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& opt,
+                                const RunState& run, const nlohmann::json& config,
+                                const ShardedOptimizerState& sharded);
 // The checkpoint `latest` names in `dir`, or the newest complete step-*.kiln, or "" when none.
 std::string find_latest_checkpoint(const std::string& dir);
 // Deletes all but the newest `keep` step-*.kiln files in `dir` (and stray temporary files).
@@ -83,7 +103,13 @@ struct LoadedRun {
 };
 // Restores model, optimizer and the default RNG from `path`; names and shapes must match the
 // model (a mismatch lists every difference).
-LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt);
+//
+// `local`, in a ZeRO run: this rank's optimizer tensors from the checkpoint (`zero`: its layout, null
+// for an unsharded checkpoint, which `local` then splits into chunks itself). Without it a sharded
+// checkpoint is an error that says how to go on (--zero 1, or `kiln ckpt consolidate`).
+using LocalOptimizerState = std::function<optim::OptimizerState(const CheckpointReader& r, const nlohmann::json& zero)>;
+LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
+                              const LocalOptimizerState& local = {});
 
 // Config keys that change the numbers of a run: a resume with any of them different is refused.
 std::vector<std::string> config_differences(const nlohmann::json& saved, const nlohmann::json& now);

@@ -167,3 +167,86 @@ TEST_CASE("e2e dist: a rank killed mid-run makes kiln launch stop the others and
   CHECK_MESSAGE(contains(out, "kiln launch: failed: rank 1"), out);
   CHECK(!std::filesystem::exists(d / "run/model.safetensors"));
 }
+
+// --zero 1: ZeRO stage 1 over 2 ranks (kiln launch, TCP) and 4 (mpirun) with AdamW and clipping
+// logs the losses and ends with the weights of the unsharded data-parallel run; its sharded
+// checkpoint resumes bit for bit with --zero 1, is refused without it (naming consolidate), and
+// once consolidated resumes without it; an unsharded checkpoint resumes with --zero 1.
+TEST_CASE("e2e dist: --zero 1 equals data parallel; sharded checkpoints resume, consolidate, and cross over") {
+  REQUIRE_MESSAGE(std::system("command -v mpirun > /dev/null") == 0, "apt-get install openmpi-bin libopenmpi-dev");
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_zero_e2e");
+  auto r = run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string common = "train --model bert-tiny --text " + kFortunes + "/computers --vocab " + d / "vocab.txt" +
+                             " --seq-len 32 --max-steps 5 --epochs 1 --limit-eval 32 --optimizer adamw --lr 0.001 "
+                             "--clip-grad-norm 1.0 --log-every 1 --progress lines --seed 5 --save-every 3 --threads 1";
+  auto launch = [&](int n, int port, const std::string& args) {
+    return run_kiln("launch --nproc-per-node " + std::to_string(n) + " --master-port " + std::to_string(port) +
+                        " -- kiln " + common + " " + args,
+                    d.p.string());
+  };
+  auto weights = [&](const std::string& out) { return kiln::io::load_safetensors(out + "/model.safetensors"); };
+  auto close = [](const kiln::io::SafetensorsFile& a, const kiln::io::SafetensorsFile& b) {
+    for (const auto& [name, t] : a.tensors) CHECK_MESSAGE(kiln::allclose(b.tensors.at(name), t, 1e-4, 1e-6), name);
+  };
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    const std::string dp = d / ("dp" + std::to_string(n)), zero = d / ("zero" + std::to_string(n));
+    const std::string batch = " --batch " + std::to_string(16 / n);
+    if (n == 2) {
+      r = launch(2, 29671, batch + " --out " + dp);
+      REQUIRE_MESSAGE(r.code == 0, r.output);
+      r = launch(2, 29672, batch + " --zero 1 --out " + zero);
+    } else {
+      r = run_ranks(4, common + batch + " --out " + dp, d.p.string());
+      REQUIRE_MESSAGE(r.code == 0, r.output);
+      r = run_ranks(4, common + batch + " --zero 1 --out " + zero, d.p.string());
+    }
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+    const auto a = losses(dp + "/metrics.jsonl"), b = losses(zero + "/metrics.jsonl");
+    REQUIRE(a.size() == 5);
+    REQUIRE(b.size() == 5);
+    for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
+    close(weights(dp), weights(zero));
+    const bool same = read_text(dp + "/model.safetensors") == read_text(zero + "/model.safetensors");
+    MESSAGE(n, " ranks: --zero 1 weights ", std::string(same ? "bit-identical to" : "within 1e-4 of"),
+            " data parallel's");
+  }
+  const std::string ck = d / "zero2/checkpoints/step-000000003.kiln";
+  const json st = json::parse(kiln::io::CheckpointReader(ck).state_json());
+  CHECK(st["zero"]["world_size"] == 2);
+  // With --zero 1 and 2 ranks: exactly where the uninterrupted run ended.
+  r = launch(2, 29673, "--batch 8 --zero 1 --resume " + ck + " --out " + d / "zres");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "resumed at step 3"));
+  CHECK(read_text(d / "zres/model.safetensors") == read_text(d / "zero2/model.safetensors"));
+  // Without --zero: refused, saying how to go on.
+  r = launch(2, 29674, "--batch 8 --resume " + ck + " --out " + d / "nozero");
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, "sharded over 2 ranks (written with --zero 1)"), r.output);
+  CHECK_MESSAGE(contains(r.output, "kiln ckpt consolidate"), r.output);
+  // Consolidated: one whole optimizer state and the weights; resumes without --zero to the same end.
+  r = run_kiln("ckpt consolidate " + ck + " --out " + d / "whole.kiln --safetensors " + d / "whole.safetensors",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "made whole from 2 ranks' shards"), r.output);
+  {
+    kiln::io::CheckpointReader w(d / "whole.kiln");
+    CHECK(!json::parse(w.state_json()).contains("zero"));
+    CHECK(w.find("optim/0.0.exp_avg") != nullptr);
+    const auto sw = kiln::io::load_safetensors(d / "whole.safetensors");
+    for (const auto& [name, t] : sw.tensors) CHECK(kiln::allclose(w.read("model/" + name), t, 0, 0));
+  }
+  r = launch(2, 29675, "--batch 8 --resume " + d / "whole.kiln" + " --out " + d / "wres");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  close(weights(d / "zero2"), weights(d / "wres"));
+  // And an unsharded data-parallel checkpoint continues under --zero 1.
+  r = launch(2, 29676,
+             "--batch 8 --zero 1 --resume " + d / "dp2/checkpoints/step-000000003.kiln" + " --out " + d / "cross");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  close(weights(d / "dp2"), weights(d / "cross"));
+  r = run_kiln("ckpt consolidate " + d / "whole.kiln --out " + d / "again.kiln", d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, "is not sharded"), r.output);
+}

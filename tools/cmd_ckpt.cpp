@@ -1,11 +1,15 @@
-// `kiln ckpt inspect|verify|export|import`: look into a checkpoint, check every byte of it, take its
-// weights out as safetensors, or make a weights-only checkpoint from safetensors trained elsewhere.
+// `kiln ckpt inspect|verify|export|import|consolidate`: look into a checkpoint, check every byte of
+// it, take its weights out as safetensors, make a weights-only checkpoint from safetensors trained
+// elsewhere, or make a ZeRO run's sharded optimizer state whole again.
 #include <cstdio>
 #include <map>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+
 #include "io/checkpoint.h"
+#include "io/run_checkpoint.h"
 #include "io/safetensors.h"
 #include "tools/commands.h"
 #include "tools/zoo.h"
@@ -31,6 +35,13 @@ void add_ckpt_commands(CLI::App& app, CkptOptions& o) {
   imp->add_option("--set", o.sets, "Override a config field, key=value (repeatable)");
   imp->add_option("--out", o.out, "Checkpoint to write")->required();
   imp->callback([&o] { o.action = "import"; });
+  auto* con = app.add_subcommand("consolidate",
+                                 "Make a --zero 1 checkpoint's sharded optimizer state whole: a "
+                                 "checkpoint that an unsharded run resumes (and its weights as safetensors)");
+  con->add_option("file", o.file, "Checkpoint written with --zero 1")->required()->check(CLI::ExistingFile);
+  con->add_option("--out", o.out, "Checkpoint to write")->required();
+  con->add_option("--safetensors", o.safetensors, "Also write the model weights here");
+  con->callback([&o] { o.action = "consolidate"; });
 }
 
 namespace {
@@ -114,9 +125,54 @@ int import_weights(const CkptOptions& o) {
   return 0;
 }
 
+int consolidate(const CkptOptions& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  KILN_CHECK(!fs::equivalent(o.file, o.out, ec), "kiln ckpt consolidate: --out ", o.out,
+             " is the input itself; "
+             "write the whole checkpoint beside it");
+  io::CheckpointReader r(o.file);
+  nlohmann::json state = nlohmann::json::parse(r.state_json());
+  KILN_CHECK(state.contains("zero"), o.file,
+             ": its optimizer state is not sharded (not written with --zero 1); "
+             "it is whole already");
+  const dist::ZeroLayout layout = io::zero_layout_from_json(state["zero"], o.file);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, Tensor> weights;
+  for (const auto& e : r.entries())
+    if (e.name.rfind("model/", 0) == 0) {
+      tensors.emplace_back(e.name, r.read(e.name));
+      weights[e.name.substr(6)] = tensors.back().second;
+    }
+  const optim::OptimizerState whole = dist::whole_optimizer_state(
+      [&r](const std::string& n) { return r.read("optim-zero/" + n); }, io::zero_slots(r), layout,
+      [&](const std::string& param) {
+        auto it = weights.find(param);
+        KILN_CHECK(it != weights.end(), o.file, ": the sharded layout names parameter ", param,
+                   " but the checkpoint holds no model/", param);
+        return it->second.shape();
+      });
+  for (const auto& [n, t] : whole.tensors) tensors.emplace_back("optim/" + n, t);
+  state.erase("zero");
+  if (state.contains("config")) state["config"]["zero"] = 0;
+  io::save_checkpoint(o.out, tensors, state.dump());
+  std::printf(
+      "wrote %s: %zu optimizer tensors made whole from %d ranks' shards, %zu model tensors (resume it "
+      "without --zero, with the same number of ranks)\n",
+      o.out.c_str(), whole.tensors.size(), layout.world_size, weights.size());
+  if (!o.safetensors.empty()) {
+    std::map<std::string, std::string> meta = {{"format", "kiln"}};
+    if (state.contains("config")) meta["model"] = state["config"].value("model", "");
+    io::save_safetensors(o.safetensors, weights, meta);
+    std::printf("wrote %zu tensors to %s\n", weights.size(), o.safetensors.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_ckpt(const CkptOptions& o) {
+  if (o.action == "consolidate") return consolidate(o);
   if (o.action == "inspect") return inspect(o);
   if (o.action == "verify") return verify(o);
   if (o.action == "export") return export_weights(o);

@@ -310,8 +310,21 @@ class Trainer {
                   (ec ? ec.message() : std::string("not writable")) + ")");
     ckpt_dir_ = c_.out + "/checkpoints";
 
-    // optimizer and schedule
-    opt_ = make_optimizer(c_, model());
+    // optimizer and schedule; with --zero 1 over this rank's chunks of the flattened parameters
+    if (c_.zero == 1) {
+      try {
+        zero_ = std::make_unique<dist::ZeroRedundancy>(
+            model(), optim::decay_groups(model().named_parameters(), c_.lr, c_.weight_decay),
+            gpu_comm_ ? *gpu_comm_ : *comm_);
+      } catch (const dist::CollectiveError&) {
+        throw;  // main() ends the process at once
+      } catch (const Error& e) {
+        return fail("rank " + std::to_string(rank_) + ": " + e.message());
+      }
+      opt_ = make_optimizer(c_, zero_->shard_groups());
+    } else {
+      opt_ = make_optimizer(c_, model());
+    }
     total_steps_ = c_.max_steps > 0 ? std::min(c_.max_steps, c_.epochs * spe_) : c_.epochs * spe_;
     sched_.kind = optim::LrSchedule::parse(c_.schedule);
     sched_.base_lr = c_.lr;
@@ -319,7 +332,7 @@ class Trainer {
     sched_.total_steps = total_steps_;
     sched_.step_size = std::max<int64_t>(spe_, 1);  // "step": decay once per epoch
     sched_.milestones = {total_steps_ / 2, total_steps_ * 3 / 4};
-    params_ = model().parameters();
+    params_ = zero_ ? zero_->shard_params() : model().parameters();
     // Mixed precision: forward and loss under autocast; f32 weights and optimizer; for f16 a dynamic
     // loss scale (bf16 has f32's range and needs none: the scaler is then a pass-through).
     amp_dt_ = amp_dtype(c_.amp);
@@ -367,7 +380,7 @@ class Trainer {
     dist::Communicator& grad_comm = gpu_comm_ ? *gpu_comm_ : *comm_;
     if (world_ > 1) {
       try {
-        dp_ = std::make_unique<dist::DataParallel>(model(), grad_comm);
+        if (!zero_) dp_ = std::make_unique<dist::DataParallel>(model(), grad_comm);
       } catch (const dist::CollectiveError&) {
         throw;  // main() ends the process at once
       } catch (const Error& e) {
@@ -386,7 +399,19 @@ class Trainer {
     const std::string path = c_.resume == "auto" ? find_latest_checkpoint(ckpt_dir_) : c_.resume;
     if (path.empty()) return c_.resume == "auto" ? -1 : fail("--resume " + c_.resume + ": no such checkpoint");
     try {
-      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get());
+      io::LocalOptimizerState local;
+      if (zero_)  // this rank's chunks, from a sharded checkpoint or an unsharded one
+        local = [this, &path](const io::CheckpointReader& r, const nlohmann::json& zero) {
+          if (zero.is_null()) {
+            optim::OptimizerState whole;
+            for (const auto& e : r.entries())
+              if (e.name.rfind("optim/", 0) == 0) whole.tensors[e.name.substr(6)] = r.read(e.name);
+            return zero_->local_state_from_whole(whole, path);
+          }
+          return zero_->local_state([&r](const std::string& n) { return r.read("optim-zero/" + n); }, io::zero_slots(r),
+                                    io::zero_layout_from_json(zero, path), path);
+        };
+      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local);
       if (!lr.weights_only) {
         const auto diffs = config_differences(lr.config, resolved_);
         if (!diffs.empty()) {
@@ -427,6 +452,7 @@ class Trainer {
   int step(double lr, StepStats& s) {
     opt_->set_lr(lr);
     opt_->zero_grad();
+    if (zero_) zero_->zero_grad();
     Tensor step_loss, step_correct;  // over the micro-batches, on the device
     for (int64_t k = 0; k < accum_; ++k) {
       auto t0 = Clock::now();
@@ -435,6 +461,7 @@ class Trainer {
       run_.window.data_s += since(t0);
       t0 = Clock::now();
       if (dp_) dp_->set_sync(k == accum_ - 1);  // reduce once, after the last micro-batch
+      if (zero_) zero_->set_sync(k == accum_ - 1);
       StepResult r;
       {
         amp::AutocastGuard autocast(amp_dt_.value_or(DType::f16), amp_dt_.has_value());
@@ -464,6 +491,7 @@ class Trainer {
 
     auto t0 = Clock::now();
     if (dp_) dp_->finish();
+    if (zero_) zero_->finish();
     // The step's numbers over all ranks, and the decisions they must take together.
     stop_now_ = stop_wanted();
     time_due_ = c_.save_minutes > 0 && since(last_save_time_) >= 60.0 * c_.save_minutes;
@@ -482,10 +510,14 @@ class Trainer {
     // One scaler decision per optimizer step: unscale (before clipping), skip on inf/NaN, update.
     if (c_.clip_grad_norm > 0) {
       scaler_->unscale(params_);
-      optim::clip_grad_norm(params_, c_.clip_grad_norm);
+      if (zero_)
+        zero_->clip_grad_norm(c_.clip_grad_norm);  // the norm over every rank's chunks
+      else
+        optim::clip_grad_norm(params_, c_.clip_grad_norm);
     }
     scaler_->step(*opt_, params_);
     scaler_->update();
+    if (zero_) zero_->gather();  // every rank's updated chunks to every rank
     if (device_.is_cuda()) cuda::synchronize(device_.index);
     run_.window.opt_s += since(t0);
     ++run_.step;
@@ -658,11 +690,32 @@ class Trainer {
       for (int q = 0; q < world_; ++q)
         run_.rng_ranks.push_back({uint64_t(all.data<int64_t>()[2 * q]), uint64_t(all.data<int64_t>()[2 * q + 1])});
     }
-    if (!lead_) return true;  // rank 0 writes for all: every rank holds the same weights and state
+    // ZeRO: every rank's optimizer chunks go into rank 0's checkpoint, gathered one bucket and slot
+    // at a time while it writes; the other ranks join each gather in the same order.
+    std::vector<std::pair<std::string, std::function<Tensor()>>> gathers;
+    size_t gathered = 0;
+    if (zero_)
+      for (auto& [name, make] : zero_->state_entries(*opt_))
+        gathers.emplace_back(name, [&gathered, make = make] {
+          ++gathered;
+          return make();
+        });
+    auto join_the_rest = [&] {  // a rank that is not writing, or a writer that failed halfway
+      while (gathered < gathers.size()) gathers[gathered].second();
+    };
+    if (!lead_) {  // rank 0 writes for all: every rank holds the same weights and state
+      join_the_rest();
+      return true;
+    }
     try {
       run_.scaler = scaler_->state();
-      last_saved_ = save_run_checkpoint(ckpt_dir_, model(), *opt_, run_, resolved_);
+      if (zero_)
+        last_saved_ = save_run_checkpoint(ckpt_dir_, model(), *opt_, run_, resolved_,
+                                          io::ShardedOptimizerState{gathers, io::zero_layout_json(zero_->layout())});
+      else
+        last_saved_ = save_run_checkpoint(ckpt_dir_, model(), *opt_, run_, resolved_);
     } catch (const Error& e) {
+      join_the_rest();
       progress_->line("kiln train: error: checkpoint at step " + std::to_string(run_.step) + " failed: " + e.message() +
                       (last_saved_.empty() ? "" : "; the last good one is " + last_saved_));
       return false;
@@ -734,6 +787,7 @@ class Trainer {
   std::optional<DType> amp_dt_;
   std::unique_ptr<amp::GradScaler> scaler_;
   std::unique_ptr<dist::DataParallel> dp_;
+  std::unique_ptr<dist::ZeroRedundancy> zero_;
   nlohmann::json resolved_;
   // progress, output, checkpoints
   RunState run_;

@@ -24,7 +24,7 @@ void add_forward_flags(CLI::App& app, ForwardOptions& o);
 int run_forward(const ForwardOptions& o);
 
 struct CkptOptions {
-  std::string action, file, out, model;
+  std::string action, file, out, model, safetensors;
   std::vector<std::string> sets;
   bool all = false;
 };

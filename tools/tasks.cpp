@@ -322,8 +322,12 @@ std::vector<std::string> optimizer_names() {
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Module& m) {
+  return make_optimizer(c, optim::decay_groups(m.named_parameters(), c.lr, c.weight_decay));
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<optim::ParamGroup> groups) {
   for (const auto& k : optimizer_kinds())
-    if (c.optimizer == k.name) return k.make(c, optim::decay_groups(m.named_parameters(), c.lr, c.weight_decay));
+    if (c.optimizer == k.name) return k.make(c, std::move(groups));
   KILN_FAIL("--optimizer ", c.optimizer, ": unknown (expected one of ", nlohmann::json(optimizer_names()).dump(), ")");
 }
 

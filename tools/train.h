@@ -54,6 +54,7 @@ struct TrainConfig {
   int dist_timeout = 600;  // seconds a collective may take before the job is ended
   std::string amp = "off";  // off | fp16 | bf16: autocast dtype (fp16 adds dynamic loss scaling)
   bool channels_last = false;  // ResNet batches as channels_last (NHWC) tensors
+  int zero = 0;                // 1: ZeRO stage 1, each rank keeps the optimizer state of 1/N of the parameters
   std::string recompute = "none";    // none | blocks: keep only each block's input, rerun it in backward
   double loss_scale = 65536.0;       // fp16: the initial loss scale
   int64_t loss_scale_window = 2000;  // fp16: clean steps before the scale doubles
@@ -124,6 +125,8 @@ const std::vector<OptimizerKind>& optimizer_kinds();
 std::vector<std::string> optimizer_names();
 // The optimizer --optimizer names over the model's parameters (no decay on biases and norms).
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, nn::Module& m);
+// The same over given groups (a ZeRO run's shards of them).
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<optim::ParamGroup> groups);
 
 struct EvalResult {
   double loss = 0, accuracy = 0;

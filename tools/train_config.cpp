@@ -60,6 +60,11 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                "ResNet: feed batches as channels_last (NHWC) tensors, so every activation stays NHWC and cuDNN's "
                "tensor-core convolutions need no layout transposes; on the CPU it only adds copies")
       ->capture_default_str();
+  app.add_option("--zero", c.zero,
+                 "0, or 1: ZeRO stage 1 over the ranks (gradients reduce-scattered, each rank updates and keeps "
+                 "the optimizer state of 1/N of the parameters, parameters all-gathered; sgd and adamw)")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
   app.add_option("--recompute", c.recompute,
                  "Activation memory: none, or blocks (keep only each ResNet block's or BERT layer's input for "
                  "backward and run the block again there, with the same dropout masks: less memory, about one "
@@ -223,6 +228,10 @@ std::vector<std::string> validate(const TrainConfig& c) {
   const bool images = family != nullptr && family->input == ModelInput::images;
   const bool tokens = family != nullptr && family->input == ModelInput::tokens;
   if (family == nullptr) e.push_back(unknown_model_message(c.model));
+  if (c.zero == 1 && c.optimizer == "lamb")
+    e.push_back(
+        "--zero 1: LAMB's trust ratio needs whole tensors, and ZeRO splits them over the ranks (use "
+        "--optimizer adamw or sgd, or --zero 0)");
   if (!images && c.channels_last)
     e.push_back("--channels-last: only ResNets take image batches (--model " + c.model + ")");
   if (images && !c.task.empty() && c.task != "classify")
@@ -297,6 +306,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"amp", amp},
           {"channels_last", channels_last},
           {"recompute", recompute},
+          {"zero", zero},
           {"loss_scale", loss_scale},
           {"loss_scale_window", loss_scale_window},
           {"out", out},
