@@ -64,18 +64,19 @@ DType promote_types(DType a, DType b) {
 
 std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
 
-std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+std::string Device::str() const { return is_cpu() ? "cpu" : is_meta() ? "meta" : "cuda:" + std::to_string(index); }
 
 Device Device::parse(const std::string& s) {
   if (s == "cpu") return kCPU;
+  if (s == "meta") return kMeta;
   if (s == "cuda" || s == "gpu") return cuda_device(0);
   if (s.rfind("cuda:", 0) == 0) {
     const std::string idx = s.substr(5);
     KILN_CHECK(!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos && idx.size() < 6,
-               "bad device '", s, "': expected cpu, cuda or cuda:N");
+               "bad device '", s, "': expected cpu, cuda, cuda:N or meta");
     return cuda_device(std::stoi(idx));
   }
-  KILN_FAIL("bad device '", s, "': expected cpu, cuda or cuda:N");
+  KILN_FAIL("bad device '", s, "': expected cpu, cuda, cuda:N or meta");
 }
 
 std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }

@@ -47,17 +47,21 @@ template <typename Fn> decltype(auto) visit_dtype(DType t, Fn&& fn) {
   return fn(float{});
 }
 
-enum class DeviceType : uint8_t { cpu, cuda };
+// meta: tensors with a shape, a dtype and strides but no memory; kernels on them do nothing, and
+// their bytes are counted (meta_memory_stats). What the memory planner runs models on.
+enum class DeviceType : uint8_t { cpu, cuda, meta };
 struct Device {
   DeviceType type = DeviceType::cpu;
   int index = 0;
   bool operator==(const Device&) const = default;
   bool is_cpu() const { return type == DeviceType::cpu; }
   bool is_cuda() const { return type == DeviceType::cuda; }
-  std::string str() const;  // "cpu", "cuda:0"
-  static Device parse(const std::string& s);  // "cpu", "cuda", "cuda:1"
+  bool is_meta() const { return type == DeviceType::meta; }
+  std::string str() const;                    // "cpu", "cuda:0", "meta"
+  static Device parse(const std::string& s);  // "cpu", "cuda", "cuda:1", "meta"
 };
 inline const Device kCPU{DeviceType::cpu, 0};
+inline const Device kMeta{DeviceType::meta, 0};
 inline Device cuda_device(int index = 0) { return Device{DeviceType::cuda, index}; }
 std::ostream& operator<<(std::ostream& os, const Device& d);
 

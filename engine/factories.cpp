@@ -14,17 +14,19 @@ Generator& default_generator() {
 void manual_seed(uint64_t seed) { default_generator() = Generator(seed); }
 
 namespace {
+// Where a factory's tensor goes: meta instead of the CPU inside a MetaInitGuard.
+Device place(Device d) { return d.is_cpu() && MetaInitGuard::active() ? kMeta : d; }
 Tensor finish(Tensor t, const TensorOptions& o) {
   if (o.requires_grad) t.set_requires_grad(true);
   return t;
 }
 }  // namespace
 
-Tensor empty(const Shape& shape, TensorOptions o) { return finish(make_tensor(shape, o.dtype, o.device), o); }
+Tensor empty(const Shape& shape, TensorOptions o) { return finish(make_tensor(shape, o.dtype, place(o.device)), o); }
 
 Tensor full(const Shape& shape, double value, TensorOptions o) {
-  Tensor t = make_tensor(shape, o.dtype, o.device);
-  detail::backend(o.device).fill(detail::desc(t), value);
+  Tensor t = make_tensor(shape, o.dtype, place(o.device));
+  detail::backend(t.device()).fill(detail::desc(t), value);
   return finish(t, o);
 }
 Tensor zeros(const Shape& shape, TensorOptions o) { return full(shape, 0.0, o); }
@@ -40,8 +42,8 @@ Tensor arange(double start, double end, double step, TensorOptions o) {
   KILN_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start ", start, " and end ", end, " must be finite");
   const double n = std::ceil((end - start) / step);
   KILN_CHECK(n < 9.0e15, "arange: ", n, " elements is too many");
-  Tensor t = make_tensor(Shape{std::max<int64_t>(0, int64_t(n))}, o.dtype, o.device);
-  detail::backend(o.device).arange(detail::desc(t), start, step);
+  Tensor t = make_tensor(Shape{std::max<int64_t>(0, int64_t(n))}, o.dtype, place(o.device));
+  detail::backend(t.device()).arange(detail::desc(t), start, step);
   return finish(t, o);
 }
 Tensor arange(int64_t end, TensorOptions o) { return arange(0.0, double(end), 1.0, o); }
@@ -80,6 +82,7 @@ Tensor from_blob(void* data, const Shape& shape, DType dtype, std::function<void
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions o) {
   KILN_CHECK(int64_t(values.size()) == shape.numel(), "from_vector: ", values.size(), " values for shape ", shape,
              " (", shape.numel(), " elements)");
+  if (place(o.device).is_meta() || o.device.is_meta()) return finish(make_tensor(shape, o.dtype, kMeta), o);
   Tensor src = make_tensor(shape, DType::f64, kCPU);
   std::copy(values.begin(), values.end(), src.data<double>());
   // Converted on the host, then one transfer: a backend's copy kernel reads only its own memory.
@@ -92,9 +95,9 @@ namespace {
 Tensor random_fill(RandomKind kind, const Shape& shape, double p0, double p1, TensorOptions o, Generator* gen) {
   Generator& g = gen ? *gen : default_generator();
   KILN_CHECK(is_floating(o.dtype) || kind == RandomKind::bernoulli, "random tensors must be floating, got ", o.dtype);
-  Tensor t = make_tensor(shape, o.dtype, o.device);
+  Tensor t = make_tensor(shape, o.dtype, place(o.device));
   const uint64_t offset = g.reserve(uint64_t(t.numel()));
-  detail::backend(o.device).random(kind, detail::desc(t), g.seed, offset, p0, p1);
+  detail::backend(t.device()).random(kind, detail::desc(t), g.seed, offset, p0, p1);
   return finish(t, o);
 }
 }  // namespace
@@ -114,6 +117,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions o, G
              low, ", ", high, ")");
   // 24 random bits per element: floor(u * range) is exact and below range.
   const Tensor u = random_fill(RandomKind::uniform, shape, 0, 1, TensorOptions(DType::f64, o.device), g);
+  if (u.device().is_meta()) return finish(make_tensor(shape, o.dtype, kMeta), o);
   const std::vector<double> v = u.to_vector();
   std::vector<double> r(v.size());
   for (size_t i = 0; i < v.size(); ++i) r[i] = double(low) + std::floor(v[i] * double(high - low));

@@ -13,6 +13,8 @@ TensorDesc desc(const Tensor& t);
 // The view of `t` broadcast to `shape` as a kernel descriptor (stride 0 on broadcast dims).
 TensorDesc desc_broadcast(const Tensor& t, const Shape& shape);
 const Backend& backend(Device d);
+const Backend& meta_backend();  // engine/meta.cpp
+Allocator& meta_allocator();
 // Tests only: while one lives, CPU tensors run `b`'s kernels instead of the CPU backend's (the
 // CUDA kernels under the emulator, kernels/cuda/emulator, on host memory). Not nested; not while
 // another thread runs ops.

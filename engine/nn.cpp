@@ -265,4 +265,20 @@ Tensor additive_padding_mask(const Tensor& keep, DType dtype) {
   return ((1.0 - k) * -10000.0).view({keep.size(0), 1, 1, keep.size(1)}).to(dtype);
 }
 
+namespace {
+thread_local BlockObserver t_block_observer;
+}  // namespace
+
+void set_block_observer(BlockObserver observer) { t_block_observer = std::move(observer); }
+
+BlockScope::BlockScope(const std::string& prefix, size_t index) {
+  if (!t_block_observer) return;
+  name_ = prefix + "." + std::to_string(index);
+  t_block_observer(name_, true);
+}
+
+BlockScope::~BlockScope() {
+  if (t_block_observer && !name_.empty()) t_block_observer(name_, false);
+}
+
 }  // namespace kiln::nn

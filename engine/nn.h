@@ -219,4 +219,20 @@ class MultiheadSelfAttention : public Module {
 // 0 and a large negative number.
 Tensor additive_padding_mask(const Tensor& keep, DType dtype = DType::f32);
 
+// The named blocks of a model's forward (a ResNet's blocks "layer1.0", ..., a BERT's layers
+// "encoder.layer.0", ...) report where they begin and end to this thread's observer, if one is
+// set: how the memory planner tells which block keeps how much for backward.
+using BlockObserver = std::function<void(const std::string& name, bool begin)>;
+void set_block_observer(BlockObserver observer);  // this thread; an empty one removes it
+class BlockScope {
+ public:
+  BlockScope(const std::string& prefix, size_t index);  // reports prefix + "." + index
+  ~BlockScope();
+  BlockScope(const BlockScope&) = delete;
+  BlockScope& operator=(const BlockScope&) = delete;
+
+ private:
+  std::string name_;
+};
+
 }  // namespace kiln::nn

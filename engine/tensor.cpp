@@ -229,7 +229,7 @@ struct Emulation {
 };
 std::atomic<const Emulation*> g_emulation{nullptr};
 const Emulation* emulating(Device d) {
-  if (d.is_cpu()) return nullptr;
+  if (!d.is_cuda()) return nullptr;
   const Emulation* e = g_emulation.load(std::memory_order_relaxed);
   KILN_CHECK(!e || d.index == 0, "the emulated device is cuda:0 only, got ", d);
   return e;
@@ -251,6 +251,7 @@ Tensor make_tensor_in(const Shape& shape, DType dtype, Device device, Allocator&
 }  // namespace
 
 Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
+  if (device.is_meta()) return make_tensor_in(shape, dtype, device, detail::meta_allocator());
   if (const Emulation* e = emulating(device)) return make_tensor_in(shape, dtype, device, *e->memory);
   return make_tensor_in(shape, dtype, device, device.is_cpu() ? cpu_allocator() : cuda::tensor_allocator(device.index));
 }
@@ -307,6 +308,7 @@ std::atomic<const Backend*> g_cpu_override{nullptr};
 }
 
 const Backend& backend(Device d) {
+  if (d.is_meta()) return meta_backend();
   if (const Emulation* e = emulating(d)) return *e->backend;
   if (!d.is_cpu()) return cuda::backend(d.index);
   const Backend* o = g_cpu_override.load(std::memory_order_relaxed);
@@ -756,9 +758,13 @@ Tensor Tensor::to(DType dt) const { return dt == dtype() ? *this : cast(*this, d
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
+  KILN_CHECK(!device().is_meta(), "a meta tensor ", type_str(), " holds a shape but no values: nothing to copy to ", d,
+             " (meta tensors are for planning memory)");
   const Tensor src = contiguous();
   Tensor out;
-  if (emulating(d) || emulating(device())) {  // host memory on both sides
+  if (d.is_meta()) {  // the shape goes, not the values
+    out = make_tensor(shape(), dtype(), d);
+  } else if (emulating(d) || emulating(device())) {  // host memory on both sides
     out = make_tensor(shape(), dtype(), d);
     if (d.is_cpu()) detail::count_host_read();
     if (nbytes()) std::memcpy(out.raw_data(), src.raw_data(), nbytes());

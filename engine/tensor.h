@@ -48,6 +48,25 @@ void reset_cpu_memory_peak();  // the peak becomes what is allocated now
 // smaller device would do.
 void set_cpu_memory_cap(size_t bytes);
 
+// The meta device (base/dtype.h): the bytes its tensors would hold, counted as the CPU's are.
+HostMemoryStats meta_memory_stats();
+void reset_meta_memory_peak();
+// Whether meta kernels take operands as a GPU does (16-bit GEMM and convolution operands as they
+// are, channels_last buffers natively) or as the CPU does (f32 and NCHW copies first): the planner
+// sets it for the device it plans. Process-wide; default: as the CPU.
+void set_meta_like_gpu(bool on);
+// While one lives on this thread, the factories (zeros, randn, from_vector, ...) asked for CPU
+// tensors make meta tensors: a model built in its scope has its parameters' shapes but not their
+// memory (as PyTorch's `with torch.device("meta")`).
+class MetaInitGuard {
+ public:
+  MetaInitGuard();
+  ~MetaInitGuard();
+  MetaInitGuard(const MetaInitGuard&) = delete;
+  MetaInitGuard& operator=(const MetaInitGuard&) = delete;
+  static bool active();
+};
+
 struct Storage {
   Storage(size_t nbytes, Device device, Allocator* alloc);
   // Wraps memory owned elsewhere; `release` runs when the last tensor lets go.

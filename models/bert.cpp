@@ -126,7 +126,9 @@ BertEncoder::BertEncoder(const BertConfig& c) {
 
 Tensor BertEncoder::forward(const Tensor& x, const Tensor& mask) {
   Tensor h = x;
+  size_t index = 0;
   for (auto& l : *layer) {
+    nn::BlockScope scope("encoder.layer", index++);
     if (!recompute) {
       h = l->forward(h, mask);
       continue;

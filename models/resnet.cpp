@@ -150,13 +150,16 @@ Tensor ResNet::forward(const Tensor& x) {
              ", H, W], got ", x.shape());
   Tensor h = relu((*bn1)((*conv1)(x)));
   if (imagenet) h = max_pool2d(h, {3, 3}, {2, 2}, {1, 1});
-  for (auto& s : stages) {
-    if (!config.recompute) {
-      h = (*s)(h);
-      continue;
-    }
-    for (size_t i = 0; i < s->size(); ++i) {
-      nn::Layer* block = &(*s)[i];
+  for (size_t si = 0; si < stages.size(); ++si) {
+    nn::Sequential& s = *stages[si];
+    const std::string stage = "layer" + std::to_string(si + 1);
+    for (size_t i = 0; i < s.size(); ++i) {
+      nn::BlockScope scope(stage, i);
+      nn::Layer* block = &s[i];
+      if (!config.recompute) {
+        h = (*block)(h);
+        continue;
+      }
       h = autograd::checkpoint([block](const std::vector<Tensor>& in) { return std::vector<Tensor>{(*block)(in[0])}; },
                                {h})[0];
     }

@@ -49,47 +49,12 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
                   dist::Communicator& comm) {
   const int world = comm.world_size();
   manual_seed(1);
-  std::shared_ptr<nn::Module> model;
-  std::function<Tensor()> step_loss;
-  std::string input;
-  int64_t batch = o.batch;
-  // Synthetic steps for the two kinds of input: image classification by a ResNet, masked LM by BERT.
+  const SyntheticStep st = synthetic_step(name, o.batch, o.seq_len, o.image_size, o.in_channels, {}, kCPU);
+  const std::shared_ptr<nn::Module> model = st.model;
+  const std::function<Tensor()> step_loss = st.loss;
+  const std::string input = st.input;
+  const int64_t batch = st.batch;
   const ModelFamily& family = model_family(name);
-  if (family.input == ModelInput::images) {
-    auto rc = resnet_config_from(name, {});
-    rc.in_channels = o.in_channels > 0 ? o.in_channels : 3;
-    auto m = models::make_resnet(rc);
-    model = m;
-    // The small-image ResNets are timed on 32x32 images, the ImageNet ones on 224x224.
-    const int64_t s = o.image_size > 0 ? o.image_size : m->imagenet ? 224 : 32;
-    if (batch == 0) batch = m->imagenet ? 32 : 128;
-    const Tensor x = randn({batch, rc.in_channels, s, s});
-    const Tensor y = randint(0, rc.num_classes, {batch});
-    step_loss = [m, x, y] { return cross_entropy((*m)(x), y); };
-    input = std::to_string(batch) + "x" + std::to_string(rc.in_channels) + "x" + std::to_string(s) + "x" +
-            std::to_string(s);
-  } else {
-    const BertName bn = parse_bert_name(name);
-    const models::BertConfig bc = bert_config_from(bn.size, {});
-    if (batch == 0) batch = 32;
-    auto m = std::make_shared<models::BertForMaskedLM>(bc);
-    model = m;
-    // Masked-LM shape of work as `kiln train` does it: 15% of the positions go through the vocabulary
-    // projection and the loss.
-    const Tensor ids = randint(0, bc.vocab_size, {batch, o.seq_len});
-    std::vector<int64_t> pos, tgt;
-    const std::vector<double> u = rand({batch * o.seq_len}).to_vector();
-    for (int64_t i = 0; i < batch * o.seq_len; ++i)
-      if (u[size_t(i)] < 0.15) {
-        pos.push_back(i);
-        tgt.push_back(ids.data<int64_t>()[i]);
-      }
-    const Tensor positions = from_blob_copy(pos.data(), {int64_t(pos.size())});
-    const Tensor target = from_blob_copy(tgt.data(), {int64_t(tgt.size())});
-    const Tensor attn = ones({batch, o.seq_len}, DType::i64);
-    step_loss = [m, ids, positions, target, attn] { return cross_entropy(m->forward_at(ids, positions, attn), target); };
-    input = std::to_string(batch) + "x" + std::to_string(o.seq_len) + " tokens";
-  }
   model->train();
   auto groups = optim::decay_groups(model->named_parameters(), 0.01, 1e-4);
   std::unique_ptr<optim::Optimizer> opt;

@@ -10,6 +10,7 @@
 #include "kiln_build_info.h"
 #include "tools/commands.h"
 #include "tools/environment.h"
+#include "tools/plan.h"
 #include "tools/report.h"
 #include "tools/train.h"
 
@@ -43,6 +44,10 @@ int main(int argc, char** argv) {
   kiln::tools::LaunchOptions launch_opts;
   CLI::App* launch = app.add_subcommand("launch", "Start the ranks of a data-parallel job on this machine (-- kiln train ...)");
   kiln::tools::add_launch_flags(*launch, launch_opts);
+  kiln::tools::PlanOptions plan_opts;
+  CLI::App* plan =
+      app.add_subcommand("plan", "Predict a training step's memory (meta tensors) and the micro-batch that fits");
+  kiln::tools::add_plan_flags(*plan, plan_opts);
   kiln::tools::ReportOptions report_opts;
   CLI::App* report =
       app.add_subcommand("report", "One HTML page of runs' curves (loss, accuracy, lr, throughput, phases)");
@@ -87,6 +92,7 @@ int main(int argc, char** argv) {
     if (ckpt->parsed()) return kiln::tools::run_ckpt(ckpt_opts);
     if (launch->parsed()) return kiln::tools::run_launch(launch_opts);
     if (report->parsed()) return kiln::tools::run_report(report_opts);
+    if (plan->parsed()) return kiln::tools::run_plan(plan_opts);
     if (bench_train->parsed()) return kiln::tools::run_bench_train(bench_train_opts);
     if (bench_scaling->parsed()) return kiln::tools::run_bench_scaling(bench_scaling_opts);
     std::printf("%s", app.help().c_str());

@@ -8,17 +8,19 @@
 #include <algorithm>
 #include <fstream>
 #include <numeric>
+#include <optional>
 
+#include <chrono>
+#include <filesystem>
 #include "engine/autocast.h"
 #include "engine/autograd.h"
+#include "engine/random.h"
 #include "io/data.h"
 #include "io/images.h"
 #include "io/text.h"
 #include "models/bert.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
-#include <chrono>
-#include <filesystem>
 
 namespace kiln::tools {
 namespace {
@@ -329,6 +331,59 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vect
   for (const auto& k : optimizer_kinds())
     if (c.optimizer == k.name) return k.make(c, std::move(groups));
   KILN_FAIL("--optimizer ", c.optimizer, ": unknown (expected one of ", nlohmann::json(optimizer_names()).dump(), ")");
+}
+
+SyntheticStep synthetic_step(const std::string& name, int64_t batch, int64_t seq_len, int64_t image_size,
+                             int64_t in_channels, const std::vector<std::string>& sets, Device dev) {
+  std::optional<MetaInitGuard> meta;
+  if (dev.is_meta()) meta.emplace();  // parameters and batch as shapes only
+  SyntheticStep st;
+  const ModelFamily& family = model_family(name);
+  st.images = family.input == ModelInput::images;
+  if (st.images) {
+    auto rc = resnet_config_from(name, sets);
+    if (in_channels > 0) rc.in_channels = in_channels;
+    auto m = models::make_resnet(rc);
+    st.model = m;
+    const int64_t s = image_size > 0 ? image_size : m->imagenet ? 224 : 32;
+    st.batch = batch > 0 ? batch : m->imagenet ? 32 : 128;
+    const Tensor x = randn({st.batch, rc.in_channels, s, s});
+    const Tensor y = randint(0, rc.num_classes, {st.batch});
+    st.loss = [m, x, y] { return cross_entropy((*m)(x), y); };
+    st.input = std::to_string(st.batch) + "x" + std::to_string(rc.in_channels) + "x" + std::to_string(s) + "x" +
+               std::to_string(s);
+    return st;
+  }
+  const BertName bn = parse_bert_name(name);
+  const models::BertConfig bc = bert_config_from(bn.size, sets);
+  st.batch = batch > 0 ? batch : 32;
+  auto m = std::make_shared<models::BertForMaskedLM>(bc);
+  st.model = m;
+  // The masked-LM shape of work as `kiln train` does it: 15% of the positions (rounded; a fixed
+  // count, so a planned step and a measured one do the same work) go through the vocabulary
+  // projection and the loss.
+  const int64_t n = st.batch * seq_len, picked = std::max<int64_t>(1, (n * 15 + 50) / 100);
+  const Tensor ids = randint(0, bc.vocab_size, {st.batch, seq_len});
+  Tensor positions, target;
+  if (ids.device().is_meta()) {
+    positions = empty({picked}, DType::i64);
+    target = empty({picked}, DType::i64);
+  } else {
+    std::vector<int64_t> order(size_t(n), 0);
+    for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
+    PhiloxStream rng(default_generator().seed, default_generator().reserve(uint64_t(n) * 2) / 4);
+    for (int64_t i = n - 1; i > 0; --i) std::swap(order[size_t(i)], order[rng.below(uint64_t(i + 1))]);
+    order.resize(size_t(picked));
+    std::sort(order.begin(), order.end());
+    std::vector<int64_t> tgt;
+    for (int64_t p : order) tgt.push_back(ids.data<int64_t>()[p]);
+    positions = from_vector(std::vector<double>(order.begin(), order.end()), {picked}, DType::i64);
+    target = from_vector(std::vector<double>(tgt.begin(), tgt.end()), {picked}, DType::i64);
+  }
+  const Tensor attn = ones({st.batch, seq_len}, DType::i64);
+  st.loss = [m, ids, positions, target, attn] { return cross_entropy(m->forward_at(ids, positions, attn), target); };
+  st.input = std::to_string(st.batch) + "x" + std::to_string(seq_len) + " tokens";
+  return st;
 }
 
 Task make_task(const TrainConfig& c) {

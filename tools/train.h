@@ -171,6 +171,21 @@ std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths
 int run_eval(const TrainConfig& c, const std::string& weights);
 
 // `kiln bench train`: median step time of full training steps on synthetic batches.
+// One model's training step on a synthetic batch, as `kiln bench train` times it and `kiln plan`
+// measures it: a ResNet on [batch, C, S, S] images (S: image_size, else 32 for the small-image
+// ResNets and 224 for the ImageNet ones) with labels; BERT's masked LM on [batch, seq_len] token
+// ids with 15% of the positions (rounded) through the vocabulary projection and the loss. On meta
+// (`dev`), the model and batch are built as shapes only. `sets` are --set overrides.
+struct SyntheticStep {
+  std::shared_ptr<nn::Module> model;
+  std::function<Tensor()> loss;  // forward and loss of one batch
+  std::string input;             // "128x3x32x32", "32x128 tokens"
+  int64_t batch = 0;
+  bool images = false;
+};
+SyntheticStep synthetic_step(const std::string& name, int64_t batch, int64_t seq_len, int64_t image_size,
+                             int64_t in_channels, const std::vector<std::string>& sets, Device dev);
+
 struct BenchTrainOptions {
   std::vector<std::string> models;
   int64_t batch = 0, seq_len = 128, steps = 10, warmup = 3, image_size = 0, in_channels = 0;

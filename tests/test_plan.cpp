@@ -1,0 +1,106 @@
+// The memory planner (tools/plan.h): the meta device's accounting against the CPU allocator's
+// measured peak of the very same training steps (ResNet-20 and -50, BERT-tiny and -base, several
+// batches, recompute on and off), the micro-batch search, and the meta device's rules.
+#include <doctest/doctest.h>
+
+#include "kiln.h"
+#include "test_util.h"
+#include "tools/plan.h"
+
+using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::run_kiln;
+
+namespace {
+struct Case {
+  const char* model;
+  int64_t batch, seq_len, image_size;
+  const char* optimizer;
+  const char* recompute;
+};
+}  // namespace
+
+TEST_CASE("plan: predicted peaks are within 10% of the measured CPU peaks of the same steps") {
+  for (const Case& c :
+       {Case{"resnet20", 8, 0, 32, "sgd", "none"}, Case{"resnet20", 32, 0, 32, "sgd", "none"},
+        Case{"resnet20", 32, 0, 32, "sgd", "blocks"}, Case{"resnet50", 2, 0, 64, "sgd", "none"},
+        Case{"resnet50", 4, 0, 64, "sgd", "blocks"}, Case{"bert-tiny", 4, 64, 0, "adamw", "none"},
+        Case{"bert-tiny", 16, 128, 0, "adamw", "none"}, Case{"bert-tiny", 16, 128, 0, "adamw", "blocks"},
+        Case{"bert-base", 2, 64, 0, "adamw", "none"}}) {
+    tools::PlanOptions o;
+    o.model = c.model;
+    o.seq_len = c.seq_len > 0 ? c.seq_len : 128;
+    o.image_size = c.image_size;
+    o.optimizer = c.optimizer;
+    o.recompute = c.recompute;
+    const tools::MemoryPlan planned = tools::plan_memory(o, c.batch);
+    const tools::MemoryPlan measured = tools::step_memory(o, c.batch, kCPU);
+    const double ratio = double(planned.peak) / double(measured.peak);
+    MESSAGE(std::string(c.model), " batch ", c.batch, " recompute ", std::string(c.recompute), ": planned ",
+            tools::mib(planned.peak), ", measured ", tools::mib(measured.peak), " (", ratio, ")");
+    CHECK(ratio > 0.9);
+    CHECK(ratio < 1.1);
+    CHECK(planned.parameters == measured.parameters);
+    CHECK(planned.activations == measured.activations);
+  }
+}
+
+TEST_CASE("plan: recompute keeps less; a smaller micro-batch fits a smaller memory; a memory too small says so") {
+  tools::PlanOptions o;
+  o.model = "resnet20";
+  const tools::MemoryPlan full = tools::plan_memory(o, 64);
+  o.recompute = "blocks";
+  const tools::MemoryPlan less = tools::plan_memory(o, 64);
+  CHECK(less.activations < full.activations / 2);
+  CHECK(less.peak < full.peak);
+  o.recompute = "none";
+  const auto [micro, p] = tools::largest_micro_batch(o, 64, full.peak / 3, kCPU);
+  CHECK(micro > 0);
+  CHECK(micro < 64);
+  CHECK(64 % micro == 0);
+  CHECK(p.peak <= full.peak / 3);
+  CHECK(tools::plan_memory(o, micro * 2).peak > full.peak / 3);  // the next divisor does not fit
+  CHECK(tools::largest_micro_batch(o, 64, 1 << 20, kCPU).first == 0);
+  CHECK(tools::parse_bytes("16GiB", "--memory") == size_t(16) << 30);
+  CHECK(tools::parse_bytes("1.5G", "--memory") == size_t(3) << 29);
+  CHECK(tools::parse_bytes("512 MiB", "--memory") == size_t(512) << 20);
+  CHECK_THROWS_WITH_AS(tools::parse_bytes("lots", "--memory"), doctest::Contains("--memory lots: expected an amount"),
+                       Error);
+}
+
+TEST_CASE("meta tensors: shapes and counted bytes, no values") {
+  reset_meta_memory_peak();
+  const size_t before = meta_memory_stats().allocated;
+  {
+    const Tensor a = randn({64, 32}, TensorOptions(DType::f32, kMeta));
+    const Tensor b = matmul(a, a.t());
+    CHECK(b.shape() == Shape{64, 64});
+    CHECK(b.device().is_meta());
+    CHECK(meta_memory_stats().allocated - before == (64 * 32 + 64 * 64) * 4);
+    CHECK_THROWS_WITH_AS(b.to_vector(), doctest::Contains("holds a shape but no values"), Error);
+    CHECK_THROWS_WITH_AS(sum(b).item<double>(), doctest::Contains("holds a shape but no values"), Error);
+    const Tensor c = ones({3}).to(kMeta);  // a shape goes to meta, its values do not
+    CHECK(c.device() == kMeta);
+    CHECK_THROWS_AS(ones({3}).copy_(c), Error);
+    MetaInitGuard g;
+    const Tensor d = zeros({5});
+    CHECK(d.device().is_meta());
+  }
+  CHECK(meta_memory_stats().allocated == before);
+  CHECK(zeros({2}).device().is_cpu());  // the guard has ended
+  CHECK(Device::parse("meta") == kMeta);
+}
+
+TEST_CASE("plan: kiln plan prints the breakdown and the micro-batch that fits") {
+  auto r = run_kiln("plan --model bert-tiny --batch 32 --seq-len 128 --optimizer adamw --memory 120MiB", ".");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "encoder.layer.0"), r.output);
+  CHECK_MESSAGE(contains(r.output, "does not fit"), r.output);
+  CHECK_MESSAGE(contains(r.output, "largest micro-batch that fits:"), r.output);
+  r = run_kiln("plan --model resnet20 --memory 1MiB", ".");
+  CHECK(r.code == 0);
+  CHECK_MESSAGE(contains(r.output, "even a micro-batch of 1 does not fit: it needs"), r.output);
+  r = run_kiln("plan --model resnet20 --memory lots", ".");
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, "--memory lots: expected an amount of memory"), r.output);
+}

@@ -1,0 +1,307 @@
+#include "tools/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+
+#include "engine/autocast.h"
+#include "engine/dist.h"
+#include "engine/optim.h"
+#include "kernels/cuda/runtime_info.h"
+#include "tools/train.h"
+#include "tools/zoo.h"
+
+namespace kiln::tools {
+
+std::string mib(size_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / double(1 << 20));
+  return b;
+}
+
+size_t parse_bytes(const std::string& s, const std::string& flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = s.substr(used);
+  unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
+  for (char& c : unit) c = char(std::tolower(static_cast<unsigned char>(c)));
+  double scale = 0;
+  if (unit.empty() || unit == "b")
+    scale = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib")
+    scale = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib")
+    scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb" || unit == "tib")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  KILN_CHECK(used > 0 && scale > 0 && v > 0 && std::isfinite(v), flag, " ", s,
+             ": expected an amount of memory such as 16GiB, 512MiB or 1.5G");
+  return size_t(v * scale);
+}
+
+nlohmann::json MemoryPlan::to_json() const {
+  nlohmann::json b = nlohmann::json::array();
+  for (const auto& [n, bytes] : blocks) b.push_back({{"block", n}, {"bytes", bytes}});
+  return {{"micro_batch", micro_batch},
+          {"num_parameters", num_parameters},
+          {"parameters", parameters},
+          {"buffers", buffers},
+          {"gradients", gradients},
+          {"optimizer_state", optimizer_state},
+          {"master_copies", master_copies},
+          {"comm_buffers", comm_buffers},
+          {"activations", activations},
+          {"workspace", workspace},
+          {"peak", peak},
+          {"blocks", b}};
+}
+
+namespace {
+
+HostMemoryStats stats_of(Device dev) { return dev.is_meta() ? meta_memory_stats() : cpu_memory_stats(); }
+void reset_peak_of(Device dev) {
+  if (dev.is_meta())
+    reset_meta_memory_peak();
+  else
+    reset_cpu_memory_peak();
+}
+size_t bytes_of(const std::vector<Tensor>& ts) {
+  size_t n = 0;
+  for (const Tensor& t : ts)
+    if (t.defined()) n += t.nbytes();
+  return n;
+}
+
+}  // namespace
+
+MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
+  KILN_CHECK(dev.is_meta() || dev.is_cpu(), "step_memory: measures on the CPU or plans on meta, not ", dev);
+  std::vector<std::string> sets = o.sets;
+  if (o.recompute == "blocks") sets.push_back("recompute=1");
+  const std::optional<DType> low = amp_dtype(o.amp);
+  MemoryPlan p;
+  p.micro_batch = micro_batch;
+  const size_t base = stats_of(dev).allocated;
+  manual_seed(1);
+  SyntheticStep st = synthetic_step(o.model, micro_batch, o.seq_len, o.image_size, o.in_channels, sets, dev);
+  st.model->train();
+  for (const auto& [n, t] : st.model->named_parameters()) {
+    p.parameters += t.nbytes();
+    p.num_parameters += t.numel();
+  }
+  for (const auto& [n, t] : st.model->named_buffers()) p.buffers += t.nbytes();
+  TrainConfig tc;
+  tc.optimizer = o.optimizer;
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(tc, *st.model);
+  const std::vector<Tensor> params = st.model->parameters();
+  for (int step = 0; step < 2; ++step) {  // the second step runs with the optimizer state in place
+    opt->zero_grad();
+    if (step == 1) {
+      reset_peak_of(dev);
+      p.blocks.clear();
+    }
+    const size_t before = stats_of(dev).allocated;
+    std::vector<std::pair<std::string, size_t>> open;
+    nn::set_block_observer([&](const std::string& name, bool begin) {
+      const size_t now = stats_of(dev).allocated;
+      if (begin) {
+        open.emplace_back(name, now);
+      } else if (!open.empty() && open.back().first == name) {
+        p.blocks.emplace_back(name, now > open.back().second ? now - open.back().second : 0);
+        open.pop_back();
+      }
+    });
+    Tensor loss;
+    {
+      amp::AutocastGuard autocast(low.value_or(DType::f16), low.has_value());
+      loss = st.loss();
+    }
+    nn::set_block_observer({});
+    const size_t after = stats_of(dev).allocated;
+    p.activations = after > before ? after - before : 0;
+    loss.backward();
+    loss = Tensor();
+    std::vector<Tensor> grads;
+    for (const Tensor& t : params) grads.push_back(t.grad());
+    p.gradients = bytes_of(grads);
+    const size_t before_step = stats_of(dev).allocated;
+    opt->step();
+    if (step == 0) {  // the state the first step creates (state() would read the step count)
+      const size_t now = stats_of(dev).allocated;
+      p.optimizer_state = now > before_step ? now - before_step : 0;
+    }
+  }
+  const size_t peak = stats_of(dev).peak_allocated;
+  p.peak = peak > base ? peak - base : 0;
+  std::stable_sort(p.blocks.begin(), p.blocks.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  // Several ranks: data parallel keeps a flat f32 copy of the gradients in its buckets; ZeRO-1 keeps
+  // 1/N of the optimizer state and a bucket's gradients (25 MB at most) while it is reduce-scattered.
+  if (o.ranks > 1) {
+    const size_t before = p.optimizer_state;
+    if (o.zero == 1) {
+      p.optimizer_state = (p.optimizer_state + size_t(o.ranks) - 1) / size_t(o.ranks);
+      p.comm_buffers = std::min<size_t>(p.parameters, size_t(25) << 20) * (1 + 1 / size_t(o.ranks));
+    } else {
+      p.comm_buffers = p.parameters;
+    }
+    p.peak = p.peak - before + p.optimizer_state + p.comm_buffers;
+  }
+  const size_t held = p.parameters + p.buffers + p.optimizer_state + p.comm_buffers + p.activations;
+  p.workspace = p.peak > held ? p.peak - held : 0;
+  return p;
+}
+
+MemoryPlan plan_memory(const PlanOptions& o, int64_t micro_batch) {
+  const Device target = Device::parse(o.device);
+  set_meta_like_gpu(target.is_cuda());
+  MemoryPlan p = step_memory(o, micro_batch, kMeta);
+  set_meta_like_gpu(false);
+  return p;
+}
+
+bool plan_fits(const MemoryPlan& p, size_t memory, Device device) {
+  if (!device.is_cuda()) return p.peak <= memory;
+  return double(p.peak) * 1.125 + double(size_t(512) << 20) <= double(memory);
+}
+
+std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t batch, size_t memory, Device device) {
+  std::vector<int64_t> divisors;
+  for (int64_t d = 1; d <= batch; ++d)
+    if (batch % d == 0) divisors.push_back(d);
+  // Memory grows with the micro-batch: bisect over the divisors.
+  int64_t lo = 0, hi = int64_t(divisors.size()) - 1;
+  std::pair<int64_t, MemoryPlan> best{0, {}};
+  while (lo <= hi) {
+    const int64_t mid = (lo + hi) / 2;
+    MemoryPlan p = plan_memory(o, divisors[size_t(mid)]);
+    if (plan_fits(p, memory, device)) {
+      best = {divisors[size_t(mid)], p};
+      lo = mid + 1;
+    } else {
+      if (mid == 0) best.second = p;  // what even one sample needs
+      hi = mid - 1;
+    }
+  }
+  return best;
+}
+
+void add_plan_flags(CLI::App& app, PlanOptions& o) {
+  app.add_option("--model", o.model, "One of " + model_names_text())->capture_default_str();
+  app.add_option("--set", o.sets, "Override a model config field, key=value (repeatable)");
+  app.add_option("--batch", o.batch,
+                 "The batch of one optimizer step (default: 128 small-image ResNets, 32 ImageNet "
+                 "ResNets and BERT)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seq-len", o.seq_len, "BERT: tokens per sequence")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--image-size", o.image_size, "ResNet: image side (default 32 small-image, 224 ImageNet)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--in-channels", o.in_channels, "ResNet: image channels (default 3)")->check(CLI::NonNegativeNumber);
+  app.add_option("--amp", o.amp, "off, fp16 or bf16")
+      ->check(CLI::IsMember({"off", "fp16", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "sgd (momentum), adamw or lamb")
+      ->check(CLI::IsMember({"sgd", "adamw", "lamb"}))
+      ->capture_default_str();
+  app.add_option("--recompute", o.recompute, "none or blocks")
+      ->check(CLI::IsMember({"none", "blocks"}))
+      ->capture_default_str();
+  app.add_option("--ranks", o.ranks, "Data-parallel processes")->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--zero", o.zero, "0, or 1: ZeRO stage 1 over the ranks")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
+  app.add_option("--memory", o.memory, "The memory to fit, e.g. 16GiB (default: the device's, with --device cuda:N)");
+  app.add_option("--device", o.device,
+                 "What to plan for: cpu, or cuda / cuda:N (GPU layouts and headroom; with no "
+                 "--memory, that GPU's memory)")
+      ->capture_default_str();
+  app.add_option("--json", o.json, "Also write the plan as JSON here");
+}
+
+int run_plan(const PlanOptions& o) {
+  const ModelFamily& family = model_family(o.model);
+  const Device target = Device::parse(o.device);
+  KILN_CHECK(!target.is_meta(), "--device meta: plan for the device the run will use (cpu, cuda or cuda:N)");
+  KILN_CHECK(!(o.zero == 1 && o.optimizer == "lamb"),
+             "--zero 1 with --optimizer lamb: LAMB's trust ratio needs "
+             "whole tensors (use adamw or sgd)");
+  size_t memory = 0;
+  std::string memory_from;
+  if (!o.memory.empty()) {
+    memory = parse_bytes(o.memory, "--memory");
+    memory_from = "--memory " + o.memory;
+  } else if (target.is_cuda()) {
+    const cuda::RuntimeInfo info = cuda::query_runtime();
+    KILN_CHECK(target.index < int(info.devices.size()), "--device ", o.device, ": ", info.devices.size(),
+               " CUDA device(s) visible", info.error.empty() ? "" : " (" + info.error + ")",
+               "; give the memory to plan for with --memory 16GiB");
+    memory = info.devices[size_t(target.index)].total_bytes;
+    memory_from = o.device + " (" + info.devices[size_t(target.index)].name + ")";
+  }
+  const int64_t batch = o.batch > 0 ? o.batch : synthetic_step(o.model, 0, 1, 1, 0, o.sets, kMeta).batch;
+  const MemoryPlan p = plan_memory(o, batch);
+  const bool images = family.input == ModelInput::images;
+  std::printf("kiln plan: %s, batch %lld%s, %s, amp %s, recompute %s, %d rank(s)%s, for %s%s\n", o.model.c_str(),
+              (long long)batch, images ? "" : (" x " + std::to_string(o.seq_len) + " tokens").c_str(),
+              o.optimizer.c_str(), o.amp.c_str(), o.recompute.c_str(), o.ranks,
+              o.ranks > 1 ? (o.zero ? " with ZeRO-1" : " data parallel") : "", target.is_cuda() ? "a GPU" : "the CPU",
+              " (the model's own code on meta tensors: shapes, no data)");
+  auto row = [](const char* what, size_t bytes, const std::string& note) {
+    std::printf("  %-22s %12s   %s\n", what, mib(bytes).c_str(), note.c_str());
+  };
+  row("parameters", p.parameters, std::to_string(p.num_parameters) + " f32 values");
+  row("buffers", p.buffers, "batch-norm statistics and the like");
+  row("gradients", p.gradients, "");
+  row("optimizer state", p.optimizer_state, o.ranks > 1 && o.zero ? "this rank's 1/" + std::to_string(o.ranks) : "");
+  row("f32 master copies", p.master_copies, "none: weights stay f32; autocast's 16-bit copies are activations");
+  row("communication", p.comm_buffers,
+      o.ranks > 1 ? (o.zero ? "a bucket of gradients being reduce-scattered" : "the gradient buckets' flat f32 copy")
+                  : "one process");
+  row("activations", p.activations, "kept for backward; by block, largest first:");
+  size_t shown = 0;
+  for (const auto& [n, b] : p.blocks) {
+    if (shown++ == 8) {
+      std::printf("    ... %zu more blocks\n", p.blocks.size() - 8);
+      break;
+    }
+    std::printf("    %-20s %12s\n", n.c_str(), mib(b).c_str());
+  }
+  row("workspace", p.workspace, "at the peak: gradients as backward makes them, temporaries");
+  row("predicted peak", p.peak, target.is_cuda() ? "(a GPU adds its context and the allocator's rounding)" : "");
+  nlohmann::json j = {{"model", o.model}, {"batch", batch}, {"device", o.device}, {"plan", p.to_json()}};
+  if (memory > 0) {
+    const bool fits = plan_fits(p, memory, target);
+    std::printf("memory %s from %s: %s\n", mib(memory).c_str(), memory_from.c_str(), fits ? "fits" : "does not fit");
+    j["memory"] = memory;
+    j["fits"] = fits;
+    const auto [micro, mp] = fits ? std::make_pair(batch, p) : largest_micro_batch(o, batch, memory, target);
+    if (micro == 0) {
+      std::printf("even a micro-batch of 1 does not fit: it needs %s at the peak\n", mib(mp.peak).c_str());
+    } else {
+      std::printf(
+          "largest micro-batch that fits: %lld (peak %s), with --accum-steps %lld for the batch of %lld "
+          "(or kiln train --micro-batch auto)\n",
+          (long long)micro, mib(mp.peak).c_str(), (long long)(batch / micro), (long long)batch);
+    }
+    j["micro_batch"] = micro;
+    j["accum_steps"] = micro ? batch / micro : 0;
+  }
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    f << j.dump(2) << "\n";
+    KILN_CHECK(f.good(), "--json ", o.json, ": cannot write");
+  }
+  return 0;
+}
+
+}  // namespace kiln::tools

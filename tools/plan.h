@@ -1,0 +1,59 @@
+// `kiln plan`: what a training step needs in memory, predicted by running the real model code on
+// the meta device (shapes only, no data, no kernels): parameters, gradients, optimizer state,
+// activations kept for backward (per block), workspace and the peak; whether it fits a memory,
+// and the largest micro-batch that does. `kiln train --micro-batch auto` asks it too.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace kiln::tools {
+
+struct PlanOptions {
+  std::string model = "resnet20";
+  std::vector<std::string> sets;
+  int64_t batch = 0;  // the effective batch (0: the model family's default, as kiln bench train)
+  int64_t seq_len = 128, image_size = 0, in_channels = 0;
+  std::string amp = "off", optimizer = "sgd", recompute = "none";
+  int ranks = 1, zero = 0;
+  std::string memory;          // "16GiB", "512MiB" (empty: the device's, for --device cuda:N)
+  std::string device = "cpu";  // what is planned for: cpu, cuda, cuda:N
+  std::string json;
+};
+
+// The bytes of one step at one micro-batch. Every figure but the communication buffers comes from
+// running the step on meta tensors; those (data-parallel buckets, ZeRO's shards) are computed from
+// the parameters for `ranks` processes.
+struct MemoryPlan {
+  int64_t micro_batch = 0;
+  int64_t num_parameters = 0;
+  size_t parameters = 0, buffers = 0, gradients = 0, optimizer_state = 0, master_copies = 0, comm_buffers = 0,
+         activations = 0, workspace = 0, peak = 0;
+  std::vector<std::pair<std::string, size_t>> blocks;  // activations kept per block, largest first
+  nlohmann::json to_json() const;
+};
+
+// Runs two training steps of o.model at `micro_batch` on `dev` (meta: predicted; cpu: measured,
+// by counting the CPU allocator) and returns the second step's memory.
+MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev);
+// The plan on meta for the device o.device names.
+MemoryPlan plan_memory(const PlanOptions& o, int64_t micro_batch);
+// Whether a plan fits `memory` bytes on `device` (a GPU also needs its context and the caching
+// allocator's rounding: 12.5% and 512 MiB of headroom).
+bool plan_fits(const MemoryPlan& p, size_t memory, Device device);
+// The largest divisor of `batch` whose plan fits (0 when even 1 does not), with that plan.
+std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t batch, size_t memory, Device device);
+// "16GiB", "16 GB", "512MiB", "1.5G", a plain byte count; an error names `flag` otherwise.
+size_t parse_bytes(const std::string& s, const std::string& flag);
+std::string mib(size_t bytes);
+
+void add_plan_flags(CLI::App& app, PlanOptions& o);
+int run_plan(const PlanOptions& o);
+
+}  // namespace kiln::tools
