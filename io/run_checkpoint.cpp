@@ -34,18 +34,20 @@ WindowStats WindowStats::from_json(const json& w, double comm) {
 }
 
 json RunState::to_json() const {
-  return {{"step", step},
-          {"epoch", epoch},
-          {"batch", batch},
-          {"window", window.to_json()},
-          {"window_comm", window.comm_s},
-          {"rng_ranks", rng_ranks},
-          {"epoch_sums", epoch_sums.to_json()},
-          {"train_seconds", train_seconds},
-          {"samples_seen", samples_seen},
-          {"epochs_log", epochs_log},
-          {"last_eval", {last_eval_loss, last_eval_accuracy, last_eval_count}},
-          {"scaler", {{"scale", scaler.scale}, {"growth_tracker", scaler.growth_tracker}, {"skipped", scaler.skipped}}}};
+  return {
+      {"step", step},
+      {"epoch", epoch},
+      {"batch", batch},
+      {"micro_batch", micro_batch},
+      {"window", window.to_json()},
+      {"window_comm", window.comm_s},
+      {"rng_ranks", rng_ranks},
+      {"epoch_sums", epoch_sums.to_json()},
+      {"train_seconds", train_seconds},
+      {"samples_seen", samples_seen},
+      {"epochs_log", epochs_log},
+      {"last_eval", {last_eval_loss, last_eval_accuracy, last_eval_count}},
+      {"scaler", {{"scale", scaler.scale}, {"growth_tracker", scaler.growth_tracker}, {"skipped", scaler.skipped}}}};
 }
 
 RunState RunState::from_json(const json& j) {
@@ -53,6 +55,7 @@ RunState RunState::from_json(const json& j) {
   r.step = j.at("step");
   r.epoch = j.at("epoch");
   r.batch = j.at("batch");
+  r.micro_batch = j.value("micro_batch", int64_t(0));
   r.window = WindowStats::from_json(j.at("window"), j.value("window_comm", 0.0));
   r.rng_ranks = j.value("rng_ranks", json::array());
   r.epoch_sums = EpochStats::from_json(j.at("epoch_sums"));

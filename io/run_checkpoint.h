@@ -57,6 +57,7 @@ struct EpochStats {
 
 struct RunState {
   int64_t step = 0, epoch = 0, batch = 0;  // optimizer steps done; where the loader continues
+  int64_t micro_batch = 0;                 // the loader's batch size that `batch` counts in (0: the config's --batch)
   WindowStats window;
   EpochStats epoch_sums;
   double train_seconds = 0;

@@ -280,3 +280,62 @@ TEST_CASE("train: --recompute blocks trains the same ResNet-20 and BERT-tiny (dr
       CHECK_MESSAGE(kiln::allclose(t, weights[1].tensors.at(name), 0, 0), name);
   }
 }
+
+// --micro-batch: under a CPU memory cap, `auto` takes the planner's micro-batch and a too-large
+// explicit one is halved at its first out-of-memory error (the step redone on the same samples);
+// either way the run logs the uncapped run's losses (BERT without dropout: the micro-batches'
+// gradients add up to the batch's). A cap too small for one sample stops before any work; a
+// checkpoint taken with small micro-batches resumes with another micro-batch.
+TEST_CASE("train: --micro-batch auto and out-of-memory halving under --memory-cap keep the run's losses") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_micro");
+  auto r = run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  fortunes_tsv(d / "train.tsv", {"computers", "food"}, 3, 1);
+  fortunes_tsv(d / "eval.tsv", {"computers", "food"}, 9, 0);
+  const std::string common = "train --model bert-tiny --task classify --train-tsv " + d / "train.tsv" + " --eval-tsv " +
+                             d / "eval.tsv" + " --vocab " + d / "vocab.txt" +
+                             " --set hidden_dropout=0 --set attention_dropout=0 --seq-len 64 --max-steps 4 --epochs 1 "
+                             "--optimizer sgd --momentum 0.9 --weight-decay 0 --lr 0.05 --warmup 0 --log-every 1 "
+                             "--threads 2 --seed 5 --batch 16 --save-every 2 --limit-eval 64";
+  auto losses = [&](const std::string& out) {
+    std::vector<double> l;
+    for (const auto& m : read_jsonl(out + "/metrics.jsonl"))
+      if (m.contains("loss")) l.push_back(m["loss"].get<double>());
+    return l;
+  };
+  r = run_kiln(common + " --out " + d / "plain", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto want = losses(d / "plain");
+  REQUIRE(want.size() == 4);
+  r = run_kiln(common + " --micro-batch auto --memory-cap 12MiB --out " + d / "auto", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "--micro-batch auto: "), r.output);
+  r = run_kiln(common + " --micro-batch 16 --memory-cap 12MiB --out " + d / "halved", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "out of memory with micro-batch 16 (CPU memory cap reached"), r.output);
+  CHECK_MESSAGE(contains(r.output, "redoing step 1 with micro-batch 8 x 2 accumulation steps"), r.output);
+  for (const char* run : {"auto", "halved"}) {
+    CAPTURE(std::string(run));
+    const auto got = losses(d / run);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    const json s = json::parse(read_text(d / run + "/summary.json"));
+    CHECK(s["config"]["micro_batch_used"].get<int64_t>() < 16);
+  }
+  // The halved run's step-2 checkpoint counts its position in its small micro-batches.
+  r = run_kiln(common + " --micro-batch 16 --resume " + d / "halved/checkpoints/step-000000002.kiln --out " + d / "res",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 2"), r.output);
+  const auto res = losses(d / "res");  // steps 3 and 4, in a new directory
+  REQUIRE(res.size() == 2);
+  for (size_t i = 0; i < res.size(); ++i) CHECK(res[i] == doctest::Approx(want[i + 2]).epsilon(1e-5));
+  r = run_kiln(common + " --micro-batch auto --memory-cap 4MiB --out " + d / "tiny", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--micro-batch auto: even a micro-batch of 1 needs"), r.output);
+  CHECK(!std::filesystem::exists(d / "tiny/metrics.jsonl"));
+  r = run_kiln(common + " --micro-batch 5 --out " + d / "five", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--micro-batch 5: expected auto or a number dividing --batch 16"), r.output);
+}

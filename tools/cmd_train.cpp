@@ -25,9 +25,11 @@
 #include "io/tensorboard.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/runtime_info.h"
 #include "runtime/nccl_comm.h"
 #include "tools/commands.h"
 #include "tools/environment.h"
+#include "tools/plan.h"
 #include "tools/report.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
@@ -285,8 +287,16 @@ class Trainer {
     } catch (const Error& e) {
       return fail(e.message());
     }
+    // The loader's batch: --batch, or a micro-batch of it (--micro-batch N, or auto from the planner).
+    micro_ = c_.batch;
+    if (!c_.memory_cap.empty()) cap_.set(parse_bytes(c_.memory_cap, "--memory-cap"));
+    if (c_.micro_batch == "auto") {
+      if (const int rc = plan_micro_batch(); rc >= 0) return rc;
+    } else if (!c_.micro_batch.empty()) {
+      micro_ = std::stoll(c_.micro_batch);
+    }
     io::LoaderOptions lo;
-    lo.batch_size = c_.batch;
+    lo.batch_size = micro_;
     lo.seed = c_.seed;
     lo.workers = c_.workers;
     lo.drop_last = true;  // equal batches: batch-norm statistics from a handful of samples would be noise
@@ -295,7 +305,7 @@ class Trainer {
     lo.pin_memory = device_.is_cuda();  // batch copies to the GPU never block the host
     loader_ = std::make_unique<io::DataLoader>(task_.train_data, lo);
     // Optimizer steps per epoch: each takes --accum-steps micro-batches; a last partial group is dropped.
-    accum_ = c_.accum_steps;
+    accum_ = c_.accum_steps * (c_.batch / micro_);
     spe_ = loader_->batches_per_epoch() / accum_;
     if (spe_ < 1) {
       const auto n = std::to_string(task_.train_data->size());
@@ -350,7 +360,8 @@ class Trainer {
     resolved_["total_steps"] = total_steps_;
     resolved_["parameters"] = model().num_parameters();
     resolved_["world_size"] = world_;
-    global_batch_ = c_.batch * accum_ * world_;  // samples per optimizer step, all ranks
+    global_batch_ = micro_ * accum_ * world_;  // samples per optimizer step, all ranks
+    if (!c_.micro_batch.empty()) resolved_["micro_batch_used"] = micro_;
     resolved_["global_batch"] = global_batch_;
     resolved_["data_info"] = task_.data_info;
 
@@ -420,6 +431,9 @@ class Trainer {
           KILN_FAIL(path, " was written by a run with another configuration; resuming would not continue it:", msg);
         }
         run_ = lr.run;
+        // The position counts the saving run's micro-batches: in this run's (both divide the batch).
+        const int64_t saved_micro = run_.micro_batch > 0 ? run_.micro_batch : c_.batch;
+        if (saved_micro != micro_) run_.batch = run_.batch * saved_micro / micro_;
         if (int64_t(run_.rng_ranks.size()) == world_) {  // this rank's own generator
           default_generator().seed = run_.rng_ranks[size_t(rank_)][0].get<uint64_t>();
           default_generator().offset = run_.rng_ranks[size_t(rank_)][1].get<uint64_t>();
@@ -450,6 +464,101 @@ class Trainer {
   // add up to those of one batch of accum x batch samples; then the ranks agree and the weights
   // move. -1 to go on, else the exit code.
   int step(double lr, StepStats& s) {
+    const int64_t start = run_.batch;
+    for (;;) {
+      try {
+        return step_once(lr, s);
+      } catch (const OutOfMemory& e) {
+        // With micro-batches, one process: free the step, halve the micro-batch, redo the step on
+        // the same samples. (Several ranks would have to agree first; there it stays an error.)
+        if (c_.micro_batch.empty() || world_ > 1) throw;
+        if (const int rc = shrink_micro_batch(e, start); rc >= 0) return rc;
+        s = StepStats{};
+      }
+    }
+  }
+
+  // The planner's micro-batch for the memory there is: a GPU's free memory, the --memory-cap less
+  // what the data already holds, or the host's available memory; every rank takes the smallest.
+  int plan_micro_batch() {
+    PlanOptions po;
+    po.model = c_.model;
+    po.sets = task_.model_sets;
+    po.seq_len = c_.seq_len;
+    po.amp = c_.amp;
+    po.optimizer = c_.optimizer;
+    po.recompute = c_.recompute;
+    po.ranks = world_;
+    po.zero = c_.zero;
+    po.device = device_.is_cuda() ? "cuda" : "cpu";
+    if (model_family(c_.model).input == ModelInput::images) {  // the data's own image shape
+      const io::Batch one = task_.train_data->get_batch({0}, 0);
+      const Tensor& x = one.at("input");
+      po.in_channels = x.size(1);
+      po.image_size = std::max(x.size(2), x.size(3));
+    }
+    size_t memory = 0;
+    std::string from;
+    if (device_.is_cuda()) {
+      const cuda::RuntimeInfo info = cuda::query_runtime();
+      memory = info.devices.at(size_t(device_.index)).free_bytes;
+      from = "free on " + device_.str();
+    } else if (cap_.bytes > 0) {
+      const size_t held = cpu_memory_stats().allocated;
+      memory = cap_.bytes > held ? cap_.bytes - held : 0;
+      from = "--memory-cap " + c_.memory_cap + " leaves beside the " + mib(held) + " the data holds";
+    } else {
+      memory = host_available_bytes();
+      from = "available on this machine";
+    }
+    auto [m, p] = largest_micro_batch(po, c_.batch, memory, device_);
+    if (world_ > 1) {
+      Tensor t = from_vector({double(m)}, {1}, DType::i64);
+      comm_->all_reduce(t, dist::ReduceOp::min);
+      m = t.item<int64_t>();
+    }
+    if (m == 0)
+      return fail("--micro-batch auto: even a micro-batch of 1 needs " + mib(p.peak) + " at the peak (`kiln plan` " +
+                  "shows where it goes), more than the " + mib(memory) + " " + from);
+    micro_ = m;
+    if (lead_)
+      std::printf(
+          "kiln train: --micro-batch auto: %lld x %lld accumulation steps for the batch of %lld (planned peak "
+          "%s of the %s %s)\n",
+          (long long)m, (long long)(c_.batch / m), (long long)c_.batch, mib(p.peak).c_str(), mib(memory).c_str(),
+          from.c_str());
+    return -1;
+  }
+
+  // After an out-of-memory error inside a step that began at loader batch `start`: the next smaller
+  // micro-batch (half, or the next divisor of --batch), the accumulation to match, and the loader
+  // back at the step's first sample. -1 to redo the step, else the exit code.
+  int shrink_micro_batch(const OutOfMemory& e, int64_t start) {
+    opt_->zero_grad();
+    if (zero_) zero_->zero_grad();
+    int64_t next = micro_ % 2 == 0 ? micro_ / 2 : 0;
+    if (next == 0)
+      for (int64_t d = micro_ - 1; d >= 1; --d)
+        if (c_.batch % d == 0) {
+          next = d;
+          break;
+        }
+    if (next < 1) return fail("out of memory with a micro-batch of 1: " + e.message(), 1);
+    progress_->line("kiln train: out of memory with micro-batch " + std::to_string(micro_) + " (" + e.message() +
+                    "): redoing step " + std::to_string(run_.step + 1) + " with micro-batch " + std::to_string(next) +
+                    " x " + std::to_string(c_.batch / next) + " accumulation steps");
+    run_.batch = start * micro_ / next;
+    micro_ = next;
+    accum_ = c_.accum_steps * (c_.batch / micro_);
+    io::LoaderOptions lo = loader_->options();
+    lo.batch_size = micro_;
+    loader_ = std::make_unique<io::DataLoader>(task_.train_data, lo);
+    loader_->seek({run_.epoch, run_.batch});
+    resolved_["micro_batch_used"] = micro_;
+    return -1;
+  }
+
+  int step_once(double lr, StepStats& s) {
     opt_->set_lr(lr);
     opt_->zero_grad();
     if (zero_) zero_->zero_grad();
@@ -522,6 +631,7 @@ class Trainer {
     run_.window.opt_s += since(t0);
     ++run_.step;
     run_.batch = loader_->position().batch;
+    run_.micro_batch = micro_;
     run_.window.add(s);
     run_.epoch_sums.add(s);
     run_.samples_seen += s.samples;
@@ -633,7 +743,9 @@ class Trainer {
 
   // ---- the end of an epoch: evaluate, print and log it ----
   void evaluate_epoch(double epoch_s) {
-    const EvalResult ev = evaluate(task_, c_, comm_.get());
+    TrainConfig ec = c_;
+    ec.batch = micro_;  // what fits for training fits for evaluation
+    const EvalResult ev = evaluate(task_, ec, comm_.get());
     const EpochStats& e = run_.epoch_sums;
     char buf[256];
     std::snprintf(buf, sizeof buf, "epoch %lld: train loss %.4f %s %.2f%% | test loss %.4f %s %.2f%% | %.1f s (+%.1f s eval)",
@@ -781,6 +893,17 @@ class Trainer {
   Task task_;
   std::unique_ptr<io::DataLoader> loader_;
   int64_t accum_ = 1, spe_ = 0, total_steps_ = 0, global_batch_ = 0;
+  int64_t micro_ = 0;  // the loader's batch: --batch, or its micro-batch
+  struct CpuCap {      // --memory-cap, lifted when the run ends (kiln.train shares the process)
+    size_t bytes = 0;
+    void set(size_t b) {
+      bytes = b;
+      set_cpu_memory_cap(b);
+    }
+    ~CpuCap() {
+      if (bytes) set_cpu_memory_cap(0);
+    }
+  } cap_;
   std::unique_ptr<optim::Optimizer> opt_;
   optim::LrSchedule sched_;
   std::vector<Tensor> params_;

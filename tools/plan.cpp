@@ -9,6 +9,7 @@
 #include "engine/autocast.h"
 #include "engine/dist.h"
 #include "engine/optim.h"
+#include "engine/random.h"
 #include "kernels/cuda/runtime_info.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
@@ -46,6 +47,16 @@ size_t parse_bytes(const std::string& s, const std::string& flag) {
   KILN_CHECK(used > 0 && scale > 0 && v > 0 && std::isfinite(v), flag, " ", s,
              ": expected an amount of memory such as 16GiB, 512MiB or 1.5G");
   return size_t(v * scale);
+}
+
+size_t host_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib << 10;
+  return 0;
 }
 
 nlohmann::json MemoryPlan::to_json() const {
@@ -91,6 +102,10 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
   MemoryPlan p;
   p.micro_batch = micro_batch;
   const size_t base = stats_of(dev).allocated;
+  struct KeepRandomStream {  // a plan inside a run must not move the run's random stream
+    Generator saved = default_generator();
+    ~KeepRandomStream() { default_generator() = saved; }
+  } keep;
   manual_seed(1);
   SyntheticStep st = synthetic_step(o.model, micro_batch, o.seq_len, o.image_size, o.in_channels, sets, dev);
   st.model->train();

@@ -52,6 +52,8 @@ std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t
 // "16GiB", "16 GB", "512MiB", "1.5G", a plain byte count; an error names `flag` otherwise.
 size_t parse_bytes(const std::string& s, const std::string& flag);
 std::string mib(size_t bytes);
+// MemAvailable of /proc/meminfo (what the host can give without swapping), or 0 when unknown.
+size_t host_available_bytes();
 
 void add_plan_flags(CLI::App& app, PlanOptions& o);
 int run_plan(const PlanOptions& o);

@@ -136,6 +136,7 @@ Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train,
   KILN_CHECK(rc.num_classes >= classes, "--set num_classes=", rc.num_classes, ": the ", c.data, " labels need ", classes);
   auto model = models::make_resnet(rc);
   Task t = task_of(c, "classify", "accuracy", model, train, test);
+  t.model_sets = sets;
   const double smoothing = c.label_smoothing;
   const Device dev = c.resolved_device();
   const MemoryFormat fmt = c.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous;
@@ -168,12 +169,18 @@ class Subset final : public io::Dataset {
 
 // The size's config sized to the vocabulary (and `extra`), then the user's --set; checked against
 // the vocabulary and the sequence length.
-models::BertConfig bert_config_for(const TrainConfig& c, const BertName& bn, const io::WordPieceTokenizer& tok,
-                                   std::vector<std::string> extra) {
+std::vector<std::string> bert_sets_for(const TrainConfig& c, const io::WordPieceTokenizer& tok,
+                                       const std::vector<std::string>& extra) {
   std::vector<std::string> sets = {"vocab_size=" + std::to_string(tok.vocab().size())};
-  if (c.recompute == "blocks") sets.push_back("recompute=1");
   sets.insert(sets.end(), extra.begin(), extra.end());
   sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+  return sets;
+}
+
+models::BertConfig bert_config_for(const TrainConfig& c, const BertName& bn, const io::WordPieceTokenizer& tok,
+                                   std::vector<std::string> extra) {
+  std::vector<std::string> sets = bert_sets_for(c, tok, extra);
+  if (c.recompute == "blocks") sets.push_back("recompute=1");
   const models::BertConfig bc = bert_config_from(bn.size, sets);
   KILN_CHECK(bc.vocab_size == tok.vocab().size(), "--set vocab_size=", bc.vocab_size, ": ", c.vocab, " holds ",
              tok.vocab().size(), " tokens");
@@ -202,6 +209,7 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
   }
   auto model = std::make_shared<models::BertForMaskedLM>(bert_config_for(c, bn, *tok, {}));
   Task t = task_of(c, "mlm", "mlm_accuracy", model, train, eval);
+  t.model_sets = bert_sets_for(c, *tok, {});
   const Device dev = c.resolved_device();
   t.step = [model, dev](const io::Batch& b) {
     const Tensor& labels = b.at("labels");  // read on the host: batches are made on the CPU
@@ -238,6 +246,7 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
   auto model = std::make_shared<models::BertForSequenceClassification>(
       bert_config_for(c, bn, *tok, {"num_labels=" + std::to_string(train->label_names().size())}));
   Task t = task_of(c, "classify", "accuracy", model, train, eval);
+  t.model_sets = bert_sets_for(c, *tok, {"num_labels=" + std::to_string(train->label_names().size())});
   const double smoothing = c.label_smoothing;
   const Device dev = c.resolved_device();
   t.step = [model, smoothing, dev](const io::Batch& b) {

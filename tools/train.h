@@ -40,6 +40,11 @@ struct TrainConfig {
   // schedule of the run
   int64_t epochs = 1, batch = 128, max_steps = 0;
   int64_t accum_steps = 1;  // micro-batches per optimizer step
+  // "" (the loader's batch is --batch), "auto" (the largest that fits, from the memory planner) or a
+  // number dividing --batch; then --batch is split into micro-batches whose gradients accumulate,
+  // and a step that runs out of memory is redone with half the micro-batch.
+  std::string micro_batch;
+  std::string memory_cap;  // CPU: the most bytes tensors may hold ("8GiB"), as a smaller machine would
   std::string optimizer = "sgd";
   double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0.0, clip_grad_norm = 0.0;
   bool nesterov = true;
@@ -103,6 +108,8 @@ struct Task {
   std::function<StepResult(const io::Batch&)> step;  // forward + loss in the model's current mode
   nlohmann::json data_info;
   std::function<int64_t()> bad_samples;  // unreadable samples skipped so far (image folders), if it applies
+  std::vector<std::string> model_sets;   // the --set overrides the model was built with (the data's sizes
+                                         // and the user's), for the memory planner
 };
 // Builds the task the config names (the first row of task_kinds() that takes it), its model moved
 // to the run's device.

@@ -8,6 +8,7 @@
 #include "engine/optim.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tools/environment.h"
+#include "tools/plan.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
 
@@ -60,6 +61,13 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                "ResNet: feed batches as channels_last (NHWC) tensors, so every activation stays NHWC and cuDNN's "
                "tensor-core convolutions need no layout transposes; on the CPU it only adds copies")
       ->capture_default_str();
+  app.add_option("--micro-batch", c.micro_batch,
+                 "auto, or a number dividing --batch: split each batch into micro-batches whose gradients "
+                 "accumulate (auto: the largest that fits the memory, from the planner, `kiln plan`); a step that "
+                 "runs out of memory is redone with half the micro-batch and twice the accumulation");
+  app.add_option("--memory-cap", c.memory_cap,
+                 "CPU: the most memory tensors may hold, e.g. 8GiB (an allocation past it fails as on a full GPU; "
+                 "--micro-batch auto plans for it)");
   app.add_option("--zero", c.zero,
                  "0, or 1: ZeRO stage 1 over the ranks (gradients reduce-scattered, each rank updates and keeps "
                  "the optimizer state of 1/N of the parameters, parameters all-gathered; sgd and adamw)")
@@ -228,6 +236,33 @@ std::vector<std::string> validate(const TrainConfig& c) {
   const bool images = family != nullptr && family->input == ModelInput::images;
   const bool tokens = family != nullptr && family->input == ModelInput::tokens;
   if (family == nullptr) e.push_back(unknown_model_message(c.model));
+  if (!c.micro_batch.empty() && c.micro_batch != "auto") {
+    int64_t m = 0;
+    try {
+      size_t used = 0;
+      m = std::stoll(c.micro_batch, &used);
+      if (used != c.micro_batch.size()) m = 0;
+    } catch (const std::exception&) {
+      m = 0;
+    }
+    if (m <= 0 || c.batch % m != 0)
+      e.push_back("--micro-batch " + c.micro_batch + ": expected auto or a number dividing --batch " +
+                  std::to_string(c.batch));
+  }
+  if (!c.micro_batch.empty() && c.accum_steps > 1)
+    e.push_back("--micro-batch with --accum-steps " + std::to_string(c.accum_steps) +
+                ": --micro-batch splits --batch into accumulation steps itself (give the whole batch as --batch)");
+  if (!c.memory_cap.empty()) {
+    try {
+      parse_bytes(c.memory_cap, "--memory-cap");
+    } catch (const Error& err) {
+      e.push_back(err.message());
+    }
+    if (c.device != "cpu")
+      e.push_back("--memory-cap " + c.memory_cap +
+                  ": caps CPU memory (--device cpu); a GPU's "
+                  "own memory is its cap");
+  }
   if (c.zero == 1 && c.optimizer == "lamb")
     e.push_back(
         "--zero 1: LAMB's trust ratio needs whole tensors, and ZeRO splits them over the ranks (use "
@@ -307,6 +342,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"channels_last", channels_last},
           {"recompute", recompute},
           {"zero", zero},
+          {"micro_batch", micro_batch},
+          {"memory_cap", memory_cap},
           {"loss_scale", loss_scale},
           {"loss_scale_window", loss_scale_window},
           {"out", out},

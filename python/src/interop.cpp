@@ -89,6 +89,7 @@ template <typename... F> nb::ndarray<F...> view_of(const Tensor& t) {
     shape.push_back(size_t(t.size(i)));
     strides.push_back(t.stride(i));
   }
+  if (t.device().is_meta()) value_error("a meta tensor holds a shape but no memory: nothing to share");
   const int dev_type = t.device().is_cuda() ? kDLCUDA : kDLCPU;
   return nb::ndarray<F...>(t.raw_data(), shape.size(), shape.data(), owner, strides.data(), dl_dtype(t.dtype()),
                            dev_type, t.device().index);

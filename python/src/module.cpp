@@ -196,7 +196,9 @@ NB_MODULE(_C, m) {
   nb::class_<Device>(m, "Device", "A device: kiln.Device(\"cpu\"), kiln.Device(\"cuda:1\").")
       .def(
           "__init__", [](Device* d, nb::handle spec) { new (d) Device(to_device(spec)); }, nb::arg("spec"))
-      .def_prop_ro("type", [](const Device& d) { return d.is_cpu() ? "cpu" : "cuda"; })
+      .def_prop_ro("type", [](const Device& d) { return d.is_cpu()    ? "cpu"
+                                                        : d.is_meta() ? "meta"
+                                                                      : "cuda"; })
       .def_prop_ro("index", [](const Device& d) { return d.index; })
       .def("__str__", &Device::str)
       .def("__repr__", [](const Device& d) { return "kiln.Device('" + d.str() + "')"; })
