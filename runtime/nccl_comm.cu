@@ -142,6 +142,10 @@ class NcclComm final : public dist::Communicator {
     after("all_gather", out.nbytes())->wait();
   }
   void reduce_scatter(const Tensor& in, const Tensor& out, dist::ReduceOp op) override {
+    reduce_scatter_async(in, out, op)->wait();
+  }
+  // On the NCCL stream, returning at once (ZeRO's buckets go out while backward runs).
+  std::shared_ptr<dist::Work> reduce_scatter_async(const Tensor& in, const Tensor& out, dist::ReduceOp op) override {
     KILN_CHECK(in.numel() == out.numel() * size_ && out.dtype() == in.dtype(), "reduce_scatter: ", in.type_str(),
                " must hold ", size_, " x ", out.numel(), " elements of ", out.dtype());
     if (in.device().is_cpu() || out.device().is_cpu()) {
@@ -149,7 +153,10 @@ class NcclComm final : public dist::Communicator {
       reduce_scatter(di, dout, op);
       Tensor(out).copy_(dout);
       synchronize(device_);
-      return;
+      struct Done final : dist::Work {
+        void wait() override {}
+      };
+      return std::make_shared<Done>();
     }
     check(in, "reduce_scatter");
     check(out, "reduce_scatter");
@@ -158,7 +165,7 @@ class NcclComm final : public dist::Communicator {
     settle(ncclReduceScatter(in.raw_data(), out.raw_data(), size_t(out.numel()), nccl_type(out.dtype()), nccl_op(op),
                              comm_, stream_),
            "ncclReduceScatter", in.nbytes());
-    after("reduce_scatter", in.nbytes())->wait();
+    return after("reduce_scatter", in.nbytes());
   }
   void barrier() override {
     Tensor one = ones({1}, TensorOptions(DType::f32, cuda_device(device_)));

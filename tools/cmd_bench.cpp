@@ -1,21 +1,24 @@
 // `kiln bench train`: full training steps (forward, backward, optimizer) on synthetic batches,
 // timed after warm-up. Prints median ms/step and samples/s, and writes JSON with --json.
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
+#include <thread>
 
 #include "base/thread_pool.h"
 #include "engine/amp.h"
 #include "engine/autocast.h"
 #include "engine/dist.h"
 #include "engine/optim.h"
+#include "engine/zero.h"
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "tools/environment.h"
 #include "tools/machine.h"
+#include "tools/plan.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
 
@@ -33,6 +36,12 @@ void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
   app.add_option("--threads", o.threads, "CPU threads (0: KILN_NUM_THREADS or all)")->check(CLI::NonNegativeNumber);
   app.add_option("--amp", o.amp, "off, fp16 or bf16 (repeatable: each is timed; default off)")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
+  app.add_option("--recompute", o.recompute, "none or blocks (activation recomputation)")
+      ->check(CLI::IsMember({"none", "blocks"}))
+      ->capture_default_str();
+  app.add_option("--zero", o.zero, "0, or 1: ZeRO stage 1 over the ranks")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
   app.add_option("--json", o.json, "Write the rows to this JSON file");
 }
 
@@ -42,6 +51,8 @@ struct Timing {
   std::string input;
   int64_t batch = 0;  // samples per step, over all ranks
   double median_ms = 0, min_ms = 0, max_ms = 0;
+  size_t peak = 0;          // CPU bytes held at most during the timed steps (the most of any rank)
+  size_t planned_peak = 0;  // the planner's prediction of the same step (one rank; 0 otherwise)
 };
 
 // Full training steps of one model in one precision, on a fresh model seeded the same for each.
@@ -49,7 +60,9 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
                   dist::Communicator& comm) {
   const int world = comm.world_size();
   manual_seed(1);
-  const SyntheticStep st = synthetic_step(name, o.batch, o.seq_len, o.image_size, o.in_channels, {}, kCPU);
+  std::vector<std::string> sets;
+  if (o.recompute == "blocks") sets.push_back("recompute=1");
+  const SyntheticStep st = synthetic_step(name, o.batch, o.seq_len, o.image_size, o.in_channels, sets, kCPU);
   const std::shared_ptr<nn::Module> model = st.model;
   const std::function<Tensor()> step_loss = st.loss;
   const std::string input = st.input;
@@ -57,6 +70,11 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
   const ModelFamily& family = model_family(name);
   model->train();
   auto groups = optim::decay_groups(model->named_parameters(), 0.01, 1e-4);
+  std::unique_ptr<dist::ZeroRedundancy> zero;
+  if (o.zero == 1) {
+    zero = std::make_unique<dist::ZeroRedundancy>(*model, groups, comm);
+    groups = zero->shard_groups();
+  }
   std::unique_ptr<optim::Optimizer> opt;
   if (family.input == ModelInput::images) opt = std::make_unique<optim::SGD>(groups, optim::SgdOptions{0.9, 0, true});
   else opt = std::make_unique<optim::AdamW>(groups);
@@ -65,25 +83,30 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
   amp::GradScalerOptions so;
   so.enabled = low == DType::f16;
   amp::GradScaler scaler(so);
-  const std::vector<Tensor> params = model->parameters();
+  const std::vector<Tensor> params = zero ? zero->shard_params() : model->parameters();
   std::unique_ptr<dist::DataParallel> dp;
   if (world > 1) {
-    dp = std::make_unique<dist::DataParallel>(*model, comm);
+    if (!zero) dp = std::make_unique<dist::DataParallel>(*model, comm);
     scaler.agree = [&](Tensor& f) { comm.all_reduce(f, dist::ReduceOp::max); };
   }
   std::vector<double> ms;
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
+    if (i == o.warmup) reset_cpu_memory_peak();  // the timed steps' peak, optimizer state in place
     const auto t0 = std::chrono::steady_clock::now();
+    opt->zero_grad();
+    if (zero) zero->zero_grad();
     Tensor loss;
     {
       amp::AutocastGuard autocast(low.value_or(DType::f16), low.has_value());
       loss = step_loss();
     }
-    opt->zero_grad();
     scaler.scale(loss).backward();
+    loss = Tensor();
     if (dp) dp->finish();
+    if (zero) zero->finish();
     scaler.step(*opt, params);
     scaler.update();
+    if (zero) zero->gather();
     const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (i >= o.warmup) ms.push_back(t);
   }
@@ -92,8 +115,25 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
     comm.all_reduce(t, dist::ReduceOp::max);
     ms = t.to_vector();
   }
+  size_t peak = cpu_memory_stats().peak_allocated;
+  if (world > 1) {
+    Tensor t = from_vector({double(peak)}, {1}, DType::i64);
+    comm.all_reduce(t, dist::ReduceOp::max);
+    peak = size_t(t.item<int64_t>());
+  }
+  size_t planned = 0;
+  if (world == 1 && !low) {  // the planner on the same step (its optimizer as kiln train's default per family)
+    PlanOptions po;
+    po.model = name;
+    po.seq_len = o.seq_len;
+    po.image_size = o.image_size;
+    po.in_channels = o.in_channels;
+    po.recompute = o.recompute;
+    po.optimizer = family.input == ModelInput::images ? "sgd" : "adamw";
+    planned = plan_memory(po, batch).peak;
+  }
   std::sort(ms.begin(), ms.end());
-  return {input, batch * world, ms[ms.size() / 2], ms.front(), ms.back()};
+  return {input, batch * world, ms[ms.size() / 2], ms.front(), ms.back(), peak, planned};
 }
 
 }  // namespace
@@ -115,8 +155,8 @@ int run_bench_train(const BenchTrainOptions& o) {
                       .c_str()
                 : "");
   const std::vector<std::string> amps = o.amp.empty() ? std::vector<std::string>{"off"} : o.amp;
-  std::printf("%-12s %-5s %-22s %10s %10s %10s %12s %8s\n", "model", "amp", "input", "median ms", "min ms", "max ms",
-              "samples/s", "vs off");
+  std::printf("%-12s %-5s %-22s %10s %10s %10s %12s %8s %10s\n", "model", "amp", "input", "median ms", "min ms",
+              "max ms", "samples/s", "vs off", "peak MiB");
   for (const auto& name : names) {
     double off_ms = 0;
     for (const auto& amp_mode : amps) {
@@ -124,12 +164,23 @@ int run_bench_train(const BenchTrainOptions& o) {
       const double med = t.median_ms, sps = double(t.batch) * 1000.0 / med;
       if (amp_mode == "off") off_ms = med;
       const std::string vs = off_ms > 0 ? std::to_string(off_ms / med).substr(0, 4) + "x" : "-";
-      std::printf("%-12s %-5s %-22s %10.1f %10.1f %10.1f %12.1f %8s\n", name.c_str(), amp_mode.c_str(), t.input.c_str(),
-                  med, t.min_ms, t.max_ms, sps, vs.c_str());
-      nlohmann::json row = {{"model", name},         {"amp", amp_mode},     {"input", t.input},
-                            {"batch", t.batch},      {"threads", num_threads()}, {"ranks", world},
-                            {"median_ms", med},      {"min_ms", t.min_ms},  {"max_ms", t.max_ms},
-                            {"samples_per_s", sps},  {"steps", o.steps}};
+      std::printf("%-12s %-5s %-22s %10.1f %10.1f %10.1f %12.1f %8s %10.1f\n", name.c_str(), amp_mode.c_str(),
+                  t.input.c_str(), med, t.min_ms, t.max_ms, sps, vs.c_str(), double(t.peak) / double(1 << 20));
+      nlohmann::json row = {{"model", name},
+                            {"amp", amp_mode},
+                            {"input", t.input},
+                            {"batch", t.batch},
+                            {"threads", num_threads()},
+                            {"ranks", world},
+                            {"median_ms", med},
+                            {"min_ms", t.min_ms},
+                            {"max_ms", t.max_ms},
+                            {"samples_per_s", sps},
+                            {"steps", o.steps},
+                            {"recompute", o.recompute},
+                            {"zero", o.zero},
+                            {"peak_mib", double(t.peak) / double(1 << 20)}};
+      if (t.planned_peak) row["planned_peak_mib"] = double(t.planned_peak) / double(1 << 20);
       if (off_ms > 0) row["speedup_vs_off"] = off_ms / med;
       rows.push_back(row);
     }
@@ -198,6 +249,111 @@ int run_bench_scaling(const BenchScalingOptions& o) {
     std::ofstream f(o.json);
     KILN_CHECK(f.good(), o.json, ": cannot open for writing");
     f << nlohmann::json{{"bench", "scaling"}, {"model", o.model}, {"threads_per_rank", o.threads_per_rank}, {"rows", rows}}
+             .dump(2)
+      << "\n";
+  }
+  return 0;
+}
+
+void add_bench_memory_flags(CLI::App& app, BenchMemoryOptions& o) {
+  app.add_option("--model", o.models, "Models (repeatable; default: resnet50 and bert-base)");
+  app.add_option("--batch", o.batch, "Batch per rank (default: 8 for ResNets at 224x224, 2 for BERT)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seq-len", o.seq_len, "BERT sequence length")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--ranks", o.ranks, "Ranks of the data-parallel and ZeRO runs")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  app.add_option("--master-port", o.master_port, "First rendezvous port")->capture_default_str();
+  app.add_option("--json", o.json, "Write the rows to this JSON file");
+}
+
+int run_bench_memory(const BenchMemoryOptions& o) {
+  char self[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  KILN_CHECK(len > 0, "bench memory: cannot find the kiln binary (/proc/self/exe)");
+  const std::string kiln(self, size_t(len));
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("kiln_memory_" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> models =
+      o.models.empty() ? std::vector<std::string>{"resnet50", "bert-base"} : o.models;
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  std::printf(
+      "kiln bench memory: %s; CPU bytes held at the peak of a training step (the most of any rank), "
+      "median step time; %lld warm-up + %lld timed steps\n",
+      tools::cpu_line().c_str(), (long long)o.warmup, (long long)o.steps);
+  std::printf("%-10s %-22s %-26s %11s %11s %10s %12s %10s\n", "model", "input", "run", "peak MiB", "planned", "step ms",
+              "memory", "time");
+  nlohmann::json rows = nlohmann::json::array();
+  int port = o.master_port;
+  for (const auto& name : models) {
+    const bool images = model_family(name).input == ModelInput::images;
+    const int64_t batch = o.batch > 0 ? o.batch : images ? 8 : 2;
+    struct Run {
+      const char* label;
+      int ranks;
+      const char* flags;
+      int ref;  // the row it is compared with (-1: none)
+    };
+    const std::string dp = std::to_string(o.ranks) + " ranks, data parallel",
+                      zr = std::to_string(o.ranks) + " ranks, --zero 1";
+    const std::vector<Run> runs = {{"1 rank", 1, "", -1},
+                                   {"1 rank, --recompute blocks", 1, " --recompute blocks", 0},
+                                   {dp.c_str(), o.ranks, "", -1},
+                                   {zr.c_str(), o.ranks, " --zero 1", 2}};
+    std::vector<nlohmann::json> got;
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const Run& r = runs[k];
+      const std::string out = dir + "/" + name + std::to_string(k) + ".json";
+      const unsigned threads = std::max(1u, hw / unsigned(r.ranks));
+      std::string cmd = kiln + " bench train --model " + name + " --batch " + std::to_string(batch) + " --seq-len " +
+                        std::to_string(o.seq_len) + " --steps " + std::to_string(o.steps) + " --warmup " +
+                        std::to_string(o.warmup) + " --threads " + std::to_string(threads) + r.flags + " --json " + out;
+      if (r.ranks > 1)
+        cmd = kiln + " launch --nproc-per-node " + std::to_string(r.ranks) + " --master-port " +
+              std::to_string(++port) + " -- " + cmd;
+      cmd += " > " + dir + "/" + name + std::to_string(k) + ".log 2>&1";
+      const int rc = std::system(cmd.c_str());
+      std::ifstream f(out);
+      KILN_CHECK(rc == 0 && f.good(), "bench memory: ", name, " (", r.label, ") failed; its output is in ", dir, "/",
+                 name, k, ".log");
+      nlohmann::json j;
+      f >> j;
+      nlohmann::json row = j.at("rows").at(0);
+      row["run"] = r.label;
+      const double peak = row["peak_mib"].get<double>(), ms = row["median_ms"].get<double>();
+      std::string mem = "-", time = "-";
+      if (r.ref >= 0) {
+        const double rp = got[size_t(r.ref)]["peak_mib"].get<double>(),
+                     rms = got[size_t(r.ref)]["median_ms"].get<double>();
+        row["memory_saved_mib"] = rp - peak;
+        row["time_cost_percent"] = 100.0 * (ms / rms - 1.0);
+        char b[64];
+        std::snprintf(b, sizeof b, "%+.1f MiB", peak - rp);
+        mem = b;
+        std::snprintf(b, sizeof b, "%+.1f%%", 100.0 * (ms / rms - 1.0));
+        time = b;
+      }
+      char planned[32] = "-";
+      if (row.contains("planned_peak_mib"))
+        std::snprintf(planned, sizeof planned, "%.1f", row["planned_peak_mib"].get<double>());
+      std::printf("%-10s %-22s %-26s %11.1f %11s %10.1f %12s %10s\n", name.c_str(),
+                  row["input"].get<std::string>().c_str(), r.label, peak, planned, ms, mem.c_str(), time.c_str());
+      std::fflush(stdout);
+      got.push_back(row);
+      rows.push_back(row);
+    }
+  }
+  std::filesystem::remove_all(dir);
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    KILN_CHECK(f.good(), o.json, ": cannot open for writing");
+    f << nlohmann::json{{"bench", "memory"},
+                        {"cpu", tools::cpu_model()},
+                        {"cpu_kernels", cpu_isa_name(cpu_isa())},
+                        {"rows", rows}}
              .dump(2)
       << "\n";
   }

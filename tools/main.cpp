@@ -57,6 +57,10 @@ int main(int argc, char** argv) {
   kiln::tools::BenchTrainOptions bench_train_opts;
   CLI::App* bench_train = bench->add_subcommand("train", "Time full training steps (forward, backward, optimizer)");
   kiln::tools::add_bench_train_flags(*bench_train, bench_train_opts);
+  kiln::tools::BenchMemoryOptions bench_memory_opts;
+  CLI::App* bench_memory =
+      bench->add_subcommand("memory", "Peak memory and step time with and without --recompute blocks and --zero 1");
+  kiln::tools::add_bench_memory_flags(*bench_memory, bench_memory_opts);
   kiln::tools::BenchScalingOptions bench_scaling_opts;
   CLI::App* bench_scaling =
       bench->add_subcommand("scaling", "Data-parallel training throughput for 1..N ranks and its efficiency");
@@ -95,6 +99,7 @@ int main(int argc, char** argv) {
     if (plan->parsed()) return kiln::tools::run_plan(plan_opts);
     if (bench_train->parsed()) return kiln::tools::run_bench_train(bench_train_opts);
     if (bench_scaling->parsed()) return kiln::tools::run_bench_scaling(bench_scaling_opts);
+    if (bench_memory->parsed()) return kiln::tools::run_bench_memory(bench_memory_opts);
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const kiln::dist::CollectiveError& e) {

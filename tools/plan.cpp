@@ -10,6 +10,7 @@
 #include "engine/dist.h"
 #include "engine/optim.h"
 #include "engine/random.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/runtime_info.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
@@ -78,9 +79,20 @@ nlohmann::json MemoryPlan::to_json() const {
 
 namespace {
 
-HostMemoryStats stats_of(Device dev) { return dev.is_meta() ? meta_memory_stats() : cpu_memory_stats(); }
+HostMemoryStats stats_of(Device dev) {
+  if (dev.is_cuda()) {  // the device's caching allocator: bytes handed out, before its rounding
+    const AllocatorStats a = cuda::device_allocator(dev.index).stats();
+    HostMemoryStats s;
+    s.allocated = a.allocated;
+    s.peak_allocated = a.peak_allocated;
+    return s;
+  }
+  return dev.is_meta() ? meta_memory_stats() : cpu_memory_stats();
+}
 void reset_peak_of(Device dev) {
-  if (dev.is_meta())
+  if (dev.is_cuda())
+    cuda::device_allocator(dev.index).reset_peaks();
+  else if (dev.is_meta())
     reset_meta_memory_peak();
   else
     reset_cpu_memory_peak();
@@ -95,7 +107,6 @@ size_t bytes_of(const std::vector<Tensor>& ts) {
 }  // namespace
 
 MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
-  KILN_CHECK(dev.is_meta() || dev.is_cpu(), "step_memory: measures on the CPU or plans on meta, not ", dev);
   std::vector<std::string> sets = o.sets;
   if (o.recompute == "blocks") sets.push_back("recompute=1");
   const std::optional<DType> low = amp_dtype(o.amp);

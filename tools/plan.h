@@ -39,8 +39,9 @@ struct MemoryPlan {
   nlohmann::json to_json() const;
 };
 
-// Runs two training steps of o.model at `micro_batch` on `dev` (meta: predicted; cpu: measured,
-// by counting the CPU allocator) and returns the second step's memory.
+// Runs two training steps of o.model at `micro_batch` on `dev` (meta: predicted; cpu: measured by
+// counting the CPU allocator; cuda:N: measured by the device's caching allocator, its bytes handed
+// out before rounding) and returns the second step's memory.
 MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev);
 // The plan on meta for the device o.device names.
 MemoryPlan plan_memory(const PlanOptions& o, int64_t micro_batch);

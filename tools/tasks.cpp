@@ -342,6 +342,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vect
   KILN_FAIL("--optimizer ", c.optimizer, ": unknown (expected one of ", nlohmann::json(optimizer_names()).dump(), ")");
 }
 
+namespace {
+Device x_home(Device dev) { return dev.is_meta() ? kMeta : kCPU; }  // where a non-CUDA step's batch lives
+}  // namespace
+
 SyntheticStep synthetic_step(const std::string& name, int64_t batch, int64_t seq_len, int64_t image_size,
                              int64_t in_channels, const std::vector<std::string>& sets, Device dev) {
   std::optional<MetaInitGuard> meta;
@@ -356,8 +360,9 @@ SyntheticStep synthetic_step(const std::string& name, int64_t batch, int64_t seq
     st.model = m;
     const int64_t s = image_size > 0 ? image_size : m->imagenet ? 224 : 32;
     st.batch = batch > 0 ? batch : m->imagenet ? 32 : 128;
-    const Tensor x = randn({st.batch, rc.in_channels, s, s});
-    const Tensor y = randint(0, rc.num_classes, {st.batch});
+    if (dev.is_cuda()) m->to(dev);
+    const Tensor x = randn({st.batch, rc.in_channels, s, s}).to(dev.is_cuda() ? dev : x_home(dev));
+    const Tensor y = randint(0, rc.num_classes, {st.batch}).to(dev.is_cuda() ? dev : x_home(dev));
     st.loss = [m, x, y] { return cross_entropy((*m)(x), y); };
     st.input = std::to_string(st.batch) + "x" + std::to_string(rc.in_channels) + "x" + std::to_string(s) + "x" +
                std::to_string(s);
@@ -389,8 +394,14 @@ SyntheticStep synthetic_step(const std::string& name, int64_t batch, int64_t seq
     positions = from_vector(std::vector<double>(order.begin(), order.end()), {picked}, DType::i64);
     target = from_vector(std::vector<double>(tgt.begin(), tgt.end()), {picked}, DType::i64);
   }
-  const Tensor attn = ones({st.batch, seq_len}, DType::i64);
-  st.loss = [m, ids, positions, target, attn] { return cross_entropy(m->forward_at(ids, positions, attn), target); };
+  Tensor attn = ones({st.batch, seq_len}, DType::i64), ids_on = ids;
+  if (dev.is_cuda()) {
+    m->to(dev);
+    ids_on = ids.to(dev), positions = positions.to(dev), target = target.to(dev), attn = attn.to(dev);
+  }
+  st.loss = [m, ids = ids_on, positions, target, attn] {
+    return cross_entropy(m->forward_at(ids, positions, attn), target);
+  };
   st.input = std::to_string(st.batch) + "x" + std::to_string(seq_len) + " tokens";
   return st;
 }

@@ -198,6 +198,8 @@ struct BenchTrainOptions {
   int64_t batch = 0, seq_len = 128, steps = 10, warmup = 3, image_size = 0, in_channels = 0;
   int threads = 0;
   std::vector<std::string> amp;  // off | fp16 | bf16, each timed (default: off)
+  std::string recompute = "none";  // none | blocks
+  int zero = 0;                    // 1: ZeRO stage 1 over the ranks
   std::string json;
 };
 void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o);
@@ -215,5 +217,18 @@ struct BenchScalingOptions {
 };
 void add_bench_scaling_flags(CLI::App& app, BenchScalingOptions& o);
 int run_bench_scaling(const BenchScalingOptions& o);
+
+// `kiln bench memory`: peak memory and step time of `kiln bench train` for each model with and
+// without --recompute blocks (one rank) and --zero 1 (against data parallel, `ranks` ranks): the
+// memory saved in MiB and the time it costs in percent, with the planner's prediction beside the
+// measured peak.
+struct BenchMemoryOptions {
+  std::vector<std::string> models;  // default: resnet50 (batch 8, 224x224) and bert-base (batch 2, seq 512)
+  int64_t batch = 0, seq_len = 512, steps = 2, warmup = 1;
+  int ranks = 2, master_port = 29850;
+  std::string json;
+};
+void add_bench_memory_flags(CLI::App& app, BenchMemoryOptions& o);
+int run_bench_memory(const BenchMemoryOptions& o);
 
 }  // namespace kiln::tools
