@@ -211,13 +211,26 @@ void add_bench_scaling_flags(CLI::App& app, BenchScalingOptions& o) {
   app.add_option("--json", o.json, "Write the rows to this JSON file");
 }
 
+namespace {
+// What a benchmark that runs `kiln bench train` children needs: this binary, and a scratch
+// directory for their JSON and logs.
+struct Children {
+  std::string kiln, dir;
+  explicit Children(const char* what) {
+    char self[4096];
+    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    KILN_CHECK(len > 0, "bench ", what, ": cannot find the kiln binary (/proc/self/exe)");
+    kiln.assign(self, size_t(len));
+    dir = (std::filesystem::temp_directory_path() / (std::string("kiln_") + what + "_" + std::to_string(::getpid())))
+              .string();
+    std::filesystem::create_directories(dir);
+  }
+};
+}  // namespace
+
 int run_bench_scaling(const BenchScalingOptions& o) {
-  char self[4096];
-  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  KILN_CHECK(len > 0, "bench scaling: cannot find the kiln binary (/proc/self/exe)");
-  const std::string kiln(self, size_t(len));
-  const std::string dir = (std::filesystem::temp_directory_path() / ("kiln_scaling_" + std::to_string(::getpid()))).string();
-  std::filesystem::create_directories(dir);
+  const Children ch("scaling");
+  const std::string &kiln = ch.kiln, &dir = ch.dir;
   std::printf("kiln bench scaling: %s, %d thread(s) per rank, data parallel through kiln launch (tcp)\n%6s %14s %12s %12s\n",
               o.model.c_str(), o.threads_per_rank, "ranks", "samples/s", "speed-up", "efficiency");
   nlohmann::json rows = nlohmann::json::array();
@@ -270,13 +283,8 @@ void add_bench_memory_flags(CLI::App& app, BenchMemoryOptions& o) {
 }
 
 int run_bench_memory(const BenchMemoryOptions& o) {
-  char self[4096];
-  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  KILN_CHECK(len > 0, "bench memory: cannot find the kiln binary (/proc/self/exe)");
-  const std::string kiln(self, size_t(len));
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("kiln_memory_" + std::to_string(::getpid()))).string();
-  std::filesystem::create_directories(dir);
+  const Children ch("memory");
+  const std::string &kiln = ch.kiln, &dir = ch.dir;
   const std::vector<std::string> models =
       o.models.empty() ? std::vector<std::string>{"resnet50", "bert-base"} : o.models;
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
