@@ -119,9 +119,13 @@ class MpiCommunicator final : public Communicator {
   }
 
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
+    reduce_scatter_async(in, out, op)->wait();
+  }
+
+  std::shared_ptr<Work> reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) override {
     detail::check_blocks("reduce_scatter", in, out, size_);
     check(in, "reduce_scatter");
-    submit([this, in, out, op] {
+    return submit([this, in, out, op] {
       run("reduce_scatter", in.numel() * int64_t(dtype_size(in.dtype())), {in, out}, [&](MPI_Request* r) {
         return MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), int(out.numel()), mpi_type(in.dtype()), mpi_op(op),
                                          comm_, r);
@@ -130,7 +134,7 @@ class MpiCommunicator final : public Communicator {
         NoGradGuard g;
         Tensor(out).mul_(1.0 / double(size_));
       }
-    })->wait();
+    });
   }
 
   void barrier() override {
