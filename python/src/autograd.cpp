@@ -69,6 +69,31 @@ void bind_autograd(nb::module_& m) {
       "Records backward(grads, needs_input_grad) -> one gradient (or None) per input as the backward of outputs.");
 
   m.def(
+      "_checkpoint",
+      [](nb::callable fn, const std::vector<Tensor>& inputs) {
+        auto held = hold(fn);
+        auto run = [held](const std::vector<Tensor>& xs) -> std::vector<Tensor> {
+          nb::gil_scoped_acquire gil;  // backward reruns it without the GIL held
+          nb::list args;
+          for (const Tensor& x : xs) args.append(nb::cast(x));
+          nb::object res = held->obj(*nb::tuple(args));
+          if (nb::isinstance<Tensor>(res)) return {nb::cast<Tensor>(res)};
+          if (!nb::isinstance<nb::tuple>(res) && !nb::isinstance<nb::list>(res)) res = nb::make_tuple(res);
+          std::vector<Tensor> out;
+          for (nb::handle h : nb::iter(res)) {
+            KILN_CHECK(nb::isinstance<Tensor>(h), "checkpoint: the function returned a ",
+                       nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(h.ptr()))))),
+                       "; it must return kiln.Tensor or a tuple of them");
+            out.push_back(nb::cast<Tensor>(h));
+          }
+          return out;
+        };
+        return autograd::checkpoint(run, inputs);
+      },
+      nb::arg("fn"), nb::arg("inputs"),
+      "Runs fn(*inputs) keeping only the inputs for backward; backward reruns it (same random draws).");
+
+  m.def(
       "backward",
       [](const std::vector<Tensor>& tensors, std::optional<std::vector<std::optional<Tensor>>> grads,
          bool retain_graph) {

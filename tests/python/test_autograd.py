@@ -228,3 +228,28 @@ def test_ctrl_c_stops_backward_between_kernels():
     z = kiln.ones(2, requires_grad=True)
     (z * 2).sum().backward()  # and the next call runs normally
     assert z.grad.tolist() == [2.0, 2.0]
+
+
+def test_checkpoint_gives_the_same_gradients_with_dropout():
+    import kiln.nn as nn
+
+    def run(recompute):
+        kiln.manual_seed(3)
+        lin1, lin2 = nn.Linear(8, 16), nn.Linear(16, 4)
+        x = kiln.randn(5, 8, requires_grad=True)
+
+        def block(h):
+            return lin2(kiln.nn.functional.dropout(kiln.nn.functional.gelu(lin1(h)), 0.3, training=True))
+
+        y = kiln.autograd.checkpoint(block, x) if recompute else block(x)
+        (y * y).sum().backward()
+        return [t.grad.numpy().copy() for t in (x, lin1.weight, lin1.bias, lin2.weight)]
+
+    plain, again = run(False), run(True)
+    for a, b in zip(plain, again):
+        assert (a == b).all()
+
+
+def test_checkpoint_rejects_a_function_that_returns_no_tensor():
+    with pytest.raises(kiln.KilnError, match="must return kiln.Tensor"):
+        kiln.autograd.checkpoint(lambda x: 3, kiln.ones(2, requires_grad=True))
