@@ -14,8 +14,11 @@
 #include "engine/dist.h"
 #include "engine/optim.h"
 #include "engine/zero.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/device_memory.h"
 #include "models/bert.h"
 #include "models/resnet.h"
+#include "runtime/nccl_comm.h"
 #include "tools/environment.h"
 #include "tools/machine.h"
 #include "tools/plan.h"
@@ -36,6 +39,7 @@ void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
   app.add_option("--threads", o.threads, "CPU threads (0: KILN_NUM_THREADS or all)")->check(CLI::NonNegativeNumber);
   app.add_option("--amp", o.amp, "off, fp16 or bf16 (repeatable: each is timed; default off)")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
+  app.add_option("--device", o.device, "cpu, or cuda / cuda:N (GPU ranks take cuda:LOCAL_RANK)")->capture_default_str();
   app.add_option("--recompute", o.recompute, "none or blocks (activation recomputation)")
       ->check(CLI::IsMember({"none", "blocks"}))
       ->capture_default_str();
@@ -56,13 +60,14 @@ struct Timing {
 };
 
 // Full training steps of one model in one precision, on a fresh model seeded the same for each.
+// `comm` agrees on host numbers; `grads` reduces the gradients (NCCL for GPU ranks).
 Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std::string& amp_mode,
-                  dist::Communicator& comm) {
+                  dist::Communicator& comm, dist::Communicator& grads, Device dev) {
   const int world = comm.world_size();
   manual_seed(1);
   std::vector<std::string> sets;
   if (o.recompute == "blocks") sets.push_back("recompute=1");
-  const SyntheticStep st = synthetic_step(name, o.batch, o.seq_len, o.image_size, o.in_channels, sets, kCPU);
+  const SyntheticStep st = synthetic_step(name, o.batch, o.seq_len, o.image_size, o.in_channels, sets, dev);
   const std::shared_ptr<nn::Module> model = st.model;
   const std::function<Tensor()> step_loss = st.loss;
   const std::string input = st.input;
@@ -72,7 +77,7 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
   auto groups = optim::decay_groups(model->named_parameters(), 0.01, 1e-4);
   std::unique_ptr<dist::ZeroRedundancy> zero;
   if (o.zero == 1) {
-    zero = std::make_unique<dist::ZeroRedundancy>(*model, groups, comm);
+    zero = std::make_unique<dist::ZeroRedundancy>(*model, groups, grads);
     groups = zero->shard_groups();
   }
   std::unique_ptr<optim::Optimizer> opt;
@@ -86,12 +91,17 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
   const std::vector<Tensor> params = zero ? zero->shard_params() : model->parameters();
   std::unique_ptr<dist::DataParallel> dp;
   if (world > 1) {
-    if (!zero) dp = std::make_unique<dist::DataParallel>(*model, comm);
-    scaler.agree = [&](Tensor& f) { comm.all_reduce(f, dist::ReduceOp::max); };
+    if (!zero) dp = std::make_unique<dist::DataParallel>(*model, grads);
+    scaler.agree = [&](Tensor& f) { grads.all_reduce(f, dist::ReduceOp::max); };
   }
   std::vector<double> ms;
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
-    if (i == o.warmup) reset_cpu_memory_peak();  // the timed steps' peak, optimizer state in place
+    if (i == o.warmup) {  // the timed steps' peak, optimizer state in place
+      if (dev.is_cuda())
+        cuda::device_allocator(dev.index).reset_peaks();
+      else
+        reset_cpu_memory_peak();
+    }
     const auto t0 = std::chrono::steady_clock::now();
     opt->zero_grad();
     if (zero) zero->zero_grad();
@@ -107,6 +117,7 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
     scaler.step(*opt, params);
     scaler.update();
     if (zero) zero->gather();
+    if (dev.is_cuda()) cuda::synchronize(dev.index);  // the device's time, not the launches'
     const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (i >= o.warmup) ms.push_back(t);
   }
@@ -115,7 +126,8 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
     comm.all_reduce(t, dist::ReduceOp::max);
     ms = t.to_vector();
   }
-  size_t peak = cpu_memory_stats().peak_allocated;
+  size_t peak =
+      dev.is_cuda() ? cuda::device_allocator(dev.index).stats().peak_allocated : cpu_memory_stats().peak_allocated;
   if (world > 1) {
     Tensor t = from_vector({double(peak)}, {1}, DType::i64);
     comm.all_reduce(t, dist::ReduceOp::max);
@@ -130,6 +142,7 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
     po.in_channels = o.in_channels;
     po.recompute = o.recompute;
     po.optimizer = family.input == ModelInput::images ? "sgd" : "adamw";
+    po.device = dev.is_cuda() ? "cuda" : "cpu";
     planned = plan_memory(po, batch).peak;
   }
   std::sort(ms.begin(), ms.end());
@@ -141,9 +154,17 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
 int run_bench_train(const BenchTrainOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   // Under `kiln launch` or mpirun: data parallel, --batch per rank; rank 0 prints the global numbers.
-  auto comm = dist::make_cpu_communicator(kiln::tools::dist_env(), std::chrono::seconds(600));
+  const dist::DistEnv env = kiln::tools::dist_env();
+  auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(600));
   const int world = comm->world_size();
   const bool lead = comm->rank() == 0;
+  // GPU ranks: cuda:LOCAL_RANK (or the one named), gradients through NCCL as kiln train does.
+  Device dev = Device::parse(o.device);
+  KILN_CHECK(!dev.is_meta(), "--device meta: benchmarks run on cpu or cuda");
+  if (dev.is_cuda() && o.device == "cuda") dev = cuda_device(env.local_rank);
+  std::unique_ptr<dist::Communicator> gpu;
+  if (dev.is_cuda() && world > 1) gpu = cuda::make_nccl_communicator(*comm, dev.index, std::chrono::seconds(600));
+  dist::Communicator& grads = gpu ? *gpu : *comm;
   if (!lead) std::freopen("/dev/null", "w", stdout);
   std::vector<std::string> names = o.models.empty() ? std::vector<std::string>{"resnet20", "bert-tiny"} : o.models;
   nlohmann::json rows = nlohmann::json::array();
@@ -160,7 +181,7 @@ int run_bench_train(const BenchTrainOptions& o) {
   for (const auto& name : names) {
     double off_ms = 0;
     for (const auto& amp_mode : amps) {
-      const Timing t = time_steps(o, name, amp_mode, *comm);
+      const Timing t = time_steps(o, name, amp_mode, *comm, grads, dev);
       const double med = t.median_ms, sps = double(t.batch) * 1000.0 / med;
       if (amp_mode == "off") off_ms = med;
       const std::string vs = off_ms > 0 ? std::to_string(off_ms / med).substr(0, 4) + "x" : "-";
@@ -279,6 +300,9 @@ void add_bench_memory_flags(CLI::App& app, BenchMemoryOptions& o) {
       ->check(CLI::Range(2, 64))
       ->capture_default_str();
   app.add_option("--master-port", o.master_port, "First rendezvous port")->capture_default_str();
+  app.add_option("--device", o.device, "cpu, or cuda (one GPU per rank)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   app.add_option("--json", o.json, "Write the rows to this JSON file");
 }
 
@@ -314,11 +338,19 @@ int run_bench_memory(const BenchMemoryOptions& o) {
     std::vector<nlohmann::json> got;
     for (size_t k = 0; k < runs.size(); ++k) {
       const Run& r = runs[k];
+      if (o.device == "cuda" && r.ranks > cuda::device_count()) {
+        std::printf("%-10s %-22s %-26s (needs %d GPUs, %d visible)\n", name.c_str(), "", r.label, r.ranks,
+                    cuda::device_count());
+        got.push_back(nlohmann::json());
+        continue;
+      }
+      if (r.ref >= 0 && got[size_t(r.ref)].is_null()) continue;
       const std::string out = dir + "/" + name + std::to_string(k) + ".json";
       const unsigned threads = std::max(1u, hw / unsigned(r.ranks));
       std::string cmd = kiln + " bench train --model " + name + " --batch " + std::to_string(batch) + " --seq-len " +
                         std::to_string(o.seq_len) + " --steps " + std::to_string(o.steps) + " --warmup " +
-                        std::to_string(o.warmup) + " --threads " + std::to_string(threads) + r.flags + " --json " + out;
+                        std::to_string(o.warmup) + " --threads " + std::to_string(threads) + " --device " + o.device +
+                        r.flags + " --json " + out;
       if (r.ranks > 1)
         cmd = kiln + " launch --nproc-per-node " + std::to_string(r.ranks) + " --master-port " +
               std::to_string(++port) + " -- " + cmd;

@@ -200,6 +200,7 @@ struct BenchTrainOptions {
   std::vector<std::string> amp;  // off | fp16 | bf16, each timed (default: off)
   std::string recompute = "none";  // none | blocks
   int zero = 0;                    // 1: ZeRO stage 1 over the ranks
+  std::string device = "cpu";      // cpu | cuda | cuda:N
   std::string json;
 };
 void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o);
@@ -226,6 +227,7 @@ struct BenchMemoryOptions {
   std::vector<std::string> models;  // default: resnet50 (batch 8, 224x224) and bert-base (batch 2, seq 512)
   int64_t batch = 0, seq_len = 512, steps = 2, warmup = 1;
   int ranks = 2, master_port = 29850;
+  std::string device = "cpu";  // cuda: one GPU per rank (the data-parallel rows need as many GPUs)
   std::string json;
 };
 void add_bench_memory_flags(CLI::App& app, BenchMemoryOptions& o);
