@@ -78,11 +78,14 @@ TEST_CASE("report: benchmark JSON of each kind, and one it does not know") {
     {"ranks":1,"samples_per_s":100,"efficiency":1.0},{"ranks":2,"samples_per_s":180,"efficiency":0.9}]})");
   write(d.p / "train.json", R"({"bench":"train","rows":[{"model":"resnet20","amp":"off","input":"x","median_ms":10},
     {"model":"resnet20","amp":"bf16","input":"x","median_ms":8}]})");
+  write(d.p / "memory.json", R"({"bench":"memory","cpu":"X","cpu_kernels":"avx2","rows":[
+    {"model":"bert-base","run":"1 rank","peak_mib":2974.3,"median_ms":5171.3},
+    {"model":"bert-base","run":"1 rank, --recompute blocks","peak_mib":1852.9,"median_ms":6504.4}]})");
   write(d.p / "odd.json", R"({"benchmark":"mystery","rows":[]})");
   write(d.p / "bad.json", "{\"benchmark\": ");
   std::vector<std::string> notes;
   std::vector<std::string> in;
-  for (const char* f : {"gemm.json", "ar.json", "scaling.json", "train.json", "odd.json", "bad.json"})
+  for (const char* f : {"gemm.json", "ar.json", "scaling.json", "train.json", "memory.json", "odd.json", "bad.json"})
     in.push_back((d.p / f).string());
   const std::string html = tools::render_report(in, "bench", notes);
   CHECK(points(html, "Kiln f32 NN") == 2);
@@ -92,6 +95,8 @@ TEST_CASE("report: benchmark JSON of each kind, and one it does not know") {
   CHECK(points(html, "bus bandwidth") == 3);
   CHECK(points(html, "ideal \\(linear\\)") == 2);
   CHECK(points(html, "bars") == 2);
+  CHECK(html.find("Peak memory of a training step (per rank) on X (avx2)") != std::string::npos);
+  CHECK(html.find("bert-base 1 rank, --recompute blocks") != std::string::npos);
   CHECK(html.find("stroke-dasharray") != std::string::npos);
   CHECK(html.find("message size (bytes) (log scale)") != std::string::npos);
   REQUIRE(notes.size() == 2);

@@ -375,6 +375,15 @@ std::vector<std::string> bench_charts(const std::string& path, std::vector<std::
     std::vector<std::pair<std::string, double>> bars;
     for (const json& r : rows) bars.emplace_back(key_of(r, {"model", "amp", "input"}), get(r, "median_ms"));
     out.push_back(render_bars("Training step (median)" + where, "ms", bars));
+  } else if (kind == "memory") {  // kiln bench memory
+    std::vector<std::pair<std::string, double>> peak, ms;
+    for (const json& r : rows) {
+      const std::string k = key_of(r, {"model", "run"});
+      peak.emplace_back(k, get(r, "peak_mib"));
+      ms.emplace_back(k, get(r, "median_ms"));
+    }
+    out.push_back(render_bars("Peak memory of a training step (per rank)" + where, "MiB", peak));
+    out.push_back(render_bars("Training step (median)" + where, "ms", ms));
   } else if (kind == "nn" || kind == "ops") {
     std::vector<std::pair<std::string, double>> bars;
     for (const json& r : rows)

@@ -3,7 +3,8 @@
 // learning rate, loss scale, throughput, the per-phase times and each rank's waiting, GPU memory,
 // the final metrics and the resolved config; and benchmark JSON: GEMM GFLOP/s or TFLOP/s against
 // size beside the peer library, all-reduce bus bandwidth against message size, scaling throughput
-// and efficiency against the ideal, training-step times. `kiln train` refreshes OUT/report.html at
+// and efficiency against the ideal, training-step times, `kiln bench memory`'s peaks and times.
+// `kiln train` refreshes OUT/report.html at
 // each evaluation.
 #pragma once
 #include <CLI/CLI.hpp>
