@@ -371,6 +371,19 @@ SyntheticStep synthetic_step(const std::string& name, int64_t batch, int64_t seq
   const BertName bn = parse_bert_name(name);
   const models::BertConfig bc = bert_config_from(bn.size, sets);
   st.batch = batch > 0 ? batch : 32;
+  if (bn.head == "cls") {  // sequence classification: the pooled first token through the classifier
+    auto m = std::make_shared<models::BertForSequenceClassification>(bc);
+    st.model = m;
+    Tensor ids = randint(0, bc.vocab_size, {st.batch, seq_len}), labels = randint(0, bc.num_labels, {st.batch});
+    Tensor attn = ones({st.batch, seq_len}, DType::i64);
+    if (dev.is_cuda()) {
+      m->to(dev);
+      ids = ids.to(dev), labels = labels.to(dev), attn = attn.to(dev);
+    }
+    st.loss = [m, ids, labels, attn] { return cross_entropy(m->forward(ids, attn), labels); };
+    st.input = std::to_string(st.batch) + "x" + std::to_string(seq_len) + " tokens";
+    return st;
+  }
   auto m = std::make_shared<models::BertForMaskedLM>(bc);
   st.model = m;
   // The masked-LM shape of work as `kiln train` does it: 15% of the positions (rounded; a fixed

@@ -181,7 +181,8 @@ int run_eval(const TrainConfig& c, const std::string& weights);
 // One model's training step on a synthetic batch, as `kiln bench train` times it and `kiln plan`
 // measures it: a ResNet on [batch, C, S, S] images (S: image_size, else 32 for the small-image
 // ResNets and 224 for the ImageNet ones) with labels; BERT's masked LM on [batch, seq_len] token
-// ids with 15% of the positions (rounded) through the vocabulary projection and the loss. On meta
+// ids with 15% of the positions (rounded) through the vocabulary projection and the loss (a -cls
+// name: sequence classification of the whole sequences). On meta
 // (`dev`), the model and batch are built as shapes only. `sets` are --set overrides.
 struct SyntheticStep {
   std::shared_ptr<nn::Module> model;
