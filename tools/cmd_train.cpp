@@ -434,6 +434,7 @@ class Trainer {
         // The position counts the saving run's micro-batches: in this run's (both divide the batch).
         const int64_t saved_micro = run_.micro_batch > 0 ? run_.micro_batch : c_.batch;
         if (saved_micro != micro_) run_.batch = run_.batch * saved_micro / micro_;
+        run_.micro_batch = micro_;
         if (int64_t(run_.rng_ranks.size()) == world_) {  // this rank's own generator
           default_generator().seed = run_.rng_ranks[size_t(rank_)][0].get<uint64_t>();
           default_generator().offset = run_.rng_ranks[size_t(rank_)][1].get<uint64_t>();
@@ -464,14 +465,29 @@ class Trainer {
   // add up to those of one batch of accum x batch samples; then the ranks agree and the weights
   // move. -1 to go on, else the exit code.
   int step(double lr, StepStats& s) {
+    if (c_.micro_batch.empty() || world_ > 1) return step_once(lr, s);
+    // With micro-batches, one process: a micro-batch that runs out of memory frees the step, halves
+    // the micro-batch and redoes the step on the same samples, from the same state: the random
+    // stream and the buffers (batch-norm statistics) as they were when it began. (Several ranks would
+    // have to agree first; there it stays an error.) Only forward and backward are redone: after
+    // them the step has moved sums and the scaler on.
     const int64_t start = run_.batch;
+    const Generator rng = default_generator();
+    std::vector<std::pair<Tensor, Tensor>> buffers;  // (buffer, its value at the start)
+    {
+      NoGradGuard ng;
+      for (const auto& [n, t] : model().named_buffers()) buffers.emplace_back(t, t.clone());
+    }
     for (;;) {
       try {
         return step_once(lr, s);
       } catch (const OutOfMemory& e) {
-        // With micro-batches, one process: free the step, halve the micro-batch, redo the step on
-        // the same samples. (Several ranks would have to agree first; there it stays an error.)
-        if (c_.micro_batch.empty() || world_ > 1) throw;
+        if (!redoable_) throw;
+        default_generator() = rng;
+        {
+          NoGradGuard ng;
+          for (auto& [t, v] : buffers) Tensor(t).copy_(v);
+        }
         if (const int rc = shrink_micro_batch(e, start); rc >= 0) return rc;
         s = StepStats{};
       }
@@ -509,11 +525,17 @@ class Trainer {
     } else if (cap_.bytes > 0) {
       const size_t held = cpu_memory_stats().allocated;
       memory = cap_.bytes > held ? cap_.bytes - held : 0;
-      from = "--memory-cap " + c_.memory_cap + " leaves beside the " + mib(held) + " the data holds";
+      from = "--memory-cap " + c_.memory_cap + " leaves beside the " + mib(held) + " the data and model hold";
     } else {
       memory = host_available_bytes();
       from = "available on this machine";
     }
+    // The plan counts the model's parameters and buffers, which are already held (and so not in
+    // the memory measured above): give them back to it.
+    size_t model_bytes = 0;
+    for (const auto& [n, t] : model().named_parameters()) model_bytes += t.nbytes();
+    for (const auto& [n, t] : model().named_buffers()) model_bytes += t.nbytes();
+    memory += model_bytes;
     auto [m, p] = largest_micro_batch(po, c_.batch, memory, device_);
     if (world_ > 1) {
       Tensor t = from_vector({double(m)}, {1}, DType::i64);
@@ -562,6 +584,7 @@ class Trainer {
   }
 
   int step_once(double lr, StepStats& s) {
+    redoable_ = true;
     opt_->set_lr(lr);
     opt_->zero_grad();
     if (zero_) zero_->zero_grad();
@@ -593,6 +616,7 @@ class Trainer {
       s.samples += batch->begin()->second.size(0);
       s.count += r.count;
     }
+    redoable_ = false;  // from here on the step moves sums and the scaler: not redone
     {
       NoGradGuard ng;
       win_loss_.add_(step_loss);
@@ -812,8 +836,9 @@ class Trainer {
     if (zero_)
       for (auto& [name, make] : zero_->state_entries(*opt_))
         gathers.emplace_back(name, [&gathered, make = make] {
+          Tensor t = make();
           ++gathered;
-          return make();
+          return t;
         });
     auto join_the_rest = [&] {  // a rank that is not writing, or a writer that failed halfway
       while (gathered < gathers.size()) gathers[gathered].second();
@@ -897,6 +922,7 @@ class Trainer {
   std::unique_ptr<io::DataLoader> loader_;
   int64_t accum_ = 1, spe_ = 0, total_steps_ = 0, global_batch_ = 0;
   int64_t micro_ = 0;  // the loader's batch: --batch, or its micro-batch
+  bool redoable_ = false;  // the step in progress is still in its micro-batches (out of memory: redo it)
   struct CpuCap {      // --memory-cap, lifted when the run ends (kiln.train shares the process)
     size_t bytes = 0;
     void set(size_t b) {

@@ -170,12 +170,13 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
   p.peak = peak > base ? peak - base : 0;
   std::stable_sort(p.blocks.begin(), p.blocks.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   // Several ranks: data parallel keeps a flat f32 copy of the gradients in its buckets; ZeRO-1 keeps
-  // 1/N of the optimizer state and a bucket's gradients (25 MB at most) while it is reduce-scattered.
+  // 1/N of the optimizer state, and from the first bucket's reduce-scatter to the end of backward
+  // every bucket's flat gradients and this rank's chunk of them (1/N).
   if (o.ranks > 1) {
     const size_t before = p.optimizer_state;
     if (o.zero == 1) {
       p.optimizer_state = (p.optimizer_state + size_t(o.ranks) - 1) / size_t(o.ranks);
-      p.comm_buffers = std::min<size_t>(p.parameters, size_t(25) << 20) * (1 + 1 / size_t(o.ranks));
+      p.comm_buffers = p.parameters + (p.parameters + size_t(o.ranks) - 1) / size_t(o.ranks);
     } else {
       p.comm_buffers = p.parameters;
     }
