@@ -126,13 +126,10 @@ void ZeroRedundancy::launch(Bucket& b) {
 void ZeroRedundancy::finish() {
   const auto t0 = std::chrono::steady_clock::now();
   NoGradGuard no_grad;
-  for (auto& b : buckets_) {
-    if (comm_.world_size() == 1) {
-      launch(b);  // one rank: its chunk is the whole bucket
-    } else if (!b.work) {
-      launch(b);  // a bucket with a parameter that got no gradient in this backward
-    }
-  }
+  // Buckets not yet out: every one with a single rank (no hooks), else those with a parameter that
+  // got no gradient in this backward.
+  for (auto& b : buckets_)
+    if (!b.work) launch(b);
   for (auto& b : buckets_) {
     b.work->wait();
     b.work.reset();

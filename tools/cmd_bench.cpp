@@ -51,6 +51,14 @@ void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
 
 namespace {
 
+// A benchmark's rows as JSON: {"bench": kind, ...extra, "rows": [...]}.
+void write_bench_json(const std::string& path, nlohmann::json head, const nlohmann::json& rows) {
+  std::ofstream f(path);
+  KILN_CHECK(f.good(), path, ": cannot open for writing");
+  head["rows"] = rows;
+  f << head.dump(2) << "\n";
+}
+
 struct Timing {
   std::string input;
   int64_t batch = 0;  // samples per step, over all ranks
@@ -96,12 +104,7 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
   }
   std::vector<double> ms;
   for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
-    if (i == o.warmup) {  // the timed steps' peak, optimizer state in place
-      if (dev.is_cuda())
-        cuda::device_allocator(dev.index).reset_peaks();
-      else
-        reset_cpu_memory_peak();
-    }
+    if (i == o.warmup) reset_memory_peak(dev);  // the timed steps' peak, optimizer state in place
     const auto t0 = std::chrono::steady_clock::now();
     opt->zero_grad();
     if (zero) zero->zero_grad();
@@ -126,8 +129,7 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
     comm.all_reduce(t, dist::ReduceOp::max);
     ms = t.to_vector();
   }
-  size_t peak =
-      dev.is_cuda() ? cuda::device_allocator(dev.index).stats().peak_allocated : cpu_memory_stats().peak_allocated;
+  size_t peak = memory_stats(dev).peak_allocated;
   if (world > 1) {
     Tensor t = from_vector({double(peak)}, {1}, DType::i64);
     comm.all_reduce(t, dist::ReduceOp::max);
@@ -206,16 +208,9 @@ int run_bench_train(const BenchTrainOptions& o) {
       rows.push_back(row);
     }
   }
-  if (!o.json.empty() && lead) {
-    std::ofstream f(o.json);
-    KILN_CHECK(f.good(), o.json, ": cannot open for writing");
-    f << nlohmann::json{{"bench", "train"},
-                        {"cpu", tools::cpu_model()},
-                        {"cpu_kernels", cpu_isa_name(cpu_isa())},
-                        {"rows", rows}}
-             .dump(2)
-      << "\n";
-  }
+  if (!o.json.empty() && lead)
+    write_bench_json(o.json,
+                     {{"bench", "train"}, {"cpu", tools::cpu_model()}, {"cpu_kernels", cpu_isa_name(cpu_isa())}}, rows);
   return 0;
 }
 
@@ -279,13 +274,9 @@ int run_bench_scaling(const BenchScalingOptions& o) {
                     {"median_ms", j["rows"][0]["median_ms"]}, {"global_batch", j["rows"][0]["batch"]}});
   }
   std::filesystem::remove_all(dir);
-  if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    KILN_CHECK(f.good(), o.json, ": cannot open for writing");
-    f << nlohmann::json{{"bench", "scaling"}, {"model", o.model}, {"threads_per_rank", o.threads_per_rank}, {"rows", rows}}
-             .dump(2)
-      << "\n";
-  }
+  if (!o.json.empty())
+    write_bench_json(o.json, {{"bench", "scaling"}, {"model", o.model}, {"threads_per_rank", o.threads_per_rank}},
+                     rows);
   return 0;
 }
 
@@ -387,16 +378,9 @@ int run_bench_memory(const BenchMemoryOptions& o) {
     }
   }
   std::filesystem::remove_all(dir);
-  if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    KILN_CHECK(f.good(), o.json, ": cannot open for writing");
-    f << nlohmann::json{{"bench", "memory"},
-                        {"cpu", tools::cpu_model()},
-                        {"cpu_kernels", cpu_isa_name(cpu_isa())},
-                        {"rows", rows}}
-             .dump(2)
-      << "\n";
-  }
+  if (!o.json.empty())
+    write_bench_json(
+        o.json, {{"bench", "memory"}, {"cpu", tools::cpu_model()}, {"cpu_kernels", cpu_isa_name(cpu_isa())}}, rows);
   return 0;
 }
 

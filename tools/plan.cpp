@@ -77,9 +77,7 @@ nlohmann::json MemoryPlan::to_json() const {
           {"blocks", b}};
 }
 
-namespace {
-
-HostMemoryStats stats_of(Device dev) {
+HostMemoryStats memory_stats(Device dev) {
   if (dev.is_cuda()) {  // the device's caching allocator: bytes handed out, before its rounding
     const AllocatorStats a = cuda::device_allocator(dev.index).stats();
     HostMemoryStats s;
@@ -89,7 +87,8 @@ HostMemoryStats stats_of(Device dev) {
   }
   return dev.is_meta() ? meta_memory_stats() : cpu_memory_stats();
 }
-void reset_peak_of(Device dev) {
+
+void reset_memory_peak(Device dev) {
   if (dev.is_cuda())
     cuda::device_allocator(dev.index).reset_peaks();
   else if (dev.is_meta())
@@ -97,6 +96,9 @@ void reset_peak_of(Device dev) {
   else
     reset_cpu_memory_peak();
 }
+
+namespace {
+
 size_t bytes_of(const std::vector<Tensor>& ts) {
   size_t n = 0;
   for (const Tensor& t : ts)
@@ -112,7 +114,7 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
   const std::optional<DType> low = amp_dtype(o.amp);
   MemoryPlan p;
   p.micro_batch = micro_batch;
-  const size_t base = stats_of(dev).allocated;
+  const size_t base = memory_stats(dev).allocated;
   struct KeepRandomStream {  // a plan inside a run must not move the run's random stream
     Generator saved = default_generator();
     ~KeepRandomStream() { default_generator() = saved; }
@@ -132,13 +134,13 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
   for (int step = 0; step < 2; ++step) {  // the second step runs with the optimizer state in place
     opt->zero_grad();
     if (step == 1) {
-      reset_peak_of(dev);
+      reset_memory_peak(dev);
       p.blocks.clear();
     }
-    const size_t before = stats_of(dev).allocated;
+    const size_t before = memory_stats(dev).allocated;
     std::vector<std::pair<std::string, size_t>> open;
     nn::set_block_observer([&](const std::string& name, bool begin) {
-      const size_t now = stats_of(dev).allocated;
+      const size_t now = memory_stats(dev).allocated;
       if (begin) {
         open.emplace_back(name, now);
       } else if (!open.empty() && open.back().first == name) {
@@ -152,21 +154,21 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
       loss = st.loss();
     }
     nn::set_block_observer({});
-    const size_t after = stats_of(dev).allocated;
+    const size_t after = memory_stats(dev).allocated;
     p.activations = after > before ? after - before : 0;
     loss.backward();
     loss = Tensor();
     std::vector<Tensor> grads;
     for (const Tensor& t : params) grads.push_back(t.grad());
     p.gradients = bytes_of(grads);
-    const size_t before_step = stats_of(dev).allocated;
+    const size_t before_step = memory_stats(dev).allocated;
     opt->step();
     if (step == 0) {  // the state the first step creates (state() would read the step count)
-      const size_t now = stats_of(dev).allocated;
+      const size_t now = memory_stats(dev).allocated;
       p.optimizer_state = now > before_step ? now - before_step : 0;
     }
   }
-  const size_t peak = stats_of(dev).peak_allocated;
+  const size_t peak = memory_stats(dev).peak_allocated;
   p.peak = peak > base ? peak - base : 0;
   std::stable_sort(p.blocks.begin(), p.blocks.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   // Several ranks: data parallel keeps a flat f32 copy of the gradients in its buckets; ZeRO-1 keeps

@@ -39,6 +39,10 @@ struct MemoryPlan {
   nlohmann::json to_json() const;
 };
 
+// Tensor bytes held on a device now and at most since the last reset: the CPU allocator's count,
+// the meta device's, or cuda:N's caching allocator (bytes handed out, before its rounding).
+HostMemoryStats memory_stats(Device dev);
+void reset_memory_peak(Device dev);
 // Runs two training steps of o.model at `micro_batch` on `dev` (meta: predicted; cpu: measured by
 // counting the CPU allocator; cuda:N: measured by the device's caching allocator, its bytes handed
 // out before rounding) and returns the second step's memory.
