@@ -10,7 +10,10 @@ size_t dtype_size(DType t) {
     case DType::f32: case DType::i32: return 4;
     case DType::f16: case DType::bf16: return 2;
     case DType::f64: case DType::i64: return 8;
-    case DType::u8: case DType::boolean: return 1;
+    case DType::u8:
+    case DType::i8:
+    case DType::boolean: return 1;
+    case DType::i16: return 2;
   }
   return 0;
 }
@@ -25,6 +28,8 @@ const char* dtype_name(DType t) {
     case DType::i64: return "i64";
     case DType::u8: return "u8";
     case DType::boolean: return "bool";
+    case DType::i8: return "i8";
+    case DType::i16: return "i16";
   }
   return "?";
 }
@@ -37,20 +42,25 @@ DType dtype_from_name(const std::string& n) {
   if (n == "i32" || n == "int32" || n == "I32") return DType::i32;
   if (n == "i64" || n == "int64" || n == "long" || n == "I64") return DType::i64;
   if (n == "u8" || n == "uint8" || n == "U8") return DType::u8;
+  if (n == "i8" || n == "int8" || n == "I8") return DType::i8;
+  if (n == "i16" || n == "int16" || n == "short" || n == "I16") return DType::i16;
   if (n == "bool" || n == "BOOL") return DType::boolean;
-  KILN_FAIL("unknown dtype '", n, "' (expected one of f32 f16 bf16 f64 i32 i64 u8 bool)");
+  KILN_FAIL("unknown dtype '", n, "' (expected one of f32 f16 bf16 f64 i64 i32 i16 i8 u8 bool)");
 }
 
 namespace {
 int rank_of(DType t) {
   switch (t) {
     case DType::boolean: return 0;
-    case DType::u8: return 1;
-    case DType::i32: return 2;
-    case DType::i64: return 3;
-    case DType::f16: case DType::bf16: return 4;
-    case DType::f32: return 5;
-    case DType::f64: return 6;
+    case DType::u8:
+    case DType::i8: return 1;
+    case DType::i16: return 2;
+    case DType::i32: return 3;
+    case DType::i64: return 4;
+    case DType::f16:
+    case DType::bf16: return 5;
+    case DType::f32: return 6;
+    case DType::f64: return 7;
   }
   return 0;
 }
@@ -59,6 +69,7 @@ int rank_of(DType t) {
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
   if (is_low_precision(a) && is_low_precision(b)) return DType::f32;
+  if ((a == DType::u8 && b == DType::i8) || (a == DType::i8 && b == DType::u8)) return DType::i16;
   return rank_of(a) >= rank_of(b) ? a : b;
 }
 

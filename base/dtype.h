@@ -9,8 +9,9 @@
 
 namespace kiln {
 
-enum class DType : uint8_t { f32, f16, bf16, f64, i32, i64, u8, boolean };
-constexpr int kNumDTypes = 8;
+// New dtypes go at the end: the numbers are stable (Python, DLPack tables and tests index them).
+enum class DType : uint8_t { f32, f16, bf16, f64, i32, i64, u8, boolean, i8, i16 };
+constexpr int kNumDTypes = 10;
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
@@ -18,7 +19,8 @@ DType dtype_from_name(const std::string& name);  // "f32", "float32", "bf16", "b
 inline bool is_floating(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
 inline bool is_low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
 inline bool is_integral(DType t) { return !is_floating(t); }  // bool counts as integral
-// The type both operands convert to: bool < u8 < i32 < i64 < (f16 | bf16) < f32 < f64; f16 with bf16 gives f32.
+// The type both operands convert to: bool < (u8 | i8) < i16 < i32 < i64 < (f16 | bf16) < f32 < f64;
+// u8 with i8 gives i16 (the smallest type holding both), f16 with bf16 gives f32.
 DType promote_types(DType a, DType b);
 std::ostream& operator<<(std::ostream& os, DType t);
 
@@ -30,6 +32,8 @@ template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::bf1
 template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::u8; };
+template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::i8; };
+template <> struct DTypeOf<int16_t> { static constexpr DType value = DType::i16; };
 template <> struct DTypeOf<bool> { static constexpr DType value = DType::boolean; };
 
 // Calls fn(T{}) with T the C++ type of `t`.
@@ -43,6 +47,8 @@ template <typename Fn> decltype(auto) visit_dtype(DType t, Fn&& fn) {
     case DType::i64: return fn(int64_t{});
     case DType::u8: return fn(uint8_t{});
     case DType::boolean: return fn(bool{});
+    case DType::i8: return fn(int8_t{});
+    case DType::i16: return fn(int16_t{});
   }
   return fn(float{});
 }

@@ -147,16 +147,29 @@ struct BFloat16 {
 };
 static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
 
-// A scalar given as f64 (a fill value) in element type T: bool is "non-zero", 16-bit floats round
-// from f32, the rest convert as C++ does. Shared by the CPU and CUDA fill kernels.
-template <typename T> KILN_HD T value_as(double v) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return v != 0.0;
+// One value converted to element type T, the same on both devices (the CPU loops' store, the CUDA
+// kernels' st, fills and casts): 16-bit floats round from f32; bool is "non-zero"; a floating value
+// into an integer type is truncated toward zero to i64 (NaN gives 0, beyond i64's range its limit)
+// and then, like every integer narrowing, keeps its low bits: -1.0 gives 255 in u8 and 300.0 gives
+// 44 in i8, what PyTorch and NumPy give on x86-64, without C++'s undefined out-of-range conversion.
+template <typename T, typename V> KILN_HD T convert_to(V v) {
+  if constexpr (std::is_same_v<V, Half> || std::is_same_v<V, BFloat16>) {
+    return convert_to<T>(static_cast<float>(v));
   } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
     return T(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v != V(0);
+  } else if constexpr (std::is_integral_v<T> && std::is_floating_point_v<V>) {
+    if (!(v == v)) return T(0);
+    if (v >= V(9223372036854775807.0)) return static_cast<T>(INT64_MAX);  // 2^63 once rounded
+    if (v <= V(-9223372036854775807.0 - 1.0)) return static_cast<T>(INT64_MIN);
+    return static_cast<T>(static_cast<int64_t>(v));
   } else {
     return static_cast<T>(v);
   }
 }
+
+// A scalar given as f64 (a fill value) in element type T, converted as convert_to does.
+template <typename T> KILN_HD T value_as(double v) { return convert_to<T>(v); }
 
 }  // namespace kiln

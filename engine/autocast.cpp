@@ -19,7 +19,7 @@ constexpr AutocastRule kRules[] = {
     {O::log_softmax, "log_softmax", P::fp32, "as softmax"},
     {O::layer_norm, "layer_norm", P::fp32, "mean and variance of a row need f32; its output feeds the residual stream"},
     {O::cross_entropy, "cross_entropy", P::fp32, "losses are reductions over many terms"},
-    {O::nll_loss, "nll_loss", P::fp32, "as cross_entropy"},
+    {O::nll_loss, "nll_loss, ctc_loss", P::fp32, "as cross_entropy"},
     {O::mse_loss, "mse_loss, l1_loss, smooth_l1_loss, huber_loss", P::fp32, "squares overflow f16"},
     {O::binary_cross_entropy_with_logits, "binary_cross_entropy(_with_logits)", P::fp32, "as cross_entropy"},
     {O::batch_norm, "batch_norm", P::native, "statistics and running buffers in f32; output in the input's dtype"},

@@ -40,7 +40,11 @@ MPI_Datatype mpi_type(DType t) {
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u8: case DType::boolean: return MPI_UINT8_T;
-    default: KILN_FAIL("MPI collectives take f32, f64, i32, i64, u8 or bool tensors, got ", t, " (reduce 16-bit in f32)");
+    case DType::i8: return MPI_INT8_T;
+    case DType::i16: return MPI_INT16_T;
+    default:
+      KILN_FAIL("MPI collectives take f32, f64, i64, i32, i16, i8, u8 or bool tensors, got ", t,
+                " (reduce 16-bit floats in f32)");
   }
 }
 

@@ -306,9 +306,11 @@ void reduce_bytes(DType t, void* dst, const void* src, int64_t n, ReduceOp op) {
     case DType::f64: return reduce_into(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
     case DType::i32: return reduce_into(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op);
     case DType::i64: return reduce_into(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op);
+    case DType::i16: return reduce_into(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n, op);
+    case DType::i8: return reduce_into(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), n, op);
     case DType::u8: case DType::boolean:
       return reduce_into(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, op);
-    default: KILN_FAIL("TCP collectives reduce f32, f64, i32, i64, u8 or bool, got ", t);
+    default: KILN_FAIL("TCP collectives reduce f32, f64, i64, i32, i16, i8, u8 or bool, got ", t);
   }
 }
 

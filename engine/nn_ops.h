@@ -170,6 +170,17 @@ Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int64_t dim = 1, do
 // Rows of x1, x2 [N, D] and y [N] = +-1: 1 - cos where y = 1, max(0, cos - margin) where y = -1.
 Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin = 0.0,
                              Reduction reduction = Reduction::mean);
+// Connectionist temporal classification (Graves et al. 2006): per sequence, -log of the summed
+// probability of every alignment of its target to its frames. log_probs [T, N, C] (log-softmax
+// outputs; [T, C] for one sequence), targets [N, S] padded or 1-D concatenated ([S] for one sequence;
+// labels in [0, C) other than blank), a length per sequence (input lengths in [1, T]). The targets are
+// read on the host. A target its frames cannot hold gives +inf (0 with zero_infinity, and no
+// gradient). mean: each loss over its target length (at least 1), then the mean over the batch.
+// Computed in f32 at least; the gradient is the exact one with respect to log_probs (PyTorch's adds
+// exp(log_probs), which cancels through log_softmax: the gradients for the logits agree).
+Tensor ctc_loss(const Tensor& log_probs, const Tensor& targets, const std::vector<int64_t>& input_lengths,
+                const std::vector<int64_t>& target_lengths, int64_t blank = 0, Reduction reduction = Reduction::mean,
+                bool zero_infinity = false);
 
 // weight [V, D], indices i64 of any shape -> [..., D]. Rows at padding_idx get no gradient.
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx = -1);

@@ -1,8 +1,11 @@
 // Neural-network ops composed from the fused ones (their gradients, autocast rules and CUDA paths
 // come with them): convolution in 1-D and 3-D and with "same" padding, and the group, instance, RMS
-// and local-response normalisations.
+// and local-response normalisations; the CTC loss.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "engine/autocast.h"
 #include "engine/internal.h"
@@ -294,6 +297,124 @@ Tensor local_response_norm(const Tensor& x, int64_t size, double alpha, double b
   const Tensor sq = (x * x).reshape({n, 1, c, x.numel() / std::max<int64_t>(n * c, 1)});
   const Tensor avg = avg_pool2d(pad(sq, {0, 0, size / 2, (size - 1) / 2}), {size, 1}, {1, 1});
   return x / pow(avg.reshape(x.shape()) * alpha + k, beta);
+}
+
+// ---- CTC ---------------------------------------------------------------------------------------------
+
+namespace {
+// "log 0" inside the recursion: finite, so that logsumexp and its gradient never meet -inf - -inf,
+// and far below any sum of log-probabilities an alignment can have.
+constexpr double kCtcLogZero = -1e30;
+}  // namespace
+
+Tensor ctc_loss(const Tensor& log_probs_in, const Tensor& targets, const std::vector<int64_t>& input_lengths,
+                const std::vector<int64_t>& target_lengths, int64_t blank, Reduction reduction, bool zero_infinity) {
+  KILN_CHECK(log_probs_in.defined() && (log_probs_in.dim() == 3 || log_probs_in.dim() == 2),
+             "ctc_loss: log_probs must be [T, N, C] (or [T, C] for one sequence), got ",
+             log_probs_in.defined() ? log_probs_in.shape() : Shape{});
+  KILN_CHECK(is_floating(log_probs_in.dtype()), "ctc_loss: log_probs must be floating, got ", log_probs_in.type_str());
+  KILN_CHECK(reduction != Reduction::batchmean, "ctc_loss: reduction batchmean is for kl_div; use mean, sum or none");
+  const bool batched = log_probs_in.dim() == 3;
+  // Computed in f32 at least (16-bit inputs are converted; autocast's rule for losses).
+  Tensor lp = amp::autocast_arg(amp::AutocastOp::nll_loss, log_probs_in);
+  if (is_low_precision(lp.dtype())) lp = lp.to(DType::f32);
+  if (!batched) lp = lp.unsqueeze(1);
+  // -inf log-probabilities (classes a softmax masked out) as "log 0": no gradient, no NaN.
+  lp = clamp(lp, kCtcLogZero, std::nullopt);
+  const int64_t T = lp.size(0), N = lp.size(1), C = lp.size(2);
+  KILN_CHECK(blank >= 0 && blank < C, "ctc_loss: blank ", blank, " is not a class of log_probs (C = ", C, ")");
+  KILN_CHECK(int64_t(input_lengths.size()) == N && int64_t(target_lengths.size()) == N, "ctc_loss: ", N,
+             " sequences, but ", input_lengths.size(), " input lengths and ", target_lengths.size(), " target lengths");
+  KILN_CHECK(targets.defined() && is_integral(targets.dtype()) && targets.dtype() != DType::boolean,
+             "ctc_loss: targets must hold class indices (an integer dtype), got ",
+             targets.defined() ? targets.type_str() : std::string("an undefined tensor"));
+  int64_t total = 0, s_max = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    KILN_CHECK(input_lengths[size_t(n)] >= 1 && input_lengths[size_t(n)] <= T, "ctc_loss: input length ",
+               input_lengths[size_t(n)], " of sequence ", n, " is outside [1, T = ", T, "]");
+    KILN_CHECK(target_lengths[size_t(n)] >= 0, "ctc_loss: target length ", target_lengths[size_t(n)], " of sequence ",
+               n, " is negative");
+    total += target_lengths[size_t(n)];
+    s_max = std::max(s_max, target_lengths[size_t(n)]);
+  }
+  // Targets padded [N, S] (S >= every target length), or concatenated 1-D (the sum of the lengths); [S]
+  // for one sequence. Read on the host: the labels are checked and the extended label rows built there.
+  const bool padded = batched ? targets.dim() == 2 : true;
+  if (batched) {
+    KILN_CHECK((targets.dim() == 2 && targets.size(0) == N && targets.size(1) >= s_max) ||
+                   (targets.dim() == 1 && targets.size(0) == total),
+               "ctc_loss: targets must be [N, S] with S >= the longest target (", s_max,
+               ") or 1-D holding the sum of the target lengths (", total, "), got ", targets.shape());
+  } else {
+    KILN_CHECK(targets.dim() == 1 && targets.size(0) >= s_max,
+               "ctc_loss: targets of one sequence must be [S] with S >= ", s_max, ", got ", targets.shape());
+  }
+  const std::vector<int64_t> tv = targets.values<int64_t>();
+  const int64_t stride = padded && targets.dim() == 2 ? targets.size(1) : 0;
+  // Extended labels l' = blank, l1, blank, l2, ..., blank (L = 2 S_max + 1 columns; a shorter target's
+  // extra columns are blanks its alignments never reach). skip: s may come from s - 2 (l'_s is a label
+  // different from l'_{s-2}). Last: the two columns an alignment may end in.
+  const int64_t L = 2 * s_max + 1;
+  std::vector<double> ext(size_t(N * L), double(blank)), skip(size_t(N * L), 0), last(size_t(N * 2), 0),
+      last_ok(size_t(N * 2), 0), first_ok(size_t(N * L), 0);
+  int64_t offset = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t len = target_lengths[size_t(n)];
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t c = tv[size_t(stride ? n * stride + i : offset + i)];
+      KILN_CHECK(c >= 0 && c < C && c != blank, "ctc_loss: target ", i, " of sequence ", n, " is ", c,
+                 c == blank ? " (the blank)" : "", ": labels must be classes in [0, ", C, ") other than blank ", blank);
+      ext[size_t(n * L + 2 * i + 1)] = double(c);
+      if (i > 0 && c != ext[size_t(n * L + 2 * i - 1)]) skip[size_t(n * L + 2 * i + 1)] = 1;
+    }
+    offset += len;
+    first_ok[size_t(n * L)] = 1;
+    if (len > 0) first_ok[size_t(n * L + 1)] = 1;
+    last[size_t(2 * n)] = double(2 * len);
+    last[size_t(2 * n + 1)] = double(std::max<int64_t>(2 * len - 1, 0));
+    last_ok[size_t(2 * n)] = 1;
+    last_ok[size_t(2 * n + 1)] = len > 0 ? 1 : 0;
+  }
+  const Device dev = lp.device();
+  const TensorOptions i64(DType::i64, dev), flag(DType::boolean, dev);
+  const Tensor ext_t = from_vector(ext, {1, N, L}, i64);
+  // lp_ext[t, n, s] = log_probs[t, n, l'_s]
+  const Tensor lp_ext = gather(lp, 2, ext_t.expand({T, N, L}).contiguous());
+  const Tensor skip_t = from_vector(skip, {N, L}, flag);
+  const Tensor zero = full({N, L}, kCtcLogZero, TensorOptions(lp.dtype(), dev));
+  const Tensor zero2 = zero.narrow(1, 0, std::min<int64_t>(2, L));
+  // alpha_t(s): log of the probability of the alignments of the first t + 1 frames that end at s.
+  Tensor alpha = where(from_vector(first_ok, {N, L}, flag), lp_ext.select(0, 0), zero);
+  std::vector<double> active(static_cast<size_t>(N));
+  for (int64_t t = 1; t < *std::max_element(input_lengths.begin(), input_lengths.end()); ++t) {
+    const Tensor from1 = L > 1 ? cat({zero2.narrow(1, 0, 1), alpha.narrow(1, 0, L - 1)}, 1) : zero;
+    const Tensor from2 = L > 2 ? where(skip_t, cat({zero2, alpha.narrow(1, 0, L - 2)}, 1), zero) : zero;
+    const Tensor next = logsumexp(stack({alpha, from1, from2}, 0), {0}) + lp_ext.select(0, t);
+    bool every = true;
+    for (int64_t n = 0; n < N; ++n) {
+      active[size_t(n)] = t < input_lengths[size_t(n)] ? 1 : 0;
+      every = every && active[size_t(n)] != 0;
+    }
+    // A sequence whose frames have all been read keeps its alpha.
+    alpha = every ? next : where(from_vector(active, {N, 1}, flag), next, alpha);
+  }
+  const Tensor ends = where(from_vector(last_ok, {N, 2}, flag), gather(alpha, 1, from_vector(last, {N, 2}, i64)),
+                            full({N, 2}, kCtcLogZero, TensorOptions(lp.dtype(), dev)));
+  const Tensor ll = logsumexp(ends, {1});
+  // No alignment (a target longer than its frames allow): the likelihood stayed at "log 0".
+  const Tensor impossible = lt(ll.detach(), scalar_like(kCtcLogZero / 2, ll));
+  const Tensor inf =
+      full({N}, zero_infinity ? 0.0 : std::numeric_limits<double>::infinity(), TensorOptions(ll.dtype(), dev));
+  Tensor per = where(impossible, inf, -ll);
+  if (!batched) per = per.squeeze(0);
+  if (reduction == Reduction::mean) {
+    // PyTorch's mean: each loss over its target length (at least 1), then the mean over the batch.
+    std::vector<double> lens(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) lens[size_t(n)] = double(std::max<int64_t>(target_lengths[size_t(n)], 1));
+    const Tensor len_t = from_vector(lens, batched ? Shape{N} : Shape{}, TensorOptions(per.dtype(), dev));
+    return mean(per / len_t);
+  }
+  return reduction == Reduction::sum ? sum(per) : per;
 }
 
 }  // namespace kiln

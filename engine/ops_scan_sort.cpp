@@ -13,7 +13,7 @@ namespace kiln {
 namespace {
 
 // x as a contiguous [outer, n, inner] block around dim, in a dtype the kernels take (f32, f64, i32,
-// i64): 16-bit floats go to f32, bool and u8 to i32 (all exact).
+// i64): 16-bit floats go to f32, bool, u8, i8 and i16 to i32 (all exact).
 struct Columns {
   Tensor src;
   int64_t dim = 0, outer = 1, n = 1, inner = 1;
@@ -23,7 +23,9 @@ DType kernel_dtype(DType t) {
     case DType::f16:
     case DType::bf16: return DType::f32;
     case DType::boolean:
-    case DType::u8: return DType::i32;
+    case DType::u8:
+    case DType::i8:
+    case DType::i16: return DType::i32;
     default: return t;
   }
 }

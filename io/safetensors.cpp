@@ -40,12 +40,12 @@ struct DTypeCode {
   const char* name;
   DType dtype;
 };
-constexpr DTypeCode kDTypes[] = {{"F32", DType::f32}, {"F16", DType::f16}, {"BF16", DType::bf16},
-                                 {"F64", DType::f64}, {"I32", DType::i32}, {"I64", DType::i64},
-                                 {"U8", DType::u8},   {"BOOL", DType::boolean}};
+constexpr DTypeCode kDTypes[] = {
+    {"F32", DType::f32}, {"F16", DType::f16}, {"BF16", DType::bf16}, {"F64", DType::f64}, {"I32", DType::i32},
+    {"I64", DType::i64}, {"U8", DType::u8},   {"I8", DType::i8},     {"I16", DType::i16}, {"BOOL", DType::boolean}};
 // Dtypes the format defines that Kiln has no tensor type for.
-constexpr const char* kForeignDTypes[] = {"I8",      "I16",     "U16",     "U32",     "U64", "C64",
-                                          "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"};
+constexpr const char* kForeignDTypes[] = {"U16",     "U32",     "U64",     "C64",     "F8_E4M3",
+                                          "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"};
 
 const char* st_dtype_name(DType t) {
   for (const auto& c : kDTypes)
@@ -199,7 +199,7 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_size, co
                                      [&](const char* f) { return dts == f; });
     KILN_FAIL(at, "dtype ", quote_name(dts),
               foreign ? " is a safetensors dtype that Kiln has no tensor type for" : " is not a safetensors dtype",
-              " (Kiln reads F32 F16 BF16 F64 I32 I64 U8 BOOL)");
+              " (Kiln reads F32 F16 BF16 F64 I32 I64 U8 I8 I16 BOOL)");
   }
 
   const json& sh = v["shape"];

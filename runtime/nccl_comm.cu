@@ -31,8 +31,10 @@ ncclDataType_t nccl_type(DType t) {
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
     case DType::u8: case DType::boolean: return ncclUint8;
+    case DType::i8: return ncclInt8;
+    case DType::i16: break;
   }
-  return ncclFloat32;
+  KILN_FAIL("NCCL reduces no ", t, " tensors (it has no 16-bit integer type): reduce them as i32");
 }
 
 ncclRedOp_t nccl_op(dist::ReduceOp op) {

@@ -1341,6 +1341,65 @@ std::vector<Row> build() {
       })
       .covers({"margin_ranking_loss", "cosine_similarity", "cosine_embedding_loss"})
       .autocast(AutocastOp::reductions);
+  // CTC over log_softmax of 12 frames x 3 sequences x 5 classes: padded and concatenated targets, a
+  // repeated label (which needs a blank between), an empty target, shorter inputs, another blank, one
+  // sequence, and a target no alignment fits (zero_infinity). The reference is the forward recursion in
+  // plain probabilities (f64), not in logs.
+  row("ctc_loss", {{{12, 3, 5}}},
+      [](const V& x) {
+        const Tensor lp = log_softmax(x[0], -1);
+        const TensorOptions i64(DType::i64, x[0].device());
+        const Tensor padded = from_vector({1, 2, 2, 3, 4, 1, 1, 1, 1, 1, 1, 1}, {3, 4}, i64);
+        const Tensor concat = from_vector({1, 2, 2, 3, 4, 1}, {6}, i64);
+        const Tensor other = from_vector({0, 0, 1, 3, 2, 1, 2, 1}, {8}, i64);
+        const Tensor never = from_vector({1, 1, 1, 1, 1, 1, 1, 2, 3}, {9}, i64);
+        return V{ctc_loss(lp, padded, {12, 9, 5}, {4, 2, 0}),
+                 ctc_loss(lp, concat, {12, 9, 5}, {4, 2, 0}, 0, Reduction::none),
+                 ctc_loss(lp, other, {12, 12, 7}, {3, 1, 4}, 4, Reduction::sum),
+                 ctc_loss(lp.select(1, 0), padded.select(0, 0), {12}, {4}, 0, Reduction::none),
+                 ctc_loss(lp, never, {12, 12, 3}, {7, 2, 0}, 0, Reduction::none, true)};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> z = x[0].to_vector();  // [T, N, C] logits
+        const int64_t T = 12, N = 3, C = 5;
+        std::vector<double> p(size_t(T * N * C));  // softmax
+        for (int64_t r = 0; r < T * N; ++r) {
+          double m = -1e300, s = 0;
+          for (int64_t c = 0; c < C; ++c) m = std::max(m, z[size_t(r * C + c)]);
+          for (int64_t c = 0; c < C; ++c) s += std::exp(z[size_t(r * C + c)] - m);
+          for (int64_t c = 0; c < C; ++c) p[size_t(r * C + c)] = std::exp(z[size_t(r * C + c)] - m) / s;
+        }
+        // -log P(target | sequence n's first `frames` frames), or +inf.
+        const auto nll = [&](int64_t n, const std::vector<int64_t>& target, int64_t frames, int64_t blank) {
+          std::vector<int64_t> ext = {blank};
+          for (int64_t c : target) {
+            ext.push_back(c);
+            ext.push_back(blank);
+          }
+          const size_t L = ext.size();
+          std::vector<double> a(L, 0.0), b(L);
+          a[0] = p[size_t(n * C + blank)];
+          if (L > 1) a[1] = p[size_t(n * C + ext[1])];
+          for (int64_t t = 1; t < frames; ++t) {
+            for (size_t s = 0; s < L; ++s) {
+              double v = a[s] + (s >= 1 ? a[s - 1] : 0.0);
+              if (s >= 2 && ext[s] != blank && ext[s] != ext[s - 2]) v += a[s - 2];
+              b[s] = v * p[size_t((t * N + n) * C + ext[s])];
+            }
+            a = b;
+          }
+          const double prob = a[L - 1] + (L > 1 ? a[L - 2] : 0.0);
+          return prob > 0 ? -std::log(prob) : std::numeric_limits<double>::infinity();
+        };
+        const double l0 = nll(0, {1, 2, 2, 3}, 12, 0), l1 = nll(1, {4, 1}, 9, 0), l2 = nll(2, {}, 5, 0);
+        const double s0 = nll(0, {0, 0, 1}, 12, 4), s1 = nll(1, {3}, 12, 4), s2 = nll(2, {2, 1, 2, 1}, 7, 4);
+        const double n0 = nll(0, {1, 1, 1, 1, 1, 1, 1}, 12, 0), n1 = nll(1, {2, 3}, 12, 0), n2 = nll(2, {}, 3, 0);
+        (void)n0;  // +inf: 7 equal labels need 13 frames; zero_infinity makes it 0
+        const auto f64 = [](std::vector<double> v) { return from_vector(v, {int64_t(v.size())}, DType::f64); };
+        return V{scalar_tensor((l0 / 4 + l1 / 2 + l2) / 3, DType::f64), f64({l0, l1, l2}),
+                 scalar_tensor(s0 + s1 + s2, DType::f64), scalar_tensor(l0, DType::f64), f64({0.0, n1, n2})};
+      })
+      .autocast(AutocastOp::nll_loss);
   // ---- shape ops built from views, index_select, gather, cat, where: plain index-by-index references ----
   row("tril_triu", {{{3, 5, 6}}},
       [](const V& x) {

@@ -27,6 +27,7 @@
 #include "kernels/cuda/emulator/emulator.h"
 #include "models/bert.h"
 #include "models/resnet.h"
+#include "tests/int_edges.h"
 #include "tests/op_table.h"
 #include "tests/softmax_edges.h"
 
@@ -129,6 +130,11 @@ TEST_CASE(
     "emulated cuda: large inputs keep log-softmax's precision; a fully masked row gives softmax 0 and attention 0") {
   detail::BackendOverride use(emu::emulated_cuda_backend());
   kiln::testing::check_softmax_edges();
+}
+
+TEST_CASE("emulated cuda: u8, i8 and i16 give the CPU's values (wrapping, division, casts, reductions, sorting)") {
+  detail::BackendOverride use(emu::emulated_cuda_backend());
+  kiln::testing::check_integer_dtypes();
 }
 
 TEST_CASE("emulated cuda: the threads of a block in reverse order give the same results") {

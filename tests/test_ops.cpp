@@ -14,6 +14,7 @@
 
 #include "kiln.h"
 #include "test_util.h"
+#include "tests/int_edges.h"
 
 using namespace kiln;
 using kiln::testing::contains;
@@ -22,7 +23,7 @@ using kiln::testing::error_of;
 namespace {
 
 const DType kFloat[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
-const DType kInt[] = {DType::i32, DType::i64};
+const DType kInt[] = {DType::i32, DType::i64, DType::i16, DType::i8};
 
 struct Tol {
   double atol, rtol;
@@ -565,7 +566,7 @@ TEST_CASE("ops: binary arithmetic on integers") {
     }
     cases.push_back(ic);
   }
-  run_binary_cases(cases, {DType::i32, DType::i64}, false, gen);
+  run_binary_cases(cases, {DType::i32, DType::i64, DType::i16, DType::i8}, false, gen);
   std::vector<BinCase> u8_cases;
   for (const BinCase& c : cases) {
     const std::string n = c.name;
@@ -574,10 +575,16 @@ TEST_CASE("ops: binary arithmetic on integers") {
   run_binary_cases(u8_cases, {DType::u8}, false, gen);
 }
 
+TEST_CASE("ops: u8, i8 and i16 wrap, divide, cast, promote, reduce and sort as docs/ops.md says") {
+  kiln::testing::check_integer_dtypes();
+}
+
 TEST_CASE("ops: comparisons and logical ops give bool") {
   Gen gen(5);
-  run_binary_cases(compare_cases(), {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64}, true,
-                   gen);
+  run_binary_cases(
+      compare_cases(),
+      {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::i16, DType::i8, DType::u8}, true,
+      gen);
   Ref r;
   Tensor x = gen.make({4, 3}, DType::f32, Layout::transposed, -1, 1, r);
   Tensor n = logical_not(gt(x, scalar_tensor(0.0)));

@@ -20,8 +20,8 @@ using kiln::testing::error_of;
 
 namespace {
 
-const DType kAll[] = {DType::f32, DType::f16, DType::bf16, DType::f64,
-                      DType::i32, DType::i64, DType::u8,   DType::boolean};
+const DType kAll[] = {DType::f32, DType::f16, DType::bf16,    DType::f64, DType::i32,
+                      DType::i64, DType::u8,  DType::boolean, DType::i8,  DType::i16};
 
 std::vector<double> iota(int64_t n, double start = 0) {
   std::vector<double> v(static_cast<size_t>(n));
@@ -58,7 +58,9 @@ TEST_CASE("tensor: dtype sizes and names") {
   CHECK(dtype_size(DType::i64) == 8);
   CHECK(dtype_size(DType::u8) == 1);
   CHECK(dtype_size(DType::boolean) == 1);
-  const char* names[] = {"f32", "f16", "bf16", "f64", "i32", "i64", "u8", "bool"};
+  CHECK(dtype_size(DType::i8) == 1);
+  CHECK(dtype_size(DType::i16) == 2);
+  const char* names[] = {"f32", "f16", "bf16", "f64", "i32", "i64", "u8", "bool", "i8", "i16"};
   for (int i = 0; i < kNumDTypes; ++i) {
     CHECK(std::string(dtype_name(kAll[i])) == names[i]);
     CHECK(dtype_from_name(names[i]) == kAll[i]);
@@ -71,6 +73,8 @@ TEST_CASE("tensor: dtype sizes and names") {
   CHECK(dtype_from_name("bfloat16") == DType::bf16);
   CHECK(dtype_from_name("float64") == DType::f64);
   CHECK(dtype_from_name("int64") == DType::i64);
+  CHECK(dtype_from_name("int8") == DType::i8);
+  CHECK(dtype_from_name("int16") == DType::i16);
   CHECK_THROWS_AS(dtype_from_name("complex128"), Error);
   CHECK(is_floating(DType::bf16));
   CHECK(!is_floating(DType::i32));
@@ -81,22 +85,27 @@ TEST_CASE("tensor: dtype sizes and names") {
 }
 
 TEST_CASE("tensor: promote_types table") {
-  // Rows and columns in the order f32 f16 bf16 f64 i32 i64 u8 bool, written out by hand from the
-  // lattice bool < u8 < i32 < i64 < (f16 | bf16) < f32 < f64 with f16 + bf16 = f32.
+  // Rows and columns in the order f32 f16 bf16 f64 i32 i64 u8 bool i8 i16, written out by hand from
+  // the lattice bool < (u8 | i8) < i16 < i32 < i64 < (f16 | bf16) < f32 < f64 with f16 + bf16 = f32
+  // and u8 + i8 = i16.
   using D = DType;
-  const D F = D::f32, H = D::f16, B = D::bf16, F64 = D::f64, I = D::i32, L = D::i64, U = D::u8, O = D::boolean;
-  const D table[8][8] = {
-      /* f32  */ {F, F, F, F64, F, F, F, F},
-      /* f16  */ {F, H, F, F64, H, H, H, H},
-      /* bf16 */ {F, F, B, F64, B, B, B, B},
-      /* f64  */ {F64, F64, F64, F64, F64, F64, F64, F64},
-      /* i32  */ {F, H, B, F64, I, L, I, I},
-      /* i64  */ {F, H, B, F64, L, L, L, L},
-      /* u8   */ {F, H, B, F64, I, L, U, U},
-      /* bool */ {F, H, B, F64, I, L, U, O},
+  const D F = D::f32, H = D::f16, B = D::bf16, F64 = D::f64, I = D::i32, L = D::i64, U = D::u8, O = D::boolean,
+          C = D::i8, S = D::i16;
+  const D table[10][10] = {
+      /* f32  */ {F, F, F, F64, F, F, F, F, F, F},
+      /* f16  */ {F, H, F, F64, H, H, H, H, H, H},
+      /* bf16 */ {F, F, B, F64, B, B, B, B, B, B},
+      /* f64  */ {F64, F64, F64, F64, F64, F64, F64, F64, F64, F64},
+      /* i32  */ {F, H, B, F64, I, L, I, I, I, I},
+      /* i64  */ {F, H, B, F64, L, L, L, L, L, L},
+      /* u8   */ {F, H, B, F64, I, L, U, U, S, S},
+      /* bool */ {F, H, B, F64, I, L, U, O, C, S},
+      /* i8   */ {F, H, B, F64, I, L, S, C, C, S},
+      /* i16  */ {F, H, B, F64, I, L, S, S, S, S},
   };
-  for (int i = 0; i < 8; ++i)
-    for (int j = 0; j < 8; ++j) {
+  static_assert(kNumDTypes == 10);
+  for (int i = 0; i < 10; ++i)
+    for (int j = 0; j < 10; ++j) {
       CAPTURE(std::string(dtype_name(kAll[i])));
       CAPTURE(std::string(dtype_name(kAll[j])));
       CHECK(promote_types(kAll[i], kAll[j]) == table[i][j]);
@@ -560,7 +569,7 @@ TEST_CASE("tensor: contiguous and clone") {
 
 // ---- casts ------------------------------------------------------------------------------------------
 
-TEST_CASE("tensor: to(dtype) for all 64 dtype pairs") {
+TEST_CASE("tensor: to(dtype) for all 100 dtype pairs") {
   const std::vector<double> vals = {0, 1, 2, 3, 100, 7, 0, 42};
   const std::vector<double> bools = {0, 1, 1, 1, 1, 1, 0, 1};
   for (DType from : kAll) {

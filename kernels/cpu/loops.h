@@ -21,13 +21,7 @@ template <> struct AccOf<BFloat16> { using type = float; };
 template <typename T> using Acc = typename AccOf<T>::type;
 
 template <typename T> inline Acc<T> load(const T* p) { return static_cast<Acc<T>>(*p); }
-template <typename T, typename V> inline void store(T* p, V v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    *p = T(static_cast<float>(v));
-  } else {
-    *p = static_cast<T>(v);
-  }
-}
+template <typename T, typename V> inline void store(T* p, V v) { *p = convert_to<T>(v); }
 
 // 16-bit rows are computed in f32 blocks: a block is converted in (contiguous runs by the kernel set's
 // conversion leaves: F16C, 8 at a time, on AVX2 and AVX-512), the op runs on plain floats (which the

@@ -165,15 +165,7 @@ template <typename T> constexpr bool is_float_v =
     std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
 template <typename T> __device__ __forceinline__ DAcc<T> ld(const T* p) { return static_cast<DAcc<T>>(*p); }
-template <typename T, typename V> __device__ __forceinline__ void st(T* p, V v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    *p = T(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<T, bool>) {
-    *p = v != V(0);
-  } else {
-    *p = static_cast<T>(v);
-  }
-}
+template <typename T, typename V> __device__ __forceinline__ void st(T* p, V v) { *p = convert_to<T>(v); }
 
 // Records the first kernel error of the device (later ones are dropped: one clear message).
 __device__ __forceinline__ void flag_error(int* word, KernelError e) { atomicCAS(word, 0, int(e)); }

@@ -60,6 +60,8 @@ bfloat16 = dtype.bfloat16
 float64 = dtype.float64
 int32 = dtype.int32
 int64 = dtype.int64
+int16 = dtype.int16
+int8 = dtype.int8
 uint8 = dtype.uint8
 bool = dtype.bool  # noqa: A001  (as torch.bool)
 float = float32  # noqa: A001
@@ -67,6 +69,7 @@ half = float16
 double = float64
 long = int64
 int = int32  # noqa: A001
+short = int16
 
 # numpy-style aliases
 std = _C.std

@@ -135,6 +135,8 @@ Tensor.long = _cast(_C.dtype.int64)
 Tensor.int = _cast(_C.dtype.int32)
 Tensor.bool = _cast(_C.dtype.bool)
 Tensor.byte = _cast(_C.dtype.uint8)
+Tensor.char = _cast(_C.dtype.int8)
+Tensor.short = _cast(_C.dtype.int16)
 Tensor.cpu = lambda self: self.to("cpu")
 Tensor.cuda = lambda self, device=0: self.to(f"cuda:{device}" if isinstance(device, builtins.int) else device)
 Tensor.is_floating_point = lambda self: self.dtype.is_floating_point

@@ -13,7 +13,7 @@ namespace {
 
 enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
 constexpr const char* kNoKilnDtype =
-    " has no Kiln dtype (Kiln has float32, float16, bfloat16, float64, int32, int64, uint8, bool)";
+    " has no Kiln dtype (Kiln has float32, float16, bfloat16, float64, int64, int32, int16, int8, uint8, bool)";
 
 nb::dlpack::dtype dl_dtype(DType d) {
   using nb::dlpack::dtype_code;
@@ -26,6 +26,8 @@ nb::dlpack::dtype dl_dtype(DType d) {
     case DType::i64: return {uint8_t(dtype_code::Int), 64, 1};
     case DType::u8: return {uint8_t(dtype_code::UInt), 8, 1};
     case DType::boolean: return {uint8_t(dtype_code::Bool), 8, 1};
+    case DType::i8: return {uint8_t(dtype_code::Int), 8, 1};
+    case DType::i16: return {uint8_t(dtype_code::Int), 16, 1};
   }
   return {};
 }
@@ -45,6 +47,8 @@ DType kiln_dtype(nb::dlpack::dtype t, const char* what) {
     if (t.code == uint8_t(dtype_code::Bfloat) && t.bits == 16) return DType::bf16;
     if (t.code == uint8_t(dtype_code::Int) && t.bits == 32) return DType::i32;
     if (t.code == uint8_t(dtype_code::Int) && t.bits == 64) return DType::i64;
+    if (t.code == uint8_t(dtype_code::Int) && t.bits == 16) return DType::i16;
+    if (t.code == uint8_t(dtype_code::Int) && t.bits == 8) return DType::i8;
     if (t.code == uint8_t(dtype_code::UInt) && t.bits == 8) return DType::u8;
     if (t.code == uint8_t(dtype_code::Bool) && t.bits == 8) return DType::boolean;
   }

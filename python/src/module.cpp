@@ -177,7 +177,8 @@ NB_MODULE(_C, m) {
   // KILN_CPU_CACHE_MB, KILN_GEMM, KILN_CPU_ISA.
   tools::apply_environment();
 
-  nb::enum_<DType>(m, "dtype", "Element types. float32 (f32), float16, bfloat16, float64, int32, int64, uint8, bool.")
+  nb::enum_<DType>(m, "dtype",
+                   "Element types. float32 (f32), float16, bfloat16, float64, int64, int32, int16, int8, uint8, bool.")
       .value("float32", DType::f32)
       .value("float16", DType::f16)
       .value("bfloat16", DType::bf16)
@@ -186,6 +187,8 @@ NB_MODULE(_C, m) {
       .value("int64", DType::i64)
       .value("uint8", DType::u8)
       .value("bool", DType::boolean)
+      .value("int8", DType::i8)
+      .value("int16", DType::i16)
       .def_prop_ro("is_floating_point", [](DType d) { return is_floating(d); })
       .def_prop_ro("itemsize", [](DType d) { return dtype_size(d); })
       .def_prop_ro("short_name", [](DType d) { return std::string(dtype_name(d)); });

@@ -393,6 +393,27 @@ void bind_nn_ops(nb::module_& mod) {
         return cosine_embedding_loss(x1, x2, y, margin, r);
       },
       a("input1"), a("input2"), a("target"), nb::arg("margin") = 0.0, nb::arg("reduction") = "mean");
+  m.def(
+      "ctc_loss",
+      [](const Tensor& lp, const Tensor& targets, nb::handle in_lens, nb::handle tgt_lens, int64_t blank,
+         const std::string& red, bool zero_infinity) {
+        // Lengths as sequences of ints or as integer tensors (torch accepts both).
+        const auto lengths = [](nb::handle h, const char* what) {
+          if (nb::isinstance<Tensor>(h)) {
+            const Tensor t = nb::cast<Tensor>(h);
+            if (!is_integral(t.dtype()) || t.dtype() == DType::boolean || t.dim() > 1)
+              value_error(std::string("ctc_loss: ") + what + " must be a 1-D integer tensor, got " + t.type_str());
+            return t.values<int64_t>();
+          }
+          return to_dims(h, what);
+        };
+        const std::vector<int64_t> il = lengths(in_lens, "input_lengths"), tl = lengths(tgt_lens, "target_lengths");
+        const Reduction r = reduction_of(red);
+        R g;
+        return ctc_loss(lp, targets, il, tl, blank, r, zero_infinity);
+      },
+      a("log_probs"), a("targets"), a("input_lengths"), a("target_lengths"), nb::arg("blank") = 0,
+      nb::arg("reduction") = "mean", nb::arg("zero_infinity") = false);
   m.def("cosine_similarity", &cosine_similarity, a("x1"), a("x2"), nb::arg("dim") = 1, nb::arg("eps") = 1e-8, nogil);
 
   // ---- embedding, dropout, attention ----

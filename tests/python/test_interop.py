@@ -14,7 +14,7 @@ except ImportError:  # the README's test command installs it; a bare venv may no
 
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
-NUMPY_DTYPES = [np.float32, np.float16, np.float64, np.int32, np.int64, np.uint8, np.bool_]
+NUMPY_DTYPES = [np.float32, np.float16, np.float64, np.int32, np.int64, np.int16, np.int8, np.uint8, np.bool_]
 
 
 def churn():
@@ -74,8 +74,8 @@ def test_strided_views_keep_strides():
 
 
 def test_numpy_refusals():
-    with pytest.raises(kiln.KilnValueError, match="int16"):
-        kiln.from_numpy(np.zeros(3, dtype=np.int16))
+    with pytest.raises(kiln.KilnValueError, match="uint16"):
+        kiln.from_numpy(np.zeros(3, dtype=np.uint16))
     ro = np.zeros(3, dtype=np.float32)
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
@@ -95,7 +95,9 @@ def test_numpy_protocols():
 
 
 @needs_torch
-@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool"])
+@pytest.mark.parametrize(
+    "name", ["float32", "float16", "bfloat16", "float64", "int32", "int64", "int16", "int8", "uint8", "bool"]
+)
 def test_torch_round_trip_every_dtype(name):
     tt = (torch.arange(12) % 3).to(getattr(torch, name)).reshape(3, 4)
     k = kiln.from_dlpack(tt)

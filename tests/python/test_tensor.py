@@ -221,3 +221,57 @@ def test_attention_options_and_random():
     u = kiln.uniform(2.0, 3.0, (1000,))
     assert 2.0 <= u.min().item() and u.max().item() < 3.0
     assert kiln.sum_to(kiln.ones(4, 3), (1, 3)).tolist() == [[4.0, 4.0, 4.0]]
+
+
+def test_small_integer_dtypes_match_torch():
+    torch = pytest.importorskip("torch")
+    a, b = [100, -128, 127, 5, -7], [100, -1, 1, -3, 2]
+    for name in ("int8", "int16", "uint8", "int32"):
+        kd, td = getattr(kiln, name), getattr(torch, name)
+        ka, kb = kiln.tensor(a).to(kd), kiln.tensor(b).to(kd)
+        ta, tb = torch.tensor(a).to(td), torch.tensor(b).to(td)
+        assert ka.tolist() == ta.tolist(), name  # i64 -> small: the low bits
+        for op in ("__add__", "__sub__", "__mul__", "__lt__", "__eq__"):
+            assert getattr(ka, op)(kb).tolist() == getattr(ta, op)(tb).tolist(), (name, op)
+        assert (ka + 300).tolist() == (ta + 300).tolist(), name  # a whole scalar wraps in the dtype
+        assert kiln.sum(ka).dtype == kiln.int64 and kiln.sum(ka).item() == torch.sum(ta).item(), name
+    # floats into small integers: truncated toward zero, then the low bits (torch on x86-64 the same)
+    f = [-1.0, 300.0, 127.9, -128.5, 2.99, -2.99, 40000.0]
+    for name in ("int8", "int16", "uint8"):
+        got = kiln.tensor(f).to(getattr(kiln, name)).tolist()
+        assert got == torch.tensor(f).to(getattr(torch, name)).tolist(), name
+    mixed = kiln.tensor([-1, 100]).to(kiln.int8) + kiln.tensor([255, 200]).to(kiln.uint8)
+    assert mixed.dtype == kiln.int16 and mixed.tolist() == [254, 300]
+    assert torch.promote_types(torch.int8, torch.uint8) == torch.int16
+    assert kiln.promote_types(kiln.int8, kiln.uint8) == kiln.int16
+    assert kiln.tensor([3]).char().dtype == kiln.int8 and kiln.tensor([3]).short().dtype == kiln.int16
+
+
+def test_ctc_loss_matches_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    T, N, C = 30, 4, 6
+    logits = rng.standard_normal((T, N, C))
+    targets = rng.integers(1, C, size=(N, 8))
+    targets[1, :3] = 2  # a repeated label
+    in_lens, tgt_lens = [30, 25, 17, 30], [8, 5, 0, 14 // 2]
+    for reduction in ("mean", "sum", "none"):
+        k = kiln.tensor(logits, requires_grad=True)
+        kl = kiln.nn.functional.ctc_loss(kiln.nn.functional.log_softmax(k, -1), kiln.tensor(targets), in_lens,
+                                         tgt_lens, reduction=reduction)
+        t = torch.tensor(logits, requires_grad=True)
+        tl = torch.nn.functional.ctc_loss(torch.log_softmax(t, -1), torch.tensor(targets), in_lens, tgt_lens,
+                                          reduction=reduction)
+        assert np.allclose(np.asarray(kl.detach().tolist()), tl.detach().numpy(), rtol=1e-10, atol=1e-10), reduction
+        kl.sum().backward()
+        tl.sum().backward()
+        assert np.allclose(k.grad.numpy(), t.grad.numpy(), rtol=1e-9, atol=1e-10), reduction
+    # lengths as tensors; a target too long for its frames: inf, or 0 with zero_infinity
+    lp = kiln.nn.functional.log_softmax(kiln.tensor(logits[:3]), -1)
+    long_t = kiln.tensor([[1, 2, 3, 4]] * N)
+    lens = kiln.tensor([3] * N)
+    assert all(v == float("inf") for v in kiln.nn.functional.ctc_loss(lp, long_t, lens, [4] * N,
+                                                                       reduction="none").tolist())
+    assert kiln.nn.functional.ctc_loss(lp, long_t, lens, [4] * N, zero_infinity=True).item() == 0.0
+    with pytest.raises(kiln.KilnError, match="blank"):
+        kiln.nn.functional.ctc_loss(lp, kiln.tensor([[0, 1]] * N), [3] * N, [2] * N)

@@ -7,7 +7,7 @@ from .._C import (  # noqa: F401
     relu, gelu, sigmoid, tanh, silu, mish, softsign, logsigmoid, selu, relu6, hardsigmoid, hardswish, softplus,
     leaky_relu, elu, celu, hardtanh, prelu, glu, softmax, log_softmax,
     cross_entropy, nll_loss, mse_loss, l1_loss, binary_cross_entropy_with_logits, binary_cross_entropy,
-    smooth_l1_loss, huber_loss, kl_div, margin_ranking_loss, cosine_embedding_loss, cosine_similarity,
+    smooth_l1_loss, huber_loss, kl_div, margin_ranking_loss, cosine_embedding_loss, cosine_similarity, ctc_loss,
     embedding, dropout, scaled_dot_product_attention, pad, interpolate, pixel_shuffle, pixel_unshuffle,
     one_hot, masked_softmax, attention,
 )

@@ -1,0 +1,142 @@
+// The small integer dtypes (u8, i8, i16) next to i32 and i64: arithmetic that wraps as the integer
+// types do, division and remainders, casts from floats (truncated toward zero through i64, then the
+// low bits: docs/ops.md), promotion between them, reductions into i64, sorting, indexing. Every
+// backend must give the same values: run on the CPU by test_ops.cpp and on the CUDA kernels by
+// test_emulated.cpp.
+#pragma once
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kiln.h"
+
+namespace kiln::testing {
+
+inline void check_integer_dtypes() {
+  using V = std::vector<double>;
+  const auto t = [](const V& v, DType dt) { return from_vector(v, {int64_t(v.size())}, dt); };
+  const auto same = [](const Tensor& x, DType dt, const V& want) {
+    CHECK(x.dtype() == dt);
+    CHECK(x.to_vector() == want);
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+
+  SUBCASE("arithmetic wraps at the type's width") {
+    same(t({100, -128, 127}, DType::i8) + t({100, -1, 1}, DType::i8), DType::i8, {-56, 127, -128});
+    same(t({200, 3, 0}, DType::u8) + t({100, 0, 0}, DType::u8), DType::u8, {44, 3, 0});
+    same(t({3, 0}, DType::u8) - t({5, 1}, DType::u8), DType::u8, {254, 255});
+    same(t({30000, -32768}, DType::i16) + t({30000, -1}, DType::i16), DType::i16, {-5536, 32767});
+    same(t({16, -3, 100}, DType::i8) * t({16, 5, 3}, DType::i8), DType::i8, {0, -15, 44});
+    same(-t({-128, 5, 0}, DType::i8), DType::i8, {-128, -5, 0});
+    same(abs(t({-128, -5, 7}, DType::i8)), DType::i8, {-128, 5, 7});
+    same(abs(t({-32768, -300}, DType::i16)), DType::i16, {-32768, 300});
+    same(pow(t({2, 3, -2}, DType::i8), t({7, 5, 3}, DType::i8)), DType::i8, {-128, -13, -8});
+    same(maximum(t({-5, 100}, DType::i8), t({3, -100}, DType::i8)), DType::i8, {3, 100});
+    same(minimum(t({250, 1}, DType::u8), t({3, 200}, DType::u8)), DType::u8, {3, 1});
+    same(clamp(t({-100, 0, 100}, DType::i8), -10.0, 10.0), DType::i8, {-10, 0, 10});
+    // A whole-number scalar takes the tensor's dtype (and wraps, as PyTorch's does); a fraction makes f32.
+    same(t({1, 2}, DType::i8) + 300.0, DType::i8, {45, 46});
+    same(t({1, 2}, DType::i16) * 2.5, DType::f32, {2.5, 5});
+  }
+
+  SUBCASE("div is true division in f32; remainder takes the divisor's sign, fmod the dividend's") {
+    for (DType dt : {DType::u8, DType::i8, DType::i16, DType::i32, DType::i64}) {
+      INFO("dtype " << dt);
+      const bool sgn = dt != DType::u8;
+      same(div(t({sgn ? -7.0 : 7.0, 7, 9}, dt), t({2, sgn ? -2.0 : 2.0, 3}, dt)), DType::f32,
+           {sgn ? -3.5 : 3.5, sgn ? -3.5 : 3.5, 3});
+      if (sgn) {
+        same(remainder(t({-7, 7, -8}, dt), t({2, -2, 3}, dt)), dt, {1, -1, 1});
+        same(fmod(t({-7, 7, -8}, dt), t({2, -2, 3}, dt)), dt, {-1, 1, -2});
+      }
+      CHECK_THROWS_WITH_AS(remainder(t({1}, dt), t({0}, dt)), doctest::Contains("division by zero"), Error);
+      CHECK_THROWS_WITH_AS(fmod(t({1}, dt), t({0}, dt)), doctest::Contains("division by zero"), Error);
+    }
+    same(remainder(t({255}, DType::u8), t({7}, DType::u8)), DType::u8, {3});
+    same(fmod(t({-128}, DType::i8), t({-1}, DType::i8)), DType::i8, {0});
+  }
+
+  SUBCASE("comparisons and logic give bool") {
+    same(lt(t({-1, 5}, DType::i8), t({0, 5}, DType::i8)), DType::boolean, {1, 0});
+    same(eq(t({255}, DType::u8), t({255}, DType::u8)), DType::boolean, {1});
+    same(ge(t({-300, 300}, DType::i16), t({-300, 301}, DType::i16)), DType::boolean, {1, 0});
+    same(logical_and(t({0, 3}, DType::i8), t({2, 2}, DType::i8)), DType::boolean, {0, 1});
+  }
+
+  SUBCASE("mixed integer dtypes promote to the smallest type holding both") {
+    same(t({-1, 100}, DType::i8) + t({255, 200}, DType::u8), DType::i16, {254, 300});
+    same(t({-1}, DType::i8) + t({1}, DType::boolean), DType::i8, {0});
+    same(t({1000}, DType::i16) * t({1000}, DType::i32), DType::i32, {1000000});
+    same(t({-1}, DType::i16) + t({0.5}, DType::f16), DType::f16, {-0.5});
+  }
+
+  SUBCASE("casts from floats truncate toward zero to i64, then keep the low bits") {
+    const V x = {-1.0, 300.0, 127.9, -128.5, 2.99, -2.99, nan, inf, -inf, 1e30};
+    for (DType from : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+      INFO("from " << from);
+      // The 16-bit floats compute through f32; every value of the last two lines is exact in both.
+      if (from == DType::f32 || from == DType::f64) {
+        same(t(x, from).to(DType::i8), DType::i8, {-1, 44, 127, -128, 2, -2, 0, -1, 0, -1});
+        same(t(x, from).to(DType::u8), DType::u8, {255, 44, 127, 128, 2, 254, 0, 255, 0, 255});
+        same(t(x, from).to(DType::i16), DType::i16, {-1, 300, 127, -128, 2, -2, 0, -1, 0, -1});
+        same(t(x, from).to(DType::i64), DType::i64,
+             {-1, 300, 127, -128, 2, -2, 0, 9223372036854775807.0, -9223372036854775808.0, 9223372036854775807.0});
+      }
+      same(t({-1.0, 2.5, 300.0, nan}, from).to(DType::u8), DType::u8, {255, 2, 44, 0});
+      same(t({-33024.0, 2.5, nan}, from).to(DType::i16), DType::i16, {32512, 2, 0});
+    }
+    same(t({3e9, -3e9}, DType::f64).to(DType::i32), DType::i32, {-1294967296, 1294967296});
+    // f64 -> i64 exactly below 2^63, then saturated
+    const Tensor big = t({9007199254740993.0, -4611686018427387904.0}, DType::f64).to(DType::i64);
+    CHECK(big.values<int64_t>() == std::vector<int64_t>{9007199254740992, -4611686018427387904});
+  }
+
+  SUBCASE("integer narrowing keeps the low bits; widening keeps the value") {
+    same(t({300, -1, 128}, DType::i64).to(DType::i8), DType::i8, {44, -1, -128});
+    same(t({-1, 256, 511}, DType::i16).to(DType::u8), DType::u8, {255, 0, 255});
+    same(t({255, 128}, DType::u8).to(DType::i8), DType::i8, {-1, -128});
+    same(t({-128, 127}, DType::i8).to(DType::i16), DType::i16, {-128, 127});
+    same(t({-32768, 2}, DType::i16).to(DType::f32), DType::f32, {-32768, 2});
+    same(t({-2, 0}, DType::i8).to(DType::boolean), DType::boolean, {1, 0});
+    CHECK(t({-7}, DType::i8).values<int8_t>() == std::vector<int8_t>{-7});
+    CHECK(t({-7}, DType::i16).item<int16_t>() == -7);
+    CHECK(t({200}, DType::u8).item<int64_t>() == 200);
+  }
+
+  SUBCASE("reductions: sums in i64, extremes and indices in the dtype") {
+    const Tensor x = from_vector({100, 100, 100, -128, 127, 0}, {2, 3}, DType::i8);
+    same(sum(x), DType::i64, {299});
+    same(sum(x, {1}), DType::i64, {300, -1});
+    same(sum(from_vector(V(1000, 255), {1000}, DType::u8)), DType::i64, {255000});
+    const Tensor m = mean(x, {1});
+    CHECK(m.dtype() == DType::f32);
+    CHECK(m.to_vector()[0] == 100);
+    CHECK(m.to_vector()[1] == doctest::Approx(-1.0 / 3.0));
+    same(amax(x, {1}), DType::i8, {100, 127});
+    same(amin(x, {0}), DType::i8, {-128, 100, 0});
+    same(argmax(x, 1), DType::i64, {0, 1});
+    same(argmin(from_vector({40000 - 65536, 5, -32768}, {3}, DType::i16), 0), DType::i64, {2});
+    same(cumsum(t({100, 100, 100}, DType::i8), 0), DType::i64, {100, 200, 300});
+    same(prod(t({16, 16, 4}, DType::i8)), DType::i64, {1024});
+    same(count_nonzero(t({0, -1, 2}, DType::i8)), DType::i64, {2});
+  }
+
+  SUBCASE("sorting, indexing, where and concatenation move the values") {
+    const Tensor x = t({5, -128, 127, 0, -1}, DType::i8);
+    same(sort(x, 0).values, DType::i8, {-128, -1, 0, 5, 127});
+    same(argsort(x, 0, true), DType::i64, {2, 0, 3, 4, 1});
+    same(topk(t({300, -300, 7}, DType::i16), 2).values, DType::i16, {300, 7});
+    same(index_select(x, 0, from_vector({4, 0}, {2}, DType::i64)), DType::i8, {-1, 5});
+    same(gather(x, 0, from_vector({1, 1, 2}, {3}, DType::i64)), DType::i8, {-128, -128, 127});
+    same(where(t({1, 0}, DType::boolean), t({-5, -6}, DType::i8), t({7, 8}, DType::i8)), DType::i8, {-5, 8});
+    same(cat({t({1}, DType::u8), t({255}, DType::u8)}, 0), DType::u8, {1, 255});
+    same(flip(t({1, -2, 3}, DType::i16), {0}), DType::i16, {3, -2, 1});
+    same(full({2}, -3, DType::i16), DType::i16, {-3, -3});
+    same(arange(3, TensorOptions(DType::i8)), DType::i8, {0, 1, 2});
+  }
+}
+
+}  // namespace kiln::testing
