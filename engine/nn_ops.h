@@ -71,6 +71,10 @@ Tensor avg_pool1d(const Tensor& x, int64_t kernel, int64_t stride = 0, int64_t p
 // per-dim counts, which is what a 3-D window's count is). stride {0, 0, 0} means stride = kernel.
 Tensor max_pool3d(const Tensor& x, Triple kernel, Triple stride = {0, 0, 0}, Triple padding = {0, 0, 0},
                   Triple dilation = {1, 1, 1}, bool ceil_mode = false);
+// return_indices: each maximum's flat index (d H + h) W + w within its volume, the first in (d, h, w)
+// order in a tie (the depth pass picks the first slice, the slice's 2-D pass its first position).
+ValuesIndices max_pool3d_with_indices(const Tensor& x, Triple kernel, Triple stride = {0, 0, 0},
+                                      Triple padding = {0, 0, 0}, Triple dilation = {1, 1, 1}, bool ceil_mode = false);
 Tensor avg_pool3d(const Tensor& x, Triple kernel, Triple stride = {0, 0, 0}, Triple padding = {0, 0, 0},
                   bool count_include_pad = true, bool ceil_mode = false, int64_t divisor_override = 0);
 // The inverse of max pooling: x's values put at `indices` (max_pool*_with_indices' flat positions
@@ -81,6 +85,9 @@ Tensor max_unpool2d(const Tensor& x, const Tensor& indices, Pair kernel, Pair st
                     std::optional<Pair> output_size = std::nullopt);
 Tensor max_unpool1d(const Tensor& x, const Tensor& indices, int64_t kernel, int64_t stride = 0, int64_t padding = 0,
                     std::optional<int64_t> output_size = std::nullopt);
+// [N, C, D, H, W] or [C, D, H, W] with max_pool3d_with_indices' indices.
+Tensor max_unpool3d(const Tensor& x, const Tensor& indices, Triple kernel, Triple stride = {0, 0, 0},
+                    Triple padding = {0, 0, 0}, std::optional<Triple> output_size = std::nullopt);
 Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size);
 
 // x [N, C, *]. In training, normalises with batch statistics and updates running_mean/var in place

@@ -184,6 +184,31 @@ Tensor max_pool3d(const Tensor& x, Triple kernel, Triple stride_in, Triple paddi
       });
 }
 
+ValuesIndices max_pool3d_with_indices(const Tensor& x_in, Triple kernel, Triple stride_in, Triple padding,
+                                      Triple dilation, bool ceil_mode) {
+  const Triple stride = stride_or_kernel(stride_in, kernel);
+  check_pool3d("max_pool3d_with_indices", x_in, kernel, stride, padding, dilation);
+  const Tensor x = x_in.dim() == 4 ? x_in.unsqueeze(0) : x_in;
+  const int64_t n = x.size(0), c = x.size(1), d = x.size(2), h = x.size(3), w = x.size(4);
+  // The 2-D pool of every depth slice (in-plane indices), then the pool down the depth, whose index
+  // is dsel * (Ho Wo) + column; the in-plane index of the picked slice is gathered.
+  const ValuesIndices a =
+      max_pool2d_with_indices(x.reshape({n, c * d, h, w}), {kernel[1], kernel[2]}, {stride[1], stride[2]},
+                              {padding[1], padding[2]}, {dilation[1], dilation[2]}, ceil_mode);
+  const int64_t ho = a.values.size(2), wo = a.values.size(3);
+  const ValuesIndices b = max_pool2d_with_indices(a.values.reshape({n * c, 1, d, ho * wo}), {kernel[0], 1},
+                                                  {stride[0], 1}, {padding[0], 0}, {dilation[0], 1}, ceil_mode);
+  const int64_t dout = b.values.size(2);
+  const Tensor col = arange(ho * wo, TensorOptions(DType::i64, x.device())).reshape({1, 1, ho * wo});
+  const Tensor rows = b.indices.reshape({n * c, dout, ho * wo}) - col;  // dsel * (Ho Wo), exact
+  const Tensor dsel = (rows.to(DType::f64) / double(ho * wo)).to(DType::i64);
+  const Tensor in_plane = gather(a.indices.reshape({n * c, d, ho * wo}), 1, dsel);
+  const Tensor idx = (dsel * double(h * w) + in_plane).reshape({n, c, dout, ho, wo});
+  const Tensor y = b.values.reshape({n, c, dout, ho, wo});
+  if (x_in.dim() == 4) return {y.squeeze(0), idx.squeeze(0)};
+  return {y, idx};
+}
+
 Tensor avg_pool3d(const Tensor& x, Triple kernel, Triple stride_in, Triple padding, bool count_include_pad,
                   bool ceil_mode, int64_t divisor_override) {
   const Triple stride = stride_or_kernel(stride_in, kernel);
@@ -203,32 +228,55 @@ Tensor avg_pool3d(const Tensor& x, Triple kernel, Triple stride_in, Triple paddi
   return divisor_override > 0 ? y / double(divisor_override) : y;
 }
 
+namespace {
+// x's values put at `indices` (flat positions within each plane of `out` sizes, the last dims) of
+// zero planes. Scattered by sums, each position divided by how many entries name it: overlapping
+// windows can pick the same element, and then they carry the same value, which the mean keeps. The
+// gradient is that function's (shared among the entries), so max_unpool of max_pool passes each
+// element's gradient once.
+Tensor unpool(const char* op, const Tensor& x, const Tensor& indices, const Shape& out) {
+  KILN_CHECK(indices.defined() && indices.dtype() == DType::i64 && indices.shape() == x.shape(), op,
+             ": indices must be i64 of the input's shape ", x.shape(), ", got ",
+             indices.defined() ? indices.type_str() : std::string("undefined"));
+  const size_t k = out.size();
+  int64_t in_plane = 1, out_plane = 1;
+  for (size_t i = 0; i < k; ++i) {
+    KILN_CHECK(out[i] >= 1, op, ": output size ", out, " must be positive");
+    in_plane *= x.size(int64_t(i) - int64_t(k));
+    out_plane *= out[i];
+  }
+  const int64_t planes = x.numel() / std::max<int64_t>(in_plane, 1);
+  const Tensor idx = indices.reshape({planes, in_plane}).contiguous();
+  const Tensor xf = x.reshape({planes, in_plane});
+  const Tensor base = zeros({planes, out_plane}, TensorOptions(xf.dtype(), x.device()));
+  const Tensor sums = scatter_add(base, 1, idx, xf);
+  const Tensor counts = scatter_add(base, 1, idx, ones_like(xf.detach()));
+  Shape out_shape = x.shape();
+  for (size_t i = 0; i < k; ++i) out_shape[out_shape.size() - k + i] = out[i];
+  return where(gt(counts, ones_like(counts)), sums / counts, sums).reshape(out_shape);
+}
+}  // namespace
+
 Tensor max_unpool2d(const Tensor& x, const Tensor& indices, Pair kernel, Pair stride, Pair padding,
                     std::optional<Pair> output_size) {
   const char* op = "max_unpool2d";
   check_pool_input(op, x, 2, "[N, C, H, W] or [C, H, W]");
-  KILN_CHECK(indices.defined() && indices.dtype() == DType::i64 && indices.shape() == x.shape(), op,
-             ": indices must be i64 of the input's shape ", x.shape(), ", got ",
-             indices.defined() ? indices.type_str() : std::string("undefined"));
   if (stride[0] == 0 && stride[1] == 0) stride = kernel;
-  const int64_t h = x.size(-2), w = x.size(-1);
-  const int64_t oh = output_size ? (*output_size)[0] : (h - 1) * stride[0] - 2 * padding[0] + kernel[0];
-  const int64_t ow = output_size ? (*output_size)[1] : (w - 1) * stride[1] - 2 * padding[1] + kernel[1];
-  KILN_CHECK(oh >= 1 && ow >= 1, op, ": output size ", oh, "x", ow, " must be positive");
-  const int64_t planes = x.numel() / std::max<int64_t>(h * w, 1);
-  // Scattered by sums, each position divided by how many entries name it: overlapping windows can
-  // pick the same element, and then they carry the same value, which the mean keeps. The gradient is
-  // that function's (shared among the entries), so max_unpool of max_pool passes each element's
-  // gradient once.
-  const Tensor idx = indices.reshape({planes, h * w}).contiguous();
-  const Tensor xf = x.reshape({planes, h * w});
-  const Tensor base = zeros({planes, oh * ow}, TensorOptions(xf.dtype(), x.device()));
-  const Tensor sums = scatter_add(base, 1, idx, xf);
-  const Tensor counts = scatter_add(base, 1, idx, ones_like(xf.detach()));
-  Shape out_shape = x.shape();
-  out_shape[out_shape.size() - 2] = oh;
-  out_shape[out_shape.size() - 1] = ow;
-  return where(gt(counts, ones_like(counts)), sums / counts, sums).reshape(out_shape);
+  Shape out(2);
+  for (size_t i = 0; i < 2; ++i)
+    out[i] = output_size ? (*output_size)[i] : (x.size(int64_t(i) - 2) - 1) * stride[i] - 2 * padding[i] + kernel[i];
+  return unpool(op, x, indices, out);
+}
+
+Tensor max_unpool3d(const Tensor& x, const Tensor& indices, Triple kernel, Triple stride, Triple padding,
+                    std::optional<Triple> output_size) {
+  const char* op = "max_unpool3d";
+  check_pool_input(op, x, 3, "[N, C, D, H, W] or [C, D, H, W]");
+  stride = stride_or_kernel(stride, kernel);
+  Shape out(3);
+  for (size_t i = 0; i < 3; ++i)
+    out[i] = output_size ? (*output_size)[i] : (x.size(int64_t(i) - 3) - 1) * stride[i] - 2 * padding[i] + kernel[i];
+  return unpool(op, x, indices, out);
 }
 
 Tensor max_unpool1d(const Tensor& x, const Tensor& indices, int64_t kernel, int64_t stride, int64_t padding,

@@ -949,6 +949,8 @@ std::vector<Row> build() {
         const ValuesIndices m = max_pool2d_with_indices(x[0], {3, 3}, {2, 2}, {1, 1}, {1, 1}, true);
         const ValuesIndices m1 = max_pool1d_with_indices(x[1], 3, 2, 1, 1, true);
         const ValuesIndices mo = max_pool2d_with_indices(x[0], {3, 3}, {1, 1});
+        const ValuesIndices m3 = max_pool3d_with_indices(x[2], {2, 3, 2}, {2, 2, 2}, {1, 1, 0}, {1, 1, 2}, true);
+        const ValuesIndices mo3 = max_pool3d_with_indices(x[2].select(0, 1), {2, 2, 3}, {1, 1, 1});
         return V{m.values,
                  m.indices,
                  avg_pool2d(x[0], {3, 2}, {2, 2}, {1, 0}, false, true),
@@ -961,14 +963,22 @@ std::vector<Row> build() {
                  avg_pool3d(x[2], {3, 2, 3}, {2, 2, 2}, {1, 1, 1}, false, true),
                  avg_pool3d(x[2], {2, 2, 2}, {}, {}, true, false, 5),
                  max_unpool2d(mo.values, mo.indices, {3, 3}, {1, 1}),
-                 max_unpool1d(m1.values, m1.indices, 3, 2, 1, 11)};
+                 max_unpool1d(m1.values, m1.indices, 3, 2, 1, 11),
+                 m3.values,
+                 m3.indices,
+                 max_unpool3d(mo3.values, mo3.indices, {2, 2, 3}, {1, 1, 1}),
+                 max_unpool3d(m3.values, m3.indices, {2, 3, 2}, {2, 2, 2}, {1, 1, 0}, Triple{5, 6, 7})};
       })
       .ref([](const V& x) {
         const V m = pool_ref(x[0], {{3, 3}, {2, 2}, {1, 1}, {1, 1}, true});
         const V m1 = pool_ref(x[1], {{3}, {2}, {1}, {1}, true});
         const V mo = pool_ref(x[0], {{3, 3}, {1, 1}, {0, 0}, {1, 1}});
-        const auto unpool = [](const Tensor& v, const Tensor& at, const Shape& shape) {
-          const int64_t plane = shape[shape.size() - 1] * (shape.size() > 3 ? shape[shape.size() - 2] : 1);
+        const V m3 = pool_ref(x[2], {{2, 3, 2}, {2, 2, 2}, {1, 1, 0}, {1, 1, 2}, true});
+        const V mo3 = pool_ref(x[2].select(0, 1), {{2, 2, 3}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}});
+        // Each value at its index of a zero plane (the last `dims` dims of shape); distinct indices only.
+        const auto unpool = [](const Tensor& v, const Tensor& at, const Shape& shape, size_t dims) {
+          int64_t plane = 1;
+          for (size_t i = shape.size() - dims; i < shape.size(); ++i) plane *= shape[i];
           const std::vector<double> vv = v.to_vector(), aa = at.to_vector();
           std::vector<double> y(size_t(Tensor(zeros(shape)).numel()), 0.0);
           const int64_t per = v.numel() / (Tensor(zeros(shape)).numel() / plane);
@@ -986,11 +996,15 @@ std::vector<Row> build() {
                  pool_ref(x[2], {{2, 3, 2}, {2, 2, 2}, {1, 1, 0}, {1, 1, 2}, true})[0],
                  pool_ref(x[2], {{3, 2, 3}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1}, true, false, false})[0],
                  pool_ref(x[2], {{2, 2, 2}, {2, 2, 2}, {0, 0, 0}, {1, 1, 1}, false, false, true, 5})[0],
-                 unpool(mo[0], mo[1], {2, 3, 10, 9}),
-                 unpool(m1[0], m1[1], {2, 3, 11})};
+                 unpool(mo[0], mo[1], {2, 3, 10, 9}, 2),
+                 unpool(m1[0], m1[1], {2, 3, 11}, 1),
+                 m3[0],
+                 m3[1],
+                 unpool(mo3[0], mo3[1], {2, 5, 6, 7}, 3),
+                 unpool(m3[0], m3[1], {2, 2, 5, 6, 7}, 3)};
       })
       .covers({"max_pool2d_with_indices", "avg_pool2d", "max_pool1d_with_indices", "avg_pool1d", "max_pool3d",
-               "avg_pool3d", "max_unpool2d", "max_unpool1d"})
+               "avg_pool3d", "max_unpool2d", "max_unpool1d", "max_pool3d_with_indices", "max_unpool3d"})
       .autocast(AutocastOp::pooling);
   row("max_pool1d", {{{2, 3, 12}}},
       [](const V& x) {

@@ -179,14 +179,22 @@ void bind_nn_ops(nb::module_& mod) {
       nb::arg("ceil_mode") = false, nb::arg("return_indices") = false);
   m.def(
       "max_pool3d",
-      [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, nb::handle d, bool ceil_mode) {
+      [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, nb::handle d, bool ceil_mode,
+         bool return_indices) -> nb::object {
         const Triple kk = tuple_of<3>(k, "kernel_size"), ss = tuple_of<3>(s, "stride", 0),
                      pp = tuple_of<3>(p, "padding"), dd = tuple_of<3>(d, "dilation", 1);
-        R r;
-        return max_pool3d(x, kk, ss, pp, dd, ceil_mode);
+        ValuesIndices vi;
+        {
+          R r;
+          if (return_indices)
+            vi = max_pool3d_with_indices(x, kk, ss, pp, dd, ceil_mode);
+          else
+            vi.values = max_pool3d(x, kk, ss, pp, dd, ceil_mode);
+        }
+        return return_indices ? nb::object(nb::make_tuple(vi.values, vi.indices)) : nb::cast(vi.values);
       },
       a("input"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0, nb::arg("dilation") = 1,
-      nb::arg("ceil_mode") = false);
+      nb::arg("ceil_mode") = false, nb::arg("return_indices") = false);
   m.def(
       "avg_pool1d",
       [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, bool ceil_mode, bool cip) {
@@ -238,6 +246,22 @@ void bind_nn_ops(nb::module_& mod) {
         }
         R r;
         return max_unpool2d(x, idx, kk, ss, pp, os);
+      },
+      a("input"), a("indices"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0,
+      nb::arg("output_size") = nb::none());
+  m.def(
+      "max_unpool3d",
+      [](const Tensor& x, const Tensor& idx, nb::handle k, nb::handle s, nb::handle p, nb::handle size) {
+        const Triple kk = tuple_of<3>(k, "kernel_size"), ss = tuple_of<3>(s, "stride", 0),
+                     pp = tuple_of<3>(p, "padding");
+        std::optional<Triple> os;
+        if (!size.is_none()) {
+          std::vector<int64_t> v = to_dims(size, "output_size");
+          if (v.size() < 3) value_error("output_size: expected (D, H, W) or a longer size ending in them");
+          os = Triple{v[v.size() - 3], v[v.size() - 2], v[v.size() - 1]};
+        }
+        R r;
+        return max_unpool3d(x, idx, kk, ss, pp, os);
       },
       a("input"), a("indices"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0,
       nb::arg("output_size") = nb::none());

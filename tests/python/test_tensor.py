@@ -275,3 +275,17 @@ def test_ctc_loss_matches_torch():
     assert kiln.nn.functional.ctc_loss(lp, long_t, lens, [4] * N, zero_infinity=True).item() == 0.0
     with pytest.raises(kiln.KilnError, match="blank"):
         kiln.nn.functional.ctc_loss(lp, kiln.tensor([[0, 1]] * N), [3] * N, [2] * N)
+
+
+def test_max_pool3d_indices_and_unpool_match_torch():
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(5).standard_normal((2, 3, 5, 6, 7))
+    x[0, 0, 1, 2, 3] = x[0, 0, 2, 2, 3] = 9.0  # a tie across slices: the first in (d, h, w) order wins
+    kv, ki = kiln.nn.functional.max_pool3d(kiln.tensor(x), (2, 3, 2), (2, 2, 2), (1, 1, 0), (1, 1, 2), True,
+                                           return_indices=True)
+    tv, ti = torch.nn.functional.max_pool3d(torch.tensor(x), (2, 3, 2), (2, 2, 2), (1, 1, 0), (1, 1, 2), True,
+                                            return_indices=True)
+    assert np.array_equal(kv.numpy(), tv.numpy()) and np.array_equal(ki.numpy(), ti.numpy())
+    ku = kiln.nn.functional.max_unpool3d(kv, ki, (2, 3, 2), (2, 2, 2), (1, 1, 0), output_size=(5, 6, 7))
+    tu = torch.nn.functional.max_unpool3d(tv, ti, (2, 3, 2), (2, 2, 2), (1, 1, 0), output_size=(5, 6, 7))
+    assert np.array_equal(ku.numpy(), tu.numpy())
