@@ -17,7 +17,8 @@ constexpr AutocastRule kRules[] = {
      "its depth planes in f32)"},
     {O::softmax, "softmax", P::fp32, "exp of large logits overflows f16"},
     {O::log_softmax, "log_softmax", P::fp32, "as softmax"},
-    {O::layer_norm, "layer_norm", P::fp32, "mean and variance of a row need f32; its output feeds the residual stream"},
+    {O::layer_norm, "layer_norm, group_norm, instance_norm, rms_norm, local_response_norm", P::fp32,
+     "mean and variance of a row need f32; its output feeds the residual stream"},
     {O::cross_entropy, "cross_entropy", P::fp32, "losses are reductions over many terms"},
     {O::nll_loss, "nll_loss, ctc_loss", P::fp32, "as cross_entropy"},
     {O::mse_loss, "mse_loss, l1_loss, smooth_l1_loss, huber_loss", P::fp32, "squares overflow f16"},
@@ -26,12 +27,14 @@ constexpr AutocastRule kRules[] = {
     {O::embedding, "embedding", P::native, "a gather: the f32 table gives f32 rows"},
     {O::dropout, "dropout", P::native, "mask and scale in the input's dtype"},
     {O::pooling, "max/avg/adaptive pooling", P::native, "f32 sums inside, output in the input's dtype"},
-    {O::elementwise, "elementwise (add, mul, relu, gelu, ...)", P::native,
+    {O::elementwise, "elementwise and data movement (add, mul, relu, gelu, pad, gather, cat, ...)", P::native,
      "computed in f32, stored in the input's dtype; mixed dtypes promote (f16 + f32 -> f32)"},
     {O::reductions, "sum, mean, max, ...", P::native,
      "sums accumulate in f64 on the CPU; the result keeps the input's dtype"},
+    {O::attention, "scaled_dot_product_attention, attention", P::lower,
+     "its two products are GEMMs; the softmax between them computes in f32"},
 };
-static_assert(sizeof(kRules) / sizeof(kRules[0]) == size_t(O::reductions) + 1, "one rule per AutocastOp");
+static_assert(sizeof(kRules) / sizeof(kRules[0]) == size_t(O::attention) + 1, "one rule per AutocastOp");
 
 constexpr bool rules_in_order() {
   for (size_t i = 0; i < sizeof(kRules) / sizeof(kRules[0]); ++i)

@@ -17,9 +17,23 @@ enum class CastPolicy : uint8_t {
 };
 
 enum class AutocastOp : uint8_t {
-  matmul, linear, conv2d,
-  softmax, log_softmax, layer_norm, cross_entropy, nll_loss, mse_loss, binary_cross_entropy_with_logits,
-  batch_norm, embedding, dropout, pooling, elementwise, reductions,
+  matmul,
+  linear,
+  conv2d,
+  softmax,
+  log_softmax,
+  layer_norm,
+  cross_entropy,
+  nll_loss,
+  mse_loss,
+  binary_cross_entropy_with_logits,
+  batch_norm,
+  embedding,
+  dropout,
+  pooling,
+  elementwise,
+  reductions,
+  attention,
 };
 
 struct AutocastRule {

@@ -109,7 +109,7 @@ StateDict Module::state_dict() const {
   return sd;
 }
 
-void Module::load_state_dict(const StateDict& sd, bool strict) {
+Module::IncompatibleKeys Module::load_state_dict(const StateDict& sd, bool strict) {
   StateDict mine = state_dict();
   std::vector<std::string> missing, unexpected, mismatched;
   for (const auto& [n, t] : mine) {
@@ -141,6 +141,7 @@ void Module::load_state_dict(const StateDict& sd, bool strict) {
     auto it = sd.find(n);
     if (it != sd.end()) Tensor(t).copy_(it->second.to(t.dtype()).to(t.device()));
   }
+  return {missing, unexpected};
 }
 
 // ---- layers -------------------------------------------------------------------------------------------

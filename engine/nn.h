@@ -39,8 +39,13 @@ class Module {
   // Parameters and buffers under their dotted names (buffers included, as checkpoints expect).
   StateDict state_dict() const;
   // Copies values into this module's tensors (converting dtype). With strict, any missing,
-  // unexpected or mis-shaped name is an error that lists all of them; without, the matching ones load.
-  void load_state_dict(const StateDict& sd, bool strict = true);
+  // unexpected or mis-shaped name is an error that lists all of them; without, the matching ones load
+  // and the names left out are returned (as torch's load_state_dict does), so a caller can say which
+  // it ignored.
+  struct IncompatibleKeys {
+    std::vector<std::string> missing, unexpected;
+  };
+  IncompatibleKeys load_state_dict(const StateDict& sd, bool strict = true);
 
  protected:
   Tensor register_parameter(const std::string& name, Tensor t);  // flags requires_grad

@@ -314,7 +314,8 @@ Tensor instance_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, d
   return group_norm(x, x.size(1), gamma, beta, eps);
 }
 
-Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, std::optional<double> eps) {
+Tensor rms_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight, std::optional<double> eps) {
+  const Tensor x = amp::autocast_arg(amp::AutocastOp::layer_norm, x_in);  // f32 under autocast, as layer_norm
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(x.defined() && is_floating(x.dtype()), "rms_norm: input must be a floating tensor");
   KILN_CHECK(k >= 1 && k <= x.dim() && Shape(x.shape().end() - k, x.shape().end()) == normalized_shape,
@@ -336,7 +337,8 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
   return y.dtype() == dt ? y : cast(y, dt);
 }
 
-Tensor local_response_norm(const Tensor& x, int64_t size, double alpha, double beta, double k) {
+Tensor local_response_norm(const Tensor& x_in, int64_t size, double alpha, double beta, double k) {
+  const Tensor x = amp::autocast_arg(amp::AutocastOp::layer_norm, x_in);
   KILN_CHECK(x.defined() && x.dim() >= 2, "local_response_norm: input must be [N, C, *], got ",
              x.defined() ? x.shape() : Shape{});
   KILN_CHECK(size >= 1, "local_response_norm: size must be >= 1, got ", size);

@@ -485,7 +485,9 @@ std::vector<Row> build() {
   // Casts that keep the values: gradients come back through them.
   row("cast_grad", {{{33, 17}}}, [](const V& x) { return V{cast(x[0], DType::f64) * x[0], cast(cast(x[0], DType::f64) * 2.0, x[0].dtype())}; })
       .covers({"cast"});
-  row("contiguous", {{{33, 17}}}, [](const V& x) { return one(x[0].t().contiguous() * x[0].t()); }).covers({});
+  row("contiguous", {{{33, 17}}}, [](const V& x) { return one(x[0].t().contiguous() * x[0].t()); })
+      .covers({})
+      .autocast(AutocastOp::elementwise);
 
   auto bin = [&](const char* name, Tensor (*f)(const Tensor&, const Tensor&), double (*r)(double, double),
                  Kind kb = Kind::normal) -> Row& {
@@ -530,8 +532,15 @@ std::vector<Row> build() {
       .autocast(ew)
       .tol(3e-2);
   // Every broadcasting pattern: scalar (0-dim) on either side, a vector against a column, 1 against many.
-  row("broadcast", {{{3, 1, 4}}, {{2, 1}, Kind::positive}, {{2, 3}}, {{}, Kind::positive}, {{}}, {{2, 3}, Kind::positive},
-                    {{4}}, {{3, 1}, Kind::positive}},
+  row("broadcast",
+      {{{3, 1, 4}},
+       {{2, 1}, Kind::positive},
+       {{2, 3}},
+       {{}, Kind::positive},
+       {{}},
+       {{2, 3}, Kind::positive},
+       {{4}},
+       {{3, 1}, Kind::positive}},
       [](const V& x) {
         V out;
         for (int p = 0; p < 4; ++p) {
@@ -544,11 +553,15 @@ std::vector<Row> build() {
         return out;
       })
       .covers({"add", "sub", "mul", "div", "maximum", "minimum", "pow"})
-      .f32_only();
+      .f32_only()
+      .autocast(AutocastOp::elementwise);
   // One tensor on both sides of a binary op: both gradients land on the same leaf.
   row("same_operand", {{{7}, Kind::positive}},
-      [](const V& x) { return V{x[0] * x[0], pow(x[0], x[0]), x[0].unsqueeze(1) / x[0]}; })
-      .covers({"mul", "pow", "div"});
+      [](const V& x) {
+        return V{x[0] * x[0], pow(x[0], x[0]), x[0].unsqueeze(1) / x[0]};
+      })
+      .covers({"mul", "pow", "div"})
+      .autocast(AutocastOp::elementwise);
   row("where", {{{4, 33, 17}, Kind::mask}, {{4, 33, 17}}, {{33, 17}}, {{4, 1, 17}, Kind::mask}, {{33, 1}}, {{}}},
       [](const V& x) { return V{where(x[0], x[1], x[2]), where(x[3], x[4], x[5]), where(x[0], exp(x[2]), x[2] * x[2])}; })
       .autocast(ew);
@@ -585,7 +598,8 @@ std::vector<Row> build() {
                  })};
       })
       .covers({"isnan", "isinf", "isfinite", "nan_to_num"})
-      .f32_only();
+      .f32_only()
+      .autocast(AutocastOp::elementwise);
   row("lerp", {{{33, 17}}, {{33, 17}}, {{17}, Kind::unit}},
       [](const V& x) {
         return V{lerp(x[0], x[1], x[2] * 2.0 - 0.5), lerp(x[0], x[1], 0.3), lerp(x[0], x[1], 0.8)};
@@ -624,7 +638,14 @@ std::vector<Row> build() {
   row("sum", {{{6, 1000, 7}}}, [](const V& x) { return V{sum(x[0], {1}), sum(x[0], {0, 2}), sum(x[0])}; })
       .autocast(AutocastOp::reductions)
       .tol(5e-2);
-  row("sum_large", {{{3, 20000}}}, [](const V& x) { return V{sum(x[0], {1}), sum(x[0])}; }).covers({"sum"}).tol(5e-2, 1e-4).f32_only();
+  row("sum_large", {{{3, 20000}}},
+      [](const V& x) {
+        return V{sum(x[0], {1}), sum(x[0])};
+      })
+      .covers({"sum"})
+      .tol(5e-2, 1e-4)
+      .f32_only()
+      .autocast(AutocastOp::reductions);
   // Every dim set, with and without keepdim, on contiguous and strided views.
   row("reduce_dims", {{{3, 4, 5}}},
       [](const V& x) {
@@ -644,11 +665,21 @@ std::vector<Row> build() {
         return out;
       })
       .covers({"sum", "mean", "var", "amax", "amin"})
-      .tol(5e-2);
+      .tol(5e-2)
+      .autocast(AutocastOp::reductions);
   row("mean", {{{6, 100, 7}}}, [](const V& x) { return V{mean(x[0], {1}), mean(x[0], {2}, true)}; }).autocast(AutocastOp::reductions);
-  row("var", {{{6, 100, 7}}}, [](const V& x) { return V{var(x[0], {1}), var(x[0], {0, 2}, 0)}; }).tol(5e-2);
-  row("amax", {{{6, 100, 7}}}, [](const V& x) { return V{amax(x[0], {1}), amax(x[0], {2})}; });
-  row("amin", {{{6, 100, 7}}}, [](const V& x) { return V{amin(x[0], {1}), amin(x[0], {2})}; });
+  row("var", {{{6, 100, 7}}},
+      [](const V& x) {
+        return V{var(x[0], {1}), var(x[0], {0, 2}, 0)};
+      })
+      .tol(5e-2)
+      .autocast(AutocastOp::reductions);
+  row("amax", {{{6, 100, 7}}}, [](const V& x) {
+    return V{amax(x[0], {1}), amax(x[0], {2})};
+  }).autocast(AutocastOp::reductions);
+  row("amin", {{{6, 100, 7}}}, [](const V& x) {
+    return V{amin(x[0], {1}), amin(x[0], {2})};
+  }).autocast(AutocastOp::reductions);
   row("max_min_dim", {{{3, 4, 5}}},
       [](const V& x) {
         V out;
@@ -660,7 +691,8 @@ std::vector<Row> build() {
         return out;
       })
       .covers({"max", "min"})
-      .f32_only();
+      .f32_only()
+      .autocast(AutocastOp::reductions);
   // Scans along the middle and the last dim; cumprod also over rows with zeros (masked in), whose
   // gradient is the exact product of the others.
   row("cumsum_cumprod", {{{4, 30, 5}}, {{3, 12, 4}, Kind::positive}, {{3, 12, 4}, Kind::mask, 0, false}},
@@ -681,7 +713,8 @@ std::vector<Row> build() {
                  along(masked_fill(x[1], x[2], 0.0), 1, run(true))[0], along(x[1], 2, run(true))[0]};
       })
       .covers({"cumsum", "cumprod"})
-      .tol(5e-2);
+      .tol(5e-2)
+      .autocast(AutocastOp::reductions);
   row("cummax_cummin", {{{4, 30, 5}}},
       [](const V& x) {
         const ValuesIndices a = cummax(x[0], 1), b = cummin(x[0], -1);
@@ -704,7 +737,8 @@ std::vector<Row> build() {
         const V a = along(x[0], 1, run(true), {false, true}), b = along(x[0], 2, run(false), {false, true});
         return V{a[0], a[1], b[0], b[1]};
       })
-      .covers({"cummax", "cummin"});
+      .covers({"cummax", "cummin"})
+      .autocast(AutocastOp::reductions);
   // Sorting over 300 (several merge passes in the CUDA kernel) and over a short middle dim.
   row("sort", {{{3, 300}}, {{4, 9, 5}}},
       [](const V& x) {
@@ -767,7 +801,8 @@ std::vector<Row> build() {
                  mk[1]};
       })
       .covers({"sort", "argsort", "topk", "kthvalue", "median", "mode"})
-      .tol(1e-2, 1e-6);  // f32: a position off by one is an error of at least 1/300
+      .tol(1e-2, 1e-6)
+      .autocast(AutocastOp::reductions);  // f32: a position off by one is an error of at least 1/300
   row("prod_stddev", {{{4, 6, 5}, Kind::positive}, {{4, 6, 5}}},
       [](const V& x) {
         return V{prod(x[0], {1}), prod(x[0], {0, 2}, true), prod(x[0] * 0.9), stddev(x[1], {1}), stddev(x[1], {}, 0)};
@@ -780,8 +815,11 @@ std::vector<Row> build() {
                  sqrt(var(x[1], {}, 0))};
       })
       .covers({"prod", "stddev"})
-      .tol(5e-2);
-  row("argmax", {{{6, 100, 7}}}, [](const V& x) { return V{argmax(x[0], 1), argmax(x[0], 2), argmax(x[0])}; }).no_grad();
+      .tol(5e-2)
+      .autocast(AutocastOp::reductions);
+  row("argmax", {{{6, 100, 7}}}, [](const V& x) {
+    return V{argmax(x[0], 1), argmax(x[0], 2), argmax(x[0]), argmax(x[0], 0, true)};
+  }).no_grad();
   row("argmin", {{{6, 100, 7}}}, [](const V& x) { return V{argmin(x[0], 1), argmin(x[0], 2, true)}; }).no_grad();
   // logsumexp over each dim set; norms of every kind; any/all/count_nonzero.
   row("logsumexp", {{{6, 10, 7}}},
@@ -824,8 +862,9 @@ std::vector<Row> build() {
       })
       .covers({"any", "all", "count_nonzero"})
       .no_grad();
-  row("sum_to", {{{2, 3, 4}}},
-      [](const V& x) { return V{sum_to(x[0], {3, 1}), sum_to(x[0] * x[0], {}), sum_to(x[0].transpose(0, 2), {2})}; });
+  row("sum_to", {{{2, 3, 4}}}, [](const V& x) {
+    return V{sum_to(x[0], {3, 1}), sum_to(x[0] * x[0], {}), sum_to(x[0].transpose(0, 2), {2})};
+  }).autocast(AutocastOp::reductions);
 
   // ---- linear algebra ----
   row("matmul", {{{70, 45}}, {{45, 33}}}, [](const V& x) { return one(matmul(x[0], x[1])); })
@@ -836,7 +875,17 @@ std::vector<Row> build() {
       .autocast(AutocastOp::matmul);
   // Vectors on either side, batch broadcasting, transposed and strided operands, one tensor twice.
   row("matmul_shapes",
-      {{{5}}, {{5}}, {{4}}, {{4, 3}}, {{3, 4}}, {{2, 3, 4}}, {{2, 4, 5}}, {{2, 1, 3, 4}}, {{3, 4, 2}}, {{3, 8}}, {{4, 2}}},
+      {{{5}},
+       {{5}},
+       {{4}},
+       {{4, 3}},
+       {{3, 4}},
+       {{2, 3, 4}},
+       {{2, 4, 5}},
+       {{2, 1, 3, 4}},
+       {{3, 4, 2}},
+       {{3, 8}},
+       {{4, 2}}},
       [](const V& x) {
         return V{matmul(x[0], x[1]),  matmul(x[2], x[3]),         matmul(x[4], x[2]),
                  matmul(x[5], x[6]),  matmul(x[5], x[6].select(0, 0)), matmul(x[4], x[6]),
@@ -845,7 +894,8 @@ std::vector<Row> build() {
                  matmul(x[4].unsqueeze(0).expand({2, 3, 4}), x[6])};
       })
       .covers({"matmul"})
-      .f32_only();
+      .f32_only()
+      .autocast(AutocastOp::matmul);
   row("linear", {{{2, 9, 40}}, {{24, 40}}, {{24}}}, [](const V& x) { return V{linear(x[0], x[1], x[2]), linear(x[0], x[1])}; })
       .autocast(AutocastOp::linear)
       .tol(3e-2);
@@ -856,9 +906,12 @@ std::vector<Row> build() {
       .autocast(AutocastOp::conv2d)
       .tol(3e-2);
   row("conv2d_strided_grouped", {{{2, 4, 12, 9}}, {{6, 2, 3, 2}}},
-      [](const V& x) { return V{conv2d(x[0], x[1], {}, {2, 1}, {1, 0}, {1, 2}, 2), conv2d(x[0], x[1], {}, {1, 2}, {2, 1}, {2, 1}, 2)}; })
+      [](const V& x) {
+        return V{conv2d(x[0], x[1], {}, {2, 1}, {1, 0}, {1, 2}, 2), conv2d(x[0], x[1], {}, {1, 2}, {2, 1}, {2, 1}, 2)};
+      })
       .covers({"conv2d"})
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::conv2d);
   // channels_last: on CUDA, cuDNN on NHWC buffers (filters copied to KRSC) against the CPU's NCHW
   // kernels; training batch norm through cuDNN, then eval (the apply kernel's NHWC indexing), then
   // the deterministic handwritten kernels on NCHW copies, and pooling, which keeps the layout. The
@@ -887,7 +940,8 @@ std::vector<Row> build() {
         return V{y, y2, y3, b, be, bd, rm, rv, max_pool2d(relu(xl), {2, 2}), avg_pool2d(bd, {3, 3}, {1, 1}, {1, 1})};
       })
       .covers({"conv2d", "batch_norm", "max_pool2d", "avg_pool2d"})
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::conv2d);
   row("conv_transpose2d", {{{2, 4, 5, 6}}, {{4, 3, 3, 2}}, {{6}}},
       [](const V& x) {
         return V{conv_transpose2d(x[0], x[1], x[2].narrow(0, 0, 3)),
@@ -901,15 +955,21 @@ std::vector<Row> build() {
       .tol(3e-2);
   row("conv1d", {{{2, 4, 13}}, {{6, 2, 3}}, {{6}}, {{4, 3, 4}}},
       [](const V& x) {
-        return V{conv1d(x[0], x[1], x[2], 2, 1, 2, 2), conv1d(x[0], x[1], {}, kSame, 1, 2),
+        return V{conv1d(x[0], x[1], x[2], 2, 1, 2, 2),
+                 conv1d(x[0], x[1], {}, kSame, 1, 2),
                  conv1d(x[0], x[1].narrow(2, 0, 2), x[2], kSame, 3, 2),
-                 conv_transpose1d(x[0], x[3], x[2].narrow(0, 0, 3), 2, 1, 1)};
+                 conv_transpose1d(x[0], x[3], x[2].narrow(0, 0, 3), 2, 1, 1),
+                 conv_transpose1d(x[0], x[3], x[2], 2, 1, 1, 2, 2),
+                 conv1d(x[0], x[1], x[2], 1, 2, 1, 2)};
       })
       .ref([](const V& x) {
         const Tensor w2 = x[1].narrow(2, 0, 2);
-        return V{conv_ref(x[0], x[1], x[2], {2}, {1}, {2}, 2), conv_ref(x[0], x[1], {}, {1}, {1}, {1}, 2),
+        return V{conv_ref(x[0], x[1], x[2], {2}, {1}, {2}, 2),
+                 conv_ref(x[0], x[1], {}, {1}, {1}, {1}, 2),
                  conv_ref(pad(x[0], {1, 2}), w2, x[2], {1}, {0}, {3}, 2),
-                 conv_ref(x[0], x[3], x[2].narrow(0, 0, 3), {2}, {1}, {1}, 1, true, {1})};
+                 conv_ref(x[0], x[3], x[2].narrow(0, 0, 3), {2}, {1}, {1}, 1, true, {1}),
+                 conv_ref(x[0], x[3], x[2], {2}, {1}, {2}, 2, true, {1}),
+                 conv_ref(x[0], x[1], x[2], {1}, {2}, {1}, 2)};
       })
       .covers({"conv1d", "conv_transpose1d"})
       .autocast(AutocastOp::conv2d)
@@ -917,11 +977,13 @@ std::vector<Row> build() {
   row("conv3d", {{{2, 4, 5, 6, 4}}, {{6, 2, 3, 2, 3}}, {{6}}},
       [](const V& x) {
         return V{conv3d(x[0], x[1], x[2], {2, 1, 1}, {1, 0, 1}, {1, 2, 1}, 2),
-                 conv3d(x[0], x[1], {}, kSame, {1, 1, 1}, 2)};
+                 conv3d(x[0], x[1], {}, kSame, {1, 1, 1}, 2),
+                 conv3d(x[0], x[1], {}, {1, 1, 1}, {2, 1, 2}, {1, 1, 1}, 2)};
       })
       .ref([](const V& x) {
         return V{conv_ref(x[0], x[1], x[2], {2, 1, 1}, {1, 0, 1}, {1, 2, 1}, 2),
-                 conv_ref(pad(x[0], {1, 1, 0, 1, 1, 1}), x[1], {}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, 2)};
+                 conv_ref(pad(x[0], {1, 1, 0, 1, 1, 1}), x[1], {}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, 2),
+                 conv_ref(x[0], x[1], {}, {1, 1, 1}, {2, 1, 2}, {1, 1, 1}, 2)};
       })
       .autocast(AutocastOp::conv2d)
       .tol(3e-2);
@@ -1037,7 +1099,8 @@ std::vector<Row> build() {
         return V{y, rm, rv, y2, rv2};
       })
       .covers({"batch_norm"})
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::batch_norm);
   // The handwritten deterministic kernels (CUDA run): 40*60*4 = 9600 values per channel is two
   // chunks of the split reduction, the first ending inside an image. The backward runs inside the
   // row, while the mode is on; its gradients reach the leaves as in every other row.
@@ -1065,14 +1128,16 @@ std::vector<Row> build() {
       .tol(3e-2);
   row("batch_norm_eval", {{{4, 5, 6, 7}}, {{5}}, {{5}}, {{5}, Kind::normal, 0, false}, {{5}, Kind::positive, 0, false}},
       [](const V& x) { return one(batch_norm(x[0], x[3].detach(), x[4].detach(), x[1], x[2], false, 0.1, 1e-5)); })
-      .covers({"batch_norm"});
+      .covers({"batch_norm"})
+      .autocast(AutocastOp::batch_norm);
   // [N, C, L] inputs: training statistics without running buffers, and eval with given ones.
   row("batch_norm_1d", {{{3, 2, 4}}, {{2}}, {{2}}, {{2}, Kind::normal, 0, false}, {{2}, Kind::positive, 0, false}},
       [](const V& x) {
         return V{batch_norm(x[0], {}, {}, x[1], x[2], true), batch_norm(x[0], x[3].detach(), x[4].detach(), x[1], x[2], false)};
       })
       .covers({"batch_norm"})
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::batch_norm);
   // Batch norm over [N, C] and [N, C, D, H, W] (BatchNorm1d on features, BatchNorm3d), train and
   // eval, against per-channel statistics by hand (biased variance in the normalisation).
   row("batch_norm_nd",
@@ -1108,7 +1173,8 @@ std::vector<Row> build() {
         return V{bn(x[0], x[2], x[3], {}, {}), bn(x[1], x[2], x[3], {}, {}), bn(x[1], x[2], x[3], x[4], x[5])};
       })
       .covers({"batch_norm"})
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::batch_norm);
   row("layer_norm", {{{3, 7, 96}}, {{96}}, {{96}}, {{4, 6, 5}}},
       [](const V& x) { return V{layer_norm(x[0], {96}, x[1], x[2]), layer_norm(x[3], {6, 5})}; })
       .autocast(AutocastOp::layer_norm)
@@ -1141,7 +1207,8 @@ std::vector<Row> build() {
                  gn(x[3], 4, {}, {}, 1e-5)};
       })
       .covers({"group_norm", "instance_norm"})
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::layer_norm);
   row("rms_norm", {{{3, 5, 8}}, {{5, 8}}, {{8}}},
       [](const V& x) {
         return V{rms_norm(x[0], {5, 8}, x[1]), rms_norm(x[0], {8}, x[2], 1e-2), rms_norm(x[0], {8})};
@@ -1159,7 +1226,8 @@ std::vector<Row> build() {
         return V{rms(x[0], 40, 2.220446049250313e-16) * x[1], rms(x[0], 8, 1e-2) * x[2],
                  rms(x[0], 8, 2.220446049250313e-16)};
       })
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::layer_norm);
   row("local_response_norm", {{{2, 7, 3, 4}}, {{3, 5}}},
       [](const V& x) {
         return V{local_response_norm(x[0], 3, 0.5, 0.75, 2.0), local_response_norm(x[1], 4, 1e-1)};
@@ -1182,7 +1250,8 @@ std::vector<Row> build() {
         };
         return V{lrn(x[0], 3, 0.5, 0.75, 2.0), lrn(x[1], 4, 1e-1, 0.75, 1.0)};
       })
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::layer_norm);
   // Over rows, and over the middle dim with 300, 5 and 2 columns (a block of the column kernel
   // covers 32 columns, or several rows of fewer).
   row("softmax", {{{5, 300}}, {{3, 70, 5}}, {{2, 40, 2}}},
@@ -1211,8 +1280,11 @@ std::vector<Row> build() {
       .autocast(AutocastOp::cross_entropy);
   // [N, C, L] logits with [N, L] targets: the class dim is dim 1.
   row("cross_entropy_kdim", {{{2, 5, 3}}, {{2, 3}, Kind::index, 5}},
-      [](const V& x) { return V{cross_entropy(x[0], x[1]), cross_entropy(x[0], x[1], -100, 0.2, Reduction::none)}; })
-      .covers({"cross_entropy"});
+      [](const V& x) {
+        return V{cross_entropy(x[0], x[1]), cross_entropy(x[0], x[1], -100, 0.2, Reduction::none)};
+      })
+      .covers({"cross_entropy"})
+      .autocast(AutocastOp::cross_entropy);
   row("nll_loss", {{{40, 13}}, {{40}, Kind::index, 13}},
       [](const V& x) { return V{nll_loss(log_softmax(x[0], 1), x[1], 5), nll_loss(x[0], x[1], -100, Reduction::sum)}; })
       .autocast(AutocastOp::nll_loss);
@@ -1430,7 +1502,8 @@ std::vector<Row> build() {
         };
         return V{tri(0, true), tri(1, true), tri(-1, false), tri(2, false)};
       })
-      .covers({"tril", "triu"});
+      .covers({"tril", "triu"})
+      .autocast(AutocastOp::elementwise);
   row("flip_roll", {{{4, 6}}},
       [](const V& x) {
         return V{flip(x[0], {0}), flip(x[0], {0, -1}), roll(x[0], 2, 1), roll(x[0], -5, 0)};
@@ -1449,7 +1522,8 @@ std::vector<Row> build() {
                  map([&](int64_t i, int64_t j) { return at(i, (j + 4) % 6); }),
                  map([&](int64_t i, int64_t j) { return at((i + 5) % 4, j); })};
       })
-      .covers({"flip", "roll"});
+      .covers({"flip", "roll"})
+      .autocast(AutocastOp::elementwise);
   row("tile_chunk_unbind", {{{2, 3}}, {{7, 3}}},
       [](const V& x) {
         const std::vector<Tensor> c = chunk(x[1], 3, 0), u = unbind(x[0], 1);
@@ -1474,52 +1548,60 @@ std::vector<Row> build() {
                  rows(6, 1),
                  from_vector(u, {2}, DType::f64)};
       })
-      .covers({"tile", "chunk", "unbind"});
-  row("take_along_dim", {{{4, 6}}, {{4, 2}, Kind::index, 6}, {{2, 1}, Kind::index, 4}}, [](const V& x) {
-    return V{take_along_dim(x[0], x[1], 1), take_along_dim(x[0], x[2], 0)};
-  }).ref([](const V& x) {
-    const std::vector<double> v = x[0].to_vector(), i1 = x[1].to_vector(), i2 = x[2].to_vector();
-    std::vector<double> o1, o2;
-    for (int64_t i = 0; i < 4; ++i)
-      for (int64_t j = 0; j < 2; ++j) o1.push_back(v[size_t(i * 6 + int64_t(i1[size_t(i * 2 + j)]))]);
-    for (int64_t i = 0; i < 2; ++i)
-      for (int64_t j = 0; j < 6; ++j) o2.push_back(v[size_t(int64_t(i2[size_t(i)]) * 6 + j)]);
-    return V{from_vector(o1, {4, 2}, DType::f64), from_vector(o2, {2, 6}, DType::f64)};
-  });
-  row("pad", {{{2, 3, 5}}}, [](const V& x) {
-    return V{pad(x[0], {1, 2}, PadMode::constant, 0.5), pad(x[0], {-1, 2, 1, -1}),
-             pad(x[0], {2, 1, 1, 0}, PadMode::reflect), pad(x[0], {3, 1, 2, 2}, PadMode::replicate),
-             pad(x[0], {2, 5, 1, 3}, PadMode::circular)};
-  }).ref([](const V& x) {
-    const std::vector<double> v = x[0].to_vector();
-    // Output (b, i, j) reads input row src(i) and column src(j), or the constant where src is -1.
-    const auto padded = [&](int64_t h, int64_t w, const std::function<int64_t(int64_t)>& si,
-                            const std::function<int64_t(int64_t)>& sj, double c) {
-      std::vector<double> o;
-      for (int64_t b = 0; b < 2; ++b)
-        for (int64_t i = 0; i < h; ++i)
-          for (int64_t j = 0; j < w; ++j) {
-            const int64_t r = si(i), q = sj(j);
-            o.push_back(r < 0 || q < 0 ? c : v[size_t((b * 3 + r) * 5 + q)]);
-          }
-      return from_vector(o, {2, h, w}, DType::f64);
-    };
-    const auto reflect = [](int64_t i, int64_t n) { return i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i; };
-    const auto clampi = [](int64_t i, int64_t n) { return std::clamp<int64_t>(i, 0, n - 1); };
-    const auto wrap = [](int64_t i, int64_t n) { return ((i % n) + n) % n; };
-    const auto inside = [](int64_t i, int64_t n) { return i >= 0 && i < n ? i : -1; };
-    return V{padded(
-                 3, 8, [](int64_t i) { return i; }, [&](int64_t j) { return inside(j - 1, 5); }, 0.5),
-             padded(
-                 3, 6, [&](int64_t i) { return inside(i - 1, 3); }, [&](int64_t j) { return inside(j + 1, 5); }, 0.0)
-                 .narrow(1, 0, 3),
-             padded(
-                 4, 8, [&](int64_t i) { return reflect(i - 1, 3); }, [&](int64_t j) { return reflect(j - 2, 5); }, 0),
-             padded(
-                 7, 9, [&](int64_t i) { return clampi(i - 2, 3); }, [&](int64_t j) { return clampi(j - 3, 5); }, 0),
-             padded(
-                 7, 12, [&](int64_t i) { return wrap(i - 1, 3); }, [&](int64_t j) { return wrap(j - 2, 5); }, 0)};
-  });
+      .covers({"tile", "chunk", "unbind"})
+      .autocast(AutocastOp::elementwise);
+  row("take_along_dim", {{{4, 6}}, {{4, 2}, Kind::index, 6}, {{2, 1}, Kind::index, 4}},
+      [](const V& x) {
+        return V{take_along_dim(x[0], x[1], 1), take_along_dim(x[0], x[2], 0)};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> v = x[0].to_vector(), i1 = x[1].to_vector(), i2 = x[2].to_vector();
+        std::vector<double> o1, o2;
+        for (int64_t i = 0; i < 4; ++i)
+          for (int64_t j = 0; j < 2; ++j) o1.push_back(v[size_t(i * 6 + int64_t(i1[size_t(i * 2 + j)]))]);
+        for (int64_t i = 0; i < 2; ++i)
+          for (int64_t j = 0; j < 6; ++j) o2.push_back(v[size_t(int64_t(i2[size_t(i)]) * 6 + j)]);
+        return V{from_vector(o1, {4, 2}, DType::f64), from_vector(o2, {2, 6}, DType::f64)};
+      })
+      .autocast(AutocastOp::elementwise);
+  row("pad", {{{2, 3, 5}}},
+      [](const V& x) {
+        return V{pad(x[0], {1, 2}, PadMode::constant, 0.5), pad(x[0], {-1, 2, 1, -1}),
+                 pad(x[0], {2, 1, 1, 0}, PadMode::reflect), pad(x[0], {3, 1, 2, 2}, PadMode::replicate),
+                 pad(x[0], {2, 5, 1, 3}, PadMode::circular)};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> v = x[0].to_vector();
+        // Output (b, i, j) reads input row src(i) and column src(j), or the constant where src is -1.
+        const auto padded = [&](int64_t h, int64_t w, const std::function<int64_t(int64_t)>& si,
+                                const std::function<int64_t(int64_t)>& sj, double c) {
+          std::vector<double> o;
+          for (int64_t b = 0; b < 2; ++b)
+            for (int64_t i = 0; i < h; ++i)
+              for (int64_t j = 0; j < w; ++j) {
+                const int64_t r = si(i), q = sj(j);
+                o.push_back(r < 0 || q < 0 ? c : v[size_t((b * 3 + r) * 5 + q)]);
+              }
+          return from_vector(o, {2, h, w}, DType::f64);
+        };
+        const auto reflect = [](int64_t i, int64_t n) { return i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i; };
+        const auto clampi = [](int64_t i, int64_t n) { return std::clamp<int64_t>(i, 0, n - 1); };
+        const auto wrap = [](int64_t i, int64_t n) { return ((i % n) + n) % n; };
+        const auto inside = [](int64_t i, int64_t n) { return i >= 0 && i < n ? i : -1; };
+        return V{
+            padded(
+                3, 8, [](int64_t i) { return i; }, [&](int64_t j) { return inside(j - 1, 5); }, 0.5),
+            padded(
+                3, 6, [&](int64_t i) { return inside(i - 1, 3); }, [&](int64_t j) { return inside(j + 1, 5); }, 0.0)
+                .narrow(1, 0, 3),
+            padded(
+                4, 8, [&](int64_t i) { return reflect(i - 1, 3); }, [&](int64_t j) { return reflect(j - 2, 5); }, 0),
+            padded(
+                7, 9, [&](int64_t i) { return clampi(i - 2, 3); }, [&](int64_t j) { return clampi(j - 3, 5); }, 0),
+            padded(
+                7, 12, [&](int64_t i) { return wrap(i - 1, 3); }, [&](int64_t j) { return wrap(j - 2, 5); }, 0)};
+      })
+      .autocast(AutocastOp::elementwise);
   row("pixel_shuffle", {{{2, 8, 3, 2}}, {{2, 3, 4, 6}}},
       [](const V& x) {
         return V{pixel_shuffle(x[0], 2), pixel_unshuffle(pixel_shuffle(x[0], 2), 2), pixel_unshuffle(x[1], 2)};
@@ -1541,7 +1623,8 @@ std::vector<Row> build() {
                     b[size_t(((n * 3 + c / 4) * 4 + y * 2 + (c % 4) / 2) * 6 + z * 2 + c % 2)];
         return V{from_vector(s, {2, 2, 6, 4}, DType::f64), x[0], from_vector(u, {2, 12, 2, 3}, DType::f64)};
       })
-      .covers({"pixel_shuffle", "pixel_unshuffle"});
+      .covers({"pixel_shuffle", "pixel_unshuffle"})
+      .autocast(AutocastOp::elementwise);
   row("interpolate", {{{2, 3, 5, 4}}},
       [](const V& x) {
         return V{interpolate(x[0], {7, 9}),
@@ -1611,16 +1694,19 @@ std::vector<Row> build() {
                  resize(3, 7, true, true),   resize(10, 6, true, false), bicubic(9, 3, false),
                  bicubic(3, 7, true)};
       })
-      .covers({"interpolate", "interpolate_scale"});
+      .covers({"interpolate", "interpolate_scale"})
+      .autocast(AutocastOp::elementwise);
   // 280 indices: the CUDA backward sums runs in chunks of 256 (index_add_chunks_kernel).
   row("embedding", {{{50, 24}}, {{4, 70}, Kind::index, 50}}, [](const V& x) {
     return one(embedding(x[0], x[1]));
   }).autocast(AutocastOp::embedding);
   // padding_idx's row is returned but gets no gradient: no finite differences (the parity run and
   // tests/test_nn_ops.cpp check its zero gradient).
-  row("embedding_padding", {{{50, 24}}, {{4, 30}, Kind::index, 50}}, [](const V& x) { return one(embedding(x[0], x[1], 7)); })
+  row("embedding_padding", {{{50, 24}}, {{4, 30}, Kind::index, 50}},
+      [](const V& x) { return one(embedding(x[0], x[1], 7)); })
       .covers({"embedding"})
-      .no_grad();
+      .no_grad()
+      .autocast(AutocastOp::embedding);
   row("dropout", {{{64, 40}}},
       [](const V& x) {
         Generator g(5);
@@ -1632,7 +1718,8 @@ std::vector<Row> build() {
         return V{scaled_dot_product_attention(x[0], x[1], x[2]), scaled_dot_product_attention(x[0], x[1], x[2], logical_not(x[3]))};
       })
       .covers({"scaled_dot_product_attention"})
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::attention);
   // Grouped-query (6 query heads over 2 key/value heads) and multi-query (1): against the same
   // attention with each key/value head repeated for its query heads by hand.
   row("attention_gqa", {{{2, 6, 5, 8}}, {{2, 2, 7, 8}}, {{2, 2, 7, 4}}, {{2, 1, 7, 8}}, {{2, 1, 7, 4}}},
@@ -1651,7 +1738,8 @@ std::vector<Row> build() {
         return V{att(x[0], rep(x[1], 3), rep(x[2], 3)), att(x[0], rep(x[3], 6), rep(x[4], 6))};
       })
       .covers({"scaled_dot_product_attention"})
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::attention);
   // Causal masks from the kernel (top-left and bottom-right, with and without an additive bias), a
   // scale, a softcap and the weights: against materialised -inf masks and plain softmax.
   row("attention_options", {{{2, 2, 5, 8}}, {{2, 2, 7, 8}}, {{2, 2, 7, 4}}, {{5, 7}}},
@@ -1687,7 +1775,8 @@ std::vector<Row> build() {
                  matmul(pc, x[2]), softmax_ref(x[3] * 1.5 + causal(5, 7, 0), 1, false)};
       })
       .covers({"attention", "masked_softmax"})
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::attention);
   // einsum: attention scores, a bilinear form over three operands, an ellipsis with broadcasting, a
   // transpose, a full sum and an implicit output.
   row("einsum", {{{2, 3, 4, 5}}, {{2, 3, 6, 5}}, {{4, 3}}, {{3, 5}}, {{4, 5}}, {{2, 3, 4}}, {{4, 2}}},
@@ -1707,7 +1796,8 @@ std::vector<Row> build() {
                  einsum_ref("ij->", {x[3]}),
                  einsum_ref("ij,jk->ik", {x[2], x[3]})};
       })
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::matmul);
 
   // ---- joining, splitting and indexing ----
   row("cat_stack_split", {{{4, 5}}, {{4, 5}}},
@@ -1715,12 +1805,17 @@ std::vector<Row> build() {
         const std::vector<Tensor> parts = split(x[0], 2, 1);
         return V{cat({x[0], x[1]}, 1), stack({x[0], x[1]}, 0), parts[0] * 2.0, parts[2], cat({x[0].t(), x[1].t()}, 0)};
       })
-      .covers({"cat", "stack", "split"});
-  row("index_select", {{{9, 20}}, {{14}, Kind::index, 9}},
-      [](const V& x) { return V{index_select(x[0], 0, x[1]), index_select(x[0].t(), 1, x[1])}; });
-  row("gather", {{{9, 20}}, {{9, 6}, Kind::index, 20}}, [](const V& x) { return one(gather(x[0], 1, x[1])); });
-  row("scatter_add", {{{9, 20}}, {{9, 6}, Kind::index, 20}, {{9, 6}}},
-      [](const V& x) { return one(scatter_add(x[0], 1, x[1], x[2])); });
+      .covers({"cat", "stack", "split"})
+      .autocast(AutocastOp::elementwise);
+  row("index_select", {{{9, 20}}, {{14}, Kind::index, 9}}, [](const V& x) {
+    return V{index_select(x[0], 0, x[1]), index_select(x[0].t(), 1, x[1])};
+  }).autocast(AutocastOp::elementwise);
+  row("gather", {{{9, 20}}, {{9, 6}, Kind::index, 20}}, [](const V& x) {
+    return one(gather(x[0], 1, x[1]));
+  }).autocast(AutocastOp::elementwise);
+  row("scatter_add", {{{9, 20}}, {{9, 6}, Kind::index, 20}, {{9, 6}}}, [](const V& x) {
+    return one(scatter_add(x[0], 1, x[1], x[2]));
+  }).autocast(AutocastOp::elementwise);
   row("one_hot", {{{7, 3}, Kind::index, 6}},
       [](const V& x) {
         return V{one_hot(x[0], 6), one_hot(x[0], 4, OutOfRange::zeros), one_hot(x[0], -1)};
@@ -1780,34 +1875,38 @@ std::vector<Row> build() {
         return out;
       })
       .covers({"scatter", "scatter_reduce"})
-      .tol(3e-2);
+      .tol(3e-2)
+      .autocast(AutocastOp::elementwise);
   // index_put on [5, 4, 3] with two broadcast index tensors (a repeated place, negative indices), a
   // bool mask over the leading dims, and accumulation.
-  row("index_put", {{{5, 4, 3}}, {{2, 1}}, {{3, 4, 3}}, {{5, 4}, Kind::mask}}, [](const V& x) {
-    const TensorOptions o(DType::i64, x[0].device());
-    const Tensor i0 = from_vector({4, -5}, {2, 1}, o), i1 = from_vector({0, 3, -1}, {3}, o);
-    const Tensor rows = from_vector({1, 3, 1}, {3}, o);
-    return V{index_put(x[0], {i0, i1}, x[1].unsqueeze(2)), index_put(x[0], {rows}, x[2], true),
-             index_put(x[0], {rows}, x[2]), index_put(x[0], {x[3]}, x[1].select(1, 0).narrow(0, 0, 1))};
-  }).ref([](const V& x) {
-    std::vector<double> a = x[0].to_vector(), b = a, c = a, d = a;
-    const std::vector<double> v1 = x[1].to_vector(), v2 = x[2].to_vector(), m = x[3].to_vector();
-    const int64_t i0[2] = {4, 0}, i1[3] = {0, 3, 3};
-    for (int64_t p = 0; p < 2; ++p)
-      for (int64_t q = 0; q < 3; ++q)
-        for (int64_t e = 0; e < 3; ++e) a[size_t((i0[p] * 4 + i1[q]) * 3 + e)] = v1[size_t(p)];
-    const int64_t rows[3] = {1, 3, 1};
-    for (int64_t p = 0; p < 3; ++p)
-      for (int64_t e = 0; e < 12; ++e) {
-        b[size_t(rows[p] * 12 + e)] += v2[size_t(p * 12 + e)];
-        c[size_t(rows[p] * 12 + e)] = v2[size_t(p * 12 + e)];
-      }
-    for (size_t p = 0; p < 20; ++p)
-      if (m[p] != 0)
-        for (size_t e = 0; e < 3; ++e) d[p * 3 + e] = v1[0];
-    return V{from_vector(a, {5, 4, 3}, DType::f64), from_vector(b, {5, 4, 3}, DType::f64),
-             from_vector(c, {5, 4, 3}, DType::f64), from_vector(d, {5, 4, 3}, DType::f64)};
-  });
+  row("index_put", {{{5, 4, 3}}, {{2, 1}}, {{3, 4, 3}}, {{5, 4}, Kind::mask}},
+      [](const V& x) {
+        const TensorOptions o(DType::i64, x[0].device());
+        const Tensor i0 = from_vector({4, -5}, {2, 1}, o), i1 = from_vector({0, 3, -1}, {3}, o);
+        const Tensor rows = from_vector({1, 3, 1}, {3}, o);
+        return V{index_put(x[0], {i0, i1}, x[1].unsqueeze(2)), index_put(x[0], {rows}, x[2], true),
+                 index_put(x[0], {rows}, x[2]), index_put(x[0], {x[3]}, x[1].select(1, 0).narrow(0, 0, 1))};
+      })
+      .ref([](const V& x) {
+        std::vector<double> a = x[0].to_vector(), b = a, c = a, d = a;
+        const std::vector<double> v1 = x[1].to_vector(), v2 = x[2].to_vector(), m = x[3].to_vector();
+        const int64_t i0[2] = {4, 0}, i1[3] = {0, 3, 3};
+        for (int64_t p = 0; p < 2; ++p)
+          for (int64_t q = 0; q < 3; ++q)
+            for (int64_t e = 0; e < 3; ++e) a[size_t((i0[p] * 4 + i1[q]) * 3 + e)] = v1[size_t(p)];
+        const int64_t rows[3] = {1, 3, 1};
+        for (int64_t p = 0; p < 3; ++p)
+          for (int64_t e = 0; e < 12; ++e) {
+            b[size_t(rows[p] * 12 + e)] += v2[size_t(p * 12 + e)];
+            c[size_t(rows[p] * 12 + e)] = v2[size_t(p * 12 + e)];
+          }
+        for (size_t p = 0; p < 20; ++p)
+          if (m[p] != 0)
+            for (size_t e = 0; e < 3; ++e) d[p * 3 + e] = v1[0];
+        return V{from_vector(a, {5, 4, 3}, DType::f64), from_vector(b, {5, 4, 3}, DType::f64),
+                 from_vector(c, {5, 4, 3}, DType::f64), from_vector(d, {5, 4, 3}, DType::f64)};
+      })
+      .autocast(AutocastOp::elementwise);
   // nonzero's coordinates, masked_scatter from a longer src, and slices with negative steps (copies).
   row("nonzero_masked_scatter", {{{4, 5, 3}}, {{4, 5, 3}, Kind::mask}, {{70}}, {{5, 1}, Kind::mask}},
       [](const V& x) {
@@ -1842,7 +1941,8 @@ std::vector<Row> build() {
                  sel(x[0], 2, {1, 0}),
                  sel(x[0], 0, {3, 1})};
       })
-      .covers({"nonzero", "masked_scatter"});
+      .covers({"nonzero", "masked_scatter"})
+      .autocast(AutocastOp::elementwise);
 
   // ---- factories and random streams (the device comes from the input) ----
   row("factories", {{{3, 4}}},

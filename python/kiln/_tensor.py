@@ -137,6 +137,18 @@ Tensor.bool = _cast(_C.dtype.bool)
 Tensor.byte = _cast(_C.dtype.uint8)
 Tensor.char = _cast(_C.dtype.int8)
 Tensor.short = _cast(_C.dtype.int16)
+
+
+def _repeat(self, *sizes):
+    """torch's Tensor.repeat: tile with at least as many repetitions as dims."""
+    if len(sizes) == 1 and not isinstance(sizes[0], builtins.int):
+        sizes = tuple(sizes[0])
+    if len(sizes) < self.dim():
+        raise ValueError(f"repeat: {len(sizes)} repetitions for a {self.dim()}-D tensor (need at least {self.dim()})")
+    return _C.tile(self, sizes)
+
+
+Tensor.repeat = _repeat
 Tensor.cpu = lambda self: self.to("cpu")
 Tensor.cuda = lambda self, device=0: self.to(f"cuda:{device}" if isinstance(device, builtins.int) else device)
 Tensor.is_floating_point = lambda self: self.dtype.is_floating_point

@@ -5,7 +5,9 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
 
 #include <nlohmann/json.hpp>
 
@@ -101,7 +103,13 @@ void bind_nn(nb::module_& m) {
              x.to(dev);
            })
       .def("state_dict", &nn::Module::state_dict)
-      .def("load_state_dict", &nn::Module::load_state_dict, nb::arg("state_dict"), nb::arg("strict") = true, nogil)
+      .def(
+          "load_state_dict",
+          [](nn::Module& m, const nn::StateDict& sd, bool strict) {
+            const nn::Module::IncompatibleKeys k = m.load_state_dict(sd, strict);
+            return std::make_pair(k.missing, k.unexpected);
+          },
+          nb::arg("state_dict"), nb::arg("strict") = true, nogil)
       .def("num_parameters", &nn::Module::num_parameters);
 
   // ---- the model families of `kiln train` ----

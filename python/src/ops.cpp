@@ -444,7 +444,18 @@ void bind_ops(nb::module_& mod) {
   m.def("unbind", &unbind, nb::arg("input"), nb::arg("dim") = 0, nogil);
   m.def("index_select", &index_select, nb::arg("input"), nb::arg("dim"), nb::arg("index"), nogil);
   m.def("gather", &gather, nb::arg("input"), nb::arg("dim"), nb::arg("index"), nogil);
-  m.def("scatter", &scatter, nb::arg("input"), nb::arg("dim"), nb::arg("index"), nb::arg("src"), nogil);
+  m.def(
+      "scatter",
+      [](const Tensor& x, int64_t dim, const Tensor& idx, const Tensor& src, std::optional<std::string> reduce) {
+        // torch.scatter's reduce: "add" and "multiply" combine with the input's values.
+        if (reduce && *reduce != "add" && *reduce != "multiply")
+          value_error("scatter: reduce must be \"add\" or \"multiply\", got \"" + *reduce + "\"");
+        R g;
+        if (!reduce) return scatter(x, dim, idx, src);
+        return scatter_reduce(x, dim, idx, src, *reduce == "add" ? ScatterReduce::sum : ScatterReduce::prod, true);
+      },
+      nb::arg("input"), nb::arg("dim"), nb::arg("index"), nb::arg("src"), nb::kw_only(),
+      nb::arg("reduce") = nb::none());
   m.def("scatter_add", &scatter_add, nb::arg("input"), nb::arg("dim"), nb::arg("index"), nb::arg("src"), nogil);
   m.def(
       "scatter_reduce",
@@ -470,8 +481,15 @@ void bind_ops(nb::module_& mod) {
       nb::arg("include_self") = true);
   m.def("take_along_dim", &take_along_dim, nb::arg("input"), nb::arg("indices"), nb::arg("dim"), nogil);
   m.def(
-      "one_hot", [](const Tensor& idx, int64_t n) { return one_hot(idx, n); }, nb::arg("tensor"),
-      nb::arg("num_classes"), nogil);
+      "one_hot",
+      [](const Tensor& idx, int64_t n, const std::string& out_of_range) {
+        // Kiln's policy for an index outside [0, num_classes): "error" (torch's) or "zeros" (a row of 0).
+        if (out_of_range != "error" && out_of_range != "zeros")
+          value_error("one_hot: out_of_range must be \"error\" or \"zeros\", got \"" + out_of_range + "\"");
+        R g;
+        return one_hot(idx, n, out_of_range == "zeros" ? OutOfRange::zeros : OutOfRange::error);
+      },
+      nb::arg("tensor"), nb::arg("num_classes"), nb::kw_only(), nb::arg("out_of_range") = "error");
   m.def("nonzero", &nonzero, nb::arg("input"), nogil);
   m.def(
       "masked_fill", [](const Tensor& x, const Tensor& mask, double v) { return masked_fill(x, mask, v); },
@@ -484,7 +502,24 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "flip", [](const Tensor& x, nb::handle dims) { return flip(x, to_dims(dims, "dims")); }, nb::arg("input"),
       nb::arg("dims"));
-  m.def("roll", &roll, nb::arg("input"), nb::arg("shifts"), nb::arg("dims"), nogil);
+  m.def(
+      "roll",
+      [](const Tensor& x, nb::handle shifts, nb::handle dims) {
+        // torch.roll: one shift per dim (ints or sequences), or the flattened tensor when dims is None.
+        const std::vector<int64_t> sh = to_dims(shifts, "shifts"), ds = to_dims(dims, "dims");
+        if (dims.is_none()) {
+          if (sh.size() != 1) value_error("roll: without dims, shifts must be one int");
+          R r;
+          return roll(x.reshape({-1}), sh[0], 0).reshape(x.shape());
+        }
+        if (sh.size() != ds.size())
+          value_error("roll: " + std::to_string(sh.size()) + " shifts for " + std::to_string(ds.size()) + " dims");
+        R r;
+        Tensor y = x;
+        for (size_t i = 0; i < sh.size(); ++i) y = roll(y, sh[i], ds[i]);
+        return y;
+      },
+      nb::arg("input"), nb::arg("shifts"), nb::arg("dims") = nb::none());
   m.def(
       "tile", [](const Tensor& x, nb::handle reps) { return tile(x, to_dims(reps, "dims")); }, nb::arg("input"),
       nb::arg("dims"));

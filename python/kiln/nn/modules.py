@@ -2,12 +2,18 @@
 state_dict), Parameter, and the common layers over kiln.nn.functional. Initialisation follows
 PyTorch's defaults (uniform in +-1/sqrt(fan_in) for Linear and Conv)."""
 import math
+import collections
 from collections import OrderedDict
 
 from .. import _C
 from .._C import Tensor, KilnError
 from .._tensor import no_grad
 from . import functional as F
+
+
+# What load_state_dict(strict=False) left out, as torch's named tuple: names of the module's tensors
+# the state dict lacks, and names in the state dict the module does not have.
+IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
 class Parameter(Tensor):
@@ -189,7 +195,8 @@ class Module:
 
     def load_state_dict(self, state_dict, strict=True):
         """Copies tensors into the parameters and buffers of the same names. With strict, a missing or
-        unexpected name is an error that names them (and nothing is copied); a shape mismatch always is."""
+        unexpected name is an error that names them (and nothing is copied); a shape mismatch always is.
+        Returns (missing_keys, unexpected_keys), as torch does: what strict=False left out."""
         mine = self.state_dict()
         missing = [k for k in mine if k not in state_dict]
         unexpected = [k for k in state_dict if k not in mine]
@@ -202,7 +209,7 @@ class Module:
             for k, t in state_dict.items():
                 if k in mine:
                     mine[k].copy_(t)
-        return missing, unexpected
+        return IncompatibleKeys(missing, unexpected)
 
     # ---- calling ----
     def forward(self, *args, **kwargs):
@@ -456,6 +463,15 @@ class AdaptiveAvgPool2d(Module):
         return F.adaptive_avg_pool2d(x, self.output_size)
 
 
+class Upsample(Module):
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None):
+        super().__init__()
+        self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
+
+    def forward(self, x):
+        return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
+
+
 class Sequential(Module):
     def __init__(self, *layers):
         super().__init__()
@@ -519,7 +535,7 @@ class CppModule(Module):
             self._c.to_dtype(dtype)
 
     def load_state_dict(self, state_dict, strict=True):
-        self._c.load_state_dict(dict(state_dict), strict)
+        return IncompatibleKeys(*self._c.load_state_dict(dict(state_dict), strict))
 
     def extra_repr(self):
         return f"{self._c.type_name}, {self._c.num_parameters()} parameters"

@@ -1,0 +1,186 @@
+# The Python bindings of the [ops] functions against PyTorch on the same float64 inputs: each case
+# runs both, compares every output (values and integer indices exactly, floats to 1e-10) and, where
+# the op is differentiable, the gradient of a random weighting of the outputs.
+import numpy as np
+import pytest
+
+import kiln
+
+torch = pytest.importorskip("torch")
+F = kiln.nn.functional
+TF = torch.nn.functional
+
+RNG = np.random.default_rng(11)
+
+
+def arr(*shape, lo=None):
+    a = RNG.standard_normal(shape)
+    return np.abs(a) + lo if lo is not None else a
+
+
+def both(a, grad=True):
+    return kiln.tensor(a, requires_grad=grad), torch.tensor(a, requires_grad=grad)
+
+
+def as_list(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def compare(kouts, touts, kins, tins, what):
+    kouts, touts = as_list(kouts), as_list(touts)
+    assert len(kouts) == len(touts), what
+    kloss, tloss = None, None
+    for i, (k, t) in enumerate(zip(kouts, touts)):
+        kn = np.asarray(k.detach().tolist()) if not k.dtype.is_floating_point else k.detach().numpy()
+        tn = t.detach().numpy()
+        assert kn.shape == tn.shape, (what, i, kn.shape, tn.shape)
+        if t.dtype.is_floating_point:
+            assert np.allclose(kn, tn, rtol=1e-10, atol=1e-10, equal_nan=True), (what, i, np.abs(kn - tn).max())
+            if t.requires_grad:
+                w = RNG.standard_normal(tn.shape)
+                kt = (k * kiln.tensor(w)).sum()
+                tt = (t * torch.tensor(w)).sum()
+                kloss = kt if kloss is None else kloss + kt
+                tloss = tt if tloss is None else tloss + tt
+        else:
+            assert np.array_equal(kn, tn), (what, i)
+    if kloss is not None:
+        kloss.backward()
+        tloss.backward()
+        for j, (ki, ti) in enumerate(zip(kins, tins)):
+            if ti.grad is not None:
+                assert ki.grad is not None, (what, "input", j)
+                assert np.allclose(ki.grad.numpy(), ti.grad.numpy(), rtol=1e-9, atol=1e-10), (what, "grad", j)
+
+
+def case_conv3d():
+    (kx, tx), (kw, tw) = both(arr(2, 4, 5, 6, 4)), both(arr(6, 2, 3, 2, 3))
+    return (F.conv3d(kx, kw, None, (2, 1, 1), (1, 0, 1), (1, 2, 1), 2),
+            TF.conv3d(tx, tw, None, (2, 1, 1), (1, 0, 1), (1, 2, 1), 2), [kx, kw], [tx, tw])
+
+
+def case_conv_transpose1d():
+    (kx, tx), (kw, tw), (kb, tb) = both(arr(2, 4, 13)), both(arr(4, 3, 4)), both(arr(6))
+    return (F.conv_transpose1d(kx, kw, kb, 2, 1, 1, 2, 2), TF.conv_transpose1d(tx, tw, tb, 2, 1, 1, 2, 2),
+            [kx, kw, kb], [tx, tw, tb])
+
+
+def case_interpolate():
+    kx, tx = both(arr(2, 3, 5, 6))
+    return ([F.interpolate(kx, size=(7, 9), mode="bilinear", align_corners=True),
+             F.interpolate(kx, scale_factor=2, mode="bicubic"), F.upsample(kx, size=(8, 4)),
+             kiln.nn.Upsample(size=(3, 11), mode="bilinear")(kx)],
+            [TF.interpolate(tx, size=(7, 9), mode="bilinear", align_corners=True),
+             TF.interpolate(tx, scale_factor=2, mode="bicubic"), TF.interpolate(tx, size=(8, 4)),
+             torch.nn.Upsample(size=(3, 11), mode="bilinear")(tx)], [kx], [tx])
+
+
+def case_scatter():
+    (kx, tx), (ks, ts) = both(arr(4, 5)), both(arr(3, 5))
+    idx = RNG.integers(0, 4, size=(3, 5))
+    ki, ti = kiln.tensor(idx), torch.tensor(idx)
+    # torch has no gradient for scatter's reduce=: those two compare values only
+    kd, ksd, td, tsd = kx.detach(), ks.detach(), tx.detach(), ts.detach()
+    return ([kiln.scatter_reduce(kx, 0, ki, ks, "amax", include_self=False), kiln.scatter(kd, 0, ki, ksd, reduce="add"),
+             kiln.scatter(kd, 0, ki, ksd, reduce="multiply")],
+            [torch.scatter_reduce(tx, 0, ti, ts, "amax", include_self=False), torch.scatter(td, 0, ti, tsd, reduce="add"),
+             torch.scatter(td, 0, ti, tsd, reduce="multiply")], [kx, ks], [tx, ts])
+
+
+def case_indexing():
+    (kx, tx), (kv, tv) = both(arr(5, 4)), both(arr(3, 4))
+    rows = np.array([4, 0, 4])
+    mask = RNG.random((5, 4)) < 0.4
+    (ksrc, tsrc) = both(arr(20))
+    tidx = RNG.integers(0, 4, size=(5, 2))
+    return ([kiln.index_put(kx, [kiln.tensor(rows)], kv, accumulate=True),
+             kiln.masked_scatter(kx, kiln.tensor(mask), ksrc),
+             kiln.take_along_dim(kx, kiln.tensor(tidx), 1),
+             kiln.nn.functional.one_hot(kiln.tensor([0, 3, 2]), 5),
+             kiln.nn.functional.one_hot(kiln.tensor([0, 7, 2]), 5, out_of_range="zeros").sum()],
+            [torch.index_put(tx, (torch.tensor(rows),), tv, accumulate=True),
+             torch.masked_scatter(tx, torch.tensor(mask), tsrc),
+             torch.take_along_dim(tx, torch.tensor(tidx), 1),
+             TF.one_hot(torch.tensor([0, 3, 2]), 5),
+             torch.tensor(2)], [kx, kv, ksrc], [tx, tv, tsrc])
+
+
+def case_scans():
+    x = arr(6, 7)
+    x[2, 3] = x[2, 5]  # a tie for mode and kthvalue
+    ints = RNG.integers(0, 3, size=(6, 7)).astype(np.float64)
+    (kx, tx), (kn, tn) = both(x), both(ints, grad=False)
+    kk, tk = kiln.kthvalue(kx, 3, 1), torch.kthvalue(tx, 3, 1)
+    kc, tc = kiln.cummax(kx, 0), torch.cummax(tx, 0)
+    km, tm = kiln.mode(kn, 1), torch.mode(tn, 1)
+    return ([kk[0], kk[1], kc[0], kc[1], km[0], km[1]], [tk[0], tk[1], tc[0], tc[1], tm[0], tm[1]], [kx], [tx])
+
+
+def case_math():
+    x = arr(4, 5)
+    x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf
+    (kx, tx), (ka, ta), (kb, tb) = both(x, grad=False), both(arr(4, 5)), both(arr(4, 5))
+    return ([kiln.nan_to_num(kx), kiln.nan_to_num(kx, 1.0, 5.0, -5.0), kiln.lerp(ka, kb, 0.3),
+             kiln.lerp(ka, kb, kiln.tensor(np.full((4, 5), 0.7)))],
+            [torch.nan_to_num(tx), torch.nan_to_num(tx, 1.0, 5.0, -5.0), torch.lerp(ta, tb, 0.3),
+             torch.lerp(ta, tb, torch.tensor(np.full((4, 5), 0.7)))], [ka, kb], [ta, tb])
+
+
+def case_norms():
+    (kx, tx), (kg, tg), (kb, tb), (kw, tw) = both(arr(2, 6, 4, 3)), both(arr(6)), both(arr(6)), both(arr(4, 3))
+    return ([F.group_norm(kx, 3, kg, kb), F.rms_norm(kx, (4, 3), kw, 1e-6)],
+            [TF.group_norm(tx, 3, tg, tb), TF.rms_norm(tx, (4, 3), tw, 1e-6)], [kx, kg, kb, kw], [tx, tg, tb, tw])
+
+
+def case_activations_and_losses():
+    (kx, tx), (kw, tw) = both(arr(3, 4, 6)), both(arr(4, lo=0.05))
+    (kl, tl), (kt, tt) = both(arr(5, 7)), both(arr(5, 7, lo=0.0), grad=False)
+    lp_k, lp_t = F.log_softmax(kl, -1), TF.log_softmax(tl, -1)
+    q_k, q_t = F.softmax(kt, -1), TF.softmax(tt, -1)
+    return ([F.glu(kx, -1), F.prelu(kx, kw), F.kl_div(lp_k, q_k, reduction="batchmean")],
+            [TF.glu(tx, -1), TF.prelu(tx, tw), TF.kl_div(lp_t, q_t, reduction="batchmean")], [kx, kw, kl], [tx, tw, tl])
+
+
+def case_shapes():
+    kx, tx = both(arr(2, 3, 5, 6))
+    return ([F.pad(kx, (2, 1, 1, 3), mode="reflect"), F.pad(kx, (1, 2, 2, 0), mode="circular"),
+             F.pad(kx, (3, 0, 1, 1), mode="replicate"), kiln.tile(kx, (2, 1, 1)), kx.repeat(1, 2, 1, 2),
+             kiln.roll(kx, (2, -1), (2, 3)), kiln.roll(kx, 7), kiln.flip(kx, (1, 3))],
+            [TF.pad(tx, (2, 1, 1, 3), mode="reflect"), TF.pad(tx, (1, 2, 2, 0), mode="circular"),
+             TF.pad(tx, (3, 0, 1, 1), mode="replicate"), torch.tile(tx, (2, 1, 1)), tx.repeat(1, 2, 1, 2),
+             torch.roll(tx, (2, -1), (2, 3)), torch.roll(tx, 7), torch.flip(tx, (1, 3))], [kx], [tx])
+
+
+def case_pool3d():
+    kx, tx = both(arr(2, 2, 5, 6, 7))
+    return ([F.avg_pool3d(kx, (3, 2, 3), (2, 2, 2), (1, 1, 1), True, False),
+             F.avg_pool3d(kx, 2, divisor_override=5)],
+            [TF.avg_pool3d(tx, (3, 2, 3), (2, 2, 2), (1, 1, 1), True, False),
+             TF.avg_pool3d(tx, 2, divisor_override=5)], [kx], [tx])
+
+
+CASES = [case_conv3d, case_conv_transpose1d, case_interpolate, case_scatter, case_indexing, case_scans, case_math,
+         case_norms, case_activations_and_losses, case_shapes, case_pool3d]
+
+
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")  # torch's own deprecation
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__[5:] for c in CASES])
+def test_op_matches_torch(case):
+    kouts, touts, kins, tins = case()
+    compare(kouts, touts, kins, tins, case.__name__)
+
+
+def test_load_state_dict_names_what_it_left_out():
+    model = kiln.models.create("bert-tiny-mlm")
+    sd = dict(model.state_dict())
+    extra = dict(sd)
+    extra["bert.pooler.dense.weight"] = kiln.zeros(2, 2)
+    dropped = next(iter(sd))
+    del extra[dropped]
+    missing, unexpected = model.load_state_dict(extra, strict=False)
+    assert missing == [dropped] and unexpected == ["bert.pooler.dense.weight"]
+    res = model.load_state_dict(sd)
+    assert res.missing_keys == [] and res.unexpected_keys == []
+    lin = kiln.nn.Linear(2, 3)
+    res = lin.load_state_dict({"weight": kiln.zeros(3, 2), "bias": kiln.zeros(3), "extra": kiln.zeros(1)}, strict=False)
+    assert res.unexpected_keys == ["extra"] and res.missing_keys == []
