@@ -149,9 +149,12 @@ static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
 
 // One value converted to element type T, the same on both devices (the CPU loops' store, the CUDA
 // kernels' st, fills and casts): 16-bit floats round from f32; bool is "non-zero"; a floating value
-// into an integer type is truncated toward zero to i64 (NaN gives 0, beyond i64's range its limit)
-// and then, like every integer narrowing, keeps its low bits: -1.0 gives 255 in u8 and 300.0 gives
-// 44 in i8, what PyTorch and NumPy give on x86-64, without C++'s undefined out-of-range conversion.
+// into an integer type converts as x86-64's truncating conversion does, which is what PyTorch and
+// NumPy give there: toward zero to i32 (to i64 for an i64 target), a value outside that range or NaN
+// giving its minimum (the "integer indefinite"), then, like every integer narrowing, the low bits.
+// So -1.0 gives 255 in u8, 300.0 gives 44 in i8, 3e9 gives INT32_MIN in i32 and 0 in u8, NaN gives 0
+// in u8/i8/i16: defined everywhere, where C++ leaves out-of-range conversions undefined and CUDA's
+// cvt saturates.
 template <typename T, typename V> KILN_HD T convert_to(V v) {
   if constexpr (std::is_same_v<V, Half> || std::is_same_v<V, BFloat16>) {
     return convert_to<T>(static_cast<float>(v));
@@ -160,10 +163,13 @@ template <typename T, typename V> KILN_HD T convert_to(V v) {
   } else if constexpr (std::is_same_v<T, bool>) {
     return v != V(0);
   } else if constexpr (std::is_integral_v<T> && std::is_floating_point_v<V>) {
-    if (!(v == v)) return T(0);
-    if (v >= V(9223372036854775807.0)) return static_cast<T>(INT64_MAX);  // 2^63 once rounded
-    if (v <= V(-9223372036854775807.0 - 1.0)) return static_cast<T>(INT64_MIN);
-    return static_cast<T>(static_cast<int64_t>(v));
+    if constexpr (sizeof(T) == 8) {
+      if (!(v >= V(-9223372036854775808.0) && v < V(9223372036854775808.0))) return static_cast<T>(INT64_MIN);
+      return static_cast<T>(static_cast<int64_t>(v));
+    } else {
+      if (!(v >= V(-2147483648.0) && v < V(2147483648.0))) return static_cast<T>(INT32_MIN);
+      return static_cast<T>(static_cast<int32_t>(v));
+    }
   } else {
     return static_cast<T>(v);
   }

@@ -180,7 +180,7 @@ Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& y
 // Connectionist temporal classification (Graves et al. 2006): per sequence, -log of the summed
 // probability of every alignment of its target to its frames. log_probs [T, N, C] (log-softmax
 // outputs; [T, C] for one sequence), targets [N, S] padded or 1-D concatenated ([S] for one sequence;
-// labels in [0, C) other than blank), a length per sequence (input lengths in [1, T]). The targets are
+// labels in [0, C) other than blank), a length per sequence (input lengths in [0, T]). The targets are
 // read on the host. A target its frames cannot hold gives +inf (0 with zero_infinity, and no
 // gradient). mean: each loss over its target length (at least 1), then the mean over the batch.
 // Computed in f32 at least; the gradient is the exact one with respect to log_probs (PyTorch's adds

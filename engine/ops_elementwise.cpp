@@ -83,8 +83,22 @@ void check_not_bool(const char* name, DType t) {
 
 // ---- binary arithmetic ------------------------------------------------------------------------------
 
+namespace {
+// An integer add/sub takes alpha in its own dtype: a whole number the dtype holds (PyTorch refuses the
+// rest too), so the kernels never convert an out-of-range double.
+void check_alpha(const char* op, DType t, double alpha) {
+  if (is_floating(t) || t == DType::boolean || alpha == 1.0) return;
+  const int bits = int(dtype_size(t)) * 8;
+  const double lo = t == DType::u8 ? 0.0 : -std::ldexp(1.0, bits - 1);
+  const double hi = t == DType::u8 ? std::ldexp(1.0, bits) : std::ldexp(1.0, bits - 1);  // exclusive
+  KILN_CHECK(std::isfinite(alpha) && alpha == std::floor(alpha) && alpha >= lo && alpha < hi, op, ": alpha ", alpha,
+             " is not a value of ", t);
+}
+}  // namespace
+
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   const DType t = arith_type("add", a, b);
+  check_alpha("add", t, alpha);
   Tensor out = run_binary("add", BinaryOp::add, a, b, t, t, alpha);
   if (autograd::needs_grad({a, b}))
     autograd::record("add", {a, b}, {out}, [alpha](const GradCtx& c) -> std::vector<Tensor> {
@@ -96,6 +110,7 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
   const DType t = arith_type("sub", a, b);
   check_not_bool("sub", t);
+  check_alpha("sub", t, alpha);
   Tensor out = run_binary("sub", BinaryOp::sub, a, b, t, t, alpha);
   if (autograd::needs_grad({a, b}))
     autograd::record("sub", {a, b}, {out}, [alpha](const GradCtx& c) -> std::vector<Tensor> {

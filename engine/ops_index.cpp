@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/internal.h"
 #include "engine/nn_ops.h"
@@ -170,8 +171,11 @@ Tensor scatter_raw(const char* name, ScatterOp op, bool include_self, const Tens
     KILN_CHECK(i == d || idx.size(i) == x.size(i), name, ": indices ", idx.shape(), " must match input ", x.shape(),
                " outside dim ", d);
   const DType t = promote_types(x.dtype(), src.dtype());
-  KILN_CHECK(is_floating(t), name, ": needs floating tensors, got ", x.type_str(), " and ", src.type_str());
-  const DType ct = float_compute(t);
+  // Integers of 32 bits or fewer (and bool) combine in f64, which holds each of their values exactly;
+  // i64 does not fit f64's 53 bits, so it is refused rather than rounded.
+  KILN_CHECK(t != DType::i64, name, ": i64 tensors are not supported (f64, in which integers combine, cannot hold ",
+             "every i64); convert to i32 or f64 first (got ", x.type_str(), " and ", src.type_str(), ")");
+  const DType ct = is_floating(t) ? float_compute(t) : DType::f64;
   Tensor out = x.detach().to(ct).contiguous().clone();
   const Tensor sc = src.detach().to(ct).contiguous();
   int64_t outer, n, inner;
@@ -437,8 +441,12 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   return x * (keep * (1.0 / (1.0 - p)));
 }
 
-AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+AttentionOutput attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& mask,
                           const AttentionOptions& o, bool need_weights) {
+  // Autocast: q, k and v in the 16-bit dtype (both products are GEMMs; masked_softmax computes in f32).
+  const Tensor q = amp::autocast_arg(amp::AutocastOp::attention, q_in),
+               k = amp::autocast_arg(amp::AutocastOp::attention, k_in),
+               v = amp::autocast_arg(amp::AutocastOp::attention, v_in);
   KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "attention: q, k, v need at least 2 dims, got ",
              q.shape(), ", ", k.shape(), ", ", v.shape());
   KILN_CHECK(q.size(-1) == k.size(-1), "attention: q ", q.shape(), " and k ", k.shape(), " differ in head size");

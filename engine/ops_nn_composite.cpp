@@ -380,8 +380,8 @@ Tensor ctc_loss(const Tensor& log_probs_in, const Tensor& targets, const std::ve
              targets.defined() ? targets.type_str() : std::string("an undefined tensor"));
   int64_t total = 0, s_max = 0;
   for (int64_t n = 0; n < N; ++n) {
-    KILN_CHECK(input_lengths[size_t(n)] >= 1 && input_lengths[size_t(n)] <= T, "ctc_loss: input length ",
-               input_lengths[size_t(n)], " of sequence ", n, " is outside [1, T = ", T, "]");
+    KILN_CHECK(input_lengths[size_t(n)] >= 0 && input_lengths[size_t(n)] <= T, "ctc_loss: input length ",
+               input_lengths[size_t(n)], " of sequence ", n, " is outside [0, T = ", T, "]");
     KILN_CHECK(target_lengths[size_t(n)] >= 0, "ctc_loss: target length ", target_lengths[size_t(n)], " of sequence ",
                n, " is negative");
     total += target_lengths[size_t(n)];
@@ -430,13 +430,19 @@ Tensor ctc_loss(const Tensor& log_probs_in, const Tensor& targets, const std::ve
   const Tensor ext_t = from_vector(ext, {1, N, L}, i64);
   // lp_ext[t, n, s] = log_probs[t, n, l'_s]
   const Tensor lp_ext = gather(lp, 2, ext_t.expand({T, N, L}).contiguous());
+  int64_t t_max = 0;
+  std::vector<double> no_frames(static_cast<size_t>(N));  // 1: no frames (an empty target has log P = 0)
+  for (int64_t n = 0; n < N; ++n) {
+    t_max = std::max(t_max, input_lengths[size_t(n)]);
+    no_frames[size_t(n)] = input_lengths[size_t(n)] == 0 ? 1 : 0;
+  }
   const Tensor skip_t = from_vector(skip, {N, L}, flag);
   const Tensor zero = full({N, L}, kCtcLogZero, TensorOptions(lp.dtype(), dev));
   const Tensor zero2 = zero.narrow(1, 0, std::min<int64_t>(2, L));
   // alpha_t(s): log of the probability of the alignments of the first t + 1 frames that end at s.
-  Tensor alpha = where(from_vector(first_ok, {N, L}, flag), lp_ext.select(0, 0), zero);
+  Tensor alpha = t_max > 0 ? where(from_vector(first_ok, {N, L}, flag), lp_ext.select(0, 0), zero) : zero;
   std::vector<double> active(static_cast<size_t>(N));
-  for (int64_t t = 1; t < *std::max_element(input_lengths.begin(), input_lengths.end()); ++t) {
+  for (int64_t t = 1; t < t_max; ++t) {
     const Tensor from1 = L > 1 ? cat({zero2.narrow(1, 0, 1), alpha.narrow(1, 0, L - 1)}, 1) : zero;
     const Tensor from2 = L > 2 ? where(skip_t, cat({zero2, alpha.narrow(1, 0, L - 2)}, 1), zero) : zero;
     const Tensor next = logsumexp(stack({alpha, from1, from2}, 0), {0}) + lp_ext.select(0, t);
@@ -450,7 +456,11 @@ Tensor ctc_loss(const Tensor& log_probs_in, const Tensor& targets, const std::ve
   }
   const Tensor ends = where(from_vector(last_ok, {N, 2}, flag), gather(alpha, 1, from_vector(last, {N, 2}, i64)),
                             full({N, 2}, kCtcLogZero, TensorOptions(lp.dtype(), dev)));
-  const Tensor ll = logsumexp(ends, {1});
+  // A sequence without frames: probability 1 for an empty target, 0 for any other.
+  std::vector<double> empty_ll(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) empty_ll[size_t(n)] = target_lengths[size_t(n)] == 0 ? 0.0 : kCtcLogZero;
+  const Tensor ll = where(from_vector(no_frames, {N}, flag), from_vector(empty_ll, {N}, TensorOptions(lp.dtype(), dev)),
+                          logsumexp(ends, {1}));
   // No alignment (a target longer than its frames allow): the likelihood stayed at "log 0".
   const Tensor impossible = lt(ll.detach(), scalar_like(kCtcLogZero / 2, ll));
   const Tensor inf =

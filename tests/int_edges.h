@@ -37,6 +37,11 @@ inline void check_integer_dtypes() {
     same(maximum(t({-5, 100}, DType::i8), t({3, -100}, DType::i8)), DType::i8, {3, 100});
     same(minimum(t({250, 1}, DType::u8), t({3, 200}, DType::u8)), DType::u8, {3, 1});
     same(clamp(t({-100, 0, 100}, DType::i8), -10.0, 10.0), DType::i8, {-10, 0, 10});
+    // Bounds past the dtype's range are no bounds; -inf/+inf likewise.
+    same(clamp(t({-100, 5, 100}, DType::i8), 0.0, 200.0), DType::i8, {0, 5, 100});
+    same(clamp(t({-100, 5, 100}, DType::i8), -inf, 50.0), DType::i8, {-100, 5, 50});
+    same(clamp(t({0, 200}, DType::u8), -5.0, 1e9), DType::u8, {0, 200});
+    same(clamp(t({-5, 7}, DType::i64), -1e300, 1e300), DType::i64, {-5, 7});
     // A whole-number scalar takes the tensor's dtype (and wraps, as PyTorch's does); a fraction makes f32.
     same(t({1, 2}, DType::i8) + 300.0, DType::i8, {45, 46});
     same(t({1, 2}, DType::i16) * 2.5, DType::f32, {2.5, 5});
@@ -73,22 +78,28 @@ inline void check_integer_dtypes() {
     same(t({-1}, DType::i16) + t({0.5}, DType::f16), DType::f16, {-0.5});
   }
 
-  SUBCASE("casts from floats truncate toward zero to i64, then keep the low bits") {
+  SUBCASE(
+      "casts from floats truncate as x86-64 does (to i32, or i64 for i64; outside it or NaN the minimum), then keep "
+      "the low bits") {
     const V x = {-1.0, 300.0, 127.9, -128.5, 2.99, -2.99, nan, inf, -inf, 1e30};
     for (DType from : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
       INFO("from " << from);
       // The 16-bit floats compute through f32; every value of the last two lines is exact in both.
       if (from == DType::f32 || from == DType::f64) {
-        same(t(x, from).to(DType::i8), DType::i8, {-1, 44, 127, -128, 2, -2, 0, -1, 0, -1});
-        same(t(x, from).to(DType::u8), DType::u8, {255, 44, 127, 128, 2, 254, 0, 255, 0, 255});
-        same(t(x, from).to(DType::i16), DType::i16, {-1, 300, 127, -128, 2, -2, 0, -1, 0, -1});
-        same(t(x, from).to(DType::i64), DType::i64,
-             {-1, 300, 127, -128, 2, -2, 0, 9223372036854775807.0, -9223372036854775808.0, 9223372036854775807.0});
+        const double i32min = -2147483648.0, i64min = -9223372036854775808.0;
+        same(t(x, from).to(DType::i8), DType::i8, {-1, 44, 127, -128, 2, -2, 0, 0, 0, 0});
+        same(t(x, from).to(DType::u8), DType::u8, {255, 44, 127, 128, 2, 254, 0, 0, 0, 0});
+        same(t(x, from).to(DType::i16), DType::i16, {-1, 300, 127, -128, 2, -2, 0, 0, 0, 0});
+        same(t(x, from).to(DType::i32), DType::i32, {-1, 300, 127, -128, 2, -2, i32min, i32min, i32min, i32min});
+        same(t(x, from).to(DType::i64), DType::i64, {-1, 300, 127, -128, 2, -2, i64min, i64min, i64min, i64min});
       }
       same(t({-1.0, 2.5, 300.0, nan}, from).to(DType::u8), DType::u8, {255, 2, 44, 0});
       same(t({-33024.0, 2.5, nan}, from).to(DType::i16), DType::i16, {32512, 2, 0});
     }
-    same(t({3e9, -3e9}, DType::f64).to(DType::i32), DType::i32, {-1294967296, 1294967296});
+    same(t({3e9, -3e9, 2147483647.9}, DType::f64).to(DType::i32), DType::i32,
+         {-2147483648.0, -2147483648.0, 2147483647});
+    same(t({3e9, 65535.0, 5e9}, DType::f64).to(DType::u8), DType::u8, {0, 255, 0});
+    same(t({3e9, 5e9, -4e9}, DType::f64).to(DType::i64), DType::i64, {3e9, 5e9, -4e9});
     // f64 -> i64 exactly below 2^63, then saturated
     const Tensor big = t({9007199254740993.0, -4611686018427387904.0}, DType::f64).to(DType::i64);
     CHECK(big.values<int64_t>() == std::vector<int64_t>{9007199254740992, -4611686018427387904});

@@ -2,6 +2,7 @@
 // Each function is written once here so the CPU tests cover what the GPU runs.
 #pragma once
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "base/macros.h"
@@ -21,6 +22,20 @@ using std::tanh;
 using std::trunc;
 
 // fmod and Python's remainder, exact for floats (fmod is) and integers (b != 0, checked by the caller).
+// A clamp bound given as f64 in the arithmetic type A: itself for floats; for integers the nearest
+// value inside the clamp (ceil for a lower bound, floor for an upper one), saturated at A's range, so
+// a bound past the range is no bound (clamp(x_i8, 0, 200) keeps 127, as PyTorch).
+template <typename A> KILN_HD A clamp_bound(double v, bool lower) {
+  if constexpr (std::is_floating_point_v<A>) {
+    return A(v);
+  } else {
+    const double lo = double(std::numeric_limits<A>::lowest()), hi = double(std::numeric_limits<A>::max());
+    if (v <= lo) return std::numeric_limits<A>::lowest();
+    if (v >= hi) return std::numeric_limits<A>::max();  // for i64, hi is 2^63 once rounded
+    return A(lower ? std::ceil(v) : std::floor(v));
+  }
+}
+
 template <typename T> KILN_HD T fmod_of(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
     return std::fmod(a, b);

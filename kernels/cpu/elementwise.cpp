@@ -165,7 +165,7 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
     case UnaryOp::logical_not: return unary_loop<T>(dst, src, [](A x) { return A(!x); });
     case UnaryOp::clamp: {
       const bool has_lo = !std::isnan(p0), has_hi = !std::isnan(p1);
-      const A lo = has_lo ? A(p0) : A(0), hi = has_hi ? A(p1) : A(0);
+      const A lo = has_lo ? math::clamp_bound<A>(p0, true) : A(0), hi = has_hi ? math::clamp_bound<A>(p1, false) : A(0);
       return unary_loop<T>(dst, src, [=](A x) {
         if constexpr (is_float_v<T>) {
           if (x != x) return x;  // NaN stays NaN
@@ -208,10 +208,10 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
     switch (op) {
       case BinaryOp::add:
         if (alpha == 1.0) return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x + y); });
-        return binary_loop<T, T>(dst, a, b, [al = A(alpha)](A x, A y) { return A(x + al * y); });
+        return binary_loop<T, T>(dst, a, b, [al = convert_to<A>(alpha)](A x, A y) { return A(x + al * y); });
       case BinaryOp::sub:
         if (alpha == 1.0) return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x - y); });
-        return binary_loop<T, T>(dst, a, b, [al = A(alpha)](A x, A y) { return A(x - al * y); });
+        return binary_loop<T, T>(dst, a, b, [al = convert_to<A>(alpha)](A x, A y) { return A(x - al * y); });
       case BinaryOp::mul: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x * y); });
       case BinaryOp::div:
         if constexpr (is_float_v<T>) {

@@ -422,7 +422,10 @@ void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, 
     using T = decltype(tag);
     using A = DAcc<T>;
     const bool has_lo = !std::isnan(p0), has_hi = !std::isnan(p1);
-    const UnaryF<T> f{op, has_lo || op != UnaryOp::clamp ? A(p0) : A(0), has_hi ? A(p1) : A(0), has_lo, has_hi};
+    const bool c = op == UnaryOp::clamp;  // clamp's bounds are saturated into A's range (math::clamp_bound)
+    const A lo = c ? (has_lo ? math::clamp_bound<A>(p0, true) : A(0)) : convert_to<A>(p0);
+    const UnaryF<T> f{op, lo, has_hi ? (c ? math::clamp_bound<A>(p1, false) : convert_to<A>(p1)) : A(0), has_lo,
+                      has_hi};
     T* o = static_cast<T*>(dst.data);
     const T* a = static_cast<const T*>(src.data);
     if (contiguous(g) && aligned16(o) && aligned16(a)) {
@@ -446,7 +449,7 @@ void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const Tenso
       return;
     }
     KILN_ASSERT(dst.dtype == a.dtype, "binary op output dtype ", dst.dtype, " differs from input ", a.dtype);
-    const BinaryF<T> f{op, DAcc<T>(alpha), current().error_word};
+    const BinaryF<T> f{op, convert_to<DAcc<T>>(alpha), current().error_word};
     T* o = static_cast<T*>(dst.data);
     if (contiguous(g) && aligned16(o) && aligned16(x) && aligned16(y)) {
       launch_vector<T, 2>(o, x, y, g.numel, f);

@@ -235,9 +235,9 @@ def test_small_integer_dtypes_match_torch():
             assert getattr(ka, op)(kb).tolist() == getattr(ta, op)(tb).tolist(), (name, op)
         assert (ka + 300).tolist() == (ta + 300).tolist(), name  # a whole scalar wraps in the dtype
         assert kiln.sum(ka).dtype == kiln.int64 and kiln.sum(ka).item() == torch.sum(ta).item(), name
-    # floats into small integers: truncated toward zero, then the low bits (torch on x86-64 the same)
-    f = [-1.0, 300.0, 127.9, -128.5, 2.99, -2.99, 40000.0]
-    for name in ("int8", "int16", "uint8"):
+    # floats into integers: x86-64's truncation (to i32, or i64; outside it or NaN its minimum), then the low bits
+    f = [-1.0, 300.0, 127.9, -128.5, 2.99, -2.99, 40000.0, 3e9, -3e9, 5e19, float("inf"), float("-inf"), float("nan")]
+    for name in ("int8", "int16", "uint8", "int32", "int64"):
         got = kiln.tensor(f).to(getattr(kiln, name)).tolist()
         assert got == torch.tensor(f).to(getattr(torch, name)).tolist(), name
     mixed = kiln.tensor([-1, 100]).to(kiln.int8) + kiln.tensor([255, 200]).to(kiln.uint8)
@@ -289,3 +289,24 @@ def test_max_pool3d_indices_and_unpool_match_torch():
     ku = kiln.nn.functional.max_unpool3d(kv, ki, (2, 3, 2), (2, 2, 2), (1, 1, 0), output_size=(5, 6, 7))
     tu = torch.nn.functional.max_unpool3d(tv, ti, (2, 3, 2), (2, 2, 2), (1, 1, 0), output_size=(5, 6, 7))
     assert np.array_equal(ku.numpy(), tu.numpy())
+
+
+def test_integer_index_assignment_and_ctc_without_frames():
+    torch = pytest.importorskip("torch")
+    t = kiln.tensor([1, 2, 3, 4]).to(kiln.int16)
+    t[kiln.tensor([0, 2])] = 7
+    assert t.dtype == kiln.int16 and t.tolist() == [7, 2, 7, 4]
+    u = kiln.tensor([1, 2, 3]).to(kiln.uint8)
+    u[1] = 255
+    assert u.tolist() == [1, 255, 3]
+    with pytest.raises(kiln.KilnError, match="i64"):
+        kiln.scatter(kiln.tensor([1, 2]), 0, kiln.tensor([0]), kiln.tensor([5]))
+    with pytest.raises(kiln.KilnError, match="alpha"):
+        kiln.add(kiln.tensor([1]).to(kiln.int8), kiln.tensor([1]).to(kiln.int8), alpha=1000)
+    # sequences with no frames: log P is 0 for an empty target and -inf for any other, as torch
+    lp = np.log(np.full((4, 3, 5), 0.2))
+    kl = kiln.nn.functional.ctc_loss(kiln.tensor(lp), kiln.tensor([[1, 2], [1, 2], [3, 3]]), [0, 0, 4], [0, 2, 2],
+                                     reduction="none").tolist()
+    tl = torch.nn.functional.ctc_loss(torch.tensor(lp), torch.tensor([[1, 2], [1, 2], [3, 3]]), [0, 0, 4], [0, 2, 2],
+                                      reduction="none").tolist()
+    assert np.allclose(kl, tl, rtol=1e-12) and kl[0] == 0.0 and kl[1] == float("inf")
