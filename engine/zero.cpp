@@ -118,6 +118,9 @@ void ZeroRedundancy::launch(Bucket& b) {
   for (const Piece& pc : b.pieces) {
     const Tensor g = params_[pc.param].grad();
     if (g.defined()) b.grads.narrow(0, pc.offset, pc.numel).copy_(g.detach().reshape({pc.numel}));
+    // The bucket holds it now, and the optimizer reads this rank's chunk of the bucket: the
+    // parameter's own gradient goes, so the gradients are held once, not twice, to the end of backward.
+    params_[pc.param].set_grad(Tensor());
   }
   b.grad_chunk = make_tensor({b.chunk}, DType::f32, b.flat.device());
   b.work = comm_.reduce_scatter_async(b.grads, b.grad_chunk, ReduceOp::avg);

@@ -173,12 +173,13 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
   std::stable_sort(p.blocks.begin(), p.blocks.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   // Several ranks: data parallel keeps a flat f32 copy of the gradients in its buckets; ZeRO-1 keeps
   // 1/N of the optimizer state, and from the first bucket's reduce-scatter to the end of backward
-  // every bucket's flat gradients and this rank's chunk of them (1/N).
+  // every bucket's flat gradients (which replace the parameters' own, released as each bucket copies
+  // them: counted here as they were) and this rank's chunk of them (1/N).
   if (o.ranks > 1) {
     const size_t before = p.optimizer_state;
     if (o.zero == 1) {
       p.optimizer_state = (p.optimizer_state + size_t(o.ranks) - 1) / size_t(o.ranks);
-      p.comm_buffers = p.parameters + (p.parameters + size_t(o.ranks) - 1) / size_t(o.ranks);
+      p.comm_buffers = (p.parameters + size_t(o.ranks) - 1) / size_t(o.ranks);
     } else {
       p.comm_buffers = p.parameters;
     }
@@ -294,7 +295,8 @@ int run_plan(const PlanOptions& o) {
   row("optimizer state", p.optimizer_state, o.ranks > 1 && o.zero ? "this rank's 1/" + std::to_string(o.ranks) : "");
   row("f32 master copies", p.master_copies, "none: weights stay f32; autocast's 16-bit copies are activations");
   row("communication", p.comm_buffers,
-      o.ranks > 1 ? (o.zero ? "a bucket of gradients being reduce-scattered" : "the gradient buckets' flat f32 copy")
+      o.ranks > 1 ? (o.zero ? "this rank's 1/N chunk of the averaged gradients (the buckets replace the gradients)"
+                            : "the gradient buckets' flat f32 copy")
                   : "one process");
   row("activations", p.activations, "kept for backward; by block, largest first:");
   size_t shown = 0;

@@ -165,6 +165,8 @@ TEST_CASE(
     }
     zero.finish();
     dp.finish();
+    // The buckets took the gradients over: the model's parameters hold none of their own.
+    for (const auto& [n, p] : zm.named_parameters()) CHECK_MESSAGE(!p.grad().defined(), n);
     const double zn = zero.clip_grad_norm(0.5).item<double>();
     const double dn = optim::clip_grad_norm(dm.parameters(), 0.5).item<double>();
     CHECK(zn == doctest::Approx(dn).epsilon(1e-5));
