@@ -62,6 +62,9 @@ class Work {
  public:
   virtual ~Work() = default;
   virtual void wait() = 0;
+  // True once the collective has finished (wait() then returns at once, or throws its error) and
+  // released its buffers; false while it runs. A poll, never a wait.
+  virtual bool done() = 0;
 };
 
 // Collectives on contiguous tensors, in place. Every rank must issue the same collectives in the

@@ -35,6 +35,7 @@ class Job final : public Work {
     } catch (...) {
       error_ = std::current_exception();
     }
+    fn_ = nullptr;  // the tensors it captured go now, not when the last holder of the Work lets go
     {
       std::lock_guard<std::mutex> lk(m_);
       done_ = true;
@@ -46,6 +47,10 @@ class Job final : public Work {
     std::unique_lock<std::mutex> lk(m_);
     cv_.wait(lk, [&] { return done_; });
     if (error_) std::rethrow_exception(error_);
+  }
+  bool done() override {
+    std::lock_guard<std::mutex> lk(m_);
+    return done_;
   }
 
  private:

@@ -113,6 +113,10 @@ void ZeroRedundancy::on_grad_ready(size_t index) {
 
 void ZeroRedundancy::launch(Bucket& b) {
   NoGradGuard no_grad;
+  // Buckets whose reduce-scatter has finished need only this rank's chunk: their full flats go
+  // before this one's is made (finish() still waits on them, for errors).
+  for (Bucket& done : buckets_)
+    if (done.work && done.grads.defined() && done.work->done()) done.grads = Tensor();
   const int world = comm_.world_size();
   b.grads = zeros({b.chunk * world}, TensorOptions(DType::f32, b.flat.device()));
   for (const Piece& pc : b.pieces) {

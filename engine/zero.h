@@ -6,8 +6,9 @@
 // optimizer updates its chunks (1-D views of the flat parameters, one per group and bucket, so a
 // group's hyper-parameters hold for all of a view); then every bucket is all-gathered and every
 // rank holds the new parameters. Traffic per step is that of one all-reduce. A parameter's own
-// .grad is released once its bucket has copied it (the bucket's flat and this rank's chunk are what
-// remain), so after finish() the model's parameters hold no gradients: read the shard views'.
+// .grad is released once its bucket has copied it, and a bucket's full flat once its reduce-scatter
+// has finished (polled as the next bucket goes out; this rank's chunk is what remains), so after
+// finish() the model's parameters hold no gradients: read the shard views'.
 //
 //   dist::ZeroRedundancy zero(model, optim::decay_groups(...), comm);
 //   optim::AdamW opt(zero.shard_groups());           // state for this rank's chunks only

@@ -57,6 +57,8 @@ class NcclWork final : public dist::Work {
       : c_(c), alive_(std::move(alive)), done_(done), what_(std::move(what)), bytes_(bytes) {}
   ~NcclWork() override { cudaEventDestroy(done_); }
   void wait() override;
+  // The event has passed: the collective's kernels on the communicator's stream have finished.
+  bool done() override { return cudaEventQuery(done_) == cudaSuccess; }
 
  private:
   NcclComm* c_;
@@ -157,6 +159,7 @@ class NcclComm final : public dist::Communicator {
       synchronize(device_);
       struct Done final : dist::Work {
         void wait() override {}
+        bool done() override { return true; }
       };
       return std::make_shared<Done>();
     }
@@ -268,6 +271,7 @@ class NcclComm final : public dist::Communicator {
     Tensor(t).copy_(d);  // to(cpu) inside waits for the device
     struct Done final : dist::Work {
       void wait() override {}
+      bool done() override { return true; }
     };
     return std::make_shared<Done>();
   }

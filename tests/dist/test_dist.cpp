@@ -80,8 +80,22 @@ TEST_CASE("dist: collectives") {
   }
   for (int k = 0; k < 20; ++k) {
     works[size_t(k)]->wait();
+    CHECK(works[size_t(k)]->done());  // once waited for, done
     CHECK(ts[size_t(k)].to_vector()[999] == double(w * k + w * (w - 1) / 2));
   }
+  // done() is a poll: it turns true by itself, and then the collective has let go of its buffers
+  // (dropping `held` frees its bytes while the Work is still alive).
+  Tensor held = full({w * 4096}, 1.0), part = zeros({4096});
+  const std::shared_ptr<dist::Work> rs = comm().reduce_scatter_async(held, part, dist::ReduceOp::sum);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!rs->done() && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(rs->done());
+  const size_t before = cpu_memory_stats().allocated;
+  held = Tensor();
+  CHECK(before - cpu_memory_stats().allocated >= size_t(w) * 4096 * sizeof(float));
+  rs->wait();
+  CHECK(part.to_vector() == std::vector<double>(4096, double(w)));
 }
 
 TEST_CASE("dist: DataParallel with batch B per rank matches one process with batch N x B; ranks stay bit-identical") {
