@@ -229,22 +229,27 @@ Tensor avg_pool3d(const Tensor& x, Triple kernel, Triple stride_in, Triple paddi
 }
 
 namespace {
-// x's values put at `indices` (flat positions within each plane of `out` sizes, the last dims) of
-// zero planes. Scattered by sums, each position divided by how many entries name it: overlapping
-// windows can pick the same element, and then they carry the same value, which the mean keeps. The
-// gradient is that function's (shared among the entries), so max_unpool of max_pool passes each
-// element's gradient once.
-Tensor unpool(const char* op, const Tensor& x, const Tensor& indices, const Shape& out) {
+// x's values put at `indices` (flat positions within each plane of the last K dims) of zero planes
+// of output_size (default (in - 1) stride - 2 padding + kernel per dim). Scattered by sums, each
+// position divided by how many entries name it: overlapping windows can pick the same element, and
+// then they carry the same value, which the mean keeps. The gradient is that function's (shared among
+// the entries), so max_unpool of max_pool passes each element's gradient once.
+template <size_t K> Tensor unpool(const char* op, const Tensor& x, const Tensor& indices,
+                                  const std::array<int64_t, K>& kernel, const std::array<int64_t, K>& stride,
+                                  const std::array<int64_t, K>& padding,
+                                  const std::optional<std::array<int64_t, K>>& output_size) {
   KILN_CHECK(indices.defined() && indices.dtype() == DType::i64 && indices.shape() == x.shape(), op,
              ": indices must be i64 of the input's shape ", x.shape(), ", got ",
              indices.defined() ? indices.type_str() : std::string("undefined"));
-  const size_t k = out.size();
+  Shape out(K);
   int64_t in_plane = 1, out_plane = 1;
-  for (size_t i = 0; i < k; ++i) {
-    KILN_CHECK(out[i] >= 1, op, ": output size ", out, " must be positive");
-    in_plane *= x.size(int64_t(i) - int64_t(k));
+  for (size_t i = 0; i < K; ++i) {
+    const int64_t in = x.size(int64_t(i) - int64_t(K));
+    out[i] = output_size ? (*output_size)[i] : (in - 1) * stride[i] - 2 * padding[i] + kernel[i];
+    in_plane *= in;
     out_plane *= out[i];
   }
+  for (size_t i = 0; i < K; ++i) KILN_CHECK(out[i] >= 1, op, ": output size ", out, " must be positive");
   const int64_t planes = x.numel() / std::max<int64_t>(in_plane, 1);
   const Tensor idx = indices.reshape({planes, in_plane}).contiguous();
   const Tensor xf = x.reshape({planes, in_plane});
@@ -252,7 +257,7 @@ Tensor unpool(const char* op, const Tensor& x, const Tensor& indices, const Shap
   const Tensor sums = scatter_add(base, 1, idx, xf);
   const Tensor counts = scatter_add(base, 1, idx, ones_like(xf.detach()));
   Shape out_shape = x.shape();
-  for (size_t i = 0; i < k; ++i) out_shape[out_shape.size() - k + i] = out[i];
+  for (size_t i = 0; i < K; ++i) out_shape[out_shape.size() - K + i] = out[i];
   return where(gt(counts, ones_like(counts)), sums / counts, sums).reshape(out_shape);
 }
 }  // namespace
@@ -262,21 +267,14 @@ Tensor max_unpool2d(const Tensor& x, const Tensor& indices, Pair kernel, Pair st
   const char* op = "max_unpool2d";
   check_pool_input(op, x, 2, "[N, C, H, W] or [C, H, W]");
   if (stride[0] == 0 && stride[1] == 0) stride = kernel;
-  Shape out(2);
-  for (size_t i = 0; i < 2; ++i)
-    out[i] = output_size ? (*output_size)[i] : (x.size(int64_t(i) - 2) - 1) * stride[i] - 2 * padding[i] + kernel[i];
-  return unpool(op, x, indices, out);
+  return unpool(op, x, indices, kernel, stride, padding, output_size);
 }
 
 Tensor max_unpool3d(const Tensor& x, const Tensor& indices, Triple kernel, Triple stride, Triple padding,
                     std::optional<Triple> output_size) {
   const char* op = "max_unpool3d";
   check_pool_input(op, x, 3, "[N, C, D, H, W] or [C, D, H, W]");
-  stride = stride_or_kernel(stride, kernel);
-  Shape out(3);
-  for (size_t i = 0; i < 3; ++i)
-    out[i] = output_size ? (*output_size)[i] : (x.size(int64_t(i) - 3) - 1) * stride[i] - 2 * padding[i] + kernel[i];
-  return unpool(op, x, indices, out);
+  return unpool(op, x, indices, kernel, stride_or_kernel(stride, kernel), padding, output_size);
 }
 
 Tensor max_unpool1d(const Tensor& x, const Tensor& indices, int64_t kernel, int64_t stride, int64_t padding,
@@ -378,18 +376,27 @@ Tensor ctc_loss(const Tensor& log_probs_in, const Tensor& targets, const std::ve
   KILN_CHECK(targets.defined() && is_integral(targets.dtype()) && targets.dtype() != DType::boolean,
              "ctc_loss: targets must hold class indices (an integer dtype), got ",
              targets.defined() ? targets.type_str() : std::string("an undefined tensor"));
-  int64_t total = 0, s_max = 0;
+  int64_t total = 0, s_max = 0, t_max = 0, t_min = T;
+  // Per sequence: its input length, whether it has no frames (then log P is 0 for an empty target,
+  // "log 0" for any other), and the divisor of the mean (its target length, at least 1).
+  const size_t count = static_cast<size_t>(N);
+  std::vector<double> frames(count), no_frames(count), empty_ll(count), mean_div(count);
   for (int64_t n = 0; n < N; ++n) {
-    KILN_CHECK(input_lengths[size_t(n)] >= 0 && input_lengths[size_t(n)] <= T, "ctc_loss: input length ",
-               input_lengths[size_t(n)], " of sequence ", n, " is outside [0, T = ", T, "]");
-    KILN_CHECK(target_lengths[size_t(n)] >= 0, "ctc_loss: target length ", target_lengths[size_t(n)], " of sequence ",
-               n, " is negative");
-    total += target_lengths[size_t(n)];
-    s_max = std::max(s_max, target_lengths[size_t(n)]);
+    const int64_t t_len = input_lengths[size_t(n)], s_len = target_lengths[size_t(n)];
+    KILN_CHECK(t_len >= 0 && t_len <= T, "ctc_loss: input length ", t_len, " of sequence ", n,
+               " is outside [0, T = ", T, "]");
+    KILN_CHECK(s_len >= 0, "ctc_loss: target length ", s_len, " of sequence ", n, " is negative");
+    total += s_len;
+    s_max = std::max(s_max, s_len);
+    t_max = std::max(t_max, t_len);
+    t_min = std::min(t_min, t_len);
+    frames[size_t(n)] = double(t_len);
+    no_frames[size_t(n)] = t_len == 0 ? 1 : 0;
+    empty_ll[size_t(n)] = s_len == 0 ? 0.0 : kCtcLogZero;
+    mean_div[size_t(n)] = double(std::max<int64_t>(s_len, 1));
   }
   // Targets padded [N, S] (S >= every target length), or concatenated 1-D (the sum of the lengths); [S]
   // for one sequence. Read on the host: the labels are checked and the extended label rows built there.
-  const bool padded = batched ? targets.dim() == 2 : true;
   if (batched) {
     KILN_CHECK((targets.dim() == 2 && targets.size(0) == N && targets.size(1) >= s_max) ||
                    (targets.dim() == 1 && targets.size(0) == total),
@@ -400,7 +407,7 @@ Tensor ctc_loss(const Tensor& log_probs_in, const Tensor& targets, const std::ve
                "ctc_loss: targets of one sequence must be [S] with S >= ", s_max, ", got ", targets.shape());
   }
   const std::vector<int64_t> tv = targets.values<int64_t>();
-  const int64_t stride = padded && targets.dim() == 2 ? targets.size(1) : 0;
+  const int64_t stride = targets.dim() == 2 ? targets.size(1) : 0;  // 0: concatenated
   // Extended labels l' = blank, l1, blank, l2, ..., blank (L = 2 S_max + 1 columns; a shorter target's
   // extra columns are blanks its alignments never reach). skip: s may come from s - 2 (l'_s is a label
   // different from l'_{s-2}). Last: the two columns an alignment may end in.
@@ -430,35 +437,21 @@ Tensor ctc_loss(const Tensor& log_probs_in, const Tensor& targets, const std::ve
   const Tensor ext_t = from_vector(ext, {1, N, L}, i64);
   // lp_ext[t, n, s] = log_probs[t, n, l'_s]
   const Tensor lp_ext = gather(lp, 2, ext_t.expand({T, N, L}).contiguous());
-  int64_t t_max = 0;
-  std::vector<double> no_frames(static_cast<size_t>(N));  // 1: no frames (an empty target has log P = 0)
-  for (int64_t n = 0; n < N; ++n) {
-    t_max = std::max(t_max, input_lengths[size_t(n)]);
-    no_frames[size_t(n)] = input_lengths[size_t(n)] == 0 ? 1 : 0;
-  }
   const Tensor skip_t = from_vector(skip, {N, L}, flag);
   const Tensor zero = full({N, L}, kCtcLogZero, TensorOptions(lp.dtype(), dev));
   const Tensor zero2 = zero.narrow(1, 0, std::min<int64_t>(2, L));
   // alpha_t(s): log of the probability of the alignments of the first t + 1 frames that end at s.
   Tensor alpha = t_max > 0 ? where(from_vector(first_ok, {N, L}, flag), lp_ext.select(0, 0), zero) : zero;
-  std::vector<double> active(static_cast<size_t>(N));
+  const Tensor frames_t = from_vector(frames, {N, 1}, i64);
   for (int64_t t = 1; t < t_max; ++t) {
     const Tensor from1 = L > 1 ? cat({zero2.narrow(1, 0, 1), alpha.narrow(1, 0, L - 1)}, 1) : zero;
     const Tensor from2 = L > 2 ? where(skip_t, cat({zero2, alpha.narrow(1, 0, L - 2)}, 1), zero) : zero;
     const Tensor next = logsumexp(stack({alpha, from1, from2}, 0), {0}) + lp_ext.select(0, t);
-    bool every = true;
-    for (int64_t n = 0; n < N; ++n) {
-      active[size_t(n)] = t < input_lengths[size_t(n)] ? 1 : 0;
-      every = every && active[size_t(n)] != 0;
-    }
     // A sequence whose frames have all been read keeps its alpha.
-    alpha = every ? next : where(from_vector(active, {N, 1}, flag), next, alpha);
+    alpha = t < t_min ? next : where(gt(frames_t, scalar_like(double(t), frames_t)), next, alpha);
   }
   const Tensor ends = where(from_vector(last_ok, {N, 2}, flag), gather(alpha, 1, from_vector(last, {N, 2}, i64)),
                             full({N, 2}, kCtcLogZero, TensorOptions(lp.dtype(), dev)));
-  // A sequence without frames: probability 1 for an empty target, 0 for any other.
-  std::vector<double> empty_ll(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) empty_ll[size_t(n)] = target_lengths[size_t(n)] == 0 ? 0.0 : kCtcLogZero;
   const Tensor ll = where(from_vector(no_frames, {N}, flag), from_vector(empty_ll, {N}, TensorOptions(lp.dtype(), dev)),
                           logsumexp(ends, {1}));
   // No alignment (a target longer than its frames allow): the likelihood stayed at "log 0".
@@ -469,9 +462,7 @@ Tensor ctc_loss(const Tensor& log_probs_in, const Tensor& targets, const std::ve
   if (!batched) per = per.squeeze(0);
   if (reduction == Reduction::mean) {
     // PyTorch's mean: each loss over its target length (at least 1), then the mean over the batch.
-    std::vector<double> lens(static_cast<size_t>(N));
-    for (int64_t n = 0; n < N; ++n) lens[size_t(n)] = double(std::max<int64_t>(target_lengths[size_t(n)], 1));
-    const Tensor len_t = from_vector(lens, batched ? Shape{N} : Shape{}, TensorOptions(per.dtype(), dev));
+    const Tensor len_t = from_vector(mean_div, batched ? Shape{N} : Shape{}, TensorOptions(per.dtype(), dev));
     return mean(per / len_t);
   }
   return reduction == Reduction::sum ? sum(per) : per;

@@ -49,6 +49,12 @@ ncclRedOp_t nccl_op(dist::ReduceOp op) {
 
 class NcclComm;
 
+// A collective already finished when it returns (one staged through host memory).
+struct FinishedWork final : dist::Work {
+  void wait() override {}
+  bool done() override { return true; }
+};
+
 // A pending collective. It names its communicator through a weak token, so a wait() after the
 // communicator was destroyed is an error, not a dangling pointer.
 class NcclWork final : public dist::Work {
@@ -157,11 +163,7 @@ class NcclComm final : public dist::Communicator {
       reduce_scatter(di, dout, op);
       Tensor(out).copy_(dout);
       synchronize(device_);
-      struct Done final : dist::Work {
-        void wait() override {}
-        bool done() override { return true; }
-      };
-      return std::make_shared<Done>();
+      return std::make_shared<FinishedWork>();
     }
     check(in, "reduce_scatter");
     check(out, "reduce_scatter");
@@ -269,11 +271,7 @@ class NcclComm final : public dist::Communicator {
     const Tensor d = t.to(cuda_device(device_));
     fn(d);
     Tensor(t).copy_(d);  // to(cpu) inside waits for the device
-    struct Done final : dist::Work {
-      void wait() override {}
-      bool done() override { return true; }
-    };
-    return std::make_shared<Done>();
+    return std::make_shared<FinishedWork>();
   }
 
   int rank_, size_, device_;

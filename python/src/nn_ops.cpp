@@ -32,6 +32,15 @@ template <size_t N> std::array<int64_t, N> tuple_of(nb::handle h, const char* wh
   return out;
 }
 int64_t one_of(nb::handle h, const char* what, int64_t fallback = 0) { return tuple_of<1>(h, what, fallback)[0]; }
+// max_unpool's output_size: None, or a size whose last N entries are the spatial ones (torch takes both).
+template <size_t N> std::optional<std::array<int64_t, N>> unpool_size(nb::handle h, const char* dims) {
+  if (h.is_none()) return std::nullopt;
+  const std::vector<int64_t> v = to_dims(h, "output_size");
+  if (v.size() < N) value_error(std::string("output_size: expected ") + dims + " or a longer size ending in them");
+  std::array<int64_t, N> out;
+  for (size_t i = 0; i < N; ++i) out[i] = v[v.size() - N + i];
+  return out;
+}
 
 Reduction reduction_of(const std::string& r) {
   if (r == "mean") return Reduction::mean;
@@ -238,12 +247,7 @@ void bind_nn_ops(nb::module_& mod) {
       "max_unpool2d",
       [](const Tensor& x, const Tensor& idx, nb::handle k, nb::handle s, nb::handle p, nb::handle size) {
         const Pair kk = tuple_of<2>(k, "kernel_size"), ss = tuple_of<2>(s, "stride", 0), pp = tuple_of<2>(p, "padding");
-        std::optional<Pair> os;
-        if (!size.is_none()) {
-          std::vector<int64_t> v = to_dims(size, "output_size");
-          if (v.size() < 2) value_error("output_size: expected (H, W) or a longer size ending in them");
-          os = Pair{v[v.size() - 2], v[v.size() - 1]};
-        }
+        const std::optional<Pair> os = unpool_size<2>(size, "(H, W)");
         R r;
         return max_unpool2d(x, idx, kk, ss, pp, os);
       },
@@ -254,12 +258,7 @@ void bind_nn_ops(nb::module_& mod) {
       [](const Tensor& x, const Tensor& idx, nb::handle k, nb::handle s, nb::handle p, nb::handle size) {
         const Triple kk = tuple_of<3>(k, "kernel_size"), ss = tuple_of<3>(s, "stride", 0),
                      pp = tuple_of<3>(p, "padding");
-        std::optional<Triple> os;
-        if (!size.is_none()) {
-          std::vector<int64_t> v = to_dims(size, "output_size");
-          if (v.size() < 3) value_error("output_size: expected (D, H, W) or a longer size ending in them");
-          os = Triple{v[v.size() - 3], v[v.size() - 2], v[v.size() - 1]};
-        }
+        const std::optional<Triple> os = unpool_size<3>(size, "(D, H, W)");
         R r;
         return max_unpool3d(x, idx, kk, ss, pp, os);
       },
