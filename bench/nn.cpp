@@ -1,5 +1,6 @@
-// nn kernel benchmark: conv2d forward+backward on ResNet-20 and ResNet-50 layer shapes in GFLOP/s,
-// layer norm and softmax forward+backward in GB/s. Prints a table; --json FILE writes the rows.
+// nn kernel benchmark: conv2d on ResNet-20 and ResNet-50 layer shapes, each pass (forward, input gradient,
+// weight gradient) and all three in ms and GFLOP/s; layer norm and softmax forward+backward in GB/s.
+// Prints a table; --json FILE writes the rows.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,19 +41,27 @@ int main(int argc, char** argv) {
   CLI::App app("CPU convolution, pooling and normalisation layers", "bench_nn");
   bench::CommonFlags flags;
   bench::add_common_flags(app, flags);
+  int reps_flag = 0;
+  std::string only;
+  app.add_option("--reps", reps_flag, "Timed repetitions of each case, the median reported (default 5; 2 with --quick)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--only", only, "Run the cases whose name contains this text");
   if (const int rc = bench::start(app, flags, argc, argv); rc >= 0) return rc;
   const std::string& json_path = flags.json;
   const bool quick = flags.quick;
-  const int reps = quick ? 2 : 5;
+  const int reps = reps_flag > 0 ? reps_flag : quick ? 2 : 5;
+  auto wanted = [&](const char* name) { return only.empty() || std::string(name).find(only) != std::string::npos; };
   nlohmann::json rows = nlohmann::json::array();
   std::printf("bench_nn: %s\nconv2d forward + backward (f32, %d threads)\n", kiln::bench::cpu_line().c_str(),
               num_threads());
-  std::printf("%-28s %-22s %10s %10s %10s\n", "layer", "input", "fwd ms", "fwd+bwd ms", "GFLOP/s");
+  std::printf("%-28s %-18s %9s %9s %9s %9s %8s %8s %8s %8s\n", "layer", "input", "fwd ms", "dgrad ms", "wgrad ms",
+              "all ms", "fwd GF/s", "dgr GF/s", "wgr GF/s", "all GF/s");
   std::vector<ConvCase> convs = {
       {"resnet20 stage1 3x3 (32px)", 128, 16, 32, 32, 16, 3, 1, 1},
       {"resnet20 stage2 3x3 (32px)", 128, 32, 16, 16, 32, 3, 1, 1},
       {"resnet20 stage3 3x3 (32px)", 128, 64, 8, 8, 64, 3, 1, 1},
       {"resnet20 stage1 3x3 (28px)", 128, 16, 28, 28, 16, 3, 1, 1},
+      {"resnet20 stage2 3x3 (28px)", 128, 32, 14, 14, 32, 3, 1, 1},
       {"resnet20 stage3 3x3 (28px)", 128, 64, 7, 7, 64, 3, 1, 1},
       {"resnet50 conv1 7x7/2", 8, 3, 224, 224, 64, 7, 2, 3},
       {"resnet50 layer1 3x3", 8, 64, 56, 56, 64, 3, 1, 1},
@@ -61,26 +70,43 @@ int main(int argc, char** argv) {
   };
   if (quick) convs.resize(2);
   for (const ConvCase& cc : convs) {
-    Tensor x = randn({cc.n, cc.c, cc.h, cc.w}).set_requires_grad();
-    Tensor w = (randn({cc.o, cc.c, cc.k, cc.k}) * 0.05).detach().set_requires_grad();
+    if (!wanted(cc.name)) continue;
+    const Tensor x0 = randn({cc.n, cc.c, cc.h, cc.w});
+    const Tensor w0 = randn({cc.o, cc.c, cc.k, cc.k}) * 0.05;
     const int64_t oh = (cc.h + 2 * cc.p - cc.k) / cc.s + 1, ow = (cc.w + 2 * cc.p - cc.k) / cc.s + 1;
     const double flops_fwd = 2.0 * double(cc.n) * cc.o * oh * ow * cc.c * cc.k * cc.k;
+    const Tensor gy = randn({cc.n, cc.o, oh, ow});
     const double fwd = median_ms([&] {
       NoGradGuard ng;
-      conv2d(x, w, {}, {cc.s, cc.s}, {cc.p, cc.p});
+      conv2d(x0, w0, {}, {cc.s, cc.s}, {cc.p, cc.p});
     }, reps);
-    const double both = median_ms([&] {
-      x.set_grad(Tensor());
-      w.set_grad(Tensor());
-      sum(conv2d(x, w, {}, {cc.s, cc.s}, {cc.p, cc.p})).backward();
-    }, reps);
-    const double gflops = 3.0 * flops_fwd / (both * 1e-3) / 1e9;  // forward + data grad + weight grad
+    // Forward and backward with gradients for x, w or both; a backward pass alone is the difference.
+    auto with_grads = [&](bool gx, bool gw) {
+      Tensor x = x0.detach().set_requires_grad(gx), w = w0.detach().set_requires_grad(gw);
+      return median_ms([&] { conv2d(x, w, {}, {cc.s, cc.s}, {cc.p, cc.p}).backward(gy); }, reps);
+    };
+    const double dgrad = std::max(with_grads(true, false) - fwd, 1e-6);
+    const double wgrad = std::max(with_grads(false, true) - fwd, 1e-6);
+    const double both = with_grads(true, true);
+    auto gf = [&](double ms, double passes) { return passes * flops_fwd / (ms * 1e-3) / 1e9; };
     char shape[64];
     std::snprintf(shape, sizeof shape, "[%lld,%lld,%lld,%lld]", (long long)cc.n, (long long)cc.c, (long long)cc.h,
                   (long long)cc.w);
-    std::printf("%-28s %-22s %10.2f %10.2f %10.1f\n", cc.name, shape, fwd, both, gflops);
-    rows.push_back({{"op", "conv2d"}, {"name", cc.name}, {"input", shape}, {"kernel", cc.k}, {"out_channels", cc.o},
-                    {"fwd_ms", fwd}, {"fwd_bwd_ms", both}, {"gflops", gflops}});
+    std::printf("%-28s %-18s %9.2f %9.2f %9.2f %9.2f %8.1f %8.1f %8.1f %8.1f\n", cc.name, shape, fwd, dgrad, wgrad,
+                both, gf(fwd, 1), gf(dgrad, 1), gf(wgrad, 1), gf(both, 3));
+    rows.push_back({{"op", "conv2d"},
+                    {"name", cc.name},
+                    {"input", shape},
+                    {"kernel", cc.k},
+                    {"out_channels", cc.o},
+                    {"fwd_ms", fwd},
+                    {"dgrad_ms", dgrad},
+                    {"wgrad_ms", wgrad},
+                    {"fwd_bwd_ms", both},
+                    {"gflops", gf(both, 3)},
+                    {"fwd_gflops", gf(fwd, 1)},
+                    {"dgrad_gflops", gf(dgrad, 1)},
+                    {"wgrad_gflops", gf(wgrad, 1)}});
   }
 
   std::printf("\nmemory-bound ops, forward + backward (f32)\n");
@@ -93,6 +119,7 @@ int main(int argc, char** argv) {
                            {"layer_norm (BERT-large)", {4096, 1024}}};
   if (quick) mems.resize(1);
   for (const Mem& m : mems) {
+    if (!wanted(m.name)) continue;
     const bool ln = std::string(m.name).rfind("layer_norm", 0) == 0;
     Tensor x = randn(m.shape).set_requires_grad();
     const int64_t d = m.shape.back();

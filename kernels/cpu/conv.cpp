@@ -265,20 +265,24 @@ void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x
 }
 // The weight gradient of the same convolutions: gw[o, c, t] = sum over images n and output pixels q of
 // gy[n, o, q] * x[n, c, q + shift(t)] (masked as above). Both operands are read in place, 16 pixels to a
-// vector: a register tile of 6 output channels x 4 (c, t) pairs keeps 24 lane-wise sums, fed per pixel
-// vector by 6 loads of gy and 4 masked loads of x. Images go in fixed chunks of S (S * OH * OW ~ 1024,
-// so a chunk's gy and x stay in L2); each task (chunk, 6 channels, 4 pairs) folds its lanes into one
-// partial per weight, and the chunks' partials are added in chunk order: no result depends on threads.
+// vector: a register tile of R output channels x P (c, t) pairs (the kernel set's: 8 x 3 for AVX-512, 6 x 4
+// for AVX2) keeps R * P lane-wise sums, fed per pixel vector by R loads of gy and P masked loads of x.
+// Images go in fixed chunks of S (S * OH * OW ~ 4096: a chunk's x and gy stay in L2, and each tile's
+// lanes are folded once per 4096 pixels, not per image); each task (chunk, R channels, P pairs) folds its
+// lanes into one partial per weight, and the chunks' partials are added in chunk order: no result depends
+// on threads.
 void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x, const float* gy, float* gw) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, vecs = (ohw + 15) / 16, cols = cg * taps, wsize = p.o * cols;
   const int64_t x_size = p.n * p.c * plane;
-  // S * OH * OW ~ 1024, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats.
+  // S * OH * OW ~ 4096, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats.
   constexpr int64_t kMaxWgradChunks = 128;
-  int64_t s = kTargetCols / std::max<int64_t>(ohw, 1);
+  int64_t s = 4 * kTargetCols / std::max<int64_t>(ohw, 1);
   s = std::max(s, (p.n + kMaxWgradChunks - 1) / kMaxWgradChunks);
   s = std::clamp<int64_t>(s, 1, std::max<int64_t>(p.n, 1));
-  const int64_t nchunks = (p.n + s - 1) / s, oblocks = (og + 5) / 6, jblocks = (cols + 3) / 4;
+  const int R = L.wgrad_rows, P = L.wgrad_pairs;
+  KILN_ASSERT(R >= 1 && R <= isa::kWgradMaxRows && P >= 1 && P <= isa::kWgradMaxPairs, "wgrad tile ", R, "x", P);
+  const int64_t nchunks = (p.n + s - 1) / s, oblocks = (og + R - 1) / R, jblocks = (cols + P - 1) / P;
   // The tile masks laid out per tap along the vectors: tap_masks[t * vecs + v], plane_mask[v].
   const std::vector<TileMasks> tm = tile_masks(p);
   std::vector<isa::Mask16> tap_masks(static_cast<size_t>(taps * vecs)), plane_mask(static_cast<size_t>(vecs));
@@ -304,28 +308,28 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
   parallel_for(0, nchunks * per_chunk, 8, [&](int64_t b, int64_t e) {
     for (int64_t task = b; task < e; ++task) {
       const int64_t chunk = task / per_chunk, rest = task % per_chunk, g = rest / (oblocks * jblocks);
-      const int64_t o0 = (rest / jblocks) % oblocks * 6, j0 = rest % jblocks * 4;
-      const int64_t rows = std::min<int64_t>(6, og - o0), ncol = std::min<int64_t>(4, cols - j0);
+      const int64_t o0 = (rest / jblocks) % oblocks * R, j0 = rest % jblocks * P;
+      const int64_t rows = std::min<int64_t>(R, og - o0), ncol = std::min<int64_t>(P, cols - j0);
       // Rows and pairs past the edge repeat the first: computed, never stored.
-      int64_t orow[6], xoff[4], tap[4];
-      for (int r = 0; r < 6; ++r) orow[r] = g * og + o0 + (r < rows ? r : 0);
-      for (int j = 0; j < 4; ++j) {
+      int64_t orow[isa::kWgradMaxRows], xoff[isa::kWgradMaxPairs], tap[isa::kWgradMaxPairs];
+      for (int r = 0; r < R; ++r) orow[r] = g * og + o0 + (r < rows ? r : 0);
+      for (int j = 0; j < P; ++j) {
         const size_t jj = size_t(j0 + (j < ncol ? j : 0));
         tap[j] = pair_tap[jj];
         xoff[j] = g * cg * plane + pair_off[jj];
       }
-      float sums[6][4];
-      const void* xmask[4];
-      for (int j = 0; j < 4; ++j) xmask[j] = tap_x.get() + size_t(tap[j] * vecs) * mb;
+      float sums[isa::kWgradMaxRows * isa::kWgradMaxPairs];
+      const void* xmask[isa::kWgradMaxPairs];
+      for (int j = 0; j < P; ++j) xmask[j] = tap_x.get() + size_t(tap[j] * vecs) * mb;
       // Whether every x address read, masked lanes included, lies inside x.
       const int64_t images = std::min(p.n, chunk * s + s) - chunk * s, x0 = chunk * s * p.c * plane;
-      const int64_t lo = x0 + *std::min_element(xoff, xoff + 4);
-      const int64_t hi = x0 + (images - 1) * p.c * plane + *std::max_element(xoff, xoff + 4) + 16 * vecs;
+      const int64_t lo = x0 + *std::min_element(xoff, xoff + P);
+      const int64_t hi = x0 + (images - 1) * p.c * plane + *std::max_element(xoff, xoff + P) + 16 * vecs;
       L.wgrad_tile(gy + chunk * s * p.o * ohw, p.o * ohw, x + x0, p.c * plane, images, vecs, ohw, orow, xoff, xmask,
                    plane_x.get(), sums, lo >= 0 && hi <= x_size);
       float* out = partial.get() + chunk * wsize;
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < ncol; ++j) out[orow[r] * cols + j0 + j] = sums[r][j];
+        for (int64_t j = 0; j < ncol; ++j) out[orow[r] * cols + j0 + j] = sums[r * P + j];
     }
   });
   parallel_for(0, wsize, 4096, [&](int64_t b, int64_t e) {

@@ -210,7 +210,7 @@ float lane_total(__m256 v) {
 template <int kR, bool kPlain> void wgrad_passes(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
                                                  int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
                                                  const int64_t* xoff, const void* const* xmask, const void* plane_mask,
-                                                 float (*sums)[4]) {
+                                                 float* sums) {
   static_assert(6 % kR == 0, "whole passes");
   const int64_t half_vecs = (ohw + 7) / 8;  // 8-lane vectors with a pixel in the plane (of the 2 * vecs)
   for (int pass = 0; pass < 6 / kR; ++pass) {
@@ -253,13 +253,13 @@ template <int kR, bool kPlain> void wgrad_passes(const float* gy, int64_t gy_ima
 #pragma GCC unroll 3
     for (int r = 0; r < kR; ++r)
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) sums[kR * pass + r][j] = lane_total(acc[r][j]);
+      for (int j = 0; j < 4; ++j) sums[(kR * pass + r) * 4 + j] = lane_total(acc[r][j]);
   }
 }
 __attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
                                           int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
                                           const int64_t* xoff, const void* const* xmask, const void* plane_mask,
-                                          float (*sums)[4], bool inside) {
+                                          float* sums, bool inside) {
   if (inside)
     wgrad_passes<3, true>(gy, gy_image, x, x_image, images, vecs, ohw, orow, xoff, xmask, plane_mask, sums);
   else
@@ -280,6 +280,8 @@ Leaves make() {
   l.conv.direct[3] = direct_block<4>;
   l.conv.direct[4] = direct_block<5>;
   l.conv.direct[5] = direct_block<6>;
+  l.conv.wgrad_rows = 6;
+  l.conv.wgrad_pairs = 4;
   l.conv.wgrad_tile = wgrad_tile;
   // K blocks of 256: a 256 x 16 panel of B is 16 KiB, half of Zen 2/3's and Haswell's 32 KiB L1.
   l.f32 = gemm_leaves<F32>(256, 384);

@@ -155,57 +155,48 @@ float lane_total(__m512 v) {
   return _mm512_cvtss_f32(v);
 }
 
-// Per vector: 6 loads of gy stay in registers while each of the 4 x vectors is loaded and used at once,
-// so 24 sums + 6 + 1 operands fit the 32 vector registers.
+// A tile of 8 rows x 3 pairs: per 16-pixel vector the 3 x vectors are loaded once and each of the 8 gy
+// vectors feeds 3 FMAs as it is loaded, so 24 sums + 3 + 1 operands fit the 32 vector registers with 11
+// loads per 24 FMAs. 3 x 3 filters give Cg * 9 pairs and ResNet widths are multiples of 8: no tile
+// computes a row or pair it does not store.
 __attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
                                           int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
                                           const int64_t* xoff, const void* const* xmasks, const void* plane_masks,
-                                          float (*sums)[4], bool /*inside: masked loads cost nothing extra*/) {
+                                          float* sums, bool /*inside: masked loads cost nothing extra*/) {
   const Mask16* const* xmask = reinterpret_cast<const Mask16* const*>(xmasks);
   const Mask16* plane_mask = static_cast<const Mask16*>(plane_masks);
-  __m512 acc[6][4];
-#pragma GCC unroll 6
-  for (int r = 0; r < 6; ++r)
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  __m512 acc[8][3];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 3
+    for (int j = 0; j < 3; ++j) acc[r][j] = _mm512_setzero_ps();
   const Mask16* m0 = xmask[0];
   const Mask16* m1 = xmask[1];
   const Mask16* m2 = xmask[2];
-  const Mask16* m3 = xmask[3];
   for (int64_t n = 0; n < images; ++n, gy += gy_image, x += x_image) {
-    const float* g0 = gy + orow[0] * ohw;
-    const float* g1 = gy + orow[1] * ohw;
-    const float* g2 = gy + orow[2] * ohw;
-    const float* g3 = gy + orow[3] * ohw;
-    const float* g4 = gy + orow[4] * ohw;
-    const float* g5 = gy + orow[5] * ohw;
+    const float* g[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) g[r] = gy + orow[r] * ohw;
     const float* x0 = x + xoff[0];
     const float* x1 = x + xoff[1];
     const float* x2 = x + xoff[2];
-    const float* x3 = x + xoff[3];
     for (int64_t v = 0, o = 0; v < vecs; ++v, o += 16) {
       const __mmask16 in_plane = plane_mask[v];
-      const __m512 gv[6] = {_mm512_maskz_loadu_ps(in_plane, g0 + o), _mm512_maskz_loadu_ps(in_plane, g1 + o),
-                            _mm512_maskz_loadu_ps(in_plane, g2 + o), _mm512_maskz_loadu_ps(in_plane, g3 + o),
-                            _mm512_maskz_loadu_ps(in_plane, g4 + o), _mm512_maskz_loadu_ps(in_plane, g5 + o)};
-      __m512 xv = _mm512_maskz_loadu_ps(m0[v], x0 + o);
-#pragma GCC unroll 6
-      for (int r = 0; r < 6; ++r) acc[r][0] = _mm512_fmadd_ps(gv[r], xv, acc[r][0]);
-      xv = _mm512_maskz_loadu_ps(m1[v], x1 + o);
-#pragma GCC unroll 6
-      for (int r = 0; r < 6; ++r) acc[r][1] = _mm512_fmadd_ps(gv[r], xv, acc[r][1]);
-      xv = _mm512_maskz_loadu_ps(m2[v], x2 + o);
-#pragma GCC unroll 6
-      for (int r = 0; r < 6; ++r) acc[r][2] = _mm512_fmadd_ps(gv[r], xv, acc[r][2]);
-      xv = _mm512_maskz_loadu_ps(m3[v], x3 + o);
-#pragma GCC unroll 6
-      for (int r = 0; r < 6; ++r) acc[r][3] = _mm512_fmadd_ps(gv[r], xv, acc[r][3]);
+      const __m512 a0 = _mm512_maskz_loadu_ps(m0[v], x0 + o), a1 = _mm512_maskz_loadu_ps(m1[v], x1 + o),
+                   a2 = _mm512_maskz_loadu_ps(m2[v], x2 + o);
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        const __m512 gv = _mm512_maskz_loadu_ps(in_plane, g[r] + o);
+        acc[r][0] = _mm512_fmadd_ps(gv, a0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(gv, a1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(gv, a2, acc[r][2]);
+      }
     }
   }
-#pragma GCC unroll 6
-  for (int r = 0; r < 6; ++r)
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) sums[r][j] = lane_total(acc[r][j]);
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 3
+    for (int j = 0; j < 3; ++j) sums[r * 3 + j] = lane_total(acc[r][j]);
 }
 
 // The weight gradient's masks are the 16-bit masks themselves.
@@ -230,6 +221,8 @@ Leaves make() {
   l.conv.direct[3] = direct_block<4>;
   l.conv.direct[4] = direct_block<5>;
   l.conv.direct[5] = direct_block<6>;
+  l.conv.wgrad_rows = 8;
+  l.conv.wgrad_pairs = 3;
   l.conv.wgrad_tile = wgrad_tile;
   return l;
 }

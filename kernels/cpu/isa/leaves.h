@@ -51,6 +51,7 @@ struct Im2colGeometry {
 // (expand_masks), one entry of mask_bytes per 16 pixels.
 using Mask16 = uint16_t;
 inline constexpr int kDirectMaxTaps = 64;
+inline constexpr int kWgradMaxRows = 8, kWgradMaxPairs = 4;
 
 // See conv.cpp for the schemes. Null in the generic set.
 struct ConvLeaves {
@@ -68,12 +69,13 @@ struct ConvLeaves {
                           const int64_t* shift, const Mask16 (*masks)[4], float* y, int64_t ldy, const Mask16* store,
                           bool inside);
   Direct direct[6];
-  // 6 x 4 sums over images and 16-pixel groups of gy row r times x pair j (see conv.cpp's
-  // direct_conv_wgrad); xmask[j] and plane_mask: `vecs` expanded masks each. inside: as for direct, every
-  // x[n * x_image + xoff[j] + l], l < 16 * vecs, lies in x's buffer.
+  // wgrad_rows x wgrad_pairs sums (sums[r * wgrad_pairs + j]) over images and 16-pixel groups of gy row
+  // orow[r] times x pair j (see conv.cpp's direct_conv_wgrad); xmask[j] and plane_mask: `vecs` expanded
+  // masks each. inside: as for direct, every x[n * x_image + xoff[j] + l], l < 16 * vecs, lies in x's buffer.
+  int wgrad_rows, wgrad_pairs;  // at most kWgradMaxRows and kWgradMaxPairs
   void (*wgrad_tile)(const float* gy, int64_t gy_image, const float* x, int64_t x_image, int64_t images, int64_t vecs,
                      int64_t ohw, const int64_t* orow, const int64_t* xoff, const void* const* xmask,
-                     const void* plane_mask, float (*sums)[4], bool inside);
+                     const void* plane_mask, float* sums, bool inside);
 };
 
 // f32 rows of the nn ops (kernels/cpu/isa/rows.inc) and the 16-bit conversions, in every set, the
