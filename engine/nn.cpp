@@ -193,15 +193,22 @@ BatchNorm2d::BatchNorm2d(int64_t c, double e, double m, bool affine) : eps(e), m
   num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, TensorOptions(DType::i64)));
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
+Tensor BatchNorm2d::forward(const Tensor& x) { return run(x, Tensor(), false); }
+Tensor BatchNorm2d::forward_relu(const Tensor& x, const Tensor& residual) { return run(x, residual, true); }
+
+Tensor BatchNorm2d::run(const Tensor& x, const Tensor& residual, bool relu) {
+  auto bn = [&](const Tensor& rm, const Tensor& rv, bool training) {
+    return relu ? batch_norm_relu(x, rm, rv, weight, bias, training, momentum, eps, residual)
+                : batch_norm(x, rm, rv, weight, bias, training, momentum, eps);
+  };
   // A block recomputed in backward (autograd::checkpoint) normalises with the batch's statistics
   // again but must not count them into the running ones twice.
-  if (is_training() && autograd::recomputing()) return batch_norm(x, {}, {}, weight, bias, true, momentum, eps);
+  if (is_training() && autograd::recomputing()) return bn(Tensor(), Tensor(), true);
   if (is_training()) {
     NoGradGuard ng;
     num_batches_tracked.add_(ones({}, TensorOptions(DType::i64, num_batches_tracked.device())));
   }
-  return batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
+  return bn(running_mean, running_var, is_training());
 }
 
 LayerNorm::LayerNorm(Shape ns, double e, bool affine) : normalized_shape(std::move(ns)), eps(e) {

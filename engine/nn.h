@@ -96,8 +96,13 @@ class BatchNorm2d : public Layer {
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1, bool affine = true);
   std::string type_name() const override { return "BatchNorm2d"; }
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x) + residual) as one op (batch_norm_relu); residual optional.
+  Tensor forward_relu(const Tensor& x, const Tensor& residual = {});
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   double eps, momentum;
+
+ private:
+  Tensor run(const Tensor& x, const Tensor& residual, bool relu);
 };
 
 class LayerNorm : public Layer {

@@ -94,6 +94,14 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size);
 // (momentum, unbiased variance); in eval, uses them. gamma/beta [C] or undefined.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma,
                   const Tensor& beta, bool training, double momentum = 0.1, double eps = 1e-5);
+// relu(batch_norm(x, ...) + residual), residual (x's shape) optional: ResNet's "BN, ReLU" and "BN, add
+// the shortcut, ReLU" as one op. The CPU applies the residual and ReLU as batch norm writes y and masks
+// the gradient inside batch norm's backward passes, so neither costs a pass over the tensor; the result
+// has the bits of the three ops in a row in f32 and f64 (in f16/bf16 the residual is added before
+// rounding). The backward keeps y for ReLU's mask.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma,
+                       const Tensor& beta, bool training, double momentum = 0.1, double eps = 1e-5,
+                       const Tensor& residual = {});
 // Normalises over the trailing dims given by normalized_shape; gamma/beta of that shape or undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& gamma = {}, const Tensor& beta = {},
                   double eps = 1e-5);

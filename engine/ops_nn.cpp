@@ -29,6 +29,7 @@ bool runs_channels_last(const Tensor& x, Device dev, DType ct) {
 }
 Tensor back_to(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
 const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+void* out_or_null(Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
 
 void check_floating(const char* op, const Tensor& t, const char* what) {
   KILN_CHECK(t.defined() && is_floating(t.dtype()), op, ": ", what, " must be a floating tensor, got ",
@@ -297,18 +298,28 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair out) {
 
 // ---- normalisation -------------------------------------------------------------------------------
 
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma,
-                  const Tensor& beta, bool training, double momentum, double eps) {
-  check_floating("batch_norm", x, "input");
-  KILN_CHECK(x.dim() >= 2, "batch_norm: input must be [N, C, ...], got ", x.shape());
+namespace {
+
+// batch_norm, and with relu (batch_norm_relu) relu(batch_norm(x) + residual): one kernel call each way.
+Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& gamma, const Tensor& beta, bool training, double momentum, double eps,
+                       const Tensor& residual, bool relu) {
+  check_floating(op, x, "input");
+  KILN_CHECK(x.dim() >= 2, op, ": input must be [N, C, ...], got ", x.shape());
+  if (residual.defined()) {
+    check_floating(op, residual, "residual");
+    KILN_CHECK(residual.shape() == x.shape(), op, ": residual must have the input's shape ", x.shape(), ", got ",
+               residual.shape());
+    KILN_CHECK(residual.device() == x.device(), op, ": residual is on ", residual.device().str(), ", input on ",
+               x.device().str());
+  }
   const int64_t n = x.size(0), c = x.size(1), hw = x.numel() / std::max<int64_t>(n * c, 1);
   for (const Tensor* t : {&running_mean, &running_var, &gamma, &beta})
     if (t->defined())
-      KILN_CHECK(t->dim() == 1 && t->size(0) == c, "batch_norm: per-channel tensors must be [", c, "], got ",
-                 t->shape());
-  KILN_CHECK(training || (running_mean.defined() && running_var.defined()),
-             "batch_norm: eval mode needs running_mean and running_var");
-  if (training) KILN_CHECK(n * hw > 1, "batch_norm: training needs more than one value per channel, got input ", x.shape());
+      KILN_CHECK(t->dim() == 1 && t->size(0) == c, op, ": per-channel tensors must be [", c, "], got ", t->shape());
+  KILN_CHECK(training || (running_mean.defined() && running_var.defined()), op,
+             ": eval mode needs running_mean and running_var");
+  if (training) KILN_CHECK(n * hw > 1, op, ": training needs more than one value per channel, got input ", x.shape());
   const Device dev = x.device();
   const DType ct = compute_dtype(x.dtype());
   // channels_last in, channels_last out: cuDNN normalises NHWC buffers, the CPU NCHW copies.
@@ -317,6 +328,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   const MemoryFormat fmt = nhwc ? MemoryFormat::channels_last : MemoryFormat::contiguous;
   const Tensor xc = kin(x, ct, fmt);
   const Tensor gc = gamma.defined() ? kin(gamma, ct) : Tensor(), bc = beta.defined() ? kin(beta, ct) : Tensor();
+  // The residual is added in the compute dtype, before y is rounded to x's.
+  const Tensor rc = residual.defined() ? kin(residual, ct, fmt) : Tensor();
   // Running statistics are updated in place in the caller's tensors (a temporary when their dtype differs).
   Tensor rm = running_mean, rv = running_var;
   const bool rm_direct = rm.defined() && rm.dtype() == ct && rm.is_contiguous();
@@ -327,7 +340,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   detail::backend(dev).batch_norm_forward(ct, n, c, hw, eps, momentum, training, xc.raw_data(), ptr_or_null(gc),
                                           ptr_or_null(bc), rm.defined() ? rm.raw_data() : nullptr,
                                           rv.defined() ? rv.raw_data() : nullptr, y.raw_data(), mean.raw_data(),
-                                          rstd.raw_data(), nhwc);
+                                          rstd.raw_data(), nhwc, ptr_or_null(rc), relu);
   if (training) {
     NoGradGuard ng;
     if (running_mean.defined()) {
@@ -345,25 +358,44 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
       }
     }
   }
+  const Tensor yc = y;  // in the compute dtype and layout: the ReLU mask of the backward
   y = back_to(y.contiguous(out_fmt), x.dtype());
-  if (autograd::needs_grad({x, gamma, beta})) {
-    SavedTensor sx(xc);
-    autograd::record("batch_norm", {x, gamma, beta}, {y},
-                     [sx, gc, mean, rstd, n, c, hw, training, eps, ct, dev, nhwc, fmt, out_fmt](const GradCtx& cx) -> std::vector<Tensor> {
-                       const Tensor xs = sx.unpack("batch_norm");
+  if (autograd::needs_grad({x, gamma, beta, residual})) {
+    SavedTensor sx(xc), sy(relu ? yc : Tensor());
+    autograd::record(op, {x, gamma, beta, residual}, {y},
+                     [op, sx, sy, gc, mean, rstd, n, c, hw, training, eps, ct, dev, nhwc, fmt,
+                      out_fmt](const GradCtx& cx) -> std::vector<Tensor> {
+                       const Tensor xs = sx.unpack(op);
+                       const Tensor ys = sy.defined() ? sy.unpack(op) : Tensor();
                        const Tensor g = kin(cx.g(), ct, fmt);
                        Tensor gx = cx.needs_grad(0) ? kout(xs.shape(), ct, dev, fmt) : Tensor();
                        Tensor gg = cx.needs_grad(1) ? kout({c}, ct, dev) : Tensor();
                        Tensor gb = cx.needs_grad(2) ? kout({c}, ct, dev) : Tensor();
+                       Tensor gr = cx.needs_grad(3) ? kout(xs.shape(), ct, dev, fmt) : Tensor();
                        detail::backend(dev).batch_norm_backward(
                            ct, n, c, hw, training, eps, xs.raw_data(), ptr_or_null(gc), mean.raw_data(),
-                           rstd.raw_data(), g.raw_data(), gx.defined() ? gx.raw_data() : nullptr,
-                           gg.defined() ? gg.raw_data() : nullptr, gb.defined() ? gb.raw_data() : nullptr, nhwc);
+                           rstd.raw_data(), g.raw_data(), out_or_null(gx), out_or_null(gg), out_or_null(gb), nhwc,
+                           ptr_or_null(ys), out_or_null(gr));
                        if (gx.defined()) gx = gx.contiguous(out_fmt);
-                       return {gx, gg, gb};
+                       if (gr.defined()) gr = gr.contiguous(out_fmt);
+                       return {gx, gg, gb, gr};
                      });
   }
   return y;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma,
+                  const Tensor& beta, bool training, double momentum, double eps) {
+  return batch_norm_impl("batch_norm", x, running_mean, running_var, gamma, beta, training, momentum, eps, Tensor(),
+                         false);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma,
+                       const Tensor& beta, bool training, double momentum, double eps, const Tensor& residual) {
+  return batch_norm_impl("batch_norm_relu", x, running_mean, running_var, gamma, beta, training, momentum, eps,
+                         residual, true);
 }
 
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& gamma, const Tensor& beta, double eps) {

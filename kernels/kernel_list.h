@@ -63,15 +63,19 @@ KILN_KERNEL(layer_norm_forward, (DType dt, int64_t rows, int64_t d, double eps, 
 KILN_KERNEL(layer_norm_backward, (DType dt, int64_t rows, int64_t d, const void* x, const void* gamma, const void* mean,
                             const void* rstd, const void* gy, void* gx, void* ggamma, void* gbeta))
 // Batch norm over NCHW viewed as [n, c, hw]. Training: batch statistics into mean/rstd (and the
-// running buffers updated with momentum, unbiased variance); eval: running statistics.
-KILN_KERNEL(batch_norm_forward, (DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
-                           const void* x, const void* gamma, const void* beta, void* running_mean,
-                           void* running_var, void* y, void* mean, void* rstd, bool nhwc))
+// running buffers updated with momentum, unbiased variance); eval: running statistics. Then, where
+// given, residual (x's layout) is added and, with relu, ReLU applied: y = relu(bn(x) + residual).
+KILN_KERNEL(batch_norm_forward,
+            (DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training, const void* x,
+             const void* gamma, const void* beta, void* running_mean, void* running_var, void* y, void* mean,
+             void* rstd, bool nhwc, const void* residual, bool relu))
 // eps is the forward's (cuDNN asks for the same value in both passes); mean/rstd are the forward's outputs.
-// nhwc (only where native_channels_last): x, y, gy and gx lie as [n, hw, c] in memory.
+// nhwc (only where native_channels_last): x, y, gy and gx lie as [n, hw, c] in memory. y (non-null when
+// the forward ended in ReLU: its output) masks gy first, gy' = y > 0 ? gy : 0, and gresidual (non-null
+// when the forward added a residual that needs a gradient) receives gy'.
 KILN_KERNEL(batch_norm_backward, (DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
-                            const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx,
-                            void* ggamma, void* gbeta, bool nhwc))
+                                  const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx,
+                                  void* ggamma, void* gbeta, bool nhwc, const void* y, void* gresidual))
 // Cross-entropy of logits [rows, classes] against i64 targets, with ignore_index and label
 // smoothing; writes per-row losses (0 for ignored rows) and, when grad_scale != 0, the gradient
 // grad_scale * d loss_row / d logits into glogits.

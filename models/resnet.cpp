@@ -69,10 +69,11 @@ BasicBlock::BasicBlock(int64_t in, int64_t planes, int64_t stride) {
   if (stride != 1 || in != planes) downsample = register_module("downsample", projection(in, planes, stride));
 }
 
+// "BN, ReLU" and "BN, add the shortcut, ReLU" are one op each (batch_norm_relu): the same values as
+// the ops in a row, without their passes over the activations.
 Tensor BasicBlock::forward(const Tensor& x) {
-  Tensor out = relu((*bn1)((*conv1)(x)));
-  out = (*bn2)((*conv2)(out));
-  return relu(out + (downsample ? (*downsample)(x) : x));
+  const Tensor out = bn1->forward_relu((*conv1)(x));
+  return bn2->forward_relu((*conv2)(out), downsample ? (*downsample)(x) : x);
 }
 
 Bottleneck::Bottleneck(int64_t in, int64_t planes, int64_t stride) {
@@ -87,10 +88,9 @@ Bottleneck::Bottleneck(int64_t in, int64_t planes, int64_t stride) {
 }
 
 Tensor Bottleneck::forward(const Tensor& x) {
-  Tensor out = relu((*bn1)((*conv1)(x)));
-  out = relu((*bn2)((*conv2)(out)));
-  out = (*bn3)((*conv3)(out));
-  return relu(out + (downsample ? (*downsample)(x) : x));
+  Tensor out = bn1->forward_relu((*conv1)(x));
+  out = bn2->forward_relu((*conv2)(out));
+  return bn3->forward_relu((*conv3)(out), downsample ? (*downsample)(x) : x);
 }
 
 ResNet::ResNet(const ResNetConfig& cfg) : config(cfg) {
@@ -148,7 +148,7 @@ ResNet::ResNet(const ResNetConfig& cfg) : config(cfg) {
 Tensor ResNet::forward(const Tensor& x) {
   KILN_CHECK(x.dim() == 4 && x.size(1) == config.in_channels, config.name, ": input must be [N, ", config.in_channels,
              ", H, W], got ", x.shape());
-  Tensor h = relu((*bn1)((*conv1)(x)));
+  Tensor h = bn1->forward_relu((*conv1)(x));
   if (imagenet) h = max_pool2d(h, {3, 3}, {2, 2}, {1, 1});
   for (size_t si = 0; si < stages.size(); ++si) {
     nn::Sequential& s = *stages[si];

@@ -1088,6 +1088,27 @@ std::vector<Row> build() {
       })
       .autocast(AutocastOp::batch_norm)
       .tol(3e-2);
+  // The fused "BN, ReLU" and "BN, add the shortcut, ReLU" against the ops in a row: training with a
+  // residual, eval (fixed running statistics) without, and training without gamma or running buffers.
+  row("batch_norm_relu", {{{4, 5, 6, 7}}, {{5}}, {{5}}, {{4, 5, 6, 7}}},
+      [](const V& x) {
+        const TensorOptions o(DType::f32, x[0].device());
+        Tensor rm = zeros({5}, o), rv = ones({5}, o);
+        const Tensor y = batch_norm_relu(x[0], rm, rv, x[1], x[2], true, 0.1, 1e-5, x[3]);
+        const Tensor y2 = batch_norm_relu(x[0], zeros({5}, o) + 0.1, ones({5}, o) * 1.5, x[1], x[2], false, 0.1, 1e-5);
+        const Tensor y3 = batch_norm_relu(x[0], Tensor(), Tensor(), Tensor(), x[2], true, 0.1, 1e-5);
+        return V{y, y2, y3, rm, rv};
+      })
+      .ref([](const V& x) {
+        const TensorOptions o(DType::f32, x[0].device());
+        Tensor rm = zeros({5}, o), rv = ones({5}, o);
+        const Tensor y = relu(batch_norm(x[0], rm, rv, x[1], x[2], true, 0.1, 1e-5) + x[3]);
+        const Tensor y2 = relu(batch_norm(x[0], zeros({5}, o) + 0.1, ones({5}, o) * 1.5, x[1], x[2], false, 0.1, 1e-5));
+        const Tensor y3 = relu(batch_norm(x[0], Tensor(), Tensor(), Tensor(), x[2], true, 0.1, 1e-5));
+        return V{y, y2, y3, rm, rv};
+      })
+      .autocast(AutocastOp::batch_norm)
+      .tol(3e-2);
   // eps well above cuDNN's default, which the backward must take from the forward; the second call
   // has running_var only (cuDNN gets a zeroed stand-in for running_mean) and no gamma.
   row("batch_norm_eps", {{{4, 5, 6, 7}}, {{5}}, {{5}}},

@@ -299,6 +299,45 @@ TEST_CASE("nn: batch_norm training, running statistics and eval") {
   check_close(ye.to_vector(), want_e.to_vector(), 1e-10);
 }
 
+// ResNet's blocks run "BN, ReLU" and "BN, add the shortcut, ReLU" as batch_norm_relu: the same bits as
+// the three ops in a row, forward and every gradient, under each CPU kernel set (rows_<set> in ctest),
+// also with planes whose size is not a multiple of the vector width and in eval mode.
+TEST_CASE("nn: batch_norm_relu gives the bits of batch_norm, add and relu in a row") {
+  for (const DType dt : {DType::f32, DType::f64})
+    for (const Shape& xs : {Shape{6, 5, 7, 7}, Shape{3, 4, 16, 16}, Shape{2, 3, 5}})
+      for (const bool training : {true, false})
+        for (const bool with_residual : {true, false}) {
+          INFO(dtype_name(dt) << " " << xs << (training ? " training" : " eval") << (with_residual ? " residual" : ""));
+          std::vector<std::vector<double>> runs;
+          for (const bool fused : {true, false}) {
+            const int64_t c = xs[1];
+            Tensor x = rnd(xs, 61, dt), g = rnd({c}, 62, dt), b = rnd({c}, 63, dt), r = rnd(xs, 64, dt);
+            for (Tensor* t : {&x, &g, &b, &r}) t->set_requires_grad();
+            Tensor rm = rnd({c}, 65, dt) * 0.1, rv = abs(rnd({c}, 66, dt)) + 0.5;
+            const Tensor res = with_residual ? r : Tensor();
+            const Tensor y = fused ? batch_norm_relu(x, rm, rv, g, b, training, 0.1, 1e-5, res)
+                                   : relu(with_residual ? batch_norm(x, rm, rv, g, b, training, 0.1, 1e-5) + r
+                                                        : batch_norm(x, rm, rv, g, b, training, 0.1, 1e-5));
+            sum(y * rnd(xs, 67, dt)).backward();
+            std::vector<double> all = y.to_vector();
+            for (const Tensor& t : {x.grad(), g.grad(), b.grad(), rm, rv}) {
+              const auto v = t.to_vector();
+              all.insert(all.end(), v.begin(), v.end());
+            }
+            if (with_residual) {
+              const auto v = r.grad().to_vector();
+              all.insert(all.end(), v.begin(), v.end());
+            } else {
+              CHECK_FALSE(r.grad().defined());
+            }
+            runs.push_back(all);
+          }
+          CHECK(runs[0] == runs[1]);
+        }
+  CHECK_THROWS_WITH_AS(batch_norm_relu(zeros({2, 3, 4}), {}, {}, {}, {}, true, 0.1, 1e-5, zeros({2, 3, 5})),
+                       doctest::Contains("residual must have the input's shape [2,3,4], got [2,3,5]"), kiln::Error);
+}
+
 TEST_CASE("nn: cross_entropy against log_softmax + one-hot, ignore_index and smoothing") {
   const Tensor x = rnd({5, 4}, 51);
   const Tensor t = from_vector({0, 3, 1, -100, 2}, {5}, TensorOptions(DType::i64));

@@ -373,11 +373,26 @@ void bn_backward_handwritten(Context& ctx, int64_t n, int64_t c, int64_t hw, boo
          hw, x, gy, coef.get<T>(), gx);
 }
 
-}  // namespace
+// The fused form's epilogue, elementwise in any layout: y = relu(y + residual) (either part optional).
+// Launch: grid_for(total), grid-stride. Traffic: y read and written, residual read.
+template <typename T> __global__ void __launch_bounds__(kThreads)
+    bn_epilogue_kernel(int64_t total, const T* residual, bool relu, T* y) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    T v = y[e];
+    if (residual) v = v + residual[e];
+    y[e] = relu ? (v > T(0) ? v : T(0)) : v;
+  }
+}
+// ReLU's gradient from its output: o = y > 0 ? g : 0. Launch: grid_for(total), grid-stride.
+template <typename T> __global__ void __launch_bounds__(kThreads)
+    bn_relu_mask_kernel(int64_t total, const T* g, const T* y, T* o) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
+    o[e] = y[e] > T(0) ? g[e] : T(0);
+}
 
-void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
-                        const void* x, const void* gamma, const void* beta, void* running_mean, void* running_var,
-                        void* y, void* mean, void* rstd, bool nhwc) {
+void bn_forward_core(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
+                     const void* x, const void* gamma, const void* beta, void* running_mean, void* running_var, void* y,
+                     void* mean, void* rstd, bool nhwc) {
   if (c == 0) return;
   Context& ctx = current();
   // NHWC memory [n, hw, c] is NCHW [n*hw, c, 1] with the same values of each channel in the same
@@ -385,8 +400,8 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
   // compute exactly what they compute on the NCHW layout. Only cuDNN's path gets NHWC descriptors.
   const bool cudnn = cudnn_bn_usable();
   if (nhwc && (!training || !cudnn))
-    return batch_norm_forward(dt, n * hw, c, 1, eps, momentum, training, x, gamma, beta, running_mean, running_var, y,
-                              mean, rstd, false);
+    return bn_forward_core(dt, n * hw, c, 1, eps, momentum, training, x, gamma, beta, running_mean, running_var, y,
+                           mean, rstd, false);
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     if (!training) {
@@ -430,21 +445,21 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
                                                               x, xd.d, y, pd.d, gamma ? gamma : ones,
                                                               beta ? beta : zeros, momentum, rm, rv, eps, mean, rstd),
                        "cudnnBatchNormalizationForwardTraining"))
-      batch_norm_forward(dt, n, c, hw, eps, momentum, training, x, gamma, beta, running_mean, running_var, y, mean,
-                         rstd, nhwc);  // now on the handwritten kernels
+      bn_forward_core(dt, n, c, hw, eps, momentum, training, x, gamma, beta, running_mean, running_var, y, mean, rstd,
+                      nhwc);  // now on the handwritten kernels
 #endif
   });
 }
 
-void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
-                         const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma,
-                         void* gbeta, bool nhwc) {
+void bn_backward_core(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
+                      const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma,
+                      void* gbeta, bool nhwc) {
   if (c == 0) return;
   Context& ctx = current();
   // NHWC as NCHW [n*hw, c, 1] for the handwritten backward, as in the forward.
   const bool cudnn = cudnn_bn_usable();
   if (nhwc && (!training || !gx || n * hw == 0 || !cudnn))
-    return batch_norm_backward(dt, n * hw, c, 1, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta, false);
+    return bn_backward_core(dt, n * hw, c, 1, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta, false);
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     if (!training || !gx || n * hw == 0 || !cudnn) {
@@ -469,9 +484,47 @@ void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool traini
             cudnnBatchNormalizationBackward(ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x,
                                             xd.d, gy, xd.d, gx, pd.d, gamma ? gamma : ones, dg, db, bn_eps, mean, rstd),
             "cudnnBatchNormalizationBackward"))
-      batch_norm_backward(dt, n, c, hw, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta,
-                          nhwc);  // now on the handwritten kernels
+      bn_backward_core(dt, n, c, hw, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta,
+                       nhwc);  // now on the handwritten kernels
 #endif
+  });
+}
+
+}  // namespace
+
+// Batch norm (cuDNN or the handwritten kernels, above), then the residual and ReLU of the fused form as
+// one elementwise pass. The CPU fuses them into batch norm's own passes; here cuDNN's fused
+// batch-norm + add + activation (NHWC only) would be the next step.
+void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,
+                        const void* x, const void* gamma, const void* beta, void* running_mean, void* running_var,
+                        void* y, void* mean, void* rstd, bool nhwc, const void* residual, bool relu) {
+  bn_forward_core(dt, n, c, hw, eps, momentum, training, x, gamma, beta, running_mean, running_var, y, mean, rstd,
+                  nhwc);
+  const int64_t total = n * c * hw;
+  if ((!residual && !relu) || total == 0) return;
+  dispatch_nn(dt, "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    launch("bn_epilogue_kernel", bn_epilogue_kernel<T>, grid_for(total), kThreads, 0, current().stream, total,
+           cp<T>(residual), relu, mp<T>(y));
+  });
+}
+
+// The fused form's backward: gy masked by y > 0 (into gresidual, or a scratch buffer), then batch norm's.
+void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
+                         const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma,
+                         void* gbeta, bool nhwc, const void* y, void* gresidual) {
+  const int64_t total = n * c * hw;
+  if (!y || total == 0) {
+    bn_backward_core(dt, n, c, hw, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta, nhwc);
+    return;
+  }
+  dispatch_nn(dt, "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    DeviceBuffer scratch(gresidual ? 0 : size_t(total) * sizeof(T));
+    T* masked = gresidual ? mp<T>(gresidual) : scratch.get<T>();
+    launch("bn_relu_mask_kernel", bn_relu_mask_kernel<T>, grid_for(total), kThreads, 0, current().stream, total,
+           cp<T>(gy), cp<T>(y), masked);
+    bn_backward_core(dt, n, c, hw, training, eps, x, gamma, mean, rstd, masked, gx, ggamma, gbeta, nhwc);
   });
 }
 

@@ -283,6 +283,15 @@ void bind_nn_ops(nb::module_& mod) {
       nb::arg("bias") = nb::none(), nb::arg("training") = false, nb::arg("momentum") = 0.1, nb::arg("eps") = 1e-5,
       nogil);
   m.def(
+      "batch_norm_relu",
+      [](const Tensor& x, std::optional<Tensor> rm, std::optional<Tensor> rv, std::optional<Tensor> w,
+         std::optional<Tensor> b, bool training, double momentum, double eps, std::optional<Tensor> residual) {
+        return batch_norm_relu(x, opt(rm), opt(rv), opt(w), opt(b), training, momentum, eps, opt(residual));
+      },
+      a("input"), a("running_mean").none(), a("running_var").none(), nb::arg("weight") = nb::none(),
+      nb::arg("bias") = nb::none(), nb::arg("training") = false, nb::arg("momentum") = 0.1, nb::arg("eps") = 1e-5,
+      nb::arg("residual") = nb::none(), nogil);
+  m.def(
       "layer_norm",
       [](const Tensor& x, nb::handle shape, std::optional<Tensor> w, std::optional<Tensor> b, double eps) {
         const Shape s(to_dims(shape, "normalized_shape"));

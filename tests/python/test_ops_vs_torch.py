@@ -132,6 +132,18 @@ def case_norms():
             [TF.group_norm(tx, 3, tg, tb), TF.rms_norm(tx, (4, 3), tw, 1e-6)], [kx, kg, kb, kw], [tx, tg, tb, tw])
 
 
+def case_batch_norm_relu():
+    # The fused op against torch's batch norm, add and relu in a row (training, then eval).
+    (kx, tx), (kg, tg), (kb, tb), (kr, tr) = both(arr(4, 3, 5, 6)), both(arr(3)), both(arr(3)), both(arr(4, 3, 5, 6))
+    rm, rv = np.full(3, 0.2), np.full(3, 1.5)
+    k_rm, k_rv, t_rm, t_rv = kiln.tensor(rm), kiln.tensor(rv), torch.tensor(rm), torch.tensor(rv)
+    return ([F.batch_norm_relu(kx, k_rm, k_rv, kg, kb, True, 0.1, 1e-5, residual=kr),
+             F.batch_norm_relu(kx, kiln.tensor(rm), kiln.tensor(rv), kg, kb, False), k_rm, k_rv],
+            [torch.relu(TF.batch_norm(tx, t_rm, t_rv, tg, tb, True, 0.1, 1e-5) + tr),
+             torch.relu(TF.batch_norm(tx, torch.tensor(rm), torch.tensor(rv), tg, tb, False)), t_rm, t_rv],
+            [kx, kg, kb, kr], [tx, tg, tb, tr])
+
+
 def case_activations_and_losses():
     (kx, tx), (kw, tw) = both(arr(3, 4, 6)), both(arr(4, lo=0.05))
     (kl, tl), (kt, tt) = both(arr(5, 7)), both(arr(5, 7, lo=0.0), grad=False)
@@ -160,7 +172,7 @@ def case_pool3d():
 
 
 CASES = [case_conv3d, case_conv_transpose1d, case_interpolate, case_scatter, case_indexing, case_scans, case_math,
-         case_norms, case_activations_and_losses, case_shapes, case_pool3d]
+         case_norms, case_batch_norm_relu, case_activations_and_losses, case_shapes, case_pool3d]
 
 
 @pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")  # torch's own deprecation

@@ -90,12 +90,15 @@ struct RowLeaves {
   void (*cross_entropy)(int64_t classes, const float* x, int64_t target, double eps, float* loss, float* g,
                         double grad_scale);
   // Batch norm on one (image, channel) plane of n values (batch_norm.cpp): add the plane's sum of x and
-  // of (x - m)^2 (either may be null); y = x * sc + sh; add the sums of g and g * (x - m); and
-  // o = k1 * g + k2 * x + k3.
+  // of (x - m)^2 (either may be null); y = x * sc + sh, plus r where non-null, then ReLU with relu;
+  // o = y > 0 ? g : 0 (ReLU's gradient); add the sums of g and g * (x - m); and
+  // o = k1 * g' + k2 * x + k3 with g' = g, or y > 0 ? g : 0 where y is non-null.
   void (*bn_stats)(int64_t n, const float* x, float m, double* sum, double* sq);
-  void (*bn_affine)(int64_t n, const float* x, float sc, float sh, float* y);
+  void (*bn_affine)(int64_t n, const float* x, float sc, float sh, const float* r, bool relu, float* y);
+  void (*relu_mask)(int64_t n, const float* g, const float* y, float* o);
   void (*bn_grad_sums)(int64_t n, const float* g, const float* x, float m, double* sg, double* sgd);
-  void (*bn_grad_apply)(int64_t n, const float* g, const float* x, float k1, float k2, float k3, float* o);
+  void (*bn_grad_apply)(int64_t n, const float* g, const float* y, const float* x, float k1, float k2, float k3,
+                        float* o);
   // Contiguous conversions with the bits of base/half.h's (kernels/cpu/isa/convert.inc).
   void (*f16_to_f32)(const uint16_t* in, float* out, int64_t n);
   void (*f32_to_f16)(const float* in, uint16_t* out, int64_t n);
