@@ -123,6 +123,12 @@ TEST_CASE("nn: conv2d f32 forward and gradients match f64 on every CPU path") {
       {"direct with padding beyond the kernel in H", {2, 3, 5, 6}, {4, 3, 3, 3}, {1, 1}, {3, 1}, {1, 1}, 1},
       {"63 taps", {2, 2, 9, 8}, {3, 2, 9, 7}, {1, 1}, {4, 3}, {1, 1}, 1},
       {"one image, 100 filters (several channel spans)", {1, 8, 6, 6}, {100, 8, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      // Output-channel tiles (direct_conv_oc: planes that fill 64-pixel tiles to under 90%, filters a
+      // multiple of the tile's channels), tiles running across images, a tail tile, zero-buffer taps.
+      {"7x7, 64 filters (output-channel tiles)", {5, 8, 7, 7}, {64, 8, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"14x14, 32 to 32 (output-channel tiles both ways)", {3, 32, 14, 14}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"7x7, 2 groups of 32 filters", {2, 16, 7, 7}, {64, 8, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2},
+      {"6x6 padded to 8 rows, 64 filters", {3, 16, 6, 6}, {64, 16, 3, 3}, {1, 1}, {2, 1}, {1, 1}, 1},
   };
   for (const Case& cs : cases) {
     INFO(std::string(cs.what));
@@ -167,12 +173,11 @@ TEST_CASE("nn: f32 conv2d forward and gradients are bitwise identical with 1 and
   };
   // Direct (same 3x3, images in several chunks; one image with channel spans; groups), implicit GEMM
   // (valid, and padding beyond the kernel), strided; big enough to be split.
-  const Case cases[] = {{{40, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}, {1, 1}, 1},
-                        {{1, 32, 12, 12}, {120, 32, 3, 3}, {1, 1}, {1, 1}, 1},
-                        {{6, 16, 12, 12}, {24, 8, 3, 3}, {1, 1}, {1, 1}, 2},
-                        {{4, 16, 20, 20}, {24, 16, 3, 3}, {1, 1}, {0, 0}, 1},
-                        {{4, 16, 20, 20}, {24, 16, 3, 3}, {1, 1}, {3, 3}, 1},
-                        {{4, 16, 20, 20}, {24, 16, 3, 3}, {2, 2}, {1, 1}, 1}};
+  const Case cases[] = {
+      {{40, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}, {1, 1}, 1},  {{1, 32, 12, 12}, {120, 32, 3, 3}, {1, 1}, {1, 1}, 1},
+      {{6, 16, 12, 12}, {24, 8, 3, 3}, {1, 1}, {1, 1}, 2},  {{4, 16, 20, 20}, {24, 16, 3, 3}, {1, 1}, {0, 0}, 1},
+      {{4, 16, 20, 20}, {24, 16, 3, 3}, {1, 1}, {3, 3}, 1}, {{4, 16, 20, 20}, {24, 16, 3, 3}, {2, 2}, {1, 1}, 1},
+      {{40, 32, 7, 7}, {64, 32, 3, 3}, {1, 1}, {1, 1}, 1}};
   const int saved = num_threads();
   for (const Case& cs : cases) {
     std::vector<std::vector<double>> runs;
@@ -201,13 +206,16 @@ TEST_CASE("nn: f32 conv2d forward and gradients are bitwise identical with 1 and
 // result, even NaN. Image 1 (and its output gradient) is NaN; images 0 and 2 must come out exactly as
 // with image 1 all zeros.
 TEST_CASE("nn: f32 conv2d results of an image do not depend on its neighbours, even NaN ones") {
-  for (const Shape& xs : {Shape{3, 16, 8, 8}, Shape{3, 4, 28, 28}, Shape{3, 5, 7, 7}}) {
-    INFO("planes of " << xs[2] << "x" << xs[3]);
+  // The last two run the output-channel tiles (direct_conv_oc), whose tiles span images.
+  const std::pair<Shape, int64_t> cases[] = {
+      {{3, 16, 8, 8}, 6}, {{3, 4, 28, 28}, 6}, {{3, 5, 7, 7}, 6}, {{3, 32, 7, 7}, 64}, {{3, 32, 14, 14}, 32}};
+  for (const auto& [xs, filters] : cases) {
+    INFO("planes of " << xs[2] << "x" << xs[3] << ", " << filters << " filters");
     std::vector<double> outs[2];
     for (int k = 0; k < 2; ++k) {
       const double fill = k == 0 ? 0.0 : std::nan("");
-      Tensor x = rnd(xs, 31, DType::f32), w = rnd({6, xs[1], 3, 3}, 32, DType::f32);
-      Tensor gy = rnd({xs[0], 6, xs[2], xs[3]}, 33, DType::f32);
+      Tensor x = rnd(xs, 31, DType::f32), w = rnd({filters, xs[1], 3, 3}, 32, DType::f32);
+      Tensor gy = rnd({xs[0], filters, xs[2], xs[3]}, 33, DType::f32);
       x.select(0, 1).fill_(fill);
       gy.select(0, 1).fill_(fill);
       x.set_requires_grad();

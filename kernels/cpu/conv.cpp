@@ -263,6 +263,78 @@ void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x
     }
   });
 }
+// ---- direct convolution with vectors across output channels -------------------------------------------
+// A 7x7 or 14x14 plane fills 64-pixel tiles to 77% (49 of 64, 196 of 256 lanes): the pixel-vector
+// kernels above then spend a quarter of their FMAs on padding. Here a vector holds 16 output channels of
+// one pixel and the tile is kP pixels of the flattened (image, pixel) space, each pixel's input read by
+// broadcast from its own address, so tiles run across image boundaries and every lane is used (a tail
+// of fewer than kP pixels repeats its last). Per (tap, channel): kV vectors of w (packed per tap, channel
+// and output channel) and kP broadcasts feed kV * kP FMAs, as many per load as the pixel kernel; sums
+// run over (tap, channel). A tap that falls in the padding reads a zero buffer instead of x.
+const isa::ConvLeaves::DirectOc* direct_oc_leaf(const isa::ConvLeaves& L, const Conv2dParams& p) {
+  const int64_t ohw = p.oh * p.ow, og = p.o / p.groups;
+  const int64_t tiles = (ohw + 63) / 64;
+  // Worth it where the pixel tiles waste over a tenth of their lanes; lanes are counted in 32-bit offsets.
+  if (ohw * 10 > tiles * 64 * 9 || ohw * 16 >= (int64_t(1) << 31) || p.h * p.w >= (int64_t(1) << 31) ||
+      p.kh * p.kw > kDirectMaxTaps)
+    return nullptr;
+  // Every tile reads its o-block's weights (taps x Cg x channels) once: they must stay in L2 (ResNet-20's
+  // 64 x 64 x 3 x 3 is 144 KiB; ResNet-50's 512-channel 7x7 stage, 1.2 MiB a block, is left to the
+  // pixel tiles).
+  constexpr int64_t kMaxBlockBytes = 192 << 10;
+  for (const auto& leaf : L.direct_oc)
+    if (leaf.fn && og % leaf.channels == 0 && p.kh * p.kw * (p.c / p.groups) * leaf.channels * 4 <= kMaxBlockBytes)
+      return &leaf;
+  return nullptr;
+}
+
+void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p, const float* x, const float* w,
+                    float* y) {
+  const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
+  const int64_t ohw = p.oh * p.ow, cw = leaf.channels, kp = leaf.pixels, oblocks = og / cw;
+  KILN_ASSERT(kp >= 1 && kp <= isa::kDirectOcMaxPixels, "direct_oc: tiles of ", kp, " pixels");
+  // w as [group][o-block][tap][channel][cw].
+  std::vector<float> wp(static_cast<size_t>(p.o * cg * taps));
+  parallel_for(0, p.groups * oblocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t gb = b; gb < e; ++gb) {
+      const int64_t g = gb / oblocks, ob = gb % oblocks;
+      float* dst = wp.data() + gb * taps * cg * cw;
+      for (int64_t t = 0; t < taps; ++t)
+        for (int64_t c = 0; c < cg; ++c)
+          for (int64_t j = 0; j < cw; ++j) dst[(t * cg + c) * cw + j] = w[((g * og + ob * cw + j) * cg + c) * taps + t];
+    }
+  });
+  const std::vector<float> zeros(static_cast<size_t>(cg * plane), 0.0f);
+  // Per output pixel of a plane and tap: the input offset in the plane, or -1 in the padding.
+  std::vector<int32_t> in_at(static_cast<size_t>(ohw * taps));
+  for (int64_t l = 0; l < ohw; ++l)
+    for (int64_t t = 0; t < taps; ++t) {
+      const int64_t ih = l / p.ow * p.sh + t / p.kw * p.dh - p.ph, iw = l % p.ow * p.sw + t % p.kw * p.dw - p.pw;
+      in_at[size_t(l * taps + t)] = ih >= 0 && ih < p.h && iw >= 0 && iw < p.w ? int32_t(ih * p.w + iw) : -1;
+    }
+  const int64_t total = p.n * ohw, tiles = (total + kp - 1) / kp;
+  parallel_for(0, tiles * p.groups, 4, [&](int64_t b, int64_t e) {
+    const float* px[kDirectMaxTaps * isa::kDirectOcMaxPixels];
+    float* py[isa::kDirectOcMaxPixels];
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t tile = task / p.groups, g = task % p.groups, q0 = tile * kp;
+      const int pixels = int(std::min(kp, total - q0));
+      for (int64_t i = 0; i < kp; ++i) {
+        const int64_t q = q0 + std::min<int64_t>(i, pixels - 1), n = q / ohw, l = q % ohw;
+        const float* xn = x + (n * p.c + g * cg) * plane;
+        const int32_t* at = in_at.data() + l * taps;
+        for (int64_t t = 0; t < taps; ++t) px[t * kp + i] = at[t] >= 0 ? xn + at[t] : zeros.data();
+        py[i] = y + (n * p.o + g * og) * ohw + l;
+      }
+      for (int64_t ob = 0; ob < oblocks; ++ob) {
+        float* pyb[isa::kDirectOcMaxPixels];
+        for (int64_t i = 0; i < kp; ++i) pyb[i] = py[i] + ob * cw * ohw;
+        leaf.fn(cg, taps, plane, px, wp.data() + (g * oblocks + ob) * taps * cg * cw, pyb, ohw, pixels);
+      }
+    }
+  });
+}
+
 // The weight gradient of the same convolutions: gw[o, c, t] = sum over images n and output pixels q of
 // gy[n, o, q] * x[n, c, q + shift(t)] (masked as above). Both operands are read in place, 16 pixels to a
 // vector: a register tile of R output channels x P (c, t) pairs (the kernel set's: 8 x 3 for AVX-512, 6 x 4
@@ -375,7 +447,10 @@ template <typename T> void forward_typed(const Conv2dParams& p, const T* x, cons
   const bool implicit = leaves != nullptr;
   if constexpr (std::is_same_v<T, float>) {
     if (leaves && direct_conv_applies(p)) {
-      direct_conv(*leaves, p, x, w, y);
+      if (const auto* oc = direct_oc_leaf(*leaves, p))
+        direct_conv_oc(*oc, p, x, w, y);
+      else
+        direct_conv(*leaves, p, x, w, y);
       if (bias)
         parallel_for(0, p.n * p.o, 4, [&](int64_t b0, int64_t b1) {
           for (int64_t t = b0; t < b1; ++t) {

@@ -184,6 +184,42 @@ template <int kRows> void direct_block(const float* x, int64_t plane, int64_t cg
     direct_tile<kRows, false>(x, plane, cg, w, wstride, taps, shift, masks, y, ldy, store);
 }
 
+// kV vectors of 8 output channels x kP pixels (conv.cpp's direct_conv_oc): per (tap, channel) kV loads
+// of w and kP broadcasts of x feed kV * kP FMAs (2 x 6: 12 sums + 2 + 1 of the 16 ymm registers). AVX2
+// has no scatter: the tile goes through a small buffer to y's rows.
+template <int kV, int kP> void direct_oc_tile(int64_t cg, int64_t taps, int64_t plane, const float* const* px,
+                                              const float* w, float* const* y, int64_t ldy, int pixels) {
+  __m256 acc[kV][kP];
+#pragma GCC unroll 4
+  for (int v = 0; v < kV; ++v)
+#pragma GCC unroll 8
+    for (int i = 0; i < kP; ++i) acc[v][i] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < taps; ++t) {
+    const float* b[kP];
+#pragma GCC unroll 8
+    for (int i = 0; i < kP; ++i) b[i] = px[t * kP + i];
+    const float* wt = w + t * cg * (8 * kV);
+    for (int64_t c = 0, off = 0; c < cg; ++c, off += plane, wt += 8 * kV) {
+      __m256 wv[kV];
+#pragma GCC unroll 4
+      for (int v = 0; v < kV; ++v) wv[v] = _mm256_loadu_ps(wt + 8 * v);
+#pragma GCC unroll 8
+      for (int i = 0; i < kP; ++i) {
+        const __m256 xb = _mm256_broadcast_ss(b[i] + off);
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) acc[v][i] = _mm256_fmadd_ps(wv[v], xb, acc[v][i]);
+      }
+    }
+  }
+  alignas(32) float buf[kP][8 * kV];
+#pragma GCC unroll 8
+  for (int i = 0; i < kP; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < kV; ++v) _mm256_store_ps(buf[i] + 8 * v, acc[v][i]);
+  for (int i = 0; i < pixels; ++i)
+    for (int j = 0; j < 8 * kV; ++j) y[i][j * ldy] = buf[i][j];
+}
+
 // The weight gradient's masks: each 16-pixel mask as two lane vectors (64 bytes, unaligned).
 void expand_masks(const Mask16* in, int64_t n, void* out) {
   unsigned char* o = static_cast<unsigned char*>(out);
@@ -280,6 +316,7 @@ Leaves make() {
   l.conv.direct[3] = direct_block<4>;
   l.conv.direct[4] = direct_block<5>;
   l.conv.direct[5] = direct_block<6>;
+  l.conv.direct_oc[0] = {16, 6, direct_oc_tile<2, 6>};
   l.conv.wgrad_rows = 6;
   l.conv.wgrad_pairs = 4;
   l.conv.wgrad_tile = wgrad_tile;

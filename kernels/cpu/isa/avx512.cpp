@@ -145,6 +145,42 @@ template <int kRows> void direct_block(const float* x, int64_t plane, int64_t cg
     for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + r * ldy + 16 * v, store[v], acc[r][v]);
 }
 
+// kV vectors of 16 output channels x kP pixels: per (tap, channel) kV loads of w and kP broadcasts of x
+// feed kV * kP FMAs; each pixel's lanes go out with one scatter per vector (stride ldy).
+template <int kV, int kP> void direct_oc_tile(int64_t cg, int64_t taps, int64_t plane, const float* const* px,
+                                              const float* w, float* const* y, int64_t ldy, int pixels) {
+  __m512 acc[kV][kP];
+#pragma GCC unroll 4
+  for (int v = 0; v < kV; ++v)
+#pragma GCC unroll 8
+    for (int i = 0; i < kP; ++i) acc[v][i] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < taps; ++t) {
+    const float* b[kP];
+#pragma GCC unroll 8
+    for (int i = 0; i < kP; ++i) b[i] = px[t * kP + i];
+    const float* wt = w + t * cg * (16 * kV);
+    for (int64_t c = 0, off = 0; c < cg; ++c, off += plane, wt += 16 * kV) {
+      __m512 wv[kV];
+#pragma GCC unroll 4
+      for (int v = 0; v < kV; ++v) wv[v] = _mm512_loadu_ps(wt + 16 * v);
+#pragma GCC unroll 8
+      for (int i = 0; i < kP; ++i) {
+        const __m512 xb = _mm512_set1_ps(b[i][off]);
+#pragma GCC unroll 4
+        for (int v = 0; v < kV; ++v) acc[v][i] = _mm512_fmadd_ps(wv[v], xb, acc[v][i]);
+      }
+    }
+  }
+  const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(int(ldy)));
+#pragma GCC unroll 8
+  for (int i = 0; i < kP; ++i) {
+    if (i >= pixels) break;
+#pragma GCC unroll 4
+    for (int v = 0; v < kV; ++v) _mm512_i32scatter_ps(y[i] + 16 * v * ldy, lanes, acc[v][i], 4);
+  }
+}
+
 // The sum of a vector's 16 lanes, folded in halves (a fixed order).
 float lane_total(__m512 v) {
   // The mask forms with a full mask: the plain ones pass an undefined vector GCC 12 warns about.
@@ -221,6 +257,8 @@ Leaves make() {
   l.conv.direct[3] = direct_block<4>;
   l.conv.direct[4] = direct_block<5>;
   l.conv.direct[5] = direct_block<6>;
+  l.conv.direct_oc[0] = {64, 6, direct_oc_tile<4, 6>};
+  l.conv.direct_oc[1] = {32, 8, direct_oc_tile<2, 8>};
   l.conv.wgrad_rows = 8;
   l.conv.wgrad_pairs = 3;
   l.conv.wgrad_tile = wgrad_tile;

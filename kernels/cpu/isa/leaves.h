@@ -52,6 +52,7 @@ struct Im2colGeometry {
 using Mask16 = uint16_t;
 inline constexpr int kDirectMaxTaps = 64;
 inline constexpr int kWgradMaxRows = 8, kWgradMaxPairs = 4;
+inline constexpr int kDirectOcMaxPixels = 12;
 
 // See conv.cpp for the schemes. Null in the generic set.
 struct ConvLeaves {
@@ -69,6 +70,17 @@ struct ConvLeaves {
                           const int64_t* shift, const Mask16 (*masks)[4], float* y, int64_t ldy, const Mask16* store,
                           bool inside);
   Direct direct[6];
+  // The direct convolution with vectors across output channels (conv.cpp's direct_conv_oc), for planes
+  // too small to fill 64-pixel tiles: y for `pixels` (<= leaf.pixels) output pixels and leaf.channels
+  // output channels: y[i][j * ldy] = sum over taps t and channels c < cg of w[(t * cg + c) * channels + j]
+  // * px[t * leaf.pixels + i][c * plane], px holding each (tap, pixel)'s input address (a zero buffer of
+  // cg * plane floats where the tap falls in the padding). Sums run over (t, c) in order.
+  struct DirectOc {
+    int channels = 0, pixels = 0;  // 0: none
+    void (*fn)(int64_t cg, int64_t taps, int64_t plane, const float* const* px, const float* w, float* const* y,
+               int64_t ldy, int pixels) = nullptr;
+  };
+  DirectOc direct_oc[2];  // the widest first
   // wgrad_rows x wgrad_pairs sums (sums[r * wgrad_pairs + j]) over images and 16-pixel groups of gy row
   // orow[r] times x pair j (see conv.cpp's direct_conv_wgrad); xmask[j] and plane_mask: `vecs` expanded
   // masks each. inside: as for direct, every x[n * x_image + xoff[j] + l], l < 16 * vecs, lies in x's buffer.
