@@ -146,7 +146,8 @@ template <int kRows> void direct_block(const float* x, int64_t plane, int64_t cg
 }
 
 // kV vectors of 16 output channels x kP pixels: per (tap, channel) kV loads of w and kP broadcasts of x
-// feed kV * kP FMAs; each pixel's lanes go out with one scatter per vector (stride ldy).
+// feed kV * kP FMAs. The tile goes out through a small buffer to y's rows (a scatter per vector was 10%
+// slower on Zen 4).
 template <int kV, int kP> void direct_oc_tile(int64_t cg, int64_t taps, int64_t plane, const float* const* px,
                                               const float* w, float* const* y, int64_t ldy, int pixels) {
   __m512 acc[kV][kP];
@@ -171,14 +172,13 @@ template <int kV, int kP> void direct_oc_tile(int64_t cg, int64_t taps, int64_t 
       }
     }
   }
-  const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(int(ldy)));
+  alignas(64) float buf[kP][16 * kV];
 #pragma GCC unroll 8
-  for (int i = 0; i < kP; ++i) {
-    if (i >= pixels) break;
+  for (int i = 0; i < kP; ++i)
 #pragma GCC unroll 4
-    for (int v = 0; v < kV; ++v) _mm512_i32scatter_ps(y[i] + 16 * v * ldy, lanes, acc[v][i], 4);
-  }
+    for (int v = 0; v < kV; ++v) _mm512_store_ps(buf[i] + 16 * v, acc[v][i]);
+  for (int i = 0; i < pixels; ++i)
+    for (int j = 0; j < 16 * kV; ++j) y[i][j * ldy] = buf[i][j];
 }
 
 // The sum of a vector's 16 lanes, folded in halves (a fixed order).
