@@ -26,6 +26,9 @@ namespace {
 constexpr int64_t kTargetCols = 1024;  // columns of a chunk (S * OH * OW): its im2col matrix stays in L2
 constexpr int64_t kMaxColElems = 1 << 23;  // cap on one chunk's im2col buffer (32 MiB of f32)
 thread_local ScratchBuffer t_col, t_out;     // a chunk's im2col matrix and its [O, cols] GEMM operand
+// The calling thread's buffers of the direct paths (packed weights and zeros; packed weight-gradient
+// operands), shared with the pool's threads for the call: kept, so a step does not fault in fresh pages.
+thread_local ScratchBuffer t_packed_w, t_zeros, t_packed_gy, t_packed_x;
 
 struct Geometry {
   const Conv2dParams& p;
@@ -294,17 +297,18 @@ void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p
   const int64_t ohw = p.oh * p.ow, cw = leaf.channels, kp = leaf.pixels, oblocks = og / cw;
   KILN_ASSERT(kp >= 1 && kp <= isa::kDirectOcMaxPixels, "direct_oc: tiles of ", kp, " pixels");
   // w as [group][o-block][tap][channel][cw].
-  std::vector<float> wp(static_cast<size_t>(p.o * cg * taps));
+  float* const wp = t_packed_w.get<float>(size_t(p.o * cg * taps));
   parallel_for(0, p.groups * oblocks, 1, [&](int64_t b, int64_t e) {
     for (int64_t gb = b; gb < e; ++gb) {
       const int64_t g = gb / oblocks, ob = gb % oblocks;
-      float* dst = wp.data() + gb * taps * cg * cw;
+      float* dst = wp + gb * taps * cg * cw;
       for (int64_t t = 0; t < taps; ++t)
         for (int64_t c = 0; c < cg; ++c)
           for (int64_t j = 0; j < cw; ++j) dst[(t * cg + c) * cw + j] = w[((g * og + ob * cw + j) * cg + c) * taps + t];
     }
   });
-  const std::vector<float> zeros(static_cast<size_t>(cg * plane), 0.0f);
+  float* const zeros = t_zeros.get<float>(size_t(cg * plane));
+  std::fill(zeros, zeros + cg * plane, 0.0f);
   // Per output pixel of a plane and tap: the input offset in the plane, or -1 in the padding.
   std::vector<int32_t> in_at(static_cast<size_t>(ohw * taps));
   for (int64_t l = 0; l < ohw; ++l)
@@ -323,13 +327,13 @@ void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p
         const int64_t q = q0 + std::min<int64_t>(i, pixels - 1), n = q / ohw, l = q % ohw;
         const float* xn = x + (n * p.c + g * cg) * plane;
         const int32_t* at = in_at.data() + l * taps;
-        for (int64_t t = 0; t < taps; ++t) px[t * kp + i] = at[t] >= 0 ? xn + at[t] : zeros.data();
+        for (int64_t t = 0; t < taps; ++t) px[t * kp + i] = at[t] >= 0 ? xn + at[t] : zeros;
         py[i] = y + (n * p.o + g * og) * ohw + l;
       }
       for (int64_t ob = 0; ob < oblocks; ++ob) {
         float* pyb[isa::kDirectOcMaxPixels];
         for (int64_t i = 0; i < kp; ++i) pyb[i] = py[i] + ob * cw * ohw;
-        leaf.fn(cg, taps, plane, px, wp.data() + (g * oblocks + ob) * taps * cg * cw, pyb, ohw, pixels);
+        leaf.fn(cg, taps, plane, px, wp + (g * oblocks + ob) * taps * cg * cw, pyb, ohw, pixels);
       }
     }
   });
@@ -345,8 +349,7 @@ void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p
 // on threads.
 void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x, const float* gy, float* gw) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
-  const int64_t ohw = p.oh * p.ow, vecs = (ohw + 15) / 16, cols = cg * taps, wsize = p.o * cols;
-  const int64_t x_size = p.n * p.c * plane;
+  const int64_t ohw = p.oh * p.ow, cols = cg * taps, wsize = p.o * cols;
   // S * OH * OW ~ 4096, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats.
   constexpr int64_t kMaxWgradChunks = 128;
   int64_t s = 4 * kTargetCols / std::max<int64_t>(ohw, 1);
@@ -355,25 +358,67 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
   const int R = L.wgrad_rows, P = L.wgrad_pairs;
   KILN_ASSERT(R >= 1 && R <= isa::kWgradMaxRows && P >= 1 && P <= isa::kWgradMaxPairs, "wgrad tile ", R, "x", P);
   const int64_t nchunks = (p.n + s - 1) / s, oblocks = (og + R - 1) / R, jblocks = (cols + P - 1) / P;
-  // The tile masks laid out per tap along the vectors: tap_masks[t * vecs + v], plane_mask[v].
-  const std::vector<TileMasks> tm = tile_masks(p);
-  std::vector<isa::Mask16> tap_masks(static_cast<size_t>(taps * vecs)), plane_mask(static_cast<size_t>(vecs));
-  for (int64_t v = 0; v < vecs; ++v) {
-    plane_mask[size_t(v)] = tm[size_t(v / 4)].store[v % 4];
-    for (int64_t t = 0; t < taps; ++t) tap_masks[size_t(t * vecs + v)] = tm[size_t(v / 4)].load[t][v % 4];
+  // Planes that end early in a 16-pixel vector (7x7: 49 pixels in 4 vectors) waste the rest of it in every
+  // image. With "same" padding (the output plane is the input's) a chunk's images are packed instead,
+  // each channel's planes end to end with zero margins, and the tiles run over the chunk as one tall
+  // image whose taps are masked at the images' edges as at the plane's: every lane of a vector works.
+  // Packing costs a copy of x and gy: worth it where over a tenth of the lanes would idle (7x7: 15 of 64;
+  // not 14x14: 12 of 208).
+  const bool packed = (ohw + 15) / 16 * 16 * 9 > ohw * 10 && s > 1 && p.oh == p.h && p.ow == p.w;
+  const int64_t span = packed ? s * ohw : ohw, vecs = (span + 15) / 16, row = 16 * vecs;
+  int64_t reach = 0;  // the largest |shift| of a tap
+  for (int64_t t = 0; t < taps; ++t) reach = std::max(reach, std::abs(tap_shift(p, t)));
+  const int64_t margin = packed ? (reach + 15) / 16 * 16 : 0, xrow = row + 2 * margin;
+  float* const gyp = packed ? t_packed_gy.get<float>(size_t(nchunks * p.o * row)) : nullptr;
+  float* const xp = packed ? t_packed_x.get<float>(size_t(nchunks * p.c * xrow)) : nullptr;
+  if (packed) {
+    parallel_for(0, nchunks * (p.o + p.c), 8, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t chunk = r / (p.o + p.c), ch = r % (p.o + p.c), n0 = chunk * s;
+        const int64_t images = std::min(p.n, n0 + s) - n0;
+        const bool is_gy = ch < p.o;
+        const int64_t chans = is_gy ? p.o : p.c, c = is_gy ? ch : ch - p.o, lead = is_gy ? 0 : margin;
+        float* dst = is_gy ? gyp + (chunk * p.o + c) * row : xp + (chunk * p.c + c) * xrow;
+        const float* src = is_gy ? gy : x;
+        std::fill(dst, dst + lead, 0.0f);
+        for (int64_t si = 0; si < images; ++si)
+          std::memcpy(dst + lead + si * ohw, src + ((n0 + si) * chans + c) * ohw, size_t(ohw) * sizeof(float));
+        std::fill(dst + lead + images * ohw, dst + (is_gy ? row : xrow), 0.0f);
+      }
+    });
   }
+  // The masks per tap along the vectors, tap_masks[t * vecs + v], and plane_mask[v]: lane l of vector v
+  // is position q = 16 v + l of the plane (or the chunk's tall image).
+  std::vector<isa::Mask16> tap_masks(static_cast<size_t>(taps * vecs)), plane_mask(static_cast<size_t>(vecs));
+  for (int64_t v = 0; v < vecs; ++v)
+    for (int l = 0; l < 16; ++l) {
+      const int64_t q = 16 * v + l, local = q % ohw, oh = local / p.ow, ow = local % p.ow;
+      if (q >= span) continue;
+      plane_mask[size_t(v)] |= isa::Mask16(1u << l);
+      for (int64_t t = 0; t < taps; ++t) {
+        const int64_t ih = oh + t / p.kw - p.ph, iw = ow + t % p.kw - p.pw;
+        if (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w) tap_masks[size_t(t * vecs + v)] |= isa::Mask16(1u << l);
+      }
+    }
   // In the kernel set's own format (AVX-512: as they are; AVX2: lane vectors).
   const size_t mb = size_t(L.mask_bytes);
   std::unique_ptr<unsigned char[]> tap_x(new unsigned char[tap_masks.size() * mb]),
       plane_x(new unsigned char[plane_mask.size() * mb]);
   L.expand_masks(tap_masks.data(), int64_t(tap_masks.size()), tap_x.get());
   L.expand_masks(plane_mask.data(), int64_t(plane_mask.size()), plane_x.get());
-  // Pair jj = (c, t) of a group: its tap and its offset in x from the group's first channel.
+  // Pair jj = (c, t) of a group: its tap and its offset in x (or the packed x) from the group's first channel.
+  const int64_t cstride = packed ? xrow : plane;
   std::vector<int64_t> pair_tap(static_cast<size_t>(cols)), pair_off(static_cast<size_t>(cols));
   for (int64_t jj = 0; jj < cols; ++jj) {
     pair_tap[size_t(jj)] = jj % taps;
-    pair_off[size_t(jj)] = jj / taps * plane + tap_shift(p, jj % taps);
+    pair_off[size_t(jj)] = jj / taps * cstride + margin + tap_shift(p, jj % taps);
   }
+  // Each chunk's operands: gy rows of ohw (or row) floats, images of x (or a packed chunk with margins).
+  const float* gy_base = packed ? gyp : gy;
+  const float* x_base = packed ? xp : x;
+  const int64_t gy_chunk = packed ? p.o * row : s * p.o * ohw, gy_image = packed ? 0 : p.o * ohw;
+  const int64_t x_chunk = packed ? p.c * xrow : s * p.c * plane, x_image = packed ? 0 : p.c * plane;
+  const int64_t x_size = packed ? nchunks * p.c * xrow : p.n * p.c * plane, gy_row = packed ? row : ohw;
   // Every partial is written before it is read: no zeroing.
   std::unique_ptr<float[]> partial(new float[size_t(nchunks * wsize)]);
   const int64_t per_chunk = p.groups * oblocks * jblocks;
@@ -388,16 +433,16 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
       for (int j = 0; j < P; ++j) {
         const size_t jj = size_t(j0 + (j < ncol ? j : 0));
         tap[j] = pair_tap[jj];
-        xoff[j] = g * cg * plane + pair_off[jj];
+        xoff[j] = g * cg * cstride + pair_off[jj];
       }
       float sums[isa::kWgradMaxRows * isa::kWgradMaxPairs];
       const void* xmask[isa::kWgradMaxPairs];
       for (int j = 0; j < P; ++j) xmask[j] = tap_x.get() + size_t(tap[j] * vecs) * mb;
-      // Whether every x address read, masked lanes included, lies inside x.
-      const int64_t images = std::min(p.n, chunk * s + s) - chunk * s, x0 = chunk * s * p.c * plane;
+      // Whether every x address read, masked lanes included, lies inside x (always, packed: the margins).
+      const int64_t images = packed ? 1 : std::min(p.n, chunk * s + s) - chunk * s, x0 = chunk * x_chunk;
       const int64_t lo = x0 + *std::min_element(xoff, xoff + P);
-      const int64_t hi = x0 + (images - 1) * p.c * plane + *std::max_element(xoff, xoff + P) + 16 * vecs;
-      L.wgrad_tile(gy + chunk * s * p.o * ohw, p.o * ohw, x + x0, p.c * plane, images, vecs, ohw, orow, xoff, xmask,
+      const int64_t hi = x0 + (images - 1) * x_image + *std::max_element(xoff, xoff + P) + 16 * vecs;
+      L.wgrad_tile(gy_base + chunk * gy_chunk, gy_image, x_base + x0, x_image, images, vecs, gy_row, orow, xoff, xmask,
                    plane_x.get(), sums, lo >= 0 && hi <= x_size);
       float* out = partial.get() + chunk * wsize;
       for (int64_t r = 0; r < rows; ++r)
