@@ -129,6 +129,8 @@ TEST_CASE("nn: conv2d f32 forward and gradients match f64 on every CPU path") {
       {"14x14, 32 to 32 (output-channel tiles both ways)", {3, 32, 14, 14}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
       {"7x7, 2 groups of 32 filters", {2, 16, 7, 7}, {64, 8, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2},
       {"6x6 padded to 8 rows, 64 filters", {3, 16, 6, 6}, {64, 16, 3, 3}, {1, 1}, {2, 1}, {1, 1}, 1},
+      {"stride 2, 32 filters (output-channel tiles)", {3, 16, 9, 10}, {32, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
+      {"dilation 2, 64 filters (output-channel tiles)", {2, 16, 9, 9}, {64, 16, 3, 3}, {1, 1}, {2, 2}, {2, 2}, 1},
   };
   for (const Case& cs : cases) {
     INFO(std::string(cs.what));
@@ -177,7 +179,7 @@ TEST_CASE("nn: f32 conv2d forward and gradients are bitwise identical with 1 and
       {{40, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}, {1, 1}, 1},  {{1, 32, 12, 12}, {120, 32, 3, 3}, {1, 1}, {1, 1}, 1},
       {{6, 16, 12, 12}, {24, 8, 3, 3}, {1, 1}, {1, 1}, 2},  {{4, 16, 20, 20}, {24, 16, 3, 3}, {1, 1}, {0, 0}, 1},
       {{4, 16, 20, 20}, {24, 16, 3, 3}, {1, 1}, {3, 3}, 1}, {{4, 16, 20, 20}, {24, 16, 3, 3}, {2, 2}, {1, 1}, 1},
-      {{40, 32, 7, 7}, {64, 32, 3, 3}, {1, 1}, {1, 1}, 1}};
+      {{40, 32, 7, 7}, {64, 32, 3, 3}, {1, 1}, {1, 1}, 1},  {{4, 16, 20, 20}, {32, 16, 3, 3}, {2, 2}, {1, 1}, 1}};
   const int saved = num_threads();
   for (const Case& cs : cases) {
     std::vector<std::vector<double>> runs;

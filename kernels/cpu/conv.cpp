@@ -274,13 +274,17 @@ void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x
 // of fewer than kP pixels repeats its last). Per (tap, channel): kV vectors of w (packed per tap, channel
 // and output channel) and kP broadcasts feed kV * kP FMAs, as many per load as the pixel kernel; sums
 // run over (tap, channel). A tap that falls in the padding reads a zero buffer instead of x.
+// Any stride and dilation: each (tap, pixel) has its own address. Against the pixel tiles (direct_conv
+// applies) it is worth it where those waste over a tenth of their lanes; against the implicit GEMM
+// (strided convolutions) where a tile's sums run over at least 64 (tap, channel) terms, so that the
+// transposed store of the tile stays a small part of its work. Either way a tile sets up an address per
+// (tap, pixel) and uses it for Cg channels: at least 16 of them (ResNet-50's 3-channel stem is not).
+// Lanes are counted in 32-bit offsets.
 const isa::ConvLeaves::DirectOc* direct_oc_leaf(const isa::ConvLeaves& L, const Conv2dParams& p) {
-  const int64_t ohw = p.oh * p.ow, og = p.o / p.groups;
+  const int64_t ohw = p.oh * p.ow, og = p.o / p.groups, cg = p.c / p.groups;
   const int64_t tiles = (ohw + 63) / 64;
-  // Worth it where the pixel tiles waste over a tenth of their lanes; lanes are counted in 32-bit offsets.
-  if (ohw * 10 > tiles * 64 * 9 || ohw * 16 >= (int64_t(1) << 31) || p.h * p.w >= (int64_t(1) << 31) ||
-      p.kh * p.kw > kDirectMaxTaps)
-    return nullptr;
+  if (cg < 16 || (direct_conv_applies(p) ? ohw * 10 > tiles * 64 * 9 : p.kh * p.kw * cg < 64)) return nullptr;
+  if (ohw * 16 >= (int64_t(1) << 31) || p.h * p.w >= (int64_t(1) << 31) || p.kh * p.kw > kDirectMaxTaps) return nullptr;
   // Every tile reads its o-block's weights (taps x Cg x channels) once: they must stay in L2 (ResNet-20's
   // 64 x 64 x 3 x 3 is 144 KiB; ResNet-50's 512-channel 7x7 stage, 1.2 MiB a block, is left to the
   // pixel tiles).
@@ -491,8 +495,9 @@ template <typename T> void forward_typed(const Conv2dParams& p, const T* x, cons
   const isa::ConvLeaves* leaves = implicit_leaves<T>();
   const bool implicit = leaves != nullptr;
   if constexpr (std::is_same_v<T, float>) {
-    if (leaves && direct_conv_applies(p)) {
-      if (const auto* oc = direct_oc_leaf(*leaves, p))
+    const isa::ConvLeaves::DirectOc* oc = leaves ? direct_oc_leaf(*leaves, p) : nullptr;
+    if (oc || (leaves && direct_conv_applies(p))) {
+      if (oc)
         direct_conv_oc(*oc, p, x, w, y);
       else
         direct_conv(*leaves, p, x, w, y);
