@@ -131,6 +131,11 @@ TEST_CASE("nn: conv2d f32 forward and gradients match f64 on every CPU path") {
       {"6x6 padded to 8 rows, 64 filters", {3, 16, 6, 6}, {64, 16, 3, 3}, {1, 1}, {2, 1}, {1, 1}, 1},
       {"stride 2, 32 filters (output-channel tiles)", {3, 16, 9, 10}, {32, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
       {"dilation 2, 64 filters (output-channel tiles)", {2, 16, 9, 9}, {64, 16, 3, 3}, {1, 1}, {2, 2}, {2, 2}, 1},
+      // The strided input gradient phase by phase (input_grad_oc): 1..4 taps a phase; a 1x1 stride-2
+      // filter reaches one phase of four, whose others must come out 0; groups; stride 3 with dilation 2.
+      {"stride 2, 32 to 32 (input gradient by phases)", {2, 32, 9, 10}, {32, 32, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
+      {"1x1 stride 2, 32 to 64", {2, 32, 7, 8}, {64, 32, 1, 1}, {2, 2}, {0, 0}, {1, 1}, 1},
+      {"stride 3, dilation 2, 2 groups", {2, 64, 11, 10}, {32, 32, 3, 3}, {3, 3}, {2, 1}, {2, 2}, 2},
   };
   for (const Case& cs : cases) {
     INFO(std::string(cs.what));

@@ -343,6 +343,89 @@ void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p
   });
 }
 
+// The input gradient of a strided convolution on the same tiles: gx[n, c, ih, iw] sums w[o, c, ki, kj] *
+// gy[n, o, oh, ow] over the taps with ih = oh * sh - ph + ki * dh (and so for iw). Which taps can reach
+// an input pixel depends only on its phase (ih mod sh, iw mod sw): a 3x3 stride-2 filter gives phases of
+// 1, 2, 2 and 4 taps, 9/4 on average where the im2col path multiplies all 9. So the pixels go phase by
+// phase, each phase with its own packed filter taps, vectors across the input channels and the sums over
+// (tap, output channel); a tap whose (oh, ow) falls outside gy reads the zero buffer, and a phase no tap
+// reaches (a 1x1 stride-2 filter's odd pixels) is zeroed.
+const isa::ConvLeaves::DirectOc* input_grad_oc_leaf(const isa::ConvLeaves& L, const Conv2dParams& p) {
+  const int64_t og = p.o / p.groups, cg = p.c / p.groups, plane = p.h * p.w;
+  if (og < 16 || plane * 16 >= (int64_t(1) << 31) || p.oh * p.ow >= (int64_t(1) << 31) || p.kh * p.kw > kDirectMaxTaps)
+    return nullptr;
+  constexpr int64_t kMaxBlockBytes = 192 << 10;
+  for (const auto& leaf : L.direct_oc)
+    if (leaf.fn && cg % leaf.channels == 0 && p.kh * p.kw * og * leaf.channels * 4 <= kMaxBlockBytes) return &leaf;
+  return nullptr;
+}
+
+void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p, const float* w, const float* gy,
+                   float* gx) {
+  const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
+  const int64_t ohw = p.oh * p.ow, cw = leaf.channels, kp = leaf.pixels, cblocks = cg / cw;
+  KILN_ASSERT(kp >= 1 && kp <= isa::kDirectOcMaxPixels, "input_grad_oc: tiles of ", kp, " pixels");
+  float* const zeros = t_zeros.get<float>(size_t(og * ohw));
+  std::fill(zeros, zeros + og * ohw, 0.0f);
+  for (int64_t a = 0; a < p.sh; ++a)
+    for (int64_t bph = 0; bph < p.sw; ++bph) {
+      // This phase's pixels (ih = a + sh * i, iw = bph + sw * j) and the taps that reach them.
+      const int64_t rows = a < p.h ? (p.h - a + p.sh - 1) / p.sh : 0,
+                    colsn = bph < p.w ? (p.w - bph + p.sw - 1) / p.sw : 0;
+      if (rows == 0 || colsn == 0) continue;
+      std::vector<int64_t> tap_list;
+      for (int64_t t = 0; t < taps; ++t) {
+        const int64_t ki = t / p.kw, kj = t % p.kw;
+        const int64_t rh = a + p.ph - ki * p.dh, rw = bph + p.pw - kj * p.dw;
+        if (((rh % p.sh) + p.sh) % p.sh == 0 && ((rw % p.sw) + p.sw) % p.sw == 0) tap_list.push_back(t);
+      }
+      const int64_t nt = int64_t(tap_list.size()), pplane = rows * colsn, total = p.n * pplane;
+      if (nt == 0) {  // no tap reaches these pixels: their gradient is 0
+        parallel_for(0, p.n * p.c, 4, [&](int64_t b, int64_t e) {
+          for (int64_t nc = b; nc < e; ++nc)
+            for (int64_t i = 0; i < rows; ++i)
+              for (int64_t j = 0; j < colsn; ++j) gx[nc * plane + (a + p.sh * i) * p.w + bph + p.sw * j] = 0.0f;
+        });
+        continue;
+      }
+      // w as [group][c-block][phase tap][o][cw].
+      float* const wp = t_packed_w.get<float>(size_t(p.groups * cblocks * nt * og * cw));
+      for (int64_t g = 0; g < p.groups; ++g)
+        for (int64_t cb = 0; cb < cblocks; ++cb)
+          for (int64_t k = 0; k < nt; ++k)
+            for (int64_t o = 0; o < og; ++o)
+              for (int64_t j = 0; j < cw; ++j)
+                wp[(((g * cblocks + cb) * nt + k) * og + o) * cw + j] =
+                    w[((g * og + o) * cg + cb * cw + j) * taps + tap_list[size_t(k)]];
+      const int64_t tiles = (total + kp - 1) / kp;
+      parallel_for(0, tiles * p.groups, 4, [&](int64_t b, int64_t e) {
+        const float* px[kDirectMaxTaps * isa::kDirectOcMaxPixels];
+        float* py[isa::kDirectOcMaxPixels];
+        for (int64_t task = b; task < e; ++task) {
+          const int64_t tile = task / p.groups, g = task % p.groups, q0 = tile * kp;
+          const int pixels = int(std::min(kp, total - q0));
+          for (int64_t i = 0; i < kp; ++i) {
+            const int64_t q = q0 + std::min<int64_t>(i, pixels - 1), n = q / pplane, l = q % pplane;
+            const int64_t ih = a + p.sh * (l / colsn), iw = bph + p.sw * (l % colsn);
+            const float* gyn = gy + (n * p.o + g * og) * ohw;
+            for (int64_t k = 0; k < nt; ++k) {
+              const int64_t t = tap_list[size_t(k)], ki = t / p.kw, kj = t % p.kw;
+              const int64_t oh = (ih + p.ph - ki * p.dh) / p.sh, ow = (iw + p.pw - kj * p.dw) / p.sw;
+              const bool in = ih + p.ph - ki * p.dh >= 0 && iw + p.pw - kj * p.dw >= 0 && oh < p.oh && ow < p.ow;
+              px[k * kp + i] = in ? gyn + oh * p.ow + ow : zeros;
+            }
+            py[i] = gx + (n * p.c + g * cg) * plane + ih * p.w + iw;
+          }
+          for (int64_t cb = 0; cb < cblocks; ++cb) {
+            float* pyb[isa::kDirectOcMaxPixels];
+            for (int64_t i = 0; i < kp; ++i) pyb[i] = py[i] + cb * cw * plane;
+            leaf.fn(og, nt, ohw, px, wp + (g * cblocks + cb) * nt * og * cw, pyb, plane, pixels);
+          }
+        }
+      });
+    }
+}
+
 // The weight gradient of the same convolutions: gw[o, c, t] = sum over images n and output pixels q of
 // gy[n, o, q] * x[n, c, q + shift(t)] (masked as above). Both operands are read in place, 16 pixels to a
 // vector: a register tile of R output channels x P (c, t) pairs (the kernel set's: 8 x 3 for AVX-512, 6 x 4
@@ -576,6 +659,11 @@ void backward_typed(const Conv2dParams& p, const T* x, const T* w, const T* gy, 
     gx = nullptr;
   }
   if constexpr (std::is_same_v<T, float>) {
+    if (gx && leaves)
+      if (const auto* oc = input_grad_oc_leaf(*leaves, p)) {
+        input_grad_oc(*oc, p, w, gy, gx);
+        gx = nullptr;
+      }
     if (gw && leaves && direct_conv_applies(p)) {
       direct_conv_wgrad(*leaves, p, x, gy, gw);
       gw = nullptr;
