@@ -139,6 +139,8 @@ template <typename T> void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool
           T* masked = gres ? gres + at : scratch;
           planes.relu_mask(hw, g, y + at, masked);
           g = masked;
+        } else if (gres) {  // a residual without ReLU: its gradient is gy
+          std::copy(g, g + hw, gres + at);
         }
         planes.grad_sums(hw, g, x + at, T(m), &sg, &sgd);
       }

@@ -3,11 +3,14 @@
 // weight gradients are summed per chunk in chunk order, so results do not depend on threads.
 //
 // f32 under the AVX-512 and AVX2 kernel sets (base/cpu_isa.h) never stores the im2col matrix of the forward
-// pass: the GEMM's B panels are packed straight from the images (implicit GEMM, pack_im2col below), and
-// stride-1 convolutions whose output rows are as wide as the input's run as direct convolutions. The input gradient of
-// a stride-1 convolution is the forward convolution of the output gradient with the flipped, transposed filters
-// (padding k-1-p), so it takes the same path instead of GEMM + col2im; the weight gradient, and the
-// input gradient of strided convolutions, use the explicit im2col matrix.
+// pass: the GEMM's B panels are packed straight from the images (implicit GEMM, pack_im2col below),
+// stride-1 convolutions whose output rows are as wide as the input's run as direct convolutions, and
+// small planes and strided filters take tiles across output channels (direct_conv_oc). The input gradient
+// of a stride-1 convolution is the forward convolution of the output gradient with the flipped, transposed
+// filters (padding k-1-p), so it takes the same paths instead of GEMM + col2im; a strided one goes phase by
+// phase on the output-channel tiles (input_grad_oc) where the channels allow. The weight gradient of the
+// direct-conv shapes reads both operands in place (direct_conv_wgrad); the rest use the explicit im2col
+// matrix. docs/architecture.md lists when each path is taken.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -28,6 +31,8 @@ constexpr int64_t kMaxColElems = 1 << 23;  // cap on one chunk's im2col buffer (
 thread_local ScratchBuffer t_col, t_out;     // a chunk's im2col matrix and its [O, cols] GEMM operand
 // The calling thread's buffers of the direct paths (packed weights and zeros; packed weight-gradient
 // operands), shared with the pool's threads for the call: kept, so a step does not fault in fresh pages.
+// They keep their largest size for the thread's life: t_packed_x/gy hold a copy of a 7x7 layer's x and
+// gy (ResNet-20 at batch 128: 1.6 MB each; ResNet-50's 512-channel 7x7 stage at batch 256: 26 MB).
 thread_local ScratchBuffer t_packed_w, t_zeros, t_packed_gy, t_packed_x;
 
 struct Geometry {
@@ -276,15 +281,17 @@ void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x
 // run over (tap, channel). A tap that falls in the padding reads a zero buffer instead of x.
 // Any stride and dilation: each (tap, pixel) has its own address. Against the pixel tiles (direct_conv
 // applies) it is worth it where those waste over a tenth of their lanes; against the implicit GEMM
-// (strided convolutions) where a tile's sums run over at least 64 (tap, channel) terms, so that the
-// transposed store of the tile stays a small part of its work. Either way a tile sets up an address per
-// (tap, pixel) and uses it for Cg channels: at least 16 of them (ResNet-50's 3-channel stem is not).
-// Lanes are counted in 32-bit offsets.
+// (strided or dilated filters; a stride-1 1x1 or valid-padding filter stays a GEMM) where a tile's sums
+// run over at least 64 (tap, channel) terms, so that the transposed store of the tile stays a small part
+// of its work. Either way a tile sets up an address per (tap, pixel) and uses it for Cg channels: at
+// least 16 of them (ResNet-50's 3-channel stem is not). The offsets are 32-bit.
 const isa::ConvLeaves::DirectOc* direct_oc_leaf(const isa::ConvLeaves& L, const Conv2dParams& p) {
   const int64_t ohw = p.oh * p.ow, og = p.o / p.groups, cg = p.c / p.groups;
   const int64_t tiles = (ohw + 63) / 64;
-  if (cg < 16 || (direct_conv_applies(p) ? ohw * 10 > tiles * 64 * 9 : p.kh * p.kw * cg < 64)) return nullptr;
-  if (ohw * 16 >= (int64_t(1) << 31) || p.h * p.w >= (int64_t(1) << 31) || p.kh * p.kw > kDirectMaxTaps) return nullptr;
+  const bool strided = p.sh > 1 || p.sw > 1 || p.dh > 1 || p.dw > 1;
+  if (cg < 16 || (direct_conv_applies(p) ? ohw * 10 > tiles * 64 * 9 : !strided || p.kh * p.kw * cg < 64))
+    return nullptr;
+  if (p.h * p.w >= (int64_t(1) << 31) || p.kh * p.kw > kDirectMaxTaps) return nullptr;
   // Every tile reads its o-block's weights (taps x Cg x channels) once: they must stay in L2 (ResNet-20's
   // 64 x 64 x 3 x 3 is 144 KiB; ResNet-50's 512-channel 7x7 stage, 1.2 MiB a block, is left to the
   // pixel tiles).
@@ -311,8 +318,9 @@ void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p
           for (int64_t j = 0; j < cw; ++j) dst[(t * cg + c) * cw + j] = w[((g * og + ob * cw + j) * cg + c) * taps + t];
     }
   });
-  float* const zeros = t_zeros.get<float>(size_t(cg * plane));
-  std::fill(zeros, zeros + cg * plane, 0.0f);
+  // The leaf reads zeros[c * plane], c < cg: only those slots are written (and their pages touched).
+  float* const zeros = t_zeros.get<float>(size_t((cg - 1) * plane + 1));
+  for (int64_t c = 0; c < cg; ++c) zeros[c * plane] = 0.0f;
   // Per output pixel of a plane and tap: the input offset in the plane, or -1 in the padding.
   std::vector<int32_t> in_at(static_cast<size_t>(ohw * taps));
   for (int64_t l = 0; l < ohw; ++l)
@@ -351,9 +359,8 @@ void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p
 // (tap, output channel); a tap whose (oh, ow) falls outside gy reads the zero buffer, and a phase no tap
 // reaches (a 1x1 stride-2 filter's odd pixels) is zeroed.
 const isa::ConvLeaves::DirectOc* input_grad_oc_leaf(const isa::ConvLeaves& L, const Conv2dParams& p) {
-  const int64_t og = p.o / p.groups, cg = p.c / p.groups, plane = p.h * p.w;
-  if (og < 16 || plane * 16 >= (int64_t(1) << 31) || p.oh * p.ow >= (int64_t(1) << 31) || p.kh * p.kw > kDirectMaxTaps)
-    return nullptr;
+  const int64_t og = p.o / p.groups, cg = p.c / p.groups;
+  if (og < 16 || p.kh * p.kw > kDirectMaxTaps) return nullptr;
   constexpr int64_t kMaxBlockBytes = 192 << 10;
   for (const auto& leaf : L.direct_oc)
     if (leaf.fn && cg % leaf.channels == 0 && p.kh * p.kw * og * leaf.channels * 4 <= kMaxBlockBytes) return &leaf;
@@ -365,8 +372,8 @@ void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p,
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, cw = leaf.channels, kp = leaf.pixels, cblocks = cg / cw;
   KILN_ASSERT(kp >= 1 && kp <= isa::kDirectOcMaxPixels, "input_grad_oc: tiles of ", kp, " pixels");
-  float* const zeros = t_zeros.get<float>(size_t(og * ohw));
-  std::fill(zeros, zeros + og * ohw, 0.0f);
+  float* const zeros = t_zeros.get<float>(size_t((og - 1) * ohw + 1));  // read at o * ohw, o < og
+  for (int64_t o = 0; o < og; ++o) zeros[o * ohw] = 0.0f;
   for (int64_t a = 0; a < p.sh; ++a)
     for (int64_t bph = 0; bph < p.sw; ++bph) {
       // This phase's pixels (ih = a + sh * i, iw = bph + sw * j) and the taps that reach them.

@@ -515,6 +515,9 @@ void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool traini
                          void* gbeta, bool nhwc, const void* y, void* gresidual) {
   const int64_t total = n * c * hw;
   if (!y || total == 0) {
+    if (gresidual && total > 0)  // a residual without ReLU: its gradient is gy
+      KILN_CUDA_OK(
+          cudaMemcpyAsync(gresidual, gy, size_t(total) * dtype_size(dt), cudaMemcpyDeviceToDevice, current().stream));
     bn_backward_core(dt, n, c, hw, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta, nhwc);
     return;
   }
