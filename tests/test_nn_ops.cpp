@@ -327,6 +327,34 @@ TEST_CASE("nn: batch_norm training, running statistics and eval") {
   check_close(ye.to_vector(), want_e.to_vector(), 1e-10);
 }
 
+// GELU's f32 rows run the kernel set's vector erfc (rows.inc's verfc): against f64 over the whole range,
+// tails included, under each set (rows_<set> in ctest), in f32 and through bf16's staged blocks.
+TEST_CASE("nn: gelu (erf) f32 rows of each kernel set against f64, tails included") {
+  const int64_t n = 24001;
+  std::vector<double> xs(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) xs[size_t(i)] = -12.0 + 24.0 * double(i) / double(n - 1);
+  const Tensor x64 = from_vector(xs, {n});
+  Tensor x32 = x64.to(DType::f32).detach();
+  x32.set_requires_grad();
+  const Tensor y32 = gelu(x32);
+  y32.backward(ones({n}));
+  const auto y = y32.to_vector(), g = x32.grad().to_vector(), xv = x32.to_vector();
+  double worst_rel = 0, worst_grad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = xv[size_t(i)], cdf = 0.5 * std::erfc(-v / std::sqrt(2.0));
+    const double want = v * cdf, want_g = cdf + v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI);
+    if (std::abs(want) > 1e-30) worst_rel = std::max(worst_rel, std::abs(y[size_t(i)] - want) / std::abs(want));
+    worst_grad = std::max(worst_grad, std::abs(g[size_t(i)] - want_g));
+  }
+  INFO("worst relative error of gelu " << worst_rel << ", worst absolute error of its gradient " << worst_grad);
+  CHECK(worst_rel < 2e-5);
+  CHECK(worst_grad < 1e-6);
+  // bf16 goes through f32 blocks: within bf16's rounding of the f32 result.
+  const auto yb = gelu(x64.to(DType::bf16)).to(DType::f32).to_vector();
+  const auto yr = gelu(x64.to(DType::bf16).to(DType::f32)).to(DType::bf16).to(DType::f32).to_vector();
+  CHECK(yb == yr);
+}
+
 // ResNet's blocks run "BN, ReLU" and "BN, add the shortcut, ReLU" as batch_norm_relu: the same bits as
 // the three ops in a row, forward and every gradient, under each CPU kernel set (rows_<set> in ctest),
 // also with planes whose size is not a multiple of the vector width and in eval mode.

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kernels/common/math.h"
+#include "kernels/cpu/kernel_sets.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
 
@@ -41,7 +42,13 @@ template <typename TO, typename TI> void copy_typed(const TensorDesc& dst, const
   });
 }
 
-template <typename T, typename F> void unary_loop(const TensorDesc& dst, const TensorDesc& src, F f) {
+// A kernel set's vector leaf for an op's f32 rows (kernels/cpu/isa/rows.inc), used on contiguous f32
+// rows and 16-bit blocks where the op has one; the functor f elsewhere (same values to a few ulp).
+using UnaryRow = void (*)(int64_t n, const float* x, float* y);
+using BinaryRow = void (*)(int64_t n, const float* a, const float* b, float* o);
+
+template <typename T, typename F>
+void unary_loop(const TensorDesc& dst, const TensorDesc& src, F f, UnaryRow row = nullptr) {
   auto L = make_loop<2>({&dst, &src});
   run_rows(L, [&](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t n) {
     T* o = reinterpret_cast<T*>(p[0]);
@@ -51,10 +58,17 @@ template <typename T, typename F> void unary_loop(const TensorDesc& dst, const T
       for (int64_t i0 = 0; i0 < n; i0 += kStageBlock) {
         const int64_t m = std::min(kStageBlock, n - i0);
         load_block_f32(a + i0 * s[1], s[1], buf, m);
-        for (int64_t j = 0; j < m; ++j) buf[j] = f(buf[j]);
+        if (row) {
+          row(m, buf, buf);
+        } else {
+          for (int64_t j = 0; j < m; ++j) buf[j] = f(buf[j]);
+        }
         store_block_f32(buf, o + i0 * s[0], s[0], m);
       }
       return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (row && s[0] == 1 && s[1] == 1) return row(n, a, o);
     }
     if (s[0] == 1 && s[1] == 1) {
       for (int64_t i = 0; i < n; ++i) store(o + i, f(load(a + i)));
@@ -65,7 +79,7 @@ template <typename T, typename F> void unary_loop(const TensorDesc& dst, const T
 }
 
 template <typename TO, typename T, typename F>
-void binary_loop(const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, F f) {
+void binary_loop(const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, F f, BinaryRow row = nullptr) {
   auto L = make_loop<3>({&dst, &a, &b});
   run_rows(L, [&](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t n) {
     TO* o = reinterpret_cast<TO*>(p[0]);
@@ -78,13 +92,20 @@ void binary_loop(const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b
         load_block_f32(x + i0 * s[1], s[1], xa, m);
         load_block_f32(y + i0 * s[2], s[2], ya, m);
         if constexpr (std::is_same_v<TO, T>) {
-          for (int64_t j = 0; j < m; ++j) xa[j] = f(xa[j], ya[j]);
+          if (row) {
+            row(m, xa, ya, xa);
+          } else {
+            for (int64_t j = 0; j < m; ++j) xa[j] = f(xa[j], ya[j]);
+          }
           store_block_f32(xa, o + i0 * s[0], s[0], m);
         } else {
           for (int64_t j = 0; j < m; ++j) store(o + (i0 + j) * s[0], f(xa[j], ya[j]));
         }
       }
       return;
+    }
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<TO, float>) {
+      if (row && s[0] == 1 && s[1] == 1 && s[2] == 1) return row(n, x, y, o);
     }
     if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
       for (int64_t i = 0; i < n; ++i) store(o + i, f(load(x + i), load(y + i)));
@@ -110,7 +131,9 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
       case UnaryOp::rsqrt: return unary_loop<T>(dst, src, [](A x) { return A(1) / std::sqrt(x); });
       case UnaryOp::tanh: return unary_loop<T>(dst, src, [](A x) { return std::tanh(x); });
       case UnaryOp::sigmoid: return unary_loop<T>(dst, src, [](A x) { return math::sigmoid(x); });
-      case UnaryOp::gelu_erf: return unary_loop<T>(dst, src, [](A x) { return math::gelu_erf(x); });
+      case UnaryOp::gelu_erf:
+        return unary_loop<T>(
+            dst, src, [](A x) { return math::gelu_erf(x); }, kernel_set().rows.gelu_erf);
       case UnaryOp::gelu_tanh: return unary_loop<T>(dst, src, [](A x) { return math::gelu_tanh(x); });
       case UnaryOp::pow_scalar: {
         const A e = A(p0);
@@ -259,7 +282,8 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
         case BinaryOp::atan2: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return std::atan2(x, y); });
         case BinaryOp::relu_backward: return binary_loop<T, T>(dst, a, b, [](A g, A y) { return y > A(0) ? g : A(0); });
         case BinaryOp::gelu_erf_backward:
-          return binary_loop<T, T>(dst, a, b, [](A g, A x) { return g * math::gelu_erf_grad(x); });
+          return binary_loop<T, T>(
+              dst, a, b, [](A g, A x) { return g * math::gelu_erf_grad(x); }, kernel_set().rows.gelu_erf_backward);
         case BinaryOp::gelu_tanh_backward:
           return binary_loop<T, T>(dst, a, b, [](A g, A x) { return g * math::gelu_tanh_grad(x); });
         case BinaryOp::sigmoid_backward:

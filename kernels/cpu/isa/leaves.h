@@ -111,6 +111,10 @@ struct RowLeaves {
   void (*bn_grad_sums)(int64_t n, const float* g, const float* x, float m, double* sg, double* sgd);
   void (*bn_grad_apply)(int64_t n, const float* g, const float* y, const float* x, float k1, float k2, float k3,
                         float* o);
+  // GELU (erf form) of a contiguous row, y may be x; its backward o = g * gelu'(x). erfc to about 1e-6
+  // relative in f32 (rows.inc's verfc), where libm's erfcf is a scalar call per element.
+  void (*gelu_erf)(int64_t n, const float* x, float* y);
+  void (*gelu_erf_backward)(int64_t n, const float* g, const float* x, float* o);
   // Contiguous conversions with the bits of base/half.h's (kernels/cpu/isa/convert.inc).
   void (*f16_to_f32)(const uint16_t* in, float* out, int64_t n);
   void (*f32_to_f16)(const float* in, uint16_t* out, int64_t n);
