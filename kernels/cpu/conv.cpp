@@ -574,7 +574,7 @@ template <typename Fn> void for_chunks(const Geometry& G, Fn&& fn) {
   }
 }
 
-// The convolution leaves when T takes the implicit-GEMM and direct paths (f32 on the AVX-512 set), or null.
+// The convolution leaves when T takes the hand-written paths (f32 under the AVX-512 and AVX2 sets), or null.
 template <typename T> const isa::ConvLeaves* implicit_leaves() {
   if constexpr (std::is_same_v<T, float>) return gemm_has_packed_b() ? conv_leaves() : nullptr;
   return nullptr;

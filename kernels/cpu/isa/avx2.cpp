@@ -87,7 +87,7 @@ struct F64 {
 #include "kernels/cpu/isa/convert.inc"
 // clang-format on
 
-// ---- convolution (conv.cpp describes the schemes; these are the AVX-512 leaves in 8-lane vectors) -----
+// ---- convolution (conv.cpp describes the schemes: the AVX-512 ones in 8-lane vectors, tiles sized for 16 ymm) --
 
 #include "kernels/cpu/isa/im2col_pack.inc"
 
