@@ -279,6 +279,42 @@ void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x
 // of fewer than kP pixels repeats its last). Per (tap, channel): kV vectors of w (packed per tap, channel
 // and output channel) and kP broadcasts feed kV * kP FMAs, as many per load as the pixel kernel; sums
 // run over (tap, channel). A tap that falls in the padding reads a zero buffer instead of x.
+// The widest output-channel leaf whose channels divide `outputs`, with a tile's weight block (`terms` =
+// taps x summed channels, per output channel) within L2: every tile reads its block once (ResNet-20's
+// 64 x 64 x 3 x 3 is 144 KiB; ResNet-50's 512-channel 7x7 stage, 1.2 MiB a block, is left to the others).
+const isa::ConvLeaves::DirectOc* oc_leaf_for(const isa::ConvLeaves& L, int64_t outputs, int64_t terms) {
+  constexpr int64_t kMaxBlockBytes = 192 << 10;
+  for (const auto& leaf : L.direct_oc)
+    if (leaf.fn && outputs % leaf.channels == 0 && terms * leaf.channels * 4 <= kMaxBlockBytes) return &leaf;
+  return nullptr;
+}
+
+// Runs `leaf` over tiles of its pixels taken from `total` pixels, for every group: set_pixel(g, q, i, px)
+// points px[t * leaf.pixels + i] (t < taps) at pixel q's inputs and returns its output in block 0; the
+// blocks of leaf.channels outputs lie channels * ldy apart, their weights (packed [group][block][tap]
+// [summed channel][channels]) taps * sums * channels apart. A tail tile repeats its last pixel, unstored.
+template <typename SetPixel> void run_oc_tiles(const isa::ConvLeaves::DirectOc& leaf, int64_t groups, int64_t total,
+                                               int64_t blocks, int64_t taps, int64_t sums, int64_t in_stride,
+                                               int64_t ldy, const float* wp, SetPixel&& set_pixel) {
+  const int64_t cw = leaf.channels, kp = leaf.pixels, tiles = (total + kp - 1) / kp;
+  KILN_ASSERT(kp >= 1 && kp <= isa::kDirectOcMaxPixels && taps <= kDirectMaxTaps, "output-channel tiles of ", kp,
+              " pixels, ", taps, " taps");
+  parallel_for(0, tiles * groups, 4, [&](int64_t b, int64_t e) {
+    const float* px[kDirectMaxTaps * isa::kDirectOcMaxPixels];
+    float* py[isa::kDirectOcMaxPixels];
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t tile = task / groups, g = task % groups, q0 = tile * kp;
+      const int pixels = int(std::min(kp, total - q0));
+      for (int64_t i = 0; i < kp; ++i) py[i] = set_pixel(g, q0 + std::min<int64_t>(i, pixels - 1), i, px);
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        float* pyb[isa::kDirectOcMaxPixels];
+        for (int64_t i = 0; i < kp; ++i) pyb[i] = py[i] + blk * cw * ldy;
+        leaf.fn(sums, taps, in_stride, px, wp + (g * blocks + blk) * taps * sums * cw, pyb, ldy, pixels);
+      }
+    }
+  });
+}
+
 // Any stride and dilation: each (tap, pixel) has its own address. Against the pixel tiles (direct_conv
 // applies) it is worth it where those waste over a tenth of their lanes; against the implicit GEMM
 // (strided or dilated filters; a stride-1 1x1 or valid-padding filter stays a GEMM) where a tile's sums
@@ -292,21 +328,13 @@ const isa::ConvLeaves::DirectOc* direct_oc_leaf(const isa::ConvLeaves& L, const 
   if (cg < 16 || (direct_conv_applies(p) ? ohw * 10 > tiles * 64 * 9 : !strided || p.kh * p.kw * cg < 64))
     return nullptr;
   if (p.h * p.w >= (int64_t(1) << 31) || p.kh * p.kw > kDirectMaxTaps) return nullptr;
-  // Every tile reads its o-block's weights (taps x Cg x channels) once: they must stay in L2 (ResNet-20's
-  // 64 x 64 x 3 x 3 is 144 KiB; ResNet-50's 512-channel 7x7 stage, 1.2 MiB a block, is left to the
-  // pixel tiles).
-  constexpr int64_t kMaxBlockBytes = 192 << 10;
-  for (const auto& leaf : L.direct_oc)
-    if (leaf.fn && og % leaf.channels == 0 && p.kh * p.kw * (p.c / p.groups) * leaf.channels * 4 <= kMaxBlockBytes)
-      return &leaf;
-  return nullptr;
+  return oc_leaf_for(L, og, p.kh * p.kw * cg);
 }
 
 void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p, const float* x, const float* w,
                     float* y) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, cw = leaf.channels, kp = leaf.pixels, oblocks = og / cw;
-  KILN_ASSERT(kp >= 1 && kp <= isa::kDirectOcMaxPixels, "direct_oc: tiles of ", kp, " pixels");
   // w as [group][o-block][tap][channel][cw].
   float* const wp = t_packed_w.get<float>(size_t(p.o * cg * taps));
   parallel_for(0, p.groups * oblocks, 1, [&](int64_t b, int64_t e) {
@@ -328,27 +356,14 @@ void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p
       const int64_t ih = l / p.ow * p.sh + t / p.kw * p.dh - p.ph, iw = l % p.ow * p.sw + t % p.kw * p.dw - p.pw;
       in_at[size_t(l * taps + t)] = ih >= 0 && ih < p.h && iw >= 0 && iw < p.w ? int32_t(ih * p.w + iw) : -1;
     }
-  const int64_t total = p.n * ohw, tiles = (total + kp - 1) / kp;
-  parallel_for(0, tiles * p.groups, 4, [&](int64_t b, int64_t e) {
-    const float* px[kDirectMaxTaps * isa::kDirectOcMaxPixels];
-    float* py[isa::kDirectOcMaxPixels];
-    for (int64_t task = b; task < e; ++task) {
-      const int64_t tile = task / p.groups, g = task % p.groups, q0 = tile * kp;
-      const int pixels = int(std::min(kp, total - q0));
-      for (int64_t i = 0; i < kp; ++i) {
-        const int64_t q = q0 + std::min<int64_t>(i, pixels - 1), n = q / ohw, l = q % ohw;
-        const float* xn = x + (n * p.c + g * cg) * plane;
-        const int32_t* at = in_at.data() + l * taps;
-        for (int64_t t = 0; t < taps; ++t) px[t * kp + i] = at[t] >= 0 ? xn + at[t] : zeros;
-        py[i] = y + (n * p.o + g * og) * ohw + l;
-      }
-      for (int64_t ob = 0; ob < oblocks; ++ob) {
-        float* pyb[isa::kDirectOcMaxPixels];
-        for (int64_t i = 0; i < kp; ++i) pyb[i] = py[i] + ob * cw * ohw;
-        leaf.fn(cg, taps, plane, px, wp + (g * oblocks + ob) * taps * cg * cw, pyb, ohw, pixels);
-      }
-    }
-  });
+  run_oc_tiles(leaf, p.groups, p.n * ohw, oblocks, taps, cg, plane, ohw, wp,
+               [&](int64_t g, int64_t q, int64_t i, const float** px) {
+                 const int64_t n = q / ohw, l = q % ohw;
+                 const float* xn = x + (n * p.c + g * cg) * plane;
+                 const int32_t* at = in_at.data() + l * taps;
+                 for (int64_t t = 0; t < taps; ++t) px[t * kp + i] = at[t] >= 0 ? xn + at[t] : zeros;
+                 return y + (n * p.o + g * og) * ohw + l;
+               });
 }
 
 // The input gradient of a strided convolution on the same tiles: gx[n, c, ih, iw] sums w[o, c, ki, kj] *
@@ -361,17 +376,13 @@ void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p
 const isa::ConvLeaves::DirectOc* input_grad_oc_leaf(const isa::ConvLeaves& L, const Conv2dParams& p) {
   const int64_t og = p.o / p.groups, cg = p.c / p.groups;
   if (og < 16 || p.kh * p.kw > kDirectMaxTaps) return nullptr;
-  constexpr int64_t kMaxBlockBytes = 192 << 10;
-  for (const auto& leaf : L.direct_oc)
-    if (leaf.fn && cg % leaf.channels == 0 && p.kh * p.kw * og * leaf.channels * 4 <= kMaxBlockBytes) return &leaf;
-  return nullptr;
+  return oc_leaf_for(L, cg, p.kh * p.kw * og);
 }
 
 void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p, const float* w, const float* gy,
                    float* gx) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, cw = leaf.channels, kp = leaf.pixels, cblocks = cg / cw;
-  KILN_ASSERT(kp >= 1 && kp <= isa::kDirectOcMaxPixels, "input_grad_oc: tiles of ", kp, " pixels");
   float* const zeros = t_zeros.get<float>(size_t((og - 1) * ohw + 1));  // read at o * ohw, o < og
   for (int64_t o = 0; o < og; ++o) zeros[o * ohw] = 0.0f;
   for (int64_t a = 0; a < p.sh; ++a)
@@ -404,32 +415,20 @@ void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p,
               for (int64_t j = 0; j < cw; ++j)
                 wp[(((g * cblocks + cb) * nt + k) * og + o) * cw + j] =
                     w[((g * og + o) * cg + cb * cw + j) * taps + tap_list[size_t(k)]];
-      const int64_t tiles = (total + kp - 1) / kp;
-      parallel_for(0, tiles * p.groups, 4, [&](int64_t b, int64_t e) {
-        const float* px[kDirectMaxTaps * isa::kDirectOcMaxPixels];
-        float* py[isa::kDirectOcMaxPixels];
-        for (int64_t task = b; task < e; ++task) {
-          const int64_t tile = task / p.groups, g = task % p.groups, q0 = tile * kp;
-          const int pixels = int(std::min(kp, total - q0));
-          for (int64_t i = 0; i < kp; ++i) {
-            const int64_t q = q0 + std::min<int64_t>(i, pixels - 1), n = q / pplane, l = q % pplane;
-            const int64_t ih = a + p.sh * (l / colsn), iw = bph + p.sw * (l % colsn);
-            const float* gyn = gy + (n * p.o + g * og) * ohw;
-            for (int64_t k = 0; k < nt; ++k) {
-              const int64_t t = tap_list[size_t(k)], ki = t / p.kw, kj = t % p.kw;
-              const int64_t oh = (ih + p.ph - ki * p.dh) / p.sh, ow = (iw + p.pw - kj * p.dw) / p.sw;
-              const bool in = ih + p.ph - ki * p.dh >= 0 && iw + p.pw - kj * p.dw >= 0 && oh < p.oh && ow < p.ow;
-              px[k * kp + i] = in ? gyn + oh * p.ow + ow : zeros;
-            }
-            py[i] = gx + (n * p.c + g * cg) * plane + ih * p.w + iw;
-          }
-          for (int64_t cb = 0; cb < cblocks; ++cb) {
-            float* pyb[isa::kDirectOcMaxPixels];
-            for (int64_t i = 0; i < kp; ++i) pyb[i] = py[i] + cb * cw * plane;
-            leaf.fn(og, nt, ohw, px, wp + (g * cblocks + cb) * nt * og * cw, pyb, plane, pixels);
-          }
-        }
-      });
+      run_oc_tiles(leaf, p.groups, total, cblocks, nt, og, ohw, plane, wp,
+                   [&](int64_t g, int64_t q, int64_t i, const float** px) {
+                     const int64_t n = q / pplane, l = q % pplane;
+                     const int64_t ih = a + p.sh * (l / colsn), iw = bph + p.sw * (l % colsn);
+                     const float* gyn = gy + (n * p.o + g * og) * ohw;
+                     for (int64_t k = 0; k < nt; ++k) {
+                       const int64_t t = tap_list[size_t(k)], ki = t / p.kw, kj = t % p.kw;
+                       const int64_t oh = (ih + p.ph - ki * p.dh) / p.sh, ow = (iw + p.pw - kj * p.dw) / p.sw;
+                       const bool in =
+                           ih + p.ph - ki * p.dh >= 0 && iw + p.pw - kj * p.dw >= 0 && oh < p.oh && ow < p.ow;
+                       px[k * kp + i] = in ? gyn + oh * p.ow + ow : zeros;
+                     }
+                     return gx + (n * p.c + g * cg) * plane + ih * p.w + iw;
+                   });
     }
 }
 
