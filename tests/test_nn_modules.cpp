@@ -3,7 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 
+#include "kernels/common/optim_math.h"
+#include "kernels/cpu/ops_cpu.h"
 #include "kiln.h"
 #include "test_util.h"
 
@@ -328,6 +331,78 @@ TEST_CASE("modules: a small transformer block learns to copy a token") {
     opt.step();
   }
   CHECK(last < 0.3 * first);
+}
+
+// The CPU's fused steps run the kernel set's loops (kernels/cpu/isa/loops.inc); with kernels/common/optim_math.h's
+// explicit FMAs every set gives the bits of that arithmetic done one element at a time (ctest runs this under
+// each set: rows_<set>). Lengths cross the 16384-element chunks and end in a tail.
+TEST_CASE("optimizers: kernel set loops give optim_math's bits for SGD, AdamW and LAMB") {
+  using namespace kiln;
+  const int64_t n = 2 * 16384 + 45;
+  auto draw = [&](uint64_t seed, double scale, bool positive) {
+    Generator gen(seed);
+    std::vector<float> out(static_cast<size_t>(n));
+    const auto d = randn({n}, DType::f64, &gen).to_vector();
+    for (int64_t i = 0; i < n; ++i)
+      out[size_t(i)] = float(positive ? std::abs(d[size_t(i)]) * scale : d[size_t(i)] * scale);
+    return out;
+  };
+  const std::vector<float> w0 = draw(1, 1.0, false), g0 = draw(2, 0.1, false), m0 = draw(3, 0.01, false),
+                           v0 = draw(4, 0.001, true);
+  for (const OptimKind kind : {OptimKind::sgd, OptimKind::adamw, OptimKind::lamb})
+    for (const int variant : {0, 1, 2}) {  // SGD: no momentum, fresh buffer, nesterov with a buffer
+      if (kind != OptimKind::sgd && variant > 0) continue;
+      INFO("kind " << int(kind) << " variant " << variant);
+      OptimHyper h;
+      h.lr = 0.03;
+      h.weight_decay = 0.01;
+      h.momentum = 0.9;
+      h.dampening = 0.1;
+      h.nesterov = variant == 2;
+      h.beta1 = 0.9;
+      h.beta2 = 0.999;
+      h.eps = 1e-8;
+      h.bc1 = 1 - std::pow(0.9, 3);
+      h.bc2 = 1 - std::pow(0.999, 3);
+      std::vector<float> w = w0, m = m0, v = v0;
+      const bool with_buf = kind != OptimKind::sgd || variant > 0;
+      OptimSlice s{w.data(), g0.data(), with_buf ? m.data() : nullptr, v.data(), n, variant == 1};
+      cpu::optimizer_step(kind, &s, 1, h);
+      // The reference, element by element.
+      std::vector<float> rw = w0, rm = m0, rv = v0;
+      if (kind == OptimKind::sgd) {
+        const optim_math::SgdF c = optim_math::sgd_constants(h);
+        for (int64_t i = 0; i < n; ++i)
+          optim_math::sgd(rw[size_t(i)], g0[size_t(i)], with_buf ? &rm[size_t(i)] : nullptr, variant == 1, c);
+      } else if (kind == OptimKind::adamw) {
+        const optim_math::AdamF a = optim_math::adam_constants(h);
+        for (size_t i = 0; i < size_t(n); ++i) {
+          optim_math::adam_moments(g0[i], rm[i], rv[i], a);
+          optim_math::adamw_apply(rw[i], rm[i], rv[i], a);
+        }
+      } else {
+        const optim_math::AdamF a = optim_math::adam_constants(h);
+        double ws = 0, us = 0;
+        for (int64_t c0 = 0; c0 < n; c0 += 16384) {
+          double cw = 0, cu = 0;
+          for (int64_t i = c0; i < std::min(n, c0 + 16384); ++i) {
+            optim_math::adam_moments(g0[size_t(i)], rm[size_t(i)], rv[size_t(i)], a);
+            const float u = optim_math::lamb_direction(rw[size_t(i)], rm[size_t(i)], rv[size_t(i)], a);
+            cw += double(rw[size_t(i)] * rw[size_t(i)]);
+            cu += double(u * u);
+          }
+          ws += cw;
+          us += cu;
+        }
+        const float step = optim_math::lamb_step(h, optim_math::lamb_trust(ws, us));
+        for (size_t i = 0; i < size_t(n); ++i)
+          optim_math::lamb_apply(rw[i], step, optim_math::lamb_direction(rw[i], rm[i], rv[i], a));
+      }
+      CHECK(std::memcmp(w.data(), rw.data(), w.size() * 4) == 0);
+      CHECK(std::memcmp(m.data(), rm.data(), m.size() * 4) == 0);
+      CHECK(std::memcmp(v.data(), rv.data(), v.size() * 4) == 0);
+      CHECK(w != w0);
+    }
 }
 
 TEST_CASE("optimizers: the fused step (one backend call per group) matches the per-tensor ops") {

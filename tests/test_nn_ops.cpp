@@ -327,6 +327,94 @@ TEST_CASE("nn: batch_norm training, running statistics and eval") {
   check_close(ye.to_vector(), want_e.to_vector(), 1e-10);
 }
 
+// The kernel sets' plain loops (kernels/cpu/isa/loops.inc), under each set in ctest (rows_<set>): the
+// elementwise rows and the f64 column sums give the scalar bits, special values and tails included.
+TEST_CASE("nn: kernel set loops: elementwise f32 rows and column sums give the scalar bits") {
+  const int64_t n = 1000 + 13;  // a tail in every set
+  std::vector<double> av = rnd({n}, 71).to_vector(), bv = rnd({n}, 72).to_vector();
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  // (No subnormals: Kiln's kernels flush them by default, base/thread_pool.h.)
+  const double specials[] = {0.0, -0.0, inf, -inf, nan, 1e-30, -1e-30, 1e30};
+  for (size_t i = 0; i < 8; ++i) {
+    av[i * 7] = specials[i];
+    bv[i * 11 + 3] = specials[(i + 3) % 8];
+    av[i * 13 + 5] = specials[(i + 5) % 8];
+  }
+  const Tensor a = from_vector(av, {n}).to(DType::f32), b = from_vector(bv, {n}).to(DType::f32);
+  const auto fa = a.to_vector(), fb = b.to_vector();
+  auto same = [](const std::vector<double>& got, auto&& want, const std::string& what) {
+    int64_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float w = want(i);
+      const bool ok =
+          std::isnan(w) ? std::isnan(got[i]) : got[i] == double(w) && std::signbit(got[i]) == std::signbit(w);
+      if (!ok && bad++ == 0) FAIL_CHECK(what << " at " << i << ": " << got[i] << " against " << w);
+    }
+    CHECK_MESSAGE(bad == 0, what << ": " << bad << " elements differ");
+  };
+  auto f = [&](size_t i) { return float(fa[i]); };
+  auto g = [&](size_t i) { return float(fb[i]); };
+  same((a + b).to_vector(), [&](size_t i) { return f(i) + g(i); }, "add");
+  same((a - b).to_vector(), [&](size_t i) { return f(i) - g(i); }, "sub");
+  same((a * b).to_vector(), [&](size_t i) { return f(i) * g(i); }, "mul");
+  same((a / b).to_vector(), [&](size_t i) { return f(i) / g(i); }, "div");
+  same(
+      relu(a).to_vector(), [&](size_t i) { return f(i) > 0.f ? f(i) : 0.f; }, "relu");
+  Tensor x = a.detach();
+  x.set_requires_grad();
+  relu(x).backward(b);
+  same(
+      x.grad().to_vector(), [&](size_t i) { return f(i) > 0.f ? g(i) : 0.f; }, "relu backward");
+  // In place: the output is one of the inputs.
+  Tensor c = a.clone();
+  c.add_(b);
+  same(
+      c.to_vector(), [&](size_t i) { return f(i) + g(i); }, "add_");
+  // Column sums of a [rows, cols] f32 block in f64, row by row (a bias gradient), to an f32 result.
+  for (const Shape& sh : {Shape{37, 300}, Shape{3, 5, 260}}) {
+    const Tensor m = rnd(sh, 73).to(DType::f32);
+    const auto mv = m.to_vector();
+    const int64_t cols = sh.back(), rows = int64_t(mv.size()) / cols;
+    std::vector<double> want(size_t(cols), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) want[size_t(j)] += mv[size_t(r * cols + j)];
+    const Tensor got = sh.size() == 2 ? sum(m, {0}) : sum(m, {0, 1});
+    same(
+        got.to_vector(), [&](size_t j) { return float(want[j]); }, "column sums");
+  }
+}
+
+// Layer norm's f32 rows (loops.inc) against f64, forward and all three gradients, with and without gamma
+// and beta, d below, at and above the sets' lanes.
+TEST_CASE("nn: kernel set loops: layer norm f32 rows against f64") {
+  for (const int64_t d : {5, 16, 128, 777})
+    for (const bool affine : {true, false}) {
+      INFO("d " << d << (affine ? " with gamma and beta" : ""));
+      std::vector<std::vector<double>> out;
+      for (const DType dt : {DType::f32, DType::f64}) {
+        Tensor x = (rnd({9, d}, 81) * 3.0 + 1.5).to(DType::f32).to(dt).detach();
+        Tensor w = (rnd({d}, 82) + 1.0).to(DType::f32).to(dt).detach(),
+               bb = rnd({d}, 83).to(DType::f32).to(dt).detach();
+        for (Tensor* t : {&x, &w, &bb}) t->set_requires_grad();
+        const Tensor y = affine ? layer_norm(x, {d}, w, bb) : layer_norm(x, {d});
+        y.backward(rnd({9, d}, 84).to(DType::f32).to(dt));
+        std::vector<double> all = y.to_vector();
+        for (const Tensor& t :
+             affine ? std::vector<Tensor>{x.grad(), w.grad(), bb.grad()} : std::vector<Tensor>{x.grad()}) {
+          const auto v = t.to_vector();
+          all.insert(all.end(), v.begin(), v.end());
+        }
+        out.push_back(all);
+      }
+      REQUIRE(out[0].size() == out[1].size());
+      double worst = 0;
+      for (size_t i = 0; i < out[0].size(); ++i)
+        worst = std::max(worst, std::abs(out[0][i] - out[1][i]) / (1.0 + std::abs(out[1][i])));
+      INFO("worst difference from f64 " << worst);
+      CHECK(worst < 2e-5);
+    }
+}
+
 // GELU's f32 rows run the kernel set's vector erfc (rows.inc's verfc): against f64 over the whole range,
 // tails included, under each set (rows_<set> in ctest), in f32 and through bf16's staged blocks.
 TEST_CASE("nn: gelu (erf) f32 rows of each kernel set against f64, tails included") {

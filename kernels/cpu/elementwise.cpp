@@ -42,8 +42,9 @@ template <typename TO, typename TI> void copy_typed(const TensorDesc& dst, const
   });
 }
 
-// A kernel set's vector leaf for an op's f32 rows (kernels/cpu/isa/rows.inc), used on contiguous f32
-// rows and 16-bit blocks where the op has one; the functor f elsewhere (same values to a few ulp).
+// A kernel set's vector leaf for an op's f32 rows (kernels/cpu/isa/rows.inc, loops.inc), used on contiguous
+// f32 rows and 16-bit blocks where the op has one; the functor f elsewhere (the same bits for add, sub, mul,
+// div and the ReLUs, GELU's to a few ulp).
 using UnaryRow = void (*)(int64_t n, const float* x, float* y);
 using BinaryRow = void (*)(int64_t n, const float* a, const float* b, float* o);
 
@@ -184,7 +185,9 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
     case UnaryOp::neg: return unary_loop<T>(dst, src, [](A x) { return A(-x); });
     case UnaryOp::abs: return unary_loop<T>(dst, src, [](A x) { return x < A(0) ? A(-x) : x; });
     case UnaryOp::sign: return unary_loop<T>(dst, src, [](A x) { return A((A(0) < x) - (x < A(0))); });
-    case UnaryOp::relu: return unary_loop<T>(dst, src, [](A x) { return x > A(0) ? x : A(0); });
+    case UnaryOp::relu:
+      return unary_loop<T>(
+          dst, src, [](A x) { return x > A(0) ? x : A(0); }, kernel_set().rows.relu);
     case UnaryOp::logical_not: return unary_loop<T>(dst, src, [](A x) { return A(!x); });
     case UnaryOp::clamp: {
       const bool has_lo = !std::isnan(p0), has_hi = !std::isnan(p1);
@@ -206,6 +209,7 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
 template <typename T>
 void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, double alpha) {
   using A = Acc<T>;
+  const isa::RowLeaves& rows = kernel_set().rows;  // used on f32 rows and 16-bit blocks only
   switch (op) {
     case BinaryOp::eq: return binary_loop<bool, T>(dst, a, b, [](A x, A y) { return x == y; });
     case BinaryOp::ne: return binary_loop<bool, T>(dst, a, b, [](A x, A y) { return x != y; });
@@ -230,15 +234,22 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
   } else {
     switch (op) {
       case BinaryOp::add:
-        if (alpha == 1.0) return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x + y); });
+        if (alpha == 1.0)
+          return binary_loop<T, T>(
+              dst, a, b, [](A x, A y) { return A(x + y); }, rows.add);
         return binary_loop<T, T>(dst, a, b, [al = convert_to<A>(alpha)](A x, A y) { return A(x + al * y); });
       case BinaryOp::sub:
-        if (alpha == 1.0) return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x - y); });
+        if (alpha == 1.0)
+          return binary_loop<T, T>(
+              dst, a, b, [](A x, A y) { return A(x - y); }, rows.sub);
         return binary_loop<T, T>(dst, a, b, [al = convert_to<A>(alpha)](A x, A y) { return A(x - al * y); });
-      case BinaryOp::mul: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x * y); });
+      case BinaryOp::mul:
+        return binary_loop<T, T>(
+            dst, a, b, [](A x, A y) { return A(x * y); }, rows.mul);
       case BinaryOp::div:
         if constexpr (is_float_v<T>) {
-          return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x / y; });
+          return binary_loop<T, T>(
+              dst, a, b, [](A x, A y) { return x / y; }, rows.div);
         } else {
           // Integer division truncates toward zero; division by zero is an error, never UB.
           return binary_loop<T, T>(dst, a, b, [](A x, A y) {
@@ -280,7 +291,9 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
       switch (op) {
         case BinaryOp::pow: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return std::pow(x, y); });
         case BinaryOp::atan2: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return std::atan2(x, y); });
-        case BinaryOp::relu_backward: return binary_loop<T, T>(dst, a, b, [](A g, A y) { return y > A(0) ? g : A(0); });
+        case BinaryOp::relu_backward:
+          return binary_loop<T, T>(
+              dst, a, b, [](A g, A y) { return y > A(0) ? g : A(0); }, rows.relu_mask);
         case BinaryOp::gelu_erf_backward:
           return binary_loop<T, T>(
               dst, a, b, [](A g, A x) { return g * math::gelu_erf_grad(x); }, kernel_set().rows.gelu_erf_backward);

@@ -1,11 +1,16 @@
 // The generic CPU kernel set (compiled with the build's own flags) and the choice between sets.
 #include "kernels/cpu/kernel_sets.h"
 
+#include <math.h>
+
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "base/cpu_isa.h"
 #include "base/half.h"
+#include "base/macros.h"
+#include "kernels/backend.h"
 
 namespace kiln::cpu {
 namespace isa {
@@ -13,6 +18,7 @@ namespace {
 #include "kernels/cpu/isa/rows.inc"
 // clang-format off: convert.inc follows rows.inc
 #include "kernels/cpu/isa/convert.inc"
+#include "kernels/cpu/isa/loops.inc"
 // clang-format on
 
 Leaves make() {
@@ -20,6 +26,7 @@ Leaves make() {
   l.name = "generic";
   l.rows = row_leaves();
   add_conversions(l.rows);
+  add_loops(l.rows);
   return l;
 }
 }  // namespace

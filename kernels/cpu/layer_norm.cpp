@@ -1,9 +1,11 @@
 // CPU kernels of layer norm over the last d elements of each row, forward and backward: row
-// statistics in fixed lanes combined in f64, ggamma/gbeta as column sums in row order.
+// statistics in fixed lanes combined in f64, ggamma/gbeta as column sums in row order. f32 runs the
+// kernel set's rows (kernels/cpu/isa/loops.inc, the same arithmetic); f64 the loops here.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/kernel_sets.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/nn_common.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -16,6 +18,13 @@ template <typename T>
 void layer_norm_fwd(int64_t rows, int64_t d, double eps, const T* x, const T* gamma, const T* beta, T* y, T* mean,
                     T* rstd) {
   using A = LaneAcc<T>;
+  if constexpr (std::is_same_v<T, float>) {  // the kernel set's rows (kernels/cpu/isa/loops.inc)
+    const auto row = kernel_set().rows.layer_norm;
+    parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) row(d, eps, x + r * d, gamma, beta, y + r * d, mean + r, rstd + r);
+    });
+    return;
+  }
   parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const T* xr = x + r * d;
@@ -48,7 +57,15 @@ template <typename T>
 void layer_norm_bwd(int64_t rows, int64_t d, const T* x, const T* gamma, const T* mean, const T* rstd, const T* gy,
                     T* gx, T* ggamma, T* gbeta) {
   using A = LaneAcc<T>;
-  if (gx) {
+  constexpr bool f32 = std::is_same_v<T, float>;  // f32: the kernel set's rows (kernels/cpu/isa/loops.inc)
+  if (gx && f32) {
+    if constexpr (f32) {
+      const auto row = kernel_set().rows.layer_norm_bwd;
+      parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) row(d, x + r * d, gamma, mean[r], rstd[r], gy + r * d, gx + r * d);
+      });
+    }
+  } else if (gx) {
     parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         const T* xr = x + r * d;
@@ -67,12 +84,16 @@ void layer_norm_bwd(int64_t rows, int64_t d, const T* x, const T* gamma, const T
     // Column sums over rows, in row order per column block.
     parallel_for(0, d, 64, [&](int64_t b, int64_t e) {
       std::vector<double> sg(size_t(e - b), 0.0), sb(size_t(e - b), 0.0);
-      for (int64_t r = 0; r < rows; ++r) {
-        const double m = double(mean[r]), rs = double(rstd[r]);
-        for (int64_t i = b; i < e; ++i) {
-          const double g = double(gy[r * d + i]);
-          sg[size_t(i - b)] += g * (double(x[r * d + i]) - m) * rs;
-          sb[size_t(i - b)] += g;
+      if constexpr (f32) {
+        kernel_set().rows.layer_norm_param_sums(rows, d, b, e, x, mean, rstd, gy, sg.data(), sb.data());
+      } else {
+        for (int64_t r = 0; r < rows; ++r) {
+          const double m = double(mean[r]), rs = double(rstd[r]);
+          for (int64_t i = b; i < e; ++i) {
+            const double g = double(gy[r * d + i]);
+            sg[size_t(i - b)] += g * (double(x[r * d + i]) - m) * rs;
+            sb[size_t(i - b)] += g;
+          }
         }
       }
       for (int64_t i = b; i < e; ++i) {

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/kernel_sets.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
 
@@ -42,14 +43,19 @@ template <typename TO, typename T> void sum_typed(TO* dst, const T* src, int64_t
     return;
   }
   const int64_t nblk = (inner + kColBlock - 1) / kColBlock;
+  const auto col_sums = kernel_set().rows.col_sums;
   parallel_for(0, outer * nblk, 1, [&](int64_t b, int64_t e) {
     std::vector<S> acc(static_cast<size_t>(kColBlock));
     for (int64_t t = b; t < e; ++t) {
       const int64_t o = t / nblk, j0 = (t % nblk) * kColBlock, j1 = std::min(inner, j0 + kColBlock);
       std::fill(acc.begin(), acc.end(), S(0));
-      for (int64_t i = 0; i < r; ++i) {
-        const T* p = src + (o * r + i) * inner;
-        for (int64_t j = j0; j < j1; ++j) acc[size_t(j - j0)] += S(load(p + j));
+      if constexpr (std::is_same_v<T, float>) {
+        col_sums(r, j1 - j0, inner, src + o * r * inner + j0, acc.data());  // the kernel set's loop, same bits
+      } else {
+        for (int64_t i = 0; i < r; ++i) {
+          const T* p = src + (o * r + i) * inner;
+          for (int64_t j = j0; j < j1; ++j) acc[size_t(j - j0)] += S(load(p + j));
+        }
       }
       for (int64_t j = j0; j < j1; ++j) store(dst + o * inner + j, acc[size_t(j - j0)]);
     }

@@ -3,9 +3,14 @@
 // avx2_leaves() has internal linkage (leaves.h says why).
 #include <immintrin.h>
 
+#include <math.h>
+
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "base/macros.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/isa/leaves.h"
 
 namespace kiln::cpu::isa {
@@ -85,6 +90,7 @@ struct F64 {
 #include "kernels/cpu/isa/rows.inc"
 // clang-format off: convert.inc follows rows.inc
 #include "kernels/cpu/isa/convert.inc"
+#include "kernels/cpu/isa/loops.inc"
 // clang-format on
 
 // ---- convolution (conv.cpp describes the schemes: the AVX-512 ones in 8-lane vectors, tiles sized for 16 ymm) --
@@ -307,6 +313,7 @@ Leaves make() {
   l.name = "avx2";
   l.rows = row_leaves();
   add_conversions(l.rows);
+  add_loops(l.rows);
   l.conv.mask_bytes = 64;
   l.conv.expand_masks = expand_masks;
   l.conv.pack_im2col_panel = pack_im2col_panel;

@@ -3,9 +3,14 @@
 // avx512_leaves() has internal linkage (leaves.h says why).
 #include <immintrin.h>
 
+#include <math.h>
+
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "base/macros.h"
+#include "kernels/backend.h"
 // GCC 12 reports a false -Wmaybe-uninitialized inside the AVX-512 shuffles (the _mm512_undefined_*
 // placeholders of the intrinsics' masked forms).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -98,6 +103,7 @@ struct F64 {
 #include "kernels/cpu/isa/rows.inc"
 // clang-format off: convert.inc follows rows.inc
 #include "kernels/cpu/isa/convert.inc"
+#include "kernels/cpu/isa/loops.inc"
 // clang-format on
 
 // ---- convolution (conv.cpp describes the schemes) ----------------------------------------------------
@@ -246,6 +252,7 @@ Leaves make() {
   l.name = "avx512";
   l.rows = row_leaves();
   add_conversions(l.rows);
+  add_loops(l.rows);
   l.conv.mask_bytes = sizeof(Mask16);
   l.conv.expand_masks = expand_masks;
   l.f32 = gemm_leaves<F32>(384, 384);

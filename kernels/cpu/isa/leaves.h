@@ -9,6 +9,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/common/optim_consts.h"
+
 namespace kiln::cpu::isa {
 
 inline constexpr int kGemmMR = 6;  // rows of a GEMM register tile, every set
@@ -120,6 +122,28 @@ struct RowLeaves {
   void (*f32_to_f16)(const float* in, uint16_t* out, int64_t n);
   void (*bf16_to_f32)(const uint16_t* in, float* out, int64_t n);
   void (*f32_to_bf16)(const float* in, uint16_t* out, int64_t n);
+  // The plain loops (kernels/cpu/isa/loops.inc): o = a op b and y = relu(x) over contiguous f32 rows (o may
+  // be a or b); acc[j] += src[i * ld + j] over rows i in order (f64 column sums); layer norm of one row and
+  // its input gradient, and the f64 sums of its parameter gradients over columns [b, e); the fused
+  // optimizer steps over n elements (kernels/common/optim_math.h's arithmetic, the same bits in every set).
+  void (*add)(int64_t n, const float* a, const float* b, float* o);
+  void (*sub)(int64_t n, const float* a, const float* b, float* o);
+  void (*mul)(int64_t n, const float* a, const float* b, float* o);
+  void (*div)(int64_t n, const float* a, const float* b, float* o);
+  void (*relu)(int64_t n, const float* x, float* y);
+  void (*col_sums)(int64_t rows, int64_t cols, int64_t ld, const float* src, double* acc);
+  void (*layer_norm)(int64_t d, double eps, const float* x, const float* gamma, const float* beta, float* y,
+                     float* mean, float* rstd);
+  void (*layer_norm_bwd)(int64_t d, const float* x, const float* gamma, float mean, float rstd, const float* gy,
+                         float* gx);
+  void (*layer_norm_param_sums)(int64_t rows, int64_t d, int64_t b, int64_t e, const float* x, const float* mean,
+                                const float* rstd, const float* gy, double* sg, double* sb);
+  void (*sgd)(int64_t n, float* w, const float* g, float* buf, bool fresh, const optim_math::SgdF& h);
+  void (*adamw)(int64_t n, float* w, const float* g, float* m, float* v, const optim_math::AdamF& a);
+  // LAMB: the moments, then *wsq = sum w^2 and *usq = sum u^2 (u its direction) in order in f64; the update.
+  void (*lamb_moments)(int64_t n, const float* w, const float* g, float* m, float* v, const optim_math::AdamF& a,
+                       double* wsq, double* usq);
+  void (*lamb_apply)(int64_t n, float step, float* w, const float* m, const float* v, const optim_math::AdamF& a);
 };
 
 struct Leaves {
