@@ -1,5 +1,6 @@
 // nn kernel benchmark: conv2d on ResNet-20 and ResNet-50 layer shapes, each pass (forward, input gradient,
-// weight gradient) and all three in ms and GFLOP/s; layer norm and softmax forward+backward in GB/s.
+// weight gradient) and all three in ms and GFLOP/s; layer norm and softmax forward+backward, and the plain
+// loops (add, a dropout mask, an AdamW step), in GB/s.
 // Prints a table; --json FILE writes the rows.
 #include <algorithm>
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -137,6 +139,41 @@ int main(int argc, char** argv) {
     const double gbs = bytes / (ms * 1e-3) / 1e9;
     std::printf("%-28s %-22s %10.3f %10.1f\n", m.name, Tensor(x).type_str().c_str(), ms, gbs);
     rows.push_back({{"op", ln ? "layer_norm" : "softmax"}, {"name", m.name}, {"shape", m.shape}, {"ms", ms}, {"gbps", gbs}});
+  }
+  // The plain loops of the kernel set (kernels/cpu/isa/loops.inc) at BERT-tiny's sizes: an elementwise add of
+  // its embedding gradient, the dropout mask of its attention probabilities, its AdamW step.
+  std::printf("\nplain loops (f32)\n");
+  std::printf("%-28s %-22s %10s %10s\n", "op", "shape", "ms", "GB/s");
+  struct Loop {
+    const char* name;
+    int64_t n;
+    double bytes_per;  // bytes each element moves
+    std::function<std::function<void()>(int64_t)> make;
+  };
+  const std::vector<Loop> loops = {
+      {"add", 30522 * 128, 12,
+       [](int64_t n) {
+         auto a = std::make_shared<Tensor>(randn({n})), b = std::make_shared<Tensor>(randn({n}));
+         return std::function<void()>([a, b] { (void)(*a + *b); });
+       }},
+      {"bernoulli (dropout mask)", 32 * 2 * 128 * 128, 4,
+       [](int64_t n) { return std::function<void()>([n] { (void)bernoulli({n}, 0.9); }); }},
+      {"adamw step", 30522 * 128 + 400000, 28,
+       [](int64_t n) {
+         Tensor w = randn({n}).set_requires_grad();
+         w.set_grad(randn({n}) * 0.01);
+         auto opt = std::make_shared<optim::AdamW>(std::vector<optim::ParamGroup>{optim::ParamGroup({w}, 1e-3, 0.01)});
+         return std::function<void()>([opt] { opt->step(); });
+       }},
+  };
+  for (const Loop& l : loops) {
+    if (!wanted(l.name)) continue;
+    const double ms = median_ms(l.make(l.n), reps * 2);
+    const double gbs = double(l.n) * l.bytes_per / (ms * 1e-3) / 1e9;
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "f32 [%lld]", (long long)l.n);
+    std::printf("%-28s %-22s %10.3f %10.1f\n", l.name, shape, ms, gbs);
+    rows.push_back({{"op", l.name}, {"name", l.name}, {"shape", {l.n}}, {"ms", ms}, {"gbps", gbs}});
   }
   if (!json_path.empty()) {
     std::ofstream f(json_path);

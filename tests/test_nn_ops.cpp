@@ -384,6 +384,30 @@ TEST_CASE("nn: kernel set loops: elementwise f32 rows and column sums give the s
   }
 }
 
+// f32 uniform and Bernoulli fills run the set's lane-parallel Philox (loops.inc); f64 fills the scalar code of
+// kernels/common/random_draw.h, whose values are f32 numbers: the same stream must give the same bits.
+TEST_CASE("nn: kernel set loops: f32 random fills give the scalar stream's bits") {
+  for (const int64_t n : {int64_t(1), int64_t(63), int64_t(64), int64_t(4099), int64_t(70001)})
+    for (const int kind : {0, 1, 2}) {
+      INFO("n " << n << " kind " << kind);
+      std::vector<std::vector<double>> out;
+      for (const DType dt : {DType::f32, DType::f64}) {
+        Generator g(1234);
+        (void)rand({5}, TensorOptions(dt), &g);  // start the fill at block 2, not at a group of 16
+        const Tensor t = kind == 0   ? rand({n}, TensorOptions(dt), &g)
+                         : kind == 1 ? uniform({n}, -3.0, 5.0, TensorOptions(dt), &g)
+                                     : bernoulli({n}, 0.3, TensorOptions(dt), &g);
+        out.push_back(kind == 1 || dt == DType::f32 ? t.to(DType::f32).to_vector() : t.to_vector());
+      }
+      CHECK(out[0] == out[1]);
+      if (kind == 2 && n > 1000) {
+        double ones = 0;
+        for (const double v : out[0]) ones += v;
+        CHECK(std::abs(ones / double(n) - 0.3) < 0.02);
+      }
+    }
+}
+
 // Layer norm's f32 rows (loops.inc) against f64, forward and all three gradients, with and without gamma
 // and beta, d below, at and above the sets' lanes.
 TEST_CASE("nn: kernel set loops: layer norm f32 rows against f64") {

@@ -18,8 +18,21 @@ namespace {
 #include "kernels/cpu/isa/rows.inc"
 // clang-format off: convert.inc follows rows.inc
 #include "kernels/cpu/isa/convert.inc"
-#include "kernels/cpu/isa/loops.inc"
 // clang-format on
+
+// Philox (loops.inc) in 128-bit vectors (SSE2, NEON), the products and the transpose lane by lane.
+typedef uint32_t PhiloxV __attribute__((vector_size(16)));
+constexpr int kPhiloxLanes = 4;
+inline PhiloxV philox_mulhi(PhiloxV a, uint32_t m) {
+  PhiloxV h;
+  for (int l = 0; l < kPhiloxLanes; ++l) h[l] = uint32_t((uint64_t(a[l]) * m) >> 32);
+  return h;
+}
+inline void philox_store(const PhiloxV (&c)[4], uint32_t* out) {
+  for (int l = 0; l < kPhiloxLanes; ++l)
+    for (int q = 0; q < 4; ++q) out[4 * l + q] = c[q][l];
+}
+#include "kernels/cpu/isa/loops.inc"
 
 Leaves make() {
   Leaves l{};

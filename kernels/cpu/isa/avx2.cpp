@@ -90,8 +90,31 @@ struct F64 {
 #include "kernels/cpu/isa/rows.inc"
 // clang-format off: convert.inc follows rows.inc
 #include "kernels/cpu/isa/convert.inc"
-#include "kernels/cpu/isa/loops.inc"
 // clang-format on
+
+// Philox (loops.inc) in ymm registers: 8 blocks at once.
+typedef uint32_t PhiloxV __attribute__((vector_size(32)));
+constexpr int kPhiloxLanes = 8;
+inline PhiloxV philox_mulhi(PhiloxV a, uint32_t m) {
+  const __m256i x = __m256i(a), mv = _mm256_set1_epi32(int(m));
+  const __m256i even = _mm256_mul_epu32(x, mv), odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), mv);
+  return PhiloxV(_mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA));
+}
+// A 4 x 8 transpose: unpacks put block 4 j + k in 128-bit lane j of u[k]; permutes pair the lanes up.
+inline void philox_store(const PhiloxV (&c)[4], uint32_t* out) {
+  const __m256i t0 = _mm256_unpacklo_epi32(__m256i(c[0]), __m256i(c[1])),
+                t1 = _mm256_unpackhi_epi32(__m256i(c[0]), __m256i(c[1])),
+                t2 = _mm256_unpacklo_epi32(__m256i(c[2]), __m256i(c[3])),
+                t3 = _mm256_unpackhi_epi32(__m256i(c[2]), __m256i(c[3]));
+  const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2),
+                u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+  __m256i* o = reinterpret_cast<__m256i*>(out);
+  _mm256_storeu_si256(o, _mm256_permute2x128_si256(u0, u1, 0x20));
+  _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(u2, u3, 0x20));
+  _mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(u0, u1, 0x31));
+  _mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(u2, u3, 0x31));
+}
+#include "kernels/cpu/isa/loops.inc"
 
 // ---- convolution (conv.cpp describes the schemes: the AVX-512 ones in 8-lane vectors, tiles sized for 16 ymm) --
 

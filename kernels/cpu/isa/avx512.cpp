@@ -103,8 +103,33 @@ struct F64 {
 #include "kernels/cpu/isa/rows.inc"
 // clang-format off: convert.inc follows rows.inc
 #include "kernels/cpu/isa/convert.inc"
-#include "kernels/cpu/isa/loops.inc"
 // clang-format on
+
+// Philox (loops.inc) in zmm registers: 16 blocks at once.
+typedef uint32_t PhiloxV __attribute__((vector_size(64)));
+constexpr int kPhiloxLanes = 16;
+inline PhiloxV philox_mulhi(PhiloxV a, uint32_t m) {
+  const __m512i x = __m512i(a), mv = _mm512_set1_epi32(int(m));
+  const __m512i even = _mm512_mul_epu32(x, mv), odd = _mm512_mul_epu32(_mm512_srli_epi64(x, 32), mv);
+  return PhiloxV(_mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd));
+}
+// A 4 x 16 transpose: 32- and 64-bit unpacks put block 4 j + k in 128-bit lane j of u[k], then 128-bit
+// shuffles gather blocks 4 q .. 4 q + 3 into output vector q.
+inline void philox_store(const PhiloxV (&c)[4], uint32_t* out) {
+  const __m512i t0 = _mm512_unpacklo_epi32(__m512i(c[0]), __m512i(c[1])),
+                t1 = _mm512_unpackhi_epi32(__m512i(c[0]), __m512i(c[1])),
+                t2 = _mm512_unpacklo_epi32(__m512i(c[2]), __m512i(c[3])),
+                t3 = _mm512_unpackhi_epi32(__m512i(c[2]), __m512i(c[3]));
+  const __m512i u0 = _mm512_unpacklo_epi64(t0, t2), u1 = _mm512_unpackhi_epi64(t0, t2),
+                u2 = _mm512_unpacklo_epi64(t1, t3), u3 = _mm512_unpackhi_epi64(t1, t3);
+  const __m512i v0 = _mm512_shuffle_i32x4(u0, u1, 0x44), v1 = _mm512_shuffle_i32x4(u2, u3, 0x44),
+                w0 = _mm512_shuffle_i32x4(u0, u1, 0xEE), w1 = _mm512_shuffle_i32x4(u2, u3, 0xEE);
+  _mm512_storeu_si512(out, _mm512_shuffle_i32x4(v0, v1, 0x88));
+  _mm512_storeu_si512(out + 16, _mm512_shuffle_i32x4(v0, v1, 0xDD));
+  _mm512_storeu_si512(out + 32, _mm512_shuffle_i32x4(w0, w1, 0x88));
+  _mm512_storeu_si512(out + 48, _mm512_shuffle_i32x4(w0, w1, 0xDD));
+}
+#include "kernels/cpu/isa/loops.inc"
 
 // ---- convolution (conv.cpp describes the schemes) ----------------------------------------------------
 

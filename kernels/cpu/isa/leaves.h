@@ -144,6 +144,9 @@ struct RowLeaves {
   void (*lamb_moments)(int64_t n, const float* w, const float* g, float* m, float* v, const optim_math::AdamF& a,
                        double* wsq, double* usq);
   void (*lamb_apply)(int64_t n, float step, float* w, const float* m, const float* v, const optim_math::AdamF& a);
+  // n f32 draws of Kiln's Philox stream from block `first` on (element i: lane i % 4 of block first + i / 4):
+  // uniform in [p0, p1), or Bernoulli (1 with probability p0); the bits of kernels/common/random_draw.h.
+  void (*random_f32)(bool bernoulli, uint64_t seed, uint64_t first, int64_t n, double p0, double p1, float* out);
 };
 
 struct Leaves {
