@@ -3,9 +3,12 @@
 // command's checks are compared with what this machine has.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "base/cpu_isa.h"
 #include "kernels/cuda/runtime_info.h"
 #include "test_util.h"
 
@@ -117,4 +120,42 @@ TEST_CASE("doctor: the report, its JSON and its exit codes match this machine") 
     }
     for (const auto& dev : j.at("cuda").at("devices")) CHECK(dev.at("code").at("kind").is_string());
   }
+}
+
+// [cpu-speed]: doctor names the CPU kernel set in use and why, in the text and the JSON, whether CPUID chose it
+// or KILN_CPU_ISA asked for a lower one; a name that is not a set is an error naming the variable.
+TEST_CASE("doctor: names the CPU kernel set in use and why") {
+  TempDir d;
+  const std::string best = kiln::cpu_isa_name(kiln::cpu_isa_supported());
+  struct Env {  // KILN_CPU_ISA for the child processes, restored afterwards
+    const char* saved = std::getenv("KILN_CPU_ISA");
+    std::string keep = saved ? saved : "";
+    ~Env() { saved ? setenv("KILN_CPU_ISA", keep.c_str(), 1) : unsetenv("KILN_CPU_ISA"); }
+  } env;
+  unsetenv("KILN_CPU_ISA");
+  auto text = run_kiln("doctor --no-self-test", d.p.string());
+  CHECK_MESSAGE(contains(text.output, "CPU kernels        " + best + ": the best this CPU supports (CPUID)"),
+                text.output);
+  auto js = nlohmann::json::parse(run_kiln("doctor --json --no-self-test", d.p.string()).output);
+  CHECK(js.at("build").at("cpu_kernels") == best);
+  CHECK(js.at("build").at("cpu_kernels_supported") == best);
+
+  std::vector<std::string> lower = {"generic"};
+  if (kiln::cpu_isa_supported() == kiln::CpuIsa::avx512) lower.push_back("avx2");
+  for (const std::string& set : lower) {
+    INFO("KILN_CPU_ISA=" << set);
+    setenv("KILN_CPU_ISA", set.c_str(), 1);
+    text = run_kiln("doctor --no-self-test", d.p.string());
+    CHECK(text.code == 0);
+    CHECK_MESSAGE(contains(text.output, "CPU kernels        " + set + ": asked for (KILN_CPU_ISA"), text.output);
+    CHECK(contains(text.output, "this CPU supports " + best));
+    js = nlohmann::json::parse(run_kiln("doctor --json --no-self-test", d.p.string()).output);
+    CHECK(js.at("build").at("cpu_kernels") == set);
+    CHECK(js.at("build").at("cpu_kernels_supported") == best);
+  }
+  setenv("KILN_CPU_ISA", "avx1024", 1);
+  text = run_kiln("doctor --no-self-test", d.p.string());
+  CHECK(text.code == 1);
+  CHECK_MESSAGE(contains(text.output, "KILN_CPU_ISA: 'avx1024' is not a CPU kernel set (avx512, avx2 or generic)"),
+                text.output);
 }
