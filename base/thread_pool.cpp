@@ -1,9 +1,11 @@
 // A fixed pool of workers that run the chunks of one parallel_for at a time; the calling thread
 // takes part. Chunks are handed out through an atomic counter, so fast threads take more of them.
+// Between jobs the threads spin briefly before they sleep (kSpin below).
 #include "base/thread_pool.h"
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -52,6 +54,33 @@ int default_threads() {
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
+// Spins for up to this long (pause instructions, no system call) before blocking on a condition
+// variable: waking a thread that sleeps in the kernel took 50-100 us on the 2-core VMs Kiln is tested on,
+// longer than most ops' chunks, so without the spin the caller ran every chunk itself. A worker waits
+// this long for the next job, the caller this long for the workers' last chunks (as OpenMP runtimes
+// spin-wait by default).
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Spins until pred() or kSpin has passed; whether pred() held.
+template <typename Pred> bool spin_until(Pred&& pred) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (pred()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= until) return pred();
+  }
+}
+
 class Pool {
  public:
   explicit Pool(int n) { resize(n); }
@@ -63,7 +92,7 @@ class Pool {
     KILN_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
     stop();
     n_ = n;
-    quit_ = false;
+    quit_.store(false);
     for (int i = 0; i + 1 < n; ++i) workers_.emplace_back([this] { worker_loop(); });
   }
 
@@ -76,12 +105,16 @@ class Pool {
       next_.store(0);
       done_.store(0);
       error_ = nullptr;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
-    cv_.notify_all();
+    cv_.notify_all();  // no system call when every worker is spinning
     work_on_job();
+    auto finished = [&] { return done_.load(std::memory_order_acquire) == nchunks && active_.load() == 0; };
+    spin_until(finished);
+    // Confirmed under m_, where workers join a job: one that joined after the spin saw it finished is
+    // waited for (it finds no chunk left), so no worker is inside this job when it is cleared.
     std::unique_lock<std::mutex> lk(m_);
-    done_cv_.wait(lk, [&] { return done_.load() == nchunks_ && active_ == 0; });
+    done_cv_.wait(lk, finished);
     job_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
@@ -90,7 +123,7 @@ class Pool {
   void stop() {
     {
       std::lock_guard<std::mutex> lk(m_);
-      quit_ = true;
+      quit_.store(true);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -101,17 +134,21 @@ class Pool {
     t_in_parallel = true;
     uint64_t seen = 0;
     for (;;) {
+      // A new generation (or quit): briefly by spinning, else asleep on cv_.
+      auto posted = [&] { return quit_.load() || generation_.load(std::memory_order_acquire) != seen; };
+      const bool hot = spin_until(posted);
       {
         std::unique_lock<std::mutex> lk(m_);
-        cv_.wait(lk, [&] { return quit_ || (job_ != nullptr && generation_ != seen); });
-        if (quit_) return;
-        seen = generation_;
-        ++active_;
+        if (!hot) cv_.wait(lk, posted);
+        if (quit_.load()) return;
+        seen = generation_.load();
+        if (job_ == nullptr) continue;  // that job finished before this worker got here
+        active_.fetch_add(1);
       }
       work_on_job();
       {
         std::lock_guard<std::mutex> lk(m_);
-        --active_;
+        active_.fetch_sub(1);
       }
       done_cv_.notify_all();
     }
@@ -130,7 +167,7 @@ class Pool {
         std::lock_guard<std::mutex> lk(m_);
         if (!error_) error_ = std::current_exception();
       }
-      done_.fetch_add(1);
+      done_.fetch_add(1, std::memory_order_release);
     }
     t_in_parallel = was;
   }
@@ -140,12 +177,13 @@ class Pool {
   std::mutex run_mutex_;
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
+  // job_ and nchunks_ change under m_ while no worker is active_ in a job; a worker joins one under m_.
   const std::function<void(int64_t)>* job_ = nullptr;
   int64_t nchunks_ = 0;
   std::atomic<int64_t> next_{0}, done_{0};
-  int active_ = 0;
-  uint64_t generation_ = 0;
-  bool quit_ = false;
+  std::atomic<int> active_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> quit_{false};
   std::exception_ptr error_;
 };
 

@@ -119,6 +119,8 @@ int main(int argc, char** argv) {
   CLI::App app("f32 GEMM: Kiln against Eigen (and OpenBLAS when installed)", "bench_gemm");
   kiln::bench::CommonFlags flags;
   kiln::bench::add_common_flags(app, flags);
+  std::string only;
+  app.add_option("--only", only, "Run the shapes whose note or m x n x k contains this text");
   if (const int rc = kiln::bench::start(app, flags, argc, argv); rc >= 0) return rc;
   const std::string& json_path = flags.json;
   const bool quick = flags.quick;
@@ -128,7 +130,8 @@ int main(int argc, char** argv) {
 #endif
 
   // BERT-base with 4096 tokens: QKV/out projection (768 -> 768), FFN up (768 -> 3072), FFN down (3072 -> 768),
-  // and FFN-up's backward: dX = dY W^T (NT) and dW = X^T dY (TN). Plus a convolution's im2col GEMM.
+  // and FFN-up's backward: dX = dY W^T (NT) and dW = X^T dY (TN). Plus a convolution's im2col GEMM, and the
+  // shapes of the two models the training-step targets name.
   std::vector<Shape> shapes;
   if (quick) {
     shapes = {{256, 256, 256, false, false, false, "square"},
@@ -146,6 +149,16 @@ int main(int argc, char** argv) {
               {4096, 768, 3072, false, true, false, "ffn up dX=dY*W^T"},
               {768, 3072, 4096, true, false, false, "ffn up dW=X^T*dY"},
               {2048, 64, 576, false, false, false, "conv-like im2col"},
+              // BERT-tiny (b32 x 128 tokens, hidden 128, FFN 512; the MLM head on 614 masked positions against
+              // the 30522-word embedding it shares): the [cpu-speed] target's shapes.
+              {4096, 128, 128, false, false, false, "bert-tiny proj"},
+              {4096, 512, 128, false, false, false, "bert-tiny ffn up"},
+              {4096, 128, 512, false, false, false, "bert-tiny ffn down"},
+              {614, 30522, 128, false, true, false, "bert-tiny mlm logits"},
+              {30522, 128, 614, true, false, false, "bert-tiny mlm dW"},
+              // ResNet-20 (b128, 1x28x28): the stride-2 convolutions' weight gradients, dW = dY * im2col(X)^T.
+              {32, 144, 25088, false, true, false, "resnet20 s2 wgrad"},
+              {64, 288, 6272, false, true, false, "resnet20 s2 wgrad"},
               {1024, 1024, 1024, false, false, true, "square f64"}};
   }
 
@@ -161,6 +174,8 @@ int main(int argc, char** argv) {
   nlohmann::json rows = nlohmann::json::array();
   bool mismatch = false;
   for (const auto& s : shapes) {
+    const std::string name = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + s.note;
+    if (!only.empty() && name.find(only) == std::string::npos) continue;
     const Row r = s.f64 ? run_shape<double>(s, quick) : run_shape<float>(s, quick);
     const std::string dims = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
     const std::string layout = layout_name(s) + (s.f64 ? " f64" : "");
