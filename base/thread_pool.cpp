@@ -58,7 +58,8 @@ int default_threads() {
 // variable: waking a thread that sleeps in the kernel took 50-100 us on the 2-core VMs Kiln is tested on,
 // longer than most ops' chunks, so without the spin the caller ran every chunk itself. A worker waits
 // this long for the next job, the caller this long for the workers' last chunks (as OpenMP runtimes
-// spin-wait by default).
+// spin-wait by default). Not when the pool has more threads than the machine has hardware threads: a
+// spinning thread would hold a core another one needs.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
 inline void cpu_relax() {
@@ -69,8 +70,9 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spins until pred() or kSpin has passed; whether pred() held.
-template <typename Pred> bool spin_until(Pred&& pred) {
+// Spins until pred() or kSpin has passed (only checks pred() once without spin); whether pred() held.
+template <typename Pred> bool spin_until(bool spin, Pred&& pred) {
+  if (!spin) return pred();
   const auto until = std::chrono::steady_clock::now() + kSpin;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
@@ -92,6 +94,7 @@ class Pool {
     KILN_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
     stop();
     n_ = n;
+    spin_ = n <= default_threads();
     quit_.store(false);
     for (int i = 0; i + 1 < n; ++i) workers_.emplace_back([this] { worker_loop(); });
   }
@@ -110,7 +113,7 @@ class Pool {
     cv_.notify_all();  // no system call when every worker is spinning
     work_on_job();
     auto finished = [&] { return done_.load(std::memory_order_acquire) == nchunks && active_.load() == 0; };
-    spin_until(finished);
+    spin_until(spin_, finished);
     // Confirmed under m_, where workers join a job: one that joined after the spin saw it finished is
     // waited for (it finds no chunk left), so no worker is inside this job when it is cleared.
     std::unique_lock<std::mutex> lk(m_);
@@ -136,7 +139,7 @@ class Pool {
     for (;;) {
       // A new generation (or quit): briefly by spinning, else asleep on cv_.
       auto posted = [&] { return quit_.load() || generation_.load(std::memory_order_acquire) != seen; };
-      const bool hot = spin_until(posted);
+      const bool hot = spin_until(spin_, posted);
       {
         std::unique_lock<std::mutex> lk(m_);
         if (!hot) cv_.wait(lk, posted);
@@ -173,6 +176,7 @@ class Pool {
   }
 
   int n_ = 1;
+  bool spin_ = true;  // set while no worker runs (resize)
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;
   std::mutex m_;

@@ -31,7 +31,7 @@ for set in avx512 avx2 generic; do
     continue
   fi
   echo "== $set (OpenBLAS as ${core[$set]})"
-  KILN_CPU_ISA=$set OPENBLAS_CORETYPE=${core[$set]} "$bench" "${quick[@]}" --json "$work/$set.json"
+  KILN_CPU_ISA=$set OPENBLAS_CORETYPE=${core[$set]} "$bench" ${quick[@]+"${quick[@]}"} --json "$work/$set.json"
   sets+=("$set")
 done
 python3 - "$work" "$json" "${sets[@]}" <<'PY'

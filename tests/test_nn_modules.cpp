@@ -350,59 +350,60 @@ TEST_CASE("optimizers: kernel set loops give optim_math's bits for SGD, AdamW an
   const std::vector<float> w0 = draw(1, 1.0, false), g0 = draw(2, 0.1, false), m0 = draw(3, 0.01, false),
                            v0 = draw(4, 0.001, true);
   for (const OptimKind kind : {OptimKind::sgd, OptimKind::adamw, OptimKind::lamb})
-    for (const int variant : {0, 1, 2}) {  // SGD: no momentum, fresh buffer, nesterov with a buffer
-      if (kind != OptimKind::sgd && variant > 0) continue;
-      INFO("kind " << int(kind) << " variant " << variant);
-      OptimHyper h;
-      h.lr = 0.03;
-      h.weight_decay = 0.01;
-      h.momentum = 0.9;
-      h.dampening = 0.1;
-      h.nesterov = variant == 2;
-      h.beta1 = 0.9;
-      h.beta2 = 0.999;
-      h.eps = 1e-8;
-      h.bc1 = 1 - std::pow(0.9, 3);
-      h.bc2 = 1 - std::pow(0.999, 3);
-      std::vector<float> w = w0, m = m0, v = v0;
-      const bool with_buf = kind != OptimKind::sgd || variant > 0;
-      OptimSlice s{w.data(), g0.data(), with_buf ? m.data() : nullptr, v.data(), n, variant == 1};
-      cpu::optimizer_step(kind, &s, 1, h);
-      // The reference, element by element.
-      std::vector<float> rw = w0, rm = m0, rv = v0;
-      if (kind == OptimKind::sgd) {
-        const optim_math::SgdF c = optim_math::sgd_constants(h);
-        for (int64_t i = 0; i < n; ++i)
-          optim_math::sgd(rw[size_t(i)], g0[size_t(i)], with_buf ? &rm[size_t(i)] : nullptr, variant == 1, c);
-      } else if (kind == OptimKind::adamw) {
-        const optim_math::AdamF a = optim_math::adam_constants(h);
-        for (size_t i = 0; i < size_t(n); ++i) {
-          optim_math::adam_moments(g0[i], rm[i], rv[i], a);
-          optim_math::adamw_apply(rw[i], rm[i], rv[i], a);
-        }
-      } else {
-        const optim_math::AdamF a = optim_math::adam_constants(h);
-        double ws = 0, us = 0;
-        for (int64_t c0 = 0; c0 < n; c0 += 16384) {
-          double cw = 0, cu = 0;
-          for (int64_t i = c0; i < std::min(n, c0 + 16384); ++i) {
-            optim_math::adam_moments(g0[size_t(i)], rm[size_t(i)], rv[size_t(i)], a);
-            const float u = optim_math::lamb_direction(rw[size_t(i)], rm[size_t(i)], rv[size_t(i)], a);
-            cw += double(rw[size_t(i)] * rw[size_t(i)]);
-            cu += double(u * u);
+    for (const int variant : {0, 1, 2, 3})  // SGD: no momentum, a fresh buffer, nesterov, plain momentum
+      for (const double wd : {0.01, 0.0}) {
+        if (kind != OptimKind::sgd && variant > 0) continue;
+        INFO("kind " << int(kind) << " variant " << variant << " weight decay " << wd);
+        OptimHyper h;
+        h.lr = 0.03;
+        h.weight_decay = wd;
+        h.momentum = 0.9;
+        h.dampening = 0.1;
+        h.nesterov = variant == 2;
+        h.beta1 = 0.9;
+        h.beta2 = 0.999;
+        h.eps = 1e-8;
+        h.bc1 = 1 - std::pow(0.9, 3);
+        h.bc2 = 1 - std::pow(0.999, 3);
+        std::vector<float> w = w0, m = m0, v = v0;
+        const bool with_buf = kind != OptimKind::sgd || variant > 0;
+        OptimSlice s{w.data(), g0.data(), with_buf ? m.data() : nullptr, v.data(), n, variant == 1};
+        cpu::optimizer_step(kind, &s, 1, h);
+        // The reference, element by element.
+        std::vector<float> rw = w0, rm = m0, rv = v0;
+        if (kind == OptimKind::sgd) {
+          const optim_math::SgdF c = optim_math::sgd_constants(h);
+          for (int64_t i = 0; i < n; ++i)
+            optim_math::sgd(rw[size_t(i)], g0[size_t(i)], with_buf ? &rm[size_t(i)] : nullptr, variant == 1, c);
+        } else if (kind == OptimKind::adamw) {
+          const optim_math::AdamF a = optim_math::adam_constants(h);
+          for (size_t i = 0; i < size_t(n); ++i) {
+            optim_math::adam_moments(g0[i], rm[i], rv[i], a);
+            optim_math::adamw_apply(rw[i], rm[i], rv[i], a);
           }
-          ws += cw;
-          us += cu;
+        } else {
+          const optim_math::AdamF a = optim_math::adam_constants(h);
+          double ws = 0, us = 0;
+          for (int64_t c0 = 0; c0 < n; c0 += 16384) {
+            double cw = 0, cu = 0;
+            for (int64_t i = c0; i < std::min(n, c0 + 16384); ++i) {
+              optim_math::adam_moments(g0[size_t(i)], rm[size_t(i)], rv[size_t(i)], a);
+              const float u = optim_math::lamb_direction(rw[size_t(i)], rm[size_t(i)], rv[size_t(i)], a);
+              cw += double(rw[size_t(i)] * rw[size_t(i)]);
+              cu += double(u * u);
+            }
+            ws += cw;
+            us += cu;
+          }
+          const float step = optim_math::lamb_step(h, optim_math::lamb_trust(ws, us));
+          for (size_t i = 0; i < size_t(n); ++i)
+            optim_math::lamb_apply(rw[i], step, optim_math::lamb_direction(rw[i], rm[i], rv[i], a));
         }
-        const float step = optim_math::lamb_step(h, optim_math::lamb_trust(ws, us));
-        for (size_t i = 0; i < size_t(n); ++i)
-          optim_math::lamb_apply(rw[i], step, optim_math::lamb_direction(rw[i], rm[i], rv[i], a));
+        CHECK(std::memcmp(w.data(), rw.data(), w.size() * 4) == 0);
+        CHECK(std::memcmp(m.data(), rm.data(), m.size() * 4) == 0);
+        CHECK(std::memcmp(v.data(), rv.data(), v.size() * 4) == 0);
+        CHECK(w != w0);
       }
-      CHECK(std::memcmp(w.data(), rw.data(), w.size() * 4) == 0);
-      CHECK(std::memcmp(m.data(), rm.data(), m.size() * 4) == 0);
-      CHECK(std::memcmp(v.data(), rv.data(), v.size() * 4) == 0);
-      CHECK(w != w0);
-    }
 }
 
 TEST_CASE("optimizers: the fused step (one backend call per group) matches the per-tensor ops") {

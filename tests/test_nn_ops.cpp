@@ -370,6 +370,19 @@ TEST_CASE("nn: kernel set loops: elementwise f32 rows and column sums give the s
   c.add_(b);
   same(
       c.to_vector(), [&](size_t i) { return f(i) + g(i); }, "add_");
+  // f16 and bf16 go through f32 blocks and the same rows: the f32 result rounded once.
+  for (const DType h : {DType::f16, DType::bf16}) {
+    const Tensor ah = a.to(h), bh = b.to(h), af = ah.to(DType::f32), bf = bh.to(DType::f32);
+    auto as_f32 = [&](const Tensor& x, const Tensor& want, const std::string& what) {
+      const auto wv = want.to(h).to_vector();
+      same(
+          x.to_vector(), [&](size_t i) { return float(wv[i]); }, what + " " + dtype_name(h));
+    };
+    as_f32(ah + bh, af + bf, "add");
+    as_f32(ah / bh, af / bf, "div");
+    as_f32(ah * bh, af * bf, "mul");
+    as_f32(relu(ah), relu(af), "relu");
+  }
   // Column sums of a [rows, cols] f32 block in f64, row by row (a bias gradient), to an f32 result.
   for (const Shape& sh : {Shape{37, 300}, Shape{3, 5, 260}}) {
     const Tensor m = rnd(sh, 73).to(DType::f32);

@@ -1,6 +1,7 @@
 // CPU kernels of layer norm over the last d elements of each row, forward and backward: row
 // statistics in fixed lanes combined in f64, ggamma/gbeta as column sums in row order. f32 runs the
-// kernel set's rows (kernels/cpu/isa/loops.inc, the same arithmetic); f64 the loops here.
+// kernel set's rows (kernels/cpu/isa/loops.inc: the same operations, whose last bit may differ between
+// sets where one contracts a * b + c into an FMA); f64 the loops here.
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -16,7 +16,7 @@ void random(RandomKind kind, const TensorDesc& dst, uint64_t seed, uint64_t offs
   const int64_t nblocks = (n + 3) / 4;
   const uint64_t first = offset / 4;
   if (dst.dtype == DType::f32 && kind != RandomKind::normal) {
-    // The kernel set's lane-parallel Philox (kernels/cpu/isa/loops.inc), 16 blocks to a task step.
+    // The kernel set's lane-parallel Philox (kernels/cpu/isa/loops.inc), tasks cut at groups of 16 blocks.
     const auto fill = kernel_set().rows.random_f32;
     float* out = static_cast<float*>(dst.data);
     constexpr int64_t kGroup = 64;  // elements of 16 blocks
