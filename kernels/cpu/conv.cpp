@@ -9,8 +9,8 @@
 // of a stride-1 convolution is the forward convolution of the output gradient with the flipped, transposed
 // filters (padding k-1-p), so it takes the same paths instead of GEMM + col2im; a strided one goes phase by
 // phase on the output-channel tiles (input_grad_oc) where the channels allow. The weight gradient of the
-// direct-conv shapes reads both operands in place (direct_conv_wgrad); the rest use the explicit im2col
-// matrix. docs/architecture.md lists when each path is taken.
+// direct-conv shapes, and of strided filters through x's phase planes, reads both operands in place
+// (direct_conv_wgrad); the rest use the explicit im2col matrix. docs/architecture.md lists when each path is taken.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -440,9 +440,72 @@ void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p,
 // lanes are folded once per 4096 pixels, not per image); each task (chunk, R channels, P pairs) folds its
 // lanes into one partial per weight, and the chunks' partials are added in chunk order: no result depends
 // on threads.
-void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x, const float* gy, float* gw) {
-  const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
+//
+// A strided filter reads x through its phases: phase (a, b) of a channel is the plane x[i sh + a, j sw + b],
+// stored as an OH x OW plane (zeros past its edge), so that tap (ki, kj) reads phase ((ki - ph) mod sh,
+// (kj - pw) mod sw) at a fixed shift of the output pixel, (floor((ki - ph) / sh), floor((kj - pw) / sw)), and
+// the scheme above runs unchanged over C * sh * sw phase planes (direct_wgrad_applies says when). The
+// split is one copy of x (t_phase_x, kept for the thread's life like the buffers above). ResNet-20 at batch
+// 128 against im2col + GEMM, alternated: 28x28 -> 14x14, 4.9 -> 2.8 ms (AVX-512) and 4.9 -> 3.7 ms (AVX2);
+// 32x32 -> 16x16, 6.1 -> 3.5 and 6.1 -> 4.4; 16x16 -> 8x8, 3.4 -> 2.5 and level (3.1 against 3.3).
+thread_local ScratchBuffer t_phase_x;
+
+// Where the phase planes hold every input pixel a tap reaches: ceil((H - a) / sh) <= OH for each a, the
+// same across.
+bool phases_fit(const Conv2dParams& p) {
+  for (int64_t a = 0; a < p.sh; ++a)
+    if ((p.h - a + p.sh - 1) / p.sh > p.oh) return false;
+  for (int64_t b = 0; b < p.sw; ++b)
+    if ((p.w - b + p.sw - 1) / p.sw > p.ow) return false;
+  return true;
+}
+// Strided: only where the output plane fills its 16-pixel vectors (14x14, not 7x7). On 7x7 outputs the
+// phase planes would also need packing, and there im2col + GEMM measured faster under AVX2 (ResNet-20's
+// 14x14 -> 7x7 layer: 2.5 ms against 3.2) and level under AVX-512.
+bool direct_wgrad_applies(const Conv2dParams& p) {
+  if (direct_conv_applies(p)) return true;
+  const int64_t taps = p.kh * p.kw, ohw = p.oh * p.ow;
+  return p.dh == 1 && p.dw == 1 && (p.sh > 1 || p.sw > 1) && p.sh <= 4 && p.sw <= 4 && taps > 1 &&
+         taps <= kDirectMaxTaps && (ohw + 15) / 16 * 16 * 9 <= ohw * 10 && phases_fit(p);
+}
+
+void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x_in, const float* gy, float* gw) {
+  const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw;
   const int64_t ohw = p.oh * p.ow, cols = cg * taps, wsize = p.o * cols;
+  // The x planes the taps read: x itself (stride 1), or its phases (strided); per tap its plane among a
+  // channel's phases, its shift (rows, columns) and the extent of that plane that holds pixels.
+  const int64_t phases = p.sh * p.sw, xc = p.c * phases, xh = phases > 1 ? p.oh : p.h, xw = phases > 1 ? p.ow : p.w;
+  const int64_t plane = xh * xw;
+  const size_t nt = static_cast<size_t>(taps);
+  std::vector<int64_t> tap_phase(nt), tap_di(nt), tap_dj(nt), tap_rows(nt), tap_cols(nt);
+  auto floor_div = [](int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
+  for (int64_t t = 0; t < taps; ++t) {
+    const int64_t u = t / p.kw - p.ph, v = t % p.kw - p.pw;
+    const int64_t di = floor_div(u, p.sh), dj = floor_div(v, p.sw), a = u - di * p.sh, b = v - dj * p.sw;
+    tap_phase[size_t(t)] = a * p.sw + b;
+    tap_di[size_t(t)] = di;
+    tap_dj[size_t(t)] = dj;
+    tap_rows[size_t(t)] = (p.h - a + p.sh - 1) / p.sh;
+    tap_cols[size_t(t)] = (p.w - b + p.sw - 1) / p.sw;
+  }
+  auto shift_of = [&](int64_t t) { return tap_di[size_t(t)] * xw + tap_dj[size_t(t)]; };
+  const float* x = x_in;
+  if (phases > 1) {
+    float* xp = t_phase_x.get<float>(size_t(p.n * xc * plane));
+    parallel_for(0, p.n * xc, 4, [&](int64_t b0, int64_t b1) {
+      for (int64_t r = b0; r < b1; ++r) {
+        const int64_t nc = r / phases, ph = r % phases, a = ph / p.sw, b = ph % p.sw;
+        const float* src = x_in + nc * p.h * p.w;
+        float* dst = xp + r * plane;
+        for (int64_t i = 0; i < xh; ++i)
+          for (int64_t j = 0; j < xw; ++j) {
+            const int64_t ih = i * p.sh + a, iw = j * p.sw + b;
+            dst[i * xw + j] = ih < p.h && iw < p.w ? src[ih * p.w + iw] : 0.0f;
+          }
+      }
+    });
+    x = xp;
+  }
   // S * OH * OW ~ 4096, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats.
   constexpr int64_t kMaxWgradChunks = 128;
   int64_t s = 4 * kTargetCols / std::max<int64_t>(ohw, 1);
@@ -457,21 +520,21 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
   // image whose taps are masked at the images' edges as at the plane's: every lane of a vector works.
   // Packing costs a copy of x and gy: worth it where over a tenth of the lanes would idle (7x7: 15 of 64;
   // not 14x14: 12 of 208).
-  const bool packed = (ohw + 15) / 16 * 16 * 9 > ohw * 10 && s > 1 && p.oh == p.h && p.ow == p.w;
+  const bool packed = (ohw + 15) / 16 * 16 * 9 > ohw * 10 && s > 1 && p.oh == xh && p.ow == xw;
   const int64_t span = packed ? s * ohw : ohw, vecs = (span + 15) / 16, row = 16 * vecs;
   int64_t reach = 0;  // the largest |shift| of a tap
-  for (int64_t t = 0; t < taps; ++t) reach = std::max(reach, std::abs(tap_shift(p, t)));
+  for (int64_t t = 0; t < taps; ++t) reach = std::max(reach, std::abs(shift_of(t)));
   const int64_t margin = packed ? (reach + 15) / 16 * 16 : 0, xrow = row + 2 * margin;
   float* const gyp = packed ? t_packed_gy.get<float>(size_t(nchunks * p.o * row)) : nullptr;
-  float* const xp = packed ? t_packed_x.get<float>(size_t(nchunks * p.c * xrow)) : nullptr;
+  float* const xp = packed ? t_packed_x.get<float>(size_t(nchunks * xc * xrow)) : nullptr;
   if (packed) {
-    parallel_for(0, nchunks * (p.o + p.c), 8, [&](int64_t b, int64_t e) {
+    parallel_for(0, nchunks * (p.o + xc), 8, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
-        const int64_t chunk = r / (p.o + p.c), ch = r % (p.o + p.c), n0 = chunk * s;
+        const int64_t chunk = r / (p.o + xc), ch = r % (p.o + xc), n0 = chunk * s;
         const int64_t images = std::min(p.n, n0 + s) - n0;
         const bool is_gy = ch < p.o;
-        const int64_t chans = is_gy ? p.o : p.c, c = is_gy ? ch : ch - p.o, lead = is_gy ? 0 : margin;
-        float* dst = is_gy ? gyp + (chunk * p.o + c) * row : xp + (chunk * p.c + c) * xrow;
+        const int64_t chans = is_gy ? p.o : xc, c = is_gy ? ch : ch - p.o, lead = is_gy ? 0 : margin;
+        float* dst = is_gy ? gyp + (chunk * p.o + c) * row : xp + (chunk * xc + c) * xrow;
         const float* src = is_gy ? gy : x;
         std::fill(dst, dst + lead, 0.0f);
         for (int64_t si = 0; si < images; ++si)
@@ -489,8 +552,9 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
       if (q >= span) continue;
       plane_mask[size_t(v)] |= isa::Mask16(1u << l);
       for (int64_t t = 0; t < taps; ++t) {
-        const int64_t ih = oh + t / p.kw - p.ph, iw = ow + t % p.kw - p.pw;
-        if (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w) tap_masks[size_t(t * vecs + v)] |= isa::Mask16(1u << l);
+        const int64_t ih = oh + tap_di[size_t(t)], iw = ow + tap_dj[size_t(t)];
+        if (ih >= 0 && ih < tap_rows[size_t(t)] && iw >= 0 && iw < tap_cols[size_t(t)])
+          tap_masks[size_t(t * vecs + v)] |= isa::Mask16(1u << l);
       }
     }
   // In the kernel set's own format (AVX-512: as they are; AVX2: lane vectors).
@@ -499,19 +563,21 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
       plane_x(new unsigned char[plane_mask.size() * mb]);
   L.expand_masks(tap_masks.data(), int64_t(tap_masks.size()), tap_x.get());
   L.expand_masks(plane_mask.data(), int64_t(plane_mask.size()), plane_x.get());
-  // Pair jj = (c, t) of a group: its tap and its offset in x (or the packed x) from the group's first channel.
+  // Pair jj = (c, t) of a group: its tap and its offset in x (or the packed x) from the group's first channel:
+  // the plane of channel c's phase that tap t reads, shifted.
   const int64_t cstride = packed ? xrow : plane;
   std::vector<int64_t> pair_tap(static_cast<size_t>(cols)), pair_off(static_cast<size_t>(cols));
   for (int64_t jj = 0; jj < cols; ++jj) {
-    pair_tap[size_t(jj)] = jj % taps;
-    pair_off[size_t(jj)] = jj / taps * cstride + margin + tap_shift(p, jj % taps);
+    const int64_t t = jj % taps;
+    pair_tap[size_t(jj)] = t;
+    pair_off[size_t(jj)] = (jj / taps * phases + tap_phase[size_t(t)]) * cstride + margin + shift_of(t);
   }
   // Each chunk's operands: gy rows of ohw (or row) floats, images of x (or a packed chunk with margins).
   const float* gy_base = packed ? gyp : gy;
   const float* x_base = packed ? xp : x;
   const int64_t gy_chunk = packed ? p.o * row : s * p.o * ohw, gy_image = packed ? 0 : p.o * ohw;
-  const int64_t x_chunk = packed ? p.c * xrow : s * p.c * plane, x_image = packed ? 0 : p.c * plane;
-  const int64_t x_size = packed ? nchunks * p.c * xrow : p.n * p.c * plane, gy_row = packed ? row : ohw;
+  const int64_t x_chunk = packed ? xc * xrow : s * xc * plane, x_image = packed ? 0 : xc * plane;
+  const int64_t x_size = packed ? nchunks * xc * xrow : p.n * xc * plane, gy_row = packed ? row : ohw;
   // Every partial is written before it is read: no zeroing.
   std::unique_ptr<float[]> partial(new float[size_t(nchunks * wsize)]);
   const int64_t per_chunk = p.groups * oblocks * jblocks;
@@ -526,7 +592,7 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
       for (int j = 0; j < P; ++j) {
         const size_t jj = size_t(j0 + (j < ncol ? j : 0));
         tap[j] = pair_tap[jj];
-        xoff[j] = g * cg * cstride + pair_off[jj];
+        xoff[j] = g * cg * phases * cstride + pair_off[jj];
       }
       float sums[isa::kWgradMaxRows * isa::kWgradMaxPairs];
       const void* xmask[isa::kWgradMaxPairs];
@@ -670,7 +736,7 @@ void backward_typed(const Conv2dParams& p, const T* x, const T* w, const T* gy, 
         input_grad_oc(*oc, p, w, gy, gx);
         gx = nullptr;
       }
-    if (gw && leaves && direct_conv_applies(p)) {
+    if (gw && leaves && direct_wgrad_applies(p)) {
       direct_conv_wgrad(*leaves, p, x, gy, gw);
       gw = nullptr;
     }
