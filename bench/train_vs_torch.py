@@ -9,7 +9,9 @@ MKL_ENABLE_INSTRUCTIONS), so an AVX-512 machine also gives an AVX2 comparison; t
 AVX2-only CPU, and the table says which CPU it ran on.
 
 Kiln and PyTorch alternate within each round (the order flips every round) and each figure is the
-median over rounds of each run's median step, so a slow patch of a shared machine hits both.
+median over rounds of each run's median step, so a slow patch of a shared machine hits both. Beside
+it, the rounds' own ratios (each round's Kiln run over its PyTorch run, side by side in time): their
+lowest, median and highest, which show how far the machine's drift moves the figure.
 
 Run with a Python that has torch (PyPI):
   python bench/train_vs_torch.py [--kiln build/kiln] [--threads 2] [--rounds 3] [--json FILE]
@@ -97,7 +99,8 @@ def main():
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
     print(f"train_vs_torch: {cpu}; {a.threads} threads; {a.rounds} rounds of Kiln and PyTorch alternated, "
           f"{a.warmup} warm-up + {a.steps} timed steps each; figure: median over rounds of each run's median")
-    print(f"{'set':7} {'model':10} {'input':14} {'kiln ms':>9} {'torch ms':>9} {'kiln/torch':>11}  target <= {TARGET}x")
+    print(f"{'set':7} {'model':10} {'input':14} {'kiln ms':>9} {'torch ms':>9} {'kiln/torch':>11} "
+          f"{'rounds: low/median/high':>24}  target <= {TARGET}x")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for s in sets:
@@ -115,11 +118,13 @@ def main():
                             pms.append(peer["median_ms"])
                 k, p = statistics.median(kms), statistics.median(pms)
                 ratio = k / p
-                print(f"{s:7} {name:10} {label:14} {k:9.1f} {p:9.1f} {ratio:10.2f}x  "
+                paired = [x / y for x, y in zip(kms, pms)]
+                spread = f"{min(paired):.2f}/{statistics.median(paired):.2f}/{max(paired):.2f}x"
+                print(f"{s:7} {name:10} {label:14} {k:9.1f} {p:9.1f} {ratio:10.2f}x {spread:>24}  "
                       f"{'met' if ratio <= TARGET else 'not met'}", flush=True)
                 rows.append({"kernel_set": s, "model": name, "input": label, "threads": a.threads,
                              "kiln_ms": k, "peer_ms": p, "ratio": ratio, "target": TARGET, "met": ratio <= TARGET,
-                             "kiln_runs_ms": kms, "peer_runs_ms": pms, "peer": peer["peer"],
+                             "kiln_runs_ms": kms, "peer_runs_ms": pms, "round_ratios": paired, "peer": peer["peer"],
                              "peer_cpu_capability": peer["cpu_capability"]})
     if a.json:
         with open(a.json, "w") as f:
