@@ -149,12 +149,15 @@ TEST_CASE("nn: conv2d f32 forward and gradients match f64 on every CPU path") {
       {"stride 2, 32 to 32 (input gradient by phases)", {2, 32, 9, 10}, {32, 32, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
       {"1x1 stride 2, 32 to 64", {2, 32, 7, 8}, {64, 32, 1, 1}, {2, 2}, {0, 0}, {1, 1}, 1},
       {"stride 3, dilation 2, 2 groups", {2, 64, 11, 10}, {32, 32, 3, 3}, {3, 3}, {2, 1}, {2, 2}, 2},
-      // The strided weight gradient over phase planes (direct_conv_wgrad, outputs of 8x8 and 4x4 that fill
-      // their vectors): an odd size, 5x5, stride 3, groups; 7x7 outputs and stride (2, 1) without padding
-      // (whose phases do not fit) through im2col.
+      // The strided weight gradient over phase planes (direct_conv_wgrad, outputs of 8x8, 8x16 and 4x4 that
+      // fill their vectors): an odd size, 5x5, strides 3, 4 and (2, 1), groups, padding beyond the kernel;
+      // 7x7 outputs and stride (2, 1) without padding (whose phases do not fit) through im2col.
       {"stride 2, 5x5, padding 2, 15x16", {2, 3, 15, 16}, {4, 3, 5, 5}, {2, 2}, {2, 2}, {1, 1}, 1},
       {"stride 3, padding 1, 12x11", {2, 4, 12, 11}, {5, 4, 3, 3}, {3, 3}, {1, 1}, {1, 1}, 1},
       {"stride 2, 2 groups", {2, 8, 16, 16}, {6, 4, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 2},
+      {"stride (2, 1), padding 1", {2, 3, 16, 16}, {4, 3, 3, 3}, {2, 1}, {1, 1}, {1, 1}, 1},
+      {"stride 4, 5x5, padding 2", {2, 3, 16, 16}, {4, 3, 5, 5}, {4, 4}, {2, 2}, {1, 1}, 1},
+      {"stride 2, padding beyond the kernel", {2, 3, 12, 12}, {4, 3, 3, 3}, {2, 2}, {3, 3}, {1, 1}, 1},
       {"stride 2 to 7x7", {100, 16, 14, 14}, {32, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
       {"stride (2, 1), no padding", {2, 3, 8, 7}, {4, 3, 3, 3}, {2, 1}, {0, 0}, {1, 1}, 1},
   };

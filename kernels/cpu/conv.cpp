@@ -447,7 +447,7 @@ void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p,
 // the scheme above runs unchanged over C * sh * sw phase planes (direct_wgrad_applies says when). The
 // split is one copy of x (t_phase_x, kept for the thread's life like the buffers above). ResNet-20 at batch
 // 128 against im2col + GEMM, alternated: 28x28 -> 14x14, 4.9 -> 2.8 ms (AVX-512) and 4.9 -> 3.7 ms (AVX2);
-// 32x32 -> 16x16, 6.1 -> 3.5 and 6.1 -> 4.4; 16x16 -> 8x8, 3.4 -> 2.5 and level (3.1 against 3.3).
+// 32x32 -> 16x16, 6.1 -> 3.5 and 6.1 -> 4.4; 16x16 -> 8x8, 3.4 -> 2.5 and level (3.1 by GEMM, 3.3 by phases).
 thread_local ScratchBuffer t_phase_x;
 
 // Where the phase planes hold every input pixel a tap reaches: ceil((H - a) / sh) <= OH for each a, the
@@ -462,11 +462,14 @@ bool phases_fit(const Conv2dParams& p) {
 // Strided: only where the output plane fills its 16-pixel vectors (14x14, not 7x7). On 7x7 outputs the
 // phase planes would also need packing, and there im2col + GEMM measured faster under AVX2 (ResNet-20's
 // 14x14 -> 7x7 layer: 2.5 ms against 3.2) and level under AVX-512.
+// The phase copy is capped as the im2col buffer is (kMaxColElems, 32 MiB; ResNet-50's 56 -> 28 layer at
+// batch 256 would need 411 MB): above it, im2col + GEMM.
 bool direct_wgrad_applies(const Conv2dParams& p) {
   if (direct_conv_applies(p)) return true;
   const int64_t taps = p.kh * p.kw, ohw = p.oh * p.ow;
   return p.dh == 1 && p.dw == 1 && (p.sh > 1 || p.sw > 1) && p.sh <= 4 && p.sw <= 4 && taps > 1 &&
-         taps <= kDirectMaxTaps && (ohw + 15) / 16 * 16 * 9 <= ohw * 10 && phases_fit(p);
+         taps <= kDirectMaxTaps && (ohw + 15) / 16 * 16 * 9 <= ohw * 10 && phases_fit(p) &&
+         p.n * p.c * p.sh * p.sw * ohw <= kMaxColElems;
 }
 
 void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x_in, const float* gy, float* gw) {
