@@ -339,3 +339,61 @@ TEST_CASE("train: --micro-batch auto and out-of-memory halving under --memory-ca
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "--micro-batch 5: expected auto or a number dividing --batch 16"), r.output);
 }
+
+// Several ranks: a micro-batch out of memory on any rank is redone on all (step_once agrees on it before a
+// gradient leaves a rank). Two ranks under the cap (both run out), and two started by mpirun with the cap on
+// rank 0 alone (rank 1 does not run out, and must redo with it): the losses of the uncapped 2-rank run.
+TEST_CASE("train: out of memory on one rank or all redoes the step on every rank, with the uncapped losses") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_micro_ranks");
+  auto r = run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  fortunes_tsv(d / "train.tsv", {"computers", "food"}, 3, 1);
+  fortunes_tsv(d / "eval.tsv", {"computers", "food"}, 9, 0);
+  const std::string common = "train --model bert-tiny --task classify --train-tsv " + d / "train.tsv" + " --eval-tsv " +
+                             d / "eval.tsv" + " --vocab " + d / "vocab.txt" +
+                             " --set hidden_dropout=0 --set attention_dropout=0 --seq-len 64 --max-steps 3 --epochs 1 "
+                             "--optimizer sgd --momentum 0.9 --weight-decay 0 --lr 0.05 --warmup 0 --log-every 1 "
+                             "--progress lines --threads 1 --seed 5 --batch 16 --limit-eval 32";
+  auto losses = [&](const std::string& out) {
+    std::vector<double> l;
+    for (const auto& m : read_jsonl(out + "/metrics.jsonl"))
+      if (m.contains("loss")) l.push_back(m["loss"].get<double>());
+    return l;
+  };
+  auto launch = [&](int port, const std::string& args) {
+    return run_kiln(
+        "launch --nproc-per-node 2 --master-port " + std::to_string(port) + " -- kiln " + common + " " + args,
+        d.p.string());
+  };
+  r = launch(29681, "--out " + d / "plain");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto want = losses(d / "plain");
+  REQUIRE(want.size() == 3);
+  r = launch(29682, "--micro-batch 16 --memory-cap 12MiB --out " + d / "both");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "out of memory with micro-batch 16 (CPU memory cap reached"), r.output);
+  CHECK_MESSAGE(contains(r.output, "on rank 0, 1): redoing step 1 with micro-batch 8 x 2 accumulation steps"),
+                r.output);
+  std::vector<std::string> runs = {"both"};
+  if (std::system("command -v mpirun > /dev/null") == 0) {
+    // MPMD: the same run on both ranks but for rank 0's cap.
+    const std::string args = common + " --micro-batch 16 --out " + d / "one";
+    const std::string cmd =
+        "cd " + d.p.string() +
+        " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 1 " + KILN_BINARY +
+        " " + args + " --memory-cap 12MiB : -np 1 " + KILN_BINARY + " " + args + " > " + d / "mpirun.txt" +
+        " 2>&1 < /dev/null";
+    const int rc = std::system(cmd.c_str());
+    const std::string out = read_text(d / "mpirun.txt");
+    REQUIRE_MESSAGE(rc == 0, out);
+    CHECK_MESSAGE(contains(out, "on rank 0): redoing step 1 with micro-batch 8"), out);
+    runs.push_back("one");
+  }
+  for (const std::string& run : runs) {
+    CAPTURE(run);
+    const auto got = losses(d / run);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  }
+}

@@ -465,12 +465,13 @@ class Trainer {
   // add up to those of one batch of accum x batch samples; then the ranks agree and the weights
   // move. -1 to go on, else the exit code.
   int step(double lr, StepStats& s) {
-    if (c_.micro_batch.empty() || world_ > 1) return step_once(lr, s);
-    // With micro-batches, one process: a micro-batch that runs out of memory frees the step, halves
-    // the micro-batch and redoes the step on the same samples, from the same state: the random
-    // stream and the buffers (batch-norm statistics) as they were when it began. (Several ranks would
-    // have to agree first; there it stays an error.) Only forward and backward are redone: after
-    // them the step has moved sums and the scaler on.
+    if (c_.micro_batch.empty()) return step_once(lr, s);
+    // With micro-batches: a micro-batch that runs out of memory frees the step, halves the
+    // micro-batch and redoes the step on the same samples, from the same state: the random stream
+    // and the buffers (batch-norm statistics) as they were when it began. With several ranks every
+    // rank learns whether any ran out before a gradient leaves it (step_once), and all redo the step
+    // together. Only forward and backward are redone: after them the step has moved sums and the
+    // scaler on.
     const int64_t start = run_.batch;
     const Generator rng = default_generator();
     std::vector<std::pair<Tensor, Tensor>> buffers;  // (buffer, its value at the start)
@@ -588,15 +589,48 @@ class Trainer {
     opt_->set_lr(lr);
     opt_->zero_grad();
     if (zero_) zero_->zero_grad();
+    // Several ranks with micro-batches: no gradient leaves a rank during backward (finish() sends every
+    // bucket after the micro-batches), so a rank that runs out of memory can stop without leaving the
+    // others waiting in a collective; all ranks then agree on one flag (agree_on_memory). The price is
+    // the overlap of the last micro-batch's backward with its all-reduce.
+    const bool agree = world_ > 1 && !c_.micro_batch.empty();
     Tensor step_loss, step_correct;  // over the micro-batches, on the device
+    std::string out_of_memory;       // this rank's error, with agree
+    try {
+      micro_batches(step_loss, step_correct, s, agree);
+    } catch (const OutOfMemory& e) {
+      if (!agree) throw;
+      out_of_memory = e.message();
+    }
+    if (agree) agree_on_memory(out_of_memory);
+    redoable_ = false;  // from here on the step moves sums and the scaler: not redone
+    return finish_step(step_loss, step_correct, s);
+  }
+
+  // Every rank says whether it ran out of memory in this step's micro-batches; if any did, each
+  // throws OutOfMemory naming the ranks (and its own message), and step() redoes the step everywhere.
+  void agree_on_memory(const std::string& mine) {
+    std::vector<double> flags(size_t(world_), 0.0);
+    flags[size_t(rank_)] = mine.empty() ? 0.0 : 1.0;
+    Tensor t = from_vector(flags, {world_}, DType::f64);
+    comm_->all_reduce(t, dist::ReduceOp::sum);
+    std::string ranks;
+    for (int r = 0; r < world_; ++r)
+      if (t.data<double>()[r] > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (ranks.empty()) return;
+    throw OutOfMemory(mine.empty() ? "on rank " + ranks : mine + ", on rank " + ranks, __FILE__, __LINE__);
+  }
+
+  void micro_batches(Tensor& step_loss, Tensor& step_correct, StepStats& s, bool agree) {
     for (int64_t k = 0; k < accum_; ++k) {
       auto t0 = Clock::now();
       std::optional<io::Batch> batch = loader_->next();
       KILN_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step at batch ", loader_->position().batch);
       run_.window.data_s += since(t0);
       t0 = Clock::now();
-      if (dp_) dp_->set_sync(k == accum_ - 1);  // reduce once, after the last micro-batch
-      if (zero_) zero_->set_sync(k == accum_ - 1);
+      // Reduce once, in the last micro-batch's backward; with agree, after all of them (finish()).
+      if (dp_) dp_->set_sync(!agree && k == accum_ - 1);
+      if (zero_) zero_->set_sync(!agree && k == accum_ - 1);
       StepResult r;
       {
         amp::AutocastGuard autocast(amp_dt_.value_or(DType::f16), amp_dt_.has_value());
@@ -616,7 +650,9 @@ class Trainer {
       s.samples += batch->begin()->second.size(0);
       s.count += r.count;
     }
-    redoable_ = false;  // from here on the step moves sums and the scaler: not redone
+  }
+
+  int finish_step(const Tensor& step_loss, const Tensor& step_correct, StepStats& s) {
     {
       NoGradGuard ng;
       win_loss_.add_(step_loss);
