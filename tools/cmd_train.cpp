@@ -622,9 +622,28 @@ class Trainer {
   }
 
   void micro_batches(Tensor& step_loss, Tensor& step_correct, StepStats& s, bool agree) {
+    // Each micro-batch's mean loss weighs 1 / accum, or, where the task counts its terms (MLM's masked
+    // tokens differ from batch to batch), its share of the step's terms: the step's batches are read
+    // first for that (token ids: small).
+    std::vector<io::Batch> ahead;
+    std::vector<double> weight(size_t(accum_), 1.0 / double(accum_));
+    if (task_.terms && accum_ > 1) {
+      auto t0 = Clock::now();
+      double total = 0;
+      for (int64_t k = 0; k < accum_; ++k) {
+        std::optional<io::Batch> b = loader_->next();
+        KILN_ASSERT(b.has_value(), "the loader ran out inside an optimizer step at batch ", loader_->position().batch);
+        weight[size_t(k)] = double(task_.terms(*b));
+        total += weight[size_t(k)];
+        ahead.push_back(std::move(*b));
+      }
+      for (double& w : weight) w = total > 0 ? w / total : 1.0 / double(accum_);
+      run_.window.data_s += since(t0);
+    }
     for (int64_t k = 0; k < accum_; ++k) {
       auto t0 = Clock::now();
-      std::optional<io::Batch> batch = loader_->next();
+      std::optional<io::Batch> batch =
+          ahead.empty() ? loader_->next() : std::optional<io::Batch>(std::move(ahead[size_t(k)]));
       KILN_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step at batch ", loader_->position().batch);
       run_.window.data_s += since(t0);
       t0 = Clock::now();
@@ -638,11 +657,12 @@ class Trainer {
       }
       {
         NoGradGuard ng;  // the sums stay on the device: nothing here waits for it
-        const Tensor micro = r.loss.detach().to(DType::f64) / double(accum_);
+        const Tensor l64 = r.loss.detach().to(DType::f64);
+        const Tensor micro = ahead.empty() ? l64 / double(accum_) : l64 * weight[size_t(k)];
         step_loss = step_loss.defined() ? step_loss + micro : micro;
         step_correct = step_correct.defined() ? step_correct + r.correct : r.correct;
       }
-      scaler_->scale(accum_ == 1 ? r.loss : r.loss * (1.0 / double(accum_))).backward();
+      scaler_->scale(accum_ == 1 ? r.loss : r.loss * weight[size_t(k)]).backward();
       // GPU kernels run after their launch: wait for them, so the time is the device's and not
       // charged to the next phase (the cost is one launch latency per step).
       if (device_.is_cuda()) cuda::synchronize(device_.index);

@@ -227,6 +227,11 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
                                             b.at("token_type_ids").to(dev));
     return score(logits, target, 0.0, false);
   };
+  t.terms = [](const io::Batch& b) {
+    const Tensor& labels = b.at("labels");
+    const int64_t* l = labels.data<int64_t>();
+    return int64_t(std::count_if(l, l + labels.numel(), [](int64_t v) { return v != -100; }));
+  };
   t.data_info = {{"name", "text"},
                  {"files", files},
                  {"vocab", c.vocab},

@@ -108,6 +108,10 @@ struct Task {
   std::function<StepResult(const io::Batch&)> step;  // forward + loss in the model's current mode
   nlohmann::json data_info;
   std::function<int64_t()> bad_samples;  // unreadable samples skipped so far (image folders), if it applies
+  // The loss's terms in a batch where that is not the batch size (MLM: its masked tokens): micro-batches
+  // of one step then weigh their mean losses by it, so the step's loss and gradient are the mean over
+  // all its terms, as one batch would give.
+  std::function<int64_t(const io::Batch&)> terms;
   std::vector<std::string> model_sets;   // the --set overrides the model was built with (the data's sizes
                                          // and the user's), for the memory planner
 };
