@@ -139,6 +139,34 @@ void fortunes_tsv(const std::string& path, const std::vector<std::string>& cats,
     flush();
   }
 }
+
+// The loss of every metrics line a run wrote to OUT/metrics.jsonl.
+std::vector<double> logged_losses(const std::string& out) {
+  std::vector<double> l;
+  for (const auto& m : read_jsonl(out + "/metrics.jsonl"))
+    if (m.contains("loss")) l.push_back(m["loss"].get<double>());
+  return l;
+}
+
+// A run's losses against a reference run's, step by step, within 1e-5.
+void check_losses(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+}
+
+// A vocabulary and train/eval TSVs of fortunes in D, and the `kiln train` flags of a small BERT-tiny
+// classifier on them without dropout (micro-batches' gradients add up to the batch's), batch 16.
+std::string micro_batch_classify(const TempDir& d) {
+  const auto r =
+      run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  fortunes_tsv(d / "train.tsv", {"computers", "food"}, 3, 1);
+  fortunes_tsv(d / "eval.tsv", {"computers", "food"}, 9, 0);
+  return "train --model bert-tiny --task classify --train-tsv " + d / "train.tsv" + " --eval-tsv " + d / "eval.tsv" +
+         " --vocab " + d / "vocab.txt" +
+         " --set hidden_dropout=0 --set attention_dropout=0 --seq-len 64 --epochs 1 --optimizer sgd --momentum 0.9 "
+         "--weight-decay 0 --lr 0.05 --warmup 0 --log-every 1 --seed 5 --batch 16";
+}
 }  // namespace
 
 TEST_CASE("train: BERT-tiny masked LM and classification on fortune text (Debian's fortunes)") {
@@ -239,9 +267,7 @@ TEST_CASE("train: --channels-last trains the same ResNet-20 steps bit for bit on
                                         "--threads 2 --seed 4 --out ") + out + layout,
                             d.p.string());
     REQUIRE_MESSAGE(r.code == 0, r.output);
-    std::vector<double> l;
-    for (const auto& m : read_jsonl(out + "/metrics.jsonl"))
-      if (m.contains("loss")) l.push_back(m["loss"].get<double>());
+    const auto l = logged_losses(out);
     CHECK(l.size() == 6);
     losses.push_back(l);
     CHECK(json::parse(read_text(out + "/summary.json"))["config"]["channels_last"] == bool(*layout));
@@ -267,9 +293,7 @@ TEST_CASE("train: --recompute blocks trains the same ResNet-20 and BERT-tiny (dr
       const std::string out = d / (common.substr(0, 30) == runs[0].substr(0, 30) ? "resnet_" : "bert_") + mode;
       r = run_kiln(common + " --recompute " + mode + " --out " + out, d.p.string());
       REQUIRE_MESSAGE(r.code == 0, r.output);
-      std::vector<double> l;
-      for (const auto& m : read_jsonl(out + "/metrics.jsonl"))
-        if (m.contains("loss")) l.push_back(m["loss"].get<double>());
+      const auto l = logged_losses(out);
       CHECK(l.size() >= 3);
       losses.push_back(l);
       weights.push_back(kiln::io::load_safetensors(out + "/model.safetensors"));
@@ -289,24 +313,10 @@ TEST_CASE("train: --recompute blocks trains the same ResNet-20 and BERT-tiny (dr
 TEST_CASE("train: --micro-batch auto and out-of-memory halving under --memory-cap keep the run's losses") {
   REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
   TempDir d("kiln_micro");
-  auto r = run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
+  const std::string common = micro_batch_classify(d) + " --max-steps 4 --threads 2 --save-every 2 --limit-eval 64";
+  auto r = run_kiln(common + " --out " + d / "plain", d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
-  fortunes_tsv(d / "train.tsv", {"computers", "food"}, 3, 1);
-  fortunes_tsv(d / "eval.tsv", {"computers", "food"}, 9, 0);
-  const std::string common = "train --model bert-tiny --task classify --train-tsv " + d / "train.tsv" + " --eval-tsv " +
-                             d / "eval.tsv" + " --vocab " + d / "vocab.txt" +
-                             " --set hidden_dropout=0 --set attention_dropout=0 --seq-len 64 --max-steps 4 --epochs 1 "
-                             "--optimizer sgd --momentum 0.9 --weight-decay 0 --lr 0.05 --warmup 0 --log-every 1 "
-                             "--threads 2 --seed 5 --batch 16 --save-every 2 --limit-eval 64";
-  auto losses = [&](const std::string& out) {
-    std::vector<double> l;
-    for (const auto& m : read_jsonl(out + "/metrics.jsonl"))
-      if (m.contains("loss")) l.push_back(m["loss"].get<double>());
-    return l;
-  };
-  r = run_kiln(common + " --out " + d / "plain", d.p.string());
-  REQUIRE_MESSAGE(r.code == 0, r.output);
-  const auto want = losses(d / "plain");
+  const auto want = logged_losses(d / "plain");
   REQUIRE(want.size() == 4);
   r = run_kiln(common + " --micro-batch auto --memory-cap 12MiB --out " + d / "auto", d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
@@ -317,9 +327,7 @@ TEST_CASE("train: --micro-batch auto and out-of-memory halving under --memory-ca
   CHECK_MESSAGE(contains(r.output, "redoing step 1 with micro-batch 8 x 2 accumulation steps"), r.output);
   for (const char* run : {"auto", "halved"}) {
     CAPTURE(std::string(run));
-    const auto got = losses(d / run);
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    check_losses(logged_losses(d / run), want);
     const json s = json::parse(read_text(d / run + "/summary.json"));
     CHECK(s["config"]["micro_batch_used"].get<int64_t>() < 16);
   }
@@ -328,7 +336,7 @@ TEST_CASE("train: --micro-batch auto and out-of-memory halving under --memory-ca
                d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "resumed at step 2"), r.output);
-  const auto res = losses(d / "res");  // steps 3 and 4, in a new directory
+  const auto res = logged_losses(d / "res");  // steps 3 and 4, in a new directory
   REQUIRE(res.size() == 2);
   for (size_t i = 0; i < res.size(); ++i) CHECK(res[i] == doctest::Approx(want[i + 2]).epsilon(1e-5));
   r = run_kiln(common + " --micro-batch auto --memory-cap 4MiB --out " + d / "tiny", d.p.string());
@@ -352,15 +360,9 @@ TEST_CASE("train: MLM micro-batches weigh their losses by masked tokens and give
                              " --seq-len 64 --max-steps 3 --epochs 1 --limit-eval 32 --optimizer adamw --lr 0.001 "
                              "--log-every 1 --progress lines --seed 5 --threads 1 --set hidden_dropout=0 "
                              "--set attention_dropout=0";
-  auto losses = [&](const std::string& out) {
-    std::vector<double> l;
-    for (const auto& m : read_jsonl(out + "/metrics.jsonl"))
-      if (m.contains("loss")) l.push_back(m["loss"].get<double>());
-    return l;
-  };
   r = run_kiln(common + " --batch 16 --out " + d / "whole", d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
-  const auto want = losses(d / "whole");
+  const auto want = logged_losses(d / "whole");
   REQUIRE(want.size() == 3);
   r = run_kiln(common + " --batch 16 --micro-batch 4 --out " + d / "micro", d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
@@ -368,9 +370,7 @@ TEST_CASE("train: MLM micro-batches weigh their losses by masked tokens and give
   REQUIRE_MESSAGE(r.code == 0, r.output);
   for (const char* run : {"micro", "accum"}) {
     CAPTURE(std::string(run));
-    const auto got = losses(d / run);
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    check_losses(logged_losses(d / run), want);
   }
 }
 
@@ -380,29 +380,15 @@ TEST_CASE("train: MLM micro-batches weigh their losses by masked tokens and give
 TEST_CASE("train: out of memory on one rank or all redoes the step on every rank, with the uncapped losses") {
   REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
   TempDir d("kiln_micro_ranks");
-  auto r = run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
-  REQUIRE_MESSAGE(r.code == 0, r.output);
-  fortunes_tsv(d / "train.tsv", {"computers", "food"}, 3, 1);
-  fortunes_tsv(d / "eval.tsv", {"computers", "food"}, 9, 0);
-  const std::string common = "train --model bert-tiny --task classify --train-tsv " + d / "train.tsv" + " --eval-tsv " +
-                             d / "eval.tsv" + " --vocab " + d / "vocab.txt" +
-                             " --set hidden_dropout=0 --set attention_dropout=0 --seq-len 64 --max-steps 3 --epochs 1 "
-                             "--optimizer sgd --momentum 0.9 --weight-decay 0 --lr 0.05 --warmup 0 --log-every 1 "
-                             "--progress lines --threads 1 --seed 5 --batch 16 --limit-eval 32";
-  auto losses = [&](const std::string& out) {
-    std::vector<double> l;
-    for (const auto& m : read_jsonl(out + "/metrics.jsonl"))
-      if (m.contains("loss")) l.push_back(m["loss"].get<double>());
-    return l;
-  };
+  const std::string common = micro_batch_classify(d) + " --max-steps 3 --progress lines --threads 1 --limit-eval 32";
   auto launch = [&](int port, const std::string& args) {
     return run_kiln(
         "launch --nproc-per-node 2 --master-port " + std::to_string(port) + " -- kiln " + common + " " + args,
         d.p.string());
   };
-  r = launch(29681, "--out " + d / "plain");
+  auto r = launch(29681, "--out " + d / "plain");
   REQUIRE_MESSAGE(r.code == 0, r.output);
-  const auto want = losses(d / "plain");
+  const auto want = logged_losses(d / "plain");
   REQUIRE(want.size() == 3);
   r = launch(29682, "--micro-batch 16 --memory-cap 12MiB --out " + d / "both");
   REQUIRE_MESSAGE(r.code == 0, r.output);
@@ -426,8 +412,6 @@ TEST_CASE("train: out of memory on one rank or all redoes the step on every rank
   }
   for (const std::string& run : runs) {
     CAPTURE(run);
-    const auto got = losses(d / run);
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    check_losses(logged_losses(d / run), want);
   }
 }

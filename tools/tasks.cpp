@@ -189,6 +189,9 @@ models::BertConfig bert_config_for(const TrainConfig& c, const BertName& bn, con
   return bc;
 }
 
+// io::MlmDataset's label where no token was masked.
+constexpr int64_t kUnmasked = -100;
+
 Task bert_mlm(const TrainConfig& c, const BertName& bn) {
   io::BasicTokenizerOptions bo{c.lower_case, c.lower_case};
   auto tok = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(c.vocab), bo);
@@ -217,7 +220,7 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
     std::vector<int64_t> pos, tgt;
     const int64_t* l = labels.data<int64_t>();
     for (int64_t i = 0; i < labels.numel(); ++i)
-      if (l[i] != -100) {
+      if (l[i] != kUnmasked) {
         pos.push_back(i);
         tgt.push_back(l[i]);
       }
@@ -230,7 +233,7 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
   t.terms = [](const io::Batch& b) {
     const Tensor& labels = b.at("labels");
     const int64_t* l = labels.data<int64_t>();
-    return int64_t(std::count_if(l, l + labels.numel(), [](int64_t v) { return v != -100; }));
+    return int64_t(std::count_if(l, l + labels.numel(), [](int64_t v) { return v != kUnmasked; }));
   };
   t.data_info = {{"name", "text"},
                  {"files", files},

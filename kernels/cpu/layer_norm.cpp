@@ -59,27 +59,27 @@ void layer_norm_bwd(int64_t rows, int64_t d, const T* x, const T* gamma, const T
                     T* gx, T* ggamma, T* gbeta) {
   using A = LaneAcc<T>;
   constexpr bool f32 = std::is_same_v<T, float>;  // f32: the kernel set's rows (kernels/cpu/isa/loops.inc)
-  if (gx && f32) {
+  if (gx) {
     if constexpr (f32) {
       const auto row = kernel_set().rows.layer_norm_bwd;
       parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) row(d, x + r * d, gamma, mean[r], rstd[r], gy + r * d, gx + r * d);
       });
+    } else {
+      parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const T* xr = x + r * d;
+          const T* g = gy + r * d;
+          const A m = A(mean[r]), rs = A(rstd[r]);
+          // gx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), gh = gy * gamma
+          auto gh = [&](int64_t i) { return gamma ? A(g[i]) * A(gamma[i]) : A(g[i]); };
+          const A s1 = A(lane_sum<T>(d, gh) / double(d));
+          const A s2 = A(lane_sum<T>(d, [&](int64_t i) { return gh(i) * ((A(xr[i]) - m) * rs); }) / double(d));
+          T* o = gx + r * d;
+          for (int64_t i = 0; i < d; ++i) o[i] = T(rs * (gh(i) - s1 - (A(xr[i]) - m) * rs * s2));
+        }
+      });
     }
-  } else if (gx) {
-    parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const T* xr = x + r * d;
-        const T* g = gy + r * d;
-        const A m = A(mean[r]), rs = A(rstd[r]);
-        // gx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), gh = gy * gamma
-        auto gh = [&](int64_t i) { return gamma ? A(g[i]) * A(gamma[i]) : A(g[i]); };
-        const A s1 = A(lane_sum<T>(d, gh) / double(d));
-        const A s2 = A(lane_sum<T>(d, [&](int64_t i) { return gh(i) * ((A(xr[i]) - m) * rs); }) / double(d));
-        T* o = gx + r * d;
-        for (int64_t i = 0; i < d; ++i) o[i] = T(rs * (gh(i) - s1 - (A(xr[i]) - m) * rs * s2));
-      }
-    });
   }
   if (ggamma || gbeta) {
     // Column sums over rows, in row order per column block.
