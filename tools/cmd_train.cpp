@@ -623,11 +623,13 @@ class Trainer {
 
   void micro_batches(Tensor& step_loss, Tensor& step_correct, StepStats& s, bool agree) {
     // Each micro-batch's mean loss weighs 1 / accum, or, where the task counts its terms (MLM's masked
-    // tokens differ from batch to batch), its share of the step's terms: the step's batches are read
-    // first for that (token ids: small).
+    // tokens differ from batch to batch), its share of the step's terms over all ranks, times the
+    // number of ranks (the gradients are averaged over ranks): the step's batches are read first for
+    // that (token ids: small), and the ranks sum their counts. So N ranks give one process's loss of
+    // the whole global batch, as micro-batches give the whole batch's.
     std::vector<io::Batch> ahead;
     std::vector<double> weight(size_t(accum_), 1.0 / double(accum_));
-    if (task_.terms && accum_ > 1) {
+    if (task_.terms && (accum_ > 1 || world_ > 1)) {
       auto t0 = Clock::now();
       double total = 0;
       for (int64_t k = 0; k < accum_; ++k) {
@@ -637,8 +639,16 @@ class Trainer {
         total += weight[size_t(k)];
         ahead.push_back(std::move(*b));
       }
-      for (double& w : weight) w = total > 0 ? w / total : 1.0 / double(accum_);
       run_.window.data_s += since(t0);
+      if (world_ > 1) {
+        t0 = Clock::now();
+        Tensor all = from_vector({total}, {1}, DType::f64);
+        comm_->all_reduce(all, dist::ReduceOp::sum);
+        // Weights c_k / (C / N): the average over ranks of each rank's weighted sum is the global mean.
+        total = all.data<double>()[0] / double(world_);
+        run_.window.comm_s += since(t0);
+      }
+      for (double& w : weight) w = total > 0 ? w / total : 1.0 / double(accum_);
     }
     for (int64_t k = 0; k < accum_; ++k) {
       auto t0 = Clock::now();
@@ -662,7 +672,7 @@ class Trainer {
         step_loss = step_loss.defined() ? step_loss + micro : micro;
         step_correct = step_correct.defined() ? step_correct + r.correct : r.correct;
       }
-      scaler_->scale(accum_ == 1 ? r.loss : r.loss * weight[size_t(k)]).backward();
+      scaler_->scale(ahead.empty() && accum_ == 1 ? r.loss : r.loss * weight[size_t(k)]).backward();
       // GPU kernels run after their launch: wait for them, so the time is the device's and not
       // charged to the next phase (the cost is one launch latency per step).
       if (device_.is_cuda()) cuda::synchronize(device_.index);
