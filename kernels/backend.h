@@ -94,7 +94,7 @@ enum class BinaryOp : uint8_t {
   ge,
   logical_and,
   logical_or,          // write bool
-  relu_backward,       // b > 0 ? a : 0          (a: grad, b: relu output)
+  relu_backward,       // b <= 0 ? 0 : a         (a: grad, b: relu output; NaN b passes a)
   gelu_erf_backward,   // a * gelu_erf'(b)       (b: input)
   gelu_tanh_backward,  // a * gelu_tanh'(b)
   sigmoid_backward,    // a * b * (1 - b)        (b: sigmoid output)

@@ -71,7 +71,7 @@ KILN_KERNEL(batch_norm_forward,
              void* rstd, bool nhwc, const void* residual, bool relu))
 // eps is the forward's (cuDNN asks for the same value in both passes); mean/rstd are the forward's outputs.
 // nhwc (only where native_channels_last): x, y, gy and gx lie as [n, hw, c] in memory. y (non-null when
-// the forward ended in ReLU: its output) masks gy first, gy' = y > 0 ? gy : 0, and gresidual (non-null
+// the forward ended in ReLU: its output) masks gy first, gy' = y <= 0 ? 0 : gy, and gresidual (non-null
 // when the forward added a residual that needs a gradient) receives gy'.
 KILN_KERNEL(batch_norm_backward, (DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
                                   const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx,

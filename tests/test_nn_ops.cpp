@@ -371,12 +371,12 @@ TEST_CASE("nn: kernel set loops: elementwise f32 rows and column sums give the s
   same((a * b).to_vector(), [&](size_t i) { return f(i) * g(i); }, "mul");
   same((a / b).to_vector(), [&](size_t i) { return f(i) / g(i); }, "div");
   same(
-      relu(a).to_vector(), [&](size_t i) { return f(i) > 0.f ? f(i) : 0.f; }, "relu");
+      relu(a).to_vector(), [&](size_t i) { return f(i) <= 0.f ? 0.f : f(i); }, "relu");
   Tensor x = a.detach();
   x.set_requires_grad();
   relu(x).backward(b);
   same(
-      x.grad().to_vector(), [&](size_t i) { return f(i) > 0.f ? g(i) : 0.f; }, "relu backward");
+      x.grad().to_vector(), [&](size_t i) { return f(i) <= 0.f ? 0.f : g(i); }, "relu backward");
   // In place: the output is one of the inputs.
   Tensor c = a.clone();
   c.add_(b);
@@ -490,6 +490,50 @@ TEST_CASE("nn: gelu (erf) f32 rows of each kernel set against f64, tails include
   const auto yb = gelu(x64.to(DType::bf16)).to(DType::f32).to_vector();
   const auto yr = gelu(x64.to(DType::bf16).to(DType::f32)).to(DType::bf16).to(DType::f32).to_vector();
   CHECK(yb == yr);
+}
+
+// ReLU keeps NaN, as PyTorch's does (max(x, 0) with NaN giving 0 would hide a NaN activation behind a
+// finite 0), and its gradient passes where the output is NaN (PyTorch's threshold_backward: y <= 0 ? 0 : g);
+// -inf and -0 give +0. The same in batch_norm_relu's fused planes, under each kernel set (rows_<set>).
+TEST_CASE("nn: relu and batch_norm_relu keep NaN and pass its gradient, as PyTorch") {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  for (const DType dt : {DType::f32, DType::f64, DType::f16})
+    for (const Shape& xs : {Shape{2, 3, 5}, Shape{3, 4, 16, 16}}) {
+      INFO(dtype_name(dt) << " " << xs);
+      const int64_t n = zeros(xs).numel();
+      std::vector<double> rv = rnd(xs, 81).to_vector();
+      rv[5] = nan, rv[9] = -inf, rv[11] = -0.0, rv[size_t(n - 1)] = nan;
+      const Tensor upstream = rnd(xs, 82, dt);
+      const auto gv = upstream.to_vector();
+      Tensor a = from_vector(rv, xs).to(dt);
+      a.set_requires_grad();
+      const Tensor y = relu(a);
+      y.backward(upstream);
+      const auto yv = y.to_vector(), av = a.grad().to_vector();
+      for (const size_t i : {size_t(5), size_t(n - 1)}) {
+        CHECK(std::isnan(yv[i]));
+        CHECK(av[i] == gv[i]);  // the gradient passes a NaN output
+      }
+      CHECK((yv[9] == 0 && !std::signbit(yv[9]) && av[9] == 0));
+      CHECK((yv[11] == 0 && !std::signbit(yv[11]) && av[11] == 0));
+      if (dt == DType::f16) continue;  // batch norm takes f32/f64
+      for (const bool training : {true, false}) {
+        INFO((training ? "training" : "eval"));
+        const int64_t c = xs[1];
+        Tensor x = rnd(xs, 83, dt), r = from_vector(rv, xs).to(dt);
+        for (Tensor* t : {&x, &r}) t->set_requires_grad();
+        Tensor rm = zeros({c}, dt), rvar = ones({c}, dt);
+        const Tensor yb = batch_norm_relu(x, rm, rvar, ones({c}, dt), zeros({c}, dt), training, 0.1, 1e-5, r);
+        yb.backward(upstream);
+        const auto ybv = yb.to_vector(), rg = r.grad().to_vector();
+        for (const size_t i : {size_t(5), size_t(n - 1)}) {
+          CHECK(std::isnan(ybv[i]));
+          CHECK(rg[i] == gv[i]);  // the residual's gradient is the masked gy
+        }
+        CHECK((ybv[9] == 0 && rg[9] == 0));
+        for (const double v : x.grad().to_vector()) CHECK(std::isfinite(v));
+      }
+    }
 }
 
 // ResNet's blocks run "BN, ReLU" and "BN, add the shortcut, ReLU" as batch_norm_relu: the same bits as

@@ -69,7 +69,8 @@ template <typename T> KILN_HD T sigmoid(T x) {
   return z / (T(1) + z);
 }
 
-template <typename T> KILN_HD T relu(T x) { return x > T(0) ? x : T(0); }
+// NaN stays NaN, as in PyTorch (a NaN activation must not turn into a finite 0 that hides it).
+template <typename T> KILN_HD T relu(T x) { return x <= T(0) ? T(0) : x; }
 
 // The normal CDF as erfc(-x/sqrt2)/2, not (1 + erf(x/sqrt2))/2: for x below about -5, 1 + erf
 // cancels to a few bits (or to 0), so two libraries' erf, an ulp apart, gave results a factor of

@@ -35,11 +35,11 @@ struct F64Planes {
     for (int64_t j = 0; j < n; ++j) {
       double v = x[j] * sc + sh;
       if (r) v += r[j];
-      y[j] = relu ? (v > 0 ? v : 0.0) : v;
+      y[j] = relu ? (v <= 0 ? 0.0 : v) : v;
     }
   }
   static void relu_mask(int64_t n, const double* g, const double* y, double* o) {
-    for (int64_t j = 0; j < n; ++j) o[j] = y[j] > 0 ? g[j] : 0.0;
+    for (int64_t j = 0; j < n; ++j) o[j] = y[j] <= 0 ? 0.0 : g[j];
   }
   // One pass for both sums; the tail goes straight into the totals, then the lanes.
   static void grad_sums(int64_t n, const double* g, const double* x, double m, double* sg, double* sgd) {
@@ -61,7 +61,7 @@ struct F64Planes {
   }
   static void grad_apply(int64_t n, const double* g, const double* y, const double* x, double k1, double k2, double k3,
                          double* o) {
-    for (int64_t j = 0; j < n; ++j) o[j] = k1 * (!y || y[j] > 0 ? g[j] : 0.0) + k2 * x[j] + k3;
+    for (int64_t j = 0; j < n; ++j) o[j] = k1 * (y && y[j] <= 0 ? 0.0 : g[j]) + k2 * x[j] + k3;
   }
 };
 struct F32Planes {

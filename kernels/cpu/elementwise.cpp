@@ -187,7 +187,7 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
     case UnaryOp::sign: return unary_loop<T>(dst, src, [](A x) { return A((A(0) < x) - (x < A(0))); });
     case UnaryOp::relu:
       return unary_loop<T>(
-          dst, src, [](A x) { return x > A(0) ? x : A(0); }, kernel_set().rows.relu);
+          dst, src, [](A x) { return x <= A(0) ? A(0) : x; }, kernel_set().rows.relu);
     case UnaryOp::logical_not: return unary_loop<T>(dst, src, [](A x) { return A(!x); });
     case UnaryOp::clamp: {
       const bool has_lo = !std::isnan(p0), has_hi = !std::isnan(p1);
@@ -293,7 +293,7 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
         case BinaryOp::atan2: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return std::atan2(x, y); });
         case BinaryOp::relu_backward:
           return binary_loop<T, T>(
-              dst, a, b, [](A g, A y) { return y > A(0) ? g : A(0); }, rows.relu_mask);
+              dst, a, b, [](A g, A y) { return y <= A(0) ? A(0) : g; }, rows.relu_mask);
         case BinaryOp::gelu_erf_backward:
           return binary_loop<T, T>(
               dst, a, b, [](A g, A x) { return g * math::gelu_erf_grad(x); }, kernel_set().rows.gelu_erf_backward);

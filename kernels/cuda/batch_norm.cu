@@ -380,14 +380,14 @@ template <typename T> __global__ void __launch_bounds__(kThreads)
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     T v = y[e];
     if (residual) v = v + residual[e];
-    y[e] = relu ? (v > T(0) ? v : T(0)) : v;
+    y[e] = relu ? (v <= T(0) ? T(0) : v) : v;
   }
 }
-// ReLU's gradient from its output: o = y > 0 ? g : 0. Launch: grid_for(total), grid-stride.
+// ReLU's gradient from its output: o = y <= 0 ? 0 : g. Launch: grid_for(total), grid-stride.
 template <typename T> __global__ void __launch_bounds__(kThreads)
     bn_relu_mask_kernel(int64_t total, const T* g, const T* y, T* o) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
-    o[e] = y[e] > T(0) ? g[e] : T(0);
+    o[e] = y[e] <= T(0) ? T(0) : g[e];
 }
 
 void bn_forward_core(DType dt, int64_t n, int64_t c, int64_t hw, double eps, double momentum, bool training,

@@ -178,7 +178,7 @@ template <typename T> struct UnaryF {
       case UnaryOp::neg: return A(-x);
       case UnaryOp::abs: return negative(x) ? A(-x) : x;
       case UnaryOp::sign: return A((A(0) < x) - negative(x));
-      case UnaryOp::relu: return x > A(0) ? x : A(0);
+      case UnaryOp::relu: return x <= A(0) ? A(0) : x;
       case UnaryOp::logical_not: return A(!x);
       case UnaryOp::clamp:
         if constexpr (is_float_v<T>) {
@@ -274,7 +274,7 @@ template <typename T> struct BinaryF {
       if constexpr (is_float_v<T>) {
         switch (op) {
           case BinaryOp::atan2: return atan2(x, y);
-          case BinaryOp::relu_backward: return y > A(0) ? x : A(0);
+          case BinaryOp::relu_backward: return y <= A(0) ? A(0) : x;
           case BinaryOp::gelu_erf_backward: return x * math::gelu_erf_grad(y);
           case BinaryOp::gelu_tanh_backward: return x * math::gelu_tanh_grad(y);
           case BinaryOp::sigmoid_backward: return x * y * (A(1) - y);
