@@ -53,8 +53,10 @@ HostMemoryStats meta_memory_stats();
 void reset_meta_memory_peak();
 // Whether meta kernels take operands as a GPU does (16-bit GEMM and convolution operands as they
 // are, channels_last buffers natively) or as the CPU does (f32 and NCHW copies first): the planner
-// sets it for the device it plans. Process-wide; default: as the CPU.
-void set_meta_like_gpu(bool on);
+// sets it for the device it plans. Process-wide; default: as the CPU. As a GPU, the meta kernels also
+// count what the CUDA kernels take for a call (cuBLASLt's workspace, scratch buffers), and, with
+// cudnn_device >= 0 (a CUDA device of this process), the workspace its cuDNN picks for each convolution.
+void set_meta_like_gpu(bool on, int cudnn_device = -1);
 // While one lives on this thread, the factories (zeros, randn, from_vector, ...) asked for CPU
 // tensors make meta tensors: a model built in its scope has its parameters' shapes but not their
 // memory (as PyTorch's `with torch.device("meta")`).

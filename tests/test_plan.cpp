@@ -3,6 +3,10 @@
 // batches, recompute on and off), the micro-batch search, and the meta device's rules.
 #include <doctest/doctest.h>
 
+#include <functional>
+#include <map>
+
+#include "kernels/cuda/cuda_backend.h"
 #include "kiln.h"
 #include "test_util.h"
 #include "tools/plan.h"
@@ -91,6 +95,48 @@ TEST_CASE("meta tensors: shapes and counted bytes, no values") {
   CHECK(Device::parse("meta") == kMeta);
 }
 
+// Planned as a GPU, a meta kernel also takes, for the length of the call, what the CUDA kernel takes
+// from the device's allocator: cuBLASLt's 32 MiB workspace at every matmul (kernels/cuda/gemm.cu), and
+// batch_norm_relu's backward without a residual a buffer of the masked gradient (batch_norm.cu). As the
+// CPU, neither: the peaks of the same calls differ by exactly those.
+TEST_CASE("meta tensors as a GPU: a call's workspace and scratch count at the peak, then go") {
+  struct Like {
+    explicit Like(bool gpu) { set_meta_like_gpu(gpu); }
+    ~Like() { set_meta_like_gpu(false); }
+  };
+  const TensorOptions meta(DType::f32, kMeta);
+  // Peak above the bytes held before, and the bytes held after, of one call.
+  auto measure = [](const std::function<void()>& call) {
+    const size_t before = meta_memory_stats().allocated;
+    reset_meta_memory_peak();
+    call();
+    return std::make_pair(meta_memory_stats().peak_allocated - before, meta_memory_stats().allocated - before);
+  };
+  std::map<std::pair<bool, std::string>, std::pair<size_t, size_t>> got;
+  for (const bool gpu : {false, true}) {
+    Like like(gpu);
+    const Tensor a = randn({64, 32}, meta), b = randn({32, 16}, meta), batched = randn({3, 64, 32}, meta);
+    Tensor c;
+    got[{gpu, "matmul"}] = measure([&] { c = matmul(a, b); });
+    got[{gpu, "batched"}] = measure([&] { Tensor d = matmul(batched, b); });
+    for (const bool residual : {false, true}) {
+      Tensor x = randn({4, 8, 6, 6}, meta), r = randn({4, 8, 6, 6}, meta), g = randn({4, 8, 6, 6}, meta);
+      x.set_requires_grad();
+      r.set_requires_grad();
+      const Tensor y = batch_norm_relu(x, {}, {}, {}, {}, true, 0.1, 1e-5, residual ? r : Tensor());
+      got[{gpu, residual ? "bn residual" : "bn"}] = measure([&] { y.backward(g); });
+    }
+  }
+  const size_t lt = size_t(32) << 20, xb = 4 * 8 * 6 * 6 * 4;
+  CHECK(got[{false, "matmul"}].first == 64 * 16 * 4);
+  for (const auto& [what, extra] :
+       std::vector<std::pair<std::string, size_t>>{{"matmul", lt}, {"batched", lt}, {"bn", xb}, {"bn residual", 0}}) {
+    CAPTURE(what);
+    CHECK(got[{true, what}].first == got[{false, what}].first + extra);  // the peak, during the call
+    CHECK(got[{true, what}].second == got[{false, what}].second);        // after it: gone
+  }
+}
+
 TEST_CASE("plan: kiln plan prints the breakdown and the micro-batch that fits") {
   auto r = run_kiln("plan --model bert-tiny --batch 32 --seq-len 128 --optimizer adamw --memory 120MiB", ".");
   REQUIRE_MESSAGE(r.code == 0, r.output);
@@ -100,6 +146,11 @@ TEST_CASE("plan: kiln plan prints the breakdown and the micro-batch that fits") 
   r = run_kiln("plan --model resnet20 --memory 1MiB", ".");
   CHECK(r.code == 0);
   CHECK_MESSAGE(contains(r.output, "even a micro-batch of 1 does not fit: it needs"), r.output);
+  // For a GPU: cuBLASLt's workspace in, and whether cuDNN's could be asked (no device here).
+  r = run_kiln("plan --model resnet20 --device cuda --memory 16GiB", ".");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "with cuBLASLt's 32 MiB per matmul"), r.output);
+  if (cuda::device_count() == 0) CHECK_MESSAGE(contains(r.output, "no CUDA device here to ask"), r.output);
   r = run_kiln("plan --model resnet20 --memory lots", ".");
   CHECK(r.code != 0);
   CHECK_MESSAGE(contains(r.output, "--memory lots: expected an amount of memory"), r.output);

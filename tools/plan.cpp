@@ -10,6 +10,7 @@
 #include "engine/dist.h"
 #include "engine/optim.h"
 #include "engine/random.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/runtime_info.h"
 #include "tools/train.h"
@@ -73,6 +74,7 @@ nlohmann::json MemoryPlan::to_json() const {
           {"comm_buffers", comm_buffers},
           {"activations", activations},
           {"workspace", workspace},
+          {"cudnn_workspace_counted", gpu ? nlohmann::json(cudnn_asked) : nlohmann::json()},
           {"peak", peak},
           {"blocks", b}};
 }
@@ -192,9 +194,15 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
 
 MemoryPlan plan_memory(const PlanOptions& o, int64_t micro_batch) {
   const Device target = Device::parse(o.device);
-  set_meta_like_gpu(target.is_cuda());
+  // A GPU of this process answers what its cuDNN would pick for each convolution.
+  const int ask = target.is_cuda() && target.index < cuda::device_count() ? target.index : -1;
+  struct Like {
+    Like(bool gpu, int ask) { set_meta_like_gpu(gpu, ask); }
+    ~Like() { set_meta_like_gpu(false); }
+  } like(target.is_cuda(), ask);
   MemoryPlan p = step_memory(o, micro_batch, kMeta);
-  set_meta_like_gpu(false);
+  p.gpu = target.is_cuda();
+  p.cudnn_asked = ask >= 0;
   return p;
 }
 
@@ -308,6 +316,11 @@ int run_plan(const PlanOptions& o) {
     std::printf("    %-20s %12s\n", n.c_str(), mib(b).c_str());
   }
   row("workspace", p.workspace, "at the peak: gradients as backward makes them, temporaries");
+  if (p.gpu)
+    std::printf("    %s\n", p.cudnn_asked ? "with cuBLASLt's 32 MiB per matmul and each convolution's cuDNN workspace "
+                                            "(as this device's cuDNN picks it)"
+                                          : "with cuBLASLt's 32 MiB per matmul; not the convolutions' cuDNN "
+                                            "workspaces (no CUDA device here to ask: up to 1 GiB per pass)");
   row("predicted peak", p.peak, target.is_cuda() ? "(a GPU adds its context and the allocator's rounding)" : "");
   nlohmann::json j = {{"model", o.model}, {"batch", batch}, {"device", o.device}, {"plan", p.to_json()}};
   if (memory > 0) {

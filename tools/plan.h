@@ -36,6 +36,9 @@ struct MemoryPlan {
   size_t parameters = 0, buffers = 0, gradients = 0, optimizer_state = 0, master_copies = 0, comm_buffers = 0,
          activations = 0, workspace = 0, peak = 0;
   std::vector<std::pair<std::string, size_t>> blocks;  // activations kept per block, largest first
+  // Planned for a GPU: whether the workspace holds what cuDNN picks for each convolution (asked of a
+  // device of this process), or leaves it out (no device to ask). cuBLASLt's is always in.
+  bool gpu = false, cudnn_asked = false;
   nlohmann::json to_json() const;
 };
 

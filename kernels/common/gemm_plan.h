@@ -33,6 +33,10 @@ enum class GemmOperand : uint8_t { a, b };
 // matmul: one cublasLtMatmul.
 enum class GemmPath : uint8_t { nothing, scale, matmul };
 
+// The workspace every cublasLtMatmul call gets (what cuBLASLt asks for on Hopper), taken from the
+// device's caching allocator for the call: the memory planner counts it at each matmul as well.
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+
 // A cublasLtMatrixLayout: column-major rows x cols with leading dimension ld (elements), and the
 // strided batch offset between consecutive matrices (set on the layout only when batch_count > 1,
 // and 0 here otherwise).

@@ -39,6 +39,9 @@ void copy_to_device_async(void*, int device, const void*, size_t, std::shared_pt
 Allocator& upload_allocator(int device, const void*) { no_cuda("allocate on", device); }
 void* copy_stream(int device) { no_cuda("the copy stream of", device); }
 Allocator& pinned_allocator() { no_cuda("pinned memory for", 0); }
+size_t conv_workspace_bytes(int device, DType, const Conv2dParams&, libplan::ConvPass) {
+  no_cuda("the cuDNN workspace on", device);
+}
 void set_deterministic(bool on) { g_deterministic = on; }
 bool deterministic() { return g_deterministic; }
 void set_cudnn_benchmark(bool on) { g_benchmark = on; }

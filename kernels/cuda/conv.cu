@@ -229,9 +229,32 @@ std::mutex g_mutex;
 std::map<Key, Choice> g_choices;                  // the algorithm that ran, per pass and shape
 std::map<Key, std::vector<Choice>> g_candidates;  // cuDNN's usable list, per pass and shape
 
+// The usable entries of cuDNN's list `perf` (n entries, fastest first): within the workspace limit,
+// deterministic in deterministic mode, and f32 without TF32 in f32 arithmetic.
+template <Pass P> std::vector<Choice> usable_of(cudnnHandle_t h, DType dt, const ConvDescs& d,
+                                                const typename PassApi<P>::Perf* perf, int n) {
+  using Api = PassApi<P>;
+  std::vector<Choice> usable;
+  for (int i = 0; i < n; ++i) {
+    // The workspace as the size query answers for this algorithm and math type, when it asks for
+    // more than the list said: a kernel given less than it needs writes past its buffer.
+    size_t bytes = perf[i].memory;
+    if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+      KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, perf[i].mathType));
+      size_t asked = 0;
+      if (Api::workspace(h, d, int(perf[i].algo), &asked) != CUDNN_STATUS_SUCCESS) continue;
+      bytes = std::max(bytes, asked);
+    }
+    const libplan::DnnCandidate c{perf[i].status == CUDNN_STATUS_SUCCESS, bytes,
+                                  perf[i].determinism == CUDNN_DETERMINISTIC, plan_math(perf[i].mathType)};
+    if (!libplan::usable(c, dt, deterministic(), allow_tf32())) continue;
+    usable.push_back(Choice{int(perf[i].algo), perf[i].mathType, bytes});
+  }
+  return usable;
+}
+
 // The usable entries of cuDNN's list, fastest first (by heuristics, or timed on the real buffers in
-// benchmark mode, whose outputs the real call overwrites): within the workspace limit,
-// deterministic in deterministic mode, and f32 without TF32 in f32 arithmetic. Empty when none is.
+// benchmark mode, whose outputs the real call overwrites). Empty when none is.
 template <Pass P>
 const std::vector<Choice>& candidates(DType dt, const Conv2dParams& p, const ConvDescs& d, const Operands& o) {
   const Key key = key_of(P, dt, p);
@@ -251,22 +274,7 @@ const std::vector<Choice>& candidates(DType dt, const Conv2dParams& p, const Con
   } else {
     Api::get(h, d, kMax, &n, perf);
   }
-  std::vector<Choice> usable;
-  for (int i = 0; i < n; ++i) {
-    // The workspace as the size query answers for this algorithm and math type, when it asks for
-    // more than the list said: a kernel given less than it needs writes past its buffer.
-    size_t bytes = perf[i].memory;
-    if (perf[i].status == CUDNN_STATUS_SUCCESS) {
-      KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, perf[i].mathType));
-      size_t asked = 0;
-      if (Api::workspace(h, d, int(perf[i].algo), &asked) != CUDNN_STATUS_SUCCESS) continue;
-      bytes = std::max(bytes, asked);
-    }
-    const libplan::DnnCandidate c{perf[i].status == CUDNN_STATUS_SUCCESS, bytes,
-                                  perf[i].determinism == CUDNN_DETERMINISTIC, plan_math(perf[i].mathType)};
-    if (!libplan::usable(c, dt, deterministic(), allow_tf32())) continue;
-    usable.push_back(Choice{int(perf[i].algo), perf[i].mathType, bytes});
-  }
+  std::vector<Choice> usable = usable_of<P>(h, dt, d, perf, n);
   std::lock_guard<std::mutex> lk(g_mutex);
   return g_candidates.emplace(key, std::move(usable)).first->second;
 }
@@ -305,6 +313,27 @@ template <Pass P> void convolve(DType dt, const Conv2dParams& p, const ConvDescs
   KILN_FAIL("cuda conv2d ", Api::kName, ": no cuDNN ", deterministic() ? "deterministic " : "", "algorithm runs for ",
             libplan::describe(dt, p),
             tried.empty() ? " (cuDNN offers none within the limits)" : " (tried" + tried + ")");
+}
+
+// The workspace the pass will take: the algorithm that ran for this shape, else the first of the
+// usable list found before, else the first of cuDNN's heuristic list now (not kept: a later run in
+// benchmark mode still times its own). 0 when none is usable.
+template <Pass P> size_t planned_workspace(DType dt, const Conv2dParams& p, const ConvDescs& d) {
+  const Key key = key_of(P, dt, p);
+  {
+    std::lock_guard<std::mutex> lk(g_mutex);
+    if (auto it = g_choices.find(key); it != g_choices.end()) return it->second.workspace;
+    if (auto it = g_candidates.find(key); it != g_candidates.end())
+      return it->second.empty() ? 0 : it->second.front().workspace;
+  }
+  using Api = PassApi<P>;
+  constexpr int kMax = 16;
+  typename Api::Perf perf[kMax];
+  int n = 0;
+  cudnnHandle_t h = current().cudnn();
+  Api::get(h, d, kMax, &n, perf);
+  const std::vector<Choice> usable = usable_of<P>(h, dt, d, perf, n);
+  return usable.empty() ? 0 : usable.front().workspace;
 }
 
 // Whether cuDNN offers an algorithm for the pass at all (NHWC without one runs on NCHW copies).
@@ -346,6 +375,19 @@ DeviceBuffer relaid(DType dt, const void* src, int64_t n, int64_t c, int64_t h, 
 }
 
 }  // namespace
+
+size_t conv_workspace_bytes(int device, DType dt, const Conv2dParams& p, libplan::ConvPass pass) {
+  use(device);
+  const ConvPlan plan = libplan::plan_conv(dt, p, pass, allow_tf32());
+  if (plan.path != ConvPath::convolve) return 0;
+  const ConvDescs d(plan);
+  switch (pass) {
+    case Pass::forward: return planned_workspace<Pass::forward>(dt, p, d);
+    case Pass::backward_data: return planned_workspace<Pass::backward_data>(dt, p, d);
+    case Pass::backward_filter: return planned_workspace<Pass::backward_filter>(dt, p, d);
+  }
+  return 0;
+}
 
 void set_cudnn_benchmark(bool on) { g_benchmark = on; }
 bool cudnn_benchmark() { return g_benchmark; }

@@ -9,6 +9,7 @@
 #include "base/allocator.h"
 #include "base/dtype.h"
 #include "kernels/backend.h"
+#include "kernels/common/conv_plan.h"
 
 namespace kiln::cuda {
 
@@ -57,6 +58,11 @@ std::string gemm_backend();
 // the same bits. Off by default (cuDNN then picks its fastest algorithm by heuristics).
 void set_deterministic(bool on);
 bool deterministic();
+// The cuDNN workspace (bytes) a convolution pass on `device` will take, for the memory planner: the
+// algorithm that ran for the shape, else the first usable one of cuDNN's heuristic list (benchmark
+// mode may later pick another). 0 where no cuDNN call runs. Not counted: an NHWC pass that cuDNN has
+// no algorithm for runs on NCHW copies of its buffers.
+size_t conv_workspace_bytes(int device, DType dt, const Conv2dParams& p, libplan::ConvPass pass);
 // Opt-in cuDNN benchmark mode: time every algorithm once per shape and keep the fastest.
 void set_cudnn_benchmark(bool on);
 bool cudnn_benchmark();

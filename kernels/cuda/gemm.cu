@@ -29,7 +29,7 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // what cuBLASLt asks for on Hopper
+constexpr size_t kWorkspaceBytes = libplan::kLtWorkspaceBytes;
 
 using libplan::GemmCall;
 using libplan::GemmPath;
