@@ -16,6 +16,10 @@
 
 #include "base/error.h"
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #if defined(__SSE2__)
 #include <xmmintrin.h>
 #endif
@@ -49,16 +53,13 @@ class DenormalScope {
   unsigned saved_ = 0;
 };
 
-int default_threads() {
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
-}
+int default_threads() { return available_cpus(); }
 
 // Spins for up to this long (pause instructions, no system call) before blocking on a condition
 // variable: waking a thread that sleeps in the kernel took 50-100 us on the 2-core VMs Kiln is tested on,
 // longer than most ops' chunks, so without the spin the caller ran every chunk itself. A worker waits
 // this long for the next job, the caller this long for the workers' last chunks (as OpenMP runtimes
-// spin-wait by default). Not when the pool has more threads than the machine has hardware threads: a
+// spin-wait by default). Not when the pool has more threads than the process has CPUs (available_cpus): a
 // spinning thread would hold a core another one needs.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
@@ -197,6 +198,19 @@ Pool& pool() {
 }
 
 }  // namespace
+
+int available_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+#endif
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
 
 int num_threads() { return pool().size(); }
 

@@ -3,9 +3,11 @@
 // environment variables of the programs map onto it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/cpu_isa.h"
@@ -139,6 +141,30 @@ TEST_CASE("context: the programs' environment variables map onto it, and unset o
   ::unsetenv("KILN_GEMM");
   ::unsetenv("KILN_CPU_ISA");
   CHECK(tools::environment_context() == before);
+  // Ranks an MPI launcher started on this machine without binding them share its CPUs.
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  CHECK(tools::environment_context().num_threads == tools::rank_threads(2, available_cpus(), hw));
+  if (available_cpus() == hw && hw >= 2) CHECK(tools::environment_context().num_threads == hw / 2);
+  ::setenv("KILN_NUM_THREADS", "3", 1);  // the user's choice wins
+  CHECK(tools::environment_context().num_threads == 3);
+  ::unsetenv("KILN_NUM_THREADS");
+  ::setenv("OMPI_COMM_WORLD_RANK", "5", 1);  // nonsense: kiln train says so; the threads stay
+  CHECK(tools::environment_context() == before);
+  for (const char* n : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"}) ::unsetenv(n);
   for (const Saved& v : saved)
     if (v.set) ::setenv(v.name, v.value.c_str(), 1);
+}
+
+TEST_CASE("context: threads per rank split the CPUs a launcher left to every rank, not those it bound") {
+  CHECK(tools::rank_threads(1, 8, 8) == 8);
+  CHECK(tools::rank_threads(2, 2, 2) == 1);
+  CHECK(tools::rank_threads(4, 16, 16) == 4);
+  CHECK(tools::rank_threads(3, 2, 2) == 1);   // more ranks than CPUs: one thread each
+  CHECK(tools::rank_threads(2, 1, 2) == 1);   // bound to one CPU each
+  CHECK(tools::rank_threads(4, 4, 16) == 4);  // bound to four each
+  CHECK(available_cpus() >= 1);
+  CHECK(available_cpus() <= int(std::max(1u, std::thread::hardware_concurrency())));
 }

@@ -3,14 +3,18 @@
 // command's checks are compared with what this machine has.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/cpu_isa.h"
+#include "base/thread_pool.h"
 #include "kernels/cuda/runtime_info.h"
 #include "test_util.h"
+#include "tools/environment.h"
 
 using kiln::cuda::ArchMatch;
 using kiln::cuda::match_arch;
@@ -159,4 +163,26 @@ TEST_CASE("doctor: names the CPU kernel set in use and why") {
   CHECK(text.code == 1);
   CHECK_MESSAGE(contains(text.output, "KILN_CPU_ISA: 'avx1024' is not a CPU kernel set (avx512, avx2 or generic)"),
                 text.output);
+}
+
+// The CPU threads without KILN_NUM_THREADS: the CPUs the affinity mask allows (taskset here, an MPI
+// launcher's binding in a job), split between the ranks a launcher says share the machine.
+TEST_CASE("doctor: threads follow the affinity mask and a launcher's local ranks") {
+  TempDir d;
+  const std::string doctor = std::string(KILN_BINARY) + " doctor --json --no-self-test";
+  auto threads = [&](const std::string& prefix) {
+    const std::string log = (d / "threads.json");
+    const int rc = std::system((prefix + " " + doctor + " > " + log + " 2> /dev/null < /dev/null").c_str());
+    (void)rc;  // no GPU: doctor's own exit code says so; the JSON is what counts
+    return nlohmann::json::parse(kiln::testing::read_text(log)).at("build").at("threads").get<int>();
+  };
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  CHECK(threads("env -u KILN_NUM_THREADS") == kiln::available_cpus());
+  if (std::system("command -v taskset > /dev/null 2>&1") == 0)
+    CHECK(threads("env -u KILN_NUM_THREADS taskset -c 0") == 1);
+  const std::string ompi =
+      "env -u KILN_NUM_THREADS OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_SIZE=2";
+  CHECK(threads(ompi) == kiln::tools::rank_threads(2, kiln::available_cpus(), hw));
+  if (kiln::available_cpus() == hw && hw % 2 == 0) CHECK(threads(ompi) == hw / 2);
+  CHECK(threads(ompi + " KILN_NUM_THREADS=3") == 3);
 }

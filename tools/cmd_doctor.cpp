@@ -13,6 +13,7 @@
 #include "kernels/cuda/runtime_info.h"
 #include "kiln_build_info.h"
 #include "tools/commands.h"
+#include "tools/environment.h"
 
 namespace kiln::tools {
 
@@ -275,9 +276,12 @@ int run_doctor(const DoctorOptions& o) {
   r.section("Build");
   const std::string eigen = std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
                             std::to_string(EIGEN_MINOR_VERSION);
-  r.line("CPU backend", "Eigen " + eigen + ", " + std::to_string(threads) + " threads (" +
-                            (env_threads ? std::string("KILN_NUM_THREADS=") + env_threads : "KILN_NUM_THREADS unset") +
-                            "; hardware threads " + std::to_string(hw) + ")");
+  r.line("CPU backend",
+         "Eigen " + eigen + ", " + std::to_string(threads) + (threads == 1 ? " thread (" : " threads (") +
+             (env_threads ? std::string("KILN_NUM_THREADS=") + env_threads : "KILN_NUM_THREADS unset") +
+             "; CPUs available " + std::to_string(available_cpus()) + " of " + std::to_string(hw) +
+             " hardware threads" +
+             (local_ranks() > 1 ? ", split between " + std::to_string(local_ranks()) + " local ranks" : "") + ")");
   r.line("CPU code for", cpu_features() + " (KILN_MARCH=" KILN_MARCH_STRING +
                              (std::string(KILN_MARCH_FLAGS).empty() ? std::string() : ": " KILN_MARCH_FLAGS) + ")");
   const std::string isa = cpu_isa_name(cpu_isa());

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/thread_pool.h"
 #include "tools/commands.h"
 
 namespace kiln::tools {
@@ -106,9 +107,9 @@ int run_launch(const LaunchOptions& o) {
     const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) cmd[0] = std::string(self, size_t(n));
   }
-  // Cores are shared: each rank's compute pool gets its share unless the user chose.
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  const std::string threads = std::to_string(std::max(1u, hw / unsigned(o.nproc_per_node)));
+  // Cores are shared: each rank's compute pool gets its share of the CPUs this process may run on
+  // (the ranks inherit its affinity) unless the user chose.
+  const std::string threads = std::to_string(std::max(1, available_cpus() / o.nproc_per_node));
 
   struct sigaction sa{};
   sa.sa_handler = on_launch_signal;

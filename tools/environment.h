@@ -1,17 +1,21 @@
 // The environment variables Kiln's programs honour, read in one place: the library itself reads
 // none (docs/architecture.md, "Explicit settings"), so the `kiln` command, the test runners and
 // the benchmarks call apply_environment() once at start. Header-only for those separate programs.
-//   KILN_NUM_THREADS   CPU threads for the kernels (default: all hardware threads)
+//   KILN_NUM_THREADS   CPU threads for the kernels (default: the CPUs the process may run on, split
+//                      between the ranks a launcher started on this machine; rank_threads below)
 //   KILN_CPU_CACHE_MB  host memory the CPU allocator keeps for reuse (default 4096; 0: none)
 //   KILN_GEMM          f16/bf16 GEMM on CUDA: kiln, cublaslt or auto (default auto)
 //   KILN_CPU_ISA       CPU kernel set: avx512, avx2 or generic (default: the best the CPU supports)
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "base/cpu_isa.h"
 #include "base/error.h"
+#include "base/thread_pool.h"
 #include "engine/context.h"
 #include "engine/dist.h"
 
@@ -33,10 +37,35 @@ inline dist::DistEnv dist_env() {
   return dist::DistEnv::from_variables([](const char* name) -> const char* { return std::getenv(name); });
 }
 
+// CPU threads of a process without KILN_NUM_THREADS: the CPUs it may run on (`available`, its
+// affinity mask), split between the `local_ranks` processes a launcher started on this machine when
+// each was left the whole machine (Open MPI with more ranks than cores or --bind-to none, torchrun,
+// srun without --cpu-bind): ranks with all-core pools take turns on the same cores (BERT-tiny MLM, 2
+// ranks by `mpirun --bind-to none` on a 2-core machine: 274-280 samples/s with 2 threads each,
+// 344-353 with 1). A rank bound to its own CPUs (a mask smaller than the machine) keeps them all.
+// `kiln launch` sets KILN_NUM_THREADS itself.
+inline int rank_threads(int local_ranks, int available, int hardware) {
+  if (local_ranks <= 1 || available < hardware) return available;
+  return std::max(1, available / local_ranks);
+}
+
+// How many ranks a launcher says run on this machine (1 outside one, or where its variables do not
+// make sense: `kiln train` reports those).
+inline int local_ranks() {
+  try {
+    return std::max(1, dist_env().local_world_size);
+  } catch (const Error&) {
+    return 1;
+  }
+}
+
 // The Context the environment asks for, over the one in force (unset variables keep its values).
 inline Context environment_context() {
   Context c = Context::current();
-  if (const int64_t n = env_integer("KILN_NUM_THREADS", 1, 4096, 0); n > 0) c.num_threads = int(n);
+  if (const int64_t n = env_integer("KILN_NUM_THREADS", 1, 4096, 0); n > 0)
+    c.num_threads = int(n);
+  else if (const int local = local_ranks(); local > 1)
+    c.num_threads = rank_threads(local, available_cpus(), int(std::max(1u, std::thread::hardware_concurrency())));
   if (const int64_t mb = env_integer("KILN_CPU_CACHE_MB", 0, int64_t(1) << 30, -1); mb >= 0)
     c.cpu_cache_bytes = size_t(mb) << 20;
   if (const char* g = std::getenv("KILN_GEMM"); g && *g) {
