@@ -302,7 +302,7 @@ int run_bench_memory(const BenchMemoryOptions& o) {
   const std::string &kiln = ch.kiln, &dir = ch.dir;
   const std::vector<std::string> models =
       o.models.empty() ? std::vector<std::string>{"resnet50", "bert-base"} : o.models;
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned hw = unsigned(available_cpus());  // the CPUs this process (and its children) may run on
   std::printf(
       "kiln bench memory: %s; CPU bytes held at the peak of a training step (the most of any rank), "
       "median step time; %lld warm-up + %lld timed steps\n",
