@@ -16,6 +16,11 @@
 
 #include "base/error.h"
 
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
 #if defined(__linux__)
 #include <sched.h>
 #endif
@@ -199,17 +204,95 @@ Pool& pool() {
 
 }  // namespace
 
-int available_cpus() {
+namespace {
+// The CPUs of the affinity mask (a mask sized for the machine: beyond 1024 CPUs the fixed cpu_set_t
+// is too small), or 0 where it cannot be read.
+int affinity_cpus() {
 #if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
+  for (int n = 1024; n <= (1 << 16); n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (!set) return 0;
+    const size_t bytes = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(bytes, set);
+    const int rc = sched_getaffinity(0, bytes, set);
+    const int count = rc == 0 ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (rc == 0) return count;
+    if (errno != EINVAL) return 0;  // EINVAL: the mask is larger than n CPUs
   }
 #endif
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
+  return 0;
+}
+
+std::string read_small_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return "";
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// "quota period" (cgroup v2's cpu.max; "max ..." is none) or two numbers from v1's files, as CPUs
+// rounded up; 0 for none.
+int quota_cpus(double quota, double period) {
+  if (!(quota > 0) || !(period > 0)) return 0;
+  return std::max(1, int(std::ceil(quota / period - 1e-9)));
+}
+}  // namespace
+
+int cgroup_cpu_limit(const std::function<std::string(const std::string&)>& read) {
+  int limit = 0;
+  auto take = [&](int n) {
+    if (n > 0) limit = limit == 0 ? n : std::min(limit, n);
+  };
+  std::istringstream lines(read("/proc/self/cgroup"));
+  for (std::string line; std::getline(lines, line);) {
+    // "id:controllers:path": id 0 with no controllers is cgroup v2; v1 names "cpu" among its controllers.
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    const bool v2 = line.substr(0, a) == "0" && controllers.empty();
+    bool v1 = false;
+    for (size_t s = 0; s <= controllers.size();) {
+      const size_t e = std::min(controllers.find(',', s), controllers.size());
+      v1 = v1 || controllers.substr(s, e - s) == "cpu";
+      s = e + 1;
+    }
+    if (!v1 && !v2) continue;
+    // The process's cgroup and each one above it (a quota may sit on a parent); inside a container
+    // the path is often not under the mount, so the mount's root is read as well.
+    for (;;) {
+      const std::string dir = path == "/" ? "" : path;
+      if (v2) {
+        std::istringstream f(read("/sys/fs/cgroup" + dir + "/cpu.max"));
+        std::string q;
+        double period = 0;
+        if (f >> q >> period && q != "max") take(quota_cpus(std::atof(q.c_str()), period));
+      } else {
+        for (const char* mount : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
+          const std::string q = read(std::string(mount) + dir + "/cpu.cfs_quota_us");
+          const std::string p = read(std::string(mount) + dir + "/cpu.cfs_period_us");
+          if (!q.empty() && !p.empty()) take(quota_cpus(std::atof(q.c_str()), std::atof(p.c_str())));
+        }
+      }
+      if (path.empty() || path == "/") break;
+      const size_t slash = path.rfind('/');
+      path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+    }
+  }
+  return limit;
+}
+
+int available_cpus() {
+  static const int n = [] {
+    int cpus = affinity_cpus();
+    if (cpus <= 0) cpus = int(std::thread::hardware_concurrency());
+    if (cpus <= 0) cpus = 1;
+    const int quota = cgroup_cpu_limit(read_small_file);
+    return quota > 0 ? std::min(cpus, quota) : cpus;
+  }();
+  return n;
 }
 
 int num_threads() { return pool().size(); }

@@ -4,16 +4,23 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace kiln {
 
 int num_threads();
 // The CPUs this process may run on: its affinity mask (taskset, a cgroup's cpuset, an MPI launcher's
-// binding), or the hardware threads where that cannot be read. The pool's default size, and the most
+// binding), or the hardware threads where that cannot be read, and at most what a cgroup CPU quota
+// allows (a container started with --cpus 8 on a 64-core host gets 8). Read once, at the first call.
+// The pool's default size, and the most
 // threads that spin: Open MPI binds each of 2 ranks to one core of a 2-core machine, where a pool of
 // all hardware threads ran 2 spinning threads on one core (BERT-tiny MLM at 265-281 samples/s
 // against 332-348 with the mask's 1 thread).
 int available_cpus();
+// The CPUs a cgroup CPU quota allows this process, rounded up (cgroup v2's cpu.max, v1's
+// cpu.cfs_quota_us / cpu.cfs_period_us, on the process's cgroup and those above it; the smallest),
+// or 0 for no quota. `read(path)` gives a file's text, "" when it cannot be read.
+int cgroup_cpu_limit(const std::function<std::string(const std::string&)>& read);
 // Resizes the pool (n >= 1). Not safe to call while a parallel_for is running.
 void set_num_threads(int n);
 // Calls fn(chunk_begin, chunk_end) on disjoint chunks covering [begin, end), in parallel.

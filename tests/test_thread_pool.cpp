@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -44,4 +46,42 @@ TEST_CASE("thread pool: jobs back to back and after sleeps, every size, exceptio
     CHECK(bad == 0);
   }
   kiln::set_num_threads(saved);
+}
+
+// A container's CPU quota (docker --cpus, a Kubernetes limit) caps the pool: the quota over its period,
+// rounded up, from the process's cgroup or one above it (the smallest), cgroup v2 or v1.
+TEST_CASE("thread pool: a cgroup CPU quota caps the CPUs, v2 and v1, on the cgroup or a parent") {
+  auto limit = [](const std::map<std::string, std::string>& files) {
+    return kiln::cgroup_cpu_limit([&](const std::string& path) {
+      const auto it = files.find(path);
+      return it == files.end() ? std::string() : it->second;
+    });
+  };
+  CHECK(limit({}) == 0);  // nothing to read: no quota
+  CHECK(limit({{"/proc/self/cgroup", "0::/job\n"}, {"/sys/fs/cgroup/job/cpu.max", "200000 100000\n"}}) == 2);
+  CHECK(limit({{"/proc/self/cgroup", "0::/job\n"}, {"/sys/fs/cgroup/job/cpu.max", "150000 100000\n"}}) == 2);
+  CHECK(limit({{"/proc/self/cgroup", "0::/job\n"}, {"/sys/fs/cgroup/job/cpu.max", "20000 100000\n"}}) == 1);
+  CHECK(limit({{"/proc/self/cgroup", "0::/job\n"}, {"/sys/fs/cgroup/job/cpu.max", "max 100000\n"}}) == 0);
+  // On a parent, and the smallest of several.
+  CHECK(limit({{"/proc/self/cgroup", "0::/a/b\n"},
+               {"/sys/fs/cgroup/a/b/cpu.max", "max 100000\n"},
+               {"/sys/fs/cgroup/a/cpu.max", "400000 100000\n"}}) == 4);
+  CHECK(limit({{"/proc/self/cgroup", "0::/a/b\n"},
+               {"/sys/fs/cgroup/a/b/cpu.max", "600000 100000\n"},
+               {"/sys/fs/cgroup/a/cpu.max", "300000 100000\n"},
+               {"/sys/fs/cgroup/cpu.max", "max 100000\n"}}) == 3);
+  // Inside a container the path may not exist under the mount: its root is the container's.
+  CHECK(limit({{"/proc/self/cgroup", "0::/docker/abc\n"}, {"/sys/fs/cgroup/cpu.max", "800000 100000\n"}}) == 8);
+  // cgroup v1: the cpu controller, alone or with cpuacct; -1 is no quota.
+  CHECK(limit({{"/proc/self/cgroup", "4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n"},
+               {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "50000\n"},
+               {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n"}}) == 1);
+  CHECK(limit({{"/proc/self/cgroup", "1:cpu:/k\n2:cpuacct:/\n"},
+               {"/sys/fs/cgroup/cpu/k/cpu.cfs_quota_us", "250000\n"},
+               {"/sys/fs/cgroup/cpu/k/cpu.cfs_period_us", "100000\n"},
+               {"/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n"},
+               {"/sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n"}}) == 3);
+  CHECK(limit({{"/proc/self/cgroup", "1:cpuacct:/k\n"}, {"/sys/fs/cgroup/cpu/k/cpu.cfs_quota_us", "100000\n"}}) == 0);
+  // This process: at least one CPU, at most the machine's.
+  CHECK(kiln::available_cpus() >= 1);
 }
