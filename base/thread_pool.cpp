@@ -284,15 +284,21 @@ int cgroup_cpu_limit(const std::function<std::string(const std::string&)>& read)
   return limit;
 }
 
-int available_cpus() {
-  static const int n = [] {
-    int cpus = affinity_cpus();
-    if (cpus <= 0) cpus = int(std::thread::hardware_concurrency());
-    if (cpus <= 0) cpus = 1;
-    const int quota = cgroup_cpu_limit(read_small_file);
-    return quota > 0 ? std::min(cpus, quota) : cpus;
+CpuLimits cpu_limits() {
+  static const CpuLimits l = [] {
+    CpuLimits c;
+    c.hardware = std::max(1, int(std::thread::hardware_concurrency()));
+    c.affinity = affinity_cpus();
+    if (c.affinity <= 0) c.affinity = c.hardware;
+    c.quota = cgroup_cpu_limit(read_small_file);
+    return c;
   }();
-  return n;
+  return l;
+}
+
+int available_cpus() {
+  const CpuLimits l = cpu_limits();
+  return l.quota > 0 ? std::min(l.affinity, l.quota) : l.affinity;
 }
 
 int num_threads() { return pool().size(); }

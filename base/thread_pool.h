@@ -17,6 +17,12 @@ int num_threads();
 // all hardware threads ran 2 spinning threads on one core (BERT-tiny MLM at 265-281 samples/s
 // against 332-348 with the mask's 1 thread).
 int available_cpus();
+// What available_cpus() is made of, read once: the hardware threads, the affinity mask's CPUs, and the
+// cgroup CPU quota (0: none).
+struct CpuLimits {
+  int hardware = 1, affinity = 1, quota = 0;
+};
+CpuLimits cpu_limits();
 // The CPUs a cgroup CPU quota allows this process, rounded up (cgroup v2's cpu.max, v1's
 // cpu.cfs_quota_us / cpu.cfs_period_us, on the process's cgroup and those above it; the smallest),
 // or 0 for no quota. `read(path)` gives a file's text, "" when it cannot be read.

@@ -13,14 +13,16 @@ namespace kiln::bench {
 
 struct CommonFlags {
   std::string json;  // where the JSON rows go ("": none)
-  int threads = 0;   // 0: KILN_NUM_THREADS or all hardware threads
+  int threads = 0;   // 0: KILN_NUM_THREADS or the CPUs available (available_cpus)
   bool quick = false;
 };
 
 // Adds --json always, --threads and --quick where the benchmark has them.
 inline void add_common_flags(CLI::App& app, CommonFlags& f, bool threads = true, bool quick = true) {
   app.add_option("--json", f.json, "Write the results as JSON to this file");
-  if (threads) app.add_option("--threads", f.threads, "CPU threads (0: KILN_NUM_THREADS or all)")->check(CLI::NonNegativeNumber);
+  if (threads)
+    app.add_option("--threads", f.threads, "CPU threads (0: KILN_NUM_THREADS or the CPUs available)")
+        ->check(CLI::NonNegativeNumber);
   if (quick) app.add_flag("--quick", f.quick, "Fewer repetitions and shapes (a smoke run)");
 }
 

@@ -91,7 +91,7 @@ DistEnv DistEnv::from_variables(const Lookup& get) {
     e.local_rank = e.rank;
     env_int(get, l.local_rank, e.local_rank);
     e.local_world_size = e.world_size;
-    env_int(get, l.local_size, e.local_world_size);
+    e.local_world_size_given = env_int(get, l.local_size, e.local_world_size);
     break;
   }
   if (e.launcher == "torchrun") {

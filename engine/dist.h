@@ -22,6 +22,9 @@ namespace kiln::dist {
 // (tools/environment.h, dist_env()).
 struct DistEnv {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  // Whether the launcher said how many ranks run on this machine (else local_world_size is the
+  // world size, as for one machine).
+  bool local_world_size_given = false;
   std::string master_addr;
   int master_port = 0;
   std::string launcher = "none";  // torchrun | openmpi | slurm | none

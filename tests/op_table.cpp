@@ -301,7 +301,8 @@ std::vector<Row> build() {
   un("rsqrt", [](const Tensor& a) { return rsqrt(a); }, [](double x) { return 1 / std::sqrt(x); }, Kind::positive);
   un("tanh", [](const Tensor& a) { return tanh(a); }, [](double x) { return std::tanh(x); });
   un("sigmoid", [](const Tensor& a) { return sigmoid(a); }, [](double x) { return 1 / (1 + std::exp(-x)); });
-  un("relu", [](const Tensor& a) { return relu(a); }, [](double x) { return x > 0 ? x : 0.0; }, Kind::nonzero);
+  un(
+      "relu", [](const Tensor& a) { return relu(a); }, [](double x) { return x <= 0 ? 0.0 : x; }, Kind::nonzero);
   un("gelu", [](const Tensor& a) { return gelu(a); }, gelu_exact);
   un("gelu_tanh", [](const Tensor& a) { return gelu(a, GeluApprox::tanh); }, gelu_tanh).covers({"gelu"});
   // Elementwise math (docs/ops.md), inputs inside each function's domain.

@@ -116,9 +116,13 @@ TEST_CASE("context: the programs' environment variables map onto it, and unset o
     bool set;
   };
   std::vector<Saved> saved;
-  for (const char* n : {"KILN_NUM_THREADS", "KILN_CPU_CACHE_MB", "KILN_GEMM", "KILN_CPU_ISA"}) {
+  for (const char* n :
+       {"KILN_NUM_THREADS", "KILN_CPU_CACHE_MB", "KILN_GEMM", "KILN_CPU_ISA", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}) {
     const char* v = std::getenv(n);
     saved.push_back({n, v ? v : "", v != nullptr});
+    if (std::string(n).find("KILN_") != 0) ::unsetenv(n);  // a launcher's, if ctest runs under one
   }
   ::setenv("KILN_NUM_THREADS", "3", 1);
   ::setenv("KILN_CPU_CACHE_MB", "5", 1);
@@ -146,25 +150,37 @@ TEST_CASE("context: the programs' environment variables map onto it, and unset o
   ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
   ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-  CHECK(tools::environment_context().num_threads == tools::rank_threads(2, available_cpus(), hw));
+  CHECK(tools::environment_context().num_threads == tools::rank_threads(2, cpu_limits()));
   if (available_cpus() == hw && hw >= 2) CHECK(tools::environment_context().num_threads == hw / 2);
   ::setenv("KILN_NUM_THREADS", "3", 1);  // the user's choice wins
   CHECK(tools::environment_context().num_threads == 3);
   ::unsetenv("KILN_NUM_THREADS");
   ::setenv("OMPI_COMM_WORLD_RANK", "5", 1);  // nonsense: kiln train says so; the threads stay
   CHECK(tools::environment_context() == before);
-  for (const char* n : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"}) ::unsetenv(n);
-  for (const Saved& v : saved)
-    if (v.set) ::setenv(v.name, v.value.c_str(), 1);
+  // A launcher that does not say how many ranks share this machine: no split (the world may span many).
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  CHECK(tools::environment_context() == before);
+  for (const Saved& v : saved) v.set ? ::setenv(v.name, v.value.c_str(), 1) : ::unsetenv(v.name);
 }
 
 TEST_CASE("context: threads per rank split the CPUs a launcher left to every rank, not those it bound") {
-  CHECK(tools::rank_threads(1, 8, 8) == 8);
-  CHECK(tools::rank_threads(2, 2, 2) == 1);
-  CHECK(tools::rank_threads(4, 16, 16) == 4);
-  CHECK(tools::rank_threads(3, 2, 2) == 1);   // more ranks than CPUs: one thread each
-  CHECK(tools::rank_threads(2, 1, 2) == 1);   // bound to one CPU each
-  CHECK(tools::rank_threads(4, 4, 16) == 4);  // bound to four each
+  auto limits = [](int hardware, int affinity, int quota) { return CpuLimits{hardware, affinity, quota}; };
+  CHECK(tools::rank_threads(1, limits(8, 8, 0)) == 8);
+  CHECK(tools::rank_threads(2, limits(2, 2, 0)) == 1);
+  CHECK(tools::rank_threads(4, limits(16, 16, 0)) == 4);
+  CHECK(tools::rank_threads(3, limits(2, 2, 0)) == 1);    // more ranks than CPUs: one thread each
+  CHECK(tools::rank_threads(2, limits(2, 1, 0)) == 1);    // bound to one CPU each
+  CHECK(tools::rank_threads(4, limits(16, 4, 0)) == 4);   // bound to four each
+  CHECK(tools::rank_threads(8, limits(64, 32, 0)) == 8);  // a socket's mask, shared by 4 ranks
+  // A container's quota is shared by its ranks, bound or not.
+  CHECK(tools::rank_threads(1, limits(64, 64, 8)) == 8);
+  CHECK(tools::rank_threads(2, limits(64, 64, 8)) == 4);
+  CHECK(tools::rank_threads(2, limits(64, 16, 8)) == 4);  // bound to 16 each, 8 CPUs of quota in all
+  CHECK(tools::rank_threads(2, limits(64, 2, 8)) == 2);
+  CHECK(tools::rank_threads(4, limits(64, 64, 2)) == 1);
+  const CpuLimits here = cpu_limits();
+  CHECK(available_cpus() == (here.quota > 0 ? std::min(here.affinity, here.quota) : here.affinity));
   CHECK(available_cpus() >= 1);
   CHECK(available_cpus() <= int(std::max(1u, std::thread::hardware_concurrency())));
 }

@@ -3,6 +3,8 @@
 // command's checks are compared with what this machine has.
 #include <doctest/doctest.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -177,12 +179,23 @@ TEST_CASE("doctor: threads follow the affinity mask and a launcher's local ranks
     return nlohmann::json::parse(kiln::testing::read_text(log)).at("build").at("threads").get<int>();
   };
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-  CHECK(threads("env -u KILN_NUM_THREADS") == kiln::available_cpus());
-  if (std::system("command -v taskset > /dev/null 2>&1") == 0)
-    CHECK(threads("env -u KILN_NUM_THREADS taskset -c 0") == 1);
-  const std::string ompi =
-      "env -u KILN_NUM_THREADS OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_SIZE=2";
-  CHECK(threads(ompi) == kiln::tools::rank_threads(2, kiln::available_cpus(), hw));
+  // No launcher's variables from the environment the tests run in.
+  std::string clean = "env -u KILN_NUM_THREADS";
+  for (const char* n : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
+                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                        "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"})
+    clean += std::string(" -u ") + n;
+  CHECK(threads(clean) == kiln::available_cpus());
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (std::system("command -v taskset > /dev/null 2>&1") == 0 && sched_getaffinity(0, sizeof mask, &mask) == 0)
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &mask)) {  // one CPU of this process's mask
+        CHECK(threads(clean + " taskset -c " + std::to_string(cpu)) == 1);
+        break;
+      }
+  const std::string ompi = clean + " OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_SIZE=2";
+  CHECK(threads(ompi) == kiln::tools::rank_threads(2, kiln::cpu_limits()));
   if (kiln::available_cpus() == hw && hw % 2 == 0) CHECK(threads(ompi) == hw / 2);
   CHECK(threads(ompi + " KILN_NUM_THREADS=3") == 3);
 }

@@ -146,6 +146,7 @@ TEST_CASE("e2e dist: MLM over N ranks weighs masked tokens over all ranks: the l
   REQUIRE_MESSAGE(r.code == 0, r.output);
   const auto want = losses(d / "one/metrics.jsonl");
   REQUIRE(want.size() == 3);
+  const auto want_w = kiln::io::load_safetensors(d / "one/model.safetensors");
   int port = 29690;
   for (const std::string extra : {"--batch 8", "--batch 4 --accum-steps 2"}) {
     CAPTURE(extra);
@@ -157,6 +158,8 @@ TEST_CASE("e2e dist: MLM over N ranks weighs masked tokens over all ranks: the l
     const auto got = losses(out + "/metrics.jsonl");
     REQUIRE(got.size() == want.size());
     for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    const auto w = kiln::io::load_safetensors(out + "/model.safetensors");
+    for (const auto& [name, t] : want_w.tensors) CHECK_MESSAGE(kiln::allclose(w.tensors.at(name), t, 1e-4, 1e-6), name);
   }
 }
 

@@ -36,7 +36,8 @@ void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
   app.add_option("--in-channels", o.in_channels, "ResNet input channels (default 3)")->check(CLI::PositiveNumber);
   app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads (0: KILN_NUM_THREADS or all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o.threads, "CPU threads (0: KILN_NUM_THREADS or the CPUs available)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--amp", o.amp, "off, fp16 or bf16 (repeatable: each is timed; default off)")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
   app.add_option("--device", o.device, "cpu, or cuda / cuda:N (GPU ranks take cuda:LOCAL_RANK)")->capture_default_str();
@@ -144,7 +145,7 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
     po.in_channels = o.in_channels;
     po.recompute = o.recompute;
     po.optimizer = family.input == ModelInput::images ? "sgd" : "adamw";
-    po.device = dev.is_cuda() ? "cuda" : "cpu";
+    po.device = dev.str();
     planned = plan_memory(po, batch).peak;
   }
   std::sort(ms.begin(), ms.end());

@@ -510,7 +510,7 @@ class Trainer {
     po.recompute = c_.recompute;
     po.ranks = world_;
     po.zero = c_.zero;
-    po.device = device_.is_cuda() ? "cuda" : "cpu";
+    po.device = device_.str();                                 // this rank's own GPU answers for its cuDNN workspaces
     if (model_family(c_.model).input == ModelInput::images) {  // the data's own image shape
       const io::Batch one = task_.train_data->get_batch({0}, 0);
       const Tensor& x = one.at("input");

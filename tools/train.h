@@ -52,7 +52,7 @@ struct TrainConfig {
   int64_t warmup = -1;  // -1: 0 for ResNet, 6% of the steps for BERT
   // machine
   uint64_t seed = 0;
-  int threads = 0;  // 0: KILN_NUM_THREADS or all hardware threads
+  int threads = 0;  // 0: KILN_NUM_THREADS or the CPUs available (available_cpus)
   int workers = 1;
   std::string device = "cpu";  // cpu | cuda | cuda:N | auto (a GPU when one is visible)
   Device resolved_device() const;

@@ -47,7 +47,7 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--batch", c.batch, "Batch size")->capture_default_str();
   app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout")->capture_default_str();
-  app.add_option("--threads", c.threads, "CPU threads for the kernels (0: KILN_NUM_THREADS or all)")
+  app.add_option("--threads", c.threads, "CPU threads for the kernels (0: KILN_NUM_THREADS or the CPUs available)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--workers", c.workers, "Data-loader threads (0: load on the training thread)")
       ->check(CLI::Range(0, 64))

@@ -121,7 +121,7 @@ template <typename T> void batch_norm_fwd(int64_t n, int64_t c, int64_t hw, doub
 
 thread_local ScratchBuffer t_masked;  // one plane of ReLU-masked gy
 
-// y non-null: gy is masked by y > 0 first (into gres where given, which the apply pass then reads).
+// y non-null: gy is masked first, y <= 0 ? 0 : gy (into gres where given, which the apply pass then reads).
 template <typename T> void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool training, const T* x, const T* gamma,
                                           const T* mean, const T* rstd, const T* gy, T* gx, T* ggamma, T* gbeta,
                                           const T* y, T* gres) {

@@ -509,7 +509,7 @@ void batch_norm_forward(DType dt, int64_t n, int64_t c, int64_t hw, double eps, 
   });
 }
 
-// The fused form's backward: gy masked by y > 0 (into gresidual, or a scratch buffer), then batch norm's.
+// The fused form's backward: gy masked, y <= 0 ? 0 : gy (into gresidual, or a scratch buffer), then batch norm's.
 void batch_norm_backward(DType dt, int64_t n, int64_t c, int64_t hw, bool training, double eps, const void* x,
                          const void* gamma, const void* mean, const void* rstd, const void* gy, void* gx, void* ggamma,
                          void* gbeta, bool nhwc, const void* y, void* gresidual) {

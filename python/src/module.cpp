@@ -173,7 +173,7 @@ NB_MODULE(_C, m) {
   m.attr("KilnIndexError") = nb::handle(g_index_error);
   nb::register_exception_translator(translate_errors);
 
-  // The settings of the `kiln` command: KILN_NUM_THREADS (default: every hardware thread),
+  // The settings of the `kiln` command: KILN_NUM_THREADS (default: the CPUs available),
   // KILN_CPU_CACHE_MB, KILN_GEMM, KILN_CPU_ISA.
   tools::apply_environment();
 

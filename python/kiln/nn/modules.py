@@ -393,7 +393,7 @@ def _simple(name, fn, doc):
     return type(name, (Module,), {"forward": forward, "__doc__": doc})
 
 
-ReLU = _simple("ReLU", F.relu, "max(x, 0)")
+ReLU = _simple("ReLU", F.relu, "x <= 0 ? 0 : x (NaN stays NaN, as torch.relu)")
 SiLU = _simple("SiLU", F.silu, "x * sigmoid(x)")
 Tanh = _simple("Tanh", F.tanh, "tanh(x)")
 Sigmoid = _simple("Sigmoid", F.sigmoid, "1 / (1 + exp(-x))")
