@@ -100,7 +100,9 @@ class Pool {
     KILN_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
     stop();
     n_ = n;
-    spin_ = n <= default_threads();
+    // Spinning under a CPU quota spends it: only as many threads as the quota holds whole CPUs.
+    const CpuLimits l = cpu_limits();
+    spin_ = n <= l.affinity && (l.quota_exact <= 0 || double(n) <= l.quota_exact);
     quit_.store(false);
     for (int i = 0; i + 1 < n; ++i) workers_.emplace_back([this] { worker_loop(); });
   }
@@ -215,10 +217,11 @@ int affinity_cpus() {
     const size_t bytes = CPU_ALLOC_SIZE(n);
     CPU_ZERO_S(bytes, set);
     const int rc = sched_getaffinity(0, bytes, set);
+    const int err = errno;
     const int count = rc == 0 ? CPU_COUNT_S(bytes, set) : 0;
     CPU_FREE(set);
     if (rc == 0) return count;
-    if (errno != EINVAL) return 0;  // EINVAL: the mask is larger than n CPUs
+    if (err != EINVAL) return 0;  // EINVAL: the mask is larger than n CPUs
   }
 #endif
   return 0;
@@ -232,17 +235,18 @@ std::string read_small_file(const std::string& path) {
   return s.str();
 }
 
-// "quota period" (cgroup v2's cpu.max; "max ..." is none) or two numbers from v1's files, as CPUs
-// rounded up; 0 for none.
-int quota_cpus(double quota, double period) {
+// "quota period" (cgroup v2's cpu.max; "max ..." is none) or two numbers from v1's files, as CPUs;
+// 0 for none (also for nonsense: not positive, or beyond any machine).
+double quota_cpus(double quota, double period) {
   if (!(quota > 0) || !(period > 0)) return 0;
-  return std::max(1, int(std::ceil(quota / period - 1e-9)));
+  const double r = quota / period;
+  return r < double(1 << 20) ? r : 0;
 }
 }  // namespace
 
-int cgroup_cpu_limit(const std::function<std::string(const std::string&)>& read) {
-  int limit = 0;
-  auto take = [&](int n) {
+double cgroup_cpu_quota(const std::function<std::string(const std::string&)>& read) {
+  double limit = 0;
+  auto take = [&](double n) {
     if (n > 0) limit = limit == 0 ? n : std::min(limit, n);
   };
   std::istringstream lines(read("/proc/self/cgroup"));
@@ -259,7 +263,8 @@ int cgroup_cpu_limit(const std::function<std::string(const std::string&)>& read)
       v1 = v1 || controllers.substr(s, e - s) == "cpu";
       s = e + 1;
     }
-    if (!v1 && !v2) continue;
+    // A cgroup outside this namespace's root ("/../x") is not under the mount: nothing to read.
+    if ((!v1 && !v2) || path.find("/..") != std::string::npos) continue;
     // The process's cgroup and each one above it (a quota may sit on a parent); inside a container
     // the path is often not under the mount, so the mount's root is read as well.
     for (;;) {
@@ -284,13 +289,19 @@ int cgroup_cpu_limit(const std::function<std::string(const std::string&)>& read)
   return limit;
 }
 
+int cgroup_cpu_limit(const std::function<std::string(const std::string&)>& read) {
+  const double q = cgroup_cpu_quota(read);
+  return q > 0 ? std::max(1, int(std::ceil(q - 1e-9))) : 0;
+}
+
 CpuLimits cpu_limits() {
   static const CpuLimits l = [] {
     CpuLimits c;
     c.hardware = std::max(1, int(std::thread::hardware_concurrency()));
     c.affinity = affinity_cpus();
     if (c.affinity <= 0) c.affinity = c.hardware;
-    c.quota = cgroup_cpu_limit(read_small_file);
+    c.quota_exact = cgroup_cpu_quota(read_small_file);
+    c.quota = c.quota_exact > 0 ? std::max(1, int(std::ceil(c.quota_exact - 1e-9))) : 0;
     return c;
   }();
   return l;

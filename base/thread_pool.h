@@ -20,13 +20,16 @@ int available_cpus();
 // What available_cpus() is made of, read once: the hardware threads, the affinity mask's CPUs, and the
 // cgroup CPU quota (0: none).
 struct CpuLimits {
-  int hardware = 1, affinity = 1, quota = 0;
+  int hardware = 1, affinity = 1, quota = 0;  // quota: rounded up
+  double quota_exact = 0;                     // e.g. 1.5 for a quota of 150 ms per 100 ms
 };
 CpuLimits cpu_limits();
 // The CPUs a cgroup CPU quota allows this process, rounded up (cgroup v2's cpu.max, v1's
 // cpu.cfs_quota_us / cpu.cfs_period_us, on the process's cgroup and those above it; the smallest),
 // or 0 for no quota. `read(path)` gives a file's text, "" when it cannot be read.
 int cgroup_cpu_limit(const std::function<std::string(const std::string&)>& read);
+// The same quota as a fraction of CPUs (1.5 for 150 ms per 100 ms), 0 for none.
+double cgroup_cpu_quota(const std::function<std::string(const std::string&)>& read);
 // Resizes the pool (n >= 1). Not safe to call while a parallel_for is running.
 void set_num_threads(int n);
 // Calls fn(chunk_begin, chunk_end) on disjoint chunks covering [begin, end), in parallel.

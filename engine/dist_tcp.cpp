@@ -330,9 +330,9 @@ class TcpCommunicator final : public Communicator {
       say("KILN_DIST_SECRET is not set: the ranks authenticate with an empty secret, so any process that can "
           "reach the job's ports could join it (kiln launch sets a secret; for other launchers set the same "
           "KILN_DIST_SECRET for every rank)");
-    // One machine: loopback only. Several: rank 0 on MASTER_ADDR's address, the others on the
-    // interface that reaches rank 0.
-    const bool one_machine = env.local_world_size == env.world_size;
+    // One machine (the launcher says all ranks run here): loopback only. Several, or a launcher that
+    // does not say: rank 0 on MASTER_ADDR's address, the others on the interface that reaches rank 0.
+    const bool one_machine = env.local_world_size_given && env.local_world_size == env.world_size;
     const std::string master_ip = one_machine ? "127.0.0.1" : resolve_ipv4(env.master_addr, "MASTER_ADDR");
     std::vector<std::string> addr(static_cast<size_t>(size_));
     std::vector<int32_t> port(static_cast<size_t>(size_));

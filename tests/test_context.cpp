@@ -109,13 +109,19 @@ TEST_CASE("context: the CPU kernel set: the best supported unless asked, every l
 TEST_CASE("context: the programs' environment variables map onto it, and unset ones keep the settings") {
   const ContextGuard g;
   const Context before = Context::current();
-  // The variables as this process got them, restored at the end.
+  // The variables as this process got them, restored when the test case ends, however it ends.
   struct Saved {
     const char* name;
     std::string value;
     bool set;
   };
-  std::vector<Saved> saved;
+  struct Restore {
+    std::vector<Saved> saved;
+    ~Restore() {
+      for (const Saved& v : saved) v.set ? ::setenv(v.name, v.value.c_str(), 1) : ::unsetenv(v.name);
+    }
+  } restore;
+  std::vector<Saved>& saved = restore.saved;
   for (const char* n :
        {"KILN_NUM_THREADS", "KILN_CPU_CACHE_MB", "KILN_GEMM", "KILN_CPU_ISA", "WORLD_SIZE", "RANK", "LOCAL_RANK",
         "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -150,7 +156,7 @@ TEST_CASE("context: the programs' environment variables map onto it, and unset o
   ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
   ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-  CHECK(tools::environment_context().num_threads == tools::rank_threads(2, cpu_limits()));
+  CHECK(tools::environment_context().num_threads == tools::rank_threads({2, true}, cpu_limits()));
   if (available_cpus() == hw && hw >= 2) CHECK(tools::environment_context().num_threads == hw / 2);
   ::setenv("KILN_NUM_THREADS", "3", 1);  // the user's choice wins
   CHECK(tools::environment_context().num_threads == 3);
@@ -161,24 +167,28 @@ TEST_CASE("context: the programs' environment variables map onto it, and unset o
   ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
   CHECK(tools::environment_context() == before);
-  for (const Saved& v : saved) v.set ? ::setenv(v.name, v.value.c_str(), 1) : ::unsetenv(v.name);
 }
 
 TEST_CASE("context: threads per rank split the CPUs a launcher left to every rank, not those it bound") {
   auto limits = [](int hardware, int affinity, int quota) { return CpuLimits{hardware, affinity, quota}; };
-  CHECK(tools::rank_threads(1, limits(8, 8, 0)) == 8);
-  CHECK(tools::rank_threads(2, limits(2, 2, 0)) == 1);
-  CHECK(tools::rank_threads(4, limits(16, 16, 0)) == 4);
-  CHECK(tools::rank_threads(3, limits(2, 2, 0)) == 1);    // more ranks than CPUs: one thread each
-  CHECK(tools::rank_threads(2, limits(2, 1, 0)) == 1);    // bound to one CPU each
-  CHECK(tools::rank_threads(4, limits(16, 4, 0)) == 4);   // bound to four each
-  CHECK(tools::rank_threads(8, limits(64, 32, 0)) == 8);  // a socket's mask, shared by 4 ranks
+  CHECK(tools::rank_threads({1, true}, limits(8, 8, 0)) == 8);
+  CHECK(tools::rank_threads({2, true}, limits(2, 2, 0)) == 1);
+  CHECK(tools::rank_threads({4, true}, limits(16, 16, 0)) == 4);
+  CHECK(tools::rank_threads({3, true}, limits(2, 2, 0)) == 1);    // more ranks than CPUs: one thread each
+  CHECK(tools::rank_threads({2, true}, limits(2, 1, 0)) == 1);    // bound to one CPU each
+  CHECK(tools::rank_threads({4, true}, limits(16, 4, 0)) == 4);   // bound to four each
+  CHECK(tools::rank_threads({8, true}, limits(64, 32, 0)) == 8);  // a socket's mask, shared by 4 ranks
   // A container's quota is shared by its ranks, bound or not.
-  CHECK(tools::rank_threads(1, limits(64, 64, 8)) == 8);
-  CHECK(tools::rank_threads(2, limits(64, 64, 8)) == 4);
-  CHECK(tools::rank_threads(2, limits(64, 16, 8)) == 4);  // bound to 16 each, 8 CPUs of quota in all
-  CHECK(tools::rank_threads(2, limits(64, 2, 8)) == 2);
-  CHECK(tools::rank_threads(4, limits(64, 64, 2)) == 1);
+  CHECK(tools::rank_threads({1, true}, limits(64, 64, 8)) == 8);
+  CHECK(tools::rank_threads({2, true}, limits(64, 64, 8)) == 4);
+  CHECK(tools::rank_threads({2, true}, limits(64, 16, 8)) == 4);  // bound to 16 each, 8 CPUs of quota in all
+  CHECK(tools::rank_threads({2, true}, limits(64, 2, 8)) == 2);
+  CHECK(tools::rank_threads({4, true}, limits(64, 64, 2)) == 1);
+  // torchrun never binds: its ranks split their mask, a container's cpuset included.
+  CHECK(tools::rank_threads({4, false}, limits(64, 4, 0)) == 1);
+  CHECK(tools::rank_threads({2, false}, limits(64, 64, 0)) == 32);
+  CHECK(tools::rank_threads({2, false}, limits(64, 64, 8)) == 4);
+  CHECK(tools::rank_threads({1, false}, limits(64, 4, 0)) == 4);
   const CpuLimits here = cpu_limits();
   CHECK(available_cpus() == (here.quota > 0 ? std::min(here.affinity, here.quota) : here.affinity));
   CHECK(available_cpus() >= 1);

@@ -85,6 +85,7 @@ dist::DistEnv rank_env(int rank, int port, const std::string& secret, Log& log) 
   dist::DistEnv e;
   e.rank = e.local_rank = rank;
   e.world_size = e.local_world_size = 2;
+  e.local_world_size_given = true;
   e.master_addr = "localhost";
   e.master_port = port;
   e.launcher = "torchrun";

@@ -195,7 +195,7 @@ TEST_CASE("doctor: threads follow the affinity mask and a launcher's local ranks
         break;
       }
   const std::string ompi = clean + " OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_SIZE=2";
-  CHECK(threads(ompi) == kiln::tools::rank_threads(2, kiln::cpu_limits()));
+  CHECK(threads(ompi) == kiln::tools::rank_threads({2, true}, kiln::cpu_limits()));
   if (kiln::available_cpus() == hw && hw % 2 == 0) CHECK(threads(ompi) == hw / 2);
   CHECK(threads(ompi + " KILN_NUM_THREADS=3") == 3);
 }

@@ -533,38 +533,44 @@ TEST_CASE("nn: relu and batch_norm_relu keep NaN and pass its gradient, as PyTor
         CHECK((ybv[9] == 0 && rg[9] == 0));
         for (const double v : x.grad().to_vector()) CHECK(std::isfinite(v));
       }
-      // No residual (the mask then goes through a scratch plane): NaN in beta for channel 0, eval mode,
-      // so channel 0's outputs are NaN from finite x; the fused op against the three in a row. The
-      // gradients pass those outputs (x's is k1 g there: finite, not 0).
-      std::vector<std::vector<double>> outs;
-      for (const bool fused : {true, false}) {
-        const int64_t c = xs[1];
-        std::vector<double> bv = rnd({c}, 85).to_vector();
-        bv[0] = nan;
-        Tensor x = rnd(xs, 83, dt), g = rnd({c}, 84, dt) + 2.0, b = from_vector(bv, {c}).to(dt);
-        x.set_requires_grad();
-        const Tensor rm = rnd({c}, 86, dt) * 0.1, rvar = abs(rnd({c}, 87, dt)) + 0.5;
-        const Tensor yb = fused ? batch_norm_relu(x, rm, rvar, g, b, false, 0.1, 1e-5)
-                                : relu(batch_norm(x, rm, rvar, g, b, false, 0.1, 1e-5));
-        yb.backward(upstream);
-        std::vector<double> all = yb.to_vector();
-        const auto xg = x.grad().to_vector();
-        all.insert(all.end(), xg.begin(), xg.end());
-        const int64_t plane = n / xs[0] / c;
-        int64_t nan_out = 0, finite_grad = 0, zero_grad_c0 = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const bool c0 = (i / plane) % c == 0;
-          nan_out += std::isnan(all[size_t(i)]) == c0 ? 1 : 0;
-          finite_grad += std::isfinite(xg[size_t(i)]) ? 1 : 0;
-          zero_grad_c0 += c0 && xg[size_t(i)] == 0 ? 1 : 0;
+      // No residual (the masked gradient then goes through a scratch plane into the sums, and is
+      // masked again where x's gradient is made): NaN in beta for channel 0, so channel 0's outputs
+      // are NaN from finite x; training (batch statistics) and eval. The gradients pass those outputs:
+      // x's, gamma's and beta's are finite, channel 0's not 0, and the fused op gives the bits of the
+      // three in a row.
+      for (const bool training : {true, false}) {
+        INFO((training ? "no residual, training" : "no residual, eval"));
+        std::vector<std::vector<double>> outs;
+        for (const bool fused : {true, false}) {
+          const int64_t c = xs[1];
+          std::vector<double> bv = rnd({c}, 85).to_vector();
+          bv[0] = nan;
+          Tensor x = rnd(xs, 83, dt), g = rnd({c}, 84, dt) + 2.0, b = from_vector(bv, {c}).to(dt);
+          for (Tensor* t : {&x, &g, &b}) t->set_requires_grad();
+          Tensor rm = rnd({c}, 86, dt) * 0.1, rvar = abs(rnd({c}, 87, dt)) + 0.5;
+          const Tensor yb = fused ? batch_norm_relu(x, rm, rvar, g, b, training, 0.1, 1e-5)
+                                  : relu(batch_norm(x, rm, rvar, g, b, training, 0.1, 1e-5));
+          yb.backward(upstream);
+          std::vector<double> all = yb.to_vector();
+          const auto xg = x.grad().to_vector(), gg = g.grad().to_vector(), bg = b.grad().to_vector();
+          const int64_t plane = n / xs[0] / c;
+          int64_t nan_out = 0, finite_grad = 0, zero_grad_c0 = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const bool c0 = (i / plane) % c == 0;
+            nan_out += std::isnan(all[size_t(i)]) == c0 ? 1 : 0;
+            finite_grad += std::isfinite(xg[size_t(i)]) ? 1 : 0;
+            zero_grad_c0 += c0 && xg[size_t(i)] == 0 ? 1 : 0;
+          }
+          CHECK(nan_out == n);  // NaN exactly on channel 0
+          CHECK(finite_grad == n);
+          CHECK(zero_grad_c0 == 0);
+          CHECK((std::isfinite(gg[0]) && std::isfinite(bg[0]) && bg[0] != 0));
+          for (const auto* v : {&xg, &gg, &bg}) all.insert(all.end(), v->begin(), v->end());
+          for (double& v : all) v = std::isnan(v) ? 12345.0 : v;  // NaN compares unequal: mark it
+          outs.push_back(all);
         }
-        CHECK(nan_out == n);  // NaN exactly on channel 0
-        CHECK(finite_grad == n);
-        CHECK(zero_grad_c0 == 0);
-        for (double& v : all) v = std::isnan(v) ? 12345.0 : v;  // NaN compares unequal: mark it
-        outs.push_back(all);
+        CHECK(outs[0] == outs[1]);
       }
-      CHECK(outs[0] == outs[1]);
     }
 }
 

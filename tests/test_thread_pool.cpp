@@ -81,7 +81,19 @@ TEST_CASE("thread pool: a cgroup CPU quota caps the CPUs, v2 and v1, on the cgro
                {"/sys/fs/cgroup/cpu/k/cpu.cfs_period_us", "100000\n"},
                {"/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n"},
                {"/sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n"}}) == 3);
-  CHECK(limit({{"/proc/self/cgroup", "1:cpuacct:/k\n"}, {"/sys/fs/cgroup/cpu/k/cpu.cfs_quota_us", "100000\n"}}) == 0);
+  CHECK(limit({{"/proc/self/cgroup", "1:cpuacct:/k\n"},  // cpuacct is not cpu
+               {"/sys/fs/cgroup/cpu/k/cpu.cfs_quota_us", "100000\n"},
+               {"/sys/fs/cgroup/cpu/k/cpu.cfs_period_us", "100000\n"}}) == 0);
+  // A path with ':' in it, the root alone, a path outside the namespace's root, and nonsense.
+  CHECK(limit({{"/proc/self/cgroup", "0::/a:b\n"}, {"/sys/fs/cgroup/a:b/cpu.max", "300000 100000\n"}}) == 3);
+  CHECK(limit({{"/proc/self/cgroup", "0::/\n"}, {"/sys/fs/cgroup/cpu.max", "100000 100000\n"}}) == 1);
+  CHECK(limit({{"/proc/self/cgroup", "0::/../x\n"}, {"/sys/fs/cgroup/cpu.max", "100000 100000\n"}}) == 0);
+  for (const char* bad : {"100000", "abc 100000", "100000 0", "-5 100000", "1e30 1"})
+    CHECK_MESSAGE(limit({{"/proc/self/cgroup", "0::/\n"}, {"/sys/fs/cgroup/cpu.max", bad}}) == 0, bad);
+  const double q = kiln::cgroup_cpu_quota([](const std::string& path) {
+    return path == "/proc/self/cgroup" ? std::string("0::/\n") : std::string("150000 100000\n");
+  });
+  CHECK(q == doctest::Approx(1.5));
   // This process: at least one CPU, at most the machine's.
   CHECK(kiln::available_cpus() >= 1);
 }

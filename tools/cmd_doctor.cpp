@@ -271,23 +271,24 @@ int run_doctor(const DoctorOptions& o) {
   const char* env_threads = std::getenv("KILN_NUM_THREADS");
   const int threads = num_threads();
   const CpuLimits cpus = cpu_limits();
+  const tools::LocalRanks local = tools::local_ranks();
 
   if (!o.json) std::printf("Kiln %s (%s build, %s)\n", KILN_VERSION_STRING, KILN_BUILD_TYPE, KILN_CXX_COMPILER);
   r.section("Build");
   const std::string eigen = std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
                             std::to_string(EIGEN_MINOR_VERSION);
-  r.line("CPU backend", "Eigen " + eigen + ", " + std::to_string(threads) +
-                            (threads == 1 ? " thread (" : " threads (") +
-                            (env_threads ? std::string("KILN_NUM_THREADS=") + env_threads : "KILN_NUM_THREADS unset") +
-                            "; CPUs available " + std::to_string(available_cpus()) + " of " +
-                            std::to_string(cpus.hardware) + " hardware threads" +
-                            (cpus.affinity < cpus.hardware ? ", affinity mask " + std::to_string(cpus.affinity) : "") +
-                            (cpus.quota > 0 ? ", cgroup quota " + std::to_string(cpus.quota) : "") +
-                            (!env_threads && local_ranks() > 1 && threads == tools::rank_threads(local_ranks(), cpus) &&
-                                     threads < available_cpus()
-                                 ? ", shared by " + std::to_string(local_ranks()) + " local ranks"
-                                 : "") +
-                            ")");
+  r.line("CPU backend",
+         "Eigen " + eigen + ", " + std::to_string(threads) + (threads == 1 ? " thread (" : " threads (") +
+             (env_threads && *env_threads ? std::string("KILN_NUM_THREADS=") + env_threads : "KILN_NUM_THREADS unset") +
+             "; CPUs available " + std::to_string(available_cpus()) + " of " + std::to_string(cpus.hardware) +
+             " hardware threads" +
+             (cpus.affinity < cpus.hardware ? ", affinity mask " + std::to_string(cpus.affinity) : "") +
+             (cpus.quota > 0 ? ", cgroup quota " + std::to_string(cpus.quota) : "") +
+             (!(env_threads && *env_threads) && local.count > 1 && threads == tools::rank_threads(local, cpus) &&
+                      threads < available_cpus()
+                  ? ", shared by " + std::to_string(local.count) + " local ranks"
+                  : "") +
+             ")");
   r.line("CPU code for", cpu_features() + " (KILN_MARCH=" KILN_MARCH_STRING +
                              (std::string(KILN_MARCH_FLAGS).empty() ? std::string() : ": " KILN_MARCH_FLAGS) + ")");
   const std::string isa = cpu_isa_name(cpu_isa());

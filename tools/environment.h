@@ -37,31 +37,38 @@ inline dist::DistEnv dist_env() {
   return dist::DistEnv::from_variables([](const char* name) -> const char* { return std::getenv(name); });
 }
 
-// CPU threads of a process without KILN_NUM_THREADS: the CPUs it may run on (its affinity mask,
-// capped by a cgroup CPU quota), and where a launcher says `local_ranks` processes share this machine,
-// at most their share of its hardware threads and of the quota. Ranks with all-core pools take turns
-// on the same cores (BERT-tiny MLM, 2 ranks by `mpirun --bind-to none` on a 2-core machine: 274-280
-// samples/s with 2 threads each, 344-353 with 1). A mask smaller than the machine is no proof of
-// a rank's own CPUs (Open MPI binds more than 2 ranks to a whole socket, a container's cpuset is
-// shared), so the share caps it as well; a rank bound to fewer CPUs keeps those. `kiln launch` sets
-// KILN_NUM_THREADS itself.
-inline int rank_threads(int local_ranks, const CpuLimits& l) {
-  if (local_ranks <= 1) return l.quota > 0 ? std::min(l.affinity, l.quota) : l.affinity;
-  int share = l.hardware / local_ranks;
-  if (l.quota > 0) share = std::min(share, l.quota / local_ranks);
-  return std::max(1, std::min(l.affinity, share));
-}
-
-// How many ranks a launcher says run on this machine: 1 outside one, where it does not say (Slurm
-// without --ntasks-per-node, a WORLD_SIZE alone), or where its variables do not make sense (`kiln
-// train` reports those).
-inline int local_ranks() {
+// The ranks a launcher says run on this machine (1 outside one, where it does not say: Slurm without
+// --ntasks-per-node, a WORLD_SIZE alone; or where its variables do not make sense: `kiln train` reports
+// those), and whether it may have bound each to CPUs of its own (Open MPI, Slurm; torchrun never does).
+struct LocalRanks {
+  int count = 1;
+  bool may_bind = false;
+};
+inline LocalRanks local_ranks() {
   try {
     const dist::DistEnv e = dist_env();
-    return e.local_world_size_given ? std::max(1, e.local_world_size) : 1;
+    if (!e.local_world_size_given) return {};
+    return {std::max(1, e.local_world_size), e.launcher == "openmpi" || e.launcher == "slurm"};
   } catch (const Error&) {
-    return 1;
+    return {};
   }
+}
+
+// CPU threads of a process without KILN_NUM_THREADS: the CPUs it may run on (its affinity mask,
+// capped by a cgroup CPU quota), shared with the other ranks on this machine. Ranks with all-core
+// pools take turns on the same cores (BERT-tiny MLM, 2 ranks by `mpirun --bind-to none` on a 2-core
+// machine: 274-280 samples/s with 2 threads each, 344-353 with 1). torchrun never binds, so its ranks
+// split their mask (a container's cpuset included). Open MPI and Slurm may have bound each rank to
+// its own CPUs (a mask smaller than the machine) but also bind several to one socket: such a rank
+// keeps its mask up to its share of the machine's hardware threads. A quota belongs to the whole
+// cgroup: always split. `kiln launch` sets KILN_NUM_THREADS itself.
+inline int rank_threads(const LocalRanks& r, const CpuLimits& l) {
+  const int cpus = l.quota > 0 ? std::min(l.affinity, l.quota) : l.affinity;
+  if (r.count <= 1) return cpus;
+  if (!r.may_bind) return std::max(1, cpus / r.count);
+  int share = l.hardware / r.count;
+  if (l.quota > 0) share = std::min(share, l.quota / r.count);
+  return std::max(1, std::min(l.affinity, share));
 }
 
 // The Context the environment asks for, over the one in force (unset variables keep its values).
@@ -69,7 +76,7 @@ inline Context environment_context() {
   Context c = Context::current();
   if (const int64_t n = env_integer("KILN_NUM_THREADS", 1, 4096, 0); n > 0)
     c.num_threads = int(n);
-  else if (const int local = local_ranks(); local > 1)
+  else if (const LocalRanks local = local_ranks(); local.count > 1)
     c.num_threads = rank_threads(local, cpu_limits());
   if (const int64_t mb = env_integer("KILN_CPU_CACHE_MB", 0, int64_t(1) << 30, -1); mb >= 0)
     c.cpu_cache_bytes = size_t(mb) << 20;
