@@ -354,13 +354,8 @@ TEST_CASE("train: --micro-batch auto and out-of-memory halving under --memory-ca
 TEST_CASE("train: MLM micro-batches weigh their losses by masked tokens and give the whole batch's losses") {
   REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
   TempDir d("kiln_mlm_micro");
-  auto r = run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
-  REQUIRE_MESSAGE(r.code == 0, r.output);
-  const std::string common = "train --model bert-tiny --text " + kFortunes + "/computers --vocab " + d / "vocab.txt" +
-                             " --seq-len 64 --max-steps 3 --epochs 1 --limit-eval 32 --optimizer adamw --lr 0.001 "
-                             "--log-every 1 --progress lines --seed 5 --threads 1 --set hidden_dropout=0 "
-                             "--set attention_dropout=0";
-  r = run_kiln(common + " --batch 16 --out " + d / "whole", d.p.string());
+  const std::string common = kiln::testing::small_mlm_train(d);
+  auto r = run_kiln(common + " --batch 16 --out " + d / "whole", d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   const auto want = logged_losses(d / "whole");
   REQUIRE(want.size() == 3);

@@ -84,4 +84,15 @@ inline CliResult run_kiln(const std::string& args, const std::string& scratch_di
   return r;
 }
 
+// A short BERT-tiny masked-LM `kiln train` command on fortunes' "computers" (3 steps, dropout off, one
+// thread), after building its vocabulary in `dir`; the caller adds --batch, --out and what it compares.
+inline std::string small_mlm_train(const TempDir& dir) {
+  const CliResult r =
+      run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + dir / "vocab.txt", dir.p.string());
+  KILN_CHECK(r.code == 0, "kiln vocab failed: ", r.output);
+  return "train --model bert-tiny --text " + kFortunes + "/computers --vocab " + dir / "vocab.txt" +
+         " --seq-len 64 --max-steps 3 --epochs 1 --limit-eval 32 --optimizer adamw --lr 0.001 --log-every 1 "
+         "--progress lines --seed 5 --threads 1 --set hidden_dropout=0 --set attention_dropout=0";
+}
+
 }  // namespace kiln::testing
