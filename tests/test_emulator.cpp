@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #define KILN_CUDA_EMULATION 1
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/emulator/cuda_runtime_emulated.h"
 #include "kernels/cuda/emulator/emulator.h"
 
@@ -168,4 +169,20 @@ TEST_CASE("emulator: a launch CUDA refuses runs nothing and leaves cudaErrorInva
 
 TEST_CASE("emulator: device built-ins outside a kernel are an error") {
   CHECK(error_of([] { __syncthreads(); }).find("called outside a kernel") != std::string::npos);
+}
+
+// A device out of memory is OutOfMemory (what `kiln train --micro-batch` shrinks on), any other CUDA
+// error a plain Error; both name the call and the runtime's message.
+TEST_CASE("emulator: KILN_CUDA_OK throws OutOfMemory for cudaErrorMemoryAllocation, Error otherwise") {
+  auto fails = [](cudaError_t e) { KILN_CUDA_OK(e); };
+  CHECK_NOTHROW(fails(cudaSuccess));
+  CHECK_THROWS_AS(fails(cudaErrorMemoryAllocation), kiln::OutOfMemory);
+  CHECK(error_of([&] { fails(cudaErrorMemoryAllocation); }).find("cudaErrorMemoryAllocation") != std::string::npos);
+  try {
+    fails(cudaErrorInvalidValue);
+    FAIL("no error thrown");
+  } catch (const kiln::Error& e) {
+    CHECK(dynamic_cast<const kiln::OutOfMemory*>(&e) == nullptr);
+    CHECK(std::string(e.what()).find("cudaErrorInvalidValue") != std::string::npos);
+  }
 }

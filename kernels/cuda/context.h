@@ -22,24 +22,32 @@
 #include "base/half.h"
 #include "kernels/cuda/cuda_check.h"
 
-#define KILN_CUBLAS_OK(call)                                                                          \
-  do {                                                                                                \
-    const cublasStatus_t kiln_cublas_s_ = (call);                                                     \
-    KILN_CHECK(kiln_cublas_s_ == CUBLAS_STATUS_SUCCESS, #call, " failed: ",                           \
-               cublasLtGetStatusName(kiln_cublas_s_), ": ", cublasLtGetStatusString(kiln_cublas_s_)); \
+// The libraries' own allocation failures are out-of-memory errors too (OutOfMemory, as KILN_CUDA_OK's).
+#define KILN_CUBLAS_OK(call)                                                                                       \
+  do {                                                                                                             \
+    const cublasStatus_t kiln_cublas_s_ = (call);                                                                  \
+    if (kiln_cublas_s_ == CUBLAS_STATUS_ALLOC_FAILED)                                                              \
+      KILN_FAIL_OOM(#call, " failed: ", cublasLtGetStatusName(kiln_cublas_s_), ": ",                               \
+                    cublasLtGetStatusString(kiln_cublas_s_));                                                      \
+    KILN_CHECK(kiln_cublas_s_ == CUBLAS_STATUS_SUCCESS, #call, " failed: ", cublasLtGetStatusName(kiln_cublas_s_), \
+               ": ", cublasLtGetStatusString(kiln_cublas_s_));                                                     \
   } while (0)
 
-#define KILN_CUDNN_OK(call)                                                                             \
-  do {                                                                                                  \
-    const cudnnStatus_t kiln_cudnn_s_ = (call);                                                         \
+#define KILN_CUDNN_OK(call)                                                                                    \
+  do {                                                                                                         \
+    const cudnnStatus_t kiln_cudnn_s_ = (call);                                                                \
+    if (kiln_cudnn_s_ == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)                                 \
+      KILN_FAIL_OOM(#call, " failed: ", cudnnGetErrorString(kiln_cudnn_s_));                                   \
     KILN_CHECK(kiln_cudnn_s_ == CUDNN_STATUS_SUCCESS, #call, " failed: ", cudnnGetErrorString(kiln_cudnn_s_)); \
   } while (0)
 
 // After a kernel launch: a bad configuration or a sticky device error surfaces here, naming the kernel.
 #define KILN_LAUNCH_OK(what) KILN_CUDA_OK_NAMED(cudaGetLastError(), what)
-#define KILN_CUDA_OK_NAMED(call, what)                                                                 \
-  do {                                                                                                 \
-    const cudaError_t kiln_cuda_e_ = (call);                                                           \
+#define KILN_CUDA_OK_NAMED(call, what)                                                                                 \
+  do {                                                                                                                 \
+    const cudaError_t kiln_cuda_e_ = (call);                                                                           \
+    if (kiln_cuda_e_ == cudaErrorMemoryAllocation)                                                                     \
+      KILN_FAIL_OOM(what, ": kernel launch failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_));                         \
     KILN_CHECK(kiln_cuda_e_ == cudaSuccess, what, ": kernel launch failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_)); \
   } while (0)
 

@@ -281,7 +281,9 @@ const std::vector<Choice>& candidates(DType dt, const Conv2dParams& p, const Con
 
 // Runs pass P with the algorithm that ran before for this shape, or else tries cuDNN's usable
 // candidates in order and keeps the first that runs: the legacy heuristics sometimes name an
-// algorithm that then refuses the problem. Fails naming every algorithm tried and its status.
+// algorithm that then refuses the problem, and one whose workspace does not fit in the memory left
+// gives way to the next (which may need less). Fails naming every algorithm tried and its status:
+// OutOfMemory where memory was what stopped any of them, so that a training step can shrink.
 template <Pass P> void convolve(DType dt, const Conv2dParams& p, const ConvDescs& d, const Operands& o) {
   using Api = PassApi<P>;
   cudnnHandle_t h = current().cudnn();
@@ -301,18 +303,30 @@ template <Pass P> void convolve(DType dt, const Conv2dParams& p, const ConvDescs
     return;
   }
   std::string tried;
+  bool out_of_memory = false;
   for (const Choice& c : candidates<P>(dt, p, d, o)) {
-    const cudnnStatus_t st = attempt(c);
+    cudnnStatus_t st;
+    try {
+      st = attempt(c);
+    } catch (const OutOfMemory&) {  // its workspace did not fit
+      out_of_memory = true;
+      tried += " algorithm " + std::to_string(c.algo) + ": no memory for its " + std::to_string(c.workspace >> 20) +
+               " MiB workspace;";
+      continue;
+    }
     if (st == CUDNN_STATUS_SUCCESS) {
       std::lock_guard<std::mutex> lk(g_mutex);
       g_choices.emplace(key, c);
       return;
     }
+    out_of_memory = out_of_memory || st == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED;
     tried += " algorithm " + std::to_string(c.algo) + ": " + cudnnGetErrorString(st) + ";";
   }
-  KILN_FAIL("cuda conv2d ", Api::kName, ": no cuDNN ", deterministic() ? "deterministic " : "", "algorithm runs for ",
-            libplan::describe(dt, p),
-            tried.empty() ? " (cuDNN offers none within the limits)" : " (tried" + tried + ")");
+  const std::string what = detail::str_cat(
+      "cuda conv2d ", Api::kName, ": no cuDNN ", deterministic() ? "deterministic " : "", "algorithm runs for ",
+      libplan::describe(dt, p), tried.empty() ? " (cuDNN offers none within the limits)" : " (tried" + tried + ")");
+  if (out_of_memory) KILN_FAIL_OOM(what);
+  KILN_FAIL(what);
 }
 
 // The workspace the pass will take: the algorithm that ran for this shape, else the first of the

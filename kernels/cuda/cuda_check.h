@@ -1,6 +1,7 @@
 // One macro for CUDA runtime return codes: a failed call throws kiln::Error naming the call and the
-// runtime's own error name and string. Only for .cu files (it needs cuda_runtime.h, or the
-// emulator's stand-in for it).
+// runtime's own error name and string; cudaErrorMemoryAllocation throws its subclass OutOfMemory,
+// on which `kiln train --micro-batch` halves the micro-batch and redoes the step. Only for .cu files
+// (it needs cuda_runtime.h, or the emulator's stand-in for it).
 #pragma once
 #ifdef KILN_CUDA_EMULATION
 #include "kernels/cuda/emulator/cuda_runtime_emulated.h"
@@ -18,8 +19,10 @@ inline std::string cuda_error(cudaError_t e) {
 }
 }  // namespace kiln::cuda
 
-#define KILN_CUDA_OK(call)                                                                   \
-  do {                                                                                       \
-    const cudaError_t kiln_cuda_e_ = (call);                                                 \
+#define KILN_CUDA_OK(call)                                                                               \
+  do {                                                                                                   \
+    const cudaError_t kiln_cuda_e_ = (call);                                                             \
+    if (kiln_cuda_e_ == cudaErrorMemoryAllocation)                                                       \
+      KILN_FAIL_OOM(#call, " failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_));                         \
     KILN_CHECK(kiln_cuda_e_ == cudaSuccess, #call, " failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_)); \
   } while (0)
