@@ -571,6 +571,22 @@ TEST_CASE("nn: relu and batch_norm_relu keep NaN and pass its gradient, as PyTor
         }
         CHECK(outs[0] == outs[1]);
       }
+      // Eval mode with inf and NaN inputs: x's gradient is gamma * rstd * (masked) g everywhere, finite
+      // (it read x before: 0 * inf gave NaN), as PyTorch's eval backward.
+      for (const bool fused : {true, false}) {
+        INFO((fused ? "eval, inf/NaN x, fused" : "eval, inf/NaN x, unfused"));
+        const int64_t c = xs[1];
+        Tensor x = from_vector(rv, xs).to(dt), g = rnd({c}, 84, dt) + 2.0, b = rnd({c}, 85, dt);
+        x.set_requires_grad();
+        const Tensor rm = rnd({c}, 86, dt) * 0.1, rvar = abs(rnd({c}, 87, dt)) + 0.5;
+        const Tensor yb = fused ? batch_norm_relu(x, rm, rvar, g, b, false, 0.1, 1e-5)
+                                : relu(batch_norm(x, rm, rvar, g, b, false, 0.1, 1e-5));
+        yb.backward(upstream);
+        int64_t finite = 0;
+        for (const double v : x.grad().to_vector()) finite += std::isfinite(v) ? 1 : 0;
+        CHECK(finite == n);
+        CHECK(x.grad().to_vector()[5] != 0);  // a NaN output passes its gradient
+      }
     }
 }
 

@@ -61,7 +61,10 @@ struct F64Planes {
   }
   static void grad_apply(int64_t n, const double* g, const double* y, const double* x, double k1, double k2, double k3,
                          double* o) {
-    for (int64_t j = 0; j < n; ++j) o[j] = k1 * (y && y[j] <= 0 ? 0.0 : g[j]) + k2 * x[j] + k3;
+    for (int64_t j = 0; j < n; ++j) {
+      const double gj = k1 * (y && y[j] <= 0 ? 0.0 : g[j]);
+      o[j] = x ? gj + k2 * x[j] + k3 : gj;
+    }
   }
 };
 struct F32Planes {
@@ -155,9 +158,10 @@ template <typename T> void batch_norm_bwd(int64_t n, int64_t c, int64_t hw, bool
       const double k3 = training ? -gm * rs * sg / count - k2 * m : 0.0;
       for (int64_t i = 0; i < n; ++i) {
         const int64_t at = (i * c + ch) * hw;
-        // The masked gradient is in gres when there is one; else the mask is applied again.
-        planes.grad_apply(hw, gres ? gres + at : gy + at, gres ? nullptr : (y ? y + at : nullptr), x + at, T(k1), T(k2),
-                          T(k3), gx + at);
+        // The masked gradient is in gres when there is one; else the mask is applied again. Eval mode
+        // takes no x: gx = k1 * gy, as PyTorch's (0 * x would make an inf or NaN input's gradient NaN).
+        planes.grad_apply(hw, gres ? gres + at : gy + at, gres ? nullptr : (y ? y + at : nullptr),
+                          training ? x + at : nullptr, T(k1), T(k2), T(k3), gx + at);
       }
     }
   });

@@ -323,14 +323,15 @@ __global__ void __launch_bounds__(kThreads) bn_backward_finish_kernel(int64_t c,
   }
 }
 
-// Backward, elementwise: gx = k1*gy + k2*x + k3 with the coefficients of coef [3, c]. Launch:
+// Backward, elementwise: gx = k1*gy + k2*x + k3 with the coefficients of coef [3, c], or k1*gy where
+// x is null (eval mode: an inf or NaN x must not reach gx through 0 * x). Launch:
 // grid_for(n*c*hw), grid-stride; a thread per element. Traffic: x and gy read once, gx written once.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) bn_backward_apply_kernel(int64_t total, int64_t c, int64_t hw,
                                                                      const T* x, const T* gy, const T* coef, T* gx) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t ch = (e / hw) % c;
-    gx[e] = coef[ch] * gy[e] + coef[c + ch] * x[e] + coef[2 * c + ch];
+    gx[e] = x ? coef[ch] * gy[e] + coef[c + ch] * x[e] + coef[2 * c + ch] : coef[ch] * gy[e];
   }
 }
 
@@ -370,7 +371,7 @@ void bn_backward_handwritten(Context& ctx, int64_t n, int64_t c, int64_t hw, boo
          count, training, partial.get<double>(), gamma, mean, rstd, ggamma, gbeta, coef.get<T>());
   if (!coef.get<T>()) return;
   launch("bn_backward_apply_kernel", bn_backward_apply_kernel<T>, grid_for(total), kThreads, 0, ctx.stream, total, c,
-         hw, x, gy, coef.get<T>(), gx);
+         hw, training ? x : nullptr, gy, coef.get<T>(), gx);
 }
 
 // The fused form's epilogue, elementwise in any layout: y = relu(y + residual) (either part optional).

@@ -106,7 +106,8 @@ struct RowLeaves {
   // Batch norm on one (image, channel) plane of n values (batch_norm.cpp): add the plane's sum of x and
   // of (x - m)^2 (either may be null); y = x * sc + sh, plus r where non-null, then ReLU with relu;
   // o = y <= 0 ? 0 : g (ReLU's gradient); add the sums of g and g * (x - m); and
-  // o = k1 * g' + k2 * x + k3 with g' = g, or y <= 0 ? 0 : g where y is non-null.
+  // o = k1 * g' + k2 * x + k3 (k1 * g' where x is null: eval mode) with g' = g, or y <= 0 ? 0 : g
+  // where y is non-null.
   void (*bn_stats)(int64_t n, const float* x, float m, double* sum, double* sq);
   void (*bn_affine)(int64_t n, const float* x, float sc, float sh, const float* r, bool relu, float* y);
   void (*relu_mask)(int64_t n, const float* g, const float* y, float* o);
