@@ -289,9 +289,12 @@ double cgroup_cpu_quota(const std::function<std::string(const std::string&)>& re
   return limit;
 }
 
+namespace {
+int whole_cpus(double quota) { return quota > 0 ? std::max(1, int(std::ceil(quota - 1e-9))) : 0; }
+}  // namespace
+
 int cgroup_cpu_limit(const std::function<std::string(const std::string&)>& read) {
-  const double q = cgroup_cpu_quota(read);
-  return q > 0 ? std::max(1, int(std::ceil(q - 1e-9))) : 0;
+  return whole_cpus(cgroup_cpu_quota(read));
 }
 
 CpuLimits cpu_limits() {
@@ -301,7 +304,7 @@ CpuLimits cpu_limits() {
     c.affinity = affinity_cpus();
     if (c.affinity <= 0) c.affinity = c.hardware;
     c.quota_exact = cgroup_cpu_quota(read_small_file);
-    c.quota = c.quota_exact > 0 ? std::max(1, int(std::ceil(c.quota_exact - 1e-9))) : 0;
+    c.quota = whole_cpus(c.quota_exact);
     return c;
   }();
   return l;

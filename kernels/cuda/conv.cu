@@ -229,11 +229,21 @@ std::mutex g_mutex;
 std::map<Key, Choice> g_choices;                  // the algorithm that ran, per pass and shape
 std::map<Key, std::vector<Choice>> g_candidates;  // cuDNN's usable list, per pass and shape
 
-// The usable entries of cuDNN's list `perf` (n entries, fastest first): within the workspace limit,
-// deterministic in deterministic mode, and f32 without TF32 in f32 arithmetic.
-template <Pass P> std::vector<Choice> usable_of(cudnnHandle_t h, DType dt, const ConvDescs& d,
-                                                const typename PassApi<P>::Perf* perf, int n) {
+// The usable entries of cuDNN's list, fastest first: by heuristics, or, given `timed` (benchmark
+// mode), timed on those buffers (whose outputs the real call overwrites). Usable: within the workspace
+// limit, deterministic in deterministic mode, and f32 without TF32 in f32 arithmetic.
+template <Pass P> std::vector<Choice> usable_list(DType dt, const ConvDescs& d, const Operands* timed) {
   using Api = PassApi<P>;
+  constexpr int kMax = 16;
+  typename Api::Perf perf[kMax];
+  int n = 0;
+  cudnnHandle_t h = current().cudnn();
+  if (timed) {
+    DeviceBuffer ws(kMaxWorkspace / 4);
+    Api::find(h, d, *timed, kMax, &n, perf, ws.get(), kMaxWorkspace / 4);
+  } else {
+    Api::get(h, d, kMax, &n, perf);
+  }
   std::vector<Choice> usable;
   for (int i = 0; i < n; ++i) {
     // The workspace as the size query answers for this algorithm and math type, when it asks for
@@ -253,8 +263,7 @@ template <Pass P> std::vector<Choice> usable_of(cudnnHandle_t h, DType dt, const
   return usable;
 }
 
-// The usable entries of cuDNN's list, fastest first (by heuristics, or timed on the real buffers in
-// benchmark mode, whose outputs the real call overwrites). Empty when none is.
+// usable_list, once per pass and shape (timed in benchmark mode). Empty when none is.
 template <Pass P>
 const std::vector<Choice>& candidates(DType dt, const Conv2dParams& p, const ConvDescs& d, const Operands& o) {
   const Key key = key_of(P, dt, p);
@@ -263,18 +272,7 @@ const std::vector<Choice>& candidates(DType dt, const Conv2dParams& p, const Con
     auto it = g_candidates.find(key);
     if (it != g_candidates.end()) return it->second;
   }
-  using Api = PassApi<P>;
-  constexpr int kMax = 16;
-  typename Api::Perf perf[kMax];
-  int n = 0;
-  cudnnHandle_t h = current().cudnn();
-  if (g_benchmark.load()) {
-    DeviceBuffer ws(kMaxWorkspace / 4);
-    Api::find(h, d, o, kMax, &n, perf, ws.get(), kMaxWorkspace / 4);
-  } else {
-    Api::get(h, d, kMax, &n, perf);
-  }
-  std::vector<Choice> usable = usable_of<P>(h, dt, d, perf, n);
+  std::vector<Choice> usable = usable_list<P>(dt, d, g_benchmark.load() ? &o : nullptr);
   std::lock_guard<std::mutex> lk(g_mutex);
   return g_candidates.emplace(key, std::move(usable)).first->second;
 }
@@ -340,13 +338,7 @@ template <Pass P> size_t planned_workspace(DType dt, const Conv2dParams& p, cons
     if (auto it = g_candidates.find(key); it != g_candidates.end())
       return it->second.empty() ? 0 : it->second.front().workspace;
   }
-  using Api = PassApi<P>;
-  constexpr int kMax = 16;
-  typename Api::Perf perf[kMax];
-  int n = 0;
-  cudnnHandle_t h = current().cudnn();
-  Api::get(h, d, kMax, &n, perf);
-  const std::vector<Choice> usable = usable_of<P>(h, dt, d, perf, n);
+  const std::vector<Choice> usable = usable_list<P>(dt, d, nullptr);
   return usable.empty() ? 0 : usable.front().workspace;
 }
 
