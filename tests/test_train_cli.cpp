@@ -97,7 +97,10 @@ TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees wit
   CHECK(s["config"]["batch"] == 64);  // from the file
   CHECK(s["test_samples"] == 500);
   const double acc = s["test_accuracy"].get<double>();
-  CHECK(acc > 0.45);  // ten classes: chance is 0.1
+  // Ten classes: chance is 0.1. Two epochs of 24 steps land between 0.43 and 0.68 over seeds 3-5 under
+  // the avx2 and avx512 kernel sets (seed 3: 0.434 under avx2, 0.64 under avx512): rounding decides how far
+  // so short a run gets, so the bar is what no run that learned falls under.
+  CHECK(acc > 0.3);
   CHECK(s["wall_seconds"].get<double>() > 0);
 
   const auto e = run_kiln("eval --model resnet20 --weights " + d / "run/model.safetensors" +
