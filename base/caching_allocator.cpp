@@ -78,10 +78,6 @@ void* CachingAllocator::allocate(size_t bytes, StreamId stream) {
     p = device_->allocate(size);
     if (!p && !cached_.empty()) {  // out of memory: give the cache back and try once more
       ++stats_.oom_retries;
-      // Blocks still waiting for another stream's work are memory too: wait for that work, so that
-      // they are given back with the rest, before calling the device full.
-      for (const Pending& q : pending_)
-        for (void* e : q.events) device_->wait_event(e);
       release_cached_locked();
       p = device_->allocate(size);
     }
@@ -127,6 +123,10 @@ void CachingAllocator::record_stream(void* p, StreamId stream) {
 }
 
 void CachingAllocator::release_cached_locked() {
+  // Blocks still waiting for another stream's work are memory too: wait for that work, so that they
+  // are given back with the rest.
+  for (const Pending& q : pending_)
+    for (void* e : q.events) device_->wait_event(e);
   collect_pending_locked();
   for (auto& [key, ptrs] : free_)
     for (void* p : ptrs) {

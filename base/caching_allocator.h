@@ -57,7 +57,9 @@ class CachingAllocator {
   void free(void* p);
   // p is also used on `stream`: when freed, it waits for that stream's work before reuse.
   void record_stream(void* p, StreamId stream);
-  // Returns every cached (free, ready) block to the device.
+  // Returns every cached block to the device, first waiting (on the host) for the other streams' work that
+  // freed blocks still wait on. What an out-of-memory retry does, and what memory allocated outside this
+  // allocator (cuDNN's, cuBLASLt's and NCCL's own) can only get that way.
   void release_cached();
   AllocatorStats stats() const;
   void reset_peaks();

@@ -96,14 +96,12 @@ Backend make_meta_backend(bool gpu_like) {
   };
   t.conv2d_forward = [](DType dt, const Conv2dParams& p, const void* x, const void* w, const void* bias, void* y) {
     if (const int d = g_meta_cudnn_device.load(); d >= 0)
-      transient(cuda::conv_workspace_bytes(d, dt, p, libplan::ConvPass::forward));
+      transient(cuda::conv_transient_bytes(d, dt, p, true, false, false));
   };
   t.conv2d_backward = [](DType dt, const Conv2dParams& p, const void* x, const void* w, const void* gy, void* gx,
                          void* gw) {
-    const int d = g_meta_cudnn_device.load();
-    if (d < 0) return;
-    if (gx) transient(cuda::conv_workspace_bytes(d, dt, p, libplan::ConvPass::backward_data));
-    if (gw) transient(cuda::conv_workspace_bytes(d, dt, p, libplan::ConvPass::backward_filter));
+    if (const int d = g_meta_cudnn_device.load(); d >= 0 && (gx || gw))
+      transient(cuda::conv_transient_bytes(d, dt, p, false, gx != nullptr, gw != nullptr));
   };
   return t;
 }

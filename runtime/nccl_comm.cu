@@ -64,7 +64,7 @@ class NcclWork final : public dist::Work {
   ~NcclWork() override { cudaEventDestroy(done_); }
   void wait() override;
   // The event has passed: the collective's kernels on the communicator's stream have finished.
-  bool done() override { return cudaEventQuery(done_) == cudaSuccess; }
+  bool done() override { return query_done(cudaEventQuery(done_), "cudaEventQuery (NCCL work)"); }
 
  private:
   NcclComm* c_;
@@ -189,6 +189,7 @@ class NcclComm final : public dist::Communicator {
       const cudaError_t e = cudaEventQuery(done);
       if (e == cudaSuccess) break;
       KILN_CHECK(e == cudaErrorNotReady, "NCCL ", what, " on cuda:", device_, ": ", cuda_error(e));
+      (void)cudaGetLastError();  // not ready is also left as the last error (query_done says why)
       live(what.c_str());
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);

@@ -198,4 +198,15 @@ TEST_CASE("allocator on a timeline: out of memory waits for pending blocks' stre
   CHECK_MESSAGE(contains(msg, "timeline:0: out of memory allocating 4.0 MiB"), msg);
   a.free(big);
   a.free(live);
+  // Asked to give its cache back (as a training step that ran out of memory does, for the libraries'
+  // own allocations), it gives pending blocks back too, after waiting for their streams.
+  void* read_elsewhere = a.allocate(size_t(2) << 20, compute);
+  d->enqueue(comm, 2);
+  a.record_stream(read_elsewhere, comm);
+  a.free(read_elsewhere);
+  a.release_cached();
+  CHECK(d->host_waits == 2);
+  CHECK(d->ran[comm] == 7);
+  CHECK(a.stats().reserved == 0);
+  CHECK(d->used == 0);
 }

@@ -186,3 +186,20 @@ TEST_CASE("emulator: KILN_CUDA_OK throws OutOfMemory for cudaErrorMemoryAllocati
     CHECK(std::string(e.what()).find("cudaErrorInvalidValue") != std::string::npos);
   }
 }
+
+// The runtime keeps a non-sticky error (out of memory, an event not yet done) as the thread's last error
+// too; left there, the next launch check reads it and fails an innocent kernel. A refused launch stands in
+// for that leftover here (the emulator records only launches' errors).
+TEST_CASE("emulator: an out-of-memory throw and a not-ready query leave no last error behind") {
+  auto leftover = [] { kiln::emu::run("refused", dim3(1), dim3(1025), 0, [] {}); };
+  leftover();
+  CHECK_THROWS_AS(KILN_CUDA_OK(cudaErrorMemoryAllocation), kiln::OutOfMemory);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  leftover();
+  CHECK_FALSE(kiln::cuda::query_done(cudaErrorNotReady, "cudaEventQuery"));
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(kiln::cuda::query_done(cudaSuccess, "cudaEventQuery"));
+  CHECK(error_of([] {
+          kiln::cuda::query_done(cudaErrorLaunchFailure, "cudaEventQuery");
+        }).find("cudaEventQuery failed: cudaErrorLaunchFailure") != std::string::npos);
+}

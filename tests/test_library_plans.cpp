@@ -410,6 +410,10 @@ TEST_CASE("library plans: which of cuDNN's candidate algorithms conv.cu may use"
   CHECK(usable(fma, DType::f32, true, false));
   CHECK_FALSE(usable(tensor, DType::f32, false, false));  // f32 stays f32 without TF32
   CHECK(usable(tensor, DType::f32, false, true));
+  const DnnCandidate converting{true, 1024, true, DnnMath::tensor_op_allow_conversion};
+  CHECK_FALSE(usable(converting, DType::f32, false, true));  // TF32 allowed, f16 rounding not
+  CHECK_FALSE(usable(converting, DType::f64, false, true));
+  CHECK(usable(converting, DType::f16, false, false));
   CHECK(usable(tensor, DType::f16, false, false));
   CHECK_FALSE(usable(tensor, DType::f16, true, false));                           // not deterministic
   CHECK_FALSE(usable({false, 0, true, DnnMath::fma}, DType::f32, false, false));  // failed in the search

@@ -562,6 +562,10 @@ class Trainer {
   int shrink_micro_batch(const OutOfMemory& e, int64_t start) {
     opt_->zero_grad();
     if (zero_) zero_->zero_grad();
+    // The failed step's blocks are back in the device allocator's cache, sized for the larger micro-batch;
+    // Kiln's own allocations would get them back by retrying, but cuDNN's, cuBLASLt's and NCCL's only once
+    // they are returned to the device.
+    if (device_.is_cuda()) cuda::device_allocator(device_.index).release_cached();
     int64_t next = micro_ % 2 == 0 ? micro_ / 2 : 0;
     if (next == 0)
       for (int64_t d = micro_ - 1; d >= 1; --d)

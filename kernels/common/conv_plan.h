@@ -180,11 +180,15 @@ struct DnnCandidate {
 };
 // Whether conv.cu may use a candidate: it ran in the search, needs at most kConvMaxWorkspace,
 // is deterministic in deterministic mode, and keeps f32 in f32 arithmetic (FMA math) unless TF32 is
-// allowed. Usable candidates are tried in cuDNN's order (fastest first) until one runs.
+// allowed, never rounding f32 or f64 data to f16. Usable candidates are tried in cuDNN's order (fastest first) until
+// one runs.
 inline bool usable(const DnnCandidate& c, DType dt, bool deterministic_mode, bool allow_tf32) {
   if (!c.ok || c.workspace > kConvMaxWorkspace) return false;
   if (deterministic_mode && !c.deterministic) return false;
   if (dt == DType::f32 && !allow_tf32 && c.math != DnnMath::fma) return false;
+  // Tensor ops "allowing conversion" may round f32 (and f64) data to f16: 5 exponent bits, below TF32's
+  // reach, where TF32 is what was allowed.
+  if ((dt == DType::f32 || dt == DType::f64) && c.math == DnnMath::tensor_op_allow_conversion) return false;
   return true;
 }
 

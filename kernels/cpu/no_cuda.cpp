@@ -39,7 +39,7 @@ void copy_to_device_async(void*, int device, const void*, size_t, std::shared_pt
 Allocator& upload_allocator(int device, const void*) { no_cuda("allocate on", device); }
 void* copy_stream(int device) { no_cuda("the copy stream of", device); }
 Allocator& pinned_allocator() { no_cuda("pinned memory for", 0); }
-size_t conv_workspace_bytes(int device, DType, const Conv2dParams&, libplan::ConvPass) {
+size_t conv_transient_bytes(int device, DType, const Conv2dParams&, bool, bool, bool) {
   no_cuda("the cuDNN workspace on", device);
 }
 void set_deterministic(bool on) { g_deterministic = on; }

@@ -277,7 +277,9 @@ InFlightList& in_flight() {
 
 void release_finished_locked() {
   std::erase_if(in_flight().list, [](InFlight& f) {
-    if (cudaEventQuery(f.done) != cudaSuccess) return false;  // not yet (or an error the next sync reports)
+    const cudaError_t e = cudaEventQuery(f.done);
+    if (e == cudaErrorNotReady) (void)cudaGetLastError();  // not yet: no last error left (query_done says why)
+    if (e != cudaSuccess) return false;                    // not yet, or an error the next sync reports
     cudaEventDestroy(f.done);
     return true;
   });

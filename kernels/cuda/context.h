@@ -46,8 +46,10 @@
 #define KILN_CUDA_OK_NAMED(call, what)                                                                                 \
   do {                                                                                                                 \
     const cudaError_t kiln_cuda_e_ = (call);                                                                           \
-    if (kiln_cuda_e_ == cudaErrorMemoryAllocation)                                                                     \
+    if (kiln_cuda_e_ == cudaErrorMemoryAllocation) {                                                                   \
+      (void)cudaGetLastError();                                                                                        \
       KILN_FAIL_OOM(what, ": kernel launch failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_));                         \
+    }                                                                                                                  \
     KILN_CHECK(kiln_cuda_e_ == cudaSuccess, what, ": kernel launch failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_)); \
   } while (0)
 

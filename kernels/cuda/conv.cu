@@ -83,6 +83,10 @@ struct ConvDescs {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
+  // The plan's math type. Each candidate sets its own on `conv` before it runs, and cuDNN's searches read
+  // the descriptor's, so usable_list sets this one back first: one pass's last candidate must not decide
+  // what the next pass's search (on the same descriptors in conv2d_backward) may offer.
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
 
   // The destructor of a member-less base would not run if this constructor threw, so creation
   // happens in init(), after the object is complete.
@@ -112,7 +116,8 @@ struct ConvDescs {
     KILN_CUDNN_OK(cudnnSetConvolution2dDescriptor(conv, c.pad_h, c.pad_w, c.stride_h, c.stride_w, c.dilation_h,
                                                   c.dilation_w, mode, dnn_type(c.compute)));
     KILN_CUDNN_OK(cudnnSetConvolutionGroupCount(conv, c.groups));
-    KILN_CUDNN_OK(cudnnSetConvolutionMathType(conv, dnn_math(c.math)));
+    math = dnn_math(c.math);
+    KILN_CUDNN_OK(cudnnSetConvolutionMathType(conv, math));
   }
   ~ConvDescs() { destroy(); }
   void destroy() {
@@ -231,21 +236,31 @@ std::map<Key, std::vector<Choice>> g_candidates;  // cuDNN's usable list, per pa
 
 // The usable entries of cuDNN's list, fastest first: by heuristics, or, given `timed` (benchmark
 // mode), timed on those buffers (whose outputs the real call overwrites). Usable: within the workspace
-// limit, deterministic in deterministic mode, and f32 without TF32 in f32 arithmetic.
-template <Pass P> std::vector<Choice> usable_list(DType dt, const ConvDescs& d, const Operands* timed) {
+// limit, deterministic in deterministic mode, and f32 without TF32 in f32 arithmetic. `pressed`: the
+// timed search lost an algorithm to an allocation failure, so the list says how full the device was
+// then, not what the shape allows, and is not kept.
+struct Usable {
+  std::vector<Choice> list;
+  bool pressed = false;
+};
+constexpr size_t kFindWorkspace = kMaxWorkspace / 4;  // the buffer benchmark mode times candidates in
+template <Pass P> Usable usable_list(DType dt, const ConvDescs& d, const Operands* timed) {
   using Api = PassApi<P>;
   constexpr int kMax = 16;
   typename Api::Perf perf[kMax];
   int n = 0;
   cudnnHandle_t h = current().cudnn();
+  KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, d.math));
   if (timed) {
-    DeviceBuffer ws(kMaxWorkspace / 4);
-    Api::find(h, d, *timed, kMax, &n, perf, ws.get(), kMaxWorkspace / 4);
+    DeviceBuffer ws(kFindWorkspace);
+    Api::find(h, d, *timed, kMax, &n, perf, ws.get(), kFindWorkspace);
   } else {
     Api::get(h, d, kMax, &n, perf);
   }
-  std::vector<Choice> usable;
+  Usable usable;
   for (int i = 0; i < n; ++i) {
+    usable.pressed =
+        usable.pressed || (timed && perf[i].status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED);
     // The workspace as the size query answers for this algorithm and math type, when it asks for
     // more than the list said: a kernel given less than it needs writes past its buffer.
     size_t bytes = perf[i].memory;
@@ -258,23 +273,32 @@ template <Pass P> std::vector<Choice> usable_list(DType dt, const ConvDescs& d, 
     const libplan::DnnCandidate c{perf[i].status == CUDNN_STATUS_SUCCESS, bytes,
                                   perf[i].determinism == CUDNN_DETERMINISTIC, plan_math(perf[i].mathType)};
     if (!libplan::usable(c, dt, deterministic(), allow_tf32())) continue;
-    usable.push_back(Choice{int(perf[i].algo), perf[i].mathType, bytes});
+    usable.list.push_back(Choice{int(perf[i].algo), perf[i].mathType, bytes});
   }
+  KILN_CUDNN_OK(cudnnSetConvolutionMathType(d.conv, d.math));
   return usable;
 }
 
-// usable_list, once per pass and shape (timed in benchmark mode). Empty when none is.
+// usable_list, once per pass and shape (timed in benchmark mode). Empty when none is. A timed list that
+// lost algorithms to a full device is used for this call only, and where it lost all of them that is
+// OutOfMemory (a training step shrinks on it), not "no algorithm".
 template <Pass P>
-const std::vector<Choice>& candidates(DType dt, const Conv2dParams& p, const ConvDescs& d, const Operands& o) {
+std::vector<Choice> candidates(DType dt, const Conv2dParams& p, const ConvDescs& d, const Operands& o) {
   const Key key = key_of(P, dt, p);
   {
     std::lock_guard<std::mutex> lk(g_mutex);
     auto it = g_candidates.find(key);
     if (it != g_candidates.end()) return it->second;
   }
-  std::vector<Choice> usable = usable_list<P>(dt, d, g_benchmark.load() ? &o : nullptr);
+  Usable usable = usable_list<P>(dt, d, g_benchmark.load() ? &o : nullptr);
+  if (usable.pressed) {
+    if (usable.list.empty())
+      KILN_FAIL_OOM("cuda conv2d ", PassApi<P>::kName, ": every cuDNN algorithm for ", libplan::describe(dt, p),
+                    " that could run was out of device memory while benchmark mode timed it");
+    return usable.list;
+  }
   std::lock_guard<std::mutex> lk(g_mutex);
-  return g_candidates.emplace(key, std::move(usable)).first->second;
+  return g_candidates.emplace(key, std::move(usable.list)).first->second;
 }
 
 // Runs pass P with the algorithm that ran before for this shape, or else tries cuDNN's usable
@@ -329,17 +353,21 @@ template <Pass P> void convolve(DType dt, const Conv2dParams& p, const ConvDescs
 
 // The workspace the pass will take: the algorithm that ran for this shape, else the first of the
 // usable list found before, else the first of cuDNN's heuristic list now (not kept: a later run in
-// benchmark mode still times its own). 0 when none is usable.
-template <Pass P> size_t planned_workspace(DType dt, const Conv2dParams& p, const ConvDescs& d) {
+// benchmark mode still times its own, in a buffer of kFindWorkspace, counted until it has). Nothing when
+// no algorithm is usable.
+template <Pass P> std::optional<size_t> planned_workspace(DType dt, const Conv2dParams& p, const ConvDescs& d) {
   const Key key = key_of(P, dt, p);
   {
     std::lock_guard<std::mutex> lk(g_mutex);
     if (auto it = g_choices.find(key); it != g_choices.end()) return it->second.workspace;
-    if (auto it = g_candidates.find(key); it != g_candidates.end())
-      return it->second.empty() ? 0 : it->second.front().workspace;
+    if (auto it = g_candidates.find(key); it != g_candidates.end()) {
+      if (it->second.empty()) return std::nullopt;
+      return it->second.front().workspace;
+    }
   }
-  const std::vector<Choice> usable = usable_list<P>(dt, d, nullptr);
-  return usable.empty() ? 0 : usable.front().workspace;
+  const std::vector<Choice> usable = usable_list<P>(dt, d, nullptr).list;
+  if (usable.empty()) return std::nullopt;
+  return g_benchmark.load() ? std::max(usable.front().workspace, kFindWorkspace) : usable.front().workspace;
 }
 
 // Whether cuDNN offers an algorithm for the pass at all (NHWC without one runs on NCHW copies).
@@ -382,17 +410,31 @@ DeviceBuffer relaid(DType dt, const void* src, int64_t n, int64_t c, int64_t h, 
 
 }  // namespace
 
-size_t conv_workspace_bytes(int device, DType dt, const Conv2dParams& p, libplan::ConvPass pass) {
+size_t conv_transient_bytes(int device, DType dt, const Conv2dParams& p, bool forward, bool gx, bool gw) {
   use(device);
-  const ConvPlan plan = libplan::plan_conv(dt, p, pass, allow_tf32());
-  if (plan.path != ConvPath::convolve) return 0;
-  const ConvDescs d(plan);
-  switch (pass) {
-    case Pass::forward: return planned_workspace<Pass::forward>(dt, p, d);
-    case Pass::backward_data: return planned_workspace<Pass::backward_data>(dt, p, d);
-    case Pass::backward_filter: return planned_workspace<Pass::backward_filter>(dt, p, d);
+  const size_t es = dtype_size(dt);
+  const int64_t cg = p.groups > 0 ? p.c / p.groups : 0;
+  const size_t nx = size_t(p.n * p.c * p.h * p.w) * es, nw = size_t(p.o * cg * p.kh * p.kw) * es,
+               ny = size_t(p.n * p.o * p.oh * p.ow) * es;
+  Conv2dParams q = p;  // an NHWC call without a cuDNN algorithm runs as this NCHW one, on copies
+  q.nhwc = false;
+  if (forward) {
+    const ConvPlan plan = libplan::plan_conv(dt, p, Pass::forward, allow_tf32());
+    if (plan.path != ConvPath::convolve) return 0;
+    const ConvDescs d(plan);
+    const std::optional<size_t> ws = planned_workspace<Pass::forward>(dt, p, d);
+    if (ws || !p.nhwc) return ws.value_or(0);
+    return nx + nw + ny + conv_transient_bytes(device, dt, q, true, false, false);
   }
-  return 0;
+  const ConvPlan data = libplan::plan_conv(dt, p, Pass::backward_data, allow_tf32());
+  const ConvPlan filter = libplan::plan_conv(dt, p, Pass::backward_filter, allow_tf32());
+  if (data.path != ConvPath::convolve || filter.path != ConvPath::convolve) return 0;
+  const ConvDescs d(data);  // as conv2d_backward: the descriptors do not depend on the pass
+  const std::optional<size_t> wd = gx ? planned_workspace<Pass::backward_data>(dt, p, d) : std::optional<size_t>(0);
+  const std::optional<size_t> wf = gw ? planned_workspace<Pass::backward_filter>(dt, p, d) : std::optional<size_t>(0);
+  if ((wd && wf) || !p.nhwc) return std::max(wd.value_or(0), wf.value_or(0));
+  // The copies live through both passes, which run one after the other.
+  return nx + nw + ny + (gx ? nx : 0) + (gw ? nw : 0) + conv_transient_bytes(device, dt, q, false, gx, gw);
 }
 
 void set_cudnn_benchmark(bool on) { g_benchmark = on; }

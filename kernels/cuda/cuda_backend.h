@@ -58,11 +58,13 @@ std::string gemm_backend();
 // the same bits. Off by default (cuDNN then picks its fastest algorithm by heuristics).
 void set_deterministic(bool on);
 bool deterministic();
-// The cuDNN workspace (bytes) a convolution pass on `device` will take, for the memory planner: the
-// algorithm that ran for the shape, else the first usable one of cuDNN's heuristic list (benchmark
-// mode may later pick another). 0 where no cuDNN call runs. Not counted: an NHWC pass that cuDNN has
-// no algorithm for runs on NCHW copies of its buffers.
-size_t conv_workspace_bytes(int device, DType dt, const Conv2dParams& p, libplan::ConvPass pass);
+// The device memory a convolution call on `device` takes for itself and gives back (bytes), for the
+// memory planner: cuDNN's workspace, as the algorithm that ran for the shape, else the first usable one
+// of cuDNN's heuristic list (benchmark mode, until it has timed the shape: at least the buffer it times
+// in); for backward (`forward` false), the larger of the two passes asked for (`gx`, `gw`); and an NHWC
+// call that cuDNN has no algorithm for adds the NCHW copies of its buffers it runs on. 0 where no cuDNN
+// call runs.
+size_t conv_transient_bytes(int device, DType dt, const Conv2dParams& p, bool forward, bool gx, bool gw);
 // Opt-in cuDNN benchmark mode: time every algorithm once per shape and keep the fastest.
 void set_cudnn_benchmark(bool on);
 bool cudnn_benchmark();

@@ -19,10 +19,29 @@ inline std::string cuda_error(cudaError_t e) {
 }
 }  // namespace kiln::cuda
 
+// An out-of-memory error is not sticky, but the runtime also keeps it as the thread's last error, which
+// the next launch check (cudaGetLastError) would report against the next kernel of the redone step: it is
+// cleared before the throw.
 #define KILN_CUDA_OK(call)                                                                               \
   do {                                                                                                   \
     const cudaError_t kiln_cuda_e_ = (call);                                                             \
-    if (kiln_cuda_e_ == cudaErrorMemoryAllocation)                                                       \
+    if (kiln_cuda_e_ == cudaErrorMemoryAllocation) {                                                     \
+      (void)cudaGetLastError();                                                                          \
       KILN_FAIL_OOM(#call, " failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_));                         \
+    }                                                                                                    \
     KILN_CHECK(kiln_cuda_e_ == cudaSuccess, #call, " failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_)); \
   } while (0)
+
+namespace kiln::cuda {
+// The answer of cudaEventQuery or cudaStreamQuery as done / not yet. cudaErrorNotReady is also left as
+// the thread's last error (PyTorch clears it for the same reason), which the next launch check would
+// report as that kernel's failure: it is cleared here. Any other error throws, naming `what`.
+inline bool query_done(cudaError_t e, const char* what) {
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  KILN_CHECK(e == cudaSuccess, what, " failed: ", cuda_error(e));
+  return true;
+}
+}  // namespace kiln::cuda

@@ -59,10 +59,7 @@ class CudaDevice final : public RawDevice {
     return ev;
   }
   bool event_done(void* ev) override {
-    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
-    if (e == cudaErrorNotReady) return false;
-    KILN_CHECK(e == cudaSuccess, "cudaEventQuery failed: ", cuda_error(e));
-    return true;
+    return query_done(cudaEventQuery(static_cast<cudaEvent_t>(ev)), "cudaEventQuery");
   }
   void wait_event(void* ev) override {
     KILN_CUDA_OK(cudaEventSynchronize(static_cast<cudaEvent_t>(ev)));

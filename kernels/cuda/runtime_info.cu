@@ -125,6 +125,7 @@ std::string nccl_all_reduce_check(int n) {
       ++d;
       continue;
     }
+    if (e == cudaErrorNotReady) (void)cudaGetLastError();  // left as the last error too (query_done says why)
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(run.comms[d], &async);
     if (e != cudaErrorNotReady || async != ncclSuccess || std::chrono::steady_clock::now() > deadline) {

@@ -40,6 +40,7 @@ enum cudaError_t {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
 };
 const char* cudaGetErrorName(cudaError_t e);
