@@ -259,7 +259,8 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
 }
 
 namespace {
-// Sources of asynchronous copies, held until an event after their copy has passed.
+// Sources of asynchronous copies, and memory other frameworks lent (release_after_queued_work), held
+// until an event after the work that reads them has passed.
 struct InFlight {
   cudaEvent_t done;
   std::shared_ptr<void> keep_alive;
@@ -275,14 +276,44 @@ InFlightList& in_flight() {
   return *l;
 }
 
-void release_finished_locked() {
-  std::erase_if(in_flight().list, [](InFlight& f) {
+// Moves the holds whose event has passed into `done`, for the caller to drop after unlocking: a hold's
+// release may take other locks (the pinned pool's; a lender's, the Python GIL).
+void take_finished_locked(std::vector<std::shared_ptr<void>>& done) {
+  std::erase_if(in_flight().list, [&done](InFlight& f) {
     const cudaError_t e = cudaEventQuery(f.done);
     if (e == cudaErrorNotReady) (void)cudaGetLastError();  // not yet: no last error left (query_done says why)
     if (e != cudaSuccess) return false;                    // not yet, or an error the next sync reports
     cudaEventDestroy(f.done);
+    done.push_back(std::move(f.keep_alive));
     return true;
   });
+}
+void release_finished() {
+  std::vector<std::shared_ptr<void>> done;
+  std::lock_guard<std::mutex> lk(in_flight().mutex);
+  take_finished_locked(done);
+}
+
+// Makes `d` the calling thread's current device for the scope, then puts the previous one back.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int d) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    use(d);
+  }
+  ~CurrentDevice() {
+    if (prev_ >= 0) set_current_device(prev_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+// A DLPack stream number as a stream: 1 and 2 are the legacy and per-thread default streams.
+cudaStream_t dlpack_stream(uintptr_t s) {
+  return s == 1 ? cudaStreamLegacy : s == 2 ? cudaStreamPerThread : reinterpret_cast<cudaStream_t>(s);
 }
 }  // namespace
 
@@ -303,9 +334,59 @@ void copy_to_device_async(void* dst, int device, const void* src, size_t n, std:
     cudaEventDestroy(ev);
     KILN_CUDA_OK(e);
   }
+  std::vector<std::shared_ptr<void>> done;  // dropped after the lock
   std::lock_guard<std::mutex> lk(in_flight().mutex);
-  release_finished_locked();
+  take_finished_locked(done);
   in_flight().list.push_back({ev, std::move(keep_alive)});
+}
+
+int current_device() {
+  int d = -1;
+  return cudaGetDevice(&d) == cudaSuccess ? d : -1;
+}
+void set_current_device(int device) {
+  if (current_device() != device) KILN_CUDA_OK(cudaSetDevice(device));
+  t_current = device;
+  t_context = &context(device);
+}
+
+void hand_to_stream(int device, void* block, uintptr_t stream) {
+  CurrentDevice scope(device);
+  Context& c = context(device);
+  const cudaStream_t s = dlpack_stream(stream);
+  if (s != c.stream) {
+    cudaEvent_t ev;
+    KILN_CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, c.stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s, ev, 0);
+    cudaEventDestroy(ev);  // the wait is queued: the event may go
+    KILN_CUDA_OK(e);
+  }
+  if (block) c.allocator().record_stream(block, stream_id(s));
+}
+
+void release_after_queued_work(int device, std::shared_ptr<void> keep_alive) noexcept {
+  std::vector<std::shared_ptr<void>> done;  // dropped after the lock, with keep_alive if the hold fails
+  try {
+    CurrentDevice scope(device);
+    Context& c = context(device);
+    cudaEvent_t ev;
+    KILN_CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    if (const cudaError_t e = cudaEventRecord(ev, c.stream); e != cudaSuccess) {
+      cudaEventDestroy(ev);
+      KILN_CUDA_OK(e);
+    }
+    std::lock_guard<std::mutex> lk(in_flight().mutex);
+    take_finished_locked(done);
+    in_flight().list.push_back({ev, std::move(keep_alive)});
+  } catch (...) {
+    // No event (a device error, or the runtime shutting down): wait for the stream, as far as it still runs.
+    try {
+      cudaStreamSynchronize(context(device).stream);
+    } catch (...) {
+    }
+    done.push_back(std::move(keep_alive));
+  }
 }
 
 namespace {
@@ -354,7 +435,10 @@ Allocator& pinned_allocator() {
   return *a;
 }
 
-void synchronize(int d) { check_error_word(use(d)); }
+void synchronize(int d) {
+  check_error_word(use(d));
+  release_finished();
+}
 
 void* compute_stream(int d) { return context(d).stream; }
 void* copy_stream(int d) { return context(d).copy_stream; }

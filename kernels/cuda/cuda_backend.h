@@ -3,6 +3,7 @@
 // versions (kernels/cpu/no_cuda.cpp) that say so.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,19 @@ void synchronize(int device);
 // The compute stream of `device` (a cudaStream_t), for callers launching their own kernels in order
 // with Kiln's.
 void* compute_stream(int device);
+// The calling thread's current CUDA device (-1 when there is none), and making `device` current (as
+// backend(device) does): a DLPack producer's stream handshake runs on the current device.
+int current_device();
+void set_current_device(int device);
+// DLPack, from Kiln's side (the Python package). Handing a tensor of `device` to a consumer that reads it
+// on `stream` (a cudaStream_t as an integer; 1 and 2: the legacy and per-thread default streams): that
+// stream waits for Kiln's work queued so far (an event, no host wait), and `block` (the storage's
+// allocation from Kiln's allocator; null for memory Kiln did not allocate) is not reused until the work
+// queued on that stream by the time Kiln frees it has run. Taking memory in: `keep_alive` (the lender's
+// hold on it) is dropped once Kiln's work queued so far on `device` has run, outside Kiln's locks, on a
+// later hold, upload or synchronize(); where no event can be made, after waiting for the stream.
+void hand_to_stream(int device, void* block, uintptr_t stream);
+void release_after_queued_work(int device, std::shared_ptr<void> keep_alive) noexcept;
 // The side stream that uploads from page-locked memory run on (a cudaStream_t).
 void* copy_stream(int device);
 // Which GEMM runs f16/bf16 products: "kiln" (the Tensor Core kernel where it takes the shape),

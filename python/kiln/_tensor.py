@@ -95,21 +95,39 @@ def _array(self, dtype=None, copy=None):
 
 
 def _dlpack(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-    """DLPack export (no copy): torch.from_dlpack(t), np.from_dlpack(t). CUDA work queued on the
-    tensor is finished first, so any consumer stream may read it."""
-    view = _C._dlpack_view(self.detach())
-    kwargs = {}
-    if max_version is not None:
-        kwargs["max_version"] = max_version
-    if dl_device is not None:
-        kwargs["dl_device"] = dl_device
-    if copy is not None:
-        kwargs["copy"] = copy
-    return view.__dlpack__(**kwargs)
+    """DLPack export: torch.from_dlpack(t), np.from_dlpack(t), without a copy unless `copy` is true or
+    `dl_device` names another device (then a copy there; copy=False refuses that with BufferError). On
+    CUDA the consumer's `stream` (None or 1: the legacy default stream, 2: the per-thread one, -1: no
+    ordering) waits for Kiln's queued work, and Kiln reuses the memory only after that stream's work."""
+    t = self.detach()
+    if t.device.type == "meta":
+        raise BufferError("__dlpack__: a meta tensor holds a shape but no memory: nothing to share")
+    if dl_device is not None and tuple(dl_device) != _dlpack_device(t):
+        if copy is False:
+            raise BufferError(f"__dlpack__: dl_device {tuple(dl_device)} is not the tensor's device ({t.device}) "
+                              "and copy=False")
+        t = t.to(_device_of_dlpack(dl_device))
+        if t.device.type == "cpu":
+            stream = None
+    elif copy:
+        t = t.clone()
+    view = _C._dlpack_view(t, stream)
+    return view.__dlpack__() if max_version is None else view.__dlpack__(max_version=max_version)
+
+
+def _device_of_dlpack(dl_device):
+    kind, index = dl_device
+    if kind in (1, 3):  # CPU, CUDA host memory
+        return "cpu"
+    if kind in (2, 13):  # CUDA, CUDA managed memory
+        return f"cuda:{index}"
+    raise BufferError(f"__dlpack__: DLPack device type {kind} is not one Kiln has (CPU 1, CUDA 2)")
 
 
 def _dlpack_device(self):
     d = self.device
+    if d.type == "meta":
+        raise BufferError("__dlpack_device__: a meta tensor holds a shape but no memory")
     return (2, d.index) if d.type == "cuda" else (1, 0)
 
 

@@ -11,7 +11,7 @@
 namespace kiln::py {
 namespace {
 
-enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
+enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13 };
 constexpr const char* kNoKilnDtype =
     " has no Kiln dtype (Kiln has float32, float16, bfloat16, float64, int64, int32, int16, int8, uint8, bool)";
 
@@ -55,31 +55,70 @@ DType kiln_dtype(nb::dlpack::dtype t, const char* what) {
   value_error(std::string(what) + ": element type " + describe(t) + kNoKilnDtype);
 }
 
+// The device a CUDA tensor of device id `index` is on for Kiln, checked against the devices it sees.
+Device visible_cuda(int index, const char* what) {
+  const int n = cuda::device_count();
+  if (index < 0 || index >= n)
+    value_error(std::string(what) + ": the memory is on cuda:" + std::to_string(index) + ", which this Kiln does not " +
+                "see (" + std::to_string(n) + " CUDA devices" + (cuda::compiled() ? "" : "; built without CUDA") + ")");
+  return cuda_device(index);
+}
+
+// Makes a device current for the scope (a DLPack producer records its stream handshake on the current
+// device; PyTorch refuses to export a tensor of another one), then puts the caller's back.
+class CurrentCuda {
+ public:
+  explicit CurrentCuda(int d) : prev_(cuda::current_device()) { cuda::set_current_device(d); }
+  ~CurrentCuda() {
+    if (prev_ >= 0) cuda::set_current_device(prev_);
+  }
+  CurrentCuda(const CurrentCuda&) = delete;
+  CurrentCuda& operator=(const CurrentCuda&) = delete;
+
+ private:
+  int prev_;
+};
+
 // A Kiln tensor over an ndarray's memory; the ndarray (and through it the producer) stays alive
 // until the storage is released, and is let go with the GIL held (or kept, once the interpreter
-// has shut down).
+// has shut down). Device memory is let go only once the Kiln work queued on it has run: the lender
+// (PyTorch's caching allocator, CuPy's pool) may hand it out again at once, on its own stream.
 template <typename... A> Tensor wrap(const nb::ndarray<A...>& a, const char* what) {
   const DType dt = kiln_dtype(a.dtype(), what);
   Device dev = kCPU;
-  if (a.device_type() == kDLCUDA)
-    dev = cuda_device(a.device_id());
+  if (a.device_type() == kDLCUDA || a.device_type() == kDLCUDAManaged)
+    dev = visible_cuda(a.device_id(), what);
   else if (a.device_type() != kDLCPU && a.device_type() != kDLCUDAHost)
     value_error(std::string(what) + ": memory on DLPack device type " + std::to_string(a.device_type()) +
-                " (Kiln takes CPU and CUDA memory)");
+                " (Kiln takes CPU, CUDA, CUDA host and CUDA managed memory)");
   Shape shape, strides;
   for (size_t i = 0; i < a.ndim(); ++i) {
     shape.push_back(int64_t(a.shape(i)));
     strides.push_back(a.stride(i));
+    if (a.stride(i) < 0)
+      value_error(std::string(what) + ": the array has a negative stride (dimension " + std::to_string(i) +
+                  ", a reversed view); Kiln's strides are non-negative: pass a copy (NumPy: a.copy(), PyTorch: " +
+                  "t.contiguous())");
   }
-  auto* held = new nb::ndarray<nb::ro>(a);
-  return from_blob(
-      const_cast<void*>(static_cast<const void*>(a.data())), shape, dt,
-      [held](void*) {
-        if (!Py_IsInitialized()) return;
-        nb::gil_scoped_acquire gil;
-        delete held;
-      },
-      dev, strides);
+  using Held = nb::ndarray<nb::ro>;
+  auto drop = [](void* p) {
+    if (!Py_IsInitialized()) return;
+    nb::gil_scoped_acquire gil;
+    delete static_cast<Held*>(p);
+  };
+  // Owned here until from_blob has taken the release function: a refused buffer is let go at once.
+  std::unique_ptr<Held> held(new Held(a));
+  std::function<void(void*)> release;
+  if (dev.is_cuda())
+    release = [h = held.get(), drop, d = dev.index](void*) {
+      cuda::release_after_queued_work(d, std::shared_ptr<void>(h, drop));
+    };
+  else
+    release = [h = held.get(), drop](void*) { drop(h); };
+  Tensor t =
+      from_blob(const_cast<void*>(static_cast<const void*>(a.data())), shape, dt, std::move(release), dev, strides);
+  held.release();
+  return t;
 }
 
 // An ndarray view of `t` whose owner holds a copy of the handle (so the storage outlives every
@@ -164,16 +203,22 @@ void bind_interop(nb::module_& m) {
           value_error("from_dlpack: expected an object with __dlpack__ (a NumPy array, a torch.Tensor, ...)");
         // A CUDA producer is asked for its memory on Kiln's compute stream (DLPack's stream argument),
         // so that its pending writes are ordered before the Kiln kernels that read them.
+        // The producer's device is made current for the call, and a versioned capsule is asked for
+        // first (it carries the read-only flag), as nanobind does for the CPU.
         nb::object src = nb::borrow(obj);
         if (nb::hasattr(obj, "__dlpack_device__") && nb::hasattr(obj, "__dlpack__")) {
           nb::tuple dev = nb::cast<nb::tuple>(obj.attr("__dlpack_device__")());
-          if (nb::cast<int>(dev[0]) == kDLCUDA) {
-            const int index = nb::cast<int>(dev[1]);
-            if (index >= cuda::device_count())
-              value_error("from_dlpack: the tensor is on cuda:" + std::to_string(index) +
-                          ", which this Kiln does not " + "see (" + std::to_string(cuda::device_count()) +
-                          " CUDA devices)");
-            src = obj.attr("__dlpack__")(nb::arg("stream") = reinterpret_cast<intptr_t>(cuda::compute_stream(index)));
+          const int type = nb::cast<int>(dev[0]);
+          if (type == kDLCUDA || type == kDLCUDAManaged) {
+            const int index = visible_cuda(nb::cast<int>(dev[1]), "from_dlpack").index;
+            const CurrentCuda current(index);
+            const intptr_t stream = reinterpret_cast<intptr_t>(cuda::compute_stream(index));
+            try {
+              src = obj.attr("__dlpack__")(nb::arg("stream") = stream, nb::arg("max_version") = nb::make_tuple(1, 0));
+            } catch (nb::python_error& e) {
+              if (!e.matches(PyExc_TypeError)) throw;  // a producer older than DLPack 1.0's keywords
+              src = obj.attr("__dlpack__")(nb::arg("stream") = stream);
+            }
           }
         }
         nb::ndarray<> a;
@@ -196,15 +241,29 @@ void bind_interop(nb::module_& m) {
   m.def("_numpy", &numpy_of, nb::arg("tensor"));
   m.def(
       "_dlpack_view",
-      [](const Tensor& t) {
+      [](const Tensor& t, nb::handle stream) {
+        if (t.device().is_meta())
+          throw nb::buffer_error("__dlpack__: a meta tensor holds a shape but no memory: nothing to share");
         if (t.device().is_cuda()) {
-          // Kiln's queued work on the tensor finishes before any consumer stream reads it.
-          nb::gil_scoped_release nogil;
-          cuda::synchronize(t.device().index);
+          // DLPack's stream: the consumer's (None: the legacy default stream, 1 too; 2: the per-thread
+          // one), made to wait for Kiln's queued work, and kept from Kiln's reuse of the memory until
+          // what it queued has run; -1: the consumer orders itself.
+          intptr_t s = 1;
+          if (!stream.is_none()) {
+            if (!nb::isinstance<nb::int_>(stream)) throw nb::type_error("__dlpack__: stream must be an int or None");
+            s = nb::cast<intptr_t>(stream);
+            if (s == 0 || s < -1)
+              value_error("__dlpack__: stream " + std::to_string(s) + " is not a CUDA stream (0 is ambiguous)");
+          }
+          if (s != -1) {
+            const Storage& st = *t.storage();
+            cuda::hand_to_stream(t.device().index, st.allocator && st.nbytes ? st.data : nullptr, uintptr_t(s));
+          }
         }
         return view_of<nb::array_api>(t);
       },
-      nb::arg("tensor"), "An array-API object over the tensor (it implements __dlpack__).");
+      nb::arg("tensor"), nb::arg("stream").none() = nb::none(),
+      "An array-API object over the tensor (it implements __dlpack__).");
 
   m.def(
       "_tensor_from", [](nb::handle data) { return to_tensor(data, nullptr, "data"); }, nb::arg("data"));

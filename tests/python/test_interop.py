@@ -1,6 +1,7 @@
 # NumPy and PyTorch interop: zero-copy both ways (same data pointer), lifetimes (the source deleted
 # first, then the view read), every dtype.
 import gc
+import sys
 
 import numpy as np
 import pytest
@@ -91,7 +92,32 @@ def test_numpy_protocols():
     t = kiln.arange(6).reshape(2, 3)
     assert np.asarray(t).ctypes.data == t.data_ptr()
     assert np.array_equal(np.from_dlpack(t), np.arange(6).reshape(2, 3))
+    assert np.asarray(np.from_dlpack(t, device="cpu")).ctypes.data == t.data_ptr()  # its own device: no copy
     assert np.array_equal(np.asarray(t, dtype=np.float64), np.arange(6.0).reshape(2, 3))
+
+
+def test_dlpack_copy_and_device_requests():
+    t = kiln.arange(6).reshape(2, 3)
+    c = np.from_dlpack(t, copy=True)  # the array API's copy=True: a copy, never the memory itself
+    assert c.ctypes.data != t.data_ptr() and np.array_equal(c, np.arange(6).reshape(2, 3))
+    c[0, 0] = 7
+    assert t[0, 0].item() == 0
+    with pytest.raises(BufferError, match="copy=False"):
+        t.__dlpack__(dl_device=(2, 0), copy=False)
+    m = kiln.zeros(3, device="meta")
+    with pytest.raises(BufferError, match="no memory"):
+        m.__dlpack__()
+    with pytest.raises(BufferError, match="no memory"):
+        np.from_dlpack(m)
+
+
+def test_dlpack_negative_strides_refused_and_released():
+    a = np.arange(5.0)[::-1]
+    refs = sys.getrefcount(a)
+    with pytest.raises(ValueError, match="negative stride"):
+        kiln.from_dlpack(a)
+    gc.collect()
+    assert sys.getrefcount(a) == refs  # the refused array is not held
 
 
 @needs_torch
