@@ -403,8 +403,8 @@ PinnedPool& pinned_pool() {
 }
 
 void* pinned_take(size_t n) {
+  PinnedPool& pool = pinned_pool();
   {
-    PinnedPool& pool = pinned_pool();
     std::lock_guard<std::mutex> lk(pool.mutex);
     auto it = pool.free.find(n);
     if (it != pool.free.end()) {
@@ -413,7 +413,20 @@ void* pinned_take(size_t n) {
       return p;
     }
   }
-  return pinned_alloc(n);
+  try {
+    return pinned_alloc(n);
+  } catch (const OutOfMemory&) {
+    // The pool keeps blocks of the sizes asked before (a larger micro-batch's, after a shrink): give
+    // them back and try once more before calling host memory full.
+    std::multimap<size_t, void*> kept;
+    {
+      std::lock_guard<std::mutex> lk(pool.mutex);
+      kept.swap(pool.free);
+    }
+    if (kept.empty()) throw;
+    for (auto& [size, p] : kept) pinned_free(p);
+    return pinned_alloc(n);
+  }
 }
 void pinned_give_back(void* p, size_t n) {
   PinnedPool& pool = pinned_pool();

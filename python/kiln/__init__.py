@@ -33,13 +33,25 @@ def _preload_cuda_libraries():
         return
     if spec is None or not spec.submodule_search_locations:
         return
-    names = ["libcudart.so.13", "libcublasLt.so.13", "libcudnn.so.9", "libnccl.so.2"]
-    for name in names:
+    # Only wheels of the CUDA major Kiln was built with: PyTorch's for another one bring a cuDNN and an
+    # NCCL built against that runtime, which loaded globally would serve Kiln wrongly and get in
+    # PyTorch's way; then the system's libraries serve Kiln.
+    major = getattr(_build, "cuda_major", 13)
+    names = [f"libcudart.so.{major}", f"libcublasLt.so.{major}", "libcudnn.so.9", "libnccl.so.2"]
+
+    def find(name):
         for base in spec.submodule_search_locations:
             found = sorted(glob.glob(os.path.join(base, "*", "lib", name)))
             if found:
-                ctypes.CDLL(found[0], mode=ctypes.RTLD_GLOBAL)
-                break
+                return found[0]
+        return None
+
+    if find(names[0]) is None:
+        return
+    for name in names:
+        path = find(name)
+        if path:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
 _preload_cuda_libraries()
