@@ -46,6 +46,12 @@ bool uniform_batch_stride(const Tensor& t, const Shape& batch, int64_t& stride) 
   return true;
 }
 
+// Whether the last two dims of t are stored column by column (a transposed view of a row-major matrix).
+bool column_major(const Tensor& t) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  return rows > 1 && cols > 1 && t.stride(-2) == 1 && t.stride(-1) >= rows;
+}
+
 Tensor as_compute(const Tensor& t, DType dt) {
   Tensor x = t.detach();
   if (x.dtype() != dt) x = x.to(dt);
@@ -115,10 +121,19 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
   if (out.dtype() != t) out = out.to(t);
   if (autograd::needs_grad({a, b})) {
     SavedTensor sa(a), sb(b);
-    autograd::record("matmul", {a, b}, {out}, [sa, sb](const GradCtx& c) -> std::vector<Tensor> {
+    // An operand that is a transposed view (column-major: a tied embedding read as W^T) gets its gradient
+    // in the same layout, as the transpose of the product that gives it row-major, so that it reaches the
+    // stored weight as a contiguous tensor, not as a transposed one added element by element (as PyTorch's
+    // mm backward does).
+    const bool a_cols = column_major(a), b_cols = column_major(b);
+    autograd::record("matmul", {a, b}, {out}, [sa, sb, a_cols, b_cols](const GradCtx& c) -> std::vector<Tensor> {
       Tensor ga, gb;
-      if (c.needs_grad(0)) ga = matmul_nd(c.g(), sb.unpack("matmul").transpose(-1, -2));
-      if (c.needs_grad(1)) gb = matmul_nd(sa.unpack("matmul").transpose(-1, -2), c.g());
+      if (c.needs_grad(0))
+        ga = a_cols ? matmul_nd(sb.unpack("matmul"), c.g().transpose(-1, -2)).transpose(-1, -2)
+                    : matmul_nd(c.g(), sb.unpack("matmul").transpose(-1, -2));
+      if (c.needs_grad(1))
+        gb = b_cols ? matmul_nd(c.g().transpose(-1, -2), sa.unpack("matmul")).transpose(-1, -2)
+                    : matmul_nd(sa.unpack("matmul").transpose(-1, -2), c.g());
       return {ga, gb};
     });
   }

@@ -1238,6 +1238,47 @@ TEST_CASE("ops: matmul with transposed, sliced and expanded operands") {
   }
 }
 
+// A weight read transposed (a tied embedding as W^T, a Linear as x @ W.t()) gets its gradient as the
+// transpose of a row-major product (the view's own layout), so it reaches W contiguous: no strided copy
+// or element-by-element transposed add where it accumulates.
+TEST_CASE("ops: matmul's gradient of a transposed operand is exact and comes in the operand's layout") {
+  Gen gen(31);
+  auto transposed_ref = [](const Ref& r) {  // [rows, cols] -> [cols, rows]
+    const int64_t rows = r.shape[0], cols = r.shape[1];
+    Ref t{{cols, rows}, {}};
+    for (int64_t i = 0; i < cols; ++i)
+      for (int64_t j = 0; j < rows; ++j) t.v.push_back(r.v[size_t(j * cols + i)]);
+    return t;
+  };
+  for (DType dt : {DType::f32, DType::f64}) {
+    Ref rx, rw, rg, ra, rm;
+    Tensor x = gen.make({7, 5}, dt, Layout::contiguous, -1, 1, rx).set_requires_grad();
+    Tensor w = gen.make({9, 5}, dt, Layout::contiguous, -1, 1, rw).set_requires_grad();
+    Tensor g = gen.make({7, 9}, dt, Layout::contiguous, -1, 1, rg);
+    // As the matmul hands it back: column-major, the transposed view's layout.
+    const Tensor wt = w.t();
+    const Tensor gwt = autograd::grad({sum(mul(matmul(x, wt), g))}, {wt}).at(0);
+    CHECK(gwt.stride(0) == 1);
+    CHECK(gwt.stride(1) == 5);
+    sum(mul(matmul(x, w.t()), g)).backward();  // dL/dy = g
+    REQUIRE(w.grad().defined());
+    CHECK(w.grad().is_contiguous());
+    expect_close(w.grad(), ref_matmul(transposed_ref(rg), rx), dt, "grad of W in x @ W.t()");  // g^T x
+    expect_close(x.grad(), ref_matmul(rg, rw), dt, "grad of x in x @ W.t()");                  // g W
+    // The first operand transposed: y = A.t() @ m.
+    Tensor a = gen.make({5, 7}, dt, Layout::contiguous, -1, 1, ra).set_requires_grad();
+    Tensor m = gen.make({5, 9}, dt, Layout::contiguous, -1, 1, rm).set_requires_grad();
+    const Tensor at = a.t();
+    const Tensor gat = autograd::grad({sum(mul(matmul(at, m), g))}, {at}).at(0);
+    CHECK(gat.stride(0) == 1);
+    CHECK(gat.stride(1) == 7);
+    sum(mul(matmul(a.t(), m), g)).backward();
+    CHECK(a.grad().is_contiguous());
+    expect_close(a.grad(), ref_matmul(rm, transposed_ref(rg)), dt, "grad of A in A.t() @ m");  // m g^T
+    expect_close(m.grad(), ref_matmul(ra, rg), dt, "grad of m in A.t() @ m");                  // A g
+  }
+}
+
 TEST_CASE("ops: matmul across GEMM cache blocks, transposed or not") {
   Gen gen(14);
   struct MKN {
