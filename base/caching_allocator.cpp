@@ -100,11 +100,18 @@ void CachingAllocator::free(void* p) {
   std::lock_guard<std::mutex> lk(m_);
   auto it = live_.find(p);
   KILN_CHECK(it != live_.end(), name_, ": free of a pointer this allocator did not hand out (or freed twice)");
+  // The other streams' events first: if one cannot be recorded (a stream destroyed while the block was
+  // still recorded on it), the block stays in use, never handed out while that stream may read it.
+  std::vector<void*> events;
+  try {
+    for (StreamId s : it->second.also_used_on) events.push_back(device_->record_event(s));
+  } catch (...) {
+    for (void* e : events) device_->destroy_event(e);
+    throw;
+  }
   Block b = std::move(it->second);
   live_.erase(it);
   stats_.allocated -= b.size;
-  std::vector<void*> events;
-  for (StreamId s : b.also_used_on) events.push_back(device_->record_event(s));
   b.also_used_on.clear();
   const StreamId stream = b.stream;
   const size_t size = b.size;

@@ -129,6 +129,25 @@ TEST_CASE("allocator: a block used on another stream waits for that stream befor
   a.free(r2);
 }
 
+TEST_CASE("allocator: a block whose other stream cannot take an event stays in use, not handed out") {
+  struct Refusing : FakeDevice {
+    using FakeDevice::FakeDevice;
+    void* record_event(StreamId s) override {
+      if (s == 9) throw kiln::Error("stream 9 was destroyed", __FILE__, __LINE__);
+      return FakeDevice::record_event(s);
+    }
+  };
+  auto dev = std::make_unique<Refusing>(size_t(64) << 20);
+  CachingAllocator a(std::move(dev), "fake:0");
+  void* p = a.allocate(4096, 1);
+  a.record_stream(p, 9);
+  CHECK_THROWS_AS(a.free(p), kiln::Error);
+  CHECK(a.stats().allocated == 4096);  // still counted as in use
+  void* q = a.allocate(4096, 1);
+  CHECK(q != p);
+  a.free(q);
+}
+
 TEST_CASE("allocator: out of memory releases the cache and retries; a real shortage says what is used and free") {
   auto dev = std::make_unique<FakeDevice>(size_t(10) << 20);
   FakeDevice* d = dev.get();

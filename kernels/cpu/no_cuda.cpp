@@ -21,8 +21,8 @@ Allocator& tensor_allocator(int device) { no_cuda("allocate on", device); }
 void copy_bytes(void*, Device dd, const void*, Device sd, size_t) { no_cuda("copy to", dd.is_cuda() ? dd.index : sd.index); }
 void synchronize(int device) { no_cuda("synchronize", device); }
 void* compute_stream(int device) { no_cuda("the compute stream of", device); }
-int current_device() { return -1; }
-void set_current_device(int device) { no_cuda("make current", device); }
+DeviceScope::DeviceScope(int device) { no_cuda("make current", device); }
+DeviceScope::~DeviceScope() = default;
 void hand_to_stream(int device, void*, uintptr_t) { no_cuda("hand over memory of", device); }
 // Nothing of Kiln's can be reading lent CUDA memory without a CUDA backend.
 void release_after_queued_work(int, std::shared_ptr<void>) noexcept {}

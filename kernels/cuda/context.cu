@@ -231,6 +231,10 @@ Allocator& upload_allocator(int d, const void* src) {
   return is_pinned(src) ? per_device<UploadAllocator>(d) : per_device<TensorAllocator>(d);
 }
 
+namespace {
+void release_finished();
+}  // namespace
+
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
   if (n == 0) return;
   if (dd.is_cuda() && sd.is_cpu()) {
@@ -243,6 +247,7 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t n) {
     Context& c = use(sd.index);
     KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c.stream));
     check_error_word(c);  // synchronises the stream
+    release_finished();   // so memory lent to Kiln goes back once a read has waited for its work
   } else if (dd.is_cuda() && sd.is_cuda()) {
     Context& cd = use(dd.index);
     if (dd.index == sd.index) {
@@ -294,22 +299,30 @@ void release_finished() {
   take_finished_locked(done);
 }
 
-// Makes `d` the calling thread's current device for the scope, then puts the previous one back.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int d) {
-    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
-    use(d);
-  }
-  ~CurrentDevice() {
-    if (prev_ >= 0) set_current_device(prev_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int prev_ = -1;
+// The driver's own current-context calls, through the runtime (Kiln does not link the driver): with
+// them a DeviceScope puts back exactly what was current, no context at all included, where
+// cudaGetDevice would answer 0 for a thread that never chose a device and restoring that would make
+// a context on GPU 0. Null where the runtime cannot give them.
+struct DriverContextCalls {
+  int (*get)(void** ctx) = nullptr;  // cuCtxGetCurrent
+  int (*set)(void* ctx) = nullptr;   // cuCtxSetCurrent
 };
+const DriverContextCalls& driver_context_calls() {
+  static const DriverContextCalls calls = [] {
+    DriverContextCalls c;
+    void *get = nullptr, *set = nullptr;
+    cudaDriverEntryPointQueryResult qg{}, qs{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault, &qg) == cudaSuccess &&
+        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault, &qs) == cudaSuccess &&
+        qg == cudaDriverEntryPointSuccess && qs == cudaDriverEntryPointSuccess && get && set) {
+      c.get = reinterpret_cast<int (*)(void**)>(get);
+      c.set = reinterpret_cast<int (*)(void*)>(set);
+    }
+    (void)cudaGetLastError();
+    return c;
+  }();
+  return calls;
+}
 
 // A DLPack stream number as a stream: 1 and 2 are the legacy and per-thread default streams.
 cudaStream_t dlpack_stream(uintptr_t s) {
@@ -340,18 +353,33 @@ void copy_to_device_async(void* dst, int device, const void* src, size_t n, std:
   in_flight().list.push_back({ev, std::move(keep_alive)});
 }
 
-int current_device() {
-  int d = -1;
-  return cudaGetDevice(&d) == cudaSuccess ? d : -1;
+DeviceScope::DeviceScope(int device) : prev_kiln_device_(t_current), prev_kiln_context_(t_context) {
+  const DriverContextCalls& d = driver_context_calls();
+  if (d.get && d.get(&prev_context_) == 0) {
+    exact_ = true;
+  } else if (cudaGetDevice(&prev_device_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    prev_device_ = -1;
+  }
+  use(device);
 }
-void set_current_device(int device) {
-  if (current_device() != device) KILN_CUDA_OK(cudaSetDevice(device));
-  t_current = device;
-  t_context = &context(device);
+
+DeviceScope::~DeviceScope() {
+  const DriverContextCalls& d = driver_context_calls();
+  if (exact_)
+    d.set(prev_context_);  // errors ignored: nothing here may throw
+  else if (prev_device_ >= 0 && cudaSetDevice(prev_device_) != cudaSuccess)
+    (void)cudaGetLastError();
+  t_current = prev_kiln_device_;
+  t_context = static_cast<Context*>(prev_kiln_context_);
 }
 
 void hand_to_stream(int device, void* block, uintptr_t stream) {
-  CurrentDevice scope(device);
+  KILN_CHECK(
+      stream != 2,
+      "DLPack: the per-thread default stream (2) is not supported (it is a different stream on "
+      "each thread, so Kiln cannot keep its memory from reuse while that stream reads it); pass a stream handle");
+  DeviceScope scope(device);
   Context& c = context(device);
   const cudaStream_t s = dlpack_stream(stream);
   if (s != c.stream) {
@@ -368,7 +396,7 @@ void hand_to_stream(int device, void* block, uintptr_t stream) {
 void release_after_queued_work(int device, std::shared_ptr<void> keep_alive) noexcept {
   std::vector<std::shared_ptr<void>> done;  // dropped after the lock, with keep_alive if the hold fails
   try {
-    CurrentDevice scope(device);
+    DeviceScope scope(device);
     Context& c = context(device);
     cudaEvent_t ev;
     KILN_CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));

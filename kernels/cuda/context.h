@@ -26,9 +26,11 @@
 #define KILN_CUBLAS_OK(call)                                                                                       \
   do {                                                                                                             \
     const cublasStatus_t kiln_cublas_s_ = (call);                                                                  \
-    if (kiln_cublas_s_ == CUBLAS_STATUS_ALLOC_FAILED)                                                              \
+    if (kiln_cublas_s_ == CUBLAS_STATUS_ALLOC_FAILED) {                                                            \
+      (void)cudaGetLastError();                                                                                    \
       KILN_FAIL_OOM(#call, " failed: ", cublasLtGetStatusName(kiln_cublas_s_), ": ",                               \
                     cublasLtGetStatusString(kiln_cublas_s_));                                                      \
+    }                                                                                                              \
     KILN_CHECK(kiln_cublas_s_ == CUBLAS_STATUS_SUCCESS, #call, " failed: ", cublasLtGetStatusName(kiln_cublas_s_), \
                ": ", cublasLtGetStatusString(kiln_cublas_s_));                                                     \
   } while (0)
@@ -36,8 +38,10 @@
 #define KILN_CUDNN_OK(call)                                                                                    \
   do {                                                                                                         \
     const cudnnStatus_t kiln_cudnn_s_ = (call);                                                                \
-    if (kiln_cudnn_s_ == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)                                 \
+    if (kiln_cudnn_s_ == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {                               \
+      (void)cudaGetLastError();                                                                                \
       KILN_FAIL_OOM(#call, " failed: ", cudnnGetErrorString(kiln_cudnn_s_));                                   \
+    }                                                                                                          \
     KILN_CHECK(kiln_cudnn_s_ == CUDNN_STATUS_SUCCESS, #call, " failed: ", cudnnGetErrorString(kiln_cudnn_s_)); \
   } while (0)
 

@@ -259,8 +259,12 @@ template <Pass P> Usable usable_list(DType dt, const ConvDescs& d, const Operand
   }
   Usable usable;
   for (int i = 0; i < n; ++i) {
-    usable.pressed =
-        usable.pressed || (timed && perf[i].status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED);
+    // Lost to a full device, where it would have been usable had it run (not one the limits refuse anyway).
+    if (timed && perf[i].status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {
+      const libplan::DnnCandidate would{true, perf[i].memory, perf[i].determinism == CUDNN_DETERMINISTIC,
+                                        plan_math(perf[i].mathType)};
+      usable.pressed = usable.pressed || libplan::usable(would, dt, deterministic(), allow_tf32());
+    }
     // The workspace as the size query answers for this algorithm and math type, when it asks for
     // more than the list said: a kernel given less than it needs writes past its buffer.
     size_t bytes = perf[i].memory;
@@ -341,7 +345,10 @@ template <Pass P> void convolve(DType dt, const Conv2dParams& p, const ConvDescs
       g_choices.emplace(key, c);
       return;
     }
-    out_of_memory = out_of_memory || st == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED;
+    if (st == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {
+      out_of_memory = true;
+      (void)cudaGetLastError();  // in case the library's failed allocation left it (KILN_CUDA_OK says why)
+    }
     tried += " algorithm " + std::to_string(c.algo) + ": " + cudnnGetErrorString(st) + ";";
   }
   const std::string what = detail::str_cat(
@@ -373,6 +380,10 @@ template <Pass P> std::optional<size_t> planned_workspace(DType dt, const Conv2d
 // Whether cuDNN offers an algorithm for the pass at all (NHWC without one runs on NCHW copies).
 // Only "none offered" answers false: a descriptor or library error still throws.
 bool has_algorithm(Pass pass, DType dt, const Conv2dParams& p, const ConvDescs& d, const Operands& o) {
+  {  // one ran before: no search (a list not kept, timed under memory pressure, would be timed again)
+    std::lock_guard<std::mutex> lk(g_mutex);
+    if (g_choices.count(key_of(pass, dt, p))) return true;
+  }
   switch (pass) {
     case Pass::forward: return !candidates<Pass::forward>(dt, p, d, o).empty();
     case Pass::backward_data: return !candidates<Pass::backward_data>(dt, p, d, o).empty();

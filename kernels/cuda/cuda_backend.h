@@ -46,17 +46,33 @@ void synchronize(int device);
 // The compute stream of `device` (a cudaStream_t), for callers launching their own kernels in order
 // with Kiln's.
 void* compute_stream(int device);
-// The calling thread's current CUDA device (-1 when there is none), and making `device` current (as
-// backend(device) does): a DLPack producer's stream handshake runs on the current device.
-int current_device();
-void set_current_device(int device);
+// Makes `device` the calling thread's current CUDA device (as backend(device) does) for the scope, then
+// puts back exactly what was current before: a DLPack producer's stream handshake runs on the current
+// device, and a thread that had no device gets none back (not "device 0", which would make a context
+// there). The destructor never throws.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  void* prev_context_ = nullptr;  // the driver's current context (exact_), else the runtime's device:
+  int prev_device_ = -1;
+  bool exact_ = false;
+  int prev_kiln_device_ = -1;  // Kiln's own record of the thread's device and context
+  void* prev_kiln_context_ = nullptr;
+};
 // DLPack, from Kiln's side (the Python package). Handing a tensor of `device` to a consumer that reads it
-// on `stream` (a cudaStream_t as an integer; 1 and 2: the legacy and per-thread default streams): that
-// stream waits for Kiln's work queued so far (an event, no host wait), and `block` (the storage's
-// allocation from Kiln's allocator; null for memory Kiln did not allocate) is not reused until the work
-// queued on that stream by the time Kiln frees it has run. Taking memory in: `keep_alive` (the lender's
-// hold on it) is dropped once Kiln's work queued so far on `device` has run, outside Kiln's locks, on a
-// later hold, upload or synchronize(); where no event can be made, after waiting for the stream.
+// on `stream` (a cudaStream_t as an integer; 1: the legacy default stream; 2, the per-thread default
+// stream, is refused): that stream waits for Kiln's work queued so far (an event, no host wait), and
+// `block` (the storage's allocation from Kiln's allocator; null for memory Kiln did not allocate) is not
+// reused until the work queued on that stream by the time Kiln frees it has run, so that stream must
+// outlive the tensor handed over (as with PyTorch's record_stream). Taking memory in: `keep_alive` (the
+// lender's hold on it) is dropped once Kiln's work queued so far on `device` has run, outside Kiln's
+// locks, on a later hold, upload, read to the host or synchronize(); where no event can be made, after
+// waiting for the stream.
 void hand_to_stream(int device, void* block, uintptr_t stream);
 void release_after_queued_work(int device, std::shared_ptr<void> keep_alive) noexcept;
 // The side stream that uploads from page-locked memory run on (a cudaStream_t).

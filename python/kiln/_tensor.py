@@ -106,7 +106,11 @@ def _dlpack(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         if copy is False:
             raise BufferError(f"__dlpack__: dl_device {tuple(dl_device)} is not the tensor's device ({t.device}) "
                               "and copy=False")
-        t = t.to(_device_of_dlpack(dl_device))
+        target = _device_of_dlpack(dl_device)
+        try:
+            t = t.to(target)
+        except _C.KilnError as e:  # no such device here: what the array API calls a BufferError
+            raise BufferError(f"__dlpack__: cannot copy to {target}: {e}") from e
         if t.device.type == "cpu":
             stream = None
     elif copy:
@@ -117,11 +121,11 @@ def _dlpack(self, *, stream=None, max_version=None, dl_device=None, copy=None):
 
 def _device_of_dlpack(dl_device):
     kind, index = dl_device
-    if kind in (1, 3):  # CPU, CUDA host memory
+    if kind == 1:
         return "cpu"
-    if kind in (2, 13):  # CUDA, CUDA managed memory
+    if kind == 2:
         return f"cuda:{index}"
-    raise BufferError(f"__dlpack__: DLPack device type {kind} is not one Kiln has (CPU 1, CUDA 2)")
+    raise BufferError(f"__dlpack__: Kiln makes memory on DLPack device types 1 (CPU) and 2 (CUDA), not {kind}")
 
 
 def _dlpack_device(self):

@@ -64,21 +64,6 @@ Device visible_cuda(int index, const char* what) {
   return cuda_device(index);
 }
 
-// Makes a device current for the scope (a DLPack producer records its stream handshake on the current
-// device; PyTorch refuses to export a tensor of another one), then puts the caller's back.
-class CurrentCuda {
- public:
-  explicit CurrentCuda(int d) : prev_(cuda::current_device()) { cuda::set_current_device(d); }
-  ~CurrentCuda() {
-    if (prev_ >= 0) cuda::set_current_device(prev_);
-  }
-  CurrentCuda(const CurrentCuda&) = delete;
-  CurrentCuda& operator=(const CurrentCuda&) = delete;
-
- private:
-  int prev_;
-};
-
 // A Kiln tensor over an ndarray's memory; the ndarray (and through it the producer) stays alive
 // until the storage is released, and is let go with the GIL held (or kept, once the interpreter
 // has shut down). Device memory is let go only once the Kiln work queued on it has run: the lender
@@ -101,24 +86,20 @@ template <typename... A> Tensor wrap(const nb::ndarray<A...>& a, const char* wha
                   "t.contiguous())");
   }
   using Held = nb::ndarray<nb::ro>;
-  auto drop = [](void* p) {
+  // One owner, moved out when the storage lets go: a buffer from_blob refuses (or a storage that dies
+  // inside it) is dropped exactly once, with the release function or its last copy.
+  std::shared_ptr<void> held(new Held(a), [](void* p) {
     if (!Py_IsInitialized()) return;
     nb::gil_scoped_acquire gil;
     delete static_cast<Held*>(p);
-  };
-  // Owned here until from_blob has taken the release function: a refused buffer is let go at once.
-  std::unique_ptr<Held> held(new Held(a));
+  });
   std::function<void(void*)> release;
   if (dev.is_cuda())
-    release = [h = held.get(), drop, d = dev.index](void*) {
-      cuda::release_after_queued_work(d, std::shared_ptr<void>(h, drop));
-    };
+    release = [held, d = dev.index](void*) mutable { cuda::release_after_queued_work(d, std::move(held)); };
   else
-    release = [h = held.get(), drop](void*) { drop(h); };
-  Tensor t =
-      from_blob(const_cast<void*>(static_cast<const void*>(a.data())), shape, dt, std::move(release), dev, strides);
-  held.release();
-  return t;
+    release = [held](void*) mutable { held.reset(); };
+  held.reset();  // the release function holds it now
+  return from_blob(const_cast<void*>(static_cast<const void*>(a.data())), shape, dt, std::move(release), dev, strides);
 }
 
 // An ndarray view of `t` whose owner holds a copy of the handle (so the storage outlives every
@@ -211,7 +192,8 @@ void bind_interop(nb::module_& m) {
           const int type = nb::cast<int>(dev[0]);
           if (type == kDLCUDA || type == kDLCUDAManaged) {
             const int index = visible_cuda(nb::cast<int>(dev[1]), "from_dlpack").index;
-            const CurrentCuda current(index);
+            // The producer's device current for the call (PyTorch refuses to export a tensor of another).
+            const cuda::DeviceScope current(index);
             const intptr_t stream = reinterpret_cast<intptr_t>(cuda::compute_stream(index));
             try {
               src = obj.attr("__dlpack__")(nb::arg("stream") = stream, nb::arg("max_version") = nb::make_tuple(1, 0));
@@ -254,6 +236,10 @@ void bind_interop(nb::module_& m) {
             s = nb::cast<intptr_t>(stream);
             if (s == 0 || s < -1)
               value_error("__dlpack__: stream " + std::to_string(s) + " is not a CUDA stream (0 is ambiguous)");
+            if (s == 2)
+              throw nb::buffer_error(
+                  "__dlpack__: the per-thread default stream (2) is not supported: pass the "
+                  "consumer stream's handle");
           }
           if (s != -1) {
             const Storage& st = *t.storage();

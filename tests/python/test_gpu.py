@@ -25,34 +25,61 @@ def test_torch_cuda_round_trip_without_copies():
         assert torch.equal(torch.from_dlpack(kiln.from_dlpack(src)), src)
 
 
-def test_streams_and_lifetimes_across_frameworks():
-    # Export to a consumer on its own stream: that stream waits for Kiln's queued work (no host sync).
+def keep_kiln_busy():
+    """Queues ~0.1 s of matmuls on Kiln's stream (the host returns at once), so that what is queued
+    next runs late: a consumer that does not wait for it, or memory given back too early, shows."""
+    big = kiln.randn(4096, 4096, device="cuda")
+    for _ in range(40):
+        big = (big @ big) * 1e-3
+    return big
+
+
+def test_consumer_stream_waits_for_kiln():
     k = kiln.randn(1024, 1024, device="cuda")
-    expect = k.cpu().numpy() * 2
-    y = k * 2  # queued on Kiln's stream
+    expect = k.cpu().numpy() * 2 + 7
+    busy = keep_kiln_busy()
+    y = k * 2 + 7  # queued behind the matmuls
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        got = torch.from_dlpack(y).clone()  # on s, which must wait for Kiln's queued work
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(got.cpu().numpy(), expect)
+    del busy
+
+
+def test_kiln_does_not_reuse_memory_a_consumer_stream_still_reads():
+    k = kiln.randn(2048, 1024, device="cuda")
+    expect = k.cpu().numpy() + 1
+    y = k + 1
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         back = torch.from_dlpack(y)
-        got = back.cpu().numpy()
-    np.testing.assert_array_equal(got, expect)
-    # Kiln keeps y's block from its own reuse until s has run what it queued; nothing else to see here
-    # but that the memory stays consistent after both sides let go.
-    del back, y
-    z = k * 3
-    np.testing.assert_allclose(z.cpu().numpy(), expect * 1.5, rtol=1e-6)
-    # Import, then the lender drops its tensor while Kiln's work on the memory is still queued: the
-    # memory goes back to PyTorch only once that work has run, so PyTorch's next tensor cannot overwrite it.
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of s's time before it reads y
+        got = back.clone()
+    del back, y  # Kiln's block goes back while s's read is still queued
+    z = k * 0 - 5  # the same size: must not get y's block until s has read it
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(got.cpu().numpy(), expect)
+    assert float(z.cpu().numpy()[0, 0]) == -5.0
+
+
+def test_lent_memory_goes_back_after_kilns_work():
+    busy = keep_kiln_busy()
     tt = torch.full((4096, 1024), 2.0, device="cuda")
     imp = kiln.from_dlpack(tt)
-    total = (imp * imp).sum()
-    del imp, tt
-    torch.full((4096, 1024), -1.0, device="cuda")
+    total = (imp * imp).sum()  # queued behind the matmuls
+    del imp, tt  # PyTorch's block: back to PyTorch only once that work has run
+    torch.full((4096, 1024), 3.0, device="cuda")  # on PyTorch's idle stream, likely in the same block
     assert total.item() == 4.0 * 4096 * 1024
-    # A copy to the host on request (dl_device), and copy=True on the device.
-    host = np.from_dlpack(k, device="cpu")
+    del busy
+
+
+def test_copies_on_request():
+    k = kiln.randn(64, 32, device="cuda")
+    host = np.from_dlpack(k, device="cpu")  # dl_device: a copy to the host
     np.testing.assert_array_equal(host, k.cpu().numpy())
     c = torch.from_dlpack(k.__dlpack__(copy=True))
-    assert c.data_ptr() != k.data_ptr() and torch.equal(c.cpu(), torch.from_numpy(k.cpu().numpy()))
+    assert c.data_ptr() != k.data_ptr() and np.array_equal(c.cpu().numpy(), k.cpu().numpy())
 
 
 def test_ops_and_autograd_on_the_device():
