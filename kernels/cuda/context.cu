@@ -70,7 +70,49 @@ std::atomic<Context*> g_contexts[kMaxDevices];
 std::mutex g_contexts_mutex;
 std::string g_no_device_reason;  // why cudaGetDeviceCount found nothing
 std::atomic<bool> g_deterministic{false}, g_tf32{false};
+
+// The driver's own current-context calls, through the runtime (Kiln does not link the driver): with
+// them SavedContext puts back exactly what was current, no context at all included, where
+// cudaGetDevice would answer 0 for a thread that never chose a device and restoring that would make
+// a context on GPU 0. Null where the runtime cannot give them.
+struct DriverContextCalls {
+  int (*get)(void** ctx) = nullptr;  // cuCtxGetCurrent
+  int (*set)(void* ctx) = nullptr;   // cuCtxSetCurrent
+};
+const DriverContextCalls& driver_context_calls() {
+  static const DriverContextCalls calls = [] {
+    DriverContextCalls c;
+    void *get = nullptr, *set = nullptr;
+    cudaDriverEntryPointQueryResult qg{}, qs{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault, &qg) == cudaSuccess &&
+        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault, &qs) == cudaSuccess &&
+        qg == cudaDriverEntryPointSuccess && qs == cudaDriverEntryPointSuccess && get && set) {
+      c.get = reinterpret_cast<int (*)(void**)>(get);
+      c.set = reinterpret_cast<int (*)(void*)>(set);
+    }
+    (void)cudaGetLastError();
+    return c;
+  }();
+  return calls;
+}
+
 }  // namespace
+
+SavedContext::SavedContext() {
+  const DriverContextCalls& d = driver_context_calls();
+  exact_ = d.get && d.get(&context_) == 0;
+  if (!exact_ && cudaGetDevice(&device_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    device_ = -1;
+  }
+}
+
+SavedContext::~SavedContext() {
+  if (exact_)
+    driver_context_calls().set(context_);  // errors ignored: nothing here may throw
+  else if (device_ >= 0 && cudaSetDevice(device_) != cudaSuccess)
+    (void)cudaGetLastError();
+}
 
 Context& context(int d) {
   if (d >= 0 && d < kMaxDevices)
@@ -82,10 +124,10 @@ Context& context(int d) {
   std::lock_guard<std::mutex> lk(g_contexts_mutex);
   Context* c = g_contexts[d].load(std::memory_order_relaxed);
   if (!c) {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    c = new Context(d);
-    cudaSetDevice(prev);
+    {
+      const SavedContext keep;  // the Context's set-up makes d current; the caller's goes back
+      c = new Context(d);
+    }
     g_contexts[d].store(c, std::memory_order_release);
   }
   return *c;
@@ -299,31 +341,6 @@ void release_finished() {
   take_finished_locked(done);
 }
 
-// The driver's own current-context calls, through the runtime (Kiln does not link the driver): with
-// them a DeviceScope puts back exactly what was current, no context at all included, where
-// cudaGetDevice would answer 0 for a thread that never chose a device and restoring that would make
-// a context on GPU 0. Null where the runtime cannot give them.
-struct DriverContextCalls {
-  int (*get)(void** ctx) = nullptr;  // cuCtxGetCurrent
-  int (*set)(void* ctx) = nullptr;   // cuCtxSetCurrent
-};
-const DriverContextCalls& driver_context_calls() {
-  static const DriverContextCalls calls = [] {
-    DriverContextCalls c;
-    void *get = nullptr, *set = nullptr;
-    cudaDriverEntryPointQueryResult qg{}, qs{};
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault, &qg) == cudaSuccess &&
-        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault, &qs) == cudaSuccess &&
-        qg == cudaDriverEntryPointSuccess && qs == cudaDriverEntryPointSuccess && get && set) {
-      c.get = reinterpret_cast<int (*)(void**)>(get);
-      c.set = reinterpret_cast<int (*)(void*)>(set);
-    }
-    (void)cudaGetLastError();
-    return c;
-  }();
-  return calls;
-}
-
 // A DLPack stream number as a stream: 1 and 2 are the legacy and per-thread default streams.
 cudaStream_t dlpack_stream(uintptr_t s) {
   return s == 1 ? cudaStreamLegacy : s == 2 ? cudaStreamPerThread : reinterpret_cast<cudaStream_t>(s);
@@ -353,23 +370,9 @@ void copy_to_device_async(void* dst, int device, const void* src, size_t n, std:
   in_flight().list.push_back({ev, std::move(keep_alive)});
 }
 
-DeviceScope::DeviceScope(int device) : prev_kiln_device_(t_current), prev_kiln_context_(t_context) {
-  const DriverContextCalls& d = driver_context_calls();
-  if (d.get && d.get(&prev_context_) == 0) {
-    exact_ = true;
-  } else if (cudaGetDevice(&prev_device_) != cudaSuccess) {
-    (void)cudaGetLastError();
-    prev_device_ = -1;
-  }
-  use(device);
-}
+DeviceScope::DeviceScope(int device) : prev_kiln_device_(t_current), prev_kiln_context_(t_context) { use(device); }
 
 DeviceScope::~DeviceScope() {
-  const DriverContextCalls& d = driver_context_calls();
-  if (exact_)
-    d.set(prev_context_);  // errors ignored: nothing here may throw
-  else if (prev_device_ >= 0 && cudaSetDevice(prev_device_) != cudaSuccess)
-    (void)cudaGetLastError();
   t_current = prev_kiln_device_;
   t_context = static_cast<Context*>(prev_kiln_context_);
 }

@@ -46,10 +46,25 @@ void synchronize(int device);
 // The compute stream of `device` (a cudaStream_t), for callers launching their own kernels in order
 // with Kiln's.
 void* compute_stream(int device);
+// What is current on the calling thread, put back when this goes: the driver's current context (none
+// included), through the runtime's entry points to the driver, else the runtime's device. Restoring
+// "device 0" for a thread that never chose a device, as cudaGetDevice answers then, would make a
+// context on GPU 0. Never throws.
+class SavedContext {
+ public:
+  SavedContext();
+  ~SavedContext();
+  SavedContext(const SavedContext&) = delete;
+  SavedContext& operator=(const SavedContext&) = delete;
+
+ private:
+  void* context_ = nullptr;
+  int device_ = -1;
+  bool exact_ = false;
+};
 // Makes `device` the calling thread's current CUDA device (as backend(device) does) for the scope, then
-// puts back exactly what was current before: a DLPack producer's stream handshake runs on the current
-// device, and a thread that had no device gets none back (not "device 0", which would make a context
-// there). The destructor never throws.
+// puts back what was current before (SavedContext) and Kiln's own record of it: a DLPack producer's
+// stream handshake runs on the current device. The destructor never throws.
 class DeviceScope {
  public:
   explicit DeviceScope(int device);
@@ -58,10 +73,8 @@ class DeviceScope {
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
-  void* prev_context_ = nullptr;  // the driver's current context (exact_), else the runtime's device:
-  int prev_device_ = -1;
-  bool exact_ = false;
-  int prev_kiln_device_ = -1;  // Kiln's own record of the thread's device and context
+  SavedContext saved_;  // restored after the destructor's body
+  int prev_kiln_device_ = -1;
   void* prev_kiln_context_ = nullptr;
 };
 // DLPack, from Kiln's side (the Python package). Handing a tensor of `device` to a consumer that reads it

@@ -9,28 +9,24 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_memory.h"
 
 namespace kiln::cuda {
 namespace {
 
-
 // Runs the calls of one device with that device current, restoring the caller's.
+// (What was current goes back as SavedContext keeps it: a thread that had no device gets none back.)
 class DeviceScope {
  public:
   explicit DeviceScope(int d) {
-    cudaGetDevice(&prev_);
-    if (prev_ != d) KILN_CUDA_OK(cudaSetDevice(d));
-    changed_ = prev_ != d;
-  }
-  ~DeviceScope() {
-    if (changed_) cudaSetDevice(prev_);
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != d) KILN_CUDA_OK(cudaSetDevice(d));
   }
 
  private:
-  int prev_ = 0;
-  bool changed_ = false;
+  SavedContext keep_;
 };
 
 class CudaDevice final : public RawDevice {

@@ -136,6 +136,21 @@ def _install_interrupts():
 _install_interrupts()
 
 
+def from_dlpack(obj):
+    """A tensor sharing the memory of any DLPack producer (NumPy, PyTorch, CuPy, JAX): no copy.
+
+    A PyTorch CUDA tensor is asked for its memory with its device made PyTorch's current one:
+    PyTorch refuses to export a tensor of another device, and keeps its own record of which is
+    current beside the CUDA runtime's."""
+    device = getattr(obj, "device", None)
+    if type(obj).__module__.split(".")[0] == "torch" and getattr(device, "type", None) == "cuda":
+        import torch
+
+        with torch.cuda.device(device):
+            return _C.from_dlpack(obj)
+    return _C.from_dlpack(obj)
+
+
 def cuda_is_available():
     """Whether a CUDA device is visible to this build."""
     return _C.cuda_device_count() > 0

@@ -107,10 +107,10 @@ def _dlpack(self, *, stream=None, max_version=None, dl_device=None, copy=None):
             raise BufferError(f"__dlpack__: dl_device {tuple(dl_device)} is not the tensor's device ({t.device}) "
                               "and copy=False")
         target = _device_of_dlpack(dl_device)
-        try:
-            t = t.to(target)
-        except _C.KilnError as e:  # no such device here: what the array API calls a BufferError
-            raise BufferError(f"__dlpack__: cannot copy to {target}: {e}") from e
+        if target != "cpu" and dl_device[1] >= _C.cuda_device_count():  # the array API's error for it
+            raise BufferError(f"__dlpack__: cannot copy to {target}: this Kiln sees {_C.cuda_device_count()} "
+                              "CUDA devices")
+        t = t.to(target)
         if t.device.type == "cpu":
             stream = None
     elif copy:

@@ -66,11 +66,15 @@ def test_kiln_does_not_reuse_memory_a_consumer_stream_still_reads():
 def test_lent_memory_goes_back_after_kilns_work():
     busy = keep_kiln_busy()
     tt = torch.full((4096, 1024), 2.0, device="cuda")
+    held = torch.cuda.memory_allocated()
     imp = kiln.from_dlpack(tt)
     total = (imp * imp).sum()  # queued behind the matmuls
     del imp, tt  # PyTorch's block: back to PyTorch only once that work has run
-    torch.full((4096, 1024), 3.0, device="cuda")  # on PyTorch's idle stream, likely in the same block
+    assert torch.cuda.memory_allocated() == held  # Kiln's queue is still busy: still lent
+    torch.full((4096, 1024), 3.0, device="cuda")  # on PyTorch's idle stream
     assert total.item() == 4.0 * 4096 * 1024
+    # The read waited for Kiln's work, and so gave the lent block back (to PyTorch's cache).
+    assert torch.cuda.memory_allocated() == held - 4096 * 1024 * 4
     del busy
 
 
