@@ -140,6 +140,19 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// Whether the batch dims of a (dim > 2) merge with its row dim into one stride, so that a.reshape({-1, k}) is
+// a view: [..., m, k] @ [k, n] is then one [B*m, k] @ [k, n] product.
+bool batch_folds_into_rows(const Tensor& a) {
+  int64_t expect = a.stride(-2) * a.size(-2);
+  for (int64_t d = a.dim() - 3; d >= 0; --d) {
+    const int64_t size = a.size(d);
+    if (size == 1) continue;
+    if (a.stride(d) != expect) return false;
+    expect *= size;
+  }
+  return true;
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
@@ -148,6 +161,16 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   const bool va = a.dim() == 1, vb = b.dim() == 1;
   Tensor x = va ? a.unsqueeze(0) : a;
   Tensor y = vb ? b.unsqueeze(1) : b;
+  if (x.dim() > 2 && y.dim() == 2 && batch_folds_into_rows(x)) {
+    // A stack of matrices times one matrix (a linear layer on [batch, seq, features]) is one product over all
+    // the rows, not a batch of products: its backward then gives the matrix's gradient as one GEMM over every
+    // row, instead of a gradient per batch entry summed afterwards (an extra [batch, k, n] tensor and pass).
+    Shape os = x.shape();
+    os.back() = y.size(1);
+    const int64_t rows = Shape(x.shape().begin(), x.shape().end() - 1).numel();  // -1 is ambiguous for k = 0
+    Tensor out = matmul_nd(x.reshape({rows, x.size(-1)}), y).reshape(os);
+    return vb ? out.squeeze(-1) : out;
+  }
   Tensor out = matmul_nd(x, y);
   if (vb) out = out.squeeze(-1);
   if (va) out = out.squeeze(vb ? -1 : -2);

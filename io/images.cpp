@@ -12,7 +12,11 @@
 #define STBI_ONLY_JPEG
 #define STBI_ONLY_PNG
 #define STBI_ONLY_BMP
+// Static, so GCC names every stb function this file does not call (stb's own header, not Kiln's code).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
 #include <stb_image.h>
+#pragma GCC diagnostic pop
 
 namespace kiln::io {
 namespace fs = std::filesystem;

@@ -153,8 +153,11 @@ TEST_CASE("e2e dist: MLM over N ranks weighs masked tokens over all ranks: the l
     const auto got = losses(out + "/metrics.jsonl");
     REQUIRE(got.size() == want.size());
     for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    // A linear layer's weight gradient is one GEMM over the rank's rows, f32 sums in another order than
+    // one process's GEMM over all rows: AdamW's step over a near-zero gradient carries that (an element of
+    // the FFN weights was 2e-6 off here, 0.2% of one lr = 1e-3 step), so the weights agree to 1e-5.
     const auto w = kiln::io::load_safetensors(out + "/model.safetensors");
-    for (const auto& [name, t] : want_w.tensors) CHECK_MESSAGE(kiln::allclose(w.tensors.at(name), t, 1e-4, 1e-6), name);
+    for (const auto& [name, t] : want_w.tensors) CHECK_MESSAGE(kiln::allclose(w.tensors.at(name), t, 1e-4, 1e-5), name);
   }
 }
 

@@ -921,7 +921,7 @@ TEST_CASE("ops: reductions over single, several, all and negative dims, with kee
             std::vector<int64_t> nd;
             for (int64_t d : dims) nd.push_back(d < 0 ? d + 3 : d);
             std::string what = std::string(red_name(op)) + " " + dtype_name(dt) + " " + layout_name(l) + " dims";
-            for (int64_t d : dims) what += " " + std::to_string(d);
+            for (int64_t d : dims) what.append(" ").append(std::to_string(d));
             if (keepdim) what += " keepdim";
             CAPTURE(Shape(dims));
             Tensor y = run_red(x, dims, keepdim, op);
@@ -1277,6 +1277,48 @@ TEST_CASE("ops: matmul's gradient of a transposed operand is exact and comes in 
     expect_close(a.grad(), ref_matmul(rm, transposed_ref(rg)), dt, "grad of A in A.t() @ m");  // m g^T
     expect_close(m.grad(), ref_matmul(ra, rg), dt, "grad of m in A.t() @ m");                  // A g
   }
+}
+
+// A linear layer on [batch, rows, features] (x @ W.t(), W 2-D) runs as one product over batch * rows rows, so
+// W's gradient is one GEMM over every row: no [batch, out, in] gradient per batch entry summed afterwards.
+TEST_CASE("ops: matmul of a stack of matrices by one matrix: exact gradients, no per-batch weight gradients") {
+  Gen gen(32);
+  auto flat = [](Ref r) {  // [..., k] -> [rows, k]: the same values, row-major
+    const int64_t k = r.shape.back();
+    r.shape = {numel_of(r.shape) / k, k};
+    return r;
+  };
+  auto transposed_ref = [](const Ref& r) {
+    Ref t{{r.shape[1], r.shape[0]}, {}};
+    for (int64_t i = 0; i < r.shape[1]; ++i)
+      for (int64_t j = 0; j < r.shape[0]; ++j) t.v.push_back(r.v[size_t(j * r.shape[1] + i)]);
+    return t;
+  };
+  for (DType dt : {DType::f32, DType::f64}) {
+    // Row-major x folds into one product; x with transposed matrices does not (the batched path).
+    for (Layout l : {Layout::contiguous, Layout::transposed}) {
+      CAPTURE(layout_name(l));
+      Ref rx, rw, rg;
+      Tensor x = gen.make({3, 2, 5, 7}, dt, l, -1, 1, rx).set_requires_grad();
+      Tensor w = gen.make({6, 7}, dt, Layout::contiguous, -1, 1, rw).set_requires_grad();
+      Tensor g = gen.make({3, 2, 5, 6}, dt, Layout::contiguous, -1, 1, rg);
+      const Tensor y = matmul(x, w.t());
+      REQUIRE(y.shape() == Shape{3, 2, 5, 6});
+      expect_close(y, ref_matmul(rx, transposed_ref(rw)), dt, "x @ W.t()");
+      sum(mul(y, g)).backward();
+      CHECK(w.grad().is_contiguous());
+      expect_close(w.grad(), ref_matmul(transposed_ref(flat(rg)), flat(rx)), dt, "grad of W: g^T x over every row");
+      expect_close(x.grad(), ref_matmul(rg, rw), dt, "grad of x: g W");
+    }
+  }
+  // The memory the backward takes: a per-batch gradient of W would be [256, 64, 64] f32, 4 MiB.
+  Tensor x = randn({256, 1, 64}).set_requires_grad();
+  Tensor w = randn({64, 64}).set_requires_grad();
+  const Tensor loss = sum(mul(matmul(x, w.t()), randn({256, 1, 64})));
+  const size_t before = cpu_memory_stats().allocated;
+  reset_cpu_memory_peak();
+  loss.backward();
+  CHECK(cpu_memory_stats().peak_allocated - before < size_t(1) << 20);
 }
 
 TEST_CASE("ops: matmul across GEMM cache blocks, transposed or not") {

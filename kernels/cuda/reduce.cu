@@ -14,6 +14,9 @@ namespace {
 
 constexpr int64_t kRowChunk = 8192;  // elements of r per block when inner == 1
 constexpr int64_t kColChunk = 64;    // elements of r per thread when inner > 1
+// Rows this short (inner == 1) go to the column kernel, a thread per row: a block of kThreads with its
+// barrier tree per row would leave most of its threads idle (a [65536, 2] sum took 65536 such blocks).
+constexpr int64_t kShortRow = kColChunk;
 
 // Running sum of elements of T.
 template <typename T> struct SumR {
@@ -75,7 +78,7 @@ template <typename S, typename TO> __device__ __forceinline__ void write_out(voi
   }
 }
 
-// inner == 1. Launch: one block of kThreads per (row o, chunk c) of [outer, r]; thread t folds
+// inner == 1, r > kShortRow. Launch: one block of kThreads per (row o, chunk c) of [outer, r]; thread t folds
 // elements c*chunk + t, + kThreads, ... (coalesced), then the block combines its threads in a fixed
 // tree. Memory: each element read once; one state written per block.
 template <typename R, typename TIn, typename TO>
@@ -96,9 +99,9 @@ __global__ void rows_kernel(const TIn* src, void* dst, int64_t r, int64_t chunk,
   if (threadIdx.x == 0) write_out<S, TO>(dst, blockIdx.x, buf[0], how);
 }
 
-// inner > 1. Launch: grid-stride, one thread per (o, c, j): it folds src[o, c*chunk .. , j] in
-// order (neighbouring threads read neighbouring j: coalesced) into out[o, c, j].
-// Memory: each element read once; one state written per thread.
+// inner > 1, or rows of at most kShortRow. Launch: grid-stride, one thread per (o, c, j): it folds src[o, c*chunk .. ,
+// j] in order (neighbouring threads read neighbouring j: coalesced) into out[o, c, j]. Memory: each element read once;
+// one state written per thread.
 template <typename R, typename TIn, typename TO>
 __global__ void cols_kernel(const TIn* src, void* dst, int64_t outer, int64_t r, int64_t inner, int64_t chunk,
                             int64_t nchunks, Out how) {
@@ -119,7 +122,7 @@ template <typename R, typename T, typename TO>
 void run(const T* src, void* dst, int64_t outer, int64_t r, int64_t inner, Out final_how) {
   using S = typename R::State;
   cudaStream_t stream = current().stream;
-  const bool rows = inner == 1;
+  const bool rows = inner == 1 && r > kShortRow;
   const int64_t chunk = rows ? kRowChunk : kColChunk;
   int64_t nchunks = std::max<int64_t>(1, (r + chunk - 1) / chunk);
   // The row kernels take a block per (row, chunk): a grid's x dimension stops at 2^31 - 1.
