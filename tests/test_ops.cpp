@@ -1311,14 +1311,18 @@ TEST_CASE("ops: matmul of a stack of matrices by one matrix: exact gradients, no
       expect_close(x.grad(), ref_matmul(rg, rw), dt, "grad of x: g W");
     }
   }
-  // The memory the backward takes: a per-batch gradient of W would be [256, 64, 64] f32, 4 MiB.
-  Tensor x = randn({256, 1, 64}).set_requires_grad();
-  Tensor w = randn({64, 64}).set_requires_grad();
-  const Tensor loss = sum(mul(matmul(x, w.t()), randn({256, 1, 64})));
-  const size_t before = cpu_memory_stats().allocated;
-  reset_cpu_memory_peak();
-  loss.backward();
-  CHECK(cpu_memory_stats().peak_allocated - before < size_t(1) << 20);
+  // The memory the backward takes: a per-batch gradient of W would be [256, 64, 64] f32, 4 MiB. One row per
+  // batch entry, contiguous or a slice of longer rows (the rows then step by the batch stride).
+  const Tensor whole = randn({256, 3, 64}).set_requires_grad();
+  for (const Tensor& x : {randn({256, 1, 64}).set_requires_grad(), whole.slice(1, 1, 2)}) {
+    CAPTURE(x.strides());
+    Tensor w = randn({64, 64}).set_requires_grad();
+    const Tensor loss = sum(mul(matmul(x, w.t()), randn({256, 1, 64})));
+    const size_t before = cpu_memory_stats().allocated;
+    reset_cpu_memory_peak();
+    loss.backward();
+    CHECK(cpu_memory_stats().peak_allocated - before < size_t(1) << 20);
+  }
 }
 
 TEST_CASE("ops: matmul across GEMM cache blocks, transposed or not") {

@@ -99,9 +99,10 @@ __global__ void rows_kernel(const TIn* src, void* dst, int64_t r, int64_t chunk,
   if (threadIdx.x == 0) write_out<S, TO>(dst, blockIdx.x, buf[0], how);
 }
 
-// inner > 1, or rows of at most kShortRow. Launch: grid-stride, one thread per (o, c, j): it folds src[o, c*chunk .. ,
-// j] in order (neighbouring threads read neighbouring j: coalesced) into out[o, c, j]. Memory: each element read once;
-// one state written per thread.
+// inner > 1, or rows of at most kShortRow. Launch: grid-stride, one thread per (o, c, j): it folds
+// src[o, c*chunk .. , j] in order into out[o, c, j] (neighbouring threads read neighbouring j: coalesced;
+// for short rows, inner == 1, each thread reads its own row, r elements after its neighbour's, so a warp
+// touches a few cache lines). Memory: each element read once; one state written per thread.
 template <typename R, typename TIn, typename TO>
 __global__ void cols_kernel(const TIn* src, void* dst, int64_t outer, int64_t r, int64_t inner, int64_t chunk,
                             int64_t nchunks, Out how) {
@@ -176,7 +177,6 @@ void reduce(ReduceOp op, void* dst, DType dst_dtype, const void* src, DType src_
             int64_t inner) {
   if (outer * inner == 0) return;
   KILN_ASSERT(r > 0 || op == ReduceOp::sum, "max/min over an empty dim");
-  KILN_CHECK(outer < (int64_t(1) << 31) || inner > 1, "cuda reduce: ", outer, " rows is more than a grid holds");
   visit_dtype(src_dtype, [&](auto ti) {
     using T = decltype(ti);
     const T* s = static_cast<const T*>(src);
