@@ -19,21 +19,26 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 archs=("$@")
 [ ${#archs[@]} -gt 0 ] || archs=(75 90)
-printf '#pragma once\n#define KILN_CUDA_ARCHS "facts"\n' > "$work/kiln_build_info.h"
+# The build-info header the kernels include, in a fixed folder: with ccache (when installed) a second run
+# finds every compile in the cache, which a fresh temporary folder in the command line would defeat.
+info_dir="${XDG_CACHE_HOME:-$HOME/.cache}/kiln/kernel_facts_include"
+mkdir -p "$info_dir"
+printf '#pragma once\n#define KILN_CUDA_ARCHS "facts"\n' > "$info_dir/kiln_build_info.h"
+launcher=$(command -v ccache || true)
 # cudnn.h: CUDNN_ROOT's, else the system's or the CUDA toolkit's, else a pip wheel's.
 site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)
 cudnn_inc=$(dirname "$(find ${CUDNN_ROOT:+"$CUDNN_ROOT/include"} /usr/include /usr/local/cuda/include \
   ${site:+"$site/nvidia/cudnn/include"} -name cudnn.h 2>/dev/null | head -1)")
-flags=(-std=c++20 --expt-relaxed-constexpr -I"$root" -I"$work" -I"$cudnn_inc" -DNDEBUG -O3)
+flags=(-std=c++20 --expt-relaxed-constexpr -I"$root" -I"$info_dir" -I"$cudnn_inc" -DNDEBUG -O3)
 # One nvcc per (file, architecture), as many at once as there are cores.
 compile() {  # compile SRC ARCH
   local name
   name=$(basename "$1")
-  "$nvcc" "${flags[@]}" -gencode "arch=compute_$2,code=sm_$2" -Xptxas -v -c "$1" -o "$work/${name%.cu}@$2.o" \
+  $launcher "$nvcc" "${flags[@]}" -gencode "arch=compute_$2,code=sm_$2" -Xptxas -v -c "$1" -o "$work/${name%.cu}@$2.o" \
     2> "$work/${name%.cu}@$2.log" || { cat "$work/${name%.cu}@$2.log" >&2; return 1; }
 }
 export -f compile
-export nvcc work
+export nvcc work launcher
 export flags_string="${flags[*]}"
 for src in "$root"/kernels/cuda/*.cu; do
   [ "$(basename "$src")" = tc_gemm.cu ] && continue

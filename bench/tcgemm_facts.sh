@@ -24,12 +24,13 @@ if [ -z "$cuobjdump" ] || ! command -v nvdisasm > /dev/null && [ ! -x "$(dirname
 fi
 
 flags=(-std=c++20 --expt-relaxed-constexpr -I"$root" -DNDEBUG -O3)
+launcher=$(command -v ccache || true)  # a second run takes the compiles (and ptxas -v's report) from the cache
 status=0
 for arch in "${archs[@]}"; do
   echo "== sm_$arch =="
-  "$nvcc" "${flags[@]}" -gencode arch=compute_$arch,code=sm_$arch -Xptxas -v -c "$root/kernels/cuda/tc_gemm.cu" \
+  $launcher "$nvcc" "${flags[@]}" -gencode arch=compute_$arch,code=sm_$arch -Xptxas -v -c "$root/kernels/cuda/tc_gemm.cu" \
     -o "$work/tc_gemm_$arch.o" 2> "$work/ptxas_$arch.txt"
-  "$nvcc" "${flags[@]}" -arch=compute_$arch -ptx "$root/kernels/cuda/tc_gemm.cu" -o "$work/tc_gemm_$arch.ptx"
+  $launcher "$nvcc" "${flags[@]}" -arch=compute_$arch -ptx "$root/kernels/cuda/tc_gemm.cu" -o "$work/tc_gemm_$arch.ptx"
   "$cuobjdump" --dump-sass "$work/tc_gemm_$arch.o" > "$work/sass_$arch.txt"
   # ptxas -v: per kernel a "Compiling entry function" line, its spill line, then "Used N registers".
   name=""
