@@ -463,8 +463,10 @@ bool phases_fit(const Conv2dParams& p) {
 // phase planes would also need packing, and there im2col + GEMM measured faster under AVX2 (ResNet-20's
 // 14x14 -> 7x7 layer: 2.5 ms against 3.2) and level under AVX-512.
 // The phase copy is capped as the im2col buffer is (kMaxColElems, 32 MiB; ResNet-50's 56 -> 28 layer at
-// batch 256 would need 411 MB): above it, im2col + GEMM.
-bool direct_wgrad_applies(const Conv2dParams& p) {
+// batch 256 would need 411 MB): above it, im2col + GEMM. A kernel set may send small output planes to
+// im2col + GEMM whatever the stride (ConvLeaves::wgrad_min_plane: the avx2 set's 7x7).
+bool direct_wgrad_applies(const isa::ConvLeaves& L, const Conv2dParams& p) {
+  if (p.oh * p.ow < L.wgrad_min_plane) return false;
   if (direct_conv_applies(p)) return true;
   const int64_t taps = p.kh * p.kw, ohw = p.oh * p.ow;
   return p.dh == 1 && p.dw == 1 && (p.sh > 1 || p.sw > 1) && p.sh <= 4 && p.sw <= 4 && taps > 1 &&
@@ -739,7 +741,7 @@ void backward_typed(const Conv2dParams& p, const T* x, const T* w, const T* gy, 
         input_grad_oc(*oc, p, w, gy, gx);
         gx = nullptr;
       }
-    if (gw && leaves && direct_wgrad_applies(p)) {
+    if (gw && leaves && direct_wgrad_applies(*leaves, p)) {
       direct_conv_wgrad(*leaves, p, x, gy, gw);
       gw = nullptr;
     }
