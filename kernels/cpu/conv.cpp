@@ -464,7 +464,7 @@ bool phases_fit(const Conv2dParams& p) {
 // 14x14 -> 7x7 layer: 2.5 ms against 3.2) and level under AVX-512.
 // The phase copy is capped as the im2col buffer is (kMaxColElems, 32 MiB; ResNet-50's 56 -> 28 layer at
 // batch 256 would need 411 MB): above it, im2col + GEMM. A kernel set may send small output planes to
-// im2col + GEMM whatever the stride (ConvLeaves::wgrad_min_plane: the avx2 set's 7x7).
+// im2col + GEMM whatever the stride (ConvLeaves::wgrad_min_plane: the avx2 set's 7x7 and 8x8).
 bool direct_wgrad_applies(const isa::ConvLeaves& L, const Conv2dParams& p) {
   if (p.oh * p.ow < L.wgrad_min_plane) return false;
   if (direct_conv_applies(p)) return true;
