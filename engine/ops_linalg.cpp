@@ -144,15 +144,10 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
 // a.reshape({rows, k}) is a view: [..., m, k] @ [k, n] is then one [rows, k] @ [k, n] product. An expanded
 // (stride 0) batch dim does not fold: the product would copy what the batched path reads in place.
 bool batch_folds_into_rows(const Tensor& a) {
-  // The stride the next-outer dim must have; for a single row (m == 1) the first batch dim of size > 1 sets it.
-  int64_t expect = a.size(-2) > 1 ? a.stride(-2) * a.size(-2) : -1;
-  for (int64_t d = a.dim() - 3; d >= 0; --d) {
-    const int64_t size = a.size(d);
-    if (size == 1) continue;
-    if (a.stride(d) == 0 || (expect >= 0 && a.stride(d) != expect)) return false;
-    expect = a.stride(d) * size;
-  }
-  return true;
+  const Shape batch(a.shape().begin(), a.shape().end() - 2);
+  int64_t step = 0;  // between consecutive batch entries; for a single row (m == 1) any step but 0 folds
+  if (!uniform_batch_stride(a, batch, step)) return false;
+  return batch.numel() == 1 || (step != 0 && (a.size(-2) == 1 || step == a.stride(-2) * a.size(-2)));
 }
 
 }  // namespace

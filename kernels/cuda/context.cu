@@ -341,6 +341,15 @@ void release_finished() {
   take_finished_locked(done);
 }
 
+// Holds keep_alive until `ev` (recorded after the work that reads what it holds) has passed; the holds
+// that have passed go, outside the lock.
+void hold_until(cudaEvent_t ev, std::shared_ptr<void> keep_alive) {
+  std::vector<std::shared_ptr<void>> done;  // dropped after the lock
+  std::lock_guard<std::mutex> lk(in_flight().mutex);
+  take_finished_locked(done);
+  in_flight().list.push_back({ev, std::move(keep_alive)});
+}
+
 // A DLPack stream number as a stream: 1 and 2 are the legacy and per-thread default streams.
 cudaStream_t dlpack_stream(uintptr_t s) {
   return s == 1 ? cudaStreamLegacy : s == 2 ? cudaStreamPerThread : reinterpret_cast<cudaStream_t>(s);
@@ -364,10 +373,7 @@ void copy_to_device_async(void* dst, int device, const void* src, size_t n, std:
     cudaEventDestroy(ev);
     KILN_CUDA_OK(e);
   }
-  std::vector<std::shared_ptr<void>> done;  // dropped after the lock
-  std::lock_guard<std::mutex> lk(in_flight().mutex);
-  take_finished_locked(done);
-  in_flight().list.push_back({ev, std::move(keep_alive)});
+  hold_until(ev, std::move(keep_alive));
 }
 
 DeviceScope::DeviceScope(int device) : prev_kiln_device_(t_current), prev_kiln_context_(t_context) { use(device); }
@@ -397,7 +403,6 @@ void hand_to_stream(int device, void* block, uintptr_t stream) {
 }
 
 void release_after_queued_work(int device, std::shared_ptr<void> keep_alive) noexcept {
-  std::vector<std::shared_ptr<void>> done;  // dropped after the lock, with keep_alive if the hold fails
   try {
     DeviceScope scope(device);
     Context& c = context(device);
@@ -407,16 +412,14 @@ void release_after_queued_work(int device, std::shared_ptr<void> keep_alive) noe
       cudaEventDestroy(ev);
       KILN_CUDA_OK(e);
     }
-    std::lock_guard<std::mutex> lk(in_flight().mutex);
-    take_finished_locked(done);
-    in_flight().list.push_back({ev, std::move(keep_alive)});
+    hold_until(ev, std::move(keep_alive));
   } catch (...) {
     // No event (a device error, or the runtime shutting down): wait for the stream, as far as it still runs.
     try {
       cudaStreamSynchronize(context(device).stream);
     } catch (...) {
     }
-    done.push_back(std::move(keep_alive));
+    keep_alive.reset();  // the stream has run, as far as it still runs
   }
 }
 

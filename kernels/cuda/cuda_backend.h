@@ -58,9 +58,10 @@ class SavedContext {
   SavedContext& operator=(const SavedContext&) = delete;
 
  private:
-  void* context_ = nullptr;
-  int device_ = -1;
-  bool exact_ = false;
+  // Unused where CUDA is off (kernels/cpu/no_cuda.cpp).
+  [[maybe_unused]] void* context_ = nullptr;
+  [[maybe_unused]] int device_ = -1;
+  [[maybe_unused]] bool exact_ = false;
 };
 // Makes `device` the calling thread's current CUDA device (as backend(device) does) for the scope, then
 // puts back what was current before (SavedContext) and Kiln's own record of it: a DLPack producer's
