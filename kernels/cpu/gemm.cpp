@@ -14,7 +14,9 @@
 // GCC 12 reports a false -Wmaybe-uninitialized inside Eigen's AVX-512 transposes (the _mm512_undefined_*
 // placeholders of the intrinsics it inlines); nothing in this file is affected.
 #pragma GCC diagnostic push
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <Eigen/Core>
 #pragma GCC diagnostic pop
 

@@ -75,8 +75,8 @@ class DeviceScope {
 
  private:
   SavedContext saved_;  // restored after the destructor's body
-  int prev_kiln_device_ = -1;
-  void* prev_kiln_context_ = nullptr;
+  [[maybe_unused]] int prev_kiln_device_ = -1;
+  [[maybe_unused]] void* prev_kiln_context_ = nullptr;
 };
 // DLPack, from Kiln's side (the Python package). Handing a tensor of `device` to a consumer that reads it
 // on `stream` (a cudaStream_t as an integer; 1: the legacy default stream; 2, the per-thread default
