@@ -149,6 +149,17 @@ TEST_CASE("nn: conv2d f32 forward and gradients match f64 on every CPU path") {
       {"stride 2, 32 to 32 (input gradient by phases)", {2, 32, 9, 10}, {32, 32, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
       {"1x1 stride 2, 32 to 64", {2, 32, 7, 8}, {64, 32, 1, 1}, {2, 2}, {0, 0}, {1, 1}, 1},
       {"stride 3, dilation 2, 2 groups", {2, 64, 11, 10}, {32, 32, 3, 3}, {3, 3}, {2, 1}, {2, 2}, 2},
+      // Planes of a multiple of 2 KiB go through a scratch band: 16 channels, a 1x1 filter's untouched phases,
+      // an odd height whose phases end on different rows.
+      {"stride 2 on 32x16, 16 channels (gx through a band)",
+       {3, 16, 32, 16},
+       {32, 16, 3, 3},
+       {2, 2},
+       {1, 1},
+       {1, 1},
+       1},
+      {"1x1 stride 2 on 16x32 (a band)", {2, 16, 16, 32}, {32, 16, 1, 1}, {2, 2}, {0, 0}, {1, 1}, 1},
+      {"stride 2 on 5x512 (a band, odd height)", {2, 16, 5, 512}, {16, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
       // The strided weight gradient over phase planes (direct_conv_wgrad, outputs of 8x8, 8x16 and 4x4 that
       // fill their vectors): an odd size, 5x5, strides 3, 4 and (2, 1), groups, padding beyond the kernel;
       // 7x7 outputs and stride (2, 1) without padding (whose phases do not fit) through im2col.

@@ -34,6 +34,7 @@ thread_local ScratchBuffer t_col, t_out;     // a chunk's im2col matrix and its 
 // They keep their largest size for the thread's life: t_packed_x/gy hold a copy of a 7x7 layer's x and
 // gy (ResNet-20 at batch 128: 1.6 MB each; ResNet-50's 512-channel 7x7 stage at batch 256: 26 MB).
 thread_local ScratchBuffer t_packed_w, t_zeros, t_packed_gy, t_packed_x;
+thread_local ScratchBuffer t_grad_band;  // input_grad_oc: a task's band of gx
 
 struct Geometry {
   const Conv2dParams& p;
@@ -372,10 +373,14 @@ void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p
 // 1, 2, 2 and 4 taps, 9/4 on average where the im2col path multiplies all 9. So the pixels go phase by
 // phase, each phase with its own packed filter taps, vectors across the input channels and the sums over
 // (tap, output channel); a tap whose (oh, ow) falls outside gy reads the zero buffer, and a phase no tap
-// reaches (a 1x1 stride-2 filter's odd pixels) is zeroed.
+// reaches (a 1x1 stride-2 filter's odd pixels) is zeroed. A task is one image (or a band of its rows) and
+// runs every phase over it, so its part of gx, written a phase at a time in strided stores, stays in L2
+// (phase-major over the whole batch wrote each line of gx four times from memory: ResNet-20's 16-channel
+// 28x28 layer took 3.2 ms on the Intel Xeon, avx2 set).
 const isa::ConvLeaves::DirectOc* input_grad_oc_leaf(const isa::ConvLeaves& L, const Conv2dParams& p) {
   const int64_t og = p.o / p.groups, cg = p.c / p.groups;
-  if (og < 16 || p.kh * p.kw > kDirectMaxTaps) return nullptr;
+  if (og < 16 || p.kh * p.kw > kDirectMaxTaps || p.h * p.w >= (int64_t(1) << 31) || p.oh * p.ow >= (int64_t(1) << 31))
+    return nullptr;
   return oc_leaf_for(L, cg, p.kh * p.kw * og);
 }
 
@@ -383,59 +388,111 @@ void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p,
                    float* gx) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, cw = leaf.channels, kp = leaf.pixels, cblocks = cg / cw;
+  KILN_ASSERT(kp >= 1 && kp <= isa::kDirectOcMaxPixels && taps <= kDirectMaxTaps, "output-channel tiles of ", kp,
+              " pixels, ", taps, " taps");
   float* const zeros = t_zeros.get<float>(size_t((og - 1) * ohw + 1));  // read at o * ohw, o < og
   for (int64_t o = 0; o < og; ++o) zeros[o * ohw] = 0.0f;
-  for (int64_t a = 0; a < p.sh; ++a)
-    for (int64_t bph = 0; bph < p.sw; ++bph) {
-      // This phase's pixels (ih = a + sh * i, iw = bph + sw * j) and the taps that reach them.
-      const int64_t rows = a < p.h ? (p.h - a + p.sh - 1) / p.sh : 0,
-                    colsn = bph < p.w ? (p.w - bph + p.sw - 1) / p.sw : 0;
-      if (rows == 0 || colsn == 0) continue;
-      std::vector<int64_t> tap_list;
+  // The phases: pixels ih = a + sh * i, iw = b + sw * j (i < rows, j < cols), the taps that reach them with
+  // their weights packed as [group][c-block][phase tap][o][cw] from w_at, and per pixel and tap the offset of
+  // its gy pixel in the plane (or -1: outside gy) from at_at, and per pixel its offset in gx's plane.
+  struct Phase {
+    int64_t a, b, rows, cols, nt;
+    size_t w_at, at_at, out_at;
+  };
+  std::vector<Phase> phases;
+  std::vector<int64_t> phase_taps;
+  std::vector<int32_t> in_at, out_at;
+  size_t wsize = 0;
+  for (int64_t a = 0; a < std::min(p.sh, p.h); ++a)
+    for (int64_t b = 0; b < std::min(p.sw, p.w); ++b) {
+      Phase ph{a, b, (p.h - a + p.sh - 1) / p.sh, (p.w - b + p.sw - 1) / p.sw, 0, wsize, in_at.size(), out_at.size()};
+      const size_t first = phase_taps.size();
       for (int64_t t = 0; t < taps; ++t) {
-        const int64_t ki = t / p.kw, kj = t % p.kw;
-        const int64_t rh = a + p.ph - ki * p.dh, rw = bph + p.pw - kj * p.dw;
-        if (((rh % p.sh) + p.sh) % p.sh == 0 && ((rw % p.sw) + p.sw) % p.sw == 0) tap_list.push_back(t);
+        const int64_t rh = a + p.ph - t / p.kw * p.dh, rw = b + p.pw - t % p.kw * p.dw;
+        if (((rh % p.sh) + p.sh) % p.sh == 0 && ((rw % p.sw) + p.sw) % p.sw == 0) phase_taps.push_back(t);
       }
-      const int64_t nt = int64_t(tap_list.size()), pplane = rows * colsn, total = p.n * pplane;
-      if (nt == 0) {  // no tap reaches these pixels: their gradient is 0
-        parallel_for(0, p.n * p.c, 4, [&](int64_t b, int64_t e) {
-          for (int64_t nc = b; nc < e; ++nc)
-            for (int64_t i = 0; i < rows; ++i)
-              for (int64_t j = 0; j < colsn; ++j) gx[nc * plane + (a + p.sh * i) * p.w + bph + p.sw * j] = 0.0f;
-        });
-        continue;
+      ph.nt = int64_t(phase_taps.size() - first);
+      for (int64_t l = 0; l < ph.rows * ph.cols; ++l) {
+        const int64_t ih = a + p.sh * (l / ph.cols), iw = b + p.sw * (l % ph.cols);
+        out_at.push_back(int32_t(ih * p.w + iw));
+        for (int64_t k = 0; k < ph.nt; ++k) {
+          const int64_t t = phase_taps[first + size_t(k)], rh = ih + p.ph - t / p.kw * p.dh;
+          const int64_t rw = iw + p.pw - t % p.kw * p.dw, oh = rh / p.sh, ow = rw / p.sw;
+          in_at.push_back(rh >= 0 && rw >= 0 && oh < p.oh && ow < p.ow ? int32_t(oh * p.ow + ow) : -1);
+        }
       }
-      // w as [group][c-block][phase tap][o][cw].
-      float* const wp = t_packed_w.get<float>(size_t(p.groups * cblocks * nt * og * cw));
-      for (int64_t g = 0; g < p.groups; ++g)
-        for (int64_t cb = 0; cb < cblocks; ++cb)
-          for (int64_t k = 0; k < nt; ++k)
-            for (int64_t o = 0; o < og; ++o)
-              for (int64_t j = 0; j < cw; ++j)
-                wp[(((g * cblocks + cb) * nt + k) * og + o) * cw + j] =
-                    w[((g * og + o) * cg + cb * cw + j) * taps + tap_list[size_t(k)]];
-      run_oc_tiles(leaf, p.groups, total, cblocks, nt, og, ohw, plane, wp,
-                   [&](int64_t g, int64_t q, int64_t i, const float** px) {
-                     const int64_t n = q / pplane, l = q % pplane;
-                     const int64_t ih = a + p.sh * (l / colsn), iw = bph + p.sw * (l % colsn);
-                     const float* gyn = gy + (n * p.o + g * og) * ohw;
-                     for (int64_t k = 0; k < nt; ++k) {
-                       const int64_t t = tap_list[size_t(k)], ki = t / p.kw, kj = t % p.kw;
-                       const int64_t oh = (ih + p.ph - ki * p.dh) / p.sh, ow = (iw + p.pw - kj * p.dw) / p.sw;
-                       const bool in =
-                           ih + p.ph - ki * p.dh >= 0 && iw + p.pw - kj * p.dw >= 0 && oh < p.oh && ow < p.ow;
-                       px[k * kp + i] = in ? gyn + oh * p.ow + ow : zeros;
-                     }
-                     return gx + (n * p.c + g * cg) * plane + ih * p.w + iw;
-                   });
+      wsize += size_t(p.groups * cblocks * ph.nt * og * cw);
+      phases.push_back(ph);
     }
+  float* const wp = t_packed_w.get<float>(std::max<size_t>(wsize, 1));
+  for (size_t f = 0, first = 0; f < phases.size(); first += size_t(phases[f].nt), ++f) {
+    const Phase& ph = phases[f];
+    for (int64_t g = 0; g < p.groups; ++g)
+      for (int64_t cb = 0; cb < cblocks; ++cb)
+        for (int64_t k = 0; k < ph.nt; ++k)
+          for (int64_t o = 0; o < og; ++o)
+            for (int64_t j = 0; j < cw; ++j)
+              wp[ph.w_at + size_t((((g * cblocks + cb) * ph.nt + k) * og + o) * cw + j)] =
+                  w[((g * og + o) * cg + cb * cw + j) * taps + phase_taps[first + size_t(k)]];
+  }
+  // Bands of phase rows: an image's gx of one group in one task up to 256 KiB, and at least 4 tasks a thread.
+  const int64_t rmax = (p.h + p.sh - 1) / p.sh, per_image = p.n * p.groups;
+  int64_t bands = std::max<int64_t>((cg * plane * 4 + (256 << 10) - 1) / (256 << 10),
+                                    (4 * num_threads() + per_image - 1) / per_image);
+  bands = std::clamp<int64_t>(bands, 1, rmax);
+  const int64_t brows = (rmax + bands - 1) / bands;
+  bands = (rmax + brows - 1) / brows;
+  // Where gx's planes are a multiple of 2 KiB (32x32: 4 KiB puts the 16 channels of a tile's stores in one L1
+  // set), a task's band of gx (input rows sh * i0 .. sh * (i0 + brows), every channel of the group) is summed
+  // into a scratch copy first, its channels an odd number of 64-byte lines apart, then copied out: 5.6 ms
+  // against 2.9 for ResNet-20's 16-channel 32x32 layer on the Intel Xeon (avx2 set). Else in place (the copy
+  // cost the 28x28 layer 0.2 ms).
+  const bool via_band = plane % 512 == 0;
+  const int64_t band_len = std::min(p.h, p.sh * brows) * p.w, lines = (band_len + 15) / 16;
+  const int64_t cstride = via_band ? (lines % 2 == 0 ? lines + 1 : lines) * 16 : plane;
+  parallel_for(0, per_image * bands, 1, [&](int64_t b0, int64_t b1) {
+    const float* px[kDirectMaxTaps * isa::kDirectOcMaxPixels];
+    float* py[isa::kDirectOcMaxPixels];
+    float* const band = via_band ? t_grad_band.get<float>(size_t(cg * cstride)) : nullptr;
+    for (int64_t task = b0; task < b1; ++task) {
+      const int64_t ng = task / bands, n = ng / p.groups, g = ng % p.groups, i0 = task % bands * brows;
+      const int64_t first = p.sh * i0 * p.w, len = std::min(p.h, p.sh * (i0 + brows)) * p.w - first;
+      const float* gyn = gy + (n * p.o + g * og) * ohw;
+      float* const gxn = gx + (n * p.c + g * cg) * plane + first;
+      float* const out = via_band ? band : gxn;  // this task's pixels from `first` on, channels cstride apart
+      for (const Phase& ph : phases) {
+        const int64_t l0 = i0 * ph.cols, l1 = std::min(i0 + brows, ph.rows) * ph.cols;
+        if (ph.nt == 0) {  // no tap reaches these pixels: their gradient is 0
+          for (int64_t c = 0; c < cg; ++c)
+            for (int64_t l = l0; l < l1; ++l) out[c * cstride + out_at[ph.out_at + size_t(l)] - first] = 0.0f;
+          continue;
+        }
+        for (int64_t q0 = l0; q0 < l1; q0 += kp) {
+          const int pixels = int(std::min(kp, l1 - q0));
+          for (int64_t i = 0; i < kp; ++i) {
+            const int64_t l = q0 + std::min<int64_t>(i, pixels - 1);
+            const int32_t* at = in_at.data() + ph.at_at + size_t(l * ph.nt);
+            for (int64_t k = 0; k < ph.nt; ++k) px[k * kp + i] = at[k] >= 0 ? gyn + at[k] : zeros;
+            py[i] = out + (out_at[ph.out_at + size_t(l)] - first);
+          }
+          for (int64_t cb = 0; cb < cblocks; ++cb) {
+            float* pyb[isa::kDirectOcMaxPixels];
+            for (int64_t i = 0; i < kp; ++i) pyb[i] = py[i] + cb * cw * cstride;
+            leaf.fn(og, ph.nt, ohw, px, wp + ph.w_at + size_t((g * cblocks + cb) * ph.nt * og * cw), pyb, cstride,
+                    pixels);
+          }
+        }
+      }
+      if (via_band)
+        for (int64_t c = 0; c < cg; ++c) std::memcpy(gxn + c * plane, band + c * cstride, size_t(len) * sizeof(float));
+    }
+  });
 }
 
 // The weight gradient of the same convolutions: gw[o, c, t] = sum over images n and output pixels q of
 // gy[n, o, q] * x[n, c, q + shift(t)] (masked as above). Both operands are read in place, 16 pixels to a
-// vector: a register tile of R output channels x P (c, t) pairs (the kernel set's: 8 x 3 for AVX-512, 6 x 4
-// for AVX2) keeps R * P lane-wise sums, fed per pixel vector by R loads of gy and P masked loads of x.
+// vector: a register tile of R output channels x P (c, t) pairs (8 x 3 in both kernel sets, AVX2 in two
+// passes of 4 rows) keeps R * P lane-wise sums, fed per pixel vector by R loads of gy and P masked loads of x.
 // Images go in fixed chunks of S (S * OH * OW ~ 4096: a chunk's x and gy stay in L2, and each tile's
 // lanes are folded once per 4096 pixels, not per image); each task (chunk, R channels, P pairs) folds its
 // lanes into one partial per weight, and the chunks' partials are added in chunk order: no result depends
@@ -464,7 +521,7 @@ bool phases_fit(const Conv2dParams& p) {
 // 14x14 -> 7x7 layer: 2.5 ms against 3.2) and level under AVX-512.
 // The phase copy is capped as the im2col buffer is (kMaxColElems, 32 MiB; ResNet-50's 56 -> 28 layer at
 // batch 256 would need 411 MB): above it, im2col + GEMM. A kernel set may send small output planes to
-// im2col + GEMM whatever the stride (ConvLeaves::wgrad_min_plane: the avx2 set's 7x7 and 8x8).
+// im2col + GEMM whatever the stride (ConvLeaves::wgrad_min_plane: the avx2 set's 7x7).
 bool direct_wgrad_applies(const isa::ConvLeaves& L, const Conv2dParams& p) {
   if (p.oh * p.ow < L.wgrad_min_plane) return false;
   if (direct_conv_applies(p)) return true;

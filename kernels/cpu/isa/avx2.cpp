@@ -3,6 +3,8 @@
 // avx2_leaves() has internal linkage (leaves.h says why).
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include <math.h>
 
 #include <cmath>
@@ -267,66 +269,90 @@ float lane_total(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Passes of kR rows x 4 pairs over the 6 rows, each reading its rows of gy and all 4 pairs of x over
-// the images' pixels, 8 at a time. kPlain (every x address read lies inside x's buffer): whole-vector
-// loads of x cleared by the tap masks, 2 passes of 3 rows (12 sums, 3 of gy, 1 of x: all 16 ymm
-// registers, the masks read as memory operands); else masked loads, whose masks need a register: 3
-// passes of 2 rows. Each sum runs over images and vectors in order either way: the same bits.
+// Passes of kR rows x kWgradPairsAvx2 (3) pairs over the 8 rows, each reading its rows of gy and all 3 pairs
+// of x over the images' pixels, 8 at a time. kPlain (every x address read lies inside x's buffer): whole-
+// vector loads of x cleared by the tap masks, 2 passes of 4 rows (12 sums, 4 of gy, 1 of x: 17 ymm values, one
+// gy row reloaded); else masked loads, whose masks need a register: 4 passes of 2 rows. 8 rows x 3 pairs leave
+// no idle rows or pairs on 16, 32 and 64 channels of 3x3 taps (6 x 4 computed 18 rows for 16). The pixels go
+// in blocks of about 512 (whole images where a plane is smaller), every pass over one block before the next,
+// so the passes after the first read x from L1, not L2; the sums wait in memory between blocks. Each sum
+// runs over images and vectors in order either way: the same bits.
+constexpr int kWgradRowsAvx2 = 8, kWgradPairsAvx2 = 3;
 template <int kR, bool kPlain> void wgrad_passes(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
                                                  int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
                                                  const int64_t* xoff, const void* const* xmask, const void* plane_mask,
                                                  float* sums) {
-  static_assert(6 % kR == 0, "whole passes");
+  constexpr int R = kWgradRowsAvx2, P = kWgradPairsAvx2;
+  static_assert(R % kR == 0, "whole passes");
+  constexpr int64_t kBlockSteps = 64;       // 8-pixel steps of a block
   const int64_t half_vecs = (ohw + 7) / 8;  // 8-lane vectors with a pixel in the plane (of the 2 * vecs)
-  for (int pass = 0; pass < 6 / kR; ++pass) {
-    __m256 acc[kR][4];
-#pragma GCC unroll 3
-    for (int r = 0; r < kR; ++r)
+  const int64_t block_images = half_vecs >= kBlockSteps ? 1 : kBlockSteps / half_vecs;
+  const int64_t block_steps = block_images > 1 ? half_vecs : kBlockSteps;
+  __m256 keep[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < P; ++j) keep[r][j] = _mm256_setzero_ps();
+  for (int64_t n0 = 0; n0 < images; n0 += block_images) {
+    const int64_t n1 = n0 + block_images < images ? n0 + block_images : images;
+    for (int64_t h0 = 0; h0 < half_vecs; h0 += block_steps) {
+      const int64_t h1 = h0 + block_steps < half_vecs ? h0 + block_steps : half_vecs;
+      for (int pass = 0; pass < R / kR; ++pass) {
+        __m256 acc[kR][P];
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
-    const float* gyn = gy;
-    const float* xn = x;
-    for (int64_t n = 0; n < images; ++n, gyn += gy_image, xn += x_image) {
-      const float* g[kR];
+        for (int r = 0; r < kR; ++r)
 #pragma GCC unroll 3
-      for (int r = 0; r < kR; ++r) g[r] = gyn + orow[kR * pass + r] * ohw;
-      const float* xs[4] = {xn + xoff[0], xn + xoff[1], xn + xoff[2], xn + xoff[3]};
-      for (int64_t h = 0; h < half_vecs; ++h) {
-        const int64_t o = 8 * h;
-        // gy past the plane (the last group's tail) is masked; x by each pair's tap masks.
-        __m256 gv[kR];
-        if (o + 8 <= ohw) {
+          for (int j = 0; j < P; ++j) acc[r][j] = keep[kR * pass + r][j];
+        const float* gyn = gy + n0 * gy_image;
+        const float* xn = x + n0 * x_image;
+        for (int64_t n = n0; n < n1; ++n, gyn += gy_image, xn += x_image) {
+          const float* g[kR];
+#pragma GCC unroll 4
+          for (int r = 0; r < kR; ++r) g[r] = gyn + orow[kR * pass + r] * ohw;
+          const float* xs[P];
 #pragma GCC unroll 3
-          for (int r = 0; r < kR; ++r) gv[r] = _mm256_loadu_ps(g[r] + o);
-        } else {
-          const __m256i pm = mask_at(plane_mask, h);
+          for (int j = 0; j < P; ++j) xs[j] = xn + xoff[j];
+          // x by each pair's tap masks; gy past the plane (the last group's tail) masked. The 3 x vectors stay
+          // in registers and the gy rows come one at a time: 12 sums + 3 + 1, all 16 ymm registers.
+          auto step = [&](int64_t h, auto whole) {
+            const int64_t o = 8 * h;
+            __m256 xv[P];
 #pragma GCC unroll 3
-          for (int r = 0; r < kR; ++r) gv[r] = _mm256_maskload_ps(g[r] + o, pm);
+            for (int j = 0; j < P; ++j) {
+              if constexpr (kPlain)
+                xv[j] = _mm256_and_ps(_mm256_loadu_ps(xs[j] + o), _mm256_castsi256_ps(mask_at(xmask[j], h)));
+              else
+                xv[j] = _mm256_maskload_ps(xs[j] + o, mask_at(xmask[j], h));
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < kR; ++r) {
+              __m256 gv;
+              if constexpr (decltype(whole)::value)
+                gv = _mm256_loadu_ps(g[r] + o);
+              else
+                gv = _mm256_maskload_ps(g[r] + o, mask_at(plane_mask, h));
+#pragma GCC unroll 3
+              for (int j = 0; j < P; ++j) acc[r][j] = _mm256_fmadd_ps(gv, xv[j], acc[r][j]);
+            }
+          };
+          const int64_t hw = h1 < ohw / 8 ? h1 : ohw / 8;  // the vectors inside the plane
+          for (int64_t h = h0; h < hw; ++h) step(h, std::true_type{});
+          for (int64_t h = hw > h0 ? hw : h0; h < h1; ++h) step(h, std::false_type{});
         }
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) {
-          __m256 xv;
-          if constexpr (kPlain)
-            xv = _mm256_and_ps(_mm256_loadu_ps(xs[j] + o), _mm256_castsi256_ps(mask_at(xmask[j], h)));
-          else
-            xv = _mm256_maskload_ps(xs[j] + o, mask_at(xmask[j], h));
+        for (int r = 0; r < kR; ++r)
 #pragma GCC unroll 3
-          for (int r = 0; r < kR; ++r) acc[r][j] = _mm256_fmadd_ps(gv[r], xv, acc[r][j]);
-        }
+          for (int j = 0; j < P; ++j) keep[kR * pass + r][j] = acc[r][j];
       }
     }
-#pragma GCC unroll 3
-    for (int r = 0; r < kR; ++r)
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) sums[(kR * pass + r) * 4 + j] = lane_total(acc[r][j]);
   }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < P; ++j) sums[r * P + j] = lane_total(keep[r][j]);
 }
 __attribute__((noinline)) void wgrad_tile(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
                                           int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
                                           const int64_t* xoff, const void* const* xmask, const void* plane_mask,
                                           float* sums, bool inside) {
   if (inside)
-    wgrad_passes<3, true>(gy, gy_image, x, x_image, images, vecs, ohw, orow, xoff, xmask, plane_mask, sums);
+    wgrad_passes<4, true>(gy, gy_image, x, x_image, images, vecs, ohw, orow, xoff, xmask, plane_mask, sums);
   else
     wgrad_passes<2, false>(gy, gy_image, x, x_image, images, vecs, ohw, orow, xoff, xmask, plane_mask, sums);
 }
@@ -347,14 +373,13 @@ Leaves make() {
   l.conv.direct[4] = direct_block<5>;
   l.conv.direct[5] = direct_block<6>;
   l.conv.direct_oc[0] = {16, 6, direct_oc_tile<2, 6>};
-  l.conv.wgrad_rows = 6;
-  l.conv.wgrad_pairs = 4;
+  l.conv.wgrad_rows = kWgradRowsAvx2;
+  l.conv.wgrad_pairs = kWgradPairsAvx2;
   l.conv.wgrad_tile = wgrad_tile;
-  // 7x7 and 8x8 planes (ResNet-20's last stage, 64 channels, batch 128) by im2col + GEMM: on an Intel Xeon
-  // (Sapphire Rapids) under this set the 7x7 layer took 5.9 ms direct against 3.9 by GEMM, the strided
-  // 16x16 -> 8x8 one 3.7-4.0 against 2.8-3.1 (ahead on the AMD EPYC too: 3.1 against 3.3), the stride-1 8x8
-  // one level; 14x14 and 16x16 planes stay direct (level, or direct ahead). The avx512 set: level on both.
-  l.conv.wgrad_min_plane = 65;
+  // 7x7 planes (ResNet-20's last stage at 28x28, 64 channels, batch 128) by im2col + GEMM: on an Intel Xeon
+  // (Sapphire Rapids) under this set the 7x7 layer took 4.5 ms direct against 3.9 by GEMM. 8x8 planes stay
+  // direct: the stride-1 8x8 layer 4.0 against 4.8, the strided 16x16 -> 8x8 one 3.1-3.3 against 2.9-3.0.
+  l.conv.wgrad_min_plane = 64;
   // K blocks of 256: a 256 x 16 panel of B is 16 KiB, half of Zen 2/3's and Haswell's 32 KiB L1.
   l.f32 = gemm_leaves<F32>(256, 384);
   l.f64 = gemm_leaves<F64>(256, 384);

@@ -82,7 +82,7 @@ struct ConvLeaves {
     void (*fn)(int64_t cg, int64_t taps, int64_t plane, const float* const* px, const float* w, float* const* y,
                int64_t ldy, int pixels) = nullptr;
   };
-  DirectOc direct_oc[2];  // the widest first
+  DirectOc direct_oc[3];  // the widest first
   // wgrad_rows x wgrad_pairs sums (sums[r * wgrad_pairs + j]) over images and 16-pixel groups of gy row
   // orow[r] times x pair j (see conv.cpp's direct_conv_wgrad); xmask[j] and plane_mask: `vecs` expanded
   // masks each. inside: as for direct, every x[n * x_image + xoff[j] + l], l < 16 * vecs, lies in x's buffer.
