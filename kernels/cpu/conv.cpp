@@ -520,10 +520,8 @@ bool phases_fit(const Conv2dParams& p) {
 // phase planes would also need packing, and there im2col + GEMM measured faster under AVX2 (ResNet-20's
 // 14x14 -> 7x7 layer: 2.5 ms against 3.2) and level under AVX-512.
 // The phase copy is capped as the im2col buffer is (kMaxColElems, 32 MiB; ResNet-50's 56 -> 28 layer at
-// batch 256 would need 411 MB): above it, im2col + GEMM. A kernel set may send small output planes to
-// im2col + GEMM whatever the stride (ConvLeaves::wgrad_min_plane: the avx2 set's 7x7).
-bool direct_wgrad_applies(const isa::ConvLeaves& L, const Conv2dParams& p) {
-  if (p.oh * p.ow < L.wgrad_min_plane) return false;
+// batch 256 would need 411 MB): above it, im2col + GEMM.
+bool direct_wgrad_applies(const Conv2dParams& p) {
   if (direct_conv_applies(p)) return true;
   const int64_t taps = p.kh * p.kw, ohw = p.oh * p.ow;
   return p.dh == 1 && p.dw == 1 && (p.sh > 1 || p.sw > 1) && p.sh <= 4 && p.sw <= 4 && taps > 1 &&
@@ -568,9 +566,14 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
     });
     x = xp;
   }
-  // S * OH * OW ~ 4096, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats.
-  constexpr int64_t kMaxWgradChunks = 128;
+  // S * OH * OW ~ 4096, with a chunk's x (or its phase planes) and gy within 256 KiB, but at most
+  // kMaxWgradChunks chunks: their partials take chunks x |w| floats. Without the byte cap a 7x7 chunk was 83
+  // images (2 MiB), and on the Intel Xeon under avx2 the 7x7 layer took 4.6 ms against 3.3, the 14x14 one
+  // 3.9 against 3.6, the strided 28x28 -> 14x14 one (x as 64 phase planes) 3.1 against 2.6 (the 28x28
+  // layer's 5 images, 490 KiB, to 2: level); avx512 level or a little ahead.
+  constexpr int64_t kMaxWgradChunks = 128, kWgradChunkBytes = 256 << 10;
   int64_t s = 4 * kTargetCols / std::max<int64_t>(ohw, 1);
+  s = std::min(s, std::max<int64_t>(1, kWgradChunkBytes / (4 * std::max<int64_t>(ohw, 1) * (xc + p.o))));
   s = std::max(s, (p.n + kMaxWgradChunks - 1) / kMaxWgradChunks);
   s = std::clamp<int64_t>(s, 1, std::max<int64_t>(p.n, 1));
   const int R = L.wgrad_rows, P = L.wgrad_pairs;
@@ -798,7 +801,7 @@ void backward_typed(const Conv2dParams& p, const T* x, const T* w, const T* gy, 
         input_grad_oc(*oc, p, w, gy, gx);
         gx = nullptr;
       }
-    if (gw && leaves && direct_wgrad_applies(*leaves, p)) {
+    if (gw && leaves && direct_wgrad_applies(p)) {
       direct_conv_wgrad(*leaves, p, x, gy, gw);
       gw = nullptr;
     }

@@ -376,10 +376,6 @@ Leaves make() {
   l.conv.wgrad_rows = kWgradRowsAvx2;
   l.conv.wgrad_pairs = kWgradPairsAvx2;
   l.conv.wgrad_tile = wgrad_tile;
-  // 7x7 planes (ResNet-20's last stage at 28x28, 64 channels, batch 128) by im2col + GEMM: on an Intel Xeon
-  // (Sapphire Rapids) under this set the 7x7 layer took 4.5 ms direct against 3.9 by GEMM. 8x8 planes stay
-  // direct: the stride-1 8x8 layer 4.0 against 4.8, the strided 16x16 -> 8x8 one 3.1-3.3 against 2.9-3.0.
-  l.conv.wgrad_min_plane = 64;
   // K blocks of 256: a 256 x 16 panel of B is 16 KiB, half of Zen 2/3's and Haswell's 32 KiB L1.
   l.f32 = gemm_leaves<F32>(256, 384);
   l.f64 = gemm_leaves<F64>(256, 384);

@@ -87,8 +87,6 @@ struct ConvLeaves {
   // orow[r] times x pair j (see conv.cpp's direct_conv_wgrad); xmask[j] and plane_mask: `vecs` expanded
   // masks each. inside: as for direct, every x[n * x_image + xoff[j] + l], l < 16 * vecs, lies in x's buffer.
   int wgrad_rows, wgrad_pairs;  // at most kWgradMaxRows and kWgradMaxPairs
-  // Output planes of fewer pixels than this take im2col + GEMM for the weight gradient instead (0: none).
-  int64_t wgrad_min_plane = 0;
   void (*wgrad_tile)(const float* gy, int64_t gy_image, const float* x, int64_t x_image, int64_t images, int64_t vecs,
                      int64_t ohw, const int64_t* orow, const int64_t* xoff, const void* const* xmask,
                      const void* plane_mask, float* sums, bool inside);
