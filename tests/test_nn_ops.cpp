@@ -134,7 +134,7 @@ TEST_CASE("nn: conv2d f32 forward and gradients match f64 on every CPU path") {
        {1, 1},
        {1, 1},
        2},
-      {"7x7 weight gradient packed in 2 chunks, the last short",
+      {"7x7 weight gradient packed in chunks, the last short",
        {100, 16, 7, 7},
        {16, 16, 3, 3},
        {1, 1},

@@ -521,11 +521,18 @@ bool phases_fit(const Conv2dParams& p) {
 // 14x14 -> 7x7 layer: 2.5 ms against 3.2) and level under AVX-512.
 // The phase copy is capped as the im2col buffer is (kMaxColElems, 32 MiB; ResNet-50's 56 -> 28 layer at
 // batch 256 would need 411 MB): above it, im2col + GEMM.
+// A chunk of images holds about 4096 output pixels, with its x (or its phase planes) and gy within
+// kWgradChunkBytes as long as it still spans kWgradMinPixels (see direct_conv_wgrad). Stride-1 planes that
+// leave over a tenth of their vectors idle (7x7) are packed across a chunk's images; where even
+// kWgradMinPixels of them outgrow twice that budget (ResNet-50's 512-channel 7x7 layer at 512 pixels: 2 MiB)
+// im2col + GEMM is faster: 11 ms against 17 under avx2, 7-11 against 13 under avx512 on the Intel Xeon.
+constexpr int64_t kWgradChunkBytes = 256 << 10, kWgradMinPixels = 512;
+bool wastes_vectors(int64_t ohw) { return (ohw + 15) / 16 * 16 * 9 > ohw * 10; }
 bool direct_wgrad_applies(const Conv2dParams& p) {
-  if (direct_conv_applies(p)) return true;
   const int64_t taps = p.kh * p.kw, ohw = p.oh * p.ow;
+  if (direct_conv_applies(p)) return !wastes_vectors(ohw) || kWgradMinPixels * 4 * (p.c + p.o) <= 2 * kWgradChunkBytes;
   return p.dh == 1 && p.dw == 1 && (p.sh > 1 || p.sw > 1) && p.sh <= 4 && p.sw <= 4 && taps > 1 &&
-         taps <= kDirectMaxTaps && (ohw + 15) / 16 * 16 * 9 <= ohw * 10 && phases_fit(p) &&
+         taps <= kDirectMaxTaps && !wastes_vectors(ohw) && phases_fit(p) &&
          p.n * p.c * p.sh * p.sw * ohw <= kMaxColElems;
 }
 
@@ -566,14 +573,17 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
     });
     x = xp;
   }
-  // S * OH * OW ~ 4096, with a chunk's x (or its phase planes) and gy within 256 KiB, but at most
-  // kMaxWgradChunks chunks: their partials take chunks x |w| floats. Without the byte cap a 7x7 chunk was 83
-  // images (2 MiB), and on the Intel Xeon under avx2 the 7x7 layer took 4.6 ms against 3.3, the 14x14 one
-  // 3.9 against 3.6, the strided 28x28 -> 14x14 one (x as 64 phase planes) 3.1 against 2.6 (the 28x28
-  // layer's 5 images, 490 KiB, to 2: level); avx512 level or a little ahead.
-  constexpr int64_t kMaxWgradChunks = 128, kWgradChunkBytes = 256 << 10;
-  int64_t s = 4 * kTargetCols / std::max<int64_t>(ohw, 1);
-  s = std::min(s, std::max<int64_t>(1, kWgradChunkBytes / (4 * std::max<int64_t>(ohw, 1) * (xc + p.o))));
+  // S * OH * OW ~ 4096, with a chunk's x (or its phase planes) and gy within 256 KiB as long as it still
+  // spans 512 pixels, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats. Without
+  // the byte cap a 7x7 chunk was 83 images (2 MiB), and on the Intel Xeon under avx2 the 7x7 layer took 4.6
+  // ms against 3.3, the 14x14 one 3.9 against 3.6, the strided 28x28 -> 14x14 one (x as 64 phase planes)
+  // 3.1 against 2.6 (the 28x28 layer's 5 images, 490 KiB, to 2: level); avx512 level or a little ahead.
+  // Without the floor, ResNet-50's 512-channel 7x7 layer went image by image, each task a 49-pixel sliver
+  // (5x slower).
+  constexpr int64_t kMaxWgradChunks = 128;
+  const int64_t ohw1 = std::max<int64_t>(ohw, 1);
+  int64_t s = 4 * kTargetCols / ohw1;
+  s = std::min(s, std::max(kWgradChunkBytes / (4 * ohw1 * (xc + p.o)), (kWgradMinPixels + ohw1 - 1) / ohw1));
   s = std::max(s, (p.n + kMaxWgradChunks - 1) / kMaxWgradChunks);
   s = std::clamp<int64_t>(s, 1, std::max<int64_t>(p.n, 1));
   const int R = L.wgrad_rows, P = L.wgrad_pairs;
@@ -585,7 +595,7 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
   // image whose taps are masked at the images' edges as at the plane's: every lane of a vector works.
   // Packing costs a copy of x and gy: worth it where over a tenth of the lanes would idle (7x7: 15 of 64;
   // not 14x14: 12 of 208).
-  const bool packed = (ohw + 15) / 16 * 16 * 9 > ohw * 10 && s > 1 && p.oh == xh && p.ow == xw;
+  const bool packed = wastes_vectors(ohw) && s > 1 && p.oh == xh && p.ow == xw;
   const int64_t span = packed ? s * ohw : ohw, vecs = (span + 15) / 16, row = 16 * vecs;
   int64_t reach = 0;  // the largest |shift| of a tap
   for (int64_t t = 0; t < taps; ++t) reach = std::max(reach, std::abs(shift_of(t)));
