@@ -778,12 +778,20 @@ template <typename T> void forward_typed(const Conv2dParams& p, const T* x, cons
 // w'[g*Cg + c, o, ki, kj] = w[g*Og + o, c, KH-1-ki, KW-1-kj], padding K-1-P (negative when P >= K).
 template <typename T> void input_grad_as_conv(const Conv2dParams& p, const T* w, const T* gy, T* gx) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, kk = p.kh * p.kw;
+  // A transpose of [Og, Cg] per group: by 16 x 16 blocks, so that reads and writes each stay on 16 lines (row by
+  // row, ResNet-50's 1x1 layers wrote every float to its own line: 0.6 ms of a 4.5 ms input gradient).
   std::vector<T> wf(size_t(p.c * og * kk));
-  for (int64_t g = 0; g < p.groups; ++g)
-    for (int64_t o = 0; o < og; ++o)
-      for (int64_t c = 0; c < cg; ++c)
-        for (int64_t t = 0; t < kk; ++t)
-          wf[size_t(((g * cg + c) * og + o) * kk + t)] = w[((g * og + o) * cg + c) * kk + (kk - 1 - t)];
+  constexpr int64_t kB = 16;
+  const int64_t oblocks = (og + kB - 1) / kB, cblocks = (cg + kB - 1) / kB;
+  parallel_for(0, p.groups * oblocks * cblocks, 4, [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      const int64_t g = blk / (oblocks * cblocks), o0 = blk / cblocks % oblocks * kB, c0 = blk % cblocks * kB;
+      for (int64_t c = c0; c < std::min(cg, c0 + kB); ++c)
+        for (int64_t o = o0; o < std::min(og, o0 + kB); ++o)
+          for (int64_t t = 0; t < kk; ++t)
+            wf[size_t(((g * cg + c) * og + o) * kk + t)] = w[((g * og + o) * cg + c) * kk + (kk - 1 - t)];
+    }
+  });
   Conv2dParams q = p;
   q.c = p.o;
   q.h = p.oh;
