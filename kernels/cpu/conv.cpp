@@ -264,8 +264,11 @@ void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x
       const int64_t first = (n * p.c + g * cg) * plane + p0 + lo_shift;
       const int64_t last = (n * p.c + g * cg + cg - 1) * plane + p0 + 64 + hi_shift;
       const bool inside = first >= 0 && last <= x_size;
-      for (int64_t o = o_begin; o < o_end; o += 6) {
-        const int64_t rows = std::min<int64_t>(6, o_end - o);
+      for (int64_t o = o_begin, rows = 0; o < o_end; o += rows) {
+        // 6 rows at a time, the last 7..11 split in two: a 2-row tile has 4 chains of FMAs, too few to hide
+        // their latency (32 channels as 6 x 5 + 2 left one at half speed).
+        const int64_t left = o_end - o;
+        rows = left <= 6 ? left : left < 12 ? (left + 1) / 2 : 6;
         L.direct[rows - 1](xg, plane, cg, wg + o * wstride, wstride, taps, shift, masks, yg + o * ohw, ohw, store,
                            inside);
       }
