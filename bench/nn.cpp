@@ -117,30 +117,47 @@ int main(int argc, char** argv) {
 
   std::printf("\nmemory-bound ops, forward + backward (f32)\n");
   std::printf("%-28s %-22s %10s %10s\n", "op", "shape", "ms", "GB/s");
+  enum class MemOp { layer_norm, softmax, bn_relu, bn_add_relu };
   struct Mem {
     const char* name;
+    MemOp op;
     Shape shape;
   };
-  std::vector<Mem> mems = {{"layer_norm (BERT-base)", {4096, 768}}, {"softmax (attention)", {8 * 12 * 128, 128}},
-                           {"layer_norm (BERT-large)", {4096, 1024}}};
+  // Batch norm + ReLU, and with ResNet's shortcut added before the ReLU, on ResNet-20's first stage (one op,
+  // batch_norm_relu: see kernels/cpu/batch_norm.cpp).
+  std::vector<Mem> mems = {{"layer_norm (BERT-base)", MemOp::layer_norm, {4096, 768}},
+                           {"softmax (attention)", MemOp::softmax, {8 * 12 * 128, 128}},
+                           {"layer_norm (BERT-large)", MemOp::layer_norm, {4096, 1024}},
+                           {"batch_norm_relu (ResNet-20)", MemOp::bn_relu, {128, 16, 32, 32}},
+                           {"bn + add + relu (ResNet-20)", MemOp::bn_add_relu, {128, 16, 32, 32}}};
   if (quick) mems.resize(1);
   for (const Mem& m : mems) {
     if (!wanted(m.name)) continue;
-    const bool ln = std::string(m.name).rfind("layer_norm", 0) == 0;
+    const bool bn = m.op == MemOp::bn_relu || m.op == MemOp::bn_add_relu, shortcut = m.op == MemOp::bn_add_relu;
     Tensor x = randn(m.shape).set_requires_grad();
-    const int64_t d = m.shape.back();
+    const int64_t d = bn ? m.shape[1] : m.shape.back();
     Tensor g = ones({d}).set_requires_grad(), b = zeros({d}).set_requires_grad();
+    Tensor res = shortcut ? randn(m.shape).set_requires_grad() : Tensor();
+    const Tensor rm = zeros({d}), rv = ones({d});
     const Tensor gy = randn(m.shape);
     const double ms = median_ms([&] {
       x.set_grad(Tensor());
-      Tensor y = ln ? layer_norm(x, {d}, g, b) : softmax(x, -1);
+      if (shortcut) res.set_grad(Tensor());
+      Tensor y = m.op == MemOp::layer_norm ? layer_norm(x, {d}, g, b)
+                 : bn                      ? batch_norm_relu(x, rm, rv, g, b, true, 0.1, 1e-5, res)
+                                           : softmax(x, -1);
       y.backward(gy);
     }, reps * 2);
     // Bytes the fused kernels must move: forward reads x, writes y; backward reads x (or y) and gy, writes gx.
-    const double bytes = double(x.numel()) * 4.0 * 5.0;
+    // Batch norm + ReLU: backward reads x, y and gy; the shortcut adds its read and its gradient's write.
+    const double bytes = double(x.numel()) * 4.0 * (bn ? (shortcut ? 8.0 : 6.0) : 5.0);
     const double gbs = bytes / (ms * 1e-3) / 1e9;
     std::printf("%-28s %-22s %10.3f %10.1f\n", m.name, Tensor(x).type_str().c_str(), ms, gbs);
-    rows.push_back({{"op", ln ? "layer_norm" : "softmax"}, {"name", m.name}, {"shape", m.shape}, {"ms", ms}, {"gbps", gbs}});
+    const char* op = m.op == MemOp::layer_norm ? "layer_norm"
+                     : m.op == MemOp::softmax  ? "softmax"
+                     : shortcut                ? "bn_add_relu"
+                                               : "batch_norm_relu";
+    rows.push_back({{"op", op}, {"name", m.name}, {"shape", m.shape}, {"ms", ms}, {"gbps", gbs}});
   }
   // The plain loops of the kernel set (kernels/cpu/isa/loops.inc) at BERT-tiny's sizes: an elementwise add of
   // its embedding gradient, the dropout mask of its attention probabilities, its AdamW step.
