@@ -184,12 +184,12 @@ void pack_im2col(const void* ctx, int64_t pc, int64_t kc, int64_t j0, int64_t nc
 // The GEMM's B operand is loaded straight from the image: nothing is packed.
 //
 // A task is one image, one tile of 64 output pixels (4 vectors) and up to 48 output channels of one
-// group (so even one image spreads over the threads). It computes its channels 6 at a time (register
-// tile 6 x 4 vectors, as in the GEMM): for each input channel and tap t, 4 masked loads of x (the tap's masks precomputed per tile) and 6 broadcasts of w[o, c, t] feed
-// 24 FMAs. Sums run over (c, ki, kj) in order, as the im2col GEMM's K does: results do not depend on
-// threads. Channel-outer order keeps the taps of one channel on the same few lines of x (a tap-outer
-// order strides by whole planes, and 4 KiB planes thrash L1's sets); the tile's slice of x
-// (Cg planes x ~(64 + 2W) floats) stays in L1/L2 across the channel blocks.
+// group (so even one image spreads over the threads). It computes its channels 6 at a time, the last 7..11
+// in two tiles (register tile 6 x 4 vectors, as in the GEMM): for each input channel and tap t, 4 masked loads of x
+// (the tap's masks precomputed per tile) and 6 broadcasts of w[o, c, t] feed 24 FMAs. Sums run over (c, ki, kj) in
+// order, as the im2col GEMM's K does: results do not depend on threads. Channel-outer order keeps the taps of one
+// channel on the same few lines of x (a tap-outer order strides by whole planes, and 4 KiB planes thrash L1's sets);
+// the tile's slice of x (Cg planes x ~(64 + 2W) floats) stays in L1/L2 across the channel blocks.
 using isa::kDirectMaxTaps;
 
 bool direct_conv_applies(const Conv2dParams& p) {
@@ -231,7 +231,7 @@ std::vector<TileMasks> tile_masks(const Conv2dParams& p) {
 // Input offset of tap t relative to the output pixel: (ki - ph) * W + (kj - pw).
 int64_t tap_shift(const Conv2dParams& p, int64_t t) { return (t / p.kw - p.ph) * p.w + (t % p.kw - p.pw); }
 
-// y = conv(x, w) (no bias) for every image and group, by the direct leaves (6 output channels at a time).
+// y = conv(x, w) (no bias) for every image and group, by the direct leaves (up to 6 output channels at a time).
 void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x, const float* w, float* y) {
   const int64_t cg = p.c / p.groups, og = p.o / p.groups, taps = p.kh * p.kw, plane = p.h * p.w;
   const int64_t ohw = p.oh * p.ow, tiles = (ohw + 63) / 64, wstride = cg * taps;
@@ -376,8 +376,8 @@ void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p
 // 1, 2, 2 and 4 taps, 9/4 on average where the im2col path multiplies all 9. So the pixels go phase by
 // phase, each phase with its own packed filter taps, vectors across the input channels and the sums over
 // (tap, output channel); a tap whose (oh, ow) falls outside gy reads the zero buffer, and a phase no tap
-// reaches (a 1x1 stride-2 filter's odd pixels) is zeroed. A task is one image (or a band of its rows) and
-// runs every phase over it, so its part of gx, written a phase at a time in strided stores, stays in L2
+// reaches (a 1x1 stride-2 filter's odd pixels) is zeroed. A task is one image's group (or a band of its
+// rows) and runs every phase over it, so its part of gx, written a phase at a time in strided stores, stays in L2
 // (phase-major over the whole batch wrote each line of gx four times from memory: ResNet-20's 16-channel
 // 28x28 layer took 3.2 ms on the Intel Xeon, avx2 set).
 const isa::ConvLeaves::DirectOc* input_grad_oc_leaf(const isa::ConvLeaves& L, const Conv2dParams& p) {
@@ -440,6 +440,7 @@ void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p,
   }
   // Bands of phase rows: an image's gx of one group in one task up to 256 KiB, and at least 4 tasks a thread.
   const int64_t rmax = (p.h + p.sh - 1) / p.sh, per_image = p.n * p.groups;
+  if (per_image == 0) return;
   int64_t bands = std::max<int64_t>((cg * plane * 4 + (256 << 10) - 1) / (256 << 10),
                                     (4 * num_threads() + per_image - 1) / per_image);
   bands = std::clamp<int64_t>(bands, 1, rmax);
@@ -494,10 +495,11 @@ void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p,
 
 // The weight gradient of the same convolutions: gw[o, c, t] = sum over images n and output pixels q of
 // gy[n, o, q] * x[n, c, q + shift(t)] (masked as above). Both operands are read in place, 16 pixels to a
-// vector: a register tile of R output channels x P (c, t) pairs (8 x 3 in both kernel sets, AVX2 in two
-// passes of 4 rows) keeps R * P lane-wise sums, fed per pixel vector by R loads of gy and P masked loads of x.
-// Images go in fixed chunks of S (S * OH * OW ~ 4096: a chunk's x and gy stay in L2, and each tile's
-// lanes are folded once per 4096 pixels, not per image); each task (chunk, R channels, P pairs) folds its
+// vector: a register tile of R output channels x P (c, t) pairs (8 x 3 in both kernel sets, the AVX2 set's
+// in passes of 4 or 2 rows) keeps R * P lane-wise sums, fed per pixel vector by R loads
+// of gy and P masked loads of x. Images go in fixed chunks of S (S * OH * OW ~ 4096, fewer where their x
+// and gy would outgrow 256 KiB: a chunk stays in L2, and each tile's lanes are folded once per chunk, not
+// per image); each task (chunk, R channels, P pairs) folds its
 // lanes into one partial per weight, and the chunks' partials are added in chunk order: no result depends
 // on threads.
 //

@@ -271,12 +271,12 @@ float lane_total(__m256 v) {
 
 // Passes of kR rows x kWgradPairsAvx2 (3) pairs over the 8 rows, each reading its rows of gy and all 3 pairs
 // of x over the images' pixels, 8 at a time. kPlain (every x address read lies inside x's buffer): whole-
-// vector loads of x cleared by the tap masks, 2 passes of 4 rows (12 sums, 4 of gy, 1 of x: 17 ymm values, one
-// gy row reloaded); else masked loads, whose masks need a register: 4 passes of 2 rows. 8 rows x 3 pairs leave
-// no idle rows or pairs on 16, 32 and 64 channels of 3x3 taps (6 x 4 computed 18 rows for 16). The pixels go
-// in blocks of about 512 (whole images where a plane is smaller), every pass over one block before the next,
-// so the passes after the first read x from L1, not L2; the sums wait in memory between blocks. Each sum
-// runs over images and vectors in order either way: the same bits.
+// vector loads of x cleared by the tap masks, 2 passes of 4 rows (12 sums, the 3 x vectors held and the gy
+// rows streamed one at a time: all 16 ymm registers); else masked loads, whose masks need a register: 4 passes of 2
+// rows. 8 rows x 3 pairs leave no idle rows or pairs on 16, 32 and 64 channels of 3x3 taps (6 x 4 computed 18 rows for
+// 16). The pixels go in blocks of about 512 (whole images where a plane is smaller), every pass over one block before
+// the next, so the passes after the first read x from L1, not L2; the sums wait in memory between blocks. Each sum runs
+// over images and vectors in order either way: the same bits.
 constexpr int kWgradRowsAvx2 = 8, kWgradPairsAvx2 = 3;
 template <int kR, bool kPlain> void wgrad_passes(const float* gy, int64_t gy_image, const float* x, int64_t x_image,
                                                  int64_t images, int64_t vecs, int64_t ohw, const int64_t* orow,
