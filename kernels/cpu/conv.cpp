@@ -286,10 +286,14 @@ void direct_conv(const isa::ConvLeaves& L, const Conv2dParams& p, const float* x
 // The widest output-channel leaf whose channels divide `outputs`, with a tile's weight block (`terms` =
 // taps x summed channels, per output channel) within L2: every tile reads its block once (ResNet-20's
 // 64 x 64 x 3 x 3 is 144 KiB; ResNet-50's 512-channel 7x7 stage, 1.2 MiB a block, is left to the others).
-const isa::ConvLeaves::DirectOc* oc_leaf_for(const isa::ConvLeaves& L, int64_t outputs, int64_t terms) {
+// The forward (and stride-1 input gradient) passes forward = true and skips the leaves meant only for the
+// strided input gradient.
+const isa::ConvLeaves::DirectOc* oc_leaf_for(const isa::ConvLeaves& L, int64_t outputs, int64_t terms, bool forward) {
   constexpr int64_t kMaxBlockBytes = 192 << 10;
   for (const auto& leaf : L.direct_oc)
-    if (leaf.fn && outputs % leaf.channels == 0 && terms * leaf.channels * 4 <= kMaxBlockBytes) return &leaf;
+    if (leaf.fn && !(forward && leaf.input_grad_only) && outputs % leaf.channels == 0 &&
+        terms * leaf.channels * 4 <= kMaxBlockBytes)
+      return &leaf;
   return nullptr;
 }
 
@@ -332,7 +336,7 @@ const isa::ConvLeaves::DirectOc* direct_oc_leaf(const isa::ConvLeaves& L, const 
   if (cg < 16 || (direct_conv_applies(p) ? ohw * 10 > tiles * 64 * 9 : !strided || p.kh * p.kw * cg < 64))
     return nullptr;
   if (p.h * p.w >= (int64_t(1) << 31) || p.kh * p.kw > kDirectMaxTaps) return nullptr;
-  return oc_leaf_for(L, og, p.kh * p.kw * cg);
+  return oc_leaf_for(L, og, p.kh * p.kw * cg, true);
 }
 
 void direct_conv_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p, const float* x, const float* w,
@@ -384,7 +388,7 @@ const isa::ConvLeaves::DirectOc* input_grad_oc_leaf(const isa::ConvLeaves& L, co
   const int64_t og = p.o / p.groups, cg = p.c / p.groups;
   if (og < 16 || p.kh * p.kw > kDirectMaxTaps || p.h * p.w >= (int64_t(1) << 31) || p.oh * p.ow >= (int64_t(1) << 31))
     return nullptr;
-  return oc_leaf_for(L, cg, p.kh * p.kw * og);
+  return oc_leaf_for(L, cg, p.kh * p.kw * og, false);
 }
 
 void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p, const float* w, const float* gy,

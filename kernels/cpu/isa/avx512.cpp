@@ -291,11 +291,11 @@ Leaves make() {
   l.conv.direct[5] = direct_block<6>;
   l.conv.direct_oc[0] = {64, 6, direct_oc_tile<4, 6>};
   l.conv.direct_oc[1] = {32, 8, direct_oc_tile<2, 8>};
-  // 16 channels: ResNet-20's strided input gradient into 16 channels, which went through GEMM + col2im
-  // (3.2 -> 1.6 ms at 28x28 on the Intel Xeon); also any forward or input gradient whose 16, 48, 80...
-  // filters the wider leaves do not divide, on the planes those would take (not timed). 8 pixels, not 12:
-  // 12 pixel pointers left GCC short of general registers, and it kept the sums in memory.
-  l.conv.direct_oc[2] = {16, 8, direct_oc_tile<1, 8>};
+  // 16 channels, for the strided input gradient only: ResNet-20's into 16 channels went through GEMM +
+  // col2im (3.2 -> 1.6 ms at 28x28 on the Intel Xeon). In the forward the pixel tiles beat it on 16 filters
+  // (a 14x14 plane: 0.51 against 0.67 ms), and 48 filters were level. 8 pixels, not 12: 12 pixel pointers
+  // left GCC short of general registers, and it kept the sums in memory.
+  l.conv.direct_oc[2] = {16, 8, direct_oc_tile<1, 8>, true};
   l.conv.wgrad_rows = 8;
   l.conv.wgrad_pairs = 3;
   l.conv.wgrad_tile = wgrad_tile;

@@ -81,6 +81,7 @@ struct ConvLeaves {
     int channels = 0, pixels = 0;  // 0: none
     void (*fn)(int64_t cg, int64_t taps, int64_t plane, const float* const* px, const float* w, float* const* y,
                int64_t ldy, int pixels) = nullptr;
+    bool input_grad_only = false;  // for the strided input gradient only (conv.cpp's input_grad_oc)
   };
   DirectOc direct_oc[3];  // the widest first
   // wgrad_rows x wgrad_pairs sums (sums[r * wgrad_pairs + j]) over images and 16-pixel groups of gy row
