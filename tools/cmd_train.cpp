@@ -520,8 +520,7 @@ class Trainer {
     size_t memory = 0;
     std::string from;
     if (device_.is_cuda()) {
-      const cuda::RuntimeInfo info = cuda::query_runtime();
-      memory = info.devices.at(size_t(device_.index)).free_bytes;
+      memory = cuda::free_bytes(device_.index);  // this rank's GPU only: no context on the others
       from = "free on " + device_.str();
     } else if (cap_.bytes > 0) {
       const size_t held = cpu_memory_stats().allocated;

@@ -21,6 +21,7 @@ Allocator& tensor_allocator(int device) { no_cuda("allocate on", device); }
 void copy_bytes(void*, Device dd, const void*, Device sd, size_t) { no_cuda("copy to", dd.is_cuda() ? dd.index : sd.index); }
 void synchronize(int device) { no_cuda("synchronize", device); }
 void* compute_stream(int device) { no_cuda("the compute stream of", device); }
+size_t free_bytes(int device) { no_cuda("the free memory of", device); }
 SavedContext::SavedContext() = default;
 SavedContext::~SavedContext() = default;
 DeviceScope::DeviceScope(int device) { no_cuda("make current", device); }

@@ -366,12 +366,19 @@ void copy_to_device_async(void* dst, int device, const void* src, size_t n, std:
   // On the copy stream, so the DMA runs beside the kernels already queued; work queued on the
   // compute stream from now on waits for it. dst came from upload_allocator (the copy stream's pool).
   KILN_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c.copy_stream));
-  cudaEvent_t ev;
-  KILN_CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  KILN_CUDA_OK(cudaEventRecord(ev, c.copy_stream));
-  if (const cudaError_t e = cudaStreamWaitEvent(c.stream, ev, 0); e != cudaSuccess) {
-    cudaEventDestroy(ev);
-    KILN_CUDA_OK(e);
+  cudaEvent_t ev = nullptr;
+  try {
+    KILN_CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    KILN_CUDA_OK(cudaEventRecord(ev, c.copy_stream));
+    KILN_CUDA_OK(cudaStreamWaitEvent(c.stream, ev, 0));
+  } catch (...) {
+    // The copy is queued and reads src, which keep_alive is about to let go, and the compute stream is not
+    // ordered after it: let it finish before the error goes up (an out-of-memory error here is one the
+    // micro-batch retry catches and carries on from).
+    (void)cudaStreamSynchronize(c.copy_stream);
+    (void)cudaGetLastError();
+    if (ev) cudaEventDestroy(ev);
+    throw;
   }
   hold_until(ev, std::move(keep_alive));
 }
@@ -436,6 +443,20 @@ PinnedPool& pinned_pool() {
   return *p;
 }
 
+// Runs f with the first device that has a Kiln context current (a rank's own GPU), where one has: pinned
+// memory is allocated and freed on loader threads, whose current device is 0 until they choose one, and
+// cudaHostAlloc there would start a context on GPU 0 in every rank's process (the pool's blocks are
+// portable: any device's context may own them). Where no device has a context yet, the thread's own.
+template <typename F> auto on_home_device(F&& f) {
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (g_contexts[d].load(std::memory_order_acquire)) {
+      const SavedContext keep;
+      KILN_CUDA_OK(cudaSetDevice(d));
+      return f();
+    }
+  return f();
+}
+
 void* pinned_take(size_t n) {
   PinnedPool& pool = pinned_pool();
   {
@@ -448,7 +469,7 @@ void* pinned_take(size_t n) {
     }
   }
   try {
-    return pinned_alloc(n);
+    return on_home_device([&] { return pinned_alloc(n); });
   } catch (const OutOfMemory&) {
     // The pool keeps blocks of the sizes asked before (a larger micro-batch's, after a shrink): give
     // them back and try once more before calling host memory full.
@@ -458,8 +479,10 @@ void* pinned_take(size_t n) {
       kept.swap(pool.free);
     }
     if (kept.empty()) throw;
-    for (auto& [size, p] : kept) pinned_free(p);
-    return pinned_alloc(n);
+    return on_home_device([&] {
+      for (auto& [size, p] : kept) pinned_free(p);
+      return pinned_alloc(n);
+    });
   }
 }
 void pinned_give_back(void* p, size_t n) {
@@ -488,6 +511,13 @@ void synchronize(int d) {
 }
 
 void* compute_stream(int d) { return context(d).stream; }
+
+size_t free_bytes(int d) {
+  const DeviceScope scope(d);
+  size_t free = 0, total = 0;
+  KILN_CUDA_OK(cudaMemGetInfo(&free, &total));
+  return free;
+}
 void* copy_stream(int d) { return context(d).copy_stream; }
 
 void set_deterministic(bool on) { g_deterministic = on; }

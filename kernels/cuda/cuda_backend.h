@@ -46,6 +46,9 @@ void synchronize(int device);
 // The compute stream of `device` (a cudaStream_t), for callers launching their own kernels in order
 // with Kiln's.
 void* compute_stream(int device);
+// The device's free memory (cudaMemGetInfo) with it current for the call only: query_runtime asks every
+// visible device, which in a rank of a multi-GPU job would start a context on each GPU.
+size_t free_bytes(int device);
 // What is current on the calling thread, put back when this goes: the driver's current context (none
 // included), through the runtime's entry points to the driver, else the runtime's device. Restoring
 // "device 0" for a thread that never chose a device, as cudaGetDevice answers then, would make a

@@ -19,16 +19,16 @@ inline std::string cuda_error(cudaError_t e) {
 }
 }  // namespace kiln::cuda
 
-// An out-of-memory error is not sticky, but the runtime also keeps it as the thread's last error, which
-// the next launch check (cudaGetLastError) would report against the next kernel of the redone step: it is
-// cleared before the throw.
+// A failed call's error is also kept as the thread's last error, which the next launch check
+// (cudaGetLastError) would report against an unrelated kernel (the next of a step redone after an out-of-
+// memory error; any launch after a destructor swallowed a failed free): it is cleared before the throw.
+// A sticky error (a kernel's illegal address) stays with the context whatever is cleared.
 #define KILN_CUDA_OK(call)                                                                               \
   do {                                                                                                   \
     const cudaError_t kiln_cuda_e_ = (call);                                                             \
-    if (kiln_cuda_e_ == cudaErrorMemoryAllocation) {                                                     \
-      (void)cudaGetLastError();                                                                          \
+    if (kiln_cuda_e_ != cudaSuccess) (void)cudaGetLastError();                                           \
+    if (kiln_cuda_e_ == cudaErrorMemoryAllocation)                                                       \
       KILN_FAIL_OOM(#call, " failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_));                         \
-    }                                                                                                    \
     KILN_CHECK(kiln_cuda_e_ == cudaSuccess, #call, " failed: ", ::kiln::cuda::cuda_error(kiln_cuda_e_)); \
   } while (0)
 

@@ -19,6 +19,7 @@
 #include "kernels/common/math.h"
 #include "kernels/common/philox.h"
 #include "kernels/common/self_test.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/runtime_info.h"
 #include "kiln_build_info.h"
 
@@ -169,6 +170,7 @@ RuntimeInfo query_runtime(bool check_libraries) {
     info.error = err(e);
     return info;
   }
+  const SavedContext keep;  // the free-memory query makes each device current in turn; the caller's goes back
   for (int d = 0; d < info.device_count; ++d) {
     cudaDeviceProp p{};
     if ((e = cudaGetDeviceProperties(&p, d)) != cudaSuccess) {
