@@ -80,17 +80,27 @@ class NcclComm final : public dist::Communicator {
       : rank_(bootstrap.rank()), size_(bootstrap.world_size()), device_(device), timeout_(timeout) {
     Context& ctx = use(device);
     KILN_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    ncclUniqueId id;
-    std::memset(&id, 0, sizeof id);
-    if (rank_ == 0) ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    Tensor bytes = zeros({int64_t(sizeof id)}, DType::u8);
-    std::memcpy(bytes.raw_data(), &id, sizeof id);
-    bootstrap.broadcast(bytes, 0);
-    std::memcpy(&id, bytes.raw_data(), sizeof id);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    const ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
-    settle(r, "ncclCommInitRankConfig (setting up NCCL between the ranks)", 0);
+    try {
+      ncclUniqueId id;
+      std::memset(&id, 0, sizeof id);
+      if (rank_ == 0) ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      Tensor bytes = zeros({int64_t(sizeof id)}, DType::u8);
+      std::memcpy(bytes.raw_data(), &id, sizeof id);
+      bootstrap.broadcast(bytes, 0);
+      std::memcpy(&id, bytes.raw_data(), sizeof id);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+      settle(r, "ncclCommInitRankConfig (setting up NCCL between the ranks)", 0);
+    } catch (...) {
+      // No destructor runs for a constructor that throws: the half-made communicator (an invalid-usage
+      // answer, two ranks on one GPU, is thrown without an abort) and the stream go here.
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+      cudaStreamDestroy(stream_);
+      (void)cudaGetLastError();
+      throw;
+    }
     (void)ctx;
   }
   // Teardown of a non-blocking communicator: its device current, finalize (flushes what was issued),
@@ -109,7 +119,11 @@ class NcclComm final : public dist::Communicator {
       else ncclCommAbort(comm_);
       comm_ = nullptr;
     }
-    if (stream_) cudaStreamDestroy(stream_);
+    // The stream is left to the process, as Context's are: tensors broadcast or reduced on it (parameters,
+    // ZeRO's flat buffers) are marked as used by it, and the allocator records an event on it when one of
+    // them is freed, which may be after this communicator is gone. Its work is done first.
+    if (stream_) cudaStreamSynchronize(stream_);
+    (void)cudaGetLastError();
   }
 
   int rank() const override { return rank_; }
