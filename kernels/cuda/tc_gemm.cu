@@ -25,6 +25,7 @@
 #include "base/error.h"
 #include "base/half.h"
 #include "kernels/common/gemm_plan.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/tc_gemm.h"
 
@@ -191,6 +192,24 @@ bool tc_gemm_supported(int device, std::string* why) {
   if (prop.major < 8) {
     if (why) *why = std::string(prop.name) + " is sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
                     "; the Tensor Core GEMM needs sm_80 or newer (mma.m16n8k16, cp.async)";
+    return false;
+  }
+  // The image the device loads must come from sm_80 code: a build for sm_75 only runs its compute_75 PTX
+  // here, in which the kernel's body is a trap (a sticky error: the context would be lost).
+  const SavedContext keep;
+  cudaFuncAttributes fa{};
+  cudaError_t fe = cudaSetDevice(device);
+  if (fe == cudaSuccess) fe = cudaFuncGetAttributes(&fa, tc_gemm_kernel<false, true, true>);
+  if (fe != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why) *why = "no code for " + std::string(prop.name) + " in this build (" + cuda_error(fe) + ")";
+    return false;
+  }
+  if (fa.ptxVersion < 80) {
+    if (why)
+      *why = "this build has no sm_80+ code for the Tensor Core GEMM (" + std::string(prop.name) +
+             " would run compute_" + std::to_string(fa.ptxVersion) + " PTX; build with " +
+             "CMAKE_CUDA_ARCHITECTURES including 80)";
     return false;
   }
   return true;
