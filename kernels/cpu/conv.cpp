@@ -568,16 +568,24 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
   const float* x = x_in;
   if (phases > 1) {
     float* xp = t_phase_x.get<float>(size_t(p.n * xc * plane));
+    // Row by row, each row's in-range columns as a plain strided copy (a bounds test per element had kept
+    // it scalar: 29% of ResNet-20's strided weight gradient under avx512), then zeros past the edge.
     parallel_for(0, p.n * xc, 4, [&](int64_t b0, int64_t b1) {
       for (int64_t r = b0; r < b1; ++r) {
         const int64_t nc = r / phases, ph = r % phases, a = ph / p.sw, b = ph % p.sw;
         const float* src = x_in + nc * p.h * p.w;
         float* dst = xp + r * plane;
-        for (int64_t i = 0; i < xh; ++i)
-          for (int64_t j = 0; j < xw; ++j) {
-            const int64_t ih = i * p.sh + a, iw = j * p.sw + b;
-            dst[i * xw + j] = ih < p.h && iw < p.w ? src[ih * p.w + iw] : 0.0f;
+        const int64_t cols = std::clamp<int64_t>((p.w - b + p.sw - 1) / p.sw, 0, xw), sw = p.sw;  // j * sw + b < W
+        for (int64_t i = 0; i < xh; ++i, dst += xw) {
+          const int64_t ih = i * p.sh + a;
+          if (ih >= p.h) {
+            std::fill(dst, dst + xw, 0.0f);
+            continue;
           }
+          const float* row = src + ih * p.w + b;
+          for (int64_t j = 0; j < cols; ++j) dst[j] = row[j * sw];
+          std::fill(dst + cols, dst + xw, 0.0f);
+        }
       }
     });
     x = xp;
