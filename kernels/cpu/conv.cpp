@@ -297,6 +297,20 @@ const isa::ConvLeaves::DirectOc* oc_leaf_for(const isa::ConvLeaves& L, int64_t o
   return nullptr;
 }
 
+// One tile of `leaf` through each of `blocks` blocks of leaf.channels outputs: the blocks lie channels * ldy
+// apart from py, their weights (packed [block][tap][summed channel][channels]) taps * sums * channels apart
+// from w.
+void oc_tile_blocks(const isa::ConvLeaves::DirectOc& leaf, int64_t blocks, int64_t taps, int64_t sums,
+                    int64_t in_stride, const float* const* px, const float* w, float* const* py, int64_t ldy,
+                    int pixels) {
+  const int64_t cw = leaf.channels;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    float* pyb[isa::kDirectOcMaxPixels];
+    for (int64_t i = 0; i < leaf.pixels; ++i) pyb[i] = py[i] + blk * cw * ldy;
+    leaf.fn(sums, taps, in_stride, px, w + blk * taps * sums * cw, pyb, ldy, pixels);
+  }
+}
+
 // Runs `leaf` over tiles of its pixels taken from `total` pixels, for every group: set_pixel(g, q, i, px)
 // points px[t * leaf.pixels + i] (t < taps) at pixel q's inputs and returns its output in block 0; the
 // blocks of leaf.channels outputs lie channels * ldy apart, their weights (packed [group][block][tap]
@@ -314,11 +328,7 @@ template <typename SetPixel> void run_oc_tiles(const isa::ConvLeaves::DirectOc& 
       const int64_t tile = task / groups, g = task % groups, q0 = tile * kp;
       const int pixels = int(std::min(kp, total - q0));
       for (int64_t i = 0; i < kp; ++i) py[i] = set_pixel(g, q0 + std::min<int64_t>(i, pixels - 1), i, px);
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        float* pyb[isa::kDirectOcMaxPixels];
-        for (int64_t i = 0; i < kp; ++i) pyb[i] = py[i] + blk * cw * ldy;
-        leaf.fn(sums, taps, in_stride, px, wp + (g * blocks + blk) * taps * sums * cw, pyb, ldy, pixels);
-      }
+      oc_tile_blocks(leaf, blocks, taps, sums, in_stride, px, wp + g * blocks * taps * sums * cw, py, ldy, pixels);
     }
   });
 }
@@ -443,9 +453,10 @@ void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p,
                   w[((g * og + o) * cg + cb * cw + j) * taps + phase_taps[first + size_t(k)]];
   }
   // Bands of phase rows: an image's gx of one group in one task up to 256 KiB, and at least 4 tasks a thread.
+  constexpr int64_t kBandBytes = 256 << 10;
   const int64_t rmax = (p.h + p.sh - 1) / p.sh, per_image = p.n * p.groups;
   if (per_image == 0) return;
-  int64_t bands = std::max<int64_t>((cg * plane * 4 + (256 << 10) - 1) / (256 << 10),
+  int64_t bands = std::max<int64_t>((cg * plane * 4 + kBandBytes - 1) / kBandBytes,
                                     (4 * num_threads() + per_image - 1) / per_image);
   bands = std::clamp<int64_t>(bands, 1, rmax);
   const int64_t brows = (rmax + bands - 1) / bands;
@@ -483,12 +494,8 @@ void input_grad_oc(const isa::ConvLeaves::DirectOc& leaf, const Conv2dParams& p,
             for (int64_t k = 0; k < ph.nt; ++k) px[k * kp + i] = at[k] >= 0 ? gyn + at[k] : zeros;
             py[i] = out + (out_at[ph.out_at + size_t(l)] - first);
           }
-          for (int64_t cb = 0; cb < cblocks; ++cb) {
-            float* pyb[isa::kDirectOcMaxPixels];
-            for (int64_t i = 0; i < kp; ++i) pyb[i] = py[i] + cb * cw * cstride;
-            leaf.fn(og, ph.nt, ohw, px, wp + ph.w_at + size_t((g * cblocks + cb) * ph.nt * og * cw), pyb, cstride,
-                    pixels);
-          }
+          oc_tile_blocks(leaf, cblocks, ph.nt, og, ohw, px, wp + ph.w_at + size_t(g * cblocks * ph.nt * og * cw), py,
+                         cstride, pixels);
         }
       }
       if (via_band)
@@ -590,8 +597,8 @@ void direct_conv_wgrad(const isa::ConvLeaves& L, const Conv2dParams& p, const fl
     });
     x = xp;
   }
-  // S * OH * OW ~ 4096, with a chunk's x (or its phase planes) and gy within 256 KiB as long as it still
-  // spans 512 pixels, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats. Without
+  // S * OH * OW ~ 4096, with a chunk's x (or its phase planes) and gy within kWgradChunkBytes as long as it
+  // still spans kWgradMinPixels, but at most kMaxWgradChunks chunks: their partials take chunks x |w| floats. Without
   // the byte cap a 7x7 chunk was 83 images (2 MiB), and on the Intel Xeon under avx2 the 7x7 layer took 4.6
   // ms against 3.3, the 14x14 one 3.9 against 3.6, the strided 28x28 -> 14x14 one (x as 64 phase planes)
   // 3.1 against 2.6 (the 28x28 layer's 5 images, 490 KiB, to 2: level); avx512 level or a little ahead.

@@ -450,8 +450,7 @@ PinnedPool& pinned_pool() {
 template <typename F> auto on_home_device(F&& f) {
   for (int d = 0; d < kMaxDevices; ++d)
     if (g_contexts[d].load(std::memory_order_acquire)) {
-      const SavedContext keep;
-      KILN_CUDA_OK(cudaSetDevice(d));
+      const DeviceScope scope(d);
       return f();
     }
   return f();
