@@ -22,6 +22,11 @@ inline bool is_integral(DType t) { return !is_floating(t); }  // bool counts as 
 // The type both operands convert to: bool < (u8 | i8) < i16 < i32 < i64 < (f16 | bf16) < f32 < f64;
 // u8 with i8 gives i16 (the smallest type holding both), f16 with bf16 gives f32.
 DType promote_types(DType a, DType b);
+// Whether an in-place op may write a result of type `from` into a tensor of type `to` (PyTorch's rule):
+// not floating into integral, not anything but bool into bool.
+inline bool can_cast(DType from, DType to) {
+  return to == DType::boolean ? from == DType::boolean : is_floating(to) || !is_floating(from);
+}
 std::ostream& operator<<(std::ostream& os, DType t);
 
 template <typename T> struct DTypeOf;

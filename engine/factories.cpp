@@ -24,18 +24,24 @@ Tensor finish(Tensor t, const TensorOptions& o) {
 
 Tensor empty(const Shape& shape, TensorOptions o) { return finish(make_tensor(shape, o.dtype, place(o.device)), o); }
 
-Tensor full(const Shape& shape, double value, TensorOptions o) {
+namespace {
+Tensor filled(const Shape& shape, double value, TensorOptions o, const char* op) {
   Tensor t = make_tensor(shape, o.dtype, place(o.device));
+  if (op) detail::check_fill_value(t, value, op);
   detail::backend(t.device()).fill(detail::desc(t), value);
   return finish(t, o);
 }
+}  // namespace
+
+Tensor full(const Shape& shape, double value, TensorOptions o) { return filled(shape, value, o, "full"); }
 Tensor zeros(const Shape& shape, TensorOptions o) { return full(shape, 0.0, o); }
 Tensor ones(const Shape& shape, TensorOptions o) { return full(shape, 1.0, o); }
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), TensorOptions(t.dtype(), t.device())); }
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), TensorOptions(t.dtype(), t.device())); }
 Tensor full_like(const Tensor& t, double v) { return full(t.shape(), v, TensorOptions(t.dtype(), t.device())); }
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), TensorOptions(t.dtype(), t.device())); }
-Tensor scalar_tensor(double v, TensorOptions o) { return full(Shape{}, v, o); }
+// Unchecked: a whole-number scalar operand wraps into an integer tensor's dtype (docs/ops.md: i8 1 + 300 = 45).
+Tensor scalar_tensor(double v, TensorOptions o) { return filled(Shape{}, v, o, nullptr); }
 
 Tensor arange(double start, double end, double step, TensorOptions o) {
   KILN_CHECK(step != 0 && std::isfinite(step), "arange: step must be finite and non-zero, got ", step);
@@ -113,8 +119,9 @@ Tensor normal(const Shape& shape, double mean, double std, TensorOptions o, Gene
   return random_fill(RandomKind::normal, shape, mean, std, o, g);
 }
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions o, Generator* g) {
-  KILN_CHECK(low < high && high - low <= (int64_t(1) << 24), "randint: need low < high and high - low <= 2^24, got [",
-             low, ", ", high, ")");
+  // high - low in unsigned arithmetic: as int64 it overflows for a range such as [-2^63, 2^63 - 1).
+  KILN_CHECK(low < high && uint64_t(high) - uint64_t(low) <= (uint64_t(1) << 24),
+             "randint: need low < high and high - low <= 2^24, got [", low, ", ", high, ")");
   // 24 random bits per element: floor(u * range) is exact and below range.
   const Tensor u = random_fill(RandomKind::uniform, shape, 0, 1, TensorOptions(DType::f64, o.device), g);
   if (u.device().is_meta()) return finish(make_tensor(shape, o.dtype, kMeta), o);

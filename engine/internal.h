@@ -44,5 +44,12 @@ std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t nd
 Tensor make_view(const Tensor& t, const Shape& shape, const Shape& strides, int64_t offset);
 // Throws when an in-place write to t would break autograd.
 void check_inplace(const Tensor& t, const char* op);
+// Throws when `value` does not fit t's integer dtype (NaN, inf, out of range): no silent wrap-around.
+void check_fill_value(const Tensor& t, double value, const char* op);
+// Throws when the result of t op other (their promoted type) cannot be written into t: a float into an int.
+void check_inplace_result(const Tensor& t, const Tensor& other, const char* op);
+// The operand of an in-place op on t, detached: cloned when it shares memory with t other than as t itself,
+// so that no element is read after it was written. Throws when t's elements share memory (an expanded view).
+Tensor inplace_operand(const Tensor& t, const Tensor& other, const char* op);
 
 }  // namespace kiln::detail

@@ -20,6 +20,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
   for (size_t i = 0; i < n; ++i) {
     const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    KILN_CHECK(da >= 0 && db >= 0, "shapes ", a, " and ", b, " do not broadcast: negative size");
     KILN_CHECK(da == db || da == 1 || db == 1, "shapes ", a, " and ", b, " do not broadcast (dim ", i, ": ", da,
                " vs ", db, ")");
     out[i] = da == 1 ? db : da;

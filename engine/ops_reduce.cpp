@@ -95,8 +95,9 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction
   const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
   const Plan p = plan_reduce(a, dims, keepdim, "var");
   const Tensor d = x - mean(x, dims, true);
-  // Like common libraries, fewer elements than the correction gives inf/NaN rather than an error.
-  return sum(d * d, dims, keepdim) / double(p.r - correction);
+  // As PyTorch: no more elements than the correction divides by 0 (inf, or NaN where the sum is 0), never by a
+  // negative count.
+  return sum(d * d, dims, keepdim) / double(std::max<int64_t>(p.r - correction, 0));
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "engine/autograd.h"
@@ -13,15 +14,26 @@
 
 namespace kiln::optim {
 
+namespace {
+void check_lr(double lr, size_t group) {
+  KILN_CHECK(std::isfinite(lr) && lr >= 0, "optimizer: group ", group, "'s lr must be finite and >= 0, got ", lr);
+}
+}  // namespace
+
 Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
   KILN_CHECK(!groups_.empty(), "optimizer: needs at least one parameter group");
+  std::map<const void*, std::pair<size_t, size_t>> seen;  // a parameter stepped twice would move twice as far
   for (size_t g = 0; g < groups_.size(); ++g) {
+    check_lr(groups_[g].lr, g);
+    KILN_CHECK(std::isfinite(groups_[g].weight_decay) && groups_[g].weight_decay >= 0, "optimizer: group ", g,
+               "'s weight decay must be finite and >= 0, got ", groups_[g].weight_decay);
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       const Tensor& p = groups_[g].params[i];
       KILN_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "optimizer: parameter ", i, " of group ", g,
                  " must be a leaf that requires grad");
-      KILN_CHECK(groups_[g].lr >= 0 && groups_[g].weight_decay >= 0, "optimizer: group ", g,
-                 " has a negative lr or weight decay");
+      const auto [at, fresh] = seen.try_emplace(p.impl_ptr().get(), g, i);
+      KILN_CHECK(fresh, "optimizer: parameter ", i, " of group ", g, " is also parameter ", at->second.second,
+                 " of group ", at->second.first, " (", p.type_str(), ")");
     }
     slots_.emplace_back(groups_[g].params.size());
   }
@@ -105,6 +117,7 @@ void Optimizer::zero_grad() {
 }
 
 void Optimizer::set_lr(double lr) {
+  check_lr(lr, 0);
   for (auto& g : groups_) g.lr = lr;
 }
 
@@ -365,17 +378,32 @@ ScheduleKind LrSchedule::parse(const std::string& n) {
   KILN_FAIL("unknown LR schedule '", n, "' (expected one of ", known, ")");
 }
 
+void LrSchedule::check() const {
+  KILN_CHECK(std::isfinite(base_lr) && base_lr >= 0, "LR schedule: base lr must be finite and >= 0, got ", base_lr);
+  KILN_CHECK(std::isfinite(min_lr) && min_lr >= 0, "LR schedule: min lr must be finite and >= 0, got ", min_lr);
+  KILN_CHECK(warmup_steps >= 0, "LR schedule: warmup steps must be >= 0, got ", warmup_steps);
+  const bool ends = kind == ScheduleKind::cosine || kind == ScheduleKind::linear || kind == ScheduleKind::polynomial;
+  KILN_CHECK(!ends || total_steps > warmup_steps, "LR schedule: a ",
+             kind == ScheduleKind::cosine   ? "cosine"
+             : kind == ScheduleKind::linear ? "linear"
+                                            : "polynomial",
+             " schedule needs total steps (", total_steps, ") past the warmup steps (", warmup_steps, ")");
+  KILN_CHECK(kind != ScheduleKind::polynomial || (std::isfinite(power) && power > 0),
+             "LR schedule: polynomial power must be finite and > 0, got ", power);
+  KILN_CHECK(kind != ScheduleKind::step || step_size >= 1, "LR schedule: step size must be >= 1, got ", step_size);
+  KILN_CHECK(std::isfinite(gamma) && gamma >= 0, "LR schedule: gamma must be finite and >= 0, got ", gamma);
+}
+
 double LrSchedule::at(int64_t step) const {
   KILN_CHECK(step >= 0, "LR schedule: negative step ", step);
+  check();
   if (warmup_steps > 0 && step < warmup_steps) return base_lr * double(step + 1) / double(warmup_steps);
   const int64_t s = step - warmup_steps;
   const int64_t span = std::max<int64_t>(total_steps - warmup_steps, 1);
   const double frac = std::clamp(double(s) / double(span), 0.0, 1.0);
   switch (kind) {
     case ScheduleKind::constant: return base_lr;
-    case ScheduleKind::step:
-      KILN_CHECK(step_size >= 1, "step schedule: step_size must be >= 1");
-      return base_lr * std::pow(gamma, double(s / step_size));
+    case ScheduleKind::step: return base_lr * std::pow(gamma, double(s / step_size));
     case ScheduleKind::multistep: {
       int64_t passed = 0;
       for (int64_t m : milestones) passed += step >= m ? 1 : 0;

@@ -156,6 +156,9 @@ struct LrSchedule {
   double gamma = 0.1;         // step / multistep factor
   std::vector<int64_t> milestones;  // multistep
   double power = 1.0;         // polynomial
+  // Throws naming the field when the schedule cannot give a rate for every step (a cosine schedule without
+  // total steps, a negative or non-finite rate, ...). `at` checks first.
+  void check() const;
   // The learning rate for optimizer step `step` (0-based).
   double at(int64_t step) const;
   // The schedules by name, one row each (the command line's choices come from them).

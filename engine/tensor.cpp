@@ -25,7 +25,12 @@ namespace kiln {
 
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int64_t s : *this) n *= s;
+  bool overflow = false;
+  for (int64_t s : *this) {
+    if (s == 0) return 0;  // an empty tensor, however large its other sizes
+    overflow |= __builtin_mul_overflow(n, s, &n);
+  }
+  KILN_CHECK(!overflow, "shape ", *this, " has more elements than fit in 64 bits");
   return n;
 }
 
@@ -244,8 +249,10 @@ Tensor make_tensor_in(const Shape& shape, DType dtype, Device device, Allocator&
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
-  const size_t nbytes = size_t(shape.numel()) * dtype_size(dtype);
-  impl->storage = std::make_shared<Storage>(nbytes, device, &alloc);
+  int64_t nbytes = 0;
+  KILN_CHECK(!__builtin_mul_overflow(shape.numel(), int64_t(dtype_size(dtype)), &nbytes), "shape ", shape, " of ",
+             dtype, " needs more bytes than fit in 64 bits");
+  impl->storage = std::make_shared<Storage>(size_t(nbytes), device, &alloc);
   return Tensor(std::move(impl));
 }
 }  // namespace
@@ -364,6 +371,51 @@ void check_inplace(const Tensor& t, const char* op) {
              t.type_str(), "; do it under NoGradGuard or use the out-of-place op");
 }
 
+namespace {
+// The bytes a tensor with at least one element can reach, [lo, hi): by address, since two storages
+// (from_blob, DLPack) may hold the same memory.
+std::pair<uintptr_t, uintptr_t> byte_extent(const Tensor& t) {
+  int64_t lo = 0, hi = 0;
+  for (int64_t i = 0; i < t.dim(); ++i)
+    (t.strides()[size_t(i)] < 0 ? lo : hi) += (t.shape()[size_t(i)] - 1) * t.strides()[size_t(i)];
+  const auto at = reinterpret_cast<uintptr_t>(t.raw_data());
+  const auto es = int64_t(t.element_size());
+  return {at + uintptr_t(lo * es), at + uintptr_t((hi + 1) * es)};
+}
+}  // namespace
+
+void check_fill_value(const Tensor& t, double value, const char* op) {
+  if (!is_integral(t.dtype()) || t.dtype() == DType::boolean) return;
+  double lo = -9223372036854775808.0, end = 9223372036854775808.0;  // [lo, end)
+  switch (t.dtype()) {
+    case DType::u8: lo = 0, end = 256; break;
+    case DType::i8: lo = -128, end = 128; break;
+    case DType::i16: lo = -32768, end = 32768; break;
+    case DType::i32: lo = -2147483648.0, end = 2147483648.0; break;
+    default: break;
+  }
+  KILN_CHECK(std::isfinite(value) && value >= lo && value < end, op, ": ", value, " does not fit in ", t.type_str());
+}
+
+void check_inplace_result(const Tensor& t, const Tensor& other, const char* op) {
+  const DType r = promote_types(t.dtype(), other.dtype());
+  KILN_CHECK(can_cast(r, t.dtype()), op, ": the result type ", r, " cannot be written into ", t.type_str(),
+             " in place (the operand is ", other.type_str(), ")");
+}
+
+Tensor inplace_operand(const Tensor& t, const Tensor& other, const char* op) {
+  for (int64_t i = 0; i < t.dim(); ++i)
+    KILN_CHECK(t.strides()[size_t(i)] != 0 || t.shape()[size_t(i)] <= 1, op, ": ", t.type_str(), " with strides ",
+               t.strides(), " has elements that share memory (an expanded view); write into a contiguous copy");
+  Tensor o = other.detach();
+  if (o.device() != t.device() || !o.raw_data() || !t.raw_data() || o.numel() == 0 || t.numel() == 0) return o;
+  if (o.raw_data() == t.raw_data() && o.dtype() == t.dtype() && o.shape() == t.shape() && o.strides() == t.strides())
+    return o;  // x op= x: each element is read before it is written
+  const auto [tlo, thi] = byte_extent(t);
+  const auto [olo, ohi] = byte_extent(o);
+  return olo < thi && tlo < ohi ? o.clone() : o;
+}
+
 }  // namespace detail
 
 using detail::make_view;
@@ -455,8 +507,12 @@ Tensor Tensor::grad() const {
 void Tensor::set_grad(const Tensor& g) {
   auto& im = impl();
   if (!im.autograd) im.autograd = std::make_unique<AutogradMeta>();
-  if (g.defined())
+  if (g.defined()) {
     KILN_CHECK(g.shape() == shape(), "set_grad: gradient shape ", g.shape(), " differs from tensor shape ", shape());
+    KILN_CHECK(g.device() == device(), "set_grad: gradient on ", g.device(), " for a tensor on ", device());
+    // Backward accumulates into it: an integer gradient would truncate every step.
+    KILN_CHECK(is_floating(g.dtype()), "set_grad: a gradient must be floating, got ", g.type_str());
+  }
   im.autograd->grad = g.defined() ? g.impl_ptr() : nullptr;
 }
 
@@ -618,8 +674,11 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
     if (end < 0) end += n;
     start = std::clamp<int64_t>(start, -1, n - 1);
     end = std::clamp<int64_t>(end, -1, n - 1);
-    std::vector<int64_t> at;
-    for (int64_t i = start; i > end; i += step) at.push_back(i);
+    // Counted in unsigned steps: start + step may pass INT64_MIN when the step is huge.
+    const uint64_t stride = uint64_t(0) - uint64_t(step);
+    const uint64_t count = start > end ? (uint64_t(start - end) - 1) / stride + 1 : 0;
+    std::vector<int64_t> at(count);
+    for (uint64_t k = 0; k < count; ++k) at[k] = start - int64_t(k * stride);
     return index_select(*this, d, from_blob_copy(at.data(), {int64_t(at.size())}).to(device()));
   }
   if (start < 0) start += n;
@@ -627,7 +686,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
   Shape ns = shape(), st = strides();
-  ns[size_t(d)] = (end - start + step - 1) / step;
+  ns[size_t(d)] = end == start ? 0 : (end - start - 1) / step + 1;  // (end - start + step - 1) could overflow
   st[size_t(d)] *= step;
   Tensor out = make_view(*this, ns, st, offset() + start * strides()[size_t(d)]);
   const Shape in_shape = shape();
@@ -645,7 +704,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   const int64_t dd = wrap_dim(d, dim(), "narrow");
   const int64_t n = shape()[size_t(dd)];
   if (start < 0) start += n;
-  KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: start ", start, " length ", length,
+  KILN_CHECK(start >= 0 && length >= 0 && length <= n - start, "narrow: start ", start, " length ", length,
              " is out of range for dim ", d, " of ", shape());
   return slice(dd, start, start + length);
 }
@@ -668,11 +727,13 @@ Tensor Tensor::expand(const Shape& want) const {
     const int64_t cur = j >= 0 ? shape()[size_t(j)] : 1;
     const int64_t w = want[size_t(i)] == -1 ? cur : want[size_t(i)];
     KILN_CHECK(j >= 0 || want[size_t(i)] != -1, "expand: -1 is not allowed for new leading dims, got ", want);
+    KILN_CHECK(w >= 0, "expand: negative size ", w, " in ", want);
     KILN_CHECK(cur == w || cur == 1, "expand: cannot expand ", shape(), " to ", want, " (dim ", i, ": ", cur, " vs ",
                w, ")");
     ns[size_t(i)] = w;
     st[size_t(i)] = (j >= 0 && cur == w) ? strides()[size_t(j)] : 0;
   }
+  (void)ns.numel();  // a shape whose element count overflows is refused here, not by a later kernel
   Tensor out = make_view(*this, ns, st, offset());
   // The generic sum_to in autograd::record undoes the broadcast.
   record_view("expand", *this, out, [](const Tensor& g) { return g; });
@@ -718,7 +779,12 @@ Tensor Tensor::as_strided(const Shape& ns, const Shape& st, int64_t off) const {
   for (size_t i = 0; i < ns.size(); ++i) {
     KILN_CHECK(ns[i] >= 0, "as_strided: negative size in ", ns);
     if (ns[i] == 0) return make_view(*this, ns, st, off);
-    (st[i] >= 0 ? hi : lo) += (ns[i] - 1) * st[i];
+  }
+  for (size_t i = 0; i < ns.size(); ++i) {
+    int64_t reach = 0;
+    KILN_CHECK(!__builtin_mul_overflow(ns[i] - 1, st[i], &reach) &&
+                   !__builtin_add_overflow(st[i] >= 0 ? hi : lo, reach, st[i] >= 0 ? &hi : &lo),
+               "as_strided: shape ", ns, " strides ", st, " offset ", off, " reach past 64-bit offsets");
   }
   const int64_t cap = int64_t(storage()->nbytes / element_size());
   KILN_CHECK(lo >= 0 && hi < cap, "as_strided: shape ", ns, " strides ", st, " offset ", off,
@@ -784,7 +850,7 @@ Tensor Tensor::to(Device d) const {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   detail::check_inplace(*this, "copy_");
-  Tensor s = src.detach();
+  Tensor s = detail::inplace_operand(*this, src, "copy_");
   if (s.device() != device()) s = s.to(device());  // across devices: one transfer, then a local copy
   if (s.shape() != shape()) s = s.expand(shape());
   detail::backend(device()).copy(detail::desc(*this), detail::desc(s));
@@ -794,6 +860,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::fill_(double value) {
   detail::check_inplace(*this, "fill_");
+  detail::check_fill_value(*this, value, "fill_");
   detail::backend(device()).fill(detail::desc(*this), value);
   bump_version();
   return *this;
@@ -802,7 +869,10 @@ Tensor& Tensor::fill_(double value) {
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   detail::check_inplace(*this, "add_");
   detail::common_device("add_", {*this, other});  // a kernel reads only its own device's memory
-  Tensor o = other.detach();
+  detail::check_inplace_result(*this, other, "add_");
+  KILN_CHECK(is_floating(dtype()) || alpha == std::trunc(alpha), "add_: alpha ", alpha, " is not a whole number, and ",
+             type_str(), " holds integers");
+  Tensor o = detail::inplace_operand(*this, other, "add_");
   if (o.dtype() != dtype()) o = o.to(dtype());
   KILN_CHECK(broadcast_shapes(shape(), o.shape()) == shape(), "add_: cannot broadcast ", other.shape(), " into ",
              shape());
@@ -815,7 +885,8 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 Tensor& Tensor::mul_(const Tensor& other) {
   detail::check_inplace(*this, "mul_");
   detail::common_device("mul_", {*this, other});
-  Tensor o = other.detach();
+  detail::check_inplace_result(*this, other, "mul_");
+  Tensor o = detail::inplace_operand(*this, other, "mul_");
   if (o.dtype() != dtype()) o = o.to(dtype());
   KILN_CHECK(broadcast_shapes(shape(), o.shape()) == shape(), "mul_: cannot broadcast ", other.shape(), " into ",
              shape());

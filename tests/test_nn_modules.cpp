@@ -301,6 +301,41 @@ TEST_CASE("optim: LR schedules are pure functions of the step") {
   CHECK(ms.at(5) == doctest::Approx(0.01));
   CHECK(ms.at(9) == doctest::Approx(0.001));
   CHECK_THROWS_AS(optim::LrSchedule::parse("wobbly"), kiln::Error);
+  // A schedule that cannot give a rate for every step is refused, naming the field.
+  optim::LrSchedule bad;
+  bad.kind = optim::ScheduleKind::cosine;  // without total steps its rate would be 0 from step 1
+  CHECK(contains(error_of([&] { bad.at(1); }), "cosine schedule needs total steps"));
+  bad.total_steps = 10;
+  bad.warmup_steps = 20;
+  CHECK(contains(error_of([&] { bad.at(1); }), "past the warmup steps (20)"));
+  bad.warmup_steps = 0;
+  bad.base_lr = std::nan("");
+  CHECK(contains(error_of([&] { bad.at(1); }), "base lr must be finite"));
+  bad.base_lr = 1;
+  bad.kind = optim::ScheduleKind::polynomial;
+  bad.power = -1;
+  CHECK(contains(error_of([&] { bad.at(1); }), "power must be finite and > 0"));
+}
+
+TEST_CASE("optim: a non-finite or negative lr, and a parameter listed twice, are refused") {
+  Tensor p = zeros({2}), q = zeros({1});
+  p.set_requires_grad();
+  q.set_requires_grad();
+  CHECK(contains(error_of([&] { optim::SGD({optim::ParamGroup({p}, INFINITY)}); }),
+                 "lr must be finite and >= 0, got inf"));
+  CHECK(contains(error_of([&] { optim::SGD({optim::ParamGroup({p}, std::nan(""))}); }), "got nan"));
+  CHECK(contains(error_of([&] { optim::SGD({optim::ParamGroup({p}, 0.1, -1)}); }), "weight decay must be finite"));
+  CHECK(contains(error_of([&] {
+                   optim::SGD({optim::ParamGroup({p, q, p}, 0.1)});
+                 }),
+                 "parameter 2 of group 0 is also parameter 0 of group 0"));
+  CHECK(contains(error_of([&] {
+                   optim::SGD({optim::ParamGroup({q}, 0.1), optim::ParamGroup({p, q}, 0.1)});
+                 }),
+                 "parameter 1 of group 1 is also parameter 0 of group 0"));
+  optim::SGD ok({optim::ParamGroup({p, q}, 0.1)});
+  CHECK(contains(error_of([&] { ok.set_lr(-5); }), "lr must be finite and >= 0, got -5"));
+  CHECK(ok.groups()[0].lr == 0.1);
 }
 
 TEST_CASE("modules: a small transformer block learns to copy a token") {

@@ -781,13 +781,79 @@ TEST_CASE("tensor: in-place ops write values and bump version") {
   (void)a.clone();
   (void)a.to(DType::f64);
   CHECK(a.version() == v);
-  // Integer tensors: add_ with a float other converts to the destination dtype.
+  // Integer tensors take integer operands in place (an i32 one converts); a float result cannot be written
+  // back (PyTorch's rule), nor can a fractional alpha or scale.
   Tensor ii = from_vector({1, 2}, {2}, DType::i64);
-  ii.add_(from_vector({3, 4}, {2}));
+  ii.add_(from_vector({3, 4}, {2}, DType::i32));
   CHECK(ii.dtype() == DType::i64);
   check_values(ii, {4, 6});
+  CHECK(contains(error_of([&] { ii.add_(from_vector({3, 4}, {2})); }), "result type f32 cannot be written into i64"));
+  CHECK(contains(error_of([&] { ii.add_(ii, 0.5); }), "alpha 0.5"));
+  CHECK(contains(error_of([&] { ii.mul_(1.5); }), "cannot be written into i64"));
+  ii.mul_(3.0);  // a whole number stays an integer scalar
+  check_values(ii, {12, 18});
+  CHECK(contains(error_of([] {
+                   from_vector({1, 0}, {2}, DType::boolean).add_(ones({2}, DType::i64));
+                 }),
+                 "cannot be written into bool"));
+  CHECK(error_of([&] { ii.fill_(2.5e19); }) != "NO ERROR");  // past i64
+  CHECK(contains(error_of([] { zeros({2}, DType::i8).fill_(300); }), "300 does not fit in i8"));
+  CHECK(error_of([] { full({2}, std::nan(""), DType::i32); }) != "NO ERROR");
   CHECK_THROWS_AS(zeros({2}).add_(ones({3})), Error);
   CHECK_THROWS_AS(zeros({2}).add_(ones({2, 2})), Error);  // cannot broadcast into a smaller shape
+}
+
+TEST_CASE("tensor: in-place ops read an operand that shares memory before writing it") {
+  // Each case against the same op on a copy of the operand.
+  Tensor x = arange_f(9).view({3, 3});
+  Tensor want = x + x.t();
+  x.add_(x.t());
+  check_values(x, want.to_vector());
+  Tensor r = ones({5});
+  r.slice(0, 1, 5).add_(r.slice(0, 0, 4));  // a running sum if read after writing
+  check_values(r, {1, 2, 2, 2, 2});
+  Tensor m = arange_f(6).view({2, 3}) + 1.0;
+  m.mul_(m.select(0, 0));  // row 0 multiplies both rows, itself included
+  check_values(m, {1, 4, 9, 4, 10, 18});
+  Tensor c = arange_f(5);
+  c.slice(0, 1, 5).copy_(c.slice(0, 0, 4));
+  check_values(c, {0, 0, 1, 2, 3});
+  Tensor same = arange_f(4);
+  same.add_(same);  // the same elements: no copy needed, and right
+  check_values(same, {0, 2, 4, 6});
+  // An expanded tensor cannot be written elementwise: its elements share memory.
+  Tensor z = zeros({1, 3});
+  CHECK(contains(error_of([&] { z.expand({3, 3}).add_(ones({3, 3})); }), "share memory"));
+  CHECK(contains(error_of([&] { z.expand({3, 3}).copy_(ones({3, 3})); }), "share memory"));
+  check_values(z, {0, 0, 0});
+}
+
+TEST_CASE("tensor: var with a correction past the count divides by 0, and set_grad checks the gradient") {
+  const Tensor v = var(from_vector({1, 2, 4}, {3}), {0}, 5);
+  CHECK(std::isinf(v.item<double>()));  // PyTorch's answer; never a negative variance
+  CHECK(std::isnan(var(ones({3}), {0}, 5).item<double>()));
+  Tensor w = ones({3});
+  w.set_requires_grad();
+  CHECK(contains(error_of([&] { w.set_grad(ones({3}, DType::i64)); }), "a gradient must be floating"));
+  CHECK(contains(error_of([&] { w.set_grad(ones({3}, TensorOptions(DType::f32, kMeta))); }), "gradient on meta"));
+  CHECK(contains(error_of([&] { w.set_grad(ones({2})); }), "gradient shape [2]"));
+  CHECK(!w.grad().defined());
+}
+
+TEST_CASE("tensor: sizes whose products overflow 64 bits are refused, not wrapped") {
+  const int64_t big = int64_t(1) << 32;
+  CHECK(contains(error_of([&] { zeros({big, big}); }), "more elements than fit in 64 bits"));
+  CHECK(contains(error_of([&] { empty({int64_t(1) << 60, 4}); }), "more bytes than fit in 64 bits"));
+  CHECK(contains(error_of([&] { ones({1, 1}).expand({big, big}); }), "more elements than fit in 64 bits"));
+  CHECK(Shape{big, big, 0}.numel() == 0);  // empty, however large the other sizes
+  CHECK(error_of([] { zeros({1}).expand({-5}); }) != "NO ERROR");
+  CHECK(error_of([] { broadcast_shapes({-2, 3}, {1, 3}); }) != "NO ERROR");
+  const int64_t top = std::numeric_limits<int64_t>::max();
+  CHECK(error_of([&] { arange_f(4).narrow(0, 1, top); }) != "NO ERROR");
+  CHECK(error_of([&] { arange_f(4).narrow(0, top - 2, 3); }) != "NO ERROR");
+  check_values(arange_f(10).slice(0, 0, 10, top), {0});
+  check_values(arange_f(10).slice(0, 9, -11, std::numeric_limits<int64_t>::min()), {9});
+  check_values(arange_f(10).slice(0, 9, -11, -4), {9, 5, 1});
 }
 
 // ---- errors -------------------------------------------------------------------------------------
