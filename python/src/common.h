@@ -20,9 +20,14 @@ namespace nb = nanobind;
 
 // A Python object held from C++ code that may run without the GIL (a backward function, a hook, a
 // deleter): the reference is dropped with the GIL held, and not at all once the interpreter is gone.
+// Python's GC cannot see these references, so a cycle through one (a hook whose function's globals
+// hold the tensor it hooks; a graph whose Function closure reaches the output holding the graph) is
+// never collected: at interpreter exit (atexit, kiln._C._release_python_refs) every live PyRef lets
+// go of its object, which breaks such cycles before nanobind checks for leaked instances. A PyRef
+// released so holds None; callers check obj before calling it.
 struct PyRef {
   nb::object obj;
-  explicit PyRef(nb::object o) : obj(std::move(o)) {}
+  explicit PyRef(nb::object o);
   ~PyRef();
   PyRef(const PyRef&) = delete;
   PyRef& operator=(const PyRef&) = delete;

@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <csignal>
+#include <mutex>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include "common.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -18,7 +21,25 @@ PyObject* g_kiln_error = nullptr;
 PyObject* g_value_error = nullptr;
 PyObject* g_index_error = nullptr;
 
+namespace {
+// Every live PyRef (see common.h), for the release at exit.
+std::mutex g_refs_mu;
+std::set<PyRef*>& live_refs() {
+  static auto* refs = new std::set<PyRef*>();  // never destroyed: PyRefs may outlive static destruction
+  return *refs;
+}
+}  // namespace
+
+PyRef::PyRef(nb::object o) : obj(std::move(o)) {
+  std::lock_guard<std::mutex> lock(g_refs_mu);
+  live_refs().insert(this);
+}
+
 PyRef::~PyRef() {
+  {
+    std::lock_guard<std::mutex> lock(g_refs_mu);
+    live_refs().erase(this);
+  }
   if (!obj.is_valid() || !Py_IsInitialized()) {
     (void)obj.release();  // the interpreter is gone: nothing to give back
     return;
@@ -344,6 +365,21 @@ NB_MODULE(_C, m) {
       },
       "Lets Ctrl-C stop a long call between kernels (on this thread, the main one).");
   m.def("_clear_interrupt", [] { g_sigint.store(0); });
+  m.def(
+      "_release_python_refs",
+      [] {
+        // Taken out under the lock, dropped outside it: dropping one may free tensors whose own
+        // PyRefs unregister themselves.
+        std::vector<nb::object> drop;
+        {
+          std::lock_guard<std::mutex> lock(g_refs_mu);
+          for (PyRef* r : live_refs())
+            if (r->obj.is_valid() && !r->obj.is_none()) drop.push_back(std::exchange(r->obj, nb::none()));
+        }
+        drop.clear();
+      },
+      "At interpreter exit: every Python object held by the engine (hooks, Function backward closures) is let "
+      "go, breaking the reference cycles through C++ that Python's GC cannot see.");
 
   bind_tensor(m);
   bind_interop(m);

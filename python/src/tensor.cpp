@@ -689,6 +689,7 @@ void bind_tensor(nb::module_& m) {
             auto ref = hold(fn);
             return x.register_grad_ready_hook([ref](Tensor& leaf) {
               nb::gil_scoped_acquire gil;
+              if (ref->obj.is_none()) return;  // released at exit
               ref->obj(leaf);
             });
           },
