@@ -136,6 +136,18 @@ def _install_interrupts():
 _install_interrupts()
 
 
+def _release_at_exit():
+    """Hooks and Function closures are held by the engine, out of the GC's sight: a cycle through one
+    (a hook whose globals hold its tensor) is never collected. At exit the engine lets go of them
+    all, so the interpreter frees those tensors before nanobind counts leaked instances."""
+    import atexit
+
+    atexit.register(_C._release_python_refs)
+
+
+_release_at_exit()
+
+
 def from_dlpack(obj):
     """A tensor sharing the memory of any DLPack producer (NumPy, PyTorch, CuPy, JAX): no copy.
 

@@ -36,10 +36,14 @@ def train(model="resnet20", *, out, callback=None, **options):
     stops the run. An interrupt (Ctrl-C, a notebook's stop button) saves a checkpoint, stops, and
     raises KeyboardInterrupt; train(..., resume="auto") continues from it.
 
-    Returns the run's summary.json as a dict. A run that fails raises kiln.KilnError with its
-    messages."""
+    Returns the run's summary.json as a dict (help=True prints the options and returns None). A run
+    that fails raises kiln.KilnError with its messages; a list for a one-value option, or a callback
+    that returns something other than None, True or False, is an error."""
     args = ["--model", str(model), "--out", os.fspath(out)] + _flags(options)
     r = _C._train(args, callback)
+    if "help" in r:  # help=True: the options of kiln train (each a keyword here)
+        print(r["help"])
+        return None
     if r["stop_signal"] == signal.SIGINT:
         raise KeyboardInterrupt(f"kiln.train: interrupted; saved {r['saved'] or 'nothing'}; "
                                 "continue with resume='auto'")

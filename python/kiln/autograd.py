@@ -81,27 +81,47 @@ class Function:
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         with no_grad():
             out = cls.forward(ctx, *args, **kwargs)
+        name = cls.__name__
         single = isinstance(out, Tensor)
+        if not single and not isinstance(out, (tuple, list)):
+            raise KilnError(f"{name}.forward must return a kiln.Tensor or a tuple of them, got {type(out).__name__}")
         outs = (out,) if single else tuple(out)
-        for o in outs:
+        if not outs:
+            raise KilnError(f"{name}.forward returned no tensors (an empty {type(out).__name__})")
+        for k, o in enumerate(outs):
             if not isinstance(o, Tensor):
-                raise KilnError(f"{cls.__name__}.forward must return tensors, got {type(o).__name__}")
+                raise KilnError(f"{name}.forward must return tensors, got {type(o).__name__} as output {k}")
         # An input returned as it is gets a new handle, so that its own graph is not overwritten.
         outs = tuple(o.detach() if any(o is a for a in args) else o for o in outs)
         positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
         if _C.is_grad_enabled() and any(ctx.needs_input_grad):
-            name = cls.__name__
+            n_args = len(args)
+            # What backward's results are checked against; the closure holds shapes, not the inputs.
+            shapes = {i: tuple(args[i].shape) for i in positions}
 
             def run_backward(grads, needs):
                 res = cls.backward(ctx, *grads)
                 if not isinstance(res, tuple):
                     res = (res,)
-                if len(res) != len(args):
-                    raise KilnError(f"{name}.backward returned {len(res)} values for {len(args)} forward arguments")
+                if len(res) != n_args:
+                    raise KilnError(f"{name}.backward returned {len(res)} values for {n_args} forward arguments")
+                for i in positions:
+                    g = res[i]
+                    if isinstance(g, Tensor) and not _expandable(shapes[i], tuple(g.shape)):
+                        raise KilnError(f"{name}.backward returned a gradient of shape {tuple(g.shape)} for input {i}, "
+                                        f"which has shape {shapes[i]} (as torch, a gradient may be larger only by "
+                                        "broadcasting: it is summed down)")
                 return tuple(res[i] for i in positions)
 
             _C._record_function(name, [args[i] for i in positions], list(outs), run_backward)
         return outs[0] if single else outs
+
+
+def _expandable(shape, to):
+    """Whether `shape` broadcasts to `to` (then a gradient of shape `to` sums down to it)."""
+    if len(shape) > len(to):
+        return False
+    return all(a == b or a == 1 for a, b in zip(reversed(shape), reversed(to)))
 
 
 def checkpoint(fn, *inputs):

@@ -7,6 +7,7 @@ names and --set overrides:
     logits = model(images)                                         # [N, classes]
 """
 from . import _C
+from ._tensor import tensor
 from .nn.modules import CppModule
 
 
@@ -34,7 +35,20 @@ class ZooModel(CppModule):
             raise _C.KilnValueError(f"{self.name} takes at most {len(names)} inputs ({', '.join(names)})")
         for n, a in zip(names, args):
             inputs[n] = a
-        return dict(self._built.run({k: v for k, v in inputs.items() if v is not None}))
+        feed = {}
+        for k, v in inputs.items():
+            if v is None:
+                continue
+            if k not in names:
+                raise _C.KilnValueError(f"{self.name}: unknown input '{k}' (inputs: {', '.join(names)})")
+            if not isinstance(v, _C.Tensor):
+                try:
+                    v = tensor(v)  # an array-like: a copy, keeping a NumPy array's dtype
+                except (ValueError, TypeError) as e:
+                    raise TypeError(f"{self.name}: input '{k}' must be a kiln.Tensor or an array, got "
+                                    f"{type(v).__name__} ({e})") from None
+            feed[k] = v
+        return dict(self._built.run(feed))
 
     def forward(self, *args, **inputs):
         return self.run(*args, **inputs)["output"]

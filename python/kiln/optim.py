@@ -50,6 +50,11 @@ class Optimizer:
         return {"tensors": tensors, "scalars": scalars}
 
     def load_state_dict(self, state):
+        """Restores what state_dict() returned: {"tensors": {...}, "scalars": {...}}."""
+        if not isinstance(state, dict) or "tensors" not in state or "scalars" not in state:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise _C.KilnValueError(f"load_state_dict: expected the dict state_dict() returns, with keys 'tensors' "
+                                    f"and 'scalars'; got {got}")
         self._impl.load_state(state["tensors"], state["scalars"])
 
 
@@ -58,14 +63,27 @@ class SGD(Optimizer):
         super().__init__(_C._sgd(_params(params), lr, momentum, dampening, nesterov, weight_decay))
 
 
+def _betas(name, betas):
+    try:
+        b1, b2 = (float(b) for b in betas)
+    except (TypeError, ValueError):
+        raise _C.KilnValueError(f"{name}: betas must be two numbers (beta1, beta2), got {betas!r}") from None
+    for i, b in enumerate((b1, b2)):
+        if not 0.0 <= b < 1.0:
+            raise _C.KilnValueError(f"{name}: betas[{i}] must be in [0, 1), got {b}")
+    return b1, b2
+
+
 class AdamW(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        super().__init__(_C._adamw(_params(params), lr, betas[0], betas[1], eps, weight_decay, False))
+        b1, b2 = _betas("AdamW", betas)
+        super().__init__(_C._adamw(_params(params), lr, b1, b2, eps, weight_decay, False))
 
 
 class LAMB(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
-        super().__init__(_C._adamw(_params(params), lr, betas[0], betas[1], eps, weight_decay, True))
+        b1, b2 = _betas("LAMB", betas)
+        super().__init__(_C._adamw(_params(params), lr, b1, b2, eps, weight_decay, True))
 
 
 def decay_groups(named_parameters, lr, weight_decay):

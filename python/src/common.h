@@ -20,9 +20,14 @@ namespace nb = nanobind;
 
 // A Python object held from C++ code that may run without the GIL (a backward function, a hook, a
 // deleter): the reference is dropped with the GIL held, and not at all once the interpreter is gone.
+// Python's GC cannot see these references, so a cycle through one (a hook whose function's globals
+// hold the tensor it hooks; a graph whose Function closure reaches the output holding the graph) is
+// never collected: at interpreter exit (atexit, kiln._C._release_python_refs) every live PyRef lets
+// go of its object, which breaks such cycles before nanobind checks for leaked instances. A PyRef
+// released so holds None; callers check obj before calling it.
 struct PyRef {
   nb::object obj;
-  explicit PyRef(nb::object o) : obj(std::move(o)) {}
+  explicit PyRef(nb::object o);
   ~PyRef();
   PyRef(const PyRef&) = delete;
   PyRef& operator=(const PyRef&) = delete;
@@ -53,9 +58,29 @@ struct Defs {
   }
 };
 
-// Raised for bad arguments: subclasses of kiln.KilnError that are also ValueError / IndexError.
+// Raised for bad arguments: subclasses of kiln.KilnError that are also ValueError / IndexError;
+// TypeError and OverflowError for a wrong type or a Python int out of range. Messages are UTF-8
+// with any invalid bytes (a damaged file's header quoted) shown as \xNN escapes.
 [[noreturn]] void value_error(const std::string& msg);
 [[noreturn]] void index_error(const std::string& msg);
+[[noreturn]] void type_error(const std::string& msg);
+[[noreturn]] void overflow_error(const std::string& msg);
+// Sets a Python exception of `type` from a C++ message (errors="backslashreplace").
+void set_error(PyObject* type, const std::string& msg);
+
+// str(h) and type(h).__name__, for messages.
+std::string str_of(nb::handle h);
+std::string py_type_name(nb::handle h);
+// A Python int (or anything with __index__, not a bool or a float) as int64; `what` names the
+// argument in the error: TypeError for another type, OverflowError outside int64.
+int64_t to_int64(nb::handle h, const char* what);
+// A Python int as an exact int64, or nullopt when h is not an int (bools excluded); OverflowError
+// naming `what` for an int outside int64.
+std::optional<int64_t> exact_int(nb::handle h, const char* what);
+// A real number (int or float, or anything with __float__; not a str); TypeError naming `what`.
+double to_double(nb::handle h, const char* what);
+// A 0-dim int64 tensor holding v exactly (scalar_tensor goes through double).
+Tensor int64_scalar(int64_t v);
 
 // Each file's part of the module.
 void bind_tensor(nb::module_& m);

@@ -147,13 +147,15 @@ Tensor numpy_to_tensor_copy(nb::handle obj, const char* what) {
   // Python floats are float32 in Kiln, as in PyTorch; NumPy arrays keep their dtype.
   if (from_python && kind == "f") arr = arr.attr("astype")("float32");
   if (from_python && kind == "i") arr = arr.attr("astype")("int64");
+  // A copy may as well be in the machine's byte order (a big-endian array, as read from a file).
+  if (str_of(arr.attr("dtype").attr("byteorder")) == ">" && kind != "V")
+    arr = arr.attr("astype")(arr.attr("dtype").attr("newbyteorder")("="));
   arr = np.attr("ascontiguousarray")(arr);
   nb::ndarray<nb::ro> a;
   try {
     a = nb::cast<nb::ndarray<nb::ro>>(arr);
   } catch (const std::exception&) {
-    value_error(std::string(what) + ": NumPy dtype " + nb::cast<std::string>(nb::str(arr.attr("dtype"))) +
-                kNoKilnDtype);
+    value_error(std::string(what) + ": NumPy dtype " + str_of(arr.attr("dtype")) + kNoKilnDtype);
   }
   return wrap(a, what).clone();
 }
@@ -166,11 +168,23 @@ void bind_interop(nb::module_& m) {
         if (!nb::isinstance(obj, np.attr("ndarray"))) value_error("from_numpy: expected a numpy.ndarray");
         if (!nb::cast<bool>(obj.attr("flags").attr("writeable")))
           value_error("from_numpy: the array is read-only (kiln tensors are writable); use kiln.tensor(a) to copy it");
+        const nb::object dt = obj.attr("dtype");
+        if (str_of(dt.attr("byteorder")) == ">")
+          value_error("from_numpy: the array is big-endian (dtype " + str_of(dt) +
+                      "); Kiln shares memory only in the machine's byte order: use kiln.tensor(a) (a copy), or "
+                      "a.astype(a.dtype.newbyteorder('='))");
+        const int64_t itemsize = nb::cast<int64_t>(dt.attr("itemsize"));
+        const nb::tuple strides = nb::borrow<nb::tuple>(obj.attr("strides"));
+        for (size_t i = 0; i < strides.size(); ++i)
+          if (itemsize > 0 && nb::cast<int64_t>(strides[i]) % itemsize != 0)
+            value_error("from_numpy: the array's stride in dimension " + std::to_string(i) + " is " +
+                        str_of(strides[i]) + " bytes, not a multiple of its item size (" + std::to_string(itemsize) +
+                        "); Kiln's strides count elements: pass a copy (a.copy()) or use kiln.tensor(a)");
         nb::ndarray<> a;
         try {
           a = nb::cast<nb::ndarray<>>(obj);
         } catch (const std::exception&) {
-          value_error("from_numpy: NumPy dtype " + nb::cast<std::string>(nb::str(obj.attr("dtype"))) + kNoKilnDtype);
+          value_error("from_numpy: NumPy dtype " + str_of(obj.attr("dtype")) + kNoKilnDtype);
         }
         return wrap(a, "from_numpy");
       },
@@ -213,7 +227,7 @@ void bind_interop(nb::module_& m) {
           value_error(
               std::string("from_dlpack: cannot take this ") +
               nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))))) +
-              (dt.is_none() ? std::string() : " of dtype " + nb::cast<std::string>(nb::str(dt))) +
+              (dt.is_none() ? std::string() : " of dtype " + str_of(dt)) +
               " (an unsupported dtype, a read-only array, or a tensor that requires grad in its own framework)");
         }
         return wrap(a, "from_dlpack");
@@ -252,7 +266,7 @@ void bind_interop(nb::module_& m) {
       "An array-API object over the tensor (it implements __dlpack__).");
 
   m.def(
-      "_tensor_from", [](nb::handle data) { return to_tensor(data, nullptr, "data"); }, nb::arg("data"));
+      "_tensor_from", [](nb::handle data) { return to_tensor(data, nullptr, "data"); }, nb::arg("data").none());
 }
 
 }  // namespace kiln::py

@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <csignal>
+#include <mutex>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include "common.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -18,7 +21,25 @@ PyObject* g_kiln_error = nullptr;
 PyObject* g_value_error = nullptr;
 PyObject* g_index_error = nullptr;
 
+namespace {
+// Every live PyRef (see common.h), for the release at exit.
+std::mutex g_refs_mu;
+std::set<PyRef*>& live_refs() {
+  static auto* refs = new std::set<PyRef*>();  // never destroyed: PyRefs may outlive static destruction
+  return *refs;
+}
+}  // namespace
+
+PyRef::PyRef(nb::object o) : obj(std::move(o)) {
+  std::lock_guard<std::mutex> lock(g_refs_mu);
+  live_refs().insert(this);
+}
+
 PyRef::~PyRef() {
+  {
+    std::lock_guard<std::mutex> lock(g_refs_mu);
+    live_refs().erase(this);
+  }
   if (!obj.is_valid() || !Py_IsInitialized()) {
     (void)obj.release();  // the interpreter is gone: nothing to give back
     return;
@@ -27,14 +48,95 @@ PyRef::~PyRef() {
   obj.reset();
 }
 
+void set_error(PyObject* type, const std::string& msg) {
+  // PyErr_SetString decodes strictly: a message quoting a damaged file's bytes would turn into a
+  // UnicodeDecodeError instead of the error it describes.
+  PyObject* text = PyUnicode_DecodeUTF8(msg.data(), Py_ssize_t(msg.size()), "backslashreplace");
+  if (!text) return;  // MemoryError is set
+  PyErr_SetObject(type, text);
+  Py_DECREF(text);
+}
+
 void value_error(const std::string& msg) {
-  PyErr_SetString(g_value_error, msg.c_str());
+  set_error(g_value_error, msg);
   throw nb::python_error();
 }
 void index_error(const std::string& msg) {
-  PyErr_SetString(g_index_error, msg.c_str());
+  set_error(g_index_error, msg);
   throw nb::python_error();
 }
+void type_error(const std::string& msg) {
+  set_error(PyExc_TypeError, msg);
+  throw nb::python_error();
+}
+void overflow_error(const std::string& msg) {
+  set_error(PyExc_OverflowError, msg);
+  throw nb::python_error();
+}
+
+std::string str_of(nb::handle h) {
+  PyObject* s = PyObject_Str(h.ptr());
+  if (!s) {
+    PyErr_Clear();
+    return "<" + py_type_name(h) + ">";
+  }
+  Py_ssize_t n = 0;
+  const char* c = PyUnicode_AsUTF8AndSize(s, &n);
+  std::string out = c ? std::string(c, size_t(n)) : std::string("?");
+  if (!c) PyErr_Clear();
+  Py_DECREF(s);
+  return out;
+}
+
+std::string py_type_name(nb::handle h) { return Py_TYPE(h.ptr())->tp_name; }
+
+namespace {
+// A Python int's decimal digits, shortened for a message.
+std::string int_text(nb::handle h) {
+  std::string s = str_of(h);
+  if (s.size() > 40) s = s.substr(0, 20) + "..." + s.substr(s.size() - 10);
+  return s;
+}
+}  // namespace
+
+std::optional<int64_t> exact_int(nb::handle h, const char* what) {
+  if (!PyLong_Check(h.ptr()) || PyBool_Check(h.ptr())) return std::nullopt;
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
+  if (overflow != 0)
+    overflow_error(std::string(what) + ": " + int_text(h) + " does not fit in int64 (Kiln's integers are 64-bit)");
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+  return int64_t(v);
+}
+
+int64_t to_int64(nb::handle h, const char* what) {
+  if (PyBool_Check(h.ptr()) || PyFloat_Check(h.ptr()) || !PyIndex_Check(h.ptr()))
+    type_error(std::string(what) + ": expected an int, got " + py_type_name(h));
+  if (PyLong_Check(h.ptr())) return *exact_int(h, what);
+  nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+  if (!i.is_valid()) throw nb::python_error();
+  return *exact_int(i, what);
+}
+
+double to_double(nb::handle h, const char* what) {
+  if (PyFloat_Check(h.ptr())) return PyFloat_AS_DOUBLE(h.ptr());
+  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
+    const double v = PyLong_AsDouble(h.ptr());
+    if (v == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      overflow_error(std::string(what) + ": " + int_text(h) + " is too large for a float");
+    }
+    return v;
+  }
+  if (nb::isinstance<nb::str>(h) || nb::isinstance<nb::bytes>(h) || !nb::hasattr(h, "__float__"))
+    type_error(std::string(what) + ": expected a number, got " + py_type_name(h) + " (" + str_of(h).substr(0, 40) +
+               ")");
+  const double v = PyFloat_AsDouble(h.ptr());
+  if (v == -1.0 && PyErr_Occurred()) throw nb::python_error();
+  return v;
+}
+
+Tensor int64_scalar(int64_t v) { return from_blob_copy(&v, Shape{}); }
 
 DType to_dtype(nb::handle h, const char* what) {
   if (nb::isinstance<DType>(h)) return nb::cast<DType>(h);
@@ -79,12 +181,13 @@ Device to_device(nb::handle h, const char* what) {
 
 std::vector<int64_t> to_dims(nb::handle h, const char* what) {
   if (h.is_none()) return {};
-  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) return {nb::cast<int64_t>(h)};
+  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) return {*exact_int(h, what)};
   if (PySequence_Check(h.ptr()) && !nb::isinstance<nb::str>(h)) {
     std::vector<int64_t> out;
     for (nb::handle x : nb::iter(h)) {
-      if (!PyLong_Check(x.ptr()) || PyBool_Check(x.ptr())) value_error(std::string(what) + ": expected integers");
-      out.push_back(nb::cast<int64_t>(x));
+      if (!PyLong_Check(x.ptr()) || PyBool_Check(x.ptr()))
+        value_error(std::string(what) + ": expected integers, got " + py_type_name(x));
+      out.push_back(*exact_int(x, what));
     }
     return out;
   }
@@ -97,7 +200,7 @@ Shape to_shape(nb::handle args) {
   Shape s;
   for (nb::handle x : t) {
     if (!PyLong_Check(x.ptr()) || PyBool_Check(x.ptr())) value_error("size: expected integers");
-    s.push_back(nb::cast<int64_t>(x));
+    s.push_back(*exact_int(x, "size"));
   }
   return s;
 }
@@ -114,12 +217,17 @@ Tensor to_tensor(nb::handle h, const Tensor* like, const char* what) {
   if (nb::isinstance<Tensor>(h)) return nb::cast<Tensor>(h);
   if (PyBool_Check(h.ptr())) return scalar_tensor(h.is(Py_True) ? 1.0 : 0.0, TensorOptions(DType::boolean));
   if (PyLong_Check(h.ptr())) {
-    const double v = nb::cast<double>(h);
-    if (like && like->defined()) return scalar_like(v, *like);
-    return scalar_tensor(v, TensorOptions(DType::i64));
+    // Exact: an int64 beyond 2^53 does not survive a trip through double.
+    const int64_t v = *exact_int(h, what);
+    if (like && like->defined()) {
+      Tensor s = scalar_like(double(v), *like);
+      if (s.dtype() == DType::i64) s = int64_scalar(v);
+      return s;
+    }
+    return int64_scalar(v);
   }
   if (PyFloat_Check(h.ptr())) {
-    const double v = nb::cast<double>(h);
+    const double v = PyFloat_AS_DOUBLE(h.ptr());
     if (like && like->defined() && is_floating(like->dtype())) return scalar_like(v, *like);
     return scalar_tensor(v, TensorOptions(DType::f32));
   }
@@ -150,7 +258,7 @@ void translate_errors(const std::exception_ptr& p, void*) {
     if (PyErr_CheckSignals() != 0) return;
     PyErr_SetString(PyExc_KeyboardInterrupt, "interrupted between kernels");
   } catch (const Error& e) {
-    PyErr_SetString(g_kiln_error, e.what());
+    set_error(g_kiln_error, e.what());
   }
 }
 
@@ -213,8 +321,19 @@ NB_MODULE(_C, m) {
       .def("__hash__", [](const Device& d) { return std::hash<std::string>()(d.str()); });
   nb::implicitly_convertible<nb::str, Device>();
 
-  m.def("manual_seed", &manual_seed, nb::arg("seed"),
-        "Seeds the default random stream (Philox; the same on CPU and GPU).");
+  m.def(
+      "manual_seed",
+      [](nb::handle seed) {
+        if (!PyLong_Check(seed.ptr()) || PyBool_Check(seed.ptr()))
+          type_error("manual_seed: seed must be an int, got " + py_type_name(seed));
+        // As torch: any int, taken modulo 2^64 (a negative seed wraps: -1 is 2^64 - 1).
+        nb::object wrapped = nb::steal(PyNumber_And(seed.ptr(), nb::int_(~0ULL).ptr()));
+        if (!wrapped.is_valid()) throw nb::python_error();
+        manual_seed(uint64_t(PyLong_AsUnsignedLongLong(wrapped.ptr())));
+      },
+      nb::arg("seed"),
+      "Seeds the default random stream (Philox; the same on CPU and GPU). Any int: taken modulo 2**64, "
+      "as torch.manual_seed (a negative seed wraps).");
   m.def(
       "cuda_device_count", [] { return cuda::device_count(); },
       "CUDA devices visible (0 without a GPU or a CUDA build).");
@@ -246,6 +365,21 @@ NB_MODULE(_C, m) {
       },
       "Lets Ctrl-C stop a long call between kernels (on this thread, the main one).");
   m.def("_clear_interrupt", [] { g_sigint.store(0); });
+  m.def(
+      "_release_python_refs",
+      [] {
+        // Taken out under the lock, dropped outside it: dropping one may free tensors whose own
+        // PyRefs unregister themselves.
+        std::vector<nb::object> drop;
+        {
+          std::lock_guard<std::mutex> lock(g_refs_mu);
+          for (PyRef* r : live_refs())
+            if (r->obj.is_valid() && !r->obj.is_none()) drop.push_back(std::exchange(r->obj, nb::none()));
+        }
+        drop.clear();
+      },
+      "At interpreter exit: every Python object held by the engine (hooks, Function backward closures) is let "
+      "go, breaking the reference cycles through C++ that Python's GC cannot see.");
 
   bind_tensor(m);
   bind_interop(m);

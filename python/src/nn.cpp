@@ -2,6 +2,7 @@
 // module (its parameters are the tensors the Python side sees, shared, not copied), the model
 // families of `kiln train`, the optimizers and LR schedules, autocast and the loss scaler,
 // safetensors and checkpoint files, and the data sets and loader.
+#include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -9,6 +10,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "common.h"
@@ -40,14 +42,34 @@ std::vector<optim::ParamGroup> groups_of(nb::handle params, double lr, double we
       plain.push_back(nb::cast<Tensor>(item));
     } else if (nb::isinstance<nb::dict>(item)) {
       nb::dict d = nb::borrow<nb::dict>(item);
-      if (!d.contains("params")) value_error("optimizer: a parameter group needs \"params\"");
+      const std::string g = "optimizer: parameter group " + std::to_string(groups.size());
+      if (!d.contains("params")) value_error(g + " needs \"params\"");
+      for (auto [k, v] : d) {
+        const std::string key = nb::isinstance<nb::str>(k) ? nb::cast<std::string>(k) : str_of(k);
+        if (key != "params" && key != "lr" && key != "weight_decay" && key != "name")
+          value_error(g + ": unknown key '" + key +
+                      "' (a group takes params, lr, weight_decay and name; the other options are the "
+                      "optimizer's, for every group)");
+      }
       std::vector<Tensor> ps;
-      for (nb::handle p : nb::iter(d["params"])) ps.push_back(nb::cast<Tensor>(p));
-      groups.emplace_back(std::move(ps), d.contains("lr") ? nb::cast<double>(d["lr"]) : lr,
-                          d.contains("weight_decay") ? nb::cast<double>(d["weight_decay"]) : weight_decay,
-                          d.contains("name") ? nb::cast<std::string>(d["name"]) : std::string());
+      nb::object plist = d["params"];
+      if (nb::isinstance<Tensor>(plist)) plist = nb::make_tuple(plist);
+      for (nb::handle p : nb::iter(plist)) {
+        if (!nb::isinstance<Tensor>(p))
+          type_error(g + ": \"params\" holds a " + py_type_name(p) + ", expected kiln.Tensor");
+        ps.push_back(nb::cast<Tensor>(p));
+      }
+      const double glr = d.contains("lr") ? to_double(d["lr"], (g + ": lr").c_str()) : lr;
+      const double gwd =
+          d.contains("weight_decay") ? to_double(d["weight_decay"], (g + ": weight_decay").c_str()) : weight_decay;
+      std::string name;
+      if (d.contains("name")) {
+        if (!nb::isinstance<nb::str>(d["name"])) type_error(g + ": name must be a str, got " + py_type_name(d["name"]));
+        name = nb::cast<std::string>(d["name"]);
+      }
+      groups.emplace_back(std::move(ps), glr, gwd, name);
     } else {
-      value_error("optimizer: params must be tensors or dicts of parameter groups");
+      type_error("optimizer: params must be tensors or dicts of parameter groups, got a " + py_type_name(item));
     }
   }
   if (!plain.empty()) groups.emplace(groups.begin(), std::move(plain), lr, weight_decay);
@@ -56,6 +78,47 @@ std::vector<optim::ParamGroup> groups_of(nb::handle params, double lr, double we
     for (const Tensor& p : g.params)
       if (!p.requires_grad()) value_error("optimizer: a parameter does not require grad (" + p.type_str() + ")");
   return groups;
+}
+
+// A dict of str -> kiln.Tensor for a file; `what` names the function in errors.
+std::map<std::string, Tensor> tensor_dict(nb::handle h, const char* what) {
+  if (!nb::isinstance<nb::dict>(h))
+    type_error(std::string(what) + ": tensors must be a dict of str -> kiln.Tensor, got " + py_type_name(h));
+  std::map<std::string, Tensor> out;
+  for (auto [k, v] : nb::borrow<nb::dict>(h)) {
+    if (!nb::isinstance<nb::str>(k))
+      type_error(std::string(what) + ": tensor names must be str, got the " + py_type_name(k) + " key " + str_of(k));
+    const std::string key = nb::cast<std::string>(k);
+    if (!nb::isinstance<Tensor>(v))
+      type_error(std::string(what) + ": '" + key + "' is a " + py_type_name(v) + ", expected kiln.Tensor");
+    out[key] = nb::cast<Tensor>(v);
+  }
+  return out;
+}
+
+// A checkpoint's state as load_checkpoint will read it back: a dict with str keys, and numbers
+// that JSON has (no NaN or infinity); `at` is the path to the value, for the message.
+void check_state(nb::handle h, const std::string& at) {
+  if (PyFloat_Check(h.ptr())) {
+    const double v = PyFloat_AS_DOUBLE(h.ptr());
+    if (std::isnan(v) || std::isinf(v))
+      value_error("save_checkpoint: " + at + " is " + str_of(h) +
+                  "; JSON has no NaN or infinity, so load_checkpoint could not read it back (store it as a string "
+                  "or None)");
+  } else if (nb::isinstance<nb::dict>(h)) {
+    for (auto [k, v] : nb::borrow<nb::dict>(h)) {
+      if (!nb::isinstance<nb::str>(k))
+        type_error("save_checkpoint: " + at + " has the " + py_type_name(k) + " key " + str_of(k) +
+                   "; JSON keys are strings (it would come back as '" + str_of(k) + "')");
+      check_state(v, at + "['" + nb::cast<std::string>(k) + "']");
+    }
+  } else if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h)) {
+    size_t i = 0;
+    for (nb::handle v : nb::iter(h)) check_state(v, at + "[" + std::to_string(i++) + "]");
+  } else if (!h.is_none() && !PyBool_Check(h.ptr()) && !PyLong_Check(h.ptr()) && !nb::isinstance<nb::str>(h)) {
+    type_error("save_checkpoint: " + at + " is a " + py_type_name(h) +
+               "; the state holds JSON values (dict, list, str, int, float, bool, None)");
+  }
 }
 
 // An autocast region as a context manager object.
@@ -231,8 +294,13 @@ void bind_nn(nb::module_& m) {
           nb::arg("kind"), nb::arg("base_lr"), nb::arg("warmup_steps") = 0, nb::arg("total_steps") = 0,
           nb::arg("min_lr") = 0.0, nb::arg("step_size") = 1, nb::arg("gamma") = 0.1,
           nb::arg("milestones") = std::vector<int64_t>{}, nb::arg("power") = 1.0)
-      .def("at", &optim::LrSchedule::at, nb::arg("step"), "The rate of optimizer step `step` (0-based).")
-      .def("__call__", &optim::LrSchedule::at, nb::arg("step"));
+      .def(
+          "at", [](const optim::LrSchedule& s, nb::handle step) { return s.at(to_int64(step, "LrSchedule: step")); },
+          nb::arg("step"), "The rate of optimizer step `step` (0-based).")
+      .def(
+          "__call__",
+          [](const optim::LrSchedule& s, nb::handle step) { return s.at(to_int64(step, "LrSchedule: step")); },
+          nb::arg("step"));
 
   // ---- mixed precision ----
   nb::class_<Autocast>(m, "autocast", "Autocast region: with kiln.amp.autocast(kiln.bfloat16): ... (per thread).")
@@ -299,13 +367,29 @@ void bind_nn(nb::module_& m) {
   // ---- files ----
   m.def(
       "save_safetensors",
-      [](const std::string& path, const std::map<std::string, Tensor>& tensors,
-         const std::map<std::string, std::string>& metadata) { io::save_safetensors(path, tensors, metadata); },
-      nb::arg("path"), nb::arg("tensors"), nb::arg("metadata") = std::map<std::string, std::string>{}, nogil,
+      [](const std::filesystem::path& path_, nb::handle tensors_, nb::handle metadata_) {
+        const std::string path = path_.string();
+        const std::map<std::string, Tensor> tensors = tensor_dict(tensors_, "save");
+        std::map<std::string, std::string> metadata;
+        if (!metadata_.is_none()) {
+          if (!nb::isinstance<nb::dict>(metadata_))
+            type_error("save: metadata must be a dict of str -> str, got " + py_type_name(metadata_));
+          for (auto [k, v] : nb::borrow<nb::dict>(metadata_)) {
+            if (!nb::isinstance<nb::str>(k) || !nb::isinstance<nb::str>(v))
+              type_error("save: metadata must map str to str (safetensors), got " + py_type_name(k) + " " + str_of(k) +
+                         " -> " + py_type_name(v));
+            metadata[nb::cast<std::string>(k)] = nb::cast<std::string>(v);
+          }
+        }
+        R r;
+        io::save_safetensors(path, tensors, metadata);
+      },
+      nb::arg("path"), nb::arg("tensors"), nb::arg("metadata").none() = nb::none(),
       "Writes a dict of tensors (any device and layout) atomically: a crash never leaves half a file.");
   m.def(
       "load_safetensors",
-      [](const std::string& path) {
+      [](const std::filesystem::path& path_) {
+        const std::string path = path_.string();
         io::SafetensorsFile f;
         {
           R r;
@@ -327,7 +411,12 @@ void bind_nn(nb::module_& m) {
       nb::arg("data"), nb::arg("what"));
   m.def(
       "save_checkpoint",
-      [](const std::string& path, const std::map<std::string, Tensor>& tensors, nb::handle state) {
+      [](const std::filesystem::path& path_, nb::handle tensors_, nb::handle state) {
+        const std::string path = path_.string();
+        const std::map<std::string, Tensor> tensors = tensor_dict(tensors_, "save_checkpoint");
+        if (!nb::isinstance<nb::dict>(state))
+          type_error("save_checkpoint: state must be a dict (a JSON object), got " + py_type_name(state));
+        check_state(state, "state");
         const std::string js = nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(state));
         std::vector<std::pair<std::string, Tensor>> v(tensors.begin(), tensors.end());
         R r;
@@ -337,7 +426,8 @@ void bind_nn(nb::module_& m) {
       "Kiln's checkpoint format (docs/checkpoint.md): tensors with CRC32C checksums plus a JSON state; atomic.");
   m.def(
       "load_checkpoint",
-      [](const std::string& path) {
+      [](const std::filesystem::path& path_) {
+        const std::string path = path_.string();
         std::map<std::string, Tensor> tensors;
         std::string js;
         {

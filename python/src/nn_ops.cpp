@@ -42,6 +42,40 @@ template <size_t N> std::optional<std::array<int64_t, N>> unpool_size(nb::handle
   return out;
 }
 
+// A pool's stride: None (the kernel size, which the engine takes as 0), else positive values; an
+// explicit 0 is an error, not "not given".
+template <size_t N> std::array<int64_t, N> pool_stride(nb::handle h, const char* op) {
+  const std::array<int64_t, N> s = tuple_of<N>(h, "stride", 0);
+  if (!h.is_none())
+    for (int64_t v : s)
+      if (v < 1) value_error(std::string(op) + ": stride must be positive, got " + std::to_string(v));
+  return s;
+}
+int64_t divisor_of(const std::optional<int64_t>& d, const char* op) {
+  if (!d) return 0;
+  if (*d == 0) value_error(std::string(op) + ": divisor_override must be nonzero (None: the pooling region's size)");
+  return *d;
+}
+// max_unpool's output_size against the sizes the pooling could have come from, as torch checks:
+// within a stride of (in - 1) * stride - 2 * padding + kernel, per spatial dim.
+template <size_t N> void check_unpool_size(const char* op, const Tensor& x,
+                                           const std::optional<std::array<int64_t, N>>& os,
+                                           const std::array<int64_t, N>& k, const std::array<int64_t, N>& s,
+                                           const std::array<int64_t, N>& p) {
+  if (!os || x.dim() < int64_t(N)) return;
+  for (size_t i = 0; i < N; ++i) {
+    const int64_t st = s[i] > 0 ? s[i] : k[i];
+    const int64_t in = x.size(x.dim() - int64_t(N) + int64_t(i));
+    const int64_t def = (in - 1) * st - 2 * p[i] + k[i];
+    const int64_t want = (*os)[i];
+    if (want <= def - st || want >= def + st)
+      value_error(std::string(op) + ": output_size " + std::to_string(want) + " in spatial dim " + std::to_string(i) +
+                  " is impossible for an input of size " + std::to_string(in) + " (kernel " + std::to_string(k[i]) +
+                  ", stride " + std::to_string(st) + ", padding " + std::to_string(p[i]) + "): it must be between " +
+                  std::to_string(def - st + 1) + " and " + std::to_string(def + st - 1));
+  }
+}
+
 Reduction reduction_of(const std::string& r) {
   if (r == "mean") return Reduction::mean;
   if (r == "sum") return Reduction::sum;
@@ -146,7 +180,7 @@ void bind_nn_ops(nb::module_& mod) {
       "max_pool1d",
       [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, nb::handle d, bool ceil_mode,
          bool return_indices) -> nb::object {
-        const int64_t kk = one_of(k, "kernel_size"), ss = one_of(s, "stride", 0), pp = one_of(p, "padding"),
+        const int64_t kk = one_of(k, "kernel_size"), ss = pool_stride<1>(s, "max_pool1d")[0], pp = one_of(p, "padding"),
                       dd = one_of(d, "dilation", 1);
         if (return_indices) {
           ValuesIndices vi;
@@ -167,8 +201,8 @@ void bind_nn_ops(nb::module_& mod) {
       "max_pool2d",
       [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, nb::handle d, bool ceil_mode,
          bool return_indices) -> nb::object {
-        const Pair kk = tuple_of<2>(k, "kernel_size"), ss = tuple_of<2>(s, "stride", 0), pp = tuple_of<2>(p, "padding"),
-                   dd = tuple_of<2>(d, "dilation", 1);
+        const Pair kk = tuple_of<2>(k, "kernel_size"), ss = pool_stride<2>(s, "max_pool2d"),
+                   pp = tuple_of<2>(p, "padding"), dd = tuple_of<2>(d, "dilation", 1);
         if (return_indices) {
           ValuesIndices vi;
           {
@@ -190,7 +224,7 @@ void bind_nn_ops(nb::module_& mod) {
       "max_pool3d",
       [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, nb::handle d, bool ceil_mode,
          bool return_indices) -> nb::object {
-        const Triple kk = tuple_of<3>(k, "kernel_size"), ss = tuple_of<3>(s, "stride", 0),
+        const Triple kk = tuple_of<3>(k, "kernel_size"), ss = pool_stride<3>(s, "max_pool3d"),
                      pp = tuple_of<3>(p, "padding"), dd = tuple_of<3>(d, "dilation", 1);
         ValuesIndices vi;
         {
@@ -207,7 +241,7 @@ void bind_nn_ops(nb::module_& mod) {
   m.def(
       "avg_pool1d",
       [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, bool ceil_mode, bool cip) {
-        const int64_t kk = one_of(k, "kernel_size"), ss = one_of(s, "stride", 0), pp = one_of(p, "padding");
+        const int64_t kk = one_of(k, "kernel_size"), ss = pool_stride<1>(s, "avg_pool1d")[0], pp = one_of(p, "padding");
         R r;
         return avg_pool1d(x, kk, ss, pp, cip, ceil_mode);
       },
@@ -217,9 +251,11 @@ void bind_nn_ops(nb::module_& mod) {
       "avg_pool2d",
       [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, bool ceil_mode, bool cip,
          std::optional<int64_t> divisor) {
-        const Pair kk = tuple_of<2>(k, "kernel_size"), ss = tuple_of<2>(s, "stride", 0), pp = tuple_of<2>(p, "padding");
+        const Pair kk = tuple_of<2>(k, "kernel_size"), ss = pool_stride<2>(s, "avg_pool2d"),
+                   pp = tuple_of<2>(p, "padding");
+        const int64_t dv = divisor_of(divisor, "avg_pool2d");
         R r;
-        return avg_pool2d(x, kk, ss, pp, cip, ceil_mode, divisor ? *divisor : 0);
+        return avg_pool2d(x, kk, ss, pp, cip, ceil_mode, dv);
       },
       a("input"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0,
       nb::arg("ceil_mode") = false, nb::arg("count_include_pad") = true, nb::arg("divisor_override") = nb::none());
@@ -227,17 +263,20 @@ void bind_nn_ops(nb::module_& mod) {
       "avg_pool3d",
       [](const Tensor& x, nb::handle k, nb::handle s, nb::handle p, bool ceil_mode, bool cip,
          std::optional<int64_t> divisor) {
-        const Triple kk = tuple_of<3>(k, "kernel_size"), ss = tuple_of<3>(s, "stride", 0),
+        const Triple kk = tuple_of<3>(k, "kernel_size"), ss = pool_stride<3>(s, "avg_pool3d"),
                      pp = tuple_of<3>(p, "padding");
+        const int64_t dv = divisor_of(divisor, "avg_pool3d");
         R r;
-        return avg_pool3d(x, kk, ss, pp, cip, ceil_mode, divisor ? *divisor : 0);
+        return avg_pool3d(x, kk, ss, pp, cip, ceil_mode, dv);
       },
       a("input"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0,
       nb::arg("ceil_mode") = false, nb::arg("count_include_pad") = true, nb::arg("divisor_override") = nb::none());
   m.def(
       "max_unpool1d",
       [](const Tensor& x, const Tensor& idx, nb::handle k, nb::handle s, nb::handle p, std::optional<int64_t> size) {
-        const int64_t kk = one_of(k, "kernel_size"), ss = one_of(s, "stride", 0), pp = one_of(p, "padding");
+        const int64_t kk = one_of(k, "kernel_size"), ss = pool_stride<1>(s, "max_unpool1d")[0],
+                      pp = one_of(p, "padding");
+        if (size) check_unpool_size<1>("max_unpool1d", x, std::array<int64_t, 1>{*size}, {kk}, {ss}, {pp});
         R r;
         return max_unpool1d(x, idx, kk, ss, pp, size);
       },
@@ -246,8 +285,10 @@ void bind_nn_ops(nb::module_& mod) {
   m.def(
       "max_unpool2d",
       [](const Tensor& x, const Tensor& idx, nb::handle k, nb::handle s, nb::handle p, nb::handle size) {
-        const Pair kk = tuple_of<2>(k, "kernel_size"), ss = tuple_of<2>(s, "stride", 0), pp = tuple_of<2>(p, "padding");
+        const Pair kk = tuple_of<2>(k, "kernel_size"), ss = pool_stride<2>(s, "max_unpool2d"),
+                   pp = tuple_of<2>(p, "padding");
         const std::optional<Pair> os = unpool_size<2>(size, "(H, W)");
+        check_unpool_size<2>("max_unpool2d", x, os, kk, ss, pp);
         R r;
         return max_unpool2d(x, idx, kk, ss, pp, os);
       },
@@ -256,9 +297,10 @@ void bind_nn_ops(nb::module_& mod) {
   m.def(
       "max_unpool3d",
       [](const Tensor& x, const Tensor& idx, nb::handle k, nb::handle s, nb::handle p, nb::handle size) {
-        const Triple kk = tuple_of<3>(k, "kernel_size"), ss = tuple_of<3>(s, "stride", 0),
+        const Triple kk = tuple_of<3>(k, "kernel_size"), ss = pool_stride<3>(s, "max_unpool3d"),
                      pp = tuple_of<3>(p, "padding");
         const std::optional<Triple> os = unpool_size<3>(size, "(D, H, W)");
+        check_unpool_size<3>("max_unpool3d", x, os, kk, ss, pp);
         R r;
         return max_unpool3d(x, idx, kk, ss, pp, os);
       },
@@ -550,6 +592,8 @@ void bind_nn_ops(nb::module_& mod) {
         else
           value_error("interpolate: mode must be nearest, bilinear or bicubic, got \"" + mode + "\"");
         const bool ac = align_corners.value_or(false);
+        if (!size.is_none() && !scale.is_none())
+          value_error("interpolate: only one of size or scale_factor should be defined");
         if (!size.is_none()) {
           const Pair s = tuple_of<2>(size, "size");
           R r;

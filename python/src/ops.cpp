@@ -27,6 +27,14 @@ Tensor operand(nb::handle h, const Tensor& like) { return to_tensor(h, &like, "o
 
 nb::tuple pair_of(const ValuesIndices& vi) { return nb::make_tuple(vi.values, vi.indices); }
 
+// An integer argument for arange: a Python int (not a bool), an integer 0-dim tensor, a NumPy integer.
+bool int_like(nb::handle h) {
+  if (PyBool_Check(h.ptr()) || PyFloat_Check(h.ptr())) return false;
+  if (PyLong_Check(h.ptr())) return true;
+  if (nb::isinstance<Tensor>(h)) return is_integral(nb::cast<Tensor>(h).dtype());
+  return PyIndex_Check(h.ptr());
+}
+
 Tensor finish(Tensor t, bool requires_grad) {
   if (requires_grad) t.set_requires_grad(true);
   return t;
@@ -96,7 +104,12 @@ void bind_ops(nb::module_& mod) {
       nb::arg("device") = nb::none(), nb::arg("requires_grad") = false);
   m.def(
       "randint",
-      [](int64_t low, int64_t high, nb::handle size, nb::handle dtype, nb::handle device) {
+      [](nb::handle low_, nb::handle high_, nb::handle size, nb::handle dtype, nb::handle device) {
+        const int64_t low = to_int64(low_, "randint: low"), high = to_int64(high_, "randint: high");
+        // The range in 128 bits: high - low overflows int64 for a range wider than 2^63.
+        if (high <= low || __int128(high) - low > (__int128(1) << 24))
+          value_error("randint: need low < high and high - low <= 2^24, got [" + std::to_string(low) + ", " +
+                      std::to_string(high) + ")");
         return randint(low, high, Shape(to_dims(size, "size")), options(dtype, device, false, DType::i64));
       },
       nb::arg("low"), nb::arg("high"), nb::arg("size"), nb::kw_only(), nb::arg("dtype") = nb::none(),
@@ -153,15 +166,37 @@ void bind_ops(nb::module_& mod) {
       nb::arg("device") = nb::none());
   m.def(
       "arange",
-      [](double start, std::optional<double> end, double step, nb::handle dtype, nb::handle device, bool rg) {
-        if (!end) {
+      [](nb::handle start, nb::handle end, nb::handle step, nb::handle dtype, nb::handle device, bool rg) {
+        if (end.is_none()) {
           end = start;
-          start = 0;
+          start = nb::int_(0);
         }
-        // As torch: integers give int64, a float anywhere gives float32.
-        return finish(arange(start, *end, step, options(dtype, device, false, DType::i64)), rg);
+        // As torch: integers give int64, a float anywhere gives the default float dtype (float32).
+        const bool ints = int_like(start) && int_like(end) && int_like(step);
+        const DType dt = dtype.is_none() ? (ints ? DType::i64 : DType::f32) : to_dtype(dtype);
+        const TensorOptions o = options(nb::none(), device, false, dt);
+        if (ints && is_integral(dt) && dt != DType::boolean) {
+          // In integers: start + i * step is exact for any int64 (a double holds 53 bits).
+          const int64_t s0 = to_int64(start, "start"), e = to_int64(end, "end"), st = to_int64(step, "step");
+          if (st == 0) value_error("arange: step must be nonzero");
+          const __int128 span = __int128(e) - s0;
+          __int128 n = span / st;
+          if (n * st != span) ++n;  // ceil: span and st have the same sign when n > 0
+          if (n < 0) n = 0;
+          Tensor t;
+          {
+            R r;
+            t = add(mul(arange(int64_t(n), TensorOptions(DType::i64)), int64_scalar(st)), int64_scalar(s0));
+            if (dt != DType::i64) t = t.to(dt);
+            if (o.device != kCPU) t = t.to(o.device);
+          }
+          return finish(t, rg);
+        }
+        const double s0 = to_double(start, "start"), e = to_double(end, "end"), st = to_double(step, "step");
+        R r;
+        return finish(arange(s0, e, st, o), rg);
       },
-      nb::arg("start"), nb::arg("end") = nb::none(), nb::arg("step") = 1.0, nb::kw_only(),
+      nb::arg("start"), nb::arg("end").none() = nb::none(), nb::arg("step") = 1, nb::kw_only(),
       nb::arg("dtype") = nb::none(), nb::arg("device") = nb::none(), nb::arg("requires_grad") = false);
   m.def(
       "eye",

@@ -62,10 +62,43 @@ nb::tuple shape_tuple(const Shape& s) {
   return nb::tuple(l);
 }
 
+// A float, or an int that a double holds exactly (|v| <= 2^53): such a number may go to an op as a
+// double; a larger int goes as an exact int64 tensor, and one outside int64 is an OverflowError.
+bool is_double_exact(nb::handle h, const char* what) {
+  if (PyFloat_Check(h.ptr())) return true;
+  if (!PyLong_Check(h.ptr()) || PyBool_Check(h.ptr())) return false;
+  const int64_t v = *exact_int(h, what);
+  return v >= -(int64_t(1) << 53) && v <= (int64_t(1) << 53);
+}
+
 // ---- indexing ---------------------------------------------------------------------------------
 
+// An integer index: a Python int, or a scalar with __index__ that is not an array (a NumPy integer
+// scalar drops its dim as an int does). Bools are not integer indices.
+bool is_int_index(nb::handle h) {
+  if (PyBool_Check(h.ptr())) return false;
+  if (PyLong_Check(h.ptr())) return true;
+  if (nb::isinstance<Tensor>(h) || !PyIndex_Check(h.ptr())) return false;
+  nb::object nd = nb::getattr(h, "ndim", nb::none());
+  if (nd.is_none()) return true;
+  if (!PyLong_Check(nd.ptr()) || PyLong_AsLong(nd.ptr()) != 0) return false;
+  nb::object dt = nb::getattr(h, "dtype", nb::none());
+  if (dt.is_none()) return true;
+  const std::string kind = str_of(nb::getattr(dt, "kind", nb::str("")));
+  return kind == "i" || kind == "u";
+}
+
+int64_t int_index(nb::handle h) {
+  nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+  if (!i.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0) index_error("index " + str_of(i) + " is out of range (an index must fit in int64)");
+  return int64_t(v);
+}
+
 bool is_tensor_index(nb::handle h) {
-  return nb::isinstance<Tensor>(h) || PyList_Check(h.ptr()) || (nb::hasattr(h, "__array__") && !PyLong_Check(h.ptr()));
+  return nb::isinstance<Tensor>(h) || PyList_Check(h.ptr()) || (nb::hasattr(h, "__array__") && !is_int_index(h));
 }
 
 Tensor index_tensor(nb::handle h) {
@@ -77,8 +110,8 @@ Tensor index_tensor(nb::handle h) {
 
 // Which dims of the indexed tensor an item consumes.
 int64_t consumed_dims(nb::handle item) {
-  if (item.is_none() || item.is(Py_Ellipsis)) return 0;
-  if (PyLong_Check(item.ptr()) || PySlice_Check(item.ptr())) return 1;
+  if (item.is_none() || item.is(Py_Ellipsis) || PyBool_Check(item.ptr())) return 0;
+  if (is_int_index(item) || PySlice_Check(item.ptr())) return 1;
   if (is_tensor_index(item)) {
     Tensor t = index_tensor(item);
     return t.dtype() == DType::boolean ? std::max<int64_t>(t.dim(), 1) : 1;
@@ -115,11 +148,16 @@ Indexed apply_index(const Tensor& x, nb::handle key, bool for_write) {
   for (nb::handle it : items) {
     if (it.is_none()) {
       v = v.unsqueeze(d++);
+    } else if (PyBool_Check(it.ptr())) {
+      // As NumPy and torch: a new dim of size 1 (True) or 0 (False), like a 0-dim mask.
+      v = v.unsqueeze(d);
+      if (it.is(Py_False)) v = v.narrow(d, 0, 0);
+      ++d;
     } else if (it.is(Py_Ellipsis)) {
       d += x.dim() - used;
       src += x.dim() - used;
-    } else if (PyLong_Check(it.ptr())) {
-      int64_t i = nb::cast<int64_t>(it);
+    } else if (is_int_index(it)) {
+      int64_t i = int_index(it);
       const int64_t n = v.size(d);
       if (i < -n || i >= n)
         index_error("index " + std::to_string(i) + " is out of bounds for dimension " + std::to_string(src) +
@@ -196,7 +234,7 @@ Tensor getitem(const Tensor& x, nb::handle key) {
 
 void setitem(Tensor& x, nb::handle key, nb::handle value) {
   Indexed r = apply_index(x, key, true);
-  const bool scalar = PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr());
+  const bool scalar = PyFloat_Check(value.ptr()) || (PyLong_Check(value.ptr()) && is_double_exact(value, "value"));
   if (!r.advanced) {
     if (scalar)
       r.view.fill_(nb::cast<double>(value));
@@ -231,11 +269,9 @@ void setitem(Tensor& x, nb::handle key, nb::handle value) {
   p.copy_(updated);
 }
 
-bool is_number(nb::handle h) { return (PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr())) && !PyBool_Check(h.ptr()); }
-
 // a OP b for a Tensor and a Tensor, a number or anything to_tensor takes; nogil around the op.
 template <typename TT, typename TS> Tensor binary(const Tensor& a, nb::handle b, TT tensor_op, TS scalar_op) {
-  if (is_number(b)) {
+  if (is_double_exact(b, "operand")) {
     const double v = nb::cast<double>(b);
     nb::gil_scoped_release nogil;
     return scalar_op(a, v);
@@ -251,6 +287,21 @@ template <typename TT> Tensor binary(const Tensor& a, nb::handle b, TT tensor_op
 }
 
 using TT2 = Tensor (*)(const Tensor&, const Tensor&);
+
+void require_bool(const char* op, const Tensor& t) {
+  if (t.dtype() != DType::boolean)
+    type_error(std::string("operator ") + op + " on a " + std::string(dtype_name(t.dtype())) +
+               " tensor: Kiln's ~ & | ^ are logical and take bool tensors only (Kiln has no bitwise ops); for a "
+               "logical result use kiln.logical_not / logical_and / logical_or on x.bool() or x != 0");
+}
+
+Tensor logical_binary(const char* op, const Tensor& a, nb::handle b, TT2 fn) {
+  require_bool(op, a);
+  const Tensor t = to_tensor(b, &a, "operand");
+  require_bool(op, t);
+  nb::gil_scoped_release nogil;
+  return fn(a, t);
+}
 
 }  // namespace
 
@@ -328,8 +379,11 @@ void bind_tensor(nb::module_& m) {
              if (x.dim() == 0) throw nb::type_error("iteration over a 0-d tensor");
              return nb::iter(nb::cast(unbind(x, 0)));
            })
-      .def("__getitem__", [](const Tensor& x, nb::handle key) { return getitem(x, key); })
-      .def("__setitem__", [](Tensor& x, nb::handle key, nb::handle value) { setitem(x, key, value); })
+      .def(
+          "__getitem__", [](const Tensor& x, nb::handle key) { return getitem(x, key); }, nb::arg("key").none())
+      .def(
+          "__setitem__", [](Tensor& x, nb::handle key, nb::handle value) { setitem(x, key, value); },
+          nb::arg("key").none(), nb::arg("value").none())
 
       // ---- views and copies ----
       .def("view", [](const Tensor& x, nb::args s) { return x.view(to_shape(s)); })
@@ -378,10 +432,16 @@ void bind_tensor(nb::module_& m) {
                 dev = nb::cast<Device>(a);
               } else if (nb::isinstance<nb::str>(a)) {
                 const std::string s = nb::cast<std::string>(a);
-                if (s == "cpu" || s.rfind("cuda", 0) == 0)
+                if (s == "cpu" || s == "meta" || s.rfind("cuda", 0) == 0) {
                   dev = to_device(a);
-                else
-                  dt = to_dtype(a);
+                } else {
+                  try {
+                    dt = dtype_from_name(s);
+                  } catch (const Error& e) {
+                    value_error("to(): '" + s + "' is neither a device (\"cpu\", \"cuda\", \"cuda:N\") nor a dtype (" +
+                                e.message() + ")");
+                  }
+                }
               } else if (nb::hasattr(a, "itemsize")) {
                 dt = to_dtype(a);
               } else {
@@ -423,112 +483,175 @@ void bind_tensor(nb::module_& m) {
       .def(
           "mul_",
           [](Tensor& x, nb::handle o) -> Tensor& {
-            if (is_number(o)) return x.mul_(nb::cast<double>(o));
+            if (is_double_exact(o, "other")) return x.mul_(nb::cast<double>(o));
             return x.mul_(to_tensor(o, &x, "other"));
           },
           nb::arg("other"), nb::rv_policy::reference)
       .def(
           "__iadd__", [](Tensor& x, nb::handle o) -> Tensor& { return x.add_(to_tensor(o, &x, "operand")); },
-          nb::rv_policy::reference)
+          nb::rv_policy::reference, nb::is_operator())
       .def(
           "__isub__", [](Tensor& x, nb::handle o) -> Tensor& { return x.add_(to_tensor(o, &x, "operand"), -1.0); },
-          nb::rv_policy::reference)
+          nb::rv_policy::reference, nb::is_operator())
       .def(
           "__imul__",
           [](Tensor& x, nb::handle o) -> Tensor& {
-            if (is_number(o)) return x.mul_(nb::cast<double>(o));
+            if (is_double_exact(o, "other")) return x.mul_(nb::cast<double>(o));
             return x.mul_(to_tensor(o, &x, "operand"));
           },
-          nb::rv_policy::reference)
+          nb::rv_policy::reference, nb::is_operator())
       .def(
           "__itruediv__",
           [](Tensor& x, nb::handle o) -> Tensor& {
-            if (is_number(o)) return x.mul_(1.0 / nb::cast<double>(o));
+            if (is_double_exact(o, "operand")) return x.mul_(1.0 / nb::cast<double>(o));
             return x.copy_(div(x, to_tensor(o, &x, "operand")));
           },
-          nb::rv_policy::reference)
+          nb::rv_policy::reference, nb::is_operator())
 
       // ---- operators ----
-      .def("__add__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(
-                 a, b, [](const Tensor& x, const Tensor& y) { return x + y; },
-                 [](const Tensor& x, double v) { return x + v; });
-           })
-      .def("__radd__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(
-                 a, b, [](const Tensor& x, const Tensor& y) { return y + x; },
-                 [](const Tensor& x, double v) { return v + x; });
-           })
-      .def("__sub__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(
-                 a, b, [](const Tensor& x, const Tensor& y) { return x - y; },
-                 [](const Tensor& x, double v) { return x - v; });
-           })
-      .def("__rsub__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(
-                 a, b, [](const Tensor& x, const Tensor& y) { return y - x; },
-                 [](const Tensor& x, double v) { return v - x; });
-           })
-      .def("__mul__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(
-                 a, b, [](const Tensor& x, const Tensor& y) { return x * y; },
-                 [](const Tensor& x, double v) { return x * v; });
-           })
-      .def("__rmul__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(
-                 a, b, [](const Tensor& x, const Tensor& y) { return y * x; },
-                 [](const Tensor& x, double v) { return v * x; });
-           })
-      .def("__truediv__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(
-                 a, b, [](const Tensor& x, const Tensor& y) { return x / y; },
-                 [](const Tensor& x, double v) { return x / v; });
-           })
-      .def("__rtruediv__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(
-                 a, b, [](const Tensor& x, const Tensor& y) { return y / x; },
-                 [](const Tensor& x, double v) { return v / x; });
-           })
-      .def("__pow__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(
-                 a, b, [](const Tensor& x, const Tensor& y) { return pow(x, y); },
-                 [](const Tensor& x, double v) { return pow(x, v); });
-           })
-      .def("__rpow__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(a, b, [](const Tensor& x, const Tensor& y) { return pow(y, x); });
-           })
-      .def("__mod__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(a, b, static_cast<TT2>(&remainder),
-                           [](const Tensor& x, double v) { return remainder(x, v); });
-           })
-      .def("__matmul__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&matmul)); })
-      .def("__rmatmul__",
-           [](const Tensor& a, nb::handle b) {
-             return binary(a, b, [](const Tensor& x, const Tensor& y) { return matmul(y, x); });
-           })
-      .def("__neg__", [](const Tensor& a) { return -a; })
-      .def("__pos__", [](const Tensor& a) { return a; })
-      .def("__abs__", [](const Tensor& a) { return abs(a); })
-      .def("__invert__", [](const Tensor& a) { return logical_not(a); })
-      .def("__and__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&logical_and)); })
-      .def("__or__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&logical_or)); })
-      .def("__eq__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&eq)); })
-      .def("__ne__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&ne)); })
-      .def("__lt__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&lt)); })
-      .def("__le__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&le)); })
-      .def("__gt__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&gt)); })
-      .def("__ge__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&ge)); })
+      .def(
+          "__add__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(
+                a, b, [](const Tensor& x, const Tensor& y) { return x + y; },
+                [](const Tensor& x, double v) { return x + v; });
+          },
+          nb::is_operator())
+      .def(
+          "__radd__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(
+                a, b, [](const Tensor& x, const Tensor& y) { return y + x; },
+                [](const Tensor& x, double v) { return v + x; });
+          },
+          nb::is_operator())
+      .def(
+          "__sub__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(
+                a, b, [](const Tensor& x, const Tensor& y) { return x - y; },
+                [](const Tensor& x, double v) { return x - v; });
+          },
+          nb::is_operator())
+      .def(
+          "__rsub__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(
+                a, b, [](const Tensor& x, const Tensor& y) { return y - x; },
+                [](const Tensor& x, double v) { return v - x; });
+          },
+          nb::is_operator())
+      .def(
+          "__mul__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(
+                a, b, [](const Tensor& x, const Tensor& y) { return x * y; },
+                [](const Tensor& x, double v) { return x * v; });
+          },
+          nb::is_operator())
+      .def(
+          "__rmul__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(
+                a, b, [](const Tensor& x, const Tensor& y) { return y * x; },
+                [](const Tensor& x, double v) { return v * x; });
+          },
+          nb::is_operator())
+      .def(
+          "__truediv__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(
+                a, b, [](const Tensor& x, const Tensor& y) { return x / y; },
+                [](const Tensor& x, double v) { return x / v; });
+          },
+          nb::is_operator())
+      .def(
+          "__rtruediv__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(
+                a, b, [](const Tensor& x, const Tensor& y) { return y / x; },
+                [](const Tensor& x, double v) { return v / x; });
+          },
+          nb::is_operator())
+      .def(
+          "__pow__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(
+                a, b, [](const Tensor& x, const Tensor& y) { return pow(x, y); },
+                [](const Tensor& x, double v) { return pow(x, v); });
+          },
+          nb::is_operator())
+      .def(
+          "__rpow__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(a, b, [](const Tensor& x, const Tensor& y) { return pow(y, x); });
+          },
+          nb::is_operator())
+      .def(
+          "__mod__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(a, b, static_cast<TT2>(&remainder),
+                          [](const Tensor& x, double v) { return remainder(x, v); });
+          },
+          nb::is_operator())
+      .def(
+          "__matmul__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&matmul)); },
+          nb::is_operator())
+      .def(
+          "__rmatmul__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(a, b, [](const Tensor& x, const Tensor& y) { return matmul(y, x); });
+          },
+          nb::is_operator())
+      .def(
+          "__neg__", [](const Tensor& a) { return -a; }, nb::is_operator())
+      .def(
+          "__pos__", [](const Tensor& a) { return a; }, nb::is_operator())
+      .def(
+          "__abs__", [](const Tensor& a) { return abs(a); }, nb::is_operator())
+      // ~ & | ^ are logical: Kiln has no bitwise ops, so on anything but bool tensors they refuse
+      // rather than give a logical result where torch and NumPy give a bitwise one.
+      .def(
+          "__invert__",
+          [](const Tensor& a) {
+            require_bool("~", a);
+            return logical_not(a);
+          },
+          nb::is_operator())
+      .def(
+          "__and__", [](const Tensor& a, nb::handle b) { return logical_binary("&", a, b, &logical_and); },
+          nb::is_operator())
+      .def(
+          "__rand__", [](const Tensor& a, nb::handle b) { return logical_binary("&", a, b, &logical_and); },
+          nb::is_operator())
+      .def(
+          "__or__", [](const Tensor& a, nb::handle b) { return logical_binary("|", a, b, &logical_or); },
+          nb::is_operator())
+      .def(
+          "__ror__", [](const Tensor& a, nb::handle b) { return logical_binary("|", a, b, &logical_or); },
+          nb::is_operator())
+      .def(
+          "__xor__", [](const Tensor& a, nb::handle b) { return logical_binary("^", a, b, &ne); }, nb::is_operator())
+      .def(
+          "__rxor__", [](const Tensor& a, nb::handle b) { return logical_binary("^", a, b, &ne); }, nb::is_operator())
+      .def(
+          "__eq__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&eq)); },
+          nb::is_operator())
+      .def(
+          "__ne__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&ne)); },
+          nb::is_operator())
+      .def(
+          "__lt__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&lt)); },
+          nb::is_operator())
+      .def(
+          "__le__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&le)); },
+          nb::is_operator())
+      .def(
+          "__gt__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&gt)); },
+          nb::is_operator())
+      .def(
+          "__ge__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&ge)); },
+          nb::is_operator())
 
       // ---- autograd ----
       .def_prop_rw("requires_grad", &Tensor::requires_grad, [](Tensor& x, bool r) { x.set_requires_grad(r); })
@@ -566,6 +689,7 @@ void bind_tensor(nb::module_& m) {
             auto ref = hold(fn);
             return x.register_grad_ready_hook([ref](Tensor& leaf) {
               nb::gil_scoped_acquire gil;
+              if (ref->obj.is_none()) return;  // released at exit
               ref->obj(leaf);
             });
           },

@@ -31,8 +31,25 @@ void bind_train(nb::module_& m) {
         try {
           std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes them last first
           app.parse(rev);
+          // On the command line a flag given twice takes its last value; here a keyword is given once,
+          // so a repeat can only come from a list for a one-value option (batch=[8, 16]).
+          for (const CLI::Option* o : app.get_options())
+            if (o->get_expected_max() <= 1 && o->count() > 1) {
+              std::string key = o->get_single_name();
+              for (char& ch : key)
+                if (ch == '-') ch = '_';
+              value_error("kiln.train: " + key + " takes one value, got " + std::to_string(o->count()) + " (a list)");
+            }
           if (!c.config_file.empty()) tools::apply_json_config(app, c.config_file);
           tools::apply_model_defaults(app, c);
+        } catch (const CLI::CallForHelp&) {
+          nb::dict out;
+          out["help"] = app.help();
+          return out;
+        } catch (const CLI::CallForAllHelp&) {
+          nb::dict out;
+          out["help"] = app.help("", CLI::AppFormatMode::All);
+          return out;
         } catch (const CLI::ParseError& e) {
           value_error(std::string("kiln.train: ") + e.what());
         } catch (const Error& e) {
@@ -40,15 +57,29 @@ void bind_train(nb::module_& m) {
         }
         std::vector<std::string> errors;
         bool stop_from_callback = false;
+        std::string callback_error;
         std::shared_ptr<PyRef> cb = callback.is_none() ? nullptr : hold(callback);
         tools::TrainHooks hooks;
         hooks.exit_on_second_interrupt = false;
         hooks.on_error = [&errors](const std::string& msg) { errors.push_back(msg); };
         if (cb) {
-          hooks.on_metrics = [cb, &stop_from_callback](const nlohmann::json& j) {
+          hooks.on_metrics = [cb, &stop_from_callback, &callback_error](const nlohmann::json& j) {
             nb::gil_scoped_acquire gil;
             nb::object r = cb->obj(to_python(j));
-            if (!r.is_none() && !nb::cast<bool>(r)) stop_from_callback = true;
+            if (r.is_none() || r.is(Py_True)) return;
+            const std::string tn = py_type_name(r);
+            if (tn == "numpy.bool" || tn == "numpy.bool_") r = nb::bool_(PyObject_IsTrue(r.ptr()) == 1);
+            if (r.is(Py_True)) return;
+            if (r.is(Py_False)) {
+              stop_from_callback = true;
+              return;
+            }
+            // Anything else is a mistake more likely than a truth value ("no" and {} are truthy
+            // and falsy by accident): stop, and raise once the run has saved.
+            if (callback_error.empty())
+              callback_error = "kiln.train: the callback returned a " + py_type_name(r) + " (" +
+                               str_of(r).substr(0, 60) + "); return None or True to go on, False to save and stop";
+            stop_from_callback = true;
           };
           hooks.stop_requested = [&stop_from_callback] { return stop_from_callback; };
         }
@@ -58,6 +89,7 @@ void bind_train(nb::module_& m) {
           nb::gil_scoped_release nogil;
           rc = tools::run_train(c, hooks, &outcome);
         }
+        if (!callback_error.empty()) type_error(callback_error + " (the run stopped; saved: " + outcome.saved + ")");
         nb::dict out;
         out["returncode"] = rc;
         out["stop_signal"] = outcome.stop_signal;

@@ -6,8 +6,8 @@ import collections
 from collections import OrderedDict
 
 from .. import _C
-from .._C import Tensor, KilnError
-from .._tensor import no_grad
+from .._C import Tensor, KilnError, KilnValueError
+from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
 
 
@@ -17,9 +17,14 @@ IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "
 
 
 class Parameter(Tensor):
-    """A tensor that is a module's parameter: a leaf that requires grad, sharing `data`'s memory."""
+    """A tensor that is a module's parameter: a leaf that requires grad, sharing `data`'s memory (a
+    list, a number or a NumPy array is copied into a new tensor first; None gives an empty one)."""
 
-    def __init__(self, data, requires_grad=True):
+    def __init__(self, data=None, requires_grad=True):
+        if data is None:
+            data = _C.empty(0)
+        elif not isinstance(data, Tensor):
+            data = _tensor(data)
         super().__init__(data.detach())
         self.requires_grad_(requires_grad)
 
@@ -197,6 +202,7 @@ class Module:
         """Copies tensors into the parameters and buffers of the same names. With strict, a missing or
         unexpected name is an error that names them (and nothing is copied); a shape mismatch always is.
         Returns (missing_keys, unexpected_keys), as torch does: what strict=False left out."""
+        _check_state_dict(state_dict)
         mine = self.state_dict()
         missing = [k for k in mine if k not in state_dict]
         unexpected = [k for k in state_dict if k not in mine]
@@ -229,27 +235,59 @@ class Module:
         return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
 
 
+def _check_state_dict(state_dict):
+    """load_state_dict's argument: a mapping of str -> kiln.Tensor."""
+    if not hasattr(state_dict, "items"):
+        raise TypeError(f"load_state_dict: expected a dict of name -> kiln.Tensor, got {type(state_dict).__name__}")
+    for k, t in state_dict.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"load_state_dict: '{k}' is a {type(t).__name__}, expected kiln.Tensor "
+                            "(convert it with kiln.tensor)")
+
+
 def _parse_to(args, kwargs):
     device, dtype = kwargs.get("device"), kwargs.get("dtype")
     for a in args:
         if isinstance(a, Tensor):
             device, dtype = a.device, a.dtype
-        elif isinstance(a, (_C.dtype,)) or (isinstance(a, str) and a != "cpu" and not a.startswith("cuda")):
+        elif isinstance(a, _C.dtype):
             dtype = a
+        elif isinstance(a, str):
+            try:
+                device = _C.Device(a)
+            except ValueError:
+                try:
+                    dtype = _C.promote_types(a, a)
+                except ValueError:
+                    raise KilnValueError(f"to(): '{a}' is neither a device (\"cpu\", \"cuda\", \"cuda:N\") nor a dtype "
+                                         "(float32, float16, bfloat16, float64, int64, int32, int16, int8, uint8, "
+                                         "bool)") from None
         else:
             device = a
     return device, dtype
+
+
+def _check_count(cls, name, value, minimum=0):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise KilnValueError(f"{cls}: {name} must be an int >= {minimum}, got {value!r}")
 
 
 def _uniform(shape, bound):
     return _C.rand(*shape) * (2 * bound) - bound
 
 
+def _bound(fan_in):
+    """PyTorch's default init bound 1/sqrt(fan_in); 0 for no inputs (the weight has no elements)."""
+    return 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+
+
 class Linear(Module):
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()
+        _check_count("Linear", "in_features", in_features)
+        _check_count("Linear", "out_features", out_features)
         self.in_features, self.out_features = in_features, out_features
-        bound = 1.0 / math.sqrt(in_features)
+        bound = _bound(in_features)
         self.weight = Parameter(_uniform((out_features, in_features), bound))
         self.bias = Parameter(_uniform((out_features,), bound)) if bias else None
 
@@ -266,11 +304,22 @@ class _ConvNd(Module):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True):
         super().__init__()
+        name = type(self).__name__
         k = (kernel_size,) * self._dims if isinstance(kernel_size, int) else tuple(kernel_size)
+        _check_count(name, "in_channels", in_channels)
+        _check_count(name, "out_channels", out_channels)
+        _check_count(name, "groups", groups, 1)
+        if len(k) != self._dims:
+            raise KilnValueError(f"{name}: kernel_size must be an int or {self._dims} ints, got {kernel_size!r}")
+        for v in k:
+            _check_count(name, "kernel_size", v, 1)
+        if in_channels % groups or out_channels % groups:
+            raise KilnValueError(f"{name}: in_channels ({in_channels}) and out_channels ({out_channels}) must be "
+                                 f"divisible by groups ({groups})")
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
         fan_in = in_channels // groups * math.prod(k)
-        bound = 1.0 / math.sqrt(fan_in)
+        bound = _bound(fan_in)
         self.weight = Parameter(_uniform((out_channels, in_channels // groups) + k, bound))
         self.bias = Parameter(_uniform((out_channels,), bound)) if bias else None
 
@@ -535,6 +584,7 @@ class CppModule(Module):
             self._c.to_dtype(dtype)
 
     def load_state_dict(self, state_dict, strict=True):
+        _check_state_dict(state_dict)
         return IncompatibleKeys(*self._c.load_state_dict(dict(state_dict), strict))
 
     def extra_repr(self):
