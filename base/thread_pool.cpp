@@ -11,6 +11,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -89,6 +90,10 @@ template <typename Pred> bool spin_until(bool spin, Pred&& pred) {
   }
 }
 
+// More threads than any machine Kiln runs on has cores (x86 servers top out near 512 hardware threads): a
+// larger count is a typo, and starting it would exhaust the process's threads before failing.
+constexpr int kMaxThreads = 2048;
+
 class Pool {
  public:
   explicit Pool(int n) { resize(n); }
@@ -97,14 +102,16 @@ class Pool {
   int size() const { return n_; }
 
   void resize(int n) {
-    KILN_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
+    KILN_CHECK(n >= 1 && n <= kMaxThreads, "set_num_threads: need 1 to ", kMaxThreads, " threads, got ", n);
+    const int before = n_;
     stop();
-    n_ = n;
-    // Spinning under a CPU quota spends it: only as many threads as the quota holds whole CPUs.
-    const CpuLimits l = cpu_limits();
-    spin_ = n <= l.affinity && (l.quota_exact <= 0 || double(n) <= l.quota_exact);
-    quit_.store(false);
-    for (int i = 0; i + 1 < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+    try {
+      start(n);
+    } catch (const std::system_error& e) {  // the system would not start that many: back to the pool before
+      stop();
+      start(std::max(before, 1));
+      KILN_FAIL("set_num_threads: could not start ", n, " threads (", e.what(), "); the pool keeps ", n_);
+    }
   }
 
   void run(int64_t nchunks, const std::function<void(int64_t)>& chunk_fn) {
@@ -131,6 +138,15 @@ class Pool {
   }
 
  private:
+  void start(int n) {
+    n_ = n;
+    // Spinning under a CPU quota spends it: only as many threads as the quota holds whole CPUs.
+    const CpuLimits l = cpu_limits();
+    spin_ = n <= l.affinity && (l.quota_exact <= 0 || double(n) <= l.quota_exact);
+    quit_.store(false);
+    for (int i = 0; i + 1 < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+
   void stop() {
     {
       std::lock_guard<std::mutex> lk(m_);

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/error.h"
 #include "base/thread_pool.h"
 
 TEST_CASE("thread pool: jobs back to back and after sleeps, every size, exceptions, resizes") {
@@ -45,6 +46,11 @@ TEST_CASE("thread pool: jobs back to back and after sleeps, every size, exceptio
     }
     CHECK(bad == 0);
   }
+  // A count no machine has is refused before a thread starts, and the pool keeps its size.
+  kiln::set_num_threads(2);
+  CHECK_THROWS_AS(kiln::set_num_threads(100000), kiln::Error);
+  CHECK_THROWS_AS(kiln::set_num_threads(0), kiln::Error);
+  CHECK(kiln::num_threads() == 2);
   kiln::set_num_threads(saved);
 }
 

@@ -503,6 +503,9 @@ void bind_tensor(nb::module_& m) {
       .def(
           "__itruediv__",
           [](Tensor& x, nb::handle o) -> Tensor& {
+            // True division gives floats, which an integer tensor cannot take in place (PyTorch's rule).
+            KILN_CHECK(is_floating(x.dtype()), "/=: true division gives a float result, which cannot be written into ",
+                       x.type_str(), " in place; use x = x / y");
             if (is_double_exact(o, "operand")) return x.mul_(1.0 / nb::cast<double>(o));
             return x.copy_(div(x, to_tensor(o, &x, "operand")));
           },

@@ -2,6 +2,8 @@
 # its ValueError / IndexError subclasses, TypeError for a wrong type, OverflowError for an int
 # beyond int64), never an interpreter crash, a silently wrong result, a bare "std::bad_cast" or a
 # nanobind "incompatible function arguments".
+import math
+
 import numpy as np
 import pytest
 
@@ -324,3 +326,60 @@ def test_train_callback_must_return_a_bool(tmp_path, ret):
     with pytest.raises(TypeError, match=f"callback returned a {type(ret).__name__}"):
         kiln.train("resnet20", out=tmp_path / "c", callback=lambda r: ret, **TRAIN)
 
+
+
+def test_inplace_ops_follow_the_result_type():
+    x = kiln.tensor([3, 7, -5])
+    for op in ("x /= 2", "x *= 1.5", "x -= 0.5", "x += 1.5", "x /= kiln.tensor([2, 2, 2])"):
+        with pytest.raises(kiln.KilnError, match="cannot be written into"):
+            exec(op, {"x": x, "kiln": kiln})
+    assert x.tolist() == [3, 7, -5]  # nothing written
+    x *= 2
+    assert x.tolist() == [6, 14, -10]
+
+
+def test_inplace_ops_with_overlapping_operands_match_numpy():
+    a = np.arange(9, dtype=np.float32).reshape(3, 3)
+    x = kiln.tensor(a)
+    x += x.T
+    assert x.tolist() == (a + a.T).tolist()
+    y = kiln.ones(5)
+    y[1:] += y[:-1]
+    assert y.tolist() == [1, 2, 2, 2, 2]
+    z = kiln.zeros(1, 3)
+    with pytest.raises(kiln.KilnError, match="share memory"):
+        z.expand(3, 3).__iadd__(1.0)
+    assert z.tolist() == [[0, 0, 0]]
+
+
+def test_sizes_that_overflow_are_errors():
+    with pytest.raises(kiln.KilnError, match="more elements than fit in 64 bits"):
+        kiln.zeros(2**32, 2**32)
+    with pytest.raises(kiln.KilnError, match="more elements than fit in 64 bits"):
+        kiln.ones(1, 1).expand(2**32, 2**32)
+    with pytest.raises(kiln.KilnError):
+        kiln.zeros(1).expand(-5)
+    assert kiln.arange(10)[:: 2**63 - 1].tolist() == [0]
+
+
+def test_var_with_a_large_correction_is_inf_not_negative():
+    assert math.isinf(kiln.var(kiln.tensor([1.0, 2.0, 4.0]), correction=5).item())
+
+
+def test_grad_setter_checks_the_gradient():
+    w = kiln.nn.Parameter(kiln.ones(3))
+    with pytest.raises(kiln.KilnError, match="must be floating"):
+        w.grad = kiln.ones(3, dtype=kiln.int64)
+    with pytest.raises(kiln.KilnError, match="gradient on meta"):
+        w.grad = kiln.ones(3, device="meta")
+
+
+def test_optimizer_lr_must_be_finite_and_non_negative():
+    w = kiln.nn.Parameter(kiln.ones(3))
+    with pytest.raises(kiln.KilnError, match="lr must be finite"):
+        kiln.optim.SGD([w], lr=float("inf"))
+    opt = kiln.optim.SGD([w], lr=0.1)
+    with pytest.raises(kiln.KilnError, match="lr must be finite"):
+        opt.lr = -5.0
+    with pytest.raises(kiln.KilnError, match="also parameter 0"):
+        kiln.optim.SGD([w, w], lr=0.1)
