@@ -13,14 +13,35 @@ std::string repo_path(const char* file) {
   }
   return f;
 }
+
+thread_local const char* t_op = nullptr;  // the outermost OpScope's op
+
+// msg, after "op: " unless it already begins with the op's name.
+std::string in_scope(const std::string& msg) {
+  if (!t_op) return msg;
+  const std::string op(t_op);
+  if (msg.compare(0, op.size(), op) == 0 && (msg.size() == op.size() || msg[op.size()] == ':' || msg[op.size()] == ' '))
+    return msg;
+  return op + ": " + msg;
+}
 }  // namespace
 
 void throw_error(const std::string& msg, const char* file, int line) {
-  throw Error(msg, repo_path(file).c_str(), line);
+  throw Error(in_scope(msg), repo_path(file).c_str(), line);
 }
 
 void throw_out_of_memory(const std::string& msg, const char* file, int line) {
-  throw OutOfMemory(msg, repo_path(file).c_str(), line);
+  throw OutOfMemory(in_scope(msg), repo_path(file).c_str(), line);
 }
 
 }  // namespace kiln::detail
+
+namespace kiln {
+OpScope::OpScope(const char* op) : outermost_(detail::t_op == nullptr && op != nullptr) {
+  if (outermost_) detail::t_op = op;
+}
+const char* OpScope::current() { return detail::t_op; }
+OpScope::~OpScope() {
+  if (outermost_) detail::t_op = nullptr;
+}
+}  // namespace kiln

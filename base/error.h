@@ -33,6 +33,21 @@ class OutOfMemory : public Error {
   using Error::Error;
 };
 
+// While one lives on this thread, errors raised inside name this op first ("nll_loss: gather: index 9 is out of
+// range"): a composite op's user sees the op they called, not only the inner op that failed. The outermost
+// scope names the error; nested ones add nothing.
+class OpScope {
+ public:
+  explicit OpScope(const char* op);  // null: no scope
+  ~OpScope();
+  static const char* current();  // the outermost scope's op on this thread, or null
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  bool outermost_;
+};
+
 namespace detail {
 template <typename... Args>
 std::string str_cat(const Args&... args) {

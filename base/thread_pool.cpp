@@ -359,7 +359,9 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function
   int64_t nchunks = std::min<int64_t>((n + grain - 1) / grain, int64_t(threads) * 4);
   const int64_t chunk = (n + nchunks - 1) / nchunks;
   nchunks = (n + chunk - 1) / chunk;
+  const char* op = OpScope::current();  // an error a worker raises names the caller's op too
   pool().run(nchunks, [&](int64_t i) {
+    const OpScope scope(op);
     int64_t b = begin + i * chunk;
     fn(b, std::min(end, b + chunk));
   });

@@ -679,17 +679,20 @@ Tensor nan_to_num(const Tensor& a, double nan, std::optional<double> posinf, std
 }
 
 Tensor lerp(const Tensor& a, const Tensor& b, const Tensor& weight) {
+  const OpScope scope("lerp");
   const Tensor diff = b - a;
   const Tensor small = lt(abs(weight.detach()), scalar_like(0.5, weight));
   return where(small, a + weight * diff, b - diff * (1.0 - weight));
 }
 Tensor lerp(const Tensor& a, const Tensor& b, double weight) {
+  const OpScope scope("lerp");
   return std::abs(weight) < 0.5 ? a + (b - a) * weight : b - (b - a) * (1.0 - weight);
 }
 Tensor addcmul(const Tensor& x, const Tensor& t1, const Tensor& t2, double value) { return x + t1 * t2 * value; }
 Tensor addcdiv(const Tensor& x, const Tensor& t1, const Tensor& t2, double value) { return x + t1 / t2 * value; }
 
 Tensor clamp(const Tensor& a, const Tensor& min, const Tensor& max) {
+  const OpScope scope("clamp");
   KILN_CHECK(min.defined() || max.defined(), "clamp: give min or max (or both)");
   check_not_bool("clamp", a.dtype());
   Tensor out = a;

@@ -114,6 +114,7 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices) {
+  const OpScope scope("index_select");
   KILN_CHECK(x.dim() > 0, "index_select: tensor is 0-dim");
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
   KILN_CHECK(indices.dim() <= 1, "index_select: indices must be 1-D, got ", indices.shape());
@@ -402,11 +403,13 @@ Tensor index_put(const Tensor& x, const std::vector<Tensor>& indices_in, const T
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  const OpScope scope("masked_fill");
   KILN_CHECK(mask.dtype() == DType::boolean, "masked_fill: mask must be bool, got ", mask.type_str());
   return where(mask, scalar_like(value, x), x);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
+  const OpScope scope("embedding");
   KILN_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got ", weight.shape());
   const Tensor idx = index_tensor("embedding", indices, weight);
   const int64_t v = weight.size(0), dm = weight.size(1);

@@ -260,6 +260,7 @@ Labeled contract(Labeled a, Labeled b, const std::string& keep) {
 }  // namespace
 
 Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands) {
+  const OpScope scope("einsum");
   std::string eq;
   for (char c : equation)
     if (c != ' ') eq += c;

@@ -611,6 +611,7 @@ Tensor reduce_rows(const Tensor& per, const NllRows& r, Reduction reduction, con
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t ignore_index, double label_smoothing,
                      Reduction reduction, const Tensor& weight) {
+  const OpScope scope("cross_entropy");
   const Tensor logits = amp::autocast_arg(amp::AutocastOp::cross_entropy, logits_in);
   check_floating("cross_entropy", logits, "input");
   KILN_CHECK(label_smoothing >= 0 && label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], got ",
@@ -676,6 +677,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
 
 Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, int64_t ignore_index, Reduction reduction,
                 const Tensor& weight) {
+  const OpScope scope("nll_loss");
   const Tensor log_probs = amp::autocast_arg(amp::AutocastOp::nll_loss, log_probs_in);
   check_floating("nll_loss", log_probs, "input");
   KILN_CHECK(reduction != Reduction::batchmean, "nll_loss: reduction batchmean is for kl_div; use mean or sum");
@@ -746,6 +748,7 @@ Tensor margin_ranking_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, 
   return reduce_loss(relu(neg(y) * (x1 - x2) + margin), reduction);
 }
 Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int64_t dim, double eps) {
+  const OpScope scope("cosine_similarity");
   const Tensor dot = sum(x1 * x2, {dim});
   const Tensor n = sqrt(sum(x1 * x1, {dim}) * sum(x2 * x2, {dim}));
   return dot / maximum(n, scalar_like(eps, n));

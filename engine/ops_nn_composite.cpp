@@ -265,6 +265,7 @@ template <size_t K> Tensor unpool(const char* op, const Tensor& x, const Tensor&
 Tensor max_unpool2d(const Tensor& x, const Tensor& indices, Pair kernel, Pair stride, Pair padding,
                     std::optional<Pair> output_size) {
   const char* op = "max_unpool2d";
+  const OpScope scope(op);
   check_pool_input(op, x, 2, "[N, C, H, W] or [C, H, W]");
   if (stride[0] == 0 && stride[1] == 0) stride = kernel;
   return unpool(op, x, indices, kernel, stride, padding, output_size);
@@ -273,12 +274,14 @@ Tensor max_unpool2d(const Tensor& x, const Tensor& indices, Pair kernel, Pair st
 Tensor max_unpool3d(const Tensor& x, const Tensor& indices, Triple kernel, Triple stride, Triple padding,
                     std::optional<Triple> output_size) {
   const char* op = "max_unpool3d";
+  const OpScope scope(op);
   check_pool_input(op, x, 3, "[N, C, D, H, W] or [C, D, H, W]");
   return unpool(op, x, indices, kernel, stride_or_kernel(stride, kernel), padding, output_size);
 }
 
 Tensor max_unpool1d(const Tensor& x, const Tensor& indices, int64_t kernel, int64_t stride, int64_t padding,
                     std::optional<int64_t> output_size) {
+  const OpScope scope("max_unpool1d");
   check_pool_input("max_unpool1d", x, 1, "[N, C, L] or [C, L]");
   const std::optional<Pair> out = output_size ? std::optional<Pair>(Pair{1, *output_size}) : std::nullopt;
   return max_unpool2d(x.unsqueeze(-2), indices.unsqueeze(-2), {1, kernel}, {1, stride ? stride : kernel}, {0, padding},

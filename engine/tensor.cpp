@@ -852,7 +852,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
   detail::check_inplace(*this, "copy_");
   Tensor s = detail::inplace_operand(*this, src, "copy_");
   if (s.device() != device()) s = s.to(device());  // across devices: one transfer, then a local copy
-  if (s.shape() != shape()) s = s.expand(shape());
+  if (s.shape() != shape()) {
+    const OpScope scope("copy_");  // "copy_: expand: cannot expand [3] to [4]", not a bare expand
+    s = s.expand(shape());
+  }
   detail::backend(device()).copy(detail::desc(*this), detail::desc(s));
   bump_version();
   return *this;

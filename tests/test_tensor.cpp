@@ -909,6 +909,32 @@ TEST_CASE("tensor: errors name the shapes") {
   CHECK(contains(error_of([] { wrap_dim(5, 2, "myop"); }), "myop"));
 }
 
+TEST_CASE("tensor: an error inside a composite op names the op that was called") {
+  const Tensor logp = from_vector({-1, -2, -3, -1, -2, -3}, {2, 3});
+  const std::string nll = error_of([&] { nll_loss(logp, from_vector({9, 1}, {2}, DType::i64)); });
+  CHECK(contains(nll, "nll_loss: "));
+  CHECK(contains(nll, "9"));
+  CHECK(contains(error_of([] { embedding(ones({3, 4}), from_vector({5}, {1}, DType::i64)); }), "embedding: "));
+  CHECK(contains(error_of([] { clamp(ones({3}), ones({4}), ones({3})); }), "clamp: "));
+  CHECK(contains(error_of([] { lerp(ones({3}), ones({4}), 0.5); }), "lerp: "));
+  CHECK(contains(error_of([] { cosine_similarity(ones({3, 4}), ones({3, 5}), 1, 1e-8); }), "cosine_similarity: "));
+  CHECK(contains(error_of([] { zeros({4}).copy_(ones({3})); }), "copy_: "));
+  // The outermost scope alone names it, and a message that begins with the op is left as it is.
+  const std::string nested = error_of([] {
+    const OpScope outer("outer_op");
+    const OpScope inner("inner_op");
+    KILN_FAIL("inner failure");
+  });
+  CHECK(contains(nested, "outer_op: inner failure"));
+  CHECK(!contains(nested, "inner_op"));
+  CHECK(!contains(error_of([] {
+                    const OpScope s("myop");
+                    KILN_FAIL("myop: bad");
+                  }),
+                  "myop: myop"));
+  CHECK(!contains(error_of([] { KILN_FAIL("plain"); }), "outer_op"));  // the scope ended with its block
+}
+
 // ---- random -------------------------------------------------------------------------------------
 
 TEST_CASE("tensor: random draws are reproducible from manual_seed and from a Generator") {

@@ -46,6 +46,19 @@ TEST_CASE("thread pool: jobs back to back and after sleeps, every size, exceptio
     }
     CHECK(bad == 0);
   }
+  // An error raised on any thread of a parallel_for names the caller's op (OpScope), as on the caller's own.
+  for (int64_t at = 0; at < 64; at += 7) {
+    std::string what;
+    try {
+      const kiln::OpScope scope("myop");
+      kiln::parallel_for(0, 64, 1, [at](int64_t b, int64_t e) {
+        if (b <= at && at < e) KILN_FAIL("chunk ", at, " failed");
+      });
+    } catch (const kiln::Error& e) {
+      what = e.message();
+    }
+    CHECK(what == "myop: chunk " + std::to_string(at) + " failed");
+  }
   // A count no machine has is refused before a thread starts, and the pool keeps its size.
   kiln::set_num_threads(2);
   CHECK_THROWS_AS(kiln::set_num_threads(100000), kiln::Error);

@@ -383,3 +383,15 @@ def test_optimizer_lr_must_be_finite_and_non_negative():
         opt.lr = -5.0
     with pytest.raises(kiln.KilnError, match="also parameter 0"):
         kiln.optim.SGD([w, w], lr=0.1)
+
+
+def test_errors_in_composite_ops_name_the_op_called():
+    cases = {
+        "nll_loss": lambda: kiln.nll_loss(kiln.randn(2, 5).log_softmax(1), kiln.tensor([9, 1])),
+        "embedding": lambda: kiln.embedding(kiln.tensor([5]), kiln.randn(3, 4)),
+        "masked_fill": lambda: kiln.masked_fill(kiln.randn(3), kiln.tensor([True, False]), 0.0),
+        "einsum": lambda: kiln.einsum("ij->ii", kiln.randn(3, 3)),
+    }
+    for op, f in cases.items():
+        with pytest.raises(kiln.KilnError, match=op + ": "):
+            f()
