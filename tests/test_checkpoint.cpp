@@ -50,6 +50,29 @@ bool damaged(const std::string& path) {
     return true;
   }
 }
+
+// `file`'s bytes with the manifest replaced by `manifest`, the header's offsets and both checksums
+// rewritten: what a hand-edited (or hostile) checkpoint that is not damaged looks like.
+std::string with_manifest(const std::string& file, const std::string& manifest) {
+  std::string b = bytes_of(file);
+  uint64_t offset = 0;
+  std::memcpy(&offset, b.data() + 16, 8);
+  b.resize(size_t(offset));
+  const uint64_t len = manifest.size();
+  const uint32_t crc = io::crc32c(manifest.data(), manifest.size());
+  std::memcpy(b.data() + 24, &len, 8);
+  std::memcpy(b.data() + 32, &crc, 4);
+  const uint32_t hcrc = io::crc32c(b.data(), 36);
+  std::memcpy(b.data() + 36, &hcrc, 4);
+  return b + manifest;
+}
+json manifest_of(const std::string& file) {
+  const std::string b = bytes_of(file);
+  uint64_t offset = 0, len = 0;
+  std::memcpy(&offset, b.data() + 16, 8);
+  std::memcpy(&len, b.data() + 24, 8);
+  return json::parse(b.substr(size_t(offset), size_t(len)));
+}
 }  // namespace
 
 TEST_CASE("checkpoint: every dtype, empty and 0-dim tensors and the state round-trip exactly") {
@@ -107,6 +130,26 @@ TEST_CASE("checkpoint: truncation at any length and a flipped bit anywhere are d
   CHECK(contains(error_of([&] { io::CheckpointReader r(p); }), "newer Kiln"));
   write_bytes(p, std::string(100, 'z'));
   CHECK(contains(error_of([&] { io::CheckpointReader r(p); }), "not a Kiln checkpoint"));
+}
+
+TEST_CASE("checkpoint: a manifest nested 100000 levels deep is an error, not a crash") {
+  TempDir d("kiln_ckpt");
+  io::save_checkpoint(d / "a.kiln", {{"w", ones({4})}}, R"({"x": 0})");
+  std::string text = manifest_of(d / "a.kiln").dump();
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const size_t at = text.find("\"x\":0");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 5, "\"x\":" + deep);
+  write_bytes(d / "deep.kiln", with_manifest(d / "a.kiln", text));
+  CHECK(contains(error_of([&] { io::CheckpointReader r(d / "deep.kiln"); }),
+                 "deep.kiln: the manifest nests JSON deeper than 64 levels"));
+  for (const char* cmd : {"ckpt verify ", "ckpt inspect "}) {
+    const auto r = run_kiln(cmd + d / "deep.kiln", d.p.string());
+    CHECK_MESSAGE(r.code == 1, cmd, " -> ", r.code, " ", r.output);
+    CHECK_MESSAGE(contains(r.output, "deeper than 64 levels"), r.output);
+  }
+  // The state Kiln writes itself is well inside the limit.
+  CHECK(io::CheckpointReader(d / "a.kiln").state_json() == R"({"x":0})");
 }
 
 TEST_CASE("checkpoint: a writer killed mid-write leaves `latest` pointing at a complete checkpoint") {
