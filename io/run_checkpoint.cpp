@@ -12,6 +12,7 @@
 #include "engine/random.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "io/weights.h"
 #include "kiln_build_info.h"
 
 namespace kiln::io {
@@ -216,6 +217,8 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
       std::ostringstream s;
       s << "shape of " << n << ": checkpoint " << e.shape << ", model " << it->second.shape();
       problems.push_back(s.str());
+    } else if (std::string p = dtype_problem(n, e.dtype, it->second.dtype()); !p.empty()) {
+      problems.push_back(p);
     }
   }
   for (const auto& [n, t] : mine)

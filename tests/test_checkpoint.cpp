@@ -14,10 +14,11 @@
 
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "io/run_checkpoint.h"
+#include "io/safetensors.h"
 #include "kiln.h"
 #include "models/resnet.h"
 #include "test_util.h"
-#include "io/run_checkpoint.h"
 
 using namespace kiln;
 using kiln::testing::contains;
@@ -326,6 +327,51 @@ TEST_CASE("train: SIGTERM saves and exits 0; ckpt verify, export and import") {
   r = run_kiln("train --limit-train 2048 --batch 64 --epochs 3 --threads 2 --resume auto --out " + out, d.p.string());
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "batch: checkpoint 32, now 64"), r.output);
+}
+
+TEST_CASE("checkpoint: a tensor stored with an integer dtype for a float parameter (or the reverse) is refused") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const std::string path = io::save_run_checkpoint(d.p.string(), *a, opt, {}, {{"model", "resnet20"}});
+  // The manifest relabels fc.weight (same bytes) as i32, and a batch-norm counter as f64.
+  json m = manifest_of(path);
+  for (auto& e : m["tensors"]) {
+    if (e["name"] == "model/fc.weight") e["dtype"] = "i32";
+    if (e["name"] == "model/bn1.num_batches_tracked") e["dtype"] = "f64";
+  }
+  write_bytes(d / "relabelled.kiln", with_manifest(path, m.dump()));
+  auto b = models::make_resnet({"resnet20", 10, 1});
+  const std::string e = error_of([&] { io::load_run_checkpoint(d / "relabelled.kiln", *b, nullptr); });
+  CHECK_MESSAGE(contains(e, "relabelled.kiln does not match the model"), e);
+  CHECK_MESSAGE(contains(e, "dtype of fc.weight: stored i32, model f32"), e);
+  CHECK_MESSAGE(contains(e, "dtype of bn1.num_batches_tracked: stored f64, model i64"), e);
+
+  // The same in safetensors, through `kiln ckpt import` and `kiln forward`; a float of another width loads.
+  nn::StateDict sd = a->state_dict();
+  io::save_safetensors(d / "f64.st", [&] {
+    std::map<std::string, Tensor> w(sd.begin(), sd.end());
+    w["fc.weight"] = w["fc.weight"].to(DType::f64);
+    return w;
+  }());
+  auto r = run_kiln("ckpt import " + d / "f64.st" + " --model resnet20 --set in_channels=1 --out " + d / "f64.kiln",
+                    d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  std::map<std::string, Tensor> w(sd.begin(), sd.end());
+  w["fc.weight"] = zeros(w["fc.weight"].shape(), TensorOptions(DType::i32));
+  io::save_safetensors(d / "i32.st", w);
+  r = run_kiln("ckpt import " + d / "i32.st" + " --model resnet20 --set in_channels=1 --out " + d / "i32.kiln",
+               d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "i32.st" + ": stored with the wrong kind of dtype"), r.output);
+  CHECK_MESSAGE(contains(r.output, "dtype of fc.weight: stored i32, model f32"), r.output);
+  CHECK(!fs::exists(d / "i32.kiln"));
+  io::save_safetensors(d / "x.st", {{"input", randn({1, 1, 8, 8})}});
+  r = run_kiln("forward --model resnet20 --set in_channels=1 --weights " + d / "i32.st" + " --inputs " + d / "x.st" +
+                   " --out " + d / "y.st",
+               d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, "dtype of fc.weight: stored i32, model f32"), r.output);
 }
 
 TEST_CASE("checkpoint: f32 weights load into an f16 or bf16 model and back") {

@@ -11,6 +11,7 @@
 #include "io/checkpoint.h"
 #include "io/run_checkpoint.h"
 #include "io/safetensors.h"
+#include "io/weights.h"
 #include "tools/commands.h"
 #include "tools/zoo.h"
 
@@ -115,6 +116,7 @@ int import_weights(const CkptOptions& o) {
   const nn::StateDict mine = m->state_dict();
   nn::StateDict given = normalise_checkpoint_names(f.tensors, mine);
   drop_unused_heads(*m, given, o.file, o.model, "kiln ckpt import");
+  io::check_weight_dtypes(*m, given, o.file);
   m->load_state_dict(given, /*strict=*/true);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [n, t] : m->state_dict()) tensors.emplace_back("model/" + n, t);

@@ -12,6 +12,7 @@
 #include "engine/autograd.h"
 #include "engine/nn.h"
 #include "io/safetensors.h"
+#include "io/weights.h"
 #include "tools/commands.h"
 #include "tools/zoo.h"
 
@@ -54,6 +55,7 @@ int run_forward(const ForwardOptions& o) {
   if (!unexpected.empty()) problems += "\n  unexpected: " + list(unexpected);
   if (!missing.empty() && !o.allow_missing) problems += "\n  missing (use --allow-missing to initialise them): " + list(missing);
   KILN_CHECK(problems.empty(), o.weights, " does not match --model ", o.model, ":", problems);
+  io::check_weight_dtypes(m, given, o.weights);
   m.load_state_dict(given, /*strict=*/false);  // shapes are still checked, every mismatch listed
   m.train(o.train);
 

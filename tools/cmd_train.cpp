@@ -23,6 +23,7 @@
 #include "io/run_checkpoint.h"
 #include "io/safetensors.h"
 #include "io/tensorboard.h"
+#include "io/weights.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/runtime_info.h"
@@ -1056,6 +1057,7 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     task = make_task(c);
     nn::StateDict given = f.tensors;
     drop_unused_heads(*task.model, given, weights, c.model, "kiln eval");
+    io::check_weight_dtypes(*task.model, given, weights);
     task.model->load_state_dict(given, /*strict=*/true);
   } catch (const Error& e) {
     std::fprintf(stderr, "kiln eval: error: %s\n", e.message().c_str());
