@@ -3,6 +3,7 @@
 #include "io/run_checkpoint.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -194,6 +195,36 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
   for (size_t i = 0; i + size_t(keep) < files.size(); ++i) fs::remove(files[i], ec);
 }
 
+namespace {
+// The counters of a run as a checkpoint holds them: none negative, the times and the loss scale
+// finite. A damaged or hand-edited value is named with the file here, not met later as "LR
+// schedule: negative step -5" or a run that trains 0 steps.
+void check_run_state(const RunState& r, const std::string& path) {
+  auto count = [&](const char* field, int64_t v) {
+    KILN_CHECK(v >= 0, path, ": state.run.", field, " is ", v,
+               ", a count that cannot be negative (the checkpoint is damaged or was edited)");
+  };
+  count("step", r.step);
+  count("epoch", r.epoch);
+  count("batch", r.batch);
+  count("micro_batch", r.micro_batch);
+  count("samples_seen", r.samples_seen);
+  count("window[4] (steps)", r.window.steps);
+  count("window[5] (samples)", r.window.samples);
+  count("window[6] (correct)", r.window.correct);
+  count("window[7] (count)", r.window.count);
+  count("epoch_sums[1] (correct)", r.epoch_sums.correct);
+  count("epoch_sums[2] (count)", r.epoch_sums.count);
+  count("last_eval[2] (count)", r.last_eval_count);
+  count("scaler.growth_tracker", r.scaler.growth_tracker);
+  count("scaler.skipped", r.scaler.skipped);
+  KILN_CHECK(std::isfinite(r.train_seconds) && r.train_seconds >= 0, path, ": state.run.train_seconds is ",
+             r.train_seconds, ", expected a finite number of seconds >= 0 (the checkpoint is damaged or was edited)");
+  KILN_CHECK(std::isfinite(r.scaler.scale) && r.scaler.scale > 0, path, ": state.run.scaler.scale is ", r.scaler.scale,
+             ", expected a finite loss scale > 0 (the checkpoint is damaged or was edited)");
+}
+}  // namespace
+
 LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
                               const LocalOptimizerState& local) {
   io::CheckpointReader r(path);
@@ -237,6 +268,7 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
   out.config = state.value("config", json::object());
   if (out.weights_only) return out;
   out.run = RunState::from_json(state.at("run"));
+  check_run_state(out.run, path);
   const auto& rng = state.at("rng");
   default_generator().seed = rng.at("seed").get<uint64_t>();
   default_generator().offset = rng.at("offset").get<uint64_t>();
@@ -257,6 +289,17 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
       for (const auto& e : r.entries())
         if (e.name.rfind("optim/", 0) == 0) os.tensors[e.name.substr(6)] = r.read(e.name);
     }
+    // An optimizer with per-parameter state (SGD with momentum, AdamW, LAMB) has some after its first
+    // step: a training checkpoint without any would resume from a fresh optimizer and silently not
+    // continue the run.
+    const auto steps = os.scalars.find("steps");
+    const auto momentum = os.scalars.find("momentum");
+    const bool keeps_state = opt->name() != "sgd" || (momentum != os.scalars.end() && momentum->second != 0);
+    KILN_CHECK(!keeps_state || os.tensors.size() > 0 || steps == os.scalars.end() || steps->second == 0, path,
+               ": a training checkpoint after ", steps->second, " ", opt->name(),
+               " steps without the optimizer's state (no optim/ tensors): resuming would start ", opt->name(),
+               "'s state from zero and not continue the run; to start a new run from its weights, `kiln ckpt export` "
+               "them and `kiln ckpt import` the result");
     opt->load_state(os);
   }
   return out;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
@@ -372,6 +373,78 @@ TEST_CASE("checkpoint: a tensor stored with an integer dtype for a float paramet
                d.p.string());
   CHECK(r.code != 0);
   CHECK_MESSAGE(contains(r.output, "dtype of fc.weight: stored i32, model f32"), r.output);
+}
+
+TEST_CASE(
+    "checkpoint: a training checkpoint without optimizer state or with impossible counters is refused, naming the "
+    "file") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  a->train();
+  sum((*a)(randn({2, 1, 8, 8}))).backward();
+  opt.step();
+  io::RunState run;
+  run.step = 1;
+  const std::string path = io::save_run_checkpoint(d.p.string(), *a, opt, run, {{"model", "resnet20"}});
+  auto load = [&](const json& m) {
+    write_bytes(d / "edited.kiln", with_manifest(path, m.dump()));
+    auto b = models::make_resnet({"resnet20", 10, 1});
+    optim::SGD opt_b(optim::decay_groups(b->named_parameters(), 0.1, 0), {0.9, 0, false});
+    return error_of([&] { io::load_run_checkpoint(d / "edited.kiln", *b, &opt_b); });
+  };
+  const json good = manifest_of(path);
+  CHECK(load(good) == "NO ERROR");
+  json m = good;
+  json kept = json::array();
+  for (const auto& e : m["tensors"])
+    if (e["name"].get<std::string>().rfind("optim/", 0) != 0) kept.push_back(e);
+  m["tensors"] = kept;
+  std::string e = load(m);
+  CHECK_MESSAGE(contains(e, "edited.kiln: a training checkpoint after 1 sgd steps without the optimizer's state"), e);
+  // Without momentum SGD keeps no state: nothing is missing.
+  {
+    auto b = models::make_resnet({"resnet20", 10, 1});
+    optim::SGD plain(optim::decay_groups(b->named_parameters(), 0.1, 0), {});
+    sum((*b)(randn({2, 1, 8, 8}))).backward();
+    plain.step();
+    TempDir e2("kiln_ckpt");
+    const std::string p2 = io::save_run_checkpoint(e2.p.string(), *b, plain, run, {{"model", "resnet20"}});
+    optim::SGD plain2(optim::decay_groups(b->named_parameters(), 0.1, 0), {});
+    CHECK(error_of([&] { io::load_run_checkpoint(p2, *b, &plain2); }) == "NO ERROR");
+  }
+  m = good;
+  m["state"]["run"]["step"] = -5;
+  e = load(m);
+  CHECK_MESSAGE(contains(e, "edited.kiln: state.run.step is -5"), e);
+  m = good;
+  m["state"]["run"]["scaler"]["scale"] = -1.0;
+  e = load(m);
+  CHECK_MESSAGE(contains(e, "edited.kiln: state.run.scaler.scale is -1"), e);
+}
+
+TEST_CASE("train: --resume refuses a checkpoint whose position is past what the run's flags reach") {
+  TempDir d("kiln_resume");
+  const std::string args =
+      "train --limit-train 64 --limit-eval 32 --batch 8 --max-steps 3 --save-every 2 --threads 1 "
+      "--progress lines --out ";
+  auto r = run_kiln(args + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string ckpt = d / "run/checkpoints/step-000000002.kiln";
+  REQUIRE(fs::exists(ckpt));
+  for (const auto& [field, value, says] :
+       {std::tuple<const char*, int64_t, const char*>{"epoch", 1000000000000000000,
+                                                      "state.run.epoch is 1000000000000000000, past the 1 epochs"},
+        {"step", 5000, "state.run.step is 5000, past the 3 steps"},
+        {"batch", 1000000000000, "state.run.batch is 1000000000000, past the 8 micro-batches"},
+        {"step", -5, "state.run.step is -5"}}) {
+    json m = manifest_of(ckpt);
+    m["state"]["run"][field] = value;
+    write_bytes(d / "edited.kiln", with_manifest(ckpt, m.dump()));
+    r = run_kiln(args + d / ("again_" + std::string(field)) + " --resume " + d / "edited.kiln", d.p.string());
+    CHECK_MESSAGE(r.code == 2, field, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "edited.kiln: " + std::string(says)), r.output);
+  }
 }
 
 TEST_CASE("checkpoint: f32 weights load into an f16 or bf16 model and back") {

@@ -436,6 +436,15 @@ class Trainer {
         const int64_t saved_micro = run_.micro_batch > 0 ? run_.micro_batch : c_.batch;
         if (saved_micro != micro_) run_.batch = run_.batch * saved_micro / micro_;
         run_.micro_batch = micro_;
+        // Where the checkpoint says the run is must be a place this run's flags reach: past them the
+        // loop would train nothing and exit 0.
+        auto within = [&](const char* field, int64_t v, int64_t most, const std::string& why) {
+          KILN_CHECK(v <= most, path, ": state.run.", field, " is ", v, ", past the ", most, " ", why,
+                     " of this run: the checkpoint is damaged or was edited");
+        };
+        within("step", run_.step, total_steps_, "steps (--epochs, --max-steps)");
+        within("epoch", run_.epoch, c_.epochs, "epochs (--epochs)");
+        within("batch", run_.batch, spe_ * accum_, "micro-batches per epoch");
         if (int64_t(run_.rng_ranks.size()) == world_) {  // this rank's own generator
           default_generator().seed = run_.rng_ranks[size_t(rank_)][0].get<uint64_t>();
           default_generator().offset = run_.rng_ranks[size_t(rank_)][1].get<uint64_t>();
