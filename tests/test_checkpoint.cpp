@@ -447,6 +447,39 @@ TEST_CASE("train: --resume refuses a checkpoint whose position is past what the 
   }
 }
 
+TEST_CASE(
+    "checkpoint: no command writes its output over its input (export, import, consolidate, forward, eval, vocab)") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const std::string ck = io::save_run_checkpoint(d.p.string(), *a, opt, {}, {{"model", "resnet20"}});
+  io::save_safetensors(d / "w.st", a->state_dict());
+  io::save_safetensors(d / "x.st", {{"input", randn({1, 1, 8, 8})}});
+  std::ofstream(d / "t.txt") << "the quick brown fox jumps over the lazy dog\n";
+  fs::create_symlink(ck, d / "link.kiln");
+  const std::string w = d / "w.st", t = d / "t.txt";
+  const std::pair<std::string, std::string> cases[] = {
+      {"ckpt export " + ck + " --safetensors " + ck, "--safetensors " + ck + " is the input itself"},
+      {"ckpt export " + ck + " --safetensors " + d / "link.kiln", " is the input " + ck + " itself"},
+      {"ckpt import " + w + " --model resnet20 --set in_channels=1 --out " + w, "--out " + w + " is the input itself"},
+      {"ckpt consolidate " + ck + " --out " + d / "link.kiln", " is the input " + ck + " itself"},
+      {"forward --model resnet20 --set in_channels=1 --weights " + w + " --inputs " + d / "x.st" + " --out " + w,
+       "--out " + w + " is the input itself"},
+      {"eval --model resnet20 --weights " + w + " --out " + w, "--out " + w + " is the input itself"},
+      {"vocab --text " + t + " --out " + t, "--out " + t + " is the input itself"},
+      {"vocab --text " + d.p.string() + " --out " + t, "--out " + t + " is the input itself"},
+  };
+  const std::string ck_bytes = bytes_of(ck), w_bytes = bytes_of(w), t_bytes = bytes_of(t);
+  for (const auto& [args, says] : cases) {
+    const auto r = run_kiln(args, d.p.string());
+    CHECK_MESSAGE(r.code == 2, args, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, says), args, " -> ", r.output);
+  }
+  CHECK(bytes_of(ck) == ck_bytes);
+  CHECK(bytes_of(w) == w_bytes);
+  CHECK(bytes_of(t) == t_bytes);
+}
+
 TEST_CASE("checkpoint: f32 weights load into an f16 or bf16 model and back") {
   TempDir d("kiln_ckpt");
   auto a = models::make_resnet({"resnet20", 10, 1});

@@ -12,6 +12,7 @@
 #include "io/run_checkpoint.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
+#include "tools/cli_checks.h"
 #include "tools/commands.h"
 #include "tools/zoo.h"
 
@@ -128,11 +129,6 @@ int import_weights(const CkptOptions& o) {
 }
 
 int consolidate(const CkptOptions& o) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  KILN_CHECK(!fs::equivalent(o.file, o.out, ec), "kiln ckpt consolidate: --out ", o.out,
-             " is the input itself; "
-             "write the whole checkpoint beside it");
   io::CheckpointReader r(o.file);
   nlohmann::json state = nlohmann::json::parse(r.state_json());
   KILN_CHECK(state.contains("zero"), o.file,
@@ -174,6 +170,16 @@ int consolidate(const CkptOptions& o) {
 }  // namespace
 
 int run_ckpt(const CkptOptions& o) {
+  // An output that is the input would replace the file being read (consolidate writes two).
+  std::string clash;
+  if (o.action == "export") clash = output_is_input("--safetensors", o.out, {o.file});
+  if (o.action == "import" || o.action == "consolidate") clash = output_is_input("--out", o.out, {o.file});
+  if (clash.empty() && o.action == "consolidate")
+    clash = output_is_input("--safetensors", o.safetensors, {o.file, o.out});
+  if (!clash.empty()) {
+    std::fprintf(stderr, "kiln ckpt %s: error: %s\n", o.action.c_str(), clash.c_str());
+    return 2;
+  }
   if (o.action == "consolidate") return consolidate(o);
   if (o.action == "inspect") return inspect(o);
   if (o.action == "verify") return verify(o);

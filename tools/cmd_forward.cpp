@@ -13,6 +13,7 @@
 #include "engine/nn.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
+#include "tools/cli_checks.h"
 #include "tools/commands.h"
 #include "tools/zoo.h"
 
@@ -33,6 +34,10 @@ void add_forward_flags(CLI::App& app, ForwardOptions& o) {
 }
 
 int run_forward(const ForwardOptions& o) {
+  if (const std::string clash = output_is_input("--out", o.out, {o.weights, o.inputs, o.grad_output}); !clash.empty()) {
+    std::fprintf(stderr, "kiln forward: error: %s\n", clash.c_str());
+    return 2;
+  }
   // Dropout off: the outputs are deterministic (--train means batch-norm mode only).
   const BuiltModel b = model_family(o.model).build(o.model, o.sets, /*deterministic=*/true);
   nn::Module& m = *b.module;

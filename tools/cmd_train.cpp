@@ -28,6 +28,7 @@
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/runtime_info.h"
 #include "runtime/nccl_comm.h"
+#include "tools/cli_checks.h"
 #include "tools/commands.h"
 #include "tools/environment.h"
 #include "tools/plan.h"
@@ -1054,6 +1055,7 @@ int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outco
 int run_eval(const TrainConfig& c0, const std::string& weights) {
   TrainConfig c = c0;
   auto problems = validate(c);
+  if (std::string clash = output_is_input("--out", c.out, {weights}); !clash.empty()) problems.push_back(clash);
   for (const auto& p : problems) std::fprintf(stderr, "kiln eval: error: %s\n", p.c_str());
   if (!problems.empty()) return 2;
   if (c.threads > 0) set_num_threads(c.threads);

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "io/text.h"
+#include "tools/cli_checks.h"
 #include "tools/train.h"
 
 namespace kiln::tools {
@@ -25,6 +26,7 @@ int run_vocab(const VocabOptions& o) {
   std::vector<std::string> files;
   try {
     files = expand_text_paths(o.text, "--text");
+    if (const std::string clash = output_is_input("--out", o.out, files); !clash.empty()) KILN_FAIL(clash);
   } catch (const Error& e) {
     std::fprintf(stderr, "kiln vocab: error: %s\n", e.message().c_str());
     return 2;
