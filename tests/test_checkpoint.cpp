@@ -20,6 +20,7 @@
 #include "kiln.h"
 #include "models/resnet.h"
 #include "test_util.h"
+#include "tools/train.h"
 
 using namespace kiln;
 using kiln::testing::contains;
@@ -478,6 +479,38 @@ TEST_CASE(
   CHECK(bytes_of(ck) == ck_bytes);
   CHECK(bytes_of(w) == w_bytes);
   CHECK(bytes_of(t) == t_bytes);
+}
+
+TEST_CASE(
+    "train: a fresh run into an --out that holds a run is refused; --resume continues it, --overwrite replaces it") {
+  TempDir d("kiln_resume");
+  const std::string args =
+      "train --limit-train 64 --limit-eval 32 --batch 8 --max-steps 3 --save-every 2 --threads 1 "
+      "--progress lines --out " +
+      d / "run";
+  auto r = run_kiln(args, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string metrics = read_text(d / "run/metrics.jsonl"), weights = read_text(d / "run/model.safetensors");
+  const std::string ckpt = read_text(d / "run/checkpoints/step-000000002.kiln");
+  r = run_kiln(args + " --seed 5", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(
+      contains(r.output, "--out " + d / "run" +
+                             " already holds a run (checkpoints/ (2 checkpoints), metrics.jsonl, "
+                             "model.safetensors, summary.json): continue it with --resume auto, or add --overwrite"),
+      r.output);
+  CHECK(read_text(d / "run/metrics.jsonl") == metrics);
+  CHECK(read_text(d / "run/model.safetensors") == weights);
+  CHECK(read_text(d / "run/checkpoints/step-000000002.kiln") == ckpt);
+  // A folder with nothing of a run in it (an empty metrics file of a run that failed at once) is fine.
+  fs::create_directories(d / "empty/checkpoints");
+  std::ofstream(d / "empty/metrics.jsonl").flush();
+  CHECK(tools::run_in_folder(d / "empty").empty());
+  // --overwrite starts over, the old checkpoints gone with the old run.
+  r = run_kiln(args + " --max-steps 1 --overwrite", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(!fs::exists(d / "run/checkpoints/step-000000002.kiln"));
+  CHECK(step_losses(d / "run/metrics.jsonl").size() == 1);
 }
 
 TEST_CASE("checkpoint: f32 weights load into an f16 or bf16 model and back") {

@@ -258,7 +258,13 @@ class Trainer {
 
   // ---- setup: every problem before any work starts; -1 when the run can begin ----
   int setup() {
-    const auto problems = validate(c_);
+    auto problems = validate(c_);
+    // A fresh run would truncate the metrics and replace the weights and checkpoints of the run
+    // already there (and break its resume): only when asked.
+    if (c_.resume.empty() && !c_.overwrite)
+      if (const std::string there = run_in_folder(c_.out); !there.empty())
+        problems.push_back("--out " + c_.out + " already holds a run (" + there +
+                           "): continue it with --resume auto, or add --overwrite to replace it with a new run");
     for (const auto& p : problems) fail(p);
     if (!problems.empty()) return 2;
     if (c_.threads > 0) set_num_threads(c_.threads);
@@ -321,6 +327,15 @@ class Trainer {
       return fail("--out " + c_.out + ": cannot create or write the directory (" +
                   (ec ? ec.message() : std::string("not writable")) + ")");
     ckpt_dir_ = c_.out + "/checkpoints";
+    if (lead_ && c_.overwrite && c_.resume.empty()) {
+      // The replaced run's checkpoints go: its higher step numbers would outrank this run's in pruning
+      // and in --resume auto.
+      for (const auto& e : std::filesystem::directory_iterator(ckpt_dir_, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n == "latest" || (n.rfind("step-", 0) == 0 && e.path().extension() == ".kiln"))
+          std::filesystem::remove(e.path(), ec);
+      }
+    }
 
     // optimizer and schedule; with --zero 1 over this rank's chunks of the flattened parameters
     if (c_.zero == 1) {

@@ -1,6 +1,7 @@
 // The flags of `kiln train` and `kiln eval`, a JSON config file that supplies any of them, and the
 // checks that reject an impossible run before any work starts.
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -147,6 +148,10 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--resume", c.resume,
                  "auto (the newest complete checkpoint in OUT/checkpoints, or a fresh start) or a checkpoint file");
+  app.add_flag("--overwrite", c.overwrite,
+               "Start a fresh run in an --out that already holds one (checkpoints, metrics.jsonl, "
+               "model.safetensors), replacing it and deleting its checkpoints; without it such an --out is refused "
+               "unless --resume continues the run");
   app.add_option("--mirror", c.mirror, "Copy every completed checkpoint here too, in the background");
   // A flag given twice takes its last value, so `scripts/demo --epochs 5` overrides the script's own.
   for (CLI::Option* o : app.get_options())
@@ -202,6 +207,27 @@ void apply_json_config(CLI::App& app, const std::string& path) {
       KILN_FAIL("--config ", path, ": '", key, "': ", e.what());
     }
   }
+}
+
+std::string run_in_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::string> found;
+  int64_t checkpoints = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "checkpoints", ec)) {
+    const std::string n = e.path().filename().string();
+    checkpoints += n.rfind("step-", 0) == 0 && e.path().extension() == ".kiln";
+  }
+  if (checkpoints > 0)
+    found.push_back("checkpoints/ (" + std::to_string(checkpoints) + " checkpoint" + (checkpoints > 1 ? "s" : "") +
+                    ")");
+  const fs::path metrics = fs::path(dir) / "metrics.jsonl";
+  if (fs::is_regular_file(metrics, ec) && fs::file_size(metrics, ec) > 0) found.push_back("metrics.jsonl");
+  for (const char* f : {"model.safetensors", "summary.json"})
+    if (fs::exists(fs::path(dir) / f, ec)) found.push_back(f);
+  std::string s;
+  for (const auto& f : found) s += (s.empty() ? "" : ", ") + f;
+  return s;
 }
 
 std::vector<std::string> validate(const TrainConfig& c) {
