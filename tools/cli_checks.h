@@ -1,5 +1,7 @@
 // Checks that several commands make on their flags before any work, with one wording each.
 #pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,5 +14,19 @@ namespace kiln::tools {
 // this before reading anything.
 std::string output_is_input(const std::string& out_flag, const std::string& out,
                             const std::vector<std::string>& inputs);
+
+}  // namespace kiln::tools
+
+namespace kiln::tools {
+
+// Validators for numeric flags whose messages read "--image-size: must be >= 1, got 0" (CLI11's own
+// range checks print DBL_MAX as a 300-digit number, and "Value 0 not in range 0.000000 to ..."), and
+// that refuse nan and inf. They check the text as a number; the option's own conversion still refuses
+// a fraction for an integer flag.
+CLI::Validator at_least(double lo);
+CLI::Validator between(double lo, double hi);
+// The most --threads a command takes: max(1024, 4 x the CPUs). More threads than that only contend for
+// the cores, and each costs a stack and a slot of the process limit (100000 failed to start).
+int64_t max_threads();
 
 }  // namespace kiln::tools

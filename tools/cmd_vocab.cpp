@@ -11,10 +11,10 @@ namespace kiln::tools {
 void add_vocab_flags(CLI::App& app, VocabOptions& o) {
   app.add_option("--text", o.text, "Text files or directories of them")->required();
   app.add_option("--size", o.size, "Vocabulary size, special tokens included")
-      ->check(CLI::Range(int64_t(16), int64_t(1) << 22))
+      ->check(between(int64_t(16), int64_t(1) << 22))
       ->capture_default_str();
   app.add_option("--min-frequency", o.min_frequency, "Stop merging when the best pair occurs fewer times")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   app.add_flag("--lower-case,!--no-lower-case", o.lower_case, "Lower-case and strip accents first")
       ->capture_default_str();
