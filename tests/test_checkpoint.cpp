@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <tuple>
@@ -219,8 +220,11 @@ TEST_CASE("checkpoint: loading into another model lists every missing, unexpecte
   const std::string path = io::save_run_checkpoint(d.p.string(), *a, opt, run, {{"model", "resnet20"}});
   auto b = models::make_resnet({"resnet32", 10, 1});
   const std::string e = error_of([&] { io::load_run_checkpoint(path, *b, nullptr); });
-  CHECK(contains(e, "does not match the model"));
-  CHECK(contains(e, "missing layer1.3.conv1.weight [16,16,3,3]"));
+  CHECK(contains(e, path + " does not match the model"));
+  // resnet32 has 3 x 2 more blocks: their 72 tensors, the first 10 named and a count.
+  CHECK_MESSAGE(contains(e, "missing (72): layer1.3.bn1.bias [16], "), e);
+  CHECK_MESSAGE(contains(e, ", ... and 62 more"), e);
+  CHECK_MESSAGE(!contains(e, "layer3.7"), e);
   auto c = models::make_resnet({"resnet20", 7, 1});
   CHECK(contains(error_of([&] { io::load_run_checkpoint(path, *c, nullptr); }), "shape of fc.weight: checkpoint [10,64], model [7,64]"));
   auto same = models::make_resnet({"resnet20", 10, 1});
@@ -365,7 +369,7 @@ TEST_CASE("checkpoint: a tensor stored with an integer dtype for a float paramet
   r = run_kiln("ckpt import " + d / "i32.st" + " --model resnet20 --set in_channels=1 --out " + d / "i32.kiln",
                d.p.string());
   CHECK(r.code != 0);
-  CHECK_MESSAGE(contains(r.output, d / "i32.st" + ": stored with the wrong kind of dtype"), r.output);
+  CHECK_MESSAGE(contains(r.output, d / "i32.st" + " does not match the model:"), r.output);
   CHECK_MESSAGE(contains(r.output, "dtype of fc.weight: stored i32, model f32"), r.output);
   CHECK(!fs::exists(d / "i32.kiln"));
   io::save_safetensors(d / "x.st", {{"input", randn({1, 1, 8, 8})}});
@@ -511,6 +515,77 @@ TEST_CASE(
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK(!fs::exists(d / "run/checkpoints/step-000000002.kiln"));
   CHECK(step_losses(d / "run/metrics.jsonl").size() == 1);
+}
+
+TEST_CASE(
+    "checkpoint: messages name the file and the field: state types, a missing file, weight mismatches, empty data") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {});
+  io::RunState run;
+  run.step = 2;
+  const std::string path = io::save_run_checkpoint(d.p.string(), *a, opt, run, {{"model", "resnet20"}});
+  const json good = manifest_of(path);
+  auto load = [&](const std::function<void(json&)>& edit) {
+    json m = good;
+    edit(m["state"]);
+    write_bytes(d / "edited.kiln", with_manifest(path, m.dump()));
+    auto b = models::make_resnet({"resnet20", 10, 1});
+    optim::SGD opt_b(optim::decay_groups(b->named_parameters(), 0.1, 0), {});
+    return error_of([&] { io::load_run_checkpoint(d / "edited.kiln", *b, &opt_b); });
+  };
+  const std::pair<std::function<void(json&)>, std::string> cases[] = {
+      {[](json& s) { s["kind"] = 3; }, "edited.kiln: state.kind is 3, expected"},
+      {[](json& s) { s.erase("run"); }, "edited.kiln: state.run is missing"},
+      {[](json& s) { s["config"] = "x"; }, "edited.kiln: state.config is \"x\", expected an object"},
+      {[](json& s) { s["rng"] = "x"; }, "edited.kiln: state.rng is \"x\", expected an object"},
+      {[](json& s) { s["run"]["step"] = "3"; }, "edited.kiln: state.run.step is \"3\", expected an integer"},
+      {[](json& s) { s["run"]["step"] = 1e300; }, "edited.kiln: state.run.step is 1e+300, expected an integer"},
+      {[](json& s) { s["run"]["window"] = json::array(); }, "edited.kiln: state.run.window is [], expected an array"},
+      {[](json& s) { s.erase("optimizer"); }, "edited.kiln: state.optimizer is missing"},
+  };
+  for (const auto& [edit, says] : cases) {
+    const std::string e = load(edit);
+    CHECK_MESSAGE(contains(e, says), e);
+    CHECK_MESSAGE(!contains(e, "json.exception"), e);
+  }
+  // A missing file is not a damaged one.
+  auto r = run_kiln("ckpt verify " + d / "nope.kiln", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, d / "nope.kiln" + " does not exist"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "DAMAGED"), r.output);
+  // Weights for another model: the file named, the list cut short.
+  io::save_safetensors(d / "w.st", a->state_dict());
+  r = run_kiln("ckpt import " + d / "w.st" + " --model resnet56 --set in_channels=1 --out " + d / "i.kiln",
+               d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "w.st" + " does not match the model:\n  missing (216): "), r.output);
+  CHECK_MESSAGE(contains(r.output, ", ... and 206 more"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "layer3.8"), r.output);
+  // An empty --resume is not a fresh start.
+  r = run_kiln("train --resume '' --out " + d / "run", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--resume: an empty path"), r.output);
+  // An IDX data set of no samples names its file.
+  fs::create_directories(d / "idx");
+  for (const char* split : {"train", "t10k"}) {
+    std::ofstream(d / (std::string("idx/") + split + "-images-idx3-ubyte"), std::ios::binary)
+        << std::string("\0\0\x08\x03\0\0\0\0\0\0\0\x1c\0\0\0\x1c", 16);
+    std::ofstream(d / (std::string("idx/") + split + "-labels-idx1-ubyte"), std::ios::binary)
+        << std::string("\0\0\x08\x01\0\0\0\0", 8);
+  }
+  r = run_kiln("train --data mnist --data-dir " + d / "idx" + " --threads 1 --out " + d / "run", d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "idx/train-images-idx3-ubyte" + ": holds no images"), r.output);
+}
+
+TEST_CASE("train: --memory-cap too small for the run is named") {
+  TempDir d("kiln_cap");
+  const auto r = run_kiln(
+      "train --limit-train 64 --limit-eval 32 --batch 8 --threads 1 --device cpu --memory-cap 1KiB --out " + d / "run",
+      d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, "--memory-cap 1KiB is too small for this run: CPU memory cap reached"), r.output);
 }
 
 TEST_CASE("checkpoint: f32 weights load into an f16 or bf16 model and back") {

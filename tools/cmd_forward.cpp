@@ -41,29 +41,21 @@ int run_forward(const ForwardOptions& o) {
   // Dropout off: the outputs are deterministic (--train means batch-norm mode only).
   const BuiltModel b = model_family(o.model).build(o.model, o.sets, /*deterministic=*/true);
   nn::Module& m = *b.module;
-  // Weights: every mismatch reported at once.
+  // Weights
   const io::SafetensorsFile wf = io::load_safetensors(o.weights);
   const nn::StateDict mine = m.state_dict();
   nn::StateDict given = normalise_checkpoint_names(wf.tensors, mine);
   drop_unused_heads(m, given, o.weights, o.model, "kiln forward");
-  std::vector<std::string> missing, unexpected;
-  for (const auto& [n, t] : mine)
-    if (!given.count(n)) missing.push_back(n);
-  for (const auto& [n, t] : given)
-    if (!mine.count(n)) unexpected.push_back(n);
-  std::string problems;
+  // Every mismatch at once, naming the file (missing names are fine with --allow-missing).
+  io::check_weights(m, given, o.weights, o.allow_missing, ", use --allow-missing to initialise them");
+  m.load_state_dict(given, /*strict=*/false);  // shapes are still checked, every mismatch listed
+  m.train(o.train);
+
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
     return s;
   };
-  if (!unexpected.empty()) problems += "\n  unexpected: " + list(unexpected);
-  if (!missing.empty() && !o.allow_missing) problems += "\n  missing (use --allow-missing to initialise them): " + list(missing);
-  KILN_CHECK(problems.empty(), o.weights, " does not match --model ", o.model, ":", problems);
-  io::check_weight_dtypes(m, given, o.weights);
-  m.load_state_dict(given, /*strict=*/false);  // shapes are still checked, every mismatch listed
-  m.train(o.train);
-
   const io::SafetensorsFile inf = io::load_safetensors(o.inputs);
   std::map<std::string, Tensor> inputs;
   for (const auto& [n, t] : inf.tensors) {

@@ -1058,6 +1058,13 @@ int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outco
   auto trainer = std::make_unique<Trainer>(c, hooks, outcome);
   try {
     return trainer->run();
+  } catch (const OutOfMemory& e) {
+    if (c.memory_cap.empty()) throw;
+    // Past what the run can shrink (--micro-batch auto halves a step's micro-batch): the cap itself.
+    const std::string msg = "--memory-cap " + c.memory_cap + " is too small for this run: " + e.message();
+    std::fprintf(stderr, "kiln train: error: %s\n", msg.c_str());
+    if (hooks.on_error) hooks.on_error(msg);
+    return 1;
   } catch (const dist::CollectiveError&) {
     // The peers are gone or hang: the Trainer's destructors (DataParallel's pending buckets, NCCL
     // and MPI teardown, the checkpoint mirror) could wait for them. main() prints and exits with
@@ -1083,7 +1090,7 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     task = make_task(c);
     nn::StateDict given = f.tensors;
     drop_unused_heads(*task.model, given, weights, c.model, "kiln eval");
-    io::check_weight_dtypes(*task.model, given, weights);
+    io::check_weights(*task.model, given, weights);
     task.model->load_state_dict(given, /*strict=*/true);
   } catch (const Error& e) {
     std::fprintf(stderr, "kiln eval: error: %s\n", e.message().c_str());

@@ -150,7 +150,12 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->check(at_least(0))
       ->capture_default_str();
   app.add_option("--resume", c.resume,
-                 "auto (the newest complete checkpoint in OUT/checkpoints, or a fresh start) or a checkpoint file");
+                 "auto (the newest complete checkpoint in OUT/checkpoints, or a fresh start) or a checkpoint file")
+      ->check(CLI::Validator(
+          [](std::string& s) {  // `--resume ""` (an unset variable in a script) would start afresh unnoticed
+            return s.empty() ? std::string("an empty path: give auto or a checkpoint file") : std::string();
+          },
+          "auto|FILE"));
   app.add_flag("--overwrite", c.overwrite,
                "Start a fresh run in an --out that already holds one (checkpoints, metrics.jsonl, "
                "model.safetensors), replacing it and deleting its checkpoints; without it such an --out is refused "
