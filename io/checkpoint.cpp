@@ -17,6 +17,7 @@
 #include <set>
 
 #include "io/atomic_file.h"
+#include "io/json_parse.h"
 #if defined(__SSE4_2__)
 #include <nmmintrin.h>
 #endif
@@ -29,6 +30,9 @@ namespace {
 using json = nlohmann::json;
 constexpr uint64_t kHeaderBytes = 64, kAlign = 64;
 constexpr uint64_t kMaxManifestBytes = uint64_t(1) << 32;
+// The manifest Kiln writes nests about six levels (manifest, state, config, data_info, its lists);
+// the limit leaves room for callers' own state and stops hostile nesting before it can crash.
+constexpr int kMaxManifestDepth = 64;
 
 struct CrcTable {
   uint32_t t[8][256];
@@ -175,12 +179,13 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   pread_all(fd_, text.data(), text.size(), manifest_offset_, path, "the manifest");
   KILN_CHECK(get<uint32_t>(h + 32) == crc32c(text.data(), text.size()), path,
              ": the manifest is damaged (its checksum does not match)");
-  json m;
-  try {
-    m = json::parse(text);
-  } catch (const std::exception& e) {
-    KILN_FAIL(path, ": the manifest is not valid JSON: ", e.what());
-  }
+  const json m = parse_json_bounded(
+      text.data(), text.size(), kMaxManifestDepth,
+      [&] {
+        return detail::str_cat(path, ": the manifest nests JSON deeper than ", kMaxManifestDepth,
+                               " levels (Kiln writes a few; the file is damaged or was not written by Kiln)");
+      },
+      path + ": the manifest is not valid JSON");
   KILN_CHECK(m.is_object() && m.value("format", "") == "kiln-checkpoint" && m.contains("tensors") &&
                  m["tensors"].is_array(),
              path, ": the manifest lacks the kiln-checkpoint format tag or its tensor list");

@@ -219,6 +219,8 @@ std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& 
   KILN_CHECK(labels.dtype() == DType::u8 && labels.dim() == 1, lp, ": expected u8 labels [N], got ", labels.type_str());
   KILN_CHECK(labels.size(0) == images.size(0), lp, ": ", labels.size(0), " labels, but ", ip, " holds ", images.size(0),
              " images");
+  KILN_CHECK(images.size(0) >= 1, ip, ": holds no images (0 samples): nothing to ",
+             split == "train" ? "train" : "evaluate", " on");
   const uint8_t* l = labels.data<uint8_t>();
   for (int64_t i = 0; i < labels.size(0); ++i)
     KILN_CHECK(l[i] < 10, lp, ": label ", int(l[i]), " of sample ", i, " is not a class 0..9");

@@ -3,6 +3,7 @@
 #include "io/run_checkpoint.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,24 +13,62 @@
 #include "engine/random.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "io/weights.h"
 #include "kiln_build_info.h"
 
 namespace kiln::io {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+namespace {
+// Typed reads of the state a checkpoint keeps, each error naming the field ("state.run.step is
+// "3", expected an integer") instead of nlohmann's "type must be number, but is string".
+std::string brief(const json& v) {
+  std::string s = v.dump();
+  return s.size() > 40 ? s.substr(0, 40) + "..." : s;
+}
+const json& need(const json& obj, const char* key, const std::string& where) {
+  KILN_CHECK(obj.is_object(), where, " is ", brief(obj), ", expected an object");
+  auto it = obj.find(key);
+  KILN_CHECK(it != obj.end(), where, ".", key, " is missing");
+  return *it;
+}
+const json& item(const json& arr, size_t i, const std::string& where) {
+  KILN_CHECK(arr.is_array() && i < arr.size(), where, " is ", brief(arr), ", expected an array of at least ", i + 1,
+             " numbers");
+  return arr[i];
+}
+int64_t as_int(const json& v, const std::string& name) {
+  KILN_CHECK(v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)), name,
+             " is ", brief(v), ", expected an integer");
+  return v.get<int64_t>();
+}
+uint64_t as_u64(const json& v, const std::string& name) {
+  KILN_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0), name, " is ", brief(v),
+             ", expected an integer >= 0");
+  return v.get<uint64_t>();
+}
+double as_num(const json& v, const std::string& name) {
+  KILN_CHECK(v.is_number(), name, " is ", brief(v), ", expected a number");
+  return v.get<double>();
+}
+}  // namespace
+
 json WindowStats::to_json() const { return {loss, data_s, fb_s, opt_s, steps, samples, correct, count}; }
 WindowStats WindowStats::from_json(const json& w, double comm) {
+  const std::string at = "state.run.window";
+  auto n = [&](size_t i) { return as_num(item(w, i, at), at + "[" + std::to_string(i) + "]"); };
+  auto c = [&](size_t i) { return as_int(item(w, i, at), at + "[" + std::to_string(i) + "]"); };
   WindowStats s;
-  s.loss = w.at(0);
-  s.data_s = w.at(1);
-  s.fb_s = w.at(2);
-  s.opt_s = w.at(3);
+  s.loss = n(0);
+  s.data_s = n(1);
+  s.fb_s = n(2);
+  s.opt_s = n(3);
   s.comm_s = comm;
-  s.steps = w.at(4);
-  s.samples = w.at(5);
-  s.correct = w.at(6);
-  s.count = w.at(7);
+  s.steps = c(4);
+  s.samples = c(5);
+  s.correct = c(6);
+  s.count = c(7);
   return s;
 }
 
@@ -51,24 +90,32 @@ json RunState::to_json() const {
 }
 
 RunState RunState::from_json(const json& j) {
+  const std::string at = "state.run";
+  auto i64 = [&](const char* k) { return as_int(need(j, k, at), at + "." + k); };
+  auto num = [&](const char* k) { return as_num(need(j, k, at), at + "." + k); };
   RunState r;
-  r.step = j.at("step");
-  r.epoch = j.at("epoch");
-  r.batch = j.at("batch");
-  r.micro_batch = j.value("micro_batch", int64_t(0));
-  r.window = WindowStats::from_json(j.at("window"), j.value("window_comm", 0.0));
+  r.step = i64("step");
+  r.epoch = i64("epoch");
+  r.batch = i64("batch");
+  r.micro_batch = j.contains("micro_batch") ? i64("micro_batch") : 0;
+  r.window = WindowStats::from_json(need(j, "window", at), j.contains("window_comm") ? num("window_comm") : 0.0);
   r.rng_ranks = j.value("rng_ranks", json::array());
-  r.epoch_sums = EpochStats::from_json(j.at("epoch_sums"));
-  r.train_seconds = j.at("train_seconds");
-  r.samples_seen = j.at("samples_seen");
-  r.epochs_log = j.at("epochs_log");
-  const auto& l = j.at("last_eval");
-  r.last_eval_loss = l.at(0);
-  r.last_eval_accuracy = l.at(1);
-  r.last_eval_count = l.at(2);
+  const json& e = need(j, "epoch_sums", at);
+  r.epoch_sums = {as_num(item(e, 0, at + ".epoch_sums"), at + ".epoch_sums[0]"),
+                  as_int(item(e, 1, at + ".epoch_sums"), at + ".epoch_sums[1]"),
+                  as_int(item(e, 2, at + ".epoch_sums"), at + ".epoch_sums[2]")};
+  r.train_seconds = num("train_seconds");
+  r.samples_seen = i64("samples_seen");
+  r.epochs_log = need(j, "epochs_log", at);
+  const json& l = need(j, "last_eval", at);
+  r.last_eval_loss = as_num(item(l, 0, at + ".last_eval"), at + ".last_eval[0]");
+  r.last_eval_accuracy = as_num(item(l, 1, at + ".last_eval"), at + ".last_eval[1]");
+  r.last_eval_count = as_int(item(l, 2, at + ".last_eval"), at + ".last_eval[2]");
   if (j.contains("scaler")) {  // checkpoints written before mixed precision have none: scale 1
-    const auto& s = j.at("scaler");
-    r.scaler = {s.at("scale").get<double>(), s.at("growth_tracker").get<int64_t>(), s.at("skipped").get<int64_t>()};
+    const json& s = j.at("scaler");
+    r.scaler = {as_num(need(s, "scale", at + ".scaler"), at + ".scaler.scale"),
+                as_int(need(s, "growth_tracker", at + ".scaler"), at + ".scaler.growth_tracker"),
+                as_int(need(s, "skipped", at + ".scaler"), at + ".scaler.skipped")};
   } else {
     r.scaler = {1.0, 0, 0};
   }
@@ -193,56 +240,100 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
   for (size_t i = 0; i + size_t(keep) < files.size(); ++i) fs::remove(files[i], ec);
 }
 
+namespace {
+// The counters of a run as a checkpoint holds them: none negative, the times and the loss scale
+// finite. A damaged or hand-edited value is named with the file here, not met later as "LR
+// schedule: negative step -5" or a run that trains 0 steps.
+void check_run_state(const RunState& r, const std::string& path) {
+  auto count = [&](const char* field, int64_t v) {
+    KILN_CHECK(v >= 0, path, ": state.run.", field, " is ", v,
+               ", a count that cannot be negative (the checkpoint is damaged or was edited)");
+  };
+  count("step", r.step);
+  count("epoch", r.epoch);
+  count("batch", r.batch);
+  count("micro_batch", r.micro_batch);
+  count("samples_seen", r.samples_seen);
+  count("window[4] (steps)", r.window.steps);
+  count("window[5] (samples)", r.window.samples);
+  count("window[6] (correct)", r.window.correct);
+  count("window[7] (count)", r.window.count);
+  count("epoch_sums[1] (correct)", r.epoch_sums.correct);
+  count("epoch_sums[2] (count)", r.epoch_sums.count);
+  count("last_eval[2] (count)", r.last_eval_count);
+  count("scaler.growth_tracker", r.scaler.growth_tracker);
+  count("scaler.skipped", r.scaler.skipped);
+  KILN_CHECK(std::isfinite(r.train_seconds) && r.train_seconds >= 0, path, ": state.run.train_seconds is ",
+             r.train_seconds, ", expected a finite number of seconds >= 0 (the checkpoint is damaged or was edited)");
+  KILN_CHECK(std::isfinite(r.scaler.scale) && r.scaler.scale > 0, path, ": state.run.scaler.scale is ", r.scaler.scale,
+             ", expected a finite loss scale > 0 (the checkpoint is damaged or was edited)");
+}
+}  // namespace
+
 LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
                               const LocalOptimizerState& local) {
   io::CheckpointReader r(path);
   json state = json::parse(r.state_json());
   LoadedRun out;
-  const std::string kind = state.value("kind", "");
+  // Reads of the state's fields; a wrong type or a missing field is an error naming the file and it.
+  auto field = [&](auto&& read) {
+    try {
+      return read();
+    } catch (const Error& e) {
+      KILN_FAIL(path, ": ", e.message(), " (the checkpoint's state is damaged or was edited)");
+    }
+  };
+  const std::string kind = field([&] {
+    const json& k = state.contains("kind") ? state["kind"] : json("");
+    KILN_CHECK(k.is_string(), "state.kind is ", brief(k), ", expected \"training\" or \"weights\"");
+    return k.get<std::string>();
+  });
   KILN_CHECK(kind == "training" || kind == "weights", path, ": not a training checkpoint (kind '", kind, "')");
   out.weights_only = kind == "weights";
-  // Model: every name and shape checked, all differences listed at once.
+  // Model: every name, shape and dtype checked, all differences listed at once (each list cut short).
   nn::StateDict sd;
   std::set<std::string> model_names;
-  const nn::StateDict mine = model.state_dict();
-  std::vector<std::string> problems;
-  for (const auto& e : r.entries()) {
-    if (e.name.rfind("model/", 0) != 0) continue;
-    const std::string n = e.name.substr(6);
-    model_names.insert(n);
-    auto it = mine.find(n);
-    if (it == mine.end()) problems.push_back("unexpected " + n + " " + dtype_name(e.dtype) + " " + [&] { std::ostringstream s; s << e.shape; return s.str(); }());
-    else if (it->second.shape() != e.shape) {
-      std::ostringstream s;
-      s << "shape of " << n << ": checkpoint " << e.shape << ", model " << it->second.shape();
-      problems.push_back(s.str());
+  std::map<std::string, StoredTensor> stored;
+  for (const auto& e : r.entries())
+    if (e.name.rfind("model/", 0) == 0) {
+      model_names.insert(e.name.substr(6));
+      stored[e.name.substr(6)] = {e.shape, e.dtype};
     }
-  }
-  for (const auto& [n, t] : mine)
-    if (!model_names.count(n)) {
-      std::ostringstream s;
-      s << "missing " << n << " " << t.shape();
-      problems.push_back(s.str());
-    }
-  if (!problems.empty()) {
+  if (const auto lines = weights_mismatch(model.state_dict(), stored, false, "checkpoint"); !lines.empty()) {
     std::string msg;
-    for (const auto& p : problems) msg += "\n  " + p;
+    for (const auto& l : lines) msg += "\n  " + l;
     KILN_FAIL(path, " does not match the model:", msg);
   }
   for (const auto& n : model_names) sd[n] = r.read("model/" + n);
   model.load_state_dict(sd, /*strict=*/true);
-  out.config = state.value("config", json::object());
+  out.config = field([&] {
+    const json c = state.value("config", json::object());
+    KILN_CHECK(c.is_object(), "state.config is ", brief(c), ", expected an object of the run's flags");
+    return c;
+  });
   if (out.weights_only) return out;
-  out.run = RunState::from_json(state.at("run"));
-  const auto& rng = state.at("rng");
-  default_generator().seed = rng.at("seed").get<uint64_t>();
-  default_generator().offset = rng.at("offset").get<uint64_t>();
+  out.run = field([&] { return RunState::from_json(need(state, "run", "state")); });
+  check_run_state(out.run, path);
+  field([&] {
+    const json& rng = need(state, "rng", "state");
+    const uint64_t seed = as_u64(need(rng, "seed", "state.rng"), "state.rng.seed");
+    const uint64_t offset = as_u64(need(rng, "offset", "state.rng"), "state.rng.offset");
+    default_generator().seed = seed;
+    default_generator().offset = offset;
+    return 0;
+  });
   if (opt) {
-    const json& o = state.at("optimizer");
-    KILN_CHECK(o.at("name").get<std::string>() == opt->name(), path, ": saved with optimizer ",
-               o.at("name").get<std::string>(), ", this run uses ", opt->name());
     optim::OptimizerState os;
-    for (const auto& [k, v] : o.at("scalars").items()) os.scalars[k] = v.get<double>();
+    const std::string saved_with = field([&] {
+      const json& o = need(state, "optimizer", "state");
+      const json& name = need(o, "name", "state.optimizer");
+      KILN_CHECK(name.is_string(), "state.optimizer.name is ", brief(name), ", expected a string");
+      const json& scalars = need(o, "scalars", "state.optimizer");
+      KILN_CHECK(scalars.is_object(), "state.optimizer.scalars is ", brief(scalars), ", expected an object");
+      for (const auto& [k, v] : scalars.items()) os.scalars[k] = as_num(v, "state.optimizer.scalars." + k);
+      return name.get<std::string>();
+    });
+    KILN_CHECK(saved_with == opt->name(), path, ": saved with optimizer ", saved_with, ", this run uses ", opt->name());
     const json zero = state.value("zero", json());
     if (local) {
       os.tensors = local(r, zero).tensors;
@@ -254,6 +345,17 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
       for (const auto& e : r.entries())
         if (e.name.rfind("optim/", 0) == 0) os.tensors[e.name.substr(6)] = r.read(e.name);
     }
+    // An optimizer with per-parameter state (SGD with momentum, AdamW, LAMB) has some after its first
+    // step: a training checkpoint without any would resume from a fresh optimizer and silently not
+    // continue the run.
+    const auto steps = os.scalars.find("steps");
+    const auto momentum = os.scalars.find("momentum");
+    const bool keeps_state = opt->name() != "sgd" || (momentum != os.scalars.end() && momentum->second != 0);
+    KILN_CHECK(!keeps_state || os.tensors.size() > 0 || steps == os.scalars.end() || steps->second == 0, path,
+               ": a training checkpoint after ", steps->second, " ", opt->name(),
+               " steps without the optimizer's state (no optim/ tensors): resuming would start ", opt->name(),
+               "'s state from zero and not continue the run; to start a new run from its weights, `kiln ckpt export` "
+               "them and `kiln ckpt import` the result");
     opt->load_state(os);
   }
   return out;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "io/atomic_file.h"
+#include "io/json_parse.h"
 
 namespace kiln::io {
 
@@ -127,24 +128,17 @@ json parse_json(const char* p, size_t n, const std::string& what) {
     std::string last_key;  // the most recent key seen in this object
   };
   std::vector<Frame> frames;
-  int depth = 0;
-  auto on_event = [&](int, json::parse_event_t event, json& parsed) -> bool {
+  auto too_deep = [&] {
+    return detail::str_cat(what, ": header nests JSON deeper than the ", kMaxJsonDepth,
+                           " levels a safetensors header has",
+                           frames.empty() ? std::string() : " (under " + quote_name(frames.back().last_key) + ")");
+  };
+  auto on_event = [&](json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        KILN_CHECK(++depth <= kMaxJsonDepth, what, ": header nests JSON deeper than the ", kMaxJsonDepth,
-                   " levels a safetensors header has",
-                   frames.empty() ? std::string() : " (under " + quote_name(frames.back().last_key) + ")");
-        if (event == json::parse_event_t::object_start)
-          frames.push_back({{}, frames.empty() ? std::string() : frames.back().last_key, {}});
+        frames.push_back({{}, frames.empty() ? std::string() : frames.back().last_key, {}});
         break;
-      case json::parse_event_t::object_end:
-        frames.pop_back();
-        --depth;
-        break;
-      case json::parse_event_t::array_end:
-        --depth;
-        break;
+      case json::parse_event_t::object_end: frames.pop_back(); break;
       case json::parse_event_t::key: {
         Frame& f = frames.back();
         const std::string& k = parsed.get_ref<const std::string&>();
@@ -161,16 +155,10 @@ json parse_json(const char* p, size_t n, const std::string& what) {
         f.last_key = k;
         break;
       }
-      case json::parse_event_t::value:
-        break;
+      default: break;
     }
-    return true;
   };
-  try {
-    return json::parse(p, p + n, on_event, /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::exception& e) {
-    KILN_FAIL(what, ": header is not valid JSON: ", e.what());
-  }
+  return parse_json_bounded(p, n, kMaxJsonDepth, too_deep, what + ": header is not valid JSON", on_event);
 }
 
 Entry parse_entry(const std::string& name, const json& v, uint64_t data_size, const std::string& what) {

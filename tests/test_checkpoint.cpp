@@ -9,15 +9,19 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "io/run_checkpoint.h"
+#include "io/safetensors.h"
 #include "kiln.h"
 #include "models/resnet.h"
 #include "test_util.h"
-#include "io/run_checkpoint.h"
+#include "tools/train.h"
 
 using namespace kiln;
 using kiln::testing::contains;
@@ -49,6 +53,29 @@ bool damaged(const std::string& path) {
   } catch (const Error&) {
     return true;
   }
+}
+
+// `file`'s bytes with the manifest replaced by `manifest`, the header's offsets and both checksums
+// rewritten: what a hand-edited (or hostile) checkpoint that is not damaged looks like.
+std::string with_manifest(const std::string& file, const std::string& manifest) {
+  std::string b = bytes_of(file);
+  uint64_t offset = 0;
+  std::memcpy(&offset, b.data() + 16, 8);
+  b.resize(size_t(offset));
+  const uint64_t len = manifest.size();
+  const uint32_t crc = io::crc32c(manifest.data(), manifest.size());
+  std::memcpy(b.data() + 24, &len, 8);
+  std::memcpy(b.data() + 32, &crc, 4);
+  const uint32_t hcrc = io::crc32c(b.data(), 36);
+  std::memcpy(b.data() + 36, &hcrc, 4);
+  return b + manifest;
+}
+json manifest_of(const std::string& file) {
+  const std::string b = bytes_of(file);
+  uint64_t offset = 0, len = 0;
+  std::memcpy(&offset, b.data() + 16, 8);
+  std::memcpy(&len, b.data() + 24, 8);
+  return json::parse(b.substr(size_t(offset), size_t(len)));
 }
 }  // namespace
 
@@ -107,6 +134,26 @@ TEST_CASE("checkpoint: truncation at any length and a flipped bit anywhere are d
   CHECK(contains(error_of([&] { io::CheckpointReader r(p); }), "newer Kiln"));
   write_bytes(p, std::string(100, 'z'));
   CHECK(contains(error_of([&] { io::CheckpointReader r(p); }), "not a Kiln checkpoint"));
+}
+
+TEST_CASE("checkpoint: a manifest nested 100000 levels deep is an error, not a crash") {
+  TempDir d("kiln_ckpt");
+  io::save_checkpoint(d / "a.kiln", {{"w", ones({4})}}, R"({"x": 0})");
+  std::string text = manifest_of(d / "a.kiln").dump();
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const size_t at = text.find("\"x\":0");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 5, "\"x\":" + deep);
+  write_bytes(d / "deep.kiln", with_manifest(d / "a.kiln", text));
+  CHECK(contains(error_of([&] { io::CheckpointReader r(d / "deep.kiln"); }),
+                 "deep.kiln: the manifest nests JSON deeper than 64 levels"));
+  for (const char* cmd : {"ckpt verify ", "ckpt inspect "}) {
+    const auto r = run_kiln(cmd + d / "deep.kiln", d.p.string());
+    CHECK_MESSAGE(r.code == 1, cmd, " -> ", r.code, " ", r.output);
+    CHECK_MESSAGE(contains(r.output, "deeper than 64 levels"), r.output);
+  }
+  // The state Kiln writes itself is well inside the limit.
+  CHECK(io::CheckpointReader(d / "a.kiln").state_json() == R"({"x":0})");
 }
 
 TEST_CASE("checkpoint: a writer killed mid-write leaves `latest` pointing at a complete checkpoint") {
@@ -173,8 +220,11 @@ TEST_CASE("checkpoint: loading into another model lists every missing, unexpecte
   const std::string path = io::save_run_checkpoint(d.p.string(), *a, opt, run, {{"model", "resnet20"}});
   auto b = models::make_resnet({"resnet32", 10, 1});
   const std::string e = error_of([&] { io::load_run_checkpoint(path, *b, nullptr); });
-  CHECK(contains(e, "does not match the model"));
-  CHECK(contains(e, "missing layer1.3.conv1.weight [16,16,3,3]"));
+  CHECK(contains(e, path + " does not match the model"));
+  // resnet32 has 3 x 2 more blocks: their 72 tensors, the first 10 named and a count.
+  CHECK_MESSAGE(contains(e, "missing (72): layer1.3.bn1.bias [16], "), e);
+  CHECK_MESSAGE(contains(e, ", ... and 62 more"), e);
+  CHECK_MESSAGE(!contains(e, "layer3.7"), e);
   auto c = models::make_resnet({"resnet20", 7, 1});
   CHECK(contains(error_of([&] { io::load_run_checkpoint(path, *c, nullptr); }), "shape of fc.weight: checkpoint [10,64], model [7,64]"));
   auto same = models::make_resnet({"resnet20", 10, 1});
@@ -283,6 +333,259 @@ TEST_CASE("train: SIGTERM saves and exits 0; ckpt verify, export and import") {
   r = run_kiln("train --limit-train 2048 --batch 64 --epochs 3 --threads 2 --resume auto --out " + out, d.p.string());
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "batch: checkpoint 32, now 64"), r.output);
+}
+
+TEST_CASE("checkpoint: a tensor stored with an integer dtype for a float parameter (or the reverse) is refused") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const std::string path = io::save_run_checkpoint(d.p.string(), *a, opt, {}, {{"model", "resnet20"}});
+  // The manifest relabels fc.weight (same bytes) as i32, and a batch-norm counter as f64.
+  json m = manifest_of(path);
+  for (auto& e : m["tensors"]) {
+    if (e["name"] == "model/fc.weight") e["dtype"] = "i32";
+    if (e["name"] == "model/bn1.num_batches_tracked") e["dtype"] = "f64";
+  }
+  write_bytes(d / "relabelled.kiln", with_manifest(path, m.dump()));
+  auto b = models::make_resnet({"resnet20", 10, 1});
+  const std::string e = error_of([&] { io::load_run_checkpoint(d / "relabelled.kiln", *b, nullptr); });
+  CHECK_MESSAGE(contains(e, "relabelled.kiln does not match the model"), e);
+  CHECK_MESSAGE(contains(e, "dtype of fc.weight: stored i32, model f32"), e);
+  CHECK_MESSAGE(contains(e, "dtype of bn1.num_batches_tracked: stored f64, model i64"), e);
+
+  // The same in safetensors, through `kiln ckpt import` and `kiln forward`; a float of another width loads.
+  nn::StateDict sd = a->state_dict();
+  io::save_safetensors(d / "f64.st", [&] {
+    std::map<std::string, Tensor> w(sd.begin(), sd.end());
+    w["fc.weight"] = w["fc.weight"].to(DType::f64);
+    return w;
+  }());
+  auto r = run_kiln("ckpt import " + d / "f64.st" + " --model resnet20 --set in_channels=1 --out " + d / "f64.kiln",
+                    d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  std::map<std::string, Tensor> w(sd.begin(), sd.end());
+  w["fc.weight"] = zeros(w["fc.weight"].shape(), TensorOptions(DType::i32));
+  io::save_safetensors(d / "i32.st", w);
+  r = run_kiln("ckpt import " + d / "i32.st" + " --model resnet20 --set in_channels=1 --out " + d / "i32.kiln",
+               d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "i32.st" + " does not match the model:"), r.output);
+  CHECK_MESSAGE(contains(r.output, "dtype of fc.weight: stored i32, model f32"), r.output);
+  CHECK(!fs::exists(d / "i32.kiln"));
+  io::save_safetensors(d / "x.st", {{"input", randn({1, 1, 8, 8})}});
+  r = run_kiln("forward --model resnet20 --set in_channels=1 --weights " + d / "i32.st" + " --inputs " + d / "x.st" +
+                   " --out " + d / "y.st",
+               d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, "dtype of fc.weight: stored i32, model f32"), r.output);
+}
+
+TEST_CASE(
+    "checkpoint: a training checkpoint without optimizer state or with impossible counters is refused, naming the "
+    "file") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  a->train();
+  sum((*a)(randn({2, 1, 8, 8}))).backward();
+  opt.step();
+  io::RunState run;
+  run.step = 1;
+  const std::string path = io::save_run_checkpoint(d.p.string(), *a, opt, run, {{"model", "resnet20"}});
+  auto load = [&](const json& m) {
+    write_bytes(d / "edited.kiln", with_manifest(path, m.dump()));
+    auto b = models::make_resnet({"resnet20", 10, 1});
+    optim::SGD opt_b(optim::decay_groups(b->named_parameters(), 0.1, 0), {0.9, 0, false});
+    return error_of([&] { io::load_run_checkpoint(d / "edited.kiln", *b, &opt_b); });
+  };
+  const json good = manifest_of(path);
+  CHECK(load(good) == "NO ERROR");
+  json m = good;
+  json kept = json::array();
+  for (const auto& e : m["tensors"])
+    if (e["name"].get<std::string>().rfind("optim/", 0) != 0) kept.push_back(e);
+  m["tensors"] = kept;
+  std::string e = load(m);
+  CHECK_MESSAGE(contains(e, "edited.kiln: a training checkpoint after 1 sgd steps without the optimizer's state"), e);
+  // Without momentum SGD keeps no state: nothing is missing.
+  {
+    auto b = models::make_resnet({"resnet20", 10, 1});
+    optim::SGD plain(optim::decay_groups(b->named_parameters(), 0.1, 0), {});
+    sum((*b)(randn({2, 1, 8, 8}))).backward();
+    plain.step();
+    TempDir e2("kiln_ckpt");
+    const std::string p2 = io::save_run_checkpoint(e2.p.string(), *b, plain, run, {{"model", "resnet20"}});
+    optim::SGD plain2(optim::decay_groups(b->named_parameters(), 0.1, 0), {});
+    CHECK(error_of([&] { io::load_run_checkpoint(p2, *b, &plain2); }) == "NO ERROR");
+  }
+  m = good;
+  m["state"]["run"]["step"] = -5;
+  e = load(m);
+  CHECK_MESSAGE(contains(e, "edited.kiln: state.run.step is -5"), e);
+  m = good;
+  m["state"]["run"]["scaler"]["scale"] = -1.0;
+  e = load(m);
+  CHECK_MESSAGE(contains(e, "edited.kiln: state.run.scaler.scale is -1"), e);
+}
+
+TEST_CASE("train: --resume refuses a checkpoint whose position is past what the run's flags reach") {
+  TempDir d("kiln_resume");
+  const std::string args =
+      "train --limit-train 64 --limit-eval 32 --batch 8 --max-steps 3 --save-every 2 --threads 1 "
+      "--progress lines --out ";
+  auto r = run_kiln(args + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string ckpt = d / "run/checkpoints/step-000000002.kiln";
+  REQUIRE(fs::exists(ckpt));
+  for (const auto& [field, value, says] :
+       {std::tuple<const char*, int64_t, const char*>{"epoch", 1000000000000000000,
+                                                      "state.run.epoch is 1000000000000000000, past the 1 epochs"},
+        {"step", 5000, "state.run.step is 5000, past the 3 steps"},
+        {"batch", 1000000000000, "state.run.batch is 1000000000000, past the 8 micro-batches"},
+        {"step", -5, "state.run.step is -5"}}) {
+    json m = manifest_of(ckpt);
+    m["state"]["run"][field] = value;
+    write_bytes(d / "edited.kiln", with_manifest(ckpt, m.dump()));
+    r = run_kiln(args + d / ("again_" + std::string(field)) + " --resume " + d / "edited.kiln", d.p.string());
+    CHECK_MESSAGE(r.code == 2, field, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "edited.kiln: " + std::string(says)), r.output);
+  }
+}
+
+TEST_CASE(
+    "checkpoint: no command writes its output over its input (export, import, consolidate, forward, eval, vocab)") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const std::string ck = io::save_run_checkpoint(d.p.string(), *a, opt, {}, {{"model", "resnet20"}});
+  io::save_safetensors(d / "w.st", a->state_dict());
+  io::save_safetensors(d / "x.st", {{"input", randn({1, 1, 8, 8})}});
+  std::ofstream(d / "t.txt") << "the quick brown fox jumps over the lazy dog\n";
+  fs::create_symlink(ck, d / "link.kiln");
+  const std::string w = d / "w.st", t = d / "t.txt";
+  const std::pair<std::string, std::string> cases[] = {
+      {"ckpt export " + ck + " --safetensors " + ck, "--safetensors " + ck + " is the input itself"},
+      {"ckpt export " + ck + " --safetensors " + d / "link.kiln", " is the input " + ck + " itself"},
+      {"ckpt import " + w + " --model resnet20 --set in_channels=1 --out " + w, "--out " + w + " is the input itself"},
+      {"ckpt consolidate " + ck + " --out " + d / "link.kiln", " is the input " + ck + " itself"},
+      {"forward --model resnet20 --set in_channels=1 --weights " + w + " --inputs " + d / "x.st" + " --out " + w,
+       "--out " + w + " is the input itself"},
+      {"eval --model resnet20 --weights " + w + " --out " + w, "--out " + w + " is the input itself"},
+      {"vocab --text " + t + " --out " + t, "--out " + t + " is the input itself"},
+      {"vocab --text " + d.p.string() + " --out " + t, "--out " + t + " is the input itself"},
+  };
+  const std::string ck_bytes = bytes_of(ck), w_bytes = bytes_of(w), t_bytes = bytes_of(t);
+  for (const auto& [args, says] : cases) {
+    const auto r = run_kiln(args, d.p.string());
+    CHECK_MESSAGE(r.code == 2, args, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, says), args, " -> ", r.output);
+  }
+  CHECK(bytes_of(ck) == ck_bytes);
+  CHECK(bytes_of(w) == w_bytes);
+  CHECK(bytes_of(t) == t_bytes);
+}
+
+TEST_CASE(
+    "train: a fresh run into an --out that holds a run is refused; --resume continues it, --overwrite replaces it") {
+  TempDir d("kiln_resume");
+  const std::string args =
+      "train --limit-train 64 --limit-eval 32 --batch 8 --max-steps 3 --save-every 2 --threads 1 "
+      "--progress lines --out " +
+      d / "run";
+  auto r = run_kiln(args, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string metrics = read_text(d / "run/metrics.jsonl"), weights = read_text(d / "run/model.safetensors");
+  const std::string ckpt = read_text(d / "run/checkpoints/step-000000002.kiln");
+  r = run_kiln(args + " --seed 5", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(
+      contains(r.output, "--out " + d / "run" +
+                             " already holds a run (checkpoints/ (2 checkpoints), metrics.jsonl, "
+                             "model.safetensors, summary.json): continue it with --resume auto, or add --overwrite"),
+      r.output);
+  CHECK(read_text(d / "run/metrics.jsonl") == metrics);
+  CHECK(read_text(d / "run/model.safetensors") == weights);
+  CHECK(read_text(d / "run/checkpoints/step-000000002.kiln") == ckpt);
+  // A folder with nothing of a run in it (an empty metrics file of a run that failed at once) is fine.
+  fs::create_directories(d / "empty/checkpoints");
+  std::ofstream(d / "empty/metrics.jsonl").flush();
+  CHECK(tools::run_in_folder(d / "empty").empty());
+  // --overwrite starts over, the old checkpoints gone with the old run.
+  r = run_kiln(args + " --max-steps 1 --overwrite", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(!fs::exists(d / "run/checkpoints/step-000000002.kiln"));
+  CHECK(step_losses(d / "run/metrics.jsonl").size() == 1);
+}
+
+TEST_CASE(
+    "checkpoint: messages name the file and the field: state types, a missing file, weight mismatches, empty data") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {});
+  io::RunState run;
+  run.step = 2;
+  const std::string path = io::save_run_checkpoint(d.p.string(), *a, opt, run, {{"model", "resnet20"}});
+  const json good = manifest_of(path);
+  auto load = [&](const std::function<void(json&)>& edit) {
+    json m = good;
+    edit(m["state"]);
+    write_bytes(d / "edited.kiln", with_manifest(path, m.dump()));
+    auto b = models::make_resnet({"resnet20", 10, 1});
+    optim::SGD opt_b(optim::decay_groups(b->named_parameters(), 0.1, 0), {});
+    return error_of([&] { io::load_run_checkpoint(d / "edited.kiln", *b, &opt_b); });
+  };
+  const std::pair<std::function<void(json&)>, std::string> cases[] = {
+      {[](json& s) { s["kind"] = 3; }, "edited.kiln: state.kind is 3, expected"},
+      {[](json& s) { s.erase("run"); }, "edited.kiln: state.run is missing"},
+      {[](json& s) { s["config"] = "x"; }, "edited.kiln: state.config is \"x\", expected an object"},
+      {[](json& s) { s["rng"] = "x"; }, "edited.kiln: state.rng is \"x\", expected an object"},
+      {[](json& s) { s["run"]["step"] = "3"; }, "edited.kiln: state.run.step is \"3\", expected an integer"},
+      {[](json& s) { s["run"]["step"] = 1e300; }, "edited.kiln: state.run.step is 1e+300, expected an integer"},
+      {[](json& s) { s["run"]["window"] = json::array(); }, "edited.kiln: state.run.window is [], expected an array"},
+      {[](json& s) { s.erase("optimizer"); }, "edited.kiln: state.optimizer is missing"},
+  };
+  for (const auto& [edit, says] : cases) {
+    const std::string e = load(edit);
+    CHECK_MESSAGE(contains(e, says), e);
+    CHECK_MESSAGE(!contains(e, "json.exception"), e);
+  }
+  // A missing file is not a damaged one.
+  auto r = run_kiln("ckpt verify " + d / "nope.kiln", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, d / "nope.kiln" + " does not exist"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "DAMAGED"), r.output);
+  // Weights for another model: the file named, the list cut short.
+  io::save_safetensors(d / "w.st", a->state_dict());
+  r = run_kiln("ckpt import " + d / "w.st" + " --model resnet56 --set in_channels=1 --out " + d / "i.kiln",
+               d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "w.st" + " does not match the model:\n  missing (216): "), r.output);
+  CHECK_MESSAGE(contains(r.output, ", ... and 206 more"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "layer3.8"), r.output);
+  // An empty --resume is not a fresh start.
+  r = run_kiln("train --resume '' --out " + d / "run", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--resume: an empty path"), r.output);
+  // An IDX data set of no samples names its file.
+  fs::create_directories(d / "idx");
+  for (const char* split : {"train", "t10k"}) {
+    std::ofstream(d / (std::string("idx/") + split + "-images-idx3-ubyte"), std::ios::binary)
+        << std::string("\0\0\x08\x03\0\0\0\0\0\0\0\x1c\0\0\0\x1c", 16);
+    std::ofstream(d / (std::string("idx/") + split + "-labels-idx1-ubyte"), std::ios::binary)
+        << std::string("\0\0\x08\x01\0\0\0\0", 8);
+  }
+  r = run_kiln("train --data mnist --data-dir " + d / "idx" + " --threads 1 --out " + d / "run", d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "idx/train-images-idx3-ubyte" + ": holds no images"), r.output);
+}
+
+TEST_CASE("train: --memory-cap too small for the run is named") {
+  TempDir d("kiln_cap");
+  const auto r = run_kiln(
+      "train --limit-train 64 --limit-eval 32 --batch 8 --threads 1 --device cpu --memory-cap 1KiB --out " + d / "run",
+      d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, "--memory-cap 1KiB is too small for this run: CPU memory cap reached"), r.output);
 }
 
 TEST_CASE("checkpoint: f32 weights load into an f16 or bf16 model and back") {

@@ -3,6 +3,8 @@
 // batches, recompute on and off), the micro-batch search, and the meta device's rules.
 #include <doctest/doctest.h>
 
+#include <chrono>
+
 #include <functional>
 #include <map>
 
@@ -154,4 +156,29 @@ TEST_CASE("plan: kiln plan prints the breakdown and the micro-batch that fits") 
   r = run_kiln("plan --model resnet20 --memory lots", ".");
   CHECK(r.code != 0);
   CHECK_MESSAGE(contains(r.output, "--memory lots: expected an amount of memory"), r.output);
+}
+
+TEST_CASE(
+    "plan: a batch whose tensors overflow and a memory of 2^64 bytes or more are refused by name; huge batches answer "
+    "at once") {
+  const std::pair<std::string, std::string> refused[] = {
+      {"--batch 9223372036854775807", "--batch 9223372036854775807: a step's largest tensor would hold about"},
+      {"--model bert-tiny --batch 9223372036854775807", "give a smaller --batch"},
+      {"--model resnet20 --batch 1000000000000", "--batch 1000000000000: "},
+      {"--memory 1e30GiB", "--memory 1e30GiB: more than 16 EiB (2^64 bytes)"},
+      {"--memory 99999999999999999999", "--memory 99999999999999999999: more than 16 EiB"},
+      {"--memory 18446744073709551616", "more than 16 EiB"},
+  };
+  for (const auto& [args, says] : refused) {
+    const auto r = run_kiln("plan " + args, ".");
+    CHECK_MESSAGE(r.code == 2, args, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, says), args, " -> ", r.output);
+  }
+  // The micro-batch search goes over the batch's divisors in O(sqrt(batch)), not O(batch).
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_kiln("plan --model resnet20 --batch 100000000000 --memory 16GiB", ".");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "largest micro-batch that fits: "), r.output);
+  CHECK_MESSAGE(s < 20, s, " s");
 }

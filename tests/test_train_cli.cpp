@@ -48,11 +48,37 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
       {"--model bert-tiny --channels-last" + out, "--channels-last: only ResNets"},
       {"--epochs", "--epochs"},
       {"--lr 0.1", "--out is required"},
+      // Not numbers anything could train with; CLI11's own range messages printed DBL_MAX in full.
+      {"--lr inf" + out, "--lr must be positive and finite, got inf"},
+      {"--weight-decay inf" + out, "--weight-decay must be >= 0 and finite, got inf"},
+      {"--momentum nan" + out, "--momentum must be in [0, 1), got nan"},
+      {"--label-smoothing nan" + out, "--label-smoothing must be in [0, 1), got nan"},
+      {"--clip-grad-norm nan" + out, "--clip-grad-norm must be >= 0 and finite"},
+      {"--save-minutes nan" + out, "--save-minutes: must be a finite number >= 0, got nan"},
+      {"--threads 100000" + out, "--threads: must be in 0.."},
+      {"--threads -1" + out, "--threads: must be in 0.."},
+      {"--device meta" + out, "--device meta: tensors with shapes and no values"},
+      {"--image-size 0" + out, "--image-size: must be >= 1, got 0"},
+      {"--accum-steps 0" + out, "--accum-steps: must be >= 1, got 0"},
+      {"--max-steps -1" + out, "--max-steps: must be >= 0, got -1"},
   };
   for (const auto& c : cases) {
     const auto r = run_kiln("train " + c.args, d.p.string());
     CHECK_MESSAGE(r.code == 2, c.args, " -> ", r.output);
     CHECK_MESSAGE(contains(r.output, c.says), c.args, " -> ", r.output);
+    CHECK_MESSAGE(!contains(r.output, "179769313486231570"), c.args, " -> ", r.output);  // DBL_MAX in full
+    CHECK_MESSAGE(!contains(r.output, "or meta"), c.args, " -> ", r.output);
+  }
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"eval --device meta --model resnet20 --weights " + d / "bad.json", "--device meta: tensors with shapes"},
+           {"launch --grace nan -- kiln train", "--grace: must be a finite number >= 0, got nan"},
+           {"launch --grace -1 -- kiln train", "--grace: must be >= 0, got -1"},
+           {"vocab --text " + d / "bad.json" + " --min-frequency 0 --out " + d / "v.txt",
+            "--min-frequency: must be >= 1, got 0"}}) {
+    std::ofstream(d / "bad.json") << "{}";
+    const auto r = run_kiln(args, d.p.string());
+    CHECK_MESSAGE(r.code == 2, args, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, says), args, " -> ", r.output);
   }
   std::ofstream(d / "bad.json") << R"({"epochs": 1, "learning_rate": 0.1})";
   auto r = run_kiln("train --config " + d / "bad.json" + out, d.p.string());

@@ -19,6 +19,7 @@
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "runtime/nccl_comm.h"
+#include "tools/cli_checks.h"
 #include "tools/environment.h"
 #include "tools/machine.h"
 #include "tools/plan.h"
@@ -29,24 +30,25 @@ namespace kiln::tools {
 
 void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
   app.add_option("--model", o.models, "Models to time (repeatable; default: resnet20 and bert-tiny)");
-  app.add_option("--batch", o.batch, "Batch size (default: 128 for ResNet, 32 for BERT)")->check(CLI::PositiveNumber);
-  app.add_option("--seq-len", o.seq_len, "BERT sequence length")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch", o.batch, "Batch size (default: 128 for ResNet, 32 for BERT)")->check(at_least(1));
+  app.add_option("--seq-len", o.seq_len, "BERT sequence length")->check(at_least(1))->capture_default_str();
   app.add_option("--image-size", o.image_size, "ResNet input size (default: 32 for small ResNets, 224 otherwise)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--in-channels", o.in_channels, "ResNet input channels (default 3)")->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads (0: KILN_NUM_THREADS or the CPUs available)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(1));
+  app.add_option("--in-channels", o.in_channels, "ResNet input channels (default 3)")->check(at_least(1));
+  app.add_option("--steps", o.steps, "Timed steps")->check(at_least(1))->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(at_least(0))->capture_default_str();
+  app.add_option("--threads", o.threads,
+                 "CPU threads (0: KILN_NUM_THREADS or the CPUs available; at most " + std::to_string(max_threads()) +
+                     ", the larger of 1024 and 4 x the CPUs: more only contend for the "
+                     "cores, and each costs a stack and a slot of the process limit)")
+      ->check(between(0, double(max_threads())));
   app.add_option("--amp", o.amp, "off, fp16 or bf16 (repeatable: each is timed; default off)")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
   app.add_option("--device", o.device, "cpu, or cuda / cuda:N (GPU ranks take cuda:LOCAL_RANK)")->capture_default_str();
   app.add_option("--recompute", o.recompute, "none or blocks (activation recomputation)")
       ->check(CLI::IsMember({"none", "blocks"}))
       ->capture_default_str();
-  app.add_option("--zero", o.zero, "0, or 1: ZeRO stage 1 over the ranks")
-      ->check(CLI::Range(0, 1))
-      ->capture_default_str();
+  app.add_option("--zero", o.zero, "0, or 1: ZeRO stage 1 over the ranks")->check(between(0, 1))->capture_default_str();
   app.add_option("--json", o.json, "Write the rows to this JSON file");
 }
 
@@ -217,12 +219,12 @@ int run_bench_train(const BenchTrainOptions& o) {
 
 void add_bench_scaling_flags(CLI::App& app, BenchScalingOptions& o) {
   app.add_option("--model", o.model, "Model to time")->capture_default_str();
-  app.add_option("--batch", o.batch, "Batch per rank (default: as bench train)")->check(CLI::NonNegativeNumber);
-  app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--max-ranks", o.max_ranks, "Time 1..N ranks")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--batch", o.batch, "Batch per rank (default: as bench train)")->check(at_least(0));
+  app.add_option("--steps", o.steps, "Timed steps")->check(at_least(1))->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(at_least(0))->capture_default_str();
+  app.add_option("--max-ranks", o.max_ranks, "Time 1..N ranks")->check(between(1, 256))->capture_default_str();
   app.add_option("--threads-per-rank", o.threads_per_rank, "Compute threads of each rank")
-      ->check(CLI::PositiveNumber)
+      ->check(between(1, double(max_threads())))
       ->capture_default_str();
   app.add_option("--master-port", o.master_port, "First rendezvous port (one per run)")->capture_default_str();
   app.add_option("--json", o.json, "Write the rows to this JSON file");
@@ -284,12 +286,12 @@ int run_bench_scaling(const BenchScalingOptions& o) {
 void add_bench_memory_flags(CLI::App& app, BenchMemoryOptions& o) {
   app.add_option("--model", o.models, "Models (repeatable; default: resnet50 and bert-base)");
   app.add_option("--batch", o.batch, "Batch per rank (default: 8 for ResNets at 224x224, 2 for BERT)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seq-len", o.seq_len, "BERT sequence length")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(at_least(0));
+  app.add_option("--seq-len", o.seq_len, "BERT sequence length")->check(at_least(1))->capture_default_str();
+  app.add_option("--steps", o.steps, "Timed steps")->check(at_least(1))->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(at_least(0))->capture_default_str();
   app.add_option("--ranks", o.ranks, "Ranks of the data-parallel and ZeRO runs")
-      ->check(CLI::Range(2, 64))
+      ->check(between(2, 64))
       ->capture_default_str();
   app.add_option("--master-port", o.master_port, "First rendezvous port")->capture_default_str();
   app.add_option("--device", o.device, "cpu, or cuda (one GPU per rank)")

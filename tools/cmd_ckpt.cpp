@@ -11,6 +11,8 @@
 #include "io/checkpoint.h"
 #include "io/run_checkpoint.h"
 #include "io/safetensors.h"
+#include "io/weights.h"
+#include "tools/cli_checks.h"
 #include "tools/commands.h"
 #include "tools/zoo.h"
 
@@ -46,6 +48,19 @@ void add_ckpt_commands(CLI::App& app, CkptOptions& o) {
 
 namespace {
 
+// A field of the state as text for inspect: a string as it is, anything else (a hand-edited or
+// damaged state) as its JSON, never an exception.
+std::string text_of(const nlohmann::json& obj, const char* key) {
+  if (!obj.is_object() || !obj.contains(key)) return "?";
+  const nlohmann::json& v = obj[key];
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+// The model name a state's config gives, or "".
+std::string model_of(const nlohmann::json& state) {
+  const nlohmann::json c = state.is_object() ? state.value("config", nlohmann::json()) : nlohmann::json();
+  return c.is_object() && c.contains("model") && c["model"].is_string() ? c["model"].get<std::string>() : "";
+}
+
 int inspect(const CkptOptions& o) {
   io::CheckpointReader r(o.file);
   const auto state = nlohmann::json::parse(r.state_json());
@@ -53,13 +68,13 @@ int inspect(const CkptOptions& o) {
   for (const auto& e : r.entries()) bytes += e.nbytes;
   std::printf("%s: Kiln checkpoint format %u.%u, %llu bytes, %zu tensors (%.2f MB of data)\n", o.file.c_str(), r.major(),
               r.minor(), (unsigned long long)r.file_size(), r.entries().size(), double(bytes) / 1e6);
-  std::printf("kind: %s\n", state.value("kind", "?").c_str());
+  std::printf("kind: %s\n", text_of(state, "kind").c_str());
   if (state.contains("run")) {
     const auto& run = state["run"];
-    std::printf("step %lld, epoch %lld, batch %lld of the epoch\n", run.value("step", 0LL), run.value("epoch", 0LL),
-                run.value("batch", 0LL));
+    std::printf("step %s, epoch %s, batch %s of the epoch\n", text_of(run, "step").c_str(),
+                text_of(run, "epoch").c_str(), text_of(run, "batch").c_str());
   }
-  if (state.contains("optimizer")) std::printf("optimizer: %s\n", state["optimizer"].value("name", "?").c_str());
+  if (state.contains("optimizer")) std::printf("optimizer: %s\n", text_of(state["optimizer"], "name").c_str());
   if (state.contains("config")) std::printf("config: %s\n", state["config"].dump().c_str());
   size_t shown = 0;
   for (const auto& e : r.entries()) {
@@ -77,6 +92,11 @@ int inspect(const CkptOptions& o) {
 }
 
 int verify(const CkptOptions& o) {
+  std::error_code ec;
+  if (!std::filesystem::exists(o.file, ec)) {  // not damaged: not there
+    std::fprintf(stderr, "kiln ckpt verify: error: %s does not exist\n", o.file.c_str());
+    return 2;
+  }
   std::vector<std::string> problems;
   size_t n = 0;
   try {
@@ -103,7 +123,7 @@ int export_weights(const CkptOptions& o) {
   KILN_CHECK(!tensors.empty(), o.file, ": holds no model weights");
   const auto state = nlohmann::json::parse(r.state_json());
   std::map<std::string, std::string> meta = {{"format", "kiln"}};
-  if (state.contains("config")) meta["model"] = state["config"].value("model", "");
+  if (state.contains("config")) meta["model"] = model_of(state);
   io::save_safetensors(o.out, tensors, meta);
   std::printf("wrote %zu tensors to %s\n", tensors.size(), o.out.c_str());
   return 0;
@@ -115,6 +135,7 @@ int import_weights(const CkptOptions& o) {
   const nn::StateDict mine = m->state_dict();
   nn::StateDict given = normalise_checkpoint_names(f.tensors, mine);
   drop_unused_heads(*m, given, o.file, o.model, "kiln ckpt import");
+  io::check_weights(*m, given, o.file);
   m->load_state_dict(given, /*strict=*/true);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [n, t] : m->state_dict()) tensors.emplace_back("model/" + n, t);
@@ -126,11 +147,6 @@ int import_weights(const CkptOptions& o) {
 }
 
 int consolidate(const CkptOptions& o) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  KILN_CHECK(!fs::equivalent(o.file, o.out, ec), "kiln ckpt consolidate: --out ", o.out,
-             " is the input itself; "
-             "write the whole checkpoint beside it");
   io::CheckpointReader r(o.file);
   nlohmann::json state = nlohmann::json::parse(r.state_json());
   KILN_CHECK(state.contains("zero"), o.file,
@@ -162,7 +178,7 @@ int consolidate(const CkptOptions& o) {
       o.out.c_str(), whole.tensors.size(), layout.world_size, weights.size());
   if (!o.safetensors.empty()) {
     std::map<std::string, std::string> meta = {{"format", "kiln"}};
-    if (state.contains("config")) meta["model"] = state["config"].value("model", "");
+    if (state.contains("config")) meta["model"] = model_of(state);
     io::save_safetensors(o.safetensors, weights, meta);
     std::printf("wrote %zu tensors to %s\n", weights.size(), o.safetensors.c_str());
   }
@@ -172,6 +188,16 @@ int consolidate(const CkptOptions& o) {
 }  // namespace
 
 int run_ckpt(const CkptOptions& o) {
+  // An output that is the input would replace the file being read (consolidate writes two).
+  std::string clash;
+  if (o.action == "export") clash = output_is_input("--safetensors", o.out, {o.file});
+  if (o.action == "import" || o.action == "consolidate") clash = output_is_input("--out", o.out, {o.file});
+  if (clash.empty() && o.action == "consolidate")
+    clash = output_is_input("--safetensors", o.safetensors, {o.file, o.out});
+  if (!clash.empty()) {
+    std::fprintf(stderr, "kiln ckpt %s: error: %s\n", o.action.c_str(), clash.c_str());
+    return 2;
+  }
   if (o.action == "consolidate") return consolidate(o);
   if (o.action == "inspect") return inspect(o);
   if (o.action == "verify") return verify(o);

@@ -12,6 +12,8 @@
 #include "engine/autograd.h"
 #include "engine/nn.h"
 #include "io/safetensors.h"
+#include "io/weights.h"
+#include "tools/cli_checks.h"
 #include "tools/commands.h"
 #include "tools/zoo.h"
 
@@ -32,31 +34,28 @@ void add_forward_flags(CLI::App& app, ForwardOptions& o) {
 }
 
 int run_forward(const ForwardOptions& o) {
+  if (const std::string clash = output_is_input("--out", o.out, {o.weights, o.inputs, o.grad_output}); !clash.empty()) {
+    std::fprintf(stderr, "kiln forward: error: %s\n", clash.c_str());
+    return 2;
+  }
   // Dropout off: the outputs are deterministic (--train means batch-norm mode only).
   const BuiltModel b = model_family(o.model).build(o.model, o.sets, /*deterministic=*/true);
   nn::Module& m = *b.module;
-  // Weights: every mismatch reported at once.
+  // Weights
   const io::SafetensorsFile wf = io::load_safetensors(o.weights);
   const nn::StateDict mine = m.state_dict();
   nn::StateDict given = normalise_checkpoint_names(wf.tensors, mine);
   drop_unused_heads(m, given, o.weights, o.model, "kiln forward");
-  std::vector<std::string> missing, unexpected;
-  for (const auto& [n, t] : mine)
-    if (!given.count(n)) missing.push_back(n);
-  for (const auto& [n, t] : given)
-    if (!mine.count(n)) unexpected.push_back(n);
-  std::string problems;
+  // Every mismatch at once, naming the file (missing names are fine with --allow-missing).
+  io::check_weights(m, given, o.weights, o.allow_missing, ", use --allow-missing to initialise them");
+  m.load_state_dict(given, /*strict=*/false);  // shapes are still checked, every mismatch listed
+  m.train(o.train);
+
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
     return s;
   };
-  if (!unexpected.empty()) problems += "\n  unexpected: " + list(unexpected);
-  if (!missing.empty() && !o.allow_missing) problems += "\n  missing (use --allow-missing to initialise them): " + list(missing);
-  KILN_CHECK(problems.empty(), o.weights, " does not match --model ", o.model, ":", problems);
-  m.load_state_dict(given, /*strict=*/false);  // shapes are still checked, every mismatch listed
-  m.train(o.train);
-
   const io::SafetensorsFile inf = io::load_safetensors(o.inputs);
   std::map<std::string, Tensor> inputs;
   for (const auto& [n, t] : inf.tensors) {

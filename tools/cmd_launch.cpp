@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "tools/cli_checks.h"
 #include "tools/commands.h"
 
 namespace kiln::tools {
@@ -52,18 +53,18 @@ struct Child {
 
 void add_launch_flags(CLI::App& app, LaunchOptions& o) {
   app.add_option("--nproc-per-node", o.nproc_per_node, "Ranks to start on this machine")
-      ->check(CLI::Range(1, 1024))
+      ->check(between(1, 1024))
       ->capture_default_str();
-  app.add_option("--nnodes", o.nnodes, "Machines in the job")->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--nnodes", o.nnodes, "Machines in the job")->check(between(1, 65536))->capture_default_str();
   app.add_option("--node-rank", o.node_rank, "This machine's index in [0, nnodes)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->capture_default_str();
   app.add_option("--master-addr", o.master_addr, "Address of the machine running rank 0")->capture_default_str();
   app.add_option("--master-port", o.master_port, "Port rank 0 listens on for the rendezvous")
-      ->check(CLI::Range(1, 65535))
+      ->check(between(1, 65535))
       ->capture_default_str();
   app.add_option("--grace", o.grace_seconds, "Seconds the other ranks get to stop after one fails, before SIGKILL")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->capture_default_str();
   app.add_option("command", o.command, "The command each rank runs, after --  (e.g. -- kiln train ...)")->required();
 }

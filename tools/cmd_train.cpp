@@ -23,10 +23,12 @@
 #include "io/run_checkpoint.h"
 #include "io/safetensors.h"
 #include "io/tensorboard.h"
+#include "io/weights.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/runtime_info.h"
 #include "runtime/nccl_comm.h"
+#include "tools/cli_checks.h"
 #include "tools/commands.h"
 #include "tools/environment.h"
 #include "tools/plan.h"
@@ -256,7 +258,13 @@ class Trainer {
 
   // ---- setup: every problem before any work starts; -1 when the run can begin ----
   int setup() {
-    const auto problems = validate(c_);
+    auto problems = validate(c_);
+    // A fresh run would truncate the metrics and replace the weights and checkpoints of the run
+    // already there (and break its resume): only when asked.
+    if (c_.resume.empty() && !c_.overwrite)
+      if (const std::string there = run_in_folder(c_.out); !there.empty())
+        problems.push_back("--out " + c_.out + " already holds a run (" + there +
+                           "): continue it with --resume auto, or add --overwrite to replace it with a new run");
     for (const auto& p : problems) fail(p);
     if (!problems.empty()) return 2;
     if (c_.threads > 0) set_num_threads(c_.threads);
@@ -319,6 +327,15 @@ class Trainer {
       return fail("--out " + c_.out + ": cannot create or write the directory (" +
                   (ec ? ec.message() : std::string("not writable")) + ")");
     ckpt_dir_ = c_.out + "/checkpoints";
+    if (lead_ && c_.overwrite && c_.resume.empty()) {
+      // The replaced run's checkpoints go: its higher step numbers would outrank this run's in pruning
+      // and in --resume auto.
+      for (const auto& e : std::filesystem::directory_iterator(ckpt_dir_, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n == "latest" || (n.rfind("step-", 0) == 0 && e.path().extension() == ".kiln"))
+          std::filesystem::remove(e.path(), ec);
+      }
+    }
 
     // optimizer and schedule; with --zero 1 over this rank's chunks of the flattened parameters
     if (c_.zero == 1) {
@@ -435,6 +452,15 @@ class Trainer {
         const int64_t saved_micro = run_.micro_batch > 0 ? run_.micro_batch : c_.batch;
         if (saved_micro != micro_) run_.batch = run_.batch * saved_micro / micro_;
         run_.micro_batch = micro_;
+        // Where the checkpoint says the run is must be a place this run's flags reach: past them the
+        // loop would train nothing and exit 0.
+        auto within = [&](const char* field, int64_t v, int64_t most, const std::string& why) {
+          KILN_CHECK(v <= most, path, ": state.run.", field, " is ", v, ", past the ", most, " ", why,
+                     " of this run: the checkpoint is damaged or was edited");
+        };
+        within("step", run_.step, total_steps_, "steps (--epochs, --max-steps)");
+        within("epoch", run_.epoch, c_.epochs, "epochs (--epochs)");
+        within("batch", run_.batch, spe_ * accum_, "micro-batches per epoch");
         if (int64_t(run_.rng_ranks.size()) == world_) {  // this rank's own generator
           default_generator().seed = run_.rng_ranks[size_t(rank_)][0].get<uint64_t>();
           default_generator().offset = run_.rng_ranks[size_t(rank_)][1].get<uint64_t>();
@@ -1032,6 +1058,13 @@ int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outco
   auto trainer = std::make_unique<Trainer>(c, hooks, outcome);
   try {
     return trainer->run();
+  } catch (const OutOfMemory& e) {
+    if (c.memory_cap.empty()) throw;
+    // Past what the run can shrink (--micro-batch auto halves a step's micro-batch): the cap itself.
+    const std::string msg = "--memory-cap " + c.memory_cap + " is too small for this run: " + e.message();
+    std::fprintf(stderr, "kiln train: error: %s\n", msg.c_str());
+    if (hooks.on_error) hooks.on_error(msg);
+    return 1;
   } catch (const dist::CollectiveError&) {
     // The peers are gone or hang: the Trainer's destructors (DataParallel's pending buckets, NCCL
     // and MPI teardown, the checkpoint mirror) could wait for them. main() prints and exits with
@@ -1044,6 +1077,7 @@ int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outco
 int run_eval(const TrainConfig& c0, const std::string& weights) {
   TrainConfig c = c0;
   auto problems = validate(c);
+  if (std::string clash = output_is_input("--out", c.out, {weights}); !clash.empty()) problems.push_back(clash);
   for (const auto& p : problems) std::fprintf(stderr, "kiln eval: error: %s\n", p.c_str());
   if (!problems.empty()) return 2;
   if (c.threads > 0) set_num_threads(c.threads);
@@ -1056,6 +1090,7 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     task = make_task(c);
     nn::StateDict given = f.tensors;
     drop_unused_heads(*task.model, given, weights, c.model, "kiln eval");
+    io::check_weights(*task.model, given, weights);
     task.model->load_state_dict(given, /*strict=*/true);
   } catch (const Error& e) {
     std::fprintf(stderr, "kiln eval: error: %s\n", e.message().c_str());

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "io/text.h"
+#include "tools/cli_checks.h"
 #include "tools/train.h"
 
 namespace kiln::tools {
@@ -10,10 +11,10 @@ namespace kiln::tools {
 void add_vocab_flags(CLI::App& app, VocabOptions& o) {
   app.add_option("--text", o.text, "Text files or directories of them")->required();
   app.add_option("--size", o.size, "Vocabulary size, special tokens included")
-      ->check(CLI::Range(int64_t(16), int64_t(1) << 22))
+      ->check(between(int64_t(16), int64_t(1) << 22))
       ->capture_default_str();
   app.add_option("--min-frequency", o.min_frequency, "Stop merging when the best pair occurs fewer times")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   app.add_flag("--lower-case,!--no-lower-case", o.lower_case, "Lower-case and strip accents first")
       ->capture_default_str();
@@ -25,6 +26,7 @@ int run_vocab(const VocabOptions& o) {
   std::vector<std::string> files;
   try {
     files = expand_text_paths(o.text, "--text");
+    if (const std::string clash = output_is_input("--out", o.out, files); !clash.empty()) KILN_FAIL(clash);
   } catch (const Error& e) {
     std::fprintf(stderr, "kiln vocab: error: %s\n", e.message().c_str());
     return 2;

@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/runtime_info.h"
+#include "tools/cli_checks.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
 
@@ -48,6 +49,10 @@ size_t parse_bytes(const std::string& s, const std::string& flag) {
     scale = 1024.0 * 1024 * 1024 * 1024;
   KILN_CHECK(used > 0 && scale > 0 && v > 0 && std::isfinite(v), flag, " ", s,
              ": expected an amount of memory such as 16GiB, 512MiB or 1.5G");
+  // 2^64 bytes and more do not fit a size (the conversion would be undefined, in practice ignored).
+  KILN_CHECK(v * scale < 18446744073709551616.0, flag, " ", s,
+             ": more than 16 EiB (2^64 bytes), the most a memory size can be");
+  KILN_CHECK(v * scale >= 1, flag, " ", s, ": less than one byte");
   return size_t(v * scale);
 }
 
@@ -212,9 +217,14 @@ bool plan_fits(const MemoryPlan& p, size_t memory, Device device) {
 }
 
 std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t batch, size_t memory, Device device) {
-  std::vector<int64_t> divisors;
-  for (int64_t d = 1; d <= batch; ++d)
-    if (batch % d == 0) divisors.push_back(d);
+  // The divisors in order, in O(sqrt(batch)) (a loop to `batch` took minutes for --batch 1e12).
+  std::vector<int64_t> divisors, upper;
+  for (int64_t d = 1; d <= batch / d; ++d)
+    if (batch % d == 0) {
+      divisors.push_back(d);
+      if (d != batch / d) upper.push_back(batch / d);
+    }
+  divisors.insert(divisors.end(), upper.rbegin(), upper.rend());
   // Memory grows with the micro-batch: bisect over the divisors.
   int64_t lo = 0, hi = int64_t(divisors.size()) - 1;
   std::pair<int64_t, MemoryPlan> best{0, {}};
@@ -238,13 +248,11 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
   app.add_option("--batch", o.batch,
                  "The batch of one optimizer step (default: 128 small-image ResNets, 32 ImageNet "
                  "ResNets and BERT)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seq-len", o.seq_len, "BERT: tokens per sequence")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+      ->check(at_least(0));
+  app.add_option("--seq-len", o.seq_len, "BERT: tokens per sequence")->check(at_least(1))->capture_default_str();
   app.add_option("--image-size", o.image_size, "ResNet: image side (default 32 small-image, 224 ImageNet)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--in-channels", o.in_channels, "ResNet: image channels (default 3)")->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
+  app.add_option("--in-channels", o.in_channels, "ResNet: image channels (default 3)")->check(at_least(0));
   app.add_option("--amp", o.amp, "off, fp16 or bf16")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}))
       ->capture_default_str();
@@ -254,10 +262,8 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
   app.add_option("--recompute", o.recompute, "none or blocks")
       ->check(CLI::IsMember({"none", "blocks"}))
       ->capture_default_str();
-  app.add_option("--ranks", o.ranks, "Data-parallel processes")->check(CLI::Range(1, 65536))->capture_default_str();
-  app.add_option("--zero", o.zero, "0, or 1: ZeRO stage 1 over the ranks")
-      ->check(CLI::Range(0, 1))
-      ->capture_default_str();
+  app.add_option("--ranks", o.ranks, "Data-parallel processes")->check(between(1, 65536))->capture_default_str();
+  app.add_option("--zero", o.zero, "0, or 1: ZeRO stage 1 over the ranks")->check(between(0, 1))->capture_default_str();
   app.add_option("--memory", o.memory, "The memory to fit, e.g. 16GiB (default: the device's, with --device cuda:N)");
   app.add_option("--device", o.device,
                  "What to plan for: cpu, or cuda / cuda:N (GPU layouts and headroom; with no "
@@ -266,7 +272,38 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
   app.add_option("--json", o.json, "Also write the plan as JSON here");
 }
 
+int64_t values_per_sample(const PlanOptions& o) {
+  const ModelFamily& family = model_family(o.model);
+  if (family.input == ModelInput::images) {
+    const models::ResNetConfig rc = resnet_config_from(o.model, o.sets);
+    const bool imagenet = !(o.model == "resnet20" || o.model == "resnet32" || o.model == "resnet44" ||
+                            o.model == "resnet56" || o.model == "resnet110");
+    const int64_t s = o.image_size > 0 ? o.image_size : imagenet ? 224 : 32;
+    // The widest activation holds 16 values per input pixel (16 channels at full size in the small
+    // ResNets; 64 at half size or 256 at a quarter in the ImageNet ones), or the input if wider.
+    return std::max<int64_t>(16, o.in_channels > 0 ? o.in_channels : rc.in_channels) * s * s;
+  }
+  const models::BertConfig bc = bert_config_from(parse_bert_name(o.model).size, o.sets);
+  return o.seq_len * std::max({bc.hidden_size, bc.intermediate_size, bc.vocab_size, bc.num_heads * o.seq_len});
+}
+
+void check_batch_size(const PlanOptions& o, int64_t batch, const std::string& flag) {
+  const int64_t per_sample = values_per_sample(o);
+  KILN_CHECK(per_sample <= kMaxPlannedValues && batch <= kMaxPlannedValues / per_sample, flag, " ", batch,
+             ": a step's largest tensor would hold about ", double(batch) * double(per_sample), " values (", per_sample,
+             " per sample), more than the 2^52 a plan counts (sizes past that overflow); give a smaller ", flag);
+}
+
 int run_plan(const PlanOptions& o) {
+  // The flags' checks: exit 2 before any planning.
+  try {
+    model_family(o.model);
+    if (!o.memory.empty()) parse_bytes(o.memory, "--memory");
+    if (o.batch > 0) check_batch_size(o, o.batch, "--batch");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "kiln plan: error: %s\n", e.message().c_str());
+    return 2;
+  }
   const ModelFamily& family = model_family(o.model);
   const Device target = Device::parse(o.device);
   KILN_CHECK(!target.is_meta(), "--device meta: plan for the device the run will use (cpu, cuda or cuda:N)");
@@ -287,6 +324,7 @@ int run_plan(const PlanOptions& o) {
     memory_from = o.device + " (" + info.devices[size_t(target.index)].name + ")";
   }
   const int64_t batch = o.batch > 0 ? o.batch : synthetic_step(o.model, 0, 1, 1, 0, o.sets, kMeta).batch;
+  check_batch_size(o, batch, "--batch");
   const MemoryPlan p = plan_memory(o, batch);
   const bool images = family.input == ModelInput::images;
   std::printf("kiln plan: %s, batch %lld%s, %s, amp %s, recompute %s, %d rank(s)%s, for %s%s\n", o.model.c_str(),

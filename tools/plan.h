@@ -57,7 +57,15 @@ MemoryPlan plan_memory(const PlanOptions& o, int64_t micro_batch);
 bool plan_fits(const MemoryPlan& p, size_t memory, Device device);
 // The largest divisor of `batch` whose plan fits (0 when even 1 does not), with that plan.
 std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t batch, size_t memory, Device device);
-// "16GiB", "16 GB", "512MiB", "1.5G", a plain byte count; an error names `flag` otherwise.
+// The most values a planned step's largest tensor may hold: past 2^52 (16 PiB of f32) the byte counts
+// of a step's tensors, summed, could overflow 64 bits; no machine holds such a step anyway.
+inline constexpr int64_t kMaxPlannedValues = int64_t(1) << 52;
+// An upper bound on the values per sample of the largest tensor of a step of o.model.
+int64_t values_per_sample(const PlanOptions& o);
+// An error naming `flag` when a step of `batch` samples has a tensor past kMaxPlannedValues.
+void check_batch_size(const PlanOptions& o, int64_t batch, const std::string& flag);
+// "16GiB", "16 GB", "512MiB", "1.5G", a plain byte count; an error names `flag` otherwise, or for
+// 2^64 bytes or more.
 size_t parse_bytes(const std::string& s, const std::string& flag);
 std::string mib(size_t bytes);
 // MemAvailable of /proc/meminfo (what the host can give without swapping), or 0 when unknown.

@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "io/atomic_file.h"
+#include "tools/cli_checks.h"
 
 namespace kiln::tools {
 namespace {
@@ -596,6 +597,10 @@ int run_report(const ReportOptions& o) {
                    json_file ? "benchmark JSON file" : "run directory");
       return 2;
     }
+  }
+  if (const std::string clash = output_is_input("--out", o.out, o.runs); !clash.empty()) {
+    std::fprintf(stderr, "kiln report: error: %s\n", clash.c_str());
+    return 2;
   }
   std::string title = o.title;
   if (title.empty()) {

@@ -71,6 +71,7 @@ struct TrainConfig {
   bool save_epochs = true;     // at the end of every epoch
   int64_t keep_last = 3;
   std::string resume;          // "", "auto" or a checkpoint path
+  bool overwrite = false;      // a fresh run may replace the run already in `out`
   std::string mirror;          // a second directory for every completed checkpoint
   int64_t log_every = 50;
   bool tensorboard = true;        // TensorBoard event files beside metrics.jsonl
@@ -93,6 +94,9 @@ void apply_model_defaults(const CLI::App& app, TrainConfig& c);
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights);
 // The checks that need no data: one message per problem, empty when the config is sound.
 std::vector<std::string> validate(const TrainConfig& c);
+// What of a training run `dir` holds ("checkpoints/ (2 checkpoints), metrics.jsonl (12 lines),
+// model.safetensors"), or "" when none: what a fresh run there would replace.
+std::string run_in_folder(const std::string& dir);
 
 // What a batch means for a model, and how a prediction is scored.
 struct StepResult {

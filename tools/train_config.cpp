@@ -1,12 +1,15 @@
 // The flags of `kiln train` and `kiln eval`, a JSON config file that supplies any of them, and the
 // checks that reject an impossible run before any work starts.
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "engine/dist.h"
 #include "engine/optim.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "tools/cli_checks.h"
 #include "tools/environment.h"
 #include "tools/plan.h"
 #include "tools/train.h"
@@ -28,14 +31,12 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--data-dir", c.data_dir, "Where the data set lives (default for fashion-mnist: Debian's package)");
   app.add_option("--image-size", c.image_size, "Side of the images fed to the model (image folders)")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   app.add_flag("--skip-bad-samples", c.skip_bad_samples,
                "Leave unreadable images out of their batch and count them, instead of stopping");
-  app.add_option("--limit-train", c.limit_train, "Use only the first N training samples (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--limit-eval", c.limit_eval, "Use only the first N evaluation samples (0: all)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--limit-train", c.limit_train, "Use only the first N training samples (0: all)")->check(at_least(0));
+  app.add_option("--limit-eval", c.limit_eval, "Use only the first N evaluation samples (0: all)")->check(at_least(0));
   app.add_option("--text", c.text, "Masked-LM corpus: text files or directories of them (BERT --task mlm)");
   app.add_option("--eval-text", c.eval_text, "Held-out masked-LM text (default: every 50th sequence of --text)");
   app.add_option("--vocab", c.vocab, "WordPiece vocab.txt (BERT; make one with `kiln vocab`)");
@@ -47,15 +48,19 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--batch", c.batch, "Batch size")->capture_default_str();
   app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout")->capture_default_str();
-  app.add_option("--threads", c.threads, "CPU threads for the kernels (0: KILN_NUM_THREADS or the CPUs available)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", c.threads,
+                 "CPU threads for the kernels (0: KILN_NUM_THREADS or the CPUs available; at most " +
+                     std::to_string(max_threads()) +
+                     ", the larger of 1024 and 4 x the CPUs: more only contend for the "
+                     "cores, and each costs a stack and a slot of the process limit)")
+      ->check(between(0, double(max_threads())));
   app.add_option("--workers", c.workers, "Data-loader threads (0: load on the training thread)")
-      ->check(CLI::Range(0, 64))
+      ->check(between(0, 64))
       ->capture_default_str();
   app.add_option("--device", c.device, "cpu, cuda, cuda:N, or auto (the GPU when one is visible)")->capture_default_str();
   app.add_option("--dist-timeout", c.dist_timeout,
                  "Seconds a collective between ranks may take before the job is ended with an error")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   app.add_flag("--channels-last,!--no-channels-last", c.channels_last,
                "ResNet: feed batches as channels_last (NHWC) tensors, so every activation stays NHWC and cuDNN's "
@@ -71,7 +76,7 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--zero", c.zero,
                  "0, or 1: ZeRO stage 1 over the ranks (gradients reduce-scattered, each rank updates and keeps "
                  "the optimizer state of 1/N of the parameters, parameters all-gathered; sgd and adamw)")
-      ->check(CLI::Range(0, 1))
+      ->check(between(0, 1))
       ->capture_default_str();
   app.add_option("--recompute", c.recompute,
                  "Activation memory: none, or blocks (keep only each ResNet block's or BERT layer's input for "
@@ -110,10 +115,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--accum-steps", c.accum_steps,
                  "Micro-batches of --batch per optimizer step (gradient accumulation; the effective batch is K x B)")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
-  app.add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (0: no limit)")->check(at_least(0));
   app.add_option("--optimizer", c.optimizer, "sgd, adamw or lamb")
       ->check(CLI::IsMember(optimizer_names()))
       ->capture_default_str();
@@ -132,21 +136,30 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->check(CLI::IsMember(schedules))
       ->capture_default_str();
   app.add_option("--warmup", c.warmup, "Linear warmup steps (default: 0 for ResNet, 6% of the steps for BERT)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   app.add_option("--out", c.out, "Run directory: metrics.jsonl, summary.json, model.safetensors")->required();
   app.add_option("--log-every", c.log_every, "Steps between metrics lines")->capture_default_str();
   app.add_flag("--tensorboard,!--no-tensorboard", c.tensorboard,
                "TensorBoard event files in --out beside metrics.jsonl (every number of its lines)")
       ->capture_default_str();
-  app.add_option("--save-every", c.save_every, "Checkpoint every N steps (0: off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--save-minutes", c.save_minutes, "Checkpoint every M minutes (0: off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--save-every", c.save_every, "Checkpoint every N steps (0: off)")->check(at_least(0));
+  app.add_option("--save-minutes", c.save_minutes, "Checkpoint every M minutes (0: off)")->check(at_least(0));
   app.add_flag("--save-epochs,!--no-save-epochs", c.save_epochs, "Checkpoint at the end of every epoch")
       ->capture_default_str();
   app.add_option("--keep-last", c.keep_last, "Checkpoints to keep (older ones are deleted; 0 keeps all)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->capture_default_str();
   app.add_option("--resume", c.resume,
-                 "auto (the newest complete checkpoint in OUT/checkpoints, or a fresh start) or a checkpoint file");
+                 "auto (the newest complete checkpoint in OUT/checkpoints, or a fresh start) or a checkpoint file")
+      ->check(CLI::Validator(
+          [](std::string& s) {  // `--resume ""` (an unset variable in a script) would start afresh unnoticed
+            return s.empty() ? std::string("an empty path: give auto or a checkpoint file") : std::string();
+          },
+          "auto|FILE"));
+  app.add_flag("--overwrite", c.overwrite,
+               "Start a fresh run in an --out that already holds one (checkpoints, metrics.jsonl, "
+               "model.safetensors), replacing it and deleting its checkpoints; without it such an --out is refused "
+               "unless --resume continues the run");
   app.add_option("--mirror", c.mirror, "Copy every completed checkpoint here too, in the background");
   // A flag given twice takes its last value, so `scripts/demo --epochs 5` overrides the script's own.
   for (CLI::Option* o : app.get_options())
@@ -204,16 +217,45 @@ void apply_json_config(CLI::App& app, const std::string& path) {
   }
 }
 
+std::string run_in_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::string> found;
+  int64_t checkpoints = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "checkpoints", ec)) {
+    const std::string n = e.path().filename().string();
+    checkpoints += n.rfind("step-", 0) == 0 && e.path().extension() == ".kiln";
+  }
+  if (checkpoints > 0)
+    found.push_back("checkpoints/ (" + std::to_string(checkpoints) + " checkpoint" + (checkpoints > 1 ? "s" : "") +
+                    ")");
+  const fs::path metrics = fs::path(dir) / "metrics.jsonl";
+  if (fs::is_regular_file(metrics, ec) && fs::file_size(metrics, ec) > 0) found.push_back("metrics.jsonl");
+  for (const char* f : {"model.safetensors", "summary.json"})
+    if (fs::exists(fs::path(dir) / f, ec)) found.push_back(f);
+  std::string s;
+  for (const auto& f : found) s += (s.empty() ? "" : ", ") + f;
+  return s;
+}
+
 std::vector<std::string> validate(const TrainConfig& c) {
   std::vector<std::string> e;
   if (c.batch < 1) e.push_back("--batch must be at least 1, got " + std::to_string(c.batch));
   if (c.epochs < 1) e.push_back("--epochs must be at least 1, got " + std::to_string(c.epochs));
-  if (!(c.lr > 0)) e.push_back("--lr must be positive, got " + std::to_string(c.lr));
-  if (c.momentum < 0 || c.momentum >= 1) e.push_back("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
-  if (c.weight_decay < 0) e.push_back("--weight-decay must be >= 0, got " + std::to_string(c.weight_decay));
-  if (c.label_smoothing < 0 || c.label_smoothing >= 1)
+  // Written so that nan fails each test (every comparison with it is false) and inf the finite ones.
+  if (!(c.lr > 0 && std::isfinite(c.lr))) e.push_back("--lr must be positive and finite, got " + std::to_string(c.lr));
+  if (!(c.momentum >= 0 && c.momentum < 1))
+    e.push_back("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
+  if (!(c.weight_decay >= 0 && std::isfinite(c.weight_decay)))
+    e.push_back("--weight-decay must be >= 0 and finite, got " + std::to_string(c.weight_decay));
+  if (!(c.label_smoothing >= 0 && c.label_smoothing < 1))
     e.push_back("--label-smoothing must be in [0, 1), got " + std::to_string(c.label_smoothing));
-  if (c.clip_grad_norm < 0) e.push_back("--clip-grad-norm must be >= 0, got " + std::to_string(c.clip_grad_norm));
+  if (!(c.clip_grad_norm >= 0 && std::isfinite(c.clip_grad_norm)))
+    e.push_back("--clip-grad-norm must be >= 0 and finite (0: off), got " + std::to_string(c.clip_grad_norm));
+  if (!(c.save_minutes >= 0 && std::isfinite(c.save_minutes)))
+    e.push_back("--save-minutes must be >= 0 and finite (0: off), got " + std::to_string(c.save_minutes));
+  if (c.threads < 0 || c.threads > max_threads())
+    e.push_back("--threads must be in 0.." + std::to_string(max_threads()) + ", got " + std::to_string(c.threads));
   if (!(c.loss_scale > 0 && c.loss_scale <= 3.4028234663852886e38))
     e.push_back("--loss-scale must be positive and within the f32 range, got " + std::to_string(c.loss_scale));
   if (c.loss_scale_window < 1)
@@ -222,14 +264,18 @@ std::vector<std::string> validate(const TrainConfig& c) {
   if (c.device != "auto") {
     try {
       const Device d = Device::parse(c.device);
-      if (d.is_cuda() && !cuda::compiled())
+      if (d.is_meta())
+        e.push_back(
+            "--device meta: tensors with shapes and no values, for `kiln plan`; training and evaluation need "
+            "values (cpu, cuda, cuda:N or auto)");
+      else if (d.is_cuda() && !cuda::compiled())
         e.push_back("--device " + c.device + ": this build has no CUDA backend (rebuild with the CUDA toolkit, or use "
                     "--device cpu)");
       else if (d.is_cuda() && d.index >= cuda::device_count())
         e.push_back("--device " + c.device + ": " + std::to_string(cuda::device_count()) +
                     " CUDA device(s) visible (`kiln doctor` says why; --device cpu trains on the CPU)");
-    } catch (const Error& err) {
-      e.push_back("--device " + c.device + ": " + err.message() + " (cpu, cuda, cuda:N or auto)");
+    } catch (const Error&) {  // (Device::parse's own message also offers meta, which trains nothing)
+      e.push_back("--device " + c.device + ": unknown device (expected cpu, cuda, cuda:N or auto)");
     }
   }
   const ModelFamily* family = find_model_family(c.model);

@@ -1,0 +1,62 @@
+#include "tools/cli_checks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+namespace kiln::tools {
+
+std::string output_is_input(const std::string& out_flag, const std::string& out,
+                            const std::vector<std::string>& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (out.empty() || !fs::exists(out, ec)) return "";
+  for (const auto& in : inputs) {
+    if (in.empty() || !fs::equivalent(in, out, ec)) continue;
+    return out_flag + " " + out + " is the input " + (in == out ? std::string("itself") : in + " itself") +
+           ": writing it would replace the file being read; write to another path";
+  }
+  return "";
+}
+
+namespace {
+std::string number_text(double v) {
+  char b[64];
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)
+    std::snprintf(b, sizeof b, "%.0f", v);
+  else
+    std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+// The check of a numeric flag's text: "" when it is a finite number in [lo, hi].
+std::string check_number(const std::string& text, double lo, double hi, const std::string& want) {
+  const char* s = text.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  if (end == s || *end != '\0') return "expected a number " + want + ", got '" + text + "'";
+  if (!std::isfinite(v)) return "must be a finite number " + want + ", got " + text;
+  if (v < lo || v > hi) return "must be " + want + ", got " + text;
+  return "";
+}
+}  // namespace
+
+CLI::Validator at_least(double lo) {
+  const std::string want = ">= " + number_text(lo);
+  return CLI::Validator([lo, want](std::string& s) { return check_number(s, lo, HUGE_VAL, want); }, "NUMBER " + want);
+}
+
+CLI::Validator between(double lo, double hi) {
+  const std::string want = "in " + number_text(lo) + ".." + number_text(hi);
+  return CLI::Validator([lo, hi, want](std::string& s) { return check_number(s, lo, hi, want); }, "NUMBER " + want);
+}
+
+int64_t max_threads() {
+  const int64_t cpus = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
+  return std::max<int64_t>(1024, 4 * cpus);
+}
+
+}  // namespace kiln::tools

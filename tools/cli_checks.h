@@ -1,0 +1,32 @@
+// Checks that several commands make on their flags before any work, with one wording each.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln::tools {
+
+// "--out X is the input X itself: writing it would replace the file being read; write to another
+// path" when `out` (an output flag's value) names the same file as one of `inputs`, compared with
+// std::filesystem::equivalent (so another path to the same file, or a link to it, counts); "" when
+// it does not or `out` does not exist yet. Every command that reads one file and writes another asks
+// this before reading anything.
+std::string output_is_input(const std::string& out_flag, const std::string& out,
+                            const std::vector<std::string>& inputs);
+
+}  // namespace kiln::tools
+
+namespace kiln::tools {
+
+// Validators for numeric flags whose messages read "--image-size: must be >= 1, got 0" (CLI11's own
+// range checks print DBL_MAX as a 300-digit number, and "Value 0 not in range 0.000000 to ..."), and
+// that refuse nan and inf. They check the text as a number; the option's own conversion still refuses
+// a fraction for an integer flag.
+CLI::Validator at_least(double lo);
+CLI::Validator between(double lo, double hi);
+// The most --threads a command takes: max(1024, 4 x the CPUs). More threads than that only contend for
+// the cores, and each costs a stack and a slot of the process limit (100000 failed to start).
+int64_t max_threads();
+
+}  // namespace kiln::tools
