@@ -91,8 +91,9 @@ template <typename Pred> bool spin_until(bool spin, Pred&& pred) {
 }
 
 // More threads than any machine Kiln runs on has cores (x86 servers top out near 512 hardware threads): a
-// larger count is a typo, and starting it would exhaust the process's threads before failing.
-constexpr int kMaxThreads = 2048;
+// larger count is a typo, and starting it would exhaust the process's threads before failing. The same
+// bound as KILN_NUM_THREADS's (tools/environment.h).
+constexpr int kMaxThreads = 4096;
 
 class Pool {
  public:

@@ -67,6 +67,6 @@ def test_resumed_run_is_continuous(tmp_path):
 def test_no_tensorboard_and_a_fresh_start(tmp_path):
     train(tmp_path, "--no-tensorboard")
     assert not glob.glob(str(tmp_path / "events.out.tfevents.*"))
-    train(tmp_path)
-    train(tmp_path)  # starting over in the same folder replaces the old files
+    train(tmp_path, "--overwrite")
+    train(tmp_path, "--overwrite")  # starting over in the same folder replaces the old files
     assert len(glob.glob(str(tmp_path / "events.out.tfevents.*"))) == 1
