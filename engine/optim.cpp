@@ -117,7 +117,7 @@ void Optimizer::zero_grad() {
 }
 
 void Optimizer::set_lr(double lr) {
-  check_lr(lr, 0);
+  KILN_CHECK(std::isfinite(lr) && lr >= 0, "optimizer: set_lr: lr must be finite and >= 0, got ", lr);
   for (auto& g : groups_) g.lr = lr;
 }
 
@@ -383,11 +383,13 @@ void LrSchedule::check() const {
   KILN_CHECK(std::isfinite(min_lr) && min_lr >= 0, "LR schedule: min lr must be finite and >= 0, got ", min_lr);
   KILN_CHECK(warmup_steps >= 0, "LR schedule: warmup steps must be >= 0, got ", warmup_steps);
   const bool ends = kind == ScheduleKind::cosine || kind == ScheduleKind::linear || kind == ScheduleKind::polynomial;
-  KILN_CHECK(!ends || total_steps > warmup_steps, "LR schedule: a ",
+  // A warmup as long as the run or longer is allowed: the run warms up throughout (a short test run of a long
+  // recipe); no end at all would make the rate min_lr from the first step after warmup.
+  KILN_CHECK(!ends || total_steps > 0, "LR schedule: a ",
              kind == ScheduleKind::cosine   ? "cosine"
              : kind == ScheduleKind::linear ? "linear"
                                             : "polynomial",
-             " schedule needs total steps (", total_steps, ") past the warmup steps (", warmup_steps, ")");
+             " schedule needs its total steps (> 0), got ", total_steps);
   KILN_CHECK(kind != ScheduleKind::polynomial || (std::isfinite(power) && power > 0),
              "LR schedule: polynomial power must be finite and > 0, got ", power);
   KILN_CHECK(kind != ScheduleKind::step || step_size >= 1, "LR schedule: step size must be >= 1, got ", step_size);

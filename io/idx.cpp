@@ -76,7 +76,9 @@ Tensor parse_idx(const uint8_t* data, size_t size, const std::string& what) {
   Tensor t = make_tensor(shape, type->dtype, kCPU);
   const uint8_t* src = data + header;
   switch (type->code) {
-    case 0x08: std::memcpy(t.data<uint8_t>(), src, count); break;
+    case 0x08:
+      if (count > 0) std::memcpy(t.data<uint8_t>(), src, count);  // an empty set's tensor has no memory (null)
+      break;
     case 0x09:
       for (uint64_t i = 0; i < count; ++i) t.data<int32_t>()[i] = static_cast<int8_t>(src[i]);
       break;

@@ -515,6 +515,14 @@ TEST_CASE(
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK(!fs::exists(d / "run/checkpoints/step-000000002.kiln"));
   CHECK(step_losses(d / "run/metrics.jsonl").size() == 1);
+  // --resume auto with no checkpoint to continue from would start over too: refused the same way, and the
+  // message does not suggest it.
+  fs::remove_all(d / "run/checkpoints");
+  const std::string kept = read_text(d / "run/metrics.jsonl");
+  r = run_kiln(args + " --resume auto", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "but no checkpoint to continue from: add --overwrite"), r.output);
+  CHECK(read_text(d / "run/metrics.jsonl") == kept);
 }
 
 TEST_CASE(

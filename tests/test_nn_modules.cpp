@@ -304,10 +304,10 @@ TEST_CASE("optim: LR schedules are pure functions of the step") {
   // A schedule that cannot give a rate for every step is refused, naming the field.
   optim::LrSchedule bad;
   bad.kind = optim::ScheduleKind::cosine;  // without total steps its rate would be 0 from step 1
-  CHECK(contains(error_of([&] { bad.at(1); }), "cosine schedule needs total steps"));
+  CHECK(contains(error_of([&] { bad.at(1); }), "cosine schedule needs its total steps (> 0), got 0"));
   bad.total_steps = 10;
-  bad.warmup_steps = 20;
-  CHECK(contains(error_of([&] { bad.at(1); }), "past the warmup steps (20)"));
+  bad.warmup_steps = 20;  // a warmup longer than the run: it warms up throughout, as before
+  CHECK(bad.at(9) == doctest::Approx(0.1 * 10 / 20));
   bad.warmup_steps = 0;
   bad.base_lr = std::nan("");
   CHECK(contains(error_of([&] { bad.at(1); }), "base lr must be finite"));

@@ -56,7 +56,7 @@ CLI::Validator between(double lo, double hi) {
 
 int64_t max_threads() {
   const int64_t cpus = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
-  return std::max<int64_t>(1024, 4 * cpus);
+  return std::min<int64_t>(4096, std::max<int64_t>(1024, 4 * cpus));  // 4096: the thread pool's own bound
 }
 
 }  // namespace kiln::tools

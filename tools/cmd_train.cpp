@@ -261,10 +261,17 @@ class Trainer {
     auto problems = validate(c_);
     // A fresh run would truncate the metrics and replace the weights and checkpoints of the run
     // already there (and break its resume): only when asked.
-    if (c_.resume.empty() && !c_.overwrite)
-      if (const std::string there = run_in_folder(c_.out); !there.empty())
-        problems.push_back("--out " + c_.out + " already holds a run (" + there +
-                           "): continue it with --resume auto, or add --overwrite to replace it with a new run");
+    // --resume auto without a checkpoint to continue from starts fresh too.
+    const bool fresh =
+        c_.resume.empty() || (c_.resume == "auto" && find_latest_checkpoint(c_.out + "/checkpoints").empty());
+    if (fresh && !c_.overwrite)
+      if (const std::string there = run_in_folder(c_.out); !there.empty()) {
+        const bool resumable = c_.resume.empty() && !find_latest_checkpoint(c_.out + "/checkpoints").empty();
+        problems.push_back("--out " + c_.out + " already holds a run (" + there + ")" +
+                           (c_.resume == "auto" ? ", but no checkpoint to continue from" : "") + ": " +
+                           (resumable ? "continue it with --resume auto, or " : "") +
+                           "add --overwrite (kiln.train: overwrite=True) to replace it with a new run");
+      }
     for (const auto& p : problems) fail(p);
     if (!problems.empty()) return 2;
     if (c_.threads > 0) set_num_threads(c_.threads);
@@ -328,12 +335,15 @@ class Trainer {
                   (ec ? ec.message() : std::string("not writable")) + ")");
     ckpt_dir_ = c_.out + "/checkpoints";
     if (lead_ && c_.overwrite && c_.resume.empty()) {
-      // The replaced run's checkpoints go: its higher step numbers would outrank this run's in pruning
-      // and in --resume auto.
-      for (const auto& e : std::filesystem::directory_iterator(ckpt_dir_, ec)) {
-        const std::string n = e.path().filename().string();
-        if (n == "latest" || (n.rfind("step-", 0) == 0 && e.path().extension() == ".kiln"))
-          std::filesystem::remove(e.path(), ec);
+      // The replaced run's checkpoints go, here and in the mirror: their higher step numbers would outrank
+      // this run's in pruning and in --resume auto.
+      for (const std::string& dir : {ckpt_dir_, c_.mirror}) {
+        if (dir.empty()) continue;
+        for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+          const std::string n = e.path().filename().string();
+          if (n == "latest" || (n.rfind("step-", 0) == 0 && e.path().extension() == ".kiln"))
+            std::filesystem::remove(e.path(), ec);
+        }
       }
     }
 

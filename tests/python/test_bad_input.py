@@ -395,3 +395,28 @@ def test_errors_in_composite_ops_name_the_op_called():
     for op, f in cases.items():
         with pytest.raises(kiln.KilnError, match=op + ": "):
             f()
+
+
+def test_tied_parameters_are_stepped_once_and_kept_under_every_name():
+    class Tied(kiln.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = kiln.nn.Linear(3, 3, bias=False)
+            self.b = kiln.nn.Linear(3, 3, bias=False)
+            self.b.weight = self.a.weight  # weight tying
+
+    m = Tied()
+    assert [n for n, _ in m.named_parameters()] == ["a.weight"]
+    assert list(m.state_dict()) == ["a.weight", "b.weight"]
+    opt = kiln.optim.SGD(m.parameters(), lr=0.1)  # no "listed twice" error
+    before = m.a.weight.tolist()
+    (m.b(m.a(kiln.ones(1, 3)))).sum().backward()
+    g = m.a.weight.grad.tolist()
+    opt.step()
+    after = m.a.weight.tolist()
+    assert all(abs(after[i][j] - (before[i][j] - 0.1 * g[i][j])) < 1e-6 for i in range(3) for j in range(3))
+
+
+def test_sizes_take_numpy_integers():
+    layer = kiln.nn.Linear(np.prod((2, 3)), np.int64(4))
+    assert tuple(layer.weight.shape) == (4, 6)

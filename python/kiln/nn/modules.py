@@ -1,8 +1,9 @@
 """kiln.nn modules in Python: Module (parameters, buffers and submodules by attribute, dotted names,
 state_dict), Parameter, and the common layers over kiln.nn.functional. Initialisation follows
 PyTorch's defaults (uniform in +-1/sqrt(fan_in) for Linear and Conv)."""
-import math
 import collections
+import math
+import operator
 from collections import OrderedDict
 
 from .. import _C
@@ -92,20 +93,39 @@ class Module:
     def children(self):
         return iter(self._modules.values())
 
-    def named_modules(self, prefix=""):
+    def named_modules(self, prefix="", remove_duplicate=True):
+        """Every module once (as PyTorch: a module reused under two names comes under its first), or every
+        name with remove_duplicate=False."""
+        seen = set()
+        for name, m in self._all_modules(prefix):
+            if remove_duplicate:
+                if id(m) in seen:
+                    continue
+                seen.add(id(m))
+            yield name, m
+
+    def _all_modules(self, prefix):
         yield prefix, self
         for name, m in self._modules.items():
             if m is not None:
-                yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+                yield from m._all_modules(f"{prefix}.{name}" if prefix else name)
 
     def modules(self):
         return (m for _, m in self.named_modules())
 
-    def named_parameters(self, prefix=""):
-        for mp, m in self.named_modules(prefix):
+    def named_parameters(self, prefix="", remove_duplicate=True):
+        """Every parameter once: a tied (shared) one under its first name, as PyTorch, so that an optimizer
+        steps it once; remove_duplicate=False gives every name (what state_dict holds)."""
+        seen = set()
+        for mp, m in self.named_modules(prefix, remove_duplicate=False):
             for name, p in m._own_parameters():
-                if p is not None:
-                    yield (f"{mp}.{name}" if mp else name), p
+                if p is None:
+                    continue
+                if remove_duplicate:
+                    if id(p) in seen:
+                        continue
+                    seen.add(id(p))
+                yield (f"{mp}.{name}" if mp else name), p
 
     def _own_parameters(self):
         return self._parameters.items()
@@ -116,8 +136,8 @@ class Module:
     def parameters(self):
         return [p for _, p in self.named_parameters()]
 
-    def named_buffers(self, prefix=""):
-        for mp, m in self.named_modules(prefix):
+    def named_buffers(self, prefix="", remove_duplicate=True):
+        for mp, m in self.named_modules(prefix, remove_duplicate=remove_duplicate):
             for name, b in m._own_buffers():
                 if b is not None:
                     yield (f"{mp}.{name}" if mp else name), b
@@ -192,9 +212,9 @@ class Module:
     def state_dict(self):
         """Parameters and buffers by dotted name, detached (they share memory with the module)."""
         sd = OrderedDict()
-        for n, p in self.named_parameters():
+        for n, p in self.named_parameters(remove_duplicate=False):
             sd[n] = p.detach()
-        for n, b in self.named_buffers():
+        for n, b in self.named_buffers(remove_duplicate=False):
             sd[n] = b.detach()
         return sd
 
@@ -268,8 +288,13 @@ def _parse_to(args, kwargs):
 
 
 def _check_count(cls, name, value, minimum=0):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    try:
+        n = operator.index(value)  # an int, or NumPy's integers (nn.Linear(np.prod(shape), 10))
+    except TypeError:
+        n = None
+    if isinstance(value, bool) or n is None or n < minimum:
         raise KilnValueError(f"{cls}: {name} must be an int >= {minimum}, got {value!r}")
+    return n
 
 
 def _uniform(shape, bound):
@@ -284,8 +309,8 @@ def _bound(fan_in):
 class Linear(Module):
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()
-        _check_count("Linear", "in_features", in_features)
-        _check_count("Linear", "out_features", out_features)
+        in_features = _check_count("Linear", "in_features", in_features)
+        out_features = _check_count("Linear", "out_features", out_features)
         self.in_features, self.out_features = in_features, out_features
         bound = _bound(in_features)
         self.weight = Parameter(_uniform((out_features, in_features), bound))
@@ -305,14 +330,13 @@ class _ConvNd(Module):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True):
         super().__init__()
         name = type(self).__name__
-        k = (kernel_size,) * self._dims if isinstance(kernel_size, int) else tuple(kernel_size)
-        _check_count(name, "in_channels", in_channels)
-        _check_count(name, "out_channels", out_channels)
-        _check_count(name, "groups", groups, 1)
+        k = (kernel_size,) * self._dims if not hasattr(kernel_size, "__len__") else tuple(kernel_size)
+        in_channels = _check_count(name, "in_channels", in_channels)
+        out_channels = _check_count(name, "out_channels", out_channels)
+        groups = _check_count(name, "groups", groups, 1)
         if len(k) != self._dims:
             raise KilnValueError(f"{name}: kernel_size must be an int or {self._dims} ints, got {kernel_size!r}")
-        for v in k:
-            _check_count(name, "kernel_size", v, 1)
+        k = tuple(_check_count(name, "kernel_size", v, 1) for v in k)
         if in_channels % groups or out_channels % groups:
             raise KilnValueError(f"{name}: in_channels ({in_channels}) and out_channels ({out_channels}) must be "
                                  f"divisible by groups ({groups})")
