@@ -203,7 +203,10 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (int64_t i = int64_t(shape.size()) - 1; i >= 0; --i) {
     st[size_t(i)] = s;
-    s *= std::max<int64_t>(shape[size_t(i)], 1);
+    // The product past dim 0 is no stride (an empty tensor's may overflow harmlessly); the others must fit.
+    if (i > 0)
+      KILN_CHECK(!__builtin_mul_overflow(s, std::max<int64_t>(shape[size_t(i)], 1), &s), "shape ", shape,
+                 " has strides past 64 bits");
   }
   return st;
 }
@@ -245,13 +248,13 @@ Tensor make_tensor_in(const Shape& shape, DType dtype, Device device, Allocator&
   detail::poll_interrupt();  // between kernels: every op allocates its output here
   KILN_CHECK(shape.size() <= size_t(kMaxDims), "tensors have at most ", kMaxDims, " dims, got shape ", shape);
   for (int64_t s : shape) KILN_CHECK(s >= 0, "negative size in shape ", shape);
+  int64_t nbytes = 0;
+  KILN_CHECK(!__builtin_mul_overflow(shape.numel(), int64_t(dtype_size(dtype)), &nbytes), "shape ", shape, " of ",
+             dtype, " needs more bytes than fit in 64 bits");
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
-  int64_t nbytes = 0;
-  KILN_CHECK(!__builtin_mul_overflow(shape.numel(), int64_t(dtype_size(dtype)), &nbytes), "shape ", shape, " of ",
-             dtype, " needs more bytes than fit in 64 bits");
   impl->storage = std::make_shared<Storage>(size_t(nbytes), device, &alloc);
   return Tensor(std::move(impl));
 }
@@ -687,7 +690,9 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   end = std::clamp<int64_t>(end, start, n);
   Shape ns = shape(), st = strides();
   ns[size_t(d)] = end == start ? 0 : (end - start - 1) / step + 1;  // (end - start + step - 1) could overflow
-  st[size_t(d)] *= step;
+  if (ns[size_t(d)] > 1)
+    st[size_t(d)] *= step;  // one element or none: its stride is never stepped (and a huge
+                            // step times the stride could overflow)
   Tensor out = make_view(*this, ns, st, offset() + start * strides()[size_t(d)]);
   const Shape in_shape = shape();
   const DType dt = dtype();
