@@ -138,6 +138,8 @@ OptimizerState Optimizer::state() const {
 void Optimizer::load_state(const OptimizerState& s) {
   auto it = s.scalars.find("steps");
   KILN_CHECK(it != s.scalars.end(), name(), ": optimizer state has no step count");
+  KILN_CHECK(std::isfinite(it->second) && it->second >= 0 && it->second == std::trunc(it->second), name(),
+             ": optimizer state's step count ", it->second, " is not a whole number >= 0");
   for (const auto& [k, v] : hyper()) {
     auto h = s.scalars.find(k);
     KILN_CHECK(h != s.scalars.end(), name(), ": optimizer state lacks '", k, "' (saved by another optimizer?)");
@@ -145,15 +147,29 @@ void Optimizer::load_state(const OptimizerState& s) {
   std::vector<std::vector<std::map<std::string, Tensor>>> slots(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) slots[g].resize(groups_[g].params.size());
   for (const auto& [key, t] : s.tensors) {
-    size_t a = key.find('.'), b = key.find('.', a + 1);
-    KILN_CHECK(a != std::string::npos && b != std::string::npos, name(), ": bad optimizer state name '", key, "'");
-    const size_t g = std::stoul(key.substr(0, a)), i = std::stoul(key.substr(a + 1, b - a - 1));
+    // "<group>.<index>.<slot>", both numbers in decimal
+    const size_t a = key.find('.'), b = a == std::string::npos ? a : key.find('.', a + 1);
+    const auto number = [&key](size_t from, size_t to, size_t& out) {
+      if (to <= from || to - from > 9) return false;
+      out = 0;
+      for (size_t k = from; k < to; ++k) {
+        if (key[k] < '0' || key[k] > '9') return false;
+        out = out * 10 + size_t(key[k] - '0');
+      }
+      return true;
+    };
+    size_t g = 0, i = 0;
+    KILN_CHECK(b != std::string::npos && number(0, a, g) && number(a + 1, b, i), name(), ": bad optimizer state name '",
+               key, "' (expected group.index.slot)");
     KILN_CHECK(g < groups_.size() && i < groups_[g].params.size(), name(), ": optimizer state '", key,
                "' names a parameter this optimizer does not have");
     KILN_CHECK(t.shape() == groups_[g].params[i].shape(), name(), ": optimizer state '", key, "' has shape ",
                t.shape(), ", parameter has ", groups_[g].params[i].shape());
+    KILN_CHECK(is_floating(t.dtype()), name(), ": optimizer state '", key, "' is ", t.type_str(),
+               "; the optimizer keeps floating-point state");
     const Tensor& p = groups_[g].params[i];  // state follows its parameter (a CPU checkpoint resumes on a GPU)
-    slots[g][i][key.substr(b + 1)] = t.device() == p.device() ? t.clone() : t.to(p.device());
+    // The slots are f32 (what step() makes): a state saved in another float type is widened or rounded once here.
+    slots[g][i][key.substr(b + 1)] = t.to(p.device()).to(DType::f32).clone();
   }
   // The count goes where the parameters are (the first one of any group: a group may be empty);
   // an optimizer without parameters keeps it on the CPU. step() moves it if they move later.

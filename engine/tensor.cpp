@@ -874,33 +874,31 @@ Tensor& Tensor::fill_(double value) {
   return *this;
 }
 
+namespace {
+// x op= other: PyTorch's rules (the result type must fit x, x is not an expanded view, other broadcasts into x),
+// and an operand that overlaps x is read from a copy, so x += x.T gives NumPy's answer.
+void binary_inplace(Tensor& t, BinaryOp op, const Tensor& other, double alpha, const char* name) {
+  detail::check_inplace(t, name);
+  detail::common_device(name, {t, other});  // a kernel reads only its own device's memory
+  detail::check_inplace_result(t, other, name);
+  KILN_CHECK(is_floating(t.dtype()) || alpha == std::trunc(alpha), name, ": alpha ", alpha,
+             " is not a whole number, and ", t.type_str(), " holds integers");
+  Tensor o = detail::inplace_operand(t, other, name);
+  if (o.dtype() != t.dtype()) o = o.to(t.dtype());
+  KILN_CHECK(broadcast_shapes(t.shape(), o.shape()) == t.shape(), name, ": cannot broadcast ", other.shape(), " into ",
+             t.shape());
+  detail::backend(t.device()).binary(op, detail::desc(t), detail::desc(t), detail::desc_broadcast(o, t.shape()), alpha);
+  t.bump_version();
+}
+}  // namespace
+
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  detail::check_inplace(*this, "add_");
-  detail::common_device("add_", {*this, other});  // a kernel reads only its own device's memory
-  detail::check_inplace_result(*this, other, "add_");
-  KILN_CHECK(is_floating(dtype()) || alpha == std::trunc(alpha), "add_: alpha ", alpha, " is not a whole number, and ",
-             type_str(), " holds integers");
-  Tensor o = detail::inplace_operand(*this, other, "add_");
-  if (o.dtype() != dtype()) o = o.to(dtype());
-  KILN_CHECK(broadcast_shapes(shape(), o.shape()) == shape(), "add_: cannot broadcast ", other.shape(), " into ",
-             shape());
-  detail::backend(device()).binary(BinaryOp::add, detail::desc(*this), detail::desc(*this),
-                                   detail::desc_broadcast(o, shape()), alpha);
-  bump_version();
+  binary_inplace(*this, BinaryOp::add, other, alpha, "add_");
   return *this;
 }
 
 Tensor& Tensor::mul_(const Tensor& other) {
-  detail::check_inplace(*this, "mul_");
-  detail::common_device("mul_", {*this, other});
-  detail::check_inplace_result(*this, other, "mul_");
-  Tensor o = detail::inplace_operand(*this, other, "mul_");
-  if (o.dtype() != dtype()) o = o.to(dtype());
-  KILN_CHECK(broadcast_shapes(shape(), o.shape()) == shape(), "mul_: cannot broadcast ", other.shape(), " into ",
-             shape());
-  detail::backend(device()).binary(BinaryOp::mul, detail::desc(*this), detail::desc(*this),
-                                   detail::desc_broadcast(o, shape()), 1.0);
-  bump_version();
+  binary_inplace(*this, BinaryOp::mul, other, 1.0, "mul_");
   return *this;
 }
 

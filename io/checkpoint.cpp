@@ -15,6 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
 
 #include "io/atomic_file.h"
 #include "io/json_parse.h"
@@ -201,7 +202,14 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
     try {
       c.name = e.at("name").get<std::string>();
       c.dtype = dtype_from_name(e.at("dtype").get<std::string>());
-      for (const auto& d : e.at("shape")) c.shape.push_back(d.get<int64_t>());
+      for (const auto& d : e.at("shape")) {
+        // a size is a whole number in 0..2^63-1: 16.5 or 2^64-1 are refused, not read as 16 or -1
+        if (!d.is_number_integer() ||
+            (d.is_number_unsigned() ? d.get<uint64_t>() > uint64_t(INT64_MAX) : d.get<int64_t>() < 0))
+          throw std::invalid_argument("shape " + e.at("shape").dump() + " holds " + d.dump() +
+                                      ", which is not a whole number >= 0");
+        c.shape.push_back(d.get<int64_t>());
+      }
       c.offset = e.at("offset").get<uint64_t>();
       c.nbytes = e.at("nbytes").get<uint64_t>();
       c.crc = e.at("crc32c").get<uint32_t>();

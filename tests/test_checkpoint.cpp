@@ -156,6 +156,19 @@ TEST_CASE("checkpoint: a manifest nested 100000 levels deep is an error, not a c
   CHECK(io::CheckpointReader(d / "a.kiln").state_json() == R"({"x":0})");
 }
 
+TEST_CASE("checkpoint: a shape size that is not a whole number >= 0 is refused, not rounded or wrapped") {
+  TempDir d("kiln_ckpt");
+  io::save_checkpoint(d / "a.kiln", {{"w", ones({16})}}, "{}");
+  for (const char* size : {"16.5", "18446744073709551615", "-16", "\"16\""}) {
+    json m = manifest_of(d / "a.kiln");
+    m["tensors"][0]["shape"] = json::parse(std::string("[") + size + "]");
+    write_bytes(d / "b.kiln", with_manifest(d / "a.kiln", m.dump()));
+    const std::string e = error_of([&] { io::CheckpointReader r(d / "b.kiln"); });
+    CHECK_MESSAGE(contains(e, "b.kiln: a manifest tensor entry is malformed"), size, ": ", e);
+    CHECK_MESSAGE(contains(e, std::string("holds ") + size + ", which is not a whole number >= 0"), size, ": ", e);
+  }
+}
+
 TEST_CASE("checkpoint: a writer killed mid-write leaves `latest` pointing at a complete checkpoint") {
   TempDir d("kiln_ckpt");
   const std::string dir = d.p.string();

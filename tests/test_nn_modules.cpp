@@ -233,6 +233,35 @@ TEST_CASE("optim: load_state with an empty first group, and with no parameters a
   CHECK(none2.steps() == 2);
 }
 
+TEST_CASE("optim: load_state refuses integer state, bad names and counts, and widens a half-precision state") {
+  Tensor p = param({0.5, -1.0});
+  optim::SGD a({optim::ParamGroup({p}, 0.1)}, {0.9});
+  p.set_grad(from_vector({0.2, 0.4}, {2}));
+  a.step();
+  const optim::OptimizerState good = a.state();
+  REQUIRE(good.tensors.size() == 1);
+  const std::string key = good.tensors.begin()->first;  // "0.0.<slot>"
+  const Tensor buf = good.tensors.begin()->second;
+  optim::SGD b({optim::ParamGroup({param({0.0, 0.0})}, 0.1)}, {0.9});
+  auto with = [&](const std::string& k, const Tensor& t) {
+    optim::OptimizerState s = good;
+    s.tensors.clear();
+    s.tensors[k] = t;
+    return s;
+  };
+  CHECK(
+      contains(error_of([&] { b.load_state(with(key, buf.to(DType::i64))); }), "is i64 cpu [2]; the optimizer keeps"));
+  for (const char* bad : {"x.0.momentum_buffer", "0.-1.momentum_buffer", "0", "0.99999999999999999999.m"})
+    CHECK_MESSAGE(contains(error_of([&] { b.load_state(with(bad, buf)); }), "bad optimizer state name"), bad);
+  optim::OptimizerState neg = good;
+  neg.scalars["steps"] = -1;
+  CHECK(contains(error_of([&] { b.load_state(neg); }), "step count -1 is not a whole number >= 0"));
+  // A bf16 copy of the state loads as f32 (the slots' type) and the next step uses it.
+  b.load_state(with(key, buf.to(DType::bf16)));
+  CHECK(b.state().tensors.at(key).dtype() == DType::f32);
+  CHECK(allclose(b.state().tensors.at(key), buf.to(DType::bf16).to(DType::f32), 0, 0));
+}
+
 TEST_CASE("optim: LAMB by hand, trust ratio") {
   Tensor p = param({3.0, 4.0});  // ||p|| = 5
   optim::LAMB opt({{{p}, 0.1, 0.0}}, {0.9, 0.999, 1e-6});

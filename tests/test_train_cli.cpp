@@ -140,6 +140,18 @@ TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees wit
   const auto bad = run_kiln("eval --model resnet32 --weights " + d / "run/model.safetensors", d.p.string());
   CHECK(bad.code == 2);
   CHECK_MESSAGE(contains(bad.output, "layer1.3"), bad.output);
+
+  // Weights that give NaN: the numbers are written, and the exit status and stderr say they are not finite.
+  auto w = kiln::io::load_safetensors(d / "run/model.safetensors");
+  w.tensors.at("fc.bias").fill_(std::nan(""));
+  kiln::io::save_safetensors(d / "nan.safetensors", w.tensors, w.metadata);
+  const auto n =
+      run_kiln("eval --model resnet20 --weights " + d / "nan.safetensors" + " --limit-eval 64 --out " + d / "nan.json",
+               d.p.string());
+  CHECK(n.code == 1);
+  CHECK_MESSAGE(contains(n.output, "the test loss is NaN: " + d / "nan.safetensors" + " gives non-finite outputs"),
+                n.output);
+  CHECK(json::parse(read_text(d / "nan.json"))["test_loss"].is_null());  // JSON has no NaN
 }
 
 namespace {
@@ -231,6 +243,16 @@ TEST_CASE("train: BERT-tiny masked LM and classification on fortune text (Debian
   CHECK(s["task"] == "mlm");
   CHECK(s["test_mlm_accuracy"].get<double>() > 0.02);
   CHECK(s["config"]["optimizer"] == "adamw");  // BERT's default
+  // The samples are the held-out sequences (every 50th); the accuracy is over their masked tokens.
+  const int64_t held_out = s["config"]["data_info"]["eval_samples"].get<int64_t>();
+  CHECK(held_out > 0);
+  CHECK(s["test_samples"] == held_out);
+  json last;
+  for (const auto& m : read_jsonl(d / "mlm/metrics.jsonl"))
+    if (m.contains("eval_loss")) last = m;
+  REQUIRE_MESSAGE(last.contains("eval_samples"), last.dump());
+  CHECK(last["eval_samples"] == held_out);
+  CHECK(last["eval_scored_tokens"].get<int64_t>() > held_out);  // ~15% of 64 tokens each
 
   fortunes_tsv(d / "train.tsv", {"computers", "food"}, 5, 1);
   fortunes_tsv(d / "eval.tsv", {"computers", "food"}, 5, 0);

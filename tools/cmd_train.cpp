@@ -262,11 +262,11 @@ class Trainer {
     // A fresh run would truncate the metrics and replace the weights and checkpoints of the run
     // already there (and break its resume): only when asked.
     // --resume auto without a checkpoint to continue from starts fresh too.
-    const bool fresh =
-        c_.resume.empty() || (c_.resume == "auto" && find_latest_checkpoint(c_.out + "/checkpoints").empty());
+    const bool has_checkpoint = !find_latest_checkpoint(c_.out + "/checkpoints").empty();
+    const bool fresh = c_.resume.empty() || (c_.resume == "auto" && !has_checkpoint);
     if (fresh && !c_.overwrite)
       if (const std::string there = run_in_folder(c_.out); !there.empty()) {
-        const bool resumable = c_.resume.empty() && !find_latest_checkpoint(c_.out + "/checkpoints").empty();
+        const bool resumable = c_.resume.empty() && has_checkpoint;
         problems.push_back("--out " + c_.out + " already holds a run (" + there + ")" +
                            (c_.resume == "auto" ? ", but no checkpoint to continue from" : "") + ": " +
                            (resumable ? "continue it with --resume auto, or " : "") +
@@ -885,10 +885,17 @@ class Trainer {
                   task_.metric.c_str(), 100.0 * double(e.correct) / double(std::max<int64_t>(e.count, 1)), ev.loss,
                   task_.metric.c_str(), 100.0 * ev.accuracy, epoch_s, ev.seconds);
     progress_->line(buf);
-    nlohmann::json em = {{"step", run_.step},           {"epoch", run_.epoch + 1},
-                         {"eval_loss", ev.loss},        {"eval_" + task_.metric, ev.accuracy},
-                         {"eval_samples", ev.count},    {"epoch_seconds", epoch_s},
+    if (lead_ && !std::isfinite(ev.loss))
+      std::fprintf(stderr,
+                   "kiln train: warning: the test loss is %s after epoch %lld while the training loss is finite: the "
+                   "model gives non-finite outputs in evaluation mode on the test data%s\n",
+                   std::isnan(ev.loss) ? "NaN" : "infinite", (long long)run_.epoch + 1,
+                   amp_dt_ == DType::f16 ? " (f16 autocast overflows: try --amp bf16)" : "");
+    nlohmann::json em = {{"step", run_.step},          {"epoch", run_.epoch + 1},
+                         {"eval_loss", ev.loss},       {"eval_" + task_.metric, ev.accuracy},
+                         {"eval_samples", ev.samples}, {"epoch_seconds", epoch_s},
                          {"eval_seconds", ev.seconds}};
+    if (task_.terms) em["eval_scored_tokens"] = ev.count;  // masked-LM: the metric is over masked tokens
     metrics_ << em.dump() << "\n";
     metrics_.flush();
     write_events(em, "eval/");
@@ -897,7 +904,7 @@ class Trainer {
     run_.epochs_log.push_back(em);
     run_.last_eval_loss = ev.loss;
     run_.last_eval_accuracy = ev.accuracy;
-    run_.last_eval_count = ev.count;
+    run_.last_eval_count = ev.samples;
     ++run_.epoch;
     run_.batch = 0;
     run_.epoch_sums = {};
@@ -1107,12 +1114,23 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     return 2;
   }
   const EvalResult r = evaluate(task, c);
-  nlohmann::json j = {{"model", c.model},           {"weights", weights},     {"data", task.data_info},
-                      {"test_loss", r.loss},        {"test_" + task.metric, r.accuracy},
-                      {"test_samples", r.count},    {"seconds", r.seconds}};
-  std::printf("test %s %.2f%% loss %.4f (%lld samples, %.1f s)\n", task.metric.c_str(), 100.0 * r.accuracy, r.loss,
-              (long long)r.count, r.seconds);
+  nlohmann::json j = {{"model", c.model},
+                      {"weights", weights},
+                      {"data", task.data_info},
+                      {"test_loss", r.loss},
+                      {"test_" + task.metric, r.accuracy},
+                      {"test_samples", r.samples},
+                      {"seconds", r.seconds}};
+  if (task.terms) j["test_scored_tokens"] = r.count;
+  std::printf("test %s %.2f%% loss %.4f (%lld samples%s, %.1f s)\n", task.metric.c_str(), 100.0 * r.accuracy, r.loss,
+              (long long)r.samples, task.terms ? (", " + std::to_string(r.count) + " masked tokens").c_str() : "",
+              r.seconds);
   if (!c.out.empty()) io::write_file_atomic(c.out, j.dump(2) + "\n");
+  if (!std::isfinite(r.loss)) {
+    std::fprintf(stderr, "kiln eval: error: the test loss is %s: %s gives non-finite outputs on this data\n",
+                 std::isnan(r.loss) ? "NaN" : "infinite", weights.c_str());
+    return 1;
+  }
   return 0;
 }
 

@@ -469,14 +469,16 @@ EvalResult evaluate(Task& task, const TrainConfig& c, dist::Communicator* comm) 
     loss_sum += s.loss.item<double>() * double(s.count);
     correct += s.correct.item<int64_t>();
     r.count += s.count;
+    r.samples += b->begin()->second.size(0);
   }
   task.model->train(was_training);
   if (comm && comm->world_size() > 1) {
-    Tensor sums = from_vector({loss_sum, double(correct), double(r.count)}, {3}, DType::f64);
+    Tensor sums = from_vector({loss_sum, double(correct), double(r.count), double(r.samples)}, {4}, DType::f64);
     comm->all_reduce(sums, dist::ReduceOp::sum);
     loss_sum = sums.data<double>()[0];
     correct = int64_t(sums.data<double>()[1]);
     r.count = int64_t(sums.data<double>()[2]);
+    r.samples = int64_t(sums.data<double>()[3]);
   }
   r.loss = r.count ? loss_sum / double(r.count) : 0.0;
   r.accuracy = r.count ? double(correct) / double(r.count) : 0.0;

@@ -145,7 +145,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vect
 
 struct EvalResult {
   double loss = 0, accuracy = 0;
-  int64_t count = 0;
+  int64_t count = 0;    // scored items: samples, or masked tokens for masked-LM
+  int64_t samples = 0;  // the data set's samples (sequences, images) evaluated
   double seconds = 0;
 };
 // Runs the whole eval split once, in eval mode and without gradients. With several ranks each
