@@ -281,15 +281,17 @@ enum class PadMode { constant, reflect, replicate, circular };
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pad, PadMode mode = PadMode::constant, double value = 0.0);
 // Resizes the last two dims of [N, C, H, W] to `size`: nearest (source index floor(dst * in / out), as
 // PyTorch's 'nearest') or bilinear (align_corners false: source (dst + 0.5) in / out - 0.5, clamped at
-// 0; true: dst (in - 1) / (out - 1)). interpolate_scale: size floor(in * scale) (PyTorch's
-// recompute_scale_factor=True).
+// 0; true: dst (in - 1) / (out - 1)). interpolate_scale: size floor(in * scale), and without
+// align_corners the source coordinates step by 1 / scale, as PyTorch's default; with
+// recompute_scale_factor by in / out, as interpolate to that size (the two differ where in * scale is
+// not whole: 5 -> 7 at scale 1.5).
 // bicubic: PyTorch's cubic convolution (A = -0.75) over 4 taps per dim clamped to the edge (values may
 // overshoot the input's range, as there).
 enum class InterpMode { nearest, bilinear, bicubic };
 Tensor interpolate(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode = InterpMode::nearest,
                    bool align_corners = false);
 Tensor interpolate_scale(const Tensor& x, std::array<double, 2> scale_factor, InterpMode mode = InterpMode::nearest,
-                         bool align_corners = false);
+                         bool align_corners = false, bool recompute_scale_factor = false);
 // [N, C r^2, H, W] <-> [N, C, H r, W r] (sub-pixel convolution's rearrangement).
 Tensor pixel_shuffle(const Tensor& x, int64_t r);
 Tensor pixel_unshuffle(const Tensor& x, int64_t r);

@@ -161,6 +161,10 @@ Tensor operator-(double s, const Tensor& a);
 Tensor operator*(double s, const Tensor& a);
 Tensor operator/(double s, const Tensor& a);
 Tensor scalar_like(double s, const Tensor& like);  // 0-dim tensor in the dtype a scalar gets next to `like`
+// The type a binary op computes in (PyTorch's result_type): a 0-dim operand next to a dimensioned one
+// counts only by its category (bool < integer < floating). int8 [n] + 0-dim i64 gives int8, f16 [n] +
+// 0-dim f64 gives f16, but int8 [n] + 0-dim f64 gives f64; two operands of one kind promote_types.
+DType result_type(const Tensor& a, const Tensor& b);
 
 // ---- reductions ---------------------------------------------------------------------------------
 // An empty `dims` reduces over every dim. Sums of integers and bools give i64.

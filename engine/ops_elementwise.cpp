@@ -71,10 +71,7 @@ Tensor run_unary(UnaryOp op, const Tensor& a, DType dt, double p0 = 0, double p1
 // Float ops on integer inputs compute in f32, as in common array libraries.
 DType float_type(DType t) { return is_floating(t) ? t : DType::f32; }
 
-DType arith_type(const char* name, const Tensor& a, const Tensor& b) {
-  const DType t = promote_types(a.dtype(), b.dtype());
-  return t;
-}
+DType arith_type(const char*, const Tensor& a, const Tensor& b) { return result_type(a, b); }
 
 void check_not_bool(const char* name, DType t) {
   KILN_CHECK(t != DType::boolean, name, ": not defined for bool tensors");
@@ -259,7 +256,7 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", Bi
 
 namespace {
 Tensor compare(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
-  return run_binary(name, op, a, b, promote_types(a.dtype(), b.dtype()), DType::boolean);
+  return run_binary(name, op, a, b, result_type(a, b), DType::boolean);
 }
 }  // namespace
 
@@ -575,7 +572,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   } catch (const Error& e) {
     KILN_FAIL("where: ", e.message());
   }
-  const DType t = promote_types(a.dtype(), b.dtype());
+  const DType t = result_type(a, b);
   const Tensor a2 = raw_cast(a, t), b2 = raw_cast(b, t);
   Tensor out = make_tensor(shape, t, dev, layout_of(shape, {&a, &b}));
   backend(dev).where(desc(out), desc_broadcast(cond, shape), desc_broadcast(a2, shape), desc_broadcast(b2, shape));
@@ -598,6 +595,14 @@ Tensor cast(const Tensor& a, DType dt) {
 }
 
 // ---- operators with scalars -------------------------------------------------------------------------
+
+DType result_type(const Tensor& a, const Tensor& b) {
+  if ((a.dim() == 0) == (b.dim() == 0)) return promote_types(a.dtype(), b.dtype());
+  const Tensor& zero_dim = a.dim() == 0 ? a : b;
+  const Tensor& dimensioned = a.dim() == 0 ? b : a;
+  const auto category = [](DType t) { return t == DType::boolean ? 0 : is_floating(t) ? 2 : 1; };
+  return category(zero_dim.dtype()) > category(dimensioned.dtype()) ? zero_dim.dtype() : dimensioned.dtype();
+}
 
 Tensor scalar_like(double s, const Tensor& like) {
   DType t;

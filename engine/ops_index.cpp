@@ -656,10 +656,14 @@ Tensor pixel_unshuffle(const Tensor& x, int64_t r) {
 
 namespace kiln {
 namespace {
-// Resizes dim d of x from its size to `out`.
-Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool align_corners) {
+// Resizes dim d of x from its size to `out`; without align_corners, output o reads source
+// (o + 0.5) * ratio - 0.5 (nearest: floor(o * ratio)), where ratio is in / out for a size and
+// 1 / scale_factor for a scale (PyTorch's rule, which differs where in * scale is not whole).
+Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool align_corners, double ratio) {
   const int64_t in = x.size(d);
-  if (in == out) return x;  // every mode maps o to o
+  // The same size is a copy whatever the scale, as in PyTorch's nearest and bilinear kernels; its bicubic
+  // kernel has no such case and resamples by 1 / scale (identity only where that is 1).
+  if (in == out && (mode != InterpMode::bicubic || align_corners || ratio == 1.0)) return x;
   if (mode == InterpMode::bicubic) {
     // PyTorch's cubic convolution (A = -0.75) over taps floor(src) - 1 .. + 2, clamped to the edge;
     // the source index is not clamped at 0 as bilinear's is.
@@ -670,7 +674,7 @@ Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool
     std::vector<std::vector<double>> w(4, std::vector<double>(static_cast<size_t>(out)));
     for (int64_t o = 0; o < out; ++o) {
       const double src = align_corners ? (out > 1 ? double(o) * double(in - 1) / double(out - 1) : 0.0)
-                                       : (double(o) + 0.5) * double(in) / double(out) - 0.5;
+                                       : (double(o) + 0.5) * ratio - 0.5;
       const double fl = std::floor(src), t = src - fl;
       const double wt[4] = {far(t + 1), near(t), near(1 - t), far(2 - t)};
       for (int k = 0; k < 4; ++k) {
@@ -690,7 +694,7 @@ Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool
   }
   std::vector<int64_t> i0(static_cast<size_t>(out)), i1(static_cast<size_t>(out));
   std::vector<double> w1(static_cast<size_t>(out));
-  const double scale = double(in) / double(out);
+  const double scale = ratio;
   for (int64_t o = 0; o < out; ++o) {
     if (mode == InterpMode::nearest) {
       i0[size_t(o)] = std::min<int64_t>(int64_t(std::floor(double(o) * scale)), in - 1);
@@ -713,22 +717,38 @@ Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool
 }
 }  // namespace
 
-Tensor interpolate(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode, bool align_corners) {
+namespace {
+Tensor resize(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode, bool align_corners,
+              std::array<double, 2> ratio) {
   KILN_CHECK(x.dim() == 4, "interpolate: needs [N, C, H, W], got ", x.shape());
   KILN_CHECK(size[0] >= 1 && size[1] >= 1, "interpolate: output size must be >= 1, got ", size[0], "x", size[1]);
   KILN_CHECK(x.size(2) >= 1 && x.size(3) >= 1, "interpolate: empty input ", x.shape());
   KILN_CHECK(mode != InterpMode::nearest || !align_corners, "interpolate: align_corners is for bilinear and bicubic");
   if (mode != InterpMode::nearest)
     KILN_CHECK(is_floating(x.dtype()), "interpolate: bilinear and bicubic need a floating tensor");
-  return resize_dim(resize_dim(x, 2, size[0], mode, align_corners), 3, size[1], mode, align_corners);
+  return resize_dim(resize_dim(x, 2, size[0], mode, align_corners, ratio[0]), 3, size[1], mode, align_corners,
+                    ratio[1]);
+}
+}  // namespace
+
+Tensor interpolate(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode, bool align_corners) {
+  KILN_CHECK(x.dim() == 4, "interpolate: needs [N, C, H, W], got ", x.shape());
+  KILN_CHECK(size[0] >= 1 && size[1] >= 1, "interpolate: output size must be >= 1, got ", size[0], "x", size[1]);
+  return resize(x, size, mode, align_corners,
+                {double(x.size(2)) / double(size[0]), double(x.size(3)) / double(size[1])});
 }
 
-Tensor interpolate_scale(const Tensor& x, std::array<double, 2> scale, InterpMode mode, bool align_corners) {
+Tensor interpolate_scale(const Tensor& x, std::array<double, 2> scale, InterpMode mode, bool align_corners,
+                         bool recompute_scale_factor) {
   KILN_CHECK(x.dim() == 4, "interpolate: needs [N, C, H, W], got ", x.shape());
-  KILN_CHECK(scale[0] > 0 && scale[1] > 0, "interpolate: scale factors must be > 0, got ", scale[0], ", ", scale[1]);
+  KILN_CHECK(std::isfinite(scale[0]) && std::isfinite(scale[1]) && scale[0] > 0 && scale[1] > 0,
+             "interpolate: scale factors must be finite and > 0, got ", scale[0], ", ", scale[1]);
   const std::array<int64_t, 2> size = {int64_t(std::floor(double(x.size(2)) * scale[0])),
                                        int64_t(std::floor(double(x.size(3)) * scale[1]))};
-  return interpolate(x, size, mode, align_corners);
+  KILN_CHECK(size[0] >= 1 && size[1] >= 1, "interpolate: scale factors ", scale[0], ", ", scale[1], " make ", x.size(2),
+             "x", x.size(3), " an empty ", size[0], "x", size[1]);
+  if (recompute_scale_factor) return interpolate(x, size, mode, align_corners);
+  return resize(x, size, mode, align_corners, {1.0 / scale[0], 1.0 / scale[1]});
 }
 
 }  // namespace kiln

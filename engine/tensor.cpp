@@ -401,7 +401,7 @@ void check_fill_value(const Tensor& t, double value, const char* op) {
 }
 
 void check_inplace_result(const Tensor& t, const Tensor& other, const char* op) {
-  const DType r = promote_types(t.dtype(), other.dtype());
+  const DType r = result_type(t, other);
   KILN_CHECK(can_cast(r, t.dtype()), op, ": the result type ", r, " cannot be written into ", t.type_str(),
              " in place (the operand is ", other.type_str(), ")");
 }

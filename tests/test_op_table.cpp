@@ -211,6 +211,7 @@ TEST_CASE("op table: every public op and every op the models record has a row") 
       {"from_blob_copy", "copies a caller's buffer: tests/test_tensor.cpp"},
       {"broadcast_shapes", "shape arithmetic: tests/test_tensor.cpp"},
       {"allclose", "a host-side comparison for tests"},
+      {"result_type", "a dtype rule: tests/test_ops.cpp (type promotion)"},
   };
   for (const std::string header : {"engine/ops.h", "engine/nn_ops.h"}) {
     const std::set<std::string> declared = declared_functions(header);

@@ -628,9 +628,23 @@ TEST_CASE("ops: integer division, type promotion and scalars") {
     expect_close(mul(a, b), Ref{{3}, {a0, 0, a2}}, Tol{0, 0}, "promoted mul");
     CHECK(eq(a, b).dtype() == DType::boolean);
   }
-  // A 0-dim tensor promotes like any other tensor.
-  CHECK((ones({2}) + scalar_tensor(1, DType::f64)).dtype() == DType::f64);
-  CHECK((ones({2}, DType::i32) + scalar_tensor(1, DType::i64)).dtype() == DType::i64);
+  // A 0-dim tensor next to a dimensioned one counts only by category (bool < integer < floating), as
+  // PyTorch's result_type: the values as the dimensioned dtype holds them.
+  CHECK((ones({2}) + scalar_tensor(1, DType::f64)).dtype() == DType::f32);
+  CHECK((ones({2}, DType::i32) + scalar_tensor(1, DType::i64)).dtype() == DType::i32);
+  CHECK((scalar_tensor(1, DType::i64) + ones({2}, DType::i32)).dtype() == DType::i32);
+  CHECK((full({2}, 100, DType::i8) + scalar_tensor(100, DType::i64)).to_vector() == std::vector<double>{-56, -56});
+  CHECK((ones({2}, DType::i8) + scalar_tensor(0.5, DType::f64)).dtype() == DType::f64);  // a higher category
+  CHECK((ones({2}, DType::boolean) + scalar_tensor(1, DType::i32)).dtype() == DType::i32);
+  CHECK(maximum(ones({2}, DType::f16), scalar_tensor(1, DType::f64)).dtype() == DType::f16);
+  CHECK(where(ones({2}, DType::boolean), ones({2}, DType::bf16), scalar_tensor(0, DType::f16)).dtype() == DType::bf16);
+  CHECK((scalar_tensor(1, DType::i32) + scalar_tensor(1, DType::i64)).dtype() == DType::i64);  // both 0-dim
+  CHECK((ones({1}, DType::i32) + ones({1}, DType::i64)).dtype() == DType::i64);                // both dimensioned
+  Tensor h = ones({2}, DType::f16);
+  h.add_(scalar_tensor(0.5, DType::f64));  // the result type is f16: allowed in place
+  CHECK(h.to_vector() == std::vector<double>{1.5, 1.5});
+  CHECK(contains(error_of([] { ones({2}, DType::i64).add_(scalar_tensor(0.5, DType::f32)); }),
+                 "the result type f32 cannot be written into i64"));
   // Scalars take a floating tensor's dtype.
   for (DType dt : kFloat) {
     Tensor x = from_vector({1, 2}, {2}, dt);

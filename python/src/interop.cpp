@@ -143,14 +143,16 @@ Tensor numpy_to_tensor_copy(nb::handle obj, const char* what) {
   if (kind == "O" || kind == "U" || kind == "S")
     value_error(std::string(what) + ": cannot make a tensor from " +
                 nb::cast<std::string>(nb::repr(obj)).substr(0, 80) + " (not numbers)");
-  const bool from_python = !nb::isinstance(obj, np.attr("ndarray"));
-  // Python floats are float32 in Kiln, as in PyTorch; NumPy arrays keep their dtype.
+  // NumPy arrays and scalars (np.float64(2), np.int32(4)) keep their dtype, as in torch.tensor.
+  const bool from_python = !nb::isinstance(obj, np.attr("ndarray")) && !nb::isinstance(obj, np.attr("generic"));
+  // Python floats are float32 in Kiln, as in PyTorch.
   if (from_python && kind == "f") arr = arr.attr("astype")("float32");
   if (from_python && kind == "i") arr = arr.attr("astype")("int64");
   // A copy may as well be in the machine's byte order (a big-endian array, as read from a file).
   if (str_of(arr.attr("dtype").attr("byteorder")) == ">" && kind != "V")
     arr = arr.attr("astype")(arr.attr("dtype").attr("newbyteorder")("="));
-  arr = np.attr("ascontiguousarray")(arr);
+  // Not np.ascontiguousarray: it makes a 0-d array 1-d, and kiln.tensor(np.array(3.)) is 0-d.
+  if (!nb::cast<bool>(arr.attr("flags").attr("c_contiguous"))) arr = arr.attr("copy")("C");
   nb::ndarray<nb::ro> a;
   try {
     a = nb::cast<nb::ndarray<nb::ro>>(arr);
@@ -266,7 +268,13 @@ void bind_interop(nb::module_& m) {
       "An array-API object over the tensor (it implements __dlpack__).");
 
   m.def(
-      "_tensor_from", [](nb::handle data) { return to_tensor(data, nullptr, "data"); }, nb::arg("data").none());
+      "_tensor_from",
+      [](nb::handle data) {
+        // A NumPy float64 scalar is a Python float too; as data it keeps its dtype (torch.tensor's rule).
+        if (PyFloat_Check(data.ptr()) && !PyFloat_CheckExact(data.ptr())) return numpy_to_tensor_copy(data, "data");
+        return to_tensor(data, nullptr, "data");
+      },
+      nb::arg("data").none());
 }
 
 }  // namespace kiln::py

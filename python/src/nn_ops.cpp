@@ -494,7 +494,15 @@ void bind_nn_ops(nb::module_& mod) {
   m.def(
       "embedding",
       [](const Tensor& idx, const Tensor& w, std::optional<int64_t> padding_idx) {
-        return embedding(w, idx, padding_idx ? *padding_idx : -1);
+        // PyTorch counts a negative padding_idx from the end (-1: the last row); the C++ API's -1 means none.
+        int64_t pad = -1;
+        if (padding_idx) {
+          const int64_t v = w.dim() == 2 ? w.size(0) : 0;
+          KILN_CHECK(*padding_idx >= -v && *padding_idx < v, "embedding: padding_idx ", *padding_idx, " is outside [-",
+                     v, ", ", v, ") for weight ", w.type_str());
+          pad = *padding_idx < 0 ? *padding_idx + v : *padding_idx;
+        }
+        return embedding(w, idx, pad);
       },
       a("input"), a("weight"), nb::arg("padding_idx") = nb::none(), nogil);
   m.def(
@@ -580,8 +588,8 @@ void bind_nn_ops(nb::module_& mod) {
       a("input"), a("pad"), nb::arg("mode") = "constant", nb::arg("value") = 0.0);
   m.def(
       "interpolate",
-      [](const Tensor& x, nb::handle size, nb::handle scale, const std::string& mode,
-         std::optional<bool> align_corners) {
+      [](const Tensor& x, nb::handle size, nb::handle scale, const std::string& mode, std::optional<bool> align_corners,
+         std::optional<bool> recompute_scale_factor) {
         InterpMode im;
         if (mode == "nearest")
           im = InterpMode::nearest;
@@ -595,6 +603,8 @@ void bind_nn_ops(nb::module_& mod) {
         if (!size.is_none() && !scale.is_none())
           value_error("interpolate: only one of size or scale_factor should be defined");
         if (!size.is_none()) {
+          if (recompute_scale_factor.value_or(false))
+            value_error("interpolate: recompute_scale_factor is for scale_factor, not size");
           const Pair s = tuple_of<2>(size, "size");
           R r;
           return interpolate(x, s, im, ac);
@@ -609,10 +619,10 @@ void bind_nn_ops(nb::module_& mod) {
           sf = {v[0], v[1]};
         }
         R r;
-        return interpolate_scale(x, sf, im, ac);
+        return interpolate_scale(x, sf, im, ac, recompute_scale_factor.value_or(false));
       },
       a("input"), nb::arg("size") = nb::none(), nb::arg("scale_factor") = nb::none(), nb::arg("mode") = "nearest",
-      nb::arg("align_corners") = nb::none());
+      nb::arg("align_corners") = nb::none(), nb::arg("recompute_scale_factor") = nb::none());
   m.def("pixel_shuffle", &pixel_shuffle, a("input"), a("upscale_factor"), nogil);
   m.def("pixel_unshuffle", &pixel_unshuffle, a("input"), a("downscale_factor"), nogil);
 }

@@ -291,6 +291,19 @@ void bind_ops(nb::module_& mod) {
   binary_fn(m, "logical_or", [](const Tensor& a, const Tensor& b) { return logical_or(a, b); });
   binary_fn(m, "matmul", [](const Tensor& a, const Tensor& b) { return matmul(a, b); });
   m.def(
+      "result_type",
+      [](nb::handle a, nb::handle b) {
+        // As the binary ops see their operands: a Python number takes the other operand's type.
+        Tensor ta = nb::isinstance<Tensor>(a) ? nb::cast<Tensor>(a) : Tensor();
+        Tensor tb = nb::isinstance<Tensor>(b) ? nb::cast<Tensor>(b) : Tensor();
+        const Tensor* ref = ta.defined() ? &ta : (tb.defined() ? &tb : nullptr);
+        if (!ta.defined()) ta = to_tensor(a, ref, "tensor1");
+        if (!tb.defined()) tb = to_tensor(b, ref ? ref : &ta, "tensor2");
+        return result_type(ta, tb);
+      },
+      nb::arg("tensor1"), nb::arg("tensor2"),
+      "The dtype a binary op on these operands computes in (a 0-dim tensor counts only by its category).");
+  m.def(
       "where",
       [](const Tensor& c, nb::handle a, nb::handle b) {
         Tensor ta = nb::isinstance<Tensor>(a) ? nb::cast<Tensor>(a) : Tensor();

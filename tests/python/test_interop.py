@@ -88,6 +88,18 @@ def test_numpy_refusals():
         kiln.ones(2).to(kiln.bfloat16).numpy()
 
 
+def test_tensor_of_numpy_scalars_and_0d_arrays_is_0d_and_keeps_the_dtype():
+    # torch.tensor's rule: a 0-d array or a NumPy scalar gives a 0-d tensor of its dtype
+    for v, dt in [(np.array(3.0), kiln.float64), (np.float32(2), kiln.float32), (np.float64(2), kiln.float64),
+                  (np.int32(4), kiln.int32), (np.array(5), kiln.int64), (np.bool_(True), kiln.bool)]:
+        t = kiln.tensor(v)
+        assert t.shape == () and t.dtype == dt, (repr(v), t.shape, t.dtype)
+        assert t.item() == v
+    assert kiln.tensor(2.5).dtype == kiln.float32  # a Python float: the default float type
+    t = kiln.tensor(np.arange(6).reshape(2, 3).T)  # not C-contiguous: copied in order
+    assert t.shape == (3, 2) and t.tolist() == [[0, 3], [1, 4], [2, 5]]
+
+
 def test_numpy_protocols():
     t = kiln.arange(6).reshape(2, 3)
     assert np.asarray(t).ctypes.data == t.data_ptr()

@@ -69,10 +69,35 @@ def case_interpolate():
     kx, tx = both(arr(2, 3, 5, 6))
     return ([F.interpolate(kx, size=(7, 9), mode="bilinear", align_corners=True),
              F.interpolate(kx, scale_factor=2, mode="bicubic"), F.upsample(kx, size=(8, 4)),
-             kiln.nn.Upsample(size=(3, 11), mode="bilinear")(kx)],
+             kiln.nn.Upsample(size=(3, 11), mode="bilinear")(kx),
+             # a scale that is not whole: source steps of 1 / scale, not in / out (5 -> 7 at 1.5)
+             F.interpolate(kx, scale_factor=(1.5, 0.7), mode="bilinear"),
+             F.interpolate(kx, scale_factor=1.5, mode="bicubic"),
+             F.interpolate(kx, scale_factor=(2.3, 1.7)),
+             F.interpolate(kx, scale_factor=1.5, mode="bilinear", recompute_scale_factor=True),
+             kiln.nn.Upsample(scale_factor=1.5, mode="bilinear")(kx)],
             [TF.interpolate(tx, size=(7, 9), mode="bilinear", align_corners=True),
              TF.interpolate(tx, scale_factor=2, mode="bicubic"), TF.interpolate(tx, size=(8, 4)),
-             torch.nn.Upsample(size=(3, 11), mode="bilinear")(tx)], [kx], [tx])
+             torch.nn.Upsample(size=(3, 11), mode="bilinear")(tx),
+             TF.interpolate(tx, scale_factor=(1.5, 0.7), mode="bilinear"),
+             TF.interpolate(tx, scale_factor=1.5, mode="bicubic"),
+             TF.interpolate(tx, scale_factor=(2.3, 1.7)),
+             TF.interpolate(tx, scale_factor=1.5, mode="bilinear", recompute_scale_factor=True),
+             torch.nn.Upsample(scale_factor=1.5, mode="bilinear")(tx)], [kx], [tx])
+
+
+def case_embedding_padding():
+    # padding_idx counts from the end when negative (-1: the last row), in the function and the module
+    (kw, tw) = both(arr(5, 3))
+    idx = [[0, 4, 4], [3, 1, 4]]
+    km = kiln.nn.Embedding(5, 3, padding_idx=-2)
+    assert km.padding_idx == torch.nn.Embedding(5, 3, padding_idx=-2).padding_idx == 3
+    assert np.all(km.weight.detach().numpy()[3] == 0)
+    km(kiln.tensor([[3, 3, 0]])).sum().backward()
+    assert np.all(km.weight.grad.numpy()[3] == 0) and np.all(km.weight.grad.numpy()[0] == 1)
+    return ([F.embedding(kiln.tensor(idx), kw, padding_idx=-1), F.embedding(kiln.tensor(idx), kw, padding_idx=1)],
+            [TF.embedding(torch.tensor(idx), tw, padding_idx=-1), TF.embedding(torch.tensor(idx), tw, padding_idx=1)],
+            [kw], [tw])
 
 
 def case_scatter():
@@ -171,7 +196,7 @@ def case_pool3d():
              TF.avg_pool3d(tx, 2, divisor_override=5)], [kx], [tx])
 
 
-CASES = [case_conv3d, case_conv_transpose1d, case_interpolate, case_scatter, case_indexing, case_scans, case_math,
+CASES = [case_conv3d, case_conv_transpose1d, case_interpolate, case_embedding_padding, case_scatter, case_indexing, case_scans, case_math,
          case_norms, case_batch_norm_relu, case_activations_and_losses, case_shapes, case_pool3d]
 
 
@@ -196,3 +221,20 @@ def test_load_state_dict_names_what_it_left_out():
     lin = kiln.nn.Linear(2, 3)
     res = lin.load_state_dict({"weight": kiln.zeros(3, 2), "bias": kiln.zeros(3), "extra": kiln.zeros(1)}, strict=False)
     assert res.unexpected_keys == ["extra"] and res.missing_keys == []
+
+
+def test_result_type_and_promotion_with_0dim_operands_match_torch():
+    # a 0-dim tensor next to a dimensioned one counts only by category (bool < integer < floating)
+    names = ["bool", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+    for d in names:
+        for z in names:
+            kd, kz = kiln.ones(2, dtype=getattr(kiln, d)), kiln.ones((), dtype=getattr(kiln, z))
+            td, tz = torch.ones(2, dtype=getattr(torch, d)), torch.ones((), dtype=getattr(torch, z))
+            want = str(torch.result_type(td, tz)).split(".")[1]
+            assert str(kiln.result_type(kd, kz)).split(".")[1] == want, (d, z)
+            if want != "bool":
+                assert str((kd + kz).dtype).split(".")[1] == want, (d, z)
+                assert str((kz * kd).dtype).split(".")[1] == want, (d, z)
+            assert str(kiln.where(kiln.ones(2, dtype=kiln.bool), kd, kz).dtype).split(".")[1] == want, (d, z)
+    wrapped = kiln.full((2,), 100, dtype=kiln.int8) + kiln.from_numpy(np.array(100))
+    assert wrapped.dtype == kiln.int8 and wrapped.tolist() == [-56, -56]  # torch's answer too

@@ -16,6 +16,8 @@ from .._C import (  # noqa: F401
 swish = silu
 
 
-def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):
+def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+             recompute_scale_factor=None):
     """torch.nn.functional.upsample: interpolate under its older name."""
-    return interpolate(input, size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners)
+    return interpolate(input, size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners,
+                       recompute_scale_factor=recompute_scale_factor)

@@ -441,6 +441,15 @@ class GroupNorm(Module):
 class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
         super().__init__()
+        if padding_idx is not None:
+            # as torch: a negative index counts from the end and is stored as the row it names
+            padding_idx = operator.index(padding_idx)
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(
+                    f"Embedding: padding_idx {padding_idx} is outside "
+                    f"[-{num_embeddings}, {num_embeddings})")
+            if padding_idx < 0:
+                padding_idx += num_embeddings
         self.padding_idx = padding_idx
         w = _C.randn(num_embeddings, embedding_dim)
         if padding_idx is not None:
@@ -537,12 +546,15 @@ class AdaptiveAvgPool2d(Module):
 
 
 class Upsample(Module):
-    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                 recompute_scale_factor=None):
         super().__init__()
         self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
+        self.recompute_scale_factor = recompute_scale_factor
 
     def forward(self, x):
-        return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
+        return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
+                             self.recompute_scale_factor)
 
 
 class Sequential(Module):
