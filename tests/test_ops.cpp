@@ -379,6 +379,18 @@ TEST_CASE("ops: activations and math at special values") {
   CHECK(sign(from_vector({-0.0, 0.0, -2, 3}, {4})).to_vector() == std::vector<double>{0, 0, -1, 1});
 }
 
+TEST_CASE("ops: abs(-0.0) is +0.0 in every float dtype") {
+  // A sign kept on zero would make 1 / abs(-0.0) = -inf (PyTorch gives +0.0, as fabs).
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    INFO(dt);
+    const auto v = abs(from_vector({-0.0, 0.0, -2.5, 3}, {4}, dt)).to_vector();
+    CHECK(!std::signbit(v[0]));
+    CHECK(!std::signbit(v[1]));
+    CHECK(v == std::vector<double>{0, 0, 2.5, 3});
+    CHECK(reciprocal(abs(from_vector({-0.0}, {1}, dt))).item<double>() == std::numeric_limits<double>::infinity());
+  }
+}
+
 TEST_CASE("ops: rounding, erfinv, softplus and the NaN tests at their edges") {
   const double inf = std::numeric_limits<double>::infinity();
   // round is half to even; floor/ceil/trunc/frac by hand, negative halves included.
