@@ -995,6 +995,35 @@ TEST_CASE("ops: large reductions are accurate") {
   CHECK(std::abs(sum(h).item<double>() - 4096 * h1) <= 4096 * h1 * 1e-3);
 }
 
+TEST_CASE("ops: 16-bit mean, var, std, norm and logsumexp compute in f32 and round once") {
+  // The exact value rounded once to dt (PyTorch's result: it accumulates 16-bit reductions in f32).
+  const auto once = [](double v, DType dt) { return scalar_tensor(v, dt).item<double>(); };
+  std::vector<double> alt;
+  for (int i = 0; i < 5; ++i) alt.insert(alt.end(), {0, 200});
+  for (DType dt : {DType::f16, DType::bf16}) {
+    INFO(dt);
+    const Tensor x = from_vector(alt, {10}, dt);
+    // sum of squares 100000: past f16's 65504 when summed into an f16 result (var and std were inf)
+    CHECK(var(x).dtype() == dt);
+    CHECK(var(x).item<double>() == once(100000.0 / 9, dt));
+    CHECK(stddev(x).item<double>() == once(std::sqrt(100000.0 / 9), dt));
+    CHECK(var(x, {0}, 0).item<double>() == once(10000, dt));
+    const Tensor y = from_vector({300, 300}, {1, 2}, dt);  // 300^2 = 90000
+    CHECK(norm(y).item<double>() == once(std::sqrt(180000.0), dt));
+    CHECK(norm(y, 2.0, {1}).to_vector() == std::vector<double>{once(std::sqrt(180000.0), dt)});
+    CHECK(norm(y, 3.0).item<double>() == once(std::cbrt(2 * 27e6), dt));
+    // a mean whose sum is past 65504
+    CHECK(mean(from_vector({60000, 60000}, {2}, dt)).item<double>() == once(60000, dt));
+    // 2^17 terms of e^0 sum past 65504
+    CHECK(logsumexp(zeros({1 << 17}, TensorOptions(dt)), {0}).item<double>() == once(17 * std::log(2.0), dt));
+  }
+  // The gradient still reaches a 16-bit input, in its dtype.
+  Tensor x = from_vector({1, 2, 3, 4}, {4}, DType::f16).set_requires_grad();
+  sum(var(x) + norm(x) + mean(x)).backward();
+  CHECK(x.grad().dtype() == DType::f16);
+  for (double g : x.grad().to_vector()) CHECK(std::isfinite(g));
+}
+
 TEST_CASE("ops: var with correction 0 and 1 by hand") {
   Tensor x = from_vector({1, 2, 3, 4, 10, 20, 30, 40}, {2, 4}, DType::f64);
   expect_close(var(x, {1}, 0), Ref{{2}, {1.25, 125}}, DType::f64, "var pop");
