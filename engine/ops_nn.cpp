@@ -605,7 +605,14 @@ Tensor reduce_rows(const Tensor& per, const NllRows& r, Reduction reduction, con
   if (reduction == Reduction::none) return per.reshape(target_shape);
   if (reduction == Reduction::sum) return sum(per);
   const DType ct = promote_types(per.dtype(), DType::f32);
-  return (sum(per).to(ct) / (r.w.defined() ? sum(r.w).to(ct) : sum(r.keep).to(ct))).to(per.dtype());
+  const Tensor kept = sum(r.keep).to(ct);
+  const Tensor den = r.w.defined() ? sum(r.w).to(ct) : kept;
+  // Every target ignored: the mean is 0/0 = NaN, as PyTorch's, but its gradient is 0, not 0 * inf = NaN
+  // (one such batch would poison the weights): divide by 1 there and add the NaN as a constant.
+  const Tensor none_kept = eq(kept, scalar_like(0, kept));
+  const Tensor safe_den = where(none_kept, ones_like(den), den);
+  const Tensor nan_if_none = where(none_kept, scalar_like(std::nan(""), den), zeros_like(den));
+  return (sum(per).to(ct) / safe_den + nan_if_none).to(per.dtype());
 }
 }  // namespace
 
@@ -645,16 +652,18 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
                                      label_smoothing, per.raw_data(), grad ? glogits.raw_data() : nullptr, 1.0);
   // The mean divides by the number of targets that are not ignored, counted on the device (1/0 is
   // inf, so a batch that ignores every target has a NaN mean, as in the common frameworks).
-  Tensor inv;
+  Tensor count, inv;
   if (reduction == Reduction::mean) {
-    const Tensor count = sum(ne(tc, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, dev))));
-    inv = 1.0 / count.to(DType::f64);
+    count = sum(ne(tc, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, dev))));
+    // The gradient's factor 1/count is 1 where every target is ignored: each row's gradient is 0 there
+    // and stays 0 (times 1, not times inf = NaN), as PyTorch's.
+    inv = 1.0 / maximum(count, scalar_like(1, count)).to(DType::f64);
   }
   Tensor out;
   if (reduction == Reduction::none) {
     out = back_to(per.reshape(t2.shape()), logits.dtype()).reshape(target.shape());
   } else if (reduction == Reduction::mean) {
-    out = back_to(sum(per) * inv.to(per.dtype()), logits.dtype());
+    out = back_to(sum(per) * (1.0 / count.to(DType::f64)).to(per.dtype()), logits.dtype());
   } else {
     out = back_to(sum(per), logits.dtype());
   }
