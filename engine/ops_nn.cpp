@@ -756,11 +756,29 @@ Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction, bo
 Tensor margin_ranking_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin, Reduction reduction) {
   return reduce_loss(relu(neg(y) * (x1 - x2) + margin), reduction);
 }
+namespace {
+// ||x|| along dim (kept), at least eps in value only: PyTorch clamps the norm in place under no_grad,
+// so the gradient is the norm's own (0 at a zero vector), never the clamp's or a 0/0.
+Tensor clamped_norm(const Tensor& x, int64_t dim, double eps) {
+  const Tensor n = norm(x, 2.0, {dim}, true), nd = n.detach();
+  return n + (maximum(nd, scalar_like(eps, nd)) - nd);
+}
+}  // namespace
 Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int64_t dim, double eps) {
   const OpScope scope("cosine_similarity");
-  const Tensor dot = sum(x1 * x2, {dim});
-  const Tensor n = sqrt(sum(x1 * x1, {dim}) * sum(x2 * x2, {dim}));
-  return dot / maximum(n, scalar_like(eps, n));
+  // 16-bit inputs compute in f32 (300^2 summed in f16 was inf, and the result NaN), rounded back once.
+  const DType rt = promote_types(x1.dtype(), x2.dtype());
+  if (is_low_precision(rt)) return cast(cosine_similarity(cast(x1, DType::f32), cast(x2, DType::f32), dim, eps), rt);
+  // As PyTorch: broadcast first, then each vector divided by its own clamped norm (a zero vector
+  // gives 0 and finite gradients; two tiny vectors still give their cosine).
+  Shape shape;
+  try {
+    shape = broadcast_shapes(x1.shape(), x2.shape());
+  } catch (const Error& e) {
+    KILN_FAIL("cosine_similarity: ", e.message());
+  }
+  const Tensor a = x1.expand(shape), b = x2.expand(shape);
+  return sum((a / clamped_norm(a, dim, eps)) * (b / clamped_norm(b, dim, eps)), {dim});
 }
 Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin, Reduction reduction) {
   KILN_CHECK(x1.dim() == 2 && x1.shape() == x2.shape() && y.dim() == 1 && y.size(0) == x1.size(0),
