@@ -563,6 +563,28 @@ TEST_CASE("ops: binary arithmetic with broadcasting and strided inputs, float dt
   run_binary_cases(arith_cases(), {DType::f32, DType::f64, DType::f16, DType::bf16}, false, gen);
 }
 
+TEST_CASE("ops: broadcast backward through a zero-size output gives the smaller input zeros") {
+  // [2, 0, 3] op [1, 3] -> [2, 0, 3]: the output has fewer elements than w, and w's gradient is the
+  // sum over nothing (PyTorch: zeros); it tripped the check that a gradient is at least its input's size.
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&, const Tensor&)>>> ops = {
+      {"add", [](const Tensor& a, const Tensor& b) { return a + b; }},
+      {"sub", [](const Tensor& a, const Tensor& b) { return a - b; }},
+      {"mul", [](const Tensor& a, const Tensor& b) { return a * b; }},
+      {"div", [](const Tensor& a, const Tensor& b) { return a / b; }},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }},
+      {"atan2", [](const Tensor& a, const Tensor& b) { return atan2(a, b); }}};
+  for (const auto& [name, op] : ops)
+    for (bool empty_first : {true, false}) {
+      INFO(name, empty_first ? " [2, 0, 3] op [1, 3]" : " [1, 3] op [2, 0, 3]");
+      Tensor z = zeros({2, 0, 3}).set_requires_grad(), w = ones({1, 3}).set_requires_grad();
+      sum(empty_first ? op(z, w) : op(w, z)).backward();
+      REQUIRE(w.grad().defined());
+      CHECK(w.grad().shape() == Shape{1, 3});
+      CHECK(w.grad().to_vector() == std::vector<double>{0, 0, 0});
+      CHECK(z.grad().shape() == Shape{2, 0, 3});
+    }
+}
+
 TEST_CASE("ops: binary arithmetic on integers") {
   Gen gen(4);
   std::vector<BinCase> cases;
