@@ -391,6 +391,16 @@ TEST_CASE("ops: abs(-0.0) is +0.0 in every float dtype") {
   }
 }
 
+TEST_CASE("ops: hardswish's gradient at -3 and 3 is PyTorch 2.x's (0 and 1)") {
+  // torch.nn.functional.hardswish's backward (2.x): 0 for x <= -3, x / 3 + 1/2 for -3 < x < 3, 1 for x >= 3.
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(dt);
+    Tensor x = from_vector({-3.5, -3, -1.5, 0, 1.5, 3, 3.5}, {7}, dt).set_requires_grad();
+    sum(hardswish(x)).backward();
+    CHECK(x.grad().to_vector() == std::vector<double>{0, 0, 0, 0.5, 1, 1, 1});
+  }
+}
+
 TEST_CASE("ops: rounding, erfinv, softplus and the NaN tests at their edges") {
   const double inf = std::numeric_limits<double>::infinity();
   // round is half to even; floor/ceil/trunc/frac by hand, negative halves included.
