@@ -1040,6 +1040,9 @@ TEST_CASE("ops: 16-bit mean, var, std, norm and logsumexp compute in f32 and rou
     CHECK(var(x).item<double>() == once(100000.0 / 9, dt));
     CHECK(stddev(x).item<double>() == once(std::sqrt(100000.0 / 9), dt));
     CHECK(var(x, {0}, 0).item<double>() == once(10000, dt));
+    // std is the root of the unrounded variance: bf16 [900, 1000, 1104, 1200] has variance 16804 (16768 in
+    // bf16), std 129.63 (130 in bf16; the root of 16768 is 129.49, which rounded to 129).
+    CHECK(stddev(from_vector({900, 1000, 1104, 1200}, {4}, dt)).item<double>() == once(std::sqrt(16804.0), dt));
     const Tensor y = from_vector({300, 300}, {1, 2}, dt);  // 300^2 = 90000
     CHECK(norm(y).item<double>() == once(std::sqrt(180000.0), dt));
     CHECK(norm(y, 2.0, {1}).to_vector() == std::vector<double>{once(std::sqrt(180000.0), dt)});
