@@ -68,8 +68,10 @@ class FunctionNode final : public Node {
       }
       const TensorMeta& m = in_meta[i];
       if (res[i].shape() != m.shape) {
-        KILN_ASSERT(res[i].numel() >= m.shape.numel(), name_, " backward: gradient ", res[i].shape(),
-                    " cannot reduce to input ", m.shape);
+        // A broadcast output with a zero-size dim has fewer elements than its input ([2, 0, 3] from [1, 3]):
+        // its gradient sums to zeros, so only a non-empty gradient must be at least as large.
+        KILN_ASSERT(res[i].numel() == 0 || res[i].numel() >= m.shape.numel(), name_, " backward: gradient ",
+                    res[i].shape(), " cannot reduce to input ", m.shape);
         res[i] = sum_to(res[i], m.shape);
       }
       if (res[i].dtype() != m.dtype) res[i] = res[i].to(m.dtype);

@@ -504,8 +504,9 @@ Tensor hardsigmoid(const Tensor& x) {
 }
 Tensor hardswish(const Tensor& x) {
   return unary_on_input("hardswish", UnaryOp::hardswish, x, 0, 0, [](const Tensor& g, const Tensor& x) {
-    return where(lt(x, scalar_like(-3, x)), zeros_like(g),
-                 where(le(x, scalar_like(3, x)), g * (x * (1.0 / 3.0) + 0.5), g));
+    // PyTorch 2.x's hardswish_backward: 0 at -3 and below, 1 at 3 and above, x / 3 + 1/2 strictly
+    // between (x / 3, not x * (1/3): the same bits as PyTorch); NaN passes g, as there.
+    return where(le(x, scalar_like(-3, x)), zeros_like(g), where(lt(x, scalar_like(3, x)), g * (x / 3.0 + 0.5), g));
   });
 }
 

@@ -605,7 +605,14 @@ Tensor reduce_rows(const Tensor& per, const NllRows& r, Reduction reduction, con
   if (reduction == Reduction::none) return per.reshape(target_shape);
   if (reduction == Reduction::sum) return sum(per);
   const DType ct = promote_types(per.dtype(), DType::f32);
-  return (sum(per).to(ct) / (r.w.defined() ? sum(r.w).to(ct) : sum(r.keep).to(ct))).to(per.dtype());
+  const Tensor kept = sum(r.keep).to(ct);
+  const Tensor den = r.w.defined() ? sum(r.w).to(ct) : kept;
+  // Every target ignored: the mean is 0/0 = NaN, as PyTorch's, but its gradient is 0, not 0 * inf = NaN
+  // (one such batch would poison the weights): divide by 1 there and add the NaN as a constant.
+  const Tensor none_kept = eq(kept, scalar_like(0, kept));
+  const Tensor safe_den = where(none_kept, ones_like(den), den);
+  const Tensor nan_if_none = where(none_kept, scalar_like(std::nan(""), den), zeros_like(den));
+  return (sum(per).to(ct) / safe_den + nan_if_none).to(per.dtype());
 }
 }  // namespace
 
@@ -645,16 +652,18 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
                                      label_smoothing, per.raw_data(), grad ? glogits.raw_data() : nullptr, 1.0);
   // The mean divides by the number of targets that are not ignored, counted on the device (1/0 is
   // inf, so a batch that ignores every target has a NaN mean, as in the common frameworks).
-  Tensor inv;
+  Tensor count, inv;
   if (reduction == Reduction::mean) {
-    const Tensor count = sum(ne(tc, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, dev))));
-    inv = 1.0 / count.to(DType::f64);
+    count = sum(ne(tc, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, dev))));
+    // The gradient's factor 1/count is 1 where every target is ignored: each row's gradient is 0 there
+    // and stays 0 (times 1, not times inf = NaN), as PyTorch's.
+    inv = 1.0 / maximum(count, scalar_like(1, count)).to(DType::f64);
   }
   Tensor out;
   if (reduction == Reduction::none) {
     out = back_to(per.reshape(t2.shape()), logits.dtype()).reshape(target.shape());
   } else if (reduction == Reduction::mean) {
-    out = back_to(sum(per) * inv.to(per.dtype()), logits.dtype());
+    out = back_to(sum(per) * (1.0 / count.to(DType::f64)).to(per.dtype()), logits.dtype());
   } else {
     out = back_to(sum(per), logits.dtype());
   }
@@ -747,11 +756,29 @@ Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction, bo
 Tensor margin_ranking_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin, Reduction reduction) {
   return reduce_loss(relu(neg(y) * (x1 - x2) + margin), reduction);
 }
+namespace {
+// ||x|| along dim (kept), at least eps in value only: PyTorch clamps the norm in place under no_grad,
+// so the gradient is the norm's own (0 at a zero vector), never the clamp's or a 0/0.
+Tensor clamped_norm(const Tensor& x, int64_t dim, double eps) {
+  const Tensor n = norm(x, 2.0, {dim}, true), nd = n.detach();
+  return n + (maximum(nd, scalar_like(eps, nd)) - nd);
+}
+}  // namespace
 Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int64_t dim, double eps) {
   const OpScope scope("cosine_similarity");
-  const Tensor dot = sum(x1 * x2, {dim});
-  const Tensor n = sqrt(sum(x1 * x1, {dim}) * sum(x2 * x2, {dim}));
-  return dot / maximum(n, scalar_like(eps, n));
+  // 16-bit inputs compute in f32 (300^2 summed in f16 was inf, and the result NaN), rounded back once.
+  const DType rt = promote_types(x1.dtype(), x2.dtype());
+  if (is_low_precision(rt)) return cast(cosine_similarity(cast(x1, DType::f32), cast(x2, DType::f32), dim, eps), rt);
+  // As PyTorch: broadcast first, then each vector divided by its own clamped norm (a zero vector
+  // gives 0 and finite gradients; two tiny vectors still give their cosine).
+  Shape shape;
+  try {
+    shape = broadcast_shapes(x1.shape(), x2.shape());
+  } catch (const Error& e) {
+    KILN_FAIL("cosine_similarity: ", e.message());
+  }
+  const Tensor a = x1.expand(shape), b = x2.expand(shape);
+  return sum((a / clamped_norm(a, dim, eps)) * (b / clamped_norm(b, dim, eps)), {dim});
 }
 Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin, Reduction reduction) {
   KILN_CHECK(x1.dim() == 2 && x1.shape() == x2.shape() && y.dim() == 1 && y.size(0) == x1.size(0),

@@ -68,6 +68,15 @@ Tensor run_reduce(ReduceOp op, const Plan& p, DType out_dtype) {
 // The gradient of a reduction output, shaped back to the input's rank (reduced dims of size 1).
 Tensor unsqueeze_grad(const Tensor& g, const Shape& keep_shape) { return g.reshape(keep_shape); }
 
+// The composite reductions (mean, var, norm, logsumexp) run on a floating x in f32 at least, as
+// PyTorch accumulates them: a 16-bit sum of squares or a 16-bit sum before a mean's division
+// overflows (f16 var of [0, 200] * 5 was inf) or drops bits. `f` gets x widened; its result is
+// rounded back to x's dtype once.
+template <typename F> Tensor in_f32_at_least(const Tensor& x, F&& f) {
+  if (!is_low_precision(x.dtype())) return f(x);
+  return cast(f(cast(x, DType::f32)), x.dtype());
+}
+
 }  // namespace
 
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
@@ -86,18 +95,20 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
   const Plan p = plan_reduce(a, dims, keepdim, "mean");
-  const Tensor s = sum(x, dims, keepdim);
-  return s * (1.0 / double(std::max<int64_t>(p.r, 0)));
+  return in_f32_at_least(
+      x, [&](const Tensor& xw) { return sum(xw, dims, keepdim) * (1.0 / double(std::max<int64_t>(p.r, 0))); });
 }
 
 Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
   KILN_CHECK(correction >= 0, "var: correction must be >= 0, got ", correction);
   const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
   const Plan p = plan_reduce(a, dims, keepdim, "var");
-  const Tensor d = x - mean(x, dims, true);
-  // As PyTorch: no more elements than the correction divides by 0 (inf, or NaN where the sum is 0), never by a
-  // negative count.
-  return sum(d * d, dims, keepdim) / double(std::max<int64_t>(p.r - correction, 0));
+  return in_f32_at_least(x, [&](const Tensor& xw) {
+    const Tensor d = xw - mean(xw, dims, true);
+    // As PyTorch: no more elements than the correction divides by 0 (inf, or NaN where the sum is 0), never by a
+    // negative count.
+    return sum(d * d, dims, keepdim) / double(std::max<int64_t>(p.r - correction, 0));
+  });
 }
 
 namespace {
@@ -182,6 +193,8 @@ Tensor argmin(const Tensor& a, int64_t dim, bool keepdim) {
 Tensor argmax(const Tensor& a) { return argmax(a.detach().reshape({-1}), 0); }
 
 Tensor logsumexp(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  if (is_low_precision(a.dtype()))
+    return in_f32_at_least(a, [&](const Tensor& xw) { return logsumexp(xw, dims, keepdim); });
   const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
   // The shift only steadies the exponentials (it cancels): no gradient through it. A slice whose
   // maximum is not finite shifts by 0 (all -inf: log(0) = -inf; +inf or NaN: inf/NaN as arithmetic says).
@@ -195,6 +208,8 @@ Tensor logsumexp(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim
 
 Tensor norm(const Tensor& a, double p, const std::vector<int64_t>& dims, bool keepdim) {
   KILN_CHECK(!std::isnan(p) && (p > 0 || p == 0 || std::isinf(p)), "norm: p must be > 0, 0 or +-inf, got ", p);
+  if (is_low_precision(a.dtype()) && !std::isinf(p) && p != 0)  // sums of powers: f16 300^2 overflowed
+    return in_f32_at_least(a, [&](const Tensor& xw) { return norm(xw, p, dims, keepdim); });
   const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
   if (std::isinf(p)) return p > 0 ? amax(abs(x), dims, keepdim) : amin(abs(x), dims, keepdim);
   if (p == 0) return cast(sum(ne(x.detach(), scalar_like(0, x)), dims, keepdim), x.dtype());

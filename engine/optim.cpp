@@ -1,6 +1,6 @@
 // Optimizer bookkeeping, the three update rules, gradient clipping and LR schedules.
 // Updates are tensor ops under NoGradGuard, so they run on whatever device holds the parameters;
-// state tensors are f32 for f32 parameters (and f32 for 16-bit ones: master precision).
+// state tensors are f32 for f32 parameters (and f32 for 16-bit ones: master precision), f64 for f64 ones.
 #include "engine/optim.h"
 
 #include <cmath>
@@ -18,6 +18,9 @@ namespace {
 void check_lr(double lr, size_t group) {
   KILN_CHECK(std::isfinite(lr) && lr >= 0, "optimizer: group ", group, "'s lr must be finite and >= 0, got ", lr);
 }
+// The dtype of a parameter's state and of its update's arithmetic: f32 at least, f64 for an f64 parameter
+// (an f64 weight updated in f32 was rounded to f32 each step: SGD's 1 - 0.01 * 0.1 gave 0.99900001287).
+DType state_dtype(const Tensor& p) { return p.dtype() == DType::f64 ? DType::f64 : DType::f32; }
 }  // namespace
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
@@ -168,8 +171,9 @@ void Optimizer::load_state(const OptimizerState& s) {
     KILN_CHECK(is_floating(t.dtype()), name(), ": optimizer state '", key, "' is ", t.type_str(),
                "; the optimizer keeps floating-point state");
     const Tensor& p = groups_[g].params[i];  // state follows its parameter (a CPU checkpoint resumes on a GPU)
-    // The slots are f32 (what step() makes): a state saved in another float type is widened or rounded once here.
-    slots[g][i][key.substr(b + 1)] = t.to(p.device()).to(DType::f32).clone();
+    // The slots are f32, f64 for an f64 parameter (what step() makes): a state saved in another float type is
+    // widened or rounded once here.
+    slots[g][i][key.substr(b + 1)] = t.to(p.device()).to(state_dtype(p)).clone();
   }
   // The count goes where the parameters are (the first one of any group: a group may be empty);
   // an optimizer without parameters keeps it on the CPU. step() moves it if they move later.
@@ -190,12 +194,16 @@ void Optimizer::load_state(const OptimizerState& s) {
 namespace {
 Tensor& slot(std::map<std::string, Tensor>& slots, const char* name, const Tensor& like) {
   auto it = slots.find(name);
-  if (it == slots.end()) it = slots.emplace(name, zeros(like.shape(), TensorOptions(DType::f32, like.device()))).first;
+  if (it == slots.end())
+    it = slots.emplace(name, zeros(like.shape(), TensorOptions(state_dtype(like), like.device()))).first;
   return it->second;
 }
-Tensor f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : t.to(DType::f32); }
+// t in the update's dtype for parameter p (state_dtype).
+Tensor in_state_dtype(const Tensor& t, const Tensor& p) {
+  return t.dtype() == state_dtype(p) ? t : t.to(state_dtype(p));
+}
 void write_back(Tensor& p, const Tensor& v) {
-  if (p.dtype() == DType::f32 && v.same(p)) return;
+  if (v.same(p)) return;
   p.copy_(v);
 }
 
@@ -206,7 +214,7 @@ struct Moments {
 };
 Moments adam_moments(const AdamOptions& o, int64_t steps, const Tensor& p, const Tensor& grad,
                      std::map<std::string, Tensor>& slots) {
-  const Tensor gr = f32(grad);
+  const Tensor gr = in_state_dtype(grad, p);
   Tensor& m = slot(slots, "exp_avg", p);
   Tensor& v = slot(slots, "exp_avg_sq", p);
   m.mul_(o.beta1).add_(gr, 1.0 - o.beta1);
@@ -228,8 +236,8 @@ std::map<std::string, double> SGD::hyper() const {
 }
 
 void SGD::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
-  Tensor w = f32(p);
-  Tensor d = f32(grad);
+  Tensor w = in_state_dtype(p, p);
+  Tensor d = in_state_dtype(grad, p);
   if (g.weight_decay != 0) d = d + w * g.weight_decay;
   if (o_.momentum != 0) {
     const bool fresh = !slots.count("momentum_buffer");
@@ -298,7 +306,7 @@ OptimSlice AdamFamily::fused_slice(Tensor& p, const Tensor& grad, std::map<std::
 
 void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
   const auto [m, v, bc1, bc2] = adam_moments(o_, steps_, p, grad, slots);
-  Tensor w = f32(p);
+  Tensor w = in_state_dtype(p, p);
   if (!w.same(p)) w = w.clone();
   if (g.weight_decay != 0) w.mul_(1.0 - g.lr * g.weight_decay);
   const Tensor denom = sqrt(v * (1.0 / bc2)) + o_.eps;
@@ -308,7 +316,7 @@ void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<
 
 void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
   const auto [m, v, bc1, bc2] = adam_moments(o_, steps_, p, grad, slots);
-  Tensor w = f32(p);
+  Tensor w = in_state_dtype(p, p);
   Tensor u = (m * (1.0 / bc1)) / (sqrt(v * (1.0 / bc2)) + o_.eps);
   if (g.weight_decay != 0) u = u + w * g.weight_decay;
   const double wn = std::sqrt(sum(w * w).item<double>()), un = std::sqrt(sum(u * u).item<double>());

@@ -696,6 +696,68 @@ TEST_CASE("nn: cross_entropy with a -inf logit and no smoothing is finite") {
   }
 }
 
+TEST_CASE("nn: cross_entropy and nll_loss with every target ignored: NaN mean, zero gradient") {
+  // PyTorch's: the mean is 0/0 = NaN, the sum 0, and the gradient 0 (a NaN gradient from one fully
+  // padded batch would poison every weight it reaches).
+  const Tensor t = from_vector({-100, -100}, {2}, TensorOptions(DType::i64));
+  const Tensor w = from_vector({0.5, 1, 2}, {3});
+  for (DType dt : {DType::f32, DType::f64})
+    for (int path = 0; path < 5; ++path) {
+      INFO(dt, " path ", path);
+      Tensor x = rnd({2, 3}, 71, dt).set_requires_grad();
+      const Tensor lw = w.to(dt);
+      const Tensor l = path == 0   ? cross_entropy(x, t)
+                       : path == 1 ? cross_entropy(x, t, -100, 0.1)
+                       : path == 2 ? cross_entropy(x, t, -100, 0.0, Reduction::mean, lw)
+                       : path == 3 ? cross_entropy(x, t, -100, 0.1, Reduction::mean, lw)
+                                   : nll_loss(log_softmax(x, 1), t, -100, Reduction::mean, lw);
+      CHECK(std::isnan(l.item<double>()));
+      l.backward();
+      CHECK(x.grad().to_vector() == std::vector<double>(6, 0.0));
+      Tensor x2 = rnd({2, 3}, 72, dt).set_requires_grad();
+      const Tensor l2 = path < 2 ? cross_entropy(x2, t, -100, 0.1 * path, Reduction::sum)
+                                 : nll_loss(log_softmax(x2, 1), t, -100, Reduction::sum, lw);
+      CHECK(l2.item<double>() == 0);
+      l2.backward();
+      CHECK(x2.grad().to_vector() == std::vector<double>(6, 0.0));
+    }
+  // nll_loss without class weights too, and a batch with one kept row is unchanged (its own mean).
+  Tensor x = rnd({2, 3}, 73).set_requires_grad();
+  const Tensor l = nll_loss(log_softmax(x, 1), t);
+  CHECK(std::isnan(l.item<double>()));
+  l.backward();
+  CHECK(x.grad().to_vector() == std::vector<double>(6, 0.0));
+  const Tensor one = from_vector({-100, 2}, {2}, TensorOptions(DType::i64));
+  CHECK(nll_loss(log_softmax(x, 1), one, -100, Reduction::mean, w.to(DType::f64)).item<double>() ==
+        doctest::Approx(-log_softmax(x, 1).to_vector()[5]));
+}
+
+TEST_CASE("nn: cosine_similarity as PyTorch: each norm clamped to eps, zero and tiny vectors, broadcast, 16-bit") {
+  // A zero vector: cosine 0; the gradients are PyTorch's (finite: a's is b / |b| / eps, b's is 0), not 0/0.
+  Tensor a = zeros({1, 3}).set_requires_grad(), b = from_vector({1, 2, 3}, {1, 3}).set_requires_grad();
+  const Tensor c = cosine_similarity(a, b);
+  CHECK(c.to_vector() == std::vector<double>{0});
+  sum(c).backward();
+  const double nb = std::sqrt(14.0);
+  check_close(a.grad().to_vector(), {1 / nb / 1e-8, 2 / nb / 1e-8, 3 / nb / 1e-8}, 1e-6);
+  CHECK(b.grad().to_vector() == std::vector<double>{0, 0, 0});
+  // Two tiny parallel vectors: each norm (1e-5) is above eps, so the cosine is 1 (a clamp of the product
+  // of the norms, 1e-10, to 1e-8 gave 0.01).
+  const Tensor tiny = from_vector({1e-5, 0, 0}, {1, 3}, DType::f64);
+  CHECK(cosine_similarity(tiny, tiny).item<double>() == doctest::Approx(1.0));
+  // Broadcast along the reduced dim first, as PyTorch: [2, 1] against [2, 3] is [x, x, x] against the row.
+  const Tensor x1 = from_vector({1, -2}, {2, 1}, DType::f64), x2 = from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, DType::f64);
+  check_close(cosine_similarity(x1, x2).to_vector(),
+              {6 / (std::sqrt(3.0) * nb), -15 / (std::sqrt(3.0) * std::sqrt(77.0))}, 1e-12);
+  // 16-bit: squares of 300 overflow f16 (the result was NaN); computed in f32, rounded once.
+  for (DType dt : {DType::f16, DType::bf16}) {
+    const Tensor y = from_vector({300, 300}, {1, 2}, dt);
+    const Tensor cy = cosine_similarity(y, y);
+    CHECK(cy.dtype() == dt);
+    CHECK(cy.item<double>() == 1.0);
+  }
+}
+
 TEST_CASE("nn: mse and bce with logits") {
   const Tensor a = rnd({3, 2}, 61), b = rnd({3, 2}, 62);
   CHECK(mse_loss(a, b).item<double>() == doctest::Approx(mean(pow(a - b, 2.0)).item<double>()));

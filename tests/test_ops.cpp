@@ -379,6 +379,28 @@ TEST_CASE("ops: activations and math at special values") {
   CHECK(sign(from_vector({-0.0, 0.0, -2, 3}, {4})).to_vector() == std::vector<double>{0, 0, -1, 1});
 }
 
+TEST_CASE("ops: abs(-0.0) is +0.0 in every float dtype") {
+  // A sign kept on zero would make 1 / abs(-0.0) = -inf (PyTorch gives +0.0, as fabs).
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    INFO(dt);
+    const auto v = abs(from_vector({-0.0, 0.0, -2.5, 3}, {4}, dt)).to_vector();
+    CHECK(!std::signbit(v[0]));
+    CHECK(!std::signbit(v[1]));
+    CHECK(v == std::vector<double>{0, 0, 2.5, 3});
+    CHECK(reciprocal(abs(from_vector({-0.0}, {1}, dt))).item<double>() == std::numeric_limits<double>::infinity());
+  }
+}
+
+TEST_CASE("ops: hardswish's gradient at -3 and 3 is PyTorch 2.x's (0 and 1)") {
+  // torch.nn.functional.hardswish's backward (2.x): 0 for x <= -3, x / 3 + 1/2 for -3 < x < 3, 1 for x >= 3.
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(dt);
+    Tensor x = from_vector({-3.5, -3, -1.5, 0, 1.5, 3, 3.5}, {7}, dt).set_requires_grad();
+    sum(hardswish(x)).backward();
+    CHECK(x.grad().to_vector() == std::vector<double>{0, 0, 0, 0.5, 1, 1, 1});
+  }
+}
+
 TEST_CASE("ops: rounding, erfinv, softplus and the NaN tests at their edges") {
   const double inf = std::numeric_limits<double>::infinity();
   // round is half to even; floor/ceil/trunc/frac by hand, negative halves included.
@@ -549,6 +571,28 @@ void run_binary_cases(const std::vector<BinCase>& cases, const std::vector<DType
 TEST_CASE("ops: binary arithmetic with broadcasting and strided inputs, float dtypes") {
   Gen gen(3);
   run_binary_cases(arith_cases(), {DType::f32, DType::f64, DType::f16, DType::bf16}, false, gen);
+}
+
+TEST_CASE("ops: broadcast backward through a zero-size output gives the smaller input zeros") {
+  // [2, 0, 3] op [1, 3] -> [2, 0, 3]: the output has fewer elements than w, and w's gradient is the
+  // sum over nothing (PyTorch: zeros); it tripped the check that a gradient is at least its input's size.
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&, const Tensor&)>>> ops = {
+      {"add", [](const Tensor& a, const Tensor& b) { return a + b; }},
+      {"sub", [](const Tensor& a, const Tensor& b) { return a - b; }},
+      {"mul", [](const Tensor& a, const Tensor& b) { return a * b; }},
+      {"div", [](const Tensor& a, const Tensor& b) { return a / b; }},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }},
+      {"atan2", [](const Tensor& a, const Tensor& b) { return atan2(a, b); }}};
+  for (const auto& [name, op] : ops)
+    for (bool empty_first : {true, false}) {
+      INFO(name, empty_first ? " [2, 0, 3] op [1, 3]" : " [1, 3] op [2, 0, 3]");
+      Tensor z = zeros({2, 0, 3}).set_requires_grad(), w = ones({1, 3}).set_requires_grad();
+      sum(empty_first ? op(z, w) : op(w, z)).backward();
+      REQUIRE(w.grad().defined());
+      CHECK(w.grad().shape() == Shape{1, 3});
+      CHECK(w.grad().to_vector() == std::vector<double>{0, 0, 0});
+      CHECK(z.grad().shape() == Shape{2, 0, 3});
+    }
 }
 
 TEST_CASE("ops: binary arithmetic on integers") {
@@ -995,6 +1039,38 @@ TEST_CASE("ops: large reductions are accurate") {
   Tensor h = full({4096}, 0.1, DType::f16);
   const double h1 = round_to(0.1, DType::f16);
   CHECK(std::abs(sum(h).item<double>() - 4096 * h1) <= 4096 * h1 * 1e-3);
+}
+
+TEST_CASE("ops: 16-bit mean, var, std, norm and logsumexp compute in f32 and round once") {
+  // The exact value rounded once to dt (PyTorch's result: it accumulates 16-bit reductions in f32).
+  const auto once = [](double v, DType dt) { return scalar_tensor(v, dt).item<double>(); };
+  std::vector<double> alt;
+  for (int i = 0; i < 5; ++i) alt.insert(alt.end(), {0, 200});
+  for (DType dt : {DType::f16, DType::bf16}) {
+    INFO(dt);
+    const Tensor x = from_vector(alt, {10}, dt);
+    // sum of squares 100000: past f16's 65504 when summed into an f16 result (var and std were inf)
+    CHECK(var(x).dtype() == dt);
+    CHECK(var(x).item<double>() == once(100000.0 / 9, dt));
+    CHECK(stddev(x).item<double>() == once(std::sqrt(100000.0 / 9), dt));
+    CHECK(var(x, {0}, 0).item<double>() == once(10000, dt));
+    // std is the root of the unrounded variance: bf16 [900, 1000, 1104, 1200] has variance 16804 (16768 in
+    // bf16), std 129.63 (130 in bf16; the root of 16768 is 129.49, which rounded to 129).
+    CHECK(stddev(from_vector({900, 1000, 1104, 1200}, {4}, dt)).item<double>() == once(std::sqrt(16804.0), dt));
+    const Tensor y = from_vector({300, 300}, {1, 2}, dt);  // 300^2 = 90000
+    CHECK(norm(y).item<double>() == once(std::sqrt(180000.0), dt));
+    CHECK(norm(y, 2.0, {1}).to_vector() == std::vector<double>{once(std::sqrt(180000.0), dt)});
+    CHECK(norm(y, 3.0).item<double>() == once(std::cbrt(2 * 27e6), dt));
+    // a mean whose sum is past 65504
+    CHECK(mean(from_vector({60000, 60000}, {2}, dt)).item<double>() == once(60000, dt));
+    // 2^17 terms of e^0 sum past 65504
+    CHECK(logsumexp(zeros({1 << 17}, TensorOptions(dt)), {0}).item<double>() == once(17 * std::log(2.0), dt));
+  }
+  // The gradient still reaches a 16-bit input, in its dtype.
+  Tensor x = from_vector({1, 2, 3, 4}, {4}, DType::f16).set_requires_grad();
+  sum(var(x) + norm(x) + mean(x)).backward();
+  CHECK(x.grad().dtype() == DType::f16);
+  for (double g : x.grad().to_vector()) CHECK(std::isfinite(g));
 }
 
 TEST_CASE("ops: var with correction 0 and 1 by hand") {

@@ -183,7 +183,8 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
   }
   switch (op) {
     case UnaryOp::neg: return unary_loop<T>(dst, src, [](A x) { return A(-x); });
-    case UnaryOp::abs: return unary_loop<T>(dst, src, [](A x) { return x < A(0) ? A(-x) : x; });
+    // 0 - x, not -x, at zero: abs(-0.0) is +0.0 (as fabs and PyTorch), so 1 / abs(-0.0) is +inf.
+    case UnaryOp::abs: return unary_loop<T>(dst, src, [](A x) { return x <= A(0) ? A(A(0) - x) : x; });
     case UnaryOp::sign: return unary_loop<T>(dst, src, [](A x) { return A((A(0) < x) - (x < A(0))); });
     case UnaryOp::relu:
       return unary_loop<T>(

@@ -176,7 +176,7 @@ template <typename T> struct UnaryF {
     }
     switch (op) {
       case UnaryOp::neg: return A(-x);
-      case UnaryOp::abs: return negative(x) ? A(-x) : x;
+      case UnaryOp::abs: return negative(x) || x == A(0) ? A(A(0) - x) : x;  // +0 for -0, as the CPU loop
       case UnaryOp::sign: return A((A(0) < x) - negative(x));
       case UnaryOp::relu: return x <= A(0) ? A(0) : x;
       case UnaryOp::logical_not: return A(!x);
