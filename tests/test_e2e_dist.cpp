@@ -200,6 +200,70 @@ TEST_CASE("e2e dist: a rank killed mid-run makes kiln launch stop the others and
   CHECK(!std::filesystem::exists(d / "run/model.safetensors"));
 }
 
+TEST_CASE(
+    "e2e dist: ranks with other flags stop together naming them; a 2-rank test loss is the saved model's; a launcher "
+    "killed outright takes its ranks down") {
+  TempDir d("kiln_dist_agree");
+  const std::string train = std::string(KILN_BINARY) +
+                            " train --limit-train 512 --limit-eval 64 --threads 1 --workers 0 --progress lines "
+                            "--max-steps 6 ";
+  // Two ranks started by hand (as on two machines), one with another --batch and --lr: both exit 2
+  // before training, rank 1 naming the flags and rank 0's values.
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29691 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
+  const std::string both = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + "--batch 16 --lr 0.1 --out " + d / "a" + " > " +
+                           d / "r0.txt" + " 2>&1; echo $? > " + d / "rc0) & (" + env + "RANK=1 LOCAL_RANK=1 " + train +
+                           "--batch 32 --lr 5 --threads 2 --out " + d / "b" + " > " + d / "r1.txt" +
+                           " 2>&1; echo $? > " + d / "rc1); wait";
+  REQUIRE(std::system(("timeout 120 sh -c '" + both + "'").c_str()) == 0);
+  CHECK(read_text(d / "rc0") == "2\n");
+  CHECK(read_text(d / "rc1") == "2\n");
+  const std::string r1 = read_text(d / "r1.txt");
+  CHECK_MESSAGE(
+      contains(r1, "rank 1 runs another configuration than rank 0: --batch 32 (rank 0: 16), --lr 5.0 (rank 0: 0.1)."),
+      r1);
+  CHECK_MESSAGE(!contains(r1, "--threads 2"), r1);  // a per-machine setting may differ
+  CHECK_MESSAGE(contains(read_text(d / "r0.txt"), "1 other rank runs another configuration than rank 0"),
+                read_text(d / "r0.txt"));
+
+  // Batch-norm running statistics follow each rank's batches; evaluation and the saved weights use rank 0's.
+  auto r = run_kiln(
+      "launch --nproc-per-node 2 --master-port 29692 -- kiln train --limit-train 512 --limit-eval 64 "
+      "--batch 16 --max-steps 6 --threads 1 --workers 0 --progress lines --out " +
+          d / "ok",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("eval --weights " + d / "ok/model.safetensors" + " --limit-eval 64 --batch 16 --out " + d / "ev.json",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(json::parse(read_text(d / "ev.json"))["test_loss"].get<double>() ==
+        doctest::Approx(json::parse(read_text(d / "ok/summary.json"))["test_loss"].get<double>()).epsilon(1e-6));
+
+  // kill -9 of the launcher: its ranks get SIGTERM from the kernel, save a checkpoint and exit.
+  const std::string inner = std::string(KILN_BINARY) +
+                            " launch --nproc-per-node 2 --master-port 29693 -- kiln train --limit-train 8192 "
+                            "--limit-eval 64 --batch 16 --threads 1 --workers 0 --log-every 2 --progress lines --out " +
+                            d / "k" + " > " + d / "k.txt" + " 2>&1 & echo $! > " + d / "pid";
+  REQUIRE(std::system(("sh -c '" + inner + "' > /dev/null 2>&1").c_str()) == 0);
+  for (int i = 0; i < 3000 && read_text(d / "k/metrics.jsonl").size() < 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::string pid = read_text(d / "pid").substr(0, read_text(d / "pid").find('\n'));
+  REQUIRE(std::system(("pgrep -P " + pid + " > " + d / "children").c_str()) == 0);
+  REQUIRE(std::system(("kill -9 " + pid).c_str()) == 0);
+  std::istringstream kids(read_text(d / "children"));
+  int alive = 0;
+  for (std::string k; kids >> k;) {
+    CAPTURE(k);
+    int left = 1;
+    for (int i = 0; i < 600 && left; ++i) {  // 30 s
+      left = std::system(("kill -0 " + k + " 2> /dev/null").c_str()) == 0;
+      if (left) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    alive += left;
+  }
+  CHECK(alive == 0);
+  CHECK(std::filesystem::exists(d / "k/checkpoints/latest"));  // saved on the way out
+}
+
 // --zero 1: ZeRO stage 1 over 2 ranks (kiln launch, TCP) and 4 (mpirun) with AdamW and clipping
 // logs the losses and ends with the weights of the unsharded data-parallel run; its sharded
 // checkpoint resumes bit for bit with --zero 1, is refused without it (naming consolidate), and

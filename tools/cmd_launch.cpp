@@ -6,6 +6,7 @@
 // the one the user set on each), which the TCP communicator's handshake checks.
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -127,6 +128,7 @@ int run_launch(const LaunchOptions& o) {
       std::perror("kiln launch: pipe");
       return 1;
     }
+    const pid_t launcher = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
       std::perror("kiln launch: fork");
@@ -136,6 +138,11 @@ int run_launch(const LaunchOptions& o) {
       // The child: its own process group (a terminal's Ctrl-C reaches it once, through us), output
       // into the pipe, the rank's variables, then the command.
       ::setpgid(0, 0);
+      // A launcher killed outright (kill -9, an OOM kill) cannot stop its ranks, and in their own group
+      // no terminal signal reaches them: the kernel sends SIGTERM when it dies, and a rank saves a
+      // checkpoint and exits as on any SIGTERM. It may have died before this line.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(1);
       ::dup2(fds[1], STDOUT_FILENO);
       ::dup2(fds[1], STDERR_FILENO);
       ::close(fds[0]);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "base/thread_pool.h"
 #include "engine/amp.h"
@@ -284,6 +286,8 @@ class Trainer {
     rank_ = comm_->rank();
     world_ = comm_->world_size();
     lead_ = rank_ == 0;
+    if (world_ > 1)
+      if (const int rc = agree_on_config(); rc >= 0) return rc;
     device_ = c_.resolved_device();
     // GPU ranks reduce gradients with NCCL (one GPU per process, cuda:LOCAL_RANK); small host-side
     // agreements (flags, counters) stay on the CPU communicator, which also carries NCCL's id.
@@ -646,6 +650,47 @@ class Trainer {
     return finish_step(step_loss, step_correct, s);
   }
 
+  // Every rank runs the same recipe: rank 0 sends its flags, each rank compares them with its own, and
+  // all stop together if any differs (otherwise a rank with another --batch or --max-steps trains on
+  // silently, or leaves the others waiting in a collective). Paths and per-machine settings may differ
+  // (each node has its own data folder, threads and device).
+  int agree_on_config() {
+    static const std::set<std::string> local = {"data_dir", "text",   "eval_text", "vocab",       "train_tsv",
+                                                "eval_tsv", "out",    "mirror",    "tensorboard", "threads",
+                                                "workers",  "device", "memory_cap"};
+    nlohmann::json mine = c_.to_json();
+    for (const auto& k : local) mine.erase(k);
+    const std::string text = mine.dump();
+    Tensor len = from_vector({double(text.size())}, {1}, DType::f64);
+    comm_->broadcast(len, 0);
+    Tensor bytes = zeros({int64_t(len.data<double>()[0])}, DType::u8);
+    if (lead_) std::memcpy(bytes.raw_data(), text.data(), text.size());
+    comm_->broadcast(bytes, 0);
+    std::string diff;
+    if (!lead_) {
+      const nlohmann::json lead =
+          nlohmann::json::parse(std::string(static_cast<const char*>(bytes.raw_data()), size_t(bytes.numel())));
+      for (const auto& [k, v] : mine.items())
+        if (!lead.contains(k) || lead[k] != v) {
+          std::string flag = "--" + k;
+          std::replace(flag.begin(), flag.end(), '_', '-');
+          diff += (diff.empty() ? "" : ", ") + flag + " " + v.dump() +
+                  " (rank 0: " + (lead.contains(k) ? lead[k].dump() : "unset") + ")";
+        }
+    }
+    Tensor bad = from_vector({diff.empty() ? 0.0 : 1.0}, {1}, DType::f64);
+    comm_->all_reduce(bad, dist::ReduceOp::sum);
+    if (bad.data<double>()[0] == 0) return -1;
+    if (!diff.empty())
+      return fail("rank " + std::to_string(rank_) + " runs another configuration than rank 0: " + diff +
+                  ". Every rank must run the same kiln train command (paths, --threads, --workers and --device may "
+                  "differ)");
+    const int64_t n = int64_t(bad.data<double>()[0]);
+    return fail(std::to_string(n) + (n == 1 ? " other rank runs" : " other ranks run") +
+                " another configuration than rank 0 (each names its flags); every rank must run the same kiln "
+                "train command");
+  }
+
   // Every rank says whether it ran out of memory in this step's micro-batches; if any did, each
   // throws OutOfMemory naming the ranks (and its own message), and step() redoes the step everywhere.
   void agree_on_memory(const std::string& mine) {
@@ -875,6 +920,7 @@ class Trainer {
 
   // ---- the end of an epoch: evaluate, print and log it ----
   void evaluate_epoch(double epoch_s) {
+    sync_buffers();
     TrainConfig ec = c_;
     ec.batch = micro_;  // what fits for training fits for evaluation
     const EvalResult ev = evaluate(task_, ec, comm_.get());
@@ -931,7 +977,18 @@ class Trainer {
     progress_->line("kiln train: " + why + where + "; saved " + last_saved_ + "; continue with --resume auto");
     return 0;
   }
+  // Buffers (batch-norm running statistics) are not averaged as gradients are: each rank's follow its own
+  // batches. Before an evaluation and a checkpoint every rank takes rank 0's, the ones saved, so the test
+  // loss is the saved model's and a resumed run goes on from the same buffers on every rank (as DDP's
+  // broadcast_buffers, which does it before every forward).
+  void sync_buffers() {
+    if (world_ == 1) return;
+    dist::Communicator& c = gpu_comm_ ? *gpu_comm_ : *comm_;
+    NoGradGuard no_grad;
+    for (const auto& [name, t] : model().named_buffers()) c.broadcast(t, 0);
+  }
   bool save() {
+    sync_buffers();
     if (world_ > 1) {  // every rank's generator goes into rank 0's checkpoint
       Tensor mine = zeros({2}, DType::i64), all = zeros({world_, 2}, DType::i64);
       mine.data<int64_t>()[0] = int64_t(default_generator().seed);
