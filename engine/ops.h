@@ -67,6 +67,13 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);  // a + alpha 
 Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
+// Division rounded to a whole number, in the operands' promoted type (integers stay integers):
+// div_trunc toward zero (C's /), floor_divide toward -inf (Python's //, PyTorch's
+// div(rounding_mode="floor"), computed as PyTorch does: floats from fmod so that 1 // 0.1 is 9, as
+// in Python, not floor(1 / 0.1) = 10). An integer divisor of 0 is an error; a float one gives inf or
+// NaN. The gradient is zero, as in PyTorch.
+Tensor div_trunc(const Tensor& a, const Tensor& b);
+Tensor floor_divide(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, double exponent);
 // fmod: a - b trunc(a / b) (the sign of a, C's fmod); remainder: a - b floor(a / b) (the sign of b,

@@ -144,6 +144,60 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+namespace {
+Tensor rounded_div(const char* name, const Tensor& a, const Tensor& b, bool floor_mode) {
+  const DType t = arith_type(name, a, b);
+  check_not_bool(name, t);
+  Tensor q;
+  {
+    NoGradGuard no_grad;
+    const OpScope scope(name);
+    if (!is_floating(t)) {
+      q = run_binary(name, BinaryOp::div, a, b, t, t);  // truncates; refuses a divisor of 0
+      if (floor_mode) {                                 // one less where the remainder's sign is not the divisor's
+        const Tensor r = run_binary(name, BinaryOp::fmod, a, b, t, t);
+        const Tensor zero = scalar_tensor(0, TensorOptions(t, q.device()));
+        q = sub(q, cast(logical_and(ne(r, zero), ne(lt(r, zero), lt(b, zero))), t));
+      }
+    } else {
+      // In the operands' type: a 16-bit quotient is rounded before it is rounded to a whole number, as
+      // PyTorch's (f16 -10.41 / -0.03566 is 291.9, stored as 292, truncated to 292)
+      const DType ct = t;
+      const Tensor x = a.to(ct), y = b.to(ct);
+      const Tensor quotient = div(x, y);
+      if (!floor_mode) {
+        q = trunc(quotient);
+      } else {
+        // PyTorch's div_floor: (x - fmod(x, y)) / y is the truncated quotient, exactly where that is
+        // representable; step down where the remainder's sign is not the divisor's, then floor, and
+        // round up a result more than half below its value. A zero keeps the sign of x / y; a
+        // divisor of 0 gives x / y (inf or NaN).
+        const Tensor zero = scalar_tensor(0, TensorOptions(ct, quotient.device()));
+        const Tensor mod = fmod(x, y);
+        Tensor d = div(sub(x, mod), y);
+        d = sub(d, cast(logical_and(ne(mod, zero), ne(lt(y, zero), lt(mod, zero))), ct));
+        Tensor fl = floor(d);
+        fl = add(fl, cast(gt(sub(d, fl), scalar_tensor(0.5, TensorOptions(ct, fl.device()))), ct));
+        fl = where(eq(d, zero), mul(quotient, zero), fl);  // a zero with the sign of x / y
+        q = where(eq(y, zero), quotient, fl);
+      }
+    }
+  }
+  if (autograd::needs_grad({a, b})) {
+    autograd::record(name, {a, b}, {q},
+                     [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype()](const GradCtx& c) {
+                       const Device dev = c.g().device();
+                       return std::vector<Tensor>{c.needs_grad(0) ? zeros(sa, TensorOptions(ta, dev)) : Tensor(),
+                                                  c.needs_grad(1) ? zeros(sb, TensorOptions(tb, dev)) : Tensor()};
+                     });
+  }
+  return q;
+}
+}  // namespace
+
+Tensor div_trunc(const Tensor& a, const Tensor& b) { return rounded_div("div_trunc", a, b, false); }
+Tensor floor_divide(const Tensor& a, const Tensor& b) { return rounded_div("floor_divide", a, b, true); }
+
 Tensor pow(const Tensor& a, const Tensor& b) {
   const DType t = arith_type("pow", a, b);
   check_not_bool("pow", t);

@@ -522,6 +522,20 @@ std::vector<Row> build() {
       .covers({"fmod", "remainder"})
       .autocast(ew)
       .tol(3e-2);
+  // Quotients up to about 10 from divisors of both signs, away from the jumps almost surely.
+  row("rounded_div", {{{6, 33, 17}}, {{33, 17}, Kind::positive}},
+      [](const V& x) {
+        return V{div_trunc(x[0], x[1]), floor_divide(x[0], x[1]), div_trunc(x[0], neg(x[1])),
+                 floor_divide(x[0], neg(x[1]))};
+      })
+      .ref([](const V& x) {
+        const auto t = [](double p, double q) { return std::trunc(p / q); };
+        const auto f = [](double p, double q) { return std::floor(p / q); };
+        return V{map2(x[0], x[1], t), map2(x[0], x[1], f), map2(x[0], neg(x[1]), t), map2(x[0], neg(x[1]), f)};
+      })
+      .covers({"div_trunc", "floor_divide"})
+      .autocast(ew)
+      .tol(3e-2);
   row("atan2", {{{6, 33, 17}}, {{33, 17}}},
       [](const V& x) {
         return V{atan2(x[0], x[1]), atan2(x[1], x[0])};

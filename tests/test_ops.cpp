@@ -649,6 +649,41 @@ TEST_CASE("ops: comparisons and logical ops give bool") {
                Ref{{3}, {0, 1, 1}}, Tol{0, 0}, "ge scalar");
 }
 
+TEST_CASE("ops: div_trunc and floor_divide round as C's / and Python's //, integers staying integers") {
+  const std::vector<double> a = {7, -7, 7, -7, 0, 6, -6, 5};
+  const std::vector<double> b = {2, 2, -2, -2, 3, 3, -3, 1};
+  for (DType dt : {DType::i8, DType::i32, DType::i64}) {
+    CAPTURE(std::string(dtype_name(dt)));
+    const Tensor x = from_vector(a, {8}, dt), y = from_vector(b, {8}, dt);
+    CHECK(div_trunc(x, y).dtype() == dt);
+    CHECK(div_trunc(x, y).to_vector() == std::vector<double>{3, -3, -3, 3, 0, 2, 2, 5});
+    CHECK(floor_divide(x, y).to_vector() == std::vector<double>{3, -4, -4, 3, 0, 2, 2, 5});
+    CHECK(contains(error_of([&] { floor_divide(x, zeros({8}, dt)); }), "division by zero"));
+  }
+  CHECK(floor_divide(from_vector({-128}, {1}, DType::i8), from_vector({-1}, {1}, DType::i8)).to_vector() ==
+        std::vector<double>{-128});  // wraps, as PyTorch
+  // Floats: Python's 1 // 0.1 is 9 (0.1 is a little above a tenth), not floor(1 / 0.1) = 10.
+  const Tensor f = floor_divide(from_vector({1, -1, 7.5, -7.5, 1, -1, 0.5, 0}, {8}, DType::f64),
+                                from_vector({0.1, 0.1, 2, 2, 0, 0, -2, -2}, {8}, DType::f64));
+  const std::vector<double> v = f.to_vector();
+  CHECK(v[0] == 9);
+  CHECK(v[1] == -10);
+  CHECK(v[2] == 3);
+  CHECK(v[3] == -4);
+  CHECK(v[4] == INFINITY);
+  CHECK(v[5] == -INFINITY);
+  CHECK(v[6] == -1);
+  CHECK((v[7] == 0 && std::signbit(v[7])));  // 0.0 // -2 is -0.0 in Python: the sign of 0 / -2
+  CHECK(div_trunc(from_vector({-7.5}, {1}, DType::f16), from_vector({2}, {1}, DType::f16)).to_vector() ==
+        std::vector<double>{-3});
+  // The gradient is zero (PyTorch's), with the inputs' shapes.
+  Tensor p = from_vector({1, 2, 3}, {3}).set_requires_grad(), q = full({}, 2.0).set_requires_grad();
+  sum(floor_divide(p, q)).backward();
+  CHECK(p.grad().to_vector() == std::vector<double>{0, 0, 0});
+  CHECK(q.grad().dim() == 0);
+  CHECK(q.grad().item<double>() == 0);
+}
+
 TEST_CASE("ops: integer division, type promotion and scalars") {
   // i32 + f32 -> f32, f16 + bf16 -> f32, i64 + f16 -> f16, u8 + bool -> u8, f32 + f64 -> f64.
   struct P {

@@ -180,7 +180,7 @@ Tensor.type_as = lambda self, other: self.to(other.dtype)
 _METHODS = """
 neg abs sign exp log sqrt rsqrt tanh sigmoid relu sin cos tan asin acos atan sinh cosh erf erfc erfinv
 log1p expm1 log2 log10 exp2 reciprocal floor ceil round trunc frac isnan isinf isfinite logical_not gelu
-add sub mul div pow fmod remainder atan2 maximum minimum eq ne lt le gt ge logical_and logical_or matmul
+add sub mul div floor_divide pow fmod remainder atan2 maximum minimum eq ne lt le gt ge logical_and logical_or matmul
 clamp nan_to_num lerp addcmul addcdiv sum mean amax amin logsumexp any all prod count_nonzero var std norm
 max min argmax argmin cumsum cumprod cummax cummin sort argsort topk kthvalue median mode split chunk
 unbind index_select gather scatter scatter_add scatter_reduce take_along_dim nonzero masked_fill

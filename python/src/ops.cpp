@@ -274,7 +274,18 @@ void bind_ops(nb::module_& mod) {
       },
       nb::arg("input"), nb::arg("other"), nb::kw_only(), nb::arg("alpha") = 1.0, "input - alpha * other");
   binary_fn(m, "mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); });
-  binary_fn(m, "div", [](const Tensor& a, const Tensor& b) { return div(a, b); });
+  m.def(
+      "div",
+      [](const Tensor& a, nb::handle b, std::optional<std::string> rounding_mode) {
+        const Tensor t = operand(b, a);
+        if (rounding_mode && *rounding_mode != "trunc" && *rounding_mode != "floor")
+          value_error("div: rounding_mode must be None, 'trunc' or 'floor', got '" + *rounding_mode + "'");
+        R r;
+        if (!rounding_mode) return div(a, t);
+        return *rounding_mode == "trunc" ? div_trunc(a, t) : floor_divide(a, t);
+      },
+      nb::arg("input"), nb::arg("other"), nb::kw_only(), nb::arg("rounding_mode") = nb::none());
+  binary_fn(m, "floor_divide", [](const Tensor& a, const Tensor& b) { return floor_divide(a, b); });
   binary_fn(m, "pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); });
   binary_fn(m, "fmod", [](const Tensor& a, const Tensor& b) { return fmod(a, b); });
   binary_fn(m, "remainder", [](const Tensor& a, const Tensor& b) { return remainder(a, b); });

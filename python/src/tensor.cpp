@@ -506,8 +506,17 @@ void bind_tensor(nb::module_& m) {
             // True division gives floats, which an integer tensor cannot take in place (PyTorch's rule).
             KILN_CHECK(is_floating(x.dtype()), "/=: true division gives a float result, which cannot be written into ",
                        x.type_str(), " in place; use x = x / y");
-            if (is_double_exact(o, "operand")) return x.mul_(1.0 / nb::cast<double>(o));
+            // a true division, not a product with 1 / o (which differs in the last bit for o = 3)
             return x.copy_(div(x, to_tensor(o, &x, "operand")));
+          },
+          nb::rv_policy::reference, nb::is_operator())
+      .def(
+          "__ifloordiv__",
+          [](Tensor& x, nb::handle o) -> Tensor& {
+            const Tensor q = floor_divide(x, to_tensor(o, &x, "operand"));
+            KILN_CHECK(can_cast(q.dtype(), x.dtype()), "//=: the result type ", q.dtype(), " cannot be written into ",
+                       x.type_str(), " in place");
+            return x.copy_(q);
           },
           nb::rv_policy::reference, nb::is_operator())
 
@@ -595,6 +604,21 @@ void bind_tensor(nb::module_& m) {
           [](const Tensor& a, nb::handle b) {
             return binary(a, b, static_cast<TT2>(&remainder),
                           [](const Tensor& x, double v) { return remainder(x, v); });
+          },
+          nb::is_operator())
+      .def(
+          "__rmod__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(a, b, [](const Tensor& x, const Tensor& y) { return remainder(y, x); });
+          },
+          nb::is_operator())
+      .def(
+          "__floordiv__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&floor_divide)); },
+          nb::is_operator())
+      .def(
+          "__rfloordiv__",
+          [](const Tensor& a, nb::handle b) {
+            return binary(a, b, [](const Tensor& x, const Tensor& y) { return floor_divide(y, x); });
           },
           nb::is_operator())
       .def(

@@ -238,3 +238,34 @@ def test_result_type_and_promotion_with_0dim_operands_match_torch():
             assert str(kiln.where(kiln.ones(2, dtype=kiln.bool), kd, kz).dtype).split(".")[1] == want, (d, z)
     wrapped = kiln.full((2,), 100, dtype=kiln.int8) + kiln.from_numpy(np.array(100))
     assert wrapped.dtype == kiln.int8 and wrapped.tolist() == [-56, -56]  # torch's answer too
+
+
+def test_rounded_division_matches_torch_bit_for_bit():
+    # div(rounding_mode=...), //, //=, % and their reflected forms, in every dtype torch has for them
+    rng = np.random.default_rng(1)
+    for name in ["float64", "float32", "float16", "bfloat16", "int64", "int32", "int8"]:
+        kd, td = getattr(kiln, name), getattr(torch, name)
+        if td.is_floating_point:
+            a, b = rng.standard_normal(500) * 10, rng.standard_normal(500)
+            a[:6], b[:6] = [1, -1, 0, -0.0, 5, np.inf], [0.1, 0.1, -2, 3, 0, 2]
+        else:
+            a, b = rng.integers(-100, 100, 500), rng.integers(1, 9, 500) * rng.choice([-1, 1], 500)
+        ta, tb = torch.tensor(a).to(td), torch.tensor(b).to(td)
+        ka, kb = kiln.tensor(ta.double().numpy()).to(kd), kiln.tensor(tb.double().numpy()).to(kd)
+        for mode in ["trunc", "floor"]:
+            t = torch.div(ta, tb, rounding_mode=mode).double().numpy()
+            k = kiln.div(ka, kb, rounding_mode=mode).to(kiln.float64).numpy()
+            assert np.array_equal(t, k, equal_nan=True) and np.array_equal(np.signbit(t), np.signbit(k)), (name, mode)
+        assert kiln.div(ka, kb, rounding_mode="floor").dtype == kd
+        assert np.array_equal((ka // kb).to(kiln.float64).numpy(), (ta // tb).double().numpy(), equal_nan=True)
+    x = kiln.tensor([7, -7])
+    assert (7 // kiln.tensor([2, -2])).tolist() == [3, -4] and (7 % kiln.tensor([2, -2])).tolist() == [1, -1]
+    x //= 3
+    assert x.tolist() == [2, -3] and x.dtype == kiln.int64
+    with pytest.raises(kiln.KilnError, match="division by zero"):
+        kiln.tensor([1]) // 0
+    with pytest.raises(ValueError, match="rounding_mode"):
+        kiln.div(x, 2, rounding_mode="round")
+    y = kiln.tensor([1.0, 2.0, 3.0])
+    y /= 3  # a true division, as torch (not a product with 1/3)
+    assert np.array_equal(y.numpy(), (torch.tensor([1.0, 2.0, 3.0]) / 3).numpy())
