@@ -24,6 +24,35 @@ void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
 
 Node::Node() : sequence_nr(g_next_sequence.fetch_add(1)) {}
 
+Node::~Node() {
+  // Take each node behind this one that dies with it (nothing else holds it), empty its edges so
+  // its own destructor finds nothing, and let it go: the depth of the graph never reaches the stack.
+  std::vector<std::shared_ptr<Node>> dying;
+  const auto take = [&dying](std::vector<Edge>& edges) {
+    for (Edge& e : edges)
+      if (e.fn && e.fn.use_count() == 1) dying.push_back(std::move(e.fn));
+    edges.clear();
+  };
+  take(next_edges);
+  while (!dying.empty()) {
+    std::shared_ptr<Node> n = std::move(dying.back());
+    dying.pop_back();
+    take(n->next_edges);
+  }  // n goes here, with no edges left
+}
+
+const Tensor& GradCtx::g(size_t i) const {
+  KILN_CHECK(i < grads->size(), op, " backward: asked for the gradient of output ", i, ", but the op recorded ",
+             grads->size(), " output(s)");
+  return (*grads)[i];
+}
+
+bool GradCtx::needs_grad(size_t i) const {
+  KILN_CHECK(i < needs->size(), op, " backward: asked whether input ", i, " needs a gradient, but the op recorded ",
+             needs->size(), " input(s)");
+  return (*needs)[i];
+}
+
 SavedTensor::SavedTensor(const Tensor& t) {
   if (!t.defined()) return;
   data_ = t.detach();
@@ -51,16 +80,16 @@ class FunctionNode final : public Node {
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     KILN_CHECK(!released_, "backward through ", name_,
-               " a second time: its saved tensors were freed after the first backward; pass retain_graph=true to "
-               "the first call");
+               " a second time: its saved tensors were freed by an earlier backward through it (one that finished, "
+               "or one that failed partway); pass retain_graph=true to the first call, or run the forward again");
     for (size_t i = 0; i < grads.size(); ++i)
       if (!grads[i].defined()) grads[i] = zeros(out_meta[i].shape, TensorOptions(out_meta[i].dtype, out_meta[i].device));
     std::vector<bool> needs(next_edges.size());
     for (size_t i = 0; i < needs.size(); ++i) needs[i] = next_edges[i].fn != nullptr;
-    GradCtx ctx{&grads, &needs};
+    GradCtx ctx{&grads, &needs, name_};
     std::vector<Tensor> res = fn_(ctx);
-    KILN_ASSERT(res.size() == next_edges.size(), name_, " backward returned ", res.size(), " gradients for ",
-                next_edges.size(), " inputs");
+    KILN_CHECK(res.size() == next_edges.size(), name_, " backward returned ", res.size(), " gradient(s) for its ",
+               next_edges.size(), " input(s): return one per input, in order (an undefined Tensor where none)");
     for (size_t i = 0; i < res.size(); ++i) {
       if (!needs[i] || !res[i].defined()) {
         res[i] = Tensor();
@@ -70,9 +99,16 @@ class FunctionNode final : public Node {
       if (res[i].shape() != m.shape) {
         // A broadcast output with a zero-size dim has fewer elements than its input ([2, 0, 3] from [1, 3]):
         // its gradient sums to zeros, so only a non-empty gradient must be at least as large.
-        KILN_ASSERT(res[i].numel() == 0 || res[i].numel() >= m.shape.numel(), name_, " backward: gradient ",
-                    res[i].shape(), " cannot reduce to input ", m.shape);
-        res[i] = sum_to(res[i], m.shape);
+        // A gradient may be broadcast over its input (sum_to folds it back); any other shape is the
+        // backward's mistake, named here rather than as sum_to's.
+        bool reduces = res[i].numel() == 0 || res[i].numel() >= m.shape.numel();
+        if (reduces) try {
+            res[i] = sum_to(res[i], m.shape);
+          } catch (const Error&) {
+            reduces = false;
+          }
+        KILN_CHECK(reduces, name_, " backward: the gradient for input ", i, " has shape ", res[i].shape(),
+                   ", which is neither the input's shape ", m.shape, " nor a broadcast of it");
       }
       if (res[i].dtype() != m.dtype) res[i] = res[i].to(m.dtype);
     }
@@ -258,6 +294,13 @@ void set_record_observer(RecordObserver observer) { g_record_observer.store(obse
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn) {
   if (!needs_grad(inputs)) return;
   if (const RecordObserver obs = g_record_observer.load(std::memory_order_relaxed)) obs(name);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    KILN_CHECK(outputs[i].defined(), name, ": output ", i, " given to autograd::record is an undefined tensor");
+    for (size_t j = 0; j < inputs.size(); ++j)
+      KILN_CHECK(!inputs[j].defined() || &outputs[i].impl() != &inputs[j].impl(), name, ": output ", i, " is input ", j,
+                 " itself; an op returns a new tensor (a view, x.detach() or a copy) so the input "
+                 "keeps its own place in the graph");
+  }
   auto node = std::make_shared<FunctionNode>(name, std::move(fn));
   for (const Tensor& in : inputs) {
     node->next_edges.push_back(gradient_edge(in));

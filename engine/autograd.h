@@ -40,7 +40,9 @@ struct TensorMeta {
 class Node {
  public:
   Node();
-  virtual ~Node() = default;
+  // Frees the nodes behind it one at a time, not by recursion: a chain of 200000 ops overflowed the
+  // stack when its last tensor went.
+  virtual ~Node();
   // One gradient per output in, one per input (next_edges) out; undefined means zero.
   virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) = 0;
   virtual std::string name() const = 0;
@@ -56,8 +58,11 @@ class Node {
 struct GradCtx {
   const std::vector<Tensor>* grads;
   const std::vector<bool>* needs;
-  const Tensor& g(size_t i = 0) const { return (*grads)[i]; }
-  bool needs_grad(size_t i) const { return (*needs)[i]; }
+  const char* op = "";  // the recorded name, for errors
+  // The gradient of output i; an index past the outputs is an error naming the op.
+  const Tensor& g(size_t i = 0) const;
+  // Whether input i needs a gradient; an index past the inputs is an error naming the op.
+  bool needs_grad(size_t i) const;
 };
 using BackwardFn = std::function<std::vector<Tensor>(const GradCtx&)>;
 

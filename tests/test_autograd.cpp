@@ -427,6 +427,57 @@ TEST_CASE("autograd: several roots at once") {
   check_values(x.grad(), {2 + 3, 4 - 3}, 1e-12, "two roots");
 }
 
+TEST_CASE("autograd: a chain of 300000 ops is freed and run backward without recursing through the stack") {
+  // The nodes behind a dying one went recursively: 200000 overflowed an 8 MB stack.
+  {
+    Tensor w = leaf({2});
+    Tensor y = w;
+    for (int i = 0; i < 300000; ++i) y = y * 1.0;
+  }  // freed here
+  Tensor w = leaf({1});
+  Tensor y = w;
+  for (int i = 0; i < 300000; ++i) y = y + 1.0;
+  sum(y).backward();
+  check_values(w.grad(), {1}, 0, "deep chain");
+}
+
+TEST_CASE("autograd: a custom backward's mistakes are named with its op") {
+  Tensor x = leaf({3, 4});
+  const auto with = [&](BackwardFn fn) {
+    Tensor out = x.detach() * 2.0;
+    autograd::record("my_op", {x}, {out}, std::move(fn));
+    return error_of([&] { sum(out).backward(); });
+  };
+  CHECK(contains(with([](const GradCtx& c) {
+                   return std::vector<Tensor>{c.g(), c.g()};
+                 }),
+                 "my_op backward returned 2 gradient(s) for its 1 input(s)"));
+  CHECK(contains(with([](const GradCtx& c) { return std::vector<Tensor>{c.g().transpose(0, 1).contiguous()}; }),
+                 "my_op backward: the gradient for input 0 has shape [4,3], which is neither the input's shape [3,4]"));
+  CHECK(contains(with([](const GradCtx& c) { return std::vector<Tensor>{c.g(3)}; }),
+                 "my_op backward: asked for the gradient of output 3, but the op recorded 1 output(s)"));
+  CHECK(contains(with([](const GradCtx& c) { return std::vector<Tensor>{c.needs_grad(7) ? c.g() : c.g()}; }),
+                 "my_op backward: asked whether input 7 needs a gradient, but the op recorded 1 input(s)"));
+  // A broadcast gradient is still folded back.
+  CHECK(with([](const GradCtx& c) { return std::vector<Tensor>{c.g().unsqueeze(0).expand({2, 3, 4})}; }) == "NO ERROR");
+  // The output must not be the input itself, nor undefined.
+  CHECK(contains(error_of([&] {
+                   autograd::record("ident", {x}, {x}, [](const GradCtx& c) { return std::vector<Tensor>{c.g()}; });
+                 }),
+                 "ident: output 0 is input 0 itself"));
+  CHECK(x.grad_fn() == nullptr);  // still a leaf
+  CHECK(contains(error_of([&] {
+                   autograd::record("undef", {x}, {Tensor()},
+                                    [](const GradCtx& c) { return std::vector<Tensor>{c.g()}; });
+                 }),
+                 "undef: output 0 given to autograd::record is an undefined tensor"));
+  // After a backward that failed partway the message says the graph may be spent.
+  Tensor y = x * 3.0;
+  Tensor out = y.detach() * 1.0;
+  autograd::record("fails", {y}, {out}, [](const GradCtx&) -> std::vector<Tensor> { KILN_FAIL("from backward"); });
+  CHECK(contains(error_of([&] { sum(out).backward(); }), "from backward"));
+}
+
 TEST_CASE("autograd: backward errors") {
   Tensor x = leaf({3});
   Tensor y = x * 2.0;

@@ -78,6 +78,11 @@ class Function:
     def apply(cls, *args, **kwargs):
         ctx = FunctionCtx()
         ctx._name = cls.__name__
+        for k, v in kwargs.items():
+            # backward returns one gradient per positional argument: a keyword's would be lost silently
+            if isinstance(v, Tensor) and v.requires_grad and _C.is_grad_enabled():
+                raise KilnError(f"{cls.__name__}.apply: the tensor passed as {k}= requires grad; pass it "
+                                "positionally (backward returns one gradient per positional argument)")
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         with no_grad():
             out = cls.forward(ctx, *args, **kwargs)

@@ -124,6 +124,20 @@ def test_custom_function_two_outputs_and_errors():
     with pytest.raises(ZeroDivisionError, match="from backward"):
         Raises.apply(kiln.ones(1, requires_grad=True)).sum().backward()
 
+    class Keyword(Function):
+        @staticmethod
+        def forward(ctx, x, other=None):
+            return x * other
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    x, o = kiln.ones(2, requires_grad=True), kiln.ones(2, requires_grad=True)
+    with pytest.raises(kiln.KilnError, match="passed as other= requires grad; pass it positionally"):
+        Keyword.apply(x, other=o)
+    assert Keyword.apply(x, other=kiln.ones(2)).shape == (2,)  # a keyword tensor without grad is fine
+
 
 def test_saved_tensor_modified_in_place():
     class Keep(Function):
