@@ -465,6 +465,55 @@ TEST_CASE("train: --resume refuses a checkpoint whose position is past what the 
   }
 }
 
+TEST_CASE("train: --resume auto passes over damaged checkpoints to the newest intact one and says so") {
+  TempDir d("kiln_resume");
+  const std::string args =
+      "train --limit-train 64 --limit-eval 32 --batch 8 --max-steps 6 --save-every 2 --threads 1 "
+      "--progress lines --out ";
+  auto r = run_kiln(args + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string good6 = bytes_of(d / "run/checkpoints/step-000000006.kiln");
+  // A copy of the run whose step-6 is `damaged` (with or without `latest`), resumed with `resume`.
+  auto resume = [&](const std::string& tag, const std::string& damaged, bool keep_latest, const std::string& how) {
+    const std::string out = d / tag;
+    fs::copy(d / "run", out, fs::copy_options::recursive);
+    write_bytes(out + "/checkpoints/step-000000006.kiln", damaged);
+    if (!keep_latest) fs::remove(out + "/checkpoints/latest");
+    return run_kiln(args + out + " --resume " + how, d.p.string());
+  };
+  std::string flipped = good6;
+  flipped[200] = char(flipped[200] ^ 1);  // in the first tensor's blob: only its CRC can tell
+  for (const auto& [tag, damaged, keep_latest, says] :
+       {std::tuple<std::string, std::string, bool, std::string>{"latest_truncated", good6.substr(0, good6.size() / 2),
+                                                                true, "truncated"},
+        {"latest_flipped", flipped, true, "checksum does not match"},
+        {"none_truncated", good6.substr(0, good6.size() / 2), false, "truncated"},
+        {"none_empty", "", false, "0 bytes is too short"},
+        {"none_flipped", flipped, false, "checksum does not match"}}) {
+    r = resume(tag, damaged, keep_latest, "auto");
+    CHECK_MESSAGE(r.code == 0, tag, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "warning: --resume auto: skipped damaged checkpoint " + d / tag +
+                                         "/checkpoints/step-000000006.kiln: "),
+                  tag, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, says), tag, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "resumed at step 4 from " + d / tag + "/checkpoints/step-000000004.kiln"), tag,
+                  " -> ", r.output);
+  }
+  // Named explicitly, a damaged checkpoint is refused, not replaced by another.
+  r = resume("explicit", flipped, true, d / "explicit/checkpoints/step-000000006.kiln");
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "checksum does not match"), r.output);
+  // None intact: an error that lists each one.
+  fs::copy(d / "run", d / "all", fs::copy_options::recursive);
+  for (const char* n : {"step-000000002.kiln", "step-000000004.kiln", "step-000000006.kiln"})
+    write_bytes(d / "all/checkpoints/" + n, flipped);
+  r = run_kiln(args + d / "all" + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "--resume auto: no intact checkpoint in " + d / "all/checkpoints"), r.output);
+  for (const char* n : {"step-000000002.kiln", "step-000000004.kiln", "step-000000006.kiln"})
+    CHECK_MESSAGE(contains(r.output, d / "all/checkpoints/" + n + ": "), r.output);
+}
+
 TEST_CASE(
     "checkpoint: no command writes its output over its input (export, import, consolidate, forward, eval, vocab)") {
   TempDir d("kiln_ckpt");
