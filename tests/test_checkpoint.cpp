@@ -514,6 +514,35 @@ TEST_CASE("train: --resume auto passes over damaged checkpoints to the newest in
     CHECK_MESSAGE(contains(r.output, d / "all/checkpoints/" + n + ": "), r.output);
 }
 
+TEST_CASE("checkpoint: ckpt export, import and consolidate refuse an existing output unless --overwrite") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  io::RunState run;
+  run.step = 4;
+  const std::string ck = io::save_run_checkpoint(d / "run", *a, opt, run, {{"model", "resnet20"}});
+  io::save_safetensors(d / "w.st", a->state_dict());
+  const std::string w = d / "w.st", ck_bytes = bytes_of(ck), w_bytes = bytes_of(w);
+  const std::string import = "ckpt import " + w + " --model resnet20 --set in_channels=1 --out " + ck;
+  auto r = run_kiln(import, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--out " + ck + " already exists: add --overwrite to replace it"), r.output);
+  CHECK(bytes_of(ck) == ck_bytes);  // the training checkpoint is untouched
+  r = run_kiln("ckpt export " + ck + " --safetensors " + w, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--safetensors " + w + " already exists: add --overwrite"), r.output);
+  CHECK(bytes_of(w) == w_bytes);
+  r = run_kiln("ckpt consolidate " + ck + " --out " + d / "new.kiln --safetensors " + w, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--safetensors " + w + " already exists"), r.output);
+  // Asked for, it is replaced.
+  r = run_kiln("ckpt export " + ck + " --safetensors " + w + " --overwrite", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  r = run_kiln(import + " --overwrite", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(bytes_of(ck), "\"kind\":\"weights\""));
+}
+
 TEST_CASE(
     "checkpoint: no command writes its output over its input (export, import, consolidate, forward, eval, vocab)") {
   TempDir d("kiln_ckpt");
