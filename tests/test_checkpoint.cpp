@@ -543,6 +543,23 @@ TEST_CASE("checkpoint: ckpt export, import and consolidate refuse an existing ou
   CHECK(contains(bytes_of(ck), "\"kind\":\"weights\""));
 }
 
+TEST_CASE("checkpoint: a Kiln checkpoint given where safetensors are expected is named as one") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const std::string ck = io::save_run_checkpoint(d.p.string(), *a, opt, {}, {{"model", "resnet20"}});
+  const std::string says = ck +
+                           ": this is a Kiln checkpoint, not a safetensors file: export its weights with "
+                           "`kiln ckpt export";
+  for (const std::string& args :
+       {"eval --model resnet20 --weights " + ck, "ckpt import " + ck + " --model resnet20 --out " + d / "i.kiln"}) {
+    const auto r = run_kiln(args, d.p.string());
+    CHECK(r.code != 0);
+    CHECK_MESSAGE(contains(r.output, says), args, " -> ", r.output);
+    CHECK_MESSAGE(!contains(r.output, "header length"), r.output);
+  }
+}
+
 TEST_CASE(
     "checkpoint: no command writes its output over its input (export, import, consolidate, forward, eval, vocab)") {
   TempDir d("kiln_ckpt");
