@@ -136,6 +136,40 @@ TEST_CASE("checkpoint: truncation at any length and a flipped bit anywhere are d
   CHECK(contains(error_of([&] { io::CheckpointReader r(p); }), "not a Kiln checkpoint"));
 }
 
+TEST_CASE("checkpoint: a header whose manifest offset or length is huge is named truly, without wrapping") {
+  TempDir d("kiln_ckpt");
+  io::save_checkpoint(d / "a.kiln", sample_tensors(), R"({"step": 1})");
+  const std::string good = bytes_of(d / "a.kiln");
+  // The header with `offset` and `length` for the manifest and a valid checksum: only the span is wrong.
+  auto with_span = [&](uint64_t offset, uint64_t length) {
+    std::string b = good;
+    std::memcpy(b.data() + 16, &offset, 8);
+    std::memcpy(b.data() + 24, &length, 8);
+    const uint32_t crc = io::crc32c(b.data(), 36);
+    std::memcpy(b.data() + 36, &crc, 4);
+    write_bytes(d / "x.kiln", b);
+    return error_of([&] { io::CheckpointReader r(d / "x.kiln"); });
+  };
+  uint64_t offset = 0;
+  std::memcpy(&offset, good.data() + 16, 8);
+  std::string e = with_span(offset, ~uint64_t(0));
+  CHECK_MESSAGE(contains(e, "the header gives the manifest 18446744073709551615 bytes, more than the limit"), e);
+  e = with_span(~uint64_t(0) - 63, 100);
+  CHECK_MESSAGE(contains(e, "the manifest should start at byte 18446744073709551552 but the file has " +
+                                std::to_string(good.size()) + " bytes"),
+                e);
+  e = with_span(offset, 1u << 20);
+  CHECK_MESSAGE(contains(e, "should span bytes " + std::to_string(offset) + ".." + std::to_string(offset + (1u << 20))),
+                e);
+  e = with_span(8, 100);
+  CHECK_MESSAGE(contains(e, "inside the 64-byte header"), e);
+  // `ckpt verify` reports the same.
+  with_span(offset, ~uint64_t(0));
+  const auto r = run_kiln("ckpt verify " + d / "x.kiln", d.p.string());
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.output, "18446744073709551615 bytes, more than the limit"), r.output);
+}
+
 TEST_CASE("checkpoint: a manifest nested 100000 levels deep is an error, not a crash") {
   TempDir d("kiln_ckpt");
   io::save_checkpoint(d / "a.kiln", {{"w", ones({4})}}, R"({"x": 0})");
