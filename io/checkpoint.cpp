@@ -170,10 +170,16 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
              " by a newer Kiln; this build reads format ", kCheckpointMajor, ".x");
   manifest_offset_ = get<uint64_t>(h + 16);
   manifest_length_ = get<uint64_t>(h + 24);
-  KILN_CHECK(manifest_offset_ >= kHeaderBytes && manifest_length_ <= kMaxManifestBytes &&
-                 manifest_offset_ <= size_ && manifest_length_ <= size_ - manifest_offset_,
-             path, ": truncated: the manifest should span bytes ", manifest_offset_, "..",
-             manifest_offset_ + manifest_length_, " but the file has ", size_);
+  // Each bound is checked on its own, so no sum of two header fields can wrap around in a message
+  // (a length of 2^64-1 once read "should span bytes 2185216..2185215").
+  KILN_CHECK(manifest_offset_ >= kHeaderBytes, path, ": the header puts the manifest at byte ", manifest_offset_,
+             ", inside the 64-byte header: the file is damaged");
+  KILN_CHECK(manifest_length_ <= kMaxManifestBytes, path, ": the header gives the manifest ", manifest_length_,
+             " bytes, more than the limit of ", kMaxManifestBytes, ": the file is damaged");
+  KILN_CHECK(manifest_offset_ <= size_, path, ": truncated: the manifest should start at byte ", manifest_offset_,
+             " but the file has ", size_, " bytes");
+  KILN_CHECK(manifest_length_ <= size_ - manifest_offset_, path, ": truncated: the manifest should span bytes ",
+             manifest_offset_, "..", manifest_offset_ + manifest_length_, " but the file has ", size_);
   KILN_CHECK(manifest_offset_ + manifest_length_ == size_, path, ": ", size_ - manifest_offset_ - manifest_length_,
              " unexpected bytes after the manifest");
   std::string text(size_t(manifest_length_), '\0');

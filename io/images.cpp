@@ -33,7 +33,14 @@ Tensor decode_image(const std::string& path, int64_t channels) {
   KILN_CHECK(channels == 1 || channels == 3, path, ": images decode to 1 or 3 channels, not ", channels);
   int w = 0, h = 0, n = 0;
   unsigned char* px = stbi_load(path.c_str(), &w, &h, &n, int(channels));
-  KILN_CHECK(px != nullptr, path, ": cannot decode the image (", stbi_failure_reason(), ")");
+  if (px == nullptr) {
+    // stb_image calls an empty file an "unknown image type"; an interrupted copy is the likelier cause.
+    const char* why = stbi_failure_reason();
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    KILN_CHECK(ec || size != 0, path, ": the file is empty (0 bytes), not an image");
+    KILN_FAIL(path, ": cannot decode the image (", why, ")");
+  }
   std::unique_ptr<unsigned char, void (*)(void*)> guard(px, stbi_image_free);
   KILN_CHECK(w > 0 && h > 0, path, ": empty image ", w, "x", h);
   Tensor t = make_tensor({channels, h, w}, DType::u8, kCPU);

@@ -2,6 +2,7 @@
 // "optim/<optimizer slot>", and a state object {kind, run, rng, optimizer, config}.
 #include "io/run_checkpoint.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -213,22 +214,49 @@ std::vector<fs::path> step_files(const std::string& dir) {
 }
 }  // namespace
 
-std::string find_latest_checkpoint(const std::string& dir) {
+namespace {
+// The checkpoint files of `dir` in the order --resume auto tries them: the one `latest` names (a run
+// killed between writing a checkpoint and updating `latest` leaves a newer one: `latest` still
+// wins, as it always has), then every step-*.kiln, newest first.
+std::vector<std::string> checkpoint_candidates(const std::string& dir) {
+  std::vector<std::string> out;
   std::ifstream f(fs::path(dir) / "latest");
   std::string name;
   if (f && std::getline(f, name) && !name.empty() && name.find('/') == std::string::npos &&
       fs::is_regular_file(fs::path(dir) / name))
-    return (fs::path(dir) / name).string();
-  // No pointer (or a stale one): the newest file that opens as a valid checkpoint.
+    out.push_back((fs::path(dir) / name).string());
   auto files = step_files(dir);
-  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+  for (auto it = files.rbegin(); it != files.rend(); ++it)
+    if (std::find(out.begin(), out.end(), it->string()) == out.end()) out.push_back(it->string());
+  return out;
+}
+}  // namespace
+
+std::string find_latest_checkpoint(const std::string& dir) {
+  const auto files = checkpoint_candidates(dir);
+  return files.empty() ? "" : files.front();
+}
+
+IntactCheckpoint find_intact_checkpoint(const std::string& dir) {
+  IntactCheckpoint out;
+  for (const std::string& path : checkpoint_candidates(dir)) {
+    std::string problem;
     try {
-      io::CheckpointReader r(it->string());
-      return it->string();
-    } catch (const Error&) {
+      const io::CheckpointReader r(path);
+      const auto problems = r.verify();
+      if (!problems.empty()) problem = problems.front();
+    } catch (const Error& e) {
+      problem = e.message();
     }
+    if (problem.empty()) {
+      out.path = path;
+      return out;
+    }
+    // The reader's messages begin with the path; the entry names it once.
+    if (problem.rfind(path + ": ", 0) == 0) problem = problem.substr(path.size() + 2);
+    out.skipped.push_back(path + ": " + problem);
   }
-  return "";
+  return out;
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep) {

@@ -92,8 +92,18 @@ std::vector<std::string> zero_slots(const CheckpointReader& r);
 std::string save_run_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer& opt,
                                 const RunState& run, const nlohmann::json& config,
                                 const ShardedOptimizerState& sharded);
-// The checkpoint `latest` names in `dir`, or the newest complete step-*.kiln, or "" when none.
+// The checkpoint `latest` names in `dir`, else the newest step-*.kiln, or "" when there is none. The
+// file is not opened (it may be damaged): find_intact_checkpoint reads and checks it.
 std::string find_latest_checkpoint(const std::string& dir);
+// The checkpoint --resume auto continues from: the first of the file `latest` names and then every
+// step-*.kiln, newest first, whose every byte checks out (CheckpointReader and verify(): each tensor's
+// CRC, so it reads each file it tries once). `skipped` names each damaged file tried before it and
+// what is wrong ("<file>: <problem>"); `path` is "" when none is intact (or there is none).
+struct IntactCheckpoint {
+  std::string path;
+  std::vector<std::string> skipped;
+};
+IntactCheckpoint find_intact_checkpoint(const std::string& dir);
 // Deletes all but the newest `keep` step-*.kiln files in `dir` (and stray temporary files).
 void prune_checkpoints(const std::string& dir, int64_t keep);
 

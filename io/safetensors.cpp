@@ -103,6 +103,11 @@ struct Header {
 uint64_t header_length(const uint8_t* data, uint64_t size, const std::string& what) {
   KILN_CHECK(size >= 8, what, ": file is ", size,
              " bytes, too short for the 8-byte header length of a safetensors file (truncated?)");
+  // A Kiln checkpoint is the likeliest other file to be given here (a run's step-N.kiln for its
+  // model.safetensors); its magic read as a length would be a meaningless "header length 6075...".
+  KILN_CHECK(std::memcmp(data, "KILNCKPT", 8) != 0, what,
+             ": this is a Kiln checkpoint, not a safetensors file: export its weights with `kiln ckpt export "
+             "CHECKPOINT --safetensors FILE` and give FILE");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];
   KILN_CHECK(n <= kMaxHeaderBytes, what, ": header length ", n, " exceeds the limit of ", kMaxHeaderBytes,

@@ -21,7 +21,9 @@ namespace kiln::io {
 
 // ---- UTF-8 ---------------------------------------------------------------------------------------
 
-std::u32string decode_utf8(std::string_view s) {
+namespace {
+// decode_utf8, counting in `bad` the bytes it could not decode (each became U+FFFD).
+std::u32string decode_utf8_counting(std::string_view s, int64_t* bad) {
   std::u32string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
@@ -43,10 +45,26 @@ std::u32string decode_utf8(std::string_view s) {
     } else {
       out.push_back(0xFFFD);
       i += 1;
+      if (bad) ++*bad;
     }
   }
   return out;
 }
+
+// The tokenizer drops U+FFFD as BERT's does, so bytes that are not UTF-8 vanish from the words
+// ("café" in Latin-1 trains as "caf"): said once per file, with the count; never fatal.
+void warn_invalid_utf8(const std::string& path, std::string_view text) {
+  int64_t bad = 0;
+  (void)decode_utf8_counting(text, &bad);
+  if (bad)
+    std::fprintf(stderr,
+                 "kiln: warning: %s: %lld bytes are not valid UTF-8 and are left out of its words (a Latin-1 file? "
+                 "convert it with `iconv -f latin1 -t utf-8`)\n",
+                 path.c_str(), (long long)bad);
+}
+}  // namespace
+
+std::u32string decode_utf8(std::string_view s) { return decode_utf8_counting(s, nullptr); }
 
 std::string encode_utf8(std::u32string_view s) {
   std::string out;
@@ -291,6 +309,7 @@ Vocab build_wordpiece_vocab(const std::vector<std::string>& files, int64_t size,
   std::map<std::string, int64_t> word_freq;
   for (const auto& f : files) {
     const std::string text = read_maybe_gzip(f);
+    warn_invalid_utf8(f, text);
     for (auto& w : basic_tokenize(text, o))
       if (decode_utf8(w).size() <= 100) ++word_freq[w];
   }
@@ -415,6 +434,7 @@ MlmDataset::MlmDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std:
   };
   for (const auto& f : files) {
     const std::string text = read_maybe_gzip(f);
+    warn_invalid_utf8(f, text);
     std::istringstream in(text);
     std::string line;
     while (std::getline(in, line)) {
@@ -514,6 +534,7 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
   tok_->vocab().require("[PAD]", "pads short classification inputs");
   KILN_CHECK(seq_len_ >= 3, "classification sequence length must be at least 3, got ", seq_len_);
   const std::string text = read_maybe_gzip(path);
+  warn_invalid_utf8(path, text);
   std::istringstream in(text);
   std::string line;
   std::vector<std::pair<std::string, std::string>> rows;

@@ -136,6 +136,40 @@ TEST_CASE("checkpoint: truncation at any length and a flipped bit anywhere are d
   CHECK(contains(error_of([&] { io::CheckpointReader r(p); }), "not a Kiln checkpoint"));
 }
 
+TEST_CASE("checkpoint: a header whose manifest offset or length is huge is named truly, without wrapping") {
+  TempDir d("kiln_ckpt");
+  io::save_checkpoint(d / "a.kiln", sample_tensors(), R"({"step": 1})");
+  const std::string good = bytes_of(d / "a.kiln");
+  // The header with `offset` and `length` for the manifest and a valid checksum: only the span is wrong.
+  auto with_span = [&](uint64_t offset, uint64_t length) {
+    std::string b = good;
+    std::memcpy(b.data() + 16, &offset, 8);
+    std::memcpy(b.data() + 24, &length, 8);
+    const uint32_t crc = io::crc32c(b.data(), 36);
+    std::memcpy(b.data() + 36, &crc, 4);
+    write_bytes(d / "x.kiln", b);
+    return error_of([&] { io::CheckpointReader r(d / "x.kiln"); });
+  };
+  uint64_t offset = 0;
+  std::memcpy(&offset, good.data() + 16, 8);
+  std::string e = with_span(offset, ~uint64_t(0));
+  CHECK_MESSAGE(contains(e, "the header gives the manifest 18446744073709551615 bytes, more than the limit"), e);
+  e = with_span(~uint64_t(0) - 63, 100);
+  CHECK_MESSAGE(contains(e, "the manifest should start at byte 18446744073709551552 but the file has " +
+                                std::to_string(good.size()) + " bytes"),
+                e);
+  e = with_span(offset, 1u << 20);
+  CHECK_MESSAGE(contains(e, "should span bytes " + std::to_string(offset) + ".." + std::to_string(offset + (1u << 20))),
+                e);
+  e = with_span(8, 100);
+  CHECK_MESSAGE(contains(e, "inside the 64-byte header"), e);
+  // `ckpt verify` reports the same.
+  with_span(offset, ~uint64_t(0));
+  const auto r = run_kiln("ckpt verify " + d / "x.kiln", d.p.string());
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.output, "18446744073709551615 bytes, more than the limit"), r.output);
+}
+
 TEST_CASE("checkpoint: a manifest nested 100000 levels deep is an error, not a crash") {
   TempDir d("kiln_ckpt");
   io::save_checkpoint(d / "a.kiln", {{"w", ones({4})}}, R"({"x": 0})");
@@ -462,6 +496,101 @@ TEST_CASE("train: --resume refuses a checkpoint whose position is past what the 
     r = run_kiln(args + d / ("again_" + std::string(field)) + " --resume " + d / "edited.kiln", d.p.string());
     CHECK_MESSAGE(r.code == 2, field, " -> ", r.output);
     CHECK_MESSAGE(contains(r.output, "edited.kiln: " + std::string(says)), r.output);
+  }
+}
+
+TEST_CASE("train: --resume auto passes over damaged checkpoints to the newest intact one and says so") {
+  TempDir d("kiln_resume");
+  const std::string args =
+      "train --limit-train 64 --limit-eval 32 --batch 8 --max-steps 6 --save-every 2 --threads 1 "
+      "--progress lines --out ";
+  auto r = run_kiln(args + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string good6 = bytes_of(d / "run/checkpoints/step-000000006.kiln");
+  // A copy of the run whose step-6 is `damaged` (with or without `latest`), resumed with `resume`.
+  auto resume = [&](const std::string& tag, const std::string& damaged, bool keep_latest, const std::string& how) {
+    const std::string out = d / tag;
+    fs::copy(d / "run", out, fs::copy_options::recursive);
+    write_bytes(out + "/checkpoints/step-000000006.kiln", damaged);
+    if (!keep_latest) fs::remove(out + "/checkpoints/latest");
+    return run_kiln(args + out + " --resume " + how, d.p.string());
+  };
+  std::string flipped = good6;
+  flipped[200] = char(flipped[200] ^ 1);  // in the first tensor's blob: only its CRC can tell
+  for (const auto& [tag, damaged, keep_latest, says] :
+       {std::tuple<std::string, std::string, bool, std::string>{"latest_truncated", good6.substr(0, good6.size() / 2),
+                                                                true, "truncated"},
+        {"latest_flipped", flipped, true, "checksum does not match"},
+        {"none_truncated", good6.substr(0, good6.size() / 2), false, "truncated"},
+        {"none_empty", "", false, "0 bytes is too short"},
+        {"none_flipped", flipped, false, "checksum does not match"}}) {
+    r = resume(tag, damaged, keep_latest, "auto");
+    CHECK_MESSAGE(r.code == 0, tag, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "warning: --resume auto: skipped damaged checkpoint " + d / tag +
+                                         "/checkpoints/step-000000006.kiln: "),
+                  tag, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, says), tag, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "resumed at step 4 from " + d / tag + "/checkpoints/step-000000004.kiln"), tag,
+                  " -> ", r.output);
+  }
+  // Named explicitly, a damaged checkpoint is refused, not replaced by another.
+  r = resume("explicit", flipped, true, d / "explicit/checkpoints/step-000000006.kiln");
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "checksum does not match"), r.output);
+  // None intact: an error that lists each one.
+  fs::copy(d / "run", d / "all", fs::copy_options::recursive);
+  for (const char* n : {"step-000000002.kiln", "step-000000004.kiln", "step-000000006.kiln"})
+    write_bytes(d / "all/checkpoints/" + n, flipped);
+  r = run_kiln(args + d / "all" + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "--resume auto: no intact checkpoint in " + d / "all/checkpoints"), r.output);
+  for (const char* n : {"step-000000002.kiln", "step-000000004.kiln", "step-000000006.kiln"})
+    CHECK_MESSAGE(contains(r.output, d / "all/checkpoints/" + n + ": "), r.output);
+}
+
+TEST_CASE("checkpoint: ckpt export, import and consolidate refuse an existing output unless --overwrite") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  io::RunState run;
+  run.step = 4;
+  const std::string ck = io::save_run_checkpoint(d / "run", *a, opt, run, {{"model", "resnet20"}});
+  io::save_safetensors(d / "w.st", a->state_dict());
+  const std::string w = d / "w.st", ck_bytes = bytes_of(ck), w_bytes = bytes_of(w);
+  const std::string import = "ckpt import " + w + " --model resnet20 --set in_channels=1 --out " + ck;
+  auto r = run_kiln(import, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--out " + ck + " already exists: add --overwrite to replace it"), r.output);
+  CHECK(bytes_of(ck) == ck_bytes);  // the training checkpoint is untouched
+  r = run_kiln("ckpt export " + ck + " --safetensors " + w, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--safetensors " + w + " already exists: add --overwrite"), r.output);
+  CHECK(bytes_of(w) == w_bytes);
+  r = run_kiln("ckpt consolidate " + ck + " --out " + d / "new.kiln --safetensors " + w, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--safetensors " + w + " already exists"), r.output);
+  // Asked for, it is replaced.
+  r = run_kiln("ckpt export " + ck + " --safetensors " + w + " --overwrite", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  r = run_kiln(import + " --overwrite", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(bytes_of(ck), "\"kind\":\"weights\""));
+}
+
+TEST_CASE("checkpoint: a Kiln checkpoint given where safetensors are expected is named as one") {
+  TempDir d("kiln_ckpt");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const std::string ck = io::save_run_checkpoint(d.p.string(), *a, opt, {}, {{"model", "resnet20"}});
+  const std::string says = ck +
+                           ": this is a Kiln checkpoint, not a safetensors file: export its weights with "
+                           "`kiln ckpt export";
+  for (const std::string& args :
+       {"eval --model resnet20 --weights " + ck, "ckpt import " + ck + " --model resnet20 --out " + d / "i.kiln"}) {
+    const auto r = run_kiln(args, d.p.string());
+    CHECK(r.code != 0);
+    CHECK_MESSAGE(contains(r.output, says), args, " -> ", r.output);
+    CHECK_MESSAGE(!contains(r.output, "header length"), r.output);
   }
 }
 

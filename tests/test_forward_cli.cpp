@@ -163,3 +163,33 @@ TEST_CASE("models by name: every name of the table builds and runs; an unknown o
     fs::remove(d / "y.safetensors");
   }
 }
+
+TEST_CASE("forward: an input the model refuses is named with its file") {
+  TempDir d;
+  models::BertConfig c = models::bert_config("tiny");
+  c.vocab_size = 40;
+  models::BertForMaskedLM m(c);
+  io::save_safetensors(d / "w.safetensors", m.state_dict());
+  const std::string base =
+      "forward --model bert-tiny-mlm --set vocab_size=40 --weights " + d / "w.safetensors" + " --out " + d / "y.st";
+  auto says = [&](const std::map<std::string, Tensor>& inputs, const std::string& what, const std::string& model_args) {
+    io::save_safetensors(d / "x.st", inputs);
+    const auto r = testing::run_kiln(model_args + " --inputs " + d / "x.st", d.p.string());
+    CHECK(r.code != 0);
+    CHECK_MESSAGE(testing::contains(r.output, d / "x.st" + ": " + what), r.output);
+  };
+  const Tensor ids = randint(0, 40, {2, 5});
+  says({{"input_ids", ids}, {"token_type_ids", full({2, 5}, 7.0, TensorOptions(DType::i64))}},
+       "input 'token_type_ids' holds 7, outside 0..1 (the model's type_vocab_size is 2)", base);
+  says({{"input_ids", full({2, 5}, 40.0, TensorOptions(DType::i64))}},
+       "input 'input_ids' holds 40, outside 0..39 (the model's vocab_size is 40)", base);
+  says({{"input_ids", ids.to(DType::f32)}}, "input 'input_ids' is f32: it holds indices", base);
+  // A ResNet given integers instead of an image.
+  auto r = models::make_resnet({"resnet20", 10, 1});
+  io::save_safetensors(d / "r.safetensors", r->state_dict());
+  says({{"input", ones({1, 1, 8, 8}, TensorOptions(DType::i64))}}, "input 'input' is i64: the model takes images",
+       "forward --model resnet20 --set in_channels=1 --weights " + d / "r.safetensors" + " --out " + d / "y.st");
+  // Any other error of the model names the file too: an image of 3 channels for a 1-channel ResNet.
+  says({{"input", ones({1, 3, 8, 8})}}, "running resnet20 on its tensors failed: ",
+       "forward --model resnet20 --set in_channels=1 --weights " + d / "r.safetensors" + " --out " + d / "y.st");
+}

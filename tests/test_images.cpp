@@ -107,6 +107,15 @@ TEST_CASE("image folder: a corrupt image is an error naming it, or is skipped an
   CHECK(lenient.bad_samples() == 1);
 }
 
+TEST_CASE("image folder: an empty image file is called empty, not of an unknown type") {
+  TempDir d("kiln_img");
+  std::ofstream(d / "empty.png").flush();
+  const std::string e = error_of([&] { io::decode_image(d / "empty.png", 3); });
+  CHECK_MESSAGE(contains(e, d / "empty.png" + ": the file is empty (0 bytes), not an image"), e);
+  std::ofstream(d / "junk.png") << "not an image";
+  CHECK(contains(error_of([&] { io::decode_image(d / "junk.png", 3); }), "junk.png: cannot decode the image"));
+}
+
 TEST_CASE("resize_bilinear: identity at the same size, averages when halving a ramp") {
   std::vector<float> src(16);
   for (int i = 0; i < 16; ++i) src[size_t(i)] = float(i % 4);  // columns 0 1 2 3

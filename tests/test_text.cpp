@@ -167,3 +167,20 @@ TEST_CASE("tsv classification: header, label ids, cut to length, errors name fil
   std::ofstream(d / "bad.tsv") << "pos\thello\nno tab here\n";
   CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "bad.tsv", 8); }), "bad.tsv:2: expected label<TAB>text"));
 }
+
+TEST_CASE("vocab and masked LM: bytes that are not UTF-8 are counted and named once per file, not fatal") {
+  TempDir d("kiln_vocab");
+  {
+    std::ofstream f(d / "latin1.txt", std::ios::binary);
+    for (int i = 0; i < 50; ++i) f << "the quick brown fox jumps over the lazy dog\n";
+    f << "caf\xe9 na\xefve\n";  // Latin-1: two bytes that are not UTF-8
+  }
+  auto r =
+      kiln::testing::run_kiln("vocab --text " + d / "latin1.txt" + " --size 60 --out " + d / "v.txt", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  const std::string says = d / "latin1.txt" + ": 2 bytes are not valid UTF-8";
+  CHECK_MESSAGE(contains(r.output, says), r.output);
+  CHECK(r.output.find(says) == r.output.rfind(says));  // once for the file
+  r = kiln::testing::run_kiln("vocab --text " + d / "v.txt" + " --size 60 --out " + d / "v2.txt", d.p.string());
+  CHECK_MESSAGE(!contains(r.output, "UTF-8"), r.output);  // a clean file: nothing said
+}

@@ -91,6 +91,22 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
   CHECK(!std::filesystem::exists(d / "run/metrics.jsonl"));
 }
 
+TEST_CASE("train flags: --help shows each on/off flag pair's real default") {
+  TempDir d("kiln_help");
+  auto r = run_kiln("train --help", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  for (const char* line :
+       {"--lower-case,--no-lower-case (default: on)", "--augment,--no-augment (default: on)",
+        "--nesterov,--no-nesterov (default: on)", "--tensorboard,--no-tensorboard (default: on)",
+        "--save-epochs,--no-save-epochs (default: on)", "--channels-last,--no-channels-last (default: off)"})
+    CHECK_MESSAGE(contains(r.output, line), line, " in\n", r.output);
+  CHECK_MESSAGE(!contains(r.output, "{false}"), r.output);  // what --no-X sets, read as the default
+  r = run_kiln("vocab --help", d.p.string());
+  CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
+  r = run_kiln("eval --help", d.p.string());
+  CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
+}
+
 TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees with its summary") {
   REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
                   "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");

@@ -23,6 +23,31 @@ std::string output_is_input(const std::string& out_flag, const std::string& out,
 }
 
 namespace {
+// Flags' names without the {value} each negated name carries (see add_on_off_flag).
+class OnOffFormatter : public CLI::Formatter {
+ public:
+  explicit OnOffFormatter(const CLI::Formatter& f) : CLI::Formatter(f) {}
+  std::string make_option_name(const CLI::Option* opt, bool is_positional) const override {
+    std::string s = CLI::Formatter::make_option_name(opt, is_positional);
+    if (is_positional) return s;  // only a flag's names carry braces
+    for (size_t open; (open = s.find('{')) != std::string::npos;) {
+      const size_t close = s.find('}', open);
+      if (close == std::string::npos) break;
+      s.erase(open, close - open + 1);
+    }
+    return s;
+  }
+};
+}  // namespace
+
+CLI::Option* add_on_off_flag(CLI::App& app, const std::string& names, bool& value, const std::string& help) {
+  if (!std::dynamic_pointer_cast<OnOffFormatter>(app.get_formatter()))
+    if (const auto f = std::dynamic_pointer_cast<CLI::Formatter>(app.get_formatter()))
+      app.formatter(std::make_shared<OnOffFormatter>(*f));
+  return app.add_flag(names, value, help)->option_text(value ? "(default: on)" : "(default: off)");
+}
+
+namespace {
 std::string number_text(double v) {
   char b[64];
   if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)

@@ -15,6 +15,12 @@ namespace kiln::tools {
 std::string output_is_input(const std::string& out_flag, const std::string& out,
                             const std::vector<std::string>& inputs);
 
+// An on/off flag pair ("--augment,!--no-augment") whose --help line shows the real default:
+// "--augment,--no-augment (default: on)". CLI11 writes such a pair as "--augment,--no-augment{false}",
+// the {false} being what --no-augment sets, which reads as the default even where it is true; it
+// ignores capture_default_str() for flags. `value` holds the default when this is called.
+CLI::Option* add_on_off_flag(CLI::App& app, const std::string& names, bool& value, const std::string& help);
+
 }  // namespace kiln::tools
 
 namespace kiln::tools {

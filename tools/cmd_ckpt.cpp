@@ -30,12 +30,16 @@ void add_ckpt_commands(CLI::App& app, CkptOptions& o) {
   auto* exp = app.add_subcommand("export", "Write a checkpoint's model weights as safetensors");
   exp->add_option("file", o.file, "Checkpoint")->required();
   exp->add_option("--safetensors", o.out, "Output file")->required();
+  exp->add_flag("--overwrite", o.overwrite,
+                "Replace the output file(s) if they exist (without it an existing one is refused)");
   exp->callback([&o] { o.action = "export"; });
   auto* imp = app.add_subcommand("import", "Make a weights-only checkpoint (to start `kiln train --resume`) from safetensors");
   imp->add_option("weights", o.file, "Weights (safetensors)")->required()->check(CLI::ExistingFile);
   imp->add_option("--model", o.model, "One of " + model_names_text())->required();
   imp->add_option("--set", o.sets, "Override a config field, key=value (repeatable)");
   imp->add_option("--out", o.out, "Checkpoint to write")->required();
+  imp->add_flag("--overwrite", o.overwrite,
+                "Replace the output file(s) if they exist (without it an existing one is refused)");
   imp->callback([&o] { o.action = "import"; });
   auto* con = app.add_subcommand("consolidate",
                                  "Make a --zero 1 checkpoint's sharded optimizer state whole: a "
@@ -43,6 +47,8 @@ void add_ckpt_commands(CLI::App& app, CkptOptions& o) {
   con->add_option("file", o.file, "Checkpoint written with --zero 1")->required()->check(CLI::ExistingFile);
   con->add_option("--out", o.out, "Checkpoint to write")->required();
   con->add_option("--safetensors", o.safetensors, "Also write the model weights here");
+  con->add_flag("--overwrite", o.overwrite,
+                "Replace the output file(s) if they exist (without it an existing one is refused)");
   con->callback([&o] { o.action = "consolidate"; });
 }
 
@@ -194,6 +200,22 @@ int run_ckpt(const CkptOptions& o) {
   if (o.action == "import" || o.action == "consolidate") clash = output_is_input("--out", o.out, {o.file});
   if (clash.empty() && o.action == "consolidate")
     clash = output_is_input("--safetensors", o.safetensors, {o.file, o.out});
+  // An existing output may be a training checkpoint (optimizer state, progress) that a weights-only
+  // one would silently replace: only when asked.
+  if (clash.empty() && !o.overwrite) {
+    std::vector<std::pair<const char*, std::string>> outputs;
+    if (o.action == "export") outputs = {{"--safetensors", o.out}};
+    if (o.action == "import" || o.action == "consolidate") outputs = {{"--out", o.out}};
+    if (o.action == "consolidate" && !o.safetensors.empty()) outputs.emplace_back("--safetensors", o.safetensors);
+    for (const auto& [flag, path] : outputs) {
+      std::error_code ec;
+      if (std::filesystem::exists(path, ec)) {
+        clash =
+            std::string(flag) + " " + path + " already exists: add --overwrite to replace it, or write to another path";
+        break;
+      }
+    }
+  }
   if (!clash.empty()) {
     std::fprintf(stderr, "kiln ckpt %s: error: %s\n", o.action.c_str(), clash.c_str());
     return 2;

@@ -69,7 +69,14 @@ int run_forward(const ForwardOptions& o) {
   {
     std::unique_ptr<NoGradGuard> ng;
     if (o.grad_output.empty()) ng = std::make_unique<NoGradGuard>();
-    outs = b.run(inputs, o.inputs);
+    try {
+      outs = b.run(inputs, o.inputs);
+    } catch (const Error& e) {
+      // The model's own errors ("conv2d: ...") would not say which file's tensors it was given.
+      const std::string msg = e.message();
+      if (msg.rfind(o.inputs + ": ", 0) == 0) throw;
+      KILN_FAIL(o.inputs, ": running ", o.model, " on its tensors failed: ", msg);
+    }
   }
   std::map<std::string, Tensor> write;
   for (const auto& [n, t] : outs) write[n] = t.detach();

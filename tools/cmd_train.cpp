@@ -438,7 +438,23 @@ class Trainer {
   // The newest complete checkpoint (--resume auto) or the one named; -1 to go on.
   int resume() {
     if (c_.resume.empty()) return -1;
-    const std::string path = c_.resume == "auto" ? find_latest_checkpoint(ckpt_dir_) : c_.resume;
+    std::string path = c_.resume;
+    if (c_.resume == "auto") {
+      // Every byte of a candidate is checked before it is chosen: a damaged newest checkpoint falls
+      // back to the newest intact one, and the user hears which files were passed over and why.
+      const io::IntactCheckpoint found = io::find_intact_checkpoint(ckpt_dir_);
+      if (found.path.empty() && !found.skipped.empty()) {
+        std::string msg;
+        for (const auto& s : found.skipped) msg += "\n  " + s;
+        return fail("--resume auto: no intact checkpoint in " + ckpt_dir_ + ", every one is damaged:" + msg +
+                    "\ncontinue from an intact copy (e.g. in the --mirror directory) with --resume FILE, or start a "
+                    "new run with --overwrite and without --resume");
+      }
+      if (lead_)
+        for (const auto& s : found.skipped)
+          std::fprintf(stderr, "kiln train: warning: --resume auto: skipped damaged checkpoint %s\n", s.c_str());
+      path = found.path;
+    }
     if (path.empty()) return c_.resume == "auto" ? -1 : fail("--resume " + c_.resume + ": no such checkpoint");
     try {
       io::LocalOptimizerState local;

@@ -16,8 +16,7 @@ void add_vocab_flags(CLI::App& app, VocabOptions& o) {
   app.add_option("--min-frequency", o.min_frequency, "Stop merging when the best pair occurs fewer times")
       ->check(at_least(1))
       ->capture_default_str();
-  app.add_flag("--lower-case,!--no-lower-case", o.lower_case, "Lower-case and strip accents first")
-      ->capture_default_str();
+  add_on_off_flag(app, "--lower-case,!--no-lower-case", o.lower_case, "Lower-case and strip accents first");
   app.add_option("--out", o.out, "Where to write vocab.txt")->required();
 }
 

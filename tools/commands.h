@@ -27,6 +27,7 @@ struct CkptOptions {
   std::string action, file, out, model, safetensors;
   std::vector<std::string> sets;
   bool all = false;
+  bool overwrite = false;  // replace an existing output file
 };
 void add_ckpt_commands(CLI::App& app, CkptOptions& o);
 int run_ckpt(const CkptOptions& o);

@@ -44,8 +44,7 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--eval-tsv", c.eval_tsv, "label<TAB>text evaluation file (BERT --task classify)");
   app.add_option("--seq-len", c.seq_len, "BERT sequence length")->capture_default_str();
   app.add_option("--mask-prob", c.mask_prob, "Share of tokens masked for masked-LM")->capture_default_str();
-  app.add_flag("--lower-case,!--no-lower-case", c.lower_case, "Lower-case and strip accents before WordPiece")
-      ->capture_default_str();
+  add_on_off_flag(app, "--lower-case,!--no-lower-case", c.lower_case, "Lower-case and strip accents before WordPiece");
   app.add_option("--batch", c.batch, "Batch size")->capture_default_str();
   app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout")->capture_default_str();
   app.add_option("--threads", c.threads,
@@ -62,10 +61,9 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                  "Seconds a collective between ranks may take before the job is ended with an error")
       ->check(at_least(1))
       ->capture_default_str();
-  app.add_flag("--channels-last,!--no-channels-last", c.channels_last,
-               "ResNet: feed batches as channels_last (NHWC) tensors, so every activation stays NHWC and cuDNN's "
-               "tensor-core convolutions need no layout transposes; on the CPU it only adds copies")
-      ->capture_default_str();
+  add_on_off_flag(app, "--channels-last,!--no-channels-last", c.channels_last,
+                  "ResNet: feed batches as channels_last (NHWC) tensors, so every activation stays NHWC and cuDNN's "
+                  "tensor-core convolutions need no layout transposes; on the CPU it only adds copies");
   app.add_option("--micro-batch", c.micro_batch,
                  "auto, or a number dividing --batch: split each batch into micro-batches whose gradients "
                  "accumulate (auto: the largest that fits the memory, from the planner, `kiln plan`); a step that "
@@ -106,8 +104,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--config", c.config_file, "A JSON object of flags (e.g. {\"epochs\": 5, \"lr\": 0.05}); flags given here win")
       ->check(CLI::ExistingFile);
   add_model_data_flags(app, c);
-  app.add_flag("--augment,!--no-augment", c.augment, "Random crop (pad 2) and horizontal flip for images")
-      ->capture_default_str();
+  add_on_off_flag(app, "--augment,!--no-augment", c.augment, "Random crop (pad 2) and horizontal flip for images");
   app.add_option("--epochs", c.epochs, "Passes over the training set")->capture_default_str();
   app.add_option("--loss-scale", c.loss_scale, "--amp fp16: the initial loss scale")->capture_default_str();
   app.add_option("--loss-scale-window", c.loss_scale_window,
@@ -123,7 +120,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
   app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
-  app.add_flag("--nesterov,!--no-nesterov", c.nesterov, "Nesterov momentum for SGD")->capture_default_str();
+  add_on_off_flag(app, "--nesterov,!--no-nesterov", c.nesterov, "Nesterov momentum for SGD");
   app.add_option("--weight-decay", c.weight_decay, "Weight decay (not on biases and normalisation weights)")
       ->capture_default_str();
   app.add_option("--label-smoothing", c.label_smoothing, "Label smoothing of the classification loss")
@@ -139,13 +136,11 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->check(at_least(0));
   app.add_option("--out", c.out, "Run directory: metrics.jsonl, summary.json, model.safetensors")->required();
   app.add_option("--log-every", c.log_every, "Steps between metrics lines")->capture_default_str();
-  app.add_flag("--tensorboard,!--no-tensorboard", c.tensorboard,
-               "TensorBoard event files in --out beside metrics.jsonl (every number of its lines)")
-      ->capture_default_str();
+  add_on_off_flag(app, "--tensorboard,!--no-tensorboard", c.tensorboard,
+                  "TensorBoard event files in --out beside metrics.jsonl (every number of its lines)");
   app.add_option("--save-every", c.save_every, "Checkpoint every N steps (0: off)")->check(at_least(0));
   app.add_option("--save-minutes", c.save_minutes, "Checkpoint every M minutes (0: off)")->check(at_least(0));
-  app.add_flag("--save-epochs,!--no-save-epochs", c.save_epochs, "Checkpoint at the end of every epoch")
-      ->capture_default_str();
+  add_on_off_flag(app, "--save-epochs,!--no-save-epochs", c.save_epochs, "Checkpoint at the end of every epoch");
   app.add_option("--keep-last", c.keep_last, "Checkpoints to keep (older ones are deleted; 0 keeps all)")
       ->check(at_least(0))
       ->capture_default_str();

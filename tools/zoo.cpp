@@ -86,13 +86,31 @@ const Tensor& need(const std::map<std::string, Tensor>& in, const std::string& n
   return it->second;
 }
 
+// An input tensor the model would refuse deep inside (an embedding's index out of range, a
+// convolution of integers) is checked here, where the message can name the file and the tensor.
+void check_ids(const std::map<std::string, Tensor>& in, const char* name, int64_t rows, const char* config,
+               const std::string& file) {
+  auto it = in.find(name);
+  if (it == in.end()) return;
+  const Tensor& t = it->second;
+  KILN_CHECK(!is_floating(t.dtype()) && t.dtype() != DType::boolean, file, ": input '", name, "' is ", t.dtype(),
+             ": it holds indices, give it as an integer tensor (i64 or i32)");
+  if (!t.device().is_cpu()) return;  // reading a GPU tensor's values would stall every step (Python's run)
+  for (const int64_t v : t.values<int64_t>())
+    KILN_CHECK(v >= 0 && v < rows, file, ": input '", name, "' holds ", v, ", outside 0..", rows - 1, " (the model's ",
+               config, " is ", rows, ")");
+}
+
 BuiltModel build_resnet(const std::string& name, const std::vector<std::string>& sets, bool /*deterministic*/) {
   auto m = models::make_resnet(resnet_config_from(name, sets));  // no dropout to turn off
   BuiltModel b;
   b.module = m;
   b.input_names = {"input"};
   b.run = [m](const std::map<std::string, Tensor>& in, const std::string& file) {
-    return std::map<std::string, Tensor>{{"output", (*m)(need(in, "input", file))}};
+    const Tensor& x = need(in, "input", file);
+    KILN_CHECK(is_floating(x.dtype()), file, ": input 'input' is ", x.dtype(),
+               ": the model takes images as a floating tensor (f32, f16, bf16 or f64) [N, C, H, W]");
+    return std::map<std::string, Tensor>{{"output", (*m)(x)}};
   };
   return b;
 }
@@ -135,6 +153,11 @@ BuiltModel build_bert(const std::string& name, const std::vector<std::string>& s
       return std::map<std::string, Tensor>{{"output", bo.last_hidden_state}, {"pooled_output", bo.pooled_output}};
     };
   }
+  b.run = [c, run = std::move(b.run)](const std::map<std::string, Tensor>& in, const std::string& file) {
+    check_ids(in, "input_ids", c.vocab_size, "vocab_size", file);
+    check_ids(in, "token_type_ids", c.type_vocab_size, "type_vocab_size", file);
+    return run(in, file);
+  };
   return b;
 }
 
