@@ -105,6 +105,9 @@ TEST_CASE("train flags: --help shows each on/off flag pair's real default") {
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
   r = run_kiln("eval --help", d.p.string());
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
+  r = run_kiln("doctor --help", d.p.string());
+  CHECK_MESSAGE(contains(r.output, "--self-test,--no-self-test (default: on)"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "{false}"), r.output);
 }
 
 TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees with its summary") {

@@ -12,6 +12,7 @@
 #include "base/thread_pool.h"
 #include "kernels/cuda/runtime_info.h"
 #include "kiln_build_info.h"
+#include "tools/cli_checks.h"
 #include "tools/commands.h"
 #include "tools/environment.h"
 
@@ -259,7 +260,7 @@ void check_p2p(Report& r, const cuda::RuntimeInfo& ci) {
 
 void add_doctor_flags(CLI::App& app, DoctorOptions& o) {
   app.add_flag("--json", o.json, "Print the report as JSON");
-  app.add_flag("!--no-self-test", o.self_test, "Skip running the shared math on each GPU");
+  add_on_off_flag(app, "--self-test,!--no-self-test", o.self_test, "Run the shared math on each GPU (off: skip it)");
   app.add_option("--device", o.device, "What to check readiness for: auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 }

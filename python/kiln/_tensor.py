@@ -135,6 +135,25 @@ def _dlpack_device(self):
     return (2, d.index) if d.type == "cuda" else (1, 0)
 
 
+def _deepcopy(self, memo):
+    # As torch: a leaf (a user's tensor, a parameter) is copied with its requires_grad and .grad, and
+    # keeps its class (a Parameter stays one); a tensor inside a graph cannot be copied on its own.
+    if id(self) in memo:
+        return memo[id(self)]
+    if self.grad_fn is not None:
+        raise _C.KilnError("copy.deepcopy: only leaf tensors (made by the user, not by an op that records "
+                           "a gradient) can be deep-copied; use t.detach().clone()")
+    data = self.detach().clone()
+    new = data if type(self) is Tensor else type(self)(data, requires_grad=self.requires_grad)
+    if self.requires_grad and not new.requires_grad:
+        new.requires_grad_(True)
+    if self.grad is not None:
+        new.grad = self.grad.detach().clone()
+    memo[id(self)] = new
+    return new
+
+
+Tensor.__deepcopy__ = _deepcopy
 Tensor.numpy = _numpy
 Tensor.__array__ = _array
 Tensor.__dlpack__ = _dlpack

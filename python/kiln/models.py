@@ -20,10 +20,28 @@ class ZooModel(CppModule):
     """A model of the zoo: call it with its inputs (positionally in input_names order, or by name);
     returns its "output" tensor (run() gives every output by name)."""
 
-    def __init__(self, name, built):
+    def __init__(self, name, built, sets=(), deterministic=False):
         super().__init__(built.module)
         object.__setattr__(self, "_built", built)
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "_recipe", (list(sets), deterministic))
+
+    def __deepcopy__(self, memo):
+        # The C++ model cannot be copied member by member: build the same model again and copy into it
+        # the weights, buffers, dtype, device, mode and which parameters are frozen (an EMA or teacher
+        # copy, as copy.deepcopy of a torch model gives).
+        sets, deterministic = self._recipe
+        new = ZooModel(self.name, _C._create_model(self.name, sets, deterministic), sets, deterministic)
+        memo[id(self)] = new
+        params = dict(self.named_parameters())
+        first = next(iter(params.values()), None)
+        if first is not None:
+            new.to(device=first.device, dtype=first.dtype)
+        new.load_state_dict({k: v.detach().clone() for k, v in self.state_dict().items()})
+        for k, p in new.named_parameters():
+            p.requires_grad_(params[k].requires_grad)
+        new.train(self.training)
+        return new
 
     @property
     def input_names(self):
@@ -61,4 +79,4 @@ def create(name, set=None, deterministic=False):  # noqa: A002  (as the flag)
         sets = [f"{k}={v}" for k, v in set.items()]
     elif set:
         sets = list(set)
-    return ZooModel(name, _C._create_model(name, sets, deterministic))
+    return ZooModel(name, _C._create_model(name, sets, deterministic), sets, deterministic)

@@ -109,7 +109,11 @@ void bind_autograd(nb::module_& m) {
   m.def(
       "grad",
       [](const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-         std::optional<std::vector<std::optional<Tensor>>> grad_outputs, bool retain_graph) {
+         std::optional<std::vector<std::optional<Tensor>>> grad_outputs, bool retain_graph, bool create_graph) {
+        if (create_graph)
+          value_error(
+              "autograd.grad: create_graph=True is not supported: Kiln's backward is not recorded, so "
+              "there are no second derivatives (double backward); the gradients come back without a graph");
         const std::vector<Tensor> go = tensors_or_empty(grad_outputs);
         std::vector<Tensor> res;
         {
@@ -121,6 +125,7 @@ void bind_autograd(nb::module_& m) {
         return nb::tuple(out);
       },
       nb::arg("outputs"), nb::arg("inputs"), nb::arg("grad_outputs") = nb::none(), nb::arg("retain_graph") = false,
+      nb::arg("create_graph") = false,
       "The gradients of outputs with respect to inputs, without touching .grad; an input the outputs do not "
       "depend on gets zeros (torch's materialize_grads=True).");
 

@@ -195,6 +195,8 @@ def test_grad_and_retain_graph():
     z = kiln.ones(1, requires_grad=True)
     gx, gz = kiln.autograd.grad([(x * 2).sum()], [x, z])
     assert gx.tolist() == [2.0, 2.0] and gz.tolist() == [0.0]  # unused: zeros
+    with pytest.raises(ValueError, match="no second derivatives"):
+        kiln.autograd.grad([(x * x).sum()], [x], create_graph=True)
 
 
 def test_inplace_on_leaf_refused():

@@ -177,3 +177,39 @@ def test_text_data(tmp_path):
     assert ds.get_batch([0, 1])["target"].tolist() == [1, 0]
     with pytest.raises(kiln.KilnError, match="nope.txt"):
         kiln.data.WordPieceTokenizer(str(tmp_path / "nope.txt"))
+
+
+def test_deepcopy_of_modules_tensors_and_zoo_models():
+    import copy
+
+    # an EMA / teacher copy: its own memory, the same values, mode, frozen flags and ties
+    lin = kiln.nn.Linear(3, 3)
+    m = kiln.nn.Sequential(lin, kiln.nn.BatchNorm1d(3), kiln.nn.Linear(3, 3))
+    m[2].weight = m[0].weight  # tied
+    m.eval()
+    m[0].bias.requires_grad_(False)
+    c = copy.deepcopy(m)
+    assert not c.training and isinstance(c[0].weight, kiln.nn.Parameter)
+    assert c[2].weight is c[0].weight and c[0].weight is not m[0].weight
+    assert c[0].weight.data_ptr() != m[0].weight.data_ptr()
+    assert not c[0].bias.requires_grad and c[0].weight.requires_grad
+    x = kiln.randn(4, 3)
+    assert np.array_equal(c(x).detach().numpy(), m(x).detach().numpy())
+    with kiln.no_grad():
+        c[0].weight.fill_(0.0)
+    assert m[0].weight.abs().sum().item() > 0  # the original is untouched
+    t = kiln.ones(2, requires_grad=True)
+    (t * 2).sum().backward()
+    u = copy.deepcopy(t)
+    assert u.requires_grad and u.grad.tolist() == [2.0, 2.0] and u.is_leaf
+    with pytest.raises(kiln.KilnError, match="only leaf tensors"):
+        copy.deepcopy(t * 2)
+    z = kiln.models.create("resnet20", set={"in_channels": 1})
+    z.eval()
+    z2 = copy.deepcopy(z)
+    assert type(z2) is type(z) and not z2.training
+    img = kiln.randn(2, 1, 28, 28)
+    assert np.array_equal(z(img).detach().numpy(), z2(img).detach().numpy())
+    with kiln.no_grad():
+        next(iter(z2.parameters())).fill_(0.0)
+    assert not np.array_equal(z(img).detach().numpy(), z2(img).detach().numpy())
