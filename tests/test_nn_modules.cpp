@@ -92,6 +92,98 @@ TEST_CASE("modules: state_dict round trip and strict errors list every problem")
   b.load_state_dict(sd, false);
 }
 
+namespace {
+// One tensor under two names (weight tying), a submodule under two names, and names taken twice.
+struct Tied : nn::Module {
+  Tensor w, v;
+  Tied() {
+    w = register_parameter("w", ones({2}));
+    v = register_parameter("v", w);
+  }
+  std::string type_name() const override { return "Tied"; }
+};
+struct SharedChild : nn::Module {
+  std::shared_ptr<nn::BatchNorm2d> a, b;
+  SharedChild() {
+    auto bn = std::make_shared<nn::BatchNorm2d>(2);
+    a = register_module("a", bn);
+    b = register_module("b", bn);
+  }
+  std::string type_name() const override { return "SharedChild"; }
+};
+struct Dup : nn::Module {
+  // kind: the first registration; then "x" again as a parameter, buffer or submodule.
+  Dup(const std::string& first, const std::string& second) {
+    auto add = [this](const std::string& kind) {
+      if (kind == "parameter") register_parameter("x", ones({2}));
+      if (kind == "buffer") register_buffer("x", zeros({3}));
+      if (kind == "submodule") register_module("x", std::make_shared<nn::Linear>(1, 1));
+    };
+    add(first);
+    add(second);
+  }
+  std::string type_name() const override { return "Dup"; }
+};
+}  // namespace
+
+TEST_CASE("modules: a tensor registered under two names is one tied parameter") {
+  Tied m;
+  CHECK(m.w.same(m.v));
+  CHECK(names(m.named_parameters()) == std::vector<std::string>{"w"});
+  CHECK(m.num_parameters() == 2);
+  CHECK(m.state_dict().size() == 2);  // every name, as PyTorch's
+  CHECK(m.state_dict().at("v").same(m.w));
+  // One AdamW step with gradient 2 moves a single parameter by lr (two leaves moved twice: 0.8).
+  optim::AdamW opt({optim::ParamGroup(m.parameters(), 0.1)});
+  (sum(m.w * 1.0) + sum(m.v * 1.0)).backward();
+  opt.step();
+  for (double w : m.w.to_vector()) CHECK(w == doctest::Approx(0.9).epsilon(1e-6));
+  // to() converts the tensor once, in place: still one tensor.
+  m.to(DType::f64);
+  CHECK(m.w.same(m.v));
+  CHECK(m.v.dtype() == DType::f64);
+  m.load_state_dict(m.state_dict());
+}
+
+TEST_CASE("modules: register_parameter keeps the caller's leaf; a tensor made by an op is detached") {
+  struct Keep : nn::Module {
+    Tensor mine = randn({2}), made;
+    Keep() { register_parameter("mine", mine); }
+    void add_made(const Tensor& leaf) { made = register_parameter("made", leaf * 2.0); }
+    std::string type_name() const override { return "Keep"; }
+  };
+  Keep k;
+  CHECK(k.mine.requires_grad());  // the handle is the parameter (it stayed requires_grad=0)
+  CHECK(k.named_parameters()[0].second.same(k.mine));
+  Tensor leaf = ones({2}).set_requires_grad();
+  k.add_made(leaf);
+  CHECK(k.made.is_leaf());
+  CHECK(k.made.requires_grad());
+  CHECK(!k.made.same(leaf));
+}
+
+TEST_CASE("modules: a submodule registered twice lists its tensors once, state_dict every name") {
+  SharedChild m;
+  CHECK(names(m.named_parameters()) == std::vector<std::string>{"a.weight", "a.bias"});
+  CHECK(names(m.named_buffers()) ==
+        std::vector<std::string>{"a.running_mean", "a.running_var", "a.num_batches_tracked"});
+  CHECK(m.num_parameters() == 4);
+  CHECK(m.parameters().size() == 2);
+  CHECK(m.state_dict().size() == 10);
+  optim::SGD opt({optim::ParamGroup(m.parameters(), 0.1)});  // was: "parameter 2 of group 0 is also parameter 0"
+  m.load_state_dict(m.state_dict());
+}
+
+TEST_CASE("modules: a name taken by a parameter, buffer or submodule of the module is refused") {
+  for (const char* first : {"parameter", "buffer", "submodule"})
+    for (const char* second : {"parameter", "buffer", "submodule"}) {
+      const std::string e = error_of([&] { Dup d(first, second); });
+      CHECK_MESSAGE(contains(e, std::string("Dup: register_") + (std::strcmp(second, "submodule") ? second : "module") +
+                                    ": the name 'x' is already taken by a " + first + " of this module"),
+                    e);
+    }
+}
+
 TEST_CASE("modules: layers compute what their ops do") {
   nn::Linear lin(3, 2);
   const Tensor x = randn({5, 3});
