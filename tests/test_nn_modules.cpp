@@ -354,6 +354,41 @@ TEST_CASE("optim: load_state refuses integer state, bad names and counts, and wi
   CHECK(allclose(b.state().tensors.at(key), buf.to(DType::bf16).to(DType::f32), 0, 0));
 }
 
+TEST_CASE("optim: load_state checks and restores each group's lr and weight decay, and refuses unknown slots") {
+  Tensor p = param({1.0, 1.0, 1.0});
+  optim::AdamW a({optim::ParamGroup({p}, 0.1, 0.01)});
+  p.set_grad(from_vector({2.0, 2.0, 2.0}, {3}));
+  a.step();
+  const optim::OptimizerState good = a.state();
+  // Held to the constructor's checks, and a refused state changes nothing.
+  optim::AdamW b({optim::ParamGroup({param({0.0, 0.0, 0.0})}, 0.1)});
+  for (const char* key : {"group0.lr", "group0.weight_decay"})
+    for (double bad : {std::nan(""), -1.0, double(INFINITY)}) {
+      optim::OptimizerState s = good;
+      s.scalars[key] = bad;
+      const std::string e = error_of([&] { b.load_state(s); });
+      CHECK_MESSAGE(contains(e, std::string("adamw: optimizer state's ") + key + " must be finite and >= 0"), e);
+    }
+  CHECK(b.steps() == 0);
+  CHECK(b.groups()[0].lr == 0.1);
+  // The weight decay state() saves comes back.
+  optim::AdamW c({optim::ParamGroup({param({0.0, 0.0, 0.0})}, 0.5, 0.5)});
+  c.load_state(good);
+  CHECK(c.groups()[0].lr == 0.1);
+  CHECK(c.groups()[0].weight_decay == 0.01);
+  // A slot this optimizer does not keep (a misspelt moment would restart from zero).
+  optim::OptimizerState typo = good;
+  typo.tensors["0.0.exp_avgX"] = typo.tensors.at("0.0.exp_avg");
+  typo.tensors.erase("0.0.exp_avg");
+  CHECK(contains(error_of([&] { c.load_state(typo); }),
+                 "adamw: optimizer state '0.0.exp_avgX' names a slot 'exp_avgX' this optimizer does not keep (it "
+                 "keeps 'exp_avg', 'exp_avg_sq')"));
+  optim::SGD plain({optim::ParamGroup({param({0.0, 0.0, 0.0})}, 0.1)});
+  optim::SGD heavy({optim::ParamGroup({p}, 0.1)}, {0.9});
+  heavy.step();
+  CHECK(contains(error_of([&] { plain.load_state(heavy.state()); }), "does not keep (it keeps none)"));
+}
+
 TEST_CASE("optim: f64 parameters update and keep their state in f64, as PyTorch") {
   // An f64 parameter's step ran in f32: one SGD step of lr 0.01 from 1 with gradient 0.1 gave
   // 0.99900001287 (0.999 rounded to f32) instead of 0.999.
