@@ -11,10 +11,16 @@ namespace kiln {
 
 std::string gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs,
                       GradcheckOptions opts) {
+  // Options that cannot mean what the caller meant are errors, not a pass: with no inputs nothing
+  // is checked, and a mask of another length than the inputs says nothing sure about the rest.
+  KILN_CHECK(!inputs.empty(), "gradcheck: no inputs; give fn at least one floating tensor to differentiate");
+  KILN_CHECK(opts.differentiate.empty() || opts.differentiate.size() == inputs.size(), "gradcheck: differentiate has ",
+             opts.differentiate.size(), " entries for ", inputs.size(),
+             " inputs; give one per input (or none for all)");
   std::vector<Tensor> xs;
   std::vector<size_t> diff;  // indices of the inputs we differentiate
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const bool wanted = opts.differentiate.empty() || (i < opts.differentiate.size() && opts.differentiate[i]);
+    const bool wanted = opts.differentiate.empty() || opts.differentiate[i];
     if (inputs[i].defined() && is_floating(inputs[i].dtype()) && wanted) {
       Tensor x = inputs[i].detach().to(DType::f64).clone().contiguous();
       x.set_requires_grad(true);
@@ -24,6 +30,10 @@ std::string gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f
       xs.push_back(inputs[i]);
     }
   }
+  // Nothing differentiated checks nothing: not a pass (as PyTorch's gradcheck refuses it).
+  KILN_CHECK(!diff.empty(), "gradcheck: none of the ", inputs.size(),
+             " inputs is differentiated (one is when it is a defined floating tensor",
+             opts.differentiate.empty() ? "" : " marked true in differentiate", ")");
   Tensor out = fn(xs);
   KILN_CHECK(out.defined() && is_floating(out.dtype()), "gradcheck: fn must return a floating tensor");
   Generator gen(opts.seed);
@@ -32,7 +42,6 @@ std::string gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f
 
   std::vector<Tensor> leaves;
   for (size_t i : diff) leaves.push_back(xs[i]);
-  if (leaves.empty()) return "";
   if (!out.requires_grad()) return "gradcheck: output does not depend on any floating input";
   std::vector<Tensor> analytic = autograd::grad({sum(out.to(DType::f64) * w)}, leaves);
 

@@ -1,6 +1,7 @@
 // Module bookkeeping (names, train/eval, state dicts) and the standard layers.
 #include "engine/nn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -12,25 +13,45 @@ namespace kiln::nn {
 
 // ---- Module -----------------------------------------------------------------------------------------
 
+namespace {
+// A name is taken once per module, whatever holds it: a parameter and a buffer both named "x" left only
+// one of them in state_dict(), and a second register_parameter("w", ...) hid the first from a checkpoint.
+template <typename Children> void check_new_name(const Module& m, const char* what, const std::string& name,
+                                                 const NamedTensors& params, const NamedTensors& buffers,
+                                                 const Children& children) {
+  KILN_CHECK(!name.empty() && name.find('.') == std::string::npos, m.type_name(), ": ", what, ": bad name '", name,
+             "' (empty or with a dot)");
+  auto has = [&name](const auto& v) {
+    return std::any_of(v.begin(), v.end(), [&name](const auto& e) { return e.first == name; });
+  };
+  const char* holder = has(params) ? "parameter" : has(buffers) ? "buffer" : has(children) ? "submodule" : nullptr;
+  KILN_CHECK(!holder, m.type_name(), ": ", what, ": the name '", name, "' is already taken by a ", holder,
+             " of this module");
+}
+}  // namespace
+
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
-  KILN_CHECK(!name.empty() && name.find('.') == std::string::npos, "register_parameter: bad name '", name, "'");
+  check_new_name(*this, "register_parameter", name, params_, buffers_, children_);
   if (t.defined()) {
-    t = t.detach();
-    t.set_requires_grad(true);
+    // A leaf is registered as itself, flagged in place (as PyTorch's Parameter is the registered object):
+    // the caller's handle is the parameter, and one tensor registered under two names is one tied
+    // parameter that trains once. Only a tensor made by an op is detached: a parameter is a leaf.
+    if (!t.is_leaf()) t = t.detach();
+    if (!t.requires_grad()) t.set_requires_grad(true);
   }
   params_.emplace_back(name, t);
   return t;
 }
 
 Tensor Module::register_buffer(const std::string& name, Tensor t) {
-  KILN_CHECK(!name.empty() && name.find('.') == std::string::npos, "register_buffer: bad name '", name, "'");
+  check_new_name(*this, "register_buffer", name, params_, buffers_, children_);
   buffers_.emplace_back(name, t);
   return t;
 }
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
-  KILN_CHECK(m, "register_module: '", name, "' is null");
-  KILN_CHECK(!name.empty() && name.find('.') == std::string::npos, "register_module: bad name '", name, "'");
+  check_new_name(*this, "register_module", name, params_, buffers_, children_);
+  KILN_CHECK(m, type_name(), ": register_module: '", name, "' is null");
   children_.emplace_back(name, std::move(m));
 }
 
@@ -40,15 +61,27 @@ void Module::collect(const std::string& prefix, bool params, NamedTensors& out) 
   for (const auto& [n, c] : children_) c->collect(prefix + n + ".", params, out);
 }
 
+namespace {
+// Each tensor once, under its first name: a tied parameter or a submodule registered twice would
+// otherwise be counted twice and stepped twice (an optimizer refuses a parameter listed twice).
+NamedTensors first_names(NamedTensors all) {
+  std::set<const TensorImpl*> seen;
+  NamedTensors out;
+  for (auto& [n, t] : all)
+    if (seen.insert(&t.impl()).second) out.emplace_back(std::move(n), std::move(t));
+  return out;
+}
+}  // namespace
+
 NamedTensors Module::named_parameters() const {
   NamedTensors out;
   collect("", true, out);
-  return out;
+  return first_names(std::move(out));
 }
 NamedTensors Module::named_buffers() const {
   NamedTensors out;
   collect("", false, out);
-  return out;
+  return first_names(std::move(out));
 }
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> out;
@@ -70,6 +103,19 @@ void Module::zero_grad() {
   for (auto& [n, t] : named_parameters()) Tensor(t).set_grad(Tensor());
 }
 
+namespace {
+// The parameters and buffers, each tensor once: to() converts a tensor in place (its impl), so every
+// name of a tied tensor sees the one converted tensor and the tie survives; converting per name made
+// each name a copy of its own.
+std::vector<Tensor> distinct_tensors(const Module& m) {
+  NamedTensors all = m.named_parameters(), bufs = m.named_buffers();
+  all.insert(all.end(), bufs.begin(), bufs.end());
+  std::vector<Tensor> out;
+  for (auto& [n, t] : first_names(std::move(all))) out.push_back(t);
+  return out;
+}
+}  // namespace
+
 void Module::to(DType dt) {
   KILN_CHECK(is_floating(dt), "Module::to: target dtype must be floating, got ", dt);
   NoGradGuard ng;
@@ -83,8 +129,7 @@ void Module::to(DType dt) {
     im.dtype = dt;
     if (im.autograd) im.autograd->grad = nullptr;
   };
-  for (auto& [n, t] : named_parameters()) convert(t);
-  for (auto& [n, t] : named_buffers()) convert(t);
+  for (const Tensor& t : distinct_tensors(*this)) convert(t);
 }
 
 void Module::to(Device device) {
@@ -98,14 +143,17 @@ void Module::to(Device device) {
     im.offset = c.offset();
     if (im.autograd) im.autograd->grad = nullptr;
   };
-  for (auto& [n, t] : named_parameters()) move(t);
-  for (auto& [n, t] : named_buffers()) move(t);
+  for (const Tensor& t : distinct_tensors(*this)) move(t);
 }
 
 StateDict Module::state_dict() const {
+  // Every name, a tied tensor under each of its names (as PyTorch's), so a checkpoint loads into a
+  // model that names them the same whether or not it ties them.
+  NamedTensors all;
+  collect("", true, all);
+  collect("", false, all);
   StateDict sd;
-  for (auto& [n, t] : named_parameters()) sd[n] = t;
-  for (auto& [n, t] : named_buffers()) sd[n] = t;
+  for (auto& [n, t] : all) sd[n] = t;
   return sd;
 }
 

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
+#include <tuple>
 
 #include "engine/autograd.h"
 #include "engine/internal.h"
@@ -138,15 +140,46 @@ OptimizerState Optimizer::state() const {
   return s;
 }
 
+namespace {
+// The state slots an optimizer of Kiln's keeps per parameter; nullopt for one of the caller's own
+// (its names are its business). A slot name it does not use would load, be ignored by step(), and
+// the moment it meant (a misspelt exp_avg) would silently restart from zero.
+std::optional<std::set<std::string>> slot_names(const Optimizer& o, const std::map<std::string, double>& hyper) {
+  if (dynamic_cast<const AdamFamily*>(&o)) return std::set<std::string>{"exp_avg", "exp_avg_sq"};
+  if (dynamic_cast<const SGD*>(&o)) {
+    const auto m = hyper.find("momentum");
+    if (m != hyper.end() && m->second != 0) return std::set<std::string>{"momentum_buffer"};
+    return std::set<std::string>{};
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 void Optimizer::load_state(const OptimizerState& s) {
+  // Everything is checked before anything changes: a refused state leaves the optimizer as it was.
   auto it = s.scalars.find("steps");
   KILN_CHECK(it != s.scalars.end(), name(), ": optimizer state has no step count");
   KILN_CHECK(std::isfinite(it->second) && it->second >= 0 && it->second == std::trunc(it->second), name(),
              ": optimizer state's step count ", it->second, " is not a whole number >= 0");
-  for (const auto& [k, v] : hyper()) {
+  const std::map<std::string, double> hyp = hyper();
+  for (const auto& [k, v] : hyp) {
     auto h = s.scalars.find(k);
     KILN_CHECK(h != s.scalars.end(), name(), ": optimizer state lacks '", k, "' (saved by another optimizer?)");
   }
+  // Each group's lr and weight decay, as state() saves them, held to the constructor's checks (a NaN
+  // lr loaded and made every parameter NaN at the next step; the weight decay was not restored).
+  std::vector<std::pair<double, double>> lr_wd(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string pre = "group" + std::to_string(g) + ".";
+    const auto lr = s.scalars.find(pre + "lr"), wd = s.scalars.find(pre + "weight_decay");
+    lr_wd[g] = {lr != s.scalars.end() ? lr->second : groups_[g].lr,
+                wd != s.scalars.end() ? wd->second : groups_[g].weight_decay};
+    KILN_CHECK(std::isfinite(lr_wd[g].first) && lr_wd[g].first >= 0, name(), ": optimizer state's ", pre,
+               "lr must be finite and >= 0, got ", lr_wd[g].first);
+    KILN_CHECK(std::isfinite(lr_wd[g].second) && lr_wd[g].second >= 0, name(), ": optimizer state's ", pre,
+               "weight_decay must be finite and >= 0, got ", lr_wd[g].second);
+  }
+  const std::optional<std::set<std::string>> known = slot_names(*this, hyp);
   std::vector<std::vector<std::map<std::string, Tensor>>> slots(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) slots[g].resize(groups_[g].params.size());
   for (const auto& [key, t] : s.tensors) {
@@ -170,10 +203,17 @@ void Optimizer::load_state(const OptimizerState& s) {
                t.shape(), ", parameter has ", groups_[g].params[i].shape());
     KILN_CHECK(is_floating(t.dtype()), name(), ": optimizer state '", key, "' is ", t.type_str(),
                "; the optimizer keeps floating-point state");
+    const std::string slot = key.substr(b + 1);
+    if (known && !known->count(slot)) {
+      std::string expected;
+      for (const auto& k : *known) expected += (expected.empty() ? "'" : ", '") + k + "'";
+      KILN_FAIL(name(), ": optimizer state '", key, "' names a slot '", slot, "' this optimizer does not keep (",
+                expected.empty() ? std::string("it keeps none") : "it keeps " + expected, ")");
+    }
     const Tensor& p = groups_[g].params[i];  // state follows its parameter (a CPU checkpoint resumes on a GPU)
     // The slots are f32, f64 for an f64 parameter (what step() makes): a state saved in another float type is
     // widened or rounded once here.
-    slots[g][i][key.substr(b + 1)] = t.to(p.device()).to(state_dtype(p)).clone();
+    slots[g][i][slot] = t.to(p.device()).to(state_dtype(p)).clone();
   }
   // The count goes where the parameters are (the first one of any group: a group may be empty);
   // an optimizer without parameters keeps it on the CPU. step() moves it if they move later.
@@ -184,10 +224,7 @@ void Optimizer::load_state(const OptimizerState& s) {
       break;
     }
   step_count_ = full({}, it->second, TensorOptions(DType::f64, dev));
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    auto lr = s.scalars.find("group" + std::to_string(g) + ".lr");
-    if (lr != s.scalars.end()) groups_[g].lr = lr->second;
-  }
+  for (size_t g = 0; g < groups_.size(); ++g) std::tie(groups_[g].lr, groups_[g].weight_decay) = lr_wd[g];
   slots_ = std::move(slots);
 }
 

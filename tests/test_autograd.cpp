@@ -108,6 +108,21 @@ TEST_CASE("autograd: gradcheck catches a wrong backward") {
   CHECK(!gradcheck([](const std::vector<Tensor>& v) { return v[0] * v[1].detach(); }, {x, rnd({3, 2}, -1, 1, 4)}).empty());
 }
 
+TEST_CASE("autograd: gradcheck refuses options that would check nothing or guess") {
+  const Fn mul = [](const std::vector<Tensor>& v) { return v[0] * v[1]; };
+  const Tensor x = rnd({3}, -1, 1, 1), y = rnd({3}, -1, 1, 2);
+  CHECK(contains(run_gradcheck(mul, {}), "threw: gradcheck: no inputs"));
+  GradcheckOptions shorter, longer, none;
+  shorter.differentiate = {true};
+  longer.differentiate = {true, false, true};
+  none.differentiate = {false, false};
+  CHECK(contains(run_gradcheck(mul, {x, y}, shorter), "differentiate has 1 entries for 2 inputs"));
+  CHECK(contains(run_gradcheck(mul, {x, y}, longer), "differentiate has 3 entries for 2 inputs"));
+  CHECK(contains(run_gradcheck(mul, {x, y}, none), "none of the 2 inputs is differentiated"));
+  const Fn twice = [](const std::vector<Tensor>& v) { return v[0].to(DType::f64) * 2.0; };
+  CHECK(contains(run_gradcheck(twice, {ones({2}, TensorOptions(DType::i64))}), "none of the 1 inputs"));
+}
+
 TEST_CASE("autograd: cast gradients come back in the leaf's dtype") {
   Tensor x = from_vector({1.5, -2, 0.25}, {3}, DType::f64);
   x.set_requires_grad(true);

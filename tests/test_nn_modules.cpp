@@ -92,6 +92,98 @@ TEST_CASE("modules: state_dict round trip and strict errors list every problem")
   b.load_state_dict(sd, false);
 }
 
+namespace {
+// One tensor under two names (weight tying), a submodule under two names, and names taken twice.
+struct Tied : nn::Module {
+  Tensor w, v;
+  Tied() {
+    w = register_parameter("w", ones({2}));
+    v = register_parameter("v", w);
+  }
+  std::string type_name() const override { return "Tied"; }
+};
+struct SharedChild : nn::Module {
+  std::shared_ptr<nn::BatchNorm2d> a, b;
+  SharedChild() {
+    auto bn = std::make_shared<nn::BatchNorm2d>(2);
+    a = register_module("a", bn);
+    b = register_module("b", bn);
+  }
+  std::string type_name() const override { return "SharedChild"; }
+};
+struct Dup : nn::Module {
+  // kind: the first registration; then "x" again as a parameter, buffer or submodule.
+  Dup(const std::string& first, const std::string& second) {
+    auto add = [this](const std::string& kind) {
+      if (kind == "parameter") register_parameter("x", ones({2}));
+      if (kind == "buffer") register_buffer("x", zeros({3}));
+      if (kind == "submodule") register_module("x", std::make_shared<nn::Linear>(1, 1));
+    };
+    add(first);
+    add(second);
+  }
+  std::string type_name() const override { return "Dup"; }
+};
+}  // namespace
+
+TEST_CASE("modules: a tensor registered under two names is one tied parameter") {
+  Tied m;
+  CHECK(m.w.same(m.v));
+  CHECK(names(m.named_parameters()) == std::vector<std::string>{"w"});
+  CHECK(m.num_parameters() == 2);
+  CHECK(m.state_dict().size() == 2);  // every name, as PyTorch's
+  CHECK(m.state_dict().at("v").same(m.w));
+  // One AdamW step with gradient 2 moves a single parameter by lr (two leaves moved twice: 0.8).
+  optim::AdamW opt({optim::ParamGroup(m.parameters(), 0.1)});
+  (sum(m.w * 1.0) + sum(m.v * 1.0)).backward();
+  opt.step();
+  for (double w : m.w.to_vector()) CHECK(w == doctest::Approx(0.9).epsilon(1e-6));
+  // to() converts the tensor once, in place: still one tensor.
+  m.to(DType::f64);
+  CHECK(m.w.same(m.v));
+  CHECK(m.v.dtype() == DType::f64);
+  m.load_state_dict(m.state_dict());
+}
+
+TEST_CASE("modules: register_parameter keeps the caller's leaf; a tensor made by an op is detached") {
+  struct Keep : nn::Module {
+    Tensor mine = randn({2}), made;
+    Keep() { register_parameter("mine", mine); }
+    void add_made(const Tensor& leaf) { made = register_parameter("made", leaf * 2.0); }
+    std::string type_name() const override { return "Keep"; }
+  };
+  Keep k;
+  CHECK(k.mine.requires_grad());  // the handle is the parameter (it stayed requires_grad=0)
+  CHECK(k.named_parameters()[0].second.same(k.mine));
+  Tensor leaf = ones({2}).set_requires_grad();
+  k.add_made(leaf);
+  CHECK(k.made.is_leaf());
+  CHECK(k.made.requires_grad());
+  CHECK(!k.made.same(leaf));
+}
+
+TEST_CASE("modules: a submodule registered twice lists its tensors once, state_dict every name") {
+  SharedChild m;
+  CHECK(names(m.named_parameters()) == std::vector<std::string>{"a.weight", "a.bias"});
+  CHECK(names(m.named_buffers()) ==
+        std::vector<std::string>{"a.running_mean", "a.running_var", "a.num_batches_tracked"});
+  CHECK(m.num_parameters() == 4);
+  CHECK(m.parameters().size() == 2);
+  CHECK(m.state_dict().size() == 10);
+  optim::SGD opt({optim::ParamGroup(m.parameters(), 0.1)});  // was: "parameter 2 of group 0 is also parameter 0"
+  m.load_state_dict(m.state_dict());
+}
+
+TEST_CASE("modules: a name taken by a parameter, buffer or submodule of the module is refused") {
+  for (const char* first : {"parameter", "buffer", "submodule"})
+    for (const char* second : {"parameter", "buffer", "submodule"}) {
+      const std::string e = error_of([&] { Dup d(first, second); });
+      CHECK_MESSAGE(contains(e, std::string("Dup: register_") + (std::strcmp(second, "submodule") ? second : "module") +
+                                    ": the name 'x' is already taken by a " + first + " of this module"),
+                    e);
+    }
+}
+
 TEST_CASE("modules: layers compute what their ops do") {
   nn::Linear lin(3, 2);
   const Tensor x = randn({5, 3});
@@ -260,6 +352,41 @@ TEST_CASE("optim: load_state refuses integer state, bad names and counts, and wi
   b.load_state(with(key, buf.to(DType::bf16)));
   CHECK(b.state().tensors.at(key).dtype() == DType::f32);
   CHECK(allclose(b.state().tensors.at(key), buf.to(DType::bf16).to(DType::f32), 0, 0));
+}
+
+TEST_CASE("optim: load_state checks and restores each group's lr and weight decay, and refuses unknown slots") {
+  Tensor p = param({1.0, 1.0, 1.0});
+  optim::AdamW a({optim::ParamGroup({p}, 0.1, 0.01)});
+  p.set_grad(from_vector({2.0, 2.0, 2.0}, {3}));
+  a.step();
+  const optim::OptimizerState good = a.state();
+  // Held to the constructor's checks, and a refused state changes nothing.
+  optim::AdamW b({optim::ParamGroup({param({0.0, 0.0, 0.0})}, 0.1)});
+  for (const char* key : {"group0.lr", "group0.weight_decay"})
+    for (double bad : {std::nan(""), -1.0, double(INFINITY)}) {
+      optim::OptimizerState s = good;
+      s.scalars[key] = bad;
+      const std::string e = error_of([&] { b.load_state(s); });
+      CHECK_MESSAGE(contains(e, std::string("adamw: optimizer state's ") + key + " must be finite and >= 0"), e);
+    }
+  CHECK(b.steps() == 0);
+  CHECK(b.groups()[0].lr == 0.1);
+  // The weight decay state() saves comes back.
+  optim::AdamW c({optim::ParamGroup({param({0.0, 0.0, 0.0})}, 0.5, 0.5)});
+  c.load_state(good);
+  CHECK(c.groups()[0].lr == 0.1);
+  CHECK(c.groups()[0].weight_decay == 0.01);
+  // A slot this optimizer does not keep (a misspelt moment would restart from zero).
+  optim::OptimizerState typo = good;
+  typo.tensors["0.0.exp_avgX"] = typo.tensors.at("0.0.exp_avg");
+  typo.tensors.erase("0.0.exp_avg");
+  CHECK(contains(error_of([&] { c.load_state(typo); }),
+                 "adamw: optimizer state '0.0.exp_avgX' names a slot 'exp_avgX' this optimizer does not keep (it "
+                 "keeps 'exp_avg', 'exp_avg_sq')"));
+  optim::SGD plain({optim::ParamGroup({param({0.0, 0.0, 0.0})}, 0.1)});
+  optim::SGD heavy({optim::ParamGroup({p}, 0.1)}, {0.9});
+  heavy.step();
+  CHECK(contains(error_of([&] { plain.load_state(heavy.state()); }), "does not keep (it keeps none)"));
 }
 
 TEST_CASE("optim: f64 parameters update and keep their state in f64, as PyTorch") {
