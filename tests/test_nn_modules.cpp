@@ -178,7 +178,7 @@ TEST_CASE("modules: a name taken by a parameter, buffer or submodule of the modu
   for (const char* first : {"parameter", "buffer", "submodule"})
     for (const char* second : {"parameter", "buffer", "submodule"}) {
       const std::string e = error_of([&] { Dup d(first, second); });
-      CHECK_MESSAGE(contains(e, std::string("Dup: register_") + (std::strcmp(second, "submodule") ? second : "module") +
+      CHECK_MESSAGE(contains(e, std::string("register_") + (std::strcmp(second, "submodule") ? second : "module") +
                                     ": the name 'x' is already taken by a " + first + " of this module"),
                     e);
     }
