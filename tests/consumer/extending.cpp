@@ -86,8 +86,11 @@ int extending_examples() {
   const auto state = opt.state();
   const bool named = model.state_dict().count("weight") == 1 && model.state_dict().count("bias") == 1;
   const bool counted = state.tensors.count("0.0.updates") == 1 && state.tensors.at("0.0.updates").item<double>() == 200.0;
+  SignSGD again({optim::ParamGroup(model.parameters(), 0.05)});  // its own state loads back (a 0-dim slot)
+  again.load_state(state);
+  const bool reloaded = again.state().tensors.at("0.0.updates").item<double>() == 200.0;
   std::printf("extending: y = %.3f x %+.3f after 200 SignSGD steps (last loss %.4f)\n", w, c, last);
-  if (std::abs(w - 3.0) > 0.05 || std::abs(c + 1.0) > 0.05 || !named || !counted) {
+  if (std::abs(w - 3.0) > 0.05 || std::abs(c + 1.0) > 0.05 || !named || !counted || !reloaded) {
     std::printf("extending: the custom data set, model or optimizer did not do what docs/extending.md says\n");
     return 1;
   }
