@@ -153,11 +153,14 @@ Tensor rounded_div(const char* name, const Tensor& a, const Tensor& b, bool floo
     NoGradGuard no_grad;
     const OpScope scope(name);
     if (!is_floating(t)) {
-      q = run_binary(name, BinaryOp::div, a, b, t, t);  // truncates; refuses a divisor of 0
-      if (floor_mode) {                                 // one less where the remainder's sign is not the divisor's
-        const Tensor r = run_binary(name, BinaryOp::fmod, a, b, t, t);
+      // In the result type throughout: a 0-dim divisor may wrap into it (int8 // 200 divides by -56), and
+      // its sign must be the wrapped one.
+      const Tensor at = a.to(t), bt = b.to(t);
+      q = run_binary(name, BinaryOp::div, at, bt, t, t);  // truncates; refuses a divisor of 0
+      if (floor_mode) {                                   // one less where the remainder's sign is not the divisor's
+        const Tensor r = run_binary(name, BinaryOp::fmod, at, bt, t, t);
         const Tensor zero = scalar_tensor(0, TensorOptions(t, q.device()));
-        q = sub(q, cast(logical_and(ne(r, zero), ne(lt(r, zero), lt(b, zero))), t));
+        q = sub(q, cast(logical_and(ne(r, zero), ne(lt(r, zero), lt(bt, zero))), t));
       }
     } else {
       // In the operands' type: a 16-bit quotient is rounded before it is rounded to a whole number, as

@@ -235,8 +235,11 @@ Tensor scatter_reduce(const Tensor& x, int64_t dim, const Tensor& indices, const
   Tensor out = scatter_raw("scatter_reduce", op, include_self, x, dim, idx, src, d);
   if (!autograd::needs_grad({x, src})) return out;
   const Tensor y = out.detach();
+  // Saved, not captured: a captured input keeps its graph alive from this node (a long chain of them was
+  // freed by recursion), and an in-place change after the forward is caught.
+  const SavedTensor saved_x(x), saved_src(src);
   autograd::record("scatter_reduce", {x, src}, {out}, [=](const GradCtx& c) -> std::vector<Tensor> {
-    const Tensor g = c.g(), xs = x.detach(), ss = src.detach();
+    const Tensor g = c.g(), xs = saved_x.unpack("scatter_reduce"), ss = saved_src.unpack("scatter_reduce");
     const TensorOptions o(g.dtype(), g.device());
     int64_t dd = 0;
     // Which elements were written, and how many times.

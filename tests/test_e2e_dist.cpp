@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "io/checkpoint.h"
+#include "io/run_checkpoint.h"
 #include "io/safetensors.h"
 #include "kiln.h"
 #include "test_util.h"
@@ -238,30 +239,48 @@ TEST_CASE(
   CHECK(json::parse(read_text(d / "ev.json"))["test_loss"].get<double>() ==
         doctest::Approx(json::parse(read_text(d / "ok/summary.json"))["test_loss"].get<double>()).epsilon(1e-6));
 
-  // kill -9 of the launcher: its ranks get SIGTERM from the kernel, save a checkpoint and exit.
-  const std::string inner = std::string(KILN_BINARY) +
-                            " launch --nproc-per-node 2 --master-port 29693 -- kiln train --limit-train 8192 "
-                            "--limit-eval 64 --batch 16 --threads 1 --workers 0 --log-every 2 --progress lines --out " +
-                            d / "k" + " > " + d / "k.txt" + " 2>&1 & echo $! > " + d / "pid";
-  REQUIRE(std::system(("sh -c '" + inner + "' > /dev/null 2>&1").c_str()) == 0);
-  for (int i = 0; i < 3000 && read_text(d / "k/metrics.jsonl").size() < 10; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const std::string pid = read_text(d / "pid").substr(0, read_text(d / "pid").find('\n'));
-  REQUIRE(std::system(("pgrep -P " + pid + " > " + d / "children").c_str()) == 0);
-  REQUIRE(std::system(("kill -9 " + pid).c_str()) == 0);
-  std::istringstream kids(read_text(d / "children"));
-  int alive = 0;
-  for (std::string k; kids >> k;) {
-    CAPTURE(k);
-    int left = 1;
-    for (int i = 0; i < 600 && left; ++i) {  // 30 s
-      left = std::system(("kill -0 " + k + " 2> /dev/null").c_str()) == 0;
-      if (left) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // kill -9 of the launcher: its ranks get SIGTERM from the kernel, save a checkpoint and exit. Their
+  // output pipes have no reader any more: a progress line must not kill a rank (SIGPIPE) before it saves.
+  for (int ranks : {1, 2}) {
+    CAPTURE(ranks);
+    const std::string k = d / ("k" + std::to_string(ranks));
+    const std::string inner =
+        std::string(KILN_BINARY) + " launch --nproc-per-node " + std::to_string(ranks) + " --master-port " +
+        std::to_string(29693 + ranks) + " -- kiln train --limit-train " + (ranks == 1 ? "8192" : "2048") +
+        " --limit-eval 64 --batch 16 --threads 1 --workers 0 --log-every 1 --progress lines --out " + k + " > " + k +
+        ".txt 2>&1 & echo $! > " + k + ".pid";
+    REQUIRE(std::system(("sh -c '" + inner + "' > /dev/null 2>&1").c_str()) == 0);
+    for (int i = 0; i < 3000 && read_text(k + "/metrics.jsonl").size() < 10; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const std::string pid = read_text(k + ".pid").substr(0, read_text(k + ".pid").find('\n'));
+    REQUIRE(std::system(("pgrep -P " + pid + " > " + k + ".children").c_str()) == 0);
+    REQUIRE(std::system(("kill -9 " + pid).c_str()) == 0);
+    std::istringstream kids(read_text(k + ".children"));
+    int alive = 0;
+    for (std::string child; kids >> child;) {
+      CAPTURE(child);
+      int left = 1;
+      for (int i = 0; i < 600 && left; ++i) {  // 30 s
+        left = std::system(("kill -0 " + child + " 2> /dev/null").c_str()) == 0;
+        if (left) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      alive += left;
     }
-    alive += left;
+    CHECK(alive == 0);
+    CHECK(std::filesystem::exists(k + "/checkpoints/latest"));  // saved on the way out
   }
-  CHECK(alive == 0);
-  CHECK(std::filesystem::exists(d / "k/checkpoints/latest"));  // saved on the way out
+  // The 2-rank run goes on to its end with --resume auto (rank 0 picks the checkpoint for both).
+  const std::string latest = kiln::io::find_latest_checkpoint(d / "k2/checkpoints");
+  REQUIRE(!latest.empty());
+  const int64_t at = json::parse(kiln::io::CheckpointReader(latest).state_json())["run"]["step"].get<int64_t>();
+  r = run_kiln(
+      "launch --nproc-per-node 2 --master-port 29697 -- kiln train --limit-train 2048 --limit-eval 64 "
+      "--batch 16 --threads 1 --workers 0 --log-every 1 --progress lines --resume auto --out " +
+          d / "k2",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step " + std::to_string(at)), r.output);
+  CHECK(json::parse(read_text(d / "k2/summary.json"))["steps"] == 64);
 }
 
 // --zero 1: ZeRO stage 1 over 2 ranks (kiln launch, TCP) and 4 (mpirun) with AdamW and clipping

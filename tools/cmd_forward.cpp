@@ -71,6 +71,10 @@ int run_forward(const ForwardOptions& o) {
     if (o.grad_output.empty()) ng = std::make_unique<NoGradGuard>();
     try {
       outs = b.run(inputs, o.inputs);
+    } catch (const OutOfMemory&) {
+      throw;  // kept as it is: callers (Python's run(), the CLI) treat it apart
+    } catch (const Interrupted&) {
+      throw;
     } catch (const Error& e) {
       // The model's own errors ("conv2d: ...") would not say which file's tensors it was given.
       const std::string msg = e.message();

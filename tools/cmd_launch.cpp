@@ -124,7 +124,9 @@ int run_launch(const LaunchOptions& o) {
     Child& c = children[size_t(i)];
     c.rank = o.node_rank * o.nproc_per_node + i;
     int fds[2];
-    if (::pipe(fds) != 0) {
+    // Close-on-exec: no rank inherits another's read end (which kept that rank's pipe open after the
+    // launcher died, by accident).
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
       std::perror("kiln launch: pipe");
       return 1;
     }

@@ -120,8 +120,11 @@ extern "C" void on_stop_signal(int sig) {
   g_stop_signal = sig;
 }
 
+// SIGPIPE is ignored while training: output into a pipe nobody reads any more (kiln launch killed
+// outright, `kiln train | head`) must not kill a run on its way to saving; the writes just fail.
 struct SignalScope {
-  struct sigaction old_int{}, old_term{}, old_hup{};
+  struct sigaction old_int {
+  }, old_term{}, old_hup{}, old_pipe{};
   SignalScope() {
     g_stop_signal = 0;
     struct sigaction sa{};
@@ -130,11 +133,16 @@ struct SignalScope {
     ::sigaction(SIGINT, &sa, &old_int);
     ::sigaction(SIGTERM, &sa, &old_term);
     ::sigaction(SIGHUP, &sa, &old_hup);
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, &old_pipe);
   }
   ~SignalScope() {
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGTERM, &old_term, nullptr);
     ::sigaction(SIGHUP, &old_hup, nullptr);
+    ::sigaction(SIGPIPE, &old_pipe, nullptr);
   }
 };
 
@@ -441,19 +449,26 @@ class Trainer {
     std::string path = c_.resume;
     if (c_.resume == "auto") {
       // Every byte of a candidate is checked before it is chosen: a damaged newest checkpoint falls
-      // back to the newest intact one, and the user hears which files were passed over and why.
-      const io::IntactCheckpoint found = io::find_intact_checkpoint(ckpt_dir_);
-      if (found.path.empty() && !found.skipped.empty()) {
-        std::string msg;
-        for (const auto& s : found.skipped) msg += "\n  " + s;
-        return fail("--resume auto: no intact checkpoint in " + ckpt_dir_ + ", every one is damaged:" + msg +
+      // back to the newest intact one, and the user hears which files were passed over and why. Rank 0
+      // alone chooses and tells the others (one read of the files, and no rank resumes from another step).
+      std::string problem;
+      if (lead_) {
+        const io::IntactCheckpoint found = io::find_intact_checkpoint(ckpt_dir_);
+        if (found.path.empty() && !found.skipped.empty()) {
+          for (const auto& s : found.skipped) problem += "\n  " + s;
+          problem = "--resume auto: no intact checkpoint in " + ckpt_dir_ + ", every one is damaged:" + problem +
                     "\ncontinue from an intact copy (e.g. in the --mirror directory) with --resume FILE, or start a "
-                    "new run with --overwrite and without --resume");
-      }
-      if (lead_)
+                    "new run with --overwrite and without --resume";
+        }
         for (const auto& s : found.skipped)
           std::fprintf(stderr, "kiln train: warning: --resume auto: skipped damaged checkpoint %s\n", s.c_str());
-      path = found.path;
+        path = found.path;
+      }
+      if (world_ > 1) {
+        path = broadcast_string(path);
+        problem = broadcast_string(problem);
+      }
+      if (!problem.empty()) return fail(lead_ ? problem : "rank 0 found no intact checkpoint to resume from");
     }
     if (path.empty()) return c_.resume == "auto" ? -1 : fail("--resume " + c_.resume + ": no such checkpoint");
     try {
@@ -666,6 +681,17 @@ class Trainer {
     return finish_step(step_loss, step_correct, s);
   }
 
+  // Rank 0's `s` on every rank (the others' argument is ignored), over the CPU communicator.
+  std::string broadcast_string(const std::string& s) {
+    Tensor len = from_vector({lead_ ? double(s.size()) : 0.0}, {1}, DType::f64);
+    comm_->broadcast(len, 0);
+    const size_t n = size_t(len.data<double>()[0]);
+    Tensor bytes = zeros({int64_t(std::max<size_t>(n, 1))}, DType::u8);  // never an empty message
+    if (lead_ && n) std::memcpy(bytes.raw_data(), s.data(), n);
+    comm_->broadcast(bytes, 0);
+    return std::string(static_cast<const char*>(bytes.raw_data()), n);
+  }
+
   // Every rank runs the same recipe: rank 0 sends its flags, each rank compares them with its own, and
   // all stop together if any differs (otherwise a rank with another --batch or --max-steps trains on
   // silently, or leaves the others waiting in a collective). Paths and per-machine settings may differ
@@ -676,16 +702,10 @@ class Trainer {
                                                 "workers",  "device", "memory_cap"};
     nlohmann::json mine = c_.to_json();
     for (const auto& k : local) mine.erase(k);
-    const std::string text = mine.dump();
-    Tensor len = from_vector({double(text.size())}, {1}, DType::f64);
-    comm_->broadcast(len, 0);
-    Tensor bytes = zeros({int64_t(len.data<double>()[0])}, DType::u8);
-    if (lead_) std::memcpy(bytes.raw_data(), text.data(), text.size());
-    comm_->broadcast(bytes, 0);
+    const std::string text = broadcast_string(mine.dump());
     std::string diff;
     if (!lead_) {
-      const nlohmann::json lead =
-          nlohmann::json::parse(std::string(static_cast<const char*>(bytes.raw_data()), size_t(bytes.numel())));
+      const nlohmann::json lead = nlohmann::json::parse(text);
       for (const auto& [k, v] : mine.items())
         if (!lead.contains(k) || lead[k] != v) {
           std::string flag = "--" + k;

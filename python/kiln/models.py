@@ -39,7 +39,13 @@ class ZooModel(CppModule):
             new.to(device=first.device, dtype=first.dtype)
         new.load_state_dict({k: v.detach().clone() for k, v in self.state_dict().items()})
         for k, p in new.named_parameters():
-            p.requires_grad_(params[k].requires_grad)
+            old = params[k]
+            if p.dtype != old.dtype:  # the C++ model converts as a whole
+                raise _C.KilnError(f"copy.deepcopy({self.name}): its parameters have several dtypes ({k} is "
+                                   f"{old.dtype}); copy a model of one dtype, or load its state_dict into a new one")
+            p.requires_grad_(old.requires_grad)
+            if old.grad is not None:
+                p.grad = old.grad.detach().clone()
         new.train(self.training)
         return new
 

@@ -86,6 +86,35 @@ Reduction reduction_of(const std::string& r) {
 
 Tensor opt(const std::optional<Tensor>& t) { return t ? *t : Tensor(); }
 
+// torch's cross_entropy: class indices go to the engine's; a floating target of the input's shape holds
+// class probabilities (soft labels: mixup, distillation): -sum_c weight_c y_c log_softmax(x)_c over the
+// class dim (1), the labels smoothed first (y (1 - s) + s / C), and a mean over the other positions (not
+// divided by the weights, as torch; ignore_index does not apply).
+Tensor cross_entropy_py(const Tensor& x, const Tensor& t, const Tensor& w, int64_t ignore_index, Reduction r,
+                        double smoothing) {
+  if (!is_floating(t.dtype())) return cross_entropy(x, t, ignore_index, smoothing, r, w);
+  KILN_CHECK(x.dim() >= 2 && t.shape() == x.shape(),
+             "cross_entropy: a floating target holds class probabilities "
+             "and must have the input's shape ",
+             x.shape(), ", got ", t.type_str(), " (class indices are i64)");
+  KILN_CHECK(std::isfinite(smoothing) && smoothing >= 0 && smoothing <= 1,
+             "cross_entropy: label_smoothing must be in [0, 1], got ", smoothing);
+  KILN_CHECK(r != Reduction::batchmean, "cross_entropy: reduction must be none, mean or sum");
+  const int64_t classes = x.size(1);
+  Tensor y = t.to(x.dtype());
+  if (smoothing > 0) y = y * (1.0 - smoothing) + smoothing / double(classes);
+  if (w.defined()) {
+    KILN_CHECK(w.dim() == 1 && w.size(0) == classes, "cross_entropy: weight must be [", classes, "], got ",
+               w.type_str());
+    Shape ws(size_t(x.dim()), 1);
+    ws[1] = classes;
+    y = y * w.to(x.dtype()).reshape(ws);
+  }
+  const Tensor loss = neg(sum(y * log_softmax(x, 1), {1}));
+  if (r == Reduction::none) return loss;
+  return r == Reduction::sum ? sum(loss) : mean(loss);
+}
+
 bool is_same(nb::handle padding) {
   if (!nb::isinstance<nb::str>(padding)) return false;
   const std::string s = nb::cast<std::string>(padding);
@@ -392,7 +421,12 @@ void bind_nn_ops(nb::module_& mod) {
          double smoothing) {
         const Reduction r = reduction_of(red);
         R g;
-        return cross_entropy(x, t, ignore_index, smoothing, r, opt(w));
+        // Unbatched, as torch: input [C] with a class index [] (or probabilities [C]) is a batch of one.
+        if (x.dim() == 1) {
+          const Tensor one = cross_entropy_py(x.unsqueeze(0), t.unsqueeze(0), opt(w), ignore_index, r, smoothing);
+          return r == Reduction::none ? one.squeeze(0) : one;
+        }
+        return cross_entropy_py(x, t, opt(w), ignore_index, r, smoothing);
       },
       a("input"), a("target"), nb::arg("weight") = nb::none(), nb::arg("ignore_index") = -100,
       nb::arg("reduction") = "mean", nb::arg("label_smoothing") = 0.0);
@@ -496,8 +530,8 @@ void bind_nn_ops(nb::module_& mod) {
       [](const Tensor& idx, const Tensor& w, std::optional<int64_t> padding_idx) {
         // PyTorch counts a negative padding_idx from the end (-1: the last row); the C++ API's -1 means none.
         int64_t pad = -1;
-        if (padding_idx) {
-          const int64_t v = w.dim() == 2 ? w.size(0) : 0;
+        if (padding_idx && w.dim() == 2) {  // another weight shape gets embedding's own error
+          const int64_t v = w.size(0);
           KILN_CHECK(*padding_idx >= -v && *padding_idx < v, "embedding: padding_idx ", *padding_idx, " is outside [-",
                      v, ", ", v, ") for weight ", w.type_str());
           pad = *padding_idx < 0 ? *padding_idx + v : *padding_idx;

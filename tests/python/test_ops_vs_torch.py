@@ -258,6 +258,9 @@ def test_rounded_division_matches_torch_bit_for_bit():
             assert np.array_equal(t, k, equal_nan=True) and np.array_equal(np.signbit(t), np.signbit(k)), (name, mode)
         assert kiln.div(ka, kb, rounding_mode="floor").dtype == kd
         assert np.array_equal((ka // kb).to(kiln.float64).numpy(), (ta // tb).double().numpy(), equal_nan=True)
+    # a 0-dim divisor wraps into the result type (int8: 200 is -56), and its sign is the wrapped one
+    i8 = torch.tensor([100, -100, 7], dtype=torch.int8)
+    assert (kiln.tensor(i8.numpy()) // kiln.tensor(200)).tolist() == (i8 // torch.tensor(200)).tolist()
     x = kiln.tensor([7, -7])
     assert (7 // kiln.tensor([2, -2])).tolist() == [3, -4] and (7 % kiln.tensor([2, -2])).tolist() == [1, -1]
     x //= 3
@@ -269,3 +272,24 @@ def test_rounded_division_matches_torch_bit_for_bit():
     y = kiln.tensor([1.0, 2.0, 3.0])
     y /= 3  # a true division, as torch (not a product with 1/3)
     assert np.array_equal(y.numpy(), (torch.tensor([1.0, 2.0, 3.0]) / 3).numpy())
+
+
+def test_cross_entropy_with_probability_targets_and_unbatched_input():
+    # soft labels (mixup, distillation) and an unbatched [C] input, as torch
+    x, p, w = arr(4, 5, 3), RNG.random((4, 5, 3)), RNG.random(5)
+    p /= p.sum(1, keepdims=True)
+    for red in ["mean", "sum", "none"]:
+        for ls in [0.0, 0.2]:
+            for ww in [None, w]:
+                (kx, tx) = both(x)
+                k = F.cross_entropy(kx, kiln.tensor(p), weight=None if ww is None else kiln.tensor(ww),
+                                    reduction=red, label_smoothing=ls)
+                t = TF.cross_entropy(tx, torch.tensor(p), weight=None if ww is None else torch.tensor(ww),
+                                     reduction=red, label_smoothing=ls)
+                compare(k, t, [kx], [tx], f"soft {red} {ls} {ww is not None}")
+    (kx, tx) = both(arr(5))
+    compare([F.cross_entropy(kx, kiln.tensor(2)), F.cross_entropy(kx, kiln.tensor(p[0, :, 0]), reduction="none")],
+            [TF.cross_entropy(tx, torch.tensor(2)), TF.cross_entropy(tx, torch.tensor(p[0, :, 0]), reduction="none")],
+            [kx], [tx], "unbatched")
+    with pytest.raises(kiln.KilnError, match="must have the input's shape"):
+        F.cross_entropy(kiln.randn(4, 5), kiln.rand(4, 6))
