@@ -182,7 +182,10 @@ void Optimizer::load_state(const OptimizerState& s) {
   const std::optional<std::set<std::string>> known = slot_names(*this, hyp);
   std::vector<std::vector<std::map<std::string, Tensor>>> slots(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) slots[g].resize(groups_[g].params.size());
-  for (const auto& [key, t] : s.tensors) {
+  for (const auto& entry : s.tensors) {
+    // Not a structured binding: clang 14 (the fuzz build) does not let a lambda capture one.
+    const std::string& key = entry.first;
+    const Tensor& t = entry.second;
     // "<group>.<index>.<slot>", both numbers in decimal
     const size_t a = key.find('.'), b = a == std::string::npos ? a : key.find('.', a + 1);
     const auto number = [&key](size_t from, size_t to, size_t& out) {

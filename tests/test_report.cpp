@@ -36,7 +36,9 @@ TEST_CASE("report: charts, several runs, cut lines, empty runs") {
   a += "{\"step\":4,\"loss\":0.";  // cut by a kill
   write(d.p / "a" / "metrics.jsonl", a);
   write(d.p / "a" / "summary.json", R"({"steps":3,"test_loss":0.9,"test_accuracy":0.7,"config":{"lr":0.1}})");
-  write(d.p / "b" / "metrics.jsonl", "{\"step\":1,\"loss\":3.0,\"lr\":0.2,\"loss_scale\":65536}\n");
+  // Lines written bad, not cut: NaN is no JSON number, and an array is not a metrics line.
+  write(d.p / "b" / "metrics.jsonl",
+        "{\"step\":0,\"loss\":NaN}\n[1,2]\n{\"step\":1,\"loss\":3.0,\"lr\":0.2,\"loss_scale\":65536}\n");
   write(d.p / "empty" / "metrics.jsonl", "");
   std::vector<std::string> notes;
   const std::string html =
@@ -48,9 +50,11 @@ TEST_CASE("report: charts, several runs, cut lines, empty runs") {
   CHECK(points(html, "a rank 1 data") == 3);
   CHECK(points(html, "b scale") == 1);  // the loss-scale chart, log scale
   CHECK(html.find("(log scale)") != std::string::npos);
-  REQUIRE(notes.size() == 2);
-  CHECK(notes[0].find("a/metrics.jsonl:5") != std::string::npos);
-  CHECK(notes[1].find("empty/metrics.jsonl: no metrics") != std::string::npos);
+  REQUIRE(notes.size() == 4);
+  CHECK(notes[0].find("a/metrics.jsonl:5: not a complete JSON line (cut by a kill?)") != std::string::npos);
+  CHECK(notes[1].find("b/metrics.jsonl:1: not valid JSON; skipped") != std::string::npos);
+  CHECK(notes[2].find("b/metrics.jsonl:2: a JSON array, not an object; skipped") != std::string::npos);
+  CHECK(notes[3].find("empty/metrics.jsonl: no metrics") != std::string::npos);
   CHECK(html.find("accuracy 70%") != std::string::npos);
   CHECK(html.find("<script") == std::string::npos);  // nothing fetched or run
   CHECK(html.find("http://") == html.find("http://www.w3.org/2000/svg"));

@@ -931,15 +931,18 @@ class Trainer {
     run_.epoch_sums.correct = int64_t(a[3]);
     if (std::isfinite(run_.window.loss) && std::isfinite(run_.epoch_sums.loss)) return -1;
     progress_->line("");
-    if (lead_) {
+    if (lead_) {  // through fail(): kiln.train raises it (a notebook may not show stderr)
+      char msg[512];
       char lr_text[48] = "";
       if (lr > 0) std::snprintf(lr_text, sizeof lr_text, ", lr %g", lr);
-      std::fprintf(stderr,
-                   "kiln train: error: the loss is %s in the steps up to step %lld (epoch %lld%s); stopping. Lower "
-                   "--lr, add --warmup or --clip-grad-norm%s. Metrics so far are in %s\n",
-                   std::isnan(run_.window.loss) || std::isnan(run_.epoch_sums.loss) ? "NaN" : "infinite",
-                   (long long)run_.step, (long long)run_.epoch + 1, lr_text,
-                   amp_dt_ == DType::f16 ? " (the forward pass overflowed f16: try --amp bf16)" : "", metrics_path_.c_str());
+      std::snprintf(msg, sizeof msg,
+                    "the loss is %s in the steps up to step %lld (epoch %lld%s); stopping. Lower --lr, add --warmup "
+                    "or --clip-grad-norm%s. Metrics so far are in %s",
+                    std::isnan(run_.window.loss) || std::isnan(run_.epoch_sums.loss) ? "NaN" : "infinite",
+                    (long long)run_.step, (long long)run_.epoch + 1, lr_text,
+                    amp_dt_ == DType::f16 ? " (the forward pass overflowed f16: try --amp bf16)" : "",
+                    metrics_path_.c_str());
+      fail(msg, 1);
     }
     return 1;
   }

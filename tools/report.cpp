@@ -244,13 +244,18 @@ Run read_run(const std::string& dir, std::vector<std::string>& notes) {
     while (std::getline(in, line)) {
       ++n;
       if (line.empty()) continue;
-      try {
-        json j = json::parse(line);
-        if (!j.is_object()) throw std::runtime_error("not an object");
+      const bool last = in.peek() == std::char_traits<char>::eof();
+      json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object()) {
         (j.contains("eval_loss") ? r.eval : r.train).push_back(std::move(j));
-      } catch (const std::exception&) {
-        notes.push_back(mpath + ":" + std::to_string(n) + ": not a complete JSON line (cut by a kill?); skipped");
+        continue;
       }
+      // Only a last line that does not parse may have been cut by a kill; anything else was written
+      // so (NaN and 1e999 are not JSON numbers).
+      notes.push_back(mpath + ":" + std::to_string(n) + ": " +
+                      (j.is_discarded() ? (last ? "not a complete JSON line (cut by a kill?)" : "not valid JSON")
+                                        : std::string("a JSON ") + j.type_name() + ", not an object") +
+                      "; skipped");
     }
     if (r.train.empty() && r.eval.empty()) notes.push_back(mpath + ": no metrics yet (an empty run)");
   }

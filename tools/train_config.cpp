@@ -241,6 +241,10 @@ std::vector<std::string> validate(const TrainConfig& c) {
   if (!(c.lr > 0 && std::isfinite(c.lr))) e.push_back("--lr must be positive and finite, got " + std::to_string(c.lr));
   if (!(c.momentum >= 0 && c.momentum < 1))
     e.push_back("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
+  else if (c.optimizer == "sgd" && c.nesterov && c.momentum == 0)
+    e.push_back(
+        "--momentum 0 with Nesterov momentum (on by default for SGD): add --no-nesterov "
+        "(kiln.train: nesterov=False), or give --momentum > 0");
   if (!(c.weight_decay >= 0 && std::isfinite(c.weight_decay)))
     e.push_back("--weight-decay must be >= 0 and finite, got " + std::to_string(c.weight_decay));
   if (!(c.label_smoothing >= 0 && c.label_smoothing < 1))

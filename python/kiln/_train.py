@@ -40,7 +40,17 @@ def train(model="resnet20", *, out, callback=None, **options):
     that fails raises kiln.KilnError with its messages; a list for a one-value option, or a callback
     that returns something other than None, True or False, is an error."""
     args = ["--model", str(model), "--out", os.fspath(out)] + _flags(options)
-    r = _C._train(args, callback)
+    try:
+        r = _C._train(args, callback)
+    except _C.KilnValueError as e:
+        # CLI11 names the flag and its value ("... not expected: 3 --bogus-opt"): name the keyword
+        words = str(e).split()
+        unknown = [k for k in options if options[k] is not None and any(
+            w == "--" + k.replace("_", "-") or w.startswith("--" + k.replace("_", "-") + "=") for w in words)]
+        if "were not expected" in str(e) and unknown:
+            raise _C.KilnValueError(f"kiln.train: unknown option(s) {', '.join(unknown)} (help=True lists the "
+                                    "options; each is a flag of kiln train)") from None
+        raise
     if "help" in r:  # help=True: the options of kiln train (each a keyword here)
         print(r["help"])
         return None

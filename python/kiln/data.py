@@ -6,6 +6,8 @@ page-locked memory, so a GPU never waits).
     for batch in loader:                           # one epoch per iteration
         x, y = batch["input"], batch["target"]
 """
+import numbers
+
 from . import _C
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -27,14 +29,35 @@ class DataLoader:
     seed and epoch, the same order every run)."""
 
     def __init__(self, dataset, batch_size=32, shuffle=True, drop_last=False, seed=0, workers=1, pin_memory=False):
-        self._impl = _C._Loader(dataset, batch_size, shuffle, drop_last, seed, workers, pin_memory)
+        if not isinstance(dataset, _C.Dataset):
+            raise TypeError(f"DataLoader: dataset must be a kiln Dataset (kiln.data.mnist, images, masked_lm, "
+                            f"tsv_classification, ...), got {type(dataset).__name__}; a Python dataset is not "
+                            "supported yet")
+        for name, v in (("batch_size", batch_size), ("workers", workers)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"DataLoader: {name} must be an int, got {v!r}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"DataLoader: seed must be an int, got {seed!r}")
+        # as kiln.manual_seed: any int, taken modulo 2**64
+        self._impl = _C._Loader(dataset, int(batch_size), bool(shuffle), bool(drop_last), int(seed) % 2**64,
+                                int(workers), bool(pin_memory))
+        self._generation = 0
 
     def __len__(self):
         return len(self._impl)
 
     def __iter__(self):
+        # One pass at a time: the batches come from one C++ loader, so a second iter() starts the next
+        # epoch under the first. Iterating the first after that is an error, not a silent split of the
+        # samples between the two (zip(loader, loader) gave each sample to one of them).
+        self._generation += 1
+        mine = self._generation
         self._impl.start_epoch()
         while True:
+            if self._generation != mine:
+                raise RuntimeError("DataLoader: this iterator was superseded by a newer iter() of the same loader "
+                                   "(each iteration is the next epoch, one at a time); make a second DataLoader "
+                                   "to read two passes side by side")
             b = self._impl.next()
             if b is None:
                 return

@@ -58,14 +58,24 @@ void bind_train(nb::module_& m) {
         std::vector<std::string> errors;
         bool stop_from_callback = false;
         std::string callback_error;
+        // An exception the callback raised: the run stops and saves as for False, then it is raised.
+        std::shared_ptr<nb::python_error> callback_raised;
         std::shared_ptr<PyRef> cb = callback.is_none() ? nullptr : hold(callback);
         tools::TrainHooks hooks;
         hooks.exit_on_second_interrupt = false;
         hooks.on_error = [&errors](const std::string& msg) { errors.push_back(msg); };
         if (cb) {
-          hooks.on_metrics = [cb, &stop_from_callback, &callback_error](const nlohmann::json& j) {
+          hooks.on_metrics = [cb, &stop_from_callback, &callback_error, &callback_raised](const nlohmann::json& j) {
             nb::gil_scoped_acquire gil;
-            nb::object r = cb->obj(to_python(j));
+            if (callback_raised) return;  // stopping already
+            nb::object r;
+            try {
+              r = cb->obj(to_python(j));
+            } catch (nb::python_error& e) {
+              callback_raised = std::make_shared<nb::python_error>(std::move(e));
+              stop_from_callback = true;
+              return;
+            }
             if (r.is_none() || r.is(Py_True)) return;
             const std::string tn = py_type_name(r);
             if (tn == "numpy.bool" || tn == "numpy.bool_") r = nb::bool_(PyObject_IsTrue(r.ptr()) == 1);
@@ -88,6 +98,11 @@ void bind_train(nb::module_& m) {
         {
           nb::gil_scoped_release nogil;
           rc = tools::run_train(c, hooks, &outcome);
+        }
+        if (callback_raised) {
+          callback_raised->restore();  // the callback's own exception, after the run saved
+          callback_raised.reset();
+          throw nb::python_error();
         }
         if (!callback_error.empty()) type_error(callback_error + " (the run stopped; saved: " + outcome.saved + ")");
         nb::dict out;

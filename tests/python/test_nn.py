@@ -155,6 +155,18 @@ def test_data_loader():
     assert n == 10000 and len(loader) == 10
     again = next(iter(loader))["target"][:5].tolist()
     assert again == first  # unshuffled: the same order each epoch
+    # One pass at a time: a second iter() supersedes the first, which then says so (zip(loader, loader)
+    # split the samples between the two without a word).
+    small = kiln.data.DataLoader(d["test"], batch_size=2500, shuffle=False, workers=0)
+    with pytest.raises(RuntimeError, match="superseded by a newer iter"):
+        list(zip(small, small))
+    assert sum(b["input"].shape[0] for b in small) == 10000  # a fresh pass is whole
+    for bad, msg in [(dict(seed=1.5), "seed must be an int"), (dict(batch_size=32.0), "batch_size must be an int")]:
+        with pytest.raises(TypeError, match=msg):
+            kiln.data.DataLoader(d["test"], **bad)
+    with pytest.raises(TypeError, match="must be a kiln Dataset"):
+        kiln.data.DataLoader([1, 2, 3])
+    assert len(kiln.data.DataLoader(d["test"], batch_size=5000, seed=-1)) == 2  # any int seed, as manual_seed
 
 
 @pytest.mark.skipif(not os.path.isdir("/usr/share/games/fortunes"), reason="Debian's fortunes package is not installed")

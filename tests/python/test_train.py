@@ -77,13 +77,36 @@ def test_callback_stops_and_resume_continues(tmp_path):
 
 
 def test_bad_options(tmp_path):
-    with pytest.raises(ValueError, match="--epochz"):
+    with pytest.raises(ValueError, match=r"unknown option\(s\) epochz"):
         kiln.train("resnet20", out=tmp_path / "x", epochz=1)
+    with pytest.raises(kiln.KilnError, match="add --no-nesterov"):
+        kiln.train("resnet20", out=tmp_path / "m", momentum=0.0, max_steps=1)
     with pytest.raises(kiln.KilnError, match="model"):
         kiln.train("resnet-nope", out=tmp_path / "y", max_steps=1)
     with pytest.raises(ValueError, match="lr"):
         kiln.train("resnet20", out=tmp_path / "z", lr="fast")
     assert not os.path.exists(tmp_path / "x")
+
+
+def test_callback_exception_saves_then_raises(tmp_path):
+    # as a stop: the run saves, then the callback's own exception is raised, and resume="auto" goes on
+    opts = dict(RESNET)  # 4 steps
+
+    def boom(record):
+        if record.get("step", 0) >= 2:
+            raise ZeroDivisionError("from the callback")
+
+    with pytest.raises(ZeroDivisionError, match="from the callback"):
+        kiln.train("resnet20", out=tmp_path / "run", callback=boom, **opts)
+    assert any(s.startswith("step-") for s in os.listdir(tmp_path / "run" / "checkpoints"))
+    r = kiln.train("resnet20", out=tmp_path / "run", resume="auto", **opts)
+    assert r["steps"] == 4
+
+
+def test_a_diverged_run_raises_why(tmp_path):
+    # the reason was on C stderr only (a notebook cell may not show it); the exception said "exit code 1"
+    with pytest.raises(kiln.KilnError, match="the loss is (NaN|infinite) in the steps up to step"):
+        kiln.train("resnet20", out=tmp_path / "run", **dict(RESNET, lr=1e30, momentum=0.0, nesterov=False))
 
 
 def test_interrupt_saves_then_raises(tmp_path):
