@@ -53,7 +53,7 @@ Tensor Module::register_buffer(const std::string& name, Tensor t) {
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   check_new_name(*this, "register_module", name, params_, buffers_, children_);
-  KILN_CHECK(m, type_name(), ": register_module: '", name, "' is null");
+  KILN_CHECK(m, "register_module: '", name, "' is null");  // not type_name(): see check_new_name
   children_.emplace_back(name, std::move(m));
 }
 

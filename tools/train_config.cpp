@@ -182,7 +182,10 @@ void apply_json_config(CLI::App& app, const std::string& path) {
     KILN_FAIL("--config ", path, ": not valid JSON: ", e.what());
   }
   KILN_CHECK(j.is_object(), "--config ", path, ": expected a JSON object of flag names and values");
-  for (const auto& [key, value] : j.items()) {
+  for (const auto& item : j.items()) {
+    // Not a structured binding: clang 14 does not let the lambda below capture one.
+    const std::string& key = item.key();
+    const nlohmann::json& value = item.value();
     std::string name = key;
     for (char& ch : name)
       if (ch == '_') ch = '-';
