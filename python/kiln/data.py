@@ -6,7 +6,12 @@ page-locked memory, so a GPU never waits).
     for batch in loader:                           # one epoch per iteration
         x, y = batch["input"], batch["target"]
 """
+import collections.abc
+import concurrent.futures
 import numbers
+import random
+
+import numpy as np
 
 from . import _C
 
@@ -24,27 +29,117 @@ def fashion_mnist(path=FASHION_MNIST_DIR, augment=True):
     return mnist_dir(path, "fashion-mnist", augment)
 
 
-class DataLoader:
-    """Batches of a kiln Dataset as dicts of tensors; each iteration is the next epoch (shuffled by
-    seed and epoch, the same order every run)."""
+def default_collate(samples):
+    """One batch from a list of samples, as torch's default_collate: tensors, NumPy arrays and numbers
+    are stacked along a new first dimension (Python ints as int64, floats as float64, bools as bool);
+    dicts, tuples and lists are collated field by field; strings stay a list."""
+    return _collate(samples, "sample")
 
-    def __init__(self, dataset, batch_size=32, shuffle=True, drop_last=False, seed=0, workers=1, pin_memory=False):
-        if not isinstance(dataset, _C.Dataset):
-            raise TypeError(f"DataLoader: dataset must be a kiln Dataset (kiln.data.mnist, images, masked_lm, "
-                            f"tsv_classification, ...), got {type(dataset).__name__}; a Python dataset is not "
-                            "supported yet")
+
+def _collate(samples, where):
+    first = samples[0]
+    if isinstance(first, collections.abc.Mapping):
+        keys = list(first.keys())
+        for s in samples:
+            if not isinstance(s, collections.abc.Mapping) or list(s.keys()) != keys:
+                got = list(s.keys()) if isinstance(s, collections.abc.Mapping) else type(s).__name__
+                raise ValueError(f"DataLoader: {where}s of one batch differ: keys {keys} and {got}")
+        return {k: _collate([s[k] for s in samples], f"{where}[{k!r}]") for k in keys}
+    if isinstance(first, (str, bytes)):
+        return list(samples)
+    if isinstance(first, (tuple, list)):
+        for s in samples:
+            if not isinstance(s, (tuple, list)) or len(s) != len(first):
+                raise ValueError(f"DataLoader: {where}s of one batch differ: {len(first)} fields and "
+                                 f"{len(s) if isinstance(s, (tuple, list)) else type(s).__name__}")
+        fields = [_collate([s[i] for s in samples], f"{where}[{i}]") for i in range(len(first))]
+        if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple
+            return type(first)(*fields)
+        return tuple(fields) if isinstance(first, tuple) else fields
+    if isinstance(first, _C.Tensor):
+        shapes = {tuple(s.shape) for s in samples if isinstance(s, _C.Tensor)}
+        if len(shapes) > 1 or not all(isinstance(s, _C.Tensor) for s in samples):
+            raise ValueError(f"DataLoader: {where}s of one batch cannot be stacked: shapes "
+                             f"{sorted(shapes)} (give samples of one shape, or a collate_fn)")
+        return _C.stack(list(samples), 0)
+    if isinstance(first, (bool, np.bool_)):
+        return _C.from_numpy(np.array(samples, dtype=np.bool_))
+    if isinstance(first, (numbers.Number, np.ndarray, np.generic)):
+        try:
+            if isinstance(first, numbers.Real) and not isinstance(first, np.generic):
+                # Python numbers: int64 when every one is an int, else float64 (never truncated)
+                ints = all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in samples)
+                arr = np.array(samples, dtype=np.int64 if ints else np.float64)
+            else:
+                arr = np.stack([np.asarray(s) for s in samples])
+        except (ValueError, TypeError, OverflowError) as e:
+            raise ValueError(f"DataLoader: {where}s of one batch cannot be stacked: {e}") from None
+        return _C.from_numpy(np.ascontiguousarray(arr))
+    raise TypeError(f"DataLoader: cannot collate {where}s of type {type(first).__name__} (give tensors, NumPy "
+                    "arrays, numbers, strings, or dicts/tuples/lists of them, or a collate_fn)")
+
+
+class DataLoader:
+    """Batches of a data set; each iteration is the next epoch (shuffled by seed and epoch, the same
+    order every run).
+
+    dataset: a kiln Dataset (kiln.data.mnist_dir, masked_lm, ...: batches are dicts of tensors, built
+    by C++ threads), or any Python object with __len__ and __getitem__(int) (a map-style dataset, as
+    torch's): its samples are collated by collate_fn (default_collate), `workers` threads reading
+    samples ahead (0: in the calling thread). pin_memory: batches in page-locked memory when a CUDA
+    device is present."""
+
+    def __init__(self, dataset, batch_size=32, shuffle=True, drop_last=False, seed=0, workers=1, pin_memory=False,
+                 collate_fn=None):
         for name, v in (("batch_size", batch_size), ("workers", workers)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise TypeError(f"DataLoader: {name} must be an int, got {v!r}")
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise TypeError(f"DataLoader: seed must be an int, got {seed!r}")
-        # as kiln.manual_seed: any int, taken modulo 2**64
-        self._impl = _C._Loader(dataset, int(batch_size), bool(shuffle), bool(drop_last), int(seed) % 2**64,
-                                int(workers), bool(pin_memory))
+        if batch_size < 1:
+            raise ValueError(f"DataLoader: batch_size must be >= 1, got {batch_size}")
+        if workers < 0:
+            raise ValueError(f"DataLoader: workers must be >= 0, got {workers}")
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError(f"DataLoader: collate_fn must be callable, got {collate_fn!r}")
         self._generation = 0
+        if isinstance(dataset, _C.Dataset):
+            if collate_fn is not None:
+                raise TypeError("DataLoader: collate_fn applies to Python datasets; a kiln Dataset builds its own "
+                                "batches")
+            # as kiln.manual_seed: any int, taken modulo 2**64
+            self._impl = _C._Loader(dataset, int(batch_size), bool(shuffle), bool(drop_last), int(seed) % 2**64,
+                                    int(workers), bool(pin_memory))
+            return
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise TypeError(f"DataLoader: dataset must be a kiln Dataset (kiln.data.mnist_dir, masked_lm, "
+                            f"tsv_classification, ...) or a map-style Python dataset with __len__ and __getitem__, "
+                            f"got {type(dataset).__name__}")
+        n = len(dataset)
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise TypeError(f"DataLoader: len(dataset) must be an int >= 0, got {n!r}")
+        self._impl = None
+        self._dataset = dataset
+        self._size = int(n)
+        self._batch_size = int(batch_size)
+        self._shuffle = bool(shuffle)
+        self._drop_last = bool(drop_last)
+        self._seed = int(seed) % 2**64
+        self._workers = int(workers)
+        self._pin = bool(pin_memory)
+        self._collate = collate_fn or default_collate
+        self._epoch = -1
 
     def __len__(self):
-        return len(self._impl)
+        if self._impl is not None:
+            return len(self._impl)
+        full, rest = divmod(self._size, self._batch_size)
+        return full + (1 if rest and not self._drop_last else 0)
+
+    def _next_batch(self):
+        if self._impl is not None:
+            return self._impl.next()
+        return next(self._batches, None)
 
     def __iter__(self):
         # One pass at a time: the batches come from one C++ loader, so a second iter() starts the next
@@ -52,16 +147,75 @@ class DataLoader:
         # samples between the two (zip(loader, loader) gave each sample to one of them).
         self._generation += 1
         mine = self._generation
-        self._impl.start_epoch()
+        if self._impl is not None:
+            self._impl.start_epoch()
+        else:
+            self._epoch += 1
+            self._batches = self._python_batches(self._epoch)
         while True:
             if self._generation != mine:
                 raise RuntimeError("DataLoader: this iterator was superseded by a newer iter() of the same loader "
                                    "(each iteration is the next epoch, one at a time); make a second DataLoader "
                                    "to read two passes side by side")
-            b = self._impl.next()
+            b = self._next_batch()
             if b is None:
                 return
             yield b
+
+    # ---- Python datasets ----
+    def _order(self, epoch):
+        order = list(range(self._size))
+        if self._shuffle:
+            random.Random(f"kiln.data.DataLoader:{self._seed}:{epoch}").shuffle(order)
+        return [order[i:i + self._batch_size] for i in range(0, len(order), self._batch_size)][:len(self)]
+
+    def _make_batch(self, indices):
+        samples = []
+        for i in indices:
+            try:
+                samples.append(self._dataset[i])
+            except Exception as e:
+                if hasattr(e, "add_note"):
+                    e.add_note(f"(in DataLoader, reading dataset[{i}])")
+                raise
+        batch = self._collate(samples)
+        return _pin(batch) if self._pin else batch
+
+    def _python_batches(self, epoch):
+        batches = self._order(epoch)
+        if self._workers == 0:
+            for idx in batches:
+                yield self._make_batch(idx)
+            return
+        # `workers` threads build the next batches in order, at most 2 per thread ahead.
+        pool = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="kiln-loader")
+        try:
+            ahead = collections.deque()
+            todo = iter(batches)
+            for idx in todo:
+                ahead.append(pool.submit(self._make_batch, idx))
+                if len(ahead) >= 2 * self._workers:
+                    break
+            while ahead:
+                batch = ahead.popleft().result()
+                idx = next(todo, None)
+                if idx is not None:
+                    ahead.append(pool.submit(self._make_batch, idx))
+                yield batch
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _pin(batch):
+    if isinstance(batch, _C.Tensor):
+        return batch.pin_memory()
+    if isinstance(batch, dict):
+        return {k: _pin(v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*[_pin(v) for v in batch])
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_pin(v) for v in batch)
+    return batch
 
 
 # ---- text ----

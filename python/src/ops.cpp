@@ -25,6 +25,17 @@ TensorOptions options(nb::handle dtype, nb::handle device, bool requires_grad, D
 // A second operand: a tensor, or a number taking the first operand's dtype rules.
 Tensor operand(nb::handle h, const Tensor& like) { return to_tensor(h, &like, "other"); }
 
+// Two operands either of which may be a Python number: a number takes the other operand's type (as
+// the binary ops see their operands); `wa` and `wb` name them in errors.
+std::pair<Tensor, Tensor> operand_pair(nb::handle a, nb::handle b, const char* wa, const char* wb) {
+  Tensor ta = nb::isinstance<Tensor>(a) ? nb::cast<Tensor>(a) : Tensor();
+  Tensor tb = nb::isinstance<Tensor>(b) ? nb::cast<Tensor>(b) : Tensor();
+  const Tensor* ref = ta.defined() ? &ta : (tb.defined() ? &tb : nullptr);
+  if (!ta.defined()) ta = to_tensor(a, ref, wa);
+  if (!tb.defined()) tb = to_tensor(b, ref ? ref : &ta, wb);
+  return {ta, tb};
+}
+
 nb::tuple pair_of(const ValuesIndices& vi) { return nb::make_tuple(vi.values, vi.indices); }
 
 // An integer argument for arange: a Python int (not a bool), an integer 0-dim tensor, a NumPy integer.
@@ -304,12 +315,7 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "result_type",
       [](nb::handle a, nb::handle b) {
-        // As the binary ops see their operands: a Python number takes the other operand's type.
-        Tensor ta = nb::isinstance<Tensor>(a) ? nb::cast<Tensor>(a) : Tensor();
-        Tensor tb = nb::isinstance<Tensor>(b) ? nb::cast<Tensor>(b) : Tensor();
-        const Tensor* ref = ta.defined() ? &ta : (tb.defined() ? &tb : nullptr);
-        if (!ta.defined()) ta = to_tensor(a, ref, "tensor1");
-        if (!tb.defined()) tb = to_tensor(b, ref ? ref : &ta, "tensor2");
+        const auto [ta, tb] = operand_pair(a, b, "tensor1", "tensor2");
         return result_type(ta, tb);
       },
       nb::arg("tensor1"), nb::arg("tensor2"),
@@ -317,11 +323,7 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "where",
       [](const Tensor& c, nb::handle a, nb::handle b) {
-        Tensor ta = nb::isinstance<Tensor>(a) ? nb::cast<Tensor>(a) : Tensor();
-        Tensor tb = nb::isinstance<Tensor>(b) ? nb::cast<Tensor>(b) : Tensor();
-        const Tensor* ref = ta.defined() ? &ta : (tb.defined() ? &tb : nullptr);
-        if (!ta.defined()) ta = to_tensor(a, ref, "input");
-        if (!tb.defined()) tb = to_tensor(b, ref ? ref : &ta, "other");
+        const auto [ta, tb] = operand_pair(a, b, "input", "other");
         R r;
         return where(c, ta, tb);
       },

@@ -414,6 +414,10 @@ void bind_tensor(nb::module_& m) {
             return x.contiguous();
           },
           nb::arg("memory_format") = "contiguous")
+      .def(
+          "pin_memory", [](const Tensor& x) { return pin_memory(x); }, nb::call_guard<nb::gil_scoped_release>(),
+          "A copy in page-locked memory (fast, asynchronous copies to a GPU) when a CUDA device is present; "
+          "else, or for a tensor not on the CPU, the tensor itself.")
       .def("clone", &Tensor::clone, nb::call_guard<nb::gil_scoped_release>())
       .def("detach", &Tensor::detach)
       .def(

@@ -164,9 +164,76 @@ def test_data_loader():
     for bad, msg in [(dict(seed=1.5), "seed must be an int"), (dict(batch_size=32.0), "batch_size must be an int")]:
         with pytest.raises(TypeError, match=msg):
             kiln.data.DataLoader(d["test"], **bad)
-    with pytest.raises(TypeError, match="must be a kiln Dataset"):
-        kiln.data.DataLoader([1, 2, 3])
+    with pytest.raises(TypeError, match="must be a kiln Dataset .* or a map-style Python dataset"):
+        kiln.data.DataLoader(42)
     assert len(kiln.data.DataLoader(d["test"], batch_size=5000, seed=-1)) == 2  # any int seed, as manual_seed
+
+
+class _Squares:
+    """A map-style Python dataset: dicts of an array, a number and a label string."""
+
+    def __init__(self, n, bad=None):
+        self.n, self.bad, self.reads = n, bad, []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.reads.append(i)
+        if i == self.bad:
+            raise KeyError(f"sample {i} is missing")
+        return {"x": np.full(3, i, dtype=np.float32), "y": i * i, "w": 0.5 * i, "name": f"s{i}"}
+
+
+def test_data_loader_python_dataset():
+    ds = _Squares(10)
+    for workers in (0, 1, 3):
+        loader = kiln.data.DataLoader(ds, batch_size=4, shuffle=False, workers=workers)
+        batches = list(loader)
+        assert len(loader) == 3 and [b["y"].shape for b in batches] == [(4,), (4,), (2,)]
+        b = batches[0]
+        assert b["x"].dtype == kiln.float32 and b["x"].shape == (4, 3) and b["x"][:, 0].tolist() == [0, 1, 2, 3]
+        assert b["y"].dtype == kiln.int64 and b["y"].tolist() == [0, 1, 4, 9]
+        assert b["w"].dtype == kiln.float64 and b["name"] == ["s0", "s1", "s2", "s3"]
+    # shuffled: every sample once per epoch, in an order fixed by (seed, epoch)
+    orders = []
+    for _ in range(2):
+        loader = kiln.data.DataLoader(ds, batch_size=3, shuffle=True, seed=7, workers=2)
+        orders.append([[int(v) for v in b["x"][:, 0].tolist()] for b in loader] +
+                      [[int(v) for v in b["x"][:, 0].tolist()] for b in loader])
+    assert orders[0] == orders[1]
+    first, second = sum(orders[0][:4], []), sum(orders[0][4:], [])
+    assert sorted(first) == list(range(10)) and sorted(second) == list(range(10)) and first != second
+    assert len(kiln.data.DataLoader(ds, batch_size=4, drop_last=True)) == 2
+    assert [b["y"].shape[0] for b in kiln.data.DataLoader(ds, batch_size=4, drop_last=True)] == [4, 4]
+    # tuples, kiln tensors, a list as a dataset, a collate_fn
+    pairs = [(kiln.full((2,), float(i)), i % 2 == 0) for i in range(5)]
+    x, even = next(iter(kiln.data.DataLoader(pairs, batch_size=5, shuffle=False)))
+    assert x.shape == (5, 2) and even.dtype == kiln.bool and even.tolist() == [True, False, True, False, True]
+    sums = list(kiln.data.DataLoader(list(range(6)), batch_size=3, shuffle=False, collate_fn=sum))
+    assert sums == [3, 12]
+    mixed = next(iter(kiln.data.DataLoader([1, 2.5], batch_size=2, shuffle=False)))
+    assert mixed.dtype == kiln.float64 and mixed.tolist() == [1.0, 2.5]  # an int then a float: not truncated
+    # a failing sample is raised as itself, naming its index; samples that do not stack are named
+    for workers in (0, 2):
+        with pytest.raises(KeyError, match="sample 5 is missing") as e:
+            list(kiln.data.DataLoader(_Squares(10, bad=5), batch_size=2, shuffle=False, workers=workers))
+        if hasattr(e.value, "add_note"):
+            assert "dataset[5]" in "".join(e.value.__notes__)
+    uneven = [np.zeros(3, np.float32), np.zeros(4, np.float32)]
+    with pytest.raises(ValueError, match="cannot be stacked"):
+        next(iter(kiln.data.DataLoader(uneven, batch_size=2)))
+    with pytest.raises(ValueError, match=r"keys \['a'\] and \['b'\]"):
+        next(iter(kiln.data.DataLoader([{"a": 1}, {"b": 2}], batch_size=2, shuffle=False)))
+    with pytest.raises(TypeError, match="cannot collate samples of type object"):
+        next(iter(kiln.data.DataLoader([object()], batch_size=1)))
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        kiln.data.DataLoader(ds, batch_size=0)
+    with pytest.raises(TypeError, match="collate_fn must be callable"):
+        kiln.data.DataLoader(ds, collate_fn=3)
+    # pin_memory: the same values (page-locked only where a CUDA device is present)
+    pinned = next(iter(kiln.data.DataLoader(ds, batch_size=2, shuffle=False, pin_memory=True)))
+    assert pinned["y"].tolist() == [0, 1] and pinned["name"] == ["s0", "s1"]
 
 
 @pytest.mark.skipif(not os.path.isdir("/usr/share/games/fortunes"), reason="Debian's fortunes package is not installed")
