@@ -370,27 +370,39 @@ void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<s
 
 // ---- clipping, groups --------------------------------------------------------------------------------
 
-Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
-                      const std::function<void(Tensor& squares)>& reduce_squares) {
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                      const std::function<void(Tensor& partial, bool is_max)>& reduce_partial) {
   KILN_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  KILN_CHECK(norm_type > 0, "clip_grad_norm: norm_type must be > 0 (2 for L2, inf for the largest |g|), got ",
+             norm_type);
   NoGradGuard ng;
-  // Every step on the device: the squares summed in f64 in parameter order, the factor chosen by a
-  // comparison there (1 when the norm is within max_norm or not finite), the gradients scaled by it.
-  Tensor sq;
+  const bool is_max = std::isinf(norm_type);
+  // Every step on the device: the partials (sums of |g|^p in f64, or the largest |g|) combined in
+  // parameter order, the factor chosen by a comparison there (1 when the norm is within max_norm or
+  // not finite), the gradients scaled by it.
+  Tensor part;
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
     const Tensor gf = g.to(DType::f32);
-    const Tensor term = sum(gf * gf).to(DType::f64);
-    sq = sq.defined() ? sq + term : term;
+    Tensor term;
+    if (is_max)
+      term = (g.numel() == 0 ? zeros({}, TensorOptions(DType::f32, g.device())) : amax(abs(gf))).to(DType::f64);
+    else if (norm_type == 2)
+      term = sum(gf * gf).to(DType::f64);
+    else if (norm_type == 1)
+      term = sum(abs(gf)).to(DType::f64);
+    else
+      term = sum(pow(abs(gf.to(DType::f64)), norm_type));
+    part = !part.defined() ? term : (is_max ? maximum(part, term) : part + term);
   }
-  if (reduce_squares) {  // every rank joins, with or without gradients of its own
-    if (!sq.defined()) sq = zeros({}, TensorOptions(DType::f64, params.empty() ? kCPU : params[0].device()));
-    sq = sq.contiguous().clone();
-    reduce_squares(sq);
+  if (reduce_partial) {  // every rank joins, with or without gradients of its own
+    if (!part.defined()) part = zeros({}, TensorOptions(DType::f64, params.empty() ? kCPU : params[0].device()));
+    part = part.contiguous().clone();
+    reduce_partial(part, is_max);
   }
-  if (!sq.defined()) return zeros({}, DType::f64);  // no gradients: norm 0, on the CPU
-  const Tensor norm = sqrt(sq);
+  if (!part.defined()) return zeros({}, DType::f64);  // no gradients: norm 0, on the CPU
+  const Tensor norm = is_max ? part : (norm_type == 2 ? sqrt(part) : pow(part, 1.0 / norm_type));
   const Tensor clip = logical_and(gt(norm, scalar_like(max_norm, norm)), lt(norm, scalar_like(INFINITY, norm)));
   const Tensor factor = where(clip, max_norm / (norm + 1e-6), scalar_like(1.0, norm));
   std::map<DType, Tensor> in_dtype;  // the factor cast once per gradient dtype

@@ -132,13 +132,15 @@ class LAMB final : public AdamFamily {
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
 };
 
-// Scales all gradients so their global L2 norm is at most max_norm (a norm that is inf or NaN leaves
+// Scales all gradients so their global norm is at most max_norm (a norm that is inf or NaN leaves
 // them as they are); returns the norm before, as an f64 0-dim tensor on the gradients' device (on
-// the CPU when there are none). No value goes to the host.
-// With `reduce_squares`, the f64 sum of squares is passed through it before the root is taken:
-// for gradients sharded over ranks (dist::ZeroRedundancy), an all-reduce makes it the global one.
-Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
-                      const std::function<void(Tensor& squares)>& reduce_squares = {});
+// the CPU when there are none). No value goes to the host. norm_type: 2 (L2), any p > 0 (the p-th
+// root of the sum of |g|^p), or inf (the largest |g|), as torch's clip_grad_norm_.
+// With `reduce_partial`, the f64 partial (the sum of |g|^p, or for inf the largest |g|; `is_max`
+// says which) is passed through it before the root is taken: for gradients sharded over ranks
+// (dist::ZeroRedundancy), an all-reduce (sum or max) makes it the global one.
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
+                      const std::function<void(Tensor& partial, bool is_max)>& reduce_partial = {});
 void clip_grad_value(const std::vector<Tensor>& params, double clip);
 
 // Groups for the usual recipe: no weight decay on biases and normalisation weights (1-D tensors).

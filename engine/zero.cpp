@@ -153,7 +153,9 @@ void ZeroRedundancy::finish() {
 }
 
 Tensor ZeroRedundancy::clip_grad_norm(double max_norm) {
-  return optim::clip_grad_norm(views_, max_norm, [this](Tensor& squares) { comm_.all_reduce(squares, ReduceOp::sum); });
+  return optim::clip_grad_norm(views_, max_norm, 2.0, [this](Tensor& partial, bool is_max) {
+    comm_.all_reduce(partial, is_max ? ReduceOp::max : ReduceOp::sum);
+  });
 }
 
 void ZeroRedundancy::gather() {

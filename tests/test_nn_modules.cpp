@@ -461,6 +461,15 @@ TEST_CASE("optim: clipping, decay groups") {
   CHECK(optim::clip_grad_norm({a, b}, 10.0).item<double>() == doctest::Approx(1.0).epsilon(1e-5));  // no change below the max
   optim::clip_grad_value({a, b}, 0.7);
   CHECK(b.grad().item<double>() == doctest::Approx(0.7));
+  // Other norms, as torch's norm_type: the largest |g|, the sum of |g|, the cube root of the sum of |g|^3.
+  for (const auto& [type, norm] : std::vector<std::pair<double, double>>{{INFINITY, 4}, {1, 7}, {3, 4.497941}}) {
+    a.set_grad(from_vector({-3, 0}, {2}));
+    b.set_grad(from_vector({4}, {1}));
+    CHECK(optim::clip_grad_norm({a, b}, 2.0, type).item<double>() == doctest::Approx(norm).epsilon(1e-4));
+    CHECK(b.grad().item<double>() == doctest::Approx(4 * 2.0 / norm).epsilon(1e-4));
+    CHECK(a.grad().to_vector()[0] == doctest::Approx(-3 * 2.0 / norm).epsilon(1e-4));
+  }
+  CHECK(error_of([&] { optim::clip_grad_norm({a, b}, 1.0, 0.0); }).find("norm_type must be > 0") != std::string::npos);
   Block blk;
   const auto groups = optim::decay_groups(blk.named_parameters(), 0.1, 5e-4);
   REQUIRE(groups.size() == 2);

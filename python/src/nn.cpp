@@ -255,10 +255,12 @@ void bind_nn(nb::module_& m) {
   });
   m.def(
       "clip_grad_norm_",
-      [](const std::vector<Tensor>& ps, double max_norm) { return optim::clip_grad_norm(ps, max_norm); },
-      nb::arg("parameters"), nb::arg("max_norm"), nogil,
-      "Scales gradients to a global L2 norm of at most max_norm; "
-      "returns the norm before clipping.");
+      [](const std::vector<Tensor>& ps, double max_norm, double norm_type) {
+        return optim::clip_grad_norm(ps, max_norm, norm_type);
+      },
+      nb::arg("parameters"), nb::arg("max_norm"), nb::arg("norm_type") = 2.0, nogil,
+      "Scales gradients to a global norm of at most max_norm (norm_type: 2, any p > 0, or inf for the "
+      "largest |g|); returns the norm before clipping.");
   m.def("_decay_groups", [](const std::vector<std::pair<std::string, Tensor>>& named, double lr, double wd) {
     nb::list out;
     for (const auto& g : optim::decay_groups(named, lr, wd)) {

@@ -293,3 +293,17 @@ def test_cross_entropy_with_probability_targets_and_unbatched_input():
             [kx], [tx], "unbatched")
     with pytest.raises(kiln.KilnError, match="must have the input's shape"):
         F.cross_entropy(kiln.randn(4, 5), kiln.rand(4, 6))
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, float("inf"), 0.5])
+def test_clip_grad_norm_vs_torch(norm_type):
+    grads = [arr(4, 3), arr(5), arr(2, 2, 2)]
+    kp = [kiln.zeros(g.shape, dtype=kiln.float64, requires_grad=True) for g in grads]
+    tp = [torch.zeros(g.shape, dtype=torch.float64, requires_grad=True) for g in grads]
+    for k, t, g in zip(kp, tp, grads):
+        k.grad, t.grad = kiln.tensor(g), torch.tensor(g)
+    kn = kiln.nn.clip_grad_norm_(kp, 0.5, norm_type=norm_type)
+    tn = torch.nn.utils.clip_grad_norm_(tp, 0.5, norm_type=norm_type)
+    assert abs(kn.item() - tn.item()) < 1e-5 * tn.item()
+    for k, t in zip(kp, tp):
+        np.testing.assert_allclose(k.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-9)
