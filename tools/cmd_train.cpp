@@ -74,23 +74,32 @@ nlohmann::json gpu_memory_json(int device) {
 // A progress bar on a terminal, plain lines otherwise.
 class Progress {
  public:
-  // mode "quiet": nothing (ranks other than 0).
-  Progress(const std::string& mode, int64_t epochs, int64_t steps_per_epoch)
-      : bar_(mode == "bar" || (mode == "auto" && ::isatty(STDOUT_FILENO))), quiet_(mode == "quiet"), epochs_(epochs),
-        spe_(steps_per_epoch) {}
-  void step(int64_t epoch, int64_t in_epoch, double loss, double lr, double sps, double eta_s, bool log_line) {
+  // mode "quiet": nothing (ranks other than 0). `total_steps`: the run's optimizer steps; when
+  // --max-steps ends it before its epochs do, each line also shows the run's step of its total.
+  Progress(const std::string& mode, int64_t epochs, int64_t steps_per_epoch, int64_t total_steps)
+      : bar_(mode == "bar" || (mode == "auto" && ::isatty(STDOUT_FILENO))),
+        quiet_(mode == "quiet"),
+        epochs_(epochs),
+        spe_(steps_per_epoch),
+        total_(total_steps) {}
+  void step(int64_t epoch, int64_t in_epoch, int64_t run_step, double loss, double lr, double sps, double eta_s,
+            bool log_line) {
     if (quiet_) return;
+    char run[64] = "";
+    if (total_ < epochs_ * spe_)
+      std::snprintf(run, sizeof run, " (run %lld/%lld)", (long long)run_step, (long long)total_);
     if (bar_) {
       constexpr int kWidth = 24;
       const int filled = int(kWidth * in_epoch / std::max<int64_t>(spe_, 1));
       std::string b(size_t(filled), '=');
       if (filled < kWidth) b += '>' + std::string(size_t(kWidth - filled - 1), ' ');
-      std::printf("\r\033[Kepoch %lld/%lld [%s] %lld/%lld loss %.4f lr %.4g %.0f samples/s ETA %s", (long long)epoch + 1,
-                  (long long)epochs_, b.c_str(), (long long)in_epoch, (long long)spe_, loss, lr, sps, hms(eta_s).c_str());
+      std::printf("\r\033[Kepoch %lld/%lld [%s] %lld/%lld%s loss %.4f lr %.4g %.0f samples/s ETA %s",
+                  (long long)epoch + 1, (long long)epochs_, b.c_str(), (long long)in_epoch, (long long)spe_, run, loss,
+                  lr, sps, hms(eta_s).c_str());
       std::fflush(stdout);
     } else if (log_line) {
-      std::printf("epoch %lld/%lld step %lld/%lld loss %.4f lr %.4g %.0f samples/s ETA %s\n", (long long)epoch + 1,
-                  (long long)epochs_, (long long)in_epoch, (long long)spe_, loss, lr, sps, hms(eta_s).c_str());
+      std::printf("epoch %lld/%lld step %lld/%lld%s loss %.4f lr %.4g %.0f samples/s ETA %s\n", (long long)epoch + 1,
+                  (long long)epochs_, (long long)in_epoch, (long long)spe_, run, loss, lr, sps, hms(eta_s).c_str());
       std::fflush(stdout);
     }
   }
@@ -103,7 +112,7 @@ class Progress {
 
  private:
   bool bar_, quiet_;
-  int64_t epochs_, spe_;
+  int64_t epochs_, spe_, total_;
 };
 
 // SIGINT, SIGTERM and SIGHUP ask the loop to save and stop after the current step; a second SIGINT
@@ -423,7 +432,7 @@ class Trainer {
       }
       prune_checkpoints(ckpt_dir_, 0);  // temporary files a killed writer left behind
     }
-    progress_ = std::make_unique<Progress>(lead_ ? c_.progress : "quiet", c_.epochs, spe_);
+    progress_ = std::make_unique<Progress>(lead_ ? c_.progress : "quiet", c_.epochs, spe_, total_steps_);
     if (!c_.mirror.empty() && lead_) mirror_ = std::make_unique<CheckpointMirror>(c_.mirror, c_.keep_last);
     // Every rank starts from rank 0's weights and buffers; gradients are averaged over ranks in
     // buckets while backward runs.
@@ -862,12 +871,12 @@ class Trainer {
     const double elapsed = run_.train_seconds + since(epoch_start_) - epoch_seconds_before_;
     const double eta = elapsed / double(std::max<int64_t>(run_.step, 1)) * double(total_steps_ - run_.step);
     if (!log_now) {
-      progress_->step(run_.epoch, in_epoch, shown_loss_, lr, sps, eta, false);
+      progress_->step(run_.epoch, in_epoch, run_.step, shown_loss_, lr, sps, eta, false);
       return -1;
     }
     if (const int rc = fold(lr); rc >= 0) return rc;
     shown_loss_ = run_.window.mean_loss();
-    progress_->step(run_.epoch, in_epoch, shown_loss_, lr, sps, eta, true);
+    progress_->step(run_.epoch, in_epoch, run_.step, shown_loss_, lr, sps, eta, true);
     const WindowStats& w = run_.window;
     nlohmann::json m = {{"step", run_.step},
                         {"epoch", run_.epoch + 1},
