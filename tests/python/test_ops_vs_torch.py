@@ -307,3 +307,22 @@ def test_clip_grad_norm_vs_torch(norm_type):
     assert abs(kn.item() - tn.item()) < 1e-5 * tn.item()
     for k, t in zip(kp, tp):
         np.testing.assert_allclose(k.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-9)
+
+
+def test_clip_grad_norm_takes_a_tensor_or_an_iterable():
+    g = arr(3, 3)
+    one = kiln.zeros((3, 3), dtype=kiln.float64, requires_grad=True)
+    one.grad = kiln.tensor(g)
+    t = torch.zeros((3, 3), dtype=torch.float64, requires_grad=True)
+    t.grad = torch.tensor(g)
+    # a single tensor is one parameter (not a sequence of its rows), as in torch
+    assert abs(kiln.nn.clip_grad_norm_(one, 0.1).item() - torch.nn.utils.clip_grad_norm_(t, 0.1).item()) < 1e-9
+    np.testing.assert_allclose(one.grad.numpy(), t.grad.numpy(), rtol=1e-6)
+    lin = kiln.nn.Linear(3, 2)
+    lin(kiln.ones((4, 3))).sum().backward()
+    assert kiln.nn.clip_grad_norm_(lin.parameters(), 1e-3, norm_type=float("inf")).item() > 0  # an iterator
+    assert kiln.nn.clip_grad_norm_((p for p in lin.parameters()), 1e-3).item() > 0  # a generator
+    with pytest.raises(TypeError, match=r"parameters\[1\] is a int"):
+        kiln.nn.clip_grad_norm_([one, 3], 1.0)
+    with pytest.raises(TypeError, match="max_norm must be a number"):
+        kiln.nn.clip_grad_norm_(one, "1")
