@@ -1,5 +1,5 @@
-// A two-layer MLP learns three interleaved spirals with Kiln's autograd, nn modules and SGD:
-// the demo of scripts/demo until the training command lands.
+// A two-layer MLP learns three interleaved spirals with Kiln's autograd, nn modules and SGD: a
+// minimal example of embedding the engine (ctest's example_mlp runs it).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
