@@ -61,6 +61,11 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
       {"--image-size 0" + out, "--image-size: must be >= 1, got 0"},
       {"--accum-steps 0" + out, "--accum-steps: must be >= 1, got 0"},
       {"--max-steps -1" + out, "--max-steps: must be >= 0, got -1"},
+      // The batch against the data before --micro-batch auto plans for it, in the flags given.
+      {"--limit-train 64 --batch 1000000000 --micro-batch auto" + out,
+       "--batch 1000000000 is larger than the 64 training samples"},
+      {"--limit-train 64 --batch 16 --accum-steps 8" + out, "--accum-steps 8 x --batch 16 is more than the 64"},
+      {"--batch 9223372036854775807" + out, "--batch 9223372036854775807: a step's largest tensor would hold"},
   };
   for (const auto& c : cases) {
     const auto r = run_kiln("train " + c.args, d.p.string());
@@ -68,6 +73,7 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
     CHECK_MESSAGE(contains(r.output, c.says), c.args, " -> ", r.output);
     CHECK_MESSAGE(!contains(r.output, "179769313486231570"), c.args, " -> ", r.output);  // DBL_MAX in full
     CHECK_MESSAGE(!contains(r.output, "or meta"), c.args, " -> ", r.output);
+    CHECK_MESSAGE(!contains(r.output, "--accum-steps 62500"), c.args, " -> ", r.output);  // not the flags given
   }
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
            {"eval --device meta --model resnet20 --weights " + d / "bad.json", "--device meta: tensors with shapes"},
@@ -101,6 +107,10 @@ TEST_CASE("train flags: --help shows each on/off flag pair's real default") {
         "--save-epochs,--no-save-epochs (default: on)", "--channels-last,--no-channels-last (default: off)"})
     CHECK_MESSAGE(contains(r.output, line), line, " in\n", r.output);
   CHECK_MESSAGE(!contains(r.output, "{false}"), r.output);  // what --no-X sets, read as the default
+  // The defaults BERT runs take instead (apply_model_defaults), beside the flags' own.
+  for (const char* says : {"(default: sgd; adamw for BERT models)", "(default: 0.1; 5e-4 for BERT models)",
+                           "(default: 5e-4; 0.01 for BERT models)", "linear for BERT models", "32 for BERT models"})
+    CHECK_MESSAGE(contains(r.output, says), says, " in\n", r.output);
   r = run_kiln("vocab --help", d.p.string());
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
   r = run_kiln("eval --help", d.p.string());
@@ -418,6 +428,26 @@ TEST_CASE("train: --micro-batch auto and out-of-memory halving under --memory-ca
   CHECK_MESSAGE(contains(r.output, "--micro-batch 5: expected auto or a number dividing --batch 16"), r.output);
 }
 
+// With micro-batches the gradients of the first are held while the later ones run: --micro-batch auto plans
+// for them. Without them it planned 2 x 4 (13.1 MiB; 15.7 MiB measured) here, ran out of memory and redid
+// the step with 1 x 8 (14.2 MiB); under 14 MiB it then failed at a micro-batch of 1, after the work.
+TEST_CASE("train: --micro-batch auto plans the gradients held across micro-batches and does not run out") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_micro_grads");
+  auto r = run_kiln("vocab --text " + kFortunes + "/computers --size 2000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string common = "train --model bert-tiny --text " + kFortunes + "/computers --vocab " + d / "vocab.txt" +
+                             " --seq-len 64 --batch 8 --max-steps 2 --limit-eval 8 --threads 2 --micro-batch auto";
+  r = run_kiln(common + " --memory-cap 15MiB --out " + d / "o", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "--micro-batch auto: 1 x 8 accumulation steps"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "out of memory"), r.output);
+  r = run_kiln(common + " --memory-cap 14MiB --out " + d / "small", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "--micro-batch auto: even a micro-batch of 1 needs"), r.output);
+  CHECK(!std::filesystem::exists(d / "small/metrics.jsonl"));
+}
+
 // MLM's loss is a mean over masked tokens, whose number differs between micro-batches: each micro-batch's
 // mean weighs its share of the step's masked tokens, so micro-batches (and --accum-steps) give the losses
 // of the whole batch (1 / accum each gave 6.9253 against 6.9193 at step 1 here).
@@ -475,6 +505,18 @@ TEST_CASE("train: out of memory on one rank or all redoes the step on every rank
     REQUIRE_MESSAGE(rc == 0, out);
     CHECK_MESSAGE(contains(out, "on rank 0): redoing step 1 with micro-batch 8"), out);
     runs.push_back("one");
+    // --micro-batch auto with one sample too much for rank 0 alone: rank 1 names it, not its own memory.
+    const std::string auto_args = common + " --micro-batch auto --out " + d / "auto";
+    const std::string auto_cmd =
+        "cd " + d.p.string() +
+        " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 1 " + KILN_BINARY +
+        " " + auto_args + " --memory-cap 4MiB : -np 1 " + KILN_BINARY + " " + auto_args + " > " + d / "auto.txt" +
+        " 2>&1 < /dev/null";
+    CHECK(std::system(auto_cmd.c_str()) != 0);
+    const std::string said = read_text(d / "auto.txt");
+    CHECK_MESSAGE(contains(said, "rank 0: --micro-batch auto: even a micro-batch of 1 needs"), said);
+    CHECK_MESSAGE(contains(said, "--micro-batch auto: rank 0 cannot fit a micro-batch of 1"), said);
+    CHECK_MESSAGE(said.find("even a micro-batch of 1") == said.rfind("even a micro-batch of 1"), said);  // rank 0's
   }
   for (const std::string& run : runs) {
     CAPTURE(run);

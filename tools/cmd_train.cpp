@@ -323,6 +323,19 @@ class Trainer {
     } catch (const Error& e) {
       return fail(e.message());
     }
+    // The batch against the data before any planning: an optimizer step takes --accum-steps x --batch
+    // of each rank's share of the training samples (the smallest share, so that all ranks agree).
+    {
+      const int64_t n = task_.train_data->size(), share = n / world_;
+      if (c_.batch > share / c_.accum_steps) {
+        const std::string samples =
+            std::to_string(n) + " training samples" +
+            (world_ > 1 ? " (" + std::to_string(share) + " per rank over " + std::to_string(world_) + " ranks)" : "");
+        return fail(c_.accum_steps == 1 ? "--batch " + std::to_string(c_.batch) + " is larger than the " + samples
+                                        : "--accum-steps " + std::to_string(c_.accum_steps) + " x --batch " +
+                                              std::to_string(c_.batch) + " is more than the " + samples);
+      }
+    }
     // The loader's batch: --batch, or a micro-batch of it (--micro-batch N, or auto from the planner).
     micro_ = c_.batch;
     if (!c_.memory_cap.empty()) cap_.set(parse_bytes(c_.memory_cap, "--memory-cap"));
@@ -343,12 +356,9 @@ class Trainer {
     // Optimizer steps per epoch: each takes --accum-steps micro-batches; a last partial group is dropped.
     accum_ = c_.accum_steps * (c_.batch / micro_);
     spe_ = loader_->batches_per_epoch() / accum_;
-    if (spe_ < 1) {
-      const auto n = std::to_string(task_.train_data->size());
-      return fail(accum_ == 1 ? "--batch " + std::to_string(c_.batch) + " is larger than the " + n + " training samples"
-                              : "--accum-steps " + std::to_string(accum_) + " x --batch " + std::to_string(c_.batch) +
-                                    " is more than the " + n + " training samples");
-    }
+    if (spe_ < 1)  // checked above for the smallest share; kept against a loader that reads fewer
+      return fail("--accum-steps " + std::to_string(c_.accum_steps) + " x --batch " + std::to_string(c_.batch) +
+                  " is more than this rank's " + std::to_string(loader_->samples_per_epoch()) + " training samples");
     std::error_code ec;
     std::filesystem::create_directories(c_.out, ec);
     if (any_rank(ec || ::access(c_.out.c_str(), W_OK) != 0))
@@ -617,13 +627,24 @@ class Trainer {
     for (const auto& [n, t] : model().named_buffers()) model_bytes += t.nbytes();
     memory += model_bytes;
     auto [m, p] = largest_micro_batch(po, c_.batch, memory, device_);
+    // Every rank takes the smallest; with several, the lowest rank that cannot fit one sample is named.
+    const int64_t mine = m;
+    int64_t short_rank = m == 0 ? rank_ : world_;
     if (world_ > 1) {
-      Tensor t = from_vector({double(m)}, {1}, DType::i64);
+      Tensor t = from_vector({double(m), double(short_rank)}, {2}, DType::i64);
       comm_->all_reduce(t, dist::ReduceOp::min);
-      m = t.item<int64_t>();
+      const std::vector<double> v = t.to_vector();
+      m = int64_t(v[0]);
+      short_rank = int64_t(v[1]);
     }
+    if (m == 0 && mine > 0)
+      return fail("--micro-batch auto: rank " + std::to_string(short_rank) +
+                  " cannot fit a micro-batch of 1 (its own error says what one sample needs and what it has); " +
+                  "this rank, " + std::to_string(rank_) + ", fits " + std::to_string(mine) + " in the " + mib(memory) +
+                  " " + from);
     if (m == 0)
-      return fail("--micro-batch auto: even a micro-batch of 1 needs " + mib(p.peak) + " at the peak (`kiln plan` " +
+      return fail((world_ > 1 ? "rank " + std::to_string(rank_) + ": " : std::string()) +
+                  "--micro-batch auto: even a micro-batch of 1 needs " + mib(p.peak) + " at the peak (`kiln plan` " +
                   "shows where it goes), more than the " + mib(memory) + " " + from);
     micro_ = m;
     if (lead_)

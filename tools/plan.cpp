@@ -1,6 +1,7 @@
 #include "tools/plan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -26,29 +27,58 @@ std::string mib(size_t bytes) {
 }
 
 size_t parse_bytes(const std::string& s, const std::string& flag) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
+  // A decimal number (no hex, inf or nan: stod would take them), then an optional unit.
+  size_t i = 0;
+  while (i < s.size() && s[i] == ' ') ++i;
+  const size_t num_begin = i;
+  if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
+  const size_t digits_begin = i;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  const bool has_digits = i > digits_begin && s.find_first_of("0123456789", digits_begin) < i;
+  if (has_digits && i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    size_t j = i + 1;
+    if (j < s.size() && (s[j] == '-' || s[j] == '+')) ++j;
+    if (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) {
+      while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
+      i = j;
+    }
   }
-  std::string unit = s.substr(used);
+  double v = 0;
+  bool number = has_digits;
+  if (number) try {
+      size_t used = 0;
+      v = std::stod(s.substr(num_begin, i - num_begin), &used);
+      number = used == i - num_begin;
+    } catch (const std::exception&) {
+      number = false;
+    }
+  std::string unit = s.substr(i);
   unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
   for (char& c : unit) c = char(std::tolower(static_cast<unsigned char>(c)));
+  // KiB, MiB, GiB, TiB and the bare K, M, G, T are powers of 1024; kB, MB, GB, TB powers of 1000.
   double scale = 0;
   if (unit.empty() || unit == "b")
     scale = 1;
-  else if (unit == "k" || unit == "kb" || unit == "kib")
+  else if (unit == "k" || unit == "kib")
     scale = 1024.0;
-  else if (unit == "m" || unit == "mb" || unit == "mib")
+  else if (unit == "m" || unit == "mib")
     scale = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gb" || unit == "gib")
+  else if (unit == "g" || unit == "gib")
     scale = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tb" || unit == "tib")
+  else if (unit == "t" || unit == "tib")
     scale = 1024.0 * 1024 * 1024 * 1024;
-  KILN_CHECK(used > 0 && scale > 0 && v > 0 && std::isfinite(v), flag, " ", s,
-             ": expected an amount of memory such as 16GiB, 512MiB or 1.5G");
+  else if (unit == "kb")
+    scale = 1e3;
+  else if (unit == "mb")
+    scale = 1e6;
+  else if (unit == "gb")
+    scale = 1e9;
+  else if (unit == "tb")
+    scale = 1e12;
+  KILN_CHECK(number && scale > 0 && std::isfinite(v), flag, " ", s,
+             ": expected an amount of memory such as 16GiB, 512MiB, 1.5G or 8GB (KiB/MiB/GiB/TiB and K/M/G/T are "
+             "powers of 1024, kB/MB/GB/TB of 1000)");
+  KILN_CHECK(v > 0, flag, " ", s, ": must be positive");
   // 2^64 bytes and more do not fit a size (the conversion would be undefined, in practice ignored).
   KILN_CHECK(v * scale < 18446744073709551616.0, flag, " ", s,
              ": more than 16 EiB (2^64 bytes), the most a memory size can be");
@@ -134,37 +164,44 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
     p.num_parameters += t.numel();
   }
   for (const auto& [n, t] : st.model->named_buffers()) p.buffers += t.nbytes();
-  TrainConfig tc;
-  tc.optimizer = o.optimizer;
+  TrainConfig tc = model_defaults(o.model);
+  if (!o.optimizer.empty()) tc.optimizer = o.optimizer;
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(tc, *st.model);
   const std::vector<Tensor> params = st.model->parameters();
+  // With accumulation every micro-batch after the first runs forward and backward while the gradients
+  // of those before are held: the step is planned as two micro-batches, the second with them in place
+  // (the peak of any later one is the same).
+  const int micro_batches = o.accum_steps > 1 ? 2 : 1;
   for (int step = 0; step < 2; ++step) {  // the second step runs with the optimizer state in place
     opt->zero_grad();
     if (step == 1) {
       reset_memory_peak(dev);
       p.blocks.clear();
     }
-    const size_t before = memory_stats(dev).allocated;
-    std::vector<std::pair<std::string, size_t>> open;
-    nn::set_block_observer([&](const std::string& name, bool begin) {
-      const size_t now = memory_stats(dev).allocated;
-      if (begin) {
-        open.emplace_back(name, now);
-      } else if (!open.empty() && open.back().first == name) {
-        p.blocks.emplace_back(name, now > open.back().second ? now - open.back().second : 0);
-        open.pop_back();
+    for (int k = 0; k < micro_batches; ++k) {
+      if (k > 0) p.blocks.clear();
+      const size_t before = memory_stats(dev).allocated;
+      std::vector<std::pair<std::string, size_t>> open;
+      nn::set_block_observer([&](const std::string& name, bool begin) {
+        const size_t now = memory_stats(dev).allocated;
+        if (begin) {
+          open.emplace_back(name, now);
+        } else if (!open.empty() && open.back().first == name) {
+          p.blocks.emplace_back(name, now > open.back().second ? now - open.back().second : 0);
+          open.pop_back();
+        }
+      });
+      Tensor loss;
+      {
+        amp::AutocastGuard autocast(low.value_or(DType::f16), low.has_value());
+        loss = st.loss();
       }
-    });
-    Tensor loss;
-    {
-      amp::AutocastGuard autocast(low.value_or(DType::f16), low.has_value());
-      loss = st.loss();
+      nn::set_block_observer({});
+      const size_t after = memory_stats(dev).allocated;
+      p.activations = after > before ? after - before : 0;
+      loss.backward();
+      loss = Tensor();
     }
-    nn::set_block_observer({});
-    const size_t after = memory_stats(dev).allocated;
-    p.activations = after > before ? after - before : 0;
-    loss.backward();
-    loss = Tensor();
     std::vector<Tensor> grads;
     for (const Tensor& t : params) grads.push_back(t.grad());
     p.gradients = bytes_of(grads);
@@ -225,12 +262,21 @@ std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t
       if (d != batch / d) upper.push_back(batch / d);
     }
   divisors.insert(divisors.end(), upper.rbegin(), upper.rend());
-  // Memory grows with the micro-batch: bisect over the divisors.
-  int64_t lo = 0, hi = int64_t(divisors.size()) - 1;
+  // The whole batch holds no gradients across micro-batches, so it may fit where half of it with
+  // accumulation does not: asked first. Below it memory grows with the micro-batch: bisect.
   std::pair<int64_t, MemoryPlan> best{0, {}};
+  if (o.accum_steps == 1) {
+    MemoryPlan whole = plan_memory(o, batch);
+    if (plan_fits(whole, memory, device)) return {batch, whole};
+    if (divisors.size() == 1) best.second = whole;  // a batch of 1: what even one sample needs
+    divisors.pop_back();
+  }
+  int64_t lo = 0, hi = int64_t(divisors.size()) - 1;
   while (lo <= hi) {
     const int64_t mid = (lo + hi) / 2;
-    MemoryPlan p = plan_memory(o, divisors[size_t(mid)]);
+    PlanOptions q = o;  // the micro-batches of one step accumulate their gradients
+    q.accum_steps = o.accum_steps * (batch / divisors[size_t(mid)]);
+    MemoryPlan p = plan_memory(q, divisors[size_t(mid)]);
     if (plan_fits(p, memory, device)) {
       best = {divisors[size_t(mid)], p};
       lo = mid + 1;
@@ -256,15 +302,17 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
   app.add_option("--amp", o.amp, "off, fp16 or bf16")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}))
       ->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "sgd (momentum), adamw or lamb")
-      ->check(CLI::IsMember({"sgd", "adamw", "lamb"}))
-      ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer,
+                 "sgd (momentum), adamw or lamb (default: kiln train's for the model: sgd; adamw for BERT models)")
+      ->check(CLI::IsMember({"sgd", "adamw", "lamb"}));
   app.add_option("--recompute", o.recompute, "none or blocks")
       ->check(CLI::IsMember({"none", "blocks"}))
       ->capture_default_str();
   app.add_option("--ranks", o.ranks, "Data-parallel processes")->check(between(1, 65536))->capture_default_str();
   app.add_option("--zero", o.zero, "0, or 1: ZeRO stage 1 over the ranks")->check(between(0, 1))->capture_default_str();
-  app.add_option("--memory", o.memory, "The memory to fit, e.g. 16GiB (default: the device's, with --device cuda:N)");
+  app.add_option("--memory", o.memory,
+                 "The memory to fit, e.g. 16GiB or 16GB (GiB/G: 2^30 bytes, GB: 10^9); default: the device's, with "
+                 "--device cuda:N. Exit code 3 when not even a micro-batch of 1 fits it");
   app.add_option("--device", o.device,
                  "What to plan for: cpu, or cuda / cuda:N (GPU layouts and headroom; with no "
                  "--memory, that GPU's memory)")
@@ -294,11 +342,27 @@ void check_batch_size(const PlanOptions& o, int64_t batch, const std::string& fl
              " per sample), more than the 2^52 a plan counts (sizes past that overflow); give a smaller ", flag);
 }
 
-int run_plan(const PlanOptions& o) {
+int run_plan(const PlanOptions& given) {
+  PlanOptions o = given;
+  if (o.optimizer.empty()) o.optimizer = model_defaults(o.model).optimizer;  // as kiln train would run
   // The flags' checks: exit 2 before any planning.
   try {
-    model_family(o.model);
+    const ModelFamily& f = model_family(o.model);
+    Device d = kCPU;
+    try {
+      d = Device::parse(o.device);
+    } catch (const Error&) {
+      KILN_FAIL("--device ", o.device, ": expected cpu, cuda or cuda:N");
+    }
+    KILN_CHECK(!d.is_meta(), "--device meta: plan for the device the run will use (cpu, cuda or cuda:N)");
     if (!o.memory.empty()) parse_bytes(o.memory, "--memory");
+    if (f.input == ModelInput::tokens) {
+      const models::BertConfig bc = bert_config_from(parse_bert_name(o.model).size, o.sets);
+      KILN_CHECK(o.seq_len <= bc.max_position, "--seq-len ", o.seq_len, ": more than the ", bc.max_position,
+                 " positions --model ", o.model, " has (--set max_position=N for more)");
+    }
+    KILN_CHECK(!(o.zero == 1 && o.optimizer == "lamb"),
+               "--zero 1 with --optimizer lamb: LAMB's trust ratio needs whole tensors (use adamw or sgd)");
     if (o.batch > 0) check_batch_size(o, o.batch, "--batch");
   } catch (const Error& e) {
     std::fprintf(stderr, "kiln plan: error: %s\n", e.message().c_str());
@@ -306,10 +370,6 @@ int run_plan(const PlanOptions& o) {
   }
   const ModelFamily& family = model_family(o.model);
   const Device target = Device::parse(o.device);
-  KILN_CHECK(!target.is_meta(), "--device meta: plan for the device the run will use (cpu, cuda or cuda:N)");
-  KILN_CHECK(!(o.zero == 1 && o.optimizer == "lamb"),
-             "--zero 1 with --optimizer lamb: LAMB's trust ratio needs "
-             "whole tensors (use adamw or sgd)");
   size_t memory = 0;
   std::string memory_from;
   if (!o.memory.empty()) {
@@ -337,7 +397,7 @@ int run_plan(const PlanOptions& o) {
   };
   row("parameters", p.parameters, std::to_string(p.num_parameters) + " f32 values");
   row("buffers", p.buffers, "batch-norm statistics and the like");
-  row("gradients", p.gradients, "");
+  row("gradients", p.gradients, "made by backward: at the peak they are in the workspace row, not added");
   row("optimizer state", p.optimizer_state, o.ranks > 1 && o.zero ? "this rank's 1/" + std::to_string(o.ranks) : "");
   row("f32 master copies", p.master_copies, "none: weights stay f32; autocast's 16-bit copies are activations");
   row("communication", p.comm_buffers,
@@ -353,7 +413,10 @@ int run_plan(const PlanOptions& o) {
     }
     std::printf("    %-20s %12s\n", n.c_str(), mib(b).c_str());
   }
-  row("workspace", p.workspace, "at the peak: gradients as backward makes them, temporaries");
+  row("workspace", p.workspace,
+      std::string("at the peak: gradients as backward makes them") +
+          (o.accum_steps > 1 ? " and those held from the earlier micro-batches" : "") +
+          ", temporaries (the rows but gradients sum to the peak)");
   if (p.gpu)
     std::printf("    %s\n", p.cudnn_asked ? "with cuBLASLt's 32 MiB per matmul and each convolution's cuDNN workspace "
                                             "(as this device's cuDNN picks it)"
@@ -361,6 +424,7 @@ int run_plan(const PlanOptions& o) {
                                             "workspaces (no CUDA device here to ask: up to 1 GiB per pass)");
   row("predicted peak", p.peak, target.is_cuda() ? "(a GPU adds its context and the allocator's rounding)" : "");
   nlohmann::json j = {{"model", o.model}, {"batch", batch}, {"device", o.device}, {"plan", p.to_json()}};
+  bool nofit = false;
   if (memory > 0) {
     const bool fits = plan_fits(p, memory, target);
     std::printf("memory %s from %s: %s\n", mib(memory).c_str(), memory_from.c_str(), fits ? "fits" : "does not fit");
@@ -377,13 +441,14 @@ int run_plan(const PlanOptions& o) {
     }
     j["micro_batch"] = micro;
     j["accum_steps"] = micro ? batch / micro : 0;
+    nofit = micro == 0;
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);
     f << j.dump(2) << "\n";
     KILN_CHECK(f.good(), "--json ", o.json, ": cannot write");
   }
-  return 0;
+  return nofit ? 3 : 0;  // 3: not even one sample fits the memory
 }
 
 }  // namespace kiln::tools

@@ -15,13 +15,23 @@
 
 namespace kiln::tools {
 
+struct TrainConfig;  // tools/train.h
+// kiln train's defaults that depend on the model (tools/train_config.cpp, which apply_model_defaults
+// applies to the flags not given): BERT (a token model) trains with AdamW, lr 5e-4, weight decay 0.01,
+// a linear schedule and batch 32; ResNet with the flags' defaults. `kiln plan` takes its optimizer.
+TrainConfig model_defaults(const std::string& model);
+
 struct PlanOptions {
   std::string model = "resnet20";
   std::vector<std::string> sets;
   int64_t batch = 0;  // the effective batch (0: the model family's default, as kiln bench train)
   int64_t seq_len = 128, image_size = 0, in_channels = 0;
-  std::string amp = "off", optimizer = "sgd", recompute = "none";
+  std::string amp = "off", recompute = "none";
+  std::string optimizer;  // empty: kiln train's default for the model (model_defaults: adamw for BERT, else sgd)
   int ranks = 1, zero = 0;
+  // Micro-batches per optimizer step: past 1, the gradients of the first are held while the next
+  // run forward and backward (largest_micro_batch sets it to batch / micro-batch).
+  int64_t accum_steps = 1;
   std::string memory;          // "16GiB", "512MiB" (empty: the device's, for --device cuda:N)
   std::string device = "cpu";  // what is planned for: cpu, cuda, cuda:N
   std::string json;
@@ -55,7 +65,8 @@ MemoryPlan plan_memory(const PlanOptions& o, int64_t micro_batch);
 // Whether a plan fits `memory` bytes on `device` (a GPU also needs its context and the caching
 // allocator's rounding: 12.5% and 512 MiB of headroom).
 bool plan_fits(const MemoryPlan& p, size_t memory, Device device);
-// The largest divisor of `batch` whose plan fits (0 when even 1 does not), with that plan.
+// The largest divisor of `batch` whose plan fits (0 when even 1 does not), with that plan: a divisor
+// below `batch` is planned as o.accum_steps x batch / divisor micro-batches with their gradients held.
 std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t batch, size_t memory, Device device);
 // The most values a planned step's largest tensor may hold: past 2^52 (16 PiB of f32) the byte counts
 // of a step's tensors, summed, could overflow 64 bits; no machine holds such a step anyway.

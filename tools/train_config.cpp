@@ -45,7 +45,7 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--seq-len", c.seq_len, "BERT sequence length")->capture_default_str();
   app.add_option("--mask-prob", c.mask_prob, "Share of tokens masked for masked-LM")->capture_default_str();
   add_on_off_flag(app, "--lower-case,!--no-lower-case", c.lower_case, "Lower-case and strip accents before WordPiece");
-  app.add_option("--batch", c.batch, "Batch size")->capture_default_str();
+  app.add_option("--batch", c.batch, "Batch size (default: 128; 32 for BERT models)");
   app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout")->capture_default_str();
   app.add_option("--threads", c.threads,
                  "CPU threads for the kernels (0: KILN_NUM_THREADS or the CPUs available; at most " +
@@ -69,7 +69,8 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                  "accumulate (auto: the largest that fits the memory, from the planner, `kiln plan`); a step that "
                  "runs out of memory is redone with half the micro-batch and twice the accumulation");
   app.add_option("--memory-cap", c.memory_cap,
-                 "CPU: the most memory tensors may hold, e.g. 8GiB (an allocation past it fails as on a full GPU; "
+                 "CPU: the most memory tensors may hold, e.g. 8GiB or 8GB (GiB: 2^30 bytes, GB: 10^9; an allocation "
+                 "past it fails as on a full GPU; "
                  "--micro-batch auto plans for it)");
   app.add_option("--zero", c.zero,
                  "0, or 1: ZeRO stage 1 over the ranks (gradients reduce-scattered, each rank updates and keeps "
@@ -115,23 +116,23 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->check(at_least(1))
       ->capture_default_str();
   app.add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (0: no limit)")->check(at_least(0));
-  app.add_option("--optimizer", c.optimizer, "sgd, adamw or lamb")
-      ->check(CLI::IsMember(optimizer_names()))
-      ->capture_default_str();
-  app.add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
+  app.add_option("--optimizer", c.optimizer, "sgd, adamw or lamb (default: sgd; adamw for BERT models)")
+      ->check(CLI::IsMember(optimizer_names()));
+  app.add_option("--lr", c.lr, "Peak learning rate (default: 0.1; 5e-4 for BERT models)");
   app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
   add_on_off_flag(app, "--nesterov,!--no-nesterov", c.nesterov, "Nesterov momentum for SGD");
-  app.add_option("--weight-decay", c.weight_decay, "Weight decay (not on biases and normalisation weights)")
-      ->capture_default_str();
+  app.add_option("--weight-decay", c.weight_decay,
+                 "Weight decay, not on biases and normalisation weights (default: 5e-4; 0.01 for BERT models)");
   app.add_option("--label-smoothing", c.label_smoothing, "Label smoothing of the classification loss")
       ->capture_default_str();
   app.add_option("--clip-grad-norm", c.clip_grad_norm, "Clip gradients to this global L2 norm (0: off)")
       ->capture_default_str();
   std::vector<std::string> schedules;
   for (const auto& [name, kind] : optim::LrSchedule::kinds()) schedules.push_back(name);
-  app.add_option("--schedule", c.schedule, "LR schedule: constant, step, multistep, cosine, linear or polynomial")
-      ->check(CLI::IsMember(schedules))
-      ->capture_default_str();
+  app.add_option("--schedule", c.schedule,
+                 "LR schedule: constant, step, multistep, cosine, linear or polynomial (default: cosine; linear "
+                 "for BERT models)")
+      ->check(CLI::IsMember(schedules));
   app.add_option("--warmup", c.warmup, "Linear warmup steps (default: 0 for ResNet, 6% of the steps for BERT)")
       ->check(at_least(0));
   app.add_option("--out", c.out, "Run directory: metrics.jsonl, summary.json, model.safetensors")->required();
@@ -297,6 +298,17 @@ std::vector<std::string> validate(const TrainConfig& c) {
       e.push_back("--micro-batch " + c.micro_batch + ": expected auto or a number dividing --batch " +
                   std::to_string(c.batch));
   }
+  if (family != nullptr && c.batch >= 1) {  // the cap `kiln plan` has: past it a step's byte counts overflow
+    PlanOptions po;
+    po.model = c.model;
+    po.sets = c.sets;
+    po.seq_len = c.seq_len;
+    try {
+      check_batch_size(po, c.batch, "--batch");
+    } catch (const Error& err) {
+      e.push_back(err.message());
+    }
+  }
   if (!c.micro_batch.empty() && c.accum_steps > 1)
     e.push_back("--micro-batch with --accum-steps " + std::to_string(c.accum_steps) +
                 ": --micro-batch splits --batch into accumulation steps itself (give the whole batch as --batch)");
@@ -335,19 +347,30 @@ std::vector<std::string> validate(const TrainConfig& c) {
   return e;
 }
 
-void apply_model_defaults(const CLI::App& app, TrainConfig& c) {
+TrainConfig model_defaults(const std::string& model) {
   // Token models (BERT) train with the transformer recipe; image models keep the flags' defaults.
-  const ModelFamily* family = find_model_family(c.model);
-  if (family == nullptr || family->input != ModelInput::tokens) return;
+  TrainConfig d;
+  const ModelFamily* family = find_model_family(model);
+  if (family == nullptr || family->input != ModelInput::tokens) return d;
+  d.optimizer = "adamw";
+  d.lr = 5e-4;
+  d.weight_decay = 0.01;
+  d.schedule = "linear";
+  d.batch = 32;
+  return d;
+}
+
+void apply_model_defaults(const CLI::App& app, TrainConfig& c) {
   auto given = [&](const char* flag) {
     const CLI::Option* o = app.get_option_no_throw(flag);
     return o != nullptr && o->count() > 0;
   };
-  if (!given("--optimizer")) c.optimizer = "adamw";
-  if (!given("--lr")) c.lr = 5e-4;
-  if (!given("--weight-decay")) c.weight_decay = 0.01;
-  if (!given("--schedule")) c.schedule = "linear";
-  if (!given("--batch")) c.batch = 32;
+  const TrainConfig d = model_defaults(c.model);
+  if (!given("--optimizer")) c.optimizer = d.optimizer;
+  if (!given("--lr")) c.lr = d.lr;
+  if (!given("--weight-decay")) c.weight_decay = d.weight_decay;
+  if (!given("--schedule")) c.schedule = d.schedule;
+  if (!given("--batch")) c.batch = d.batch;
 }
 
 nlohmann::json TrainConfig::to_json() const {
