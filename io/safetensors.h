@@ -21,11 +21,14 @@ struct SafetensorsFile {
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-// Reads and validates `path`; the tensors are CPU tensors. With `mmap` the file is mapped
-// copy-on-write and each tensor whose data is aligned to its element size is a zero-copy view that
-// keeps the mapping alive (writing to it never changes the file); the others are copied. A mapped
-// file must not be truncated by another process while its tensors are alive.
-SafetensorsFile load_safetensors(const std::string& path, bool mmap = true);
+// Reads and validates `path`; the tensors are CPU tensors, read into memory: the file may be
+// changed or removed as soon as this returns. With `mmap` the file is mapped copy-on-write instead
+// and each tensor whose data is aligned to its element size is a zero-copy view that keeps the
+// mapping alive (writing to it never changes the file); the others are copied. A mapped file must
+// not be changed while its tensors live: bytes rewritten in place change their values, and a
+// truncated file kills the process with SIGBUS when they are read (replacing it by rename, as
+// save_safetensors does, is safe). Use it where the tensors are short-lived or copied at once.
+SafetensorsFile load_safetensors(const std::string& path, bool mmap = false);
 
 // The same from bytes in memory (fuzzing, tests); the tensors are copies. `what` names the source
 // in errors.

@@ -16,6 +16,7 @@
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "test_util.h"
+#include "tools/zoo.h"
 
 using namespace kiln;
 using kiln::testing::TempDir;
@@ -192,4 +193,86 @@ TEST_CASE("forward: an input the model refuses is named with its file") {
   // Any other error of the model names the file too: an image of 3 channels for a 1-channel ResNet.
   says({{"input", ones({1, 3, 8, 8})}}, "running resnet20 on its tensors failed: ",
        "forward --model resnet20 --set in_channels=1 --weights " + d / "r.safetensors" + " --out " + d / "y.st");
+}
+
+TEST_CASE("models by name: --set values are checked when the model is built") {
+  auto bert = [](const std::vector<std::string>& sets) { return tools::bert_config_from("tiny", sets); };
+  // A dropout probability outside [0, 1] failed only at the first forward; a zero or NaN epsilon never.
+  for (const char* s : {"hidden_dropout=1.5", "hidden_dropout=-0.1", "attention_dropout=2", "hidden_dropout=nan"})
+    CHECK_THROWS_WITH_AS(bert({s}), doctest::Contains("a dropout probability must be in [0, 1]"), Error);
+  for (const char* s : {"layer_norm_eps=0", "layer_norm_eps=nan", "layer_norm_eps=-1e-5", "layer_norm_eps=inf"})
+    CHECK_THROWS_WITH_AS(bert({s}), doctest::Contains("--set layer_norm_eps="), Error);
+  CHECK(bert({"hidden_dropout=1", "attention_dropout=0", "layer_norm_eps=1e-5"}).layer_norm_eps == 1e-5);
+  // The CLI's own path refuses them before any work.
+  CHECK_THROWS_WITH_AS(tools::model_family("bert-tiny").build("bert-tiny", {"hidden_dropout=1.5"}, false),
+                       doctest::Contains("hidden_dropout=1.5"), Error);
+  // Booleans: true/false or 1/0; 2 is not read as true.
+  CHECK(tools::resnet_config_from("resnet20", {"zero_init_residual=true"}).zero_init_residual);
+  CHECK(!tools::resnet_config_from("resnet20", {"zero_init_residual=False"}).zero_init_residual);
+  CHECK(tools::resnet_config_from("resnet20", {"recompute=1"}).recompute);
+  CHECK_THROWS_WITH_AS(tools::resnet_config_from("resnet20", {"zero_init_residual=2"}),
+                       doctest::Contains("--set zero_init_residual=2: expected a boolean"), Error);
+  CHECK(bert({"recompute=true"}).recompute);
+}
+
+TEST_CASE("checkpoint names: tied decoder, two decoder biases and the bert. prefix") {
+  models::BertConfig c = models::bert_config("tiny");
+  c.vocab_size = 40;
+  c.num_layers = 1;
+  models::BertForMaskedLM mlm(c);
+  const nn::StateDict mine = mlm.state_dict();
+  const std::string emb = "bert.embeddings.word_embeddings.weight";
+
+  // A decoder equal to the embeddings (the tied tensor saved twice) is dropped; a different one is
+  // refused naming both, not dropped without a word.
+  nn::StateDict sd = mine;
+  sd["cls.predictions.decoder.weight"] = mine.at(emb).clone();
+  CHECK(tools::normalise_checkpoint_names(sd, mine).count("cls.predictions.decoder.weight") == 0);
+  sd["cls.predictions.decoder.weight"] = mine.at(emb) + 1.0;
+  const std::string untied = "w.st: 'cls.predictions.decoder.weight' differs from '" + emb +
+                             "': this model ties its decoder to the word embeddings";
+  CHECK_THROWS_WITH_AS(tools::normalise_checkpoint_names(sd, mine, "w.st"), doctest::Contains(untied.c_str()), Error);
+
+  // cls.predictions.decoder.bias is the same parameter as cls.predictions.bias: equal, one is kept;
+  // different, neither silently wins.
+  sd = mine;
+  sd["cls.predictions.decoder.bias"] = mine.at("cls.predictions.bias").clone();
+  CHECK(allclose(tools::normalise_checkpoint_names(sd, mine).at("cls.predictions.bias"),
+                 mine.at("cls.predictions.bias")));
+  sd["cls.predictions.decoder.bias"] = mine.at("cls.predictions.bias") + 1.0;
+  CHECK_THROWS_WITH_AS(tools::normalise_checkpoint_names(sd, mine),
+                       doctest::Contains("'cls.predictions.bias' and 'cls.predictions.decoder.bias' both give"), Error);
+  sd.erase("cls.predictions.bias");  // the decoder's name alone still maps
+  CHECK(tools::normalise_checkpoint_names(sd, mine).count("cls.predictions.bias") == 1);
+
+  // An encoder-only model takes a Hugging Face checkpoint whose encoder is under "bert." (and
+  // ignores its heads, as from_pretrained does); the prefixed names of a headed model stay.
+  models::BertModel enc(c);
+  const nn::StateDict enc_sd = enc.state_dict();
+  nn::StateDict hf;
+  for (const auto& kv : enc_sd) hf["bert." + kv.first] = kv.second;
+  hf["cls.predictions.bias"] = zeros({40});
+  nn::StateDict got = tools::normalise_checkpoint_names(hf, enc_sd);
+  tools::drop_unused_heads(enc, got, "hf.st", "bert-tiny", "test");
+  CHECK(got.size() == enc_sd.size());
+  for (const auto& kv : enc_sd) CHECK_MESSAGE(got.count(kv.first), kv.first);
+  CHECK(tools::normalise_checkpoint_names(mine, mine).size() == mine.size());
+
+  // The same through `kiln forward`: the untied decoder is an error naming both.
+  TempDir d;
+  sd = mine;
+  sd["cls.predictions.decoder.weight"] = mine.at(emb) * 2.0;
+  io::save_safetensors(d / "untied.st", sd);
+  io::save_safetensors(d / "x.st", {{"input_ids", randint(0, 40, {1, 4})}});
+  const auto r = testing::run_kiln("forward --model bert-tiny-mlm --set vocab_size=40 --set num_layers=1 --weights " +
+                                       d / "untied.st" + " --inputs " + d / "x.st" + " --out " + d / "y.st",
+                                   d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(testing::contains(r.output, "'cls.predictions.decoder.weight' differs from '" + emb + "'"), r.output);
+  // and an encoder-only forward reads a "bert."-prefixed checkpoint.
+  io::save_safetensors(d / "hf.st", hf);
+  const auto r2 = testing::run_kiln("forward --model bert-tiny --set vocab_size=40 --set num_layers=1 --weights " +
+                                        d / "hf.st" + " --inputs " + d / "x.st" + " --out " + d / "y2.st",
+                                    d.p.string());
+  CHECK_MESSAGE(r2.code == 0, r2.output);
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -344,6 +345,25 @@ TEST_CASE("safetensors: mapped loads are zero-copy, copy-on-write views that out
     fs::remove(path);
     CHECK(raw_bytes(keep) == raw_bytes(want.at("u8")));
   }
+}
+
+TEST_CASE("safetensors: a default load reads into memory, so the file may be rewritten while its tensors live") {
+  TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  const Tensor a = arange(0, 100000, 1, TensorOptions(DType::f32));
+  save_safetensors(path, {{"a", a}});
+  const SafetensorsFile f = load_safetensors(path);
+  CHECK(f.tensors.at("a").storage()->allocator != nullptr);  // not a view of a mapping
+  // Rewritten in place and truncated (a mapped tensor would now read changed bytes or die of SIGBUS).
+  {
+    std::FILE* out = std::fopen(path.c_str(), "r+b");
+    REQUIRE(out != nullptr);
+    const std::vector<char> junk(4096, 'x');
+    std::fwrite(junk.data(), 1, junk.size(), out);
+    std::fclose(out);
+  }
+  fs::resize_file(path, 10);
+  CHECK(raw_bytes(f.tensors.at("a")) == raw_bytes(a));
 }
 
 TEST_CASE("safetensors: tensors at offsets not aligned to their element size are copied") {

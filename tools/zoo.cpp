@@ -2,6 +2,8 @@
 #include "tools/zoo.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
 
 namespace kiln::tools {
@@ -27,6 +29,22 @@ template <typename T> T parse_number(const std::string& k, const std::string& v)
   return x;
 }
 
+// A boolean field: true/false (any case) or 1/0; anything else (2, "yes") is refused rather than
+// read as true.
+bool parse_bool(const std::string& k, const std::string& v) {
+  std::string l = v;
+  for (char& ch : l) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  if (l == "1" || l == "true") return true;
+  if (l == "0" || l == "false") return false;
+  KILN_FAIL("--set ", k, "=", v, ": expected a boolean (true, false, 1 or 0)");
+}
+
+// A probability of dropout: in [0, 1] (NaN refused), checked when the model is built rather than at
+// its first forward.
+void check_dropout(const char* k, double p) {
+  KILN_CHECK(p >= 0 && p <= 1, "--set ", k, "=", p, ": a dropout probability must be in [0, 1]");
+}
+
 }  // namespace
 
 models::ResNetConfig resnet_config_from(const std::string& name, const std::vector<std::string>& sets) {
@@ -36,9 +54,10 @@ models::ResNetConfig resnet_config_from(const std::string& name, const std::vect
     const auto [k, v] = split_set(kv);
     if (k == "num_classes") c.num_classes = parse_number<int64_t>(k, v);
     else if (k == "in_channels") c.in_channels = parse_number<int64_t>(k, v);
-    else if (k == "zero_init_residual") c.zero_init_residual = parse_number<int64_t>(k, v) != 0;
+    else if (k == "zero_init_residual")
+      c.zero_init_residual = parse_bool(k, v);
     else if (k == "recompute")
-      c.recompute = parse_number<int64_t>(k, v) != 0;
+      c.recompute = parse_bool(k, v);
     else
       KILN_FAIL("--set ", k, ": not a ResNet config field (num_classes, in_channels, zero_init_residual, recompute)");
   }
@@ -68,13 +87,19 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
     else if (k == "hidden_dropout") c.hidden_dropout = parse_number<double>(k, v);
     else if (k == "attention_dropout") c.attention_dropout = parse_number<double>(k, v);
     else if (k == "recompute")
-      c.recompute = parse_number<int64_t>(k, v) != 0;
+      c.recompute = parse_bool(k, v);
     else
       KILN_FAIL("--set ", k,
                 ": not a BERT config field (vocab_size, hidden_size, num_layers, num_heads, "
                 "intermediate_size, max_position, type_vocab_size, num_labels, layer_norm_eps, hidden_dropout, "
                 "attention_dropout, recompute)");
   }
+  // The ranges the layers would refuse only at the first forward (dropout) or never (a zero or NaN
+  // epsilon gives NaN outputs), refused when the model is built.
+  KILN_CHECK(std::isfinite(c.layer_norm_eps) && c.layer_norm_eps > 0, "--set layer_norm_eps=", c.layer_norm_eps,
+             ": must be a finite number > 0");
+  check_dropout("hidden_dropout", c.hidden_dropout);
+  check_dropout("attention_dropout", c.attention_dropout);
   return c;
 }
 
@@ -201,18 +226,68 @@ std::string unknown_model_message(const std::string& name) {
   return "--model " + name + ": unknown (expected one of " + model_names_text() + ")";
 }
 
+namespace {
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+
+// Whether two tensors of a checkpoint hold the same values (a tied pair saved twice).
+bool same_values(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && allclose(a.to(DType::f64), b.to(DType::f64), 0.0, 0.0);
+}
+
+std::string where(const std::string& file) { return file.empty() ? std::string() : file + ": "; }
+
+}  // namespace
+
 // Old BERT checkpoints name LayerNorm parameters gamma/beta, and carry the tied decoder and
-// position ids; map them onto Kiln's names.
-nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine) {
+// position ids; Hugging Face's BertModel checkpoints name the encoder under "bert."; map them onto
+// Kiln's names. What cannot be represented (an untied decoder, two different decoder biases) is
+// refused naming both tensors rather than dropped.
+nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine, const std::string& file) {
+  // An encoder-only model (bert-SIZE) has no "bert." prefix; a checkpoint of one of the headed models
+  // (BertForPreTraining, BertForMaskedLM) has it on every encoder name: strip it, as Hugging Face's
+  // BertModel.from_pretrained does.
+  const bool mine_prefixed =
+      std::any_of(mine.begin(), mine.end(), [](const auto& kv) { return starts_with(kv.first, "bert."); });
+  const bool in_prefixed =
+      std::any_of(in.begin(), in.end(), [](const auto& kv) { return starts_with(kv.first, "bert."); });
+  const bool strip_bert = !mine_prefixed && in_prefixed && mine.count("embeddings.word_embeddings.weight");
   nn::StateDict out;
+  std::map<std::string, std::string> source;  // Kiln name -> the checkpoint's name it came from
+  std::vector<std::pair<std::string, Tensor>> decoders;
   for (const auto& [n, t] : in) {
     std::string k = n;
-    auto ends = [&](const std::string& s) { return k.size() >= s.size() && k.compare(k.size() - s.size(), s.size(), s) == 0; };
-    if (k.find("LayerNorm.") != std::string::npos && ends(".gamma")) k = k.substr(0, k.size() - 6) + ".weight";
-    if (k.find("LayerNorm.") != std::string::npos && ends(".beta")) k = k.substr(0, k.size() - 5) + ".bias";
+    if (strip_bert && starts_with(k, "bert.")) k = k.substr(5);
+    if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".gamma")) k = k.substr(0, k.size() - 6) + ".weight";
+    if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".beta")) k = k.substr(0, k.size() - 5) + ".bias";
+    if (k == "cls.predictions.decoder.weight" && !mine.count(k)) {
+      decoders.emplace_back(n, t);  // tied: checked against the word embeddings below
+      continue;
+    }
+    if (ends_with(k, "embeddings.position_ids") && !mine.count(k)) continue;
     if (k == "cls.predictions.decoder.bias") k = "cls.predictions.bias";
-    if ((k == "cls.predictions.decoder.weight" || ends("embeddings.position_ids")) && !mine.count(k)) continue;
+    if (auto it = out.find(k); it != out.end()) {
+      // The decoder's bias given both as cls.predictions.bias and cls.predictions.decoder.bias (or a
+      // LayerNorm parameter under both of its names): one value, or the file is ambiguous.
+      KILN_CHECK(same_values(it->second, t), where(file), "'", source[k], "' and '", n, "' both give the model's '", k,
+                 "' but hold different values; keep the one you mean");
+      continue;
+    }
+    source[k] = n;
     out[k] = t;
+  }
+  // The model ties its masked-LM decoder to the word embeddings: a decoder equal to them is the same
+  // tensor saved twice; a different one cannot be represented.
+  for (const auto& d : decoders) {
+    const std::string emb =
+        mine_prefixed ? "bert.embeddings.word_embeddings.weight" : "embeddings.word_embeddings.weight";
+    auto it = out.find(emb);
+    if (it == out.end()) continue;  // the embeddings' absence is reported as missing
+    KILN_CHECK(same_values(it->second, d.second), where(file), "'", d.first, "' differs from '", source[emb],
+               "': this model ties its decoder to the word embeddings, so an untied decoder cannot be loaded");
   }
   return out;
 }
@@ -221,7 +296,8 @@ void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string
                        const char* who) {
   std::vector<std::string> prefixes;
   if (m.type_name() == "BertForMaskedLM") prefixes = {"bert.pooler.", "cls.seq_relationship."};
-  if (m.type_name() == "BertForSequenceClassification") prefixes = {"cls."};
+  // A pretraining checkpoint's heads are unused by the classifier and the bare encoder.
+  if (m.type_name() == "BertForSequenceClassification" || m.type_name() == "BertModel") prefixes = {"cls."};
   const nn::StateDict mine = m.state_dict();
   std::vector<std::string> dropped;
   for (auto it = in.begin(); it != in.end();) {

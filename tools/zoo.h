@@ -65,8 +65,12 @@ BertName parse_bert_name(const std::string& name);
 models::BertConfig bert_config_from(const std::string& size, const std::vector<std::string>& sets);
 
 // Old BERT checkpoints name LayerNorm parameters gamma/beta and carry the tied decoder and position
-// ids: `in` with those mapped onto Kiln's names (`mine`: the model's state dict).
-nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine);
+// ids, and Hugging Face's name the encoder under "bert.": `in` with those mapped onto Kiln's names
+// (`mine`: the model's state dict; "bert." is stripped for an encoder-only model). A decoder weight
+// that differs from the word embeddings the model ties it to, or cls.predictions.decoder.bias
+// differing from cls.predictions.bias, is an error naming both (`file` names the checkpoint).
+nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine,
+                                         const std::string& file = {});
 
 // Removes from `in` the tensors of a checkpoint (names normalised) that model `m` has no parameter for
 // and never needs: the family's other heads (BERT masked LM: a pretraining checkpoint's pooler and

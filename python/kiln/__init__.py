@@ -8,8 +8,9 @@
 
 NumPy and PyTorch tensors move in and out without copies: kiln.from_numpy(a), t.numpy(),
 kiln.from_dlpack(torch_tensor), torch.from_dlpack(t). Errors raised by the engine are
-kiln.KilnError (a RuntimeError); bad arguments raise kiln.KilnValueError (also a ValueError) and
-bad indices kiln.KilnIndexError (also an IndexError).
+kiln.KilnError (a RuntimeError); bad arguments raise kiln.KilnValueError (also a ValueError),
+bad indices kiln.KilnIndexError (also an IndexError) and a missing file kiln.KilnFileNotFoundError
+(also a FileNotFoundError).
 """
 from . import _build
 
@@ -65,6 +66,7 @@ from . import autograd
 from ._train import train, report
 from . import nn
 from . import optim, amp, models, data  # noqa: E402
+from .amp import autocast  # noqa: E402,F811  (kiln.autocast is kiln.amp.autocast: a decorator too)
 
 float32 = dtype.float32
 float16 = dtype.float16
@@ -106,12 +108,69 @@ def save(tensors, f, metadata=None):
     _C.save_safetensors(str(f), dict(tensors), dict(metadata or {}))
 
 
-def load(f):
-    """The tensors of a safetensors file (a path or a binary file object) as a dict;
-    kiln.load_safetensors(path) also gives its metadata."""
+class KilnFileNotFoundError(KilnError, FileNotFoundError):
+    """A file that kiln.load, kiln.load_safetensors or kiln.load_checkpoint was asked for does not
+    exist: both a kiln.KilnError and a FileNotFoundError (errno ENOENT, filename the path); str()
+    is the engine's message."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
+KilnFileNotFoundError.__module__ = "kiln"
+
+
+def _opening(fn, path, *args):
+    """fn(path, *args), an engine error for a file that does not exist raised as
+    KilnFileNotFoundError with the engine's message."""
+    import errno
+    import os
+
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    try:
+        return fn(path, *args)
+    except KilnError as e:
+        try:
+            os.stat(path)
+        except FileNotFoundError:
+            err = KilnFileNotFoundError(str(e))
+            err.errno, err.strerror, err.filename = errno.ENOENT, os.strerror(errno.ENOENT), path
+            raise err from None
+        except OSError:
+            pass
+        raise
+
+
+def load_safetensors(path, mmap=False):
+    """(tensors, metadata) of a safetensors file; damaged files are errors naming the part.
+
+    The tensors are read into memory. With mmap=True the file is mapped instead (as
+    torch.load(mmap=True)) and the tensors are copy-on-write views of it, read from disk as they
+    are used: the file must not be changed while its tensors live. Bytes rewritten in place change
+    their values, and a file truncated under them kills the process (SIGBUS) when they are read;
+    replacing the file by a rename, as kiln.save does, is safe. A missing file raises
+    kiln.KilnFileNotFoundError (a FileNotFoundError and a kiln.KilnError)."""
+    tensors, metadata = _opening(_C._load_safetensors, path, True if mmap else False)
+    return dict(tensors), dict(metadata)
+
+
+def load(f, mmap=False):
+    """The tensors of a safetensors file (a path or a binary file object) as a dict, read into
+    memory; kiln.load_safetensors(path) also gives its metadata. mmap=True maps a path's file
+    instead: the file must not be changed while its tensors live (see kiln.load_safetensors)."""
     if hasattr(f, "read"):
+        if mmap:
+            raise KilnValueError("kiln.load: mmap=True needs a path; a file object is read into memory")
         return dict(_C._parse_safetensors(f.read(), str(getattr(f, "name", "<stream>")))[0])
-    return dict(_C.load_safetensors(str(f))[0])
+    return load_safetensors(f, mmap)[0]
+
+
+def load_checkpoint(path):
+    """(tensors, state) of a Kiln checkpoint, every checksum verified; the tensors are read into
+    memory. A missing file raises kiln.KilnFileNotFoundError (a FileNotFoundError and a
+    kiln.KilnError)."""
+    return _opening(_C.load_checkpoint, path)
 
 
 def _install_interrupts():

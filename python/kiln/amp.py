@@ -1,5 +1,6 @@
 """kiln.amp: mixed precision. autocast runs the ops of the autocast table (docs/amp.md) in float16
-or bfloat16 within a `with` block; GradScaler scales float16 losses dynamically.
+or bfloat16 within a `with` block (or a function it decorates); GradScaler scales float16 losses
+dynamically.
 
     scaler = kiln.amp.GradScaler()
     with kiln.amp.autocast(kiln.float16):
@@ -7,17 +8,97 @@ or bfloat16 within a `with` block; GradScaler scales float16 losses dynamically.
     scaler.scale(loss).backward()
     scaler.step(opt)   # opt: a kiln.optim optimizer
     scaler.update()
+    ckpt["scaler"] = scaler.state_dict()   # scaler.load_state_dict(ckpt["scaler"]) on resume
 """
+import functools
+import math
+from collections import abc
+
 from . import _C
-from ._C import autocast, autocast_dtype  # noqa: F401
+from ._C import autocast_dtype  # noqa: F401
+
+
+class autocast:  # noqa: N801  (as torch.autocast)
+    """autocast(dtype=kiln.bfloat16, enabled=True): the ops of the autocast table run in dtype
+    (float16 or bfloat16) inside a `with` block, or inside every call of a function it decorates:
+
+        @kiln.amp.autocast(kiln.float16)
+        def forward(x): ...
+
+    Per thread, and nestable (an inner region with enabled=False runs in float32)."""
+
+    def __init__(self, dtype="bfloat16", enabled=True):
+        _C.autocast(dtype, enabled)  # checks the arguments now
+        self.dtype, self.enabled = dtype, enabled
+        self._entered = []  # the engine's regions this object has open, innermost last
+
+    def __enter__(self):
+        region = _C.autocast(self.dtype, self.enabled)
+        region.__enter__()
+        self._entered.append(region)
+        return self
+
+    def __exit__(self, *exc):
+        self._entered.pop().__exit__(*exc)
+        return False
+
+    def __call__(self, func):
+        if not callable(func):
+            raise TypeError(f"autocast: used as a decorator it takes a function, got {type(func).__name__}")
+
+        @functools.wraps(func)
+        def in_autocast(*args, **kwargs):
+            with _C.autocast(self.dtype, self.enabled):
+                return func(*args, **kwargs)
+
+        return in_autocast
+
+    def __repr__(self):
+        return f"kiln.amp.autocast({self.dtype}, enabled={self.enabled})"
+
+
+# What state_dict() holds: the keys of torch.amp.GradScaler's.
+_STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
+
+def _real(state, key):
+    v = state[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _C.KilnValueError(f"GradScaler.load_state_dict: '{key}' is {v!r}, expected a finite number")
+    return float(v)
+
+
+def _count(state, key, least):
+    v = state[key]
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise _C.KilnValueError(f"GradScaler.load_state_dict: '{key}' is {v!r}, expected an integer >= {least}")
+    return v
 
 
 class GradScaler:
+    """Dynamic loss scaling for float16 training, as torch.amp.GradScaler: scale(loss).backward(),
+    step(optimizer), update(); state_dict()/load_state_dict() carry the scale and growth tracker
+    over a resume."""
+
     def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, enabled=True):
         self._impl = _C._GradScaler(init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+        self._options = (float(init_scale), float(growth_factor), float(backoff_factor), int(growth_interval))
+        self._enabled = bool(enabled)
 
-    def scale(self, loss):
-        return self._impl.scale(loss)
+    def scale(self, outputs):
+        """outputs times the scale: a kiln.Tensor, or an iterable of them (a list or tuple gives the
+        same type back, another iterable an iterator)."""
+        if isinstance(outputs, _C.Tensor):
+            return self._impl.scale(outputs)
+        if isinstance(outputs, (str, bytes)) or not isinstance(outputs, abc.Iterable):
+            raise TypeError(f"GradScaler.scale: expected a kiln.Tensor or an iterable of them, got "
+                            f"{type(outputs).__name__}")
+        scaled = map(self.scale, outputs)
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(scaled)
+        return scaled
 
     def unscale_(self, optimizer):
         self._impl.unscale_(optimizer._impl)
@@ -31,6 +112,65 @@ class GradScaler:
     def get_scale(self):
         return self._impl.get_scale()
 
+    def is_enabled(self):
+        return self._enabled
+
+    def get_growth_factor(self):
+        return self._options[1]
+
+    def get_backoff_factor(self):
+        return self._options[2]
+
+    def get_growth_interval(self):
+        return self._options[3]
+
     @property
     def skipped_steps(self):
         return self._impl.skipped_steps
+
+    def state_dict(self):
+        """The scale, the factors, the interval and the growth tracker, under torch's keys ({} for a
+        disabled scaler, as torch's)."""
+        if not self._enabled:
+            return {}
+        scale, tracker, _ = _C._grad_scaler_state(self._impl)
+        _, growth, backoff, interval = self._options
+        return {"scale": scale, "growth_factor": growth, "backoff_factor": backoff, "growth_interval": interval,
+                "_growth_tracker": int(tracker)}
+
+    def load_state_dict(self, state_dict):
+        """Restores what state_dict() gave (or torch's GradScaler.state_dict()); a missing or
+        unknown key or a bad value is a kiln.KilnValueError naming it."""
+        if not self._enabled:
+            return
+        if not isinstance(state_dict, abc.Mapping):
+            raise TypeError(f"GradScaler.load_state_dict: expected the dict state_dict() returns, got "
+                            f"{type(state_dict).__name__}")
+        if len(state_dict) == 0:
+            raise _C.KilnValueError("GradScaler.load_state_dict: the state dict is empty (saved from a disabled "
+                                    "GradScaler?)")
+        for k in state_dict:
+            if k not in _STATE_KEYS:
+                raise _C.KilnValueError(f"GradScaler.load_state_dict: unknown key {k!r} (expected "
+                                        f"{', '.join(_STATE_KEYS)})")
+        missing = [k for k in _STATE_KEYS if k not in state_dict]
+        if missing:
+            raise _C.KilnValueError(f"GradScaler.load_state_dict: missing {', '.join(repr(k) for k in missing)}")
+        scale = _real(state_dict, "scale")
+        growth = _real(state_dict, "growth_factor")
+        backoff = _real(state_dict, "backoff_factor")
+        interval = _count(state_dict, "growth_interval", 1)
+        tracker = _count(state_dict, "_growth_tracker", 0)
+        if not 0 < scale <= 3.4028234663852886e38:
+            raise _C.KilnValueError(f"GradScaler.load_state_dict: 'scale' is {scale!r}, expected a number in "
+                                    "(0, FLT_MAX]")
+        if growth <= 1:
+            raise _C.KilnValueError(f"GradScaler.load_state_dict: 'growth_factor' is {growth!r}, expected > 1")
+        if not 0 < backoff < 1:
+            raise _C.KilnValueError(f"GradScaler.load_state_dict: 'backoff_factor' is {backoff!r}, expected in (0, 1)")
+        # The factors and interval are the engine scaler's options: a new one with them, then its state.
+        skipped = self._impl.skipped_steps
+        impl = _C._GradScaler(scale, growth, backoff, interval, True)
+        _C._grad_scaler_load_state(impl, scale, tracker, skipped)
+        self._impl = impl
+        self._options = (self._options[0], growth, backoff, interval)

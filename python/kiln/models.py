@@ -1,8 +1,9 @@
 """kiln.models: the model families of `kiln train` (ResNet, BERT), built in C++ with the same
-names and --set overrides:
+names and --set overrides (set=):
 
     model = kiln.models.create("resnet20")                        # CIFAR-style ResNet-20
-    model = kiln.models.create("resnet18", set={"num_classes": 100})
+    model = kiln.models.create("resnet18", set={"num_classes": 100, "zero_init_residual": True})
+    model = kiln.models.create("resnet20", set="num_classes=10,in_channels=1")
     bert = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 3000})
     logits = model(images)                                         # [N, classes]
 """
@@ -49,6 +50,14 @@ class ZooModel(CppModule):
         new.train(self.training)
         return new
 
+    def load_state_dict(self, state_dict, strict=True):
+        if hasattr(state_dict, "keys"):
+            for k in state_dict.keys():
+                if not isinstance(k, str):
+                    raise TypeError(f"load_state_dict: key {k!r} is a {type(k).__name__}, expected a str (the name of "
+                                    f"a parameter or buffer of {self.name})")
+        return super().load_state_dict(state_dict, strict)
+
     @property
     def input_names(self):
         return list(self._built.input_names)
@@ -78,11 +87,70 @@ class ZooModel(CppModule):
         return self.run(*args, **inputs)["output"]
 
 
-def create(name, set=None, deterministic=False):  # noqa: A002  (as the flag)
-    """Builds a model by its kiln train name, with --set overrides as a dict or "key=value" strings."""
-    sets = []
+def _set_value(key, v):
+    """A set= dict value as the config parser reads it: bools as true/false (only the boolean
+    fields take them), numbers as Python writes them."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float, str)):
+        return str(v)
+    raise TypeError(f"kiln.models.create: set['{key}'] is a {type(v).__name__}, expected a number or a bool")
+
+
+def _sets_of(set):  # noqa: A002
+    """set= as the list of key=value strings the engine takes: a dict, one string of key=value
+    pairs separated by commas, or an iterable of key=value strings."""
+    if set is None:
+        return []
     if isinstance(set, dict):
-        sets = [f"{k}={v}" for k, v in set.items()]
-    elif set:
-        sets = list(set)
-    return ZooModel(name, _C._create_model(name, sets, deterministic), sets, deterministic)
+        items = []
+        for k, v in set.items():
+            if not isinstance(k, str):
+                raise TypeError(f"kiln.models.create: set= keys are config field names (str), got "
+                                f"{type(k).__name__} {k!r}")
+            items.append(f"{k}={_set_value(k, v)}")
+        return items
+    if isinstance(set, str):
+        if not set.strip():
+            return []
+        items = [s.strip() for s in set.split(",")]
+        if len(items) > 1 and not items[-1]:  # "a=1,b=2,": a trailing comma is fine, an empty pair is not
+            items.pop()
+    else:
+        try:
+            items = list(set)
+        except TypeError:
+            raise TypeError(f"kiln.models.create: set= takes a dict, a 'key=value' string or a list of them, got "
+                            f"{type(set).__name__}") from None
+        for s in items:
+            if not isinstance(s, str):
+                raise TypeError(f"kiln.models.create: set= items must be 'key=value' strings, got "
+                                f"{type(s).__name__} {s!r}")
+    for s in items:
+        k, eq, _ = s.partition("=")
+        if not eq or not k.strip():
+            raise _C.KilnValueError(f"kiln.models.create: set= item {s!r} is not 'key=value'")
+    return [s.strip() for s in items]
+
+
+def create(name, set=None, deterministic=False):  # noqa: A002  (as the flag)
+    """Builds a model by its kiln train name, with the overrides of `kiln train --set`: a dict
+    ({"num_classes": 10, "zero_init_residual": True}), a "key=value" string (several separated by
+    commas: "num_classes=10,in_channels=1") or a list of "key=value" strings. A bad name, field or
+    value is a kiln.KilnValueError (a ValueError)."""
+    if not isinstance(name, str):
+        raise TypeError(f"kiln.models.create: the model name must be a str, got {type(name).__name__}")
+    if name not in _C._model_names():
+        raise _C.KilnValueError(f"kiln.models.create: unknown model {name!r} (expected one of "
+                                f"{', '.join(_C._model_names())})")
+    sets = _sets_of(set)
+    try:
+        built = _C._create_model(name, sets, deterministic)
+    except _C.KilnError as e:
+        # Building a model from its name and config fails on a bad field, value or range: the caller's
+        # to fix. The config parser words its errors for the command line's --set flag.
+        msg = str(e)
+        if msg.startswith("--set "):
+            msg = "set= " + msg[len("--set "):]
+        raise _C.KilnValueError(f"kiln.models.create({name!r}): {msg}") from None
+    return ZooModel(name, built, sets, deterministic)

@@ -4,8 +4,11 @@
 // Tensor handle); a buffer taken in is held by the storage's release function until the last
 // Kiln tensor viewing it lets go.
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/map.h>
 
 #include "common.h"
+#include "io/safetensors.h"
 #include "kernels/cuda/cuda_backend.h"
 
 namespace kiln::py {
@@ -163,6 +166,19 @@ Tensor numpy_to_tensor_copy(nb::handle obj, const char* what) {
 }
 
 void bind_interop(nb::module_& m) {
+  // kiln.load / kiln.load_safetensors (python/kiln/__init__.py): read into memory, or with mmap the
+  // tensors are copy-on-write views of the mapped file (io/safetensors.h says what that asks of it).
+  m.def(
+      "_load_safetensors",
+      [](const std::filesystem::path& path, bool mmap) {
+        io::SafetensorsFile f;
+        {
+          nb::gil_scoped_release nogil;
+          f = io::load_safetensors(path.string(), mmap);
+        }
+        return nb::make_tuple(f.tensors, f.metadata);
+      },
+      nb::arg("path"), nb::arg("mmap") = false);
   m.def(
       "from_numpy",
       [](nb::handle obj) {

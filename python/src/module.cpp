@@ -381,6 +381,19 @@ NB_MODULE(_C, m) {
       "At interpreter exit: every Python object held by the engine (hooks, Function backward closures) is let "
       "go, breaking the reference cycles through C++ that Python's GC cannot see.");
 
+  // kiln.amp.GradScaler's state_dict() and load_state_dict() (python/kiln/amp.py): the scale, growth
+  // tracker and skipped-step count, read from and written to the scaler's device.
+  m.def("_grad_scaler_state", [](const amp::GradScaler& g) {
+    const amp::GradScalerState s = g.state();
+    return nb::make_tuple(s.scale, s.growth_tracker, s.skipped);
+  });
+  m.def(
+      "_grad_scaler_load_state",
+      [](amp::GradScaler& g, double scale, int64_t growth_tracker, int64_t skipped) {
+        g.load_state({scale, growth_tracker, skipped});
+      },
+      nb::arg("scaler"), nb::arg("scale"), nb::arg("growth_tracker"), nb::arg("skipped"));
+
   bind_tensor(m);
   bind_interop(m);
   bind_ops(m);

@@ -292,3 +292,138 @@ def test_deepcopy_of_modules_tensors_and_zoo_models():
     with kiln.no_grad():
         next(iter(z2.parameters())).fill_(0.0)
     assert not np.array_equal(z(img).detach().numpy(), z2(img).detach().numpy())
+
+
+def test_load_reads_into_memory_and_mmap_is_opt_in(tmp_path):
+    # A loaded file rewritten in place: mapped tensors would read the new bytes, or die of SIGBUS
+    # once it is truncated; the default load read them into memory.
+    p = tmp_path / "w2.st"
+    kiln.save({"a": kiln.ones(100000)}, p)
+    d = kiln.load(p)
+    t, _ = kiln.load_safetensors(p)
+    with open(p, "r+b") as f:
+        f.seek(200)
+        f.write(b"\xff" * 4096)
+    with open(p, "wb") as f:
+        f.write(b"x" * 10)
+    assert float(d["a"].sum()) == 100000.0 and float(t["a"].sum()) == 100000.0
+    # mmap=True maps (values as written; the file must stay as it is while they live).
+    kiln.save({"a": kiln.arange(10, dtype=kiln.float32)}, p)
+    m = kiln.load(p, mmap=True)
+    assert m["a"].tolist() == list(range(10))
+    assert kiln.load_safetensors(str(p), mmap=True)[0]["a"].tolist() == list(range(10))
+    with pytest.raises(ValueError, match="mmap=True needs a path"):
+        with open(p, "rb") as f:
+            kiln.load(f, mmap=True)
+
+
+def test_missing_files_raise_file_not_found(tmp_path):
+    for call in (lambda p: kiln.load(p), lambda p: kiln.load_safetensors(str(p)), lambda p: kiln.load_checkpoint(p)):
+        p = tmp_path / "nope.kiln"
+        with pytest.raises(FileNotFoundError, match="nope.kiln") as e:
+            call(p)
+        assert isinstance(e.value, kiln.KilnError) and e.value.errno == 2 and e.value.filename == str(p)
+        assert str(e.value).startswith(f"{p}: cannot open") and "No such file or directory" in str(e.value)
+    # Other failures to open are not reported as missing.
+    with pytest.raises(kiln.KilnError) as e:
+        kiln.load(tmp_path)
+    assert not isinstance(e.value, FileNotFoundError)
+
+
+def test_zoo_load_state_dict_names_a_non_str_key():
+    m = kiln.models.create("resnet20", set={"num_classes": 3})
+    sd = m.state_dict()
+    sd[7] = kiln.zeros(1)
+    with pytest.raises(TypeError, match="key 7 is a int, expected a str"):
+        m.load_state_dict(sd)
+
+
+def test_grad_scaler_state_dict_round_trip_and_errors():
+    w = nn.Parameter(kiln.ones(3))
+    opt = kiln.optim.SGD([w], lr=0.1)
+    s = kiln.amp.GradScaler(init_scale=1024.0, growth_interval=3)
+    assert s.is_enabled() and not kiln.amp.GradScaler(enabled=False).is_enabled()
+    for _ in range(2):  # two clean steps: the tracker at 2
+        s.scale((w * 2).sum()).backward()
+        s.step(opt)
+        s.update()
+        opt.zero_grad()
+    sd = s.state_dict()
+    assert sd == {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3,
+                  "_growth_tracker": 2}
+    # A resumed scaler grows after one more clean step, as the original would.
+    r = kiln.amp.GradScaler()
+    r.load_state_dict(sd)
+    assert r.state_dict() == sd and r.get_scale() == 1024.0
+    r.scale((w * 2).sum()).backward()
+    r.step(opt)
+    r.update()
+    assert r.get_scale() == 2048.0 and r.state_dict()["_growth_tracker"] == 0
+    assert kiln.amp.GradScaler(enabled=False).state_dict() == {}
+    for bad, what in [({**sd, "scale": float("nan")}, "'scale' is nan"), ({**sd, "scale": -1.0}, "'scale' is -1.0"),
+                      ({**sd, "_growth_tracker": -1}, "'_growth_tracker' is -1"),
+                      ({**sd, "growth_interval": "3"}, "'growth_interval' is '3'"),
+                      ({**sd, "growth_factor": 0.5}, "'growth_factor' is 0.5"),
+                      ({**sd, "extra": 1}, "unknown key 'extra'"),
+                      ({k: v for k, v in sd.items() if k != "scale"}, "missing 'scale'"), ({}, "empty")]:
+        with pytest.raises(ValueError, match=what):
+            kiln.amp.GradScaler().load_state_dict(bad)
+
+
+def test_grad_scaler_scale_takes_tensors_and_iterables_only():
+    s = kiln.amp.GradScaler(init_scale=4.0)
+    a, b = kiln.ones(2), kiln.full((1,), 3.0)
+    assert s.scale(a).tolist() == [4.0, 4.0]
+    out = s.scale([a, (b,)])
+    assert isinstance(out, list) and out[0].tolist() == [4.0, 4.0] and isinstance(out[1], tuple)
+    assert out[1][0].tolist() == [12.0]
+    assert [t.tolist() for t in s.scale(x for x in [b])] == [[12.0]]
+    for bad, name in [(2.0, "float"), ("loss", "str"), ([a, 2.0], "float")]:
+        with pytest.raises(TypeError, match=f"GradScaler.scale: expected a kiln.Tensor or an iterable of them, got {name}"):
+            s.scale(bad)
+
+
+def test_autocast_as_a_decorator():
+    a, b = kiln.randn(4, 8), kiln.randn(8, 3)
+
+    @kiln.amp.autocast(kiln.bfloat16)
+    def mm(x, y):
+        """doc"""
+        assert kiln.amp.autocast_dtype() == kiln.bfloat16
+        return x @ y
+
+    assert mm(a, b).dtype == kiln.bfloat16 and mm(a, b).dtype == kiln.bfloat16 and mm.__doc__ == "doc"
+    assert kiln.amp.autocast_dtype() is None and (a @ b).dtype == kiln.float32
+    assert kiln.autocast is kiln.amp.autocast
+    region = kiln.amp.autocast(kiln.float16)
+    with region:
+        with region:  # the same object nested
+            assert (a @ b).dtype == kiln.float16
+        assert (a @ b).dtype == kiln.float16
+    assert kiln.amp.autocast_dtype() is None
+    with pytest.raises(ValueError):
+        kiln.amp.autocast(kiln.float32)
+
+
+def test_models_create_set_forms_and_errors():
+    assert kiln.models.create("resnet20", set="num_classes=3")(kiln.randn(1, 3, 32, 32)).shape == (1, 3)
+    m = kiln.models.create("resnet20", set="num_classes=3, in_channels=1")
+    assert m(kiln.randn(1, 1, 32, 32)).shape == (1, 3)
+    assert kiln.models.create("resnet20", set=["num_classes=5"])(kiln.randn(1, 3, 32, 32)).shape == (1, 5)
+    kiln.models.create("resnet20", set={"zero_init_residual": True, "recompute": False})
+    bad = [("resnet20", {"num_classes": True}, "num_classes=true: expected an integer"),
+           ("resnet20", "num_classes", "'num_classes' is not 'key=value'"),
+           ("resnet20", {"colour": 1}, "set= colour: not a ResNet config field"),
+           ("resnet20", {"zero_init_residual": 2}, "zero_init_residual=2: expected a boolean"),
+           ("bert-tiny", {"hidden_dropout": 1.5}, "hidden_dropout=1.5: a dropout probability must be in"),
+           ("bert-tiny", {"attention_dropout": -0.1}, "attention_dropout=-0.1: a dropout probability"),
+           ("bert-tiny", {"layer_norm_eps": float("nan")}, "layer_norm_eps=nan: must be a finite number > 0"),
+           ("bert-tiny", {"layer_norm_eps": 0}, "layer_norm_eps=0: must be a finite number > 0"),
+           ("resnet20", {"num_classes": 0}, "num_classes and in_channels must be >= 1"),
+           ("resnet-nope", None, "unknown model 'resnet-nope'")]
+    for name, sets, what in bad:
+        with pytest.raises(kiln.KilnValueError, match=what) as e:
+            kiln.models.create(name, set=sets)
+        assert "--set" not in str(e.value) and "--model" not in str(e.value)
+    with pytest.raises(TypeError, match="set= items must be 'key=value' strings"):
+        kiln.models.create("resnet20", set=[("num_classes", 3)])
