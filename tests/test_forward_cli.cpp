@@ -268,7 +268,8 @@ TEST_CASE("checkpoint names: tied decoder, two decoder biases and the bert. pref
                                        d / "untied.st" + " --inputs " + d / "x.st" + " --out " + d / "y.st",
                                    d.p.string());
   CHECK(r.code != 0);
-  CHECK_MESSAGE(testing::contains(r.output, "'cls.predictions.decoder.weight' differs from '" + emb + "'"), r.output);
+  CHECK_MESSAGE(testing::contains(r.output, "untied.st: 'cls.predictions.decoder.weight' differs from '" + emb + "'"),
+                r.output);  // the file is named
   // and an encoder-only forward reads a "bert."-prefixed checkpoint.
   io::save_safetensors(d / "hf.st", hf);
   const auto r2 = testing::run_kiln("forward --model bert-tiny --set vocab_size=40 --set num_layers=1 --weights " +

@@ -139,7 +139,7 @@ int import_weights(const CkptOptions& o) {
   const std::shared_ptr<nn::Module> m = model_family(o.model).build(o.model, o.sets, /*deterministic=*/false).module;
   const io::SafetensorsFile f = io::load_safetensors(o.file);
   const nn::StateDict mine = m->state_dict();
-  nn::StateDict given = normalise_checkpoint_names(f.tensors, mine);
+  nn::StateDict given = normalise_checkpoint_names(f.tensors, mine, o.file);
   drop_unused_heads(*m, given, o.file, o.model, "kiln ckpt import");
   io::check_weights(*m, given, o.file);
   m->load_state_dict(given, /*strict=*/true);

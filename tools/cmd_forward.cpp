@@ -44,7 +44,7 @@ int run_forward(const ForwardOptions& o) {
   // Weights
   const io::SafetensorsFile wf = io::load_safetensors(o.weights);
   const nn::StateDict mine = m.state_dict();
-  nn::StateDict given = normalise_checkpoint_names(wf.tensors, mine);
+  nn::StateDict given = normalise_checkpoint_names(wf.tensors, mine, o.weights);
   drop_unused_heads(m, given, o.weights, o.model, "kiln forward");
   // Every mismatch at once, naming the file (missing names are fine with --allow-missing).
   io::check_weights(m, given, o.weights, o.allow_missing, ", use --allow-missing to initialise them");
