@@ -68,6 +68,25 @@ void add_launch_flags(CLI::App& app, LaunchOptions& o) {
       ->check(at_least(0))
       ->capture_default_str();
   app.add_option("command", o.command, "The command each rank runs, after --  (e.g. -- kiln train ...)")->required();
+  // A flag launch does not know, before the `--`: named as such. CLI11 alone reported the command's
+  // words instead ("not expected: hi echo" for `--bogus 2 -- echo hi`). With extras allowed, the
+  // unknown flag is launch's to name, which it does as soon as its own words are parsed (before the
+  // top level's own complaint); `--` itself lands among the extras and is no complaint.
+  app.allow_extras();
+  app.parse_complete_callback([&app] {
+    std::vector<std::string> extra = app.remaining();
+    std::erase(extra, std::string("--"));
+    if (extra.empty()) return;
+    std::string known;
+    for (const CLI::Option* opt : app.get_options())
+      if (!opt->get_lnames().empty() && opt->get_lnames()[0] != "help")
+        known += (known.empty() ? "--" : ", --") + opt->get_lnames()[0];
+    std::string hint;
+    if (extra[0].rfind("--nproc", 0) == 0 && extra[0] != "--nproc-per-node") hint = " (did you mean --nproc-per-node?)";
+    throw CLI::ValidationError(extra[0] + " is not a flag of kiln launch" + hint + "; its flags are " + known +
+                                   ", and the command comes after --",
+                               CLI::ExitCodes::ExtrasError);
+  });
 }
 
 int run_launch(const LaunchOptions& o) {
