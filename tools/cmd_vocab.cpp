@@ -39,8 +39,6 @@ std::string check_out(const VocabOptions& o) {
   if (fs::is_directory(o.out, ec))
     return "--out " + o.out + " is a directory: name the file to write (" + (fs::path(o.out) / "vocab.txt").string() +
            ", say)";
-  if (fs::exists(o.out, ec) && !o.overwrite)
-    return "--out " + o.out + " already exists: add --overwrite to replace it, or write to another path";
   const fs::path parent = fs::path(o.out).parent_path().empty() ? fs::path(".") : fs::path(o.out).parent_path();
   if (!fs::is_directory(parent, ec)) return "--out " + o.out + ": the directory " + parent.string() + " does not exist";
   if (::access(parent.c_str(), W_OK) != 0)
@@ -85,9 +83,11 @@ int run_vocab(const VocabOptions& o) {
     if (const std::string bad = check_out(o); !bad.empty()) KILN_FAIL(bad);
     files = expand_text_paths(o.text, "--text");
     if (const std::string clash = output_is_input("--out", o.out, o.text); !clash.empty()) KILN_FAIL(clash);
+    std::error_code ec;
+    KILN_CHECK(o.overwrite || !fs::exists(o.out, ec), "--out ", o.out,
+               " already exists: add --overwrite to replace it, or write to another path");
     // A directory walked for --text may hold --out itself (the vocabulary of an earlier run): not text
     // to learn from.
-    std::error_code ec;
     const auto is_out = [&](const std::string& f) { return fs::exists(o.out, ec) && fs::equivalent(f, o.out, ec); };
     if (const auto it = std::find_if(files.begin(), files.end(), is_out); it != files.end()) {
       std::fprintf(stderr, "kiln vocab: note: skipping %s in the --text directory: it is the --out file\n",
