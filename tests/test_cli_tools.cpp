@@ -181,6 +181,7 @@ TEST_CASE("cli tools: kiln launch names a flag it does not know") {
   r = run_kiln("launch --nproc-per-node 1 -- echo hello from a rank", d.p.string());
   CHECK(r.code == 0);
   CHECK(contains(r.output, "hello from a rank"));
+  CHECK(contains(r.output, "kiln launch: 1 rank on this node"));
 }
 
 TEST_CASE("cli tools: KILN_NUM_THREADS follows --threads' bound; kiln doctor reports a bad variable") {

@@ -216,9 +216,10 @@ int run_launch(const LaunchOptions& o) {
   }
   {
     std::lock_guard<std::mutex> lk(print_mutex);
-    std::printf("kiln launch: %d rank(s) on this node (ranks %d..%d of %d), rendezvous at %s:%d, %s threads each\n",
-                o.nproc_per_node, o.node_rank * o.nproc_per_node, (o.node_rank + 1) * o.nproc_per_node - 1, world,
-                o.master_addr.c_str(), o.master_port, threads.c_str());
+    std::printf("kiln launch: %d rank%s on this node (ranks %d..%d of %d), rendezvous at %s:%d, %s thread%s each\n",
+                o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s", o.node_rank * o.nproc_per_node,
+                (o.node_rank + 1) * o.nproc_per_node - 1, world, o.master_addr.c_str(), o.master_port, threads.c_str(),
+                threads == "1" ? "" : "s");
     std::fflush(stdout);
   }
 
