@@ -116,7 +116,8 @@ Row run_shape(const Shape& s, bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("f32 GEMM: Kiln against Eigen (and OpenBLAS when installed)", "bench_gemm");
+  CLI::App app("f32 GEMM: Kiln's GFLOP/s, against OpenBLAS when it is installed (a column and a check of the results)",
+               "bench_gemm");
   kiln::bench::CommonFlags flags;
   kiln::bench::add_common_flags(app, flags);
   std::string only;

@@ -52,7 +52,7 @@ TEST_CASE("report: charts, several runs, cut lines, empty runs") {
   CHECK(html.find("(log scale)") != std::string::npos);
   REQUIRE(notes.size() == 4);
   CHECK(notes[0].find("a/metrics.jsonl:5: not a complete JSON line (cut by a kill?)") != std::string::npos);
-  CHECK(notes[1].find("b/metrics.jsonl:1: not valid JSON; skipped") != std::string::npos);
+  CHECK(notes[1].find("b/metrics.jsonl:1: holds NaN, which is not a JSON number") != std::string::npos);
   CHECK(notes[2].find("b/metrics.jsonl:2: a JSON array, not an object; skipped") != std::string::npos);
   CHECK(notes[3].find("empty/metrics.jsonl: no metrics") != std::string::npos);
   CHECK(html.find("accuracy 70%") != std::string::npos);
@@ -123,4 +123,44 @@ TEST_CASE("report: bench_gpu's JSON, with the datasheet's peaks as reference lin
   CHECK(points(html, "peak tf32") == -1);  // no tf32 rows: no tf32 peak
   CHECK(html.find("4800 GB/s") != std::string::npos);
   CHECK(html.find("bert: cuBLASLt") != std::string::npos);
+}
+
+TEST_CASE("report: a field of the wrong type, a run with no metrics, a malformed benchmark JSON") {
+  TempDir d("kiln_report_bad");
+  std::filesystem::create_directories(d.p / "a");
+  std::filesystem::create_directories(d.p / "nometrics");
+  write(d.p / "a" / "metrics.jsonl",
+        "{\"step\":\"x\",\"loss\":1.0}\n{\"step\":2,\"loss\":\"1.5\"}\n{\"step\":3,\"loss\":-Infinity}\n"
+        "{\"step\":4,\"loss\":1.0,\"note\":\"NaN in a string is fine\"}\n");
+  write(d.p / "nometrics" / "summary.json", R"({"steps":3})");
+  write(d.p / "bad.json", "{\"bench\": \"train\", \"rows\": [1, 2, la]}");
+  std::vector<std::string> notes;
+  const std::string html = tools::render_report(
+      {(d.p / "a").string(), (d.p / "nometrics").string(), (d.p / "bad.json").string()}, "t", notes);
+  CHECK(points(html, "a train") == 1);  // the last line only
+  REQUIRE(notes.size() == 5);
+  CHECK(notes[0].find("a/metrics.jsonl:1: \"step\" is a string (\"x\"), not a number; skipped") != std::string::npos);
+  CHECK(notes[1].find("a/metrics.jsonl:2: \"loss\" is a string") != std::string::npos);
+  CHECK(notes[2].find("a/metrics.jsonl:3: holds -Infinity, which is not a JSON number") != std::string::npos);
+  CHECK(notes[3].find("nometrics/metrics.jsonl: missing: the run has a summary.json but no metrics") !=
+        std::string::npos);
+  CAPTURE(notes[4]);
+  CHECK(notes[4].find("bad.json: not a readable JSON file (parse error") != std::string::npos);
+  CHECK(notes[4].find("invalid literal; last read: '2, l')") != std::string::npos);  // whole, not cut mid-word
+  CHECK(notes[4].find("[json.exception") == std::string::npos);
+}
+
+TEST_CASE("report: --out may not name a file the report reads from a run directory") {
+  TempDir d("kiln_report_out");
+  std::filesystem::create_directories(d.p / "run1");
+  write(d.p / "run1" / "metrics.jsonl", "{\"step\":1,\"loss\":2.0}\n");
+  write(d.p / "run1" / "summary.json", R"({"steps":1})");
+  for (const char* f : {"metrics.jsonl", "summary.json"}) {
+    tools::ReportOptions o;
+    o.runs = {(d.p / "run1").string()};
+    o.out = (d.p / "run1" / "." / f).string();
+    CHECK(tools::run_report(o) == 2);
+  }
+  CHECK(kiln::testing::read_text((d.p / "run1" / "metrics.jsonl").string()) == "{\"step\":1,\"loss\":2.0}\n");
+  CHECK(kiln::testing::read_text((d.p / "run1" / "summary.json").string()) == R"({"steps":1})");
 }

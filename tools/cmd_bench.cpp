@@ -36,7 +36,11 @@ void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
       ->check(at_least(1));
   app.add_option("--in-channels", o.in_channels, "ResNet input channels (default 3)")->check(at_least(1));
   app.add_option("--steps", o.steps, "Timed steps")->check(at_least(1))->capture_default_str();
-  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(at_least(0))->capture_default_str();
+  app.add_option("--warmup", o.warmup,
+                 "Untimed steps first; the peak memory is of the timed steps, after them, with the optimizer's "
+                 "state in place (--warmup 0 leaves the peak out: the first step runs before that state exists)")
+      ->check(at_least(0))
+      ->capture_default_str();
   app.add_option("--threads", o.threads,
                  "CPU threads (0: KILN_NUM_THREADS or the CPUs available; at most " + std::to_string(max_threads()) +
                      ", the larger of 1024 and 4 x the CPUs: more only contend for the "
@@ -60,6 +64,57 @@ void write_bench_json(const std::string& path, nlohmann::json head, const nlohma
   KILN_CHECK(f.good(), path, ": cannot open for writing");
   head["rows"] = rows;
   f << head.dump(2) << "\n";
+}
+
+// The checks every bench makes on its flags before any work, each "" when the value is fine: a
+// --json whose directory is missing or not writable (found only after the benchmark ran, before).
+std::string check_json_out(const std::string& path) {
+  if (path.empty()) return "";
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return "--json " + path + " is a directory: name the JSON file to write";
+  const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  if (!fs::is_directory(parent, ec)) return "--json " + path + ": the directory " + parent.string() + " does not exist";
+  if (::access(parent.c_str(), W_OK) != 0)
+    return "--json " + path + ": the directory " + parent.string() + " is not writable";
+  return "";
+}
+std::string check_models(const std::vector<std::string>& names) {
+  for (const auto& n : names)
+    if (!find_model_family(n)) return unknown_model_message(n);
+  return "";
+}
+// --device: one this machine has (a GPU device when none is visible fails in the children otherwise).
+std::string check_device(const std::string& device) {
+  try {
+    const Device d = Device::parse(device);
+    if (d.is_meta()) return "--device meta: benchmarks run on cpu or cuda";
+    if (d.is_cuda()) {
+      const int n = cuda::device_count();
+      if (n == 0) return "--device " + device + ": no CUDA GPU is visible (this build or machine has none)";
+      if (device != "cuda" && d.index >= n)
+        return "--device " + device + ": only " + std::to_string(n) + " GPU" + (n == 1 ? "" : "s") + " visible";
+    }
+  } catch (const Error& e) {
+    return "--device " + device + ": " + e.message();
+  }
+  return "";
+}
+// The ports a bench hands its runs: first+1 .. first+runs, each in 1..65535.
+std::string check_ports(int first, int runs) {
+  if (first < 1 || int64_t(first) + runs > 65535)
+    return "--master-port " + std::to_string(first) + ": the runs take ports " + std::to_string(first + 1) + ".." +
+           std::to_string(int64_t(first) + runs) + ", which must lie in 1..65535";
+  return "";
+}
+// Prints the first complaint as "kiln bench KIND: error: ..." and says whether there was one.
+bool refuse(const char* kind, std::initializer_list<std::string> complaints) {
+  for (const auto& c : complaints)
+    if (!c.empty()) {
+      std::fprintf(stderr, "kiln bench %s: error: %s\n", kind, c.c_str());
+      return true;
+    }
+  return false;
 }
 
 struct Timing {
@@ -157,6 +212,7 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
 }  // namespace
 
 int run_bench_train(const BenchTrainOptions& o) {
+  if (refuse("train", {check_models(o.models), check_device(o.device), check_json_out(o.json)})) return 2;
   if (o.threads > 0) set_num_threads(o.threads);
   // Under `kiln launch` or mpirun: data parallel, --batch per rank; rank 0 prints the global numbers.
   const dist::DistEnv env = kiln::tools::dist_env();
@@ -174,9 +230,9 @@ int run_bench_train(const BenchTrainOptions& o) {
   std::vector<std::string> names = o.models.empty() ? std::vector<std::string>{"resnet20", "bert-tiny"} : o.models;
   nlohmann::json rows = nlohmann::json::array();
   std::printf(
-      "kiln bench train: %s; %d threads, %lld warm-up + %lld timed steps, SGD momentum (ResNet) / AdamW "
+      "kiln bench train: %s; %d thread%s, %lld warm-up + %lld timed steps, SGD momentum (ResNet) / AdamW "
       "(BERT)%s\n",
-      tools::cpu_line().c_str(), num_threads(), (long long)o.warmup, (long long)o.steps,
+      tools::cpu_line().c_str(), num_threads(), num_threads() == 1 ? "" : "s", (long long)o.warmup, (long long)o.steps,
       world > 1 ? (", " + std::to_string(world) + " ranks (" + comm->backend() + "), batch per rank, samples/s global")
                       .c_str()
                 : "");
@@ -190,22 +246,18 @@ int run_bench_train(const BenchTrainOptions& o) {
       const double med = t.median_ms, sps = double(t.batch) * 1000.0 / med;
       if (amp_mode == "off") off_ms = med;
       const std::string vs = off_ms > 0 ? std::to_string(off_ms / med).substr(0, 4) + "x" : "-";
-      std::printf("%-12s %-5s %-22s %10.1f %10.1f %10.1f %12.1f %8s %10.1f\n", name.c_str(), amp_mode.c_str(),
-                  t.input.c_str(), med, t.min_ms, t.max_ms, sps, vs.c_str(), double(t.peak) / double(1 << 20));
-      nlohmann::json row = {{"model", name},
-                            {"amp", amp_mode},
-                            {"input", t.input},
-                            {"batch", t.batch},
-                            {"threads", num_threads()},
-                            {"ranks", world},
-                            {"median_ms", med},
-                            {"min_ms", t.min_ms},
-                            {"max_ms", t.max_ms},
-                            {"samples_per_s", sps},
-                            {"steps", o.steps},
-                            {"recompute", o.recompute},
-                            {"zero", o.zero},
-                            {"peak_mib", double(t.peak) / double(1 << 20)}};
+      // Without a warm-up step the first timed step ran before the optimizer's state existed: its peak
+      // is not a training step's, so none is reported.
+      char peak[32] = "-";
+      if (o.warmup > 0) std::snprintf(peak, sizeof peak, "%.1f", double(t.peak) / double(1 << 20));
+      std::printf("%-12s %-5s %-22s %10.1f %10.1f %10.1f %12.1f %8s %10s\n", name.c_str(), amp_mode.c_str(),
+                  t.input.c_str(), med, t.min_ms, t.max_ms, sps, vs.c_str(), peak);
+      nlohmann::json row = {{"model", name},        {"amp", amp_mode},          {"input", t.input},
+                            {"batch", t.batch},     {"threads", num_threads()}, {"ranks", world},
+                            {"median_ms", med},     {"min_ms", t.min_ms},       {"max_ms", t.max_ms},
+                            {"samples_per_s", sps}, {"steps", o.steps},         {"recompute", o.recompute},
+                            {"zero", o.zero}};
+      if (o.warmup > 0) row["peak_mib"] = double(t.peak) / double(1 << 20);
       if (t.planned_peak) row["planned_peak_mib"] = double(t.planned_peak) / double(1 << 20);
       if (off_ms > 0) row["speedup_vs_off"] = off_ms / med;
       rows.push_back(row);
@@ -248,10 +300,15 @@ struct Children {
 }  // namespace
 
 int run_bench_scaling(const BenchScalingOptions& o) {
+  if (refuse("scaling", {check_models({o.model}), check_ports(o.master_port, o.max_ranks), check_json_out(o.json)}))
+    return 2;
   const Children ch("scaling");
   const std::string &kiln = ch.kiln, &dir = ch.dir;
-  std::printf("kiln bench scaling: %s, %d thread(s) per rank, data parallel through kiln launch (tcp)\n%6s %14s %12s %12s\n",
-              o.model.c_str(), o.threads_per_rank, "ranks", "samples/s", "speed-up", "efficiency");
+  std::printf(
+      "kiln bench scaling: %s; %s, %d thread%s per rank, data parallel through kiln launch (tcp)\n%6s %14s %12s "
+      "%12s\n",
+      tools::cpu_line().c_str(), o.model.c_str(), o.threads_per_rank, o.threads_per_rank == 1 ? "" : "s", "ranks",
+      "samples/s", "speed-up", "efficiency");
   nlohmann::json rows = nlohmann::json::array();
   double one = 0;
   for (int n = 1; n <= o.max_ranks; ++n) {
@@ -278,7 +335,12 @@ int run_bench_scaling(const BenchScalingOptions& o) {
   }
   std::filesystem::remove_all(dir);
   if (!o.json.empty())
-    write_bench_json(o.json, {{"bench", "scaling"}, {"model", o.model}, {"threads_per_rank", o.threads_per_rank}},
+    write_bench_json(o.json,
+                     {{"bench", "scaling"},
+                      {"model", o.model},
+                      {"threads_per_rank", o.threads_per_rank},
+                      {"cpu", tools::cpu_model()},
+                      {"cpu_kernels", cpu_isa_name(cpu_isa())}},
                      rows);
   return 0;
 }
@@ -289,7 +351,11 @@ void add_bench_memory_flags(CLI::App& app, BenchMemoryOptions& o) {
       ->check(at_least(0));
   app.add_option("--seq-len", o.seq_len, "BERT sequence length")->check(at_least(1))->capture_default_str();
   app.add_option("--steps", o.steps, "Timed steps")->check(at_least(1))->capture_default_str();
-  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(at_least(0))->capture_default_str();
+  app.add_option("--warmup", o.warmup,
+                 "Untimed steps first, at least 1: the peak is measured after them, with the optimizer's state "
+                 "(momentum, Adam's moments) in place, which the first step creates")
+      ->check(at_least(1))
+      ->capture_default_str();
   app.add_option("--ranks", o.ranks, "Ranks of the data-parallel and ZeRO runs")
       ->check(between(2, 64))
       ->capture_default_str();
@@ -301,6 +367,13 @@ void add_bench_memory_flags(CLI::App& app, BenchMemoryOptions& o) {
 }
 
 int run_bench_memory(const BenchMemoryOptions& o) {
+  {
+    const std::vector<std::string> models =
+        o.models.empty() ? std::vector<std::string>{"resnet50", "bert-base"} : o.models;
+    if (refuse("memory", {check_models(models), check_device(o.device),
+                          check_ports(o.master_port, 2 * int(models.size())), check_json_out(o.json)}))
+      return 2;
+  }
   const Children ch("memory");
   const std::string &kiln = ch.kiln, &dir = ch.dir;
   const std::vector<std::string> models =

@@ -263,6 +263,28 @@ void add_doctor_flags(CLI::App& app, DoctorOptions& o) {
   add_on_off_flag(app, "--self-test,!--no-self-test", o.self_test, "Run the shared math on each GPU (off: skip it)");
   app.add_option("--device", o.device, "What to check readiness for: auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  // The environment is applied after parsing (tools/main.cpp), and a bad variable would stop the
+  // program there; the diagnosis tool reports it instead, so it checks them first and sets the bad
+  // ones aside.
+  app.callback([&o] {
+    for (int tries = 0; tries < 8; ++tries) {
+      try {
+        (void)environment_context();
+        return;
+      } catch (const Error& e) {
+        const std::string m = e.message();
+        o.env_problems.push_back(m);
+        bool unset = false;
+        for (const char* v : {"KILN_NUM_THREADS", "KILN_CPU_CACHE_MB", "KILN_GEMM", "KILN_CPU_ISA"})
+          if (m.find(v) != std::string::npos && std::getenv(v)) {
+            ::unsetenv(v);
+            unset = true;
+            break;
+          }
+        if (!unset) return;  // not one of ours to set aside: the program's own check reports it
+      }
+    }
+  });
 }
 
 int run_doctor(const DoctorOptions& o) {
@@ -278,18 +300,17 @@ int run_doctor(const DoctorOptions& o) {
   r.section("Build");
   const std::string eigen = std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
                             std::to_string(EIGEN_MINOR_VERSION);
-  r.line("CPU backend",
-         "Eigen " + eigen + ", " + std::to_string(threads) + (threads == 1 ? " thread (" : " threads (") +
-             (env_threads && *env_threads ? std::string("KILN_NUM_THREADS=") + env_threads : "KILN_NUM_THREADS unset") +
-             "; CPUs available " + std::to_string(available_cpus()) + " of " + std::to_string(cpus.hardware) +
-             " hardware threads" +
-             (cpus.affinity < cpus.hardware ? ", affinity mask " + std::to_string(cpus.affinity) : "") +
-             (cpus.quota > 0 ? ", cgroup quota " + std::to_string(cpus.quota) : "") +
-             (!(env_threads && *env_threads) && local.count > 1 && threads == tools::rank_threads(local, cpus) &&
-                      threads < available_cpus()
-                  ? ", shared by " + std::to_string(local.count) + " local ranks"
-                  : "") +
-             ")");
+  const std::string threads_reason =
+      (env_threads && *env_threads ? std::string("KILN_NUM_THREADS=") + env_threads : "KILN_NUM_THREADS unset") +
+      "; CPUs available " + std::to_string(available_cpus()) + " of " + std::to_string(cpus.hardware) +
+      " hardware threads" + (cpus.affinity < cpus.hardware ? ", affinity mask " + std::to_string(cpus.affinity) : "") +
+      (cpus.quota > 0 ? ", cgroup quota " + std::to_string(cpus.quota) : "") +
+      (!(env_threads && *env_threads) && local.count > 1 && threads == tools::rank_threads(local, cpus) &&
+               threads < available_cpus()
+           ? ", shared by " + std::to_string(local.count) + " local ranks"
+           : "");
+  r.line("CPU backend", "Eigen " + eigen + ", " + std::to_string(threads) +
+                            (threads == 1 ? " thread (" : " threads (") + threads_reason + ")");
   r.line("CPU code for", cpu_features() + " (KILN_MARCH=" KILN_MARCH_STRING +
                              (std::string(KILN_MARCH_FLAGS).empty() ? std::string() : ": " KILN_MARCH_FLAGS) + ")");
   const std::string isa = cpu_isa_name(cpu_isa());
@@ -299,6 +320,13 @@ int run_doctor(const DoctorOptions& o) {
   r.line("CUDA backend", ci.compiled ? std::string("compiled in (nvcc ") + KILN_CUDA_COMPILER_VERSION +
                                            ", architectures " + ci.archs + ")"
                                      : "not compiled in (KILN_CUDA=OFF or no nvcc at configure time)");
+  if (!o.env_problems.empty()) {
+    r.section("Environment");
+    for (const auto& p : o.env_problems) {
+      r.line("refused", p + " (this report uses the default instead; kiln train would stop on it)");
+      r.fix("correct or unset that variable");
+    }
+  }
   r.j["version"] = KILN_VERSION_STRING;
   r.j["build"] = {{"type", KILN_BUILD_TYPE},
                   {"compiler", KILN_CXX_COMPILER},
@@ -307,6 +335,8 @@ int run_doctor(const DoctorOptions& o) {
                   {"cpu_features", cpu_features()},
                   {"cpu_kernels", isa},
                   {"cpu_kernels_supported", cpu_isa_name(cpu_isa_supported())},
+                  {"cpu_kernels_reason", cpu_isa_reason()},
+                  {"threads_reason", threads_reason},
                   {"cuda_compiled", ci.compiled},
                   {"cuda_architectures", ci.archs}};
 
@@ -327,7 +357,8 @@ int run_doctor(const DoctorOptions& o) {
   std::string verdict, ready_for = "none";
   int rc = 0;
   if (o.device == "cpu" || (o.device == "auto" && !gpu_ready)) {
-    verdict = "ready for CPU training with " + std::to_string(threads) + " threads (--device cpu)";
+    verdict = "ready for CPU training with " + std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
+              " (--device cpu)";
     if (o.device == "auto") verdict += "; " + no_gpu_why;
     ready_for = "cpu";
   } else if (gpu_ready && n_usable >= 2 && f.nccl_problem.empty()) {
@@ -345,6 +376,14 @@ int run_doctor(const DoctorOptions& o) {
     verdict = "NOT ready for GPU training: " + no_gpu_why + "; the CPU backend works (--device cpu)";
     rc = 1;
   }
+  if (!o.env_problems.empty()) {  // kiln train stops on such a variable: not ready whatever the machine offers
+    verdict = "NOT ready: " + o.env_problems.front() +
+              " (correct or unset it; the rest of this report is with the "
+              "default)";
+    ready_for = "none";
+    rc = 1;
+  }
+  r.j["environment_problems"] = o.env_problems;
   r.j["ready_for"] = ready_for;
   r.j["gpus_usable"] = f.usable;
   r.j["verdict"] = verdict;

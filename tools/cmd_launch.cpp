@@ -68,6 +68,25 @@ void add_launch_flags(CLI::App& app, LaunchOptions& o) {
       ->check(at_least(0))
       ->capture_default_str();
   app.add_option("command", o.command, "The command each rank runs, after --  (e.g. -- kiln train ...)")->required();
+  // A flag launch does not know, before the `--`: named as such. CLI11 alone reported the command's
+  // words instead ("not expected: hi echo" for `--bogus 2 -- echo hi`). With extras allowed, the
+  // unknown flag is launch's to name, which it does as soon as its own words are parsed (before the
+  // top level's own complaint); `--` itself lands among the extras and is no complaint.
+  app.allow_extras();
+  app.parse_complete_callback([&app] {
+    std::vector<std::string> extra = app.remaining();
+    std::erase(extra, std::string("--"));
+    if (extra.empty()) return;
+    std::string known;
+    for (const CLI::Option* opt : app.get_options())
+      if (!opt->get_lnames().empty() && opt->get_lnames()[0] != "help")
+        known += (known.empty() ? "--" : ", --") + opt->get_lnames()[0];
+    std::string hint;
+    if (extra[0].rfind("--nproc", 0) == 0 && extra[0] != "--nproc-per-node") hint = " (did you mean --nproc-per-node?)";
+    throw CLI::ValidationError(extra[0] + " is not a flag of kiln launch" + hint + "; its flags are " + known +
+                                   ", and the command comes after --",
+                               CLI::ExitCodes::ExtrasError);
+  });
 }
 
 int run_launch(const LaunchOptions& o) {
@@ -197,9 +216,10 @@ int run_launch(const LaunchOptions& o) {
   }
   {
     std::lock_guard<std::mutex> lk(print_mutex);
-    std::printf("kiln launch: %d rank(s) on this node (ranks %d..%d of %d), rendezvous at %s:%d, %s threads each\n",
-                o.nproc_per_node, o.node_rank * o.nproc_per_node, (o.node_rank + 1) * o.nproc_per_node - 1, world,
-                o.master_addr.c_str(), o.master_port, threads.c_str());
+    std::printf("kiln launch: %d rank%s on this node (ranks %d..%d of %d), rendezvous at %s:%d, %s thread%s each\n",
+                o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s", o.node_rank * o.nproc_per_node,
+                (o.node_rank + 1) * o.nproc_per_node - 1, world, o.master_addr.c_str(), o.master_port, threads.c_str(),
+                threads == "1" ? "" : "s");
     std::fflush(stdout);
   }
 

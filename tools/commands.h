@@ -10,6 +10,9 @@ struct DoctorOptions {
   bool json = false;
   bool self_test = true;
   std::string device = "auto";
+  // Set while parsing: the environment variables Kiln refuses (each its error), unset so that the
+  // report runs on the defaults and names them instead of failing.
+  std::vector<std::string> env_problems;
 };
 void add_doctor_flags(CLI::App& app, DoctorOptions& o);
 int run_doctor(const DoctorOptions& o);

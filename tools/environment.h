@@ -74,7 +74,11 @@ inline int rank_threads(const LocalRanks& r, const CpuLimits& l) {
 // The Context the environment asks for, over the one in force (unset variables keep its values).
 inline Context environment_context() {
   Context c = Context::current();
-  if (const int64_t n = env_integer("KILN_NUM_THREADS", 1, 4096, 0); n > 0)
+  // The bound of --threads (tools::max_threads(), here without the CLI): the larger of 1024 and 4 x
+  // the CPUs, at most the thread pool's 4096.
+  const int64_t cpus = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
+  const int64_t max_threads = std::min<int64_t>(4096, std::max<int64_t>(1024, 4 * cpus));
+  if (const int64_t n = env_integer("KILN_NUM_THREADS", 1, max_threads, 0); n > 0)
     c.num_threads = int(n);
   else if (const LocalRanks local = local_ranks(); local.count > 1)
     c.num_threads = rank_threads(local, cpu_limits());

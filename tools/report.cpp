@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -229,6 +230,43 @@ struct Run {
   json summary;
 };
 
+// The NaN or infinity literal a line that does not parse holds outside its strings ("NaN",
+// "-Infinity", ...), or "".
+std::string non_json_number(const std::string& line) {
+  bool in_string = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      continue;
+    }
+    for (const char* lit : {"-Infinity", "Infinity", "-inf", "inf", "NaN", "nan", "-nan"})
+      if (line.compare(i, std::strlen(lit), lit) == 0) return lit;
+  }
+  return "";
+}
+
+// The first field the report draws as a number that holds something else ("\"step\" is a string
+// (\"x\"), not a number"), or "". A null (what a writer may put for a missing value) is let be.
+std::string wrong_field(const json& j) {
+  for (const auto& [k, v] : j.items()) {
+    const bool numeric = k == "step" || k == "epoch" || k == "loss" || k == "lr" || k == "eval_loss" ||
+                         k == "loss_scale" || k == "samples_per_s" || k == "data_wait_s" || k == "forward_backward_s" ||
+                         k == "comm_wait_s" || k == "optimizer_s" ||
+                         (k.size() >= 8 && k.compare(k.size() - 8, 8, "accuracy") == 0);
+    if (numeric && !v.is_number() && !v.is_null())
+      return "\"" + k + "\" is a " + v.type_name() + " (" + v.dump().substr(0, 40) + "), not a number";
+  }
+  return "";
+}
+
 Run read_run(const std::string& dir, std::vector<std::string>& notes) {
   Run r;
   r.dir = dir;
@@ -237,7 +275,9 @@ Run read_run(const std::string& dir, std::vector<std::string>& notes) {
   const std::string mpath = (fs::path(dir) / "metrics.jsonl").string();
   std::ifstream in(mpath);
   if (!in) {
-    notes.push_back(mpath + ": cannot be read (not a run directory of kiln train?)");
+    notes.push_back(mpath + (fs::exists(fs::path(dir) / "summary.json")
+                                 ? ": missing: the run has a summary.json but no metrics (nothing to chart)"
+                                 : ": cannot be read (not a run directory of kiln train?)"));
   } else {
     std::string line;
     int64_t n = 0;
@@ -246,16 +286,25 @@ Run read_run(const std::string& dir, std::vector<std::string>& notes) {
       if (line.empty()) continue;
       const bool last = in.peek() == std::char_traits<char>::eof();
       json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const std::string where = mpath + ":" + std::to_string(n) + ": ";
       if (j.is_object()) {
+        if (const std::string bad = wrong_field(j); !bad.empty()) {
+          notes.push_back(where + bad + "; skipped");
+          continue;
+        }
         (j.contains("eval_loss") ? r.eval : r.train).push_back(std::move(j));
         continue;
       }
       // Only a last line that does not parse may have been cut by a kill; anything else was written
       // so (NaN and 1e999 are not JSON numbers).
-      notes.push_back(mpath + ":" + std::to_string(n) + ": " +
-                      (j.is_discarded() ? (last ? "not a complete JSON line (cut by a kill?)" : "not valid JSON")
-                                        : std::string("a JSON ") + j.type_name() + ", not an object") +
-                      "; skipped");
+      std::string why;
+      if (!j.is_discarded())
+        why = std::string("a JSON ") + j.type_name() + ", not an object";
+      else if (const std::string lit = non_json_number(line); !lit.empty())
+        why = "holds " + lit + ", which is not a JSON number (JSON has no NaN or infinity)";
+      else
+        why = last ? "not a complete JSON line (cut by a kill?)" : "not valid JSON";
+      notes.push_back(where + why + "; skipped");
     }
     if (r.train.empty() && r.eval.empty()) notes.push_back(mpath + ": no metrics yet (an empty run)");
   }
@@ -309,7 +358,11 @@ std::vector<std::string> bench_charts(const std::string& path, std::vector<std::
     if (!in) throw std::runtime_error("cannot be read");
     j = json::parse(in);
   } catch (const std::exception& e) {
-    notes.push_back(path + ": not a readable JSON file (" + std::string(e.what()).substr(0, 120) + ")");
+    // nlohmann's message less its "[json.exception.parse_error.101] " tag, whole (cut, it ended
+    // mid-word).
+    std::string m = e.what();
+    if (m.rfind("[json.exception.", 0) == 0 && m.find("] ") != std::string::npos) m = m.substr(m.find("] ") + 2);
+    notes.push_back(path + ": not a readable JSON file (" + m + ")");
     return {};
   }
   const std::string kind = j.value("benchmark", j.value("bench", std::string()));
@@ -603,7 +656,15 @@ int run_report(const ReportOptions& o) {
       return 2;
     }
   }
-  if (const std::string clash = output_is_input("--out", o.out, o.runs); !clash.empty()) {
+  // The files read: each JSON input, and each run directory's metrics and summary (an --out naming
+  // one of those would replace the run's record with the page).
+  std::vector<std::string> read;
+  for (const auto& d : o.runs) {
+    read.push_back(d);
+    if (fs::is_directory(d))
+      for (const char* f : {"metrics.jsonl", "summary.json"}) read.push_back((fs::path(d) / f).string());
+  }
+  if (const std::string clash = output_is_input("--out", o.out, read); !clash.empty()) {
     std::fprintf(stderr, "kiln report: error: %s\n", clash.c_str());
     return 2;
   }

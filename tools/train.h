@@ -178,6 +178,7 @@ struct VocabOptions {
   int64_t size = 8000, min_frequency = 2;
   bool lower_case = true;
   std::string out;
+  bool overwrite = false;  // replace an existing --out
 };
 void add_vocab_flags(CLI::App& app, VocabOptions& o);
 int run_vocab(const VocabOptions& o);

@@ -1,0 +1,217 @@
+// The smaller commands' checks of their input, each run as a user would (the kiln binary): kiln
+// report never writes over a file it reads, kiln vocab over an existing file or its own input, kiln
+// bench refuses bad flags before any work, kiln launch names a flag it does not know, and kiln
+// doctor reports a bad environment variable instead of stopping on it.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "test_util.h"
+
+using kiln::testing::contains;
+using kiln::testing::read_text;
+using kiln::testing::run_kiln;
+using kiln::testing::TempDir;
+
+namespace {
+void write(const std::string& p, const std::string& s) { std::ofstream(p) << s; }
+
+// An environment variable set for one scope (the kiln binary started inside inherits it).
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const std::string& n, const std::string& v) : name(n) { ::setenv(n.c_str(), v.c_str(), 1); }
+  ~ScopedEnv() { ::unsetenv(name.c_str()); }
+};
+
+// A run directory as kiln train leaves it (two metrics lines and a summary).
+void fake_run(const TempDir& d, const std::string& name) {
+  std::filesystem::create_directories(d.p / name);
+  write(d / (name + "/metrics.jsonl"), "{\"step\":1,\"loss\":2.0,\"lr\":0.1}\n{\"step\":2,\"loss\":1.5,\"lr\":0.1}\n");
+  write(d / (name + "/summary.json"), R"({"steps":2,"test_loss":1.4})");
+}
+}  // namespace
+
+TEST_CASE("cli tools: kiln report refuses an --out that is a file it reads in a run directory") {
+  TempDir d("kiln_cli_report");
+  fake_run(d, "run1");
+  const std::string metrics = read_text(d / "run1/metrics.jsonl"), summary = read_text(d / "run1/summary.json");
+  for (const std::string out : {"run1/metrics.jsonl", "run1/summary.json", "./run1/../run1/metrics.jsonl"}) {
+    const auto r = run_kiln("report " + d / "run1" + " --out " + d / out, d.p.string());
+    CAPTURE(out);
+    CAPTURE(r.output);
+    CHECK(r.code == 2);
+    CHECK(contains(r.output, "writing it would replace the file being read"));
+  }
+  // a link to the metrics counts too
+  std::filesystem::create_symlink(d.p / "run1" / "metrics.jsonl", d.p / "link.html");
+  auto r = run_kiln("report " + d / "run1" + " --out " + d / "link.html", d.p.string());
+  CHECK(r.code == 2);
+  CHECK(read_text(d / "run1/metrics.jsonl") == metrics);
+  CHECK(read_text(d / "run1/summary.json") == summary);
+  // a new file beside them is written
+  r = run_kiln("report " + d / "run1" + " --out " + d / "run1/page.html", d.p.string());
+  CHECK(r.code == 0);
+  CHECK(contains(read_text(d / "run1/page.html"), "<svg"));
+}
+
+TEST_CASE("cli tools: kiln vocab refuses an existing --out unless --overwrite, and a directory --out") {
+  TempDir d("kiln_cli_vocab");
+  write(d / "small.txt", "the quick brown fox jumps over the lazy dog\nthe dog sleeps and the fox runs\n");
+  write(d / "exist.txt", "precious\n");
+  auto r = run_kiln("vocab --text " + d / "small.txt" + " --size 100 --out " + d / "exist.txt", d.p.string());
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "already exists: add --overwrite"));
+  CHECK(read_text(d / "exist.txt") == "precious\n");
+  r = run_kiln("vocab --text " + d / "small.txt" + " --size 100 --overwrite --out " + d / "exist.txt", d.p.string());
+  CHECK(r.code == 0);
+  CHECK(contains(read_text(d / "exist.txt"), "[PAD]"));
+  // a directory: refused before any work, no temporary file left
+  std::filesystem::create_directories(d.p / "ed");
+  r = run_kiln("vocab --text " + d / "small.txt" + " --size 100 --out " + d / "ed", d.p.string());
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "is a directory"));
+  CHECK(std::filesystem::is_empty(d.p / "ed"));
+  r = run_kiln("vocab --text " + d / "small.txt" + " --size 100 --out " + d / "nodir/v.txt", d.p.string());
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "does not exist"));
+}
+
+TEST_CASE("cli tools: kiln vocab skips its own --out in a --text directory, names an empty input") {
+  TempDir d("kiln_cli_vocab2");
+  std::filesystem::create_directories(d.p / "corp");
+  write(d / "corp/a.txt", "alpha beta gamma delta alpha beta gamma alpha beta alpha\n");
+  auto r = run_kiln("vocab --text " + d / "corp" + " --size 60 --out " + d / "corp/vocab.txt", d.p.string());
+  REQUIRE(r.code == 0);
+  const std::string first = read_text(d / "corp/vocab.txt");
+  r = run_kiln("vocab --text " + d / "corp" + " --size 60 --overwrite --out " + d / "corp/vocab.txt", d.p.string());
+  CAPTURE(r.output);
+  CHECK(r.code == 0);
+  CHECK(contains(r.output, "it is the --out file"));
+  CHECK(contains(r.output, "from 1 file in"));
+  CHECK(read_text(d / "corp/vocab.txt") == first);  // the old vocabulary was not read as text
+  // a file with no words: the --text input named, exit 2, no internal name
+  write(d / "empty.txt", "");
+  r = run_kiln("vocab --text " + d / "empty.txt" + " --size 60 --out " + d / "v.txt", d.p.string());
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "--text"));
+  CHECK(contains(r.output, "empty.txt"));
+  CHECK(!contains(r.output, "build_wordpiece_vocab"));
+  // a --size with no room for every character: says how many were dropped
+  // 26 letters as word starts or continuations: 30 pieces, 11 of them fit beside the 5 special tokens
+  write(d / "fox.txt", "the quick brown fox jumps over the lazy dog\n");
+  r = run_kiln("vocab --text " + d / "fox.txt" + " --size 16 --out " + d / "v16.txt", d.p.string());
+  CHECK(r.code == 0);
+  CAPTURE(r.output);
+  CHECK(contains(r.output, "warning: --size 16 holds only the 11 most frequent characters: 16 rarer ones"));
+  r = run_kiln("vocab --text " + d / "fox.txt" + " --size 60 --out " + d / "v60.txt", d.p.string());
+  CHECK(!contains(r.output, "warning"));
+}
+
+TEST_CASE("cli tools: kiln bench refuses bad flags before any work, in one line, exit 2") {
+  TempDir d("kiln_cli_bench");
+  struct Case {
+    std::string args, says;
+  };
+  const std::vector<Case> cases = {
+      {"bench train --model resnet20 --steps 1 --warmup 0 --json " + d / "nodir/x.json", "does not exist"},
+      {"bench train --model bogus", "--model bogus: unknown"},
+      {"bench train --device cuda:99", "--device cuda:99"},
+      {"bench scaling --master-port 70000 --json " + d / "s.json", "--master-port 70000"},
+      {"bench scaling --master-port 65534 --max-ranks 2", "65536"},
+      {"bench scaling --model bogus", "--model bogus: unknown"},
+      {"bench scaling --json " + d / "nodir/x.json", "does not exist"},
+      {"bench memory --model bogus", "--model bogus: unknown"},
+      {"bench memory --model resnet20 --warmup 0", "--warmup"},
+      {"bench memory --model resnet20 --master-port 65535", "--master-port 65535"},
+  };
+  for (const Case& c : cases) {
+    const auto r = run_kiln(c.args, d.p.string());
+    CAPTURE(c.args);
+    CAPTURE(r.output);
+    CHECK(r.code == 2);
+    CHECK(contains(r.output, c.says));
+    CHECK(!contains(r.output, "median ms"));  // no table started
+    CHECK(!contains(r.output, "samples/s"));
+  }
+}
+
+TEST_CASE("cli tools: kiln bench train --warmup 0 reports no peak; scaling's JSON names the CPU") {
+  TempDir d("kiln_cli_bench2");
+  auto r = run_kiln(
+      "bench train --model resnet20 --batch 2 --image-size 8 --steps 1 --warmup 0 --threads 1 --json " + d / "t.json",
+      d.p.string());
+  REQUIRE(r.code == 0);
+  auto j = nlohmann::json::parse(read_text(d / "t.json"));
+  CHECK(!j["rows"][0].contains("peak_mib"));
+  CHECK(contains(r.output, "1 thread,"));
+  r = run_kiln(
+      "bench train --model resnet20 --batch 2 --image-size 8 --steps 1 --warmup 1 --threads 1 --json " + d / "t.json",
+      d.p.string());
+  REQUIRE(r.code == 0);
+  CHECK(nlohmann::json::parse(read_text(d / "t.json"))["rows"][0]["peak_mib"].get<double>() > 0);
+  r = run_kiln(
+      "bench scaling --model resnet20 --batch 2 --steps 1 --warmup 0 --max-ranks 1 --master-port 29911 "
+      "--json " +
+          d / "s.json",
+      d.p.string());
+  CAPTURE(r.output);
+  REQUIRE(r.code == 0);
+  j = nlohmann::json::parse(read_text(d / "s.json"));
+  CHECK(j.contains("cpu"));
+  CHECK(j.contains("cpu_kernels"));
+  CHECK(contains(r.output, "CPU kernels"));
+  CHECK(contains(r.output, "1 thread per rank"));
+}
+
+TEST_CASE("cli tools: kiln launch names a flag it does not know") {
+  TempDir d("kiln_cli_launch");
+  auto r = run_kiln("launch --bogus 2 -- echo hi", d.p.string());
+  CAPTURE(r.output);
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "--bogus is not a flag of kiln launch"));
+  CHECK(!contains(r.output, "hi echo"));
+  r = run_kiln("launch --nproc 2 -- echo hi", d.p.string());
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "--nproc is not a flag"));
+  CHECK(contains(r.output, "--nproc-per-node"));
+  r = run_kiln("launch --nproc-per-node 1 -- echo hello from a rank", d.p.string());
+  CHECK(r.code == 0);
+  CHECK(contains(r.output, "hello from a rank"));
+  CHECK(contains(r.output, "kiln launch: 1 rank on this node"));
+}
+
+TEST_CASE("cli tools: KILN_NUM_THREADS follows --threads' bound; kiln doctor reports a bad variable") {
+  TempDir d("kiln_cli_env");
+  if (4 * int64_t(std::thread::hardware_concurrency()) >= 2000) return;  // 2000 would be within the bound
+  {
+    ScopedEnv e("KILN_NUM_THREADS", "2000");
+    auto r = run_kiln("report " + d / "nothing", d.p.string());
+    CHECK(r.code != 0);
+    CHECK(contains(r.output, "KILN_NUM_THREADS must be an integer between 1 and 1024"));
+    r = run_kiln("doctor --no-self-test --device cpu", d.p.string());
+    CAPTURE(r.output);
+    CHECK(r.code == 1);
+    CHECK(contains(r.output, "Verdict: NOT ready: KILN_NUM_THREADS"));
+    const auto js = run_kiln("doctor --json --no-self-test --device cpu", d.p.string());
+    const auto j = nlohmann::json::parse(js.output);
+    REQUIRE(j["environment_problems"].size() == 1);
+    CHECK(contains(j["environment_problems"][0].get<std::string>(), "KILN_NUM_THREADS"));
+    CHECK(j["build"].contains("threads_reason"));
+    CHECK(j["build"].contains("cpu_kernels_reason"));
+  }
+  {
+    ScopedEnv e("KILN_CPU_ISA", "bogus");
+    const auto r = run_kiln("doctor --no-self-test --device cpu", d.p.string());
+    CAPTURE(r.output);
+    CHECK(r.code == 1);
+    CHECK(contains(r.output, "KILN_CPU_ISA"));
+    CHECK(contains(r.output, "CPU backend"));  // the rest of the report still there
+  }
+  const auto r = run_kiln("doctor --no-self-test --device cpu", d.p.string());
+  CHECK(r.code == 0);
+  CHECK(!contains(r.output, "Environment"));
+}
