@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "base/cpu_isa.h"
 #include "kiln.h"
 #include "tests/softmax_edges.h"
 
@@ -1080,4 +1081,36 @@ TEST_CASE("nn: transposed, 1-D, 3-D and same-padded convolutions and the compose
                        doctest::Contains("index 3 is out of range [0, 3)"), kiln::Error);
   CHECK_THROWS_WITH_AS(zeros({4}).slice(0, 0, 4, 0), doctest::Contains("step must not be 0"), kiln::Error);
   CHECK(zeros({4}).slice(0, 0, 4, -1).numel() == 0);  // start 0 is not above end 3
+}
+
+// Rows far from 0 in every CPU kernel set: the f32 lanes of the row sums see x - x[0] (layer norm)
+// or x - max (cross-entropy), so a constant row normalises to exactly 0 and huge logits keep log(sum).
+TEST_CASE("norms and cross-entropy keep their precision far from 0 in every CPU kernel set") {
+  const CpuIsa before = cpu_isa();
+  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
+    if (isa > cpu_isa_supported()) continue;
+    set_cpu_isa(isa);
+    CAPTURE(cpu_isa_name(isa));
+    // A constant row of 12345.678 (768 wide) gave outputs up to 0.84; group norm uses the same rows.
+    const Tensor ln = layer_norm(full({2, 768}, 12345.678), {768});
+    CHECK(amax(abs(ln)).item<double>() == 0.0);
+    CHECK(amax(abs(group_norm(full({1, 4, 16, 16}, 1234.567), 2))).item<double>() == 0.0);
+    // Logits of 1e17: the loss is log(4) and the target's gradient -3/4 (they were 0 and 0).
+    Tensor big = full({1, 4}, 1e17);
+    big.set_requires_grad(true);
+    const Tensor target = from_vector({2}, {1}, DType::i64);
+    const Tensor loss = cross_entropy(big, target);
+    CHECK(loss.item<double>() == doctest::Approx(std::log(4.0)).epsilon(1e-6));
+    loss.backward();
+    CHECK(big.grad().to_vector()[2] == doctest::Approx(-0.75).epsilon(1e-6));
+    // Label smoothing over 30522 classes offset by 1e4: the f64 reference to 1e-7 (was 7e-7).
+    std::vector<double> lv(30522);
+    for (size_t i = 0; i < lv.size(); ++i) lv[i] = 1e4 + double((i * 104729) % 1000) / 250.0 - 2.0;
+    const Tensor logits = from_vector(lv, {1, 30522});
+    const Tensor t7 = from_vector({7}, {1}, DType::i64);
+    const double got = cross_entropy(logits, t7, -100, 0.1).item<double>();
+    const double ref = cross_entropy(logits.to(DType::f64), t7, -100, 0.1).item<double>();
+    CHECK(std::abs(got - ref) < 1e-7 * std::abs(ref));
+  }
+  set_cpu_isa(before);
 }
