@@ -37,6 +37,17 @@ inline void check_softmax_edges() {
       CHECK(std::abs(g[0] - (std::exp(w0) - 1)) <= 1e-6);
       CHECK(std::abs(g[1] - std::exp(w1)) <= 1e-6);
     }
+    // Logits of 1e17: the loss is log(4) and the target's gradient -3/4 (max + log(sum) would absorb
+    // log(sum): loss 0, gradient 0); with label smoothing the same holds, the smoothing term summing
+    // x - max.
+    for (double eps : {0.0, 0.1}) {
+      Tensor big = full({1, 4}, 1e17, dt).set_requires_grad();
+      const int64_t t2 = 2;
+      const Tensor loss = cross_entropy(big, from_blob_copy(&t2, {1}), -100, eps);
+      CHECK(std::abs(loss.item<double>() - std::log(4.0)) <= 1e-6);
+      loss.backward();
+      CHECK(std::abs(big.grad().to_vector()[2] - (0.25 - (1 - eps) - eps / 4)) <= 1e-6);
+    }
     // Row 0 fully masked, row 1 with one masked element.
     const std::vector<double> xv = {-inf, -inf, -inf, 0.5, 1.0, -inf};
     const double e0 = std::exp(0.5 - 1.0), p0 = e0 / (e0 + 1), p1 = 1 / (e0 + 1);

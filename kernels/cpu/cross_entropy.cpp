@@ -34,16 +34,18 @@ void cross_entropy_typed(int64_t rows, int64_t classes, const T* logits, const i
       }
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t i = 0; i < classes; ++i) mx = std::max(mx, double(x[i]));
-      double s = 0, sum_x = 0;
+      // Relative to the maximum, as the f32 row leaf: max + log(sum) would absorb log(sum) into a
+      // large max (logits of 1e17 gave a loss of 0).
+      double s = 0, sum_d = 0;
       for (int64_t i = 0; i < classes; ++i) {
         s += std::exp(double(x[i]) - mx);
-        sum_x += double(x[i]);
+        sum_d += double(x[i]) - mx;
       }
-      const double ls = std::log(s), lse = ls + mx;
+      const double ls = std::log(s);
       // loss = -(1-eps) * logp[t] - eps/C * sum_i logp[i]; the smoothing term only when eps != 0
-      // (with a -inf logit sum_x is -inf, and 0 * inf is NaN).
-      const double nll = lse - double(x[t]);
-      loss[r] = T(eps != 0 ? (1 - eps) * nll + eps * (lse - sum_x / double(classes)) : nll);
+      // (with a -inf logit sum_d is -inf, and 0 * inf is NaN).
+      const double nll = (mx - double(x[t])) + ls;
+      loss[r] = T(eps != 0 ? (1 - eps) * nll + eps * (ls - sum_d / double(classes)) : nll);
       if (g) {
         for (int64_t i = 0; i < classes; ++i) {
           const double p = std::exp((double(x[i]) - mx) - ls);  // not x - lse: lse is rounded to mx's ulp

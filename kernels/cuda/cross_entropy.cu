@@ -39,35 +39,39 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(int64_t rows, i
         for (int64_t i = G::rank(); i < classes; i += G::size()) g[i] = T(0);
       continue;
     }
+    // Everything relative to the maximum, as the CPU's row: the loss is (max - x[t]) + log(sum), and
+    // the smoothing term's sum of x - max comes from a sum of x - x[0] (the max is known only after
+    // the merge): max + log(sum) would absorb log(sum) into a large max, and a sum of x itself lose
+    // the term's digits.
     MaxSum<T> ms{kNegInf<T>, T(0)};
+    const T x0 = isfinite(double(x[0])) ? x[0] : T(0);  // a -inf pivot would make the sum NaN
     T sx = T(0);
     for (int64_t i = G::rank(); i < classes; i += G::size()) {
       const T v = x[i];
       ms_add(ms, v);
-      sx += v;
+      sx += v - x0;
     }
     ms = group_merge<kBlock>(ms, red);
-    const double sum_x = group_sum<kBlock>(double(sx), sred);
-    const double lse = isfinite(ms.m) ? ::log(double(ms.s)) + double(ms.m) : std::numeric_limits<double>::quiet_NaN();
     const double dc = double(classes);
+    const double sum_d = group_sum<kBlock>(double(sx), sred) + dc * (double(x0) - double(ms.m));
+    const double log_s = isfinite(ms.m) ? ::log(double(ms.s)) : std::numeric_limits<double>::quiet_NaN();
     if (G::rank() == 0) {
-      const double nll = lse - double(x[t]);
-      // The smoothing term only when asked for: with a -inf logit sum_x is -inf, and 0 * inf is NaN.
-      loss[r] = T(eps != 0 ? (1 - eps) * nll + eps * (lse - sum_x / dc) : nll);
+      const double nll = (double(ms.m) - double(x[t])) + log_s;
+      // The smoothing term only when asked for: with a -inf logit sum_d is -inf, and 0 * inf is NaN.
+      loss[r] = T(eps != 0 ? (1 - eps) * nll + eps * (log_s - sum_d / dc) : nll);
     }
     if (g) {
       if constexpr (std::is_same_v<T, float>) {  // the CPU's f32 row: f32 terms, the target's in f64
-        // log(sum) beside the max, as the CPU's row does; NaN (like lse) when the max is not finite.
-        const float ls = isfinite(ms.m) ? float(::log(double(ms.s))) : std::numeric_limits<float>::quiet_NaN();
+        // log(sum) beside the max, as the CPU's row does; NaN when the max is not finite.
+        const float ls = float(log_s);
         const float sc = float(grad_scale), off = float(grad_scale * eps / dc);
         for (int64_t i = G::rank(); i < classes; i += G::size())
-          g[i] = i == t ? float(grad_scale * (::exp(double(x[t]) - lse) - (1 - eps) - eps / dc))
+          g[i] = i == t ? float(grad_scale * (::exp((double(x[t]) - double(ms.m)) - log_s) - (1 - eps) - eps / dc))
                         : sc * expf((x[i] - ms.m) - ls) - off;
       } else {
         // The target distribution's two values, hoisted (and the loop kept rolled: unrolled, the
         // f64 kernel spilled on sm_90).
-        const double on = (1 - eps) + eps / dc, off = eps / dc, m = double(ms.m);
-        const double ls = isfinite(ms.m) ? ::log(double(ms.s)) : std::numeric_limits<double>::quiet_NaN();
+        const double on = (1 - eps) + eps / dc, off = eps / dc, m = double(ms.m), ls = log_s;
 #pragma unroll 1
         for (int64_t i = G::rank(); i < classes; i += G::size())
           g[i] = T(grad_scale * (::exp((double(x[i]) - m) - ls) - (i == t ? on : off)));
