@@ -132,6 +132,12 @@ TEST_CASE(
   kiln::testing::check_softmax_edges();
 }
 
+TEST_CASE("emulated cuda: layer norm of a constant row far from 0 is exactly 0") {
+  detail::BackendOverride use(emu::emulated_cuda_backend());
+  // 8192 wide: each thread of the row's block sums 32 values of 12345.678 in f32.
+  CHECK(amax(abs(layer_norm(full({2, 8192}, 12345.678), {8192}))).item<double>() == 0.0);
+}
+
 TEST_CASE("emulated cuda: u8, i8 and i16 give the CPU's values (wrapping, division, casts, reductions, sorting)") {
   detail::BackendOverride use(emu::emulated_cuda_backend());
   kiln::testing::check_integer_dtypes();

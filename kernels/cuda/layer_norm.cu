@@ -24,9 +24,12 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_kernel(int64_t rows, 
   const double dd = double(d > 0 ? d : 1);
   for (int64_t r = G::first(); r < rows; r += G::step()) {
     const T* xr = x + r * d;
+    // The mean sums x - x[0], as the CPU's row: a constant row's mean is exact (its output 0), and a
+    // row far from 0 with a small spread keeps its precision in the per-thread sums.
+    const T pivot = d > 0 ? xr[0] : T(0);
     T acc = T(0);
-    for (int64_t i = G::rank(); i < d; i += G::size()) acc += xr[i];
-    const double m = group_sum<kBlock>(double(acc), sred) / dd;
+    for (int64_t i = G::rank(); i < d; i += G::size()) acc += xr[i] - pivot;
+    const double m = double(pivot) + group_sum<kBlock>(double(acc), sred) / dd;
     const T mf = T(m);
     acc = T(0);
     for (int64_t i = G::rank(); i < d; i += G::size()) {
