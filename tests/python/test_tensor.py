@@ -310,3 +310,15 @@ def test_integer_index_assignment_and_ctc_without_frames():
     tl = torch.nn.functional.ctc_loss(torch.tensor(lp), torch.tensor([[1, 2], [1, 2], [3, 3]]), [0, 0, 4], [0, 2, 2],
                                       reduction="none").tolist()
     assert np.allclose(kl, tl, rtol=1e-12) and kl[0] == 0.0 and kl[1] == float("inf")
+
+
+def test_set_flush_denormal():
+    x = kiln.from_numpy(np.array([1e-39, 2.0], np.float32))
+    try:
+        assert kiln.set_flush_denormal(False) is True
+        assert (x * 1.0).tolist()[0] > 0  # kept
+        assert abs(kiln.log(x).tolist()[0] - np.log(np.float64(np.float32(1e-39)))) < 1e-4
+        kiln.set_flush_denormal(True)
+        assert (x * 1.0).tolist() == [0.0, 2.0]  # flushed (the default)
+    finally:
+        kiln.set_flush_denormal(True)
