@@ -81,7 +81,8 @@ void Optimizer::step(const Tensor& skip_if) {
   // resumed on a GPU) and counts this step unless the flag is set, on the device.
   if (!step_count_.defined()) step_count_ = zeros({}, TensorOptions(DType::f64, *dev));
   if (step_count_.device() != *dev) step_count_ = step_count_.to(*dev);
-  const Tensor counted = skip_if.defined() ? eq(skip_if, scalar_like(0.0, skip_if)) : Tensor();
+  // 1 unless the flag is set (a [] of the flag's one element, whatever its shape)
+  const Tensor counted = skip_if.defined() ? eq(skip_if, scalar_like(0.0, skip_if)).reshape({}) : Tensor();
   step_count_.add_(counted.defined() ? counted : scalar_like(1.0, step_count_));
   // Each parameter with a gradient counts the step too (its own bias corrections); the mask goes to
   // the device only when it changes (every parameter with a gradient every step: uploaded once).
