@@ -41,29 +41,38 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
                  " of group ", at->second.first, " (", p.type_str(), ")");
     }
     slots_.emplace_back(groups_[g].params.size());
+    first_.push_back(nparams_);
+    nparams_ += groups_[g].params.size();
   }
+}
+
+void Optimizer::place_counts(Device dev) {
+  if (!counts_.defined()) counts_ = zeros({int64_t(nparams_)}, TensorOptions(DType::f64, dev));
+  if (counts_.device() != dev) counts_ = counts_.to(dev);
 }
 
 void Optimizer::step(const Tensor& skip_if) {
   NoGradGuard ng;
   // Every check before anything changes: the parameters with gradients share one device (the
-  // step count's and the flag's), and their gradients match them.
+  // step count's and the flag's), and their gradients match them in shape and dtype (an f64
+  // gradient of an f32 parameter is refused, as torch does, not rounded silently).
   std::optional<Device> dev;
-  for (const ParamGroup& grp : groups_)
-    for (const Tensor& p : grp.params) {
+  std::vector<double> mask(nparams_, 0.0);  // which parameters have a gradient (their counts advance)
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const Tensor& p = groups_[g].params[i];
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      KILN_CHECK(grad.shape() == p.shape(), name(), ": gradient ", grad.shape(), " does not match parameter ",
-                 p.shape());
+      KILN_CHECK(grad.shape() == p.shape(), name(), ": parameter ", i, " of group ", g, ": gradient ", grad.shape(),
+                 " does not match parameter ", p.shape());
+      KILN_CHECK(grad.dtype() == p.dtype(), name(), ": parameter ", i, " of group ", g, " (", p.type_str(), ") has a ",
+                 grad.dtype(), " gradient; a gradient must have its parameter's dtype");
       if (!dev) dev = p.device();
       KILN_CHECK(p.device() == *dev && grad.device() == *dev, name(), ": parameters and gradients on ", *dev, " and ",
                  p.device() == *dev ? grad.device() : p.device(), "; one optimizer serves one device");
+      mask[first_[g] + i] = 1.0;
     }
-  if (!dev) {  // no gradient anywhere: nothing moves, the step is counted
-    if (step_count_.defined()) step_count_.add_(scalar_like(1.0, step_count_));
-    else step_count_ = ones({}, DType::f64);
-    return;
-  }
+  if (!dev) return;  // no gradient anywhere: nothing moves and nothing is counted (as torch)
   if (skip_if.defined())
     KILN_CHECK(skip_if.numel() == 1 && skip_if.dtype() == DType::f32 && skip_if.device() == *dev, name(),
                ": the skip flag must be one f32 element on ", *dev, ", got ", skip_if.dtype(), " ", skip_if.shape(),
@@ -72,7 +81,19 @@ void Optimizer::step(const Tensor& skip_if) {
   // resumed on a GPU) and counts this step unless the flag is set, on the device.
   if (!step_count_.defined()) step_count_ = zeros({}, TensorOptions(DType::f64, *dev));
   if (step_count_.device() != *dev) step_count_ = step_count_.to(*dev);
-  step_count_.add_(skip_if.defined() ? eq(skip_if, scalar_like(0.0, skip_if)) : scalar_like(1.0, step_count_));
+  // 1 unless the flag is set (a [] of the flag's one element, whatever its shape)
+  const Tensor counted = skip_if.defined() ? eq(skip_if, scalar_like(0.0, skip_if)).reshape({}) : Tensor();
+  step_count_.add_(counted.defined() ? counted : scalar_like(1.0, step_count_));
+  // Each parameter with a gradient counts the step too (its own bias corrections); the mask goes to
+  // the device only when it changes (every parameter with a gradient every step: uploaded once).
+  if (counts_steps()) {
+    place_counts(*dev);
+    if (!mask_.defined() || mask_.device() != *dev || mask != mask_host_) {
+      mask_ = from_vector(mask, {int64_t(nparams_)}, TensorOptions(DType::f64, *dev));
+      mask_host_ = std::move(mask);
+    }
+    counts_.add_(counted.defined() ? mask_ * counted : mask_);
+  }
   // The host reads the flag and the count, once, only where it must: for the per-tensor path, and
   // when a parameter's state is made this step (a skipped step makes none, as if it never ran:
   // SGD's first momentum is the direction itself). A parameter whose slots are still empty after
@@ -82,7 +103,7 @@ void Optimizer::step(const Tensor& skip_if) {
     if (!host_skip) host_skip = skip_if.defined() && skip_if.item<double>() != 0.0;
     return *host_skip;
   };
-  bool have_steps = false;
+  std::vector<double> host_counts;  // counts_ on the host, read once if the per-tensor path needs it
   for (size_t g = 0; g < groups_.size(); ++g) {
     OptimKind kind{};
     OptimHyper h;
@@ -95,7 +116,8 @@ void Optimizer::step(const Tensor& skip_if) {
       if (fuse && p.dtype() == DType::f32 && grad.dtype() == DType::f32 && p.is_contiguous() && grad.is_contiguous()) {
         auto& slots = slots_[g][i];
         const bool had_state = !slots.empty();
-        const OptimSlice slice = fused_slice(p, grad, slots);
+        OptimSlice slice = fused_slice(p, grad, slots);
+        if (counts_steps()) slice.step = counts_.data<double>() + (first_[g] + i);
         if (!had_state && !slots.empty() && skip_if.defined() && skip_on_host()) {
           slots.clear();  // skipped: the state just made is dropped (no kernel has touched it)
           continue;
@@ -103,8 +125,8 @@ void Optimizer::step(const Tensor& skip_if) {
         slices.push_back(slice);
         p.bump_version();
       } else if (!skip_on_host()) {
-        if (!have_steps) steps_ = int64_t(step_count_.item<double>());  // this step's number, once
-        have_steps = true;
+        if (counts_steps() && host_counts.empty()) host_counts = counts_.to_vector();  // once a step
+        steps_ = counts_steps() ? int64_t(host_counts[first_[g] + i]) : 0;             // this parameter's step number
         update(groups_[g], p, grad, slots_[g][i]);
       }
     }
@@ -116,9 +138,24 @@ void Optimizer::step(const Tensor& skip_if) {
 
 int64_t Optimizer::steps() const { return step_count_.defined() ? int64_t(step_count_.item<double>()) : 0; }
 
-void Optimizer::zero_grad() {
+int64_t Optimizer::steps(size_t group, size_t index) const {
+  KILN_CHECK(group < groups_.size() && index < groups_[group].params.size(), name(), ": no parameter ", index,
+             " in group ", group);
+  if (!counts_.defined()) return 0;
+  return int64_t(counts_.narrow(0, int64_t(first_[group] + index), 1).item<double>());
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  NoGradGuard ng;
   for (auto& g : groups_)
-    for (auto& p : g.params) p.set_grad(Tensor());
+    for (auto& p : g.params) {
+      if (set_to_none) {
+        p.set_grad(Tensor());
+      } else {
+        Tensor grad = p.grad();
+        if (grad.defined()) grad.zero_();
+      }
+    }
 }
 
 void Optimizer::set_lr(double lr) {
@@ -130,14 +167,32 @@ OptimizerState Optimizer::state() const {
   OptimizerState s;
   s.scalars["steps"] = double(steps());
   for (const auto& [k, v] : hyper()) s.scalars[k] = v;
+  // Each parameter's own count, where it is not what a state without it would give: "steps" for a
+  // parameter with state, 0 for one without (so a run whose parameters all step together saves none,
+  // and a ZeRO rank's views need no names of their own).
+  const std::vector<double> counts =
+      counts_steps() && counts_.defined() ? counts_.to_vector() : std::vector<double>(nparams_, 0.0);
   for (size_t g = 0; g < groups_.size(); ++g) {
-    s.scalars["group" + std::to_string(g) + ".lr"] = groups_[g].lr;
-    s.scalars["group" + std::to_string(g) + ".weight_decay"] = groups_[g].weight_decay;
-    for (size_t i = 0; i < slots_[g].size(); ++i)
-      for (const auto& [slot, t] : slots_[g][i])
-        s.tensors[std::to_string(g) + "." + std::to_string(i) + "." + slot] = t;
+    const std::string pre = "group" + std::to_string(g) + ".";
+    s.scalars[pre + "lr"] = groups_[g].lr;
+    s.scalars[pre + "weight_decay"] = groups_[g].weight_decay;
+    s.scalars[pre + "params"] = double(groups_[g].params.size());
+    for (size_t i = 0; i < slots_[g].size(); ++i) {
+      const std::string at = std::to_string(g) + "." + std::to_string(i) + ".";
+      for (const auto& [slot, t] : slots_[g][i]) s.tensors[at + slot] = t;
+      const double fallback = slots_[g][i].empty() ? 0.0 : s.scalars["steps"];
+      if (counts_steps() && counts[first_[g] + i] != fallback) s.scalars[at + "step"] = counts[first_[g] + i];
+    }
   }
   return s;
+}
+
+void Optimizer::set_hyper(const std::map<std::string, double>& h) {
+  for (const auto& [k, v] : hyper()) {
+    const auto it = h.find(k);
+    KILN_CHECK(it == h.end() || it->second == v, name(), ": optimizer state has ", k, " = ", it->second,
+               ", this optimizer has ", v, " and cannot take another");
+  }
 }
 
 namespace {
@@ -161,10 +216,54 @@ void Optimizer::load_state(const OptimizerState& s) {
   KILN_CHECK(it != s.scalars.end(), name(), ": optimizer state has no step count");
   KILN_CHECK(std::isfinite(it->second) && it->second >= 0 && it->second == std::trunc(it->second), name(),
              ": optimizer state's step count ", it->second, " is not a whole number >= 0");
-  const std::map<std::string, double> hyp = hyper();
-  for (const auto& [k, v] : hyp) {
+  // The hyper-parameters as saved (torch's load_state_dict restores them too): momentum 0.5 saved
+  // and 0.9 constructed continues with 0.5. set_hyper() checks them below, before anything changes.
+  std::map<std::string, double> hyp = hyper();
+  for (auto& [k, v] : hyp) {
     auto h = s.scalars.find(k);
     KILN_CHECK(h != s.scalars.end(), name(), ": optimizer state lacks '", k, "' (saved by another optimizer?)");
+    v = h->second;
+  }
+  // The groups: as many as this optimizer's (each saves its lr), each as large as its counterpart
+  // (state written before "group<g>.params" was saved is checked by its tensors' names only).
+  size_t saved_groups = 0;
+  std::map<size_t, double> per_param_steps;  // first_[g] + i -> "<g>.<i>.step"
+  for (const auto& entry : s.scalars) {
+    const std::string& key = entry.first;
+    if (key.rfind("group", 0) == 0) {
+      const size_t dot = key.find('.');
+      size_t g = 0;
+      bool digits = dot != std::string::npos && dot > 5 && dot - 5 <= 9;
+      for (size_t k = 5; digits && k < dot; ++k) {
+        digits = key[k] >= '0' && key[k] <= '9';
+        g = g * 10 + size_t(key[k] - '0');
+      }
+      if (digits) saved_groups = std::max(saved_groups, g + 1);
+    } else if (!key.empty() && key[0] >= '0' && key[0] <= '9') {  // "<group>.<index>.step"
+      const size_t a = key.find('.'), b = a == std::string::npos ? a : key.find('.', a + 1);
+      size_t g = 0, i = 0;
+      bool ok = b != std::string::npos && key.substr(b + 1) == "step" && a <= 9 && b - a - 1 <= 9 && b > a + 1;
+      for (size_t k = 0; ok && k < b; ++k) {
+        if (k == a) continue;
+        ok = key[k] >= '0' && key[k] <= '9';
+        size_t& out = k < a ? g : i;
+        out = out * 10 + size_t(key[k] - '0');
+      }
+      KILN_CHECK(ok, name(), ": bad optimizer state scalar '", key, "' (expected group.index.step)");
+      KILN_CHECK(g < groups_.size() && i < groups_[g].params.size(), name(), ": optimizer state '", key,
+                 "' names a parameter this optimizer does not have");
+      KILN_CHECK(std::isfinite(entry.second) && entry.second >= 0 && entry.second == std::trunc(entry.second), name(),
+                 ": optimizer state's ", key, " ", entry.second, " is not a whole number >= 0");
+      per_param_steps[first_[g] + i] = entry.second;
+    }
+  }
+  KILN_CHECK(saved_groups == 0 || saved_groups == groups_.size(), name(), ": optimizer state has ", saved_groups,
+             " parameter group", saved_groups == 1 ? "" : "s", ", this optimizer has ", groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto n = s.scalars.find("group" + std::to_string(g) + ".params");
+    KILN_CHECK(n == s.scalars.end() || n->second == double(groups_[g].params.size()), name(),
+               ": optimizer state's group ", g, " has ", n->second, " parameter", n->second == 1 ? "" : "s",
+               ", this optimizer's group ", g, " has ", groups_[g].params.size());
   }
   // Each group's lr and weight decay, as state() saves them, held to the constructor's checks (a NaN
   // lr loaded and made every parameter NaN at the next step; the weight decay was not restored).
@@ -228,7 +327,23 @@ void Optimizer::load_state(const OptimizerState& s) {
       dev = g.params.front().device();
       break;
     }
+  // Each parameter's own count: its "<g>.<i>.step", else "steps" for a parameter with state (all a
+  // state written before per-parameter counts has) and 0 for one without.
+  Tensor counts;
+  if (counts_steps()) {
+    std::vector<double> c(nparams_, 0.0);
+    for (size_t g = 0; g < groups_.size(); ++g)
+      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+        const auto e = per_param_steps.find(first_[g] + i);
+        c[first_[g] + i] = e != per_param_steps.end() ? e->second : (slots[g][i].empty() ? 0.0 : it->second);
+      }
+    counts = from_vector(c, {int64_t(nparams_)}, TensorOptions(DType::f64, dev));
+  }
+  set_hyper(hyp);  // the last check, and the first change
   step_count_ = full({}, it->second, TensorOptions(DType::f64, dev));
+  counts_ = counts;
+  mask_ = Tensor();
+  mask_host_.clear();
   for (size_t g = 0; g < groups_.size(); ++g) std::tie(groups_[g].lr, groups_[g].weight_decay) = lr_wd[g];
   slots_ = std::move(slots);
 }
@@ -298,6 +413,21 @@ void SGD::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<st
   }
 }
 
+void SGD::set_hyper(const std::map<std::string, double>& h) {
+  SgdOptions o;
+  o.momentum = h.at("momentum");
+  o.dampening = h.at("dampening");
+  const double nesterov = h.at("nesterov");
+  KILN_CHECK(std::isfinite(o.momentum) && o.momentum >= 0, "sgd: optimizer state's momentum must be >= 0, got ",
+             o.momentum);
+  KILN_CHECK(std::isfinite(o.dampening), "sgd: optimizer state's dampening must be finite, got ", o.dampening);
+  KILN_CHECK(nesterov == 0 || nesterov == 1, "sgd: optimizer state's nesterov must be 0 or 1, got ", nesterov);
+  o.nesterov = nesterov == 1;
+  KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "sgd: optimizer state has nesterov with momentum ",
+             o.momentum, " and dampening ", o.dampening, "; nesterov needs momentum > 0 and no dampening");
+  o_ = o;
+}
+
 bool SGD::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
   kind = OptimKind::sgd;
   h.lr = g.lr;
@@ -329,7 +459,15 @@ std::map<std::string, double> AdamFamily::hyper() const {
   return {{"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps}};
 }
 
-// The bias corrections come from the device-side step count (OptimHyper::step), set by step().
+void AdamFamily::set_hyper(const std::map<std::string, double>& h) {
+  const AdamOptions o{h.at("beta1"), h.at("beta2"), h.at("eps")};
+  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0 && std::isfinite(o.eps), name(),
+             ": optimizer state's betas must be in [0, 1) and eps > 0, got beta1 ", o.beta1, ", beta2 ", o.beta2,
+             ", eps ", o.eps);
+  o_ = o;
+}
+
+// The bias corrections come from each parameter's device-side step count (OptimSlice::step), set by step().
 bool AdamFamily::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
   kind = kind_;
   h.lr = g.lr;

@@ -20,7 +20,11 @@ struct ParamGroup {
   std::string name;
 };
 
-// What a checkpoint stores: per-parameter tensors under "<group>.<index>.<slot>" and scalars.
+// What a checkpoint stores: per-parameter tensors under "<group>.<index>.<slot>" and scalars: "steps",
+// the hyper-parameters, "group<g>.lr", "group<g>.weight_decay", "group<g>.params" (the group's size) and
+// "<group>.<index>.step" for a parameter with state whose own step count is not "steps" (one that got
+// its first gradient late). A state without "group<g>.params" or "<g>.<i>.step" entries (written
+// before they were) gives every parameter with state the count "steps".
 struct OptimizerState {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, double> scalars;
@@ -31,21 +35,28 @@ class Optimizer {
   explicit Optimizer(std::vector<ParamGroup> groups);
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
-  // One update from the parameters' .grad (parameters without a gradient are skipped). With
+  // One update from the parameters' .grad (parameters without a gradient are skipped and their
+  // step counts stay: each parameter counts its own steps, as torch's state['step']). With
   // skip_if (an f32 one-element flag on the parameters' device, the loss scaler's inf/NaN flag) the
   // update changes nothing where the flag is nonzero, decided on the device: the fused kernels read
   // the flag and the step count there, so a step never waits for the host. (Parameters outside the
   // fused path, see use_fused, read both on the host.)
   void step(const Tensor& skip_if = {});
-  void zero_grad();
+  // Drops the gradients, or with set_to_none = false sets them to zero in place.
+  void zero_grad(bool set_to_none = true);
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   void set_lr(double lr);  // every group
-  // Steps taken (skipped ones not counted): a synchronising read of the device-side count.
+  // Steps taken that updated a parameter (skipped ones and those without any gradient not counted):
+  // a synchronising read of the device-side count.
   int64_t steps() const;
+  // The step count of parameter i of group g (its Adam bias corrections), a synchronising read.
+  int64_t steps(size_t group, size_t index) const;
 
   OptimizerState state() const;
-  // Restores state() output; names, shapes and the optimizer kind must match.
+  // Restores state() output: the slots, the step counts, each group's lr and weight decay and the
+  // optimizer's hyper-parameters (momentum, betas, ...), as torch's load_state_dict. Names, shapes,
+  // the optimizer kind, the number of groups and each group's size must match.
   void load_state(const OptimizerState& s);
   // f32 parameters with contiguous f32 gradients are updated by one fused backend call per group
   // and device (the same arithmetic); off: one tensor-op update per parameter.
@@ -61,19 +72,33 @@ class Optimizer {
   // Updates parameter p (index i of group g) with gradient grad; slots are this parameter's state.
   virtual void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) = 0;
   virtual std::map<std::string, double> hyper() const = 0;
-  // This step's number (skipped steps not counted), for the per-tensor update() path only: a host
-  // copy of step_count_, read once in a step that runs that path (update() is called once per
-  // parameter, and the fused path must not wait for the device).
+  // Takes the hyper-parameters a state saved (hyper()'s keys, all present), after checking them as
+  // the constructor does; nothing changes when it throws. This default refuses any that differ from
+  // hyper() (an optimizer that cannot set them must not run with other ones silently).
+  virtual void set_hyper(const std::map<std::string, double>& h);
+  // Whether the update uses the per-parameter step count (Adam's bias corrections; SGD does not:
+  // its counts stay 0 and are not saved).
+  virtual bool counts_steps() const { return true; }
+  // This parameter's step number (skipped steps not counted), for the per-tensor update() path only:
+  // from a host copy of counts_, read once in a step that runs that path (update() is called once
+  // per parameter, and the fused path must not wait for the device).
   int64_t steps_ = 0;
 
  private:
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<std::map<std::string, Tensor>>> slots_;  // [group][param] -> slot -> tensor
-  // f64 [] on the parameters' device: steps taken, the one count (the fused kernels read it there;
-  // steps() and the per-tensor path's steps_ read it on the host). Whether a parameter's state
-  // exists is its slots: a step that might be skipped reads the flag on the host only while they
-  // are being made.
+  // f64 [] on the parameters' device: steps taken that updated something (steps()). Whether a
+  // parameter's state exists is its slots: a step that might be skipped reads the flag on the host
+  // only while they are being made.
   Tensor step_count_;
+  // f64 [parameters] beside it: each parameter's own step count, in group order (first_[g] + i); the
+  // fused kernels read a parameter's there (OptimSlice::step), the per-tensor path reads a host copy.
+  // Advanced by the mask of the parameters with a gradient (mask_, uploaded when it changes).
+  Tensor counts_, mask_;
+  std::vector<double> mask_host_;
+  std::vector<size_t> first_;  // each group's first index into counts_
+  size_t nparams_ = 0;
+  void place_counts(Device dev);  // counts_ made (zeros) or moved to dev
 };
 
 struct SgdOptions {
@@ -88,6 +113,8 @@ class SGD final : public Optimizer {
  private:
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
   std::map<std::string, double> hyper() const override;
+  void set_hyper(const std::map<std::string, double>& h) override;
+  bool counts_steps() const override { return false; }
   bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const override;
   OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
   SgdOptions o_;
@@ -104,6 +131,7 @@ class AdamFamily : public Optimizer {
 
  protected:
   std::map<std::string, double> hyper() const override;
+  void set_hyper(const std::map<std::string, double>& h) override;
   bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const override;
   OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
   AdamOptions o_;

@@ -161,13 +161,27 @@ std::vector<std::string> zero_slots(const CheckpointReader& r) {
 }
 
 namespace {
+// The optimizer scalars that describe its own parameters one by one: each group's size and the
+// per-parameter step counts. A ZeRO optimizer's parameters are its rank's views of the buckets, so
+// they do not go into (or come from) a checkpoint, whose other ranks and consolidated form have other
+// views. Every view steps each step (ZeRO gives each a gradient): "steps" is each one's count.
+void drop_per_view_scalars(std::map<std::string, double>& scalars) {
+  for (auto it = scalars.begin(); it != scalars.end();) {
+    const std::string& k = it->first;
+    const bool per_view = (k.rfind("group", 0) == 0 && k.size() > 7 && k.compare(k.size() - 7, 7, ".params") == 0) ||
+                          (!k.empty() && k[0] >= '0' && k[0] <= '9');
+    it = per_view ? scalars.erase(it) : std::next(it);
+  }
+}
+
 std::string save_run(const std::string& dir, const nn::Module& model, const optim::Optimizer& opt, const RunState& run,
                      const json& config, const ShardedOptimizerState* sharded) {
   fs::create_directories(dir);
   const nn::StateDict sd = model.state_dict();
   std::vector<std::pair<std::string, std::function<Tensor()>>> tensors;
   for (const auto& [n, t] : sd) tensors.emplace_back("model/" + n, [&t = t] { return t; });
-  const optim::OptimizerState os = opt.state();
+  optim::OptimizerState os = opt.state();
+  if (sharded) drop_per_view_scalars(os.scalars);  // rank 0's views' (kiln ckpt consolidate copies them)
   if (sharded) {
     for (const auto& [n, make] : sharded->entries) tensors.emplace_back("optim-zero/" + n, make);
   } else {
@@ -365,6 +379,10 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
     const json zero = state.value("zero", json());
     if (local) {
       os.tensors = local(r, zero).tensors;
+      // A sharded optimizer's parameters are this rank's views of the buckets, not the saved
+      // optimizer's: its groups' sizes and per-parameter step counts (rank 0's, or the whole model's)
+      // do not apply. Every view steps each step (ZeRO gives each a gradient), so "steps" is each one's.
+      drop_per_view_scalars(os.scalars);
     } else {
       KILN_CHECK(zero.is_null(), path, ": its optimizer state is sharded over ", zero.value("world_size", 0),
                  " ranks (written with --zero 1): resume it with --zero 1 and as many ranks, or make it whole with "

@@ -167,6 +167,9 @@ struct OptimSlice {
   float* s1;  // Adam/LAMB: second moment
   int64_t n;
   bool fresh;  // SGD: the momentum buffer starts as this step's direction
+  // Adam/LAMB: this parameter's own step number (f64, in the backend's memory, read by the kernels
+  // only), as torch keeps one per parameter; null: OptimHyper's step (or bc1/bc2) for the group.
+  const double* step = nullptr;
 };
 enum class OptimKind : uint8_t { sgd, adamw, lamb };
 // In f64 as the user gave them; bc1/bc2 are Adam's bias corrections 1 - beta^t.
@@ -175,9 +178,9 @@ struct OptimHyper {
   double momentum = 0, dampening = 0;
   bool nesterov = false;
   double beta1 = 0, beta2 = 0, eps = 0, bc1 = 1, bc2 = 1;
-  // In the backend's memory, read by the kernels (never by the host): when step is set, t = *step
-  // (this step's number, f64) gives bc1/bc2; when skip_if is set and *skip_if != 0 (the loss
-  // scaler found an inf/NaN), the step changes nothing.
+  // In the backend's memory, read by the kernels (never by the host): when step is set (and a
+  // slice has no step of its own), t = *step (this step's number, f64) gives bc1/bc2; when skip_if is set and *skip_if
+  // != 0 (the loss scaler found an inf/NaN), the step changes nothing.
   const double* step = nullptr;
   const float* skip_if = nullptr;
 };

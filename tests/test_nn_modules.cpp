@@ -315,14 +315,18 @@ TEST_CASE("optim: load_state with an empty first group, and with no parameters a
   a.step();
   b.step();
   CHECK(p.item<double>() == q.item<double>());
-  // No parameters anywhere: the count alone, on the CPU.
+  // No parameters anywhere: a step updates nothing and is not counted (as torch, whose state has no
+  // step for a parameter that never had a gradient); the count alone round-trips, on the CPU.
   optim::SGD none({optim::ParamGroup({}, 0.1)});
   none.step();
+  CHECK(none.steps() == 0);
   optim::SGD none2({optim::ParamGroup({}, 0.1)});
-  none2.load_state(none.state());
-  CHECK(none2.steps() == 1);
+  optim::OptimizerState counted = none.state();
+  counted.scalars["steps"] = 4;
+  none2.load_state(counted);
+  CHECK(none2.steps() == 4);
   none2.step();
-  CHECK(none2.steps() == 2);
+  CHECK(none2.steps() == 4);
 }
 
 TEST_CASE("optim: load_state refuses integer state, bad names and counts, and widens a half-precision state") {
@@ -383,10 +387,14 @@ TEST_CASE("optim: load_state checks and restores each group's lr and weight deca
   CHECK(contains(error_of([&] { c.load_state(typo); }),
                  "adamw: optimizer state '0.0.exp_avgX' names a slot 'exp_avgX' this optimizer does not keep (it "
                  "keeps 'exp_avg', 'exp_avg_sq')"));
+  // A momentum buffer in a state whose momentum is 0 (the hyper-parameters load with it, so plain
+  // SGD takes a state saved with momentum: see the hyper-parameter test below).
   optim::SGD plain({optim::ParamGroup({param({0.0, 0.0, 0.0})}, 0.1)});
   optim::SGD heavy({optim::ParamGroup({p}, 0.1)}, {0.9});
   heavy.step();
-  CHECK(contains(error_of([&] { plain.load_state(heavy.state()); }), "does not keep (it keeps none)"));
+  optim::OptimizerState no_momentum = heavy.state();
+  no_momentum.scalars["momentum"] = 0;
+  CHECK(contains(error_of([&] { plain.load_state(no_momentum); }), "does not keep (it keeps none)"));
 }
 
 TEST_CASE("optim: f64 parameters update and keep their state in f64, as PyTorch") {
@@ -436,6 +444,187 @@ TEST_CASE("optim: f64 parameters update and keep their state in f64, as PyTorch"
   const double u = 1.0 / (1.0 + 1e-6), trust = 5.0 / (std::sqrt(2.0) * u);
   CHECK(l.to_vector()[0] == doctest::Approx(3.0 - 0.1 * trust * u).epsilon(1e-14));
   CHECK(l.to_vector()[1] == doctest::Approx(4.0 + 0.1 * trust * u).epsilon(1e-14));
+}
+
+TEST_CASE("optim: AdamW and LAMB count steps per parameter, as torch's state['step']") {
+  // b gets its first gradient at the second step (an unused branch, a layer unfrozen later), and a
+  // step without any gradient comes between: b's first update is a first step's (bias corrections
+  // of t = 1), a's second a second step's. One count for the optimizer gave b 0.92558634 (t = 2).
+  for (const bool fused : {true, false})
+    for (const bool lamb : {false, true}) {
+      CAPTURE(fused);
+      CAPTURE(lamb);
+      Tensor a = param({1.0}), b = param({1.0});
+      std::unique_ptr<optim::Optimizer> o;
+      if (lamb)
+        o = std::make_unique<optim::LAMB>(std::vector<optim::ParamGroup>{optim::ParamGroup({a, b}, 0.1)});
+      else
+        o = std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{optim::ParamGroup({a, b}, 0.1)});
+      o->use_fused = fused;
+      a.set_grad(from_vector({1.0}, {1}));
+      o->step();
+      o->zero_grad();
+      o->step();  // no gradient anywhere: nothing moves, nothing counts
+      CHECK(o->steps() == 1);
+      CHECK(o->steps(0, 0) == 1);
+      CHECK(o->steps(0, 1) == 0);
+      // A skipped step (the loss scaler's flag) counts for nobody.
+      a.set_grad(from_vector({1.0}, {1}));
+      b.set_grad(from_vector({1.0}, {1}));
+      o->step(from_vector({1.0}, {1}));
+      CHECK(o->steps(0, 0) == 1);
+      CHECK(o->steps(0, 1) == 0);
+      CHECK(b.item<double>() == 1.0);
+      o->step();
+      CHECK(o->steps() == 2);
+      CHECK(o->steps(0, 0) == 2);
+      CHECK(o->steps(0, 1) == 1);
+      // Equal gradients: m_hat / sqrt(v_hat) is 1 at every t when the bias corrections match t, so
+      // a moves by lr twice and b once (LAMB: times the trust ratio |w| / |u| = |w|).
+      CHECK(b.item<double>() == doctest::Approx(0.9).epsilon(1e-6));
+      CHECK(a.item<double>() == doctest::Approx(lamb ? 0.81 : 0.8).epsilon(1e-6));
+    }
+}
+
+TEST_CASE(
+    "optim: per-parameter step counts round-trip; a state without them gives 'steps' to each parameter with state") {
+  Tensor a = param({1.0, 2.0}), b = param({-1.0}), c = param({3.0});
+  optim::AdamW o({optim::ParamGroup({a, b}, 0.1, 0.01), optim::ParamGroup({c}, 0.05)});
+  a.set_grad(from_vector({0.5, -0.5}, {2}));
+  o.step();
+  b.set_grad(from_vector({0.3}, {1}));
+  o.step();
+  const optim::OptimizerState st = o.state();
+  CHECK(st.scalars.at("steps") == 2);
+  CHECK(st.scalars.at("0.1.step") == 1);  // b: one step behind
+  CHECK(!st.scalars.count("0.0.step"));   // a: as "steps"
+  CHECK(!st.scalars.count("1.0.step"));   // c: no state, 0
+  CHECK(st.scalars.at("group0.params") == 2);
+  CHECK(st.scalars.at("group1.params") == 1);
+  const auto copy = [](const Tensor& t) { return from_vector(t.to_vector(), t.shape()).set_requires_grad(); };
+  Tensor a2 = copy(a), b2 = copy(b), c2 = copy(c);
+  optim::AdamW o2({optim::ParamGroup({a2, b2}, 0.1, 0.01), optim::ParamGroup({c2}, 0.05)});
+  o2.load_state(st);
+  CHECK(o2.steps(0, 0) == 2);
+  CHECK(o2.steps(0, 1) == 1);
+  CHECK(o2.steps(1, 0) == 0);
+  for (Tensor* t : {&a, &b, &c, &a2, &b2, &c2}) t->set_grad(full_like(*t, 0.25));
+  o.step();
+  o2.step();
+  CHECK(a.to_vector() == a2.to_vector());
+  CHECK(b.to_vector() == b2.to_vector());
+  CHECK(c.to_vector() == c2.to_vector());
+  // A state written before the per-parameter counts (and the groups' sizes) were saved: every
+  // parameter with state resumes at "steps" (what the one count gave it), one without at 0.
+  optim::OptimizerState old = st;
+  old.scalars.erase("0.1.step");
+  old.scalars.erase("group0.params");
+  old.scalars.erase("group1.params");
+  Tensor a3 = param({1.0, 2.0}), b3 = param({-1.0}), c3 = param({3.0});
+  optim::AdamW o3({optim::ParamGroup({a3, b3}, 0.1, 0.01), optim::ParamGroup({c3}, 0.05)});
+  o3.load_state(old);
+  CHECK(o3.steps() == 2);
+  CHECK(o3.steps(0, 0) == 2);
+  CHECK(o3.steps(0, 1) == 2);
+  CHECK(o3.steps(1, 0) == 0);
+  CHECK(o3.state().scalars.count("1.0.step") == 0);
+  // Bad per-parameter counts are named.
+  optim::OptimizerState bad = st;
+  bad.scalars["0.7.step"] = 1;
+  CHECK(contains(error_of([&] { o3.load_state(bad); }), "optimizer state '0.7.step' names a parameter"));
+  bad = st;
+  bad.scalars["0.1.step"] = -1;
+  CHECK(contains(error_of([&] { o3.load_state(bad); }), "0.1.step -1 is not a whole number >= 0"));
+  bad = st;
+  bad.scalars["0.x.step"] = 1;
+  CHECK(contains(error_of([&] { o3.load_state(bad); }), "bad optimizer state scalar '0.x.step'"));
+}
+
+TEST_CASE("optim: load_state refuses other groups or group sizes and restores the hyper-parameters, as torch") {
+  Tensor p = param({1.0});
+  optim::SGD one({optim::ParamGroup({p}, 0.1)}, {0.9});
+  p.set_grad(from_vector({1.0}, {1}));
+  one.step();
+  // A 1-parameter state into a 2-parameter optimizer loaded and left the second without momentum.
+  optim::SGD two({optim::ParamGroup({param({1.0}), param({2.0})}, 0.1)}, {0.9});
+  CHECK(contains(error_of([&] { two.load_state(one.state()); }),
+                 "sgd: optimizer state's group 0 has 1 parameter, this optimizer's group 0 has 2"));
+  // Two groups into one: group1.lr was dropped.
+  optim::SGD grouped({optim::ParamGroup({param({1.0})}, 0.1), optim::ParamGroup({param({1.0})}, 0.01)}, {0.9});
+  optim::SGD single({optim::ParamGroup({param({1.0})}, 0.1)}, {0.9});
+  CHECK(contains(error_of([&] { single.load_state(grouped.state()); }),
+                 "sgd: optimizer state has 2 parameter groups, this optimizer has 1"));
+  CHECK(contains(error_of([&] { grouped.load_state(single.state()); }),
+                 "sgd: optimizer state has 1 parameter group, this optimizer has 2"));
+  // Momentum 0.5 saved, 0.9 constructed: the loaded optimizer continues as the saved one.
+  Tensor q = param({1.0}), r = param({1.0});
+  optim::SGD saved({optim::ParamGroup({q}, 0.1)}, {0.5});
+  q.set_grad(from_vector({1.0}, {1}));
+  saved.step();
+  optim::SGD loaded({optim::ParamGroup({r}, 0.1)}, {0.9, 0.0, true});
+  {
+    NoGradGuard ng;
+    r.copy_(q.detach());
+  }
+  loaded.load_state(saved.state());
+  CHECK(loaded.state().scalars.at("momentum") == 0.5);
+  CHECK(loaded.state().scalars.at("nesterov") == 0);
+  q.set_grad(from_vector({0.5}, {1}));
+  r.set_grad(from_vector({0.5}, {1}));
+  saved.step();
+  loaded.step();
+  CHECK(q.item<double>() == r.item<double>());
+  // Checked as the constructor checks them; a refused state changes nothing.
+  optim::OptimizerState bad = saved.state();
+  bad.scalars["nesterov"] = 1;
+  bad.scalars["dampening"] = 0.5;
+  bad.scalars["group0.lr"] = 0.7;
+  CHECK(contains(error_of([&] { loaded.load_state(bad); }), "nesterov needs momentum > 0 and no dampening"));
+  CHECK(loaded.groups()[0].lr == 0.1);
+  CHECK(loaded.state().scalars.at("nesterov") == 0);
+  // AdamW's betas and eps.
+  Tensor u = param({1.0}), v = param({1.0});
+  optim::AdamW au({optim::ParamGroup({u}, 0.1)}, {0.8, 0.99, 1e-6});
+  optim::AdamW av({optim::ParamGroup({v}, 0.1)});
+  u.set_grad(from_vector({0.3}, {1}));
+  au.step();
+  {
+    NoGradGuard ng;
+    v.copy_(u.detach());
+  }
+  av.load_state(au.state());
+  const optim::OptimizerState avs = av.state();
+  CHECK(avs.scalars.at("beta1") == 0.8);
+  CHECK(avs.scalars.at("beta2") == 0.99);
+  CHECK(avs.scalars.at("eps") == 1e-6);
+  u.set_grad(from_vector({-0.2}, {1}));
+  v.set_grad(from_vector({-0.2}, {1}));
+  au.step();
+  av.step();
+  CHECK(u.item<double>() == v.item<double>());
+  bad = au.state();
+  bad.scalars["beta1"] = 1.0;
+  CHECK(contains(error_of([&] { av.load_state(bad); }), "adamw: optimizer state's betas must be in [0, 1)"));
+}
+
+TEST_CASE("optim: a gradient of another dtype than its parameter is refused, naming it; zero_grad in place") {
+  Tensor a = param({1.0}), b = param({1.0});
+  optim::SGD o({optim::ParamGroup({a, b}, 0.1)});
+  a.set_grad(from_vector({1.0}, {1}));
+  b.set_grad(from_vector({1.0}, {1}, DType::f64));
+  CHECK(contains(
+      error_of([&] { o.step(); }),
+      "sgd: parameter 1 of group 0 (f32 cpu [1]) has a f64 gradient; a gradient must have its parameter's dtype"));
+  CHECK(a.item<double>() == 1.0);  // checked before anything moved
+  b.set_grad(from_vector({2.0}, {1}));
+  const Tensor ga = a.grad();
+  o.zero_grad(/*set_to_none=*/false);
+  REQUIRE(a.grad().defined());
+  CHECK(a.grad().same(ga));
+  CHECK(a.grad().to_vector() == std::vector<double>{0.0});
+  CHECK(b.grad().to_vector() == std::vector<double>{0.0});
+  o.zero_grad();
+  CHECK(!a.grad().defined());
 }
 
 TEST_CASE("optim: LAMB by hand, trust ratio") {

@@ -48,12 +48,12 @@ void optimizer_step(OptimKind kind, const OptimSlice* slices, int64_t count, con
         break;
       }
       case OptimKind::adamw: {
-        const optim_math::AdamF a = optim_math::adam_constants(h);
+        const optim_math::AdamF a = optim_math::adam_constants(h, s.step);
         parallel_for(0, s.n, kChunk,
                      [&](int64_t b, int64_t e) { rows.adamw(e - b, s.w + b, s.g + b, s.s0 + b, s.s1 + b, a); });
         break;
       }
-      case OptimKind::lamb: lamb_one(rows, s, h, optim_math::adam_constants(h)); break;
+      case OptimKind::lamb: lamb_one(rows, s, h, optim_math::adam_constants(h, s.step)); break;
     }
   }
 }

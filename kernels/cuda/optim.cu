@@ -8,7 +8,7 @@
 // trust ratio needs the norms of the whole tensor first): 28 + 20 bytes, and its per-tensor
 // norms are reduced on the device in a fixed order, so nothing waits for the host. The step number
 // (Adam's bias corrections) and the loss scaler's skip flag are read on the device too: each
-// thread derives the f32 constants from OptimHyper once.
+// thread derives the f32 constants once, from OptimHyper and its chunk's parameter's own step number.
 #include <vector>
 
 #include "kernels/common/optim_math.h"
@@ -38,9 +38,9 @@ __global__ void sgd_kernel(const OptimSlice* slices, const Chunk* chunks, OptimH
 // Launch: as sgd_kernel.
 __global__ void adamw_kernel(const OptimSlice* slices, const Chunk* chunks, OptimHyper hy) {
   if (optim_math::skipped(hy)) return;
-  const optim_math::AdamF h = optim_math::adam_constants(hy);
   const Chunk c = chunks[blockIdx.x];
   const OptimSlice s = slices[c.slice];
+  const optim_math::AdamF h = optim_math::adam_constants(hy, s.step);
   for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
     float w = s.w[i], m = s.s0[i], v = s.s1[i];
     optim_math::adam_moments(s.g[i], m, v, h);
@@ -55,10 +55,10 @@ __global__ void adamw_kernel(const OptimSlice* slices, const Chunk* chunks, Opti
 // u^2 (f64, a fixed tree per block) to partial[2 * chunk].
 __global__ void lamb_moments_kernel(const OptimSlice* slices, const Chunk* chunks, OptimHyper hy, double* partial) {
   if (optim_math::skipped(hy)) return;
-  const optim_math::AdamF h = optim_math::adam_constants(hy);
   __shared__ double smem[32];
   const Chunk c = chunks[blockIdx.x];
   const OptimSlice s = slices[c.slice];
+  const optim_math::AdamF h = optim_math::adam_constants(hy, s.step);
   double ws = 0, us = 0;
   for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
     float m = s.s0[i], v = s.s1[i];
@@ -97,9 +97,9 @@ __global__ void lamb_trust_kernel(const int64_t* chunk_begin, int64_t count, con
 // LAMB pass 3. Launch: as sgd_kernel; w += step * u, with u recomputed from the new moments.
 __global__ void lamb_apply_kernel(const OptimSlice* slices, const Chunk* chunks, OptimHyper hy, const float* step) {
   if (optim_math::skipped(hy)) return;
-  const optim_math::AdamF h = optim_math::adam_constants(hy);
   const Chunk c = chunks[blockIdx.x];
   const OptimSlice s = slices[c.slice];
+  const optim_math::AdamF h = optim_math::adam_constants(hy, s.step);
   const float f = step[c.slice];
   for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x)
     optim_math::lamb_apply(s.w[i], f, optim_math::lamb_direction(s.w[i], s.s0[i], s.s1[i], h));

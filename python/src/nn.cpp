@@ -214,7 +214,7 @@ void bind_nn(nb::module_& m) {
             o.step();
           },
           "One update of every parameter that has a gradient (the fused kernel where it applies).")
-      .def("zero_grad", &optim::Optimizer::zero_grad)
+      .def("zero_grad", &optim::Optimizer::zero_grad, nb::arg("set_to_none") = true)
       .def("set_lr", &optim::Optimizer::set_lr, nb::arg("lr"))
       .def_prop_ro("lrs",
                    [](const optim::Optimizer& o) {
@@ -225,9 +225,28 @@ void bind_nn(nb::module_& m) {
       .def("set_group_lr",
            [](optim::Optimizer& o, size_t i, double lr) {
              if (i >= o.groups().size()) index_error("optimizer: no parameter group " + std::to_string(i));
+             if (!std::isfinite(lr) || lr < 0)
+               value_error("optimizer: group " + std::to_string(i) + "'s lr must be finite and >= 0, got " +
+                           str_of(nb::float_(lr)));
              o.groups()[i].lr = lr;
            })
-      .def_prop_ro("steps", &optim::Optimizer::steps)
+      .def("set_group_weight_decay",
+           [](optim::Optimizer& o, size_t i, double wd) {
+             if (i >= o.groups().size()) index_error("optimizer: no parameter group " + std::to_string(i));
+             if (!std::isfinite(wd) || wd < 0)
+               value_error("optimizer: group " + std::to_string(i) + "'s weight_decay must be finite and >= 0, got " +
+                           str_of(nb::float_(wd)));
+             o.groups()[i].weight_decay = wd;
+           })
+      .def_prop_ro("groups",
+                   [](const optim::Optimizer& o) {
+                     nb::list out;  // (params, lr, weight_decay, name) per group
+                     for (const auto& g : o.groups())
+                       out.append(nb::make_tuple(g.params, g.lr, g.weight_decay, g.name));
+                     return out;
+                   })
+      .def("group_steps", [](const optim::Optimizer& o, size_t g, size_t i) { return o.steps(g, i); })
+      .def_prop_ro("steps", [](const optim::Optimizer& o) { return o.steps(); })
       .def("state",
            [](const optim::Optimizer& o) {
              const optim::OptimizerState s = o.state();
@@ -292,6 +311,11 @@ void bind_nn(nb::module_& m) {
             s->gamma = gamma;
             s->milestones = std::move(milestones);
             s->power = power;
+            try {  // checked here, not first at at()
+              s->check();
+            } catch (const Error& e) {
+              value_error(e.message());
+            }
           },
           nb::arg("kind"), nb::arg("base_lr"), nb::arg("warmup_steps") = 0, nb::arg("total_steps") = 0,
           nb::arg("min_lr") = 0.0, nb::arg("step_size") = 1, nb::arg("gamma") = 0.1,

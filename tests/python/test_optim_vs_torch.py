@@ -1,0 +1,187 @@
+# kiln.optim against torch.optim: per-parameter step counts (a parameter that gets its first gradient
+# late, a step without gradients), state_dict round trips, load_state_dict's checks and restored
+# hyper-parameters, zero_grad(set_to_none=False), param_groups edits, per-group LR schedules, and the
+# argument checks (mixed params lists, a gradient of another dtype, an LrSchedule's settings).
+import numpy as np
+import pytest
+
+import kiln
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(5)
+
+
+def pair(values, dtype=np.float32):
+    a = np.asarray(values, dtype=dtype)
+    return kiln.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+
+
+def set_grads(kps, tps, grads, mask, dtype=np.float32):
+    for kp, tp, g, m in zip(kps, tps, grads, mask):
+        if m:
+            kp.grad = kiln.tensor(np.asarray(g, dtype=dtype))
+            tp.grad = torch.tensor(np.asarray(g, dtype=dtype))
+        else:
+            kp.grad = None
+            tp.grad = None
+
+
+def close(kps, tps, tol):
+    for i, (kp, tp) in enumerate(zip(kps, tps)):
+        k, t = kp.detach().numpy(), tp.detach().numpy()
+        assert np.allclose(k, t, rtol=tol, atol=tol), (i, k, t)
+
+
+def test_the_reported_late_parameter():
+    a, b = kiln.tensor([1.0], requires_grad=True), kiln.tensor([1.0], requires_grad=True)
+    o = kiln.optim.AdamW([a, b], lr=0.1, weight_decay=0)
+    a.grad = kiln.tensor([1.0])
+    o.step()
+    a.grad = kiln.tensor([1.0])
+    b.grad = kiln.tensor([1.0])
+    o.step()
+    assert b.item() == pytest.approx(0.90000004, abs=1e-7)  # was 0.92558634: b's first step used t = 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_adamw_with_parameters_stepping_at_different_times_matches_torch(dtype):
+    shapes = [(3, 2), (4,), (1,), (2, 2)]
+    ks, ts = zip(*(pair(RNG.standard_normal(s), dtype) for s in shapes))
+    ko = kiln.optim.AdamW(list(ks), lr=0.05, betas=(0.8, 0.99), eps=1e-7, weight_decay=0.02)
+    to = torch.optim.AdamW(list(ts), lr=0.05, betas=(0.8, 0.99), eps=1e-7, weight_decay=0.02)
+    masks = [(1, 0, 0, 1), (0, 0, 0, 0), (1, 1, 0, 0), (1, 1, 1, 0), (0, 1, 1, 1), (1, 1, 1, 1), (0, 0, 1, 0)]
+    tol = 1e-5 if dtype == np.float32 else 1e-10
+    for step, mask in enumerate(masks):
+        set_grads(ks, ts, [RNG.standard_normal(s) for s in shapes], mask, dtype)
+        ko.step()
+        to.step()
+        close(ks, ts, tol)
+        if step == 3:  # midway, the state goes into a fresh optimizer, which continues as torch
+            state = ko.state_dict()
+            ks2 = [kiln.tensor(k.detach().numpy(), requires_grad=True) for k in ks]
+            ko2 = kiln.optim.AdamW(ks2, lr=0.05, betas=(0.8, 0.99), eps=1e-7, weight_decay=0.02)
+            ko2.load_state_dict(state)
+            ks, ko = ks2, ko2
+    assert ko.steps == 6  # the step without gradients is not one
+
+
+def test_load_state_dict_checks_groups_and_restores_hyper_parameters():
+    p = kiln.tensor([1.0], requires_grad=True)
+    one = kiln.optim.SGD([p], lr=0.1, momentum=0.9)
+    p.grad = kiln.tensor([1.0])
+    one.step()
+    two = kiln.optim.SGD([kiln.tensor([1.0], requires_grad=True), kiln.tensor([2.0], requires_grad=True)],
+                         lr=0.1, momentum=0.9)
+    with pytest.raises(kiln.KilnError, match="group 0 has 1 parameter, this optimizer's group 0 has 2"):
+        two.load_state_dict(one.state_dict())
+    grouped = kiln.optim.SGD([{"params": [kiln.tensor([1.0], requires_grad=True)]},
+                              {"params": [kiln.tensor([1.0], requires_grad=True)], "lr": 0.01}], lr=0.1)
+    single = kiln.optim.SGD([kiln.tensor([1.0], requires_grad=True)], lr=0.1)
+    with pytest.raises(kiln.KilnError, match="state has 2 parameter groups, this optimizer has 1"):
+        single.load_state_dict(grouped.state_dict())
+    # momentum 0.5 saved, 0.9 constructed: torch continues with 0.5, and so does kiln
+    k, t = pair([1.0, -2.0])
+    ko = kiln.optim.SGD([k], lr=0.1, momentum=0.5)
+    to = torch.optim.SGD([t], lr=0.1, momentum=0.5)
+    set_grads([k], [t], [[0.5, 0.25]], [1])
+    ko.step()
+    to.step()
+    k2 = kiln.tensor(k.detach().numpy(), requires_grad=True)
+    ko2 = kiln.optim.SGD([k2], lr=0.3, momentum=0.9, nesterov=True)
+    ko2.load_state_dict(ko.state_dict())
+    g = ko2.param_groups[0]
+    assert (g["momentum"], g["nesterov"], g["lr"]) == (0.5, False, pytest.approx(0.1))
+    for _ in range(3):
+        set_grads([k2], [t], [RNG.standard_normal(2)], [1])
+        ko2.step()
+        to.step()
+    close([k2], [t], 1e-6)
+    # AdamW's betas and eps
+    ka = kiln.optim.AdamW([kiln.tensor([1.0], requires_grad=True)], betas=(0.5, 0.6), eps=1e-3)
+    kb = kiln.optim.AdamW([kiln.tensor([1.0], requires_grad=True)])
+    kb.load_state_dict(ka.state_dict())
+    assert kb.param_groups[0]["betas"] == (0.5, 0.6) and kb.param_groups[0]["eps"] == 1e-3
+
+
+def test_zero_grad_in_place_and_to_none():
+    k, t = pair([1.0, 2.0])
+    ko, to = kiln.optim.SGD([k], lr=0.1), torch.optim.SGD([t], lr=0.1)
+    set_grads([k], [t], [[3.0, 4.0]], [1])
+    ko.zero_grad(set_to_none=False)
+    to.zero_grad(set_to_none=False)
+    assert k.grad is not None and k.grad.tolist() == t.grad.tolist() == [0.0, 0.0]
+    ko.zero_grad()
+    to.zero_grad()
+    assert k.grad is None and t.grad is None
+
+
+def test_param_groups_edits_take_effect_as_in_torch():
+    ks, ts = zip(*(pair(RNG.standard_normal(3)) for _ in range(2)))
+    ko = kiln.optim.SGD([{"params": [ks[0]]}, {"params": [ks[1]], "lr": 0.01}], lr=0.1, momentum=0.9)
+    to = torch.optim.SGD([{"params": [ts[0]]}, {"params": [ts[1]], "lr": 0.01}], lr=0.1, momentum=0.9)
+    assert [g["lr"] for g in ko.param_groups] == [g["lr"] for g in to.param_groups]
+    assert ko.param_groups[1]["params"][0] is not None and len(ko.param_groups[0]["params"]) == 1
+    for step in range(4):
+        for kg, tg in zip(ko.param_groups, to.param_groups):
+            kg["lr"] = tg["lr"] = tg["lr"] * 0.5
+            kg["weight_decay"] = tg["weight_decay"] = 0.01 * step
+        set_grads(ks, ts, [RNG.standard_normal(3) for _ in range(2)], [1, 1])
+        ko.step()
+        to.step()
+    close(ks, ts, 1e-6)
+    assert ko.param_group_lrs == [0.00625, 0.000625]
+    with pytest.raises(kiln.KilnValueError, match="lr must be finite and >= 0"):
+        ko.param_groups[0]["lr"] = -1.0
+    with pytest.raises(kiln.KilnValueError, match="'momentum' is the optimizer's, the same for every group"):
+        ko.param_groups[1]["momentum"] = 0.5
+    ko.param_groups[1]["momentum"] = 0.9  # the same value is fine
+    ko.param_groups[0]["initial_lr"] = 0.1  # a scheduler's note is kept
+    assert ko.param_groups[0]["initial_lr"] == 0.1
+
+
+def test_lr_and_schedules_scale_each_groups_own_lr_as_torch():
+    ks, ts = zip(*(pair([1.0]) for _ in range(2)))
+    ko = kiln.optim.SGD([{"params": [ks[0]]}, {"params": [ks[1]], "lr": 0.01}], lr=0.1)
+    to = torch.optim.SGD([{"params": [ts[0]]}, {"params": [ts[1]], "lr": 0.01}], lr=0.1)
+    sched = kiln.optim.LrSchedule("cosine", base_lr=0.1, warmup_steps=2, total_steps=10)
+    ks_ = kiln.optim.LambdaSchedule(ko, sched)
+    ts_ = torch.optim.lr_scheduler.LambdaLR(to, lambda s: sched(s) / 0.1)
+    for _ in range(12):
+        assert ko.param_group_lrs == pytest.approx([g["lr"] for g in to.param_groups], rel=1e-12, abs=1e-15)
+        set_grads(ks, ts, [[1.0], [1.0]], [1, 1])
+        ko.step()
+        to.step()
+        ks_.step()
+        ts_.step()
+    assert [g["lr"] for g in ko.param_groups] == ko.param_group_lrs
+    ko = kiln.optim.SGD([{"params": [ks[0]]}, {"params": [ks[1]], "lr": 0.01}], lr=0.1)
+    ko.lr = 0.5  # the groups keep their ratio: was [0.5, 0.5]
+    assert ko.param_group_lrs == pytest.approx([0.5, 0.05])
+    assert [g["lr"] for g in ko.param_groups] == ko.param_group_lrs
+    # one group, or one lr for all groups: the schedule's value itself, as before (and as kiln train)
+    k = kiln.tensor([1.0], requires_grad=True)
+    o = kiln.optim.SGD([{"params": [k]}, {"params": [kiln.tensor([1.0], requires_grad=True)]}], lr=0.3)
+    kiln.optim.LambdaSchedule(o, sched)
+    assert o.param_group_lrs == [sched(0), sched(0)]
+
+
+def test_bad_arguments_are_refused_clearly():
+    a, b = kiln.tensor([1.0], requires_grad=True), kiln.tensor([1.0], requires_grad=True)
+    with pytest.raises(TypeError, match=r"mixes tensors \(item 0\) and parameter-group dicts \(item 1\)"):
+        kiln.optim.SGD([a, {"params": [b], "lr": 0.01}], lr=0.1)
+    o = kiln.optim.AdamW([a, b], lr=0.1)
+    a.grad = kiln.tensor([1.0])
+    b.grad = kiln.tensor([1.0], dtype=kiln.float64)
+    with pytest.raises(kiln.KilnError, match="parameter 1 of group 0 .* has a f64 gradient"):
+        o.step()
+    assert a.item() == 1.0
+    # An LrSchedule is checked when built, not first at at().
+    for kwargs, message in [({"kind": "cosine"}, "needs its total steps"),
+                            ({"kind": "step", "step_size": 0}, "step size must be >= 1"),
+                            ({"kind": "constant", "base_lr": -1.0}, "base lr must be finite"),
+                            ({"kind": "polynomial", "total_steps": 5, "power": 0.0}, "power must be finite and > 0"),
+                            ({"kind": "constant", "warmup_steps": -1}, "warmup steps must be >= 0")]:
+        kwargs.setdefault("base_lr", 0.1)
+        with pytest.raises(kiln.KilnValueError, match=message):
+            kiln.optim.LrSchedule(**kwargs)
