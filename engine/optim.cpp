@@ -522,7 +522,8 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
-    const Tensor gf = g.to(DType::f32);
+    // f64 gradients in f64 (torch computes the norm in the gradients' dtype), the others in f32
+    const Tensor gf = g.dtype() == DType::f64 ? g : g.to(DType::f32);
     Tensor term;
     if (is_max)
       term = (g.numel() == 0 ? zeros({}, TensorOptions(DType::f32, g.device())) : amax(abs(gf))).to(DType::f64);
