@@ -2,6 +2,7 @@
 protocols, dtype and device shortcuts, and the ops of kiln attached as methods."""
 import builtins
 import functools
+import numbers
 
 from . import _C
 from ._C import Tensor
@@ -222,7 +223,7 @@ Tensor.mm = Tensor.matmul
 
 def _contains(self, value):
     """`value in t`: whether any element equals value, as torch ((t == value).any())."""
-    if not isinstance(value, (Tensor, builtins.int, builtins.float, builtins.bool)):
+    if not isinstance(value, (Tensor, numbers.Number)):
         raise TypeError(f"Tensor.__contains__ only supports a Tensor or a number, not {type(value).__name__}")
     return builtins.bool((self == value).any())
 

@@ -215,6 +215,7 @@ def test_contains():
     for v in (5.0, 4.0, 1, True):
         assert (v in x) == (v in tx)
     assert (kiln.tensor(3.0) in x) and (kiln.tensor(9.0) not in x)
+    assert np.float32(5.0) in x and np.int64(4) not in x
     with pytest.raises(TypeError):
         "a" in x
 
