@@ -353,6 +353,37 @@ Tensor masked_scatter(const Tensor& x, const Tensor& mask, const Tensor& src) {
   return where(m, vals.to(t), x.reshape({-1}).to(t)).reshape(shape);
 }
 
+namespace {
+// index_put's write for i64, which scatter refuses (it combines integers in f64): exact integer copies and sums.
+// x2 [places, r]; lin [m], the row of x2 that value row i goes to; v2 [m, r]. Row ordinals are combined
+// in f64 (exact below 2^53); the values themselves only move or add as i64.
+Tensor index_put_i64(const Tensor& x2_in, const Tensor& lin, const Tensor& v2_in, bool accumulate) {
+  const Tensor x2 = x2_in.detach().to(DType::i64), v2 = v2_in.detach().to(DType::i64);
+  const int64_t places = x2.size(0), m = lin.numel();
+  if (m == 0) return x2.clone();
+  const TensorOptions f64(DType::f64, x2.device()), i64(DType::i64, x2.device());
+  const Tensor ord = arange(m, i64), minus_one = full({places, 1}, -1.0, f64), zero = zeros({}, f64);
+  // For each row of x2, the ordinal of the last write (in `at`'s order) that reaches it; -1 for none.
+  auto last_write = [&](const Tensor& at, const Tensor& ords) {
+    return scatter(minus_one, 0, at.reshape({m, 1}), ords.reshape({m, 1}).to(DType::f64)).reshape({places});
+  };
+  if (!accumulate) {
+    const Tensor last = last_write(lin, ord);
+    const Tensor pick = index_select(v2, 0, where(ge(last, zero), last, zero).to(DType::i64));
+    return where(ge(last, zero).unsqueeze(1), pick, x2);
+  }
+  // Sorted by target (stably), each target's values are a run; its sum is a difference of the running sum.
+  const Tensor order = argsort(lin, 0);
+  const Tensor st = index_select(lin.reshape({m}), 0, order), sv = index_select(v2, 0, order);
+  const Tensor run = cumsum(sv, 0);
+  const Tensor last = last_write(st, ord), first = last_write(flip(st, {0}), flip(ord, {0}));
+  const Tensor hit = ge(last, zero);
+  const Tensor l = where(hit, last, zero).to(DType::i64), f = where(hit, first, zero).to(DType::i64);
+  const Tensor sums = index_select(run, 0, l) - index_select(run, 0, f) + index_select(sv, 0, f);
+  return where(hit.unsqueeze(1), x2 + sums, x2);
+}
+}  // namespace
+
 Tensor index_put(const Tensor& x, const std::vector<Tensor>& indices_in, const Tensor& values, bool accumulate) {
   const char* op = "index_put";
   // A bool mask stands for the coordinates of its true elements (over as many leading dims as it has).
@@ -401,6 +432,8 @@ Tensor index_put(const Tensor& x, const std::vector<Tensor>& indices_in, const T
   }
   const Tensor at = lin.reshape({m, 1}).expand({m, r}).contiguous();
   const Tensor x2 = x.reshape({places, r}), v2 = vals.reshape({m, r});
+  if (promote_types(x.dtype(), values.dtype()) == DType::i64)
+    return index_put_i64(x2, lin.reshape({m}), v2, accumulate).reshape(x.shape());
   const Tensor out = accumulate ? scatter_add(x2, 0, at, v2) : scatter(x2, 0, at, v2);
   return out.reshape(x.shape());
 }

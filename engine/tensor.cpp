@@ -375,6 +375,18 @@ void check_inplace(const Tensor& t, const char* op) {
 }
 
 namespace {
+// An in-place write is not recorded by autograd, so a source that requires grad would lose its gradient
+// silently (z[1:2] = w * 3 with a plain z): refused while grad mode is on, as the destination is.
+void check_inplace_source(const Tensor& t, const Tensor& src, const char* op) {
+  check_inplace(t, op);
+  KILN_CHECK(!(GradMode::enabled() && src.requires_grad()), op, ": the operand ", src.type_str(),
+             " requires grad, and an in-place write is not recorded by autograd, so its gradient would be lost; "
+             "use the out-of-place op (z = z + v, where(mask, v, z), cat), or do it under NoGradGuard (no_grad) "
+             "if the gradient is not wanted");
+}
+}  // namespace
+
+namespace {
 // The bytes a tensor with at least one element can reach, [lo, hi): by address, since two storages
 // (from_blob, DLPack) may hold the same memory.
 std::pair<uintptr_t, uintptr_t> byte_extent(const Tensor& t) {
@@ -854,7 +866,7 @@ Tensor Tensor::to(Device d) const {
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
-  detail::check_inplace(*this, "copy_");
+  detail::check_inplace_source(*this, src, "copy_");
   Tensor s = detail::inplace_operand(*this, src, "copy_");
   if (s.device() != device()) s = s.to(device());  // across devices: one transfer, then a local copy
   if (s.shape() != shape()) {
@@ -878,7 +890,7 @@ namespace {
 // x op= other: PyTorch's rules (the result type must fit x, x is not an expanded view, other broadcasts into x),
 // and an operand that overlaps x is read from a copy, so x += x.T gives NumPy's answer.
 void binary_inplace(Tensor& t, BinaryOp op, const Tensor& other, double alpha, const char* name) {
-  detail::check_inplace(t, name);
+  detail::check_inplace_source(t, other, name);
   detail::common_device(name, {t, other});  // a kernel reads only its own device's memory
   detail::check_inplace_result(t, other, name);
   KILN_CHECK(is_floating(t.dtype()) || alpha == std::trunc(alpha), name, ": alpha ", alpha,

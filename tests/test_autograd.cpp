@@ -327,6 +327,33 @@ TEST_CASE("autograd: retain_graph") {
   CHECK_THROWS_AS(z.backward(), Error);
 }
 
+TEST_CASE("autograd: an in-place write of an operand that requires grad is refused while grad mode is on") {
+  // Kiln does not record in-place ops: copying w * 3 into a plain tensor would lose w's gradient silently.
+  Tensor w = leaf({3});
+  Tensor z = zeros({3}, DType::f64);
+  const std::vector<double> before = z.to_vector();
+  std::string msg;
+  try {
+    z.copy_(w * 3.0);
+  } catch (const Error& e) {
+    msg = e.message();
+  }
+  CHECK(msg.find("copy_: the operand") == 0);
+  CHECK(msg.find("requires grad") != std::string::npos);
+  CHECK_THROWS_AS(z.add_(w), Error);
+  CHECK_THROWS_AS(z.add_(w, -1.0), Error);
+  CHECK_THROWS_AS(z.mul_(exp(w)), Error);
+  CHECK(z.to_vector() == before);
+  {
+    NoGradGuard ng;  // the gradient is not wanted: allowed
+    z.copy_(w);
+    z.add_(w);
+  }
+  CHECK(z.to_vector() == (w.detach() * 2.0).to_vector());
+  z.mul_(w.detach());  // an operand without grad: allowed
+  z.add_(ones({3}, DType::f64));
+}
+
 TEST_CASE("autograd: NoGradGuard and detach") {
   Tensor x = leaf({3});
   CHECK(GradMode::enabled());

@@ -143,6 +143,17 @@ TEST_CASE("emulated cuda: u8, i8 and i16 give the CPU's values (wrapping, divisi
   kiln::testing::check_integer_dtypes();
 }
 
+TEST_CASE("emulated cuda: index_put into i64 is exact (sort, scan and scatter of its composition)") {
+  detail::BackendOverride use(emu::emulated_cuda_backend());
+  const int64_t big = (int64_t(1) << 60) + 3;
+  const std::vector<int64_t> xv{1, big, 5, 7}, iv{2, 1, 2, 1, 1}, vv{big, 1, -3, (int64_t(1) << 55) + 1, 7};
+  const Tensor x = from_blob_copy(xv.data(), {4}), idx = from_blob_copy(iv.data(), {5}),
+               v = from_blob_copy(vv.data(), {5});
+  CHECK(index_put(x, {idx}, v, true).values<int64_t>() ==
+        std::vector<int64_t>{1, big + 1 + (int64_t(1) << 55) + 1 + 7, 5 + big - 3, 7});
+  CHECK(index_put(x, {idx}, v, false).values<int64_t>() == std::vector<int64_t>{1, 7, -3, 7});
+}
+
 TEST_CASE("emulated cuda: the threads of a block in reverse order give the same results") {
   // A kernel whose threads race between barriers tends to change its result with the order.
   emu::set_order(emu::Order::reverse);

@@ -1528,3 +1528,26 @@ TEST_CASE("ops: matmul errors and exact small products") {
   CHECK(error_of([] { matmul(ones({2, 2, 3}), ones({3, 3, 4})); }) != "NO ERROR");  // batch 2 vs 3
   CHECK(error_of([] { matmul(ones({2, 2}, DType::i32), ones({2, 2}, DType::i32)); }) != "NO ERROR");
 }
+
+TEST_CASE("ops: index_put into i64 is exact, with and without accumulate") {
+  // scatter combines integers in f64 and refuses i64; index_put moves and adds i64 values as integers.
+  const int64_t big = (int64_t(1) << 60) + 3;
+  const std::vector<int64_t> xv{1, big, 5, 7}, iv{2, 1, 2, 1, 1}, vv{big, 1, -3, (int64_t(1) << 55) + 1, 7};
+  const Tensor x = from_blob_copy(xv.data(), {4}), idx = from_blob_copy(iv.data(), {5}),
+               v = from_blob_copy(vv.data(), {5});
+  const Tensor acc = index_put(x, {idx}, v, true);
+  CHECK(acc.dtype() == DType::i64);
+  CHECK(acc.values<int64_t>() == std::vector<int64_t>{1, big + 1 + (int64_t(1) << 55) + 1 + 7, 5 + big - 3, 7});
+  const Tensor put = index_put(x, {idx}, v, false);  // the last write to a place wins
+  CHECK(put.values<int64_t>() == std::vector<int64_t>{1, 7, -3, 7});
+  // rows of a 2-D tensor, a bool mask, broadcast values, no index at all
+  const std::vector<int64_t> rv{big, -big};
+  const Tensor rows = index_put(zeros({3, 2}, DType::i64), {from_vector({0, 2, 0}, {3}, DType::i64)},
+                                from_blob_copy(rv.data(), {1, 2}), true);
+  CHECK(rows.values<int64_t>() == std::vector<int64_t>{2 * big, -2 * big, 0, 0, big, -big});
+  const Tensor masked =
+      index_put(from_blob_copy(xv.data(), {2, 2}), {gt(from_blob_copy(xv.data(), {2, 2}), full({}, 4.0, DType::i64))},
+                from_blob_copy(rv.data(), {1}));
+  CHECK(masked.values<int64_t>() == std::vector<int64_t>{1, big, big, big});
+  CHECK(index_put(x, {zeros({0}, DType::i64)}, zeros({0}, DType::i64), true).values<int64_t>() == xv);
+}

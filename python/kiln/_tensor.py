@@ -2,6 +2,7 @@
 protocols, dtype and device shortcuts, and the ops of kiln attached as methods."""
 import builtins
 import functools
+import numbers
 
 from . import _C
 from ._C import Tensor
@@ -218,3 +219,62 @@ for _name in _METHODS:
     setattr(Tensor, _name, _as_method(getattr(_C, _name)))
 Tensor.clip = Tensor.clamp
 Tensor.mm = Tensor.matmul
+
+
+def _contains(self, value):
+    """`value in t`: whether any element equals value, as torch ((t == value).any())."""
+    if not isinstance(value, (Tensor, numbers.Number)):
+        raise TypeError(f"Tensor.__contains__ only supports a Tensor or a number, not {type(value).__name__}")
+    return builtins.bool((self == value).any())
+
+
+Tensor.__contains__ = _contains
+
+
+# The cheap in-place forms: written through copy_/add_/mul_, so the same rules hold (refused on a tensor
+# that requires grad, or with an operand that does, unless under kiln.no_grad()).
+def _sub_(self, other, alpha=1):
+    return self.add_(other, alpha=-alpha)
+
+
+def _div_(self, other):
+    return Tensor.__itruediv__(self, other)
+
+
+def _neg_(self):
+    return self.mul_(-1)
+
+
+def _clamp_(self, min=None, max=None):
+    return self.copy_(_C.clamp(self, min, max))
+
+
+def _masked_fill_(self, mask, value):
+    return self.copy_(_C.masked_fill(self, mask, value))
+
+
+Tensor.sub_ = _sub_
+Tensor.div_ = _div_
+Tensor.neg_ = _neg_
+Tensor.clamp_ = _clamp_
+Tensor.clip_ = _clamp_
+Tensor.masked_fill_ = _masked_fill_
+Tensor.mT = property(lambda self: self.transpose(-2, -1))
+Tensor.view_as = lambda self, other: self.view(*other.shape)
+Tensor.expand_as = lambda self, other: self.expand(*other.shape)
+
+
+def _new(fill):
+    def f(self, *size, dtype=None, device=None, requires_grad=False):
+        if len(size) == 1 and not isinstance(size[0], builtins.int):
+            size = tuple(size[0])
+        t = _C.full(list(size), fill, dtype=self.dtype if dtype is None else dtype,
+                    device=self.device if device is None else device)
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+    return f
+
+
+Tensor.new_zeros = _new(0)
+Tensor.new_ones = _new(1)

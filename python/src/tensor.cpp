@@ -10,7 +10,9 @@ namespace kiln::py {
 namespace {
 
 nb::object scalar_of(const Tensor& t) {
-  KILN_CHECK(t.numel() == 1, "item(): the tensor has ", t.numel(), " elements, not 1");
+  if (t.numel() != 1)  // as torch: no source location in the message
+    value_error("a tensor with " + std::to_string(t.numel()) +
+                " elements cannot be converted to a Python number (item(), float() and int() need exactly 1)");
   Tensor c;
   {
     nb::gil_scoped_release nogil;
@@ -78,7 +80,11 @@ bool is_double_exact(nb::handle h, const char* what) {
 bool is_int_index(nb::handle h) {
   if (PyBool_Check(h.ptr())) return false;
   if (PyLong_Check(h.ptr())) return true;
-  if (nb::isinstance<Tensor>(h) || !PyIndex_Check(h.ptr())) return false;
+  if (nb::isinstance<Tensor>(h)) {  // a 0-dim integer tensor acts as an int (select: a view), as in torch
+    const Tensor& t = nb::cast<const Tensor&>(h);
+    return t.dim() == 0 && is_integral(t.dtype()) && t.dtype() != DType::boolean;
+  }
+  if (!PyIndex_Check(h.ptr())) return false;
   nb::object nd = nb::getattr(h, "ndim", nb::none());
   if (nd.is_none()) return true;
   if (!PyLong_Check(nd.ptr()) || PyLong_AsLong(nd.ptr()) != 0) return false;
@@ -89,6 +95,7 @@ bool is_int_index(nb::handle h) {
 }
 
 int64_t int_index(nb::handle h) {
+  if (nb::isinstance<Tensor>(h)) return nb::cast<const Tensor&>(h).item<int64_t>();
   nb::object i = nb::steal(PyNumber_Index(h.ptr()));
   if (!i.is_valid()) throw nb::python_error();
   int overflow = 0;
@@ -103,14 +110,29 @@ bool is_tensor_index(nb::handle h) {
 
 Tensor index_tensor(nb::handle h) {
   Tensor t = to_tensor(h, nullptr, "index");
+  // [] and np.array([]) come out as floats (nothing says otherwise): an empty index, as in torch.
+  if (t.numel() == 0 && is_floating(t.dtype()) && !nb::isinstance<Tensor>(h)) t = t.to(DType::i64);
   if (t.dtype() != DType::boolean && !is_integral(t.dtype()))
     index_error("tensors used as indices must be integer or bool, not " + std::string(dtype_name(t.dtype())));
   return t;
 }
 
+// A Python bool, or a 0-dim bool tensor, which acts as one (a new dim of size 1 or 0, as in torch).
+bool is_bool_index(nb::handle h) {
+  if (PyBool_Check(h.ptr())) return true;
+  if (!nb::isinstance<Tensor>(h)) return false;
+  const Tensor& t = nb::cast<const Tensor&>(h);
+  return t.dim() == 0 && t.dtype() == DType::boolean;
+}
+
+bool bool_index(nb::handle h) {
+  if (PyBool_Check(h.ptr())) return h.is(Py_True);
+  return nb::cast<const Tensor&>(h).item<int64_t>() != 0;
+}
+
 // Which dims of the indexed tensor an item consumes.
 int64_t consumed_dims(nb::handle item) {
-  if (item.is_none() || item.is(Py_Ellipsis) || PyBool_Check(item.ptr())) return 0;
+  if (item.is_none() || item.is(Py_Ellipsis) || is_bool_index(item)) return 0;
   if (is_int_index(item) || PySlice_Check(item.ptr())) return 1;
   if (is_tensor_index(item)) {
     Tensor t = index_tensor(item);
@@ -145,13 +167,15 @@ Indexed apply_index(const Tensor& x, nb::handle key, bool for_write) {
   Tensor v = x;
   int64_t d = 0;    // the dim of v the next item applies to
   int64_t src = 0;  // the dim of x it applies to (for messages)
+  bool has_bool = false;
   for (nb::handle it : items) {
     if (it.is_none()) {
       v = v.unsqueeze(d++);
-    } else if (PyBool_Check(it.ptr())) {
+    } else if (is_bool_index(it)) {
       // As NumPy and torch: a new dim of size 1 (True) or 0 (False), like a 0-dim mask.
+      has_bool = true;
       v = v.unsqueeze(d);
-      if (it.is(Py_False)) v = v.narrow(d, 0, 0);
+      if (!bool_index(it)) v = v.narrow(d, 0, 0);
       ++d;
     } else if (it.is(Py_Ellipsis)) {
       d += x.dim() - used;
@@ -190,6 +214,12 @@ Indexed apply_index(const Tensor& x, nb::handle key, bool for_write) {
       src += k;
     }
   }
+  // torch broadcasts a bool (a 0-dim mask) with another tensor index into one advanced index; Kiln
+  // indexes with one tensor per subscript, so it refuses the pair rather than add a dim torch would not.
+  if (has_bool && r.advanced)
+    index_error(
+        "a bool index (True, False or a 0-dim bool tensor) together with a tensor index is not supported; "
+        "index in two steps");
   r.view = v;
   return r;
 }
@@ -232,14 +262,26 @@ Tensor getitem(const Tensor& x, nb::handle key) {
   return take_advanced(r.view, r.adv, r.adv_dim);
 }
 
+// Leading dims of size 1 beyond the target's rank dropped, as torch does (x[0] = t[None]).
+Tensor drop_leading_ones(Tensor v, int64_t target_dim) {
+  while (v.dim() > target_dim && v.size(0) == 1) v = v.squeeze(0);
+  return v;
+}
+
 void setitem(Tensor& x, nb::handle key, nb::handle value) {
+  // Kiln does not record in-place writes: a value that requires grad would lose its gradient silently.
+  if (nb::isinstance<Tensor>(value) && GradMode::enabled() && nb::cast<const Tensor&>(value).requires_grad())
+    value_error(
+        "x[key] = value: the value requires grad, and Kiln does not record in-place writes, so its gradient "
+        "would be lost; build the result out of place (x = kiln.where(mask, value, x), x = x + value, "
+        "kiln.cat([...])), or assign under kiln.no_grad() if the gradient is not wanted");
   Indexed r = apply_index(x, key, true);
   const bool scalar = PyFloat_Check(value.ptr()) || (PyLong_Check(value.ptr()) && is_double_exact(value, "value"));
   if (!r.advanced) {
     if (scalar)
       r.view.fill_(nb::cast<double>(value));
     else
-      r.view.copy_(to_tensor(value, &x, "value"));
+      r.view.copy_(drop_leading_ones(to_tensor(value, &x, "value"), r.view.dim()));
     return;
   }
   // A tensor index: index_put with the indexed dims moved to the front (a view of x), written back
@@ -255,6 +297,7 @@ void setitem(Tensor& x, nb::handle key, nb::handle value) {
     if (idx.device() != r.view.device()) idx = idx.to(r.view.device());
   }
   const Shape result = take_advanced(r.view, r.adv, d).shape();
+  vals = drop_leading_ones(vals, int64_t(result.size()));
   const int64_t m = int64_t(result.size()) - (r.view.dim() - k);  // dims of the index in the result
   std::vector<int64_t> front, vfront;
   for (int64_t j = d; j < d + k; ++j) front.push_back(j);
