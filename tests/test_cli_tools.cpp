@@ -182,6 +182,16 @@ TEST_CASE("cli tools: kiln launch names a flag it does not know") {
   CHECK(r.code == 0);
   CHECK(contains(r.output, "hello from a rank"));
   CHECK(contains(r.output, "kiln launch: 1 rank on this node"));
+  // Each rank's share of the samples is padded to ceil(n / ranks), as the loader does: 3 samples
+  // over 2 ranks take --batch 2 (the check before planning took floor(3 / 2) = 1 and refused it).
+  if (std::filesystem::exists("/usr/share/datasets/fashion-mnist")) {
+    r = run_kiln(
+        "launch --nproc-per-node 2 --master-port 29713 -- kiln train --model resnet20 --limit-train 3 "
+        "--limit-eval 2 --batch 2 --max-steps 1 --threads 1 --progress lines --out " +
+            d / "padded",
+        d.p.string());
+    CHECK_MESSAGE(r.code == 0, r.output);
+  }
 }
 
 TEST_CASE("cli tools: KILN_NUM_THREADS follows --threads' bound; kiln doctor reports a bad variable") {

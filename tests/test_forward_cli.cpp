@@ -257,6 +257,13 @@ TEST_CASE("checkpoint names: tied decoder, two decoder biases and the bert. pref
   CHECK(got.size() == enc_sd.size());
   for (const auto& kv : enc_sd) CHECK_MESSAGE(got.count(kv.first), kv.first);
   CHECK(tools::normalise_checkpoint_names(mine, mine).size() == mine.size());
+  // A model without a masked-LM head (the encoder, a classifier) ignores a pretraining file's heads,
+  // an untied decoder and two different decoder biases included: nothing there to tie or to fill.
+  hf["cls.predictions.decoder.weight"] = zeros({40, c.hidden_size});
+  hf["cls.predictions.decoder.bias"] = ones({40});
+  got = tools::normalise_checkpoint_names(hf, enc_sd, "hf.st");
+  tools::drop_unused_heads(enc, got, "hf.st", "bert-tiny", "test");
+  CHECK(got.size() == enc_sd.size());
 
   // The same through `kiln forward`: the untied decoder is an error naming both.
   TempDir d;

@@ -324,9 +324,10 @@ class Trainer {
       return fail(e.message());
     }
     // The batch against the data before any planning: an optimizer step takes --accum-steps x --batch
-    // of each rank's share of the training samples (the smallest share, so that all ranks agree).
+    // of each rank's share of the training samples (the loader pads the ranks to equal shares, as
+    // torch's DistributedSampler: ceil(n / ranks) each).
     {
-      const int64_t n = task_.train_data->size(), share = n / world_;
+      const int64_t n = task_.train_data->size(), share = (n + world_ - 1) / world_;
       if (c_.batch > share / c_.accum_steps) {
         const std::string samples =
             std::to_string(n) + " training samples" +

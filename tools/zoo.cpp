@@ -255,6 +255,9 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
   const bool in_prefixed =
       std::any_of(in.begin(), in.end(), [](const auto& kv) { return starts_with(kv.first, "bert."); });
   const bool strip_bert = !mine_prefixed && in_prefixed && mine.count("embeddings.word_embeddings.weight");
+  // Only a model with a masked-LM head ties a decoder; for the others (a classifier, the bare
+  // encoder) the checkpoint's cls.* heads are unused, and drop_unused_heads drops them unexamined.
+  const bool mlm_head = mine.count("cls.predictions.bias") > 0;
   nn::StateDict out;
   std::map<std::string, std::string> source;  // Kiln name -> the checkpoint's name it came from
   std::vector<std::pair<std::string, Tensor>> decoders;
@@ -264,11 +267,11 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
     if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".gamma")) k = k.substr(0, k.size() - 6) + ".weight";
     if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".beta")) k = k.substr(0, k.size() - 5) + ".bias";
     if (k == "cls.predictions.decoder.weight" && !mine.count(k)) {
-      decoders.emplace_back(n, t);  // tied: checked against the word embeddings below
+      if (mlm_head) decoders.emplace_back(n, t);  // tied: checked against the word embeddings below
       continue;
     }
     if (ends_with(k, "embeddings.position_ids") && !mine.count(k)) continue;
-    if (k == "cls.predictions.decoder.bias") k = "cls.predictions.bias";
+    if (k == "cls.predictions.decoder.bias" && mlm_head) k = "cls.predictions.bias";
     if (auto it = out.find(k); it != out.end()) {
       // The decoder's bias given both as cls.predictions.bias and cls.predictions.decoder.bias (or a
       // LayerNorm parameter under both of its names): one value, or the file is ambiguous.

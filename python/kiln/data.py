@@ -62,13 +62,14 @@ def _collate(samples, where):
             raise ValueError(f"DataLoader: {where}s of one batch cannot be stacked: shapes "
                              f"{sorted(shapes)} (give samples of one shape, or a collate_fn)")
         return _C.stack(list(samples), 0)
-    if isinstance(first, (bool, np.bool_)):
+    if isinstance(first, (bool, np.bool_)) and all(isinstance(s, (bool, np.bool_)) for s in samples):
         return _C.from_numpy(np.array(samples, dtype=np.bool_))
     if isinstance(first, (numbers.Number, np.ndarray, np.generic)):
         try:
             if isinstance(first, numbers.Real) and not isinstance(first, np.generic):
-                # Python numbers: int64 when every one is an int, else float64 (never truncated)
-                ints = all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in samples)
+                # Python numbers: int64 when every one is an int (or a bool among ints), else float64
+                # (never truncated)
+                ints = all(isinstance(s, numbers.Integral) for s in samples)
                 arr = np.array(samples, dtype=np.int64 if ints else np.float64)
             else:
                 arr = np.stack([np.asarray(s) for s in samples])
@@ -85,12 +86,16 @@ class DataLoader:
 
     dataset: a kiln Dataset (kiln.data.mnist_dir, masked_lm, ...: batches are dicts of tensors, built
     by C++ threads), or any Python object with __len__ and __getitem__(int) (a map-style dataset, as
-    torch's): its samples are collated by collate_fn (default_collate), `workers` threads reading
-    samples ahead (0: in the calling thread). pin_memory: batches in page-locked memory when a CUDA
-    device is present."""
+    torch's): its samples are collated by collate_fn (default_collate). workers: threads building
+    batches ahead (default: 1 for a kiln Dataset; 0 for a Python dataset, whose __getitem__ then runs
+    in the calling thread, as torch's default: with workers > 0 it runs in those threads, beside the
+    caller and each other, so a dataset with shared state or global random numbers must allow that).
+    pin_memory: batches in page-locked memory when a CUDA device is present."""
 
-    def __init__(self, dataset, batch_size=32, shuffle=True, drop_last=False, seed=0, workers=1, pin_memory=False,
+    def __init__(self, dataset, batch_size=32, shuffle=True, drop_last=False, seed=0, workers=None, pin_memory=False,
                  collate_fn=None):
+        if workers is None:
+            workers = 1 if isinstance(dataset, _C.Dataset) else 0
         for name, v in (("batch_size", batch_size), ("workers", workers)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise TypeError(f"DataLoader: {name} must be an int, got {v!r}")
@@ -136,31 +141,31 @@ class DataLoader:
         full, rest = divmod(self._size, self._batch_size)
         return full + (1 if rest and not self._drop_last else 0)
 
-    def _next_batch(self):
-        if self._impl is not None:
-            return self._impl.next()
-        return next(self._batches, None)
-
     def __iter__(self):
         # One pass at a time: the batches come from one C++ loader, so a second iter() starts the next
         # epoch under the first. Iterating the first after that is an error, not a silent split of the
         # samples between the two (zip(loader, loader) gave each sample to one of them).
         self._generation += 1
         mine = self._generation
+        batches = None  # a Python dataset's batches of this pass (its threads end with it)
         if self._impl is not None:
             self._impl.start_epoch()
         else:
             self._epoch += 1
-            self._batches = self._python_batches(self._epoch)
-        while True:
-            if self._generation != mine:
-                raise RuntimeError("DataLoader: this iterator was superseded by a newer iter() of the same loader "
-                                   "(each iteration is the next epoch, one at a time); make a second DataLoader "
-                                   "to read two passes side by side")
-            b = self._next_batch()
-            if b is None:
-                return
-            yield b
+            batches = self._python_batches(self._epoch)
+        try:
+            while True:
+                if self._generation != mine:
+                    raise RuntimeError("DataLoader: this iterator was superseded by a newer iter() of the same "
+                                       "loader (each iteration is the next epoch, one at a time); make a second "
+                                       "DataLoader to read two passes side by side")
+                b = self._impl.next() if batches is None else next(batches, None)
+                if b is None:
+                    return
+                yield b
+        finally:
+            if batches is not None:
+                batches.close()  # a pass left early (break): its worker threads stop now
 
     # ---- Python datasets ----
     def _order(self, epoch):

@@ -231,6 +231,24 @@ def test_data_loader_python_dataset():
         kiln.data.DataLoader(ds, batch_size=0)
     with pytest.raises(TypeError, match="collate_fn must be callable"):
         kiln.data.DataLoader(ds, collate_fn=3)
+    # [True, 2] is int64 [1, 2], as torch (a bool first does not make the field bool)
+    assert next(iter(kiln.data.DataLoader([True, 2], batch_size=2, shuffle=False))).tolist() == [1, 2]
+    # by default a Python dataset is read in the calling thread (torch's workers=0)
+    import threading
+    seen = []
+
+    class Where(_Squares):
+        def __getitem__(self, i):
+            seen.append(threading.get_ident())
+            return super().__getitem__(i)
+
+    list(kiln.data.DataLoader(Where(4), batch_size=2))
+    assert set(seen) == {threading.get_ident()}
+    # a pass left early stops its worker threads (they kept reading ahead until the next iter())
+    before = threading.active_count()
+    for _ in kiln.data.DataLoader(_Squares(100), batch_size=2, workers=3):
+        break
+    assert threading.active_count() == before
     # pin_memory: the same values (page-locked only where a CUDA device is present)
     pinned = next(iter(kiln.data.DataLoader(ds, batch_size=2, shuffle=False, pin_memory=True)))
     assert pinned["y"].tolist() == [0, 1] and pinned["name"] == ["s0", "s1"]

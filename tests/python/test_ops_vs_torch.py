@@ -326,3 +326,6 @@ def test_clip_grad_norm_takes_a_tensor_or_an_iterable():
         kiln.nn.clip_grad_norm_([one, 3], 1.0)
     with pytest.raises(TypeError, match="max_norm must be a number"):
         kiln.nn.clip_grad_norm_(one, "1")
+    # NumPy scalars and 'inf' as torch takes them
+    assert kiln.nn.clip_grad_norm_(one, np.float32(10.0), norm_type="inf").item() > 0
+    assert kiln.nn.clip_grad_norm_(one, np.float64(10.0), norm_type=np.int64(2)).item() > 0

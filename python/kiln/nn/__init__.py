@@ -6,6 +6,8 @@ from .modules import (  # noqa: F401
     RMSNorm, GroupNorm, Embedding, Dropout, ReLU, SiLU, GELU, Tanh, Sigmoid, LeakyReLU, Softmax, Identity, Flatten,
     MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Upsample, Sequential, ModuleList, IncompatibleKeys,
 )
+import numbers
+
 from .. import _C
 
 
@@ -25,7 +27,9 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0):
     for i, p in enumerate(parameters):
         if not isinstance(p, _C.Tensor):
             raise TypeError(f"clip_grad_norm_: parameters[{i}] is a {type(p).__name__}, not a tensor")
+    if isinstance(norm_type, str) and norm_type.lower() in ("inf", "infinity"):  # as torch's float(norm_type)
+        norm_type = float("inf")
     for name, v in (("max_norm", max_norm), ("norm_type", norm_type)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise TypeError(f"clip_grad_norm_: {name} must be a number, got {v!r}")
     return _C.clip_grad_norm_(parameters, float(max_norm), float(norm_type))
