@@ -56,6 +56,17 @@ void Optimizer::step(const Tensor& skip_if) {
   // Every check before anything changes: the parameters with gradients share one device (the
   // step count's and the flag's), and their gradients match them in shape and dtype (an f64
   // gradient of an f32 parameter is refused, as torch does, not rounded silently).
+  // groups() is mutable for lrs and weight decays; the parameter lists must stay as they were made
+  // (the per-parameter state and counts are laid out by them).
+  KILN_CHECK(groups_.size() == first_.size(), name(), ": ", groups_.size(), " parameter groups, made with ",
+             first_.size(), "; groups cannot be added or removed after the optimizer is made (make a new one)");
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const size_t made = (g + 1 < first_.size() ? first_[g + 1] : nparams_) - first_[g];
+    KILN_CHECK(groups_[g].params.size() == made, name(), ": group ", g, " has ", groups_[g].params.size(),
+               " parameters, made with ", made,
+               "; parameters cannot be added or removed after the optimizer is "
+               "made (make a new one)");
+  }
   std::optional<Device> dev;
   std::vector<double> mask(nparams_, 0.0);  // which parameters have a gradient (their counts advance)
   for (size_t g = 0; g < groups_.size(); ++g)

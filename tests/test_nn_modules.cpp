@@ -625,6 +625,15 @@ TEST_CASE("optim: a gradient of another dtype than its parameter is refused, nam
   CHECK(b.grad().to_vector() == std::vector<double>{0.0});
   o.zero_grad();
   CHECK(!a.grad().defined());
+  // The parameter lists stay as made (the per-parameter counts are laid out by them): a parameter
+  // pushed into groups() afterwards is refused, not written past the end of the counts.
+  Tensor c = param({1.0});
+  c.set_grad(from_vector({1.0}, {1}));
+  optim::AdamW adam({optim::ParamGroup({a}, 0.1)});
+  adam.groups()[0].params.push_back(c);
+  CHECK(contains(error_of([&] { adam.step(); }), "adamw: group 0 has 2 parameters, made with 1"));
+  adam.groups().push_back(optim::ParamGroup({c}, 0.1));
+  CHECK(contains(error_of([&] { adam.step(); }), "2 parameter groups, made with 1"));
 }
 
 TEST_CASE("optim: LAMB by hand, trust ratio") {
