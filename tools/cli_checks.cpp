@@ -7,7 +7,21 @@
 #include <filesystem>
 #include <thread>
 
+#include <unistd.h>
+
 namespace kiln::tools {
+
+std::string output_file_problem(const std::string& flag, const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return flag + " " + path + " is a directory: name the " + what;
+  const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  if (!fs::is_directory(parent, ec))
+    return flag + " " + path + ": the directory " + parent.string() + " does not exist";
+  if (::access(parent.c_str(), W_OK) != 0)
+    return flag + " " + path + ": the directory " + parent.string() + " is not writable";
+  return "";
+}
 
 std::string output_is_input(const std::string& out_flag, const std::string& out,
                             const std::vector<std::string>& inputs) {

@@ -15,6 +15,11 @@ namespace kiln::tools {
 std::string output_is_input(const std::string& out_flag, const std::string& out,
                             const std::vector<std::string>& inputs);
 
+// "" when a file can be written at `path` (the value of flag `flag`): not a directory ("... is a
+// directory: name the <what>"), in a directory that exists and is writable. Asked before any work,
+// so a bad output path is not found after it.
+std::string output_file_problem(const std::string& flag, const std::string& path, const std::string& what);
+
 // An on/off flag pair ("--augment,!--no-augment") whose --help line shows the real default:
 // "--augment,--no-augment (default: on)". CLI11 writes such a pair as "--augment,--no-augment{false}",
 // the {false} being what --no-augment sets, which reads as the default even where it is true; it

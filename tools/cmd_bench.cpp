@@ -69,15 +69,7 @@ void write_bench_json(const std::string& path, nlohmann::json head, const nlohma
 // The checks every bench makes on its flags before any work, each "" when the value is fine: a
 // --json whose directory is missing or not writable (found only after the benchmark ran, before).
 std::string check_json_out(const std::string& path) {
-  if (path.empty()) return "";
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return "--json " + path + " is a directory: name the JSON file to write";
-  const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
-  if (!fs::is_directory(parent, ec)) return "--json " + path + ": the directory " + parent.string() + " does not exist";
-  if (::access(parent.c_str(), W_OK) != 0)
-    return "--json " + path + ": the directory " + parent.string() + " is not writable";
-  return "";
+  return path.empty() ? "" : output_file_problem("--json", path, "JSON file to write");
 }
 std::string check_models(const std::vector<std::string>& names) {
   for (const auto& n : names)

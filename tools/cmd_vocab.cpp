@@ -1,5 +1,4 @@
 // `kiln vocab`: learn a WordPiece vocabulary from a corpus, so a user with no vocab.txt can start.
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -35,15 +34,7 @@ namespace {
 
 // The checks of --out before any reading: "" when the file can be written there.
 std::string check_out(const VocabOptions& o) {
-  std::error_code ec;
-  if (fs::is_directory(o.out, ec))
-    return "--out " + o.out + " is a directory: name the file to write (" + (fs::path(o.out) / "vocab.txt").string() +
-           ", say)";
-  const fs::path parent = fs::path(o.out).parent_path().empty() ? fs::path(".") : fs::path(o.out).parent_path();
-  if (!fs::is_directory(parent, ec)) return "--out " + o.out + ": the directory " + parent.string() + " does not exist";
-  if (::access(parent.c_str(), W_OK) != 0)
-    return "--out " + o.out + ": the directory " + parent.string() + " is not writable";
-  return "";
+  return output_file_problem("--out", o.out, "file to write (" + (fs::path(o.out) / "vocab.txt").string() + ", say)");
 }
 
 // How many of the characters seen (as word starts and "##" continuations, as the builder counts them)
