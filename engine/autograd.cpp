@@ -53,6 +53,72 @@ bool GradCtx::needs_grad(size_t i) const {
   return (*needs)[i];
 }
 
+namespace {
+
+std::atomic<int> g_next_tensor_hook{0};
+
+// A hook's answer: the gradient it returned, or `g` when it returned none.
+Tensor run_hook(const TensorHook& hook, const Tensor& g) {
+  Tensor r = hook(g);
+  if (!r.defined()) return g;
+  KILN_CHECK(r.shape() == g.shape() && r.dtype() == g.dtype() && r.device() == g.device(),
+             "a hook registered with register_hook returned a gradient ", r.type_str(), " for the gradient ",
+             g.type_str(), "; return None, or a tensor of the same shape, dtype and device");
+  return r;
+}
+
+// Keeps `g` as the .grad of a tensor that retains its gradient: a copy the first time, then summed.
+void keep_grad(TensorImpl& im, const Tensor& g) {
+  if (!im.autograd || !im.autograd->retains_grad) return;
+  NoGradGuard ng;
+  if (!im.autograd->grad)
+    im.autograd->grad = g.clone().impl_ptr();
+  else
+    Tensor(im.autograd->grad).add_(g);
+}
+
+}  // namespace
+
+void Node::run_tensor_hooks(std::vector<Tensor>& grads) {
+  if (!output_hooks.empty()) {
+    const std::vector<OutputHook> hooks = output_hooks;  // a hook may add or remove hooks
+    for (const OutputHook& h : hooks)
+      if (h.output_nr < grads.size() && grads[h.output_nr].defined())
+        grads[h.output_nr] = run_hook(h.fn, grads[h.output_nr]);
+  }
+  for (const auto& [nr, weak] : retained)
+    if (nr < grads.size() && grads[nr].defined())
+      if (const std::shared_ptr<TensorImpl> im = weak.lock()) keep_grad(*im, grads[nr]);
+}
+
+int Tensor::register_hook(TensorHook hook) {
+  KILN_CHECK(requires_grad(), "register_hook: the tensor ", type_str(),
+             " does not require grad, so no gradient reaches it");
+  KILN_CHECK(hook != nullptr, "register_hook: the hook is empty");
+  const int id = g_next_tensor_hook.fetch_add(1);
+  if (is_leaf())
+    impl().autograd->grad_hooks.emplace_back(id, std::move(hook));
+  else
+    grad_fn()->output_hooks.push_back({id, output_nr(), std::move(hook)});
+  return id;
+}
+
+void Tensor::remove_hook(int id) {
+  if (!impl_ || !impl_->autograd) return;
+  AutogradMeta& m = *impl_->autograd;
+  std::erase_if(m.grad_hooks, [id](const auto& h) { return h.first == id; });
+  if (m.grad_fn) std::erase_if(m.grad_fn->output_hooks, [id](const Node::OutputHook& h) { return h.id == id; });
+}
+
+void Tensor::retain_grad() {
+  KILN_CHECK(requires_grad(), "retain_grad: the tensor ", type_str(), " does not require grad");
+  if (is_leaf()) return;  // a leaf keeps its gradient anyway
+  AutogradMeta& m = *impl().autograd;
+  if (m.retains_grad) return;
+  m.retains_grad = true;
+  m.grad_fn->retained.emplace_back(output_nr(), impl_ptr());
+}
+
 SavedTensor::SavedTensor(const Tensor& t) {
   if (!t.defined()) return;
   data_ = t.detach();
@@ -127,6 +193,12 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
   std::string name() const override { return "AccumulateGrad"; }
+  void run_tensor_hooks(std::vector<Tensor>& grads) override {
+    const AutogradMeta* m = leaf_->autograd.get();
+    if (!m || m->grad_hooks.empty() || grads.empty() || !grads[0].defined()) return;
+    const auto hooks = m->grad_hooks;  // a hook may add or remove hooks
+    for (const auto& [id, hook] : hooks) grads[0] = run_hook(hook, grads[0]);
+  }
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     Tensor g = std::move(grads.at(0));
@@ -253,6 +325,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     std::vector<Tensor> in = std::move(buffers[n]);
     buffers.erase(n);
     if (in.empty()) in.resize(num_outputs(n));
+    n->run_tensor_hooks(in);
     bool skip = false;
     if (captures) {
       for (const Capture& c : *captures)

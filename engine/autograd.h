@@ -48,9 +48,21 @@ class Node {
   virtual std::string name() const = 0;
   // Drops saved tensors after a backward pass that did not ask to retain the graph.
   virtual void release() {}
+  // Runs the hooks on the gradients reaching this node (Tensor::register_hook, retain_grad) before
+  // apply; a leaf's accumulator runs the leaf's.
+  virtual void run_tensor_hooks(std::vector<Tensor>& grads);
 
   std::vector<Edge> next_edges;
   uint64_t sequence_nr;  // creation order; backward runs the newest ready node first
+
+  // register_hook on a non-leaf output of this node, and the outputs that keep their gradient.
+  struct OutputHook {
+    int id;
+    uint32_t output_nr;
+    TensorHook fn;
+  };
+  std::vector<OutputHook> output_hooks;
+  std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
 };
 
 // What a backward function sees: the gradient of each output (zeros when an output was unused)

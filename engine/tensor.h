@@ -105,6 +105,8 @@ void count_host_read();
 }  // namespace detail
 class Node;
 using GradHook = std::function<void(Tensor& leaf)>;
+// Sees the gradient flowing into a tensor in backward; a defined return replaces it.
+using TensorHook = std::function<Tensor(const Tensor& grad)>;
 
 struct AutogradMeta {
   bool requires_grad = false;
@@ -114,6 +116,8 @@ struct AutogradMeta {
   std::weak_ptr<Node> grad_accumulator;
   std::vector<std::pair<int, GradHook>> grad_ready_hooks;
   int next_hook_id = 0;
+  std::vector<std::pair<int, TensorHook>> grad_hooks;  // a leaf's register_hook hooks (a non-leaf's live on its node)
+  bool retains_grad = false;                           // a non-leaf that keeps its gradient in .grad (retain_grad)
 };
 
 struct TensorImpl {
@@ -197,6 +201,16 @@ class Tensor {
   // Called after the gradient of this leaf has been fully accumulated in a backward pass. Returns an id.
   int register_grad_ready_hook(GradHook hook);
   void remove_grad_ready_hook(int id);
+  // Calls hook(grad) with the gradient reaching this tensor in every backward pass, before it is used
+  // (summed into a leaf's .grad, or passed back through the op that made this tensor); a defined
+  // return of the same shape, dtype and device replaces it. Not called when no gradient reaches the
+  // tensor. Hooks run in the order registered. Returns an id for remove_hook. As PyTorch's register_hook.
+  int register_hook(TensorHook hook);
+  void remove_hook(int id);
+  // A non-leaf keeps its gradient in .grad (summed over backward passes, as a leaf's), taken after its
+  // hooks; a no-op on a leaf.
+  void retain_grad();
+  bool retains_grad() const { return impl_ && impl_->autograd && impl_->autograd->retains_grad; }
 
   // ---- views (no copies) ----
   Tensor view(const Shape& shape) const;  // one dim may be -1; needs compatible strides

@@ -660,3 +660,66 @@ TEST_CASE("autograd: grad-ready hooks fire in reverse order of use for a chain o
     return v;
   }(), 1e-10, "w1 grad after two steps");
 }
+
+TEST_CASE("autograd: register_hook sees and replaces the gradient of leaves and non-leaves; retain_grad keeps it") {
+  Tensor x = from_vector({1, 2, 3}, {3});
+  x.set_requires_grad(true);
+  std::vector<double> seen_x, seen_y;
+  const int hx = x.register_hook([&](const Tensor& g) {
+    seen_x = g.to_vector();
+    return g * 2.0;  // doubles what reaches x.grad
+  });
+  Tensor y = x * 3.0;
+  y.retain_grad();
+  CHECK(y.retains_grad());
+  const int hy = y.register_hook([&](const Tensor& g) {
+    seen_y = g.to_vector();
+    return g + 1.0;  // changes what flows on to x, and what y keeps
+  });
+  sum(y * y).backward();  // dL/dy = 2y = [6, 12, 18]
+  CHECK(seen_y == std::vector<double>{6, 12, 18});
+  CHECK(y.grad().to_vector() == std::vector<double>{7, 13, 19});  // kept after its hook, as torch
+  CHECK(seen_x == std::vector<double>{21, 39, 57});
+  CHECK(x.grad().to_vector() == std::vector<double>{42, 78, 114});
+  // Removed hooks no longer run; a retained gradient sums over backward passes, as a leaf's.
+  x.remove_hook(hx);
+  y.remove_hook(hy);
+  x.set_grad(Tensor());
+  Tensor y2 = x * 3.0;
+  y2.retain_grad();
+  sum(y2 * y2).backward(Tensor(), /*retain_graph=*/true);
+  sum(y2 * y2).backward();
+  CHECK(x.grad().to_vector() == std::vector<double>{36, 72, 108});
+  CHECK(y2.grad().to_vector() == std::vector<double>{12, 24, 36});
+  // Without retain_grad a non-leaf keeps nothing; on a leaf retain_grad is a no-op.
+  Tensor y3 = x * 3.0;
+  sum(y3).backward();
+  CHECK(!y3.grad().defined());
+  x.retain_grad();
+  CHECK(!x.retains_grad());
+  // Errors: a hook returning another shape names both; a tensor without grad takes no hook.
+  Tensor w = from_vector({1, 2}, {2});
+  w.set_requires_grad(true);
+  w.register_hook([](const Tensor&) { return ones({3}); });
+  CHECK(contains(error_of([&] { sum(w * 2.0).backward(); }),
+                 "returned a gradient f32 cpu [3] for the gradient f32 cpu [2]"));
+  CHECK(
+      contains(error_of([] { ones({2}).register_hook([](const Tensor& g) { return g; }); }), "does not require grad"));
+  CHECK(contains(error_of([] { ones({2}).retain_grad(); }), "does not require grad"));
+}
+
+TEST_CASE("autograd: register_hook runs in autograd::grad and for an output the loss does not reach, never") {
+  Tensor x = from_vector({1, 2}, {2});
+  x.set_requires_grad(true);
+  int unused_calls = 0;
+  Tensor a = x * 2.0, b = x * 5.0;
+  b.register_hook([&](const Tensor& g) {
+    ++unused_calls;
+    return g;
+  });
+  x.register_hook([](const Tensor& g) { return g * 10.0; });
+  const std::vector<Tensor> g = autograd::grad({sum(a)}, {x});
+  CHECK(g[0].to_vector() == std::vector<double>{20, 20});  // the leaf's hook ran before the capture
+  CHECK(!x.grad().defined());
+  CHECK(unused_calls == 0);
+}

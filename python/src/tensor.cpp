@@ -346,9 +346,24 @@ Tensor logical_binary(const char* op, const Tensor& a, nb::handle b, TT2 fn) {
   return fn(a, t);
 }
 
+// What Tensor.register_hook returns: remove() takes the hook off, if the tensor still lives (the
+// handle does not keep it alive).
+struct HookHandle {
+  std::weak_ptr<TensorImpl> tensor;
+  int id;
+  void remove() const {
+    if (const std::shared_ptr<TensorImpl> t = tensor.lock()) Tensor(t).remove_hook(id);
+  }
+};
+
 }  // namespace
 
 void bind_tensor(nb::module_& m) {
+  nb::class_<HookHandle>(m, "RemovableHandle", "Returned by Tensor.register_hook; remove() takes the hook off.")
+      .def("remove", &HookHandle::remove)
+      .def(
+          "__enter__", [](HookHandle& h) -> HookHandle& { return h; }, nb::rv_policy::reference)
+      .def("__exit__", [](HookHandle& h, nb::args) { h.remove(); });
   nb::class_<Tensor> t(m, "Tensor",
                        "A strided view onto refcounted storage, with autograd state. Make one with kiln.tensor, "
                        "kiln.zeros, kiln.from_numpy, kiln.from_dlpack, ...");
@@ -770,7 +785,30 @@ void bind_tensor(nb::module_& m) {
           nb::arg("hook"),
           "Calls hook(tensor) once this leaf's .grad is complete in a backward pass; returns an id "
           "for remove_post_accumulate_grad_hook.")
-      .def("remove_post_accumulate_grad_hook", &Tensor::remove_grad_ready_hook, nb::arg("id"));
+      .def("remove_post_accumulate_grad_hook", &Tensor::remove_grad_ready_hook, nb::arg("id"))
+      .def(
+          "register_hook",
+          [](Tensor& x, nb::callable fn) {
+            auto ref = hold(fn);
+            const int id = x.register_hook([ref](const Tensor& grad) -> Tensor {
+              nb::gil_scoped_acquire gil;
+              if (ref->obj.is_none()) return Tensor();  // released at exit
+              nb::object res = ref->obj(grad);
+              if (res.is_none()) return Tensor();
+              KILN_CHECK(nb::isinstance<Tensor>(res), "a hook registered with register_hook returned a ",
+                         nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(res.ptr()))))),
+                         ", expected kiln.Tensor or None");
+              return nb::cast<Tensor>(res);
+            });
+            return HookHandle{x.impl_ptr(), id};
+          },
+          nb::arg("hook"),
+          "Calls hook(grad) with the gradient reaching this tensor in each backward pass, before it is used; "
+          "a returned tensor (same shape, dtype and device) replaces it. Returns a handle whose remove() "
+          "takes the hook off. As torch.Tensor.register_hook.")
+      .def("retain_grad", &Tensor::retain_grad,
+           "Keeps this non-leaf's gradient in .grad after backward (a no-op on a leaf).")
+      .def_prop_ro("retains_grad", &Tensor::retains_grad);
 }
 
 }  // namespace kiln::py

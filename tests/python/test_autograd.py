@@ -269,3 +269,49 @@ def test_checkpoint_gives_the_same_gradients_with_dropout():
 def test_checkpoint_rejects_a_function_that_returns_no_tensor():
     with pytest.raises(kiln.KilnError, match="must return kiln.Tensor"):
         kiln.autograd.checkpoint(lambda x: 3, kiln.ones(2, requires_grad=True))
+
+
+def test_register_hook_and_retain_grad_as_torch():
+    torch = pytest.importorskip("torch")
+
+    def run(lib):
+        x = lib.tensor([1.0, -2.0, 3.0], requires_grad=True)
+        seen = []
+        hx = x.register_hook(lambda g: (seen.append(g.tolist()), g * 2)[1])
+        y = x * x
+        y.retain_grad()
+        y.register_hook(lambda g: g + 1)
+        z = y.sum() * 3
+        z.retain_grad()
+        z.backward()
+        first = (x.grad.tolist(), y.grad.tolist(), z.grad.tolist(), list(seen), y.retains_grad)
+        hx.remove()
+        (x * 4).sum().backward()
+        return first, x.grad.tolist(), len(seen)
+
+    assert run(kiln) == run(torch)
+
+
+def test_register_hook_errors_and_handle():
+    x = kiln.ones(2, requires_grad=True)
+    with pytest.raises(kiln.KilnError, match="expected kiln.Tensor or None"):
+        x.register_hook(lambda g: 3.0)
+        (x * 2).sum().backward()
+    x = kiln.ones(2, requires_grad=True)
+
+    def boom(g):
+        raise KeyError("from the hook")
+
+    h = x.register_hook(boom)
+    with pytest.raises(KeyError, match="from the hook"):
+        (x * 2).sum().backward()
+    with h:  # a handle is a context manager that removes the hook on exit
+        pass
+    (x * 2).sum().backward()
+    assert x.grad.tolist() == [2.0, 2.0]
+    with pytest.raises(kiln.KilnError, match="does not require grad"):
+        kiln.ones(2).register_hook(lambda g: g)
+    y = kiln.ones(2, requires_grad=True) * 2
+    handle = y.register_hook(lambda g: g)
+    del y
+    handle.remove()  # the tensor is gone: nothing to do, no crash
