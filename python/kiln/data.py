@@ -18,10 +18,23 @@ from . import _C
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
-def mnist_dir(path, name="mnist", augment=True, mean=(0.2860,), std=(0.3530,)):
+# kiln train's transforms per data set (tools/tasks.cpp, image_classification): the training set's
+# pixel mean and standard deviation, and whether augmentation mirrors (clothes do, digits do not).
+_MNIST_TRANSFORMS = {"fashion-mnist": ((0.2860,), (0.3530,), True), "mnist": ((0.1307,), (0.3081,), False)}
+
+
+def mnist_dir(path, name="mnist", augment=True, mean=None, std=None, hflip=None):
     """An MNIST-format directory (train/t10k idx files, gzipped or not): {"train", "test",
-    "num_classes", "shape", "class_names"}; augment: random crop (pad 2) and horizontal flip."""
-    return dict(_C._load_mnist_dir(str(path), name, 2 if augment else 0, bool(augment), list(mean), list(std)))
+    "num_classes", "shape", "class_names"}, with kiln train's transforms for `name`: "mnist"
+    normalises with MNIST's mean and std (0.1307, 0.3081) and augments with a random crop (pad 2);
+    "fashion-mnist" with (0.2860, 0.3530) and a random crop plus a horizontal flip. Any other name
+    takes MNIST's; `mean`, `std` and `hflip` override them."""
+    d_mean, d_std, d_flip = _MNIST_TRANSFORMS.get(name, _MNIST_TRANSFORMS["mnist"])
+    mean = d_mean if mean is None else mean
+    std = d_std if std is None else std
+    hflip = d_flip if hflip is None else hflip
+    return dict(_C._load_mnist_dir(str(path), name, 2 if augment else 0, bool(augment and hflip), list(mean),
+                                   list(std)))
 
 
 def fashion_mnist(path=FASHION_MNIST_DIR, augment=True):

@@ -445,3 +445,15 @@ def test_models_create_set_forms_and_errors():
         assert "--set" not in str(e.value) and "--model" not in str(e.value)
     with pytest.raises(TypeError, match="set= items must be 'key=value' strings"):
         kiln.models.create("resnet20", set=[("num_classes", 3)])
+
+
+@pytest.mark.skipif(not os.path.isdir(kiln.data.FASHION_MNIST_DIR), reason="dataset-fashion-mnist is not installed")
+def test_mnist_dir_takes_the_named_data_sets_transforms():
+    # A black pixel normalised with MNIST's statistics (kiln train --data mnist), not Fashion-MNIST's.
+    def black(**kw):
+        d = kiln.data.mnist_dir(kiln.data.FASHION_MNIST_DIR, augment=False, **kw)
+        return min(next(iter(kiln.data.DataLoader(d["test"], batch_size=4)))["input"].flatten().tolist())
+
+    assert black() == pytest.approx(-0.1307 / 0.3081, abs=1e-6)
+    assert black(name="fashion-mnist") == pytest.approx(-0.2860 / 0.3530, abs=1e-6)
+    assert black(mean=(0.5,), std=(0.5,)) == pytest.approx(-1.0, abs=1e-6)
