@@ -284,3 +284,20 @@ TEST_CASE("checkpoint names: tied decoder, two decoder biases and the bert. pref
                                     d.p.string());
   CHECK_MESSAGE(r2.code == 0, r2.output);
 }
+
+TEST_CASE("checkpoint names: a batch norm saved without num_batches_tracked starts it at 0, as torch") {
+  auto m = models::make_resnet(models::ResNetConfig{"resnet20", 4, 1});
+  const nn::StateDict mine = m->state_dict();
+  nn::StateDict old;  // torchvision's first ResNet weights have no num_batches_tracked
+  for (const auto& [n, t] : mine)
+    if (n.find("num_batches_tracked") == std::string::npos) old[n] = t;
+  REQUIRE(old.size() < mine.size());
+  const nn::StateDict got = tools::normalise_checkpoint_names(old, mine);
+  CHECK(got.size() == mine.size());
+  CHECK(got.at("bn1.num_batches_tracked").item<int64_t>() == 0);
+  CHECK(got.at("bn1.num_batches_tracked").dtype() == mine.at("bn1.num_batches_tracked").dtype());
+  m->load_state_dict(got, /*strict=*/true);
+  // A layer missing altogether is not filled in: its absence is still reported.
+  old.erase("bn1.running_mean");
+  CHECK(tools::normalise_checkpoint_names(old, mine).count("bn1.num_batches_tracked") == 0);
+}

@@ -292,6 +292,15 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
     KILN_CHECK(same_values(it->second, d.second), where(file), "'", d.first, "' differs from '", source[emb],
                "': this model ties its decoder to the word embeddings, so an untied decoder cannot be loaded");
   }
+  // A batch norm saved before PyTorch 0.4.1 (torchvision's first ResNet weights among them) has no
+  // num_batches_tracked: it starts at 0, as torch's BatchNorm loads such a file. Only next to the
+  // layer's running_mean, so a layer missing altogether is still named as missing.
+  const std::string counter = "num_batches_tracked";
+  for (const auto& [n, t] : mine) {
+    if (!ends_with(n, counter) || out.count(n)) continue;
+    const std::string mean = n.substr(0, n.size() - counter.size()) + "running_mean";
+    if (out.count(mean)) out[n] = zeros_like(t);
+  }
   return out;
 }
 
