@@ -7,15 +7,7 @@
 #include "base/error.h"
 
 namespace kiln {
-namespace {
-
-std::string mib(size_t bytes) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / double(1 << 20));
-  return buf;
-}
-
-}  // namespace
+using detail::mib;
 
 CachingAllocator::CachingAllocator(std::unique_ptr<RawDevice> device, std::string device_name)
     : device_(std::move(device)), name_(std::move(device_name)) {}

@@ -3,6 +3,17 @@
 
 namespace kiln::detail {
 
+std::string mib(size_t bytes) {
+  char buf[48];
+  if (bytes >= (size_t(1) << 20) / 10)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / double(1 << 20));
+  else if (bytes >= 1024)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", double(bytes) / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  return buf;
+}
+
 namespace {
 // The path from the repository root, not the build machine's absolute path.
 std::string repo_path(const char* file) {

@@ -55,6 +55,9 @@ std::string str_cat(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
+// A byte count for messages and tables: "12.5 MiB"; under a tenth of a MiB in KiB ("40.0 KiB") or
+// bytes ("300 B"), so a small amount never reads "0.0 MiB".
+std::string mib(size_t bytes);
 [[noreturn]] void throw_error(const std::string& msg, const char* file, int line);
 [[noreturn]] void throw_out_of_memory(const std::string& msg, const char* file, int line);
 }  // namespace detail

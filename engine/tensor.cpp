@@ -68,8 +68,8 @@ class CpuAllocator final : public Allocator {
     const size_t now = allocated_.fetch_add(nbytes) + nbytes;
     if (const size_t cap = cap_.load(); cap > 0 && now > cap) {
       allocated_ -= nbytes;
-      KILN_FAIL_OOM("CPU memory cap reached: allocating ", mib(nbytes), " with ", mib(now - nbytes),
-                    " in use passes the cap of ", mib(cap));
+      KILN_FAIL_OOM("CPU memory cap reached: allocating ", detail::mib(nbytes), " with ", detail::mib(now - nbytes),
+                    " in use passes the cap of ", detail::mib(cap));
     }
     for (size_t peak = peak_.load(); now > peak && !peak_.compare_exchange_weak(peak, now);) {
     }
@@ -96,11 +96,6 @@ class CpuAllocator final : public Allocator {
   void set_cap(size_t bytes) { cap_ = bytes; }
 
  private:
-  static std::string mib(size_t b) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(1 << 20));
-    return buf;
-  }
   void* take(size_t nbytes) {
     const size_t size = size_class(nbytes);
     if (size >= kMinCached && limit_ > 0) {

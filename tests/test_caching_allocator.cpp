@@ -229,3 +229,11 @@ TEST_CASE("allocator on a timeline: out of memory waits for pending blocks' stre
   CHECK(a.stats().reserved == 0);
   CHECK(d->used == 0);
 }
+
+TEST_CASE("caching allocator: byte counts in messages keep small amounts readable") {
+  CHECK(detail::mib(300) == "300 B");
+  CHECK(detail::mib(1024) == "1.0 KiB");
+  CHECK(detail::mib(40 << 10) == "40.0 KiB");
+  CHECK(detail::mib(size_t(5) << 20) == "5.0 MiB");
+  CHECK(detail::mib((size_t(3) << 30) + (size_t(1) << 29)) == "3584.0 MiB");
+}

@@ -738,6 +738,7 @@ TEST_CASE("train: --memory-cap too small for the run is named") {
       d.p.string());
   CHECK(r.code != 0);
   CHECK_MESSAGE(contains(r.output, "--memory-cap 1KiB is too small for this run: CPU memory cap reached"), r.output);
+  CHECK_MESSAGE(contains(r.output, "passes the cap of 1.0 KiB"), r.output);  // not "0.0 MiB"
 }
 
 TEST_CASE("checkpoint: f32 weights load into an f16 or bf16 model and back") {

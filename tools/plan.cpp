@@ -20,12 +20,6 @@
 
 namespace kiln::tools {
 
-std::string mib(size_t bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / double(1 << 20));
-  return b;
-}
-
 size_t parse_bytes(const std::string& s, const std::string& flag) {
   // A decimal number (no hex, inf or nan: stod would take them), then an optional unit.
   size_t i = 0;

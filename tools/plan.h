@@ -78,7 +78,7 @@ void check_batch_size(const PlanOptions& o, int64_t batch, const std::string& fl
 // "16GiB", "16 GB", "512MiB", "1.5G", a plain byte count; an error names `flag` otherwise, or for
 // 2^64 bytes or more.
 size_t parse_bytes(const std::string& s, const std::string& flag);
-std::string mib(size_t bytes);
+using detail::mib;  // "12.5 MiB" (base/error.h)
 // MemAvailable of /proc/meminfo (what the host can give without swapping), or 0 when unknown.
 size_t host_available_bytes();
 
