@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
   const int reps = reps_flag > 0 ? reps_flag : quick ? 2 : 5;
   auto wanted = [&](const char* name) { return only.empty() || std::string(name).find(only) != std::string::npos; };
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("bench_nn: %s\nconv2d forward + backward (f32, %d threads)\n", kiln::bench::cpu_line().c_str(),
-              num_threads());
+  std::printf("bench_nn: %s\nconv2d forward + backward (f32, %d thread%s)\n", kiln::bench::cpu_line().c_str(),
+              num_threads(), num_threads() == 1 ? "" : "s");
   std::printf("%-28s %-18s %9s %9s %9s %9s %8s %8s %8s %8s\n", "layer", "input", "fwd ms", "dgrad ms", "wgrad ms",
               "all ms", "fwd GF/s", "dgr GF/s", "wgr GF/s", "all GF/s");
   std::vector<ConvCase> convs = {

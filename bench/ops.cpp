@@ -73,8 +73,8 @@ int main(int argc, char** argv) {
   }
   const int reps = flags.quick ? 3 : 15;
   const bool gpu = cuda::device_count() > 0;
-  std::printf("op table timings, f32, median of %d (CPU: %s, %d threads; %s)\n", reps, tools::cpu_line().c_str(),
-              num_threads(), gpu ? "CUDA device 0" : "no GPU visible: CPU columns only");
+  std::printf("op table timings, f32, median of %d (CPU: %s, %d thread%s; %s)\n", reps, tools::cpu_line().c_str(),
+              num_threads(), num_threads() == 1 ? "" : "s", gpu ? "CUDA device 0" : "no GPU visible: CPU columns only");
   std::printf("%-26s %12s %14s", "row", "cpu fwd ms", "cpu fwd+bwd ms");
   if (gpu) std::printf(" %12s %14s %10s", "cuda fwd ms", "cuda fwd+bwd", "cpu/cuda");
   std::printf("\n");

@@ -794,3 +794,14 @@ TEST_CASE("train: a checkpoint that cannot be written (file-size limit, like a f
   for (const auto& e : fs::directory_iterator(d / "run/checkpoints"))
     CHECK_MESSAGE(e.path().filename().string().find(".tmp.") == std::string::npos, e.path());
 }
+
+TEST_CASE("train: --zero 1 with one rank says it splits nothing") {
+  TempDir d("kiln_zero1");
+  const auto r = run_kiln(
+      "train --limit-train 16 --limit-eval 8 --batch 8 --max-steps 1 --threads 1 --device cpu "
+      "--zero 1 --out " +
+          d / "run",
+      d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "note: --zero 1 with one rank keeps the whole optimizer state on it"), r.output);
+}

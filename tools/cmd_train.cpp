@@ -380,6 +380,10 @@ class Trainer {
     }
 
     // optimizer and schedule; with --zero 1 over this rank's chunks of the flattened parameters
+    if (c_.zero == 1 && world_ == 1)
+      std::fprintf(stderr,
+                   "kiln train: note: --zero 1 with one rank keeps the whole optimizer state on it (ZeRO "
+                   "splits it over the ranks of a launch)\n");
     if (c_.zero == 1) {
       try {
         zero_ = std::make_unique<dist::ZeroRedundancy>(
