@@ -17,6 +17,13 @@ namespace kiln::io {
 std::u32string decode_utf8(std::string_view s);
 std::string encode_utf8(std::u32string_view s);
 
+// The lines of `text`, split at "\n", "\r\n" or a lone "\r" (old Mac files), without their ends; a
+// leading UTF-8 byte order mark is dropped.
+std::vector<std::string_view> split_lines(std::string_view text);
+// A text file (gzip-compressed or not) without its byte order mark; binary data (a NUL byte in the
+// first 4 KiB) is an error naming the file, bytes that are not UTF-8 a warning.
+std::string read_text_file(const std::string& path);
+
 struct BasicTokenizerOptions {
   bool lower_case = true;     // Latin, Greek and Cyrillic letters
   bool strip_accents = true;  // combining marks dropped, Latin-1 and Latin Extended-A letters to their base
@@ -100,8 +107,13 @@ class MlmDataset final : public Dataset {
   int64_t tokens_ = 0;
 };
 
-// `label<TAB>text` lines (a header line "label<TAB>text" or "label<TAB>sentence" is skipped).
-// Labels are names; `label_names` fixes their ids (empty: the sorted distinct labels of this file).
+// `label<TAB>text` lines; or, when the first non-blank line is a header with a column named
+// "label", any number of columns: the label is that column, the text the one named "sentence" or
+// "text" (or the only other one), so GLUE's `sentence<TAB>label` files load as they are. Lines may
+// end in "\n", "\r\n" or "\r"; blank lines are skipped; labels lose surrounding spaces. Labels are
+// names; `label_names` fixes their ids (empty: this file's distinct labels, in numeric order when
+// all are integers, else sorted as text; a label with a space, or more distinct labels than half of
+// 20 or more rows, is refused as text in the label column). Errors name the file and line.
 // Batches: input_ids, attention_mask, token_type_ids (i64 [B, L], [CLS] text [SEP], cut to seq_len)
 // and target (i64 [B]).
 class TsvClassificationDataset final : public Dataset {

@@ -147,7 +147,7 @@ TEST_CASE("masked LM: packing, 15% masked as 80/10/10, reproducible per (seed, s
   CHECK(contains(error_of([&] { io::MlmDataset(tok, {d / "corpus.txt"}, {4, 0.15}); }), "at least 8"));
 }
 
-TEST_CASE("tsv classification: header, label ids, cut to length, errors name file and row") {
+TEST_CASE("tsv classification: header, label ids, cut to length, errors name file and line") {
   TempDir d("kiln_tsv");
   auto tok = toy_tokenizer();
   std::ofstream(d / "train.tsv") << "label\ttext\npos\thello world\nneg\tthe a b c runs the a b c runs\npos\trun\n";
@@ -163,9 +163,132 @@ TEST_CASE("tsv classification: header, label ids, cut to length, errors name fil
   CHECK(b.at("attention_mask").to_vector()[4] == 0);
   std::ofstream(d / "eval.tsv") << "pos\thello\nmaybe\tworld\n";
   CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "eval.tsv", 8, train.label_names()); }),
-                 "row 2 has label 'maybe'"));
+                 "eval.tsv:2: the label 'maybe' is not one of the 2 training labels (neg, pos)"));
   std::ofstream(d / "bad.tsv") << "pos\thello\nno tab here\n";
   CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "bad.tsv", 8); }), "bad.tsv:2: expected label<TAB>text"));
+}
+
+namespace {
+// The (label name, first token of the text) of every sample, in file order.
+std::vector<std::pair<std::string, std::string>> tsv_samples(const io::TsvClassificationDataset& ds,
+                                                             const io::WordPieceTokenizer& tok) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    const io::Batch b = ds.get_batch({i}, 0);
+    out.emplace_back(ds.label_names().at(size_t(b.at("target").data<int64_t>()[0])),
+                     tok.vocab().token(b.at("input_ids").data<int64_t>()[1]));
+  }
+  return out;
+}
+using Samples = std::vector<std::pair<std::string, std::string>>;
+}  // namespace
+
+TEST_CASE("tsv classification: headers name the label and text columns (GLUE's sentence<TAB>label)") {
+  TempDir d("kiln_tsv");
+  auto tok = toy_tokenizer();
+  // SST-2's layout; a header after blank lines; a header with a third column; a header in any case.
+  std::ofstream(d / "sst2.tsv") << "sentence\tlabel\nhello world\t1\nthe runs\t0\na b\t1\nc\t0\n";
+  io::TsvClassificationDataset sst2(tok, d / "sst2.tsv", 8);
+  CHECK(sst2.size() == 4);
+  CHECK(sst2.label_names() == Words{"0", "1"});
+  CHECK(tsv_samples(sst2, *tok) == Samples{{"1", "hello"}, {"0", "the"}, {"1", "a"}, {"0", "c"}});
+  std::ofstream(d / "three.tsv") << "\n  \nLabel\tSentence\tid\npos\thello\t7\nneg\tworld\t8\n";
+  io::TsvClassificationDataset three(tok, d / "three.tsv", 8);
+  CHECK(tsv_samples(three, *tok) == Samples{{"pos", "hello"}, {"neg", "world"}});
+  std::ofstream(d / "text.tsv") << "id\ttext\tlabel\n7\tworld\tneg\n";
+  CHECK(tsv_samples(io::TsvClassificationDataset(tok, d / "text.tsv", 8), *tok) == Samples{{"neg", "world"}});
+  // Errors: more columns without a header, a header without a text column, a short row.
+  std::ofstream(d / "cola.tsv") << "src\t1\t\thello world\nsrc\t0\t*\tthe runs\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "cola.tsv", 8); }),
+                 "cola.tsv:1: 4 tab-separated columns and no header line"));
+  std::ofstream(d / "notext.tsv") << "id\tlabel\tother\n1\tpos\thello\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "notext.tsv", 8); }),
+                 "notext.tsv:1: the header ('id', 'label', 'other') names a label column but no text column"));
+  std::ofstream(d / "short.tsv") << "label\tsentence\tid\npos\thello\t1\nneg\tworld\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "short.tsv", 8); }),
+                 "short.tsv:3: expected 3 columns as the header, got 2 columns"));
+}
+
+TEST_CASE("tsv classification: text in the label column is refused, not made one class per row") {
+  TempDir d("kiln_tsv");
+  auto tok = toy_tokenizer();
+  // text<TAB>label without a header: the text lands in the label column.
+  std::ofstream(d / "swapped.tsv") << "hello world\t1\nthe runs\t0\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "swapped.tsv", 8); }),
+                 "swapped.tsv:1: the label 'hello world' (column 1) looks like text, not a class name"));
+  {
+    std::ofstream f(d / "words.tsv");
+    for (int i = 0; i < 30; ++i) f << "word" << i << "\thello\n";
+  }
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "words.tsv", 8); }),
+                 "words.tsv: 30 distinct labels in 30 rows, taking column 1 as the label"));
+  {
+    std::ofstream f(d / "ten.tsv");  // few classes over many rows: fine
+    for (int i = 0; i < 30; ++i) f << "c" << i % 10 << "\thello\n";
+  }
+  CHECK(io::TsvClassificationDataset(tok, d / "ten.tsv", 8).label_names().size() == 10);
+}
+
+TEST_CASE("tsv classification: byte order mark, CR line ends, blank lines, spaced labels") {
+  TempDir d("kiln_tsv");
+  auto tok = toy_tokenizer();
+  std::ofstream(d / "bom.tsv") << "\xEF\xBB\xBFlabel\ttext\npos\thello\nneg\tworld\n";
+  CHECK(io::TsvClassificationDataset(tok, d / "bom.tsv", 8).label_names() == Words{"neg", "pos"});
+  std::ofstream(d / "bom2.tsv") << "\xEF\xBB\xBFpos\thello\nneg\tworld\npos\trun\n";
+  CHECK(io::TsvClassificationDataset(tok, d / "bom2.tsv", 8).label_names() == Words{"neg", "pos"});
+  std::ofstream(d / "cr.tsv") << "pos\thello\rneg\tworld\rpos\trun\r";  // old Mac line ends
+  io::TsvClassificationDataset cr(tok, d / "cr.tsv", 8);
+  CHECK(tsv_samples(cr, *tok) == Samples{{"pos", "hello"}, {"neg", "world"}, {"pos", "run"}});
+  std::ofstream(d / "blank.tsv") << "pos\thello\n   \n\t\n\npos \tworld\n neg\trun\n";
+  io::TsvClassificationDataset blank(tok, d / "blank.tsv", 8);
+  CHECK(tsv_samples(blank, *tok) == Samples{{"pos", "hello"}, {"pos", "world"}, {"neg", "run"}});
+}
+
+TEST_CASE("tsv classification: errors name the line; integer labels in numeric order") {
+  TempDir d("kiln_tsv");
+  auto tok = toy_tokenizer();
+  // Errors name the line of the file, blank lines counted.
+  std::ofstream(d / "gap.tsv") << "pos\thello\n\nneg\tworld\n\nmaybe\trun\n";
+  CHECK(contains(error_of([&] {
+                   io::TsvClassificationDataset(tok, d / "gap.tsv", 8, {"neg", "pos"});
+                 }),
+                 "gap.tsv:5: the label 'maybe'"));
+  std::ofstream(d / "empty.tsv") << "pos\thello\n \tworld\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "empty.tsv", 8); }),
+                 "empty.tsv:2: the label (column 1) is empty"));
+  // Integer labels in numeric order: label "2" is class 2.
+  std::ofstream(d / "int.tsv") << "10\ta\n2\tb\n0\tc\n1\thello\n3\tworld\n-1\trun\n";
+  io::TsvClassificationDataset ints(tok, d / "int.tsv", 8);
+  CHECK(ints.label_names() == Words{"-1", "0", "1", "2", "3", "10"});
+  CHECK(ints.get_batch({1}, 0).at("target").data<int64_t>()[0] == 3);
+  // Names fixed by a trained model keep their order (text order from an older build, say).
+  io::TsvClassificationDataset old(tok, d / "int.tsv", 8, {"-1", "0", "1", "10", "2", "3"});
+  CHECK(old.get_batch({1}, 0).at("target").data<int64_t>()[0] == 4);
+}
+
+TEST_CASE("vocab and masked LM: a byte order mark, CR line ends and binary files") {
+  TempDir d("kiln_vocab");
+  std::ofstream(d / "bom.txt") << "\xEF\xBB\xBF[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n";
+  const io::Vocab v = io::Vocab::load(d / "bom.txt");
+  CHECK(v.id("[PAD]") == 0);
+  CHECK(v.id("hello") == 5);
+  std::ofstream(d / "cr.txt") << "[PAD]\r[UNK]\r[CLS]\r[SEP]\r[MASK]\rhello\r";
+  CHECK(io::Vocab::load(d / "cr.txt").id("hello") == 5);
+  auto tok = toy_tokenizer();
+  // A corpus with CR line ends: lines, so a blank line still ends a document.
+  std::ofstream(d / "cr_corpus.txt") << "\xEF\xBB\xBFhello world\r\rthe a b\r";
+  io::MlmDataset ds(tok, {d / "cr_corpus.txt"}, {16, 0.15});
+  CHECK(ds.size() == 2);
+  CHECK(ds.tokens() == 5);
+  CHECK(io::split_lines("a\r\nb\rc\n\nd") == std::vector<std::string_view>{"a", "b", "c", "", "d"});
+  {
+    std::ofstream f(d / "bin.dat", std::ios::binary);
+    f << "hello" << '\0' << "world\n";
+  }
+  CHECK(contains(error_of([&] {
+                   io::MlmDataset(tok, {d / "bin.dat"}, {16, 0.15});
+                 }),
+                 "bin.dat: binary data (a NUL byte at offset 5), not a text file"));
 }
 
 TEST_CASE("vocab and masked LM: bytes that are not UTF-8 are counted and named once per file, not fatal") {
