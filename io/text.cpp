@@ -152,6 +152,7 @@ char32_t to_lower(char32_t c) {
   if (in(c, 'A', 'Z')) return c + 32;
   if (c < 0xC0) return c;
   if (in(c, 0xC0, 0xDE) && c != 0xD7) return c + 32;
+  if (c == 0x130) return 'i';  // Turkish İ: BERT's "i" + a combining dot, the dot dropped (not dotless ı)
   if (in(c, 0x100, 0x137) || in(c, 0x14A, 0x177)) return c | 1;  // pairs: even upper, odd lower
   if (in(c, 0x139, 0x148) || in(c, 0x179, 0x17E)) return (c & 1) ? c + 1 : c;  // odd upper, even lower
   if (c == 0x178) return 0xFF;

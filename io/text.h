@@ -24,8 +24,19 @@ std::vector<std::string_view> split_lines(std::string_view text);
 // first 4 KiB) is an error naming the file, bytes that are not UTF-8 a warning.
 std::string read_text_file(const std::string& path);
 
+// What lower-casing and accent stripping cover (the help of --lower-case says it): BERT's tokenizer
+// uses all of Unicode; this one the ranges below, and leaves other characters as they are.
+inline constexpr const char* kLowerCaseScope =
+    "lower-cases A-Z, the Latin-1 and Latin Extended-A capitals (U+00C0-017F; Turkish I with dot to i), "
+    "Greek capitals without accents (U+0391-03A9) and Cyrillic capitals (U+0400-042F); strips accents by "
+    "dropping combining marks (U+0300-036F, 1AB0-1AFF, 1DC0-1DFF, 20D0-20FF, FE20-FE2F) and mapping the "
+    "accented Latin-1 and Latin Extended-A letters to their base letter. Other characters are left as "
+    "they are, so BERT's tokenizer (all of Unicode) differs on: accented Greek letters (kept, capitals "
+    "not lower-cased), a word-final capital sigma (to σ, not ς), Cyrillic ё and й (kept, not е and и), "
+    "Latin Extended-B and Vietnamese (U+1E00-1EFF) letters, Armenian, Georgian and fullwidth capitals";
+
 struct BasicTokenizerOptions {
-  bool lower_case = true;     // Latin, Greek and Cyrillic letters
+  bool lower_case = true;     // kLowerCaseScope
   bool strip_accents = true;  // combining marks dropped, Latin-1 and Latin Extended-A letters to their base
 };
 // BERT's basic tokenizer: drops control characters, splits on whitespace, makes every punctuation

@@ -2,6 +2,7 @@
 // vocabularies (files, errors, the builder), masked-LM masking statistics and TSV classification.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -96,6 +97,15 @@ TEST_CASE("vocab builder: specials first, every character, frequent words whole,
   // A size the corpus cannot fill stops at the last pair that occurs twice.
   CHECK(io::build_wordpiece_vocab({d / "corpus.txt"}, 100000).size() < 200);
   CHECK(contains(error_of([&] { io::build_wordpiece_vocab({d / "corpus.txt"}, 3); }), "no room"));
+}
+
+TEST_CASE("basic tokenizer: --lower-case covers the ranges its help names; Turkish I with dot to i") {
+  CHECK(io::basic_tokenize("\xc4\xb0stanbul") == Words{"istanbul"});  // not dotless "ıstanbul"
+  CHECK(io::basic_tokenize("\xc4\xb0") != io::basic_tokenize("\xc4\xb1"));
+  CHECK(contains(io::kLowerCaseScope, "U+00C0-017F"));
+  // Outside the ranges: left as they are (an accented Greek capital, a fullwidth capital).
+  CHECK(io::basic_tokenize("\xce\x86") == Words{"\xce\x86"});
+  CHECK(io::basic_tokenize("\xef\xbc\xa1") == Words{"\xef\xbc\xa1"});
 }
 
 TEST_CASE("masked LM: packing, 15% masked as 80/10/10, reproducible per (seed, sample)") {
@@ -306,4 +316,45 @@ TEST_CASE("vocab and masked LM: bytes that are not UTF-8 are counted and named o
   CHECK(r.output.find(says) == r.output.rfind(says));  // once for the file
   r = kiln::testing::run_kiln("vocab --text " + d / "v.txt" + " --size 60 --out " + d / "v2.txt", d.p.string());
   CHECK_MESSAGE(!contains(r.output, "UTF-8"), r.output);  // a clean file: nothing said
+}
+
+TEST_CASE("text directories: symbolic links followed, sub-directories walked, a named binary file refused") {
+  namespace fs = std::filesystem;
+  TempDir d("kiln_textdir");
+  // A Hugging Face cache snapshot: the files are links into blobs/, one in a sub-directory.
+  fs::create_directories(d.p / "blobs");
+  fs::create_directories(d.p / "snap" / "sub");
+  fs::create_directories(d.p / "snap" / ".git");
+  for (int i = 0; i < 3; ++i) {
+    std::ofstream f(d / ("blobs/b" + std::to_string(i)));
+    for (int k = 0; k < 20; ++k) f << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  fs::create_symlink(d.p / "blobs" / "b0", d.p / "snap" / "a.txt");
+  fs::create_symlink(d.p / "blobs" / "b1", d.p / "snap" / "sub" / "b.txt");
+  fs::create_symlink(d.p / "blobs" / "b0", d.p / "snap" / "a.u8");  // the same file twice: read once
+  fs::create_symlink(d.p / "blobs", d.p / "snap" / "linked_dir");   // a link to a directory: not walked
+  std::ofstream(d / "snap/.git/HEAD") << "ref: refs/heads/main\n";  // hidden: left out
+  auto r = kiln::testing::run_kiln("vocab --text " + d / "snap" + " --size 60 --out " + d / "v.txt", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "from 2 files"), r.output);
+  {
+    std::ofstream f(d / "bin.dat", std::ios::binary);
+    f << "the quick" << '\0' << "brown fox\n";
+  }
+  r = kiln::testing::run_kiln("vocab --text " + d / "bin.dat" + " --size 60 --out " + d / "v2.txt", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--text " + d / "bin.dat" + ": binary data (a NUL byte in its first 4 KiB)"),
+                r.output);
+}
+
+TEST_CASE("kiln train --task mlm refuses --label-smoothing, which only the classification loss uses") {
+  TempDir d("kiln_mlm_ls");
+  std::ofstream(d / "c.txt") << "hello world\n";
+  std::ofstream(d / "v.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\n";
+  const auto r = kiln::testing::run_kiln("train --model bert-tiny --task mlm --text " + d / "c.txt" + " --vocab " +
+                                             d / "v.txt" + " --label-smoothing 0.1 --out " + d / "run",
+                                         d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--label-smoothing 0.100000: applies to the classification loss"), r.output);
+  CHECK(!std::filesystem::exists(d.p / "run" / "metrics.jsonl"));
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <numeric>
 #include <optional>
+#include <set>
 
 #include <chrono>
 #include <filesystem>
@@ -274,27 +275,59 @@ ModelInput input_of(const TrainConfig& c) { return model_family(c.model).input; 
 
 }  // namespace
 
+namespace {
+// Whether the first 4 KiB of `path` hold a NUL byte (and are not gzip's: read_text_file checks what
+// a .gz holds): binary data, not text.
+bool looks_binary(const std::filesystem::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::string head(4096, '\0');
+  f.read(head.data(), std::streamsize(head.size()));
+  head.resize(size_t(f.gcount()));
+  if (head.size() >= 2 && static_cast<unsigned char>(head[0]) == 0x1f && static_cast<unsigned char>(head[1]) == 0x8b)
+    return false;
+  return head.find('\0') != std::string::npos;
+}
+
+// The text files under `dir`, its sub-directories included: symbolic links to files are followed
+// (a Hugging Face cache snapshot is made of them), links to directories are not (they may loop);
+// hidden entries (.git, .gitattributes) and binary files are left out.
+void text_files_under(const std::filesystem::path& dir, std::vector<std::string>& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename().string().rfind('.', 0) == 0) continue;
+    if (e.is_directory(ec)) {
+      if (!e.is_symlink(ec)) text_files_under(e.path(), out);
+    } else if (e.is_regular_file(ec) && !looks_binary(e.path())) {  // is_regular_file follows a link
+      out.push_back(e.path().string());
+    }
+  }
+}
+}  // namespace
+
 std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths, const std::string& flag) {
   std::vector<std::string> out;
   for (const auto& p : paths) {
     struct stat st{};
     KILN_CHECK(::stat(p.c_str(), &st) == 0, flag, " ", p, ": no such file or directory");
     if (!S_ISDIR(st.st_mode)) {
+      KILN_CHECK(!looks_binary(p), flag, " ", p,
+                 ": binary data (a NUL byte in its first 4 KiB), not a text file (give text files, or directories "
+                 "of them: there binary files are skipped)");
       out.push_back(p);
       continue;
     }
     std::vector<std::string> files;
-    for (const auto& e : std::filesystem::directory_iterator(p)) {
-      if (!e.is_regular_file() || e.is_symlink()) continue;
-      std::ifstream f(e.path(), std::ios::binary);
-      std::string head(4096, '\0');
-      f.read(head.data(), std::streamsize(head.size()));
-      head.resize(size_t(f.gcount()));
-      if (head.find('\0') == std::string::npos) files.push_back(e.path().string());
-    }
+    text_files_under(p, files);
     KILN_CHECK(!files.empty(), flag, " ", p, ": the directory holds no text files");
     std::sort(files.begin(), files.end());
-    out.insert(out.end(), files.begin(), files.end());
+    // A file reached twice (fortune's art.u8 -> art) is read once, under its first name.
+    std::set<std::string> seen;
+    for (const auto& f : files) {
+      std::error_code ec;
+      const std::filesystem::path real = std::filesystem::canonical(f, ec);
+      if (seen.insert(ec ? f : real.string()).second) out.push_back(f);
+    }
   }
   return out;
 }

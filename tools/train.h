@@ -182,8 +182,10 @@ struct VocabOptions {
 };
 void add_vocab_flags(CLI::App& app, VocabOptions& o);
 int run_vocab(const VocabOptions& o);
-// Text files named by the user: files as they are; a directory gives every regular text file in it
-// (sorted; files holding NUL bytes, like fortune's .dat indexes, are skipped).
+// Text files named by the user: files as they are (one holding a NUL byte in its first 4 KiB is an
+// error); a directory gives every text file in it and in its sub-directories, sorted by path:
+// symbolic links to files are followed (a file reached twice is read once), links to directories
+// are not; hidden entries and files holding NUL bytes, like fortune's .dat indexes, are skipped.
 std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths, const std::string& flag);
 int run_eval(const TrainConfig& c, const std::string& weights);
 
