@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "io/text.h"
 #include "kiln.h"
@@ -357,4 +358,24 @@ TEST_CASE("kiln train --task mlm refuses --label-smoothing, which only the class
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "--label-smoothing 0.100000: applies to the classification loss"), r.output);
   CHECK(!std::filesystem::exists(d.p / "run" / "metrics.jsonl"));
+}
+
+TEST_CASE("kiln eval of a BERT classifier takes the label names from its weights: no --train-tsv needed") {
+  TempDir d("kiln_tsv_eval");
+  std::ofstream(d / "v.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\nthe\nruns\n";
+  // GLUE's layout with integer labels: numeric order, so "10" is the last class.
+  std::ofstream(d / "train.tsv") << "sentence\tlabel\nhello world\t1\nthe runs\t0\nhello\t10\nworld\t2\n";
+  const std::string common = " --model bert-tiny --task classify --vocab " + d / "v.txt" +
+                             " --seq-len 16 --batch 2 --threads 1 --eval-tsv " + d / "train.tsv";
+  auto r = kiln::testing::run_kiln(
+      "train" + common + " --train-tsv " + d / "train.tsv" + " --max-steps 1 --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto s = nlohmann::json::parse(kiln::testing::read_text(d / "run/summary.json"));
+  CHECK(s["config"]["data_info"]["labels"] == nlohmann::json({"0", "1", "2", "10"}));
+  r = kiln::testing::run_kiln("eval" + common + " --weights " + d / "run/model.safetensors" + " --out " + d / "e.json",
+                              d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto e = nlohmann::json::parse(kiln::testing::read_text(d / "e.json"));
+  CHECK(e["test_loss"].get<double>() == doctest::Approx(s["test_loss"].get<double>()).epsilon(1e-6));
+  CHECK(e["data"]["labels"] == s["config"]["data_info"]["labels"]);
 }

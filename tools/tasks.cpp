@@ -250,8 +250,18 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
 Task bert_classify(const TrainConfig& c, const BertName& bn) {
   io::BasicTokenizerOptions bo{c.lower_case, c.lower_case};
   auto tok = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(c.vocab), bo);
-  auto train = std::make_shared<io::TsvClassificationDataset>(tok, c.train_tsv, c.seq_len, c.label_names);
-  auto eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, train->label_names());
+  // kiln eval: the label names come with the weights, and --train-tsv is needed only without them.
+  KILN_CHECK(!c.train_tsv.empty() || !c.label_names.empty(),
+             "--task classify: the weights carry no label names (written by an older kiln?): give --train-tsv, the "
+             "file the model was trained on, for them");
+  std::shared_ptr<io::TsvClassificationDataset> train, eval;
+  if (!c.train_tsv.empty()) {
+    train = std::make_shared<io::TsvClassificationDataset>(tok, c.train_tsv, c.seq_len, c.label_names);
+    eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, train->label_names());
+  } else {
+    eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, c.label_names);
+    train = eval;  // not trained on: kiln eval only evaluates
+  }
   auto model = std::make_shared<models::BertForSequenceClassification>(
       bert_config_for(c, bn, *tok, {"num_labels=" + std::to_string(train->label_names().size())}));
   Task t = task_of(c, "classify", "accuracy", model, train, eval);

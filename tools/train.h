@@ -37,6 +37,7 @@ struct TrainConfig {
   double mask_prob = 0.15;
   bool lower_case = true;
   std::vector<std::string> label_names;  // not a flag: fixed by a trained model's metadata in `kiln eval`
+  bool evaluating = false;  // not a flag: `kiln eval`, where a classifier's labels may come from its weights
   // schedule of the run
   int64_t epochs = 1, batch = 128, max_steps = 0;
   int64_t accum_steps = 1;  // micro-batches per optimizer step

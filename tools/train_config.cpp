@@ -173,6 +173,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
 }
 
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights) {
+  c.evaluating = true;
   add_model_data_flags(app, c);
   app.add_option("--weights", weights, "Trained weights (safetensors, e.g. RUN/model.safetensors)")
       ->required()
@@ -346,7 +347,11 @@ std::vector<std::string> validate(const TrainConfig& c) {
     const std::string task = c.task.empty() ? "mlm" : c.task;
     if (c.vocab.empty()) e.push_back("--model " + c.model + " needs --vocab (make one: kiln vocab --text FILE --size 8000 --out vocab.txt)");
     if (task == "mlm" && c.text.empty()) e.push_back("--task mlm needs --text (a corpus: files or directories)");
-    if (task == "classify" && (c.train_tsv.empty() || c.eval_tsv.empty()))
+    // kiln eval takes the label names from the weights (a run's model.safetensors carries them); it
+    // reads --train-tsv for them only when they are not there.
+    if (task == "classify" && c.evaluating && c.eval_tsv.empty())
+      e.push_back("--task classify needs --eval-tsv (label<TAB>text lines)");
+    else if (task == "classify" && !c.evaluating && (c.train_tsv.empty() || c.eval_tsv.empty()))
       e.push_back("--task classify needs --train-tsv and --eval-tsv (label<TAB>text lines)");
     if (task == "mlm" && c.label_smoothing != 0)
       e.push_back("--label-smoothing " + std::to_string(c.label_smoothing) +
