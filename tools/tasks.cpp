@@ -301,13 +301,15 @@ bool looks_binary(const std::filesystem::path& path) {
 // The text files under `dir`, its sub-directories included: symbolic links to files are followed
 // (a Hugging Face cache snapshot is made of them), links to directories are not (they may loop);
 // hidden entries (.git, .gitattributes) and binary files are left out.
-void text_files_under(const std::filesystem::path& dir, std::vector<std::string>& out) {
+void text_files_under(const std::filesystem::path& dir, const std::string& flag, std::vector<std::string>& out) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  fs::directory_iterator it(dir, ec);
+  KILN_CHECK(!ec, flag, " ", dir.string(), ": cannot read the directory (", ec.message(), ")");
+  for (const auto& e : it) {
     if (e.path().filename().string().rfind('.', 0) == 0) continue;
     if (e.is_directory(ec)) {
-      if (!e.is_symlink(ec)) text_files_under(e.path(), out);
+      if (!e.is_symlink(ec)) text_files_under(e.path(), flag, out);
     } else if (e.is_regular_file(ec) && !looks_binary(e.path())) {  // is_regular_file follows a link
       out.push_back(e.path().string());
     }
@@ -328,7 +330,7 @@ std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths
       continue;
     }
     std::vector<std::string> files;
-    text_files_under(p, files);
+    text_files_under(p, flag, files);
     KILN_CHECK(!files.empty(), flag, " ", p, ": the directory holds no text files");
     std::sort(files.begin(), files.end());
     // A file reached twice (fortune's art.u8 -> art) is read once, under its first name.
