@@ -2,7 +2,9 @@
 // the ranges English and European text need (see each function), not the whole Unicode database.
 #include "io/text.h"
 
+#include <unistd.h>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,7 +12,6 @@
 #include <queue>
 #include <set>
 #include <sstream>
-#include <unistd.h>
 #include <unordered_set>
 
 #include "engine/random.h"
@@ -65,6 +66,30 @@ void warn_invalid_utf8(const std::string& path, std::string_view text) {
 }  // namespace
 
 std::u32string decode_utf8(std::string_view s) { return decode_utf8_counting(s, nullptr); }
+
+std::vector<std::string_view> split_lines(std::string_view text) {
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a UTF-8 byte order mark
+  std::vector<std::string_view> lines;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\n' && text[i] != '\r') continue;
+    lines.push_back(text.substr(start, i - start));
+    if (text[i] == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+    start = i + 1;
+  }
+  if (start < text.size()) lines.push_back(text.substr(start));
+  return lines;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::string text = read_maybe_gzip(path);
+  const size_t nul = text.find('\0');
+  KILN_CHECK(nul == std::string::npos || nul >= 4096, path, ": binary data (a NUL byte at offset ", nul,
+             "), not a text file");
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte order mark
+  warn_invalid_utf8(path, text);
+  return text;
+}
 
 std::string encode_utf8(std::u32string_view s) {
   std::string out;
@@ -127,6 +152,7 @@ char32_t to_lower(char32_t c) {
   if (in(c, 'A', 'Z')) return c + 32;
   if (c < 0xC0) return c;
   if (in(c, 0xC0, 0xDE) && c != 0xD7) return c + 32;
+  if (c == 0x130) return 'i';  // Turkish İ: BERT's "i" + a combining dot, the dot dropped (not dotless ı)
   if (in(c, 0x100, 0x137) || in(c, 0x14A, 0x177)) return c | 1;  // pairs: even upper, odd lower
   if (in(c, 0x139, 0x148) || in(c, 0x179, 0x17E)) return (c & 1) ? c + 1 : c;  // odd upper, even lower
   if (c == 0x178) return 0xFF;
@@ -201,12 +227,12 @@ Vocab Vocab::from_tokens(std::vector<std::string> tokens, std::string source) {
 Vocab Vocab::load(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   KILN_CHECK(f.good(), path, ": cannot open the vocabulary");
+  std::ostringstream all;
+  all << f.rdbuf();
+  const std::string text = all.str();
+  // split_lines drops a byte order mark (Windows editors write one), which is no part of "[PAD]".
   std::vector<std::string> tokens;
-  std::string line;
-  while (std::getline(f, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    tokens.push_back(line);
-  }
+  for (const std::string_view line : split_lines(text)) tokens.emplace_back(line);
   return from_tokens(std::move(tokens), path);
 }
 
@@ -308,8 +334,7 @@ Vocab build_wordpiece_vocab(const std::vector<std::string>& files, int64_t size,
   KILN_CHECK(!files.empty(), "build_wordpiece_vocab: no text files");
   std::map<std::string, int64_t> word_freq;
   for (const auto& f : files) {
-    const std::string text = read_maybe_gzip(f);
-    warn_invalid_utf8(f, text);
+    const std::string text = read_text_file(f);
     for (auto& w : basic_tokenize(text, o))
       if (decode_utf8(w).size() <= 100) ++word_freq[w];
   }
@@ -433,12 +458,8 @@ MlmDataset::MlmDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std:
     cur.clear();
   };
   for (const auto& f : files) {
-    const std::string text = read_maybe_gzip(f);
-    warn_invalid_utf8(f, text);
-    std::istringstream in(text);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
+    const std::string text = read_text_file(f);
+    for (const std::string_view line : split_lines(text)) {
       if (line.find_first_not_of(" \t") == std::string::npos || line == "%") {
         emit();  // end of a document
         continue;
@@ -533,40 +554,126 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
   tok_->vocab().require("[SEP]", "classification inputs end with");
   tok_->vocab().require("[PAD]", "pads short classification inputs");
   KILN_CHECK(seq_len_ >= 3, "classification sequence length must be at least 3, got ", seq_len_);
-  const std::string text = read_maybe_gzip(path);
-  warn_invalid_utf8(path, text);
-  std::istringstream in(text);
-  std::string line;
-  std::vector<std::pair<std::string, std::string>> rows;
-  int64_t lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
-    const auto tab = line.find('\t');
-    KILN_CHECK(tab != std::string::npos && tab > 0, path, ":", lineno, ": expected label<TAB>text, got '",
-               line.substr(0, 60), line.size() > 60 ? "...'" : "'");
-    std::string label = line.substr(0, tab), body = line.substr(tab + 1);
-    if (lineno == 1 && label == "label" && (body == "text" || body == "sentence")) continue;  // a header
-    rows.emplace_back(std::move(label), std::move(body));
+  const std::string text = read_text_file(path);
+
+  // Rows of tab-separated fields with their line numbers; blank lines (empty or only spaces and
+  // tabs) are skipped.
+  struct Row {
+    int64_t line;
+    std::vector<std::string_view> fields;
+  };
+  std::vector<Row> rows;
+  {
+    const std::vector<std::string_view> lines = split_lines(text);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const std::string_view l = lines[i];
+      if (l.find_first_not_of(" \t") == std::string_view::npos) continue;
+      Row r{int64_t(i + 1), {}};
+      for (size_t start = 0;;) {
+        const size_t tab = l.find('\t', start);
+        r.fields.push_back(l.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start));
+        if (tab == std::string_view::npos) break;
+        start = tab + 1;
+      }
+      rows.push_back(std::move(r));
+    }
   }
   KILN_CHECK(!rows.empty(), path, ": no label<TAB>text lines");
+  auto trim = [](std::string_view v) {
+    const size_t a = v.find_first_not_of(" \t\v\f");
+    if (a == std::string_view::npos) return std::string_view();
+    return v.substr(a, v.find_last_not_of(" \t\v\f") - a + 1);
+  };
+  auto lower = [&](std::string_view v) {
+    std::string out(trim(v));
+    for (char& ch : out) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    return out;
+  };
+  auto shown = [](std::string_view v) {
+    std::string out(1, '\'');
+    out.append(v.substr(0, 60));
+    out += v.size() > 60 ? "...'" : "'";
+    return out;
+  };
+
+  // The first row is a header when one of its columns is named "label" (GLUE's SST-2 writes
+  // sentence<TAB>label): the label column is that one, the text column the one named "sentence" or
+  // "text", or the only other one. Without a header: label<TAB>text.
+  size_t label_col = 0, text_col = 1, columns = 2;
+  std::string label_col_name = "column 1";
+  const Row& first = rows.front();
+  std::vector<std::string> names;
+  for (const auto& f : first.fields) names.push_back(lower(f));
+  const auto label_it = std::find(names.begin(), names.end(), "label");
+  if (label_it != names.end()) {
+    columns = names.size();
+    label_col = size_t(label_it - names.begin());
+    auto text_it = std::find(names.begin(), names.end(), "sentence");
+    if (text_it == names.end()) text_it = std::find(names.begin(), names.end(), "text");
+    if (text_it == names.end() && columns == 2) text_it = names.begin() + (label_col == 0 ? 1 : 0);
+    std::string all;
+    for (const auto& f : first.fields) all += (all.empty() ? "" : ", ") + shown(f);
+    KILN_CHECK(text_it != names.end(), path, ":", first.line, ": the header (", all,
+               ") names a label column but no text column: name that one 'sentence' or 'text'");
+    text_col = size_t(text_it - names.begin());
+    label_col_name = "column " + std::to_string(label_col + 1) + " ('label' in the header)";
+    rows.erase(rows.begin());
+    KILN_CHECK(!rows.empty(), path, ": a header line and no label<TAB>text lines");
+  }
+  for (const Row& r : rows) {
+    const std::string_view l = r.fields.front();
+    if (columns == 2 && r.fields.size() > 2 && label_it == names.end())
+      KILN_FAIL(path, ":", r.line, ": ", r.fields.size(),
+                " tab-separated columns and no header line: a file without a header holds label<TAB>text; give "
+                "files with more columns a header line naming the 'label' column and the 'sentence' (or 'text') "
+                "one");
+    KILN_CHECK(
+        r.fields.size() == columns, path, ":", r.line, ": expected ",
+        label_it == names.end() ? std::string("label<TAB>text") : std::to_string(columns) + " columns as the header",
+        ", got ", r.fields.size() == 1 ? shown(l) : std::to_string(r.fields.size()) + " columns");
+    KILN_CHECK(!trim(r.fields[label_col]).empty(), path, ":", r.line, ": the label (", label_col_name, ") is empty");
+  }
+
   const bool fixed = !labels_.empty();
   if (!fixed) {
-    std::set<std::string> names;
-    for (const auto& r : rows) names.insert(r.first);
-    labels_.assign(names.begin(), names.end());
+    std::set<std::string> distinct;
+    for (const Row& r : rows) {
+      const std::string_view label = trim(r.fields[label_col]);
+      // Class names are words or numbers: a label with spaces is text in the label column.
+      KILN_CHECK(label.find(' ') == std::string_view::npos, path, ":", r.line, ": the label ", shown(label), " (",
+                 label_col_name,
+                 ") looks like text, not a class name: the file should hold label<TAB>text lines, or a header "
+                 "naming the 'label' column");
+      distinct.emplace(label);
+    }
+    KILN_CHECK(rows.size() < 20 || distinct.size() * 2 <= rows.size(), path, ": ", distinct.size(),
+               " distinct labels in ", rows.size(), " rows, taking ", label_col_name,
+               " as the label: that column looks like text, not classes; the file should hold label<TAB>text lines, "
+               "or a header naming the 'label' column");
+    labels_.assign(distinct.begin(), distinct.end());
+    // Integer labels (GLUE's 0/1, star ratings) in numeric order, so label "2" is class 2, not 10's
+    // neighbour. The names travel with the weights, so a model evaluates in its own order.
+    auto integer = [](const std::string& v) {
+      const size_t digits = v[0] == '-' ? 1 : 0;
+      return v.size() > digits && v.size() <= 18 && v.find_first_not_of("0123456789", digits) == std::string::npos;
+    };
+    if (std::all_of(labels_.begin(), labels_.end(), integer))
+      std::stable_sort(labels_.begin(), labels_.end(),
+                       [](const std::string& a, const std::string& b) { return std::stoll(a) < std::stoll(b); });
   }
-  std::map<std::string, int64_t> label_id;
+  std::map<std::string, int64_t, std::less<>> label_id;
   for (size_t i = 0; i < labels_.size(); ++i) label_id[labels_[i]] = int64_t(i);
-  lineno = 0;
-  for (const auto& [label, body] : rows) {
-    ++lineno;
+  for (const Row& r : rows) {
+    const std::string_view label = trim(r.fields[label_col]);
     auto it = label_id.find(label);
-    KILN_CHECK(it != label_id.end(), path, ": row ", lineno, " has label '", label,
-               "', which the training file does not have");
+    if (it == label_id.end()) {
+      std::string known;
+      for (size_t i = 0; i < labels_.size() && i < 10; ++i) known += (i ? ", " : "") + labels_[i];
+      KILN_FAIL(path, ":", r.line, ": the label ", shown(label), " is not one of the ", labels_.size(),
+                " training labels (", known, labels_.size() > 10 ? ", ..." : "", ")");
+    }
     std::vector<int32_t> s = {int32_t(tok_->cls_id)};
-    for (int64_t id : tok_->encode(body)) {
+    for (int64_t id : tok_->encode(r.fields[text_col])) {
       if (int64_t(s.size()) + 1 >= seq_len_) break;
       s.push_back(int32_t(id));
     }

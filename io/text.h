@@ -17,8 +17,26 @@ namespace kiln::io {
 std::u32string decode_utf8(std::string_view s);
 std::string encode_utf8(std::u32string_view s);
 
+// The lines of `text`, split at "\n", "\r\n" or a lone "\r" (old Mac files), without their ends; a
+// leading UTF-8 byte order mark is dropped.
+std::vector<std::string_view> split_lines(std::string_view text);
+// A text file (gzip-compressed or not) without its byte order mark; binary data (a NUL byte in the
+// first 4 KiB) is an error naming the file, bytes that are not UTF-8 a warning.
+std::string read_text_file(const std::string& path);
+
+// What lower-casing and accent stripping cover (the help of --lower-case says it): BERT's tokenizer
+// uses all of Unicode; this one the ranges below, and leaves other characters as they are.
+inline constexpr const char* kLowerCaseScope =
+    "lower-cases A-Z, the Latin-1 and Latin Extended-A capitals (U+00C0-017F; Turkish I with dot to i), "
+    "Greek capitals without accents (U+0391-03A9) and Cyrillic capitals (U+0400-042F); strips accents by "
+    "dropping combining marks (U+0300-036F, 1AB0-1AFF, 1DC0-1DFF, 20D0-20FF, FE20-FE2F) and mapping the "
+    "accented Latin-1 and Latin Extended-A letters to their base letter. Other characters are left as "
+    "they are, so BERT's tokenizer (all of Unicode) differs on: accented Greek letters (kept, capitals "
+    "not lower-cased), a word-final capital sigma (to σ, not ς), Cyrillic ё and й (kept, not е and и), "
+    "Latin Extended-B and Vietnamese (U+1E00-1EFF) letters, Armenian, Georgian and fullwidth capitals";
+
 struct BasicTokenizerOptions {
-  bool lower_case = true;     // Latin, Greek and Cyrillic letters
+  bool lower_case = true;     // kLowerCaseScope
   bool strip_accents = true;  // combining marks dropped, Latin-1 and Latin Extended-A letters to their base
 };
 // BERT's basic tokenizer: drops control characters, splits on whitespace, makes every punctuation
@@ -100,8 +118,13 @@ class MlmDataset final : public Dataset {
   int64_t tokens_ = 0;
 };
 
-// `label<TAB>text` lines (a header line "label<TAB>text" or "label<TAB>sentence" is skipped).
-// Labels are names; `label_names` fixes their ids (empty: the sorted distinct labels of this file).
+// `label<TAB>text` lines; or, when the first non-blank line is a header with a column named
+// "label", any number of columns: the label is that column, the text the one named "sentence" or
+// "text" (or the only other one), so GLUE's `sentence<TAB>label` files load as they are. Lines may
+// end in "\n", "\r\n" or "\r"; blank lines are skipped; labels lose surrounding spaces. Labels are
+// names; `label_names` fixes their ids (empty: this file's distinct labels, in numeric order when
+// all are integers, else sorted as text; a label with a space, or more distinct labels than half of
+// 20 or more rows, is refused as text in the label column). Errors name the file and line.
 // Batches: input_ids, attention_mask, token_type_ids (i64 [B, L], [CLS] text [SEP], cut to seq_len)
 // and target (i64 [B]).
 class TsvClassificationDataset final : public Dataset {

@@ -2,8 +2,10 @@
 // vocabularies (files, errors, the builder), masked-LM masking statistics and TSV classification.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "io/text.h"
 #include "kiln.h"
@@ -98,6 +100,15 @@ TEST_CASE("vocab builder: specials first, every character, frequent words whole,
   CHECK(contains(error_of([&] { io::build_wordpiece_vocab({d / "corpus.txt"}, 3); }), "no room"));
 }
 
+TEST_CASE("basic tokenizer: --lower-case covers the ranges its help names; Turkish I with dot to i") {
+  CHECK(io::basic_tokenize("\xc4\xb0stanbul") == Words{"istanbul"});  // not dotless "ıstanbul"
+  CHECK(io::basic_tokenize("\xc4\xb0") != io::basic_tokenize("\xc4\xb1"));
+  CHECK(contains(io::kLowerCaseScope, "U+00C0-017F"));
+  // Outside the ranges: left as they are (an accented Greek capital, a fullwidth capital).
+  CHECK(io::basic_tokenize("\xce\x86") == Words{"\xce\x86"});
+  CHECK(io::basic_tokenize("\xef\xbc\xa1") == Words{"\xef\xbc\xa1"});
+}
+
 TEST_CASE("masked LM: packing, 15% masked as 80/10/10, reproducible per (seed, sample)") {
   TempDir d("kiln_mlm");
   auto tok = toy_tokenizer();
@@ -147,7 +158,7 @@ TEST_CASE("masked LM: packing, 15% masked as 80/10/10, reproducible per (seed, s
   CHECK(contains(error_of([&] { io::MlmDataset(tok, {d / "corpus.txt"}, {4, 0.15}); }), "at least 8"));
 }
 
-TEST_CASE("tsv classification: header, label ids, cut to length, errors name file and row") {
+TEST_CASE("tsv classification: header, label ids, cut to length, errors name file and line") {
   TempDir d("kiln_tsv");
   auto tok = toy_tokenizer();
   std::ofstream(d / "train.tsv") << "label\ttext\npos\thello world\nneg\tthe a b c runs the a b c runs\npos\trun\n";
@@ -163,9 +174,132 @@ TEST_CASE("tsv classification: header, label ids, cut to length, errors name fil
   CHECK(b.at("attention_mask").to_vector()[4] == 0);
   std::ofstream(d / "eval.tsv") << "pos\thello\nmaybe\tworld\n";
   CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "eval.tsv", 8, train.label_names()); }),
-                 "row 2 has label 'maybe'"));
+                 "eval.tsv:2: the label 'maybe' is not one of the 2 training labels (neg, pos)"));
   std::ofstream(d / "bad.tsv") << "pos\thello\nno tab here\n";
   CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "bad.tsv", 8); }), "bad.tsv:2: expected label<TAB>text"));
+}
+
+namespace {
+// The (label name, first token of the text) of every sample, in file order.
+std::vector<std::pair<std::string, std::string>> tsv_samples(const io::TsvClassificationDataset& ds,
+                                                             const io::WordPieceTokenizer& tok) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    const io::Batch b = ds.get_batch({i}, 0);
+    out.emplace_back(ds.label_names().at(size_t(b.at("target").data<int64_t>()[0])),
+                     tok.vocab().token(b.at("input_ids").data<int64_t>()[1]));
+  }
+  return out;
+}
+using Samples = std::vector<std::pair<std::string, std::string>>;
+}  // namespace
+
+TEST_CASE("tsv classification: headers name the label and text columns (GLUE's sentence<TAB>label)") {
+  TempDir d("kiln_tsv");
+  auto tok = toy_tokenizer();
+  // SST-2's layout; a header after blank lines; a header with a third column; a header in any case.
+  std::ofstream(d / "sst2.tsv") << "sentence\tlabel\nhello world\t1\nthe runs\t0\na b\t1\nc\t0\n";
+  io::TsvClassificationDataset sst2(tok, d / "sst2.tsv", 8);
+  CHECK(sst2.size() == 4);
+  CHECK(sst2.label_names() == Words{"0", "1"});
+  CHECK(tsv_samples(sst2, *tok) == Samples{{"1", "hello"}, {"0", "the"}, {"1", "a"}, {"0", "c"}});
+  std::ofstream(d / "three.tsv") << "\n  \nLabel\tSentence\tid\npos\thello\t7\nneg\tworld\t8\n";
+  io::TsvClassificationDataset three(tok, d / "three.tsv", 8);
+  CHECK(tsv_samples(three, *tok) == Samples{{"pos", "hello"}, {"neg", "world"}});
+  std::ofstream(d / "text.tsv") << "id\ttext\tlabel\n7\tworld\tneg\n";
+  CHECK(tsv_samples(io::TsvClassificationDataset(tok, d / "text.tsv", 8), *tok) == Samples{{"neg", "world"}});
+  // Errors: more columns without a header, a header without a text column, a short row.
+  std::ofstream(d / "cola.tsv") << "src\t1\t\thello world\nsrc\t0\t*\tthe runs\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "cola.tsv", 8); }),
+                 "cola.tsv:1: 4 tab-separated columns and no header line"));
+  std::ofstream(d / "notext.tsv") << "id\tlabel\tother\n1\tpos\thello\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "notext.tsv", 8); }),
+                 "notext.tsv:1: the header ('id', 'label', 'other') names a label column but no text column"));
+  std::ofstream(d / "short.tsv") << "label\tsentence\tid\npos\thello\t1\nneg\tworld\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "short.tsv", 8); }),
+                 "short.tsv:3: expected 3 columns as the header, got 2 columns"));
+}
+
+TEST_CASE("tsv classification: text in the label column is refused, not made one class per row") {
+  TempDir d("kiln_tsv");
+  auto tok = toy_tokenizer();
+  // text<TAB>label without a header: the text lands in the label column.
+  std::ofstream(d / "swapped.tsv") << "hello world\t1\nthe runs\t0\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "swapped.tsv", 8); }),
+                 "swapped.tsv:1: the label 'hello world' (column 1) looks like text, not a class name"));
+  {
+    std::ofstream f(d / "words.tsv");
+    for (int i = 0; i < 30; ++i) f << "word" << i << "\thello\n";
+  }
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "words.tsv", 8); }),
+                 "words.tsv: 30 distinct labels in 30 rows, taking column 1 as the label"));
+  {
+    std::ofstream f(d / "ten.tsv");  // few classes over many rows: fine
+    for (int i = 0; i < 30; ++i) f << "c" << i % 10 << "\thello\n";
+  }
+  CHECK(io::TsvClassificationDataset(tok, d / "ten.tsv", 8).label_names().size() == 10);
+}
+
+TEST_CASE("tsv classification: byte order mark, CR line ends, blank lines, spaced labels") {
+  TempDir d("kiln_tsv");
+  auto tok = toy_tokenizer();
+  std::ofstream(d / "bom.tsv") << "\xEF\xBB\xBFlabel\ttext\npos\thello\nneg\tworld\n";
+  CHECK(io::TsvClassificationDataset(tok, d / "bom.tsv", 8).label_names() == Words{"neg", "pos"});
+  std::ofstream(d / "bom2.tsv") << "\xEF\xBB\xBFpos\thello\nneg\tworld\npos\trun\n";
+  CHECK(io::TsvClassificationDataset(tok, d / "bom2.tsv", 8).label_names() == Words{"neg", "pos"});
+  std::ofstream(d / "cr.tsv") << "pos\thello\rneg\tworld\rpos\trun\r";  // old Mac line ends
+  io::TsvClassificationDataset cr(tok, d / "cr.tsv", 8);
+  CHECK(tsv_samples(cr, *tok) == Samples{{"pos", "hello"}, {"neg", "world"}, {"pos", "run"}});
+  std::ofstream(d / "blank.tsv") << "pos\thello\n   \n\t\n\npos \tworld\n neg\trun\n";
+  io::TsvClassificationDataset blank(tok, d / "blank.tsv", 8);
+  CHECK(tsv_samples(blank, *tok) == Samples{{"pos", "hello"}, {"pos", "world"}, {"neg", "run"}});
+}
+
+TEST_CASE("tsv classification: errors name the line; integer labels in numeric order") {
+  TempDir d("kiln_tsv");
+  auto tok = toy_tokenizer();
+  // Errors name the line of the file, blank lines counted.
+  std::ofstream(d / "gap.tsv") << "pos\thello\n\nneg\tworld\n\nmaybe\trun\n";
+  CHECK(contains(error_of([&] {
+                   io::TsvClassificationDataset(tok, d / "gap.tsv", 8, {"neg", "pos"});
+                 }),
+                 "gap.tsv:5: the label 'maybe'"));
+  std::ofstream(d / "empty.tsv") << "pos\thello\n \tworld\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "empty.tsv", 8); }),
+                 "empty.tsv:2: the label (column 1) is empty"));
+  // Integer labels in numeric order: label "2" is class 2.
+  std::ofstream(d / "int.tsv") << "10\ta\n2\tb\n0\tc\n1\thello\n3\tworld\n-1\trun\n";
+  io::TsvClassificationDataset ints(tok, d / "int.tsv", 8);
+  CHECK(ints.label_names() == Words{"-1", "0", "1", "2", "3", "10"});
+  CHECK(ints.get_batch({1}, 0).at("target").data<int64_t>()[0] == 3);
+  // Names fixed by a trained model keep their order (text order from an older build, say).
+  io::TsvClassificationDataset old(tok, d / "int.tsv", 8, {"-1", "0", "1", "10", "2", "3"});
+  CHECK(old.get_batch({1}, 0).at("target").data<int64_t>()[0] == 4);
+}
+
+TEST_CASE("vocab and masked LM: a byte order mark, CR line ends and binary files") {
+  TempDir d("kiln_vocab");
+  std::ofstream(d / "bom.txt") << "\xEF\xBB\xBF[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n";
+  const io::Vocab v = io::Vocab::load(d / "bom.txt");
+  CHECK(v.id("[PAD]") == 0);
+  CHECK(v.id("hello") == 5);
+  std::ofstream(d / "cr.txt") << "[PAD]\r[UNK]\r[CLS]\r[SEP]\r[MASK]\rhello\r";
+  CHECK(io::Vocab::load(d / "cr.txt").id("hello") == 5);
+  auto tok = toy_tokenizer();
+  // A corpus with CR line ends: lines, so a blank line still ends a document.
+  std::ofstream(d / "cr_corpus.txt") << "\xEF\xBB\xBFhello world\r\rthe a b\r";
+  io::MlmDataset ds(tok, {d / "cr_corpus.txt"}, {16, 0.15});
+  CHECK(ds.size() == 2);
+  CHECK(ds.tokens() == 5);
+  CHECK(io::split_lines("a\r\nb\rc\n\nd") == std::vector<std::string_view>{"a", "b", "c", "", "d"});
+  {
+    std::ofstream f(d / "bin.dat", std::ios::binary);
+    f << "hello" << '\0' << "world\n";
+  }
+  CHECK(contains(error_of([&] {
+                   io::MlmDataset(tok, {d / "bin.dat"}, {16, 0.15});
+                 }),
+                 "bin.dat: binary data (a NUL byte at offset 5), not a text file"));
 }
 
 TEST_CASE("vocab and masked LM: bytes that are not UTF-8 are counted and named once per file, not fatal") {
@@ -183,4 +317,65 @@ TEST_CASE("vocab and masked LM: bytes that are not UTF-8 are counted and named o
   CHECK(r.output.find(says) == r.output.rfind(says));  // once for the file
   r = kiln::testing::run_kiln("vocab --text " + d / "v.txt" + " --size 60 --out " + d / "v2.txt", d.p.string());
   CHECK_MESSAGE(!contains(r.output, "UTF-8"), r.output);  // a clean file: nothing said
+}
+
+TEST_CASE("text directories: symbolic links followed, sub-directories walked, a named binary file refused") {
+  namespace fs = std::filesystem;
+  TempDir d("kiln_textdir");
+  // A Hugging Face cache snapshot: the files are links into blobs/, one in a sub-directory.
+  fs::create_directories(d.p / "blobs");
+  fs::create_directories(d.p / "snap" / "sub");
+  fs::create_directories(d.p / "snap" / ".git");
+  for (int i = 0; i < 3; ++i) {
+    std::ofstream f(d / ("blobs/b" + std::to_string(i)));
+    for (int k = 0; k < 20; ++k) f << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  fs::create_symlink(d.p / "blobs" / "b0", d.p / "snap" / "a.txt");
+  fs::create_symlink(d.p / "blobs" / "b1", d.p / "snap" / "sub" / "b.txt");
+  fs::create_symlink(d.p / "blobs" / "b0", d.p / "snap" / "a.u8");  // the same file twice: read once
+  fs::create_symlink(d.p / "blobs", d.p / "snap" / "linked_dir");   // a link to a directory: not walked
+  std::ofstream(d / "snap/.git/HEAD") << "ref: refs/heads/main\n";  // hidden: left out
+  auto r = kiln::testing::run_kiln("vocab --text " + d / "snap" + " --size 60 --out " + d / "v.txt", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "from 2 files"), r.output);
+  {
+    std::ofstream f(d / "bin.dat", std::ios::binary);
+    f << "the quick" << '\0' << "brown fox\n";
+  }
+  r = kiln::testing::run_kiln("vocab --text " + d / "bin.dat" + " --size 60 --out " + d / "v2.txt", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--text " + d / "bin.dat" + ": binary data (a NUL byte in its first 4 KiB)"),
+                r.output);
+}
+
+TEST_CASE("kiln train --task mlm refuses --label-smoothing, which only the classification loss uses") {
+  TempDir d("kiln_mlm_ls");
+  std::ofstream(d / "c.txt") << "hello world\n";
+  std::ofstream(d / "v.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\n";
+  const auto r = kiln::testing::run_kiln("train --model bert-tiny --task mlm --text " + d / "c.txt" + " --vocab " +
+                                             d / "v.txt" + " --label-smoothing 0.1 --out " + d / "run",
+                                         d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--label-smoothing 0.100000: applies to the classification loss"), r.output);
+  CHECK(!std::filesystem::exists(d.p / "run" / "metrics.jsonl"));
+}
+
+TEST_CASE("kiln eval of a BERT classifier takes the label names from its weights: no --train-tsv needed") {
+  TempDir d("kiln_tsv_eval");
+  std::ofstream(d / "v.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\nthe\nruns\n";
+  // GLUE's layout with integer labels: numeric order, so "10" is the last class.
+  std::ofstream(d / "train.tsv") << "sentence\tlabel\nhello world\t1\nthe runs\t0\nhello\t10\nworld\t2\n";
+  const std::string common = " --model bert-tiny --task classify --vocab " + d / "v.txt" +
+                             " --seq-len 16 --batch 2 --threads 1 --eval-tsv " + d / "train.tsv";
+  auto r = kiln::testing::run_kiln(
+      "train" + common + " --train-tsv " + d / "train.tsv" + " --max-steps 1 --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto s = nlohmann::json::parse(kiln::testing::read_text(d / "run/summary.json"));
+  CHECK(s["config"]["data_info"]["labels"] == nlohmann::json({"0", "1", "2", "10"}));
+  r = kiln::testing::run_kiln("eval" + common + " --weights " + d / "run/model.safetensors" + " --out " + d / "e.json",
+                              d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto e = nlohmann::json::parse(kiln::testing::read_text(d / "e.json"));
+  CHECK(e["test_loss"].get<double>() == doctest::Approx(s["test_loss"].get<double>()).epsilon(1e-6));
+  CHECK(e["data"]["labels"] == s["config"]["data_info"]["labels"]);
 }

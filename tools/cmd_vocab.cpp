@@ -15,7 +15,9 @@ namespace kiln::tools {
 namespace fs = std::filesystem;
 
 void add_vocab_flags(CLI::App& app, VocabOptions& o) {
-  app.add_option("--text", o.text, "Text files or directories of them (a directory's --out file is skipped)")
+  app.add_option("--text", o.text,
+                 "Text files or directories of them, sub-directories included (links to files followed; hidden and "
+                 "binary files and a directory's --out file skipped): the files `kiln train --text` reads")
       ->required();
   app.add_option("--size", o.size,
                  "Vocabulary size, special tokens included; one too small for every character seen keeps the most "
@@ -25,7 +27,9 @@ void add_vocab_flags(CLI::App& app, VocabOptions& o) {
   app.add_option("--min-frequency", o.min_frequency, "Stop merging when the best pair occurs fewer times")
       ->check(at_least(1))
       ->capture_default_str();
-  add_on_off_flag(app, "--lower-case,!--no-lower-case", o.lower_case, "Lower-case and strip accents first");
+  add_on_off_flag(
+      app, "--lower-case,!--no-lower-case", o.lower_case,
+      std::string("Lower-case and strip accents before WordPiece (as BERT's uncased models): ") + io::kLowerCaseScope);
   app.add_option("--out", o.out, "Where to write vocab.txt")->required();
   app.add_flag("--overwrite", o.overwrite, "Replace --out when it exists");
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <numeric>
 #include <optional>
+#include <set>
 
 #include <chrono>
 #include <filesystem>
@@ -249,8 +250,18 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
 Task bert_classify(const TrainConfig& c, const BertName& bn) {
   io::BasicTokenizerOptions bo{c.lower_case, c.lower_case};
   auto tok = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(c.vocab), bo);
-  auto train = std::make_shared<io::TsvClassificationDataset>(tok, c.train_tsv, c.seq_len, c.label_names);
-  auto eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, train->label_names());
+  // kiln eval: the label names come with the weights, and --train-tsv is needed only without them.
+  KILN_CHECK(!c.train_tsv.empty() || !c.label_names.empty(),
+             "--task classify: the weights carry no label names (written by an older kiln?): give --train-tsv, the "
+             "file the model was trained on, for them");
+  std::shared_ptr<io::TsvClassificationDataset> train, eval;
+  if (!c.train_tsv.empty()) {
+    train = std::make_shared<io::TsvClassificationDataset>(tok, c.train_tsv, c.seq_len, c.label_names);
+    eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, train->label_names());
+  } else {
+    eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, c.label_names);
+    train = eval;  // not trained on: kiln eval only evaluates
+  }
   auto model = std::make_shared<models::BertForSequenceClassification>(
       bert_config_for(c, bn, *tok, {"num_labels=" + std::to_string(train->label_names().size())}));
   Task t = task_of(c, "classify", "accuracy", model, train, eval);
@@ -274,27 +285,61 @@ ModelInput input_of(const TrainConfig& c) { return model_family(c.model).input; 
 
 }  // namespace
 
+namespace {
+// Whether the first 4 KiB of `path` hold a NUL byte (and are not gzip's: read_text_file checks what
+// a .gz holds): binary data, not text.
+bool looks_binary(const std::filesystem::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::string head(4096, '\0');
+  f.read(head.data(), std::streamsize(head.size()));
+  head.resize(size_t(f.gcount()));
+  if (head.size() >= 2 && static_cast<unsigned char>(head[0]) == 0x1f && static_cast<unsigned char>(head[1]) == 0x8b)
+    return false;
+  return head.find('\0') != std::string::npos;
+}
+
+// The text files under `dir`, its sub-directories included: symbolic links to files are followed
+// (a Hugging Face cache snapshot is made of them), links to directories are not (they may loop);
+// hidden entries (.git, .gitattributes) and binary files are left out.
+void text_files_under(const std::filesystem::path& dir, const std::string& flag, std::vector<std::string>& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  KILN_CHECK(!ec, flag, " ", dir.string(), ": cannot read the directory (", ec.message(), ")");
+  for (const auto& e : it) {
+    if (e.path().filename().string().rfind('.', 0) == 0) continue;
+    if (e.is_directory(ec)) {
+      if (!e.is_symlink(ec)) text_files_under(e.path(), flag, out);
+    } else if (e.is_regular_file(ec) && !looks_binary(e.path())) {  // is_regular_file follows a link
+      out.push_back(e.path().string());
+    }
+  }
+}
+}  // namespace
+
 std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths, const std::string& flag) {
   std::vector<std::string> out;
   for (const auto& p : paths) {
     struct stat st{};
     KILN_CHECK(::stat(p.c_str(), &st) == 0, flag, " ", p, ": no such file or directory");
     if (!S_ISDIR(st.st_mode)) {
+      KILN_CHECK(!looks_binary(p), flag, " ", p,
+                 ": binary data (a NUL byte in its first 4 KiB), not a text file (give text files, or directories "
+                 "of them: there binary files are skipped)");
       out.push_back(p);
       continue;
     }
     std::vector<std::string> files;
-    for (const auto& e : std::filesystem::directory_iterator(p)) {
-      if (!e.is_regular_file() || e.is_symlink()) continue;
-      std::ifstream f(e.path(), std::ios::binary);
-      std::string head(4096, '\0');
-      f.read(head.data(), std::streamsize(head.size()));
-      head.resize(size_t(f.gcount()));
-      if (head.find('\0') == std::string::npos) files.push_back(e.path().string());
-    }
+    text_files_under(p, flag, files);
     KILN_CHECK(!files.empty(), flag, " ", p, ": the directory holds no text files");
     std::sort(files.begin(), files.end());
-    out.insert(out.end(), files.begin(), files.end());
+    // A file reached twice (fortune's art.u8 -> art) is read once, under its first name.
+    std::set<std::string> seen;
+    for (const auto& f : files) {
+      std::error_code ec;
+      const std::filesystem::path real = std::filesystem::canonical(f, ec);
+      if (seen.insert(ec ? f : real.string()).second) out.push_back(f);
+    }
   }
   return out;
 }

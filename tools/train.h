@@ -37,6 +37,7 @@ struct TrainConfig {
   double mask_prob = 0.15;
   bool lower_case = true;
   std::vector<std::string> label_names;  // not a flag: fixed by a trained model's metadata in `kiln eval`
+  bool evaluating = false;  // not a flag: `kiln eval`, where a classifier's labels may come from its weights
   // schedule of the run
   int64_t epochs = 1, batch = 128, max_steps = 0;
   int64_t accum_steps = 1;  // micro-batches per optimizer step
@@ -182,8 +183,10 @@ struct VocabOptions {
 };
 void add_vocab_flags(CLI::App& app, VocabOptions& o);
 int run_vocab(const VocabOptions& o);
-// Text files named by the user: files as they are; a directory gives every regular text file in it
-// (sorted; files holding NUL bytes, like fortune's .dat indexes, are skipped).
+// Text files named by the user: files as they are (one holding a NUL byte in its first 4 KiB is an
+// error); a directory gives every text file in it and in its sub-directories, sorted by path:
+// symbolic links to files are followed (a file reached twice is read once), links to directories
+// are not; hidden entries and files holding NUL bytes, like fortune's .dat indexes, are skipped.
 std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths, const std::string& flag);
 int run_eval(const TrainConfig& c, const std::string& weights);
 

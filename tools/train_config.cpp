@@ -8,6 +8,7 @@
 
 #include "engine/dist.h"
 #include "engine/optim.h"
+#include "io/text.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tools/cli_checks.h"
 #include "tools/environment.h"
@@ -37,14 +38,20 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                "Leave unreadable images out of their batch and count them, instead of stopping");
   app.add_option("--limit-train", c.limit_train, "Use only the first N training samples (0: all)")->check(at_least(0));
   app.add_option("--limit-eval", c.limit_eval, "Use only the first N evaluation samples (0: all)")->check(at_least(0));
-  app.add_option("--text", c.text, "Masked-LM corpus: text files or directories of them (BERT --task mlm)");
+  app.add_option("--text", c.text,
+                 "Masked-LM corpus: text files or directories of them, sub-directories included (links to files "
+                 "followed; hidden and binary files skipped) (BERT --task mlm)");
   app.add_option("--eval-text", c.eval_text, "Held-out masked-LM text (default: every 50th sequence of --text)");
   app.add_option("--vocab", c.vocab, "WordPiece vocab.txt (BERT; make one with `kiln vocab`)");
-  app.add_option("--train-tsv", c.train_tsv, "label<TAB>text training file (BERT --task classify)");
-  app.add_option("--eval-tsv", c.eval_tsv, "label<TAB>text evaluation file (BERT --task classify)");
+  app.add_option("--train-tsv", c.train_tsv,
+                 "label<TAB>text training file, or one with a header line naming its 'label' and 'sentence' (or "
+                 "'text') columns, as GLUE's (BERT --task classify); integer labels are ordered numerically");
+  app.add_option("--eval-tsv", c.eval_tsv, "Evaluation file, as --train-tsv (BERT --task classify)");
   app.add_option("--seq-len", c.seq_len, "BERT sequence length")->capture_default_str();
   app.add_option("--mask-prob", c.mask_prob, "Share of tokens masked for masked-LM")->capture_default_str();
-  add_on_off_flag(app, "--lower-case,!--no-lower-case", c.lower_case, "Lower-case and strip accents before WordPiece");
+  add_on_off_flag(
+      app, "--lower-case,!--no-lower-case", c.lower_case,
+      std::string("Lower-case and strip accents before WordPiece (as BERT's uncased models): ") + io::kLowerCaseScope);
   app.add_option("--batch", c.batch, "Batch size (default: 128; 32 for BERT models)");
   app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout")->capture_default_str();
   app.add_option("--threads", c.threads,
@@ -166,6 +173,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
 }
 
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights) {
+  c.evaluating = true;
   add_model_data_flags(app, c);
   app.add_option("--weights", weights, "Trained weights (safetensors, e.g. RUN/model.safetensors)")
       ->required()
@@ -339,8 +347,16 @@ std::vector<std::string> validate(const TrainConfig& c) {
     const std::string task = c.task.empty() ? "mlm" : c.task;
     if (c.vocab.empty()) e.push_back("--model " + c.model + " needs --vocab (make one: kiln vocab --text FILE --size 8000 --out vocab.txt)");
     if (task == "mlm" && c.text.empty()) e.push_back("--task mlm needs --text (a corpus: files or directories)");
-    if (task == "classify" && (c.train_tsv.empty() || c.eval_tsv.empty()))
+    // kiln eval takes the label names from the weights (a run's model.safetensors carries them); it
+    // reads --train-tsv for them only when they are not there.
+    if (task == "classify" && c.evaluating && c.eval_tsv.empty())
+      e.push_back("--task classify needs --eval-tsv (label<TAB>text lines)");
+    else if (task == "classify" && !c.evaluating && (c.train_tsv.empty() || c.eval_tsv.empty()))
       e.push_back("--task classify needs --train-tsv and --eval-tsv (label<TAB>text lines)");
+    if (task == "mlm" && c.label_smoothing != 0)
+      e.push_back("--label-smoothing " + std::to_string(c.label_smoothing) +
+                  ": applies to the classification loss (--task classify); masked-LM training does not smooth its "
+                  "targets");
     if (c.seq_len < 8) e.push_back("--seq-len must be at least 8, got " + std::to_string(c.seq_len));
     if (!(c.mask_prob > 0 && c.mask_prob < 1)) e.push_back("--mask-prob must be in (0, 1), got " + std::to_string(c.mask_prob));
   }
