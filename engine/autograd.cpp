@@ -400,7 +400,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                         const std::vector<Tensor>& grad_outputs, bool retain_graph) {
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph, bool materialize) {
   std::vector<Capture> caps;
   std::vector<std::shared_ptr<Node>> keep;  // accumulators created here must live through the pass
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -411,8 +411,9 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     caps.push_back({e.fn.get(), e.input_nr, i});
   }
   std::vector<Tensor> res = run_backward(outputs, grad_outputs, retain_graph, &caps, inputs.size());
-  for (size_t i = 0; i < res.size(); ++i)
-    if (!res[i].defined()) res[i] = zeros_like(inputs[i]);
+  if (materialize)
+    for (size_t i = 0; i < res.size(); ++i)
+      if (!res[i].defined()) res[i] = zeros_like(inputs[i]);
   return res;
 }
 

@@ -104,9 +104,11 @@ using RecordObserver = void (*)(const char* name);
 void set_record_observer(RecordObserver observer);
 // Runs backward from several roots at once.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false);
-// Gradients of `outputs` w.r.t. `inputs` without touching .grad of leaves.
+// Gradients of `outputs` w.r.t. `inputs` without touching .grad of leaves. An input no gradient
+// reaches gets zeros, or an undefined tensor with materialize = false (torch's allow_unused).
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                         const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false);
+                         const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
+                         bool materialize = true);
 
 // Activation recomputation. Runs fn(inputs) keeping none of its intermediate tensors for backward:
 // only the inputs, the default generator's state and the autocast state. Backward runs fn again

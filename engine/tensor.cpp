@@ -366,7 +366,7 @@ Tensor make_view(const Tensor& t, const Shape& shape, const Shape& strides, int6
 
 void check_inplace(const Tensor& t, const char* op) {
   KILN_CHECK(!(GradMode::enabled() && t.requires_grad()), op, ": in-place update of a tensor that requires grad ",
-             t.type_str(), "; do it under NoGradGuard or use the out-of-place op");
+             t.type_str(), "; do it under NoGradGuard (kiln.no_grad() in Python) or use the out-of-place op");
 }
 
 namespace {
@@ -376,7 +376,8 @@ void check_inplace_source(const Tensor& t, const Tensor& src, const char* op) {
   check_inplace(t, op);
   KILN_CHECK(!(GradMode::enabled() && src.requires_grad()), op, ": the operand ", src.type_str(),
              " requires grad, and an in-place write is not recorded by autograd, so its gradient would be lost; "
-             "use the out-of-place op (z = z + v, where(mask, v, z), cat), or do it under NoGradGuard (no_grad) "
+             "use the out-of-place op (z = z + v, where(mask, v, z), cat), or do it under NoGradGuard (kiln.no_grad() "
+             "in Python) "
              "if the gradient is not wanted");
 }
 }  // namespace
@@ -500,8 +501,12 @@ std::vector<double> Tensor::to_vector() const {
 // ---- autograd accessors ---------------------------------------------------------------------------
 
 Tensor& Tensor::set_requires_grad(bool r) {
-  KILN_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can be flagged; this one was made by ",
-             grad_fn()->name(), " (use detach() to make a leaf)");
+  // As torch: flagging a non-leaf that already requires grad is a no-op; unflagging one is an error.
+  if (!is_leaf() && r) return *this;
+  KILN_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can change requires_grad; this one was made by ",
+             grad_fn()->name(),
+             ", so it requires grad through its inputs. For a value outside the graph use "
+             "detach() (x.detach() in Python)");
   KILN_CHECK(!r || is_floating(dtype()), "set_requires_grad: only floating tensors can require grad, got ", dtype());
   auto& im = impl();
   if (!im.autograd) im.autograd = std::make_unique<AutogradMeta>();

@@ -247,9 +247,12 @@ TEST_CASE("autograd: leaves, requires_grad and grad_fn") {
   // Views of leaves are not leaves.
   CHECK(!x.view({3, 1}).is_leaf());
   CHECK(x.view({3, 1}).requires_grad());
-  // Only leaves may be flagged.
-  CHECK_THROWS_AS(y.set_requires_grad(true), Error);
-  CHECK_THROWS_AS(x.view({3}).set_requires_grad(false), Error);
+  // As torch: flagging a non-leaf (which requires grad through its inputs) is a no-op, clearing
+  // the flag is an error that points at detach().
+  CHECK(&y.set_requires_grad(true) == &y);
+  CHECK(y.requires_grad());
+  CHECK(y.grad_fn() != nullptr);
+  CHECK(contains(error_of([&] { x.view({3}).set_requires_grad(false); }), "use detach()"));
   // Clearing the flag on a leaf works.
   Tensor z = leaf({2});
   z.set_requires_grad(false);
@@ -340,6 +343,9 @@ TEST_CASE("autograd: an in-place write of an operand that requires grad is refus
   }
   CHECK(msg.find("copy_: the operand") == 0);
   CHECK(msg.find("requires grad") != std::string::npos);
+  CHECK(contains(msg, "kiln.no_grad() in Python"));
+  CHECK(contains(error_of([&] { w.fill_(1.0); }), "fill_: in-place update of a tensor that requires grad"));
+  CHECK(contains(error_of([&] { w.fill_(1.0); }), "NoGradGuard (kiln.no_grad() in Python)"));
   CHECK_THROWS_AS(z.add_(w), Error);
   CHECK_THROWS_AS(z.add_(w, -1.0), Error);
   CHECK_THROWS_AS(z.mul_(exp(w)), Error);
@@ -570,7 +576,12 @@ TEST_CASE("autograd: autograd::grad does not touch .grad") {
   Tensor b = leaf({2});
   std::vector<Tensor> gz = autograd::grad({sum(a * 2.0)}, {a, b});
   check_values(gz[0], {2, 2}, 1e-12, "used");
-  if (gz[1].defined()) check_values(gz[1], {0, 0}, 0, "unused");
+  REQUIRE(gz[1].defined());
+  check_values(gz[1], {0, 0}, 0, "unused");
+  // materialize = false leaves it undefined (torch's allow_unused=True).
+  std::vector<Tensor> gu = autograd::grad({sum(a * 2.0)}, {a, b}, {}, false, /*materialize=*/false);
+  check_values(gu[0], {2, 2}, 1e-12, "used");
+  CHECK(!gu[1].defined());
   CHECK(!a.grad().defined());
   CHECK(!b.grad().defined());
   CHECK_THROWS_AS(autograd::grad({sum(a * 2.0)}, {rnd({2})}), Error);  // input does not require grad

@@ -2,7 +2,9 @@
 protocols, dtype and device shortcuts, and the ops of kiln attached as methods."""
 import builtins
 import functools
+import inspect
 import numbers
+import sys
 
 from . import _C
 from ._C import Tensor
@@ -25,23 +27,37 @@ def is_grad_enabled():
     return _C.is_grad_enabled()
 
 
-class set_grad_enabled:
-    """Turns gradient recording on or off for this thread, as a context manager or a decorator."""
-
-    def __init__(self, mode):
-        self.mode = builtins.bool(mode)
-        self.prev = _C.is_grad_enabled()
-        _C._set_grad_enabled(self.mode)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        _C._set_grad_enabled(self.prev)
-        return False
+def _wrap_generator(make_ctx, fn):
+    """Runs every step of the generator fn makes inside a fresh make_ctx() (as torch's
+    _wrap_generator): values sent in, exceptions thrown in and close() all reach it in that mode,
+    and the caller's mode holds between steps."""
+    @functools.wraps(fn)
+    def generator_context(*args, **kwargs):
+        gen = fn(*args, **kwargs)
+        try:
+            with make_ctx():
+                response = gen.send(None)
+            while True:
+                try:
+                    request = yield response
+                except GeneratorExit:
+                    with make_ctx():
+                        gen.close()
+                    raise
+                except BaseException:
+                    with make_ctx():
+                        response = gen.throw(*sys.exc_info())
+                else:
+                    with make_ctx():
+                        response = gen.send(request)
+        except StopIteration as e:
+            return e.value
+    return generator_context
 
 
 class _GradModeContext:
+    """A grad mode as a context manager or a decorator: a decorated function (or each step of a
+    decorated generator) runs in a fresh instance of it."""
     mode = True
 
     def __enter__(self):
@@ -53,22 +69,66 @@ class _GradModeContext:
         _C._set_grad_enabled(self.prev)
         return False
 
+    def clone(self):
+        return self.__class__()
+
     def __call__(self, fn):
+        if inspect.isclass(fn) or not callable(fn):
+            raise TypeError(f"{type(self).__name__} decorates a function, got {type(fn).__name__}")
+        if inspect.isgeneratorfunction(fn):
+            return _wrap_generator(self.clone, fn)
+
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
-            with self.__class__():
+            with self.clone():
                 return fn(*args, **kwargs)
         return wrapped
 
 
-class no_grad(_GradModeContext):
-    """No gradient recording inside: `with kiln.no_grad(): ...` or `@kiln.no_grad()`."""
+class _NoParamGradModeContext(_GradModeContext):
+    """Also usable bare as a decorator (`@kiln.no_grad`, as torch's)."""
+
+    def __new__(cls, orig_func=None):
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)
+
+
+class no_grad(_NoParamGradModeContext):
+    """No gradient recording inside: `with kiln.no_grad(): ...`, `@kiln.no_grad()` or `@kiln.no_grad`."""
     mode = False
 
 
-class enable_grad(_GradModeContext):
+class enable_grad(_NoParamGradModeContext):
     """Gradient recording inside, also within no_grad."""
     mode = True
+
+
+class set_grad_enabled(_GradModeContext):
+    """Turns gradient recording on or off for this thread, as torch's: called as a function it sets
+    the mode at once; as a context manager the mode holds inside and the previous one comes back on
+    exit; as a decorator (`@kiln.set_grad_enabled(False)`) the mode holds only inside calls of the
+    decorated function (the mode at decoration is left as it was)."""
+
+    def __init__(self, mode):
+        self.prev = _C.is_grad_enabled()
+        self.mode = builtins.bool(mode)
+        _C._set_grad_enabled(self.mode)
+
+    def __call__(self, fn):
+        _C._set_grad_enabled(self.prev)
+        return super().__call__(fn)
+
+    def __enter__(self):
+        _C._set_grad_enabled(self.mode)
+        return self
+
+    def __exit__(self, *exc):
+        _C._set_grad_enabled(self.prev)
+        return False
+
+    def clone(self):
+        return self.__class__(self.mode)
 
 
 # ---- protocols ----
@@ -232,32 +292,42 @@ Tensor.__contains__ = _contains
 
 
 # The cheap in-place forms: written through copy_/add_/mul_, so the same rules hold (refused on a tensor
-# that requires grad, or with an operand that does, unless under kiln.no_grad()).
+# that requires grad, or with an operand that does, unless under kiln.no_grad()); checked first here so
+# that the error names the method called, not the one underneath.
 def _sub_(self, other, alpha=1):
+    _C._check_inplace(self, "sub_", other)
     return self.add_(other, alpha=-alpha)
 
 
 def _div_(self, other):
+    _C._check_inplace(self, "div_", other)
     return Tensor.__itruediv__(self, other)
 
 
 def _neg_(self):
+    _C._check_inplace(self, "neg_")
     return self.mul_(-1)
 
 
-def _clamp_(self, min=None, max=None):
-    return self.copy_(_C.clamp(self, min, max))
+def _clamp_named(name):
+    def clamp_(self, min=None, max=None):
+        _C._check_inplace(self, name, min)
+        _C._check_inplace(self, name, max)
+        return self.copy_(_C.clamp(self, min, max))
+    clamp_.__name__ = name
+    return clamp_
 
 
 def _masked_fill_(self, mask, value):
+    _C._check_inplace(self, "masked_fill_", value)
     return self.copy_(_C.masked_fill(self, mask, value))
 
 
 Tensor.sub_ = _sub_
 Tensor.div_ = _div_
 Tensor.neg_ = _neg_
-Tensor.clamp_ = _clamp_
-Tensor.clip_ = _clamp_
+Tensor.clamp_ = _clamp_named("clamp_")
+Tensor.clip_ = _clamp_named("clip_")
 Tensor.masked_fill_ = _masked_fill_
 Tensor.mT = property(lambda self: self.transpose(-2, -1))
 Tensor.view_as = lambda self, other: self.view(*other.shape)

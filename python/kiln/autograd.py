@@ -4,8 +4,46 @@ from . import _C
 from ._C import Tensor, KilnError
 from ._tensor import no_grad
 
-backward = _C.backward
-grad = _C.grad
+def _tensors(x, what):
+    """A tensor or a sequence of them (or Nones, for gradients) as a list."""
+    if x is None or isinstance(x, Tensor):
+        return [x]
+    try:
+        return list(x)
+    except TypeError:
+        raise TypeError(f"{what} must be a kiln.Tensor or a sequence of them, got {type(x).__name__}") from None
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None):
+    """Backward from several outputs at once (each a tensor or a sequence of tensors, as torch):
+    leaves accumulate .grad. grad_tensors: one gradient (or None for a one-element output) each."""
+    tensors = _tensors(tensors, "backward: tensors")
+    grads = None if grad_tensors is None else _tensors(grad_tensors, "backward: grad_tensors")
+    _C.backward(tensors, grads, bool(retain_graph))
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=None,
+         materialize_grads=False):
+    """The gradients of outputs with respect to inputs (each a tensor or a sequence of them), without
+    touching .grad, as torch's: an input the outputs do not reach (or reach with no gradient) is an
+    error unless allow_unused=True, then its gradient is None; materialize_grads=True gives zeros
+    for it instead (and implies allow_unused)."""
+    if materialize_grads and allow_unused is False:
+        raise ValueError("autograd.grad: materialize_grads=True needs allow_unused=True or left out "
+                         "(an unused input gets zeros)")
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    outs = _tensors(outputs, "autograd.grad: outputs")
+    ins = _tensors(inputs, "autograd.grad: inputs")
+    gos = None if grad_outputs is None else _tensors(grad_outputs, "autograd.grad: grad_outputs")
+    res = _C.grad(outs, ins, gos, retain_graph=bool(retain_graph), create_graph=create_graph)
+    for i, g in enumerate(res):
+        if g is None and not allow_unused:
+            raise KilnError(f"autograd.grad: input {i} appears to not have been used in the graph (no gradient "
+                            "reaches it); pass allow_unused=True for None, or materialize_grads=True for zeros")
+    if materialize_grads:
+        res = tuple(_C.zeros_like(x) if g is None else g for g, x in zip(res, ins))
+    return res
 
 
 class GradcheckError(KilnError):
@@ -14,11 +52,17 @@ class GradcheckError(KilnError):
 
 def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, max_checks=0, raise_exception=True):
     """Checks fn's gradients against central differences in float64: fn(*inputs) -> one tensor.
-    Floating inputs are copied to float64 leaves; returns True, or raises GradcheckError with the
-    input, element and both values (False with raise_exception=False)."""
+    As torch, only the inputs with requires_grad=True are checked; they are copied to float64
+    leaves. Returns True, or raises GradcheckError with the input, element and both values (False
+    with raise_exception=False)."""
     if isinstance(inputs, Tensor):
         inputs = (inputs,)
-    msg = _C._gradcheck(lambda xs: fn(*xs), list(inputs), eps, atol, rtol, max_checks)
+    inputs = list(inputs)
+    differentiate = [isinstance(x, Tensor) and x.requires_grad for x in inputs]
+    if not any(differentiate):
+        raise ValueError("gradcheck: no input requires grad, so there is nothing to check; as torch, only the "
+                         "inputs with requires_grad=True are checked (x.requires_grad_())")
+    msg = _C._gradcheck(lambda xs: fn(*xs), inputs, eps, atol, rtol, max_checks, differentiate)
     if msg:
         if raise_exception:
             raise GradcheckError(msg)
@@ -32,6 +76,10 @@ class FunctionCtx:
     saved detached and checked for in-place changes when read back."""
 
     def save_for_backward(self, *tensors):
+        for i, t in enumerate(tensors):
+            if t is not None and not isinstance(t, Tensor):
+                raise TypeError(f"save_for_backward can only save tensors (or None), but argument {i} is of "
+                                f"type {type(t).__name__}; keep other values as attributes of ctx")
         self._saved = [(None, 0) if t is None else (t.detach(), t._version) for t in tensors]
 
     @property
@@ -61,8 +109,10 @@ class Function:
 
         y = Cube.apply(x)
 
-    forward runs without gradient recording; backward gets one gradient per output and returns one
-    per forward argument (None for non-tensors or inputs that need none). Keep tensors for backward
+    forward runs without gradient recording and returns a tensor or a tuple (values other than
+    tensors in it pass through and get no gradient); backward gets one gradient per output (None for
+    a non-tensor output) and returns one per forward argument (None for non-tensors or inputs that
+    need none; extra trailing Nones are ignored, as torch). Keep tensors for backward
     with ctx.save_for_backward, not as ctx attributes (an output held there would keep its own
     graph alive)."""
 
@@ -93,23 +143,31 @@ class Function:
         outs = (out,) if single else tuple(out)
         if not outs:
             raise KilnError(f"{name}.forward returned no tensors (an empty {type(out).__name__})")
-        for k, o in enumerate(outs):
-            if not isinstance(o, Tensor):
-                raise KilnError(f"{name}.forward must return tensors, got {type(o).__name__} as output {k}")
+        # As torch, other values among the outputs pass through as they are and get no gradient
+        # (backward still gets one argument per output: None for them).
+        tensor_at = [k for k, o in enumerate(outs) if isinstance(o, Tensor)]
+        n_outs = len(outs)
         # An input returned as it is gets a new handle, so that its own graph is not overwritten.
-        outs = tuple(o.detach() if any(o is a for a in args) else o for o in outs)
+        outs = tuple(o.detach() if isinstance(o, Tensor) and any(o is a for a in args) else o for o in outs)
         positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
-        if _C.is_grad_enabled() and any(ctx.needs_input_grad):
+        if tensor_at and _C.is_grad_enabled() and any(ctx.needs_input_grad):
             n_args = len(args)
             # What backward's results are checked against; the closure holds shapes, not the inputs.
             shapes = {i: tuple(args[i].shape) for i in positions}
 
             def run_backward(grads, needs):
-                res = cls.backward(ctx, *grads)
+                full = [None] * n_outs
+                for k, g in zip(tensor_at, grads):
+                    full[k] = g
+                res = cls.backward(ctx, *full)
                 if not isinstance(res, tuple):
                     res = (res,)
+                # As torch: extra trailing Nones are fine, anything else must be one per argument.
+                if len(res) > n_args and all(r is None for r in res[n_args:]):
+                    res = res[:n_args]
                 if len(res) != n_args:
-                    raise KilnError(f"{name}.backward returned {len(res)} values for {n_args} forward arguments")
+                    raise KilnError(f"{name}.backward returned {len(res)} values for {n_args} forward arguments "
+                                    "(one per argument; only extra trailing Nones are allowed)")
                 for i in positions:
                     g = res[i]
                     if isinstance(g, Tensor) and not _expandable(shapes[i], tuple(g.shape)):
@@ -118,7 +176,7 @@ class Function:
                                         "broadcasting: it is summed down)")
                 return tuple(res[i] for i in positions)
 
-            _C._record_function(name, [args[i] for i in positions], list(outs), run_backward)
+            _C._record_function(name, [args[i] for i in positions], [outs[k] for k in tensor_at], run_backward)
         return outs[0] if single else outs
 
 

@@ -110,6 +110,7 @@ void bind_autograd(nb::module_& m) {
       "grad",
       [](const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
          std::optional<std::vector<std::optional<Tensor>>> grad_outputs, bool retain_graph, bool create_graph) {
+        // kiln.autograd.grad (Python) wraps this: tensors or sequences, allow_unused, materialize_grads.
         if (create_graph)
           value_error(
               "autograd.grad: create_graph=True is not supported: Kiln's backward is not recorded, so "
@@ -118,21 +119,23 @@ void bind_autograd(nb::module_& m) {
         std::vector<Tensor> res;
         {
           nb::gil_scoped_release nogil;
-          res = autograd::grad(outputs, inputs, go, retain_graph);
+          res = autograd::grad(outputs, inputs, go, retain_graph, /*materialize=*/false);
         }
         nb::list out;
-        for (const Tensor& g : res) out.append(nb::cast(g));
+        for (const Tensor& g : res) out.append(g.defined() ? nb::cast(g) : nb::none());
         return nb::tuple(out);
       },
       nb::arg("outputs"), nb::arg("inputs"), nb::arg("grad_outputs") = nb::none(), nb::arg("retain_graph") = false,
       nb::arg("create_graph") = false,
-      "The gradients of outputs with respect to inputs, without touching .grad; an input the outputs do not "
-      "depend on gets zeros (torch's materialize_grads=True).");
+      "The gradients of outputs with respect to inputs, without touching .grad; None for an input no gradient "
+      "reaches.");
 
   m.def(
       "_gradcheck",
-      [](nb::callable fn, const std::vector<Tensor>& inputs, double eps, double atol, double rtol, int64_t max_checks) {
+      [](nb::callable fn, const std::vector<Tensor>& inputs, double eps, double atol, double rtol, int64_t max_checks,
+         const std::vector<bool>& differentiate) {
         GradcheckOptions o;
+        o.differentiate = differentiate;
         o.eps = eps;
         o.atol = atol;
         o.rtol = rtol;
@@ -145,7 +148,8 @@ void bind_autograd(nb::module_& m) {
             },
             inputs, o);
       },
-      nb::arg("fn"), nb::arg("inputs"), nb::arg("eps"), nb::arg("atol"), nb::arg("rtol"), nb::arg("max_checks"));
+      nb::arg("fn"), nb::arg("inputs"), nb::arg("eps"), nb::arg("atol"), nb::arg("rtol"), nb::arg("max_checks"),
+      nb::arg("differentiate"));
 }
 
 }  // namespace kiln::py

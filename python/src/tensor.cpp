@@ -268,7 +268,24 @@ Tensor drop_leading_ones(Tensor v, int64_t target_dim) {
   return v;
 }
 
+// The engine refuses an in-place write on a tensor that requires grad (or from an operand that does)
+// under the name of the op it runs (copy_ for /=, fill_ for x[0] = 5.0); checked here first under the
+// op the user called, with kiln.no_grad() as the way out.
+void check_inplace(const Tensor& x, const char* op, nb::handle operand = nb::handle()) {
+  if (!GradMode::enabled()) return;
+  KILN_CHECK(!x.requires_grad(), op, ": in-place update of a tensor that requires grad ", x.type_str(),
+             "; do it under kiln.no_grad() or use the out-of-place op");
+  if (operand.is_valid() && nb::isinstance<Tensor>(operand)) {
+    const Tensor& o = nb::cast<const Tensor&>(operand);
+    KILN_CHECK(!o.requires_grad(), op, ": the operand ", o.type_str(),
+               " requires grad, and an in-place write is not recorded by autograd, so its gradient would be lost; "
+               "use the out-of-place op (z = z + v, kiln.where(mask, v, z), kiln.cat), or do it under "
+               "kiln.no_grad() if the gradient is not wanted");
+  }
+}
+
 void setitem(Tensor& x, nb::handle key, nb::handle value) {
+  check_inplace(x, "x[key] = value");
   // Kiln does not record in-place writes: a value that requires grad would lose its gradient silently.
   if (nb::isinstance<Tensor>(value) && GradMode::enabled() && nb::cast<const Tensor&>(value).requires_grad())
     value_error(
@@ -359,6 +376,11 @@ struct HookHandle {
 }  // namespace
 
 void bind_tensor(nb::module_& m) {
+  m.def(
+      "_check_inplace", [](const Tensor& x, const char* op, nb::handle operand) { check_inplace(x, op, operand); },
+      nb::arg("x"), nb::arg("op"), nb::arg("operand") = nb::none(),
+      "Refuses, naming op, an in-place update that autograd would miss (for the in-place methods written in "
+      "Python).");
   nb::class_<HookHandle>(m, "RemovableHandle", "Returned by Tensor.register_hook; remove() takes the hook off.")
       .def("remove", &HookHandle::remove)
       .def(
@@ -531,33 +553,59 @@ void bind_tensor(nb::module_& m) {
 
       // ---- in place (not recorded by autograd: under kiln.no_grad(), or on tensors without grad) ----
       .def(
-          "copy_", [](Tensor& x, nb::handle src) -> Tensor& { return x.copy_(to_tensor(src, &x, "src")); },
+          "copy_",
+          [](Tensor& x, nb::handle src) -> Tensor& {
+            check_inplace(x, "copy_", src);
+            return x.copy_(to_tensor(src, &x, "src"));
+          },
           nb::arg("src"), nb::rv_policy::reference)
       .def(
-          "fill_", [](Tensor& x, double v) -> Tensor& { return x.fill_(v); }, nb::arg("value"),
+          "fill_",
+          [](Tensor& x, double v) -> Tensor& {
+            check_inplace(x, "fill_");
+            return x.fill_(v);
+          },
+          nb::arg("value"), nb::rv_policy::reference)
+      .def(
+          "zero_",
+          [](Tensor& x) -> Tensor& {
+            check_inplace(x, "zero_");
+            return x.zero_();
+          },
           nb::rv_policy::reference)
       .def(
-          "zero_", [](Tensor& x) -> Tensor& { return x.zero_(); }, nb::rv_policy::reference)
-      .def(
           "add_",
-          [](Tensor& x, nb::handle o, double alpha) -> Tensor& { return x.add_(to_tensor(o, &x, "other"), alpha); },
+          [](Tensor& x, nb::handle o, double alpha) -> Tensor& {
+            check_inplace(x, "add_", o);
+            return x.add_(to_tensor(o, &x, "other"), alpha);
+          },
           nb::arg("other"), nb::arg("alpha") = 1.0, nb::rv_policy::reference)
       .def(
           "mul_",
           [](Tensor& x, nb::handle o) -> Tensor& {
+            check_inplace(x, "mul_", o);
             if (is_double_exact(o, "other")) return x.mul_(nb::cast<double>(o));
             return x.mul_(to_tensor(o, &x, "other"));
           },
           nb::arg("other"), nb::rv_policy::reference)
       .def(
-          "__iadd__", [](Tensor& x, nb::handle o) -> Tensor& { return x.add_(to_tensor(o, &x, "operand")); },
+          "__iadd__",
+          [](Tensor& x, nb::handle o) -> Tensor& {
+            check_inplace(x, "+=", o);
+            return x.add_(to_tensor(o, &x, "operand"));
+          },
           nb::rv_policy::reference, nb::is_operator())
       .def(
-          "__isub__", [](Tensor& x, nb::handle o) -> Tensor& { return x.add_(to_tensor(o, &x, "operand"), -1.0); },
+          "__isub__",
+          [](Tensor& x, nb::handle o) -> Tensor& {
+            check_inplace(x, "-=", o);
+            return x.add_(to_tensor(o, &x, "operand"), -1.0);
+          },
           nb::rv_policy::reference, nb::is_operator())
       .def(
           "__imul__",
           [](Tensor& x, nb::handle o) -> Tensor& {
+            check_inplace(x, "*=", o);
             if (is_double_exact(o, "other")) return x.mul_(nb::cast<double>(o));
             return x.mul_(to_tensor(o, &x, "operand"));
           },
@@ -565,6 +613,7 @@ void bind_tensor(nb::module_& m) {
       .def(
           "__itruediv__",
           [](Tensor& x, nb::handle o) -> Tensor& {
+            check_inplace(x, "/=", o);
             // True division gives floats, which an integer tensor cannot take in place (PyTorch's rule).
             KILN_CHECK(is_floating(x.dtype()), "/=: true division gives a float result, which cannot be written into ",
                        x.type_str(), " in place; use x = x / y");
@@ -575,6 +624,7 @@ void bind_tensor(nb::module_& m) {
       .def(
           "__ifloordiv__",
           [](Tensor& x, nb::handle o) -> Tensor& {
+            check_inplace(x, "//=", o);
             const Tensor q = floor_divide(x, to_tensor(o, &x, "operand"));
             KILN_CHECK(can_cast(q.dtype(), x.dtype()), "//=: the result type ", q.dtype(), " cannot be written into ",
                        x.type_str(), " in place");
@@ -743,7 +793,17 @@ void bind_tensor(nb::module_& m) {
           nb::is_operator())
 
       // ---- autograd ----
-      .def_prop_rw("requires_grad", &Tensor::requires_grad, [](Tensor& x, bool r) { x.set_requires_grad(r); })
+      .def_prop_rw("requires_grad", &Tensor::requires_grad,
+                   [](Tensor& x, bool r) {
+                     // As torch: only requires_grad_(True) is a no-op on a non-leaf; assigning is refused.
+                     KILN_CHECK(x.is_leaf(),
+                                "requires_grad: only leaf tensors can change requires_grad; this one "
+                                "was made by ",
+                                x.grad_fn()->name(),
+                                ", so it requires grad through its inputs. "
+                                "For a value outside the graph use x.detach()");
+                     x.set_requires_grad(r);
+                   })
       .def(
           "requires_grad_", [](Tensor& x, bool r) -> Tensor& { return x.set_requires_grad(r); },
           nb::arg("requires_grad") = true, nb::rv_policy::reference)
@@ -754,7 +814,15 @@ void bind_tensor(nb::module_& m) {
             if (!g.defined()) return std::nullopt;
             return g;
           },
-          [](Tensor& x, std::optional<Tensor> g) { x.set_grad(g ? *g : Tensor()); }, nb::arg("grad").none())
+          [](Tensor& x, std::optional<Tensor> g) {
+            // As torch, refused at assignment (backward would keep accumulating in that dtype). The
+            // engine's set_grad allows it, so that an optimizer's own check can be tested.
+            KILN_CHECK(!g || !is_floating(g->dtype()) || g->dtype() == x.dtype(), "grad: the assigned gradient ",
+                       g->type_str(), " has another dtype than the tensor ", x.type_str(),
+                       "; a gradient must have its tensor's dtype (convert it with .to(", x.dtype(), "))");
+            x.set_grad(g ? *g : Tensor());
+          },
+          nb::arg("grad").none())
       .def_prop_ro("is_leaf", &Tensor::is_leaf)
       .def_prop_ro(
           "grad_fn",

@@ -7,6 +7,13 @@ import kiln
 from kiln.autograd import Function, gradcheck, GradcheckError
 
 
+@pytest.fixture(autouse=True)
+def grad_mode_back_on():
+    """A failing grad-mode test leaves no mode behind for the next."""
+    yield
+    kiln._C._set_grad_enabled(True)
+
+
 def numerical_grad(f, x, eps=1e-6):
     """Central differences of the scalar f over a float64 NumPy array x."""
     g = np.zeros_like(x)
@@ -38,11 +45,11 @@ def test_backward_against_finite_differences(expr):
 
 def test_gradcheck_ops():
     F = kiln.nn.functional
-    x = kiln.randn(2, 3, 5, 5).double()
-    w = kiln.randn(4, 3, 3, 3).double()
+    x = kiln.randn(2, 3, 5, 5).double().requires_grad_()
+    w = kiln.randn(4, 3, 3, 3).double().requires_grad_()
     assert gradcheck(lambda a, b: F.conv2d(a, b, padding=1, stride=2), (x, w), max_checks=20)
-    assert gradcheck(lambda a: F.gelu(a, approximate="tanh"), (kiln.randn(6).double(),))
-    assert gradcheck(lambda a: F.cross_entropy(a, kiln.tensor([0, 2])), (kiln.randn(2, 3).double(),))
+    assert gradcheck(lambda a: F.gelu(a, approximate="tanh"), (kiln.randn(6).double().requires_grad_(),))
+    assert gradcheck(lambda a: F.cross_entropy(a, kiln.tensor([0, 2])), (kiln.randn(2, 3).double().requires_grad_(),))
 
 
 def test_gradcheck_reports_a_wrong_gradient():
@@ -55,7 +62,7 @@ def test_gradcheck_reports_a_wrong_gradient():
         def backward(ctx, g):
             return g  # should be 2 x g
 
-    x = kiln.tensor([1.0, 2.0], dtype=kiln.float64)
+    x = kiln.tensor([1.0, 2.0], dtype=kiln.float64, requires_grad=True)
     with pytest.raises(GradcheckError, match="input 0"):
         gradcheck(lambda a: Wrong.apply(a), (x,))
     assert gradcheck(lambda a: Wrong.apply(a), (x,), raise_exception=False) is False
@@ -80,7 +87,7 @@ def test_custom_function():
     assert y.grad_fn == "Cube"
     (y.sum() * 2).backward()
     np.testing.assert_allclose(x.grad.numpy(), 2 * 3 * x.detach().numpy() ** 2 * 2.0)
-    assert gradcheck(lambda a: Cube.apply(a, 0.5), (kiln.randn(5).double(),))
+    assert gradcheck(lambda a: Cube.apply(a, 0.5), (kiln.randn(5).double().requires_grad_(),))
     with kiln.no_grad():
         assert Cube.apply(x, 1.0).grad_fn is None
 
@@ -193,8 +200,13 @@ def test_grad_and_retain_graph():
     with pytest.raises(kiln.KilnError, match="retain_graph"):
         y.backward()
     z = kiln.ones(1, requires_grad=True)
-    gx, gz = kiln.autograd.grad([(x * 2).sum()], [x, z])
-    assert gx.tolist() == [2.0, 2.0] and gz.tolist() == [0.0]  # unused: zeros
+    # As torch: an unused input is an error unless allow_unused=True (None), or materialize_grads=True (zeros).
+    with pytest.raises(kiln.KilnError, match="input 1 appears to not have been used"):
+        kiln.autograd.grad([(x * 2).sum()], [x, z])
+    gx, gz = kiln.autograd.grad([(x * 2).sum()], [x, z], allow_unused=True)
+    assert gx.tolist() == [2.0, 2.0] and gz is None
+    gx, gz = kiln.autograd.grad([(x * 2).sum()], [x, z], materialize_grads=True)
+    assert gx.tolist() == [2.0, 2.0] and gz.tolist() == [0.0]
     with pytest.raises(ValueError, match="no second derivatives"):
         kiln.autograd.grad([(x * x).sum()], [x], create_graph=True)
 
@@ -315,3 +327,266 @@ def test_register_hook_errors_and_handle():
     handle = y.register_hook(lambda g: g)
     del y
     handle.remove()  # the tensor is gone: nothing to do, no crash
+
+
+def test_set_grad_enabled_as_function_context_and_decorator_as_torch():
+    import torch
+    for lib in (kiln, torch):
+        assert lib.is_grad_enabled()
+        lib.set_grad_enabled(False)  # a call sets the mode at once
+        assert not lib.is_grad_enabled()
+        lib.set_grad_enabled(True)
+        assert lib.is_grad_enabled()
+        with lib.set_grad_enabled(False):
+            assert not lib.is_grad_enabled()
+        assert lib.is_grad_enabled()
+
+        @lib.set_grad_enabled(False)  # decorating leaves the mode as it was
+        def f(x):
+            return (x * 2).requires_grad, lib.is_grad_enabled()
+        assert lib.is_grad_enabled()
+        x = lib.ones(2, requires_grad=True)
+        assert f(x) == (False, False)
+        assert lib.is_grad_enabled() and (x * 2).requires_grad
+        with lib.no_grad():
+            g = lib.set_grad_enabled(True)(lambda: lib.is_grad_enabled())
+            assert not lib.is_grad_enabled()
+            assert g() is True and not lib.is_grad_enabled()
+
+
+def test_grad_mode_decorators_bare_and_on_generators_as_torch():
+    import torch
+    for lib in (kiln, torch):
+        @lib.no_grad  # bare, as torch accepts
+        def bare(x):
+            return (x * 2).requires_grad
+        x = lib.ones(2, requires_grad=True)
+        assert bare(x) is False and lib.is_grad_enabled()
+
+        @lib.enable_grad
+        def on(x):
+            return (x * 2).requires_grad
+        with lib.no_grad():
+            assert on(x) is True and not lib.is_grad_enabled()
+
+        for make in (lambda: lib.no_grad(), lambda: lib.no_grad, lambda: lib.set_grad_enabled(False)):
+            @make()
+            def gen(x):
+                got = yield (x * 2).requires_grad, lib.is_grad_enabled()
+                try:
+                    yield got, lib.is_grad_enabled()
+                except KeyError:
+                    yield "thrown", lib.is_grad_enabled()
+                finally:
+                    seen.append(lib.is_grad_enabled())
+                return "done"
+            seen = []
+            assert lib.is_grad_enabled()
+            it = gen(x)
+            assert next(it) == (False, False)
+            assert lib.is_grad_enabled()  # the caller's mode between steps
+            assert it.send(7) == (7, False)
+            assert it.throw(KeyError()) == ("thrown", False)
+            assert lib.is_grad_enabled()
+            it.close()
+            assert seen == [False] and lib.is_grad_enabled()
+            it = gen(x)
+            next(it)
+            next(it)
+            with pytest.raises(StopIteration) as stop:
+                next(it)
+            assert stop.value.value == "done"
+
+        @lib.enable_grad()
+        def gen_on():
+            yield lib.is_grad_enabled()
+        with lib.no_grad():
+            assert list(gen_on()) == [True]
+
+
+def test_grad_and_backward_take_bare_tensors_and_allow_unused_as_torch():
+    import torch
+    for lib in (kiln, torch):
+        x = lib.tensor([1.0, 2.0], requires_grad=True)
+        u = lib.tensor([3.0], requires_grad=True)
+        y = (x * x).sum()
+        (g,) = lib.autograd.grad(y, x, retain_graph=True)
+        assert g.tolist() == [2.0, 4.0]
+        v = x * 3
+        (g,) = lib.autograd.grad(v, x, grad_outputs=lib.tensor([1.0, 2.0]), retain_graph=True)
+        assert g.tolist() == [3.0, 6.0]
+        with pytest.raises((kiln.KilnError, RuntimeError), match="appears to not have been used"):
+            lib.autograd.grad(y, [x, u], retain_graph=True)
+        assert lib.autograd.grad(y, (x, u), allow_unused=True, retain_graph=True)[1] is None
+        assert lib.autograd.grad(y, [x, u], materialize_grads=True, retain_graph=True)[1].tolist() == [0.0]
+        with pytest.raises(ValueError):
+            lib.autograd.grad(y, [x, u], allow_unused=False, materialize_grads=True, retain_graph=True)
+        lib.autograd.backward(y)  # a bare tensor
+        assert x.grad.tolist() == [2.0, 4.0]
+        lib.autograd.backward(x * 2, lib.ones(2))
+        assert x.grad.tolist() == [4.0, 6.0]
+
+    class NoneGrad(Function):  # reaches x, but its backward gives no gradient: unused too (as torch)
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return None
+
+    x = kiln.ones(2, requires_grad=True)
+    with pytest.raises(kiln.KilnError, match="input 0 appears to not have been used"):
+        kiln.autograd.grad(NoneGrad.apply(x).sum(), x)
+    assert kiln.autograd.grad(NoneGrad.apply(x).sum(), x, allow_unused=True) == (None,)
+
+
+def test_gradcheck_checks_only_inputs_that_require_grad_as_torch():
+    class Scale(Function):
+        @staticmethod
+        def forward(ctx, x, s):
+            ctx.save_for_backward(s)
+            return x * s
+
+        @staticmethod
+        def backward(ctx, g):
+            (s,) = ctx.saved_tensors
+            return g * s, None  # s needs no gradient
+
+    x = kiln.randn(4).double().requires_grad_()
+    s = kiln.randn(4).double()
+    assert gradcheck(Scale.apply, (x, s))
+    assert gradcheck(lambda a, b: a * b, (x, s))
+    # an input that requires grad is still checked
+    with pytest.raises(GradcheckError, match="input 1"):
+        gradcheck(Scale.apply, (x, s.clone().requires_grad_()))
+    with pytest.raises(ValueError, match="no input requires grad"):
+        gradcheck(lambda a: a * 2, (kiln.randn(3).double(),))
+
+
+def test_requires_grad_on_a_non_leaf_as_torch():
+    import torch
+    for lib in (kiln, torch):
+        a = lib.ones(2, requires_grad=True) * 2
+        assert a.requires_grad_(True) is a and a.requires_grad and not a.is_leaf
+        a.requires_grad_()
+        with pytest.raises((kiln.KilnError, RuntimeError), match="detach"):
+            a.requires_grad_(False)
+        for flag in (False, True):  # assigning the flag is refused on a non-leaf either way
+            with pytest.raises((kiln.KilnError, RuntimeError), match="leaf"):
+                a.requires_grad = flag
+
+
+def test_function_outputs_backward_nones_and_saved_values_as_torch():
+    import torch
+    for lib in (kiln, torch):
+        Fn = kiln.autograd.Function if lib is kiln else torch.autograd.Function
+
+        class WithCount(Fn):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2, 5
+
+            @staticmethod
+            def backward(ctx, g, g_count):
+                assert g_count is None
+                return g * 2, None, None  # extra trailing Nones are fine
+
+        x = lib.ones(2, requires_grad=True)
+        y, n = WithCount.apply(x)
+        assert n == 5 and isinstance(n, int) and y.requires_grad
+        y.sum().backward()
+        assert x.grad.tolist() == [2.0, 2.0]
+
+        class Bad(Fn):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x, 3)
+                return x * 1
+
+        with pytest.raises(TypeError, match="argument 1 is of type int"):
+            Bad.apply(x)
+
+        class ExtraTensor(Fn):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, g):
+                return g, g  # not a None: still an error
+
+        with pytest.raises((kiln.KilnError, RuntimeError)):
+            ExtraTensor.apply(x).sum().backward()
+
+    class SaveNone(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(None, x)
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            none, x = ctx.saved_tensors
+            assert none is None
+            return g * 3
+
+    x = kiln.ones(2, requires_grad=True)
+    SaveNone.apply(x).sum().backward()
+    assert x.grad.tolist() == [3.0, 3.0]
+
+
+def test_assigning_a_grad_of_another_dtype_is_refused_as_torch():
+    import torch
+    for lib in (kiln, torch):
+        a = lib.ones(2, requires_grad=True)
+        with pytest.raises((kiln.KilnError, RuntimeError), match="dtype"):
+            a.grad = lib.ones(2, dtype=lib.float64)
+        assert a.grad is None
+        a.grad = lib.ones(2)
+        (a * 2).sum().backward()
+        assert a.grad.dtype == lib.float32 and a.grad.tolist() == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("op, call", [
+    ("clamp_", lambda t: t.clamp_(0.0, 1.0)),
+    ("clip_", lambda t: t.clip_(0.0, 1.0)),
+    ("masked_fill_", lambda t: t.masked_fill_(t.detach() > 0, 1.0)),
+    ("div_", lambda t: t.div_(2.0)),
+    ("neg_", lambda t: t.neg_()),
+    ("sub_", lambda t: t.sub_(1.0)),
+    ("add_", lambda t: t.add_(1.0)),
+    ("mul_", lambda t: t.mul_(2.0)),
+    ("fill_", lambda t: t.fill_(2.0)),
+    ("zero_", lambda t: t.zero_()),
+    ("copy_", lambda t: t.copy_(kiln.zeros(2))),
+    ("x[key] = value", lambda t: t.__setitem__(0, 5.0)),
+    ("/=", lambda t: t.__itruediv__(2.0)),
+    ("-=", lambda t: t.__isub__(1.0)),
+])
+def test_inplace_refusal_names_the_op_called_and_kiln_no_grad(op, call):
+    b = kiln.ones(2, requires_grad=True)
+    with pytest.raises(kiln.KilnError) as e:
+        call(b)
+    msg = str(e.value)
+    assert msg.startswith(op + ": in-place update of a tensor that requires grad"), msg
+    assert "f32 cpu [2]" in msg and "kiln.no_grad()" in msg and "NoGradGuard" not in msg
+    with kiln.no_grad():
+        call(b)
+
+
+@pytest.mark.parametrize("op, call", [
+    ("masked_fill_", lambda z, w: z.masked_fill_(z > 0, w.sum())),
+    ("div_", lambda z, w: z.div_(w)),
+    ("sub_", lambda z, w: z.sub_(w)),
+    ("clamp_", lambda z, w: z.clamp_(w, None)),
+])
+def test_inplace_refusal_of_an_operand_that_requires_grad_names_the_op(op, call):
+    z = kiln.ones(2)
+    w = kiln.ones(2, requires_grad=True) * 2
+    with pytest.raises(kiln.KilnError) as e:
+        call(z, w)
+    msg = str(e.value)
+    assert msg.startswith(op + ": the operand"), msg
+    assert "kiln.no_grad()" in msg
+    assert z.tolist() == [1.0, 1.0]
