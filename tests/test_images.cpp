@@ -322,7 +322,7 @@ TEST_CASE("train: a bad validation image after an epoch keeps its checkpoint; a 
   CHECK_MESSAGE(!contains(r.output, "step 1"), r.output);
 }
 
-TEST_CASE("eval: an image folder's class names and image size travel with the weights") {
+TEST_CASE("train: an image folder's class names and image size travel with the weights to kiln eval") {
   TempDir d("kiln_img");
   make_folder(d.p.string(), 4);
   const std::string data = " --model resnet20 --data folder --data-dir " + d.p.string() + " --threads 1";
@@ -337,9 +337,44 @@ TEST_CASE("eval: an image folder's class names and image size travel with the we
   CHECK(j["data"]["image_size"] == 16);
   CHECK(j["data"]["classes"] == nlohmann::json({"cat", "dog"}));
   CHECK(j["test_samples"] == 8);
+  // A size given explicitly wins, with a warning.
+  r = kiln::testing::run_kiln(
+      "eval" + data + " --image-size 24 --weights " + d / "run/model.safetensors" + " --out " + d / "e24.json",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "--image-size 24, but " + d / "run/model.safetensors" + " was trained at 16"),
+                r.output);
+  CHECK(nlohmann::json::parse(kiln::testing::read_text(d / "e24.json"))["data"]["image_size"] == 24);
   fs::create_directories(d.p / "val/bird");
   write_image(d / "val/bird/b.png", 5, 5, 1, 2, 3);
   r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "run/model.safetensors", d.p.string());
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "class 'bird' is not among the training classes"), r.output);
+}
+
+TEST_CASE("train: kiln eval --data mnist reads only the t10k files") {
+  TempDir d("kiln_img");
+  auto idx = [&](const std::string& name, std::vector<uint32_t> dims, const std::string& payload) {
+    std::string b = {0, 0, 8, char(dims.size())};
+    for (uint32_t n : dims) b += std::string{char(n >> 24), char(n >> 16), char(n >> 8), char(n)};
+    std::ofstream(d / name, std::ios::binary) << b + payload;
+  };
+  std::string px(16 * 28 * 28, '\0'), labels;
+  for (int i = 0; i < 16; ++i) {
+    labels += char(i % 10);
+    px[size_t(i * 784 + 100 + i)] = char(255);
+  }
+  for (const char* split : {"train", "t10k"}) {
+    idx(std::string(split) + "-images-idx3-ubyte", {16, 28, 28}, px);
+    idx(std::string(split) + "-labels-idx1-ubyte", {16}, labels);
+  }
+  const std::string data = " --model resnet20 --data mnist --data-dir " + d.p.string() + " --threads 1";
+  auto r = kiln::testing::run_kiln("train" + data + " --batch 8 --max-steps 1 --progress lines --out " + d / "run",
+                                   d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  fs::remove(d.p / "train-images-idx3-ubyte");
+  fs::remove(d.p / "train-labels-idx1-ubyte");
+  r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "run/model.safetensors", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "(16 samples"), r.output);
 }

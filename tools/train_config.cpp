@@ -37,7 +37,7 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
       ->each([&c](const std::string&) { c.image_size_given = true; })
       ->capture_default_str();
   app.add_flag("--skip-bad-samples", c.skip_bad_samples,
-               "Leave unreadable images out of their batch and count them, instead of stopping");
+               "Leave unreadable images out (a warning naming each, once) and count them, instead of stopping");
   app.add_option("--limit-train", c.limit_train,
                  "Use only N training samples (0: all): the first N; image folders: N spread over the classes")
       ->check(at_least(0));
