@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 
+#include "base/thread_pool.h"
 #include "engine/random.h"
 
 #define STB_IMAGE_STATIC
@@ -196,9 +197,14 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, ImageFolderOptio
   // Every image's header (format, dimensions; a PNG's chunk lengths) before any work: a bad file is an
   // error naming it now, not hours into a run, or (skip_bad) is left out here, once.
   if (o_.check_headers) {
+    // In parallel (file opens dominate); the first bad file in list order is the one named.
+    std::vector<std::string> problems(files_.size());
+    parallel_for(0, int64_t(files_.size()), 64, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) problems[size_t(i)] = image_header_problem(files_[size_t(i)]);
+    });
     size_t kept = 0;
     for (size_t i = 0; i < files_.size(); ++i) {
-      const std::string why = image_header_problem(files_[i]);
+      const std::string& why = problems[i];
       if (!why.empty()) {
         KILN_CHECK(o_.skip_bad, files_[i], ": ", why);
         note_bad(files_[i], why);
