@@ -211,7 +211,7 @@ class Trainer {
       if (const int rc = fold(); rc >= 0) return rc;
       try {
         evaluate_epoch(since(epoch_start_));
-      } catch (const Error& e) {
+      } catch (const Error&) {
         // The epoch's training is not lost to an evaluation that fails (a bad validation file): one
         // process saves it first (resumed, the run evaluates this epoch again). Ranks cannot agree on it.
         if (world_ == 1 && save())
