@@ -201,9 +201,11 @@ Batch TensorImageDataset::get_batch(const std::vector<int64_t>& indices, uint64_
 
 namespace {
 
+// The uncompressed file when both it and a .gz are there (a gunzip that kept its input: the unpacked
+// copy is the one read, and it needs no decompression).
 std::string find_idx(const std::string& dir, const std::string& stem) {
   struct stat st{};
-  for (const char* ext : {".gz", ""}) {
+  for (const char* ext : {"", ".gz"}) {
     const std::string p = dir + "/" + stem + ext;
     if (::stat(p.c_str(), &st) == 0) return p;
   }
@@ -229,15 +231,17 @@ std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& 
 
 }  // namespace
 
-ImageClassData load_mnist_dir(const std::string& dir, const ImageTransform& train_transform, const std::string& name) {
-  auto [xtr, ytr] = load_split(dir, "train");
+ImageClassData load_mnist_dir(const std::string& dir, const ImageTransform& train_transform, const std::string& name,
+                              bool test_only) {
   auto [xte, yte] = load_split(dir, "t10k");
+  Tensor xtr = xte, ytr = yte;
+  if (!test_only) std::tie(xtr, ytr) = load_split(dir, "train");
   KILN_CHECK(xtr.size(2) == xte.size(2) && xtr.size(3) == xte.size(3), dir, ": train images are ", xtr.size(2), "x",
              xtr.size(3), " but test images ", xte.size(2), "x", xte.size(3));
   ImageClassData d;
   ImageTransform test_transform{train_transform.mean, train_transform.std, 0, false};
-  d.train = std::make_shared<TensorImageDataset>(xtr, ytr, train_transform, name + " train");
   d.test = std::make_shared<TensorImageDataset>(xte, yte, test_transform, name + " test");
+  d.train = test_only ? d.test : std::make_shared<TensorImageDataset>(xtr, ytr, train_transform, name + " train");
   d.num_classes = 10;
   d.channels = 1;
   d.height = xtr.size(2);

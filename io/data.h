@@ -130,7 +130,9 @@ struct ImageClassData {
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 // Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] from `dir` (MNIST or Fashion-MNIST),
 // checking that images and labels agree and labels are below 10. `train_transform` applies to the
-// training split; the test split is only normalised.
-ImageClassData load_mnist_dir(const std::string& dir, const ImageTransform& train_transform, const std::string& name);
+// training split; the test split is only normalised. An uncompressed file is read when both it and its
+// .gz are there. test_only (`kiln eval`): the train-* files are not read, and `train` is the test split.
+ImageClassData load_mnist_dir(const std::string& dir, const ImageTransform& train_transform, const std::string& name,
+                              bool test_only = false);
 
 }  // namespace kiln::io

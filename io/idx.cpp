@@ -37,6 +37,8 @@ std::string read_maybe_gzip(const std::string& path) {
     if (n < 0) {
       int err = 0;
       const char* msg = gzerror(f, &err);
+      // A file that starts with gzip's magic but whose data is not a deflate stream.
+      KILN_CHECK(err != Z_DATA_ERROR, path, ": not a valid gzip file (", msg, ")");
       KILN_FAIL(path, ": read failed: ", err == Z_ERRNO ? std::strerror(errno) : msg);
     }
     if (n == 0) break;

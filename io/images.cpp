@@ -1,10 +1,16 @@
-// Image folders: scanning, decoding (stb_image, JPEG/PNG/BMP only) and the crop/resize transforms.
+// Image folders: scanning, decoding (stb_image, JPEG/PNG/BMP/PPM/PGM only) and the crop/resize transforms.
 #include "io/images.h"
+
+#include <zlib.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
 
+#include "base/thread_pool.h"
 #include "engine/random.h"
 
 #define STB_IMAGE_STATIC
@@ -12,6 +18,7 @@
 #define STBI_ONLY_JPEG
 #define STBI_ONLY_PNG
 #define STBI_ONLY_BMP
+#define STBI_ONLY_PNM
 // Static, so GCC names every stb function this file does not call (stb's own header, not Kiln's code).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -22,23 +29,87 @@ namespace kiln::io {
 namespace fs = std::filesystem;
 
 namespace {
-bool is_image(const fs::path& p) {
+std::string lower_extension(const fs::path& p) {
   std::string e = p.extension().string();
   std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-  return e == ".jpg" || e == ".jpeg" || e == ".png" || e == ".bmp";
+  return e;
 }
+bool is_image(const fs::path& p) {
+  const std::string e = lower_extension(p);
+  return e == ".jpg" || e == ".jpeg" || e == ".png" || e == ".bmp" || e == ".ppm" || e == ".pgm";
+}
+bool hidden(const fs::path& p) { return p.filename().string().rfind('.', 0) == 0; }
+
+uint32_t be32(const unsigned char* p) {
+  return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
+}
+constexpr unsigned char kPngMagic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+bool is_png(const unsigned char* p, size_t n) { return n >= 8 && std::equal(kPngMagic, kPngMagic + 8, p); }
 }  // namespace
+
+std::string png_problem(const unsigned char* data, size_t n) {
+  if (!is_png(data, n)) return "";
+  size_t at = 8;
+  while (true) {
+    if (n - at < 12) return "cut short after " + std::to_string(at) + " bytes (no IEND chunk)";
+    const uint32_t len = be32(data + at);
+    const std::string type(reinterpret_cast<const char*>(data + at + 4), 4);
+    if (len > n - at - 12)
+      return "chunk " + type + " at byte " + std::to_string(at) + " runs past the end of the file (cut short)";
+    const uint32_t want = be32(data + at + 8 + len);
+    const uint32_t got = uint32_t(crc32(crc32(0L, Z_NULL, 0), data + at + 4, uInt(len + 4)));
+    if (got != want) return "chunk " + type + " at byte " + std::to_string(at) + " fails its CRC check (corrupt)";
+    at += 12 + size_t(len);
+    if (type == "IEND") return "";
+  }
+}
+
+std::string image_header_problem(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return "cannot open the file";
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, std::fclose);
+  int w = 0, h = 0, n = 0;
+  if (!stbi_info_from_file(f, &w, &h, &n)) {
+    std::error_code ec;
+    if (fs::file_size(path, ec) == 0 && !ec) return "the file is empty (0 bytes), not an image";
+    return std::string("cannot decode the image (") + stbi_failure_reason() + ")";
+  }
+  if (w <= 0 || h <= 0) return "empty image " + std::to_string(w) + "x" + std::to_string(h);
+  // A PNG's chunks, by their lengths only (the CRCs are checked when it is decoded): a file cut short.
+  std::fseek(f, 0, SEEK_SET);
+  unsigned char head[12];
+  if (std::fread(head, 1, 8, f) != 8 || !is_png(head, 8)) return "";
+  long at = 8;
+  std::fseek(f, 0, SEEK_END);
+  const long size = std::ftell(f);
+  while (true) {
+    if (size - at < 12 || std::fseek(f, at, SEEK_SET) != 0 || std::fread(head, 1, 8, f) != 8)
+      return "corrupt PNG: cut short after " + std::to_string(at) + " bytes (no IEND chunk)";
+    const long len = long(be32(head));
+    const std::string type(reinterpret_cast<const char*>(head + 4), 4);
+    if (len > size - at - 12)
+      return "corrupt PNG: chunk " + type + " at byte " + std::to_string(at) +
+             " runs past the end of the file (cut short)";
+    at += 12 + len;
+    if (type == "IEND") return "";
+  }
+}
 
 Tensor decode_image(const std::string& path, int64_t channels) {
   KILN_CHECK(channels == 1 || channels == 3, path, ": images decode to 1 or 3 channels, not ", channels);
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in, path, ": cannot open the file");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  KILN_CHECK(!in.bad(), path, ": read failed");
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  // stb_image does not check a PNG's chunk CRCs: a flipped bit in the pixel data would decode silently.
+  if (const std::string p = png_problem(data, bytes.size()); !p.empty()) KILN_FAIL(path, ": corrupt PNG: ", p);
   int w = 0, h = 0, n = 0;
-  unsigned char* px = stbi_load(path.c_str(), &w, &h, &n, int(channels));
+  unsigned char* px = stbi_load_from_memory(data, int(bytes.size()), &w, &h, &n, int(channels));
   if (px == nullptr) {
     // stb_image calls an empty file an "unknown image type"; an interrupted copy is the likelier cause.
     const char* why = stbi_failure_reason();
-    std::error_code ec;
-    const auto size = fs::file_size(path, ec);
-    KILN_CHECK(ec || size != 0, path, ": the file is empty (0 bytes), not an image");
+    KILN_CHECK(!bytes.empty(), path, ": the file is empty (0 bytes), not an image");
     KILN_FAIL(path, ": cannot decode the image (", why, ")");
   }
   std::unique_ptr<unsigned char, void (*)(void*)> guard(px, stbi_image_free);
@@ -80,28 +151,94 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, ImageFolderOptio
   KILN_CHECK(o_.channels == 1 || o_.channels == 3, root_, ": images decode to 1 or 3 channels, not ", o_.channels);
   KILN_CHECK(o_.mean.size() == size_t(o_.channels) && o_.std.size() == size_t(o_.channels), root_, ": normalisation has ",
              o_.mean.size(), " means and ", o_.std.size(), " stds for ", o_.channels, " channels");
+  // Class folders: the sub-directories (or links to them), sorted; hidden ones (.ipynb_checkpoints,
+  // .git) are not classes.
   std::vector<std::string> found;
   for (const auto& e : fs::directory_iterator(root_))
-    if (e.is_directory()) found.push_back(e.path().filename().string());
+    if (!hidden(e.path()) && e.is_directory()) found.push_back(e.path().filename().string());
   std::sort(found.begin(), found.end());
-  if (classes_.empty()) classes_ = found;
+  const bool own_classes = classes_.empty();
+  if (own_classes) classes_ = found;
   KILN_CHECK(!classes_.empty(), root_, ": no class sub-directories");
+  for (const auto& f : found)
+    KILN_CHECK(std::find(classes_.begin(), classes_.end(), f) != classes_.end(), root_, ": class '", f,
+               "' is not among the training classes");
+  KILN_CHECK(!own_classes || classes_.size() >= 2, root_, ": only one class folder ('", classes_[0],
+             "'): a classifier needs two or more (one class trains at loss 0)");
   for (size_t ci = 0; ci < classes_.size(); ++ci) {
     const fs::path dir = fs::path(root_) / classes_[ci];
     if (!fs::is_directory(dir)) continue;  // a class the validation folder lacks
     std::vector<std::string> files;
-    for (const auto& e : fs::recursive_directory_iterator(dir))
-      if (e.is_regular_file() && is_image(e.path())) files.push_back(e.path().string());
+    // Symbolic links to files and folders are followed; a broken one is an error naming it.
+    for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink);
+         it != fs::recursive_directory_iterator(); ++it) {
+      const fs::path& p = it->path();
+      if (hidden(p)) {
+        if (it->is_directory()) it.disable_recursion_pending();
+        continue;
+      }
+      KILN_CHECK(!it->is_symlink() || fs::exists(p), p.string(), ": a broken symbolic link (its target ",
+                 fs::read_symlink(p).string(), " does not exist)");
+      if (!it->is_regular_file()) continue;
+      if (is_image(p))
+        files.push_back(p.string());
+      else
+        ++other_[lower_extension(p).empty() ? "(none)" : lower_extension(p)];
+    }
+    KILN_CHECK(!files.empty(), dir.string(),
+               ": the class folder holds no .jpg, .jpeg, .png, .bmp, .ppm or .pgm images (remove it, or add images)");
     std::sort(files.begin(), files.end());
     for (auto& f : files) {
       files_.push_back(std::move(f));
       labels_.push_back(int64_t(ci));
     }
   }
-  for (const auto& f : found)
-    KILN_CHECK(std::find(classes_.begin(), classes_.end(), f) != classes_.end(), root_, ": class '", f,
-               "' is not among the training classes");
-  KILN_CHECK(!files_.empty(), root_, ": no .jpg, .jpeg, .png or .bmp images under its class directories");
+  KILN_CHECK(!files_.empty(), root_, ": no .jpg, .jpeg, .png, .bmp, .ppm or .pgm images under its class directories");
+  // Every image's header (format, dimensions; a PNG's chunk lengths) before any work: a bad file is an
+  // error naming it now, not hours into a run, or (skip_bad) is left out here, once.
+  if (o_.check_headers) {
+    // In parallel (file opens dominate); the first bad file in list order is the one named.
+    std::vector<std::string> problems(files_.size());
+    parallel_for(0, int64_t(files_.size()), 64, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) problems[size_t(i)] = image_header_problem(files_[size_t(i)]);
+    });
+    size_t kept = 0;
+    for (size_t i = 0; i < files_.size(); ++i) {
+      const std::string& why = problems[i];
+      if (!why.empty()) {
+        KILN_CHECK(o_.skip_bad, files_[i], ": ", why);
+        note_bad(files_[i], why);
+        continue;
+      }
+      if (kept != i) {
+        files_[kept] = std::move(files_[i]);
+        labels_[kept] = labels_[i];
+      }
+      ++kept;
+    }
+    files_.resize(kept);
+    labels_.resize(kept);
+    KILN_CHECK(!files_.empty(), root_, ": every image is unreadable (", bad_.load(), " skipped)");
+  }
+}
+
+std::string ImageFolderDataset::other_files_note() const {
+  if (other_.empty()) return "";
+  int64_t total = 0;
+  std::string kinds;
+  for (const auto& [ext, n] : other_) {
+    total += n;
+    kinds += (kinds.empty() ? "" : ", ") + ext + " " + std::to_string(n);
+  }
+  return root_ + ": left out " + std::to_string(total) +
+         " file(s) that are not .jpg, .jpeg, .png, .bmp, .ppm or .pgm (" + kinds + ")";
+}
+
+void ImageFolderDataset::note_bad(const std::string& file, const std::string& why) const {
+  std::lock_guard<std::mutex> lock(bad_mu_);
+  if (!bad_files_.insert(file).second) return;  // counted and reported the first time only
+  bad_.store(int64_t(bad_files_.size()));
+  std::fprintf(stderr, "kiln: warning: skipped %s: %s\n", file.c_str(), why.c_str());
 }
 
 Batch ImageFolderDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) const {
@@ -114,9 +251,11 @@ Batch ImageFolderDataset::get_batch(const std::vector<int64_t>& indices, uint64_
     Tensor raw;
     try {
       raw = decode_image(files_[size_t(n)], c);
-    } catch (const Error&) {
+    } catch (const Error& e) {
       if (!o_.skip_bad) throw;
-      bad_.fetch_add(1);
+      std::string why = e.message();
+      if (why.rfind(files_[size_t(n)] + ": ", 0) == 0) why = why.substr(files_[size_t(n)].size() + 2);
+      note_bad(files_[size_t(n)], why);
       continue;
     }
     const int64_t h = raw.size(1), w = raw.size(2);

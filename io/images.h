@@ -1,10 +1,15 @@
-// Image folders in the common layout, root/<class name>/<image>.{jpg,jpeg,png,bmp}: decoded with
-// stb_image, then resized and cropped (random-resized crop and flip for training, resize + centre
-// crop for evaluation) and normalised. A corrupt or unreadable image is an error naming the file,
-// or, with skip_bad, is left out of its batch and counted.
+// Image folders in the common layout, root/<class name>/<image>.{jpg,jpeg,png,bmp,ppm,pgm}: decoded
+// with stb_image, then resized and cropped (random-resized crop and flip for training, resize + centre
+// crop for evaluation) and normalised. Hidden folders and files (a leading '.') are not read; an empty
+// class folder is an error. Every image's header is checked when the folder is scanned, a PNG's chunk
+// CRCs when it is decoded. A corrupt or unreadable image is an error naming the file, or, with
+// skip_bad, is left out (of the data set, or of its batch) with a warning naming it, and counted once.
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +24,7 @@ struct ImageFolderOptions {
   bool train = false;    // random-resized crop (scale 0.08-1, aspect 3/4-4/3) and horizontal flip
   std::vector<float> mean = {0.485f, 0.456f, 0.406f}, std = {0.229f, 0.224f, 0.225f};
   bool skip_bad = false;
+  bool check_headers = true;  // every image's header when the folder is scanned
 };
 
 class ImageFolderDataset final : public Dataset {
@@ -30,18 +36,34 @@ class ImageFolderDataset final : public Dataset {
   Batch get_batch(const std::vector<int64_t>& indices, uint64_t seed) const override;
   const std::vector<std::string>& classes() const { return classes_; }
   const std::string& file(int64_t i) const { return files_.at(size_t(i)); }
-  int64_t bad_samples() const { return bad_.load(); }  // skipped so far (skip_bad)
+  int64_t bad_samples() const { return bad_.load(); }  // distinct files skipped so far (skip_bad)
+  // A line saying how many files of other extensions the scan left out ("" when none).
+  std::string other_files_note() const;
 
  private:
+  void note_bad(const std::string& file, const std::string& why) const;
+
   std::string root_;
   ImageFolderOptions o_;
   std::vector<std::string> classes_, files_;
   std::vector<int64_t> labels_;
+  std::map<std::string, int64_t> other_;  // files left out, by extension
   mutable std::atomic<int64_t> bad_{0};
+  mutable std::mutex bad_mu_;
+  mutable std::set<std::string> bad_files_;
 };
 
-// Decodes an image file to u8 [channels, H, W]; errors name the file and stb_image's reason.
+// Decodes an image file to u8 [channels, H, W]; errors name the file and stb_image's reason. A PNG's
+// chunk CRCs are checked first (stb_image does not).
 Tensor decode_image(const std::string& path, int64_t channels);
+
+// What is wrong with the PNG in data[0, n) (a chunk's CRC, a file cut short), or "" (also when it is
+// not a PNG).
+std::string png_problem(const unsigned char* data, size_t n);
+
+// What is wrong with an image file's header (not a format stb_image decodes, no dimensions; a PNG's
+// chunks by their lengths), or "": cheap, the pixels are not read.
+std::string image_header_problem(const std::string& path);
 
 // Bilinear resampling of the box (y0, x0, h, w) of a float image [C, H, W] to [C, out_h, out_w]
 // (pixel centres aligned, as common image libraries do without antialiasing).

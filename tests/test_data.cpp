@@ -315,3 +315,27 @@ TEST_CASE("philox stream: reproducible, uniform in range") {
   for (int h : hist) CHECK((h > 9500 && h < 10500));
   CHECK(mix_seed(1, 2) != mix_seed(2, 1));
 }
+
+TEST_CASE("mnist directory: the uncompressed file wins over its .gz; eval reads no train files; a fake gzip is named") {
+  TempDir dir("kiln_mnist");
+  auto images = [](uint32_t n) { return idx_bytes(0x08, {n, 4, 4}, std::string(n * 16, '\x80')); };
+  auto labels = [](const std::string& l) { return idx_bytes(0x08, {uint32_t(l.size())}, l); };
+  io::ImageTransform t{{0.5f}, {0.25f}, 0, false};
+  write_file(dir / "t10k-images-idx3-ubyte", images(2), false);
+  write_file(dir / "t10k-labels-idx1-ubyte", labels(std::string("\x00\x09", 2)), false);
+  // Evaluation needs the test split only.
+  io::ImageClassData d = io::load_mnist_dir(dir.p.string(), t, "m", /*test_only=*/true);
+  CHECK(d.test->size() == 2);
+  CHECK(d.train->size() == 2);
+  CHECK(contains(error_of([&] { io::load_mnist_dir(dir.p.string(), t, "m"); }), "train-images-idx3-ubyte"));
+  // Both a file and its .gz: the uncompressed one is read.
+  write_file(dir / "train-images-idx3-ubyte", images(3), false);
+  write_file(dir / "train-images-idx3-ubyte.gz", images(5), true);
+  write_file(dir / "train-labels-idx1-ubyte", labels(std::string("\x01\x02\x03", 3)), false);
+  CHECK(io::load_mnist_dir(dir.p.string(), t, "m").train->size() == 3);
+  // gzip's magic, then not a deflate stream.
+  write_file(dir / "fake.gz", std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", 10) + std::string(64, '\x7f'),
+             false);
+  const std::string e = error_of([&] { io::load_idx(dir / "fake.gz"); });
+  CHECK_MESSAGE(contains(e, dir / "fake.gz" + ": not a valid gzip file"), e);
+}

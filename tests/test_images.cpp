@@ -11,11 +11,14 @@
 #pragma GCC diagnostic pop
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "io/images.h"
 #include "kiln.h"
 #include "test_util.h"
+#include "tools/train.h"
 
 using namespace kiln;
 using kiln::testing::contains;
@@ -96,15 +99,15 @@ TEST_CASE("image folder: a corrupt image is an error naming it, or is skipped an
   io::ImageFolderOptions o;
   o.size = 8;
   o.resize = 9;
-  io::ImageFolderDataset strict(d / "train", o);
-  std::vector<int64_t> all(size_t(strict.size()));
-  for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
-  CHECK(contains(error_of([&] { strict.get_batch(all, 0); }), "broken.png: cannot decode the image"));
+  // Its header is unreadable: found when the folder is scanned, before any batch.
+  CHECK(contains(error_of([&] { io::ImageFolderDataset(d / "train", o); }), "broken.png: cannot decode the image"));
   o.skip_bad = true;
   io::ImageFolderDataset lenient(d / "train", o);
-  const io::Batch b = lenient.get_batch(all, 0);
-  CHECK(b.at("input").size(0) == strict.size() - 1);
+  CHECK(lenient.size() == 6);
   CHECK(lenient.bad_samples() == 1);
+  std::vector<int64_t> all(size_t(lenient.size()));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
+  CHECK(lenient.get_batch(all, 0).at("input").size(0) == 6);
 }
 
 TEST_CASE("image folder: an empty image file is called empty, not of an unknown type") {
@@ -134,7 +137,7 @@ TEST_CASE("train: ResNet on an image folder; a corrupt image stops the run or is
   const std::string common = "train --model resnet20 --data folder --data-dir " + d.p.string() +
                              " --image-size 16 --batch 4 --epochs 1 --threads 1 --progress lines --out " + d / "run";
   auto r = kiln::testing::run_kiln(common, d.p.string());
-  CHECK(r.code == 1);
+  CHECK(r.code == 2);  // found by the header check, before any training
   CHECK_MESSAGE(contains(r.output, "broken.jpg: cannot decode the image"), r.output);
   r = kiln::testing::run_kiln(common + " --skip-bad-samples", d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
@@ -144,4 +147,234 @@ TEST_CASE("train: ResNet on an image folder; a corrupt image stops the run or is
   r = kiln::testing::run_kiln("train --model resnet20 --data folder --out " + d / "x", d.p.string());
   CHECK(r.code == 2);
   CHECK(contains(r.output, "--data folder needs --data-dir"));
+}
+
+namespace {
+std::string bytes_of(const std::string& path) { return kiln::testing::read_text(path); }
+void put_bytes(const std::string& path, const std::string& b) { std::ofstream(path, std::ios::binary) << b; }
+// Flips one bit of the pixel data (the first IDAT chunk's) of a PNG file: its CRC no longer matches.
+void flip_idat_bit(const std::string& path) {
+  std::string b = bytes_of(path);
+  const size_t at = b.find("IDAT");
+  REQUIRE(at != std::string::npos);
+  b[at + 4 + 2] = char(b[at + 4 + 2] ^ 0x10);
+  put_bytes(path, b);
+}
+}  // namespace
+
+TEST_CASE("image folder: hidden folders are not classes; an empty class folder and a single class are errors") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 2);
+  fs::create_directories(d.p / "train/.ipynb_checkpoints");
+  write_image(d / "train/.ipynb_checkpoints/x.png", 4, 4, 1, 2, 3);
+  write_image(d / "train/cat/.hidden.png", 4, 4, 1, 2, 3);
+  io::ImageFolderOptions o;
+  o.size = 8;
+  o.resize = 8;
+  io::ImageFolderDataset ds(d / "train", o);
+  CHECK(ds.classes() == std::vector<std::string>{"cat", "dog"});
+  CHECK(ds.size() == 4);
+  fs::create_directories(d.p / "train/empty");
+  std::string e = error_of([&] { io::ImageFolderDataset(d / "train", o); });
+  CHECK_MESSAGE(contains(e, d / "train/empty" + ": the class folder holds no .jpg"), e);
+  fs::remove_all(d.p / "train/empty");
+  fs::remove_all(d.p / "train/dog");
+  e = error_of([&] { io::ImageFolderDataset(d / "train", o); });
+  CHECK_MESSAGE(contains(e, "only one class folder ('cat')"), e);
+}
+
+TEST_CASE("image folder: a PNG's chunk CRCs are checked; a PNG cut short is found when the folder is scanned") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 1);
+  write_image(d / "train/cat/flip.png", 20, 16, 90, 90, 90);
+  CHECK(io::decode_image(d / "train/cat/flip.png", 3).shape() == Shape{3, 16, 20});
+  flip_idat_bit(d / "train/cat/flip.png");
+  std::string e = error_of([&] { io::decode_image(d / "train/cat/flip.png", 3); });
+  CHECK_MESSAGE(contains(e, d / "train/cat/flip.png" + ": corrupt PNG: chunk IDAT at byte"), e);
+  CHECK(contains(e, "fails its CRC check"));
+  io::ImageFolderOptions o;
+  o.size = 8;
+  o.resize = 8;
+  io::ImageFolderDataset ds(d / "train", o);  // the headers are sound: found when decoded
+  CHECK(ds.size() == 3);
+  // Cut short (head -c 50): stbi_info reads its header, but the chunks run past the end.
+  write_image(d / "val/dog/cut.png", 20, 16, 90, 90, 90);
+  put_bytes(d / "val/dog/cut.png", bytes_of(d / "val/dog/cut.png").substr(0, 50));
+  e = error_of([&] { io::ImageFolderDataset(d / "val", o, ds.classes()); });
+  CHECK_MESSAGE(contains(e, d / "val/dog/cut.png" + ": corrupt PNG: chunk IDAT at byte 33 runs past the end"), e);
+  o.skip_bad = true;
+  io::ImageFolderDataset lenient(d / "val", o, ds.classes());
+  CHECK(lenient.size() == 2);
+  CHECK(lenient.bad_samples() == 1);
+}
+
+TEST_CASE("image folder: .ppm/.pgm, other extensions noted, symbolic links followed, a broken one an error") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 1);
+  put_bytes(d / "train/cat/grey.pgm", std::string("P5\n3 2\n255\n") + std::string(6, char(100)));
+  put_bytes(d / "train/cat/rgb.ppm", std::string("P6\n2 2\n255\n") + std::string(12, char(30)));
+  put_bytes(d / "train/cat/anim.gif", "GIF89a");
+  put_bytes(d / "train/dog/a.webp", "RIFF");
+  put_bytes(d / "train/dog/b.webp", "RIFF");
+  fs::create_directories(d.p / "elsewhere/more");
+  write_image(d / "elsewhere/more/m.png", 5, 5, 1, 2, 3);
+  write_image(d / "elsewhere/one.bmp", 5, 5, 1, 2, 3);
+  fs::create_directory_symlink(d.p / "elsewhere/more", d.p / "train/dog/linked");
+  fs::create_symlink(d.p / "elsewhere/one.bmp", d.p / "train/dog/one.bmp");
+  io::ImageFolderOptions o;
+  o.size = 8;
+  o.resize = 8;
+  io::ImageFolderDataset ds(d / "train", o);
+  CHECK(ds.size() == 6);  // cat: img0.png grey.pgm rgb.ppm; dog: img0.png linked/m.png one.bmp
+  std::vector<int64_t> all = {0, 1, 2, 3, 4, 5};
+  CHECK(ds.get_batch(all, 0).at("target").to_vector() == std::vector<double>{0, 0, 0, 1, 1, 1});
+  CHECK(ds.other_files_note() ==
+        d / "train" + ": left out 3 file(s) that are not .jpg, .jpeg, .png, .bmp, .ppm or .pgm (.gif 1, .webp 2)");
+  fs::create_symlink(d.p / "elsewhere/gone.png", d.p / "train/cat/gone.png");
+  const std::string e = error_of([&] { io::ImageFolderDataset(d / "train", o); });
+  CHECK_MESSAGE(contains(e, d / "train/cat/gone.png" + ": a broken symbolic link"), e);
+}
+
+TEST_CASE("image folder: --skip-bad-samples counts a bad file once however often it is read") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 2);
+  write_image(d / "train/cat/flip.png", 20, 16, 90, 90, 90);
+  flip_idat_bit(d / "train/cat/flip.png");
+  io::ImageFolderOptions o;
+  o.size = 8;
+  o.resize = 8;
+  o.skip_bad = true;
+  io::ImageFolderDataset ds(d / "train", o);
+  REQUIRE(ds.size() == 5);
+  const std::vector<int64_t> all = {0, 1, 2, 3, 4};
+  for (int epoch = 0; epoch < 3; ++epoch) CHECK(ds.get_batch(all, uint64_t(epoch)).at("input").size(0) == 4);
+  CHECK(ds.bad_samples() == 1);
+}
+
+TEST_CASE("image folder: --limit-train / --limit-eval take samples spread over the classes, the same each run") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 2);
+  for (const char* cls : {"bird", "fish", "frog"})
+    for (const char* split : {"train", "val"}) {
+      fs::create_directories(d.p / split / cls);
+      for (int i = 0; i < 4; ++i)
+        write_image(d / (std::string(split) + "/" + cls + "/" + std::to_string(i) + ".png"), 6, 6, 9, 9, 9);
+    }
+  tools::TrainConfig c;
+  c.data = "folder";
+  c.data_dir = d.p.string();
+  c.image_size = 8;
+  c.limit_train = 6;
+  c.limit_eval = 6;
+  c.device = "cpu";
+  auto classes_in = [](const io::Dataset& ds) {
+    std::vector<int64_t> idx(size_t(ds.size()));
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = int64_t(i);
+    const auto t = ds.get_batch(idx, 0).at("target").to_vector();
+    return std::set<double>(t.begin(), t.end());
+  };
+  tools::Task t = tools::make_task(c);
+  REQUIRE(t.train_data->size() == 6);
+  REQUIRE(t.eval_data->size() == 6);
+  CHECK(classes_in(*t.train_data).size() >= 3);
+  CHECK(classes_in(*t.eval_data).size() >= 3);
+  c.seed = 99;
+  tools::Task again = tools::make_task(c);
+  std::vector<int64_t> idx = {0, 1, 2, 3, 4, 5};
+  CHECK(again.eval_data->get_batch(idx, 0).at("target").to_vector() ==
+        t.eval_data->get_batch(idx, 0).at("target").to_vector());
+}
+
+TEST_CASE("train: a bad validation image after an epoch keeps its checkpoint; a bad header stops before work") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 6);
+  write_image(d / "val/dog/flip.png", 20, 16, 90, 90, 90);
+  flip_idat_bit(d / "val/dog/flip.png");
+  const std::string flags = "train --model resnet20 --data folder --data-dir " + d.p.string() +
+                            " --image-size 16 --batch 4 --epochs 2 --threads 1 --progress lines --out ";
+  const std::string common = flags + d / "run";
+  auto r = kiln::testing::run_kiln(common, d.p.string());
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.output, "flip.png: corrupt PNG: chunk IDAT"), r.output);
+  CHECK_MESSAGE(contains(r.output, "evaluation after epoch 1 failed; saved the trained epoch as"), r.output);
+  REQUIRE(fs::exists(d.p / "run/checkpoints/latest"));
+  // Fixed, the run goes on from there: the first epoch is evaluated again, then the second trained.
+  write_image(d / "val/dog/flip.png", 20, 16, 90, 90, 90);
+  r = kiln::testing::run_kiln(common + " --resume auto", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "resumed at step 3"));
+  CHECK(contains(r.output, "epoch 1:"));
+  CHECK(contains(r.output, "epoch 2:"));
+  // At the run's last step (--max-steps): the resumed run still owes that evaluation, and does it.
+  flip_idat_bit(d / "val/dog/flip.png");
+  r = kiln::testing::run_kiln(flags + d / "run3 --max-steps 2", d.p.string());
+  CHECK_MESSAGE(contains(r.output, "evaluation after epoch 1 failed; saved"), r.output);
+  flip_idat_bit(d / "val/dog/flip.png");  // flipped back
+  r = kiln::testing::run_kiln(flags + d / "run3 --max-steps 2 --resume auto", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "epoch 1:"), r.output);
+  CHECK(nlohmann::json::parse(kiln::testing::read_text(d / "run3/summary.json"))["test_samples"] == 13);
+  // A header stb_image cannot read: the error names the file before any training.
+  put_bytes(d / "val/dog/flip.png", "not a png");
+  r = kiln::testing::run_kiln(flags + d / "run2", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, d / "val/dog/flip.png" + ": cannot decode the image"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "step 1"), r.output);
+}
+
+TEST_CASE("train: an image folder's class names and image size travel with the weights to kiln eval") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 4);
+  const std::string data = " --model resnet20 --data folder --data-dir " + d.p.string() + " --threads 1";
+  auto r = kiln::testing::run_kiln(
+      "train" + data + " --image-size 16 --batch 4 --max-steps 1 --progress lines --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  fs::rename(d.p / "train", d.p / "train.away");  // not needed: the names come with the weights
+  r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "run/model.safetensors" + " --out " + d / "e.json",
+                              d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto j = nlohmann::json::parse(kiln::testing::read_text(d / "e.json"));
+  CHECK(j["data"]["image_size"] == 16);
+  CHECK(j["data"]["classes"] == nlohmann::json({"cat", "dog"}));
+  CHECK(j["test_samples"] == 8);
+  // A size given explicitly wins, with a warning.
+  r = kiln::testing::run_kiln(
+      "eval" + data + " --image-size 24 --weights " + d / "run/model.safetensors" + " --out " + d / "e24.json",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "--image-size 24, but " + d / "run/model.safetensors" + " was trained at 16"),
+                r.output);
+  CHECK(nlohmann::json::parse(kiln::testing::read_text(d / "e24.json"))["data"]["image_size"] == 24);
+  fs::create_directories(d.p / "val/bird");
+  write_image(d / "val/bird/b.png", 5, 5, 1, 2, 3);
+  r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "run/model.safetensors", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "class 'bird' is not among the training classes"), r.output);
+}
+
+TEST_CASE("train: kiln eval --data mnist reads only the t10k files") {
+  TempDir d("kiln_img");
+  auto idx = [&](const std::string& name, std::vector<uint32_t> dims, const std::string& payload) {
+    std::string b = {0, 0, 8, char(dims.size())};
+    for (uint32_t n : dims) b += std::string{char(n >> 24), char(n >> 16), char(n >> 8), char(n)};
+    std::ofstream(d / name, std::ios::binary) << b + payload;
+  };
+  std::string px(16 * 28 * 28, '\0'), labels;
+  for (int i = 0; i < 16; ++i) {
+    labels += char(i % 10);
+    px[size_t(i * 784 + 100 + i)] = char(255);
+  }
+  for (const char* split : {"train", "t10k"}) {
+    idx(std::string(split) + "-images-idx3-ubyte", {16, 28, 28}, px);
+    idx(std::string(split) + "-labels-idx1-ubyte", {16}, labels);
+  }
+  const std::string data = " --model resnet20 --data mnist --data-dir " + d.p.string() + " --threads 1";
+  auto r = kiln::testing::run_kiln("train" + data + " --batch 8 --max-steps 1 --progress lines --out " + d / "run",
+                                   d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  fs::remove(d.p / "train-images-idx3-ubyte");
+  fs::remove(d.p / "train-labels-idx1-ubyte");
+  r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "run/model.safetensors", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "(16 samples"), r.output);
 }

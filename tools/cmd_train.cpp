@@ -186,7 +186,9 @@ class Trainer {
     announce();
     g_exit_on_second = hooks_.exit_on_second_interrupt ? 1 : 0;
     SignalScope signals;
-    while (run_.epoch < c_.epochs && run_.step < total_steps_) {
+    // run_.batch > 0 at the last step: a checkpoint saved before its epoch's evaluation (an evaluation that
+    // failed, or was killed), which is still to do.
+    while (run_.epoch < c_.epochs && (run_.step < total_steps_ || run_.batch > 0)) {
       model().train();
       loader_->seek({run_.epoch, run_.batch});
       win_start_ = epoch_start_ = Clock::now();
@@ -207,7 +209,17 @@ class Trainer {
       }
       run_.train_seconds += since(epoch_start_) - epoch_seconds_before_;
       if (const int rc = fold(); rc >= 0) return rc;
-      evaluate_epoch(since(epoch_start_));
+      try {
+        evaluate_epoch(since(epoch_start_));
+      } catch (const Error&) {
+        // The epoch's training is not lost to an evaluation that fails (a bad validation file): one
+        // process saves it first (resumed, the run evaluates this epoch again). Ranks cannot agree on it.
+        if (world_ == 1 && save())
+          progress_->line("kiln train: evaluation after epoch " + std::to_string(run_.epoch + 1) +
+                          " failed; saved the trained epoch as " + last_saved_ +
+                          " (fix the data, then continue with --resume auto)");
+        throw;
+      }
       const bool stop = any_rank(stop_wanted());
       if (c_.save_every > 0 || c_.save_minutes > 0 || c_.save_epochs || stop)
         if (const int rc = checkpoint(stop, " after epoch " + std::to_string(run_.epoch)); rc >= 0) return rc;
@@ -1113,6 +1125,10 @@ class Trainer {
     if (!lead_) return 0;
     std::map<std::string, std::string> meta = {{"model", c_.model}, {"task", task_.name}, {"format", "kiln"}};
     if (task_.data_info.contains("labels")) meta["labels"] = task_.data_info["labels"].dump();
+    if (task_.data_info.value("name", "") == "folder") {  // `kiln eval` gets the ids and size of this run
+      meta["labels"] = task_.data_info["classes"].dump();
+      meta["image_size"] = std::to_string(task_.data_info["image_size"].get<int64_t>());
+    }
     io::save_safetensors(c_.out + "/model.safetensors", model().state_dict(), meta);
     const double wall = since(t_start_);
     const double sps = double(run_.samples_seen) / std::max(run_.train_seconds, 1e-9);
@@ -1224,6 +1240,7 @@ int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outco
 
 int run_eval(const TrainConfig& c0, const std::string& weights) {
   TrainConfig c = c0;
+  c.eval_only = true;
   auto problems = validate(c);
   if (std::string clash = output_is_input("--out", c.out, {weights}); !clash.empty()) problems.push_back(clash);
   for (const auto& p : problems) std::fprintf(stderr, "kiln eval: error: %s\n", p.c_str());
@@ -1235,6 +1252,15 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     // A classifier's label names travel with its weights, so ids mean the same classes here.
     if (auto it = f.metadata.find("labels"); it != f.metadata.end())
       c.label_names = nlohmann::json::parse(it->second).get<std::vector<std::string>>();
+    // An image folder's model evaluates at the size it was trained at, unless --image-size says otherwise.
+    if (auto it = f.metadata.find("image_size"); it != f.metadata.end() && c.data == "folder") {
+      const int64_t trained = std::stoll(it->second);
+      if (!c.image_size_given)
+        c.image_size = trained;
+      else if (c.image_size != trained)
+        std::fprintf(stderr, "kiln eval: warning: --image-size %lld, but %s was trained at %lld\n",
+                     (long long)c.image_size, weights.c_str(), (long long)trained);
+    }
     task = make_task(c);
     nn::StateDict given = f.tensors;
     drop_unused_heads(*task.model, given, weights, c.model, "kiln eval");

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <optional>
@@ -26,21 +27,39 @@
 namespace kiln::tools {
 namespace {
 
-// The first `limit` samples of a data set (all when limit is 0).
+// `limit` samples of a data set (all when limit is 0): the first ones, or (spread) ones drawn over the
+// whole set by a fixed-seed shuffle, independent of --seed so a train and an eval limit pick alike; for
+// data sets in class order (image folders), where the first ones would be one class.
 class Prefix final : public io::Dataset {
  public:
-  Prefix(std::shared_ptr<const io::Dataset> ds, int64_t limit) : ds_(std::move(ds)), n_(std::min(limit, ds_->size())) {}
+  Prefix(std::shared_ptr<const io::Dataset> ds, int64_t limit, bool spread)
+      : ds_(std::move(ds)), n_(std::min(limit, ds_->size())) {
+    if (!spread) return;
+    std::vector<int64_t> order(size_t(ds_->size()));
+    std::iota(order.begin(), order.end(), int64_t(0));
+    PhiloxStream rng(0x5eed11317ULL, 0);
+    for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.below(uint64_t(i + 1))]);
+    order.resize(size_t(n_));
+    std::sort(order.begin(), order.end());
+    idx_ = std::move(order);
+  }
   int64_t size() const override { return n_; }
-  io::Batch get_batch(const std::vector<int64_t>& idx, uint64_t seed) const override { return ds_->get_batch(idx, seed); }
+  io::Batch get_batch(const std::vector<int64_t>& idx, uint64_t seed) const override {
+    if (idx_.empty()) return ds_->get_batch(idx, seed);
+    std::vector<int64_t> mapped;
+    for (int64_t i : idx) mapped.push_back(idx_.at(size_t(i)));
+    return ds_->get_batch(mapped, seed);
+  }
 
  private:
   std::shared_ptr<const io::Dataset> ds_;
   int64_t n_;
+  std::vector<int64_t> idx_;
 };
 
-std::shared_ptr<const io::Dataset> limit(std::shared_ptr<const io::Dataset> ds, int64_t n) {
+std::shared_ptr<const io::Dataset> limit(std::shared_ptr<const io::Dataset> ds, int64_t n, bool spread = false) {
   if (n <= 0 || n >= ds->size()) return ds;
-  return std::make_shared<Prefix>(std::move(ds), n);
+  return std::make_shared<Prefix>(std::move(ds), n, spread);
 }
 
 // On the logits' device (i64 0-dim): a training step does not wait to count.
@@ -64,7 +83,9 @@ Task image_folder(const TrainConfig& c) {
   namespace fs = std::filesystem;
   const fs::path root(c.data_dir);
   const fs::path val = fs::is_directory(root / "val") ? root / "val" : root / "test";
-  KILN_CHECK(fs::is_directory(root / "train") && fs::is_directory(val), "--data-dir ", c.data_dir,
+  // `kiln eval` of weights that carry their class names: those fix the ids, train/ is not read.
+  const bool stored_classes = !c.label_names.empty();
+  KILN_CHECK((stored_classes || fs::is_directory(root / "train")) && fs::is_directory(val), "--data-dir ", c.data_dir,
              ": an image-folder data set holds train/ and val/ (or test/), each with one sub-directory per class");
   int64_t channels = 3;
   for (const auto& kv : c.sets)
@@ -80,13 +101,26 @@ Task image_folder(const TrainConfig& c) {
   }
   o.skip_bad = c.skip_bad_samples;
   o.train = c.augment;
-  auto train = std::make_shared<io::ImageFolderDataset>((root / "train").string(), o);
+  std::shared_ptr<io::ImageFolderDataset> train, test;
+  if (!stored_classes) train = std::make_shared<io::ImageFolderDataset>((root / "train").string(), o);
   o.train = false;
-  auto test = std::make_shared<io::ImageFolderDataset>(val.string(), o, train->classes());
-  nlohmann::json info = {{"name", "folder"}, {"dir", c.data_dir}, {"shape", {channels, c.image_size, c.image_size}},
-                         {"classes", train->classes()}};
-  Task t = resnet_task(c, train, test, channels, int64_t(train->classes().size()), info);
-  t.bad_samples = [train, test] { return train->bad_samples() + test->bad_samples(); };
+  test = std::make_shared<io::ImageFolderDataset>(val.string(), o, stored_classes ? c.label_names : train->classes());
+  if (!train) train = test;
+  for (const auto& ds : train == test ? std::vector{test} : std::vector{train, test})
+    if (const std::string note = ds->other_files_note(); !note.empty())
+      std::fprintf(stderr, "kiln: note: %s\n", note.c_str());
+  nlohmann::json info = {{"name", "folder"},
+                         {"dir", c.data_dir},
+                         {"shape", {channels, c.image_size, c.image_size}},
+                         {"classes", test->classes()},
+                         {"image_size", c.image_size}};
+  // The folders are in class order: a --limit takes samples spread over them, not the first class.
+  Task t = resnet_task(c, limit(train, c.limit_train, true), limit(test, c.limit_eval, true), channels,
+                       int64_t(test->classes().size()), info);
+  if (train == test)
+    t.bad_samples = [test] { return test->bad_samples(); };
+  else
+    t.bad_samples = [train, test] { return train->bad_samples() + test->bad_samples(); };
   return t;
 }
 
@@ -102,7 +136,7 @@ Task image_classification(const TrainConfig& c) {
   }
   io::ImageClassData d;
   try {
-    d = io::load_mnist_dir(dir, tr, c.data);
+    d = io::load_mnist_dir(dir, tr, c.data, c.eval_only);
   } catch (const Error& e) {
     if (c.data == "fashion-mnist" && c.data_dir.empty())
       KILN_FAIL(e.message(), "\n  Fashion-MNIST comes from Debian's package: apt-get install dataset-fashion-mnist "

@@ -28,6 +28,8 @@ struct TrainConfig {
   std::string data_dir;
   bool augment = true;
   int64_t image_size = 224;  // image folders
+  bool image_size_given = false;  // not a flag: --image-size was given (`kiln eval` else takes the weights')
+  bool eval_only = false;         // not a flag: `kiln eval` (MNIST-format data: the train-* files are not read)
   bool skip_bad_samples = false;
   int64_t limit_train = 0, limit_eval = 0;  // use only the first N samples (0: all)
   // text (BERT)

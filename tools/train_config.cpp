@@ -27,17 +27,24 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--set", c.sets, "Override a model config field, key=value (repeatable)");
   app.add_option("--data", c.data,
                  "fashion-mnist; mnist (an MNIST-format directory given by --data-dir); folder (--data-dir holds "
-                 "train/ and val/, each with one sub-directory of .jpg/.png/.bmp images per class)")
+                 "train/ and val/, each with one sub-directory of .jpg/.png/.bmp/.ppm/.pgm images per class)")
       ->check(CLI::IsMember(data_names()))
       ->capture_default_str();
   app.add_option("--data-dir", c.data_dir, "Where the data set lives (default for fashion-mnist: Debian's package)");
-  app.add_option("--image-size", c.image_size, "Side of the images fed to the model (image folders)")
+  app.add_option("--image-size", c.image_size,
+                 "Side of the images fed to the model (image folders; kiln eval: default the size the weights were "
+                 "trained at)")
       ->check(at_least(1))
+      ->each([&c](const std::string&) { c.image_size_given = true; })
       ->capture_default_str();
   app.add_flag("--skip-bad-samples", c.skip_bad_samples,
-               "Leave unreadable images out of their batch and count them, instead of stopping");
-  app.add_option("--limit-train", c.limit_train, "Use only the first N training samples (0: all)")->check(at_least(0));
-  app.add_option("--limit-eval", c.limit_eval, "Use only the first N evaluation samples (0: all)")->check(at_least(0));
+               "Leave unreadable images out (a warning naming each, once) and count them, instead of stopping");
+  app.add_option("--limit-train", c.limit_train,
+                 "Use only N training samples (0: all): the first N; image folders: N spread over the classes")
+      ->check(at_least(0));
+  app.add_option("--limit-eval", c.limit_eval,
+                 "Use only N evaluation samples (0: all): the first N; image folders: N spread over the classes")
+      ->check(at_least(0));
   app.add_option("--text", c.text,
                  "Masked-LM corpus: text files or directories of them, sub-directories included (links to files "
                  "followed; hidden and binary files skipped) (BERT --task mlm)");
@@ -112,7 +119,10 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--config", c.config_file, "A JSON object of flags (e.g. {\"epochs\": 5, \"lr\": 0.05}); flags given here win")
       ->check(CLI::ExistingFile);
   add_model_data_flags(app, c);
-  add_on_off_flag(app, "--augment,!--no-augment", c.augment, "Random crop (pad 2) and horizontal flip for images");
+  add_on_off_flag(
+      app, "--augment,!--no-augment", c.augment,
+      "Training-image augmentation: MNIST-format data, random crop (pad 2) and, for Fashion-MNIST, horizontal flip; "
+      "image folders, random-resized crop (scale 0.08-1, aspect 3/4-4/3) and horizontal flip");
   app.add_option("--epochs", c.epochs, "Passes over the training set")->capture_default_str();
   app.add_option("--loss-scale", c.loss_scale, "--amp fp16: the initial loss scale")->capture_default_str();
   app.add_option("--loss-scale-window", c.loss_scale_window,
