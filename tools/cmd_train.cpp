@@ -1240,7 +1240,7 @@ int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outco
 
 int run_eval(const TrainConfig& c0, const std::string& weights) {
   TrainConfig c = c0;
-  c.eval_only = true;
+  c.evaluating = true;
   auto problems = validate(c);
   if (std::string clash = output_is_input("--out", c.out, {weights}); !clash.empty()) problems.push_back(clash);
   for (const auto& p : problems) std::fprintf(stderr, "kiln eval: error: %s\n", p.c_str());

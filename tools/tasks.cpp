@@ -136,7 +136,7 @@ Task image_classification(const TrainConfig& c) {
   }
   io::ImageClassData d;
   try {
-    d = io::load_mnist_dir(dir, tr, c.data, c.eval_only);
+    d = io::load_mnist_dir(dir, tr, c.data, c.evaluating);
   } catch (const Error& e) {
     if (c.data == "fashion-mnist" && c.data_dir.empty())
       KILN_FAIL(e.message(), "\n  Fashion-MNIST comes from Debian's package: apt-get install dataset-fashion-mnist "

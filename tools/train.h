@@ -29,7 +29,6 @@ struct TrainConfig {
   bool augment = true;
   int64_t image_size = 224;  // image folders
   bool image_size_given = false;  // not a flag: --image-size was given (`kiln eval` else takes the weights')
-  bool eval_only = false;         // not a flag: `kiln eval` (MNIST-format data: the train-* files are not read)
   bool skip_bad_samples = false;
   int64_t limit_train = 0, limit_eval = 0;  // use only the first N samples (0: all)
   // text (BERT)
@@ -39,7 +38,9 @@ struct TrainConfig {
   double mask_prob = 0.15;
   bool lower_case = true;
   std::vector<std::string> label_names;  // not a flag: fixed by a trained model's metadata in `kiln eval`
-  bool evaluating = false;  // not a flag: `kiln eval`, where a classifier's labels may come from its weights
+  // not a flag: `kiln eval`, where a classifier's labels may come from its weights and MNIST-format
+  // data reads only its test files
+  bool evaluating = false;
   // schedule of the run
   int64_t epochs = 1, batch = 128, max_steps = 0;
   int64_t accum_steps = 1;  // micro-batches per optimizer step
