@@ -325,12 +325,17 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     std::vector<Tensor> in = std::move(buffers[n]);
     buffers.erase(n);
     if (in.empty()) in.resize(num_outputs(n));
-    n->run_tensor_hooks(in);
-    bool skip = false;
+    // autograd::grad leaves leaves alone: a leaf's accumulator runs nothing, not even the leaf's
+    // hooks, unless the leaf is one of the inputs asked for (as torch).
+    const bool accumulator = dynamic_cast<AccumulateGrad*>(n) != nullptr;
+    const bool skip = captures && accumulator;
+    bool wanted = !skip;
+    if (captures)
+      for (const Capture& c : *captures) wanted = wanted || c.node == n;
+    if (wanted) n->run_tensor_hooks(in);
     if (captures) {
       for (const Capture& c : *captures)
         if (c.node == n && c.output_nr < in.size()) captured[c.slot] = in[c.output_nr];
-      skip = dynamic_cast<AccumulateGrad*>(n) != nullptr;
     }
     bool any = false;
     for (const Tensor& t : in) any = any || t.defined();

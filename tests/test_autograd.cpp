@@ -729,8 +729,19 @@ TEST_CASE("autograd: register_hook runs in autograd::grad and for an output the 
     return g;
   });
   x.register_hook([](const Tensor& g) { return g * 10.0; });
-  const std::vector<Tensor> g = autograd::grad({sum(a)}, {x});
-  CHECK(g[0].to_vector() == std::vector<double>{20, 20});  // the leaf's hook ran before the capture
+  // A leaf the loss reaches but autograd::grad was not asked about keeps its hooks quiet.
+  Tensor p = from_vector({3, 4}, {2});
+  p.set_requires_grad(true);
+  int p_calls = 0;
+  p.register_hook([&](const Tensor& g) {
+    ++p_calls;
+    return g;
+  });
+  const std::vector<Tensor> g = autograd::grad({sum(a) + sum(p * x)}, {x});
+  CHECK(g[0].to_vector() == std::vector<double>{50, 60});  // the leaf's hook ran before the capture
   CHECK(!x.grad().defined());
   CHECK(unused_calls == 0);
+  CHECK(p_calls == 0);
+  sum(p * x).backward();
+  CHECK(p_calls == 1);
 }

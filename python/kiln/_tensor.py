@@ -4,7 +4,6 @@ import builtins
 import functools
 import inspect
 import numbers
-import sys
 
 from . import _C
 from ._C import Tensor
@@ -44,9 +43,9 @@ def _wrap_generator(make_ctx, fn):
                     with make_ctx():
                         gen.close()
                     raise
-                except BaseException:
+                except BaseException as exc:
                     with make_ctx():
-                        response = gen.throw(*sys.exc_info())
+                        response = gen.throw(exc)  # one argument: the three-argument form is deprecated
                 else:
                     with make_ctx():
                         response = gen.send(request)
