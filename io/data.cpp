@@ -233,9 +233,10 @@ std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& 
 
 ImageClassData load_mnist_dir(const std::string& dir, const ImageTransform& train_transform, const std::string& name,
                               bool test_only) {
-  auto [xte, yte] = load_split(dir, "t10k");
-  Tensor xtr = xte, ytr = yte;
+  Tensor xtr, ytr;  // the training files first: a problem with them is named before the test files'
   if (!test_only) std::tie(xtr, ytr) = load_split(dir, "train");
+  auto [xte, yte] = load_split(dir, "t10k");
+  if (test_only) xtr = xte, ytr = yte;
   KILN_CHECK(xtr.size(2) == xte.size(2) && xtr.size(3) == xte.size(3), dir, ": train images are ", xtr.size(2), "x",
              xtr.size(3), " but test images ", xte.size(2), "x", xte.size(3));
   ImageClassData d;
