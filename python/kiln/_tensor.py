@@ -118,13 +118,9 @@ class set_grad_enabled(_GradModeContext):
         _C._set_grad_enabled(self.prev)
         return super().__call__(fn)
 
-    def __enter__(self):
+    def __enter__(self):  # the previous mode was taken in __init__; __exit__ (the base's) restores it
         _C._set_grad_enabled(self.mode)
         return self
-
-    def __exit__(self, *exc):
-        _C._set_grad_enabled(self.prev)
-        return False
 
     def clone(self):
         return self.__class__(self.mode)
