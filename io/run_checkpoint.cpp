@@ -424,6 +424,19 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
     }
     if (a != b) out.push_back(std::string(k) + ": checkpoint " + a.dump() + ", now " + b.dump());
   }
+  // What the same flags made of the data (label names and their order, classes, files, sample
+  // counts): data read another way (a newer version's rules, a changed file) does not continue the
+  // run either. A key the checkpoint lacks (written by an older version) is not compared.
+  const auto short_dump = [](const json& v) {
+    std::string s = v.dump();
+    return s.size() > 160 ? s.substr(0, 150) + " ... (" + std::to_string(s.size()) + " characters)" : s;
+  };
+  const json saved_data = saved.value("data_info", json::object()), now_data = now.value("data_info", json::object());
+  if (saved_data.is_object() && now_data.is_object())
+    for (const char* k : {"labels", "classes", "files", "train_samples", "vocab_size", "shape"})
+      if (saved_data.contains(k) && now_data.value(k, json()) != saved_data[k])
+        out.push_back(std::string("data ") + k + ": checkpoint " + short_dump(saved_data[k]) + ", now " +
+                      short_dump(now_data.value(k, json())));
   return out;
 }
 

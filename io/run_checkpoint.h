@@ -122,7 +122,8 @@ using LocalOptimizerState = std::function<optim::OptimizerState(const Checkpoint
 LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
                               const LocalOptimizerState& local = {});
 
-// Config keys that change the numbers of a run: a resume with any of them different is refused.
+// Config keys that change the numbers of a run, and what they made of the data (data_info's labels,
+// classes, files, sample counts): a resume with any of them different is refused.
 std::vector<std::string> config_differences(const nlohmann::json& saved, const nlohmann::json& now);
 
 // Copies each completed checkpoint (and `latest`) to a second directory in a background thread,

@@ -805,3 +805,29 @@ TEST_CASE("train: --zero 1 with one rank says it splits nothing") {
   CHECK_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "note: --zero 1 with one rank keeps the whole optimizer state on it"), r.output);
 }
+
+TEST_CASE("checkpoint: a resume compares what the flags made of the data (label order, classes, sizes)") {
+  const json saved = {{"batch", 32},
+                      {"data_info", {{"name", "tsv"}, {"labels", {"0", "1", "10", "2"}}, {"train_samples", 40}}}};
+  json now = saved;
+  CHECK(io::config_differences(saved, now).empty());
+  // Integer labels read in another order (a newer version's rule) would permute the classifier's ids.
+  now["data_info"]["labels"] = {"0", "1", "2", "10"};
+  now["data_info"]["train_samples"] = 41;
+  const auto d = io::config_differences(saved, now);
+  REQUIRE(d.size() == 2);
+  CHECK(d[0] == "data labels: checkpoint [\"0\",\"1\",\"10\",\"2\"], now [\"0\",\"1\",\"2\",\"10\"]");
+  CHECK(d[1] == "data train_samples: checkpoint 40, now 41");
+  // A checkpoint of an older version without these keys, or without data_info, is not compared on them.
+  CHECK(io::config_differences({{"batch", 32}, {"data_info", {{"name", "tsv"}}}}, now).empty());
+  CHECK(io::config_differences({{"batch", 32}}, now).empty());
+  // A long value is cut in the message.
+  json many = saved;
+  many["data_info"]["classes"] = std::vector<std::string>(100, "a-class-name");
+  json other = many;
+  other["data_info"]["classes"][99] = "another";
+  const auto cut = io::config_differences(many, other);
+  REQUIRE(cut.size() == 1);
+  CHECK(contains(cut[0], " characters)"));
+  CHECK(cut[0].size() < 400);
+}
