@@ -3,15 +3,17 @@
 #include "io/text.h"
 
 #include <unistd.h>
+#include <zlib.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <queue>
 #include <set>
-#include <sstream>
 #include <unordered_set>
 
 #include "engine/random.h"
@@ -68,25 +70,54 @@ void warn_invalid_utf8(const std::string& path, std::string_view text) {
 std::u32string decode_utf8(std::string_view s) { return decode_utf8_counting(s, nullptr); }
 
 std::vector<std::string_view> split_lines(std::string_view text) {
-  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a UTF-8 byte order mark
+  // A lone "\r" ends a line only in a file without any "\n" (old Mac files); elsewhere it is content
+  // (a "\r" inside a field must not cut a row in two), and "\r\n" is one line end.
+  const char end = text.find('\n') == std::string_view::npos ? '\r' : '\n';
   std::vector<std::string_view> lines;
   size_t start = 0;
   for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] != '\n' && text[i] != '\r') continue;
-    lines.push_back(text.substr(start, i - start));
-    if (text[i] == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+    if (text[i] != end) continue;
+    size_t len = i - start;
+    if (end == '\n' && len > 0 && text[i - 1] == '\r') --len;
+    lines.push_back(text.substr(start, len));
     start = i + 1;
   }
   if (start < text.size()) lines.push_back(text.substr(start));
   return lines;
 }
 
+size_t binary_offset(std::string_view text) { return text.substr(0, kBinaryHead).find('\0'); }
+
+size_t file_binary_offset(const std::string& path) {
+  auto raw_head = [&] {
+    std::ifstream f(path, std::ios::binary);
+    std::string head(kBinaryHead, '\0');
+    f.read(head.data(), std::streamsize(head.size()));
+    head.resize(size_t(f.gcount()));
+    return binary_offset(head);
+  };
+  gzFile f = gzopen(path.c_str(), "rb");  // zlib reads plain files through the same calls
+  if (f == nullptr) return raw_head();
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> guard(f, gzclose);
+  std::string head(kBinaryHead, '\0');
+  size_t got = 0;
+  while (got < head.size()) {
+    const int n = gzread(f, head.data() + got, unsigned(head.size() - got));
+    if (n < 0) return raw_head();  // gzip's magic but no deflate stream: judged on its bytes
+    if (n == 0) break;
+    got += size_t(n);
+  }
+  head.resize(got);
+  return binary_offset(head);
+}
+
 std::string read_text_file(const std::string& path) {
   std::string text = read_maybe_gzip(path);
-  const size_t nul = text.find('\0');
-  KILN_CHECK(nul == std::string::npos || nul >= 4096, path, ": binary data (a NUL byte at offset ", nul,
-             "), not a text file");
-  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte order mark
+  const size_t nul = binary_offset(text);
+  KILN_CHECK(nul == std::string::npos, path, ": binary data (a NUL byte at offset ", nul, "), not a text file");
+  // A UTF-8 byte order mark (Windows editors write one) is dropped here, for every text file: it is no
+  // part of a vocabulary's "[PAD]", a TSV header or a corpus's first word.
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
   warn_invalid_utf8(path, text);
   return text;
 }
@@ -225,12 +256,8 @@ Vocab Vocab::from_tokens(std::vector<std::string> tokens, std::string source) {
 }
 
 Vocab Vocab::load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), path, ": cannot open the vocabulary");
-  std::ostringstream all;
-  all << f.rdbuf();
-  const std::string text = all.str();
-  // split_lines drops a byte order mark (Windows editors write one), which is no part of "[PAD]".
+  KILN_CHECK(std::ifstream(path, std::ios::binary).good(), path, ": cannot open the vocabulary");
+  const std::string text = read_text_file(path);  // without its byte order mark
   std::vector<std::string> tokens;
   for (const std::string_view line : split_lines(text)) tokens.emplace_back(line);
   return from_tokens(std::move(tokens), path);
@@ -560,7 +587,8 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
   // tabs) are skipped.
   struct Row {
     int64_t line;
-    std::vector<std::string_view> fields;
+    std::string_view text;                 // the whole line
+    std::vector<std::string_view> fields;  // views into `text`
   };
   std::vector<Row> rows;
   {
@@ -568,7 +596,7 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
     for (size_t i = 0; i < lines.size(); ++i) {
       const std::string_view l = lines[i];
       if (l.find_first_not_of(" \t") == std::string_view::npos) continue;
-      Row r{int64_t(i + 1), {}};
+      Row r{int64_t(i + 1), l, {}};
       for (size_t start = 0;;) {
         const size_t tab = l.find('\t', start);
         r.fields.push_back(l.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start));
@@ -580,9 +608,9 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
   }
   KILN_CHECK(!rows.empty(), path, ": no label<TAB>text lines");
   auto trim = [](std::string_view v) {
-    const size_t a = v.find_first_not_of(" \t\v\f");
+    const size_t a = v.find_first_not_of(" \t\v\f\r");
     if (a == std::string_view::npos) return std::string_view();
-    return v.substr(a, v.find_last_not_of(" \t\v\f") - a + 1);
+    return v.substr(a, v.find_last_not_of(" \t\v\f\r") - a + 1);
   };
   auto lower = [&](std::string_view v) {
     std::string out(trim(v));
@@ -598,7 +626,9 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
 
   // The first row is a header when one of its columns is named "label" (GLUE's SST-2 writes
   // sentence<TAB>label): the label column is that one, the text column the one named "sentence" or
-  // "text", or the only other one. Without a header: label<TAB>text.
+  // "text", or the only other one. Without a header: label<TAB>text, the text being the rest of the
+  // line (tabs in it kept). With a header whose text column is the last, a row with more fields
+  // than the header has tabs in its text: they are kept too.
   size_t label_col = 0, text_col = 1, columns = 2;
   std::string label_col_name = "column 1";
   const Row& first = rows.front();
@@ -620,36 +650,34 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
     rows.erase(rows.begin());
     KILN_CHECK(!rows.empty(), path, ": a header line and no label<TAB>text lines");
   }
+  const bool header = label_it != names.end();
+  // The text of a row: from the start of the text column to the end of the line when the text is the
+  // last column (so its tabs are kept), else that column.
+  auto text_of = [&](const Row& r) {
+    if (!header || text_col + 1 == columns) return r.text.substr(size_t(r.fields[text_col].data() - r.text.data()));
+    return r.fields[text_col];
+  };
   for (const Row& r : rows) {
     const std::string_view l = r.fields.front();
-    if (columns == 2 && r.fields.size() > 2 && label_it == names.end())
-      KILN_FAIL(path, ":", r.line, ": ", r.fields.size(),
-                " tab-separated columns and no header line: a file without a header holds label<TAB>text; give "
-                "files with more columns a header line naming the 'label' column and the 'sentence' (or 'text') "
-                "one");
-    KILN_CHECK(
-        r.fields.size() == columns, path, ":", r.line, ": expected ",
-        label_it == names.end() ? std::string("label<TAB>text") : std::to_string(columns) + " columns as the header",
-        ", got ", r.fields.size() == 1 ? shown(l) : std::to_string(r.fields.size()) + " columns");
+    const bool ok = header ? r.fields.size() == columns || (r.fields.size() > columns && text_col + 1 == columns)
+                           : r.fields.size() >= 2;
+    KILN_CHECK(ok, path, ":", r.line, ": expected ",
+               header ? std::to_string(columns) + " columns as the header" : std::string("label<TAB>text"), ", got ",
+               r.fields.size() == 1 ? shown(l) : std::to_string(r.fields.size()) + " columns");
     KILN_CHECK(!trim(r.fields[label_col]).empty(), path, ":", r.line, ": the label (", label_col_name, ") is empty");
   }
 
   const bool fixed = !labels_.empty();
   if (!fixed) {
     std::set<std::string> distinct;
-    for (const Row& r : rows) {
-      const std::string_view label = trim(r.fields[label_col]);
-      // Class names are words or numbers: a label with spaces is text in the label column.
-      KILN_CHECK(label.find(' ') == std::string_view::npos, path, ":", r.line, ": the label ", shown(label), " (",
-                 label_col_name,
-                 ") looks like text, not a class name: the file should hold label<TAB>text lines, or a header "
-                 "naming the 'label' column");
-      distinct.emplace(label);
-    }
-    KILN_CHECK(rows.size() < 20 || distinct.size() * 2 <= rows.size(), path, ": ", distinct.size(),
-               " distinct labels in ", rows.size(), " rows, taking ", label_col_name,
-               " as the label: that column looks like text, not classes; the file should hold label<TAB>text lines, "
-               "or a header naming the 'label' column");
+    for (const Row& r : rows) distinct.emplace(trim(r.fields[label_col]));
+    // Many distinct labels over many rows may be text in the label column (text<TAB>label without a
+    // header), or a data set with many classes (intents): said, not refused.
+    if (rows.size() >= 20 && distinct.size() * 2 > rows.size())
+      std::fprintf(stderr,
+                   "kiln: warning: %s: %zu distinct labels in %zu rows, taking %s as the label: if that column "
+                   "holds text, the file should hold label<TAB>text lines, or a header naming the 'label' column\n",
+                   path.c_str(), distinct.size(), rows.size(), label_col_name.c_str());
     labels_.assign(distinct.begin(), distinct.end());
     // Integer labels (GLUE's 0/1, star ratings) in numeric order, so label "2" is class 2, not 10's
     // neighbour. The names travel with the weights, so a model evaluates in its own order.
@@ -673,7 +701,7 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
                 " training labels (", known, labels_.size() > 10 ? ", ..." : "", ")");
     }
     std::vector<int32_t> s = {int32_t(tok_->cls_id)};
-    for (int64_t id : tok_->encode(r.fields[text_col])) {
+    for (int64_t id : tok_->encode(text_of(r))) {
       if (int64_t(s.size()) + 1 >= seq_len_) break;
       s.push_back(int32_t(id));
     }

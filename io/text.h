@@ -17,11 +17,19 @@ namespace kiln::io {
 std::u32string decode_utf8(std::string_view s);
 std::string encode_utf8(std::u32string_view s);
 
-// The lines of `text`, split at "\n", "\r\n" or a lone "\r" (old Mac files), without their ends; a
-// leading UTF-8 byte order mark is dropped.
+// The lines of `text` without their ends: split at "\n" (a "\r\n" pair is one end, a lone "\r" is
+// content), or at "\r" when the text holds no "\n" at all (old Mac files).
 std::vector<std::string_view> split_lines(std::string_view text);
-// A text file (gzip-compressed or not) without its byte order mark; binary data (a NUL byte in the
-// first 4 KiB) is an error naming the file, bytes that are not UTF-8 a warning.
+// Binary data, not text: the offset of a NUL byte in the first kBinaryHead bytes of `text`, or npos.
+// The one test for read_text_file and the --text directory walk, so the two cannot disagree.
+inline constexpr size_t kBinaryHead = 4096;
+size_t binary_offset(std::string_view text);
+// binary_offset of the first kBinaryHead bytes of `path`, gunzipped when it is gzip (only that head is
+// decompressed): a .gz is judged by what it holds. A file that cannot be opened or decompressed is
+// judged on its raw bytes (reading it says what is wrong).
+size_t file_binary_offset(const std::string& path);
+// A text file (gzip-compressed or not) without its UTF-8 byte order mark; binary data (binary_offset)
+// is an error naming the file, bytes that are not UTF-8 a warning.
 std::string read_text_file(const std::string& path);
 
 // What lower-casing and accent stripping cover (the help of --lower-case says it): BERT's tokenizer
@@ -118,13 +126,15 @@ class MlmDataset final : public Dataset {
   int64_t tokens_ = 0;
 };
 
-// `label<TAB>text` lines; or, when the first non-blank line is a header with a column named
-// "label", any number of columns: the label is that column, the text the one named "sentence" or
-// "text" (or the only other one), so GLUE's `sentence<TAB>label` files load as they are. Lines may
-// end in "\n", "\r\n" or "\r"; blank lines are skipped; labels lose surrounding spaces. Labels are
-// names; `label_names` fixes their ids (empty: this file's distinct labels, in numeric order when
-// all are integers, else sorted as text; a label with a space, or more distinct labels than half of
-// 20 or more rows, is refused as text in the label column). Errors name the file and line.
+// `label<TAB>text` lines (the text is the rest of the line, tabs kept); or, when the first
+// non-blank line is a header with a column named "label", any number of columns: the label is that
+// column, the text the one named "sentence" or "text" (or the only other one), so GLUE's
+// `sentence<TAB>label` files load as they are; when the text column is the last, a row with more
+// fields than the header keeps its tabs in the text. Lines end as split_lines says; blank lines are
+// skipped; labels lose surrounding spaces (spaces inside are kept). Labels are names; `label_names`
+// fixes their ids (empty: this file's distinct labels, in numeric order when all are integers, else
+// sorted as text; more distinct labels than half of 20 or more rows is a warning naming the file and
+// the column taken as the label). Errors name the file and line.
 // Batches: input_ids, attention_mask, token_type_ids (i64 [B, L], [CLS] text [SEP], cut to seq_len)
 // and target (i64 [B]).
 class TsvClassificationDataset final : public Dataset {

@@ -320,21 +320,10 @@ ModelInput input_of(const TrainConfig& c) { return model_family(c.model).input; 
 }  // namespace
 
 namespace {
-// Whether the first 4 KiB of `path` hold a NUL byte (and are not gzip's: read_text_file checks what
-// a .gz holds): binary data, not text.
-bool looks_binary(const std::filesystem::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::string head(4096, '\0');
-  f.read(head.data(), std::streamsize(head.size()));
-  head.resize(size_t(f.gcount()));
-  if (head.size() >= 2 && static_cast<unsigned char>(head[0]) == 0x1f && static_cast<unsigned char>(head[1]) == 0x8b)
-    return false;
-  return head.find('\0') != std::string::npos;
-}
-
 // The text files under `dir`, its sub-directories included: symbolic links to files are followed
 // (a Hugging Face cache snapshot is made of them), links to directories are not (they may loop);
-// hidden entries (.git, .gitattributes) and binary files are left out.
+// hidden entries (.git, .gitattributes) and binary files (io::file_binary_offset: a .gz by what it
+// holds, so data.tar.gz is skipped) are left out.
 void text_files_under(const std::filesystem::path& dir, const std::string& flag, std::vector<std::string>& out) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -344,7 +333,8 @@ void text_files_under(const std::filesystem::path& dir, const std::string& flag,
     if (e.path().filename().string().rfind('.', 0) == 0) continue;
     if (e.is_directory(ec)) {
       if (!e.is_symlink(ec)) text_files_under(e.path(), flag, out);
-    } else if (e.is_regular_file(ec) && !looks_binary(e.path())) {  // is_regular_file follows a link
+    } else if (e.is_regular_file(ec) &&
+               io::file_binary_offset(e.path().string()) == std::string::npos) {  // is_regular_file follows a link
       out.push_back(e.path().string());
     }
   }
@@ -357,7 +347,7 @@ std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths
     struct stat st{};
     KILN_CHECK(::stat(p.c_str(), &st) == 0, flag, " ", p, ": no such file or directory");
     if (!S_ISDIR(st.st_mode)) {
-      KILN_CHECK(!looks_binary(p), flag, " ", p,
+      KILN_CHECK(io::file_binary_offset(p) == std::string::npos, flag, " ", p,
                  ": binary data (a NUL byte in its first 4 KiB), not a text file (give text files, or directories "
                  "of them: there binary files are skipped)");
       out.push_back(p);
