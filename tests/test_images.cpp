@@ -398,6 +398,11 @@ TEST_CASE("image folder: a symbolic link that loops or leads into another class 
   e = error_of([&] { io::ImageFolderDataset(d / "train", o); });
   CHECK_MESSAGE(contains(e, d / "train/cat/more" + ": a symbolic link into the class folder 'dog'"), e);
   fs::remove(d.p / "train/cat/more");
+  // A link to itself (ELOOP): a std::filesystem_error before, now a Kiln error naming the flag and the link.
+  fs::create_symlink("knot", d.p / "train/cat/knot");
+  e = error_of([&] { io::ImageFolderDataset(d / "train", o); });  // "NOT A kiln::Error" before
+  CHECK_MESSAGE(contains(e, d / "train" + ": cannot read the image folder (--data-dir): " + d / "train/cat/knot"), e);
+  fs::remove(d.p / "train/cat/knot");
   // Two links to one folder: read once, the second left out with a note.
   fs::create_directories(d.p / "elsewhere");
   write_image(d / "elsewhere/x.png", 5, 5, 1, 2, 3);
