@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include "base/thread_pool.h"
@@ -39,6 +40,10 @@ bool is_image(const fs::path& p) {
   return e == ".jpg" || e == ".jpeg" || e == ".png" || e == ".bmp" || e == ".ppm" || e == ".pgm";
 }
 bool hidden(const fs::path& p) { return p.filename().string().rfind('.', 0) == 0; }
+// p is dir or inside it (both canonical).
+bool within(const fs::path& p, const fs::path& dir) {
+  return std::mismatch(dir.begin(), dir.end(), p.begin(), p.end()).first == dir.end();
+}
 
 uint32_t be32(const unsigned char* p) {
   return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
@@ -47,21 +52,48 @@ constexpr unsigned char kPngMagic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '
 bool is_png(const unsigned char* p, size_t n) { return n >= 8 && std::equal(kPngMagic, kPngMagic + 8, p); }
 }  // namespace
 
-std::string png_problem(const unsigned char* data, size_t n) {
-  if (!is_png(data, n)) return "";
+namespace {
+// The one PNG chunk walker, over bytes fetched by `at(offset, length)` (nullptr when they cannot be
+// read) from a file of `n` bytes. The rules are libpng's and PIL's: a chunk cut short is an error; a
+// critical chunk's (IHDR, PLTE, IDAT, IEND: an upper-case first letter) CRC must match when `crcs` is
+// set (an ancillary chunk's bad CRC is only a warning in libpng: accepted); a file that ends at a chunk
+// boundary after image data but without IEND is accepted (stb_image and PIL decode it).
+std::string walk_png(size_t n, const std::function<const unsigned char*(size_t, size_t)>& at_bytes, bool crcs,
+                     bool* no_iend = nullptr) {
+  const unsigned char* magic = n >= 8 ? at_bytes(0, 8) : nullptr;
+  if (magic == nullptr || !is_png(magic, 8)) return "";
   size_t at = 8;
+  bool image_data = false;
   while (true) {
-    if (n - at < 12) return "cut short after " + std::to_string(at) + " bytes (no IEND chunk)";
-    const uint32_t len = be32(data + at);
-    const std::string type(reinterpret_cast<const char*>(data + at + 4), 4);
+    if (at == n && image_data) {  // no IEND after the image data: accepted
+      if (no_iend != nullptr) *no_iend = true;
+      return "";
+    }
+    const unsigned char* head = n - at >= 12 ? at_bytes(at, 8) : nullptr;
+    if (head == nullptr) return "cut short after " + std::to_string(at) + " bytes (no IEND chunk)";
+    const uint32_t len = be32(head);
+    const std::string type(reinterpret_cast<const char*>(head + 4), 4);
     if (len > n - at - 12)
       return "chunk " + type + " at byte " + std::to_string(at) + " runs past the end of the file (cut short)";
-    const uint32_t want = be32(data + at + 8 + len);
-    const uint32_t got = uint32_t(crc32(crc32(0L, Z_NULL, 0), data + at + 4, uInt(len + 4)));
-    if (got != want) return "chunk " + type + " at byte " + std::to_string(at) + " fails its CRC check (corrupt)";
+    const bool critical = (head[4] & 0x20) == 0;
+    if (crcs && critical) {
+      const unsigned char* chunk = at_bytes(at + 4, size_t(len) + 8);
+      if (chunk == nullptr) return "cannot read chunk " + type + " at byte " + std::to_string(at);
+      const uint32_t want = be32(chunk + 4 + len);
+      const uint32_t got = uint32_t(crc32(crc32(0L, Z_NULL, 0), chunk, uInt(len + 4)));
+      if (got != want) return "chunk " + type + " at byte " + std::to_string(at) + " fails its CRC check (corrupt)";
+    }
+    if (type == "IDAT") image_data = true;
     at += 12 + size_t(len);
     if (type == "IEND") return "";
   }
+}
+}  // namespace
+
+std::string png_problem(const unsigned char* data, size_t n, bool* no_iend) {
+  if (no_iend != nullptr) *no_iend = false;
+  return walk_png(
+      n, [&](size_t at, size_t) { return data + at; }, /*crcs=*/true, no_iend);
 }
 
 std::string image_header_problem(const std::string& path) {
@@ -75,35 +107,38 @@ std::string image_header_problem(const std::string& path) {
     return std::string("cannot decode the image (") + stbi_failure_reason() + ")";
   }
   if (w <= 0 || h <= 0) return "empty image " + std::to_string(w) + "x" + std::to_string(h);
-  // A PNG's chunks, by their lengths only (the CRCs are checked when it is decoded): a file cut short.
-  std::fseek(f, 0, SEEK_SET);
-  unsigned char head[12];
-  if (std::fread(head, 1, 8, f) != 8 || !is_png(head, 8)) return "";
-  long at = 8;
-  std::fseek(f, 0, SEEK_END);
+  // A PNG's chunks by their lengths only, the same walk as png_problem's (the CRCs are checked when it
+  // is decoded): a file cut short.
+  if (std::fseek(f, 0, SEEK_END) != 0) return "cannot read the file";
   const long size = std::ftell(f);
-  while (true) {
-    if (size - at < 12 || std::fseek(f, at, SEEK_SET) != 0 || std::fread(head, 1, 8, f) != 8)
-      return "corrupt PNG: cut short after " + std::to_string(at) + " bytes (no IEND chunk)";
-    const long len = long(be32(head));
-    const std::string type(reinterpret_cast<const char*>(head + 4), 4);
-    if (len > size - at - 12)
-      return "corrupt PNG: chunk " + type + " at byte " + std::to_string(at) +
-             " runs past the end of the file (cut short)";
-    at += 12 + len;
-    if (type == "IEND") return "";
-  }
+  if (size < 0) return "cannot read the file";
+  unsigned char head[8];
+  const std::string p = walk_png(
+      size_t(size),
+      [&](size_t at, size_t len) -> const unsigned char* {
+        if (len > sizeof head || std::fseek(f, long(at), SEEK_SET) != 0 || std::fread(head, 1, len, f) != len)
+          return nullptr;
+        return head;
+      },
+      /*crcs=*/false);
+  return p.empty() ? "" : "corrupt PNG: " + p;
 }
 
 Tensor decode_image(const std::string& path, int64_t channels) {
   KILN_CHECK(channels == 1 || channels == 3, path, ": images decode to 1 or 3 channels, not ", channels);
   std::ifstream in(path, std::ios::binary);
   KILN_CHECK(in, path, ": cannot open the file");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   KILN_CHECK(!in.bad(), path, ": read failed");
-  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
   // stb_image does not check a PNG's chunk CRCs: a flipped bit in the pixel data would decode silently.
-  if (const std::string p = png_problem(data, bytes.size()); !p.empty()) KILN_FAIL(path, ": corrupt PNG: ", p);
+  bool no_iend = false;
+  if (const std::string p = png_problem(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), &no_iend);
+      !p.empty())
+    KILN_FAIL(path, ": corrupt PNG: ", p);
+  // A PNG that ends after its image data without IEND, which libpng and PIL read: stb_image needs the
+  // IEND, so it is added here.
+  if (no_iend) bytes += std::string("\0\0\0\0IEND\xae\x42\x60\x82", 12);
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
   int w = 0, h = 0, n = 0;
   unsigned char* px = stbi_load_from_memory(data, int(bytes.size()), &w, &h, &n, int(channels));
   if (px == nullptr) {
@@ -145,6 +180,22 @@ void resize_bilinear(const float* src, int64_t c, int64_t h, int64_t w, double y
 
 ImageFolderDataset::ImageFolderDataset(const std::string& root, ImageFolderOptions o, std::vector<std::string> classes)
     : root_(root), o_(std::move(o)), classes_(std::move(classes)) {
+  try {
+    scan();
+  } catch (const fs::filesystem_error& e) {
+    // A folder that cannot be listed, a link loop the checks missed: a Kiln error naming the path.
+    KILN_FAIL(root_,
+              ": cannot read the image folder (--data-dir): ", e.path1().empty() ? "" : e.path1().string() + ": ",
+              e.code().message());
+  }
+}
+
+void ImageFolderDataset::note(const std::string& line) {
+  notes_.push_back(line);
+  std::fprintf(stderr, "kiln: note: %s\n", line.c_str());
+}
+
+void ImageFolderDataset::scan() {
   KILN_CHECK(fs::is_directory(root_), root_, ": not a directory (an image folder holds one sub-directory per class)");
   KILN_CHECK(o_.size >= 1 && o_.resize >= o_.size, root_, ": image size ", o_.size, " and resize ", o_.resize,
              " (need 1 <= size <= resize)");
@@ -165,28 +216,72 @@ ImageFolderDataset::ImageFolderDataset(const std::string& root, ImageFolderOptio
                "' is not among the training classes");
   KILN_CHECK(!own_classes || classes_.size() >= 2, root_, ": only one class folder ('", classes_[0],
              "'): a classifier needs two or more (one class trains at loss 0)");
+  // Canonical class folders: a symbolic link into another class's folder would give its images two labels.
+  std::vector<fs::path> class_dirs(classes_.size());
   for (size_t ci = 0; ci < classes_.size(); ++ci) {
     const fs::path dir = fs::path(root_) / classes_[ci];
-    if (!fs::is_directory(dir)) continue;  // a class the validation folder lacks
+    if (fs::is_directory(dir)) class_dirs[ci] = fs::canonical(dir);
+  }
+  std::set<fs::path> visited;  // canonical folders read so far: each is read once
+  for (size_t ci = 0; ci < classes_.size(); ++ci) {
+    const fs::path dir = fs::path(root_) / classes_[ci];
+    if (class_dirs[ci].empty()) continue;  // a class the validation folder lacks
+    for (size_t cj = 0; cj < ci; ++cj)
+      KILN_CHECK(class_dirs[cj].empty() ||
+                     (!within(class_dirs[ci], class_dirs[cj]) && !within(class_dirs[cj], class_dirs[ci])),
+                 dir.string(), ": the class folders '", classes_[cj], "' and '", classes_[ci],
+                 "' are the same folder, or one is inside the other (a symbolic link?): images would get two labels");
     std::vector<std::string> files;
-    // Symbolic links to files and folders are followed; a broken one is an error naming it.
-    for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink);
-         it != fs::recursive_directory_iterator(); ++it) {
-      const fs::path& p = it->path();
-      if (hidden(p)) {
-        if (it->is_directory()) it.disable_recursion_pending();
-        continue;
+    visited.insert(class_dirs[ci]);
+    // Depth first, sorted; symbolic links to files and folders are followed. A broken link, a link to a
+    // folder it is inside (a loop) or into another class folder is an error naming it; a link to a folder
+    // already read is left out with a note.
+    std::vector<std::pair<fs::path, fs::path>> todo = {{dir, class_dirs[ci]}};  // (path, canonical)
+    while (!todo.empty()) {
+      const auto [here, here_canon] = todo.back();
+      todo.pop_back();
+      std::vector<fs::directory_entry> entries(fs::directory_iterator(here), fs::directory_iterator{});
+      std::sort(entries.begin(), entries.end(),
+                [](const auto& a, const auto& b) { return a.path().filename() < b.path().filename(); });
+      std::vector<std::pair<fs::path, fs::path>> subdirs;
+      for (const auto& e : entries) {
+        const fs::path& p = e.path();
+        if (hidden(p)) continue;
+        KILN_CHECK(!e.is_symlink() || fs::exists(p), p.string(), ": a broken symbolic link (its target ",
+                   fs::read_symlink(p).string(), " does not exist)");
+        if (e.is_directory()) {
+          const fs::path canon = fs::canonical(p);
+          if (e.is_symlink()) {
+            KILN_CHECK(!within(here_canon, canon), p.string(), ": a symbolic link to ", canon.string(),
+                       ", a folder it is inside: it would be read forever (remove the link)");
+            for (size_t cj = 0; cj < classes_.size(); ++cj)
+              KILN_CHECK(cj == ci || class_dirs[cj].empty() || !within(canon, class_dirs[cj]), p.string(),
+                         ": a symbolic link into the class folder '", classes_[cj], "' (", canon.string(),
+                         "): its images would get two labels (remove the link)");
+          }
+          if (!visited.insert(canon).second) {
+            note(p.string() + ": left out, a link to (or the target of a link to) " + canon.string() +
+                 ", which is read already");
+            continue;
+          }
+          subdirs.emplace_back(p, canon);
+          continue;
+        }
+        if (!e.is_regular_file()) continue;
+        if (is_image(p))
+          files.push_back(p.string());
+        else
+          ++other_[lower_extension(p).empty() ? "(none)" : lower_extension(p)];
       }
-      KILN_CHECK(!it->is_symlink() || fs::exists(p), p.string(), ": a broken symbolic link (its target ",
-                 fs::read_symlink(p).string(), " does not exist)");
-      if (!it->is_regular_file()) continue;
-      if (is_image(p))
-        files.push_back(p.string());
-      else
-        ++other_[lower_extension(p).empty() ? "(none)" : lower_extension(p)];
+      todo.insert(todo.end(), subdirs.rbegin(), subdirs.rend());
     }
-    KILN_CHECK(!files.empty(), dir.string(),
-               ": the class folder holds no .jpg, .jpeg, .png, .bmp, .ppm or .pgm images (remove it, or add images)");
+    // A validation folder's class may be empty (a small split can leave a rare class out); a training
+    // one may not.
+    if (files.empty()) {
+      KILN_CHECK(!own_classes, dir.string(),
+                 ": the class folder holds no .jpg, .jpeg, .png, .bmp, .ppm or .pgm images (remove it, or add images)");
+      note(dir.string() + ": the class folder holds no images (none of this class is evaluated)");
+    }
     std::sort(files.begin(), files.end());
     for (auto& f : files) {
       files_.push_back(std::move(f));

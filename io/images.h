@@ -1,8 +1,9 @@
 // Image folders in the common layout, root/<class name>/<image>.{jpg,jpeg,png,bmp,ppm,pgm}: decoded
 // with stb_image, then resized and cropped (random-resized crop and flip for training, resize + centre
 // crop for evaluation) and normalised. Hidden folders and files (a leading '.') are not read; an empty
-// class folder is an error. Every image's header is checked when the folder is scanned, a PNG's chunk
-// CRCs when it is decoded. A corrupt or unreadable image is an error naming the file, or, with
+// training class folder is an error (an empty validation one a note). Symbolic links are followed; one
+// that loops, or leads into another class folder, is an error. Every image's header is checked when the folder is
+// scanned, a PNG's chunk CRCs when it is decoded. A corrupt or unreadable image is an error naming the file, or, with
 // skip_bad, is left out (of the data set, or of its batch) with a warning naming it, and counted once.
 #pragma once
 #include <atomic>
@@ -39,14 +40,19 @@ class ImageFolderDataset final : public Dataset {
   int64_t bad_samples() const { return bad_.load(); }  // distinct files skipped so far (skip_bad)
   // A line saying how many files of other extensions the scan left out ("" when none).
   std::string other_files_note() const;
+  // Notes printed while scanning (an empty validation class folder, a link to a folder read already).
+  const std::vector<std::string>& notes() const { return notes_; }
 
  private:
   void note_bad(const std::string& file, const std::string& why) const;
+  void scan();
+  void note(const std::string& line);
 
   std::string root_;
   ImageFolderOptions o_;
   std::vector<std::string> classes_, files_;
   std::vector<int64_t> labels_;
+  std::vector<std::string> notes_;
   std::map<std::string, int64_t> other_;  // files left out, by extension
   mutable std::atomic<int64_t> bad_{0};
   mutable std::mutex bad_mu_;
@@ -57,9 +63,10 @@ class ImageFolderDataset final : public Dataset {
 // chunk CRCs are checked first (stb_image does not).
 Tensor decode_image(const std::string& path, int64_t channels);
 
-// What is wrong with the PNG in data[0, n) (a chunk's CRC, a file cut short), or "" (also when it is
-// not a PNG).
-std::string png_problem(const unsigned char* data, size_t n);
+// What is wrong with the PNG in data[0, n) (a critical chunk's CRC, a file cut inside a chunk), or ""
+// (also when it is not a PNG). *no_iend (when given): it ends after its image data without an IEND
+// chunk, which is accepted, as libpng and PIL do. image_header_problem walks the chunks the same way.
+std::string png_problem(const unsigned char* data, size_t n, bool* no_iend = nullptr);
 
 // What is wrong with an image file's header (not a format stb_image decodes, no dimensions; a PNG's
 // chunks by their lengths), or "": cheap, the pixels are not read.

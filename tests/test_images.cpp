@@ -10,6 +10,8 @@
 #include <stb_image_write.h>
 #pragma GCC diagnostic pop
 
+#include <zlib.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -377,4 +379,117 @@ TEST_CASE("train: kiln eval --data mnist reads only the t10k files") {
   r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "run/model.safetensors", d.p.string());
   CHECK_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "(16 samples"), r.output);
+}
+
+TEST_CASE("image folder: a symbolic link that loops or leads into another class is an error naming it") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 1);
+  io::ImageFolderOptions o;
+  o.size = 8;
+  o.resize = 8;
+  // A loop: before, the files were listed again and again until ELOOP, then a std::filesystem_error.
+  fs::create_directory_symlink(".", d.p / "train/cat/self");
+  std::string e = error_of([&] { io::ImageFolderDataset(d / "train", o); });
+  CHECK_MESSAGE(contains(e, d / "train/cat/self" + ": a symbolic link to "), e);
+  CHECK_MESSAGE(contains(e, "a folder it is inside"), e);
+  fs::remove(d.p / "train/cat/self");
+  // Into a sibling class: before, dog's images were read under both labels, silently.
+  fs::create_directory_symlink("../dog", d.p / "train/cat/more");
+  e = error_of([&] { io::ImageFolderDataset(d / "train", o); });
+  CHECK_MESSAGE(contains(e, d / "train/cat/more" + ": a symbolic link into the class folder 'dog'"), e);
+  fs::remove(d.p / "train/cat/more");
+  // A link to itself (ELOOP): a std::filesystem_error before, now a Kiln error naming the flag and the link.
+  fs::create_symlink("knot", d.p / "train/cat/knot");
+  e = error_of([&] { io::ImageFolderDataset(d / "train", o); });  // "NOT A kiln::Error" before
+  CHECK_MESSAGE(contains(e, d / "train" + ": cannot read the image folder (--data-dir): " + d / "train/cat/knot"), e);
+  fs::remove(d.p / "train/cat/knot");
+  // Two links to one folder: read once, the second left out with a note.
+  fs::create_directories(d.p / "elsewhere");
+  write_image(d / "elsewhere/x.png", 5, 5, 1, 2, 3);
+  fs::create_directory_symlink(d.p / "elsewhere", d.p / "train/cat/a");
+  fs::create_directory_symlink(d.p / "elsewhere", d.p / "train/cat/b");
+  io::ImageFolderDataset ds(d / "train", o);
+  CHECK(ds.size() == 3);  // cat: a/x.png img0.png; dog: img0.png
+  REQUIRE(ds.notes().size() == 1);
+  CHECK_MESSAGE(contains(ds.notes()[0], d / "train/cat/b" + ": left out"), ds.notes()[0]);
+}
+
+TEST_CASE("image folder: an empty validation class folder is a note; an empty training one an error") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 1);
+  io::ImageFolderOptions o;
+  o.size = 8;
+  o.resize = 8;
+  io::ImageFolderDataset train(d / "train", o);
+  fs::remove_all(d.p / "val/dog");
+  fs::create_directories(d.p / "val/dog");
+  io::ImageFolderDataset val(d / "val", o, train.classes());
+  CHECK(val.size() == 1);
+  REQUIRE(val.notes().size() == 1);
+  CHECK_MESSAGE(contains(val.notes()[0], d / "val/dog" + ": the class folder holds no images"), val.notes()[0]);
+  fs::remove_all(d.p / "train/dog");
+  fs::create_directories(d.p / "train/dog");
+  CHECK(contains(error_of([&] { io::ImageFolderDataset(d / "train", o); }), "the class folder holds no .jpg"));
+}
+
+namespace {
+// A PNG chunk (length, type, data, CRC).
+std::string png_chunk(const std::string& type, const std::string& data) {
+  std::string c = {char(data.size() >> 24), char(data.size() >> 16), char(data.size() >> 8), char(data.size())};
+  c += type + data;
+  const uint32_t crc =
+      uint32_t(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const unsigned char*>(c.data() + 4), uInt(c.size() - 4)));
+  return c + std::string{char(crc >> 24), char(crc >> 16), char(crc >> 8), char(crc)};
+}
+}  // namespace
+
+TEST_CASE("image folder: PNG rules as libpng's: an ancillary chunk's bad CRC and a missing IEND are accepted") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 1);
+  write_image(d / "train/cat/p.png", 20, 16, 90, 90, 90);
+  const std::string good = bytes_of(d / "train/cat/p.png");
+  const size_t idat = good.find("IDAT") - 4;
+  // A tEXt chunk with a wrong CRC before the image data: libpng warns, PIL reads it.
+  std::string text = png_chunk("tEXt", std::string("Comment\0hi", 10));
+  text[text.size() - 1] = char(text.back() ^ 1);
+  put_bytes(d / "train/cat/p.png", good.substr(0, idat) + text + good.substr(idat));
+  CHECK(io::decode_image(d / "train/cat/p.png", 3).shape() == Shape{3, 16, 20});
+  // A critical one's is still an error.
+  std::string ihdr_bad = good;
+  ihdr_bad[8 + 8 + 12] = char(ihdr_bad[8 + 8 + 12] ^ 1);  // IHDR's CRC
+  put_bytes(d / "train/cat/q.png", ihdr_bad);
+  CHECK(contains(error_of([&] { io::decode_image(d / "train/cat/q.png", 3); }), "chunk IHDR at byte 8 fails its CRC"));
+  fs::remove(d.p / "train/cat/q.png");
+  // No IEND after the image data (ends at a chunk boundary): decoded, and passes the header check.
+  const size_t iend = good.find("IEND") - 4;
+  put_bytes(d / "train/cat/n.png", good.substr(0, iend));
+  CHECK(io::decode_image(d / "train/cat/n.png", 3).shape() == Shape{3, 16, 20});
+  CHECK(io::image_header_problem(d / "train/cat/n.png") == "");
+  io::ImageFolderOptions o;
+  o.size = 8;
+  o.resize = 8;
+  CHECK(io::ImageFolderDataset(d / "train", o).size() == 4);
+  // Cut inside a chunk: still an error, in both the header check and the decode.
+  put_bytes(d / "train/cat/n.png", good.substr(0, iend + 5));
+  CHECK(contains(io::image_header_problem(d / "train/cat/n.png"), "corrupt PNG: cut short"));
+  CHECK(contains(error_of([&] { io::decode_image(d / "train/cat/n.png", 3); }), "corrupt PNG: cut short"));
+}
+
+TEST_CASE("train: kiln eval names the weights file and the key when the stored image_size is damaged") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 4);
+  const std::string data = " --model resnet20 --data folder --data-dir " + d.p.string() + " --threads 1";
+  auto r = kiln::testing::run_kiln(
+      "train" + data + " --image-size 16 --batch 4 --max-steps 1 --progress lines --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  std::string b = bytes_of(d / "run/model.safetensors");
+  const size_t key = b.find("\"image_size\"");
+  REQUIRE(key != std::string::npos);
+  const size_t v = b.find("\"16\"", key);
+  REQUIRE(v != std::string::npos);
+  b.replace(v, 4, "\"1x\"");  // the same length: the header stays well formed
+  put_bytes(d / "run/model.safetensors", b);
+  r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "run/model.safetensors", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, d / "run/model.safetensors" + ": damaged metadata: image_size is '1x'"), r.output);
 }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -211,13 +212,22 @@ class Trainer {
       if (const int rc = fold(); rc >= 0) return rc;
       try {
         evaluate_epoch(since(epoch_start_));
-      } catch (const Error&) {
+      } catch (const Error& eval_error) {
         // The epoch's training is not lost to an evaluation that fails (a bad validation file): one
         // process saves it first (resumed, the run evaluates this epoch again). Ranks cannot agree on it.
-        if (world_ == 1 && save())
-          progress_->line("kiln train: evaluation after epoch " + std::to_string(run_.epoch + 1) +
-                          " failed; saved the trained epoch as " + last_saved_ +
-                          " (fix the data, then continue with --resume auto)");
+        // A save that fails too is reported with it, and the evaluation's error is the one thrown.
+        if (world_ == 1) {
+          const std::string failed = "kiln train: evaluation after epoch " + std::to_string(run_.epoch + 1) + " failed";
+          try {
+            if (save())
+              progress_->line(failed + "; saved the trained epoch as " + last_saved_ +
+                              " (fix the data, then continue with --resume auto)");
+          } catch (const Error& save_error) {
+            progress_->line(failed + ", and saving the trained epoch failed too: " + save_error.message());
+          } catch (const std::exception& save_error) {
+            progress_->line(failed + ", and saving the trained epoch failed too: " + save_error.what());
+          }
+        }
         throw;
       }
       const bool stop = any_rank(stop_wanted());
@@ -1254,7 +1264,11 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
       c.label_names = nlohmann::json::parse(it->second).get<std::vector<std::string>>();
     // An image folder's model evaluates at the size it was trained at, unless --image-size says otherwise.
     if (auto it = f.metadata.find("image_size"); it != f.metadata.end() && c.data == "folder") {
-      const int64_t trained = std::stoll(it->second);
+      int64_t trained = 0;
+      const std::string& v = it->second;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), trained);
+      KILN_CHECK(ec == std::errc() && end == v.data() + v.size() && trained >= 1, weights,
+                 ": damaged metadata: image_size is '", v, "', not a positive whole number");
       if (!c.image_size_given)
         c.image_size = trained;
       else if (c.image_size != trained)
