@@ -218,24 +218,41 @@ void ImageFolderDataset::scan() {
              "'): a classifier needs two or more (one class trains at loss 0)");
   // Canonical class folders: a symbolic link into another class's folder would give its images two labels.
   std::vector<fs::path> class_dirs(classes_.size());
+  std::map<fs::path, size_t> class_of_dir;  // canonical class folder -> its class
   for (size_t ci = 0; ci < classes_.size(); ++ci) {
     const fs::path dir = fs::path(root_) / classes_[ci];
-    if (fs::is_directory(dir)) class_dirs[ci] = fs::canonical(dir);
+    if (!fs::is_directory(dir)) continue;  // a class the validation folder lacks
+    class_dirs[ci] = fs::canonical(dir);
+    const auto [it, fresh] = class_of_dir.emplace(class_dirs[ci], ci);
+    KILN_CHECK(fresh, dir.string(), ": the class folders '", classes_[it->second], "' and '", classes_[ci],
+               "' are the same folder (a symbolic link?): images would get two labels");
   }
-  std::set<fs::path> visited;  // canonical folders read so far: each is read once
+  // Sorted by path parts, a folder's sub-folders follow it at once: a class folder inside another is
+  // next to one (as the map is sorted), so neighbours are all that need comparing.
+  for (auto it = class_of_dir.begin(); it != class_of_dir.end() && std::next(it) != class_of_dir.end(); ++it)
+    KILN_CHECK(!within(std::next(it)->first, it->first), (fs::path(root_) / classes_[std::next(it)->second]).string(),
+               ": the class folders '", classes_[it->second], "' and '", classes_[std::next(it)->second],
+               "' are one inside the other (a symbolic link?): images would get two labels");
+  // The class whose folder holds `canon` (-1: none), and whether `canon` holds a class folder.
+  auto class_holding = [&](const fs::path& canon) -> int64_t {
+    for (fs::path a = canon;; a = a.parent_path()) {
+      if (auto it = class_of_dir.find(a); it != class_of_dir.end()) return int64_t(it->second);
+      if (a == a.parent_path()) return -1;
+    }
+  };
+  auto holds_class = [&](const fs::path& canon) -> int64_t {
+    auto it = class_of_dir.lower_bound(canon);
+    return it != class_of_dir.end() && within(it->first, canon) ? int64_t(it->second) : -1;
+  };
+  std::map<fs::path, size_t> visited;  // canonical folders read so far, and for which class: each is read once
   for (size_t ci = 0; ci < classes_.size(); ++ci) {
     const fs::path dir = fs::path(root_) / classes_[ci];
     if (class_dirs[ci].empty()) continue;  // a class the validation folder lacks
-    for (size_t cj = 0; cj < ci; ++cj)
-      KILN_CHECK(class_dirs[cj].empty() ||
-                     (!within(class_dirs[ci], class_dirs[cj]) && !within(class_dirs[cj], class_dirs[ci])),
-                 dir.string(), ": the class folders '", classes_[cj], "' and '", classes_[ci],
-                 "' are the same folder, or one is inside the other (a symbolic link?): images would get two labels");
     std::vector<std::string> files;
-    visited.insert(class_dirs[ci]);
+    visited.emplace(class_dirs[ci], ci);
     // Depth first, sorted; symbolic links to files and folders are followed. A broken link, a link to a
-    // folder it is inside (a loop) or into another class folder is an error naming it; a link to a folder
-    // already read is left out with a note.
+    // folder it is inside (a loop), a link to a file or folder of another class, or to a folder that
+    // holds one, is an error naming it; a folder reached again within the class is left out with a note.
     std::vector<std::pair<fs::path, fs::path>> todo = {{dir, class_dirs[ci]}};  // (path, canonical)
     while (!todo.empty()) {
       const auto [here, here_canon] = todo.back();
@@ -249,22 +266,32 @@ void ImageFolderDataset::scan() {
         if (hidden(p)) continue;
         KILN_CHECK(!e.is_symlink() || fs::exists(p), p.string(), ": a broken symbolic link (its target ",
                    fs::read_symlink(p).string(), " does not exist)");
+        const fs::path canon = e.is_symlink() ? fs::canonical(p) : fs::path();
+        if (e.is_symlink()) {
+          const int64_t other = class_holding(canon);
+          KILN_CHECK(other < 0 || other == int64_t(ci), p.string(), ": a symbolic link into the class folder '",
+                     classes_[size_t(other)], "' (", canon.string(),
+                     "): its images would get two labels (remove the link)");
+        }
         if (e.is_directory()) {
-          const fs::path canon = fs::canonical(p);
+          const fs::path dir_canon = e.is_symlink() ? canon : fs::canonical(p);
           if (e.is_symlink()) {
-            KILN_CHECK(!within(here_canon, canon), p.string(), ": a symbolic link to ", canon.string(),
+            KILN_CHECK(!within(here_canon, dir_canon), p.string(), ": a symbolic link to ", dir_canon.string(),
                        ", a folder it is inside: it would be read forever (remove the link)");
-            for (size_t cj = 0; cj < classes_.size(); ++cj)
-              KILN_CHECK(cj == ci || class_dirs[cj].empty() || !within(canon, class_dirs[cj]), p.string(),
-                         ": a symbolic link into the class folder '", classes_[cj], "' (", canon.string(),
-                         "): its images would get two labels (remove the link)");
+            const int64_t held = holds_class(dir_canon);
+            KILN_CHECK(held < 0, p.string(), ": a symbolic link to ", dir_canon.string(),
+                       ", which holds the class folder '", held < 0 ? "" : classes_[size_t(held)],
+                       "': its images would get two labels (remove the link)");
           }
-          if (!visited.insert(canon).second) {
-            note(p.string() + ": left out, a link to (or the target of a link to) " + canon.string() +
+          const auto [seen, fresh] = visited.emplace(dir_canon, ci);
+          if (!fresh) {
+            KILN_CHECK(seen->second == ci, p.string(), ": a link to ", dir_canon.string(), ", which the class '",
+                       classes_[seen->second], "' reads already: its images would get two labels (remove the link)");
+            note(p.string() + ": left out, a link to (or the target of a link to) " + dir_canon.string() +
                  ", which is read already");
             continue;
           }
-          subdirs.emplace_back(p, canon);
+          subdirs.emplace_back(p, dir_canon);
           continue;
         }
         if (!e.is_regular_file()) continue;

@@ -434,9 +434,18 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
   const json saved_data = saved.value("data_info", json::object()), now_data = now.value("data_info", json::object());
   if (saved_data.is_object() && now_data.is_object())
     for (const char* k : {"labels", "classes", "files", "train_samples", "vocab_size", "shape"})
-      if (saved_data.contains(k) && now_data.value(k, json()) != saved_data[k])
-        out.push_back(std::string("data ") + k + ": checkpoint " + short_dump(saved_data[k]) + ", now " +
-                      short_dump(now_data.value(k, json())));
+      if (saved_data.contains(k) && now_data.value(k, json()) != saved_data[k]) {
+        const json &a = saved_data[k], b = now_data.value(k, json());
+        std::string where;  // a long list's first difference, which the cut values may not show
+        if (a.is_array() && b.is_array()) {
+          size_t i = 0;
+          while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+          where = " (first difference at entry " + std::to_string(i) + ": checkpoint " +
+                  (i < a.size() ? short_dump(a[i]) : "none") + ", now " + (i < b.size() ? short_dump(b[i]) : "none") +
+                  "; " + std::to_string(a.size()) + " and " + std::to_string(b.size()) + " entries)";
+        }
+        out.push_back(std::string("data ") + k + ": checkpoint " + short_dump(a) + ", now " + short_dump(b) + where);
+      }
   return out;
 }
 

@@ -487,7 +487,7 @@ MlmDataset::MlmDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std:
   for (const auto& f : files) {
     const std::string text = read_text_file(f);
     for (const std::string_view line : split_lines(text)) {
-      if (line.find_first_not_of(" \t") == std::string::npos || line == "%") {
+      if (line.find_first_not_of(" \t\r") == std::string::npos || line == "%") {
         emit();  // end of a document
         continue;
       }
@@ -595,7 +595,7 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
     const std::vector<std::string_view> lines = split_lines(text);
     for (size_t i = 0; i < lines.size(); ++i) {
       const std::string_view l = lines[i];
-      if (l.find_first_not_of(" \t") == std::string_view::npos) continue;
+      if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;
       Row r{int64_t(i + 1), l, {}};
       for (size_t start = 0;;) {
         const size_t tab = l.find('\t', start);
@@ -657,6 +657,15 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
     if (!header || text_col + 1 == columns) return r.text.substr(size_t(r.fields[text_col].data() - r.text.data()));
     return r.fields[text_col];
   };
+  // Without a header, the same three or more columns on every line is a layout (GLUE's CoLA:
+  // source<TAB>label<TAB><TAB>sentence), not tabs inside the text: taking column 1 as the label would
+  // train on the wrong column without a word.
+  if (!header && rows.front().fields.size() >= 3 && std::all_of(rows.begin(), rows.end(), [&](const Row& r) {
+        return r.fields.size() == rows.front().fields.size();
+      }))
+    KILN_FAIL(path, ": every line has ", rows.front().fields.size(),
+              " tab-separated columns and there is no header line: add one naming the 'label' column and the "
+              "'sentence' (or 'text') column, or write label<TAB>text lines");
   for (const Row& r : rows) {
     const std::string_view l = r.fields.front();
     const bool ok = header ? r.fields.size() == columns || (r.fields.size() > columns && text_col + 1 == columns)

@@ -424,6 +424,24 @@ TEST_CASE("image folder: a symbolic link that loops or leads into another class 
   CHECK(ds.size() == 3);  // cat: a/x.png img0.png; dog: img0.png
   REQUIRE(ds.notes().size() == 1);
   CHECK_MESSAGE(contains(ds.notes()[0], d / "train/cat/b" + ": left out"), ds.notes()[0]);
+  // The same folder linked from two classes: its images would get two labels.
+  fs::create_directory_symlink(d.p / "elsewhere", d.p / "train/dog/c");
+  e = error_of([&] { io::ImageFolderDataset(d / "train", o); });
+  CHECK_MESSAGE(contains(e, d / "train/dog/c" + ": a link to "), e);
+  CHECK_MESSAGE(contains(e, "which the class 'cat' reads already"), e);
+  fs::remove(d.p / "train/dog/c");
+  // A file linked into another class, and a link to a folder that holds a class folder.
+  fs::create_symlink(d.p / "train/dog/img0.png", d.p / "train/cat/stolen.png");
+  e = error_of([&] { io::ImageFolderDataset(d / "train", o); });
+  CHECK_MESSAGE(contains(e, d / "train/cat/stolen.png" + ": a symbolic link into the class folder 'dog'"), e);
+  fs::remove(d.p / "train/cat/stolen.png");
+  fs::create_directories(d.p / "animals");
+  fs::rename(d.p / "train/dog", d.p / "animals/dog");
+  fs::create_directory_symlink(d.p / "animals/dog", d.p / "train/dog");
+  fs::create_directory_symlink(d.p / "animals", d.p / "train/cat/all");
+  e = error_of([&] { io::ImageFolderDataset(d / "train", o); });
+  CHECK_MESSAGE(contains(e, d / "train/cat/all" + ": a symbolic link to "), e);
+  CHECK_MESSAGE(contains(e, "which holds the class folder 'dog'"), e);
 }
 
 TEST_CASE("image folder: an empty validation class folder is a note; an empty training one an error") {

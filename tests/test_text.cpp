@@ -300,6 +300,14 @@ TEST_CASE("tsv classification: a TAB in the text is kept (split at the first TAB
   std::ofstream(d / "first.tsv") << "sentence\tlabel\nhello\tworld\t1\n";
   CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "first.tsv", 8); }),
                  "first.tsv:2: expected 2 columns as the header, got 3 columns"));
+  // The same columns on every line without a header is a layout (GLUE's CoLA), not tabs in the text:
+  // refused, not trained with the source codes as labels.
+  std::ofstream(d / "cola.tsv") << "gj04\t1\t\tthe run\ngj04\t0\t*\thello world\nbc01\t1\t\trun\n";
+  CHECK(contains(error_of([&] { io::TsvClassificationDataset(tok, d / "cola.tsv", 8); }),
+                 "cola.tsv: every line has 4 tab-separated columns and there is no header line"));
+  // A line holding only a CR (a \r\r\n file from Windows' csv writer) is blank.
+  std::ofstream(d / "crcr.tsv") << "pos\thello\r\r\n\r\r\nneg\tworld\r\r\n";
+  CHECK(io::TsvClassificationDataset(tok, d / "crcr.tsv", 8).size() == 2);
 }
 
 TEST_CASE("tsv classification: byte order mark, CR line ends, blank lines, spaced labels") {
