@@ -126,7 +126,8 @@ class MlmDataset final : public Dataset {
   int64_t tokens_ = 0;
 };
 
-// `label<TAB>text` lines (the text is the rest of the line, tabs kept); or, when the first
+// `label<TAB>text` lines (the text is the rest of the line, tabs kept; the same 3+ columns on every
+// line without a header is refused as a layout, GLUE's CoLA); or, when the first
 // non-blank line is a header with a column named "label", any number of columns: the label is that
 // column, the text the one named "sentence" or "text" (or the only other one), so GLUE's
 // `sentence<TAB>label` files load as they are; when the text column is the last, a row with more
