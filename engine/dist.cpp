@@ -87,13 +87,19 @@ DistEnv DistEnv::from_variables(const Lookup& get) {
   for (const LauncherVars& l : kLaunchers) {
     if (!env_int(get, l.size, e.world_size)) continue;
     e.launcher = l.name;
-    env_int(get, l.rank, e.rank);
+    KILN_CHECK(env_int(get, l.rank, e.rank) || e.world_size == 1, "the ", l.name, " environment sets ", l.size, "=",
+               e.world_size, " but not ", l.rank, ": every rank of the job needs its own");
     e.local_rank = e.rank;
     env_int(get, l.local_rank, e.local_rank);
     e.local_world_size = e.world_size;
     e.local_world_size_given = env_int(get, l.local_size, e.local_world_size);
     break;
   }
+  // RANK alone would train as a job of one, and the real job would wait for this rank in vain.
+  const char* lone_rank = e.launcher == "none" ? get("RANK") : nullptr;
+  KILN_CHECK(!lone_rank || !*lone_rank, "the environment sets RANK=", lone_rank ? lone_rank : "",
+             " but not WORLD_SIZE: a rank started torchrun-style needs WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+             "too (unset RANK for a one-process run)");
   if (e.launcher == "torchrun") {
     if (const char* a = get("MASTER_ADDR")) e.master_addr = a;
     env_int(get, "MASTER_PORT", e.master_port);

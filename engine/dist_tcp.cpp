@@ -351,7 +351,13 @@ class TcpCommunicator final : public Communicator {
       if (env.on_listen) env.on_listen("rendezvous", master_ip, env.master_port);
       std::vector<Socket> peers(static_cast<size_t>(size_));
       for (int joined = 1; joined < size_;) {
-        Socket s = accept_one(l, deadline, "the other ranks");
+        std::string missing;  // named when the wait ends: which ranks never came
+        for (int k = 1; k < size_; ++k)
+          if (peers[size_t(k)].fd < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+        Socket s = accept_one(l, deadline,
+                              "the other ranks (" + std::to_string(joined) + " of " + std::to_string(size_) +
+                                  " joined; missing rank(s) " + missing + "; the wait is --dist-timeout, " +
+                                  std::to_string(timeout_.count()) + " s)");
         std::string why;
         std::optional<Hello> h = admit(s, kRendezvous, size_, secret_, deadline, why);
         if (h && (h->rank == 0 || peers[size_t(h->rank)].fd >= 0))

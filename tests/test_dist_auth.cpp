@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <future>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@
 #include "test_util.h"
 
 using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::error_of;
 
 namespace {
 
@@ -174,7 +177,10 @@ TEST_CASE("tcp: a rank with the wrong secret is refused; it fails naming KILN_DI
   auto r0 = std::async(std::launch::async, start, rank_env(0, port, "right", log));
   auto r1 = std::async(std::launch::async, start, rank_env(1, port, "wrong", log));
   CHECK_THROWS_WITH_AS(r1.get(), doctest::Contains("does not know this job's secret: KILN_DIST_SECRET differs"), Error);
-  CHECK_THROWS_WITH_AS(r0.get(), doctest::Contains("no connection from the other ranks before the timeout"), Error);
+  CHECK_THROWS_WITH_AS(r0.get(),
+                       doctest::Contains("no connection from the other ranks (1 of 2 joined; missing rank(s) 1; the "
+                                         "wait is --dist-timeout, 3 s) before the timeout"),
+                       Error);
   CHECK(log.count("rank 0 of 2 (tcp): refused a connection from 127.0.0.1:") >= 1);
   // The wrong rank saw rank 0's proof fail and hung up before giving its own.
   CHECK(log.count("to the rendezvous port: it closed the connection during the handshake") >= 1);
@@ -194,4 +200,29 @@ TEST_CASE("tcp: without a secret the handshake still runs, and rank 0 says the j
   CHECK(r0.get() == std::vector<double>(3, 1.0));
   CHECK(r1.get() == std::vector<double>(3, 1.0));
   CHECK(log.count("rank 0 of 2 (tcp): KILN_DIST_SECRET is not set") == 1);
+}
+
+TEST_CASE("dist env: a launcher's variables half set are an error, not a job of one") {
+  auto env = [](std::map<std::string, std::string> vars) {
+    return [vars = std::move(vars)](const char* n) -> const char* {
+      auto it = vars.find(n);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  };
+  // RANK without WORLD_SIZE trained alone while rank 0 waited for it.
+  CHECK(contains(error_of([&] {
+                   dist::DistEnv::from_variables(env({{"RANK", "1"}, {"MASTER_PORT", "29500"}}));
+                 }),
+                 "the environment sets RANK=1 but not WORLD_SIZE"));
+  // WORLD_SIZE without RANK became rank 0, a second rank 0.
+  CHECK(contains(error_of([&] {
+                   dist::DistEnv::from_variables(env({{"WORLD_SIZE", "2"}}));
+                 }),
+                 "the torchrun environment sets WORLD_SIZE=2 but not RANK"));
+  const dist::DistEnv ok = dist::DistEnv::from_variables(
+      env({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}}));
+  CHECK(ok.rank == 1);
+  CHECK(ok.world_size == 2);
+  CHECK(dist::DistEnv::from_variables(env({{"WORLD_SIZE", "1"}})).world_size == 1);  // a job of one needs no RANK
+  CHECK(dist::DistEnv::from_variables(env({})).launcher == "none");
 }
