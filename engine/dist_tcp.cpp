@@ -153,8 +153,9 @@ Socket accept_one(const Socket& l, Clock::time_point deadline, const std::string
 
 // Sends sn bytes on `out` while receiving rn bytes on `in`, until both are done. false: timed out.
 // A peer that closed its end throws CollectiveError (it has exited).
+// `to` and `from` name the peers in errors (a ring step names their ranks).
 bool exchange(int out, const void* sp, size_t sn, int in, void* rp, size_t rn, Clock::time_point deadline,
-              const std::string& what) {
+              const std::string& what, const std::string& to = "the peer", const std::string& from = "the peer") {
   size_t so = 0, ro = 0;
   const char* s = static_cast<const char*>(sp);
   char* r = static_cast<char*>(rp);
@@ -173,14 +174,15 @@ bool exchange(int out, const void* sp, size_t sn, int in, void* rp, size_t rn, C
       const ssize_t n = ::send(out, s + so, sn - so, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) so += size_t(n);
       else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        broken(what + ": the next rank in the ring is gone (" + std::strerror(errno) + ")");
+        broken(what + ": " + to + " is gone (" + std::strerror(errno) + ")");
     }
     if (ii >= 0 && (p[ii].revents & (POLLIN | POLLERR | POLLHUP))) {
       const ssize_t n = ::recv(in, r + ro, rn - ro, MSG_DONTWAIT);
       if (n > 0) ro += size_t(n);
-      else if (n == 0) broken(what + ": the previous rank in the ring closed its connection (it has exited)");
+      else if (n == 0)
+        broken(what + ": " + from + " closed its connection (it has exited)");
       else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        broken(what + ": receiving from the previous rank: " + std::strerror(errno));
+        broken(what + ": receiving from " + from + ": " + std::strerror(errno));
     }
   }
   return true;
@@ -511,7 +513,9 @@ class TcpCommunicator final : public Communicator {
 
   // One ring step: send to the next rank while receiving from the previous one.
   void step(const char* what, const void* sp, int64_t sn, void* rp, int64_t rn, int64_t total_bytes) {
-    if (!exchange(next_.fd, sp, size_t(sn), prev_.fd, rp, size_t(rn), Clock::now() + timeout_, label_ + ": " + what)) {
+    if (!exchange(next_.fd, sp, size_t(sn), prev_.fd, rp, size_t(rn), Clock::now() + timeout_, label_ + ": " + what,
+                  "rank " + std::to_string(mod(rank_ + 1)) + " (the next in the ring)",
+                  "rank " + std::to_string(mod(rank_ - 1)) + " (the previous in the ring)")) {
       detail::throw_timeout("tcp", rank_, size_, what, (long long)total_bytes, timeout_);
     }
   }

@@ -198,6 +198,8 @@ TEST_CASE("e2e dist: a rank killed mid-run makes kiln launch stop the others and
   CHECK_MESSAGE(contains(out, "kiln launch: rank 1 (pid"), out);
   CHECK_MESSAGE(contains(out, "was killed by signal 9"), out);
   CHECK_MESSAGE(contains(out, "kiln launch: failed: rank 1"), out);
+  // Rank 0's own error names the rank it lost ("rank 1 (the previous in the ring) closed its connection").
+  CHECK_MESSAGE(contains(out, "rank 1 (the "), out);
   CHECK(!std::filesystem::exists(d / "run/model.safetensors"));
 }
 
