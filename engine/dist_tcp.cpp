@@ -204,6 +204,7 @@ static_assert(sizeof(Challenge) == 48);
 constexpr char kRendezvous[8] = {'K', 'I', 'L', 'N', 'R', 'D', 'V', '1'};
 constexpr char kRing[8] = {'K', 'I', 'L', 'N', 'R', 'N', 'G', '1'};
 constexpr auto kHandshakeTime = std::chrono::seconds(5);  // what a stranger can hold a listener up
+constexpr int32_t kMaxVerdict = 1024;                     // the longest refusal reason sent to a rank
 
 void fill_nonce(uint8_t* p) {
   size_t got = 0;
@@ -246,12 +247,39 @@ void introduce(const Socket& s, const char* magic, int rank, int world, int port
              "program holds that port");
   const Digest256 mine = client_mac(secret, h, c);
   exchange(s.fd, mine.data(), mine.size(), -1, nullptr, 0, deadline, "handshake");
+  // The listener's verdict: empty when admitted, else why not (a rank told nothing only saw its
+  // connection close, and waited or failed with no reason).
+  int32_t n = -1;
+  try {
+    KILN_CHECK(exchange(-1, nullptr, 0, s.fd, &n, sizeof n, deadline, "handshake") && n >= 0 && n <= kMaxVerdict, who,
+               " did not answer the handshake with a verdict before the timeout");
+  } catch (const CollectiveError&) {
+    KILN_FAIL(who, " closed the connection after the handshake without a verdict (it has exited?)");
+  }
+  if (n == 0) return;
+  std::string why(size_t(n), '\0');
+  exchange(-1, nullptr, 0, s.fd, why.data(), why.size(), deadline, "handshake");
+  KILN_FAIL(who, " refused this rank: ", why);
 }
 
-// The listening side: the Hello of a connection that proved it knows the secret and is a rank of
-// this job, or nothing, with `why` saying what was wrong.
-std::optional<Hello> admit(const Socket& s, const char* magic, int world, const std::string& secret,
-                           Clock::time_point deadline, std::string& why) {
+// Tells a connection that proved it knows the secret whether it is admitted ("" = yes). Best effort:
+// a peer gone already is the listener's loss of nothing.
+void tell_verdict(const Socket& s, const std::string& why, Clock::time_point deadline) {
+  const std::string w = why.substr(0, size_t(kMaxVerdict));
+  const int32_t n = int32_t(w.size());
+  try {
+    const auto until = std::min(deadline, Clock::now() + kHandshakeTime);
+    exchange(s.fd, &n, sizeof n, -1, nullptr, 0, until, "handshake");
+    if (n > 0) exchange(s.fd, w.data(), w.size(), -1, nullptr, 0, until, "handshake");
+  } catch (const Error&) {
+  }
+}
+
+// The listening side: the Hello of a connection that proved it knows the secret, or nothing, with
+// `why` saying what was wrong. Whether that rank belongs to this job is the caller's question
+// (hello_problem); the caller then tells it the verdict.
+std::optional<Hello> admit(const Socket& s, const char* magic, const std::string& secret, Clock::time_point deadline,
+                           std::string& why) {
   const auto until = std::min(deadline, Clock::now() + kHandshakeTime);
   try {
     Hello h{};
@@ -276,16 +304,19 @@ std::optional<Hello> admit(const Socket& s, const char* magic, int world, const 
       why = "it does not know the job's secret (KILN_DIST_SECRET)";
       return std::nullopt;
     }
-    if (h.world != world || h.rank < 0 || h.rank >= world) {
-      why = "it says rank " + std::to_string(h.rank) + " of " + std::to_string(h.world) + ", this job has " +
-            std::to_string(world) + " ranks";
-      return std::nullopt;
-    }
     return h;
   } catch (const Error&) {  // it hung up (a rank that found our proof wrong does) or the socket failed
-    why = "it closed the connection during the handshake";
+    why = "it closed the connection during the handshake (a rank whose KILN_DIST_SECRET differs does)";
     return std::nullopt;
   }
+}
+
+// Why a rank that proved the secret cannot join this job of `world` ranks, or "".
+std::string world_problem(const Hello& h, int world) {
+  if (h.world == world && h.rank >= 0 && h.rank < world) return "";
+  return "it was started as rank " + std::to_string(h.rank) + " of " + std::to_string(h.world) +
+         " (WORLD_SIZE=" + std::to_string(h.world) + "), this job has " + std::to_string(world) +
+         " ranks: every rank needs the same WORLD_SIZE and a RANK below it";
 }
 
 template <typename T> void reduce_into(T* dst, const T* src, int64_t n, ReduceOp op) {
@@ -361,11 +392,22 @@ class TcpCommunicator final : public Communicator {
                                   " joined; missing rank(s) " + missing + "; the wait is --dist-timeout, " +
                                   std::to_string(timeout_.count()) + " s)");
         std::string why;
-        std::optional<Hello> h = admit(s, kRendezvous, size_, secret_, deadline, why);
-        if (h && (h->rank == 0 || peers[size_t(h->rank)].fd >= 0))
-          why = "rank " + std::to_string(h->rank) + " has joined already (two launches on one MASTER_PORT?)", h.reset();
-        if (!h) {
+        std::optional<Hello> h = admit(s, kRendezvous, secret_, deadline, why);
+        if (h) {
+          why = world_problem(*h, size_);
+          if (why.empty() && (h->rank == 0 || peers[size_t(h->rank)].fd >= 0))
+            why = "rank " + std::to_string(h->rank) +
+                  " has joined already: two processes were given the same RANK, or two launches share one "
+                  "MASTER_PORT";
+          tell_verdict(s, why, deadline);
+        }
+        if (!why.empty()) {
+          // A rank that knows a real secret but another WORLD_SIZE is this job misconfigured, not a
+          // stranger: waiting out --dist-timeout would not mend it. (With no secret anyone "knows" it.)
+          const bool fatal = h && !secret_.empty() && h->world != size_;
+          const std::string from = endpoint(s.fd, false).first;
           refuse(s, "the rendezvous port", why);
+          KILN_CHECK(!fatal, label_, ": a rank at ", from, " that knows this job's KILN_DIST_SECRET joined, but ", why);
           continue;
         }
         addr[size_t(h->rank)] = endpoint(s.fd, false).first;
@@ -412,13 +454,16 @@ class TcpCommunicator final : public Communicator {
     for (;;) {
       Socket s = accept_one(ring, deadline, "rank " + std::to_string(prev));
       std::string why;
-      std::optional<Hello> h = admit(s, kRing, size_, secret_, deadline, why);
-      if (h && h->rank != prev)
-        why = "it says rank " + std::to_string(h->rank) + ", the ring expects " + std::to_string(prev) + " here",
-        h.reset();
+      std::optional<Hello> h = admit(s, kRing, secret_, deadline, why);
       if (h) {
-        prev_ = std::move(s);
-        break;
+        why = world_problem(*h, size_);
+        if (why.empty() && h->rank != prev)
+          why = "it says rank " + std::to_string(h->rank) + ", the ring expects rank " + std::to_string(prev) + " here";
+        tell_verdict(s, why, deadline);
+        if (why.empty()) {
+          prev_ = std::move(s);
+          break;
+        }
       }
       refuse(s, "the ring port", why);
     }
@@ -526,7 +571,7 @@ class TcpCommunicator final : public Communicator {
     else
       std::fprintf(stderr, "kiln: %s: %s\n", label_.c_str(), line.c_str());
   }
-  // Logs a connection that did not prove itself and closes it; the listener goes on.
+  // Logs a connection that was not admitted and closes it; the listener goes on.
   void refuse(Socket& s, const char* where, const std::string& why) const {
     const auto [ip, p] = endpoint(s.fd, false);
     say("refused a connection from " + ip + ":" + std::to_string(p) + " to " + where + ": " + why);

@@ -186,6 +186,26 @@ TEST_CASE("tcp: a rank with the wrong secret is refused; it fails naming KILN_DI
   CHECK(log.count("to the rendezvous port: it closed the connection during the handshake") >= 1);
 }
 
+TEST_CASE("tcp: a refused rank is told why; a WORLD_SIZE that differs fails rank 0 at once, not at the timeout") {
+  const int port = free_port();
+  Log log;
+  auto start = [](dist::DistEnv env) { dist::make_cpu_communicator(env, std::chrono::seconds(60)); };
+  dist::DistEnv e1 = rank_env(1, port, "s", log);
+  e1.world_size = 3;
+  auto r0 = std::async(std::launch::async, start, rank_env(0, port, "s", log));
+  auto r1 = std::async(std::launch::async, start, e1);
+  // Both name the cause; rank 1 saw only a closed connection, rank 0 waited the 60 s.
+  CHECK_THROWS_WITH_AS(r1.get(),
+                       doctest::Contains("refused this rank: it was started as rank 1 of 3 (WORLD_SIZE=3), this "
+                                         "job has 2 ranks: every rank needs the same WORLD_SIZE"),
+                       Error);
+  CHECK_THROWS_WITH_AS(r0.get(),
+                       doctest::Contains("rank 0 of 2 (tcp): a rank at 127.0.0.1 that knows this job's "
+                                         "KILN_DIST_SECRET joined, but it was started as rank 1 of 3"),
+                       Error);
+  CHECK(log.count("refused a connection from 127.0.0.1:") == 1);
+}
+
 TEST_CASE("tcp: without a secret the handshake still runs, and rank 0 says the job is open") {
   const int port = free_port();
   Log log;
