@@ -123,6 +123,31 @@ TEST_CASE("e2e dist: N ranks x batch B = one process x batch N*B (losses and wei
   CHECK(read_text(d / "resumed2/model.safetensors") == read_text(d / "ranks2_9/model.safetensors"));
   const json ck = json::parse(kiln::io::CheckpointReader(d / "ranks2_9/checkpoints/step-000000003.kiln").state_json());
   CHECK(ck["run"]["rng_ranks"].size() == 2);
+  // Ranks started by hand (as on two machines) whose --resume files differ: rank 1's copy is another
+  // step of the same run (a stale copy). Both stop before training, naming the rank (before, rank 1
+  // went on from its own step and weights: it ended at once with exit 0, and rank 0 failed on a lost peer).
+  std::string other;
+  for (const auto& e : std::filesystem::directory_iterator(d / "ranks2_9/checkpoints"))
+    if (e.path().extension() == ".kiln" && e.path().filename() != "step-000000003.kiln") other = e.path().string();
+  REQUIRE(!other.empty());
+  {
+    const std::string env =
+        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29695 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
+    const std::string cmd = std::string(KILN_BINARY) + " " + common + " --batch 8 --resume ";
+    const std::string both = "(" + env + "RANK=0 LOCAL_RANK=0 " + cmd + d / "ranks2_9/checkpoints/step-000000003.kiln" +
+                             " --out " + d / "stale" + " > " + d / "s0.txt" + " 2>&1; echo $? > " + d / "src0) & (" +
+                             env + "RANK=1 LOCAL_RANK=1 " + cmd + other + " --out " + d / "stale" + " > " +
+                             d / "s1.txt" + " 2>&1; echo $? > " + d / "src1); wait";
+    REQUIRE(std::system(("timeout 120 sh -c '" + both + "'").c_str()) == 0);
+    CHECK(read_text(d / "src0") == "2\n");
+    CHECK(read_text(d / "src1") == "2\n");
+    const std::string s0 = read_text(d / "s0.txt");
+    CHECK_MESSAGE(contains(s0,
+                           "is not the same checkpoint on every rank: rank(s) 1 loaded other weights or another "
+                           "step than rank 0"),
+                  s0);
+    CHECK(!std::filesystem::exists(d / "stale/model.safetensors"));
+  }
   // A checkpoint of a 2-rank run does not continue as 1 rank (the global batch would change).
   r = run_kiln(common + " --batch 8 --resume " + d / "ranks2_9/checkpoints/step-000000003.kiln" + " --out " + d / "re1",
                d.p.string());

@@ -517,6 +517,7 @@ class Trainer {
       if (!problem.empty()) return fail(lead_ ? problem : "rank 0 found no intact checkpoint to resume from");
     }
     if (path.empty()) return c_.resume == "auto" ? -1 : fail("--resume " + c_.resume + ": no such checkpoint");
+    std::string problem;  // this rank's, then the job's
     try {
       io::LocalOptimizerState local;
       if (zero_)  // this rank's chunks, from a sharded checkpoint or an unsharded one
@@ -559,10 +560,60 @@ class Trainer {
         if (scaler_->enabled()) scaler_->load_state(run_.scaler);
       }
     } catch (const Error& e) {
-      return fail("--resume: " + e.message());
+      problem = e.message();
     }
+    if (world_ > 1) problem = agree_on_resume(path, problem);
+    if (!problem.empty()) return fail("--resume: " + problem);
     resumed_from_ = path;
     return -1;
+  }
+  // Every rank reads its own copy of the checkpoint. One whose copy is missing or damaged would leave
+  // the others waiting at the first collective, and one that read another file (a stale copy on
+  // another machine) would train on from other weights or another step, silently: the ranks compare
+  // a fingerprint of what they loaded (the position and every weight and buffer's bytes) with rank 0's.
+  std::string agree_on_resume(const std::string& path, const std::string& mine_problem) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) {
+      h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      h *= 1099511628211ull;
+    };
+    if (mine_problem.empty()) {
+      for (int64_t v : {run_.step, run_.epoch, run_.batch}) mix(uint64_t(v));
+      NoGradGuard no_grad;
+      auto add = [&](const Tensor& t) {
+        const Tensor c = t.detach().to(kCPU).contiguous();
+        const auto* b = static_cast<const unsigned char*>(c.raw_data());
+        const size_t n = c.nbytes();
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+          uint64_t w;
+          std::memcpy(&w, b + i, 8);
+          mix(w);
+        }
+        for (; i < n; ++i) mix(b[i]);
+      };
+      for (const auto& [name, t] : model().named_parameters()) add(t);
+      for (const auto& [name, t] : model().named_buffers()) add(t);
+    }
+    Tensor mine = zeros({2}, DType::i64), all = zeros({world_, 2}, DType::i64);
+    mine.data<int64_t>()[0] = mine_problem.empty();
+    mine.data<int64_t>()[1] = int64_t(h);
+    comm_->all_gather(mine, all);
+    const int64_t* a = all.data<int64_t>();
+    std::string failed, differ;
+    auto note = [](std::string& list, int q) { list += (list.empty() ? "" : ", ") + std::to_string(q); };
+    for (int q = 0; q < world_; ++q)
+      if (!a[2 * q])
+        note(failed, q);
+      else if (a[0] && a[2 * q + 1] != a[1])
+        note(differ, q);
+    if (!mine_problem.empty()) return mine_problem;
+    if (!failed.empty()) return "rank(s) " + failed + " could not load " + path + " (their messages say why)";
+    if (!differ.empty())
+      return path + " is not the same checkpoint on every rank: rank(s) " + differ +
+             " loaded other weights or another step than rank 0 (a stale copy on another machine?); every "
+             "machine needs the same file";
+    return "";
   }
 
   void announce() {
