@@ -368,8 +368,14 @@ Tensor logical_binary(const char* op, const Tensor& a, nb::handle b, TT2 fn) {
 struct HookHandle {
   std::weak_ptr<TensorImpl> tensor;
   int id;
+  bool post_accumulate = false;  // a register_post_accumulate_grad_hook hook
   void remove() const {
-    if (const std::shared_ptr<TensorImpl> t = tensor.lock()) Tensor(t).remove_hook(id);
+    if (const std::shared_ptr<TensorImpl> t = tensor.lock()) {
+      if (post_accumulate)
+        Tensor(t).remove_grad_ready_hook(id);
+      else
+        Tensor(t).remove_hook(id);
+    }
   }
 };
 
@@ -381,8 +387,11 @@ void bind_tensor(nb::module_& m) {
       nb::arg("x"), nb::arg("op"), nb::arg("operand") = nb::none(),
       "Refuses, naming op, an in-place update that autograd would miss (for the in-place methods written in "
       "Python).");
-  nb::class_<HookHandle>(m, "RemovableHandle", "Returned by Tensor.register_hook; remove() takes the hook off.")
+  nb::class_<HookHandle>(m, "RemovableHandle",
+                         "Returned by Tensor.register_hook and register_post_accumulate_grad_hook; remove() takes "
+                         "the hook off.")
       .def("remove", &HookHandle::remove)
+      .def_ro("id", &HookHandle::id)
       .def(
           "__enter__", [](HookHandle& h) -> HookHandle& { return h; }, nb::rv_policy::reference)
       .def("__exit__", [](HookHandle& h, nb::args) { h.remove(); });
@@ -844,16 +853,22 @@ void bind_tensor(nb::module_& m) {
           "register_post_accumulate_grad_hook",
           [](Tensor& x, nb::callable fn) {
             auto ref = hold(fn);
-            return x.register_grad_ready_hook([ref](Tensor& leaf) {
+            const int id = x.register_grad_ready_hook([ref](Tensor& leaf) {
               nb::gil_scoped_acquire gil;
               if (ref->obj.is_none()) return;  // released at exit
               ref->obj(leaf);
             });
+            return HookHandle{x.impl_ptr(), id, true};
           },
           nb::arg("hook"),
-          "Calls hook(tensor) once this leaf's .grad is complete in a backward pass; returns an id "
-          "for remove_post_accumulate_grad_hook.")
-      .def("remove_post_accumulate_grad_hook", &Tensor::remove_grad_ready_hook, nb::arg("id"))
+          "Calls hook(tensor) once this leaf's .grad is complete in a backward pass. Returns a handle whose "
+          "remove() takes the hook off, as torch's.")
+      .def(
+          "remove_post_accumulate_grad_hook",
+          [](Tensor& x, nb::handle h) {
+            x.remove_grad_ready_hook(nb::isinstance<HookHandle>(h) ? nb::cast<HookHandle&>(h).id : nb::cast<int>(h));
+          },
+          nb::arg("handle"), "Takes off a hook by its handle (or the handle's id).")
       .def(
           "register_hook",
           [](Tensor& x, nb::callable fn) {

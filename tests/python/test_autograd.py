@@ -187,6 +187,11 @@ def test_grad_mode_and_hooks():
     x.remove_post_accumulate_grad_hook(hid)
     (x * 5).sum().backward()
     assert len(seen) == 1 and x.grad.tolist() == [10.0, 10.0]
+    # As torch: the handle's remove() (it returned an int id), and it works as a context manager.
+    with x.register_post_accumulate_grad_hook(lambda t: seen.append(0)):
+        (x * 5).sum().backward()
+    (x * 5).sum().backward()
+    assert len(seen) == 2
     x.grad = None
     assert x.grad is None
 
