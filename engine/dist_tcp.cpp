@@ -201,8 +201,9 @@ struct Challenge {
   Digest256 mac;  // HMAC(secret, "server" | hello | nonce)
 };
 static_assert(sizeof(Challenge) == 48);
-constexpr char kRendezvous[8] = {'K', 'I', 'L', 'N', 'R', 'D', 'V', '1'};
-constexpr char kRing[8] = {'K', 'I', 'L', 'N', 'R', 'N', 'G', '1'};
+// The last byte is the handshake's version: 2 added the listener's verdict.
+constexpr char kRendezvous[8] = {'K', 'I', 'L', 'N', 'R', 'D', 'V', '2'};
+constexpr char kRing[8] = {'K', 'I', 'L', 'N', 'R', 'N', 'G', '2'};
 constexpr auto kHandshakeTime = std::chrono::seconds(5);  // what a stranger can hold a listener up
 constexpr int32_t kMaxVerdict = 1024;                     // the longest refusal reason sent to a rank
 
@@ -288,8 +289,11 @@ std::optional<Hello> admit(const Socket& s, const char* magic, const std::string
       return std::nullopt;
     }
     if (std::memcmp(h.magic, magic, 8) != 0) {
-      why = std::memcmp(h.magic, magic, 4) == 0 ? "it is a Kiln rank connecting to the wrong port"
-                                                : "it sent bytes that are not a Kiln handshake";
+      why = std::memcmp(h.magic, magic, 7) == 0
+                ? "it is a Kiln rank of another version (handshake version " + std::string(1, h.magic[7]) +
+                      ", this one " + std::string(1, magic[7]) + "): every machine needs the same Kiln"
+            : std::memcmp(h.magic, magic, 4) == 0 ? "it is a Kiln rank connecting to the wrong port"
+                                                  : "it sent bytes that are not a Kiln handshake";
       return std::nullopt;
     }
     Challenge c{};

@@ -136,15 +136,16 @@ TEST_CASE("tcp: strangers at the rendezvous and ring ports are refused and logge
     if (std::string(what) != "rendezvous") return;
     bound = addr;
     keep(stranger(p, std::string(64, 'G')));
-    keep(stranger(p, forged_hello("KILNRDV1", 1, 2)));
+    keep(stranger(p, forged_hello("KILNRDV2", 1, 2)));
     keep(stranger(p, ""));
+    keep(stranger(p, forged_hello("KILNRDV1", 1, 2)));  // a rank of an older Kiln
     rendezvous_up.set_value();
   };
   // Before rank 1's ring listener is known to rank 0: garbage and a forged ring hello claiming rank 0.
   e1.on_listen = [&](const char* what, const std::string&, int p) {
     if (std::string(what) != "ring") return;
     keep(stranger(p, "GET / HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(40, ' ')));
-    keep(stranger(p, forged_hello("KILNRNG1", 0, 2)));
+    keep(stranger(p, forged_hello("KILNRNG2", 0, 2)));
   };
   auto run_rank = [](dist::DistEnv env) {
     auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(60));
@@ -160,7 +161,9 @@ TEST_CASE("tcp: strangers at the rendezvous and ring ports are refused and logge
   for (int fd : fds) ::close(fd);
   CHECK(bound == "127.0.0.1");  // a single-machine job listens on loopback only
   for (const auto& l : log.lines) MESSAGE(l);
-  CHECK(log.count("refused a connection") == 5);
+  CHECK(log.count("refused a connection") == 6);
+  CHECK(log.count("to the rendezvous port: it is a Kiln rank of another version (handshake version 1, this one 2)") ==
+        1);
   CHECK(log.count("to the rendezvous port: it sent bytes that are not a Kiln handshake") == 1);
   CHECK(log.count("to the rendezvous port: it does not know the job's secret (KILN_DIST_SECRET)") == 1);
   CHECK(log.count("to the rendezvous port: it sent no Kiln handshake within 5 s") == 1);
