@@ -278,7 +278,7 @@ void tell_verdict(const Socket& s, const std::string& why, Clock::time_point dea
 
 // The listening side: the Hello of a connection that proved it knows the secret, or nothing, with
 // `why` saying what was wrong. Whether that rank belongs to this job is the caller's question
-// (hello_problem); the caller then tells it the verdict.
+// (world_problem and the rank checks); the caller then tells it the verdict.
 std::optional<Hello> admit(const Socket& s, const char* magic, const std::string& secret, Clock::time_point deadline,
                            std::string& why) {
   const auto until = std::min(deadline, Clock::now() + kHandshakeTime);
