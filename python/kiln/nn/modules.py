@@ -29,6 +29,16 @@ class Parameter(Tensor):
         super().__init__(data.detach())
         self.requires_grad_(requires_grad)
 
+    def __setattr__(self, name, value):
+        # A Parameter has a __dict__ (for a user's tags, as torch's), which would silently hide a
+        # Tensor method under an assigned value; properties (data, grad, requires_grad) are data
+        # descriptors and take the assignment themselves.
+        attr = getattr(Tensor, name, None)
+        if attr is not None and not hasattr(attr, "__set__"):
+            raise AttributeError(f"Parameter: cannot assign '{name}': it is a kiln.Tensor "
+                                 f"{'method' if callable(attr) else 'attribute'}")
+        super().__setattr__(name, value)
+
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
 
