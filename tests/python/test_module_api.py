@@ -45,6 +45,38 @@ def names(pairs):
     return [k for k, _ in pairs]
 
 
+# ---- 1: to() keeps the parameters when nothing changes ----
+
+@pytest.mark.parametrize("call", [lambda m: m.to("cpu"), lambda m: m.cpu(), lambda m: m.float(),
+                                  lambda m: m.to(kiln.float32), lambda m: m.to("cpu", kiln.float32)])
+def test_noop_to_keeps_parameters_and_optimizer(call):
+    m = build(kiln)
+    params, bufs = m.parameters(), m.buffers()
+    opt = kiln.optim.SGD(m.parameters(), lr=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert call(m) is m
+    assert all(a is b for a, b in zip(params, m.parameters()))
+    assert all(a is b for a, b in zip(bufs, m.buffers()))
+    w0 = m.fc1.weight.detach().numpy().copy()
+    m(kiln.randn(4, 3)).pow(2).sum().backward()
+    opt.step()
+    assert (m.fc1.weight.detach().numpy() != w0).any()
+
+
+def test_real_move_warns_when_old_parameters_are_held():
+    m = build(kiln)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.double()  # nobody holds the float32 parameters: silent
+    assert all(p.dtype == kiln.float64 for p in m.parameters())
+    names_before = names(m.state_dict().items())
+    opt = kiln.optim.SGD(m.parameters(), lr=0.5)  # noqa: F841
+    with pytest.warns(UserWarning, match="optimizer made before"):
+        m.float()
+    assert names(m.state_dict().items()) == names_before  # replaced in place
+
+
 # ---- 2: .data ----
 
 def test_data_alias_and_assignment():
@@ -81,7 +113,123 @@ def test_parameter_attributes_do_not_shadow_tensor():
     assert p.my_tag
 
 
-# ---- pickling ----
+# ---- 3: assignment ----
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_assign_none_and_wrong_types(lib):
+    m = build(lib)
+    m.fc2 = None
+    assert m.fc2 is None and "fc2.weight" not in m.state_dict()
+    assert "fc2.weight" not in names(m.named_parameters())
+    assert "(fc2): None" in repr(m)
+    with pytest.raises(TypeError, match=r"cannot assign 'int' as child module 'fc1' \((kiln|torch)\.nn\.Module or None"):
+        m.fc1 = 3
+    m.fc1.bias = None
+    assert "fc1.bias" not in m.state_dict()
+    with pytest.raises(TypeError, match="cannot assign '.*Tensor' as parameter 'weight'"):
+        m.fc1.weight = lib.zeros(4, 3)
+    with pytest.raises(TypeError, match="cannot assign 'int' as buffer 'running_mean'"):
+        m.bn.running_mean = 5
+    m.bn.running_mean = lib.ones(4)
+    assert m.state_dict()["bn.running_mean"].tolist() == [1.0] * 4
+    m.bn.running_var = None
+    assert "bn.running_var" not in m.state_dict()
+
+
+# ---- 4: order ----
+
+@pytest.mark.parametrize("keep_vars", [False, True])
+def test_state_dict_order_matches_torch(keep_vars):
+    k, t = build(kiln), build(torch)
+    assert list(k.state_dict(keep_vars=keep_vars)) == keys(t.state_dict(keep_vars=keep_vars))
+    assert names(k.named_parameters()) == names(t.named_parameters())
+    assert names(k.named_buffers()) == keys(names(t.named_buffers()))
+    assert list(k.state_dict(prefix="x.")) == keys(t.state_dict(prefix="x."))
+    if keep_vars:
+        assert k.state_dict(keep_vars=True)["fc1.weight"] is k.fc1.weight
+    for m, lib in ((k, kiln), (t, torch)):
+        m.fc1.weight = (nn if lib is kiln else tnn).Parameter(lib.zeros(4, 3))
+    assert list(k.state_dict()) == keys(t.state_dict())
+    dest = collections.OrderedDict(a=kiln.zeros(1))
+    assert k.state_dict(destination=dest) is dest and list(dest)[0] == "a"
+
+
+def test_recurse_prefix_and_non_persistent_buffers():
+    for lib, n in ((kiln, nn), (torch, tnn)):
+        m = build(lib)
+        m.register_buffer("tmp", lib.zeros(1), persistent=False)
+        assert "tmp" not in m.state_dict() and "tmp" in names(m.named_buffers())
+        assert names(m.named_parameters(recurse=False)) == ["scale"]
+        assert len(list(m.parameters(recurse=False))) == 1 and len(list(m.buffers(recurse=False))) == 1
+        assert names(m.named_parameters(prefix="model"))[:2] == ["model.scale", "model.fc1.weight"]
+        lin = n.Linear(2, 2)
+        s = n.Sequential(lin, lin)  # tied
+        assert names(s.named_parameters(remove_duplicate=False)) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+        assert names(s.named_parameters()) == ["0.weight", "0.bias"]
+
+
+# ---- 5: API ----
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_forward_hooks(lib):
+    n = nn if lib is kiln else tnn
+    m = n.Linear(2, 2)
+    seen = []
+    h1 = m.register_forward_pre_hook(lambda mod, args: (args[0] * 0,))
+    h2 = m.register_forward_hook(lambda mod, args, out: seen.append((mod, len(args), tuple(out.shape))) or out + 1)
+    x = lib.ones(1, 2)
+    y = m(x)
+    assert seen == [(m, 1, (1, 2))]
+    assert np.allclose(y.detach().numpy(), m.bias.detach().numpy() + 1)
+    h1.remove()
+    h2.remove()
+    h2.remove()
+    assert np.allclose(m(x).detach().numpy(), (x @ m.weight.T + m.bias).detach().numpy())
+    assert len(seen) == 1
+    with m.register_forward_pre_hook(lambda mod, args: args[0] * 2):  # one value, not a tuple
+        assert np.allclose(m(x).detach().numpy(), (2 * x @ m.weight.T + m.bias).detach().numpy())
+    assert np.allclose(m(x).detach().numpy(), (x @ m.weight.T + m.bias).detach().numpy())
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_apply_zero_grad_and_lookups(lib):
+    n = nn if lib is kiln else tnn
+    m = build(lib)
+    order = []
+    assert m.apply(lambda mod: order.append(type(mod).__name__)) is m
+    assert order == ["Linear", "BatchNorm1d", "Linear", type(m).__name__]
+    m(lib.randn(4, 3)).pow(2).sum().backward()
+    m.zero_grad(set_to_none=False)
+    assert m.fc1.weight.grad is not None and not m.fc1.weight.grad.numpy().any()
+    m.zero_grad()
+    assert m.fc1.weight.grad is None
+    assert m.get_submodule("fc1") is m.fc1 and m.get_submodule("") is m
+    assert m.get_parameter("fc1.weight") is m.fc1.weight
+    with pytest.raises(AttributeError, match="has no attribute `nope`"):
+        m.get_submodule("nope")
+    with pytest.raises(AttributeError, match="`weight` is not an nn.Module"):
+        m.get_submodule("fc1.weight")
+    sub = n.Linear(1, 1)
+    m.register_module("extra", sub)
+    assert m.extra is sub and list(m.state_dict())[-1] == "extra.bias"
+
+
+def test_half_bfloat16_extra_repr():
+    m = build(kiln)
+    assert m.half().fc1.weight.dtype == kiln.float16
+    assert m.bfloat16().bn.running_mean.dtype == kiln.bfloat16
+    assert repr(nn.Linear(2, 3)) == repr(tnn.Linear(2, 3))
+
+    class A(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(1, 1)
+
+        def extra_repr(self):
+            return "k=1"
+
+    assert repr(A()) == "A(\n  k=1\n  (l): Linear(in_features=1, out_features=1, bias=True)\n)"
+
 
 def test_pickle_module_and_tensors():
     m = build(kiln)
@@ -98,3 +246,34 @@ def test_pickle_module_and_tensors():
     with pytest.raises(kiln.KilnError, match="leaf"):
         pickle.dumps(m.fc2.weight * 2)
     assert type(copy.deepcopy(m).fc1.weight) is nn.Parameter
+
+
+# ---- 7: checks ----
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_name_and_type_checks(lib):
+    n = nn if lib is kiln else tnn
+    m = n.Module()
+    m.x = 3
+    for reg, arg in ((m.register_parameter, n.Parameter(lib.zeros(1))), (m.register_buffer, lib.zeros(1)),
+                     (m.add_module, n.Linear(1, 1))):
+        with pytest.raises(KeyError, match="contain"):
+            reg("a.b", arg)
+        with pytest.raises(KeyError, match="empty string"):
+            reg("", arg)
+        with pytest.raises(KeyError, match="attribute 'x' already exists"):
+            reg("x", arg)
+    m.register_buffer("b", lib.zeros(1))
+    with pytest.raises(KeyError, match="attribute 'b' already exists"):
+        m.register_parameter("b", n.Parameter(lib.zeros(1)))
+    with pytest.raises(TypeError, match="int is not a Module subclass"):
+        m.add_module("c", 3)
+    with pytest.raises(TypeError, match="cannot assign 'int' object to buffer 'd'"):
+        m.register_buffer("d", 3)
+    with pytest.raises(TypeError, match="cannot assign '.*Tensor' object to parameter 'p'"):
+        m.register_parameter("p", lib.zeros(1))
+    with pytest.raises(ValueError, match="bool"):
+        m.train("no")
+    dt = kiln.int64 if lib is kiln else torch.int64
+    with pytest.raises(TypeError, match=r"nn.Module.to only accepts floating point.* dtypes, but got.*int64"):
+        n.Linear(1, 1).to(dt)
