@@ -248,6 +248,91 @@ def test_pickle_module_and_tensors():
     assert type(copy.deepcopy(m).fc1.weight) is nn.Parameter
 
 
+# ---- 6: containers ----
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_sequential(lib):
+    n = nn if lib is kiln else tnn
+    s = n.Sequential(n.Linear(2, 3), n.ReLU(), n.Linear(3, 1))
+    head = s[:-1]
+    assert type(head) is n.Sequential and len(head) == 2 and head[0] is s[0]
+    assert tuple(head(lib.ones(4, 2)).shape) == (4, 3)
+    assert [type(m).__name__ for m in s] == ["Linear", "ReLU", "Linear"]
+    with pytest.raises(IndexError):
+        s[3]
+    assert s[-1] is s[2]
+    s.append(n.ReLU())
+    s.insert(0, n.Identity())
+    s.extend([n.Tanh()])
+    assert list(s._modules) == [str(i) for i in range(6)]
+    assert [type(m).__name__ for m in s] == ["Identity", "Linear", "ReLU", "Linear", "ReLU", "Tanh"]
+    del s[0]
+    s[-1] = n.Sigmoid()
+    assert [type(m).__name__ for m in s] == ["Linear", "ReLU", "Linear", "ReLU", "Sigmoid"]
+    assert list(s.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    del s[1:3]
+    assert list(s._modules) == ["0", "1", "2"] and list(s.state_dict()) == ["0.weight", "0.bias"]
+    od = n.Sequential(collections.OrderedDict([("enc", n.Linear(2, 2)), ("act", n.ReLU())]))
+    assert list(od.state_dict()) == ["enc.weight", "enc.bias"] and od.enc is od[0]
+    assert type(od[1:]) is n.Sequential and list(od[1:]._modules) == ["act"]
+    with pytest.raises(TypeError, match="int is not a Module subclass"):
+        n.Sequential(3)
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_module_list(lib):
+    n = nn if lib is kiln else tnn
+    ml = n.ModuleList([n.Linear(1, 1), n.Linear(1, 2)])
+    assert type(ml[0:1]) is n.ModuleList and len(ml[0:1]) == 1
+    ml.extend([n.ReLU()])
+    ml += [n.Tanh()]
+    ml.insert(0, n.Identity())
+    ml[1] = n.Linear(1, 3)
+    del ml[-1]
+    assert [type(m).__name__ for m in ml] == ["Identity", "Linear", "Linear", "ReLU"]
+    assert list(ml.state_dict()) == ["1.weight", "1.bias", "2.weight", "2.bias"]
+    assert len(n.ModuleList(None)) == 0 and len(n.ModuleList()) == 0
+    assert type(ml + n.ModuleList([n.ReLU()])) is n.ModuleList
+    with pytest.raises(TypeError):
+        ml.extend(n.ReLU())
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_module_dict_parameter_list_dict(lib):
+    n = nn if lib is kiln else tnn
+    md = n.ModuleDict({"b": n.Linear(1, 1), "a": n.Linear(1, 2)})
+    md["c"] = n.ReLU()
+    assert list(md) == ["b", "a", "c"] and "a" in md and len(md) == 3
+    assert list(md.keys()) == ["b", "a", "c"] and md["a"] is md.a
+    del md["b"]
+    md.update([("d", n.Tanh())])
+    assert list(md.state_dict()) == ["a.weight", "a.bias"] and list(md) == ["a", "c", "d"]
+    assert type(md.pop("d")).__name__ == "Tanh"
+    pl = n.ParameterList([n.Parameter(lib.zeros(1)), lib.ones(2)])
+    pl.append(lib.zeros(3))
+    assert len(pl) == 3 and isinstance(pl[1], n.Parameter) and tuple(pl[-1].shape) == (3,)
+    assert list(pl.state_dict()) == ["0", "1", "2"] and len(list(pl.parameters())) == 3
+    assert type(pl[1:]) is n.ParameterList and len(pl[1:]) == 2
+    pd = n.ParameterDict({"w": n.Parameter(lib.zeros(2)), "v": lib.ones(1)})
+    pd["u"] = lib.ones(3)
+    assert list(pd) == ["v", "w", "u"] and isinstance(pd["v"], n.Parameter) and "u" in pd
+    del pd["w"]
+    assert list(pd.state_dict()) == ["v", "u"] and list(pd.keys()) == ["v", "u"]
+    assert list(n.ParameterDict(collections.OrderedDict(b=lib.zeros(1), a=lib.zeros(1)))) == ["b", "a"]
+    with pytest.raises(KeyError if lib is kiln else AttributeError):  # torch's is an AttributeError
+        pd["nope"]
+
+    class M(n.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = n.ModuleDict({"x": n.Linear(1, 1)})
+            self.pl = n.ParameterList([lib.zeros(1)])
+            self.pd = n.ParameterDict({"k": lib.zeros(1)})
+
+    assert list(M().state_dict()) == ["heads.x.weight", "heads.x.bias", "pl.0", "pd.k"]
+    assert names(M().named_parameters()) == ["heads.x.weight", "heads.x.bias", "pl.0", "pd.k"]
+
+
 # ---- 7: checks ----
 
 @pytest.mark.parametrize("lib", [kiln, torch])

@@ -788,42 +788,332 @@ class Upsample(Module):
                              self.recompute_scale_factor)
 
 
+def _abs_index(container, idx):
+    """idx (an int, negative from the end) as the key of the container's entry, or IndexError."""
+    idx = operator.index(idx)
+    n = len(container)
+    if not -n <= idx < n:
+        raise IndexError(f"{type(container).__name__}: index {idx} is out of range (length {n})")
+    return str(idx + n if idx < 0 else idx)
+
+
+def _renumber(module):
+    # After a deletion the children are 0..n-1 again, as torch's Sequential and ModuleList.
+    object.__setattr__(module, "_modules", OrderedDict((str(i), m) for i, m in enumerate(module._modules.values())))
+
+
+def _insert(module, index, m):
+    if not isinstance(m, Module):
+        raise TypeError(f"{type(module).__name__}.insert: {type(m).__name__} is not a Module subclass")
+    n = len(module._modules)
+    index = operator.index(index)
+    if not -n <= index <= n:
+        raise IndexError(f"{type(module).__name__}.insert: index {index} is out of range (length {n})")
+    if index < 0:
+        index += n
+    for i in range(n, index, -1):
+        module._modules[str(i)] = module._modules[str(i - 1)]
+    module._modules[str(index)] = m
+    return module
+
+
 class Sequential(Module):
-    def __init__(self, *layers):
+    """Calls its modules in order: Sequential(m1, m2, ...) names them 0, 1, ...;
+    Sequential(OrderedDict(name=module, ...)) by the dict's keys. A slice is a Sequential."""
+
+    def __init__(self, *args):
         super().__init__()
-        for i, layer in enumerate(layers):
-            self.add_module(str(i), layer)
+        if len(args) == 1 and isinstance(args[0], OrderedDict):
+            for name, m in args[0].items():
+                self.add_module(name, m)
+        else:
+            for i, m in enumerate(args):
+                self.add_module(str(i), m)
 
     def forward(self, x):
         for m in self._modules.values():
             x = m(x)
         return x
 
-    def __getitem__(self, i):
-        return list(self._modules.values())[i]
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return Sequential(OrderedDict(list(self._modules.items())[idx]))
+        return list(self._modules.values())[int(_abs_index(self, idx))]
+
+    def __setitem__(self, idx, module):
+        setattr(self, list(self._modules)[int(_abs_index(self, idx))], module)
+
+    def __delitem__(self, idx):
+        keys = list(self._modules)
+        for k in (keys[idx] if isinstance(idx, slice) else [keys[int(_abs_index(self, idx))]]):
+            del self._modules[k]
+        _renumber(self)
 
     def __len__(self):
         return len(self._modules)
 
+    def __iter__(self):
+        return iter(self._modules.values())
 
-class ModuleList(Module):
-    def __init__(self, modules=()):
-        super().__init__()
+    def append(self, module):
+        self.add_module(str(len(self)), module)
+        return self
+
+    def insert(self, index, module):
+        return _insert(self, index, module)
+
+    def extend(self, modules):
         for m in modules:
             self.append(m)
+        return self
+
+
+class ModuleList(Module):
+    """A list of modules, registered as children 0, 1, ... (in parameters() and state_dict()); a
+    slice is a ModuleList."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.extend(modules)
 
     def append(self, m):
         self.add_module(str(len(self._modules)), m)
         return self
 
-    def __getitem__(self, i):
-        return list(self._modules.values())[i]
+    def extend(self, modules):
+        if isinstance(modules, (Module, Tensor)) or not hasattr(modules, "__iter__"):
+            raise TypeError(f"ModuleList.extend should be called with an iterable, but got {type(modules).__name__}")
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index, module):
+        _insert(self, index, module)
+
+    def __iadd__(self, modules):
+        return self.extend(modules)
+
+    def __add__(self, other):
+        return ModuleList(itertools.chain(self, other))
+
+    def pop(self, idx=-1):
+        m = self[idx]
+        del self[idx]
+        return m
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return ModuleList(list(self._modules.values())[idx])
+        return self._modules[_abs_index(self, idx)]
+
+    def __setitem__(self, idx, module):
+        setattr(self, _abs_index(self, idx), module)
+
+    def __delitem__(self, idx):
+        if isinstance(idx, slice):
+            for k in list(self._modules)[idx]:
+                del self._modules[k]
+        else:
+            del self._modules[_abs_index(self, idx)]
+        _renumber(self)
 
     def __iter__(self):
         return iter(self._modules.values())
 
     def __len__(self):
         return len(self._modules)
+
+
+class ModuleDict(Module):
+    """A dict of modules (keys are their names in parameters() and state_dict()), in insertion
+    order."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key):
+        return self._modules[key]
+
+    def __setitem__(self, key, module):
+        self.add_module(key, module)
+
+    def __delitem__(self, key):
+        del self._modules[key]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def keys(self):
+        return self._modules.keys()
+
+    def items(self):
+        return self._modules.items()
+
+    def values(self):
+        return self._modules.values()
+
+    def clear(self):
+        self._modules.clear()
+
+    def pop(self, key):
+        m = self[key]
+        del self[key]
+        return m
+
+    def update(self, modules):
+        for key, m in _pairs("ModuleDict", modules):
+            self[key] = m
+
+
+def _pairs(cls, items):
+    """The (key, value) pairs of a mapping, or of an iterable of pairs (as torch's update)."""
+    if hasattr(items, "keys"):
+        return [(k, items[k]) for k in items.keys()]
+    if isinstance(items, (Module, Tensor)) or not hasattr(items, "__iter__"):
+        raise TypeError(f"{cls}.update should be called with a mapping or an iterable of key/value pairs, but got "
+                        f"{type(items).__name__}")
+    pairs = []
+    for j, kv in enumerate(items):
+        if not hasattr(kv, "__iter__") or isinstance(kv, (str, Tensor)):
+            raise TypeError(f"{cls}.update: element #{j} is a {type(kv).__name__}, not a key/value pair")
+        kv = tuple(kv)
+        if len(kv) != 2:
+            raise ValueError(f"{cls}.update: element #{j} has length {len(kv)}; 2 is required")
+        pairs.append(kv)
+    return pairs
+
+
+def _as_parameter(value):
+    # As torch's ParameterList/Dict: a plain tensor becomes a Parameter (sharing its memory).
+    return Parameter(value) if isinstance(value, Tensor) and not isinstance(value, Parameter) else value
+
+
+class ParameterList(Module):
+    """A list of parameters, registered as 0, 1, ... (in parameters() and state_dict()); a tensor
+    added becomes a Parameter."""
+
+    def __init__(self, values=None):
+        super().__init__()
+        object.__setattr__(self, "_size", 0)
+        if values is not None:
+            self += values
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return ParameterList([self[i] for i in range(len(self))[idx]])
+        return getattr(self, _abs_index(self, idx))
+
+    def __setitem__(self, idx, param):
+        setattr(self, _abs_index(self, idx), _as_parameter(param))
+
+    def __len__(self):
+        return self._size
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __iadd__(self, parameters):
+        return self.extend(parameters)
+
+    def append(self, value):
+        object.__setattr__(self, "_size", self._size + 1)
+        self[self._size - 1] = value
+        return self
+
+    def extend(self, values):
+        if isinstance(values, (Module, Tensor)) or not hasattr(values, "__iter__"):
+            raise TypeError(f"ParameterList.extend should be called with an iterable, but got {type(values).__name__}")
+        for v in values:
+            self.append(v)
+        return self
+
+    def extra_repr(self):
+        return "\n".join(f"  ({i}): {_param_line(p)}" for i, p in enumerate(self))
+
+
+class ParameterDict(Module):
+    """A dict of parameters (keys are their names in parameters() and state_dict()), in insertion
+    order; a tensor added becomes a Parameter."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        object.__setattr__(self, "_keys", {})
+        if parameters is not None:
+            self.update(parameters)
+
+    def __getitem__(self, key):
+        if key not in self._keys:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key, value):
+        self._keys[key] = None
+        try:
+            setattr(self, key, _as_parameter(value))
+        except BaseException:
+            del self._keys[key]
+            raise
+
+    def __delitem__(self, key):
+        del self._keys[key]
+        delattr(self, key)
+
+    def __len__(self):
+        return len(self._keys)
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __contains__(self, key):
+        return key in self._keys
+
+    def keys(self):
+        return list(self._keys)
+
+    def items(self):
+        return [(k, self[k]) for k in self._keys]
+
+    def values(self):
+        return [self[k] for k in self._keys]
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def pop(self, key):
+        v = self[key]
+        del self[key]
+        return v
+
+    def clear(self):
+        for k in list(self._keys):
+            del self[k]
+
+    def update(self, parameters):
+        pairs = _pairs("ParameterDict", parameters)
+        if hasattr(parameters, "keys") and not isinstance(parameters, (OrderedDict, ParameterDict)):
+            pairs.sort(key=lambda kv: kv[0])  # as torch: a plain dict's keys in sorted order
+        for key, value in pairs:
+            self[key] = value
+
+    def extra_repr(self):
+        return "\n".join(f"  ({k}): {_param_line(p)}" for k, p in self.items())
+
+
+def _param_line(p):
+    if not isinstance(p, Tensor):
+        return f"Object of type: {type(p).__name__}"
+    dev = "" if p.device.type == "cpu" else f" ({p.device})"
+    return (f"{'Parameter' if isinstance(p, Parameter) else 'Tensor'} containing: "
+            f"[kiln.{p.dtype.name} of size {'x'.join(str(s) for s in p.shape)}{dev}]")
 
 
 class CppModule(Module):
