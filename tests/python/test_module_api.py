@@ -192,6 +192,36 @@ def test_forward_hooks(lib):
 
 
 @pytest.mark.parametrize("lib", [kiln, torch])
+def test_full_backward_hook(lib):
+    n = nn if lib is kiln else tnn
+    lib.manual_seed(0)
+    m = n.Linear(3, 2)
+    seen = []
+
+    def hook(mod, grad_input, grad_output):
+        seen.append((mod, [None if g is None else g.numpy().copy() for g in grad_input],
+                     [g.numpy().copy() for g in grad_output]))
+        return None if grad_input[0] is None else (grad_input[0] * 2,)
+
+    h = m.register_full_backward_hook(hook)
+    x = lib.ones(4, 3, requires_grad=True)
+    (m(x) * 3).sum().backward()
+    w = m.weight.detach().numpy()
+    ((mod, gi, go),) = seen
+    assert mod is m and np.allclose(go[0], 3) and np.allclose(gi[0], 3 * w.sum(0))
+    assert np.allclose(x.grad.numpy(), 6 * w.sum(0), rtol=1e-5)  # the hook's replacement
+    seen.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that the hook fires at the outputs here
+        m(lib.ones(4, 3)).sum().backward()
+    assert len(seen) == 1 and seen[0][1] == [None] and np.allclose(seen[0][2][0], 1)
+    h.remove()
+    seen.clear()
+    m(x).sum().backward()
+    assert seen == []
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
 def test_apply_zero_grad_and_lookups(lib):
     n = nn if lib is kiln else tnn
     m = build(lib)

@@ -12,6 +12,7 @@ from collections import OrderedDict
 
 from .. import _C
 from .._C import Tensor, KilnError, KilnValueError
+from ..autograd import Function
 from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
 
@@ -98,6 +99,7 @@ class Module:
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "_forward_pre_hooks", _HookDict())
         object.__setattr__(self, "_forward_hooks", _HookDict())
+        object.__setattr__(self, "_backward_hooks", _HookDict())
 
     # ---- attributes ----
     def __setattr__(self, name, value):
@@ -444,20 +446,35 @@ class Module:
         self._forward_hooks[h.id] = hook
         return h
 
+    def register_full_backward_hook(self, hook):
+        """hook(module, grad_input, grad_output) runs in backward once the gradients of the module's
+        positional inputs are known (tuples, one per input / output, None where there is none); a
+        tuple it returns replaces grad_input. Returns a handle whose remove() takes the hook off."""
+        h = _HookHandle(self._backward_hooks)
+        self._backward_hooks[h.id] = hook
+        return h
+
     def __call__(self, *args, **kwargs):
         d = self.__dict__
-        pre, post = d.get("_forward_pre_hooks"), d.get("_forward_hooks")
-        if not pre and not post:
+        pre, post, back = d.get("_forward_pre_hooks"), d.get("_forward_hooks"), d.get("_backward_hooks")
+        if not pre and not post and not back:
             return self.forward(*args, **kwargs)
-        for hook in list(pre.values()):
+        for hook in list(pre.values() if pre else ()):
             r = hook(self, args)
             if r is not None:
                 args = r if isinstance(r, tuple) else (r,)
+        bw = _BackwardHooks(self, list(back.values()), len(args)) if back and _C.is_grad_enabled() else None
+        if bw is not None:
+            args = bw.wrap(args, bw.input_backward)
         out = self.forward(*args, **kwargs)
-        for hook in list(post.values()):
+        for hook in list(post.values() if post else ()):
             r = hook(self, args, out)
             if r is not None:
                 out = r
+        if bw is not None:
+            single = isinstance(out, Tensor)
+            outs = bw.wrap((out,) if single else tuple(out), bw.output_backward)
+            out = outs[0] if single else type(out)(outs)
         return out
 
     def extra_repr(self):
@@ -475,6 +492,72 @@ class Module:
         elif lines:
             s += "\n  " + "\n  ".join(lines) + "\n"
         return s + ")"
+
+
+class _Identity(Function):
+    """Passes tensors through; its backward hands their gradients to a _BackwardHooks step."""
+
+    @staticmethod
+    def forward(ctx, step, *tensors):
+        ctx.step = step
+        return tensors
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None,) + tuple(ctx.step(grads))
+
+
+class _BackwardHooks:
+    """One call's full backward hooks (torch's BackwardHook): the outputs pass through an identity
+    whose backward keeps grad_output; the inputs that need a gradient through another, whose
+    backward (run after, as the inputs come before the outputs) calls the hooks. Without such
+    inputs the hooks run at the outputs with grad_input all None."""
+
+    def __init__(self, module, hooks, n_inputs):
+        self.module, self.hooks, self.n_inputs = module, hooks, n_inputs
+        self.grad_output = None
+        self.has_inputs = False
+
+    def wrap(self, values, step):
+        at = [i for i, v in enumerate(values) if isinstance(v, Tensor) and v.requires_grad]
+        if not at:
+            return values
+        n = len(values)
+
+        def backward_step(grads):
+            full = [None] * n
+            for i, g in zip(at, grads):
+                full[i] = g
+            full = step(tuple(full))
+            return [full[i] for i in at]
+
+        if step == self.input_backward:
+            self.has_inputs = True
+        wrapped = _Identity.apply(backward_step, *[values[i] for i in at])
+        values = list(values)
+        for i, v in zip(at, wrapped):
+            values[i] = v
+        return tuple(values)
+
+    def output_backward(self, grads):
+        self.grad_output = grads
+        if not self.has_inputs:
+            for hook in self.hooks:
+                if hook(self.module, (None,) * self.n_inputs, grads) is not None:
+                    raise KilnError("register_full_backward_hook: a hook cannot return a grad_input when no "
+                                    "input of the module requires grad")
+        return grads
+
+    def input_backward(self, grads):
+        for hook in self.hooks:
+            r = hook(self.module, grads, self.grad_output)
+            if r is not None:
+                r = tuple(r) if isinstance(r, (tuple, list)) else (r,)
+                if len(r) != len(grads):
+                    raise KilnError(f"register_full_backward_hook: the hook returned {len(r)} gradients for the "
+                                    f"module's {len(grads)} inputs")
+                grads = r
+        return grads
 
 
 def _remove_from(name, *stores):
