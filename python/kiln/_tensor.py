@@ -343,3 +343,72 @@ def _new(fill):
 
 Tensor.new_zeros = _new(0)
 Tensor.new_ones = _new(1)
+
+
+# ---- .data ----
+
+def _get_data(self):
+    """A detached alias (same memory, requires_grad False), as torch's .data."""
+    return self.detach()
+
+
+def _span(t):
+    lo = hi = t.data_ptr()
+    for n, s in zip(t.shape, t.stride()):
+        if n > 1:
+            (lo, hi) = (lo + (n - 1) * s * t.element_size(), hi) if s < 0 else (lo, hi + (n - 1) * s * t.element_size())
+    return lo, hi + t.element_size()
+
+
+def _set_data(self, value):
+    # torch rebinds the tensor to value's memory; a Kiln tensor cannot be rebound without breaking the
+    # handle an optimizer holds, so the values are copied in (same shape, dtype and device only).
+    if not isinstance(value, Tensor):
+        raise TypeError(f"data: expected a kiln.Tensor, got {type(value).__name__}")
+    if (tuple(value.shape), value.dtype, value.device) != (tuple(self.shape), self.dtype, self.device):
+        raise _C.KilnValueError(
+            f"data: cannot assign a {list(value.shape)} {value.dtype.name} tensor on {value.device} to a "
+            f"{list(self.shape)} {self.dtype.name} one on {self.device}: Kiln copies the values in place (torch "
+            "rebinds the tensor), so shape, dtype and device must match; make a new Parameter (and optimizer) instead")
+    value = value.detach()
+    if value.numel() and self.numel():
+        (a, b), (c, d) = _span(self), _span(value)
+        if a < d and c < b:  # overlapping memory (p.data = p.data.t()): copy from a snapshot
+            value = value.clone()
+    with no_grad():
+        self.detach().copy_(value)
+
+
+Tensor.data = property(_get_data, _set_data)
+
+
+# ---- pickling ----
+
+def _rebuild(cls, array, dtype, device, requires_grad, state):
+    t = _C._tensor_from(array)
+    dtype = getattr(_C.dtype, dtype)
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    if device != "cpu":
+        t = t.to(device)
+    if cls is not Tensor:
+        t = cls(t, requires_grad=requires_grad)
+    if requires_grad and not t.requires_grad:
+        t.requires_grad_(True)
+    if state:
+        for k, v in state.items():
+            setattr(t, k, v)
+    return t
+
+
+def _reduce_ex(self, protocol):
+    # As torch: the values (through NumPy, so on the CPU and bfloat16 widened to float32, restored on
+    # load), dtype, device, requires_grad and the class (a Parameter stays one).
+    if self.grad_fn is not None:
+        raise _C.KilnError("pickle: only leaf tensors (made by the user, not by an op that records a gradient) can "
+                           "be pickled; use t.detach()")
+    return (_rebuild, (type(self), _numpy(self, force=True).copy(), self.dtype.name, str(self.device), self.requires_grad,
+                       getattr(self, "__dict__", None) or None))
+
+
+Tensor.__reduce_ex__ = _reduce_ex

@@ -407,6 +407,10 @@ void bind_tensor(nb::module_& m) {
       .def_prop_ro("ndim", &Tensor::dim)
       .def_prop_ro("is_cuda", [](const Tensor& x) { return x.device().is_cuda(); })
       .def_prop_ro("_version", &Tensor::version)
+      .def_prop_ro(
+          "_handles", [](const Tensor& x) { return x.impl_ptr().use_count(); },
+          "How many handles hold this tensor (Python's, an optimizer's, the autograd graph's): Module.to warns "
+          "when a parameter it replaces is still held.")
       .def_prop_ro("T",
                    [](const Tensor& x) {
                      std::vector<int64_t> d;

@@ -6,6 +6,7 @@ from .modules import (  # noqa: F401
     RMSNorm, GroupNorm, Embedding, Dropout, ReLU, SiLU, GELU, Tanh, Sigmoid, LeakyReLU, Softmax, Identity, Flatten,
     MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Upsample, Sequential, ModuleList, IncompatibleKeys,
 )
+from .modules import (ModuleDict, ParameterList, ParameterDict)  # noqa: F401
 import numbers
 
 from .. import _C

@@ -1,13 +1,18 @@
 """kiln.nn modules in Python: Module (parameters, buffers and submodules by attribute, dotted names,
-state_dict), Parameter, and the common layers over kiln.nn.functional. Initialisation follows
-PyTorch's defaults (uniform in +-1/sqrt(fan_in) for Linear and Conv)."""
+state_dict, hooks), Parameter, the containers, and the common layers over kiln.nn.functional.
+Initialisation follows PyTorch's defaults (uniform in +-1/sqrt(fan_in) for Linear and Conv)."""
 import collections
+import itertools
 import math
 import operator
+import sys
+import warnings
+import weakref
 from collections import OrderedDict
 
 from .. import _C
 from .._C import Tensor, KilnError, KilnValueError
+from ..autograd import Function
 from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
 
@@ -29,35 +34,103 @@ class Parameter(Tensor):
         super().__init__(data.detach())
         self.requires_grad_(requires_grad)
 
+    def __setattr__(self, name, value):
+        # A Parameter has a __dict__ (for a user's tags, as torch's), which would silently hide a
+        # Tensor method under an assigned value; properties (data, grad, requires_grad) are data
+        # descriptors and take the assignment themselves.
+        attr = getattr(Tensor, name, None)
+        if attr is not None and not hasattr(attr, "__set__"):
+            raise AttributeError(f"Parameter: cannot assign '{name}': it is a kiln.Tensor "
+                                 f"{'method' if callable(attr) else 'attribute'}")
+        super().__setattr__(name, value)
+
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
 
 
+class _HookHandle:
+    """What register_forward_hook and friends return: remove() takes the hook off (also as a context
+    manager's exit), as torch.utils.hooks.RemovableHandle."""
+    _ids = itertools.count()
+
+    def __init__(self, hooks):
+        self._hooks = weakref.ref(hooks)
+        self.id = next(_HookHandle._ids)
+
+    def remove(self):
+        hooks = self._hooks()
+        if hooks is not None:
+            hooks.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+class _HookDict(OrderedDict):
+    pass  # an OrderedDict can't be weakly referenced; a subclass can
+
+
+def _check_name(kind, name, module, store):
+    """torch's checks of a name given to add_module and register_*: a str without dots, not empty,
+    not already an attribute of another kind."""
+    if not isinstance(name, str):
+        raise TypeError(f"{kind} name should be a string, got {type(name).__name__}")
+    if "." in name:
+        raise KeyError(f"{kind} name can't contain \".\", got: {name}")
+    if name == "":
+        raise KeyError(f"{kind} name can't be empty string \"\"")
+    if hasattr(module, name) and name not in store:
+        raise KeyError(f"attribute '{name}' already exists")
+
+
 class Module:
     """Base class of every module: assign Parameters, Modules and (register_buffer) buffers as
-    attributes; forward() computes; calling the module calls forward."""
+    attributes; forward() computes; calling the module calls the forward pre-hooks, forward and the
+    forward hooks."""
 
     def __init__(self):
+        object.__setattr__(self, "training", True)
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent_buffers_set", set())
         object.__setattr__(self, "_modules", OrderedDict())
-        object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_forward_pre_hooks", _HookDict())
+        object.__setattr__(self, "_forward_hooks", _HookDict())
+        object.__setattr__(self, "_backward_hooks", _HookDict())
 
     # ---- attributes ----
     def __setattr__(self, name, value):
-        if "_parameters" not in self.__dict__:
+        # As torch's: a Parameter, Module or tensor goes to its store; assigning to a name that holds
+        # a parameter, child module or buffer replaces it in place (keeping its position in
+        # state_dict) and takes only that kind or None.
+        d = self.__dict__
+        if "_parameters" not in d:
             raise KilnError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
-        if isinstance(value, (Parameter, Module)):
-            for d in (self._parameters, self._buffers, self._modules, self.__dict__):
-                d.pop(name, None)
-            (self._parameters if isinstance(value, Parameter) else self._modules)[name] = value
-        elif name in self._buffers:
-            self._buffers[name] = value
-        elif name in self._parameters:
+        params, buffers, modules = self._parameters, self._buffers, self._modules
+        if isinstance(value, Parameter):
+            _remove_from(name, d, buffers, modules, self._non_persistent_buffers_set)
+            self.register_parameter(name, value)
+        elif name in params:
             if value is not None:
-                raise KilnError(f"cannot assign a {type(value).__name__} to parameter '{name}' "
-                                "(wrap it in kiln.nn.Parameter)")
-            self._parameters[name] = None
+                raise TypeError(f"cannot assign '{type(value).__name__}' as parameter '{name}' "
+                                "(kiln.nn.Parameter or None expected)")
+            params[name] = None
+        elif isinstance(value, Module):
+            _remove_from(name, d, params, buffers, self._non_persistent_buffers_set)
+            modules[name] = value
+        elif name in modules:
+            if value is not None:
+                raise TypeError(f"cannot assign '{type(value).__name__}' as child module '{name}' "
+                                "(kiln.nn.Module or None expected)")
+            modules[name] = None
+        elif name in buffers:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"cannot assign '{type(value).__name__}' as buffer '{name}' "
+                                "(kiln.Tensor or None expected)")
+            buffers[name] = value
         else:
             object.__setattr__(self, name, value)
 
@@ -72,26 +145,85 @@ class Module:
         for d in (self._parameters, self._buffers, self._modules):
             if name in d:
                 del d[name]
+                self._non_persistent_buffers_set.discard(name)
                 return
         object.__delattr__(self, name)
 
     def register_parameter(self, name, param):
+        """Adds (or replaces, in place) a parameter: a kiln.nn.Parameter, or None (a slot that
+        state_dict and parameters() skip, as a Linear's bias=False)."""
+        if "_parameters" not in self.__dict__:
+            raise AttributeError("cannot assign parameter before Module.__init__() call")
+        _check_name("parameter", name, self, self._parameters)
         if param is not None and not isinstance(param, Parameter):
-            param = Parameter(param)
+            raise TypeError(f"cannot assign '{type(param).__name__}' object to parameter '{name}' "
+                            "(kiln.nn.Parameter or None required)")
         self._parameters[name] = param
 
-    def register_buffer(self, name, tensor):
+    def register_buffer(self, name, tensor, persistent=True):
+        """Adds a buffer (a tensor that is state but not a parameter, as running statistics): in
+        state_dict unless persistent=False; to() moves it."""
+        if "_buffers" not in self.__dict__:
+            raise AttributeError("cannot assign buffer before Module.__init__() call")
+        _check_name("buffer", name, self, self._buffers)
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' "
+                            "(kiln.Tensor or None required)")
         self._buffers[name] = tensor
+        if persistent:
+            self._non_persistent_buffers_set.discard(name)
+        else:
+            self._non_persistent_buffers_set.add(name)
 
     def add_module(self, name, module):
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        _check_name("module", name, self, self._modules)
         self._modules[name] = module
+
+    def register_module(self, name, module):
+        return self.add_module(name, module)
+
+    def get_submodule(self, target):
+        """The module at a dotted path ("" is this one), as torch's."""
+        mod = self
+        if target == "":
+            return mod
+        for item in target.split("."):
+            if not hasattr(mod, item):
+                raise AttributeError(f"{type(mod).__name__} has no attribute `{item}`")
+            mod = getattr(mod, item)
+            if not isinstance(mod, Module):
+                raise AttributeError(f"`{item}` is not an nn.Module")
+        return mod
+
+    def get_parameter(self, target):
+        path, _, name = target.rpartition(".")
+        mod = self.get_submodule(path)
+        if not hasattr(mod, name):
+            raise AttributeError(f"{type(mod).__name__} has no attribute `{name}`")
+        p = getattr(mod, name)
+        if not isinstance(p, Parameter):
+            raise AttributeError(f"`{name}` is not an nn.Parameter")
+        return p
+
+    def get_buffer(self, target):
+        path, _, name = target.rpartition(".")
+        mod = self.get_submodule(path)
+        if name not in mod._buffers:
+            raise AttributeError(f"`{name}` is not a buffer of {type(mod).__name__}")
+        return mod._buffers[name]
 
     # ---- traversal ----
     def named_children(self):
-        return iter(self._modules.items())
+        seen = set()
+        for name, m in self._modules.items():
+            if m is not None and id(m) not in seen:
+                seen.add(id(m))
+                yield name, m
 
     def children(self):
-        return iter(self._modules.values())
+        return (m for _, m in self.named_children())
 
     def named_modules(self, prefix="", remove_duplicate=True):
         """Every module once (as PyTorch: a module reused under two names comes under its first), or every
@@ -113,19 +245,24 @@ class Module:
     def modules(self):
         return (m for _, m in self.named_modules())
 
-    def named_parameters(self, prefix="", remove_duplicate=True):
-        """Every parameter once: a tied (shared) one under its first name, as PyTorch, so that an optimizer
-        steps it once; remove_duplicate=False gives every name (what state_dict holds)."""
+    def _named_members(self, members, prefix, recurse, remove_duplicate):
+        # Module by module (its own tensors, then its children's), as torch: the order of state_dict.
         seen = set()
-        for mp, m in self.named_modules(prefix, remove_duplicate=False):
-            for name, p in m._own_parameters():
-                if p is None:
+        mods = self.named_modules(prefix, remove_duplicate) if recurse else [(prefix, self)]
+        for mp, m in mods:
+            for name, t in members(m):
+                if t is None:
                     continue
                 if remove_duplicate:
-                    if id(p) in seen:
+                    if id(t) in seen:
                         continue
-                    seen.add(id(p))
-                yield (f"{mp}.{name}" if mp else name), p
+                    seen.add(id(t))
+                yield (f"{mp}.{name}" if mp else name), t
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        """Every parameter once: a tied (shared) one under its first name, as PyTorch, so that an optimizer
+        steps it once; remove_duplicate=False gives every name; recurse=False only this module's own."""
+        return self._named_members(lambda m: m._own_parameters(), prefix, recurse, remove_duplicate)
 
     def _own_parameters(self):
         return self._parameters.items()
@@ -133,26 +270,32 @@ class Module:
     def _own_buffers(self):
         return self._buffers.items()
 
-    def parameters(self):
-        return [p for _, p in self.named_parameters()]
+    def parameters(self, recurse=True):
+        return [p for _, p in self.named_parameters(recurse=recurse)]
 
-    def named_buffers(self, prefix="", remove_duplicate=True):
-        for mp, m in self.named_modules(prefix, remove_duplicate=remove_duplicate):
-            for name, b in m._own_buffers():
-                if b is not None:
-                    yield (f"{mp}.{name}" if mp else name), b
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+        return self._named_members(lambda m: m._own_buffers(), prefix, recurse, remove_duplicate)
 
-    def buffers(self):
-        return [b for _, b in self.named_buffers()]
+    def buffers(self, recurse=True):
+        return [b for _, b in self.named_buffers(recurse=recurse)]
 
     def num_parameters(self):
         return sum(p.numel() for p in self.parameters())
 
+    def apply(self, fn):
+        """Calls fn on every submodule (children first) and then on this module; returns self."""
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
     # ---- modes and conversions ----
     def train(self, mode=True):
+        if not isinstance(mode, bool):
+            raise ValueError(f"train(): mode must be a bool, got {mode!r}")
         for m in self.modules():
-            object.__setattr__(m, "training", bool(mode))
-            m._set_mode(bool(mode))
+            object.__setattr__(m, "training", mode)
+            m._set_mode(mode)
         return self
 
     def _set_mode(self, mode):
@@ -161,9 +304,17 @@ class Module:
     def eval(self):
         return self.train(False)
 
-    def zero_grad(self):
+    def zero_grad(self, set_to_none=True):
+        """Drops every parameter's gradient, or with set_to_none=False zeroes it in place."""
         for p in self.parameters():
-            p.grad = None
+            g = p.grad
+            if g is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                with no_grad():
+                    g.detach().zero_()
 
     def requires_grad_(self, requires_grad=True):
         for p in self.parameters():
@@ -172,29 +323,52 @@ class Module:
 
     def to(self, *args, **kwargs):
         """Moves every parameter and buffer to a device and converts the floating ones to a dtype:
-        to("cuda"), to(kiln.float64), to("cuda", kiln.bfloat16), to(device=..., dtype=...)."""
+        to("cuda"), to(kiln.float64), to("cuda", kiln.bfloat16), to(device=..., dtype=...). A tensor
+        already there is kept (the same Parameter object). One that moves becomes a new Parameter
+        (torch's moves in place): an optimizer made before then still holds the old ones, which a
+        warning says; make the optimizer after .to()."""
         device, dtype = _parse_to(args, kwargs)
+        if dtype is not None and not dtype.is_floating_point:
+            raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got kiln.{dtype.name}")
+        held = []
         with no_grad():
-            for m in self.modules():
-                m._convert(device, dtype)
+            for name, m in self.named_modules():
+                held += [f"{name}.{n}" if name else n for n in m._convert(device, dtype) or ()]
+        if held:
+            warnings.warn(f"Module.to: {len(held)} parameter(s) ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}) "
+                          "became new Parameter objects, and something (an optimizer made before .to()?) still holds "
+                          "the old ones, which no longer belong to the module: make the optimizer after moving it",
+                          stacklevel=2)
         return self
 
     def _convert(self, device, dtype):
+        """Converts this module's own tensors; returns the names of the parameters it replaced that
+        something else (an optimizer, the caller) still holds."""
         def conv(t):
+            q = t
             if device is not None:
-                t = t.to(device)
-            if dtype is not None and t.is_floating_point():
-                t = t.to(dtype)
-            return t
+                q = q.to(device)
+            if dtype is not None and q.is_floating_point():
+                q = q.to(dtype)
+            # Tensor.to gives a new handle even when nothing changes: keep the tensor itself then, so
+            # that an optimizer holding it still updates the module.
+            return t if (q.dtype == t.dtype and q.device == t.device) else q
 
-        for name, p in list(self._parameters.items()):
+        held = []
+        for name in list(self._parameters):
+            p = self._parameters[name]
             if p is not None:
                 q = conv(p)
                 if q is not p:
                     self._parameters[name] = Parameter(q, p.requires_grad)
+                    # Another C++ handle (an optimizer's) or Python reference (beyond p's and
+                    # getrefcount's own) than this loop's.
+                    if p._handles > 1 or sys.getrefcount(p) > 2:
+                        held.append(name)
         for name, b in list(self._buffers.items()):
             if b is not None:
                 self._buffers[name] = conv(b)
+        return held
 
     def cpu(self):
         return self.to("cpu")
@@ -208,15 +382,32 @@ class Module:
     def double(self):
         return self.to(_C.dtype.float64)
 
+    def half(self):
+        return self.to(_C.dtype.float16)
+
+    def bfloat16(self):
+        return self.to(_C.dtype.bfloat16)
+
     # ---- state ----
-    def state_dict(self):
-        """Parameters and buffers by dotted name, detached (they share memory with the module)."""
-        sd = OrderedDict()
-        for n, p in self.named_parameters(remove_duplicate=False):
-            sd[n] = p.detach()
-        for n, b in self.named_buffers(remove_duplicate=False):
-            sd[n] = b.detach()
-        return sd
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        """Parameters and persistent buffers by dotted name, module by module as torch's (a module's
+        own parameters, its own buffers, then its children's), detached (they share memory with the
+        module) unless keep_vars."""
+        if destination is None:
+            destination = OrderedDict()
+        self._save_to_state_dict(destination, prefix, keep_vars)
+        for name, m in self._modules.items():
+            if m is not None:
+                m.state_dict(destination=destination, prefix=f"{prefix}{name}.", keep_vars=keep_vars)
+        return destination
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        for name, p in self._own_parameters():
+            if p is not None:
+                destination[prefix + name] = p if keep_vars else p.detach()
+        for name, b in self._own_buffers():
+            if b is not None and name not in self._non_persistent_buffers_set:
+                destination[prefix + name] = b if keep_vars else b.detach()
 
     def load_state_dict(self, state_dict, strict=True):
         """Copies tensors into the parameters and buffers of the same names. With strict, a missing or
@@ -241,18 +432,141 @@ class Module:
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} must define forward")
 
+    def register_forward_pre_hook(self, hook):
+        """hook(module, args) runs before forward; a value it returns (a tuple, or one value) replaces
+        the positional arguments. Returns a handle whose remove() takes the hook off."""
+        h = _HookHandle(self._forward_pre_hooks)
+        self._forward_pre_hooks[h.id] = hook
+        return h
+
+    def register_forward_hook(self, hook):
+        """hook(module, args, output) runs after forward; a value it returns replaces the output.
+        Returns a handle whose remove() takes the hook off."""
+        h = _HookHandle(self._forward_hooks)
+        self._forward_hooks[h.id] = hook
+        return h
+
+    def register_full_backward_hook(self, hook):
+        """hook(module, grad_input, grad_output) runs in backward once the gradients of the module's
+        positional inputs are known (tuples, one per input / output, None where there is none); a
+        tuple it returns replaces grad_input. Returns a handle whose remove() takes the hook off."""
+        h = _HookHandle(self._backward_hooks)
+        self._backward_hooks[h.id] = hook
+        return h
+
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        d = self.__dict__
+        pre, post, back = d.get("_forward_pre_hooks"), d.get("_forward_hooks"), d.get("_backward_hooks")
+        if not pre and not post and not back:
+            return self.forward(*args, **kwargs)
+        for hook in list(pre.values() if pre else ()):
+            r = hook(self, args)
+            if r is not None:
+                args = r if isinstance(r, tuple) else (r,)
+        bw = _BackwardHooks(self, list(back.values()), len(args)) if back and _C.is_grad_enabled() else None
+        if bw is not None:
+            args = bw.wrap(args, bw.input_backward)
+        out = self.forward(*args, **kwargs)
+        for hook in list(post.values() if post else ()):
+            r = hook(self, args, out)
+            if r is not None:
+                out = r
+        if bw is not None:
+            single = isinstance(out, Tensor)
+            outs = bw.wrap((out,) if single else tuple(out), bw.output_backward)
+            out = outs[0] if single else type(out)(outs)
+        return out
 
     def extra_repr(self):
         return ""
 
     def __repr__(self):
-        lines = [f"{type(self).__name__}({self.extra_repr()}"]
-        for name, m in self._modules.items():
-            sub = repr(m).replace("\n", "\n  ")
-            lines.append(f"  ({name}): {sub}")
-        return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
+        # torch's layout: extra_repr's lines and the children's, indented under the name.
+        extra = self.extra_repr()
+        extra_lines = extra.split("\n") if extra else []
+        child_lines = [f"({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
+        lines = extra_lines + child_lines
+        s = type(self).__name__ + "("
+        if len(extra_lines) == 1 and not child_lines:
+            s += extra_lines[0]
+        elif lines:
+            s += "\n  " + "\n  ".join(lines) + "\n"
+        return s + ")"
+
+
+class _Identity(Function):
+    """Passes tensors through; its backward hands their gradients to a _BackwardHooks step."""
+
+    @staticmethod
+    def forward(ctx, step, *tensors):
+        ctx.step = step
+        return tensors
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None,) + tuple(ctx.step(grads))
+
+
+class _BackwardHooks:
+    """One call's full backward hooks (torch's BackwardHook): the outputs pass through an identity
+    whose backward keeps grad_output; the inputs that need a gradient through another, whose
+    backward (run after, as the inputs come before the outputs) calls the hooks. Without such
+    inputs the hooks run at the outputs with grad_input all None."""
+
+    def __init__(self, module, hooks, n_inputs):
+        self.module, self.hooks, self.n_inputs = module, hooks, n_inputs
+        self.grad_output = None
+        self.has_inputs = False
+
+    def wrap(self, values, step):
+        at = [i for i, v in enumerate(values) if isinstance(v, Tensor) and v.requires_grad]
+        if not at:
+            return values
+        n = len(values)
+
+        def backward_step(grads):
+            full = [None] * n
+            for i, g in zip(at, grads):
+                full[i] = g
+            full = step(tuple(full))
+            return [full[i] for i in at]
+
+        if step == self.input_backward:
+            self.has_inputs = True
+        wrapped = _Identity.apply(backward_step, *[values[i] for i in at])
+        values = list(values)
+        for i, v in zip(at, wrapped):
+            values[i] = v
+        return tuple(values)
+
+    def output_backward(self, grads):
+        self.grad_output = grads
+        if not self.has_inputs:
+            for hook in self.hooks:
+                if hook(self.module, (None,) * self.n_inputs, grads) is not None:
+                    raise KilnError("register_full_backward_hook: a hook cannot return a grad_input when no "
+                                    "input of the module requires grad")
+        return grads
+
+    def input_backward(self, grads):
+        for hook in self.hooks:
+            r = hook(self.module, grads, self.grad_output)
+            if r is not None:
+                r = tuple(r) if isinstance(r, (tuple, list)) else (r,)
+                if len(r) != len(grads):
+                    raise KilnError(f"register_full_backward_hook: the hook returned {len(r)} gradients for the "
+                                    f"module's {len(grads)} inputs")
+                grads = r
+        return grads
+
+
+def _remove_from(name, *stores):
+    for d in stores:
+        if name in d:
+            if isinstance(d, set):
+                d.discard(name)
+            else:
+                del d[name]
 
 
 def _check_state_dict(state_dict):
@@ -557,42 +871,332 @@ class Upsample(Module):
                              self.recompute_scale_factor)
 
 
+def _abs_index(container, idx):
+    """idx (an int, negative from the end) as the key of the container's entry, or IndexError."""
+    idx = operator.index(idx)
+    n = len(container)
+    if not -n <= idx < n:
+        raise IndexError(f"{type(container).__name__}: index {idx} is out of range (length {n})")
+    return str(idx + n if idx < 0 else idx)
+
+
+def _renumber(module):
+    # After a deletion the children are 0..n-1 again, as torch's Sequential and ModuleList.
+    object.__setattr__(module, "_modules", OrderedDict((str(i), m) for i, m in enumerate(module._modules.values())))
+
+
+def _insert(module, index, m):
+    if not isinstance(m, Module):
+        raise TypeError(f"{type(module).__name__}.insert: {type(m).__name__} is not a Module subclass")
+    n = len(module._modules)
+    index = operator.index(index)
+    if not -n <= index <= n:
+        raise IndexError(f"{type(module).__name__}.insert: index {index} is out of range (length {n})")
+    if index < 0:
+        index += n
+    for i in range(n, index, -1):
+        module._modules[str(i)] = module._modules[str(i - 1)]
+    module._modules[str(index)] = m
+    return module
+
+
 class Sequential(Module):
-    def __init__(self, *layers):
+    """Calls its modules in order: Sequential(m1, m2, ...) names them 0, 1, ...;
+    Sequential(OrderedDict(name=module, ...)) by the dict's keys. A slice is a Sequential."""
+
+    def __init__(self, *args):
         super().__init__()
-        for i, layer in enumerate(layers):
-            self.add_module(str(i), layer)
+        if len(args) == 1 and isinstance(args[0], OrderedDict):
+            for name, m in args[0].items():
+                self.add_module(name, m)
+        else:
+            for i, m in enumerate(args):
+                self.add_module(str(i), m)
 
     def forward(self, x):
         for m in self._modules.values():
             x = m(x)
         return x
 
-    def __getitem__(self, i):
-        return list(self._modules.values())[i]
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return Sequential(OrderedDict(list(self._modules.items())[idx]))
+        return list(self._modules.values())[int(_abs_index(self, idx))]
+
+    def __setitem__(self, idx, module):
+        setattr(self, list(self._modules)[int(_abs_index(self, idx))], module)
+
+    def __delitem__(self, idx):
+        keys = list(self._modules)
+        for k in (keys[idx] if isinstance(idx, slice) else [keys[int(_abs_index(self, idx))]]):
+            del self._modules[k]
+        _renumber(self)
 
     def __len__(self):
         return len(self._modules)
 
+    def __iter__(self):
+        return iter(self._modules.values())
 
-class ModuleList(Module):
-    def __init__(self, modules=()):
-        super().__init__()
+    def append(self, module):
+        self.add_module(str(len(self)), module)
+        return self
+
+    def insert(self, index, module):
+        return _insert(self, index, module)
+
+    def extend(self, modules):
         for m in modules:
             self.append(m)
+        return self
+
+
+class ModuleList(Module):
+    """A list of modules, registered as children 0, 1, ... (in parameters() and state_dict()); a
+    slice is a ModuleList."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.extend(modules)
 
     def append(self, m):
         self.add_module(str(len(self._modules)), m)
         return self
 
-    def __getitem__(self, i):
-        return list(self._modules.values())[i]
+    def extend(self, modules):
+        if isinstance(modules, (Module, Tensor)) or not hasattr(modules, "__iter__"):
+            raise TypeError(f"ModuleList.extend should be called with an iterable, but got {type(modules).__name__}")
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index, module):
+        _insert(self, index, module)
+
+    def __iadd__(self, modules):
+        return self.extend(modules)
+
+    def __add__(self, other):
+        return ModuleList(itertools.chain(self, other))
+
+    def pop(self, idx=-1):
+        m = self[idx]
+        del self[idx]
+        return m
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return ModuleList(list(self._modules.values())[idx])
+        return self._modules[_abs_index(self, idx)]
+
+    def __setitem__(self, idx, module):
+        setattr(self, _abs_index(self, idx), module)
+
+    def __delitem__(self, idx):
+        if isinstance(idx, slice):
+            for k in list(self._modules)[idx]:
+                del self._modules[k]
+        else:
+            del self._modules[_abs_index(self, idx)]
+        _renumber(self)
 
     def __iter__(self):
         return iter(self._modules.values())
 
     def __len__(self):
         return len(self._modules)
+
+
+class ModuleDict(Module):
+    """A dict of modules (keys are their names in parameters() and state_dict()), in insertion
+    order."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key):
+        return self._modules[key]
+
+    def __setitem__(self, key, module):
+        self.add_module(key, module)
+
+    def __delitem__(self, key):
+        del self._modules[key]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def keys(self):
+        return self._modules.keys()
+
+    def items(self):
+        return self._modules.items()
+
+    def values(self):
+        return self._modules.values()
+
+    def clear(self):
+        self._modules.clear()
+
+    def pop(self, key):
+        m = self[key]
+        del self[key]
+        return m
+
+    def update(self, modules):
+        for key, m in _pairs("ModuleDict", modules):
+            self[key] = m
+
+
+def _pairs(cls, items):
+    """The (key, value) pairs of a mapping, or of an iterable of pairs (as torch's update)."""
+    if hasattr(items, "keys"):
+        return [(k, items[k]) for k in items.keys()]
+    if isinstance(items, (Module, Tensor)) or not hasattr(items, "__iter__"):
+        raise TypeError(f"{cls}.update should be called with a mapping or an iterable of key/value pairs, but got "
+                        f"{type(items).__name__}")
+    pairs = []
+    for j, kv in enumerate(items):
+        if not hasattr(kv, "__iter__") or isinstance(kv, (str, Tensor)):
+            raise TypeError(f"{cls}.update: element #{j} is a {type(kv).__name__}, not a key/value pair")
+        kv = tuple(kv)
+        if len(kv) != 2:
+            raise ValueError(f"{cls}.update: element #{j} has length {len(kv)}; 2 is required")
+        pairs.append(kv)
+    return pairs
+
+
+def _as_parameter(value):
+    # As torch's ParameterList/Dict: a plain tensor becomes a Parameter (sharing its memory).
+    return Parameter(value) if isinstance(value, Tensor) and not isinstance(value, Parameter) else value
+
+
+class ParameterList(Module):
+    """A list of parameters, registered as 0, 1, ... (in parameters() and state_dict()); a tensor
+    added becomes a Parameter."""
+
+    def __init__(self, values=None):
+        super().__init__()
+        object.__setattr__(self, "_size", 0)
+        if values is not None:
+            self += values
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return ParameterList([self[i] for i in range(len(self))[idx]])
+        return getattr(self, _abs_index(self, idx))
+
+    def __setitem__(self, idx, param):
+        setattr(self, _abs_index(self, idx), _as_parameter(param))
+
+    def __len__(self):
+        return self._size
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __iadd__(self, parameters):
+        return self.extend(parameters)
+
+    def append(self, value):
+        object.__setattr__(self, "_size", self._size + 1)
+        self[self._size - 1] = value
+        return self
+
+    def extend(self, values):
+        if isinstance(values, (Module, Tensor)) or not hasattr(values, "__iter__"):
+            raise TypeError(f"ParameterList.extend should be called with an iterable, but got {type(values).__name__}")
+        for v in values:
+            self.append(v)
+        return self
+
+    def extra_repr(self):
+        return "\n".join(f"  ({i}): {_param_line(p)}" for i, p in enumerate(self))
+
+
+class ParameterDict(Module):
+    """A dict of parameters (keys are their names in parameters() and state_dict()), in insertion
+    order; a tensor added becomes a Parameter."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        object.__setattr__(self, "_keys", {})
+        if parameters is not None:
+            self.update(parameters)
+
+    def __getitem__(self, key):
+        if key not in self._keys:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key, value):
+        self._keys[key] = None
+        try:
+            setattr(self, key, _as_parameter(value))
+        except BaseException:
+            del self._keys[key]
+            raise
+
+    def __delitem__(self, key):
+        del self._keys[key]
+        delattr(self, key)
+
+    def __len__(self):
+        return len(self._keys)
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __contains__(self, key):
+        return key in self._keys
+
+    def keys(self):
+        return list(self._keys)
+
+    def items(self):
+        return [(k, self[k]) for k in self._keys]
+
+    def values(self):
+        return [self[k] for k in self._keys]
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def pop(self, key):
+        v = self[key]
+        del self[key]
+        return v
+
+    def clear(self):
+        for k in list(self._keys):
+            del self[k]
+
+    def update(self, parameters):
+        pairs = _pairs("ParameterDict", parameters)
+        if hasattr(parameters, "keys") and not isinstance(parameters, (OrderedDict, ParameterDict)):
+            pairs.sort(key=lambda kv: kv[0])  # as torch: a plain dict's keys in sorted order
+        for key, value in pairs:
+            self[key] = value
+
+    def extra_repr(self):
+        return "\n".join(f"  ({k}): {_param_line(p)}" for k, p in self.items())
+
+
+def _param_line(p):
+    if not isinstance(p, Tensor):
+        return f"Object of type: {type(p).__name__}"
+    dev = "" if p.device.type == "cpu" else f" ({p.device})"
+    return (f"{'Parameter' if isinstance(p, Parameter) else 'Tensor'} containing: "
+            f"[kiln.{p.dtype.name} of size {'x'.join(str(s) for s in p.shape)}{dev}]")
 
 
 class CppModule(Module):

@@ -1,0 +1,394 @@
+# kiln.nn.Module's API against torch.nn.Module's: identity of parameters across to(), .data,
+# assignment rules, state_dict order, hooks, containers, pickling and argument checks.
+import collections
+import copy
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import nn
+
+torch = pytest.importorskip("torch")
+tnn = torch.nn
+
+
+class Net(nn.Module):
+    def __init__(self, lib=kiln):
+        n = nn if lib is kiln else tnn
+        n.Module.__init__(self)
+        self.fc1 = n.Linear(3, 4)
+        self.bn = n.BatchNorm1d(4)
+        self.fc2 = n.Linear(4, 2, bias=False)
+        self.scale = n.Parameter(lib.ones(1))
+
+    def forward(self, x):
+        return self.fc2(self.bn(self.fc1(x)).relu()) * self.scale
+
+
+class TorchNet(tnn.Module):
+    __init__ = Net.__init__
+    forward = Net.forward
+
+
+def build(lib):
+    return Net() if lib is kiln else TorchNet(torch)
+
+
+def keys(d):
+    return [k for k in d if not k.endswith("num_batches_tracked")]  # a buffer Kiln's BatchNorm lacks
+
+
+def names(pairs):
+    return [k for k, _ in pairs]
+
+
+# ---- 1: to() keeps the parameters when nothing changes ----
+
+@pytest.mark.parametrize("call", [lambda m: m.to("cpu"), lambda m: m.cpu(), lambda m: m.float(),
+                                  lambda m: m.to(kiln.float32), lambda m: m.to("cpu", kiln.float32)])
+def test_noop_to_keeps_parameters_and_optimizer(call):
+    m = build(kiln)
+    params, bufs = m.parameters(), m.buffers()
+    opt = kiln.optim.SGD(m.parameters(), lr=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert call(m) is m
+    assert all(a is b for a, b in zip(params, m.parameters()))
+    assert all(a is b for a, b in zip(bufs, m.buffers()))
+    w0 = m.fc1.weight.detach().numpy().copy()
+    m(kiln.randn(4, 3)).pow(2).sum().backward()
+    opt.step()
+    assert (m.fc1.weight.detach().numpy() != w0).any()
+
+
+def test_real_move_warns_when_old_parameters_are_held():
+    m = build(kiln)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.double()  # nobody holds the float32 parameters: silent
+    assert all(p.dtype == kiln.float64 for p in m.parameters())
+    names_before = names(m.state_dict().items())
+    opt = kiln.optim.SGD(m.parameters(), lr=0.5)  # noqa: F841
+    with pytest.warns(UserWarning, match="optimizer made before"):
+        m.float()
+    assert names(m.state_dict().items()) == names_before  # replaced in place
+
+
+# ---- 2: .data ----
+
+def test_data_alias_and_assignment():
+    lin = nn.Linear(2, 2)
+    opt = kiln.optim.SGD(lin.parameters(), lr=0.1)
+    d = lin.weight.data
+    assert type(d) is kiln.Tensor and not d.requires_grad
+    d.fill_(0.5)  # an alias: the parameter sees it
+    assert np.all(lin.weight.detach().numpy() == 0.5)
+    lin.weight.data = kiln.zeros(2, 2)
+    assert "data" not in lin.weight.__dict__
+    assert np.all(lin.weight.detach().numpy() == 0) and lin.weight.requires_grad
+    lin(kiln.ones(1, 2)).sum().backward()
+    opt.step()  # the optimizer's handle is still the parameter
+    assert np.all(lin.weight.detach().numpy() == -0.1)
+    t = kiln.tensor([[1.0, 2.0], [3.0, 4.0]])
+    t.data = t.data.T  # overlapping memory: the values of the transpose
+    assert t.tolist() == [[1.0, 3.0], [2.0, 4.0]]
+    with pytest.raises(ValueError, match=r"\[3\] float32 .*\[2, 2\] float32.*torch rebinds"):
+        lin.weight.data = kiln.zeros(3)
+    with pytest.raises(ValueError, match="float64"):
+        lin.weight.data = kiln.zeros(2, 2, dtype=kiln.float64)
+
+
+def test_parameter_attributes_do_not_shadow_tensor():
+    p = nn.Parameter(kiln.zeros(2))
+    p.grad = kiln.ones(2)
+    assert "grad" not in p.__dict__ and p.grad.tolist() == [1.0, 1.0]
+    with pytest.raises(AttributeError):
+        p.shape = (3,)
+    with pytest.raises(AttributeError, match="detach"):
+        p.detach = None
+    p.my_tag = True  # a user's own attribute is fine, as in torch
+    assert p.my_tag
+
+
+# ---- 3: assignment ----
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_assign_none_and_wrong_types(lib):
+    m = build(lib)
+    m.fc2 = None
+    assert m.fc2 is None and "fc2.weight" not in m.state_dict()
+    assert "fc2.weight" not in names(m.named_parameters())
+    assert "(fc2): None" in repr(m)
+    with pytest.raises(TypeError, match=r"cannot assign 'int' as child module 'fc1' \((kiln|torch)\.nn\.Module or None"):
+        m.fc1 = 3
+    m.fc1.bias = None
+    assert "fc1.bias" not in m.state_dict()
+    with pytest.raises(TypeError, match="cannot assign '.*Tensor' as parameter 'weight'"):
+        m.fc1.weight = lib.zeros(4, 3)
+    with pytest.raises(TypeError, match="cannot assign 'int' as buffer 'running_mean'"):
+        m.bn.running_mean = 5
+    m.bn.running_mean = lib.ones(4)
+    assert m.state_dict()["bn.running_mean"].tolist() == [1.0] * 4
+    m.bn.running_var = None
+    assert "bn.running_var" not in m.state_dict()
+
+
+# ---- 4: order ----
+
+@pytest.mark.parametrize("keep_vars", [False, True])
+def test_state_dict_order_matches_torch(keep_vars):
+    k, t = build(kiln), build(torch)
+    assert list(k.state_dict(keep_vars=keep_vars)) == keys(t.state_dict(keep_vars=keep_vars))
+    assert names(k.named_parameters()) == names(t.named_parameters())
+    assert names(k.named_buffers()) == keys(names(t.named_buffers()))
+    assert list(k.state_dict(prefix="x.")) == keys(t.state_dict(prefix="x."))
+    if keep_vars:
+        assert k.state_dict(keep_vars=True)["fc1.weight"] is k.fc1.weight
+    for m, lib in ((k, kiln), (t, torch)):
+        m.fc1.weight = (nn if lib is kiln else tnn).Parameter(lib.zeros(4, 3))
+    assert list(k.state_dict()) == keys(t.state_dict())
+    dest = collections.OrderedDict(a=kiln.zeros(1))
+    assert k.state_dict(destination=dest) is dest and list(dest)[0] == "a"
+
+
+def test_recurse_prefix_and_non_persistent_buffers():
+    for lib, n in ((kiln, nn), (torch, tnn)):
+        m = build(lib)
+        m.register_buffer("tmp", lib.zeros(1), persistent=False)
+        assert "tmp" not in m.state_dict() and "tmp" in names(m.named_buffers())
+        assert names(m.named_parameters(recurse=False)) == ["scale"]
+        assert len(list(m.parameters(recurse=False))) == 1 and len(list(m.buffers(recurse=False))) == 1
+        assert names(m.named_parameters(prefix="model"))[:2] == ["model.scale", "model.fc1.weight"]
+        lin = n.Linear(2, 2)
+        s = n.Sequential(lin, lin)  # tied
+        assert names(s.named_parameters(remove_duplicate=False)) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+        assert names(s.named_parameters()) == ["0.weight", "0.bias"]
+
+
+# ---- 5: API ----
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_forward_hooks(lib):
+    n = nn if lib is kiln else tnn
+    m = n.Linear(2, 2)
+    seen = []
+    h1 = m.register_forward_pre_hook(lambda mod, args: (args[0] * 0,))
+    h2 = m.register_forward_hook(lambda mod, args, out: seen.append((mod, len(args), tuple(out.shape))) or out + 1)
+    x = lib.ones(1, 2)
+    y = m(x)
+    assert seen == [(m, 1, (1, 2))]
+    assert np.allclose(y.detach().numpy(), m.bias.detach().numpy() + 1)
+    h1.remove()
+    h2.remove()
+    h2.remove()
+    assert np.allclose(m(x).detach().numpy(), (x @ m.weight.T + m.bias).detach().numpy())
+    assert len(seen) == 1
+    with m.register_forward_pre_hook(lambda mod, args: args[0] * 2):  # one value, not a tuple
+        assert np.allclose(m(x).detach().numpy(), (2 * x @ m.weight.T + m.bias).detach().numpy())
+    assert np.allclose(m(x).detach().numpy(), (x @ m.weight.T + m.bias).detach().numpy())
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_full_backward_hook(lib):
+    n = nn if lib is kiln else tnn
+    lib.manual_seed(0)
+    m = n.Linear(3, 2)
+    seen = []
+
+    def hook(mod, grad_input, grad_output):
+        seen.append((mod, [None if g is None else g.numpy().copy() for g in grad_input],
+                     [g.numpy().copy() for g in grad_output]))
+        return None if grad_input[0] is None else (grad_input[0] * 2,)
+
+    h = m.register_full_backward_hook(hook)
+    x = lib.ones(4, 3, requires_grad=True)
+    (m(x) * 3).sum().backward()
+    w = m.weight.detach().numpy()
+    ((mod, gi, go),) = seen
+    assert mod is m and np.allclose(go[0], 3) and np.allclose(gi[0], 3 * w.sum(0))
+    assert np.allclose(x.grad.numpy(), 6 * w.sum(0), rtol=1e-5)  # the hook's replacement
+    seen.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that the hook fires at the outputs here
+        m(lib.ones(4, 3)).sum().backward()
+    assert len(seen) == 1 and seen[0][1] == [None] and np.allclose(seen[0][2][0], 1)
+    h.remove()
+    seen.clear()
+    m(x).sum().backward()
+    assert seen == []
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_apply_zero_grad_and_lookups(lib):
+    n = nn if lib is kiln else tnn
+    m = build(lib)
+    order = []
+    assert m.apply(lambda mod: order.append(type(mod).__name__)) is m
+    assert order == ["Linear", "BatchNorm1d", "Linear", type(m).__name__]
+    m(lib.randn(4, 3)).pow(2).sum().backward()
+    m.zero_grad(set_to_none=False)
+    assert m.fc1.weight.grad is not None and not m.fc1.weight.grad.numpy().any()
+    m.zero_grad()
+    assert m.fc1.weight.grad is None
+    assert m.get_submodule("fc1") is m.fc1 and m.get_submodule("") is m
+    assert m.get_parameter("fc1.weight") is m.fc1.weight
+    with pytest.raises(AttributeError, match="has no attribute `nope`"):
+        m.get_submodule("nope")
+    with pytest.raises(AttributeError, match="`weight` is not an nn.Module"):
+        m.get_submodule("fc1.weight")
+    sub = n.Linear(1, 1)
+    m.register_module("extra", sub)
+    assert m.extra is sub and list(m.state_dict())[-1] == "extra.bias"
+
+
+def test_half_bfloat16_extra_repr():
+    m = build(kiln)
+    assert m.half().fc1.weight.dtype == kiln.float16
+    assert m.bfloat16().bn.running_mean.dtype == kiln.bfloat16
+    assert repr(nn.Linear(2, 3)) == repr(tnn.Linear(2, 3))
+
+    class A(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(1, 1)
+
+        def extra_repr(self):
+            return "k=1"
+
+    assert repr(A()) == "A(\n  k=1\n  (l): Linear(in_features=1, out_features=1, bias=True)\n)"
+
+
+def test_pickle_module_and_tensors():
+    m = build(kiln)
+    m.fc1.weight.requires_grad_(False)
+    m2 = pickle.loads(pickle.dumps(m))
+    assert type(m2.fc1.weight) is nn.Parameter and not m2.fc1.weight.requires_grad and m2.fc2.weight.requires_grad
+    for (k, a), (k2, b) in zip(m.state_dict().items(), m2.state_dict().items()):
+        assert k == k2 and a.dtype == b.dtype and np.array_equal(a.numpy(), b.numpy())
+    x = kiln.randn(2, 3)
+    assert np.array_equal(m.eval()(x).detach().numpy(), m2.eval()(x).detach().numpy())
+    t = kiln.tensor([1.5, 2.0], dtype=kiln.bfloat16)
+    t2 = pickle.loads(pickle.dumps(t))
+    assert type(t2) is kiln.Tensor and t2.dtype == kiln.bfloat16 and t2.tolist() == [1.5, 2.0]
+    with pytest.raises(kiln.KilnError, match="leaf"):
+        pickle.dumps(m.fc2.weight * 2)
+    assert type(copy.deepcopy(m).fc1.weight) is nn.Parameter
+
+
+# ---- 6: containers ----
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_sequential(lib):
+    n = nn if lib is kiln else tnn
+    s = n.Sequential(n.Linear(2, 3), n.ReLU(), n.Linear(3, 1))
+    head = s[:-1]
+    assert type(head) is n.Sequential and len(head) == 2 and head[0] is s[0]
+    assert tuple(head(lib.ones(4, 2)).shape) == (4, 3)
+    assert [type(m).__name__ for m in s] == ["Linear", "ReLU", "Linear"]
+    with pytest.raises(IndexError):
+        s[3]
+    assert s[-1] is s[2]
+    s.append(n.ReLU())
+    s.insert(0, n.Identity())
+    s.extend([n.Tanh()])
+    assert list(s._modules) == [str(i) for i in range(6)]
+    assert [type(m).__name__ for m in s] == ["Identity", "Linear", "ReLU", "Linear", "ReLU", "Tanh"]
+    del s[0]
+    s[-1] = n.Sigmoid()
+    assert [type(m).__name__ for m in s] == ["Linear", "ReLU", "Linear", "ReLU", "Sigmoid"]
+    assert list(s.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    del s[1:3]
+    assert list(s._modules) == ["0", "1", "2"] and list(s.state_dict()) == ["0.weight", "0.bias"]
+    od = n.Sequential(collections.OrderedDict([("enc", n.Linear(2, 2)), ("act", n.ReLU())]))
+    assert list(od.state_dict()) == ["enc.weight", "enc.bias"] and od.enc is od[0]
+    assert type(od[1:]) is n.Sequential and list(od[1:]._modules) == ["act"]
+    with pytest.raises(TypeError, match="int is not a Module subclass"):
+        n.Sequential(3)
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_module_list(lib):
+    n = nn if lib is kiln else tnn
+    ml = n.ModuleList([n.Linear(1, 1), n.Linear(1, 2)])
+    assert type(ml[0:1]) is n.ModuleList and len(ml[0:1]) == 1
+    ml.extend([n.ReLU()])
+    ml += [n.Tanh()]
+    ml.insert(0, n.Identity())
+    ml[1] = n.Linear(1, 3)
+    del ml[-1]
+    assert [type(m).__name__ for m in ml] == ["Identity", "Linear", "Linear", "ReLU"]
+    assert list(ml.state_dict()) == ["1.weight", "1.bias", "2.weight", "2.bias"]
+    assert len(n.ModuleList(None)) == 0 and len(n.ModuleList()) == 0
+    assert type(ml + n.ModuleList([n.ReLU()])) is n.ModuleList
+    with pytest.raises(TypeError):
+        ml.extend(n.ReLU())
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_module_dict_parameter_list_dict(lib):
+    n = nn if lib is kiln else tnn
+    md = n.ModuleDict({"b": n.Linear(1, 1), "a": n.Linear(1, 2)})
+    md["c"] = n.ReLU()
+    assert list(md) == ["b", "a", "c"] and "a" in md and len(md) == 3
+    assert list(md.keys()) == ["b", "a", "c"] and md["a"] is md.a
+    del md["b"]
+    md.update([("d", n.Tanh())])
+    assert list(md.state_dict()) == ["a.weight", "a.bias"] and list(md) == ["a", "c", "d"]
+    assert type(md.pop("d")).__name__ == "Tanh"
+    pl = n.ParameterList([n.Parameter(lib.zeros(1)), lib.ones(2)])
+    pl.append(lib.zeros(3))
+    assert len(pl) == 3 and isinstance(pl[1], n.Parameter) and tuple(pl[-1].shape) == (3,)
+    assert list(pl.state_dict()) == ["0", "1", "2"] and len(list(pl.parameters())) == 3
+    assert type(pl[1:]) is n.ParameterList and len(pl[1:]) == 2
+    pd = n.ParameterDict({"w": n.Parameter(lib.zeros(2)), "v": lib.ones(1)})
+    pd["u"] = lib.ones(3)
+    assert list(pd) == ["v", "w", "u"] and isinstance(pd["v"], n.Parameter) and "u" in pd
+    del pd["w"]
+    assert list(pd.state_dict()) == ["v", "u"] and list(pd.keys()) == ["v", "u"]
+    assert list(n.ParameterDict(collections.OrderedDict(b=lib.zeros(1), a=lib.zeros(1)))) == ["b", "a"]
+    with pytest.raises(KeyError if lib is kiln else AttributeError):  # torch's is an AttributeError
+        pd["nope"]
+
+    class M(n.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = n.ModuleDict({"x": n.Linear(1, 1)})
+            self.pl = n.ParameterList([lib.zeros(1)])
+            self.pd = n.ParameterDict({"k": lib.zeros(1)})
+
+    assert list(M().state_dict()) == ["heads.x.weight", "heads.x.bias", "pl.0", "pd.k"]
+    assert names(M().named_parameters()) == ["heads.x.weight", "heads.x.bias", "pl.0", "pd.k"]
+
+
+# ---- 7: checks ----
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_name_and_type_checks(lib):
+    n = nn if lib is kiln else tnn
+    m = n.Module()
+    m.x = 3
+    for reg, arg in ((m.register_parameter, n.Parameter(lib.zeros(1))), (m.register_buffer, lib.zeros(1)),
+                     (m.add_module, n.Linear(1, 1))):
+        with pytest.raises(KeyError, match="contain"):
+            reg("a.b", arg)
+        with pytest.raises(KeyError, match="empty string"):
+            reg("", arg)
+        with pytest.raises(KeyError, match="attribute 'x' already exists"):
+            reg("x", arg)
+    m.register_buffer("b", lib.zeros(1))
+    with pytest.raises(KeyError, match="attribute 'b' already exists"):
+        m.register_parameter("b", n.Parameter(lib.zeros(1)))
+    with pytest.raises(TypeError, match="int is not a Module subclass"):
+        m.add_module("c", 3)
+    with pytest.raises(TypeError, match="cannot assign 'int' object to buffer 'd'"):
+        m.register_buffer("d", 3)
+    with pytest.raises(TypeError, match="cannot assign '.*Tensor' object to parameter 'p'"):
+        m.register_parameter("p", lib.zeros(1))
+    with pytest.raises(ValueError, match="bool"):
+        m.train("no")
+    dt = kiln.int64 if lib is kiln else torch.int64
+    with pytest.raises(TypeError, match=r"nn.Module.to only accepts floating point.* dtypes, but got.*int64"):
+        n.Linear(1, 1).to(dt)
