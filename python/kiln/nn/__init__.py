@@ -6,6 +6,10 @@ from .modules import (  # noqa: F401
     RMSNorm, GroupNorm, Embedding, Dropout, ReLU, SiLU, GELU, Tanh, Sigmoid, LeakyReLU, Softmax, Identity, Flatten,
     MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Upsample, Sequential, ModuleList, IncompatibleKeys,
 )
+from .loss import (  # noqa: F401
+    CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, SmoothL1Loss, HuberLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss,
+    CosineEmbeddingLoss, MarginRankingLoss, CTCLoss,
+)
 import numbers
 
 from .. import _C
