@@ -10,6 +10,12 @@ from .loss import (  # noqa: F401
     CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, SmoothL1Loss, HuberLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss,
     CosineEmbeddingLoss, MarginRankingLoss, CTCLoss,
 )
+from .layers import (  # noqa: F401
+    ConvTranspose1d, ConvTranspose2d, MaxPool1d, MaxPool3d, AvgPool1d, AvgPool3d, Mish, Softsign, Tanhshrink,
+    LogSigmoid, ReLU6, Hardswish, Hardsigmoid, SELU, ELU, CELU, Hardtanh, Softplus, PReLU, GLU, LogSoftmax, Softmin,
+    InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, Dropout1d, Dropout2d, Dropout3d, Unflatten, PixelShuffle,
+    PixelUnshuffle,
+)
 import numbers
 
 from .. import _C
