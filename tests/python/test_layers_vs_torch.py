@@ -310,3 +310,40 @@ def test_reprs_and_construction_errors():
         nn.Dropout(1.5)
     with pytest.raises(ValueError, match="divisible by num_groups"):
         nn.GroupNorm(3, 4)
+
+
+# ---- MultiheadAttention ----
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("kv", [None, (5, 3)])
+def test_multihead_attention_matches_torch(batch_first, kv):
+    kdim, vdim = kv or (None, None)
+    tm = tnn.MultiheadAttention(8, 2, kdim=kdim, vdim=vdim, batch_first=batch_first)
+    km = same_weights(nn.MultiheadAttention(8, 2, kdim=kdim, vdim=vdim, batch_first=batch_first), tm)
+    assert [n for n, _ in km.named_parameters()] == [n for n, _ in tm.named_parameters()]
+    L, S, N = 4, 6, 3
+    shape = (lambda n, s, e: (n, s, e) if batch_first else (s, n, e))
+    q = rnd(*shape(N, L, 8))
+    key, val = rnd(*shape(N, S, kdim or 8), seed=1), rnd(*shape(N, S, vdim or 8), seed=2)
+    kpm = torch.tensor([[False] * 5 + [True], [False] * 6, [True, False] * 3])
+    am_bool = torch.rand(L, S, generator=torch.Generator().manual_seed(0)) > 0.7
+    am_bool[:, 0] = False  # every query attends something
+    am_float = rnd(N * 2, L, S, seed=4)
+    for kwargs in ({}, {"key_padding_mask": kpm}, {"attn_mask": am_bool}, {"attn_mask": am_float},
+                   {"attn_mask": am_bool, "key_padding_mask": kpm, "average_attn_weights": False},
+                   {"need_weights": False}):
+        ko, kw = km(k(q), k(key), k(val), **{n: k(v) for n, v in kwargs.items() if isinstance(v, torch.Tensor)},
+                    **{n: v for n, v in kwargs.items() if not isinstance(v, torch.Tensor)})
+        to, tw = tm(q, key, val, **kwargs)
+        close(ko, to)
+        if tw is None:
+            assert kw is None
+        else:
+            close(kw, tw)
+    # unbatched, bias=False, add_bias_kv, add_zero_attn
+    tm = tnn.MultiheadAttention(8, 4, bias=False, add_bias_kv=True, add_zero_attn=True)
+    km = same_weights(nn.MultiheadAttention(8, 4, bias=False, add_bias_kv=True, add_zero_attn=True), tm)
+    q2, kv2 = rnd(4, 8), rnd(6, 8, seed=7)
+    ko, kw = km(k(q2), k(kv2), k(kv2), key_padding_mask=k(kpm[0]))
+    to, tw = tm(q2, kv2, kv2, key_padding_mask=kpm[0])
+    close(ko, to)
+    close(kw, tw)

@@ -14,7 +14,7 @@ from .layers import (  # noqa: F401
     ConvTranspose1d, ConvTranspose2d, MaxPool1d, MaxPool3d, AvgPool1d, AvgPool3d, Mish, Softsign, Tanhshrink,
     LogSigmoid, ReLU6, Hardswish, Hardsigmoid, SELU, ELU, CELU, Hardtanh, Softplus, PReLU, GLU, LogSoftmax, Softmin,
     InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, Dropout1d, Dropout2d, Dropout3d, Unflatten, PixelShuffle,
-    PixelUnshuffle,
+    PixelUnshuffle, MultiheadAttention,
 )
 import numbers
 

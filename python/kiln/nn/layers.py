@@ -1,11 +1,13 @@
 """More of torch.nn's layers, each a thin module over kiln.nn.functional: transposed convolutions,
 1-D and 3-D pooling, activations, instance norm, channel dropout, reshaping layers and
 MultiheadAttention."""
+import math
+
 from .. import _C
 from .._C import KilnValueError
-from .._tensor import tensor as _tensor
+from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
-from .modules import Module, Parameter, _ConvNd, _MaxPoolNd, _AvgPoolNd, _Inplace, _check_p, _place
+from .modules import Module, Parameter, Linear, _ConvNd, _MaxPoolNd, _AvgPoolNd, _Inplace, _check_p, _place, _uniform
 
 
 # ---- transposed convolution ----
@@ -318,3 +320,130 @@ class PixelUnshuffle(Module):
 
     def extra_repr(self):
         return f"downscale_factor={self.downscale_factor}"
+
+
+# ---- attention ----
+class MultiheadAttention(Module):
+    """torch.nn.MultiheadAttention's parameters (in_proj_weight [3E, E], or q/k/v_proj_weight when kdim
+    or vdim differ from embed_dim; in_proj_bias; out_proj; bias_k/bias_v with add_bias_kv) and forward:
+    inputs [L, N, E] ([N, L, E] with batch_first, [L, E] unbatched); key_padding_mask [N, S] and
+    attn_mask [L, S] or [N * heads, L, S], bool (True: not attended) or added to the scores;
+    need_weights also returns the attention weights, averaged over the heads unless
+    average_attn_weights=False. Computed by Kiln's attention; differences from torch: the weights
+    returned are those before dropout, and a query that may attend nothing gives zeros, not NaN."""
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None):
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0:
+            raise KilnValueError(f"MultiheadAttention: embed_dim ({embed_dim}) and num_heads ({num_heads}) must be "
+                                 "greater than 0")
+        if embed_dim % num_heads:
+            raise KilnValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by num_heads "
+                                 f"({num_heads})")
+        self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self.head_dim = embed_dim // num_heads
+        self.add_zero_attn = add_zero_attn
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        e = embed_dim
+
+        def xavier(rows, cols):  # torch's xavier_uniform_ bound
+            return _uniform((rows, cols), math.sqrt(6.0 / (rows + cols)))
+
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = Parameter(xavier(3 * e, e))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        else:
+            self.register_parameter("in_proj_weight", None)
+            self.q_proj_weight = Parameter(xavier(e, e))
+            self.k_proj_weight = Parameter(xavier(e, self.kdim))
+            self.v_proj_weight = Parameter(xavier(e, self.vdim))
+        self.in_proj_bias = Parameter(_C.zeros(3 * e)) if bias else None
+        self.out_proj = Linear(e, e, bias=bias)
+        if bias:
+            with no_grad():
+                self.out_proj.bias.zero_()
+        if add_bias_kv:
+            self.bias_k = Parameter(_C.randn(1, 1, e) * math.sqrt(2.0 / (1 + e)))  # torch's xavier_normal_
+            self.bias_v = Parameter(_C.randn(1, 1, e) * math.sqrt(2.0 / (1 + e)))
+        else:
+            self.bias_k = self.bias_v = None
+        _place(self, device, dtype)
+
+    def _projections(self):
+        e = self.embed_dim
+        if self._qkv_same_embed_dim:
+            w = self.in_proj_weight
+            ws = (w[0:e], w[e:2 * e], w[2 * e:3 * e])
+        else:
+            ws = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        b = self.in_proj_bias
+        bs = (None, None, None) if b is None else (b[0:e], b[e:2 * e], b[2 * e:3 * e])
+        return ws, bs
+
+    @staticmethod
+    def _additive(mask, dtype, what):
+        if mask is None:
+            return None
+        if mask.dtype == _C.dtype.bool:  # torch's rule here: True is left out
+            return _C.zeros(list(mask.shape), dtype=dtype).masked_fill(mask, float("-inf"))
+        if not mask.is_floating_point():
+            raise KilnValueError(f"MultiheadAttention: {what} must be bool or floating, got {mask.dtype}")
+        return mask.to(dtype)
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        if query.dim() not in (2, 3):
+            raise KilnValueError(f"MultiheadAttention: query must be 2-D (unbatched) or 3-D, got "
+                                 f"{tuple(query.shape)}")
+        unbatched = query.dim() == 2
+        if unbatched:
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif self.batch_first:
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        if is_causal and attn_mask is None:
+            raise KilnValueError("MultiheadAttention: is_causal needs attn_mask (torch's rule: it is a hint)")
+        tgt, n, e = query.shape
+        h, d = self.num_heads, self.head_dim
+        (wq, wk, wv), (bq, bk, bv) = self._projections()
+        q, k, v = F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
+        mask = self._additive(attn_mask, q.dtype, "attn_mask")
+        if mask is not None and mask.dim() == 2:
+            mask = mask.unsqueeze(0)
+        kpm = self._additive(key_padding_mask, q.dtype, "key_padding_mask")
+        if self.bias_k is not None:
+            k = _C.cat([k, self.bias_k.expand([1, n, e])], 0)
+            v = _C.cat([v, self.bias_v.expand([1, n, e])], 0)
+            mask = None if mask is None else F.pad(mask, [0, 1])
+            kpm = None if kpm is None else F.pad(kpm, [0, 1])
+        # [L, N, E] -> [N, H, L, D]
+        q, k, v = (t.reshape([t.shape[0], n, h, d]).permute(1, 2, 0, 3) for t in (q, k, v))
+        if self.add_zero_attn:
+            k = _C.cat([k, _C.zeros([n, h, 1, d], dtype=k.dtype, device=k.device)], 2)
+            v = _C.cat([v, _C.zeros([n, h, 1, d], dtype=v.dtype, device=v.device)], 2)
+            mask = None if mask is None else F.pad(mask, [0, 1])
+            kpm = None if kpm is None else F.pad(kpm, [0, 1])
+        src = k.shape[2]
+        if mask is not None:
+            mask = mask.reshape([n, h, tgt, src]) if mask.shape[0] == n * h and n * h > 1 else mask.unsqueeze(0)
+        if kpm is not None:
+            kpm = kpm.reshape([n, 1, 1, src])
+            mask = kpm if mask is None else mask + kpm
+        p = self.dropout if self.training else 0.0
+        res = F.attention(q, k, v, mask, dropout_p=p, training=self.training, need_weights=need_weights)
+        out, weights = res if need_weights else (res, None)
+        out = self.out_proj(out.permute(2, 0, 1, 3).reshape([tgt, n, e]))  # [L, N, E]
+        if weights is not None and average_attn_weights:
+            weights = weights.mean(1)
+        if unbatched:
+            out = out.squeeze(1)
+            weights = None if weights is None else weights.squeeze(0)
+        elif self.batch_first:
+            out = out.transpose(0, 1)
+        return out, weights
