@@ -89,6 +89,7 @@ def test_batchnorm_input_dims_as_torch():
 
 
 # ---- 3. losses ----
+@pytest.mark.filterwarnings("ignore:reduction")  # torch's note on kl_div's "mean"
 def test_loss_modules_match_torch():
     x, y = rnd(5, 4), rnd(5, 4, seed=1)
     cls = torch.tensor([0, 3, 1, 1, 2])
@@ -285,7 +286,8 @@ def test_functional_signatures():
           TF.instance_norm(img, rm, rv, w, bias, True, 0.2, 1e-3))
     close(krm, rm)
     close(krv, rv)
-    close(F.instance_norm(k(img), krm, krv, use_input_stats=False), TF.instance_norm(img, rm, rv, use_input_stats=False))
+    close(F.instance_norm(k(img), krm, krv, use_input_stats=False),
+          TF.instance_norm(img, rm, rv, use_input_stats=False))
 
 
 # ---- 7. reprs and construction checks ----

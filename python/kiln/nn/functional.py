@@ -64,11 +64,6 @@ def softmin(input, dim=None, _stacklevel=3, dtype=None):
 def one_hot(tensor, num_classes=-1, *, out_of_range="error"):
     """[..., num_classes] int64 rows of 0 with a 1 at each index; num_classes=-1 (torch's default) is the
     largest index + 1. out_of_range (Kiln's): "error" as torch, or "zeros" (an all-0 row)."""
-    if num_classes == -1:
-        if tensor.numel() == 0:
-            raise _C.KilnValueError("one_hot: can not infer the number of classes from an empty tensor "
-                                    "(give num_classes)")
-        num_classes = int(tensor.max().item()) + 1
     return _one_hot(tensor, num_classes, out_of_range=out_of_range)
 
 
