@@ -123,6 +123,14 @@ bool is_same(nb::handle padding) {
   value_error("padding: expected an int, a tuple, \"same\" or \"valid\", got \"" + s + "\"");
 }
 bool is_valid(nb::handle padding) { return nb::isinstance<nb::str>(padding) && !is_same(padding); }
+// padding="same" keeps the input's size, which only a stride of 1 can: torch refuses the others, and
+// the engine's kSame would quietly compute the stride-1 convolution.
+template <size_t N> void check_same_stride(const std::array<int64_t, N>& stride, const char* op) {
+  for (int64_t v : stride)
+    if (v != 1)
+      value_error(std::string(op) + ": padding='same' is not supported for strided convolutions (stride " +
+                  std::to_string(v) + ")");
+}
 
 }  // namespace
 
@@ -140,6 +148,7 @@ void bind_nn_ops(nb::module_& mod) {
          nb::handle dilation, int64_t groups) {
         const int64_t dl = one_of(dilation, "dilation", 1);
         if (is_same(padding)) {
+          check_same_stride<1>({one_of(stride, "stride", 1)}, "conv1d");
           R r;
           return conv1d(x, w, opt(b), kSame, dl, groups);
         }
@@ -155,6 +164,7 @@ void bind_nn_ops(nb::module_& mod) {
          nb::handle dilation, int64_t groups) {
         const Pair dl = tuple_of<2>(dilation, "dilation", 1);
         if (is_same(padding)) {
+          check_same_stride<2>(tuple_of<2>(stride, "stride", 1), "conv2d");
           R r;
           return conv2d(x, w, opt(b), kSame, dl, groups);
         }
@@ -171,6 +181,7 @@ void bind_nn_ops(nb::module_& mod) {
          nb::handle dilation, int64_t groups) {
         const Triple dl = tuple_of<3>(dilation, "dilation", 1);
         if (is_same(padding)) {
+          check_same_stride<3>(tuple_of<3>(stride, "stride", 1), "conv3d");
           R r;
           return conv3d(x, w, opt(b), kSame, dl, groups);
         }

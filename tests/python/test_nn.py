@@ -24,7 +24,7 @@ def test_module_names_state_and_modes():
     m = MLP()
     names = [n for n, _ in m.named_parameters()]
     assert names == ["scale", "body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias", "norm.weight", "norm.bias"]
-    assert [n for n, _ in m.named_buffers()] == ["norm.running_mean", "norm.running_var"]
+    assert [n for n, _ in m.named_buffers()] == ["norm.running_mean", "norm.running_var", "norm.num_batches_tracked"]
     assert m.num_parameters() == 1 + 4 * 8 + 8 + 8 * 3 + 3 + 3 + 3
     sd = m.state_dict()
     m2 = MLP()

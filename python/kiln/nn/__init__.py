@@ -7,6 +7,16 @@ from .modules import (  # noqa: F401
     MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Upsample, Sequential, ModuleList, IncompatibleKeys,
 )
 from .modules import (ModuleDict, ParameterList, ParameterDict)  # noqa: F401
+from .loss import (  # noqa: F401
+    CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, SmoothL1Loss, HuberLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss,
+    CosineEmbeddingLoss, MarginRankingLoss, CTCLoss,
+)
+from .layers import (  # noqa: F401
+    ConvTranspose1d, ConvTranspose2d, MaxPool1d, MaxPool3d, AvgPool1d, AvgPool3d, Mish, Softsign, Tanhshrink,
+    LogSigmoid, ReLU6, Hardswish, Hardsigmoid, SELU, ELU, CELU, Hardtanh, Softplus, PReLU, GLU, LogSoftmax, Softmin,
+    InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, Dropout1d, Dropout2d, Dropout3d, Unflatten, PixelShuffle,
+    PixelUnshuffle, MultiheadAttention,
+)
 import numbers
 
 from .. import _C

@@ -21,3 +21,155 @@ def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=
     """torch.nn.functional.upsample: interpolate under its older name."""
     return interpolate(input, size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners,
                        recompute_scale_factor=recompute_scale_factor)
+
+
+# ---- torch.nn.functional's signatures over the ops above ----
+import warnings as _warnings
+
+from .. import _C
+from .._tensor import no_grad as _no_grad
+
+_softmax, _log_softmax, _one_hot = softmax, log_softmax, one_hot
+_adaptive_avg_pool2d, _instance_norm = adaptive_avg_pool2d, instance_norm
+_bce_with_logits = binary_cross_entropy_with_logits
+
+
+def _softmax_dim(name, ndim):
+    """torch's _get_softmax_dim: dim=None (legacy) is 0 for 0-, 1- and 3-D inputs, else 1."""
+    _warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X "
+                   "as an argument.", stacklevel=3)
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """exp(x) / sum(exp(x)) over dim; dtype converts the input first (softmax in f32 of an f16 tensor)."""
+    if dim is None:
+        dim = _softmax_dim("softmax", input.dim())
+    return _softmax(input if dtype is None else input.to(dtype), dim)
+
+
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        dim = _softmax_dim("log_softmax", input.dim())
+    return _log_softmax(input if dtype is None else input.to(dtype), dim)
+
+
+def softmin(input, dim=None, _stacklevel=3, dtype=None):
+    """softmax(-x)."""
+    if dim is None:
+        dim = _softmax_dim("softmin", input.dim())
+    return _softmax(-(input if dtype is None else input.to(dtype)), dim)
+
+
+def one_hot(tensor, num_classes=-1, *, out_of_range="error"):
+    """[..., num_classes] int64 rows of 0 with a 1 at each index; num_classes=-1 (torch's default) is the
+    largest index + 1. out_of_range (Kiln's): "error" as torch, or "zeros" (an all-0 row)."""
+    return _one_hot(tensor, num_classes, out_of_range=out_of_range)
+
+
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    """input / max(||input||_p over dim, eps), as torch.nn.functional.normalize."""
+    if out is not None:
+        raise _C.KilnError("normalize: out= is not supported (assign the result)")
+    return input / _C.norm(input, p, dim, True).clamp(min=eps)
+
+
+def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    """||x1 - x2 + eps||_p over the last dim, as torch."""
+    return _C.norm(x1 - x2 + eps, p, -1, keepdim)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    """output_size: an int, or (H, W) where None keeps the input's size in that dim (as torch)."""
+    if isinstance(output_size, (tuple, list)) and any(s is None for s in output_size):
+        if len(output_size) != 2:
+            raise _C.KilnValueError(f"adaptive_avg_pool2d: output_size must be an int or 2 values, got {output_size!r}")
+        output_size = tuple(input.shape[input.dim() - 2 + i] if s is None else s for i, s in enumerate(output_size))
+    return _adaptive_avg_pool2d(input, output_size)
+
+
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5):
+    """Normalises each (sample, channel) over its spatial dims, torch's argument order. With running
+    stats: use_input_stats updates them with the batch mean of the per-instance statistics (torch's
+    batch_norm over [1, N*C, ...]); use_input_stats=False normalises with them."""
+    if running_mean is None and running_var is None:
+        if not use_input_stats:
+            raise _C.KilnValueError("instance_norm: use_input_stats=False needs running_mean and running_var")
+        return _instance_norm(input, weight, bias, eps)
+    if input.dim() < 3:
+        raise _C.KilnValueError(f"instance_norm: expected an input [N, C, ...] of 3 or more dims, got {input.dim()}D")
+    n, c = input.shape[0], input.shape[1]
+    rep = (lambda t: None if t is None else t.repeat(n))
+    rm, rv = rep(running_mean), rep(running_var)
+    out = batch_norm(input.reshape([1, n * c] + list(input.shape[2:])), rm, rv, rep(weight), rep(bias),
+                     use_input_stats, momentum, eps)
+    if use_input_stats:
+        with _no_grad():
+            for run, new in ((running_mean, rm), (running_var, rv)):
+                if run is not None:
+                    run.copy_(new.reshape([n, c]).mean(0))
+    return out.reshape(input.shape)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                                     pos_weight=None):
+    """-w [pos_weight y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))], computed stably from the logits as
+    torch; weight broadcasts to the loss, pos_weight (one per class) along the last dim."""
+    if size_average is not None or reduce is not None:
+        raise _C.KilnError("binary_cross_entropy_with_logits: size_average and reduce are deprecated in torch and "
+                           "not supported; use reduction=")
+    if weight is None and pos_weight is None:
+        return _bce_with_logits(input, target, reduction)
+    if tuple(target.shape) != tuple(input.shape):
+        raise _C.KilnValueError(f"binary_cross_entropy_with_logits: target size {tuple(target.shape)} must be the "
+                                f"same as input size {tuple(input.shape)}")
+    if reduction not in ("mean", "sum", "none"):
+        raise _C.KilnValueError(f"binary_cross_entropy_with_logits: reduction must be \"mean\", \"sum\" or "
+                                f"\"none\", got \"{reduction}\"")
+    # log(1 + exp(-x)) = log1p(exp(-|x|)) + max(-x, 0): no overflow for large |x|
+    softplus_neg = (-input.abs()).exp().log1p() + relu(-input)
+    if pos_weight is not None:
+        loss = (1 - target) * input + ((pos_weight - 1) * target + 1) * softplus_neg
+    else:
+        loss = (1 - target) * input + softplus_neg
+    if weight is not None:
+        loss = loss * weight
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.mean()
+
+
+def _channel_dropout(name, input, p, training, batched_dim):
+    """Zeroes whole channels (every element of a [N, C, ...] input's (n, c) slice) with probability p
+    and scales the others by 1 / (1 - p); an unbatched input (one dim fewer) is a batch of one."""
+    if not 0 <= p <= 1:
+        raise _C.KilnValueError(f"{name}: dropout probability has to be between 0 and 1, but got {p}")
+    if input.dim() not in (batched_dim - 1, batched_dim):
+        raise _C.KilnValueError(f"{name}: expected an unbatched {batched_dim - 1}D or batched {batched_dim}D input, "
+                                f"got {input.dim()}D")
+    if not training or p == 0:
+        return input
+    if p == 1:
+        return input * 0
+    # torch's dropout2d reads a 3-D input as [N, C, L] (1-D channel dropout, with a warning), not as [C, H, W]
+    unbatched = input.dim() == batched_dim - 1 and name != "dropout2d"
+    x = input.unsqueeze(0) if unbatched else input
+    keep = _C.rand(*(list(x.shape[:2]) + [1] * (x.dim() - 2)), device=x.device) >= p
+    y = x * (keep.to(x.dtype) / (1 - p))
+    return y.squeeze(0) if unbatched else y
+
+
+def dropout1d(input, p=0.5, training=True, inplace=False):
+    """Channel dropout of [N, C, L] (or [C, L]); inplace is accepted and computed out of place."""
+    return _channel_dropout("dropout1d", input, p, training, 3)
+
+
+def dropout2d(input, p=0.5, training=True, inplace=False):
+    """Channel dropout of [N, C, H, W] (or [C, H, W]); inplace is accepted and computed out of place."""
+    return _channel_dropout("dropout2d", input, p, training, 4)
+
+
+def dropout3d(input, p=0.5, training=True, inplace=False):
+    """Channel dropout of [N, C, D, H, W] (or [C, D, H, W]); inplace is accepted and computed out of place."""
+    return _channel_dropout("dropout3d", input, p, training, 5)

@@ -620,8 +620,18 @@ def _bound(fan_in):
     return 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
 
 
+def _place(module, device, dtype):
+    """The device= and dtype= that torch's layers take: the parameters are made, then moved."""
+    if device is not None or dtype is not None:
+        module.to(device=device, dtype=dtype)
+
+
+def _ntuple(v, n):
+    return tuple(v) if hasattr(v, "__len__") else (v,) * n
+
+
 class Linear(Module):
-    def __init__(self, in_features, out_features, bias=True):
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
         super().__init__()
         in_features = _check_count("Linear", "in_features", in_features)
         out_features = _check_count("Linear", "out_features", out_features)
@@ -629,6 +639,7 @@ class Linear(Module):
         bound = _bound(in_features)
         self.weight = Parameter(_uniform((out_features, in_features), bound))
         self.bias = Parameter(_uniform((out_features,), bound)) if bias else None
+        _place(self, device, dtype)
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
@@ -637,36 +648,105 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
 class _ConvNd(Module):
+    """Convolution layers (and, with _transposed, the transposed ones): stride, padding, dilation and
+    output_padding stored as tuples, as torch. padding_mode other than "zeros" pads the input with
+    F.pad first and convolves without padding (torch's way); an unbatched input ([C, ...]) gets a batch
+    dim of one for the call."""
     _fn = None
     _dims = 2
+    _transposed = False
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 padding_mode="zeros", device=None, dtype=None, output_padding=0):
         super().__init__()
         name = type(self).__name__
-        k = (kernel_size,) * self._dims if not hasattr(kernel_size, "__len__") else tuple(kernel_size)
+        n = self._dims
+        k = _ntuple(kernel_size, n)
         in_channels = _check_count(name, "in_channels", in_channels)
         out_channels = _check_count(name, "out_channels", out_channels)
         groups = _check_count(name, "groups", groups, 1)
-        if len(k) != self._dims:
-            raise KilnValueError(f"{name}: kernel_size must be an int or {self._dims} ints, got {kernel_size!r}")
+        if len(k) != n:
+            raise KilnValueError(f"{name}: kernel_size must be an int or {n} ints, got {kernel_size!r}")
         k = tuple(_check_count(name, "kernel_size", v, 1) for v in k)
         if in_channels % groups or out_channels % groups:
             raise KilnValueError(f"{name}: in_channels ({in_channels}) and out_channels ({out_channels}) must be "
                                  f"divisible by groups ({groups})")
+        if padding_mode not in _PADDING_MODES:
+            raise KilnValueError(f"{name}: padding_mode must be one of {_PADDING_MODES}, got {padding_mode!r}")
+        stride, dilation = _ntuple(stride, n), _ntuple(dilation, n)
+        if isinstance(padding, str):
+            if padding not in ("same", "valid"):
+                raise KilnValueError(f"{name}: padding must be an int, {n} ints, 'same' or 'valid', got {padding!r}")
+            if padding == "same" and any(s != 1 for s in stride):
+                raise KilnValueError(f"{name}: padding='same' is not supported for strided convolutions")
+        else:
+            padding = _ntuple(padding, n)
+        if self._transposed and padding_mode != "zeros":
+            raise KilnValueError(f"{name}: only 'zeros' padding mode is supported, got {padding_mode!r}")
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        self.output_padding = _ntuple(output_padding, n)
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
-        fan_in = in_channels // groups * math.prod(k)
-        bound = _bound(fan_in)
-        self.weight = Parameter(_uniform((out_channels, in_channels // groups) + k, bound))
+        self.padding_mode = padding_mode
+        # torch's kaiming_uniform(a=sqrt(5)) bound: 1/sqrt(fan_in), fan_in from the weight's dim 1
+        wshape = ((in_channels, out_channels // groups) if self._transposed
+                  else (out_channels, in_channels // groups)) + k
+        bound = _bound(wshape[1] * math.prod(k))
+        self.weight = Parameter(_uniform(wshape, bound))
         self.bias = Parameter(_uniform((out_channels,), bound)) if bias else None
+        _place(self, device, dtype)
+
+    def _pad_amounts(self):
+        """F.pad's list (last dim first) for a padding_mode other than zeros; 'same' puts the odd element
+        on the right, as torch."""
+        out = []
+        for i in reversed(range(self._dims)):
+            if self.padding == "same":
+                total = self.dilation[i] * (self.kernel_size[i] - 1)
+                out += [total // 2, total - total // 2]
+            elif self.padding == "valid":
+                out += [0, 0]
+            else:
+                out += [self.padding[i], self.padding[i]]
+        return out
+
+    def _unbatched(self, x):
+        if x.dim() == self._dims + 1:
+            return True
+        if x.dim() != self._dims + 2:
+            raise KilnValueError(f"{type(self).__name__}: expected a {self._dims + 1}-D (unbatched) or "
+                                 f"{self._dims + 2}-D (batched) input, got {tuple(x.shape)}")
+        return False
 
     def forward(self, x):
-        return type(self)._fn(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        unbatched = self._unbatched(x)
+        if unbatched:
+            x = x.unsqueeze(0)
+        if self.padding_mode != "zeros":
+            x = F.pad(x, self._pad_amounts(), mode=self.padding_mode)
+            y = type(self)._fn(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+        else:
+            y = type(self)._fn(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return y.squeeze(0) if unbatched else y
 
     def extra_repr(self):
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding}")
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0,) * len(self.padding):
+            s += f", padding={self.padding}"
+        if self.dilation != (1,) * len(self.dilation):
+            s += f", dilation={self.dilation}"
+        if self.output_padding != (0,) * len(self.output_padding):
+            s += f", output_padding={self.output_padding}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.bias is None:
+            s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode}"
+        return s
 
 
 class Conv1d(_ConvNd):
@@ -685,76 +765,123 @@ class Conv3d(_ConvNd):
 
 
 class _BatchNorm(Module):
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
+    """torch's BatchNorm: running_mean/running_var and num_batches_tracked (int64, counted in training)
+    when track_running_stats; momentum=None is the cumulative average (factor 1/num_batches_tracked)."""
+    _expected = ()
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
+                 dtype=None, *, bias=True):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
         self.weight = Parameter(_C.ones(num_features)) if affine else None
-        self.bias = Parameter(_C.zeros(num_features)) if affine else None
+        self.bias = Parameter(_C.zeros(num_features)) if affine and bias else None
         if track_running_stats:
             self.register_buffer("running_mean", _C.zeros(num_features))
             self.register_buffer("running_var", _C.ones(num_features))
+            self.register_buffer("num_batches_tracked", _tensor(0, dtype=_C.dtype.int64))
         else:
             self.register_buffer("running_mean", None)
             self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        _place(self, device, dtype)
+
+    def _check_input_dim(self, x):
+        if x.dim() not in self._expected:
+            want = " or ".join(f"{d}D" for d in self._expected)
+            raise KilnValueError(f"expected {want} input (got {x.dim()}D input)")
 
     def forward(self, x):
+        self._check_input_dim(x)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            with no_grad():
+                self.num_batches_tracked.add_(1)
+            factor = 1.0 / self.num_batches_tracked.item() if self.momentum is None else self.momentum
         training = self.training or self.running_mean is None
-        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, training, self.momentum,
-                            self.eps)
+        use_running = not self.training or self.track_running_stats
+        return F.batch_norm(x, self.running_mean if use_running else None, self.running_var if use_running else None,
+                            self.weight, self.bias, training, factor, self.eps)
 
     def extra_repr(self):
-        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
 
 
 class BatchNorm1d(_BatchNorm):
-    pass
+    _expected = (2, 3)
 
 
 class BatchNorm2d(_BatchNorm):
-    pass
+    _expected = (4,)
 
 
 class BatchNorm3d(_BatchNorm):
-    pass
+    _expected = (5,)
 
 
 class LayerNorm(Module):
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
         super().__init__()
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        self.eps = eps
+        self.eps, self.elementwise_affine = eps, elementwise_affine
         self.weight = Parameter(_C.ones(self.normalized_shape)) if elementwise_affine else None
-        self.bias = Parameter(_C.zeros(self.normalized_shape)) if elementwise_affine else None
+        self.bias = Parameter(_C.zeros(self.normalized_shape)) if elementwise_affine and bias else None
+        _place(self, device, dtype)
 
     def forward(self, x):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
+    def extra_repr(self):
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"bias={self.bias is not None}")
+
 
 class RMSNorm(Module):
-    def __init__(self, normalized_shape, eps=None, elementwise_affine=True):
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None):
         super().__init__()
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        self.eps = eps
+        self.eps, self.elementwise_affine = eps, elementwise_affine
         self.weight = Parameter(_C.ones(self.normalized_shape)) if elementwise_affine else None
+        _place(self, device, dtype)
 
     def forward(self, x):
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
 
 class GroupNorm(Module):
-    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True):
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, *, bias=True):
         super().__init__()
-        self.num_groups, self.eps = num_groups, eps
+        if num_channels % num_groups:
+            raise KilnValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups "
+                                 f"({num_groups})")
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
         self.weight = Parameter(_C.ones(num_channels)) if affine else None
-        self.bias = Parameter(_C.zeros(num_channels)) if affine else None
+        self.bias = Parameter(_C.zeros(num_channels)) if affine and bias else None
+        _place(self, device, dtype)
 
     def forward(self, x):
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
+    def extra_repr(self):
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
+                f"bias={self.bias is not None}")
+
 
 class Embedding(Module):
-    def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
+    """torch's Embedding: padding_idx's row starts at 0 (it still gets gradients here: torch zeroes
+    them). max_norm, scale_grad_by_freq and sparse are not supported and are refused by name."""
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
+                 scale_grad_by_freq=False, sparse=False, _weight=None, _freeze=False, device=None, dtype=None):
         super().__init__()
+        for arg, v, default in (("max_norm", max_norm, None), ("scale_grad_by_freq", scale_grad_by_freq, False),
+                                ("sparse", sparse, False)):
+            if v != default:
+                raise KilnError(f"Embedding: {arg}={v!r} is not supported by Kiln (leave it at {default!r})")
         if padding_idx is not None:
             # as torch: a negative index counts from the end and is stored as the row it names
             padding_idx = operator.index(padding_idx)
@@ -764,36 +891,114 @@ class Embedding(Module):
                     f"[-{num_embeddings}, {num_embeddings})")
             if padding_idx < 0:
                 padding_idx += num_embeddings
-        self.padding_idx = padding_idx
-        w = _C.randn(num_embeddings, embedding_dim)
-        if padding_idx is not None:
-            w[padding_idx] = 0.0
-        self.weight = Parameter(w)
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
+        self.scale_grad_by_freq, self.sparse = scale_grad_by_freq, sparse
+        if _weight is None:
+            w = _C.randn(num_embeddings, embedding_dim)
+            if padding_idx is not None:
+                w[padding_idx] = 0.0
+        else:
+            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
+                raise KilnValueError(f"Embedding: _weight has shape {tuple(_weight.shape)}, expected "
+                                     f"({num_embeddings}, {embedding_dim})")
+            w = _weight
+        self.weight = Parameter(w, requires_grad=not _freeze)
+        _place(self, device, dtype)
+
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None, norm_type=2.0,
+                        scale_grad_by_freq=False, sparse=False):
+        """An Embedding whose weight is `embeddings` (2-D, shared); freeze: no gradient (as torch)."""
+        if embeddings.dim() != 2:
+            raise KilnValueError(f"Embedding.from_pretrained: embeddings must be 2-D, got {tuple(embeddings.shape)}")
+        rows, cols = embeddings.shape
+        return cls(rows, cols, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse, _weight=embeddings,
+                   _freeze=freeze)
 
     def forward(self, idx):
         return F.embedding(idx, self.weight, self.padding_idx)
 
+    def extra_repr(self):
+        s = f"{self.num_embeddings}, {self.embedding_dim}"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        if self.max_norm is not None:
+            s += f", max_norm={self.max_norm}"
+        if self.norm_type != 2:
+            s += f", norm_type={self.norm_type}"
+        return s
+
+
+def _check_p(cls, p):
+    if not 0 <= p <= 1:
+        raise KilnValueError(f"{cls}: dropout probability has to be between 0 and 1, but got {p}")
+    return p
+
 
 class Dropout(Module):
-    def __init__(self, p=0.5):
+    """inplace=True is accepted for torch code; the result is computed out of place (the input is
+    left as it was)."""
+
+    def __init__(self, p=0.5, inplace=False):
         super().__init__()
-        self.p = p
+        self.p, self.inplace = _check_p(type(self).__name__, p), inplace
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
 
+    def extra_repr(self):
+        return f"p={self.p}, inplace={self.inplace}"
 
-def _simple(name, fn, doc):
+
+class _Inplace(Module):
+    """An activation that takes torch's inplace= (accepted; computed out of place, the input is left
+    as it was)."""
+    _fn = None
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        self.inplace = inplace
+
     def forward(self, x):
-        return fn(x)
-    return type(name, (Module,), {"forward": forward, "__doc__": doc})
+        return type(self)._fn(x)
+
+    def extra_repr(self):
+        return "inplace=True" if self.inplace else ""
 
 
-ReLU = _simple("ReLU", F.relu, "x <= 0 ? 0 : x (NaN stays NaN, as torch.relu)")
-SiLU = _simple("SiLU", F.silu, "x * sigmoid(x)")
-Tanh = _simple("Tanh", F.tanh, "tanh(x)")
-Sigmoid = _simple("Sigmoid", F.sigmoid, "1 / (1 + exp(-x))")
-Identity = _simple("Identity", lambda x: x, "x")
+class ReLU(_Inplace):
+    """x <= 0 ? 0 : x (NaN stays NaN, as torch.relu)"""
+    _fn = staticmethod(F.relu)
+
+
+class SiLU(_Inplace):
+    """x * sigmoid(x)"""
+    _fn = staticmethod(F.silu)
+
+
+class Tanh(Module):
+    """tanh(x)"""
+
+    def forward(self, x):
+        return F.tanh(x)
+
+
+class Sigmoid(Module):
+    """1 / (1 + exp(-x))"""
+
+    def forward(self, x):
+        return F.sigmoid(x)
+
+
+class Identity(Module):
+    """x; takes and ignores any arguments, as torch's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    def forward(self, x):
+        return x
 
 
 class GELU(Module):
@@ -804,23 +1009,34 @@ class GELU(Module):
     def forward(self, x):
         return F.gelu(x, self.approximate)
 
+    def extra_repr(self):
+        return f"approximate={self.approximate!r}"
+
 
 class LeakyReLU(Module):
-    def __init__(self, negative_slope=0.01):
+    def __init__(self, negative_slope=0.01, inplace=False):
         super().__init__()
-        self.negative_slope = negative_slope
+        self.negative_slope, self.inplace = negative_slope, inplace
 
     def forward(self, x):
         return F.leaky_relu(x, self.negative_slope)
 
+    def extra_repr(self):
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
+
 
 class Softmax(Module):
-    def __init__(self, dim):
+    """dim=None: torch's legacy choice (0 for 0-, 1- and 3-D inputs, else 1), with its warning."""
+
+    def __init__(self, dim=None):
         super().__init__()
         self.dim = dim
 
     def forward(self, x):
         return F.softmax(x, self.dim)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
 
 
 class Flatten(Module):
@@ -831,23 +1047,51 @@ class Flatten(Module):
     def forward(self, x):
         return x.flatten(self.start_dim, self.end_dim)
 
+    def extra_repr(self):
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
 
-class MaxPool2d(Module):
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+
+class _MaxPoolNd(Module):
+    _fn = None
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         super().__init__()
-        self.args = (kernel_size, stride, padding, dilation, ceil_mode)
+        self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
+        self.padding, self.dilation, self.return_indices, self.ceil_mode = padding, dilation, return_indices, ceil_mode
 
     def forward(self, x):
-        return F.max_pool2d(x, *self.args)
+        return type(self)._fn(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                              self.return_indices)
+
+    def extra_repr(self):
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
 
 
-class AvgPool2d(Module):
-    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+class MaxPool2d(_MaxPoolNd):
+    _fn = staticmethod(F.max_pool2d)
+
+
+class _AvgPoolNd(Module):
+    _fn = None
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                 divisor_override=None):
         super().__init__()
-        self.args = (kernel_size, stride, padding, ceil_mode, count_include_pad)
+        self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
+        self.padding, self.ceil_mode, self.count_include_pad = padding, ceil_mode, count_include_pad
+        self.divisor_override = divisor_override
 
     def forward(self, x):
-        return F.avg_pool2d(x, *self.args)
+        return type(self)._fn(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+                              self.divisor_override)
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AvgPool2d(_AvgPoolNd):
+    _fn = staticmethod(F.avg_pool2d)
 
 
 class AdaptiveAvgPool2d(Module):
@@ -857,6 +1101,9 @@ class AdaptiveAvgPool2d(Module):
 
     def forward(self, x):
         return F.adaptive_avg_pool2d(x, self.output_size)
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
 
 
 class Upsample(Module):
