@@ -1,0 +1,149 @@
+# kiln.optim.lr_scheduler, kiln.nn.init and kiln.data's torch-style pieces against torch: the lr
+# sequences of every scheduler (to 1e-12, two groups of their own lr), their state_dict round trip,
+# OneCycleLR's momentum; init's fans, gains and statistics; TensorDataset, random_split and DataLoader's
+# torch defaults.
+import math
+
+import numpy as np
+import pytest
+
+import kiln
+
+torch = pytest.importorskip("torch")
+KS, TS = kiln.optim.lr_scheduler, torch.optim.lr_scheduler
+
+
+def optimizers(kind="sgd"):
+    kp = [kiln.tensor([1.0], requires_grad=True), kiln.tensor([2.0], requires_grad=True)]
+    tp = [torch.tensor([1.0], requires_grad=True), torch.tensor([2.0], requires_grad=True)]
+    if kind == "sgd":
+        make = lambda m, ps: m.SGD([{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.01}], lr=0.1, momentum=0.9)
+    else:
+        make = lambda m, ps: m.AdamW([{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.01}], lr=0.1)
+    return make(kiln.optim, kp), make(torch.optim, tp)
+
+
+SCHEDULERS = {
+    "LambdaLR": lambda m, o: m.LambdaLR(o, lambda e: 0.95 ** e + 0.1 * (e % 3)),
+    "LambdaLR_per_group": lambda m, o: m.LambdaLR(o, [lambda e: 1.0 / (e + 1), lambda e: 0.9 ** e]),
+    "MultiplicativeLR": lambda m, o: m.MultiplicativeLR(o, lambda e: 0.97 if e % 2 else 0.99),
+    "StepLR": lambda m, o: m.StepLR(o, step_size=7, gamma=0.5),
+    "MultiStepLR": lambda m, o: m.MultiStepLR(o, milestones=[3, 10, 10, 30], gamma=0.3),
+    "ExponentialLR": lambda m, o: m.ExponentialLR(o, gamma=0.93),
+    "CosineAnnealingLR": lambda m, o: m.CosineAnnealingLR(o, T_max=20, eta_min=0.001),  # 50 steps: past T_max too
+    "LinearLR": lambda m, o: m.LinearLR(o, start_factor=0.1, end_factor=0.8, total_iters=12),
+    "ConstantLR": lambda m, o: m.ConstantLR(o, factor=0.25, total_iters=9),
+    "OneCycleLR_cos": lambda m, o: m.OneCycleLR(o, max_lr=[0.5, 0.05], total_steps=50),
+    "OneCycleLR_linear_3phase": lambda m, o: m.OneCycleLR(o, max_lr=0.4, epochs=5, steps_per_epoch=10, pct_start=0.25,
+                                                          anneal_strategy="linear", three_phase=True),
+    "OneCycleLR_no_momentum": lambda m, o: m.OneCycleLR(o, max_lr=0.4, total_steps=50, cycle_momentum=False),
+    "SequentialLR": lambda m, o: m.SequentialLR(
+        o, [m.LinearLR(o, start_factor=0.01, total_iters=5), m.CosineAnnealingLR(o, T_max=30),
+            m.ExponentialLR(o, gamma=0.9)], milestones=[5, 35]),
+    "CosineAnnealingWarmRestarts": lambda m, o: m.CosineAnnealingWarmRestarts(o, T_0=4, T_mult=2, eta_min=1e-4),
+    "CosineAnnealingWarmRestarts_T_mult_1": lambda m, o: m.CosineAnnealingWarmRestarts(o, T_0=6),
+}
+
+
+def lrs(opt):
+    return [g["lr"] for g in opt.param_groups]
+
+
+def momenta(opt):
+    return [g["betas"][0] if "betas" in g else g["momentum"] for g in opt.param_groups]
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_scheduler_lrs_equal_torchs(name, kind):
+    ko, to = optimizers(kind)
+    ks, ts = SCHEDULERS[name](KS, ko), SCHEDULERS[name](TS, to)
+    if name != "SequentialLR":  # (torch's has none)
+        assert ks.base_lrs == pytest.approx(ts.base_lrs, rel=1e-15)
+    assert [g["initial_lr"] for g in ko.param_groups] == [g["initial_lr"] for g in to.param_groups]
+    for step in range(50):
+        assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12, abs=1e-15), step
+        assert ks.get_last_lr() == pytest.approx(ts.get_last_lr(), rel=1e-12, abs=1e-15), step
+        assert momenta(ko) == pytest.approx(momenta(to), rel=1e-12), step
+        assert ks.last_epoch == ts.last_epoch
+        ko.step()
+        to.step()
+        if name.startswith("OneCycleLR") and step == 48:
+            break  # total_steps: one step more is an error in both
+        ks.step()
+        ts.step()
+        if step == 20:  # the state goes into a new scheduler over the same optimizer, which continues as torch's
+            state = ks.state_dict()
+            assert sorted(k for k in state if not k.startswith("_")) == \
+                sorted(k for k in ts.state_dict() if not k.startswith("_"))
+            ks2 = SCHEDULERS[name](KS, optimizers(kind)[0])
+            for s in [ks2] + getattr(ks2, "_schedulers", []):
+                s.optimizer = ko
+            ks2.load_state_dict(state)
+            ks = ks2
+    if name == "OneCycleLR_cos":  # (linear annealing goes below 0 past its end: an lr Kiln refuses)
+        ks.step()
+        ks.step()  # step 50 is the last torch allows
+        with pytest.raises(ValueError, match="total_steps is 50"):
+            ks.step()
+
+
+def test_cosine_warm_restarts_with_fractional_epochs_and_closed_form_step():
+    ko, to = optimizers()
+    ks, ts = KS.CosineAnnealingWarmRestarts(ko, T_0=3, T_mult=2), TS.CosineAnnealingWarmRestarts(to, T_0=3, T_mult=2)
+    for e in [0.0, 0.5, 1.25, 3.0, 4.75, 9.5, 20.0]:
+        ks.step(e)
+        ts.step(e)
+        assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12)
+    ko, to = optimizers()
+    ks, ts = KS.StepLR(ko, 3, 0.5), TS.StepLR(to, 3, 0.5)
+    with pytest.warns(UserWarning):
+        ks.step(7)
+    with pytest.warns(UserWarning):
+        ts.step(7)
+    assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12)
+
+
+def test_reduce_lr_on_plateau_as_torch():
+    for kwargs in [{}, {"mode": "max", "factor": 0.5, "patience": 2, "threshold_mode": "abs", "threshold": 0.01,
+                        "cooldown": 1, "min_lr": [0.02, 0.001]}]:
+        ko, to = optimizers()
+        ks, ts = KS.ReduceLROnPlateau(ko, **kwargs), TS.ReduceLROnPlateau(to, **kwargs)
+        metrics = [1.0, 0.9, 0.95, 0.9, 0.91, 0.92, 0.89, 0.9, 0.9, 0.9, 0.9, 0.88] * 4
+        for i, m in enumerate(metrics):
+            ks.step(m)
+            ts.step(m)
+            assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12), i
+            assert ks.get_last_lr() == pytest.approx(ts.get_last_lr(), rel=1e-12)
+            assert (ks.num_bad_epochs, ks.best, ks.last_epoch) == (ts.num_bad_epochs, ts.best, ts.last_epoch)
+        state = ks.state_dict()
+        ks2 = KS.ReduceLROnPlateau(ko, **kwargs)
+        ks2.load_state_dict(state)
+        assert (ks2.best, ks2.num_bad_epochs, ks2.cooldown_counter) == (ks.best, ks.num_bad_epochs, ks.cooldown_counter)
+
+
+def test_scheduler_over_a_training_run_and_resume_checks():
+    # the lr the scheduler sets is the one the optimizer steps with
+    k, t = kiln.tensor([1.0, -1.0], requires_grad=True), torch.tensor([1.0, -1.0], requires_grad=True)
+    ko, to = kiln.optim.SGD([k], lr=0.2, momentum=0.9), torch.optim.SGD([t], lr=0.2, momentum=0.9)
+    ks, ts = KS.OneCycleLR(ko, max_lr=0.3, total_steps=12), TS.OneCycleLR(to, max_lr=0.3, total_steps=12)
+    for _ in range(12):
+        k.grad, t.grad = kiln.tensor([0.5, 0.25]), torch.tensor([0.5, 0.25])
+        ko.step()
+        to.step()
+        ks.step() if ks.last_epoch < 11 else None
+        ts.step() if ts.last_epoch < 11 else None
+    assert np.allclose(k.detach().numpy(), t.detach().numpy(), atol=1e-6)
+    fresh, _ = optimizers()
+    with pytest.raises(KeyError, match="initial_lr"):
+        KS.StepLR(fresh, 3, last_epoch=5)
+    with pytest.raises(TypeError, match="not a kiln.optim optimizer"):
+        KS.StepLR(torch.optim.SGD([t], lr=0.1), 3)
+    ko, _ = optimizers()
+    with pytest.raises(ValueError, match="expected 2 lr_lambdas, but got 1"):
+        KS.LambdaLR(ko, [lambda e: 1.0])
+    # LambdaSchedule (kiln's) sets lr = schedule(step), LambdaLR (torch's) base_lr * lambda(epoch)
+    ko, to = optimizers()
+    KS.LambdaLR(ko, lambda e: 0.5)
+    kiln.optim.LambdaSchedule(optimizers()[0], lambda s: 0.5)
+    assert lrs(ko) == [0.05, 0.005]
