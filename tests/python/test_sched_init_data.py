@@ -147,3 +147,76 @@ def test_scheduler_over_a_training_run_and_resume_checks():
     KS.LambdaLR(ko, lambda e: 0.5)
     kiln.optim.LambdaSchedule(optimizers()[0], lambda s: 0.5)
     assert lrs(ko) == [0.05, 0.005]
+
+
+# ---- kiln.nn.init ----
+INIT = kiln.nn.init
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (8, 4, 3), (16, 3, 3, 5), (6, 2, 2, 3, 4)])
+def test_init_fans_match_torchs(shape):
+    assert INIT._calculate_fan_in_and_fan_out(kiln.zeros(*shape)) == \
+        torch.nn.init._calculate_fan_in_and_fan_out(torch.zeros(*shape))
+    for mode in ("fan_in", "fan_out"):
+        assert INIT._calculate_correct_fan(kiln.zeros(*shape), mode) == \
+            torch.nn.init._calculate_correct_fan(torch.zeros(*shape), mode)
+    # layers' weights, as torch lays them out
+    assert INIT._calculate_fan_in_and_fan_out(kiln.nn.Conv2d(3, 8, 5).weight) == (75, 200)
+    assert INIT._calculate_fan_in_and_fan_out(kiln.nn.Linear(7, 2).weight) == (7, 2)
+    with pytest.raises(ValueError, match="fewer than 2 dimensions"):
+        INIT.xavier_uniform_(kiln.zeros(4))
+
+
+def test_init_exact_values_and_gains():
+    for args in [("linear",), ("conv2d",), ("sigmoid",), ("tanh",), ("relu",), ("leaky_relu",),
+                 ("leaky_relu", 0.2), ("selu",)]:
+        assert INIT.calculate_gain(*args) == torch.nn.init.calculate_gain(*args)
+    with pytest.raises(ValueError, match="unsupported nonlinearity"):
+        INIT.calculate_gain("swish")
+    p = kiln.nn.Linear(4, 3).weight  # a parameter that requires grad: filled under no_grad
+    assert INIT.constant_(p, 0.25) is p and p.requires_grad
+    assert (p.detach().numpy() == 0.25).all()
+    assert (INIT.ones_(kiln.zeros(2, 2)).numpy() == 1).all() and (INIT.zeros_(kiln.ones(3)).numpy() == 0).all()
+    for shape in [(3, 5), (4, 2)]:
+        assert np.array_equal(INIT.eye_(kiln.ones(*shape)).numpy(), torch.nn.init.eye_(torch.ones(*shape)).numpy())
+    with pytest.raises(ValueError, match="2 dimensions"):
+        INIT.eye_(kiln.zeros(2, 2, 2))
+
+
+def stats(t):
+    a = t.numpy().astype(np.float64)
+    return a.mean(), a.std(), a.min(), a.max()
+
+
+def test_init_statistics_with_a_fixed_seed():
+    kiln.manual_seed(123)
+    n = 200_000
+    m, s, lo, hi = stats(INIT.uniform_(kiln.zeros(n), -1.0, 3.0))
+    assert abs(m - 1.0) < 0.02 and abs(s - 4 / math.sqrt(12)) < 0.01 and lo >= -1.0 and hi < 3.0
+    m, s, _, _ = stats(INIT.normal_(kiln.zeros(n), 2.0, 0.5))
+    assert abs(m - 2.0) < 0.01 and abs(s - 0.5) < 0.01
+    t = torch.nn.init.trunc_normal_(torch.zeros(n), 0.5, 1.0, -1.0, 1.5)
+    m, s, lo, hi = stats(INIT.trunc_normal_(kiln.zeros(n), 0.5, 1.0, -1.0, 1.5))
+    assert abs(m - t.mean().item()) < 0.01 and abs(s - t.std().item()) < 0.01 and lo >= -1.0 and hi <= 1.5
+    w = kiln.zeros(256, 64, 3, 3)  # fan_in 576, fan_out 2304
+    tw = torch.zeros(256, 64, 3, 3)
+    for k_init, t_init, kwargs in [(INIT.xavier_uniform_, torch.nn.init.xavier_uniform_, {"gain": 2.0}),
+                                   (INIT.xavier_normal_, torch.nn.init.xavier_normal_, {}),
+                                   (INIT.kaiming_uniform_, torch.nn.init.kaiming_uniform_, {"a": math.sqrt(5)}),
+                                   (INIT.kaiming_normal_, torch.nn.init.kaiming_normal_,
+                                    {"mode": "fan_out", "nonlinearity": "relu"}),
+                                   (INIT.kaiming_uniform_, torch.nn.init.kaiming_uniform_,
+                                    {"a": 0.1, "mode": "fan_in", "nonlinearity": "leaky_relu"})]:
+        m, s, lo, hi = stats(k_init(w, **kwargs))
+        t_init(tw, **kwargs)
+        assert abs(m) < 0.01 * tw.std().item() + 1e-4 and abs(s / tw.std().item() - 1) < 0.01, k_init.__name__
+        if "uniform" in k_init.__name__:  # the same bound as torch's
+            assert abs(hi - tw.max().item()) < 1e-3 * hi and abs(lo - tw.min().item()) < 1e-3 * hi
+    q = INIT.orthogonal_(kiln.zeros(6, 10), gain=2.0).numpy().astype(np.float64)
+    assert np.allclose(q @ q.T, 4 * np.eye(6), atol=1e-5)
+    q = INIT.orthogonal_(kiln.zeros(8, 2, 2)).numpy().reshape(8, 4).astype(np.float64)
+    assert np.allclose(q.T @ q, np.eye(4), atol=1e-5)
+    kiln.manual_seed(7)
+    a = INIT.normal_(kiln.zeros(5)).numpy()
+    kiln.manual_seed(7)
+    assert np.array_equal(a, INIT.normal_(kiln.zeros(5)).numpy())  # kiln.manual_seed decides the values
