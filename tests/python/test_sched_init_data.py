@@ -220,3 +220,44 @@ def test_init_statistics_with_a_fixed_seed():
     a = INIT.normal_(kiln.zeros(5)).numpy()
     kiln.manual_seed(7)
     assert np.array_equal(a, INIT.normal_(kiln.zeros(5)).numpy())  # kiln.manual_seed decides the values
+
+
+# ---- kiln.data ----
+TD = torch.utils.data
+
+
+def test_dataloader_defaults_and_tensor_dataset_as_torch():
+    x = np.arange(22 * 3, dtype=np.float32).reshape(22, 3)
+    y = np.arange(22) % 4
+    kd = kiln.data.TensorDataset(kiln.tensor(x), kiln.tensor(y))
+    td = TD.TensorDataset(torch.tensor(x), torch.tensor(y))
+    assert len(kd) == len(td) == 22
+    assert [a.tolist() for a in kd[3]] == [a.tolist() for a in td[3]]
+    for kwargs in [{"batch_size": 5}, {"batch_size": 5, "drop_last": True}, {"batch_size": 22, "num_workers": 2},
+                   {"batch_size": 4, "drop_last": False, "num_workers": 0}]:
+        kb, tb = list(kiln.data.DataLoader(kd, **kwargs)), list(TD.DataLoader(td, **kwargs))
+        assert len(kb) == len(tb) == len(kiln.data.DataLoader(kd, **kwargs))  # not shuffled by default, as torch
+        for (kx, ky), (tx, ty) in zip(kb, tb):
+            assert kx.tolist() == tx.tolist() and ky.tolist() == ty.tolist()
+    shuffled = [b[1].tolist() for b in kiln.data.DataLoader(kd, batch_size=22, shuffle=True)]
+    assert sorted(shuffled[0]) == sorted(y.tolist()) and shuffled[0] != y.tolist()
+    # a plain list of (tensor, label) tuples, default collate as torch's
+    rows = np.random.default_rng(1).standard_normal((7, 2, 3)).astype(np.float32)
+    kb = next(iter(kiln.data.DataLoader([(kiln.tensor(r), i % 3) for i, r in enumerate(rows)], batch_size=7)))
+    tb = next(iter(TD.DataLoader([(torch.tensor(r), i % 3) for i, r in enumerate(rows)], batch_size=7)))
+    assert kb[0].shape == tuple(tb[0].shape) and np.array_equal(kb[0].numpy(), tb[0].numpy())
+    assert kb[1].tolist() == tb[1].tolist() and kb[1].dtype == kiln.int64 and tb[1].dtype == torch.int64
+    with pytest.raises(TypeError, match="not both"):
+        kiln.data.DataLoader(kd, workers=1, num_workers=1)
+    with pytest.raises(ValueError, match=r"size mismatch between tensors: dim 0 sizes \[22, 3\]"):
+        kiln.data.TensorDataset(kiln.tensor(x), kiln.zeros(3))
+
+
+@pytest.mark.parametrize("lengths", [[3, 7], [0.3, 0.3, 0.4], [0.33, 0.33, 0.34], [0.5, 0.5], [1.0]])
+def test_random_split_sizes_as_torch(lengths):
+    data = list(range(10))
+    ks, ts = kiln.data.random_split(data, lengths), TD.random_split(data, lengths)
+    assert [len(s) for s in ks] == [len(s) for s in ts]
+    assert sorted(i for s in ks for i in (s[j] for j in range(len(s)))) == data
+    with pytest.raises(ValueError, match="does not equal the length"):
+        kiln.data.random_split(data, [3, 3])
