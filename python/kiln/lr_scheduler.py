@@ -93,6 +93,9 @@ class LRScheduler:
 
 
 
+_LRScheduler = LRScheduler  # torch's old name, which custom schedulers still subclass
+
+
 def _lambdas(optimizer, lr_lambda, who):
     if not isinstance(lr_lambda, (list, tuple)):
         lambdas = [lr_lambda] * len(optimizer.param_groups)
@@ -340,7 +343,8 @@ class ReduceLROnPlateau(LRScheduler):
         self.factor, self.optimizer = factor, optimizer
         if isinstance(min_lr, (list, tuple)):
             if len(min_lr) != len(optimizer.param_groups):
-                raise ValueError(f"ReduceLROnPlateau: expected {len(optimizer.param_groups)} min_lrs, got {len(min_lr)}")
+                raise ValueError(f"ReduceLROnPlateau: expected {len(optimizer.param_groups)} min_lrs, got "
+                                 f"{len(min_lr)}")
             self.default_min_lr, self.min_lrs = None, list(min_lr)
         else:
             self.default_min_lr, self.min_lrs = min_lr, [min_lr] * len(optimizer.param_groups)

@@ -47,7 +47,8 @@ def _split(groups, options, check):
         values = [e.get(k, default) for e in extras]
         if any(v != values[0] for v in values):
             i = next(j for j, v in enumerate(values) if v != values[0])
-            raise _C.KilnValueError(f"optimizer: parameter groups 0 and {i} set {k} to {values[0]!r} and {values[i]!r}; "
+            raise _C.KilnValueError(f"optimizer: parameter groups 0 and {i} set {k} to {values[0]!r} and "
+                                    f"{values[i]!r}; "
                                     f"Kiln's engine optimizer keeps one {k} for all groups (build one optimizer per "
                                     f"{k})")
         chosen[k] = values[0]
@@ -485,12 +486,12 @@ def decay_groups(named_parameters, lr, weight_decay):
 
 
 class LambdaSchedule:
-    """Sets the lrs from schedule(step) at each step(): schedule is an LrSchedule or any callable giving
-    a rate. Not torch's LambdaLR, whose lambda gives a factor of each group's initial lr: for that, use
-    kiln.optim.lr_scheduler.LambdaLR. The first group gets schedule(step) itself (one group, or groups of one lr: as kiln train
-    sets its rate) and every other group that times its lr / the first group's lr at construction, as
-    torch's LR schedulers scale each group's own initial lr: groups of 0.1 and 0.01 under a schedule at
-    0.5 get 0.5 and 0.05."""
+    """Sets the lrs from schedule(step) at each step(): schedule is an LrSchedule or any callable giving a rate. Not
+    torch's LambdaLR, whose lambda gives a factor of each group's initial lr: for that, use
+    kiln.optim.lr_scheduler.LambdaLR. The first group gets schedule(step) itself (one group, or groups of one
+    lr: as kiln train sets its rate) and every other group that times its lr / the first group's lr at
+    construction, as torch's LR schedulers scale each group's own initial lr: groups of 0.1 and 0.01 under a
+    schedule at 0.5 get 0.5 and 0.05."""
 
     def __init__(self, optimizer, schedule):
         self.optimizer, self.schedule, self.step_count = optimizer, schedule, 0

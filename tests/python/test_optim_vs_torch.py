@@ -230,6 +230,11 @@ def test_adam_is_torchs_adam_with_l2_decay_per_group(wd):
         assert np.allclose(ks_["exp_avg_sq"].numpy(), ts_["exp_avg_sq"].numpy(), rtol=1e-5, atol=1e-7)
     with pytest.raises(kiln.KilnValueError, match="amsgrad=True is not implemented"):
         kiln.optim.Adam(list(ks), amsgrad=True)
+    # kiln.amp.GradScaler steps the engine, which cannot add the L2 decay: refused, not silently dropped
+    scaler = kiln.amp.GradScaler()
+    with pytest.raises(kiln.KilnValueError, match="cannot add Adam's L2 weight decay"):
+        scaler.step(ko)  # group 1 decays
+    scaler.step(kiln.optim.Adam(list(ks), weight_decay=0.0))
 
 
 def test_group_options_state_and_add_param_group_as_torch():

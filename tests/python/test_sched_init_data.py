@@ -88,6 +88,27 @@ def test_scheduler_lrs_equal_torchs(name, kind):
             ks.step()
 
 
+def test_a_custom_scheduler_subclass_as_torchs():
+    def make(base):
+        class Warmup(base):
+            def __init__(self, optimizer, warmup):
+                self.warmup = warmup
+                super().__init__(optimizer)
+
+            def get_lr(self):
+                return [b * min(1.0, (self.last_epoch + 1) / self.warmup) for b in self.base_lrs]
+        return Warmup
+
+    ko, to = optimizers()
+    ks, ts = make(KS._LRScheduler)(ko, 4), make(TS._LRScheduler)(to, 4)
+    for _ in range(6):
+        assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12) and ks.get_last_lr() == pytest.approx(ts.get_last_lr())
+        ko.step()
+        to.step()
+        ks.step()
+        ts.step()
+
+
 def test_cosine_warm_restarts_with_fractional_epochs_and_closed_form_step():
     ko, to = optimizers()
     ks, ts = KS.CosineAnnealingWarmRestarts(ko, T_0=3, T_mult=2), TS.CosineAnnealingWarmRestarts(to, T_0=3, T_mult=2)
