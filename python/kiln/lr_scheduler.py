@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections import Counter
 
 __all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
-           "ExponentialLR", "SequentialLR", "CosineAnnealingLR", "ReduceLROnPlateau", "CosineAnnealingWarmRestarts",
+           "ExponentialLR", "PolynomialLR", "SequentialLR", "ChainedScheduler", "CosineAnnealingLR", "ReduceLROnPlateau", "CosineAnnealingWarmRestarts",
            "OneCycleLR"]
 
 
@@ -248,6 +248,25 @@ class ExponentialLR(LRScheduler):
         return [base_lr * self.gamma ** self.last_epoch for base_lr in self.base_lrs]
 
 
+class PolynomialLR(LRScheduler):
+    """lr times (1 - epoch / total_iters) ** power, down to 0 at total_iters."""
+
+    def __init__(self, optimizer, total_iters=5, power=1.0, last_epoch=-1):
+        self.total_iters, self.power = total_iters, power
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self._is_initial or self.last_epoch > self.total_iters:
+            return _lrs(self.optimizer)
+        factor = ((1.0 - self.last_epoch / self.total_iters) /
+                  (1.0 - (self.last_epoch - 1) / self.total_iters)) ** self.power
+        return [g["lr"] * factor for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
+        return [base_lr * (1.0 - min(self.total_iters, self.last_epoch) / self.total_iters) ** self.power
+                for base_lr in self.base_lrs]
+
+
 class CosineAnnealingLR(LRScheduler):
     """eta_min + (base_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2, by torch's recursion (which
     keeps a change made to group['lr'] meanwhile, and past T_max rises again)."""
@@ -330,6 +349,32 @@ class SequentialLR(LRScheduler):
         self.__dict__.update(state)
         for s, saved in zip(self._schedulers, schedulers):
             s.load_state_dict(saved)
+
+
+class ChainedScheduler(LRScheduler):
+    """Steps every scheduler of the list at each step() (their factors multiply)."""
+
+    def __init__(self, schedulers, optimizer=None):
+        if len(schedulers) < 1:
+            raise ValueError("ChainedScheduler expects at least one scheduler, but got none")
+        optimizer = optimizer or schedulers[0].optimizer
+        for i, s in enumerate(schedulers):
+            if isinstance(s, ReduceLROnPlateau):
+                raise ValueError(f"ChainedScheduler does not support ReduceLROnPlateau (its step() needs a metric), "
+                                 f"got one at index {i}")
+            if getattr(s, "optimizer", None) is not optimizer:
+                raise ValueError(f"ChainedScheduler expects all schedulers to belong to one optimizer; scheduler {i} "
+                                 f"({type(s).__name__}) has another")
+        self._schedulers, self.optimizer = schedulers, optimizer
+        self._last_lr = _lrs(optimizer)
+
+    def step(self):
+        for s in self._schedulers:
+            s.step()
+        self._last_lr = _lrs(self.optimizer)
+
+    state_dict = SequentialLR.state_dict
+    load_state_dict = SequentialLR.load_state_dict
 
 
 class ReduceLROnPlateau(LRScheduler):

@@ -40,6 +40,9 @@ SCHEDULERS = {
     "SequentialLR": lambda m, o: m.SequentialLR(
         o, [m.LinearLR(o, start_factor=0.01, total_iters=5), m.CosineAnnealingLR(o, T_max=30),
             m.ExponentialLR(o, gamma=0.9)], milestones=[5, 35]),
+    "PolynomialLR": lambda m, o: m.PolynomialLR(o, total_iters=30, power=2.0),
+    "ChainedScheduler": lambda m, o: m.ChainedScheduler(
+        [m.ConstantLR(o, factor=0.5, total_iters=4), m.ExponentialLR(o, gamma=0.95)]),
     "CosineAnnealingWarmRestarts": lambda m, o: m.CosineAnnealingWarmRestarts(o, T_0=4, T_mult=2, eta_min=1e-4),
     "CosineAnnealingWarmRestarts_T_mult_1": lambda m, o: m.CosineAnnealingWarmRestarts(o, T_0=6),
 }
@@ -58,14 +61,14 @@ def momenta(opt):
 def test_scheduler_lrs_equal_torchs(name, kind):
     ko, to = optimizers(kind)
     ks, ts = SCHEDULERS[name](KS, ko), SCHEDULERS[name](TS, to)
-    if name != "SequentialLR":  # (torch's has none)
+    if name not in ("SequentialLR", "ChainedScheduler"):  # (torch's have none)
         assert ks.base_lrs == pytest.approx(ts.base_lrs, rel=1e-15)
     assert [g["initial_lr"] for g in ko.param_groups] == [g["initial_lr"] for g in to.param_groups]
     for step in range(50):
         assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12, abs=1e-15), step
         assert ks.get_last_lr() == pytest.approx(ts.get_last_lr(), rel=1e-12, abs=1e-15), step
         assert momenta(ko) == pytest.approx(momenta(to), rel=1e-12), step
-        assert ks.last_epoch == ts.last_epoch
+        assert getattr(ks, "last_epoch", None) == getattr(ts, "last_epoch", None)  # (a ChainedScheduler has none)
         ko.step()
         to.step()
         if name.startswith("OneCycleLR") and step == 48:
@@ -77,7 +80,7 @@ def test_scheduler_lrs_equal_torchs(name, kind):
             assert sorted(k for k in state if not k.startswith("_")) == \
                 sorted(k for k in ts.state_dict() if not k.startswith("_"))
             ks2 = SCHEDULERS[name](KS, optimizers(kind)[0])
-            for s in [ks2] + getattr(ks2, "_schedulers", []):
+            for s in [ks2] + list(getattr(ks2, "_schedulers", [])):
                 s.optimizer = ko
             ks2.load_state_dict(state)
             ks = ks2
