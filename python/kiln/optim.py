@@ -411,6 +411,10 @@ class Adam(_AdamFamily):
         self.defaults["weight_decay"] = wd
         self._sync()
 
+    def _make(self, groups):
+        # the engine decays nothing (its decay is AdamW's, decoupled); the L2 decay is self._l2
+        return super()._make([dict(g, weight_decay=0.0) if isinstance(g, dict) else g for g in groups])
+
     def _set_weight_decay(self, index, wd):
         if not (math.isfinite(wd) and wd >= 0):
             raise _C.KilnValueError(f"optimizer: group {index}'s weight_decay must be finite and >= 0, got {wd}")

@@ -218,10 +218,11 @@ def test_adam_is_torchs_adam_with_l2_decay_per_group(wd):
         if step == 2:  # the L2 decay round-trips through state_dict
             state = ko.state_dict()
             ks2 = [kiln.tensor(k.detach().numpy(), requires_grad=True) for k in ks]
-            ko = kiln.optim.Adam(groups(ks2), lr=0.05, betas=(0.8, 0.99), eps=1e-7)
+            ko = kiln.optim.Adam(groups(ks2), lr=0.05, betas=(0.8, 0.99), eps=1e-7, weight_decay=wd * 3)
             ko.load_state_dict(state)
             ks = ks2
-            assert [g["weight_decay"] for g in ko.param_groups] == [wd, 0.3]
+            assert [g["weight_decay"] for g in ko.param_groups] == [wd, 0.3]  # the saved ones, not wd * 3
+            ko.defaults["weight_decay"] = wd  # (torch's load_state_dict leaves the defaults too)
     # opt.state, by torch's names
     for k, t in zip(ks, ts):
         ks_, ts_ = ko.state[k], to.state[t]
@@ -231,6 +232,17 @@ def test_adam_is_torchs_adam_with_l2_decay_per_group(wd):
     with pytest.raises(kiln.KilnValueError, match="amsgrad=True is not implemented"):
         kiln.optim.Adam(list(ks), amsgrad=True)
     # kiln.amp.GradScaler steps the engine, which cannot add the L2 decay: refused, not silently dropped
+    # a group added later decays as torch's (L2, the optimizer's default or its own)
+    k3, t3 = pair(RNG.standard_normal(3))
+    ko.add_param_group({"params": [k3]})
+    to.add_param_group({"params": [t3]})
+    assert ko.param_groups[-1]["weight_decay"] == to.param_groups[-1]["weight_decay"] == wd
+    for _ in range(3):
+        grads = [RNG.standard_normal(s) for s in shapes] + [RNG.standard_normal(3)]
+        set_grads(list(ks) + [k3], list(ts) + [t3], grads, [1, 1, 1, 1])
+        ko.step()
+        to.step()
+    close(list(ks) + [k3], list(ts) + [t3], 1e-5)
     scaler = kiln.amp.GradScaler()
     with pytest.raises(kiln.KilnValueError, match="cannot add Adam's L2 weight decay"):
         scaler.step(ko)  # group 1 decays
