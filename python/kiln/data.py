@@ -2,12 +2,13 @@
 page-locked memory, so a GPU never waits).
 
     d = kiln.data.fashion_mnist()                  # Debian's dataset-fashion-mnist
-    loader = kiln.data.DataLoader(d["train"], batch_size=128, shuffle=True, workers=2)
+    loader = kiln.data.DataLoader(d["train"], batch_size=128, shuffle=True, num_workers=2)
     for batch in loader:                           # one epoch per iteration
         x, y = batch["input"], batch["target"]
 """
 import collections.abc
 import concurrent.futures
+import math
 import numbers
 import random
 
@@ -99,14 +100,20 @@ class DataLoader:
 
     dataset: a kiln Dataset (kiln.data.mnist_dir, masked_lm, ...: batches are dicts of tensors, built
     by C++ threads), or any Python object with __len__ and __getitem__(int) (a map-style dataset, as
-    torch's): its samples are collated by collate_fn (default_collate). workers: threads building
+    torch's: a list of (tensor, label) tuples, a TensorDataset): its samples are collated by
+    collate_fn (default_collate). shuffle: False by default, as torch's (a new order each epoch when
+    True). drop_last: the last, smaller batch left out. workers (or torch's num_workers): threads building
     batches ahead (default: 1 for a kiln Dataset; 0 for a Python dataset, whose __getitem__ then runs
     in the calling thread, as torch's default: with workers > 0 it runs in those threads, beside the
     caller and each other, so a dataset with shared state or global random numbers must allow that).
     pin_memory: batches in page-locked memory when a CUDA device is present."""
 
-    def __init__(self, dataset, batch_size=32, shuffle=True, drop_last=False, seed=0, workers=None, pin_memory=False,
-                 collate_fn=None):
+    def __init__(self, dataset, batch_size=32, shuffle=False, drop_last=False, seed=0, workers=None, pin_memory=False,
+                 collate_fn=None, num_workers=None):
+        if num_workers is not None:  # torch's name
+            if workers is not None:
+                raise TypeError("DataLoader: give workers or num_workers (torch's name for it), not both")
+            workers = num_workers
         if workers is None:
             workers = 1 if isinstance(dataset, _C.Dataset) else 0
         for name, v in (("batch_size", batch_size), ("workers", workers)):
@@ -222,6 +229,73 @@ class DataLoader:
                 yield batch
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+class TensorDataset:
+    """Samples from tensors of one length along dim 0, as torch's: item i is (t[i] for t in tensors)."""
+
+    def __init__(self, *tensors):
+        if not tensors:
+            raise ValueError("TensorDataset: give at least one tensor")
+        for i, t in enumerate(tensors):
+            if not isinstance(t, _C.Tensor):
+                raise TypeError(f"TensorDataset: argument {i} is a {type(t).__name__}, not a kiln.Tensor")
+            if len(t.shape) == 0:
+                raise ValueError(f"TensorDataset: argument {i} is 0-dimensional; samples are taken along dim 0")
+        sizes = [t.shape[0] for t in tensors]
+        if any(n != sizes[0] for n in sizes):
+            raise ValueError(f"TensorDataset: size mismatch between tensors: dim 0 sizes {sizes}")
+        self.tensors = tensors
+
+    def __getitem__(self, index):
+        return tuple(t[index] for t in self.tensors)
+
+    def __len__(self):
+        return self.tensors[0].shape[0]
+
+
+class Subset:
+    """The items of dataset at indices, as torch's."""
+
+    def __init__(self, dataset, indices):
+        self.dataset, self.indices = dataset, indices
+
+    def __getitem__(self, idx):
+        if isinstance(idx, list):
+            return [self.dataset[self.indices[i]] for i in idx]
+        return self.dataset[self.indices[idx]]
+
+    def __len__(self):
+        return len(self.indices)
+
+
+def random_split(dataset, lengths, generator=None):
+    """Splits dataset into Subsets of the given lengths (or fractions summing to 1: the remainder
+    given one by one from the first, as torch's) over a random permutation drawn from Kiln's generator
+    (kiln.manual_seed); torch's generator= is refused."""
+    if generator is not None:
+        raise TypeError("random_split: generator is not supported (the permutation comes from Kiln's generator: "
+                        "seed it with kiln.manual_seed)")
+    n = len(dataset)
+    lengths = list(lengths)
+    if lengths and math.isclose(sum(lengths), 1) and sum(lengths) <= 1:
+        sizes = []
+        for i, frac in enumerate(lengths):
+            if frac < 0 or frac > 1:
+                raise ValueError(f"random_split: fraction at index {i} is not between 0 and 1")
+            sizes.append(int(math.floor(n * frac)))
+        for i in range(n - sum(sizes)):
+            sizes[i % len(sizes)] += 1
+        lengths = sizes
+    if sum(lengths) != n:
+        raise ValueError(f"random_split: sum of input lengths ({sum(lengths)}) does not equal the length of the input "
+                         f"dataset ({n})")
+    perm = np.argsort(_C.rand(n, dtype=_C.dtype.float64).numpy(), kind="stable").tolist() if n else []
+    out, start = [], 0
+    for length in lengths:
+        out.append(Subset(dataset, perm[start:start + length]))
+        start += length
+    return out
 
 
 def _pin(batch):

@@ -1,13 +1,18 @@
-"""kiln.optim: the engine's optimizers (SGD, AdamW, LAMB: fused update kernels, one step over all
-parameters) and LR schedules. Parameters are updated in place, so a model built in Python or in
-C++ (kiln.models) sees the update.
+"""kiln.optim: the engine's optimizers (SGD, Adam, AdamW, LAMB: fused update kernels, one step over
+all parameters) and LR schedules (kiln.optim.lr_scheduler: torch's schedulers). Parameters are
+updated in place, so a model built in Python or in C++ (kiln.models) sees the update.
 
     opt = kiln.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
     loss.backward(); opt.step(); opt.zero_grad()
 """
+import collections.abc
 import math
 
+import numpy as np
+
 from . import _C
+from . import lr_scheduler  # noqa: F401  (kiln.optim.lr_scheduler, torch's schedulers)
+from ._tensor import no_grad as _no_grad
 from ._C import LrSchedule  # noqa: F401
 
 
@@ -21,33 +26,60 @@ def _params(params):
         raise TypeError(f"optimizer: params mixes tensors (item {tensors[0]}) and parameter-group dicts (item "
                         f"{dicts[0]}); give a list of tensors or a list of dicts, as torch.optim does (put the "
                         f"loose tensors in a group of their own: {{'params': [...]}})")
+    if dicts:  # each group's params as a list of the caller's own tensors (a generator is read once)
+        params = [dict(d, params=[d["params"]] if isinstance(d.get("params"), _C.Tensor) else list(d["params"]))
+                  if "params" in d else d for d in params]
     return params
+
+
+def _split(groups, options, check):
+    """Groups for the engine (params, lr, weight_decay, name), each group's options and the options to
+    build with. A group may set the optimizer's options (momentum, betas, ...) as torch's may; the
+    engine keeps one value of each for all groups, so they must agree."""
+    if not groups or not isinstance(groups[0], dict):
+        return groups, [{}], dict(options)
+    engine, extras, chosen = [], [], {}
+    for i, g in enumerate(groups):
+        # other keys go to the engine, which refuses them (a misspelt 'lrr' is not silently dropped)
+        engine.append({k: v for k, v in g.items() if k not in options})
+        extras.append({k: check(k, v) for k, v in g.items() if k in options})
+    for k, default in options.items():
+        values = [e.get(k, default) for e in extras]
+        if any(v != values[0] for v in values):
+            i = next(j for j, v in enumerate(values) if v != values[0])
+            raise _C.KilnValueError(f"optimizer: parameter groups 0 and {i} set {k} to {values[0]!r} and "
+                                    f"{values[i]!r}; "
+                                    f"Kiln's engine optimizer keeps one {k} for all groups (build one optimizer per "
+                                    f"{k})")
+        chosen[k] = values[0]
+        for e in extras:
+            e.pop(k, None)
+    return engine, extras, chosen
 
 
 class _ParamGroup(dict):
     """One entry of Optimizer.param_groups: a dict whose 'lr' and 'weight_decay' are the engine's, so
     `group['lr'] = x` takes effect at the next step (checked as the constructor checks it). The
-    optimizer's own options (momentum, betas, ...) are shown in every group and are the same for all:
-    setting one to another value is refused. Other keys are kept as given (a scheduler's notes)."""
+    optimizer's own options (momentum, betas, ...) may be set per group, as torch's (OneCycleLR cycles
+    them): Kiln's engine keeps one value of each for all groups, so at the next step every group must
+    hold the same value, which the engine then takes. Other keys are kept as given (a scheduler's notes)."""
 
     def __init__(self, opt, index, values):
         super().__init__(values)
         self._opt, self._index = opt, index
 
     def __setitem__(self, key, value):
-        impl = self._opt._impl
+        impl = self._opt._engine
         if key == "lr":
             impl.set_group_lr(self._index, float(value))
             value = impl.lrs[self._index]
         elif key == "weight_decay":
-            impl.set_group_weight_decay(self._index, float(value))
+            self._opt._set_weight_decay(self._index, float(value))
         elif key in ("params", "name"):
             raise _C.KilnValueError(f"optimizer: param_groups[{self._index}]['{key}'] cannot be changed after the "
                                     f"optimizer is built")
-        elif key in self._opt._options and value != self._opt._options[key]:
-            raise _C.KilnValueError(f"optimizer: '{key}' is the optimizer's, the same for every group (now "
-                                    f"{self._opt._options[key]!r}); param_groups[{self._index}]['{key}'] cannot "
-                                    f"be set to {value!r}: build the optimizer with {key}={value!r}")
+        elif key in self._opt._options:
+            value = self._opt._check_option(key, value)
         super().__setitem__(key, value)
 
     def update(self, *args, **kwargs):
@@ -63,21 +95,111 @@ class _ParamGroup(dict):
         raise _C.KilnValueError(f"optimizer: param_groups[{self._index}] keys cannot be removed")
 
 
-class Optimizer:
-    """Wraps an engine optimizer: step(), zero_grad(), param_groups (a list of dicts, as torch's),
-    lr, state_dict()/load_state_dict()."""
+class _State(collections.abc.Mapping):
+    """Optimizer.state: each parameter's state tensors by torch's names (exp_avg, exp_avg_sq and step
+    for the Adam family, momentum_buffer for SGD with momentum), for the parameters that have state.
+    The tensors are the engine's own (an in-place change is seen by the next step); 'step' is a new
+    0-dim f32 tensor, as torch's."""
 
-    def __init__(self, impl, options):
-        self._impl = impl
-        self._options = dict(options)
+    def __init__(self, opt):
+        tensors, scalars = opt._engine.state()
+        self._items = []
+        counts = opt._engine.name != "sgd"
+        for g, group in enumerate(opt.param_groups):
+            for i, p in enumerate(group["params"]):
+                at = f"{g}.{i}."
+                entry = {k[len(at):]: t for k, t in tensors.items() if k.startswith(at)}
+                if not entry:
+                    continue
+                if counts:
+                    step = scalars.get(at + "step", scalars["steps"])
+                    entry["step"] = _C.from_numpy(np.array(step, dtype=np.float32))
+                self._items.append((p, entry))
+
+    def _find(self, p):
+        for q, entry in self._items:
+            if q is p:
+                return entry
+        if isinstance(p, _C.Tensor):  # another Python object for the same tensor (a C++ module's parameters)
+            for q, entry in self._items:
+                if q.data_ptr() == p.data_ptr() and q.shape == p.shape and q.dtype == p.dtype:
+                    return entry
+        return None
+
+    def __getitem__(self, p):
+        entry = self._find(p)
+        if entry is None:
+            raise KeyError("optimizer.state: this tensor has no state (not a parameter of the optimizer, or not "
+                           "stepped yet)")
+        return entry
+
+    def __contains__(self, p):
+        return self._find(p) is not None
+
+    def __iter__(self):
+        return iter([p for p, _ in self._items])
+
+    def __len__(self):
+        return len(self._items)
+
+
+class Optimizer:
+    """Wraps an engine optimizer: step(), zero_grad(), param_groups (a list of dicts, as torch's), state
+    (per parameter), defaults, add_param_group(), lr, state_dict()/load_state_dict()."""
+
+    def __init__(self, params, lr, weight_decay, options):
+        self._lr, self._weight_decay = float(lr), float(weight_decay)
+        params = _params(params)
+        engine_groups, extras, self._options = _split(params, options, self._check_option)
+        self.defaults = {"lr": float(lr), "weight_decay": float(weight_decay), **options}
+        self._engine = self._make(engine_groups)
         self.param_groups = []
-        for i, (params, lr, wd, name) in enumerate(impl.groups):
-            self.param_groups.append(_ParamGroup(self, i, {"params": list(params), "lr": lr, "weight_decay": wd,
-                                                            "name": name, **self._options}))
+        user = [params] if not params or not isinstance(params[0], dict) else [g["params"] for g in params]
+        for i, ((_, lr, wd, name), ps, extra) in enumerate(zip(self._engine.groups, user, extras)):
+            self.param_groups.append(_ParamGroup(self, i, {"params": list(ps), "lr": lr, "weight_decay": wd,
+                                                            "name": name, **self._options, **extra}))
+
+    def _make(self, groups):
+        """The engine optimizer over groups (a list of tensors or of dicts), with self._options."""
+        raise NotImplementedError
+
+    def _check_option(self, key, value):
+        return value
+
+    def _set_weight_decay(self, index, wd):
+        self._engine.set_group_weight_decay(index, wd)
+
+    @property
+    def _impl(self):
+        """The engine optimizer, with the options the groups hold (kiln.amp.GradScaler steps it)."""
+        self._apply_options()
+        return self._engine
+
+    def _apply_options(self):
+        """Gives the engine the options (momentum, betas, ...) the groups were set to since the last step."""
+        changed = {}
+        for k, now in self._options.items():
+            values = [dict.get(g, k, now) for g in self.param_groups]
+            for i, v in enumerate(values):
+                if v != values[0]:
+                    raise _C.KilnValueError(f"optimizer: param_groups[0]['{k}'] is {values[0]!r} and "
+                                            f"param_groups[{i}]['{k}'] is {v!r}; Kiln's engine optimizer keeps "
+                                            f"one {k} for all groups (build one optimizer per {k})")
+            if values and values[0] != now:
+                changed[k] = values[0]
+        if changed:  # the engine takes new hyper-parameters through its state (copied: rare, not per step)
+            tensors, scalars = self._engine.state()
+            scalars.update(self._hyper({**self._options, **changed}))
+            self._engine.load_state(tensors, scalars)
+            self._options.update(changed)
+
+    def _hyper(self, options):
+        """The engine's state scalars for options."""
+        raise NotImplementedError
 
     def _sync(self):
         """The groups' dicts after the engine's values changed (lr, load_state_dict)."""
-        for g, (_, lr, wd, _) in zip(self.param_groups, self._impl.groups):
+        for g, (_, lr, wd, _) in zip(self.param_groups, self._engine.groups):
             dict.__setitem__(g, "lr", lr)
             dict.__setitem__(g, "weight_decay", wd)
             for k, v in self._options.items():
@@ -90,21 +212,65 @@ class Optimizer:
 
     def zero_grad(self, set_to_none=True):
         """Drops the gradients (set_to_none=True, as torch) or sets them to zero in place."""
-        self._impl.zero_grad(bool(set_to_none))
+        self._engine.zero_grad(bool(set_to_none))
+
+    @property
+    def state(self):
+        return _State(self)
+
+    def add_param_group(self, param_group):
+        """Adds a group, as torch's: keys it lacks take the optimizer's defaults; a parameter already in
+        a group is refused. The engine optimizer is rebuilt over all groups and keeps the state so far."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"add_param_group: param_group must be a dict, got {type(param_group).__name__}")
+        if "params" not in param_group:
+            raise _C.KilnValueError("add_param_group: the group needs 'params'")
+        (group,) = _params([param_group])
+        for p in group["params"]:
+            if not isinstance(p, _C.Tensor):
+                raise TypeError(f"add_param_group: 'params' holds a {type(p).__name__}, expected kiln.Tensor")
+        have = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in have for p in group["params"]):
+            raise ValueError("add_param_group: some parameters appear in more than one parameter group")
+        full = {**self.defaults, **group}
+        engine_new, (extra,), opts = _split([full], self._options, self._check_option)
+        self._apply_options()
+        for k, v in opts.items():
+            if v != self._options[k]:
+                raise _C.KilnValueError(f"add_param_group: the group sets {k} to {v!r}, the optimizer's is "
+                                        f"{self._options[k]!r}; Kiln's engine optimizer keeps one {k} for all groups")
+        old = [{"params": list(g["params"]), "lr": g["lr"], "weight_decay": self._engine_wd(i), "name": g["name"]}
+               for i, g in enumerate(self.param_groups)]
+        tensors, scalars = self._engine.state()
+        engine = self._make(old + engine_new)
+        n = len(old)
+        _, lr, wd, name = engine.groups[n]
+        scalars.update({f"group{n}.lr": lr, f"group{n}.weight_decay": wd, f"group{n}.params": len(full["params"])})
+        engine.load_state(tensors, scalars)
+        self._engine = engine
+        self.param_groups.append(_ParamGroup(self, n, {"params": list(full["params"]), "lr": lr, "weight_decay": wd,
+                                                        "name": name, **self._options, **extra}))
+        self._after_add(full)
+
+    def _engine_wd(self, i):
+        return self._engine.groups[i][2]
+
+    def _after_add(self, group):
+        pass
 
     @property
     def lr(self):
         """The first group's lr. Setting it scales every group's lr by the same factor, so the groups keep
         their ratios (groups with one lr all get the value), as a torch LR scheduler scales each group's own."""
-        return self._impl.lrs[0]
+        return self._engine.lrs[0]
 
     @lr.setter
     def lr(self, value):
         value = float(value)
-        lrs = list(self._impl.lrs)
+        lrs = list(self._engine.lrs)
         first = lrs[0]
         if all(lr == first for lr in lrs):
-            self._impl.set_lr(value)
+            self._engine.set_lr(value)
         elif first == 0:
             raise _C.KilnValueError(f"optimizer: lr = {value} would scale each group's lr {lrs} by the first "
                                     f"group's, which is 0; set param_groups[i]['lr'] for each group instead")
@@ -117,20 +283,21 @@ class Optimizer:
             if not (math.isfinite(lr) and lr >= 0):
                 raise _C.KilnValueError(f"optimizer: group {i}'s lr must be finite and >= 0, got {lr}")
         for i, lr in enumerate(lrs):
-            self._impl.set_group_lr(i, lr)
+            self._engine.set_group_lr(i, lr)
         self._sync()
 
     @property
     def param_group_lrs(self):
-        return list(self._impl.lrs)
+        return list(self._engine.lrs)
 
     @property
     def steps(self):
         """Steps that updated a parameter (a step without any gradient is not one)."""
-        return self._impl.steps
+        return self._engine.steps
 
     def state_dict(self):
-        tensors, scalars = self._impl.state()
+        self._apply_options()
+        tensors, scalars = self._engine.state()
         return {"tensors": tensors, "scalars": scalars}
 
     def load_state_dict(self, state):
@@ -141,7 +308,7 @@ class Optimizer:
             got = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise _C.KilnValueError(f"load_state_dict: expected the dict state_dict() returns, with keys 'tensors' "
                                     f"and 'scalars'; got {got}")
-        self._impl.load_state(state["tensors"], state["scalars"])
+        self._engine.load_state(state["tensors"], state["scalars"])
         self._options = self._options_from(state["scalars"])
         self._sync()
 
@@ -151,8 +318,18 @@ class Optimizer:
 
 class SGD(Optimizer):
     def __init__(self, params, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
-        super().__init__(_C._sgd(_params(params), lr, momentum, dampening, nesterov, weight_decay),
+        super().__init__(params, lr, weight_decay,
                          {"momentum": float(momentum), "dampening": float(dampening), "nesterov": bool(nesterov)})
+
+    def _make(self, groups):
+        o = self._options
+        return _C._sgd(groups, self._lr, o["momentum"], o["dampening"], o["nesterov"], self._weight_decay)
+
+    def _check_option(self, key, value):
+        return bool(value) if key == "nesterov" else float(value)
+
+    def _hyper(self, o):
+        return {"momentum": o["momentum"], "dampening": o["dampening"], "nesterov": float(o["nesterov"])}
 
     def _options_from(self, scalars):
         return {"momentum": scalars["momentum"], "dampening": scalars["dampening"],
@@ -170,24 +347,140 @@ def _betas(name, betas):
     return b1, b2
 
 
-class AdamW(Optimizer):
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        b1, b2 = _betas("AdamW", betas)
-        super().__init__(_C._adamw(_params(params), lr, b1, b2, eps, weight_decay, False),
-                         {"betas": (b1, b2), "eps": float(eps)})
+def _no_amsgrad(name, amsgrad):
+    if amsgrad:
+        raise _C.KilnValueError(f"{name}: amsgrad=True is not implemented by Kiln's engine optimizers (they keep "
+                                f"exp_avg and exp_avg_sq only)")
+
+
+class _AdamFamily(Optimizer):
+    _lamb = False
+
+    def __init__(self, params, lr, betas, eps, weight_decay):
+        super().__init__(params, lr, weight_decay,
+                         {"betas": _betas(type(self).__name__, betas), "eps": float(eps)})
+
+    def _make(self, groups):
+        (b1, b2), eps = self._options["betas"], self._options["eps"]
+        return _C._adamw(groups, self._lr, b1, b2, eps, self._weight_decay, self._lamb)
+
+    def _check_option(self, key, value):
+        return _betas(type(self).__name__, value) if key == "betas" else float(value)
+
+    def _hyper(self, o):
+        return {"beta1": o["betas"][0], "beta2": o["betas"][1], "eps": o["eps"]}
 
     def _options_from(self, scalars):
         return {"betas": (scalars["beta1"], scalars["beta2"]), "eps": scalars["eps"]}
 
 
-class LAMB(Optimizer):
+class AdamW(_AdamFamily):
+    """Adam with decoupled weight decay (torch.optim.AdamW)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False):
+        _no_amsgrad("AdamW", amsgrad)
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+
+class LAMB(_AdamFamily):
+    _lamb = True
+
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
-        b1, b2 = _betas("LAMB", betas)
-        super().__init__(_C._adamw(_params(params), lr, b1, b2, eps, weight_decay, True),
-                         {"betas": (b1, b2), "eps": float(eps)})
+        super().__init__(params, lr, betas, eps, weight_decay)
 
-    def _options_from(self, scalars):
-        return {"betas": (scalars["beta1"], scalars["beta2"]), "eps": scalars["eps"]}
+
+class Adam(_AdamFamily):
+    """torch.optim.Adam: weight_decay is L2, added to the gradient (g + weight_decay * p) before the
+    moments, not decoupled as AdamW's. The engine's AdamW runs with no decay of its own; the decay is
+    added to each gradient for the step and the gradient put back after it. kiln.amp.GradScaler steps
+    the engine directly, so with it weight_decay must be 0 (it is refused otherwise)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
+        _no_amsgrad("Adam", amsgrad)
+        params = _params(params)
+        wd = float(weight_decay)
+        if params and isinstance(params[0], dict):
+            self._l2 = [float(g.get("weight_decay", wd)) for g in params]
+            params = [dict(g, weight_decay=0.0) for g in params]
+        else:
+            self._l2 = [wd]
+        for i, v in enumerate(self._l2):
+            if not (math.isfinite(v) and v >= 0):
+                raise _C.KilnValueError(f"Adam: group {i}'s weight_decay must be finite and >= 0, got {v}")
+        super().__init__(params, lr, betas, eps, 0.0)
+        self.defaults["weight_decay"] = wd
+        self._sync()
+
+    def _make(self, groups):
+        # the engine decays nothing (its decay is AdamW's, decoupled); the L2 decay is self._l2
+        return super()._make([dict(g, weight_decay=0.0) if isinstance(g, dict) else g for g in groups])
+
+    def _set_weight_decay(self, index, wd):
+        if not (math.isfinite(wd) and wd >= 0):
+            raise _C.KilnValueError(f"optimizer: group {index}'s weight_decay must be finite and >= 0, got {wd}")
+        self._l2[index] = wd
+
+    def _engine_wd(self, i):
+        return 0.0
+
+    def _after_add(self, group):
+        self._l2.append(float(group.get("weight_decay", self.defaults["weight_decay"])))
+        self._sync()
+
+    def _sync(self):
+        super()._sync()
+        for g, wd in zip(self.param_groups, self._l2):
+            dict.__setitem__(g, "weight_decay", wd)
+
+    @property
+    def _impl(self):
+        if any(self._l2):
+            raise _C.KilnValueError("Adam: kiln.amp.GradScaler steps the engine optimizer directly, which cannot "
+                                    "add Adam's L2 weight decay to the gradients: use weight_decay=0 (or AdamW) "
+                                    "with a GradScaler")
+        self._apply_options()
+        return self._engine
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        self._apply_options()
+        saved = []
+        try:
+            with _no_grad():
+                for group, wd in zip(self.param_groups, self._l2):
+                    if not wd:
+                        continue
+                    for p in group["params"]:
+                        g = p.grad
+                        if g is not None:
+                            saved.append((p, g))
+                            p.grad = g + p.detach() * wd
+            self._engine.step()
+        finally:
+            for p, g in saved:
+                p.grad = g
+        return loss
+
+    def state_dict(self):
+        # the L2 decay saved as each group's weight_decay, so that it round-trips
+        state = super().state_dict()
+        for i, wd in enumerate(self._l2):
+            state["scalars"][f"group{i}.weight_decay"] = wd
+        return state
+
+    def load_state_dict(self, state):
+        if not isinstance(state, dict) or "scalars" not in state or "tensors" not in state:
+            return super().load_state_dict(state)
+        scalars = dict(state["scalars"])
+        l2 = list(self._l2)
+        for i in range(len(l2)):
+            key = f"group{i}.weight_decay"
+            if key in scalars:
+                l2[i] = float(scalars[key])
+                scalars[key] = 0.0
+        super().load_state_dict({"tensors": state["tensors"], "scalars": scalars})
+        self._l2 = l2
+        self._sync()
 
 
 def decay_groups(named_parameters, lr, weight_decay):
@@ -197,11 +490,12 @@ def decay_groups(named_parameters, lr, weight_decay):
 
 
 class LambdaSchedule:
-    """Sets the lrs from schedule(step) at each step(): schedule is an LrSchedule or any callable giving
-    a rate. The first group gets schedule(step) itself (one group, or groups of one lr: as kiln train
-    sets its rate) and every other group that times its lr / the first group's lr at construction, as
-    torch's LR schedulers scale each group's own initial lr: groups of 0.1 and 0.01 under a schedule at
-    0.5 get 0.5 and 0.05."""
+    """Sets the lrs from schedule(step) at each step(): schedule is an LrSchedule or any callable giving a rate. Not
+    torch's LambdaLR, whose lambda gives a factor of each group's initial lr: for that, use
+    kiln.optim.lr_scheduler.LambdaLR. The first group gets schedule(step) itself (one group, or groups of one
+    lr: as kiln train sets its rate) and every other group that times its lr / the first group's lr at
+    construction, as torch's LR schedulers scale each group's own initial lr: groups of 0.1 and 0.01 under a
+    schedule at 0.5 get 0.5 and 0.05."""
 
     def __init__(self, optimizer, schedule):
         self.optimizer, self.schedule, self.step_count = optimizer, schedule, 0

@@ -133,9 +133,18 @@ def test_param_groups_edits_take_effect_as_in_torch():
     assert ko.param_group_lrs == [0.00625, 0.000625]
     with pytest.raises(kiln.KilnValueError, match="lr must be finite and >= 0"):
         ko.param_groups[0]["lr"] = -1.0
-    with pytest.raises(kiln.KilnValueError, match="'momentum' is the optimizer's, the same for every group"):
-        ko.param_groups[1]["momentum"] = 0.5
-    ko.param_groups[1]["momentum"] = 0.9  # the same value is fine
+    # a group's momentum may be set (as torch's); the engine keeps one for all groups, checked at step()
+    ko.param_groups[1]["momentum"] = 0.5
+    with pytest.raises(kiln.KilnValueError, match="engine optimizer keeps one momentum for all groups"):
+        ko.step()
+    ko.param_groups[0]["momentum"] = 0.5
+    for kg, tg in zip(ko.param_groups, to.param_groups):
+        tg["momentum"] = 0.5
+    set_grads(ks, ts, [RNG.standard_normal(3) for _ in range(2)], [1, 1])
+    ko.step()
+    to.step()
+    close(ks, ts, 1e-6)
+    assert ko.defaults["momentum"] == 0.9 and ko.state_dict()["scalars"]["momentum"] == 0.5
     ko.param_groups[0]["initial_lr"] = 0.1  # a scheduler's note is kept
     assert ko.param_groups[0]["initial_lr"] == 0.1
 
@@ -188,3 +197,87 @@ def test_bad_arguments_are_refused_clearly():
         kwargs.setdefault("base_lr", 0.1)
         with pytest.raises(kiln.KilnValueError, match=message):
             kiln.optim.LrSchedule(**kwargs)
+
+
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_adam_is_torchs_adam_with_l2_decay_per_group(wd):
+    shapes = [(3, 2), (4,), (2,)]
+    ks, ts = zip(*(pair(RNG.standard_normal(s)) for s in shapes))
+    groups = lambda ps: [{"params": [ps[0], ps[1]]}, {"params": [ps[2]], "lr": 0.01, "weight_decay": 0.3}]
+    ko = kiln.optim.Adam(groups(ks), lr=0.05, betas=(0.8, 0.99), eps=1e-7, weight_decay=wd)
+    to = torch.optim.Adam(groups(ts), lr=0.05, betas=(0.8, 0.99), eps=1e-7, weight_decay=wd)
+    assert [g["weight_decay"] for g in ko.param_groups] == [wd, 0.3]
+    for step, mask in enumerate([(1, 1, 1), (1, 0, 1), (1, 1, 1), (0, 1, 1), (1, 1, 1)]):
+        grads = [RNG.standard_normal(s) for s in shapes]
+        set_grads(ks, ts, grads, mask)
+        ko.step()
+        to.step()
+        close(ks, ts, 1e-5)
+        for k, g, m in zip(ks, grads, mask):  # the gradient is the caller's again after the step
+            assert not m or np.allclose(k.grad.numpy(), np.asarray(g, np.float32))
+        if step == 2:  # the L2 decay round-trips through state_dict
+            state = ko.state_dict()
+            ks2 = [kiln.tensor(k.detach().numpy(), requires_grad=True) for k in ks]
+            ko = kiln.optim.Adam(groups(ks2), lr=0.05, betas=(0.8, 0.99), eps=1e-7, weight_decay=wd * 3)
+            ko.load_state_dict(state)
+            ks = ks2
+            assert [g["weight_decay"] for g in ko.param_groups] == [wd, 0.3]  # the saved ones, not wd * 3
+            ko.defaults["weight_decay"] = wd  # (torch's load_state_dict leaves the defaults too)
+    # opt.state, by torch's names
+    for k, t in zip(ks, ts):
+        ks_, ts_ = ko.state[k], to.state[t]
+        assert sorted(ks_) == sorted(ts_) == ["exp_avg", "exp_avg_sq", "step"]
+        assert ks_["step"].item() == ts_["step"].item()
+        assert np.allclose(ks_["exp_avg_sq"].numpy(), ts_["exp_avg_sq"].numpy(), rtol=1e-5, atol=1e-7)
+    with pytest.raises(kiln.KilnValueError, match="amsgrad=True is not implemented"):
+        kiln.optim.Adam(list(ks), amsgrad=True)
+    # kiln.amp.GradScaler steps the engine, which cannot add the L2 decay: refused, not silently dropped
+    # a group added later decays as torch's (L2, the optimizer's default or its own)
+    k3, t3 = pair(RNG.standard_normal(3))
+    ko.add_param_group({"params": [k3]})
+    to.add_param_group({"params": [t3]})
+    assert ko.param_groups[-1]["weight_decay"] == to.param_groups[-1]["weight_decay"] == wd
+    for _ in range(3):
+        grads = [RNG.standard_normal(s) for s in shapes] + [RNG.standard_normal(3)]
+        set_grads(list(ks) + [k3], list(ts) + [t3], grads, [1, 1, 1, 1])
+        ko.step()
+        to.step()
+    close(list(ks) + [k3], list(ts) + [t3], 1e-5)
+    scaler = kiln.amp.GradScaler()
+    with pytest.raises(kiln.KilnValueError, match="cannot add Adam's L2 weight decay"):
+        scaler.step(ko)  # group 1 decays
+    scaler.step(kiln.optim.Adam(list(ks), weight_decay=0.0))
+
+
+def test_group_options_state_and_add_param_group_as_torch():
+    shapes = [(3,), (2, 2), (4,)]
+    ks, ts = zip(*(pair(RNG.standard_normal(s)) for s in shapes))
+    # torch's groups may carry the optimizer's options (equal here)
+    ko = kiln.optim.SGD([{"params": [ks[0]], "momentum": 0.8}, {"params": [ks[1]], "momentum": 0.8}],
+                        lr=0.1, momentum=0.9)
+    to = torch.optim.SGD([{"params": [ts[0]], "momentum": 0.8}, {"params": [ts[1]], "momentum": 0.8}],
+                         lr=0.1, momentum=0.9)
+    # a new group takes the defaults (momentum 0.9, as torch's), which the engine cannot keep beside 0.8
+    with pytest.raises(kiln.KilnValueError, match="the group sets momentum to 0.9, the optimizer's is 0.8"):
+        ko.add_param_group({"params": ks[2], "lr": 0.05})
+    assert ko.param_groups[1]["momentum"] == 0.8
+    assert ko.param_groups[0]["params"][0] is ks[0]
+    for step in range(5):
+        if step == 2:
+            ko.add_param_group({"params": ks[2], "lr": 0.05, "momentum": 0.8})
+            to.add_param_group({"params": ts[2], "lr": 0.05, "momentum": 0.8})
+            assert ko.param_groups[2]["momentum"] == to.param_groups[2]["momentum"] == 0.8
+        n = len(ko.param_groups)
+        set_grads(ks[:n], ts[:n], [RNG.standard_normal(s) for s in shapes[:n]], [1] * n)
+        ko.step()
+        to.step()
+        close(ks, ts, 1e-6)
+    for k, t in zip(ks, ts):
+        assert np.allclose(ko.state[k]["momentum_buffer"].numpy(), to.state[t]["momentum_buffer"].numpy(), atol=1e-6)
+    assert len(ko.state) == 3
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        ko.add_param_group({"params": [ks[0]]})
+    with pytest.raises(kiln.KilnValueError, match="groups 0 and 1 set momentum to 0.9 and 0.5"):
+        kiln.optim.SGD([{"params": [ks[0]]}, {"params": [ks[1]], "momentum": 0.5}], lr=0.1, momentum=0.9)
+    ko.zero_grad(set_to_none=True)
+    assert all(k.grad is None for k in ks)

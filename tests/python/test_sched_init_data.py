@@ -1,0 +1,287 @@
+# kiln.optim.lr_scheduler, kiln.nn.init and kiln.data's torch-style pieces against torch: the lr
+# sequences of every scheduler (to 1e-12, two groups of their own lr), their state_dict round trip,
+# OneCycleLR's momentum; init's fans, gains and statistics; TensorDataset, random_split and DataLoader's
+# torch defaults.
+import math
+
+import numpy as np
+import pytest
+
+import kiln
+
+torch = pytest.importorskip("torch")
+KS, TS = kiln.optim.lr_scheduler, torch.optim.lr_scheduler
+
+
+def optimizers(kind="sgd"):
+    kp = [kiln.tensor([1.0], requires_grad=True), kiln.tensor([2.0], requires_grad=True)]
+    tp = [torch.tensor([1.0], requires_grad=True), torch.tensor([2.0], requires_grad=True)]
+    if kind == "sgd":
+        make = lambda m, ps: m.SGD([{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.01}], lr=0.1, momentum=0.9)
+    else:
+        make = lambda m, ps: m.AdamW([{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.01}], lr=0.1)
+    return make(kiln.optim, kp), make(torch.optim, tp)
+
+
+SCHEDULERS = {
+    "LambdaLR": lambda m, o: m.LambdaLR(o, lambda e: 0.95 ** e + 0.1 * (e % 3)),
+    "LambdaLR_per_group": lambda m, o: m.LambdaLR(o, [lambda e: 1.0 / (e + 1), lambda e: 0.9 ** e]),
+    "MultiplicativeLR": lambda m, o: m.MultiplicativeLR(o, lambda e: 0.97 if e % 2 else 0.99),
+    "StepLR": lambda m, o: m.StepLR(o, step_size=7, gamma=0.5),
+    "MultiStepLR": lambda m, o: m.MultiStepLR(o, milestones=[3, 10, 10, 30], gamma=0.3),
+    "ExponentialLR": lambda m, o: m.ExponentialLR(o, gamma=0.93),
+    "CosineAnnealingLR": lambda m, o: m.CosineAnnealingLR(o, T_max=20, eta_min=0.001),  # 50 steps: past T_max too
+    "LinearLR": lambda m, o: m.LinearLR(o, start_factor=0.1, end_factor=0.8, total_iters=12),
+    "ConstantLR": lambda m, o: m.ConstantLR(o, factor=0.25, total_iters=9),
+    "OneCycleLR_cos": lambda m, o: m.OneCycleLR(o, max_lr=[0.5, 0.05], total_steps=50),
+    "OneCycleLR_linear_3phase": lambda m, o: m.OneCycleLR(o, max_lr=0.4, epochs=5, steps_per_epoch=10, pct_start=0.25,
+                                                          anneal_strategy="linear", three_phase=True),
+    "OneCycleLR_no_momentum": lambda m, o: m.OneCycleLR(o, max_lr=0.4, total_steps=50, cycle_momentum=False),
+    "SequentialLR": lambda m, o: m.SequentialLR(
+        o, [m.LinearLR(o, start_factor=0.01, total_iters=5), m.CosineAnnealingLR(o, T_max=30),
+            m.ExponentialLR(o, gamma=0.9)], milestones=[5, 35]),
+    "PolynomialLR": lambda m, o: m.PolynomialLR(o, total_iters=30, power=2.0),
+    "ChainedScheduler": lambda m, o: m.ChainedScheduler(
+        [m.ConstantLR(o, factor=0.5, total_iters=4), m.ExponentialLR(o, gamma=0.95)]),
+    "CosineAnnealingWarmRestarts": lambda m, o: m.CosineAnnealingWarmRestarts(o, T_0=4, T_mult=2, eta_min=1e-4),
+    "CosineAnnealingWarmRestarts_T_mult_1": lambda m, o: m.CosineAnnealingWarmRestarts(o, T_0=6),
+}
+
+
+def lrs(opt):
+    return [g["lr"] for g in opt.param_groups]
+
+
+def momenta(opt):
+    return [g["betas"][0] if "betas" in g else g["momentum"] for g in opt.param_groups]
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_scheduler_lrs_equal_torchs(name, kind):
+    ko, to = optimizers(kind)
+    ks, ts = SCHEDULERS[name](KS, ko), SCHEDULERS[name](TS, to)
+    if name not in ("SequentialLR", "ChainedScheduler"):  # (torch's have none)
+        assert ks.base_lrs == pytest.approx(ts.base_lrs, rel=1e-15)
+    assert [g["initial_lr"] for g in ko.param_groups] == [g["initial_lr"] for g in to.param_groups]
+    for step in range(50):
+        assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12, abs=1e-15), step
+        assert ks.get_last_lr() == pytest.approx(ts.get_last_lr(), rel=1e-12, abs=1e-15), step
+        assert momenta(ko) == pytest.approx(momenta(to), rel=1e-12), step
+        assert getattr(ks, "last_epoch", None) == getattr(ts, "last_epoch", None)  # (a ChainedScheduler has none)
+        ko.step()
+        to.step()
+        if name.startswith("OneCycleLR") and step == 48:
+            break  # total_steps: one step more is an error in both
+        ks.step()
+        ts.step()
+        if step == 20:  # the state goes into a new scheduler over the same optimizer, which continues as torch's
+            state = ks.state_dict()
+            assert sorted(k for k in state if not k.startswith("_")) == \
+                sorted(k for k in ts.state_dict() if not k.startswith("_"))
+            ks2 = SCHEDULERS[name](KS, optimizers(kind)[0])
+            for s in [ks2] + list(getattr(ks2, "_schedulers", [])):
+                s.optimizer = ko
+            ks2.load_state_dict(state)
+            ks = ks2
+    if name == "OneCycleLR_cos":  # (linear annealing goes below 0 past its end: an lr Kiln refuses)
+        ks.step()
+        ks.step()  # step 50 is the last torch allows
+        with pytest.raises(ValueError, match="total_steps is 50"):
+            ks.step()
+
+
+def test_a_custom_scheduler_subclass_as_torchs():
+    def make(base):
+        class Warmup(base):
+            def __init__(self, optimizer, warmup):
+                self.warmup = warmup
+                super().__init__(optimizer)
+
+            def get_lr(self):
+                return [b * min(1.0, (self.last_epoch + 1) / self.warmup) for b in self.base_lrs]
+        return Warmup
+
+    ko, to = optimizers()
+    ks, ts = make(KS._LRScheduler)(ko, 4), make(TS._LRScheduler)(to, 4)
+    for _ in range(6):
+        assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12) and ks.get_last_lr() == pytest.approx(ts.get_last_lr())
+        ko.step()
+        to.step()
+        ks.step()
+        ts.step()
+
+
+def test_cosine_warm_restarts_with_fractional_epochs_and_closed_form_step():
+    ko, to = optimizers()
+    ks, ts = KS.CosineAnnealingWarmRestarts(ko, T_0=3, T_mult=2), TS.CosineAnnealingWarmRestarts(to, T_0=3, T_mult=2)
+    for e in [0.0, 0.5, 1.25, 3.0, 4.75, 9.5, 20.0]:
+        ks.step(e)
+        ts.step(e)
+        assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12)
+    ko, to = optimizers()
+    ks, ts = KS.StepLR(ko, 3, 0.5), TS.StepLR(to, 3, 0.5)
+    with pytest.warns(UserWarning):
+        ks.step(7)
+    with pytest.warns(UserWarning):
+        ts.step(7)
+    assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12)
+
+
+def test_reduce_lr_on_plateau_as_torch():
+    for kwargs in [{}, {"mode": "max", "factor": 0.5, "patience": 2, "threshold_mode": "abs", "threshold": 0.01,
+                        "cooldown": 1, "min_lr": [0.02, 0.001]}]:
+        ko, to = optimizers()
+        ks, ts = KS.ReduceLROnPlateau(ko, **kwargs), TS.ReduceLROnPlateau(to, **kwargs)
+        metrics = [1.0, 0.9, 0.95, 0.9, 0.91, 0.92, 0.89, 0.9, 0.9, 0.9, 0.9, 0.88] * 4
+        for i, m in enumerate(metrics):
+            ks.step(m)
+            ts.step(m)
+            assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12), i
+            assert ks.get_last_lr() == pytest.approx(ts.get_last_lr(), rel=1e-12)
+            assert (ks.num_bad_epochs, ks.best, ks.last_epoch) == (ts.num_bad_epochs, ts.best, ts.last_epoch)
+        state = ks.state_dict()
+        ks2 = KS.ReduceLROnPlateau(ko, **kwargs)
+        ks2.load_state_dict(state)
+        assert (ks2.best, ks2.num_bad_epochs, ks2.cooldown_counter) == (ks.best, ks.num_bad_epochs, ks.cooldown_counter)
+
+
+def test_scheduler_over_a_training_run_and_resume_checks():
+    # the lr the scheduler sets is the one the optimizer steps with
+    k, t = kiln.tensor([1.0, -1.0], requires_grad=True), torch.tensor([1.0, -1.0], requires_grad=True)
+    ko, to = kiln.optim.SGD([k], lr=0.2, momentum=0.9), torch.optim.SGD([t], lr=0.2, momentum=0.9)
+    ks, ts = KS.OneCycleLR(ko, max_lr=0.3, total_steps=12), TS.OneCycleLR(to, max_lr=0.3, total_steps=12)
+    for _ in range(12):
+        k.grad, t.grad = kiln.tensor([0.5, 0.25]), torch.tensor([0.5, 0.25])
+        ko.step()
+        to.step()
+        ks.step() if ks.last_epoch < 11 else None
+        ts.step() if ts.last_epoch < 11 else None
+    assert np.allclose(k.detach().numpy(), t.detach().numpy(), atol=1e-6)
+    fresh, _ = optimizers()
+    with pytest.raises(KeyError, match="initial_lr"):
+        KS.StepLR(fresh, 3, last_epoch=5)
+    with pytest.raises(TypeError, match="not a kiln.optim optimizer"):
+        KS.StepLR(torch.optim.SGD([t], lr=0.1), 3)
+    ko, _ = optimizers()
+    with pytest.raises(ValueError, match="expected 2 lr_lambdas, but got 1"):
+        KS.LambdaLR(ko, [lambda e: 1.0])
+    # LambdaSchedule (kiln's) sets lr = schedule(step), LambdaLR (torch's) base_lr * lambda(epoch)
+    ko, to = optimizers()
+    KS.LambdaLR(ko, lambda e: 0.5)
+    kiln.optim.LambdaSchedule(optimizers()[0], lambda s: 0.5)
+    assert lrs(ko) == [0.05, 0.005]
+
+
+# ---- kiln.nn.init ----
+INIT = kiln.nn.init
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (8, 4, 3), (16, 3, 3, 5), (6, 2, 2, 3, 4)])
+def test_init_fans_match_torchs(shape):
+    assert INIT._calculate_fan_in_and_fan_out(kiln.zeros(*shape)) == \
+        torch.nn.init._calculate_fan_in_and_fan_out(torch.zeros(*shape))
+    for mode in ("fan_in", "fan_out"):
+        assert INIT._calculate_correct_fan(kiln.zeros(*shape), mode) == \
+            torch.nn.init._calculate_correct_fan(torch.zeros(*shape), mode)
+    # layers' weights, as torch lays them out
+    assert INIT._calculate_fan_in_and_fan_out(kiln.nn.Conv2d(3, 8, 5).weight) == (75, 200)
+    assert INIT._calculate_fan_in_and_fan_out(kiln.nn.Linear(7, 2).weight) == (7, 2)
+    with pytest.raises(ValueError, match="fewer than 2 dimensions"):
+        INIT.xavier_uniform_(kiln.zeros(4))
+
+
+def test_init_exact_values_and_gains():
+    for args in [("linear",), ("conv2d",), ("sigmoid",), ("tanh",), ("relu",), ("leaky_relu",),
+                 ("leaky_relu", 0.2), ("selu",)]:
+        assert INIT.calculate_gain(*args) == torch.nn.init.calculate_gain(*args)
+    with pytest.raises(ValueError, match="unsupported nonlinearity"):
+        INIT.calculate_gain("swish")
+    p = kiln.nn.Linear(4, 3).weight  # a parameter that requires grad: filled under no_grad
+    assert INIT.constant_(p, 0.25) is p and p.requires_grad
+    assert (p.detach().numpy() == 0.25).all()
+    assert (INIT.ones_(kiln.zeros(2, 2)).numpy() == 1).all() and (INIT.zeros_(kiln.ones(3)).numpy() == 0).all()
+    for shape in [(3, 5), (4, 2)]:
+        assert np.array_equal(INIT.eye_(kiln.ones(*shape)).numpy(), torch.nn.init.eye_(torch.ones(*shape)).numpy())
+    with pytest.raises(ValueError, match="2 dimensions"):
+        INIT.eye_(kiln.zeros(2, 2, 2))
+
+
+def stats(t):
+    a = t.numpy().astype(np.float64)
+    return a.mean(), a.std(), a.min(), a.max()
+
+
+def test_init_statistics_with_a_fixed_seed():
+    kiln.manual_seed(123)
+    n = 200_000
+    m, s, lo, hi = stats(INIT.uniform_(kiln.zeros(n), -1.0, 3.0))
+    assert abs(m - 1.0) < 0.02 and abs(s - 4 / math.sqrt(12)) < 0.01 and lo >= -1.0 and hi < 3.0
+    m, s, _, _ = stats(INIT.normal_(kiln.zeros(n), 2.0, 0.5))
+    assert abs(m - 2.0) < 0.01 and abs(s - 0.5) < 0.01
+    t = torch.nn.init.trunc_normal_(torch.zeros(n), 0.5, 1.0, -1.0, 1.5)
+    m, s, lo, hi = stats(INIT.trunc_normal_(kiln.zeros(n), 0.5, 1.0, -1.0, 1.5))
+    assert abs(m - t.mean().item()) < 0.01 and abs(s - t.std().item()) < 0.01 and lo >= -1.0 and hi <= 1.5
+    w = kiln.zeros(256, 64, 3, 3)  # fan_in 576, fan_out 2304
+    tw = torch.zeros(256, 64, 3, 3)
+    for k_init, t_init, kwargs in [(INIT.xavier_uniform_, torch.nn.init.xavier_uniform_, {"gain": 2.0}),
+                                   (INIT.xavier_normal_, torch.nn.init.xavier_normal_, {}),
+                                   (INIT.kaiming_uniform_, torch.nn.init.kaiming_uniform_, {"a": math.sqrt(5)}),
+                                   (INIT.kaiming_normal_, torch.nn.init.kaiming_normal_,
+                                    {"mode": "fan_out", "nonlinearity": "relu"}),
+                                   (INIT.kaiming_uniform_, torch.nn.init.kaiming_uniform_,
+                                    {"a": 0.1, "mode": "fan_in", "nonlinearity": "leaky_relu"})]:
+        m, s, lo, hi = stats(k_init(w, **kwargs))
+        t_init(tw, **kwargs)
+        assert abs(m) < 0.01 * tw.std().item() + 1e-4 and abs(s / tw.std().item() - 1) < 0.01, k_init.__name__
+        if "uniform" in k_init.__name__:  # the same bound as torch's
+            assert abs(hi - tw.max().item()) < 1e-3 * hi and abs(lo - tw.min().item()) < 1e-3 * hi
+    q = INIT.orthogonal_(kiln.zeros(6, 10), gain=2.0).numpy().astype(np.float64)
+    assert np.allclose(q @ q.T, 4 * np.eye(6), atol=1e-5)
+    q = INIT.orthogonal_(kiln.zeros(8, 2, 2)).numpy().reshape(8, 4).astype(np.float64)
+    assert np.allclose(q.T @ q, np.eye(4), atol=1e-5)
+    kiln.manual_seed(7)
+    a = INIT.normal_(kiln.zeros(5)).numpy()
+    kiln.manual_seed(7)
+    assert np.array_equal(a, INIT.normal_(kiln.zeros(5)).numpy())  # kiln.manual_seed decides the values
+
+
+# ---- kiln.data ----
+TD = torch.utils.data
+
+
+def test_dataloader_defaults_and_tensor_dataset_as_torch():
+    x = np.arange(22 * 3, dtype=np.float32).reshape(22, 3)
+    y = np.arange(22) % 4
+    kd = kiln.data.TensorDataset(kiln.tensor(x), kiln.tensor(y))
+    td = TD.TensorDataset(torch.tensor(x), torch.tensor(y))
+    assert len(kd) == len(td) == 22
+    assert [a.tolist() for a in kd[3]] == [a.tolist() for a in td[3]]
+    for kwargs in [{"batch_size": 5}, {"batch_size": 5, "drop_last": True}, {"batch_size": 22, "num_workers": 2},
+                   {"batch_size": 4, "drop_last": False, "num_workers": 0}]:
+        kb, tb = list(kiln.data.DataLoader(kd, **kwargs)), list(TD.DataLoader(td, **kwargs))
+        assert len(kb) == len(tb) == len(kiln.data.DataLoader(kd, **kwargs))  # not shuffled by default, as torch
+        for (kx, ky), (tx, ty) in zip(kb, tb):
+            assert kx.tolist() == tx.tolist() and ky.tolist() == ty.tolist()
+    shuffled = [b[1].tolist() for b in kiln.data.DataLoader(kd, batch_size=22, shuffle=True)]
+    assert sorted(shuffled[0]) == sorted(y.tolist()) and shuffled[0] != y.tolist()
+    # a plain list of (tensor, label) tuples, default collate as torch's
+    rows = np.random.default_rng(1).standard_normal((7, 2, 3)).astype(np.float32)
+    kb = next(iter(kiln.data.DataLoader([(kiln.tensor(r), i % 3) for i, r in enumerate(rows)], batch_size=7)))
+    tb = next(iter(TD.DataLoader([(torch.tensor(r), i % 3) for i, r in enumerate(rows)], batch_size=7)))
+    assert kb[0].shape == tuple(tb[0].shape) and np.array_equal(kb[0].numpy(), tb[0].numpy())
+    assert kb[1].tolist() == tb[1].tolist() and kb[1].dtype == kiln.int64 and tb[1].dtype == torch.int64
+    with pytest.raises(TypeError, match="not both"):
+        kiln.data.DataLoader(kd, workers=1, num_workers=1)
+    with pytest.raises(ValueError, match=r"size mismatch between tensors: dim 0 sizes \[22, 3\]"):
+        kiln.data.TensorDataset(kiln.tensor(x), kiln.zeros(3))
+
+
+@pytest.mark.parametrize("lengths", [[3, 7], [0.3, 0.3, 0.4], [0.33, 0.33, 0.34], [0.5, 0.5], [1.0]])
+def test_random_split_sizes_as_torch(lengths):
+    data = list(range(10))
+    ks, ts = kiln.data.random_split(data, lengths), TD.random_split(data, lengths)
+    assert [len(s) for s in ks] == [len(s) for s in ts]
+    assert sorted(i for s in ks for i in (s[j] for j in range(len(s)))) == data
+    with pytest.raises(ValueError, match="does not equal the length"):
+        kiln.data.random_split(data, [3, 3])
