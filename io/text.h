@@ -51,7 +51,7 @@ struct BasicTokenizerOptions {
 // mark and every CJK ideograph a token of its own, lower-cases and strips accents.
 std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& o = {});
 
-// A vocabulary: token i is line i of a vocab.txt.
+// A vocabulary: token i is line i of a vocab.txt (blank lines at its end are ignored).
 class Vocab {
  public:
   static Vocab load(const std::string& path);

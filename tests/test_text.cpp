@@ -78,6 +78,11 @@ TEST_CASE("vocab: file round trip, duplicates, missing special tokens") {
   std::ofstream(d / "nounk.txt") << "a\nb\n";
   CHECK(contains(error_of([&] { io::WordPieceTokenizer(io::Vocab::load(d / "nounk.txt")); }), "no [UNK] token"));
   CHECK(contains(error_of([&] { io::Vocab::load(d / "absent.txt"); }), "absent.txt: cannot open"));
+  // Blank lines at the end are ignored (Hugging Face reads the same tokens); one inside is an error.
+  std::ofstream(d / "blank_end.txt") << "[UNK]\na\nb\n\n\n";
+  CHECK(io::Vocab::load(d / "blank_end.txt").size() == 3);
+  std::ofstream(d / "blank_mid.txt") << "[UNK]\na\n\nb\n";
+  CHECK(contains(error_of([&] { io::Vocab::load(d / "blank_mid.txt"); }), "token 2 (line 3) is empty"));
   std::ofstream(d / "corpus.txt") << "some words here\n";
   std::ofstream(d / "nomask.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nsome\nwords\n";
   auto nomask = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(d / "nomask.txt"));
