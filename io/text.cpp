@@ -148,6 +148,29 @@ std::string encode_utf8(std::u32string_view s) {
 // ---- basic tokenizer -----------------------------------------------------------------------------
 
 namespace {
+// The special tokens a text may hold, kept whole as BERT's tokenizer keeps its never_split/added tokens:
+// found as written (case-sensitive) anywhere in the text, before any cleaning.
+std::vector<std::string_view> split_special(std::string_view text, std::vector<bool>* special) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '[') continue;
+    for (const std::string& t : kBertSpecialTokens) {
+      if (text.compare(i, t.size(), t) != 0) continue;
+      parts.push_back(text.substr(start, i - start));
+      special->push_back(false);
+      parts.push_back(text.substr(i, t.size()));
+      special->push_back(true);
+      start = i + t.size();
+      i = start - 1;
+      break;
+    }
+  }
+  parts.push_back(text.substr(start));
+  special->push_back(false);
+  return parts;
+}
+
 // One whitespace-separated word of the cleaned text: lower-cased (str.lower()), then accents stripped
 // (NFD, category Mn dropped), then split at each punctuation mark, in BERT's order.
 void split_word(std::u32string word, const BasicTokenizerOptions& o, std::vector<std::string>* out) {
@@ -173,26 +196,34 @@ void split_word(std::u32string word, const BasicTokenizerOptions& o, std::vector
 }  // namespace
 
 std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& o) {
-  // Cleaning (controls dropped), CJK ideographs made words of their own, split at whitespace.
   std::vector<std::string> out;
-  std::u32string word;
-  auto flush = [&] {
-    if (!word.empty()) split_word(std::move(word), o, &out);
-    word.clear();
-  };
-  for (const char32_t c : decode_utf8(text)) {
-    if (unicode::is_control(c)) continue;
-    if (unicode::is_whitespace(c)) {
-      flush();
-    } else if (unicode::is_chinese_char(c)) {
-      flush();
-      word.push_back(c);
-      flush();
-    } else {
-      word.push_back(c);
+  std::vector<bool> special;
+  const std::vector<std::string_view> parts = split_special(text, &special);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (special[p]) {
+      out.emplace_back(parts[p]);
+      continue;
     }
+    // Cleaning (controls dropped), CJK ideographs made words of their own, split at whitespace.
+    std::u32string word;
+    auto flush = [&] {
+      if (!word.empty()) split_word(std::move(word), o, &out);
+      word.clear();
+    };
+    for (const char32_t c : decode_utf8(parts[p])) {
+      if (unicode::is_control(c)) continue;
+      if (unicode::is_whitespace(c)) {
+        flush();
+      } else if (unicode::is_chinese_char(c)) {
+        flush();
+        word.push_back(c);
+        flush();
+      } else {
+        word.push_back(c);
+      }
+    }
+    flush();
   }
-  flush();
   return out;
 }
 
@@ -323,7 +354,9 @@ Vocab build_wordpiece_vocab(const std::vector<std::string>& files, int64_t size,
   for (const auto& f : files) {
     const std::string text = read_text_file(f);
     for (auto& w : basic_tokenize(text, o))
-      if (decode_utf8(w).size() <= 100) ++word_freq[w];
+      if (decode_utf8(w).size() <= 100 &&
+          std::find(kBertSpecialTokens.begin(), kBertSpecialTokens.end(), w) == kBertSpecialTokens.end())
+        ++word_freq[w];  // a special token written in the text is in the vocabulary already
   }
   KILN_CHECK(!word_freq.empty(), "build_wordpiece_vocab: no words in ", files.front(), files.size() > 1 ? " ..." : "");
 

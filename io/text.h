@@ -42,8 +42,9 @@ struct BasicTokenizerOptions {
   bool lower_case = true;     // kLowerCaseScope
   bool strip_accents = true;  // NFD, then the nonspacing marks dropped
 };
-// BERT's basic tokenizer, step for step (Hugging Face's BasicTokenizer and BertNormalizer): drops NUL,
-// U+FFFD and the control, format, private-use and unassigned characters (category C*); makes every CJK
+// BERT's basic tokenizer, step for step (Hugging Face's BasicTokenizer and BertNormalizer): keeps the
+// special tokens of kBertSpecialTokens whole where the text holds them as written; drops NUL, U+FFFD
+// and the control, format, private-use and unassigned characters (category C*); makes every CJK
 // ideograph a word; splits at whitespace; lower-cases and strips accents each word; splits every
 // punctuation mark (ASCII symbols and category P*) off as a token of its own. Without lower-casing
 // and accent stripping (cased models) the text is not normalized at all, as in BERT and Hugging

@@ -189,6 +189,24 @@ TEST_CASE("basic tokenizer: uncased is lower-case, NFD, nonspacing marks (Mn) dr
   CHECK(io::unicode::nfd(U"\u00c5\u0316") == std::u32string(U"A\u0316\u030a"));  // below (220) before above (230)
 }
 
+TEST_CASE("wordpiece: [CLS] [SEP] [MASK] [PAD] [UNK] written in the text stay whole, as written") {
+  auto tok = toy_tokenizer();
+  CHECK(io::basic_tokenize("hello [MASK].") == Words{"hello", "[MASK]", "."});
+  CHECK(io::basic_tokenize("hello[MASK].", {false, false}) == Words{"hello", "[MASK]", "."});
+  CHECK(tok->tokenize("a[CLS]b [SEP][PAD][UNK]") == Words{"a", "[CLS]", "b", "[SEP]", "[PAD]", "[UNK]"});
+  CHECK(tok->encode("hello [MASK] world") ==
+        std::vector<int64_t>{tok->vocab().id("hello"), tok->mask_id, tok->vocab().id("world")});
+  // Case-sensitive: "[mask]" is three tokens.
+  CHECK(io::basic_tokenize("[mask] [Mask]") == Words{"[", "mask", "]", "[", "mask", "]"});
+  // The vocabulary builder counts no characters of a special token in its corpus.
+  TempDir d("kiln_vocab");
+  std::ofstream(d / "corpus.txt") << "the [MASK] dog\nthe [MASK] cat\n";
+  const io::Vocab v = io::build_wordpiece_vocab({d / "corpus.txt"}, 100);
+  CHECK(v.id("[MASK]") == 4);
+  CHECK(v.id("##M") == -1);
+  CHECK(v.id("[") == -1);
+}
+
 TEST_CASE("masked LM: packing, 15% masked as 80/10/10, reproducible per (seed, sample)") {
   TempDir d("kiln_mlm");
   auto tok = toy_tokenizer();
