@@ -1,5 +1,5 @@
-// BERT text processing. Character classes follow BERT's basic tokenizer; the Unicode tables here are
-// the ranges English and European text need (see each function), not the whole Unicode database.
+// BERT text processing. The basic tokenizer follows BERT's step by step, with the Unicode classes and
+// mappings of io/unicode.h.
 #include "io/text.h"
 
 #include <unistd.h>
@@ -19,6 +19,7 @@
 #include "engine/random.h"
 #include "io/atomic_file.h"
 #include "io/idx.h"
+#include "io/unicode.h"
 
 namespace kiln::io {
 
@@ -144,98 +145,85 @@ std::string encode_utf8(std::u32string_view s) {
   return out;
 }
 
-// ---- character classes ---------------------------------------------------------------------------
+// ---- basic tokenizer -----------------------------------------------------------------------------
+
 namespace {
-
-bool in(char32_t c, char32_t lo, char32_t hi) { return c >= lo && c <= hi; }
-
-bool is_whitespace(char32_t c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == 0xA0 || c == 0x1680 || in(c, 0x2000, 0x200A) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+// The special tokens a text may hold, kept whole as BERT's tokenizer keeps its never_split/added tokens:
+// found as written (case-sensitive) anywhere in the text, before any cleaning.
+std::vector<std::string_view> split_special(std::string_view text, std::vector<bool>* special) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '[') continue;
+    for (const std::string& t : kBertSpecialTokens) {
+      if (text.compare(i, t.size(), t) != 0) continue;
+      parts.push_back(text.substr(start, i - start));
+      special->push_back(false);
+      parts.push_back(text.substr(i, t.size()));
+      special->push_back(true);
+      start = i + t.size();
+      i = start - 1;
+      break;
+    }
+  }
+  parts.push_back(text.substr(start));
+  special->push_back(false);
+  return parts;
 }
 
-// Removed before tokenizing, as BERT's cleaner does (NUL, U+FFFD and the C0/C1 controls).
-bool is_control(char32_t c) {
-  if (c == '\t' || c == '\n' || c == '\r') return false;
-  return c < 0x20 || in(c, 0x7F, 0x9F) || c == 0xFFFD || in(c, 0x200B, 0x200F) || c == 0xFEFF;
+// One whitespace-separated word of the cleaned text: lower-cased (str.lower()), then accents stripped
+// (NFD, category Mn dropped), then split at each punctuation mark, in BERT's order.
+void split_word(std::u32string word, const BasicTokenizerOptions& o, std::vector<std::string>* out) {
+  if (o.lower_case) word = unicode::to_lower(word);
+  if (o.strip_accents) {
+    std::u32string kept;
+    for (const char32_t c : unicode::nfd(word))
+      if (!unicode::is_nonspacing_mark(c)) kept.push_back(c);
+    word = std::move(kept);
+  }
+  std::u32string piece;
+  for (const char32_t c : word) {
+    if (!unicode::is_punctuation(c)) {
+      piece.push_back(c);
+      continue;
+    }
+    if (!piece.empty()) out->push_back(encode_utf8(piece));
+    piece.clear();
+    out->push_back(encode_utf8(std::u32string(1, c)));
+  }
+  if (!piece.empty()) out->push_back(encode_utf8(piece));
 }
-
-// ASCII symbols count as punctuation (as in BERT); beyond ASCII, the punctuation blocks.
-bool is_punctuation(char32_t c) {
-  if (in(c, 33, 47) || in(c, 58, 64) || in(c, 91, 96) || in(c, 123, 126)) return true;
-  return c == 0xA1 || c == 0xA7 || c == 0xAB || c == 0xB6 || c == 0xB7 || c == 0xBB || c == 0xBF ||
-         in(c, 0x2010, 0x2027) || in(c, 0x2030, 0x205E) || in(c, 0x3001, 0x3003) || in(c, 0x3008, 0x3011) ||
-         in(c, 0x3014, 0x301F) || in(c, 0xFF01, 0xFF0F) || in(c, 0xFF1A, 0xFF20) || in(c, 0xFF3B, 0xFF40) ||
-         in(c, 0xFF5B, 0xFF65);
-}
-
-bool is_cjk(char32_t c) {
-  return in(c, 0x4E00, 0x9FFF) || in(c, 0x3400, 0x4DBF) || in(c, 0x20000, 0x2A6DF) || in(c, 0x2A700, 0x2CEAF) ||
-         in(c, 0xF900, 0xFAFF) || in(c, 0x2F800, 0x2FA1F);
-}
-
-bool is_combining_mark(char32_t c) {
-  return in(c, 0x0300, 0x036F) || in(c, 0x1AB0, 0x1AFF) || in(c, 0x1DC0, 0x1DFF) || in(c, 0x20D0, 0x20FF) ||
-         in(c, 0xFE20, 0xFE2F);
-}
-
-char32_t to_lower(char32_t c) {
-  if (in(c, 'A', 'Z')) return c + 32;
-  if (c < 0xC0) return c;
-  if (in(c, 0xC0, 0xDE) && c != 0xD7) return c + 32;
-  if (c == 0x130) return 'i';  // Turkish İ: BERT's "i" + a combining dot, the dot dropped (not dotless ı)
-  if (in(c, 0x100, 0x137) || in(c, 0x14A, 0x177)) return c | 1;  // pairs: even upper, odd lower
-  if (in(c, 0x139, 0x148) || in(c, 0x179, 0x17E)) return (c & 1) ? c + 1 : c;  // odd upper, even lower
-  if (c == 0x178) return 0xFF;
-  if (in(c, 0x391, 0x3A9) && c != 0x3A2) return c + 32;  // Greek
-  if (in(c, 0x410, 0x42F)) return c + 32;                // Cyrillic
-  if (in(c, 0x400, 0x40F)) return c + 80;
-  return c;
-}
-
-// The base letter of an accented Latin-1 or Latin Extended-A letter ('-': none, e.g. Æ, Ø, ß, Ł,
-// which Unicode does not decompose).
-constexpr const char kLatin1Base[] = "AAAAAA-CEEEEIIII-NOOOOO--UUUUY--aaaaaa-ceeeeiiii-nooooo--uuuuy-y";
-constexpr const char kLatinExtABase[] =
-    "AaAaAaCcCcCcCcDd--EeEeEeEeEeGgGgGgGgHh--IiIiIiIiI---JjKk-LlLlLl----NnNnNn---OoOoOo--RrRrRrSsSsSsSsTtTt--UuUuUuUu"
-    "UuUuWwYyYZzZzZz-";
-static_assert(sizeof(kLatin1Base) == 65 && sizeof(kLatinExtABase) == 129, "one entry per code point");
-
-char32_t strip_accent(char32_t c) {
-  char b = '-';
-  if (in(c, 0xC0, 0xFF)) b = kLatin1Base[c - 0xC0];
-  else if (in(c, 0x100, 0x17F)) b = kLatinExtABase[c - 0x100];
-  return b == '-' ? c : char32_t(b);
-}
-
 }  // namespace
 
 std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& o) {
   std::vector<std::string> out;
-  std::u32string word;
-  auto flush = [&] {
-    if (!word.empty()) out.push_back(encode_utf8(word));
-    word.clear();
-  };
-  for (char32_t c : decode_utf8(text)) {
-    if (is_control(c)) continue;
-    if (is_whitespace(c)) {
-      flush();
+  std::vector<bool> special;
+  const std::vector<std::string_view> parts = split_special(text, &special);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (special[p]) {
+      out.emplace_back(parts[p]);
       continue;
     }
-    if (o.lower_case) c = to_lower(c);
-    if (o.strip_accents) {
-      if (is_combining_mark(c)) continue;
-      c = strip_accent(c);
+    // Cleaning (controls dropped), CJK ideographs made words of their own, split at whitespace.
+    std::u32string word;
+    auto flush = [&] {
+      if (!word.empty()) split_word(std::move(word), o, &out);
+      word.clear();
+    };
+    for (const char32_t c : decode_utf8(parts[p])) {
+      if (unicode::is_control(c)) continue;
+      if (unicode::is_whitespace(c)) {
+        flush();
+      } else if (unicode::is_chinese_char(c)) {
+        flush();
+        word.push_back(c);
+        flush();
+      } else {
+        word.push_back(c);
+      }
     }
-    if (is_punctuation(c) || is_cjk(c)) {
-      flush();
-      out.push_back(encode_utf8(std::u32string(1, c)));
-      continue;
-    }
-    word.push_back(c);
+    flush();
   }
-  flush();
   return out;
 }
 
@@ -260,6 +248,9 @@ Vocab Vocab::load(const std::string& path) {
   const std::string text = read_text_file(path);  // without its byte order mark
   std::vector<std::string> tokens;
   for (const std::string_view line : split_lines(text)) tokens.emplace_back(line);
+  // Blank lines at the end are no tokens (editors and `echo >>` leave them; Hugging Face reads such a
+  // file as its tokens); a blank line before a token stays an error (it would shift every id after it).
+  while (!tokens.empty() && tokens.back().empty()) tokens.pop_back();
   return from_tokens(std::move(tokens), path);
 }
 
@@ -363,7 +354,9 @@ Vocab build_wordpiece_vocab(const std::vector<std::string>& files, int64_t size,
   for (const auto& f : files) {
     const std::string text = read_text_file(f);
     for (auto& w : basic_tokenize(text, o))
-      if (decode_utf8(w).size() <= 100) ++word_freq[w];
+      if (decode_utf8(w).size() <= 100 &&
+          std::find(kBertSpecialTokens.begin(), kBertSpecialTokens.end(), w) == kBertSpecialTokens.end())
+        ++word_freq[w];  // a special token written in the text is in the vocabulary already
   }
   KILN_CHECK(!word_freq.empty(), "build_wordpiece_vocab: no words in ", files.front(), files.size() > 1 ? " ..." : "");
 

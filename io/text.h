@@ -1,6 +1,7 @@
 // Text for BERT: UTF-8, the basic tokenizer (cleaning, lower-casing, accent stripping, punctuation
-// and CJK splitting), a WordPiece vocabulary and tokenizer, a vocabulary builder, and the two text
-// data sets: a corpus packed into masked-LM sequences, and `label<TAB>text` classification files.
+// and CJK splitting, as BERT's for all of Unicode), a WordPiece vocabulary and tokenizer, a vocabulary
+// builder, and the two text data sets: a corpus packed into masked-LM sequences, and
+// `label<TAB>text` classification files.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -32,26 +33,25 @@ size_t file_binary_offset(const std::string& path);
 // is an error naming the file, bytes that are not UTF-8 a warning.
 std::string read_text_file(const std::string& path);
 
-// What lower-casing and accent stripping cover (the help of --lower-case says it): BERT's tokenizer
-// uses all of Unicode; this one the ranges below, and leaves other characters as they are.
+// What lower-casing and accent stripping do (the help of --lower-case says it).
 inline constexpr const char* kLowerCaseScope =
-    "lower-cases A-Z, the Latin-1 and Latin Extended-A capitals (U+00C0-017F; Turkish I with dot to i), "
-    "Greek capitals without accents (U+0391-03A9) and Cyrillic capitals (U+0400-042F); strips accents by "
-    "dropping combining marks (U+0300-036F, 1AB0-1AFF, 1DC0-1DFF, 20D0-20FF, FE20-FE2F) and mapping the "
-    "accented Latin-1 and Latin Extended-A letters to their base letter. Other characters are left as "
-    "they are, so BERT's tokenizer (all of Unicode) differs on: accented Greek letters (kept, capitals "
-    "not lower-cased), a word-final capital sigma (to σ, not ς), Cyrillic ё and й (kept, not е and и), "
-    "Latin Extended-B and Vietnamese (U+1E00-1EFF) letters, Armenian, Georgian and fullwidth capitals";
+    "lower-cases as Python's str.lower() and strips accents by NFD, dropping the nonspacing marks (category "
+    "Mn), as BERT's uncased tokenizer does, for every code point of Unicode 14.0.0 (io/unicode.h)";
 
 struct BasicTokenizerOptions {
   bool lower_case = true;     // kLowerCaseScope
-  bool strip_accents = true;  // combining marks dropped, Latin-1 and Latin Extended-A letters to their base
+  bool strip_accents = true;  // NFD, then the nonspacing marks dropped
 };
-// BERT's basic tokenizer: drops control characters, splits on whitespace, makes every punctuation
-// mark and every CJK ideograph a token of its own, lower-cases and strips accents.
+// BERT's basic tokenizer, step for step (Hugging Face's BasicTokenizer and BertNormalizer): keeps the
+// special tokens of kBertSpecialTokens whole where the text holds them as written; drops NUL, U+FFFD
+// and the control, format, private-use and unassigned characters (category C*); makes every CJK
+// ideograph a word; splits at whitespace; lower-cases and strips accents each word; splits every
+// punctuation mark (ASCII symbols and category P*) off as a token of its own. Without lower-casing
+// and accent stripping (cased models) the text is not normalized at all, as in BERT and Hugging
+// Face's fast tokenizer (its slow BertTokenizer composes it to NFC first).
 std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& o = {});
 
-// A vocabulary: token i is line i of a vocab.txt.
+// A vocabulary: token i is line i of a vocab.txt (blank lines at its end are ignored).
 class Vocab {
  public:
   static Vocab load(const std::string& path);

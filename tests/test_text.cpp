@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "io/text.h"
+#include "io/unicode.h"
 #include "kiln.h"
 #include "test_util.h"
 
@@ -78,6 +79,11 @@ TEST_CASE("vocab: file round trip, duplicates, missing special tokens") {
   std::ofstream(d / "nounk.txt") << "a\nb\n";
   CHECK(contains(error_of([&] { io::WordPieceTokenizer(io::Vocab::load(d / "nounk.txt")); }), "no [UNK] token"));
   CHECK(contains(error_of([&] { io::Vocab::load(d / "absent.txt"); }), "absent.txt: cannot open"));
+  // Blank lines at the end are ignored (Hugging Face reads the same tokens); one inside is an error.
+  std::ofstream(d / "blank_end.txt") << "[UNK]\na\nb\n\n\n";
+  CHECK(io::Vocab::load(d / "blank_end.txt").size() == 3);
+  std::ofstream(d / "blank_mid.txt") << "[UNK]\na\n\nb\n";
+  CHECK(contains(error_of([&] { io::Vocab::load(d / "blank_mid.txt"); }), "token 2 (line 3) is empty"));
   std::ofstream(d / "corpus.txt") << "some words here\n";
   std::ofstream(d / "nomask.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nsome\nwords\n";
   auto nomask = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(d / "nomask.txt"));
@@ -105,13 +111,100 @@ TEST_CASE("vocab builder: specials first, every character, frequent words whole,
   CHECK(contains(error_of([&] { io::build_wordpiece_vocab({d / "corpus.txt"}, 3); }), "no room"));
 }
 
-TEST_CASE("basic tokenizer: --lower-case covers the ranges its help names; Turkish I with dot to i") {
+TEST_CASE("basic tokenizer: --lower-case is str.lower(); Turkish I with dot to i; final sigma") {
   CHECK(io::basic_tokenize("\xc4\xb0stanbul") == Words{"istanbul"});  // not dotless "ıstanbul"
   CHECK(io::basic_tokenize("\xc4\xb0") != io::basic_tokenize("\xc4\xb1"));
-  CHECK(contains(io::kLowerCaseScope, "U+00C0-017F"));
-  // Outside the ranges: left as they are (an accented Greek capital, a fullwidth capital).
-  CHECK(io::basic_tokenize("\xce\x86") == Words{"\xce\x86"});
-  CHECK(io::basic_tokenize("\xef\xbc\xa1") == Words{"\xef\xbc\xa1"});
+  CHECK(contains(io::kLowerCaseScope, std::string("Unicode ") + io::unicode::kUnicodeVersion));
+  // The expectations below are Hugging Face's BertTokenizer (transformers 5.25, BasicTokenizer) on the
+  // same text. An accented Greek capital and a fullwidth capital; cased: kept.
+  CHECK(io::basic_tokenize("\xce\x86 \xef\xbc\xa1") == Words{"\xce\xb1", "\xef\xbd\x81"});
+  CHECK(io::basic_tokenize("\xce\x86 \xef\xbc\xa1", {false, false}) == Words{"\xce\x86", "\xef\xbc\xa1"});
+  // ΟΔΟΣ ΟΔΟΣ. ΣΑ: a capital sigma ending a word is ς, also before punctuation; σ elsewhere.
+  CHECK(io::basic_tokenize("\xce\x9f\xce\x94\xce\x9f\xce\xa3 \xce\x9f\xce\x94\xce\x9f\xce\xa3. \xce\xa3\xce\x91") ==
+        Words{"\xce\xbf\xce\xb4\xce\xbf\xcf\x82", "\xce\xbf\xce\xb4\xce\xbf\xcf\x82", ".", "\xcf\x83\xce\xb1"});
+}
+
+TEST_CASE("basic tokenizer: control, format and private-use characters are dropped (category C*)") {
+  // Soft hyphen, word joiner, private use, bidi embedding and isolate, Mongolian vowel separator, a tag
+  // character, U+FFFD and NUL: Hugging Face gives "abcdefghij" for both cases.
+  const std::string text =
+      "a\xc2\xad"
+      "b\xe2\x81\xa0"
+      "c\xee\x80\x80"
+      "d\xe2\x80\xaa"
+      "e\xe2\x81\xa6"
+      "f\xe1\xa0\x8e"
+      "g\xf3\xa0\x80\xa0"
+      "h\xef\xbf\xbd"
+      "i" +
+      std::string(1, '\0') + "j";
+  CHECK(io::basic_tokenize(text) == Words{"abcdefghij"});
+  CHECK(io::basic_tokenize(text, {false, false}) == Words{"abcdefghij"});
+  // Line and paragraph separators split words (str.split does), unassigned code points are dropped.
+  CHECK(io::basic_tokenize("a\xe2\x80\xa8"
+                           "b\xe2\x80\xa9"
+                           "c\xcd\xb8"
+                           "d") == Words{"a", "b", "cd"});
+  auto tok = toy_tokenizer();
+  CHECK(tok->tokenize("hel\xc2\xadlo") == Words{"hello"});
+}
+
+TEST_CASE("basic tokenizer: punctuation is category P* and the ASCII symbols, not other symbols") {
+  // يا، لا؟ (Arabic comma and question mark)
+  CHECK(io::basic_tokenize("\xd9\x8a\xd8\xa7\xd8\x8c \xd9\x84\xd8\xa7\xd8\x9f") ==
+        Words{"\xd9\x8a\xd8\xa7", "\xd8\x8c", "\xd9\x84\xd8\xa7", "\xd8\x9f"});
+  // a・b⸀c (katakana middle dot, a supplemental punctuation mark)
+  CHECK(io::basic_tokenize("a\xe3\x83\xbb"
+                           "b\xe2\xb8\x80"
+                           "c") == Words{"a", "\xe3\x83\xbb", "b", "\xe2\xb8\x80", "c"});
+  // 1⁄2 ＄5＋＜x⁒: the fraction slash, fullwidth $ + < and the commercial minus are symbols (S*), not split.
+  CHECK(io::basic_tokenize("1\xe2\x81\x84"
+                           "2 \xef\xbc\x84"
+                           "5\xef\xbc\x8b\xef\xbc\x9cx\xe2\x81\x92",
+                           {false, false}) == Words{"1\xe2\x81\x84"
+                                                    "2",
+                                                    "\xef\xbc\x84"
+                                                    "5\xef\xbc\x8b\xef\xbc\x9cx\xe2\x81\x92"});
+}
+
+TEST_CASE("basic tokenizer: uncased is lower-case, NFD, nonspacing marks (Mn) dropped, for all scripts") {
+  // यह है। (Devanagari): the vowel sign of है is Mn, dropped uncased, kept cased; the danda is punctuation.
+  const std::string hindi = "\xe0\xa4\xaf\xe0\xa4\xb9 \xe0\xa4\xb9\xe0\xa5\x88\xe0\xa5\xa4";
+  CHECK(io::basic_tokenize(hindi) == Words{"\xe0\xa4\xaf\xe0\xa4\xb9", "\xe0\xa4\xb9", "\xe0\xa5\xa4"});
+  CHECK(io::basic_tokenize(hindi, {false, false}) ==
+        Words{"\xe0\xa4\xaf\xe0\xa4\xb9", "\xe0\xa4\xb9\xe0\xa5\x88", "\xe0\xa5\xa4"});
+  // 한국어: Hangul syllables decompose into their jamo (U+1112 1161 11AB 1100 116E 11A8 110B 1165).
+  const std::string korean = "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4";
+  CHECK(io::basic_tokenize(korean) == Words{"\xe1\x84\x92\xe1\x85\xa1\xe1\x86\xab\xe1\x84\x80\xe1\x85\xae\xe1\x86\xa8"
+                                            "\xe1\x84\x8b\xe1\x85\xa5"});
+  CHECK(io::basic_tokenize(korean, {false, false}) == Words{korean});
+  // がぎ: the voicing mark goes (かき).
+  CHECK(io::basic_tokenize("\xe3\x81\x8c\xe3\x81\x8e") == Words{"\xe3\x81\x8b\xe3\x81\x8d"});
+  // ❤️: the variation selector U+FE0F is Mn.
+  CHECK(io::basic_tokenize("\xe2\x9d\xa4\xef\xb8\x8f") == Words{"\xe2\x9d\xa4"});
+  // A CJK compatibility ideograph (U+F900) decomposes to U+8C48.
+  CHECK(io::basic_tokenize("\xef\xa4\x80") == Words{"\xe8\xb1\x88"});
+  // Canonical ordering: two combining musical symbols (Mc, classes 226 then 216) are swapped.
+  CHECK(io::basic_tokenize("x\xf0\x9d\x85\xad\xf0\x9d\x85\xa5") == Words{"x\xf0\x9d\x85\xa5\xf0\x9d\x85\xad"});
+  CHECK(io::unicode::nfd(U"\u00c5\u0316") == std::u32string(U"A\u0316\u030a"));  // below (220) before above (230)
+}
+
+TEST_CASE("wordpiece: [CLS] [SEP] [MASK] [PAD] [UNK] written in the text stay whole, as written") {
+  auto tok = toy_tokenizer();
+  CHECK(io::basic_tokenize("hello [MASK].") == Words{"hello", "[MASK]", "."});
+  CHECK(io::basic_tokenize("hello[MASK].", {false, false}) == Words{"hello", "[MASK]", "."});
+  CHECK(tok->tokenize("a[CLS]b [SEP][PAD][UNK]") == Words{"a", "[CLS]", "b", "[SEP]", "[PAD]", "[UNK]"});
+  CHECK(tok->encode("hello [MASK] world") ==
+        std::vector<int64_t>{tok->vocab().id("hello"), tok->mask_id, tok->vocab().id("world")});
+  // Case-sensitive: "[mask]" is three tokens.
+  CHECK(io::basic_tokenize("[mask] [Mask]") == Words{"[", "mask", "]", "[", "mask", "]"});
+  // The vocabulary builder counts no characters of a special token in its corpus.
+  TempDir d("kiln_vocab");
+  std::ofstream(d / "corpus.txt") << "the [MASK] dog\nthe [MASK] cat\n";
+  const io::Vocab v = io::build_wordpiece_vocab({d / "corpus.txt"}, 100);
+  CHECK(v.id("[MASK]") == 4);
+  CHECK(v.id("##M") == -1);
+  CHECK(v.id("[") == -1);
 }
 
 TEST_CASE("masked LM: packing, 15% masked as 80/10/10, reproducible per (seed, sample)") {
