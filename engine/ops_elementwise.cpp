@@ -612,9 +612,10 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
     SavedTensor sa(a);
     autograd::record("clamp", {a}, {out}, [sa, lo, hi](const GradCtx& c) -> std::vector<Tensor> {
       const Tensor x = sa.unpack("clamp");
+      // Strictly inside: the gradient is 0 at a bound, as PyTorch's (and hardtanh's below).
       Tensor inside = ones_like(x).to(DType::boolean);
-      if (lo) inside = logical_and(inside, ge(x, scalar_like(*lo, x)));
-      if (hi) inside = logical_and(inside, le(x, scalar_like(*hi, x)));
+      if (lo) inside = logical_and(inside, gt(x, scalar_like(*lo, x)));
+      if (hi) inside = logical_and(inside, lt(x, scalar_like(*hi, x)));
       return {where(inside, c.g(), zeros_like(c.g()))};
     });
   }

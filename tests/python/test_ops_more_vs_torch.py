@@ -319,3 +319,19 @@ def test_format_of_a_zero_dim_tensor():
     assert format(kiln.tensor([1.0, 2.0])) == str(kiln.tensor([1.0, 2.0]))
     with pytest.raises(TypeError):
         f"{kiln.tensor([1.0, 2.0]):.4f}"
+
+
+@pytest.mark.parametrize("name", ["clamp", "clamp_min", "clamp_max"])
+def test_clamp_gradient_at_a_bound_is_zero_as_torch(name):
+    a = np.array([0.0, 1.0, 0.5, -1.0, 2.0])
+    kx, tx = both(a, True)
+    k_fn = {"clamp": lambda x: x.clamp(0.0, 1.0), "clamp_min": lambda x: x.clamp(min=0.0),
+            "clamp_max": lambda x: x.clamp(max=1.0)}[name]
+    k_fn(kx).sum().backward()
+    getattr(tx, name)(*((0.0, 1.0) if name == "clamp" else (1.0,) if name == "clamp_max" else (0.0,))).sum().backward()
+    same(kx.grad, tx.grad)
+    F, TF = kiln.nn.functional, torch.nn.functional
+    kx.grad, tx.grad = None, None
+    (F.hardtanh(kx, 0.0, 1.0) + F.relu6(kx * 6.0) + F.relu(kx)).sum().backward()
+    (TF.hardtanh(tx, 0.0, 1.0) + TF.relu6(tx * 6.0) + TF.relu(tx)).sum().backward()
+    same(kx.grad, tx.grad)
