@@ -335,3 +335,54 @@ def test_clamp_gradient_at_a_bound_is_zero_as_torch(name):
     (F.hardtanh(kx, 0.0, 1.0) + F.relu6(kx * 6.0) + F.relu(kx)).sum().backward()
     (TF.hardtanh(tx, 0.0, 1.0) + TF.relu6(tx * 6.0) + TF.relu(tx)).sum().backward()
     same(kx.grad, tx.grad)
+
+
+ACTIVATIONS = [("relu", {}), ("relu6", {}), ("elu", {"alpha": 0.7}), ("selu", {}), ("celu", {"alpha": 1.3}),
+               ("leaky_relu", {"negative_slope": 0.2}), ("hardtanh", {"min_val": -0.5, "max_val": 0.8}),
+               ("hardsigmoid", {}), ("hardswish", {}), ("silu", {}), ("mish", {})]
+
+
+@pytest.mark.parametrize("name,kw", ACTIVATIONS)
+def test_activation_inplace_argument(name, kw):
+    # (1e-6: celu and hardsigmoid differ from torch's in the last float digits)
+    F, TF = kiln.nn.functional, torch.nn.functional
+    a = RNG.standard_normal((3, 5)) * 3
+    # a tensor that needs no gradient is changed in place, as torch's
+    kx, tx = both(a)
+    ko = getattr(F, name)(kx, inplace=True, **kw)
+    to = getattr(TF, name)(tx, inplace=True, **kw)
+    same(ko, to, 1e-6)
+    same(kx, tx, 1e-6)
+    # inside a graph (x requires grad): the result is a new tensor (Kiln records no in-place op), with
+    # torch's values and gradients
+    kw_, tw_ = both(a, True)
+    kh, th = kw_ * 2.0, tw_ * 2.0
+    ko = getattr(F, name)(kh, inplace=True, **kw)
+    to = getattr(TF, name)(th, inplace=True, **kw)
+    same(ko, to, 1e-6)
+    ko.sum().backward()
+    to.sum().backward()
+    same(kw_.grad, tw_.grad, 1e-6)
+    same(getattr(F, name)(kiln.tensor(a), **kw), getattr(TF, name)(torch.tensor(a), **kw), 1e-6)
+
+
+def test_binary_cross_entropy_refuses_probabilities_outside_0_1():
+    F, TF = kiln.nn.functional, torch.nn.functional
+    y = [1.0, 0.0, 1.0]
+    for p in ([1.5, 0.2, 0.3], [0.5, -0.1, 0.3], [float("nan"), 0.2, 0.3]):
+        with pytest.raises(RuntimeError, match="all elements of input should be between 0 and 1"):
+            TF.binary_cross_entropy(torch.tensor(p), torch.tensor(y))
+        with pytest.raises(RuntimeError, match="all elements of input should be between 0 and 1") as e:
+            F.binary_cross_entropy(kiln.tensor(p), kiln.tensor(y))
+    assert "min 0.2 and max 1.5" in str(kiln_error(F, [1.5, 0.2, 0.3], y))
+    p = [0.0, 1.0, 0.25]  # the bounds themselves are fine
+    same(F.binary_cross_entropy(kiln.tensor(p), kiln.tensor(y)), TF.binary_cross_entropy(torch.tensor(p),
+                                                                                         torch.tensor(y)), tol=1e-6)
+
+
+def kiln_error(F, p, y):
+    try:
+        F.binary_cross_entropy(kiln.tensor(p), kiln.tensor(y))
+    except RuntimeError as e:
+        return e
+    return None
