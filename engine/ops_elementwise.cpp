@@ -759,10 +759,11 @@ Tensor clamp(const Tensor& a, const Tensor& min, const Tensor& max) {
   const OpScope scope("clamp");
   KILN_CHECK(min.defined() || max.defined(), "clamp: give min or max (or both)");
   check_not_bool("clamp", a.dtype());
+  // maximum/minimum keep a NaN input, and at a tie split the gradient between the input and the
+  // bound, as PyTorch's clamp with tensor bounds does.
   Tensor out = a;
-  // lt/gt are false for NaN: a NaN input is kept.
-  if (min.defined()) out = where(lt(out.detach(), min.detach()), min, out);
-  if (max.defined()) out = where(gt(out.detach(), max.detach()), max, out);
+  if (min.defined()) out = maximum(out, min);
+  if (max.defined()) out = minimum(out, max);
   return out;
 }
 

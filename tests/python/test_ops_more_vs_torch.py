@@ -337,6 +337,18 @@ def test_clamp_gradient_at_a_bound_is_zero_as_torch(name):
     same(kx.grad, tx.grad)
 
 
+def test_clamp_with_tensor_bounds_splits_the_gradient_at_a_tie_as_torch():
+    a = np.array([0.0, 1.0, 0.5, -1.0, 2.0, float("nan")])
+    (kx, tx), (klo, tlo), (khi, thi) = both(a, True), both(np.array(0.0), True), both(np.array([1.0]), True)
+    for kargs, targs in [((klo, khi), (tlo, thi)), ((klo, None), (tlo, None)), ((None, khi), (None, thi))]:
+        ko, to = kx.clamp(*kargs), tx.clamp(*targs)
+        assert np.allclose(ko.detach().numpy(), to.detach().numpy(), equal_nan=True)
+        (ko * kiln.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 0.0])).sum().backward()
+        (to * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 0.0], dtype=torch.float64)).sum().backward()
+    for k, t in [(kx, tx), (klo, tlo), (khi, thi)]:
+        same(k.grad, t.grad)
+
+
 ACTIVATIONS = [("relu", {}), ("relu6", {}), ("elu", {"alpha": 0.7}), ("selu", {}), ("celu", {"alpha": 1.3}),
                ("leaky_relu", {"negative_slope": 0.2}), ("hardtanh", {"min_val": -0.5, "max_val": 0.8}),
                ("hardsigmoid", {}), ("hardswish", {}), ("silu", {}), ("mish", {})]
