@@ -158,9 +158,12 @@ struct Indexed {
 Indexed apply_index(const Tensor& x, nb::handle key, bool for_write) {
   nb::tuple items = nb::isinstance<nb::tuple>(key) ? nb::borrow<nb::tuple>(key) : nb::make_tuple(key);
   int64_t used = 0, ellipses = 0;
+  bool tensors = false;  // a tensor index among the items
   for (nb::handle it : items) {
     used += consumed_dims(it);
     if (it.is(Py_Ellipsis)) ++ellipses;
+    if (!it.is_none() && !it.is(Py_Ellipsis) && !is_bool_index(it) && !is_int_index(it) && !PySlice_Check(it.ptr()))
+      tensors = true;
   }
   if (ellipses > 1) index_error("an index can only have a single ellipsis ('...')");
   if (used > x.dim())
@@ -170,15 +173,23 @@ Indexed apply_index(const Tensor& x, nb::handle key, bool for_write) {
   Tensor v = x;
   int64_t d = 0;    // the dim of v the next item applies to
   int64_t src = 0;  // the dim of x it applies to (for messages)
-  bool has_bool = false;
   for (nb::handle it : items) {
     if (it.is_none()) {
       v = v.unsqueeze(d++);
     } else if (is_bool_index(it)) {
-      // As NumPy and torch: a new dim of size 1 (True) or 0 (False), like a 0-dim mask.
-      has_bool = true;
+      // As NumPy and torch: a new dim of size 1 (True) or 0 (False), like a 0-dim mask; with tensor
+      // indices, an index into that new dim (of shape [1] or [0]) broadcast with them.
       v = v.unsqueeze(d);
-      if (!bool_index(it)) v = v.narrow(d, 0, 0);
+      if (tensors) {
+        const Tensor at = bool_index(it) ? zeros({1}, TensorOptions(DType::i64, x.device()))
+                                         : zeros({0}, TensorOptions(DType::i64, x.device()));
+        if (!r.advanced) r.adv = at, r.adv_dim = d;
+        r.advanced = true;
+        r.advs.push_back(at);
+        r.adv_dims.push_back(d);
+      } else if (!bool_index(it)) {
+        v = v.narrow(d, 0, 0);
+      }
       ++d;
     } else if (it.is(Py_Ellipsis)) {
       d += x.dim() - used;
@@ -217,12 +228,6 @@ Indexed apply_index(const Tensor& x, nb::handle key, bool for_write) {
       src += k;
     }
   }
-  // torch broadcasts a bool (a 0-dim mask) with another tensor index into one advanced index; Kiln
-  // indexes with one tensor per subscript, so it refuses the pair rather than add a dim torch would not.
-  if (has_bool && r.advanced)
-    index_error(
-        "a bool index (True, False or a 0-dim bool tensor) together with a tensor index is not supported; "
-        "index in two steps");
   r.view = v;
   return r;
 }

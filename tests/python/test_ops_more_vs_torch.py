@@ -43,6 +43,7 @@ INDEX_CASES = [
     ((4, 5, 6), lambda i, j, m: (Ellipsis, i, j)),
     ((4, 5, 6), lambda i, j, m: (m, j[:2])),                       # a mask with an integer index
     ((4, 5, 6), lambda i, j, m: (i, slice(1, 4), j)),
+    ((4, 5), lambda i, j, m: (i, None, True, j)),                  # a bool with tensors: an index of shape [1]
 ]
 
 
