@@ -612,9 +612,10 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
     SavedTensor sa(a);
     autograd::record("clamp", {a}, {out}, [sa, lo, hi](const GradCtx& c) -> std::vector<Tensor> {
       const Tensor x = sa.unpack("clamp");
+      // Strictly inside: the gradient is 0 at a bound, as PyTorch's (and hardtanh's below).
       Tensor inside = ones_like(x).to(DType::boolean);
-      if (lo) inside = logical_and(inside, ge(x, scalar_like(*lo, x)));
-      if (hi) inside = logical_and(inside, le(x, scalar_like(*hi, x)));
+      if (lo) inside = logical_and(inside, gt(x, scalar_like(*lo, x)));
+      if (hi) inside = logical_and(inside, lt(x, scalar_like(*hi, x)));
       return {where(inside, c.g(), zeros_like(c.g()))};
     });
   }
@@ -758,10 +759,11 @@ Tensor clamp(const Tensor& a, const Tensor& min, const Tensor& max) {
   const OpScope scope("clamp");
   KILN_CHECK(min.defined() || max.defined(), "clamp: give min or max (or both)");
   check_not_bool("clamp", a.dtype());
+  // maximum/minimum keep a NaN input, and at a tie split the gradient between the input and the
+  // bound, as PyTorch's clamp with tensor bounds does.
   Tensor out = a;
-  // lt/gt are false for NaN: a NaN input is kept.
-  if (min.defined()) out = where(lt(out.detach(), min.detach()), min, out);
-  if (max.defined()) out = where(gt(out.detach(), max.detach()), max, out);
+  if (min.defined()) out = maximum(out, min);
+  if (max.defined()) out = minimum(out, max);
   return out;
 }
 

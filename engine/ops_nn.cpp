@@ -737,6 +737,12 @@ Tensor binary_cross_entropy(const Tensor& p_in, const Tensor& y_in, Reduction re
                y = amp::autocast_arg(amp::AutocastOp::binary_cross_entropy_with_logits, y_in);
   check_same_shape("binary_cross_entropy", p, y);
   check_floating("binary_cross_entropy", p, "input");
+  // As PyTorch: probabilities outside [0, 1] (or NaN) are an error, not a NaN loss (one min/max pass).
+  if (p.numel() > 0) {
+    const double lo = amin(p.detach()).item_double(), hi = amax(p.detach()).item_double();
+    KILN_CHECK(lo >= 0 && hi <= 1, "binary_cross_entropy: all elements of input should be between 0 and 1, found min ",
+               lo, " and max ", hi, " (pass logits to binary_cross_entropy_with_logits, or apply sigmoid first)");
+  }
   const Tensor floor = scalar_like(-100, p);
   const Tensor lp = maximum(log(p), floor), lq = maximum(log(1.0 - p), floor);
   Tensor per = neg(y * lp + (1.0 - y) * lq);

@@ -62,6 +62,7 @@ from ._C import *  # noqa: F401,F403  (the engine's functions: zeros, matmul, su
 from ._C import Tensor, Device, dtype, KilnError, KilnValueError, KilnIndexError
 from . import _tensor
 from ._tensor import tensor, no_grad, enable_grad, set_grad_enabled, is_grad_enabled
+globals().update(_tensor._EXPORTS)  # torch's signatures over the engine's ops: sum(dtype=), split(sizes), bmm, ...
 from . import autograd
 from ._train import train, report
 from . import nn

@@ -412,3 +412,373 @@ def _reduce_ex(self, protocol):
 
 
 Tensor.__reduce_ex__ = _reduce_ex
+
+
+# ---- more of torch's tensor API, written over the engine's ops ----
+# Functions here are exported from kiln by name (_EXPORTS, see __init__) and, where torch has the
+# method too, attached to Tensor (_MORE_METHODS, at the end).
+import collections as _collections
+
+
+class return_types:
+    """The named (values, indices) tuples of the ops that return two tensors, as torch.return_types:
+    `r.values`, `r.indices`, and still unpacked as `values, indices = ...`."""
+
+
+for _name in ("max", "min", "sort", "topk", "kthvalue", "median", "mode", "cummax", "cummin"):
+    _t = _collections.namedtuple(_name, ["values", "indices"])
+    _t.__module__ = "kiln.return_types"
+    _t.__qualname__ = _name
+    setattr(return_types, _name, _t)
+
+
+def _named_pair(name):
+    fn, kind = getattr(_C, name), getattr(return_types, name)
+
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        return kind(*out) if isinstance(out, tuple) else out
+    return op
+
+
+def _sum(input, dim=None, keepdim=False, *, dtype=None):
+    """torch.sum: dtype= converts the input first (as torch: summing int8 in int64, float16 in float32)."""
+    return _C.sum(input if dtype is None else input.to(dtype), dim, keepdim)
+
+
+def _mean(input, dim=None, keepdim=False, *, dtype=None):
+    return _C.mean(input if dtype is None else input.to(dtype), dim, keepdim)
+
+
+def _cumsum(input, dim, *, dtype=None):
+    return _C.cumsum(input if dtype is None else input.to(dtype), dim)
+
+
+def _nonzero(input, *, as_tuple=False):
+    """torch.nonzero: the (n, ndim) coordinates of the nonzero elements; as_tuple=True gives one 1-D
+    tensor per dim instead (a 0-dim input counts as 1-D)."""
+    if not as_tuple:
+        return _C.nonzero(input)
+    nz = _C.nonzero(input if input.dim() > 0 else input.unsqueeze(0))
+    return tuple(nz.select(1, d) for d in range(nz.shape[1]))
+
+
+def _where(condition, input=None, other=None):
+    """torch.where: where(condition, input, other) picks elementwise; where(condition) is
+    nonzero(condition, as_tuple=True)."""
+    if input is None and other is None:
+        return _nonzero(condition, as_tuple=True)
+    if input is None or other is None:
+        raise TypeError("where: give both input and other, or neither (where(condition) = nonzero(as_tuple=True))")
+    return _C.where(condition, input, other)
+
+
+def _norm_dim(d, n, what="dim"):
+    lo, hi = (-n, n - 1) if n > 0 else (-1, 0)
+    if not lo <= d <= hi:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], but got {d})")
+    return d % n if n > 0 else 0
+
+
+def _split(tensor, split_size_or_sections, dim=0):
+    """torch.split: pieces of split_size (the last may be smaller), or of the listed sizes."""
+    if isinstance(split_size_or_sections, numbers.Integral):
+        return tuple(_C.split(tensor, split_size_or_sections, dim))
+    sizes = [builtins.int(s) for s in split_size_or_sections]
+    d = _norm_dim(dim, tensor.dim())
+    n = tensor.shape[d]
+    if builtins.sum(sizes) != n or builtins.any(s < 0 for s in sizes):
+        raise _C.KilnError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
+                           f"dimension {dim}), but got split_sizes={sizes}")
+    out, at = [], 0
+    for s in sizes:
+        out.append(tensor.narrow(d, at, s))
+        at += s
+    return tuple(out)
+
+
+_c_squeeze = Tensor.squeeze
+
+
+def _squeeze(input, dim=None):
+    """torch.squeeze: every size-1 dim, the one given, or those of a tuple of dims (others are kept)."""
+    if dim is None or isinstance(dim, numbers.Integral):
+        return _c_squeeze(input, dim)
+    n = input.dim()
+    dims = sorted({_norm_dim(builtins.int(d), n) for d in dim}, reverse=True)
+    for d in dims:
+        if input.shape[d] == 1:
+            input = _c_squeeze(input, d)
+    return input
+
+
+def _flatten(input, start_dim=0, end_dim=-1):
+    return input.flatten(start_dim, end_dim)
+
+
+def _unflatten(input, dim, sizes):
+    """torch.unflatten: dim split into `sizes` (one of them may be -1)."""
+    d = _norm_dim(dim, input.dim())
+    sizes = [builtins.int(s) for s in sizes]
+    if len(sizes) == 0:
+        raise _C.KilnValueError("unflatten: sizes must be non-empty")
+    n = input.shape[d]
+    known = functools.reduce(lambda a, b: a * b, [s for s in sizes if s != -1], 1)
+    if sizes.count(-1) > 1:
+        raise _C.KilnError("unflatten: only one dimension can be inferred")
+    if -1 in sizes:
+        if known == 0 or n % known:
+            raise _C.KilnError(f"unflatten: Provided sizes {sizes} don't multiply up to the size of dim {dim} ({n}) "
+                               "in the input tensor")
+        sizes[sizes.index(-1)] = n // known
+    elif known != n:
+        raise _C.KilnError(f"unflatten: Provided sizes {sizes} don't multiply up to the size of dim {dim} ({n}) in "
+                           "the input tensor")
+    shape = list(input.shape)
+    return input.reshape(*(shape[:d] + sizes + shape[d + 1:]))
+
+
+def _movedim(input, source, destination):
+    """torch.movedim: the dims `source` moved to `destination` (ints or sequences), the others kept in
+    order: a view."""
+    n = input.dim()
+    src = [source] if isinstance(source, numbers.Integral) else list(source)
+    dst = [destination] if isinstance(destination, numbers.Integral) else list(destination)
+    if len(src) != len(dst):
+        raise _C.KilnError(f"movedim: Invalid source or destination dims: source ({src} dims) should contain the "
+                           f"same number of dims as destination ({dst} dims)")
+    src = [_norm_dim(builtins.int(d), n) for d in src]
+    dst = [_norm_dim(builtins.int(d), n) for d in dst]
+    if len(set(src)) != len(src):
+        raise _C.KilnError(f"movedim: repeated dim in `source` ({src})")
+    if len(set(dst)) != len(dst):
+        raise _C.KilnError(f"movedim: repeated dim in `destination` ({dst})")
+    order = [-1] * n
+    for s, d in zip(src, dst):
+        order[d] = s
+    rest = iter(d for d in range(n) if d not in src)
+    order = [o if o >= 0 else next(rest) for o in order]
+    return input.permute(*order)
+
+
+def _diagonal(input, offset=0, dim1=0, dim2=1):
+    """torch.diagonal: the diagonal of the dims dim1, dim2 (above it for offset > 0) as the last dim.
+    Unlike torch's (a view), a copy: writes into it do not reach the input."""
+    n = input.dim()
+    d1, d2 = _norm_dim(dim1, n), _norm_dim(dim2, n)
+    if d1 == d2:
+        raise _C.KilnError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    x = _movedim(input, (d1, d2), (-2, -1))
+    r0, c0 = builtins.max(0, -offset), builtins.max(0, offset)
+    length = builtins.max(0, builtins.min(x.shape[-2] - r0, x.shape[-1] - c0))
+    i = _C.arange(length, dtype=_C.dtype.int64, device=input.device)
+    return x[..., i + r0, i + c0]
+
+
+def _bmm(input, mat2):
+    """torch.bmm: a batch of matrix products, (b, n, m) @ (b, m, p); no broadcasting."""
+    if input.dim() != 3:
+        raise _C.KilnError("batch1 must be a 3D tensor")
+    if mat2.dim() != 3:
+        raise _C.KilnError("batch2 must be a 3D tensor")
+    b, _, m = input.shape
+    if tuple(mat2.shape[:2]) != (b, m):
+        raise _C.KilnError(f"Expected size for first two dimensions of batch2 tensor to be: [{b}, {m}] but got: "
+                           f"[{mat2.shape[0]}, {mat2.shape[1]}].")
+    return _C.matmul(input, mat2)
+
+
+def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    """torch.baddbmm: beta * input + alpha * bmm(batch1, batch2); with beta = 0 input is not read (its
+    NaN do not show), as torch."""
+    prod = _bmm(batch1, batch2)
+    if alpha != 1:
+        prod = prod * alpha
+    if beta == 0:
+        return prod + _C.zeros_like(input)
+    return prod + (input if beta == 1 else input * beta)
+
+
+def _index_add(input, dim, index, source, *, alpha=1):
+    """torch.index_add: input with alpha * source added along dim at index (repeated indices add up);
+    differentiable in input and source."""
+    if index.dim() > 1:
+        raise _C.KilnIndexError(f"index_add_(): Index is supposed to be a vector, but got dim: {index.dim()} with "
+                                f"size: {list(index.shape)}")
+    n = input.dim()
+    d = _norm_dim(dim, n)
+    index = index.reshape(-1)
+    want = list(input.shape)
+    if n:
+        want[d] = index.shape[0]
+    if list(source.shape) != want and not (n == 0 and source.numel() == 1):
+        raise _C.KilnError(f"index_add_(): source {list(source.shape)} does not match the input {list(input.shape)} "
+                           f"with dim {dim} of the index's length {index.shape[0]}")
+    if n == 0:
+        return _C.index_put(input.unsqueeze(0), [index], (source * alpha).reshape(1), True).squeeze(0)
+    s = source if alpha == 1 else source * alpha
+    out = _C.index_put(_movedim(input, d, 0), [index], _movedim(s, d, 0), True)
+    return _movedim(out, 0, d)
+
+
+def _bincount(input, weights=None, minlength=0):
+    """torch.bincount: how often each value 0..max occurs in a 1-D non-negative integer tensor (at
+    least minlength bins); with weights, the sum of the weights of each value."""
+    if input.dim() != 1 or input.dtype.is_floating_point or input.dtype == _C.dtype.bool or (
+            input.numel() and builtins.int(input.min()) < 0):
+        raise _C.KilnError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise _C.KilnError("minlength should be >= 0")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != input.shape[0]):
+        raise _C.KilnError("weights should be 1-d and have the same length as input")
+    bins = builtins.max(builtins.int(input.max()) + 1 if input.numel() else 0, minlength)
+    if weights is None:
+        dt, vals = _C.dtype.int64, _C.ones(input.shape[0], dtype=_C.dtype.int64, device=input.device)
+    else:
+        dt = weights.dtype if weights.dtype.is_floating_point else _C.dtype.float64
+        vals = weights.to(dt)
+    out = _C.zeros(bins, dtype=dt, device=input.device)
+    return _C.index_put(out, [input.to(_C.dtype.int64)], vals, True) if input.numel() else out
+
+
+def _multinomial(input, num_samples, replacement=False):
+    """torch.multinomial: num_samples category indices per row of non-negative weights (1-D or 2-D),
+    drawn from Kiln's random stream (kiln.manual_seed): with replacement by inverting the cumulative
+    weights, without by the k largest of weight / Exp(1) keys (a weighted draw without replacement)."""
+    if input.dim() not in (1, 2):
+        raise _C.KilnError("prob_dist must be 1 or 2 dim")
+    if not input.dtype.is_floating_point:
+        raise _C.KilnError(f"multinomial only supports floating-point dtypes for input, got: {input.dtype}")
+    if num_samples <= 0:
+        raise _C.KilnError("cannot sample n_sample <= 0 samples")
+    p = (input if input.dim() == 2 else input.unsqueeze(0)).detach().to(_C.dtype.float64)
+    rows, n = p.shape
+    if not replacement and num_samples > n:
+        raise _C.KilnError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if not builtins.bool(_C.isfinite(p).all()) or builtins.bool((p < 0).any()):
+        raise _C.KilnError("probability tensor contains either `inf`, `nan` or element < 0")
+    if builtins.bool((p.sum(-1) <= 0).any()):
+        raise _C.KilnError("invalid multinomial distribution (sum of probabilities <= 0)")
+    if replacement:
+        cdf = p.cumsum(-1)
+        u = _C.rand(rows, num_samples, dtype=_C.dtype.float64, device=p.device) * cdf[:, -1:]
+        # category c where cdf[c-1] <= u < cdf[c]: how many cdf values are <= u (in chunks of samples,
+        # so that rows * chunk * n booleans stay small)
+        step = builtins.max(1, (1 << 22) // builtins.max(1, rows * n))
+        picks = [(cdf.unsqueeze(1) <= u[:, s:s + step].unsqueeze(2)).sum(-1)
+                 for s in range(0, num_samples, step)]
+        out = _C.cat(picks, 1).clamp(None, n - 1)
+    else:
+        e = -_C.log1p(-_C.rand(rows, n, dtype=_C.dtype.float64, device=p.device))
+        out = _C.topk(p / e, num_samples, -1)[1]
+    out = out.to(_C.dtype.int64)
+    return out if input.dim() == 2 else out.squeeze(0)
+
+
+def _randperm(n, *, dtype=None, device=None, requires_grad=False):
+    """torch.randperm: a random permutation of 0..n-1 from Kiln's random stream."""
+    if n < 0:
+        raise _C.KilnError(f"n must be non-negative, got{n}")
+    out = _C.argsort(_C.rand(n, dtype=_C.dtype.float64, device=device))
+    if dtype is not None:
+        out = out.to(dtype)
+    if requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def _randint(*args, low=None, high=None, size=None, dtype=None, device=None, requires_grad=False):
+    """torch.randint: randint(high, size) or randint(low, high, size), integers uniform in [low, high)."""
+    args = list(args)
+    if size is None:
+        if not args:
+            raise TypeError("randint() missing the argument 'size'")
+        size = args.pop()
+    if high is None:
+        if not args:
+            raise TypeError("randint() missing the argument 'high'")
+        high = args.pop()
+    if low is None:
+        low = args.pop() if args else 0
+    if args:
+        raise TypeError("randint() takes (high, size) or (low, high, size)")
+    if isinstance(size, numbers.Integral):
+        raise TypeError("randint(): argument 'size' must be a tuple of ints, not int")
+    out = _C.randint(low, high, size, dtype=dtype, device=device)
+    if requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def _inplace(name, compute):
+    """A torch in-place method: `compute(self, ...)` written into self through copy_ (refused, naming
+    the method, where autograd would miss the write)."""
+    def method(self, *args, **kwargs):
+        _C._check_inplace(self, name)
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, Tensor):
+                _C._check_inplace(self, name, a)
+        return self.copy_(compute(self, *args, **kwargs))
+    method.__name__ = name
+    return method
+
+
+def _normal_values(self, mean=0.0, std=1.0):
+    return _C.normal(mean, std, self.shape, dtype=self.dtype, device=self.device)
+
+
+def _uniform_values(self, *args, **kwargs):
+    bounds = dict(zip(("from", "to"), args))
+    bounds.update(kwargs)
+    extra = set(bounds) - {"from", "to"}
+    if extra:
+        raise TypeError(f"uniform_() got an unexpected keyword argument '{extra.pop()}'")
+    lo, hi = bounds.get("from", 0.0), bounds.get("to", 1.0)
+    if lo > hi:
+        raise _C.KilnError(f"uniform_ expects to return a [from, to) range, but found from={lo} > to={hi}")
+    return _C.uniform(lo, hi, self.shape, dtype=self.dtype, device=self.device)
+
+
+def _exponential_values(self, lambd=1.0):
+    if not lambd > 0:
+        raise _C.KilnError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
+    u = _C.rand(*self.shape, dtype=_C.dtype.float64, device=self.device)
+    return (-_C.log1p(-u) / lambd).to(self.dtype)
+
+
+def _format(self, format_spec):
+    """format(t, spec), f"{t:.4f}": a 0-dim tensor formats as its Python number, as torch's; others as
+    object does (str(t) for an empty spec, TypeError otherwise)."""
+    if self.dim() == 0 and self.device.type != "meta":
+        return self.item().__format__(format_spec)
+    return object.__format__(self, format_spec)
+
+
+_PAIRS = {name: _named_pair(name) for name in
+          ("max", "min", "sort", "topk", "kthvalue", "median", "mode", "cummax", "cummin")}
+
+_EXPORTS = dict(_PAIRS, sum=_sum, mean=_mean, cumsum=_cumsum, nonzero=_nonzero, where=_where, split=_split,
+                squeeze=_squeeze, flatten=_flatten, unflatten=_unflatten, movedim=_movedim, moveaxis=_movedim,
+                diagonal=_diagonal, bmm=_bmm, baddbmm=_baddbmm, index_add=_index_add, bincount=_bincount,
+                multinomial=_multinomial, randperm=_randperm, randint=_randint, return_types=return_types)
+
+for _name, _fn in _EXPORTS.items():  # the engine's documentation (from engine/ops.h) stays with the name
+    _c_fn = getattr(_C, _name, None)
+    if _c_fn is not None and _c_fn.__doc__ and _fn not in _PAIRS.values():
+        _fn.__doc__ = f"{_fn.__doc__ or ''}\n\nThe engine's op underneath:\n{_c_fn.__doc__}"
+
+_MORE_METHODS = dict(_PAIRS, sum=_sum, mean=_mean, cumsum=_cumsum, nonzero=_nonzero, split=_split,
+                     squeeze=_squeeze, unflatten=_unflatten, movedim=_movedim, moveaxis=_movedim,
+                     diagonal=_diagonal, bmm=_bmm, baddbmm=_baddbmm, index_add=_index_add, bincount=_bincount,
+                     multinomial=_multinomial)
+for _name, _fn in _MORE_METHODS.items():
+    setattr(Tensor, _name, _as_method(_fn))
+Tensor.index_add_ = _inplace("index_add_", _index_add)
+Tensor.lerp_ = _inplace("lerp_", _C.lerp)
+Tensor.addcmul_ = _inplace("addcmul_", _C.addcmul)
+Tensor.addcdiv_ = _inplace("addcdiv_", _C.addcdiv)
+Tensor.normal_ = _inplace("normal_", _normal_values)
+Tensor.uniform_ = _inplace("uniform_", _uniform_values)
+Tensor.exponential_ = _inplace("exponential_", _exponential_values)
+Tensor.__format__ = _format

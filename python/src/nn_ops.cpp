@@ -86,6 +86,16 @@ Reduction reduction_of(const std::string& r) {
 
 Tensor opt(const std::optional<Tensor>& t) { return t ? *t : Tensor(); }
 
+// An activation's inplace=True (torch.nn.functional's): the result is written into x and x returned
+// where Kiln may change x in place (it needs no gradient, or grad mode is off); otherwise a new tensor,
+// as Kiln records no in-place op, so code that uses the result (x = F.elu(x, inplace=True),
+// nn.ELU(inplace=True)) computes what torch's does.
+Tensor activation_out(Tensor x, bool inplace, const Tensor& out) {
+  if (!inplace || (GradMode::enabled() && x.requires_grad())) return out;
+  x.copy_(out);
+  return x;
+}
+
 // torch's cross_entropy: class indices go to the engine's; a floating target of the input's shape holds
 // class probabilities (soft labels: mixup, distillation): -sum_c weight_c y_c log_softmax(x)_c over the
 // class dim (1), the labels smoothed first (y (1 - s) + s / C), and a mean over the other positions (not
@@ -407,19 +417,43 @@ void bind_nn_ops(nb::module_& mod) {
         nb::arg("beta") = 0.75, nb::arg("k") = 1.0, nogil);
 
   // ---- activations ----
-  m.def("silu", &silu, a("input"), nogil);
-  m.def("mish", &mish, a("input"), nogil);
+  m.def(
+      "silu", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, silu(x)); }, a("input"),
+      nb::arg("inplace") = false, nogil);
+  m.def(
+      "mish", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, mish(x)); }, a("input"),
+      nb::arg("inplace") = false, nogil);
   m.def("softsign", &softsign, a("input"), nogil);
   m.def("logsigmoid", &logsigmoid, a("input"), nogil);
-  m.def("selu", &selu, a("input"), nogil);
-  m.def("relu6", &relu6, a("input"), nogil);
-  m.def("hardsigmoid", &hardsigmoid, a("input"), nogil);
-  m.def("hardswish", &hardswish, a("input"), nogil);
+  m.def(
+      "selu", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, selu(x)); }, a("input"),
+      nb::arg("inplace") = false, nogil);
+  m.def(
+      "relu6", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, relu6(x)); }, a("input"),
+      nb::arg("inplace") = false, nogil);
+  m.def(
+      "hardsigmoid", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, hardsigmoid(x)); },
+      a("input"), nb::arg("inplace") = false, nogil);
+  m.def(
+      "hardswish", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, hardswish(x)); }, a("input"),
+      nb::arg("inplace") = false, nogil);
   m.def("softplus", &softplus, a("input"), nb::arg("beta") = 1.0, nb::arg("threshold") = 20.0, nogil);
-  m.def("leaky_relu", &leaky_relu, a("input"), nb::arg("negative_slope") = 0.01, nogil);
-  m.def("elu", &elu, a("input"), nb::arg("alpha") = 1.0, nogil);
-  m.def("celu", &celu, a("input"), nb::arg("alpha") = 1.0, nogil);
-  m.def("hardtanh", &hardtanh, a("input"), nb::arg("min_val") = -1.0, nb::arg("max_val") = 1.0, nogil);
+  m.def(
+      "leaky_relu",
+      [](const Tensor& x, double v, bool inplace) { return activation_out(x, inplace, leaky_relu(x, v)); }, a("input"),
+      nb::arg("negative_slope") = 0.01, nb::arg("inplace") = false, nogil);
+  m.def(
+      "elu", [](const Tensor& x, double v, bool inplace) { return activation_out(x, inplace, elu(x, v)); }, a("input"),
+      nb::arg("alpha") = 1.0, nb::arg("inplace") = false, nogil);
+  m.def(
+      "celu", [](const Tensor& x, double v, bool inplace) { return activation_out(x, inplace, celu(x, v)); },
+      a("input"), nb::arg("alpha") = 1.0, nb::arg("inplace") = false, nogil);
+  m.def(
+      "hardtanh",
+      [](const Tensor& x, double lo, double hi, bool inplace) {
+        return activation_out(x, inplace, hardtanh(x, lo, hi));
+      },
+      a("input"), nb::arg("min_val") = -1.0, nb::arg("max_val") = 1.0, nb::arg("inplace") = false, nogil);
   m.def("prelu", &prelu, a("input"), a("weight"), nogil);
   m.def("glu", &glu, a("input"), nb::arg("dim") = -1, nogil);
   m.def("softmax", &softmax, a("input"), a("dim"), nogil);

@@ -1,6 +1,8 @@
 // kiln.Tensor: properties, views, indexing, the Python operators and the autograd entry points.
 // The functions of ops.h and nn_ops.h are module functions (ops.cpp); the package attaches the
 // usual ones as methods (python/kiln/_tensor_methods.py).
+#include <algorithm>
+
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/pair.h>
 
@@ -144,20 +146,24 @@ int64_t consumed_dims(nb::handle item) {
 
 struct Indexed {
   Tensor view;            // what the basic items (ints, slices, None, ...) select: a view of x
-  bool advanced = false;  // one tensor index remains, applied at `adv_dim` of `view`
-  Tensor adv;
+  bool advanced = false;  // tensor indices remain, applied at `adv_dims` of `view`
+  Tensor adv;             // the first of them (the only one when `advs` has one)
   int64_t adv_dim = 0;
+  std::vector<Tensor> advs;  // every tensor index, in subscript order
+  std::vector<int64_t> adv_dims;
 };
 
-// Applies the basic items of `key` to x as views; a tensor index is kept for the caller (one per
-// subscript). `for_write`: a negative-step slice (a copy) is refused, as a write through it would
-// be lost.
+// Applies the basic items of `key` to x as views; the tensor indices are kept for the caller.
+// `for_write`: a negative-step slice (a copy) is refused, as a write through it would be lost.
 Indexed apply_index(const Tensor& x, nb::handle key, bool for_write) {
   nb::tuple items = nb::isinstance<nb::tuple>(key) ? nb::borrow<nb::tuple>(key) : nb::make_tuple(key);
   int64_t used = 0, ellipses = 0;
+  bool tensors = false;  // a tensor index among the items
   for (nb::handle it : items) {
     used += consumed_dims(it);
     if (it.is(Py_Ellipsis)) ++ellipses;
+    if (!it.is_none() && !it.is(Py_Ellipsis) && !is_bool_index(it) && !is_int_index(it) && !PySlice_Check(it.ptr()))
+      tensors = true;
   }
   if (ellipses > 1) index_error("an index can only have a single ellipsis ('...')");
   if (used > x.dim())
@@ -167,15 +173,23 @@ Indexed apply_index(const Tensor& x, nb::handle key, bool for_write) {
   Tensor v = x;
   int64_t d = 0;    // the dim of v the next item applies to
   int64_t src = 0;  // the dim of x it applies to (for messages)
-  bool has_bool = false;
   for (nb::handle it : items) {
     if (it.is_none()) {
       v = v.unsqueeze(d++);
     } else if (is_bool_index(it)) {
-      // As NumPy and torch: a new dim of size 1 (True) or 0 (False), like a 0-dim mask.
-      has_bool = true;
+      // As NumPy and torch: a new dim of size 1 (True) or 0 (False), like a 0-dim mask; with tensor
+      // indices, an index into that new dim (of shape [1] or [0]) broadcast with them.
       v = v.unsqueeze(d);
-      if (!bool_index(it)) v = v.narrow(d, 0, 0);
+      if (tensors) {
+        const Tensor at = bool_index(it) ? zeros({1}, TensorOptions(DType::i64, x.device()))
+                                         : zeros({0}, TensorOptions(DType::i64, x.device()));
+        if (!r.advanced) r.adv = at, r.adv_dim = d;
+        r.advanced = true;
+        r.advs.push_back(at);
+        r.adv_dims.push_back(d);
+      } else if (!bool_index(it)) {
+        v = v.narrow(d, 0, 0);
+      }
       ++d;
     } else if (it.is(Py_Ellipsis)) {
       d += x.dim() - used;
@@ -204,22 +218,16 @@ Indexed apply_index(const Tensor& x, nb::handle key, bool for_write) {
       ++d;
       ++src;
     } else {
-      if (r.advanced)
-        index_error("only one tensor index per subscript is supported; index in two steps, or use index_put / gather");
+      Tensor t = index_tensor(it);
+      if (!r.advanced) r.adv = t, r.adv_dim = d;
       r.advanced = true;
-      r.adv = index_tensor(it);
-      r.adv_dim = d;
-      const int64_t k = r.adv.dtype() == DType::boolean ? std::max<int64_t>(r.adv.dim(), 1) : 1;
+      r.advs.push_back(t);
+      r.adv_dims.push_back(d);
+      const int64_t k = t.dtype() == DType::boolean ? std::max<int64_t>(t.dim(), 1) : 1;
       d += k;
       src += k;
     }
   }
-  // torch broadcasts a bool (a 0-dim mask) with another tensor index into one advanced index; Kiln
-  // indexes with one tensor per subscript, so it refuses the pair rather than add a dim torch would not.
-  if (has_bool && r.advanced)
-    index_error(
-        "a bool index (True, False or a 0-dim bool tensor) together with a tensor index is not supported; "
-        "index in two steps");
   r.view = v;
   return r;
 }
@@ -256,9 +264,107 @@ Tensor take_advanced(const Tensor& v, const Tensor& idx, int64_t d) {
   return picked.reshape(s);
 }
 
+std::string shape_list(const Shape& s) {
+  std::string out = "[";
+  for (size_t j = 0; j < s.size(); ++j) out += (j ? ", " : "") + std::to_string(s[j]);
+  return out + "]";
+}
+
+// Several tensor indices in one subscript, resolved as torch does: a bool mask stands for the
+// coordinates of its true elements, and the integer indices broadcast together to one shape.
+struct Advanced {
+  std::vector<Tensor> idx;    // i64, non-negative, on the view's device
+  std::vector<int64_t> dims;  // the dims of the view they index, increasing
+  Shape shape;                // their broadcast shape
+  bool in_place = false;      // adjacent and not at dim 0: the result's index dims stand where the indexed
+                              // dims stood; otherwise they come first (torch's and NumPy's rule)
+  std::vector<int64_t> perm;  // the indexed dims first, then the others in order
+  Shape rest;                 // the sizes of the others
+};
+
+Advanced resolve_advanced(const Tensor& v, const Indexed& r) {
+  Advanced a;
+  std::string shapes;
+  for (size_t j = 0; j < r.advs.size(); ++j) {
+    const Tensor& t = r.advs[j];
+    const int64_t d = r.adv_dims[j];
+    shapes += (j ? ", " : "") + shape_list(t.shape());
+    if (t.dtype() == DType::boolean) {
+      for (int64_t c = 0; c < t.dim(); ++c)
+        if (t.size(c) != v.size(d + c))
+          index_error("the mask's shape " + shape_list(t.shape()) + " does not match the indexed dims at " +
+                      std::to_string(d + c) + " (size " + std::to_string(v.size(d + c)) + ")");
+      Tensor nz = nonzero(t);
+      if (nz.device() != v.device()) nz = nz.to(v.device());
+      for (int64_t c = 0; c < t.dim(); ++c) {
+        a.idx.push_back(nz.select(1, c));
+        a.dims.push_back(d + c);
+      }
+      continue;
+    }
+    const int64_t n = v.size(d);
+    Tensor i = t.to(DType::i64);
+    if (i.numel() > 0) {
+      const int64_t lo = amin(i).item<int64_t>(), hi = amax(i).item<int64_t>();
+      if (hi >= n || lo < -n)
+        index_error("index " + std::to_string(hi >= n ? hi : lo) + " is out of bounds for dimension " +
+                    std::to_string(d) + " with size " + std::to_string(n));
+    }
+    if (i.device() != v.device()) i = i.to(v.device());
+    const Tensor zero = scalar_tensor(0, TensorOptions(DType::i64, i.device()));
+    a.idx.push_back(where(lt(i, zero), add(i, scalar_tensor(double(n), TensorOptions(DType::i64, i.device()))), i));
+    a.dims.push_back(d);
+  }
+  try {
+    for (const Tensor& t : a.idx) a.shape = broadcast_shapes(a.shape, t.shape());
+  } catch (const Error&) {
+    index_error("shape mismatch: indexing tensors could not be broadcast together with shapes " + shapes);
+  }
+  a.in_place = a.dims.front() > 0;
+  for (size_t j = 1; j < a.dims.size(); ++j)
+    if (a.dims[j] != a.dims[j - 1] + 1) a.in_place = false;
+  a.perm = a.dims;
+  for (int64_t j = 0; j < v.dim(); ++j)
+    if (std::find(a.dims.begin(), a.dims.end(), j) == a.dims.end()) {
+      a.perm.push_back(j);
+      a.rest.push_back(v.size(j));
+    }
+  return a;
+}
+
+// The shape of v[a] with the index dims first, and the order that moves them to where torch puts them.
+Shape front_shape(const Advanced& a) {
+  Shape s = a.shape;
+  s.insert(s.end(), a.rest.begin(), a.rest.end());
+  return s;
+}
+
+std::vector<int64_t> result_order(const Advanced& a) {
+  const int64_t nb = int64_t(a.shape.size()), pre = a.dims.front(), all = nb + int64_t(a.rest.size());
+  std::vector<int64_t> order;
+  for (int64_t j = 0; j < pre; ++j) order.push_back(nb + j);
+  for (int64_t j = 0; j < nb; ++j) order.push_back(j);
+  for (int64_t j = nb + pre; j < all; ++j) order.push_back(j);
+  return order;
+}
+
+// v[i0, i1, ...] for several tensor indices: the indexed dims, moved to the front and flattened into
+// one, are read by index_select at each index's flat position, so the gradient accumulates at
+// repeated positions as index_select's does.
+Tensor take_multi(const Tensor& v, const Advanced& a) {
+  Shape flat{1};
+  for (int64_t d : a.dims) flat[0] *= v.size(d);
+  flat.insert(flat.end(), a.rest.begin(), a.rest.end());
+  Tensor lin = zeros(a.shape, TensorOptions(DType::i64, v.device()));
+  for (size_t j = 0; j < a.idx.size(); ++j) lin = lin * double(v.size(a.dims[j])) + a.idx[j];
+  Tensor out = index_select(v.permute(a.perm).reshape(flat), 0, lin.reshape({-1})).reshape(front_shape(a));
+  return a.in_place ? out.permute(result_order(a)) : out;
+}
+
 Tensor getitem(const Tensor& x, nb::handle key) {
   Indexed r = apply_index(x, key, false);
   if (!r.advanced) return r.view;
+  if (r.advs.size() > 1) return take_multi(r.view, resolve_advanced(r.view, r));
   return take_advanced(r.view, r.adv, r.adv_dim);
 }
 
@@ -306,6 +412,24 @@ void setitem(Tensor& x, nb::handle key, nb::handle value) {
   Tensor vals = scalar ? scalar_like(nb::cast<double>(value), r.view) : to_tensor(value, &x, "value");
   if (vals.dtype() != r.view.dtype()) vals = vals.to(r.view.dtype());
   if (vals.device() != r.view.device()) vals = vals.to(r.view.device());
+  if (r.advs.size() > 1) {
+    // Several tensor indices: index_put on a view of x with the indexed dims first, written back.
+    const Advanced a = resolve_advanced(r.view, r);
+    Shape result = front_shape(a);
+    std::vector<int64_t> back(result.size());
+    if (a.in_place) {
+      const std::vector<int64_t> order = result_order(a);
+      Shape moved;
+      for (size_t j = 0; j < order.size(); ++j)
+        moved.push_back(result[size_t(order[j])]), back[size_t(order[j])] = int64_t(j);
+      result = moved;
+    }
+    vals = drop_leading_ones(vals, int64_t(result.size())).expand(result);
+    if (a.in_place) vals = vals.permute(back);
+    Tensor p = r.view.permute(a.perm);
+    p.copy_(index_put(p.detach(), a.idx, vals.contiguous(), false));
+    return;
+  }
   const int64_t d = r.adv_dim;
   const int64_t k = r.adv.dtype() == DType::boolean ? std::max<int64_t>(r.adv.dim(), 1) : 1;  // dims indexed
   Tensor idx = r.adv;

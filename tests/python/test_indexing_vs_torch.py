@@ -82,10 +82,19 @@ def test_zero_dim_bool_tensor_index_adds_a_dim():
         same(x[0, kiln.tensor(b)], tx[0, torch.tensor(b)])
         same(x[kiln.tensor(b), 1], tx[torch.tensor(b), 1])
         same(x[..., kiln.tensor(b)], tx[..., torch.tensor(b)])
-        # torch broadcasts the bool with a tensor index; Kiln (one tensor index per subscript) refuses
-        for key in ((kiln.tensor(b), kiln.tensor([1, 0])), (b, kiln.tensor([1, 0])), (kiln.tensor([1]), b)):
-            with pytest.raises(IndexError, match="bool index"):
-                x[key]
+        # with a tensor index, the bool is an index of shape [1] (True) or [0] (False) broadcast with it
+        for kkey, tkey in (((kiln.tensor(b), kiln.tensor([1, 0])), (torch.tensor(b), torch.tensor([1, 0]))),
+                           ((b, kiln.tensor([1, 0])), (b, torch.tensor([1, 0]))),
+                           ((kiln.tensor([1]), b), (torch.tensor([1]), b)),
+                           ((kiln.tensor([1, 0]), None, b), (torch.tensor([1, 0]), None, b))):
+            try:
+                want = tx[tkey]
+            except IndexError as e:
+                with pytest.raises(IndexError) as ke:
+                    x[kkey]
+                assert str(ke.value) == str(e)
+            else:
+                same(x[kkey], want)
 
 
 def test_zero_dim_bool_tensor_index_gradient_and_assignment():

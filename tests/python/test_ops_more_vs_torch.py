@@ -1,0 +1,401 @@
+# More of torch's tensor API against PyTorch itself: advanced indexing with several index tensors
+# (values, gradients, assignment), and the functions and methods ported scripts use (bmm, index_add,
+# bincount, lerp_, the dtype= reductions, ...). Random ops are checked statistically with a fixed
+# seed, not for torch's exact numbers.
+import numpy as np
+import pytest
+
+import kiln
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(5)
+
+
+def both(a, grad=False):
+    return kiln.tensor(a, requires_grad=grad), torch.tensor(a, requires_grad=grad)
+
+
+def same(k, t, tol=1e-10):
+    assert tuple(k.shape) == tuple(t.shape), (tuple(k.shape), tuple(t.shape))
+    kn, tn = np.asarray(k.detach().tolist()), t.detach().numpy()
+    if t.dtype.is_floating_point:
+        assert np.allclose(kn, tn, rtol=tol, atol=tol), np.abs(kn - tn).max()
+    else:
+        assert (kn == tn).all()
+
+
+# ---- advanced indexing with several index tensors ----
+
+def ix(a):
+    return kiln.tensor(a), torch.tensor(a)
+
+
+INDEX_CASES = [
+    # (shape of x, a function of (module, i, j, m) building the key)
+    ((4, 5), lambda i, j, m: (i, j)),                              # x[arange, y]
+    ((4, 5, 3), lambda i, j, m: (i, j)),                           # trailing dim kept
+    ((3, 4, 5, 6), lambda i, j, m: (slice(None), i, j)),           # adjacent, in place
+    ((3, 4, 5, 6), lambda i, j, m: (slice(None), i, slice(None), j)),  # apart: index dims first
+    ((3, 4, 5, 6), lambda i, j, m: (i, 0, j)),                     # an int between: adjacent after select
+    ((3, 4, 5, 6), lambda i, j, m: (slice(None), i, None, j)),     # None between: apart
+    ((4, 5, 6), lambda i, j, m: (i[:, None], j[None, :])),         # broadcast to a grid
+    ((4, 5, 6), lambda i, j, m: (Ellipsis, i, j)),
+    ((4, 5, 6), lambda i, j, m: (m, j[:2])),                       # a mask with an integer index
+    ((4, 5, 6), lambda i, j, m: (i, slice(1, 4), j)),
+    ((4, 5), lambda i, j, m: (i, None, True, j)),                  # a bool with tensors: an index of shape [1]
+]
+
+
+@pytest.mark.parametrize("case", range(len(INDEX_CASES)))
+def test_several_index_tensors_read_and_gradient(case):
+    shape, key = INDEX_CASES[case]
+    a = RNG.standard_normal(shape)
+    i = np.array([0, 2, -1, 2])  # a repeated index: the gradient accumulates there
+    j = np.array([1, 4, 0, 1]) % shape[-1]
+    m = np.array([True, False, True, False])
+    kx, tx = both(a, grad=True)
+    kk = key(kiln.tensor(i), kiln.tensor(j), kiln.tensor(m))
+    tk = key(torch.tensor(i), torch.tensor(j), torch.tensor(m))
+    ky, ty = kx[kk], tx[tk]
+    same(ky, ty)
+    w = RNG.standard_normal(tuple(ty.shape))
+    (ky * kiln.tensor(w)).sum().backward()
+    (ty * torch.tensor(w)).sum().backward()
+    same(kx.grad, tx.grad)
+
+
+@pytest.mark.parametrize("case", range(len(INDEX_CASES)))
+def test_several_index_tensors_assignment(case):
+    shape, key = INDEX_CASES[case]
+    a = RNG.standard_normal(shape)
+    i = np.array([0, 2, -1, 1])
+    j = np.array([1, 4, 0, 2]) % shape[-1]
+    m = np.array([True, False, True, False])
+    kx, tx = both(a)
+    kk = key(kiln.tensor(i), kiln.tensor(j), kiln.tensor(m))
+    tk = key(torch.tensor(i), torch.tensor(j), torch.tensor(m))
+    v = RNG.standard_normal(tuple(tx[tk].shape))
+    kx[kk] = kiln.tensor(v)
+    tx[tk] = torch.tensor(v)
+    same(kx, tx)
+    kx[kk] = 7.0
+    tx[tk] = 7.0
+    same(kx, tx)
+    if tx[tk].dim() >= 1:  # a value broadcast along the last dim
+        v1 = RNG.standard_normal(tuple(tx[tk].shape)[-1:])
+        kx[kk] = kiln.tensor(v1)
+        tx[tk] = torch.tensor(v1)
+        same(kx, tx)
+
+
+def test_cross_entropy_style_pick():
+    logp = RNG.standard_normal((6, 10))
+    y = np.array([3, 3, 0, 9, 1, 3])
+    kx, tx = both(logp, grad=True)
+    kl = -kx[kiln.arange(6), kiln.tensor(y)].mean()
+    tl = -tx[torch.arange(6), torch.tensor(y)].mean()
+    same(kl, tl)
+    kl.backward()
+    tl.backward()
+    same(kx.grad, tx.grad)
+
+
+def test_several_index_tensors_errors_as_torch():
+    kx, tx = both(RNG.standard_normal((3, 4)))
+    for key in [([0, 1, 2], [0, 1]), ([0, 1], [0, 7]), ([0, -4], [0, 1])]:
+        with pytest.raises(IndexError) as te:
+            tx[torch.tensor(key[0]), torch.tensor(key[1])]
+        with pytest.raises(IndexError) as ke:
+            kx[kiln.tensor(key[0]), kiln.tensor(key[1])]
+        assert str(ke.value) == str(te.value)
+
+
+# ---- functions and methods of torch's API ----
+
+def test_bmm_baddbmm_and_their_errors():
+    a, b, c = RNG.standard_normal((3, 2, 4)), RNG.standard_normal((3, 4, 5)), RNG.standard_normal((3, 2, 5))
+    (ka, ta), (kb, tb), (kc, tc) = both(a, True), both(b, True), both(c, True)
+    for kout, tout in [(kiln.bmm(ka, kb), torch.bmm(ta, tb)), (ka.bmm(kb), ta.bmm(tb)),
+                       (kiln.baddbmm(kc, ka, kb, beta=0.5, alpha=2.0), torch.baddbmm(tc, ta, tb, beta=0.5, alpha=2.0))]:
+        same(kout, tout)
+        kout.sum().backward()
+        tout.sum().backward()
+    for k, t in [(ka, ta), (kb, tb), (kc, tc)]:
+        same(k.grad, t.grad)
+    bad = [(np.zeros((2, 3)), np.zeros((2, 3, 4))), (np.zeros((2, 3, 4)), np.zeros((3, 4, 5)))]
+    for x, y in bad:
+        with pytest.raises(RuntimeError) as te:
+            torch.bmm(torch.tensor(x), torch.tensor(y))
+        with pytest.raises(RuntimeError) as ke:
+            kiln.bmm(kiln.tensor(x), kiln.tensor(y))
+        assert str(ke.value) == str(te.value)
+
+
+def test_index_add_with_alpha_repeats_and_gradient():
+    x, src = RNG.standard_normal((4, 5, 3)), RNG.standard_normal((4, 4, 3))
+    idx = np.array([0, 4, 0, 2])
+    (kx, tx), (ks, ts) = both(x, True), both(src, True)
+    ko = kiln.index_add(kx, 1, kiln.tensor(idx), ks, alpha=-2.5)
+    to = torch.index_add(tx, 1, torch.tensor(idx), ts, alpha=-2.5)
+    same(ko, to)
+    w = RNG.standard_normal(to.shape)
+    (ko * kiln.tensor(w)).sum().backward()
+    (to * torch.tensor(w)).sum().backward()
+    same(kx.grad, tx.grad)
+    same(ks.grad, ts.grad)
+    kz, tz = both(np.zeros((5, 2)))
+    kz.index_add_(0, kiln.tensor([1, 1, 3]), kiln.ones(3, 2))
+    tz.index_add_(0, torch.tensor([1, 1, 3]), torch.ones(3, 2, dtype=torch.float64))
+    same(kz, tz)
+    ki, ti = kiln.zeros(4, dtype=kiln.int64), torch.zeros(4, dtype=torch.int64)
+    same(ki.index_add(0, kiln.tensor([3, 3]), kiln.tensor([2**40, 1])),
+         ti.index_add(0, torch.tensor([3, 3]), torch.tensor([2**40, 1])))
+    with pytest.raises(IndexError, match="Index is supposed to be a vector"):
+        kz.index_add(0, kiln.tensor([[0]]), kiln.ones(1, 2))
+
+
+def test_bincount():
+    v = np.array([0, 3, 3, 1, 7, 3])
+    w = RNG.standard_normal(6)
+    for kw in [{}, {"minlength": 10}, {"minlength": 2}]:
+        same(kiln.bincount(kiln.tensor(v), **kw), torch.bincount(torch.tensor(v), **kw))
+        same(kiln.bincount(kiln.tensor(v), kiln.tensor(w), **kw), torch.bincount(torch.tensor(v), torch.tensor(w), **kw))
+    same(kiln.bincount(kiln.tensor(v), kiln.tensor(w).float()), torch.bincount(torch.tensor(v), torch.tensor(w).float()),
+         tol=1e-6)
+    same(kiln.bincount(kiln.tensor(np.zeros(0, np.int64))), torch.bincount(torch.tensor(np.zeros(0, np.int64))))
+    with pytest.raises(RuntimeError, match="1-d non-negative integral"):
+        kiln.bincount(kiln.tensor([0, -1]))
+
+
+def test_multinomial_distribution_and_errors():
+    kiln.manual_seed(3)
+    p = kiln.tensor([[0.1, 0.0, 0.6, 0.3], [1.0, 1.0, 0.0, 2.0]])
+    s = kiln.multinomial(p, 20000, replacement=True)
+    assert tuple(s.shape) == (2, 20000) and s.dtype == kiln.int64
+    for r, want in enumerate([[0.1, 0.0, 0.6, 0.3], [0.25, 0.25, 0.0, 0.5]]):
+        freq = np.bincount(np.asarray(s[r].tolist()), minlength=4) / 20000
+        assert np.abs(freq - want).max() < 0.015, freq
+    # without replacement: distinct, zero weights last; the first draw follows the weights
+    s = kiln.multinomial(kiln.tensor([1.0, 0.0, 3.0]), 3)
+    assert sorted(s.tolist()) == [0, 1, 2] and s.tolist()[2] == 1
+    firsts = [kiln.multinomial(kiln.tensor([1.0, 3.0]), 2).tolist()[0] for _ in range(2000)]
+    assert abs(np.mean(firsts) - 0.75) < 0.04
+    for args, kw in [(([1.0, -1.0], 1), {}), (([0.0, 0.0], 1), {}), (([1.0, 0.0, 1.0], 4), {})]:
+        with pytest.raises(RuntimeError) as te:
+            torch.multinomial(torch.tensor(args[0]), args[1], **kw)
+        with pytest.raises(RuntimeError) as ke:
+            kiln.multinomial(kiln.tensor(args[0]), args[1], **kw)
+        assert str(ke.value) == str(te.value)
+
+
+def test_randperm_and_randint_signatures():
+    kiln.manual_seed(0)
+    p = kiln.randperm(50)
+    assert sorted(p.tolist()) == list(range(50)) and p.dtype == kiln.int64 and p.tolist() != list(range(50))
+    a = kiln.randint(5, (1000,))
+    b = kiln.randint(3, 6, (1000,))
+    c = kiln.randint(10, size=(2, 3))
+    assert a.dtype == kiln.int64 and set(a.tolist()) == {0, 1, 2, 3, 4}
+    assert set(b.tolist()) == {3, 4, 5} and tuple(c.shape) == (2, 3)
+
+
+def test_random_fills_in_place():
+    kiln.manual_seed(1)
+    x = kiln.empty(100000)
+    assert x.normal_(2.0, 0.5) is x
+    assert abs(float(x.mean()) - 2.0) < 0.01 and abs(float(x.std()) - 0.5) < 0.01
+    x.uniform_(-1.0, 3.0)
+    assert float(x.min()) >= -1.0 and float(x.max()) < 3.0 and abs(float(x.mean()) - 1.0) < 0.02
+    x.uniform_(**{"from": 2.0, "to": 4.0})
+    assert float(x.min()) >= 2.0
+    x.exponential_(4.0)
+    assert float(x.min()) > 0 and abs(float(x.mean()) - 0.25) < 0.005
+    w = kiln.zeros(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="normal_"):
+        w.normal_()
+
+
+def test_lerp_addcmul_addcdiv_in_place():
+    a, b, c = (RNG.standard_normal((3, 4)) for _ in range(3))
+    for name, kargs, targs, kw in [
+            ("lerp_", (kiln.tensor(b), 0.3), (torch.tensor(b), 0.3), {}),
+            ("lerp_", (kiln.tensor(b), kiln.tensor(c)), (torch.tensor(b), torch.tensor(c)), {}),
+            ("addcmul_", (kiln.tensor(b), kiln.tensor(c)), (torch.tensor(b), torch.tensor(c)), {"value": -0.5}),
+            ("addcdiv_", (kiln.tensor(b), kiln.tensor(c)), (torch.tensor(b), torch.tensor(c)), {"value": 2.0})]:
+        kx, tx = both(a)
+        assert getattr(kx, name)(*kargs, **kw) is kx
+        getattr(tx, name)(*targs, **kw)
+        same(kx, tx)
+
+
+def test_shape_functions():
+    a = RNG.standard_normal((2, 1, 3, 1, 4))
+    (kx, tx) = both(a, True)
+    cases = [
+        (lambda m, x: m.flatten(x, 1, 3), None),
+        (lambda m, x: m.flatten(x), None),
+        (lambda m, x: x.unflatten(2, (3, 1)), None),
+        (lambda m, x: m.unflatten(x, -1, (2, -1)), None),
+        (lambda m, x: x.squeeze((1, 3)), None),
+        (lambda m, x: m.squeeze(x, (0, -2)), None),
+        (lambda m, x: m.movedim(x, 0, -1), None),
+        (lambda m, x: x.movedim((0, 2), (3, 0)), None),
+        (lambda m, x: m.diagonal(x[:, 0, :, 0, :], 1, 1, 2), None),
+        (lambda m, x: m.diagonal(x[:, 0, :, 0, :], -1, 2, 0), None),
+        (lambda m, x: x[:, 0, :, 0, :].diagonal(), None),
+    ]
+    for fn, _ in cases:
+        same(fn(kiln, kx), fn(torch, tx))
+    parts_k = kiln.split(kx, [1, 2], dim=2)
+    parts_t = torch.split(tx, [1, 2], dim=2)
+    assert len(parts_k) == 2
+    for k, t in zip(parts_k, parts_t):
+        same(k, t)
+    for k, t in zip(kx.split([3, 1], -1), tx.split([3, 1], -1)):
+        same(k, t)
+    loss_k = sum((fn(kiln, kx) ** 2).sum() for fn, _ in cases)
+    loss_t = sum((fn(torch, tx) ** 2).sum() for fn, _ in cases)
+    loss_k.backward()
+    loss_t.backward()
+    same(kx.grad, tx.grad)
+    with pytest.raises(RuntimeError) as te:
+        torch.split(torch.zeros(5), [1, 2])
+    with pytest.raises(RuntimeError) as ke:
+        kiln.split(kiln.zeros(5), [1, 2])
+    assert str(ke.value) == str(te.value)
+
+
+def test_reductions_with_dtype():
+    a = np.array([[100, 100, 100], [-128, 5, 7]], dtype=np.int8)
+    kx, tx = kiln.tensor(a), torch.tensor(a)
+    same(kiln.sum(kx, dtype=kiln.int64), torch.sum(tx, dtype=torch.int64))
+    same(kx.sum(1, dtype=kiln.int64), tx.sum(1, dtype=torch.int64))
+    same(kiln.cumsum(kx, 1, dtype=kiln.int64), torch.cumsum(tx, 1, dtype=torch.int64))
+    same(kx.cumsum(0, dtype=kiln.float64), tx.cumsum(0, dtype=torch.float64))
+    same(kiln.mean(kx, dtype=kiln.float64), torch.mean(tx, dtype=torch.float64))
+    same(kx.mean(0, True, dtype=kiln.float64), tx.mean(0, True, dtype=torch.float64))
+
+
+def test_where_one_argument_and_nonzero_as_tuple():
+    a = np.array([[0.0, 1.5, 0.0], [2.0, 0.0, -1.0]])
+    kx, tx = kiln.tensor(a), torch.tensor(a)
+    for k, t in [(kiln.where(kx > 0), torch.where(tx > 0)), (kiln.nonzero(kx, as_tuple=True),
+                                                             torch.nonzero(tx, as_tuple=True)),
+                 (kx.nonzero(as_tuple=True), tx.nonzero(as_tuple=True))]:
+        assert isinstance(k, tuple) and len(k) == len(t) == 2
+        for kk, tt in zip(k, t):
+            same(kk, tt)
+    same(kiln.where(kx > 0, kx, 0.0), torch.where(tx > 0, tx, 0.0))
+    same(kiln.nonzero(kx), torch.nonzero(tx))
+    r, c = kiln.where(kx != 0)
+    same(kx[r, c], tx[torch.where(tx != 0)])
+
+
+@pytest.mark.parametrize("name,args", [
+    ("max", (1,)), ("min", (0, True)), ("sort", (1,)), ("topk", (2,)), ("median", (1,)), ("mode", (1,)),
+    ("kthvalue", (2, 1)), ("cummax", (1,)), ("cummin", (0,))])
+def test_value_index_pairs_are_named_tuples(name, args):
+    a = np.array([[3.0, 1.0, 2.0, 1.0], [0.5, 4.0, 4.0, -1.0], [2.0, 2.0, 0.0, 7.0]])
+    if name in ("topk", "kthvalue"):  # which of equal values they pick is not specified: none here
+        a = np.array([[3.0, 1.0, 2.0, 1.5], [0.5, 4.0, 4.5, -1.0], [2.0, 2.5, 0.0, 7.0]])
+    kx, tx = kiln.tensor(a), torch.tensor(a)
+    for k, t in [(getattr(kiln, name)(kx, *args), getattr(torch, name)(tx, *args)),
+                 (getattr(kx, name)(*args), getattr(tx, name)(*args))]:
+        assert type(k).__name__ == name and isinstance(k, tuple)
+        same(k.values, t.values)
+        same(k.indices, t.indices)
+        v, i = k
+        same(v, t[0])
+        same(i, t[1])
+    assert isinstance(getattr(kiln, name), object)
+    if name in ("max", "min"):
+        same(getattr(kiln, name)(kx), getattr(torch, name)(tx))  # no dim: one tensor
+
+
+def test_format_of_a_zero_dim_tensor():
+    k, t = kiln.tensor(0.123456), torch.tensor(0.123456)
+    assert f"{k:.4f}" == f"{t:.4f}" == "0.1235"
+    assert f"{kiln.tensor(7):>4d}" == f"{torch.tensor(7):>4d}"
+    assert format(kiln.tensor([1.0, 2.0])) == str(kiln.tensor([1.0, 2.0]))
+    with pytest.raises(TypeError):
+        f"{kiln.tensor([1.0, 2.0]):.4f}"
+
+
+@pytest.mark.parametrize("name", ["clamp", "clamp_min", "clamp_max"])
+def test_clamp_gradient_at_a_bound_is_zero_as_torch(name):
+    a = np.array([0.0, 1.0, 0.5, -1.0, 2.0])
+    kx, tx = both(a, True)
+    k_fn = {"clamp": lambda x: x.clamp(0.0, 1.0), "clamp_min": lambda x: x.clamp(min=0.0),
+            "clamp_max": lambda x: x.clamp(max=1.0)}[name]
+    k_fn(kx).sum().backward()
+    getattr(tx, name)(*((0.0, 1.0) if name == "clamp" else (1.0,) if name == "clamp_max" else (0.0,))).sum().backward()
+    same(kx.grad, tx.grad)
+    F, TF = kiln.nn.functional, torch.nn.functional
+    kx.grad, tx.grad = None, None
+    (F.hardtanh(kx, 0.0, 1.0) + F.relu6(kx * 6.0) + F.relu(kx)).sum().backward()
+    (TF.hardtanh(tx, 0.0, 1.0) + TF.relu6(tx * 6.0) + TF.relu(tx)).sum().backward()
+    same(kx.grad, tx.grad)
+
+
+def test_clamp_with_tensor_bounds_splits_the_gradient_at_a_tie_as_torch():
+    a = np.array([0.0, 1.0, 0.5, -1.0, 2.0, float("nan")])
+    (kx, tx), (klo, tlo), (khi, thi) = both(a, True), both(np.array(0.0), True), both(np.array([1.0]), True)
+    for kargs, targs in [((klo, khi), (tlo, thi)), ((klo, None), (tlo, None)), ((None, khi), (None, thi))]:
+        ko, to = kx.clamp(*kargs), tx.clamp(*targs)
+        assert np.allclose(ko.detach().numpy(), to.detach().numpy(), equal_nan=True)
+        (ko * kiln.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 0.0])).sum().backward()
+        (to * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 0.0], dtype=torch.float64)).sum().backward()
+    for k, t in [(kx, tx), (klo, tlo), (khi, thi)]:
+        same(k.grad, t.grad)
+
+
+ACTIVATIONS = [("relu", {}), ("relu6", {}), ("elu", {"alpha": 0.7}), ("selu", {}), ("celu", {"alpha": 1.3}),
+               ("leaky_relu", {"negative_slope": 0.2}), ("hardtanh", {"min_val": -0.5, "max_val": 0.8}),
+               ("hardsigmoid", {}), ("hardswish", {}), ("silu", {}), ("mish", {})]
+
+
+@pytest.mark.parametrize("name,kw", ACTIVATIONS)
+def test_activation_inplace_argument(name, kw):
+    # (1e-6: celu and hardsigmoid differ from torch's in the last float digits)
+    F, TF = kiln.nn.functional, torch.nn.functional
+    a = RNG.standard_normal((3, 5)) * 3
+    # a tensor that needs no gradient is changed in place, as torch's
+    kx, tx = both(a)
+    ko = getattr(F, name)(kx, inplace=True, **kw)
+    to = getattr(TF, name)(tx, inplace=True, **kw)
+    same(ko, to, 1e-6)
+    same(kx, tx, 1e-6)
+    # inside a graph (x requires grad): the result is a new tensor (Kiln records no in-place op), with
+    # torch's values and gradients
+    kw_, tw_ = both(a, True)
+    kh, th = kw_ * 2.0, tw_ * 2.0
+    ko = getattr(F, name)(kh, inplace=True, **kw)
+    to = getattr(TF, name)(th, inplace=True, **kw)
+    same(ko, to, 1e-6)
+    ko.sum().backward()
+    to.sum().backward()
+    same(kw_.grad, tw_.grad, 1e-6)
+    same(getattr(F, name)(kiln.tensor(a), **kw), getattr(TF, name)(torch.tensor(a), **kw), 1e-6)
+
+
+def test_binary_cross_entropy_refuses_probabilities_outside_0_1():
+    F, TF = kiln.nn.functional, torch.nn.functional
+    y = [1.0, 0.0, 1.0]
+    for p in ([1.5, 0.2, 0.3], [0.5, -0.1, 0.3], [float("nan"), 0.2, 0.3]):
+        with pytest.raises(RuntimeError, match="all elements of input should be between 0 and 1"):
+            TF.binary_cross_entropy(torch.tensor(p), torch.tensor(y))
+        with pytest.raises(RuntimeError, match="all elements of input should be between 0 and 1") as e:
+            F.binary_cross_entropy(kiln.tensor(p), kiln.tensor(y))
+    assert "min 0.2 and max 1.5" in str(kiln_error(F, [1.5, 0.2, 0.3], y))
+    p = [0.0, 1.0, 0.25]  # the bounds themselves are fine
+    same(F.binary_cross_entropy(kiln.tensor(p), kiln.tensor(y)), TF.binary_cross_entropy(torch.tensor(p),
+                                                                                         torch.tensor(y)), tol=1e-6)
+
+
+def kiln_error(F, p, y):
+    try:
+        F.binary_cross_entropy(kiln.tensor(p), kiln.tensor(y))
+    except RuntimeError as e:
+        return e
+    return None
