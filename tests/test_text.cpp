@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "io/safetensors.h"
 #include "io/text.h"
 #include "kiln.h"
 #include "test_util.h"
@@ -485,4 +486,60 @@ TEST_CASE("kiln eval of a BERT classifier takes the label names from its weights
   const auto e = nlohmann::json::parse(kiln::testing::read_text(d / "e.json"));
   CHECK(e["test_loss"].get<double>() == doctest::Approx(s["test_loss"].get<double>()).epsilon(1e-6));
   CHECK(e["data"]["labels"] == s["config"]["data_info"]["labels"]);
+}
+
+TEST_CASE(
+    "kiln eval of a BERT model tokenizes as it was trained: --lower-case, --seq-len and the vocab from its weights") {
+  TempDir d("kiln_tsv_text_meta");
+  std::ofstream(d / "v.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nHello\nworld\nWorld\nthe\n";
+  std::ofstream(d / "other.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nHello\nworld\nWorld\nThe\n";
+  std::ofstream(d / "train.tsv") << "label\tsentence\n1\tHello World\n0\thello world\n1\tthe World\n0\tThe hello\n";
+  const std::string data = " --model bert-tiny --task classify --vocab " + d / "v.txt" +
+                           " --batch 2 --threads 1 --eval-tsv " + d / "train.tsv";
+  auto r = kiln::testing::run_kiln("train" + data + " --no-lower-case --seq-len 12 --train-tsv " + d / "train.tsv" +
+                                       " --max-steps 2 --lr 1e-2 --out " + d / "run",
+                                   d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto s = nlohmann::json::parse(kiln::testing::read_text(d / "run/summary.json"));
+  const std::string w = " --weights " + d / "run/model.safetensors";
+  const auto f = io::load_safetensors(d / "run/model.safetensors");
+  CHECK(f.metadata.at("lower_case") == "false");
+  CHECK(f.metadata.at("seq_len") == "12");
+  CHECK(f.metadata.at("vocab_size") == "10");
+  // No text flags: the trained ones, so the same loss as the run's own evaluation.
+  r = kiln::testing::run_kiln("eval" + data + w + " --out " + d / "e.json", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  auto e = nlohmann::json::parse(kiln::testing::read_text(d / "e.json"));
+  CHECK(e["data"]["lower_case"] == false);
+  CHECK(e["data"]["seq_len"] == 12);
+  CHECK(e["test_loss"].get<double>() == doctest::Approx(s["test_loss"].get<double>()).epsilon(1e-6));
+  // The trained setting given again is fine; its opposite is an error naming both.
+  r = kiln::testing::run_kiln("eval" + data + w + " --no-lower-case", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  r = kiln::testing::run_kiln("eval" + data + w + " --lower-case", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(
+      contains(r.output, "--lower-case: " + d / "run/model.safetensors" + " was trained with --no-lower-case"),
+      r.output);
+  // Another length is a choice (longer texts), said once.
+  r = kiln::testing::run_kiln("eval" + data + w + " --seq-len 16", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "warning: --seq-len 16, but " + d / "run/model.safetensors" + " was trained at 12"),
+                r.output);
+  // A vocabulary of the same size with another token gives other ids: refused.
+  r = kiln::testing::run_kiln("eval --model bert-tiny --task classify --vocab " + d / "other.txt" +
+                                  " --batch 2 --threads 1 --eval-tsv " + d / "train.tsv" + w,
+                              d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--vocab " + d / "other.txt" + " (10 tokens) is not the vocabulary"), r.output);
+  // Weights from before the text settings were stored: the flags as given (lower-cased by default).
+  std::map<std::string, std::string> old_meta = f.metadata;
+  for (const char* k : {"lower_case", "seq_len", "vocab", "vocab_size", "vocab_fingerprint"}) old_meta.erase(k);
+  io::save_safetensors(d / "old.safetensors", f.tensors, old_meta);
+  r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "old.safetensors" + " --out " + d / "o.json",
+                              d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  e = nlohmann::json::parse(kiln::testing::read_text(d / "o.json"));
+  CHECK(e["data"]["lower_case"] == true);
+  CHECK(e["data"]["seq_len"] == 128);
 }
