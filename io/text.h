@@ -128,16 +128,21 @@ class MlmDataset final : public Dataset {
 
 // `label<TAB>text` lines (the text is the rest of the line, tabs kept; the same 3+ columns on every
 // line without a header is refused as a layout, GLUE's CoLA); or, when the first
-// non-blank line is a header with a column named "label", any number of columns: the label is that
-// column, the text the one named "sentence" or "text" (or the only other one), so GLUE's
-// `sentence<TAB>label` files load as they are; when the text column is the last, a row with more
-// fields than the header keeps its tabs in the text. Lines end as split_lines says; blank lines are
+// non-blank line is a header with a column named "label" (else "Quality", "gold_label" or
+// "is_duplicate", GLUE's names), any number of columns: the label is that column, the text a
+// sentence pair when the header names one of GLUE's (sentence1/sentence2, question/sentence,
+// question1/question2, premise/hypothesis, #1 String/#2 String), else the column named "sentence" or
+// "text", else the only other column, or the two other ones (a pair, in file order; columns named id,
+// idx or index are not text), so GLUE's files
+// load as they are; when the (last) text column is the last, a row with more fields than the header
+// keeps its tabs in the text. Lines end as split_lines says; blank lines are
 // skipped; labels lose surrounding spaces (spaces inside are kept). Labels are names; `label_names`
 // fixes their ids (empty: this file's distinct labels, in numeric order when all are integers, else
 // sorted as text; more distinct labels than half of 20 or more rows is a warning naming the file and
 // the column taken as the label). Errors name the file and line.
-// Batches: input_ids, attention_mask, token_type_ids (i64 [B, L], [CLS] text [SEP], cut to seq_len)
-// and target (i64 [B]).
+// Batches: input_ids, attention_mask, token_type_ids (i64 [B, L]: [CLS] text [SEP], or as Hugging
+// Face's tokenizer(a, b) [CLS] a [SEP] b [SEP] with type 1 from b on; cut to seq_len, a pair by
+// 'longest_first') and target (i64 [B]).
 class TsvClassificationDataset final : public Dataset {
  public:
   TsvClassificationDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std::string& path, int64_t seq_len,
@@ -145,12 +150,15 @@ class TsvClassificationDataset final : public Dataset {
   int64_t size() const override { return int64_t(seqs_.size()); }
   Batch get_batch(const std::vector<int64_t>& indices, uint64_t seed) const override;
   const std::vector<std::string>& label_names() const { return labels_; }
+  // The header's names of the text column, or of a pair's two; empty without a header.
+  const std::vector<std::string>& text_columns() const { return text_columns_; }
 
  private:
   std::shared_ptr<const WordPieceTokenizer> tok_;
   int64_t seq_len_;
-  std::vector<std::string> labels_;
+  std::vector<std::string> labels_, text_columns_;
   std::vector<std::vector<int32_t>> seqs_;
+  std::vector<int32_t> firsts_;  // tokens of type 0: [CLS] a [SEP]
   std::vector<int64_t> targets_;
 };
 

@@ -328,6 +328,7 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
                  {"eval", c.eval_tsv},
                  {"vocab", c.vocab},
                  {"labels", train->label_names()},
+                 {"text_columns", eval->text_columns()},
                  {"train_samples", t.train_data->size()},
                  {"eval_samples", t.eval_data->size()},
                  {"seq_len", c.seq_len},

@@ -52,7 +52,9 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--vocab", c.vocab, "WordPiece vocab.txt (BERT; make one with `kiln vocab`)");
   app.add_option("--train-tsv", c.train_tsv,
                  "label<TAB>text training file, or one with a header line naming its 'label' and 'sentence' (or "
-                 "'text') columns, as GLUE's (BERT --task classify); integer labels are ordered numerically");
+                 "'text') columns, or a sentence pair's two (GLUE's: sentence1/sentence2, question/sentence, "
+                 "question1/question2, premise/hypothesis, #1 String/#2 String) (BERT --task classify); integer "
+                 "labels are ordered numerically");
   app.add_option("--eval-tsv", c.eval_tsv, "Evaluation file, as --train-tsv (BERT --task classify)");
   app.add_option("--seq-len", c.seq_len,
                  "BERT sequence length (kiln eval: default the length the weights were trained at)")
