@@ -543,7 +543,9 @@ Batch MlmDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) 
     for (size_t j = 0; j < s.size(); ++j) {
       int64_t t = s[j];
       mask[i * len + int64_t(j)] = 1;
-      const bool special = j == 0 || j + 1 == s.size();
+      // [CLS], [SEP] and [UNK] are never targets, as in Hugging Face's DataCollatorForLanguageModeling
+      // (its special-tokens mask holds [UNK]): predicting "unknown" teaches nothing.
+      const bool special = j == 0 || j + 1 == s.size() || t == tok_->unk_id;
       // Three draws per position whether or not it is masked: the stream stays aligned with positions.
       const float u = rng.uniform(), r = rng.uniform();
       const uint64_t rand_tok = rng.below(uint64_t(vocab));
@@ -555,11 +557,16 @@ Batch MlmDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) 
       ids[i * len + int64_t(j)] = t;
     }
     // A sequence with nothing masked would teach nothing and could leave a batch without a target:
-    // mask one of its tokens, drawn from the same stream.
+    // mask one of its tokens, drawn from the same stream (so the rate is above mask_prob on short
+    // sequences), not an [UNK] unless the sequence holds nothing else.
     bool any = false;
     for (size_t j = 0; j < s.size(); ++j) any = any || lab[i * len + int64_t(j)] != -100;
+    std::vector<int64_t> known;
+    for (size_t j = 1; j + 1 < s.size(); ++j)
+      if (s[j] != tok_->unk_id) known.push_back(int64_t(j));
     if (!any && s.size() > 2) {
-      const int64_t j = 1 + int64_t(rng.below(uint64_t(s.size() - 2)));
+      const int64_t j = known.empty() ? 1 + int64_t(rng.below(uint64_t(s.size() - 2)))
+                                      : known[size_t(rng.below(uint64_t(known.size())))];
       const float r = rng.uniform();
       const uint64_t rand_tok = rng.below(uint64_t(vocab));
       lab[i * len + j] = s[size_t(j)];

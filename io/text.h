@@ -101,14 +101,17 @@ Vocab build_wordpiece_vocab(const std::vector<std::string>& files, int64_t size,
 
 struct MlmOptions {
   int64_t seq_len = 128;
-  double mask_prob = 0.15;  // of the non-special tokens; of those 80% [MASK], 10% random, 10% kept
+  // of the tokens other than [CLS], [SEP] and [UNK]; of those 80% [MASK], 10% random, 10% kept. A
+  // sequence that drew none gets one, so the real share is higher on short sequences.
+  double mask_prob = 0.15;
 };
 
 // Text files packed into sequences [CLS] tokens [SEP] [PAD]...: lines are appended to a sequence
 // while they fit; a blank line or a line holding only "%" (the fortune format) ends a document and
 // its sequence. Batches: input_ids, attention_mask, token_type_ids (i64 [B, L]) and labels (the
 // original id where a token was masked, -100 elsewhere). Masking is a function of (seed, sample);
-// a sequence that drew no mask gets one masked token, so every sequence has a target.
+// [UNK] is never masked (as Hugging Face's collator); a sequence that drew no mask gets one masked
+// token (an [UNK] only when it holds nothing else), so every sequence has a target.
 class MlmDataset final : public Dataset {
  public:
   MlmDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std::vector<std::string>& files, MlmOptions o);

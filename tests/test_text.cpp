@@ -681,3 +681,35 @@ TEST_CASE("kiln train --task classify on sentence pairs (GLUE's sentence1<TAB>se
   CHECK_MESSAGE(s["test_loss"].get<double>() < 0.4, s["test_loss"]);
   CHECK_MESSAGE(s["test_accuracy"].get<double>() > 0.75, s["test_accuracy"]);
 }
+
+TEST_CASE("masked LM: [UNK] is never a target (as Hugging Face's collator), unless a sequence holds nothing else") {
+  TempDir d("kiln_mlm_unk");
+  auto tok = toy_tokenizer();
+  {
+    std::ofstream f(d / "corpus.txt");
+    for (int i = 0; i < 200; ++i) f << "zzz hello zzz world qqq the\n%\n";
+    f << "zzz qqq\n";  // only [UNK]s: its one target is an [UNK]
+  }
+  io::MlmDataset ds(tok, {d / "corpus.txt"}, {8, 0.5});
+  REQUIRE(ds.size() == 201);
+  std::vector<int64_t> all(size_t(ds.size()));
+  for (int64_t i = 0; i < ds.size(); ++i) all[size_t(i)] = i;
+  int64_t targets = 0;
+  for (uint64_t seed = 0; seed < 5; ++seed) {
+    const io::Batch b = ds.get_batch(all, seed);
+    const int64_t* x = b.at("input_ids").data<int64_t>();
+    const int64_t* l = b.at("labels").data<int64_t>();
+    for (int64_t i = 0; i + 1 < ds.size(); ++i)
+      for (int64_t j = 0; j < 8; ++j) {
+        // [CLS] [UNK] hello [UNK] world [UNK] the [SEP]
+        if (j == 1 || j == 3 || j == 5) {
+          CHECK(l[i * 8 + j] == -100);
+          CHECK(x[i * 8 + j] == tok->unk_id);
+        }
+        targets += l[i * 8 + j] != -100;
+      }
+    const int64_t last = ds.size() - 1;
+    CHECK(std::count_if(l + last * 8, l + last * 8 + 8, [](int64_t v) { return v != -100; }) == 1);
+  }
+  CHECK(targets > 0);
+}
