@@ -580,6 +580,19 @@ Batch MlmDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) 
 
 // ---- TSV classification --------------------------------------------------------------------------
 
+std::pair<size_t, size_t> longest_first(size_t a, size_t b, size_t room) {
+  if (a + b <= room) return {a, b};
+  // As the Rust tokenizers: n1 the shorter, n2 the longer; the longer alone cut while that is enough.
+  const bool swap = a > b;
+  size_t n1 = std::min(a, b), n2 = std::max(n1, n1 > room ? n1 : room - n1);
+  if (n1 + n2 > room) {
+    n1 = room / 2;
+    n2 = n1 + room % 2;
+  }
+  if (swap) std::swap(n1, n2);
+  return {std::min(a, n1), std::min(b, n2)};
+}
+
 TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPieceTokenizer> tok,
                                                    const std::string& path, int64_t seq_len,
                                                    std::vector<std::string> label_names)
@@ -744,26 +757,15 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
       KILN_FAIL(path, ":", r.line, ": the label ", shown(label), " is not one of the ", labels_.size(),
                 " training labels (", known, labels_.size() > 10 ? ", ..." : "", ")");
     }
-    // [CLS] a [SEP], or a pair [CLS] a [SEP] b [SEP] (token type 1 from b on), cut to seq_len. A pair
-    // is cut as Hugging Face's tokenizers cut one ('longest_first'): the longer text alone while that
-    // is enough, else both, the shorter (the first on a tie) to half the room and the other to the rest.
+    // [CLS] a [SEP], or a pair [CLS] a [SEP] b [SEP] (token type 1 from b on), cut to seq_len.
     std::vector<int64_t> a = tok_->encode(text_of(r, text_col)), b;
     if (pair_col == kNone) {
       a.resize(std::min(a.size(), size_t(seq_len_ - 2)));
     } else {
       b = tok_->encode(text_of(r, pair_col));
-      const size_t room = size_t(seq_len_ - 3);
-      if (a.size() + b.size() > room) {
-        const bool swap = a.size() > b.size();
-        size_t n1 = std::min(a.size(), b.size()), n2 = std::max(n1, n1 > room ? n1 : room - n1);
-        if (n1 + n2 > room) {
-          n1 = room / 2;
-          n2 = n1 + room % 2;
-        }
-        if (swap) std::swap(n1, n2);
-        a.resize(std::min(a.size(), n1));
-        b.resize(std::min(b.size(), n2));
-      }
+      const auto [na, nb] = longest_first(a.size(), b.size(), size_t(seq_len_ - 3));
+      a.resize(na);
+      b.resize(nb);
     }
     std::vector<int32_t> s = {int32_t(tok_->cls_id)};
     for (int64_t id : a) s.push_back(int32_t(id));

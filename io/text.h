@@ -146,6 +146,11 @@ class MlmDataset final : public Dataset {
 // Batches: input_ids, attention_mask, token_type_ids (i64 [B, L]: [CLS] text [SEP], or as Hugging
 // Face's tokenizer(a, b) [CLS] a [SEP] b [SEP] with type 1 from b on; cut to seq_len, a pair by
 // 'longest_first') and target (i64 [B]).
+// The lengths a pair of `a` and `b` tokens keeps in `room` tokens, cut as Hugging Face's tokenizers
+// cut one by default ('longest_first'): the longer text alone while that is enough, else both, the
+// shorter (the first on a tie) to half the room and the other to the rest.
+std::pair<size_t, size_t> longest_first(size_t a, size_t b, size_t room);
+
 class TsvClassificationDataset final : public Dataset {
  public:
   TsvClassificationDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std::string& path, int64_t seq_len,
