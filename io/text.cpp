@@ -536,7 +536,9 @@ Batch MlmDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) 
     for (size_t j = 0; j < s.size(); ++j) {
       int64_t t = s[j];
       mask[i * len + int64_t(j)] = 1;
-      const bool special = j == 0 || j + 1 == s.size();
+      // [CLS], [SEP] and [UNK] are never targets, as in Hugging Face's DataCollatorForLanguageModeling
+      // (its special-tokens mask holds [UNK]): predicting "unknown" teaches nothing.
+      const bool special = j == 0 || j + 1 == s.size() || t == tok_->unk_id;
       // Three draws per position whether or not it is masked: the stream stays aligned with positions.
       const float u = rng.uniform(), r = rng.uniform();
       const uint64_t rand_tok = rng.below(uint64_t(vocab));
@@ -548,11 +550,16 @@ Batch MlmDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) 
       ids[i * len + int64_t(j)] = t;
     }
     // A sequence with nothing masked would teach nothing and could leave a batch without a target:
-    // mask one of its tokens, drawn from the same stream.
+    // mask one of its tokens, drawn from the same stream (so the rate is above mask_prob on short
+    // sequences), not an [UNK] unless the sequence holds nothing else.
     bool any = false;
     for (size_t j = 0; j < s.size(); ++j) any = any || lab[i * len + int64_t(j)] != -100;
+    std::vector<int64_t> known;
+    for (size_t j = 1; j + 1 < s.size(); ++j)
+      if (s[j] != tok_->unk_id) known.push_back(int64_t(j));
     if (!any && s.size() > 2) {
-      const int64_t j = 1 + int64_t(rng.below(uint64_t(s.size() - 2)));
+      const int64_t j = known.empty() ? 1 + int64_t(rng.below(uint64_t(s.size() - 2)))
+                                      : known[size_t(rng.below(uint64_t(known.size())))];
       const float r = rng.uniform();
       const uint64_t rand_tok = rng.below(uint64_t(vocab));
       lab[i * len + j] = s[size_t(j)];
@@ -565,6 +572,19 @@ Batch MlmDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) 
 }
 
 // ---- TSV classification --------------------------------------------------------------------------
+
+std::pair<size_t, size_t> longest_first(size_t a, size_t b, size_t room) {
+  if (a + b <= room) return {a, b};
+  // As the Rust tokenizers: n1 the shorter, n2 the longer; the longer alone cut while that is enough.
+  const bool swap = a > b;
+  size_t n1 = std::min(a, b), n2 = std::max(n1, n1 > room ? n1 : room - n1);
+  if (n1 + n2 > room) {
+    n1 = room / 2;
+    n2 = n1 + room % 2;
+  }
+  if (swap) std::swap(n1, n2);
+  return {std::min(a, n1), std::min(b, n2)};
+}
 
 TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPieceTokenizer> tok,
                                                    const std::string& path, int64_t seq_len,
@@ -618,38 +638,66 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
   };
 
   // The first row is a header when one of its columns is named "label" (GLUE's SST-2 writes
-  // sentence<TAB>label): the label column is that one, the text column the one named "sentence" or
-  // "text", or the only other one. Without a header: label<TAB>text, the text being the rest of the
-  // line (tabs in it kept). With a header whose text column is the last, a row with more fields
-  // than the header has tabs in its text: they are kept too.
-  size_t label_col = 0, text_col = 1, columns = 2;
+  // sentence<TAB>label; GLUE's own files name it "Quality" (MRPC), "gold_label" (MNLI) or
+  // "is_duplicate" (QQP), taken when no column is named "label"). The text is a sentence pair when
+  // the header names one of GLUE's pairs (QNLI's question beside its sentence), else the column
+  // named "sentence" or "text"; else the only other column, or the two other ones, in file order, a
+  // pair (columns named id, idx or index are not text). Without a header: label<TAB>text, the text being the rest of
+  // the line (tabs in it kept). With a header whose (last) text column is the last, a row with more fields than the
+  // header has tabs in its text: they are kept too.
+  constexpr size_t kNone = size_t(-1);
+  size_t label_col = 0, text_col = 1, pair_col = kNone, columns = 2;
   std::string label_col_name = "column 1";
   const Row& first = rows.front();
   std::vector<std::string> names;
   for (const auto& f : first.fields) names.push_back(lower(f));
-  const auto label_it = std::find(names.begin(), names.end(), "label");
+  auto label_it = std::find(names.begin(), names.end(), "label");
+  for (const char* other : {"quality", "gold_label", "is_duplicate"})
+    if (label_it == names.end()) label_it = std::find(names.begin(), names.end(), other);
   if (label_it != names.end()) {
     columns = names.size();
     label_col = size_t(label_it - names.begin());
-    auto text_it = std::find(names.begin(), names.end(), "sentence");
-    if (text_it == names.end()) text_it = std::find(names.begin(), names.end(), "text");
-    if (text_it == names.end() && columns == 2) text_it = names.begin() + (label_col == 0 ? 1 : 0);
+    auto col = [&](const char* name) {
+      const auto it = std::find(names.begin(), names.end(), name);
+      return it == names.end() ? kNone : size_t(it - names.begin());
+    };
+    text_col = kNone;
+    for (const auto& [a, b] :
+         {std::pair{"sentence1", "sentence2"}, std::pair{"question", "sentence"}, std::pair{"question1", "question2"},
+          std::pair{"premise", "hypothesis"}, std::pair{"#1 string", "#2 string"}})
+      if (text_col == kNone && col(a) != kNone && col(b) != kNone) {
+        text_col = col(a);
+        pair_col = col(b);
+      }
+    if (text_col == kNone) text_col = col("sentence");
+    if (text_col == kNone) text_col = col("text");
+    std::vector<size_t> others;  // the columns that may hold text: not the label, not an id
+    for (size_t i = 0; i < columns; ++i)
+      if (i != label_col && names[i] != "id" && names[i] != "idx" && names[i] != "index") others.push_back(i);
+    if (text_col == kNone && (others.size() == 1 || others.size() == 2)) {
+      text_col = others[0];
+      if (others.size() == 2) pair_col = others[1];
+    }
     std::string all;
     for (const auto& f : first.fields) all += (all.empty() ? "" : ", ") + shown(f);
-    KILN_CHECK(text_it != names.end(), path, ":", first.line, ": the header (", all,
-               ") names a label column but no text column: name that one 'sentence' or 'text'");
-    text_col = size_t(text_it - names.begin());
-    label_col_name = "column " + std::to_string(label_col + 1) + " ('label' in the header)";
+    KILN_CHECK(text_col != kNone, path, ":", first.line, ": the header (", all,
+               ") names a label column but no text column: name that one 'sentence' or 'text', or a pair's "
+               "'sentence1' and 'sentence2' (or give one or two columns beside the label)");
+    text_columns_ = {std::string(trim(first.fields[text_col]))};
+    if (pair_col != kNone) text_columns_.emplace_back(trim(first.fields[pair_col]));
+    label_col_name =
+        "column " + std::to_string(label_col + 1) + " (" + shown(trim(first.fields[label_col])) + " in the header)";
     rows.erase(rows.begin());
     KILN_CHECK(!rows.empty(), path, ": a header line and no label<TAB>text lines");
   }
   const bool header = label_it != names.end();
-  // The text of a row: from the start of the text column to the end of the line when the text is the
+  // The text of a row's column: from the start of the column to the end of the line when it is the
   // last column (so its tabs are kept), else that column.
-  auto text_of = [&](const Row& r) {
-    if (!header || text_col + 1 == columns) return r.text.substr(size_t(r.fields[text_col].data() - r.text.data()));
-    return r.fields[text_col];
+  auto text_of = [&](const Row& r, size_t col) {
+    if (!header || col + 1 == columns) return r.text.substr(size_t(r.fields[col].data() - r.text.data()));
+    return r.fields[col];
   };
+  const bool text_last = text_col + 1 == columns || (pair_col != kNone && pair_col + 1 == columns);
   // Without a header, the same three or more columns on every line is a layout (GLUE's CoLA:
   // source<TAB>label<TAB><TAB>sentence), not tabs inside the text: taking column 1 as the label would
   // train on the wrong column without a word.
@@ -661,8 +709,8 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
               "'sentence' (or 'text') column, or write label<TAB>text lines");
   for (const Row& r : rows) {
     const std::string_view l = r.fields.front();
-    const bool ok = header ? r.fields.size() == columns || (r.fields.size() > columns && text_col + 1 == columns)
-                           : r.fields.size() >= 2;
+    const bool ok =
+        header ? r.fields.size() == columns || (r.fields.size() > columns && text_last) : r.fields.size() >= 2;
     KILN_CHECK(ok, path, ":", r.line, ": expected ",
                header ? std::to_string(columns) + " columns as the header" : std::string("label<TAB>text"), ", got ",
                r.fields.size() == 1 ? shown(l) : std::to_string(r.fields.size()) + " columns");
@@ -702,12 +750,24 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
       KILN_FAIL(path, ":", r.line, ": the label ", shown(label), " is not one of the ", labels_.size(),
                 " training labels (", known, labels_.size() > 10 ? ", ..." : "", ")");
     }
-    std::vector<int32_t> s = {int32_t(tok_->cls_id)};
-    for (int64_t id : tok_->encode(text_of(r))) {
-      if (int64_t(s.size()) + 1 >= seq_len_) break;
-      s.push_back(int32_t(id));
+    // [CLS] a [SEP], or a pair [CLS] a [SEP] b [SEP] (token type 1 from b on), cut to seq_len.
+    std::vector<int64_t> a = tok_->encode(text_of(r, text_col)), b;
+    if (pair_col == kNone) {
+      a.resize(std::min(a.size(), size_t(seq_len_ - 2)));
+    } else {
+      b = tok_->encode(text_of(r, pair_col));
+      const auto [na, nb] = longest_first(a.size(), b.size(), size_t(seq_len_ - 3));
+      a.resize(na);
+      b.resize(nb);
     }
+    std::vector<int32_t> s = {int32_t(tok_->cls_id)};
+    for (int64_t id : a) s.push_back(int32_t(id));
     s.push_back(int32_t(tok_->sep_id));
+    firsts_.push_back(int32_t(s.size()));
+    if (pair_col != kNone) {
+      for (int64_t id : b) s.push_back(int32_t(id));
+      s.push_back(int32_t(tok_->sep_id));
+    }
     seqs_.push_back(std::move(s));
     targets_.push_back(it->second);
   }
@@ -719,6 +779,7 @@ Batch TsvClassificationDataset::get_batch(const std::vector<int64_t>& indices, u
   Tensor target = make_tensor({b}, DType::i64, kCPU);
   int64_t* ids = out["input_ids"].data<int64_t>();
   int64_t* mask = out["attention_mask"].data<int64_t>();
+  int64_t* types = out["token_type_ids"].data<int64_t>();
   for (int64_t i = 0; i < b; ++i) {
     const int64_t n = indices[size_t(i)];
     KILN_CHECK(n >= 0 && n < size(), "classification: sample ", n, " out of range [0, ", size(), ")");
@@ -726,6 +787,7 @@ Batch TsvClassificationDataset::get_batch(const std::vector<int64_t>& indices, u
     for (size_t j = 0; j < s.size(); ++j) {
       ids[i * seq_len_ + int64_t(j)] = s[j];
       mask[i * seq_len_ + int64_t(j)] = 1;
+      types[i * seq_len_ + int64_t(j)] = int64_t(j) < firsts_[size_t(n)] ? 0 : 1;
     }
     target.data<int64_t>()[i] = targets_[size_t(n)];
   }

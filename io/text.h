@@ -101,14 +101,17 @@ Vocab build_wordpiece_vocab(const std::vector<std::string>& files, int64_t size,
 
 struct MlmOptions {
   int64_t seq_len = 128;
-  double mask_prob = 0.15;  // of the non-special tokens; of those 80% [MASK], 10% random, 10% kept
+  // of the tokens other than [CLS], [SEP] and [UNK]; of those 80% [MASK], 10% random, 10% kept. A
+  // sequence that drew none gets one, so the real share is higher on short sequences.
+  double mask_prob = 0.15;
 };
 
 // Text files packed into sequences [CLS] tokens [SEP] [PAD]...: lines are appended to a sequence
 // while they fit; a blank line or a line holding only "%" (the fortune format) ends a document and
 // its sequence. Batches: input_ids, attention_mask, token_type_ids (i64 [B, L]) and labels (the
 // original id where a token was masked, -100 elsewhere). Masking is a function of (seed, sample);
-// a sequence that drew no mask gets one masked token, so every sequence has a target.
+// [UNK] is never masked (as Hugging Face's collator); a sequence that drew no mask gets one masked
+// token (an [UNK] only when it holds nothing else), so every sequence has a target.
 class MlmDataset final : public Dataset {
  public:
   MlmDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std::vector<std::string>& files, MlmOptions o);
@@ -128,16 +131,26 @@ class MlmDataset final : public Dataset {
 
 // `label<TAB>text` lines (the text is the rest of the line, tabs kept; the same 3+ columns on every
 // line without a header is refused as a layout, GLUE's CoLA); or, when the first
-// non-blank line is a header with a column named "label", any number of columns: the label is that
-// column, the text the one named "sentence" or "text" (or the only other one), so GLUE's
-// `sentence<TAB>label` files load as they are; when the text column is the last, a row with more
-// fields than the header keeps its tabs in the text. Lines end as split_lines says; blank lines are
+// non-blank line is a header with a column named "label" (else "Quality", "gold_label" or
+// "is_duplicate", GLUE's names), any number of columns: the label is that column, the text a
+// sentence pair when the header names one of GLUE's (sentence1/sentence2, question/sentence,
+// question1/question2, premise/hypothesis, #1 String/#2 String), else the column named "sentence" or
+// "text", else the only other column, or the two other ones (a pair, in file order; columns named id,
+// idx or index are not text), so GLUE's files
+// load as they are; when the (last) text column is the last, a row with more fields than the header
+// keeps its tabs in the text. Lines end as split_lines says; blank lines are
 // skipped; labels lose surrounding spaces (spaces inside are kept). Labels are names; `label_names`
 // fixes their ids (empty: this file's distinct labels, in numeric order when all are integers, else
 // sorted as text; more distinct labels than half of 20 or more rows is a warning naming the file and
 // the column taken as the label). Errors name the file and line.
-// Batches: input_ids, attention_mask, token_type_ids (i64 [B, L], [CLS] text [SEP], cut to seq_len)
-// and target (i64 [B]).
+// Batches: input_ids, attention_mask, token_type_ids (i64 [B, L]: [CLS] text [SEP], or as Hugging
+// Face's tokenizer(a, b) [CLS] a [SEP] b [SEP] with type 1 from b on; cut to seq_len, a pair by
+// 'longest_first') and target (i64 [B]).
+// The lengths a pair of `a` and `b` tokens keeps in `room` tokens, cut as Hugging Face's tokenizers
+// cut one by default ('longest_first'): the longer text alone while that is enough, else both, the
+// shorter (the first on a tie) to half the room and the other to the rest.
+std::pair<size_t, size_t> longest_first(size_t a, size_t b, size_t room);
+
 class TsvClassificationDataset final : public Dataset {
  public:
   TsvClassificationDataset(std::shared_ptr<const WordPieceTokenizer> tok, const std::string& path, int64_t seq_len,
@@ -145,12 +158,15 @@ class TsvClassificationDataset final : public Dataset {
   int64_t size() const override { return int64_t(seqs_.size()); }
   Batch get_batch(const std::vector<int64_t>& indices, uint64_t seed) const override;
   const std::vector<std::string>& label_names() const { return labels_; }
+  // The header's names of the text column, or of a pair's two; empty without a header.
+  const std::vector<std::string>& text_columns() const { return text_columns_; }
 
  private:
   std::shared_ptr<const WordPieceTokenizer> tok_;
   int64_t seq_len_;
-  std::vector<std::string> labels_;
+  std::vector<std::string> labels_, text_columns_;
   std::vector<std::vector<int32_t>> seqs_;
+  std::vector<int32_t> firsts_;  // tokens of type 0: [CLS] a [SEP]
   std::vector<int64_t> targets_;
 };
 

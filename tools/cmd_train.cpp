@@ -1190,6 +1190,14 @@ class Trainer {
       meta["labels"] = task_.data_info["classes"].dump();
       meta["image_size"] = std::to_string(task_.data_info["image_size"].get<int64_t>());
     }
+    // A BERT model's text settings: what turns its text into these ids, so `kiln eval` makes the same.
+    if (task_.data_info.contains("vocab_fingerprint")) {
+      meta["lower_case"] = task_.data_info["lower_case"].get<bool>() ? "true" : "false";
+      meta["seq_len"] = std::to_string(task_.data_info["seq_len"].get<int64_t>());
+      meta["vocab"] = task_.data_info["vocab"].get<std::string>();
+      meta["vocab_size"] = std::to_string(task_.data_info["vocab_size"].get<int64_t>());
+      meta["vocab_fingerprint"] = task_.data_info["vocab_fingerprint"].get<std::string>();
+    }
     io::save_safetensors(c_.out + "/model.safetensors", model().state_dict(), meta);
     const double wall = since(t_start_);
     const double sps = double(run_.samples_seen) / std::max(run_.train_seconds, 1e-9);
@@ -1326,7 +1334,39 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
         std::fprintf(stderr, "kiln eval: warning: --image-size %lld, but %s was trained at %lld\n",
                      (long long)c.image_size, weights.c_str(), (long long)trained);
     }
+    // A BERT model's text settings (weights from before them carry none: the flags as given).
+    if (auto it = f.metadata.find("lower_case"); it != f.metadata.end()) {
+      KILN_CHECK(it->second == "true" || it->second == "false", weights, ": damaged metadata: lower_case is '",
+                 it->second, "', not true or false");
+      const bool trained = it->second == "true";
+      const auto flag = [](bool on) { return on ? "--lower-case" : "--no-lower-case"; };
+      KILN_CHECK(!c.lower_case_given || c.lower_case == trained, flag(c.lower_case), ": ", weights,
+                 " was trained with ", flag(trained), " (its ids come from that text)");
+      c.lower_case = trained;
+    }
+    if (auto it = f.metadata.find("seq_len"); it != f.metadata.end()) {
+      int64_t trained = 0;
+      const std::string& v = it->second;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), trained);
+      KILN_CHECK(ec == std::errc() && end == v.data() + v.size() && trained >= 1, weights,
+                 ": damaged metadata: seq_len is '", v, "', not a positive whole number");
+      if (!c.seq_len_given)
+        c.seq_len = trained;
+      else if (c.seq_len != trained)  // a legitimate choice (longer texts), as --image-size
+        std::fprintf(stderr, "kiln eval: warning: --seq-len %lld, but %s was trained at %lld\n", (long long)c.seq_len,
+                     weights.c_str(), (long long)trained);
+    }
     task = make_task(c);
+    if (auto it = f.metadata.find("vocab_fingerprint"); it != f.metadata.end()) {
+      const std::string here = task.data_info.value("vocab_fingerprint", "");
+      const auto meta = [&f](const char* k) {
+        const auto m = f.metadata.find(k);
+        return m == f.metadata.end() ? std::string("?") : m->second;
+      };
+      KILN_CHECK(here == it->second, "--vocab ", c.vocab, " (", task.data_info.value("vocab_size", int64_t(0)),
+                 " tokens) is not the vocabulary ", weights, " was trained with (", meta("vocab"), ", ",
+                 meta("vocab_size"), " tokens): the same text would give other ids");
+    }
     nn::StateDict given = f.tensors;
     drop_unused_heads(*task.model, given, weights, c.model, "kiln eval");
     io::check_weights(*task.model, given, weights);

@@ -224,6 +224,20 @@ models::BertConfig bert_config_for(const TrainConfig& c, const BertName& bn, con
   return bc;
 }
 
+// A vocabulary's fingerprint (FNV-1a 64 of its tokens, one a line, in hex): the weights carry it, so
+// `kiln eval` can tell a vocab.txt other than the one they were trained with, even of the same size.
+std::string vocab_fingerprint(const io::Vocab& v) {
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](unsigned char b) { h = (h ^ b) * 1099511628211ull; };
+  for (int64_t i = 0; i < v.size(); ++i) {
+    for (const char ch : v.token(i)) mix(static_cast<unsigned char>(ch));
+    mix('\n');
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
 // io::MlmDataset's label where no token was masked.
 constexpr int64_t kUnmasked = -100;
 
@@ -277,7 +291,9 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
                  {"train_samples", t.train_data->size()},
                  {"eval_samples", t.eval_data->size()},
                  {"corpus_tokens", corpus->tokens()},
-                 {"seq_len", c.seq_len}};
+                 {"seq_len", c.seq_len},
+                 {"lower_case", c.lower_case},
+                 {"vocab_fingerprint", vocab_fingerprint(tok->vocab())}};
   return t;
 }
 
@@ -307,10 +323,18 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
                                 b.at("token_type_ids").to(dev)),
                  b.at("target").to(dev), smoothing, model->is_training());
   };
-  t.data_info = {{"name", "tsv"},         {"train", c.train_tsv},        {"eval", c.eval_tsv},
-                 {"vocab", c.vocab},      {"labels", train->label_names()},
-                 {"train_samples", t.train_data->size()}, {"eval_samples", t.eval_data->size()},
-                 {"seq_len", c.seq_len}};
+  t.data_info = {{"name", "tsv"},
+                 {"train", c.train_tsv},
+                 {"eval", c.eval_tsv},
+                 {"vocab", c.vocab},
+                 {"labels", train->label_names()},
+                 {"text_columns", eval->text_columns()},
+                 {"train_samples", t.train_data->size()},
+                 {"eval_samples", t.eval_data->size()},
+                 {"seq_len", c.seq_len},
+                 {"lower_case", c.lower_case},
+                 {"vocab_size", tok->vocab().size()},
+                 {"vocab_fingerprint", vocab_fingerprint(tok->vocab())}};
   return t;
 }
 

@@ -37,6 +37,8 @@ struct TrainConfig {
   int64_t seq_len = 128;
   double mask_prob = 0.15;
   bool lower_case = true;
+  // not flags: --seq-len / --lower-case / --no-lower-case was given (`kiln eval` else takes the weights')
+  bool seq_len_given = false, lower_case_given = false;
   std::vector<std::string> label_names;  // not a flag: fixed by a trained model's metadata in `kiln eval`
   // not a flag: `kiln eval`, where a classifier's labels may come from its weights and MNIST-format
   // data reads only its test files

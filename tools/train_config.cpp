@@ -52,13 +52,25 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--vocab", c.vocab, "WordPiece vocab.txt (BERT; make one with `kiln vocab`)");
   app.add_option("--train-tsv", c.train_tsv,
                  "label<TAB>text training file, or one with a header line naming its 'label' and 'sentence' (or "
-                 "'text') columns, as GLUE's (BERT --task classify); integer labels are ordered numerically");
+                 "'text') columns, or a sentence pair's two (GLUE's: sentence1/sentence2, question/sentence, "
+                 "question1/question2, premise/hypothesis, #1 String/#2 String) (BERT --task classify); integer "
+                 "labels are ordered numerically");
   app.add_option("--eval-tsv", c.eval_tsv, "Evaluation file, as --train-tsv (BERT --task classify)");
-  app.add_option("--seq-len", c.seq_len, "BERT sequence length")->capture_default_str();
-  app.add_option("--mask-prob", c.mask_prob, "Share of tokens masked for masked-LM")->capture_default_str();
+  app.add_option("--seq-len", c.seq_len,
+                 "BERT sequence length (kiln eval: default the length the weights were trained at)")
+      ->each([&c](const std::string&) { c.seq_len_given = true; })
+      ->capture_default_str();
+  app.add_option("--mask-prob", c.mask_prob,
+                 "Share of tokens masked for masked-LM ([CLS], [SEP] and [UNK] never are); a sequence that drew "
+                 "none gets one, so the real share is higher on short sequences (16% for 15% on short texts at "
+                 "--seq-len 128, 24% at 8)")
+      ->capture_default_str();
   add_on_off_flag(
       app, "--lower-case,!--no-lower-case", c.lower_case,
-      std::string("Lower-case and strip accents before WordPiece (as BERT's uncased models): ") + io::kLowerCaseScope);
+      std::string("Lower-case and strip accents before WordPiece (as BERT's uncased models; kiln eval: default as the "
+                  "weights were trained, and the other is an error): ") +
+          io::kLowerCaseScope)
+      ->each([&c](const std::string&) { c.lower_case_given = true; });
   app.add_option("--batch", c.batch, "Batch size (default: 128; 32 for BERT models)");
   app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout")->capture_default_str();
   app.add_option("--threads", c.threads,

@@ -4,6 +4,7 @@
 // safetensors and checkpoint files, and the data sets and loader.
 #include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -140,6 +141,140 @@ nb::dict batch_dict(const io::Batch& b) {
   return d;
 }
 
+}  // namespace
+
+namespace {
+int64_t special_id(const io::WordPieceTokenizer& t, int64_t id, const char* token) {
+  if (id < 0) value_error("WordPieceTokenizer: " + t.vocab().source() + " has no " + token + " token");
+  return id;
+}
+
+std::string wordpiece_decode(const io::WordPieceTokenizer& t, const std::vector<int64_t>& ids, bool skip_special_tokens,
+                             bool clean_up_tokenization_spaces) {
+  std::string out;
+  for (int64_t id : ids) {
+    if (id < 0 || id >= t.vocab().size())
+      value_error("decode: id " + std::to_string(id) + " is not in the vocabulary (0.." +
+                  std::to_string(t.vocab().size() - 1) + ")");
+    if (skip_special_tokens &&
+        (id == t.pad_id || id == t.unk_id || id == t.cls_id || id == t.sep_id || id == t.mask_id))
+      continue;
+    const std::string& tok = t.vocab().token(id);
+    if (tok.rfind("##", 0) == 0 && !out.empty())
+      out += tok.substr(2);
+    else
+      out += (out.empty() ? "" : " ") + tok;
+  }
+  if (clean_up_tokenization_spaces)  // Hugging Face's clean_up_tokenization, in its order
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{{" .", "."},
+                                                                                   {" ?", "?"},
+                                                                                   {" !", "!"},
+                                                                                   {" ,", ","},
+                                                                                   {" ' ", "'"},
+                                                                                   {" n't", "n't"},
+                                                                                   {" 'm", "'m"},
+                                                                                   {" 's", "'s"},
+                                                                                   {" 've", "'ve"},
+                                                                                   {" 're", "'re"}})
+      for (size_t at = 0; (at = out.find(from, at)) != std::string::npos;) {
+        out.replace(at, from.size(), to);
+        at += to.size();
+      }
+  return out;
+}
+
+// tokenizer(text, text_pair, ...) for one string or a list of them.
+nb::dict wordpiece_call(const io::WordPieceTokenizer& t, nb::handle text, nb::handle text_pair,
+                        std::optional<int64_t> max_length, nb::handle padding, bool truncation) {
+  auto texts_of = [](nb::handle h, const char* what) {
+    std::vector<std::string> out;
+    if (nb::isinstance<nb::str>(h)) return std::make_pair(true, std::vector<std::string>{nb::cast<std::string>(h)});
+    if (!nb::isinstance<nb::list>(h) && !nb::isinstance<nb::tuple>(h))
+      type_error(std::string("tokenizer: ") + what + " must be a str or a list of str, got " + py_type_name(h));
+    for (nb::handle x : h) {
+      if (!nb::isinstance<nb::str>(x))
+        type_error(std::string("tokenizer: ") + what + " holds a " + py_type_name(x) + ", expected str");
+      out.push_back(nb::cast<std::string>(x));
+    }
+    return std::make_pair(false, out);
+  };
+  const auto [one, a] = texts_of(text, "text");
+  std::vector<std::string> b;
+  const bool pair = !text_pair.is_none();
+  if (pair) {
+    const auto tp = texts_of(text_pair, "text_pair");
+    if (tp.first != one || tp.second.size() != a.size())
+      value_error("tokenizer: text_pair must be " + std::string(one ? "a str" : "a list of as many str") +
+                  " as text (" + std::to_string(a.size()) + ")");
+    b = tp.second;
+  }
+  std::string pad = "no";
+  if (nb::isinstance<nb::bool_>(padding))
+    pad = nb::cast<bool>(padding) ? "longest" : "no";
+  else if (nb::isinstance<nb::str>(padding))
+    pad = nb::cast<std::string>(padding);
+  if (pad == "do_not_pad") pad = "no";
+  if (pad != "no" && pad != "longest" && pad != "max_length")
+    value_error("tokenizer: padding must be False, True, 'longest' or 'max_length', got " + str_of(padding));
+  if ((truncation || pad == "max_length") && !max_length)
+    value_error(std::string("tokenizer: ") + (truncation ? "truncation=True" : "padding='max_length'") +
+                " needs max_length");
+  if (max_length && *max_length < 1)
+    value_error("tokenizer: max_length must be >= 1, got " + std::to_string(*max_length));
+  const int64_t specials = pair ? 3 : 2;
+  if (truncation && *max_length < specials)
+    value_error("tokenizer: max_length " + std::to_string(*max_length) + " leaves no room beside the " +
+                std::to_string(specials) + " special tokens");
+  const int64_t cls = special_id(t, t.cls_id, "[CLS]"), sep = special_id(t, t.sep_id, "[SEP]");
+  std::vector<std::vector<int64_t>> ids(a.size()), types(a.size());
+  size_t longest = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::vector<int64_t> x = t.encode(a[i]), y;
+    if (pair) y = t.encode(b[i]);
+    if (truncation) {
+      const size_t room = size_t(*max_length - specials);
+      if (pair) {
+        const auto [nx, ny] = io::longest_first(x.size(), y.size(), room);
+        x.resize(nx);
+        y.resize(ny);
+      } else {
+        x.resize(std::min(x.size(), room));
+      }
+    }
+    ids[i] = {cls};
+    ids[i].insert(ids[i].end(), x.begin(), x.end());
+    ids[i].push_back(sep);
+    types[i].assign(ids[i].size(), 0);
+    if (pair) {
+      ids[i].insert(ids[i].end(), y.begin(), y.end());
+      ids[i].push_back(sep);
+      types[i].resize(ids[i].size(), 1);
+    }
+    longest = std::max(longest, ids[i].size());
+  }
+  const size_t to = pad == "max_length" ? size_t(*max_length) : pad == "longest" ? longest : 0;
+  std::vector<std::vector<int64_t>> mask(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    mask[i].assign(ids[i].size(), 1);
+    if (ids[i].size() < to) {
+      const size_t n = to - ids[i].size();
+      ids[i].insert(ids[i].end(), n, special_id(t, t.pad_id, "[PAD]"));
+      types[i].insert(types[i].end(), n, 0);
+      mask[i].insert(mask[i].end(), n, 0);
+    }
+  }
+  nb::dict out;
+  if (one) {
+    out["input_ids"] = nb::cast(ids[0]);
+    out["token_type_ids"] = nb::cast(types[0]);
+    out["attention_mask"] = nb::cast(mask[0]);
+  } else {
+    out["input_ids"] = nb::cast(ids);
+    out["token_type_ids"] = nb::cast(types);
+    out["attention_mask"] = nb::cast(mask);
+  }
+  return out;
+}
 }  // namespace
 
 void bind_nn(nb::module_& m) {
@@ -551,9 +686,29 @@ void bind_nn(nb::module_& m) {
           nb::arg("vocab"), nb::arg("lower_case") = true)
       .def("tokenize", [](const io::WordPieceTokenizer& t, const std::string& s) { return t.tokenize(s); })
       .def(
-          "encode", [](const io::WordPieceTokenizer& t, const std::string& s) { return t.encode(s); },
-          "Token ids, no special tokens added.")
-      .def("decode", &io::WordPieceTokenizer::decode)
+          "encode",
+          [](const io::WordPieceTokenizer& t, const std::string& s, bool add_special_tokens) {
+            std::vector<int64_t> ids = t.encode(s);
+            if (add_special_tokens) {
+              ids.insert(ids.begin(), special_id(t, t.cls_id, "[CLS]"));
+              ids.push_back(special_id(t, t.sep_id, "[SEP]"));
+            }
+            return ids;
+          },
+          nb::arg("text"), nb::arg("add_special_tokens") = true,
+          "Token ids, [CLS] ... [SEP] around them as Hugging Face's encode (add_special_tokens=False: the "
+          "text's alone).")
+      .def("decode", &wordpiece_decode, nb::arg("ids"), nb::arg("skip_special_tokens") = false,
+           nb::arg("clean_up_tokenization_spaces") = true,
+           "Text of `ids` as Hugging Face's decode: tokens joined with spaces, ## pieces glued to the one "
+           "before; skip_special_tokens drops [PAD] [UNK] [CLS] [SEP] [MASK]; clean_up_tokenization_spaces "
+           "removes the space before . ? ! , and in ' , n't 'm 's 've 're.")
+      .def("__call__", &wordpiece_call, nb::arg("text"), nb::arg("text_pair") = nb::none(),
+           nb::arg("max_length") = nb::none(), nb::arg("padding") = false, nb::arg("truncation") = false,
+           "As Hugging Face's tokenizer(text, text_pair): a dict of input_ids, token_type_ids and "
+           "attention_mask lists (lists of lists for a list of texts): [CLS] a [SEP] (b [SEP]), type 1 from "
+           "b on. truncation=True cuts to max_length ('longest_first' for a pair); padding='max_length' "
+           "pads to max_length, True or 'longest' to the longest of the texts ([PAD], type 0, mask 0).")
       .def_prop_ro("vocab_size", [](const io::WordPieceTokenizer& t) { return t.vocab().size(); })
       .def("token", [](const io::WordPieceTokenizer& t, int64_t id) { return t.vocab().token(id); })
       .def("id", [](const io::WordPieceTokenizer& t, const std::string& tok) { return t.vocab().id(tok); });

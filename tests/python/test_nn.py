@@ -259,8 +259,9 @@ def test_text_data(tmp_path):
     corpus = ["/usr/share/games/fortunes/computers"]
     kiln.data.build_vocab(corpus, str(tmp_path / "vocab.txt"), size=1200)
     tok = kiln.data.WordPieceTokenizer(str(tmp_path / "vocab.txt"))
-    ids = tok.encode("Computers are useless.")
-    assert ids and tok.decode(ids) == "computers are useless ." and tok.vocab_size <= 1200
+    ids = tok.encode("Computers are useless.", add_special_tokens=False)
+    assert ids and tok.decode(ids) == "computers are useless." and tok.vocab_size <= 1200
+    assert tok.decode(ids, clean_up_tokenization_spaces=False) == "computers are useless ."
     mlm = kiln.data.masked_lm(corpus, tok, seq_len=32)
     b = next(iter(kiln.data.DataLoader(mlm, batch_size=4, workers=0)))
     assert b["input_ids"].shape == (4, 32) and (b["labels"] != -100).any().item()
@@ -274,6 +275,54 @@ def test_text_data(tmp_path):
     assert ds.get_batch([0, 1])["target"].tolist() == [1, 0]
     with pytest.raises(kiln.KilnError, match="nope.txt"):
         kiln.data.WordPieceTokenizer(str(tmp_path / "nope.txt"))
+
+
+def test_wordpiece_tokenizer_as_hugging_face(tmp_path):
+    # The answers are transformers 5.25's BertTokenizer over the same vocab.txt.
+    words = ["hello", "world", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", ".", ",", "!", "?", "'", "s",
+             "run", "##s", "##ning", "is", "it"]
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words) + "\n")
+    tok = kiln.data.WordPieceTokenizer(str(tmp_path / "vocab.txt"))
+    assert tok("hello world") == {"input_ids": [2, 5, 6, 3], "token_type_ids": [0, 0, 0, 0],
+                                  "attention_mask": [1, 1, 1, 1]}
+    assert tok("hello world", "the cat sat") == {"input_ids": [2, 5, 6, 3, 7, 8, 9, 3],
+                                                 "token_type_ids": [0, 0, 0, 0, 1, 1, 1, 1],
+                                                 "attention_mask": [1, 1, 1, 1, 1, 1, 1, 1]}
+    assert tok(["hello world", "the cat sat on the mat."]) == {
+        "input_ids": [[2, 5, 6, 3], [2, 7, 8, 9, 10, 7, 11, 15, 3]],
+        "token_type_ids": [[0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0]],
+        "attention_mask": [[1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1, 1]]}
+    assert tok("hello world", max_length=8, padding="max_length") == {
+        "input_ids": [2, 5, 6, 3, 0, 0, 0, 0], "token_type_ids": [0, 0, 0, 0, 0, 0, 0, 0],
+        "attention_mask": [1, 1, 1, 1, 0, 0, 0, 0]}
+    assert tok(["hello world", "a dog"], ["the cat sat", "ran !"], max_length=9, padding="max_length",
+               truncation=True) == {
+        "input_ids": [[2, 5, 6, 3, 7, 8, 9, 3, 0], [2, 12, 13, 3, 14, 17, 3, 0, 0]],
+        "token_type_ids": [[0, 0, 0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1, 0, 0]],
+        "attention_mask": [[1, 1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1, 0, 0]]}
+    # 'longest_first': a tie cuts the first to half the room, the second to the rest
+    assert tok("hello world hello world hello", "the cat sat on the", max_length=10, truncation=True) == {
+        "input_ids": [2, 5, 6, 5, 3, 7, 8, 9, 10, 3], "token_type_ids": [0, 0, 0, 0, 0, 1, 1, 1, 1, 1],
+        "attention_mask": [1] * 10}
+    assert tok("hello world hello world", max_length=4, truncation=True)["input_ids"] == [2, 5, 6, 3]
+    assert tok(["hello world", "the cat sat on the mat"], padding=True) == {
+        "input_ids": [[2, 5, 6, 3, 0, 0, 0, 0], [2, 7, 8, 9, 10, 7, 11, 3]],
+        "token_type_ids": [[0] * 8, [0] * 8], "attention_mask": [[1, 1, 1, 1, 0, 0, 0, 0], [1] * 8]}
+    assert tok.encode("hello world") == [2, 5, 6, 3]
+    assert tok.encode("hello world", add_special_tokens=False) == [5, 6]
+    ids = tok.encode("The cat's running , it is ! ok ? zz .")
+    assert ids == [2, 7, 8, 19, 20, 21, 23, 16, 25, 24, 17, 1, 18, 1, 15, 3]
+    assert tok.decode(ids) == "[CLS] the cat's running, it is! [UNK]? [UNK]. [SEP]"
+    assert tok.decode(ids, skip_special_tokens=True) == "the cat's running, it is!?."
+    assert tok.decode([7, 8, 19, 20, 24, 9]) == "the cat's is sat"
+    assert tok.decode(ids, clean_up_tokenization_spaces=False) == \
+        "[CLS] the cat ' s running , it is ! [UNK] ? [UNK] . [SEP]"  # as the slow (Python) tokenizer
+    with pytest.raises(ValueError, match="truncation=True needs max_length"):
+        tok("hello", truncation=True)
+    with pytest.raises(ValueError, match="text_pair must be a list of as many str as text"):
+        tok(["hello", "world"], ["the"])
+    with pytest.raises(ValueError, match="padding must be"):
+        tok("hello", padding="left")
 
 
 def test_deepcopy_of_modules_tensors_and_zoo_models():
