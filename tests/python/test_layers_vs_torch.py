@@ -349,3 +349,29 @@ def test_multihead_attention_matches_torch(batch_first, kv):
     to, tw = tm(q2, kv2, kv2, key_padding_mask=kpm[0])
     close(ko, to)
     close(kw, tw)
+
+
+def test_multihead_attention_bool_mask_made_on_the_mask_device(monkeypatch):
+    # The additive mask from a bool mask must be made where the mask lives (a CUDA mask otherwise met
+    # a CPU tensor): every factory call on the way passes device=.
+    from kiln.nn import layers
+    calls = []
+    zeros = layers._C.zeros
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(layers._C, "zeros", spy)
+    tm = tnn.MultiheadAttention(8, 2, add_zero_attn=True)
+    km = same_weights(nn.MultiheadAttention(8, 2, add_zero_attn=True), tm)
+    q = rnd(4, 2, 8)
+    am = torch.zeros(4, 4, dtype=torch.bool)
+    am[:, 1] = True
+    kpm = torch.tensor([[False, False, False, True], [False] * 4])
+    calls.clear()  # the constructor's (its tensors are placed after)
+    ko, kw = km(k(q), k(q), k(q), attn_mask=k(am), key_padding_mask=k(kpm))
+    to, tw = tm(q, q, q, attn_mask=am, key_padding_mask=kpm)
+    close(ko, to)
+    close(kw, tw)
+    assert len(calls) >= 2 and all("device" in c for c in calls)

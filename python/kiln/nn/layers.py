@@ -7,7 +7,8 @@ from .. import _C
 from .._C import KilnValueError
 from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
-from .modules import Module, Parameter, Linear, _ConvNd, _MaxPoolNd, _AvgPoolNd, _Inplace, _check_p, _place, _uniform
+from .modules import Module, Parameter, Linear, _ConvNd, _MaxPoolNd, _AvgPoolNd, _Inplace, _check_p, _place, _uniform, \
+    _fill_num_batches_tracked
 
 
 # ---- transposed convolution ----
@@ -225,6 +226,9 @@ class _InstanceNorm(Module):
             self.register_buffer("num_batches_tracked", None)
         _place(self, device, dtype)
 
+    def _upgrade_state_dict(self, state_dict, prefix):
+        _fill_num_batches_tracked(self, state_dict, prefix)
+
     def forward(self, x):
         n = self._dims
         if x.dim() not in (n + 1, n + 2):
@@ -390,7 +394,7 @@ class MultiheadAttention(Module):
         if mask is None:
             return None
         if mask.dtype == _C.dtype.bool:  # torch's rule here: True is left out
-            return _C.zeros(list(mask.shape), dtype=dtype).masked_fill(mask, float("-inf"))
+            return _C.zeros(list(mask.shape), dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
         if not mask.is_floating_point():
             raise KilnValueError(f"MultiheadAttention: {what} must be bool or floating, got {mask.dtype}")
         return mask.to(dtype)
