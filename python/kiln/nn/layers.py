@@ -29,8 +29,6 @@ class _ConvTransposeNd(_ConvNd):
             return self.output_padding
         n = self._dims
         output_size = list(output_size)[-n:]
-        if len(output_size) != n:
-            raise KilnValueError(f"{type(self).__name__}: output_size must have {n} or {n + 2} entries")
         out = []
         for i in range(n):
             size = x.shape[x.dim() - n + i]
@@ -43,6 +41,11 @@ class _ConvTransposeNd(_ConvNd):
         return tuple(out)
 
     def forward(self, x, output_size=None):
+        n = self._dims
+        if output_size is not None and len(output_size) not in (n, x.dim()):
+            # As torch: the spatial sizes, or the input's every dim; any other length is an error, not cut.
+            raise KilnValueError(f"{type(self).__name__}: for {x.dim()}D input, output_size must have {n} or "
+                                 f"{x.dim()} elements (got {len(output_size)})")
         unbatched = self._unbatched(x)
         if unbatched:
             x = x.unsqueeze(0)
@@ -168,6 +171,8 @@ class PReLU(Module):
         _place(self, device, dtype)
 
     def forward(self, x):
+        if x.dim() == 0:  # as torch: a 0-d input gives a 0-d output
+            return F.prelu(x.reshape([1]), self.weight).reshape([])
         return F.prelu(x, self.weight)
 
     def extra_repr(self):
