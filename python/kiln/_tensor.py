@@ -348,8 +348,10 @@ Tensor.new_ones = _new(1)
 # ---- .data ----
 
 def _get_data(self):
-    """A detached alias (same memory, requires_grad False), as torch's .data."""
-    return self.detach()
+    """A detached alias (same memory, requires_grad False) with a version counter of its own, as torch's
+    .data: an in-place write through it (p.data.mul_(2) between forward and backward) is not seen by
+    autograd's check that saved tensors are unchanged."""
+    return self._alias_no_version()
 
 
 def _span(t):
@@ -370,13 +372,21 @@ def _set_data(self, value):
             f"data: cannot assign a {list(value.shape)} {value.dtype.name} tensor on {value.device} to a "
             f"{list(self.shape)} {self.dtype.name} one on {self.device}: Kiln copies the values in place (torch "
             "rebinds the tensor), so shape, dtype and device must match; make a new Parameter (and optimizer) instead")
+    if not self.is_contiguous():
+        # torch rebinds a view (base[:, 1:3].data = v leaves base alone); copying in would write base.
+        raise _C.KilnValueError(
+            f"data: cannot assign to the .data of a non-contiguous {list(self.shape)} tensor (a view such as "
+            "base[:, 1:3]): torch would rebind the view and leave its base alone, Kiln would write through to the "
+            "base; assign to base[...] (under kiln.no_grad()) instead")
     value = value.detach()
     if value.numel() and self.numel():
         (a, b), (c, d) = _span(self), _span(value)
         if a < d and c < b:  # overlapping memory (p.data = p.data.t()): copy from a snapshot
             value = value.clone()
+    # Without bumping the version, as torch's: a graph that saved this tensor sees the new values then
+    # (p.data = v between forward and backward gives torch's gradient, not an error).
     with no_grad():
-        self.detach().copy_(value)
+        self._alias_no_version().copy_(value)
 
 
 Tensor.data = property(_get_data, _set_data)

@@ -638,6 +638,23 @@ void bind_tensor(nb::module_& m) {
       .def("clone", &Tensor::clone, nb::call_guard<nb::gil_scoped_release>())
       .def("detach", &Tensor::detach)
       .def(
+          "_alias_no_version",
+          [](const Tensor& x) {
+            // torch's .data: the same memory under a storage object of its own, so that an in-place
+            // write through it (p.data.mul_(2)) neither bumps nor is checked against the version the
+            // autograd graph saved for x. The original storage is kept alive by the alias's release.
+            auto src = x.storage();
+            auto st = std::make_shared<Storage>(src->data, src->nbytes, src->device, [src](void*) {});
+            auto impl = std::make_shared<TensorImpl>();
+            impl->storage = std::move(st);
+            impl->shape = x.shape();
+            impl->strides = x.strides();
+            impl->offset = x.offset();
+            impl->dtype = x.dtype();
+            return Tensor(std::move(impl));
+          },
+          "A detached alias with its own version counter (what .data returns).")
+      .def(
           "to",
           [](const Tensor& x, nb::args args, nb::kwargs kw) {
             std::optional<DType> dt;

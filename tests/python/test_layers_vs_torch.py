@@ -349,3 +349,73 @@ def test_multihead_attention_matches_torch(batch_first, kv):
     to, tw = tm(q2, kv2, kv2, key_padding_mask=kpm[0])
     close(ko, to)
     close(kw, tw)
+
+
+def test_multihead_attention_bool_mask_made_on_the_mask_device(monkeypatch):
+    # The additive mask from a bool mask must be made where the mask lives (a CUDA mask otherwise met
+    # a CPU tensor): every factory call on the way passes device=.
+    from kiln.nn import layers
+    calls = []
+    zeros = layers._C.zeros
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(layers._C, "zeros", spy)
+    tm = tnn.MultiheadAttention(8, 2, add_zero_attn=True)
+    km = same_weights(nn.MultiheadAttention(8, 2, add_zero_attn=True), tm)
+    q = rnd(4, 2, 8)
+    am = torch.zeros(4, 4, dtype=torch.bool)
+    am[:, 1] = True
+    kpm = torch.tensor([[False, False, False, True], [False] * 4])
+    calls.clear()  # the constructor's (its tensors are placed after)
+    ko, kw = km(k(q), k(q), k(q), attn_mask=k(am), key_padding_mask=k(kpm))
+    to, tw = tm(q, q, q, attn_mask=am, key_padding_mask=kpm)
+    close(ko, to)
+    close(kw, tw)
+    assert len(calls) >= 2 and all("device" in c for c in calls)
+
+
+def test_loss_weight_must_broadcast_to_the_input():
+    x, t = rnd(3, 4), torch.rand(3, 4, generator=torch.Generator().manual_seed(0))
+    for kc, tc, xin in ((nn.BCEWithLogitsLoss, tnn.BCEWithLogitsLoss, x), (nn.BCELoss, tnn.BCELoss, t)):
+        with pytest.raises(RuntimeError):
+            tc(weight=torch.ones(2, 3, 4))(xin, t)
+        with pytest.raises(ValueError, match=r"weight of size \[2, 3, 4\] does not broadcast to the input size \[3, 4\]"):
+            kc(weight=kiln.ones(2, 3, 4))(k(xin), k(t))
+        w = rnd(3, 1, seed=3).abs()
+        close(kc(weight=k(w), reduction="none")(k(xin), k(t)), tc(weight=w, reduction="none")(xin, t))
+
+
+def test_conv_transpose_output_size_length_checked():
+    tm = tnn.ConvTranspose1d(2, 3, 3, stride=2)
+    km = same_weights(nn.ConvTranspose1d(2, 3, 3, stride=2), tm)
+    x = rnd(1, 2, 5)
+    for osz in ([12], [1, 3, 12]):
+        close(km(k(x), output_size=osz), tm(x, output_size=osz))
+    close(km(k(x[0]), output_size=[3, 12]), tm(x[0], output_size=[3, 12]))  # unbatched: 1 or 2
+    for osz in ([3, 12], [1, 1, 3, 12]):
+        with pytest.raises(ValueError, match="output_size must have 1 or 3"):
+            tm(x, output_size=osz)
+        with pytest.raises(ValueError, match=f"for 3D input, output_size must have 1 or 3 elements \\(got {len(osz)}\\)"):
+            km(k(x), output_size=osz)
+
+
+def test_unbatched_cosine_embedding_prelu_pixel_shuffle():
+    a, b = rnd(4), rnd(4, seed=1)
+    for red in ("none", "mean", "sum"):
+        for y in (1.0, -1.0):
+            out = nn.CosineEmbeddingLoss(margin=0.1, reduction=red)(k(a), k(b), kiln.tensor(y))
+            ref = tnn.CosineEmbeddingLoss(margin=0.1, reduction=red)(a, b, torch.tensor(y))
+            assert tuple(out.shape) == tuple(ref.shape) == ()
+            close(out, ref)
+    out = nn.PReLU()(kiln.tensor(-2.0))
+    assert tuple(out.shape) == () and abs(out.item() + 0.5) < 1e-7
+    x = rnd(2, 3, 8, 2, 3)
+    for xi in (x, x[0, 0]):  # several batch dims, unbatched
+        close(nn.PixelShuffle(2)(k(xi)), tnn.PixelShuffle(2)(xi))
+        y = tnn.PixelShuffle(2)(xi)
+        close(nn.PixelUnshuffle(2)(k(y)), tnn.PixelUnshuffle(2)(y))
+    with pytest.raises(ValueError, match="at least 3 dims"):
+        nn.PixelShuffle(2)(kiln.ones(4, 4))

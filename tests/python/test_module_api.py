@@ -392,3 +392,125 @@ def test_name_and_type_checks(lib):
     dt = kiln.int64 if lib is kiln else torch.int64
     with pytest.raises(TypeError, match=r"nn.Module.to only accepts floating point.* dtypes, but got.*int64"):
         n.Linear(1, 1).to(dt)
+
+
+# ---- review fixes ----
+
+def test_data_has_its_own_version_counter():
+    # torch's .data does not share the version: an in-place write through it between forward and
+    # backward is not an error (the gradient sees the new values).
+    for lib, P in ((kiln, nn.Parameter), (torch, tnn.Parameter)):
+        p = P(lib.ones(3))
+        y = (p * p).sum()
+        v0 = p._version
+        p.data.mul_(2)
+        assert p._version == v0
+        y.backward()
+        assert p.grad.tolist() == [4.0, 4.0, 4.0]
+        p = P(lib.ones(3))
+        y = (p * p).sum()
+        p.data = lib.full((3,), 2.0)
+        y.backward()
+        assert p.grad.tolist() == [4.0, 4.0, 4.0]
+    # Assigning .data of a non-contiguous view: torch rebinds the view only; Kiln refuses rather than
+    # write through to the base.
+    base = kiln.zeros(2, 4)
+    with pytest.raises(ValueError, match="non-contiguous"):
+        base[:, 1:3].data = kiln.ones(2, 2)
+    assert base.tolist() == [[0.0] * 4] * 2
+
+
+@pytest.mark.parametrize("make", [lambda n: n.BatchNorm1d(3),
+                                  lambda n: n.InstanceNorm1d(3, track_running_stats=True)])
+def test_norm_state_dict_without_num_batches_tracked_loads(make):
+    for n in (nn, tnn):
+        m = make(n)
+        m.num_batches_tracked.add_(5)
+        old = {k: v for k, v in m.state_dict().items() if "num_batches" not in k}
+        r = m.load_state_dict(old)  # strict
+        assert list(r.missing_keys) == [] and list(r.unexpected_keys) == []
+        assert int(m.num_batches_tracked.item()) == 5  # torch keeps the module's own count
+        assert "num_batches_tracked" not in old
+
+
+_NT = collections.namedtuple("_NT", "a b")
+
+
+@pytest.mark.filterwarnings("ignore:For backward hooks")  # torch's, about the dict
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_full_backward_hook_dict_and_namedtuple_outputs(lib):
+    n = nn if lib is kiln else tnn
+    got = []
+
+    class D(n.Module):
+        def forward(self, x):
+            return {"y": x * 2}
+
+    class N(n.Module):
+        def forward(self, x):
+            return _NT(x * 2, x * 3)
+
+    x = lib.ones(2).requires_grad_()
+    d = D()
+    d.register_full_backward_hook(lambda *a: None)
+    o = d(x)
+    assert type(o) is dict and list(o) == ["y"] and o["y"].tolist() == [2.0, 2.0]
+    m = N()
+    m.register_full_backward_hook(lambda mod, gi, go: got.append(gi[0].tolist()))
+    o = m(x)
+    assert type(o) is _NT and o.b.tolist() == [3.0, 3.0]
+    (o.a + o.b).sum().backward()
+    assert got == [[5.0, 5.0]]
+
+
+def _return_output(m, args, out):
+    return out
+
+
+class _Hooked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(2, 2)
+        self.h = self.l.register_forward_hook(_return_output)
+
+
+class _TorchHooked(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = tnn.Linear(2, 2)
+        self.h = self.l.register_forward_hook(_return_output)
+
+
+@pytest.mark.parametrize("cls", [_Hooked, _TorchHooked])
+@pytest.mark.parametrize("how", [copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))])
+def test_hook_handle_follows_deepcopy_and_pickle(cls, how):
+    m = cls()
+    m2 = how(m)
+    assert len(m2.l._forward_hooks) == 1
+    m2.h.remove()  # the copy's hook, not the original's
+    assert len(m2.l._forward_hooks) == 0 and len(m.l._forward_hooks) == 1
+    m.h.remove()
+    assert len(m.l._forward_hooks) == 0
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_to_keeps_ties_grad_and_attributes(lib):
+    n = nn if lib is kiln else tnn
+
+    class S(n.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = n.Linear(2, 2, bias=False)
+            self.out = n.Linear(2, 2, bias=False)
+            self.out.weight = self.emb.weight
+
+    s = S()
+    s.emb.weight.grad = lib.ones(2, 2)
+    s.emb.weight.tag = "shared"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing outside the module holds the old parameter
+        s.double()
+    assert s.out.weight is s.emb.weight and len(list(s.parameters())) == 1
+    w = s.emb.weight
+    assert w.dtype == lib.float64 and w.grad.dtype == lib.float64 and w.grad.tolist() == [[1.0] * 2] * 2
+    assert w.tag == "shared" and isinstance(w, n.Parameter)

@@ -112,6 +112,14 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     return out.reshape(input.shape)
 
 
+def _check_weight_fits(name, weight, input):
+    """torch's rule for a loss weight: it broadcasts to the input's shape, not beyond it (a [2, 3, 4]
+    weight on a [3, 4] input is an error, not a [2, 3, 4] loss)."""
+    w, x = list(weight.shape), list(input.shape)
+    if len(w) > len(x) or any(a not in (1, b) for a, b in zip(w[::-1], x[::-1])):
+        raise _C.KilnValueError(f"{name}: weight of size {w} does not broadcast to the input size {x}")
+
+
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
                                      pos_weight=None):
     """-w [pos_weight y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))], computed stably from the logits as
@@ -134,6 +142,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     else:
         loss = (1 - target) * input + softplus_neg
     if weight is not None:
+        _check_weight_fits("binary_cross_entropy_with_logits", weight, input)
         loss = loss * weight
     if reduction == "none":
         return loss
@@ -173,3 +182,39 @@ def dropout2d(input, p=0.5, training=True, inplace=False):
 def dropout3d(input, p=0.5, training=True, inplace=False):
     """Channel dropout of [N, C, D, H, W] (or [C, D, H, W]); inplace is accepted and computed out of place."""
     return _channel_dropout("dropout3d", input, p, training, 5)
+
+
+_pixel_shuffle, _pixel_unshuffle = pixel_shuffle, pixel_unshuffle
+
+
+def _over_last3(fn, name, input, factor):
+    # torch takes [*, C, H, W]: the leading dims (none for an unbatched input, or several) as one batch dim.
+    if input.dim() < 3:
+        raise _C.KilnValueError(f"{name}: expected an input of at least 3 dims [*, C, H, W], got {list(input.shape)}")
+    lead = list(input.shape[:-3])
+    y = fn(input.reshape([-1] + list(input.shape[-3:])), factor)
+    return y.reshape(lead + list(y.shape[1:]))
+
+
+def pixel_shuffle(input, upscale_factor):
+    """[*, C r^2, H, W] -> [*, C, H r, W r], as torch (an unbatched [C r^2, H, W] included)."""
+    return _over_last3(_pixel_shuffle, "pixel_shuffle", input, upscale_factor)
+
+
+def pixel_unshuffle(input, downscale_factor):
+    """[*, C, H r, W r] -> [*, C r^2, H, W], as torch (an unbatched [C, H r, W r] included)."""
+    return _over_last3(_pixel_unshuffle, "pixel_unshuffle", input, downscale_factor)
+
+
+_cosine_embedding_loss = cosine_embedding_loss
+
+
+def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+    """As torch: x1, x2 [N, D] with y [N], or unbatched [D], [D] with a 0-d y."""
+    if size_average is not None or reduce is not None:
+        raise _C.KilnError("cosine_embedding_loss: size_average and reduce are deprecated in torch and not "
+                           "supported; use reduction=")
+    if input1.dim() == 1 and input2.dim() == 1 and target.dim() == 0:
+        loss = _cosine_embedding_loss(input1.unsqueeze(0), input2.unsqueeze(0), target.reshape([1]), margin, reduction)
+        return loss.reshape([]) if reduction == "none" else loss
+    return _cosine_embedding_loss(input1, input2, target, margin, reduction)

@@ -7,7 +7,8 @@ from .. import _C
 from .._C import KilnValueError
 from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
-from .modules import Module, Parameter, Linear, _ConvNd, _MaxPoolNd, _AvgPoolNd, _Inplace, _check_p, _place, _uniform
+from .modules import Module, Parameter, Linear, _ConvNd, _MaxPoolNd, _AvgPoolNd, _Inplace, _check_p, _place, _uniform, \
+    _fill_num_batches_tracked
 
 
 # ---- transposed convolution ----
@@ -28,8 +29,6 @@ class _ConvTransposeNd(_ConvNd):
             return self.output_padding
         n = self._dims
         output_size = list(output_size)[-n:]
-        if len(output_size) != n:
-            raise KilnValueError(f"{type(self).__name__}: output_size must have {n} or {n + 2} entries")
         out = []
         for i in range(n):
             size = x.shape[x.dim() - n + i]
@@ -42,6 +41,11 @@ class _ConvTransposeNd(_ConvNd):
         return tuple(out)
 
     def forward(self, x, output_size=None):
+        n = self._dims
+        if output_size is not None and len(output_size) not in (n, x.dim()):
+            # As torch: the spatial sizes, or the input's every dim; any other length is an error, not cut.
+            raise KilnValueError(f"{type(self).__name__}: for {x.dim()}D input, output_size must have {n} or "
+                                 f"{x.dim()} elements (got {len(output_size)})")
         unbatched = self._unbatched(x)
         if unbatched:
             x = x.unsqueeze(0)
@@ -167,6 +171,8 @@ class PReLU(Module):
         _place(self, device, dtype)
 
     def forward(self, x):
+        if x.dim() == 0:  # as torch: a 0-d input gives a 0-d output
+            return F.prelu(x.reshape([1]), self.weight).reshape([])
         return F.prelu(x, self.weight)
 
     def extra_repr(self):
@@ -224,6 +230,9 @@ class _InstanceNorm(Module):
             self.register_buffer("running_var", None)
             self.register_buffer("num_batches_tracked", None)
         _place(self, device, dtype)
+
+    def _upgrade_state_dict(self, state_dict, prefix):
+        _fill_num_batches_tracked(self, state_dict, prefix)
 
     def forward(self, x):
         n = self._dims
@@ -390,7 +399,7 @@ class MultiheadAttention(Module):
         if mask is None:
             return None
         if mask.dtype == _C.dtype.bool:  # torch's rule here: True is left out
-            return _C.zeros(list(mask.shape), dtype=dtype).masked_fill(mask, float("-inf"))
+            return _C.zeros(list(mask.shape), dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
         if not mask.is_floating_point():
             raise KilnValueError(f"MultiheadAttention: {what} must be bool or floating, got {mask.dtype}")
         return mask.to(dtype)

@@ -76,6 +76,8 @@ class HuberLoss(_Loss):
 
 class BCELoss(_WeightedLoss):
     def forward(self, input, target):
+        if self.weight is not None:
+            F._check_weight_fits("binary_cross_entropy", self.weight, input)
         return F.binary_cross_entropy(input, target, self.weight, self.reduction)
 
 
@@ -107,7 +109,7 @@ class CosineEmbeddingLoss(_Loss):
         self.margin = margin
 
     def forward(self, input1, input2, target):
-        return F.cosine_embedding_loss(input1, input2, target, self.margin, self.reduction)
+        return F.cosine_embedding_loss(input1, input2, target, self.margin, reduction=self.reduction)
 
 
 class MarginRankingLoss(_Loss):

@@ -62,6 +62,15 @@ class _HookHandle:
         if hooks is not None:
             hooks.pop(self.id, None)
 
+    # As torch's RemovableHandle: pickled and deep-copied with the hooks dict itself, so that a copy's
+    # handle follows the copy's module (deepcopy's memo gives the dict the module's copy has).
+    def __getstate__(self):
+        return (self._hooks(), self.id)
+
+    def __setstate__(self, state):
+        hooks, self.id = state
+        self._hooks = weakref.ref(hooks if hooks is not None else _HookDict())
+
     def __enter__(self):
         return self
 
@@ -325,25 +334,36 @@ class Module:
         """Moves every parameter and buffer to a device and converts the floating ones to a dtype:
         to("cuda"), to(kiln.float64), to("cuda", kiln.bfloat16), to(device=..., dtype=...). A tensor
         already there is kept (the same Parameter object). One that moves becomes a new Parameter
-        (torch's moves in place): an optimizer made before then still holds the old ones, which a
-        warning says; make the optimizer after .to()."""
+        (torch's moves in place), with its .grad converted and its attributes carried over; a
+        parameter tied between modules stays one parameter. Something outside the module that still
+        holds an old one (an optimizer made before) no longer updates the module, which a warning
+        says; make the optimizer after .to()."""
         device, dtype = _parse_to(args, kwargs)
         if dtype is not None and not dtype.is_floating_point:
             raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got kiln.{dtype.name}")
-        held = []
+        # id(old Parameter) -> [old, new, its first name]: across the whole call, so that a tie across
+        # modules (out.weight = emb.weight) gets one new Parameter.
+        moved = {}
         with no_grad():
             for name, m in self.named_modules():
-                held += [f"{name}.{n}" if name else n for n in m._convert(device, dtype) or ()]
+                m._convert(device, dtype, moved, f"{name}." if name else "")
+        held = []
+        for entry in moved.values():
+            old = entry[0]
+            # Another C++ handle (an optimizer's) or Python reference beyond moved's, old's and
+            # getrefcount's own.
+            if old._handles > 1 or sys.getrefcount(old) > 3:
+                held.append(entry[2])
+            del old
         if held:
             warnings.warn(f"Module.to: {len(held)} parameter(s) ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}) "
-                          "became new Parameter objects, and something (an optimizer made before .to()?) still holds "
-                          "the old ones, which no longer belong to the module: make the optimizer after moving it",
-                          stacklevel=2)
+                          "became new Parameter objects, and something outside the module still holds the old ones "
+                          "(an optimizer made before .to()?), which no longer update it: make the optimizer after "
+                          "moving the module", stacklevel=2)
         return self
 
-    def _convert(self, device, dtype):
-        """Converts this module's own tensors; returns the names of the parameters it replaced that
-        something else (an optimizer, the caller) still holds."""
+    def _convert(self, device, dtype, moved, prefix):
+        """Converts this module's own tensors; a parameter that moves is recorded in moved (see to)."""
         def conv(t):
             q = t
             if device is not None:
@@ -354,21 +374,24 @@ class Module:
             # that an optimizer holding it still updates the module.
             return t if (q.dtype == t.dtype and q.device == t.device) else q
 
-        held = []
         for name in list(self._parameters):
             p = self._parameters[name]
-            if p is not None:
+            if p is None:
+                continue
+            entry = moved.get(id(p))
+            if entry is None:
                 q = conv(p)
-                if q is not p:
-                    self._parameters[name] = Parameter(q, p.requires_grad)
-                    # Another C++ handle (an optimizer's) or Python reference (beyond p's and
-                    # getrefcount's own) than this loop's.
-                    if p._handles > 1 or sys.getrefcount(p) > 2:
-                        held.append(name)
+                if q is p:
+                    continue
+                new = Parameter(q, p.requires_grad)
+                if p.grad is not None:
+                    new.grad = conv(p.grad)
+                new.__dict__.update(getattr(p, "__dict__", {}))
+                entry = moved[id(p)] = [p, new, prefix + name]
+            self._parameters[name] = entry[1]
         for name, b in list(self._buffers.items()):
             if b is not None:
                 self._buffers[name] = conv(b)
-        return held
 
     def cpu(self):
         return self.to("cpu")
@@ -414,6 +437,11 @@ class Module:
         unexpected name is an error that names them (and nothing is copied); a shape mismatch always is.
         Returns (missing_keys, unexpected_keys), as torch does: what strict=False left out."""
         _check_state_dict(state_dict)
+        # A module may fill in keys an older save lacks (BatchNorm's num_batches_tracked), as torch's
+        # _load_from_state_dict does: on a copy, so the caller's dict is left alone.
+        state_dict = OrderedDict(state_dict)
+        for name, m in self.named_modules():
+            m._upgrade_state_dict(state_dict, f"{name}." if name else "")
         mine = self.state_dict()
         missing = [k for k in mine if k not in state_dict]
         unexpected = [k for k in state_dict if k not in mine]
@@ -427,6 +455,10 @@ class Module:
                 if k in mine:
                     mine[k].copy_(t)
         return IncompatibleKeys(missing, unexpected)
+
+    def _upgrade_state_dict(self, state_dict, prefix):
+        """Called by load_state_dict for every module with its key prefix: adds or rewrites, in
+        state_dict, the entries an older version of this module saved differently."""
 
     # ---- calling ----
     def forward(self, *args, **kwargs):
@@ -472,9 +504,13 @@ class Module:
             if r is not None:
                 out = r
         if bw is not None:
-            single = isinstance(out, Tensor)
-            outs = bw.wrap((out,) if single else tuple(out), bw.output_backward)
-            out = outs[0] if single else type(out)(outs)
+            # As torch: a tensor or a tuple (a namedtuple rebuilt from its fields) of outputs gets the
+            # backward step; anything else (a dict, a list) is returned as it is.
+            if isinstance(out, Tensor):
+                out = bw.wrap((out,), bw.output_backward)[0]
+            elif isinstance(out, tuple):
+                outs = bw.wrap(tuple(out), bw.output_backward)
+                out = type(out)(*outs) if hasattr(type(out), "_fields") else type(out)(outs)
         return out
 
     def extra_repr(self):
@@ -764,6 +800,15 @@ class Conv3d(_ConvNd):
     _dims = 3
 
 
+def _fill_num_batches_tracked(module, state_dict, prefix):
+    """As torch's _NormBase: a state dict saved before num_batches_tracked existed (older Kiln, torch
+    before 0.4.1) loads, leaving the module's counter as it is."""
+    key = prefix + "num_batches_tracked"
+    if module.track_running_stats and module.num_batches_tracked is not None and key not in state_dict \
+            and prefix + "running_mean" in state_dict:
+        state_dict[key] = module.num_batches_tracked.detach().clone()
+
+
 class _BatchNorm(Module):
     """torch's BatchNorm: running_mean/running_var and num_batches_tracked (int64, counted in training)
     when track_running_stats; momentum=None is the cumulative average (factor 1/num_batches_tracked)."""
@@ -785,6 +830,9 @@ class _BatchNorm(Module):
             self.register_buffer("running_var", None)
             self.register_buffer("num_batches_tracked", None)
         _place(self, device, dtype)
+
+    def _upgrade_state_dict(self, state_dict, prefix):
+        _fill_num_batches_tracked(self, state_dict, prefix)
 
     def _check_input_dim(self, x):
         if x.dim() not in self._expected:
@@ -1464,7 +1512,7 @@ class CppModule(Module):
     def _set_mode(self, mode):
         self._c.train(mode)
 
-    def _convert(self, device, dtype):
+    def _convert(self, device, dtype, moved, prefix):
         if device is not None:
             self._c.to_device(device)
         if dtype is not None:
