@@ -251,15 +251,19 @@ void introduce(const Socket& s, const char* magic, int rank, int world, int port
   // The listener's verdict: empty when admitted, else why not (a rank told nothing only saw its
   // connection close, and waited or failed with no reason).
   int32_t n = -1;
+  std::string why;
   try {
-    KILN_CHECK(exchange(-1, nullptr, 0, s.fd, &n, sizeof n, deadline, "handshake") && n >= 0 && n <= kMaxVerdict, who,
+    KILN_CHECK(exchange(-1, nullptr, 0, s.fd, &n, sizeof n, deadline, "handshake"), who,
                " did not answer the handshake with a verdict before the timeout");
+    KILN_CHECK(n >= 0 && n <= kMaxVerdict, who, " answered the handshake with a verdict of ", n,
+               " bytes (another program holds that port?)");
+    if (n == 0) return;
+    why.resize(size_t(n));
+    if (!exchange(-1, nullptr, 0, s.fd, why.data(), why.size(), deadline, "handshake"))
+      why = "(the reason did not arrive before the timeout)";
   } catch (const CollectiveError&) {
     KILN_FAIL(who, " closed the connection after the handshake without a verdict (it has exited?)");
   }
-  if (n == 0) return;
-  std::string why(size_t(n), '\0');
-  exchange(-1, nullptr, 0, s.fd, why.data(), why.size(), deadline, "handshake");
   KILN_FAIL(who, " refused this rank: ", why);
 }
 

@@ -528,6 +528,12 @@ Batch MlmDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) 
   int64_t* mask = out["attention_mask"].data<int64_t>();
   int64_t* lab = labels.data<int64_t>();
   const float p = float(o_.mask_prob);
+  // The vocab's special tokens are never targets, as in Hugging Face's DataCollatorForLanguageModeling
+  // (its special-tokens mask holds [UNK] too: predicting "unknown" teaches nothing). Written in the
+  // text, [SEP] or [MASK] are special tokens in the middle of a sequence as well.
+  const auto special_id = [this](int64_t t) {
+    return t == tok_->unk_id || t == tok_->cls_id || t == tok_->sep_id || t == tok_->pad_id || t == tok_->mask_id;
+  };
   for (int64_t i = 0; i < b; ++i) {
     const int64_t n = indices[size_t(i)];
     KILN_CHECK(n >= 0 && n < size(), "masked-LM: sample ", n, " out of range [0, ", size(), ")");
@@ -536,9 +542,7 @@ Batch MlmDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) 
     for (size_t j = 0; j < s.size(); ++j) {
       int64_t t = s[j];
       mask[i * len + int64_t(j)] = 1;
-      // [CLS], [SEP] and [UNK] are never targets, as in Hugging Face's DataCollatorForLanguageModeling
-      // (its special-tokens mask holds [UNK]): predicting "unknown" teaches nothing.
-      const bool special = j == 0 || j + 1 == s.size() || t == tok_->unk_id;
+      const bool special = j == 0 || j + 1 == s.size() || special_id(t);
       // Three draws per position whether or not it is masked: the stream stays aligned with positions.
       const float u = rng.uniform(), r = rng.uniform();
       const uint64_t rand_tok = rng.below(uint64_t(vocab));
@@ -551,13 +555,13 @@ Batch MlmDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) 
     }
     // A sequence with nothing masked would teach nothing and could leave a batch without a target:
     // mask one of its tokens, drawn from the same stream (so the rate is above mask_prob on short
-    // sequences), not an [UNK] unless the sequence holds nothing else.
+    // sequences), not a special token unless the sequence holds nothing else.
     bool any = false;
     for (size_t j = 0; j < s.size(); ++j) any = any || lab[i * len + int64_t(j)] != -100;
-    std::vector<int64_t> known;
-    for (size_t j = 1; j + 1 < s.size(); ++j)
-      if (s[j] != tok_->unk_id) known.push_back(int64_t(j));
     if (!any && s.size() > 2) {
+      std::vector<int64_t> known;
+      for (size_t j = 1; j + 1 < s.size(); ++j)
+        if (!special_id(s[j])) known.push_back(int64_t(j));
       const int64_t j = known.empty() ? 1 + int64_t(rng.below(uint64_t(s.size() - 2)))
                                       : known[size_t(rng.below(uint64_t(known.size())))];
       const float r = rng.uniform();

@@ -235,19 +235,21 @@ TEST_CASE(
   const std::string train = std::string(KILN_BINARY) +
                             " train --limit-train 512 --limit-eval 64 --threads 1 --workers 0 --progress lines "
                             "--max-steps 6 ";
-  // Two ranks started by hand (as on two machines), one with another --batch and --lr: both exit 2
-  // before training, rank 1 naming the flags and rank 0's values.
+  // Two ranks started by hand (as on two machines), one with another --batch, --lr and --resume (a hang at the resume
+  // collectives before): both exit 2 before training, rank 1 naming the flags and rank 0's values.
   const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29691 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
   const std::string both = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + "--batch 16 --lr 0.1 --out " + d / "a" + " > " +
                            d / "r0.txt" + " 2>&1; echo $? > " + d / "rc0) & (" + env + "RANK=1 LOCAL_RANK=1 " + train +
-                           "--batch 32 --lr 5 --threads 2 --out " + d / "b" + " > " + d / "r1.txt" +
+                           "--batch 32 --lr 5 --threads 2 --resume auto --out " + d / "b" + " > " + d / "r1.txt" +
                            " 2>&1; echo $? > " + d / "rc1); wait";
   REQUIRE(std::system(("timeout 120 sh -c '" + both + "'").c_str()) == 0);
   CHECK(read_text(d / "rc0") == "2\n");
   CHECK(read_text(d / "rc1") == "2\n");
   const std::string r1 = read_text(d / "r1.txt");
   CHECK_MESSAGE(
-      contains(r1, "rank 1 runs another configuration than rank 0: --batch 32 (rank 0: 16), --lr 5.0 (rank 0: 0.1)."),
+      contains(r1,
+               "rank 1 runs another configuration than rank 0: --batch 32 (rank 0: 16), --lr 5.0 (rank 0: 0.1), "
+               "--resume \"auto\" (rank 0: \"none\")."),
       r1);
   CHECK_MESSAGE(!contains(r1, "--threads 2"), r1);  // a per-machine setting may differ
   CHECK_MESSAGE(contains(read_text(d / "r0.txt"), "1 other rank runs another configuration than rank 0"),

@@ -806,3 +806,28 @@ TEST_CASE("masked LM: [UNK] is never a target (as Hugging Face's collator), unle
   }
   CHECK(targets > 0);
 }
+
+TEST_CASE("masked LM: special tokens written in the text are never targets either") {
+  TempDir d("kiln_mlm_special");
+  auto tok = toy_tokenizer();
+  {
+    std::ofstream f(d / "corpus.txt");
+    for (int i = 0; i < 200; ++i) f << "hello [SEP] world [MASK] the [CLS]\n%\n";
+  }
+  io::MlmDataset ds(tok, {d / "corpus.txt"}, {8, 0.5});
+  std::vector<int64_t> all(size_t(ds.size()));
+  for (int64_t i = 0; i < ds.size(); ++i) all[size_t(i)] = i;
+  int64_t targets = 0;
+  for (uint64_t seed = 0; seed < 5; ++seed) {
+    const io::Batch b = ds.get_batch(all, seed);
+    const int64_t* x = b.at("input_ids").data<int64_t>();
+    const int64_t* l = b.at("labels").data<int64_t>();
+    for (int64_t i = 0; i < ds.size(); ++i) {
+      // [CLS] hello [SEP] world [MASK] the [CLS] [SEP]
+      REQUIRE(x[i * 8 + 2] == tok->sep_id);
+      for (int64_t j : {2, 4, 6}) CHECK(l[i * 8 + j] == -100);
+      for (int64_t j : {1, 3, 5}) targets += l[i * 8 + j] != -100;
+    }
+  }
+  CHECK(targets > 0);
+}

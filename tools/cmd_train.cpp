@@ -810,6 +810,10 @@ class Trainer {
                                                 "workers",  "device", "memory_cap"};
     nlohmann::json mine = c_.to_json();
     for (const auto& k : local) mine.erase(k);
+    // Not a setting of the run (a resumed run's config equals the saved one), but every rank must
+    // take the same path through resume(): its collectives would not pair up otherwise. The file
+    // itself may sit at another path on each machine.
+    mine["resume"] = c_.resume.empty() ? "none" : c_.resume == "auto" ? "auto" : "a checkpoint file";
     const std::string text = broadcast_string(mine.dump());
     std::string diff;
     if (!lead_) {
