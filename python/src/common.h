@@ -81,6 +81,8 @@ std::optional<int64_t> exact_int(nb::handle h, const char* what);
 double to_double(nb::handle h, const char* what);
 // A 0-dim int64 tensor holding v exactly (scalar_tensor goes through double).
 Tensor int64_scalar(int64_t v);
+// What an activation called with inplace=`inplace` returns, given its out-of-place result (nn_ops.cpp).
+Tensor activation_out(Tensor x, bool inplace, const Tensor& out);
 
 // Each file's part of the module.
 void bind_tensor(nb::module_& m);

@@ -151,20 +151,16 @@ int64_t special_id(const io::WordPieceTokenizer& t, int64_t id, const char* toke
 
 std::string wordpiece_decode(const io::WordPieceTokenizer& t, const std::vector<int64_t>& ids, bool skip_special_tokens,
                              bool clean_up_tokenization_spaces) {
-  std::string out;
+  std::vector<int64_t> kept;
   for (int64_t id : ids) {
     if (id < 0 || id >= t.vocab().size())
       value_error("decode: id " + std::to_string(id) + " is not in the vocabulary (0.." +
                   std::to_string(t.vocab().size() - 1) + ")");
-    if (skip_special_tokens &&
-        (id == t.pad_id || id == t.unk_id || id == t.cls_id || id == t.sep_id || id == t.mask_id))
-      continue;
-    const std::string& tok = t.vocab().token(id);
-    if (tok.rfind("##", 0) == 0 && !out.empty())
-      out += tok.substr(2);
-    else
-      out += (out.empty() ? "" : " ") + tok;
+    if (!skip_special_tokens ||
+        !(id == t.pad_id || id == t.unk_id || id == t.cls_id || id == t.sep_id || id == t.mask_id))
+      kept.push_back(id);
   }
+  std::string out = t.decode(kept);
   if (clean_up_tokenization_spaces)  // Hugging Face's clean_up_tokenization, in its order
     for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{{" .", "."},
                                                                                    {" ?", "?"},

@@ -86,16 +86,6 @@ Reduction reduction_of(const std::string& r) {
 
 Tensor opt(const std::optional<Tensor>& t) { return t ? *t : Tensor(); }
 
-// An activation's inplace=True (torch.nn.functional's): the result is written into x and x returned
-// where Kiln may change x in place (it needs no gradient, or grad mode is off); otherwise a new tensor,
-// as Kiln records no in-place op, so code that uses the result (x = F.elu(x, inplace=True),
-// nn.ELU(inplace=True)) computes what torch's does.
-Tensor activation_out(Tensor x, bool inplace, const Tensor& out) {
-  if (!inplace || (GradMode::enabled() && x.requires_grad())) return out;
-  x.copy_(out);
-  return x;
-}
-
 // torch's cross_entropy: class indices go to the engine's; a floating target of the input's shape holds
 // class probabilities (soft labels: mixup, distillation): -sum_c weight_c y_c log_softmax(x)_c over the
 // class dim (1), the labels smoothed first (y (1 - s) + s / C), and a mean over the other positions (not
@@ -704,6 +694,16 @@ void bind_nn_ops(nb::module_& mod) {
       nb::arg("align_corners") = nb::none(), nb::arg("recompute_scale_factor") = nb::none());
   m.def("pixel_shuffle", &pixel_shuffle, a("input"), a("upscale_factor"), nogil);
   m.def("pixel_unshuffle", &pixel_unshuffle, a("input"), a("downscale_factor"), nogil);
+}
+
+// An activation's inplace=True (torch.nn.functional's): the result is written into x and x returned
+// where Kiln may change x in place (it needs no gradient, or grad mode is off); otherwise a new tensor,
+// as Kiln records no in-place op, so code that uses the result (x = F.elu(x, inplace=True),
+// nn.ELU(inplace=True)) computes what torch's does.
+Tensor activation_out(Tensor x, bool inplace, const Tensor& out) {
+  if (!inplace || (GradMode::enabled() && x.requires_grad())) return out;
+  x.copy_(out);
+  return x;
 }
 
 }  // namespace kiln::py

@@ -232,16 +232,8 @@ void bind_ops(nb::module_& mod) {
   unary(m, "tanh", [](const Tensor& x) { return tanh(x); });
   unary(m, "sigmoid", [](const Tensor& x) { return sigmoid(x); });
   m.def(
-      "relu",
-      [](Tensor x, bool inplace) {
-        // inplace=True (F.relu's): written into x where Kiln may change it in place (no gradient needed,
-        // or grad mode off); otherwise a new tensor, as Kiln records no in-place op (see nn_ops.cpp).
-        const Tensor out = relu(x);
-        if (!inplace || (GradMode::enabled() && x.requires_grad())) return out;
-        x.copy_(out);
-        return x;
-      },
-      nb::arg("input"), nb::arg("inplace") = false, nogil);
+      "relu", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, relu(x)); }, nb::arg("input"),
+      nb::arg("inplace") = false, nogil);
   unary(m, "sin", [](const Tensor& x) { return sin(x); });
   unary(m, "cos", [](const Tensor& x) { return cos(x); });
   unary(m, "tan", [](const Tensor& x) { return tan(x); });
