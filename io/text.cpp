@@ -171,27 +171,79 @@ std::vector<std::string_view> split_special(std::string_view text, std::vector<b
   return parts;
 }
 
-// One whitespace-separated word of the cleaned text: lower-cased (str.lower()), then accents stripped
-// (NFD, category Mn dropped), then split at each punctuation mark, in BERT's order.
-void split_word(std::u32string word, const BasicTokenizerOptions& o, std::vector<std::string>* out) {
-  if (o.lower_case) word = unicode::to_lower(word);
-  if (o.strip_accents) {
-    std::u32string kept;
-    for (const char32_t c : unicode::nfd(word))
-      if (!unicode::is_nonspacing_mark(c)) kept.push_back(c);
-    word = std::move(kept);
+// Appends c to `out` as UTF-8.
+void append_utf8(std::string* out, char32_t c) {
+  if (c < 0x80) {
+    *out += char(c);
+  } else if (c < 0x800) {
+    *out += char(0xC0 | (c >> 6));
+    *out += char(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    *out += char(0xE0 | (c >> 12));
+    *out += char(0x80 | ((c >> 6) & 0x3F));
+    *out += char(0x80 | (c & 0x3F));
+  } else {
+    *out += char(0xF0 | (c >> 18));
+    *out += char(0x80 | ((c >> 12) & 0x3F));
+    *out += char(0x80 | ((c >> 6) & 0x3F));
+    *out += char(0x80 | (c & 0x3F));
   }
-  std::u32string piece;
+}
+
+bool is_punctuation(char32_t c) {
+  return c < 0x80 ? unicode::kAsciiClass[c] & unicode::kAsciiPunctuation : unicode::is_punctuation(c);
+}
+
+// The buffers of split_word, kept from word to word of a text so that a word allocates only its tokens.
+struct WordScratch {
+  std::u32string lower, decomposed;
+  std::string piece;
+};
+
+// One whitespace-separated word of the cleaned text: lower-cased (str.lower()), then accents stripped
+// (NFD, category Mn dropped), then split at each punctuation mark, in BERT's order. An all-ASCII word
+// (`ascii`) takes a short cut with the same result: str.lower() of ASCII is A-Z to a-z, and it has
+// neither decompositions nor marks.
+void split_word(std::u32string_view word, bool ascii, const BasicTokenizerOptions& o, WordScratch* s,
+                std::vector<std::string>* out) {
+  std::string& piece = s->piece;
+  piece.clear();
+  if (ascii) {
+    for (const char32_t c : word) {
+      if (unicode::kAsciiClass[c] & unicode::kAsciiPunctuation) {
+        if (!piece.empty()) out->push_back(piece);
+        piece.clear();
+        out->emplace_back(1, char(c));
+      } else {
+        piece += char(o.lower_case && c >= 'A' && c <= 'Z' ? c + 32 : c);
+      }
+    }
+    if (!piece.empty()) out->push_back(piece);
+    return;
+  }
+  if (o.lower_case) {
+    unicode::to_lower(word, &s->lower);
+    word = s->lower;
+  }
+  if (o.strip_accents) {
+    unicode::nfd(word, &s->decomposed);
+    word = s->decomposed;
+  }
   for (const char32_t c : word) {
-    if (!unicode::is_punctuation(c)) {
-      piece.push_back(c);
+    // Dropping the marks first, then splitting, as BERT does, is this one pass: no mark (Mn) is
+    // punctuation (P*).
+    if (o.strip_accents && c >= 0x80 && unicode::is_nonspacing_mark(c)) continue;
+    if (!is_punctuation(c)) {
+      append_utf8(&piece, c);
       continue;
     }
-    if (!piece.empty()) out->push_back(encode_utf8(piece));
+    if (!piece.empty()) out->push_back(piece);
     piece.clear();
-    out->push_back(encode_utf8(std::u32string(1, c)));
+    append_utf8(&piece, c);
+    out->push_back(piece);
+    piece.clear();
   }
-  if (!piece.empty()) out->push_back(encode_utf8(piece));
+  if (!piece.empty()) out->push_back(piece);
 }
 }  // namespace
 
@@ -199,28 +251,52 @@ std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokeni
   std::vector<std::string> out;
   std::vector<bool> special;
   const std::vector<std::string_view> parts = split_special(text, &special);
+  std::u32string word;
+  bool ascii = true;  // word holds only ASCII
+  WordScratch scratch;
+  auto flush = [&] {
+    if (!word.empty()) split_word(word, ascii, o, &scratch, &out);
+    word.clear();
+    ascii = true;
+  };
   for (size_t p = 0; p < parts.size(); ++p) {
     if (special[p]) {
       out.emplace_back(parts[p]);
       continue;
     }
-    // Cleaning (controls dropped), CJK ideographs made words of their own, split at whitespace.
-    std::u32string word;
-    auto flush = [&] {
-      if (!word.empty()) split_word(std::move(word), o, &out);
-      word.clear();
-    };
-    for (const char32_t c : decode_utf8(parts[p])) {
-      if (unicode::is_control(c)) continue;
-      if (unicode::is_whitespace(c)) {
-        flush();
-      } else if (unicode::is_chinese_char(c)) {
-        flush();
-        word.push_back(c);
-        flush();
-      } else {
-        word.push_back(c);
+    // Cleaning (controls dropped), CJK ideographs made words of their own, split at whitespace. ASCII
+    // bytes are read as they are; each run of other bytes is decoded on its own, which decodes as the
+    // whole text would (no ASCII byte is part of a multi-byte character, and a sequence cut short by
+    // one is malformed either way).
+    const std::string_view part = parts[p];
+    for (size_t i = 0; i < part.size();) {
+      const auto b = static_cast<unsigned char>(part[i]);
+      if (b < 0x80) {
+        const uint8_t k = unicode::kAsciiClass[b];
+        if (k & unicode::kAsciiWhitespace)
+          flush();
+        else if (!(k & unicode::kAsciiControl))
+          word.push_back(b);
+        ++i;
+        continue;
       }
+      size_t j = i;
+      while (j < part.size() && static_cast<unsigned char>(part[j]) >= 0x80) ++j;
+      for (const char32_t c : decode_utf8(part.substr(i, j - i))) {
+        if (unicode::is_control(c)) continue;
+        if (unicode::is_whitespace(c)) {
+          flush();
+        } else if (unicode::is_chinese_char(c)) {
+          flush();
+          word.push_back(c);
+          ascii = false;
+          flush();
+        } else {
+          word.push_back(c);
+          ascii = false;
+        }
+      }
+      i = j;
     }
     flush();
   }

@@ -34,6 +34,7 @@ struct Decomposition {
 #include "io/unicode_tables.inc"
 
 template <size_t N> bool in_ranges(const Range (&table)[N], char32_t c) {
+  if (c < table[0].lo) return false;  // most tables start past ASCII: no search for it
   const auto it =
       std::upper_bound(std::begin(table), std::end(table), c, [](char32_t v, const Range& r) { return v < r.lo; });
   return it != std::begin(table) && c <= std::prev(it)->hi;
@@ -53,6 +54,7 @@ template <typename T, size_t N> const T* find_one(const T (&table)[N], char32_t 
 }
 
 int ccc(char32_t c) {
+  if (c < kCombiningClass[0].lo) return 0;
   const CombiningClass* r = find_run(kCombiningClass, c);
   return r ? r->ccc : 0;
 }
@@ -81,10 +83,19 @@ bool is_chinese_char(char32_t c) {
 
 std::u32string to_lower(std::u32string_view s) {
   std::u32string out;
+  to_lower(s, &out);
+  return out;
+}
+
+void to_lower(std::u32string_view s, std::u32string* out_) {
+  std::u32string& out = *out_;
+  out.clear();
   out.reserve(s.size());
   for (size_t i = 0; i < s.size(); ++i) {
     const char32_t c = s[i];
-    if (c == 0x3A3) {
+    if (c < 0x80) {
+      out.push_back(c >= 'A' && c <= 'Z' ? c + 32 : c);
+    } else if (c == 0x3A3) {
       // Final_Sigma: a cased letter before (case-ignorable ones skipped), none after.
       size_t j = i;
       while (j > 0 && is_case_ignorable(s[j - 1])) --j;
@@ -101,25 +112,40 @@ std::u32string to_lower(std::u32string_view s) {
       out.push_back(r && (c - r->lo) % char32_t(r->step) == 0 ? char32_t(int64_t(c) + r->delta) : c);
     }
   }
-  return out;
 }
 
 std::u32string nfd(std::u32string_view s) {
   std::u32string out;
+  nfd(s, &out);
+  return out;
+}
+
+void nfd(std::u32string_view s, std::u32string* out_) {
+  std::u32string& out = *out_;
+  out.clear();
   out.reserve(s.size());
+  static_assert(kDecomposition[0].c <= kCombiningClass[0].lo, "the fast path below assumes it");
+  bool marks = false;  // a character of nonzero combining class seen: only then is there order to fix
+  auto put = [&](char32_t t) {
+    out.push_back(t);
+    marks = marks || ccc(t) != 0;
+  };
   for (const char32_t c : s) {
-    if (c >= kSBase && c < kSBase + kSCount) {
+    if (c < kDecomposition[0].c) {
+      out.push_back(c);  // nothing below decomposes or combines
+    } else if (c >= kSBase && c < kSBase + kSCount) {
       const char32_t i = c - kSBase;
       out.push_back(kLBase + i / (kVCount * kTCount));
       out.push_back(kVBase + i % (kVCount * kTCount) / kTCount);
       if (i % kTCount) out.push_back(kTBase + i % kTCount);
     } else if (const Decomposition* d = find_one(kDecomposition, c)) {
       for (char32_t t : d->to)
-        if (t) out.push_back(t);
+        if (t) put(t);
     } else {
-      out.push_back(c);
+      put(c);
     }
   }
+  if (!marks) return;
   // Canonical ordering: each run of marks (ccc > 0) sorted by class, stably.
   for (size_t i = 0; i < out.size();) {
     if (ccc(out[i]) == 0) {
@@ -132,7 +158,6 @@ std::u32string nfd(std::u32string_view s) {
                      [](char32_t a, char32_t b) { return ccc(a) < ccc(b); });
     i = j;
   }
-  return out;
 }
 
 }  // namespace kiln::io::unicode

@@ -831,3 +831,96 @@ TEST_CASE("masked LM: special tokens written in the text are never targets eithe
   }
   CHECK(targets > 0);
 }
+
+TEST_CASE("unicode: the ASCII class table agrees with the Unicode tables") {
+  for (char32_t c = 0; c < 128; ++c) {
+    CAPTURE(int(c));
+    const uint8_t k = io::unicode::kAsciiClass[c];
+    CHECK(bool(k & io::unicode::kAsciiControl) == io::unicode::is_control(c));
+    CHECK(bool(k & io::unicode::kAsciiWhitespace) == io::unicode::is_whitespace(c));
+    CHECK(bool(k & io::unicode::kAsciiPunctuation) == io::unicode::is_punctuation(c));
+  }
+}
+
+namespace {
+// BERT's basic tokenizer written straight from its steps with io/unicode.h, every character through
+// the Unicode tables: what basic_tokenize's ASCII short cuts and reused buffers must reproduce.
+Words reference_basic_tokenize(const std::u32string& text, const io::BasicTokenizerOptions& o) {
+  namespace u = io::unicode;
+  Words out;
+  auto split_word = [&](std::u32string word) {
+    if (o.lower_case) word = u::to_lower(word);
+    if (o.strip_accents) {
+      std::u32string kept;
+      for (const char32_t c : u::nfd(word))
+        if (!u::is_nonspacing_mark(c)) kept.push_back(c);
+      word = kept;
+    }
+    std::u32string piece;
+    for (const char32_t c : word) {
+      if (!u::is_punctuation(c)) {
+        piece.push_back(c);
+        continue;
+      }
+      if (!piece.empty()) out.push_back(io::encode_utf8(piece));
+      piece.clear();
+      out.push_back(io::encode_utf8(std::u32string(1, c)));
+    }
+    if (!piece.empty()) out.push_back(io::encode_utf8(piece));
+  };
+  std::u32string word;
+  auto flush = [&] {
+    if (!word.empty()) split_word(word);
+    word.clear();
+  };
+  for (const char32_t c : text) {
+    if (u::is_control(c)) continue;
+    if (u::is_whitespace(c)) {
+      flush();
+    } else if (u::is_chinese_char(c)) {
+      flush();
+      word.push_back(c);
+      flush();
+    } else {
+      word.push_back(c);
+    }
+  }
+  flush();
+  return out;
+}
+}  // namespace
+
+TEST_CASE("basic tokenizer: mixed ASCII and non-ASCII words match the character-by-character reference") {
+  // Accented and Greek words against ASCII punctuation, a final sigma before ".", marks to reorder.
+  CHECK(io::basic_tokenize("(Caf\xc3\xa9), na\xc3\xafve! \xce\x9f\xce\x94\xce\x9f\xce\xa3. \"CAF\xc3\x89\"") ==
+        Words{"(", "cafe", ")", ",", "naive", "!", "οδος", ".", "\"", "cafe", "\""});
+  CHECK(io::basic_tokenize("Caf\xc3\xa9, na\xc3\xafve!", {false, false}) ==
+        Words{"Caf\xc3\xa9", ",", "na\xc3\xafve", "!"});
+  CHECK(io::basic_tokenize("Caf\xc3\xa9, Na\xc3\xafve!", {true, false}) ==
+        Words{"caf\xc3\xa9", ",", "na\xc3\xafve", "!"});
+  CHECK(io::basic_tokenize("Caf\xc3\xa9, Na\xc3\xafve!", {false, true}) == Words{"Cafe", ",", "Naive", "!"});
+
+  // Random strings drawn from ASCII (letters, digits, punctuation, spaces, controls) and from letters
+  // that lower-case, decompose, combine, end a word with sigma, are CJK, punctuation or whitespace.
+  const std::u32string pool =
+      U"aZq9 \t\n\x01\x7f.,-'$[]AEIOU\u00c9\u00e9\u00ef\u00c5\u0130\u03a3\u039f\u0394\u0301\u0316\u0308\u00ab\u00bb"
+      U"\u2014\u00a0\u3000\u4e2d\uac00\u1100\u00df\ufb01\u200b\ue000\u0928\u093c\u0964\uff21\u212b";
+  const std::vector<io::BasicTokenizerOptions> options = {{true, true}, {false, false}, {true, false}, {false, true}};
+  uint64_t state = 12345;
+  for (int n = 0; n < 2000; ++n) {
+    std::u32string text;
+    const int len = int(state % 24);
+    for (int i = 0; i < len; ++i) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      // ASCII letters most of the time, as in real text, so that words mix both kinds.
+      const uint64_t r = state >> 33;
+      text.push_back(r % 3 ? pool[r % 4] : pool[r / 3 % pool.size()]);
+    }
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    const std::string utf8 = io::encode_utf8(text);
+    for (const auto& o : options) {
+      CAPTURE(utf8);
+      CHECK(io::basic_tokenize(utf8, o) == reference_basic_tokenize(text, o));
+    }
+  }
+}
