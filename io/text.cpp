@@ -324,8 +324,9 @@ Vocab Vocab::load(const std::string& path) {
   const std::string text = read_text_file(path);  // without its byte order mark
   std::vector<std::string> tokens;
   for (const std::string_view line : split_lines(text)) tokens.emplace_back(line);
-  // Blank lines at the end are no tokens (editors and `echo >>` leave them; Hugging Face reads such a
-  // file as its tokens); a blank line before a token stays an error (it would shift every id after it).
+  // Blank lines at the end are no tokens (editors and `echo >>` leave them; Hugging Face loads such a
+  // file too, with one empty token more at the end, so the ids of the real tokens agree); a blank line before a token
+  // stays an error (it would shift every id after it).
   while (!tokens.empty() && tokens.back().empty()) tokens.pop_back();
   return from_tokens(std::move(tokens), path);
 }

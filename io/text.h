@@ -42,7 +42,8 @@ struct BasicTokenizerOptions {
   bool lower_case = true;     // kLowerCaseScope
   bool strip_accents = true;  // NFD, then the nonspacing marks dropped
 };
-// BERT's basic tokenizer, step for step (Hugging Face's BasicTokenizer and BertNormalizer): keeps the
+// BERT's basic tokenizer, step for step (Hugging Face's Python BasicTokenizer, tokenization_bert's
+// BertTokenizerLegacy; checked on every code point of the tables' Unicode version): keeps the
 // special tokens of kBertSpecialTokens whole where the text holds them as written; drops NUL, U+FFFD
 // and the control, format, private-use and unassigned characters (category C*); makes every CJK
 // ideograph a word; splits at whitespace; lower-cases and strips accents each word; splits every
