@@ -8,7 +8,7 @@ from .._C import KilnValueError
 from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
 from .modules import Module, Parameter, Linear, _ConvNd, _MaxPoolNd, _AvgPoolNd, _Inplace, _check_p, _place, _uniform, \
-    _fill_num_batches_tracked
+    _NormBase
 
 
 # ---- transposed convolution ----
@@ -209,30 +209,14 @@ class Softmin(LogSoftmax):
 
 
 # ---- normalisation ----
-class _InstanceNorm(Module):
+class _InstanceNorm(_NormBase):
     """torch's InstanceNorm: affine and track_running_stats off by default; an unbatched input
     ([C, ...]) gets a batch dim of one."""
     _dims = 1
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False, device=None,
                  dtype=None, *, bias=True):
-        super().__init__()
-        self.num_features, self.eps, self.momentum = num_features, eps, momentum
-        self.affine, self.track_running_stats = affine, track_running_stats
-        self.weight = Parameter(_C.ones(num_features)) if affine else None
-        self.bias = Parameter(_C.zeros(num_features)) if affine and bias else None
-        if track_running_stats:
-            self.register_buffer("running_mean", _C.zeros(num_features))
-            self.register_buffer("running_var", _C.ones(num_features))
-            self.register_buffer("num_batches_tracked", _tensor(0, dtype=_C.dtype.int64))
-        else:
-            self.register_buffer("running_mean", None)
-            self.register_buffer("running_var", None)
-            self.register_buffer("num_batches_tracked", None)
-        _place(self, device, dtype)
-
-    def _upgrade_state_dict(self, state_dict, prefix):
-        _fill_num_batches_tracked(self, state_dict, prefix)
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias)
 
     def forward(self, x):
         n = self._dims
@@ -245,10 +229,6 @@ class _InstanceNorm(Module):
                             self.training or not self.track_running_stats, self.momentum if self.momentum is not None
                             else 0.0, self.eps)
         return y.squeeze(0) if unbatched else y
-
-    def extra_repr(self):
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
 
 
 class InstanceNorm1d(_InstanceNorm):

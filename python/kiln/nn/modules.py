@@ -809,13 +809,11 @@ def _fill_num_batches_tracked(module, state_dict, prefix):
         state_dict[key] = module.num_batches_tracked.detach().clone()
 
 
-class _BatchNorm(Module):
-    """torch's BatchNorm: running_mean/running_var and num_batches_tracked (int64, counted in training)
-    when track_running_stats; momentum=None is the cumulative average (factor 1/num_batches_tracked)."""
-    _expected = ()
+class _NormBase(Module):
+    """What torch's BatchNorm and InstanceNorm share (torch's _NormBase): weight and bias when affine;
+    running_mean/running_var and num_batches_tracked (int64) when track_running_stats."""
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
-                 dtype=None, *, bias=True):
+    def __init__(self, num_features, eps, momentum, affine, track_running_stats, device, dtype, bias):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
@@ -834,6 +832,20 @@ class _BatchNorm(Module):
     def _upgrade_state_dict(self, state_dict, prefix):
         _fill_num_batches_tracked(self, state_dict, prefix)
 
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
+
+
+class _BatchNorm(_NormBase):
+    """torch's BatchNorm: running_mean/running_var and num_batches_tracked (int64, counted in training)
+    when track_running_stats; momentum=None is the cumulative average (factor 1/num_batches_tracked)."""
+    _expected = ()
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
+                 dtype=None, *, bias=True):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias)
+
     def _check_input_dim(self, x):
         if x.dim() not in self._expected:
             want = " or ".join(f"{d}D" for d in self._expected)
@@ -850,10 +862,6 @@ class _BatchNorm(Module):
         use_running = not self.training or self.track_running_stats
         return F.batch_norm(x, self.running_mean if use_running else None, self.running_var if use_running else None,
                             self.weight, self.bias, training, factor, self.eps)
-
-    def extra_repr(self):
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
 
 
 class BatchNorm1d(_BatchNorm):
