@@ -37,28 +37,37 @@ _bce_with_logits = binary_cross_entropy_with_logits
 def _softmax_dim(name, ndim):
     """torch's _get_softmax_dim: dim=None (legacy) is 0 for 0-, 1- and 3-D inputs, else 1."""
     _warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X "
-                   "as an argument.", stacklevel=3)
+                   "as an argument.", stacklevel=4)
     return 0 if ndim in (0, 1, 3) else 1
+
+
+def _softmax_family(name, op, input, dim, dtype, negate=False):
+    # torch's legacy dim when none is given; dtype converts the input first (softmax in f32 of an f16 tensor)
+    if dim is None:
+        dim = _softmax_dim(name, input.dim())
+    x = input if dtype is None else input.to(dtype)
+    return op(-x if negate else x, dim)
 
 
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
     """exp(x) / sum(exp(x)) over dim; dtype converts the input first (softmax in f32 of an f16 tensor)."""
-    if dim is None:
-        dim = _softmax_dim("softmax", input.dim())
-    return _softmax(input if dtype is None else input.to(dtype), dim)
+    return _softmax_family("softmax", _softmax, input, dim, dtype)
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
-    if dim is None:
-        dim = _softmax_dim("log_softmax", input.dim())
-    return _log_softmax(input if dtype is None else input.to(dtype), dim)
+    return _softmax_family("log_softmax", _log_softmax, input, dim, dtype)
 
 
 def softmin(input, dim=None, _stacklevel=3, dtype=None):
     """softmax(-x)."""
-    if dim is None:
-        dim = _softmax_dim("softmin", input.dim())
-    return _softmax(-(input if dtype is None else input.to(dtype)), dim)
+    return _softmax_family("softmin", _softmax, input, dim, dtype, negate=True)
+
+
+def _refuse_legacy_reduction(name, size_average, reduce):
+    """torch's deprecated size_average / reduce (before reduction=): refused by name."""
+    if size_average is not None or reduce is not None:
+        raise _C.KilnError(f"{name}: size_average and reduce are deprecated in torch and not supported; use "
+                           "reduction=")
 
 
 def one_hot(tensor, num_classes=-1, *, out_of_range="error"):
@@ -124,9 +133,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
                                      pos_weight=None):
     """-w [pos_weight y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))], computed stably from the logits as
     torch; weight broadcasts to the loss, pos_weight (one per class) along the last dim."""
-    if size_average is not None or reduce is not None:
-        raise _C.KilnError("binary_cross_entropy_with_logits: size_average and reduce are deprecated in torch and "
-                           "not supported; use reduction=")
+    _refuse_legacy_reduction("binary_cross_entropy_with_logits", size_average, reduce)
     if weight is None and pos_weight is None:
         return _bce_with_logits(input, target, reduction)
     if tuple(target.shape) != tuple(input.shape):
@@ -211,9 +218,7 @@ _cosine_embedding_loss = cosine_embedding_loss
 
 def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
     """As torch: x1, x2 [N, D] with y [N], or unbatched [D], [D] with a 0-d y."""
-    if size_average is not None or reduce is not None:
-        raise _C.KilnError("cosine_embedding_loss: size_average and reduce are deprecated in torch and not "
-                           "supported; use reduction=")
+    _refuse_legacy_reduction("cosine_embedding_loss", size_average, reduce)
     if input1.dim() == 1 and input2.dim() == 1 and target.dim() == 0:
         loss = _cosine_embedding_loss(input1.unsqueeze(0), input2.unsqueeze(0), target.reshape([1]), margin, reduction)
         return loss.reshape([]) if reduction == "none" else loss

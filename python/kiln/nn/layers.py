@@ -7,8 +7,8 @@ from .. import _C
 from .._C import KilnValueError
 from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
-from .modules import Module, Parameter, Linear, _ConvNd, _MaxPoolNd, _AvgPoolNd, _Inplace, _check_p, _place, _uniform, \
-    _NormBase
+from .modules import Module, Parameter, Linear, Softmax, _ConvNd, _MaxPoolNd, _AvgPoolNd, _Inplace, _check_p, _place, \
+    _uniform, _NormBase
 
 
 # ---- transposed convolution ----
@@ -191,19 +191,12 @@ class GLU(Module):
         return f"dim={self.dim}"
 
 
-class LogSoftmax(Module):
-    def __init__(self, dim=None):
-        super().__init__()
-        self.dim = dim
-
+class LogSoftmax(Softmax):
     def forward(self, x):
         return F.log_softmax(x, self.dim)
 
-    def extra_repr(self):
-        return f"dim={self.dim}"
 
-
-class Softmin(LogSoftmax):
+class Softmin(Softmax):
     def forward(self, x):
         return F.softmin(x, self.dim)
 

@@ -1,6 +1,5 @@
 """torch.nn's loss modules: thin wrappers over kiln.nn.functional's losses with torch's constructor
 arguments (weight and pos_weight are buffers, as torch: they follow .to() and appear in state_dict)."""
-from .._C import KilnError
 from . import functional as F
 from .modules import Module
 
@@ -12,9 +11,7 @@ class _Loss(Module):
 
     def __init__(self, size_average=None, reduce=None, reduction="mean"):
         super().__init__()
-        if size_average is not None or reduce is not None:
-            raise KilnError(f"{type(self).__name__}: size_average and reduce are deprecated in torch and not "
-                            "supported; use reduction=")
+        F._refuse_legacy_reduction(type(self).__name__, size_average, reduce)
         if reduction not in self._reductions:
             raise ValueError(f"{type(self).__name__}: {reduction} is not a valid value for reduction "
                              f"(expected one of {self._reductions})")
