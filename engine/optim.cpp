@@ -67,6 +67,7 @@ void Optimizer::step(const Tensor& skip_if) {
                "; parameters cannot be added or removed after the optimizer is "
                "made (make a new one)");
   }
+  check_group_options();  // groups() may have changed a group's own momentum or betas since the last step
   std::optional<Device> dev;
   std::vector<double> mask(nparams_, 0.0);  // which parameters have a gradient (their counts advance)
   for (size_t g = 0; g < groups_.size(); ++g)
@@ -127,7 +128,7 @@ void Optimizer::step(const Tensor& skip_if) {
       if (fuse && p.dtype() == DType::f32 && grad.dtype() == DType::f32 && p.is_contiguous() && grad.is_contiguous()) {
         auto& slots = slots_[g][i];
         const bool had_state = !slots.empty();
-        OptimSlice slice = fused_slice(p, grad, slots);
+        OptimSlice slice = fused_slice(groups_[g], p, grad, slots);
         if (counts_steps()) slice.step = counts_.data<double>() + (first_[g] + i);
         if (!had_state && !slots.empty() && skip_if.defined() && skip_on_host()) {
           slots.clear();  // skipped: the state just made is dropped (no kernel has touched it)
@@ -188,6 +189,7 @@ OptimizerState Optimizer::state() const {
     s.scalars[pre + "lr"] = groups_[g].lr;
     s.scalars[pre + "weight_decay"] = groups_[g].weight_decay;
     s.scalars[pre + "params"] = double(groups_[g].params.size());
+    for (const auto& [k, v] : groups_[g].options) s.scalars[pre + k] = v;
     for (size_t i = 0; i < slots_[g].size(); ++i) {
       const std::string at = std::to_string(g) + "." + std::to_string(i) + ".";
       for (const auto& [slot, t] : slots_[g][i]) s.tensors[at + slot] = t;
@@ -198,12 +200,45 @@ OptimizerState Optimizer::state() const {
   return s;
 }
 
-void Optimizer::set_hyper(const std::map<std::string, double>& h) {
+void Optimizer::set_hyper(const std::map<std::string, double>& h) { check_hyper(h, "optimizer state's"); }
+
+void Optimizer::check_hyper(const std::map<std::string, double>& h, const std::string& where) const {
   for (const auto& [k, v] : hyper()) {
     const auto it = h.find(k);
-    KILN_CHECK(it == h.end() || it->second == v, name(), ": optimizer state has ", k, " = ", it->second,
+    KILN_CHECK(it == h.end() || it->second == v, name(), ": ", where, " ", k, " is ", it->second,
                ", this optimizer has ", v, " and cannot take another");
   }
+}
+
+std::map<std::string, double> Optimizer::with_group_options(std::map<std::string, double> h, size_t g,
+                                                            const std::map<std::string, double>& options) const {
+  for (const auto& [k, v] : options) {
+    const auto it = h.find(k);
+    if (it == h.end()) {
+      std::string known;
+      for (const auto& e : h) known += (known.empty() ? "" : ", ") + e.first;
+      KILN_FAIL(name(), ": group ", g, " sets '", k, "', which is not an option of this optimizer (",
+                known.empty() ? std::string("it has none") : "its options: " + known, ")");
+    }
+    it->second = v;
+  }
+  return h;
+}
+
+std::map<std::string, double> Optimizer::group_hyper(size_t g) const {
+  KILN_CHECK(g < groups_.size(), name(), ": no parameter group ", g, " (it has ", groups_.size(), ")");
+  return with_group_options(hyper(), g, groups_[g].options);
+}
+
+void Optimizer::check_group_options() const {
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (!groups_[g].options.empty()) check_hyper(group_hyper(g), "group " + std::to_string(g) + "'s");
+}
+
+void Optimizer::set_group_options(size_t g, const std::map<std::string, double>& options) {
+  KILN_CHECK(g < groups_.size(), name(), ": no parameter group ", g, " (it has ", groups_.size(), ")");
+  check_hyper(with_group_options(hyper(), g, options), "group " + std::to_string(g) + "'s");
+  groups_[g].options = options;
 }
 
 namespace {
@@ -289,7 +324,21 @@ void Optimizer::load_state(const OptimizerState& s) {
     KILN_CHECK(std::isfinite(lr_wd[g].second) && lr_wd[g].second >= 0, name(), ": optimizer state's ", pre,
                "weight_decay must be finite and >= 0, got ", lr_wd[g].second);
   }
-  const std::optional<std::set<std::string>> known = slot_names(*this, hyp);
+  // Each group's own options ("group<g>.<key>", as state() saves them; a state without them gives
+  // every group the optimizer's values, as torch's load_state_dict replaces the groups' settings),
+  // checked as set_group_options checks them; the slots a group keeps follow its own momentum.
+  std::vector<std::map<std::string, double>> options(groups_.size());
+  std::vector<std::optional<std::set<std::string>>> known(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string pre = "group" + std::to_string(g) + ".";
+    for (const auto& [k, v] : hyp) {
+      const auto o = s.scalars.find(pre + k);
+      if (o != s.scalars.end()) options[g][k] = o->second;
+    }
+    const std::map<std::string, double> merged = with_group_options(hyp, g, options[g]);
+    if (!options[g].empty()) check_hyper(merged, "optimizer state's group " + std::to_string(g) + "'s");
+    known[g] = slot_names(*this, merged);
+  }
   std::vector<std::vector<std::map<std::string, Tensor>>> slots(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) slots[g].resize(groups_[g].params.size());
   for (const auto& entry : s.tensors) {
@@ -314,14 +363,14 @@ void Optimizer::load_state(const OptimizerState& s) {
                "' names a parameter this optimizer does not have");
     // Kiln's optimizers keep state shaped as the parameter; one written outside Kiln may keep other
     // shapes (docs/extending.md's SignSGD counts its updates in a 0-dim slot), so only theirs is checked.
-    KILN_CHECK(!known || t.shape() == groups_[g].params[i].shape(), name(), ": optimizer state '", key, "' has shape ",
-               t.shape(), ", parameter has ", groups_[g].params[i].shape());
+    KILN_CHECK(!known[g] || t.shape() == groups_[g].params[i].shape(), name(), ": optimizer state '", key,
+               "' has shape ", t.shape(), ", parameter has ", groups_[g].params[i].shape());
     KILN_CHECK(is_floating(t.dtype()), name(), ": optimizer state '", key, "' is ", t.type_str(),
                "; the optimizer keeps floating-point state");
     const std::string slot = key.substr(b + 1);
-    if (known && !known->count(slot)) {
+    if (known[g] && !known[g]->count(slot)) {
       std::string expected;
-      for (const auto& k : *known) expected += (expected.empty() ? "'" : ", '") + k + "'";
+      for (const auto& k : *known[g]) expected += (expected.empty() ? "'" : ", '") + k + "'";
       KILN_FAIL(name(), ": optimizer state '", key, "' names a slot '", slot, "' this optimizer does not keep (",
                 expected.empty() ? std::string("it keeps none") : "it keeps " + expected, ")");
     }
@@ -355,7 +404,10 @@ void Optimizer::load_state(const OptimizerState& s) {
   counts_ = counts;
   mask_ = Tensor();
   mask_host_.clear();
-  for (size_t g = 0; g < groups_.size(); ++g) std::tie(groups_[g].lr, groups_[g].weight_decay) = lr_wd[g];
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::tie(groups_[g].lr, groups_[g].weight_decay) = lr_wd[g];
+    groups_[g].options = std::move(options[g]);
+  }
   slots_ = std::move(slots);
 }
 
@@ -397,6 +449,17 @@ Moments adam_moments(const AdamOptions& o, int64_t steps, const Tensor& p, const
 SGD::SGD(std::vector<ParamGroup> groups, SgdOptions o) : Optimizer(std::move(groups)), o_(o) {
   KILN_CHECK(o.momentum >= 0, "sgd: momentum must be >= 0, got ", o.momentum);
   KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "sgd: nesterov needs momentum > 0 and no dampening");
+  check_group_options();
+}
+
+SgdOptions SGD::options(const ParamGroup& g) const {
+  SgdOptions o = o_;
+  for (const auto& [k, v] : g.options) {
+    if (k == "momentum") o.momentum = v;
+    if (k == "dampening") o.dampening = v;
+    if (k == "nesterov") o.nesterov = v != 0;
+  }
+  return o;
 }
 
 std::map<std::string, double> SGD::hyper() const {
@@ -404,18 +467,19 @@ std::map<std::string, double> SGD::hyper() const {
 }
 
 void SGD::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  const SgdOptions o = options(g);
   Tensor w = in_state_dtype(p, p);
   Tensor d = in_state_dtype(grad, p);
   if (g.weight_decay != 0) d = d + w * g.weight_decay;
-  if (o_.momentum != 0) {
+  if (o.momentum != 0) {
     const bool fresh = !slots.count("momentum_buffer");
     Tensor& buf = slot(slots, "momentum_buffer", p);
     if (fresh) {
       buf.copy_(d);
     } else {
-      buf.mul_(o_.momentum).add_(d, 1.0 - o_.dampening);
+      buf.mul_(o.momentum).add_(d, 1.0 - o.dampening);
     }
-    d = o_.nesterov ? d + buf * o_.momentum : buf;
+    d = o.nesterov ? d + buf * o.momentum : buf;
   }
   if (w.same(p)) {
     p.add_(d, -g.lr);
@@ -424,34 +488,36 @@ void SGD::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<st
   }
 }
 
+void SGD::check_hyper(const std::map<std::string, double>& h, const std::string& where) const {
+  const double momentum = h.at("momentum"), dampening = h.at("dampening"), nesterov = h.at("nesterov");
+  KILN_CHECK(std::isfinite(momentum) && momentum >= 0, "sgd: ", where, " momentum must be >= 0, got ", momentum);
+  KILN_CHECK(std::isfinite(dampening), "sgd: ", where, " dampening must be finite, got ", dampening);
+  KILN_CHECK(nesterov == 0 || nesterov == 1, "sgd: ", where, " nesterov must be 0 or 1, got ", nesterov);
+  KILN_CHECK(nesterov == 0 || (momentum > 0 && dampening == 0), "sgd: ", where, " nesterov needs momentum > 0 and ",
+             "no dampening, got momentum ", momentum, " and dampening ", dampening);
+}
+
 void SGD::set_hyper(const std::map<std::string, double>& h) {
-  SgdOptions o;
-  o.momentum = h.at("momentum");
-  o.dampening = h.at("dampening");
-  const double nesterov = h.at("nesterov");
-  KILN_CHECK(std::isfinite(o.momentum) && o.momentum >= 0, "sgd: optimizer state's momentum must be >= 0, got ",
-             o.momentum);
-  KILN_CHECK(std::isfinite(o.dampening), "sgd: optimizer state's dampening must be finite, got ", o.dampening);
-  KILN_CHECK(nesterov == 0 || nesterov == 1, "sgd: optimizer state's nesterov must be 0 or 1, got ", nesterov);
-  o.nesterov = nesterov == 1;
-  KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "sgd: optimizer state has nesterov with momentum ",
-             o.momentum, " and dampening ", o.dampening, "; nesterov needs momentum > 0 and no dampening");
-  o_ = o;
+  check_hyper(h, "optimizer state's");
+  o_.momentum = h.at("momentum");
+  o_.dampening = h.at("dampening");
+  o_.nesterov = h.at("nesterov") == 1;
 }
 
 bool SGD::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
+  const SgdOptions o = options(g);
   kind = OptimKind::sgd;
   h.lr = g.lr;
   h.weight_decay = g.weight_decay;
-  h.momentum = o_.momentum;
-  h.dampening = o_.dampening;
-  h.nesterov = o_.nesterov;
+  h.momentum = o.momentum;
+  h.dampening = o.dampening;
+  h.nesterov = o.nesterov;
   return true;
 }
 
-OptimSlice SGD::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+OptimSlice SGD::fused_slice(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
   OptimSlice s{p.data<float>(), grad.data<float>(), nullptr, nullptr, p.numel(), false};
-  if (o_.momentum != 0) {
+  if (options(g).momentum != 0) {
     s.fresh = !slots.count("momentum_buffer");
     s.s0 = slot(slots, "momentum_buffer", p).data<float>();
   }
@@ -464,51 +530,70 @@ AdamFamily::AdamFamily(std::vector<ParamGroup> groups, AdamOptions o, OptimKind 
     : Optimizer(std::move(groups)), o_(o), kind_(kind) {
   KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0, name,
              ": betas must be in [0, 1) and eps > 0");
+  check_group_options();
+}
+
+AdamOptions AdamFamily::options(const ParamGroup& g) const {
+  AdamOptions o = o_;
+  for (const auto& [k, v] : g.options) {
+    if (k == "beta1") o.beta1 = v;
+    if (k == "beta2") o.beta2 = v;
+    if (k == "eps") o.eps = v;
+  }
+  return o;
 }
 
 std::map<std::string, double> AdamFamily::hyper() const {
   return {{"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps}};
 }
 
-void AdamFamily::set_hyper(const std::map<std::string, double>& h) {
+void AdamFamily::check_hyper(const std::map<std::string, double>& h, const std::string& where) const {
   const AdamOptions o{h.at("beta1"), h.at("beta2"), h.at("eps")};
   KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0 && std::isfinite(o.eps), name(),
-             ": optimizer state's betas must be in [0, 1) and eps > 0, got beta1 ", o.beta1, ", beta2 ", o.beta2,
-             ", eps ", o.eps);
-  o_ = o;
+             ": ", where, " betas must be in [0, 1) and eps > 0, got beta1 ", o.beta1, ", beta2 ", o.beta2, ", eps ",
+             o.eps);
+}
+
+void AdamFamily::set_hyper(const std::map<std::string, double>& h) {
+  check_hyper(h, "optimizer state's");
+  o_ = AdamOptions{h.at("beta1"), h.at("beta2"), h.at("eps")};
 }
 
 // The bias corrections come from each parameter's device-side step count (OptimSlice::step), set by step().
 bool AdamFamily::fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const {
+  const AdamOptions o = options(g);
   kind = kind_;
   h.lr = g.lr;
   h.weight_decay = g.weight_decay;
-  h.beta1 = o_.beta1;
-  h.beta2 = o_.beta2;
-  h.eps = o_.eps;
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.eps = o.eps;
   return true;
 }
 
-OptimSlice AdamFamily::fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+OptimSlice AdamFamily::fused_slice(const ParamGroup& /*g*/, Tensor& p, const Tensor& grad,
+                                   std::map<std::string, Tensor>& slots) {
   float* m = slot(slots, "exp_avg", p).data<float>();
   float* v = slot(slots, "exp_avg_sq", p).data<float>();
   return {p.data<float>(), grad.data<float>(), m, v, p.numel(), false};
 }
 
 void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
-  const auto [m, v, bc1, bc2] = adam_moments(o_, steps_, p, grad, slots);
+  const AdamOptions o = options(g);
+  const auto [m, v, bc1, bc2] = adam_moments(o, steps_, p, grad, slots);
   Tensor w = in_state_dtype(p, p);
   if (!w.same(p)) w = w.clone();
   if (g.weight_decay != 0) w.mul_(1.0 - g.lr * g.weight_decay);
-  const Tensor denom = sqrt(v * (1.0 / bc2)) + o_.eps;
+  const Tensor denom = sqrt(v * (1.0 / bc2)) + o.eps;
   w.add_(m / denom, -g.lr / bc1);
   write_back(p, w);
 }
 
 void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
-  const auto [m, v, bc1, bc2] = adam_moments(o_, steps_, p, grad, slots);
+  const AdamOptions o = options(g);
+  const auto [m, v, bc1, bc2] = adam_moments(o, steps_, p, grad, slots);
   Tensor w = in_state_dtype(p, p);
-  Tensor u = (m * (1.0 / bc1)) / (sqrt(v * (1.0 / bc2)) + o_.eps);
+  Tensor u = (m * (1.0 / bc1)) / (sqrt(v * (1.0 / bc2)) + o.eps);
   if (g.weight_decay != 0) u = u + w * g.weight_decay;
   const double wn = std::sqrt(sum(w * w).item<double>()), un = std::sqrt(sum(u * u).item<double>());
   const double trust = (wn > 0 && un > 0) ? wn / un : 1.0;

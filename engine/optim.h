@@ -18,10 +18,16 @@ struct ParamGroup {
   double lr;
   double weight_decay;
   std::string name;
+  // This group's own values of the optimizer's hyper-parameters (the keys of its state: "momentum",
+  // "dampening", "nesterov" for SGD; "beta1", "beta2", "eps" for the Adam family), as torch's groups
+  // may hold their own momentum or betas; a key not here takes the optimizer's value. Checked as the
+  // constructor checks the optimizer's, at construction and at every step.
+  std::map<std::string, double> options;
 };
 
 // What a checkpoint stores: per-parameter tensors under "<group>.<index>.<slot>" and scalars: "steps",
-// the hyper-parameters, "group<g>.lr", "group<g>.weight_decay", "group<g>.params" (the group's size) and
+// the hyper-parameters, "group<g>.lr", "group<g>.weight_decay", "group<g>.params" (the group's size),
+// "group<g>.<key>" for each of a group's own options (ParamGroup::options) and
 // "<group>.<index>.step" for a parameter with state whose own step count is not "steps" (one that got
 // its first gradient late). A state without "group<g>.params" or "<g>.<i>.step" entries (written
 // before they were) gives every parameter with state the count "steps".
@@ -58,6 +64,11 @@ class Optimizer {
   // optimizer's hyper-parameters (momentum, betas, ...), as torch's load_state_dict. Names, shapes,
   // the optimizer kind, the number of groups and each group's size must match.
   void load_state(const OptimizerState& s);
+  // Replaces group g's own hyper-parameters (ParamGroup::options) after checking them as the
+  // constructor does; nothing changes when it throws.
+  void set_group_options(size_t g, const std::map<std::string, double>& options);
+  // Group g's hyper-parameters: the optimizer's, with the group's own values in their place.
+  std::map<std::string, double> group_hyper(size_t g) const;
   // f32 parameters with contiguous f32 gradients are updated by one fused backend call per group
   // and device (the same arithmetic); off: one tensor-op update per parameter.
   bool use_fused = true;
@@ -65,8 +76,9 @@ class Optimizer {
  protected:
   // The fused form of a group's step (kind and hyper-parameters), when the optimizer has one.
   virtual bool fused(const ParamGroup& /*g*/, OptimKind& /*kind*/, OptimHyper& /*h*/) const { return false; }
-  // The fused slice of one parameter, creating its state slots.
-  virtual OptimSlice fused_slice(Tensor& /*p*/, const Tensor& /*grad*/, std::map<std::string, Tensor>& /*slots*/) {
+  // The fused slice of one parameter of group g, creating its state slots.
+  virtual OptimSlice fused_slice(const ParamGroup& /*g*/, Tensor& /*p*/, const Tensor& /*grad*/,
+                                 std::map<std::string, Tensor>& /*slots*/) {
     return {};
   }
   // Updates parameter p (index i of group g) with gradient grad; slots are this parameter's state.
@@ -76,6 +88,16 @@ class Optimizer {
   // the constructor does; nothing changes when it throws. This default refuses any that differ from
   // hyper() (an optimizer that cannot set them must not run with other ones silently).
   virtual void set_hyper(const std::map<std::string, double>& h);
+  // Throws unless h (hyper()'s keys) is a valid set of hyper-parameters for this optimizer; `where`
+  // names its source in the message ("group 1's", "optimizer state's"). This default takes only
+  // hyper()'s values (see set_hyper).
+  virtual void check_hyper(const std::map<std::string, double>& h, const std::string& where) const;
+  // The checks of every group's own options (made by the constructors of Kiln's optimizers; step()
+  // makes them again, as groups() may change them).
+  void check_group_options() const;
+  // h with group g's own options in place of the optimizer's values (unknown keys refused).
+  std::map<std::string, double> with_group_options(std::map<std::string, double> h, size_t g,
+                                                   const std::map<std::string, double>& options) const;
   // Whether the update uses the per-parameter step count (Adam's bias corrections; SGD does not:
   // its counts stay 0 and are not saved).
   virtual bool counts_steps() const { return true; }
@@ -114,9 +136,12 @@ class SGD final : public Optimizer {
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
   std::map<std::string, double> hyper() const override;
   void set_hyper(const std::map<std::string, double>& h) override;
+  void check_hyper(const std::map<std::string, double>& h, const std::string& where) const override;
   bool counts_steps() const override { return false; }
   bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const override;
-  OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
+  OptimSlice fused_slice(const ParamGroup& g, Tensor& p, const Tensor& grad,
+                         std::map<std::string, Tensor>& slots) override;
+  SgdOptions options(const ParamGroup& g) const;  // o_ with the group's own values
   SgdOptions o_;
 };
 
@@ -132,8 +157,11 @@ class AdamFamily : public Optimizer {
  protected:
   std::map<std::string, double> hyper() const override;
   void set_hyper(const std::map<std::string, double>& h) override;
+  void check_hyper(const std::map<std::string, double>& h, const std::string& where) const override;
   bool fused(const ParamGroup& g, OptimKind& kind, OptimHyper& h) const override;
-  OptimSlice fused_slice(Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
+  OptimSlice fused_slice(const ParamGroup& g, Tensor& p, const Tensor& grad,
+                         std::map<std::string, Tensor>& slots) override;
+  AdamOptions options(const ParamGroup& g) const;  // o_ with the group's own values
   AdamOptions o_;
   OptimKind kind_;
 };

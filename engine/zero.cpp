@@ -18,6 +18,7 @@ ZeroRedundancy::ZeroRedundancy(nn::Module& model, const std::vector<optim::Param
   std::unordered_map<const TensorImpl*, std::pair<size_t, size_t>> where;  // impl -> (group, index)
   for (size_t g = 0; g < groups.size(); ++g) {
     groups_.push_back(optim::ParamGroup({}, groups[g].lr, groups[g].weight_decay, groups[g].name));
+    groups_.back().options = groups[g].options;
     for (size_t i = 0; i < groups[g].params.size(); ++i)
       KILN_CHECK(where.emplace(&groups[g].params[i].impl(), std::make_pair(g, i)).second, "ZeRO: a parameter is in ",
                  "two optimizer groups");

@@ -891,3 +891,102 @@ TEST_CASE("optimizers: the fused step (one backend call per group) matches the p
     CHECK_MESSAGE(worst < 2e-6, std::string(which), ": largest relative difference ", worst);
   }
 }
+
+TEST_CASE("optimizers: a group's own momentum or betas (ParamGroup::options) step as an optimizer of its own") {
+  using namespace kiln;
+  // Two groups, the second with its own options, against two one-group optimizers with those options
+  // as their own: the same parameters bit for bit, on the fused path and the per-tensor one.
+  auto params = [] {
+    Generator g(7);
+    return std::vector<Tensor>{randn({9, 4}, DType::f32, &g).set_requires_grad(),
+                               randn({70}, DType::f32, &g).set_requires_grad()};
+  };
+  auto grads = [](std::vector<Tensor>& ps, int step) {
+    Generator g(100 + uint64_t(step));
+    for (Tensor& p : ps) p.set_grad(randn(p.shape(), DType::f32, &g));
+  };
+  auto same = [](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i].to_vector() != b[i].to_vector()) return false;
+    return true;
+  };
+  for (const bool fused : {true, false}) {
+    CAPTURE(fused);
+    std::vector<Tensor> a = params(), b = params();
+    optim::ParamGroup own({a[1]}, 0.02, 0.01);
+    own.options = {{"momentum", 0.5}, {"dampening", 0.0}, {"nesterov", 1.0}};
+    optim::SGD two({optim::ParamGroup({a[0]}, 0.05, 0.01), own}, optim::SgdOptions{0.9, 0.1, false});
+    optim::SGD first({optim::ParamGroup({b[0]}, 0.05, 0.01)}, optim::SgdOptions{0.9, 0.1, false});
+    optim::SGD second({optim::ParamGroup({b[1]}, 0.02, 0.01)}, optim::SgdOptions{0.5, 0.0, true});
+    two.use_fused = first.use_fused = second.use_fused = fused;
+    for (int step = 0; step < 3; ++step) {
+      grads(a, step);
+      grads(b, step);
+      two.step();
+      first.step();
+      second.step();
+    }
+    CHECK(same(a, b));
+    // saved as "group1.<key>", restored into an optimizer made without them, which goes on the same
+    const optim::OptimizerState s = two.state();
+    CHECK(s.scalars.at("group1.momentum") == 0.5);
+    CHECK(s.scalars.count("group0.momentum") == 0);
+    optim::SGD again({optim::ParamGroup({a[0]}, 1.0), optim::ParamGroup({a[1]}, 1.0)},
+                     optim::SgdOptions{0.9, 0.1, false});
+    again.use_fused = fused;
+    again.load_state(s);
+    CHECK(again.group_hyper(1).at("nesterov") == 1.0);
+    grads(a, 3);
+    grads(b, 3);
+    again.step();
+    first.step();
+    second.step();
+    CHECK(same(a, b));
+
+    std::vector<Tensor> c = params(), d = params();
+    optim::ParamGroup betas({c[1]}, 0.01);
+    betas.options = {{"beta1", 0.5}, {"eps", 1e-3}};
+    optim::AdamW adam({optim::ParamGroup({c[0]}, 0.01), betas});
+    optim::AdamW adam0({optim::ParamGroup({d[0]}, 0.01)}), adam1({optim::ParamGroup({d[1]}, 0.01)}, {0.5, 0.999, 1e-3});
+    adam.use_fused = adam0.use_fused = adam1.use_fused = fused;
+    for (int step = 0; step < 3; ++step) {
+      grads(c, step);
+      grads(d, step);
+      adam.step();
+      adam0.step();
+      adam1.step();
+    }
+    CHECK(same(c, d));
+  }
+  // Bad options are refused naming the group, and change nothing.
+  Tensor p = zeros({2}).set_requires_grad(), q = zeros({2}).set_requires_grad();
+  optim::ParamGroup bad({q}, 0.1);
+  bad.options = {{"momentum", -1.0}};
+  CHECK(contains(error_of([&] {
+                   optim::SGD o({optim::ParamGroup({p}, 0.1), bad});
+                 }),
+                 "sgd: group 1's momentum must be >= 0, got -1"));
+  bad.options = {{"beta1", 0.5}};
+  CHECK(contains(error_of([&] {
+                   optim::SGD o({optim::ParamGroup({p}, 0.1), bad});
+                 }),
+                 "sgd: group 1 sets 'beta1', which is not an option of this optimizer (its options: dampening, "
+                 "momentum, nesterov)"));
+  optim::AdamW adam({optim::ParamGroup({p}, 0.1), optim::ParamGroup({q}, 0.1)});
+  CHECK(contains(error_of([&] {
+                   adam.set_group_options(1, {{"beta2", 1.0}});
+                 }),
+                 "adamw: group 1's betas must be in [0, 1)"));
+  CHECK(adam.groups()[1].options.empty());
+  adam.groups()[0].options["eps"] = 0.0;  // edited in place: refused at the step, before anything moves
+  p.set_grad(ones({2}));
+  CHECK(contains(error_of([&] { adam.step(); }), "adamw: group 0's betas must be in [0, 1) and eps > 0"));
+  CHECK(p.to_vector() == std::vector<double>{0, 0});
+  adam.groups()[0].options.clear();
+  // A saved group option that fails the checks is refused, naming the group.
+  optim::SGD sgd({optim::ParamGroup({p}, 0.1)}, optim::SgdOptions{0.9});
+  optim::OptimizerState s = sgd.state();
+  s.scalars["group0.momentum"] = NAN;
+  CHECK(contains(error_of([&] { sgd.load_state(s); }), "sgd: optimizer state's group 0's momentum must be >= 0"));
+  CHECK(sgd.groups()[0].options.empty());
+}

@@ -513,8 +513,7 @@ def _per_group(name, optimizer, value):
 class OneCycleLR(LRScheduler):
     """The 1cycle policy: lr from max_lr / div_factor up to max_lr (pct_start of total_steps), then down
     to initial_lr / final_div_factor ('cos' or 'linear'; three_phase as torch's). With cycle_momentum
-    the momentum (SGD) or beta1 (Adam, AdamW, LAMB) goes the other way; Kiln's engine keeps one value of
-    it for all groups, so the groups' base_momentum and max_momentum must be equal."""
+    the momentum (SGD) or beta1 (Adam, AdamW, LAMB) goes the other way, per group as torch's."""
 
     def __init__(self, optimizer, max_lr, total_steps=None, epochs=None, steps_per_epoch=None, pct_start=0.3,
                  anneal_strategy="cos", cycle_momentum=True, base_momentum=0.85, max_momentum=0.95, div_factor=25.0,

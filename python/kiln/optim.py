@@ -33,36 +33,24 @@ def _params(params):
 
 
 def _split(groups, options, check):
-    """Groups for the engine (params, lr, weight_decay, name), each group's options and the options to
-    build with. A group may set the optimizer's options (momentum, betas, ...) as torch's may; the
-    engine keeps one value of each for all groups, so they must agree."""
+    """Groups for the engine (params, lr, weight_decay, name) and each group's own options (momentum,
+    betas, ...: a group may set them, as torch's may), checked."""
     if not groups or not isinstance(groups[0], dict):
-        return groups, [{}], dict(options)
-    engine, extras, chosen = [], [], {}
-    for i, g in enumerate(groups):
+        return groups, [{}]
+    engine, extras = [], []
+    for g in groups:
         # other keys go to the engine, which refuses them (a misspelt 'lrr' is not silently dropped)
         engine.append({k: v for k, v in g.items() if k not in options})
         extras.append({k: check(k, v) for k, v in g.items() if k in options})
-    for k, default in options.items():
-        values = [e.get(k, default) for e in extras]
-        if any(v != values[0] for v in values):
-            i = next(j for j, v in enumerate(values) if v != values[0])
-            raise _C.KilnValueError(f"optimizer: parameter groups 0 and {i} set {k} to {values[0]!r} and "
-                                    f"{values[i]!r}; "
-                                    f"Kiln's engine optimizer keeps one {k} for all groups (build one optimizer per "
-                                    f"{k})")
-        chosen[k] = values[0]
-        for e in extras:
-            e.pop(k, None)
-    return engine, extras, chosen
+    return engine, extras
 
 
 class _ParamGroup(dict):
     """One entry of Optimizer.param_groups: a dict whose 'lr' and 'weight_decay' are the engine's, so
     `group['lr'] = x` takes effect at the next step (checked as the constructor checks it). The
     optimizer's own options (momentum, betas, ...) may be set per group, as torch's (OneCycleLR cycles
-    them): Kiln's engine keeps one value of each for all groups, so at the next step every group must
-    hold the same value, which the engine then takes. Other keys are kept as given (a scheduler's notes)."""
+    them): the engine takes each group's at the next step. Other keys are kept as given (a scheduler's
+    notes)."""
 
     def __init__(self, opt, index, values):
         super().__init__(values)
@@ -150,7 +138,8 @@ class Optimizer:
     def __init__(self, params, lr, weight_decay, options):
         self._lr, self._weight_decay = float(lr), float(weight_decay)
         params = _params(params)
-        engine_groups, extras, self._options = _split(params, options, self._check_option)
+        engine_groups, extras = _split(params, options, self._check_option)
+        self._options = dict(options)  # the optimizer's; each group may hold its own (self._applied)
         self.defaults = {"lr": float(lr), "weight_decay": float(weight_decay), **options}
         self._engine = self._make(engine_groups)
         self.param_groups = []
@@ -158,6 +147,8 @@ class Optimizer:
         for i, ((_, lr, wd, name), ps, extra) in enumerate(zip(self._engine.groups, user, extras)):
             self.param_groups.append(_ParamGroup(self, i, {"params": list(ps), "lr": lr, "weight_decay": wd,
                                                             "name": name, **self._options, **extra}))
+        self._applied = [None] * len(self.param_groups)
+        self._apply_options()  # each group's options checked by the engine now, not at the first step
 
     def _make(self, groups):
         """The engine optimizer over groups (a list of tensors or of dicts), with self._options."""
@@ -176,22 +167,13 @@ class Optimizer:
         return self._engine
 
     def _apply_options(self):
-        """Gives the engine the options (momentum, betas, ...) the groups were set to since the last step."""
-        changed = {}
-        for k, now in self._options.items():
-            values = [dict.get(g, k, now) for g in self.param_groups]
-            for i, v in enumerate(values):
-                if v != values[0]:
-                    raise _C.KilnValueError(f"optimizer: param_groups[0]['{k}'] is {values[0]!r} and "
-                                            f"param_groups[{i}]['{k}'] is {v!r}; Kiln's engine optimizer keeps "
-                                            f"one {k} for all groups (build one optimizer per {k})")
-            if values and values[0] != now:
-                changed[k] = values[0]
-        if changed:  # the engine takes new hyper-parameters through its state (copied: rare, not per step)
-            tensors, scalars = self._engine.state()
-            scalars.update(self._hyper({**self._options, **changed}))
-            self._engine.load_state(tensors, scalars)
-            self._options.update(changed)
+        """Gives the engine each group's options (momentum, betas, ...) where they changed since the last
+        step (checked by the engine: a bad value is refused naming the group)."""
+        for i, g in enumerate(self.param_groups):
+            values = {k: dict.get(g, k, now) for k, now in self._options.items()}
+            if values != self._applied[i]:
+                self._engine.set_group_options(i, self._hyper(values))
+                self._applied[i] = values
 
     def _hyper(self, options):
         """The engine's state scalars for options."""
@@ -199,11 +181,13 @@ class Optimizer:
 
     def _sync(self):
         """The groups' dicts after the engine's values changed (lr, load_state_dict)."""
-        for g, (_, lr, wd, _) in zip(self.param_groups, self._engine.groups):
+        for i, (g, (_, lr, wd, _)) in enumerate(zip(self.param_groups, self._engine.groups)):
             dict.__setitem__(g, "lr", lr)
             dict.__setitem__(g, "weight_decay", wd)
-            for k, v in self._options.items():
+            values = self._options_from(self._engine.group_hyper(i))
+            for k, v in values.items():
                 dict.__setitem__(g, k, v)
+            self._applied[i] = values
 
     def step(self, closure=None):
         loss = closure() if closure is not None else None
@@ -233,12 +217,8 @@ class Optimizer:
         if any(id(p) in have for p in group["params"]):
             raise ValueError("add_param_group: some parameters appear in more than one parameter group")
         full = {**self.defaults, **group}
-        engine_new, (extra,), opts = _split([full], self._options, self._check_option)
+        engine_new, (extra,) = _split([full], self._options, self._check_option)
         self._apply_options()
-        for k, v in opts.items():
-            if v != self._options[k]:
-                raise _C.KilnValueError(f"add_param_group: the group sets {k} to {v!r}, the optimizer's is "
-                                        f"{self._options[k]!r}; Kiln's engine optimizer keeps one {k} for all groups")
         old = [{"params": list(g["params"]), "lr": g["lr"], "weight_decay": self._engine_wd(i), "name": g["name"]}
                for i, g in enumerate(self.param_groups)]
         tensors, scalars = self._engine.state()
@@ -246,10 +226,14 @@ class Optimizer:
         n = len(old)
         _, lr, wd, name = engine.groups[n]
         scalars.update({f"group{n}.lr": lr, f"group{n}.weight_decay": wd, f"group{n}.params": len(full["params"])})
+        hyper = self._hyper({**self._options, **extra})
+        engine.set_group_options(n, hyper)  # refused here, before anything changes
+        scalars.update({f"group{n}.{k}": v for k, v in hyper.items()})
         engine.load_state(tensors, scalars)
         self._engine = engine
         self.param_groups.append(_ParamGroup(self, n, {"params": list(full["params"]), "lr": lr, "weight_decay": wd,
                                                         "name": name, **self._options, **extra}))
+        self._applied.append({**self._options, **extra})
         self._after_add(full)
 
     def _engine_wd(self, i):
@@ -302,7 +286,7 @@ class Optimizer:
 
     def load_state_dict(self, state):
         """Restores what state_dict() returned: {"tensors": {...}, "scalars": {...}}: the state, the step
-        counts, each group's lr and weight decay and the optimizer's options (momentum, betas, ...), as
+        counts, each group's lr, weight decay and options (momentum, betas, ...) and the optimizer's, as
         torch's does. The number of groups and their sizes must match."""
         if not isinstance(state, dict) or "tensors" not in state or "scalars" not in state:
             got = sorted(state) if isinstance(state, dict) else type(state).__name__

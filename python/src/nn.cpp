@@ -369,6 +369,20 @@ void bind_nn(nb::module_& m) {
                            str_of(nb::float_(wd)));
              o.groups()[i].weight_decay = wd;
            })
+      .def(
+          "set_group_options",
+          [](optim::Optimizer& o, size_t i, const std::map<std::string, double>& options) {
+            try {
+              o.set_group_options(i, options);
+            } catch (const Error& e) {
+              value_error(e.message());  // a bad value, as torch's ValueError
+            }
+          },
+          "Sets group i's own hyper-parameters (the engine's names: momentum, dampening, nesterov; beta1, "
+          "beta2, eps), replacing those it had; a key not given takes the optimizer's value.")
+      .def(
+          "group_hyper", [](const optim::Optimizer& o, size_t i) { return o.group_hyper(i); },
+          "Group i's hyper-parameters: the optimizer's, with the group's own in their place.")
       .def_prop_ro("groups",
                    [](const optim::Optimizer& o) {
                      nb::list out;  // (params, lr, weight_decay, name) per group

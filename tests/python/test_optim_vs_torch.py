@@ -133,18 +133,28 @@ def test_param_groups_edits_take_effect_as_in_torch():
     assert ko.param_group_lrs == [0.00625, 0.000625]
     with pytest.raises(kiln.KilnValueError, match="lr must be finite and >= 0"):
         ko.param_groups[0]["lr"] = -1.0
-    # a group's momentum may be set (as torch's); the engine keeps one for all groups, checked at step()
-    ko.param_groups[1]["momentum"] = 0.5
-    with pytest.raises(kiln.KilnValueError, match="engine optimizer keeps one momentum for all groups"):
+    # a group's momentum may be set (as torch's), one group at a time, taken at the next step
+    ko.param_groups[1]["momentum"] = to.param_groups[1]["momentum"] = 0.5
+    for _ in range(2):
+        set_grads(ks, ts, [RNG.standard_normal(3) for _ in range(2)], [1, 1])
         ko.step()
-    ko.param_groups[0]["momentum"] = 0.5
-    for kg, tg in zip(ko.param_groups, to.param_groups):
-        tg["momentum"] = 0.5
+        to.step()
+        close(ks, ts, 1e-6)
+    ko.param_groups[0]["momentum"] = to.param_groups[0]["momentum"] = 0.25
     set_grads(ks, ts, [RNG.standard_normal(3) for _ in range(2)], [1, 1])
     ko.step()
     to.step()
     close(ks, ts, 1e-6)
-    assert ko.defaults["momentum"] == 0.9 and ko.state_dict()["scalars"]["momentum"] == 0.5
+    scalars = ko.state_dict()["scalars"]
+    assert ko.defaults["momentum"] == 0.9 and scalars["momentum"] == 0.9
+    assert (scalars["group0.momentum"], scalars["group1.momentum"]) == (0.25, 0.5)
+    # a bad value is refused at the next step, naming the group, and changes nothing
+    ko.param_groups[1]["momentum"] = -0.5
+    before = [k.detach().numpy().copy() for k in ks]
+    with pytest.raises(kiln.KilnValueError, match="sgd: group 1's momentum must be >= 0, got -0.5"):
+        ko.step()
+    assert all(np.array_equal(b, k.detach().numpy()) for b, k in zip(before, ks))
+    ko.param_groups[1]["momentum"] = 0.5
     ko.param_groups[0]["initial_lr"] = 0.1  # a scheduler's note is kept
     assert ko.param_groups[0]["initial_lr"] == 0.1
 
@@ -252,21 +262,21 @@ def test_adam_is_torchs_adam_with_l2_decay_per_group(wd):
 def test_group_options_state_and_add_param_group_as_torch():
     shapes = [(3,), (2, 2), (4,)]
     ks, ts = zip(*(pair(RNG.standard_normal(s)) for s in shapes))
-    # torch's groups may carry the optimizer's options (equal here)
-    ko = kiln.optim.SGD([{"params": [ks[0]], "momentum": 0.8}, {"params": [ks[1]], "momentum": 0.8}],
+    # torch's groups may carry their own options (each its own here)
+    ko = kiln.optim.SGD([{"params": [ks[0]], "momentum": 0.8}, {"params": [ks[1]], "nesterov": True}],
                         lr=0.1, momentum=0.9)
-    to = torch.optim.SGD([{"params": [ts[0]], "momentum": 0.8}, {"params": [ts[1]], "momentum": 0.8}],
+    to = torch.optim.SGD([{"params": [ts[0]], "momentum": 0.8}, {"params": [ts[1]], "nesterov": True}],
                          lr=0.1, momentum=0.9)
-    # a new group takes the defaults (momentum 0.9, as torch's), which the engine cannot keep beside 0.8
-    with pytest.raises(kiln.KilnValueError, match="the group sets momentum to 0.9, the optimizer's is 0.8"):
-        ko.add_param_group({"params": ks[2], "lr": 0.05})
-    assert ko.param_groups[1]["momentum"] == 0.8
+    assert [g["momentum"] for g in ko.param_groups] == [g["momentum"] for g in to.param_groups] == [0.8, 0.9]
     assert ko.param_groups[0]["params"][0] is ks[0]
+    with pytest.raises(kiln.KilnValueError, match="group 2's nesterov needs momentum > 0"):
+        ko.add_param_group({"params": ks[2], "momentum": 0.0, "nesterov": True})
+    assert len(ko.param_groups) == 2
     for step in range(5):
-        if step == 2:
-            ko.add_param_group({"params": ks[2], "lr": 0.05, "momentum": 0.8})
-            to.add_param_group({"params": ts[2], "lr": 0.05, "momentum": 0.8})
-            assert ko.param_groups[2]["momentum"] == to.param_groups[2]["momentum"] == 0.8
+        if step == 2:  # a new group takes the defaults (momentum 0.9), as torch's
+            ko.add_param_group({"params": ks[2], "lr": 0.05})
+            to.add_param_group({"params": ts[2], "lr": 0.05})
+            assert ko.param_groups[2]["momentum"] == to.param_groups[2]["momentum"] == 0.9
         n = len(ko.param_groups)
         set_grads(ks[:n], ts[:n], [RNG.standard_normal(s) for s in shapes[:n]], [1] * n)
         ko.step()
@@ -277,7 +287,38 @@ def test_group_options_state_and_add_param_group_as_torch():
     assert len(ko.state) == 3
     with pytest.raises(ValueError, match="more than one parameter group"):
         ko.add_param_group({"params": [ks[0]]})
-    with pytest.raises(kiln.KilnValueError, match="groups 0 and 1 set momentum to 0.9 and 0.5"):
-        kiln.optim.SGD([{"params": [ks[0]]}, {"params": [ks[1]], "momentum": 0.5}], lr=0.1, momentum=0.9)
+    with pytest.raises(kiln.KilnValueError, match="sgd: group 1's momentum must be >= 0, got -0.5"):
+        kiln.optim.SGD([{"params": [ks[0]]}, {"params": [ks[1]], "momentum": -0.5}], lr=0.1, momentum=0.9)
+    # the groups' own options go through state_dict into a fresh optimizer, which continues as torch
+    fresh = kiln.optim.SGD([{"params": [ks[0]]}, {"params": [ks[1]]}, {"params": [ks[2]]}], lr=0.3)
+    fresh.load_state_dict(ko.state_dict())
+    assert [(g["momentum"], g["nesterov"]) for g in fresh.param_groups] == [(0.8, False), (0.9, True), (0.9, False)]
+    set_grads(ks, ts, [RNG.standard_normal(s) for s in shapes], [1, 1, 1])
+    fresh.step()
+    to.step()
+    close(ks, ts, 1e-6)
     ko.zero_grad(set_to_none=True)
     assert all(k.grad is None for k in ks)
+
+
+def test_adam_betas_and_one_cycle_momentum_per_group_as_torch():
+    shapes = [(3,), (2, 2)]
+    ks, ts = zip(*(pair(RNG.standard_normal(s)) for s in shapes))
+    groups = lambda ps: [{"params": [ps[0]], "betas": (0.5, 0.9), "eps": 1e-3}, {"params": [ps[1]], "lr": 0.02}]
+    ko = kiln.optim.AdamW(groups(ks), lr=0.05, betas=(0.8, 0.99), weight_decay=0.1)
+    to = torch.optim.AdamW(groups(ts), lr=0.05, betas=(0.8, 0.99), weight_decay=0.1)
+    # OneCycleLR cycles each group's beta1 between its own base and max momentum
+    ksch = kiln.optim.lr_scheduler.OneCycleLR(ko, max_lr=[0.1, 0.05], total_steps=8, base_momentum=[0.6, 0.7],
+                                              max_momentum=[0.9, 0.95])
+    tsch = torch.optim.lr_scheduler.OneCycleLR(to, max_lr=[0.1, 0.05], total_steps=8, base_momentum=[0.6, 0.7],
+                                               max_momentum=[0.9, 0.95])
+    for _ in range(7):
+        set_grads(ks, ts, [RNG.standard_normal(s) for s in shapes], [1, 1])
+        ko.step()
+        to.step()
+        ksch.step()
+        tsch.step()
+        assert [g["betas"][0] for g in ko.param_groups] == pytest.approx([g["betas"][0] for g in to.param_groups])
+        close(ks, ts, 1e-5)
+    assert ko.param_groups[0]["eps"] == 1e-3 and ko.param_groups[1]["eps"] == 1e-8
+    assert ko.param_groups[0]["betas"][0] != ko.param_groups[1]["betas"][0]
