@@ -2,6 +2,7 @@
 #include "models/bert.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "engine/autograd.h"
 #include "engine/init.h"
@@ -45,11 +46,17 @@ BertConfig bert_config(const std::string& size) {
 
 namespace {
 void check_config(const BertConfig& c) {
-  KILN_CHECK(c.vocab_size >= 1 && c.hidden_size >= 1 && c.num_layers >= 0 && c.num_heads >= 1 &&
-                 c.hidden_size % c.num_heads == 0 && c.intermediate_size >= 1 && c.max_position >= 1 &&
-                 c.type_vocab_size >= 1,
-             "BERT config: sizes must be positive and hidden_size (", c.hidden_size, ") a multiple of num_heads (",
-             c.num_heads, ")");
+  // Named one by one: "sizes must be positive" left the user to find which.
+  for (const auto& [field, v, least] : {std::tuple<const char*, int64_t, int64_t>{"vocab_size", c.vocab_size, 1},
+                                        {"hidden_size", c.hidden_size, 1},
+                                        {"num_layers", c.num_layers, 0},
+                                        {"num_heads", c.num_heads, 1},
+                                        {"intermediate_size", c.intermediate_size, 1},
+                                        {"max_position", c.max_position, 1},
+                                        {"type_vocab_size", c.type_vocab_size, 1}})
+    KILN_CHECK(v >= least, "BERT config: ", field, " is ", v, ", must be at least ", least);
+  KILN_CHECK(c.hidden_size % c.num_heads == 0, "BERT config: hidden_size (", c.hidden_size,
+             ") must be a multiple of num_heads (", c.num_heads, ")");
 }
 }  // namespace
 

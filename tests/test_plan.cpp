@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <tuple>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kiln.h"
@@ -137,6 +138,87 @@ TEST_CASE("plan: kiln plan takes kiln train's model defaults; bad flags name the
   r = run_kiln("plan --model resnet20 --memory 1MiB", d.p.string());
   CHECK(r.code == 3);
   CHECK_MESSAGE(contains(r.output, "even a micro-batch of 1 does not fit"), r.output);
+  // The model's config is checked with the flags, each bad field named (it was "BERT config: sizes
+  // must be positive ...", exit 1).
+  const std::pair<std::string, std::string> bad_sets[] = {
+      {"--model bert-tiny --set vocab_size=-5", "--set vocab_size=-5: must be at least 1"},
+      {"--model bert-tiny --set vocab_size=0", "--set vocab_size=0: must be at least 1"},
+      {"--model bert-tiny-cls --set num_labels=0", "--set num_labels=0: must be at least 1"},
+      {"--model bert-tiny --set num_heads=3", "hidden_size must be a multiple of num_heads"},
+      {"--model resnet20 --set num_classes=0", "--set num_classes=0: must be at least 1"},
+      {"--model resnet20 --accum-steps 0", "--accum-steps"},
+  };
+  for (const auto& [args, says] : bad_sets) {
+    r = run_kiln("plan " + args, d.p.string());
+    CHECK_MESSAGE(r.code == 2, args, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, says), args, " -> ", r.output);
+  }
+}
+
+// ResNet-18 on 32x32 images ends in a 1x1 stage whose batch norm cannot train on one sample: the
+// micro-batch search takes such a micro-batch as not fitting (it died with batch_norm_relu's error),
+// and a batch the model cannot train on at all is a flag error.
+TEST_CASE("plan: a micro-batch the model cannot train on does not fit; the smallest it can is reported") {
+  tools::PlanOptions o;
+  o.model = "resnet18";
+  o.image_size = 32;
+  CHECK_THROWS_WITH_AS(tools::plan_memory(o, 1), doctest::Contains("more than one value per channel"), Error);
+  // With --accum-steps 2 (no whole-batch step to try first), a micro-batch of 2 of a batch of 8 is
+  // planned as 8 of them.
+  o.accum_steps = 8;
+  const tools::MemoryPlan two = tools::plan_memory(o, 2);
+  o.accum_steps = 2;
+  auto [micro, p] = tools::largest_micro_batch(o, 8, two.peak, kCPU);
+  CHECK(micro == 2);
+  CHECK(p.peak == two.peak);
+  std::tie(micro, p) = tools::largest_micro_batch(o, 8, two.peak - 1, kCPU);
+  CHECK(micro == 0);
+  CHECK(p.micro_batch == 2);  // what the smallest trainable micro-batch needs
+  CHECK_THROWS_WITH_AS(tools::largest_micro_batch(o, 1, size_t(1) << 40, kCPU),
+                       doctest::Contains("--batch 1: the model cannot train on any micro-batch of it"), Error);
+  TempDir d("kiln_plan_untrainable");
+  auto r = run_kiln("plan --model resnet18 --batch 8 --image-size 32 --memory 129MiB", d.p.string());
+  CHECK_MESSAGE((r.code == 0 || r.code == 3), r.output);
+  CHECK_MESSAGE(!contains(r.output, "batch_norm_relu"), r.output);
+  CHECK_MESSAGE(contains(r.output, "micro-batch"), r.output);
+  r = run_kiln("plan --model resnet18 --batch 8 --image-size 32 --memory 1MiB", d.p.string());
+  CHECK(r.code == 3);
+  CHECK_MESSAGE(contains(r.output, "even a micro-batch of 2 (the smallest the model can train on) does not fit"),
+                r.output);
+  r = run_kiln("plan --model resnet18 --batch 1 --image-size 32 --memory 1GiB", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--batch 1: the model cannot train on it"), r.output);
+}
+
+// --accum-steps N: the step's micro-batches hold their gradients across one another, as kiln train's
+// do; the plan counts them (it under-predicted such a step by 12-16% without the flag).
+TEST_CASE("plan: --accum-steps plans the gradients held across the micro-batches") {
+  TempDir d("kiln_plan_accum");
+  auto r = run_kiln(
+      "plan --model bert-tiny --set vocab_size=2000 --seq-len 64 --batch 2 --accum-steps 4 --json " + d / "accum.json",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "those held from the earlier micro-batches"), r.output);
+  tools::PlanOptions o;
+  o.model = "bert-tiny";
+  o.sets = {"vocab_size=2000"};
+  o.seq_len = 64;
+  o.optimizer = "adamw";
+  const tools::MemoryPlan alone = tools::plan_memory(o, 2);
+  o.accum_steps = 4;
+  const tools::MemoryPlan held = tools::plan_memory(o, 2);
+  REQUIRE(held.peak > alone.peak);
+  const auto j = nlohmann::json::parse(kiln::testing::read_text(d / "accum.json"));
+  CHECK(j["plan"]["peak"].get<size_t>() == held.peak);
+  // The micro-batch search with it: a memory that one micro-batch of 2 alone fits, but not 4 of them
+  // with their gradients held, takes 1.
+  r = run_kiln("plan --model bert-tiny --set vocab_size=2000 --seq-len 64 --batch 2 --accum-steps 4 --memory " +
+                   std::to_string(held.peak - 1) + " --json " + d / "fit.json",
+               d.p.string());
+  CHECK_MESSAGE((r.code == 0 || r.code == 3), r.output);
+  const auto f = nlohmann::json::parse(kiln::testing::read_text(d / "fit.json"));
+  CHECK(f["fits"] == false);
+  CHECK(f["micro_batch"].get<int64_t>() < 2);
 }
 
 TEST_CASE("meta tensors: shapes and counted bytes, no values") {

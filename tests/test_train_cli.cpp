@@ -388,8 +388,9 @@ TEST_CASE("train: --recompute blocks trains the same ResNet-20 and BERT-tiny (dr
 // --micro-batch: under a CPU memory cap, `auto` takes the planner's micro-batch and a too-large
 // explicit one is halved at its first out-of-memory error (the step redone on the same samples);
 // either way the run logs the uncapped run's losses (BERT without dropout: the micro-batches'
-// gradients add up to the batch's). A cap too small for one sample stops before any work; a
-// checkpoint taken with small micro-batches resumes with another micro-batch.
+// gradients add up to the batch's). A cap too small for one sample stops before any work. A resume
+// keeps the checkpoint's run's micro-batch (batch norm and dropout are per micro-batch): the one it was
+// halved to, the one `auto` planned; another explicit one is refused.
 TEST_CASE("train: --micro-batch auto and out-of-memory halving under --memory-cap keep the run's losses") {
   REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
   TempDir d("kiln_micro");
@@ -411,14 +412,42 @@ TEST_CASE("train: --micro-batch auto and out-of-memory halving under --memory-ca
     const json s = json::parse(read_text(d / run + "/summary.json"));
     CHECK(s["config"]["micro_batch_used"].get<int64_t>() < 16);
   }
-  // The halved run's step-2 checkpoint counts its position in its small micro-batches.
+  // The halved run's step-2 checkpoint resumes with the micro-batch it was halved to; `auto` without
+  // the cap (which plans the whole batch of 16) takes the auto run's.
+  const std::string halved_to =
+      std::to_string(json::parse(read_text(d / "halved/summary.json"))["config"]["micro_batch_used"].get<int64_t>());
   r = run_kiln(common + " --micro-batch 16 --resume " + d / "halved/checkpoints/step-000000002.kiln --out " + d / "res",
                d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "resumed at step 2"), r.output);
-  const auto res = logged_losses(d / "res");  // steps 3 and 4, in a new directory
-  REQUIRE(res.size() == 2);
-  for (size_t i = 0; i < res.size(); ++i) CHECK(res[i] == doctest::Approx(want[i + 2]).epsilon(1e-5));
+  CHECK_MESSAGE(contains(r.output, "--micro-batch 16: resuming with micro-batch " + halved_to +
+                                       ", to which the checkpoint's run had halved it"),
+                r.output);
+  r = run_kiln(
+      common + " --micro-batch auto --resume " + d / "auto/checkpoints/step-000000002.kiln --out " + d / "res_auto",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "--micro-batch auto: resuming with the checkpoint's micro-batch"), r.output);
+  for (const char* run : {"res", "res_auto"}) {
+    CAPTURE(std::string(run));
+    const auto res = logged_losses(d / run);  // steps 3 and 4, in a new directory
+    REQUIRE(res.size() == 2);
+    for (size_t i = 0; i < res.size(); ++i) CHECK(res[i] == doctest::Approx(want[i + 2]).epsilon(1e-5));
+    const json s = json::parse(read_text(d / run + "/summary.json"));
+    const json a = json::parse(read_text(d / (run == std::string("res") ? "halved" : "auto") + "/summary.json"));
+    CHECK(s["config"]["micro_batch_used"] == a["config"]["micro_batch_used"]);
+  }
+  // Another explicit micro-batch, or none, is refused with both values named.
+  for (const std::string& flag : {std::string(" --micro-batch 4"), std::string()}) {
+    r = run_kiln(common + flag + " --resume " + d / "halved/checkpoints/step-000000002.kiln --out " +
+                     d / (flag.empty() ? "refused_none" : "refused_4"),
+                 d.p.string());
+    CHECK_MESSAGE(r.code == 2, r.output);
+    CHECK_MESSAGE(
+        contains(r.output, "micro-batch: checkpoint's run used micro-batch " + halved_to + " (--micro-batch 16), now " +
+                               std::string(flag.empty() ? "16 (--micro-batch not given)" : "4 (--micro-batch 4)")),
+        r.output);
+  }
   r = run_kiln(common + " --micro-batch auto --memory-cap 4MiB --out " + d / "tiny", d.p.string());
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "--micro-batch auto: even a micro-batch of 1 needs"), r.output);
@@ -442,10 +471,50 @@ TEST_CASE("train: --micro-batch auto plans the gradients held across micro-batch
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "--micro-batch auto: 1 x 8 accumulation steps"), r.output);
   CHECK_MESSAGE(!contains(r.output, "out of memory"), r.output);
+  // The memory it planned for, said so that it adds up (it read "of the 16.0 MiB --memory-cap 16MiB
+  // leaves beside the 2.8 MiB the data and model hold").
+  CHECK_MESSAGE(contains(r.output, "(planned step peak "), r.output);
+  CHECK_MESSAGE(contains(r.output, " free under --memory-cap 15MiB (the data and model already hold "), r.output);
+  CHECK_MESSAGE(contains(r.output, "+ the model's "), r.output);
   r = run_kiln(common + " --memory-cap 14MiB --out " + d / "small", d.p.string());
   CHECK_MESSAGE(r.code == 2, r.output);
   CHECK_MESSAGE(contains(r.output, "--micro-batch auto: even a micro-batch of 1 needs"), r.output);
+  CHECK_MESSAGE(contains(r.output, " free under --memory-cap 14MiB (the data and model already hold "), r.output);
   CHECK(!std::filesystem::exists(d / "small/metrics.jsonl"));
+  // An explicit micro-batch of 8 under 16 MiB runs step 1 and is halved twice in step 2: the redo takes
+  // the step's own samples (it took those of a later step, counting a micro-batch of 4 as one of 8).
+  const std::string mlm = "train --model bert-tiny --text " + kFortunes + "/computers --vocab " + d / "vocab.txt" +
+                          " --seq-len 64 --batch 8 --max-steps 4 --limit-eval 8 --threads 2 --log-every 1 --set "
+                          "hidden_dropout=0 --set attention_dropout=0 --micro-batch 8";
+  r = run_kiln(mlm + " --out " + d / "whole", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln(mlm + " --memory-cap 16MiB --out " + d / "twice", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "redoing step 2 with micro-batch 4"), r.output);
+  CHECK_MESSAGE(contains(r.output, "redoing step 2 with micro-batch 2"), r.output);
+  const auto want = logged_losses(d / "whole");
+  REQUIRE(want.size() == 4);
+  check_losses(logged_losses(d / "twice"), want);
+}
+
+// ResNet-18 on 28x28 images ends in a 1x1 stage whose batch norm cannot train on one sample: --micro-batch
+// auto takes such a micro-batch as not fitting and names the smallest it can train on (it died with
+// batch_norm_relu's error, exit 1).
+TEST_CASE("train: --micro-batch auto skips a micro-batch the model cannot train on") {
+  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  TempDir d("kiln_micro_bn");
+  const auto r = run_kiln(
+      "train --model resnet18 --batch 4 --micro-batch auto --memory-cap 180MiB --max-steps 1 "
+      "--limit-train 64 --limit-eval 8 --threads 2 --out " +
+          d / "o",
+      d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(!contains(r.output, "batch_norm_relu"), r.output);
+  CHECK_MESSAGE(contains(r.output,
+                         "--micro-batch auto: even a micro-batch of 2 (the smallest the model can train on) "
+                         "needs"),
+                r.output);
 }
 
 // MLM's loss is a mean over masked tokens, whose number differs between micro-batches: each micro-batch's
@@ -515,7 +584,7 @@ TEST_CASE("train: out of memory on one rank or all redoes the step on every rank
     CHECK(std::system(auto_cmd.c_str()) != 0);
     const std::string said = read_text(d / "auto.txt");
     CHECK_MESSAGE(contains(said, "rank 0: --micro-batch auto: even a micro-batch of 1 needs"), said);
-    CHECK_MESSAGE(contains(said, "--micro-batch auto: rank 0 cannot fit a micro-batch of 1"), said);
+    CHECK_MESSAGE(contains(said, "--micro-batch auto: rank 0 cannot fit even the smallest micro-batch"), said);
     CHECK_MESSAGE(said.find("even a micro-batch of 1") == said.rfind("even a micro-batch of 1"), said);  // rank 0's
   }
   for (const std::string& run : runs) {

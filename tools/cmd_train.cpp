@@ -533,16 +533,14 @@ class Trainer {
         };
       LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local);
       if (!lr.weights_only) {
-        const auto diffs = config_differences(lr.config, resolved_);
+        auto diffs = config_differences(lr.config, resolved_);
+        if (const std::string d = resume_micro_batch(lr); !d.empty()) diffs.push_back(d);
         if (!diffs.empty()) {
           std::string msg;
           for (const auto& d : diffs) msg += "\n  " + d;
           KILN_FAIL(path, " was written by a run with another configuration; resuming would not continue it:", msg);
         }
-        run_ = lr.run;
-        // The position counts the saving run's micro-batches: in this run's (both divide the batch).
-        const int64_t saved_micro = run_.micro_batch > 0 ? run_.micro_batch : c_.batch;
-        if (saved_micro != micro_) run_.batch = run_.batch * saved_micro / micro_;
+        run_ = lr.run;  // its position counts micro-batches of micro_, as resume_micro_batch made sure
         run_.micro_batch = micro_;
         // Where the checkpoint says the run is must be a place this run's flags reach: past them the
         // loop would train nothing and exit 0.
@@ -567,6 +565,47 @@ class Trainer {
     resumed_from_ = path;
     return -1;
   }
+  // The micro-batch of a resumed run is the checkpoint's run's: batch-norm statistics and dropout
+  // draws are per micro-batch, so another one would not continue the run. `auto` takes it when it
+  // still fits; an explicit --micro-batch equal to the saving run's flag takes what that run had
+  // halved it to at an out-of-memory error. Any other difference is the refusal's line ("" if none).
+  std::string resume_micro_batch(const LoadedRun& lr) {
+    const int64_t saved = lr.run.micro_batch > 0 ? lr.run.micro_batch : c_.batch;  // 0: an older file's --batch
+    if (saved == micro_) return "";
+    const nlohmann::json flag = lr.config.value("micro_batch", nlohmann::json());
+    const std::string saved_flag = flag.is_string() ? flag.get<std::string>() : std::string();
+    const std::string was = "checkpoint's run used micro-batch " + std::to_string(saved) + " (--micro-batch " +
+                            (saved_flag.empty() ? "not given" : saved_flag) + ")";
+    if (c_.batch % saved != 0)
+      return "micro-batch: " + was + ", which does not divide this run's --batch " + std::to_string(c_.batch);
+    std::string why;
+    if (c_.micro_batch == "auto") {
+      MemoryPlan p;
+      try {
+        PlanOptions q = plan_options_;
+        if (saved < c_.batch) q.accum_steps = c_.accum_steps * (c_.batch / saved);
+        p = plan_memory(q, saved);
+      } catch (const Error& e) {
+        return "micro-batch: " + was + ", which this run cannot plan: " + e.message();
+      }
+      if (!plan_fits(p, plan_budget_, device_))
+        return "micro-batch: " + was + ", which needs " + mib(p.peak) + " at the peak, more than the " +
+               mib(plan_budget_) + " --micro-batch auto has now; with " + std::to_string(micro_) +
+               " the run would not continue (give it more memory)";
+      why = "--micro-batch auto: resuming with the checkpoint's micro-batch " + std::to_string(saved) +
+            " (it fits; the plan's " + std::to_string(micro_) + " would not continue the run)";
+    } else if (!c_.micro_batch.empty() && c_.micro_batch == saved_flag && saved < micro_) {
+      why = "--micro-batch " + c_.micro_batch + ": resuming with micro-batch " + std::to_string(saved) +
+            ", to which the checkpoint's run had halved it when it ran out of memory";
+    } else {
+      return "micro-batch: " + was + ", now " + std::to_string(micro_) + " (--micro-batch " +
+             (c_.micro_batch.empty() ? "not given" : c_.micro_batch) + ")";
+    }
+    if (lead_) std::printf("kiln train: %s\n", why.c_str());
+    use_micro_batch(saved);
+    return "";
+  }
+
   // Every rank reads its own copy of the checkpoint. One whose copy is missing or damaged would leave
   // the others waiting at the first collective, and one that read another file (a stale copy on
   // another machine) would train on from other weights or another step, silently: the ranks compare
@@ -640,7 +679,8 @@ class Trainer {
     // rank learns whether any ran out before a gradient leaves it (step_once), and all redo the step
     // together. Only forward and backward are redone: after them the step has moved sums and the
     // scaler on.
-    const int64_t start = run_.batch;
+    // The step's first sample of the epoch, in samples: a second shrink counts in the first's micro-batches.
+    const int64_t start = run_.batch * micro_;
     const Generator rng = default_generator();
     std::vector<std::pair<Tensor, Tensor>> buffers;  // (buffer, its value at the start)
     {
@@ -676,6 +716,7 @@ class Trainer {
     po.amp = c_.amp;
     po.optimizer = c_.optimizer;
     po.recompute = c_.recompute;
+    po.accum_steps = c_.accum_steps;  // --accum-steps' micro-batches hold their gradients too
     po.ranks = world_;
     po.zero = c_.zero;
     po.device = device_.str();                                 // this rank's own GPU answers for its cuDNN workspaces
@@ -686,14 +727,14 @@ class Trainer {
       po.image_size = std::max(x.size(2), x.size(3));
     }
     size_t memory = 0;
-    std::string from;
+    std::string from;  // where `memory` comes from
     if (device_.is_cuda()) {
       memory = cuda::free_bytes(device_.index);  // this rank's GPU only: no context on the others
       from = "free on " + device_.str();
     } else if (cap_.bytes > 0) {
       const size_t held = cpu_memory_stats().allocated;
       memory = cap_.bytes > held ? cap_.bytes - held : 0;
-      from = "--memory-cap " + c_.memory_cap + " leaves beside the " + mib(held) + " the data and model hold";
+      from = "free under --memory-cap " + c_.memory_cap + " (the data and model already hold " + mib(held) + ")";
     } else {
       memory = host_available_bytes();
       from = "available on this machine";
@@ -703,8 +744,19 @@ class Trainer {
     size_t model_bytes = 0;
     for (const auto& [n, t] : model().named_parameters()) model_bytes += t.nbytes();
     for (const auto& [n, t] : model().named_buffers()) model_bytes += t.nbytes();
-    memory += model_bytes;
-    auto [m, p] = largest_micro_batch(po, c_.batch, memory, device_);
+    const size_t budget = memory + model_bytes;
+    // "16.0 MiB: 13.2 MiB free under --memory-cap 16MiB (...) + the model's 2.8 MiB, which the plan counts"
+    const std::string budget_text = mib(budget) + " for the step: " + mib(memory) + " " + from + " + the model's " +
+                                    mib(model_bytes) + " of weights and buffers, which the plan counts";
+    plan_options_ = po;  // a resume plans the checkpoint's micro-batch against the same memory
+    plan_budget_ = budget;
+    std::pair<int64_t, MemoryPlan> found;
+    try {
+      found = largest_micro_batch(po, c_.batch, budget, device_);
+    } catch (const Error& e) {  // no micro-batch the model can train on: the same on every rank
+      return fail("--micro-batch auto: " + e.message());
+    }
+    auto& [m, p] = found;
     // Every rank takes the smallest; with several, the lowest rank that cannot fit one sample is named.
     const int64_t mine = m;
     int64_t short_rank = m == 0 ? rank_ : world_;
@@ -717,24 +769,23 @@ class Trainer {
     }
     if (m == 0 && mine > 0)
       return fail("--micro-batch auto: rank " + std::to_string(short_rank) +
-                  " cannot fit a micro-batch of 1 (its own error says what one sample needs and what it has); " +
-                  "this rank, " + std::to_string(rank_) + ", fits " + std::to_string(mine) + " in the " + mib(memory) +
-                  " " + from);
-    if (m == 0)
+                  " cannot fit even the smallest micro-batch (its own error says what it needs and has); " +
+                  "this rank, " + std::to_string(rank_) + ", fits " + std::to_string(mine) + " in " + budget_text);
+    if (m == 0)  // p: the smallest micro-batch the model trains on (1, or 2 past a batch norm over 1x1)
       return fail((world_ > 1 ? "rank " + std::to_string(rank_) + ": " : std::string()) +
-                  "--micro-batch auto: even a micro-batch of 1 needs " + mib(p.peak) + " at the peak (`kiln plan` " +
-                  "shows where it goes), more than the " + mib(memory) + " " + from);
+                  "--micro-batch auto: even a micro-batch of " + std::to_string(p.micro_batch) +
+                  (p.micro_batch > 1 ? " (the smallest the model can train on)" : "") + " needs " + mib(p.peak) +
+                  " at the peak (`kiln plan` shows where it goes), more than the " + budget_text);
     micro_ = m;
     if (lead_)
       std::printf(
-          "kiln train: --micro-batch auto: %lld x %lld accumulation steps for the batch of %lld (planned peak "
-          "%s of the %s %s)\n",
-          (long long)m, (long long)(c_.batch / m), (long long)c_.batch, mib(p.peak).c_str(), mib(memory).c_str(),
-          from.c_str());
+          "kiln train: --micro-batch auto: %lld x %lld accumulation steps for the batch of %lld (planned "
+          "step peak %s of the %s)\n",
+          (long long)m, (long long)(c_.batch / m), (long long)c_.batch, mib(p.peak).c_str(), budget_text.c_str());
     return -1;
   }
 
-  // After an out-of-memory error inside a step that began at loader batch `start`: the next smaller
+  // After an out-of-memory error inside a step that began at the epoch's sample `start`: the next smaller
   // micro-batch (half, or the next divisor of --batch), the accumulation to match, and the loader
   // back at the step's first sample. -1 to redo the step, else the exit code.
   int shrink_micro_batch(const OutOfMemory& e, int64_t start) {
@@ -755,15 +806,20 @@ class Trainer {
     progress_->line("kiln train: out of memory with micro-batch " + std::to_string(micro_) + " (" + e.message() +
                     "): redoing step " + std::to_string(run_.step + 1) + " with micro-batch " + std::to_string(next) +
                     " x " + std::to_string(c_.batch / next) + " accumulation steps");
-    run_.batch = start * micro_ / next;
-    micro_ = next;
+    run_.batch = start / next;
+    use_micro_batch(next);
+    loader_->seek({run_.epoch, run_.batch});
+    return -1;
+  }
+
+  // The loader's batch from now on, and the accumulation that makes up --batch with it.
+  void use_micro_batch(int64_t m) {
+    micro_ = m;
     accum_ = c_.accum_steps * (c_.batch / micro_);
     io::LoaderOptions lo = loader_->options();
     lo.batch_size = micro_;
     loader_ = std::make_unique<io::DataLoader>(task_.train_data, lo);
-    loader_->seek({run_.epoch, run_.batch});
     resolved_["micro_batch_used"] = micro_;
-    return -1;
   }
 
   int step_once(double lr, StepStats& s) {
@@ -1254,6 +1310,8 @@ class Trainer {
   std::unique_ptr<io::DataLoader> loader_;
   int64_t accum_ = 1, spe_ = 0, total_steps_ = 0, global_batch_ = 0;
   int64_t micro_ = 0;  // the loader's batch: --batch, or its micro-batch
+  PlanOptions plan_options_;  // --micro-batch auto's plan and the memory it had (plan_budget_ bytes)
+  size_t plan_budget_ = 0;
   bool redoable_ = false;  // the step in progress is still in its micro-batches (out of memory: redo it)
   struct CpuCap {      // --memory-cap, lifted when the run ends (kiln.train shares the process)
     size_t bytes = 0;

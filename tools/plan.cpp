@@ -256,26 +256,40 @@ std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t
       if (d != batch / d) upper.push_back(batch / d);
     }
   divisors.insert(divisors.end(), upper.rbegin(), upper.rend());
+  // A micro-batch the model cannot train on (batch norm needs more than one value per channel: a
+  // ResNet's last 1x1 stage at a micro-batch of 1) does not fit either. Those are the smallest
+  // divisors: the search starts past them, and with none left the model's own error says why.
+  auto trainable = [&](size_t i, MemoryPlan& p) {
+    PlanOptions q = o;  // below the batch, the micro-batches of one step accumulate their gradients
+    if (divisors[i] < batch) q.accum_steps = o.accum_steps * (batch / divisors[i]);
+    try {
+      p = plan_memory(q, divisors[i]);
+      return true;
+    } catch (const Error& e) {
+      if (i + 1 == divisors.size())
+        KILN_FAIL("--batch ", batch, ": the model cannot train on any micro-batch of it (", e.message(), ")");
+      return false;
+    }
+  };
+  int64_t lo = 0, hi = int64_t(divisors.size()) - 1;
+  MemoryPlan smallest;
+  while (!trainable(size_t(lo), smallest)) ++lo;
   // The whole batch holds no gradients across micro-batches, so it may fit where half of it with
   // accumulation does not: asked first. Below it memory grows with the micro-batch: bisect.
-  std::pair<int64_t, MemoryPlan> best{0, {}};
-  if (o.accum_steps == 1) {
+  std::pair<int64_t, MemoryPlan> best{0, smallest};  // none fits: what the smallest trainable one needs
+  if (o.accum_steps == 1 && lo < hi) {
     MemoryPlan whole = plan_memory(o, batch);
     if (plan_fits(whole, memory, device)) return {batch, whole};
-    if (divisors.size() == 1) best.second = whole;  // a batch of 1: what even one sample needs
-    divisors.pop_back();
+    --hi;
   }
-  int64_t lo = 0, hi = int64_t(divisors.size()) - 1;
+  if (!plan_fits(smallest, memory, device)) return best;
   while (lo <= hi) {
     const int64_t mid = (lo + hi) / 2;
-    PlanOptions q = o;  // the micro-batches of one step accumulate their gradients
-    q.accum_steps = o.accum_steps * (batch / divisors[size_t(mid)]);
-    MemoryPlan p = plan_memory(q, divisors[size_t(mid)]);
-    if (plan_fits(p, memory, device)) {
+    MemoryPlan p;
+    if (trainable(size_t(mid), p) && plan_fits(p, memory, device)) {
       best = {divisors[size_t(mid)], p};
       lo = mid + 1;
     } else {
-      if (mid == 0) best.second = p;  // what even one sample needs
       hi = mid - 1;
     }
   }
@@ -301,6 +315,11 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
       ->check(CLI::IsMember({"sgd", "adamw", "lamb"}));
   app.add_option("--recompute", o.recompute, "none or blocks")
       ->check(CLI::IsMember({"none", "blocks"}))
+      ->capture_default_str();
+  app.add_option("--accum-steps", o.accum_steps,
+                 "Micro-batches of --batch per optimizer step, as kiln train's: their gradients are held across "
+                 "them")
+      ->check(at_least(1))
       ->capture_default_str();
   app.add_option("--ranks", o.ranks, "Data-parallel processes")->check(between(1, 65536))->capture_default_str();
   app.add_option("--zero", o.zero, "0, or 1: ZeRO stage 1 over the ranks")->check(between(0, 1))->capture_default_str();
@@ -350,6 +369,8 @@ int run_plan(const PlanOptions& given) {
     }
     KILN_CHECK(!d.is_meta(), "--device meta: plan for the device the run will use (cpu, cuda or cuda:N)");
     if (!o.memory.empty()) parse_bytes(o.memory, "--memory");
+    // The model's config (--set's fields, each named when out of range) before any planning builds it.
+    if (f.input == ModelInput::images) resnet_config_from(o.model, o.sets);
     if (f.input == ModelInput::tokens) {
       const models::BertConfig bc = bert_config_from(parse_bert_name(o.model).size, o.sets);
       KILN_CHECK(o.seq_len <= bc.max_position, "--seq-len ", o.seq_len, ": more than the ", bc.max_position,
@@ -379,7 +400,16 @@ int run_plan(const PlanOptions& given) {
   }
   const int64_t batch = o.batch > 0 ? o.batch : synthetic_step(o.model, 0, 1, 1, 0, o.sets, kMeta).batch;
   check_batch_size(o, batch, "--batch");
-  const MemoryPlan p = plan_memory(o, batch);
+  // A batch the model cannot train on (batch norm over one value per channel) is a flag error too;
+  // found only by planning it.
+  MemoryPlan p;
+  try {
+    p = plan_memory(o, batch);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "kiln plan: error: --batch %lld: the model cannot train on it (%s)\n", (long long)batch,
+                 e.message().c_str());
+    return 2;
+  }
   const bool images = family.input == ModelInput::images;
   std::printf("kiln plan: %s, batch %lld%s, %s, amp %s, recompute %s, %d rank(s)%s, for %s%s\n", o.model.c_str(),
               (long long)batch, images ? "" : (" x " + std::to_string(o.seq_len) + " tokens").c_str(),
@@ -424,17 +454,26 @@ int run_plan(const PlanOptions& given) {
     std::printf("memory %s from %s: %s\n", mib(memory).c_str(), memory_from.c_str(), fits ? "fits" : "does not fit");
     j["memory"] = memory;
     j["fits"] = fits;
-    const auto [micro, mp] = fits ? std::make_pair(batch, p) : largest_micro_batch(o, batch, memory, target);
+    std::pair<int64_t, MemoryPlan> found{batch, p};
+    if (!fits) try {
+        found = largest_micro_batch(o, batch, memory, target);
+      } catch (const Error& e) {  // no micro-batch the model can train on
+        std::fprintf(stderr, "kiln plan: error: %s\n", e.message().c_str());
+        return 2;
+      }
+    const auto& [micro, mp] = found;
     if (micro == 0) {
-      std::printf("even a micro-batch of 1 does not fit: it needs %s at the peak\n", mib(mp.peak).c_str());
+      std::printf("even a micro-batch of %lld%s does not fit: it needs %s at the peak\n", (long long)mp.micro_batch,
+                  mp.micro_batch > 1 ? " (the smallest the model can train on)" : "", mib(mp.peak).c_str());
     } else {
       std::printf(
           "largest micro-batch that fits: %lld (peak %s), with --accum-steps %lld for the batch of %lld "
           "(or kiln train --micro-batch auto)\n",
-          (long long)micro, mib(mp.peak).c_str(), (long long)(batch / micro), (long long)batch);
+          (long long)micro, mib(mp.peak).c_str(), (long long)(o.accum_steps * batch / micro),
+          (long long)(o.accum_steps * batch));
     }
     j["micro_batch"] = micro;
-    j["accum_steps"] = micro ? batch / micro : 0;
+    j["accum_steps"] = micro ? o.accum_steps * batch / micro : 0;
     nofit = micro == 0;
   }
   if (!o.json.empty()) {

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 
 namespace kiln::tools {
 namespace {
@@ -61,6 +62,8 @@ models::ResNetConfig resnet_config_from(const std::string& name, const std::vect
     else
       KILN_FAIL("--set ", k, ": not a ResNet config field (num_classes, in_channels, zero_init_residual, recompute)");
   }
+  KILN_CHECK(c.num_classes >= 1, "--set num_classes=", c.num_classes, ": must be at least 1");
+  KILN_CHECK(c.in_channels >= 1, "--set in_channels=", c.in_channels, ": must be at least 1");
   return c;
 }
 
@@ -94,6 +97,18 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
                 "intermediate_size, max_position, type_vocab_size, num_labels, layer_norm_eps, hidden_dropout, "
                 "attention_dropout, recompute)");
   }
+  // Sizes named by field: the model's own check (models/bert.cpp) runs only when it is built.
+  for (const auto& [field, v, least] : {std::tuple<const char*, int64_t, int64_t>{"vocab_size", c.vocab_size, 1},
+                                        {"hidden_size", c.hidden_size, 1},
+                                        {"num_layers", c.num_layers, 0},
+                                        {"num_heads", c.num_heads, 1},
+                                        {"intermediate_size", c.intermediate_size, 1},
+                                        {"max_position", c.max_position, 1},
+                                        {"type_vocab_size", c.type_vocab_size, 1},
+                                        {"num_labels", c.num_labels, 1}})
+    KILN_CHECK(v >= least, "--set ", field, "=", v, ": must be at least ", least);
+  KILN_CHECK(c.hidden_size % c.num_heads == 0, "--set hidden_size=", c.hidden_size, " / num_heads=", c.num_heads,
+             ": hidden_size must be a multiple of num_heads");
   // The ranges the layers would refuse only at the first forward (dropout) or never (a zero or NaN
   // epsilon gives NaN outputs), refused when the model is built.
   KILN_CHECK(std::isfinite(c.layer_norm_eps) && c.layer_norm_eps > 0, "--set layer_norm_eps=", c.layer_norm_eps,
