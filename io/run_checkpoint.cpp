@@ -3,9 +3,11 @@
 #include "io/run_checkpoint.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -479,6 +481,9 @@ void CheckpointMirror::loop() {
       std::unique_lock<std::mutex> lk(m_);
       cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;
+      // The mirror keeps the newest --keep-last: copies that would be pruned at once are not made
+      // (--keep-last may already have deleted their source).
+      while (keep_ > 0 && int64_t(queue_.size()) > keep_) queue_.pop_front();
       src = queue_.front();
       queue_.pop_front();
     }
@@ -487,7 +492,7 @@ void CheckpointMirror::loop() {
       try {
         fs::create_directories(dir_);
         std::ifstream in(src, std::ios::binary);
-        KILN_CHECK(in.good(), src, ": cannot open to mirror it");
+        KILN_CHECK(in.good(), src, ": cannot open to mirror it (", std::strerror(errno), ")");
         io::AtomicFile out((fs::path(dir_) / name).string());
         std::vector<char> buf(size_t(8) << 20);
         while (in) {
@@ -500,16 +505,25 @@ void CheckpointMirror::loop() {
         prune_checkpoints(dir_, keep_);
         break;
       } catch (const std::exception& e) {
+        std::error_code ec;
+        const bool there = fs::exists(src, ec);
+        {
+          // Pruned from the run directory (--keep-last) while waiting, with a newer one queued: nothing lost.
+          std::lock_guard<std::mutex> lk(m_);
+          if (!there && !queue_.empty()) break;
+        }
+        const std::string where = there ? "; the checkpoint is still in the run directory"
+                                        : "; the run directory no longer has it either (pruned by --keep-last?)";
         if (attempt >= 5) {
-          std::fprintf(stderr, "kiln train: mirror: giving up on %s after %d attempts: %s\n", name.c_str(), attempt,
-                       e.what());
+          std::fprintf(stderr, "kiln train: mirror: giving up on %s after %d attempts: %s%s\n", name.c_str(), attempt,
+                       e.what(), where.c_str());
           break;
         }
         const int wait_s = 1 << (attempt - 1);
         std::unique_lock<std::mutex> lk(m_);
         if (stop_ && attempt >= 2) {  // the run is over: one retry, then leave
-          std::fprintf(stderr, "kiln train: mirror: could not copy %s to %s (%s); the checkpoint is still in the run "
-                       "directory\n", name.c_str(), dir_.c_str(), e.what());
+          std::fprintf(stderr, "kiln train: mirror: could not copy %s to %s (%s)%s\n", name.c_str(), dir_.c_str(),
+                       e.what(), where.c_str());
           break;
         }
         std::fprintf(stderr, "kiln train: mirror: copying %s to %s failed (%s); retrying in %d s\n", name.c_str(),

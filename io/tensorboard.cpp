@@ -102,7 +102,9 @@ EventWriter::EventWriter(const std::string& dir) {
   char host[256] = "localhost";
   ::gethostname(host, sizeof host - 1);
   char name[512];
-  std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%d.kiln", (long long)std::time(nullptr), host,
+  // TensorBoard reads a folder's files in name order: two of the same second sort by pid, which is
+  // zero-padded so that pid 999's file sorts before pid 1000's.
+  std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%010d.kiln", (long long)std::time(nullptr), host,
                 int(::getpid()));
   path_ = (std::filesystem::path(dir) / name).string();
   f_ = std::fopen(path_.c_str(), "wb");
@@ -114,13 +116,23 @@ EventWriter::~EventWriter() {
   if (f_) std::fclose(f_);
 }
 
+namespace {
+bool is_kiln_event_file(const std::string& n) {
+  return n.rfind("events.out.tfevents.", 0) == 0 && n.size() > 5 && n.compare(n.size() - 5, 5, ".kiln") == 0;
+}
+}  // namespace
+
 void EventWriter::remove_old(const std::string& dir) {
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("events.out.tfevents.", 0) == 0 && n.size() > 5 && n.compare(n.size() - 5, 5, ".kiln") == 0)
-      std::filesystem::remove(e.path(), ec);
-  }
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (is_kiln_event_file(e.path().filename().string())) std::filesystem::remove(e.path(), ec);
+}
+
+bool EventWriter::any_old(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (is_kiln_event_file(e.path().filename().string())) return true;
+  return false;
 }
 
 void EventWriter::restart(int64_t step) { write(tb::session_start_event(now_seconds(), step)); }

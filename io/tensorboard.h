@@ -29,7 +29,7 @@ std::string session_start_event(double wall_time, int64_t step);
 
 class EventWriter {
  public:
-  // A new event file in `dir` (events.out.tfevents.<seconds>.<host>.<pid>.kiln) opened with its
+  // A new event file in `dir` (events.out.tfevents.<seconds>.<host>.<pid, zero-padded>.kiln) opened with its
   // file_version event; an error names the file when it cannot be created.
   explicit EventWriter(const std::string& dir);
   ~EventWriter();
@@ -39,6 +39,8 @@ class EventWriter {
   // Removes the event files an earlier run wrote in `dir` (Kiln's own, *.kiln), for a run that
   // starts over there.
   static void remove_old(const std::string& dir);
+  // Whether `dir` holds such files (a resumed run that writes none leaves them as they are).
+  static bool any_old(const std::string& dir);
 
   void restart(int64_t step);  // SessionLog.START at `step`: earlier files' events at steps >= it are dropped
   void scalars(int64_t step, const std::vector<std::pair<std::string, float>>& values);

@@ -60,6 +60,23 @@ TEST_CASE("report: charts, several runs, cut lines, empty runs") {
   CHECK(html.find("http://") == html.find("http://www.w3.org/2000/svg"));
 }
 
+TEST_CASE("report: a resumed run's time is its whole training time, not the last process's wall time") {
+  TempDir d("kiln_report");
+  std::filesystem::create_directories(d.p / "resumed");
+  std::filesystem::create_directories(d.p / "old");
+  write(d.p / "resumed" / "metrics.jsonl", "{\"step\":1,\"loss\":1.0}\n");
+  write(d.p / "resumed" / "summary.json", R"({"steps":9,"wall_seconds":2.5,"train_seconds":731})");
+  write(d.p / "old" / "metrics.jsonl", "{\"step\":1,\"loss\":1.0}\n");
+  write(d.p / "old" / "summary.json", R"({"steps":9,"wall_seconds":42})");  // before train_seconds
+  std::vector<std::string> notes;
+  const std::string html = tools::render_report({(d.p / "resumed").string(), (d.p / "old").string()}, "t", notes);
+  CHECK(html.find("<th>train time (s)</th>") != std::string::npos);
+  CHECK(html.find("wall time (s)") == std::string::npos);
+  CHECK(html.find("<td>731</td>") != std::string::npos);
+  CHECK(html.find("<td>2.5</td>") == std::string::npos);
+  CHECK(html.find("<td>42 (wall)</td>") != std::string::npos);
+}
+
 TEST_CASE("report: a chart's axes, and no data") {
   tools::Chart c{"T", "step", "loss", false, {{"s", {{0, 1}, {10, 3}}, false}}};
   const std::string svg = tools::render_chart(c);

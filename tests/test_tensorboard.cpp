@@ -3,6 +3,7 @@
 // reads real runs' files back with the tensorboard package.
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -58,6 +59,11 @@ TEST_CASE("tensorboard: the writer's file, and an unwritable folder named in the
     CHECK(w.ok());
   }
   CHECK(path.find("tfevents") != std::string::npos);
+  // the pid zero-padded to 10 digits, so two files of one second sort by it
+  char pid[32];
+  std::snprintf(pid, sizeof pid, ".%010d.kiln", int(::getpid()));
+  CHECK_MESSAGE(path.size() > 16, path);
+  CHECK_MESSAGE(path.compare(path.size() - std::strlen(pid), std::strlen(pid), pid) == 0, path);
   CHECK(std::filesystem::file_size(path) > 40);
   io::EventWriter::remove_old(d.p.string());
   CHECK(!std::filesystem::exists(path));

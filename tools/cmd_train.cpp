@@ -2,6 +2,8 @@
 // + model), the loader, the optimizer and the LR schedule, and resumes; then per optimizer step:
 // fetch batches, forward, loss, backward, reduce, clip, update, log, maybe checkpoint; per epoch:
 // evaluate; at the end: weights and a summary with the final metrics.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -174,6 +176,38 @@ void trim_metrics(const std::string& path, const RunState& run) {
   io::write_file_atomic(path, kept);
 }
 
+// The exclusive lock on OUT/.lock (rank 0): flock's lock goes with the descriptor, so it is released
+// when the run ends, and by the kernel when the process dies (a crash leaves no stale lock).
+struct OutLock {
+  int fd = -1;
+  std::string take(const std::string& out) {
+    const std::string path = out + "/.lock";
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return path + ": cannot open the run's lock file: " + std::strerror(errno);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char buf[32] = "";
+      const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+      std::string pid = n > 0 ? std::string(buf, size_t(n)) : "";
+      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      ::close(fd);
+      fd = -1;
+      if (err != EWOULDBLOCK) return path + ": cannot lock it: " + std::strerror(err);
+      return "--out " + out + " is in use by another kiln train (pid " + (pid.empty() ? "unknown" : pid) +
+             "): two runs in one folder delete each other's checkpoints; wait for it, stop it, or give "
+             "another --out";
+    }
+    // Who holds it, for the refusal above (should the note fail, the lock holds all the same).
+    const std::string mine = std::to_string(::getpid()) + "\n";
+    (void)!::ftruncate(fd, 0);
+    (void)!::pwrite(fd, mine.data(), mine.size(), 0);
+    return "";
+  }
+  ~OutLock() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
 // The run in phases: setup() checks the config and builds everything (or answers an exit code);
 // then per optimizer step step(), log_step() and maybe checkpoint(); per epoch evaluate_epoch();
 // at the end finish(). Every member a phase shares lives here, named once.
@@ -221,7 +255,7 @@ class Trainer {
           try {
             if (save())
               progress_->line(failed + "; saved the trained epoch as " + last_saved_ +
-                              " (fix the data, then continue with --resume auto)");
+                              " (fix the data, then continue with " + hooks_.resume_hint + ")");
           } catch (const Error& save_error) {
             progress_->line(failed + ", and saving the trained epoch failed too: " + save_error.message());
           } catch (const std::exception& save_error) {
@@ -271,6 +305,8 @@ class Trainer {
       } else if (v.is_array() && k == "ranks") {
         for (size_t r = 0; r < v.size(); ++r)
           for (const auto& [k2, v2] : v[r].items()) add("rank" + std::to_string(r) + "/" + k2, v2);
+      } else if (k == "epoch_seconds") {
+        add("train/" + name, v);  // the training epoch's time, though an eval line carries it
       } else {
         add(prefix + name, v);
       }
@@ -303,9 +339,23 @@ class Trainer {
     // A fresh run would truncate the metrics and replace the weights and checkpoints of the run
     // already there (and break its resume): only when asked.
     // --resume auto without a checkpoint to continue from starts fresh too.
-    const bool has_checkpoint = !find_latest_checkpoint(c_.out + "/checkpoints").empty();
-    const bool fresh = c_.resume.empty() || (c_.resume == "auto" && !has_checkpoint);
-    if (fresh && !c_.overwrite)
+    // (With the local ones lost, the --mirror's copies continue the run: see resume().)
+    const bool has_checkpoint =
+        !find_latest_checkpoint(c_.out + "/checkpoints").empty() ||
+        (c_.resume == "auto" && !c_.mirror.empty() && !find_latest_checkpoint(c_.mirror).empty());
+    // A mirror in the run's own checkpoints folder would be no second copy, and its pruning the run's.
+    if (!c_.mirror.empty()) {
+      std::error_code ec1, ec2;
+      std::string mirror = c_.mirror;
+      while (mirror.size() > 1 && mirror.back() == '/') mirror.pop_back();  // "DIR/" is DIR
+      const auto m = std::filesystem::weakly_canonical(mirror, ec1),
+                 own = std::filesystem::weakly_canonical(std::filesystem::path(c_.out) / "checkpoints", ec2);
+      if (!ec1 && !ec2 && m == own)
+        problems.push_back("--mirror " + c_.mirror + " is this run's own checkpoints folder (" + own.string() +
+                           "): a mirror there is no backup; give a folder on another disk or machine");
+    }
+    fresh_ = c_.resume.empty() || (c_.resume == "auto" && !has_checkpoint);
+    if (fresh_ && !c_.overwrite)
       if (const std::string there = run_in_folder(c_.out); !there.empty()) {
         const bool resumable = c_.resume.empty() && has_checkpoint;
         problems.push_back("--out " + c_.out + " already holds a run (" + there + ")" +
@@ -387,10 +437,16 @@ class Trainer {
     if (any_rank(ec || ::access(c_.out.c_str(), W_OK) != 0))
       return fail("--out " + c_.out + ": cannot create or write the directory (" +
                   (ec ? ec.message() : std::string("not writable")) + ")");
+    // One trainer per --out: two would delete each other's checkpoint temporary files and mix their
+    // metrics. Rank 0 alone writes the folder (ranks of a job on one machine share it), so it alone
+    // takes the lock, before anything in the folder is deleted.
+    const std::string lock_problem = lead_ ? lock_.take(c_.out) : std::string();
+    if (any_rank(!lock_problem.empty()))
+      return fail(lead_ ? lock_problem : "rank 0 could not take --out " + c_.out + " (its message says why)");
     ckpt_dir_ = c_.out + "/checkpoints";
     if (lead_ && c_.overwrite && c_.resume.empty()) {
       // The replaced run's checkpoints go, here and in the mirror: their higher step numbers would outrank
-      // this run's in pruning and in --resume auto.
+      // this run's in pruning and in --resume auto. (Its other outputs go below, as for every fresh run.)
       for (const std::string& dir : {ckpt_dir_, c_.mirror}) {
         if (dir.empty()) continue;
         for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
@@ -455,17 +511,32 @@ class Trainer {
     shown_loss_ = run_.window.mean_loss();  // a resumed run shows its window's loss until the next line
     metrics_path_ = c_.out + "/metrics.jsonl";
     if (lead_) {  // on other ranks never opened: writes go nowhere
-      if (resumed_from_.empty() || run_.step == 0) std::ofstream(metrics_path_, std::ios::trunc);
-      else trim_metrics(metrics_path_, run_);
+      const bool fresh = resumed_from_.empty() || run_.step == 0;
+      if (fresh) {
+        // Every output of a run this one replaces: a summary, weights or report left from it would
+        // stand beside this run's curves (in `kiln report`, report.html, TensorBoard) until this run
+        // writes its own, and for good if it stops first (a NaN loss, a signal).
+        std::ofstream(metrics_path_, std::ios::trunc);
+        for (const char* f : {"summary.json", "model.safetensors", "report.html"})
+          std::filesystem::remove(c_.out + "/" + f, ec);
+        io::EventWriter::remove_old(c_.out);
+      } else {
+        trim_metrics(metrics_path_, run_);
+      }
       metrics_.open(metrics_path_, std::ios::app);
       KILN_CHECK(metrics_.good(), metrics_path_, ": cannot open for writing");
       if (c_.tensorboard) {
-        // A run that starts over replaces its event files; a resumed one adds a file that begins
-        // with a restart at its step, so TensorBoard drops what the old files logged after it.
-        const bool fresh = resumed_from_.empty() || run_.step == 0;
-        if (fresh) io::EventWriter::remove_old(c_.out);
+        // A resumed run adds an event file that begins with a restart at its step, so TensorBoard
+        // drops what the old files logged after it.
         tb_ = std::make_unique<io::EventWriter>(c_.out);
         if (!fresh) tb_->restart(run_.step + 1);  // TensorBoard drops the old events from this step on
+      } else if (!fresh && io::EventWriter::any_old(c_.out)) {
+        // Without a new file nothing tells TensorBoard where the run went back to.
+        std::fprintf(stderr,
+                     "kiln train: warning: --no-tensorboard on a run resumed at step %lld: the event files in %s "
+                     "still hold the steps logged after it, and TensorBoard will show them beside nothing new "
+                     "(resume with TensorBoard on to mark the restart, or delete them)\n",
+                     (long long)run_.step, c_.out.c_str());
       }
       prune_checkpoints(ckpt_dir_, 0);  // temporary files a killed writer left behind
     }
@@ -499,15 +570,30 @@ class Trainer {
       // alone chooses and tells the others (one read of the files, and no rank resumes from another step).
       std::string problem;
       if (lead_) {
-        const io::IntactCheckpoint found = io::find_intact_checkpoint(ckpt_dir_);
-        if (found.path.empty() && !found.skipped.empty()) {
-          for (const auto& s : found.skipped) problem += "\n  " + s;
-          problem = "--resume auto: no intact checkpoint in " + ckpt_dir_ + ", every one is damaged:" + problem +
-                    "\ncontinue from an intact copy (e.g. in the --mirror directory) with --resume FILE, or start a "
-                    "new run with --overwrite and without --resume";
-        }
+        io::IntactCheckpoint found = io::find_intact_checkpoint(ckpt_dir_);
         for (const auto& s : found.skipped)
           std::fprintf(stderr, "kiln train: warning: --resume auto: skipped damaged checkpoint %s\n", s.c_str());
+        if (found.path.empty() && !c_.mirror.empty()) {
+          // The local checkpoints lost or all damaged: the mirror is what it is for.
+          const io::IntactCheckpoint mirrored = io::find_intact_checkpoint(c_.mirror);
+          for (const auto& s : mirrored.skipped)
+            std::fprintf(stderr, "kiln train: warning: --resume auto: skipped damaged mirror copy %s\n", s.c_str());
+          if (!mirrored.path.empty()) {
+            std::fprintf(stderr,
+                         "kiln train: --resume auto: no intact checkpoint in %s; continuing from the mirror's copy "
+                         "%s\n",
+                         ckpt_dir_.c_str(), mirrored.path.c_str());
+            found.path = mirrored.path;
+          }
+          found.skipped.insert(found.skipped.end(), mirrored.skipped.begin(), mirrored.skipped.end());
+        }
+        if (found.path.empty() && !found.skipped.empty()) {
+          for (const auto& s : found.skipped) problem += "\n  " + s;
+          problem = "--resume auto: no intact checkpoint in " + ckpt_dir_ +
+                    (c_.mirror.empty() ? "" : " or the --mirror " + c_.mirror) + ", every one is damaged:" + problem +
+                    "\ncontinue from an intact copy elsewhere with --resume FILE, or start a new run with --overwrite "
+                    "and without --resume";
+        }
         path = found.path;
       }
       if (world_ > 1) {
@@ -1181,7 +1267,7 @@ class Trainer {
     if (!ok) return 1;
     const std::string why = g_stop_signal ? "caught " + std::string(signal_name(int(g_stop_signal)))
                                           : std::string(asked_stop_ ? "stop requested" : "caught SIGTERM");
-    progress_->line("kiln train: " + why + where + "; saved " + last_saved_ + "; continue with --resume auto");
+    progress_->line("kiln train: " + why + where + "; saved " + last_saved_ + "; continue with " + hooks_.resume_hint);
     return 0;
   }
   // Buffers (batch-norm running statistics) are not averaged as gradients are: each rank's follow its own
@@ -1298,6 +1384,7 @@ class Trainer {
   const TrainConfig& c_;
   const TrainHooks& hooks_;
   TrainOutcome* outcome_;
+  OutLock lock_;  // first member: released after everything else (the mirror's copies) has finished
   bool asked_stop_ = false;
   const Clock::time_point t_start_ = Clock::now();
   // who and where
@@ -1341,6 +1428,7 @@ class Trainer {
   Clock::time_point last_save_time_, win_start_, epoch_start_;
   double epoch_seconds_before_ = 0;
   bool stop_now_ = false, time_due_ = false;
+  bool fresh_ = true;  // at set-up: the run starts over (no --resume, or --resume auto with no checkpoint)
   // this rank's sums since the window's and the epoch's start, on the device (see fold())
   Tensor win_loss_, epoch_loss_, win_correct_, epoch_correct_;
   double shown_loss_ = 0;      // the progress line's loss: the last metrics line's

@@ -613,7 +613,7 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
   o << "<div class=\"charts\">\n";
   for (const Chart& c : charts) o << render_chart(c) << "\n";
   o << "</div>\n<h2>Final metrics</h2><table><tr><th>run</th><th>steps</th><th>test loss</th><th>test metric</th>"
-    << "<th>samples/s</th><th>wall time (s)</th></tr>";
+    << "<th>samples/s</th><th>train time (s)</th></tr>";
   for (const Run& r : runs) {
     const json& s = r.summary;
     std::string metric = "&mdash;";
@@ -624,8 +624,12 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
     auto field = [&](const char* k) {
       return s.is_object() && s.contains(k) && s[k].is_number() ? num(s[k].get<double>()) : std::string("&mdash;");
     };
+    // The whole run's training time, over every process of a resumed one (wall_seconds is only the
+    // last process's); a summary from before train_seconds shows its wall time, labelled so.
+    std::string train_time = field("train_seconds");
+    if (train_time == "&mdash;" && field("wall_seconds") != "&mdash;") train_time = field("wall_seconds") + " (wall)";
     o << "<tr><td>" << esc(r.name) << "</td><td>" << field("steps") << "</td><td>" << field("test_loss") << "</td><td>"
-      << metric << "</td><td>" << field("samples_per_s") << "</td><td>" << field("wall_seconds") << "</td></tr>";
+      << metric << "</td><td>" << field("samples_per_s") << "</td><td>" << train_time << "</td></tr>";
   }
   o << "</table>\n<h2>Config</h2>";
   for (const Run& r : runs) {

@@ -171,6 +171,8 @@ struct TrainHooks {
   // A second SIGINT ends the process at once (the command's rule); false: it only repeats the stop
   // request (an interpreter hosting the run must survive it).
   bool exit_on_second_interrupt = true;
+  // How the messages tell the user to continue a stopped run, in the caller's terms.
+  std::string resume_hint = "--resume auto";
 };
 struct TrainOutcome {
   int stop_signal = 0;      // the signal that stopped the run early (SIGINT, SIGTERM, SIGHUP), or 0

@@ -175,7 +175,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
       ->check(at_least(0))
       ->capture_default_str();
   app.add_option("--resume", c.resume,
-                 "auto (the newest complete checkpoint in OUT/checkpoints, or a fresh start) or a checkpoint file")
+                 "auto (the newest intact checkpoint in OUT/checkpoints, else in --mirror; with none, a fresh start, "
+                 "but an --out holding a run without one, e.g. one killed before its first checkpoint, is refused "
+                 "unless --overwrite: restart loops use --resume auto --overwrite) or a checkpoint file")
       ->check(CLI::Validator(
           [](std::string& s) {  // `--resume ""` (an unset variable in a script) would start afresh unnoticed
             return s.empty() ? std::string("an empty path: give auto or a checkpoint file") : std::string();

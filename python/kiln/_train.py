@@ -33,8 +33,12 @@ def train(model="resnet20", *, out, callback=None, **options):
 
     callback(record) gets every metrics line as a dict (training lines with "loss", "lr",
     "samples_per_s", ...; evaluation lines with "eval_loss"); returning False saves a checkpoint and
-    stops the run. An interrupt (Ctrl-C, a notebook's stop button) saves a checkpoint, stops, and
-    raises KeyboardInterrupt; train(..., resume="auto") continues from it.
+    stops the run (train then returns {"stopped": True, "saved": CHECKPOINT}). An interrupt (Ctrl-C,
+    a notebook's stop button) saves a checkpoint, stops, and raises KeyboardInterrupt; SIGTERM and
+    SIGHUP (a scheduler ending the job, a dropped terminal) save, stop and raise SystemExit(128 +
+    signal), so the code after the call does not run on a half-finished run and the process ends
+    with the status a shell gives a killed one (143 for SIGTERM). train(..., resume="auto")
+    continues from the checkpoint.
 
     Returns the run's summary.json as a dict (help=True prints the options and returns None). A run
     that fails raises kiln.KilnError with its messages; a list for a one-value option, or a callback
@@ -57,6 +61,9 @@ def train(model="resnet20", *, out, callback=None, **options):
     if r["stop_signal"] == signal.SIGINT:
         raise KeyboardInterrupt(f"kiln.train: interrupted; saved {r['saved'] or 'nothing'}; "
                                 "continue with resume='auto'")
+    if r["stop_signal"] in (signal.SIGTERM, signal.SIGHUP):
+        # the run printed what it saved and how to continue; the job is being ended: end it
+        raise SystemExit(128 + r["stop_signal"])
     if r["returncode"] != 0:
         detail = "; ".join(r["errors"]) or f"exit code {r['returncode']} (see the messages above)"
         raise _C.KilnError(f"kiln.train: {detail}")

@@ -63,6 +63,7 @@ void bind_train(nb::module_& m) {
         std::shared_ptr<PyRef> cb = callback.is_none() ? nullptr : hold(callback);
         tools::TrainHooks hooks;
         hooks.exit_on_second_interrupt = false;
+        hooks.resume_hint = "resume='auto'";
         hooks.on_error = [&errors](const std::string& msg) { errors.push_back(msg); };
         if (cb) {
           hooks.on_metrics = [cb, &stop_from_callback, &callback_error, &callback_raised](const nlohmann::json& j) {

@@ -46,6 +46,9 @@ def test_every_scalar_as_written(tmp_path):
         np.testing.assert_array_equal([v for _, v in got[tag]], np.float32([m[key] for m in train_lines]), tag)
     assert got["eval/loss"] == [(evals[0]["step"], np.float32(evals[0]["eval_loss"]))]
     assert got["eval/accuracy"] == [(evals[0]["step"], np.float32(evals[0]["eval_accuracy"]))]
+    # the training epoch's time, though the evaluation line carries it
+    assert got["train/epoch_seconds"] == [(evals[0]["step"], np.float32(evals[0]["epoch_seconds"]))]
+    assert "eval/epoch_seconds" not in got
     # and OUT/report.html, refreshed at the evaluation and at the end: the same points
     html = (tmp_path / "report.html").read_text()
     assert 'data-series="train" data-points="6"' in html and 'data-series="eval" data-points="1"' in html
@@ -70,3 +73,20 @@ def test_no_tensorboard_and_a_fresh_start(tmp_path):
     train(tmp_path, "--overwrite")
     train(tmp_path, "--overwrite")  # starting over in the same folder replaces the old files
     assert len(glob.glob(str(tmp_path / "events.out.tfevents.*"))) == 1
+
+
+def test_a_fresh_run_without_tensorboard_removes_the_old_curves(tmp_path):
+    train(tmp_path)
+    train(tmp_path, "--overwrite", "--no-tensorboard")
+    assert not glob.glob(str(tmp_path / "events.out.tfevents.*"))
+
+
+def test_a_resume_without_tensorboard_warns_of_the_old_curves(tmp_path):
+    train(tmp_path)
+    for c in glob.glob(str(tmp_path / "checkpoints" / "step-00000000[56].kiln")):
+        os.remove(c)
+    r = subprocess.run([sys.executable, "-m", "kiln", "train", *RUN, "--out", str(tmp_path), "--resume", "auto",
+                        "--no-tensorboard"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "--no-tensorboard on a run resumed at step 4" in r.stderr
+    assert "still hold the steps logged after it" in r.stderr

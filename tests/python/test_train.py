@@ -135,3 +135,35 @@ def test_interrupt_saves_then_raises(tmp_path):
     # the interpreter is intact, and the run continues from the checkpoint to the end of the epoch
     r = kiln.train("resnet20", out=tmp_path / "run", resume="auto", **opts)
     assert r["steps"] == 20 and [s for s, _ in losses(lines(tmp_path / "run"))] == list(range(1, 21))
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_scheduler_signal_saves_then_ends_the_process(tmp_path, capfd, signame):
+    # A scheduler's SIGTERM must not let the code after kiln.train run on a half-finished run as if
+    # it were done: it saves, then raises SystemExit(128 + signal), the status of a killed process.
+    import signal
+    import threading
+
+    sig = getattr(signal, signame)
+    first_line = threading.Event()
+
+    def note(record):
+        first_line.set()
+
+    def send():
+        first_line.wait(60)
+        os.kill(os.getpid(), sig)
+
+    t = threading.Thread(target=send)
+    t.start()
+    opts = dict(RESNET, max_steps=0, limit_train=320)  # one epoch: 20 steps
+    with pytest.raises(SystemExit) as stopped:
+        kiln.train("resnet20", out=tmp_path / "run", callback=note, **opts)
+    t.join()
+    assert stopped.value.code == 128 + sig
+    said = capfd.readouterr()
+    assert f"caught {signame}" in said.out and "continue with resume='auto'" in said.out, said.out
+    assert "--resume auto" not in said.out + said.err
+    saved = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
+    assert saved and saved[-1].startswith("step-")
+    assert not os.path.exists(tmp_path / "run" / "summary.json")

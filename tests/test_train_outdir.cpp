@@ -1,0 +1,145 @@
+// `kiln train`'s output folder: a fresh run replaces every output of the run it overwrites, and two
+// trainers never share one --out at once.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "test_util.h"
+
+using kiln::testing::contains;
+using kiln::testing::read_text;
+using kiln::testing::run_kiln;
+using kiln::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+bool any_event_file(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) return true;
+  return false;
+}
+}  // namespace
+
+TEST_CASE("train: --overwrite removes the replaced run's summary, weights, report and event files") {
+  TempDir d("kiln_outdir");
+  const std::string run = d / "r";
+  const std::string args =
+      "train --model resnet20 --limit-train 256 --limit-eval 64 --batch 32 --max-steps 8 "
+      "--log-every 1 --threads 1 --workers 0 --progress lines --out " +
+      run;
+  auto r = run_kiln(args + " --lr 0.01", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  REQUIRE(fs::exists(run + "/summary.json"));
+  REQUIRE(fs::exists(run + "/model.safetensors"));
+  REQUIRE(fs::exists(run + "/report.html"));
+  REQUIRE(any_event_file(run));
+  // The new run diverges before its first evaluation: nothing of the old one may stand beside its curves.
+  r = run_kiln(args + " --lr 1e5 --overwrite --no-tensorboard", d.p.string());
+  REQUIRE_MESSAGE(r.code == 1, r.output);
+  CHECK_MESSAGE(contains(r.output, "the loss is"), r.output);
+  CHECK(!fs::exists(run + "/summary.json"));
+  CHECK(!fs::exists(run + "/model.safetensors"));
+  CHECK(!fs::exists(run + "/report.html"));
+  CHECK(!any_event_file(run));  // --no-tensorboard: the old curves went all the same
+}
+
+TEST_CASE("train: a second trainer on the same --out is refused, naming the first one's pid") {
+  TempDir d("kiln_outdir");
+  const std::string out = d / "run";
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::execl(KILN_BINARY, KILN_BINARY, "train", "--limit-train", "2048", "--limit-eval", "64", "--batch", "32",
+            "--epochs", "3", "--log-every", "1", "--threads", "1", "--workers", "0", "--progress", "lines", "--out",
+            out.c_str(), (char*)nullptr);
+    ::_exit(127);
+  }
+  for (int waited = 0; waited < 6000 && !fs::exists(out + "/metrics.jsonl"); ++waited)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto r =
+      run_kiln("train --limit-train 256 --limit-eval 64 --batch 32 --max-steps 2 --threads 1 --overwrite --out " + out,
+               d.p.string());
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "is in use by another kiln train (pid " + std::to_string(pid) + ")"), r.output);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);  // the first run was left alone: it saved and stopped on SIGTERM
+  // With the first run gone, its lock went with it: the folder is free again.
+  r = run_kiln("train --limit-train 256 --limit-eval 64 --batch 32 --max-steps 2 --threads 1 --overwrite --out " + out,
+               d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+}
+
+TEST_CASE("train: --resume auto with the local checkpoints lost continues from the --mirror's copy") {
+  TempDir d("kiln_outdir");
+  const std::string run = d / "run", mirror = d / "mirror";
+  const std::string args =
+      "train --limit-train 256 --limit-eval 64 --batch 32 --epochs 2 --max-steps 12 --threads 1 "
+      "--workers 0 --progress lines --save-every 4 --no-save-epochs --out " +
+      run;
+  auto r = run_kiln(args + " --mirror " + mirror, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  REQUIRE(fs::exists(mirror + "/step-000000012.kiln"));
+  // As after losing the run's disk: the checkpoints gone, the rest of the folder still there.
+  fs::remove_all(run + "/checkpoints");
+  r = run_kiln(args + " --mirror " + mirror + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "continuing from the mirror's copy " + mirror + "/step-000000012.kiln"), r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 12"), r.output);
+  // A mirror in the run's own checkpoints folder is no backup.
+  r = run_kiln(args + " --mirror " + run + "/checkpoints/ --overwrite", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "is this run's own checkpoints folder"), r.output);
+}
+
+TEST_CASE("train: the mirror never says a checkpoint --keep-last deleted is still in the run directory") {
+  TempDir d("kiln_outdir");
+  std::ofstream(d / "blocker") << "a file where the mirror directory should go";
+  const std::string run = d / "run";
+  auto r = run_kiln(
+      "train --limit-train 256 --limit-eval 64 --batch 32 --max-steps 6 --threads 1 --workers 0 "
+      "--progress lines --save-every 1 --keep-last 1 --out " +
+          run + " --mirror " + d / "blocker/sub",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "mirror:"), r.output);
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t at = line.find("step-");
+    if (line.find("mirror:") == std::string::npos || at == std::string::npos) continue;
+    const std::string name = line.substr(at, 19);  // step-NNNNNNNNN.kiln
+    if (contains(line, "still in the run directory")) CHECK_MESSAGE(fs::exists(run + "/checkpoints/" + name), line);
+  }
+}
+
+TEST_CASE(
+    "train: --resume auto --overwrite, the restart loop's idiom, starts over a run killed before any checkpoint") {
+  TempDir d("kiln_outdir");
+  const std::string run = d / "run";
+  auto r = run_kiln("train --help", d.p.string());
+  CHECK_MESSAGE(contains(r.output, "--resume auto --overwrite"), r.output);
+  // As a run killed before its first checkpoint leaves its folder: metrics and nothing to continue from.
+  fs::create_directories(run);
+  std::ofstream(run + "/metrics.jsonl") << "{\"step\":1,\"loss\":2.3}\n";
+  const std::string args =
+      "train --limit-train 256 --limit-eval 64 --batch 32 --max-steps 2 --threads 1 "
+      "--workers 0 --progress lines --resume auto --out " +
+      run;
+  r = run_kiln(args, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "but no checkpoint to continue from"), r.output);
+  r = run_kiln(args + " --overwrite", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK(fs::exists(run + "/summary.json"));
+}
