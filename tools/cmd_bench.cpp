@@ -114,7 +114,7 @@ struct Timing {
   int64_t batch = 0;  // samples per step, over all ranks
   double median_ms = 0, min_ms = 0, max_ms = 0;
   size_t peak = 0;          // CPU bytes held at most during the timed steps (the most of any rank)
-  size_t planned_peak = 0;  // the planner's prediction of the same step (one rank; 0 otherwise)
+  size_t planned_peak = 0;  // the planner's prediction of the same step (per rank; 0 under --amp)
 };
 
 // Full training steps of one model in one precision, on a fresh model seeded the same for each.
@@ -186,8 +186,10 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
     peak = size_t(t.item<int64_t>());
   }
   size_t planned = 0;
-  if (world == 1 && !low) {  // the planner on the same step (its optimizer as kiln train's default per family)
+  if (!low) {  // the planner on the same step (its optimizer as kiln train's default per family)
     PlanOptions po;
+    po.ranks = world;
+    po.zero = o.zero;
     po.model = name;
     po.seq_len = o.seq_len;
     po.image_size = o.image_size;

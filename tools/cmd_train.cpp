@@ -805,6 +805,7 @@ class Trainer {
     po.accum_steps = c_.accum_steps;  // --accum-steps' micro-batches hold their gradients too
     po.ranks = world_;
     po.zero = c_.zero;
+    po.reduce_after_backward = true;  // with micro-batches every bucket goes out after them (step_once)
     po.device = device_.str();                                 // this rank's own GPU answers for its cuDNN workspaces
     if (model_family(c_.model).input == ModelInput::images) {  // the data's own image shape
       const io::Batch one = task_.train_data->get_batch({0}, 0);

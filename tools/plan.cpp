@@ -8,9 +8,11 @@
 #include <optional>
 
 #include "engine/autocast.h"
+#include "engine/autograd.h"
 #include "engine/dist.h"
 #include "engine/optim.h"
 #include "engine/random.h"
+#include "engine/zero.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/runtime_info.h"
@@ -130,12 +132,56 @@ void reset_memory_peak(Device dev) {
 
 namespace {
 
-size_t bytes_of(const std::vector<Tensor>& ts) {
-  size_t n = 0;
-  for (const Tensor& t : ts)
-    if (t.defined()) n += t.nbytes();
-  return n;
-}
+class DoneWork final : public dist::Work {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
+// The collectives of `ranks` ranks as rank 0 sees them, every rank holding the same values, so that
+// DataParallel and ZeroRedundancy run their own bucket code in a plan (on meta tensors: shapes only)
+// and allocate what they allocate in a run. Each collective completes as it is issued, as when the
+// ranks keep step; it allocates what the run's communicator takes for it: Kiln's TCP ring (kiln
+// launch, CPU ranks) reduce-scatters in a copy of its input; NCCL (GPU ranks) works in place.
+class PlanCommunicator final : public dist::Communicator {
+ public:
+  PlanCommunicator(int ranks, bool copies_reduce_scatter_input) : ranks_(ranks), copies_(copies_reduce_scatter_input) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return ranks_; }
+  const char* backend() const override { return "plan"; }
+  std::shared_ptr<dist::Work> all_reduce_async(const Tensor& t, dist::ReduceOp op) override {
+    if (op == dist::ReduceOp::sum && has_values(t)) {
+      NoGradGuard no_grad;
+      Tensor(t).mul_(double(ranks_));
+    }
+    return std::make_shared<DoneWork>();
+  }
+  void broadcast(const Tensor&, int) override {}  // rank 0's values are everyone's
+  void all_gather(const Tensor& in, const Tensor& out) override {
+    if (!has_values(out)) return;
+    NoGradGuard no_grad;
+    const Tensor flat = Tensor(out).view({out.numel()}), block = in.reshape({in.numel()});
+    for (int r = 0; r < ranks_; ++r) flat.narrow(0, r * in.numel(), in.numel()).copy_(block);
+  }
+  void reduce_scatter(const Tensor& in, const Tensor& out, dist::ReduceOp op) override {
+    reduce_scatter_async(in, out, op)->wait();
+  }
+  std::shared_ptr<dist::Work> reduce_scatter_async(const Tensor& in, const Tensor& out, dist::ReduceOp op) override {
+    NoGradGuard no_grad;
+    Tensor work = copies_ ? in.clone() : in;  // held while the collective runs
+    if (has_values(out)) {
+      Tensor(out).copy_(work.reshape({work.numel()}).narrow(0, 0, out.numel()).reshape(out.shape()));
+      if (op == dist::ReduceOp::sum) Tensor(out).mul_(double(ranks_));
+    }
+    return std::make_shared<DoneWork>();
+  }
+  void barrier() override {}
+
+ private:
+  static bool has_values(const Tensor& t) { return !t.device().is_meta(); }
+  int ranks_;
+  bool copies_;
+};
 
 }  // namespace
 
@@ -160,20 +206,50 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
   for (const auto& [n, t] : st.model->named_buffers()) p.buffers += t.nbytes();
   TrainConfig tc = model_defaults(o.model);
   if (!o.optimizer.empty()) tc.optimizer = o.optimizer;
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(tc, *st.model);
+  // The gradient each parameter ends backward with (the ZeRO buckets take them over as they come).
   const std::vector<Tensor> params = st.model->parameters();
+  std::vector<size_t> grad_bytes(params.size(), 0);
+  std::vector<int> grad_hooks;
+  for (size_t k = 0; k < params.size(); ++k)
+    grad_hooks.push_back(Tensor(params[k]).register_grad_ready_hook(
+        [&grad_bytes, k](Tensor& leaf) { grad_bytes[k] = leaf.grad().defined() ? leaf.grad().nbytes() : 0; }));
+  // Several ranks (or ZeRO on one): the run's own DataParallel or ZeroRedundancy over a communicator
+  // of o.ranks ranks, built as kiln train builds them, so their buckets, shards and collectives'
+  // buffers are allocated and released when the run's are.
+  std::optional<PlanCommunicator> comm;
+  std::unique_ptr<dist::ZeroRedundancy> zero;
+  std::unique_ptr<dist::DataParallel> dp;
+  std::vector<optim::ParamGroup> groups = optim::decay_groups(st.model->named_parameters(), tc.lr, tc.weight_decay);
+  if (o.ranks > 1 || o.zero == 1) comm.emplace(o.ranks, o.ranks > 1 && !Device::parse(o.device).is_cuda());
+  const size_t before_comm = memory_stats(dev).allocated;
+  if (o.zero == 1) {
+    zero = std::make_unique<dist::ZeroRedundancy>(*st.model, groups, *comm);
+    groups = zero->shard_groups();
+  } else if (o.ranks > 1) {
+    dp = std::make_unique<dist::DataParallel>(*st.model, *comm);
+  }
+  {  // DataParallel's flat gradient buckets; ZeRO's flat parameters' padding (the parameters move in)
+    const size_t now = memory_stats(dev).allocated;
+    p.comm_buffers = now > before_comm ? now - before_comm : 0;
+  }
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(tc, groups);
   // With accumulation every micro-batch after the first runs forward and backward while the gradients
   // of those before are held: the step is planned as two micro-batches, the second with them in place
   // (the peak of any later one is the same).
   const int micro_batches = o.accum_steps > 1 ? 2 : 1;
   for (int step = 0; step < 2; ++step) {  // the second step runs with the optimizer state in place
     opt->zero_grad();
+    if (zero) zero->zero_grad();
     if (step == 1) {
       reset_memory_peak(dev);
       p.blocks.clear();
     }
     for (int k = 0; k < micro_batches; ++k) {
       if (k > 0) p.blocks.clear();
+      // The buckets go out during the last micro-batch's backward, or all after it (finish()).
+      const bool sync = !o.reduce_after_backward && k == micro_batches - 1;
+      if (dp) dp->set_sync(sync);
+      if (zero) zero->set_sync(sync);
       const size_t before = memory_stats(dev).allocated;
       std::vector<std::pair<std::string, size_t>> open;
       nn::set_block_observer([&](const std::string& name, bool begin) {
@@ -196,33 +272,22 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
       loss.backward();
       loss = Tensor();
     }
-    std::vector<Tensor> grads;
-    for (const Tensor& t : params) grads.push_back(t.grad());
-    p.gradients = bytes_of(grads);
+    p.gradients = 0;
+    for (size_t b : grad_bytes) p.gradients += b;
+    if (dp) dp->finish();
+    if (zero) zero->finish();
     const size_t before_step = memory_stats(dev).allocated;
     opt->step();
     if (step == 0) {  // the state the first step creates (state() would read the step count)
       const size_t now = memory_stats(dev).allocated;
       p.optimizer_state = now > before_step ? now - before_step : 0;
     }
+    if (zero) zero->gather();
   }
+  for (size_t k = 0; k < params.size(); ++k) Tensor(params[k]).remove_grad_ready_hook(grad_hooks[k]);
   const size_t peak = memory_stats(dev).peak_allocated;
   p.peak = peak > base ? peak - base : 0;
   std::stable_sort(p.blocks.begin(), p.blocks.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
-  // Several ranks: data parallel keeps a flat f32 copy of the gradients in its buckets; ZeRO-1 keeps
-  // 1/N of the optimizer state, and from the first bucket's reduce-scatter to the end of backward
-  // every bucket's flat gradients (which replace the parameters' own, released as each bucket copies
-  // them: counted here as they were) and this rank's chunk of them (1/N).
-  if (o.ranks > 1) {
-    const size_t before = p.optimizer_state;
-    if (o.zero == 1) {
-      p.optimizer_state = (p.optimizer_state + size_t(o.ranks) - 1) / size_t(o.ranks);
-      p.comm_buffers = (p.parameters + size_t(o.ranks) - 1) / size_t(o.ranks);
-    } else {
-      p.comm_buffers = p.parameters;
-    }
-    p.peak = p.peak - before + p.optimizer_state + p.comm_buffers;
-  }
   const size_t held = p.parameters + p.buffers + p.optimizer_state + p.comm_buffers + p.activations;
   p.workspace = p.peak > held ? p.peak - held : 0;
   return p;
@@ -425,9 +490,10 @@ int run_plan(const PlanOptions& given) {
   row("optimizer state", p.optimizer_state, o.ranks > 1 && o.zero ? "this rank's 1/" + std::to_string(o.ranks) : "");
   row("f32 master copies", p.master_copies, "none: weights stay f32; autocast's 16-bit copies are activations");
   row("communication", p.comm_buffers,
-      o.ranks > 1 ? (o.zero ? "this rank's 1/N chunk of the averaged gradients (the buckets replace the gradients)"
-                            : "the gradient buckets' flat f32 copy")
-                  : "one process");
+      o.zero        ? "the flat buckets' padding (the parameters move into them); the gradients' buckets, the "
+                      "reduce-scatter's copy and this rank's averaged 1/N are in the workspace row"
+      : o.ranks > 1 ? "the gradient buckets' flat f32 copy, held throughout"
+                    : "one process");
   row("activations", p.activations, "kept for backward; by block, largest first:");
   size_t shown = 0;
   for (const auto& [n, b] : p.blocks) {
@@ -440,6 +506,7 @@ int run_plan(const PlanOptions& given) {
   row("workspace", p.workspace,
       std::string("at the peak: gradients as backward makes them") +
           (o.accum_steps > 1 ? " and those held from the earlier micro-batches" : "") +
+          (o.zero ? ", ZeRO's gradient buckets and chunks" : "") +
           ", temporaries (the rows but gradients sum to the peak)");
   if (p.gpu)
     std::printf("    %s\n", p.cudnn_asked ? "with cuBLASLt's 32 MiB per matmul and each convolution's cuDNN workspace "

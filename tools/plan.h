@@ -29,6 +29,9 @@ struct PlanOptions {
   std::string amp = "off", recompute = "none";
   std::string optimizer;  // empty: kiln train's default for the model (model_defaults: adamw for BERT, else sgd)
   int ranks = 1, zero = 0;
+  // With several ranks: the gradient buckets go out after the last micro-batch's backward (kiln train
+  // --micro-batch auto, where every rank first learns whether one ran out of memory), not during it.
+  bool reduce_after_backward = false;
   // Micro-batches per optimizer step: past 1, the gradients of the first are held while the next
   // run forward and backward (largest_micro_batch sets it to batch / micro-batch).
   int64_t accum_steps = 1;
@@ -37,9 +40,9 @@ struct PlanOptions {
   std::string json;
 };
 
-// The bytes of one step at one micro-batch. Every figure but the communication buffers comes from
-// running the step on meta tensors; those (data-parallel buckets, ZeRO's shards) are computed from
-// the parameters for `ranks` processes.
+// The bytes of one step at one micro-batch, every figure from running the step on meta tensors; with
+// several ranks (or ZeRO), the run's DataParallel or ZeroRedundancy runs in it over a communicator of
+// `ranks` ranks whose collectives allocate what the run's do (tools/plan.cpp).
 struct MemoryPlan {
   int64_t micro_batch = 0;
   int64_t num_parameters = 0;
