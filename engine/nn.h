@@ -17,7 +17,16 @@ using StateDict = std::map<std::string, Tensor>;
 
 class Module {
  public:
+  Module() = default;
   virtual ~Module() = default;
+  // Not copyable: parameters are tensor handles, so a copy would share them, and `MLP ema = model;`
+  // would silently be the same model. For an independent copy build another module of the same
+  // configuration and load_state_dict(model.state_dict()) into it (docs/extending.md). Moves are
+  // fine: nothing holds a module's address.
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  Module(Module&&) = default;
+  Module& operator=(Module&&) = default;
   virtual std::string type_name() const = 0;
 
   NamedTensors named_parameters() const;  // recursive, in registration order

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <numeric>
+#include <sstream>
 
 #include "engine/random.h"
 #include "base/thread_pool.h"
@@ -71,7 +73,32 @@ void DataLoader::seek(LoaderPosition pos) {
 
 Batch DataLoader::build(int64_t batch) const {
   const int64_t b0 = batch * o_.batch_size, b1 = std::min<int64_t>(b0 + o_.batch_size, int64_t(order_.size()));
-  Batch b = ds_->get_batch(std::vector<int64_t>(order_.begin() + b0, order_.begin() + b1), epoch_seed_);
+  const std::vector<int64_t> indices(order_.begin() + b0, order_.begin() + b1);
+  Batch b;
+  try {
+    b = ds_->get_batch(indices, epoch_seed_);
+  } catch (const Interrupted&) {
+    throw;  // the host stopping the run, not a bad sample: its type must reach the host unchanged
+  } catch (...) {
+    // A data set's error names a sample at best; the loader adds which batch and samples it was
+    // building, and keeps the original text (and the exception, nested).
+    std::ostringstream where;
+    where << "DataLoader: batch " << batch << " of epoch " << pos_.epoch << " (indices ";
+    const size_t shown = std::min<size_t>(indices.size(), 8);
+    for (size_t i = 0; i < shown; ++i) where << (i ? ", " : "") << indices[i];
+    if (shown < indices.size()) where << ", ... " << indices.size() << " in all";
+    where << "): ";
+    std::string original = "an exception that is not a std::exception";
+    try {
+      throw;
+    } catch (const Error& e) {
+      original = e.message();
+    } catch (const std::exception& e) {
+      original = e.what();
+    } catch (...) {
+    }
+    std::throw_with_nested(Error(where.str() + original, __FILE__, __LINE__));
+  }
   if (o_.pin_memory)
     for (auto& [name, t] : b) t = pin_memory(t);
   return b;

@@ -434,6 +434,7 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   std::vector<Tensor> blobs;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
+    KILN_CHECK(!name.empty(), path, ": a tensor name is empty (every tensor needs a name to be loaded by)");
     KILN_CHECK(name != kMetadataKey, path, ": a tensor cannot be named \"__metadata__\" (the format reserves it)");
     KILN_CHECK(valid_utf8(name), path, ": tensor name ", quote_name(name), " is not valid UTF-8");
     KILN_CHECK(t.defined(), tensor_at(path, name), "the tensor is undefined");

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <set>
+#include <stdexcept>
 
 #include "engine/random.h"
 #include "io/data.h"
@@ -278,11 +280,59 @@ TEST_CASE("loader: an error building a batch surfaces from next(), and the loade
     }
   }
   CHECK(ok == 4);
-  CHECK(contains(err, "sample 13 is unreadable"));
+  CHECK(contains(err, "sample 13 is unreadable"));  // the data set's own text, kept
+  CHECK(contains(err, "DataLoader: batch 3 of epoch 0 (indices 12, 13, 14, 15)"));
   CHECK(contains(error_of([&] { io::LoaderOptions bad; bad.batch_size = 0; io::DataLoader(ds, bad); }),
                  "batch size must be at least 1"));
   CHECK(contains(error_of([&] { io::LoaderOptions bad; bad.rank = 2; bad.world_size = 2; io::DataLoader(ds, bad); }),
                  "rank 2 is not in a world of 2"));
+}
+
+namespace {
+// A data set of the user's own that fails with a standard exception, not a kiln::Error.
+class ThrowingData final : public io::Dataset {
+ public:
+  int64_t size() const override { return 40; }
+  io::Batch get_batch(const std::vector<int64_t>& idx, uint64_t) const override {
+    for (int64_t i : idx)
+      if (i == 37) throw std::runtime_error("cannot decode sample.jpg");
+    return {{"x", zeros({int64_t(idx.size())})}};
+  }
+};
+}  // namespace
+
+TEST_CASE("loader: a data set's exception names the batch and its indices, keeping the original") {
+  for (int workers : {0, 1}) {
+    CAPTURE(workers);
+    io::LoaderOptions o;
+    o.batch_size = 12;
+    o.shuffle = false;
+    o.workers = workers;
+    io::DataLoader l(std::make_shared<ThrowingData>(), o);
+    l.seek({2, 0});
+    std::string err;
+    bool nested = false;
+    try {
+      while (l.next()) {
+      }
+    } catch (const Error& e) {
+      err = e.what();
+      try {
+        std::rethrow_if_nested(e);
+      } catch (const std::runtime_error& inner) {
+        nested = std::string(inner.what()) == "cannot decode sample.jpg";
+      }
+    }
+    CHECK(contains(err, "DataLoader: batch 3 of epoch 2 (indices 36, 37, 38, 39): cannot decode sample.jpg"));
+    CHECK(nested);
+  }
+  // A long batch lists its first indices and the count.
+  io::LoaderOptions o;
+  o.batch_size = 40;
+  o.shuffle = false;
+  o.workers = 0;
+  io::DataLoader l(std::make_shared<ThrowingData>(), o);
+  CHECK(contains(error_of([&] { l.next(); }), "(indices 0, 1, 2, 3, 4, 5, 6, 7, ... 40 in all): cannot decode"));
 }
 
 TEST_CASE("loader: the prefetch queue is bounded") {

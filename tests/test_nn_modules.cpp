@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/common/optim_math.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -65,6 +66,31 @@ TEST_CASE("modules: dotted names in the common convention, buffers, counts") {
   CHECK(!b.downsample->children()[1].second->is_training());
   b.train();
   CHECK(b.bn1->is_training());
+}
+
+// A copy would share the parameters (`Net ema = model;` would be the same model), so it does not
+// compile; a move is fine, and an independent copy is another module plus load_state_dict.
+static_assert(!std::is_copy_constructible_v<nn::Module> && !std::is_copy_assignable_v<nn::Module>);
+static_assert(!std::is_copy_constructible_v<nn::Linear> && !std::is_copy_assignable_v<nn::Linear>);
+static_assert(!std::is_copy_constructible_v<Net> && !std::is_copy_assignable_v<Net>);
+static_assert(std::is_move_constructible_v<nn::Linear> && std::is_move_assignable_v<nn::Linear>);
+static_assert(std::is_move_constructible_v<Net>);
+
+TEST_CASE("modules: not copyable; moved or copied through state_dict, the parameters are right") {
+  Net model;
+  const Tensor w = model.fc->weight;
+  Net moved = std::move(model);
+  CHECK(moved.fc->weight.raw_data() == w.raw_data());  // the same parameters, now the moved-to's
+  CHECK(moved.named_parameters().size() == 2);
+  Net ema;  // the documented independent copy
+  ema.load_state_dict(moved.state_dict());
+  CHECK(ema.fc->weight.raw_data() != w.raw_data());
+  CHECK(ema.fc->weight.values<float>() == w.values<float>());
+  {
+    NoGradGuard ng;
+    moved.fc->weight.add_(ones_like(w));
+  }
+  CHECK(ema.fc->weight.values<float>() != moved.fc->weight.values<float>());
 }
 
 TEST_CASE("modules: state_dict round trip and strict errors list every problem") {

@@ -793,6 +793,9 @@ TEST_CASE("safetensors: save errors name the path and leave no temporary file") 
   CHECK(contains(m, "undefined"));
   m = message_of([&] { save_safetensors(dir.file("r.safetensors"), {{"bad\xff", ones({1})}}); });
   CHECK(contains(m, "not valid UTF-8"));
+  m = message_of([&] { save_safetensors(dir.file("r.safetensors"), {{"", ones({1})}}); });  // as save_checkpoint
+  CHECK(contains(m, "r.safetensors"));
+  CHECK(contains(m, "tensor name is empty"));
   m = message_of([&] { save_safetensors(dir.file("r.safetensors"), t, {{"k", "\xc3"}}); });
   CHECK(contains(m, "'k'"));
   CHECK(contains(m, "not valid UTF-8"));

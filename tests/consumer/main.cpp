@@ -55,10 +55,12 @@ int check_buffers() {
 }
 
 int extending_examples();
+int clashing_headers();
 
 int main() {
   if (check_buffers() != 0) return 1;
   if (extending_examples() != 0) return 1;
+  if (clashing_headers() != 0) return 1;
   const std::string err = gradcheck([](const std::vector<Tensor>& v) { return squareplus(v[0]); },
                                     {randn({3, 4}, TensorOptions(DType::f64))});
   if (!err.empty()) {
