@@ -486,7 +486,7 @@ def test_models_create_set_forms_and_errors():
            ("bert-tiny", {"attention_dropout": -0.1}, "attention_dropout=-0.1: a dropout probability"),
            ("bert-tiny", {"layer_norm_eps": float("nan")}, "layer_norm_eps=nan: must be a finite number > 0"),
            ("bert-tiny", {"layer_norm_eps": 0}, "layer_norm_eps=0: must be a finite number > 0"),
-           ("resnet20", {"num_classes": 0}, "num_classes and in_channels must be >= 1"),
+           ("resnet20", {"num_classes": 0}, "set= num_classes=0: must be at least 1"),
            ("resnet-nope", None, "unknown model 'resnet-nope'")]
     for name, sets, what in bad:
         with pytest.raises(kiln.KilnValueError, match=what) as e:
