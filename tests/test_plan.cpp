@@ -70,6 +70,8 @@ TEST_CASE("plan: recompute keeps less; a smaller micro-batch fits a smaller memo
   CHECK(tools::plan_memory(o, micro * 2).peak > full.peak / 3);  // the next divisor does not fit
   CHECK(tools::largest_micro_batch(o, 64, 1 << 20, kCPU).first == 0);
   CHECK(tools::parse_bytes("16GiB", "--memory") == size_t(16) << 30);
+  CHECK(tools::parse_bytes("16Gi", "--memory") == size_t(16) << 30);  // the Kubernetes spelling
+  CHECK(tools::parse_bytes("512Mi", "--memory") == size_t(512) << 20);
   CHECK(tools::parse_bytes("1.5G", "--memory") == size_t(3) << 29);
   CHECK(tools::parse_bytes("512 MiB", "--memory") == size_t(512) << 20);
   CHECK_THROWS_WITH_AS(tools::parse_bytes("lots", "--memory"), doctest::Contains("--memory lots: expected an amount"),

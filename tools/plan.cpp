@@ -51,17 +51,18 @@ size_t parse_bytes(const std::string& s, const std::string& flag) {
   std::string unit = s.substr(i);
   unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
   for (char& c : unit) c = char(std::tolower(static_cast<unsigned char>(c)));
-  // KiB, MiB, GiB, TiB and the bare K, M, G, T are powers of 1024; kB, MB, GB, TB powers of 1000.
+  // KiB, MiB, GiB, TiB, Kubernetes' Ki, Mi, Gi, Ti and the bare K, M, G, T are powers of 1024; kB, MB,
+  // GB, TB powers of 1000.
   double scale = 0;
   if (unit.empty() || unit == "b")
     scale = 1;
-  else if (unit == "k" || unit == "kib")
+  else if (unit == "k" || unit == "ki" || unit == "kib")
     scale = 1024.0;
-  else if (unit == "m" || unit == "mib")
+  else if (unit == "m" || unit == "mi" || unit == "mib")
     scale = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib")
+  else if (unit == "g" || unit == "gi" || unit == "gib")
     scale = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tib")
+  else if (unit == "t" || unit == "ti" || unit == "tib")
     scale = 1024.0 * 1024 * 1024 * 1024;
   else if (unit == "kb")
     scale = 1e3;
@@ -72,8 +73,8 @@ size_t parse_bytes(const std::string& s, const std::string& flag) {
   else if (unit == "tb")
     scale = 1e12;
   KILN_CHECK(number && scale > 0 && std::isfinite(v), flag, " ", s,
-             ": expected an amount of memory such as 16GiB, 512MiB, 1.5G or 8GB (KiB/MiB/GiB/TiB and K/M/G/T are "
-             "powers of 1024, kB/MB/GB/TB of 1000)");
+             ": expected an amount of memory such as 16GiB, 512MiB, 1.5G or 8GB (KiB/MiB/GiB/TiB, Ki/Mi/Gi/Ti "
+             "and K/M/G/T are powers of 1024, kB/MB/GB/TB of 1000)");
   KILN_CHECK(v > 0, flag, " ", s, ": must be positive");
   // 2^64 bytes and more do not fit a size (the conversion would be undefined, in practice ignored).
   KILN_CHECK(v * scale < 18446744073709551616.0, flag, " ", s,
