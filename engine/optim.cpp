@@ -247,11 +247,9 @@ namespace {
 // the moment it meant (a misspelt exp_avg) would silently restart from zero.
 std::optional<std::set<std::string>> slot_names(const Optimizer& o, const std::map<std::string, double>& hyper) {
   if (dynamic_cast<const AdamFamily*>(&o)) return std::set<std::string>{"exp_avg", "exp_avg_sq"};
-  if (dynamic_cast<const SGD*>(&o)) {
-    const auto m = hyper.find("momentum");
-    if (m != hyper.end() && m->second != 0) return std::set<std::string>{"momentum_buffer"};
-    return std::set<std::string>{};
-  }
+  // SGD's buffer whatever the momentum now: a group whose momentum was set to 0 after it had a buffer
+  // keeps it (and saves it), as torch's does.
+  if (dynamic_cast<const SGD*>(&o)) return std::set<std::string>{"momentum_buffer"};
   return std::nullopt;
 }
 }  // namespace

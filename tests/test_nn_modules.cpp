@@ -413,14 +413,19 @@ TEST_CASE("optim: load_state checks and restores each group's lr and weight deca
   CHECK(contains(error_of([&] { c.load_state(typo); }),
                  "adamw: optimizer state '0.0.exp_avgX' names a slot 'exp_avgX' this optimizer does not keep (it "
                  "keeps 'exp_avg', 'exp_avg_sq')"));
-  // A momentum buffer in a state whose momentum is 0 (the hyper-parameters load with it, so plain
-  // SGD takes a state saved with momentum: see the hyper-parameter test below).
+  // A momentum buffer in a state whose momentum is 0 loads and is kept, as torch's: a run whose
+  // momentum (or one group's) was set to 0 after it had buffers saves them, and must resume.
   optim::SGD plain({optim::ParamGroup({param({0.0, 0.0, 0.0})}, 0.1)});
   optim::SGD heavy({optim::ParamGroup({p}, 0.1)}, {0.9});
   heavy.step();
-  optim::OptimizerState no_momentum = heavy.state();
-  no_momentum.scalars["momentum"] = 0;
-  CHECK(contains(error_of([&] { plain.load_state(no_momentum); }), "does not keep (it keeps none)"));
+  heavy.groups()[0].options["momentum"] = 0.0;
+  heavy.step();
+  const optim::OptimizerState no_momentum = heavy.state();
+  CHECK(no_momentum.scalars.at("group0.momentum") == 0.0);
+  plain.load_state(no_momentum);
+  CHECK(plain.state().tensors.count("0.0.momentum_buffer") == 1);
+  heavy.load_state(no_momentum);  // its own state, which it refused before
+  CHECK(heavy.group_hyper(0).at("momentum") == 0.0);
 }
 
 TEST_CASE("optim: f64 parameters update and keep their state in f64, as PyTorch") {

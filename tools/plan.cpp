@@ -264,10 +264,14 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
       });
       Tensor loss;
       {
+        // removed however the forward ends: a plan that throws (a micro-batch the model cannot train
+        // on) must not leave this thread an observer of this frame's locals
+        struct Unobserve {
+          ~Unobserve() { nn::set_block_observer({}); }
+        } unobserve;
         amp::AutocastGuard autocast(low.value_or(DType::f16), low.has_value());
         loss = st.loss();
       }
-      nn::set_block_observer({});
       const size_t after = memory_stats(dev).allocated;
       p.activations = after > before ? after - before : 0;
       loss.backward();

@@ -250,6 +250,7 @@ class Optimizer:
 
     @lr.setter
     def lr(self, value):
+        self._apply_options()  # the groups' option edits first: _sync reads them back from the engine
         value = float(value)
         lrs = list(self._engine.lrs)
         first = lrs[0]
@@ -263,6 +264,7 @@ class Optimizer:
         self._sync()
 
     def _set_lrs(self, lrs):
+        self._apply_options()  # as lr's setter
         for i, lr in enumerate(lrs):  # every value checked before any is set
             if not (math.isfinite(lr) and lr >= 0):
                 raise _C.KilnValueError(f"optimizer: group {i}'s lr must be finite and >= 0, got {lr}")

@@ -322,3 +322,26 @@ def test_adam_betas_and_one_cycle_momentum_per_group_as_torch():
         close(ks, ts, 1e-5)
     assert ko.param_groups[0]["eps"] == 1e-3 and ko.param_groups[1]["eps"] == 1e-8
     assert ko.param_groups[0]["betas"][0] != ko.param_groups[1]["betas"][0]
+
+
+def test_group_option_edits_survive_lr_changes_and_momentum_zero_resumes():
+    ks, ts = zip(*(pair(RNG.standard_normal(3)) for _ in range(2)))
+    ko = kiln.optim.SGD([{"params": [ks[0]]}, {"params": [ks[1]]}], lr=0.1, momentum=0.9)
+    to = torch.optim.SGD([{"params": [ts[0]]}, {"params": [ts[1]]}], lr=0.1, momentum=0.9)
+    for step in range(4):
+        if step == 1:  # an edit not stepped yet, then an lr change: the edit stays (it was dropped)
+            ko.param_groups[1]["momentum"] = to.param_groups[1]["momentum"] = 0.5
+            ko.lr = 0.05
+            for g in to.param_groups:
+                g["lr"] = 0.05
+            assert ko.param_groups[1]["momentum"] == 0.5
+        if step == 2:  # momentum 0 after buffers exist: torch keeps them; the state must load again
+            ko.param_groups[0]["momentum"] = to.param_groups[0]["momentum"] = 0.0
+        set_grads(ks, ts, [RNG.standard_normal(3) for _ in range(2)], [1, 1])
+        ko.step()
+        to.step()
+        close(ks, ts, 1e-6)
+    again = kiln.optim.SGD([{"params": [ks[0]]}, {"params": [ks[1]]}], lr=0.1, momentum=0.9)
+    again.load_state_dict(ko.state_dict())
+    ko.load_state_dict(ko.state_dict())
+    assert [g["momentum"] for g in again.param_groups] == [0.0, 0.5]
