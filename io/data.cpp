@@ -79,6 +79,8 @@ Batch DataLoader::build(int64_t batch) const {
     b = ds_->get_batch(indices, epoch_seed_);
   } catch (const Interrupted&) {
     throw;  // the host stopping the run, not a bad sample: its type must reach the host unchanged
+  } catch (const OutOfMemory&) {
+    throw;  // under a memory cap: kiln train shrinks the step and redoes it, which needs the type
   } catch (...) {
     // A data set's error names a sample at best; the loader adds which batch and samples it was
     // building, and keeps the original text (and the exception, nested).

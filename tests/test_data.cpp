@@ -299,7 +299,26 @@ class ThrowingData final : public io::Dataset {
     return {{"x", zeros({int64_t(idx.size())})}};
   }
 };
+// A batch that does not fit under a memory cap: its type must reach kiln train, which shrinks the step.
+class OutOfMemoryData final : public io::Dataset {
+ public:
+  int64_t size() const override { return 8; }
+  io::Batch get_batch(const std::vector<int64_t>&, uint64_t) const override {
+    throw OutOfMemory("CPU memory cap reached: allocating 49.0 KiB", __FILE__, __LINE__);
+  }
+};
 }  // namespace
+
+TEST_CASE("loader: running out of memory while building a batch keeps its type (the step is redone smaller)") {
+  for (int workers : {0, 1}) {
+    CAPTURE(workers);
+    io::LoaderOptions o;
+    o.batch_size = 4;
+    o.workers = workers;
+    io::DataLoader l(std::make_shared<OutOfMemoryData>(), o);
+    CHECK_THROWS_AS(l.next(), OutOfMemory);
+  }
+}
 
 TEST_CASE("loader: a data set's exception names the batch and its indices, keeping the original") {
   for (int workers : {0, 1}) {

@@ -52,6 +52,33 @@ TEST_CASE("train: --overwrite removes the replaced run's summary, weights, repor
   CHECK(!any_event_file(run));  // --no-tensorboard: the old curves went all the same
 }
 
+TEST_CASE("train: a new run from a weights file into a folder holding a run needs --overwrite") {
+  TempDir d("kiln_outdir");
+  const std::string a = d / "a", b = d / "b";
+  const std::string args =
+      "train --model resnet20 --limit-train 64 --limit-eval 32 --batch 32 --max-steps 2 --threads 1 --workers 0 "
+      "--progress lines --no-tensorboard --save-every 1 --out ";
+  auto r = run_kiln(args + a, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln(args + b, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string summary = read_text(b + "/summary.json");
+  const std::string w = d / "w.kiln";
+  r = run_kiln("ckpt import " + a + "/model.safetensors --model resnet20 --set in_channels=1 --out " + w, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  // b's run is left as it was: its summary, weights and checkpoints (it deleted them before).
+  r = run_kiln(args + b + " --resume " + w, d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "already holds a run"), r.output);
+  CHECK_MESSAGE(contains(r.output, "add --overwrite"), r.output);
+  CHECK(read_text(b + "/summary.json") == summary);
+  CHECK(fs::exists(b + "/checkpoints/step-000000002.kiln"));
+  // With --overwrite the old run's checkpoints go too (they would outrank the new run's in --resume auto).
+  r = run_kiln(args + b + " --max-steps 1 --save-every 0 --resume " + w + " --overwrite", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(!fs::exists(b + "/checkpoints/step-000000002.kiln"));
+}
+
 TEST_CASE("train: a second trainer on the same --out is refused, naming the first one's pid") {
   TempDir d("kiln_outdir");
   const std::string out = d / "run";

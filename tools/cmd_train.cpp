@@ -192,6 +192,13 @@ struct OutLock {
       while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
       ::close(fd);
       fd = -1;
+      if (err == ENOSYS || err == EOPNOTSUPP || err == ENOLCK) {  // a file system without locks (Lustre, some NFS)
+        std::fprintf(stderr,
+                     "kiln train: warning: %s: cannot lock it (%s); a second kiln train in this --out would "
+                     "not be refused\n",
+                     path.c_str(), std::strerror(err));
+        return "";
+      }
       if (err != EWOULDBLOCK) return path + ": cannot lock it: " + std::strerror(err);
       return "--out " + out + " is in use by another kiln train (pid " + (pid.empty() ? "unknown" : pid) +
              "): two runs in one folder delete each other's checkpoints; wait for it, stop it, or give "
@@ -203,9 +210,11 @@ struct OutLock {
     (void)!::pwrite(fd, mine.data(), mine.size(), 0);
     return "";
   }
-  ~OutLock() {
+  void release() {
     if (fd >= 0) ::close(fd);
+    fd = -1;
   }
+  ~OutLock() { release(); }
 };
 
 // The run in phases: setup() checks the config and builds everything (or answers an exit code);
@@ -215,6 +224,7 @@ class Trainer {
  public:
   Trainer(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outcome)
       : c_(c), hooks_(hooks), outcome_(outcome) {}
+  void release_out_lock() { lock_.release(); }
 
   int run() {
     if (const int rc = setup(); rc >= 0) return rc;
@@ -444,18 +454,7 @@ class Trainer {
     if (any_rank(!lock_problem.empty()))
       return fail(lead_ ? lock_problem : "rank 0 could not take --out " + c_.out + " (its message says why)");
     ckpt_dir_ = c_.out + "/checkpoints";
-    if (lead_ && c_.overwrite && c_.resume.empty()) {
-      // The replaced run's checkpoints go, here and in the mirror: their higher step numbers would outrank
-      // this run's in pruning and in --resume auto. (Its other outputs go below, as for every fresh run.)
-      for (const std::string& dir : {ckpt_dir_, c_.mirror}) {
-        if (dir.empty()) continue;
-        for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-          const std::string n = e.path().filename().string();
-          if (n == "latest" || (n.rfind("step-", 0) == 0 && e.path().extension() == ".kiln"))
-            std::filesystem::remove(e.path(), ec);
-        }
-      }
-    }
+    if (lead_ && c_.overwrite && c_.resume.empty()) remove_old_checkpoints();
 
     // optimizer and schedule; with --zero 1 over this rank's chunks of the flattened parameters
     if (c_.zero == 1 && world_ == 1)
@@ -510,8 +509,17 @@ class Trainer {
     load_sums();
     shown_loss_ = run_.window.mean_loss();  // a resumed run shows its window's loss until the next line
     metrics_path_ = c_.out + "/metrics.jsonl";
+    const bool fresh = resumed_from_.empty() || run_.step == 0;
+    // A new run from a weights file (--resume FILE without a training state) replaces what --out holds,
+    // which only --overwrite may do (a fresh run without --resume was refused in the flag checks).
+    const std::string held = lead_ && fresh && !c_.resume.empty() && !c_.overwrite ? run_in_folder(c_.out) : "";
+    if (any_rank(!held.empty()))
+      return fail(lead_ ? "--out " + c_.out + " already holds a run (" + held + "), and --resume " + c_.resume +
+                              " starts a new run from its weights: add --overwrite (kiln.train: overwrite=True) to "
+                              "replace that run, or give another --out"
+                        : "rank 0 refused --out " + c_.out + " (its message says why)");
+    if (lead_ && fresh && c_.overwrite && !c_.resume.empty()) remove_old_checkpoints();
     if (lead_) {  // on other ranks never opened: writes go nowhere
-      const bool fresh = resumed_from_.empty() || run_.step == 0;
       if (fresh) {
         // Every output of a run this one replaces: a summary, weights or report left from it would
         // stand beside this run's curves (in `kiln report`, report.html, TensorBoard) until this run
@@ -1386,6 +1394,22 @@ class Trainer {
   const TrainHooks& hooks_;
   TrainOutcome* outcome_;
   OutLock lock_;  // first member: released after everything else (the mirror's copies) has finished
+  // The replaced run's checkpoints, here and in the mirror (a fresh run with --overwrite): their higher
+  // step numbers would outrank this run's in pruning and in --resume auto. Its other outputs go when
+  // the metrics are opened, as for every fresh run.
+  void remove_old_checkpoints() {
+    std::error_code ec;
+    for (const std::string& dir : {ckpt_dir_, c_.mirror}) {
+      if (dir.empty()) continue;
+      for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string n = e.path().filename().string();
+        std::error_code same_ec;
+        if (!c_.resume.empty() && std::filesystem::equivalent(e.path(), c_.resume, same_ec)) continue;  // its weights
+        if (n == "latest" || (n.rfind("step-", 0) == 0 && e.path().extension() == ".kiln"))
+          std::filesystem::remove(e.path(), ec);
+      }
+    }
+  }
   bool asked_stop_ = false;
   const Clock::time_point t_start_ = Clock::now();
   // who and where
@@ -1453,6 +1477,8 @@ int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outco
     // The peers are gone or hang: the Trainer's destructors (DataParallel's pending buckets, NCCL
     // and MPI teardown, the checkpoint mirror) could wait for them. main() prints and exits with
     // code 3 without running them; the Trainer is deliberately never destroyed.
+    // The folder's lock is let go all the same: kiln.train may try again in this process.
+    trainer->release_out_lock();
     (void)trainer.release();
     throw;
   }
