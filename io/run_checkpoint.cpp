@@ -315,7 +315,7 @@ void check_run_state(const RunState& r, const std::string& path) {
 }  // namespace
 
 LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
-                              const LocalOptimizerState& local) {
+                              const LocalOptimizerState& local, const ConfigCheck& check_config) {
   io::CheckpointReader r(path);
   json state = json::parse(r.state_json());
   LoadedRun out;
@@ -334,6 +334,13 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
   });
   KILN_CHECK(kind == "training" || kind == "weights", path, ": not a training checkpoint (kind '", kind, "')");
   out.weights_only = kind == "weights";
+  out.config = field([&] {
+    const json c = state.value("config", json::object());
+    KILN_CHECK(c.is_object(), "state.config is ", brief(c), ", expected an object of the run's flags");
+    return c;
+  });
+  // Another run's checkpoint is named as such (another --model) before its weights are compared.
+  if (check_config && !out.weights_only) check_config(out.config);
   // Model: every name, shape and dtype checked, all differences listed at once (each list cut short).
   nn::StateDict sd;
   std::set<std::string> model_names;
@@ -350,11 +357,6 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
   }
   for (const auto& n : model_names) sd[n] = r.read("model/" + n);
   model.load_state_dict(sd, /*strict=*/true);
-  out.config = field([&] {
-    const json c = state.value("config", json::object());
-    KILN_CHECK(c.is_object(), "state.config is ", brief(c), ", expected an object of the run's flags");
-    return c;
-  });
   if (out.weights_only) return out;
   out.run = field([&] { return RunState::from_json(need(state, "run", "state")); });
   check_run_state(out.run, path);

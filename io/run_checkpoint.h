@@ -118,9 +118,13 @@ struct LoadedRun {
 // `local`, in a ZeRO run: this rank's optimizer tensors from the checkpoint (`zero`: its layout, null
 // for an unsharded checkpoint, which `local` then splits into chunks itself). Without it a sharded
 // checkpoint is an error that says how to go on (--zero 1, or `kiln ckpt consolidate`).
+//
+// `check_config`, for a training checkpoint: called with its config before anything is loaded (it
+// throws to refuse another run's checkpoint before the model's weights are compared).
 using LocalOptimizerState = std::function<optim::OptimizerState(const CheckpointReader& r, const nlohmann::json& zero)>;
+using ConfigCheck = std::function<void(const nlohmann::json& config)>;
 LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
-                              const LocalOptimizerState& local = {});
+                              const LocalOptimizerState& local = {}, const ConfigCheck& check_config = {});
 
 // Config keys that change the numbers of a run, and what they made of the data (data_info's labels,
 // classes, files, sample counts): a resume with any of them different is refused.

@@ -79,6 +79,22 @@ TEST_CASE("train: a new run from a weights file into a folder holding a run need
   CHECK(!fs::exists(b + "/checkpoints/step-000000002.kiln"));
 }
 
+TEST_CASE("train: resuming another model's checkpoint names the flag, not every tensor") {
+  TempDir d("kiln_outdir");
+  const std::string out = d / "r";
+  const std::string args =
+      "train --limit-train 64 --limit-eval 32 --batch 32 --max-steps 2 --threads 1 --workers 0 --progress lines "
+      "--no-tensorboard --out " +
+      out;
+  auto r = run_kiln(args + " --model resnet20", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln(args + " --model resnet32 --max-steps 4 --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "was written by a run with another configuration"), r.output);
+  CHECK_MESSAGE(contains(r.output, "resnet32"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "does not match the model"), r.output);  // a list of 72 tensors before
+}
+
 TEST_CASE("train: a second trainer on the same --out is refused, naming the first one's pid") {
   TempDir d("kiln_outdir");
   const std::string out = d / "run";

@@ -625,15 +625,19 @@ class Trainer {
           return zero_->local_state([&r](const std::string& n) { return r.read("optim-zero/" + n); }, io::zero_slots(r),
                                     io::zero_layout_from_json(zero, path), path);
         };
-      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local);
+      const auto refuse = [&path](const std::vector<std::string>& diffs) {
+        if (diffs.empty()) return;
+        std::string msg;
+        for (const auto& d : diffs) msg += "\n  " + d;
+        KILN_FAIL(path, " was written by a run with another configuration; resuming would not continue it:", msg);
+      };
+      // The flags first (a resnet20 checkpoint under --model resnet32 is named as such, not as 72
+      // tensors that do not match), the micro-batch once the run's state is read.
+      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, [&](const nlohmann::json& saved) {
+        refuse(config_differences(saved, resolved_));
+      });
       if (!lr.weights_only) {
-        auto diffs = config_differences(lr.config, resolved_);
-        if (const std::string d = resume_micro_batch(lr); !d.empty()) diffs.push_back(d);
-        if (!diffs.empty()) {
-          std::string msg;
-          for (const auto& d : diffs) msg += "\n  " + d;
-          KILN_FAIL(path, " was written by a run with another configuration; resuming would not continue it:", msg);
-        }
+        if (const std::string d = resume_micro_batch(lr); !d.empty()) refuse({d});
         run_ = lr.run;  // its position counts micro-batches of micro_, as resume_micro_batch made sure
         run_.micro_batch = micro_;
         // Where the checkpoint says the run is must be a place this run's flags reach: past them the
