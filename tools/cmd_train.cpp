@@ -364,8 +364,10 @@ class Trainer {
         problems.push_back("--mirror " + c_.mirror + " is this run's own checkpoints folder (" + own.string() +
                            "): a mirror there is no backup; give a folder on another disk or machine");
     }
-    fresh_ = c_.resume.empty() || (c_.resume == "auto" && !has_checkpoint);
-    if (fresh_ && !c_.overwrite)
+    // The run starts over (no --resume, or --resume auto with no checkpoint): a run already in --out
+    // is replaced only with --overwrite.
+    const bool fresh_start = c_.resume.empty() || (c_.resume == "auto" && !has_checkpoint);
+    if (fresh_start && !c_.overwrite)
       if (const std::string there = run_in_folder(c_.out); !there.empty()) {
         const bool resumable = c_.resume.empty() && has_checkpoint;
         problems.push_back("--out " + c_.out + " already holds a run (" + there + ")" +
@@ -1457,7 +1459,6 @@ class Trainer {
   Clock::time_point last_save_time_, win_start_, epoch_start_;
   double epoch_seconds_before_ = 0;
   bool stop_now_ = false, time_due_ = false;
-  bool fresh_ = true;  // at set-up: the run starts over (no --resume, or --resume auto with no checkpoint)
   // this rank's sums since the window's and the epoch's start, on the device (see fold())
   Tensor win_loss_, epoch_loss_, win_correct_, epoch_correct_;
   double shown_loss_ = 0;      // the progress line's loss: the last metrics line's
