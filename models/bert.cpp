@@ -44,16 +44,20 @@ BertConfig bert_config(const std::string& size) {
   KILN_FAIL("unknown BERT size '", size, "' (known: ", known, ")");
 }
 
+std::vector<SizeField> size_fields(const BertConfig& c) {
+  return {{"vocab_size", c.vocab_size, 1},
+          {"hidden_size", c.hidden_size, 1},
+          {"num_layers", c.num_layers, 0},
+          {"num_heads", c.num_heads, 1},
+          {"intermediate_size", c.intermediate_size, 1},
+          {"max_position", c.max_position, 1},
+          {"type_vocab_size", c.type_vocab_size, 1}};
+}
+
 namespace {
 void check_config(const BertConfig& c) {
   // Named one by one: "sizes must be positive" left the user to find which.
-  for (const auto& [field, v, least] : {std::tuple<const char*, int64_t, int64_t>{"vocab_size", c.vocab_size, 1},
-                                        {"hidden_size", c.hidden_size, 1},
-                                        {"num_layers", c.num_layers, 0},
-                                        {"num_heads", c.num_heads, 1},
-                                        {"intermediate_size", c.intermediate_size, 1},
-                                        {"max_position", c.max_position, 1},
-                                        {"type_vocab_size", c.type_vocab_size, 1}})
+  for (const auto& [field, v, least] : size_fields(c))
     KILN_CHECK(v >= least, "BERT config: ", field, " is ", v, ", must be at least ", least);
   KILN_CHECK(c.hidden_size % c.num_heads == 0, "BERT config: hidden_size (", c.hidden_size,
              ") must be a multiple of num_heads (", c.num_heads, ")");

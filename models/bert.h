@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/nn.h"
@@ -27,6 +28,10 @@ struct BertConfig {
   // (autograd::checkpoint), replaying its dropout masks.
   bool recompute = false;
 };
+// The encoder's integer sizes, each with the least value it may take: (field, value, least). The
+// model's own check and `--set`'s name a bad one by its field from this list.
+using SizeField = std::tuple<const char*, int64_t, int64_t>;
+std::vector<SizeField> size_fields(const BertConfig& c);
 // "tiny" (2/128/2), "mini" (4/256/4), "small" (4/512/8), "base" (12/768/12), "large" (24/1024/16);
 // intermediate size is 4 x hidden.
 BertConfig bert_config(const std::string& size);

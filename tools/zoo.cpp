@@ -98,14 +98,9 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
                 "attention_dropout, recompute)");
   }
   // Sizes named by field: the model's own check (models/bert.cpp) runs only when it is built.
-  for (const auto& [field, v, least] : {std::tuple<const char*, int64_t, int64_t>{"vocab_size", c.vocab_size, 1},
-                                        {"hidden_size", c.hidden_size, 1},
-                                        {"num_layers", c.num_layers, 0},
-                                        {"num_heads", c.num_heads, 1},
-                                        {"intermediate_size", c.intermediate_size, 1},
-                                        {"max_position", c.max_position, 1},
-                                        {"type_vocab_size", c.type_vocab_size, 1},
-                                        {"num_labels", c.num_labels, 1}})
+  std::vector<models::SizeField> sizes = models::size_fields(c);
+  sizes.emplace_back("num_labels", c.num_labels, 1);  // the classifier's (the encoder has none)
+  for (const auto& [field, v, least] : sizes)
     KILN_CHECK(v >= least, "--set ", field, "=", v, ": must be at least ", least);
   KILN_CHECK(c.hidden_size % c.num_heads == 0, "--set hidden_size=", c.hidden_size, " / num_heads=", c.num_heads,
              ": hidden_size must be a multiple of num_heads");
