@@ -1503,19 +1503,24 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     // A classifier's label names travel with its weights, so ids mean the same classes here.
     if (auto it = f.metadata.find("labels"); it != f.metadata.end())
       c.label_names = nlohmann::json::parse(it->second).get<std::vector<std::string>>();
-    // An image folder's model evaluates at the size it was trained at, unless --image-size says otherwise.
-    if (auto it = f.metadata.find("image_size"); it != f.metadata.end() && c.data == "folder") {
+    // A size the model was trained at (metadata `key`): taken unless its flag was given; another one
+    // given is a legitimate choice (longer texts, larger images), with a warning.
+    const auto trained_size = [&](const char* key, const char* flag, bool given, int64_t& value) {
+      const auto it = f.metadata.find(key);
+      if (it == f.metadata.end()) return;
       int64_t trained = 0;
       const std::string& v = it->second;
-      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), trained);
-      KILN_CHECK(ec == std::errc() && end == v.data() + v.size() && trained >= 1, weights,
-                 ": damaged metadata: image_size is '", v, "', not a positive whole number");
-      if (!c.image_size_given)
-        c.image_size = trained;
-      else if (c.image_size != trained)
-        std::fprintf(stderr, "kiln eval: warning: --image-size %lld, but %s was trained at %lld\n",
-                     (long long)c.image_size, weights.c_str(), (long long)trained);
-    }
+      const auto parsed = std::from_chars(v.data(), v.data() + v.size(), trained);
+      KILN_CHECK(parsed.ec == std::errc() && parsed.ptr == v.data() + v.size() && trained >= 1, weights,
+                 ": damaged metadata: ", key, " is '", v, "', not a positive whole number");
+      if (!given)
+        value = trained;
+      else if (value != trained)
+        std::fprintf(stderr, "kiln eval: warning: %s %lld, but %s was trained at %lld\n", flag, (long long)value,
+                     weights.c_str(), (long long)trained);
+    };
+    // An image folder's model evaluates at the size it was trained at, unless --image-size says otherwise.
+    if (c.data == "folder") trained_size("image_size", "--image-size", c.image_size_given, c.image_size);
     // A BERT model's text settings (weights from before them carry none: the flags as given).
     if (auto it = f.metadata.find("lower_case"); it != f.metadata.end()) {
       KILN_CHECK(it->second == "true" || it->second == "false", weights, ": damaged metadata: lower_case is '",
@@ -1526,18 +1531,7 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
                  " was trained with ", flag(trained), " (its ids come from that text)");
       c.lower_case = trained;
     }
-    if (auto it = f.metadata.find("seq_len"); it != f.metadata.end()) {
-      int64_t trained = 0;
-      const std::string& v = it->second;
-      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), trained);
-      KILN_CHECK(ec == std::errc() && end == v.data() + v.size() && trained >= 1, weights,
-                 ": damaged metadata: seq_len is '", v, "', not a positive whole number");
-      if (!c.seq_len_given)
-        c.seq_len = trained;
-      else if (c.seq_len != trained)  // a legitimate choice (longer texts), as --image-size
-        std::fprintf(stderr, "kiln eval: warning: --seq-len %lld, but %s was trained at %lld\n", (long long)c.seq_len,
-                     weights.c_str(), (long long)trained);
-    }
+    trained_size("seq_len", "--seq-len", c.seq_len_given, c.seq_len);
     task = make_task(c);
     if (auto it = f.metadata.find("vocab_fingerprint"); it != f.metadata.end()) {
       const std::string here = task.data_info.value("vocab_fingerprint", "");
