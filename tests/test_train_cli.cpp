@@ -66,6 +66,13 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
        "--batch 1000000000 is larger than the 64 training samples"},
       {"--limit-train 64 --batch 16 --accum-steps 8" + out, "--accum-steps 8 x --batch 16 is more than the 64"},
       {"--batch 9223372036854775807" + out, "--batch 9223372036854775807: a step's largest tensor would hold"},
+      // Flags the run would not use are refused, not dropped.
+      {"--model resnet20 --seq-len 64" + out, "--seq-len: for BERT models; --model resnet20 reads images"},
+      {"--image-size 64" + out, "--image-size: for image folders (--data folder); --data fashion-mnist"},
+      {"--optimizer adamw --momentum 0.5" + out, "--momentum: for --optimizer sgd (adamw"},
+      {"--amp bf16 --loss-scale 1024" + out, "--loss-scale: the dynamic loss scale of --amp fp16"},
+      {"--model bert-tiny --vocab v.txt --text t.txt --no-augment" + out, "--augment: for ResNet models' images"},
+      {"--model bert-tiny --vocab v.txt --text t.txt --train-tsv t.tsv" + out, "--train-tsv: for --task classify"},
   };
   for (const auto& c : cases) {
     const auto r = run_kiln("train " + c.args, d.p.string());
@@ -90,6 +97,10 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
   auto r = run_kiln("train --config " + d / "bad.json" + out, d.p.string());
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "learning"), r.output);
+  std::ofstream(d / "unused.json") << R"({"seq_len": 64})";  // from --config as from the command line
+  r = run_kiln("train --config " + d / "unused.json" + out, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--seq-len: for BERT models"), r.output);
   std::ofstream(d / "broken.json") << R"({"epochs": )";
   r = run_kiln("train --config " + d / "broken.json" + out, d.p.string());
   CHECK(r.code == 2);

@@ -1520,18 +1520,18 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
                      weights.c_str(), (long long)trained);
     };
     // An image folder's model evaluates at the size it was trained at, unless --image-size says otherwise.
-    if (c.data == "folder") trained_size("image_size", "--image-size", c.image_size_given, c.image_size);
+    if (c.data == "folder") trained_size("image_size", "--image-size", c.was_given("image-size"), c.image_size);
     // A BERT model's text settings (weights from before them carry none: the flags as given).
     if (auto it = f.metadata.find("lower_case"); it != f.metadata.end()) {
       KILN_CHECK(it->second == "true" || it->second == "false", weights, ": damaged metadata: lower_case is '",
                  it->second, "', not true or false");
       const bool trained = it->second == "true";
       const auto flag = [](bool on) { return on ? "--lower-case" : "--no-lower-case"; };
-      KILN_CHECK(!c.lower_case_given || c.lower_case == trained, flag(c.lower_case), ": ", weights,
+      KILN_CHECK(!c.was_given("lower-case") || c.lower_case == trained, flag(c.lower_case), ": ", weights,
                  " was trained with ", flag(trained), " (its ids come from that text)");
       c.lower_case = trained;
     }
-    trained_size("seq_len", "--seq-len", c.seq_len_given, c.seq_len);
+    trained_size("seq_len", "--seq-len", c.was_given("seq-len"), c.seq_len);
     task = make_task(c);
     if (auto it = f.metadata.find("vocab_fingerprint"); it != f.metadata.end()) {
       const std::string here = task.data_info.value("vocab_fingerprint", "");

@@ -2,6 +2,7 @@
 // means for a model and how it is scored), and the training loop.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <algorithm>
 
 #include <cstdint>
 #include <functional>
@@ -28,7 +29,6 @@ struct TrainConfig {
   std::string data_dir;
   bool augment = true;
   int64_t image_size = 224;  // image folders
-  bool image_size_given = false;  // not a flag: --image-size was given (`kiln eval` else takes the weights')
   bool skip_bad_samples = false;
   int64_t limit_train = 0, limit_eval = 0;  // use only the first N samples (0: all)
   // text (BERT)
@@ -37,8 +37,12 @@ struct TrainConfig {
   int64_t seq_len = 128;
   double mask_prob = 0.15;
   bool lower_case = true;
-  // not flags: --seq-len / --lower-case / --no-lower-case was given (`kiln eval` else takes the weights')
-  bool seq_len_given = false, lower_case_given = false;
+  // Not a flag: the long names of the flags given, on the command line or by --config ("seq-len",
+  // "lower-case" for --no-lower-case too), filled by apply_model_defaults: `kiln eval` takes the
+  // weights' --image-size/--seq-len/--lower-case unless given, and validate refuses flags the run
+  // would ignore.
+  std::vector<std::string> given;
+  bool was_given(const std::string& flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
   std::vector<std::string> label_names;  // not a flag: fixed by a trained model's metadata in `kiln eval`
   // not a flag: `kiln eval`, where a classifier's labels may come from its weights and MNIST-format
   // data reads only its test files

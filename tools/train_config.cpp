@@ -35,7 +35,6 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                  "Side of the images fed to the model (image folders; kiln eval: default the size the weights were "
                  "trained at)")
       ->check(at_least(1))
-      ->each([&c](const std::string&) { c.image_size_given = true; })
       ->capture_default_str();
   app.add_flag("--skip-bad-samples", c.skip_bad_samples,
                "Leave unreadable images out (a warning naming each, once) and count them, instead of stopping");
@@ -58,7 +57,6 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--eval-tsv", c.eval_tsv, "Evaluation file, as --train-tsv (BERT --task classify)");
   app.add_option("--seq-len", c.seq_len,
                  "BERT sequence length (kiln eval: default the length the weights were trained at)")
-      ->each([&c](const std::string&) { c.seq_len_given = true; })
       ->capture_default_str();
   app.add_option("--mask-prob", c.mask_prob,
                  "Share of tokens masked for masked-LM ([CLS], [SEP] and [UNK] never are); a sequence that drew "
@@ -69,8 +67,7 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
       app, "--lower-case,!--no-lower-case", c.lower_case,
       std::string("Lower-case and strip accents before WordPiece (as BERT's uncased models; kiln eval: default as the "
                   "weights were trained, and the other is an error): ") +
-          io::kLowerCaseScope)
-      ->each([&c](const std::string&) { c.lower_case_given = true; });
+          io::kLowerCaseScope);
   app.add_option("--batch", c.batch, "Batch size (default: 128; 32 for BERT models)");
   app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout")->capture_default_str();
   app.add_option("--threads", c.threads,
@@ -361,6 +358,30 @@ std::vector<std::string> validate(const TrainConfig& c) {
         "--optimizer adamw or sgd, or --zero 0)");
   if (!images && c.channels_last)
     e.push_back("--channels-last: only ResNets take image batches (--model " + c.model + ")");
+  // A flag the run would not use is refused, not dropped: a user who sets --momentum for AdamW or
+  // --seq-len for a ResNet believes the run uses it.
+  auto unused = [&](std::initializer_list<const char*> flags, const std::string& why) {
+    for (const char* f : flags)
+      if (c.was_given(f)) e.push_back("--" + std::string(f) + ": " + why);
+  };
+  if (images)
+    unused({"seq-len", "mask-prob", "lower-case", "text", "eval-text", "vocab", "train-tsv", "eval-tsv"},
+           "for BERT models; --model " + c.model + " reads images");
+  if (images && c.data != "folder")
+    unused({"image-size", "skip-bad-samples"},
+           "for image folders (--data folder); --data " + c.data + " reads its images at their own size");
+  if (tokens)
+    unused({"data", "data-dir", "image-size", "augment", "skip-bad-samples"},
+           "for ResNet models' images; --model " + c.model + " reads text");
+  if (tokens && (c.task.empty() || c.task == "mlm"))
+    unused({"train-tsv", "eval-tsv"}, "for --task classify; masked-LM reads --text");
+  if (tokens && c.task == "classify")
+    unused({"text", "eval-text", "mask-prob"}, "for --task mlm; classification reads --train-tsv and --eval-tsv");
+  if (c.optimizer != "sgd")
+    unused({"momentum", "nesterov"}, "for --optimizer sgd (" + c.optimizer + " keeps its own moment estimates)");
+  if (c.amp != "fp16")
+    unused({"loss-scale", "loss-scale-window"},
+           "the dynamic loss scale of --amp fp16 (--amp " + c.amp + " needs none: f32's exponent range)");
   if (images && !c.task.empty() && c.task != "classify")
     e.push_back("--task " + c.task + ": a " + family->name + " classifies images (--task classify)");
   if (images && c.data == "mnist" && c.data_dir.empty())
@@ -401,16 +422,15 @@ TrainConfig model_defaults(const std::string& model) {
 }
 
 void apply_model_defaults(const CLI::App& app, TrainConfig& c) {
-  auto given = [&](const char* flag) {
-    const CLI::Option* o = app.get_option_no_throw(flag);
-    return o != nullptr && o->count() > 0;
-  };
+  c.given.clear();
+  for (const CLI::Option* o : app.get_options())
+    if (o->count() > 0 && !o->get_lnames().empty()) c.given.push_back(o->get_lnames().front());
   const TrainConfig d = model_defaults(c.model);
-  if (!given("--optimizer")) c.optimizer = d.optimizer;
-  if (!given("--lr")) c.lr = d.lr;
-  if (!given("--weight-decay")) c.weight_decay = d.weight_decay;
-  if (!given("--schedule")) c.schedule = d.schedule;
-  if (!given("--batch")) c.batch = d.batch;
+  if (!c.was_given("optimizer")) c.optimizer = d.optimizer;
+  if (!c.was_given("lr")) c.lr = d.lr;
+  if (!c.was_given("weight-decay")) c.weight_decay = d.weight_decay;
+  if (!c.was_given("schedule")) c.schedule = d.schedule;
+  if (!c.was_given("batch")) c.batch = d.batch;
 }
 
 nlohmann::json TrainConfig::to_json() const {
