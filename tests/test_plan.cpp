@@ -123,6 +123,8 @@ TEST_CASE("plan: kiln plan takes kiln train's model defaults; bad flags name the
       {"--device foo", "--device foo: expected cpu, cuda or cuda:N"},
       {"--device meta", "--device meta: plan for the device the run will use"},
       {"--model bert-tiny --seq-len 1000", "--seq-len 1000: more than the 512 positions"},
+      {"--model resnet20 --seq-len 64", "--seq-len: for BERT models; --model resnet20 reads images"},
+      {"--model bert-tiny --image-size 64", "--image-size: for ResNet models; --model bert-tiny reads text"},
       {"--memory 0", "--memory 0: must be positive"},
       {"--memory=-1GiB", "--memory -1GiB: must be positive"},
       {"--memory 0x10", "--memory 0x10: expected an amount of memory"},

@@ -373,7 +373,10 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
                  "The batch of one optimizer step (default: 128 small-image ResNets, 32 ImageNet "
                  "ResNets and BERT)")
       ->check(at_least(0));
-  app.add_option("--seq-len", o.seq_len, "BERT: tokens per sequence")->check(at_least(1))->capture_default_str();
+  app.add_option("--seq-len", o.seq_len, "BERT: tokens per sequence")
+      ->check(at_least(1))
+      ->each([&o](const std::string&) { o.seq_len_given = true; })
+      ->capture_default_str();
   app.add_option("--image-size", o.image_size, "ResNet: image side (default 32 small-image, 224 ImageNet)")
       ->check(at_least(0));
   app.add_option("--in-channels", o.in_channels, "ResNet: image channels (default 3)")->check(at_least(0));
@@ -441,6 +444,12 @@ int run_plan(const PlanOptions& given) {
     if (!o.memory.empty()) parse_bytes(o.memory, "--memory");
     // The model's config (--set's fields, each named when out of range) before any planning builds it.
     if (f.input == ModelInput::images) resnet_config_from(o.model, o.sets);
+    // A flag of the other family would be dropped from the plan: refused, as kiln train refuses it.
+    KILN_CHECK(!(f.input == ModelInput::images && o.seq_len_given), "--seq-len: for BERT models; --model ", o.model,
+               " reads images (--image-size)");
+    KILN_CHECK(!(f.input == ModelInput::tokens && (o.image_size > 0 || o.in_channels > 0)),
+               o.image_size > 0 ? "--image-size" : "--in-channels", ": for ResNet models; --model ", o.model,
+               " reads text (--seq-len)");
     if (f.input == ModelInput::tokens) {
       const models::BertConfig bc = bert_config_from(parse_bert_name(o.model).size, o.sets);
       KILN_CHECK(o.seq_len <= bc.max_position, "--seq-len ", o.seq_len, ": more than the ", bc.max_position,

@@ -26,6 +26,7 @@ struct PlanOptions {
   std::vector<std::string> sets;
   int64_t batch = 0;  // the effective batch (0: the model family's default, as kiln bench train)
   int64_t seq_len = 128, image_size = 0, in_channels = 0;
+  bool seq_len_given = false;  // not a flag: --seq-len was given (a ResNet plan refuses it)
   std::string amp = "off", recompute = "none";
   std::string optimizer;  // empty: kiln train's default for the model (model_defaults: adamw for BERT, else sgd)
   int ranks = 1, zero = 0;
