@@ -114,8 +114,10 @@ void tune(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-// Connects to host:port, retrying until the deadline (the peer may not be listening yet).
-Socket connect_to(const std::string& host, int port, Clock::time_point deadline, const std::string& who) {
+// Connects to host:port, retrying until the deadline (the peer may not be listening yet). The
+// failure names the wait (--dist-timeout, `timeout_s`), as rank 0's wait for the others does.
+Socket connect_to(const std::string& host, int port, Clock::time_point deadline, int64_t timeout_s,
+                  const std::string& who) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
@@ -130,7 +132,8 @@ Socket connect_to(const std::string& host, int port, Clock::time_point deadline,
     }
     if (Clock::now() > deadline) {
       ::freeaddrinfo(res);
-      KILN_FAIL("could not connect to ", who, " at ", host, ":", port, " before the timeout (is it running?)");
+      KILN_FAIL("could not connect to ", who, " at ", host, ":", port, " within --dist-timeout (", timeout_s,
+                " s; is it running?)");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -431,7 +434,8 @@ class TcpCommunicator final : public Communicator {
         exchange(peers[size_t(k)].fd, table.data(), table.size(), -1, nullptr, 0, deadline, "rendezvous");
       }
     } else {
-      Socket s = connect_to(master_ip, env.master_port, deadline, "rank 0 (MASTER_ADDR:MASTER_PORT)");
+      Socket s = connect_to(master_ip, env.master_port, deadline, int64_t(timeout_.count()),
+                            "rank 0 (MASTER_ADDR:MASTER_PORT)");
       const int my_port = open_ring(one_machine ? master_ip : endpoint(s.fd, true).first);
       introduce(s, kRendezvous, rank_, size_, my_port, secret_, deadline,
                 "rank 0 at " + master_ip + ":" + std::to_string(env.master_port));
@@ -446,7 +450,7 @@ class TcpCommunicator final : public Communicator {
     // ---- the ring: connect to the next rank, accept the previous one ----
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
     const std::string next_name = "rank " + std::to_string(next);
-    next_ = connect_to(addr[size_t(next)], port[size_t(next)], deadline, next_name);
+    next_ = connect_to(addr[size_t(next)], port[size_t(next)], deadline, int64_t(timeout_.count()), next_name);
     // Every rank is a client of the next and a listener for the previous at once: introduce on a
     // thread of its own while this one admits, or each would wait for the next to answer.
     auto introduced = std::async(std::launch::async, [&] {

@@ -1,7 +1,7 @@
 // The smaller commands' checks of their input, each run as a user would (the kiln binary): kiln
 // report never writes over a file it reads, kiln vocab over an existing file or its own input, kiln
-// bench refuses bad flags before any work, kiln launch names a flag it does not know, and kiln
-// doctor reports a bad environment variable instead of stopping on it.
+// bench refuses bad flags before any work, kiln launch names a flag it does not know and the rank
+// that caused a failure, and kiln doctor reports a bad environment variable instead of stopping on it.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -192,6 +192,41 @@ TEST_CASE("cli tools: kiln launch names a flag it does not know") {
         d.p.string());
     CHECK_MESSAGE(r.code == 0, r.output);
   }
+}
+
+// Fake ranks (a shell script by RANK) fail as a job does when one rank dies: its ring neighbour
+// exits at once with kiln's status for a collective that lost its peer (3), the rank at fault a
+// moment later. The launcher names and exits with the one at fault, and lists every rank's status.
+TEST_CASE("cli tools: kiln launch names the rank that caused a failure, not the peer that ended first") {
+  TempDir d("kiln_cli_launch_cause");
+  auto launch = [&](const std::string& name, const std::string& rank0, const std::string& rank1) {
+    write(d / name, "if [ \"$RANK\" = 0 ]; then " + rank0 + "; else " + rank1 + "; fi\n");
+    return run_kiln("launch --nproc-per-node 2 --grace 30 -- sh " + d / name, d.p.string());
+  };
+  auto r = launch("exits.sh", "sleep 0.3; exit 2", "exit 3");
+  CAPTURE(r.output);
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "kiln launch: failed: rank 0 (pid "));
+  CHECK(contains(r.output,
+                 ") exited with status 2; each rank: rank 0 exited with status 2, rank 1 exited with "
+                 "status 3 (a collective failed: a peer ended or hangs)"));
+  // The rank at fault killed by a signal (the OOM killer's SIGKILL): its status, 128 + 9.
+  r = launch("killed.sh", "sleep 0.3; kill -9 $$", "exit 3");
+  CAPTURE(r.output);
+  CHECK(r.code == 137);
+  CHECK(contains(r.output, ") was killed by signal 9 (Killed); each rank: rank 0 was killed by signal 9"));
+  // A rank the launcher stopped is not the cause either.
+  r = launch("stopped.sh", "exit 4", "exec sleep 30");
+  CAPTURE(r.output);
+  CHECK(r.code == 4);
+  CHECK(contains(r.output, "kiln launch: failed: rank 0 (pid "));
+  CHECK(contains(r.output, "rank 1 was killed by signal 15 (Terminated) (stopped by the launcher)"));
+  // Only peers that lost a collective: the first of them is named, with its status.
+  r = launch("alone.sh", "true", "exit 3");
+  CAPTURE(r.output);
+  CHECK(r.code == 3);
+  CHECK(contains(r.output, "kiln launch: failed: rank 1 (pid "));
+  CHECK(!contains(r.output, "each rank:"));
 }
 
 TEST_CASE("cli tools: KILN_NUM_THREADS follows --threads' bound; kiln doctor reports a bad variable") {

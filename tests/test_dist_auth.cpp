@@ -189,6 +189,16 @@ TEST_CASE("tcp: a rank with the wrong secret is refused; it fails naming KILN_DI
   CHECK(log.count("to the rendezvous port: it closed the connection during the handshake") >= 1);
 }
 
+TEST_CASE("tcp: a rank that finds no rank 0 names the wait it gave up after and its flag") {
+  const int port = free_port();  // nobody listens there
+  Log log;
+  const std::string want =
+      "could not connect to rank 0 (MASTER_ADDR:MASTER_PORT) at 127.0.0.1:" + std::to_string(port) +
+      " within --dist-timeout (1 s; is it running?)";
+  CHECK_THROWS_WITH_AS(dist::make_cpu_communicator(rank_env(1, port, "s", log), std::chrono::seconds(1)),
+                       doctest::Contains(want.c_str()), Error);
+}
+
 TEST_CASE("tcp: a refused rank is told why; a WORLD_SIZE that differs fails rank 0 at once, not at the timeout") {
   const int port = free_port();
   Log log;

@@ -1,7 +1,8 @@
 // `kiln launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] -- CMD...`:
 // starts N local ranks of CMD with the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes each output line with its rank, forwards
-// SIGINT/SIGTERM/SIGHUP, and when a rank fails stops the others and exits non-zero naming it. Every
+// SIGINT/SIGTERM/SIGHUP, and when a rank fails stops the others and exits with the status of the
+// rank that caused the failure (not one that only lost it as a peer), naming every failed rank. Every
 // rank gets the job's secret in KILN_DIST_SECRET (a fresh random one on one machine; on several,
 // the one the user set on each), which the TCP communicator's handshake checks.
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,14 +43,44 @@ std::string describe_status(int status) {
   return "ended with status " + std::to_string(status);
 }
 
+// kiln's exit status for a collective that failed (tools/main.cpp): a peer ended or hangs, so the
+// rank that exits with it is seldom the cause of a job's failure.
+constexpr int kCollectiveFailed = 3;
+
 struct Child {
   int rank = 0;
   pid_t pid = -1;
   int out = -1;  // read end of its stdout+stderr
   bool running = false;
   int status = 0;
+  int failed_as = -1;  // its place among the ranks that failed, in the order they ended; -1: none
+  uint64_t sent = 0;   // the signals the launcher sent it (bit s for signal s)
   std::thread reader;
 };
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+// Killed by a signal the launcher sent it, or exited as a shell reports such a death (128 + signal).
+bool stopped_by_launcher(const Child& c) {
+  const int sig = WIFSIGNALED(c.status) ? WTERMSIG(c.status) : WEXITSTATUS(c.status) - 128;
+  return sig > 0 && sig < 64 && (c.sent >> sig & 1);
+}
+
+// A failure that follows another rank's: it lost a peer in a collective, or the launcher stopped it.
+bool consequence(const Child& c) {
+  return (WIFEXITED(c.status) && WEXITSTATUS(c.status) == kCollectiveFailed) || stopped_by_launcher(c);
+}
+
+std::string describe(const Child& c) {
+  std::string d = describe_status(c.status);
+  if (stopped_by_launcher(c))
+    d += " (stopped by the launcher)";
+  else if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == kCollectiveFailed)
+    d += " (a collective failed: a peer ended or hangs)";
+  return d;
+}
 
 }  // namespace
 
@@ -64,7 +96,9 @@ void add_launch_flags(CLI::App& app, LaunchOptions& o) {
   app.add_option("--master-port", o.master_port, "Port rank 0 listens on for the rendezvous")
       ->check(between(1, 65535))
       ->capture_default_str();
-  app.add_option("--grace", o.grace_seconds, "Seconds the other ranks get to stop after one fails, before SIGKILL")
+  app.add_option("--grace", o.grace_seconds,
+                 "Seconds the other ranks get to stop after one fails, before SIGKILL (and, when the first to "
+                 "fail only lost a peer, to end by themselves before SIGTERM)")
       ->check(at_least(0))
       ->capture_default_str();
   app.add_option("command", o.command, "The command each rank runs, after --  (e.g. -- kiln train ...)")->required();
@@ -223,15 +257,29 @@ int run_launch(const LaunchOptions& o) {
     std::fflush(stdout);
   }
 
+  // After the first failure the launcher stops the others and gathers every rank's status, to name
+  // the cause: the first rank to fail that neither lost a peer (kiln's status 3) nor was stopped by
+  // the launcher. A rank whose peer died often ends first (it sees the closed connection while the
+  // dying rank still frees its memory), so when the first failure is such a one, the others get
+  // --grace seconds to end by themselves before SIGTERM: a SIGTERM would hide the cause's own status.
   using Clock = std::chrono::steady_clock;
-  int exit_code = 0;
-  std::string failure;
-  Clock::time_point kill_at{};
+  constexpr Clock::time_point never = Clock::time_point::max();
+  const auto grace = std::chrono::milliseconds(int64_t(o.grace_seconds * 1000));
+  Clock::time_point term_at = never, kill_at = never;
   bool stopping = false;
+  int failures = 0;
   int alive = o.nproc_per_node;
   auto signal_all = [&](int sig) {
     for (auto& c : children)
-      if (c.running) ::kill(c.pid, sig);
+      if (c.running) {
+        ::kill(c.pid, sig);
+        c.sent |= uint64_t(1) << sig;
+      }
+  };
+  auto stop_others = [&] {
+    signal_all(SIGTERM);  // each rank saves and stops (kiln train), or does what its command does
+    term_at = never;
+    kill_at = Clock::now() + grace;
   };
   while (alive > 0) {
     if (g_launch_signal) {
@@ -247,33 +295,58 @@ int run_launch(const LaunchOptions& o) {
           c.running = false;
           c.status = status;
           --alive;
-          const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-          if (!ok && !stopping) {
+          if (!failed(status)) continue;
+          c.failed_as = failures++;
+          if (!stopping) {
             stopping = true;
-            failure = "rank " + std::to_string(c.rank) + " (pid " + std::to_string(pid) + ") " + describe_status(status);
-            exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            const bool wait = consequence(c) && alive > 0;
             {
               std::lock_guard<std::mutex> lk(print_mutex);
-              std::fprintf(stderr, "kiln launch: %s; stopping the other ranks\n", failure.c_str());
+              if (wait)
+                std::fprintf(stderr,
+                             "kiln launch: rank %d (pid %d) %s; the other ranks get %g s (--grace) to end by "
+                             "themselves before SIGTERM\n",
+                             c.rank, int(pid), describe(c).c_str(), o.grace_seconds);
+              else
+                std::fprintf(stderr, "kiln launch: rank %d (pid %d) %s; stopping the other ranks\n", c.rank, int(pid),
+                             describe(c).c_str());
             }
-            signal_all(SIGTERM);
-            kill_at = Clock::now() + std::chrono::milliseconds(int64_t(o.grace_seconds * 1000));
+            if (wait)
+              term_at = Clock::now() + grace;
+            else
+              stop_others();
+          } else if (term_at != never && !consequence(c)) {
+            stop_others();  // the cause has shown itself: stop the rest now
           }
         }
       continue;
     }
-    if (stopping && Clock::now() >= kill_at) {
+    if (Clock::now() >= term_at) stop_others();
+    if (Clock::now() >= kill_at) {
       signal_all(SIGKILL);  // a rank blocked in a collective with the dead one cannot stop by itself
-      kill_at = Clock::now() + std::chrono::hours(1);
+      kill_at = never;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (auto& c : children) c.reader.join();
-  if (!failure.empty()) {
-    std::fprintf(stderr, "kiln launch: failed: %s\n", failure.c_str());
-    return exit_code == 0 ? 1 : exit_code;
+  if (failures == 0) return 0;
+  // The cause: the first failure that is not another's consequence, else the first failure.
+  const Child* cause = nullptr;
+  for (int k = 0; k < failures && !cause; ++k)
+    for (const auto& c : children)
+      if (c.failed_as == k && !consequence(c)) cause = &c;
+  for (const auto& c : children)
+    if (!cause && c.failed_as == 0) cause = &c;
+  std::string line = "kiln launch: failed: rank " + std::to_string(cause->rank) + " (pid " +
+                     std::to_string(cause->pid) + ") " + describe(*cause);
+  if (failures > 1) {
+    line += "; each rank: ";
+    for (const auto& c : children)
+      line += (&c == &children.front() ? "rank " : ", rank ") + std::to_string(c.rank) + " " + describe(c);
   }
-  return 0;
+  std::fprintf(stderr, "%s\n", line.c_str());
+  const int code = exit_code(cause->status);
+  return code == 0 ? 1 : code;
 }
 
 }  // namespace kiln::tools
