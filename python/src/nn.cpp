@@ -11,8 +11,10 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common.h"
 #include "io/checkpoint.h"
@@ -279,6 +281,48 @@ void bind_nn(nb::module_& m) {
       .def_prop_ro("type_name", &nn::Module::type_name)
       .def("named_parameters", [](const nn::Module& x) { return named(x.named_parameters()); })
       .def("named_buffers", [](const nn::Module& x) { return named(x.named_buffers()); })
+      .def(
+          "own_tensors",
+          [](const nn::Module& x, bool params) {
+            // This module's own parameters (or buffers), not its children's, in registration order:
+            // (name, tensor, key), the key naming the tensor itself (two names of one tied tensor share
+            // it), so the Python CppModule wraps each tensor once. A child's name ends every one of its
+            // tensors' names with the child's prefix; the module's own come first in collect's order, so
+            // the subtree's first-name dedup drops none of them but a second name in this very module,
+            // which state_dict (every name) gives back.
+            std::vector<std::string> kids;
+            for (const auto& [n, c] : x.children()) kids.push_back(n + ".");
+            auto own = [&](const std::string& n) {
+              return std::none_of(kids.begin(), kids.end(), [&](const std::string& k) { return n.rfind(k, 0) == 0; });
+            };
+            const nn::NamedTensors all = params ? x.named_parameters() : x.named_buffers();
+            std::set<const TensorImpl*> kind;
+            std::set<std::string> listed;
+            nb::list out;
+            for (const auto& [n, t] : all) {
+              kind.insert(&t.impl());
+              if (!own(n)) continue;
+              listed.insert(n);
+              out.append(nb::make_tuple(n, t, uintptr_t(&t.impl())));
+            }
+            for (const auto& [n, t] : x.state_dict())
+              if (own(n) && !listed.count(n) && kind.count(&t.impl()))
+                out.append(nb::make_tuple(n, t, uintptr_t(&t.impl())));
+            return out;
+          },
+          nb::arg("params"))
+      .def(
+          "forward",
+          [](nn::Module& x, const Tensor& in) {
+            auto* layer = dynamic_cast<nn::Layer*>(&x);
+            if (!layer)
+              type_error("a " + x.type_name() +
+                         " of a kiln.models model cannot be called on its own (its forward takes more than one "
+                         "tensor); call the whole model");
+            R r;
+            return layer->forward(in);
+          },
+          nb::arg("input"))
       .def("children",
            [](const nn::Module& x) {
              nb::list out;
@@ -329,6 +373,14 @@ void bind_nn(nb::module_& m) {
         return ZooModel{fam->build(name, sets, deterministic), name};
       },
       nb::arg("name"), nb::arg("sets") = std::vector<std::string>{}, nb::arg("deterministic") = false);
+  m.def(
+      "_normalise_checkpoint_names",
+      [](const nn::StateDict& in, const nn::StateDict& mine, const std::string& file) {
+        return tools::normalise_checkpoint_names(in, mine, file);
+      },
+      nb::arg("state_dict"), nb::arg("mine"), nb::arg("file") = std::string(),
+      "tools::normalise_checkpoint_names: a checkpoint's names mapped onto a model's (`mine`: its state dict), "
+      "as `kiln forward` loads one: Hugging Face's \"bert.\" prefix, gamma/beta, the tied decoder.");
   m.def("_model_names", [] {
     std::vector<std::string> out;
     for (const auto& f : tools::model_families()) out.insert(out.end(), f.names.begin(), f.names.end());

@@ -197,7 +197,7 @@ def test_save_names_the_bad_entry(tmp_path):
 # ---- optimizers, schedules ----
 
 def test_optimizer_param_groups_are_checked():
-    ps = kiln.nn.Linear(2, 2).parameters()
+    ps = list(kiln.nn.Linear(2, 2).parameters())
     with pytest.raises(TypeError, match="group 0: lr: expected a number, got str"):
         kiln.optim.SGD([{"params": ps, "lr": "x"}])
     with pytest.raises(kiln.KilnValueError, match="unknown key 'lrr'"):

@@ -51,7 +51,7 @@ def names(pairs):
                                   lambda m: m.to(kiln.float32), lambda m: m.to("cpu", kiln.float32)])
 def test_noop_to_keeps_parameters_and_optimizer(call):
     m = build(kiln)
-    params, bufs = m.parameters(), m.buffers()
+    params, bufs = list(m.parameters()), list(m.buffers())
     opt = kiln.optim.SGD(m.parameters(), lr=0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -256,7 +256,8 @@ class Module:
 
     def _named_members(self, members, prefix, recurse, remove_duplicate):
         # Module by module (its own tensors, then its children's), as torch: the order of state_dict.
-        seen = set()
+        # seen holds the tensors it has given, so that an id it compares stays that tensor's.
+        seen = {}
         mods = self.named_modules(prefix, remove_duplicate) if recurse else [(prefix, self)]
         for mp, m in mods:
             for name, t in members(m):
@@ -265,7 +266,7 @@ class Module:
                 if remove_duplicate:
                     if id(t) in seen:
                         continue
-                    seen.add(id(t))
+                    seen[id(t)] = t
                 yield (f"{mp}.{name}" if mp else name), t
 
     def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
@@ -280,13 +281,14 @@ class Module:
         return self._buffers.items()
 
     def parameters(self, recurse=True):
-        return [p for _, p in self.named_parameters(recurse=recurse)]
+        """An iterator over the parameters (each once), as torch's: list() it to use it twice."""
+        return (p for _, p in self.named_parameters(recurse=recurse))
 
     def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
         return self._named_members(lambda m: m._own_buffers(), prefix, recurse, remove_duplicate)
 
     def buffers(self, recurse=True):
-        return [b for _, b in self.named_buffers(recurse=recurse)]
+        return (b for _, b in self.named_buffers(recurse=recurse))
 
     def num_parameters(self):
         return sum(p.numel() for p in self.parameters())
@@ -1503,24 +1505,116 @@ def _param_line(p):
 
 
 class CppModule(Module):
-    """A module built in C++ (kiln.models): its parameters and buffers are the C++ module's own
-    tensors (shared: an optimizer step from Python updates the C++ model); train/eval, to and
-    load_state_dict go to C++."""
+    """A module built in C++ (kiln.models), and each of its submodules, under the C++ (torchvision,
+    Hugging Face) names: children, named_modules, get_submodule, apply and attribute access
+    (model.fc, model.layer1[0]) work as torch's. Its parameters (kiln.nn.Parameter) and buffers are
+    the C++ module's own tensors (shared: an optimizer step from Python updates the C++ model);
+    train/eval, to and load_state_dict go to C++. The tree is fixed: the C++ forward uses its own
+    members, so a child, parameter or buffer cannot be replaced, added or deleted from Python, and
+    hooks run only on the whole model (a submodule's forward runs inside the C++ one)."""
 
-    def __init__(self, cmodule):
+    def __init__(self, cmodule, _wrappers=None, _path=""):
         super().__init__()
         object.__setattr__(self, "_c", cmodule)
+        object.__setattr__(self, "_path", _path)  # "" for the model itself, else the dotted name
+        # The Python object of each C++ tensor, made once and shared by the whole tree (key: the tensor
+        # itself, so both names of a tied tensor give one Parameter): every call gives the same
+        # objects, as torch's, so `is`, id(), sets and dicts keyed by parameters work. It stays valid:
+        # the C++ module never replaces its tensors; to() converts and moves each in place (its impl)
+        # and load_state_dict copies into it, and the wrapper is a second handle onto that impl.
+        wrappers = {} if _wrappers is None else _wrappers
+        object.__setattr__(self, "_wrappers", wrappers)
+        for store, params in ((self._parameters, True), (self._buffers, False)):
+            for name, t, key in cmodule.own_tensors(params):
+                w = wrappers.get(key)
+                if w is None:
+                    if params:
+                        w = Tensor.__new__(Parameter)
+                        Tensor.__init__(w, t)  # the same tensor, not Parameter()'s detached copy
+                    else:
+                        w = t
+                    wrappers[key] = w
+                store[name] = w
+        for name, child in cmodule.children():
+            self._modules[name] = CppModule(child, wrappers, f"{_path}.{name}" if _path else name)
 
-    def _own_parameters(self):
-        return self._c.named_parameters()
+    def _refuse(self, what):
+        where = f"'{self._path}' ({self._c.type_name})" if self._path else f"the model ({self._c.type_name})"
+        raise KilnError(f"{what} of {where}: a kiln.models model is built in C++ and its forward uses its "
+                        "own submodules, parameters and buffers, so they cannot be replaced, added or deleted "
+                        "from Python; build the model you want in Python (kiln.nn), or copy weights in with "
+                        "load_state_dict")
 
-    def _own_buffers(self):
-        return self._c.named_buffers()
+    def __setattr__(self, name, value):
+        d = self.__dict__
+        if name in d["_parameters"] or name in d["_buffers"] or name in d["_modules"] or \
+                isinstance(value, (Parameter, Module)):
+            self._refuse(f"cannot assign '{name}'")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        d = self.__dict__
+        if name in d["_parameters"] or name in d["_buffers"] or name in d["_modules"]:
+            self._refuse(f"cannot delete '{name}'")
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name, param):
+        self._refuse(f"cannot register parameter '{name}'")
+
+    def register_buffer(self, name, tensor, persistent=True):
+        self._refuse(f"cannot register buffer '{name}'")
+
+    def add_module(self, name, module):
+        self._refuse(f"cannot add module '{name}'")
+
+    # A ModuleList's or Sequential's children by index, as torch's (model.layer1[0]).
+    def __getitem__(self, idx):
+        if self._c.type_name not in ("ModuleList", "Sequential"):
+            raise TypeError(f"'{self._path}' ({self._c.type_name}) is not indexable")
+        return getattr(self, _abs_index(self, idx))
+
+    def __len__(self):
+        if self._c.type_name not in ("ModuleList", "Sequential"):
+            raise TypeError(f"'{self._path}' ({self._c.type_name}) has no len()")
+        return len(self._modules)
+
+    def __iter__(self):
+        if self._c.type_name not in ("ModuleList", "Sequential"):
+            raise TypeError(f"'{self._path}' ({self._c.type_name}) is not iterable")
+        return iter(self._modules.values())
+
+    def _hook_on_submodule(self, kind):
+        if self._path:
+            raise KilnError(f"{kind} on '{self._path}' ({self._c.type_name}): a kiln.models model runs its "
+                            "submodules inside its C++ forward, where Python hooks are not called; register it "
+                            "on the whole model")
+
+    def register_forward_pre_hook(self, hook):
+        self._hook_on_submodule("register_forward_pre_hook")
+        return super().register_forward_pre_hook(hook)
+
+    def register_forward_hook(self, hook):
+        self._hook_on_submodule("register_forward_hook")
+        return super().register_forward_hook(hook)
+
+    def register_full_backward_hook(self, hook):
+        self._hook_on_submodule("register_full_backward_hook")
+        return super().register_full_backward_hook(hook)
+
+    def forward(self, x):
+        # A one-tensor layer (Linear, Conv2d, a ResNet block, ...) of the tree, called on its own.
+        return self._c.forward(x)
+
+    def __deepcopy__(self, memo):
+        raise KilnError(f"copy.deepcopy of '{self._path}' ({self._c.type_name}), a submodule of a kiln.models "
+                        "model: deep-copy the whole model")
 
     def _set_mode(self, mode):
         self._c.train(mode)
 
     def _convert(self, device, dtype, moved, prefix):
+        # The C++ to() converts this module's whole subtree in place (the tensors, so every wrapper sees
+        # it); to() reaching a submodule after its parent finds nothing left to do.
         if device is not None:
             self._c.to_device(device)
         if dtype is not None:
@@ -1531,4 +1625,12 @@ class CppModule(Module):
         return IncompatibleKeys(*self._c.load_state_dict(dict(state_dict), strict))
 
     def extra_repr(self):
-        return f"{self._c.type_name}, {self._c.num_parameters()} parameters"
+        n = self._c.num_parameters()
+        if not self._path:
+            return f"{self._c.type_name}, {n} parameters"
+        return f"{n} parameters" if n else ""
+
+    def __repr__(self):
+        r = super().__repr__()
+        # A submodule under its C++ type's name (Conv2d, BasicBlock), as torch prints it.
+        return self._c.type_name + r[len(type(self).__name__):] if self._path else r

@@ -1,0 +1,185 @@
+# kiln.models models as torch modules: the same Parameter objects on every call, their C++ module
+# tree as submodules, Hugging Face state dicts, iterator parameters(), deepcopy with hooks.
+import copy
+import inspect
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from kiln import nn
+
+
+class TeacherStudent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.student = kiln.models.create("resnet20")
+        self.teacher = kiln.models.create("resnet20")
+
+
+def test_two_zoo_models_in_one_module_list_every_parameter():
+    m = TeacherStudent()
+    one = kiln.models.create("resnet20")
+    n_params, n_bufs = len(list(one.named_parameters())), len(list(one.named_buffers()))
+    names = [n for n, _ in m.named_parameters()]
+    assert len(names) == len(set(names)) == 2 * n_params
+    assert len([n for n, _ in m.named_buffers()]) == 2 * n_bufs
+    assert len(m.state_dict()) == 2 * len(one.state_dict())
+    for n, p in m.named_parameters():
+        if n.startswith("teacher."):
+            p.requires_grad_(False)
+    assert not any(p.requires_grad for p in m.teacher.parameters())
+    assert all(p.requires_grad for p in m.student.parameters())
+
+
+def test_zoo_parameters_are_the_same_parameter_objects():
+    m = kiln.models.create("resnet20")
+    p = next(m.parameters())
+    assert isinstance(p, nn.Parameter) and p is next(m.parameters())
+    assert not any(isinstance(b, nn.Parameter) for b in m.buffers())  # buffers: tensors, as torch's
+    ps = list(m.parameters())
+    assert len(set(ps + list(m.parameters()))) == len(ps)
+    head = {id(q) for n, q in m.named_parameters() if n.startswith("fc.")}
+    assert len([q for q in m.parameters() if id(q) not in head]) == len(ps) - 2
+    p.tag = "mine"
+    assert next(m.parameters()).tag == "mine"
+    # The objects stay the model's tensors: to() converts, load_state_dict copies and requires_grad_
+    # flags the C++ tensors in place.
+    w = m.fc.weight
+    m.double()
+    assert w is m.fc.weight and w.dtype == kiln.float64
+    m.load_state_dict({k: kiln.zeros_like(v) for k, v in m.state_dict().items()})
+    assert float(w.abs().sum()) == 0.0
+    m.requires_grad_(False)
+    assert not w.requires_grad and [q is r for q, r in zip(ps, m.parameters())] == [True] * len(ps)
+    m.requires_grad_(True).float()
+    opt = kiln.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    nn.functional.cross_entropy(m(kiln.randn(2, 3, 32, 32)), kiln.tensor([0, 1])).backward()
+    opt.step()
+    assert w.grad is not None and "momentum_buffer" in opt.state[m.fc.weight]
+
+
+def test_tied_zoo_parameter_is_one_object_under_each_name():
+    b = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 300})
+    everything = list(b.named_parameters(remove_duplicate=False))
+    assert len({id(p) for _, p in everything}) == len(list(b.parameters()))
+    assert b.bert.embeddings.word_embeddings.weight is dict(everything)["bert.embeddings.word_embeddings.weight"]
+
+
+def test_zoo_model_tree_is_its_submodules():
+    m = kiln.models.create("resnet20")
+    assert [n for n, _ in m.named_children()] == ["conv1", "bn1", "layer1", "layer2", "layer3", "fc"]
+    mods = dict(m.named_modules())
+    # As torch: every parameter's and buffer's module is a named module, holding it under its last name.
+    for n, t in list(m.named_parameters()) + list(m.named_buffers()):
+        path, _, last = n.rpartition(".")
+        assert getattr(mods[path], last) is t
+    assert m.get_submodule("layer2.0.downsample.0") is m.layer2[0].downsample[0] is mods["layer2.0.downsample.0"]
+    assert m.get_parameter("layer1.1.bn2.weight") is m.layer1[1].bn2.weight
+    assert len(m.layer1) == 3 and list(m.layer3) == [m.layer3[0], m.layer3[1], m.layer3[-1]]
+    seen = []
+    m.apply(seen.append)
+    assert len(seen) == len(mods) and seen[-1] is m
+    # The tree and its state dict agree with the C++ model's.
+    assert set(m.state_dict()) == set(m._c.state_dict())
+    assert [n for n, _ in m.named_parameters()] == [n for n, _ in m._c.named_parameters()]
+    assert list(m.named_parameters(recurse=False)) == []
+    assert [n for n, _ in m.fc.named_parameters(recurse=False)] == ["weight", "bias"]
+    # train/eval reach every C++ submodule.
+    m.eval()
+    assert not m.layer1[0]._c.training and not m.layer1[0].training
+    # A one-tensor layer runs on its own, as torch's.
+    x = kiln.randn(4, 64)
+    want = torch.nn.functional.linear(torch.from_numpy(x.numpy()), torch.from_numpy(m.fc.weight.detach().numpy()),
+                                      torch.from_numpy(m.fc.bias.detach().numpy()))
+    np.testing.assert_allclose(m.fc(x).detach().numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    b = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 300})
+    q = b.get_submodule("bert.encoder.layer.1.attention.self.query")
+    assert q is b.bert.encoder.layer[1].attention.self.query and "Linear" in repr(q)
+
+
+def test_zoo_model_tree_is_fixed_and_says_so():
+    m = kiln.models.create("resnet20")
+    with pytest.raises(kiln.KilnError, match="cannot assign 'fc' of the model .*built in C\\+\\+"):
+        m.fc = nn.Linear(64, 3)
+    with pytest.raises(kiln.KilnError, match="cannot assign 'weight' of 'fc' \\(Linear\\)"):
+        m.fc.weight = nn.Parameter(kiln.zeros(10, 64))
+    with pytest.raises(kiln.KilnError, match="cannot delete 'conv1'"):
+        del m.layer1[0].conv1
+    with pytest.raises(kiln.KilnError, match="cannot add module 'extra'"):
+        m.add_module("extra", nn.ReLU())
+    with pytest.raises(kiln.KilnError, match="register_forward_hook on 'layer1' .*register it on the whole model"):
+        m.layer1.register_forward_hook(lambda *a: None)
+    with pytest.raises(TypeError, match="'layer1.0' \\(BasicBlock\\) is not indexable"):
+        m.layer1[0][0]
+    b = kiln.models.create("bert-tiny")
+    with pytest.raises(TypeError, match="a BertLayer of a kiln.models model cannot be called on its own"):
+        b.encoder.layer[0](kiln.randn(1, 4, 128))
+    m.note = "plain attributes are fine"
+    assert m.note == "plain attributes are fine" and isinstance(m.fc, nn.Module)
+
+
+def test_hugging_face_bert_for_masked_lm_state_dict_loads():
+    b = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 300})
+    cfg = dict(layers=2, hidden=128, inter=512, vocab=300, positions=512, types=2)
+    h, i = cfg["hidden"], cfg["inter"]
+    # The names and shapes of transformers' BertForMaskedLM.state_dict() (no pooler; the decoder's
+    # weight is the word embeddings, its bias cls.predictions.bias, both saved under both names).
+    shapes = {"bert.embeddings.word_embeddings.weight": (cfg["vocab"], h),
+              "bert.embeddings.position_embeddings.weight": (cfg["positions"], h),
+              "bert.embeddings.token_type_embeddings.weight": (cfg["types"], h),
+              "bert.embeddings.LayerNorm.weight": (h,), "bert.embeddings.LayerNorm.bias": (h,)}
+    for n in range(cfg["layers"]):
+        at = f"bert.encoder.layer.{n}."
+        for lin in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            shapes.update({at + lin + ".weight": (h, h), at + lin + ".bias": (h,)})
+        shapes.update({at + "attention.output.LayerNorm.weight": (h,), at + "attention.output.LayerNorm.bias": (h,),
+                       at + "intermediate.dense.weight": (i, h), at + "intermediate.dense.bias": (i,),
+                       at + "output.dense.weight": (h, i), at + "output.dense.bias": (h,),
+                       at + "output.LayerNorm.weight": (h,), at + "output.LayerNorm.bias": (h,)})
+    shapes.update({"cls.predictions.bias": (cfg["vocab"],), "cls.predictions.transform.dense.weight": (h, h),
+                   "cls.predictions.transform.dense.bias": (h,), "cls.predictions.transform.LayerNorm.weight": (h,),
+                   "cls.predictions.transform.LayerNorm.bias": (h,)})
+    gen = torch.Generator().manual_seed(0)
+    hf = {k: torch.randn(s, generator=gen) for k, s in shapes.items()}
+    hf["cls.predictions.decoder.weight"] = hf["bert.embeddings.word_embeddings.weight"]
+    hf["cls.predictions.decoder.bias"] = hf["cls.predictions.bias"]
+    hf["bert.embeddings.position_ids"] = torch.arange(cfg["positions"]).unsqueeze(0)  # transformers < 4.31
+    sd = {k: kiln.from_dlpack(v.contiguous()) for k, v in hf.items()}
+    assert b.load_state_dict(sd) == ([], [])
+    got = b.state_dict()
+    for k in shapes:
+        np.testing.assert_array_equal(got[k].numpy(), hf[k].numpy(), err_msg=k)
+    # An untied decoder cannot be represented: the error names both tensors.
+    sd["cls.predictions.decoder.weight"] = kiln.zeros(cfg["vocab"], h)
+    with pytest.raises(kiln.KilnError, match="load_state_dict\\(bert-tiny-mlm\\): 'cls.predictions.decoder.weight' "
+                                             "differs from 'bert.embeddings.word_embeddings.weight'"):
+        b.load_state_dict(sd)
+
+
+def test_parameters_and_buffers_are_iterators_as_torch():
+    t = torch.nn.Linear(2, 2)
+    for m in (nn.Linear(2, 2), kiln.models.create("resnet20")):
+        for f in ("parameters", "buffers", "named_parameters", "named_buffers", "children", "modules"):
+            assert inspect.isgenerator(getattr(m, f)()) == inspect.isgenerator(getattr(t, f)()), f
+        assert next(m.parameters()) is next(iter(m.parameters()))
+
+
+def test_deepcopy_of_a_zoo_model_keeps_its_hooks():
+    m = kiln.models.create("resnet20")
+    calls = []
+    h = m.register_forward_hook(lambda mod, args, out: calls.append(mod))
+    m.register_forward_pre_hook(lambda mod, args: calls.append("pre"))
+    c = copy.deepcopy(m)
+    x = kiln.randn(1, 3, 32, 32)
+    c(x)
+    assert calls == ["pre", c]  # the hook gets the copy, as torch's
+    h.remove()  # the original's handle: the copy keeps its hook
+    calls.clear()
+    c(x)
+    m(x)
+    assert calls == ["pre", c, "pre"]
+    # Deep-copied with the model, a parameter maps to the copy's.
+    c2, p2 = copy.deepcopy((m, m.fc.weight))
+    assert p2 is c2.fc.weight and p2 is not m.fc.weight
