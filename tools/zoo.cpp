@@ -266,7 +266,8 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
       std::any_of(in.begin(), in.end(), [](const auto& kv) { return starts_with(kv.first, "bert."); });
   const bool strip_bert = !mine_prefixed && in_prefixed && mine.count("embeddings.word_embeddings.weight");
   // Only a model with a masked-LM head ties a decoder; for the others (a classifier, the bare
-  // encoder) the checkpoint's cls.* heads are unused, and drop_unused_heads drops them unexamined.
+  // encoder) the checkpoint's cls.* heads are unused: kept here, so drop_unused_heads drops them
+  // unexamined and a strict load (Python's load_state_dict) names them as unexpected.
   const bool mlm_head = mine.count("cls.predictions.bias") > 0;
   nn::StateDict out;
   std::map<std::string, std::string> source;  // Kiln name -> the checkpoint's name it came from
@@ -276,8 +277,8 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
     if (strip_bert && starts_with(k, "bert.")) k = k.substr(5);
     if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".gamma")) k = k.substr(0, k.size() - 6) + ".weight";
     if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".beta")) k = k.substr(0, k.size() - 5) + ".bias";
-    if (k == "cls.predictions.decoder.weight" && !mine.count(k)) {
-      if (mlm_head) decoders.emplace_back(n, t);  // tied: checked against the word embeddings below
+    if (k == "cls.predictions.decoder.weight" && !mine.count(k) && mlm_head) {
+      decoders.emplace_back(n, t);  // tied: checked against the word embeddings below
       continue;
     }
     if (ends_with(k, "embeddings.position_ids") && !mine.count(k)) continue;

@@ -50,12 +50,13 @@ class ZooModel(CppModule):
             if old.grad is not None:
                 p.grad = old.grad.detach().clone()
         new.train(self.training)
-        # As torch's deepcopy: the copy keeps the hooks (the same functions; a handle deep-copied along
-        # follows the copy's), and an object copied with the model maps each parameter to the copy's.
-        for hooks in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
-            object.__setattr__(new, hooks, copy.deepcopy(getattr(self, hooks), memo))
+        # As torch's deepcopy: an object copied with the model (a hook's state among them, so the
+        # parameters are mapped before the hooks are copied) maps each parameter to the copy's, and
+        # the copy keeps the hooks (the same functions; a handle deep-copied along follows the copy's).
         for k, p in new.named_parameters():
             memo[id(params[k])] = p
+        for hooks in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
+            object.__setattr__(new, hooks, copy.deepcopy(getattr(self, hooks), memo))
         return new
 
     def load_state_dict(self, state_dict, strict=True):
@@ -64,15 +65,19 @@ class ZooModel(CppModule):
                 if not isinstance(k, str):
                     raise TypeError(f"load_state_dict: key {k!r} is a {type(k).__name__}, expected a str (the name of "
                                     f"a parameter or buffer of {self.name})")
-            # A checkpoint named as another framework names it (Hugging Face's BertForMaskedLM: the tied
-            # decoder weight, "bert." on an encoder, gamma/beta) loads as `kiln forward` loads it: the
-            # same C++ normalisation, onto this model's names.
+            # A BERT checkpoint named as Hugging Face names it (BertForMaskedLM: the tied decoder weight,
+            # "bert." on an encoder, gamma/beta, position_ids) loads as `kiln forward` loads it: the
+            # same C++ normalisation, onto this model's names. Only for BERT: another model's load
+            # stays strict about every name (a stray key is unexpected).
+            mine = self._c.state_dict()
+            bert = any(k.endswith("embeddings.word_embeddings.weight") for k in mine)
             for k, v in state_dict.items():
                 if not isinstance(v, _C.Tensor):
                     break  # an array: the C++ load names it
             else:
-                state_dict = _C._normalise_checkpoint_names(dict(state_dict), self._c.state_dict(),
-                                                            f"load_state_dict({self.name})")
+                if bert:
+                    state_dict = _C._normalise_checkpoint_names(dict(state_dict), mine,
+                                                                f"load_state_dict({self.name})")
         return super().load_state_dict(state_dict, strict)
 
     @property

@@ -1522,8 +1522,8 @@ class CppModule(Module):
         # objects, as torch's, so `is`, id(), sets and dicts keyed by parameters work. It stays valid:
         # the C++ module never replaces its tensors; to() converts and moves each in place (its impl)
         # and load_state_dict copies into it, and the wrapper is a second handle onto that impl.
+        # Not kept on the module: a submodule held alone (model.fc) keeps only its own tensors alive.
         wrappers = {} if _wrappers is None else _wrappers
-        object.__setattr__(self, "_wrappers", wrappers)
         for store, params in ((self._parameters, True), (self._buffers, False)):
             for name, t, key in cmodule.own_tensors(params):
                 w = wrappers.get(key)
@@ -1536,7 +1536,8 @@ class CppModule(Module):
                     wrappers[key] = w
                 store[name] = w
         for name, child in cmodule.children():
-            self._modules[name] = CppModule(child, wrappers, f"{_path}.{name}" if _path else name)
+            kind = _CppModuleList if child.type_name in ("ModuleList", "Sequential") else CppModule
+            self._modules[name] = kind(child, wrappers, f"{_path}.{name}" if _path else name)
 
     def _refuse(self, what):
         where = f"'{self._path}' ({self._c.type_name})" if self._path else f"the model ({self._c.type_name})"
@@ -1566,22 +1567,6 @@ class CppModule(Module):
 
     def add_module(self, name, module):
         self._refuse(f"cannot add module '{name}'")
-
-    # A ModuleList's or Sequential's children by index, as torch's (model.layer1[0]).
-    def __getitem__(self, idx):
-        if self._c.type_name not in ("ModuleList", "Sequential"):
-            raise TypeError(f"'{self._path}' ({self._c.type_name}) is not indexable")
-        return getattr(self, _abs_index(self, idx))
-
-    def __len__(self):
-        if self._c.type_name not in ("ModuleList", "Sequential"):
-            raise TypeError(f"'{self._path}' ({self._c.type_name}) has no len()")
-        return len(self._modules)
-
-    def __iter__(self):
-        if self._c.type_name not in ("ModuleList", "Sequential"):
-            raise TypeError(f"'{self._path}' ({self._c.type_name}) is not iterable")
-        return iter(self._modules.values())
 
     def _hook_on_submodule(self, kind):
         if self._path:
@@ -1634,3 +1619,19 @@ class CppModule(Module):
         r = super().__repr__()
         # A submodule under its C++ type's name (Conv2d, BasicBlock), as torch prints it.
         return self._c.type_name + r[len(type(self).__name__):] if self._path else r
+
+
+class _CppModuleList(CppModule):
+    """A C++ ModuleList or Sequential inside a kiln.models model: its children by index, len and
+    iteration, as torch's (model.layer1[0]); only these are sequences, so bool() and iter() of any
+    other module behave as torch's."""
+
+    def __getitem__(self, idx):
+        return getattr(self, _abs_index(self, idx))
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
