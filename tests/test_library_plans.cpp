@@ -4,7 +4,8 @@
 // would) against naive f64 references written from the engine's contracts (kernels/backend.h), for
 // transposed, batched (a broadcast operand), padded-ld, k == 0 and odd shapes, and grouped, strided,
 // dilated, padded convolutions in NCHW and NHWC. Also the Tensor Core GEMM's dispatch: which
-// products Kiln's kernel takes and why not, and that its arguments compute what cuBLASLt's plan does.
+// products Kiln's kernel takes and why not, and that its arguments compute what cuBLASLt's plan does;
+// conv.cu's cache key, and which batch norms cuDNN can take (bn_plan.h).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "base/half.h"
+#include "kernels/common/bn_plan.h"
 #include "kernels/common/conv_plan.h"
 #include "kernels/common/gemm_plan.h"
 #include "kernels/cuda/emulator/emulator.h"
@@ -236,8 +238,11 @@ TEST_CASE("library plans: the Tensor Core GEMM takes aligned 16-bit products and
   CHECK(refusal([](GemmCall& h) { h.batch = 2, h.stride_b = 72 * 64 + 4; }) == TcRefusal::stride_alignment);
   CHECK(refusal([](GemmCall&) {}, address(0x10002)) == TcRefusal::a_misaligned);
   CHECK(refusal([](GemmCall&) {}, nullptr, address(0x20008)) == TcRefusal::b_misaligned);
-  CHECK(refusal([](GemmCall& h) { h.batch = 65536; }) == TcRefusal::batch_over_grid);
-  CHECK(refusal([](GemmCall& h) { h.batch = 65535; }) == TcRefusal::none);
+  CHECK(refusal([](GemmCall& h) { h.batch = 2, h.stride_c = 0; }) == TcRefusal::c_overlap);  // one C for both
+  CHECK(refusal([](GemmCall& h) { h.batch = 2, h.stride_c = 199 * 72 + 71; }) == TcRefusal::c_overlap);
+  CHECK(refusal([](GemmCall& h) { h.batch = 2, h.stride_c = 199 * 72 + 72, h.stride_a = 0; }) == TcRefusal::none);
+  CHECK(refusal([](GemmCall& h) { h.batch = 65536, h.stride_c = 200 * 72; }) == TcRefusal::batch_over_grid);
+  CHECK(refusal([](GemmCall& h) { h.batch = 65535, h.stride_c = 200 * 72; }) == TcRefusal::none);
   CHECK(refusal([](GemmCall& h) { h.m = 65535 * 128 + 1; }) == TcRefusal::rows_over_grid);
   CHECK(refusal([](GemmCall& h) { h.m = 65535 * 128; }) == TcRefusal::none);
   CHECK(std::string(tc_refusal_text(TcRefusal::k_alignment)) == "K is not a multiple of 8");
@@ -403,6 +408,55 @@ TEST_CASE("library plans: convolutions cuDNN cannot take (zero sizes) and bad pa
   p.groups = 2;
   CHECK_THROWS_WITH_AS(plan_conv(DType::i64, p, ConvPass::forward, false),
                        doctest::Contains("dtype i64 is not supported"), Error);
+}
+
+TEST_CASE("library plans: a convolution with more than 2^31-1 elements in one tensor is refused, naming it") {
+  // Each dimension fits in int32 but a total does not: cudnnSetTensor4dDescriptor would refuse it with a bare
+  // status. The plan is arithmetic, so nothing is allocated.
+  Conv2dParams p = conv_params(1024, 64, 256, 256, 8, 1, 1, 1, 1, 0, 0, 1, 1, 1, false);  // x: 2^32 elements
+  for (ConvPass pass : {ConvPass::forward, ConvPass::backward_data, ConvPass::backward_filter})
+    CHECK_THROWS_WITH_AS(plan_conv(DType::f16, p, pass, false),
+                         doctest::Contains("at most 2^31-1 elements per tensor, but the input has 4294967296, the "
+                                           "weight 512 and the output 536870912: f16 input [1024,64,256,256]"),
+                         Error);
+  p = conv_params(1, 1, 256, 256, 65536, 1, 1, 1, 1, 0, 0, 1, 1, 1, true);  // y: 2^32 elements
+  CHECK_THROWS_WITH_AS(plan_conv(DType::f32, p, ConvPass::forward, false),
+                       doctest::Contains("the output 4294967296: f32 input [1,1,256,256] weight [65536,1,1,1]"), Error);
+  p = conv_params(1, 65536, 1, 1, 65536, 1, 1, 1, 1, 0, 0, 1, 1, 1, false);  // w: 2^32 elements
+  CHECK_THROWS_WITH_AS(plan_conv(DType::f32, p, ConvPass::backward_filter, false),
+                       doctest::Contains("the weight 4294967296"), Error);
+  p.groups = 2;  // w: 2^31 elements
+  CHECK_THROWS_WITH_AS(plan_conv(DType::f32, p, ConvPass::backward_filter, false),
+                       doctest::Contains("the weight 2147483648"), Error);
+  p.groups = 4;  // 2^30 elements in each: cuDNN takes it
+  CHECK(plan_conv(DType::f32, p, ConvPass::backward_filter, false).path == ConvPath::convolve);
+}
+
+TEST_CASE("library plans: conv.cu's algorithm caches key on benchmark mode, determinism, TF32 and the shape") {
+  const Conv2dParams p = conv_params(2, 4, 8, 8, 6, 3, 3, 1, 1, 1, 1, 1, 1, 2, false);
+  const ConvKey heuristic = conv_key(0, ConvPass::forward, DType::f32, p, {false, false, false});
+  // set_cudnn_benchmark(true) after a shape ran on cuDNN's heuristic choice: that choice must not be reused.
+  CHECK(heuristic != conv_key(0, ConvPass::forward, DType::f32, p, {false, false, true}));
+  CHECK(heuristic != conv_key(0, ConvPass::forward, DType::f32, p, {true, false, false}));
+  CHECK(heuristic != conv_key(0, ConvPass::forward, DType::f32, p, {false, true, false}));
+  CHECK(heuristic != conv_key(1, ConvPass::forward, DType::f32, p, {false, false, false}));
+  CHECK(heuristic != conv_key(0, ConvPass::backward_data, DType::f32, p, {false, false, false}));
+  CHECK(heuristic != conv_key(0, ConvPass::forward, DType::f16, p, {false, false, false}));
+  Conv2dParams q = p;
+  q.nhwc = true;
+  CHECK(heuristic != conv_key(0, ConvPass::forward, DType::f32, q, {false, false, false}));
+  CHECK(heuristic == conv_key(0, ConvPass::forward, DType::f32, p, {false, false, false}));
+}
+
+TEST_CASE("library plans: batch norm over more than 2^31-1 elements takes the handwritten kernels, not cuDNN") {
+  CHECK_FALSE(cudnn_bn_fits(128, 64, 512 * 512));  // [128,64,512,512]: 2^31 elements
+  CHECK(cudnn_bn_fits(128, 64, 512 * 512 - 1));
+  CHECK_FALSE(cudnn_bn_fits(1, 1, INT32_MAX + int64_t(1)));
+  CHECK(cudnn_bn_fits(1, 1, INT32_MAX));
+  CHECK_FALSE(cudnn_bn_fits(INT64_MAX / 2, 4, 3));  // the product would overflow int64
+  CHECK_FALSE(cudnn_bn_fits(1, INT32_MAX + int64_t(1), 1));
+  CHECK(cudnn_bn_fits(32, 64, 56 * 56));
+  CHECK(cudnn_bn_fits(0, 64, 1 << 30));  // empty
 }
 
 TEST_CASE("library plans: which of cuDNN's candidate algorithms conv.cu may use") {

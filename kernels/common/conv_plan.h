@@ -10,7 +10,10 @@
 // is here too. No CUDA headers: this compiles with any C++ compiler.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "base/dtype.h"
 #include "base/error.h"
@@ -100,6 +103,17 @@ inline DnnFilter dnn_filter(DnnFormat f, int k, int c, int r, int s) {
   return t;
 }
 
+// The product of non-negative sizes, or INT64_MAX where it would overflow (four dimensions of up to
+// 2^31 each can): only compared against limits.
+inline int64_t size_product(std::initializer_list<int64_t> dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    if (d == 0) return 0;
+    n = n > INT64_MAX / d ? INT64_MAX : n * d;
+  }
+  return n;
+}
+
 // cuDNN's output size of one spatial dimension (cudnnGetConvolution2dForwardOutputDim).
 inline int64_t conv_output_size(int64_t in, int64_t pad, int64_t kernel, int64_t stride, int64_t dilation) {
   return (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1;
@@ -107,8 +121,9 @@ inline int64_t conv_output_size(int64_t in, int64_t pad, int64_t kernel, int64_t
 
 // The cuDNN call for one pass of the engine's convolution. allow_tf32: f32 may run on TF32 tensor
 // cores (cuda::allow_tf32()). Throws naming the convolution for what cuDNN would refuse: an
-// unsupported dtype, sizes beyond int32, a non-positive stride or dilation, groups that do not
-// divide the channels, an output size that is not the convolution's.
+// unsupported dtype, sizes beyond int32 (each dimension, and each tensor's element count), a
+// non-positive stride or dilation, groups that do not divide the channels, an output size that is
+// not the convolution's.
 inline ConvPlan plan_conv(DType dt, const Conv2dParams& p, ConvPass pass, bool allow_tf32) {
   ConvPlan plan;
   plan.pass = pass;
@@ -129,6 +144,13 @@ inline ConvPlan plan_conv(DType dt, const Conv2dParams& p, ConvPass pass, bool a
       p.oh == conv_output_size(p.h, p.ph, p.kh, p.sh, p.dh) && p.ow == conv_output_size(p.w, p.pw, p.kw, p.sw, p.dw),
       "cuda conv2d: the output must be [", conv_output_size(p.h, p.ph, p.kh, p.sh, p.dh), ",",
       conv_output_size(p.w, p.pw, p.kw, p.sw, p.dw), "]: ", describe(dt, p));
+  // cudnnSetTensor4dDescriptor and cudnnSetFilter4dDescriptor refuse more than 2^31-1 elements in all, even where
+  // each dimension fits: the cuDNN path has no other way for such a convolution, so say which it is here.
+  const int64_t nx = size_product({p.n, p.c, p.h, p.w}), ny = size_product({p.n, p.o, p.oh, p.ow}),
+                nw = size_product({p.o, p.c / p.groups, p.kh, p.kw});
+  KILN_CHECK(nx <= INT32_MAX && ny <= INT32_MAX && nw <= INT32_MAX,
+             "cuda conv2d: cuDNN takes at most 2^31-1 elements per tensor, but the input has ", nx, ", the weight ", nw,
+             " and the output ", ny, ": ", describe(dt, p));
   // Dimensions are given as N, C, H, W in both formats; the format says how they lie in memory.
   const DnnFormat f = p.nhwc ? DnnFormat::nhwc : DnnFormat::nchw;
   plan.x = dnn_tensor(f, int(p.n), int(p.c), int(p.h), int(p.w));
@@ -149,7 +171,6 @@ inline ConvPlan plan_conv(DType dt, const Conv2dParams& p, ConvPass pass, bool a
   c.math = is_low_precision(dt)               ? DnnMath::tensor_op
            : (dt == DType::f32 && allow_tf32) ? DnnMath::default_math
                                               : DnnMath::fma;
-  const int64_t ny = p.n * p.o * p.oh * p.ow, nx = p.n * p.c * p.h * p.w, nw = p.o * (p.c / p.groups) * p.kh * p.kw;
   if (pass == ConvPass::forward) {
     plan.path = ny == 0 ? ConvPath::nothing : p.c == 0 ? ConvPath::bias_only : ConvPath::convolve;
   } else {
@@ -190,6 +211,25 @@ inline bool usable(const DnnCandidate& c, DType dt, bool deterministic_mode, boo
   // reach, where TF32 is what was allowed.
   if ((dt == DType::f32 || dt == DType::f64) && c.math == DnnMath::tensor_op_allow_conversion) return false;
   return true;
+}
+
+// What conv.cu's caches (the usable candidates and the algorithm that ran) are keyed on: the device,
+// the pass, the dtype, the shape, and every mode that changes the choice: deterministic mode and TF32
+// change which candidates are usable, and benchmark mode how they are ordered (timed, not by
+// heuristics), so turning benchmark mode on must not keep a heuristic choice made before.
+struct ConvModes {
+  bool deterministic = false, allow_tf32 = false, benchmark = false;
+};
+using ConvKey = std::tuple<int, int, int, bool, bool, bool, std::vector<int64_t>>;
+inline ConvKey conv_key(int device, ConvPass pass, DType dt, const Conv2dParams& p, ConvModes m) {
+  return ConvKey{device,
+                 int(pass),
+                 int(dt),
+                 m.deterministic,
+                 m.allow_tf32,
+                 m.benchmark,
+                 std::vector<int64_t>{p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh, p.dw, p.groups,
+                                      int64_t(p.nhwc)}};
 }
 
 }  // namespace kiln::libplan

@@ -186,6 +186,7 @@ enum class TcRefusal : uint8_t {
   stride_alignment,  // a batch stride of A or B is not a multiple of 8
   a_misaligned,      // A's pointer is not 16-byte aligned
   b_misaligned,
+  c_overlap,        // batches of C overlap (stride_c below one output, 0 say): its batches write in parallel
   batch_over_grid,  // batch > 65535: the grid's z dimension
   rows_over_grid,   // more than 65535 row blocks of 128: the grid's y dimension
   device,           // the device cannot run it (before sm_80, or no code for it in this build)
@@ -202,6 +203,7 @@ inline const char* tc_refusal_text(TcRefusal r) {
     case TcRefusal::stride_alignment: return "a batch stride of A or B is not a multiple of 8";
     case TcRefusal::a_misaligned: return "A is not 16-byte aligned";
     case TcRefusal::b_misaligned: return "B is not 16-byte aligned";
+    case TcRefusal::c_overlap: return "the batch stride of C is smaller than one output: the batches overlap";
     case TcRefusal::batch_over_grid: return "batch is more than the grid's z dimension (65535)";
     case TcRefusal::rows_over_grid: return "M needs more than 65535 row blocks (the grid's y dimension)";
     case TcRefusal::device: return "the device cannot run it (sm_80 or newer)";
@@ -222,6 +224,8 @@ inline TcRefusal plan_tc_gemm(const GemmCall& g, const void* a, const void* b, v
   if (g.stride_a % 8 != 0 || g.stride_b % 8 != 0) return TcRefusal::stride_alignment;
   if (reinterpret_cast<uintptr_t>(a) % 16 != 0) return TcRefusal::a_misaligned;
   if (reinterpret_cast<uintptr_t>(b) % 16 != 0) return TcRefusal::b_misaligned;
+  // check_tc_gemm_args' rule: the kernel's batches would race on a shared C, so cuBLASLt takes those.
+  if (g.batch > 1 && g.stride_c < (g.m - 1) * g.ldc + g.n) return TcRefusal::c_overlap;
   if (g.batch > 65535) return TcRefusal::batch_over_grid;
   if ((g.m + tcgemm::kBM - 1) / tcgemm::kBM > 65535) return TcRefusal::rows_over_grid;
   if (out) {

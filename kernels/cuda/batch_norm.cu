@@ -11,7 +11,8 @@
 // reproducible, and its one-pass variance loses digits on near-constant channels; so in
 // deterministic mode (cuda::deterministic()) training uses the handwritten kernels below, with the
 // CPU's two-pass formulas and sums in a fixed order. So does every call after a cuDNN batch-norm
-// call returned an error on a healthy device (g_cudnn_bn): one line on stderr says so.
+// call returned an error on a healthy device (g_cudnn_bn): one line on stderr says so; and every
+// call over more than 2^31-1 elements, which cuDNN's descriptors cannot hold (libplan::cudnn_bn_fits).
 //
 // The handwritten path splits each channel's n*hw values into fixed chunks (bn_chunking: the
 // split depends on the shape only), reduces a chunk per block into an f64 partial, sums the
@@ -25,6 +26,7 @@
 #include <cstdio>
 #include <type_traits>
 
+#include "kernels/common/bn_plan.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/nn_common.cuh"
@@ -67,8 +69,9 @@ struct BnTensor {
 };
 
 void check_cudnn_bn(int64_t n, int64_t c, int64_t hw, double eps) {
-  KILN_CHECK(n * c * hw <= INT_MAX, "cuda batch_norm: cuDNN takes at most 2^31-1 elements, got [", n, ", ", c,
-             ", ", hw, "]");
+  // bn_forward_core and bn_backward_core send larger shapes to the handwritten kernels (libplan::cudnn_bn_fits).
+  KILN_CHECK(libplan::cudnn_bn_fits(n, c, hw), "cuda batch_norm: cuDNN takes at most 2^31-1 elements, got [", n, ", ",
+             c, ", ", hw, "]");
   KILN_CHECK(eps >= CUDNN_BN_MIN_EPSILON, "cuda batch_norm: eps ", eps, " is below cuDNN's minimum ",
              CUDNN_BN_MIN_EPSILON);
 }
@@ -399,7 +402,8 @@ void bn_forward_core(DType dt, int64_t n, int64_t c, int64_t hw, double eps, dou
   // NHWC memory [n, hw, c] is NCHW [n*hw, c, 1] with the same values of each channel in the same
   // order: the handwritten kernels (eval, and training in deterministic mode) take it as that and
   // compute exactly what they compute on the NCHW layout. Only cuDNN's path gets NHWC descriptors.
-  const bool cudnn = cudnn_bn_usable();
+  // cuDNN's descriptors take at most 2^31-1 elements: larger batches take the handwritten kernels.
+  const bool cudnn = cudnn_bn_usable() && libplan::cudnn_bn_fits(n, c, hw);
   if (nhwc && (!training || !cudnn))
     return bn_forward_core(dt, n * hw, c, 1, eps, momentum, training, x, gamma, beta, running_mean, running_var, y,
                            mean, rstd, false);
@@ -458,7 +462,7 @@ void bn_backward_core(DType dt, int64_t n, int64_t c, int64_t hw, bool training,
   if (c == 0) return;
   Context& ctx = current();
   // NHWC as NCHW [n*hw, c, 1] for the handwritten backward, as in the forward.
-  const bool cudnn = cudnn_bn_usable();
+  const bool cudnn = cudnn_bn_usable() && libplan::cudnn_bn_fits(n, c, hw);  // as in the forward
   if (nhwc && (!training || !gx || n * hw == 0 || !cudnn))
     return bn_backward_core(dt, n * hw, c, 1, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta, false);
   dispatch_nn(dt, "batch_norm", [&](auto tag) {

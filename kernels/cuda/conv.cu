@@ -17,7 +17,7 @@
 // limit and runs: a candidate that refuses the problem is skipped for the next); with
 // cuda::set_cudnn_benchmark(true) every algorithm is timed once per shape and the fastest kept; in
 // deterministic mode only algorithms cuDNN marks deterministic are used. The candidates and the
-// algorithm that ran are cached per (device, pass, dtype, shape, deterministic, TF32).
+// algorithm that ran are cached per (device, pass, dtype, shape, deterministic, TF32, benchmark): libplan::conv_key.
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -134,11 +134,9 @@ struct ConvDescs {
   ConvDescs& operator=(const ConvDescs&) = delete;
 };
 
-using Key = std::tuple<int, int, int, bool, bool, std::vector<int64_t>>;
+using Key = libplan::ConvKey;
 Key key_of(Pass pass, DType dt, const Conv2dParams& p) {
-  return Key{current().device, int(pass), int(dt), deterministic(), allow_tf32(),
-             std::vector<int64_t>{p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh, p.dw, p.groups,
-                                  int64_t(p.nhwc)}};
+  return libplan::conv_key(current().device, pass, dt, p, {deterministic(), allow_tf32(), g_benchmark.load()});
 }
 
 // alpha = 1, beta = 0 (or 1 to add), in the scaling type cuDNN expects for the dtype.
