@@ -34,8 +34,11 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
                "'s weight decay must be finite and >= 0, got ", groups_[g].weight_decay);
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       const Tensor& p = groups_[g].params[i];
-      KILN_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "optimizer: parameter ", i, " of group ", g,
-                 " must be a leaf that requires grad");
+      // A frozen parameter (requires_grad off) is taken, as torch takes it: it gets no gradient, so
+      // step() skips it, and once unfrozen it trains (its state made at its first gradient).
+      KILN_CHECK(p.defined() && p.is_leaf(), "optimizer: parameter ", i, " of group ", g,
+                 " must be a leaf tensor (a parameter), got ", p.defined() ? "one computed from others" : "none",
+                 p.defined() ? " (" + p.type_str() + ")" : "");
       const auto [at, fresh] = seen.try_emplace(p.impl_ptr().get(), g, i);
       KILN_CHECK(fresh, "optimizer: parameter ", i, " of group ", g, " is also parameter ", at->second.second,
                  " of group ", at->second.first, " (", p.type_str(), ")");

@@ -38,6 +38,8 @@ struct OptimizerState {
 
 class Optimizer {
  public:
+  // Each parameter a leaf, in one group only; a frozen one (requires_grad off) is taken, as torch
+  // takes it, and skipped by step() while it has no gradient.
   explicit Optimizer(std::vector<ParamGroup> groups);
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;

@@ -3,16 +3,29 @@ import json
 import os
 import signal
 
+import numpy as np
+
 from . import _C
 
 
 def _flags(options):
+    # The keywords are the long flags of `kiln train`, read from the command's own definition: an
+    # unknown one is named whatever its value (None would otherwise pass silently as "the default"),
+    # and a true/false flag given another type is named, not turned into a stray word ("0").
+    known = dict(_C._train_options())  # keyword -> whether it is a flag that takes no value
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        raise _C.KilnValueError(f"kiln.train: unknown option(s) {', '.join(unknown)} (help=True lists the "
+                                "options; each is a flag of kiln train)")
     args = []
     for key, value in options.items():
         if value is None:
             continue
         flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
+        if known[key] and not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"kiln.train: {key} is a true/false option; give True or False, got the "
+                            f"{type(value).__name__} {value!r}")
+        if isinstance(value, (bool, np.bool_)):
             args.append(f"{flag}={'true' if value else 'false'}")
         elif key == "set" and isinstance(value, dict):
             for k, v in value.items():
@@ -41,20 +54,13 @@ def train(model="resnet20", *, out, callback=None, **options):
     continues from the checkpoint.
 
     Returns the run's summary.json as a dict (help=True prints the options and returns None). A run
-    that fails raises kiln.KilnError with its messages; a list for a one-value option, or a callback
-    that returns something other than None, True or False, is an error."""
+    that fails raises kiln.KilnError with its messages; a bad option or config (what `kiln train`
+    refuses with exit code 2 before any work: an unknown keyword, whatever its value, batch=0,
+    momentum=1.5) raises kiln.KilnValueError (a ValueError). A true/false option given anything but
+    a bool (augment=0), or a callback that returns something other than None, True or False, raises
+    TypeError; a list for a one-value option is an error."""
     args = ["--model", str(model), "--out", os.fspath(out)] + _flags(options)
-    try:
-        r = _C._train(args, callback)
-    except _C.KilnValueError as e:
-        # CLI11 names the flag and its value ("... not expected: 3 --bogus-opt"): name the keyword
-        words = str(e).split()
-        unknown = [k for k in options if options[k] is not None and any(
-            w == "--" + k.replace("_", "-") or w.startswith("--" + k.replace("_", "-") + "=") for w in words)]
-        if "were not expected" in str(e) and unknown:
-            raise _C.KilnValueError(f"kiln.train: unknown option(s) {', '.join(unknown)} (help=True lists the "
-                                    "options; each is a flag of kiln train)") from None
-        raise
+    r = _C._train(args, callback)
     if "help" in r:  # help=True: the options of kiln train (each a keyword here)
         print(r["help"])
         return None
@@ -66,7 +72,10 @@ def train(model="resnet20", *, out, callback=None, **options):
         raise SystemExit(128 + r["stop_signal"])
     if r["returncode"] != 0:
         detail = "; ".join(r["errors"]) or f"exit code {r['returncode']} (see the messages above)"
-        raise _C.KilnError(f"kiln.train: {detail}")
+        # exit code 2 is the command's "bad flags or config, before any work" (batch=0, momentum=1.5, an
+        # --out that holds a run): a bad argument, as the options the flag parser refuses
+        error = _C.KilnValueError if r["returncode"] == 2 else _C.KilnError
+        raise error(f"kiln.train: {detail}")
     summary = os.path.join(r["out"], "summary.json")
     if os.path.exists(summary):
         with open(summary) as f:

@@ -77,9 +77,8 @@ std::vector<optim::ParamGroup> groups_of(nb::handle params, double lr, double we
   }
   if (!plain.empty()) groups.emplace(groups.begin(), std::move(plain), lr, weight_decay);
   if (groups.empty()) value_error("optimizer: got an empty parameter list");
-  for (const auto& g : groups)
-    for (const Tensor& p : g.params)
-      if (!p.requires_grad()) value_error("optimizer: a parameter does not require grad (" + p.type_str() + ")");
+  // A frozen parameter (requires_grad_(False)) is taken, as torch takes it: the engine skips a
+  // parameter without a gradient, and trains it once it is unfrozen.
   return groups;
 }
 

@@ -2,6 +2,7 @@
 // metrics streamed to a Python callback, and SIGINT (a notebook's interrupt) handled as the command
 // handles it: save a checkpoint, then stop; kiln.train then raises KeyboardInterrupt.
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/pair.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -118,6 +119,28 @@ void bind_train(nb::module_& m) {
       nb::arg("args"), nb::arg("callback").none(),
       "Runs `kiln train ARGS...` in this process; callback(record) gets every metrics line (a dict) and may "
       "return False to save and stop.");
+
+  // kiln.train checks its keywords against these before the run: an unknown one is named whatever
+  // its value (None included, which otherwise means "the default"), and a flag (an option that takes
+  // no value, --augment / --no-augment) must be given a bool (augment=0 would become the stray word
+  // "0").
+  m.def(
+      "_train_options",
+      [] {
+        CLI::App app{"kiln train"};
+        tools::TrainConfig c;
+        tools::add_train_flags(app, c);
+        std::vector<std::pair<std::string, bool>> out;  // (keyword, takes no value)
+        for (const CLI::Option* o : app.get_options())
+          for (std::string name : o->get_lnames()) {
+            for (char& ch : name)
+              if (ch == '-') ch = '_';
+            out.emplace_back(name, o->get_expected_max() == 0);
+          }
+        return out;
+      },
+      "The keywords of kiln.train (the long flags of `kiln train`), each with whether it is a flag that takes no "
+      "value.");
 
   m.def(
       "_report",

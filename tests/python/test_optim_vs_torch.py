@@ -345,3 +345,51 @@ def test_group_option_edits_survive_lr_changes_and_momentum_zero_resumes():
     again.load_state_dict(ko.state_dict())
     ko.load_state_dict(ko.state_dict())
     assert [g["momentum"] for g in again.param_groups] == [0.0, 0.5]
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_frozen_parameters_are_taken_skipped_and_train_once_unfrozen_as_torch(kind):
+    shapes = [(4, 3), (3,), (3, 2), (2,)]
+    ks, ts = zip(*(pair(RNG.standard_normal(s)) for s in shapes))
+    for p in ks[:2] + ts[:2]:  # the first layer frozen before the optimizer is made: torch takes it
+        p.requires_grad_(False)
+    if kind == "sgd":
+        ko = kiln.optim.SGD(ks, lr=0.1, momentum=0.9, weight_decay=0.1)
+        to = torch.optim.SGD(ts, lr=0.1, momentum=0.9, weight_decay=0.1)
+    else:
+        ko = kiln.optim.AdamW(ks, lr=0.05, weight_decay=0.5)
+        to = torch.optim.AdamW(ts, lr=0.05, weight_decay=0.5)
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    kx, tx = kiln.tensor(x), torch.tensor(x)
+
+    def step(ps, xx, opt):
+        opt.zero_grad()
+        out = (xx @ ps[0] + ps[1]) @ ps[2] + ps[3]
+        (out * out).mean().backward()
+        opt.step()
+
+    def freeze(first, second):
+        for i, p in enumerate(zip(ks, ts)):
+            for q in p:
+                q.requires_grad_(not (first if i < 2 else second))
+
+    for phase, (first_frozen, second_frozen) in enumerate([(True, False), (False, True), (False, False)]):
+        freeze(first_frozen, second_frozen)
+        before = [k.detach().numpy().copy() for k in ks]
+        for _ in range(2):
+            step(ks, kx, ko)
+            step(ts, tx, to)
+        for i, k in enumerate(ks):
+            frozen = first_frozen if i < 2 else second_frozen
+            if frozen:  # no gradient: neither the update nor the weight decay touches it
+                assert np.array_equal(k.detach().numpy(), before[i]), (phase, i)
+            else:
+                assert not np.array_equal(k.detach().numpy(), before[i]), (phase, i)
+        close(ks, ts, 1e-5)
+        # the state as torch's: made at a parameter's first gradient (fresh once unfrozen), kept while
+        # it is frozen, and each parameter's own step count
+        assert len(ko.state) == len(to.state), phase
+        for k, t in zip(ks, ts):
+            assert (k in ko.state) == (t in to.state)
+            if kind == "adamw" and t in to.state:
+                assert ko.state[k]["step"].item() == to.state[t]["step"].item()

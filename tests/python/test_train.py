@@ -88,6 +88,36 @@ def test_bad_options(tmp_path):
     assert not os.path.exists(tmp_path / "x")
 
 
+def test_unknown_keywords_are_named_whatever_their_value(tmp_path):
+    # None means "the flag's default" for a known option; an unknown one is still a mistake to name
+    with pytest.raises(kiln.KilnValueError, match=r"unknown option\(s\) bogus_opt"):
+        kiln.train("resnet20", out=tmp_path / "x", bogus_opt=None, max_steps=1)
+    assert not os.path.exists(tmp_path / "x")
+
+
+def test_true_false_options_take_a_bool(tmp_path):
+    # which options are flags comes from kiln train's own definition
+    options = dict(kiln._C._train_options())
+    assert options["augment"] and options["no_augment"] and options["overwrite"] and options["skip_bad_samples"]
+    assert not options["batch"] and not options["resume"]
+    for kw in [dict(augment=0), dict(overwrite="yes"), dict(nesterov=1.0), dict(tensorboard=[True])]:
+        (key,) = kw
+        with pytest.raises(TypeError, match=f"kiln.train: {key} is a true/false option; give True or False"):
+            kiln.train("resnet20", out=tmp_path / "x", max_steps=1, **kw)
+    assert not os.path.exists(tmp_path / "x")
+
+
+@pytest.mark.parametrize("kw", [dict(batch=0), dict(epochs=0), dict(lr=-0.1), dict(momentum=1.5), dict(log_every=0),
+                                dict(weight_decay=-1), dict(label_smoothing=1.5), dict(micro_batch=3),
+                                dict(max_steps=-1), dict(warmup=-1), dict(keep_last=-1), dict(threads=2000)])
+def test_a_bad_config_is_a_value_error(tmp_path, kw):
+    # what `kiln train` refuses with exit code 2 before any work, as the flags its parser refuses
+    options = dict(batch=16, max_steps=1, limit_train=32, limit_eval=16, progress="lines")
+    options.update(kw)
+    with pytest.raises(kiln.KilnValueError, match=next(iter(kw)).replace("_", "[-_]")):
+        kiln.train("resnet20", out=tmp_path / "x", **options)
+
+
 def test_callback_exception_saves_then_raises(tmp_path):
     # as a stop: the run saves, then the callback's own exception is raised, and resume="auto" goes on
     opts = dict(RESNET)  # 4 steps
