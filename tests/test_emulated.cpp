@@ -250,11 +250,13 @@ TEST_CASE("emulated cuda: a number in 16-bit + - * / stays f32, and linear adds 
   for (DType dt : {DType::bf16, DType::f16}) {
     CAPTURE(dt);
     std::vector<double> xs, ws, bs;
-    for (int i = 0; i < 8 * 32; ++i) xs.push_back(double(i * 7 % 13) - 6.0);
-    for (int i = 0; i < 4 * 32; ++i) ws.push_back(double(i * 5 % 11 - 5) / 16.0);
-    for (int i = 0; i < 4; ++i) bs.push_back(100.0 + 37.0 * i);  // exact in both dtypes
-    const Tensor x = from_vector(xs, {8, 32}).to(dt), w = from_vector(ws, {4, 32}).to(dt),
-                 b = from_vector(bs, {4}).to(dt);
+    // Values exact in both dtypes, products and sums exact in f32; rounding the product before adding the bias
+    // misses the one correct rounding in 40 bf16 outputs and 2 f16 ones.
+    for (int i = 0; i < 16 * 32; ++i) xs.push_back(double(i * 37 % 121) - 60.0);
+    for (int i = 0; i < 16 * 32; ++i) ws.push_back(double(i * 5 % 23 - 11) / 256.0);
+    for (int i = 0; i < 16; ++i) bs.push_back(0.75 * i - 5.125);
+    const Tensor x = from_vector(xs, {16, 32}).to(dt), w = from_vector(ws, {16, 32}).to(dt),
+                 b = from_vector(bs, {16}).to(dt);
     const auto round_once = [dt](double v) { return from_vector({v}, {1}).to(dt).to_vector()[0]; };
     const std::vector<double> xv = x.to_vector();
     for (bool emulated : {false, true}) {
@@ -274,11 +276,11 @@ TEST_CASE("emulated cuda: a number in 16-bit + - * / stays f32, and linear adds 
       CHECK(wrong == 0);
       const std::vector<double> y = linear(xd, w.to(dev), b.to(dev)).to(kCPU).to_vector();
       int wrong_linear = 0;
-      for (int r = 0; r < 8; ++r)
-        for (int o = 0; o < 4; ++o) {
-          double exact = bs[size_t(o)];  // the products and their sums are exact in f32 (multiples of 1/16)
+      for (int r = 0; r < 16; ++r)
+        for (int o = 0; o < 16; ++o) {
+          double exact = bs[size_t(o)];
           for (int k = 0; k < 32; ++k) exact += xs[size_t(r * 32 + k)] * ws[size_t(o * 32 + k)];
-          wrong_linear += y[size_t(r * 4 + o)] != round_once(exact);
+          wrong_linear += y[size_t(r * 16 + o)] != round_once(exact);
         }
       CHECK(wrong_linear == 0);
     }
