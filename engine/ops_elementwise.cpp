@@ -55,8 +55,22 @@ Tensor run_binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& 
   } catch (const Error& e) {
     KILN_FAIL(name, ": ", e.message());
   }
-  const Tensor a2 = raw_cast(a, compute), b2 = raw_cast(b, compute);
   Tensor out = make_tensor(shape, out_dtype, dev, layout_of(shape, {&a, &b}));
+  // A 0-dim f32 operand (a number: scalar_operand) of a 16-bit add, sub, mul or div stays f32: the kernels
+  // compute 16-bit in f32 and take it as it is, rounding only the result (PyTorch's wrapped numbers).
+  const bool arith = op == BinaryOp::add || op == BinaryOp::sub || op == BinaryOp::mul || op == BinaryOp::div;
+  if (arith && is_low_precision(compute) && out_dtype == compute && a.dim() + b.dim() > 0) {
+    const auto number = [](const Tensor& t) { return t.dim() == 0 && t.dtype() == DType::f32; };
+    if (number(a) && b.dim() > 0) {
+      backend(dev).binary(op, desc(out), desc(a), desc_broadcast(raw_cast(b, compute), shape), alpha);
+      return out;
+    }
+    if (number(b) && a.dim() > 0) {
+      backend(dev).binary(op, desc(out), desc_broadcast(raw_cast(a, compute), shape), desc(b), alpha);
+      return out;
+    }
+  }
+  const Tensor a2 = raw_cast(a, compute), b2 = raw_cast(b, compute);
   backend(dev).binary(op, desc(out), desc_broadcast(a2, shape), desc_broadcast(b2, shape), alpha);
   return out;
 }
@@ -681,14 +695,48 @@ Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
 Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
 Tensor operator-(const Tensor& a) { return neg(a); }
-Tensor operator+(const Tensor& a, double s) { return add(a, scalar_like(s, a)); }
-Tensor operator-(const Tensor& a, double s) { return sub(a, scalar_like(s, a)); }
-Tensor operator*(const Tensor& a, double s) { return mul(a, scalar_like(s, a)); }
-Tensor operator/(const Tensor& a, double s) { return div(a, scalar_like(s, a)); }
-Tensor operator+(double s, const Tensor& a) { return add(scalar_like(s, a), a); }
-Tensor operator-(double s, const Tensor& a) { return sub(scalar_like(s, a), a); }
-Tensor operator*(double s, const Tensor& a) { return mul(scalar_like(s, a), a); }
-Tensor operator/(double s, const Tensor& a) { return div(scalar_like(s, a), a); }
+namespace {
+// A number next to a tensor in + - * /: as PyTorch's wrapped numbers, it sets the result type only by its
+// category (scalar_like), and a 16-bit op computes in f32 with the number in f32, rounding once (the kernels
+// take a 0-dim f32 operand as it is: run_binary). Rounding the number to 16 bits first biased every result
+// (bf16 x * 0.1 was x * 0.10009765625). A 0-dim 16-bit tensor, whose f32 partner would promote it, computes
+// in f32 and is cast back: the same single rounding.
+template <typename Op> Tensor with_number(const Tensor& a, double s, bool number_first, Op op) {
+  const Tensor like = scalar_like(s, a);
+  if (!is_low_precision(like.dtype()) || a.dtype() != like.dtype()) return number_first ? op(like, a) : op(a, like);
+  const Tensor n = scalar_tensor(s, TensorOptions(DType::f32, a.device()));
+  if (a.dim() == 0) {
+    const Tensor a32 = cast(a, DType::f32);
+    return cast(number_first ? op(n, a32) : op(a32, n), a.dtype());
+  }
+  return number_first ? op(n, a) : op(a, n);
+}
+}  // namespace
+
+Tensor operator+(const Tensor& a, double s) {
+  return with_number(a, s, false, [](const Tensor& x, const Tensor& y) { return add(x, y); });
+}
+Tensor operator-(const Tensor& a, double s) {
+  return with_number(a, s, false, [](const Tensor& x, const Tensor& y) { return sub(x, y); });
+}
+Tensor operator*(const Tensor& a, double s) {
+  return with_number(a, s, false, [](const Tensor& x, const Tensor& y) { return mul(x, y); });
+}
+Tensor operator/(const Tensor& a, double s) {
+  return with_number(a, s, false, [](const Tensor& x, const Tensor& y) { return div(x, y); });
+}
+Tensor operator+(double s, const Tensor& a) {
+  return with_number(a, s, true, [](const Tensor& x, const Tensor& y) { return add(x, y); });
+}
+Tensor operator-(double s, const Tensor& a) {
+  return with_number(a, s, true, [](const Tensor& x, const Tensor& y) { return sub(x, y); });
+}
+Tensor operator*(double s, const Tensor& a) {
+  return with_number(a, s, true, [](const Tensor& x, const Tensor& y) { return mul(x, y); });
+}
+Tensor operator/(double s, const Tensor& a) {
+  return with_number(a, s, true, [](const Tensor& x, const Tensor& y) { return div(x, y); });
+}
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   if (a.shape() != b.shape()) return false;
@@ -742,18 +790,50 @@ Tensor nan_to_num(const Tensor& a, double nan, std::optional<double> posinf, std
   return where(eq(d, scalar_like(-inf, a)), scalar_like(neginf.value_or(-big), a), out);
 }
 
+namespace {
+// The composites below compute 16-bit operands in f32 (their op-math type) and round once at the end, as
+// PyTorch's fused kernels: rounding every step loses the result near cancellation (lerp's b - a, then the
+// sum). `out` is the result type; f32 operands, the casts' backward returns each gradient in its input's dtype.
+template <typename F> Tensor in_f32(DType out, std::initializer_list<Tensor> ts, F f) {
+  if (!is_low_precision(out)) return f(ts);
+  std::vector<Tensor> up;
+  for (const Tensor& t : ts) up.push_back(is_floating(t.dtype()) ? cast(t, DType::f32) : t);
+  return cast(f(up), out);
+}
+// The result type of x op (t1 op t2) for floating operands; the f32 route is for those only.
+DType composite_type(const Tensor& x, const Tensor& t1, const Tensor& t2) {
+  if (!is_floating(x.dtype()) || !is_floating(t1.dtype()) || !is_floating(t2.dtype())) return DType::f32;
+  const DType inner = result_type(t1, t2);
+  const bool inner_zero_dim = t1.dim() == 0 && t2.dim() == 0;
+  if ((x.dim() == 0) == inner_zero_dim) return promote_types(x.dtype(), inner);
+  return x.dim() == 0 ? inner : x.dtype();  // same category: the dimensioned side's type
+}
+}  // namespace
+
 Tensor lerp(const Tensor& a, const Tensor& b, const Tensor& weight) {
   const OpScope scope("lerp");
-  const Tensor diff = b - a;
-  const Tensor small = lt(abs(weight.detach()), scalar_like(0.5, weight));
-  return where(small, a + weight * diff, b - diff * (1.0 - weight));
+  return in_f32(composite_type(weight, a, b), {a, b, weight}, [](const auto& t) {
+    const Tensor &a = t.begin()[0], &b = t.begin()[1], &weight = t.begin()[2];
+    const Tensor diff = b - a;
+    const Tensor small = lt(abs(weight.detach()), scalar_like(0.5, weight));
+    return where(small, a + weight * diff, b - diff * (1.0 - weight));
+  });
 }
 Tensor lerp(const Tensor& a, const Tensor& b, double weight) {
   const OpScope scope("lerp");
-  return std::abs(weight) < 0.5 ? a + (b - a) * weight : b - (b - a) * (1.0 - weight);
+  return in_f32(composite_type(a, a, b), {a, b}, [weight](const auto& t) {
+    const Tensor &a = t.begin()[0], &b = t.begin()[1];
+    return std::abs(weight) < 0.5 ? a + (b - a) * weight : b - (b - a) * (1.0 - weight);
+  });
 }
-Tensor addcmul(const Tensor& x, const Tensor& t1, const Tensor& t2, double value) { return x + t1 * t2 * value; }
-Tensor addcdiv(const Tensor& x, const Tensor& t1, const Tensor& t2, double value) { return x + t1 / t2 * value; }
+Tensor addcmul(const Tensor& x, const Tensor& t1, const Tensor& t2, double value) {
+  return in_f32(composite_type(x, t1, t2), {x, t1, t2},
+                [value](const auto& t) { return t.begin()[0] + t.begin()[1] * t.begin()[2] * value; });
+}
+Tensor addcdiv(const Tensor& x, const Tensor& t1, const Tensor& t2, double value) {
+  return in_f32(composite_type(x, t1, t2), {x, t1, t2},
+                [value](const auto& t) { return t.begin()[0] + t.begin()[1] / t.begin()[2] * value; });
+}
 
 Tensor clamp(const Tensor& a, const Tensor& min, const Tensor& max) {
   const OpScope scope("clamp");

@@ -58,10 +58,14 @@ Tensor as_compute(const Tensor& t, DType dt) {
   return x;
 }
 
-// [..., m, k] x [..., k, n] with at least 2 dims each.
-Tensor matmul_nd(const Tensor& a, const Tensor& b) {
-  const Device dev = detail::common_device("matmul", {a, b});
-  const DType t = promote_types(a.dtype(), b.dtype());
+// [..., m, k] x [..., k, n] with at least 2 dims each. A bias [n] (linear's) is C of the GEMM (beta 1): added in
+// the GEMM's f32 accumulation, so a 16-bit result is rounded once, as PyTorch's addmm, not once for the product
+// and again for the sum.
+Tensor matmul_nd(const Tensor& a, const Tensor& b, const Tensor& bias = Tensor()) {
+  const Device dev =
+      bias.defined() ? detail::common_device("linear", {a, b, bias}) : detail::common_device("matmul", {a, b});
+  const DType t = bias.defined() ? promote_types(promote_types(a.dtype(), b.dtype()), bias.dtype())
+                                 : promote_types(a.dtype(), b.dtype());
   KILN_CHECK(is_floating(t), "matmul: ", a.type_str(), " x ", b.type_str(), ": needs floating tensors");
   const int64_t m = a.size(-2), k = a.size(-1), k2 = b.size(-2), n = b.size(-1);
   KILN_CHECK(k == k2, "matmul: ", a.shape(), " x ", b.shape(), ": inner dimensions ", k, " and ", k2, " differ");
@@ -90,7 +94,10 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
     y = y.clone();
     lb = layout_of(k, n, y.stride(-2), y.stride(-1));
   }
-  Tensor out = make_tensor(oshape, ct, dev);
+  // The bias's rows, copied: the GEMM writes into C.
+  Tensor out = bias.defined() ? as_compute(bias, ct).expand(oshape).clone() : make_tensor(oshape, ct, dev);
+  KILN_ASSERT(out.is_contiguous(), "matmul: the output (C) must be contiguous");
+  const double beta = bias.defined() ? 1.0 : 0.0;
   const int64_t nbatch = batch.numel();
   const size_t es = dtype_size(ct);
   auto one = [&](int64_t bi) {
@@ -102,13 +109,13 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
       offb += i * y.strides()[size_t(d)];
     }
     be.gemm(ct, la.trans, lb.trans, m, n, k, 1.0, static_cast<const char*>(x.raw_data()) + offa * int64_t(es), la.ld,
-            static_cast<const char*>(y.raw_data()) + offb * int64_t(es), lb.ld, 0.0,
+            static_cast<const char*>(y.raw_data()) + offb * int64_t(es), lb.ld, beta,
             static_cast<char*>(out.raw_data()) + bi * m * n * int64_t(es), n);
   };
   int64_t sx = 0, sy = 0;
   if (nbatch > 1 && be.gemm_batched && uniform_batch_stride(x, batch, sx) && uniform_batch_stride(y, batch, sy)) {
     // One call for all products (CUDA): the batch dims step through each operand by one stride.
-    be.gemm_batched(ct, la.trans, lb.trans, m, n, k, 1.0, x.raw_data(), la.ld, sx, y.raw_data(), lb.ld, sy, 0.0,
+    be.gemm_batched(ct, la.trans, lb.trans, m, n, k, 1.0, x.raw_data(), la.ld, sx, y.raw_data(), lb.ld, sy, beta,
                     out.raw_data(), n, m * n, nbatch);
   } else if (nbatch > 1 && dev.is_meta()) {
     one(0);  // the products differ only in addresses, which a meta kernel never reads: one stands for all
@@ -121,23 +128,35 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
     for (int64_t bi = 0; bi < nbatch; ++bi) one(bi);
   }
   if (out.dtype() != t) out = out.to(t);
-  if (autograd::needs_grad({a, b})) {
+  if (autograd::needs_grad({a, b, bias})) {
     SavedTensor sa(a), sb(b);
     // An operand that is a transposed view (column-major: a tied embedding read as W^T) gets its gradient
     // in the same layout, as the transpose of the product that gives it row-major, so that it reaches the
     // stored weight as a contiguous tensor, not as a transposed one added element by element (as PyTorch's
     // mm backward does).
     const bool a_cols = column_major(a), b_cols = column_major(b);
-    autograd::record("matmul", {a, b}, {out}, [sa, sb, a_cols, b_cols](const GradCtx& c) -> std::vector<Tensor> {
-      Tensor ga, gb;
+    const int64_t dims = int64_t(oshape.size());
+    const bool has_bias = bias.defined();
+    const auto node = [sa, sb, a_cols, b_cols, dims, has_bias](const GradCtx& c) -> std::vector<Tensor> {
+      Tensor ga, gb, gbias;
       if (c.needs_grad(0))
         ga = a_cols ? matmul_nd(sb.unpack("matmul"), c.g().transpose(-1, -2)).transpose(-1, -2)
                     : matmul_nd(c.g(), sb.unpack("matmul").transpose(-1, -2));
       if (c.needs_grad(1))
         gb = b_cols ? matmul_nd(c.g().transpose(-1, -2), sa.unpack("matmul")).transpose(-1, -2)
                     : matmul_nd(sa.unpack("matmul").transpose(-1, -2), c.g());
-      return {ga, gb};
-    });
+      if (!has_bias) return {ga, gb};
+      if (c.needs_grad(2)) {
+        std::vector<int64_t> rows(size_t(dims - 1));
+        for (int64_t d = 0; d < dims - 1; ++d) rows[size_t(d)] = d;
+        gbias = sum(c.g(), rows);
+      }
+      return {ga, gb, gbias};
+    };
+    if (has_bias)
+      autograd::record("linear", {a, b, bias}, {out}, node);
+    else
+      autograd::record("matmul", {a, b}, {out}, node);
   }
   return out;
 }
@@ -184,8 +203,12 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
              w.shape(), ": the weight must be [out, in] and the input end with in");
   KILN_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "linear: bias ", b.shape(), " must be [",
              w.size(0), "]");
-  const Tensor y = matmul(x, w.t());
-  return b.defined() ? y + b : y;
+  if (!b.defined()) return matmul(x, w.t());
+  // One [rows, in] x [in, out] product with the bias as the GEMM's C (matmul_nd): one rounding.
+  Shape os = x.shape();
+  os.back() = w.size(0);
+  const int64_t rows = Shape(x.shape().begin(), x.shape().end() - 1).numel();  // -1 is ambiguous for in = 0
+  return matmul_nd(x.reshape({rows, x.size(-1)}), w.t(), b).reshape(os);
 }
 
 }  // namespace kiln

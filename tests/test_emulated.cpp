@@ -244,6 +244,49 @@ TEST_CASE("emulated cuda: a product over k = 0 scales C by beta (gemm.cu's scale
   for (float v : nan_c) CHECK(v == 0.0f);
 }
 
+TEST_CASE("emulated cuda: a number in 16-bit + - * / stays f32, and linear adds its bias before the one rounding") {
+  // bf16 x * 0.1 is x * 0.1f rounded once (not x * bf16(0.1) = x * 0.10009765625), on the CPU and in the CUDA
+  // kernels; linear's bias joins the GEMM's f32 accumulation (its C), so each output is rounded once.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    CAPTURE(dt);
+    std::vector<double> xs, ws, bs;
+    // Values exact in both dtypes, products and sums exact in f32; rounding the product before adding the bias
+    // misses the one correct rounding in 40 bf16 outputs and 2 f16 ones.
+    for (int i = 0; i < 16 * 32; ++i) xs.push_back(double(i * 37 % 121) - 60.0);
+    for (int i = 0; i < 16 * 32; ++i) ws.push_back(double(i * 5 % 23 - 11) / 256.0);
+    for (int i = 0; i < 16; ++i) bs.push_back(0.75 * i - 5.125);
+    const Tensor x = from_vector(xs, {16, 32}).to(dt), w = from_vector(ws, {16, 32}).to(dt),
+                 b = from_vector(bs, {16}).to(dt);
+    const auto round_once = [dt](double v) { return from_vector({v}, {1}).to(dt).to_vector()[0]; };
+    const std::vector<double> xv = x.to_vector();
+    for (bool emulated : {false, true}) {
+      CAPTURE(emulated);
+      std::optional<EmulatedCuda> device;
+      if (emulated) device.emplace();
+      const Device dev = emulated ? cuda_device(0) : kCPU;
+      const Tensor xd = x.to(dev);
+      const std::vector<double> mul = (xd * 0.1).to(kCPU).to_vector(), div = (xd / 3.0).to(kCPU).to_vector(),
+                                rsub = (0.1 - xd).to(kCPU).to_vector(), add = (xd + 0.1).to(kCPU).to_vector();
+      int wrong = 0;
+      for (size_t i = 0; i < xv.size(); ++i) {
+        const float v = float(xv[i]);
+        wrong += mul[i] != round_once(v * 0.1f) || div[i] != round_once(v / 3.0f) || rsub[i] != round_once(0.1f - v) ||
+                 add[i] != round_once(v + 0.1f);
+      }
+      CHECK(wrong == 0);
+      const std::vector<double> y = linear(xd, w.to(dev), b.to(dev)).to(kCPU).to_vector();
+      int wrong_linear = 0;
+      for (int r = 0; r < 16; ++r)
+        for (int o = 0; o < 16; ++o) {
+          double exact = bs[size_t(o)];
+          for (int k = 0; k < 32; ++k) exact += xs[size_t(r * 32 + k)] * ws[size_t(o * 32 + k)];
+          wrong_linear += y[size_t(r * 16 + o)] != round_once(exact);
+        }
+      CHECK(wrong_linear == 0);
+    }
+  }
+}
+
 TEST_CASE("emulated cuda: kiln doctor's device self-test passes") {
   // The same kernel and rule as `kiln doctor --device cuda`: the device's scalar math (Philox, f16
   // and bf16 conversions, NaN patterns, GELU) against the host's.

@@ -319,6 +319,25 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
   KILN_FAIL("binary op ", int(op), " is not defined for dtype ", dtype_name(a.dtype));
 }
 
+// A 16-bit tensor with a one-element f32 operand (a number: engine/ops_elementwise.cpp's scalar ops): the op runs
+// in f32 with the number's f32 value and rounds once, as PyTorch's wrapped numbers; rounding the number to 16
+// bits first biases every product (bf16 0.1 is 0.10009765625).
+template <typename T> void binary_scalar_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& t, float s,
+                                               bool scalar_first, double alpha) {
+  const float al = float(alpha);
+  const auto run = [&](auto f) {
+    if (scalar_first) return unary_loop<T>(dst, t, [=](float x) { return f(s, x); });
+    unary_loop<T>(dst, t, [=](float x) { return f(x, s); });
+  };
+  switch (op) {
+    case BinaryOp::add: return run([al](float x, float y) { return x + al * y; });
+    case BinaryOp::sub: return run([al](float x, float y) { return x - al * y; });
+    case BinaryOp::mul: return run([](float x, float y) { return x * y; });
+    case BinaryOp::div: return run([](float x, float y) { return x / y; });
+    default: KILN_FAIL("binary op ", int(op), " does not take an f32 number next to ", dtype_name(t.dtype));
+  }
+}
+
 template <typename T> void where_typed(const TensorDesc& dst, const TensorDesc& c, const TensorDesc& a, const TensorDesc& b) {
   auto L = make_loop<4>({&dst, &c, &a, &b});
   run_rows(L, [](std::array<char*, 4> p, std::array<int64_t, 4> s, int64_t n) {
@@ -364,6 +383,17 @@ void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, 
 }
 
 void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, double alpha) {
+  if (a.dtype != b.dtype) {
+    // The only mixed pair: a 16-bit tensor and a one-element f32 number (binary_scalar_typed).
+    const bool first = a.dtype == DType::f32;
+    const TensorDesc& t = first ? b : a;
+    const TensorDesc& s = first ? a : b;
+    KILN_ASSERT(is_low_precision(t.dtype) && s.dtype == DType::f32 && dst.dtype == t.dtype && s.ndim == 0,
+                "binary op operands ", a.dtype, " and ", b.dtype, " (output ", dst.dtype, ") do not pair");
+    const float v = *static_cast<const float*>(s.data);
+    if (t.dtype == DType::f16) return binary_scalar_typed<Half>(op, dst, t, v, first, alpha);
+    return binary_scalar_typed<BFloat16>(op, dst, t, v, first, alpha);
+  }
   visit_dtype(a.dtype, [&](auto tag) { binary_typed<decltype(tag)>(op, dst, a, b, alpha); });
 }
 

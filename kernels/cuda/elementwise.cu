@@ -324,6 +324,20 @@ template <typename T> struct BinaryStridedF {
   BinaryF<T> f;
   __device__ void operator()(const int64_t (&off)[3]) const { st(o + off[0], f(ld(a + off[1]), ld(b + off[2]))); }
 };
+// A 16-bit tensor with a one-element f32 operand (a number, read once per element from device memory): the op
+// runs in f32 with the number's f32 value and rounds once, as the CPU's binary_scalar_typed.
+template <typename T> struct BinaryScalarF {
+  BinaryF<T> f;
+  const float* s;
+  bool scalar_first;
+  __device__ DAcc<T> operator()(DAcc<T> x) const { return scalar_first ? f(*s, x) : f(x, *s); }
+};
+template <typename T> struct BinaryScalarStridedF {
+  T* o;
+  const T* a;
+  BinaryScalarF<T> f;
+  __device__ void operator()(const int64_t (&off)[2]) const { st(o + off[0], f(ld(a + off[1]))); }
+};
 template <typename T> struct CompareStridedF {
   bool* o;
   const T* a;
@@ -437,6 +451,31 @@ void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, 
 }
 
 void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, double alpha) {
+  if (a.dtype != b.dtype) {
+    // The only mixed pair: a 16-bit tensor and a one-element f32 number (BinaryScalarF).
+    const bool first = a.dtype == DType::f32;
+    const TensorDesc& t = first ? b : a;
+    const TensorDesc& s = first ? a : b;
+    KILN_ASSERT(is_low_precision(t.dtype) && s.dtype == DType::f32 && dst.dtype == t.dtype && s.ndim == 0 &&
+                    (op == BinaryOp::add || op == BinaryOp::sub || op == BinaryOp::mul || op == BinaryOp::div),
+                "binary op ", int(op), ": operands ", a.dtype, " and ", b.dtype, " (output ", dst.dtype,
+                ") do not pair");
+    const TensorDesc* ds[2] = {&dst, &t};
+    const MergedDims<2> g = merge_dims(ds);
+    const auto run = [&](auto tag) {
+      using T = decltype(tag);
+      const BinaryScalarF<T> f{{op, DAcc<T>(alpha), current().error_word}, static_cast<const float*>(s.data), first};
+      T* o = static_cast<T*>(dst.data);
+      const T* x = static_cast<const T*>(t.data);
+      if (contiguous(g) && aligned16(o) && aligned16(x)) {
+        launch_vector<T, 1>(o, x, nullptr, g.numel, f);
+      } else {
+        launch_strided(g, BinaryScalarStridedF<T>{o, x, f});
+      }
+    };
+    if (t.dtype == DType::f16) return run(Half{});
+    return run(BFloat16{});
+  }
   KILN_CHECK(binary_defined(op, a.dtype), "binary op ", int(op), " is not defined for dtype ", dtype_name(a.dtype));
   const TensorDesc* ds[3] = {&dst, &a, &b};
   const MergedDims<3> g = merge_dims(ds);

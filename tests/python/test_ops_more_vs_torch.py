@@ -229,6 +229,98 @@ def test_lerp_addcmul_addcdiv_in_place():
         same(kx, tx)
 
 
+# ---- 16-bit arithmetic rounds once, as torch's ----
+
+DT16 = [(kiln.bfloat16, torch.bfloat16), (kiln.float16, torch.float16)]
+
+
+def pair16(a, kdt, tdt):
+    t = torch.tensor(a).to(tdt)
+    return kiln.cast(kiln.tensor(t.float().numpy()), kdt), t
+
+
+def f32_of(k):
+    return kiln.cast(k, kiln.float32).numpy()
+
+
+@pytest.mark.parametrize("kdt,tdt", DT16)
+def test_a_number_in_16_bit_arithmetic_is_not_rounded_to_16_bits(kdt, tdt):
+    # x * 0.1 computes in f32 with 0.1 in f32 and rounds the result once, as torch's; rounding 0.1 to bf16
+    # first (0.10009765625) biased every product. torch's + and - round the number to 16 bits first (290 of
+    # these x + 0.1 in bf16 are not correctly rounded); Kiln's are.
+    a = np.random.default_rng(4).standard_normal(20000) * 3
+    kx, tx = pair16(a, kdt, tdt)
+    A = tx.double()
+    for name, f, as_torch in [("x*(1/3)", lambda x: x * (1 / 3), True), ("x*0.1", lambda x: x * 0.1, True),
+                              ("0.1*x", lambda x: 0.1 * x, True), ("x/3", lambda x: x / 3, True),
+                              ("x+0.1", lambda x: x + 0.1, False), ("x-0.1", lambda x: x - 0.1, False),
+                              ("0.1-x", lambda x: 0.1 - x, False)]:
+        k = f(kx)
+        assert k.dtype == kdt, name
+        assert (f32_of(k) != f(A).to(tdt).float().numpy()).sum() == 0, name  # correctly rounded
+        if as_torch:
+            assert (f32_of(k) != f(tx).float().numpy()).sum() == 0, name
+    # 3 / x: torch takes a reciprocal first; Kiln divides in f32 and rounds once.
+    assert (f32_of(3 / kx) != (3 / tx.float()).to(tdt).float().numpy()).sum() == 0
+    # A 0-dim 16-bit tensor keeps its dtype, and is rounded once too.
+    k0 = kiln.cast(kiln.tensor(1.0), kdt) * (1 / 3)
+    assert k0.dtype == kdt and f32_of(k0) == (torch.tensor(1.0, dtype=tdt) * (1 / 3)).float().numpy()
+
+
+@pytest.mark.parametrize("kdt,tdt", DT16)
+def test_16_bit_lerp_addcmul_addcdiv_round_once(kdt, tdt):
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal(20000) * 3, rng.standard_normal(20000) * 3
+    (ka, ta), (kb, tb) = pair16(a, kdt, tdt), pair16(b, kdt, tdt)
+    kw, tw = pair16(rng.uniform(-0.2, 1.2, 20000), kdt, tdt)
+    A, B, W = ta.double(), tb.double(), tw.double()
+    for name, k, t, exact in [
+            ("lerp .3", kiln.lerp(ka, kb, 0.3), torch.lerp(ta, tb, 0.3), A + 0.3 * (B - A)),
+            ("lerp .7", kiln.lerp(ka, kb, 0.7), torch.lerp(ta, tb, 0.7), A + 0.7 * (B - A)),
+            ("lerp w", kiln.lerp(ka, kb, kw), torch.lerp(ta, tb, tw), A + W * (B - A)),
+            ("addcmul", kiln.addcmul(ka, ka, kb, value=0.5), torch.addcmul(ta, ta, tb, value=0.5), A + 0.5 * A * B),
+            ("addcdiv", kiln.addcdiv(ka, ka, kb, value=0.5), torch.addcdiv(ta, ta, tb, value=0.5), A + 0.5 * A / B)]:
+        assert k.dtype == kdt, name
+        once = exact.to(tdt).float().numpy()
+        assert (f32_of(k) != once).sum() <= (t.float().numpy() != once).sum(), name
+
+
+@pytest.mark.parametrize("kdt,tdt", DT16)
+def test_16_bit_linear_adds_the_bias_before_rounding(kdt, tdt):
+    # Products and their sums exact in f32 (multiples of 1/32), so the one correct rounding is well defined.
+    rng = np.random.default_rng(1)
+    x, w, b = rng.integers(-8, 9, (64, 32)) / 4, rng.integers(-8, 9, (16, 32)) / 8, rng.standard_normal(16) * 3
+    (kx, tx), (kw, tw), (kb, tb) = (pair16(v, kdt, tdt) for v in (x, w, b))
+    once = (tx.double() @ tw.double().T + tb.double()).to(tdt).float().numpy()
+    k = kiln.nn.functional.linear(kx, kw, kb)
+    assert k.dtype == kdt
+    assert (f32_of(k) != once).sum() == 0
+    assert (torch.nn.functional.linear(tx, tw, tb).float().numpy() != once).sum() == 0
+    # Under autocast from f32 inputs, on a [2, 32, 32] input, as torch's.
+    x = rng.standard_normal((64, 32))
+    x3 = x.reshape(2, 32, 32)
+    with kiln.amp.autocast(kdt):
+        k = kiln.nn.functional.linear(kiln.tensor(x3.astype(np.float32)), kiln.tensor(w.astype(np.float32)),
+                                      kiln.tensor(b.astype(np.float32)))
+    with torch.autocast("cpu", dtype=tdt):
+        t = torch.nn.functional.linear(torch.tensor(x3, dtype=torch.float32), torch.tensor(w, dtype=torch.float32),
+                                       torch.tensor(b, dtype=torch.float32))
+    assert k.dtype == kdt and (f32_of(k) != t.float().numpy()).sum() == 0
+
+
+def test_linear_with_bias_gradients_as_torch():
+    rng = np.random.default_rng(2)
+    for xshape in [(5,), (4, 5), (2, 3, 5)]:
+        (kx, tx), (kw, tw), (kb, tb) = (both(rng.standard_normal(s), grad=True) for s in (xshape, (3, 5), (3,)))
+        kout, tout = kiln.nn.functional.linear(kx, kw, kb), torch.nn.functional.linear(tx, tw, tb)
+        same(kout, tout)
+        g = rng.standard_normal(tout.shape)
+        (kout * kiln.tensor(g)).sum().backward()
+        (tout * torch.tensor(g)).sum().backward()
+        for k, t in [(kx, tx), (kw, tw), (kb, tb)]:
+            same(k.grad, t.grad)
+
+
 def test_shape_functions():
     a = RNG.standard_normal((2, 1, 3, 1, 4))
     (kx, tx) = both(a, True)
