@@ -896,10 +896,15 @@ void binary_inplace(Tensor& t, BinaryOp op, const Tensor& other, double alpha, c
   KILN_CHECK(is_floating(t.dtype()) || alpha == std::trunc(alpha), name, ": alpha ", alpha,
              " is not a whole number, and ", t.type_str(), " holds integers");
   Tensor o = detail::inplace_operand(t, other, name);
-  if (o.dtype() != t.dtype()) o = o.to(t.dtype());
+  // A 0-dim f32 operand (a number) of a 16-bit x += / *= stays f32, as in x + n and x * n (run_binary):
+  // the kernel computes in f32 and rounds once (bf16 x *= 0.999 was x *= 0.99609375).
+  const bool number = is_low_precision(t.dtype()) && o.dim() == 0 && o.dtype() == DType::f32;
+  if (o.dtype() != t.dtype() && !number) o = o.to(t.dtype());
   KILN_CHECK(broadcast_shapes(t.shape(), o.shape()) == t.shape(), name, ": cannot broadcast ", other.shape(), " into ",
              t.shape());
-  detail::backend(t.device()).binary(op, detail::desc(t), detail::desc(t), detail::desc_broadcast(o, t.shape()), alpha);
+  detail::backend(t.device())
+      .binary(op, detail::desc(t), detail::desc(t), number ? detail::desc(o) : detail::desc_broadcast(o, t.shape()),
+              alpha);
   t.bump_version();
 }
 }  // namespace
@@ -914,7 +919,11 @@ Tensor& Tensor::mul_(const Tensor& other) {
   return *this;
 }
 
-Tensor& Tensor::mul_(double v) { return mul_(scalar_like(v, *this)); }
+Tensor& Tensor::mul_(double v) {
+  // 16-bit: the number in f32, rounding only the product (as x * v)
+  return mul_(is_low_precision(dtype()) ? scalar_tensor(v, TensorOptions(DType::f32, device()))
+                                        : scalar_like(v, *this));
+}
 
 // ---- printing ---------------------------------------------------------------------------------------
 

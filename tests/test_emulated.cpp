@@ -244,7 +244,9 @@ TEST_CASE("emulated cuda: a product over k = 0 scales C by beta (gemm.cu's scale
   for (float v : nan_c) CHECK(v == 0.0f);
 }
 
-TEST_CASE("emulated cuda: a number in 16-bit + - * / stays f32, and linear adds its bias before the one rounding") {
+TEST_CASE(
+    "emulated cuda: a number in 16-bit + - * / (in place too) stays f32, and linear adds its bias before the one "
+    "rounding") {
   // bf16 x * 0.1 is x * 0.1f rounded once (not x * bf16(0.1) = x * 0.10009765625), on the CPU and in the CUDA
   // kernels; linear's bias joins the GEMM's f32 accumulation (its C), so each output is rounded once.
   for (DType dt : {DType::bf16, DType::f16}) {
@@ -274,6 +276,12 @@ TEST_CASE("emulated cuda: a number in 16-bit + - * / stays f32, and linear adds 
                  add[i] != round_once(v + 0.1f);
       }
       CHECK(wrong == 0);
+      // In place as out of place: x.mul_(0.999) and x += 0.1 round once too (an EMA's decay stays 0.999).
+      Tensor xm = xd.clone(), xa = xd.clone();
+      xm.mul_(0.999);
+      xa.add_(scalar_tensor(0.1, TensorOptions(DType::f32, dev)));
+      CHECK(xm.to(kCPU).to_vector() == (xd * 0.999).to(kCPU).to_vector());
+      CHECK(xa.to(kCPU).to_vector() == add);
       const std::vector<double> y = linear(xd, w.to(dev), b.to(dev)).to(kCPU).to_vector();
       int wrong_linear = 0;
       for (int r = 0; r < 16; ++r)

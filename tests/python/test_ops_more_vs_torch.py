@@ -268,6 +268,29 @@ def test_a_number_in_16_bit_arithmetic_is_not_rounded_to_16_bits(kdt, tdt):
 
 
 @pytest.mark.parametrize("kdt,tdt", DT16)
+def test_a_number_in_16_bit_in_place_arithmetic_is_as_out_of_place(kdt, tdt):
+    # x *= 0.999 (an EMA's decay) as x * 0.999: rounding 0.999 to bf16 first made it 0.99609375.
+    a = np.random.default_rng(5).standard_normal(20000) * 3
+    for name, inplace, out in [("mul_", lambda x: x.mul_(0.999), lambda x: x * 0.999),
+                               ("*=", lambda x: x.__imul__(0.1), lambda x: x * 0.1),
+                               ("+=", lambda x: x.__iadd__(0.1), lambda x: x + 0.1),
+                               ("-=", lambda x: x.__isub__(0.1), lambda x: x - 0.1),
+                               ("/=", lambda x: x.__itruediv__(0.1), lambda x: x / 0.1),
+                               ("add_ alpha", lambda x: x.add_(0.1, alpha=3.0), lambda x: x + 0.3),
+                               ("*= 257", lambda x: x.__imul__(257), lambda x: x * 257)]:
+        kx, tx = pair16(a, kdt, tdt)
+        want = f32_of(out(kx))
+        got = inplace(kx)
+        assert got.dtype == kdt, name
+        if name == "add_ alpha":  # 0.1 * 3 in f32 then added: within one rounding of x + 0.3
+            assert np.abs(f32_of(got) - want).max() <= np.abs(want).max() * 2.0**-7, name
+        else:
+            assert (f32_of(got) != want).sum() == 0, name
+    kx, tx = pair16(a, kdt, tdt)
+    assert (f32_of(kx.mul_(0.999)) != tx.mul_(0.999).float().numpy()).sum() == 0  # as torch's
+
+
+@pytest.mark.parametrize("kdt,tdt", DT16)
 def test_16_bit_lerp_addcmul_addcdiv_round_once(kdt, tdt):
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal(20000) * 3, rng.standard_normal(20000) * 3
