@@ -36,13 +36,17 @@ class GradScaler {
 
   // loss * scale, recorded by autograd (f32).
   Tensor scale(const Tensor& loss);
-  // Divides every parameter's gradient by the scale in place, noting any inf/NaN, in one pass per
-  // tensor. At most once per step: a second call before update() is an error.
-  void unscale(const std::vector<Tensor>& params);
-  // Unscales (if not done yet), agrees on the inf flag across ranks (`agree`), and steps the
-  // optimizer, which changes nothing if a gradient was inf/NaN (decided on the device).
+  // Divides the gradients of `opt`'s parameters by the scale in place, noting any inf/NaN of the
+  // unscaled values, in one pass per tensor. As torch's: at most once per optimizer and step (again
+  // before update(), or after step(), is an error); several optimizers each unscale once.
+  // 16-bit gradients are refused (unscaling them in 16 bits underflows): keep f32 parameters.
+  void unscale(optim::Optimizer& opt, const std::vector<Tensor>& params);
+  // Unscales (if not done yet for `opt`), agrees on its inf flag across ranks (`agree`), and steps
+  // the optimizer, which changes nothing if its gradients had an inf/NaN (decided on the device).
+  // Once per optimizer and step.
   void step(optim::Optimizer& opt, const std::vector<Tensor>& params);
-  // Ends the step: backs the scale off after an overflow, grows it after growth_interval clean steps.
+  // Ends the step: backs the scale off if any optimizer's gradients overflowed, grows it after
+  // growth_interval clean steps. Needs an inf/NaN check (a step() or unscale()) since the last one.
   void update();
 
   // Read from the device (a synchronising read: for logs, checkpoints and tests).
@@ -52,7 +56,7 @@ class GradScaler {
   // Whether the last step() found an inf/NaN and was skipped (a synchronising read).
   bool last_step_skipped() const;
   bool enabled() const { return o_.enabled; }
-  // The f32 flag tensor of this step (1: inf/NaN found), on the gradients' device.
+  // The f32 flag tensor of the last step() (1: inf/NaN found), on the gradients' device.
   const Tensor& found_inf() const { return found_inf_; }
   void load_state(const GradScalerState& s);
 
@@ -63,11 +67,21 @@ class GradScaler {
  private:
   // Moves the state and the flag to `dev` (the first time, or when the model moved).
   void place(Device dev);
+  enum class Stage { unscaled, stepped };
+  // What this step did with one optimizer (torch's per-optimizer state); cleared by update().
+  struct PerOptimizer {
+    const optim::Optimizer* opt;
+    Stage stage;
+    Tensor found_inf;  // f32 [] on the state's device
+    bool have_grads;   // unscale() saw a gradient (and placed the state with it)
+  };
+  PerOptimizer* find(const optim::Optimizer& opt);
   GradScalerOptions o_;
-  Tensor state_;      // f64 [3] {scale, growth_tracker, skipped}: kernels/common/amp_math.h
-  Tensor found_inf_;  // f32 []
-  bool have_grads_ = false;  // unscale() saw a gradient (and placed the state with it)
-  enum class Stage { ready, unscaled, stepped } stage_ = Stage::ready;
+  // f64 [3] {scale, growth_tracker, skipped}: kernels/common/amp_math.h; the scale is always an f32
+  // value (torch keeps it in f32), the counts are exact in f64.
+  Tensor state_;
+  Tensor found_inf_;  // f32 []: the last step()'s flag
+  std::vector<PerOptimizer> per_opt_;
 };
 
 }  // namespace kiln::amp

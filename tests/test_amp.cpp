@@ -122,8 +122,8 @@ TEST_CASE("grad scaler: never grows past the f32 range; misuse is an error; rank
   amp::GradScaler s2;
   opt.zero_grad();
   s2.scale(m.loss(x)).backward();
-  s2.unscale(m.params());
-  CHECK(contains(error_of([&] { s2.unscale(m.params()); }), "already called"));
+  s2.unscale(opt, m.params());
+  CHECK(contains(error_of([&] { s2.unscale(opt, m.params()); }), "already called"));
   s2.step(opt, m.params());
   CHECK_FALSE(s2.last_step_skipped());  // uses the unscale above
   CHECK(contains(error_of([&] { s2.step(opt, m.params()); }), "step() was already called"));
@@ -167,7 +167,7 @@ TEST_CASE("training step: no synchronising read outside logging (loss scaling, c
     const Tensor loss = cross_entropy(logits, target) + nll_loss(log_softmax(logits, 1), target);
     sc.scale(loss).backward();
     if (overflow) w.grad().data<float>()[2] = INFINITY;
-    sc.unscale({w, b});
+    sc.unscale(adamw, {w, b});  // b belongs to lamb, stepped later outside the scaler
     const Tensor norm = optim::clip_grad_norm({w, b}, 0.5);
     sc.step(adamw, {w});
     sc.update();
@@ -219,4 +219,55 @@ TEST_CASE("grad scaler: a skipped first step makes no optimizer state; an empty 
   CHECK(sc.last_step_skipped());
   CHECK(c.to_vector() == std::vector<double>{1, 2, 3});
   CHECK(plain.state().tensors.empty());
+}
+
+TEST_CASE(
+    "grad scaler: init_scale is a normal f32, backoff stops at FLT_MIN, an overflow made by unscaling is caught") {
+  CHECK(contains(error_of([] { amp::GradScaler({1e-50}); }),
+                 "init_scale must be a normal f32 value in [1.17549e-38, "
+                 "3.40282e+38], got 1e-50"));
+  CHECK(contains(error_of([] { amp::GradScaler({1e39}); }), "got 1e+39"));
+  Tensor w = from_vector({1.0, 2.0}, {2}).set_requires_grad();
+  optim::SGD opt({optim::ParamGroup({w}, 0.1)});
+  amp::GradScaler sc({double(FLT_MIN), 2.0, 0.5, 100});
+  // A finite scaled gradient whose unscaled value (1e30 / FLT_MIN) is inf: the step is skipped.
+  w.set_grad(from_vector({1e30, 1.0}, {2}));
+  sc.step(opt, {w});
+  CHECK(sc.last_step_skipped());
+  sc.update();
+  CHECK(w.to_vector() == std::vector<double>{1.0, 2.0});
+  CHECK(sc.get_scale() == double(FLT_MIN));  // not backed off below FLT_MIN
+  CHECK(sc.scale(from_vector({1.0}, {1}).reshape({})).item<double>() == double(FLT_MIN));
+  CHECK(sc.skipped_steps() == 1);
+  // An older checkpoint's f64 scale is rounded to f32 (and raised to the floor).
+  sc.load_state({18.224999999999998, 1, 0});
+  CHECK(sc.get_scale() == double(18.225f));
+  sc.load_state({1e-50, 0, 0});
+  CHECK(sc.get_scale() == double(FLT_MIN));
+}
+
+TEST_CASE(
+    "grad scaler: several optimizers each unscale and step once a step (as torch's); 16-bit gradients are refused") {
+  Tensor a = from_vector({1.0}, {1}).set_requires_grad(), b = from_vector({1.0}, {1}).set_requires_grad();
+  optim::SGD oa({optim::ParamGroup({a}, 1.0)}), ob({optim::ParamGroup({b}, 1.0)});
+  amp::GradScaler sc({4.0, 2.0, 0.5, 100});
+  a.set_grad(from_vector({8.0}, {1}));
+  b.set_grad(from_vector({INFINITY}, {1}));
+  sc.unscale(oa, {a});
+  sc.unscale(ob, {b});
+  CHECK(contains(error_of([&] { sc.unscale(oa, {a}); }), "unscale() was already called on this optimizer"));
+  sc.step(oa, {a});
+  CHECK(contains(error_of([&] { sc.unscale(oa, {a}); }), "after step()"));
+  CHECK(contains(error_of([&] { sc.step(oa, {a}); }), "step() was already called on this optimizer"));
+  sc.step(ob, {b});
+  CHECK(sc.last_step_skipped());
+  sc.update();
+  CHECK(a.to_vector() == std::vector<double>{-1.0});  // 1 - 8 / 4
+  CHECK(b.to_vector() == std::vector<double>{1.0});   // skipped
+  CHECK(sc.get_scale() == 2.0);                       // one optimizer's inf backs the scale off
+  CHECK(contains(error_of([&] { sc.update(); }), "needs a step() first"));
+  Tensor h = from_vector({1.0}, {1}, DType::f16).set_requires_grad();
+  h.set_grad(from_vector({1.0}, {1}, DType::f16));
+  optim::SGD oh({optim::ParamGroup({h}, 1.0)});
+  CHECK(contains(error_of([&] { sc.step(oh, {h}); }), "parameter 0 (shape [1]) has a f16 gradient"));
 }

@@ -71,6 +71,10 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
       {"--image-size 64" + out, "--image-size: for image folders (--data folder); --data fashion-mnist"},
       {"--optimizer adamw --momentum 0.5" + out, "--momentum: for --optimizer sgd (adamw"},
       {"--amp bf16 --loss-scale 1024" + out, "--loss-scale: the dynamic loss scale of --amp fp16"},
+      // A normal f32, printed as %g would (std::to_string made -1e-7 "-0.000000").
+      {"--amp fp16 --loss-scale -1e-7" + out,
+       "--loss-scale must be a normal f32 value in [1.17549e-38, 3.40282e+38], got -1e-07"},
+      {"--amp fp16 --loss-scale 1e-40" + out, "got 1e-40"},
       {"--model bert-tiny --vocab v.txt --text t.txt --no-augment" + out, "--augment: for ResNet models' images"},
       {"--model bert-tiny --vocab v.txt --text t.txt --train-tsv t.tsv" + out, "--train-tsv: for --task classify"},
   };

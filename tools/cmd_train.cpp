@@ -1100,7 +1100,7 @@ class Trainer {
     t0 = Clock::now();
     // One scaler decision per optimizer step: unscale (before clipping), skip on inf/NaN, update.
     if (c_.clip_grad_norm > 0) {
-      scaler_->unscale(params_);
+      scaler_->unscale(*opt_, params_);
       if (zero_)
         zero_->clip_grad_norm(c_.clip_grad_norm);  // the norm over every rank's chunks
       else

@@ -288,8 +288,9 @@ std::vector<std::string> validate(const TrainConfig& c) {
     e.push_back("--save-minutes must be >= 0 and finite (0: off), got " + std::to_string(c.save_minutes));
   if (c.threads < 0 || c.threads > max_threads())
     e.push_back("--threads must be in 0.." + std::to_string(max_threads()) + ", got " + std::to_string(c.threads));
-  if (!(c.loss_scale > 0 && c.loss_scale <= 3.4028234663852886e38))
-    e.push_back("--loss-scale must be positive and within the f32 range, got " + std::to_string(c.loss_scale));
+  if (!(c.loss_scale >= 0x1p-126 && c.loss_scale <= 3.4028234663852886e38))  // a normal f32: [FLT_MIN, FLT_MAX]
+    e.push_back(detail::str_cat("--loss-scale must be a normal f32 value in [", 0x1p-126, ", ", 3.4028234663852886e38,
+                                "], got ", c.loss_scale));
   if (c.loss_scale_window < 1)
     e.push_back("--loss-scale-window must be at least 1, got " + std::to_string(c.loss_scale_window));
   if (c.log_every < 1) e.push_back("--log-every must be at least 1, got " + std::to_string(c.log_every));

@@ -1,5 +1,5 @@
 // The loss scaler's arithmetic, shared by the CPU and CUDA kernels: the scaler's state lives on the
-// device as three f64 values {scale, growth_tracker, skipped} and is updated there at the end of
+// device as three f64 values {scale (an f32 value), growth_tracker, skipped} and is updated there at the end of
 // each step, so no step waits for the host to read the inf/NaN flag.
 #pragma once
 #include <cfloat>
@@ -13,9 +13,12 @@ enum : int { kScale = 0, kGrowthTracker = 1, kSkipped = 2, kStateSize = 3 };
 
 // After an inf/NaN (found_inf != 0): count the skipped step, back the scale off, restart the
 // growth count. Otherwise grow the scale after `interval` clean steps, never past the f32 range.
+// The scale stays an f32 value as torch's (the product in f64, rounded to f32), and never goes below
+// FLT_MIN: a subnormal or zero scale zeroes the scaled loss and makes 1/scale inf.
 KILN_HD void update_scale(double* state, float found_inf, double growth, double backoff, int64_t interval) {
   if (found_inf != 0.0f) {
-    state[kScale] *= backoff;
+    const double s = double(float(state[kScale] * backoff));
+    state[kScale] = s < double(FLT_MIN) ? double(FLT_MIN) : s;
     state[kGrowthTracker] = 0;
     state[kSkipped] += 1;
     return;
@@ -23,7 +26,8 @@ KILN_HD void update_scale(double* state, float found_inf, double growth, double 
   state[kGrowthTracker] += 1;
   if (state[kGrowthTracker] >= double(interval)) {
     state[kGrowthTracker] = 0;
-    if (state[kScale] * growth <= double(FLT_MAX)) state[kScale] *= growth;
+    const float s = float(state[kScale] * growth);
+    if (double(s) <= double(FLT_MAX)) state[kScale] = double(s);  // not inf
   }
 }
 

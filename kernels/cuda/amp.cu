@@ -15,12 +15,12 @@ namespace {
 // The CPU's arithmetic: in C (f64 for f64, f32 otherwise), the product rounded back to T (16-bit
 // types convert with single cvt instructions in device code, base/half.h).
 template <typename T, typename C> __device__ __forceinline__ void unscale_one(T& x, C s, bool& bad) {
-  const C v = C(x);
-  bad |= !isfinite(v);
-  x = T(v * s);
+  const C r = C(x) * s;
+  bad |= !isfinite(r);  // the unscaled value: an overflow or NaN of the product counts
+  x = T(r);
 }
 
-// x *= 1 / *scale over a contiguous buffer; any non-finite input stores 1.0f into *found_inf (a plain store:
+// x *= 1 / *scale over a contiguous buffer; any non-finite result stores 1.0f into *found_inf (a plain store:
 // every writer writes the same value). Launch: grid_for(max(vectors, scalars)); a thread handles
 // 16-byte vectors v, v + stride, ... of the aligned body, and the first threads the unaligned head
 // and the tail element by element. Traffic: every byte read and written once, 128-bit accesses.

@@ -12,10 +12,22 @@ dynamically.
 """
 import functools
 import math
+import numbers
 from collections import abc
 
 from . import _C
 from ._C import autocast_dtype  # noqa: F401
+
+
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def _device_type(fn, device):
+    """torch's device argument (first positional): "cpu" or "cuda". Kiln's autocast regions and
+    scalers follow the tensors' device, so it is only checked."""
+    if device not in _DEVICE_TYPES:
+        raise _C.KilnValueError(f"{fn}: device {device!r} is not one of {', '.join(map(repr, _DEVICE_TYPES))}")
+    return device
 
 
 class autocast:  # noqa: N801  (as torch.autocast)
@@ -25,9 +37,26 @@ class autocast:  # noqa: N801  (as torch.autocast)
         @kiln.amp.autocast(kiln.float16)
         def forward(x): ...
 
+    torch's form autocast("cpu" or "cuda", dtype=..., enabled=...) works too (the device is checked;
+    dtype defaults to torch's: bfloat16 on "cpu", float16 on "cuda").
     Per thread, and nestable (an inner region with enabled=False runs in float32)."""
 
-    def __init__(self, dtype="bfloat16", enabled=True):
+    def __init__(self, device_type=None, dtype=None, enabled=True):
+        if isinstance(device_type, str) and device_type in _DEVICE_TYPES:
+            if dtype is None:
+                dtype = "float16" if device_type == "cuda" else "bfloat16"
+        elif device_type is None:
+            dtype = "bfloat16" if dtype is None else dtype
+        else:
+            # Kiln's form autocast(dtype, enabled): the first argument is the dtype (or a bad device).
+            if isinstance(device_type, str) and device_type.split(":")[0] in ("cpu", "cuda", "meta", "mps", "xpu"):
+                _device_type("autocast", device_type)
+            if isinstance(dtype, bool):
+                enabled, dtype = dtype, None
+            if dtype is not None:
+                raise TypeError(f"autocast: dtype given twice ({device_type!r} and {dtype!r}); torch's form is "
+                                "autocast(\"cpu\" or \"cuda\", dtype=...)")
+            dtype = device_type
         _C.autocast(dtype, enabled)  # checks the arguments now
         self.dtype, self.enabled = dtype, enabled
         self._entered = []  # the engine's regions this object has open, innermost last
@@ -62,15 +91,17 @@ _STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_
 
 
 def _real(state, key):
-    v = state[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    v = state[key]  # a Python or numpy number (torch's load_state_dict takes both)
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
         raise _C.KilnValueError(f"GradScaler.load_state_dict: '{key}' is {v!r}, expected a finite number")
     return float(v)
 
 
 def _count(state, key, least):
     v = state[key]
-    if isinstance(v, float) and v.is_integer():
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        v = int(v)
+    elif isinstance(v, numbers.Real) and math.isfinite(v) and float(v).is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or v < least:
         raise _C.KilnValueError(f"GradScaler.load_state_dict: '{key}' is {v!r}, expected an integer >= {least}")
@@ -82,7 +113,19 @@ class GradScaler:
     step(optimizer), update(); state_dict()/load_state_dict() carry the scale and growth tracker
     over a resume."""
 
-    def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, enabled=True):
+    def __init__(self, device=None, init_scale=None, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 enabled=True):
+        # torch's signature: the device ("cpu" or "cuda", only checked: the scale follows the
+        # gradients) comes first; GradScaler(1024.0) still means init_scale=1024.0.
+        if isinstance(device, numbers.Real) and not isinstance(device, bool):
+            if init_scale is not None:
+                raise TypeError("GradScaler: init_scale given twice (the first positional argument is the device, "
+                                "as torch.amp.GradScaler's)")
+            device, init_scale = None, device
+        if device is not None:
+            _device_type("GradScaler", device)
+        if init_scale is None:
+            init_scale = 65536.0
         self._impl = _C._GradScaler(init_scale, growth_factor, backoff_factor, growth_interval, enabled)
         self._options = (float(init_scale), float(growth_factor), float(backoff_factor), int(growth_interval))
         self._enabled = bool(enabled)
@@ -164,6 +207,7 @@ class GradScaler:
         if not 0 < scale <= 3.4028234663852886e38:
             raise _C.KilnValueError(f"GradScaler.load_state_dict: 'scale' is {scale!r}, expected a number in "
                                     "(0, FLT_MAX]")
+        scale = max(scale, 1.1754943508222875e-38)  # an older (f64) scale below FLT_MIN: the scaler's floor
         if growth <= 1:
             raise _C.KilnValueError(f"GradScaler.load_state_dict: 'growth_factor' is {growth!r}, expected > 1")
         if not 0 < backoff < 1:

@@ -274,6 +274,27 @@ nb::dict wordpiece_call(const io::WordPieceTokenizer& t, nb::handle text, nb::ha
 }
 }  // namespace
 
+// The optimizer's parameters for GradScaler.unscale_/step. An enabled scaler refuses 16-bit
+// gradients (as torch's "Attempting to unscale FP16 gradients"): unscaling in 16 bits underflows.
+// Checked here too so that Python gets a KilnValueError naming the group and parameter.
+static std::vector<Tensor> scaler_params(const amp::GradScaler& g, const optim::Optimizer& o, const char* what) {
+  std::vector<Tensor> ps;
+  for (size_t gi = 0; gi < o.groups().size(); ++gi) {
+    const auto& gr = o.groups()[gi];
+    for (size_t pi = 0; pi < gr.params.size(); ++pi) {
+      const Tensor& grad = gr.params[pi].grad();
+      if (g.enabled() && grad.defined() && (grad.dtype() == DType::f16 || grad.dtype() == DType::bf16))
+        value_error(detail::str_cat("GradScaler.", what, ": param_groups[", gi, "] parameter ", pi, " (shape ",
+                                    gr.params[pi].shape(), ") has a ", grad.dtype(),
+                                    " gradient; unscaling 16-bit gradients loses them to underflow (torch: "
+                                    "\"Attempting to unscale FP16 gradients\"): keep float32 parameters and run "
+                                    "the forward under kiln.amp.autocast"));
+    }
+    ps.insert(ps.end(), gr.params.begin(), gr.params.end());
+  }
+  return ps;
+}
+
 void bind_nn(nb::module_& m) {
   // ---- C++ modules ----
   nb::class_<nn::Module>(m, "_CModule", "A module built in C++ (a model of kiln.models).")
@@ -566,17 +587,15 @@ void bind_nn(nb::module_& m) {
       .def(
           "unscale_",
           [](amp::GradScaler& g, optim::Optimizer& o) {
-            std::vector<Tensor> ps;
-            for (const auto& gr : o.groups()) ps.insert(ps.end(), gr.params.begin(), gr.params.end());
+            const std::vector<Tensor> ps = scaler_params(g, o, "unscale_");
             R r;
-            g.unscale(ps);
+            g.unscale(o, ps);
           },
           nb::arg("optimizer"))
       .def(
           "step",
           [](amp::GradScaler& g, optim::Optimizer& o) {
-            std::vector<Tensor> ps;
-            for (const auto& gr : o.groups()) ps.insert(ps.end(), gr.params.begin(), gr.params.end());
+            const std::vector<Tensor> ps = scaler_params(g, o, "step");
             R r;
             g.step(o, ps);
           },
