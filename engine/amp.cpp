@@ -53,9 +53,10 @@ void GradScaler::unscale(optim::Optimizer& opt, const std::vector<Tensor>& param
   if (o_.enabled)
     for (size_t i = 0; i < params.size(); ++i) {
       const Tensor& g = params[i].grad();
-      KILN_CHECK(!g.defined() || (g.dtype() != DType::f16 && g.dtype() != DType::bf16), "GradScaler: parameter ", i,
-                 " (shape ", params[i].shape(), ") has a ", g.dtype(),
-                 " gradient; unscaling 16-bit gradients "
+      // As torch: f16 only (bf16 has f32's exponent range, so unscaling it does not underflow).
+      KILN_CHECK(!g.defined() || g.dtype() != DType::f16, "GradScaler: parameter ", i, " (shape ", params[i].shape(),
+                 ") has a ", g.dtype(),
+                 " gradient; unscaling f16 gradients "
                  "loses them to underflow (torch: \"Attempting to unscale FP16 gradients\"): keep f32 parameters "
                  "and run the forward under autocast");
     }

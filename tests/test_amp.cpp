@@ -246,8 +246,7 @@ TEST_CASE(
   CHECK(sc.get_scale() == double(FLT_MIN));
 }
 
-TEST_CASE(
-    "grad scaler: several optimizers each unscale and step once a step (as torch's); 16-bit gradients are refused") {
+TEST_CASE("grad scaler: several optimizers each unscale and step once a step (as torch's); f16 gradients are refused") {
   Tensor a = from_vector({1.0}, {1}).set_requires_grad(), b = from_vector({1.0}, {1}).set_requires_grad();
   optim::SGD oa({optim::ParamGroup({a}, 1.0)}), ob({optim::ParamGroup({b}, 1.0)});
   amp::GradScaler sc({4.0, 2.0, 0.5, 100});
@@ -270,4 +269,11 @@ TEST_CASE(
   h.set_grad(from_vector({1.0}, {1}, DType::f16));
   optim::SGD oh({optim::ParamGroup({h}, 1.0)});
   CHECK(contains(error_of([&] { sc.step(oh, {h}); }), "parameter 0 (shape [1]) has a f16 gradient"));
+  // bf16 has f32's exponent range: unscaled as torch unscales it.
+  Tensor hb = from_vector({1.0}, {1}, DType::bf16).set_requires_grad();
+  hb.set_grad(from_vector({4.0}, {1}, DType::bf16));
+  optim::SGD obf({optim::ParamGroup({hb}, 1.0)});
+  const double scale = sc.get_scale();
+  sc.step(obf, {hb});
+  CHECK(hb.to_vector() == std::vector<double>{1.0 - 4.0 / scale});
 }

@@ -274,8 +274,8 @@ nb::dict wordpiece_call(const io::WordPieceTokenizer& t, nb::handle text, nb::ha
 }
 }  // namespace
 
-// The optimizer's parameters for GradScaler.unscale_/step. An enabled scaler refuses 16-bit
-// gradients (as torch's "Attempting to unscale FP16 gradients"): unscaling in 16 bits underflows.
+// The optimizer's parameters for GradScaler.unscale_/step. An enabled scaler refuses f16 gradients
+// (as torch's "Attempting to unscale FP16 gradients"): unscaling in f16 underflows.
 // Checked here too so that Python gets a KilnValueError naming the group and parameter.
 static std::vector<Tensor> scaler_params(const amp::GradScaler& g, const optim::Optimizer& o, const char* what) {
   std::vector<Tensor> ps;
@@ -283,10 +283,10 @@ static std::vector<Tensor> scaler_params(const amp::GradScaler& g, const optim::
     const auto& gr = o.groups()[gi];
     for (size_t pi = 0; pi < gr.params.size(); ++pi) {
       const Tensor& grad = gr.params[pi].grad();
-      if (g.enabled() && grad.defined() && (grad.dtype() == DType::f16 || grad.dtype() == DType::bf16))
+      if (g.enabled() && grad.defined() && grad.dtype() == DType::f16)  // as torch: bf16 has f32's range
         value_error(detail::str_cat("GradScaler.", what, ": param_groups[", gi, "] parameter ", pi, " (shape ",
                                     gr.params[pi].shape(), ") has a ", grad.dtype(),
-                                    " gradient; unscaling 16-bit gradients loses them to underflow (torch: "
+                                    " gradient; unscaling f16 gradients loses them to underflow (torch: "
                                     "\"Attempting to unscale FP16 gradients\"): keep float32 parameters and run "
                                     "the forward under kiln.amp.autocast"));
     }

@@ -93,6 +93,17 @@ def test_16_bit_gradients_are_refused_as_torch():
     with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
         ts.unscale_(torch.optim.SGD([tp], lr=0.1))
     assert p.tolist() == [1.0, 1.0, 1.0]
+    # bf16 gradients are unscaled, as torch's (f32's exponent range: no underflow)
+    b = kiln.cast(kiln.ones(3), kiln.bfloat16).requires_grad_()
+    sb = kiln.amp.GradScaler(init_scale=4.0)
+    optb = kiln.optim.SGD([b], lr=1.0)
+    sb.scale(kiln.sum(b.float() * 3.0)).backward()
+    sb.step(optb)
+    tb = torch.ones(3, dtype=torch.bfloat16, requires_grad=True)
+    tsb = torch.amp.GradScaler("cpu", init_scale=4.0)
+    tsb.scale((tb.float() * 3.0).sum()).backward()
+    tsb.step(torch.optim.SGD([tb], lr=1.0))
+    assert kiln.cast(b.detach(), kiln.float32).tolist() == tb.detach().float().tolist() == [-2.0, -2.0, -2.0]
 
 
 def test_a_scale_below_the_smallest_normal_f32_is_refused():
