@@ -204,7 +204,10 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   KILN_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), "linear: bias ", b.shape(), " must be [",
              w.size(0), "]");
   if (!b.defined()) return matmul(x, w.t());
-  // One [rows, in] x [in, out] product with the bias as the GEMM's C (matmul_nd): one rounding.
+  // One [rows, in] x [in, out] product with the bias as the GEMM's C (matmul_nd): one rounding. Rows that do
+  // not fold into one strided dim (a permuted or expanded batch) take the batched product, as matmul does,
+  // rather than a copy that backward would keep.
+  if (x.dim() > 2 && !batch_folds_into_rows(x)) return matmul_nd(x, w.t(), b);
   Shape os = x.shape();
   os.back() = w.size(0);
   const int64_t rows = Shape(x.shape().begin(), x.shape().end() - 1).numel();  // -1 is ambiguous for in = 0

@@ -213,6 +213,20 @@ const char* header_doc(std::string_view name) {
 
 Tensor numpy_to_tensor_copy(nb::handle array, const char* what);  // interop.cpp
 
+Tensor arith_operand(nb::handle h, const Tensor& like, const char* what) {
+  // (Not beside a 0-dim tensor: two 0-dim operands promote, and bf16 with f32 would give f32.)
+  if (like.defined() && is_low_precision(like.dtype()) && like.dim() > 0) {
+    if (PyFloat_Check(h.ptr()))
+      return scalar_tensor(PyFloat_AS_DOUBLE(h.ptr()), TensorOptions(DType::f32, like.device()));
+    if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
+      const int64_t v = *exact_int(h, what);
+      if (v >= -(int64_t(1) << 53) && v <= (int64_t(1) << 53))  // a double holds it exactly
+        return scalar_tensor(double(v), TensorOptions(DType::f32, like.device()));
+    }
+  }
+  return to_tensor(h, &like, what);
+}
+
 Tensor to_tensor(nb::handle h, const Tensor* like, const char* what) {
   if (nb::isinstance<Tensor>(h)) return nb::cast<Tensor>(h);
   if (PyBool_Check(h.ptr())) return scalar_tensor(h.is(Py_True) ? 1.0 : 0.0, TensorOptions(DType::boolean));

@@ -273,7 +273,7 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "add",
       [](const Tensor& a, nb::handle b, double alpha) {
-        const Tensor t = operand(b, a);
+        const Tensor t = arith_operand(b, a, "other");
         R r;
         return add(a, t, alpha);
       },
@@ -281,16 +281,23 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "sub",
       [](const Tensor& a, nb::handle b, double alpha) {
-        const Tensor t = operand(b, a);
+        const Tensor t = arith_operand(b, a, "other");
         R r;
         return sub(a, t, alpha);
       },
       nb::arg("input"), nb::arg("other"), nb::kw_only(), nb::arg("alpha") = 1.0, "input - alpha * other");
-  binary_fn(m, "mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); });
+  m.def(
+      "mul",
+      [](const Tensor& a, nb::handle b) {
+        const Tensor t = arith_operand(b, a, "other");
+        R r;
+        return mul(a, t);
+      },
+      nb::arg("input"), nb::arg("other"));
   m.def(
       "div",
       [](const Tensor& a, nb::handle b, std::optional<std::string> rounding_mode) {
-        const Tensor t = operand(b, a);
+        const Tensor t = arith_operand(b, a, "other");
         if (rounding_mode && *rounding_mode != "trunc" && *rounding_mode != "floor")
           value_error("div: rounding_mode must be None, 'trunc' or 'floor', got '" + *rounding_mode + "'");
         R r;

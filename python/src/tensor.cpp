@@ -75,14 +75,6 @@ bool is_double_exact(nb::handle h, const char* what) {
   return v >= -(int64_t(1) << 53) && v <= (int64_t(1) << 53);
 }
 
-// The operand of x op= o: a number next to a 16-bit x stays f32 (the kernels compute in f32 and round
-// once, as x op o does); anything else as to_tensor makes it.
-Tensor inplace_number(nb::handle o, const Tensor& x, const char* what) {
-  if (is_low_precision(x.dtype()) && is_double_exact(o, what))
-    return scalar_tensor(nb::cast<double>(o), TensorOptions(DType::f32, x.device()));
-  return to_tensor(o, &x, what);
-}
-
 // ---- indexing ---------------------------------------------------------------------------------
 
 // An integer index: a Python int, or a scalar with __index__ that is not an array (a NumPy integer
@@ -739,7 +731,7 @@ void bind_tensor(nb::module_& m) {
           "add_",
           [](Tensor& x, nb::handle o, double alpha) -> Tensor& {
             check_inplace(x, "add_", o);
-            return x.add_(inplace_number(o, x, "other"), alpha);
+            return x.add_(arith_operand(o, x, "other"), alpha);
           },
           nb::arg("other"), nb::arg("alpha") = 1.0, nb::rv_policy::reference)
       .def(
@@ -754,14 +746,14 @@ void bind_tensor(nb::module_& m) {
           "__iadd__",
           [](Tensor& x, nb::handle o) -> Tensor& {
             check_inplace(x, "+=", o);
-            return x.add_(inplace_number(o, x, "operand"));
+            return x.add_(arith_operand(o, x, "operand"));
           },
           nb::rv_policy::reference, nb::is_operator())
       .def(
           "__isub__",
           [](Tensor& x, nb::handle o) -> Tensor& {
             check_inplace(x, "-=", o);
-            return x.add_(inplace_number(o, x, "operand"), -1.0);
+            return x.add_(arith_operand(o, x, "operand"), -1.0);
           },
           nb::rv_policy::reference, nb::is_operator())
       .def(
@@ -780,7 +772,7 @@ void bind_tensor(nb::module_& m) {
             KILN_CHECK(is_floating(x.dtype()), "/=: true division gives a float result, which cannot be written into ",
                        x.type_str(), " in place; use x = x / y");
             // a true division, not a product with 1 / o (which differs in the last bit for o = 3)
-            return x.copy_(div(x, inplace_number(o, x, "operand")));
+            return x.copy_(div(x, arith_operand(o, x, "operand")));
           },
           nb::rv_policy::reference, nb::is_operator())
       .def(

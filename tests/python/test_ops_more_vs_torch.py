@@ -268,7 +268,7 @@ def test_a_number_in_16_bit_arithmetic_is_not_rounded_to_16_bits(kdt, tdt):
 
 
 @pytest.mark.parametrize("kdt,tdt", DT16)
-def test_a_number_in_16_bit_in_place_arithmetic_is_as_out_of_place(kdt, tdt):
+def test_a_number_in_16_bit_in_place_and_function_arithmetic_is_as_the_operators(kdt, tdt):
     # x *= 0.999 (an EMA's decay) as x * 0.999: rounding 0.999 to bf16 first made it 0.99609375.
     a = np.random.default_rng(5).standard_normal(20000) * 3
     for name, inplace, out in [("mul_", lambda x: x.mul_(0.999), lambda x: x * 0.999),
@@ -277,7 +277,12 @@ def test_a_number_in_16_bit_in_place_arithmetic_is_as_out_of_place(kdt, tdt):
                                ("-=", lambda x: x.__isub__(0.1), lambda x: x - 0.1),
                                ("/=", lambda x: x.__itruediv__(0.1), lambda x: x / 0.1),
                                ("add_ alpha", lambda x: x.add_(0.1, alpha=3.0), lambda x: x + 0.3),
-                               ("*= 257", lambda x: x.__imul__(257), lambda x: x * 257)]:
+                               ("*= 257", lambda x: x.__imul__(257), lambda x: x * 257),
+                               ("kiln.mul", lambda x: kiln.mul(x, 0.1), lambda x: x * 0.1),
+                               ("kiln.div", lambda x: kiln.div(x, 0.1), lambda x: x / 0.1),
+                               ("kiln.add", lambda x: kiln.add(x, 0.1), lambda x: x + 0.1),
+                               ("kiln.sub", lambda x: kiln.sub(x, 0.1), lambda x: x - 0.1),
+                               ("x.mul", lambda x: x.mul(0.1), lambda x: x * 0.1)]:
         kx, tx = pair16(a, kdt, tdt)
         want = f32_of(out(kx))
         got = inplace(kx)
@@ -342,6 +347,17 @@ def test_linear_with_bias_gradients_as_torch():
         (tout * torch.tensor(g)).sum().backward()
         for k, t in [(kx, tx), (kw, tw), (kb, tb)]:
             same(k.grad, t.grad)
+    # A sequence-first input permuted to batch-first: its rows do not fold into one matrix (the batched
+    # product, no copy kept for backward), with the same values and gradients.
+    (kx, tx), (kw, tw), (kb, tb) = (both(rng.standard_normal(s), grad=True) for s in ((3, 2, 5), (4, 5), (4,)))
+    kout = kiln.nn.functional.linear(kx.permute(1, 0, 2), kw, kb)
+    tout = torch.nn.functional.linear(tx.permute(1, 0, 2), tw, tb)
+    same(kout, tout)
+    g = rng.standard_normal(tout.shape)
+    (kout * kiln.tensor(g)).sum().backward()
+    (tout * torch.tensor(g)).sum().backward()
+    for k, t in [(kx, tx), (kw, tw), (kb, tb)]:
+        same(k.grad, t.grad)
 
 
 def test_shape_functions():
