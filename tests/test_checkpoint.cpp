@@ -382,6 +382,31 @@ TEST_CASE("train: SIGTERM saves and exits 0; ckpt verify, export and import") {
   CHECK_MESSAGE(contains(r.output, "batch: checkpoint 32, now 64"), r.output);
 }
 
+TEST_CASE("train: a checkpoint whose config holds flags the run does not use (an older Kiln kept them) resumes") {
+  // Before flags a run does not use were refused, `kiln train --model resnet20 --seq-len 64` ran and saved
+  // seq_len 64; such a flag can no longer be given, so a resume must not compare it.
+  TempDir d("kiln_resume_unused");
+  const std::string args = "train --limit-train 64 --limit-eval 32 --batch 32 --max-steps 2 --threads 1 --save-every 1";
+  auto r = run_kiln(args + " --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string first = d / "run/checkpoints/step-000000001.kiln";
+  json m = manifest_of(first);
+  m["state"]["config"]["seq_len"] = 64;
+  m["state"]["config"]["mask_prob"] = 0.5;
+  m["state"]["config"]["loss_scale_window"] = 4;
+  write_bytes(d / "older.kiln", with_manifest(first, m.dump()));
+  r = run_kiln(args + " --resume " + d / "older.kiln" + " --out " + d / "resumed", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
+  // A flag the run uses still has to match.
+  m["state"]["config"]["lr"] = 0.5;
+  write_bytes(d / "other.kiln", with_manifest(first, m.dump()));
+  r = run_kiln(args + " --resume " + d / "other.kiln" + " --out " + d / "other", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "lr: checkpoint 0.5, now 0.1"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "seq_len"), r.output);
+}
+
 TEST_CASE("checkpoint: a tensor stored with an integer dtype for a float parameter (or the reverse) is refused") {
   TempDir d("kiln_ckpt");
   auto a = models::make_resnet({"resnet20", 10, 1});

@@ -636,7 +636,16 @@ class Trainer {
       // The flags first (a resnet20 checkpoint under --model resnet32 is named as such, not as 72
       // tensors that do not match), the micro-batch once the run's state is read.
       LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, [&](const nlohmann::json& saved) {
-        refuse(config_differences(saved, resolved_));
+        // Keys of flags this run does not use are not compared: an older Kiln accepted them (and
+        // saved them) without using them, and they cannot be given again now.
+        nlohmann::json was = saved, now = resolved_;
+        for (const UnusedFlag& u : unused_flags(c_)) {
+          std::string key = u.flag;
+          std::replace(key.begin(), key.end(), '-', '_');
+          was.erase(key);
+          now.erase(key);
+        }
+        refuse(config_differences(was, now));
       });
       if (!lr.weights_only) {
         if (const std::string d = resume_micro_batch(lr); !d.empty()) refuse({d});

@@ -104,6 +104,13 @@ void apply_model_defaults(const CLI::App& app, TrainConfig& c);
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights);
 // The checks that need no data: one message per problem, empty when the config is sound.
 std::vector<std::string> validate(const TrainConfig& c);
+// The flags this run would not use (their long names, "seq-len") and why: validate refuses them when
+// given, and a resume does not compare them with the checkpoint's (a run that an older Kiln started
+// with such a flag, then dropped, resumes without it).
+struct UnusedFlag {
+  std::string flag, why;
+};
+std::vector<UnusedFlag> unused_flags(const TrainConfig& c);
 // What of a training run `dir` holds ("checkpoints/ (2 checkpoints), metrics.jsonl (12 lines),
 // model.safetensors"), or "" when none: what a fresh run there would replace.
 std::string run_in_folder(const std::string& dir);

@@ -266,6 +266,35 @@ std::string run_in_folder(const std::string& dir) {
   return s;
 }
 
+std::vector<UnusedFlag> unused_flags(const TrainConfig& c) {
+  const ModelFamily* family = find_model_family(c.model);
+  const bool images = family != nullptr && family->input == ModelInput::images;
+  const bool tokens = family != nullptr && family->input == ModelInput::tokens;
+  std::vector<UnusedFlag> out;
+  auto unused = [&](std::initializer_list<const char*> flags, const std::string& why) {
+    for (const char* f : flags) out.push_back({f, why});
+  };
+  if (images)
+    unused({"seq-len", "mask-prob", "lower-case", "text", "eval-text", "vocab", "train-tsv", "eval-tsv"},
+           "for BERT models; --model " + c.model + " reads images");
+  if (images && c.data != "folder")
+    unused({"image-size", "skip-bad-samples"},
+           "for image folders (--data folder); --data " + c.data + " reads its images at their own size");
+  if (tokens)
+    unused({"data", "data-dir", "image-size", "augment", "skip-bad-samples"},
+           "for ResNet models' images; --model " + c.model + " reads text");
+  if (tokens && (c.task.empty() || c.task == "mlm"))
+    unused({"train-tsv", "eval-tsv"}, "for --task classify; masked-LM reads --text");
+  if (tokens && c.task == "classify")
+    unused({"text", "eval-text", "mask-prob"}, "for --task mlm; classification reads --train-tsv and --eval-tsv");
+  if (c.optimizer != "sgd")
+    unused({"momentum", "nesterov"}, "for --optimizer sgd (" + c.optimizer + " keeps its own moment estimates)");
+  if (c.amp != "fp16")
+    unused({"loss-scale", "loss-scale-window"},
+           "the dynamic loss scale of --amp fp16 (--amp " + c.amp + " needs none: f32's exponent range)");
+  return out;
+}
+
 std::vector<std::string> validate(const TrainConfig& c) {
   std::vector<std::string> e;
   if (c.batch < 1) e.push_back("--batch must be at least 1, got " + std::to_string(c.batch));
@@ -361,28 +390,8 @@ std::vector<std::string> validate(const TrainConfig& c) {
     e.push_back("--channels-last: only ResNets take image batches (--model " + c.model + ")");
   // A flag the run would not use is refused, not dropped: a user who sets --momentum for AdamW or
   // --seq-len for a ResNet believes the run uses it.
-  auto unused = [&](std::initializer_list<const char*> flags, const std::string& why) {
-    for (const char* f : flags)
-      if (c.was_given(f)) e.push_back("--" + std::string(f) + ": " + why);
-  };
-  if (images)
-    unused({"seq-len", "mask-prob", "lower-case", "text", "eval-text", "vocab", "train-tsv", "eval-tsv"},
-           "for BERT models; --model " + c.model + " reads images");
-  if (images && c.data != "folder")
-    unused({"image-size", "skip-bad-samples"},
-           "for image folders (--data folder); --data " + c.data + " reads its images at their own size");
-  if (tokens)
-    unused({"data", "data-dir", "image-size", "augment", "skip-bad-samples"},
-           "for ResNet models' images; --model " + c.model + " reads text");
-  if (tokens && (c.task.empty() || c.task == "mlm"))
-    unused({"train-tsv", "eval-tsv"}, "for --task classify; masked-LM reads --text");
-  if (tokens && c.task == "classify")
-    unused({"text", "eval-text", "mask-prob"}, "for --task mlm; classification reads --train-tsv and --eval-tsv");
-  if (c.optimizer != "sgd")
-    unused({"momentum", "nesterov"}, "for --optimizer sgd (" + c.optimizer + " keeps its own moment estimates)");
-  if (c.amp != "fp16")
-    unused({"loss-scale", "loss-scale-window"},
-           "the dynamic loss scale of --amp fp16 (--amp " + c.amp + " needs none: f32's exponent range)");
+  for (const UnusedFlag& u : unused_flags(c))
+    if (c.was_given(u.flag)) e.push_back("--" + u.flag + ": " + u.why);
   if (images && !c.task.empty() && c.task != "classify")
     e.push_back("--task " + c.task + ": a " + family->name + " classifies images (--task classify)");
   if (images && c.data == "mnist" && c.data_dir.empty())

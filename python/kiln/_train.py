@@ -56,7 +56,8 @@ def train(model="resnet20", *, out, callback=None, **options):
     Returns the run's summary.json as a dict (help=True prints the options and returns None). A run
     that fails raises kiln.KilnError with its messages; a bad option or config (what `kiln train`
     refuses with exit code 2 before any work: an unknown keyword, whatever its value, batch=0,
-    momentum=1.5) raises kiln.KilnValueError (a ValueError). A true/false option given anything but
+    momentum=1.5; also what the run cannot start from: a missing data file or checkpoint, an `out`
+    another run holds, a failed rendezvous) raises kiln.KilnValueError (a ValueError). A true/false option given anything but
     a bool (augment=0), or a callback that returns something other than None, True or False, raises
     TypeError; a list for a one-value option is an error."""
     args = ["--model", str(model), "--out", os.fspath(out)] + _flags(options)
@@ -72,8 +73,9 @@ def train(model="resnet20", *, out, callback=None, **options):
         raise SystemExit(128 + r["stop_signal"])
     if r["returncode"] != 0:
         detail = "; ".join(r["errors"]) or f"exit code {r['returncode']} (see the messages above)"
-        # exit code 2 is the command's "bad flags or config, before any work" (batch=0, momentum=1.5, an
-        # --out that holds a run): a bad argument, as the options the flag parser refuses
+        # exit code 2 is the command's "cannot start from what it was given, before any work" (batch=0,
+        # momentum=1.5, a missing data file or checkpoint, an --out that holds a run, a failed
+        # rendezvous): a bad argument, as the options the flag parser refuses
         error = _C.KilnValueError if r["returncode"] == 2 else _C.KilnError
         raise error(f"kiln.train: {detail}")
     summary = os.path.join(r["out"], "summary.json")
