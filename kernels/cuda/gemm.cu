@@ -111,7 +111,8 @@ std::map<ShapeKey, bool> g_use_kiln;  // auto: the measured winner per shape
 
 void cublaslt_gemm(const GemmCall& call, const GemmPlan& p, const void* a, const void* b, void* c);
 
-// auto: times both on this product (beta == 0, so running it twice is harmless) and keeps the faster.
+// auto: times both on this product (beta == 0, so running it twice is harmless; a beta != 0 product is
+// timed on a scratch C) and keeps the faster.
 bool measure_kiln_faster(const TcGemmArgs& g, const GemmCall& call, const GemmPlan& plan, const void* a, const void* b,
                          void* c) {
   cudaStream_t s = current().stream;
@@ -168,8 +169,22 @@ void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, d
       const ShapeKey key{current().device, int(dt), ta, tb, m, n, k, batch};
       std::lock_guard<std::mutex> lk(g_choice_mutex);
       auto it = g_use_kiln.find(key);
-      if (it == g_use_kiln.end() && beta == 0.0)
+      if (it == g_use_kiln.end() && beta == 0.0) {
         it = g_use_kiln.emplace(key, measure_kiln_faster(g, call, plan, a, b, c)).first;
+      } else if (it == g_use_kiln.end()) {
+        // beta != 0 (linear's bias as C): C holds values the product adds to, so the race runs with
+        // beta 0 on a scratch C of the same layout; a shape seen only with a bias is timed too.
+        GemmCall scratch_call = call;
+        scratch_call.beta = 0.0;
+        const int64_t span = (batch - 1) * sc + (m - 1) * ldc + n;
+        DeviceBuffer scratch(size_t(span) * dtype_size(dt));
+        TcGemmArgs gs;
+        if (tc_route(scratch_call, a, b, scratch.get(), gs) == TcRefusal::none)
+          it = g_use_kiln
+                   .emplace(key, measure_kiln_faster(gs, scratch_call, libplan::plan_gemm(scratch_call, allow_tf32()),
+                                                     a, b, scratch.get()))
+                   .first;
+      }
       use = it != g_use_kiln.end() && it->second;
     }
     if (use) return tc_gemm(g, current().stream);
