@@ -34,6 +34,12 @@ GradScaler::PerOptimizer* GradScaler::find(const optim::Optimizer& opt) {
   return nullptr;
 }
 
+void GradScaler::rename_optimizer(const optim::Optimizer& was, const optim::Optimizer& now) {
+  if (&was == &now) return;
+  KILN_CHECK(find(now) == nullptr, "GradScaler: the optimizer was already unscaled or stepped this step");
+  if (PerOptimizer* p = find(was)) p->opt = &now;
+}
+
 Tensor GradScaler::scale(const Tensor& loss) {
   if (!o_.enabled) return loss;
   // The f32 loss times the scale, which is an f32 value, so the cast is exact.

@@ -45,6 +45,10 @@ class GradScaler {
   // the optimizer, which changes nothing if its gradients had an inf/NaN (decided on the device).
   // Once per optimizer and step.
   void step(optim::Optimizer& opt, const std::vector<Tensor>& params);
+  // What this step recorded for `was` (unscaled, stepped) now belongs to `now`: an optimizer rebuilt
+  // in place (Python's add_param_group makes a new engine) keeps its stage, as torch keys it by the
+  // optimizer. Nothing recorded: nothing to move.
+  void rename_optimizer(const optim::Optimizer& was, const optim::Optimizer& now);
   // Ends the step: backs the scale off if any optimizer's gradients overflowed, grows it after
   // growth_interval clean steps. Needs an inf/NaN check (a step() or unscale()) since the last one.
   void update();

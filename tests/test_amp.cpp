@@ -43,6 +43,13 @@ TEST_CASE("unscale kernel: divides in place and flags inf and NaN, for f32, f64,
       CHECK(h.to_vector()[7] == 0.5);
     }
   }
+  // A finite f32 product that the 16-bit rounding makes inf (scale < 1: bf16's largest value x 1.003) is flagged.
+  Tensor big = from_vector({3.3895e38}, {1}, DType::bf16);
+  float f = 0;
+  const double below_one = 1.0 / 1.003;
+  cpu_backend().unscale_check(DType::bf16, 1, big.raw_data(), &below_one, &f);
+  CHECK(std::isinf(big.to_vector()[0]));
+  CHECK(f == 1.0f);
 }
 
 TEST_CASE("grad scaler: scaled loss, exact unscale, a normal step") {

@@ -16,7 +16,8 @@ template <typename T> static bool unscale_typed(int64_t n, T* x, double inv_scal
   using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const C s = C(inv_scale);
   // Chunks in parallel; a chunk reports whether it saw a non-finite value (x - x is NaN exactly then),
-  // looking at the unscaled values, so a product that overflows or turns NaN is caught too.
+  // looking at the unscaled values as stored, so a product that overflows (in f32 or in the 16-bit
+  // rounding) or turns NaN is caught too.
   constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<char> bad(size_t(chunks), 0);
@@ -25,9 +26,9 @@ template <typename T> static bool unscale_typed(int64_t n, T* x, double inv_scal
       const int64_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
       C acc = 0;
       for (int64_t i = i0; i < i1; ++i) {
-        const C r = C(x[i]) * s;
+        x[i] = T(C(x[i]) * s);
+        const C r = C(x[i]);  // the stored value: an overflow of a 16-bit rounding counts too
         acc += r - r;
-        x[i] = T(r);
       }
       bad[size_t(c)] = acc != 0 || std::isnan(acc);
     }

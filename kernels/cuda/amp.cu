@@ -15,9 +15,8 @@ namespace {
 // The CPU's arithmetic: in C (f64 for f64, f32 otherwise), the product rounded back to T (16-bit
 // types convert with single cvt instructions in device code, base/half.h).
 template <typename T, typename C> __device__ __forceinline__ void unscale_one(T& x, C s, bool& bad) {
-  const C r = C(x) * s;
-  bad |= !isfinite(r);  // the unscaled value: an overflow or NaN of the product counts
-  x = T(r);
+  x = T(C(x) * s);
+  bad |= !isfinite(C(x));  // the stored unscaled value: an overflow of the product, or of its 16-bit rounding
 }
 
 // x *= 1 / *scale over a contiguous buffer; any non-finite result stores 1.0f into *found_inf (a plain store:

@@ -177,9 +177,14 @@ void gemm_batched(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, d
         GemmCall scratch_call = call;
         scratch_call.beta = 0.0;
         const int64_t span = (batch - 1) * sc + (m - 1) * ldc + n;
-        DeviceBuffer scratch(size_t(span) * dtype_size(dt));
+        DeviceBuffer scratch;
+        try {
+          scratch = DeviceBuffer(size_t(span) * dtype_size(dt));
+        } catch (const OutOfMemory&) {
+          // No room for the race: cuBLASLt takes this call, and the shape is timed when room is made.
+        }
         TcGemmArgs gs;
-        if (tc_route(scratch_call, a, b, scratch.get(), gs) == TcRefusal::none)
+        if (scratch.get() != nullptr && tc_route(scratch_call, a, b, scratch.get(), gs) == TcRefusal::none)
           it = g_use_kiln
                    .emplace(key, measure_kiln_faster(gs, scratch_call, libplan::plan_gemm(scratch_call, allow_tf32()),
                                                      a, b, scratch.get()))

@@ -113,19 +113,36 @@ class GradScaler:
     step(optimizer), update(); state_dict()/load_state_dict() carry the scale and growth tracker
     over a resume."""
 
-    def __init__(self, device=None, init_scale=None, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
-                 enabled=True):
-        # torch's signature: the device ("cpu" or "cuda", only checked: the scale follows the
-        # gradients) comes first; GradScaler(1024.0) still means init_scale=1024.0.
-        if isinstance(device, numbers.Real) and not isinstance(device, bool):
-            if init_scale is not None:
-                raise TypeError("GradScaler: init_scale given twice (the first positional argument is the device, "
-                                "as torch.amp.GradScaler's)")
-            device, init_scale = None, device
+    _NAMES = ("device", "init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")
+    _DEFAULTS = {"device": None, "init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                 "growth_interval": 2000, "enabled": True}
+
+    def __init__(self, *args, **kwargs):
+        """GradScaler(device=None, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
+        growth_interval=2000, enabled=True), torch.amp.GradScaler's signature (the device, "cpu" or
+        "cuda", is only checked: the scale follows the gradients). A number first is the older
+        torch.cuda.amp form, without the device: GradScaler(1024.0, 3.0) is init_scale=1024.0,
+        growth_factor=3.0."""
+        names = self._NAMES
+        if args and isinstance(args[0], numbers.Real) and not isinstance(args[0], bool):
+            names = names[1:]
+        if len(args) > len(names):
+            raise TypeError(f"GradScaler takes at most {len(names)} positional arguments ({len(args)} given)")
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise TypeError(f"GradScaler: got multiple values for argument '{name}'")
+            kwargs[name] = value
+        unknown = sorted(set(kwargs) - set(self._NAMES))
+        if unknown:
+            raise TypeError(f"GradScaler: unexpected keyword argument(s) {', '.join(unknown)}")
+        o = {**self._DEFAULTS, **kwargs}
+        device, init_scale, growth_factor, backoff_factor, growth_interval, enabled = (o[n] for n in self._NAMES)
         if device is not None:
             _device_type("GradScaler", device)
-        if init_scale is None:
-            init_scale = 65536.0
+        # The engine optimizer each Python optimizer was unscaled or stepped through since update():
+        # add_param_group builds a new engine, whose record is the old one's (torch keys its
+        # per-optimizer state by the Python optimizer); holding both keeps their addresses unique.
+        self._engines = {}
         self._impl = _C._GradScaler(init_scale, growth_factor, backoff_factor, growth_interval, enabled)
         self._options = (float(init_scale), float(growth_factor), float(backoff_factor), int(growth_interval))
         self._enabled = bool(enabled)
@@ -143,14 +160,23 @@ class GradScaler:
             return type(outputs)(scaled)
         return scaled
 
+    def _engine(self, optimizer):
+        engine = optimizer._impl
+        seen = self._engines.get(id(optimizer))
+        if seen is not None and seen[1] is not engine:
+            self._impl._rename_optimizer(seen[1], engine)
+        self._engines[id(optimizer)] = (optimizer, engine, seen)
+        return engine
+
     def unscale_(self, optimizer):
-        self._impl.unscale_(optimizer._impl)
+        self._impl.unscale_(self._engine(optimizer))
 
     def step(self, optimizer):
-        self._impl.step(optimizer._impl)
+        self._impl.step(self._engine(optimizer))
 
     def update(self):
         self._impl.update()
+        self._engines.clear()
 
     def get_scale(self):
         return self._impl.get_scale()

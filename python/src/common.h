@@ -42,9 +42,9 @@ Shape to_shape(nb::handle args);                                       // f(2, 3
 // A Tensor from a Tensor, a Python number or bool (0-dim, in `like`'s dtype rules when given), a
 // nested list or any array NumPy accepts (copied).
 Tensor to_tensor(nb::handle h, const Tensor* like = nullptr, const char* what = "argument");
-// The other operand of + - * / (and their in-place forms) next to `like`: a Python number beside a
-// 16-bit tensor is a 0-dim f32 (the kernels compute in f32 and round once, as x * 0.1 does);
-// anything else as to_tensor makes it.
+// The other operand of x += / -= / *= / /= o: a Python number beside a 16-bit x is a 0-dim f32 (the
+// kernels compute in f32 and round once, as x * 0.1 does); anything else as to_tensor makes it.
+// (Out of place, a number goes to the engine's double overloads, which also handle a 0-dim x.)
 Tensor arith_operand(nb::handle h, const Tensor& like, const char* what);
 
 // The comment above a function's declaration in engine/ops.h or nn_ops.h ("" when none).

@@ -214,8 +214,7 @@ const char* header_doc(std::string_view name) {
 Tensor numpy_to_tensor_copy(nb::handle array, const char* what);  // interop.cpp
 
 Tensor arith_operand(nb::handle h, const Tensor& like, const char* what) {
-  // (Not beside a 0-dim tensor: two 0-dim operands promote, and bf16 with f32 would give f32.)
-  if (like.defined() && is_low_precision(like.dtype()) && like.dim() > 0) {
+  if (like.defined() && is_low_precision(like.dtype())) {
     if (PyFloat_Check(h.ptr()))
       return scalar_tensor(PyFloat_AS_DOUBLE(h.ptr()), TensorOptions(DType::f32, like.device()));
     if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {

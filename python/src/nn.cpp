@@ -600,6 +600,7 @@ void bind_nn(nb::module_& m) {
             g.step(o, ps);
           },
           nb::arg("optimizer"), "Unscales (unless unscale_ ran), then steps unless a gradient is inf/NaN.")
+      .def("_rename_optimizer", &amp::GradScaler::rename_optimizer, nb::arg("was"), nb::arg("now"))
       .def("update", &amp::GradScaler::update, nogil)
       .def("get_scale", &amp::GradScaler::get_scale)
       .def_prop_ro("skipped_steps", &amp::GradScaler::skipped_steps)

@@ -2,6 +2,8 @@
 // scans and sorting, linear algebra, and the shape and index ops of nn_ops.h. Argument names and
 // defaults follow torch where the op exists there (dim, keepdim, ...). The GIL is released around
 // every computation.
+#include <optional>
+
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/tuple.h>
@@ -20,6 +22,18 @@ TensorOptions options(nb::handle dtype, nb::handle device, bool requires_grad, D
   o.device = device.is_none() ? kCPU : to_device(device);
   o.requires_grad = requires_grad;
   return o;
+}
+
+// A Python number (a float, or an int a double holds exactly; not a bool) next to a 16-bit tensor in
+// + - * /: it goes to the engine's double overloads (x * 0.1), which keep it in f32 and round once.
+std::optional<double> number_beside_16bit(nb::handle h, const Tensor& a) {
+  if (!is_low_precision(a.dtype())) return std::nullopt;
+  if (PyFloat_Check(h.ptr())) return PyFloat_AS_DOUBLE(h.ptr());
+  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
+    const int64_t v = *exact_int(h, "other");
+    if (v >= -(int64_t(1) << 53) && v <= (int64_t(1) << 53)) return double(v);
+  }
+  return std::nullopt;
 }
 
 // A second operand: a tensor, or a number taking the first operand's dtype rules.
@@ -273,7 +287,11 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "add",
       [](const Tensor& a, nb::handle b, double alpha) {
-        const Tensor t = arith_operand(b, a, "other");
+        if (const auto v = number_beside_16bit(b, a)) {
+          R r;
+          return a + *v * alpha;
+        }
+        const Tensor t = operand(b, a);
         R r;
         return add(a, t, alpha);
       },
@@ -281,7 +299,11 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "sub",
       [](const Tensor& a, nb::handle b, double alpha) {
-        const Tensor t = arith_operand(b, a, "other");
+        if (const auto v = number_beside_16bit(b, a)) {
+          R r;
+          return a - *v * alpha;
+        }
+        const Tensor t = operand(b, a);
         R r;
         return sub(a, t, alpha);
       },
@@ -289,7 +311,11 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "mul",
       [](const Tensor& a, nb::handle b) {
-        const Tensor t = arith_operand(b, a, "other");
+        if (const auto v = number_beside_16bit(b, a)) {
+          R r;
+          return a * *v;
+        }
+        const Tensor t = operand(b, a);
         R r;
         return mul(a, t);
       },
@@ -297,7 +323,11 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "div",
       [](const Tensor& a, nb::handle b, std::optional<std::string> rounding_mode) {
-        const Tensor t = arith_operand(b, a, "other");
+        if (const auto v = number_beside_16bit(b, a); v && !rounding_mode) {
+          R r;
+          return a / *v;
+        }
+        const Tensor t = operand(b, a);
         if (rounding_mode && *rounding_mode != "trunc" && *rounding_mode != "floor")
           value_error("div: rounding_mode must be None, 'trunc' or 'floor', got '" + *rounding_mode + "'");
         R r;

@@ -143,3 +143,32 @@ def test_torch_call_forms_and_numpy_state():
     # A checkpoint from when the scale was an f64: rounded to f32 on load.
     s.load_state_dict({**s.state_dict(), "scale": 18.224999999999998})
     assert s.get_scale() == float(np.float32(18.225))
+
+
+def test_add_param_group_between_unscale_and_step_keeps_the_stage_as_torch():
+    # torch keys the stage by the optimizer: unscale_, add_param_group, step unscales once.
+    def run(mod, make_opt, scaler):
+        p = (kiln.tensor([1.0], requires_grad=True) if mod is kiln else torch.tensor([1.0], requires_grad=True))
+        q = (kiln.tensor([1.0], requires_grad=True) if mod is kiln else torch.tensor([1.0], requires_grad=True))
+        opt = make_opt([p])
+        (scaler.scale((p * 2.0).sum() + (q * 2.0).sum())).backward()
+        scaler.unscale_(opt)
+        opt.add_param_group({"params": [q]})
+        scaler.step(opt)
+        scaler.update()
+        return [float(p.detach().tolist()[0]), float(q.detach().tolist()[0])]
+    k = run(kiln, lambda ps: kiln.optim.SGD(ps, lr=1.0), kiln.amp.GradScaler(init_scale=4.0))
+    t = run(torch, lambda ps: torch.optim.SGD(ps, lr=1.0), torch.amp.GradScaler("cpu", init_scale=4.0))
+    assert k == t == [-1.0, -7.0]  # p unscaled once (grad 2); q added after the unscale: grad 8, as torch
+
+
+def test_older_positional_form_of_grad_scaler():
+    s = kiln.amp.GradScaler(1024.0, 3.0, 0.25, 7)
+    assert s.state_dict()["scale"] == 1024.0 and s.state_dict()["growth_factor"] == 3.0
+    assert s.state_dict()["backoff_factor"] == 0.25 and s.state_dict()["growth_interval"] == 7
+    s = kiln.amp.GradScaler("cpu", 512.0, growth_interval=9)
+    assert s.get_scale() == 512.0 and s.state_dict()["growth_interval"] == 9
+    with pytest.raises(TypeError, match="multiple values for argument 'init_scale'"):
+        kiln.amp.GradScaler(1024.0, init_scale=2.0)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        kiln.amp.GradScaler(init_scal=2.0)

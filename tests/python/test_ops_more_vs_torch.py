@@ -293,6 +293,15 @@ def test_a_number_in_16_bit_in_place_and_function_arithmetic_is_as_the_operators
             assert (f32_of(got) != want).sum() == 0, name
     kx, tx = pair16(a, kdt, tdt)
     assert (f32_of(kx.mul_(0.999)) != tx.mul_(0.999).float().numpy()).sum() == 0  # as torch's
+    # A 0-dim 16-bit tensor: the same single rounding in every form.
+    x0 = kiln.cast(kiln.tensor(6.8125), kdt)
+    n = 0.670305566414071
+    want = f32_of(x0 + n)
+    assert want == f32_of(kiln.cast(kiln.cast(x0, kiln.float32) + n, kdt))
+    for name, got in [("kiln.add", kiln.add(x0, n)), ("+=", x0.clone().__iadd__(n)), ("add_", x0.clone().add_(n)),
+                      ("kiln.sub", kiln.sub(x0, -n)), ("-=", x0.clone().__isub__(-n))]:
+        assert got.dtype == kdt and got.dim() == 0, name
+        assert f32_of(got) == want, name
 
 
 @pytest.mark.parametrize("kdt,tdt", DT16)
