@@ -184,7 +184,15 @@ int run_launch(const LaunchOptions& o) {
       return 1;
     }
     const pid_t launcher = ::getpid();
+    // The stop signals wait (blocked) across the fork: one sent to the new rank before it drops the
+    // launcher's handler would run that handler in the child and be lost (a rank stopped at once, as
+    // when another fails at start, then ran on until the SIGKILL after --grace).
+    sigset_t stops, before;
+    sigemptyset(&stops);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, s);
+    ::pthread_sigmask(SIG_BLOCK, &stops, &before);
     const pid_t pid = ::fork();
+    if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
     if (pid < 0) {
       std::perror("kiln launch: fork");
       return 1;
@@ -203,6 +211,7 @@ int run_launch(const LaunchOptions& o) {
       ::close(fds[0]);
       ::close(fds[1]);
       for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
+      ::pthread_sigmask(SIG_SETMASK, &before, nullptr);  // a stop sent meanwhile ends this rank now
       ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
