@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -46,6 +47,10 @@ Tensor to_tensor(nb::handle h, const Tensor* like = nullptr, const char* what = 
 // kernels compute in f32 and round once, as x * 0.1 does); anything else as to_tensor makes it.
 // (Out of place, a number goes to the engine's double overloads, which also handle a 0-dim x.)
 Tensor arith_operand(nb::handle h, const Tensor& like, const char* what);
+// A Python number (a float, or an int a double holds exactly; not a bool) beside a 16-bit `like`:
+// its value, which + - * / keep in f32 (arith_operand in place; the engine's double overloads out
+// of place, which also handle a 0-dim tensor); else nothing.
+std::optional<double> number_beside_16bit(nb::handle h, const Tensor& like, const char* what);
 
 // The comment above a function's declaration in engine/ops.h or nn_ops.h ("" when none).
 const char* header_doc(std::string_view name);

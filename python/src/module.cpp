@@ -213,16 +213,19 @@ const char* header_doc(std::string_view name) {
 
 Tensor numpy_to_tensor_copy(nb::handle array, const char* what);  // interop.cpp
 
-Tensor arith_operand(nb::handle h, const Tensor& like, const char* what) {
-  if (like.defined() && is_low_precision(like.dtype())) {
-    if (PyFloat_Check(h.ptr()))
-      return scalar_tensor(PyFloat_AS_DOUBLE(h.ptr()), TensorOptions(DType::f32, like.device()));
-    if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
-      const int64_t v = *exact_int(h, what);
-      if (v >= -(int64_t(1) << 53) && v <= (int64_t(1) << 53))  // a double holds it exactly
-        return scalar_tensor(double(v), TensorOptions(DType::f32, like.device()));
-    }
+std::optional<double> number_beside_16bit(nb::handle h, const Tensor& like, const char* what) {
+  if (!like.defined() || !is_low_precision(like.dtype())) return std::nullopt;
+  if (PyFloat_Check(h.ptr())) return PyFloat_AS_DOUBLE(h.ptr());
+  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
+    const int64_t v = *exact_int(h, what);
+    if (v >= -(int64_t(1) << 53) && v <= (int64_t(1) << 53)) return double(v);  // a double holds it exactly
   }
+  return std::nullopt;
+}
+
+Tensor arith_operand(nb::handle h, const Tensor& like, const char* what) {
+  if (const auto v = number_beside_16bit(h, like, what))
+    return scalar_tensor(*v, TensorOptions(DType::f32, like.device()));
   return to_tensor(h, &like, what);
 }
 

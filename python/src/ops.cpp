@@ -24,18 +24,6 @@ TensorOptions options(nb::handle dtype, nb::handle device, bool requires_grad, D
   return o;
 }
 
-// A Python number (a float, or an int a double holds exactly; not a bool) next to a 16-bit tensor in
-// + - * /: it goes to the engine's double overloads (x * 0.1), which keep it in f32 and round once.
-std::optional<double> number_beside_16bit(nb::handle h, const Tensor& a) {
-  if (!is_low_precision(a.dtype())) return std::nullopt;
-  if (PyFloat_Check(h.ptr())) return PyFloat_AS_DOUBLE(h.ptr());
-  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
-    const int64_t v = *exact_int(h, "other");
-    if (v >= -(int64_t(1) << 53) && v <= (int64_t(1) << 53)) return double(v);
-  }
-  return std::nullopt;
-}
-
 // A second operand: a tensor, or a number taking the first operand's dtype rules.
 Tensor operand(nb::handle h, const Tensor& like) { return to_tensor(h, &like, "other"); }
 
@@ -287,7 +275,7 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "add",
       [](const Tensor& a, nb::handle b, double alpha) {
-        if (const auto v = number_beside_16bit(b, a)) {
+        if (const auto v = number_beside_16bit(b, a, "other")) {
           R r;
           return a + *v * alpha;
         }
@@ -299,7 +287,7 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "sub",
       [](const Tensor& a, nb::handle b, double alpha) {
-        if (const auto v = number_beside_16bit(b, a)) {
+        if (const auto v = number_beside_16bit(b, a, "other")) {
           R r;
           return a - *v * alpha;
         }
@@ -311,7 +299,7 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "mul",
       [](const Tensor& a, nb::handle b) {
-        if (const auto v = number_beside_16bit(b, a)) {
+        if (const auto v = number_beside_16bit(b, a, "other")) {
           R r;
           return a * *v;
         }
@@ -323,7 +311,7 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "div",
       [](const Tensor& a, nb::handle b, std::optional<std::string> rounding_mode) {
-        if (const auto v = number_beside_16bit(b, a); v && !rounding_mode) {
+        if (const auto v = number_beside_16bit(b, a, "other"); v && !rounding_mode) {
           R r;
           return a / *v;
         }
