@@ -17,7 +17,6 @@ GradScaler::GradScaler(GradScalerOptions o) : o_(o) {
              "value in [", FLT_MIN, ", ", FLT_MAX, "], got ", o_.init_scale);
   KILN_CHECK(o_.growth_factor > 1 && o_.backoff_factor > 0 && o_.backoff_factor < 1, "GradScaler: growth_factor ",
              o_.growth_factor, " must be > 1 and backoff_factor ", o_.backoff_factor, " in (0, 1)");
-  KILN_CHECK(o_.growth_interval >= 1, "GradScaler: growth_interval must be >= 1, got ", o_.growth_interval);
   // The scale is an f32 value, as torch's (amp_math::update_scale keeps it one).
   state_ = from_vector({o_.enabled ? double(float(o_.init_scale)) : 1.0, 0.0, 0.0}, {amp_math::kStateSize}, DType::f64);
   found_inf_ = zeros({}, DType::f32);

@@ -15,7 +15,7 @@ struct GradScalerOptions {
   double init_scale = 65536.0;  // 2^16
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
+  int64_t growth_interval = 2000;  // <= 0: the scale never grows (torch's meaning of such an interval)
   bool enabled = true;  // disabled: scale 1, nothing skipped (bf16 and f32 runs use the same code path)
 };
 

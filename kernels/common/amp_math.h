@@ -12,7 +12,8 @@ namespace kiln::amp_math {
 enum : int { kScale = 0, kGrowthTracker = 1, kSkipped = 2, kStateSize = 3 };
 
 // After an inf/NaN (found_inf != 0): count the skipped step, back the scale off, restart the
-// growth count. Otherwise grow the scale after `interval` clean steps, never past the f32 range.
+// growth count. Otherwise grow the scale after `interval` clean steps, never past the f32 range; an
+// interval of 0 or less never grows it (torch takes one, and its count of clean steps never equals it).
 // The scale stays an f32 value as torch's (the product in f64, rounded to f32), and never goes below
 // FLT_MIN: a subnormal or zero scale zeroes the scaled loss and makes 1/scale inf.
 KILN_HD void update_scale(double* state, float found_inf, double growth, double backoff, int64_t interval) {
@@ -24,7 +25,7 @@ KILN_HD void update_scale(double* state, float found_inf, double growth, double 
     return;
   }
   state[kGrowthTracker] += 1;
-  if (state[kGrowthTracker] >= double(interval)) {
+  if (interval > 0 && state[kGrowthTracker] >= double(interval)) {
     state[kGrowthTracker] = 0;
     const float s = float(state[kScale] * growth);
     if (double(s) <= double(FLT_MAX)) state[kScale] = double(s);  // not inf

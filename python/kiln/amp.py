@@ -97,14 +97,15 @@ def _real(state, key):
     return float(v)
 
 
-def _count(state, key, least):
+def _count(state, key, least=None):
     v = state[key]
     if isinstance(v, numbers.Integral) and not isinstance(v, bool):
         v = int(v)
     elif isinstance(v, numbers.Real) and math.isfinite(v) and float(v).is_integer():
         v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or v < least:
-        raise _C.KilnValueError(f"GradScaler.load_state_dict: '{key}' is {v!r}, expected an integer >= {least}")
+    if isinstance(v, bool) or not isinstance(v, int) or (least is not None and v < least):
+        at_least = "" if least is None else f" >= {least}"
+        raise _C.KilnValueError(f"GradScaler.load_state_dict: '{key}' is {v!r}, expected an integer{at_least}")
     return v
 
 
@@ -228,7 +229,7 @@ class GradScaler:
         scale = _real(state_dict, "scale")
         growth = _real(state_dict, "growth_factor")
         backoff = _real(state_dict, "backoff_factor")
-        interval = _count(state_dict, "growth_interval", 1)
+        interval = _count(state_dict, "growth_interval")  # any integer, as torch: <= 0 never grows
         tracker = _count(state_dict, "_growth_tracker", 0)
         if not 0 < scale <= 3.4028234663852886e38:
             raise _C.KilnValueError(f"GradScaler.load_state_dict: 'scale' is {scale!r}, expected a number in "

@@ -172,3 +172,23 @@ def test_older_positional_form_of_grad_scaler():
         kiln.amp.GradScaler(1024.0, init_scale=2.0)
     with pytest.raises(TypeError, match="unexpected keyword"):
         kiln.amp.GradScaler(init_scal=2.0)
+
+
+@pytest.mark.parametrize("interval", [0, -3])
+def test_a_growth_interval_of_zero_or_less_never_grows_the_scale_as_torch(interval):
+    # torch takes any int: its count of clean steps (1, 2, ...) never equals it, so the scale stays.
+    def run(mod, scaler):
+        p = mod.tensor([1.0, 2.0], requires_grad=True)
+        opt = mod.optim.SGD([p], lr=0.1)
+        for i in range(5):
+            opt.zero_grad()
+            scaler.scale((p * (float("inf") if i == 2 else 1.0)).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+        return scaler.get_scale(), scaler.state_dict(), p.detach().tolist()
+    t = run(torch, torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=interval))
+    k = run(kiln, kiln.amp.GradScaler("cpu", init_scale=8.0, growth_interval=interval))
+    assert k == t and k[0] == 4.0 and k[1]["_growth_tracker"] == 2  # backed off once, never grown
+    s = kiln.amp.GradScaler("cpu", growth_interval=5)
+    s.load_state_dict(t[1])  # torch's state with that interval loads too
+    assert s.get_growth_interval() == interval and s.get_scale() == 4.0
