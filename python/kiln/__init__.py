@@ -95,7 +95,10 @@ def save(tensors, f, metadata=None):
     """Writes a dict of tensors (or a module's state_dict) as safetensors: to a path atomically, or
     to a binary file object."""
     if hasattr(tensors, "state_dict"):
-        tensors = tensors.state_dict()
+        # A kiln.models BERT's tied decoder is its word embeddings: written once (Hugging Face's
+        # save_pretrained leaves it out too); load_state_dict and `kiln forward` tie it again.
+        tied = tensors._tied_decoder() if hasattr(type(tensors), "_tied_decoder") else {}
+        tensors = {k: v for k, v in tensors.state_dict().items() if k not in tied}
     if hasattr(f, "write"):
         import os
         import tempfile

@@ -8,10 +8,11 @@ names and --set overrides (set=):
     logits = model(images)                                         # [N, classes]
 """
 import copy
+from collections import OrderedDict
 
 from . import _C
 from ._tensor import tensor
-from .nn.modules import CppModule
+from .nn.modules import CppModule, _state_tensors
 
 
 def names():
@@ -40,7 +41,8 @@ class ZooModel(CppModule):
         first = next(iter(params.values()), None)
         if first is not None:
             new.to(device=first.device, dtype=first.dtype)
-        new.load_state_dict({k: v.detach().clone() for k, v in self.state_dict().items()})
+        tied = self._tied_decoder()  # the decoder is the embeddings: copied once
+        new.load_state_dict({k: v.detach().clone() for k, v in self.state_dict().items() if k not in tied})
         for k, p in new.named_parameters():
             old = params[k]
             if p.dtype != old.dtype:  # the C++ model converts as a whole
@@ -53,11 +55,45 @@ class ZooModel(CppModule):
         # As torch's deepcopy: an object copied with the model (a hook's state among them, so the
         # parameters are mapped before the hooks are copied) maps each parameter to the copy's, and
         # the copy keeps the hooks (the same functions; a handle deep-copied along follows the copy's).
-        for k, p in new.named_parameters():
-            memo[id(params[k])] = p
+        # A parameter or buffer copied before the model (copy.deepcopy([p, model])) is already in the
+        # memo, and what was copied with it holds that copy: it becomes the new model's tensor (the
+        # same object points at it), so, as torch's, the copy is the copied model's own.
+        _map_copies(new, dict(self.named_parameters()), dict(new.named_parameters()), "_parameters", memo)
+        _map_copies(new, dict(self.named_buffers()), dict(new.named_buffers()), "_buffers", memo)
         for hooks in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
             object.__setattr__(new, hooks, copy.deepcopy(getattr(self, hooks), memo))
         return new
+
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        """As torch's, and for bert-*-mlm as Hugging Face's BertForMaskedLM: its decoder, tied to the
+        word embeddings (and its bias to cls.predictions.bias), under its own names as well
+        (cls.predictions.decoder.weight and .bias, the same tensors, after the head's transform)."""
+        sd = super().state_dict(prefix=prefix, keep_vars=keep_vars)
+        tied = self._tied_decoder(prefix)
+        if tied:
+            keys = list(sd)
+            head = f"{prefix}cls.predictions."
+            last = max(i for i, k in enumerate(keys) if k.startswith(head))
+            out = OrderedDict()
+            for i, k in enumerate(keys):
+                out[k] = sd[k]
+                if i == last:  # the decoder after the head's transform, as torch orders BertLMPredictionHead's
+                    for alias, k_of in tied.items():
+                        out[alias] = sd[k_of]
+            sd = out
+        if destination is None:
+            return sd
+        destination.update(sd)
+        return destination
+
+    def _tied_decoder(self, prefix=""):
+        """{decoder name: the name of the tensor it is} for a masked-LM head, else {}."""
+        names = self._c.state_dict()
+        emb = next((k for k in names if k.endswith("embeddings.word_embeddings.weight")), None)
+        if emb is None or "cls.predictions.bias" not in names:
+            return {}
+        return {f"{prefix}cls.predictions.decoder.weight": prefix + emb,
+                f"{prefix}cls.predictions.decoder.bias": f"{prefix}cls.predictions.bias"}
 
     def load_state_dict(self, state_dict, strict=True):
         if hasattr(state_dict, "keys"):
@@ -68,16 +104,12 @@ class ZooModel(CppModule):
             # A BERT checkpoint named as Hugging Face names it (BertForMaskedLM: the tied decoder weight,
             # "bert." on an encoder, gamma/beta, position_ids) loads as `kiln forward` loads it: the
             # same C++ normalisation, onto this model's names. Only for BERT: another model's load
-            # stays strict about every name (a stray key is unexpected).
+            # stays strict about every name (a stray key is unexpected). NumPy arrays and torch
+            # tensors are read as kiln tensors first.
             mine = self._c.state_dict()
-            bert = any(k.endswith("embeddings.word_embeddings.weight") for k in mine)
-            for k, v in state_dict.items():
-                if not isinstance(v, _C.Tensor):
-                    break  # an array: the C++ load names it
-            else:
-                if bert:
-                    state_dict = _C._normalise_checkpoint_names(dict(state_dict), mine,
-                                                                f"load_state_dict({self.name})")
+            state_dict = _state_tensors(state_dict, mine, f"load_state_dict({self.name})")
+            if any(k.endswith("embeddings.word_embeddings.weight") for k in mine):
+                state_dict = _C._normalise_checkpoint_names(dict(state_dict), mine, f"load_state_dict({self.name})")
         return super().load_state_dict(state_dict, strict)
 
     @property
@@ -107,6 +139,25 @@ class ZooModel(CppModule):
 
     def forward(self, *args, **inputs):
         return self.run(*args, **inputs)["output"]
+
+
+def _map_copies(new, olds, news, store, memo):
+    """Maps each of a model's tensors (olds, by name) to its copy's (news) in the deepcopy memo; one
+    copied before the model is pointed at the copy's tensor and put in its place in the new tree."""
+    swap = {}
+    for k, t in news.items():
+        earlier = memo.get(id(olds[k]))
+        if isinstance(earlier, _C.Tensor) and earlier is not t:
+            _C._rebind(earlier, t)
+            swap[id(t)] = earlier
+        else:
+            memo[id(olds[k])] = t
+    if swap:
+        for m in new.modules():
+            d = m.__dict__[store]
+            for name, t in d.items():
+                if id(t) in swap:
+                    d[name] = swap[id(t)]
 
 
 def _set_value(key, v):

@@ -294,7 +294,11 @@ class Optimizer:
             got = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise _C.KilnValueError(f"load_state_dict: expected the dict state_dict() returns, with keys 'tensors' "
                                     f"and 'scalars'; got {got}")
-        self._engine.load_state(state["tensors"], state["scalars"])
+        # The slots may be NumPy arrays or torch tensors too (state ported from elsewhere), as a module's.
+        from .nn.modules import _state_tensors
+
+        tensors = _state_tensors(state["tensors"], None, "optimizer load_state_dict")
+        self._engine.load_state(dict(tensors), state["scalars"])
         self._options = self._options_from(state["scalars"])
         self._sync()
 

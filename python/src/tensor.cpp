@@ -511,6 +511,17 @@ void bind_tensor(nb::module_& m) {
       nb::arg("x"), nb::arg("op"), nb::arg("operand") = nb::none(),
       "Refuses, naming op, an in-place update that autograd would miss (for the in-place methods written in "
       "Python).");
+  m.def(
+      "_rebind",
+      [](Tensor& obj, const Tensor& other) {
+        // copy.deepcopy of a kiln.models model (python/kiln/models.py): a parameter copied before the
+        // model is a fresh tensor that other copied objects already hold; pointing that very object at
+        // the new model's tensor makes all of them hold the copied model's parameter, as torch's memo does.
+        if (obj.grad_fn()) value_error("_rebind: only a leaf tensor can be pointed at another");
+        obj = other;
+      },
+      nb::arg("obj"), nb::arg("other"),
+      "Points the Python tensor object `obj` at `other` (a second handle onto it); for copy.deepcopy.");
   nb::class_<HookHandle>(m, "RemovableHandle",
                          "Returned by Tensor.register_hook and register_post_accumulate_grad_hook; remove() takes "
                          "the hook off.")

@@ -183,3 +183,53 @@ def test_torch_tensor_that_requires_grad():
     tt = torch.ones(3, requires_grad=True)
     k = kiln.from_dlpack(tt)  # the data, shared; not torch's graph
     assert k.data_ptr() == tt.data_ptr() and not k.requires_grad
+
+
+@needs_torch
+def test_load_state_dict_takes_torch_tensors_and_numpy_arrays():
+    # A state dict made by torch (or NumPy code) loads as one of kiln.Tensors, as weights are ported.
+    torch.manual_seed(0)
+    tm = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    km = kiln.nn.Sequential(kiln.nn.Linear(3, 4), kiln.nn.BatchNorm1d(4))
+    with torch.no_grad():
+        tm[1].running_mean.uniform_()
+    assert km.load_state_dict(tm.state_dict()) == ([], [])
+    assert km.load_state_dict(tm.state_dict(keep_vars=True)) == ([], [])  # tensors that require grad
+    for k, v in tm.state_dict().items():
+        np.testing.assert_array_equal(km.state_dict()[k].numpy(), v.numpy(), err_msg=k)
+    # NumPy arrays: another dtype is converted (as torch's copy_), a read-only one copied first.
+    w = np.arange(12, dtype=np.float64).reshape(4, 3)
+    b = np.ones(4, np.float32)
+    b.flags.writeable = False
+    lin = kiln.nn.Linear(3, 4)
+    assert lin.load_state_dict({"weight": w, "bias": b}) == ([], [])
+    assert lin.weight.dtype == kiln.float32 and lin.weight.tolist() == w.tolist() and lin.bias.tolist() == [1.0] * 4
+    lin.load_state_dict({"weight": torch.full((4, 3), 2.0, dtype=torch.bfloat16), "bias": torch.zeros(4)})
+    assert lin.weight.tolist() == [[2.0] * 3] * 4
+    # A kiln.models model, and an optimizer's state.
+    r = kiln.models.create("resnet20", set={"num_classes": 3})
+    arrays = {k: v.numpy().copy() for k, v in r.state_dict().items()}
+    arrays["fc.bias"] = np.array([1.0, 2.0, 3.0], np.float32)
+    assert r.load_state_dict(arrays) == ([], [])
+    assert r.fc.bias.tolist() == [1.0, 2.0, 3.0]
+    assert r.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()}) == ([], [])
+    opt = kiln.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    lin(kiln.ones(2, 3)).sum().backward()
+    opt.step()
+    state = opt.state_dict()
+    ported = {"tensors": {k: torch.from_numpy(v.numpy() * 0 + 5) for k, v in state["tensors"].items()},
+              "scalars": state["scalars"]}
+    opt.load_state_dict(ported)
+    assert all(set(v.numpy().ravel().tolist()) == {5.0} for v in opt.state_dict()["tensors"].values())
+    # A wrong shape names the key and both shapes; a dtype Kiln lacks names the key, it and the module's.
+    with pytest.raises(kiln.KilnError, match=r"weight has shape \(4, 2\), the module's is \(4, 3\)"):
+        lin.load_state_dict({"weight": np.zeros((4, 2), np.float32), "bias": b})
+    with pytest.raises(kiln.KilnError, match=r"fc.weight \(checkpoint \[3,5\], model \[3,64\]\)"):
+        r.load_state_dict({**arrays, "fc.weight": torch.zeros(3, 5)})
+    with pytest.raises(kiln.KilnValueError, match=r"'weight' \(ndarray of complex64 \(4, 3\)\).*complex64.*"
+                                                  r"the module's is float32 \(4, 3\)"):
+        lin.load_state_dict({"weight": np.zeros((4, 3), np.complex64), "bias": b})
+    with pytest.raises(kiln.KilnValueError, match=r"'bias' \(Tensor of torch.complex64 \(4,\)\)"):
+        lin.load_state_dict({"weight": w, "bias": torch.zeros(4, dtype=torch.complex64)})
+    with pytest.raises(TypeError, match="'weight' is a list, expected a kiln.Tensor, a NumPy array or a torch.Tensor"):
+        lin.load_state_dict({"weight": [[1.0] * 3] * 4, "bias": b})

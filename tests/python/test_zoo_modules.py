@@ -237,3 +237,80 @@ def test_a_stray_bert_key_stays_unexpected_outside_a_bert_mlm_model():
     sd["cls.predictions.decoder.weight"] = kiln.zeros(100, 128)
     res = b.load_state_dict(sd, strict=False)
     assert "cls.predictions.decoder.weight" in res.unexpected_keys
+
+
+def test_bert_mlm_state_dict_has_the_tied_decoder_as_hugging_face():
+    # transformers' BertForMaskedLM ties cls.predictions.decoder to the word embeddings (and its bias
+    # to cls.predictions.bias) and its state_dict() lists both names, the decoder after the transform.
+    b = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 300})
+    sd = b.state_dict()
+    assert [k for k in sd if k.startswith("cls.")] == [
+        "cls.predictions.bias", "cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias",
+        "cls.predictions.transform.LayerNorm.weight", "cls.predictions.transform.LayerNorm.bias",
+        "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"]
+    emb = b.bert.embeddings.word_embeddings.weight
+    assert sd["cls.predictions.decoder.weight"].data_ptr() == emb.data_ptr()
+    assert sd["cls.predictions.decoder.bias"].data_ptr() == b.cls.predictions.bias.data_ptr()
+    assert b.state_dict(keep_vars=True)["cls.predictions.decoder.weight"] is emb
+    assert "cls.predictions.decoder.weight" not in dict(b.named_parameters())  # one parameter, as torch
+    # Its own state dict loads back strictly (the decoder checked against the embeddings, as a
+    # Hugging Face file's), into a parent module's under its prefix too.
+    other = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 300})
+    assert other.load_state_dict(sd) == ([], [])
+    np.testing.assert_array_equal(other.bert.embeddings.word_embeddings.weight.detach().numpy(), emb.detach().numpy())
+    parent = nn.Module()
+    parent.mlm = other
+    assert "mlm.cls.predictions.decoder.weight" in parent.state_dict()
+    bad = dict(sd)
+    bad["cls.predictions.decoder.weight"] = kiln.zeros(300, 128)
+    with pytest.raises(kiln.KilnError, match="'cls.predictions.decoder.weight' differs from "
+                                             "'bert.embeddings.word_embeddings.weight'"):
+        other.load_state_dict(bad)
+    # Not in a classifier or the bare encoder, which have no decoder.
+    assert not any("decoder" in k for k in kiln.models.create("bert-tiny-cls").state_dict())
+
+
+def test_bert_mlm_saved_with_kiln_save_holds_the_tied_decoder_once(tmp_path):
+    b = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 300})
+    kiln.save(b, tmp_path / "b.safetensors")
+    saved = kiln.load(tmp_path / "b.safetensors")
+    assert "cls.predictions.decoder.weight" not in saved and "bert.embeddings.word_embeddings.weight" in saved
+    c = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 300})
+    assert c.load_state_dict(saved) == ([], [])
+
+
+@pytest.mark.parametrize("which", ["parameter", "buffer"])
+def test_deepcopy_of_a_tensor_before_its_zoo_model_gives_the_copys_own(which):
+    # copy.deepcopy([p, model]): p is copied first, then the model; torch's memo makes the first copy
+    # the copied model's own tensor, and so does Kiln's.
+    m = kiln.models.create("resnet20")
+    t = m.fc.weight if which == "parameter" else m.bn1.running_mean
+    t.grad = kiln.ones(*t.shape) if which == "parameter" else None
+    ct, cm = copy.deepcopy([t, m])
+    same = cm.fc.weight if which == "parameter" else cm.bn1.running_mean
+    assert ct is same and ct is not t
+    assert (cm.state_dict(keep_vars=True)["fc.weight" if which == "parameter" else "bn1.running_mean"] is ct)
+    np.testing.assert_array_equal(ct.detach().numpy(), t.detach().numpy())
+    if which == "parameter":
+        assert type(ct) is nn.Parameter and ct.requires_grad and ct.grad.tolist() == t.grad.tolist()
+        # It is the model's tensor: an update through it changes the copy's forward, not the original's.
+        x = kiln.randn(2, 3, 32, 32)
+        m.eval(), cm.eval()
+        before = cm(x).tolist()
+        with kiln.no_grad():
+            ct.mul_(0.0)
+        assert cm(x).tolist() != before and m(x).tolist() == before
+    else:
+        with kiln.no_grad():
+            ct.fill_(3.0)
+        assert cm.state_dict()["bn1.running_mean"].tolist() == [3.0] * t.shape[0]
+    # And the other way round, as before: the model first, then the tensor.
+    cm2, ct2 = copy.deepcopy([m, t])
+    assert ct2 is (cm2.fc.weight if which == "parameter" else cm2.bn1.running_mean)
+
+
+def test_deepcopy_of_a_parameter_before_its_python_module_gives_the_copys_own():
+    m = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+    p = m[0].weight
+    cp, cm = copy.deepcopy([p, m])
+    assert cp is cm[0].weight and cp is not p

@@ -438,13 +438,12 @@ class Module:
         """Copies tensors into the parameters and buffers of the same names. With strict, a missing or
         unexpected name is an error that names them (and nothing is copied); a shape mismatch always is.
         Returns (missing_keys, unexpected_keys), as torch does: what strict=False left out."""
-        _check_state_dict(state_dict)
+        mine = self.state_dict()
         # A module may fill in keys an older save lacks (BatchNorm's num_batches_tracked), as torch's
-        # _load_from_state_dict does: on a copy, so the caller's dict is left alone.
-        state_dict = OrderedDict(state_dict)
+        # _load_from_state_dict does: on _state_tensors' copy, so the caller's dict is left alone.
+        state_dict = _state_tensors(state_dict, mine)
         for name, m in self.named_modules():
             m._upgrade_state_dict(state_dict, f"{name}." if name else "")
-        mine = self.state_dict()
         missing = [k for k in mine if k not in state_dict]
         unexpected = [k for k in state_dict if k not in mine]
         if strict and (missing or unexpected):
@@ -607,14 +606,48 @@ def _remove_from(name, *stores):
                 del d[name]
 
 
-def _check_state_dict(state_dict):
-    """load_state_dict's argument: a mapping of str -> kiln.Tensor."""
+def _state_tensors(state_dict, mine=None, what="load_state_dict"):
+    """load_state_dict's argument as a dict of name -> kiln.Tensor. The values may be kiln.Tensors,
+    NumPy arrays or torch.Tensors (a state dict made by NumPy code, or torch's: weights being
+    ported); an array is viewed without a copy where Kiln can (DLPack, NumPy's buffer), else copied
+    (a read-only or big-endian array), and the load then copies it in, converting the dtype. `mine`,
+    the module's state dict, names what the key was for when an array's dtype has no Kiln dtype."""
     if not hasattr(state_dict, "items"):
-        raise TypeError(f"load_state_dict: expected a dict of name -> kiln.Tensor, got {type(state_dict).__name__}")
+        raise TypeError(f"{what}: expected a dict of name -> kiln.Tensor, got {type(state_dict).__name__}")
+    out = OrderedDict()
     for k, t in state_dict.items():
-        if not isinstance(t, Tensor):
-            raise TypeError(f"load_state_dict: '{k}' is a {type(t).__name__}, expected kiln.Tensor "
-                            "(convert it with kiln.tensor)")
+        out[k] = t if isinstance(t, Tensor) else _foreign_tensor(k, t, mine, what)
+    return out
+
+
+def _foreign_tensor(key, value, mine, what):
+    """A state dict's NumPy array or DLPack producer (torch.Tensor, CuPy, JAX) as a kiln.Tensor."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        try:
+            return _C.from_numpy(value)
+        except ValueError:  # read-only, big-endian or odd strides: a copy (or the dtype, named below)
+            make = _tensor
+    elif hasattr(value, "__dlpack__"):
+        from .. import from_dlpack
+
+        # torch's load_state_dict reads the values without recording a gradient: a tensor that
+        # requires grad in its own framework (which DLPack refuses) is read detached.
+        make = from_dlpack
+        if callable(getattr(value, "detach", None)):
+            value = value.detach()
+    else:
+        raise TypeError(f"{what}: '{key}' is a {type(value).__name__}, expected a kiln.Tensor, a NumPy array or "
+                        "a torch.Tensor")
+    try:
+        return make(value)
+    except (ValueError, TypeError, BufferError, RuntimeError) as e:
+        target = mine.get(key) if mine is not None else None
+        theirs = f"{getattr(value, 'dtype', '?')} {tuple(getattr(value, 'shape', ()))}"
+        ours = f"; the module's is {target.dtype.name} {tuple(target.shape)}" if target is not None else ""
+        raise KilnValueError(f"{what}: '{key}' ({type(value).__name__} of {theirs}) cannot be read as a kiln "
+                             f"tensor: {e}{ours}") from None
 
 
 def _parse_to(args, kwargs):
@@ -1606,7 +1639,7 @@ class CppModule(Module):
             self._c.to_dtype(dtype)
 
     def load_state_dict(self, state_dict, strict=True):
-        _check_state_dict(state_dict)
+        state_dict = _state_tensors(state_dict, self._c.state_dict())
         return IncompatibleKeys(*self._c.load_state_dict(dict(state_dict), strict))
 
     def extra_repr(self):
