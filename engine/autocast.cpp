@@ -10,7 +10,9 @@ namespace {
 using P = CastPolicy;
 using O = AutocastOp;
 constexpr AutocastRule kRules[] = {
-    {O::matmul, "matmul", P::lower, "GEMM: 16-bit inputs, f32 accumulation (Tensor Cores on GPU)"},
+    {O::matmul, "matmul", P::lower,
+     "GEMM: 16-bit inputs, f32 accumulation (Tensor Cores on GPU); also bmm and baddbmm, whose added input is cast "
+     "too, so the output stays 16-bit"},
     {O::linear, "linear", P::lower, "GEMM + bias; the bias is cast too, so the output stays 16-bit"},
     {O::conv2d, "conv2d", P::lower,
      "implicit GEMM: 16-bit inputs, f32 accumulation; also conv_transpose2d, and conv1d/conv3d through it (conv3d sums "

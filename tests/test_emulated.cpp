@@ -295,6 +295,49 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("emulated cuda: 16-bit conv_transpose2d adds its bias before the one rounding") {
+  // The CUDA backend computes 16-bit convolutions in 16-bit buffers; conv_transpose2d's pass has no bias to fuse,
+  // so adding the bias to its rounded output rounded twice. Values exact in both dtypes, products and sums exact
+  // in f32 (multiples of 1/256 below 2^8): each output must be the exact sum rounded once.
+  const int64_t n = 2, ci = 8, h = 5, wd = 5, co = 4, k = 3, oh = h + k - 1, ow = wd + k - 1;
+  std::vector<double> xs, ws, bs;
+  for (int64_t i = 0; i < n * ci * h * wd; ++i) xs.push_back(double(i * 37 % 121) - 60.0);
+  for (int64_t i = 0; i < ci * co * k * k; ++i) ws.push_back(double(i * 5 % 23 - 11) / 256.0);
+  for (int64_t i = 0; i < co; ++i) bs.push_back(0.75 * double(i) - 5.125);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    CAPTURE(dt);
+    const Tensor x = from_vector(xs, {n, ci, h, wd}).to(dt), w = from_vector(ws, {ci, co, k, k}).to(dt),
+                 b = from_vector(bs, {co}).to(dt);
+    const auto round_once = [dt](double v) { return from_vector({v}, {1}).to(dt).to_vector()[0]; };
+    for (bool emulated : {false, true}) {
+      CAPTURE(emulated);
+      std::optional<EmulatedCuda> device;
+      if (emulated) device.emplace();
+      const Device dev = emulated ? cuda_device(0) : kCPU;
+      const Tensor y = conv_transpose2d(x.to(dev), w.to(dev), b.to(dev));
+      REQUIRE(y.dtype() == dt);
+      const std::vector<double> yv = y.to(kCPU).to_vector();
+      int wrong = 0;
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t o = 0; o < co; ++o)
+          for (int64_t i = 0; i < oh; ++i)
+            for (int64_t j = 0; j < ow; ++j) {
+              double exact = bs[size_t(o)];
+              for (int64_t c = 0; c < ci; ++c)
+                for (int64_t ki = 0; ki < k; ++ki)
+                  for (int64_t kj = 0; kj < k; ++kj) {
+                    const int64_t hi = i - ki, wi = j - kj;
+                    if (hi < 0 || hi >= h || wi < 0 || wi >= wd) continue;
+                    exact +=
+                        xs[size_t(((s * ci + c) * h + hi) * wd + wi)] * ws[size_t(((c * co + o) * k + ki) * k + kj)];
+                  }
+              wrong += yv[size_t(((s * co + o) * oh + i) * ow + j)] != round_once(exact);
+            }
+      CHECK(wrong == 0);
+    }
+  }
+}
+
 TEST_CASE("emulated cuda: kiln doctor's device self-test passes") {
   // The same kernel and rule as `kiln doctor --device cuda`: the device's scalar math (Philox, f16
   // and bf16 conversions, NaN patterns, GELU) against the host's.
