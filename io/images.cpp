@@ -4,8 +4,11 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -90,6 +93,28 @@ std::string walk_png(size_t n, const std::function<const unsigned char*(size_t, 
 }
 }  // namespace
 
+int64_t max_image_pixels() {
+  const char* v = std::getenv("KILN_MAX_IMAGE_PIXELS");
+  if (v == nullptr || *v == '\0') return kDefaultMaxImagePixels;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  KILN_CHECK(*end == '\0' && errno == 0 && n >= 0, "KILN_MAX_IMAGE_PIXELS=", v,
+             ": not a whole number of pixels (0 for no limit; unset, ", kDefaultMaxImagePixels, ")");
+  return n == 0 ? INT64_MAX : int64_t(n);
+}
+
+namespace {
+// An image above the pixel limit, or "": a few hundred KB of PNG can hold 14000x14000 pixels that
+// take gigabytes and many seconds to decode (PIL refuses the same, as a DecompressionBombError).
+std::string too_many_pixels(int64_t w, int64_t h) {
+  const int64_t limit = max_image_pixels();
+  if (w * h <= limit) return "";
+  return std::to_string(w) + "x" + std::to_string(h) + " is " + std::to_string(w * h) + " pixels, above the limit of " +
+         std::to_string(limit) + " (a decompression bomb?); set KILN_MAX_IMAGE_PIXELS to raise it (0: no limit)";
+}
+}  // namespace
+
 std::string png_problem(const unsigned char* data, size_t n, bool* no_iend) {
   if (no_iend != nullptr) *no_iend = false;
   return walk_png(
@@ -107,6 +132,7 @@ std::string image_header_problem(const std::string& path) {
     return std::string("cannot decode the image (") + stbi_failure_reason() + ")";
   }
   if (w <= 0 || h <= 0) return "empty image " + std::to_string(w) + "x" + std::to_string(h);
+  if (std::string big = too_many_pixels(w, h); !big.empty()) return big;
   // A PNG's chunks by their lengths only, the same walk as png_problem's (the CRCs are checked when it
   // is decoded): a file cut short.
   if (std::fseek(f, 0, SEEK_END) != 0) return "cannot read the file";
@@ -140,6 +166,12 @@ Tensor decode_image(const std::string& path, int64_t channels) {
   if (no_iend) bytes += std::string("\0\0\0\0IEND\xae\x42\x60\x82", 12);
   const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
   int w = 0, h = 0, n = 0;
+  // The size from the header before the pixels are decoded (the folder scan checks it too, but not
+  // with check_headers off, nor for a file replaced since).
+  if (stbi_info_from_memory(data, int(bytes.size()), &w, &h, &n)) {
+    const std::string big = too_many_pixels(w, h);
+    KILN_CHECK(big.empty(), path, ": ", big);
+  }
   unsigned char* px = stbi_load_from_memory(data, int(bytes.size()), &w, &h, &n, int(channels));
   if (px == nullptr) {
     // stb_image calls an empty file an "unknown image type"; an interrupted copy is the likelier cause.
@@ -157,25 +189,80 @@ Tensor decode_image(const std::string& path, int64_t channels) {
   return t;
 }
 
+namespace {
+// One axis of PIL's resampling (ImagingResample with its bilinear filter, which torchvision's Resize
+// calls on a PIL image): output pixel i is centred at b0 + (i + 0.5) * scale in the source, scale =
+// bsize / out, and averages the source pixels under a triangle as wide as one output pixel when
+// shrinking (support = scale, so every source pixel counts: antialiasing) or one source pixel when
+// enlarging (plain bilinear). The window is cut at the image's edges and the weights renormalised.
+struct Taps {
+  std::vector<int64_t> first, count;  // per output pixel: its first source pixel and how many
+  std::vector<double> weight;         // per output pixel, `stride` apart
+  int64_t stride = 0;
+};
+Taps bilinear_taps(int64_t in, double b0, double bsize, int64_t out) {
+  const double scale = bsize / double(out), filterscale = std::max(scale, 1.0), support = 1.0 * filterscale;
+  Taps t;
+  t.stride = int64_t(std::ceil(support)) * 2 + 1;
+  t.first.resize(size_t(out));
+  t.count.resize(size_t(out));
+  t.weight.assign(size_t(out * t.stride), 0.0);
+  for (int64_t i = 0; i < out; ++i) {
+    const double centre = b0 + (double(i) + 0.5) * scale;
+    // Truncated as PIL's (int) casts; the clamps keep the window inside the image.
+    const int64_t lo = std::max<int64_t>(int64_t(centre - support + 0.5), 0);
+    const int64_t hi = std::min<int64_t>(int64_t(centre + support + 0.5), in);
+    const int64_t n = std::min(std::max<int64_t>(hi - lo, 0), t.stride);
+    double* w = t.weight.data() + i * t.stride;
+    double sum = 0;
+    for (int64_t x = 0; x < n; ++x) {
+      const double d = std::abs((double(lo + x) - centre + 0.5) * (1.0 / filterscale));
+      w[x] = d < 1.0 ? 1.0 - d : 0.0;
+      sum += w[x];
+    }
+    if (sum != 0)
+      for (int64_t x = 0; x < n; ++x) w[x] /= sum;
+    t.first[size_t(i)] = lo;
+    t.count[size_t(i)] = n;
+  }
+  return t;
+}
+}  // namespace
+
 void resize_bilinear(const float* src, int64_t c, int64_t h, int64_t w, double y0, double x0, double bh, double bw,
                      float* dst, int64_t out_h, int64_t out_w) {
-  const double sy = bh / double(out_h), sx = bw / double(out_w);
+  const Taps ty = bilinear_taps(h, y0, bh, out_h), tx = bilinear_taps(w, x0, bw, out_w);
+  // Rows first, as PIL: only the source rows some output row reads, then the columns of those.
+  int64_t row0 = h, row1 = 0;
   for (int64_t oy = 0; oy < out_h; ++oy) {
-    const double fy = std::clamp(y0 + (double(oy) + 0.5) * sy - 0.5, 0.0, double(h - 1));
-    const int64_t iy = std::min<int64_t>(int64_t(fy), h - 1), iy1 = std::min<int64_t>(iy + 1, h - 1);
-    const float dy = float(fy - double(iy));
-    for (int64_t ox = 0; ox < out_w; ++ox) {
-      const double fx = std::clamp(x0 + (double(ox) + 0.5) * sx - 0.5, 0.0, double(w - 1));
-      const int64_t ix = std::min<int64_t>(int64_t(fx), w - 1), ix1 = std::min<int64_t>(ix + 1, w - 1);
-      const float dx = float(fx - double(ix));
-      for (int64_t ch = 0; ch < c; ++ch) {
-        const float* p = src + ch * h * w;
-        const float top = p[iy * w + ix] * (1 - dx) + p[iy * w + ix1] * dx;
-        const float bot = p[iy1 * w + ix] * (1 - dx) + p[iy1 * w + ix1] * dx;
-        dst[(ch * out_h + oy) * out_w + ox] = top * (1 - dy) + bot * dy;
+    row0 = std::min(row0, ty.first[size_t(oy)]);
+    row1 = std::max(row1, ty.first[size_t(oy)] + ty.count[size_t(oy)]);
+  }
+  row1 = std::max(row1, row0);
+  const int64_t rows = row1 - row0;
+  std::vector<float> tmp(size_t(c * rows * out_w));
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t y = 0; y < rows; ++y) {
+      const float* p = src + (ch * h + row0 + y) * w;
+      for (int64_t ox = 0; ox < out_w; ++ox) {
+        const double* k = tx.weight.data() + ox * tx.stride;
+        const float* q = p + tx.first[size_t(ox)];
+        double acc = 0;
+        for (int64_t x = 0; x < tx.count[size_t(ox)]; ++x) acc += double(q[x]) * k[x];
+        tmp[size_t((ch * rows + y) * out_w + ox)] = float(acc);
       }
     }
-  }
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t oy = 0; oy < out_h; ++oy) {
+      const double* k = ty.weight.data() + oy * ty.stride;
+      const float* q = tmp.data() + (ch * rows + ty.first[size_t(oy)] - row0) * out_w;
+      float* o = dst + (ch * out_h + oy) * out_w;
+      for (int64_t ox = 0; ox < out_w; ++ox) {
+        double acc = 0;
+        for (int64_t y = 0; y < ty.count[size_t(oy)]; ++y) acc += double(q[y * out_w + ox]) * k[y];
+        o[ox] = float(acc);
+      }
+    }
 }
 
 ImageFolderDataset::ImageFolderDataset(const std::string& root, ImageFolderOptions o, std::vector<std::string> classes)
@@ -319,6 +406,7 @@ void ImageFolderDataset::scan() {
   // Every image's header (format, dimensions; a PNG's chunk lengths) before any work: a bad file is an
   // error naming it now, not hours into a run, or (skip_bad) is left out here, once.
   if (o_.check_headers) {
+    max_image_pixels();  // a bad KILN_MAX_IMAGE_PIXELS is an error here, not in a worker thread
     // In parallel (file opens dominate); the first bad file in list order is the one named.
     std::vector<std::string> problems(files_.size());
     parallel_for(0, int64_t(files_.size()), 64, [&](int64_t b, int64_t e) {
@@ -367,7 +455,7 @@ Batch ImageFolderDataset::get_batch(const std::vector<int64_t>& indices, uint64_
   const int64_t c = o_.channels, s = o_.size;
   std::vector<float> pixels;
   std::vector<int64_t> targets;
-  std::vector<float> img;
+  std::vector<float> img, box;
   for (int64_t n : indices) {
     KILN_CHECK(n >= 0 && n < size(), root_, ": sample ", n, " out of range [0, ", size(), ")");
     Tensor raw;
@@ -384,41 +472,59 @@ Batch ImageFolderDataset::get_batch(const std::vector<int64_t>& indices, uint64_
     img.resize(size_t(c * h * w));
     const uint8_t* r = raw.data<uint8_t>();
     for (int64_t i = 0; i < c * h * w; ++i) img[size_t(i)] = float(r[i]) / 255.0f;
-    double y0, x0, bh, bw;
+    const size_t at = pixels.size();
+    pixels.resize(at + size_t(c * s * s));
+    float* out = pixels.data() + at;
     bool flip = false;
     if (o_.train) {
+      // torchvision's RandomResizedCrop: a box of 8-100% of the area at an aspect of 3/4-4/3, cut out
+      // and resized (so the resampling window stops at the box's edges). Python's round() is
+      // half-to-even, as std::nearbyint.
       PhiloxStream rng(seed, uint64_t(n) << 8);
       const double area = double(h) * double(w);
+      int64_t bh = 0, bw = 0, y0 = 0, x0 = 0;
       bool done = false;
       for (int attempt = 0; attempt < 10 && !done; ++attempt) {
         const double scale = 0.08 + 0.92 * rng.uniform();
         const double ratio = std::exp(std::log(3.0 / 4.0) + (std::log(4.0 / 3.0) - std::log(3.0 / 4.0)) * rng.uniform());
-        bw = std::round(std::sqrt(area * scale * ratio));
-        bh = std::round(std::sqrt(area * scale / ratio));
+        bw = int64_t(std::nearbyint(std::sqrt(area * scale * ratio)));
+        bh = int64_t(std::nearbyint(std::sqrt(area * scale / ratio)));
         if (bw >= 1 && bh >= 1 && bw <= w && bh <= h) {
-          y0 = std::floor(rng.uniform() * (double(h) - bh + 1));
-          x0 = std::floor(rng.uniform() * (double(w) - bw + 1));
+          y0 = int64_t(std::floor(rng.uniform() * double(h - bh + 1)));
+          x0 = int64_t(std::floor(rng.uniform() * double(w - bw + 1)));
           done = true;
         }
       }
-      if (!done) {  // no box fitted in 10 draws: the whole image
-        bh = double(h);
-        bw = double(w);
-        y0 = x0 = 0;
+      if (!done) {
+        // No box fitted in 10 draws (a very wide or tall image): torchvision's fallback, the centre
+        // box of the whole height or width at the aspect clamped to [3/4, 4/3].
+        bh = h;
+        bw = w;
+        if (double(w) / double(h) < 3.0 / 4.0)
+          bh = int64_t(std::nearbyint(double(w) / (3.0 / 4.0)));
+        else if (double(w) / double(h) > 4.0 / 3.0)
+          bw = int64_t(std::nearbyint(double(h) * (4.0 / 3.0)));
+        y0 = (h - bh) / 2;
+        x0 = (w - bw) / 2;
       }
       flip = rng.uniform() < 0.5f;
+      box.resize(size_t(c * bh * bw));
+      for (int64_t ch = 0; ch < c; ++ch)
+        for (int64_t y = 0; y < bh; ++y)
+          std::copy_n(img.data() + (ch * h + y0 + y) * w + x0, bw, box.data() + (ch * bh + y) * bw);
+      resize_bilinear(box.data(), c, bh, bw, 0, 0, double(bh), double(bw), out, s, s);
     } else {
-      // Resize the shorter side to `resize`, then take the centre size x size: in source pixels, a
-      // centred box of size * (shorter / resize) on a side.
-      const double k = double(std::min(h, w)) / double(o_.resize);
-      bh = bw = double(s) * k;
-      y0 = (double(h) - bh) / 2;
-      x0 = (double(w) - bw) / 2;
+      // torchvision's Resize(resize) then CenterCrop(size): the shorter side to `resize`, the longer
+      // in proportion (truncated), then the centre size x size (its offset rounded half to even).
+      // The crop's pixels of the resized image are resampled straight from the source, their windows
+      // reaching past the crop as they do in the resized image.
+      const int64_t shorter = std::min(h, w), longer = std::max(h, w);
+      const int64_t rlong = int64_t(double(o_.resize * longer) / double(shorter));
+      const int64_t rh = h <= w ? o_.resize : rlong, rw = h <= w ? rlong : o_.resize;
+      const double sy = double(h) / double(rh), sx = double(w) / double(rw);
+      const double top = std::nearbyint(double(rh - s) / 2.0), left = std::nearbyint(double(rw - s) / 2.0);
+      resize_bilinear(img.data(), c, h, w, top * sy, left * sx, double(s) * sy, double(s) * sx, out, s, s);
     }
-    const size_t at = pixels.size();
-    pixels.resize(at + size_t(c * s * s));
-    float* out = pixels.data() + at;
-    resize_bilinear(img.data(), c, h, w, y0, x0, bh, bw, out, s, s);
     for (int64_t ch = 0; ch < c; ++ch) {
       float* p = out + ch * s * s;
       const float m = o_.mean[size_t(ch)], sd = o_.std[size_t(ch)];

@@ -4,7 +4,9 @@
 // training class folder is an error (an empty validation one a note). Symbolic links are followed; one
 // that loops, or leads into another class folder, is an error. Every image's header is checked when the folder is
 // scanned, a PNG's chunk CRCs when it is decoded. A corrupt or unreadable image is an error naming the file, or, with
-// skip_bad, is left out (of the data set, or of its batch) with a warning naming it, and counted once.
+// skip_bad, is left out (of the data set, or of its batch) with a warning naming it, and counted once;
+// so is an image of more pixels than max_image_pixels() (a decompression bomb). The transforms are
+// torchvision's on a PIL image (antialiased bilinear resizing, RandomResizedCrop's centre fallback).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -72,8 +74,17 @@ std::string png_problem(const unsigned char* data, size_t n, bool* no_iend = nul
 // chunks by their lengths), or "": cheap, the pixels are not read.
 std::string image_header_problem(const std::string& path);
 
-// Bilinear resampling of the box (y0, x0, h, w) of a float image [C, H, W] to [C, out_h, out_w]
-// (pixel centres aligned, as common image libraries do without antialiasing).
+// The most pixels an image may hold: PIL's limit (2 * Image.MAX_IMAGE_PIXELS, past which it raises a
+// DecompressionBombError), or KILN_MAX_IMAGE_PIXELS (0: no limit; not a number: an error naming it).
+// A larger image is refused by image_header_problem and decode_image, before its pixels are decoded.
+constexpr int64_t kDefaultMaxImagePixels = 178956970;
+int64_t max_image_pixels();
+
+// PIL's bilinear resampling (Image.resize(size, BILINEAR, box), which torchvision's Resize calls) of
+// the box (y0, x0, bh, bw) of a float image [C, H, W] to [C, out_h, out_w]: output pixel i is centred
+// at y0 + (i + 0.5) * bh / out_h and averages the source pixels under a triangle filter whose support
+// is one output pixel when shrinking (antialiased) and one source pixel when enlarging; the filter
+// window may reach past the box but stops at the image's edges.
 void resize_bilinear(const float* src, int64_t c, int64_t h, int64_t w, double y0, double x0, double bh, double bw,
                      float* dst, int64_t out_h, int64_t out_w);
 

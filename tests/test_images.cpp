@@ -46,6 +46,15 @@ void write_image(const std::string& path, int w, int h, unsigned char r, unsigne
   REQUIRE(ok);
 }
 
+// A PNG chunk (length, type, data, CRC).
+std::string png_chunk(const std::string& type, const std::string& data) {
+  std::string c = {char(data.size() >> 24), char(data.size() >> 16), char(data.size() >> 8), char(data.size())};
+  c += type + data;
+  const uint32_t crc =
+      uint32_t(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const unsigned char*>(c.data() + 4), uInt(c.size() - 4)));
+  return c + std::string{char(crc >> 24), char(crc >> 16), char(crc >> 8), char(crc)};
+}
+
 // root/{train,val}/{cat,dog}/ with `n` images per class in mixed formats and sizes.
 void make_folder(const std::string& root, int n) {
   for (const char* split : {"train", "val"})
@@ -121,15 +130,168 @@ TEST_CASE("image folder: an empty image file is called empty, not of an unknown 
   CHECK(contains(error_of([&] { io::decode_image(d / "junk.png", 3); }), "junk.png: cannot decode the image"));
 }
 
-TEST_CASE("resize_bilinear: identity at the same size, averages when halving a ramp") {
-  std::vector<float> src(16);
-  for (int i = 0; i < 16; ++i) src[size_t(i)] = float(i % 4);  // columns 0 1 2 3
-  std::vector<float> same(16), half(4);
-  io::resize_bilinear(src.data(), 1, 4, 4, 0, 0, 4, 4, same.data(), 4, 4);
+namespace {
+// A grey PNG of w x h, pixel (x, y) = px[y * w + x].
+void write_grey(const fs::path& path, int w, int h, const std::vector<unsigned char>& px) {
+  fs::create_directories(path.parent_path());
+  REQUIRE(stbi_write_png(path.string().c_str(), w, h, 1, px.data(), w));
+}
+// A grey-scale image folder of one sample under root/a (and a second class, b, for the scan), read
+// with the given transform and no normalisation: its one sample's pixels.
+std::vector<float> one_sample(const fs::path& root, int w, int h, const std::vector<unsigned char>& px, int64_t size,
+                              int64_t resize, bool train) {
+  write_grey(root / "a" / "x.png", w, h, px);
+  write_grey(root / "b" / "y.png", 2, 2, {0, 0, 0, 0});
+  io::ImageFolderOptions o;
+  o.size = size;
+  o.resize = resize;
+  o.channels = 1;
+  o.mean = {0.f};
+  o.std = {1.f};
+  o.train = train;
+  io::ImageFolderDataset ds(root.string(), o);
+  REQUIRE(ds.file(0) == (root / "a" / "x.png").string());
+  const Tensor x = ds.get_batch({0}, 7)["input"];
+  return std::vector<float>(x.data<float>(), x.data<float>() + size * size);
+}
+}  // namespace
+
+// The expectations are PIL 13's Image.resize(size, Image.BILINEAR[, box]) on the same data in mode
+// "F" (float pixels), which torchvision's Resize calls (antialiased when shrinking).
+TEST_CASE("resize_bilinear: PIL's bilinear resampling, antialiased when shrinking, with a box, and enlarging") {
+  std::vector<float> src(35);  // 5 rows x 7 columns
+  for (int y = 0; y < 5; ++y)
+    for (int x = 0; x < 7; ++x) src[size_t(y * 7 + x)] = float((x * 3 + y * 5) % 7) * 0.1f + (x == y ? 0.5f : 0.f);
+  std::vector<float> same(35);
+  io::resize_bilinear(src.data(), 1, 5, 7, 0, 0, 5, 7, same.data(), 5, 7);
   CHECK(same == src);
-  io::resize_bilinear(src.data(), 1, 4, 4, 0, 0, 4, 4, half.data(), 2, 2);
-  CHECK(half[0] == doctest::Approx(0.5));
-  CHECK(half[1] == doctest::Approx(2.5));
+  const auto near = [](const std::vector<float>& got, const std::vector<float>& want) {
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(2e-6));
+  };
+  std::vector<float> shrink(6), enlarge(80), box(6);
+  io::resize_bilinear(src.data(), 1, 5, 7, 0, 0, 5, 7, shrink.data(), 2, 3);  // im.resize((3, 2))
+  near(shrink, {0.4782468f, 0.3382353f, 0.3155844f, 0.3548701f, 0.4422460f, 0.3178571f});
+  io::resize_bilinear(src.data(), 1, 5, 7, 0, 0, 5, 7, enlarge.data(), 8, 10);  // im.resize((10, 8))
+  near(enlarge,
+       {0.5000000f, 0.3900000f, 0.3750000f, 0.5850000f, 0.3400000f, 0.3050000f, 0.4800000f, 0.2000000f, 0.2350000f,
+        0.4000000f, 0.5000000f, 0.4621875f, 0.4515625f, 0.5084375f, 0.2525000f, 0.2175000f, 0.4078125f, 0.3421875f,
+        0.3159375f, 0.3125000f, 0.4875000f, 0.5493750f, 0.5546875f, 0.4278125f, 0.1668750f, 0.1209375f, 0.3025000f,
+        0.5125000f, 0.4075000f, 0.1875000f, 0.3625000f, 0.4931250f, 0.6015625f, 0.6059375f, 0.4356250f, 0.2803125f,
+        0.1775000f, 0.3875000f, 0.2825000f, 0.0625000f, 0.2375000f, 0.4025000f, 0.5234375f, 0.4840625f, 0.5543750f,
+        0.4756250f, 0.2603125f, 0.3171875f, 0.2559375f, 0.1562500f, 0.1125000f, 0.2775000f, 0.3203125f, 0.0621875f,
+        0.5231250f, 0.7068750f, 0.5509375f, 0.3015625f, 0.3278125f, 0.4687500f, 0.3812500f, 0.3296875f, 0.2859375f,
+        0.2815625f, 0.3625000f, 0.5331250f, 0.7346875f, 0.2578125f, 0.2225000f, 0.3875000f, 0.6000000f, 0.3800000f,
+        0.2750000f, 0.4850000f, 0.2400000f, 0.3800000f, 0.8550000f, 0.2250000f, 0.1350000f, 0.3000000f});
+  // im.resize((2, 3), box=(1.5, 0.5, 6, 4.25)): the box as (left, top, right, bottom).
+  io::resize_bilinear(src.data(), 1, 5, 7, 0.5, 1.5, 3.75, 4.5, box.data(), 3, 2);
+  near(box, {0.3672764f, 0.3210417f, 0.4984991f, 0.2911538f, 0.3681051f, 0.4511538f});
+}
+
+// torchvision's Resize(7) then CenterCrop(6) on a 23x17 image (resized to 9x7, the crop's offset
+// round(1.5) = 2 across, round(0.5) = 0 down: Python rounds half to even), from PIL in mode "F".
+TEST_CASE("image folder: the evaluation transform is torchvision's Resize then CenterCrop (PIL, antialiased)") {
+  const int w = 23, h = 17;
+  std::vector<unsigned char> wide(size_t(w * h)), tall(size_t(w * h));
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      wide[size_t(y * w + x)] = (unsigned char)((x * 37 + y * 11 + x * y) % 256);
+      tall[size_t(x * h + y)] = wide[size_t(y * w + x)];  // its transpose, 17 wide and 23 tall
+    }
+  const std::vector<float> want = {
+      0.542200f, 0.303096f, 0.646666f, 0.445350f, 0.428606f, 0.642784f, 0.405447f, 0.458158f, 0.578822f,
+      0.321981f, 0.602484f, 0.471103f, 0.358020f, 0.612910f, 0.396213f, 0.494307f, 0.539915f, 0.367025f,
+      0.412704f, 0.583944f, 0.351917f, 0.640561f, 0.414206f, 0.594072f, 0.534686f, 0.488101f, 0.477461f,
+      0.452319f, 0.446595f, 0.560629f, 0.633346f, 0.410471f, 0.612056f, 0.378947f, 0.614211f, 0.430072f};
+  TempDir d1("kiln_img_eval_wide"), d2("kiln_img_eval_tall");
+  const std::vector<float> got_wide = one_sample(d1.p, w, h, wide, 6, 7, false);
+  const std::vector<float> got_tall = one_sample(d2.p, h, w, tall, 6, 7, false);
+  for (int y = 0; y < 6; ++y)
+    for (int x = 0; x < 6; ++x) {
+      CHECK(got_wide[size_t(y * 6 + x)] == doctest::Approx(want[size_t(y * 6 + x)]).epsilon(2e-6));
+      CHECK(got_tall[size_t(x * 6 + y)] == doctest::Approx(want[size_t(y * 6 + x)]).epsilon(2e-6));
+    }
+}
+
+// A 400x10 image fits no box of 8% of its area at an aspect within [3/4, 4/3]: torchvision then takes
+// the centre 13x10 (10 * 4/3 rounded), columns 193-205, here the only white ones; a sample of the
+// whole image, or a resampling window that reached past the box, would bring in black.
+TEST_CASE("image folder: RandomResizedCrop's fallback is torchvision's centre crop at the clamped aspect") {
+  std::vector<unsigned char> px(400 * 10, 0);
+  for (int y = 0; y < 10; ++y)
+    for (int x = 193; x <= 205; ++x) px[size_t(y * 400 + x)] = 255;
+  TempDir d("kiln_img_fallback");
+  for (const float v : one_sample(d.p, 400, 10, px, 5, 5, true)) CHECK(v == doctest::Approx(1.0f));
+}
+
+namespace {
+// KILN_MAX_IMAGE_PIXELS set for a scope (unset when `value` is null), then put back.
+struct PixelLimit {
+  std::string old;
+  bool had;
+  explicit PixelLimit(const char* value) : had(std::getenv("KILN_MAX_IMAGE_PIXELS") != nullptr) {
+    if (had) old = std::getenv("KILN_MAX_IMAGE_PIXELS");
+    if (value)
+      setenv("KILN_MAX_IMAGE_PIXELS", value, 1);
+    else
+      unsetenv("KILN_MAX_IMAGE_PIXELS");
+  }
+  ~PixelLimit() {
+    if (had)
+      setenv("KILN_MAX_IMAGE_PIXELS", old.c_str(), 1);
+    else
+      unsetenv("KILN_MAX_IMAGE_PIXELS");
+  }
+};
+}  // namespace
+
+TEST_CASE("image folder: an image above the pixel limit (a decompression bomb) is refused before it is decoded") {
+  TempDir d("kiln_img_bomb");
+  {
+    // 14000x14000 RGB in a few dozen bytes: only the header says so, and that is all that is read.
+    PixelLimit limit(nullptr);
+    std::string ihdr(13, '\0');
+    for (int i = 0; i < 2; ++i) ihdr[size_t(4 * i + 2)] = char(14000 >> 8), ihdr[size_t(4 * i + 3)] = char(14000 & 255);
+    ihdr[8] = 8;  // bit depth
+    ihdr[9] = 2;  // RGB
+    std::ofstream(d / "bomb.png", std::ios::binary) << std::string("\x89PNG\r\n\x1a\n", 8) + png_chunk("IHDR", ihdr) +
+                                                           png_chunk("IDAT", std::string("\x78\x9c", 2)) +
+                                                           png_chunk("IEND", "");
+    const std::string header = io::image_header_problem(d / "bomb.png");
+    CHECK(contains(header, "14000x14000 is 196000000 pixels, above the limit of 178956970"));
+    CHECK(contains(header, "KILN_MAX_IMAGE_PIXELS"));
+    CHECK(contains(error_of([&] { io::decode_image(d / "bomb.png", 3); }),
+                   "bomb.png: 14000x14000 is 196000000 pixels, above the limit of 178956970"));
+  }
+  make_folder(d / "set", 1);  // 20x16 images
+  io::ImageFolderOptions o;
+  o.size = 4;
+  o.resize = 4;
+  {
+    PixelLimit limit("300");
+    CHECK(contains(error_of([&] { io::ImageFolderDataset(d / "set/train", o); }),
+                   "cat/img0.png: 20x16 is 320 pixels, above the limit of 300"));
+    CHECK(contains(error_of([&] { io::decode_image(d / "set/train/cat/img0.png", 3); }),
+                   "img0.png: 20x16 is 320 pixels, above the limit of 300"));
+    o.skip_bad = true;
+    CHECK(contains(error_of([&] { io::ImageFolderDataset(d / "set/train", o); }),
+                   "every image is unreadable (2 skipped)"));
+    o.skip_bad = false;
+  }
+  {
+    PixelLimit limit("320");  // at the limit is allowed
+    CHECK(io::ImageFolderDataset(d / "set/train", o).size() == 2);
+  }
+  {
+    PixelLimit limit("0");  // no limit
+    CHECK(io::max_image_pixels() == INT64_MAX);
+    CHECK(io::ImageFolderDataset(d / "set/train", o).size() == 2);
+  }
+  {
+    PixelLimit limit("lots");
+    CHECK(contains(error_of([&] { io::ImageFolderDataset(d / "set/train", o); }),
+                   "KILN_MAX_IMAGE_PIXELS=lots: not a whole number of pixels"));
+  }
 }
 
 TEST_CASE("train: ResNet on an image folder; a corrupt image stops the run or is skipped with the flag") {
@@ -461,17 +623,6 @@ TEST_CASE("image folder: an empty validation class folder is a note; an empty tr
   fs::create_directories(d.p / "train/dog");
   CHECK(contains(error_of([&] { io::ImageFolderDataset(d / "train", o); }), "the class folder holds no .jpg"));
 }
-
-namespace {
-// A PNG chunk (length, type, data, CRC).
-std::string png_chunk(const std::string& type, const std::string& data) {
-  std::string c = {char(data.size() >> 24), char(data.size() >> 16), char(data.size() >> 8), char(data.size())};
-  c += type + data;
-  const uint32_t crc =
-      uint32_t(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const unsigned char*>(c.data() + 4), uInt(c.size() - 4)));
-  return c + std::string{char(crc >> 24), char(crc >> 16), char(crc >> 8), char(crc)};
-}
-}  // namespace
 
 TEST_CASE("image folder: PNG rules as libpng's: an ancillary chunk's bad CRC and a missing IEND are accepted") {
   TempDir d("kiln_img");
