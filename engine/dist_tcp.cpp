@@ -139,7 +139,9 @@ Socket connect_to(const std::string& host, int port, Clock::time_point deadline,
   }
 }
 
-Socket accept_one(const Socket& l, Clock::time_point deadline, const std::string& who) {
+// Accepts one connection on `l` by the deadline. The failure names the wait (--dist-timeout,
+// `timeout_s`), as connect_to's does.
+Socket accept_one(const Socket& l, Clock::time_point deadline, int64_t timeout_s, const std::string& who) {
   for (;;) {
     pollfd p{l.fd, POLLIN, 0};
     const int k = ::poll(&p, 1, 200);
@@ -150,7 +152,7 @@ Socket accept_one(const Socket& l, Clock::time_point deadline, const std::string
         return s;
       }
     }
-    if (Clock::now() > deadline) KILN_FAIL("no connection from ", who, " before the timeout");
+    if (Clock::now() > deadline) KILN_FAIL("no connection from ", who, " within --dist-timeout (", timeout_s, " s)");
   }
 }
 
@@ -398,10 +400,9 @@ class TcpCommunicator final : public Communicator {
         std::string missing;  // named when the wait ends: which ranks never came
         for (int k = 1; k < size_; ++k)
           if (peers[size_t(k)].fd < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
-        Socket s = accept_one(l, deadline,
+        Socket s = accept_one(l, deadline, int64_t(timeout_.count()),
                               "the other ranks (" + std::to_string(joined) + " of " + std::to_string(size_) +
-                                  " joined; missing rank(s) " + missing + "; the wait is --dist-timeout, " +
-                                  std::to_string(timeout_.count()) + " s)");
+                                  " joined; missing rank(s) " + missing + ")");
         std::string why;
         std::optional<Hello> h = admit(s, kRendezvous, secret_, deadline, why);
         if (h) {
@@ -464,7 +465,7 @@ class TcpCommunicator final : public Communicator {
       }
     } join{introduced};
     for (;;) {
-      Socket s = accept_one(ring, deadline, "rank " + std::to_string(prev));
+      Socket s = accept_one(ring, deadline, int64_t(timeout_.count()), "rank " + std::to_string(prev));
       std::string why;
       std::optional<Hello> h = admit(s, kRing, secret_, deadline, why);
       if (h) {

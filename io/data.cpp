@@ -242,7 +242,9 @@ std::string find_idx(const std::string& dir, const std::string& stem) {
             "train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, gzipped or not)");
 }
 
-std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& split) {
+// The split's images [N, 1, H, W] and labels, only the first `rows` of them when 0 < rows < N:
+// copied out, so the file's whole tensor is freed here.
+std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& split, int64_t rows) {
   const std::string ip = find_idx(dir, split + "-images-idx3-ubyte"), lp = find_idx(dir, split + "-labels-idx1-ubyte");
   Tensor images = load_idx(ip), labels = load_idx(lp);
   KILN_CHECK(images.dtype() == DType::u8 && images.dim() == 3, ip, ": expected u8 images [N, H, W], got ",
@@ -255,16 +257,20 @@ std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& 
   const uint8_t* l = labels.data<uint8_t>();
   for (int64_t i = 0; i < labels.size(0); ++i)
     KILN_CHECK(l[i] < 10, lp, ": label ", int(l[i]), " of sample ", i, " is not a class 0..9");
+  if (rows > 0 && rows < images.size(0)) {
+    images = images.narrow(0, 0, rows).clone();
+    labels = labels.narrow(0, 0, rows);  // to(i64) below copies it
+  }
   return {images.unsqueeze(1), labels.to(DType::i64)};
 }
 
 }  // namespace
 
 ImageClassData load_mnist_dir(const std::string& dir, const ImageTransform& train_transform, const std::string& name,
-                              bool test_only) {
+                              bool test_only, int64_t train_rows, int64_t test_rows) {
   Tensor xtr, ytr;  // the training files first: a problem with them is named before the test files'
-  if (!test_only) std::tie(xtr, ytr) = load_split(dir, "train");
-  auto [xte, yte] = load_split(dir, "t10k");
+  if (!test_only) std::tie(xtr, ytr) = load_split(dir, "train", train_rows);
+  auto [xte, yte] = load_split(dir, "t10k", test_rows);
   if (test_only) xtr = xte, ytr = yte;
   KILN_CHECK(xtr.size(2) == xte.size(2) && xtr.size(3) == xte.size(3), dir, ": train images are ", xtr.size(2), "x",
              xtr.size(3), " but test images ", xte.size(2), "x", xte.size(3));

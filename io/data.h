@@ -132,7 +132,10 @@ inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mni
 // checking that images and labels agree and labels are below 10. `train_transform` applies to the
 // training split; the test split is only normalised. An uncompressed file is read when both it and its
 // .gz are there. test_only (`kiln eval`): the train-* files are not read, and `train` is the test split.
+// train_rows / test_rows (0: all): keep only the first that many samples of the split (--limit-train,
+// --limit-eval). The whole file is still read and checked, but only those rows stay in memory, so a
+// run's --memory-cap counts the data it uses, not the whole set.
 ImageClassData load_mnist_dir(const std::string& dir, const ImageTransform& train_transform, const std::string& name,
-                              bool test_only = false);
+                              bool test_only = false, int64_t train_rows = 0, int64_t test_rows = 0);
 
 }  // namespace kiln::io

@@ -181,8 +181,8 @@ TEST_CASE("tcp: a rank with the wrong secret is refused; it fails naming KILN_DI
   auto r1 = std::async(std::launch::async, start, rank_env(1, port, "wrong", log));
   CHECK_THROWS_WITH_AS(r1.get(), doctest::Contains("does not know this job's secret: KILN_DIST_SECRET differs"), Error);
   CHECK_THROWS_WITH_AS(r0.get(),
-                       doctest::Contains("no connection from the other ranks (1 of 2 joined; missing rank(s) 1; the "
-                                         "wait is --dist-timeout, 3 s) before the timeout"),
+                       doctest::Contains("no connection from the other ranks (1 of 2 joined; missing rank(s) 1) "
+                                         "within --dist-timeout (3 s)"),
                        Error);
   CHECK(log.count("rank 0 of 2 (tcp): refused a connection from 127.0.0.1:") >= 1);
   // The wrong rank saw rank 0's proof fail and hung up before giving its own.
@@ -197,6 +197,65 @@ TEST_CASE("tcp: a rank that finds no rank 0 names the wait it gave up after and 
       " within --dist-timeout (1 s; is it running?)";
   CHECK_THROWS_WITH_AS(dist::make_cpu_communicator(rank_env(1, port, "s", log), std::chrono::seconds(1)),
                        doctest::Contains(want.c_str()), Error);
+}
+
+namespace {
+
+// A listening socket on 127.0.0.1 (port 0: any); its port in *got.
+int listen_on(int port, int* got) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 4) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *got = ntohs(a.sin_port);
+  return fd;
+}
+
+}  // namespace
+
+// A rank that joins the rendezvous but never connects to the ring: the rank after it gives up
+// accepting, naming the wait and its flag as the connect timeout does (it said only "before the
+// timeout"). Rank 0 is played here: it answers rank 1's handshake with the secret, hands it the
+// address table, and its own ring port listens but never answers.
+TEST_CASE("tcp: a ring neighbour that never connects: the wait names --dist-timeout and its seconds") {
+  const int port = free_port();
+  Log log;
+  int rendezvous_port = 0, ring_port = 0;
+  const int rendezvous = listen_on(port, &rendezvous_port), ring = listen_on(0, &ring_port);
+  const std::string secret = "the job's secret";
+  auto r1 = std::async(std::launch::async,
+                       [&] { dist::make_cpu_communicator(rank_env(1, port, secret, log), std::chrono::seconds(2)); });
+  const int c = ::accept(rendezvous, nullptr, nullptr);
+  REQUIRE(c >= 0);
+  // The handshake as rank 0 answers it (engine/dist_tcp.cpp): hello (magic, rank, world, port,
+  // nonce), challenge (nonce, HMAC(secret, "server" | hello | nonce)), the rank's proof, a verdict.
+  char hello[36];
+  REQUIRE(::recv(c, hello, sizeof hello, MSG_WAITALL) == ssize_t(sizeof hello));
+  CHECK(std::string(hello, 8) == "KILNRDV2");
+  int32_t rank1_port = 0;
+  std::memcpy(&rank1_port, hello + 16, 4);
+  uint8_t challenge[48] = {};
+  std::string msg = "server" + std::string(hello, sizeof hello) + std::string(16, '\0');
+  const Digest256 mac = hmac_sha256(secret, msg.data(), msg.size());
+  std::memcpy(challenge + 16, mac.data(), mac.size());
+  REQUIRE(::send(c, challenge, sizeof challenge, MSG_NOSIGNAL) == ssize_t(sizeof challenge));
+  char proof[32];
+  REQUIRE(::recv(c, proof, sizeof proof, MSG_WAITALL) == ssize_t(sizeof proof));
+  const std::string table =
+      "127.0.0.1 " + std::to_string(ring_port) + "\n127.0.0.1 " + std::to_string(rank1_port) + "\n";
+  const int32_t verdict = 0, len = int32_t(table.size());
+  std::string reply(reinterpret_cast<const char*>(&verdict), 4);
+  reply += std::string(reinterpret_cast<const char*>(&len), 4) + table;
+  REQUIRE(::send(c, reply.data(), reply.size(), MSG_NOSIGNAL) == ssize_t(reply.size()));
+  CHECK_THROWS_WITH_AS(r1.get(), doctest::Contains("no connection from rank 0 within --dist-timeout (2 s)"), Error);
+  for (int fd : {c, rendezvous, ring}) ::close(fd);
 }
 
 TEST_CASE("tcp: a refused rank is told why; a WORLD_SIZE that differs fails rank 0 at once, not at the timeout") {

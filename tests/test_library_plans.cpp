@@ -449,14 +449,26 @@ TEST_CASE("library plans: conv.cu's algorithm caches key on benchmark mode, dete
 }
 
 TEST_CASE("library plans: batch norm over more than 2^31-1 elements takes the handwritten kernels, not cuDNN") {
-  CHECK_FALSE(cudnn_bn_fits(128, 64, 512 * 512));  // [128,64,512,512]: 2^31 elements
-  CHECK(cudnn_bn_fits(128, 64, 512 * 512 - 1));
-  CHECK_FALSE(cudnn_bn_fits(1, 1, INT32_MAX + int64_t(1)));
-  CHECK(cudnn_bn_fits(1, 1, INT32_MAX));
-  CHECK_FALSE(cudnn_bn_fits(INT64_MAX / 2, 4, 3));  // the product would overflow int64
-  CHECK_FALSE(cudnn_bn_fits(1, INT32_MAX + int64_t(1), 1));
-  CHECK(cudnn_bn_fits(32, 64, 56 * 56));
-  CHECK(cudnn_bn_fits(0, 64, 1 << 30));  // empty
+  const double eps = 1e-5;
+  CHECK_FALSE(cudnn_bn_fits(128, 64, 512 * 512, eps));  // [128,64,512,512]: 2^31 elements
+  CHECK(cudnn_bn_fits(128, 64, 512 * 512 - 1, eps));
+  CHECK_FALSE(cudnn_bn_fits(1, 1, INT32_MAX + int64_t(1), eps));
+  CHECK(cudnn_bn_fits(1, 1, INT32_MAX, eps));
+  CHECK_FALSE(cudnn_bn_fits(INT64_MAX / 2, 4, 3, eps));  // the product would overflow int64
+  CHECK_FALSE(cudnn_bn_fits(1, INT32_MAX + int64_t(1), 1, eps));
+  CHECK(cudnn_bn_fits(32, 64, 56 * 56, eps));
+  CHECK(cudnn_bn_fits(0, 64, 1 << 30, eps));  // empty
+}
+
+// cuDNN refuses an eps below CUDNN_BN_MIN_EPSILON (check_cudnn_bn threw for it): such a batch norm takes
+// the handwritten kernels, which take any eps, as the CPU does. The minimum itself is cuDNN's.
+TEST_CASE("library plans: batch norm with an eps below cuDNN's minimum takes the handwritten kernels") {
+  CHECK(cudnn_bn_fits(32, 64, 56 * 56, kCudnnBnMinEpsilon));
+  CHECK(cudnn_bn_fits(32, 64, 56 * 56, 1e-3));
+  CHECK_FALSE(cudnn_bn_fits(32, 64, 56 * 56, std::nextafter(kCudnnBnMinEpsilon, -1.0)));
+  CHECK_FALSE(cudnn_bn_fits(32, 64, 56 * 56, kCudnnBnMinEpsilon - 1e-3));
+  CHECK_FALSE(cudnn_bn_fits(32, 64, 56 * 56, std::nan("")));
+  CHECK_FALSE(cudnn_bn_fits(0, 64, 1 << 30, -1.0));  // empty, but the eps decides first
 }
 
 TEST_CASE("library plans: which of cuDNN's candidate algorithms conv.cu may use") {

@@ -520,7 +520,7 @@ TEST_CASE("train: --micro-batch auto skips a micro-batch the model cannot train 
                   "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
   TempDir d("kiln_micro_bn");
   const auto r = run_kiln(
-      "train --model resnet18 --batch 4 --micro-batch auto --memory-cap 180MiB --max-steps 1 "
+      "train --model resnet18 --batch 4 --micro-batch auto --memory-cap 127MiB --max-steps 1 "
       "--limit-train 64 --limit-eval 8 --threads 2 --out " +
           d / "o",
       d.p.string());
@@ -530,6 +530,24 @@ TEST_CASE("train: --micro-batch auto skips a micro-batch the model cannot train 
                          "--micro-batch auto: even a micro-batch of 2 (the smallest the model can train on) "
                          "needs"),
                 r.output);
+}
+
+// --limit-train / --limit-eval on an MNIST-format set keep only those samples in memory: --memory-cap
+// counts the data the run uses. All 70,000 Fashion-MNIST images (52.4 MiB of pixels) stayed held and
+// counted, so a 40 MiB cap that ResNet-20 on 64 of them fits in stopped the run before its first step.
+TEST_CASE("train: --memory-cap counts the --limit-train samples a run holds, not the whole data set") {
+  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  TempDir d("kiln_cap_limit");
+  const auto r = run_kiln(
+      "train --model resnet20 --batch 16 --max-steps 2 --limit-train 64 --limit-eval 16 --threads 2 "
+      "--memory-cap 40MiB --out " +
+          d / "o",
+      d.p.string());
+  CHECK_MESSAGE(!contains(r.output, "is too small for this run"), r.output);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const json s = json::parse(read_text(d / "o/summary.json"));
+  CHECK(s["config"]["limit_train"].get<int64_t>() == 64);
 }
 
 // MLM's loss is a mean over masked tokens, whose number differs between micro-batches: each micro-batch's

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -97,8 +98,8 @@ void add_launch_flags(CLI::App& app, LaunchOptions& o) {
       ->check(between(1, 65535))
       ->capture_default_str();
   app.add_option("--grace", o.grace_seconds,
-                 "Seconds the other ranks get to stop after one fails, before SIGKILL (and, when the first to "
-                 "fail only lost a peer, to end by themselves before SIGTERM)")
+                 "Seconds the other ranks get to stop after the first one fails, before SIGKILL (when the first "
+                 "to fail only lost a peer, the first half of it to end by themselves before SIGTERM)")
       ->check(at_least(0))
       ->capture_default_str();
   app.add_option("command", o.command, "The command each rank runs, after --  (e.g. -- kiln train ...)")->required();
@@ -270,7 +271,9 @@ int run_launch(const LaunchOptions& o) {
   // the cause: the first rank to fail that neither lost a peer (kiln's status 3) nor was stopped by
   // the launcher. A rank whose peer died often ends first (it sees the closed connection while the
   // dying rank still frees its memory), so when the first failure is such a one, the others get
-  // --grace seconds to end by themselves before SIGTERM: a SIGTERM would hide the cause's own status.
+  // half of --grace to end by themselves before SIGTERM: a SIGTERM would hide the cause's own status.
+  // Either way the SIGKILL comes --grace after the first failure: a rank that hangs costs the job
+  // --grace, not a wait before the SIGTERM and a full --grace after it.
   using Clock = std::chrono::steady_clock;
   constexpr Clock::time_point never = Clock::time_point::max();
   const auto grace = std::chrono::milliseconds(int64_t(o.grace_seconds * 1000));
@@ -288,7 +291,7 @@ int run_launch(const LaunchOptions& o) {
   auto stop_others = [&] {
     signal_all(SIGTERM);  // each rank saves and stops (kiln train), or does what its command does
     term_at = never;
-    kill_at = Clock::now() + grace;
+    kill_at = std::min(kill_at, Clock::now() + grace);  // set already when the first failure waited
   };
   while (alive > 0) {
     if (g_launch_signal) {
@@ -313,16 +316,17 @@ int run_launch(const LaunchOptions& o) {
               std::lock_guard<std::mutex> lk(print_mutex);
               if (wait)
                 std::fprintf(stderr,
-                             "kiln launch: rank %d (pid %d) %s; the other ranks get %g s (--grace) to end by "
-                             "themselves before SIGTERM\n",
-                             c.rank, int(pid), describe(c).c_str(), o.grace_seconds);
+                             "kiln launch: rank %d (pid %d) %s; the other ranks get %g s to end by themselves "
+                             "before SIGTERM, and SIGKILL after %g s (--grace)\n",
+                             c.rank, int(pid), describe(c).c_str(), o.grace_seconds / 2, o.grace_seconds);
               else
                 std::fprintf(stderr, "kiln launch: rank %d (pid %d) %s; stopping the other ranks\n", c.rank, int(pid),
                              describe(c).c_str());
             }
-            if (wait)
-              term_at = Clock::now() + grace;
-            else
+            if (wait) {
+              term_at = Clock::now() + grace / 2;
+              kill_at = Clock::now() + grace;
+            } else
               stop_others();
           } else if (term_at != never && !consequence(c)) {
             stop_others();  // the cause has shown itself: stop the rest now

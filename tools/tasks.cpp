@@ -136,7 +136,8 @@ Task image_classification(const TrainConfig& c) {
   }
   io::ImageClassData d;
   try {
-    d = io::load_mnist_dir(dir, tr, c.data, c.evaluating);
+    // Only the --limit-train / --limit-eval samples stay in memory (the first ones, as limit() takes).
+    d = io::load_mnist_dir(dir, tr, c.data, c.evaluating, c.limit_train, c.limit_eval);
   } catch (const Error& e) {
     if (c.data == "fashion-mnist" && c.data_dir.empty())
       KILN_FAIL(e.message(), "\n  Fashion-MNIST comes from Debian's package: apt-get install dataset-fashion-mnist "

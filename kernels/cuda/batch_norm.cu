@@ -12,7 +12,8 @@
 // deterministic mode (cuda::deterministic()) training uses the handwritten kernels below, with the
 // CPU's two-pass formulas and sums in a fixed order. So does every call after a cuDNN batch-norm
 // call returned an error on a healthy device (g_cudnn_bn): one line on stderr says so; and every
-// call over more than 2^31-1 elements, which cuDNN's descriptors cannot hold (libplan::cudnn_bn_fits).
+// call over more than 2^31-1 elements, which cuDNN's descriptors cannot hold, and every training call
+// with an eps below CUDNN_BN_MIN_EPSILON, which cuDNN refuses (libplan::cudnn_bn_fits).
 //
 // The handwritten path splits each channel's n*hw values into fixed chunks (bn_chunking: the
 // split depends on the shape only), reduces a chunk per block into an f64 partial, sums the
@@ -53,6 +54,9 @@ inline BnChunking bn_chunking(int64_t c, int64_t count) {
 inline size_t bn_slot_bytes(int64_t c, size_t elem) { return (size_t(c) * elem + 255) / 256 * 256; }
 
 #ifndef KILN_CUDA_EMULATION  // the emulator has no cuDNN: batch norm takes the handwritten kernels there
+static_assert(libplan::kCudnnBnMinEpsilon == CUDNN_BN_MIN_EPSILON,
+              "kernels/common/bn_plan.h: kCudnnBnMinEpsilon must be cudnn.h's CUDNN_BN_MIN_EPSILON");
+
 struct BnTensor {
   cudnnTensorDescriptor_t d = nullptr;
   // [n, c, h, 1] in NCHW, or in NHWC (memory [n, h, c]) when nhwc.
@@ -69,9 +73,10 @@ struct BnTensor {
 };
 
 void check_cudnn_bn(int64_t n, int64_t c, int64_t hw, double eps) {
-  // bn_forward_core and bn_backward_core send larger shapes to the handwritten kernels (libplan::cudnn_bn_fits).
-  KILN_CHECK(libplan::cudnn_bn_fits(n, c, hw), "cuda batch_norm: cuDNN takes at most 2^31-1 elements, got [", n, ", ",
-             c, ", ", hw, "]");
+  // bn_forward_core and bn_backward_core send larger shapes and a smaller eps to the handwritten
+  // kernels (libplan::cudnn_bn_fits): these name a caller that did not ask it.
+  KILN_CHECK(libplan::cudnn_bn_fits(n, c, hw, CUDNN_BN_MIN_EPSILON),
+             "cuda batch_norm: cuDNN takes at most 2^31-1 elements, got [", n, ", ", c, ", ", hw, "]");
   KILN_CHECK(eps >= CUDNN_BN_MIN_EPSILON, "cuda batch_norm: eps ", eps, " is below cuDNN's minimum ",
              CUDNN_BN_MIN_EPSILON);
 }
@@ -402,8 +407,9 @@ void bn_forward_core(DType dt, int64_t n, int64_t c, int64_t hw, double eps, dou
   // NHWC memory [n, hw, c] is NCHW [n*hw, c, 1] with the same values of each channel in the same
   // order: the handwritten kernels (eval, and training in deterministic mode) take it as that and
   // compute exactly what they compute on the NCHW layout. Only cuDNN's path gets NHWC descriptors.
-  // cuDNN's descriptors take at most 2^31-1 elements: larger batches take the handwritten kernels.
-  const bool cudnn = cudnn_bn_usable() && libplan::cudnn_bn_fits(n, c, hw);
+  // cuDNN's descriptors take at most 2^31-1 elements, and cuDNN refuses an eps below
+  // CUDNN_BN_MIN_EPSILON: such calls take the handwritten kernels.
+  const bool cudnn = cudnn_bn_usable() && libplan::cudnn_bn_fits(n, c, hw, eps);
   if (nhwc && (!training || !cudnn))
     return bn_forward_core(dt, n * hw, c, 1, eps, momentum, training, x, gamma, beta, running_mean, running_var, y,
                            mean, rstd, false);
@@ -462,7 +468,7 @@ void bn_backward_core(DType dt, int64_t n, int64_t c, int64_t hw, bool training,
   if (c == 0) return;
   Context& ctx = current();
   // NHWC as NCHW [n*hw, c, 1] for the handwritten backward, as in the forward.
-  const bool cudnn = cudnn_bn_usable() && libplan::cudnn_bn_fits(n, c, hw);  // as in the forward
+  const bool cudnn = cudnn_bn_usable() && libplan::cudnn_bn_fits(n, c, hw, eps);  // as in the forward
   if (nhwc && (!training || !gx || n * hw == 0 || !cudnn))
     return bn_backward_core(dt, n * hw, c, 1, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta, false);
   dispatch_nn(dt, "batch_norm", [&](auto tag) {
@@ -473,9 +479,9 @@ void bn_backward_core(DType dt, int64_t n, int64_t c, int64_t hw, bool training,
       return;
     }
 #ifndef KILN_CUDA_EMULATION
-    // cuDNN asks for the forward's epsilon (it uses the saved statistics, but the value must agree).
-    const double bn_eps = std::max(eps, double(CUDNN_BN_MIN_EPSILON));
-    check_cudnn_bn(n, c, hw, bn_eps);
+    // cuDNN asks for the forward's epsilon (it uses the saved statistics, but the value must agree);
+    // one below its minimum took the handwritten kernels above.
+    check_cudnn_bn(n, c, hw, eps);
     const size_t slot = bn_slot_bytes(c, sizeof(T));
     DeviceBuffer scratch(3 * slot);
     T* ones = scratch.get<T>();
@@ -487,7 +493,7 @@ void bn_backward_core(DType dt, int64_t n, int64_t c, int64_t hw, bool training,
     const T one = T(1), zero = T(0);
     if (!cudnn_bn_runs(
             cudnnBatchNormalizationBackward(ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, xd.d, x,
-                                            xd.d, gy, xd.d, gx, pd.d, gamma ? gamma : ones, dg, db, bn_eps, mean, rstd),
+                                            xd.d, gy, xd.d, gx, pd.d, gamma ? gamma : ones, dg, db, eps, mean, rstd),
             "cudnnBatchNormalizationBackward"))
       bn_backward_core(dt, n, c, hw, training, eps, x, gamma, mean, rstd, gy, gx, ggamma, gbeta,
                        nhwc);  // now on the handwritten kernels
