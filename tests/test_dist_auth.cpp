@@ -231,7 +231,7 @@ TEST_CASE("tcp: a ring neighbour that never connects: the wait names --dist-time
   const int rendezvous = listen_on(port, &rendezvous_port), ring = listen_on(0, &ring_port);
   const std::string secret = "the job's secret";
   auto r1 = std::async(std::launch::async,
-                       [&] { dist::make_cpu_communicator(rank_env(1, port, secret, log), std::chrono::seconds(2)); });
+                       [&] { dist::make_cpu_communicator(rank_env(1, port, secret, log), std::chrono::seconds(5)); });
   const int c = ::accept(rendezvous, nullptr, nullptr);
   REQUIRE(c >= 0);
   // The handshake as rank 0 answers it (engine/dist_tcp.cpp): hello (magic, rank, world, port,
@@ -254,7 +254,7 @@ TEST_CASE("tcp: a ring neighbour that never connects: the wait names --dist-time
   std::string reply(reinterpret_cast<const char*>(&verdict), 4);
   reply += std::string(reinterpret_cast<const char*>(&len), 4) + table;
   REQUIRE(::send(c, reply.data(), reply.size(), MSG_NOSIGNAL) == ssize_t(reply.size()));
-  CHECK_THROWS_WITH_AS(r1.get(), doctest::Contains("no connection from rank 0 within --dist-timeout (2 s)"), Error);
+  CHECK_THROWS_WITH_AS(r1.get(), doctest::Contains("no connection from rank 0 within --dist-timeout (5 s)"), Error);
   for (int fd : {c, rendezvous, ring}) ::close(fd);
 }
 
