@@ -224,7 +224,11 @@ Tensor pow(const Tensor& a, const Tensor& b) {
     autograd::record("pow", {a, b}, {out}, [sa, sb, so](const GradCtx& c) -> std::vector<Tensor> {
       const Tensor a = sa.unpack("pow"), b = sb.unpack("pow");
       Tensor ga, gb;
-      if (c.needs_grad(0)) ga = c.g() * b * pow(a, b - 1.0);
+      if (c.needs_grad(0)) {
+        // b * a^(b-1), 0 where b == 0 (as torch's: a^0 is constant, even at a == 0 where a^-1 is inf).
+        ga = c.g() * b * pow(a, b - 1.0);
+        ga = where(eq(b, scalar_like(0, b)), zeros_like(ga), ga);
+      }
       if (c.needs_grad(1)) {
         // d(a^b)/db = a^b log a; where a == 0 the limit used by common libraries is 0.
         const Tensor safe = where(eq(a, scalar_like(0, a)), ones_like(a), a);

@@ -1552,7 +1552,9 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
                  " tokens) is not the vocabulary ", weights, " was trained with (", meta("vocab"), ", ",
                  meta("vocab_size"), " tokens): the same text would give other ids");
     }
-    nn::StateDict given = f.tensors;
+    // As kiln forward reads it: a BERT masked-LM file written from Python (kiln.save(model.state_dict()))
+    // or by Hugging Face lists the tied decoder, loaded when it equals the word embeddings.
+    nn::StateDict given = normalise_checkpoint_names(f.tensors, task.model->state_dict(), weights);
     drop_unused_heads(*task.model, given, weights, c.model, "kiln eval");
     io::check_weights(*task.model, given, weights);
     task.model->load_state_dict(given, /*strict=*/true);

@@ -604,19 +604,21 @@ _DT16 = (_C.dtype.float16, _C.dtype.bfloat16)
 
 def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     """torch.baddbmm: beta * input + alpha * bmm(batch1, batch2); with beta = 0 input is not read (its
-    NaN do not show), as torch. Under autocast all three are cast to its dtype (torch's lower-precision
-    list has baddbmm; f64 stays, as matmul's rule), so the result is 16-bit, not 16-bit product + f32
-    input = f32. A 16-bit result is computed in f32 and rounded once, as torch's (rounding the product
-    before the sum rounded twice)."""
+    NaN do not show; it gets a zero gradient), as torch. Under autocast all three are cast to its dtype
+    (torch's lower-precision list has baddbmm; f64 stays, as matmul's rule), so the result is 16-bit,
+    not 16-bit product + f32 input = f32. A 16-bit result is computed in f32 and rounded once, as
+    torch's (rounding the product before the sum rounded twice)."""
     ac = _C.autocast_dtype()
     if ac is not None:
         input, batch1, batch2 = (t if not t.dtype.is_floating_point or t.dtype in (ac, _C.dtype.float64)
                                  else _C.cast(t, ac) for t in (input, batch1, batch2))
     out = _C.promote_types(_C.promote_types(input.dtype, batch1.dtype), batch2.dtype)
-    if out in _DT16:
+    if out in _DT16 and not (beta == 0 and alpha == 1):  # else the plain 16-bit bmm, which rounds once
         f32 = _C.dtype.float32
         with _C.autocast(out, enabled=False):  # the f32 products stay f32
-            r = _baddbmm_direct(_C.cast(input, f32), _C.cast(batch1, f32), _C.cast(batch2, f32), beta, alpha)
+            # input not read (beta = 0) is not cast either
+            r = _baddbmm_direct(input if beta == 0 else _C.cast(input, f32), _C.cast(batch1, f32),
+                                _C.cast(batch2, f32), beta, alpha)
         return _C.cast(r, out)
     return _baddbmm_direct(input, batch1, batch2, beta, alpha)
 
@@ -626,7 +628,12 @@ def _baddbmm_direct(input, batch1, batch2, beta, alpha):
     if alpha != 1:
         prod = prod * alpha
     if beta == 0:
-        return prod + _C.zeros_like(input)
+        # input only broadcasts the shape; one that requires grad gets zeros (where, not 0 * input,
+        # which would carry its NaN), so backward() reaches it as torch's.
+        zero = _C.zeros_like(input)
+        if input.requires_grad:
+            zero = _C.where(_C.ne(zero, zero), input, zero)
+        return prod + zero
     return prod + (input if beta == 1 else input * beta)
 
 

@@ -95,6 +95,9 @@ class ZooModel(CppModule):
         return {f"{prefix}cls.predictions.decoder.weight": prefix + emb,
                 f"{prefix}cls.predictions.decoder.bias": f"{prefix}cls.predictions.bias"}
 
+    def _tied_names(self, prefix):
+        return self._tied_decoder(prefix)
+
     def load_state_dict(self, state_dict, strict=True):
         if hasattr(state_dict, "keys"):
             for k in state_dict.keys():
@@ -145,13 +148,24 @@ def _map_copies(new, olds, news, store, memo):
     """Maps each of a model's tensors (olds, by name) to its copy's (news) in the deepcopy memo; one
     copied before the model is pointed at the copy's tensor and put in its place in the new tree."""
     swap = {}
+    # What this deepcopy copied: copy.deepcopy keeps each original it copied alive in memo[id(memo)].
+    # An entry the caller put in the memo (copy.deepcopy(model, {id(p): p}), torch's idiom to share p)
+    # is not a copy: pointing it at the new tensor would change the caller's object (the original).
+    copied = {id(o) for o in memo.get(id(memo), ())}
     for k, t in news.items():
-        earlier = memo.get(id(olds[k]))
-        if isinstance(earlier, _C.Tensor) and earlier is not t:
+        old = olds[k]
+        earlier = memo.get(id(old), t)
+        if earlier is t:
+            memo[id(old)] = t
+        elif id(old) in copied and isinstance(earlier, _C.Tensor):
             _C._rebind(earlier, t)
             swap[id(t)] = earlier
         else:
-            memo[id(olds[k])] = t
+            # torch's copy would hold the caller's object itself; the C++ model can only hold its own.
+            raise _C.KilnError(f"copy.deepcopy({new.name}): the memo gives '{k}' an object of the caller's "
+                               f"({type(earlier).__name__}, to be shared rather than copied, as torch's copy would); "
+                               "a kiln.models model's tensors are its C++ model's own and cannot be shared with "
+                               "another model: copy the whole model, then load_state_dict what it should share")
     if swap:
         for m in new.modules():
             d = m.__dict__[store]

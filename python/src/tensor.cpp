@@ -472,12 +472,13 @@ template <typename TT> Tensor binary(const Tensor& a, nb::handle b, TT tensor_op
 
 using TT2 = Tensor (*)(const Tensor&, const Tensor&);
 
-// x ** number for a 16-bit x: the exponent rounded to x's dtype first, as torch's (a wrapped number of the
-// op's dtype, measured over every bf16 and f16 value: bf16 x ** 0.1 is x ** 0.10009765625 there), and as
-// kiln.pow(x, 0.1) and 0.1 ** x, whose 0-dim operand takes x's dtype. Only + - * / keep a number in f32.
-double exponent_beside(const Tensor& x, double v) {
-  if (!is_low_precision(x.dtype())) return v;
-  return scalar_tensor(v, TensorOptions(x.dtype())).item<double>();
+// x ** number for a 16-bit x: the exponent a 0-dim tensor of x's dtype (rounded to it), as torch's (a wrapped
+// number of the op's dtype, measured over every bf16 and f16 value: bf16 x ** 0.1 is x ** 0.10009765625
+// there). That is kiln.pow(x, 0.1)'s operand, and the same op: both spellings give the same value and
+// gradient. Only + - * / keep a number in f32.
+Tensor pow_number(const Tensor& x, double v) {
+  if (!is_low_precision(x.dtype())) return pow(x, v);
+  return pow(x, scalar_like(v, x));
 }
 
 void require_bool(const char* op, const Tensor& t) {
@@ -875,7 +876,7 @@ void bind_tensor(nb::module_& m) {
           [](const Tensor& a, nb::handle b) {
             return binary(
                 a, b, [](const Tensor& x, const Tensor& y) { return pow(x, y); },
-                [](const Tensor& x, double v) { return pow(x, exponent_beside(x, v)); });
+                [](const Tensor& x, double v) { return pow_number(x, v); });
           },
           nb::is_operator())
       .def(

@@ -197,3 +197,28 @@ def test_a_scheduler_signal_saves_then_ends_the_process(tmp_path, capfd, signame
     saved = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
     assert saved and saved[-1].startswith("step-")
     assert not os.path.exists(tmp_path / "run" / "summary.json")
+
+
+def test_eval_reads_a_bert_mlm_state_dict_saved_from_python(tmp_path):
+    # kiln.save(model.state_dict()) writes the tied decoder as Hugging Face lists it; kiln eval reads
+    # it as kiln forward does: equal to the word embeddings, or refused naming both.
+    (tmp_path / "c.txt").write_text("".join(f"the quick brown fox jumps over the lazy dog {i} and again\n"
+                                            for i in range(40)))
+    cli("vocab", "--text", tmp_path / "c.txt", "--size", "64", "--out", tmp_path / "vocab.txt")
+    size = sum(1 for _ in open(tmp_path / "vocab.txt"))
+    m = kiln.models.create("bert-tiny-mlm", set={"vocab_size": size})
+    kiln.save(m, tmp_path / "model.st")
+    kiln.save(m.state_dict(), tmp_path / "sd.st")
+    assert "cls.predictions.decoder.weight" in kiln.load(tmp_path / "sd.st")
+    flags = ["eval", "--model", "bert-tiny-mlm", "--set", f"vocab_size={size}", "--task", "mlm", "--text",
+             tmp_path / "c.txt", "--vocab", tmp_path / "vocab.txt", "--seq-len", "16"]
+    got = [json.loads(cli(*flags, "--weights", tmp_path / f"{w}.st", "--out", tmp_path / f"{w}.json").stdout and
+                      open(tmp_path / f"{w}.json").read()) for w in ("model", "sd")]
+    assert got[0]["test_loss"] == got[1]["test_loss"]
+    sd = m.state_dict()
+    sd["cls.predictions.decoder.weight"] = sd["cls.predictions.decoder.weight"] + 1.0
+    kiln.save(sd, tmp_path / "untied.st")
+    r = subprocess.run([sys.executable, "-m", "kiln", *map(str, flags), "--weights", tmp_path / "untied.st"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "'cls.predictions.decoder.weight' differs from 'bert.embeddings.word_embeddings.weight'" in r.stderr

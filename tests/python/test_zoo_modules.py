@@ -314,3 +314,66 @@ def test_deepcopy_of_a_parameter_before_its_python_module_gives_the_copys_own():
     p = m[0].weight
     cp, cm = copy.deepcopy([p, m])
     assert cp is cm[0].weight and cp is not p
+
+
+def test_a_parent_module_loads_a_bert_mlm_child_as_the_child_does():
+    # Through a parent's load_state_dict the tied decoder is what it is in the model's own: optional (a
+    # dict from before it was listed loads strictly) and, when given, checked equal to the embeddings.
+    p = nn.Module()
+    p.enc = kiln.models.create("bert-tiny-mlm", set={"vocab_size": 300})
+    sd = p.state_dict()
+    assert "enc.cls.predictions.decoder.weight" in sd
+    assert p.load_state_dict({k: v for k, v in sd.items() if "decoder" not in k}) == ([], [])
+    assert p.load_state_dict(sd) == ([], [])
+    emb = p.enc.bert.embeddings.word_embeddings.weight
+    before = emb.detach().numpy().copy()
+    bad = dict(sd)
+    bad["enc.cls.predictions.decoder.weight"] = kiln.full((300, 128), 5.0)
+    with pytest.raises(kiln.KilnError, match="'enc.cls.predictions.decoder.weight' differs from "
+                                             "'enc.bert.embeddings.word_embeddings.weight'"):
+        p.load_state_dict(bad)
+    np.testing.assert_array_equal(emb.detach().numpy(), before)  # refused, not copied over the embeddings
+    bad = dict(sd)
+    bad["enc.cls.predictions.decoder.bias"] = kiln.full((300,), 5.0)
+    with pytest.raises(kiln.KilnError, match="'enc.cls.predictions.decoder.bias' differs from "
+                                             "'enc.cls.predictions.bias'"):
+        p.load_state_dict(bad)
+    # Given alone (the embeddings left out), the decoder is loaded as the embeddings.
+    only = {k: v for k, v in sd.items() if k != "enc.bert.embeddings.word_embeddings.weight"}
+    only["enc.cls.predictions.decoder.weight"] = kiln.full((300, 128), 2.0)
+    assert p.load_state_dict(only) == ([], [])
+    assert (emb.detach().numpy() == 2.0).all()
+
+
+def test_deepcopy_with_a_parameter_in_the_callers_memo_leaves_the_original_alone():
+    # copy.deepcopy(model, {id(p): p}), torch's idiom to share p: a kiln.models model cannot share a tensor
+    # with another, so it is refused, and the original's parameter stays the original's tensor.
+    m = kiln.models.create("resnet20")
+    p = m.fc.weight
+    ptr = p.data_ptr()
+    with pytest.raises(kiln.KilnError, match="'fc.weight'.*cannot be shared"):
+        copy.deepcopy(m, {id(p): p})
+    assert m.fc.weight is p and p.data_ptr() == ptr
+    assert m.state_dict(keep_vars=True)["fc.weight"].data_ptr() == ptr
+    x = kiln.randn(2, 3, 32, 32)
+    m.eval()
+    before = m(x).tolist()
+    with kiln.no_grad():
+        p.mul_(0.0)  # the model's forward still reads p
+    assert m(x).tolist() != before
+    # A copy made in this deepcopy is still the copied model's own (the idiom that works).
+    cp, cm = copy.deepcopy([p, m])
+    assert cm.fc.weight is cp and m.fc.weight is p and p.data_ptr() == ptr
+
+
+def test_a_torch_tensor_dlpack_refuses_or_misreads_is_loaded_copied():
+    # docs/python.md: read through DLPack where Kiln can, copied otherwise. torch's DLPack export refuses a
+    # sparse tensor (read through the CPU instead), and exports a negative-bit view's memory without its
+    # sign (resolved first).
+    m = nn.Linear(2, 2)
+    w = torch.tensor([[1.0, 0.0], [0.0, -4.0]])
+    with pytest.raises(BufferError):
+        w.to_sparse().__dlpack__()  # the case under test
+    m.load_state_dict({"weight": w.to_sparse(), "bias": torch._neg_view(torch.tensor([1.0, -2.0]))})
+    np.testing.assert_array_equal(m.weight.detach().numpy(), w.numpy())
+    np.testing.assert_array_equal(m.bias.detach().numpy(), [-1.0, 2.0])

@@ -443,7 +443,15 @@ class Module:
         # _load_from_state_dict does: on _state_tensors' copy, so the caller's dict is left alone.
         state_dict = _state_tensors(state_dict, mine)
         for name, m in self.named_modules():
-            m._upgrade_state_dict(state_dict, f"{name}." if name else "")
+            prefix = f"{name}." if name else ""
+            m._upgrade_state_dict(state_dict, prefix)
+            # A second name of a tied tensor (a bert-*-mlm's decoder, listed as Hugging Face lists it):
+            # optional, and when given it must equal the tensor it is, which is what gets loaded; an
+            # untied value would otherwise overwrite the tensor it is tied to.
+            for alias, target in m._tied_names(prefix).items():
+                mine.pop(alias, None)
+                if alias in state_dict:
+                    _check_tied(state_dict, alias, target)
         missing = [k for k in mine if k not in state_dict]
         unexpected = [k for k in state_dict if k not in mine]
         if strict and (missing or unexpected):
@@ -456,6 +464,11 @@ class Module:
                 if k in mine:
                     mine[k].copy_(t)
         return IncompatibleKeys(missing, unexpected)
+
+    def _tied_names(self, prefix):
+        """{a second name this module's state_dict lists for a tensor: the tensor's own name}, each with
+        prefix (load_state_dict takes the second name as optional, checked equal to the first)."""
+        return {}
 
     def _upgrade_state_dict(self, state_dict, prefix):
         """Called by load_state_dict for every module with its key prefix: adds or rewrites, in
@@ -606,6 +619,23 @@ def _remove_from(name, *stores):
                 del d[name]
 
 
+def _check_tied(state_dict, alias, target, what="load_state_dict"):
+    """Drops state_dict[alias], the second name of the tied tensor `target`: it must hold the same values
+    (then it is the tensor saved twice), or the tie cannot hold it and both are named. Given alone, it
+    is loaded as `target`."""
+    v = state_dict.pop(alias)
+    t = state_dict.get(target)
+    if t is None:
+        state_dict[target] = v
+        return
+    f64 = _C.dtype.float64  # the values compared exactly, whatever the dtypes and devices
+    same = tuple(v.shape) == tuple(t.shape) and _C.allclose(_C.cast(v.detach().cpu(), f64),
+                                                            _C.cast(t.detach().cpu(), f64), 0.0, 0.0)
+    if not same:
+        raise KilnError(f"{what}: '{alias}' differs from '{target}': the model ties them (one tensor), so an "
+                        "untied value cannot be loaded")
+
+
 def _state_tensors(state_dict, mine=None, what="load_state_dict"):
     """load_state_dict's argument as a dict of name -> kiln.Tensor. The values may be kiln.Tensors,
     NumPy arrays or torch.Tensors (a state dict made by NumPy code, or torch's: weights being
@@ -637,11 +667,28 @@ def _foreign_tensor(key, value, mine, what):
         make = from_dlpack
         if callable(getattr(value, "detach", None)):
             value = value.detach()
+        if callable(getattr(value, "resolve_neg", None)):
+            value = value.resolve_neg()  # torch exports a negative-bit view's memory, not its values
     else:
         raise TypeError(f"{what}: '{key}' is a {type(value).__name__}, expected a kiln.Tensor, a NumPy array or "
                         "a torch.Tensor")
     try:
-        return make(value)
+        try:
+            return make(value)
+        except (ValueError, TypeError, BufferError, RuntimeError):
+            # DLPack refuses some torch tensors Kiln could hold (a CUDA one in a CPU-only Kiln, a sparse
+            # one, a conjugated view): read them copied, through the CPU (and NumPy).
+            if make is _tensor or not callable(getattr(value, "cpu", None)):
+                raise
+            host = value.cpu()
+            if callable(getattr(host, "to_dense", None)) and str(getattr(host, "layout", "")) != "torch.strided":
+                host = host.to_dense()  # a sparse tensor
+            if callable(getattr(host, "resolve_conj", None)):
+                host = host.resolve_conj()
+            try:
+                return make(host)  # a CPU bfloat16 tensor, which NumPy lacks, among them
+            except (ValueError, TypeError, BufferError, RuntimeError):
+                return _tensor(host.numpy())
     except (ValueError, TypeError, BufferError, RuntimeError) as e:
         target = mine.get(key) if mine is not None else None
         theirs = f"{getattr(value, 'dtype', '?')} {tuple(getattr(value, 'shape', ()))}"
@@ -863,6 +910,11 @@ class _NormBase(Module):
             self.register_buffer("running_var", None)
             self.register_buffer("num_batches_tracked", None)
         _place(self, device, dtype)
+
+    def _tied_names(self, prefix):
+        """{a second name this module's state_dict lists for a tensor: the tensor's own name}, each with
+        prefix (load_state_dict takes the second name as optional, checked equal to the first)."""
+        return {}
 
     def _upgrade_state_dict(self, state_dict, prefix):
         _fill_num_batches_tracked(self, state_dict, prefix)
