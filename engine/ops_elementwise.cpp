@@ -623,9 +623,15 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
 
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
   check_not_bool("clamp", a.dtype());
-  if (lo && hi) KILN_CHECK(*lo <= *hi, "clamp: min ", *lo, " is greater than max ", *hi);
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  Tensor out = run_unary(UnaryOp::clamp, a, a.dtype(), lo ? *lo : nan, hi ? *hi : nan);
+  // A NaN bound passes this check (NaN compares false) and makes every element NaN, as PyTorch's.
+  if (lo && hi) KILN_CHECK(!(*lo > *hi), "clamp: min ", *lo, " is greater than max ", *hi);
+  const bool nan_bound = (lo && std::isnan(*lo)) || (hi && std::isnan(*hi));
+  KILN_CHECK(!nan_bound || is_floating(a.dtype()), "clamp: a NaN bound on ", a.type_str(),
+             ", which holds no NaN (PyTorch's result is a float tensor); convert x to a floating dtype first");
+  // An absent bound goes to the kernel as an infinity, which bounds nothing (an integer dtype saturates it
+  // to its range: math::clamp_bound); the kernel takes a NaN bound as a bound, propagating it.
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor out = run_unary(UnaryOp::clamp, a, a.dtype(), lo ? *lo : -inf, hi ? *hi : inf);
   if (autograd::needs_grad({a})) {
     SavedTensor sa(a);
     autograd::record("clamp", {a}, {out}, [sa, lo, hi](const GradCtx& c) -> std::vector<Tensor> {
@@ -726,7 +732,17 @@ Tensor operator-(const Tensor& a, double s) {
 Tensor operator*(const Tensor& a, double s) {
   return with_number(a, s, false, [](const Tensor& x, const Tensor& y) { return mul(x, y); });
 }
+namespace {
+// True division of an integer or bool tensor by a number computes in f32 with the number as it is, as
+// PyTorch's: scalar_like would first make a whole number an integer of the tensor's dtype (i8 x / 300
+// divided by 300 wrapped into i8, 44).
+Tensor number_for_division(double s, const Tensor& a) {
+  return scalar_tensor(s, TensorOptions(DType::f32, a.device()));
+}
+}  // namespace
+
 Tensor operator/(const Tensor& a, double s) {
+  if (!is_floating(a.dtype())) return div(a, number_for_division(s, a));
   return with_number(a, s, false, [](const Tensor& x, const Tensor& y) { return div(x, y); });
 }
 Tensor operator+(double s, const Tensor& a) {
@@ -739,6 +755,7 @@ Tensor operator*(double s, const Tensor& a) {
   return with_number(a, s, true, [](const Tensor& x, const Tensor& y) { return mul(x, y); });
 }
 Tensor operator/(double s, const Tensor& a) {
+  if (!is_floating(a.dtype())) return div(number_for_division(s, a), a);
   return with_number(a, s, true, [](const Tensor& x, const Tensor& y) { return div(x, y); });
 }
 

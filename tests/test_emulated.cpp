@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <regex>
@@ -242,6 +243,29 @@ TEST_CASE("emulated cuda: a product over k = 0 scales C by beta (gemm.cu's scale
   std::vector<float> nan_c(12, std::nanf(""));
   b.gemm(DType::f32, false, false, 3, 4, 0, 1.0, nullptr, 1, nullptr, 4, 0.0, nan_c.data(), 4);
   for (float v : nan_c) CHECK(v == 0.0f);
+}
+
+TEST_CASE("emulated cuda: clamp's NaN bound gives NaN and an absent bound is no bound, as on the CPU") {
+  // The kernel takes both bounds (an absent one an infinity, saturated for integers); a NaN bound is a bound.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EmulatedCuda device;
+  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    CAPTURE(dt);
+    const Tensor x = from_vector({0, -5, 5, nan}, {4}).to(dt).to(cuda_device(0));
+    for (const Tensor& y : {clamp(x, std::nullopt, nan), clamp(x, nan, 1.0), clamp(x, -1.0, nan)})
+      for (double v : y.to(kCPU).to_vector()) CHECK(std::isnan(v));
+    const std::vector<double> hi = clamp(x, std::nullopt, 1.0).to(kCPU).to_vector();
+    CHECK(hi[0] == 0);
+    CHECK(hi[1] == -5);
+    CHECK(hi[2] == 1);
+    CHECK(std::isnan(hi[3]));
+  }
+  for (DType dt : {DType::i8, DType::u8, DType::i64}) {
+    CAPTURE(dt);
+    const Tensor x = from_vector({0, 5, 100}, {3}, dt).to(cuda_device(0));
+    CHECK(clamp(x, std::nullopt, 200.0).to(kCPU).to_vector() == std::vector<double>{0, 5, 100});
+    CHECK(clamp(x, 3.0, std::nullopt).to(kCPU).to_vector() == std::vector<double>{3, 5, 100});
+  }
 }
 
 TEST_CASE(

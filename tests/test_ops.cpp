@@ -764,6 +764,41 @@ TEST_CASE("ops: integer division, type promotion and scalars") {
   expect_close(w, Ref{{2}, {1, 0.25}}, Tol{0, 0}, "where promote");
 }
 
+TEST_CASE("ops: true division of an integer or bool tensor by a number is f32 with the number as it is") {
+  // scalar_like would make a whole number an integer of x's dtype first: i8 x / 300 divided by 44 and
+  // u8 x / -3 by 253 (PyTorch divides by 300 and -3).
+  const Tensor x = from_vector({5, -5, 100}, {3}, DType::i8);
+  CHECK((x / 300.0).dtype() == DType::f32);
+  expect_close(x / 300.0, Ref{{3}, {5.0 / 300, -5.0 / 300, 100.0 / 300}}, Tol{1e-6, 0}, "i8 / 300");
+  expect_close(300.0 / x, Ref{{3}, {60, -60, 3}}, Tol{1e-6, 0}, "300 / i8");
+  expect_close(from_vector({6}, {1}, DType::u8) / -3.0, Ref{{1}, {-2}}, Tol{0, 0}, "u8 / -3");
+  expect_close(from_vector({1, 0}, {2}, DType::boolean) / 2.0, Ref{{2}, {0.5, 0}}, Tol{0, 0}, "bool / 2");
+  CHECK((2.0 / from_vector({1, 4}, {2}, DType::i64)).to_vector() == std::vector<double>{2, 0.5});
+}
+
+TEST_CASE("ops: clamp with a NaN bound gives NaN, as PyTorch; an absent bound is no bound") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dt : kFloat) {
+    CAPTURE(std::string(dtype_name(dt)));
+    const Tensor x = from_vector({0, -5, 5}, {3}, dt);
+    for (const Tensor& y :
+         {clamp(x, std::nullopt, nan), clamp(x, nan, std::nullopt), clamp(x, nan, 1.0), clamp(x, -1.0, nan)})
+      for (double v : y.to_vector()) CHECK(std::isnan(v));
+    CHECK(clamp(x, std::nullopt, 1.0).to_vector() == std::vector<double>{0, -5, 1});
+    CHECK(clamp(x, -1.0, std::nullopt).to_vector() == std::vector<double>{0, -1, 5});
+    // a NaN element stays NaN; infinite values pass an absent bound
+    const Tensor z = from_vector({nan, -INFINITY, INFINITY}, {3}, dt);
+    const std::vector<double> lo = clamp(z, -1.0, std::nullopt).to_vector();
+    CHECK(std::isnan(lo[0]));
+    CHECK(lo[1] == -1);
+    CHECK(lo[2] == INFINITY);
+  }
+  CHECK(contains(error_of([nan] { clamp(ones({2}, DType::i32), nan, std::nullopt); }), "NaN bound"));
+  CHECK(clamp(from_vector({-100, 100}, {2}, DType::i8), std::nullopt, 200.0).to_vector() ==
+        std::vector<double>{-100, 100});
+  CHECK(clamp(from_vector({-100, 100}, {2}, DType::i64), 0.0, std::nullopt).to_vector() == std::vector<double>{0, 100});
+}
+
 TEST_CASE("ops: broadcast_shapes and shape errors") {
   CHECK(broadcast_shapes({3, 1, 4}, {2, 1}) == Shape{3, 2, 4});
   CHECK(broadcast_shapes({}, {2, 3}) == Shape{2, 3});

@@ -191,14 +191,17 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
           dst, src, [](A x) { return x <= A(0) ? A(0) : x; }, kernel_set().rows.relu);
     case UnaryOp::logical_not: return unary_loop<T>(dst, src, [](A x) { return A(!x); });
     case UnaryOp::clamp: {
-      const bool has_lo = !std::isnan(p0), has_hi = !std::isnan(p1);
-      const A lo = has_lo ? math::clamp_bound<A>(p0, true) : A(0), hi = has_hi ? math::clamp_bound<A>(p1, false) : A(0);
+      // Both bounds given: an absent one is an infinity, which clamp_bound saturates for integers. A NaN
+      // bound makes every element NaN, as PyTorch's (the engine refuses one for integers).
+      const A lo = math::clamp_bound<A>(p0, true), hi = math::clamp_bound<A>(p1, false);
       return unary_loop<T>(dst, src, [=](A x) {
         if constexpr (is_float_v<T>) {
           if (x != x) return x;  // NaN stays NaN
+          if (lo != lo) return lo;
+          if (hi != hi) return hi;
         }
-        if (has_lo && x < lo) x = lo;
-        if (has_hi && x > hi) x = hi;
+        if (x < lo) x = lo;
+        if (x > hi) x = hi;
         return x;
       });
     }

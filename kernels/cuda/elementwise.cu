@@ -126,7 +126,6 @@ template <typename T> struct UnaryF {
   using A = DAcc<T>;
   UnaryOp op;
   A p0, p1;
-  bool has_lo, has_hi;
   __device__ A operator()(A x) const {
     if constexpr (is_float_v<T>) {
       switch (op) {
@@ -181,11 +180,15 @@ template <typename T> struct UnaryF {
       case UnaryOp::relu: return x <= A(0) ? A(0) : x;
       case UnaryOp::logical_not: return A(!x);
       case UnaryOp::clamp:
+        // Both bounds given (an absent one is an infinity); a NaN bound makes every element NaN, as
+        // PyTorch's (the host refuses one for integers), as the CPU loop.
         if constexpr (is_float_v<T>) {
           if (x != x) return x;  // NaN stays NaN
+          if (p0 != p0) return p0;
+          if (p1 != p1) return p1;
         }
-        if (has_lo && x < p0) x = p0;
-        if (has_hi && x > p1) x = p1;
+        if (x < p0) x = p0;
+        if (x > p1) x = p1;
         return x;
       default: return x;  // not reached: the host checks the op is defined for T
     }
@@ -435,11 +438,9 @@ void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, 
   visit_dtype(src.dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = DAcc<T>;
-    const bool has_lo = !std::isnan(p0), has_hi = !std::isnan(p1);
     const bool c = op == UnaryOp::clamp;  // clamp's bounds are saturated into A's range (math::clamp_bound)
-    const A lo = c ? (has_lo ? math::clamp_bound<A>(p0, true) : A(0)) : convert_to<A>(p0);
-    const UnaryF<T> f{op, lo, has_hi ? (c ? math::clamp_bound<A>(p1, false) : convert_to<A>(p1)) : A(0), has_lo,
-                      has_hi};
+    const UnaryF<T> f{op, c ? math::clamp_bound<A>(p0, true) : convert_to<A>(p0),
+                      c ? math::clamp_bound<A>(p1, false) : convert_to<A>(p1)};
     T* o = static_cast<T*>(dst.data);
     const T* a = static_cast<const T*>(src.data);
     if (contiguous(g) && aligned16(o) && aligned16(a)) {

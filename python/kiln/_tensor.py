@@ -452,9 +452,16 @@ def _named_pair(name):
     return op
 
 
+def _as_requested(out, dtype):
+    # An integer or bool sum is int64 in the engine; a requested narrower dtype takes it back, which wraps
+    # as summing in that dtype would (torch: int8 [100, 100].sum(dtype=int8) is -56; a bool sum is any).
+    return out if dtype is None or out.dtype == dtype else out.to(dtype)
+
+
 def _sum(input, dim=None, keepdim=False, *, dtype=None):
-    """torch.sum: dtype= converts the input first (as torch: summing int8 in int64, float16 in float32)."""
-    return _C.sum(input if dtype is None else input.to(dtype), dim, keepdim)
+    """torch.sum: dtype= converts the input first and gives that dtype (summing int8 as int64 with
+    dtype=int64, float16 in float32; dtype=int8 wraps in int8)."""
+    return _as_requested(_C.sum(input if dtype is None else input.to(dtype), dim, keepdim), dtype)
 
 
 def _mean(input, dim=None, keepdim=False, *, dtype=None):
@@ -462,7 +469,7 @@ def _mean(input, dim=None, keepdim=False, *, dtype=None):
 
 
 def _cumsum(input, dim, *, dtype=None):
-    return _C.cumsum(input if dtype is None else input.to(dtype), dim)
+    return _as_requested(_C.cumsum(input if dtype is None else input.to(dtype), dim), dtype)
 
 
 def _nonzero(input, *, as_tuple=False):

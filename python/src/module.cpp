@@ -235,11 +235,10 @@ Tensor to_tensor(nb::handle h, const Tensor* like, const char* what) {
   if (PyLong_Check(h.ptr())) {
     // Exact: an int64 beyond 2^53 does not survive a trip through double.
     const int64_t v = *exact_int(h, what);
-    if (like && like->defined()) {
-      Tensor s = scalar_like(double(v), *like);
-      if (s.dtype() == DType::i64) s = int64_scalar(v);
-      return s;
-    }
+    if (like && like->defined() && is_floating(like->dtype())) return scalar_like(double(v), *like);
+    // Beside an integer tensor the int takes its dtype, wrapped from the exact int64 (PyTorch keeps the low
+    // bits: i32 x + (2**32 + 5) adds 5); beside a bool tensor it is i64.
+    if (like && like->defined() && like->dtype() != DType::boolean) return int64_scalar(v).to(like->dtype());
     return int64_scalar(v);
   }
   if (PyFloat_Check(h.ptr())) {

@@ -455,7 +455,13 @@ void bind_ops(nb::module_& mod) {
   auto maxmin = [&](const char* name, bool is_max) {
     m.def(
         name,
-        [is_max](const Tensor& x, std::optional<int64_t> dim, bool keepdim) -> nb::object {
+        [name, is_max](const Tensor& x, std::optional<int64_t> dim, bool keepdim) -> nb::object {
+          // An empty tensor has no largest element: refused as torch (and as max(x, 0) over an empty dim),
+          // where amax gives its -inf identity.
+          if (!dim && x.numel() == 0)
+            value_error(std::string(name) + "(): the tensor " + x.type_str() + " is empty, so it has no " +
+                        (is_max ? "largest" : "smallest") +
+                        " element; give a dim (or use amax/amin, which give -inf/+inf)");
           if (!dim) return nb::cast(is_max ? amax(x, {}, false) : amin(x, {}, false));
           R r;
           const ValuesIndices vi = is_max ? max(x, *dim, keepdim) : min(x, *dim, keepdim);

@@ -453,9 +453,17 @@ void setitem(Tensor& x, nb::handle key, nb::handle value) {
   p.copy_(updated);
 }
 
+// A number that goes to the engine's double overloads (x * v): beside a floating tensor only, where they
+// keep the 16-bit rules. Beside an integer or bool tensor it goes through to_tensor, as PyTorch's wrapped
+// numbers: a float makes the result f32 (the overloads take a whole float for an integer of x's dtype:
+// i8 x * 300.0 wrapped), and an int wraps into x's dtype from its exact int64 value.
+bool number_for_double_op(const Tensor& x, nb::handle h, const char* what) {
+  return is_floating(x.dtype()) && is_double_exact(h, what);
+}
+
 // a OP b for a Tensor and a Tensor, a number or anything to_tensor takes; nogil around the op.
 template <typename TT, typename TS> Tensor binary(const Tensor& a, nb::handle b, TT tensor_op, TS scalar_op) {
-  if (is_double_exact(b, "operand")) {
+  if (number_for_double_op(a, b, "operand")) {
     const double v = nb::cast<double>(b);
     nb::gil_scoped_release nogil;
     return scalar_op(a, v);
@@ -464,6 +472,22 @@ template <typename TT, typename TS> Tensor binary(const Tensor& a, nb::handle b,
   nb::gil_scoped_release nogil;
   return tensor_op(a, t);
 }
+// a / b or b / a (number_first) for an integer or bool tensor a and a Python number b: true division in
+// f32 with the number as it is, as PyTorch's (to_tensor would wrap an int into a's dtype first: i8 x / 300
+// divided by 44); an int beyond 2^53 converts to f32 from its exact int64. Nothing for other operands.
+std::optional<Tensor> divide_by_number(const Tensor& a, nb::handle b, bool number_first) {
+  if (is_floating(a.dtype())) return std::nullopt;
+  Tensor n;
+  if (PyFloat_Check(b.ptr()))
+    n = scalar_tensor(PyFloat_AS_DOUBLE(b.ptr()), TensorOptions(DType::f32, a.device()));
+  else if (PyLong_Check(b.ptr()) && !PyBool_Check(b.ptr()))
+    n = int64_scalar(*exact_int(b, "operand")).to(DType::f32);
+  else
+    return std::nullopt;
+  nb::gil_scoped_release nogil;
+  return number_first ? div(n, a) : div(a, n);
+}
+
 template <typename TT> Tensor binary(const Tensor& a, nb::handle b, TT tensor_op) {
   const Tensor t = to_tensor(b, &a, "operand");
   nb::gil_scoped_release nogil;
@@ -758,7 +782,8 @@ void bind_tensor(nb::module_& m) {
           "mul_",
           [](Tensor& x, nb::handle o) -> Tensor& {
             check_inplace(x, "mul_", o);
-            if (is_double_exact(o, "other")) return x.mul_(nb::cast<double>(o));
+            // an integer x *= 2.0 is refused as x += 2.0 (the f32 result does not fit x), as PyTorch
+            if (number_for_double_op(x, o, "other")) return x.mul_(nb::cast<double>(o));
             return x.mul_(to_tensor(o, &x, "other"));
           },
           nb::arg("other"), nb::rv_policy::reference)
@@ -780,7 +805,7 @@ void bind_tensor(nb::module_& m) {
           "__imul__",
           [](Tensor& x, nb::handle o) -> Tensor& {
             check_inplace(x, "*=", o);
-            if (is_double_exact(o, "other")) return x.mul_(nb::cast<double>(o));
+            if (number_for_double_op(x, o, "operand")) return x.mul_(nb::cast<double>(o));
             return x.mul_(to_tensor(o, &x, "operand"));
           },
           nb::rv_policy::reference, nb::is_operator())
@@ -858,6 +883,7 @@ void bind_tensor(nb::module_& m) {
       .def(
           "__truediv__",
           [](const Tensor& a, nb::handle b) {
+            if (std::optional<Tensor> q = divide_by_number(a, b, false)) return *q;
             return binary(
                 a, b, [](const Tensor& x, const Tensor& y) { return x / y; },
                 [](const Tensor& x, double v) { return x / v; });
@@ -866,6 +892,7 @@ void bind_tensor(nb::module_& m) {
       .def(
           "__rtruediv__",
           [](const Tensor& a, nb::handle b) {
+            if (std::optional<Tensor> q = divide_by_number(a, b, true)) return *q;
             return binary(
                 a, b, [](const Tensor& x, const Tensor& y) { return y / x; },
                 [](const Tensor& x, double v) { return v / x; });
@@ -874,6 +901,14 @@ void bind_tensor(nb::module_& m) {
       .def(
           "__pow__",
           [](const Tensor& a, nb::handle b) {
+            // An int exponent of an integer tensor stays a number, checked by pow (a negative one refused),
+            // never wrapped into x's dtype (x_i8 ** 300 is not x ** 44).
+            if (!is_floating(a.dtype()) && PyLong_Check(b.ptr()) && !PyBool_Check(b.ptr()) &&
+                is_double_exact(b, "operand")) {
+              const double v = nb::cast<double>(b);
+              nb::gil_scoped_release nogil;
+              return pow(a, v);
+            }
             return binary(
                 a, b, [](const Tensor& x, const Tensor& y) { return pow(x, y); },
                 [](const Tensor& x, double v) { return pow_number(x, v); });
