@@ -403,10 +403,12 @@ void ImageFolderDataset::scan() {
     }
   }
   KILN_CHECK(!files_.empty(), root_, ": no .jpg, .jpeg, .png, .bmp, .ppm or .pgm images under its class directories");
+  // A bad KILN_MAX_IMAGE_PIXELS is an error here, with or without the header checks: decode_image reads
+  // it too, and there (skip_bad) it would count every image as a bad file.
+  max_image_pixels();
   // Every image's header (format, dimensions; a PNG's chunk lengths) before any work: a bad file is an
   // error naming it now, not hours into a run, or (skip_bad) is left out here, once.
   if (o_.check_headers) {
-    max_image_pixels();  // a bad KILN_MAX_IMAGE_PIXELS is an error here, not in a worker thread
     // In parallel (file opens dominate); the first bad file in list order is the one named.
     std::vector<std::string> problems(files_.size());
     parallel_for(0, int64_t(files_.size()), 64, [&](int64_t b, int64_t e) {

@@ -294,6 +294,19 @@ TEST_CASE("image folder: an image above the pixel limit (a decompression bomb) i
   }
 }
 
+TEST_CASE("image folder: a bad KILN_MAX_IMAGE_PIXELS is an error when scanning, with the header checks off too") {
+  TempDir d("kiln_img_bad_limit");
+  make_folder(d / "set", 1);
+  io::ImageFolderOptions o;
+  o.size = 4;
+  o.resize = 4;
+  o.check_headers = false;
+  o.skip_bad = true;  // not a reason to skip every image with a warning
+  PixelLimit limit("12x");
+  CHECK(contains(error_of([&] { io::ImageFolderDataset(d / "set/train", o); }),
+                 "KILN_MAX_IMAGE_PIXELS=12x: not a whole number of pixels"));
+}
+
 TEST_CASE("train: ResNet on an image folder; a corrupt image stops the run or is skipped with the flag") {
   TempDir d("kiln_img");
   make_folder(d.p.string(), 6);
