@@ -145,16 +145,12 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& weight_in, const Tenso
   const DType ct =
       is_low_precision(out_t) && detail::backend(dev).native_16bit_gemm_conv ? out_t : compute_dtype(out_t);
   const Tensor xc = kin(x, ct), wc = kin(weight, ct);
-  // With a bias, a 16-bit output is rounded once, after the bias (as conv2d's on the CPU and linear's): the
-  // input-gradient pass has no bias to fuse, so a 16-bit backend computes this pass in f32 (exact products of
-  // 16-bit values, f32 accumulation as its own) and the bias is added before the one cast. Adding it to the
-  // rounded 16-bit product rounded twice.
-  const DType yt = bias.defined() && is_low_precision(ct) ? DType::f32 : ct;
-  const Tensor xy = kin(x, yt), wy = kin(weight, yt);
-  Tensor y = kout({p.n, p.c, p.h, p.w}, yt, dev);
+  // On CUDA (16-bit cuDNN) the bias is added to the 16-bit output, rounding twice, as conv2d's there
+  // and torch's on CUDA; on the CPU the pass computes in f32 and the bias is added before the one cast.
+  Tensor y = kout({p.n, p.c, p.h, p.w}, ct, dev);
   // The input-gradient pass reads no input; y (being written) stands in for it.
-  detail::backend(dev).conv2d_backward(yt, p, y.raw_data(), wy.raw_data(), xy.raw_data(), y.raw_data(), nullptr);
-  if (bias.defined()) y = y + kin(bias, yt).reshape({1, c_out, 1, 1});
+  detail::backend(dev).conv2d_backward(ct, p, y.raw_data(), wc.raw_data(), xc.raw_data(), y.raw_data(), nullptr);
+  if (bias.defined()) y = y + kin(bias, ct).reshape({1, c_out, 1, 1});
   y = back_to(y, out_t);
   if (autograd::needs_grad({x, weight, bias})) {
     SavedTensor sx(xc), sw(wc);

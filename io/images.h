@@ -84,8 +84,18 @@ int64_t max_image_pixels();
 // the box (y0, x0, bh, bw) of a float image [C, H, W] to [C, out_h, out_w]: output pixel i is centred
 // at y0 + (i + 0.5) * bh / out_h and averages the source pixels under a triangle filter whose support
 // is one output pixel when shrinking (antialiased) and one source pixel when enlarging; the filter
-// window may reach past the box but stops at the image's edges.
+// window may reach past the box but stops at the image's edges. The weights and sums are f32 (PIL's
+// "F" mode sums in f64: the results agree to about 1e-6 relative).
 void resize_bilinear(const float* src, int64_t c, int64_t h, int64_t w, double y0, double x0, double bh, double bw,
                      float* dst, int64_t out_h, int64_t out_w);
+// The same from 8-bit pixels [C, H, W], each read as v / 255 (float(v) / 255.0f), without converting
+// the image: only the pixels a filter window reads.
+void resize_bilinear(const uint8_t* src, int64_t c, int64_t h, int64_t w, double y0, double x0, double bh, double bw,
+                     float* dst, int64_t out_h, int64_t out_w);
+// RandomResizedCrop's resize: the box of whole pixels (y0, x0, bh, bw) of the 8-bit image cut out and
+// resampled to [C, out_h, out_w] as resize_bilinear does (so the filter windows stop at the box's
+// edges), without copying the box.
+void resize_box_bilinear(const uint8_t* src, int64_t c, int64_t h, int64_t w, int64_t y0, int64_t x0, int64_t bh,
+                         int64_t bw, float* dst, int64_t out_h, int64_t out_w);
 
 }  // namespace kiln::io

@@ -319,10 +319,12 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("emulated cuda: 16-bit conv_transpose2d adds its bias before the one rounding") {
-  // The CUDA backend computes 16-bit convolutions in 16-bit buffers; conv_transpose2d's pass has no bias to fuse,
-  // so adding the bias to its rounded output rounded twice. Values exact in both dtypes, products and sums exact
-  // in f32 (multiples of 1/256 below 2^8): each output must be the exact sum rounded once.
+TEST_CASE("emulated cuda: 16-bit conv_transpose2d adds its bias to the 16-bit output on CUDA, rounds once on the CPU") {
+  // The CUDA backend computes 16-bit convolutions in 16-bit buffers (cuDNN, tensor cores) and adds the bias
+  // to the rounded output, as its conv2d and torch's CUDA convolutions do; the CPU computes in f32 and adds
+  // the bias before the one cast. Values exact in both dtypes, products and sums exact in f32 (multiples of
+  // 1/256 below 2^8): each CPU output is the exact sum rounded once, each CUDA output the exact product
+  // rounded, plus the bias, rounded.
   const int64_t n = 2, ci = 8, h = 5, wd = 5, co = 4, k = 3, oh = h + k - 1, ow = wd + k - 1;
   std::vector<double> xs, ws, bs;
   for (int64_t i = 0; i < n * ci * h * wd; ++i) xs.push_back(double(i * 37 % 121) - 60.0);
@@ -341,12 +343,12 @@ TEST_CASE("emulated cuda: 16-bit conv_transpose2d adds its bias before the one r
       const Tensor y = conv_transpose2d(x.to(dev), w.to(dev), b.to(dev));
       REQUIRE(y.dtype() == dt);
       const std::vector<double> yv = y.to(kCPU).to_vector();
-      int wrong = 0;
+      int wrong = 0, twice_differs = 0;
       for (int64_t s = 0; s < n; ++s)
         for (int64_t o = 0; o < co; ++o)
           for (int64_t i = 0; i < oh; ++i)
             for (int64_t j = 0; j < ow; ++j) {
-              double exact = bs[size_t(o)];
+              double exact = 0;
               for (int64_t c = 0; c < ci; ++c)
                 for (int64_t ki = 0; ki < k; ++ki)
                   for (int64_t kj = 0; kj < k; ++kj) {
@@ -355,9 +357,13 @@ TEST_CASE("emulated cuda: 16-bit conv_transpose2d adds its bias before the one r
                     exact +=
                         xs[size_t(((s * ci + c) * h + hi) * wd + wi)] * ws[size_t(((c * co + o) * k + ki) * k + kj)];
                   }
-              wrong += yv[size_t(((s * co + o) * oh + i) * ow + j)] != round_once(exact);
+              const double once = round_once(exact + bs[size_t(o)]);
+              const double twice = round_once(round_once(exact) + bs[size_t(o)]);
+              twice_differs += once != twice;
+              wrong += yv[size_t(((s * co + o) * oh + i) * ow + j)] != (emulated ? twice : once);
             }
       CHECK(wrong == 0);
+      CHECK(twice_differs > 0);  // the data tell the two apart
     }
   }
 }

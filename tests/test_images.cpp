@@ -188,6 +188,59 @@ TEST_CASE("resize_bilinear: PIL's bilinear resampling, antialiased when shrinkin
   near(box, {0.3672764f, 0.3210417f, 0.4984991f, 0.2911538f, 0.3681051f, 0.4511538f});
 }
 
+// The loader's paths read 8-bit pixels where they are (no float copy of the image, no copy of a
+// RandomResizedCrop box): they give the numbers of the float path on the converted image and on the
+// box cut out, shrinking by 10 and more (windows of 20+ taps), enlarging, and at a box on the edge.
+TEST_CASE("resize_bilinear: 8-bit pixels and a box resampled in place give the float path's numbers") {
+  const int64_t c = 3, h = 75, w = 130;
+  std::vector<uint8_t> px(size_t(c * h * w));
+  for (size_t i = 0; i < px.size(); ++i) px[i] = uint8_t((i * 2654435761u) >> 24);
+  std::vector<float> unit(px.size());
+  for (size_t i = 0; i < px.size(); ++i) unit[i] = float(px[i]) / 255.0f;
+  const auto same = [](const std::vector<float>& got, const std::vector<float>& want) {
+    REQUIRE(got.size() == want.size());
+    int wrong = 0;
+    for (size_t i = 0; i < got.size(); ++i) wrong += !(got[i] == doctest::Approx(want[i]).epsilon(2e-6));
+    CHECK(wrong == 0);
+  };
+  struct Box {
+    int64_t y0, x0, bh, bw, out_h, out_w;
+  };
+  for (const Box b :
+       {Box{0, 0, h, w, 7, 6}, Box{10, 21, 60, 99, 5, 9}, Box{50, 120, 25, 10, 40, 33}, Box{0, 3, 1, 1, 4, 4}}) {
+    CAPTURE(b.y0);
+    CAPTURE(b.x0);
+    CAPTURE(b.bh);
+    CAPTURE(b.bw);
+    const size_t n = size_t(c * b.out_h * b.out_w);
+    std::vector<float> want(n), got(n), cut(size_t(c * b.bh * b.bw));
+    // Resize's box: the windows reach past it.
+    io::resize_bilinear(unit.data(), c, h, w, double(b.y0) + 0.25, double(b.x0), double(b.bh) - 0.5, double(b.bw),
+                        want.data(), b.out_h, b.out_w);
+    io::resize_bilinear(px.data(), c, h, w, double(b.y0) + 0.25, double(b.x0), double(b.bh) - 0.5, double(b.bw),
+                        got.data(), b.out_h, b.out_w);
+    same(got, want);
+    // RandomResizedCrop's: the box cut out first.
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t y = 0; y < b.bh; ++y)
+        std::copy_n(unit.data() + (ch * h + b.y0 + y) * w + b.x0, b.bw, cut.data() + (ch * b.bh + y) * b.bw);
+    io::resize_bilinear(cut.data(), c, b.bh, b.bw, 0, 0, double(b.bh), double(b.bw), want.data(), b.out_h, b.out_w);
+    io::resize_box_bilinear(px.data(), c, h, w, b.y0, b.x0, b.bh, b.bw, got.data(), b.out_h, b.out_w);
+    same(got, want);
+  }
+  // Every 8-bit value reads as float(v) / 255.0f exactly (the resampler multiplies by 1/255 in f64):
+  // a 1x1 image resized to 1x1 is the pixel.
+  for (int v = 0; v < 256; ++v) {
+    const uint8_t p = uint8_t(v);
+    float got1 = -1;
+    io::resize_bilinear(&p, 1, 1, 1, 0, 0, 1, 1, &got1, 1, 1);
+    CHECK(got1 == float(v) / 255.0f);
+  }
+  std::vector<float> out(3);
+  CHECK(contains(error_of([&] { io::resize_box_bilinear(px.data(), c, h, w, 70, 0, 6, 5, out.data(), 1, 1); }),
+                 "box 5x6 at (0, 70) is not inside the 130x75 image"));
+}
+
 // torchvision's Resize(7) then CenterCrop(6) on a 23x17 image (resized to 9x7, the crop's offset
 // round(1.5) = 2 across, round(0.5) = 0 down: Python rounds half to even), from PIL in mode "F".
 TEST_CASE("image folder: the evaluation transform is torchvision's Resize then CenterCrop (PIL, antialiased)") {
@@ -292,6 +345,19 @@ TEST_CASE("image folder: an image above the pixel limit (a decompression bomb) i
     CHECK(contains(error_of([&] { io::ImageFolderDataset(d / "set/train", o); }),
                    "KILN_MAX_IMAGE_PIXELS=lots: not a whole number of pixels"));
   }
+}
+
+TEST_CASE("image folder: a bad KILN_MAX_IMAGE_PIXELS is an error when scanning, with the header checks off too") {
+  TempDir d("kiln_img_bad_limit");
+  make_folder(d / "set", 1);
+  io::ImageFolderOptions o;
+  o.size = 4;
+  o.resize = 4;
+  o.check_headers = false;
+  o.skip_bad = true;  // not a reason to skip every image with a warning
+  PixelLimit limit("12x");
+  CHECK(contains(error_of([&] { io::ImageFolderDataset(d / "set/train", o); }),
+                 "KILN_MAX_IMAGE_PIXELS=12x: not a whole number of pixels"));
 }
 
 TEST_CASE("train: ResNet on an image folder; a corrupt image stops the run or is skipped with the flag") {
