@@ -197,3 +197,16 @@ def test_a_scheduler_signal_saves_then_ends_the_process(tmp_path, capfd, signame
     saved = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
     assert saved and saved[-1].startswith("step-")
     assert not os.path.exists(tmp_path / "run" / "summary.json")
+
+
+def test_seed_is_taken_modulo_2_64_as_manual_seed(tmp_path):
+    # kiln.manual_seed(-1) is 2**64 - 1 (torch's rule); kiln.train(seed=...) takes ints the same way,
+    # while `kiln train --seed` refuses a value outside 0..2**64 - 1 (it was clamped to 2**64 - 1).
+    opts = dict(RESNET, max_steps=1, limit_train=16, limit_eval=16)
+    runs = {}
+    for name, seed in (("neg", -1), ("wrapped", 2**64 + 5), ("five", 5)):
+        runs[name] = kiln.train("resnet20", out=tmp_path / name, **dict(opts, seed=seed))["config"]["seed"]
+    assert runs == {"neg": 2**64 - 1, "wrapped": 5, "five": 5}
+    for bad in ("-1", str(2**64 + 1)):
+        with pytest.raises(kiln.KilnValueError, match="--seed"):
+            kiln.train("resnet20", out=tmp_path / "bad", **dict(opts, seed=bad))
