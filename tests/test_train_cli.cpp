@@ -3,6 +3,7 @@
 // learns, writes its metrics, summary and weights; eval of those weights agrees with the summary.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -654,6 +655,15 @@ TEST_CASE("train: a resume compares the data's contents, not its paths, and reco
   REQUIRE(res.size() == 2);
   CHECK(res[0] == want[1]);
   CHECK(res[1] == want[2]);
+  // Another CPU kernel set continues, with a warning (its last bits differ).
+  if (isa != "generic") {
+    ::setenv("KILN_CPU_ISA", "generic", 1);
+    r = run_kiln(base + " --resume " + ckpt + " --out " + d / "other_isa", d.p.string());
+    ::unsetenv("KILN_CPU_ISA");
+    CHECK_MESSAGE(r.code == 0, r.output);
+    CHECK_MESSAGE(contains(r.output, "was written under the CPU kernel set " + isa + ", this run uses generic"),
+                  r.output);
+  }
   // The same path with other bytes is refused, naming the file's place in --text.
   std::ofstream(d / "corpus.txt", std::ios::app) << "one more line\n";
   r = run_kiln(moved(d / "corpus.txt") + " --resume " + ckpt + " --out " + d / "changed", d.p.string());
