@@ -357,6 +357,9 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
   }
   for (const auto& n : model_names) sd[n] = r.read("model/" + n);
   model.load_state_dict(sd, /*strict=*/true);
+  // The read copies go before the optimizer's state is read: held to the end, they made a resume
+  // under the run's own --memory-cap pass it (the run itself never holds the weights twice).
+  sd.clear();
   if (out.weights_only) return out;
   out.run = field([&] { return RunState::from_json(need(state, "run", "state")); });
   check_run_state(out.run, path);
@@ -412,11 +415,16 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
 }
 
 std::vector<std::string> config_differences(const json& saved, const json& now) {
-  static const char* kKeys[] = {"model", "task", "set", "data", "data_dir", "augment", "image_size", "limit_train",
-                                "text", "eval_text", "vocab", "train_tsv", "seq_len", "mask_prob", "lower_case",
+  // The data's paths (--data-dir, --text, --eval-text, --vocab, --train-tsv) are not compared: the
+  // same files under another path (./txt, an absolute path, a copy) continue the run. What they hold
+  // is, through data_info below (each file's size and CRC-32C, the vocabulary's fingerprint).
+  // clang-format off
+  static const char* kKeys[] = {"model", "task", "set", "data", "augment", "image_size", "limit_train",
+                                "seq_len", "mask_prob", "lower_case",
                                 "epochs", "batch", "accum_steps", "max_steps", "optimizer", "lr", "momentum", "nesterov",
                                 "weight_decay", "label_smoothing", "clip_grad_norm", "schedule", "warmup", "seed",
                                 "amp", "loss_scale_window", "world_size"};
+  // clang-format on
   // Keys added after checkpoints were first written: a config without one ran with its default.
   const json later = {{"amp", "off"}, {"loss_scale_window", 2000}, {"world_size", 1}};
   std::vector<std::string> out;
@@ -428,16 +436,18 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
     }
     if (a != b) out.push_back(std::string(k) + ": checkpoint " + a.dump() + ", now " + b.dump());
   }
-  // What the same flags made of the data (label names and their order, classes, files, sample
-  // counts): data read another way (a newer version's rules, a changed file) does not continue the
-  // run either. A key the checkpoint lacks (written by an older version) is not compared.
+  // What the same flags made of the data (label names and their order, classes, the files' contents,
+  // sample counts, the vocabulary): data read another way (a newer version's rules, a changed file)
+  // does not continue the run either. A key the checkpoint lacks (written by an older version) is not
+  // compared; "files" (their paths) no longer is.
   const auto short_dump = [](const json& v) {
     std::string s = v.dump();
     return s.size() > 160 ? s.substr(0, 150) + " ... (" + std::to_string(s.size()) + " characters)" : s;
   };
   const json saved_data = saved.value("data_info", json::object()), now_data = now.value("data_info", json::object());
   if (saved_data.is_object() && now_data.is_object())
-    for (const char* k : {"labels", "classes", "files", "train_samples", "vocab_size", "shape"})
+    for (const char* k : {"labels", "classes", "contents", "train_samples", "corpus_tokens", "vocab_size",
+                          "vocab_fingerprint", "shape"})
       if (saved_data.contains(k) && now_data.value(k, json()) != saved_data[k]) {
         const json &a = saved_data[k], b = now_data.value(k, json());
         std::string where;  // a long list's first difference, which the cut values may not show

@@ -859,3 +859,30 @@ TEST_CASE("checkpoint: a resume compares what the flags made of the data (label 
   CHECK(contains(cut[0], "first difference at entry 99: checkpoint \"a-class-name\", now \"another\""));
   CHECK(cut[0].size() < 500);
 }
+
+// The data's paths are not compared, what the files hold is: a checkpoint written before
+// data_info.contents existed (the paths only) resumes from the same data named another way.
+TEST_CASE("checkpoint: a resume compares the data files' contents, not their paths") {
+  const json old = {{"text", {"txt"}},
+                    {"vocab", "vocab.txt"},
+                    {"data_dir", ""},
+                    {"data_info", {{"files", {"txt"}}, {"vocab_fingerprint", "00ff"}, {"train_samples", 40}}}};
+  json now = {{"text", {"/abs/elsewhere/txt"}},
+              {"vocab", "./copy/vocab.txt"},
+              {"data_dir", "/usr/share/data"},
+              {"data_info",
+               {{"files", {"/abs/elsewhere/txt"}},
+                {"contents", {"--text[0]: 12 bytes, crc32c 0000abcd"}},
+                {"vocab_fingerprint", "00ff"},
+                {"train_samples", 40}}}};
+  CHECK(io::config_differences(old, now).empty());
+  json saved = now;
+  saved["data_info"]["files"] = {"txt"};
+  CHECK(io::config_differences(saved, now).empty());
+  now["data_info"]["contents"] = {"--text[0]: 13 bytes, crc32c 0000abce"};
+  now["data_info"]["vocab_fingerprint"] = "0100";
+  const auto d = io::config_differences(saved, now);
+  REQUIRE(d.size() == 2);
+  CHECK(contains(d[0], "data contents: checkpoint [\"--text[0]: 12 bytes, crc32c 0000abcd\"]"));
+  CHECK(contains(d[1], "data vocab_fingerprint: checkpoint \"00ff\", now \"0100\""));
+}

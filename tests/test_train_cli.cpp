@@ -3,6 +3,7 @@
 // learns, writes its metrics, summary and weights; eval of those weights agrees with the summary.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -77,6 +78,9 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
       {"--amp fp16 --loss-scale 1e-40" + out, "got 1e-40"},
       {"--model bert-tiny --vocab v.txt --text t.txt --no-augment" + out, "--augment: for ResNet models' images"},
       {"--model bert-tiny --vocab v.txt --text t.txt --train-tsv t.tsv" + out, "--train-tsv: for --task classify"},
+      // A seed outside [0, 2^64) was clamped to 2^64 - 1, running another seed than the one given.
+      {"--seed -1" + out, "--seed: expected an integer in 0..18446744073709551615 (2^64 - 1), got '-1'"},
+      {"--seed 18446744073709551617" + out, "--seed: must be an integer in 0..18446744073709551615"},
   };
   for (const auto& c : cases) {
     const auto r = run_kiln("train " + c.args, d.p.string());
@@ -88,6 +92,12 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
   }
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
            {"eval --device meta --model resnet20 --weights " + d / "bad.json", "--device meta: tensors with shapes"},
+           // Training-only flags are not kiln eval's: given, they were accepted and not used.
+           {"eval --model resnet20 --memory-cap 1GiB --weights " + d / "bad.json", "not expected: 1GiB --memory-cap"},
+           {"eval --model resnet20 --zero 1 --weights " + d / "bad.json", "not expected: 1 --zero"},
+           {"eval --model resnet20 --recompute blocks --weights " + d / "bad.json", "not expected: blocks --recompute"},
+           {"eval --model resnet20 --micro-batch auto --weights " + d / "bad.json", "not expected: auto --micro-batch"},
+           {"eval --model resnet20 --limit-train 5 --weights " + d / "bad.json", "not expected: 5 --limit-train"},
            {"launch --grace nan -- kiln train", "--grace: must be a finite number >= 0, got nan"},
            {"launch --grace -1 -- kiln train", "--grace: must be >= 0, got -1"},
            {"vocab --text " + d / "bad.json" + " --min-frequency 0 --out " + d / "v.txt",
@@ -130,6 +140,8 @@ TEST_CASE("train flags: --help shows each on/off flag pair's real default") {
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
   r = run_kiln("eval --help", d.p.string());
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
+  for (const char* train_only : {"--memory-cap", "--zero", "--recompute", "--micro-batch", "--limit-train"})
+    CHECK_MESSAGE(!contains(r.output, train_only), train_only, " in\n", r.output);
   r = run_kiln("doctor --help", d.p.string());
   CHECK_MESSAGE(contains(r.output, "--self-test,--no-self-test (default: on)"), r.output);
   CHECK_MESSAGE(!contains(r.output, "{false}"), r.output);
@@ -624,4 +636,106 @@ TEST_CASE("train: out of memory on one rank or all redoes the step on every rank
     CAPTURE(run);
     check_losses(logged_losses(d / run), want);
   }
+}
+
+// A resume compares what the data files hold, not the paths they were named by: the same bytes
+// under another path (a copy, a path through "..") continue the run, a changed file is named. The
+// run records its CPU kernel set (summary.json, the checkpoint, `kiln ckpt inspect`).
+TEST_CASE("train: a resume compares the data's contents, not its paths, and records the CPU kernel set") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_resume_paths");
+  const std::string base = kiln::testing::small_mlm_train(d) + " --batch 8 --save-every 1";
+  auto r = run_kiln(base + " --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto want = logged_losses(d / "run");
+  REQUIRE(want.size() == 3);
+  const json summary = json::parse(read_text(d / "run/summary.json"));
+  const std::string isa = summary.value("cpu_isa", "");
+  CHECK(!isa.empty());
+  CHECK(summary["config"].value("cpu_isa", "") == isa);
+  const std::string ckpt = d / "run/checkpoints/step-000000001.kiln";
+  r = run_kiln("ckpt inspect " + ckpt, d.p.string());
+  CHECK_MESSAGE(contains(r.output, "cpu kernel set: " + isa), r.output);
+  // The corpus and the vocabulary copied elsewhere, named through "..".
+  std::filesystem::create_directories(d / "sub");
+  std::filesystem::copy_file(kFortunes + "/computers", d / "corpus.txt");
+  std::filesystem::copy_file(d / "vocab.txt", d / "vocab2.txt");
+  const auto moved = [&](const std::string& text) {
+    std::string s = base;
+    s.replace(s.find(kFortunes + "/computers"), (kFortunes + "/computers").size(), text);
+    s.replace(s.find(d / "vocab.txt"), (d / "vocab.txt").size(), d / "sub/../vocab2.txt");
+    return s;
+  };
+  r = run_kiln(moved(d / "sub/../corpus.txt") + " --resume " + ckpt + " --out " + d / "res", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
+  const auto res = logged_losses(d / "res");
+  REQUIRE(res.size() == 2);
+  CHECK(res[0] == want[1]);
+  CHECK(res[1] == want[2]);
+  // Another CPU kernel set continues, with a warning (its last bits differ).
+  if (isa != "generic") {
+    ::setenv("KILN_CPU_ISA", "generic", 1);
+    r = run_kiln(base + " --resume " + ckpt + " --out " + d / "other_isa", d.p.string());
+    ::unsetenv("KILN_CPU_ISA");
+    CHECK_MESSAGE(r.code == 0, r.output);
+    CHECK_MESSAGE(contains(r.output, "was written under the CPU kernel set " + isa + ", this run uses generic"),
+                  r.output);
+  }
+  // The same path with other bytes is refused, naming the file's place in --text.
+  std::ofstream(d / "corpus.txt", std::ios::app) << "one more line\n";
+  r = run_kiln(moved(d / "corpus.txt") + " --resume " + ckpt + " --out " + d / "changed", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "data contents: checkpoint [\"--text[0]: "), r.output);
+}
+
+// A run under --memory-cap resumes under the same cap, and continues bit for bit (the resume held
+// the read weights beside the model's and failed: "CPU memory cap reached"). A checkpoint whose
+// micro-batch no longer fits a smaller cap is refused as such, not as another configuration.
+TEST_CASE("train: --micro-batch auto under --memory-cap resumes under the same cap") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_cap_resume");
+  const std::string base =
+      kiln::testing::small_mlm_train(d) + " --batch 16 --save-every 1 --micro-batch auto --no-tensorboard";
+  auto r = run_kiln(base + " --memory-cap 12MiB --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto want = logged_losses(d / "run");
+  REQUIRE(want.size() == 3);
+  r = run_kiln(base + " --memory-cap 12MiB --resume " + d / "run/checkpoints/step-000000001.kiln --out " + d / "res",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
+  const auto res = logged_losses(d / "res");
+  REQUIRE(res.size() == 2);
+  CHECK(res[0] == want[1]);
+  CHECK(res[1] == want[2]);
+  // A larger cap plans a larger micro-batch, which the 12 MiB one cannot hold.
+  r = run_kiln(base + " --memory-cap 14MiB --out " + d / "big", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const json big = json::parse(read_text(d / "big/summary.json"));
+  REQUIRE(big["config"]["micro_batch_used"].get<int64_t>() > 1);
+  r = run_kiln(base + " --memory-cap 12MiB --resume " + d / "big/checkpoints/step-000000001.kiln --out " + d / "small",
+               d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "--micro-batch auto: the checkpoint's run used micro-batch " +
+                                       big["config"]["micro_batch_used"].dump() + ", which needs "),
+                r.output);
+  CHECK_MESSAGE(contains(r.output, "more (a larger --memory-cap)"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "another configuration"), r.output);
+}
+
+// --micro-batch auto leaves room for the data loader's batches in flight: the plan it made under
+// this cap ran out of memory at step 2 (a worker's prefetched batches) and was redone smaller.
+TEST_CASE("train: --micro-batch auto counts the data loader's prefetched batches") {
+  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  TempDir d("kiln_cap_loader");
+  const auto r = run_kiln(
+      "train --model resnet20 --limit-train 256 --limit-eval 64 --batch 64 --micro-batch auto --max-steps 2 "
+      "--threads 1 --memory-cap 75MiB --no-tensorboard --out " +
+          d / "run",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "less the data loader's "), r.output);
+  CHECK_MESSAGE(!contains(r.output, "out of memory"), r.output);
 }

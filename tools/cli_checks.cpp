@@ -1,6 +1,7 @@
 #include "tools/cli_checks.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -91,6 +92,20 @@ CLI::Validator at_least(double lo) {
 CLI::Validator between(double lo, double hi) {
   const std::string want = "in " + number_text(lo) + ".." + number_text(hi);
   return CLI::Validator([lo, hi, want](std::string& s) { return check_number(s, lo, hi, want); }, "NUMBER " + want);
+}
+
+CLI::Validator u64_number() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const std::string want = "an integer in 0..18446744073709551615 (2^64 - 1)";
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+          return "expected " + want + ", got '" + s + "'";
+        errno = 0;
+        std::strtoull(s.c_str(), nullptr, 10);
+        if (errno == ERANGE) return "must be " + want + ", got " + s;
+        return "";
+      },
+      "UINT64");
 }
 
 int64_t max_threads() {

@@ -36,6 +36,9 @@ namespace kiln::tools {
 // a fraction for an integer flag.
 CLI::Validator at_least(double lo);
 CLI::Validator between(double lo, double hi);
+// An unsigned 64-bit flag (--seed): decimal digits in [0, 2^64). CLI11's own conversion clamps -1 and
+// 2^64 + 1 to 2^64 - 1, which would run another seed than the one given.
+CLI::Validator u64_number();
 // The most --threads a command takes: max(1024, 4 x the CPUs). More threads than that only contend for
 // the cores, and each costs a stack and a slot of the process limit (100000 failed to start).
 int64_t max_threads();

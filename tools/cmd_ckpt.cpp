@@ -81,6 +81,9 @@ int inspect(const CkptOptions& o) {
                 text_of(run, "epoch").c_str(), text_of(run, "batch").c_str());
   }
   if (state.contains("optimizer")) std::printf("optimizer: %s\n", text_of(state["optimizer"], "name").c_str());
+  // The CPU kernel set changes a run's last bits: a resume under another one is warned about.
+  if (state.contains("config") && state["config"].is_object() && state["config"].contains("cpu_isa"))
+    std::printf("cpu kernel set: %s\n", text_of(state["config"], "cpu_isa").c_str());
   if (state.contains("config")) std::printf("config: %s\n", state["config"].dump().c_str());
   size_t shown = 0;
   for (const auto& e : r.entries()) {

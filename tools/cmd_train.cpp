@@ -19,6 +19,7 @@
 #include <map>
 #include <set>
 
+#include "base/cpu_isa.h"
 #include "base/thread_pool.h"
 #include "engine/amp.h"
 #include "engine/autocast.h"
@@ -506,6 +507,9 @@ class Trainer {
     if (!c_.micro_batch.empty()) resolved_["micro_batch_used"] = micro_;
     resolved_["global_batch"] = global_batch_;
     resolved_["data_info"] = task_.data_info;
+    // The CPU kernel set rounds differently in the last bits (KILN_CPU_ISA, or the CPU's best): a
+    // resume under another set continues with a warning, since its numbers will not be bit-identical.
+    resolved_["cpu_isa"] = cpu_isa_name(cpu_isa());
 
     if (const int rc = resume(); rc >= 0) return rc;
     load_sums();
@@ -646,6 +650,13 @@ class Trainer {
           now.erase(key);
         }
         refuse(config_differences(was, now));
+        const std::string isa_was = saved.value("cpu_isa", std::string()), isa_now = resolved_.value("cpu_isa", "");
+        if (lead_ && !isa_was.empty() && isa_was != isa_now)
+          std::fprintf(stderr,
+                       "kiln train: warning: %s was written under the CPU kernel set %s, this run uses %s: it "
+                       "continues, but its numbers will differ from the original run's in the last bits "
+                       "(KILN_CPU_ISA=%s gives the same set, where this CPU has it)\n",
+                       path.c_str(), isa_was.c_str(), isa_now.c_str(), isa_was.c_str());
       });
       if (!lr.weights_only) {
         if (const std::string d = resume_micro_batch(lr); !d.empty()) refuse({d});
@@ -697,10 +708,11 @@ class Trainer {
       } catch (const Error& e) {
         return "micro-batch: " + was + ", which this run cannot plan: " + e.message();
       }
-      if (!plan_fits(p, plan_budget_, device_))
-        return "micro-batch: " + was + ", which needs " + mib(p.peak) + " at the peak, more than the " +
-               mib(plan_budget_) + " --micro-batch auto has now; with " + std::to_string(micro_) +
-               " the run would not continue (give it more memory)";
+      // Not another configuration: the same flags with less memory. Said as such, with what it needs.
+      KILN_CHECK(plan_fits(p, plan_budget_, device_), "--micro-batch auto: the checkpoint's run used micro-batch ",
+                 saved, ", which needs ", mib(p.peak), " at the peak, more than the ", mib(plan_budget_),
+                 " this run has for it (under --memory-cap, or free); another micro-batch (the plan's ", micro_,
+                 ") would not continue the run: give it ", mib(p.peak - plan_budget_), " more (a larger --memory-cap)");
       why = "--micro-batch auto: resuming with the checkpoint's micro-batch " + std::to_string(saved) +
             " (it fits; the plan's " + std::to_string(micro_) + " would not continue the run)";
     } else if (!c_.micro_batch.empty() && c_.micro_batch == saved_flag && saved < micro_) {
@@ -849,6 +861,18 @@ class Trainer {
       memory = host_available_bytes();
       from = "available on this machine";
     }
+    // The data loader starts after the plan, and then holds batches the plan does not count: up to
+    // its prefetch depth built ahead (workers > 0) and the one in hand, each at most a --batch's worth
+    // (io/data.cpp's worker_loop). Taken off the host's memory (a GPU's holds none of them).
+    size_t loader_bytes = 0;
+    int64_t in_flight = 0;
+    if (!device_.is_cuda()) {
+      size_t sample_bytes = 0;
+      for (const auto& [n, t] : task_.train_data->get_batch({0}, 0)) sample_bytes += t.nbytes();
+      in_flight = (c_.workers > 0 ? io::LoaderOptions().prefetch : 0) + 1;  // the loader below takes the default
+      loader_bytes = size_t(in_flight * c_.batch) * sample_bytes;
+      memory = memory > loader_bytes ? memory - loader_bytes : 0;
+    }
     // The plan counts the model's parameters and buffers, which are already held (and so not in
     // the memory measured above): give them back to it.
     size_t model_bytes = 0;
@@ -856,8 +880,13 @@ class Trainer {
     for (const auto& [n, t] : model().named_buffers()) model_bytes += t.nbytes();
     const size_t budget = memory + model_bytes;
     // "16.0 MiB: 13.2 MiB free under --memory-cap 16MiB (...) + the model's 2.8 MiB, which the plan counts"
-    const std::string budget_text = mib(budget) + " for the step: " + mib(memory) + " " + from + " + the model's " +
-                                    mib(model_bytes) + " of weights and buffers, which the plan counts";
+    const std::string loader_text = loader_bytes ? " less the data loader's " + mib(loader_bytes) + " (" +
+                                                       std::to_string(in_flight) + " batches of " +
+                                                       std::to_string(c_.batch) + " in flight)"
+                                                 : std::string();
+    const std::string budget_text = mib(budget) + " for the step: " + mib(memory) + " " + from + loader_text +
+                                    " + the model's " + mib(model_bytes) +
+                                    " of weights and buffers, which the plan counts";
     plan_options_ = po;  // a resume plans the checkpoint's micro-batch against the same memory
     plan_budget_ = budget;
     std::pair<int64_t, MemoryPlan> found;
@@ -1384,6 +1413,7 @@ class Trainer {
                               {"skipped_steps", scaler_->skipped_steps()},
                               {"wall_seconds", wall},
                               {"device", device_.str()},
+                              {"cpu_isa", cpu_isa_name(cpu_isa())},
                               {"train_seconds", run_.train_seconds},
                               {"samples_per_s", sps},
                               {"resumed_from", resumed_from_},

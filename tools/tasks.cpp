@@ -17,6 +17,7 @@
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/random.h"
+#include "io/checkpoint.h"
 #include "io/data.h"
 #include "io/images.h"
 #include "io/text.h"
@@ -225,6 +226,30 @@ models::BertConfig bert_config_for(const TrainConfig& c, const BertName& bn, con
   return bc;
 }
 
+// What a resume compares instead of the data files' paths (io/run_checkpoint.cpp): each file's size
+// and CRC-32C, named by its flag and place in the list, so the same bytes under another path (./txt,
+// an absolute path, a copy) resume and a changed file is named. The files are read whole anyway.
+std::vector<std::string> file_contents(const std::vector<std::string>& files, const std::string& flag) {
+  std::vector<std::string> out;
+  std::vector<char> buf(size_t(1) << 20);
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::ifstream in(files[i], std::ios::binary);
+    KILN_CHECK(in.good(), flag, " ", files[i], ": cannot open");
+    uint32_t crc = 0;
+    uint64_t bytes = 0;
+    while (in) {
+      in.read(buf.data(), std::streamsize(buf.size()));
+      const size_t got = size_t(in.gcount());
+      crc = io::crc32c(buf.data(), got, crc);
+      bytes += got;
+    }
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08x", crc);
+    out.push_back(flag + "[" + std::to_string(i) + "]: " + std::to_string(bytes) + " bytes, crc32c " + hex);
+  }
+  return out;
+}
+
 // A vocabulary's fingerprint (FNV-1a 64 of its tokens, one a line, in hex): the weights carry it, so
 // `kiln eval` can tell a vocab.txt other than the one they were trained with, even of the same size.
 std::string vocab_fingerprint(const io::Vocab& v) {
@@ -285,8 +310,12 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
     const int64_t* l = labels.data<int64_t>();
     return int64_t(std::count_if(l, l + labels.numel(), [](int64_t v) { return v != kUnmasked; }));
   };
+  std::vector<std::string> contents = file_contents(files, "--text");
+  for (const auto& e : file_contents(expand_text_paths(c.eval_text, "--eval-text"), "--eval-text"))
+    contents.push_back(e);
   t.data_info = {{"name", "text"},
                  {"files", files},
+                 {"contents", contents},
                  {"vocab", c.vocab},
                  {"vocab_size", tok->vocab().size()},
                  {"train_samples", t.train_data->size()},
@@ -324,18 +353,20 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
                                 b.at("token_type_ids").to(dev)),
                  b.at("target").to(dev), smoothing, model->is_training());
   };
-  t.data_info = {{"name", "tsv"},
-                 {"train", c.train_tsv},
-                 {"eval", c.eval_tsv},
-                 {"vocab", c.vocab},
-                 {"labels", train->label_names()},
-                 {"text_columns", eval->text_columns()},
-                 {"train_samples", t.train_data->size()},
-                 {"eval_samples", t.eval_data->size()},
-                 {"seq_len", c.seq_len},
-                 {"lower_case", c.lower_case},
-                 {"vocab_size", tok->vocab().size()},
-                 {"vocab_fingerprint", vocab_fingerprint(tok->vocab())}};
+  t.data_info = {
+      {"name", "tsv"},
+      {"train", c.train_tsv},
+      {"eval", c.eval_tsv},
+      {"contents", c.train_tsv.empty() ? std::vector<std::string>() : file_contents({c.train_tsv}, "--train-tsv")},
+      {"vocab", c.vocab},
+      {"labels", train->label_names()},
+      {"text_columns", eval->text_columns()},
+      {"train_samples", t.train_data->size()},
+      {"eval_samples", t.eval_data->size()},
+      {"seq_len", c.seq_len},
+      {"lower_case", c.lower_case},
+      {"vocab_size", tok->vocab().size()},
+      {"vocab_fingerprint", vocab_fingerprint(tok->vocab())}};
   return t;
 }
 

@@ -38,9 +38,12 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_flag("--skip-bad-samples", c.skip_bad_samples,
                "Leave unreadable images out (a warning naming each, once) and count them, instead of stopping");
-  app.add_option("--limit-train", c.limit_train,
-                 "Use only N training samples (0: all): the first N; image folders: N spread over the classes")
-      ->check(at_least(0));
+  // Training-only flags are not kiln eval's at all (its --help does not list them, and giving one is
+  // refused naming it): it would otherwise accept --memory-cap or --zero and silently not use them.
+  if (!c.evaluating)
+    app.add_option("--limit-train", c.limit_train,
+                   "Use only N training samples (0: all): the first N; image folders: N spread over the classes")
+        ->check(at_least(0));
   app.add_option("--limit-eval", c.limit_eval,
                  "Use only N evaluation samples (0: all): the first N; image folders: N spread over the classes")
       ->check(at_least(0));
@@ -69,7 +72,9 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                   "weights were trained, and the other is an error): ") +
           io::kLowerCaseScope);
   app.add_option("--batch", c.batch, "Batch size (default: 128; 32 for BERT models)");
-  app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout")->capture_default_str();
+  app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout (0 to 2^64 - 1)")
+      ->check(u64_number())
+      ->capture_default_str();
   app.add_option("--threads", c.threads,
                  "CPU threads for the kernels (0: KILN_NUM_THREADS or the CPUs available; at most " +
                      std::to_string(max_threads()) +
@@ -87,25 +92,27 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   add_on_off_flag(app, "--channels-last,!--no-channels-last", c.channels_last,
                   "ResNet: feed batches as channels_last (NHWC) tensors, so every activation stays NHWC and cuDNN's "
                   "tensor-core convolutions need no layout transposes; on the CPU it only adds copies");
-  app.add_option("--micro-batch", c.micro_batch,
-                 "auto, or a number dividing --batch: split each batch into micro-batches whose gradients "
-                 "accumulate (auto: the largest that fits the memory, from the planner, `kiln plan`); a step that "
-                 "runs out of memory is redone with half the micro-batch and twice the accumulation");
-  app.add_option("--memory-cap", c.memory_cap,
-                 "CPU: the most memory tensors may hold, e.g. 8GiB or 8GB (GiB: 2^30 bytes, GB: 10^9; an allocation "
-                 "past it fails as on a full GPU; "
-                 "--micro-batch auto plans for it)");
-  app.add_option("--zero", c.zero,
-                 "0, or 1: ZeRO stage 1 over the ranks (gradients reduce-scattered, each rank updates and keeps "
-                 "the optimizer state of 1/N of the parameters, parameters all-gathered; sgd and adamw)")
-      ->check(between(0, 1))
-      ->capture_default_str();
-  app.add_option("--recompute", c.recompute,
-                 "Activation memory: none, or blocks (keep only each ResNet block's or BERT layer's input for "
-                 "backward and run the block again there, with the same dropout masks: less memory, about one "
-                 "more forward pass of time, the same gradients)")
-      ->check(CLI::IsMember({"none", "blocks"}))
-      ->capture_default_str();
+  if (!c.evaluating) {  // training-only, as --limit-train
+    app.add_option("--micro-batch", c.micro_batch,
+                   "auto, or a number dividing --batch: split each batch into micro-batches whose gradients "
+                   "accumulate (auto: the largest that fits the memory, from the planner, `kiln plan`); a step that "
+                   "runs out of memory is redone with half the micro-batch and twice the accumulation");
+    app.add_option("--memory-cap", c.memory_cap,
+                   "CPU: the most memory tensors may hold, e.g. 8GiB or 8GB (GiB: 2^30 bytes, GB: 10^9; an allocation "
+                   "past it fails as on a full GPU; "
+                   "--micro-batch auto plans for it)");
+    app.add_option("--zero", c.zero,
+                   "0, or 1: ZeRO stage 1 over the ranks (gradients reduce-scattered, each rank updates and keeps "
+                   "the optimizer state of 1/N of the parameters, parameters all-gathered; sgd and adamw)")
+        ->check(between(0, 1))
+        ->capture_default_str();
+    app.add_option("--recompute", c.recompute,
+                   "Activation memory: none, or blocks (keep only each ResNet block's or BERT layer's input for "
+                   "backward and run the block again there, with the same dropout masks: less memory, about one "
+                   "more forward pass of time, the same gradients)")
+        ->check(CLI::IsMember({"none", "blocks"}))
+        ->capture_default_str();
+  }
   app.add_option("--amp", c.amp,
                  "Mixed precision: off, fp16 (f16 GEMMs and convolutions, dynamic loss scaling) or bf16 (no scaling "
                  "needed); softmax, norms and losses stay f32, weights and optimizer f32")

@@ -94,6 +94,19 @@ template <int N> Loop<N> make_loop(const std::array<const TensorDesc*, N>& d) {
   return L;
 }
 
+// Calls fn(b, e) once per fixed chunk [begin + i*chunk, min(end, begin + (i+1)*chunk)), the chunks
+// spread over the threads. parallel_for's split points move with the thread count; these do not, so a
+// vectorised leaf sees the same body/tail partition (and gives the same bits) whatever the threads.
+template <typename Fn> void parallel_for_fixed(int64_t begin, int64_t end, int64_t chunk, Fn&& fn) {
+  if (end <= begin) return;
+  parallel_for(0, (end - begin + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t b = begin + c * chunk;
+      fn(b, std::min(end, b + chunk));
+    }
+  });
+}
+
 // Calls row(ptrs, inner_strides, n) for every innermost row; ptrs are byte pointers.
 template <int N, typename RowFn> void run_rows(const Loop<N>& L, RowFn&& row) {
   if (L.numel == 0) return;
@@ -103,8 +116,10 @@ template <int N, typename RowFn> void run_rows(const Loop<N>& L, RowFn&& row) {
   std::array<int64_t, N> inner_st;
   for (int k = 0; k < N; ++k) inner_st[k] = L.st[k][nd - 1];
   if (rows == 1 && inner >= 65536) {
-    // One long row (a contiguous tensor): split it, so every thread takes a piece.
-    parallel_for(0, inner, 32768, [&](int64_t i0, int64_t i1) {
+    // One long row (a contiguous tensor): split it, so every thread takes a piece. The pieces are
+    // fixed (not per thread count): a leaf's vector body and scalar tail may round differently, so
+    // thread-dependent split points changed the last bits (GELU backward did).
+    parallel_for_fixed(0, inner, 32768, [&](int64_t i0, int64_t i1) {
       std::array<char*, N> p;
       for (int k = 0; k < N; ++k) p[k] = L.base[k] + i0 * L.st[k][nd - 1] * L.esize[k];
       row(p, inner_st, i1 - i0);

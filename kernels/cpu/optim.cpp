@@ -7,6 +7,7 @@
 #include "base/thread_pool.h"
 #include "kernels/common/optim_math.h"
 #include "kernels/cpu/kernel_sets.h"
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
 
 namespace kiln::cpu {
@@ -29,8 +30,8 @@ void lamb_one(const isa::RowLeaves& rows, const OptimSlice& s, const OptimHyper&
     us += usq[size_t(c)];
   }
   const float step = optim_math::lamb_step(h, optim_math::lamb_trust(ws, us));
-  parallel_for(0, s.n, kChunk,
-               [&](int64_t b, int64_t e) { rows.lamb_apply(e - b, step, s.w + b, s.s0 + b, s.s1 + b, a); });
+  parallel_for_fixed(0, s.n, kChunk,
+                     [&](int64_t b, int64_t e) { rows.lamb_apply(e - b, step, s.w + b, s.s0 + b, s.s1 + b, a); });
 }
 }  // namespace
 
@@ -42,15 +43,15 @@ void optimizer_step(OptimKind kind, const OptimSlice* slices, int64_t count, con
     switch (kind) {
       case OptimKind::sgd: {
         const optim_math::SgdF c = optim_math::sgd_constants(h);
-        parallel_for(0, s.n, kChunk, [&](int64_t b, int64_t e) {
+        parallel_for_fixed(0, s.n, kChunk, [&](int64_t b, int64_t e) {
           rows.sgd(e - b, s.w + b, s.g + b, s.s0 ? s.s0 + b : nullptr, s.fresh, c);
         });
         break;
       }
       case OptimKind::adamw: {
         const optim_math::AdamF a = optim_math::adam_constants(h, s.step);
-        parallel_for(0, s.n, kChunk,
-                     [&](int64_t b, int64_t e) { rows.adamw(e - b, s.w + b, s.g + b, s.s0 + b, s.s1 + b, a); });
+        parallel_for_fixed(0, s.n, kChunk,
+                           [&](int64_t b, int64_t e) { rows.adamw(e - b, s.w + b, s.g + b, s.s0 + b, s.s1 + b, a); });
         break;
       }
       case OptimKind::lamb: lamb_one(rows, s, h, optim_math::adam_constants(h, s.step)); break;

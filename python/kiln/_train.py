@@ -25,6 +25,8 @@ def _flags(options):
         if known[key] and not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"kiln.train: {key} is a true/false option; give True or False, got the "
                             f"{type(value).__name__} {value!r}")
+        if key == "seed" and isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+            value = int(value) % 2**64  # as kiln.manual_seed (and torch): -1 is 2**64 - 1; the flag takes 0..2**64-1
         if isinstance(value, (bool, np.bool_)):
             args.append(f"{flag}={'true' if value else 'false'}")
         elif key == "set" and isinstance(value, dict):
@@ -59,7 +61,8 @@ def train(model="resnet20", *, out, callback=None, **options):
     momentum=1.5; also what the run cannot start from: a missing data file or checkpoint, an `out`
     another run holds, a failed rendezvous) raises kiln.KilnValueError (a ValueError). A true/false option given anything but
     a bool (augment=0), or a callback that returns something other than None, True or False, raises
-    TypeError; a list for a one-value option is an error."""
+    TypeError; a list for a one-value option is an error. An int seed is taken modulo 2**64, as
+    kiln.manual_seed does (seed=-1 is 2**64 - 1); --seed itself refuses values outside 0..2**64 - 1."""
     args = ["--model", str(model), "--out", os.fspath(out)] + _flags(options)
     r = _C._train(args, callback)
     if "help" in r:  # help=True: the options of kiln train (each a keyword here)

@@ -222,3 +222,16 @@ def test_eval_reads_a_bert_mlm_state_dict_saved_from_python(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "'cls.predictions.decoder.weight' differs from 'bert.embeddings.word_embeddings.weight'" in r.stderr
+
+
+def test_seed_is_taken_modulo_2_64_as_manual_seed(tmp_path):
+    # kiln.manual_seed(-1) is 2**64 - 1 (torch's rule); kiln.train(seed=...) takes ints the same way,
+    # while `kiln train --seed` refuses a value outside 0..2**64 - 1 (it was clamped to 2**64 - 1).
+    opts = dict(RESNET, max_steps=1, limit_train=16, limit_eval=16)
+    runs = {}
+    for name, seed in (("neg", -1), ("wrapped", 2**64 + 5), ("five", 5)):
+        runs[name] = kiln.train("resnet20", out=tmp_path / name, **dict(opts, seed=seed))["config"]["seed"]
+    assert runs == {"neg": 2**64 - 1, "wrapped": 5, "five": 5}
+    for bad in ("-1", str(2**64 + 1)):
+        with pytest.raises(kiln.KilnValueError, match="--seed"):
+            kiln.train("resnet20", out=tmp_path / "bad", **dict(opts, seed=bad))
