@@ -2,13 +2,17 @@
 // decoded 8-bit pixels to 224x224, for the evaluation transform (Resize(256) then CenterCrop(224)) and
 // the training one (RandomResizedCrop: here its largest box, the whole image), at ImageNet's typical
 // 500x375 and a 12-megapixel 4000x3000 photo. Decoding is not timed. One thread, as a loader worker.
-// Prints a table; --json FILE writes the rows.
+// The peer, PIL's Image.resize(BILINEAR) on the same sizes and boxes (u8 RGB out), is timed in the same
+// run through --python (default python3), when that imports PIL. Prints a table; --json FILE writes
+// the rows as the other benchmarks do (an object: benchmark, cpu, cpu_kernels, threads, rows).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -31,6 +35,42 @@ double median_ms(const std::function<void()>& fn, int reps) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
+
+// PIL's median ms per (image, pass) for the same cases, run by `python` (empty when it cannot import
+// PIL or fails). Its input is noise as ours is (the time does not depend on the values); each case is
+// "w,h,pass,left,top,box_w,box_h".
+const char* kPilScript = R"(
+import os, sys, time
+from PIL import Image
+reps = int(sys.argv[1])
+for case in sys.argv[2:]:
+    w, h, p, l, t, bw, bh = case.split(",")
+    w, h = int(w), int(h)
+    im = Image.frombytes("RGB", (w, h), os.urandom(3 * w * h))
+    box = (float(l), float(t), float(l) + float(bw), float(t) + float(bh))
+    im.resize((224, 224), Image.BILINEAR, box=box)
+    ts = []
+    for _ in range(reps):
+        a = time.perf_counter()
+        im.resize((224, 224), Image.BILINEAR, box=box)
+        ts.append((time.perf_counter() - a) * 1e3)
+    print(f"{w}x{h}", p, sorted(ts)[len(ts) // 2])
+)";
+
+std::map<std::string, double> pil_times(const std::string& python, int reps, const std::vector<std::string>& cases) {
+  std::map<std::string, double> out;
+  if (python.empty() || python.find('\'') != std::string::npos) return out;
+  std::string cmd = "'" + python + "' -c '" + kPilScript + "' " + std::to_string(reps);
+  for (const std::string& c : cases) cmd += " " + c;
+  cmd += " 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return out;
+  char image[64], pass[16];
+  double ms = 0;
+  while (std::fscanf(f, "%63s %15s %lf", image, pass, &ms) == 3) out[std::string(image) + " " + pass] = ms;
+  if (pclose(f) != 0) out.clear();
+  return out;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -41,11 +81,17 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps_flag,
                  "Timed repetitions of each case, the median reported (default 20; 3 with --quick)")
       ->check(CLI::NonNegativeNumber);
+  std::string python = "python3";
+  app.add_option("--python", python, "The Python that times PIL as the peer (default python3; \"\" for none)");
   if (const int rc = bench::start(app, flags, argc, argv); rc >= 0) return rc;
   const int reps = reps_flag > 0 ? reps_flag : flags.quick ? 3 : 20;
   const int64_t c = 3, s = 224, resize = 256;
-  nlohmann::json rows = nlohmann::json::array();
-  std::printf("bench_image_resize: %s\n%-12s %-6s %10s\n", bench::cpu_line().c_str(), "image", "pass", "ms/image");
+  struct Case {
+    std::string image, pass;
+    double ms;
+  };
+  std::vector<Case> cases;
+  std::vector<std::string> pil_cases;
   for (const auto& size : std::vector<std::pair<int64_t, int64_t>>{{500, 375}, {4000, 3000}}) {
     const int64_t w = size.first, h = size.second;  // named, not bound: lambdas below capture them
     std::vector<uint8_t> px(size_t(c * h * w));
@@ -66,11 +112,42 @@ int main(int argc, char** argv) {
     const double train =
         median_ms([&] { io::resize_box_bilinear(px.data(), c, h, w, 0, 0, h, w, out.data(), s, s); }, reps);
     const std::string image = std::to_string(w) + "x" + std::to_string(h);
-    for (const auto& [pass, ms] : {std::pair<const char*, double>{"eval", eval}, {"train", train}}) {
-      std::printf("%-12s %-6s %10.3f\n", image.c_str(), pass, ms);
-      rows.push_back({{"image", image}, {"pass", pass}, {"out", s}, {"ms", ms}, {"cpu", bench::cpu_model()}});
-    }
+    cases.push_back({image, "eval", eval});
+    cases.push_back({image, "train", train});
+    char box[256];
+    std::snprintf(box, sizeof box, "%lld,%lld,eval,%.17g,%.17g,%.17g,%.17g", (long long)w, (long long)h, left * sx,
+                  top * sy, double(s) * sx, double(s) * sy);
+    pil_cases.push_back(box);
+    std::snprintf(box, sizeof box, "%lld,%lld,train,0,0,%lld,%lld", (long long)w, (long long)h, (long long)w,
+                  (long long)h);
+    pil_cases.push_back(box);
   }
-  if (!flags.json.empty()) std::ofstream(flags.json) << rows.dump(2) << "\n";
+  const std::map<std::string, double> pil = pil_times(python, reps, pil_cases);
+  std::printf("bench_image_resize: %s\n", bench::cpu_line().c_str());
+  if (pil.empty()) std::printf("peer: PIL unavailable (--python %s could not import it)\n", python.c_str());
+  std::printf("%-12s %-6s %10s %10s %8s\n", "image", "pass", "ms/image", "PIL ms", "PIL/Kiln");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Case& k : cases) {
+    const auto p = pil.find(k.image + " " + k.pass);
+    nlohmann::json row = {{"image", k.image}, {"pass", k.pass}, {"out", s}, {"ms", k.ms}};
+    if (p != pil.end()) {
+      std::printf("%-12s %-6s %10.3f %10.3f %8.2f\n", k.image.c_str(), k.pass.c_str(), k.ms, p->second,
+                  p->second / k.ms);
+      row["pil_ms"] = p->second;
+    } else {
+      std::printf("%-12s %-6s %10.3f %10s %8s\n", k.image.c_str(), k.pass.c_str(), k.ms, "-", "-");
+    }
+    rows.push_back(row);
+  }
+  if (!flags.json.empty()) {
+    std::ofstream(flags.json) << nlohmann::json{{"benchmark", "image_resize"},
+                                                {"cpu", bench::cpu_model()},
+                                                {"cpu_kernels", cpu_isa_name(cpu_isa())},
+                                                {"threads", 1},
+                                                {"rows", rows}}
+                                     .dump(2)
+                              << "\n";
+    std::printf("\nwrote %s\n", flags.json.c_str());
+  }
   return 0;
 }

@@ -87,6 +87,29 @@ DType float_type(DType t) { return is_floating(t) ? t : DType::f32; }
 
 DType arith_type(const char*, const Tensor& a, const Tensor& b) { return result_type(a, b); }
 
+// The values of an integer dtype, as doubles (i64's upper bound rounds to 2^63).
+std::pair<double, double> integer_range(DType t) {
+  switch (t) {
+    case DType::u8: return {0.0, 255.0};
+    case DType::i8: return {-128.0, 127.0};
+    case DType::i16: return {-32768.0, 32767.0};
+    case DType::i32: return {-2147483648.0, 2147483647.0};
+    default: return {-9223372036854775808.0, 9223372036854775808.0};
+  }
+}
+
+// A whole double as an integer of dtype t, wrapped modulo 2^bits as a Python int beside the tensor is
+// (i32 x + 4294967301.0 adds 5). fmod and the one shift are exact at any magnitude; the element
+// conversion (convert_to) would send everything outside int32 to INT32_MIN first.
+double wrap_integral(double s, DType t) {
+  const double lo = integer_range(t).first;
+  const double span = t == DType::u8 ? 256.0 : -2.0 * lo;  // 2^bits
+  double r = std::fmod(s, span);                           // in (-span, span)
+  if (r < lo) r += span;
+  if (r >= lo + span) r -= span;
+  return r;
+}
+
 void check_not_bool(const char* name, DType t) {
   KILN_CHECK(t != DType::boolean, name, ": not defined for bool tensors");
 }
@@ -292,6 +315,11 @@ Tensor pow(const Tensor& a, double e) {
   if (is_floating(t)) {
     out = run_unary(UnaryOp::pow_scalar, a, t, e);
   } else {
+    // The exponent becomes a 0-dim tensor of x's dtype: one outside its range is refused, as PyTorch's,
+    // rather than converted (i8 x ** 257 would be x ** 1).
+    const auto [lo, hi] = integer_range(t);
+    KILN_CHECK(e >= lo && e <= hi, "pow: the exponent ", e, " does not fit in the dtype of the base, ", a.type_str(),
+               " (", lo, " to ", hi, ")");
     out = run_binary("pow", BinaryOp::pow, a, scalar_tensor(e, TensorOptions(t, a.device())), t, t);
   }
   if (autograd::needs_grad({a})) {
@@ -694,6 +722,7 @@ Tensor scalar_like(double s, const Tensor& like) {
     t = like.dtype();
   } else if (integral) {
     t = like.dtype() == DType::boolean ? DType::i64 : like.dtype();
+    s = wrap_integral(s, t);
   } else {
     t = DType::f32;
   }

@@ -301,6 +301,14 @@ template <class T> void resample(const T* src, int64_t c, int64_t h, int64_t w, 
   // SIMD): the autovectoriser turned the plain loop over R floats into shuffles and stack traffic.
   constexpr int64_t R = 8;
   typedef float Lanes __attribute__((vector_size(4 * sizeof(float))));
+// Four lanes of a and b picked by index (0-3 a's, 4-7 b's). GCC before 12 lacks __builtin_shufflevector;
+// its __builtin_shuffle takes the indices as a vector.
+#if defined(__clang__) || !defined(__GNUC__) || __GNUC__ >= 12
+#define KILN_SHUFFLE4(a, b, i, j, k, l) __builtin_shufflevector(a, b, i, j, k, l)
+#else
+  typedef int32_t LaneIndex __attribute__((vector_size(4 * sizeof(int32_t))));
+#define KILN_SHUFFLE4(a, b, i, j, k, l) __builtin_shuffle(a, b, LaneIndex{i, j, k, l})
+#endif
   // Kept per thread: a fresh 7 MB intermediate per 12-megapixel image costs as much in page faults
   // as the arithmetic.
   thread_local std::vector<float> tmp_buf, line_buf, side_buf;
@@ -323,14 +331,13 @@ template <class T> void resample(const T* src, int64_t c, int64_t h, int64_t w, 
       for (int64_t half = 0; half < R; half += 4) {
         Lanes a[4];
         for (int64_t r = 0; r < 4; ++r) std::memcpy(&a[r], line + (half + r) * cols4 + x, sizeof(Lanes));
-        const Lanes t0 = __builtin_shufflevector(a[0], a[1], 0, 4, 1, 5),
-                    t1 = __builtin_shufflevector(a[2], a[3], 0, 4, 1, 5);
-        const Lanes t2 = __builtin_shufflevector(a[0], a[1], 2, 6, 3, 7),
-                    t3 = __builtin_shufflevector(a[2], a[3], 2, 6, 3, 7);
-        const Lanes col[4] = {__builtin_shufflevector(t0, t1, 0, 1, 4, 5), __builtin_shufflevector(t0, t1, 2, 3, 6, 7),
-                              __builtin_shufflevector(t2, t3, 0, 1, 4, 5), __builtin_shufflevector(t2, t3, 2, 3, 6, 7)};
+        const Lanes t0 = KILN_SHUFFLE4(a[0], a[1], 0, 4, 1, 5), t1 = KILN_SHUFFLE4(a[2], a[3], 0, 4, 1, 5);
+        const Lanes t2 = KILN_SHUFFLE4(a[0], a[1], 2, 6, 3, 7), t3 = KILN_SHUFFLE4(a[2], a[3], 2, 6, 3, 7);
+        const Lanes col[4] = {KILN_SHUFFLE4(t0, t1, 0, 1, 4, 5), KILN_SHUFFLE4(t0, t1, 2, 3, 6, 7),
+                              KILN_SHUFFLE4(t2, t3, 0, 1, 4, 5), KILN_SHUFFLE4(t2, t3, 2, 3, 6, 7)};
         for (int64_t j = 0; j < 4; ++j) std::memcpy(side + (x + j) * R + half, &col[j], sizeof(Lanes));
       }
+#undef KILN_SHUFFLE4
     for (int64_t ox = 0; ox < out_w; ++ox) {
       const float* k = ax.weight.data() + ox * ax.taps;
       const float* q = side + (ax.start[size_t(ox)] - ax.lo) * R;

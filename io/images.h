@@ -85,7 +85,9 @@ int64_t max_image_pixels();
 // at y0 + (i + 0.5) * bh / out_h and averages the source pixels under a triangle filter whose support
 // is one output pixel when shrinking (antialiased) and one source pixel when enlarging; the filter
 // window may reach past the box but stops at the image's edges. The weights and sums are f32 (PIL's
-// "F" mode sums in f64: the results agree to about 1e-6 relative).
+// "F" mode sums in f64: the results agree to about 1e-6 relative). The source values must be finite
+// (decoded images always are): the windows are padded with zero-weight taps over real pixels, and
+// 0 * inf is NaN, so an inf gives NaN in outputs whose window PIL would not have let reach it.
 void resize_bilinear(const float* src, int64_t c, int64_t h, int64_t w, double y0, double x0, double bh, double bw,
                      float* dst, int64_t out_h, int64_t out_w);
 // The same from 8-bit pixels [C, H, W], each read as v / 255 (float(v) / 255.0f), without converting

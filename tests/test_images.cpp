@@ -241,6 +241,33 @@ TEST_CASE("resize_bilinear: 8-bit pixels and a box resampled in place give the f
                  "box 5x6 at (0, 70) is not inside the 130x75 image"));
 }
 
+// An independent PIL reference for the 8-bit path at 3 channels, shrunk by about 12 (windows of 24+
+// taps, wider than the 8 rows the horizontal pass reads side by side). Made with PIL 13.0.0 in the
+// venv: per channel c, Image.fromarray(px[c].astype(np.float32) / np.float32(255), mode="F")
+// .resize((4, 3), Image.BILINEAR), px[c, y, x] = (6y + x*x // 9 + 50c + (7x + 3y) % 13) % 256, printed
+// to 7 decimals.
+TEST_CASE("resize_bilinear: 3 channels of 37x47 8-bit pixels shrunk to 3x4 give PIL's numbers") {
+  const int64_t c = 3, h = 37, w = 47;
+  std::vector<uint8_t> px(size_t(c * h * w));
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t x = 0; x < w; ++x)
+        px[size_t((ch * h + y) * w + x)] = uint8_t((6 * y + x * x / 9 + 50 * ch + (7 * x + 3 * y) % 13) % 256);
+  const std::vector<float> want = {
+      0.2084479f, 0.3209320f, 0.5537905f, 0.6408301f, 0.4711965f, 0.5831090f, 0.6681758f, 0.3680460f, 0.7334443f,
+      0.7390205f, 0.3922482f, 0.4005204f, 0.4045263f, 0.5170104f, 0.6885764f, 0.4229147f, 0.6668587f, 0.7195686f,
+      0.4902297f, 0.3633752f, 0.6603476f, 0.4015343f, 0.3111418f, 0.5879098f, 0.6006047f, 0.7009569f, 0.5866673f,
+      0.3233364f, 0.7229696f, 0.5612283f, 0.3201879f, 0.5211307f, 0.2578144f, 0.2646390f, 0.4703669f, 0.6809768f};
+  std::vector<float> got(want.size()), boxed(want.size());
+  io::resize_bilinear(px.data(), c, h, w, 0, 0, double(h), double(w), got.data(), 3, 4);
+  io::resize_box_bilinear(px.data(), c, h, w, 0, 0, h, w, boxed.data(), 3, 4);
+  for (size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(2e-6));
+    CHECK(boxed[i] == doctest::Approx(want[i]).epsilon(2e-6));
+  }
+}
+
 // torchvision's Resize(7) then CenterCrop(6) on a 23x17 image (resized to 9x7, the crop's offset
 // round(1.5) = 2 across, round(0.5) = 0 down: Python rounds half to even), from PIL in mode "F".
 TEST_CASE("image folder: the evaluation transform is torchvision's Resize then CenterCrop (PIL, antialiased)") {

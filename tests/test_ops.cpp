@@ -776,6 +776,31 @@ TEST_CASE("ops: true division of an integer or bool tensor by a number is f32 wi
   CHECK((2.0 / from_vector({1, 4}, {2}, DType::i64)).to_vector() == std::vector<double>{2, 0.5});
 }
 
+TEST_CASE("ops: a whole double beside an integer tensor wraps into its dtype as a Python int does") {
+  // The element conversion alone sends a double outside int32 to INT32_MIN before narrowing.
+  const Tensor i32 = from_vector({1, 2}, {2}, DType::i32);
+  CHECK((i32 + 4294967301.0).dtype() == DType::i32);
+  CHECK((i32 + 4294967301.0).to_vector() == std::vector<double>{6, 7});          // 2^32 + 5 adds 5
+  CHECK((i32 * -4294967295.0).to_vector() == std::vector<double>{1, 2});         // -(2^32 - 1) is 1
+  CHECK((3e10 - i32).to_vector() == std::vector<double>{-64771073, -64771074});  // 3e10 is -64771072
+  const Tensor i8 = from_vector({5, -5}, {2}, DType::i8);
+  CHECK((i8 + 300.0).to_vector() == std::vector<double>{49, 39});                   // 300 is 44
+  CHECK((i8 + (1099511627776.0 + 3.0)).to_vector() == std::vector<double>{8, -2});  // 2^40 + 3 is 3
+  CHECK((from_vector({1}, {1}, DType::u8) + -1.0).to_vector() == std::vector<double>{0});
+  CHECK((from_vector({1}, {1}, DType::i16) * 65537.0).to_vector() == std::vector<double>{1});
+  CHECK((from_vector({1}, {1}, DType::i64) + 3e18).to_vector() == std::vector<double>{3e18 + 1});
+  CHECK((from_vector({0}, {1}, DType::i64) + 1.8446744073709552e19).to_vector() == std::vector<double>{0});
+}
+
+TEST_CASE("ops: an integer tensor's exponent outside its dtype is refused, as PyTorch's") {
+  const Tensor i8 = from_vector({1, 2}, {2}, DType::i8);
+  CHECK(contains(error_of([&] { (void)pow(i8, 257.0); }), "pow: the exponent 257 does not fit in"));
+  CHECK(contains(error_of([&] { (void)pow(i8, 128.0); }), "the dtype of the base, i8 cpu [2] (-128 to 127)"));
+  CHECK(pow(i8, 7.0).to_vector() == std::vector<double>{1, -128});
+  CHECK(pow(from_vector({2}, {1}, DType::u8), 200.0).to_vector() == std::vector<double>{0});
+  CHECK(contains(error_of([&] { (void)pow(from_vector({2}, {1}, DType::i32), 2147483648.0); }), "does not fit"));
+}
+
 TEST_CASE("ops: clamp with a NaN bound gives NaN, as PyTorch; an absent bound is no bound") {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (DType dt : kFloat) {

@@ -365,6 +365,11 @@ std::vector<std::string> bench_charts(const std::string& path, std::vector<std::
     notes.push_back(path + ": not a readable JSON file (" + m + ")");
     return {};
   }
+  // Every benchmark writes an object; anything else (a bare array of rows) is named, not fatal.
+  if (!j.is_object()) {
+    notes.push_back(path + ": a JSON " + j.type_name() + ", not a benchmark's object (benchmark, rows, ...); skipped");
+    return {};
+  }
   const std::string kind = j.value("benchmark", j.value("bench", std::string()));
   const std::string where =
       j.contains("cpu") ? " on " + j.value("cpu", std::string()) + " (" + j.value("cpu_kernels", std::string()) + ")"
@@ -450,6 +455,13 @@ std::vector<std::string> bench_charts(const std::string& path, std::vector<std::
                                                           : std::isfinite(get(r, "ms"))       ? get(r, "ms")
                                                                                         : get(r, "cpu_fwd_bwd_ms"));
     out.push_back(render_bars(kind + " benchmark: forward+backward (or one pass)" + where, "ms", bars));
+  } else if (kind == "image_resize") {  // bench_image_resize, PIL beside it when it was measured
+    std::vector<std::pair<std::string, double>> bars;
+    for (const json& r : rows) {
+      bars.emplace_back("Kiln " + key_of(r, {"image", "pass"}), get(r, "ms"));
+      if (std::isfinite(get(r, "pil_ms"))) bars.emplace_back("PIL " + key_of(r, {"image", "pass"}), get(r, "pil_ms"));
+    }
+    out.push_back(render_bars("Image resize to 224x224 (PIL's bilinear), per image" + where, "ms", bars));
   } else if (kind.empty() && j.contains("datasheet") && j.contains("gemm")) {  // bench_gpu
     const std::string dev = " on " + j.value("device", std::string("the GPU"));
     const json& sheet = j["datasheet"];
@@ -500,7 +512,7 @@ std::vector<std::string> bench_charts(const std::string& path, std::vector<std::
     if (!conv.empty()) out.push_back(render_bars("Convolutions, forward + backward" + dev, "ms", conv));
   } else {
     notes.push_back(path + ": a benchmark JSON of an unknown kind (\"" + kind +
-                    "\"; kiln report draws gemm, allreduce, scaling, train, nn, ops and bench_gpu's)");
+                    "\"; kiln report draws gemm, allreduce, scaling, train, nn, ops, image_resize and bench_gpu's)");
   }
   return out;
 }

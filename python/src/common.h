@@ -51,6 +51,11 @@ Tensor arith_operand(nb::handle h, const Tensor& like, const char* what);
 // its value, which + - * / keep in f32 (arith_operand in place; the engine's double overloads out
 // of place, which also handle a 0-dim tensor); else nothing.
 std::optional<double> number_beside_16bit(nb::handle h, const Tensor& like, const char* what);
+// a / b or b / a (number_first) for an integer or bool tensor a and a Python number b: true division in
+// f32 with the number as it is (x / 300, x.div(300), kiln.div); nothing for other operands (tensor.cpp).
+std::optional<Tensor> divide_by_number(const Tensor& a, nb::handle b, bool number_first);
+// a ** b for x ** b, x.pow(b) and kiln.pow(x, b): one path, so the spellings agree (tensor.cpp).
+Tensor pow_operand(const Tensor& a, nb::handle b);
 
 // The comment above a function's declaration in engine/ops.h or nn_ops.h ("" when none).
 const char* header_doc(std::string_view name);

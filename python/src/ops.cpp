@@ -315,6 +315,10 @@ void bind_ops(nb::module_& mod) {
           R r;
           return a / *v;
         }
+        // Without a rounding mode, a number beside an integer tensor divides as x / n does (to_tensor
+        // would wrap it into x's dtype: i8 x.div(300) divided by 44); floor and trunc wrap it, as torch's.
+        if (!rounding_mode)
+          if (std::optional<Tensor> q = divide_by_number(a, b, false)) return *q;
         const Tensor t = operand(b, a);
         if (rounding_mode && *rounding_mode != "trunc" && *rounding_mode != "floor")
           value_error("div: rounding_mode must be None, 'trunc' or 'floor', got '" + *rounding_mode + "'");
@@ -324,7 +328,8 @@ void bind_ops(nb::module_& mod) {
       },
       nb::arg("input"), nb::arg("other"), nb::kw_only(), nb::arg("rounding_mode") = nb::none());
   binary_fn(m, "floor_divide", [](const Tensor& a, const Tensor& b) { return floor_divide(a, b); });
-  binary_fn(m, "pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); });
+  m.def(
+      "pow", [](const Tensor& a, nb::handle b) { return pow_operand(a, b); }, nb::arg("input"), nb::arg("exponent"));
   binary_fn(m, "fmod", [](const Tensor& a, const Tensor& b) { return fmod(a, b); });
   binary_fn(m, "remainder", [](const Tensor& a, const Tensor& b) { return remainder(a, b); });
   binary_fn(m, "atan2", [](const Tensor& a, const Tensor& b) { return atan2(a, b); });

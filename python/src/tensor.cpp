@@ -472,6 +472,8 @@ template <typename TT, typename TS> Tensor binary(const Tensor& a, nb::handle b,
   nb::gil_scoped_release nogil;
   return tensor_op(a, t);
 }
+}  // namespace
+
 // a / b or b / a (number_first) for an integer or bool tensor a and a Python number b: true division in
 // f32 with the number as it is, as PyTorch's (to_tensor would wrap an int into a's dtype first: i8 x / 300
 // divided by 44); an int beyond 2^53 converts to f32 from its exact int64. Nothing for other operands.
@@ -487,6 +489,8 @@ std::optional<Tensor> divide_by_number(const Tensor& a, nb::handle b, bool numbe
   nb::gil_scoped_release nogil;
   return number_first ? div(n, a) : div(a, n);
 }
+
+namespace {
 
 template <typename TT> Tensor binary(const Tensor& a, nb::handle b, TT tensor_op) {
   const Tensor t = to_tensor(b, &a, "operand");
@@ -504,6 +508,22 @@ Tensor pow_number(const Tensor& x, double v) {
   if (!is_low_precision(x.dtype())) return pow(x, v);
   return pow(x, scalar_like(v, x));
 }
+}  // namespace
+
+Tensor pow_operand(const Tensor& a, nb::handle b) {
+  // An int exponent of an integer tensor stays a number for the engine's pow, which refuses a negative one
+  // or one outside x's dtype as torch's (to_tensor would wrap it: x_i8 ** 257 was x ** 1).
+  if (!is_floating(a.dtype()) && PyLong_Check(b.ptr()) && !PyBool_Check(b.ptr()) && is_double_exact(b, "operand")) {
+    const double v = nb::cast<double>(b);
+    nb::gil_scoped_release nogil;
+    return pow(a, v);
+  }
+  return binary(
+      a, b, [](const Tensor& x, const Tensor& y) { return pow(x, y); },
+      [](const Tensor& x, double v) { return pow_number(x, v); });
+}
+
+namespace {
 
 void require_bool(const char* op, const Tensor& t) {
   if (t.dtype() != DType::boolean)
@@ -899,21 +919,7 @@ void bind_tensor(nb::module_& m) {
           },
           nb::is_operator())
       .def(
-          "__pow__",
-          [](const Tensor& a, nb::handle b) {
-            // An int exponent of an integer tensor stays a number, checked by pow (a negative one refused),
-            // never wrapped into x's dtype (x_i8 ** 300 is not x ** 44).
-            if (!is_floating(a.dtype()) && PyLong_Check(b.ptr()) && !PyBool_Check(b.ptr()) &&
-                is_double_exact(b, "operand")) {
-              const double v = nb::cast<double>(b);
-              nb::gil_scoped_release nogil;
-              return pow(a, v);
-            }
-            return binary(
-                a, b, [](const Tensor& x, const Tensor& y) { return pow(x, y); },
-                [](const Tensor& x, double v) { return pow_number(x, v); });
-          },
-          nb::is_operator())
+          "__pow__", [](const Tensor& a, nb::handle b) { return pow_operand(a, b); }, nb::is_operator())
       .def(
           "__rpow__",
           [](const Tensor& a, nb::handle b) {
