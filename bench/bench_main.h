@@ -3,7 +3,11 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "base/thread_pool.h"
 #include "tools/environment.h"
@@ -45,5 +49,23 @@ inline int start(CLI::App& app, CommonFlags& f, int argc, char** argv) {
 
 using tools::cpu_line;
 using tools::cpu_model;
+
+// Median milliseconds of fn over reps runs, after one warm-up call. `settle` runs after each call and
+// is timed with it: a GPU benchmark passes a synchronize, so each run goes from idle to idle.
+inline double median_ms(const std::function<void()>& fn, int reps, const std::function<void()>& settle = {}) {
+  const auto run = [&] {
+    fn();
+    if (settle) settle();
+  };
+  run();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    run();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
 
 }  // namespace kiln::bench

@@ -27,17 +27,7 @@ const Device kGpu = cuda_device(0);
 
 // Median milliseconds of fn over reps runs, each timed from an idle device to an idle device.
 double median_ms(const std::function<void()>& fn, int reps) {
-  fn();
-  cuda::synchronize(0);
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto a = std::chrono::steady_clock::now();
-    fn();
-    cuda::synchronize(0);
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return bench::median_ms(fn, reps, [] { cuda::synchronize(0); });
 }
 
 // Datasheet numbers by device name (dense, no sparsity): memory TB/s, f16/bf16 and TF32 tensor

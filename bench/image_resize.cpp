@@ -24,17 +24,7 @@
 using namespace kiln;
 
 namespace {
-double median_ms(const std::function<void()>& fn, int reps) {
-  fn();  // warm-up
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto a = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using bench::median_ms;
 
 // PIL's median ms per (image, pass) for the same cases, run by `python` (empty when it cannot import
 // PIL or fails). Its input is noise as ours is (the time does not depend on the values); each case is

@@ -20,17 +20,7 @@ using namespace kiln;
 
 namespace {
 
-double median_ms(const std::function<void()>& fn, int reps) {
-  fn();  // warm-up
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto a = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using bench::median_ms;
 
 struct ConvCase {
   const char* name;
