@@ -192,6 +192,8 @@ TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees wit
   const json ev = json::parse(read_text(d / "eval.json"));
   CHECK(ev["test_accuracy"].get<double>() == doctest::Approx(acc).epsilon(1e-9));
   CHECK(ev["test_loss"].get<double>() == doctest::Approx(s["test_loss"].get<double>()).epsilon(1e-6));
+  CHECK(ev["data"]["eval_samples"] == 500);
+  CHECK(!ev["data"].contains("train_samples"));  // an evaluation has no training set
 
   const auto bad = run_kiln("eval --model resnet32 --weights " + d / "run/model.safetensors", d.p.string());
   CHECK(bad.code == 2);

@@ -1593,9 +1593,13 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     return 2;
   }
   const EvalResult r = evaluate(task, c);
+  // An evaluation has no training set: the task's train side is the eval data, so its count would
+  // only echo eval_samples (or, cut by another limit, contradict it).
+  nlohmann::json data = task.data_info;
+  data.erase("train_samples");
   nlohmann::json j = {{"model", c.model},
                       {"weights", weights},
-                      {"data", task.data_info},
+                      {"data", data},
                       {"test_loss", r.loss},
                       {"test_" + task.metric, r.accuracy},
                       {"test_samples", r.samples},
