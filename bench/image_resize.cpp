@@ -5,6 +5,7 @@
 // The peer, PIL's Image.resize(BILINEAR) on the same sizes and boxes (u8 RGB out), is timed in the same
 // run through --python (default python3), when that imports PIL. Prints a table; --json FILE writes
 // the rows as the other benchmarks do (an object: benchmark, cpu, cpu_kernels, threads, rows).
+#include <sys/wait.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -47,18 +48,29 @@ for case in sys.argv[2:]:
     print(f"{w}x{h}", p, sorted(ts)[len(ts) // 2])
 )";
 
-std::map<std::string, double> pil_times(const std::string& python, int reps, const std::vector<std::string>& cases) {
+// PIL's times, or none with the reason in `why`. The script runs under timeout(1): a Python that
+// hangs costs the bench 10 minutes at most, not forever.
+std::map<std::string, double> pil_times(const std::string& python, int reps, const std::vector<std::string>& cases,
+                                        std::string& why) {
   std::map<std::string, double> out;
-  if (python.empty() || python.find('\'') != std::string::npos) return out;
-  std::string cmd = "'" + python + "' -c '" + kPilScript + "' " + std::to_string(reps);
+  if (python.empty()) return why = "no --python given", out;
+  if (python.find('\'') != std::string::npos) return why = "--python " + python + ": a path with a quote", out;
+  std::string cmd = "timeout 600 '" + python + "' -c '" + kPilScript + "' " + std::to_string(reps);
   for (const std::string& c : cases) cmd += " " + c;
   cmd += " 2>/dev/null";
   FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return out;
+  if (!f) return why = "could not start a shell", out;
   char image[64], pass[16];
   double ms = 0;
   while (std::fscanf(f, "%63s %15s %lf", image, pass, &ms) == 3) out[std::string(image) + " " + pass] = ms;
-  if (pclose(f) != 0) out.clear();
+  const int st = pclose(f);
+  const int code = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (code == 0) return out;
+  out.clear();
+  why = code == 124   ? "--python " + python + " did not finish within 600 s"
+        : code == 127 ? "--python " + python + " was not found"
+                      : "--python " + python + " exited with status " + std::to_string(code) +
+                            " (PIL missing? run it with -c 'import PIL' to see)";
   return out;
 }
 }  // namespace
@@ -112,9 +124,10 @@ int main(int argc, char** argv) {
                   (long long)h);
     pil_cases.push_back(box);
   }
-  const std::map<std::string, double> pil = pil_times(python, reps, pil_cases);
+  std::string pil_missing;
+  const std::map<std::string, double> pil = pil_times(python, reps, pil_cases, pil_missing);
   std::printf("bench_image_resize: %s\n", bench::cpu_line().c_str());
-  if (pil.empty()) std::printf("peer: PIL unavailable (--python %s could not import it)\n", python.c_str());
+  if (pil.empty()) std::printf("peer: PIL unavailable (%s)\n", pil_missing.c_str());
   std::printf("%-12s %-6s %10s %10s %8s\n", "image", "pass", "ms/image", "PIL ms", "PIL/Kiln");
   nlohmann::json rows = nlohmann::json::array();
   for (const Case& k : cases) {

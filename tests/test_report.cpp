@@ -105,12 +105,13 @@ TEST_CASE("report: benchmark JSON of each kind, and one it does not know") {
   write(d.p / "odd.json", R"({"benchmark":"mystery","rows":[]})");
   write(d.p / "bad.json", "{\"benchmark\": ");
   write(d.p / "rows.json", R"([{"image":"500x375","pass":"eval","ms":0.3}])");  // an old bench_image_resize
+  write(d.p / "typed.json", R"({"benchmark":3,"rows":[]})");                    // a field of the wrong type
   write(d.p / "resize.json", R"({"benchmark":"image_resize","cpu":"X","cpu_kernels":"avx2","threads":1,"rows":[
     {"image":"500x375","pass":"eval","out":224,"ms":0.35,"pil_ms":0.7},{"image":"4000x3000","pass":"eval","out":224,"ms":23}]})");
   std::vector<std::string> notes;
   std::vector<std::string> in;
   for (const char* f : {"gemm.json", "ar.json", "scaling.json", "train.json", "memory.json", "odd.json", "bad.json",
-                        "rows.json", "resize.json"})
+                        "rows.json", "typed.json", "resize.json"})
     in.push_back((d.p / f).string());
   const std::string html = tools::render_report(in, "bench", notes);
   CHECK(points(html, "Kiln f32 NN") == 2);
@@ -127,10 +128,12 @@ TEST_CASE("report: benchmark JSON of each kind, and one it does not know") {
   CHECK(html.find("Image resize to 224x224 (PIL's bilinear), per image on X (avx2)") != std::string::npos);
   CHECK(html.find("PIL 500x375 eval") != std::string::npos);
   CHECK(html.find("PIL 4000x3000 eval") == std::string::npos);  // not measured: no bar
-  REQUIRE(notes.size() == 3);
+  REQUIRE(notes.size() == 4);
   CHECK(notes[0].find("odd.json: a benchmark JSON of an unknown kind (\"mystery\"") != std::string::npos);
   CHECK(notes[1].find("bad.json: not a readable JSON file") != std::string::npos);
   CHECK(notes[2].find("rows.json: a JSON array, not a benchmark's object") != std::string::npos);
+  CHECK(notes[3].find("typed.json: not a benchmark's JSON as Kiln writes it (type must be string") !=
+        std::string::npos);
 }
 
 TEST_CASE("report: bench_gpu's JSON, with the datasheet's peaks as reference lines") {

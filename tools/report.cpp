@@ -525,7 +525,13 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
   std::vector<std::string> bench_svgs;
   for (const auto& d : inputs) {
     if (d.size() > 5 && d.compare(d.size() - 5, 5, ".json") == 0) {
-      for (auto& svg : bench_charts(d, notes)) bench_svgs.push_back(std::move(svg));
+      try {
+        for (auto& svg : bench_charts(d, notes)) bench_svgs.push_back(std::move(svg));
+      } catch (const json::exception& e) {  // a field of the wrong type ("benchmark": 3): this file only
+        std::string m = e.what();
+        if (m.rfind("[json.exception.", 0) == 0 && m.find("] ") != std::string::npos) m = m.substr(m.find("] ") + 2);
+        notes.push_back(d + ": not a benchmark's JSON as Kiln writes it (" + m + "); skipped");
+      }
       continue;
     }
     runs.push_back(read_run(d, notes));
