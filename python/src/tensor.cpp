@@ -513,10 +513,14 @@ Tensor pow_number(const Tensor& x, double v) {
 Tensor pow_operand(const Tensor& a, nb::handle b) {
   // An int exponent of an integer tensor stays a number for the engine's pow, which refuses a negative one
   // or one outside x's dtype as torch's (to_tensor would wrap it: x_i8 ** 257 was x ** 1).
+  // A negative one is refused here, as torch's (the engine's double cannot tell -3 from -3.0, whose result is
+  // f32), and a bool base is raised as int64, as torch's (bool ** 300 is int64).
   if (!is_floating(a.dtype()) && PyLong_Check(b.ptr()) && !PyBool_Check(b.ptr()) && is_double_exact(b, "operand")) {
     const double v = nb::cast<double>(b);
+    KILN_CHECK(v >= 0, "pow: integers to negative integer powers are not allowed (", a.type_str(), " ** ",
+               nb::cast<std::string>(nb::str(b)), "), as in PyTorch; use a float tensor or a float exponent");
     nb::gil_scoped_release nogil;
-    return pow(a, v);
+    return pow(a.dtype() == DType::boolean ? a.to(DType::i64) : a, v);
   }
   return binary(
       a, b, [](const Tensor& x, const Tensor& y) { return pow(x, y); },
