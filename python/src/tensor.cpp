@@ -822,7 +822,12 @@ void bind_tensor(nb::module_& m) {
           "__isub__",
           [](Tensor& x, nb::handle o) -> Tensor& {
             check_inplace(x, "-=", o);
-            return x.add_(arith_operand(o, x, "operand"), -1.0);
+            const Tensor t = arith_operand(o, x, "operand");
+            // -= is add_ with alpha -1, so sub's refusal of a bool operand (torch's) is repeated here.
+            KILN_CHECK(x.dtype() != DType::boolean && t.dtype() != DType::boolean,
+                       "-=: subtraction with a bool tensor (", (x.dtype() == DType::boolean ? x : t).type_str(),
+                       ") is not supported, as in PyTorch; to invert a mask use ~ or logical_not() instead");
+            return x.add_(t, -1.0);
           },
           nb::rv_policy::reference, nb::is_operator())
       .def(

@@ -156,6 +156,12 @@ def test_the_refusals_give_torchs_reason():
             f()
     with pytest.raises(RuntimeError, match="two bool tensors .* not supported.*logical_xor"):
         b - b
+    for o in (b, 1, kiln.tensor([True, True])):
+        with pytest.raises(RuntimeError, match="with a bool tensor .* not supported"):
+            b.__isub__(o)
+    with pytest.raises(RuntimeError, match="with a bool tensor .* not supported"):
+        kiln.tensor([1, 2]).__isub__(kiln.tensor([True, False]))
+    assert b.tolist() == [True, False]
     x = kiln.tensor([1, 2]).to(kiln.int8)
     for f in (lambda: x ** -3, lambda: x.pow(-1), lambda: kiln.pow(x.to(kiln.int64), -2), lambda: b ** -1):
         with pytest.raises(RuntimeError, match="negative integer powers are not allowed"):
