@@ -143,8 +143,14 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  // Either operand bool is refused, as PyTorch's (bool - 1 and 1.5 - bool too, whose result type is not bool),
+  // with its reason: a mask is inverted with ~, and two masks differ by ^.
+  const bool ba = a.dtype() == DType::boolean, bb = b.dtype() == DType::boolean;
+  KILN_CHECK(!(ba && bb), "sub: subtraction of two bool tensors (", a.type_str(), ", ", b.type_str(),
+             ") is not supported, as in PyTorch; use ^ or logical_xor() instead");
+  KILN_CHECK(!ba && !bb, "sub: subtraction with a bool tensor (", (ba ? a : b).type_str(),
+             ") is not supported, as in PyTorch; to invert a mask use ~ or logical_not() instead");
   const DType t = arith_type("sub", a, b);
-  check_not_bool("sub", t);
   check_alpha("sub", t, alpha);
   Tensor out = run_binary("sub", BinaryOp::sub, a, b, t, t, alpha);
   if (autograd::needs_grad({a, b}))
@@ -333,7 +339,8 @@ Tensor pow(const Tensor& a, double e) {
 }
 
 namespace {
-// max/min: the gradient goes to the larger (smaller) input; ties split it in half.
+// max/min: the gradient goes to the larger (smaller) input; ties split it in half; a NaN on either side
+// (the output NaN) gives it to both, as PyTorch's (each loses it only where the other wins).
 Tensor extremum(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, bool is_max) {
   const DType t = arith_type(name, a, b);
   Tensor out = run_binary(name, op, a, b, t, t);
@@ -342,10 +349,10 @@ Tensor extremum(const char* name, BinaryOp op, const Tensor& a, const Tensor& b,
     autograd::record(name, {a, b}, {out}, [sa, sb, is_max, name](const GradCtx& c) -> std::vector<Tensor> {
       const Tensor a = sa.unpack(name), b = sb.unpack(name);
       const DType gt_ = c.g().dtype();
-      const Tensor wins = cast(is_max ? gt(a, b) : lt(a, b), gt_);
-      const Tensor ties = cast(eq(a, b), gt_) * 0.5;
-      const Tensor wa = wins + ties;
-      return {c.g() * wa, c.g() * (1.0 - wa)};
+      const Tensor a_loses = cast(is_max ? lt(a, b) : gt(a, b), gt_);
+      const Tensor b_loses = cast(is_max ? gt(a, b) : lt(a, b), gt_);
+      const Tensor half = cast(eq(a, b), gt_) * 0.5;
+      return {c.g() * (1.0 - a_loses - half), c.g() * (1.0 - b_loses - half)};
     });
   }
   return out;
@@ -651,8 +658,8 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
 
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
   check_not_bool("clamp", a.dtype());
-  // A NaN bound passes this check (NaN compares false) and makes every element NaN, as PyTorch's.
-  if (lo && hi) KILN_CHECK(!(*lo > *hi), "clamp: min ", *lo, " is greater than max ", *hi);
+  // min > max is no error: every element becomes max, as PyTorch's (the kernels raise to min, then lower to
+  // max), and the gradient is 0 (no x is inside).
   const bool nan_bound = (lo && std::isnan(*lo)) || (hi && std::isnan(*hi));
   KILN_CHECK(!nan_bound || is_floating(a.dtype()), "clamp: a NaN bound on ", a.type_str(),
              ", which holds no NaN (PyTorch's result is a float tensor); convert x to a floating dtype first");
@@ -889,11 +896,34 @@ Tensor clamp(const Tensor& a, const Tensor& min, const Tensor& max) {
   const OpScope scope("clamp");
   KILN_CHECK(min.defined() || max.defined(), "clamp: give min or max (or both)");
   check_not_bool("clamp", a.dtype());
-  // maximum/minimum keep a NaN input, and at a tie split the gradient between the input and the
-  // bound, as PyTorch's clamp with tensor bounds does.
-  Tensor out = a;
-  if (min.defined()) out = maximum(out, min);
-  if (max.defined()) out = minimum(out, max);
+  // One bound: maximum or minimum, which keep a NaN of either side and whose gradient is PyTorch's clamp's
+  // there (measured against torch 2: a tie splits it in half, and a NaN on either side gives 1 to both).
+  if (!max.defined()) return maximum(a, min);
+  if (!min.defined()) return minimum(a, max);
+  // Both: the same values (min > max gives max), but PyTorch's gradient is not the composition's, so it is
+  // recorded as one op.
+  Tensor out;
+  {
+    const NoGradGuard no_grad;
+    out = minimum(maximum(a, min), max);
+  }
+  if (autograd::needs_grad({a, min, max})) {
+    SavedTensor sa(a), sl(min), sh(max);
+    autograd::record("clamp", {a, min, max}, {out}, [sa, sl, sh](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor x = sa.unpack("clamp"), lo = sl.unpack("clamp"), hi = sh.unpack("clamp");
+      const DType dt = c.g().dtype();
+      // PyTorch 2's rule, measured over NaN, +-inf, ties and min > max: x gets the gradient unless it is
+      // below min or above max (so a NaN anywhere gives it to x); min gets it where x < min <= max, max where
+      // x > max >= min or min > max (all max then); with min < max a tie splits it between x and that bound.
+      const Tensor below = lt(x, lo), above = gt(x, hi), ordered = lt(lo, hi), ok = le(lo, hi);
+      const Tensor tie_lo = logical_and(ordered, eq(x, lo)), tie_hi = logical_and(ordered, eq(x, hi));
+      const Tensor wx = cast(logical_not(logical_or(below, above)), dt) - cast(logical_or(tie_lo, tie_hi), dt) * 0.5;
+      const Tensor wlo = cast(logical_and(below, ok), dt) + cast(tie_lo, dt) * 0.5;
+      const Tensor whi = cast(logical_or(logical_and(above, ok), gt(lo, hi)), dt) + cast(tie_hi, dt) * 0.5;
+      return {c.needs_grad(0) ? c.g() * wx : Tensor(), c.needs_grad(1) ? c.g() * wlo : Tensor(),
+              c.needs_grad(2) ? c.g() * whi : Tensor()};
+    });
+  }
   return out;
 }
 

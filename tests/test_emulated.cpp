@@ -259,12 +259,19 @@ TEST_CASE("emulated cuda: clamp's NaN bound gives NaN and an absent bound is no 
     CHECK(hi[1] == -5);
     CHECK(hi[2] == 1);
     CHECK(std::isnan(hi[3]));
+    // min > max: every element max (NaN stays NaN), as PyTorch's.
+    const std::vector<double> crossed = clamp(x, 2.0, 1.0).to(kCPU).to_vector();
+    CHECK(crossed[0] == 1);
+    CHECK(crossed[1] == 1);
+    CHECK(crossed[2] == 1);
+    CHECK(std::isnan(crossed[3]));
   }
   for (DType dt : {DType::i8, DType::u8, DType::i64}) {
     CAPTURE(dt);
     const Tensor x = from_vector({0, 5, 100}, {3}, dt).to(cuda_device(0));
     CHECK(clamp(x, std::nullopt, 200.0).to(kCPU).to_vector() == std::vector<double>{0, 5, 100});
     CHECK(clamp(x, 3.0, std::nullopt).to(kCPU).to_vector() == std::vector<double>{3, 5, 100});
+    CHECK(clamp(x, 7.0, 4.0).to(kCPU).to_vector() == std::vector<double>{4, 4, 4});
   }
 }
 

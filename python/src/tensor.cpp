@@ -513,10 +513,14 @@ Tensor pow_number(const Tensor& x, double v) {
 Tensor pow_operand(const Tensor& a, nb::handle b) {
   // An int exponent of an integer tensor stays a number for the engine's pow, which refuses a negative one
   // or one outside x's dtype as torch's (to_tensor would wrap it: x_i8 ** 257 was x ** 1).
+  // A negative one is refused here, as torch's (the engine's double cannot tell -3 from -3.0, whose result is
+  // f32), and a bool base is raised as int64, as torch's (bool ** 300 is int64).
   if (!is_floating(a.dtype()) && PyLong_Check(b.ptr()) && !PyBool_Check(b.ptr()) && is_double_exact(b, "operand")) {
     const double v = nb::cast<double>(b);
+    KILN_CHECK(v >= 0, "pow: integers to negative integer powers are not allowed (", a.type_str(), " ** ",
+               nb::cast<std::string>(nb::str(b)), "), as in PyTorch; use a float tensor or a float exponent");
     nb::gil_scoped_release nogil;
-    return pow(a, v);
+    return pow(a.dtype() == DType::boolean ? a.to(DType::i64) : a, v);
   }
   return binary(
       a, b, [](const Tensor& x, const Tensor& y) { return pow(x, y); },
@@ -818,7 +822,12 @@ void bind_tensor(nb::module_& m) {
           "__isub__",
           [](Tensor& x, nb::handle o) -> Tensor& {
             check_inplace(x, "-=", o);
-            return x.add_(arith_operand(o, x, "operand"), -1.0);
+            const Tensor t = arith_operand(o, x, "operand");
+            // -= is add_ with alpha -1, so sub's refusal of a bool operand (torch's) is repeated here.
+            KILN_CHECK(x.dtype() != DType::boolean && t.dtype() != DType::boolean,
+                       "-=: subtraction with a bool tensor (", (x.dtype() == DType::boolean ? x : t).type_str(),
+                       ") is not supported, as in PyTorch; to invert a mask use ~ or logical_not() instead");
+            return x.add_(t, -1.0);
           },
           nb::rv_policy::reference, nb::is_operator())
       .def(

@@ -48,10 +48,6 @@ POW_OPS = ("**", "pow", "kiln.pow")
 def test_a_number_beside_an_integer_tensor_is_torchs(dt, op, s):
     t = torch.tensor([5, -5, 100, 3]).to(getattr(torch, dt))
     f = OPS[op]
-    if dt == "bool" and op in ("-", "r-"):
-        pytest.skip("torch refuses - on bool tensors; Kiln subtracts (not this test's subject)")
-    if op in POW_OPS and isinstance(s, int) and (dt == "bool" or s < 0):
-        pytest.skip("an int exponent torch refuses (negative) or of a bool base (int64 there): pow's own rules")
     try:
         want = f(t, s)
     except RuntimeError:
@@ -151,6 +147,74 @@ def test_clamp_with_a_nan_tensor_bound_and_its_gradient_are_torchs():
     torch.clamp(t2, max=NAN).sum().backward()
     kiln.clamp(k2, max=NAN).sum().backward()
     same(k2.grad, t2.grad)
+
+
+def test_the_refusals_give_torchs_reason():
+    b = kiln.tensor([True, False])
+    for f in (lambda: b - 1, lambda: 1 - b, lambda: b - 1.5, lambda: 2.5 - b, lambda: kiln.tensor([1, 2]) - b):
+        with pytest.raises(RuntimeError, match="with a bool tensor .* not supported.*logical_not"):
+            f()
+    with pytest.raises(RuntimeError, match="two bool tensors .* not supported.*logical_xor"):
+        b - b
+    for o in (b, 1, kiln.tensor([True, True])):
+        with pytest.raises(RuntimeError, match="with a bool tensor .* not supported"):
+            b.__isub__(o)
+    with pytest.raises(RuntimeError, match="with a bool tensor .* not supported"):
+        kiln.tensor([1, 2]).__isub__(kiln.tensor([True, False]))
+    assert b.tolist() == [True, False]
+    x = kiln.tensor([1, 2]).to(kiln.int8)
+    for f in (lambda: x ** -3, lambda: x.pow(-1), lambda: kiln.pow(x.to(kiln.int64), -2), lambda: b ** -1):
+        with pytest.raises(RuntimeError, match="negative integer powers are not allowed"):
+            f()
+    assert (x ** -1.0).dtype == kiln.float32 and (b ** 300).dtype == kiln.int64 and (b ** 0).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("dt", ["float32", "float64", "int8", "uint8", "int64"])
+def test_clamp_with_min_above_max_gives_max_as_torch(dt):
+    t = torch.tensor([0, 5, 100, 1]).to(getattr(torch, dt))
+    same(kiln.clamp(k_of(t), 2, 1), torch.clamp(t, 2, 1))
+    same(k_of(t).clamp(min=50, max=3), t.clamp(min=50, max=3))
+    lo, hi = torch.tensor([2, 0, 7, 1]).to(getattr(torch, dt)), torch.tensor([1, 0, 3, 1]).to(getattr(torch, dt))
+    same(kiln.clamp(k_of(t), k_of(lo), k_of(hi)), torch.clamp(t, lo, hi))
+    if dt.startswith("float"):
+        same(kiln.clamp(k_of(t), 2.5, 1.5), torch.clamp(t, 2.5, 1.5))
+        k = k_of(t).requires_grad_()
+        kiln.clamp(k, 2.0, 1.0).sum().backward()
+        assert k.grad.tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize("bounds", ["min", "max", "both"])
+def test_clamp_gradient_with_tensor_bounds_is_torchs_over_nan_inf_ties_and_crossed_bounds(bounds):
+    # Every (x, min, max) over these values, one element each: NaN in x or a bound, ties, min > max.
+    vals = [NAN, -math.inf, 0.0, 1.0, 2.0, math.inf]
+    n = len(vals)
+    grid = np.array(np.meshgrid(vals, vals, vals, indexing="ij")).reshape(3, -1)
+    tx, tl, th = (torch.tensor(g, dtype=torch.float32, requires_grad=True) for g in grid)
+    kx, kl, kh = (k_of(v.detach()).requires_grad_() for v in (tx, tl, th))
+    lo_t, hi_t = (tl if bounds != "max" else None), (th if bounds != "min" else None)
+    lo_k, hi_k = (kl if bounds != "max" else None), (kh if bounds != "min" else None)
+    want, got = torch.clamp(tx, lo_t, hi_t), kiln.clamp(kx, lo_k, hi_k)
+    same(got.detach(), want.detach())
+    want.sum().backward()
+    got.sum().backward()
+    same(kx.grad, tx.grad)
+    for k, t in ((lo_k, lo_t), (hi_k, hi_t)):
+        if t is not None:
+            same(k.grad, t.grad)
+    assert n ** 3 == tx.numel()
+
+
+@pytest.mark.parametrize("name", ["maximum", "minimum"])
+def test_maximum_minimum_gradient_with_nan_and_ties_is_torchs(name):
+    # A NaN on either side gives the gradient to both, as torch's; a tie splits it.
+    vals = [NAN, -math.inf, 0.0, 1.0, math.inf]
+    a, b = np.array(np.meshgrid(vals, vals, indexing="ij")).reshape(2, -1)
+    ta, tb = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    ka, kb = k_of(ta.detach()).requires_grad_(), k_of(tb.detach()).requires_grad_()
+    getattr(torch, name)(ta, tb).sum().backward()
+    getattr(kiln, name)(ka, kb).sum().backward()
+    same(ka.grad, ta.grad)
+    same(kb.grad, tb.grad)
 
 
 def test_clamp_of_an_integer_tensor_with_a_nan_bound_is_refused():
