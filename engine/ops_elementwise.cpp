@@ -323,9 +323,11 @@ Tensor pow(const Tensor& a, double e) {
   } else {
     // The exponent becomes a 0-dim tensor of x's dtype: one outside its range is refused, as PyTorch's,
     // rather than converted (i8 x ** 257 would be x ** 1).
+    // i64's upper bound is 2^63 as a double, itself outside: the range is half-open there.
     const auto [lo, hi] = integer_range(t);
-    KILN_CHECK(e >= lo && e <= hi, "pow: the exponent ", e, " does not fit in the dtype of the base, ", a.type_str(),
-               " (", lo, " to ", hi, ")");
+    KILN_CHECK(e >= lo && (t == DType::i64 ? e < hi : e <= hi), "pow: the exponent ", e,
+               " does not fit in the dtype of the base, ", a.type_str(), " (", lo, " to ",
+               t == DType::i64 ? "2^63 - 1" : std::to_string(int64_t(hi)), ")");
     out = run_binary("pow", BinaryOp::pow, a, scalar_tensor(e, TensorOptions(t, a.device())), t, t);
   }
   if (autograd::needs_grad({a})) {

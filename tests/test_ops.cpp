@@ -799,6 +799,9 @@ TEST_CASE("ops: an integer tensor's exponent outside its dtype is refused, as Py
   CHECK(pow(i8, 7.0).to_vector() == std::vector<double>{1, -128});
   CHECK(pow(from_vector({2}, {1}, DType::u8), 200.0).to_vector() == std::vector<double>{0});
   CHECK(contains(error_of([&] { (void)pow(from_vector({2}, {1}, DType::i32), 2147483648.0); }), "does not fit"));
+  // i64's bound, 2^63 as a double, is outside (it would become INT64_MIN, a negative exponent).
+  CHECK(contains(error_of([&] { (void)pow(from_vector({3}, {1}, DType::i64), 9223372036854775808.0); }),
+                 "does not fit in the dtype of the base, i64 cpu [1] (-9.22337e+18 to 2^63 - 1)"));
 }
 
 TEST_CASE("ops: clamp with a NaN bound gives NaN, as PyTorch; an absent bound is no bound") {

@@ -515,12 +515,31 @@ Tensor pow_operand(const Tensor& a, nb::handle b) {
   // or one outside x's dtype as torch's (to_tensor would wrap it: x_i8 ** 257 was x ** 1).
   // A negative one is refused here, as torch's (the engine's double cannot tell -3 from -3.0, whose result is
   // f32), and a bool base is raised as int64, as torch's (bool ** 300 is int64).
-  if (!is_floating(a.dtype()) && PyLong_Check(b.ptr()) && !PyBool_Check(b.ptr()) && is_double_exact(b, "operand")) {
-    const double v = nb::cast<double>(b);
-    KILN_CHECK(v >= 0, "pow: integers to negative integer powers are not allowed (", a.type_str(), " ** ",
-               nb::cast<std::string>(nb::str(b)), "), as in PyTorch; use a float tensor or a float exponent");
+  // The int is read exactly (a Python int or a NumPy integer; one past int64 is an OverflowError), so
+  // x_i8 ** (2**60 + 1) and x_i8 ** np.int64(257) are refused rather than converted.
+  if (!is_floating(a.dtype()) && is_int_index(b) && !nb::isinstance<Tensor>(b)) {
+    nb::object as_int = nb::steal(PyNumber_Index(b.ptr()));
+    if (!as_int.is_valid()) throw nb::python_error();
+    const int64_t v = *exact_int(as_int, "pow: the exponent");
+    KILN_CHECK(v >= 0, "pow: integers to negative integer powers are not allowed (", a.type_str(), " ** ", v,
+               "), as in PyTorch; use a float tensor or a float exponent");
+    const Tensor base = a.dtype() == DType::boolean ? a.to(DType::i64) : a;
+    if (base.dtype() != DType::i64) {
+      const int64_t hi = base.dtype() == DType::u8    ? 255
+                         : base.dtype() == DType::i8  ? 127
+                         : base.dtype() == DType::i16 ? 32767
+                                                      : 2147483647;
+      KILN_CHECK(v <= hi, "pow: the exponent ", v, " does not fit in the dtype of the base, ", base.type_str(),
+                 " (0 to ", hi, " for an int exponent)");
+    }
+    // A double holds it exactly up to 2^53; a larger one (an i64 base) goes as an exact i64 tensor.
+    if (v > (int64_t(1) << 53)) {
+      const Tensor e = to_tensor(b, &base, "operand");
+      nb::gil_scoped_release nogil;
+      return pow(base, e);
+    }
     nb::gil_scoped_release nogil;
-    return pow(a.dtype() == DType::boolean ? a.to(DType::i64) : a, v);
+    return pow(base, double(v));
   }
   return binary(
       a, b, [](const Tensor& x, const Tensor& y) { return pow(x, y); },

@@ -169,6 +169,25 @@ def test_the_refusals_give_torchs_reason():
     assert (x ** -1.0).dtype == kiln.float32 and (b ** 300).dtype == kiln.int64 and (b ** 0).tolist() == [1, 1]
 
 
+def test_an_int_exponent_is_read_exactly_as_torch():
+    # A large Python int or a NumPy integer exponent is compared with the base's dtype as it is, not
+    # converted (x_i8 ** (2**60 + 1) and x_i8 ** np.int64(257) were x ** 1); an i64 base takes any.
+    x, xt = kiln.tensor([2, -3, 5]).to(kiln.int8), torch.tensor([2, -3, 5], dtype=torch.int8)
+    for e in (2**53 + 1, 2**60 + 1, np.int64(257), np.uint16(300)):
+        for f in (lambda: x ** e, lambda: x.pow(e), lambda: kiln.pow(x, e)):
+            with pytest.raises(RuntimeError, match="does not fit in the dtype of the base"):
+                f()
+        with pytest.raises(RuntimeError):
+            xt ** int(e)
+    with pytest.raises(OverflowError, match="does not fit in int64"):
+        x ** 2**64
+    same(x ** np.int64(3), xt ** 3)
+    y, yt = kiln.tensor([3, -3, 2, 1]), torch.tensor([3, -3, 2, 1])
+    for e in (2**53 + 1, 2**60 + 1, 2**62 + 3, np.int64(2**61 + 5)):
+        for k in (y ** e, y.pow(e), kiln.pow(y, e)):
+            same(k, yt ** int(e))
+
+
 @pytest.mark.parametrize("dt", ["float32", "float64", "int8", "uint8", "int64"])
 def test_clamp_with_min_above_max_gives_max_as_torch(dt):
     t = torch.tensor([0, 5, 100, 1]).to(getattr(torch, dt))
