@@ -137,7 +137,7 @@ Tensor lerp(const Tensor& a, const Tensor& b, double weight);
 Tensor addcmul(const Tensor& x, const Tensor& t1, const Tensor& t2, double value = 1.0);
 Tensor addcdiv(const Tensor& x, const Tensor& t1, const Tensor& t2, double value = 1.0);
 // clamp with tensor bounds (broadcast; either may be undefined): min(max(a, min), max). NaN in a stays
-// NaN; the gradient goes to a where min <= a <= max, else to the bound that won.
+// NaN; min > max gives max. The gradient is PyTorch's, ties split and NaN included (docs/ops.md).
 Tensor clamp(const Tensor& a, const Tensor& min, const Tensor& max);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // Comparisons give bool tensors (not differentiable).

@@ -739,6 +739,7 @@ Tensor binary_cross_entropy(const Tensor& p_in, const Tensor& y_in, Reduction re
                y = amp::autocast_arg(amp::AutocastOp::binary_cross_entropy_with_logits, y_in);
   check_same_shape("binary_cross_entropy", p, y);
   check_floating("binary_cross_entropy", p, "input");
+  check_floating("binary_cross_entropy", y, "target");  // as PyTorch: a bool or integer target is refused
   // As PyTorch: probabilities outside [0, 1] (or NaN) are an error, not a NaN loss (one min/max pass).
   if (p.numel() > 0) {
     const double lo = amin(p.detach()).item_double(), hi = amax(p.detach()).item_double();
@@ -802,6 +803,7 @@ Tensor binary_cross_entropy_with_logits(const Tensor& x_in, const Tensor& y_in, 
                y = amp::autocast_arg(amp::AutocastOp::binary_cross_entropy_with_logits, y_in);
   KILN_CHECK(x.shape() == y.shape(), "binary_cross_entropy_with_logits: input ", x.shape(), " and target ", y.shape(),
              " differ");
+  check_floating("binary_cross_entropy_with_logits", y, "target");  // as PyTorch: bool/integer refused
   // max(x, 0) - x*y + log(1 + exp(-|x|)): no overflow for large |x|.
   const Tensor per = relu(x) - x * y + log(exp(neg(abs(x))) + 1.0);
   return reduce_loss(per, reduction);

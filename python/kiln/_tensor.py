@@ -291,6 +291,11 @@ Tensor.__contains__ = _contains
 # that the error names the method called, not the one underneath.
 def _sub_(self, other, alpha=1):
     _C._check_inplace(self, "sub_", other)
+    # add_ with -alpha underneath: sub's refusal of a bool operand (torch's) is repeated here, as -='s is.
+    if self.dtype == _C.dtype.bool or isinstance(other, bool) or getattr(other, "dtype", None) in (_C.dtype.bool, bool):
+        bad = self if self.dtype == _C.dtype.bool else other
+        raise _C.KilnError(f"sub_: subtraction with a bool tensor ({getattr(bad, 'dtype', 'bool')}) is not supported, as "
+                           "in PyTorch; to invert a mask use ~ or logical_not() instead")
     return self.add_(other, alpha=-alpha)
 
 

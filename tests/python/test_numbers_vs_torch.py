@@ -161,6 +161,9 @@ def test_the_refusals_give_torchs_reason():
             b.__isub__(o)
     with pytest.raises(RuntimeError, match="with a bool tensor .* not supported"):
         kiln.tensor([1, 2]).__isub__(kiln.tensor([True, False]))
+    for target, o in ((b, b), (kiln.tensor([1.0, 2.0]), b), (kiln.tensor([1.0, 2.0]), True)):
+        with pytest.raises(RuntimeError, match="sub_: subtraction with a bool tensor .* not supported"):
+            target.sub_(o)
     assert b.tolist() == [True, False]
     x = kiln.tensor([1, 2]).to(kiln.int8)
     for f in (lambda: x ** -3, lambda: x.pow(-1), lambda: kiln.pow(x.to(kiln.int64), -2), lambda: b ** -1):

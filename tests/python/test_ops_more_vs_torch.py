@@ -525,6 +525,21 @@ def test_binary_cross_entropy_refuses_probabilities_outside_0_1():
                                                                                          torch.tensor(y)), tol=1e-6)
 
 
+def test_binary_cross_entropy_refuses_a_bool_or_integer_target_as_torch():
+    # torch refuses them on every path; Kiln's engine path took them, its weighted path failed in `1 - target`.
+    F, TF = kiln.nn.functional, torch.nn.functional
+    x = [0.3, -1.2, 2.0]
+    for y in ([True, False, True], [1, 0, 1]):
+        calls = [(F.binary_cross_entropy, TF.binary_cross_entropy, [0.5, 0.2, 0.9], {})] + [
+            (F.binary_cross_entropy_with_logits, TF.binary_cross_entropy_with_logits, x, kw)
+            for kw in ({}, {"weight": [1.0, 2.0, 1.0]}, {"pos_weight": [2.0, 2.0, 2.0]})]
+        for kf, tf, inp, kw in calls:
+            with pytest.raises(RuntimeError):
+                tf(torch.tensor(inp), torch.tensor(y), **{k: torch.tensor(v) for k, v in kw.items()})
+            with pytest.raises(RuntimeError, match="target must be a floating tensor"):
+                kf(kiln.tensor(inp), kiln.tensor(y), **{k: kiln.tensor(v) for k, v in kw.items()})
+
+
 def kiln_error(F, p, y):
     try:
         F.binary_cross_entropy(kiln.tensor(p), kiln.tensor(y))

@@ -136,6 +136,8 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     _refuse_legacy_reduction("binary_cross_entropy_with_logits", size_average, reduce)
     if weight is None and pos_weight is None:
         return _bce_with_logits(input, target, reduction)
+    if not target.dtype.is_floating_point:  # as the engine's path (and torch): named here, not as `1 - target`
+        raise _C.KilnError(f"binary_cross_entropy_with_logits: target must be a floating tensor, got {target.dtype}")
     if tuple(target.shape) != tuple(input.shape):
         raise _C.KilnValueError(f"binary_cross_entropy_with_logits: target size {tuple(target.shape)} must be the "
                                 f"same as input size {tuple(input.shape)}")
