@@ -244,8 +244,11 @@ std::string find_idx(const std::string& dir, const std::string& stem) {
 
 // The split's images [N, 1, H, W] and labels, only the first `rows` of them when 0 < rows < N:
 // copied out, so the file's whole tensor is freed here.
-std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& split, int64_t rows) {
+std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& split, int64_t rows,
+                                     std::vector<std::string>& files) {
   const std::string ip = find_idx(dir, split + "-images-idx3-ubyte"), lp = find_idx(dir, split + "-labels-idx1-ubyte");
+  files.push_back(ip);
+  files.push_back(lp);
   Tensor images = load_idx(ip), labels = load_idx(lp);
   KILN_CHECK(images.dtype() == DType::u8 && images.dim() == 3, ip, ": expected u8 images [N, H, W], got ",
              images.type_str());
@@ -269,8 +272,9 @@ std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& 
 ImageClassData load_mnist_dir(const std::string& dir, const ImageTransform& train_transform, const std::string& name,
                               bool test_only, int64_t train_rows, int64_t test_rows) {
   Tensor xtr, ytr;  // the training files first: a problem with them is named before the test files'
-  if (!test_only) std::tie(xtr, ytr) = load_split(dir, "train", train_rows);
-  auto [xte, yte] = load_split(dir, "t10k", test_rows);
+  std::vector<std::string> files;
+  if (!test_only) std::tie(xtr, ytr) = load_split(dir, "train", train_rows, files);
+  auto [xte, yte] = load_split(dir, "t10k", test_rows, files);
   if (test_only) xtr = xte, ytr = yte;
   KILN_CHECK(xtr.size(2) == xte.size(2) && xtr.size(3) == xte.size(3), dir, ": train images are ", xtr.size(2), "x",
              xtr.size(3), " but test images ", xte.size(2), "x", xte.size(3));
@@ -282,6 +286,7 @@ ImageClassData load_mnist_dir(const std::string& dir, const ImageTransform& trai
   d.channels = 1;
   d.height = xtr.size(2);
   d.width = xtr.size(3);
+  d.files = std::move(files);
   if (name == "fashion-mnist")
     d.class_names = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
   else

@@ -124,6 +124,7 @@ struct ImageClassData {
   int64_t num_classes = 0;
   int64_t channels = 0, height = 0, width = 0;
   std::vector<std::string> class_names;
+  std::vector<std::string> files;  // the idx files read, training images and labels first
 };
 
 // Where Debian's dataset-fashion-mnist package puts the files.

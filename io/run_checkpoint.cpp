@@ -445,6 +445,32 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
     return s.size() > 160 ? s.substr(0, 150) + " ... (" + std::to_string(s.size()) + " characters)" : s;
   };
   const json saved_data = saved.value("data_info", json::object()), now_data = now.value("data_info", json::object());
+  // A checkpoint without the contents (an older version's) is compared by the data's paths as it was
+  // then, each path normalised (./x, x and its absolute path are one): nothing else tells its data.
+  if (!saved_data.is_object() || !saved_data.contains("contents")) {
+    const auto normal = [](const json& v) {
+      const auto one = [](const json& p) {
+        if (!p.is_string() || p.get<std::string>().empty()) return p;
+        std::error_code ec;
+        // Absolute first: weakly_canonical leaves a relative path whose first part does not exist as it is.
+        const std::filesystem::path abs = std::filesystem::absolute(p.get<std::string>(), ec);
+        const std::filesystem::path w = ec ? std::filesystem::path() : std::filesystem::weakly_canonical(abs, ec);
+        std::string n = ec ? std::filesystem::path(p.get<std::string>()).lexically_normal().string() : w.string();
+        while (n.size() > 1 && n.back() == '/') n.pop_back();  // data/ is data
+        return json(n);
+      };
+      if (!v.is_array()) return one(v);
+      json out = json::array();
+      for (const json& p : v) out.push_back(one(p));
+      return out;
+    };
+    for (const char* k : {"data_dir", "text", "eval_text", "vocab", "train_tsv"}) {
+      const json a = saved.value(k, json()), b = now.value(k, json());
+      if (normal(a) != normal(b))
+        out.push_back(std::string(k) + ": checkpoint " + a.dump() + ", now " + b.dump() +
+                      " (the checkpoint records no data contents, so its paths are compared)");
+    }
+  }
   if (saved_data.is_object() && now_data.is_object())
     for (const char* k : {"labels", "classes", "contents", "train_samples", "corpus_tokens", "vocab_size",
                           "vocab_fingerprint", "shape"})

@@ -860,22 +860,43 @@ TEST_CASE("checkpoint: a resume compares what the flags made of the data (label 
   CHECK(cut[0].size() < 500);
 }
 
-// The data's paths are not compared, what the files hold is: a checkpoint written before
-// data_info.contents existed (the paths only) resumes from the same data named another way.
+// The data's paths are not compared where the checkpoint records what the files hold: the same
+// contents under other paths resume. A checkpoint written before data_info.contents existed (the
+// paths only) is compared by its paths, normalised: ./x, x and its absolute path are one.
 TEST_CASE("checkpoint: a resume compares the data files' contents, not their paths") {
+  const std::string here = std::filesystem::current_path().string();
   const json old = {{"text", {"txt"}},
                     {"vocab", "vocab.txt"},
-                    {"data_dir", ""},
+                    {"data_dir", "data"},
                     {"data_info", {{"files", {"txt"}}, {"vocab_fingerprint", "00ff"}, {"train_samples", 40}}}};
-  json now = {{"text", {"/abs/elsewhere/txt"}},
-              {"vocab", "./copy/vocab.txt"},
-              {"data_dir", "/usr/share/data"},
+  json now = {{"text", {here + "/txt"}},
+              {"vocab", "./vocab.txt"},
+              {"data_dir", here + "/./data/"},
               {"data_info",
-               {{"files", {"/abs/elsewhere/txt"}},
+               {{"files", {here + "/txt"}},
                 {"contents", {"--text[0]: 12 bytes, crc32c 0000abcd"}},
                 {"vocab_fingerprint", "00ff"},
                 {"train_samples", 40}}}};
   CHECK(io::config_differences(old, now).empty());
+  {
+    json elsewhere = now;
+    elsewhere["text"] = {"/abs/elsewhere/txt"};
+    elsewhere["data_dir"] = "/usr/share/data";
+    const auto d = io::config_differences(old, elsewhere);
+    REQUIRE(d.size() == 2);
+    CHECK(d[0] ==
+          "data_dir: checkpoint \"data\", now \"/usr/share/data\" (the checkpoint records no data contents, "
+          "so its paths are compared)");
+    CHECK(contains(d[1], "text: checkpoint [\"txt\"], now [\"/abs/elsewhere/txt\"]"));
+  }
+  // With the contents recorded, other paths (data_dir included) holding the same bytes resume.
+  {
+    json saved = now;
+    saved["text"] = {"txt"};
+    saved["data_dir"] = "/somewhere/else";
+    saved["data_info"]["files"] = {"txt"};
+    CHECK(io::config_differences(saved, now).empty());
+  }
   json saved = now;
   saved["data_info"]["files"] = {"txt"};
   CHECK(io::config_differences(saved, now).empty());

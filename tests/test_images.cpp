@@ -579,6 +579,29 @@ TEST_CASE("train: a bad validation image after an epoch keeps its checkpoint; a 
   CHECK_MESSAGE(!contains(r.output, "step 1"), r.output);
 }
 
+// A resume does not compare --data-dir's path but what the folder holds (its files' names and sizes):
+// a copy continues the run, another folder with the same classes and counts is refused, naming it.
+TEST_CASE("train: a resume from an image folder compares its files, not its path") {
+  TempDir d("kiln_img_resume");
+  make_folder((d.p / "a").string(), 4);
+  fs::copy(d.p / "a", d.p / "b", fs::copy_options::recursive);
+  fs::copy(d.p / "a", d.p / "c", fs::copy_options::recursive);
+  write_image(d / "c/train/dog/img1.bmp", 30, 30, 90, 90, 90);  // the same names and counts, another image
+  const std::string flags =
+      "train --model resnet20 --data folder --image-size 16 --batch 4 --max-steps 2 --save-every 1 --threads 1 "
+      "--no-tensorboard --data-dir ";
+  auto r = kiln::testing::run_kiln(flags + d / "a --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string ckpt = d / "run/checkpoints/step-000000001.kiln";
+  r = kiln::testing::run_kiln(flags + d / "b --resume " + ckpt + " --out " + d / "copy", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
+  r = kiln::testing::run_kiln(flags + d / "c --resume " + ckpt + " --out " + d / "other", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "data contents: checkpoint [\"train/: 8 files, "), r.output);
+  CHECK_MESSAGE(contains(r.output, "first difference at entry 0"), r.output);
+}
+
 TEST_CASE("train: an image folder's class names and image size travel with the weights to kiln eval") {
   TempDir d("kiln_img");
   make_folder(d.p.string(), 4);

@@ -1,10 +1,15 @@
 // nn ops: forward against naive references written here, backward against finite differences.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "base/cpu_isa.h"
+#include "kernels/cpu/loops.h"
 #include "kiln.h"
 #include "tests/softmax_edges.h"
 
@@ -1148,4 +1153,36 @@ TEST_CASE("elementwise leaves give the same bits at 1, 2 and 3 threads in every 
   }
   set_num_threads(saved);
   set_cpu_isa(before);
+}
+
+// The fixed chunks of a long row are even (the threads' shares balanced) and depend on the length
+// only: 100000 elements were 32768, 32768, 32768 and 1696 (two threads: 65536 and 34464).
+TEST_CASE("parallel_for_fixed cuts a range into even chunks that depend on its length only") {
+  const int saved = num_threads();
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs;
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    std::mutex mu;
+    std::vector<std::pair<int64_t, int64_t>> chunks;
+    cpu::parallel_for_fixed(5, 100005, 32768, [&](int64_t b, int64_t e) {
+      std::lock_guard<std::mutex> lock(mu);
+      chunks.emplace_back(b, e);
+    });
+    std::sort(chunks.begin(), chunks.end());
+    runs.push_back(chunks);
+  }
+  set_num_threads(saved);
+  CHECK(runs[0] == runs[1]);
+  CHECK(runs[0] == runs[2]);
+  const auto& c = runs[0];
+  REQUIRE(c.size() == 4);  // ceil(100000 / 32768)
+  CHECK(c.front().first == 5);
+  CHECK(c.back().second == 100005);
+  for (size_t i = 0; i + 1 < c.size(); ++i) {
+    CHECK(c[i].second == c[i + 1].first);
+    CHECK(c[i].second - c[i].first == 25024);  // 25000 rounded up to a multiple of 64
+  }
+  CHECK(c.back().second - c.back().first == 100000 - 3 * 25024);
+  CHECK(cpu::fixed_chunk(100, 16384) == 128);  // one chunk, the range shorter than it
+  CHECK(cpu::fixed_chunk(65536, 32768) == 32768);
 }

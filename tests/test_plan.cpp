@@ -53,6 +53,47 @@ TEST_CASE("plan: predicted peaks are within 10% of the measured CPU peaks of the
   }
 }
 
+// What a plan needs past a memory is plan_fits's own rule: on a GPU with its 12.5% and 512 MiB of
+// headroom, so a peak below the memory can still be short (peak - memory wrapped around to ~1.8e13 MiB).
+TEST_CASE("plan: plan_shortfall follows plan_fits on the CPU and on a GPU") {
+  const Device gpu{DeviceType::cuda, 0};
+  tools::MemoryPlan p;
+  p.peak = size_t(100) << 20;
+  CHECK(tools::plan_shortfall(p, size_t(100) << 20, kCPU) == 0);
+  CHECK(tools::plan_shortfall(p, size_t(90) << 20, kCPU) == size_t(10) << 20);
+  // 100 MiB * 1.125 + 512 MiB = 624.5 MiB on a GPU.
+  const size_t needs = (size_t(6245) << 20) / 10;
+  CHECK(tools::plan_fits(p, needs, gpu));
+  CHECK(tools::plan_shortfall(p, needs, gpu) == 0);
+  CHECK(!tools::plan_fits(p, size_t(200) << 20, gpu));
+  CHECK(tools::plan_shortfall(p, size_t(200) << 20, gpu) == needs - (size_t(200) << 20));
+  CHECK(tools::plan_shortfall(p, needs - 1, gpu) == 1);
+  // A plan past the memory's bounds in both.
+  CHECK(tools::plan_shortfall(p, 0, kCPU) == p.peak);
+  CHECK(tools::plan_shortfall(p, 0, gpu) == needs);
+}
+
+// Bytes reserved per sample (the data loader's micro-batches in flight) are taken off the memory for
+// each candidate micro-batch, so a large --batch does not cost a small micro-batch its room.
+TEST_CASE("plan: largest_micro_batch takes a per-sample reserve off the memory for each candidate") {
+  tools::PlanOptions o;
+  o.model = "resnet20";
+  CHECK(tools::memory_after_reserve(1000, 10, 7) == 930);
+  CHECK(tools::memory_after_reserve(1000, 10, 101) == 0);
+  CHECK(tools::memory_after_reserve(1000, 0, 101) == 1000);
+  CHECK(tools::memory_after_reserve(1000, size_t(1) << 40, int64_t(1) << 40) == 0);  // no overflow
+  // Room for the plan of 2 with its accumulation and 2 samples' reserve: the reserve of the whole
+  // batch of 1024 (1 MiB each) would leave nothing.
+  tools::PlanOptions q = o;
+  q.accum_steps = 512;
+  const tools::MemoryPlan accum_two = tools::plan_memory(q, 2);
+  const size_t reserve = size_t(1) << 20;
+  const auto [m, p] = tools::largest_micro_batch(o, 1024, accum_two.peak + 2 * reserve, kCPU, reserve);
+  CHECK(m == 2);
+  CHECK(p.micro_batch == 2);
+  CHECK(tools::largest_micro_batch(o, 1024, accum_two.peak + 2 * reserve - 1, kCPU, reserve).first < 2);
+}
+
 TEST_CASE("plan: recompute keeps less; a smaller micro-batch fits a smaller memory; a memory too small says so") {
   tools::PlanOptions o;
   o.model = "resnet20";

@@ -691,6 +691,41 @@ TEST_CASE("train: a resume compares the data's contents, not its paths, and reco
   CHECK_MESSAGE(contains(r.output, "data contents: checkpoint [\"--text[0]: "), r.output);
 }
 
+// A resume compares an MNIST-format --data-dir by its idx files' sizes and CRC-32C, not its path: the
+// same files elsewhere continue the run, other labels with the same classes and counts are refused.
+TEST_CASE("train: a resume from an MNIST-format --data-dir compares its files' contents") {
+  const std::string fm = kiln::io::kFashionMnistDir;
+  REQUIRE_MESSAGE(std::filesystem::exists(fm + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  TempDir d("kiln_mnist_resume");
+  for (const char* dir : {"a", "b"}) {
+    std::filesystem::create_directories(d.p / dir);
+    for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                          "t10k-labels-idx1-ubyte.gz"})
+      std::filesystem::create_symlink(fm + "/" + f, d.p / dir / f);
+  }
+  // b: the training labels shifted by one class (an uncompressed file is read before its .gz).
+  {
+    const int n = 60000;
+    std::string labels = {0, 0, 8, 1, char(n >> 24), char(n >> 16), char(n >> 8), char(n)};
+    for (int i = 0; i < n; ++i) labels.push_back(char(i % 10));
+    std::ofstream(d.p / "b/train-labels-idx1-ubyte", std::ios::binary) << labels;
+  }
+  const std::string flags =
+      "train --model resnet20 --limit-train 16 --limit-eval 8 --batch 8 --max-steps 2 --save-every 1 --threads 1 "
+      "--no-tensorboard --data-dir ";
+  auto r = run_kiln(flags + fm + " --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string ckpt = d / "run/checkpoints/step-000000001.kiln";
+  r = run_kiln(flags + d / "a --resume " + ckpt + " --out " + d / "same", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
+  r = run_kiln(flags + d / "b --resume " + ckpt + " --out " + d / "other", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "data contents: checkpoint [\"train-images-idx3-ubyte.gz: "), r.output);
+  CHECK_MESSAGE(contains(r.output, "first difference at entry 1: checkpoint \"train-labels-idx1-ubyte.gz: "), r.output);
+}
+
 // A run under --memory-cap resumes under the same cap, and continues bit for bit (the resume held
 // the read weights beside the model's and failed: "CPU memory cap reached"). A checkpoint whose
 // micro-batch no longer fits a smaller cap is refused as such, not as another configuration.
@@ -739,5 +774,26 @@ TEST_CASE("train: --micro-batch auto counts the data loader's prefetched batches
       d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "less the data loader's "), r.output);
+  CHECK_MESSAGE(!contains(r.output, "out of memory"), r.output);
+}
+
+// The loader's batches are micro-batches (its batch_size), so what it holds grows with the candidate
+// micro-batch, not with --batch: a whole --batch of 1024 per batch in flight (4.4 MiB without workers)
+// refused this run ("even a micro-batch of 1 needs ..."), which fits a small micro-batch.
+TEST_CASE("train: --micro-batch auto reserves the loader's micro-batches, not whole --batch ones") {
+  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  TempDir d("kiln_cap_micro_loader");
+  const std::string flags =
+      "train --model resnet20 --limit-train 1024 --limit-eval 64 --batch 1024 --micro-batch auto --max-steps 1 "
+      "--threads 1 --memory-cap 18MiB --no-tensorboard";
+  auto r = run_kiln(flags + " --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "kiln train: --micro-batch auto: "), r.output);
+  CHECK_MESSAGE(contains(r.output, " batches of "), r.output);  // the workers' prefetched ones and the one in hand
+  CHECK_MESSAGE(!contains(r.output, "out of memory"), r.output);
+  r = run_kiln(flags + " --workers 0 --out " + d / "run0", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "(1 batch of "), r.output);  // no workers: only the one in hand
   CHECK_MESSAGE(!contains(r.output, "out of memory"), r.output);
 }

@@ -651,7 +651,8 @@ class Trainer {
         }
         refuse(config_differences(was, now));
         const std::string isa_was = saved.value("cpu_isa", std::string()), isa_now = resolved_.value("cpu_isa", "");
-        if (lead_ && !isa_was.empty() && isa_was != isa_now)
+        // Only the CPU's kernels differ between sets: a GPU run's numbers come from the GPU.
+        if (lead_ && !device_.is_cuda() && !isa_was.empty() && isa_was != isa_now)
           std::fprintf(stderr,
                        "kiln train: warning: %s was written under the CPU kernel set %s, this run uses %s: it "
                        "continues, but its numbers will differ from the original run's in the last bits "
@@ -708,11 +709,18 @@ class Trainer {
       } catch (const Error& e) {
         return "micro-batch: " + was + ", which this run cannot plan: " + e.message();
       }
-      // Not another configuration: the same flags with less memory. Said as such, with what it needs.
-      KILN_CHECK(plan_fits(p, plan_budget_, device_), "--micro-batch auto: the checkpoint's run used micro-batch ",
-                 saved, ", which needs ", mib(p.peak), " at the peak, more than the ", mib(plan_budget_),
-                 " this run has for it (under --memory-cap, or free); another micro-batch (the plan's ", micro_,
-                 ") would not continue the run: give it ", mib(p.peak - plan_budget_), " more (a larger --memory-cap)");
+      // Not another configuration: the same flags with less memory. Said as such, with what it needs,
+      // by the plan's own rule (a GPU's headroom included) and with the loader's batches of `saved` taken off.
+      const size_t budget = memory_after_reserve(plan_budget_, loader_per_sample_, saved);
+      KILN_CHECK(
+          plan_fits(p, budget, device_), "--micro-batch auto: the checkpoint's run used micro-batch ", saved,
+          ", which needs ", mib(p.peak), " at the peak",
+          device_.is_cuda() ? " (and the GPU's headroom: 12.5% and 512 MiB)" : "", ", more than the ", mib(budget),
+          " this run has for it (",
+          device_.is_cuda() ? "free on " + device_.str() : std::string("under --memory-cap, or available"),
+          "); another micro-batch (the plan's ", micro_, ") would not continue the run: give it ",
+          mib(plan_shortfall(p, budget, device_)), " more",
+          device_.is_cuda() ? " (free memory on " + device_.str() + ")" : std::string(" (a larger --memory-cap)"));
       why = "--micro-batch auto: resuming with the checkpoint's micro-batch " + std::to_string(saved) +
             " (it fits; the plan's " + std::to_string(micro_) + " would not continue the run)";
     } else if (!c_.micro_batch.empty() && c_.micro_batch == saved_flag && saved < micro_) {
@@ -862,16 +870,16 @@ class Trainer {
       from = "available on this machine";
     }
     // The data loader starts after the plan, and then holds batches the plan does not count: up to
-    // its prefetch depth built ahead (workers > 0) and the one in hand, each at most a --batch's worth
-    // (io/data.cpp's worker_loop). Taken off the host's memory (a GPU's holds none of them).
-    size_t loader_bytes = 0;
+    // its prefetch depth built ahead (workers > 0) and the one in hand, each a micro-batch (the loader's
+    // batch_size, io/data.cpp's worker_loop). Taken off the host's memory for each candidate micro-batch
+    // (a GPU's holds none of them).
     int64_t in_flight = 0;
+    loader_per_sample_ = 0;
     if (!device_.is_cuda()) {
       size_t sample_bytes = 0;
       for (const auto& [n, t] : task_.train_data->get_batch({0}, 0)) sample_bytes += t.nbytes();
       in_flight = (c_.workers > 0 ? io::LoaderOptions().prefetch : 0) + 1;  // the loader below takes the default
-      loader_bytes = size_t(in_flight * c_.batch) * sample_bytes;
-      memory = memory > loader_bytes ? memory - loader_bytes : 0;
+      loader_per_sample_ = size_t(in_flight) * sample_bytes;
     }
     // The plan counts the model's parameters and buffers, which are already held (and so not in
     // the memory measured above): give them back to it.
@@ -879,19 +887,23 @@ class Trainer {
     for (const auto& [n, t] : model().named_parameters()) model_bytes += t.nbytes();
     for (const auto& [n, t] : model().named_buffers()) model_bytes += t.nbytes();
     const size_t budget = memory + model_bytes;
-    // "16.0 MiB: 13.2 MiB free under --memory-cap 16MiB (...) + the model's 2.8 MiB, which the plan counts"
-    const std::string loader_text = loader_bytes ? " less the data loader's " + mib(loader_bytes) + " (" +
-                                                       std::to_string(in_flight) + " batches of " +
-                                                       std::to_string(c_.batch) + " in flight)"
-                                                 : std::string();
-    const std::string budget_text = mib(budget) + " for the step: " + mib(memory) + " " + from + loader_text +
-                                    " + the model's " + mib(model_bytes) +
-                                    " of weights and buffers, which the plan counts";
+    // "15.0 MiB for the step at a micro-batch of 8: 13.2 MiB free under --memory-cap 16MiB (...) less the
+    // data loader's 1.0 MiB (2 batches of 8 in flight) + the model's 2.8 MiB, which the plan counts"
+    auto budget_text = [&](int64_t m) {
+      const size_t loader_bytes = budget - memory_after_reserve(budget, loader_per_sample_, m);
+      const std::string loader_text =
+          loader_per_sample_ ? " less the data loader's " + mib(loader_bytes) + " (" + std::to_string(in_flight) +
+                                   (in_flight == 1 ? " batch of " : " batches of ") + std::to_string(m) + " in flight)"
+                             : std::string();
+      return mib(budget - loader_bytes) + " for the step at a micro-batch of " + std::to_string(m) + ": " +
+             mib(memory) + " " + from + loader_text + " + the model's " + mib(model_bytes) +
+             " of weights and buffers, which the plan counts";
+    };
     plan_options_ = po;  // a resume plans the checkpoint's micro-batch against the same memory
     plan_budget_ = budget;
     std::pair<int64_t, MemoryPlan> found;
     try {
-      found = largest_micro_batch(po, c_.batch, budget, device_);
+      found = largest_micro_batch(po, c_.batch, budget, device_, loader_per_sample_);
     } catch (const Error& e) {  // no micro-batch the model can train on: the same on every rank
       return fail("--micro-batch auto: " + e.message());
     }
@@ -909,18 +921,19 @@ class Trainer {
     if (m == 0 && mine > 0)
       return fail("--micro-batch auto: rank " + std::to_string(short_rank) +
                   " cannot fit even the smallest micro-batch (its own error says what it needs and has); " +
-                  "this rank, " + std::to_string(rank_) + ", fits " + std::to_string(mine) + " in " + budget_text);
+                  "this rank, " + std::to_string(rank_) + ", fits " + std::to_string(mine) + " in " +
+                  budget_text(mine));
     if (m == 0)  // p: the smallest micro-batch the model trains on (1, or 2 past a batch norm over 1x1)
       return fail((world_ > 1 ? "rank " + std::to_string(rank_) + ": " : std::string()) +
                   "--micro-batch auto: even a micro-batch of " + std::to_string(p.micro_batch) +
                   (p.micro_batch > 1 ? " (the smallest the model can train on)" : "") + " needs " + mib(p.peak) +
-                  " at the peak (`kiln plan` shows where it goes), more than the " + budget_text);
+                  " at the peak (`kiln plan` shows where it goes), more than the " + budget_text(p.micro_batch));
     micro_ = m;
     if (lead_)
       std::printf(
           "kiln train: --micro-batch auto: %lld x %lld accumulation steps for the batch of %lld (planned "
           "step peak %s of the %s)\n",
-          (long long)m, (long long)(c_.batch / m), (long long)c_.batch, mib(p.peak).c_str(), budget_text.c_str());
+          (long long)m, (long long)(c_.batch / m), (long long)c_.batch, mib(p.peak).c_str(), budget_text(m).c_str());
     return -1;
   }
 
@@ -1469,6 +1482,7 @@ class Trainer {
   int64_t micro_ = 0;  // the loader's batch: --batch, or its micro-batch
   PlanOptions plan_options_;  // --micro-batch auto's plan and the memory it had (plan_budget_ bytes)
   size_t plan_budget_ = 0;
+  size_t loader_per_sample_ = 0;  // the data loader's host bytes per sample of a micro-batch (0 on a GPU)
   bool redoable_ = false;  // the step in progress is still in its micro-batches (out of memory: redo it)
   struct CpuCap {      // --memory-cap, lifted when the run ends (kiln.train shares the process)
     size_t bytes = 0;

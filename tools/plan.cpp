@@ -312,12 +312,36 @@ MemoryPlan plan_memory(const PlanOptions& o, int64_t micro_batch) {
   return p;
 }
 
+namespace {
+// What a plan needs of `device`'s memory: the peak, and on a GPU its headroom.
+double plan_needs(const MemoryPlan& p, Device device) {
+  if (!device.is_cuda()) return double(p.peak);
+  return double(p.peak) * 1.125 + double(size_t(512) << 20);
+}
+}  // namespace
+
 bool plan_fits(const MemoryPlan& p, size_t memory, Device device) {
-  if (!device.is_cuda()) return p.peak <= memory;
-  return double(p.peak) * 1.125 + double(size_t(512) << 20) <= double(memory);
+  if (!device.is_cuda()) return p.peak <= memory;  // exact: a double would round bytes past 2^53
+  return plan_needs(p, device) <= double(memory);
 }
 
-std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t batch, size_t memory, Device device) {
+size_t plan_shortfall(const MemoryPlan& p, size_t memory, Device device) {
+  if (plan_fits(p, memory, device)) return 0;
+  if (!device.is_cuda()) return p.peak - memory;
+  return std::max<size_t>(1, size_t(std::ceil(plan_needs(p, device) - double(memory))));
+}
+
+size_t memory_after_reserve(size_t memory, size_t reserve_per_sample, int64_t micro_batch) {
+  if (reserve_per_sample == 0 || micro_batch <= 0) return memory;
+  if (size_t(micro_batch) > memory / reserve_per_sample) return 0;  // also where the product would overflow
+  return memory - reserve_per_sample * size_t(micro_batch);
+}
+
+std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t batch, size_t memory, Device device,
+                                                   size_t reserve_per_sample) {
+  auto fits = [&](const MemoryPlan& p) {
+    return plan_fits(p, memory_after_reserve(memory, reserve_per_sample, p.micro_batch), device);
+  };
   // The divisors in order, in O(sqrt(batch)) (a loop to `batch` took minutes for --batch 1e12).
   std::vector<int64_t> divisors, upper;
   for (int64_t d = 1; d <= batch / d; ++d)
@@ -349,14 +373,14 @@ std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t
   std::pair<int64_t, MemoryPlan> best{0, smallest};  // none fits: what the smallest trainable one needs
   if (o.accum_steps == 1 && lo < hi) {
     MemoryPlan whole = plan_memory(o, batch);
-    if (plan_fits(whole, memory, device)) return {batch, whole};
+    if (fits(whole)) return {batch, whole};
     --hi;
   }
-  if (!plan_fits(smallest, memory, device)) return best;
+  if (!fits(smallest)) return best;
   while (lo <= hi) {
     const int64_t mid = (lo + hi) / 2;
     MemoryPlan p;
-    if (trainable(size_t(mid), p) && plan_fits(p, memory, device)) {
+    if (trainable(size_t(mid), p) && fits(p)) {
       best = {divisors[size_t(mid)], p};
       lo = mid + 1;
     } else {

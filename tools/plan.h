@@ -69,9 +69,17 @@ MemoryPlan plan_memory(const PlanOptions& o, int64_t micro_batch);
 // Whether a plan fits `memory` bytes on `device` (a GPU also needs its context and the caching
 // allocator's rounding: 12.5% and 512 MiB of headroom).
 bool plan_fits(const MemoryPlan& p, size_t memory, Device device);
+// The bytes a plan needs past `memory` on `device` by plan_fits's rule (0 when it fits): with a
+// GPU's headroom this can be positive while the peak alone is below `memory`.
+size_t plan_shortfall(const MemoryPlan& p, size_t memory, Device device);
 // The largest divisor of `batch` whose plan fits (0 when even 1 does not), with that plan: a divisor
 // below `batch` is planned as o.accum_steps x batch / divisor micro-batches with their gradients held.
-std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t batch, size_t memory, Device device);
+// `reserve_per_sample` bytes per sample of a candidate micro-batch are taken off `memory` for it
+// first (the data loader's batches in flight, which grow with the micro-batch).
+std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t batch, size_t memory, Device device,
+                                                   size_t reserve_per_sample = 0);
+// `memory` less `reserve_per_sample` bytes for each of `micro_batch` samples (0 when they take all of it).
+size_t memory_after_reserve(size_t memory, size_t reserve_per_sample, int64_t micro_batch);
 // The most values a planned step's largest tensor may hold: past 2^52 (16 PiB of f32) the byte counts
 // of a step's tensors, summed, could overflow 64 bits; no machine holds such a step anyway.
 inline constexpr int64_t kMaxPlannedValues = int64_t(1) << 52;

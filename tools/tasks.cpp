@@ -80,6 +80,51 @@ StepResult score(const Tensor& logits, const Tensor& target, double smoothing, b
 Task resnet_task(const TrainConfig& c, std::shared_ptr<const io::Dataset> train, std::shared_ptr<const io::Dataset> test,
                  int64_t channels, int64_t classes, nlohmann::json info);
 
+// One data file's entry in data_info.contents: "label: N bytes, crc32c X". What a resume compares
+// instead of the file's path (io/run_checkpoint.cpp), so the same bytes under another path resume.
+std::string file_content(const std::string& path, const std::string& label) {
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in.good(), label, " ", path, ": cannot open");
+  std::vector<char> buf(size_t(1) << 20);
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  while (in) {
+    in.read(buf.data(), std::streamsize(buf.size()));
+    const size_t got = size_t(in.gcount());
+    crc = io::crc32c(buf.data(), got, crc);
+    bytes += got;
+  }
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", crc);
+  return label + ": " + std::to_string(bytes) + " bytes, crc32c " + hex;
+}
+
+// An image folder split's entry in data_info.contents: its files' paths below `dir`, sorted, and
+// sizes, hashed (FNV-1a 64). Reading every image's bytes would cost a pass over the data set; the
+// names and sizes tell another folder (or an added, removed or re-encoded image) at a stat each.
+std::string folder_content(const io::ImageFolderDataset& ds, const std::filesystem::path& dir,
+                           const std::string& label) {
+  std::vector<std::pair<std::string, uint64_t>> files;
+  uint64_t total = 0;
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    std::error_code ec;
+    const uint64_t size = std::filesystem::file_size(ds.file(i), ec);
+    KILN_CHECK(!ec, label, " ", ds.file(i), ": cannot read its size (", ec.message(), ")");
+    files.emplace_back(std::filesystem::path(ds.file(i)).lexically_relative(dir).generic_string(), size);
+    total += size;
+  }
+  std::sort(files.begin(), files.end());
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](const std::string& text) {
+    for (const char ch : text) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  };
+  for (const auto& f : files) mix(f.first + "\t" + std::to_string(f.second) + "\n");
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return label + ": " + std::to_string(files.size()) + " files, " + std::to_string(total) + " bytes, names and sizes " +
+         hex;
+}
+
 Task image_folder(const TrainConfig& c) {
   namespace fs = std::filesystem;
   const fs::path root(c.data_dir);
@@ -115,6 +160,10 @@ Task image_folder(const TrainConfig& c) {
                          {"shape", {channels, c.image_size, c.image_size}},
                          {"classes", test->classes()},
                          {"image_size", c.image_size}};
+  // What the folders hold, so a resume from another --data-dir with the same classes and counts is told.
+  info["contents"] = {folder_content(*test, val, val.filename().string() + "/")};
+  if (train != test)
+    info["contents"].insert(info["contents"].begin(), folder_content(*train, root / "train", "train/"));
   // The folders are in class order: a --limit takes samples spread over them, not the first class.
   Task t = resnet_task(c, limit(train, c.limit_train, true), limit(test, c.limit_eval, true), channels,
                        int64_t(test->classes().size()), info);
@@ -145,8 +194,15 @@ Task image_classification(const TrainConfig& c) {
                 "(or pass --data-dir)");
     throw;
   }
+  // What the idx files hold (named by file), so a resume from another --data-dir is told by its bytes.
+  std::vector<std::string> contents;
+  for (const auto& f : d.files) contents.push_back(file_content(f, std::filesystem::path(f).filename().string()));
   return resnet_task(c, d.train, d.test, d.channels, d.num_classes,
-                     {{"name", c.data}, {"dir", dir}, {"shape", {d.channels, d.height, d.width}}, {"classes", d.class_names}});
+                     {{"name", c.data},
+                      {"dir", dir},
+                      {"shape", {d.channels, d.height, d.width}},
+                      {"classes", d.class_names},
+                      {"contents", contents}});
 }
 
 // The parts every task sets the same way: its kind, metric, model and the two data sets cut to
@@ -231,22 +287,7 @@ models::BertConfig bert_config_for(const TrainConfig& c, const BertName& bn, con
 // an absolute path, a copy) resume and a changed file is named. The files are read whole anyway.
 std::vector<std::string> file_contents(const std::vector<std::string>& files, const std::string& flag) {
   std::vector<std::string> out;
-  std::vector<char> buf(size_t(1) << 20);
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::ifstream in(files[i], std::ios::binary);
-    KILN_CHECK(in.good(), flag, " ", files[i], ": cannot open");
-    uint32_t crc = 0;
-    uint64_t bytes = 0;
-    while (in) {
-      in.read(buf.data(), std::streamsize(buf.size()));
-      const size_t got = size_t(in.gcount());
-      crc = io::crc32c(buf.data(), got, crc);
-      bytes += got;
-    }
-    char hex[9];
-    std::snprintf(hex, sizeof hex, "%08x", crc);
-    out.push_back(flag + "[" + std::to_string(i) + "]: " + std::to_string(bytes) + " bytes, crc32c " + hex);
-  }
+  for (size_t i = 0; i < files.size(); ++i) out.push_back(file_content(files[i], flag + "[" + std::to_string(i) + "]"));
   return out;
 }
 

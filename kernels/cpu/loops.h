@@ -94,11 +94,22 @@ template <int N> Loop<N> make_loop(const std::array<const TensorDesc*, N>& d) {
   return L;
 }
 
-// Calls fn(b, e) once per fixed chunk [begin + i*chunk, min(end, begin + (i+1)*chunk)), the chunks
-// spread over the threads. parallel_for's split points move with the thread count; these do not, so a
-// vectorised leaf sees the same body/tail partition (and gives the same bits) whatever the threads.
-template <typename Fn> void parallel_for_fixed(int64_t begin, int64_t end, int64_t chunk, Fn&& fn) {
+// The chunk parallel_for_fixed cuts [0, n) into for a target of `target` elements: ceil(n / target)
+// equal chunks, each rounded up to a multiple of 64 elements (a vector body's whole steps), the last
+// taking the rest. It depends on n only, not on the thread count; and the chunks are even, so two
+// threads share 100000 elements as 50048 and 49952, not 65536 and 34464 of fixed 32768-element ones.
+inline int64_t fixed_chunk(int64_t n, int64_t target) {
+  const int64_t pieces = std::max<int64_t>(1, (n + target - 1) / target);
+  return std::max<int64_t>(64, ((n + pieces - 1) / pieces + 63) / 64 * 64);
+}
+
+// Calls fn(b, e) once per chunk [begin + i*c, min(end, begin + (i+1)*c)) of c = fixed_chunk(end - begin,
+// target), the chunks spread over the threads. parallel_for's split points move with the thread count;
+// these do not, so a vectorised leaf sees the same body/tail partition (and gives the same bits)
+// whatever the threads.
+template <typename Fn> void parallel_for_fixed(int64_t begin, int64_t end, int64_t target, Fn&& fn) {
   if (end <= begin) return;
+  const int64_t chunk = fixed_chunk(end - begin, target);
   parallel_for(0, (end - begin + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t b = begin + c * chunk;

@@ -16,11 +16,12 @@ namespace {
 constexpr int64_t kChunk = 16384;
 
 void lamb_one(const isa::RowLeaves& rows, const OptimSlice& s, const OptimHyper& h, const optim_math::AdamF& a) {
-  const int64_t nchunks = (s.n + kChunk - 1) / kChunk;
+  // parallel_for_fixed's chunks (fixed by s.n, so the sums' order is too), each chunk's sums kept apart.
+  const int64_t chunk = fixed_chunk(s.n, kChunk), nchunks = (s.n + chunk - 1) / chunk;
   std::vector<double> wsq(size_t(nchunks), 0.0), usq(size_t(nchunks), 0.0);
   parallel_for(0, nchunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      const int64_t i = c * kChunk, n = std::min(s.n - i, kChunk);
+      const int64_t i = c * chunk, n = std::min(s.n - i, chunk);
       rows.lamb_moments(n, s.w + i, s.g + i, s.s0 + i, s.s1 + i, a, &wsq[size_t(c)], &usq[size_t(c)]);
     }
   });
