@@ -19,6 +19,13 @@ using kiln::testing::TempDir;
 using json = nlohmann::json;
 
 namespace {
+// The runs below train on Debian's Fashion-MNIST: without it, each says what to install (REQUIRE
+// throws, so the test case that calls this ends here).
+void require_fashion_mnist() {
+  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+}
+
 std::vector<json> read_jsonl(const std::string& path) {
   std::vector<json> out;
   std::istringstream in(read_text(path));
@@ -148,8 +155,7 @@ TEST_CASE("train flags: --help shows each on/off flag pair's real default") {
 }
 
 TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees with its summary") {
-  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
-                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  require_fashion_mnist();
   TempDir d("kiln_train");
   // Flags from a config file, one of them overridden on the command line.
   std::ofstream(d / "run.json") << R"({"epochs": 2, "batch": 64, "lr": 0.5, "limit_train": 1536, "limit_eval": 500,
@@ -366,8 +372,7 @@ TEST_CASE("train: --accum-steps K with batch B updates like one batch of K x B (
 // --channels-last feeds NHWC batches; on the CPU the kernels run on NCHW copies, so the run must log
 // exactly the same losses as the default layout, step for step.
 TEST_CASE("train: --channels-last trains the same ResNet-20 steps bit for bit on the CPU") {
-  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
-                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  require_fashion_mnist();
   TempDir d("kiln_train_cl");
   std::vector<std::vector<double>> losses;
   for (const char* layout : {"", " --channels-last"}) {
@@ -530,8 +535,7 @@ TEST_CASE("train: --micro-batch auto plans the gradients held across micro-batch
 // auto takes such a micro-batch as not fitting and names the smallest it can train on (it died with
 // batch_norm_relu's error, exit 1).
 TEST_CASE("train: --micro-batch auto skips a micro-batch the model cannot train on") {
-  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
-                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  require_fashion_mnist();
   TempDir d("kiln_micro_bn");
   const auto r = run_kiln(
       "train --model resnet18 --batch 4 --micro-batch auto --memory-cap 127MiB --max-steps 1 "
@@ -550,8 +554,7 @@ TEST_CASE("train: --micro-batch auto skips a micro-batch the model cannot train 
 // counts the data the run uses. All 70,000 Fashion-MNIST images (52.4 MiB of pixels) stayed held and
 // counted, so a 40 MiB cap that ResNet-20 on 64 of them fits in stopped the run before its first step.
 TEST_CASE("train: --memory-cap counts the --limit-train samples a run holds, not the whole data set") {
-  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
-                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  require_fashion_mnist();
   TempDir d("kiln_cap_limit");
   const auto r = run_kiln(
       "train --model resnet20 --batch 16 --max-steps 2 --limit-train 64 --limit-eval 16 --threads 2 "
@@ -695,8 +698,7 @@ TEST_CASE("train: a resume compares the data's contents, not its paths, and reco
 // same files elsewhere continue the run, other labels with the same classes and counts are refused.
 TEST_CASE("train: a resume from an MNIST-format --data-dir compares its files' contents") {
   const std::string fm = kiln::io::kFashionMnistDir;
-  REQUIRE_MESSAGE(std::filesystem::exists(fm + "/train-images-idx3-ubyte.gz"),
-                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  require_fashion_mnist();
   TempDir d("kiln_mnist_resume");
   for (const char* dir : {"a", "b"}) {
     std::filesystem::create_directories(d.p / dir);
@@ -764,8 +766,7 @@ TEST_CASE("train: --micro-batch auto under --memory-cap resumes under the same c
 // --micro-batch auto leaves room for the data loader's batches in flight: the plan it made under
 // this cap ran out of memory at step 2 (a worker's prefetched batches) and was redone smaller.
 TEST_CASE("train: --micro-batch auto counts the data loader's prefetched batches") {
-  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
-                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  require_fashion_mnist();
   TempDir d("kiln_cap_loader");
   const auto r = run_kiln(
       "train --model resnet20 --limit-train 256 --limit-eval 64 --batch 64 --micro-batch auto --max-steps 2 "
@@ -781,8 +782,7 @@ TEST_CASE("train: --micro-batch auto counts the data loader's prefetched batches
 // micro-batch, not with --batch: a whole --batch of 1024 per batch in flight (4.4 MiB without workers)
 // refused this run ("even a micro-batch of 1 needs ..."), which fits a small micro-batch.
 TEST_CASE("train: --micro-batch auto reserves the loader's micro-batches, not whole --batch ones") {
-  REQUIRE_MESSAGE(std::filesystem::exists(std::string(kiln::io::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"),
-                  "Fashion-MNIST is missing: apt-get install dataset-fashion-mnist");
+  require_fashion_mnist();
   TempDir d("kiln_cap_micro_loader");
   const std::string flags =
       "train --model resnet20 --limit-train 1024 --limit-eval 64 --batch 1024 --micro-batch auto --max-steps 1 "
