@@ -9,8 +9,9 @@
 #include <numeric>
 #include <sstream>
 
-#include "engine/random.h"
 #include "base/thread_pool.h"
+#include "engine/random.h"
+#include "io/checkpoint.h"
 #include "io/idx.h"
 
 namespace kiln::io {
@@ -246,10 +247,16 @@ std::string find_idx(const std::string& dir, const std::string& stem) {
 // copied out, so the file's whole tensor is freed here.
 std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& split, int64_t rows,
                                      std::vector<std::string>& files) {
-  const std::string ip = find_idx(dir, split + "-images-idx3-ubyte"), lp = find_idx(dir, split + "-labels-idx1-ubyte");
-  files.push_back(ip);
-  files.push_back(lp);
+  const std::string is = split + "-images-idx3-ubyte", ls = split + "-labels-idx1-ubyte";
+  const std::string ip = find_idx(dir, is), lp = find_idx(dir, ls);
   Tensor images = load_idx(ip), labels = load_idx(lp);
+  auto content = [&files](const std::string& stem, const Tensor& t) {
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08x", crc32c(t.data<uint8_t>(), t.nbytes()));
+    files.push_back(stem + ": " + std::to_string(t.nbytes()) + " bytes, crc32c " + hex);
+  };
+  content(is, images);
+  content(ls, labels);
   KILN_CHECK(images.dtype() == DType::u8 && images.dim() == 3, ip, ": expected u8 images [N, H, W], got ",
              images.type_str());
   KILN_CHECK(labels.dtype() == DType::u8 && labels.dim() == 1, lp, ": expected u8 labels [N], got ", labels.type_str());
@@ -286,7 +293,7 @@ ImageClassData load_mnist_dir(const std::string& dir, const ImageTransform& trai
   d.channels = 1;
   d.height = xtr.size(2);
   d.width = xtr.size(3);
-  d.files = std::move(files);
+  d.contents = std::move(files);
   if (name == "fashion-mnist")
     d.class_names = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
   else

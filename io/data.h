@@ -124,7 +124,9 @@ struct ImageClassData {
   int64_t num_classes = 0;
   int64_t channels = 0, height = 0, width = 0;
   std::vector<std::string> class_names;
-  std::vector<std::string> files;  // the idx files read, training images and labels first
+  // What the idx files hold, training images and labels first: "stem: N bytes, crc32c X" over the
+  // decoded bytes (a gunzipped or re-gzipped copy of the same data gives the same entries).
+  std::vector<std::string> contents;
 };
 
 // Where Debian's dataset-fashion-mnist package puts the files.

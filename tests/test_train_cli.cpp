@@ -694,7 +694,7 @@ TEST_CASE("train: a resume compares the data's contents, not its paths, and reco
   CHECK_MESSAGE(contains(r.output, "data contents: checkpoint [\"--text[0]: "), r.output);
 }
 
-// A resume compares an MNIST-format --data-dir by its idx files' sizes and CRC-32C, not its path: the
+// A resume compares an MNIST-format --data-dir by its idx files' decoded bytes (size and CRC-32C), not its path: the
 // same files elsewhere continue the run, other labels with the same classes and counts are refused.
 TEST_CASE("train: a resume from an MNIST-format --data-dir compares its files' contents") {
   const std::string fm = kiln::io::kFashionMnistDir;
@@ -706,7 +706,10 @@ TEST_CASE("train: a resume from an MNIST-format --data-dir compares its files' c
                           "t10k-labels-idx1-ubyte.gz"})
       std::filesystem::create_symlink(fm + "/" + f, d.p / dir / f);
   }
-  // b: the training labels shifted by one class (an uncompressed file is read before its .gz).
+  // a: the same training labels gunzipped beside their .gz (read first): the same data, so it resumes.
+  // b: the training labels shifted by one class, under the same name: only the CRC can tell them.
+  REQUIRE(std::system(
+              ("gunzip -c " + fm + "/train-labels-idx1-ubyte.gz > " + d / "a/train-labels-idx1-ubyte").c_str()) == 0);
   {
     const int n = 60000;
     std::string labels = {0, 0, 8, 1, char(n >> 24), char(n >> 16), char(n >> 8), char(n)};
@@ -724,8 +727,10 @@ TEST_CASE("train: a resume from an MNIST-format --data-dir compares its files' c
   CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
   r = run_kiln(flags + d / "b --resume " + ckpt + " --out " + d / "other", d.p.string());
   CHECK_MESSAGE(r.code == 2, r.output);
-  CHECK_MESSAGE(contains(r.output, "data contents: checkpoint [\"train-images-idx3-ubyte.gz: "), r.output);
-  CHECK_MESSAGE(contains(r.output, "first difference at entry 1: checkpoint \"train-labels-idx1-ubyte.gz: "), r.output);
+  CHECK_MESSAGE(contains(r.output, "data contents: checkpoint [\"train-images-idx3-ubyte: "), r.output);
+  CHECK_MESSAGE(
+      contains(r.output, "first difference at entry 1: checkpoint \"train-labels-idx1-ubyte: 60000 bytes, crc32c "),
+      r.output);
 }
 
 // A run under --memory-cap resumes under the same cap, and continues bit for bit (the resume held

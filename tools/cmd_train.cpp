@@ -890,13 +890,15 @@ class Trainer {
     // "15.0 MiB for the step at a micro-batch of 8: 13.2 MiB free under --memory-cap 16MiB (...) less the
     // data loader's 1.0 MiB (2 batches of 8 in flight) + the model's 2.8 MiB, which the plan counts"
     auto budget_text = [&](int64_t m) {
-      const size_t loader_bytes = budget - memory_after_reserve(budget, loader_per_sample_, m);
+      // What the loader holds at m (saturating), not what is left of the budget: it may exceed it.
+      const size_t loader_bytes =
+          m > 0 && loader_per_sample_ > SIZE_MAX / size_t(m) ? SIZE_MAX : loader_per_sample_ * size_t(m);
       const std::string loader_text =
           loader_per_sample_ ? " less the data loader's " + mib(loader_bytes) + " (" + std::to_string(in_flight) +
                                    (in_flight == 1 ? " batch of " : " batches of ") + std::to_string(m) + " in flight)"
                              : std::string();
-      return mib(budget - loader_bytes) + " for the step at a micro-batch of " + std::to_string(m) + ": " +
-             mib(memory) + " " + from + loader_text + " + the model's " + mib(model_bytes) +
+      return mib(memory_after_reserve(budget, loader_per_sample_, m)) + " for the step at a micro-batch of " +
+             std::to_string(m) + ": " + mib(memory) + " " + from + loader_text + " + the model's " + mib(model_bytes) +
              " of weights and buffers, which the plan counts";
     };
     plan_options_ = po;  // a resume plans the checkpoint's micro-batch against the same memory

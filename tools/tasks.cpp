@@ -160,10 +160,13 @@ Task image_folder(const TrainConfig& c) {
                          {"shape", {channels, c.image_size, c.image_size}},
                          {"classes", test->classes()},
                          {"image_size", c.image_size}};
-  // What the folders hold, so a resume from another --data-dir with the same classes and counts is told.
-  info["contents"] = {folder_content(*test, val, val.filename().string() + "/")};
-  if (train != test)
-    info["contents"].insert(info["contents"].begin(), folder_content(*train, root / "train", "train/"));
+  // What the folders hold, so a resume from another --data-dir with the same classes and counts is told
+  // (a stat per image: kiln eval, which resumes nothing, skips it).
+  if (!c.evaluating) {
+    info["contents"] = {folder_content(*test, val, val.filename().string() + "/")};
+    if (train != test)
+      info["contents"].insert(info["contents"].begin(), folder_content(*train, root / "train", "train/"));
+  }
   // The folders are in class order: a --limit takes samples spread over them, not the first class.
   Task t = resnet_task(c, limit(train, c.limit_train, true), limit(test, c.limit_eval, true), channels,
                        int64_t(test->classes().size()), info);
@@ -194,15 +197,13 @@ Task image_classification(const TrainConfig& c) {
                 "(or pass --data-dir)");
     throw;
   }
-  // What the idx files hold (named by file), so a resume from another --data-dir is told by its bytes.
-  std::vector<std::string> contents;
-  for (const auto& f : d.files) contents.push_back(file_content(f, std::filesystem::path(f).filename().string()));
+  // What the idx files hold (decoded, named by stem), so a resume from another --data-dir is told by its bytes.
   return resnet_task(c, d.train, d.test, d.channels, d.num_classes,
                      {{"name", c.data},
                       {"dir", dir},
                       {"shape", {d.channels, d.height, d.width}},
                       {"classes", d.class_names},
-                      {"contents", contents}});
+                      {"contents", d.contents}});
 }
 
 // The parts every task sets the same way: its kind, metric, model and the two data sets cut to
