@@ -167,6 +167,21 @@ TEST_CASE("cli tools: kiln bench train --warmup 0 reports no peak; scaling's JSO
   CHECK(contains(r.output, "1 thread per rank"));
 }
 
+TEST_CASE("cli tools: kiln bench train under a launcher waits --dist-timeout, as kiln train does") {
+  TempDir d("kiln_cli_bench_timeout");
+  // Rank 1 of 2 whose rank 0 never comes: the wait ends after --dist-timeout (was a fixed 600 s, while
+  // the message named a --dist-timeout bench train did not have).
+  const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  const char* values[] = {"1", "2", "1", "127.0.0.1", "29973"};
+  for (int i = 0; i < 5; ++i) ::setenv(names[i], values[i], 1);
+  const auto r = run_kiln("bench train --model resnet20 --batch 2 --image-size 8 --steps 1 --warmup 0 --dist-timeout 2",
+                          d.p.string());
+  for (const char* n : names) ::unsetenv(n);
+  CAPTURE(r.output);
+  CHECK(r.code == 1);
+  CHECK(contains(r.output, "within --dist-timeout (2 s"));
+}
+
 TEST_CASE("cli tools: kiln launch names a flag it does not know") {
   TempDir d("kiln_cli_launch");
   auto r = run_kiln("launch --bogus 2 -- echo hi", d.p.string());

@@ -53,6 +53,10 @@ void add_bench_train_flags(CLI::App& app, BenchTrainOptions& o) {
       ->check(CLI::IsMember({"none", "blocks"}))
       ->capture_default_str();
   app.add_option("--zero", o.zero, "0, or 1: ZeRO stage 1 over the ranks")->check(between(0, 1))->capture_default_str();
+  app.add_option("--dist-timeout", o.dist_timeout,
+                 "Under kiln launch: seconds a collective between ranks may take before the run ends with an error")
+      ->check(at_least(1))
+      ->capture_default_str();
   app.add_option("--json", o.json, "Write the rows to this JSON file");
 }
 
@@ -210,7 +214,7 @@ int run_bench_train(const BenchTrainOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   // Under `kiln launch` or mpirun: data parallel, --batch per rank; rank 0 prints the global numbers.
   const dist::DistEnv env = kiln::tools::dist_env();
-  auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(600));
+  auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(o.dist_timeout));
   const int world = comm->world_size();
   const bool lead = comm->rank() == 0;
   // GPU ranks: cuda:LOCAL_RANK (or the one named), gradients through NCCL as kiln train does.
@@ -218,7 +222,8 @@ int run_bench_train(const BenchTrainOptions& o) {
   KILN_CHECK(!dev.is_meta(), "--device meta: benchmarks run on cpu or cuda");
   if (dev.is_cuda() && o.device == "cuda") dev = cuda_device(env.local_rank);
   std::unique_ptr<dist::Communicator> gpu;
-  if (dev.is_cuda() && world > 1) gpu = cuda::make_nccl_communicator(*comm, dev.index, std::chrono::seconds(600));
+  if (dev.is_cuda() && world > 1)
+    gpu = cuda::make_nccl_communicator(*comm, dev.index, std::chrono::seconds(o.dist_timeout));
   dist::Communicator& grads = gpu ? *gpu : *comm;
   if (!lead) std::freopen("/dev/null", "w", stdout);
   std::vector<std::string> names = o.models.empty() ? std::vector<std::string>{"resnet20", "bert-tiny"} : o.models;

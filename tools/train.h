@@ -229,6 +229,7 @@ struct BenchTrainOptions {
   std::vector<std::string> models;
   int64_t batch = 0, seq_len = 128, steps = 10, warmup = 3, image_size = 0, in_channels = 0;
   int threads = 0;
+  int64_t dist_timeout = 600;    // seconds a collective between ranks may take (as kiln train's)
   std::vector<std::string> amp;  // off | fp16 | bf16, each timed (default: off)
   std::string recompute = "none";  // none | blocks
   int zero = 0;                    // 1: ZeRO stage 1 over the ranks
