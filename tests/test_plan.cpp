@@ -332,20 +332,21 @@ TEST_CASE("meta tensors as a GPU: a call's workspace and scratch count at the pe
 }
 
 TEST_CASE("plan: kiln plan prints the breakdown and the micro-batch that fits") {
-  auto r = run_kiln("plan --model bert-tiny --batch 32 --seq-len 128 --optimizer adamw --memory 120MiB", ".");
+  TempDir d("kiln_plan_cli");  // not ".": ctest runs test processes side by side in one folder
+  auto r = run_kiln("plan --model bert-tiny --batch 32 --seq-len 128 --optimizer adamw --memory 120MiB", d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "encoder.layer.0"), r.output);
   CHECK_MESSAGE(contains(r.output, "does not fit"), r.output);
   CHECK_MESSAGE(contains(r.output, "largest micro-batch that fits:"), r.output);
-  r = run_kiln("plan --model resnet20 --memory 1MiB", ".");
+  r = run_kiln("plan --model resnet20 --memory 1MiB", d.p.string());
   CHECK(r.code == 3);  // not even one sample fits
   CHECK_MESSAGE(contains(r.output, "even a micro-batch of 1 does not fit: it needs"), r.output);
   // For a GPU: cuBLASLt's workspace in, and whether cuDNN's could be asked (no device here).
-  r = run_kiln("plan --model resnet20 --device cuda --memory 16GiB", ".");
+  r = run_kiln("plan --model resnet20 --device cuda --memory 16GiB", d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "with cuBLASLt's 32 MiB per matmul"), r.output);
   if (cuda::device_count() == 0) CHECK_MESSAGE(contains(r.output, "no CUDA device here to ask"), r.output);
-  r = run_kiln("plan --model resnet20 --memory lots", ".");
+  r = run_kiln("plan --model resnet20 --memory lots", d.p.string());
   CHECK(r.code != 0);
   CHECK_MESSAGE(contains(r.output, "--memory lots: expected an amount of memory"), r.output);
 }
@@ -361,18 +362,17 @@ TEST_CASE(
       {"--memory 99999999999999999999", "--memory 99999999999999999999: more than 16 EiB"},
       {"--memory 18446744073709551616", "more than 16 EiB"},
   };
+  TempDir d("kiln_plan_huge");
   for (const auto& [args, says] : refused) {
-    const auto r = run_kiln("plan " + args, ".");
+    const auto r = run_kiln("plan " + args, d.p.string());
     CHECK_MESSAGE(r.code == 2, args, " -> ", r.output);
     CHECK_MESSAGE(contains(r.output, says), args, " -> ", r.output);
   }
-  // The micro-batch search goes over the batch's divisors in O(sqrt(batch)), not O(batch).
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto r = run_kiln("plan --model resnet20 --batch 100000000000 --memory 16GiB", ".");
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The micro-batch search goes over the batch's divisors in O(sqrt(batch)), not O(batch): an O(batch)
+  // search would not end within ctest's timeout (no time is asserted here).
+  const auto r = run_kiln("plan --model resnet20 --batch 100000000000 --memory 16GiB", d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "largest micro-batch that fits: "), r.output);
-  CHECK_MESSAGE(s < 20, s, " s");
 }
 
 // Several ranks: the plan runs the run's own DataParallel or ZeroRedundancy over a communicator of N
