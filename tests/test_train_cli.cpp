@@ -636,6 +636,25 @@ TEST_CASE("train: out of memory on one rank or all redoes the step on every rank
     CHECK_MESSAGE(contains(said, "rank 0: --micro-batch auto: even a micro-batch of 1 needs"), said);
     CHECK_MESSAGE(contains(said, "--micro-batch auto: rank 0 cannot fit even the smallest micro-batch"), said);
     CHECK_MESSAGE(said.find("even a micro-batch of 1") == said.rfind("even a micro-batch of 1"), said);  // rank 0's
+    // Rank 0 without a cap, rank 1 under 12MiB: rank 0's line names the agreed micro-batch and that
+    // micro-batch's planned peak (it printed its own, larger plan's), as when both ranks have the cap.
+    r = launch(29683, "--micro-batch auto --memory-cap 12MiB --out " + d / "auto_both");
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+    auto auto_line = [](const std::string& out) {
+      const size_t at = out.find("--micro-batch auto: ");
+      return at == std::string::npos ? std::string() : out.substr(at, out.find(" of the ", at) - at);
+    };
+    const std::string both_line = auto_line(r.output);
+    REQUIRE_MESSAGE(contains(both_line, "(planned step peak"), r.output);
+    const std::string one_cmd =
+        "cd " + d.p.string() +
+        " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 1 " + KILN_BINARY +
+        " " + auto_args + "_one : -np 1 " + KILN_BINARY + " " + auto_args + "_one --memory-cap 12MiB > " +
+        d / "auto_one.txt" + " 2>&1 < /dev/null";
+    const int one_rc = std::system(one_cmd.c_str());
+    const std::string one_out = read_text(d / "auto_one.txt");
+    REQUIRE_MESSAGE(one_rc == 0, one_out);
+    CHECK_MESSAGE(auto_line(one_out) == both_line, one_out, "\nwith the cap on both ranks: ", both_line);
   }
   for (const std::string& run : runs) {
     CAPTURE(run);

@@ -703,9 +703,7 @@ class Trainer {
     if (c_.micro_batch == "auto") {
       MemoryPlan p;
       try {
-        PlanOptions q = plan_options_;
-        if (saved < c_.batch) q.accum_steps = c_.accum_steps * (c_.batch / saved);
-        p = plan_memory(q, saved);
+        p = plan_micro_batch(saved);
       } catch (const Error& e) {
         return "micro-batch: " + was + ", which this run cannot plan: " + e.message();
       }
@@ -931,12 +929,21 @@ class Trainer {
                   (p.micro_batch > 1 ? " (the smallest the model can train on)" : "") + " needs " + mib(p.peak) +
                   " at the peak (`kiln plan` shows where it goes), more than the " + budget_text(p.micro_batch));
     micro_ = m;
+    // Another rank agreed a smaller micro-batch than this one fits: the peak printed is the plan's at it.
+    if (m != mine) p = plan_micro_batch(m);
     if (lead_)
       std::printf(
           "kiln train: --micro-batch auto: %lld x %lld accumulation steps for the batch of %lld (planned "
           "step peak %s of the %s)\n",
           (long long)m, (long long)(c_.batch / m), (long long)c_.batch, mib(p.peak).c_str(), budget_text(m).c_str());
     return -1;
+  }
+
+  // --micro-batch auto's plan of one step at micro-batch m: below --batch, its micro-batches accumulate.
+  MemoryPlan plan_micro_batch(int64_t m) const {
+    PlanOptions q = plan_options_;
+    if (m < c_.batch) q.accum_steps = c_.accum_steps * (c_.batch / m);
+    return plan_memory(q, m);
   }
 
   // After an out-of-memory error inside a step that began at the epoch's sample `start`: the next smaller
