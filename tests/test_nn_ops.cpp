@@ -1155,6 +1155,157 @@ TEST_CASE("elementwise leaves give the same bits at 1, 2 and 3 threads in every 
   set_cpu_isa(before);
 }
 
+// The reductions, normalisations, losses, index and random kernels and the GEMM/conv paths, audited
+// for the same promise (docs/architecture.md): each at 1, 2 and 3 threads in every kernel set, on
+// sizes past the split thresholds (one long row, many rows, columns, odd lengths), bits compared.
+TEST_CASE("reductions, norms, losses, index, random and GEMM kernels give the same bits at 1, 2 and 3 threads") {
+  const CpuIsa before = cpu_isa();
+  const int saved = num_threads();
+  const int64_t n = 524288 + 37;
+  const Tensor flat = rnd({n}, 41, DType::f32) * 2.0 + 0.5;
+  const Tensor rows = rnd({700, 1001}, 42, DType::f32) * 3.0;  // many odd rows
+  const Tensor rows_g = rnd({700, 1001}, 43, DType::f32);
+  const Tensor planes = rnd({8, 24, 17, 17}, 44, DType::f32) + 1.0;
+  const Tensor planes_g = rnd({8, 24, 17, 17}, 45, DType::f32);
+  std::vector<double> tv(700), iv(5000);
+  for (size_t i = 0; i < tv.size(); ++i) tv[i] = double((i * 7919) % 1001);
+  for (size_t i = 0; i < iv.size(); ++i) iv[i] = double((i * 104729) % 97);  // many repeats
+  const Tensor target = from_vector(tv, {700}, DType::i64);
+  const Tensor ids = from_vector(iv, {50, 100}, DType::i64);
+  const Tensor ma = rnd({517, 900}, 46, DType::f32), mb = rnd({900, 130}, 47, DType::f32);
+  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
+    if (isa > cpu_isa_supported()) continue;
+    set_cpu_isa(isa);
+    std::vector<std::vector<std::vector<double>>> runs;  // [threads][check]
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      std::vector<std::vector<double>> got;
+      auto keep = [&](const Tensor& t) { got.push_back(t.to_vector()); };
+      // Reductions over everything, a long row, rows and columns.
+      // (f32 sums accumulate in f64, where a moved chunk edge rarely shows: f64 data too.)
+      for (const Tensor& t : {flat, rows, flat.to(DType::f64), rows.to(DType::f64)}) {
+        keep(sum(t));
+        keep(mean(t));
+        keep(var(t));
+        keep(norm(t));
+        keep(logsumexp(t));
+      }
+      for (int64_t d : {0, 1}) {
+        keep(sum(rows.to(DType::f64), {d}));
+        keep(sum(rows, {d}));
+        keep(var(rows, {d}));
+        keep(norm(rows, 2.0, {d}));
+        keep(amax(rows, {d}));
+        keep(cumsum(rows, d));
+      }
+      keep(sum(rows.to(DType::bf16), {1}).to(DType::f32));
+      // Softmax and log-softmax over rows and over columns (inner > 1), forward and backward.
+      for (int64_t d : {1, 0})
+        for (int lg = 0; lg < 2; ++lg) {
+          Tensor x = rows.detach();
+          x.set_requires_grad();
+          const Tensor y = lg ? log_softmax(x, d) : softmax(x, d);
+          y.backward(rows_g);
+          keep(y);
+          keep(x.grad());
+        }
+      {  // layer norm with gamma and beta
+        Tensor x = rows.detach(), w = rnd({1001}, 48, DType::f32) + 1.0, b = rnd({1001}, 49, DType::f32);
+        for (Tensor* t : {&x, &w, &b}) t->set_requires_grad();
+        const Tensor y = layer_norm(x, {1001}, w, b);
+        y.backward(rows_g);
+        for (const Tensor& t : {y, x.grad(), w.grad(), b.grad()}) keep(t);
+      }
+      {  // batch norm's statistics in training, and its backward
+        Tensor x = planes.detach(), w = rnd({24}, 50, DType::f32) + 1.0, b = rnd({24}, 51, DType::f32);
+        for (Tensor* t : {&x, &w, &b}) t->set_requires_grad();
+        Tensor rm = zeros({24}, TensorOptions(DType::f32)), rv = ones({24}, TensorOptions(DType::f32));
+        const Tensor y = batch_norm(x, rm, rv, w, b, true);
+        y.backward(planes_g);
+        for (const Tensor& t : {y, x.grad(), w.grad(), b.grad(), rm, rv}) keep(t);
+      }
+      {  // cross entropy with label smoothing
+        Tensor x = rows.detach();
+        x.set_requires_grad();
+        const Tensor l = cross_entropy(x, target, -100, 0.1);
+        l.backward();
+        keep(l);
+        keep(x.grad());
+      }
+      {  // index kernels: gather, scatter_add, embedding and index_select backward (repeated indices)
+        Tensor w = rnd({97, 300}, 52, DType::f32);
+        w.set_requires_grad();
+        const Tensor e = embedding(w, ids);
+        e.backward(rnd({50, 100, 300}, 53, DType::f32));
+        keep(e);
+        keep(w.grad());
+        Tensor w2 = rows.detach();
+        w2.set_requires_grad();
+        const Tensor s = index_select(w2, 1, ids.reshape({-1}));
+        s.backward(rnd({700, 5000}, 54, DType::f32));
+        keep(w2.grad());
+        const Tensor gi = from_vector(std::vector<double>(iv.begin(), iv.begin() + 700), {700, 1}, DType::i64);
+        keep(gather(rows, 1, gi));
+        keep(scatter_add(zeros({700, 97}, TensorOptions(DType::f32)), 1,
+                         ids.reshape({-1}).narrow(0, 0, 4900).reshape({700, 7}), rows.narrow(1, 0, 7)));
+      }
+      // Random streams: they must not depend on where the work is cut.
+      for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+        Generator g1(60), g2(61), g3(62), g4(63);
+        keep(rand({n}, TensorOptions(dt), &g1).to(DType::f32));
+        keep(randn({n}, TensorOptions(dt), &g2).to(DType::f32));
+        keep(bernoulli({n}, 0.3, TensorOptions(dt), &g3).to(DType::f32));
+        keep(dropout(flat.to(dt), 0.25, true, &g4).to(DType::f32));
+      }
+      {  // GEMM (Eigen in the generic set, the packed leaves otherwise) and a convolution, with gradients
+        Tensor a = ma.detach(), b = mb.detach();
+        a.set_requires_grad();
+        b.set_requires_grad();
+        const Tensor c = matmul(a, b);
+        c.backward(rnd({517, 130}, 55, DType::f32));
+        for (const Tensor& t : {c, a.grad(), b.grad()}) keep(t);
+        Tensor qa = rnd({6, 130, 200}, 58, DType::f32), kb = rnd({6, 200, 70}, 59, DType::f32);
+        qa.set_requires_grad();
+        kb.set_requires_grad();
+        const Tensor bc = matmul(qa, kb);  // a batch of small products, one per task
+        bc.backward(rnd(bc.shape(), 64, DType::f32));
+        for (const Tensor& t : {bc, qa.grad(), kb.grad()}) keep(t);
+        Tensor q = rnd({2, 4, 130, 64}, 65, DType::f32);
+        q.set_requires_grad();
+        AttentionOptions ao;  // the masked softmax kernel, causal, with dropout
+        ao.causal = Causal::top_left;
+        ao.dropout_p = 0.1;
+        ao.training = true;
+        Generator ga(66);
+        ao.gen = &ga;
+        const Tensor at = attention(q, q * 0.5, q * 0.25, {}, ao).out;
+        at.backward(rnd(at.shape(), 67, DType::f32));
+        keep(at);
+        keep(q.grad());
+        for (int64_t stride : {1, 2}) {  // stride 2: the phase-by-phase input gradient, its bands per thread
+          Tensor x = rnd({8, 32, 17, 17}, 68, DType::f32), w = rnd({32, 32, 3, 3}, 56, DType::f32);
+          x.set_requires_grad();
+          w.set_requires_grad();
+          const Tensor y = conv2d(x, w, {}, {stride, stride}, {1, 1});
+          y.backward(rnd(y.shape(), 57, DType::f32));
+          for (const Tensor& t : {y, x.grad(), w.grad()}) keep(t);
+        }
+      }
+      runs.push_back(got);
+    }
+    for (size_t t = 1; t < runs.size(); ++t)
+      for (size_t k = 0; k < runs[0].size(); ++k) {
+        const std::string set = cpu_isa_name(isa);
+        CAPTURE(set);
+        CAPTURE(t + 1);  // threads
+        CAPTURE(k);      // which check, in the order above
+        CHECK(runs[t][k] == runs[0][k]);
+      }
+  }
+  set_num_threads(saved);
+  set_cpu_isa(before);
+}
+
 // The fixed chunks of a long row are even (the threads' shares balanced) and depend on the length
 // only: 100000 elements were 32768, 32768, 32768 and 1696 (two threads: 65536 and 34464).
 TEST_CASE("parallel_for_fixed cuts a range into even chunks that depend on its length only") {
