@@ -1095,7 +1095,7 @@ TEST_CASE("norms and cross-entropy keep their precision far from 0 in every CPU 
   for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
     if (isa > cpu_isa_supported()) continue;
     set_cpu_isa(isa);
-    CAPTURE(cpu_isa_name(isa));
+    CAPTURE(std::string(cpu_isa_name(isa)));
     // A constant row of 12345.678 (768 wide) gave outputs up to 0.84; group norm uses the same rows.
     const Tensor ln = layer_norm(full({2, 768}, 12345.678), {768});
     CHECK(amax(abs(ln)).item<double>() == 0.0);
@@ -1131,7 +1131,7 @@ TEST_CASE("elementwise leaves give the same bits at 1, 2 and 3 threads in every 
   for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
     if (isa > cpu_isa_supported()) continue;
     set_cpu_isa(isa);
-    CAPTURE(cpu_isa_name(isa));
+    CAPTURE(std::string(cpu_isa_name(isa)));
     std::vector<std::vector<double>> runs;
     for (int threads : {1, 2, 3}) {
       set_num_threads(threads);
