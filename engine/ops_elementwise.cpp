@@ -534,6 +534,11 @@ namespace {
 Tensor where_positive(const Tensor& x, const Tensor& pos, const Tensor& rest) {
   return where(gt(x, scalar_like(0, x)), pos, rest);
 }
+// pos where x is not <= 0, NaN included: elu's and celu's gradient at NaN is their positive side's, as
+// PyTorch's elu_backward (leaky_relu's is its slope: where_positive).
+Tensor where_not_at_most_zero(const Tensor& x, const Tensor& pos, const Tensor& rest) {
+  return where(le(x, scalar_like(0, x)), rest, pos);
+}
 }  // namespace
 
 Tensor silu(const Tensor& x) {
@@ -573,7 +578,7 @@ Tensor leaky_relu(const Tensor& x, double slope) {
 namespace {
 Tensor elu_scaled(const char* name, const Tensor& x, double alpha, double scale) {
   return unary_on_input(name, UnaryOp::elu, x, alpha, scale, [alpha, scale](const Tensor& g, const Tensor& x) {
-    return where_positive(x, g * scale, g * (exp(x) * (alpha * scale)));
+    return where_not_at_most_zero(x, g * scale, g * (exp(x) * (alpha * scale)));
   });
 }
 }  // namespace
@@ -584,15 +589,18 @@ Tensor selu(const Tensor& x) {
 }
 Tensor celu(const Tensor& x, double alpha) {
   KILN_CHECK(alpha != 0, "celu: alpha must be non-zero");
-  return unary_on_input("celu", UnaryOp::celu, x, alpha, 0,
-                        [alpha](const Tensor& g, const Tensor& x) { return where_positive(x, g, g * exp(x / alpha)); });
+  return unary_on_input("celu", UnaryOp::celu, x, alpha, 0, [alpha](const Tensor& g, const Tensor& x) {
+    return where_not_at_most_zero(x, g, g * exp(x / alpha));
+  });
 }
 Tensor hardtanh(const Tensor& x, double min_val, double max_val) {
   KILN_CHECK(min_val <= max_val, "hardtanh: min_val ", min_val, " is above max_val ", max_val);
   return unary_on_input(
       "hardtanh", UnaryOp::clamp, x, min_val, max_val, [min_val, max_val](const Tensor& g, const Tensor& x) {
-        const Tensor inside = logical_and(gt(x, scalar_like(min_val, x)), lt(x, scalar_like(max_val, x)));
-        return where(inside, g, zeros_like(g));
+        // 0 at or past a bound, and g elsewhere, NaN included: PyTorch's hardtanh_backward (its CUDA and
+        // scalar CPU kernels; its vectorised CPU loop gives 0 at NaN).
+        const Tensor outside = logical_or(le(x, scalar_like(min_val, x)), ge(x, scalar_like(max_val, x)));
+        return where(outside, zeros_like(g), g);
       });
 }
 Tensor relu6(const Tensor& x) { return hardtanh(x, 0.0, 6.0); }
@@ -665,6 +673,14 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
   const bool nan_bound = (lo && std::isnan(*lo)) || (hi && std::isnan(*hi));
   KILN_CHECK(!nan_bound || is_floating(a.dtype()), "clamp: a NaN bound on ", a.type_str(),
              ", which holds no NaN (PyTorch's result is a float tensor); convert x to a floating dtype first");
+  if (is_integral(a.dtype())) {
+    // As PyTorch: a bound that every element would be clamped past (i8 min 300) is refused rather than
+    // saturated; one past the other end (i8 max 300) bounds nothing and is taken.
+    const auto [first, last] = integer_range(a.dtype());
+    KILN_CHECK(!lo || *lo <= last, "clamp: min ", *lo, " is above the largest ", a.type_str(), " value (", last, ")");
+    KILN_CHECK(!hi || *hi >= first, "clamp: max ", *hi, " is below the smallest ", a.type_str(), " value (", first,
+               ")");
+  }
   // An absent bound goes to the kernel as an infinity, which bounds nothing (an integer dtype saturates it
   // to its range: math::clamp_bound); the kernel takes a NaN bound as a bound, propagating it.
   const double inf = std::numeric_limits<double>::infinity();

@@ -441,7 +441,12 @@ Tensor index_put(const Tensor& x, const std::vector<Tensor>& indices_in, const T
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   const OpScope scope("masked_fill");
   KILN_CHECK(mask.dtype() == DType::boolean, "masked_fill: mask must be bool, got ", mask.type_str());
-  return where(mask, scalar_like(value, x), x);
+  // As fill_ and PyTorch: the value is one of x's dtype, refused where it does not fit (i8 300 wrapped to 44,
+  // and i8 masked_fill(m, 2.5) was f32).
+  detail::check_fill_value(x, value, "masked_fill");
+  const Tensor v =
+      is_floating(x.dtype()) ? scalar_like(value, x) : scalar_tensor(value, TensorOptions(x.dtype(), x.device()));
+  return where(mask, v, x);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {

@@ -308,6 +308,11 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& running_me
                        const Tensor& residual, bool relu) {
   check_floating(op, x, "input");
   KILN_CHECK(x.dim() >= 2, op, ": input must be [N, C, ...], got ", x.shape());
+  // As PyTorch: training divides by sqrt(var + eps) with a batch variance that can be 0, so eps must be
+  // positive there, and non-negative in eval mode; a NaN eps (which PyTorch takes) would make every output NaN.
+  KILN_CHECK(!std::isnan(eps), op, ": eps is NaN, which would make every output NaN");
+  if (training) KILN_CHECK(eps > 0, op, ": eps must be positive during training, got ", eps);
+  KILN_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
   if (residual.defined()) {
     check_floating(op, residual, "residual");
     KILN_CHECK(residual.shape() == x.shape(), op, ": residual must have the input's shape ", x.shape(), ", got ",

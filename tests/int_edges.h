@@ -34,6 +34,11 @@ inline void check_integer_dtypes() {
     same(abs(t({-128, -5, 7}, DType::i8)), DType::i8, {-128, 5, 7});
     same(abs(t({-32768, -300}, DType::i16)), DType::i16, {-32768, 300});
     same(pow(t({2, 3, -2}, DType::i8), t({7, 5, 3}, DType::i8)), DType::i8, {-128, -13, -8});
+    // A negative exponent: the truncated 1 / x ** -y, as PyTorch's (1, +-1 by parity for -1, else 0).
+    same(pow(t({2, -2, 1, -1, -1, 0, 127}, DType::i8), t({-3, -3, -3, -3, -2, -1, -1}, DType::i8)), DType::i8,
+         {0, 0, 1, -1, 1, 0, 0});
+    same(pow(t({1, -1, 5}, DType::i64), t({-9223372036854775807.0 - 1, -9223372036854775807.0 - 1, -1}, DType::i64)),
+         DType::i64, {1, 1, 0});
     same(maximum(t({-5, 100}, DType::i8), t({3, -100}, DType::i8)), DType::i8, {3, 100});
     same(minimum(t({250, 1}, DType::u8), t({3, 200}, DType::u8)), DType::u8, {3, 1});
     same(clamp(t({-100, 0, 100}, DType::i8), -10.0, 10.0), DType::i8, {-10, 0, 10});

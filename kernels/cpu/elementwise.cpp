@@ -5,6 +5,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/common/int_pow.h"
 #include "kernels/common/math.h"
 #include "kernels/cpu/kernel_sets.h"
 #include "kernels/cpu/loops.h"
@@ -309,14 +310,7 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
         default: break;
       }
     } else if (op == BinaryOp::pow) {
-      return binary_loop<T, T>(dst, a, b, [](A x, A y) {
-        KILN_CHECK(!(std::is_signed_v<A> && y < A(0)), "pow: negative integer exponent ", int64_t(y));
-        // Wrapping unsigned arithmetic: overflow gives the low bits, as integer types do, never UB.
-        uint64_t r = 1, base = uint64_t(int64_t(x));
-        for (int64_t e = int64_t(y); e > 0; e >>= 1, base *= base)
-          if (e & 1) r *= base;
-        return A(r);
-      });
+      return binary_loop<T, T>(dst, a, b, [](A x, A y) { return math::int_pow(x, y); });
     }
   }
   KILN_FAIL("binary op ", int(op), " is not defined for dtype ", dtype_name(a.dtype));

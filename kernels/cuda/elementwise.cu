@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "kernels/common/dims.h"
+#include "kernels/common/int_pow.h"
 #include "kernels/common/math.h"
 #include "kernels/common/random_draw.h"
 #include "kernels/cuda/context.h"
@@ -263,14 +264,7 @@ template <typename T> struct BinaryF {
           if constexpr (is_float_v<T>) {
             return pow(x, y);
           } else {
-            if (std::is_signed_v<A> && y < A(0)) {
-              flag_error(err, KernelError::int_pow_negative);
-              return A(0);
-            }
-            uint64_t r = 1, base = uint64_t(int64_t(x));  // wrapping, as integer types do
-            for (int64_t e = int64_t(y); e > 0; e >>= 1, base *= base)
-              if (e & 1) r *= base;
-            return A(r);
+            return math::int_pow(x, y);
           }
         default: break;
       }

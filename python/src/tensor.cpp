@@ -399,17 +399,26 @@ void setitem(Tensor& x, nb::handle key, nb::handle value) {
         "would be lost; build the result out of place (x = kiln.where(mask, value, x), x = x + value, "
         "kiln.cat([...])), or assign under kiln.no_grad() if the gradient is not wanted");
   Indexed r = apply_index(x, key, true);
-  const bool scalar = PyFloat_Check(value.ptr()) || (PyLong_Check(value.ptr()) && is_double_exact(value, "value"));
+  // A NumPy integer is a number as a Python int is (x[idx] = np.int64(300) into i8 is refused, not wrapped).
+  nb::object number = nb::borrow(value);
+  if (!nb::isinstance<Tensor>(value) && !PyLong_Check(value.ptr()) && is_int_index(value)) {
+    number = nb::steal(PyNumber_Index(value.ptr()));
+    if (!number.is_valid()) throw nb::python_error();
+  }
+  const bool scalar = PyFloat_Check(number.ptr()) || (PyLong_Check(number.ptr()) && is_double_exact(number, "value"));
   if (!r.advanced) {
     if (scalar)
-      r.view.fill_(nb::cast<double>(value));
+      r.view.fill_(nb::cast<double>(number));
     else
       r.view.copy_(drop_leading_ones(to_tensor(value, &x, "value"), r.view.dim()));
     return;
   }
   // A tensor index: index_put with the indexed dims moved to the front (a view of x), written back
   // in place. Values broadcast to what x[key] would give.
-  Tensor vals = scalar ? scalar_like(nb::cast<double>(value), r.view) : to_tensor(value, &x, "value");
+  // A number is written with fill_, as x[0] = v above is, so that one out of an integer dtype's range is
+  // refused (i8 x[idx] = 300) rather than wrapped.
+  Tensor vals = scalar ? empty({}, TensorOptions(r.view.dtype(), r.view.device())).fill_(nb::cast<double>(number))
+                       : to_tensor(value, &x, "value");
   if (vals.dtype() != r.view.dtype()) vals = vals.to(r.view.dtype());
   if (vals.device() != r.view.device()) vals = vals.to(r.view.device());
   if (r.advs.size() > 1) {
@@ -517,6 +526,12 @@ Tensor pow_operand(const Tensor& a, nb::handle b) {
   // f32), and a bool base is raised as int64, as torch's (bool ** 300 is int64).
   // The int is read exactly (a Python int or a NumPy integer; one past int64 is an OverflowError), so
   // x_i8 ** (2**60 + 1) and x_i8 ** np.int64(257) are refused rather than converted.
+  // A NumPy bool is a float number to PyTorch (x_i64 ** np.True_ and mask ** np.True_ are f32 there).
+  const std::string tn = py_type_name(b);
+  if (tn == "numpy.bool" || tn == "numpy.bool_") return pow_operand(a, nb::float_(PyObject_IsTrue(b.ptr()) == 1));
+  // bool ** a Python bool stays bool, as PyTorch's: mask ** True is mask, mask ** False all true (a bool
+  // tensor exponent is refused below, as there).
+  if (a.dtype() == DType::boolean && PyBool_Check(b.ptr())) return b.is(Py_True) ? a.clone() : ones_like(a);
   if (!is_floating(a.dtype()) && is_int_index(b) && !nb::isinstance<Tensor>(b)) {
     nb::object as_int = nb::steal(PyNumber_Index(b.ptr()));
     if (!as_int.is_valid()) throw nb::python_error();

@@ -255,3 +255,109 @@ def test_max_min_of_an_empty_tensor_without_dim_are_refused(name):
     with pytest.raises(RuntimeError, match=f"^{name}\\(\\)"):
         getattr(kiln, name)(kiln.zeros(0, 3))
     assert getattr(kiln.tensor([3.0, -1.0]), name)().item() == (3.0 if name == "max" else -1.0)
+
+
+def test_a_number_out_of_an_integer_dtype_is_refused_wherever_it_is_written_as_torch():
+    # masked_fill and x[idx] = v / x[mask] = v wrapped it (i8 300 -> 44) while fill_ and x[0] = v refused it;
+    # torch refuses them all ("value cannot be converted to type int8_t without overflow").
+    def setitem(key):
+        def f(x, v):
+            y = x.clone()
+            y[key(x)] = v
+            return y
+        return f
+
+    writes = {
+        "masked_fill": lambda x, v: x.masked_fill(mask_of(x), v),
+        "masked_fill_": lambda x, v: x.clone().masked_fill_(mask_of(x), v),
+        "x[idx] = v": setitem(lambda x: lib(x).tensor([0, 2])),
+        "x[mask] = v": setitem(mask_of),
+        "x[0] = v": setitem(lambda x: 0),
+        "fill_": lambda x, v: x.clone().fill_(v),
+    }
+    for dt, bad, good in (("int8", (300, -129, 128.0, -128.5, NAN, math.inf, np.int64(300)), (127, -128, 2.5, 127.9)),
+                          ("int16", (40000, -40000), (32767,)), ("int32", (2**31, -2**31 - 1), (2**31 - 1,)),
+                          ("uint8", (256, 300), (255, 0))):
+        x, xt = kiln.zeros(3, dtype=getattr(kiln, dt)), torch.zeros(3, dtype=getattr(torch, dt))
+        for name, f in writes.items():
+            for v in bad:
+                with pytest.raises(RuntimeError, match="without overflow"):
+                    f(xt, v)
+                with pytest.raises(RuntimeError, match=f"does not fit in {kiln_dtype_name(dt)}"):
+                    f(x, v)
+            for v in good:
+                same(f(x, v), f(xt, v))  # in range: x's dtype, truncated as torch
+
+
+def mask_of(x):
+    return lib(x).tensor([True, False, True])
+
+
+def kiln_dtype_name(dt):
+    return {"uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32"}[dt]
+
+
+def test_clamp_refuses_an_integer_bound_every_element_would_pass_as_torch():
+    # A min above the dtype's largest value or a max below its smallest was saturated (i8 clamp(min=300) gave
+    # 127); torch refuses it. A bound past the other end bounds nothing, in both.
+    x, xt = kiln.tensor([-5, 0, 7]).to(kiln.int8), torch.tensor([-5, 0, 7], dtype=torch.int8)
+    for kw in ({"min": 300}, {"max": -300}, {"min": 128, "max": 200}, {"min": -200, "max": -129}):
+        with pytest.raises(RuntimeError, match="outside the representable range"):
+            xt.clamp(**kw)
+        with pytest.raises(RuntimeError, match="clamp: m.. -?[0-9]+ is (above the largest|below the smallest) i8"):
+            x.clamp(**kw)
+    for kw in ({"min": -300, "max": 300}, {"min": 127}, {"max": -128}, {"min": 0, "max": 300}):
+        same(x.clamp(**kw), xt.clamp(**kw))
+
+
+def test_an_integer_base_to_a_negative_integer_tensor_exponent_as_torch():
+    # A tensor exponent with negative entries was a kernel error; torch gives the truncated 1 / x ** -y:
+    # 1 for base 1, +-1 for base -1 (by the exponent's parity), 0 for every other base, 0 included.
+    bases, exps = [2, -2, 1, -1, 0, 3, 127, -128], [-3, -2, -1, 0, 1, 2]
+    for dt in ("int8", "int16", "int32", "int64"):
+        b = np.repeat(bases, len(exps)).reshape(len(bases), len(exps))
+        e = np.tile(exps, (len(bases), 1))
+        kb, ke = kiln.tensor(b.tolist()).to(getattr(kiln, dt)), kiln.tensor(e.tolist()).to(getattr(kiln, dt))
+        tb, te = torch.tensor(b.tolist(), dtype=getattr(torch, dt)), torch.tensor(e.tolist(), dtype=getattr(torch, dt))
+        same(kb ** ke, tb ** te)
+        same(kiln.pow(kb, ke), torch.pow(tb, te))
+    for base in (2, -1, 1, 0):  # a Python number base, as torch's
+        same(base ** kiln.tensor(exps), base ** torch.tensor(exps))
+    # a negative Python int exponent stays refused, as torch's
+    with pytest.raises(RuntimeError, match="negative integer powers are not allowed"):
+        kiln.tensor([2]) ** -3
+
+
+def test_bool_to_a_bool_power_and_numpy_bool_exponents_as_torch():
+    # mask ** True was refused (torch: bool, mask ** False all true); a NumPy bool is a float number to torch
+    # (i ** np.True_ is f32 there; Kiln gave i64). bool ** a bool tensor stays refused, as torch's.
+    m, mt = kiln.tensor([True, False]), torch.tensor([True, False])
+    i, it = kiln.tensor([2, 3]), torch.tensor([2, 3])
+    i8, i8t = i.to(kiln.int8), it.to(torch.int8)
+    for e in (True, False):
+        same(m ** e, mt ** e)
+        same(m.pow(e), mt.pow(e))
+        same(kiln.pow(m, e), torch.pow(mt, e))
+    for e in (np.True_, np.False_):
+        for k, t in ((i, it), (i8, i8t), (m, mt), (kiln.tensor([1.5]), torch.tensor([1.5]))):
+            same(k ** e, t ** e)
+            same(k.pow(e), t.pow(e))
+    same(i ** True, it ** True)
+    for f in (lambda x: x ** x, lambda x: x.pow(x)):
+        with pytest.raises(NotImplementedError):
+            f(mt)
+        with pytest.raises(RuntimeError, match="pow: not defined for bool tensors"):
+            f(m)
+
+
+def test_mean_refuses_an_integer_dtype_as_torch():
+    # mean(dtype=int64) gave f32; torch refuses a dtype= that is not floating.
+    for x, xt in ((kiln.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])), (kiln.tensor([1, 2]), torch.tensor([1, 2]))):
+        for dt in ("int64", "int32", "int8", "uint8", "bool"):
+            for f in (lambda x, d: x.mean(dtype=d), lambda x, d: lib(x).mean(x, 0, dtype=d)):
+                with pytest.raises(NotImplementedError, match="mean\\(\\): could not infer output dtype"):
+                    f(xt, getattr(torch, dt))
+                with pytest.raises(NotImplementedError, match=f"mean\\(\\): could not infer output dtype.*got {dt}"):
+                    f(x, getattr(kiln, dt))
+        for dt in ("float32", "float64"):
+            same(x.mean(dtype=getattr(kiln, dt)), xt.mean(dtype=getattr(torch, dt)))

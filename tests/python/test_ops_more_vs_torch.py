@@ -2,6 +2,8 @@
 # (values, gradients, assignment), and the functions and methods ported scripts use (bmm, index_add,
 # bincount, lerp_, the dtype= reductions, ...). Random ops are checked statistically with a fixed
 # seed, not for torch's exact numbers.
+import math
+
 import numpy as np
 import pytest
 
@@ -718,3 +720,62 @@ def test_baddbmm_with_beta_0_does_not_read_input_and_gives_it_a_zero_gradient(kd
         t.sum().backward()
         assert ki.grad is not None and ki.grad.dtype == kdt and (f32_of(ki.grad) == 0).all()
         assert (ti.grad == 0).all()
+
+
+def test_activation_gradients_at_nan_and_infinities_as_torch():
+    # hardtanh and relu6 gave 0 at NaN; torch's hardtanh_backward passes the gradient there (0 only at or
+    # past a bound). elu, selu and celu gave NaN at NaN; torch gives their positive side's slope. Each point is
+    # its own one-element tensor: torch's vectorised CPU loop differs from its scalar one (and its CUDA
+    # kernel) at NaN, and the scalar rule is the one Kiln follows. softsign at +-inf is left out: Kiln gives
+    # the limit 0, torch NaN (its composite x / (1 + |x|) differentiates to inf / inf there).
+    F, TF = kiln.nn.functional, torch.nn.functional
+    points = [float("nan"), float("inf"), float("-inf"), -1.0, 1.0, 0.0, 6.0, -0.5, 0.5, 3.0, -3.0, 20.0, -20.0]
+    fns = {"hardtanh": ({},), "relu6": ({},), "relu": ({},), "leaky_relu": ({"negative_slope": 0.1},),
+           "elu": ({"alpha": 0.7},), "selu": ({},), "celu": ({"alpha": 1.3},), "hardsigmoid": ({},),
+           "hardswish": ({},), "softplus": ({},), "softsign": ({},), "logsigmoid": ({},), "silu": ({},),
+           "mish": ({},), "hardshrink": ({},), "softshrink": ({},), "tanhshrink": ({},)}
+    wrong = []
+    for name, (kw,) in fns.items():
+        if not hasattr(F, name):
+            continue
+        for p in points:
+            if name == "softsign" and math.isinf(p):
+                continue
+            kx, tx = both(np.array([p]), True)
+            getattr(F, name)(kx, **kw).sum().backward()
+            getattr(TF, name)(tx, **kw).sum().backward()
+            kg, tg = kx.grad.tolist()[0], tx.grad.tolist()[0]
+            if not (kg == tg or (math.isnan(kg) and math.isnan(tg)) or abs(kg - tg) <= 1e-6 * abs(tg)):
+                wrong.append((name, p, kg, tg))
+    assert not wrong, wrong
+
+
+def test_batch_norm_refuses_a_negative_zero_or_nan_eps_as_torch():
+    # A negative eps gave NaN channels silently; torch refuses eps <= 0 in training and eps < 0 in eval. A NaN
+    # eps, which torch takes (every output NaN), is refused too. eps=0 in eval mode is fine in both.
+    F, TF = kiln.nn.functional, torch.nn.functional
+    a = RNG.standard_normal((4, 3))
+    kx, tx = both(a)
+    krm, trm = both(np.zeros(3))
+    krv, trv = both(np.ones(3))
+    for training, eps, why in ((True, -1.0, "positive during training"), (True, 0.0, "positive during training"),
+                               (False, -1e-5, "non-negative")):
+        with pytest.raises(ValueError, match=f"eps must be {why}"):
+            TF.batch_norm(tx, trm, trv, training=training, eps=eps)
+        with pytest.raises(RuntimeError, match=f"batch_norm: eps must be {why}, got"):
+            F.batch_norm(kx, krm, krv, training=training, eps=eps)
+    for training in (True, False):
+        with pytest.raises(RuntimeError, match="batch_norm: eps is NaN"):
+            F.batch_norm(kx, krm, krv, training=training, eps=float("nan"))
+    same(F.batch_norm(kx, krm, krv, training=False, eps=0.0), TF.batch_norm(tx, trm, trv, training=False, eps=0.0))
+    # the modules, as torch: built with any eps, refused when run
+    kx, tx = both(a.astype(np.float32))
+    for km, tm, x, xt in ((kiln.nn.BatchNorm1d(3, eps=-1.0), torch.nn.BatchNorm1d(3, eps=-1.0), kx, tx),
+                          (kiln.nn.BatchNorm2d(3, eps=-1.0), torch.nn.BatchNorm2d(3, eps=-1.0),
+                           kx.reshape(4, 3, 1, 1), tx.reshape(4, 3, 1, 1))):
+        for train in (True, False):
+            km.train(train), tm.train(train)
+            with pytest.raises(ValueError, match="eps must be"):
+                tm(xt)
+            with pytest.raises(RuntimeError, match="batch_norm: eps must be"):
+                km(x)
