@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "kiln.h"
+#include <kiln/kiln.h>
 
 using namespace kiln;
 

@@ -182,6 +182,31 @@ TEST_CASE("cli tools: kiln bench train under a launcher waits --dist-timeout, as
   CHECK(contains(r.output, "within --dist-timeout (2 s"));
 }
 
+TEST_CASE("cli tools: a flag a command does not take is one line naming it") {
+  TempDir d("kiln_cli_extras");
+  std::ofstream(d / "w.safetensors") << "x";  // kiln eval's --weights must exist before extras are looked at
+  const std::string w = " --weights " + d / "w.safetensors";
+  // CLI11 alone printed "The following arguments were not expected: 1 --zero" and a second line.
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"eval --model resnet20 --zero 1" + w, "kiln eval: error: --zero is a kiln train flag (training only)\n"},
+           {"eval --model resnet20 --memory-cap=1GiB" + w, "kiln eval: error: --memory-cap is a kiln train flag"},
+           {"eval --model resnet20 --bogus 3" + w,
+            "kiln eval: error: --bogus is not a flag of kiln eval (see kiln eval --help)\n"},
+           {"train --bogus 3 --out r",
+            "kiln train: error: --bogus is not a flag of kiln train (see kiln train --help)\n"},
+           {"train --out r stray", "kiln train: error: unexpected argument 'stray'"},
+           {"bench train --memory-cap 1GiB",
+            "kiln bench train: error: --memory-cap is not a flag of kiln bench train"}}) {
+    const auto r = run_kiln(args, d.p.string());
+    CAPTURE(args);
+    CAPTURE(r.output);
+    CHECK(r.code == 2);
+    CHECK(contains(r.output, says));
+    CHECK(!contains(r.output, "not expected"));
+    CHECK(!contains(r.output, "Run with --help"));
+  }
+}
+
 TEST_CASE("cli tools: kiln launch names a flag it does not know") {
   TempDir d("kiln_cli_launch");
   auto r = run_kiln("launch --bogus 2 -- echo hi", d.p.string());

@@ -12,6 +12,44 @@
 
 namespace kiln::tools {
 
+namespace {
+
+// "kiln bench train" for the App of `bench train`.
+std::string command_path(const CLI::App& app) {
+  std::string path = app.get_name();
+  for (const CLI::App* p = app.get_parent(); p != nullptr; p = p->get_parent())
+    path = (p->get_parent() != nullptr ? p->get_name() : std::string("kiln")) + " " + path;
+  return app.get_parent() != nullptr ? path : "kiln";
+}
+
+// The deepest command given that has words left over (CLI11 keeps them with the command that could
+// not place them, in command-line order).
+const CLI::App* with_leftovers(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands())
+    if (const CLI::App* found = with_leftovers(*sub)) return found;
+  return app.remaining().empty() ? nullptr : &app;
+}
+
+}  // namespace
+
+std::string extras_message(const CLI::App& top, const CLI::App& train) {
+  const CLI::App* app = with_leftovers(top);
+  if (app == nullptr) return "kiln: error: unexpected arguments (see kiln --help)";
+  const std::string cmd = command_path(*app);
+  const std::vector<std::string> extra = app->remaining();
+  // The first flag among them names the mistake (its value, if any, follows it); a lone word is
+  // named as what it is.
+  const auto flag = std::find_if(extra.begin(), extra.end(),
+                                 [](const std::string& w) { return w.size() > 1 && w[0] == '-' && w != "--"; });
+  if (flag == extra.end())
+    return cmd + ": error: unexpected argument '" + extra[0] + "' (" + cmd + " takes flags only; see " + cmd +
+           " --help)";
+  const std::string name = flag->substr(0, flag->find('='));  // --zero=1 is --zero
+  if (cmd == "kiln eval" && train.get_option_no_throw(name) != nullptr)
+    return cmd + ": error: " + name + " is a kiln train flag (training only)";
+  return cmd + ": error: " + name + " is not a flag of " + cmd + " (see " + cmd + " --help)";
+}
+
 std::string output_file_problem(const std::string& flag, const std::string& path, const std::string& what) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -26,6 +26,13 @@ std::string output_file_problem(const std::string& flag, const std::string& path
 // ignores capture_default_str() for flags. `value` holds the default when this is called.
 CLI::Option* add_on_off_flag(CLI::App& app, const std::string& names, bool& value, const std::string& help);
 
+// The one line for the words a command was given and takes no flag for (what CLI11's ExtrasError
+// reports as "The following arguments were not expected: 1 --zero" and a second line): "kiln train:
+// error: --bogus is not a flag of kiln train (see kiln train --help)", or, for a flag of kiln train
+// given to kiln eval, "kiln eval: error: --zero is a kiln train flag (training
+// only)". `top` is the parsed `kiln` app; `train` is kiln train's, to know its flags.
+std::string extras_message(const CLI::App& top, const CLI::App& train);
+
 }  // namespace kiln::tools
 
 namespace kiln::tools {

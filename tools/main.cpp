@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "engine/dist.h"
 #include "kiln_build_info.h"
+#include "tools/cli_checks.h"
 #include "tools/commands.h"
 #include "tools/environment.h"
 #include "tools/plan.h"
@@ -77,6 +78,10 @@ int main(int argc, char** argv) {
     }
     if (train->parsed()) kiln::tools::apply_model_defaults(*train, train_cfg);
     if (eval->parsed()) kiln::tools::apply_model_defaults(*eval, eval_cfg);
+  } catch (const CLI::ExtrasError&) {
+    // A word no flag takes: one line naming it (CLI11's own is two, without the command's prefix).
+    std::fprintf(stderr, "%s\n", kiln::tools::extras_message(app, *train).c_str());
+    return 2;
   } catch (const CLI::ParseError& e) {
     // Bad flags: one clear line (CLI11 prints it) and exit code 2, before any work starts.
     const int rc = app.exit(e);

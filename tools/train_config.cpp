@@ -397,8 +397,14 @@ std::vector<std::string> validate(const TrainConfig& c) {
     e.push_back("--channels-last: only ResNets take image batches (--model " + c.model + ")");
   // A flag the run would not use is refused, not dropped: a user who sets --momentum for AdamW or
   // --seq-len for a ResNet believes the run uses it.
+  // Without --task a BERT model trains masked-LM: a TSV file given there gets the fix ("add --task
+  // classify") rather than "--task mlm needs --text". The task is not inferred from it: which task
+  // runs (and which head kiln eval loads) should not hang on which data flags happen to be given.
+  const bool train_tsv = c.was_given("train-tsv"), eval_tsv = c.was_given("eval-tsv");
+  const bool tsv_without_task = tokens && c.task.empty() && (train_tsv || eval_tsv);
   for (const UnusedFlag& u : unused_flags(c))
-    if (c.was_given(u.flag)) e.push_back("--" + u.flag + ": " + u.why);
+    if (c.was_given(u.flag) && !(tsv_without_task && (u.flag == "train-tsv" || u.flag == "eval-tsv")))
+      e.push_back("--" + u.flag + ": " + u.why);
   if (images && !c.task.empty() && c.task != "classify")
     e.push_back("--task " + c.task + ": a " + family->name + " classifies images (--task classify)");
   if (images && c.data == "mnist" && c.data_dir.empty())
@@ -408,7 +414,14 @@ std::vector<std::string> validate(const TrainConfig& c) {
   if (tokens) {
     const std::string task = c.task.empty() ? "mlm" : c.task;
     if (c.vocab.empty()) e.push_back("--model " + c.model + " needs --vocab (make one: kiln vocab --text FILE --size 8000 --out vocab.txt)");
-    if (task == "mlm" && c.text.empty()) e.push_back("--task mlm needs --text (a corpus: files or directories)");
+    if (tsv_without_task)
+      e.push_back(std::string(train_tsv && eval_tsv ? "--train-tsv and --eval-tsv are"
+                              : train_tsv           ? "--train-tsv is"
+                                                    : "--eval-tsv is") +
+                  " for --task classify: add --task classify (without --task, --model " + c.model +
+                  " is masked-LM on --text)");
+    else if (task == "mlm" && c.text.empty())
+      e.push_back("--task mlm needs --text (a corpus: files or directories)");
     // kiln eval takes the label names from the weights (a run's model.safetensors carries them); it
     // reads --train-tsv for them only when they are not there.
     if (task == "classify" && c.evaluating && c.eval_tsv.empty())

@@ -40,11 +40,12 @@ def _flags(options):
     return args
 
 
-def train(model="resnet20", *, out, callback=None, **options):
+def train(model="resnet20", *, out=None, callback=None, **options):
     """Trains as `kiln train` does, in this process, with the same options: each keyword is the flag
     of the same name (epochs=2 is --epochs 2, max_steps is --max-steps, augment=False is
     --no-augment, text=[...] repeats --text, set={"hidden": 64} is --set hidden=64); `out` is the
-    run directory (metrics.jsonl, summary.json, checkpoints, model.safetensors).
+    run directory (metrics.jsonl, summary.json, checkpoints, model.safetensors), required unless
+    help=True.
 
     callback(record) gets every metrics line as a dict (training lines with "loss", "lr",
     "samples_per_s", ...; evaluation lines with "eval_loss"); returning False saves a checkpoint and
@@ -63,7 +64,12 @@ def train(model="resnet20", *, out, callback=None, **options):
     a bool (augment=0), or a callback that returns something other than None, True or False, raises
     TypeError; a list for a one-value option is an error. An int seed is taken modulo 2**64, as
     kiln.manual_seed does (seed=-1 is 2**64 - 1); --seed itself refuses values outside 0..2**64 - 1."""
-    args = ["--model", str(model), "--out", os.fspath(out)] + _flags(options)
+    if out is None and options.get("help") is not True:
+        # only help=True runs nothing; Python's own "missing keyword-only argument" would be the
+        # message had `out` no default, but help=True alone must work as docs/python.md shows it
+        raise TypeError("kiln.train: give out=, the run directory (metrics.jsonl, summary.json, checkpoints); "
+                        "only help=True needs none")
+    args = ["--model", str(model)] + (["--out", os.fspath(out)] if out is not None else []) + _flags(options)
     r = _C._train(args, callback)
     if "help" in r:  # help=True: the options of kiln train (each a keyword here)
         print(r["help"])

@@ -6,6 +6,11 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${KILN_BUILD_DIR} --prefix ${
 if(rc)
   message(FATAL_ERROR "install into ${SCRATCH}/prefix failed: ${rc}")
 endif()
+# The Python package (kiln/*.py, kiln._C, its own libkiln) is the wheel's: a plain install of a
+# KILN_PYTHON=ON build must not write it at the prefix's root.
+if(EXISTS ${SCRATCH}/prefix/kiln)
+  message(FATAL_ERROR "cmake --install wrote ${SCRATCH}/prefix/kiln: the python component must be left to the wheel")
+endif()
 # A shared libkiln keeps its dependencies private: the installed package names none of them, so a
 # consumer needs no CUDA toolkit, MPI, Eigen or zlib to build against it. (A static one must pass
 # them on.) nlohmann-json is the exception: public headers take and return nlohmann::json.

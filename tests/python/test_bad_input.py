@@ -317,6 +317,10 @@ TRAIN = dict(epochs=1, max_steps=2, batch=16, limit_train=32, limit_eval=16, log
 def test_train_help_and_list_options(tmp_path, capsys):
     assert kiln.train(help=True, out=tmp_path / "h") is None
     assert "--batch" in capsys.readouterr().out
+    assert kiln.train(help=True) is None  # as docs/python.md shows it: no run, so no `out`
+    assert "--batch" in capsys.readouterr().out
+    with pytest.raises(TypeError, match="give out=, the run directory"):
+        kiln.train("resnet20", **TRAIN)
     with pytest.raises(kiln.KilnValueError, match="batch takes one value, got 2"):
         kiln.train("resnet20", out=tmp_path / "b", **dict(TRAIN, batch=[8, 16]))
 
