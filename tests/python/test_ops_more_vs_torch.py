@@ -718,3 +718,33 @@ def test_baddbmm_with_beta_0_does_not_read_input_and_gives_it_a_zero_gradient(kd
         t.sum().backward()
         assert ki.grad is not None and ki.grad.dtype == kdt and (f32_of(ki.grad) == 0).all()
         assert (ti.grad == 0).all()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_cross_entropy_gradient_at_p_0_and_1_is_torchs(reduction):
+    # A saturated sigmoid gives p exactly 0 or 1; the gradient through maximum(log(p), -100) was NaN
+    # there (log's infinite derivative times 0). torch's backward, (p - y) / max(p (1 - p), 1e-12), is not.
+    F, TF = kiln.nn.functional, torch.nn.functional
+    kx = kiln.tensor([20.0, -120.0, 3.0], requires_grad=True)
+    tx = torch.tensor([20.0, -120.0, 3.0], requires_grad=True)
+    y = [1.0, 0.0, 1.0]
+    F.binary_cross_entropy(kiln.sigmoid(kx), kiln.tensor(y), reduction=reduction).sum().backward()
+    TF.binary_cross_entropy(torch.sigmoid(tx), torch.tensor(y), reduction=reduction).sum().backward()
+    np.testing.assert_allclose(kx.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
+    # p itself at the bounds, with a weight, and the target's gradient
+    p, y = [0.0, 1.0, 0.0, 0.3], [1.0, 0.0, 0.5, 0.25]
+    kp, tp = kiln.tensor(p, requires_grad=True), torch.tensor(p, requires_grad=True)
+    ky, ty = kiln.tensor(y, requires_grad=True), torch.tensor(y, requires_grad=True)
+    w = [0.5, 2.0, 1.0, 3.0]
+    kl = F.binary_cross_entropy(kp, ky, weight=kiln.tensor(w), reduction=reduction)
+    tl = TF.binary_cross_entropy(tp, ty, weight=torch.tensor(w), reduction=reduction)
+    np.testing.assert_allclose(kl.detach().numpy(), tl.detach().numpy(), rtol=1e-6)
+    kl.sum().backward()
+    tl.sum().backward()
+    assert np.isfinite(kp.grad.numpy()).all()
+    np.testing.assert_allclose(kp.grad.numpy(), tp.grad.numpy(), rtol=1e-6)
+    # the target's gradient is the clamped forward's own, log(1 - p) - log(p) with each log at least -100:
+    # finite at the bounds, where torch's (unclamped) is inf; the same inside
+    np.testing.assert_allclose(ky.grad.numpy()[3], ty.grad.numpy()[3], rtol=1e-6)
+    scale = {"mean": 0.25, "sum": 1.0, "none": 1.0}[reduction]
+    np.testing.assert_allclose(ky.grad.numpy()[:3], np.array([0.5 * 100, 2.0 * -100, 100]) * scale, rtol=1e-6)
