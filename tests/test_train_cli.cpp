@@ -60,7 +60,7 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
       {"--lr inf" + out, "--lr must be positive and finite, got inf"},
       {"--weight-decay inf" + out, "--weight-decay must be >= 0 and finite, got inf"},
       {"--momentum nan" + out, "--momentum must be in [0, 1), got nan"},
-      {"--label-smoothing nan" + out, "--label-smoothing must be in [0, 1), got nan"},
+      {"--label-smoothing nan" + out, "--label-smoothing must be in [0, 1], got nan"},
       {"--clip-grad-norm nan" + out, "--clip-grad-norm must be >= 0 and finite"},
       {"--save-minutes nan" + out, "--save-minutes: must be a finite number >= 0, got nan"},
       {"--threads 100000" + out, "--threads: must be in 0.."},
