@@ -748,3 +748,19 @@ def test_binary_cross_entropy_gradient_at_p_0_and_1_is_torchs(reduction):
     np.testing.assert_allclose(ky.grad.numpy()[3], ty.grad.numpy()[3], rtol=1e-6)
     scale = {"mean": 0.25, "sum": 1.0, "none": 1.0}[reduction]
     np.testing.assert_allclose(ky.grad.numpy()[:3], np.array([0.5 * 100, 2.0 * -100, 100]) * scale, rtol=1e-6)
+
+
+def test_cross_entropy_and_nll_take_a_uint8_target_as_torch():
+    # torch takes Long or Byte class indices; Kiln refused uint8 ("target must hold class indices (i64)")
+    F, TF = kiln.nn.functional, torch.nn.functional
+    x = np.random.default_rng(3).standard_normal((6, 5)).astype(np.float32)
+    y = np.array([0, 4, 2, 3, 1, 2], np.uint8)
+    kx, tx = kiln.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    kl = F.cross_entropy(kx, kiln.tensor(y), label_smoothing=0.1) + F.nll_loss(kx, kiln.tensor(y), reduction="sum")
+    tl = TF.cross_entropy(tx, torch.tensor(y), label_smoothing=0.1) + TF.nll_loss(tx, torch.tensor(y), reduction="sum")
+    np.testing.assert_allclose(kl.item(), tl.item(), rtol=1e-6)
+    kl.backward()
+    tl.backward()
+    np.testing.assert_allclose(kx.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(kiln.nn.CrossEntropyLoss()(kx, kiln.tensor(y)).item(),
+                               torch.nn.CrossEntropyLoss()(tx, torch.tensor(y)).item(), rtol=1e-6)
