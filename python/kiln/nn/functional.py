@@ -36,8 +36,8 @@ _engine_cross_entropy, _engine_nll_loss = cross_entropy, nll_loss
 
 
 def _class_target(target):
-    # torch takes uint8 class indices as well as int64 (and refuses int32, which Kiln's engine takes: its
-    # loaders give i32 labels); the engine's index kernels are i64/i32, so a uint8 target is widened
+    # torch takes uint8 class indices as well as int64 (and refuses int32, which Kiln's engine has always
+    # taken); the engine's index kernels are i64/i32, so a uint8 target is widened
     if isinstance(target, _C.Tensor) and target.dtype == _C.dtype.uint8:
         return target.to(_C.dtype.int64)
     return target
