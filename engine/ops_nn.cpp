@@ -751,9 +751,28 @@ Tensor binary_cross_entropy(const Tensor& p_in, const Tensor& y_in, Reduction re
     KILN_CHECK(lo >= 0 && hi <= 1, "binary_cross_entropy: all elements of input should be between 0 and 1, found min ",
                lo, " and max ", hi, " (pass logits to binary_cross_entropy_with_logits, or apply sigmoid first)");
   }
-  const Tensor floor = scalar_like(-100, p);
-  const Tensor lp = maximum(log(p), floor), lq = maximum(log(1.0 - p), floor);
-  Tensor per = neg(y * lp + (1.0 - y) * lq);
+  // The logs clamped at -100, as PyTorch. The backward is PyTorch's own, not the graph's: through
+  // maximum(log(p), -100) a p of exactly 0 or 1 (a saturated sigmoid) met log's infinite derivative
+  // times 0, a NaN; PyTorch's (p - y) / max(p (1 - p), 1e-12) is finite there.
+  Tensor per;
+  {
+    NoGradGuard ng;
+    const Tensor floor = scalar_like(-100, p);
+    per = neg(y * maximum(log(p), floor) + (1.0 - y) * maximum(log(1.0 - p), floor));
+  }
+  if (autograd::needs_grad({p, y})) {
+    SavedTensor sp(p), sy(y);
+    autograd::record("binary_cross_entropy", {p, y}, {per}, [sp, sy](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor pp = sp.unpack("binary_cross_entropy"), yy = sy.unpack("binary_cross_entropy");
+      Tensor gp, gy;
+      if (c.needs_grad(0)) gp = c.g() * (pp - yy) / maximum(pp * (1.0 - pp), scalar_like(1e-12, pp));
+      if (c.needs_grad(1)) {
+        const Tensor floor = scalar_like(-100, pp);
+        gy = c.g() * (maximum(log(1.0 - pp), floor) - maximum(log(pp), floor));
+      }
+      return {gp, gy};
+    });
+  }
   if (weight.defined()) per = per * weight;
   return reduce_loss(per, reduction);
 }

@@ -606,30 +606,33 @@ void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<s
 // ---- clipping, groups --------------------------------------------------------------------------------
 
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type,
-                      const std::function<void(Tensor& partial, bool is_max)>& reduce_partial) {
-  KILN_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+                      const std::function<void(Tensor& partial, bool is_max)>& reduce_partial,
+                      bool error_if_nonfinite) {
+  // 0 is allowed, as torch (every gradient zeroed); a negative max_norm would flip the gradients.
+  KILN_CHECK(max_norm >= 0, "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
   KILN_CHECK(norm_type > 0, "clip_grad_norm: norm_type must be > 0 (2 for L2, inf for the largest |g|), got ",
              norm_type);
   NoGradGuard ng;
   const bool is_max = std::isinf(norm_type);
   // Every step on the device: the partials (sums of |g|^p in f64, or the largest |g|) combined in
-  // parameter order, the factor chosen by a comparison there (1 when the norm is within max_norm or
-  // not finite), the gradients scaled by it.
+  // parameter order, the factor chosen there, the gradients scaled by it. The powers are taken in
+  // f64 too: an f32 square overflows for |g| > ~1.8e19, which made the norm inf.
   Tensor part;
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
-    // f64 gradients in f64 (torch computes the norm in the gradients' dtype), the others in f32
-    const Tensor gf = g.dtype() == DType::f64 ? g : g.to(DType::f32);
     Tensor term;
     if (is_max)
-      term = (g.numel() == 0 ? zeros({}, TensorOptions(DType::f32, g.device())) : amax(abs(gf))).to(DType::f64);
-    else if (norm_type == 2)
-      term = sum(gf * gf).to(DType::f64);
+      term = (g.numel() == 0 ? zeros({}, TensorOptions(DType::f32, g.device()))
+                             : amax(abs(g.dtype() == DType::f64 ? g : g.to(DType::f32))))
+                 .to(DType::f64);
     else if (norm_type == 1)
-      term = sum(abs(gf)).to(DType::f64);
-    else
-      term = sum(pow(abs(gf.to(DType::f64)), norm_type));
+      term = sum(abs(g.to(DType::f64)));
+    else if (norm_type == 2) {
+      const Tensor gd = g.to(DType::f64);
+      term = sum(gd * gd);
+    } else
+      term = sum(pow(abs(g.to(DType::f64)), norm_type));
     part = !part.defined() ? term : (is_max ? maximum(part, term) : part + term);
   }
   if (reduce_partial) {  // every rank joins, with or without gradients of its own
@@ -639,8 +642,16 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
   }
   if (!part.defined()) return zeros({}, DType::f64);  // no gradients: norm 0, on the CPU
   const Tensor norm = is_max ? part : (norm_type == 2 ? sqrt(part) : pow(part, 1.0 / norm_type));
-  const Tensor clip = logical_and(gt(norm, scalar_like(max_norm, norm)), lt(norm, scalar_like(INFINITY, norm)));
-  const Tensor factor = where(clip, max_norm / (norm + 1e-6), scalar_like(1.0, norm));
+  if (error_if_nonfinite) {  // torch's check and message (a value to the host, only when asked for)
+    const double n = norm.item<double>();
+    KILN_CHECK(std::isfinite(n), "The total norm of order ", norm_type,
+               " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and "
+               "scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=False`");
+  }
+  // torch's factor, min(max_norm / (norm + 1e-6), 1): an inf norm gives 0 (the gradients zeroed, an inf
+  // element NaN), a NaN norm NaN; written so that a NaN quotient stays NaN.
+  const Tensor q = max_norm / (norm + 1e-6);
+  const Tensor factor = where(ge(q, scalar_like(1.0, q)), scalar_like(1.0, q), q);
   std::map<DType, Tensor> in_dtype;  // the factor cast once per gradient dtype
   for (const Tensor& p : params) {
     Tensor g = p.grad();

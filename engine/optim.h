@@ -190,15 +190,18 @@ class LAMB final : public AdamFamily {
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
 };
 
-// Scales all gradients so their global norm is at most max_norm (a norm that is inf or NaN leaves
-// them as they are); returns the norm before, as an f64 0-dim tensor on the gradients' device (on
-// the CPU when there are none). No value goes to the host. norm_type: 2 (L2), any p > 0 (the p-th
-// root of the sum of |g|^p), or inf (the largest |g|), as torch's clip_grad_norm_.
+// Scales all gradients by torch's factor min(max_norm / (norm + 1e-6), 1), so their global norm is at
+// most max_norm (max_norm >= 0; an inf norm gives factor 0, a NaN norm NaN, as torch); returns the norm
+// before, as an f64 0-dim tensor on the gradients' device (on the CPU when there are none), the powers
+// summed in f64. No value goes to the host unless error_if_nonfinite (then an inf or NaN norm is an
+// error, torch's, before anything is scaled). norm_type: 2 (L2), any p > 0 (the p-th root of the sum
+// of |g|^p), or inf (the largest |g|), as torch's clip_grad_norm_.
 // With `reduce_partial`, the f64 partial (the sum of |g|^p, or for inf the largest |g|; `is_max`
 // says which) is passed through it before the root is taken: for gradients sharded over ranks
 // (dist::ZeroRedundancy), an all-reduce (sum or max) makes it the global one.
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
-                      const std::function<void(Tensor& partial, bool is_max)>& reduce_partial = {});
+                      const std::function<void(Tensor& partial, bool is_max)>& reduce_partial = {},
+                      bool error_if_nonfinite = false);
 void clip_grad_value(const std::vector<Tensor>& params, double clip);
 
 // Groups for the usual recipe: no weight decay on biases and normalisation weights (1-D tensors).

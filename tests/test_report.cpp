@@ -192,3 +192,26 @@ TEST_CASE("report: --out may not name a file the report reads from a run directo
   CHECK(kiln::testing::read_text((d.p / "run1" / "metrics.jsonl").string()) == "{\"step\":1,\"loss\":2.0}\n");
   CHECK(kiln::testing::read_text((d.p / "run1" / "summary.json").string()) == R"({"steps":1})");
 }
+
+TEST_CASE("report: --clip-grad-norm's grad_norm is a chart of its own; a null one (inf or NaN) is let be") {
+  TempDir d("kiln_report_gn");
+  std::filesystem::create_directories(d.p / "r");
+  write(d.p / "r" / "metrics.jsonl",
+        "{\"step\":1,\"loss\":2.0,\"lr\":0.1,\"grad_norm\":3.5}\n"
+        "{\"step\":2,\"loss\":1.5,\"lr\":0.1,\"grad_norm\":null}\n"
+        "{\"step\":3,\"loss\":1.0,\"lr\":0.1,\"grad_norm\":0.75}\n");
+  std::vector<std::string> notes;
+  const std::string html = tools::render_report({(d.p / "r").string()}, "t", notes);
+  CHECK(notes.empty());
+  CHECK(points(html, "grad norm") == 2);
+  CHECK(html.find("Gradient norm (before clipping)") != std::string::npos);
+  // a string where the number belongs is named, as for the other drawn fields
+  write(d.p / "r" / "metrics.jsonl", "{\"step\":1,\"loss\":2.0,\"grad_norm\":\"x\"}\n");
+  notes.clear();
+  tools::render_report({(d.p / "r").string()}, "t", notes);
+  REQUIRE(!notes.empty());
+  CHECK_MESSAGE(notes[0].find("\"grad_norm\" is a string") != std::string::npos, notes[0]);
+  // runs without it have no such chart
+  write(d.p / "r" / "metrics.jsonl", "{\"step\":1,\"loss\":2.0}\n");
+  CHECK(tools::render_report({(d.p / "r").string()}, "t", notes).find("Gradient norm") == std::string::npos);
+}

@@ -60,7 +60,7 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
       {"--lr inf" + out, "--lr must be positive and finite, got inf"},
       {"--weight-decay inf" + out, "--weight-decay must be >= 0 and finite, got inf"},
       {"--momentum nan" + out, "--momentum must be in [0, 1), got nan"},
-      {"--label-smoothing nan" + out, "--label-smoothing must be in [0, 1), got nan"},
+      {"--label-smoothing nan" + out, "--label-smoothing must be in [0, 1], got nan"},
       {"--clip-grad-norm nan" + out, "--clip-grad-norm must be >= 0 and finite"},
       {"--save-minutes nan" + out, "--save-minutes: must be a finite number >= 0, got nan"},
       {"--threads 100000" + out, "--threads: must be in 0.."},
@@ -165,6 +165,32 @@ TEST_CASE("train flags: --help shows each on/off flag pair's real default") {
   r = run_kiln("doctor --help", d.p.string());
   CHECK_MESSAGE(contains(r.output, "--self-test,--no-self-test (default: on)"), r.output);
   CHECK_MESSAGE(!contains(r.output, "{false}"), r.output);
+}
+
+TEST_CASE("train flags: --help states the step and multistep schedules' rules, which LrSchedule follows") {
+  TempDir d("kiln_help_sched");
+  const auto r = run_kiln("train --help", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  for (const char* says :
+       {"--max-steps if fewer (so --max-steps shortens the schedule)",
+        "step: x0.1 every epoch's worth of steps counted from the end of --warmup",
+        "multistep: x0.1 at 50% and again at 75% of the total, counted from step 0",
+        "the norm before clipping is logged as grad_norm", "Label smoothing of the classification loss, in [0, 1]"})
+    CHECK_MESSAGE(contains(r.output, says), says, " in\n", r.output);
+  // The rules as the trainer sets them (cmd_train.cpp): 10 steps per epoch, 3 of warm-up, 40 in all.
+  kiln::optim::LrSchedule s;
+  s.base_lr = 1.0;
+  s.warmup_steps = 3;
+  s.total_steps = 40;
+  s.kind = kiln::optim::ScheduleKind::step;
+  s.step_size = 10;
+  CHECK(s.at(12) == 1.0);
+  CHECK(s.at(13) == doctest::Approx(0.1));  // an epoch's worth after the warm-up's end, not at step 10
+  s.kind = kiln::optim::ScheduleKind::multistep;
+  s.milestones = {40 / 2, 40 * 3 / 4};
+  CHECK(s.at(19) == 1.0);
+  CHECK(s.at(20) == doctest::Approx(0.1));  // 50% of the total, counted from step 0
+  CHECK(s.at(30) == doctest::Approx(0.01));
 }
 
 TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees with its summary") {

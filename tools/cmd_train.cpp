@@ -483,7 +483,10 @@ class Trainer {
     sched_.base_lr = c_.lr;
     sched_.warmup_steps = c_.warmup >= 0 ? c_.warmup : model_family(c_.model).input == ModelInput::tokens ? total_steps_ * 6 / 100 : 0;
     sched_.total_steps = total_steps_;
-    sched_.step_size = std::max<int64_t>(spe_, 1);  // "step": decay once per epoch
+    // The rules --help and the README state; fixed, as a resumed checkpoint replays them. "step": x gamma
+    // (0.1) once per epoch's worth of steps, counted from the end of warm-up (LrSchedule::at); "multistep":
+    // x 0.1 at 50% and 75% of total_steps_ (--max-steps if fewer), counted from step 0.
+    sched_.step_size = std::max<int64_t>(spe_, 1);
     sched_.milestones = {total_steps_ / 2, total_steps_ * 3 / 4};
     params_ = zero_ ? zero_->shard_params() : model().parameters();
     // Mixed precision: forward and loss under autocast; f32 weights and optimizer; for f16 a dynamic
@@ -1161,10 +1164,11 @@ class Trainer {
     // One scaler decision per optimizer step: unscale (before clipping), skip on inf/NaN, update.
     if (c_.clip_grad_norm > 0) {
       scaler_->unscale(*opt_, params_);
+      // kept on the device for the next metrics line ("grad_norm"): no read per step
       if (zero_)
-        zero_->clip_grad_norm(c_.clip_grad_norm);  // the norm over every rank's chunks
+        grad_norm_ = zero_->clip_grad_norm(c_.clip_grad_norm);  // the norm over every rank's chunks
       else
-        optim::clip_grad_norm(params_, c_.clip_grad_norm);
+        grad_norm_ = optim::clip_grad_norm(params_, c_.clip_grad_norm);
     }
     scaler_->step(*opt_, params_);
     scaler_->update();
@@ -1223,6 +1227,9 @@ class Trainer {
       m["comm_wait_s"] = w.comm_s;
       m["ranks"] = ranks;
     }
+    // The total gradient norm of the line's last step, before clipping (null in JSON when inf or NaN: a
+    // step the scaler skipped).
+    if (grad_norm_.defined()) m["grad_norm"] = grad_norm_.item<double>();
     if (amp_dt_) {
       const amp::GradScalerState st = scaler_->state();  // one read
       m["loss_scale"] = st.scale;
@@ -1523,6 +1530,7 @@ class Trainer {
   bool stop_now_ = false, time_due_ = false;
   // this rank's sums since the window's and the epoch's start, on the device (see fold())
   Tensor win_loss_, epoch_loss_, win_correct_, epoch_correct_;
+  Tensor grad_norm_;           // the last step's, with --clip-grad-norm
   double shown_loss_ = 0;      // the progress line's loss: the last metrics line's
   uint64_t reads_at_log_ = 0;  // host_read_count() at the last metrics line
 };

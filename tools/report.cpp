@@ -259,7 +259,7 @@ std::string wrong_field(const json& j) {
   for (const auto& [k, v] : j.items()) {
     const bool numeric = k == "step" || k == "epoch" || k == "loss" || k == "lr" || k == "eval_loss" ||
                          k == "loss_scale" || k == "samples_per_s" || k == "data_wait_s" || k == "forward_backward_s" ||
-                         k == "comm_wait_s" || k == "optimizer_s" ||
+                         k == "comm_wait_s" || k == "optimizer_s" || k == "grad_norm" ||
                          (k.size() >= 8 && k.compare(k.size() - 8, 8, "accuracy") == 0);
     if (numeric && !v.is_number() && !v.is_null())
       return "\"" + k + "\" is a " + v.type_name() + " (" + v.dump().substr(0, 40) + "), not a number";
@@ -561,6 +561,11 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
     std::erase_if(c.series, [](const ChartSeries& s) {
       return std::all_of(s.points.begin(), s.points.end(), [](const auto& p) { return p.second == 1.0; });
     });
+    if (!c.series.empty()) charts.push_back(std::move(c));
+  }
+  if (!first_key(runs, false, "grad_norm", "grad_norm").empty()) {  // runs with --clip-grad-norm
+    Chart c{"Gradient norm (before clipping)", "optimizer step", "L2 norm", true, {}};
+    add_key(c, runs, false, "grad_norm", "grad norm");
     if (!c.series.empty()) charts.push_back(std::move(c));
   }
   {

@@ -156,15 +156,20 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   add_on_off_flag(app, "--nesterov,!--no-nesterov", c.nesterov, "Nesterov momentum for SGD");
   app.add_option("--weight-decay", c.weight_decay,
                  "Weight decay, not on biases and normalisation weights (default: 5e-4; 0.01 for BERT models)");
-  app.add_option("--label-smoothing", c.label_smoothing, "Label smoothing of the classification loss")
+  app.add_option("--label-smoothing", c.label_smoothing, "Label smoothing of the classification loss, in [0, 1]")
       ->capture_default_str();
-  app.add_option("--clip-grad-norm", c.clip_grad_norm, "Clip gradients to this global L2 norm (0: off)")
+  app.add_option("--clip-grad-norm", c.clip_grad_norm,
+                 "Clip gradients to this global L2 norm (0: off); the norm before clipping is logged as grad_norm")
       ->capture_default_str();
   std::vector<std::string> schedules;
   for (const auto& [name, kind] : optim::LrSchedule::kinds()) schedules.push_back(name);
   app.add_option("--schedule", c.schedule,
                  "LR schedule: constant, step, multistep, cosine, linear or polynomial (default: cosine; linear "
-                 "for BERT models)")
+                 "for BERT models). Steps are optimizer steps; the run's total is epochs x steps per epoch, or "
+                 "--max-steps if fewer (so --max-steps shortens the schedule). step: x0.1 every epoch's worth of "
+                 "steps counted from the end of --warmup; multistep: x0.1 at 50% and again at 75% of the total, "
+                 "counted from step 0 (warm-up included); cosine, linear, polynomial: from the lr at the end of "
+                 "--warmup to 0 at the total")
       ->check(CLI::IsMember(schedules));
   app.add_option("--warmup", c.warmup, "Linear warmup steps (default: 0 for ResNet, 6% of the steps for BERT)")
       ->check(at_least(0));
@@ -316,8 +321,9 @@ std::vector<std::string> validate(const TrainConfig& c) {
         "(kiln.train: nesterov=False), or give --momentum > 0");
   if (!(c.weight_decay >= 0 && std::isfinite(c.weight_decay)))
     e.push_back("--weight-decay must be >= 0 and finite, got " + std::to_string(c.weight_decay));
-  if (!(c.label_smoothing >= 0 && c.label_smoothing < 1))
-    e.push_back("--label-smoothing must be in [0, 1), got " + std::to_string(c.label_smoothing));
+  // 1 included, as torch's cross_entropy (the target then uniform over the classes)
+  if (!(c.label_smoothing >= 0 && c.label_smoothing <= 1))
+    e.push_back("--label-smoothing must be in [0, 1], got " + std::to_string(c.label_smoothing));
   if (!(c.clip_grad_norm >= 0 && std::isfinite(c.clip_grad_norm)))
     e.push_back("--clip-grad-norm must be >= 0 and finite (0: off), got " + std::to_string(c.clip_grad_norm));
   if (!(c.save_minutes >= 0 && std::isfinite(c.save_minutes)))

@@ -32,16 +32,30 @@ def _params(params):
     return params
 
 
+# Group keys that Python handles, not the engine: maximize (the gradients negated for the step, as
+# torch's), foreach and fused (how torch runs its update; Kiln's is always one fused engine step).
+_PY_KEYS = ("maximize", "foreach", "fused")
+
+
+def _py_key(key, value):
+    if key == "maximize":
+        return bool(value)
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"optimizer: {key} must be None, True or False, got {value!r}")
+    return value
+
+
 def _split(groups, options, check):
     """Groups for the engine (params, lr, weight_decay, name) and each group's own options (momentum,
-    betas, ...: a group may set them, as torch's may), checked."""
+    betas, maximize, ...: a group may set them, as torch's may), checked."""
     if not groups or not isinstance(groups[0], dict):
         return groups, [{}]
     engine, extras = [], []
     for g in groups:
         # other keys go to the engine, which refuses them (a misspelt 'lrr' is not silently dropped)
-        engine.append({k: v for k, v in g.items() if k not in options})
-        extras.append({k: check(k, v) for k, v in g.items() if k in options})
+        engine.append({k: v for k, v in g.items() if k not in options and k not in _PY_KEYS})
+        extras.append({k: check(k, v) if k in options else _py_key(k, v) for k, v in g.items()
+                       if k in options or k in _PY_KEYS})
     return engine, extras
 
 
@@ -68,6 +82,8 @@ class _ParamGroup(dict):
                                     f"optimizer is built")
         elif key in self._opt._options:
             value = self._opt._check_option(key, value)
+        elif key in _PY_KEYS:
+            value = _py_key(key, value)
         super().__setitem__(key, value)
 
     def update(self, *args, **kwargs):
@@ -115,11 +131,14 @@ class _State(collections.abc.Mapping):
         return None
 
     def __getitem__(self, p):
+        # torch's state is a defaultdict(dict): a tensor without state (not stepped yet, or not a
+        # parameter of the optimizer) gives an empty dict, not a KeyError
         entry = self._find(p)
-        if entry is None:
-            raise KeyError("optimizer.state: this tensor has no state (not a parameter of the optimizer, or not "
-                           "stepped yet)")
-        return entry
+        return {} if entry is None else entry
+
+    def get(self, p, default=None):  # as defaultdict.get: the default for a tensor without state
+        entry = self._find(p)
+        return default if entry is None else entry
 
     def __contains__(self, p):
         return self._find(p) is not None
@@ -135,20 +154,23 @@ class Optimizer:
     """Wraps an engine optimizer: step(), zero_grad(), param_groups (a list of dicts, as torch's), state
     (per parameter), defaults, add_param_group(), lr, state_dict()/load_state_dict()."""
 
-    def __init__(self, params, lr, weight_decay, options):
+    def __init__(self, params, lr, weight_decay, options, maximize=False, foreach=None, fused=None):
         self._lr, self._weight_decay = float(lr), float(weight_decay)
+        py = {k: _py_key(k, v) for k, v in (("maximize", maximize), ("foreach", foreach), ("fused", fused))}
         params = _params(params)
         engine_groups, extras = _split(params, options, self._check_option)
         self._options = dict(options)  # the optimizer's; each group may hold its own (self._applied)
-        self.defaults = {"lr": float(lr), "weight_decay": float(weight_decay), **options}
+        self.defaults = {"lr": float(lr), "weight_decay": float(weight_decay), **options, **py}
         self._engine = self._make(engine_groups)
         self.param_groups = []
         user = [params] if not params or not isinstance(params[0], dict) else [g["params"] for g in params]
         for i, ((_, lr, wd, name), ps, extra) in enumerate(zip(self._engine.groups, user, extras)):
             self.param_groups.append(_ParamGroup(self, i, {"params": list(ps), "lr": lr, "weight_decay": wd,
-                                                            "name": name, **self._options, **extra}))
+                                                            "name": name, **self._options, **py, **extra}))
         self._applied = [None] * len(self.param_groups)
         self._apply_options()  # each group's options checked by the engine now, not at the first step
+        self._ratios = None
+        self._note_ratios()
 
     def _make(self, groups):
         """The engine optimizer over groups (a list of tensors or of dicts), with self._options."""
@@ -163,6 +185,10 @@ class Optimizer:
     @property
     def _impl(self):
         """The engine optimizer, with the options the groups hold (kiln.amp.GradScaler steps it)."""
+        if any(dict.get(g, "maximize", False) for g in self.param_groups):
+            raise _C.KilnValueError(f"{type(self).__name__}: kiln.amp.GradScaler steps the engine optimizer directly, "
+                                    f"which cannot negate the gradients for maximize=True: step the optimizer "
+                                    f"without a GradScaler, or minimize the negated loss")
         self._apply_options()
         return self._engine
 
@@ -188,10 +214,48 @@ class Optimizer:
             for k, v in values.items():
                 dict.__setitem__(g, k, v)
             self._applied[i] = values
+        self._note_ratios()
+
+    def _note_ratios(self):
+        """Each group's lr / the first group's, for `opt.lr = x`: taken while the first lr is not 0 and kept
+        while every lr is 0, so `opt.lr = 0` then `opt.lr = 0.1` gives the groups their ratios back."""
+        lrs = list(self._engine.lrs)
+        if not lrs:
+            return
+        if lrs[0] != 0:
+            self._ratios = [1.0 if lr == lrs[0] else lr / lrs[0] for lr in lrs]
+        elif any(lrs):
+            self._ratios = None  # the first group's 0 against another's lr: no ratio
+        elif self._ratios is None or len(self._ratios) != len(lrs):
+            self._ratios = [1.0] * len(lrs)  # all 0 from the start: one lr for all
+
+    def _l2(self, index):
+        """Group index's L2 decay added to its gradients for the step (Adam's); the engine decays the others."""
+        return 0.0
 
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        self._impl.step()
+        self._apply_options()
+        # torch's maximize and Adam's L2 decay: each gradient g of such a group is -g (maximize), plus
+        # weight_decay * p (L2), for the engine's step, and put back after it
+        saved = []
+        try:
+            with _no_grad():
+                for i, group in enumerate(self.param_groups):
+                    flip, wd = bool(dict.get(group, "maximize", False)), self._l2(i)
+                    if not (flip or wd):
+                        continue
+                    for p in group["params"]:
+                        g = p.grad
+                        if g is None:
+                            continue
+                        saved.append((p, g))
+                        edited = -g if flip else g
+                        p.grad = edited + p.detach() * wd if wd else edited
+            self._engine.step()
+        finally:
+            for p, g in saved:
+                p.grad = g
         return loss
 
     def zero_grad(self, set_to_none=True):
@@ -233,8 +297,9 @@ class Optimizer:
         self._engine = engine
         self.param_groups.append(_ParamGroup(self, n, {"params": list(full["params"]), "lr": lr, "weight_decay": wd,
                                                         "name": name, **self._options, **extra}))
-        self._applied.append({**self._options, **extra})
+        self._applied.append({k: v for k, v in {**self._options, **extra}.items() if k in self._options})
         self._after_add(full)
+        self._note_ratios()
 
     def _engine_wd(self, i):
         return self._engine.groups[i][2]
@@ -252,16 +317,12 @@ class Optimizer:
     def lr(self, value):
         self._apply_options()  # the groups' option edits first: _sync reads them back from the engine
         value = float(value)
-        lrs = list(self._engine.lrs)
-        first = lrs[0]
-        if all(lr == first for lr in lrs):
-            self._engine.set_lr(value)
-        elif first == 0:
-            raise _C.KilnValueError(f"optimizer: lr = {value} would scale each group's lr {lrs} by the first "
-                                    f"group's, which is 0; set param_groups[i]['lr'] for each group instead")
-        else:
-            self._set_lrs([value if lr == first else value * (lr / first) for lr in lrs])
-        self._sync()
+        self._note_ratios()  # the groups' own lr edits since
+        if self._ratios is None:
+            raise _C.KilnValueError(f"optimizer: lr = {value} would scale each group's lr {list(self._engine.lrs)} "
+                                    f"by the first group's, which is 0; set param_groups[i]['lr'] for each group "
+                                    f"instead")
+        self._set_lrs([value if r == 1.0 else value * r for r in self._ratios])
 
     def _set_lrs(self, lrs):
         self._apply_options()  # as lr's setter
@@ -281,15 +342,24 @@ class Optimizer:
         """Steps that updated a parameter (a step without any gradient is not one)."""
         return self._engine.steps
 
+    # keys of a group that the engine's scalars carry (the rest are saved in state_dict()'s "groups")
+    _ENGINE_KEYS = ("params", "lr", "weight_decay", "name")
+
     def state_dict(self):
+        """{"tensors": ..., "scalars": ...} (the engine's state, step counts, lrs, weight decays, options) and
+        "groups": each group's other keys (initial_lr and a scheduler's other notes, maximize, ...), as torch's
+        param_groups keep them, so that a scheduler built with last_epoch= after a load finds them."""
         self._apply_options()
         tensors, scalars = self._engine.state()
-        return {"tensors": tensors, "scalars": scalars}
+        groups = [{k: v for k, v in g.items() if k not in self._ENGINE_KEYS and k not in self._options}
+                  for g in self.param_groups]
+        return {"tensors": tensors, "scalars": scalars, "groups": groups}
 
     def load_state_dict(self, state):
         """Restores what state_dict() returned: {"tensors": {...}, "scalars": {...}}: the state, the step
         counts, each group's lr, weight decay and options (momentum, betas, ...) and the optimizer's, as
-        torch's does. The number of groups and their sizes must match."""
+        torch's does, and with "groups" (state_dict() gives it) each group's other keys (initial_lr, ...).
+        The number of groups and their sizes must match."""
         if not isinstance(state, dict) or "tensors" not in state or "scalars" not in state:
             got = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise _C.KilnValueError(f"load_state_dict: expected the dict state_dict() returns, with keys 'tensors' "
@@ -297,19 +367,47 @@ class Optimizer:
         # The slots may be NumPy arrays or torch tensors too (state ported from elsewhere), as a module's.
         from .nn.modules import _state_tensors
 
+        groups = state.get("groups")  # absent in a state_dict() of an older Kiln
+        if groups is not None and (not isinstance(groups, (list, tuple))
+                                   or not all(isinstance(g, dict) for g in groups)):
+            raise _C.KilnValueError(f"load_state_dict: 'groups' must be a list of dicts (one per parameter group), "
+                                    f"got {groups!r:.200}")
         tensors = _state_tensors(state["tensors"], None, "optimizer load_state_dict")
+        if groups is not None:  # before anything is loaded
+            n = sum(1 for k in state["scalars"] if k.startswith("group") and k.endswith(".lr"))
+            if len(groups) != n:
+                raise _C.KilnValueError(f"load_state_dict: 'groups' has {len(groups)} dicts, the state's 'scalars' "
+                                        f"{n} parameter groups")
         self._engine.load_state(dict(tensors), state["scalars"])
         self._options = self._options_from(state["scalars"])
+        self._ratios = None  # the loaded lrs', not this optimizer's
         self._sync()
+        for group, extra in zip(self.param_groups, groups or []):
+            for k, v in extra.items():
+                if k in self._ENGINE_KEYS or k in self._options:
+                    continue  # the scalars' value won
+                dict.__setitem__(group, k, _py_key(k, v) if k in _PY_KEYS else v)
 
     def _options_from(self, scalars):
         return self._options
 
 
+def _no_differentiable(name, differentiable):
+    if differentiable:
+        raise _C.KilnValueError(f"{name}: differentiable=True is not implemented (Kiln's optimizer step is not "
+                                f"recorded by autograd)")
+
+
 class SGD(Optimizer):
-    def __init__(self, params, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+    """torch.optim.SGD, lr 1e-3 by default as torch's. maximize=True negates the gradients for the step
+    (torch's); foreach and fused are accepted and change nothing: the step is always one fused engine step."""
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
+                 maximize=False, foreach=None, differentiable=False, fused=None):
+        _no_differentiable("SGD", differentiable)
         super().__init__(params, lr, weight_decay,
-                         {"momentum": float(momentum), "dampening": float(dampening), "nesterov": bool(nesterov)})
+                         {"momentum": float(momentum), "dampening": float(dampening), "nesterov": bool(nesterov)},
+                         maximize, foreach, fused)
 
     def _make(self, groups):
         o = self._options
@@ -332,9 +430,17 @@ def _betas(name, betas):
     except (TypeError, ValueError):
         raise _C.KilnValueError(f"{name}: betas must be two numbers (beta1, beta2), got {betas!r}") from None
     for i, b in enumerate((b1, b2)):
-        if not 0.0 <= b < 1.0:
-            raise _C.KilnValueError(f"{name}: betas[{i}] must be in [0, 1), got {b}")
+        if not 0.0 <= b < 1.0:  # torch's words, and the optimizer's name
+            raise _C.KilnValueError(f"{name}: Invalid beta parameter at index {i}: {b} (betas[{i}] must be in [0, 1))")
     return b1, b2
+
+
+def _eps(name, eps):
+    eps = float(eps)
+    # torch's words; 0 too is refused: the engine divides by sqrt(v) + eps
+    if not (math.isfinite(eps) and eps > 0):
+        raise _C.KilnValueError(f"{name}: Invalid epsilon value: {eps} (eps must be finite and > 0)")
+    return eps
 
 
 def _no_amsgrad(name, amsgrad):
@@ -346,16 +452,19 @@ def _no_amsgrad(name, amsgrad):
 class _AdamFamily(Optimizer):
     _lamb = False
 
-    def __init__(self, params, lr, betas, eps, weight_decay):
-        super().__init__(params, lr, weight_decay,
-                         {"betas": _betas(type(self).__name__, betas), "eps": float(eps)})
+    def __init__(self, params, lr, betas, eps, weight_decay, maximize=False, foreach=None, fused=None):
+        name = type(self).__name__
+        super().__init__(params, lr, weight_decay, {"betas": _betas(name, betas), "eps": _eps(name, eps)},
+                         maximize, foreach, fused)
 
     def _make(self, groups):
         (b1, b2), eps = self._options["betas"], self._options["eps"]
         return _C._adamw(groups, self._lr, b1, b2, eps, self._weight_decay, self._lamb)
 
     def _check_option(self, key, value):
-        return _betas(type(self).__name__, value) if key == "betas" else float(value)
+        if key == "betas":
+            return _betas(type(self).__name__, value)
+        return _eps(type(self).__name__, value) if key == "eps" else float(value)
 
     def _hyper(self, o):
         return {"beta1": o["betas"][0], "beta2": o["betas"][1], "eps": o["eps"]}
@@ -365,11 +474,13 @@ class _AdamFamily(Optimizer):
 
 
 class AdamW(_AdamFamily):
-    """Adam with decoupled weight decay (torch.optim.AdamW)."""
+    """Adam with decoupled weight decay (torch.optim.AdamW). maximize, foreach and fused as SGD's."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
         _no_amsgrad("AdamW", amsgrad)
-        super().__init__(params, lr, betas, eps, weight_decay)
+        _no_differentiable("AdamW", differentiable)
+        super().__init__(params, lr, betas, eps, weight_decay, maximize, foreach, fused)
 
 
 class LAMB(_AdamFamily):
@@ -385,76 +496,68 @@ class Adam(_AdamFamily):
     added to each gradient for the step and the gradient put back after it. kiln.amp.GradScaler steps
     the engine directly, so with it weight_decay must be 0 (it is refused otherwise)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
+    def __new__(cls, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                decoupled_weight_decay=False, **kwargs):
+        # torch's Adam(decoupled_weight_decay=True) is AdamW (with Adam's default weight_decay, 0)
+        if decoupled_weight_decay and cls is Adam:
+            return AdamW(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False):
         _no_amsgrad("Adam", amsgrad)
+        _no_differentiable("Adam", differentiable)
         params = _params(params)
         wd = float(weight_decay)
         if params and isinstance(params[0], dict):
-            self._l2 = [float(g.get("weight_decay", wd)) for g in params]
+            self._l2_decay = [float(g.get("weight_decay", wd)) for g in params]
             params = [dict(g, weight_decay=0.0) for g in params]
         else:
-            self._l2 = [wd]
-        for i, v in enumerate(self._l2):
+            self._l2_decay = [wd]
+        for i, v in enumerate(self._l2_decay):
             if not (math.isfinite(v) and v >= 0):
                 raise _C.KilnValueError(f"Adam: group {i}'s weight_decay must be finite and >= 0, got {v}")
-        super().__init__(params, lr, betas, eps, 0.0)
+        super().__init__(params, lr, betas, eps, 0.0, maximize, foreach, fused)
         self.defaults["weight_decay"] = wd
         self._sync()
 
     def _make(self, groups):
-        # the engine decays nothing (its decay is AdamW's, decoupled); the L2 decay is self._l2
+        # the engine decays nothing (its decay is AdamW's, decoupled); the L2 decay is self._l2_decay
         return super()._make([dict(g, weight_decay=0.0) if isinstance(g, dict) else g for g in groups])
 
     def _set_weight_decay(self, index, wd):
         if not (math.isfinite(wd) and wd >= 0):
             raise _C.KilnValueError(f"optimizer: group {index}'s weight_decay must be finite and >= 0, got {wd}")
-        self._l2[index] = wd
+        self._l2_decay[index] = wd
 
     def _engine_wd(self, i):
         return 0.0
 
     def _after_add(self, group):
-        self._l2.append(float(group.get("weight_decay", self.defaults["weight_decay"])))
+        self._l2_decay.append(float(group.get("weight_decay", self.defaults["weight_decay"])))
         self._sync()
 
     def _sync(self):
         super()._sync()
-        for g, wd in zip(self.param_groups, self._l2):
+        for g, wd in zip(self.param_groups, self._l2_decay):
             dict.__setitem__(g, "weight_decay", wd)
 
     @property
     def _impl(self):
-        if any(self._l2):
+        if any(self._l2_decay):
             raise _C.KilnValueError("Adam: kiln.amp.GradScaler steps the engine optimizer directly, which cannot "
                                     "add Adam's L2 weight decay to the gradients: use weight_decay=0 (or AdamW) "
                                     "with a GradScaler")
-        self._apply_options()
-        return self._engine
+        return super()._impl
 
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        self._apply_options()
-        saved = []
-        try:
-            with _no_grad():
-                for group, wd in zip(self.param_groups, self._l2):
-                    if not wd:
-                        continue
-                    for p in group["params"]:
-                        g = p.grad
-                        if g is not None:
-                            saved.append((p, g))
-                            p.grad = g + p.detach() * wd
-            self._engine.step()
-        finally:
-            for p, g in saved:
-                p.grad = g
-        return loss
+    def _l2(self, index):
+        return self._l2_decay[index]
 
     def state_dict(self):
         # the L2 decay saved as each group's weight_decay, so that it round-trips
         state = super().state_dict()
-        for i, wd in enumerate(self._l2):
+        for i, wd in enumerate(self._l2_decay):
             state["scalars"][f"group{i}.weight_decay"] = wd
         return state
 
@@ -462,14 +565,14 @@ class Adam(_AdamFamily):
         if not isinstance(state, dict) or "scalars" not in state or "tensors" not in state:
             return super().load_state_dict(state)
         scalars = dict(state["scalars"])
-        l2 = list(self._l2)
+        l2 = list(self._l2_decay)
         for i in range(len(l2)):
             key = f"group{i}.weight_decay"
             if key in scalars:
                 l2[i] = float(scalars[key])
                 scalars[key] = 0.0
-        super().load_state_dict({"tensors": state["tensors"], "scalars": scalars})
-        self._l2 = l2
+        super().load_state_dict({**state, "scalars": scalars})
+        self._l2_decay = l2
         self._sync()
 
 

@@ -491,12 +491,16 @@ void bind_nn(nb::module_& m) {
   });
   m.def(
       "clip_grad_norm_",
-      [](const std::vector<Tensor>& ps, double max_norm, double norm_type) {
-        return optim::clip_grad_norm(ps, max_norm, norm_type);
+      [](const std::vector<Tensor>& ps, double max_norm, double norm_type, bool error_if_nonfinite) {
+        return optim::clip_grad_norm(ps, max_norm, norm_type, {}, error_if_nonfinite);
       },
-      nb::arg("parameters"), nb::arg("max_norm"), nb::arg("norm_type") = 2.0, nogil,
-      "Scales gradients to a global norm of at most max_norm (norm_type: 2, any p > 0, or inf for the "
+      nb::arg("parameters"), nb::arg("max_norm"), nb::arg("norm_type") = 2.0, nb::arg("error_if_nonfinite") = false,
+      nogil,
+      "Scales gradients by min(max_norm / (norm + 1e-6), 1) (norm_type: 2, any p > 0, or inf for the "
       "largest |g|); returns the norm before clipping.");
+  m.def(
+      "clip_grad_value_", [](const std::vector<Tensor>& ps, double clip) { optim::clip_grad_value(ps, clip); },
+      nb::arg("parameters"), nb::arg("clip_value"), nogil, "Clamps every gradient to [-clip_value, clip_value].");
   m.def("_decay_groups", [](const std::vector<std::pair<std::string, Tensor>>& named, double lr, double wd) {
     nb::list out;
     for (const auto& g : optim::decay_groups(named, lr, wd)) {

@@ -779,3 +779,49 @@ def test_batch_norm_refuses_a_negative_zero_or_nan_eps_as_torch():
                 tm(xt)
             with pytest.raises(RuntimeError, match="batch_norm: eps must be"):
                 km(x)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_cross_entropy_gradient_at_p_0_and_1_is_torchs(reduction):
+    # A saturated sigmoid gives p exactly 0 or 1; the gradient through maximum(log(p), -100) was NaN
+    # there (log's infinite derivative times 0). torch's backward, (p - y) / max(p (1 - p), 1e-12), is not.
+    F, TF = kiln.nn.functional, torch.nn.functional
+    kx = kiln.tensor([20.0, -120.0, 3.0], requires_grad=True)
+    tx = torch.tensor([20.0, -120.0, 3.0], requires_grad=True)
+    y = [1.0, 0.0, 1.0]
+    F.binary_cross_entropy(kiln.sigmoid(kx), kiln.tensor(y), reduction=reduction).sum().backward()
+    TF.binary_cross_entropy(torch.sigmoid(tx), torch.tensor(y), reduction=reduction).sum().backward()
+    np.testing.assert_allclose(kx.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
+    # p itself at the bounds, with a weight, and the target's gradient
+    p, y = [0.0, 1.0, 0.0, 0.3], [1.0, 0.0, 0.5, 0.25]
+    kp, tp = kiln.tensor(p, requires_grad=True), torch.tensor(p, requires_grad=True)
+    ky, ty = kiln.tensor(y, requires_grad=True), torch.tensor(y, requires_grad=True)
+    w = [0.5, 2.0, 1.0, 3.0]
+    kl = F.binary_cross_entropy(kp, ky, weight=kiln.tensor(w), reduction=reduction)
+    tl = TF.binary_cross_entropy(tp, ty, weight=torch.tensor(w), reduction=reduction)
+    np.testing.assert_allclose(kl.detach().numpy(), tl.detach().numpy(), rtol=1e-6)
+    kl.sum().backward()
+    tl.sum().backward()
+    assert np.isfinite(kp.grad.numpy()).all()
+    np.testing.assert_allclose(kp.grad.numpy(), tp.grad.numpy(), rtol=1e-6)
+    # the target's gradient is the clamped forward's own, log(1 - p) - log(p) with each log at least -100:
+    # finite at the bounds, where torch's (unclamped) is inf; the same inside
+    np.testing.assert_allclose(ky.grad.numpy()[3], ty.grad.numpy()[3], rtol=1e-6)
+    scale = {"mean": 0.25, "sum": 1.0, "none": 1.0}[reduction]
+    np.testing.assert_allclose(ky.grad.numpy()[:3], np.array([0.5 * 100, 2.0 * -100, 100]) * scale, rtol=1e-6)
+
+
+def test_cross_entropy_and_nll_take_a_uint8_target_as_torch():
+    # torch takes Long or Byte class indices; Kiln refused uint8 ("target must hold class indices (i64)")
+    F, TF = kiln.nn.functional, torch.nn.functional
+    x = np.random.default_rng(3).standard_normal((6, 5)).astype(np.float32)
+    y = np.array([0, 4, 2, 3, 1, 2], np.uint8)
+    kx, tx = kiln.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    kl = F.cross_entropy(kx, kiln.tensor(y), label_smoothing=0.1) + F.nll_loss(kx, kiln.tensor(y), reduction="sum")
+    tl = TF.cross_entropy(tx, torch.tensor(y), label_smoothing=0.1) + TF.nll_loss(tx, torch.tensor(y), reduction="sum")
+    np.testing.assert_allclose(kl.item(), tl.item(), rtol=1e-6)
+    kl.backward()
+    tl.backward()
+    np.testing.assert_allclose(kx.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(kiln.nn.CrossEntropyLoss()(kx, kiln.tensor(y)).item(),
+                               torch.nn.CrossEntropyLoss()(tx, torch.tensor(y)).item(), rtol=1e-6)

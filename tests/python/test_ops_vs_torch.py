@@ -329,3 +329,80 @@ def test_clip_grad_norm_takes_a_tensor_or_an_iterable():
     # NumPy scalars and 'inf' as torch takes them
     assert kiln.nn.clip_grad_norm_(one, np.float32(10.0), norm_type="inf").item() > 0
     assert kiln.nn.clip_grad_norm_(one, np.float64(10.0), norm_type=np.int64(2)).item() > 0
+
+
+def _clip_pair(grads, dtype=np.float32):
+    kp = [kiln.zeros(g.shape, dtype=kiln.float32 if dtype == np.float32 else kiln.float64, requires_grad=True)
+          for g in grads]
+    tp = [torch.zeros(g.shape, dtype=torch.float32 if dtype == np.float32 else torch.float64, requires_grad=True)
+          for g in grads]
+    for k, t, g in zip(kp, tp, grads):
+        k.grad, t.grad = kiln.tensor(g.astype(dtype)), torch.tensor(g.astype(dtype))
+    return kp, tp
+
+
+def test_clip_grad_norm_of_huge_f32_gradients_is_finite():
+    # The squares were taken in f32 and overflowed past |g| ~ 1.8e19: the norm was inf and the gradients
+    # were left unclipped. They are summed in f64: the true norm, and the gradients clipped to max_norm.
+    for v in (1e20, 3e37):
+        (p,), _ = _clip_pair([np.full(4, v, np.float32)])
+        n = kiln.nn.utils.clip_grad_norm_([p], 1.0)
+        assert n.dtype == kiln.float64 and np.isclose(n.item(), 2 * float(np.float32(v)), rtol=1e-6)
+        np.testing.assert_allclose(p.grad.numpy(), np.full(4, 0.5, np.float32), rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")])
+def test_clip_grad_norm_of_a_non_finite_norm_scales_as_torch(bad, norm_type):
+    # torch's factor min(max_norm / (norm + 1e-6), 1): an inf norm zeroes the gradients (the inf element
+    # NaN), a NaN norm makes them NaN; they were left as they were
+    g = [arr(3, 4).astype(np.float32), arr(5).astype(np.float32)]
+    g[1][0] = bad
+    kp, tp = _clip_pair(g)
+    kn = kiln.nn.clip_grad_norm_(kp, 1.0, norm_type)
+    tn = torch.nn.utils.clip_grad_norm_(tp, 1.0, norm_type)
+    assert np.array_equal(np.float32(kn.item()), tn.numpy(), equal_nan=True)
+    for k, t in zip(kp, tp):
+        np.testing.assert_array_equal(k.grad.numpy(), t.grad.numpy())
+
+
+def test_clip_grad_norm_error_if_nonfinite_max_norm_0_and_foreach_as_torch():
+    g = [arr(3, 4).astype(np.float32), arr(5).astype(np.float32)]
+    g[1][2] = np.inf
+    kp, tp = _clip_pair(g)
+    with pytest.raises(RuntimeError) as te:
+        torch.nn.utils.clip_grad_norm_(tp, 1.0, error_if_nonfinite=True)
+    with pytest.raises(kiln.KilnError) as ke:
+        kiln.nn.utils.clip_grad_norm_(kp, 1.0, error_if_nonfinite=True)
+    # torch's words (its order printed as a Python float: 2.0 where Kiln's C++ prints 2)
+    assert str(te.value).replace("order 2.0", "order 2") in str(ke.value)
+    np.testing.assert_array_equal(kp[1].grad.numpy(), g[1])  # nothing scaled
+    g[1][2] = 0.5
+    kp, tp = _clip_pair(g)
+    kn = kiln.nn.clip_grad_norm_(kp, 0.0, foreach=False)  # max_norm 0 zeroes the gradients, as torch
+    tn = torch.nn.utils.clip_grad_norm_(tp, 0.0, foreach=False)
+    assert np.isclose(kn.item(), tn.item(), rtol=1e-6)
+    for k, t in zip(kp, tp):
+        np.testing.assert_array_equal(k.grad.numpy(), t.grad.numpy())
+    with pytest.raises(kiln.KilnError, match="max_norm must be >= 0, got -1"):  # torch would flip them
+        kiln.nn.clip_grad_norm_(kp, -1.0)
+
+
+def test_nn_utils_is_torchs_module_path():
+    g = [arr(3, 4), arr(5)]
+    kp, tp = _clip_pair(g, np.float64)
+    kiln.nn.utils.clip_grad_value_(kp, 0.3)
+    torch.nn.utils.clip_grad_value_(tp, 0.3)
+    for k, t in zip(kp, tp):
+        np.testing.assert_array_equal(k.grad.numpy(), t.grad.numpy())
+    assert kiln.nn.clip_grad_value_ is kiln.nn.utils.clip_grad_value_
+    assert kiln.nn.clip_grad_norm_ is kiln.nn.utils.clip_grad_norm_
+    kv, tv = kiln.nn.utils.parameters_to_vector(kp), torch.nn.utils.parameters_to_vector(tp)
+    np.testing.assert_array_equal(kv.detach().numpy(), tv.detach().numpy())
+    new = arr(17)
+    kiln.nn.utils.vector_to_parameters(kiln.tensor(new), kp)
+    torch.nn.utils.vector_to_parameters(torch.tensor(new), tp)
+    for k, t in zip(kp, tp):
+        np.testing.assert_array_equal(k.detach().numpy(), t.detach().numpy())
+    with pytest.raises(kiln.KilnValueError, match="17 elements"):
+        kiln.nn.utils.vector_to_parameters(kiln.tensor(arr(16)), kp)

@@ -393,3 +393,117 @@ def test_frozen_parameters_are_taken_skipped_and_train_once_unfrozen_as_torch(ki
             assert (k in ko.state) == (t in to.state)
             if kind == "adamw" and t in to.state:
                 assert ko.state[k]["step"].item() == to.state[t]["step"].item()
+
+
+def test_lr_through_zero_keeps_the_groups_ratios():
+    # opt.lr = 0 made every group's lr 0, and opt.lr = 0.1 then gave them all 0.1: the 10:1 was lost
+    a, b = kiln.tensor([1.0], requires_grad=True), kiln.tensor([1.0], requires_grad=True)
+    o = kiln.optim.SGD([{"params": [a], "lr": 0.1}, {"params": [b], "lr": 0.01}])
+    o.lr = 0.0
+    assert [g["lr"] for g in o.param_groups] == [0.0, 0.0]
+    o.lr = 0.2
+    assert np.allclose([g["lr"] for g in o.param_groups], [0.2, 0.02], rtol=1e-12)
+    o.param_groups[1]["lr"] = 0.05  # a group's own edit sets its new ratio
+    o.lr = 0.0
+    o.lr = 0.4
+    assert np.allclose([g["lr"] for g in o.param_groups], [0.4, 0.1], rtol=1e-12)
+    o.param_groups[0]["lr"] = 0.0  # the first group's 0 against another's lr: no ratio to keep
+    with pytest.raises(kiln.KilnValueError, match="which is 0"):
+        o.lr = 0.1
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_the_resume_idiom_with_a_scheduler_built_at_last_epoch(name):
+    # torch's: load the optimizer's state, then build the scheduler with last_epoch=; it needs each group's
+    # initial_lr, which state_dict() dropped (a KeyError)
+    def run(lib, P):
+        p = P()
+        o = getattr(lib.optim, name)([p], lr=0.1)
+        s = lib.optim.lr_scheduler.CosineAnnealingLR(o, T_max=50)
+        for _ in range(20):
+            p.grad = lib.ones(2)
+            o.step()
+            s.step()
+        sd = o.state_dict()
+        o2 = getattr(lib.optim, name)([p], lr=0.1)
+        o2.load_state_dict(sd)
+        assert o2.param_groups[0]["initial_lr"] == 0.1
+        s2 = lib.optim.lr_scheduler.CosineAnnealingLR(o2, T_max=50, last_epoch=19)
+        got = []
+        for _ in range(3):
+            p.grad = lib.ones(2)
+            o2.step()
+            s2.step()
+            got.append(s2.get_last_lr()[0])
+        return got
+
+    k = run(kiln, lambda: kiln.nn.Parameter(kiln.zeros(2)))
+    t = run(torch, lambda: torch.nn.Parameter(torch.zeros(2)))
+    np.testing.assert_allclose(k, t, rtol=1e-12)
+
+
+def test_state_of_a_parameter_without_state_is_an_empty_dict():
+    # torch's state is a defaultdict(dict): opt.state[p] before the first step is {}, not a KeyError
+    p = kiln.nn.Parameter(kiln.zeros(3))
+    o = kiln.optim.Adam([p], lr=0.1)
+    assert o.state[p] == {} and p not in o.state and o.state.get(p) is None
+    assert o.state[kiln.zeros(1)] == {}  # any key, as torch's defaultdict
+    p.grad = kiln.ones(3)
+    o.step()
+    assert set(o.state[p]) == {"exp_avg", "exp_avg_sq", "step"}
+
+
+@pytest.mark.parametrize("name,kw", [("SGD", dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
+                                     ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.02)),
+                                     ("Adam", dict(lr=0.05, weight_decay=0.01)),
+                                     ("AdamW", dict(lr=0.05, weight_decay=0.1))])
+def test_maximize_foreach_fused_as_torch(name, kw):
+    w0 = RNG.standard_normal((2, 3)).astype(np.float32)
+    grads = [RNG.standard_normal((2, 3)).astype(np.float32) for _ in range(5)]
+    kp, tp = kiln.nn.Parameter(kiln.tensor(w0)), torch.nn.Parameter(torch.tensor(w0))
+    ko = getattr(kiln.optim, name)([kp], maximize=True, foreach=False, fused=None, **kw)
+    to = getattr(torch.optim, name)([tp], maximize=True, foreach=False, fused=None, **kw)
+    assert ko.param_groups[0]["maximize"] is True and ko.defaults["maximize"] is True
+    for g in grads:
+        kp.grad, tp.grad = kiln.tensor(g), torch.tensor(g)
+        ko.step()
+        to.step()
+        np.testing.assert_array_equal(kp.grad.numpy(), g)  # the caller's gradient is put back
+    close([kp], [tp], 1e-5)
+    ko.param_groups[0]["maximize"] = False  # a group's own, as torch's
+    to.param_groups[0]["maximize"] = False
+    kp.grad, tp.grad = kiln.tensor(grads[0]), torch.tensor(grads[0])
+    ko.step()
+    to.step()
+    close([kp], [tp], 1e-5)
+
+
+def test_adam_decoupled_weight_decay_is_adamw():
+    w0 = RNG.standard_normal(4).astype(np.float32)
+    kp, tp = kiln.nn.Parameter(kiln.tensor(w0)), torch.nn.Parameter(torch.tensor(w0))
+    ko = kiln.optim.Adam([kp], lr=0.1, weight_decay=0.3, decoupled_weight_decay=True)
+    to = torch.optim.Adam([tp], lr=0.1, weight_decay=0.3, decoupled_weight_decay=True)
+    assert isinstance(ko, kiln.optim.AdamW)
+    for _ in range(4):
+        g = RNG.standard_normal(4).astype(np.float32)
+        kp.grad, tp.grad = kiln.tensor(g), torch.tensor(g)
+        ko.step()
+        to.step()
+    close([kp], [tp], 1e-5)
+
+
+def test_bad_hyper_parameters_name_the_optimizer_and_the_value_as_torch():
+    p = kiln.nn.Parameter(kiln.zeros(3))
+    for cls in ("Adam", "AdamW"):
+        with pytest.raises(ValueError, match=rf"^{cls}: Invalid epsilon value: -1.0"):
+            getattr(kiln.optim, cls)([p], eps=-1)
+        with pytest.raises(ValueError, match=rf"^{cls}: Invalid beta parameter at index 0: 1.0"):
+            getattr(kiln.optim, cls)([p], betas=(1.0, 0.9))
+    o = kiln.optim.Adam([p])
+    with pytest.raises(ValueError, match=r"Adam: Invalid epsilon value: -0.5"):
+        o.param_groups[0]["eps"] = -0.5
+    # torch's defaults
+    tp = torch.nn.Parameter(torch.zeros(3))
+    for cls in ("SGD", "Adam", "AdamW"):
+        k, t = getattr(kiln.optim, cls)([p]).defaults, getattr(torch.optim, cls)([tp]).defaults
+        assert {key: k[key] for key in ("lr", "weight_decay")} == {key: t[key] for key in ("lr", "weight_decay")}

@@ -235,3 +235,18 @@ def test_seed_is_taken_modulo_2_64_as_manual_seed(tmp_path):
     for bad in ("-1", str(2**64 + 1)):
         with pytest.raises(kiln.KilnValueError, match="--seed"):
             kiln.train("resnet20", out=tmp_path / "bad", **dict(opts, seed=bad))
+
+
+def test_clip_grad_norm_is_logged_and_label_smoothing_1_is_taken(tmp_path):
+    # --clip-grad-norm's norm was computed and thrown away: each metrics line (and TensorBoard) carries it
+    # as grad_norm; --label-smoothing 1 was refused though torch's cross_entropy (and Kiln's) takes it
+    out = tmp_path / "run"
+    kiln.train("resnet20", out=out, clip_grad_norm=0.5, label_smoothing=1.0, tensorboard=True, **RESNET)
+    steps = [r for r in lines(out) if "loss" in r and "eval_loss" not in r]
+    assert len(steps) == 4
+    for r in steps:
+        assert isinstance(r["grad_norm"], float) and r["grad_norm"] > 0, r
+    events = [p for p in os.listdir(out) if p.startswith("events.out.tfevents.")]
+    assert events and b"train/grad_norm" in open(out / events[0], "rb").read()
+    plain = kiln.train("resnet20", out=tmp_path / "plain", **RESNET)
+    assert plain["steps"] == 4 and all("grad_norm" not in r for r in lines(tmp_path / "plain"))

@@ -18,30 +18,5 @@ from .layers import (  # noqa: F401
     InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, Dropout1d, Dropout2d, Dropout3d, Unflatten, PixelShuffle,
     PixelUnshuffle, MultiheadAttention,
 )
-import numbers
-
-from .. import _C
-
-
-def clip_grad_norm_(parameters, max_norm, norm_type=2.0):
-    """Scales the gradients of `parameters` (a tensor, or an iterable of tensors: a list, a generator,
-    module.parameters()) to a global norm of at most max_norm; norm_type: 2, any p > 0, or inf (the
-    largest |g|). Returns the norm before clipping (an f64 0-dim tensor); parameters without a
-    gradient are skipped."""
-    if isinstance(parameters, _C.Tensor):
-        parameters = [parameters]
-    else:
-        try:
-            parameters = list(parameters)
-        except TypeError:
-            raise TypeError(f"clip_grad_norm_: parameters must be a tensor or an iterable of tensors, got "
-                            f"{type(parameters).__name__}") from None
-    for i, p in enumerate(parameters):
-        if not isinstance(p, _C.Tensor):
-            raise TypeError(f"clip_grad_norm_: parameters[{i}] is a {type(p).__name__}, not a tensor")
-    if isinstance(norm_type, str) and norm_type.lower() in ("inf", "infinity"):  # as torch's float(norm_type)
-        norm_type = float("inf")
-    for name, v in (("max_norm", max_norm), ("norm_type", norm_type)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise TypeError(f"clip_grad_norm_: {name} must be a number, got {v!r}")
-    return _C.clip_grad_norm_(parameters, float(max_norm), float(norm_type))
+from . import utils  # noqa: F401  (kiln.nn.utils, torch.nn.utils' clipping and vectors)
+from .utils import clip_grad_norm_, clip_grad_value_  # noqa: F401

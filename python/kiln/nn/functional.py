@@ -32,6 +32,27 @@ from .._tensor import no_grad as _no_grad
 _softmax, _log_softmax, _one_hot = softmax, log_softmax, one_hot
 _adaptive_avg_pool2d, _instance_norm = adaptive_avg_pool2d, instance_norm
 _bce_with_logits = binary_cross_entropy_with_logits
+_engine_cross_entropy, _engine_nll_loss = cross_entropy, nll_loss
+
+
+def _class_target(target):
+    # torch takes uint8 class indices as well as int64 (and refuses int32, which Kiln's engine has always
+    # taken); the engine's index kernels are i64/i32, so a uint8 target is widened
+    if isinstance(target, _C.Tensor) and target.dtype == _C.dtype.uint8:
+        return target.to(_C.dtype.int64)
+    return target
+
+
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    return _engine_cross_entropy(input, _class_target(target), weight, ignore_index, reduction, label_smoothing)
+
+
+def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
+    return _engine_nll_loss(input, _class_target(target), weight, ignore_index, reduction)
+
+
+cross_entropy.__doc__ = _engine_cross_entropy.__doc__ + "\nA uint8 target is taken as int64, as torch's."
+nll_loss.__doc__ = _engine_nll_loss.__doc__ + "\nA uint8 target is taken as int64, as torch's."
 
 
 def _softmax_dim(name, ndim):
