@@ -1461,18 +1461,10 @@ class Trainer {
     return 0;
   }
   // Why a run stopped early, for whoever reads its folder later: a metrics line {"stopped": "SIGHUP",
-  // "step": N, "checkpoint": the last good one} (readers of metrics take only lines with their
-  // fields), and summary.json as at the end, with "stopped" (rank 0).
+  // "step": N, "checkpoint": the last good one} (kiln report skips it; the resume keeps it). No
+  // summary.json: that is a finished run's, with its test numbers (a script takes it as done).
   void record_stop(const std::string& signal) {
-    if (!lead_) return;
-    write_metrics_line({{"stopped", signal}, {"step", run_.step}, {"checkpoint", last_saved_}});
-    try {
-      nlohmann::json summary = summary_json(since(t_start_));
-      summary["stopped"] = signal;
-      io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
-    } catch (const std::exception& e) {
-      progress_->line(std::string("kiln train: warning: summary.json: ") + e.what());
-    }
+    if (lead_) write_metrics_line({{"stopped", signal}, {"step", run_.step}, {"checkpoint", last_saved_}});
   }
   // -1 while OUT/.lock is still this run's lock file, else the exit code; every rank asks, unless
   // `rank0_only` (rank 0 tells).
