@@ -124,10 +124,26 @@ class Progress {
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_exit_on_second = 1;
 
+// The second interrupt's message names the last complete checkpoint. A handler may not format, so it
+// is written beforehand (set_second_interrupt_message) into the buffer the handler is not reading.
+char g_second_msg[2][1024];
+volatile std::sig_atomic_t g_second_msg_at = 0;
+
+void set_second_interrupt_message(const std::string& last_checkpoint) {
+  const int next = 1 - int(g_second_msg_at);
+  const std::string msg =
+      last_checkpoint.empty()
+          ? "\nkiln train: second interrupt, exiting now (no checkpoint of this run was written yet)\n"
+          : "\nkiln train: second interrupt, exiting now (the last complete checkpoint, " + last_checkpoint +
+                ", is intact)\n";
+  std::snprintf(g_second_msg[next], sizeof g_second_msg[next], "%s", msg.c_str());
+  g_second_msg_at = next;
+}
+
 extern "C" void on_stop_signal(int sig) {
   if (g_stop_signal != 0 && sig == SIGINT && g_exit_on_second) {
-    const char msg[] = "\nkiln train: second interrupt, exiting now (the last complete checkpoint is intact)\n";
-    (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+    const char* msg = g_second_msg[g_second_msg_at];
+    (void)!::write(STDERR_FILENO, msg, std::strlen(msg));
     ::_exit(130);
   }
   g_stop_signal = sig;
@@ -135,6 +151,8 @@ extern "C" void on_stop_signal(int sig) {
 
 // SIGPIPE is ignored while training: output into a pipe nobody reads any more (kiln launch killed
 // outright, `kiln train | head`) must not kill a run on its way to saving; the writes just fail.
+// A stop signal ignored on entry stays ignored, as CPython does: `nohup kiln train &` ignores SIGHUP,
+// and a shell script's `&` job SIGINT, on purpose.
 struct SignalScope {
   struct sigaction old_int {
   }, old_term{}, old_hup{}, old_pipe{};
@@ -143,9 +161,9 @@ struct SignalScope {
     struct sigaction sa{};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int);
-    ::sigaction(SIGTERM, &sa, &old_term);
-    ::sigaction(SIGHUP, &sa, &old_hup);
+    catch_unless_ignored(SIGINT, sa, &old_int);
+    catch_unless_ignored(SIGTERM, sa, &old_term);
+    catch_unless_ignored(SIGHUP, sa, &old_hup);
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
     sigemptyset(&ignore.sa_mask);
@@ -156,6 +174,10 @@ struct SignalScope {
     ::sigaction(SIGTERM, &old_term, nullptr);
     ::sigaction(SIGHUP, &old_hup, nullptr);
     ::sigaction(SIGPIPE, &old_pipe, nullptr);
+  }
+  static void catch_unless_ignored(int sig, const struct sigaction& sa, struct sigaction* old) {
+    ::sigaction(sig, nullptr, old);
+    if (old->sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
   }
 };
 
@@ -211,12 +233,63 @@ struct OutLock {
     (void)!::pwrite(fd, mine.data(), mine.size(), 0);
     return "";
   }
+  // False once OUT/.lock is no longer the file this run locked: OUT deleted, renamed or replaced
+  // (the run's later files would go to a new OUT, and another run could take it meanwhile).
+  bool still_in_place(const std::string& out) const {
+    if (fd < 0) return true;  // nothing locked (a file system without locks): nothing to compare
+    struct stat held {
+    }, there{};
+    if (::fstat(fd, &held) != 0) return true;
+    return held.st_nlink > 0 && ::stat((out + "/.lock").c_str(), &there) == 0 && there.st_dev == held.st_dev &&
+           there.st_ino == held.st_ino;
+  }
   void release() {
     if (fd >= 0) ::close(fd);
     fd = -1;
   }
   ~OutLock() { release(); }
 };
+
+// OUT/NAME.tmp.PID files (io::write_file_atomic's, and save_safetensors') whose writer is gone: a
+// kill during the final write leaves one for good. Called under the folder's lock; another process's
+// live temporary file (a kiln eval --out into this folder) is left alone.
+void remove_dead_temp_files(const std::string& out) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
+    const std::string n = e.path().filename().string();
+    const size_t at = n.rfind(".tmp.");
+    if (at == std::string::npos || at == 0 || !e.is_regular_file(ec)) continue;
+    const std::string digits = n.substr(at + 5);
+    long long pid = 0;
+    const auto parsed = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+    if (digits.empty() || parsed.ec != std::errc() || parsed.ptr != digits.data() + digits.size() || pid <= 0) continue;
+    if (::kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to ask): kept
+    std::error_code rm;
+    std::filesystem::remove(e.path(), rm);
+  }
+}
+
+// A metrics.jsonl that a failed write left with part of a line at its end: the part cut off, so the
+// next line starts on a line of its own and every line parses.
+void cut_partial_line(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+    const off_t size = st.st_size, from = std::max<off_t>(0, size - 65536);  // a line is far shorter
+    std::string tail(size_t(size - from), '\0');
+    if (::pread(fd, tail.data(), tail.size(), from) == ssize_t(tail.size()) && tail.back() != '\n') {
+      const size_t nl = tail.rfind('\n');
+      if (nl != std::string::npos)
+        (void)!::ftruncate(fd, from + off_t(nl) + 1);
+      else if (from == 0)
+        (void)!::ftruncate(fd, 0);
+      else
+        (void)!::pwrite(fd, "\n", 1, size);
+    }
+  }
+  ::close(fd);
+}
 
 // The run in phases: setup() checks the config and builds everything (or answers an exit code);
 // then per optimizer step step(), log_step() and maybe checkpoint(); per epoch evaluate_epoch();
@@ -229,9 +302,10 @@ class Trainer {
 
   int run() {
     if (const int rc = setup(); rc >= 0) return rc;
-    announce();
     g_exit_on_second = hooks_.exit_on_second_interrupt ? 1 : 0;
-    SignalScope signals;
+    set_second_interrupt_message(last_saved_);
+    SignalScope signals;  // before the first output line: SIGPIPE ignored
+    announce();
     // run_.batch > 0 at the last step: a checkpoint saved before its epoch's evaluation (an evaluation that
     // failed, or was killed), which is still to do.
     while (run_.epoch < c_.epochs && (run_.step < total_steps_ || run_.batch > 0)) {
@@ -324,6 +398,38 @@ class Trainer {
     }
     tb_->scalars(line.value("step", int64_t(0)), values);
     if (!tb_->ok()) progress_->line("kiln train: warning: " + tb_->error());
+  }
+
+  // One line of metrics.jsonl (rank 0). A write that fails (a disk full for a moment) is reported
+  // once, and the file reopened for each later line until one is written again: a stream left bad
+  // would lose every later line without a word. The part of a line a failed write left is cut off.
+  void write_metrics_line(const nlohmann::json& line) {
+    if (!lead_) return;
+    if (metrics_failed_) {
+      metrics_.close();
+      metrics_.clear();
+      cut_partial_line(metrics_path_);
+      metrics_.open(metrics_path_, std::ios::app);
+    }
+    errno = 0;
+    if (metrics_.is_open()) {
+      metrics_ << line.dump() << "\n";
+      metrics_.flush();
+    }
+    const int err = errno;
+    if (metrics_.is_open() && metrics_.good()) {
+      if (metrics_failed_)
+        progress_->line("kiln train: " + metrics_path_ + ": writing again at step " + std::to_string(run_.step) +
+                        " (the lines since step " + std::to_string(metrics_failed_at_) + " are missing)");
+      metrics_failed_ = false;
+      return;
+    }
+    if (!metrics_failed_)
+      progress_->line("kiln train: warning: " + metrics_path_ + ": cannot write the metrics line of step " +
+                      std::to_string(run_.step) + " (" + (err ? std::strerror(err) : "unknown error") +
+                      "); training goes on, and each later line tries again");
+    if (!metrics_failed_) metrics_failed_at_ = run_.step;
+    metrics_failed_ = true;
   }
 
   // OUT/report.html, the run's curves so far (rank 0): one file to open on a remote machine. A
@@ -457,6 +563,7 @@ class Trainer {
     if (any_rank(!lock_problem.empty()))
       return fail(lead_ ? lock_problem : "rank 0 could not take --out " + c_.out + " (its message says why)");
     ckpt_dir_ = c_.out + "/checkpoints";
+    if (lead_) remove_dead_temp_files(c_.out);
     if (lead_ && c_.overwrite && c_.resume.empty()) remove_old_checkpoints();
 
     // optimizer and schedule; with --zero 1 over this rank's chunks of the flattened parameters
@@ -519,6 +626,8 @@ class Trainer {
     shown_loss_ = run_.window.mean_loss();  // a resumed run shows its window's loss until the next line
     metrics_path_ = c_.out + "/metrics.jsonl";
     const bool fresh = resumed_from_.empty() || run_.step == 0;
+    // A resumed run's last good checkpoint is the one it continues from, until it saves one.
+    if (!fresh) last_saved_ = resumed_from_;
     // A new run from a weights file (--resume FILE without a training state) replaces what --out holds,
     // which only --overwrite may do (a fresh run without --resume was refused in the flag checks).
     const std::string held = lead_ && fresh && !c_.resume.empty() && !c_.overwrite ? run_in_folder(c_.out) : "";
@@ -1236,8 +1345,7 @@ class Trainer {
       m["skipped_steps"] = st.skipped;
     }
     if (device_.is_cuda()) m["gpu_memory_mib"] = gpu_memory_json(device_.index);
-    metrics_ << m.dump() << "\n";
-    metrics_.flush();
+    write_metrics_line(m);
     write_events(m, "train/");
     if (lead_ && hooks_.on_metrics) hooks_.on_metrics(m);
     run_.window = {};
@@ -1317,8 +1425,7 @@ class Trainer {
                          {"eval_samples", ev.samples}, {"epoch_seconds", epoch_s},
                          {"eval_seconds", ev.seconds}};
     if (task_.terms) em["eval_scored_tokens"] = ev.count;  // masked-LM: the metric is over masked tokens
-    metrics_ << em.dump() << "\n";
-    metrics_.flush();
+    write_metrics_line(em);
     write_events(em, "eval/");
     if (lead_ && hooks_.on_metrics) hooks_.on_metrics(em);
     refresh_report();
@@ -1338,6 +1445,7 @@ class Trainer {
   // reported and training goes on: the previous ones are intact and the next save point tries again.
   int checkpoint(bool stopping, const std::string& where) {
     if (const int rc = fold(); rc >= 0) return rc;
+    if (const int rc = check_out_in_place(); rc >= 0) return rc;
     const bool ok = save();
     last_save_time_ = Clock::now();
     if (!stopping) return -1;
@@ -1346,11 +1454,35 @@ class Trainer {
       outcome_->stop_asked = g_stop_signal == 0;
       outcome_->saved = ok ? last_saved_ : "";
     }
-    if (!ok) return 1;
     const std::string why = g_stop_signal ? "caught " + std::string(signal_name(int(g_stop_signal)))
                                           : std::string(asked_stop_ ? "stop requested" : "caught SIGTERM");
+    if (g_stop_signal) record_stop(signal_name(int(g_stop_signal)));
+    if (!ok) {
+      progress_->line("kiln train: " + why + where + " and stopped, but its checkpoint failed (above): " +
+                      (last_saved_.empty()
+                           ? "this run has no checkpoint to continue from"
+                           : "the last good one is " + last_saved_ + "; continue with " + hooks_.resume_hint));
+      return 1;
+    }
     progress_->line("kiln train: " + why + where + "; saved " + last_saved_ + "; continue with " + hooks_.resume_hint);
     return 0;
+  }
+  // Why a run stopped early, for whoever reads its folder later: a metrics line {"stopped": "SIGHUP",
+  // "step": N, "checkpoint": the last good one} (kiln report skips it; the resume keeps it). No
+  // summary.json: that is a finished run's, with its test numbers (a script takes it as done).
+  void record_stop(const std::string& signal) {
+    if (lead_) write_metrics_line({{"stopped", signal}, {"step", run_.step}, {"checkpoint", last_saved_}});
+  }
+  // -1 while OUT/.lock is still this run's lock file, else the exit code; every rank asks, unless
+  // `rank0_only` (rank 0 tells).
+  int check_out_in_place(bool rank0_only = false) {
+    const bool gone = lead_ && !lock_.still_in_place(c_.out);
+    if (rank0_only ? !gone : !any_rank(gone)) return -1;
+    if (!lead_) return 1;
+    return fail("--out " + c_.out +
+                    " was deleted or moved while the run was writing to it (its lock file is gone): stopping; the "
+                    "run's files so far are where the folder went",
+                1);
   }
   // Buffers (batch-norm running statistics) are not averaged as gradients are: each rank's follow its own
   // batches. Before an evaluation and a checkpoint every rank takes rank 0's, the ones saved, so the test
@@ -1398,12 +1530,15 @@ class Trainer {
                                           io::ShardedOptimizerState{gathers, io::zero_layout_json(zero_->layout())});
       else
         last_saved_ = save_run_checkpoint(ckpt_dir_, model(), *opt_, run_, resolved_);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // an Error, or the file system's (a checkpoints folder made a file)
       join_the_rest();
-      progress_->line("kiln train: error: checkpoint at step " + std::to_string(run_.step) + " failed: " + e.message() +
+      const auto* error = dynamic_cast<const Error*>(&e);
+      progress_->line("kiln train: error: checkpoint at step " + std::to_string(run_.step) +
+                      " failed: " + (error ? error->message() : std::string(e.what())) +
                       (last_saved_.empty() ? "" : "; the last good one is " + last_saved_));
       return false;
     }
+    set_second_interrupt_message(last_saved_);
     prune_checkpoints(ckpt_dir_, c_.keep_last);
     if (mirror_) mirror_->enqueue(last_saved_);
     return true;
@@ -1412,6 +1547,16 @@ class Trainer {
   // ---- weights and summary (rank 0) ----
   int finish() {
     if (!lead_) return 0;
+    if (const int rc = check_out_in_place(/*rank0_only=*/true); rc >= 0) return rc;
+    try {
+      return write_outputs();
+    } catch (const Error& e) {  // said as kiln train's, and to kiln.train's on_error
+      return fail(e.message(), 1);
+    } catch (const std::exception& e) {
+      return fail(e.what(), 1);
+    }
+  }
+  int write_outputs() {
     std::map<std::string, std::string> meta = {{"model", c_.model}, {"task", task_.name}, {"format", "kiln"}};
     if (task_.data_info.contains("labels")) meta["labels"] = task_.data_info["labels"].dump();
     if (task_.data_info.value("name", "") == "folder") {  // `kiln eval` gets the ids and size of this run
@@ -1428,6 +1573,24 @@ class Trainer {
     }
     io::save_safetensors(c_.out + "/model.safetensors", model().state_dict(), meta);
     const double wall = since(t_start_);
+    const double sps = double(run_.samples_seen) / std::max(run_.train_seconds, 1e-9);
+    const nlohmann::json summary = summary_json(wall);
+    io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
+    refresh_report();
+    char buf[384];
+    char skipped[96] = "";
+    if (scaler_->enabled())
+      std::snprintf(skipped, sizeof skipped, " (%lld skipped for inf/NaN gradients, loss scale %g)",
+                    (long long)scaler_->skipped_steps(), scaler_->get_scale());
+    std::snprintf(buf, sizeof buf, "test %s %.2f%% (%lld samples), %lld steps%s in %s, %.0f samples/s; wrote %s",
+                  task_.metric.c_str(), 100.0 * run_.last_eval_accuracy, (long long)run_.last_eval_count,
+                  (long long)run_.step, skipped, hms(wall).c_str(), sps, c_.out.c_str());
+    progress_->line(buf);
+    return 0;
+  }
+
+  // summary.json's contents: the run's final numbers (at the end, or where a signal stopped it).
+  nlohmann::json summary_json(double wall) {
     const double sps = double(run_.samples_seen) / std::max(run_.train_seconds, 1e-9);
     nlohmann::json summary = {{"model", c_.model},
                               {"task", task_.name},
@@ -1450,18 +1613,7 @@ class Trainer {
                               {"per_epoch", run_.epochs_log},
                               {"config", resolved_}};
     if (device_.is_cuda()) summary["gpu_memory_mib"] = gpu_memory_json(device_.index);
-    io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
-    refresh_report();
-    char buf[384];
-    char skipped[96] = "";
-    if (scaler_->enabled())
-      std::snprintf(skipped, sizeof skipped, " (%lld skipped for inf/NaN gradients, loss scale %g)",
-                    (long long)scaler_->skipped_steps(), scaler_->get_scale());
-    std::snprintf(buf, sizeof buf, "test %s %.2f%% (%lld samples), %lld steps%s in %s, %.0f samples/s; wrote %s",
-                  task_.metric.c_str(), 100.0 * run_.last_eval_accuracy, (long long)run_.last_eval_count,
-                  (long long)run_.step, skipped, hms(wall).c_str(), sps, c_.out.c_str());
-    progress_->line(buf);
-    return 0;
+    return summary;
   }
 
   const TrainConfig& c_;
@@ -1522,6 +1674,8 @@ class Trainer {
   RunState run_;
   std::string ckpt_dir_, metrics_path_, resumed_from_, last_saved_;
   std::ofstream metrics_;
+  bool metrics_failed_ = false;  // the last metrics line was not written: reopen before the next
+  int64_t metrics_failed_at_ = 0;
   std::unique_ptr<io::EventWriter> tb_;  // rank 0, unless --no-tensorboard
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<CheckpointMirror> mirror_;

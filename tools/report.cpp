@@ -288,6 +288,7 @@ Run read_run(const std::string& dir, std::vector<std::string>& notes) {
       json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
       const std::string where = mpath + ":" + std::to_string(n) + ": ";
       if (j.is_object()) {
+        if (j.contains("stopped")) continue;  // why a run stopped early (a signal), not a metric
         if (const std::string bad = wrong_field(j); !bad.empty()) {
           notes.push_back(where + bad + "; skipped");
           continue;
