@@ -13,6 +13,8 @@
 #include <set>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "engine/random.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
@@ -275,10 +277,24 @@ IntactCheckpoint find_intact_checkpoint(const std::string& dir) {
   return out;
 }
 
+namespace {
+// A temporary file of Kiln's atomic writes (io/atomic_file.h) in a checkpoints folder:
+// step-*.kiln.tmp.<pid> or latest.tmp.<pid>. A user's notes.tmp.txt is not one.
+bool kiln_temp_file(const std::string& n) {
+  const size_t at = n.rfind(".tmp.");
+  if (at == std::string::npos || at + 5 == n.size()) return false;
+  if (!std::all_of(n.begin() + std::ptrdiff_t(at) + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return false;
+  const std::string base = n.substr(0, at);
+  return base == "latest" ||
+         (base.rfind("step-", 0) == 0 && base.size() > 10 && base.compare(base.size() - 5, 5, ".kiln") == 0);
+}
+}  // namespace
+
 void prune_checkpoints(const std::string& dir, int64_t keep) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename().string().find(".tmp.") != std::string::npos) fs::remove(e.path(), ec);
+    if (kiln_temp_file(e.path().filename().string())) fs::remove(e.path(), ec);
   if (keep <= 0) return;
   auto files = step_files(dir);
   for (size_t i = 0; i + size_t(keep) < files.size(); ++i) fs::remove(files[i], ec);
@@ -491,47 +507,173 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
 
 // ---- mirror --------------------------------------------------------------------------------------
 
-CheckpointMirror::CheckpointMirror(std::string dir, int64_t keep) : dir_(std::move(dir)), keep_(keep) {
-  thread_ = std::thread([this] { loop(); });
+std::string resolved_path(const std::string& path) {
+  std::error_code ec;
+  // Absolute first: weakly_canonical leaves a relative path whose first part does not exist as it is.
+  fs::path p = fs::absolute(path, ec);
+  if (ec) p = fs::path(path);
+  fs::path w = fs::weakly_canonical(p, ec);
+  if (ec) w = p;
+  std::string s = w.lexically_normal().string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();  // "DIR/" and "DIR/." are DIR
+  return s;
+}
+
+namespace {
+const char kMirrorOwner[] = "kiln-mirror.json";
+
+std::string host_name() {
+  char host[256] = "";
+  if (::gethostname(host, sizeof host - 1) != 0) return "unknown";
+  return host;
+}
+
+std::string not_ours(const std::string& dir, const std::string& other, const std::string& host) {
+  return "--mirror " + dir + " holds the checkpoints of the run in " + other + " (host " + host +
+         "): give each run its own mirror folder";
+}
+}  // namespace
+
+std::string claim_mirror(const std::string& dir, const std::string& out) {
+  const std::string me = resolved_path(out);
+  const fs::path file = fs::path(dir) / kMirrorOwner;
+  std::error_code ec;
+  for (int tries = 0; tries < 2; ++tries) {
+    if (fs::exists(file, ec)) {
+      json owner;
+      try {
+        std::ifstream f(file);
+        std::stringstream text;
+        text << f.rdbuf();
+        owner = json::parse(text.str());
+      } catch (const std::exception& e) {
+        return file.string() + ": cannot read the mirror's owner (" + e.what() + "); if " + dir +
+               " holds this run's copies, delete the file, and this run claims the folder";
+      }
+      const std::string other = owner.is_object() ? owner.value("out", std::string()) : std::string();
+      if (other == me) return "";
+      return not_ours(dir, other.empty() ? "(none named)" : other,
+                      owner.is_object() ? owner.value("host", std::string("unknown")) : std::string("unknown"));
+    }
+    // A mirror from before owners: its checkpoints' config names the run (a damaged copy names none).
+    for (const fs::path& p : step_files(dir)) {
+      std::string other;
+      try {
+        const json state = json::parse(CheckpointReader(p.string()).state_json());
+        const json config = state.value("config", json::object());
+        if (config.is_object() && config.contains("out") && config["out"].is_string())
+          other = resolved_path(config["out"].get<std::string>());
+      } catch (const std::exception&) {
+      }
+      if (!other.empty() && other != me)
+        return not_ours(
+            dir, other,
+            "unknown: " + p.filename().string() + " names it, and " + dir + " has no " + kMirrorOwner + " yet");
+    }
+    // Claimed by a hard link of a complete file: of two runs claiming at once, one link fails (EEXIST),
+    // and that run reads the winner's file on the second pass.
+    const json owner = {{"out", me}, {"host", host_name()}};
+    const std::string tmp = file.string() + ".tmp." + std::to_string(::getpid());
+    fs::create_directories(dir, ec);
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << owner.dump(2) << "\n";
+      if (!f.flush()) {
+        fs::remove(tmp, ec);
+        return "";  // not writable: the copies will say so, and retry
+      }
+    }
+    const int linked = ::link(tmp.c_str(), file.c_str());
+    const int err = errno;
+    if (linked != 0 && err != EEXIST) fs::rename(tmp, file, ec);  // a file system without hard links
+    fs::remove(tmp, ec);
+    if (linked == 0 || err != EEXIST) return "";
+  }
+  return "";
+}
+
+struct CheckpointMirror::State {
+  std::string dir;
+  int64_t keep;
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::string> queue;
+  std::string copying;     // the checkpoint being copied now
+  bool stop = false;       // the run is over: finish the queue
+  bool done = false;       // the thread has nothing left to do
+  bool abandoned = false;  // the run left without it: copy nothing more, say nothing
+};
+
+CheckpointMirror::CheckpointMirror(std::string dir, int64_t keep, double wait_s)
+    : s_(std::make_shared<State>()), wait_s_(wait_s) {
+  s_->dir = std::move(dir);
+  s_->keep = keep;
+  thread_ = std::thread([s = s_] { loop(s); });
 }
 
 CheckpointMirror::~CheckpointMirror() {
-  {
-    std::lock_guard<std::mutex> lk(m_);
-    stop_ = true;
+  std::unique_lock<std::mutex> lk(s_->m);
+  s_->stop = true;
+  s_->cv.notify_all();
+  using Seconds = std::chrono::duration<double>;
+  const auto start = std::chrono::steady_clock::now();
+  const auto finished = [&] { return s_->done; };
+  if (!s_->cv.wait_until(lk, start + Seconds(std::min(5.0, wait_s_ / 2)), finished)) {
+    const std::string what = !s_->copying.empty() ? s_->copying
+                             : !s_->queue.empty() ? s_->queue.front()
+                                                  : std::string("the last checkpoint");
+    std::fprintf(stderr, "kiln train: waiting for the mirror copy of %s to %s (Ctrl-C to leave it)\n", what.c_str(),
+                 s_->dir.c_str());
+    if (!s_->cv.wait_until(lk, start + Seconds(wait_s_), finished)) {
+      s_->abandoned = true;
+      std::fprintf(stderr,
+                   "kiln train: warning: mirror: %s did not answer for %g s: the mirror copy of %s is incomplete "
+                   "(the checkpoint in the run directory is intact; KILN_MIRROR_WAIT sets how long to wait)\n",
+                   s_->dir.c_str(), wait_s_, what.c_str());
+      lk.unlock();
+      thread_.detach();  // blocked in the file system: it holds its own State, and ends with the process
+      return;
+    }
   }
-  cv_.notify_all();
+  lk.unlock();
   thread_.join();
 }
 
 void CheckpointMirror::enqueue(const std::string& checkpoint_path) {
   {
-    std::lock_guard<std::mutex> lk(m_);
-    queue_.push_back(checkpoint_path);
+    std::lock_guard<std::mutex> lk(s_->m);
+    s_->queue.push_back(checkpoint_path);
   }
-  cv_.notify_all();
+  s_->cv.notify_all();
 }
 
-void CheckpointMirror::loop() {
+void CheckpointMirror::loop(const std::shared_ptr<State>& s) {
   for (;;) {
     std::string src;
     {
-      std::unique_lock<std::mutex> lk(m_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
+      std::unique_lock<std::mutex> lk(s->m);
+      s->copying.clear();
+      s->cv.wait(lk, [&] { return s->stop || !s->queue.empty(); });
+      if (s->queue.empty() || s->abandoned) {
+        s->done = true;
+        s->cv.notify_all();
+        return;
+      }
       // The mirror keeps the newest --keep-last: copies that would be pruned at once are not made
       // (--keep-last may already have deleted their source).
-      while (keep_ > 0 && int64_t(queue_.size()) > keep_) queue_.pop_front();
-      src = queue_.front();
-      queue_.pop_front();
+      while (s->keep > 0 && int64_t(s->queue.size()) > s->keep) s->queue.pop_front();
+      src = s->queue.front();
+      s->queue.pop_front();
+      s->copying = fs::path(src).filename().string();
     }
     const std::string name = fs::path(src).filename().string();
+    const std::string& dir = s->dir;
     for (int attempt = 1;; ++attempt) {
       try {
-        fs::create_directories(dir_);
+        fs::create_directories(dir);
         std::ifstream in(src, std::ios::binary);
         KILN_CHECK(in.good(), src, ": cannot open to mirror it (", std::strerror(errno), ")");
-        io::AtomicFile out((fs::path(dir_) / name).string());
+        io::AtomicFile out((fs::path(dir) / name).string());
         std::vector<char> buf(size_t(8) << 20);
         while (in) {
           in.read(buf.data(), std::streamsize(buf.size()));
@@ -539,17 +681,16 @@ void CheckpointMirror::loop() {
         }
         KILN_CHECK(in.eof(), src, ": read failed while mirroring");
         out.commit();
-        io::write_file_atomic((fs::path(dir_) / "latest").string(), name + "\n");
-        prune_checkpoints(dir_, keep_);
+        io::write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
+        prune_checkpoints(dir, s->keep);
         break;
       } catch (const std::exception& e) {
         std::error_code ec;
         const bool there = fs::exists(src, ec);
-        {
-          // Pruned from the run directory (--keep-last) while waiting, with a newer one queued: nothing lost.
-          std::lock_guard<std::mutex> lk(m_);
-          if (!there && !queue_.empty()) break;
-        }
+        std::unique_lock<std::mutex> lk(s->m);
+        if (s->abandoned) break;  // the run has left, and said so
+        // Pruned from the run directory (--keep-last) while waiting, with a newer one queued: nothing lost.
+        if (!there && !s->queue.empty()) break;
         const std::string where = there ? "; the checkpoint is still in the run directory"
                                         : "; the run directory no longer has it either (pruned by --keep-last?)";
         if (attempt >= 5) {
@@ -558,15 +699,14 @@ void CheckpointMirror::loop() {
           break;
         }
         const int wait_s = 1 << (attempt - 1);
-        std::unique_lock<std::mutex> lk(m_);
-        if (stop_ && attempt >= 2) {  // the run is over: one retry, then leave
-          std::fprintf(stderr, "kiln train: mirror: could not copy %s to %s (%s)%s\n", name.c_str(), dir_.c_str(),
+        if (s->stop && attempt >= 2) {  // the run is over: one retry, then leave
+          std::fprintf(stderr, "kiln train: mirror: could not copy %s to %s (%s)%s\n", name.c_str(), dir.c_str(),
                        e.what(), where.c_str());
           break;
         }
         std::fprintf(stderr, "kiln train: mirror: copying %s to %s failed (%s); retrying in %d s\n", name.c_str(),
-                     dir_.c_str(), e.what(), wait_s);
-        cv_.wait_for(lk, std::chrono::seconds(wait_s), [&] { return stop_; });
+                     dir.c_str(), e.what(), wait_s);
+        s->cv.wait_for(lk, std::chrono::seconds(wait_s), [&] { return s->stop; });
       }
     }
   }

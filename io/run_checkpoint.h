@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -104,7 +105,8 @@ struct IntactCheckpoint {
   std::vector<std::string> skipped;
 };
 IntactCheckpoint find_intact_checkpoint(const std::string& dir);
-// Deletes all but the newest `keep` step-*.kiln files in `dir` (and stray temporary files).
+// Deletes all but the newest `keep` step-*.kiln files in `dir`, and the temporary files Kiln's atomic
+// writes leave there (step-*.kiln.tmp.<pid>, latest.tmp.<pid>); any other file is not Kiln's and stays.
 void prune_checkpoints(const std::string& dir, int64_t keep);
 
 struct LoadedRun {
@@ -130,22 +132,39 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
 // classes, files, sample counts): a resume with any of them different is refused.
 std::vector<std::string> config_differences(const nlohmann::json& saved, const nlohmann::json& now);
 
+// The absolute form of `path` as the file system resolves it, so one folder compares equal however it
+// is written (relative, with `.`, `..`, `//`, a trailing `/`, through a link): links in its longest
+// existing prefix followed (weakly_canonical of the absolute path), the rest normalised lexically.
+std::string resolved_path(const std::string& path);
+
+// The run a --mirror folder belongs to: DIR/kiln-mirror.json, {"out": its --out resolved, "host"},
+// written by the first run that uses DIR, so that no other run deletes (--overwrite, pruning), replaces
+// (`latest`) or resumes from its copies. Returns "" when DIR is the run's in `out` (claimed now if it
+// had no owner), else the refusal naming the owner. The --out decides, not the host: a run restarted on
+// another node of a shared file system keeps its mirror. A folder without the file (a mirror from
+// before owners) is adopted unless one of its checkpoints' config names another --out (a relative one
+// resolved from the current directory). A folder that cannot be written is left to the copies' own
+// warnings: a mirror is never fatal.
+std::string claim_mirror(const std::string& dir, const std::string& out);
+
 // Copies each completed checkpoint (and `latest`) to a second directory in a background thread,
 // atomically there too; a failed copy is logged and retried with back-off, never fatal.
 class CheckpointMirror {
  public:
-  CheckpointMirror(std::string dir, int64_t keep);
-  ~CheckpointMirror();  // finishes the queue (each copy still gets its retries)
+  // `wait_s`: how long the end of the run waits for copies still under way; past it they are left.
+  CheckpointMirror(std::string dir, int64_t keep, double wait_s = 60);
+  // Finishes the queue (each copy still gets its retries) within `wait_s`: after a few seconds it says
+  // what it waits for, and past `wait_s` (a mount that stopped answering blocks a write for good) it
+  // leaves with a warning that the mirror copy is incomplete. The copying thread, which cannot be
+  // joined then, is detached: it owns what it uses (State), so nothing it touches is freed under it.
+  ~CheckpointMirror();
   void enqueue(const std::string& checkpoint_path);
 
  private:
-  void loop();
-  std::string dir_;
-  int64_t keep_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::string> queue_;
-  bool stop_ = false;
+  struct State;
+  static void loop(const std::shared_ptr<State>& s);
+  std::shared_ptr<State> s_;
+  double wait_s_;
   std::thread thread_;
 };
 

@@ -186,3 +186,98 @@ TEST_CASE(
   CHECK_MESSAGE(r.code == 0, r.output);
   CHECK(fs::exists(run + "/summary.json"));
 }
+
+TEST_CASE("train: a --mirror belongs to the run that first used it: another run is refused and leaves its copies be") {
+  TempDir d("kiln_outdir");
+  const std::string mirror = d / "mirror", a = d / "a";
+  const std::string args =
+      "train --limit-train 256 --limit-eval 64 --batch 32 --threads 1 --workers 0 --progress lines --save-every 2 "
+      "--no-save-epochs --keep-last 1 --mirror " +
+      mirror;
+  fs::create_directories(mirror);
+  std::ofstream(mirror + "/notes.tmp.txt") << "the user's own file, not a checkpoint's temporary file";
+  auto r = run_kiln(args + " --max-steps 4 --out " + a, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string owner = read_text(mirror + "/kiln-mirror.json");
+  CHECK_MESSAGE(contains(owner, "\"out\": \"" + fs::canonical(a).string() + "\""), owner);
+  CHECK(fs::exists(mirror + "/notes.tmp.txt"));  // the mirror's pruning deletes only Kiln's files
+  CHECK(!fs::exists(mirror + "/step-000000002.kiln"));
+  REQUIRE(fs::exists(mirror + "/step-000000004.kiln"));
+  const std::string latest = read_text(mirror + "/latest");
+  // Another run is refused before it deletes (--overwrite), replaces or resumes from the copies.
+  const std::string refusal =
+      "--mirror " + mirror + " holds the checkpoints of the run in " + fs::canonical(a).string() + " (host ";
+  for (const char* extra : {"", " --overwrite", " --resume auto"}) {
+    r = run_kiln(args + " --max-steps 2 --out " + d / "b" + extra, d.p.string());
+    CHECK_MESSAGE(r.code == 2, r.output);
+    CHECK_MESSAGE(contains(r.output, refusal), r.output);
+    CHECK_MESSAGE(contains(r.output, "give each run its own mirror folder"), r.output);
+    CHECK(fs::exists(mirror + "/step-000000004.kiln"));
+    CHECK(read_text(mirror + "/latest") == latest);
+  }
+  // A mirror from before owners (no kiln-mirror.json): its checkpoints' config names the run.
+  fs::remove(mirror + "/kiln-mirror.json");
+  r = run_kiln(args + " --max-steps 2 --out " + d / "b" + " --overwrite", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "holds the checkpoints of the run in " + fs::canonical(a).string()), r.output);
+  CHECK(fs::exists(mirror + "/step-000000004.kiln"));
+  // Its own run, its --out written another way, adopts it and replaces its copies with --overwrite.
+  std::ofstream(a + "/checkpoints/notes.tmp.txt") << "kept by the start-up sweep too";
+  r = run_kiln(args + " --max-steps 2 --overwrite --out " + d.p.string() + "//a/", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(read_text(mirror + "/kiln-mirror.json"), "\"out\": \"" + fs::canonical(a).string() + "\""));
+  CHECK(!fs::exists(mirror + "/step-000000004.kiln"));
+  CHECK(fs::exists(mirror + "/step-000000002.kiln"));
+  CHECK(fs::exists(mirror + "/notes.tmp.txt"));
+  CHECK(fs::exists(a + "/checkpoints/notes.tmp.txt"));
+}
+
+TEST_CASE("train: a --mirror that stops answering holds up the end of a run KILN_MIRROR_WAIT seconds at most") {
+  TempDir d("kiln_outdir");
+  const std::string mirror = d / "mirror", run = d / "run";
+  fs::create_directories(mirror);
+  // As a hung NFS mount: opening the copy's temporary file blocks for good (a FIFO nobody reads). Its
+  // name holds kiln's pid, which `exec` keeps from the shell's $$. Without the bound, `timeout` kills it.
+  const std::string cmd =
+      "KILN_MIRROR_WAIT=2 timeout -s KILL 120 sh -c 'for s in 2 4; do mkfifo " + mirror +
+      "/step-00000000$s.kiln.tmp.$$; done; exec " + std::string(KILN_BINARY) +
+      " train --limit-train 256 --limit-eval 64 --batch 32 --max-steps 4 --threads 1 --workers 0 --progress lines "
+      "--save-every 2 --no-save-epochs --out " +
+      run + " --mirror " + mirror + "' > " + d / "log.txt" + " 2>&1 < /dev/null";
+  const int rc = std::system(cmd.c_str());
+  const std::string log = read_text(d / "log.txt");
+  REQUIRE_MESSAGE(WIFEXITED(rc), log);
+  CHECK_MESSAGE(WEXITSTATUS(rc) == 0, log);
+  CHECK_MESSAGE(
+      contains(log, "waiting for the mirror copy of step-000000002.kiln to " + mirror + " (Ctrl-C to leave it)"), log);
+  CHECK_MESSAGE(contains(log, "the mirror copy of step-000000002.kiln is incomplete"), log);
+  CHECK(fs::exists(run + "/checkpoints/step-000000004.kiln"));
+  CHECK(fs::exists(run + "/model.safetensors"));
+}
+
+TEST_CASE("train: a --mirror inside --out is refused however either is written") {
+  TempDir d("kiln_outdir");
+  // In the test's folder, for relative paths (run_kiln runs in the test's working directory).
+  const auto train_in_d = [&](const std::string& args) {
+    const std::string cmd = "cd " + d.p.string() + " && " + std::string(KILN_BINARY) +
+                            " train --limit-train 64 --limit-eval 8 --batch 32 --max-steps 1 --threads 1 " + args +
+                            " > log.txt 2>&1 < /dev/null";
+    const int rc = std::system(cmd.c_str());
+    return std::make_pair(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_text(d / "log.txt"));
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {"--out so5 --mirror " + d / "so5/checkpoints",
+       "is this run's own checkpoints folder (" + d / "so5/checkpoints)"},
+      {"--out so3 --mirror ./so3//checkpoints/.", "is this run's own checkpoints folder (" + d / "so3/checkpoints)"},
+      {"--out so3 --mirror so3/", "--mirror so3/ (" + d / "so3) is inside this run's --out so3 (" + d / "so3)"},
+      {"--out ./so3/ --mirror " + d / "so3/backup",
+       "--mirror " + d / "so3/backup (" + d / "so3/backup) is inside this run's --out ./so3/ (" + d / "so3)"},
+  };
+  for (const auto& c : cases) {  // (no structured bindings: doctest's messages capture them in lambdas)
+    const auto r = train_in_d(c.first);
+    CHECK_MESSAGE(r.first == 2, c.first, "\n", r.second);
+    CHECK_MESSAGE(contains(r.second, c.second), c.first, "\n", r.second);
+  }
+  CHECK(!fs::exists(d / "so3"));  // refused before anything was made
+  CHECK(!fs::exists(d / "so5"));
+}

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -460,16 +461,27 @@ class Trainer {
     const bool has_checkpoint =
         !find_latest_checkpoint(c_.out + "/checkpoints").empty() ||
         (c_.resume == "auto" && !c_.mirror.empty() && !find_latest_checkpoint(c_.mirror).empty());
-    // A mirror in the run's own checkpoints folder would be no second copy, and its pruning the run's.
+    // A mirror in the run's own checkpoints folder would be no second copy, and its pruning the run's;
+    // one anywhere else in --out is no backup either, and its pruning races with the run's own files.
+    // Both compared resolved (./so3//checkpoints/. and $PWD/so3/checkpoints are so3/checkpoints).
     if (!c_.mirror.empty()) {
-      std::error_code ec1, ec2;
-      std::string mirror = c_.mirror;
-      while (mirror.size() > 1 && mirror.back() == '/') mirror.pop_back();  // "DIR/" is DIR
-      const auto m = std::filesystem::weakly_canonical(mirror, ec1),
-                 own = std::filesystem::weakly_canonical(std::filesystem::path(c_.out) / "checkpoints", ec2);
-      if (!ec1 && !ec2 && m == own)
-        problems.push_back("--mirror " + c_.mirror + " is this run's own checkpoints folder (" + own.string() +
+      const std::string m = io::resolved_path(c_.mirror), out = io::resolved_path(c_.out),
+                        own = io::resolved_path(c_.out + "/checkpoints");
+      if (m == own)
+        problems.push_back("--mirror " + c_.mirror + " is this run's own checkpoints folder (" + own +
                            "): a mirror there is no backup; give a folder on another disk or machine");
+      else if (m == out || m.rfind(out == "/" ? out : out + "/", 0) == 0)
+        problems.push_back("--mirror " + c_.mirror + " (" + m + ") is inside this run's --out " + c_.out + " (" + out +
+                           "): a mirror there is no backup, and its pruning races with the run's own files; give a "
+                           "folder outside --out, on another disk or machine");
+    }
+    if (!c_.mirror.empty()) {
+      const char* wait = std::getenv("KILN_MIRROR_WAIT");
+      char* end = nullptr;
+      if (wait && *wait) mirror_wait_s_ = std::strtod(wait, &end);
+      if (wait && *wait && (*end != '\0' || !std::isfinite(mirror_wait_s_) || mirror_wait_s_ < 0))
+        problems.push_back(std::string("KILN_MIRROR_WAIT=") + wait +
+                           ": expected the seconds the end of a run waits for the --mirror's copies (>= 0)");
     }
     // The run starts over (no --resume, or --resume auto with no checkpoint): a run already in --out
     // is replaced only with --overwrite.
@@ -564,6 +576,11 @@ class Trainer {
       return fail(lead_ ? lock_problem : "rank 0 could not take --out " + c_.out + " (its message says why)");
     ckpt_dir_ = c_.out + "/checkpoints";
     if (lead_) remove_dead_temp_files(c_.out);
+    // The mirror is this run's alone, before anything in it is deleted (--overwrite) or resumed from:
+    // another run's copies would be pruned, their `latest` replaced, and --resume auto could take them.
+    const std::string mirror_problem = lead_ && !c_.mirror.empty() ? io::claim_mirror(c_.mirror, c_.out) : "";
+    if (any_rank(!mirror_problem.empty()))
+      return fail(lead_ ? mirror_problem : "rank 0 refused --mirror " + c_.mirror + " (its message says why)");
     if (lead_ && c_.overwrite && c_.resume.empty()) remove_old_checkpoints();
 
     // optimizer and schedule; with --zero 1 over this rank's chunks of the flattened parameters
@@ -667,7 +684,8 @@ class Trainer {
       prune_checkpoints(ckpt_dir_, 0);  // temporary files a killed writer left behind
     }
     progress_ = std::make_unique<Progress>(lead_ ? c_.progress : "quiet", c_.epochs, spe_, total_steps_);
-    if (!c_.mirror.empty() && lead_) mirror_ = std::make_unique<CheckpointMirror>(c_.mirror, c_.keep_last);
+    if (!c_.mirror.empty() && lead_)
+      mirror_ = std::make_unique<CheckpointMirror>(c_.mirror, c_.keep_last, mirror_wait_s_);
     // Every rank starts from rank 0's weights and buffers; gradients are averaged over ranks in
     // buckets while backward runs.
     dist::Communicator& grad_comm = gpu_comm_ ? *gpu_comm_ : *comm_;
@@ -1679,6 +1697,7 @@ class Trainer {
   std::unique_ptr<io::EventWriter> tb_;  // rank 0, unless --no-tensorboard
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<CheckpointMirror> mirror_;
+  double mirror_wait_s_ = 60;  // how long the end of the run waits for the mirror's copies (KILN_MIRROR_WAIT)
   Clock::time_point last_save_time_, win_start_, epoch_start_;
   double epoch_seconds_before_ = 0;
   bool stop_now_ = false, time_due_ = false;
