@@ -665,7 +665,8 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
 }
 
 void clip_grad_value(const std::vector<Tensor>& params, double clip) {
-  KILN_CHECK(clip > 0, "clip_grad_value: clip must be > 0, got ", clip);
+  // 0 zeroes the gradients (torch accepts it); a negative clip would give an empty range
+  KILN_CHECK(clip >= 0, "clip_grad_value: clip must be >= 0, got ", clip);
   NoGradGuard ng;
   for (const Tensor& p : params) {
     Tensor g = p.grad();

@@ -690,6 +690,10 @@ TEST_CASE("optim: clipping, decay groups") {
   CHECK(optim::clip_grad_norm({a, b}, 10.0).item<double>() == doctest::Approx(1.0).epsilon(1e-5));  // no change below the max
   optim::clip_grad_value({a, b}, 0.7);
   CHECK(b.grad().item<double>() == doctest::Approx(0.7));
+  optim::clip_grad_value({a, b}, 0.0);  // torch's clip_grad_value_ takes 0: every gradient zeroed
+  CHECK(b.grad().item<double>() == 0.0);
+  CHECK(a.grad().to_vector()[0] == 0.0);
+  CHECK_THROWS(optim::clip_grad_value({a, b}, -0.5));
   // Other norms, as torch's norm_type: the largest |g|, the sum of |g|, the cube root of the sum of |g|^3.
   for (const auto& [type, norm] : std::vector<std::pair<double, double>>{{INFINITY, 4}, {1, 7}, {3, 4.497941}}) {
     a.set_grad(from_vector({-3, 0}, {2}));

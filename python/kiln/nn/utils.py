@@ -48,7 +48,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 
 def clip_grad_value_(parameters, clip_value, foreach=None):
     """torch's clip_grad_value_: every gradient clamped to [-clip_value, clip_value] in place (clip_value
-    > 0); parameters without a gradient are skipped. foreach is accepted and changes nothing."""
+    >= 0: 0 zeroes them, as torch's); parameters without a gradient are skipped. foreach is accepted and changes nothing."""
     parameters = _tensors("clip_grad_value_", parameters)
     if foreach is not None and not isinstance(foreach, bool):
         raise TypeError(f"clip_grad_value_: foreach must be None, True or False, got {foreach!r}")
