@@ -33,19 +33,20 @@ def _params(params):
 
 
 # Group keys that Python handles, not the engine: maximize (the gradients negated for the step, as
-# torch's), foreach and fused (how torch runs its update; Kiln's is always one fused engine step).
+# torch's), foreach and fused (how torch runs its update; Kiln's is always one fused engine step), and
+# Adam's decoupled_weight_decay (Adam._py_keys).
 _PY_KEYS = ("maximize", "foreach", "fused")
 
 
 def _py_key(key, value):
-    if key == "maximize":
+    if key in ("maximize", "decoupled_weight_decay"):
         return bool(value)
     if value is not None and not isinstance(value, bool):
         raise TypeError(f"optimizer: {key} must be None, True or False, got {value!r}")
     return value
 
 
-def _split(groups, options, check):
+def _split(groups, options, check, py_keys=_PY_KEYS):
     """Groups for the engine (params, lr, weight_decay, name) and each group's own options (momentum,
     betas, maximize, ...: a group may set them, as torch's may), checked."""
     if not groups or not isinstance(groups[0], dict):
@@ -53,9 +54,9 @@ def _split(groups, options, check):
     engine, extras = [], []
     for g in groups:
         # other keys go to the engine, which refuses them (a misspelt 'lrr' is not silently dropped)
-        engine.append({k: v for k, v in g.items() if k not in options and k not in _PY_KEYS})
+        engine.append({k: v for k, v in g.items() if k not in options and k not in py_keys})
         extras.append({k: check(k, v) if k in options else _py_key(k, v) for k, v in g.items()
-                       if k in options or k in _PY_KEYS})
+                       if k in options or k in py_keys})
     return engine, extras
 
 
@@ -82,9 +83,11 @@ class _ParamGroup(dict):
                                     f"optimizer is built")
         elif key in self._opt._options:
             value = self._opt._check_option(key, value)
-        elif key in _PY_KEYS:
+        elif key in self._opt._py_keys:
             value = _py_key(key, value)
         super().__setitem__(key, value)
+        if key == "lr":
+            self._opt._note_ratios()  # each edit, so that `opt.lr = x` scales by the groups' lrs of now
 
     def update(self, *args, **kwargs):
         for k, v in dict(*args, **kwargs).items():
@@ -99,14 +102,25 @@ class _ParamGroup(dict):
         raise _C.KilnValueError(f"optimizer: param_groups[{self._index}] keys cannot be removed")
 
 
+def _same(q, p):
+    """Whether q and p are one tensor: one Python object, or two for the same tensor (a C++ module's
+    parameters give a new object each time)."""
+    if q is p:
+        return True
+    return (isinstance(p, _C.Tensor) and isinstance(q, _C.Tensor) and q.data_ptr() == p.data_ptr()
+            and q.shape == p.shape and q.dtype == p.dtype)
+
+
 class _State(collections.abc.Mapping):
     """Optimizer.state: each parameter's state tensors by torch's names (exp_avg, exp_avg_sq and step
     for the Adam family, momentum_buffer for SGD with momentum), for the parameters that have state.
     The tensors are the engine's own (an in-place change is seen by the next step); 'step' is a new
-    0-dim f32 tensor, as torch's."""
+    0-dim f32 tensor, as torch's. As torch's defaultdict(dict), `state[p]` makes p's dict if it has
+    none and keeps it (opt._kept): what is written into it stays, and p is then `in` the state."""
 
     def __init__(self, opt):
         tensors, scalars = opt._engine.state()
+        self._kept = opt._kept
         self._items = []
         counts = opt._engine.name != "sgd"
         for g, group in enumerate(opt.param_groups):
@@ -120,34 +134,50 @@ class _State(collections.abc.Mapping):
                     entry["step"] = _C.from_numpy(np.array(step, dtype=np.float32))
                 self._items.append((p, entry))
 
-    def _find(self, p):
-        for q, entry in self._items:
+    @staticmethod
+    def _lookup(items, p):
+        for q, entry in items:  # the same object first: it is the usual case, and the cheap one
             if q is p:
                 return entry
-        if isinstance(p, _C.Tensor):  # another Python object for the same tensor (a C++ module's parameters)
-            for q, entry in self._items:
-                if q.data_ptr() == p.data_ptr() and q.shape == p.shape and q.dtype == p.dtype:
-                    return entry
+        for q, entry in items:
+            if _same(q, p):
+                return entry
         return None
+
+    def _find(self, p):
+        """p's dict: the kept one (with the engine's tensors, which may be newer), else the engine's."""
+        entry, kept = self._lookup(self._items, p), self._lookup(self._kept, p)
+        if kept is not None and entry is not None:
+            kept.update(entry)
+        return entry if kept is None else kept
 
     def __getitem__(self, p):
         # torch's state is a defaultdict(dict): a tensor without state (not stepped yet, or not a
-        # parameter of the optimizer) gives an empty dict, not a KeyError
+        # parameter of the optimizer) gets an empty dict, not a KeyError, and keeps it
         entry = self._find(p)
-        return {} if entry is None else entry
+        if entry is None:
+            entry = {}
+            self._kept.append((p, entry))
+        elif self._lookup(self._kept, p) is None:
+            self._kept.append((p, entry))  # the same dict at the next `state[p]`, with what was written
+        return entry
 
-    def get(self, p, default=None):  # as defaultdict.get: the default for a tensor without state
+    def get(self, p, default=None):  # as defaultdict.get: the default for a tensor without state, none made
         entry = self._find(p)
         return default if entry is None else entry
 
     def __contains__(self, p):
         return self._find(p) is not None
 
+    def _keys(self):
+        keys = [p for p, _ in self._items]
+        return keys + [p for p, _ in self._kept if not any(_same(q, p) for q in keys)]
+
     def __iter__(self):
-        return iter([p for p, _ in self._items])
+        return iter(self._keys())
 
     def __len__(self):
-        return len(self._items)
+        return len(self._keys())
 
 
 class Optimizer:
@@ -158,7 +188,7 @@ class Optimizer:
         self._lr, self._weight_decay = float(lr), float(weight_decay)
         py = {k: _py_key(k, v) for k, v in (("maximize", maximize), ("foreach", foreach), ("fused", fused))}
         params = _params(params)
-        engine_groups, extras = _split(params, options, self._check_option)
+        engine_groups, extras = _split(params, options, self._check_option, self._py_keys)
         self._options = dict(options)  # the optimizer's; each group may hold its own (self._applied)
         self.defaults = {"lr": float(lr), "weight_decay": float(weight_decay), **options, **py}
         self._engine = self._make(engine_groups)
@@ -171,6 +201,10 @@ class Optimizer:
         self._apply_options()  # each group's options checked by the engine now, not at the first step
         self._ratios = None
         self._note_ratios()
+        self._kept = []  # the dicts `state[p]` made or handed out, kept as torch's defaultdict keeps them
+
+    # the group keys Python handles (Adam adds decoupled_weight_decay)
+    _py_keys = _PY_KEYS
 
     def _make(self, groups):
         """The engine optimizer over groups (a list of tensors or of dicts), with self._options."""
@@ -217,17 +251,18 @@ class Optimizer:
         self._note_ratios()
 
     def _note_ratios(self):
-        """Each group's lr / the first group's, for `opt.lr = x`: taken while the first lr is not 0 and kept
-        while every lr is 0, so `opt.lr = 0` then `opt.lr = 0.1` gives the groups their ratios back."""
+        """Each group's lr / the first group's, for `opt.lr = x`, noted at every change of an lr (the
+        constructor, `param_groups[i]['lr'] = v`, `opt.lr = x`, a schedule, load_state_dict): taken
+        while the first lr is not 0 and kept while it is 0, so `opt.lr = 0` then `opt.lr = 0.1` gives the
+        groups their ratios back. Groups that never had a first lr other than 0 have none (all 0: one lr
+        for all)."""
         lrs = list(self._engine.lrs)
         if not lrs:
             return
         if lrs[0] != 0:
             self._ratios = [1.0 if lr == lrs[0] else lr / lrs[0] for lr in lrs]
-        elif any(lrs):
-            self._ratios = None  # the first group's 0 against another's lr: no ratio
         elif self._ratios is None or len(self._ratios) != len(lrs):
-            self._ratios = [1.0] * len(lrs)  # all 0 from the start: one lr for all
+            self._ratios = None if any(lrs) else [1.0] * len(lrs)
 
     def _l2(self, index):
         """Group index's L2 decay added to its gradients for the step (Adam's); the engine decays the others."""
@@ -281,7 +316,7 @@ class Optimizer:
         if any(id(p) in have for p in group["params"]):
             raise ValueError("add_param_group: some parameters appear in more than one parameter group")
         full = {**self.defaults, **group}
-        engine_new, (extra,) = _split([full], self._options, self._check_option)
+        engine_new, (extra,) = _split([full], self._options, self._check_option, self._py_keys)
         self._apply_options()
         old = [{"params": list(g["params"]), "lr": g["lr"], "weight_decay": self._engine_wd(i), "name": g["name"]}
                for i, g in enumerate(self.param_groups)]
@@ -317,8 +352,9 @@ class Optimizer:
     def lr(self, value):
         self._apply_options()  # the groups' option edits first: _sync reads them back from the engine
         value = float(value)
-        self._note_ratios()  # the groups' own lr edits since
-        if self._ratios is None:
+        self._note_ratios()  # an lr the engine changed by itself, if any
+        lrs = list(self._engine.lrs)
+        if self._ratios is None or (lrs[0] == 0 and any(lrs)):
             raise _C.KilnValueError(f"optimizer: lr = {value} would scale each group's lr {list(self._engine.lrs)} "
                                     f"by the first group's, which is 0; set param_groups[i]['lr'] for each group "
                                     f"instead")
@@ -379,6 +415,7 @@ class Optimizer:
                 raise _C.KilnValueError(f"load_state_dict: 'groups' has {len(groups)} dicts, the state's 'scalars' "
                                         f"{n} parameter groups")
         self._engine.load_state(dict(tensors), state["scalars"])
+        self._kept = []  # torch's load replaces its state: the dicts state[p] made go with it
         self._options = self._options_from(state["scalars"])
         self._ratios = None  # the loaded lrs', not this optimizer's
         self._sync()
@@ -386,7 +423,7 @@ class Optimizer:
             for k, v in extra.items():
                 if k in self._ENGINE_KEYS or k in self._options:
                     continue  # the scalars' value won
-                dict.__setitem__(group, k, _py_key(k, v) if k in _PY_KEYS else v)
+                dict.__setitem__(group, k, _py_key(k, v) if k in self._py_keys else v)
 
     def _options_from(self, scalars):
         return self._options
@@ -473,16 +510,6 @@ class _AdamFamily(Optimizer):
         return {"betas": (scalars["beta1"], scalars["beta2"]), "eps": scalars["eps"]}
 
 
-class AdamW(_AdamFamily):
-    """Adam with decoupled weight decay (torch.optim.AdamW). maximize, foreach and fused as SGD's."""
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False, *,
-                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
-        _no_amsgrad("AdamW", amsgrad)
-        _no_differentiable("AdamW", differentiable)
-        super().__init__(params, lr, betas, eps, weight_decay, maximize, foreach, fused)
-
-
 class LAMB(_AdamFamily):
     _lamb = True
 
@@ -492,72 +519,89 @@ class LAMB(_AdamFamily):
 
 class Adam(_AdamFamily):
     """torch.optim.Adam: weight_decay is L2, added to the gradient (g + weight_decay * p) before the
-    moments, not decoupled as AdamW's. The engine's AdamW runs with no decay of its own; the decay is
-    added to each gradient for the step and the gradient put back after it. kiln.amp.GradScaler steps
-    the engine directly, so with it weight_decay must be 0 (it is refused otherwise)."""
+    moments, not decoupled as AdamW's; with decoupled_weight_decay=True (the optimizer's default, or a
+    group's own, as torch's) it is AdamW's decoupled decay. The engine's AdamW decays the decoupled
+    groups itself and the others not at all: their L2 decay is added to each gradient for the step and
+    the gradient put back after it. kiln.amp.GradScaler steps the engine directly, so with it an L2
+    weight_decay must be 0 (it is refused otherwise). The flag is a group key: state_dict() saves it in
+    "groups" and load_state_dict restores it, so an AdamW's state loaded into an Adam stays decoupled."""
 
-    def __new__(cls, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
-                decoupled_weight_decay=False, **kwargs):
-        # torch's Adam(decoupled_weight_decay=True) is AdamW (with Adam's default weight_decay, 0)
-        if decoupled_weight_decay and cls is Adam:
-            return AdamW(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
-        return super().__new__(cls)
+    _py_keys = _PY_KEYS + ("decoupled_weight_decay",)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
                  decoupled_weight_decay=False):
-        _no_amsgrad("Adam", amsgrad)
-        _no_differentiable("Adam", differentiable)
+        name = type(self).__name__
+        _no_amsgrad(name, amsgrad)
+        _no_differentiable(name, differentiable)
         params = _params(params)
         wd = float(weight_decay)
+        # each group's weight_decay (L2 or decoupled, as its flag says); the engine's are set from them
+        # at each step (_apply_options)
         if params and isinstance(params[0], dict):
-            self._l2_decay = [float(g.get("weight_decay", wd)) for g in params]
+            self._decay = [float(g.get("weight_decay", wd)) for g in params]
             params = [dict(g, weight_decay=0.0) for g in params]
         else:
-            self._l2_decay = [wd]
-        for i, v in enumerate(self._l2_decay):
+            self._decay = [wd]
+        for i, v in enumerate(self._decay):
             if not (math.isfinite(v) and v >= 0):
-                raise _C.KilnValueError(f"Adam: group {i}'s weight_decay must be finite and >= 0, got {v}")
+                raise _C.KilnValueError(f"{name}: group {i}'s weight_decay must be finite and >= 0, got {v}")
+        self._decoupled_default = bool(decoupled_weight_decay)
         super().__init__(params, lr, betas, eps, 0.0, maximize, foreach, fused)
         self.defaults["weight_decay"] = wd
+        self.defaults["decoupled_weight_decay"] = self._decoupled_default
+        for g in self.param_groups:
+            dict.setdefault(g, "decoupled_weight_decay", self._decoupled_default)
         self._sync()
 
+    def _decoupled(self, index):
+        return bool(dict.get(self.param_groups[index], "decoupled_weight_decay", self._decoupled_default))
+
     def _make(self, groups):
-        # the engine decays nothing (its decay is AdamW's, decoupled); the L2 decay is self._l2_decay
+        # the engine decays nothing until _apply_options gives the decoupled groups their decay
         return super()._make([dict(g, weight_decay=0.0) if isinstance(g, dict) else g for g in groups])
+
+    def _apply_options(self):
+        super()._apply_options()
+        engine = self._engine.groups
+        for i in range(len(self.param_groups)):
+            want = self._decay[i] if self._decoupled(i) else 0.0
+            if engine[i][2] != want:
+                self._engine.set_group_weight_decay(i, want)
 
     def _set_weight_decay(self, index, wd):
         if not (math.isfinite(wd) and wd >= 0):
             raise _C.KilnValueError(f"optimizer: group {index}'s weight_decay must be finite and >= 0, got {wd}")
-        self._l2_decay[index] = wd
+        self._decay[index] = wd
 
     def _engine_wd(self, i):
         return 0.0
 
     def _after_add(self, group):
-        self._l2_decay.append(float(group.get("weight_decay", self.defaults["weight_decay"])))
+        self._decay.append(float(group.get("weight_decay", self.defaults["weight_decay"])))
         self._sync()
 
     def _sync(self):
         super()._sync()
-        for g, wd in zip(self.param_groups, self._l2_decay):
+        for g, wd in zip(self.param_groups, self._decay):
             dict.__setitem__(g, "weight_decay", wd)
 
     @property
     def _impl(self):
-        if any(self._l2_decay):
-            raise _C.KilnValueError("Adam: kiln.amp.GradScaler steps the engine optimizer directly, which cannot "
-                                    "add Adam's L2 weight decay to the gradients: use weight_decay=0 (or AdamW) "
-                                    "with a GradScaler")
+        if any(self._l2(i) for i in range(len(self.param_groups))):
+            raise _C.KilnValueError(f"{type(self).__name__}: kiln.amp.GradScaler steps the engine optimizer directly, "
+                                    f"which cannot add Adam's L2 weight decay to the gradients: use weight_decay=0, "
+                                    f"decoupled_weight_decay=True (or AdamW) with a GradScaler")
         return super()._impl
 
     def _l2(self, index):
-        return self._l2_decay[index]
+        return 0.0 if self._decoupled(index) else self._decay[index]
 
     def state_dict(self):
-        # the L2 decay saved as each group's weight_decay, so that it round-trips
+        # each group's weight_decay saved as it is given (L2 or decoupled: "groups" holds the flag), so that it
+        # round-trips
         state = super().state_dict()
-        for i, wd in enumerate(self._l2_decay):
+        for i, wd in enumerate(self._decay):
             state["scalars"][f"group{i}.weight_decay"] = wd
         return state
 
@@ -565,15 +609,32 @@ class Adam(_AdamFamily):
         if not isinstance(state, dict) or "scalars" not in state or "tensors" not in state:
             return super().load_state_dict(state)
         scalars = dict(state["scalars"])
-        l2 = list(self._l2_decay)
-        for i in range(len(l2)):
+        decay = list(self._decay)
+        for i in range(len(decay)):
             key = f"group{i}.weight_decay"
             if key in scalars:
-                l2[i] = float(scalars[key])
+                decay[i] = float(scalars[key])
                 scalars[key] = 0.0
+        # the flag comes with "groups" (a group without it, from an older Kiln, keeps this optimizer's)
         super().load_state_dict({**state, "scalars": scalars})
-        self._l2_decay = l2
+        self._decay = decay
         self._sync()
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW: Adam with decoupled weight decay, 0.01 by default (a subclass of Adam with
+    decoupled_weight_decay=True, as torch 2.x's). maximize, foreach and fused as SGD's."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, foreach=foreach,
+                         capturable=capturable, differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        for g in self.param_groups:  # torch's AdamW: whatever state it loads, its decay stays decoupled
+            dict.__setitem__(g, "decoupled_weight_decay", True)
 
 
 def decay_groups(named_parameters, lr, weight_decay):

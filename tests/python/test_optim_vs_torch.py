@@ -412,6 +412,23 @@ def test_lr_through_zero_keeps_the_groups_ratios():
         o.lr = 0.1
 
 
+def test_lr_after_group_edits_scales_the_groups_lrs_of_now():
+    # `param_groups[i]['lr'] = v` did not note the ratios: opt.lr = x used the constructor's
+    a, b = kiln.tensor([1.0], requires_grad=True), kiln.tensor([1.0], requires_grad=True)
+    o = kiln.optim.SGD([{"params": [a], "lr": 0.1}, {"params": [b], "lr": 0.01}])
+    o.param_groups[1]["lr"] = 0.1  # the groups now share one lr
+    o.param_groups[0]["lr"] = 0.0  # then both go to 0, the first group first (a scheduler's order)
+    o.param_groups[1]["lr"] = 0.0
+    o.lr = 0.3
+    assert [g["lr"] for g in o.param_groups] == [0.3, 0.3]
+    # a 10:1 taken to 0 the same way keeps its 10:1 (the last ratios while the first lr was not 0)
+    o.param_groups[1]["lr"] = 0.03
+    o.param_groups[0]["lr"] = 0.0
+    o.param_groups[1]["lr"] = 0.0
+    o.lr = 0.5
+    assert np.allclose([g["lr"] for g in o.param_groups], [0.5, 0.05], rtol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
 def test_the_resume_idiom_with_a_scheduler_built_at_last_epoch(name):
     # torch's: load the optimizer's state, then build the scheduler with last_epoch=; it needs each group's
@@ -446,11 +463,40 @@ def test_state_of_a_parameter_without_state_is_an_empty_dict():
     # torch's state is a defaultdict(dict): opt.state[p] before the first step is {}, not a KeyError
     p = kiln.nn.Parameter(kiln.zeros(3))
     o = kiln.optim.Adam([p], lr=0.1)
-    assert o.state[p] == {} and p not in o.state and o.state.get(p) is None
+    assert o.state.get(p) is None and p not in o.state  # get() and `in` make nothing
+    assert o.state[p] == {}
     assert o.state[kiln.zeros(1)] == {}  # any key, as torch's defaultdict
     p.grad = kiln.ones(3)
     o.step()
     assert set(o.state[p]) == {"exp_avg", "exp_avg_sq", "step"}
+
+
+def test_state_keeps_the_dicts_it_makes_as_torchs_defaultdict():
+    # opt.state[p] gave a new {} each time: a write into it was lost and p never came `in` the state
+    def run(lib, P):
+        p, q = P(), P()
+        o = lib.optim.SGD([p, q], lr=0.1, momentum=0.9)
+        o.state[p]["note"] = 1
+        seen = ["note" in o.state[p], p in o.state, q in o.state, len(o.state)]
+        p.grad = lib.ones(3)
+        o.step()
+        seen += [sorted(o.state[p]), o.state[p]["note"], len(o.state)]
+        o.state[p]["later"] = 2  # a stepped parameter's dict keeps a write too
+        seen.append(o.state[p].get("later"))
+        return seen
+
+    k = run(kiln, lambda: kiln.nn.Parameter(kiln.zeros(3)))
+    t = run(torch, lambda: torch.nn.Parameter(torch.zeros(3)))
+    assert k == t == [True, True, False, 1, ["momentum_buffer", "note"], 1, 1, 2]
+    # state_dict() holds the engine's state only, and load_state_dict drops the made dicts (torch's
+    # load replaces its state)
+    p = kiln.nn.Parameter(kiln.zeros(3))
+    o = kiln.optim.SGD([p], lr=0.1, momentum=0.9)
+    sd = o.state_dict()
+    o.state[p]["note"] = 1
+    assert o.state_dict()["tensors"].keys() == sd["tensors"].keys()
+    o.load_state_dict(sd)
+    assert p not in o.state and o.state[p] == {}
 
 
 @pytest.mark.parametrize("name,kw", [("SGD", dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
@@ -478,18 +524,74 @@ def test_maximize_foreach_fused_as_torch(name, kw):
     close([kp], [tp], 1e-5)
 
 
-def test_adam_decoupled_weight_decay_is_adamw():
+class _KilnAdamSub(kiln.optim.Adam):
+    pass
+
+
+class _TorchAdamSub(torch.optim.Adam):
+    pass
+
+
+def test_adam_decoupled_weight_decay_as_torch():
+    # Adam(decoupled_weight_decay=True) was an AdamW: a subclass of Adam got L2 decay, and its state
+    # loaded into a plain Adam lost the flag (L2 from there on); torch's is an Adam with the flag per group
     w0 = RNG.standard_normal(4).astype(np.float32)
-    kp, tp = kiln.nn.Parameter(kiln.tensor(w0)), torch.nn.Parameter(torch.tensor(w0))
-    ko = kiln.optim.Adam([kp], lr=0.1, weight_decay=0.3, decoupled_weight_decay=True)
-    to = torch.optim.Adam([tp], lr=0.1, weight_decay=0.3, decoupled_weight_decay=True)
-    assert isinstance(ko, kiln.optim.AdamW)
-    for _ in range(4):
-        g = RNG.standard_normal(4).astype(np.float32)
-        kp.grad, tp.grad = kiln.tensor(g), torch.tensor(g)
+    grads = [RNG.standard_normal(4).astype(np.float32) for _ in range(6)]
+
+    def run(lib, cls, resume_cls, **kw):
+        p = lib.nn.Parameter(lib.tensor(w0))
+        o = cls([p], lr=0.1, weight_decay=0.3, **kw)
+        for g in grads[:3]:
+            p.grad = lib.tensor(g)
+            o.step()
+        o2 = resume_cls([p], lr=0.1)  # a plain Adam (weight_decay 0, not decoupled) takes the state
+        o2.load_state_dict(o.state_dict())
+        for g in grads[3:]:
+            p.grad = lib.tensor(g)
+            o2.step()
+        return o, o2, p.detach().numpy()
+
+    for kcls, tcls in ((kiln.optim.Adam, torch.optim.Adam), (_KilnAdamSub, _TorchAdamSub)):
+        ko, ko2, k = run(kiln, kcls, kiln.optim.Adam, decoupled_weight_decay=True)
+        to, to2, t = run(torch, tcls, torch.optim.Adam, decoupled_weight_decay=True)
+        assert type(ko) is kcls and isinstance(ko, kiln.optim.Adam) and type(to) is tcls
+        assert ko.param_groups[0]["decoupled_weight_decay"] is True
+        assert ko.state_dict()["groups"][0]["decoupled_weight_decay"] is True
+        assert ko2.param_groups[0]["decoupled_weight_decay"] is to2.param_groups[0]["decoupled_weight_decay"] is True
+        assert ko2.param_groups[0]["weight_decay"] == to2.param_groups[0]["weight_decay"] == 0.3
+        np.testing.assert_allclose(k, t, rtol=1e-5, atol=1e-5)
+    # L2 is not decoupled: the flag changes the numbers
+    _, _, l2 = run(kiln, kiln.optim.Adam, kiln.optim.Adam)
+    assert not np.allclose(l2, k, rtol=1e-4, atol=1e-4)
+    # AdamW is torch's subclass of Adam; its state into an Adam stays decoupled, an Adam's into an AdamW too
+    assert issubclass(kiln.optim.AdamW, kiln.optim.Adam) == issubclass(torch.optim.AdamW, torch.optim.Adam)
+    for a, b in ((kiln.optim.AdamW, kiln.optim.Adam), (kiln.optim.Adam, kiln.optim.AdamW)):
+        ta, tb = getattr(torch.optim, a.__name__), getattr(torch.optim, b.__name__)
+        ko, ko2, k = run(kiln, a, b)
+        to, to2, t = run(torch, ta, tb)
+        assert ko2.param_groups[0]["decoupled_weight_decay"] == to2.param_groups[0]["decoupled_weight_decay"]
+        np.testing.assert_allclose(k, t, rtol=1e-5, atol=1e-5)
+
+
+def test_adam_decoupled_weight_decay_per_group_as_torch():
+    w = [RNG.standard_normal(3).astype(np.float32) for _ in range(2)]
+    kps, tps = [kiln.nn.Parameter(kiln.tensor(x)) for x in w], [torch.nn.Parameter(torch.tensor(x)) for x in w]
+
+    def groups(ps):
+        return [{"params": [ps[0]], "weight_decay": 0.2, "decoupled_weight_decay": True},
+                {"params": [ps[1]], "weight_decay": 0.1}]
+
+    ko, to = kiln.optim.Adam(groups(kps), lr=0.05), torch.optim.Adam(groups(tps), lr=0.05)
+    for i in range(4):
+        if i == 2:  # an edit of the flag takes effect at the next step, as torch's
+            ko.param_groups[1]["decoupled_weight_decay"] = True
+            to.param_groups[1]["decoupled_weight_decay"] = True
+        grads = [RNG.standard_normal(3).astype(np.float32) for _ in range(2)]
+        set_grads(kps, tps, grads, [True, True])
         ko.step()
         to.step()
-    close([kp], [tp], 1e-5)
+        close(kps, tps, 1e-5)
+    assert [g["decoupled_weight_decay"] for g in ko.param_groups] == [True, True]
 
 
 def test_bad_hyper_parameters_name_the_optimizer_and_the_value_as_torch():
