@@ -573,7 +573,18 @@ class Trainer {
     if (lead_) remove_dead_temp_files(c_.out);
     // The mirror is this run's alone, before anything in it is deleted (--overwrite) or resumed from:
     // another run's copies would be pruned, their `latest` replaced, and --resume auto could take them.
-    const std::string mirror_problem = lead_ && !c_.mirror.empty() ? io::claim_mirror(c_.mirror, c_.out) : "";
+    // A run that may continue from the mirror (--resume auto, or a --resume FILE in it) with no
+    // checkpoint in its own folder (lost, moved, or another path to it) may take another run's mirror
+    // over, once it has resumed from it (after resume() below): the mirror is for exactly that rescue.
+    // A fresh run never does.
+    std::string mirror_problem;
+    if (lead_ && !c_.mirror.empty()) {
+      const std::string m = io::resolved_path(c_.mirror), from = io::resolved_path(c_.resume);
+      const bool from_mirror = c_.resume == "auto" || (!c_.resume.empty() && from.size() > m.size() &&
+                                                       from.compare(0, m.size(), m) == 0 && from[m.size()] == '/');
+      const bool may_take = from_mirror && io::find_latest_checkpoint(ckpt_dir_).empty();
+      mirror_problem = io::claim_mirror(c_.mirror, c_.out, may_take ? &mirror_owner_ : nullptr);
+    }
     if (any_rank(!mirror_problem.empty()))
       return fail(lead_ ? mirror_problem : "rank 0 refused --mirror " + c_.mirror + " (its message says why)");
     if (lead_ && c_.overwrite && c_.resume.empty()) remove_old_checkpoints();
@@ -634,6 +645,15 @@ class Trainer {
     resolved_["cpu_isa"] = cpu_isa_name(cpu_isa());
 
     if (const int rc = resume(); rc >= 0) return rc;
+    if (lead_ && !mirror_owner_.out.empty()) {
+      const std::string m = io::resolved_path(c_.mirror), from = io::resolved_path(resumed_from_);
+      if (from.size() > m.size() && from.compare(0, m.size(), m) == 0 && from[m.size()] == '/')
+        io::take_over_mirror(c_.mirror, c_.out, mirror_owner_);
+      else
+        mirror_problem = mirror_owner_.refusal;  // not resumed from its copies: still the other run's
+    }
+    if (any_rank(!mirror_problem.empty()))
+      return fail(lead_ ? mirror_problem : "rank 0 refused --mirror " + c_.mirror + " (its message says why)");
     load_sums();
     shown_loss_ = run_.window.mean_loss();  // a resumed run shows its window's loss until the next line
     metrics_path_ = c_.out + "/metrics.jsonl";
@@ -1688,13 +1708,15 @@ class Trainer {
   // progress, output, checkpoints
   RunState run_;
   std::string ckpt_dir_, metrics_path_, resumed_from_, last_saved_;
+  io::MirrorOwner mirror_owner_;  // another run's --mirror, which this run takes over if it resumes from it
   int metrics_fd_ = -1;           // metrics.jsonl, O_APPEND (rank 0)
   bool metrics_failed_ = false;  // the last metrics line was not written: reopen before the next
   int64_t metrics_failed_at_ = 0;
   std::unique_ptr<io::EventWriter> tb_;  // rank 0, unless --no-tensorboard
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<CheckpointMirror> mirror_;
-  double mirror_wait_s_ = 60;  // how long the end of the run waits for the mirror's copies (KILN_MIRROR_WAIT)
+  double mirror_wait_s_ =
+      60;  // how long the end of the run waits for a mirror copy without progress (KILN_MIRROR_WAIT)
   Clock::time_point last_save_time_, win_start_, epoch_start_;
   double epoch_seconds_before_ = 0;
   bool stop_now_ = false, time_due_ = false;
