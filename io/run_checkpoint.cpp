@@ -528,16 +528,36 @@ std::string host_name() {
   return host;
 }
 
-std::string not_ours(const std::string& dir, const std::string& other, const std::string& host) {
+std::string not_ours(const std::string& dir, const std::string& other, const std::string& host, bool owner_file) {
+  const std::string release = owner_file ? "delete " + (fs::path(dir) / kMirrorOwner).string() + " if that run is gone"
+                                         : "if that run is gone, move its step-*.kiln out of " + dir;
   return "--mirror " + dir + " holds the checkpoints of the run in " + other + " (host " + host +
-         "): give each run its own mirror folder";
+         "): give each run its own mirror folder (" + release +
+         "; or continue that run here: --resume auto into an --out without checkpoints takes the mirror over)";
+}
+
+// DIR/kiln-mirror.json naming `me`, replacing what is there; false if it cannot be written.
+bool write_owner(const fs::path& file, const std::string& me) {
+  const json owner = {{"out", me}, {"host", host_name()}};
+  try {
+    io::write_file_atomic(file.string(), owner.dump(2) + "\n");
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 }  // namespace
 
-std::string claim_mirror(const std::string& dir, const std::string& out) {
+std::string claim_mirror(const std::string& dir, const std::string& out, MirrorOwner* other_run) {
   const std::string me = resolved_path(out);
   const fs::path file = fs::path(dir) / kMirrorOwner;
   std::error_code ec;
+  // Another run's mirror, which this run may take over (the caller decides once it has resumed).
+  const auto other_owner = [&](const std::string& other, const std::string& host, const std::string& refusal) {
+    if (!other_run) return refusal;
+    *other_run = MirrorOwner{other, host, refusal};
+    return std::string();
+  };
   for (int tries = 0; tries < 2; ++tries) {
     if (fs::exists(file, ec)) {
       json owner;
@@ -552,8 +572,9 @@ std::string claim_mirror(const std::string& dir, const std::string& out) {
       }
       const std::string other = owner.is_object() ? owner.value("out", std::string()) : std::string();
       if (other == me) return "";
-      return not_ours(dir, other.empty() ? "(none named)" : other,
-                      owner.is_object() ? owner.value("host", std::string("unknown")) : std::string("unknown"));
+      const std::string host = owner.is_object() ? owner.value("host", std::string("unknown")) : std::string("unknown");
+      const std::string named = other.empty() ? "(none named)" : other;
+      return other_owner(named, host, not_ours(dir, named, host, true));
     }
     // A mirror from before owners: its checkpoints' config names the run (a damaged copy names none).
     for (const fs::path& p : step_files(dir)) {
@@ -566,9 +587,11 @@ std::string claim_mirror(const std::string& dir, const std::string& out) {
       } catch (const std::exception&) {
       }
       if (!other.empty() && other != me)
-        return not_ours(
-            dir, other,
-            "unknown: " + p.filename().string() + " names it, and " + dir + " has no " + kMirrorOwner + " yet");
+        return other_owner(
+            other, "unknown",
+            not_ours(dir, other,
+                     "unknown: " + p.filename().string() + " names it, and " + dir + " has no " + kMirrorOwner + " yet",
+                     false));
     }
     // Claimed by a hard link of a complete file: of two runs claiming at once, one link fails (EEXIST),
     // and that run reads the winner's file on the second pass.
@@ -592,6 +615,14 @@ std::string claim_mirror(const std::string& dir, const std::string& out) {
   return "";
 }
 
+void take_over_mirror(const std::string& dir, const std::string& out, const MirrorOwner& from) {
+  std::fprintf(stderr,
+               "kiln train: --mirror %s: taking it over from the run in %s (host %s): this run resumes from its "
+               "checkpoints\n",
+               dir.c_str(), from.out.c_str(), from.host.c_str());
+  write_owner(fs::path(dir) / kMirrorOwner, resolved_path(out));  // not writable: the copies will say so
+}
+
 struct CheckpointMirror::State {
   std::string dir;
   int64_t keep;
@@ -602,6 +633,7 @@ struct CheckpointMirror::State {
   bool stop = false;       // the run is over: finish the queue
   bool done = false;       // the thread has nothing left to do
   bool abandoned = false;  // the run left without it: copy nothing more, say nothing
+  uint64_t progress = 0;   // chunks copied so far: the end of the run waits while this grows
 };
 
 CheckpointMirror::CheckpointMirror(std::string dir, int64_t keep, double wait_s)
@@ -624,12 +656,22 @@ CheckpointMirror::~CheckpointMirror() {
                                                   : std::string("the last checkpoint");
     std::fprintf(stderr, "kiln train: waiting for the mirror copy of %s to %s (Ctrl-C to leave it)\n", what.c_str(),
                  s_->dir.c_str());
-    if (!s_->cv.wait_until(lk, start + Seconds(wait_s_), finished)) {
+    // A slow copy that goes on (a multi-GB checkpoint over a slow link) is waited for: only wait_s_
+    // without a chunk copied gives up.
+    auto since = start;
+    uint64_t seen = s_->progress;
+    while (!s_->cv.wait_until(lk, since + Seconds(wait_s_), finished)) {
+      if (s_->progress != seen) {
+        seen = s_->progress;
+        since = std::chrono::steady_clock::now();
+        continue;
+      }
       s_->abandoned = true;
+      const std::string now = !s_->copying.empty() ? s_->copying : what;
       std::fprintf(stderr,
-                   "kiln train: warning: mirror: %s did not answer for %g s: the mirror copy of %s is incomplete "
+                   "kiln train: warning: mirror: %s made no progress for %g s: the mirror copy of %s is incomplete "
                    "(the checkpoint in the run directory is intact; KILN_MIRROR_WAIT sets how long to wait)\n",
-                   s_->dir.c_str(), wait_s_, what.c_str());
+                   s_->dir.c_str(), wait_s_, now.c_str());
       lk.unlock();
       thread_.detach();  // blocked in the file system: it holds its own State, and ends with the process
       return;
@@ -678,9 +720,20 @@ void CheckpointMirror::loop(const std::shared_ptr<State>& s) {
         while (in) {
           in.read(buf.data(), std::streamsize(buf.size()));
           if (in.gcount() > 0) out.write(buf.data(), size_t(in.gcount()));
+          std::lock_guard<std::mutex> lk(s->m);
+          ++s->progress;
         }
         KILN_CHECK(in.eof(), src, ": read failed while mirroring");
+        // A copy the run left behind (blocked past KILN_MIRROR_WAIT, then unblocked) neither commits nor
+        // touches `latest` or prunes: the process may run another run by now (kiln.train again), whose
+        // mirror this may be.
+        const auto left_behind = [&] {
+          std::lock_guard<std::mutex> lk(s->m);
+          return s->abandoned;
+        };
+        if (left_behind()) break;
         out.commit();
+        if (left_behind()) break;
         io::write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
         prune_checkpoints(dir, s->keep);
         break;

@@ -144,19 +144,29 @@ std::string resolved_path(const std::string& path);
 // another node of a shared file system keeps its mirror. A folder without the file (a mirror from
 // before owners) is adopted unless one of its checkpoints' config names another --out (a relative one
 // resolved from the current directory). A folder that cannot be written is left to the copies' own
-// warnings: a mirror is never fatal.
-std::string claim_mirror(const std::string& dir, const std::string& out);
+// warnings: a mirror is never fatal. With `other_run`, another run's mirror is not refused here: its
+// owner and the refusal are put there, for the caller to take the mirror over (take_over_mirror) once
+// it has resumed from the mirror's checkpoints, or else refuse.
+struct MirrorOwner {
+  std::string out, host;  // the other run's --out (resolved) and host
+  std::string refusal;    // the message that refuses this run the mirror
+};
+std::string claim_mirror(const std::string& dir, const std::string& out, MirrorOwner* other_run = nullptr);
+// DIR becomes the run's in `out` (its kiln-mirror.json rewritten), said in one line on stderr: the run
+// continues `from`'s checkpoints from the mirror (its own folder lost, moved, or named another way).
+void take_over_mirror(const std::string& dir, const std::string& out, const MirrorOwner& from);
 
 // Copies each completed checkpoint (and `latest`) to a second directory in a background thread,
 // atomically there too; a failed copy is logged and retried with back-off, never fatal.
 class CheckpointMirror {
  public:
-  // `wait_s`: how long the end of the run waits for copies still under way; past it they are left.
+  // `wait_s`: how long the end of the run waits for a copy under way that makes no progress.
   CheckpointMirror(std::string dir, int64_t keep, double wait_s = 60);
-  // Finishes the queue (each copy still gets its retries) within `wait_s`: after a few seconds it says
-  // what it waits for, and past `wait_s` (a mount that stopped answering blocks a write for good) it
-  // leaves with a warning that the mirror copy is incomplete. The copying thread, which cannot be
-  // joined then, is detached: it owns what it uses (State), so nothing it touches is freed under it.
+  // Finishes the queue (each copy still gets its retries) while the copies make progress: after a few
+  // seconds it says what it waits for, and after `wait_s` without a chunk copied (a mount that stopped
+  // answering blocks a write for good) it leaves with a warning that the mirror copy is incomplete.
+  // The copying thread, which cannot be joined then, is detached: it owns what it uses (State), so
+  // nothing it touches is freed under it, and it commits nothing after (a later run may own DIR).
   ~CheckpointMirror();
   void enqueue(const std::string& checkpoint_path);
 

@@ -228,6 +228,30 @@ TEST_CASE("e2e dist: a rank killed mid-run makes kiln launch stop the others and
   CHECK(!std::filesystem::exists(d / "run/model.safetensors"));
 }
 
+TEST_CASE("e2e dist: kiln launch and its ranks leave a stop signal ignored on entry ignored (nohup kiln launch)") {
+  TempDir d("kiln_dist_nohup");
+  const std::string run = d / "run";
+  const std::string inner = "trap \"\" HUP; exec " + std::string(KILN_BINARY) +
+                            " launch --nproc-per-node 1 --master-port 29681 -- kiln train --limit-train 2048 "
+                            "--limit-eval 64 --batch 16 --max-steps 40 --threads 1 --workers 0 --log-every 1 "
+                            "--progress lines --no-tensorboard --out " +
+                            run;
+  const std::string cmd = "sh -c '" + inner + "' > " + d / "log.txt" + " 2>&1 < /dev/null & echo $! > " + d / "pid" +
+                          "; wait $!; echo $? > " + d / "rc";
+  std::thread waiter([&] { (void)std::system(cmd.c_str()); });
+  for (int i = 0; i < 3000 && read_text(run + "/metrics.jsonl").size() < 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::string pid = read_text(d / "pid").substr(0, read_text(d / "pid").find('\n'));
+  // The hang-up, to the launcher and its rank (a rank's own group gets no terminal signal, but the
+  // rule is the same for it).
+  CHECK(std::system(("kill -HUP " + pid + " $(pgrep -P " + pid + ")").c_str()) == 0);
+  waiter.join();
+  const std::string log = read_text(d / "log.txt");
+  CHECK_MESSAGE(read_text(d / "rc") == "0\n", log);
+  CHECK_MESSAGE(!contains(log, "SIGHUP"), log);
+  CHECK_MESSAGE(std::filesystem::exists(run + "/summary.json"), log);  // finished, not stopped
+}
+
 TEST_CASE(
     "e2e dist: ranks with other flags stop together naming them; a 2-rank test loss is the saved model's; a launcher "
     "killed outright takes its ranks down") {

@@ -1,7 +1,9 @@
 // `kiln train`'s output folder: a fresh run replaces every output of the run it overwrites, and two
 // trainers never share one --out at once.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "io/run_checkpoint.h"
 #include "test_util.h"
 
 using kiln::testing::contains;
@@ -21,6 +24,17 @@ using kiln::testing::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
+// A command line as run_kiln runs one (its output to SCRATCH/cli_output.txt), given whole: `sh -c 'cd DIR
+// && exec kiln ...'` runs kiln in another working directory.
+kiln::testing::CliResult run_shell(const std::string& cmd_line, const std::string& scratch_dir) {
+  const std::string log = scratch_dir + "/cli_output.txt";
+  const int rc = std::system((cmd_line + " > " + log + " 2>&1 < /dev/null").c_str());
+  kiln::testing::CliResult r;
+  r.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.output = read_text(log);
+  return r;
+}
+
 bool any_event_file(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
@@ -207,11 +221,13 @@ TEST_CASE("train: a --mirror belongs to the run that first used it: another run 
   // Another run is refused before it deletes (--overwrite), replaces or resumes from the copies.
   const std::string refusal =
       "--mirror " + mirror + " holds the checkpoints of the run in " + fs::canonical(a).string() + " (host ";
-  for (const char* extra : {"", " --overwrite", " --resume auto"}) {
+  for (const char* extra : {"", " --overwrite"}) {
     r = run_kiln(args + " --max-steps 2 --out " + d / "b" + extra, d.p.string());
     CHECK_MESSAGE(r.code == 2, r.output);
     CHECK_MESSAGE(contains(r.output, refusal), r.output);
-    CHECK_MESSAGE(contains(r.output, "give each run its own mirror folder"), r.output);
+    CHECK_MESSAGE(contains(r.output, "give each run its own mirror folder (delete " + mirror +
+                                         "/kiln-mirror.json if that run is gone"),
+                  r.output);
     CHECK(fs::exists(mirror + "/step-000000004.kiln"));
     CHECK(read_text(mirror + "/latest") == latest);
   }
@@ -230,6 +246,30 @@ TEST_CASE("train: a --mirror belongs to the run that first used it: another run 
   CHECK(fs::exists(mirror + "/step-000000002.kiln"));
   CHECK(fs::exists(mirror + "/notes.tmp.txt"));
   CHECK(fs::exists(a + "/checkpoints/notes.tmp.txt"));
+}
+
+TEST_CASE("train: --resume auto takes over the --mirror of its run, its folder lost, from another path") {
+  TempDir d("kiln_outdir");
+  const std::string mirror = d / "m", a = d / "a/run";
+  const std::string args =
+      "train --limit-train 256 --limit-eval 64 --batch 32 --max-steps 4 --threads 1 --workers 0 --progress lines "
+      "--save-every 4 --no-save-epochs --no-tensorboard";
+  auto r = run_kiln(args + " --out " + a + " --mirror " + mirror, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  REQUIRE(fs::exists(mirror + "/step-000000004.kiln"));
+  const std::string old = fs::canonical(a).string();
+  fs::remove_all(d / "a");  // the run's disk lost
+  fs::create_directories(d / "x");
+  // Another working directory, another spelling of both folders. A fresh run is still refused.
+  const std::string in_x = "sh -c 'cd " + d / "x" + " && exec " + std::string(KILN_BINARY) + " " + args;
+  r = run_shell(in_x + " --out ../b//run/ --mirror ../m'", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "delete ../m/kiln-mirror.json if that run is gone"), r.output);
+  r = run_shell(in_x + " --out ../b//run/ --mirror ../m --resume auto'", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "--mirror ../m: taking it over from the run in " + old + " (host "), r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 4"), r.output);
+  CHECK(contains(read_text(mirror + "/kiln-mirror.json"), "\"out\": \"" + fs::canonical(d / "b/run").string() + "\""));
 }
 
 TEST_CASE("train: a --mirror that stops answering holds up the end of a run KILN_MIRROR_WAIT seconds at most") {
@@ -253,6 +293,60 @@ TEST_CASE("train: a --mirror that stops answering holds up the end of a run KILN
   CHECK_MESSAGE(contains(log, "the mirror copy of step-000000002.kiln is incomplete"), log);
   CHECK(fs::exists(run + "/checkpoints/step-000000004.kiln"));
   CHECK(fs::exists(run + "/model.safetensors"));
+}
+
+TEST_CASE("train: a mirror copy left behind at the end of a run commits nothing when it unblocks later") {
+  TempDir d("kiln_outdir");
+  const std::string mirror = d / "m", src = d / "step-000000002.kiln";
+  // As a hung mount: reading the checkpoint blocks (a FIFO nobody writes yet), past the end of the run.
+  REQUIRE(::mkfifo(src.c_str(), 0600) == 0);
+  {
+    kiln::io::CheckpointMirror m(mirror, 3, 0.2);
+    m.enqueue(src);
+  }  // left behind, blocked
+  // It answers again (as while a following kiln.train in this process runs): the copy reads to its end.
+  const int fd = ::open(src.c_str(), O_WRONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, "bytes", 5) == 5);
+  ::close(fd);
+  // A commit would follow at once; nothing may appear (bounded wait: a thread leaves no other sign).
+  bool committed = false;
+  for (int i = 0; i < 200 && !committed; ++i) {
+    committed = fs::exists(mirror + "/step-000000002.kiln") || fs::exists(mirror + "/latest");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(!committed);
+}
+
+TEST_CASE("train: a slow mirror copy that makes progress is waited for past KILN_MIRROR_WAIT") {
+  TempDir d("kiln_outdir");
+  const std::string mirror = d / "m", src = d / "step-000000002.kiln";
+  // A checkpoint read at a chunk (8 MiB, the copy's) every 0.3 s, longer in all than the 1 s allowed
+  // without progress.
+  REQUIRE(::mkfifo(src.c_str(), 0600) == 0);
+  const int chunks = 6;
+  std::thread writer([&] {
+    const int fd = ::open(src.c_str(), O_WRONLY);
+    if (fd < 0) return;
+    const std::string chunk(size_t(8) << 20, 'x');
+    for (int i = 0; i < chunks; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      for (size_t done = 0; done < chunk.size();) {
+        const ssize_t n = ::write(fd, chunk.data() + done, chunk.size() - done);
+        if (n <= 0) break;
+        done += size_t(n);
+      }
+    }
+    ::close(fd);
+  });
+  {
+    kiln::io::CheckpointMirror m(mirror, 3, 1.0);
+    m.enqueue(src);
+  }
+  writer.join();
+  REQUIRE(fs::exists(mirror + "/step-000000002.kiln"));
+  CHECK(fs::file_size(mirror + "/step-000000002.kiln") == uintmax_t(chunks) * (uintmax_t(8) << 20));
+  CHECK(read_text(mirror + "/latest") == "step-000000002.kiln\n");
 }
 
 TEST_CASE("train: a --mirror inside --out is refused however either is written") {

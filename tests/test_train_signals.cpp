@@ -201,14 +201,48 @@ TEST_CASE("train: temporary files of a dead writer in --out are removed at start
   const pid_t dead = ::fork();
   if (dead == 0) ::_exit(0);
   ::waitpid(dead, nullptr, 0);
-  const std::string dead_tmp = out + "/model.safetensors.tmp." + std::to_string(dead),
-                    live_tmp = out + "/summary.json.tmp." + std::to_string(::getpid()), other = out + "/notes.tmp.txt";
-  for (const std::string& f : {dead_tmp, live_tmp, other}) std::ofstream(f) << "x";
+  const std::string pid = std::to_string(dead);
+  // Removed: Kiln's own output, its writer gone, untouched for minutes.
+  const std::string dead_tmp = out + "/model.safetensors.tmp." + pid;
+  // Kept: a live writer's; a fresh one (a writer on another host, whose pid means nothing here); a
+  // user's own file that only looks like a temporary file.
+  const std::string live_tmp = out + "/summary.json.tmp." + std::to_string(::getpid()),
+                    young_tmp = out + "/report.html.tmp." + pid, users = out + "/results.tmp." + pid,
+                    other = out + "/notes.tmp.txt";
+  const auto old = fs::file_time_type::clock::now() - std::chrono::minutes(5);
+  for (const std::string& f : {dead_tmp, live_tmp, young_tmp, users, other}) {
+    std::ofstream(f) << "x";
+    if (f != young_tmp) fs::last_write_time(f, old);
+  }
   const auto r = run_kiln(kTiny + " --limit-train 64 --max-steps 1 --out " + out, d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK(!fs::exists(dead_tmp));
   CHECK(fs::exists(live_tmp));
+  CHECK(fs::exists(young_tmp));
+  CHECK(fs::exists(users));
   CHECK(fs::exists(other));
+}
+
+TEST_CASE("train: metrics lines a full disk cuts short leave every line of metrics.jsonl whole") {
+  TempDir d("kiln_signals");
+  const std::string out = d / "run", log = d / "log.txt";
+  fs::create_directories(out);
+  // A file-size limit of a few lines' bytes (ulimit -f counts 512- or 1024-byte blocks), with SIGXFSZ
+  // ignored: a write past it is cut short, then fails with EFBIG, as on a full disk.
+  const std::string cmd = "sh -c 'trap \"\" XFSZ; ulimit -f 2; exec " + std::string(KILN_BINARY) + " " + kTiny +
+                          " --epochs 3 --max-steps 24 --save-every 0 --no-save-epochs --out " + out + "' > " + log +
+                          " 2>&1 < /dev/null";
+  const int rc = std::system(cmd.c_str());
+  const std::string said = read_text(log);
+  REQUIRE_MESSAGE(WIFEXITED(rc), said);
+  CHECK_MESSAGE(contains(said, "cannot write the metrics line"), said);
+  const std::string text = read_text(out + "/metrics.jsonl");
+  REQUIRE_MESSAGE(!text.empty(), said);
+  CHECK(text.back() == '\n');
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line); ++n) CHECK_MESSAGE(json::accept(line), "line ", n + 1, ": ", line);
+  CHECK(n >= 2);
 }
 
 TEST_CASE("train: a signal stop is recorded in metrics.jsonl, and its readers take it") {

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,10 +168,19 @@ int run_launch(const LaunchOptions& o) {
   // (the ranks inherit its affinity) unless the user chose.
   const std::string threads = std::to_string(std::max(1, available_cpus() / o.nproc_per_node));
 
+  // A stop signal ignored on entry stays ignored, in the launcher and its ranks (kiln train's rule):
+  // `nohup kiln launch ...` survives the terminal's hang-up.
   struct sigaction sa{};
   sa.sa_handler = on_launch_signal;
   sigemptyset(&sa.sa_mask);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &sa, nullptr);
+  std::set<int> ignored;
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction was {};
+    if (::sigaction(s, nullptr, &was) == 0 && was.sa_handler == SIG_IGN)
+      ignored.insert(s);
+    else
+      ::sigaction(s, &sa, nullptr);
+  }
 
   std::vector<Child> children(size_t(o.nproc_per_node));
   std::mutex print_mutex;
@@ -211,7 +221,8 @@ int run_launch(const LaunchOptions& o) {
       ::dup2(fds[1], STDERR_FILENO);
       ::close(fds[0]);
       ::close(fds[1]);
-      for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
+      for (int s : {SIGINT, SIGTERM, SIGHUP})
+        if (!ignored.count(s)) std::signal(s, SIG_DFL);
       ::pthread_sigmask(SIG_SETMASK, &before, nullptr);  // a stop sent meanwhile ends this rank now
       ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);

@@ -251,45 +251,31 @@ struct OutLock {
   ~OutLock() { release(); }
 };
 
-// OUT/NAME.tmp.PID files (io::write_file_atomic's, and save_safetensors') whose writer is gone: a
-// kill during the final write leaves one for good. Called under the folder's lock; another process's
-// live temporary file (a kiln eval --out into this folder) is left alone.
+// OUT/NAME.tmp.PID files of Kiln's own outputs (io::write_file_atomic's, and save_safetensors')
+// whose writer is gone: a kill during the final write leaves one for good. Called under the folder's
+// lock. Only the names kiln train writes through a temporary file, and only a file untouched for a
+// minute: a live writer on another host (whose pid means nothing here) is still writing to its file,
+// and a user's results.tmp.2023 is not Kiln's.
 void remove_dead_temp_files(const std::string& out) {
   std::error_code ec;
+  const auto now = std::filesystem::file_time_type::clock::now();
   for (const auto& e : std::filesystem::directory_iterator(out, ec)) {
     const std::string n = e.path().filename().string();
     const size_t at = n.rfind(".tmp.");
-    if (at == std::string::npos || at == 0 || !e.is_regular_file(ec)) continue;
+    if (at == std::string::npos || !e.is_regular_file(ec)) continue;
+    const std::string base = n.substr(0, at);
+    if (base != "model.safetensors" && base != "summary.json" && base != "metrics.jsonl" && base != "report.html")
+      continue;
     const std::string digits = n.substr(at + 5);
     long long pid = 0;
     const auto parsed = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
     if (digits.empty() || parsed.ec != std::errc() || parsed.ptr != digits.data() + digits.size() || pid <= 0) continue;
     if (::kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to ask): kept
+    const auto written = e.last_write_time(ec);
+    if (ec || now - written < std::chrono::minutes(1)) continue;  // maybe another host's writer, still at it
     std::error_code rm;
     std::filesystem::remove(e.path(), rm);
   }
-}
-
-// A metrics.jsonl that a failed write left with part of a line at its end: the part cut off, so the
-// next line starts on a line of its own and every line parses.
-void cut_partial_line(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return;
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
-    const off_t size = st.st_size, from = std::max<off_t>(0, size - 65536);  // a line is far shorter
-    std::string tail(size_t(size - from), '\0');
-    if (::pread(fd, tail.data(), tail.size(), from) == ssize_t(tail.size()) && tail.back() != '\n') {
-      const size_t nl = tail.rfind('\n');
-      if (nl != std::string::npos)
-        (void)!::ftruncate(fd, from + off_t(nl) + 1);
-      else if (from == 0)
-        (void)!::ftruncate(fd, 0);
-      else
-        (void)!::pwrite(fd, "\n", 1, size);
-    }
-  }
-  ::close(fd);
 }
 
 // The run in phases: setup() checks the config and builds everything (or answers an exit code);
@@ -299,6 +285,11 @@ class Trainer {
  public:
   Trainer(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outcome)
       : c_(c), hooks_(hooks), outcome_(outcome) {}
+  ~Trainer() {
+    if (metrics_fd_ >= 0) ::close(metrics_fd_);
+  }
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
   void release_out_lock() { lock_.release(); }
 
   int run() {
@@ -401,33 +392,37 @@ class Trainer {
     if (!tb_->ok()) progress_->line("kiln train: warning: " + tb_->error());
   }
 
-  // One line of metrics.jsonl (rank 0). A write that fails (a disk full for a moment) is reported
-  // once, and the file reopened for each later line until one is written again: a stream left bad
-  // would lose every later line without a word. The part of a line a failed write left is cut off.
+  // One line of metrics.jsonl (rank 0), in one write(2) on an O_APPEND descriptor (looped if short).
+  // A write that fails (a disk full for a moment) is reported once, and its part of a line cut off
+  // at once (ftruncate to the size before it): a buffered stream would write its buffer again on
+  // close and glue the part to the next line. Each later line tries again.
   void write_metrics_line(const nlohmann::json& line) {
-    if (!lead_) return;
-    if (metrics_failed_) {
-      metrics_.close();
-      metrics_.clear();
-      cut_partial_line(metrics_path_);
-      metrics_.open(metrics_path_, std::ios::app);
+    if (!lead_ || metrics_fd_ < 0) return;
+    const std::string text = line.dump() + "\n";
+    struct stat st {};
+    const off_t before = ::fstat(metrics_fd_, &st) == 0 ? st.st_size : -1;
+    size_t done = 0;
+    int err = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(metrics_fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : ENOSPC;
+        break;
+      }
+      done += size_t(n);
     }
-    errno = 0;
-    if (metrics_.is_open()) {
-      metrics_ << line.dump() << "\n";
-      metrics_.flush();
-    }
-    const int err = errno;
-    if (metrics_.is_open() && metrics_.good()) {
+    if (done == text.size()) {
       if (metrics_failed_)
         progress_->line("kiln train: " + metrics_path_ + ": writing again at step " + std::to_string(run_.step) +
                         " (the lines since step " + std::to_string(metrics_failed_at_) + " are missing)");
       metrics_failed_ = false;
       return;
     }
+    if (done > 0 && before >= 0) (void)!::ftruncate(metrics_fd_, before);
     if (!metrics_failed_)
       progress_->line("kiln train: warning: " + metrics_path_ + ": cannot write the metrics line of step " +
-                      std::to_string(run_.step) + " (" + (err ? std::strerror(err) : "unknown error") +
+                      std::to_string(run_.step) + " (" + std::strerror(err) +
                       "); training goes on, and each later line tries again");
     if (!metrics_failed_) metrics_failed_at_ = run_.step;
     metrics_failed_ = true;
@@ -578,7 +573,18 @@ class Trainer {
     if (lead_) remove_dead_temp_files(c_.out);
     // The mirror is this run's alone, before anything in it is deleted (--overwrite) or resumed from:
     // another run's copies would be pruned, their `latest` replaced, and --resume auto could take them.
-    const std::string mirror_problem = lead_ && !c_.mirror.empty() ? io::claim_mirror(c_.mirror, c_.out) : "";
+    // A run that may continue from the mirror (--resume auto, or a --resume FILE in it) with no
+    // checkpoint in its own folder (lost, moved, or another path to it) may take another run's mirror
+    // over, once it has resumed from it (after resume() below): the mirror is for exactly that rescue.
+    // A fresh run never does.
+    std::string mirror_problem;
+    if (lead_ && !c_.mirror.empty()) {
+      const std::string m = io::resolved_path(c_.mirror), from = io::resolved_path(c_.resume);
+      const bool from_mirror = c_.resume == "auto" || (!c_.resume.empty() && from.size() > m.size() &&
+                                                       from.compare(0, m.size(), m) == 0 && from[m.size()] == '/');
+      const bool may_take = from_mirror && io::find_latest_checkpoint(ckpt_dir_).empty();
+      mirror_problem = io::claim_mirror(c_.mirror, c_.out, may_take ? &mirror_owner_ : nullptr);
+    }
     if (any_rank(!mirror_problem.empty()))
       return fail(lead_ ? mirror_problem : "rank 0 refused --mirror " + c_.mirror + " (its message says why)");
     if (lead_ && c_.overwrite && c_.resume.empty()) remove_old_checkpoints();
@@ -639,6 +645,15 @@ class Trainer {
     resolved_["cpu_isa"] = cpu_isa_name(cpu_isa());
 
     if (const int rc = resume(); rc >= 0) return rc;
+    if (lead_ && !mirror_owner_.out.empty()) {
+      const std::string m = io::resolved_path(c_.mirror), from = io::resolved_path(resumed_from_);
+      if (from.size() > m.size() && from.compare(0, m.size(), m) == 0 && from[m.size()] == '/')
+        io::take_over_mirror(c_.mirror, c_.out, mirror_owner_);
+      else
+        mirror_problem = mirror_owner_.refusal;  // not resumed from its copies: still the other run's
+    }
+    if (any_rank(!mirror_problem.empty()))
+      return fail(lead_ ? mirror_problem : "rank 0 refused --mirror " + c_.mirror + " (its message says why)");
     load_sums();
     shown_loss_ = run_.window.mean_loss();  // a resumed run shows its window's loss until the next line
     metrics_path_ = c_.out + "/metrics.jsonl";
@@ -666,8 +681,8 @@ class Trainer {
       } else {
         trim_metrics(metrics_path_, run_);
       }
-      metrics_.open(metrics_path_, std::ios::app);
-      KILN_CHECK(metrics_.good(), metrics_path_, ": cannot open for writing");
+      metrics_fd_ = ::open(metrics_path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+      KILN_CHECK(metrics_fd_ >= 0, metrics_path_, ": cannot open for writing (", std::strerror(errno), ")");
       if (c_.tensorboard) {
         // A resumed run adds an event file that begins with a restart at its step, so TensorBoard
         // drops what the old files logged after it.
@@ -1463,15 +1478,17 @@ class Trainer {
   // reported and training goes on: the previous ones are intact and the next save point tries again.
   int checkpoint(bool stopping, const std::string& where) {
     if (const int rc = fold(); rc >= 0) return rc;
+    // A signal stop is one before anything else can fail (a moved --out): kiln.train raises
+    // KeyboardInterrupt / SystemExit for it, not a KilnError.
+    if (stopping && outcome_) {
+      outcome_->stop_signal = int(g_stop_signal);
+      outcome_->stop_asked = g_stop_signal == 0;
+    }
     if (const int rc = check_out_in_place(); rc >= 0) return rc;
     const bool ok = save();
     last_save_time_ = Clock::now();
     if (!stopping) return -1;
-    if (outcome_) {
-      outcome_->stop_signal = int(g_stop_signal);
-      outcome_->stop_asked = g_stop_signal == 0;
-      outcome_->saved = ok ? last_saved_ : "";
-    }
+    if (outcome_) outcome_->saved = ok ? last_saved_ : "";
     const std::string why = g_stop_signal ? "caught " + std::string(signal_name(int(g_stop_signal)))
                                           : std::string(asked_stop_ ? "stop requested" : "caught SIGTERM");
     if (g_stop_signal) record_stop(signal_name(int(g_stop_signal)));
@@ -1691,13 +1708,15 @@ class Trainer {
   // progress, output, checkpoints
   RunState run_;
   std::string ckpt_dir_, metrics_path_, resumed_from_, last_saved_;
-  std::ofstream metrics_;
+  io::MirrorOwner mirror_owner_;  // another run's --mirror, which this run takes over if it resumes from it
+  int metrics_fd_ = -1;           // metrics.jsonl, O_APPEND (rank 0)
   bool metrics_failed_ = false;  // the last metrics line was not written: reopen before the next
   int64_t metrics_failed_at_ = 0;
   std::unique_ptr<io::EventWriter> tb_;  // rank 0, unless --no-tensorboard
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<CheckpointMirror> mirror_;
-  double mirror_wait_s_ = 60;  // how long the end of the run waits for the mirror's copies (KILN_MIRROR_WAIT)
+  double mirror_wait_s_ =
+      60;  // how long the end of the run waits for a mirror copy without progress (KILN_MIRROR_WAIT)
   Clock::time_point last_save_time_, win_start_, epoch_start_;
   double epoch_seconds_before_ = 0;
   bool stop_now_ = false, time_due_ = false;

@@ -47,8 +47,10 @@ def train(model="resnet20", *, out=None, callback=None, **options):
     run directory (metrics.jsonl, summary.json, checkpoints, model.safetensors), required unless
     help=True.
 
-    callback(record) gets every metrics line as a dict (training lines with "loss", "lr",
-    "samples_per_s", ...; evaluation lines with "eval_loss"); returning False saves a checkpoint and
+    callback(record) gets each training and evaluation line of metrics.jsonl as a dict (training lines
+    with "loss", "lr", "samples_per_s", ...; evaluation lines with "eval_loss"), not the
+    {"stopped": ...} line a signal stop writes there (the KeyboardInterrupt or SystemExit below tells
+    of it); returning False saves a checkpoint and
     stops the run (train then returns {"stopped": True, "saved": CHECKPOINT}). An interrupt (Ctrl-C,
     a notebook's stop button) saves a checkpoint, stops, and raises KeyboardInterrupt; SIGTERM and
     SIGHUP (a scheduler ending the job, a dropped terminal) save, stop and raise SystemExit(128 +

@@ -199,6 +199,21 @@ def test_a_scheduler_signal_saves_then_ends_the_process(tmp_path, capfd, signame
     assert not os.path.exists(tmp_path / "run" / "summary.json")
 
 
+def test_a_signal_stop_with_a_moved_out_still_ends_the_process(tmp_path):
+    # The stop is a signal's whatever else failed at it (--out moved away): SystemExit, not KilnError.
+    import signal
+
+    def move_then_signal(record):
+        if not (tmp_path / "moved").exists():
+            os.rename(tmp_path / "run", tmp_path / "moved")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    opts = dict(RESNET, max_steps=0, limit_train=320)
+    with pytest.raises(SystemExit) as stopped:
+        kiln.train("resnet20", out=tmp_path / "run", callback=move_then_signal, **opts)
+    assert stopped.value.code == 128 + signal.SIGTERM
+
+
 def test_eval_reads_a_bert_mlm_state_dict_saved_from_python(tmp_path):
     # kiln.save(model.state_dict()) writes the tied decoder as Hugging Face lists it; kiln eval reads
     # it as kiln forward does: equal to the word embeddings, or refused naming both.
