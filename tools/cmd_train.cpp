@@ -281,6 +281,28 @@ void remove_dead_temp_files(const std::string& out) {
 // The run in phases: setup() checks the config and builds everything (or answers an exit code);
 // then per optimizer step step(), log_step() and maybe checkpoint(); per epoch evaluate_epoch();
 // at the end finish(). Every member a phase shares lives here, named once.
+// A metrics.jsonl left with part of a line at its end (a failed write whose cut-back failed, or a file put
+// back in its place): the part cut off, so the next line starts on a line of its own and every line parses.
+void cut_partial_line(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+    const off_t size = st.st_size, from = std::max<off_t>(0, size - 65536);  // a line is far shorter
+    std::string tail(size_t(size - from), '\0');
+    if (::pread(fd, tail.data(), tail.size(), from) == ssize_t(tail.size()) && tail.back() != '\n') {
+      const size_t nl = tail.rfind('\n');
+      if (nl != std::string::npos)
+        (void)!::ftruncate(fd, from + off_t(nl) + 1);
+      else if (from == 0)
+        (void)!::ftruncate(fd, 0);
+      else
+        (void)!::pwrite(fd, "\n", 1, size);
+    }
+  }
+  ::close(fd);
+}
+
 class Trainer {
  public:
   Trainer(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outcome)
@@ -398,6 +420,14 @@ class Trainer {
   // close and glue the part to the next line. Each later line tries again.
   void write_metrics_line(const nlohmann::json& line) {
     if (!lead_ || metrics_fd_ < 0) return;
+    if (metrics_failed_) {  // after a failure, by its path again: the file may have been replaced meanwhile
+      cut_partial_line(metrics_path_);
+      const int fd = ::open(metrics_path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        ::close(metrics_fd_);
+        metrics_fd_ = fd;
+      }
+    }
     const std::string text = line.dump() + "\n";
     struct stat st {};
     const off_t before = ::fstat(metrics_fd_, &st) == 0 ? st.st_size : -1;
