@@ -102,6 +102,13 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma,
                        const Tensor& beta, bool training, double momentum = 0.1, double eps = 1e-5,
                        const Tensor& residual = {});
+// batch_norm without its eps check, for instance_norm with running statistics (Python's
+// F.instance_norm): x is the input as [1, N*C, ...] and the per-channel tensors are repeated N times;
+// use_input_stats is batch_norm's training. PyTorch takes any eps there (eps=0 included); errors name
+// instance_norm.
+Tensor instance_norm_running(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                             const Tensor& gamma, const Tensor& beta, bool use_input_stats, double momentum,
+                             double eps);
 // Normalises over the trailing dims given by normalized_shape; gamma/beta of that shape or undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& gamma = {}, const Tensor& beta = {},
                   double eps = 1e-5);
@@ -296,5 +303,8 @@ Tensor interpolate_scale(const Tensor& x, std::array<double, 2> scale_factor, In
 Tensor pixel_shuffle(const Tensor& x, int64_t r);
 Tensor pixel_unshuffle(const Tensor& x, int64_t r);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// An int value: written into an integer x exactly (every int64 into i64), refused where it does not fit x's
+// dtype; into a float or bool x as the double overload.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, int64_t value);
 
 }  // namespace kiln

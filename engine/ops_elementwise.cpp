@@ -677,9 +677,8 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
     // As PyTorch: a bound that every element would be clamped past (i8 min 300) is refused rather than
     // saturated; one past the other end (i8 max 300) bounds nothing and is taken.
     const auto [first, last] = integer_range(a.dtype());
-    KILN_CHECK(!lo || *lo <= last, "clamp: min ", *lo, " is above the largest ", a.type_str(), " value (", last, ")");
-    KILN_CHECK(!hi || *hi >= first, "clamp: max ", *hi, " is below the smallest ", a.type_str(), " value (", first,
-               ")");
+    KILN_CHECK(!lo || *lo <= last, "clamp: min ", *lo, " is above the largest ", a.dtype(), " value (", last, ")");
+    KILN_CHECK(!hi || *hi >= first, "clamp: max ", *hi, " is below the smallest ", a.dtype(), " value (", first, ")");
   }
   // An absent bound goes to the kernel as an infinity, which bounds nothing (an integer dtype saturates it
   // to its range: math::clamp_bound); the kernel takes a NaN bound as a bound, propagating it.

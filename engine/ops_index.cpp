@@ -2,6 +2,7 @@
 // masked_fill) and the ops built on them: embedding, dropout, scaled dot-product attention.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
@@ -446,6 +447,27 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   detail::check_fill_value(x, value, "masked_fill");
   const Tensor v =
       is_floating(x.dtype()) ? scalar_like(value, x) : scalar_tensor(value, TensorOptions(x.dtype(), x.device()));
+  return where(mask, v, x);
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, int64_t value) {
+  // Only an integer x needs the int exactly; a float or bool x takes it as a number.
+  if (!is_integral(x.dtype()) || x.dtype() == DType::boolean) return masked_fill(x, mask, double(value));
+  const OpScope scope("masked_fill");
+  KILN_CHECK(mask.dtype() == DType::boolean, "masked_fill: mask must be bool, got ", mask.type_str());
+  // Checked and written as an int64: through a double, i64 2**63 - 1 was refused as out of range and
+  // 2**53 + 1 written as 2**53.
+  int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+  switch (x.dtype()) {
+    case DType::u8: lo = 0, hi = 255; break;
+    case DType::i8: lo = -128, hi = 127; break;
+    case DType::i16: lo = -32768, hi = 32767; break;
+    case DType::i32: lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max(); break;
+    default: break;
+  }
+  KILN_CHECK(value >= lo && value <= hi, "masked_fill: ", value, " does not fit in ", x.dtype(), " (", lo, " to ", hi,
+             ")");
+  const Tensor v = from_blob_copy(&value, Shape{}).to(x.dtype()).to(x.device());
   return where(mask, v, x);
 }
 

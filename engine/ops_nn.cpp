@@ -308,11 +308,6 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& running_me
                        const Tensor& residual, bool relu) {
   check_floating(op, x, "input");
   KILN_CHECK(x.dim() >= 2, op, ": input must be [N, C, ...], got ", x.shape());
-  // As PyTorch: training divides by sqrt(var + eps) with a batch variance that can be 0, so eps must be
-  // positive there, and non-negative in eval mode; a NaN eps (which PyTorch takes) would make every output NaN.
-  KILN_CHECK(!std::isnan(eps), op, ": eps is NaN, which would make every output NaN");
-  if (training) KILN_CHECK(eps > 0, op, ": eps must be positive during training, got ", eps);
-  KILN_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
   if (residual.defined()) {
     check_floating(op, residual, "residual");
     KILN_CHECK(residual.shape() == x.shape(), op, ": residual must have the input's shape ", x.shape(), ", got ",
@@ -391,18 +386,37 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& running_me
   return y;
 }
 
+// batch_norm's and batch_norm_relu's own rule, not instance_norm's (which runs as a batch norm and, as
+// PyTorch's, takes any eps): training divides by sqrt(var + eps) with a batch variance that can be 0, so
+// eps must be positive there, and non-negative in eval mode; a NaN eps (which PyTorch takes) would make
+// every output NaN.
+void check_batch_norm_eps(const char* op, bool training, double eps) {
+  KILN_CHECK(!std::isnan(eps), op, ": eps is NaN, which would make every output NaN");
+  if (training) KILN_CHECK(eps > 0, op, ": eps must be positive during training, got ", eps);
+  KILN_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
+}
+
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma,
                   const Tensor& beta, bool training, double momentum, double eps) {
+  check_batch_norm_eps("batch_norm", training, eps);
   return batch_norm_impl("batch_norm", x, running_mean, running_var, gamma, beta, training, momentum, eps, Tensor(),
                          false);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& gamma,
                        const Tensor& beta, bool training, double momentum, double eps, const Tensor& residual) {
+  check_batch_norm_eps("batch_norm_relu", training, eps);
   return batch_norm_impl("batch_norm_relu", x, running_mean, running_var, gamma, beta, training, momentum, eps,
                          residual, true);
+}
+
+Tensor instance_norm_running(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                             const Tensor& gamma, const Tensor& beta, bool use_input_stats, double momentum,
+                             double eps) {
+  return batch_norm_impl("instance_norm", x, running_mean, running_var, gamma, beta, use_input_stats, momentum, eps,
+                         Tensor(), false);
 }
 
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& gamma, const Tensor& beta, double eps) {

@@ -1103,6 +1103,19 @@ std::vector<Row> build() {
       })
       .autocast(AutocastOp::batch_norm)
       .tol(3e-2);
+  // instance_norm with running statistics: batch norm over [1, N*C, ...] (Python's F.instance_norm),
+  // eps=0 taken as torch takes it; the second call normalises with the running statistics.
+  row("instance_norm_running", {{{1, 6, 4, 5}}, {{6}}, {{6}}},
+      [](const V& x) {
+        const TensorOptions o(DType::f32, x[0].device());
+        Tensor rm = zeros({6}, o), rv = ones({6}, o);
+        const Tensor y = instance_norm_running(x[0], rm, rv, x[1], x[2], true, 0.1, 0.0);
+        const Tensor y2 =
+            instance_norm_running(x[0], zeros({6}, o) + 0.1, ones({6}, o) * 1.5, x[1], x[2], false, 0.1, 0.0);
+        return V{y, y2, rm, rv};
+      })
+      .autocast(AutocastOp::batch_norm)
+      .tol(3e-2);
   // The fused "BN, ReLU" and "BN, add the shortcut, ReLU" against the ops in a row: training with a
   // residual, eval (fixed running statistics) without, and training without gamma or running buffers.
   row("batch_norm_relu", {{{4, 5, 6, 7}}, {{5}}, {{5}}, {{4, 5, 6, 7}}},

@@ -195,8 +195,24 @@ TEST_CASE("cli tools: a flag a command does not take is one line naming it") {
            {"train --bogus 3 --out r",
             "kiln train: error: --bogus is not a flag of kiln train (see kiln train --help)\n"},
            {"train --out r stray", "kiln train: error: unexpected argument 'stray'"},
-           {"bench train --memory-cap 1GiB",
-            "kiln bench train: error: --memory-cap is not a flag of kiln bench train"}}) {
+           {"bench train --memory-cap 1GiB", "kiln bench train: error: --memory-cap is not a flag of kiln bench train"},
+           // The mistake before a command is the top level's, not kiln launch's lone `--` (which was
+           // "unexpected argument '--'").
+           {"--bogus launch -- echo hi", "kiln: error: --bogus is not a flag of kiln (see kiln --help)\n"},
+           {"stray launch -- echo hi", "kiln: error: 'stray' is not a kiln command (see kiln --help)\n"},
+           // A mistyped command is named before the flags after it ("--out is not a flag of kiln").
+           {"trian --out r", "kiln: error: 'trian' is not a kiln command (see kiln --help)\n"},
+           // A command that takes a word takes more than flags: one too many is named as that.
+           {"ckpt inspect " + d / "w.safetensors" + " extra",
+            "kiln ckpt inspect: error: unexpected argument 'extra' (one argument too many; see kiln ckpt inspect "
+            "--help)\n"},
+           // Words after a command's `--` are its mistake, not the top level's ("--zero is not a flag of kiln").
+           {"eval --model resnet20" + w + " -- --zero 1",
+            "kiln eval: error: unexpected argument '--zero' after -- (kiln eval takes flags only; see kiln eval "
+            "--help)\n"},
+           {"bench train -- extra",
+            "kiln bench train: error: unexpected argument 'extra' after -- (kiln bench train takes flags only; see "
+            "kiln bench train --help)\n"}}) {
     const auto r = run_kiln(args, d.p.string());
     CAPTURE(args);
     CAPTURE(r.output);

@@ -22,28 +22,61 @@ std::string command_path(const CLI::App& app) {
   return app.get_parent() != nullptr ? path : "kiln";
 }
 
+// Words CLI11 left with `app` that are a mistake: none for a command that takes extras (kiln launch
+// names its own), nor a lone `--` (`kiln --bogus launch -- echo hi` leaves one with launch; the mistake
+// is the top level's --bogus).
+bool has_leftovers(const CLI::App& app) {
+  if (app.get_allow_extras()) return false;
+  const std::vector<std::string> extra = app.remaining();
+  return std::any_of(extra.begin(), extra.end(), [](const std::string& w) { return w != "--"; });
+}
+
 // The deepest command given that has words left over (CLI11 keeps them with the command that could
 // not place them, in command-line order).
 const CLI::App* with_leftovers(const CLI::App& app) {
   for (const CLI::App* sub : app.get_subcommands())
     if (const CLI::App* found = with_leftovers(*sub)) return found;
-  return app.remaining().empty() ? nullptr : &app;
+  return has_leftovers(app) ? &app : nullptr;
+}
+
+// Whether `app` takes words other than flags (a positional, or a subcommand's name): then a stray word is
+// one too many, not a sign that it takes flags only.
+bool takes_words(const CLI::App& app) {
+  if (!app.get_subcommands({}).empty()) return true;
+  const std::vector<const CLI::Option*> opts = app.get_options();
+  return std::any_of(opts.begin(), opts.end(), [](const CLI::Option* o) { return o->get_positional(); });
 }
 
 }  // namespace
 
-std::string extras_message(const CLI::App& top, const CLI::App& train) {
+std::string extras_message(const CLI::App& top, const CLI::App& train, const std::vector<std::string>& args) {
   const CLI::App* app = with_leftovers(top);
   if (app == nullptr) return "kiln: error: unexpected arguments (see kiln --help)";
+  std::vector<std::string> extra = app->remaining();
+  std::erase(extra, std::string("--"));
+  const auto is_flag = [](const std::string& w) { return w.size() > 1 && w[0] == '-'; };
+  // A command that takes no words hands those after its `--` back to its parent (CLI11 drops the `--`):
+  // `kiln eval ... -- --zero` left --zero with kiln. They are the command's mistake, named as words
+  // after --.
+  const auto dashes = std::find(args.begin(), args.end(), std::string("--"));
+  if (!app->get_subcommands().empty() && std::find(args.begin(), dashes, extra[0]) == dashes) {
+    const CLI::App* deepest = app;
+    while (!deepest->get_subcommands().empty()) deepest = deepest->get_subcommands()[0];
+    const std::string cmd = command_path(*deepest);
+    return cmd + ": error: unexpected argument '" + extra[0] + "' after -- (" +
+           (takes_words(*deepest) ? "one argument too many" : cmd + " takes flags only") + "; see " + cmd + " --help)";
+  }
   const std::string cmd = command_path(*app);
-  const std::vector<std::string> extra = app->remaining();
+  // At the top level a first word that is no flag is a mistyped command (`kiln trian --out r`): named
+  // before the flags that follow it, which are the command's.
+  if (app->get_parent() == nullptr && !is_flag(extra[0]))
+    return "kiln: error: '" + extra[0] + "' is not a kiln command (see kiln --help)";
   // The first flag among them names the mistake (its value, if any, follows it); a lone word is
   // named as what it is.
-  const auto flag = std::find_if(extra.begin(), extra.end(),
-                                 [](const std::string& w) { return w.size() > 1 && w[0] == '-' && w != "--"; });
+  const auto flag = std::find_if(extra.begin(), extra.end(), is_flag);
   if (flag == extra.end())
-    return cmd + ": error: unexpected argument '" + extra[0] + "' (" + cmd + " takes flags only; see " + cmd +
-           " --help)";
+    return cmd + ": error: unexpected argument '" + extra[0] + "' (" +
+           (takes_words(*app) ? "one argument too many" : cmd + " takes flags only") + "; see " + cmd + " --help)";
   const std::string name = flag->substr(0, flag->find('='));  // --zero=1 is --zero
   if (cmd == "kiln eval" && train.get_option_no_throw(name) != nullptr)
     return cmd + ": error: " + name + " is a kiln train flag (training only)";

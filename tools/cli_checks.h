@@ -30,8 +30,9 @@ CLI::Option* add_on_off_flag(CLI::App& app, const std::string& names, bool& valu
 // reports as "The following arguments were not expected: 1 --zero" and a second line): "kiln train:
 // error: --bogus is not a flag of kiln train (see kiln train --help)", or, for a flag of kiln train
 // given to kiln eval, "kiln eval: error: --zero is a kiln train flag (training
-// only)". `top` is the parsed `kiln` app; `train` is kiln train's, to know its flags.
-std::string extras_message(const CLI::App& top, const CLI::App& train);
+// only)". `top` is the parsed `kiln` app; `train` is kiln train's, to know its flags; `args` the
+// command line's words after `kiln`, to tell words given after a command's `--` from the top level's.
+std::string extras_message(const CLI::App& top, const CLI::App& train, const std::vector<std::string>& args);
 
 }  // namespace kiln::tools
 

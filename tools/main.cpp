@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
     if (eval->parsed()) kiln::tools::apply_model_defaults(*eval, eval_cfg);
   } catch (const CLI::ExtrasError&) {
     // A word no flag takes: one line naming it (CLI11's own is two, without the command's prefix).
-    std::fprintf(stderr, "%s\n", kiln::tools::extras_message(app, *train).c_str());
+    std::fprintf(stderr, "%s\n",
+                 kiln::tools::extras_message(app, *train, std::vector<std::string>(argv + 1, argv + argc)).c_str());
     return 2;
   } catch (const CLI::ParseError& e) {
     // Bad flags: one clear line (CLI11 prints it) and exit code 2, before any work starts.

@@ -403,7 +403,9 @@ void add_plan_flags(CLI::App& app, PlanOptions& o) {
       ->capture_default_str();
   app.add_option("--image-size", o.image_size, "ResNet: image side (default 32 small-image, 224 ImageNet)")
       ->check(at_least(0));
-  app.add_option("--in-channels", o.in_channels, "ResNet: image channels (default 3)")->check(at_least(0));
+  app.add_option("--in-channels", o.in_channels,
+                 "ResNet: image channels (default 0: the model config's, 3 unless --set in_channels=N)")
+      ->check(at_least(0));
   app.add_option("--amp", o.amp, "off, fp16 or bf16")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}))
       ->capture_default_str();

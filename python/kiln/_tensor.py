@@ -471,10 +471,15 @@ def _sum(input, dim=None, keepdim=False, *, dtype=None):
 
 def _mean(input, dim=None, keepdim=False, *, dtype=None):
     """torch.mean: dtype= converts the input first and must be floating, as torch's (a mean is no integer)."""
-    if dtype is not None and not dtype.is_floating_point:
-        raise NotImplementedError(f"mean(): could not infer output dtype. Optional dtype must be a floating "
-                                  f"point dtype, got {dtype.name}; convert the mean with .to() for an integer")
-    return _C.mean(input if dtype is None else input.to(dtype), dim, keepdim)
+    if dtype is not None:
+        # .to() resolves the dtype (a kiln, NumPy or torch dtype, or a name such as "float32") before it is
+        # looked at: dtype.is_floating_point was an AttributeError for all but a kiln.dtype.
+        input = input.to(dtype)
+        if not input.dtype.is_floating_point:
+            raise NotImplementedError(f"mean(): could not infer output dtype. Optional dtype must be a floating "
+                                      f"point dtype, got {input.dtype.name}; convert the mean with .to() for an "
+                                      f"integer")
+    return _C.mean(input, dim, keepdim)
 
 
 def _cumsum(input, dim, *, dtype=None):

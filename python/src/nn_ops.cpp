@@ -365,6 +365,14 @@ void bind_nn_ops(nb::module_& mod) {
       nb::arg("bias") = nb::none(), nb::arg("training") = false, nb::arg("momentum") = 0.1, nb::arg("eps") = 1e-5,
       nogil);
   m.def(
+      "_instance_norm_running",
+      [](const Tensor& x, std::optional<Tensor> rm, std::optional<Tensor> rv, std::optional<Tensor> w,
+         std::optional<Tensor> b, bool use_input_stats, double momentum, double eps) {
+        return instance_norm_running(x, opt(rm), opt(rv), opt(w), opt(b), use_input_stats, momentum, eps);
+      },
+      a("input"), a("running_mean").none(), a("running_var").none(), a("weight").none(), a("bias").none(),
+      a("use_input_stats"), a("momentum"), a("eps"), nogil);
+  m.def(
       "batch_norm_relu",
       [](const Tensor& x, std::optional<Tensor> rm, std::optional<Tensor> rv, std::optional<Tensor> w,
          std::optional<Tensor> b, bool training, double momentum, double eps, std::optional<Tensor> residual) {

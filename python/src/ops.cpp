@@ -591,8 +591,23 @@ void bind_ops(nb::module_& mod) {
       nb::arg("tensor"), nb::arg("num_classes"), nb::kw_only(), nb::arg("out_of_range") = "error");
   m.def("nonzero", &nonzero, nb::arg("input"), nogil);
   m.def(
-      "masked_fill", [](const Tensor& x, const Tensor& mask, double v) { return masked_fill(x, mask, v); },
-      nb::arg("input"), nb::arg("mask"), nb::arg("value"), nogil);
+      "masked_fill",
+      [](const Tensor& x, const Tensor& mask, nb::handle value) {
+        // An int (Python or NumPy) goes exactly, as setitem's (a double held i64 2**53 + 1 as 2**53); a
+        // bool, a float or a 0-dim tensor as a number.
+        const std::string tn = py_type_name(value);
+        const bool is_int = !PyBool_Check(value.ptr()) && tn != "numpy.bool" && tn != "numpy.bool_" &&
+                            !nb::isinstance<Tensor>(value) && PyIndex_Check(value.ptr());
+        if (is_int) {
+          const int64_t v = to_int64(value, "masked_fill: value");
+          nb::gil_scoped_release nogil;
+          return masked_fill(x, mask, v);
+        }
+        const double v = to_double(value, "masked_fill: value");
+        nb::gil_scoped_release nogil;
+        return masked_fill(x, mask, v);
+      },
+      nb::arg("input"), nb::arg("mask"), nb::arg("value"));
   m.def("masked_scatter", &masked_scatter, nb::arg("input"), nb::arg("mask"), nb::arg("source"), nogil);
   m.def("index_put", &index_put, nb::arg("input"), nb::arg("indices"), nb::arg("values"), nb::arg("accumulate") = false,
         nogil);

@@ -966,7 +966,11 @@ void bind_tensor(nb::module_& m) {
       .def(
           "__rpow__",
           [](const Tensor& a, nb::handle b) {
-            return binary(a, b, [](const Tensor& x, const Tensor& y) { return pow(y, x); });
+            // A NumPy bool base is a float number, as in __pow__ (np.True_ ** mask is f32 [1, 1] in PyTorch).
+            const std::string tn = py_type_name(b);
+            const nb::object base =
+                tn == "numpy.bool" || tn == "numpy.bool_" ? nb::float_(PyObject_IsTrue(b.ptr()) == 1) : nb::borrow(b);
+            return binary(a, base, [](const Tensor& x, const Tensor& y) { return pow(y, x); });
           },
           nb::is_operator())
       .def(

@@ -289,6 +289,32 @@ def test_a_number_out_of_an_integer_dtype_is_refused_wherever_it_is_written_as_t
                 same(f(x, v), f(xt, v))  # in range: x's dtype, truncated as torch
 
 
+def test_masked_fill_writes_an_int_into_int64_exactly_as_torch():
+    # The value went through a double: i64 masked_fill(m, 2**63 - 1) was refused as out of range and
+    # 2**53 + 1 written as 2**53. torch writes both exactly; a value past int64 is refused.
+    for v in (2**63 - 1, -2**63, 2**53 + 1, -(2**53) - 1, np.int64(2**63 - 1), np.int64(2**53 + 1)):
+        x, xt = kiln.zeros(3, dtype=kiln.int64), torch.zeros(3, dtype=torch.int64)
+        same(x.masked_fill(mask_of(x), v), xt.masked_fill(mask_of(xt), v))
+        same(x.clone().masked_fill_(mask_of(x), v), xt.clone().masked_fill_(mask_of(xt), v))
+        same(kiln.masked_fill(x, mask_of(x), v), torch.masked_fill(xt, mask_of(xt), v))
+    x = kiln.zeros(3, dtype=kiln.int64)
+    assert x.masked_fill(mask_of(x), 2**53 + 1).tolist() == [2**53 + 1, 0, 2**53 + 1]
+    for v in (2**63, -2**63 - 1):
+        with pytest.raises((RuntimeError, OverflowError)):
+            torch.zeros(3, dtype=torch.int64).masked_fill(mask_of(torch.zeros(3)), v)
+        with pytest.raises(OverflowError, match="masked_fill: value: .* does not fit in int64"):
+            x.masked_fill(mask_of(x), v)
+    # one past a narrower dtype is refused, named exactly
+    with pytest.raises(RuntimeError, match="masked_fill: 2147483648 does not fit in i32"):
+        kiln.zeros(3, dtype=kiln.int32).masked_fill(mask_of(x), 2**31)
+    # floats, bools and 0-dim tensors still go as numbers
+    for k, t in ((kiln.zeros(3), torch.zeros(3)), (kiln.zeros(3, dtype=kiln.bool), torch.zeros(3, dtype=torch.bool))):
+        for v in (2**53 + 1, True, 0.5):
+            same(k.masked_fill(mask_of(k), v), t.masked_fill(mask_of(t), v))
+    same(kiln.zeros(3).masked_fill(mask_of(x), kiln.tensor(2.5)),
+         torch.zeros(3).masked_fill(mask_of(xt), torch.tensor(2.5)))
+
+
 def mask_of(x):
     return lib(x).tensor([True, False, True])
 
@@ -304,7 +330,8 @@ def test_clamp_refuses_an_integer_bound_every_element_would_pass_as_torch():
     for kw in ({"min": 300}, {"max": -300}, {"min": 128, "max": 200}, {"min": -200, "max": -129}):
         with pytest.raises(RuntimeError, match="outside the representable range"):
             xt.clamp(**kw)
-        with pytest.raises(RuntimeError, match="clamp: m.. -?[0-9]+ is (above the largest|below the smallest) i8"):
+        with pytest.raises(RuntimeError,
+                           match=r"clamp: m.. -?[0-9]+ is (above the largest|below the smallest) i8 value \("):
             x.clamp(**kw)
     for kw in ({"min": -300, "max": 300}, {"min": 127}, {"max": -128}, {"min": 0, "max": 300}):
         same(x.clamp(**kw), xt.clamp(**kw))
@@ -348,6 +375,26 @@ def test_bool_to_a_bool_power_and_numpy_bool_exponents_as_torch():
             f(mt)
         with pytest.raises(RuntimeError, match="pow: not defined for bool tensors"):
             f(m)
+
+
+def test_a_numpy_bool_base_to_a_tensor_power_is_a_float_as_torch():
+    # np.True_ ** mask raised (__pow__ took a NumPy bool as a float number, __rpow__ did not); torch gives f32.
+    for k, t in ((kiln.tensor([True, False]), torch.tensor([True, False])), (kiln.tensor([2, 0]), torch.tensor([2, 0])),
+                 (kiln.tensor([1.5, -2.0]), torch.tensor([1.5, -2.0]))):
+        for b in (np.True_, np.False_):
+            same(b ** k, b ** t)
+
+
+def test_mean_takes_a_dtype_name_or_a_numpy_dtype():
+    # dtype.is_floating_point was read before the dtype was resolved: x.mean(dtype="float32") and
+    # dtype=np.dtype("float64") were AttributeErrors. They take what .to() takes.
+    x, xt = kiln.tensor([1, 2, 4]), torch.tensor([1, 2, 4])
+    for d, td in (("float32", torch.float32), (np.dtype("float64"), torch.float64)):
+        same(x.mean(dtype=d), xt.mean(dtype=td))
+        same(kiln.mean(x, 0, dtype=d), torch.mean(xt, 0, dtype=td))
+    for d in ("int32", np.dtype("int64")):
+        with pytest.raises(NotImplementedError, match="mean\\(\\): could not infer output dtype.*got int"):
+            x.mean(dtype=d)
 
 
 def test_mean_refuses_an_integer_dtype_as_torch():

@@ -781,6 +781,25 @@ def test_batch_norm_refuses_a_negative_zero_or_nan_eps_as_torch():
                 km(x)
 
 
+def test_instance_norm_with_running_stats_takes_any_eps_as_torch():
+    # It runs as a batch norm, whose eps check (positive in training) refused InstanceNorm2d(eps=0,
+    # track_running_stats=True) naming batch_norm; torch takes it.
+    a = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    kx, tx = both(a)
+    km = kiln.nn.InstanceNorm2d(3, eps=0.0, affine=True, track_running_stats=True)
+    tm = torch.nn.InstanceNorm2d(3, eps=0.0, affine=True, track_running_stats=True)
+    for train in (True, False):
+        km.train(train), tm.train(train)
+        same(km(kx), tm(tx), tol=1e-5)
+        same(km.running_mean, tm.running_mean, tol=1e-6)
+        same(km.running_var, tm.running_var, tol=1e-6)
+    F, TF = kiln.nn.functional, torch.nn.functional
+    krm, trm = both(np.zeros(3, np.float32))
+    krv, trv = both(np.ones(3, np.float32))
+    same(F.instance_norm(kx, krm, krv, eps=0.0), TF.instance_norm(tx, trm, trv, eps=0.0), tol=1e-5)
+    same(krm, trm, tol=1e-6)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_binary_cross_entropy_gradient_at_p_0_and_1_is_torchs(reduction):
     # A saturated sigmoid gives p exactly 0 or 1; the gradient through maximum(log(p), -100) was NaN

@@ -132,8 +132,9 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     n, c = input.shape[0], input.shape[1]
     rep = (lambda t: None if t is None else t.repeat(n))
     rm, rv = rep(running_mean), rep(running_var)
-    out = batch_norm(input.reshape([1, n * c] + list(input.shape[2:])), rm, rv, rep(weight), rep(bias),
-                     use_input_stats, momentum, eps)
+    # batch_norm's eps rule (positive in training) is not instance_norm's: torch takes eps=0 here.
+    out = _C._instance_norm_running(input.reshape([1, n * c] + list(input.shape[2:])), rm, rv, rep(weight),
+                                    rep(bias), use_input_stats, momentum, eps)
     if use_input_stats:
         with _no_grad():
             for run, new in ((running_mean, rm), (running_var, rv)):
