@@ -13,6 +13,8 @@
 #include <set>
 #include <sstream>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "engine/random.h"
@@ -546,15 +548,29 @@ bool write_owner(const fs::path& file, const std::string& me) {
     return false;
   }
 }
+
+// Whether the run in `out` still has its checkpoints or runs now (another process holds its OUT/.lock,
+// which kiln train flocks for as long as it runs).
+bool other_run_still_there(const std::string& out) {
+  if (!find_latest_checkpoint(out + "/checkpoints").empty()) return true;
+  const int fd = ::open((out + "/.lock").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
 }  // namespace
 
 std::string claim_mirror(const std::string& dir, const std::string& out, MirrorOwner* other_run) {
   const std::string me = resolved_path(out);
   const fs::path file = fs::path(dir) / kMirrorOwner;
   std::error_code ec;
-  // Another run's mirror, which this run may take over (the caller decides once it has resumed).
+  // Another run's mirror, which this run may take over (the caller decides once it has resumed), but
+  // only while that run's folder, as seen from here, holds no checkpoint and no live run (its .lock
+  // free): a run started with --resume auto into a new or misspelt --out must not take the mirror from
+  // a run that still has its own checkpoints or is running.
   const auto other_owner = [&](const std::string& other, const std::string& host, const std::string& refusal) {
-    if (!other_run) return refusal;
+    if (!other_run || other_run_still_there(other)) return refusal;
     *other_run = MirrorOwner{other, host, refusal};
     return std::string();
   };

@@ -252,6 +252,20 @@ TEST_CASE("e2e dist: kiln launch and its ranks leave a stop signal ignored on en
   CHECK_MESSAGE(std::filesystem::exists(run + "/summary.json"), log);  // finished, not stopped
 }
 
+TEST_CASE("e2e dist: a launcher started with SIGTERM ignored still stops its ranks with SIGTERM") {
+  // SIGTERM is how the launcher stops the others after a failure and its death signal: a rank that kept
+  // it ignored ran on until the SIGKILL after --grace, or orphaned when the launcher was killed.
+  TempDir d("kiln_dist_term");
+  const std::string cmd = "sh -c 'trap \"\" TERM; exec " + std::string(KILN_BINARY) +
+                          " launch --nproc-per-node 1 --master-port 29684 -- sh -c \"kill -TERM \\$\\$; sleep 3; "
+                          "echo survived\"' > " +
+                          d / "log.txt" + " 2>&1 < /dev/null";
+  CHECK(std::system(cmd.c_str()) != 0);
+  const std::string r = read_text(d / "log.txt");
+  CHECK_MESSAGE(!contains(r, "survived"), r);
+  CHECK_MESSAGE(contains(r, "signal 15"), r);
+}
+
 TEST_CASE(
     "e2e dist: ranks with other flags stop together naming them; a 2-rank test loss is the saved model's; a launcher "
     "killed outright takes its ranks down") {

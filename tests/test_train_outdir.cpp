@@ -258,6 +258,12 @@ TEST_CASE("train: --resume auto takes over the --mirror of its run, its folder l
   REQUIRE_MESSAGE(r.code == 0, r.output);
   REQUIRE(fs::exists(mirror + "/step-000000004.kiln"));
   const std::string old = fs::canonical(a).string();
+  // While the run's folder still holds its checkpoints, a --resume auto into another --out (a typo, a
+  // second job with the same flags) does not take its mirror: it is refused as a fresh run is.
+  r = run_kiln(args + " --out " + d / "typo" + " --mirror " + mirror + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(!contains(r.output, "taking it over"), r.output);
+  CHECK(contains(read_text(mirror + "/kiln-mirror.json"), "\"out\": \"" + old + "\""));
   fs::remove_all(d / "a");  // the run's disk lost
   fs::create_directories(d / "x");
   // Another working directory, another spelling of both folders. A fresh run is still refused.

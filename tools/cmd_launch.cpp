@@ -168,8 +168,8 @@ int run_launch(const LaunchOptions& o) {
   // (the ranks inherit its affinity) unless the user chose.
   const std::string threads = std::to_string(std::max(1, available_cpus() / o.nproc_per_node));
 
-  // A stop signal ignored on entry stays ignored, in the launcher and its ranks (kiln train's rule):
-  // `nohup kiln launch ...` survives the terminal's hang-up.
+  // A stop signal ignored on entry stays ignored, in the launcher and (but SIGTERM, below) its ranks
+  // (kiln train's rule): `nohup kiln launch ...` survives the terminal's hang-up.
   struct sigaction sa{};
   sa.sa_handler = on_launch_signal;
   sigemptyset(&sa.sa_mask);
@@ -221,8 +221,10 @@ int run_launch(const LaunchOptions& o) {
       ::dup2(fds[1], STDERR_FILENO);
       ::close(fds[0]);
       ::close(fds[1]);
+      // SIGTERM is the launcher's own way to stop a rank (after another fails) and the death signal
+      // above: a rank always takes it, even when the launcher was started with it ignored.
       for (int s : {SIGINT, SIGTERM, SIGHUP})
-        if (!ignored.count(s)) std::signal(s, SIG_DFL);
+        if (s == SIGTERM || !ignored.count(s)) std::signal(s, SIG_DFL);
       ::pthread_sigmask(SIG_SETMASK, &before, nullptr);  // a stop sent meanwhile ends this rank now
       ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
