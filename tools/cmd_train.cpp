@@ -281,6 +281,12 @@ void remove_dead_temp_files(const std::string& out) {
 // The run in phases: setup() checks the config and builds everything (or answers an exit code);
 // then per optimizer step step(), log_step() and maybe checkpoint(); per epoch evaluate_epoch();
 // at the end finish(). Every member a phase shares lives here, named once.
+// Whether the resolved `path` lies inside the resolved folder `dir` (not `dir` itself).
+bool inside_folder(const std::string& dir, const std::string& path) {
+  if (dir == "/") return path.size() > 1 && path[0] == '/';
+  return path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/';
+}
+
 // A metrics.jsonl left with part of a line at its end (a failed write whose cut-back failed, or a file put
 // back in its place): the part cut off, so the next line starts on a line of its own and every line parses.
 void cut_partial_line(const std::string& path) {
@@ -495,7 +501,7 @@ class Trainer {
       if (m == own)
         problems.push_back("--mirror " + c_.mirror + " is this run's own checkpoints folder (" + own +
                            "): a mirror there is no backup; give a folder on another disk or machine");
-      else if (m == out || m.rfind(out == "/" ? out : out + "/", 0) == 0)
+      else if (m == out || inside_folder(out, m))
         problems.push_back("--mirror " + c_.mirror + " (" + m + ") is inside this run's --out " + c_.out + " (" + out +
                            "): a mirror there is no backup, and its pruning races with the run's own files; give a "
                            "folder outside --out, on another disk or machine");
@@ -610,8 +616,7 @@ class Trainer {
     std::string mirror_problem;
     if (lead_ && !c_.mirror.empty()) {
       const std::string m = io::resolved_path(c_.mirror), from = io::resolved_path(c_.resume);
-      const bool from_mirror = c_.resume == "auto" || (!c_.resume.empty() && from.size() > m.size() &&
-                                                       from.compare(0, m.size(), m) == 0 && from[m.size()] == '/');
+      const bool from_mirror = c_.resume == "auto" || (!c_.resume.empty() && inside_folder(m, from));
       const bool may_take = from_mirror && io::find_latest_checkpoint(ckpt_dir_).empty();
       mirror_problem = io::claim_mirror(c_.mirror, c_.out, may_take ? &mirror_owner_ : nullptr);
     }
@@ -677,7 +682,7 @@ class Trainer {
     if (const int rc = resume(); rc >= 0) return rc;
     if (lead_ && !mirror_owner_.out.empty()) {
       const std::string m = io::resolved_path(c_.mirror), from = io::resolved_path(resumed_from_);
-      if (from.size() > m.size() && from.compare(0, m.size(), m) == 0 && from[m.size()] == '/')
+      if (inside_folder(m, from))
         io::take_over_mirror(c_.mirror, c_.out, mirror_owner_);
       else
         mirror_problem = mirror_owner_.refusal;  // not resumed from its copies: still the other run's
