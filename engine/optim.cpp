@@ -529,8 +529,8 @@ OptimSlice SGD::fused_slice(const ParamGroup& g, Tensor& p, const Tensor& grad, 
 
 AdamFamily::AdamFamily(std::vector<ParamGroup> groups, AdamOptions o, OptimKind kind, const char* name)
     : Optimizer(std::move(groups)), o_(o), kind_(kind) {
-  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0, name,
-             ": betas must be in [0, 1) and eps > 0");
+  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps >= 0 && std::isfinite(o.eps), name,
+             ": betas must be in [0, 1) and eps finite and >= 0");
   check_group_options();
 }
 
@@ -550,9 +550,10 @@ std::map<std::string, double> AdamFamily::hyper() const {
 
 void AdamFamily::check_hyper(const std::map<std::string, double>& h, const std::string& where) const {
   const AdamOptions o{h.at("beta1"), h.at("beta2"), h.at("eps")};
-  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0 && std::isfinite(o.eps), name(),
-             ": ", where, " betas must be in [0, 1) and eps > 0, got beta1 ", o.beta1, ", beta2 ", o.beta2, ", eps ",
-             o.eps);
+  // eps 0 is allowed, as torch (the step then divides by sqrt(v_hat) alone)
+  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps >= 0 && std::isfinite(o.eps), name(),
+             ": ", where, " betas must be in [0, 1) and eps finite and >= 0, got beta1 ", o.beta1, ", beta2 ", o.beta2,
+             ", eps ", o.eps);
 }
 
 void AdamFamily::set_hyper(const std::map<std::string, double>& h) {

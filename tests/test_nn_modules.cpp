@@ -1013,9 +1013,9 @@ TEST_CASE("optimizers: a group's own momentum or betas (ParamGroup::options) ste
                  }),
                  "adamw: group 1's betas must be in [0, 1)"));
   CHECK(adam.groups()[1].options.empty());
-  adam.groups()[0].options["eps"] = 0.0;  // edited in place: refused at the step, before anything moves
+  adam.groups()[0].options["eps"] = -1.0;  // edited in place: refused at the step, before anything moves
   p.set_grad(ones({2}));
-  CHECK(contains(error_of([&] { adam.step(); }), "adamw: group 0's betas must be in [0, 1) and eps > 0"));
+  CHECK(contains(error_of([&] { adam.step(); }), "adamw: group 0's betas must be in [0, 1) and eps finite and >= 0"));
   CHECK(p.to_vector() == std::vector<double>{0, 0});
   adam.groups()[0].options.clear();
   // A saved group option that fails the checks is refused, naming the group.

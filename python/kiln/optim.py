@@ -474,9 +474,10 @@ def _betas(name, betas):
 
 def _eps(name, eps):
     eps = float(eps)
-    # torch's words; 0 too is refused: the engine divides by sqrt(v) + eps
-    if not (math.isfinite(eps) and eps > 0):
-        raise _C.KilnValueError(f"{name}: Invalid epsilon value: {eps} (eps must be finite and > 0)")
+    # torch's words; 0 is taken, as torch takes it: the step divides by sqrt(v_hat) alone, 0 / 0 (NaN) only
+    # where a parameter's gradients have all been 0, as torch's does
+    if not (math.isfinite(eps) and eps >= 0):
+        raise _C.KilnValueError(f"{name}: Invalid epsilon value: {eps} (eps must be finite and >= 0)")
     return eps
 
 

@@ -66,6 +66,43 @@ def test_adamw_with_parameters_stepping_at_different_times_matches_torch(dtype):
     assert ko.steps == 6  # the step without gradients is not one
 
 
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+def test_adam_takes_eps_0_as_torch(name):
+    # torch takes eps=0 (the step divides by sqrt(v_hat) alone); Kiln refused it. Non-zero gradients: the
+    # same numbers as torch's, given when built, as a group's own eps and through a state_dict.
+    shapes = [(3, 2), (4,)]
+    ks, ts = zip(*(pair(RNG.standard_normal(s)) for s in shapes))
+    groups = lambda ps: [{"params": [ps[0]]}, {"params": [ps[1]], "eps": 0.0}]
+    ko = getattr(kiln.optim, name)(groups(ks), lr=0.05, betas=(0.8, 0.99), eps=0.0, weight_decay=0.02)
+    to = getattr(torch.optim, name)(groups(ts), lr=0.05, betas=(0.8, 0.99), eps=0.0, weight_decay=0.02)
+    assert ko.param_groups[0]["eps"] == 0.0 and ko.param_groups[1]["eps"] == 0.0
+    for step in range(4):
+        set_grads(ks, ts, [RNG.standard_normal(s) + 0.5 for s in shapes], [1, 1])
+        ko.step()
+        to.step()
+        close(ks, ts, 1e-5)
+        if step == 1:
+            ks2 = [kiln.tensor(k.detach().numpy(), requires_grad=True) for k in ks]
+            ko2 = getattr(kiln.optim, name)(groups(ks2), lr=0.05, betas=(0.8, 0.99), eps=1e-3, weight_decay=0.02)
+            ko2.load_state_dict(ko.state_dict())
+            assert ko2.param_groups[0]["eps"] == 0.0
+            ks, ko = ks2, ko2
+    # a gradient of 0 from the first step on: 0 / 0, NaN, where torch's is NaN too
+    k, t = pair([1.0, 2.0])
+    ko, to = getattr(kiln.optim, name)([k], eps=0), getattr(torch.optim, name)([t], eps=0)
+    set_grads([k], [t], [[0.0, 1.0]], [1])
+    ko.step()
+    to.step()
+    assert np.array_equal(np.isnan(k.detach().numpy()), np.isnan(t.detach().numpy()))
+    assert np.isnan(k.detach().numpy()[0]) and k.detach().numpy()[1] == pytest.approx(t.detach().numpy()[1])
+    # below 0 (or not finite) is still refused, in torch's words
+    for bad in (-1e-8, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"{name}: Invalid epsilon value"):
+            getattr(kiln.optim, name)([k], eps=bad)
+    with pytest.raises(ValueError, match="Invalid epsilon value"):
+        getattr(torch.optim, name)([t], eps=-1e-8)
+
+
 def test_load_state_dict_checks_groups_and_restores_hyper_parameters():
     p = kiln.tensor([1.0], requires_grad=True)
     one = kiln.optim.SGD([p], lr=0.1, momentum=0.9)
