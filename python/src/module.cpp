@@ -148,6 +148,11 @@ DType to_dtype(nb::handle h, const char* what) {
     name = nb::cast<std::string>(h);
   } else if (nb::hasattr(h, "name") && nb::hasattr(h, "itemsize")) {  // a NumPy dtype
     name = nb::cast<std::string>(h.attr("name"));
+  } else if (PyType_Check(h.ptr()) && nb::hasattr(h, "itemsize") &&
+             PyObject_IsSubclass(h.ptr(), nb::module_::import_("numpy").attr("generic").ptr()) == 1) {
+    // A NumPy scalar type (np.float32, np.int64) names its dtype as np.dtype(np.float32) does, which is
+    // taken above: NumPy code spells dtypes either way.
+    name = nb::cast<std::string>(nb::module_::import_("numpy").attr("dtype")(h).attr("name"));
   } else if (nb::hasattr(h, "is_floating_point") && nb::hasattr(h, "itemsize")) {  // a torch.dtype
     name = nb::cast<std::string>(nb::str(h));
     if (name.rfind("torch.", 0) == 0) name = name.substr(6);

@@ -782,7 +782,10 @@ void bind_tensor(nb::module_& m) {
                                 e.message() + ")");
                   }
                 }
-              } else if (nb::hasattr(a, "itemsize")) {
+              } else if (nb::hasattr(a, "itemsize") || a.is(reinterpret_cast<PyObject*>(&PyFloat_Type)) ||
+                         a.is(reinterpret_cast<PyObject*>(&PyLong_Type)) ||
+                         a.is(reinterpret_cast<PyObject*>(&PyBool_Type))) {
+                // a NumPy or torch dtype, a NumPy scalar type, or float, int, bool as torch's x.to(float)
                 dt = to_dtype(a);
               } else {
                 dev = to_device(a);

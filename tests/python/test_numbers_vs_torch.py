@@ -408,3 +408,28 @@ def test_mean_refuses_an_integer_dtype_as_torch():
                     f(x, getattr(kiln, dt))
         for dt in ("float32", "float64"):
             same(x.mean(dtype=getattr(kiln, dt)), xt.mean(dtype=getattr(torch, dt)))
+
+
+def test_to_and_dtype_arguments_take_python_and_numpy_scalar_types():
+    # x.to(float), x.to(int), x.to(bool) are torch's (f64, i64, bool) and were read as a device; NumPy's
+    # scalar types (np.float32, np.int64) were refused where np.dtype("float32") is taken (torch takes
+    # neither: Kiln takes a NumPy dtype either way it is spelt).
+    x, xt = kiln.tensor([1, 0, 3]).to(kiln.int8), torch.tensor([1, 0, 3], dtype=torch.int8)
+    for d, td in ((float, float), (int, int), (bool, bool)):
+        same(x.to(d), xt.to(td))
+        same(x.to(dtype=d), xt.to(dtype=td))
+        same(x.to("cpu", d), xt.to("cpu", td))
+    for d, td in ((np.float32, torch.float32), (np.int64, torch.int64), (np.dtype("float32"), torch.float32),
+                  (np.float64, torch.float64), (np.int16, torch.int16), (np.uint8, torch.uint8),
+                  (np.bool_, torch.bool), (np.float16, torch.float16)):
+        same(x.to(d), xt.to(td))
+        same(x.to(dtype=d), xt.to(dtype=td))
+        same(kiln.tensor([1, 2], dtype=d), torch.tensor([1, 2], dtype=td))
+        same(kiln.zeros(2, dtype=d), torch.zeros(2, dtype=td))
+        same(kiln.full_like(x, 1, dtype=d), torch.full_like(xt, 1, dtype=td))
+    same(x.mean(dtype=np.float64), xt.mean(dtype=torch.float64))
+    # a NumPy type Kiln has no dtype for, and a type that is no dtype, are still refused, naming the argument
+    with pytest.raises(ValueError, match="dtype: .*complex"):
+        x.to(np.complex64)
+    with pytest.raises(ValueError, match="dtype: expected a kiln.dtype or a dtype name"):
+        kiln.zeros(2, dtype=str)
