@@ -2,7 +2,9 @@
 // scans and sorting, linear algebra, and the shape and index ops of nn_ops.h. Argument names and
 // defaults follow torch where the op exists there (dim, keepdim, ...). The GIL is released around
 // every computation.
+#include <limits>
 #include <optional>
+#include <string>
 
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/pair.h>
@@ -39,6 +41,38 @@ std::pair<Tensor, Tensor> operand_pair(nb::handle a, nb::handle b, const char* w
 }
 
 nb::tuple pair_of(const ValuesIndices& vi) { return nb::make_tuple(vi.values, vi.indices); }
+
+// A Python int or a NumPy integer scalar (not a bool), as an exact int64; nothing for anything else.
+std::optional<int64_t> int_number(nb::handle h, const char* what) {
+  if (PyLong_Check(h.ptr())) return exact_int(h, what);
+  const std::string tn = py_type_name(h);
+  if (tn.rfind("numpy.int", 0) != 0 && tn.rfind("numpy.uint", 0) != 0) return std::nullopt;
+  nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+  if (!i.is_valid()) throw nb::python_error();
+  return exact_int(i, what);
+}
+
+// where(condition, x, v) with an int v beside an integer tensor x: v takes x's dtype, so one x's dtype
+// cannot hold is refused, as torch's ("value cannot be converted to type int8_t without overflow"), where
+// it wrapped (where(mask, x_i8, 300) wrote 44). torch's range, measured: a uint8 takes -255 to 255 (a
+// negative one wraps: -1 is 255), the signed dtypes their own range.
+void check_where_number(nb::handle h, const Tensor& other, const char* what) {
+  if (nb::isinstance<Tensor>(h) || !is_integral(other.dtype()) || other.dtype() == DType::boolean) return;
+  const std::optional<int64_t> v = int_number(h, what);
+  if (!v) return;
+  int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+  switch (other.dtype()) {
+    case DType::u8: lo = -255, hi = 255; break;
+    case DType::i8: lo = -128, hi = 127; break;
+    case DType::i16: lo = -32768, hi = 32767; break;
+    case DType::i32: lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max(); break;
+    default: break;
+  }
+  if (*v < lo || *v > hi)
+    value_error("where: " + std::string(what) + " " + std::to_string(*v) + " does not fit in the other operand's " +
+                other.type_str() + " (" + std::to_string(lo) + " to " + std::to_string(hi) +
+                "), as in PyTorch; pass a tensor of a wider dtype, or convert the tensor first");
+}
 
 // An integer argument for arange: a Python int (not a bool), an integer 0-dim tensor, a NumPy integer.
 bool int_like(nb::handle h) {
@@ -355,6 +389,8 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "where",
       [](const Tensor& c, nb::handle a, nb::handle b) {
+        if (nb::isinstance<Tensor>(a)) check_where_number(b, nb::cast<const Tensor&>(a), "other");
+        if (nb::isinstance<Tensor>(b)) check_where_number(a, nb::cast<const Tensor&>(b), "input");
         const auto [ta, tb] = operand_pair(a, b, "input", "other");
         R r;
         return where(c, ta, tb);

@@ -433,3 +433,30 @@ def test_to_and_dtype_arguments_take_python_and_numpy_scalar_types():
         x.to(np.complex64)
     with pytest.raises(ValueError, match="dtype: expected a kiln.dtype or a dtype name"):
         kiln.zeros(2, dtype=str)
+
+
+def test_where_refuses_an_int_its_tensor_dtype_cannot_hold_as_torch():
+    # where(mask, x_i8, 300) wrapped the number into i8 (44); torch refuses it (+ keeps the low bits, where
+    # does not). In range, and a float, a bool or a tensor beside it, the values and dtype are torch's.
+    m, mt = kiln.tensor([True, False, True]), torch.tensor([True, False, True])
+    cases = (("int8", (300, -129, 128, 2**40, np.int64(300), np.uint8(200)), (127, -128, 0, np.int16(-5))),
+             ("uint8", (256, -256, 300), (255, 0, -1, -255)),  # torch's uint8 takes -255 to 255, -1 as 255
+             ("int16", (40000, -32769), (32767, -32768)), ("int32", (2**31, -2**31 - 1), (2**31 - 1, -2**31)),
+             ("int64", (), (2**63 - 1, -2**63)), ("bool", (), (300, -1)))
+    for dt, bad, good in cases:
+        x, xt = kiln.tensor([1, 2, 3]).to(getattr(kiln, dt)), torch.tensor([1, 2, 3]).to(getattr(torch, dt))
+        for v in bad:
+            with pytest.raises(RuntimeError, match="without overflow"):
+                torch.where(mt, xt, v)
+            with pytest.raises(RuntimeError, match="without overflow"):
+                torch.where(mt, v, xt)
+            with pytest.raises(RuntimeError, match=f"where: other -?[0-9]+ does not fit in the other operand's "
+                                                   f"{kiln_dtype_name(dt)} "):
+                kiln.where(m, x, v)
+            with pytest.raises(RuntimeError, match=f"where: input -?[0-9]+ does not fit"):
+                kiln.where(m, v, x)
+        for v in good + (2.5, 300.0, True):
+            same(kiln.where(m, x, v), torch.where(mt, xt, v))
+            same(kiln.where(m, v, x), torch.where(mt, v, xt))
+        big = kiln.tensor([300, 400, 500])  # a tensor is converted by promotion, not checked
+        same(kiln.where(m, x, big), torch.where(mt, xt, torch.tensor([300, 400, 500])))
