@@ -313,7 +313,16 @@ def _clamp_named(name):
     def clamp_(self, min=None, max=None):
         _C._check_inplace(self, name, min)
         _C._check_inplace(self, name, max)
-        return self.copy_(_C.clamp(self, min, max))
+        out = _C.clamp(self, min, max)
+        # float bounds promote an integer x (clamp gives f32), which copy_ would truncate back: refused, as
+        # torch's clamp_ ("result type Float can't be cast to the desired output type"); a float result into
+        # another float dtype is written, as there
+        if ((out.dtype.is_floating_point and not self.dtype.is_floating_point)
+                or (self.dtype == _C.dtype.bool and out.dtype != _C.dtype.bool)):
+            raise _C.KilnError(f"{name}: the result type {out.dtype.name} (bounds {min!r}, {max!r} on "
+                               f"{self.dtype.name}) cannot be written into {self.dtype.name} in place, as in "
+                               f"PyTorch; use the out-of-place clamp or convert the tensor first")
+        return self.copy_(out)
     clamp_.__name__ = name
     return clamp_
 

@@ -74,6 +74,24 @@ void check_where_number(nb::handle h, const Tensor& other, const char* what) {
                 "), as in PyTorch; pass a tensor of a wider dtype, or convert the tensor first");
 }
 
+// The dtype clamp(x, min, max) with number bounds gives, as torch's type promotion with wrapped numbers:
+// x's own unless x is an integer or bool tensor and a bound is a float (a NumPy bool too, a float number to
+// PyTorch), which gives f32 (clamp(x_i8, 0.5, 2.5) is f32 [1., 2.]), or x is bool and a bound an int (i64).
+DType clamp_dtype(const Tensor& x, nb::handle lo, nb::handle hi) {
+  if (is_floating(x.dtype())) return x.dtype();
+  bool floats = false, ints = false;
+  for (nb::handle b : {lo, hi}) {
+    if (b.is_none() || PyBool_Check(b.ptr())) continue;
+    const std::string tn = py_type_name(b);
+    if (PyLong_Check(b.ptr()) || tn.rfind("numpy.int", 0) == 0 || tn.rfind("numpy.uint", 0) == 0)
+      ints = true;
+    else
+      floats = true;
+  }
+  if (floats) return DType::f32;
+  return ints && x.dtype() == DType::boolean ? DType::i64 : x.dtype();
+}
+
 // An integer argument for arange: a Python int (not a bool), an integer 0-dim tensor, a NumPy integer.
 bool int_like(nb::handle h) {
   if (PyBool_Check(h.ptr()) || PyFloat_Check(h.ptr())) return false;
@@ -403,14 +421,22 @@ void bind_ops(nb::module_& mod) {
         if (tensors) {
           const Tensor tl = lo.is_none() ? Tensor() : to_tensor(lo, &x, "min");
           const Tensor th = hi.is_none() ? Tensor() : to_tensor(hi, &x, "max");
+          // A bool x is clamped in the bounds' promoted dtype, as torch's (the engine has no bool clamp):
+          // clamp(mask, tensor(0.5)) is f32.
+          DType dt = x.dtype();
+          if (dt == DType::boolean)
+            for (const Tensor& b : {tl, th})
+              if (b.defined()) dt = promote_types(dt, result_type(x, b));
           R r;
-          return clamp(x, tl, th);
+          return clamp(dt == x.dtype() ? x : x.to(dt), tl, th);
         }
         std::optional<double> l, h;
         if (!lo.is_none()) l = nb::cast<double>(lo);
         if (!hi.is_none()) h = nb::cast<double>(hi);
+        // in the promoted dtype: clamp(x_i8, 0.5, 2.5) stayed i8, its bounds rounded inward; torch's is f32
+        const DType dt = clamp_dtype(x, lo, hi);
         R r;
-        return clamp(x, l, h);
+        return clamp(dt == x.dtype() ? x : x.to(dt), l, h);
       },
       nb::arg("input"), nb::arg("min") = nb::none(), nb::arg("max") = nb::none());
   m.def(

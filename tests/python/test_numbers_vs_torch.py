@@ -239,9 +239,10 @@ def test_maximum_minimum_gradient_with_nan_and_ties_is_torchs(name):
     same(kb.grad, tb.grad)
 
 
-def test_clamp_of_an_integer_tensor_with_a_nan_bound_is_refused():
-    with pytest.raises(kiln.KilnError, match="NaN bound"):
-        kiln.clamp(kiln.tensor([1, 2, 3]), min=NAN)
+def test_clamp_of_an_integer_tensor_with_a_nan_bound_is_torchs():
+    # a float bound makes the result f32 (as test_clamp_with_float_bounds_promotes_as_torch), so NaN is a
+    # bound there, all NaN, as torch's; Kiln refused it
+    same(kiln.clamp(kiln.tensor([1, 2, 3]), min=NAN), torch.clamp(torch.tensor([1, 2, 3]), min=NAN))
     want = torch.clamp(torch.tensor([1, 2, 3], dtype=torch.int8), 0, 200)
     same(kiln.clamp(kiln.tensor([1, 2, 3]).to(kiln.int8), 0, 200), want)
 
@@ -460,3 +461,29 @@ def test_where_refuses_an_int_its_tensor_dtype_cannot_hold_as_torch():
             same(kiln.where(m, v, x), torch.where(mt, v, xt))
         big = kiln.tensor([300, 400, 500])  # a tensor is converted by promotion, not checked
         same(kiln.where(m, x, big), torch.where(mt, xt, torch.tensor([300, 400, 500])))
+
+
+def test_clamp_with_float_bounds_promotes_as_torch():
+    # clamp(x_i8, 0.5, 2.5) stayed i8 (the bounds truncated: [2, 2, 1]); torch's type promotion makes it f32
+    # (a float number beside an integer or bool tensor), and a bool tensor with int bounds i64.
+    for dt in ("int8", "uint8", "int32", "int64", "bool"):
+        x = [1, 0, 1] if dt == "bool" else [100, -3 if dt != "uint8" else 3, 0]
+        k, t = kiln.tensor(x).to(getattr(kiln, dt)), torch.tensor(x).to(getattr(torch, dt))
+        for lo, hi in ((0.5, 2.5), (0.5, None), (None, 1.5), (0, 1.5), (-math.inf, 0.25), (np.float32(0.5), None),
+                       (np.float64(0.5), 2), (np.True_, None), (NAN, None), (0, 1), (None, np.int64(1))):
+            same(kiln.clamp(k, lo, hi), torch.clamp(t, lo, hi))
+            same(k.clamp(min=lo, max=hi), t.clamp(min=lo, max=hi))
+            same(k.clip(lo, hi), t.clip(lo, hi))
+        # tensor bounds: result_type, as before
+        same(kiln.clamp(k, kiln.tensor(0.5), None), torch.clamp(t, torch.tensor(0.5), None))
+        same(kiln.clamp(k, kiln.tensor([0.5, 1, 1]), kiln.tensor([2.5, 3, 3])),
+             torch.clamp(t, torch.tensor([0.5, 1, 1]), torch.tensor([2.5, 3, 3])))
+        # in place, a float result cannot be written back into x: refused, as torch's (it was truncated)
+        for f in (lambda x: x.clamp_(0.5, 2.5), lambda x: x.clamp_(min=0.5), lambda x: x.clip_(None, 1.5)):
+            with pytest.raises(RuntimeError, match="can't be cast"):
+                f(t.clone())
+            with pytest.raises(RuntimeError, match="cannot be written into"):
+                f(k.clone())
+    same(kiln.tensor([1, 5]).to(kiln.int8).clamp_(0, 3), torch.tensor([1, 5], dtype=torch.int8).clamp_(0, 3))
+    f16, f16t = kiln.tensor([1.0, 2.0]).to(kiln.float16), torch.tensor([1.0, 2.0], dtype=torch.float16)
+    same(f16.clamp_(kiln.tensor([1.5])), f16t.clamp_(torch.tensor([1.5])))
