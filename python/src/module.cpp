@@ -236,6 +236,13 @@ Tensor arith_operand(nb::handle h, const Tensor& like, const char* what) {
 
 Tensor to_tensor(nb::handle h, const Tensor* like, const char* what) {
   if (nb::isinstance<Tensor>(h)) return nb::cast<Tensor>(h);
+  // A NumPy bool beside a tensor is a float number to PyTorch, 0. or 1. (x_i32 + np.True_ is f32 [2.], where
+  // Python's True keeps i32), as pow_operand takes it; it was a bool, and x_i32 + np.True_ stayed i32.
+  if (like && like->defined()) {
+    const std::string tn = py_type_name(h);
+    if (tn == "numpy.bool" || tn == "numpy.bool_")
+      return to_tensor(nb::float_(PyObject_IsTrue(h.ptr()) == 1), like, what);
+  }
   if (PyBool_Check(h.ptr())) return scalar_tensor(h.is(Py_True) ? 1.0 : 0.0, TensorOptions(DType::boolean));
   if (PyLong_Check(h.ptr())) {
     // Exact: an int64 beyond 2^53 does not survive a trip through double.

@@ -35,7 +35,13 @@ std::pair<Tensor, Tensor> operand_pair(nb::handle a, nb::handle b, const char* w
   Tensor ta = nb::isinstance<Tensor>(a) ? nb::cast<Tensor>(a) : Tensor();
   Tensor tb = nb::isinstance<Tensor>(b) ? nb::cast<Tensor>(b) : Tensor();
   const Tensor* ref = ta.defined() ? &ta : (tb.defined() ? &tb : nullptr);
-  if (!ta.defined()) ta = to_tensor(a, ref, wa);
+  // Two numbers: a NumPy bool is a float number to PyTorch beside another number too (where(mask, np.True_, 2)
+  // is f32), as to_tensor takes it beside a tensor.
+  const std::string tn = py_type_name(a);
+  const nb::object na = !ref && (tn == "numpy.bool" || tn == "numpy.bool_")
+                            ? nb::object(nb::float_(PyObject_IsTrue(a.ptr()) == 1))
+                            : nb::borrow(a);
+  if (!ta.defined()) ta = to_tensor(na, ref, wa);
   if (!tb.defined()) tb = to_tensor(b, ref ? ref : &ta, wb);
   return {ta, tb};
 }

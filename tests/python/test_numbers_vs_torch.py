@@ -487,3 +487,28 @@ def test_clamp_with_float_bounds_promotes_as_torch():
     same(kiln.tensor([1, 5]).to(kiln.int8).clamp_(0, 3), torch.tensor([1, 5], dtype=torch.int8).clamp_(0, 3))
     f16, f16t = kiln.tensor([1.0, 2.0]).to(kiln.float16), torch.tensor([1.0, 2.0], dtype=torch.float16)
     same(f16.clamp_(kiln.tensor([1.5])), f16t.clamp_(torch.tensor([1.5])))
+
+
+def test_a_numpy_bool_beside_a_tensor_is_a_float_number_as_torch():
+    # x_i32 + np.True_ kept i32 (the NumPy bool read as a bool); torch takes it as a float number, f32 [2.],
+    # while Python's True keeps i32. The same in every binary op, where and with two numbers.
+    for dt in ("int32", "int8", "uint8", "int64", "bool", "float16", "float64"):
+        k, t = kiln.tensor([1, 0]).to(getattr(kiln, dt)), torch.tensor([1, 0]).to(getattr(torch, dt))
+        for b in (np.True_, np.False_, True, False):
+            for f in (lambda x, b: x + b, lambda x, b: b + x, lambda x, b: x * b, lambda x, b: b * x,
+                      lambda x, b: x / (b or 2), lambda x, b: lib(x).add(x, b), lambda x, b: lib(x).mul(x, b),
+                      lambda x, b: x == b, lambda x, b: lib(x).where(lib(x).tensor([True, False]), x, b),
+                      lambda x, b: lib(x).where(lib(x).tensor([True, False]), b, x)):
+                same(f(k, b), f(t, b))
+            if dt != "bool" and not isinstance(b, bool):  # (Python's bool - is refused in both)
+                same(k - b, t - b)
+                same(b - k, b - t)
+    m, mt = kiln.tensor([True, False]), torch.tensor([True, False])
+    same(kiln.where(m, np.True_, 2), torch.where(mt, np.True_, 2))
+    same(kiln.where(m, np.True_, np.False_), torch.where(mt, np.True_, np.False_))
+    # in place, the float cannot go into an integer tensor: refused, as torch's
+    with pytest.raises(RuntimeError):
+        torch.tensor([1], dtype=torch.int32).add_(np.True_)
+    with pytest.raises(RuntimeError, match="cannot be written into"):
+        kiln.tensor([1]).to(kiln.int32).add_(np.True_)
+    assert kiln.tensor(np.True_).dtype == kiln.bool  # a tensor of it is still a bool tensor, as torch.tensor's
