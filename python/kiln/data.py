@@ -101,14 +101,14 @@ class DataLoader:
     dataset: a kiln Dataset (kiln.data.mnist_dir, masked_lm, ...: batches are dicts of tensors, built
     by C++ threads), or any Python object with __len__ and __getitem__(int) (a map-style dataset, as
     torch's: a list of (tensor, label) tuples, a TensorDataset): its samples are collated by
-    collate_fn (default_collate). shuffle: False by default, as torch's (a new order each epoch when
-    True). drop_last: the last, smaller batch left out. workers (or torch's num_workers): threads building
+    collate_fn (default_collate). batch_size: 1 by default, as torch's. shuffle: False by default, as
+    torch's (a new order each epoch when True). drop_last: the last, smaller batch left out. workers (or torch's num_workers): threads building
     batches ahead (default: 1 for a kiln Dataset; 0 for a Python dataset, whose __getitem__ then runs
     in the calling thread, as torch's default: with workers > 0 it runs in those threads, beside the
     caller and each other, so a dataset with shared state or global random numbers must allow that).
     pin_memory: batches in page-locked memory when a CUDA device is present."""
 
-    def __init__(self, dataset, batch_size=32, shuffle=False, drop_last=False, seed=0, workers=None, pin_memory=False,
+    def __init__(self, dataset, batch_size=1, shuffle=False, drop_last=False, seed=0, workers=None, pin_memory=False,
                  collate_fn=None, num_workers=None):
         if num_workers is not None:  # torch's name
             if workers is not None:

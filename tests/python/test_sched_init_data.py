@@ -285,3 +285,10 @@ def test_random_split_sizes_as_torch(lengths):
     assert sorted(i for s in ks for i in (s[j] for j in range(len(s)))) == data
     with pytest.raises(ValueError, match="does not equal the length"):
         kiln.data.random_split(data, [3, 3])
+
+
+def test_dataloader_batch_size_defaults_to_one_as_torch():
+    data = [np.float32(i) for i in range(5)]
+    kl, tl = kiln.data.DataLoader(data), TD.DataLoader(data)
+    assert len(kl) == len(tl) == 5
+    assert [b.tolist() for b in kl] == [b.tolist() for b in tl] == [[float(i)] for i in range(5)]
