@@ -94,6 +94,13 @@ def _collate(samples, where):
                     "arrays, numbers, strings, or dicts/tuples/lists of them, or a collate_fn)")
 
 
+def _seed_from_generator():
+    # As torch's loader draws its base seed from torch's generator: kiln.manual_seed decides the
+    # order (and a kiln Dataset's augmentation). 3 x 24 random bits (randint's widest range) make 64.
+    a, b, c = _C.randint(0, 2**24, (3,), dtype=_C.dtype.int64, device="cpu").tolist()
+    return (a | b << 24 | c << 48) % 2**64
+
+
 class DataLoader:
     """Batches of a data set; each iteration is the next epoch (shuffled by seed and epoch, the same
     order every run).
@@ -106,9 +113,11 @@ class DataLoader:
     batches ahead (default: 1 for a kiln Dataset; 0 for a Python dataset, whose __getitem__ then runs
     in the calling thread, as torch's default: with workers > 0 it runs in those threads, beside the
     caller and each other, so a dataset with shared state or global random numbers must allow that).
-    pin_memory: batches in page-locked memory when a CUDA device is present."""
+    pin_memory: batches in page-locked memory when a CUDA device is present. seed: the order's (and
+    a kiln Dataset's augmentation's) seed; not given, drawn from Kiln's generator (kiln.manual_seed)
+    when the loader is made, as torch's loader draws from torch's. See docs/python.md."""
 
-    def __init__(self, dataset, batch_size=1, shuffle=False, drop_last=False, seed=0, workers=None, pin_memory=False,
+    def __init__(self, dataset, batch_size=1, shuffle=False, drop_last=False, seed=None, workers=None, pin_memory=False,
                  collate_fn=None, num_workers=None):
         if num_workers is not None:  # torch's name
             if workers is not None:
@@ -119,8 +128,11 @@ class DataLoader:
         for name, v in (("batch_size", batch_size), ("workers", workers)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise TypeError(f"DataLoader: {name} must be an int, got {v!r}")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise TypeError(f"DataLoader: seed must be an int, got {seed!r}")
+        if seed is None:
+            seed = _seed_from_generator()
+        elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"DataLoader: seed must be an int or None, got {seed!r}")
+        self.seed = int(seed) % 2**64  # as kiln.manual_seed: any int, taken modulo 2**64
         if batch_size < 1:
             raise ValueError(f"DataLoader: batch_size must be >= 1, got {batch_size}")
         if workers < 0:
@@ -132,8 +144,7 @@ class DataLoader:
             if collate_fn is not None:
                 raise TypeError("DataLoader: collate_fn applies to Python datasets; a kiln Dataset builds its own "
                                 "batches")
-            # as kiln.manual_seed: any int, taken modulo 2**64
-            self._impl = _C._Loader(dataset, int(batch_size), bool(shuffle), bool(drop_last), int(seed) % 2**64,
+            self._impl = _C._Loader(dataset, int(batch_size), bool(shuffle), bool(drop_last), self.seed,
                                     int(workers), bool(pin_memory))
             return
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
@@ -149,7 +160,6 @@ class DataLoader:
         self._batch_size = int(batch_size)
         self._shuffle = bool(shuffle)
         self._drop_last = bool(drop_last)
-        self._seed = int(seed) % 2**64
         self._workers = int(workers)
         self._pin = bool(pin_memory)
         self._collate = collate_fn or default_collate
@@ -191,7 +201,7 @@ class DataLoader:
     def _order(self, epoch):
         order = list(range(self._size))
         if self._shuffle:
-            random.Random(f"kiln.data.DataLoader:{self._seed}:{epoch}").shuffle(order)
+            random.Random(f"kiln.data.DataLoader:{self.seed}:{epoch}").shuffle(order)
         return [order[i:i + self._batch_size] for i in range(0, len(order), self._batch_size)][:len(self)]
 
     def _make_batch(self, indices):

@@ -3,6 +3,7 @@
 # OneCycleLR's momentum; init's fans, gains and statistics; TensorDataset, random_split and DataLoader's
 # torch defaults.
 import math
+import os
 
 import numpy as np
 import pytest
@@ -292,3 +293,34 @@ def test_dataloader_batch_size_defaults_to_one_as_torch():
     kl, tl = kiln.data.DataLoader(data), TD.DataLoader(data)
     assert len(kl) == len(tl) == 5
     assert [b.tolist() for b in kl] == [b.tolist() for b in tl] == [[float(i)] for i in range(5)]
+
+
+def test_dataloader_shuffle_follows_manual_seed():
+    # seed not given: drawn from Kiln's generator, as torch's loader draws from torch's
+    def orders(**kwargs):
+        loader = kiln.data.DataLoader(list(range(40)), batch_size=8, shuffle=True, **kwargs)
+        return [[b.tolist() for b in loader] for _ in range(2)]  # two epochs
+
+    kiln.manual_seed(1)
+    a = orders()
+    kiln.manual_seed(1)
+    assert orders() == a and a[0] != a[1]
+    kiln.manual_seed(2)
+    assert orders() != a
+    # seed= given keeps its meaning: the same order whatever manual_seed says
+    kiln.manual_seed(1)
+    fixed = orders(seed=5)
+    kiln.manual_seed(2)
+    assert orders(seed=5) == fixed and kiln.data.DataLoader([1], seed=-1).seed == 2**64 - 1
+    if os.path.isdir(kiln.data.FASHION_MNIST_DIR):  # a kiln Dataset's C++ loader too
+        test = kiln.data.fashion_mnist(augment=False)["test"]
+
+        def first_targets():
+            return next(iter(kiln.data.DataLoader(test, batch_size=16, shuffle=True)))["target"].tolist()
+
+        kiln.manual_seed(1)
+        t1 = first_targets()
+        kiln.manual_seed(1)
+        assert first_targets() == t1
+        kiln.manual_seed(2)
+        assert first_targets() != t1
