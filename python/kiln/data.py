@@ -6,11 +6,15 @@ page-locked memory, so a GPU never waits).
     for batch in loader:                           # one epoch per iteration
         x, y = batch["input"], batch["target"]
 """
+import atexit
 import collections.abc
-import concurrent.futures
+import itertools
 import math
 import numbers
 import random
+import threading
+import time
+import weakref
 
 import numpy as np
 
@@ -113,12 +117,13 @@ class DataLoader:
     batches ahead (default: 1 for a kiln Dataset; 0 for a Python dataset, whose __getitem__ then runs
     in the calling thread, as torch's default: with workers > 0 it runs in those threads, beside the
     caller and each other, so a dataset with shared state or global random numbers must allow that).
-    pin_memory: batches in page-locked memory when a CUDA device is present. seed: the order's (and
+    pin_memory: batches in page-locked memory when a CUDA device is present. timeout: seconds to
+    wait for one batch of a Python dataset's threads (0: for ever), as torch's. seed: the order's (and
     a kiln Dataset's augmentation's) seed; not given, drawn from Kiln's generator (kiln.manual_seed)
     when the loader is made, as torch's loader draws from torch's. See docs/python.md."""
 
     def __init__(self, dataset, batch_size=1, shuffle=False, drop_last=False, seed=None, workers=None, pin_memory=False,
-                 collate_fn=None, num_workers=None):
+                 collate_fn=None, num_workers=None, timeout=0):
         if num_workers is not None:  # torch's name
             if workers is not None:
                 raise TypeError("DataLoader: give workers or num_workers (torch's name for it), not both")
@@ -137,6 +142,12 @@ class DataLoader:
             raise ValueError(f"DataLoader: batch_size must be >= 1, got {batch_size}")
         if workers < 0:
             raise ValueError(f"DataLoader: workers must be >= 0, got {workers}")
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
+            raise ValueError(f"DataLoader: timeout must be a number of seconds >= 0 (0: wait for ever), got {timeout!r}")
+        if timeout and (workers == 0 or isinstance(dataset, _C.Dataset)):
+            raise ValueError("DataLoader: timeout applies to a Python dataset's worker threads (num_workers >= 1); "
+                             f"with {'a kiln Dataset' if workers else 'num_workers=0'} it cannot be kept: leave it 0")
+        self._timeout = float(timeout)
         if collate_fn is not None and not callable(collate_fn):
             raise TypeError(f"DataLoader: collate_fn must be callable, got {collate_fn!r}")
         self._generation = 0
@@ -223,22 +234,106 @@ class DataLoader:
                 yield self._make_batch(idx)
             return
         # `workers` threads build the next batches in order, at most 2 per thread ahead.
-        pool = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="kiln-loader")
+        work = _Workers(self._make_batch, iter(batches), self._workers, 2 * self._workers)
         try:
-            ahead = collections.deque()
-            todo = iter(batches)
-            for idx in todo:
-                ahead.append(pool.submit(self._make_batch, idx))
-                if len(ahead) >= 2 * self._workers:
-                    break
-            while ahead:
-                batch = ahead.popleft().result()
-                idx = next(todo, None)
-                if idx is not None:
-                    ahead.append(pool.submit(self._make_batch, idx))
+            for k in itertools.count():
+                batch = work.get(k, self._timeout, lambda: f"dataset indices {batches[k]}")
+                if batch is _Workers.END:
+                    return
                 yield batch
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            work.close()  # pending batches are dropped, running ones not waited for
+
+
+_worker_threads = weakref.WeakSet()
+
+
+@atexit.register
+def _exit_with_workers_running():
+    # A thread still in a __getitem__ keeps what its frames hold alive (its module's globals, tensors
+    # among them) past the interpreter's end: nanobind would report those as leaked by the binding.
+    if any(t.is_alive() for t in list(_worker_threads)):
+        _C._set_leak_warnings(False)
+
+
+class _Workers:
+    """One pass's worker threads: they build batch k = build(the k-th of `tasks`) in order of k, at
+    most `ahead` past the one the caller waits for. Daemon threads, never joined: an exception, a
+    KeyboardInterrupt or a pass left early (close) drops the batches not started and returns at
+    once, and a __getitem__ blocked in a thread holds up neither the caller nor the interpreter's
+    exit (its result is thrown away when it ends)."""
+
+    END = object()
+
+    def __init__(self, build, tasks, workers, ahead):
+        self._build, self._tasks, self._ahead = build, tasks, ahead
+        self._cv = threading.Condition()
+        self._next = 0  # the next task to hand out
+        self._wanted = 0  # the batch the caller waits for
+        self._done = {}  # k -> (True, batch) or (False, exception)
+        self._exhausted = self._closed = False
+        try:
+            for i in range(workers):
+                t = threading.Thread(target=self._run, name=f"kiln-loader-{i}", daemon=True)
+                t.start()
+                _worker_threads.add(t)
+        except BaseException:  # a KeyboardInterrupt while starting them: those started stop too
+            self.close()
+            raise
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not (self._closed or self._exhausted) and self._next >= self._wanted + self._ahead:
+                    self._cv.wait()
+                if self._closed or self._exhausted:
+                    return
+                k = self._next
+                try:
+                    task = next(self._tasks)
+                except StopIteration:
+                    self._exhausted = True
+                    self._cv.notify_all()
+                    return
+                self._next += 1
+            try:
+                result = (True, self._build(task))
+            except BaseException as e:  # raised where the caller asks for batch k
+                result = (False, e)
+            with self._cv:
+                if self._closed:
+                    return
+                self._done[k] = result
+                self._cv.notify_all()
+            # not kept while the next one is built: a thread still blocked at exit would hold it (nanobind
+            # reports the tensors in it as leaked)
+            del result
+
+    def get(self, k, timeout, what):
+        """Batch k, or END after the last; waits at most `timeout` seconds (0: for ever). `what`
+        says what batch k reads, for the timeout's message."""
+        deadline = time.monotonic() + timeout if timeout else None
+        with self._cv:
+            self._wanted = k
+            self._cv.notify_all()
+            while k not in self._done:
+                if self._exhausted and k >= self._next:
+                    return _Workers.END
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RuntimeError(f"DataLoader: batch {k} of this pass ({what()}) was not ready after "
+                                       f"timeout={timeout:g} s")
+                self._cv.wait(left)
+            ok, value = self._done.pop(k)
+        if not ok:
+            raise value
+        return value
+
+    def close(self):
+        with self._cv:
+            self._closed = True
+            self._done.clear()
+            self._cv.notify_all()
 
 
 class TensorDataset:

@@ -720,6 +720,9 @@ void bind_nn(nb::module_& m) {
     out["class_names"] = d.class_names;
     return out;
   });
+  // kiln.data's worker threads still inside a __getitem__ at exit keep what their frames hold (the
+  // dataset module's globals with them): not the binding's leaks, so kiln.data turns the report off.
+  m.def("_set_leak_warnings", [](bool on) { nb::set_leak_warnings(on); });
   nb::class_<Loader>(m, "_Loader")
       .def("__init__",
            [](Loader* l, std::shared_ptr<io::Dataset> ds, int64_t batch_size, bool shuffle, bool drop_last,

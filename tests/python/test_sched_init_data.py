@@ -4,6 +4,8 @@
 # torch defaults.
 import math
 import os
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -324,3 +326,65 @@ def test_dataloader_shuffle_follows_manual_seed():
         assert first_targets() == t1
         kiln.manual_seed(2)
         assert first_targets() != t1
+
+
+class _Stuck:
+    """Items from 2 on block until `release` is set (10 s at most); the first of them can send SIGINT."""
+
+    def __init__(self, interrupt=False):
+        self.release, self.finished, self.interrupt = threading.Event(), [], interrupt
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        if i >= 2:
+            if i == 2 and self.interrupt:
+                self.release.wait(0.3)  # the caller waiting for this batch, most likely
+                os.kill(os.getpid(), signal.SIGINT)
+            self.release.wait(10)
+            self.finished.append(i)
+        return i
+
+
+def test_dataloader_interrupt_and_timeout_do_not_wait_for_running_items():
+    # Ctrl-C while a worker thread is in a __getitem__: raised at once, the running items left to end
+    # on their own (it waited for every one of them)
+    ds = _Stuck(interrupt=True)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in kiln.data.DataLoader(ds, batch_size=2, num_workers=2):
+            pass
+    assert ds.finished == []
+    ds.release.set()
+    # timeout=: seconds for one batch, naming what it reads
+    ds = _Stuck()
+    loader = kiln.data.DataLoader(ds, batch_size=2, num_workers=2, timeout=0.2)
+    with pytest.raises(RuntimeError, match=r"batch 1 of this pass \(dataset indices \[2, 3\]\) was not ready after "
+                       r"timeout=0.2 s"):
+        list(loader)
+    assert ds.finished == []
+    ds.release.set()
+    for bad in [dict(timeout=-1), dict(timeout="1"), dict(timeout=1, num_workers=0)]:
+        with pytest.raises(ValueError, match="timeout"):
+            kiln.data.DataLoader(list(range(4)), **bad)
+
+
+def test_dataloader_exit_does_not_wait_for_running_items():
+    import subprocess
+    import sys
+
+    script = """
+import time
+import kiln.data
+class Slow:
+    def __len__(self): return 10
+    def __getitem__(self, i):
+        if i >= 2: time.sleep(600)
+        return i
+it = iter(kiln.data.DataLoader(Slow(), batch_size=2, num_workers=2))
+print(next(it).tolist(), flush=True)
+"""
+    # the interpreter waited for the threads blocked in time.sleep (the timeout here is only a guard)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0 and r.stdout == "[0, 1]\n", r.stderr
+    assert "leaked" not in r.stderr, r.stderr
