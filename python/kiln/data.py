@@ -57,9 +57,9 @@ def default_collate(samples):
 def _collate(samples, where):
     first = samples[0]
     if isinstance(first, collections.abc.Mapping):
-        keys = list(first.keys())
+        keys = list(first.keys())  # the batch's order; the others may list the same keys in another (as torch)
         for s in samples:
-            if not isinstance(s, collections.abc.Mapping) or list(s.keys()) != keys:
+            if not isinstance(s, collections.abc.Mapping) or s.keys() != first.keys():
                 got = list(s.keys()) if isinstance(s, collections.abc.Mapping) else type(s).__name__
                 raise ValueError(f"DataLoader: {where}s of one batch differ: keys {keys} and {got}")
         return {k: _collate([s[k] for s in samples], f"{where}[{k!r}]") for k in keys}

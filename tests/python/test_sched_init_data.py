@@ -388,3 +388,12 @@ print(next(it).tolist(), flush=True)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
     assert r.returncode == 0 and r.stdout == "[0, 1]\n", r.stderr
     assert "leaked" not in r.stderr, r.stderr
+
+
+def test_default_collate_dicts_with_keys_in_another_order_as_torch():
+    samples = [{"a": 1, "b": 2.0}, {"b": 3.0, "a": 4}]
+    kb, tb = kiln.data.default_collate(samples), TD.default_collate(samples)
+    assert list(kb) == list(tb) == ["a", "b"]  # the first sample's order
+    assert kb["a"].tolist() == tb["a"].tolist() == [1, 4] and kb["b"].tolist() == tb["b"].tolist() == [2.0, 3.0]
+    with pytest.raises(ValueError, match=r"keys \['a', 'b'\] and \['a', 'c'\]"):
+        kiln.data.default_collate([{"a": 1, "b": 2}, {"a": 1, "c": 2}])
