@@ -98,6 +98,17 @@ def _collate(samples, where):
                     "arrays, numbers, strings, or dicts/tuples/lists of them, or a collate_fn)")
 
 
+def _engine_subset(dataset):
+    """A Subset (of Subsets) of an engine data set as an engine data set of the same samples (whose
+    batch of indices i is the base set's batch of indices[i]), or None."""
+    indices = None
+    while isinstance(dataset, Subset):
+        mine = [int(i) for i in dataset.indices]
+        indices = mine if indices is None else [mine[i] for i in indices]
+        dataset = dataset.dataset
+    return _C._subset(dataset, indices) if indices is not None and isinstance(dataset, _C.Dataset) else None
+
+
 def _seed_from_generator():
     # As torch's loader draws its base seed from torch's generator: kiln.manual_seed decides the
     # order (and a kiln Dataset's augmentation). 3 x 24 random bits (randint's widest range) make 64.
@@ -143,7 +154,7 @@ class DataLoader:
         if workers < 0:
             raise ValueError(f"DataLoader: workers must be >= 0, got {workers}")
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
-            raise ValueError(f"DataLoader: timeout must be a number of seconds >= 0 (0: wait for ever), got {timeout!r}")
+            raise ValueError(f"DataLoader: timeout must be a number of seconds >= 0 (0: for ever), got {timeout!r}")
         if timeout and (workers == 0 or isinstance(dataset, _C.Dataset)):
             raise ValueError("DataLoader: timeout applies to a Python dataset's worker threads (num_workers >= 1); "
                              f"with {'a kiln Dataset' if workers else 'num_workers=0'} it cannot be kept: leave it 0")
@@ -151,6 +162,10 @@ class DataLoader:
         if collate_fn is not None and not callable(collate_fn):
             raise TypeError(f"DataLoader: collate_fn must be callable, got {collate_fn!r}")
         self._generation = 0
+        self.dataset = dataset  # as torch's
+        engine_part = _engine_subset(dataset)
+        if engine_part is not None:  # random_split's parts of an engine data set: its C++ loader, batches by index
+            dataset = engine_part
         if isinstance(dataset, _C.Dataset):
             if collate_fn is not None:
                 raise TypeError("DataLoader: collate_fn applies to Python datasets; a kiln Dataset builds its own "

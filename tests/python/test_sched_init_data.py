@@ -397,3 +397,36 @@ def test_default_collate_dicts_with_keys_in_another_order_as_torch():
     assert kb["a"].tolist() == tb["a"].tolist() == [1, 4] and kb["b"].tolist() == tb["b"].tolist() == [2.0, 3.0]
     with pytest.raises(ValueError, match=r"keys \['a', 'b'\] and \['a', 'c'\]"):
         kiln.data.default_collate([{"a": 1, "b": 2}, {"a": 1, "c": 2}])
+
+
+@pytest.mark.skipif(not os.path.isdir(kiln.data.FASHION_MNIST_DIR), reason="dataset-fashion-mnist is not installed")
+def test_dataloader_subset_of_engine_dataset():
+    d = kiln.data.fashion_mnist()
+    test, train = d["test"], d["train"]
+    kiln.manual_seed(0)
+    part, rest = kiln.data.random_split(test, [0.001, 0.999])  # 10 samples
+    idx = list(part.indices)
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
+
+    # the loader's batches are the base set's batches of those indices ("'Dataset' object is not subscriptable")
+    batches = list(kiln.data.DataLoader(part, batch_size=4))
+    assert len(batches) == 3 and all(same(b, test.get_batch(idx[i:i + 4])) for b, i in zip(batches, (0, 4, 8)))
+    assert sum(b["target"].shape[0] for b in kiln.data.DataLoader(rest, batch_size=2500)) == 9990
+    # a Subset of a Subset, negative indices as Python's
+    nested = kiln.data.Subset(kiln.data.Subset(test, idx), [2, -1])
+    assert same(next(iter(kiln.data.DataLoader(nested, batch_size=2))), test.get_batch([idx[2], idx[-1]]))
+    # one sample by index: get_batch([i]) without the batch dim
+    one = part[3]
+    assert one["input"].shape == (1, 28, 28) and same({k: v.unsqueeze(0) for k, v in one.items()},
+                                                      test.get_batch([idx[3]]))
+    with pytest.raises(IndexError, match="index 10000 is out of range for 10000 samples"):
+        test[10000]
+    # an augmented set: the same augmentation as the whole set's loader with that seed
+    first8 = kiln.data.Subset(train, list(range(8)))
+    whole = kiln.data.DataLoader(train, batch_size=4, seed=3)
+    for a, b in zip(kiln.data.DataLoader(first8, batch_size=4, seed=3), whole):
+        assert same(a, b)
+    with pytest.raises(IndexError, match="index 60000 .* out of range"):
+        kiln.data.DataLoader(kiln.data.Subset(train, [60000]))
