@@ -134,7 +134,7 @@ class DataLoader:
     when the loader is made, as torch's loader draws from torch's. See docs/python.md."""
 
     def __init__(self, dataset, batch_size=1, shuffle=False, drop_last=False, seed=None, workers=None, pin_memory=False,
-                 collate_fn=None, num_workers=None, timeout=0):
+                 collate_fn=None, num_workers=None, timeout=0, rank=0, world_size=1):
         if num_workers is not None:  # torch's name
             if workers is not None:
                 raise TypeError("DataLoader: give workers or num_workers (torch's name for it), not both")
@@ -149,6 +149,14 @@ class DataLoader:
         elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise TypeError(f"DataLoader: seed must be an int or None, got {seed!r}")
         self.seed = int(seed) % 2**64  # as kiln.manual_seed: any int, taken modulo 2**64
+        for name, v in (("rank", rank), ("world_size", world_size)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"DataLoader: {name} must be an int, got {v!r}")
+        if not (world_size >= 1 and 0 <= rank < world_size):
+            raise ValueError(f"DataLoader: rank must be in [0, world_size) and world_size >= 1, got rank={rank}, "
+                             f"world_size={world_size}")
+        self._rank, self._world = int(rank), int(world_size)
+        self._epoch = -1  # the last epoch started; set_epoch(n) makes the next n
         if batch_size < 1:
             raise ValueError(f"DataLoader: batch_size must be >= 1, got {batch_size}")
         if workers < 0:
@@ -171,7 +179,7 @@ class DataLoader:
                 raise TypeError("DataLoader: collate_fn applies to Python datasets; a kiln Dataset builds its own "
                                 "batches")
             self._impl = _C._Loader(dataset, int(batch_size), bool(shuffle), bool(drop_last), self.seed,
-                                    int(workers), bool(pin_memory))
+                                    int(workers), bool(pin_memory), self._rank, self._world)
             return
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TypeError(f"DataLoader: dataset must be a kiln Dataset (kiln.data.mnist_dir, masked_lm, "
@@ -189,12 +197,18 @@ class DataLoader:
         self._workers = int(workers)
         self._pin = bool(pin_memory)
         self._collate = collate_fn or default_collate
-        self._epoch = -1
+
+    def set_epoch(self, epoch):
+        """The next iteration is epoch `epoch` (its order and augmentation), the one after epoch + 1, ...:
+        to resume a run where it stopped (each iteration is otherwise the next epoch from 0)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
+            raise ValueError(f"DataLoader.set_epoch: epoch must be an int >= 0, got {epoch!r}")
+        self._epoch = int(epoch) - 1
 
     def __len__(self):
         if self._impl is not None:
             return len(self._impl)
-        full, rest = divmod(self._size, self._batch_size)
+        full, rest = divmod(-(-self._size // self._world), self._batch_size)  # this rank's samples
         return full + (1 if rest and not self._drop_last else 0)
 
     def __iter__(self):
@@ -204,10 +218,10 @@ class DataLoader:
         self._generation += 1
         mine = self._generation
         batches = None  # a Python dataset's batches of this pass (its threads end with it)
+        self._epoch += 1
         if self._impl is not None:
-            self._impl.start_epoch()
+            self._impl.start_epoch(self._epoch)
         else:
-            self._epoch += 1
             batches = self._python_batches(self._epoch)
         try:
             while True:
@@ -228,6 +242,11 @@ class DataLoader:
         order = list(range(self._size))
         if self._shuffle:
             random.Random(f"kiln.data.DataLoader:{self.seed}:{epoch}").shuffle(order)
+        if self._world > 1 and order:
+            # as torch's DistributedSampler (and the C++ loader): the order padded with its start to a multiple
+            # of world_size, then every world_size-th sample from rank on
+            order += (order * -(-self._world // len(order)))[:-len(order) % self._world]
+            order = order[self._rank::self._world]
         return [order[i:i + self._batch_size] for i in range(0, len(order), self._batch_size)][:len(self)]
 
     def _make_batch(self, indices):

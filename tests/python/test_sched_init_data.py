@@ -430,3 +430,37 @@ def test_dataloader_subset_of_engine_dataset():
         assert same(a, b)
     with pytest.raises(IndexError, match="index 60000 .* out of range"):
         kiln.data.DataLoader(kiln.data.Subset(train, [60000]))
+
+
+def test_dataloader_set_epoch_and_ranks():
+    def epochs(loader, n):
+        return [[b.tolist() for b in loader] for _ in range(n)]
+
+    whole = epochs(kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True, seed=4), 4)
+    resumed = kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True, seed=4)
+    resumed.set_epoch(2)  # the order of epoch 2, then 3: a run resumed there
+    assert epochs(resumed, 2) == whole[2:]
+    with pytest.raises(ValueError, match="epoch must be an int >= 0"):
+        resumed.set_epoch(-1)
+    # rank / world_size as torch's DistributedSampler: equal parts of each epoch's order, padded with its start
+    for n, world in [(10, 3), (2, 5), (9, 3)]:
+        parts = [kiln.data.DataLoader(list(range(n)), batch_size=2, rank=r, world_size=world) for r in range(world)]
+        got = [sum((b.tolist() for b in p), []) for p in parts]
+        assert got == [list(TD.DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False))
+                       for r in range(world)]
+        assert all(len(p) == len(TD.DataLoader(range(-(-n // world)), batch_size=2)) for p in parts)
+        shuffled = [[b.tolist() for b in kiln.data.DataLoader(list(range(n)), batch_size=n, shuffle=True, seed=1,
+                                                              rank=r, world_size=world)][0] for r in range(world)]
+        flat = sum(shuffled, [])
+        assert len(flat) == world * -(-n // world) and set(flat) == set(range(n))
+    with pytest.raises(ValueError, match=r"rank=3, world_size=3"):
+        kiln.data.DataLoader([1], rank=3, world_size=3)
+    if os.path.isdir(kiln.data.FASHION_MNIST_DIR):  # the C++ loader: the same rules
+        test = kiln.data.fashion_mnist()["test"]
+        first = kiln.data.DataLoader(test, batch_size=5000, shuffle=True, seed=2)
+        targets = [[b["target"].tolist() for b in first] for _ in range(3)]
+        again = kiln.data.DataLoader(test, batch_size=5000, shuffle=True, seed=2)
+        again.set_epoch(2)
+        assert [b["target"].tolist() for b in again] == targets[2]
+        half = kiln.data.DataLoader(test, batch_size=10000, shuffle=True, seed=2, rank=1, world_size=2)
+        assert len(half) == 1 and next(iter(half))["target"].shape == (5000,)
