@@ -246,14 +246,14 @@ def test_data_loader_python_dataset():
     assert set(seen) == {threading.get_ident()}
     # a pass left early stops its worker threads (they kept reading ahead until the next iter()): each
     # ends after the item it is in, not waited for, and none starts another
-    before = threading.active_count()
+    before = set(threading.enumerate())  # (another test's threads may still be ending)
     squares = _Squares(100)
     for _ in kiln.data.DataLoader(squares, batch_size=2, workers=3):
         break
-    for t in threading.enumerate():
-        if t.name.startswith("kiln-loader"):
-            t.join(10)
-    assert threading.active_count() == before and len(squares.reads) <= 2 * 7  # 1 taken, 6 ahead at most
+    mine = [t for t in threading.enumerate() if t not in before]
+    for t in mine:
+        t.join(10)
+    assert not any(t.is_alive() for t in mine) and len(squares.reads) <= 2 * 7  # 1 taken, 6 ahead at most
     # pin_memory: the same values (page-locked only where a CUDA device is present)
     pinned = next(iter(kiln.data.DataLoader(ds, batch_size=2, shuffle=False, pin_memory=True)))
     assert pinned["y"].tolist() == [0, 1] and pinned["name"] == ["s0", "s1"]
