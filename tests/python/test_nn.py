@@ -164,7 +164,7 @@ def test_data_loader():
     for bad, msg in [(dict(seed=1.5), "seed must be an int"), (dict(batch_size=32.0), "batch_size must be an int")]:
         with pytest.raises(TypeError, match=msg):
             kiln.data.DataLoader(d["test"], **bad)
-    with pytest.raises(TypeError, match="must be a kiln Dataset .* or a map-style Python dataset"):
+    with pytest.raises(TypeError, match="must be a kiln Dataset .* a map-style Python dataset .* or an iterable one"):
         kiln.data.DataLoader(42)
     assert len(kiln.data.DataLoader(d["test"], batch_size=5000, seed=-1)) == 2  # any int seed, as manual_seed
 

@@ -464,3 +464,105 @@ def test_dataloader_set_epoch_and_ranks():
         assert [b["target"].tolist() for b in again] == targets[2]
         half = kiln.data.DataLoader(test, batch_size=10000, shuffle=True, seed=2, rank=1, world_size=2)
         assert len(half) == 1 and next(iter(half))["target"].shape == (5000,)
+
+
+class _Stream:
+    """An iterable dataset: __iter__, no __getitem__ (and no len())."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(np.float32(i) for i in range(self.n))
+
+
+class _StreamLen(_Stream):
+    def __len__(self):
+        return self.n
+
+
+class _TorchStream(TD.IterableDataset):  # torch knows an iterable dataset by this class
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(np.float32(i) for i in range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+def test_dataloader_unbatched_samplers_and_iterable_datasets_as_torch():
+    def same(kl, tl):
+        kb, tb = list(kl), list(tl)
+        assert len(kb) == len(tb) and len(kl) == len(tl)
+        for k, t in zip(kb, tb):
+            assert isinstance(k, kiln.Tensor) == isinstance(t, torch.Tensor)
+            assert (k.tolist() if isinstance(k, kiln.Tensor) else k) == (t.tolist() if isinstance(k, kiln.Tensor) else t)
+
+    arrays = [np.full(2, i, np.float32) for i in range(7)]
+    for workers in (0, 2):
+        # batch_size=None: samples one by one, NumPy converted to tensors, no batch dim
+        same(kiln.data.DataLoader(arrays, batch_size=None, num_workers=workers),
+             TD.DataLoader(arrays, batch_size=None, num_workers=0))
+        assert next(iter(kiln.data.DataLoader([3, 4], batch_size=None))) == 3  # a Python int stays one
+        # sampler= / batch_sampler=: torch's iterables of indices
+        sampler = [6, 0, 5, 1]
+        same(kiln.data.DataLoader(arrays, batch_size=3, sampler=sampler, num_workers=workers),
+             TD.DataLoader(arrays, batch_size=3, sampler=sampler))
+        same(kiln.data.DataLoader(arrays, batch_size=3, sampler=sampler, drop_last=True, num_workers=workers),
+             TD.DataLoader(arrays, batch_size=3, sampler=sampler, drop_last=True))
+        batches = [[1, 2], [6], [0, 3, 4]]
+        same(kiln.data.DataLoader(arrays, batch_sampler=batches, num_workers=workers),
+             TD.DataLoader(arrays, batch_sampler=batches))
+        rs = TD.BatchSampler(TD.SequentialSampler(range(7)), batch_size=2, drop_last=False)
+        same(kiln.data.DataLoader(arrays, batch_sampler=rs, num_workers=workers),
+             TD.DataLoader(arrays, batch_sampler=rs))
+        # iterable datasets: batches of batch_size in their order, drop_last honoured
+        for kwargs in [dict(batch_size=3), dict(batch_size=3, drop_last=True), dict(batch_size=None)]:
+            same(kiln.data.DataLoader(_StreamLen(8), num_workers=workers, **kwargs),
+                 TD.DataLoader(_TorchStream(8), **kwargs))
+        assert [b.tolist() for b in kiln.data.DataLoader(_Stream(5), batch_size=2, num_workers=workers)] == \
+            [[0, 1], [2, 3], [4]]
+    class Broken(_Stream):
+        def __iter__(self):
+            yield from super().__iter__()
+            raise OSError("stream cut")
+
+    for workers in (0, 2):  # an iterable dataset's error is raised as itself, after the batches before it
+        got = []
+        with pytest.raises(OSError, match="stream cut"):
+            for b in kiln.data.DataLoader(Broken(4), batch_size=2, num_workers=workers):
+                got.append(b.tolist())
+        assert got == [[0, 1], [2, 3]]
+    with pytest.raises(TypeError, match=r"iterable dataset \(_Stream\) has no len\(\)"):
+        len(kiln.data.DataLoader(_Stream(5)))
+    # torch's mutual exclusions and messages
+    for kwargs, msg in [(dict(sampler=[0], shuffle=True), "sampler option is mutually exclusive with shuffle"),
+                        (dict(batch_sampler=[[0]], batch_size=2), "batch_sampler option is mutually exclusive"),
+                        (dict(batch_sampler=[[0]], drop_last=True), "batch_sampler option is mutually exclusive"),
+                        (dict(batch_sampler=[[0]], sampler=[0]), "batch_sampler option is mutually exclusive"),
+                        (dict(batch_size=None, drop_last=True), "disables auto-batching and is mutually exclusive "
+                                                                "with drop_last")]:
+        with pytest.raises(ValueError, match=msg):
+            kiln.data.DataLoader(arrays, **kwargs)
+        with pytest.raises(ValueError, match=msg):
+            TD.DataLoader(arrays, **kwargs)
+    for kwargs in [dict(shuffle=True), dict(sampler=[0]), dict(batch_sampler=[[0]])]:
+        name = next(iter(kwargs))
+        with pytest.raises(ValueError, match=f"IterableDataset: expected unspecified {name} option"):
+            kiln.data.DataLoader(_StreamLen(3), **kwargs)
+    # torch's arguments a thread pool has no use for: named, with what to do instead
+    for name, value, msg in [("generator", object(), "seed="), ("worker_init_fn", print, "threads of this process"),
+                             ("multiprocessing_context", "spawn", "threads, not processes"),
+                             ("pin_memory_device", "cuda", "pin_memory=True")]:
+        with pytest.raises(TypeError, match=f"DataLoader: {name}= is not supported: .*{msg}"):
+            kiln.data.DataLoader(arrays, **{name: value})
+    # the harmless ones are taken: persistent_workers, prefetch_factor (batches ahead per thread)
+    loader = kiln.data.DataLoader(arrays, batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=1)
+    assert [b[:, 0].tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6]]
+    for kwargs, msg in [(dict(persistent_workers=True), "persistent_workers needs num_workers >= 1"),
+                        (dict(prefetch_factor=2), "prefetch_factor applies to worker threads"),
+                        (dict(prefetch_factor=0, num_workers=1), "prefetch_factor must be an int >= 1")]:
+        with pytest.raises(ValueError, match=msg):
+            kiln.data.DataLoader(arrays, **kwargs)
