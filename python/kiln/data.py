@@ -51,7 +51,9 @@ def default_collate(samples):
     """One batch from a list of samples, as torch's default_collate: tensors, NumPy arrays and numbers
     are stacked along a new first dimension (Python ints as int64, floats as float64, bools as bool);
     dicts, tuples and lists are collated field by field; strings stay a list."""
-    return _collate(samples, "sample")
+    if len(samples) == 0:
+        raise ValueError("default_collate: no samples (an empty batch has nothing to stack)")
+    return _collate(list(samples), "sample", None)
 
 
 def default_convert(sample):
@@ -71,15 +73,35 @@ def default_convert(sample):
     return sample
 
 
-def _collate(samples, where):
+def _where(indices, positions):
+    # which samples: their dataset indices when the loader knows them, else their places in the batch
+    if indices is None:
+        return f"batch position{'s' if len(positions) > 1 else ''} {positions}"
+    return f"dataset ind{'ices' if len(positions) > 1 else 'ex'} {[indices[p] for p in positions]}"
+
+
+def _by(samples, key, indices):
+    """'A at dataset indices [..], B at [..]': the samples grouped by key(sample)."""
+    groups = {}
+    for p, s in enumerate(samples):
+        groups.setdefault(key(s), []).append(p)
+    return " and ".join(f"{k} at {_where(indices, ps)}" for k, ps in groups.items())
+
+
+def _collate(samples, where, indices):
     first = samples[0]
+    tensors = sum(isinstance(s, _C.Tensor) for s in samples)
+    if 0 < tensors < len(samples):  # (NumPy arrays and numbers stack together, as before)
+        raise TypeError(f"DataLoader: {where}s of one batch mix types: "
+                        f"{_by(samples, lambda s: type(s).__name__, indices)} (make them one type, e.g. all "
+                        "kiln tensors with kiln.from_numpy, or give a collate_fn)")
     if isinstance(first, collections.abc.Mapping):
         keys = list(first.keys())  # the batch's order; the others may list the same keys in another (as torch)
         for s in samples:
             if not isinstance(s, collections.abc.Mapping) or s.keys() != first.keys():
                 got = list(s.keys()) if isinstance(s, collections.abc.Mapping) else type(s).__name__
                 raise ValueError(f"DataLoader: {where}s of one batch differ: keys {keys} and {got}")
-        return {k: _collate([s[k] for s in samples], f"{where}[{k!r}]") for k in keys}
+        return {k: _collate([s[k] for s in samples], f"{where}[{k!r}]", indices) for k in keys}
     if isinstance(first, (str, bytes)):
         return list(samples)
     if isinstance(first, (tuple, list)):
@@ -87,15 +109,16 @@ def _collate(samples, where):
             if not isinstance(s, (tuple, list)) or len(s) != len(first):
                 raise ValueError(f"DataLoader: {where}s of one batch differ: {len(first)} fields and "
                                  f"{len(s) if isinstance(s, (tuple, list)) else type(s).__name__}")
-        fields = [_collate([s[i] for s in samples], f"{where}[{i}]") for i in range(len(first))]
+        fields = [_collate([s[i] for s in samples], f"{where}[{i}]", indices) for i in range(len(first))]
         if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple
             return type(first)(*fields)
         return tuple(fields) if isinstance(first, tuple) else fields
+    arrays = all(isinstance(s, (_C.Tensor, np.ndarray)) for s in samples)
+    if arrays and len({tuple(s.shape) for s in samples}) > 1:
+        raise ValueError(f"DataLoader: {where}s of one batch cannot be stacked: shapes "
+                         f"{_by(samples, lambda s: tuple(s.shape), indices)} (give samples of one shape, or a "
+                         "collate_fn)")
     if isinstance(first, _C.Tensor):
-        shapes = {tuple(s.shape) for s in samples if isinstance(s, _C.Tensor)}
-        if len(shapes) > 1 or not all(isinstance(s, _C.Tensor) for s in samples):
-            raise ValueError(f"DataLoader: {where}s of one batch cannot be stacked: shapes "
-                             f"{sorted(shapes)} (give samples of one shape, or a collate_fn)")
         return _C.stack(list(samples), 0)
     if isinstance(first, (bool, np.bool_)) and all(isinstance(s, (bool, np.bool_)) for s in samples):
         return _C.from_numpy(np.array(samples, dtype=np.bool_))
@@ -380,7 +403,12 @@ class DataLoader:
                     if hasattr(e, "add_note"):
                         e.add_note(f"(in DataLoader, reading dataset[{i}])")
                     raise
-        batch = self._collate(samples if self._batched else samples[0])
+        if not self._batched:
+            batch = self._collate(samples[0])
+        elif self._collate is default_collate:  # its errors name the dataset indices
+            batch = _collate(samples, "sample", None if self._iterable else task)
+        else:
+            batch = self._collate(samples)
         return _pin(batch) if self._pin else batch
 
     def _describe(self, task):

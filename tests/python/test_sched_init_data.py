@@ -566,3 +566,27 @@ def test_dataloader_unbatched_samplers_and_iterable_datasets_as_torch():
                         (dict(prefetch_factor=0, num_workers=1), "prefetch_factor must be an int >= 1")]:
         with pytest.raises(ValueError, match=msg):
             kiln.data.DataLoader(arrays, **kwargs)
+
+
+def test_collate_errors_name_types_indices_and_empty_batches():
+    # a kiln tensor with a NumPy array: said so (it was "shapes [(3,)]")
+    for samples, order in [([kiln.zeros(3), np.zeros(3, np.float32)], r"Tensor at batch position \[0\] and ndarray"),
+                           ([np.zeros(3, np.float32), kiln.zeros(3)], r"ndarray at batch position \[0\] and Tensor")]:
+        with pytest.raises(TypeError, match=f"samples of one batch mix types: {order}"):
+            kiln.data.default_collate(samples)
+
+    class Shapes:  # (tensor, label); sample 7's tensor is longer
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return kiln.zeros(4 if i == 7 else 3), i
+
+    for workers in (0, 2):  # the loader names the dataset indices of the batch
+        with pytest.raises(ValueError, match=r"sample\[0\]s of one batch cannot be stacked: shapes \(3,\) at dataset "
+                                             r"indices \[4, 5, 6\] and \(4,\) at dataset index \[7\]"):
+            list(kiln.data.DataLoader(Shapes(), batch_size=4, num_workers=workers))
+    with pytest.raises(ValueError, match="default_collate: no samples"):
+        kiln.data.default_collate([])
+    with pytest.raises(ValueError, match="cannot be stacked"):
+        kiln.data.default_collate([np.zeros(3), np.zeros(4)])
