@@ -11,6 +11,7 @@ import collections.abc
 import itertools
 import math
 import numbers
+import os
 import random
 import threading
 import time
@@ -612,7 +613,20 @@ def _pin(batch):
 
 
 # ---- text ----
-from ._C import WordPieceTokenizer, build_vocab  # noqa: E402,F401
+from ._C import WordPieceTokenizer  # noqa: E402,F401
+
+
+def _paths(files):
+    # one path (str, bytes or a pathlib.Path) or a list of them, as strings
+    if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__"):
+        files = [files]
+    return [os.fsdecode(os.fspath(f)) for f in files]
+
+
+def build_vocab(files, out, size=8000, min_frequency=2, lower_case=True):
+    """Learns a WordPiece vocab.txt from text files (as `kiln vocab`): files is one path or a list of
+    them (str or pathlib.Path, as masked_lm's), out the vocab.txt to write."""
+    _C.build_vocab(_paths(files), os.fsdecode(os.fspath(out)), size, min_frequency, lower_case)
 
 
 def _tokenizer(tokenizer):
@@ -623,8 +637,7 @@ def masked_lm(files, tokenizer, seq_len=128, mask_prob=0.15):
     """Text files packed into [CLS] ... [SEP] sequences for masked-LM (kiln train --task mlm's data):
     batches hold input_ids, attention_mask, token_type_ids and labels (-100 where not masked).
     tokenizer: a WordPieceTokenizer or a vocab.txt path."""
-    files = [str(files)] if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__") else [str(f) for f in files]
-    return _C._mlm_dataset(_tokenizer(tokenizer), files, seq_len, mask_prob)
+    return _C._mlm_dataset(_tokenizer(tokenizer), _paths(files), seq_len, mask_prob)
 
 
 def tsv_classification(path, tokenizer, seq_len=128, label_names=()):

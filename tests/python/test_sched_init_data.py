@@ -498,7 +498,8 @@ def test_dataloader_unbatched_samplers_and_iterable_datasets_as_torch():
         assert len(kb) == len(tb) and len(kl) == len(tl)
         for k, t in zip(kb, tb):
             assert isinstance(k, kiln.Tensor) == isinstance(t, torch.Tensor)
-            assert (k.tolist() if isinstance(k, kiln.Tensor) else k) == (t.tolist() if isinstance(k, kiln.Tensor) else t)
+            tensor = isinstance(k, kiln.Tensor)
+            assert (k.tolist() if tensor else k) == (t.tolist() if tensor else t)
 
     arrays = [np.full(2, i, np.float32) for i in range(7)]
     for workers in (0, 2):
@@ -590,3 +591,17 @@ def test_collate_errors_name_types_indices_and_empty_batches():
         kiln.data.default_collate([])
     with pytest.raises(ValueError, match="cannot be stacked"):
         kiln.data.default_collate([np.zeros(3), np.zeros(4)])
+
+
+def test_build_vocab_takes_paths_as_masked_lm(tmp_path):
+    import pathlib
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    for files, out in [(corpus, tmp_path / "a.txt"), (str(corpus), str(tmp_path / "b.txt")),
+                       ([pathlib.Path(corpus)], tmp_path / "c.txt")]:
+        kiln.data.build_vocab(files, out, size=100, min_frequency=1)
+        tok = kiln.data.WordPieceTokenizer(str(out))
+        assert tok.vocab_size > 5 and tok.id("fox") >= 0
+    assert (tmp_path / "a.txt").read_text() == (tmp_path / "b.txt").read_text() == (tmp_path / "c.txt").read_text()
+    assert len(kiln.data.masked_lm(corpus, tmp_path / "a.txt", seq_len=16)) > 0
