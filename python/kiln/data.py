@@ -6,11 +6,16 @@ page-locked memory, so a GPU never waits).
     for batch in loader:                           # one epoch per iteration
         x, y = batch["input"], batch["target"]
 """
+import atexit
 import collections.abc
-import concurrent.futures
+import itertools
 import math
 import numbers
+import os
 import random
+import threading
+import time
+import weakref
 
 import numpy as np
 
@@ -47,18 +52,57 @@ def default_collate(samples):
     """One batch from a list of samples, as torch's default_collate: tensors, NumPy arrays and numbers
     are stacked along a new first dimension (Python ints as int64, floats as float64, bools as bool);
     dicts, tuples and lists are collated field by field; strings stay a list."""
-    return _collate(samples, "sample")
+    if len(samples) == 0:
+        raise ValueError("default_collate: no samples (an empty batch has nothing to stack)")
+    return _collate(list(samples), "sample", None)
 
 
-def _collate(samples, where):
+def default_convert(sample):
+    """One sample as a loader with batch_size=None gives it, as torch's default_convert: NumPy arrays
+    and scalars become tensors (no batch dim), dicts, tuples and lists are converted field by field,
+    anything else stays as it is."""
+    if isinstance(sample, np.ndarray) and sample.dtype.kind not in "OSUV":
+        return _C.from_numpy(np.ascontiguousarray(sample))
+    if isinstance(sample, np.generic) and not isinstance(sample, (np.str_, np.bytes_)):
+        return _C.from_numpy(np.array(sample))
+    if isinstance(sample, collections.abc.Mapping):
+        return {k: default_convert(v) for k, v in sample.items()}
+    if isinstance(sample, tuple) and hasattr(sample, "_fields"):  # a namedtuple
+        return type(sample)(*[default_convert(v) for v in sample])
+    if isinstance(sample, (tuple, list)):
+        return type(sample)(default_convert(v) for v in sample)
+    return sample
+
+
+def _where(indices, positions):
+    # which samples: their dataset indices when the loader knows them, else their places in the batch
+    if indices is None:
+        return f"batch position{'s' if len(positions) > 1 else ''} {positions}"
+    return f"dataset ind{'ices' if len(positions) > 1 else 'ex'} {[indices[p] for p in positions]}"
+
+
+def _by(samples, key, indices):
+    """'A at dataset indices [..], B at [..]': the samples grouped by key(sample)."""
+    groups = {}
+    for p, s in enumerate(samples):
+        groups.setdefault(key(s), []).append(p)
+    return " and ".join(f"{k} at {_where(indices, ps)}" for k, ps in groups.items())
+
+
+def _collate(samples, where, indices):
     first = samples[0]
+    tensors = sum(isinstance(s, _C.Tensor) for s in samples)
+    if 0 < tensors < len(samples):  # (NumPy arrays and numbers stack together, as before)
+        raise TypeError(f"DataLoader: {where}s of one batch mix types: "
+                        f"{_by(samples, lambda s: type(s).__name__, indices)} (make them one type, e.g. all "
+                        "kiln tensors with kiln.from_numpy, or give a collate_fn)")
     if isinstance(first, collections.abc.Mapping):
-        keys = list(first.keys())
+        keys = list(first.keys())  # the batch's order; the others may list the same keys in another (as torch)
         for s in samples:
-            if not isinstance(s, collections.abc.Mapping) or list(s.keys()) != keys:
+            if not isinstance(s, collections.abc.Mapping) or s.keys() != first.keys():
                 got = list(s.keys()) if isinstance(s, collections.abc.Mapping) else type(s).__name__
                 raise ValueError(f"DataLoader: {where}s of one batch differ: keys {keys} and {got}")
-        return {k: _collate([s[k] for s in samples], f"{where}[{k!r}]") for k in keys}
+        return {k: _collate([s[k] for s in samples], f"{where}[{k!r}]", indices) for k in keys}
     if isinstance(first, (str, bytes)):
         return list(samples)
     if isinstance(first, (tuple, list)):
@@ -66,15 +110,16 @@ def _collate(samples, where):
             if not isinstance(s, (tuple, list)) or len(s) != len(first):
                 raise ValueError(f"DataLoader: {where}s of one batch differ: {len(first)} fields and "
                                  f"{len(s) if isinstance(s, (tuple, list)) else type(s).__name__}")
-        fields = [_collate([s[i] for s in samples], f"{where}[{i}]") for i in range(len(first))]
+        fields = [_collate([s[i] for s in samples], f"{where}[{i}]", indices) for i in range(len(first))]
         if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple
             return type(first)(*fields)
         return tuple(fields) if isinstance(first, tuple) else fields
+    arrays = all(isinstance(s, (_C.Tensor, np.ndarray)) for s in samples)
+    if arrays and len({tuple(s.shape) for s in samples}) > 1:
+        raise ValueError(f"DataLoader: {where}s of one batch cannot be stacked: shapes "
+                         f"{_by(samples, lambda s: tuple(s.shape), indices)} (give samples of one shape, or a "
+                         "collate_fn)")
     if isinstance(first, _C.Tensor):
-        shapes = {tuple(s.shape) for s in samples if isinstance(s, _C.Tensor)}
-        if len(shapes) > 1 or not all(isinstance(s, _C.Tensor) for s in samples):
-            raise ValueError(f"DataLoader: {where}s of one batch cannot be stacked: shapes "
-                             f"{sorted(shapes)} (give samples of one shape, or a collate_fn)")
         return _C.stack(list(samples), 0)
     if isinstance(first, (bool, np.bool_)) and all(isinstance(s, (bool, np.bool_)) for s in samples):
         return _C.from_numpy(np.array(samples, dtype=np.bool_))
@@ -94,72 +139,197 @@ def _collate(samples, where):
                     "arrays, numbers, strings, or dicts/tuples/lists of them, or a collate_fn)")
 
 
+def _engine_subset(dataset):
+    """A Subset (of Subsets) of an engine data set as an engine data set of the same samples (whose
+    batch of indices i is the base set's batch of indices[i]), or None."""
+    indices = None
+    while isinstance(dataset, Subset):
+        mine = [int(i) for i in dataset.indices]
+        indices = mine if indices is None else [mine[i] for i in indices]
+        dataset = dataset.dataset
+    return _C._subset(dataset, indices) if indices is not None and isinstance(dataset, _C.Dataset) else None
+
+
+def _seed_from_generator():
+    # As torch's loader draws its base seed from torch's generator: kiln.manual_seed decides the
+    # order (and a kiln Dataset's augmentation). 3 x 24 random bits (randint's widest range) make 64.
+    a, b, c = _C.randint(0, 2**24, (3,), dtype=_C.dtype.int64, device="cpu").tolist()
+    return (a | b << 24 | c << 48) % 2**64
+
+
+# torch's DataLoader arguments a thread pool has no use for: what to do instead.
+_REFUSED = {
+    "generator": "the order comes from seed= (drawn from Kiln's generator, kiln.manual_seed, when not given)",
+    "worker_init_fn": "the workers are threads of this process sharing the dataset object, with nothing to set up "
+                      "per worker: set the dataset up before making the loader",
+    "multiprocessing_context": "the workers are threads, not processes: leave it out",
+    "pin_memory_device": "pin_memory=True pins for the CUDA device: leave it out",
+}
+
+
 class DataLoader:
     """Batches of a data set; each iteration is the next epoch (shuffled by seed and epoch, the same
-    order every run).
+    order every run). torch's arguments and defaults, with threads for workers; docs/python.md lists
+    them and how they differ from torch's.
 
     dataset: a kiln Dataset (kiln.data.mnist_dir, masked_lm, ...: batches are dicts of tensors, built
-    by C++ threads), or any Python object with __len__ and __getitem__(int) (a map-style dataset, as
-    torch's: a list of (tensor, label) tuples, a TensorDataset): its samples are collated by
-    collate_fn (default_collate). shuffle: False by default, as torch's (a new order each epoch when
-    True). drop_last: the last, smaller batch left out. workers (or torch's num_workers): threads building
-    batches ahead (default: 1 for a kiln Dataset; 0 for a Python dataset, whose __getitem__ then runs
-    in the calling thread, as torch's default: with workers > 0 it runs in those threads, beside the
-    caller and each other, so a dataset with shared state or global random numbers must allow that).
-    pin_memory: batches in page-locked memory when a CUDA device is present."""
+    by C++ threads) or a Subset of one; a map-style Python dataset (__len__ and __getitem__(int): a
+    list of (tensor, label) tuples, a TensorDataset), whose samples collate_fn (default_collate)
+    batches; or an iterable one (__iter__ and no __getitem__), read in its own order.
+    batch_size: 1 by default, as torch's; None for samples one by one, not batched. shuffle: False by
+    default, as torch's (a new order each epoch when True). drop_last: the last, smaller batch left
+    out. sampler / batch_sampler: iterables of indices / of lists of indices, in place of the
+    loader's own order. workers (or torch's num_workers): threads building batches ahead (default: 1
+    for a kiln Dataset; 0 for a Python dataset, whose __getitem__ then runs in the calling thread, as
+    torch's default: with workers > 0 it runs in those threads, beside the caller and each other, so a
+    dataset with shared state or global random numbers must allow that); prefetch_factor batches
+    ahead per thread (2). pin_memory: batches in page-locked memory when a CUDA device is present.
+    timeout: seconds to wait for one batch of a Python dataset's threads (0: for ever), as torch's.
+    seed: the order's (and a kiln Dataset's augmentation's) seed; not given, drawn from Kiln's
+    generator (kiln.manual_seed) when the loader is made, as torch's loader draws from torch's.
+    rank / world_size: this rank's part of each epoch's order, as torch's DistributedSampler."""
 
-    def __init__(self, dataset, batch_size=32, shuffle=False, drop_last=False, seed=0, workers=None, pin_memory=False,
-                 collate_fn=None, num_workers=None):
+    def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None, num_workers=None,
+                 collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
+                 multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
+                 pin_memory_device="", in_order=True, seed=None, workers=None, rank=0, world_size=1):
+        for name, v in (("generator", generator), ("worker_init_fn", worker_init_fn),
+                        ("multiprocessing_context", multiprocessing_context),
+                        ("pin_memory_device", pin_memory_device or None)):
+            if v is not None:
+                raise TypeError(f"DataLoader: {name}= is not supported: {_REFUSED[name]}")
+        if in_order is not True:
+            raise TypeError("DataLoader: in_order=False is not supported: batches always come in order")
         if num_workers is not None:  # torch's name
             if workers is not None:
                 raise TypeError("DataLoader: give workers or num_workers (torch's name for it), not both")
             workers = num_workers
+        engine_part = _engine_subset(dataset)  # random_split's parts of an engine data set: its C++ loader
+        engine = engine_part if engine_part is not None else dataset if isinstance(dataset, _C.Dataset) else None
         if workers is None:
-            workers = 1 if isinstance(dataset, _C.Dataset) else 0
-        for name, v in (("batch_size", batch_size), ("workers", workers)):
+            workers = 1 if engine is not None else 0
+        for name, v in (("workers", workers), ("rank", rank), ("world_size", world_size)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise TypeError(f"DataLoader: {name} must be an int, got {v!r}")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise TypeError(f"DataLoader: seed must be an int, got {seed!r}")
-        if batch_size < 1:
-            raise ValueError(f"DataLoader: batch_size must be >= 1, got {batch_size}")
+        if batch_size is not None:
+            if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+                raise TypeError(f"DataLoader: batch_size must be an int or None, got {batch_size!r}")
+            if batch_size < 1:
+                raise ValueError(f"DataLoader: batch_size must be >= 1, got {batch_size}")
         if workers < 0:
             raise ValueError(f"DataLoader: workers must be >= 0, got {workers}")
+        if seed is None:
+            seed = _seed_from_generator()
+        elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"DataLoader: seed must be an int or None, got {seed!r}")
+        self.seed = int(seed) % 2**64  # as kiln.manual_seed: any int, taken modulo 2**64
+        if not (world_size >= 1 and 0 <= rank < world_size):
+            raise ValueError(f"DataLoader: rank must be in [0, world_size) and world_size >= 1, got rank={rank}, "
+                             f"world_size={world_size}")
+        self._rank, self._world = int(rank), int(world_size)
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
+            raise ValueError(f"DataLoader: timeout must be a number of seconds >= 0 (0: for ever), got {timeout!r}")
+        if timeout and (workers == 0 or engine is not None):
+            raise ValueError("DataLoader: timeout applies to a Python dataset's worker threads (num_workers >= 1); "
+                             f"with {'a kiln Dataset' if workers else 'num_workers=0'} it cannot be kept: leave it 0")
+        self._timeout = float(timeout)
+        # as torch's: prefetch_factor and persistent_workers only with workers
+        if prefetch_factor is not None:
+            if workers == 0:
+                raise ValueError("DataLoader: prefetch_factor applies to worker threads: give num_workers >= 1, or "
+                                 "leave prefetch_factor out")
+            if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, numbers.Integral) or \
+                    prefetch_factor < 1:
+                raise ValueError(f"DataLoader: prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
+        if persistent_workers and workers == 0:
+            raise ValueError("DataLoader: persistent_workers needs num_workers >= 1")
+        # persistent_workers is otherwise nothing to do: the threads share the dataset object (no copy
+        # to keep between epochs) and start with each pass at a thread's cost.
+        self._ahead = int(prefetch_factor or 2) * workers
         if collate_fn is not None and not callable(collate_fn):
             raise TypeError(f"DataLoader: collate_fn must be callable, got {collate_fn!r}")
+        iterable = engine is None and hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+        # torch's rules and messages
+        if iterable:
+            for name, v in (("shuffle", shuffle or None), ("sampler", sampler), ("batch_sampler", batch_sampler)):
+                if v is not None:
+                    raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} option, but got "
+                                     f"{name}={v!r} (an iterable dataset is read in its own order)")
+        if sampler is not None and shuffle:
+            raise ValueError("DataLoader: sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("DataLoader: batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                                 "sampler, and drop_last")
+            batch_size = None
+        elif batch_size is None and drop_last:
+            raise ValueError("DataLoader: batch_size=None option disables auto-batching and is mutually exclusive "
+                             "with drop_last")
+        if self._world > 1 and (iterable or sampler is not None or batch_sampler is not None):
+            raise ValueError("DataLoader: rank/world_size split the loader's own order; with an iterable dataset, a "
+                             "sampler or a batch_sampler, split in those instead")
         self._generation = 0
-        if isinstance(dataset, _C.Dataset):
-            if collate_fn is not None:
-                raise TypeError("DataLoader: collate_fn applies to Python datasets; a kiln Dataset builds its own "
-                                "batches")
-            # as kiln.manual_seed: any int, taken modulo 2**64
-            self._impl = _C._Loader(dataset, int(batch_size), bool(shuffle), bool(drop_last), int(seed) % 2**64,
-                                    int(workers), bool(pin_memory))
+        self._epoch = -1  # the last epoch started; set_epoch(n) makes the next n
+        self.dataset = dataset  # as torch's
+        self.batch_size, self.drop_last = batch_size, bool(drop_last)
+        self.sampler, self.batch_sampler = sampler, batch_sampler
+        if engine is not None:
+            for name, v in (("collate_fn", collate_fn), ("sampler", sampler), ("batch_sampler", batch_sampler)):
+                if v is not None:
+                    raise TypeError(f"DataLoader: {name} applies to Python datasets; a kiln Dataset builds its own "
+                                    "batches in its own order (give it a Subset of the indices, or shuffle/seed)")
+            if batch_size is None:
+                raise TypeError("DataLoader: batch_size=None applies to Python datasets; a kiln Dataset is read in "
+                                "batches (ds[i] is one sample)")
+            self._impl = _C._Loader(engine, int(batch_size), bool(shuffle), bool(drop_last), self.seed, int(workers),
+                                    bool(pin_memory), self._rank, self._world,
+                                    int(prefetch_factor) * int(workers) if prefetch_factor else 0)
             return
-        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        if not iterable and not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TypeError(f"DataLoader: dataset must be a kiln Dataset (kiln.data.mnist_dir, masked_lm, "
-                            f"tsv_classification, ...) or a map-style Python dataset with __len__ and __getitem__, "
-                            f"got {type(dataset).__name__}")
-        n = len(dataset)
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-            raise TypeError(f"DataLoader: len(dataset) must be an int >= 0, got {n!r}")
+                            f"tsv_classification, ...), a map-style Python dataset with __len__ and __getitem__, or "
+                            f"an iterable one with __iter__, got {type(dataset).__name__}")
+        if not iterable:
+            n = len(dataset)
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+                raise TypeError(f"DataLoader: len(dataset) must be an int >= 0, got {n!r}")
+            self._size = int(n)
         self._impl = None
+        self._iterable = iterable
         self._dataset = dataset
-        self._size = int(n)
-        self._batch_size = int(batch_size)
         self._shuffle = bool(shuffle)
-        self._drop_last = bool(drop_last)
-        self._seed = int(seed) % 2**64
         self._workers = int(workers)
         self._pin = bool(pin_memory)
-        self._collate = collate_fn or default_collate
-        self._epoch = -1
+        # batch_size=None (and no batch_sampler): each sample alone, through collate_fn if given, else
+        # default_convert (torch's)
+        self._batched = batch_size is not None or batch_sampler is not None
+        self._collate = collate_fn or (default_collate if self._batched else default_convert)
+
+    def set_epoch(self, epoch):
+        """The next iteration is epoch `epoch` (its order and augmentation), the one after epoch + 1, ...:
+        to resume a run where it stopped (each iteration is otherwise the next epoch from 0)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
+            raise ValueError(f"DataLoader.set_epoch: epoch must be an int >= 0, got {epoch!r}")
+        self._epoch = int(epoch) - 1
 
     def __len__(self):
         if self._impl is not None:
             return len(self._impl)
-        full, rest = divmod(self._size, self._batch_size)
-        return full + (1 if rest and not self._drop_last else 0)
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        if self._iterable:
+            if not hasattr(self._dataset, "__len__"):
+                raise TypeError(f"DataLoader: the iterable dataset ({type(self._dataset).__name__}) has no len(), "
+                                "so neither has its loader")
+            n = len(self._dataset)
+        elif self.sampler is not None:
+            n = len(self.sampler)
+        else:
+            n = -(-self._size // self._world)  # this rank's samples
+        if self.batch_size is None:
+            return n
+        full, rest = divmod(n, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
 
     def __iter__(self):
         # One pass at a time: the batches come from one C++ loader, so a second iter() starts the next
@@ -168,10 +338,10 @@ class DataLoader:
         self._generation += 1
         mine = self._generation
         batches = None  # a Python dataset's batches of this pass (its threads end with it)
+        self._epoch += 1
         if self._impl is not None:
-            self._impl.start_epoch()
+            self._impl.start_epoch(self._epoch)
         else:
-            self._epoch += 1
             batches = self._python_batches(self._epoch)
         try:
             while True:
@@ -179,9 +349,14 @@ class DataLoader:
                     raise RuntimeError("DataLoader: this iterator was superseded by a newer iter() of the same "
                                        "loader (each iteration is the next epoch, one at a time); make a second "
                                        "DataLoader to read two passes side by side")
-                b = self._impl.next() if batches is None else next(batches, None)
-                if b is None:
-                    return
+                if batches is None:
+                    b = self._impl.next()
+                    if b is None:
+                        return
+                else:
+                    b = next(batches, _Workers.END)  # (a collate_fn may return None)
+                    if b is _Workers.END:
+                        return
                 yield b
         finally:
             if batches is not None:
@@ -189,46 +364,173 @@ class DataLoader:
 
     # ---- Python datasets ----
     def _order(self, epoch):
+        """This epoch's dataset indices, in order (map-style datasets)."""
+        if self.sampler is not None:
+            return iter(self.sampler)
         order = list(range(self._size))
         if self._shuffle:
-            random.Random(f"kiln.data.DataLoader:{self._seed}:{epoch}").shuffle(order)
-        return [order[i:i + self._batch_size] for i in range(0, len(order), self._batch_size)][:len(self)]
+            random.Random(f"kiln.data.DataLoader:{self.seed}:{epoch}").shuffle(order)
+        if self._world > 1 and order:
+            # as torch's DistributedSampler (and the C++ loader): the order padded with its start to a multiple
+            # of world_size, then every world_size-th sample from rank on
+            order += (order * -(-self._world // len(order)))[:-len(order) % self._world]
+            order = order[self._rank::self._world]
+        return iter(order)
 
-    def _make_batch(self, indices):
-        samples = []
-        for i in indices:
-            try:
-                samples.append(self._dataset[i])
-            except Exception as e:
-                if hasattr(e, "add_note"):
-                    e.add_note(f"(in DataLoader, reading dataset[{i}])")
-                raise
-        batch = self._collate(samples)
+    def _tasks(self, epoch):
+        """This epoch's batches to build, read lazily (a sampler or an iterable dataset may be endless):
+        lists of dataset indices, or for an iterable dataset lists of its samples."""
+        if self.batch_sampler is not None:
+            for idx in self.batch_sampler:
+                yield list(idx)
+            return
+        items = iter(self._dataset) if self._iterable else self._order(epoch)
+        size = self.batch_size or 1
+        while True:
+            chunk = list(itertools.islice(items, size))
+            if not chunk or (len(chunk) < size and self.drop_last):
+                return
+            yield chunk
+
+    def _make_batch(self, task):
+        if self._iterable:
+            samples = task
+        else:
+            samples = []
+            for i in task:
+                try:
+                    samples.append(self._dataset[i])
+                except Exception as e:
+                    if hasattr(e, "add_note"):
+                        e.add_note(f"(in DataLoader, reading dataset[{i}])")
+                    raise
+        if not self._batched:
+            batch = self._collate(samples[0])
+        elif self._collate is default_collate:  # its errors name the dataset indices
+            batch = _collate(samples, "sample", None if self._iterable else task)
+        else:
+            batch = self._collate(samples)
         return _pin(batch) if self._pin else batch
 
+    def _describe(self, task):
+        return "samples of the iterable dataset" if self._iterable else f"dataset indices {task}"
+
     def _python_batches(self, epoch):
-        batches = self._order(epoch)
+        tasks = self._tasks(epoch)
         if self._workers == 0:
-            for idx in batches:
-                yield self._make_batch(idx)
+            for task in tasks:
+                yield self._make_batch(task)
             return
-        # `workers` threads build the next batches in order, at most 2 per thread ahead.
-        pool = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="kiln-loader")
+        # `workers` threads build the next batches in order, prefetch_factor (2) per thread ahead.
+        work = _Workers(self._make_batch, tasks, self._workers, self._ahead, self._describe)
         try:
-            ahead = collections.deque()
-            todo = iter(batches)
-            for idx in todo:
-                ahead.append(pool.submit(self._make_batch, idx))
-                if len(ahead) >= 2 * self._workers:
-                    break
-            while ahead:
-                batch = ahead.popleft().result()
-                idx = next(todo, None)
-                if idx is not None:
-                    ahead.append(pool.submit(self._make_batch, idx))
+            for k in itertools.count():
+                batch = work.get(k, self._timeout)
+                if batch is _Workers.END:
+                    return
                 yield batch
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            work.close()  # pending batches are dropped, running ones not waited for
+
+
+_worker_threads = weakref.WeakSet()
+
+
+@atexit.register
+def _exit_with_workers_running():
+    # A thread still in a __getitem__ keeps what its frames hold alive (its module's globals, tensors
+    # among them) past the interpreter's end: nanobind would report those as leaked by the binding.
+    if any(t.is_alive() for t in list(_worker_threads)):
+        _C._set_leak_warnings(False)
+
+
+class _Workers:
+    """One pass's worker threads: they build batch k = build(the k-th of `tasks`) in order of k, at
+    most `ahead` past the one the caller waits for. Daemon threads, never joined: an exception, a
+    KeyboardInterrupt or a pass left early (close) drops the batches not started and returns at
+    once, and a __getitem__ blocked in a thread holds up neither the caller nor the interpreter's
+    exit (its result is thrown away when it ends)."""
+
+    END = object()
+
+    def __init__(self, build, tasks, workers, ahead, describe):
+        self._build, self._tasks, self._ahead, self._describe = build, tasks, ahead, describe
+        self._running = {}  # k -> its task, while built
+        self._cv = threading.Condition()
+        self._next = 0  # the next task to hand out
+        self._wanted = 0  # the batch the caller waits for
+        self._done = {}  # k -> (True, batch) or (False, exception)
+        self._exhausted = self._closed = False
+        try:
+            for i in range(workers):
+                t = threading.Thread(target=self._run, name=f"kiln-loader-{i}", daemon=True)
+                t.start()
+                _worker_threads.add(t)
+        except BaseException:  # a KeyboardInterrupt while starting them: those started stop too
+            self.close()
+            raise
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not (self._closed or self._exhausted) and self._next >= self._wanted + self._ahead:
+                    self._cv.wait()
+                if self._closed or self._exhausted:
+                    return
+                k = self._next
+                try:
+                    task = next(self._tasks)  # (a sampler's or an iterable dataset's code: one thread at a time)
+                except StopIteration:
+                    self._exhausted = True
+                    self._cv.notify_all()
+                    return
+                except BaseException as e:  # raised where batch k is asked for; the pass ends there
+                    self._exhausted = True
+                    self._next += 1
+                    self._done[k] = (False, e)
+                    self._cv.notify_all()
+                    return
+                self._next += 1
+                self._running[k] = task
+            try:
+                result = (True, self._build(task))
+            except BaseException as e:  # raised where the caller asks for batch k
+                result = (False, e)
+            with self._cv:
+                if self._closed:
+                    return
+                del self._running[k]
+                self._done[k] = result
+                self._cv.notify_all()
+            # not kept while the next one is built: a thread still blocked at exit would hold it (nanobind
+            # reports the tensors in it as leaked)
+            del result
+
+    def get(self, k, timeout):
+        """Batch k, or END after the last; waits at most `timeout` seconds (0: for ever)."""
+        deadline = time.monotonic() + timeout if timeout else None
+        with self._cv:
+            self._wanted = k
+            self._cv.notify_all()
+            while k not in self._done:
+                if self._exhausted and k >= self._next:
+                    return _Workers.END
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    what = self._describe(self._running[k]) if k in self._running else "its samples not read yet"
+                    raise RuntimeError(f"DataLoader: batch {k} of this pass ({what}) was not ready after "
+                                       f"timeout={timeout:g} s")
+                self._cv.wait(left)
+            ok, value = self._done.pop(k)
+        if not ok:
+            raise value
+        return value
+
+    def close(self):
+        with self._cv:
+            self._closed = True
+            self._done.clear()
+            self._cv.notify_all()
 
 
 class TensorDataset:
@@ -311,7 +613,20 @@ def _pin(batch):
 
 
 # ---- text ----
-from ._C import WordPieceTokenizer, build_vocab  # noqa: E402,F401
+from ._C import WordPieceTokenizer  # noqa: E402,F401
+
+
+def _paths(files):
+    # one path (str, bytes or a pathlib.Path) or a list of them, as strings
+    if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__"):
+        files = [files]
+    return [os.fsdecode(os.fspath(f)) for f in files]
+
+
+def build_vocab(files, out, size=8000, min_frequency=2, lower_case=True):
+    """Learns a WordPiece vocab.txt from text files (as `kiln vocab`): files is one path or a list of
+    them (str or pathlib.Path, as masked_lm's), out the vocab.txt to write."""
+    _C.build_vocab(_paths(files), os.fsdecode(os.fspath(out)), size, min_frequency, lower_case)
 
 
 def _tokenizer(tokenizer):
@@ -322,8 +637,7 @@ def masked_lm(files, tokenizer, seq_len=128, mask_prob=0.15):
     """Text files packed into [CLS] ... [SEP] sequences for masked-LM (kiln train --task mlm's data):
     batches hold input_ids, attention_mask, token_type_ids and labels (-100 where not masked).
     tokenizer: a WordPieceTokenizer or a vocab.txt path."""
-    files = [str(files)] if isinstance(files, (str, bytes)) or hasattr(files, "__fspath__") else [str(f) for f in files]
-    return _C._mlm_dataset(_tokenizer(tokenizer), files, seq_len, mask_prob)
+    return _C._mlm_dataset(_tokenizer(tokenizer), _paths(files), seq_len, mask_prob)
 
 
 def tsv_classification(path, tokenizer, seq_len=128, label_names=()):

@@ -142,6 +142,35 @@ nb::dict batch_dict(const io::Batch& b) {
   return d;
 }
 
+// kiln.data.Subset (random_split's parts) of an engine data set, for the C++ loader: batch i of it is
+// the base set's batch of indices_[i] with the same seed, so its samples and their augmentation are
+// the base set's.
+class SubsetDataset final : public io::Dataset {
+ public:
+  SubsetDataset(std::shared_ptr<const io::Dataset> base, std::vector<int64_t> indices)
+      : base_(std::move(base)), indices_(std::move(indices)) {
+    const int64_t n = base_->size();
+    for (size_t i = 0; i < indices_.size(); ++i) {
+      int64_t& j = indices_[i];
+      if (j < -n || j >= n)
+        index_error("Subset: index " + std::to_string(j) + " (at position " + std::to_string(i) +
+                    " of its indices) is out of range for a data set of " + std::to_string(n) + " samples");
+      if (j < 0) j += n;  // as the Python Subset's dataset[indices[i]]
+    }
+  }
+  int64_t size() const override { return int64_t(indices_.size()); }
+  io::Batch get_batch(const std::vector<int64_t>& idx, uint64_t seed) const override {
+    std::vector<int64_t> mapped;
+    mapped.reserve(idx.size());
+    for (int64_t i : idx) mapped.push_back(indices_.at(size_t(i)));
+    return base_->get_batch(mapped, seed);
+  }
+
+ private:
+  std::shared_ptr<const io::Dataset> base_;
+  std::vector<int64_t> indices_;
+};
+
 }  // namespace
 
 namespace {
@@ -699,7 +728,30 @@ void bind_nn(nb::module_& m) {
             }
             return batch_dict(b);
           },
-          nb::arg("indices"), nb::arg("seed") = 0);
+          nb::arg("indices"), nb::arg("seed") = 0)
+      .def(
+          "__getitem__",
+          [](const io::Dataset& d, int64_t i) {
+            // One sample, as get_batch([i]) without the batch dim (Python's negative indices too), so a
+            // Subset, random_split or a Python wrapper can index an engine data set.
+            const int64_t n = d.size();
+            if (i < -n || i >= n)
+              index_error("Dataset: index " + std::to_string(i) + " is out of range for " + std::to_string(n) +
+                          " samples");
+            io::Batch b;
+            {
+              R r;
+              b = d.get_batch({i < 0 ? i + n : i}, 0);
+              for (auto& kv : b) kv.second = kv.second.select(0, 0);
+            }
+            return batch_dict(b);
+          },
+          nb::arg("index"),
+          "Sample `index` as a dict of tensors: get_batch([index], seed=0) without the batch dim. (A "
+          "DataLoader over a Subset of an engine data set reads it in batches, augmented per epoch.)");
+  m.def("_subset", [](std::shared_ptr<io::Dataset> base, std::vector<int64_t> indices) {
+    return std::static_pointer_cast<io::Dataset>(std::make_shared<SubsetDataset>(std::move(base), std::move(indices)));
+  });
   m.def("_load_mnist_dir", [](const std::string& dir, const std::string& name, int64_t pad_crop, bool hflip,
                               std::vector<float> mean, std::vector<float> std) {
     io::ImageTransform t;
@@ -720,11 +772,17 @@ void bind_nn(nb::module_& m) {
     out["class_names"] = d.class_names;
     return out;
   });
+  // kiln.data's worker threads still inside a __getitem__ at exit keep what their frames hold (the
+  // dataset module's globals with them): not the binding's leaks, so kiln.data turns the report off.
+  m.def("_set_leak_warnings", [](bool on) { nb::set_leak_warnings(on); });
   nb::class_<Loader>(m, "_Loader")
       .def("__init__",
            [](Loader* l, std::shared_ptr<io::Dataset> ds, int64_t batch_size, bool shuffle, bool drop_last,
-              uint64_t seed, int workers, bool pin_memory) {
+              uint64_t seed, int workers, bool pin_memory, int rank, int world_size, int prefetch) {
              io::LoaderOptions o;
+             if (prefetch > 0) o.prefetch = prefetch;  // prefetch_factor * workers (0: the default)
+             o.rank = rank;
+             o.world_size = world_size;  // each rank a disjoint part, padded to equal sizes (pad_ranks)
              o.batch_size = batch_size;
              o.shuffle = shuffle;
              o.drop_last = drop_last;

@@ -164,7 +164,7 @@ def test_data_loader():
     for bad, msg in [(dict(seed=1.5), "seed must be an int"), (dict(batch_size=32.0), "batch_size must be an int")]:
         with pytest.raises(TypeError, match=msg):
             kiln.data.DataLoader(d["test"], **bad)
-    with pytest.raises(TypeError, match="must be a kiln Dataset .* or a map-style Python dataset"):
+    with pytest.raises(TypeError, match="must be a kiln Dataset .* a map-style Python dataset .* or an iterable one"):
         kiln.data.DataLoader(42)
     assert len(kiln.data.DataLoader(d["test"], batch_size=5000, seed=-1)) == 2  # any int seed, as manual_seed
 
@@ -244,11 +244,16 @@ def test_data_loader_python_dataset():
 
     list(kiln.data.DataLoader(Where(4), batch_size=2))
     assert set(seen) == {threading.get_ident()}
-    # a pass left early stops its worker threads (they kept reading ahead until the next iter())
-    before = threading.active_count()
-    for _ in kiln.data.DataLoader(_Squares(100), batch_size=2, workers=3):
+    # a pass left early stops its worker threads (they kept reading ahead until the next iter()): each
+    # ends after the item it is in, not waited for, and none starts another
+    before = set(threading.enumerate())  # (another test's threads may still be ending)
+    squares = _Squares(100)
+    for _ in kiln.data.DataLoader(squares, batch_size=2, workers=3):
         break
-    assert threading.active_count() == before
+    mine = [t for t in threading.enumerate() if t not in before]
+    for t in mine:
+        t.join(10)
+    assert not any(t.is_alive() for t in mine) and len(squares.reads) <= 2 * 7  # 1 taken, 6 ahead at most
     # pin_memory: the same values (page-locked only where a CUDA device is present)
     pinned = next(iter(kiln.data.DataLoader(ds, batch_size=2, shuffle=False, pin_memory=True)))
     assert pinned["y"].tolist() == [0, 1] and pinned["name"] == ["s0", "s1"]

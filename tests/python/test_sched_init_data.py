@@ -3,6 +3,9 @@
 # OneCycleLR's momentum; init's fans, gains and statistics; TensorDataset, random_split and DataLoader's
 # torch defaults.
 import math
+import os
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -285,3 +288,320 @@ def test_random_split_sizes_as_torch(lengths):
     assert sorted(i for s in ks for i in (s[j] for j in range(len(s)))) == data
     with pytest.raises(ValueError, match="does not equal the length"):
         kiln.data.random_split(data, [3, 3])
+
+
+def test_dataloader_batch_size_defaults_to_one_as_torch():
+    data = [np.float32(i) for i in range(5)]
+    kl, tl = kiln.data.DataLoader(data), TD.DataLoader(data)
+    assert len(kl) == len(tl) == 5
+    assert [b.tolist() for b in kl] == [b.tolist() for b in tl] == [[float(i)] for i in range(5)]
+
+
+def test_dataloader_shuffle_follows_manual_seed():
+    # seed not given: drawn from Kiln's generator, as torch's loader draws from torch's
+    def orders(**kwargs):
+        loader = kiln.data.DataLoader(list(range(40)), batch_size=8, shuffle=True, **kwargs)
+        return [[b.tolist() for b in loader] for _ in range(2)]  # two epochs
+
+    kiln.manual_seed(1)
+    a = orders()
+    kiln.manual_seed(1)
+    assert orders() == a and a[0] != a[1]
+    kiln.manual_seed(2)
+    assert orders() != a
+    # seed= given keeps its meaning: the same order whatever manual_seed says
+    kiln.manual_seed(1)
+    fixed = orders(seed=5)
+    kiln.manual_seed(2)
+    assert orders(seed=5) == fixed and kiln.data.DataLoader([1], seed=-1).seed == 2**64 - 1
+    if os.path.isdir(kiln.data.FASHION_MNIST_DIR):  # a kiln Dataset's C++ loader too
+        test = kiln.data.fashion_mnist(augment=False)["test"]
+
+        def first_targets():
+            return next(iter(kiln.data.DataLoader(test, batch_size=16, shuffle=True)))["target"].tolist()
+
+        kiln.manual_seed(1)
+        t1 = first_targets()
+        kiln.manual_seed(1)
+        assert first_targets() == t1
+        kiln.manual_seed(2)
+        assert first_targets() != t1
+
+
+class _Stuck:
+    """Items from 2 on block until `release` is set (10 s at most); the first of them can send SIGINT."""
+
+    def __init__(self, interrupt=False):
+        self.release, self.finished, self.interrupt = threading.Event(), [], interrupt
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        if i >= 2:
+            if i == 2 and self.interrupt:
+                self.release.wait(0.3)  # the caller waiting for this batch, most likely
+                os.kill(os.getpid(), signal.SIGINT)
+            self.release.wait(10)
+            self.finished.append(i)
+        return i
+
+
+def test_dataloader_interrupt_and_timeout_do_not_wait_for_running_items():
+    # Ctrl-C while a worker thread is in a __getitem__: raised at once, the running items left to end
+    # on their own (it waited for every one of them)
+    ds = _Stuck(interrupt=True)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in kiln.data.DataLoader(ds, batch_size=2, num_workers=2):
+            pass
+    assert ds.finished == []
+    ds.release.set()
+    # timeout=: seconds for one batch, naming what it reads
+    ds = _Stuck()
+    loader = kiln.data.DataLoader(ds, batch_size=2, num_workers=2, timeout=0.2)
+    with pytest.raises(RuntimeError, match=r"batch 1 of this pass \(dataset indices \[2, 3\]\) was not ready after "
+                       r"timeout=0.2 s"):
+        list(loader)
+    assert ds.finished == []
+    ds.release.set()
+    for bad in [dict(timeout=-1), dict(timeout="1"), dict(timeout=1, num_workers=0)]:
+        with pytest.raises(ValueError, match="timeout"):
+            kiln.data.DataLoader(list(range(4)), **bad)
+
+
+def test_dataloader_exit_does_not_wait_for_running_items():
+    import subprocess
+    import sys
+
+    script = """
+import time
+import kiln.data
+class Slow:
+    def __len__(self): return 10
+    def __getitem__(self, i):
+        if i >= 2: time.sleep(600)
+        return i
+it = iter(kiln.data.DataLoader(Slow(), batch_size=2, num_workers=2))
+print(next(it).tolist(), flush=True)
+"""
+    # the interpreter waited for the threads blocked in time.sleep (the timeout here is only a guard)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0 and r.stdout == "[0, 1]\n", r.stderr
+    assert "leaked" not in r.stderr, r.stderr
+
+
+def test_default_collate_dicts_with_keys_in_another_order_as_torch():
+    samples = [{"a": 1, "b": 2.0}, {"b": 3.0, "a": 4}]
+    kb, tb = kiln.data.default_collate(samples), TD.default_collate(samples)
+    assert list(kb) == list(tb) == ["a", "b"]  # the first sample's order
+    assert kb["a"].tolist() == tb["a"].tolist() == [1, 4] and kb["b"].tolist() == tb["b"].tolist() == [2.0, 3.0]
+    with pytest.raises(ValueError, match=r"keys \['a', 'b'\] and \['a', 'c'\]"):
+        kiln.data.default_collate([{"a": 1, "b": 2}, {"a": 1, "c": 2}])
+
+
+@pytest.mark.skipif(not os.path.isdir(kiln.data.FASHION_MNIST_DIR), reason="dataset-fashion-mnist is not installed")
+def test_dataloader_subset_of_engine_dataset():
+    d = kiln.data.fashion_mnist()
+    test, train = d["test"], d["train"]
+    kiln.manual_seed(0)
+    part, rest = kiln.data.random_split(test, [0.001, 0.999])  # 10 samples
+    idx = list(part.indices)
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
+
+    # the loader's batches are the base set's batches of those indices ("'Dataset' object is not subscriptable")
+    batches = list(kiln.data.DataLoader(part, batch_size=4))
+    assert len(batches) == 3 and all(same(b, test.get_batch(idx[i:i + 4])) for b, i in zip(batches, (0, 4, 8)))
+    assert sum(b["target"].shape[0] for b in kiln.data.DataLoader(rest, batch_size=2500)) == 9990
+    # a Subset of a Subset, negative indices as Python's
+    nested = kiln.data.Subset(kiln.data.Subset(test, idx), [2, -1])
+    assert same(next(iter(kiln.data.DataLoader(nested, batch_size=2))), test.get_batch([idx[2], idx[-1]]))
+    # one sample by index: get_batch([i]) without the batch dim
+    one = part[3]
+    assert one["input"].shape == (1, 28, 28) and same({k: v.unsqueeze(0) for k, v in one.items()},
+                                                      test.get_batch([idx[3]]))
+    with pytest.raises(IndexError, match="index 10000 is out of range for 10000 samples"):
+        test[10000]
+    # an augmented set: the same augmentation as the whole set's loader with that seed
+    first8 = kiln.data.Subset(train, list(range(8)))
+    whole = kiln.data.DataLoader(train, batch_size=4, seed=3)
+    for a, b in zip(kiln.data.DataLoader(first8, batch_size=4, seed=3), whole):
+        assert same(a, b)
+    with pytest.raises(IndexError, match="index 60000 .* out of range"):
+        kiln.data.DataLoader(kiln.data.Subset(train, [60000]))
+
+
+def test_dataloader_set_epoch_and_ranks():
+    def epochs(loader, n):
+        return [[b.tolist() for b in loader] for _ in range(n)]
+
+    whole = epochs(kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True, seed=4), 4)
+    resumed = kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True, seed=4)
+    resumed.set_epoch(2)  # the order of epoch 2, then 3: a run resumed there
+    assert epochs(resumed, 2) == whole[2:]
+    with pytest.raises(ValueError, match="epoch must be an int >= 0"):
+        resumed.set_epoch(-1)
+    # rank / world_size as torch's DistributedSampler: equal parts of each epoch's order, padded with its start
+    for n, world in [(10, 3), (2, 5), (9, 3)]:
+        parts = [kiln.data.DataLoader(list(range(n)), batch_size=2, rank=r, world_size=world) for r in range(world)]
+        got = [sum((b.tolist() for b in p), []) for p in parts]
+        assert got == [list(TD.DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False))
+                       for r in range(world)]
+        assert all(len(p) == len(TD.DataLoader(range(-(-n // world)), batch_size=2)) for p in parts)
+        shuffled = [[b.tolist() for b in kiln.data.DataLoader(list(range(n)), batch_size=n, shuffle=True, seed=1,
+                                                              rank=r, world_size=world)][0] for r in range(world)]
+        flat = sum(shuffled, [])
+        assert len(flat) == world * -(-n // world) and set(flat) == set(range(n))
+    with pytest.raises(ValueError, match=r"rank=3, world_size=3"):
+        kiln.data.DataLoader([1], rank=3, world_size=3)
+    if os.path.isdir(kiln.data.FASHION_MNIST_DIR):  # the C++ loader: the same rules
+        test = kiln.data.fashion_mnist()["test"]
+        first = kiln.data.DataLoader(test, batch_size=5000, shuffle=True, seed=2)
+        targets = [[b["target"].tolist() for b in first] for _ in range(3)]
+        again = kiln.data.DataLoader(test, batch_size=5000, shuffle=True, seed=2)
+        again.set_epoch(2)
+        assert [b["target"].tolist() for b in again] == targets[2]
+        half = kiln.data.DataLoader(test, batch_size=10000, shuffle=True, seed=2, rank=1, world_size=2)
+        assert len(half) == 1 and next(iter(half))["target"].shape == (5000,)
+
+
+class _Stream:
+    """An iterable dataset: __iter__, no __getitem__ (and no len())."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(np.float32(i) for i in range(self.n))
+
+
+class _StreamLen(_Stream):
+    def __len__(self):
+        return self.n
+
+
+class _TorchStream(TD.IterableDataset):  # torch knows an iterable dataset by this class
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(np.float32(i) for i in range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+def test_dataloader_unbatched_samplers_and_iterable_datasets_as_torch():
+    def same(kl, tl):
+        kb, tb = list(kl), list(tl)
+        assert len(kb) == len(tb) and len(kl) == len(tl)
+        for k, t in zip(kb, tb):
+            assert isinstance(k, kiln.Tensor) == isinstance(t, torch.Tensor)
+            tensor = isinstance(k, kiln.Tensor)
+            assert (k.tolist() if tensor else k) == (t.tolist() if tensor else t)
+
+    arrays = [np.full(2, i, np.float32) for i in range(7)]
+    for workers in (0, 2):
+        # batch_size=None: samples one by one, NumPy converted to tensors, no batch dim
+        same(kiln.data.DataLoader(arrays, batch_size=None, num_workers=workers),
+             TD.DataLoader(arrays, batch_size=None, num_workers=0))
+        assert next(iter(kiln.data.DataLoader([3, 4], batch_size=None))) == 3  # a Python int stays one
+        # sampler= / batch_sampler=: torch's iterables of indices
+        sampler = [6, 0, 5, 1]
+        same(kiln.data.DataLoader(arrays, batch_size=3, sampler=sampler, num_workers=workers),
+             TD.DataLoader(arrays, batch_size=3, sampler=sampler))
+        same(kiln.data.DataLoader(arrays, batch_size=3, sampler=sampler, drop_last=True, num_workers=workers),
+             TD.DataLoader(arrays, batch_size=3, sampler=sampler, drop_last=True))
+        batches = [[1, 2], [6], [0, 3, 4]]
+        same(kiln.data.DataLoader(arrays, batch_sampler=batches, num_workers=workers),
+             TD.DataLoader(arrays, batch_sampler=batches))
+        rs = TD.BatchSampler(TD.SequentialSampler(range(7)), batch_size=2, drop_last=False)
+        same(kiln.data.DataLoader(arrays, batch_sampler=rs, num_workers=workers),
+             TD.DataLoader(arrays, batch_sampler=rs))
+        # iterable datasets: batches of batch_size in their order, drop_last honoured
+        for kwargs in [dict(batch_size=3), dict(batch_size=3, drop_last=True), dict(batch_size=None)]:
+            same(kiln.data.DataLoader(_StreamLen(8), num_workers=workers, **kwargs),
+                 TD.DataLoader(_TorchStream(8), **kwargs))
+        assert [b.tolist() for b in kiln.data.DataLoader(_Stream(5), batch_size=2, num_workers=workers)] == \
+            [[0, 1], [2, 3], [4]]
+    class Broken(_Stream):
+        def __iter__(self):
+            yield from super().__iter__()
+            raise OSError("stream cut")
+
+    for workers in (0, 2):  # an iterable dataset's error is raised as itself, after the batches before it
+        got = []
+        with pytest.raises(OSError, match="stream cut"):
+            for b in kiln.data.DataLoader(Broken(4), batch_size=2, num_workers=workers):
+                got.append(b.tolist())
+        assert got == [[0, 1], [2, 3]]
+    with pytest.raises(TypeError, match=r"iterable dataset \(_Stream\) has no len\(\)"):
+        len(kiln.data.DataLoader(_Stream(5)))
+    # torch's mutual exclusions and messages
+    for kwargs, msg in [(dict(sampler=[0], shuffle=True), "sampler option is mutually exclusive with shuffle"),
+                        (dict(batch_sampler=[[0]], batch_size=2), "batch_sampler option is mutually exclusive"),
+                        (dict(batch_sampler=[[0]], drop_last=True), "batch_sampler option is mutually exclusive"),
+                        (dict(batch_sampler=[[0]], sampler=[0]), "batch_sampler option is mutually exclusive"),
+                        (dict(batch_size=None, drop_last=True), "disables auto-batching and is mutually exclusive "
+                                                                "with drop_last")]:
+        with pytest.raises(ValueError, match=msg):
+            kiln.data.DataLoader(arrays, **kwargs)
+        with pytest.raises(ValueError, match=msg):
+            TD.DataLoader(arrays, **kwargs)
+    for kwargs in [dict(shuffle=True), dict(sampler=[0]), dict(batch_sampler=[[0]])]:
+        name = next(iter(kwargs))
+        with pytest.raises(ValueError, match=f"IterableDataset: expected unspecified {name} option"):
+            kiln.data.DataLoader(_StreamLen(3), **kwargs)
+    # torch's arguments a thread pool has no use for: named, with what to do instead
+    for name, value, msg in [("generator", object(), "seed="), ("worker_init_fn", print, "threads of this process"),
+                             ("multiprocessing_context", "spawn", "threads, not processes"),
+                             ("pin_memory_device", "cuda", "pin_memory=True")]:
+        with pytest.raises(TypeError, match=f"DataLoader: {name}= is not supported: .*{msg}"):
+            kiln.data.DataLoader(arrays, **{name: value})
+    # the harmless ones are taken: persistent_workers, prefetch_factor (batches ahead per thread)
+    loader = kiln.data.DataLoader(arrays, batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=1)
+    assert [b[:, 0].tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6]]
+    for kwargs, msg in [(dict(persistent_workers=True), "persistent_workers needs num_workers >= 1"),
+                        (dict(prefetch_factor=2), "prefetch_factor applies to worker threads"),
+                        (dict(prefetch_factor=0, num_workers=1), "prefetch_factor must be an int >= 1")]:
+        with pytest.raises(ValueError, match=msg):
+            kiln.data.DataLoader(arrays, **kwargs)
+
+
+def test_collate_errors_name_types_indices_and_empty_batches():
+    # a kiln tensor with a NumPy array: said so (it was "shapes [(3,)]")
+    for samples, order in [([kiln.zeros(3), np.zeros(3, np.float32)], r"Tensor at batch position \[0\] and ndarray"),
+                           ([np.zeros(3, np.float32), kiln.zeros(3)], r"ndarray at batch position \[0\] and Tensor")]:
+        with pytest.raises(TypeError, match=f"samples of one batch mix types: {order}"):
+            kiln.data.default_collate(samples)
+
+    class Shapes:  # (tensor, label); sample 7's tensor is longer
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return kiln.zeros(4 if i == 7 else 3), i
+
+    for workers in (0, 2):  # the loader names the dataset indices of the batch
+        with pytest.raises(ValueError, match=r"sample\[0\]s of one batch cannot be stacked: shapes \(3,\) at dataset "
+                                             r"indices \[4, 5, 6\] and \(4,\) at dataset index \[7\]"):
+            list(kiln.data.DataLoader(Shapes(), batch_size=4, num_workers=workers))
+    with pytest.raises(ValueError, match="default_collate: no samples"):
+        kiln.data.default_collate([])
+    with pytest.raises(ValueError, match="cannot be stacked"):
+        kiln.data.default_collate([np.zeros(3), np.zeros(4)])
+
+
+def test_build_vocab_takes_paths_as_masked_lm(tmp_path):
+    import pathlib
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    for files, out in [(corpus, tmp_path / "a.txt"), (str(corpus), str(tmp_path / "b.txt")),
+                       ([pathlib.Path(corpus)], tmp_path / "c.txt")]:
+        kiln.data.build_vocab(files, out, size=100, min_frequency=1)
+        tok = kiln.data.WordPieceTokenizer(str(out))
+        assert tok.vocab_size > 5 and tok.id("fox") >= 0
+    assert (tmp_path / "a.txt").read_text() == (tmp_path / "b.txt").read_text() == (tmp_path / "c.txt").read_text()
+    assert len(kiln.data.masked_lm(corpus, tmp_path / "a.txt", seq_len=16)) > 0
