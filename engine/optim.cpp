@@ -531,6 +531,9 @@ AdamFamily::AdamFamily(std::vector<ParamGroup> groups, AdamOptions o, OptimKind 
     : Optimizer(std::move(groups)), o_(o), kind_(kind) {
   KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps >= 0 && std::isfinite(o.eps), name,
              ": betas must be in [0, 1) and eps finite and >= 0");
+  // LAMB's trust ratio takes the norm of the whole update: one 0 / 0 there (a parameter whose gradients
+  // were all 0) would silently turn every other element's ratio to 1, so LAMB keeps eps > 0
+  KILN_CHECK(kind != OptimKind::lamb || o.eps > 0, name, ": eps must be > 0 (LAMB's trust ratio needs it), got 0");
   check_group_options();
 }
 
@@ -554,6 +557,8 @@ void AdamFamily::check_hyper(const std::map<std::string, double>& h, const std::
   KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps >= 0 && std::isfinite(o.eps), name(),
              ": ", where, " betas must be in [0, 1) and eps finite and >= 0, got beta1 ", o.beta1, ", beta2 ", o.beta2,
              ", eps ", o.eps);
+  KILN_CHECK(kind_ != OptimKind::lamb || o.eps > 0, name(), ": ", where,
+             " eps must be > 0 (LAMB's trust ratio needs it), got 0");
 }
 
 void AdamFamily::set_hyper(const std::map<std::string, double>& h) {

@@ -474,6 +474,9 @@ def _betas(name, betas):
 
 def _eps(name, eps):
     eps = float(eps)
+    if name == "LAMB" and eps == 0:  # its trust ratio takes the whole update's norm: one 0 / 0 would spoil it all
+        raise _C.KilnValueError(f"{name}: Invalid epsilon value: {eps} (LAMB's eps must be > 0: its trust ratio "
+                                f"takes the norm of the whole update)")
     # torch's words; 0 is taken, as torch takes it: the step divides by sqrt(v_hat) alone, 0 / 0 (NaN) only
     # where a parameter's gradients have all been 0, as torch's does
     if not (math.isfinite(eps) and eps >= 0):

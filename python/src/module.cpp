@@ -152,7 +152,12 @@ DType to_dtype(nb::handle h, const char* what) {
              PyObject_IsSubclass(h.ptr(), nb::module_::import_("numpy").attr("generic").ptr()) == 1) {
     // A NumPy scalar type (np.float32, np.int64) names its dtype as np.dtype(np.float32) does, which is
     // taken above: NumPy code spells dtypes either way.
-    name = nb::cast<std::string>(nb::module_::import_("numpy").attr("dtype")(h).attr("name"));
+    try {
+      name = nb::cast<std::string>(nb::module_::import_("numpy").attr("dtype")(h).attr("name"));
+    } catch (const nb::python_error&) {  // an abstract type (np.generic, np.floating) is no dtype
+      value_error(std::string(what) + ": " + nb::cast<std::string>(nb::str(h)) + " is not a dtype (an abstract " +
+                  "NumPy type; name one, e.g. numpy.float32)");
+    }
   } else if (nb::hasattr(h, "is_floating_point") && nb::hasattr(h, "itemsize")) {  // a torch.dtype
     name = nb::cast<std::string>(nb::str(h));
     if (name.rfind("torch.", 0) == 0) name = name.substr(6);

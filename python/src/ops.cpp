@@ -48,11 +48,20 @@ std::pair<Tensor, Tensor> operand_pair(nb::handle a, nb::handle b, const char* w
 
 nb::tuple pair_of(const ValuesIndices& vi) { return nb::make_tuple(vi.values, vi.indices); }
 
-// A Python int or a NumPy integer scalar (not a bool), as an exact int64; nothing for anything else.
+// A NumPy integer: a scalar (np.int32(3)) or a 0-dim integer array (np.array(3)), which NumPy code passes
+// for a number alike.
+bool numpy_integer(nb::handle h) {
+  const std::string tn = py_type_name(h);
+  if (tn.rfind("numpy.int", 0) == 0 || tn.rfind("numpy.uint", 0) == 0) return true;
+  if (tn != "numpy.ndarray" || nb::cast<size_t>(h.attr("ndim")) != 0) return false;
+  const std::string kind = nb::cast<std::string>(h.attr("dtype").attr("kind"));
+  return kind == "i" || kind == "u";
+}
+
+// A Python int or a NumPy integer (not a bool), as an exact int64; nothing for anything else.
 std::optional<int64_t> int_number(nb::handle h, const char* what) {
   if (PyLong_Check(h.ptr())) return exact_int(h, what);
-  const std::string tn = py_type_name(h);
-  if (tn.rfind("numpy.int", 0) != 0 && tn.rfind("numpy.uint", 0) != 0) return std::nullopt;
+  if (!numpy_integer(h)) return std::nullopt;
   nb::object i = nb::steal(PyNumber_Index(h.ptr()));
   if (!i.is_valid()) throw nb::python_error();
   return exact_int(i, what);
@@ -88,8 +97,7 @@ DType clamp_dtype(const Tensor& x, nb::handle lo, nb::handle hi) {
   bool floats = false, ints = false;
   for (nb::handle b : {lo, hi}) {
     if (b.is_none() || PyBool_Check(b.ptr())) continue;
-    const std::string tn = py_type_name(b);
-    if (PyLong_Check(b.ptr()) || tn.rfind("numpy.int", 0) == 0 || tn.rfind("numpy.uint", 0) == 0)
+    if (PyLong_Check(b.ptr()) || numpy_integer(b))
       ints = true;
     else
       floats = true;

@@ -512,3 +512,19 @@ def test_a_numpy_bool_beside_a_tensor_is_a_float_number_as_torch():
     with pytest.raises(RuntimeError, match="cannot be written into"):
         kiln.tensor([1]).to(kiln.int32).add_(np.True_)
     assert kiln.tensor(np.True_).dtype == kiln.bool  # a tensor of it is still a bool tensor, as torch.tensor's
+
+
+def test_numpy_0d_integer_arrays_are_int_bounds_and_abstract_numpy_types_no_dtype():
+    # a 0-dim NumPy integer array is an int bound, as np.int32(2) is: clamp keeps the integer dtype (it
+    # promoted to f32, and clamp_ refused), and where range-checks it
+    x = kiln.tensor([1, 3, 5], dtype=kiln.int32)
+    y = kiln.clamp(x, np.array(2), np.array(4))
+    assert y.dtype == kiln.int32 and y.tolist() == [2, 3, 4]
+    x.clamp_(np.array(2))
+    assert x.tolist() == [2, 3, 5]
+    with pytest.raises(ValueError, match="does not fit"):
+        kiln.where(kiln.tensor([True, False, True]), kiln.tensor([1, 2, 3], dtype=kiln.int8), np.array(300))
+    # an abstract NumPy type is refused in Kiln's words (it was NumPy's TypeError)
+    for t in (np.generic, np.floating, np.integer):
+        with pytest.raises(ValueError, match="not a dtype"):
+            kiln.zeros(2, dtype=t)

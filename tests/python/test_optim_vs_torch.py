@@ -66,6 +66,21 @@ def test_adamw_with_parameters_stepping_at_different_times_matches_torch(dtype):
     assert ko.steps == 6  # the step without gradients is not one
 
 
+def test_lamb_refuses_eps_0():
+    # torch has no LAMB; with eps 0 one parameter whose gradients were all 0 makes its update 0 / 0, and the
+    # NaN norm silently set every other element's trust ratio to 1: refused, when built, per group and loaded
+    p = kiln.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(ValueError, match="LAMB: Invalid epsilon value: 0.0"):
+        kiln.optim.LAMB([p], eps=0)
+    with pytest.raises(ValueError, match="LAMB: Invalid epsilon value: 0.0"):
+        kiln.optim.LAMB([{"params": [p], "eps": 0.0}])
+    opt = kiln.optim.LAMB([p], eps=1e-6)
+    state = opt.state_dict()
+    state["scalars"]["group0.eps"] = 0.0
+    with pytest.raises(kiln.KilnError, match="eps must be > 0"):
+        kiln.optim.LAMB([p], eps=1e-6).load_state_dict(state)
+
+
 @pytest.mark.parametrize("name", ["Adam", "AdamW"])
 def test_adam_takes_eps_0_as_torch(name):
     # torch takes eps=0 (the step divides by sqrt(v_hat) alone); Kiln refused it. Non-zero gradients: the
