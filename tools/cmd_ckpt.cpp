@@ -131,7 +131,7 @@ int export_weights(const CkptOptions& o) {
     if (e.name.rfind("model/", 0) == 0) tensors[e.name.substr(6)] = r.read(e.name);
   KILN_CHECK(!tensors.empty(), o.file, ": holds no model weights");
   const auto state = nlohmann::json::parse(r.state_json());
-  std::map<std::string, std::string> meta = {{"format", "kiln"}};
+  std::map<std::string, std::string> meta = torch_compatible_metadata();
   if (state.contains("config")) meta["model"] = model_of(state);
   io::save_safetensors(o.out, tensors, meta);
   std::printf("wrote %zu tensors to %s\n", tensors.size(), o.out.c_str());
@@ -186,7 +186,7 @@ int consolidate(const CkptOptions& o) {
       "without --zero, with the same number of ranks)\n",
       o.out.c_str(), whole.tensors.size(), layout.world_size, weights.size());
   if (!o.safetensors.empty()) {
-    std::map<std::string, std::string> meta = {{"format", "kiln"}};
+    std::map<std::string, std::string> meta = torch_compatible_metadata();
     if (state.contains("config")) meta["model"] = model_of(state);
     io::save_safetensors(o.safetensors, weights, meta);
     std::printf("wrote %zu tensors to %s\n", weights.size(), o.safetensors.c_str());

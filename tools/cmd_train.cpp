@@ -1627,7 +1627,9 @@ class Trainer {
     }
   }
   int write_outputs() {
-    std::map<std::string, std::string> meta = {{"model", c_.model}, {"task", task_.name}, {"format", "kiln"}};
+    std::map<std::string, std::string> meta = torch_compatible_metadata();
+    meta["model"] = c_.model;
+    meta["task"] = task_.name;
     if (task_.data_info.contains("labels")) meta["labels"] = task_.data_info["labels"].dump();
     if (task_.data_info.value("name", "") == "folder") {  // `kiln eval` gets the ids and size of this run
       meta["labels"] = task_.data_info["classes"].dump();

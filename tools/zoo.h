@@ -64,6 +64,13 @@ BertName parse_bert_name(const std::string& name);
 // The size's config with `key=value` overrides (vocab_size, hidden_size, num_layers, ...).
 models::BertConfig bert_config_from(const std::string& size, const std::vector<std::string>& sets);
 
+// The metadata every safetensors file of model weights Kiln writes starts with (kiln train's
+// model.safetensors, kiln ckpt export's and consolidate's): "format" "pt", as torch's save_file
+// writes, since the names, dtypes and layout are torch's and Hugging Face's transformers 4.x refuses
+// any other format (pt, tf, flax, mlx) in from_pretrained; "writer" "kiln" says who wrote it (no
+// reader needs it; files before it said "format" "kiln" and load the same).
+inline std::map<std::string, std::string> torch_compatible_metadata() { return {{"format", "pt"}, {"writer", "kiln"}}; }
+
 // Old BERT checkpoints name LayerNorm parameters gamma/beta and carry the tied decoder and position
 // ids, and Hugging Face's name the encoder under "bert.": `in` with those mapped onto Kiln's names
 // (`mine`: the model's state dict; "bert." is stripped for an encoder-only model). A decoder weight
