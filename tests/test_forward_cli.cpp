@@ -285,6 +285,49 @@ TEST_CASE("checkpoint names: tied decoder, two decoder biases and the bert. pref
   CHECK_MESSAGE(r2.code == 0, r2.output);
 }
 
+TEST_CASE("checkpoint names: a bare encoder's checkpoint (no bert. prefix) fills a headed model's encoder") {
+  // Hugging Face's BertModel.save_pretrained (and Kiln's bert-SIZE) names the encoder without
+  // "bert.": loaded into -cls or -mlm it matched nothing, and strict=False kept a random encoder.
+  models::BertConfig c = models::bert_config("tiny");
+  c.vocab_size = 40;
+  c.num_layers = 1;
+  c.num_labels = 3;
+  models::BertModel enc(c);
+  const nn::StateDict bare = enc.state_dict();
+  REQUIRE(bare.count("embeddings.word_embeddings.weight"));
+  models::BertForSequenceClassification cls(c);
+  const nn::StateDict cls_sd = cls.state_dict();
+  nn::StateDict got = tools::normalise_checkpoint_names(bare, cls_sd, "base.st");
+  CHECK(got.size() == bare.size());
+  for (const auto& kv : bare) {
+    REQUIRE_MESSAGE(got.count("bert." + kv.first), kv.first);
+    CHECK(got.at("bert." + kv.first).storage() == kv.second.storage());
+  }
+  // Everything but the new classifier is given; the classifier's tensors stay missing.
+  for (const auto& kv : cls_sd)
+    CHECK_MESSAGE(got.count(kv.first) == (kv.first.rfind("classifier.", 0) == 0 ? 0u : 1u), kv.first);
+  // The masked-LM model takes the encoder too; the pooler it has none of is dropped as unused.
+  models::BertForMaskedLM mlm(c);
+  got = tools::normalise_checkpoint_names(bare, mlm.state_dict(), "base.st");
+  tools::drop_unused_heads(mlm, got, "base.st", "bert-tiny-mlm", "test");
+  for (const auto& kv : mlm.state_dict())
+    CHECK_MESSAGE(got.count(kv.first) == (kv.first.rfind("cls.", 0) == 0 ? 0u : 1u), kv.first);
+
+  // Through the CLI: kiln forward --allow-missing runs the classifier with the file's encoder (its
+  // pooled output is the bare encoder's), not a random one.
+  TempDir d;
+  io::save_safetensors(d / "base.st", bare);
+  const Tensor ids = randint(0, 40, {2, 5});
+  io::save_safetensors(d / "x.st", {{"input_ids", ids}});
+  const std::string sets = " --set vocab_size=40 --set num_layers=1 --set num_labels=3";
+  REQUIRE(run("--model bert-tiny-cls" + sets + " --allow-missing --weights " + d / "base.st" + " --inputs " +
+              d / "x.st" + " --out " + d / "y.st") == 0);
+  enc.eval();
+  NoGradGuard ng;
+  const Tensor want = enc.forward(ids, Tensor(), Tensor()).pooled_output;
+  CHECK(allclose(io::load_safetensors(d / "y.st").tensors.at("pooled_output"), want, 1e-5, 1e-6));
+}
+
 TEST_CASE("checkpoint names: a batch norm saved without num_batches_tracked starts it at 0, as torch") {
   auto m = models::make_resnet(models::ResNetConfig{"resnet20", 4, 1});
   const nn::StateDict mine = m->state_dict();

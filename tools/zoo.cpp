@@ -253,9 +253,9 @@ std::string where(const std::string& file) { return file.empty() ? std::string()
 }  // namespace
 
 // Old BERT checkpoints name LayerNorm parameters gamma/beta, and carry the tied decoder and
-// position ids; Hugging Face's BertModel checkpoints name the encoder under "bert."; map them onto
-// Kiln's names. What cannot be represented (an untied decoder, two different decoder biases) is
-// refused naming both tensors rather than dropped.
+// position ids; Hugging Face's headed BERT checkpoints name the encoder under "bert.", its bare
+// BertModel ones without it; map them onto Kiln's names. What cannot be represented (an untied
+// decoder, two different decoder biases) is refused naming both tensors rather than dropped.
 nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine, const std::string& file) {
   // An encoder-only model (bert-SIZE) has no "bert." prefix; a checkpoint of one of the headed models
   // (BertForPreTraining, BertForMaskedLM) has it on every encoder name: strip it, as Hugging Face's
@@ -265,6 +265,14 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
   const bool in_prefixed =
       std::any_of(in.begin(), in.end(), [](const auto& kv) { return starts_with(kv.first, "bert."); });
   const bool strip_bert = !mine_prefixed && in_prefixed && mine.count("embeddings.word_embeddings.weight");
+  // The reverse: a bare encoder's checkpoint (BertModel.save_pretrained, bert-SIZE's) given to a
+  // headed model (-mlm, -cls) names its encoder without "bert.": add it, as Hugging Face's
+  // BertForSequenceClassification.from_pretrained does; without it nothing matched, and a strict=False
+  // load left the whole encoder at its random initialisation.
+  const bool add_bert = mine_prefixed && !in_prefixed && in.count("embeddings.word_embeddings.weight");
+  const auto encoder_name = [](const std::string& k) {
+    return starts_with(k, "embeddings.") || starts_with(k, "encoder.") || starts_with(k, "pooler.");
+  };
   // Only a model with a masked-LM head ties a decoder; for the others (a classifier, the bare
   // encoder) the checkpoint's cls.* heads are unused: kept here, so drop_unused_heads drops them
   // unexamined and a strict load (Python's load_state_dict) names them as unexpected.
@@ -275,6 +283,7 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
   for (const auto& [n, t] : in) {
     std::string k = n;
     if (strip_bert && starts_with(k, "bert.")) k = k.substr(5);
+    if (add_bert && encoder_name(k)) k = "bert." + k;
     if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".gamma")) k = k.substr(0, k.size() - 6) + ".weight";
     if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".beta")) k = k.substr(0, k.size() - 5) + ".bias";
     if (k == "cls.predictions.decoder.weight" && !mine.count(k) && mlm_head) {

@@ -73,7 +73,8 @@ inline std::map<std::string, std::string> torch_compatible_metadata() { return {
 
 // Old BERT checkpoints name LayerNorm parameters gamma/beta and carry the tied decoder and position
 // ids, and Hugging Face's name the encoder under "bert.": `in` with those mapped onto Kiln's names
-// (`mine`: the model's state dict; "bert." is stripped for an encoder-only model). A decoder weight
+// (`mine`: the model's state dict; "bert." is stripped for an encoder-only model, and added to a bare
+// encoder's names, embeddings./encoder./pooler., for a headed one). A decoder weight
 // that differs from the word embeddings the model ties it to, or cls.predictions.decoder.bias
 // differing from cls.predictions.bias, is an error naming both (`file` names the checkpoint).
 nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine,

@@ -222,6 +222,26 @@ def test_deepcopy_maps_a_parameter_a_hook_holds_to_the_copys():
     assert next(iter(c._forward_hooks.values())).p is c.fc.weight
 
 
+def test_a_bare_bert_encoder_state_dict_fills_a_headed_models_encoder():
+    # Hugging Face's BertModel.save_pretrained names the encoder without "bert.": into a classifier it
+    # matched nothing, and strict=False left the encoder random; now "bert." is added, as from_pretrained.
+    sets = {"vocab_size": 100, "num_layers": 1, "num_labels": 3}
+    bare = {k: v.detach().clone() for k, v in kiln.models.create("bert-tiny", set=sets).state_dict().items()}
+    assert "embeddings.word_embeddings.weight" in bare
+    cls = kiln.models.create("bert-tiny-cls", set=sets)
+    res = cls.load_state_dict(bare, strict=False)
+    assert sorted(res.missing_keys) == ["classifier.bias", "classifier.weight"]
+    assert res.unexpected_keys == []
+    got = cls.state_dict()
+    for k, v in bare.items():
+        np.testing.assert_array_equal(got["bert." + k].numpy(), v.numpy(), err_msg=k)
+    # The masked-LM model takes it too (its head missing, the pooler it has none of unexpected).
+    mlm = kiln.models.create("bert-tiny-mlm", set=sets)
+    res = mlm.load_state_dict(bare, strict=False)
+    assert all(k.startswith("cls.") for k in res.missing_keys)
+    assert sorted(res.unexpected_keys) == ["bert.pooler.dense.bias", "bert.pooler.dense.weight"]
+
+
 def test_a_stray_bert_key_stays_unexpected_outside_a_bert_mlm_model():
     r = kiln.models.create("resnet20")
     sd = dict(r.state_dict())
