@@ -396,6 +396,29 @@ TEST_CASE("train: BERT-tiny masked LM and classification on fortune text (Debian
   CHECK(json::parse(read_text(d / "cls_eval.json"))["test_accuracy"].get<double>() == doctest::Approx(acc).epsilon(1e-9));
 }
 
+TEST_CASE("eval: a BERT classifier's file without label names says it was not kiln train's and what gives them") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_eval_nolabels");
+  micro_batch_classify(d);  // vocab.txt, eval.tsv
+  // Hugging Face's BertForSequenceClassification names; its metadata is {"format": "pt"} only.
+  kiln::io::save_safetensors(d / "hf.safetensors", {{"classifier.weight", kiln::zeros({2, 128})}}, {{"format", "pt"}});
+  const std::string eval = "eval --model bert-tiny --task classify --eval-tsv " + d / "eval.tsv" + " --vocab " +
+                           d / "vocab.txt" + " --seq-len 64 --weights ";
+  auto r = run_kiln(eval + d / "hf.safetensors", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--task classify: " + d / "hf.safetensors" +
+                                       " carries no label names: it was not written by kiln train (Hugging Face's"),
+                r.output);
+  CHECK_MESSAGE(contains(r.output, "Give --train-tsv"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "older kiln"), r.output);
+  // A kiln train file from before label names were saved is named as that.
+  kiln::io::save_safetensors(d / "old.safetensors", {{"classifier.weight", kiln::zeros({2, 128})}},
+                             {{"format", "kiln"}, {"model", "bert-tiny"}, {"task", "classify"}});
+  r = run_kiln(eval + d / "old.safetensors", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "carries no label names: it was written by a kiln train older than them"), r.output);
+}
+
 TEST_CASE("train: --accum-steps K with batch B updates like one batch of K x B (BERT, no dropout, no batch norm)") {
   REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
   TempDir d("kiln_accum");
