@@ -37,6 +37,10 @@ void add_ckpt_commands(CLI::App& app, CkptOptions& o) {
   imp->add_option("weights", o.file, "Weights (safetensors)")->required()->check(CLI::ExistingFile);
   imp->add_option("--model", o.model, "One of " + model_names_text())->required();
   imp->add_option("--set", o.sets, "Override a config field, key=value (repeatable)");
+  imp->add_option("--hf-config", o.hf_config,
+                  "A Hugging Face BERT config.json: its sizes as --set (a --set given wins); what Kiln's BERT "
+                  "does not compute (hidden_act gelu_new, relative positions, ...) is refused")
+      ->check(CLI::ExistingFile);
   imp->add_option("--out", o.out, "Checkpoint to write")->required();
   imp->add_flag("--overwrite", o.overwrite,
                 "Replace the output file(s) if they exist (without it an existing one is refused)");
@@ -139,7 +143,8 @@ int export_weights(const CkptOptions& o) {
 }
 
 int import_weights(const CkptOptions& o) {
-  const std::shared_ptr<nn::Module> m = model_family(o.model).build(o.model, o.sets, /*deterministic=*/false).module;
+  const std::vector<std::string> sets = sets_with_hf_config(o.model, o.hf_config, o.sets);
+  const std::shared_ptr<nn::Module> m = model_family(o.model).build(o.model, sets, /*deterministic=*/false).module;
   const io::SafetensorsFile f = io::load_safetensors(o.file);
   const nn::StateDict mine = m->state_dict();
   nn::StateDict given = normalise_checkpoint_names(f.tensors, mine, o.file);
@@ -148,7 +153,7 @@ int import_weights(const CkptOptions& o) {
   m->load_state_dict(given, /*strict=*/true);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [n, t] : m->state_dict()) tensors.emplace_back("model/" + n, t);
-  const nlohmann::json state = {{"kind", "weights"}, {"config", {{"model", o.model}, {"set", o.sets}}}, {"source", o.file}};
+  const nlohmann::json state = {{"kind", "weights"}, {"config", {{"model", o.model}, {"set", sets}}}, {"source", o.file}};
   io::save_checkpoint(o.out, tensors, state.dump());
   std::printf("wrote %s: %zu tensors of %s from %s (start from it with kiln train --resume %s)\n", o.out.c_str(),
               tensors.size(), o.model.c_str(), o.file.c_str(), o.out.c_str());
