@@ -33,6 +33,10 @@ struct CkptOptions {
   std::vector<std::string> sets;
   bool all = false;
   bool overwrite = false;  // replace an existing output file
+  // import: the model's tensors the file lacks start from its initialisation (seeded by `seed`, as
+  // kiln train's fresh model), and the file's tensors the model lacks are skipped; each is named.
+  bool allow_missing = false;
+  uint64_t seed = 0;
 };
 void add_ckpt_commands(CLI::App& app, CkptOptions& o);
 int run_ckpt(const CkptOptions& o);
