@@ -602,6 +602,31 @@ TEST_CASE("checkpoint: ckpt export, import and consolidate refuse an existing ou
   CHECK(contains(bytes_of(ck), "\"kind\":\"weights\""));
 }
 
+TEST_CASE("checkpoint: kiln train's and ckpt export's safetensors say format pt, which transformers 4.x requires") {
+  // transformers 4.x's from_pretrained refuses a safetensors file whose metadata "format" is not pt,
+  // tf, flax or mlx; Kiln's files are torch's names, dtypes and layout.
+  TempDir d("kiln_ckpt_format");
+  auto r = run_kiln(
+      "train --limit-train 64 --limit-eval 32 --batch 32 --max-steps 1 --threads 1 --save-every 1 --out " + d / "run",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const io::SafetensorsFile trained = io::load_safetensors(d / "run/model.safetensors");
+  CHECK(trained.metadata.at("format") == "pt");
+  CHECK(trained.metadata.at("writer") == "kiln");
+  CHECK(trained.metadata.at("model") == "resnet20");  // kiln eval's keys stay
+  r = run_kiln("ckpt export " + io::find_latest_checkpoint(d / "run/checkpoints") + " --safetensors " + d / "w.st",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const io::SafetensorsFile exported = io::load_safetensors(d / "w.st");
+  CHECK(exported.metadata.at("format") == "pt");
+  CHECK(exported.metadata.at("model") == "resnet20");
+  // A file written before (format kiln) still loads: no reader looks at the key.
+  io::save_safetensors(d / "old.st", trained.tensors,
+                       {{"format", "kiln"}, {"model", "resnet20"}, {"task", "classify"}});
+  r = run_kiln("eval --limit-eval 32 --threads 1 --weights " + d / "old.st", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+}
+
 TEST_CASE("checkpoint: a Kiln checkpoint given where safetensors are expected is named as one") {
   TempDir d("kiln_ckpt");
   auto a = models::make_resnet({"resnet20", 10, 1});

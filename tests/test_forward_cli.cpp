@@ -285,6 +285,133 @@ TEST_CASE("checkpoint names: tied decoder, two decoder biases and the bert. pref
   CHECK_MESSAGE(r2.code == 0, r2.output);
 }
 
+TEST_CASE("checkpoint names: a bare encoder's checkpoint (no bert. prefix) fills a headed model's encoder") {
+  // Hugging Face's BertModel.save_pretrained (and Kiln's bert-SIZE) names the encoder without
+  // "bert.": loaded into -cls or -mlm it matched nothing, and strict=False kept a random encoder.
+  models::BertConfig c = models::bert_config("tiny");
+  c.vocab_size = 40;
+  c.num_layers = 1;
+  c.num_labels = 3;
+  models::BertModel enc(c);
+  const nn::StateDict bare = enc.state_dict();
+  REQUIRE(bare.count("embeddings.word_embeddings.weight"));
+  models::BertForSequenceClassification cls(c);
+  const nn::StateDict cls_sd = cls.state_dict();
+  nn::StateDict got = tools::normalise_checkpoint_names(bare, cls_sd, "base.st");
+  CHECK(got.size() == bare.size());
+  for (const auto& kv : bare) {
+    REQUIRE_MESSAGE(got.count("bert." + kv.first), kv.first);
+    CHECK(got.at("bert." + kv.first).storage() == kv.second.storage());
+  }
+  // Everything but the new classifier is given; the classifier's tensors stay missing.
+  for (const auto& kv : cls_sd)
+    CHECK_MESSAGE(got.count(kv.first) == (kv.first.rfind("classifier.", 0) == 0 ? 0u : 1u), kv.first);
+  // The masked-LM model takes the encoder too; the pooler it has none of is dropped as unused.
+  models::BertForMaskedLM mlm(c);
+  got = tools::normalise_checkpoint_names(bare, mlm.state_dict(), "base.st");
+  tools::drop_unused_heads(mlm, got, "base.st", "bert-tiny-mlm", "test");
+  for (const auto& kv : mlm.state_dict())
+    CHECK_MESSAGE(got.count(kv.first) == (kv.first.rfind("cls.", 0) == 0 ? 0u : 1u), kv.first);
+
+  // Through the CLI: kiln forward --allow-missing runs the classifier with the file's encoder (its
+  // pooled output is the bare encoder's), not a random one.
+  TempDir d;
+  io::save_safetensors(d / "base.st", bare);
+  const Tensor ids = randint(0, 40, {2, 5});
+  io::save_safetensors(d / "x.st", {{"input_ids", ids}});
+  const std::string sets = " --set vocab_size=40 --set num_layers=1 --set num_labels=3";
+  REQUIRE(run("--model bert-tiny-cls" + sets + " --allow-missing --weights " + d / "base.st" + " --inputs " +
+              d / "x.st" + " --out " + d / "y.st") == 0);
+  enc.eval();
+  NoGradGuard ng;
+  const Tensor want = enc.forward(ids, Tensor(), Tensor()).pooled_output;
+  CHECK(allclose(io::load_safetensors(d / "y.st").tensors.at("pooled_output"), want, 1e-5, 1e-6));
+}
+
+TEST_CASE("hf config: a Hugging Face config.json sizes the model; what Kiln's BERT does not compute is refused") {
+  TempDir d;
+  // transformers' BertConfig(vocab_size=40, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+  // intermediate_size=96, max_position_embeddings=32, num_labels=3).to_json_string(), abridged.
+  const std::string cfg = R"({"architectures": ["BertForSequenceClassification"], "attention_probs_dropout_prob": 0.0,
+    "classifier_dropout": null, "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "hidden_size": 64,
+    "id2label": {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}, "initializer_range": 0.02, "intermediate_size": 96,
+    "is_decoder": false, "layer_norm_eps": 1e-12, "max_position_embeddings": 32, "model_type": "bert",
+    "num_attention_heads": 4, "num_hidden_layers": 1, "pad_token_id": 0, "position_embedding_type": "absolute",
+    "problem_type": null, "type_vocab_size": 2, "vocab_size": 40})";
+  std::ofstream(d / "config.json") << cfg;
+  const std::vector<std::string> sets = tools::hf_bert_config_sets(d / "config.json");
+  const models::BertConfig c = tools::bert_config_from("tiny", sets);
+  CHECK(c.vocab_size == 40);
+  CHECK(c.hidden_size == 64);
+  CHECK(c.num_layers == 1);
+  CHECK(c.num_heads == 4);
+  CHECK(c.intermediate_size == 96);
+  CHECK(c.max_position == 32);
+  CHECK(c.type_vocab_size == 2);
+  CHECK(c.layer_norm_eps == 1e-12);
+  CHECK(c.hidden_dropout == 0.0);
+  CHECK(c.attention_dropout == 0.0);
+  CHECK(c.num_labels == 3);  // id2label's count
+  // An absent key is transformers' default, not the Kiln size's (bert-tiny has 2 heads, 128 wide).
+  std::ofstream(d / "sparse.json") << R"({"hidden_size": 64, "num_attention_heads": 4})";
+  const models::BertConfig sparse = tools::bert_config_from("tiny", tools::hf_bert_config_sets(d / "sparse.json"));
+  CHECK(sparse.num_layers == 12);
+  CHECK(sparse.vocab_size == 30522);
+  CHECK(sparse.hidden_dropout == 0.1);
+
+  // Refused, naming the file, the key and its value.
+  const std::pair<std::string, std::string> refused[] = {
+      {R"("hidden_act": "gelu_new")", "hidden_act is \"gelu_new\": Kiln's BERT computes the exact (erf) GELU"},
+      {R"("hidden_act": "relu")", "hidden_act is \"relu\""},
+      {R"("position_embedding_type": "relative_key")", "position_embedding_type is \"relative_key\""},
+      {R"("model_type": "roberta")", "model_type is \"roberta\""},
+      {R"("is_decoder": true)", "is_decoder is true"},
+      {R"("pad_token_id": 1)", "pad_token_id is 1"},
+      {R"("classifier_dropout": 0.3)", "classifier_dropout is 0.3"},
+      {R"("problem_type": "multi_label_classification")", "problem_type is \"multi_label_classification\""},
+      {R"("num_attention_heads": "4")", "num_attention_heads is \"4\", not a whole number"},
+  };
+  for (const auto& [entry, says] : refused) {
+    std::ofstream(d / "bad.json") << "{" << entry << ", \"hidden_size\": 64}";
+    CHECK_THROWS_WITH_AS(tools::hf_bert_config_sets(d / "bad.json"),
+                         doctest::Contains((d / "bad.json: " + says).c_str()), Error);
+  }
+
+  // Through kiln forward: 4 heads have the shapes of 2, so without the config the weights load and
+  // give other numbers; with --hf-config they are the model's.
+  models::BertConfig mc = c;
+  models::BertModel m(mc);
+  m.eval();
+  NoGradGuard ng;
+  // Sharper attention than the initialisation's near-uniform one, so how it is split into heads shows.
+  for (auto& [n, p] : m.named_parameters())
+    if (n.find("self.query.weight") != std::string::npos || n.find("self.key.weight") != std::string::npos)
+      p.mul_(30.0);
+  io::save_safetensors(d / "w.st", m.state_dict());
+  const Tensor ids = randint(0, 40, {2, 6});
+  io::save_safetensors(d / "x.st", {{"input_ids", ids}});
+  const Tensor want = m.forward(ids, Tensor(), Tensor()).last_hidden_state;
+  const std::string common = "--model bert-tiny --weights " + d / "w.st" + " --inputs " + d / "x.st";
+  REQUIRE(run(common + " --hf-config " + d / "config.json" + " --out " + d / "y.st") == 0);
+  CHECK(allclose(io::load_safetensors(d / "y.st").tensors.at("output"), want, 1e-5, 1e-6));
+  const std::string by_hand =
+      " --set vocab_size=40 --set hidden_size=64 --set num_layers=1 --set intermediate_size=96 "
+      "--set max_position=32";
+  REQUIRE(run(common + by_hand + " --out " + d / "y2.st") == 0);  // heads forgotten: loads, wrong numbers
+  CHECK(!allclose(io::load_safetensors(d / "y2.st").tensors.at("output"), want, 1e-3, 1e-3));
+  // and kiln ckpt import refuses a config Kiln cannot compute, naming the key.
+  std::ofstream(d / "new.json") << R"({"hidden_size": 64, "hidden_act": "gelu_new"})";
+  const auto r = testing::run_kiln(
+      "ckpt import " + d / "w.st" + " --model bert-tiny --hf-config " + d / "new.json" + " --out " + d / "i.kiln",
+      d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(testing::contains(r.output, "new.json: hidden_act is \"gelu_new\""), r.output);
+  const auto ok = testing::run_kiln(
+      "ckpt import " + d / "w.st" + " --model bert-tiny --hf-config " + d / "config.json" + " --out " + d / "i.kiln",
+      d.p.string());
+  CHECK_MESSAGE(ok.code == 0, ok.output);
+}
+
 TEST_CASE("checkpoint names: a batch norm saved without num_batches_tracked starts it at 0, as torch") {
   auto m = models::make_resnet(models::ResNetConfig{"resnet20", 4, 1});
   const nn::StateDict mine = m->state_dict();

@@ -8,10 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/checkpoint.h"
 #include "io/data.h"
 #include "io/safetensors.h"
 #include "kiln.h"
+#include "models/bert.h"
 #include "test_util.h"
+#include "tools/zoo.h"
 
 using kiln::testing::contains;
 using kiln::testing::read_text;
@@ -394,6 +397,88 @@ TEST_CASE("train: BERT-tiny masked LM and classification on fortune text (Debian
                d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK(json::parse(read_text(d / "cls_eval.json"))["test_accuracy"].get<double>() == doctest::Approx(acc).epsilon(1e-9));
+}
+
+TEST_CASE("train: a classifier fine-tunes from an encoder-only file: ckpt import --allow-missing, then --resume") {
+  // Hugging Face's recipe (a BertModel or pretraining file, a new classifier) on the command line:
+  // import refused the missing classifier and had no way to start it.
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  using namespace kiln;
+  TempDir d("kiln_finetune");
+  const std::string common = micro_batch_classify(d);
+  int64_t vocab = 0;
+  {
+    std::istringstream in(read_text(d / "vocab.txt"));
+    for (std::string line; std::getline(in, line);) ++vocab;
+  }
+  const std::string sets = " --set vocab_size=" + std::to_string(vocab) + " --set num_labels=2";
+  // A bare encoder's file as Hugging Face's BertModel.save_pretrained names it (no "bert."), plus a
+  // tensor no BERT has.
+  models::BertConfig c = models::bert_config("tiny");
+  c.vocab_size = vocab;
+  models::BertModel enc(c);
+  nn::StateDict file = enc.state_dict();
+  file["extra.weight"] = ones({3});
+  io::save_safetensors(d / "enc.safetensors", file);
+  const std::string import = "ckpt import " + d / "enc.safetensors" + " --model bert-tiny-cls" + sets;
+
+  auto r = run_kiln(import + " --out " + d / "strict.kiln", d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, "missing (2, use --allow-missing"), r.output);
+  CHECK_MESSAGE(contains(r.output, "extra.weight"), r.output);  // unexpected, refused without the flag
+
+  r = run_kiln(import + " --allow-missing --seed 5 --out " + d / "imp.kiln", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "skipped 1 tensor of " + d / "enc.safetensors" +
+                                       " that bert-tiny-cls has no "
+                                       "place for: extra.weight"),
+                r.output);
+  CHECK_MESSAGE(contains(r.output, "2 tensors of bert-tiny-cls not in " + d / "enc.safetensors" +
+                                       " start from the model's initialisation (--seed 5): classifier.bias"),
+                r.output);
+  // The encoder is the file's; the classifier is the fresh one of a run seeded 5.
+  io::CheckpointReader imp(d / "imp.kiln");
+  for (const auto& kv : enc.state_dict())  // not a structured binding: clang 14 cannot capture one
+    CHECK_MESSAGE(allclose(imp.read("model/bert." + kv.first), kv.second, 0.0, 0.0), kv.first);
+  manual_seed(5);
+  const auto fresh = tools::model_family("bert-tiny-cls")
+                         .build("bert-tiny-cls", {"vocab_size=" + std::to_string(vocab), "num_labels=2"}, false)
+                         .module->state_dict();
+  CHECK(allclose(imp.read("model/classifier.weight"), fresh.at("classifier.weight"), 0.0, 0.0));
+  CHECK(!json::parse(imp.state_json()).contains("run"));  // weights only: no step or epoch to continue
+
+  // kiln train --resume starts the fine-tune from it at step 1 of a fresh schedule.
+  r = run_kiln(common + " --max-steps 2 --threads 1 --limit-eval 16 --resume " + d / "imp.kiln" + " --out " + d / "ft",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  std::vector<int64_t> steps;
+  for (const auto& m : read_jsonl(d / "ft/metrics.jsonl"))
+    if (m.contains("loss")) steps.push_back(m["step"].get<int64_t>());
+  CHECK(steps == std::vector<int64_t>{1, 2});
+  CHECK(json::parse(read_text(d / "ft/summary.json"))["steps"] == 2);
+}
+
+TEST_CASE("eval: a BERT classifier's file without label names says it was not kiln train's and what gives them") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_eval_nolabels");
+  micro_batch_classify(d);  // vocab.txt, eval.tsv
+  // Hugging Face's BertForSequenceClassification names; its metadata is {"format": "pt"} only.
+  kiln::io::save_safetensors(d / "hf.safetensors", {{"classifier.weight", kiln::zeros({2, 128})}}, {{"format", "pt"}});
+  const std::string eval = "eval --model bert-tiny --task classify --eval-tsv " + d / "eval.tsv" + " --vocab " +
+                           d / "vocab.txt" + " --seq-len 64 --weights ";
+  auto r = run_kiln(eval + d / "hf.safetensors", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--task classify: " + d / "hf.safetensors" +
+                                       " carries no label names: it was not written by kiln train (Hugging Face's"),
+                r.output);
+  CHECK_MESSAGE(contains(r.output, "Give --train-tsv"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "older kiln"), r.output);
+  // A kiln train file from before label names were saved is named as that.
+  kiln::io::save_safetensors(d / "old.safetensors", {{"classifier.weight", kiln::zeros({2, 128})}},
+                             {{"format", "kiln"}, {"model", "bert-tiny"}, {"task", "classify"}});
+  r = run_kiln(eval + d / "old.safetensors", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "carries no label names: it was written by a kiln train older than them"), r.output);
 }
 
 TEST_CASE("train: --accum-steps K with batch B updates like one batch of K x B (BERT, no dropout, no batch norm)") {

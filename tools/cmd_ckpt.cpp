@@ -8,6 +8,7 @@
 
 #include <filesystem>
 
+#include "engine/random.h"
 #include "io/checkpoint.h"
 #include "io/run_checkpoint.h"
 #include "io/safetensors.h"
@@ -37,7 +38,16 @@ void add_ckpt_commands(CLI::App& app, CkptOptions& o) {
   imp->add_option("weights", o.file, "Weights (safetensors)")->required()->check(CLI::ExistingFile);
   imp->add_option("--model", o.model, "One of " + model_names_text())->required();
   imp->add_option("--set", o.sets, "Override a config field, key=value (repeatable)");
+  imp->add_option("--hf-config", o.hf_config,
+                  "A Hugging Face BERT config.json: its sizes as --set (a --set given wins); what Kiln's BERT "
+                  "does not compute (hidden_act gelu_new, relative positions, ...) is refused")
+      ->check(CLI::ExistingFile);
   imp->add_option("--out", o.out, "Checkpoint to write")->required();
+  imp->add_flag("--allow-missing", o.allow_missing,
+                "Start the model's tensors the file lacks (a new classifier) from its initialisation, and skip "
+                "the file's tensors the model has no place for; each is named on stderr");
+  imp->add_option("--seed", o.seed, "Seed of that initialisation (0 to 2^64 - 1), as kiln train's --seed")
+      ->default_val(0);
   imp->add_flag("--overwrite", o.overwrite,
                 "Replace the output file(s) if they exist (without it an existing one is refused)");
   imp->callback([&o] { o.action = "import"; });
@@ -131,24 +141,72 @@ int export_weights(const CkptOptions& o) {
     if (e.name.rfind("model/", 0) == 0) tensors[e.name.substr(6)] = r.read(e.name);
   KILN_CHECK(!tensors.empty(), o.file, ": holds no model weights");
   const auto state = nlohmann::json::parse(r.state_json());
-  std::map<std::string, std::string> meta = {{"format", "kiln"}};
+  std::map<std::string, std::string> meta = torch_compatible_metadata();
   if (state.contains("config")) meta["model"] = model_of(state);
   io::save_safetensors(o.out, tensors, meta);
   std::printf("wrote %zu tensors to %s\n", tensors.size(), o.out.c_str());
   return 0;
 }
 
+// "a [3, 4], b [5]": names (with their shapes) for a one-line message.
+std::string named_list(const nn::StateDict& tensors) {
+  std::string s;
+  for (const auto& [n, t] : tensors) {
+    std::ostringstream shape;
+    shape << t.shape();
+    s += (s.empty() ? "" : ", ") + n + " " + shape.str();
+  }
+  return s;
+}
+
 int import_weights(const CkptOptions& o) {
-  const std::shared_ptr<nn::Module> m = model_family(o.model).build(o.model, o.sets, /*deterministic=*/false).module;
+  // Seeded as kiln train seeds its fresh model: what --allow-missing leaves at the initialisation
+  // (a new classifier) is the same tensors a run with that --seed starts from.
+  manual_seed(o.seed);
+  const std::vector<std::string> sets = sets_with_hf_config(o.model, o.hf_config, o.sets);
+  const std::shared_ptr<nn::Module> m = model_family(o.model).build(o.model, sets, /*deterministic=*/false).module;
   const io::SafetensorsFile f = io::load_safetensors(o.file);
   const nn::StateDict mine = m->state_dict();
   nn::StateDict given = normalise_checkpoint_names(f.tensors, mine, o.file);
   drop_unused_heads(*m, given, o.file, o.model, "kiln ckpt import");
-  io::check_weights(*m, given, o.file);
-  m->load_state_dict(given, /*strict=*/true);
+  if (o.allow_missing) {
+    // A fine-tune's start: an encoder-only or pretraining file lacks the new head. Tensors the model
+    // has no place for are skipped (named), but a file none of whose tensors fit is the wrong file.
+    nn::StateDict skipped, missing;
+    for (auto it = given.begin(); it != given.end();) {
+      if (mine.count(it->first)) {
+        ++it;
+        continue;
+      }
+      skipped.insert(*it);
+      it = given.erase(it);
+    }
+    for (const auto& [n, t] : mine)
+      if (!given.count(n)) missing.insert({n, t});
+    KILN_CHECK(!given.empty(), o.file, ": none of its ", f.tensors.size(), " tensors is one of ", o.model,
+               "'s (is it this model's file? are its names Kiln's or Hugging Face's?)");
+    if (!skipped.empty())
+      std::fprintf(stderr, "kiln ckpt import: skipped %zu tensor%s of %s that %s has no place for: %s\n",
+                   skipped.size(), skipped.size() == 1 ? "" : "s", o.file.c_str(), o.model.c_str(),
+                   named_list(skipped).c_str());
+    if (!missing.empty())
+      std::fprintf(stderr,
+                   "kiln ckpt import: %zu tensor%s of %s not in %s start from the model's initialisation (--seed "
+                   "%llu): %s\n",
+                   missing.size(), missing.size() == 1 ? "" : "s", o.model.c_str(), o.file.c_str(),
+                   (unsigned long long)o.seed, named_list(missing).c_str());
+  }
+  // The flag is named where a missing head is the likely case (a BERT file without the classifier),
+  // not for weights of another ResNet.
+  const bool heads = model_family(o.model).input == ModelInput::tokens;
+  io::check_weights(*m, given, o.file, o.allow_missing,
+                    heads ? ", use --allow-missing to start them from the initialisation" : "");
+  m->load_state_dict(given, /*strict=*/!o.allow_missing);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [n, t] : m->state_dict()) tensors.emplace_back("model/" + n, t);
-  const nlohmann::json state = {{"kind", "weights"}, {"config", {{"model", o.model}, {"set", o.sets}}}, {"source", o.file}};
+  // No "run": a weights-only checkpoint, from which kiln train --resume starts at step 0, epoch 0.
+  nlohmann::json state = {{"kind", "weights"}, {"config", {{"model", o.model}, {"set", sets}}}, {"source", o.file}};
+  if (o.allow_missing) state["config"]["seed"] = o.seed;
   io::save_checkpoint(o.out, tensors, state.dump());
   std::printf("wrote %s: %zu tensors of %s from %s (start from it with kiln train --resume %s)\n", o.out.c_str(),
               tensors.size(), o.model.c_str(), o.file.c_str(), o.out.c_str());
@@ -186,7 +244,7 @@ int consolidate(const CkptOptions& o) {
       "without --zero, with the same number of ranks)\n",
       o.out.c_str(), whole.tensors.size(), layout.world_size, weights.size());
   if (!o.safetensors.empty()) {
-    std::map<std::string, std::string> meta = {{"format", "kiln"}};
+    std::map<std::string, std::string> meta = torch_compatible_metadata();
     if (state.contains("config")) meta["model"] = model_of(state);
     io::save_safetensors(o.safetensors, weights, meta);
     std::printf("wrote %zu tensors to %s\n", weights.size(), o.safetensors.c_str());

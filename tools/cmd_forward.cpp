@@ -22,6 +22,10 @@ namespace kiln::tools {
 void add_forward_flags(CLI::App& app, ForwardOptions& o) {
   app.add_option("--model", o.model, "One of " + model_names_text())->required();
   app.add_option("--set", o.sets, "Override a config field, key=value (repeatable)");
+  app.add_option("--hf-config", o.hf_config,
+                 "A Hugging Face BERT config.json: its sizes as --set (a --set given wins); what Kiln's BERT "
+                 "does not compute (hidden_act gelu_new, relative positions, ...) is refused")
+      ->check(CLI::ExistingFile);
   app.add_option("--weights", o.weights, "Weights (safetensors)")->required()->check(CLI::ExistingFile);
   app.add_option("--inputs", o.inputs, "Inputs (safetensors): input, or input_ids/attention_mask/token_type_ids")
       ->required()
@@ -39,7 +43,8 @@ int run_forward(const ForwardOptions& o) {
     return 2;
   }
   // Dropout off: the outputs are deterministic (--train means batch-norm mode only).
-  const BuiltModel b = model_family(o.model).build(o.model, o.sets, /*deterministic=*/true);
+  const BuiltModel b =
+      model_family(o.model).build(o.model, sets_with_hf_config(o.model, o.hf_config, o.sets), /*deterministic=*/true);
   nn::Module& m = *b.module;
   // Weights
   const io::SafetensorsFile wf = io::load_safetensors(o.weights);

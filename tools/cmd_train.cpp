@@ -1627,7 +1627,9 @@ class Trainer {
     }
   }
   int write_outputs() {
-    std::map<std::string, std::string> meta = {{"model", c_.model}, {"task", task_.name}, {"format", "kiln"}};
+    std::map<std::string, std::string> meta = torch_compatible_metadata();
+    meta["model"] = c_.model;
+    meta["task"] = task_.name;
     if (task_.data_info.contains("labels")) meta["labels"] = task_.data_info["labels"].dump();
     if (task_.data_info.value("name", "") == "folder") {  // `kiln eval` gets the ids and size of this run
       meta["labels"] = task_.data_info["classes"].dump();
@@ -1800,6 +1802,16 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     // A classifier's label names travel with its weights, so ids mean the same classes here.
     if (auto it = f.metadata.find("labels"); it != f.metadata.end())
       c.label_names = nlohmann::json::parse(it->second).get<std::vector<std::string>>();
+    // Only kiln train's model.safetensors has them (and its "task"); a file from elsewhere needs the
+    // labels' file, said with the file's name and where it came from.
+    if (c.task == "classify" && c.label_names.empty() && c.train_tsv.empty() &&
+        model_family(c.model).input == ModelInput::tokens)
+      KILN_FAIL("--task classify: ", weights, " carries no label names: ",
+                f.metadata.count("task") ? "it was written by a kiln train older than them"
+                                         : "it was not written by kiln train (Hugging Face's model.safetensors and "
+                                           "kiln ckpt export's carry none)",
+                ". Give --train-tsv, the file the model was trained on (or any with its labels: integer labels 0..N-1 "
+                "are classes 0..N-1, as Hugging Face numbers them)");
     // A size the model was trained at (metadata `key`): taken unless its flag was given; another one
     // given is a legitimate choice (longer texts, larger images), with a warning.
     const auto trained_size = [&](const char* key, const char* flag, bool given, int64_t& value) {

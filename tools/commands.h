@@ -19,6 +19,7 @@ int run_doctor(const DoctorOptions& o);
 
 struct ForwardOptions {
   std::string model, weights, inputs, out, grad_output;
+  std::string hf_config;  // a Hugging Face config.json whose sizes come before --set
   std::vector<std::string> sets;
   bool train = false;
   bool allow_missing = false;
@@ -28,9 +29,14 @@ int run_forward(const ForwardOptions& o);
 
 struct CkptOptions {
   std::string action, file, out, model, safetensors;
+  std::string hf_config;  // import: a Hugging Face config.json whose sizes come before --set
   std::vector<std::string> sets;
   bool all = false;
   bool overwrite = false;  // replace an existing output file
+  // import: the model's tensors the file lacks start from its initialisation (seeded by `seed`, as
+  // kiln train's fresh model), and the file's tensors the model lacks are skipped; each is named.
+  bool allow_missing = false;
+  uint64_t seed = 0;
 };
 void add_ckpt_commands(CLI::App& app, CkptOptions& o);
 int run_ckpt(const CkptOptions& o);

@@ -3,8 +3,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <tuple>
 
 namespace kiln::tools {
@@ -111,6 +117,101 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
   check_dropout("hidden_dropout", c.hidden_dropout);
   check_dropout("attention_dropout", c.attention_dropout);
   return c;
+}
+
+std::vector<std::string> hf_bert_config_sets(const std::string& path) {
+  nlohmann::json cfg;
+  {
+    std::ifstream in(path, std::ios::binary);
+    KILN_CHECK(in.good(), path, ": cannot open the config (", std::strerror(errno), ")");
+    std::ostringstream text;
+    text << in.rdbuf();
+    try {
+      cfg = nlohmann::json::parse(text.str());
+    } catch (const nlohmann::json::exception& e) {
+      KILN_FAIL(path, ": not JSON (", e.what(), ")");
+    }
+  }
+  KILN_CHECK(cfg.is_object(), path, ": a config is a JSON object, this one is a JSON ", cfg.type_name());
+  const auto shown = [&cfg](const char* key) { return cfg[key].dump(); };
+  // A key's string value, or `fallback` (transformers' default) when absent or null (problem_type).
+  const auto text = [&](const char* key, const char* fallback) {
+    if (!cfg.contains(key) || cfg[key].is_null()) return std::string(fallback);
+    KILN_CHECK(cfg[key].is_string(), path, ": ", key, " is ", shown(key), ", not a string");
+    return cfg[key].get<std::string>();
+  };
+  const auto whole = [&](const char* key, int64_t fallback) {
+    if (!cfg.contains(key)) return fallback;
+    KILN_CHECK(cfg[key].is_number_integer(), path, ": ", key, " is ", shown(key), ", not a whole number");
+    return cfg[key].get<int64_t>();
+  };
+  const auto number = [&](const char* key, double fallback) {
+    if (!cfg.contains(key)) return fallback;
+    KILN_CHECK(cfg[key].is_number(), path, ": ", key, " is ", shown(key), ", not a number");
+    return cfg[key].get<double>();
+  };
+  const auto flag = [&](const char* key) {
+    if (!cfg.contains(key) || cfg[key].is_null()) return false;
+    KILN_CHECK(cfg[key].is_boolean(), path, ": ", key, " is ", shown(key), ", not true or false");
+    return cfg[key].get<bool>();
+  };
+  // What Kiln's BERT does not compute: refused by key and value, since the weights would load and
+  // give other numbers.
+  const std::string model_type = text("model_type", "bert");
+  KILN_CHECK(model_type == "bert", path, ": model_type is \"", model_type,
+             "\": Kiln's BERT models load a BERT config (model_type \"bert\") only");
+  const std::string act = text("hidden_act", "gelu");
+  KILN_CHECK(act == "gelu", path, ": hidden_act is \"", act,
+             "\": Kiln's BERT computes the exact (erf) GELU, transformers' \"gelu\", only");
+  const std::string pos = text("position_embedding_type", "absolute");
+  KILN_CHECK(pos == "absolute", path, ": position_embedding_type is \"", pos,
+             "\": Kiln's BERT has absolute position embeddings only");
+  KILN_CHECK(!flag("is_decoder"), path, ": is_decoder is true: Kiln's BERT is an encoder (no causal mask)");
+  KILN_CHECK(!flag("add_cross_attention"), path, ": add_cross_attention is true: Kiln's BERT has no cross-attention");
+  if (cfg.contains("pad_token_id"))
+    KILN_CHECK(cfg["pad_token_id"] == 0, path, ": pad_token_id is ", shown("pad_token_id"),
+               ": Kiln's word embeddings keep id 0 as the padding row (no gradient), as transformers' with 0");
+  const double hidden_dropout = number("hidden_dropout_prob", 0.1);
+  if (cfg.contains("classifier_dropout") && !cfg["classifier_dropout"].is_null())
+    KILN_CHECK(number("classifier_dropout", 0) == hidden_dropout, path, ": classifier_dropout is ",
+               shown("classifier_dropout"), ", not hidden_dropout_prob (", hidden_dropout,
+               "): Kiln's classifier drops out at hidden_dropout_prob");
+  const std::string problem = text("problem_type", "single_label_classification");
+  KILN_CHECK(problem == "single_label_classification", path, ": problem_type is \"", problem,
+             "\": Kiln's BERT classifier is single-label (cross-entropy) only");
+  int64_t num_labels = 2;  // transformers' default
+  if (cfg.contains("id2label")) {
+    KILN_CHECK(cfg["id2label"].is_object(), path, ": id2label is ", shown("id2label"), ", not an object");
+    num_labels = int64_t(cfg["id2label"].size());
+  }
+  num_labels = whole("num_labels", num_labels);
+  // Numbers as the shortest text that reads back as the same double (1e-12, not 9.99...e-13).
+  const auto real = [](double v) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    return std::string(buf, r.ptr);
+  };
+  return {"vocab_size=" + std::to_string(whole("vocab_size", 30522)),
+          "hidden_size=" + std::to_string(whole("hidden_size", 768)),
+          "num_layers=" + std::to_string(whole("num_hidden_layers", 12)),
+          "num_heads=" + std::to_string(whole("num_attention_heads", 12)),
+          "intermediate_size=" + std::to_string(whole("intermediate_size", 3072)),
+          "max_position=" + std::to_string(whole("max_position_embeddings", 512)),
+          "type_vocab_size=" + std::to_string(whole("type_vocab_size", 2)),
+          "layer_norm_eps=" + real(number("layer_norm_eps", 1e-12)),
+          "hidden_dropout=" + real(hidden_dropout),
+          "attention_dropout=" + real(number("attention_probs_dropout_prob", 0.1)),
+          "num_labels=" + std::to_string(num_labels)};
+}
+
+std::vector<std::string> sets_with_hf_config(const std::string& model, const std::string& hf_config,
+                                             const std::vector<std::string>& sets) {
+  if (hf_config.empty()) return sets;
+  KILN_CHECK(model_family(model).input == ModelInput::tokens, "--hf-config ", hf_config,
+             ": a Hugging Face BERT config, but --model ", model, " is not a BERT model");
+  std::vector<std::string> all = hf_bert_config_sets(hf_config);
+  all.insert(all.end(), sets.begin(), sets.end());
+  return all;
 }
 
 namespace {
@@ -253,9 +354,9 @@ std::string where(const std::string& file) { return file.empty() ? std::string()
 }  // namespace
 
 // Old BERT checkpoints name LayerNorm parameters gamma/beta, and carry the tied decoder and
-// position ids; Hugging Face's BertModel checkpoints name the encoder under "bert."; map them onto
-// Kiln's names. What cannot be represented (an untied decoder, two different decoder biases) is
-// refused naming both tensors rather than dropped.
+// position ids; Hugging Face's headed BERT checkpoints name the encoder under "bert.", its bare
+// BertModel ones without it; map them onto Kiln's names. What cannot be represented (an untied
+// decoder, two different decoder biases) is refused naming both tensors rather than dropped.
 nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine, const std::string& file) {
   // An encoder-only model (bert-SIZE) has no "bert." prefix; a checkpoint of one of the headed models
   // (BertForPreTraining, BertForMaskedLM) has it on every encoder name: strip it, as Hugging Face's
@@ -265,6 +366,14 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
   const bool in_prefixed =
       std::any_of(in.begin(), in.end(), [](const auto& kv) { return starts_with(kv.first, "bert."); });
   const bool strip_bert = !mine_prefixed && in_prefixed && mine.count("embeddings.word_embeddings.weight");
+  // The reverse: a bare encoder's checkpoint (BertModel.save_pretrained, bert-SIZE's) given to a
+  // headed model (-mlm, -cls) names its encoder without "bert.": add it, as Hugging Face's
+  // BertForSequenceClassification.from_pretrained does; without it nothing matched, and a strict=False
+  // load left the whole encoder at its random initialisation.
+  const bool add_bert = mine_prefixed && !in_prefixed && in.count("embeddings.word_embeddings.weight");
+  const auto encoder_name = [](const std::string& k) {
+    return starts_with(k, "embeddings.") || starts_with(k, "encoder.") || starts_with(k, "pooler.");
+  };
   // Only a model with a masked-LM head ties a decoder; for the others (a classifier, the bare
   // encoder) the checkpoint's cls.* heads are unused: kept here, so drop_unused_heads drops them
   // unexamined and a strict load (Python's load_state_dict) names them as unexpected.
@@ -275,6 +384,7 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
   for (const auto& [n, t] : in) {
     std::string k = n;
     if (strip_bert && starts_with(k, "bert.")) k = k.substr(5);
+    if (add_bert && encoder_name(k)) k = "bert." + k;
     if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".gamma")) k = k.substr(0, k.size() - 6) + ".weight";
     if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".beta")) k = k.substr(0, k.size() - 5) + ".bias";
     if (k == "cls.predictions.decoder.weight" && !mine.count(k) && mlm_head) {

@@ -64,9 +64,32 @@ BertName parse_bert_name(const std::string& name);
 // The size's config with `key=value` overrides (vocab_size, hidden_size, num_layers, ...).
 models::BertConfig bert_config_from(const std::string& size, const std::vector<std::string>& sets);
 
+// The `--set` overrides (key=value, Kiln's keys) of a Hugging Face BERT config.json at `path`:
+// hidden_size, num_hidden_layers (num_layers), num_attention_heads (num_heads), intermediate_size,
+// vocab_size, max_position_embeddings (max_position), type_vocab_size, layer_norm_eps,
+// hidden_dropout_prob (hidden_dropout), attention_probs_dropout_prob (attention_dropout) and
+// num_labels (or id2label's count), each absent key at transformers' BertConfig default. What Kiln's
+// BERT does not compute (hidden_act other than gelu, the exact one; position_embedding_type other
+// than absolute; a decoder; pad_token_id other than 0; a model_type other than bert; ...) is an error
+// naming the file, the key and its value, rather than a model that loads and gives other numbers.
+std::vector<std::string> hf_bert_config_sets(const std::string& path);
+// The overrides of a command with --hf-config (`hf_config`, or "" for none) and --set (`sets`, after
+// it, so a --set given wins) for `model`; a config given for a model outside the BERT family is an
+// error naming both.
+std::vector<std::string> sets_with_hf_config(const std::string& model, const std::string& hf_config,
+                                             const std::vector<std::string>& sets);
+
+// The metadata every safetensors file of model weights Kiln writes starts with (kiln train's
+// model.safetensors, kiln ckpt export's and consolidate's): "format" "pt", as torch's save_file
+// writes, since the names, dtypes and layout are torch's and Hugging Face's transformers 4.x refuses
+// any other format (pt, tf, flax, mlx) in from_pretrained; "writer" "kiln" says who wrote it (no
+// reader needs it; files before it said "format" "kiln" and load the same).
+inline std::map<std::string, std::string> torch_compatible_metadata() { return {{"format", "pt"}, {"writer", "kiln"}}; }
+
 // Old BERT checkpoints name LayerNorm parameters gamma/beta and carry the tied decoder and position
 // ids, and Hugging Face's name the encoder under "bert.": `in` with those mapped onto Kiln's names
-// (`mine`: the model's state dict; "bert." is stripped for an encoder-only model). A decoder weight
+// (`mine`: the model's state dict; "bert." is stripped for an encoder-only model, and added to a bare
+// encoder's names, embeddings./encoder./pooler., for a headed one). A decoder weight
 // that differs from the word embeddings the model ties it to, or cls.predictions.decoder.bias
 // differing from cls.predictions.bias, is an error naming both (`file` names the checkpoint).
 nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine,

@@ -220,6 +220,48 @@ def _sets_of(set):  # noqa: A002
     return [s.strip() for s in items]
 
 
+def from_pretrained(path, model, set=None, strict=True, deterministic=False):  # noqa: A002
+    """A BERT model from a Hugging Face model folder (config.json, model.safetensors) or a config.json
+    alone: kiln.models.create(model) with the config's sizes (hidden_size, num_hidden_layers,
+    num_attention_heads, intermediate_size, vocab_size, max_position_embeddings, type_vocab_size,
+    layer_norm_eps, the dropouts, num_labels or id2label's count), then `set` (which wins), then
+    the folder's model.safetensors loaded with load_state_dict(strict=strict). strict=False starts
+    what the file lacks (a new classifier) from the initialisation, and warns naming it and what
+    the file holds that the model does not use. What Kiln's BERT does not compute (hidden_act other
+    than "gelu", position_embedding_type other than "absolute", ...) is a kiln.KilnValueError naming
+    the key and value."""
+    import os
+    import warnings
+
+    from . import load
+
+    if not isinstance(model, str) or not model.startswith("bert-"):
+        raise _C.KilnValueError(f"kiln.models.from_pretrained: model must be one of the BERT models "
+                                f"(bert-base-cls, ...), got {model!r}")
+    path = os.fspath(path)
+    config = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        sets = list(_C._hf_bert_config_sets(config))
+    except _C.KilnError as e:
+        raise _C.KilnValueError(f"kiln.models.from_pretrained: {e}") from None
+    m = create(model, set=sets + _sets_of(set), deterministic=deterministic)
+    if os.path.isdir(path):
+        weights = os.path.join(path, "model.safetensors")
+        if not os.path.isfile(weights):
+            # A model left at its initialisation without a word is what this function is against.
+            raise _C.KilnValueError(f"kiln.models.from_pretrained: {path} has a config.json but no model.safetensors "
+                                    f"(a pytorch_model.bin or sharded checkpoint: save it as one safetensors file; "
+                                    f"or pass the config.json itself for a model without weights)")
+        res = m.load_state_dict(load(weights), strict=strict)
+        if res.missing_keys:
+            warnings.warn(f"kiln.models.from_pretrained: {len(res.missing_keys)} tensors of {model} are not in "
+                          f"{weights} and start from the initialisation: {', '.join(res.missing_keys)}", stacklevel=2)
+        if res.unexpected_keys:
+            warnings.warn(f"kiln.models.from_pretrained: {len(res.unexpected_keys)} tensors of {weights} are not "
+                          f"used by {model}: {', '.join(res.unexpected_keys)}", stacklevel=2)
+    return m
+
+
 def create(name, set=None, deterministic=False):  # noqa: A002  (as the flag)
     """Builds a model by its kiln train name, with the overrides of `kiln train --set`: a dict
     ({"num_classes": 10, "zero_init_residual": True}), a "key=value" string (several separated by

@@ -430,6 +430,10 @@ void bind_nn(nb::module_& m) {
       nb::arg("state_dict"), nb::arg("mine"), nb::arg("file") = std::string(),
       "tools::normalise_checkpoint_names: a checkpoint's names mapped onto a model's (`mine`: its state dict), "
       "as `kiln forward` loads one: Hugging Face's \"bert.\" prefix, gamma/beta, the tied decoder.");
+  m.def(
+      "_hf_bert_config_sets", [](const std::string& path) { return tools::hf_bert_config_sets(path); }, nb::arg("path"),
+      "tools::hf_bert_config_sets: a Hugging Face BERT config.json as Kiln's key=value overrides; what Kiln's "
+      "BERT does not compute is an error naming the key and value.");
   m.def("_model_names", [] {
     std::vector<std::string> out;
     for (const auto& f : tools::model_families()) out.insert(out.end(), f.names.begin(), f.names.end());

@@ -222,6 +222,26 @@ def test_deepcopy_maps_a_parameter_a_hook_holds_to_the_copys():
     assert next(iter(c._forward_hooks.values())).p is c.fc.weight
 
 
+def test_a_bare_bert_encoder_state_dict_fills_a_headed_models_encoder():
+    # Hugging Face's BertModel.save_pretrained names the encoder without "bert.": into a classifier it
+    # matched nothing, and strict=False left the encoder random; now "bert." is added, as from_pretrained.
+    sets = {"vocab_size": 100, "num_layers": 1, "num_labels": 3}
+    bare = {k: v.detach().clone() for k, v in kiln.models.create("bert-tiny", set=sets).state_dict().items()}
+    assert "embeddings.word_embeddings.weight" in bare
+    cls = kiln.models.create("bert-tiny-cls", set=sets)
+    res = cls.load_state_dict(bare, strict=False)
+    assert sorted(res.missing_keys) == ["classifier.bias", "classifier.weight"]
+    assert res.unexpected_keys == []
+    got = cls.state_dict()
+    for k, v in bare.items():
+        np.testing.assert_array_equal(got["bert." + k].numpy(), v.numpy(), err_msg=k)
+    # The masked-LM model takes it too (its head missing, the pooler it has none of unexpected).
+    mlm = kiln.models.create("bert-tiny-mlm", set=sets)
+    res = mlm.load_state_dict(bare, strict=False)
+    assert all(k.startswith("cls.") for k in res.missing_keys)
+    assert sorted(res.unexpected_keys) == ["bert.pooler.dense.bias", "bert.pooler.dense.weight"]
+
+
 def test_a_stray_bert_key_stays_unexpected_outside_a_bert_mlm_model():
     r = kiln.models.create("resnet20")
     sd = dict(r.state_dict())
@@ -377,3 +397,52 @@ def test_a_torch_tensor_dlpack_refuses_or_misreads_is_loaded_copied():
     m.load_state_dict({"weight": w.to_sparse(), "bias": torch._neg_view(torch.tensor([1.0, -2.0]))})
     np.testing.assert_array_equal(m.weight.detach().numpy(), w.numpy())
     np.testing.assert_array_equal(m.bias.detach().numpy(), [-1.0, 2.0])
+
+
+def _hf_folder(path, model, config):
+    """A Hugging Face model folder: config.json and model.safetensors (the state dict's names)."""
+    import json
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    kiln.save(model.state_dict(), str(path / "model.safetensors"))
+    return path
+
+
+def test_from_pretrained_reads_config_json_and_refuses_what_kiln_does_not_compute(tmp_path):
+    # num_attention_heads 4 has the shapes of bert-tiny's 2: the weights load either way, and only the
+    # config gives the right numbers.
+    config = {"model_type": "bert", "hidden_act": "gelu", "hidden_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 40, "max_position_embeddings": 32,
+              "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.0,
+              "attention_probs_dropout_prob": 0.0, "pad_token_id": 0, "position_embedding_type": "absolute",
+              "id2label": {"0": "a", "1": "b", "2": "c"}}
+    kiln.manual_seed(0)
+    src = kiln.models.create("bert-tiny-cls", set={"hidden_size": 64, "num_layers": 1, "num_heads": 4,
+                                                   "intermediate_size": 96, "vocab_size": 40, "max_position": 32,
+                                                   "num_labels": 3}).eval()
+    folder = _hf_folder(tmp_path / "hf", src, config)
+    ids = kiln.tensor(np.random.default_rng(0).integers(0, 40, (2, 7)))
+    with kiln.no_grad():
+        want = src(ids).numpy()
+        got = kiln.models.from_pretrained(folder, model="bert-tiny-cls").eval()
+        np.testing.assert_allclose(got(ids).numpy(), want, rtol=1e-5, atol=1e-6)
+        # The config file alone builds the model (no weights loaded).
+        assert len(kiln.models.from_pretrained(folder / "config.json", model="bert-tiny-cls").state_dict()) == \
+            len(src.state_dict())
+    for key, value, says in [("hidden_act", "gelu_new", 'hidden_act is "gelu_new"'),
+                             ("position_embedding_type", "relative_key_query",
+                              'position_embedding_type is "relative_key_query"'),
+                             ("num_attention_heads", "4", 'num_attention_heads is "4", not a whole number')]:
+        bad = _hf_folder(tmp_path / f"bad_{key}", src, {**config, key: value})
+        with pytest.raises(kiln.KilnValueError, match=f"config.json: {says}"):
+            kiln.models.from_pretrained(bad, model="bert-tiny-cls")
+    with pytest.raises(kiln.KilnValueError, match="BERT models"):
+        kiln.models.from_pretrained(folder, model="resnet20")
+    # A bare encoder's folder: strict=False starts the new classifier and names it.
+    enc = kiln.models.create("bert-tiny", set={"hidden_size": 64, "num_layers": 1, "num_heads": 4,
+                                               "intermediate_size": 96, "vocab_size": 40, "max_position": 32})
+    base = _hf_folder(tmp_path / "base", enc, config)
+    with pytest.raises(kiln.KilnError, match="classifier"):
+        kiln.models.from_pretrained(base, model="bert-tiny-cls")
+    with pytest.warns(UserWarning, match="start from the initialisation: classifier"):
+        kiln.models.from_pretrained(base, model="bert-tiny-cls", strict=False)
