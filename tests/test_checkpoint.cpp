@@ -907,3 +907,47 @@ TEST_CASE("checkpoint: a resume compares the data files' contents, not their pat
   CHECK(contains(d[0], "data contents: checkpoint [\"--text[0]: 12 bytes, crc32c 0000abcd\"]"));
   CHECK(contains(d[1], "data vocab_fingerprint: checkpoint \"00ff\", now \"0100\""));
 }
+
+// The weights kiln ckpt export (and consolidate --safetensors) take out of a checkpoint carry what the
+// run's model.safetensors carries (seq_len, case, vocabulary), so kiln eval reads the same text the
+// same way: written with only the model's name, eval took --seq-len 128 and any vocabulary.
+TEST_CASE("checkpoint: ckpt export and consolidate write the run's metadata: evaluated as model.safetensors is") {
+  TempDir d("kiln_ckpt_meta");
+  const std::string text = " --text " + kiln::testing::kFortunes + "/computers";
+  auto r = run_kiln("vocab" + text + " --size 1000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("vocab" + text + " --size 500 --out " + d / "other.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("train --model bert-tiny" + text + " --vocab " + d / "vocab.txt" +
+                   " --seq-len 32 --max-steps 2 --save-every 2 --batch 8 --limit-eval 32 --threads 1 --progress lines "
+                   "--zero 1 --out " +
+                   d / "run",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("ckpt export " + d / "run/checkpoints/step-000000002.kiln --safetensors " + d / "exp.safetensors",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("ckpt consolidate " + d / "run/checkpoints/step-000000002.kiln --out " + d / "whole.kiln" +
+                   " --safetensors " + d / "con.safetensors",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::map<std::string, std::string> trained = io::load_safetensors(d / "run/model.safetensors").metadata;
+  CHECK(trained.at("seq_len") == "32");
+  CHECK(io::load_safetensors(d / "exp.safetensors").metadata == trained);
+  CHECK(io::load_safetensors(d / "con.safetensors").metadata == trained);
+  const std::string eval = "eval --model bert-tiny" + text + " --limit-eval 32 --threads 1 --vocab ";
+  for (const std::string w : {"run/model.safetensors", "exp.safetensors", "con.safetensors"}) {
+    CAPTURE(w);
+    r = run_kiln(eval + d / "vocab.txt --weights " + d / w + " --out " + d / (w.substr(0, 3) + ".json"), d.p.string());
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+    r = run_kiln(eval + d / "other.txt --weights " + d / w, d.p.string());
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(contains(r.output, "is not the vocabulary " + d / w + " was trained with"), r.output);
+  }
+  const json a = json::parse(read_text(d / "run.json")), b = json::parse(read_text(d / "exp.json"));
+  CHECK(a["data"]["seq_len"] == 32);
+  CHECK(b["data"]["seq_len"] == 32);
+  CHECK(a["test_loss"] == b["test_loss"]);
+  CHECK(a["test_mlm_accuracy"] == b["test_mlm_accuracy"]);
+  CHECK(json::parse(read_text(d / "con.json"))["test_loss"] == a["test_loss"]);
+}

@@ -14,6 +14,7 @@
 #include "io/weights.h"
 #include "tools/cli_checks.h"
 #include "tools/commands.h"
+#include "tools/train.h"
 #include "tools/zoo.h"
 
 namespace kiln::tools {
@@ -61,10 +62,9 @@ std::string text_of(const nlohmann::json& obj, const char* key) {
   const nlohmann::json& v = obj[key];
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
-// The model name a state's config gives, or "".
-std::string model_of(const nlohmann::json& state) {
-  const nlohmann::json c = state.is_object() ? state.value("config", nlohmann::json()) : nlohmann::json();
-  return c.is_object() && c.contains("model") && c["model"].is_string() ? c["model"].get<std::string>() : "";
+// A state's config, or null (a weights-only checkpoint's is {model, set}; a damaged state may have none).
+nlohmann::json config_of(const nlohmann::json& state) {
+  return state.is_object() ? state.value("config", nlohmann::json()) : nlohmann::json();
 }
 
 int inspect(const CkptOptions& o) {
@@ -132,7 +132,7 @@ int export_weights(const CkptOptions& o) {
   KILN_CHECK(!tensors.empty(), o.file, ": holds no model weights");
   const auto state = nlohmann::json::parse(r.state_json());
   std::map<std::string, std::string> meta = {{"format", "kiln"}};
-  if (state.contains("config")) meta["model"] = model_of(state);
+  meta.merge(weights_metadata(config_of(state)));  // as the run's model.safetensors
   io::save_safetensors(o.out, tensors, meta);
   std::printf("wrote %zu tensors to %s\n", tensors.size(), o.out.c_str());
   return 0;
@@ -187,7 +187,7 @@ int consolidate(const CkptOptions& o) {
       o.out.c_str(), whole.tensors.size(), layout.world_size, weights.size());
   if (!o.safetensors.empty()) {
     std::map<std::string, std::string> meta = {{"format", "kiln"}};
-    if (state.contains("config")) meta["model"] = model_of(state);
+    meta.merge(weights_metadata(config_of(state)));  // as the run's model.safetensors
     io::save_safetensors(o.safetensors, weights, meta);
     std::printf("wrote %zu tensors to %s\n", weights.size(), o.safetensors.c_str());
   }

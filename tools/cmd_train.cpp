@@ -1628,19 +1628,7 @@ class Trainer {
   }
   int write_outputs() {
     std::map<std::string, std::string> meta = {{"model", c_.model}, {"task", task_.name}, {"format", "kiln"}};
-    if (task_.data_info.contains("labels")) meta["labels"] = task_.data_info["labels"].dump();
-    if (task_.data_info.value("name", "") == "folder") {  // `kiln eval` gets the ids and size of this run
-      meta["labels"] = task_.data_info["classes"].dump();
-      meta["image_size"] = std::to_string(task_.data_info["image_size"].get<int64_t>());
-    }
-    // A BERT model's text settings: what turns its text into these ids, so `kiln eval` makes the same.
-    if (task_.data_info.contains("vocab_fingerprint")) {
-      meta["lower_case"] = task_.data_info["lower_case"].get<bool>() ? "true" : "false";
-      meta["seq_len"] = std::to_string(task_.data_info["seq_len"].get<int64_t>());
-      meta["vocab"] = task_.data_info["vocab"].get<std::string>();
-      meta["vocab_size"] = std::to_string(task_.data_info["vocab_size"].get<int64_t>());
-      meta["vocab_fingerprint"] = task_.data_info["vocab_fingerprint"].get<std::string>();
-    }
+    meta.merge(weights_metadata(resolved_));  // the rest as kiln ckpt export writes it from a checkpoint
     io::save_safetensors(c_.out + "/model.safetensors", model().state_dict(), meta);
     const double wall = since(t_start_);
     const double sps = double(run_.samples_seen) / std::max(run_.train_seconds, 1e-9);
