@@ -951,3 +951,34 @@ TEST_CASE("checkpoint: ckpt export and consolidate write the run's metadata: eva
   CHECK(a["test_mlm_accuracy"] == b["test_mlm_accuracy"]);
   CHECK(json::parse(read_text(d / "con.json"))["test_loss"] == a["test_loss"]);
 }
+
+// consolidate's two outputs are two files: --out F --safetensors F wrote the checkpoint, then the
+// weights over it, and exited 0 (output_is_input cannot tell: an output that does not exist yet is
+// no input). Refused however the one path is spelled, and named as two outputs when F exists.
+TEST_CASE("checkpoint: ckpt consolidate refuses --out and --safetensors naming one file") {
+  TempDir d("kiln_ckpt_two");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const std::string ck = io::save_run_checkpoint(d / "run", *a, opt, {}, {{"model", "resnet20"}});
+  const std::string f = d / "f.kiln";
+  const std::string says = "--out " + f + " and --safetensors ";
+  for (const std::string& other : {f, (d.p / "." / "f.kiln").string(), (d.p / "run" / ".." / "f.kiln").string()}) {
+    CAPTURE(other);
+    const auto r = run_kiln("ckpt consolidate " + ck + " --out " + f + " --safetensors " + other, d.p.string());
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(contains(r.output, says + other + " name the same file"), r.output);
+    CHECK(!fs::exists(f));
+  }
+  // Existing, with --overwrite: named as the two outputs, not as "the input"; a link to it counts too.
+  write_bytes(f, "earlier");
+  fs::create_symlink(f, d / "link.safetensors");
+  for (const std::string& other : {f, d / "link.safetensors"}) {
+    CAPTURE(other);
+    const auto r =
+        run_kiln("ckpt consolidate " + ck + " --out " + f + " --safetensors " + other + " --overwrite", d.p.string());
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(contains(r.output, says + other + " name the same file"), r.output);
+    CHECK_MESSAGE(!contains(r.output, "is the input"), r.output);
+    CHECK(bytes_of(f) == "earlier");
+  }
+}

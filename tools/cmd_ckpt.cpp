@@ -197,12 +197,13 @@ int consolidate(const CkptOptions& o) {
 }  // namespace
 
 int run_ckpt(const CkptOptions& o) {
-  // An output that is the input would replace the file being read (consolidate writes two).
+  // An output that is the input would replace the file being read; consolidate's two outputs must be
+  // two files (one replaced the other: the checkpoint was lost).
   std::string clash;
   if (o.action == "export") clash = output_is_input("--safetensors", o.out, {o.file});
   if (o.action == "import" || o.action == "consolidate") clash = output_is_input("--out", o.out, {o.file});
-  if (clash.empty() && o.action == "consolidate")
-    clash = output_is_input("--safetensors", o.safetensors, {o.file, o.out});
+  if (clash.empty() && o.action == "consolidate") clash = same_output("--out", o.out, "--safetensors", o.safetensors);
+  if (clash.empty() && o.action == "consolidate") clash = output_is_input("--safetensors", o.safetensors, {o.file});
   // An existing output may be a training checkpoint (optimizer state, progress) that a weights-only
   // one would silently replace: only when asked.
   if (clash.empty() && !o.overwrite) {
