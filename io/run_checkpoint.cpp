@@ -187,7 +187,7 @@ std::string save_run(const std::string& dir, const nn::Module& model, const opti
   std::vector<std::pair<std::string, std::function<Tensor()>>> tensors;
   for (const auto& [n, t] : sd) tensors.emplace_back("model/" + n, [&t = t] { return t; });
   optim::OptimizerState os = opt.state();
-  if (sharded) drop_per_view_scalars(os.scalars);  // rank 0's views' (kiln ckpt consolidate copies them)
+  if (sharded) drop_per_view_scalars(os.scalars);  // rank 0's views' (consolidate counts the groups' own)
   if (sharded) {
     for (const auto& [n, make] : sharded->entries) tensors.emplace_back("optim-zero/" + n, make);
   } else {

@@ -982,3 +982,34 @@ TEST_CASE("checkpoint: ckpt consolidate refuses --out and --safetensors naming o
     CHECK(bytes_of(f) == "earlier");
   }
 }
+
+// A --zero 1 checkpoint leaves out each optimizer group's size (its rank's views are not the
+// parameters); the consolidated one holds them, as an unsharded run's does, so its resume checks
+// the groups (engine/optim.cpp, Optimizer::load_state).
+TEST_CASE("checkpoint: ckpt consolidate writes each optimizer group's size (group<g>.params)") {
+  TempDir d("kiln_ckpt_groups");
+  const std::string args =
+      "train --limit-train 16 --limit-eval 8 --batch 8 --max-steps 1 --save-every 1 --threads 1 --device cpu "
+      "--progress lines";
+  auto r = run_kiln(args + " --out " + d / "plain", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln(args + " --zero 1 --out " + d / "zero", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("ckpt consolidate " + d / "zero/checkpoints/step-000000001.kiln --out " + d / "whole.kiln",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto sizes = [](const std::string& path) {
+    const json s = json::parse(io::CheckpointReader(path).state_json())["optimizer"]["scalars"];
+    std::map<std::string, double> out;
+    for (const auto& [k, v] : s.items())
+      if (k.size() > 7 && k.compare(k.size() - 7, 7, ".params") == 0) out[k] = v.get<double>();
+    return out;
+  };
+  const auto plain = sizes(d / "plain/checkpoints/step-000000001.kiln");
+  REQUIRE(plain.size() == 2);  // ResNet: weights with decay, and biases and norms without
+  CHECK(sizes(d / "zero/checkpoints/step-000000001.kiln").empty());
+  CHECK(sizes(d / "whole.kiln") == plain);
+  r = run_kiln(args + " --resume " + d / "whole.kiln" + " --out " + d / "res", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
+}

@@ -178,6 +178,17 @@ int consolidate(const CkptOptions& o) {
         return it->second.shape();
       });
   for (const auto& [n, t] : whole.tensors) tensors.emplace_back("optim/" + n, t);
+  // Each group's size ("group<g>.params"), which a sharded checkpoint leaves out (its rank's views are
+  // not the parameters): the layout lists every parameter of every group once, so a resume checks the
+  // groups against its optimizer's as it does any unsharded checkpoint's.
+  if (state.contains("optimizer") && state["optimizer"].is_object() && state["optimizer"].contains("scalars") &&
+      state["optimizer"]["scalars"].is_object()) {
+    std::map<size_t, int64_t> sizes;
+    for (const auto& b : layout.buckets)
+      for (const auto& e : b.params) ++sizes[e.group];
+    nlohmann::json& scalars = state["optimizer"]["scalars"];
+    for (const auto& [g, n] : sizes) scalars["group" + std::to_string(g) + ".params"] = n;
+  }
   state.erase("zero");
   if (state.contains("config")) state["config"]["zero"] = 0;
   io::save_checkpoint(o.out, tensors, state.dump());
