@@ -1013,3 +1013,59 @@ TEST_CASE("checkpoint: ckpt consolidate writes each optimizer group's size (grou
   CHECK_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
 }
+
+// What is wrong is said as it is: a directory is no damaged checkpoint, another format version is
+// unsupported, a weights-only checkpoint has no optimizer state, another model's weights are that
+// model's, and a safetensors file is one.
+TEST_CASE("checkpoint: messages for a directory, another format version, weights only, another model, safetensors") {
+  TempDir d("kiln_ckpt_msgs");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const std::string ck = io::save_run_checkpoint(d / "run", *a, opt, {}, {{"model", "resnet20"}});
+  auto r = run_kiln("ckpt verify " + d / "run", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, d / "run" + " is a directory, not a checkpoint file"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "DAMAGED"), r.output);
+  // Another major version, its header intact: unsupported (exit 1 all the same), newer or older.
+  const std::string good = bytes_of(ck);
+  for (const auto& version : {std::pair<uint32_t, std::string>{2, "a newer"}, {0, "an older"}}) {
+    const uint32_t major = version.first;
+    const std::string& which = version.second;
+    CAPTURE(major);
+    std::string b = good;
+    std::memcpy(b.data() + 8, &major, 4);
+    const uint32_t crc = io::crc32c(b.data(), 36);
+    std::memcpy(b.data() + 36, &crc, 4);
+    write_bytes(d / "v.kiln", b);
+    r = run_kiln("ckpt verify " + d / "v.kiln", d.p.string());
+    CHECK(r.code == 1);
+    CHECK_MESSAGE(contains(r.output, d / "v.kiln" + ": UNSUPPORTED"), r.output);
+    CHECK_MESSAGE(contains(r.output, "written in checkpoint format " + std::to_string(major) + ".0 by " + which +
+                                         " Kiln; this build reads format 1.x"),
+                  r.output);
+    CHECK_MESSAGE(!contains(r.output, "DAMAGED"), r.output);
+  }
+  // A weights-only checkpoint (kiln ckpt import's) has no optimizer state to consolidate.
+  auto b = models::make_resnet({"resnet32", 10, 1});
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (const auto& [n, t] : b->state_dict()) weights.emplace_back("model/" + n, t);
+  io::save_checkpoint(d / "w.kiln", weights, R"({"kind": "weights", "config": {"model": "resnet32", "set": []}})");
+  r = run_kiln("ckpt consolidate " + d / "w.kiln --out " + d / "c.kiln", d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "w.kiln" + ": holds weights only, no optimizer state"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "whole already"), r.output);
+  // Another model's weights: said first, before the lists of tensors.
+  r = run_kiln("train --limit-train 16 --limit-eval 8 --batch 8 --max-steps 1 --threads 1 --resume " + d / "w.kiln" +
+                   " --out " + d / "res",
+               d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, d / "w.kiln" + " holds resnet32 weights, not resnet20: they do not match:\n"),
+                r.output);
+  // A safetensors file where a checkpoint is read (kiln.load_checkpoint, --resume) says where it goes.
+  io::save_safetensors(d / "m.safetensors", a->state_dict());
+  const std::string e = error_of([&] { io::CheckpointReader rd(d / "m.safetensors"); });
+  CHECK_MESSAGE(contains(e, d / "m.safetensors" + ": this is a safetensors file, not a Kiln checkpoint: load it "
+                                                  "with kiln.load (Python), or make a weights-only checkpoint of it "
+                                                  "with `kiln ckpt import"),
+                e);
+}

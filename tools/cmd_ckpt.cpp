@@ -106,12 +106,21 @@ int verify(const CkptOptions& o) {
     std::fprintf(stderr, "kiln ckpt verify: error: %s does not exist\n", o.file.c_str());
     return 2;
   }
+  if (std::filesystem::is_directory(o.file, ec)) {  // not damaged: not a file (a run's checkpoints/)
+    std::fprintf(stderr,
+                 "kiln ckpt verify: error: %s is a directory, not a checkpoint file (name a step-*.kiln in it)\n",
+                 o.file.c_str());
+    return 2;
+  }
   std::vector<std::string> problems;
   size_t n = 0;
   try {
     io::CheckpointReader r(o.file);
     n = r.entries().size();
     problems = r.verify();
+  } catch (const io::UnsupportedCheckpointFormat& e) {  // intact, but not for this build: still a failure
+    std::printf("%s: UNSUPPORTED\n  %s\n", o.file.c_str(), e.message().c_str());
+    return 1;
   } catch (const Error& e) {
     problems.push_back(e.message());
   }
@@ -158,6 +167,9 @@ int import_weights(const CkptOptions& o) {
 int consolidate(const CkptOptions& o) {
   io::CheckpointReader r(o.file);
   nlohmann::json state = nlohmann::json::parse(r.state_json());
+  // A weights-only checkpoint (kiln ckpt import's) has no optimizer state to make whole.
+  KILN_CHECK(state.contains("zero") || state.contains("optimizer"), o.file,
+             ": holds weights only, no optimizer state (as kiln ckpt import writes): there is nothing to consolidate");
   KILN_CHECK(state.contains("zero"), o.file,
              ": its optimizer state is not sharded (not written with --zero 1); "
              "it is whole already");

@@ -819,7 +819,7 @@ class Trainer {
       };
       // The flags first (a resnet20 checkpoint under --model resnet32 is named as such, not as 72
       // tensors that do not match), the micro-batch once the run's state is read.
-      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, [&](const nlohmann::json& saved) {
+      const auto check_config = [&](const nlohmann::json& saved) {
         // Keys of flags this run does not use are not compared: an older Kiln accepted them (and
         // saved them) without using them, and they cannot be given again now.
         nlohmann::json was = saved, now = resolved_;
@@ -838,7 +838,9 @@ class Trainer {
                        "continues, but its numbers will differ from the original run's in the last bits "
                        "(KILN_CPU_ISA=%s gives the same set, where this CPU has it)\n",
                        path.c_str(), isa_was.c_str(), isa_now.c_str(), isa_was.c_str());
-      });
+      };
+      // Another model's weights (a weights-only checkpoint of it) are named as that model's first.
+      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, check_config, c_.model);
       if (!lr.weights_only) {
         if (const std::string d = resume_micro_batch(lr); !d.empty()) refuse({d});
         run_ = lr.run;  // its position counts micro-batches of micro_, as resume_micro_batch made sure
