@@ -156,18 +156,31 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   KILN_CHECK(fd_ >= 0, path, ": cannot open the checkpoint: ", std::strerror(errno));
   struct stat st{};
-  KILN_CHECK(::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode), path, ": not a regular file");
+  KILN_CHECK(::fstat(fd_, &st) == 0, path, ": cannot read its size: ", std::strerror(errno));
+  KILN_CHECK(!S_ISDIR(st.st_mode), path, ": is a directory, not a checkpoint file (name a step-*.kiln in it)");
+  KILN_CHECK(S_ISREG(st.st_mode), path, ": not a regular file");
   size_ = uint64_t(st.st_size);
   KILN_CHECK(size_ >= kHeaderBytes, path, ": ", size_, " bytes is too short for a checkpoint header (64 bytes); "
              "the file is truncated or not a Kiln checkpoint");
   unsigned char h[kHeaderBytes];
   pread_all(fd_, h, kHeaderBytes, 0, path, "the header");
+  // A safetensors file is the likeliest other file given here (a run's model.safetensors): its first 8
+  // bytes are its header's length, and the header a JSON object.
+  const uint64_t st_header = get<uint64_t>(h);
+  KILN_CHECK(std::memcmp(h, kCheckpointMagic, 8) == 0 || st_header > size_ - 8 || h[8] != '{', path,
+             ": this is a safetensors file, not a Kiln checkpoint: load it with kiln.load (Python), or make a "
+             "weights-only checkpoint of it with `kiln ckpt import ",
+             path, " --model NAME --out FILE`");
   KILN_CHECK(std::memcmp(h, kCheckpointMagic, 8) == 0, path, ": not a Kiln checkpoint (the magic is not KILNCKPT)");
   KILN_CHECK(get<uint32_t>(h + 36) == crc32c(h, 36), path, ": the header is damaged (its checksum does not match)");
   major_ = get<uint32_t>(h + 8);
   minor_ = get<uint32_t>(h + 12);
-  KILN_CHECK(major_ <= kCheckpointMajor, path, ": written in checkpoint format ", major_, ".", minor_,
-             " by a newer Kiln; this build reads format ", kCheckpointMajor, ".x");
+  // Intact, in another format version: unsupported (its own error type), not damaged.
+  if (major_ != kCheckpointMajor)
+    throw UnsupportedCheckpointFormat(detail::str_cat(path, ": written in checkpoint format ", major_, ".", minor_,
+                                                      " by ", major_ > kCheckpointMajor ? "a newer" : "an older",
+                                                      " Kiln; this build reads format ", kCheckpointMajor, ".x"),
+                                      __FILE__, __LINE__);
   manifest_offset_ = get<uint64_t>(h + 16);
   manifest_length_ = get<uint64_t>(h + 24);
   // Each bound is checked on its own, so no sum of two header fields can wrap around in a message

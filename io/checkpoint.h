@@ -39,6 +39,13 @@ void save_checkpoint_lazy(const std::string& path,
                           const std::vector<std::pair<std::string, std::function<Tensor()>>>& tensors,
                           const std::string& state_json);
 
+// What CheckpointReader throws for a checkpoint whose header is intact but whose format version this
+// build does not read: unsupported, not damaged (kiln ckpt verify says which).
+class UnsupportedCheckpointFormat : public Error {
+ public:
+  using Error::Error;
+};
+
 class CheckpointReader {
  public:
   // Opens `path` and validates the header, the manifest's checksum and every entry's geometry;

@@ -187,7 +187,7 @@ std::string save_run(const std::string& dir, const nn::Module& model, const opti
   std::vector<std::pair<std::string, std::function<Tensor()>>> tensors;
   for (const auto& [n, t] : sd) tensors.emplace_back("model/" + n, [&t = t] { return t; });
   optim::OptimizerState os = opt.state();
-  if (sharded) drop_per_view_scalars(os.scalars);  // rank 0's views' (kiln ckpt consolidate copies them)
+  if (sharded) drop_per_view_scalars(os.scalars);  // rank 0's views' (consolidate counts the groups' own)
   if (sharded) {
     for (const auto& [n, make] : sharded->entries) tensors.emplace_back("optim-zero/" + n, make);
   } else {
@@ -333,7 +333,8 @@ void check_run_state(const RunState& r, const std::string& path) {
 }  // namespace
 
 LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
-                              const LocalOptimizerState& local, const ConfigCheck& check_config) {
+                              const LocalOptimizerState& local, const ConfigCheck& check_config,
+                              const std::string& model_name) {
   io::CheckpointReader r(path);
   json state = json::parse(r.state_json());
   LoadedRun out;
@@ -371,6 +372,9 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
   if (const auto lines = weights_mismatch(model.state_dict(), stored, false, "checkpoint"); !lines.empty()) {
     std::string msg;
     for (const auto& l : lines) msg += "\n  " + l;
+    const json saved = out.config.value("model", json());
+    if (!model_name.empty() && saved.is_string() && saved.get<std::string>() != model_name)
+      KILN_FAIL(path, " holds ", saved.get<std::string>(), " weights, not ", model_name, ": they do not match:", msg);
     KILN_FAIL(path, " does not match the model:", msg);
   }
   for (const auto& n : model_names) sd[n] = r.read("model/" + n);

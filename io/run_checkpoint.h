@@ -123,10 +123,15 @@ struct LoadedRun {
 //
 // `check_config`, for a training checkpoint: called with its config before anything is loaded (it
 // throws to refuse another run's checkpoint before the model's weights are compared).
+//
+// `model_name`, the run's --model: weights that do not match, saved from another model (a weights-only
+// checkpoint's config names it), are said to be that model's first ("X holds bert-tiny-mlm weights, not
+// resnet20"), before the lists of missing and unexpected tensors.
 using LocalOptimizerState = std::function<optim::OptimizerState(const CheckpointReader& r, const nlohmann::json& zero)>;
 using ConfigCheck = std::function<void(const nlohmann::json& config)>;
 LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
-                              const LocalOptimizerState& local = {}, const ConfigCheck& check_config = {});
+                              const LocalOptimizerState& local = {}, const ConfigCheck& check_config = {},
+                              const std::string& model_name = {});
 
 // Config keys that change the numbers of a run, and what they made of the data (data_info's labels,
 // classes, files, sample counts): a resume with any of them different is refused.

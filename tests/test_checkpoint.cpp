@@ -932,3 +932,165 @@ TEST_CASE("checkpoint: a resume compares the data files' contents, not their pat
   CHECK(contains(d[0], "data contents: checkpoint [\"--text[0]: 12 bytes, crc32c 0000abcd\"]"));
   CHECK(contains(d[1], "data vocab_fingerprint: checkpoint \"00ff\", now \"0100\""));
 }
+
+// The weights kiln ckpt export (and consolidate --safetensors) take out of a checkpoint carry what the
+// run's model.safetensors carries (seq_len, case, vocabulary), so kiln eval reads the same text the
+// same way: written with only the model's name, eval took --seq-len 128 and any vocabulary.
+TEST_CASE("checkpoint: ckpt export and consolidate write the run's metadata: evaluated as model.safetensors is") {
+  TempDir d("kiln_ckpt_meta");
+  const std::string text = " --text " + kiln::testing::kFortunes + "/computers";
+  auto r = run_kiln("vocab" + text + " --size 1000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("vocab" + text + " --size 500 --out " + d / "other.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("train --model bert-tiny" + text + " --vocab " + d / "vocab.txt" +
+                   " --seq-len 32 --max-steps 2 --save-every 2 --batch 8 --limit-eval 32 --threads 1 --progress lines "
+                   "--zero 1 --out " +
+                   d / "run",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("ckpt export " + d / "run/checkpoints/step-000000002.kiln --safetensors " + d / "exp.safetensors",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("ckpt consolidate " + d / "run/checkpoints/step-000000002.kiln --out " + d / "whole.kiln" +
+                   " --safetensors " + d / "con.safetensors",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::map<std::string, std::string> trained = io::load_safetensors(d / "run/model.safetensors").metadata;
+  CHECK(trained.at("seq_len") == "32");
+  CHECK(io::load_safetensors(d / "exp.safetensors").metadata == trained);
+  CHECK(io::load_safetensors(d / "con.safetensors").metadata == trained);
+  const std::string eval = "eval --model bert-tiny" + text + " --limit-eval 32 --threads 1 --vocab ";
+  for (const std::string w : {"run/model.safetensors", "exp.safetensors", "con.safetensors"}) {
+    CAPTURE(w);
+    r = run_kiln(eval + d / "vocab.txt --weights " + d / w + " --out " + d / (w.substr(0, 3) + ".json"), d.p.string());
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+    r = run_kiln(eval + d / "other.txt --weights " + d / w, d.p.string());
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(contains(r.output, "is not the vocabulary " + d / w + " was trained with"), r.output);
+  }
+  const json a = json::parse(read_text(d / "run.json")), b = json::parse(read_text(d / "exp.json"));
+  CHECK(a["data"]["seq_len"] == 32);
+  CHECK(b["data"]["seq_len"] == 32);
+  CHECK(a["test_loss"] == b["test_loss"]);
+  CHECK(a["test_mlm_accuracy"] == b["test_mlm_accuracy"]);
+  CHECK(json::parse(read_text(d / "con.json"))["test_loss"] == a["test_loss"]);
+}
+
+// consolidate's two outputs are two files: --out F --safetensors F wrote the checkpoint, then the
+// weights over it, and exited 0 (output_is_input cannot tell: an output that does not exist yet is
+// no input). Refused however the one path is spelled, and named as two outputs when F exists.
+TEST_CASE("checkpoint: ckpt consolidate refuses --out and --safetensors naming one file") {
+  TempDir d("kiln_ckpt_two");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const std::string ck = io::save_run_checkpoint(d / "run", *a, opt, {}, {{"model", "resnet20"}});
+  const std::string f = d / "f.kiln";
+  const std::string says = "--out " + f + " and --safetensors ";
+  for (const std::string& other : {f, (d.p / "." / "f.kiln").string(), (d.p / "run" / ".." / "f.kiln").string()}) {
+    CAPTURE(other);
+    const auto r = run_kiln("ckpt consolidate " + ck + " --out " + f + " --safetensors " + other, d.p.string());
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(contains(r.output, says + other + " name the same file"), r.output);
+    CHECK(!fs::exists(f));
+  }
+  // Existing, with --overwrite: named as the two outputs, not as "the input"; a link to it counts too.
+  write_bytes(f, "earlier");
+  fs::create_symlink(f, d / "link.safetensors");
+  for (const std::string& other : {f, d / "link.safetensors"}) {
+    CAPTURE(other);
+    const auto r =
+        run_kiln("ckpt consolidate " + ck + " --out " + f + " --safetensors " + other + " --overwrite", d.p.string());
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(contains(r.output, says + other + " name the same file"), r.output);
+    CHECK_MESSAGE(!contains(r.output, "is the input"), r.output);
+    CHECK(bytes_of(f) == "earlier");
+  }
+}
+
+// A --zero 1 checkpoint leaves out each optimizer group's size (its rank's views are not the
+// parameters); the consolidated one holds them, as an unsharded run's does, so its resume checks
+// the groups (engine/optim.cpp, Optimizer::load_state).
+TEST_CASE("checkpoint: ckpt consolidate writes each optimizer group's size (group<g>.params)") {
+  TempDir d("kiln_ckpt_groups");
+  const std::string args =
+      "train --limit-train 16 --limit-eval 8 --batch 8 --max-steps 1 --save-every 1 --threads 1 --device cpu "
+      "--progress lines";
+  auto r = run_kiln(args + " --out " + d / "plain", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln(args + " --zero 1 --out " + d / "zero", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("ckpt consolidate " + d / "zero/checkpoints/step-000000001.kiln --out " + d / "whole.kiln",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto sizes = [](const std::string& path) {
+    const json s = json::parse(io::CheckpointReader(path).state_json())["optimizer"]["scalars"];
+    std::map<std::string, double> out;
+    for (const auto& [k, v] : s.items())
+      if (k.size() > 7 && k.compare(k.size() - 7, 7, ".params") == 0) out[k] = v.get<double>();
+    return out;
+  };
+  const auto plain = sizes(d / "plain/checkpoints/step-000000001.kiln");
+  REQUIRE(plain.size() == 2);  // ResNet: weights with decay, and biases and norms without
+  CHECK(sizes(d / "zero/checkpoints/step-000000001.kiln").empty());
+  CHECK(sizes(d / "whole.kiln") == plain);
+  r = run_kiln(args + " --resume " + d / "whole.kiln" + " --out " + d / "res", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
+}
+
+// What is wrong is said as it is: a directory is no damaged checkpoint, another format version is
+// unsupported, a weights-only checkpoint has no optimizer state, another model's weights are that
+// model's, and a safetensors file is one.
+TEST_CASE("checkpoint: messages for a directory, another format version, weights only, another model, safetensors") {
+  TempDir d("kiln_ckpt_msgs");
+  auto a = models::make_resnet({"resnet20", 10, 1});
+  optim::SGD opt(optim::decay_groups(a->named_parameters(), 0.1, 0), {0.9, 0, false});
+  const std::string ck = io::save_run_checkpoint(d / "run", *a, opt, {}, {{"model", "resnet20"}});
+  auto r = run_kiln("ckpt verify " + d / "run", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, d / "run" + " is a directory, not a checkpoint file"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "DAMAGED"), r.output);
+  // Another major version, its header intact: unsupported (exit 1 all the same), newer or older.
+  const std::string good = bytes_of(ck);
+  for (const auto& version : {std::pair<uint32_t, std::string>{2, "a newer"}, {0, "an older"}}) {
+    const uint32_t major = version.first;
+    const std::string& which = version.second;
+    CAPTURE(major);
+    std::string b = good;
+    std::memcpy(b.data() + 8, &major, 4);
+    const uint32_t crc = io::crc32c(b.data(), 36);
+    std::memcpy(b.data() + 36, &crc, 4);
+    write_bytes(d / "v.kiln", b);
+    r = run_kiln("ckpt verify " + d / "v.kiln", d.p.string());
+    CHECK(r.code == 1);
+    CHECK_MESSAGE(contains(r.output, d / "v.kiln" + ": UNSUPPORTED"), r.output);
+    CHECK_MESSAGE(contains(r.output, "written in checkpoint format " + std::to_string(major) + ".0 by " + which +
+                                         " Kiln; this build reads format 1.x"),
+                  r.output);
+    CHECK_MESSAGE(!contains(r.output, "DAMAGED"), r.output);
+  }
+  // A weights-only checkpoint (kiln ckpt import's) has no optimizer state to consolidate.
+  auto b = models::make_resnet({"resnet32", 10, 1});
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (const auto& [n, t] : b->state_dict()) weights.emplace_back("model/" + n, t);
+  io::save_checkpoint(d / "w.kiln", weights, R"({"kind": "weights", "config": {"model": "resnet32", "set": []}})");
+  r = run_kiln("ckpt consolidate " + d / "w.kiln --out " + d / "c.kiln", d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "w.kiln" + ": holds weights only, no optimizer state"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "whole already"), r.output);
+  // Another model's weights: said first, before the lists of tensors.
+  r = run_kiln("train --limit-train 16 --limit-eval 8 --batch 8 --max-steps 1 --threads 1 --resume " + d / "w.kiln" +
+                   " --out " + d / "res",
+               d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, d / "w.kiln" + " holds resnet32 weights, not resnet20: they do not match:\n"),
+                r.output);
+  // A safetensors file where a checkpoint is read (kiln.load_checkpoint, --resume) says where it goes.
+  io::save_safetensors(d / "m.safetensors", a->state_dict());
+  const std::string e = error_of([&] { io::CheckpointReader rd(d / "m.safetensors"); });
+  CHECK_MESSAGE(contains(e, d / "m.safetensors" + ": this is a safetensors file, not a Kiln checkpoint: load it "
+                                                  "with kiln.load (Python), or make a weights-only checkpoint of it "
+                                                  "with `kiln ckpt import"),
+                e);
+}

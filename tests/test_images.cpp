@@ -607,7 +607,12 @@ TEST_CASE("train: an image folder's class names and image size travel with the w
   make_folder(d.p.string(), 4);
   const std::string data = " --model resnet20 --data folder --data-dir " + d.p.string() + " --threads 1";
   auto r = kiln::testing::run_kiln(
-      "train" + data + " --image-size 16 --batch 4 --max-steps 1 --progress lines --out " + d / "run", d.p.string());
+      "train" + data + " --image-size 16 --batch 4 --max-steps 1 --save-every 1 --progress lines --out " + d / "run",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  // The weights kiln ckpt export takes from the run's checkpoint carry them too.
+  r = kiln::testing::run_kiln(
+      "ckpt export " + d / "run/checkpoints/step-000000001.kiln --safetensors " + d / "exp.safetensors", d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   fs::rename(d.p / "train", d.p / "train.away");  // not needed: the names come with the weights
   r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "run/model.safetensors" + " --out " + d / "e.json",
@@ -617,6 +622,12 @@ TEST_CASE("train: an image folder's class names and image size travel with the w
   CHECK(j["data"]["image_size"] == 16);
   CHECK(j["data"]["classes"] == nlohmann::json({"cat", "dog"}));
   CHECK(j["test_samples"] == 8);
+  r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "exp.safetensors" + " --out " + d / "exp.json",
+                              d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto je = nlohmann::json::parse(kiln::testing::read_text(d / "exp.json"));
+  CHECK(je["data"] == j["data"]);
+  CHECK(je["test_loss"] == j["test_loss"]);
   // A size given explicitly wins, with a warning.
   r = kiln::testing::run_kiln(
       "eval" + data + " --image-size 24 --weights " + d / "run/model.safetensors" + " --out " + d / "e24.json",

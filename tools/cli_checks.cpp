@@ -108,6 +108,21 @@ std::string output_is_input(const std::string& out_flag, const std::string& out,
   return "";
 }
 
+std::string same_output(const std::string& flag_a, const std::string& a, const std::string& flag_b,
+                        const std::string& b) {
+  namespace fs = std::filesystem;
+  if (a.empty() || b.empty()) return "";
+  std::error_code ec, ec_a, ec_b;
+  // Neither needs to exist: one path spelled two ways (./w, a/../w) is the same file to be; two
+  // existing paths (a link, a hard link) are compared as files.
+  const fs::path ca = fs::weakly_canonical(a, ec_a), cb = fs::weakly_canonical(b, ec_b);
+  const bool same =
+      (!ec_a && !ec_b && ca == cb) || (fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec));
+  if (!same) return "";
+  return flag_a + " " + a + " and " + flag_b + " " + b + " name the same file: the second written would replace the " +
+         "first; write them to two paths";
+}
+
 namespace {
 // Flags' names without the {value} each negated name carries (see add_on_off_flag).
 class OnOffFormatter : public CLI::Formatter {

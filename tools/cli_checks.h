@@ -15,6 +15,13 @@ namespace kiln::tools {
 std::string output_is_input(const std::string& out_flag, const std::string& out,
                             const std::vector<std::string>& inputs);
 
+// "--out F and --safetensors F name the same file: ..." when a command's two outputs `a` and `b`
+// (the values of flags `flag_a` and `flag_b`) would be one file: the same path once made canonical
+// (neither need exist), or the same existing file (a link to it); "" otherwise or when either is "".
+// output_is_input cannot tell: an output that does not exist yet is no input.
+std::string same_output(const std::string& flag_a, const std::string& a, const std::string& flag_b,
+                        const std::string& b);
+
 // "" when a file can be written at `path` (the value of flag `flag`): not a directory ("... is a
 // directory: name the <what>"), in a directory that exists and is writable. Asked before any work,
 // so a bad output path is not found after it.

@@ -15,6 +15,7 @@
 #include "io/weights.h"
 #include "tools/cli_checks.h"
 #include "tools/commands.h"
+#include "tools/train.h"
 #include "tools/zoo.h"
 
 namespace kiln::tools {
@@ -71,10 +72,9 @@ std::string text_of(const nlohmann::json& obj, const char* key) {
   const nlohmann::json& v = obj[key];
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
-// The model name a state's config gives, or "".
-std::string model_of(const nlohmann::json& state) {
-  const nlohmann::json c = state.is_object() ? state.value("config", nlohmann::json()) : nlohmann::json();
-  return c.is_object() && c.contains("model") && c["model"].is_string() ? c["model"].get<std::string>() : "";
+// A state's config, or null (a weights-only checkpoint's is {model, set}; a damaged state may have none).
+nlohmann::json config_of(const nlohmann::json& state) {
+  return state.is_object() ? state.value("config", nlohmann::json()) : nlohmann::json();
 }
 
 int inspect(const CkptOptions& o) {
@@ -116,12 +116,21 @@ int verify(const CkptOptions& o) {
     std::fprintf(stderr, "kiln ckpt verify: error: %s does not exist\n", o.file.c_str());
     return 2;
   }
+  if (std::filesystem::is_directory(o.file, ec)) {  // not damaged: not a file (a run's checkpoints/)
+    std::fprintf(stderr,
+                 "kiln ckpt verify: error: %s is a directory, not a checkpoint file (name a step-*.kiln in it)\n",
+                 o.file.c_str());
+    return 2;
+  }
   std::vector<std::string> problems;
   size_t n = 0;
   try {
     io::CheckpointReader r(o.file);
     n = r.entries().size();
     problems = r.verify();
+  } catch (const io::UnsupportedCheckpointFormat& e) {  // intact, but not for this build: still a failure
+    std::printf("%s: UNSUPPORTED\n  %s\n", o.file.c_str(), e.message().c_str());
+    return 1;
   } catch (const Error& e) {
     problems.push_back(e.message());
   }
@@ -142,7 +151,7 @@ int export_weights(const CkptOptions& o) {
   KILN_CHECK(!tensors.empty(), o.file, ": holds no model weights");
   const auto state = nlohmann::json::parse(r.state_json());
   std::map<std::string, std::string> meta = torch_compatible_metadata();
-  if (state.contains("config")) meta["model"] = model_of(state);
+  meta.merge(weights_metadata(config_of(state)));  // as the run's model.safetensors
   io::save_safetensors(o.out, tensors, meta);
   std::printf("wrote %zu tensors to %s\n", tensors.size(), o.out.c_str());
   return 0;
@@ -216,6 +225,9 @@ int import_weights(const CkptOptions& o) {
 int consolidate(const CkptOptions& o) {
   io::CheckpointReader r(o.file);
   nlohmann::json state = nlohmann::json::parse(r.state_json());
+  // A weights-only checkpoint (kiln ckpt import's) has no optimizer state to make whole.
+  KILN_CHECK(state.contains("zero") || state.contains("optimizer"), o.file,
+             ": holds weights only, no optimizer state (as kiln ckpt import writes): there is nothing to consolidate");
   KILN_CHECK(state.contains("zero"), o.file,
              ": its optimizer state is not sharded (not written with --zero 1); "
              "it is whole already");
@@ -236,6 +248,17 @@ int consolidate(const CkptOptions& o) {
         return it->second.shape();
       });
   for (const auto& [n, t] : whole.tensors) tensors.emplace_back("optim/" + n, t);
+  // Each group's size ("group<g>.params"), which a sharded checkpoint leaves out (its rank's views are
+  // not the parameters): the layout lists every parameter of every group once, so a resume checks the
+  // groups against its optimizer's as it does any unsharded checkpoint's.
+  if (state.contains("optimizer") && state["optimizer"].is_object() && state["optimizer"].contains("scalars") &&
+      state["optimizer"]["scalars"].is_object()) {
+    std::map<size_t, int64_t> sizes;
+    for (const auto& b : layout.buckets)
+      for (const auto& e : b.params) ++sizes[e.group];
+    nlohmann::json& scalars = state["optimizer"]["scalars"];
+    for (const auto& [g, n] : sizes) scalars["group" + std::to_string(g) + ".params"] = n;
+  }
   state.erase("zero");
   if (state.contains("config")) state["config"]["zero"] = 0;
   io::save_checkpoint(o.out, tensors, state.dump());
@@ -245,7 +268,7 @@ int consolidate(const CkptOptions& o) {
       o.out.c_str(), whole.tensors.size(), layout.world_size, weights.size());
   if (!o.safetensors.empty()) {
     std::map<std::string, std::string> meta = torch_compatible_metadata();
-    if (state.contains("config")) meta["model"] = model_of(state);
+    meta.merge(weights_metadata(config_of(state)));  // as the run's model.safetensors
     io::save_safetensors(o.safetensors, weights, meta);
     std::printf("wrote %zu tensors to %s\n", weights.size(), o.safetensors.c_str());
   }
@@ -255,12 +278,13 @@ int consolidate(const CkptOptions& o) {
 }  // namespace
 
 int run_ckpt(const CkptOptions& o) {
-  // An output that is the input would replace the file being read (consolidate writes two).
+  // An output that is the input would replace the file being read; consolidate's two outputs must be
+  // two files (one replaced the other: the checkpoint was lost).
   std::string clash;
   if (o.action == "export") clash = output_is_input("--safetensors", o.out, {o.file});
   if (o.action == "import" || o.action == "consolidate") clash = output_is_input("--out", o.out, {o.file});
-  if (clash.empty() && o.action == "consolidate")
-    clash = output_is_input("--safetensors", o.safetensors, {o.file, o.out});
+  if (clash.empty() && o.action == "consolidate") clash = same_output("--out", o.out, "--safetensors", o.safetensors);
+  if (clash.empty() && o.action == "consolidate") clash = output_is_input("--safetensors", o.safetensors, {o.file});
   // An existing output may be a training checkpoint (optimizer state, progress) that a weights-only
   // one would silently replace: only when asked.
   if (clash.empty() && !o.overwrite) {

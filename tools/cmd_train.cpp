@@ -819,7 +819,7 @@ class Trainer {
       };
       // The flags first (a resnet20 checkpoint under --model resnet32 is named as such, not as 72
       // tensors that do not match), the micro-batch once the run's state is read.
-      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, [&](const nlohmann::json& saved) {
+      const auto check_config = [&](const nlohmann::json& saved) {
         // Keys of flags this run does not use are not compared: an older Kiln accepted them (and
         // saved them) without using them, and they cannot be given again now.
         nlohmann::json was = saved, now = resolved_;
@@ -838,7 +838,9 @@ class Trainer {
                        "continues, but its numbers will differ from the original run's in the last bits "
                        "(KILN_CPU_ISA=%s gives the same set, where this CPU has it)\n",
                        path.c_str(), isa_was.c_str(), isa_now.c_str(), isa_was.c_str());
-      });
+      };
+      // Another model's weights (a weights-only checkpoint of it) are named as that model's first.
+      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, check_config, c_.model);
       if (!lr.weights_only) {
         if (const std::string d = resume_micro_batch(lr); !d.empty()) refuse({d});
         run_ = lr.run;  // its position counts micro-batches of micro_, as resume_micro_batch made sure
@@ -1630,19 +1632,7 @@ class Trainer {
     std::map<std::string, std::string> meta = torch_compatible_metadata();
     meta["model"] = c_.model;
     meta["task"] = task_.name;
-    if (task_.data_info.contains("labels")) meta["labels"] = task_.data_info["labels"].dump();
-    if (task_.data_info.value("name", "") == "folder") {  // `kiln eval` gets the ids and size of this run
-      meta["labels"] = task_.data_info["classes"].dump();
-      meta["image_size"] = std::to_string(task_.data_info["image_size"].get<int64_t>());
-    }
-    // A BERT model's text settings: what turns its text into these ids, so `kiln eval` makes the same.
-    if (task_.data_info.contains("vocab_fingerprint")) {
-      meta["lower_case"] = task_.data_info["lower_case"].get<bool>() ? "true" : "false";
-      meta["seq_len"] = std::to_string(task_.data_info["seq_len"].get<int64_t>());
-      meta["vocab"] = task_.data_info["vocab"].get<std::string>();
-      meta["vocab_size"] = std::to_string(task_.data_info["vocab_size"].get<int64_t>());
-      meta["vocab_fingerprint"] = task_.data_info["vocab_fingerprint"].get<std::string>();
-    }
+    meta.merge(weights_metadata(resolved_));  // the rest as kiln ckpt export writes it from a checkpoint
     io::save_safetensors(c_.out + "/model.safetensors", model().state_dict(), meta);
     const double wall = since(t_start_);
     const double sps = double(run_.samples_seen) / std::max(run_.train_seconds, 1e-9);

@@ -653,4 +653,32 @@ EvalResult evaluate(Task& task, const TrainConfig& c, dist::Communicator* comm) 
   return r;
 }
 
+std::map<std::string, std::string> weights_metadata(const nlohmann::json& config) {
+  std::map<std::string, std::string> meta;
+  if (!config.is_object()) return meta;
+  // A value as metadata text; one of another type (a hand-edited state) is left out, not guessed at.
+  const auto put = [&meta](const std::string& key, const nlohmann::json& v) {
+    if (v.is_string())
+      meta[key] = v.get<std::string>();
+    else if (v.is_boolean())
+      meta[key] = v.get<bool>() ? "true" : "false";
+    else if (v.is_number_integer())
+      meta[key] = std::to_string(v.get<int64_t>());
+  };
+  if (config.contains("model")) put("model", config["model"]);
+  if (config.contains("task")) put("task", config["task"]);
+  const nlohmann::json info = config.value("data_info", nlohmann::json::object());
+  if (!info.is_object()) return meta;
+  if (info.contains("labels")) meta["labels"] = info["labels"].dump();
+  if (info.value("name", nlohmann::json()) == "folder") {  // `kiln eval` gets the ids and size of this run
+    if (info.contains("classes")) meta["labels"] = info["classes"].dump();
+    if (info.contains("image_size")) put("image_size", info["image_size"]);
+  }
+  // A BERT model's text settings: what turns its text into these ids, so `kiln eval` makes the same.
+  if (info.contains("vocab_fingerprint"))
+    for (const char* key : {"lower_case", "seq_len", "vocab", "vocab_size", "vocab_fingerprint"})
+      if (info.contains(key)) put(key, info[key]);
+  return meta;
+}
+
 }  // namespace kiln::tools

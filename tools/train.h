@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -139,6 +140,14 @@ struct Task {
 // Builds the task the config names (the first row of task_kinds() that takes it), its model moved
 // to the run's device.
 Task make_task(const TrainConfig& c);
+
+// The safetensors metadata that travels with a run's weights, from its resolved config (what a
+// checkpoint's state holds as "config"): model, task, a classifier's label names, an image folder's
+// classes and image size, a BERT model's case setting, seq_len and vocabulary (name, size, fingerprint),
+// so `kiln eval` makes the same ids at the same size. One function for model.safetensors, kiln ckpt
+// export and consolidate: a file exported from a checkpoint evaluates as the run's own. A key the config
+// lacks (an older or weights-only checkpoint) is left out. The "format" key is the caller's.
+std::map<std::string, std::string> weights_metadata(const nlohmann::json& config);
 
 // Name -> factory tables: a new task, data set or optimizer is one row (tools/tasks.cpp).
 struct TaskKind {

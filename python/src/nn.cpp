@@ -702,7 +702,7 @@ void bind_nn(nb::module_& m) {
         io::save_checkpoint(path, v, js);
       },
       nb::arg("path"), nb::arg("tensors"), nb::arg("state") = nb::dict(),
-      "Kiln's checkpoint format (docs/checkpoint.md): tensors with CRC32C checksums plus a JSON state; atomic.");
+      "Kiln's checkpoint format (docs/checkpoint-format.md): tensors with CRC32C checksums plus a JSON state; atomic.");
   m.def(
       "load_checkpoint",
       [](const std::filesystem::path& path_) {
