@@ -13,6 +13,7 @@ import math
 import numbers
 import os
 import random
+import sys
 import threading
 import time
 import weakref
@@ -433,23 +434,43 @@ class DataLoader:
             work.close()  # pending batches are dropped, running ones not waited for
 
 
-_worker_threads = weakref.WeakSet()
+_passes = weakref.WeakSet()  # every pass's _Workers while its threads run (their target holds it)
+_EXIT_JOIN_S = 3.0  # how long the exit waits for the threads to end their items, in all
 
 
 @atexit.register
-def _exit_with_workers_running():
-    # A thread still in a __getitem__ keeps what its frames hold alive (its module's globals, tensors
-    # among them) past the interpreter's end: nanobind would report those as leaked by the binding.
-    if any(t.is_alive() for t in list(_worker_threads)):
+def _end_passes_at_exit():
+    # Worker threads still in a __getitem__ at exit (a pass left by break, Ctrl-C, an exception):
+    # every pass is closed, so each thread ends after the item it is on, and waited for. Not for
+    # ever: one blocked in Python code (a sleep, a queue) is harmless to leave, as Python ends it
+    # where it waits. One inside engine code is not (taking the GIL back once Python finalizes, it
+    # would abort the process): _exit_quiesce waits for those, however long, and keeps the others
+    # out of engine code from then on.
+    passes = list(_passes)
+    for p in passes:
+        p.close()
+    threads = [t for p in passes for t in p.threads]
+    deadline = time.monotonic() + _EXIT_JOIN_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    _C._exit_quiesce()
+    left = [t for t in threads if t.is_alive()]
+    if left:
+        # Their frames keep what the items made (tensors, the dataset module's globals) past the
+        # interpreter's end: nanobind would report those as the binding's leaks. Only then, and said.
         _C._set_leak_warnings(False)
+        print(f"kiln.data: {len(left)} DataLoader worker thread{'s' if len(left) > 1 else ''} still in the "
+              f"dataset's code {_EXIT_JOIN_S:g} s after exit began, left to end with the interpreter (nanobind's "
+              "leak report is off: what they hold is not the binding's)", file=sys.stderr)
 
 
 class _Workers:
     """One pass's worker threads: they build batch k = build(the k-th of `tasks`) in order of k, at
-    most `ahead` past the one the caller waits for. Daemon threads, never joined: an exception, a
-    KeyboardInterrupt or a pass left early (close) drops the batches not started and returns at
-    once, and a __getitem__ blocked in a thread holds up neither the caller nor the interpreter's
-    exit (its result is thrown away when it ends)."""
+    most `ahead` past the one the caller waits for. Daemon threads, not joined by the pass: an
+    exception, a KeyboardInterrupt or a pass left early (close) drops the batches not started and
+    returns at once, and a __getitem__ blocked in a thread does not hold up the caller (its result
+    is thrown away when it ends). The interpreter's exit waits for them a while
+    (_end_passes_at_exit)."""
 
     END = object()
 
@@ -461,11 +482,13 @@ class _Workers:
         self._wanted = 0  # the batch the caller waits for
         self._done = {}  # k -> (True, batch) or (False, exception)
         self._exhausted = self._closed = False
+        self.threads = []
+        _passes.add(self)
         try:
             for i in range(workers):
                 t = threading.Thread(target=self._run, name=f"kiln-loader-{i}", daemon=True)
                 t.start()
-                _worker_threads.add(t)
+                self.threads.append(t)
         except BaseException:  # a KeyboardInterrupt while starting them: those started stop too
             self.close()
             raise

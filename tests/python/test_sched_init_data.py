@@ -390,6 +390,38 @@ print(next(it).tolist(), flush=True)
     assert "leaked" not in r.stderr, r.stderr
 
 
+_HEAVY = """
+import kiln, kiln.data
+class Heavy:
+    def __len__(self): return 1000
+    def __getitem__(self, i):
+        x = kiln.rand(256, 256)
+        for _ in range(100):
+            x = (x @ x).tanh()
+        return x.sum()
+loader = kiln.data.DataLoader(Heavy(), batch_size=1, num_workers=2)
+"""
+
+
+@pytest.mark.parametrize("end", ["for b in loader: break", "it = iter(loader); next(it)",
+                                 "for b in loader: raise SystemExit(0)",
+                                 "kiln.data._EXIT_JOIN_S = 0\nfor b in loader: break"])
+def test_dataloader_exit_with_workers_in_engine_code(end):
+    # Worker threads inside kiln's C++ code (matmuls) at exit, the pass left by break, left open, or
+    # by an exception: the process aborted ("terminate called without an active exception", rc 134)
+    # when Python ended a thread taking the GIL back. A few runs: where the threads are at exit varies.
+    # _EXIT_JOIN_S = 0: as items longer than the exit waits for, the threads left running.
+    import subprocess
+    import sys
+
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", f"{_HEAVY}{end}\nprint('exit')\n"], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, (r.returncode, r.stderr)
+        assert r.stdout == ("" if "raise" in end else "exit\n"), r.stdout
+        assert "terminate" not in r.stderr and "leaked" not in r.stderr, r.stderr
+
+
 def test_default_collate_dicts_with_keys_in_another_order_as_torch():
     samples = [{"a": 1, "b": 2.0}, {"b": 3.0, "a": 4}]
     kb, tb = kiln.data.default_collate(samples), TD.default_collate(samples)
