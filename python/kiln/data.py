@@ -478,6 +478,7 @@ class _Workers:
         self._build, self._tasks, self._ahead, self._describe = build, tasks, ahead, describe
         self._running = {}  # k -> its task, while built
         self._cv = threading.Condition()
+        self._reader = threading.Lock()  # held while a thread reads the next task
         self._next = 0  # the next task to hand out
         self._wanted = 0  # the batch the caller waits for
         self._done = {}  # k -> (True, batch) or (False, exception)
@@ -495,26 +496,33 @@ class _Workers:
 
     def _run(self):
         while True:
-            with self._cv:
-                while not (self._closed or self._exhausted) and self._next >= self._wanted + self._ahead:
-                    self._cv.wait()
-                if self._closed or self._exhausted:
-                    return
-                k = self._next
+            # The tasks are read one thread at a time under _reader, not _cv: a sampler's or an
+            # iterable dataset's code that stalls must not keep get() from the batches already built,
+            # nor from its timeout.
+            with self._reader:
+                with self._cv:
+                    while not (self._closed or self._exhausted) and self._next >= self._wanted + self._ahead:
+                        self._cv.wait()
+                    if self._closed or self._exhausted:
+                        return
+                    k = self._next
                 try:
-                    task = next(self._tasks)  # (a sampler's or an iterable dataset's code: one thread at a time)
+                    task = next(self._tasks)
                 except StopIteration:
-                    self._exhausted = True
-                    self._cv.notify_all()
+                    with self._cv:
+                        self._exhausted = True
+                        self._cv.notify_all()
                     return
                 except BaseException as e:  # raised where batch k is asked for; the pass ends there
-                    self._exhausted = True
-                    self._next += 1
-                    self._done[k] = (False, e)
-                    self._cv.notify_all()
+                    with self._cv:
+                        self._exhausted = True
+                        self._next += 1
+                        self._done[k] = (False, e)
+                        self._cv.notify_all()
                     return
-                self._next += 1
-                self._running[k] = task
+                with self._cv:
+                    self._next += 1
+                    self._running[k] = task
             try:
                 result = (True, self._build(task))
             except BaseException as e:  # raised where the caller asks for batch k

@@ -369,6 +369,28 @@ def test_dataloader_interrupt_and_timeout_do_not_wait_for_running_items():
             kiln.data.DataLoader(list(range(4)), **bad)
 
 
+def test_dataloader_timeout_while_the_iterable_dataset_stalls():
+    # The iterable dataset's next item was read under the lock the caller waits on: a stalled stream
+    # held back the batch already built, and timeout= never fired (only when the stream went on).
+    release = threading.Event()
+
+    class Stalls:
+        def __iter__(self):
+            yield 0.0
+            yield 1.0
+            release.wait(20)
+            yield 2.0
+
+    got = []
+    with pytest.raises(RuntimeError, match=r"batch 1 of this pass \(its samples not read yet\) was not ready after "
+                       r"timeout=0.2 s"):
+        for b in kiln.data.DataLoader(Stalls(), batch_size=2, num_workers=2, timeout=0.2):
+            got.append(b.tolist())
+    stalled = not release.is_set()  # the stream still waits: the timeout came from get(), not its end
+    release.set()
+    assert got == [[0.0, 1.0]] and stalled
+
+
 def test_dataloader_exit_does_not_wait_for_running_items():
     import subprocess
     import sys
