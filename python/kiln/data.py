@@ -187,7 +187,8 @@ class DataLoader:
     ahead per thread (2). pin_memory: batches in page-locked memory when a CUDA device is present.
     timeout: seconds to wait for one batch of a Python dataset's threads (0: for ever), as torch's.
     seed: the order's (and a kiln Dataset's augmentation's) seed; not given, drawn from Kiln's
-    generator (kiln.manual_seed) when the loader is made, as torch's loader draws from torch's.
+    generator (kiln.manual_seed) when the loader is made, as torch's loader draws from torch's, or
+    0 with world_size > 1 (every rank the same order, as torch's DistributedSampler's seed).
     rank / world_size: this rank's part of each epoch's order, as torch's DistributedSampler."""
 
     def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None, num_workers=None,
@@ -220,7 +221,9 @@ class DataLoader:
         if workers < 0:
             raise ValueError(f"DataLoader: workers must be >= 0, got {workers}")
         if seed is None:
-            seed = _seed_from_generator()
+            # ranks draw from generators seeded apart (dropout's seed per rank, say): their orders
+            # would differ and their shards overlap. A fixed 0, as torch's DistributedSampler.
+            seed = 0 if world_size > 1 else _seed_from_generator()
         elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise TypeError(f"DataLoader: seed must be an int or None, got {seed!r}")
         self.seed = int(seed) % 2**64  # as kiln.manual_seed: any int, taken modulo 2**64

@@ -520,6 +520,20 @@ def test_dataloader_set_epoch_and_ranks():
         assert len(half) == 1 and next(iter(half))["target"].shape == (5000,)
 
 
+def test_dataloader_ranks_without_a_seed_share_the_order():
+    # seed not given: each rank drew its own from Kiln's generator, which ranks often seed apart, so
+    # their shuffled parts overlapped and missed samples. Now 0, as torch's DistributedSampler.
+    parts, seeds = [], []
+    for r in range(3):
+        kiln.manual_seed(100 + r)
+        loader = kiln.data.DataLoader(list(range(9)), batch_size=9, shuffle=True, rank=r, world_size=3)
+        parts.append([b.tolist() for b in loader][0])
+        seeds.append(loader.seed)
+    assert sorted(sum(parts, [])) == list(range(9)) and seeds == [0, 0, 0]
+    assert parts == [[b.tolist() for b in kiln.data.DataLoader(list(range(9)), batch_size=9, shuffle=True, seed=0,
+                                                                rank=r, world_size=3)][0] for r in range(3)]
+
+
 class _Stream:
     """An iterable dataset: __iter__, no __getitem__ (and no len())."""
 
