@@ -187,8 +187,9 @@ class DataLoader:
     ahead per thread (2). pin_memory: batches in page-locked memory when a CUDA device is present.
     timeout: seconds to wait for one batch of a Python dataset's threads (0: for ever), as torch's.
     seed: the order's (and a kiln Dataset's augmentation's) seed; not given, drawn from Kiln's
-    generator (kiln.manual_seed) when the loader is made, as torch's loader draws from torch's, or
-    0 with world_size > 1 (every rank the same order, as torch's DistributedSampler's seed).
+    generator (kiln.manual_seed) at the first iteration, as torch's loader draws from torch's, and
+    only where it is used (a kiln Dataset, or shuffle=True): loader.seed is None until then. With
+    world_size > 1 it is 0 (every rank the same order, as torch's DistributedSampler's seed).
     rank / world_size: this rank's part of each epoch's order, as torch's DistributedSampler."""
 
     def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None, num_workers=None,
@@ -220,13 +221,16 @@ class DataLoader:
                 raise ValueError(f"DataLoader: batch_size must be >= 1, got {batch_size}")
         if workers < 0:
             raise ValueError(f"DataLoader: workers must be >= 0, got {workers}")
-        if seed is None:
+        if seed is None and world_size > 1:
             # ranks draw from generators seeded apart (dropout's seed per rank, say): their orders
             # would differ and their shards overlap. A fixed 0, as torch's DistributedSampler.
-            seed = 0 if world_size > 1 else _seed_from_generator()
-        elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            seed = 0
+        elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise TypeError(f"DataLoader: seed must be an int or None, got {seed!r}")
-        self.seed = int(seed) % 2**64  # as kiln.manual_seed: any int, taken modulo 2**64
+        # as kiln.manual_seed: any int, taken modulo 2**64. None: drawn from Kiln's generator at the
+        # first iteration that needs it (_draw_seed), not here: making a loader leaves the
+        # generator's stream (the model's init after it) as it was, as torch's.
+        self.seed = None if seed is None else int(seed) % 2**64
         if not (world_size >= 1 and 0 <= rank < world_size):
             raise ValueError(f"DataLoader: rank must be in [0, world_size) and world_size >= 1, got rank={rank}, "
                              f"world_size={world_size}")
@@ -285,9 +289,15 @@ class DataLoader:
             if batch_size is None:
                 raise TypeError("DataLoader: batch_size=None applies to Python datasets; a kiln Dataset is read in "
                                 "batches (ds[i] is one sample)")
-            self._impl = _C._Loader(engine, int(batch_size), bool(shuffle), bool(drop_last), self.seed, int(workers),
-                                    bool(pin_memory), self._rank, self._world,
-                                    int(prefetch_factor) * int(workers) if prefetch_factor else 0)
+            def make(seed):
+                return _C._Loader(engine, int(batch_size), bool(shuffle), bool(drop_last), seed, int(workers),
+                                  bool(pin_memory), self._rank, self._world,
+                                  int(prefetch_factor) * int(workers) if prefetch_factor else 0)
+
+            # its batches may take the seed whether shuffled or not (augmentation, masking): made
+            # again with the seed drawn at the first iteration
+            self._make_impl, self._needs_seed = make, True
+            self._impl = make(0 if self.seed is None else self.seed)
             return
         if not iterable and not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TypeError(f"DataLoader: dataset must be a kiln Dataset (kiln.data.mnist_dir, masked_lm, "
@@ -299,6 +309,7 @@ class DataLoader:
                 raise TypeError(f"DataLoader: len(dataset) must be an int >= 0, got {n!r}")
             self._size = int(n)
         self._impl = None
+        self._needs_seed = bool(shuffle)  # a sampler's, a batch_sampler's or an iterable's order is theirs
         self._iterable = iterable
         self._dataset = dataset
         self._shuffle = bool(shuffle)
@@ -342,6 +353,8 @@ class DataLoader:
         self._generation += 1
         mine = self._generation
         batches = None  # a Python dataset's batches of this pass (its threads end with it)
+        if self.seed is None and self._needs_seed:
+            self._draw_seed()
         self._epoch += 1
         if self._impl is not None:
             self._impl.start_epoch(self._epoch)
@@ -365,6 +378,13 @@ class DataLoader:
         finally:
             if batches is not None:
                 batches.close()  # a pass left early (break): its worker threads stop now
+
+    def _draw_seed(self):
+        # once, at the first iteration: then fixed for the loader's life, so set_epoch(n) gives
+        # epoch n's order whenever it is called
+        self.seed = _seed_from_generator()
+        if self._impl is not None:
+            self._impl = self._make_impl(self.seed)
 
     # ---- Python datasets ----
     def _order(self, epoch):

@@ -328,6 +328,51 @@ def test_dataloader_shuffle_follows_manual_seed():
         assert first_targets() != t1
 
 
+def test_dataloader_draws_its_seed_at_the_first_iteration_that_needs_it():
+    # Making a loader drew 3 numbers from Kiln's generator (shuffle or not), so the model's init after
+    # it changed; torch's draws nothing when made.
+    def init_after(make):
+        kiln.manual_seed(0)
+        loader = make()
+        return kiln.rand(4).tolist(), loader
+
+    plain, _ = init_after(lambda: None)
+    for make in [lambda: kiln.data.DataLoader(list(range(6))), lambda: kiln.data.DataLoader(list(range(6)), shuffle=True)]:
+        after, loader = init_after(make)
+        assert after == plain and loader.seed is None
+    # not shuffled: never drawn
+    kiln.manual_seed(0)
+    loader = kiln.data.DataLoader(list(range(6)), batch_size=2)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]] and loader.seed is None
+    assert kiln.rand(4).tolist() == plain
+    # shuffled: drawn at the first iteration, from manual_seed's stream, then kept (set_epoch resumes)
+
+    def epochs(loader, n):
+        return [[b.tolist() for b in loader] for _ in range(n)]
+
+    kiln.manual_seed(3)
+    first = kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True)
+    kiln.rand(5)  # the model's init, between making the loader and reading it
+    whole = epochs(first, 4)
+    seed = first.seed
+    assert seed is not None and whole[0] != whole[1]
+    kiln.manual_seed(3)
+    kiln.rand(5)
+    again = kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True)
+    assert epochs(again, 1) == whole[:1] and again.seed == seed
+    again.set_epoch(2)
+    assert epochs(again, 2) == whole[2:] and again.seed == seed
+    assert epochs(kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True, seed=seed), 4) == whole
+    if os.path.isdir(kiln.data.FASHION_MNIST_DIR):  # a kiln Dataset's C++ loader: drawn at its first batch
+        test = kiln.data.fashion_mnist()["test"]
+        after, loader = init_after(lambda: kiln.data.DataLoader(test, batch_size=4))
+        assert after == plain and loader.seed is None
+        kiln.manual_seed(5)
+        t1 = next(iter(loader))["input"].tolist()
+        assert loader.seed is not None
+        assert next(iter(kiln.data.DataLoader(test, batch_size=4, seed=loader.seed)))["input"].tolist() == t1
+
+
 class _Stuck:
     """Items from 2 on block until `release` is set (10 s at most); the first of them can send SIGINT."""
 
