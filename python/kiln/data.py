@@ -158,6 +158,19 @@ def _seed_from_generator():
     return (a | b << 24 | c << 48) % 2**64
 
 
+class _NoBatches:
+    """An empty engine data set's loader: 0 batches each epoch."""
+
+    def __len__(self):
+        return 0
+
+    def start_epoch(self, epoch):
+        pass
+
+    def next(self):
+        return None
+
+
 # torch's DataLoader arguments a thread pool has no use for: what to do instead.
 _REFUSED = {
     "generator": "the order comes from seed= (drawn from Kiln's generator, kiln.manual_seed, when not given)",
@@ -290,6 +303,8 @@ class DataLoader:
                 raise TypeError("DataLoader: batch_size=None applies to Python datasets; a kiln Dataset is read in "
                                 "batches (ds[i] is one sample)")
             def make(seed):
+                if len(engine) == 0:  # an empty Subset: no batches, as a Python dataset's (the C++ loader refuses)
+                    return _NoBatches()
                 return _C._Loader(engine, int(batch_size), bool(shuffle), bool(drop_last), seed, int(workers),
                                   bool(pin_memory), self._rank, self._world,
                                   int(prefetch_factor) * int(workers) if prefetch_factor else 0)

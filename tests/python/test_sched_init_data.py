@@ -706,6 +706,21 @@ def test_collate_errors_name_types_indices_and_empty_batches():
         kiln.data.default_collate([np.zeros(3), np.zeros(4)])
 
 
+def test_dataloader_empty_subset_of_an_engine_dataset_has_no_batches(tmp_path):
+    # "the dataset is empty" was raised; an empty Python list (and torch) gives 0 batches
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 50)
+    kiln.data.build_vocab(corpus, tmp_path / "v.txt", size=100, min_frequency=1)
+    mlm = kiln.data.masked_lm(corpus, tmp_path / "v.txt", seq_len=16)
+    assert len(mlm) > 0
+    for kwargs in [dict(batch_size=4), dict(batch_size=4, shuffle=True, drop_last=True, num_workers=2),
+                   dict(batch_size=2, rank=1, world_size=2)]:
+        loader = kiln.data.DataLoader(kiln.data.Subset(mlm, []), **kwargs)
+        assert len(loader) == 0 and list(loader) == [] and list(loader) == []
+    assert len(kiln.data.DataLoader(kiln.data.Subset(list(range(5)), []), batch_size=4)) == 0
+    assert len(TD.DataLoader(TD.Subset(list(range(5)), []), batch_size=4)) == 0
+
+
 def test_build_vocab_takes_paths_as_masked_lm(tmp_path):
     import pathlib
 
