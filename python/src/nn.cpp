@@ -781,7 +781,7 @@ void bind_nn(nb::module_& m) {
            [](Loader* l, std::shared_ptr<io::Dataset> ds, int64_t batch_size, bool shuffle, bool drop_last,
               uint64_t seed, int workers, bool pin_memory, int rank, int world_size, int prefetch) {
              io::LoaderOptions o;
-             if (prefetch > 0) o.prefetch = prefetch;  // prefetch_factor * workers (0: the default)
+             if (prefetch > 0) o.prefetch = prefetch;  // prefetch_factor * workers (0: the default, 4 in all)
              o.rank = rank;
              o.world_size = world_size;  // each rank a disjoint part, padded to equal sizes (pad_ranks)
              o.batch_size = batch_size;

@@ -721,6 +721,18 @@ def test_dataloader_empty_subset_of_an_engine_dataset_has_no_batches(tmp_path):
     assert len(TD.DataLoader(TD.Subset(list(range(5)), []), batch_size=4)) == 0
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_empty_batch_from_a_batch_sampler(workers):
+    # an IndexError (default_collate's samples[0]) where default_collate says it has no samples
+    data = [np.float32(i) for i in range(4)]
+    loader = kiln.data.DataLoader(data, batch_sampler=[[0, 1], []], num_workers=workers)
+    with pytest.raises(ValueError, match=r"batch_sampler gave an empty list of indices, and default_collate has no "
+                       r"samples to stack"):
+        list(loader)
+    # a collate_fn is handed the empty batch, as torch's
+    assert list(kiln.data.DataLoader(data, batch_sampler=[[2], []], collate_fn=len, num_workers=workers)) == [1, 0]
+
+
 def test_build_vocab_takes_paths_as_masked_lm(tmp_path):
     import pathlib
 
