@@ -506,6 +506,11 @@ def _end_passes_at_exit():
               "leak report is off: what they hold is not the binding's)", file=sys.stderr)
 
 
+# In a forked child only the forking thread runs, and it held the GIL to fork: the threads counted
+# inside engine code in the parent are not there (its exit would wait for them for ever).
+os.register_at_fork(after_in_child=_C._gil_releases_after_fork)
+
+
 class _Workers:
     """One pass's worker threads: they build batch k = build(the k-th of `tasks`) in order of k, at
     most `ahead` past the one the caller waits for. Daemon threads, not joined by the pass: an

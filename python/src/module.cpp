@@ -448,6 +448,10 @@ NB_MODULE(_C, m) {
       "than this one keep the GIL in engine code (a thread taking it back while Python finalizes aborts the "
       "process).");
   m.def(
+      "_gil_releases_after_fork", [] { g_released.store(0); },
+      "In a forked child (os.register_at_fork): the threads counted inside engine code are not there, and the "
+      "one that forked held the GIL, so none is (else _exit_quiesce would wait for them for ever).");
+  m.def(
       "_release_python_refs",
       [] {
         // Taken out under the lock, dropped outside it: dropping one may free tensors whose own

@@ -489,6 +489,35 @@ def test_dataloader_exit_with_workers_in_engine_code(end):
         assert "terminate" not in r.stderr and "leaked" not in r.stderr, r.stderr
 
 
+def test_dataloader_exit_of_a_forked_child_does_not_wait_for_the_parents_threads():
+    # The exit waits for the threads counted inside engine code; a child forked while the workers ran
+    # matmuls inherited the count, of threads it does not have, and waited for ever. (The child runs
+    # the exit hook itself, then os._exit: only that wait is under test here.)
+    import subprocess
+    import sys
+
+    script = _HEAVY + """
+import os, time
+it = iter(loader)
+next(it)
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        kiln.data._end_passes_at_exit()
+        os._exit(0)
+    deadline = time.monotonic() + 60  # a guard: the child ends at once
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            print("hung", flush=True)
+            os._exit(1)
+        time.sleep(0.05)
+print("ok", flush=True)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0 and r.stdout == "ok\n", (r.stdout, r.stderr)
+
+
 def test_default_collate_dicts_with_keys_in_another_order_as_torch():
     samples = [{"a": 1, "b": 2.0}, {"b": 3.0, "a": 4}]
     kb, tb = kiln.data.default_collate(samples), TD.default_collate(samples)
