@@ -13,6 +13,7 @@ import math
 import numbers
 import os
 import random
+import sys
 import threading
 import time
 import weakref
@@ -157,6 +158,19 @@ def _seed_from_generator():
     return (a | b << 24 | c << 48) % 2**64
 
 
+class _NoBatches:
+    """An empty engine data set's loader: 0 batches each epoch."""
+
+    def __len__(self):
+        return 0
+
+    def start_epoch(self, epoch):
+        pass
+
+    def next(self):
+        return None
+
+
 # torch's DataLoader arguments a thread pool has no use for: what to do instead.
 _REFUSED = {
     "generator": "the order comes from seed= (drawn from Kiln's generator, kiln.manual_seed, when not given)",
@@ -183,10 +197,13 @@ class DataLoader:
     for a kiln Dataset; 0 for a Python dataset, whose __getitem__ then runs in the calling thread, as
     torch's default: with workers > 0 it runs in those threads, beside the caller and each other, so a
     dataset with shared state or global random numbers must allow that); prefetch_factor batches
-    ahead per thread (2). pin_memory: batches in page-locked memory when a CUDA device is present.
+    ahead per thread (not given: 2 for a Python dataset, as torch's; 4 in all for a kiln Dataset, its
+    C++ loader's default). pin_memory: batches in page-locked memory when a CUDA device is present.
     timeout: seconds to wait for one batch of a Python dataset's threads (0: for ever), as torch's.
     seed: the order's (and a kiln Dataset's augmentation's) seed; not given, drawn from Kiln's
-    generator (kiln.manual_seed) when the loader is made, as torch's loader draws from torch's.
+    generator (kiln.manual_seed) at the first iteration, as torch's loader draws from torch's, and
+    only where it is used (a kiln Dataset, or shuffle=True): loader.seed is None until then. With
+    world_size > 1 it is 0 (every rank the same order, as torch's DistributedSampler's seed).
     rank / world_size: this rank's part of each epoch's order, as torch's DistributedSampler."""
 
     def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None, num_workers=None,
@@ -218,11 +235,16 @@ class DataLoader:
                 raise ValueError(f"DataLoader: batch_size must be >= 1, got {batch_size}")
         if workers < 0:
             raise ValueError(f"DataLoader: workers must be >= 0, got {workers}")
-        if seed is None:
-            seed = _seed_from_generator()
-        elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        if seed is None and world_size > 1:
+            # ranks draw from generators seeded apart (dropout's seed per rank, say): their orders
+            # would differ and their shards overlap. A fixed 0, as torch's DistributedSampler.
+            seed = 0
+        elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise TypeError(f"DataLoader: seed must be an int or None, got {seed!r}")
-        self.seed = int(seed) % 2**64  # as kiln.manual_seed: any int, taken modulo 2**64
+        # as kiln.manual_seed: any int, taken modulo 2**64. None: drawn from Kiln's generator at the
+        # first iteration that needs it (_draw_seed), not here: making a loader leaves the
+        # generator's stream (the model's init after it) as it was, as torch's.
+        self.seed = None if seed is None else int(seed) % 2**64
         if not (world_size >= 1 and 0 <= rank < world_size):
             raise ValueError(f"DataLoader: rank must be in [0, world_size) and world_size >= 1, got rank={rank}, "
                              f"world_size={world_size}")
@@ -281,9 +303,17 @@ class DataLoader:
             if batch_size is None:
                 raise TypeError("DataLoader: batch_size=None applies to Python datasets; a kiln Dataset is read in "
                                 "batches (ds[i] is one sample)")
-            self._impl = _C._Loader(engine, int(batch_size), bool(shuffle), bool(drop_last), self.seed, int(workers),
-                                    bool(pin_memory), self._rank, self._world,
-                                    int(prefetch_factor) * int(workers) if prefetch_factor else 0)
+            def make(seed):
+                if len(engine) == 0:  # an empty Subset: no batches, as a Python dataset's (the C++ loader refuses)
+                    return _NoBatches()
+                return _C._Loader(engine, int(batch_size), bool(shuffle), bool(drop_last), seed, int(workers),
+                                  bool(pin_memory), self._rank, self._world,
+                                  int(prefetch_factor) * int(workers) if prefetch_factor else 0)
+
+            # its batches may take the seed whether shuffled or not (augmentation, masking): made
+            # again with the seed drawn at the first iteration
+            self._make_impl, self._needs_seed = make, True
+            self._impl = make(0 if self.seed is None else self.seed)
             return
         if not iterable and not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TypeError(f"DataLoader: dataset must be a kiln Dataset (kiln.data.mnist_dir, masked_lm, "
@@ -295,6 +325,7 @@ class DataLoader:
                 raise TypeError(f"DataLoader: len(dataset) must be an int >= 0, got {n!r}")
             self._size = int(n)
         self._impl = None
+        self._needs_seed = bool(shuffle)  # a sampler's, a batch_sampler's or an iterable's order is theirs
         self._iterable = iterable
         self._dataset = dataset
         self._shuffle = bool(shuffle)
@@ -338,6 +369,8 @@ class DataLoader:
         self._generation += 1
         mine = self._generation
         batches = None  # a Python dataset's batches of this pass (its threads end with it)
+        if self.seed is None and self._needs_seed:
+            self._draw_seed()
         self._epoch += 1
         if self._impl is not None:
             self._impl.start_epoch(self._epoch)
@@ -361,6 +394,13 @@ class DataLoader:
         finally:
             if batches is not None:
                 batches.close()  # a pass left early (break): its worker threads stop now
+
+    def _draw_seed(self):
+        # once, at the first iteration: then fixed for the loader's life, so set_epoch(n) gives
+        # epoch n's order whenever it is called
+        self.seed = _seed_from_generator()
+        if self._impl is not None:
+            self._impl = self._make_impl(self.seed)
 
     # ---- Python datasets ----
     def _order(self, epoch):
@@ -407,6 +447,9 @@ class DataLoader:
         if not self._batched:
             batch = self._collate(samples[0])
         elif self._collate is default_collate:  # its errors name the dataset indices
+            if not samples:  # (only a batch_sampler gives an empty batch; a collate_fn is handed it)
+                raise ValueError("DataLoader: the batch_sampler gave an empty list of indices, and default_collate "
+                                 "has no samples to stack (leave empty batches out, or give a collate_fn)")
             batch = _collate(samples, "sample", None if self._iterable else task)
         else:
             batch = self._collate(samples)
@@ -433,23 +476,48 @@ class DataLoader:
             work.close()  # pending batches are dropped, running ones not waited for
 
 
-_worker_threads = weakref.WeakSet()
+_passes = weakref.WeakSet()  # every pass's _Workers while its threads run (their target holds it)
+_EXIT_JOIN_S = 3.0  # how long the exit waits for the threads to end their items, in all
 
 
 @atexit.register
-def _exit_with_workers_running():
-    # A thread still in a __getitem__ keeps what its frames hold alive (its module's globals, tensors
-    # among them) past the interpreter's end: nanobind would report those as leaked by the binding.
-    if any(t.is_alive() for t in list(_worker_threads)):
+def _end_passes_at_exit():
+    # Worker threads still in a __getitem__ at exit (a pass left by break, Ctrl-C, an exception):
+    # every pass is closed, so each thread ends after the item it is on, and waited for. Not for
+    # ever: one blocked in Python code (a sleep, a queue) is harmless to leave, as Python ends it
+    # where it waits. One inside engine code is not (taking the GIL back once Python finalizes, it
+    # would abort the process): _exit_quiesce waits for those, however long, and keeps the others
+    # out of engine code from then on.
+    passes = list(_passes)
+    for p in passes:
+        p.close()
+    threads = [t for p in passes for t in p.threads]
+    deadline = time.monotonic() + _EXIT_JOIN_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    _C._exit_quiesce()
+    left = [t for t in threads if t.is_alive()]
+    if left:
+        # Their frames keep what the items made (tensors, the dataset module's globals) past the
+        # interpreter's end: nanobind would report those as the binding's leaks. Only then, and said.
         _C._set_leak_warnings(False)
+        print(f"kiln.data: {len(left)} DataLoader worker thread{'s' if len(left) > 1 else ''} still in the "
+              f"dataset's code {_EXIT_JOIN_S:g} s after exit began, left to end with the interpreter (nanobind's "
+              "leak report is off: what they hold is not the binding's)", file=sys.stderr)
+
+
+# In a forked child only the forking thread runs, and it held the GIL to fork: the threads counted
+# inside engine code in the parent are not there (its exit would wait for them for ever).
+os.register_at_fork(after_in_child=_C._gil_releases_after_fork)
 
 
 class _Workers:
     """One pass's worker threads: they build batch k = build(the k-th of `tasks`) in order of k, at
-    most `ahead` past the one the caller waits for. Daemon threads, never joined: an exception, a
-    KeyboardInterrupt or a pass left early (close) drops the batches not started and returns at
-    once, and a __getitem__ blocked in a thread holds up neither the caller nor the interpreter's
-    exit (its result is thrown away when it ends)."""
+    most `ahead` past the one the caller waits for. Daemon threads, not joined by the pass: an
+    exception, a KeyboardInterrupt or a pass left early (close) drops the batches not started and
+    returns at once, and a __getitem__ blocked in a thread does not hold up the caller (its result
+    is thrown away when it ends). The interpreter's exit waits for them a while
+    (_end_passes_at_exit)."""
 
     END = object()
 
@@ -457,41 +525,51 @@ class _Workers:
         self._build, self._tasks, self._ahead, self._describe = build, tasks, ahead, describe
         self._running = {}  # k -> its task, while built
         self._cv = threading.Condition()
+        self._reader = threading.Lock()  # held while a thread reads the next task
         self._next = 0  # the next task to hand out
         self._wanted = 0  # the batch the caller waits for
         self._done = {}  # k -> (True, batch) or (False, exception)
         self._exhausted = self._closed = False
+        self.threads = []
+        _passes.add(self)
         try:
             for i in range(workers):
                 t = threading.Thread(target=self._run, name=f"kiln-loader-{i}", daemon=True)
                 t.start()
-                _worker_threads.add(t)
+                self.threads.append(t)
         except BaseException:  # a KeyboardInterrupt while starting them: those started stop too
             self.close()
             raise
 
     def _run(self):
         while True:
-            with self._cv:
-                while not (self._closed or self._exhausted) and self._next >= self._wanted + self._ahead:
-                    self._cv.wait()
-                if self._closed or self._exhausted:
-                    return
-                k = self._next
+            # The tasks are read one thread at a time under _reader, not _cv: a sampler's or an
+            # iterable dataset's code that stalls must not keep get() from the batches already built,
+            # nor from its timeout.
+            with self._reader:
+                with self._cv:
+                    while not (self._closed or self._exhausted) and self._next >= self._wanted + self._ahead:
+                        self._cv.wait()
+                    if self._closed or self._exhausted:
+                        return
+                    k = self._next
                 try:
-                    task = next(self._tasks)  # (a sampler's or an iterable dataset's code: one thread at a time)
+                    task = next(self._tasks)
                 except StopIteration:
-                    self._exhausted = True
-                    self._cv.notify_all()
+                    with self._cv:
+                        self._exhausted = True
+                        self._cv.notify_all()
                     return
                 except BaseException as e:  # raised where batch k is asked for; the pass ends there
-                    self._exhausted = True
-                    self._next += 1
-                    self._done[k] = (False, e)
-                    self._cv.notify_all()
+                    with self._cv:
+                        self._exhausted = True
+                        self._next += 1
+                        self._done[k] = (False, e)
+                        self._cv.notify_all()
                     return
-                self._next += 1
-                self._running[k] = task
+                with self._cv:
+                    self._next += 1
+                    self._running[k] = task
             try:
                 result = (True, self._build(task))
             except BaseException as e:  # raised where the caller asks for batch k

@@ -101,7 +101,7 @@ void bind_autograd(nb::module_& m) {
          bool retain_graph) {
         std::vector<Tensor> g = tensors_or_empty(grads);
         if (g.empty()) g.resize(tensors.size());
-        nb::gil_scoped_release nogil;
+        GilRelease nogil;
         autograd::backward(tensors, g, retain_graph);
       },
       nb::arg("tensors"), nb::arg("grad_tensors") = nb::none(), nb::arg("retain_graph") = false);
@@ -118,7 +118,7 @@ void bind_autograd(nb::module_& m) {
         const std::vector<Tensor> go = tensors_or_empty(grad_outputs);
         std::vector<Tensor> res;
         {
-          nb::gil_scoped_release nogil;
+          GilRelease nogil;
           res = autograd::grad(outputs, inputs, go, retain_graph, /*materialize=*/false);
         }
         nb::list out;

@@ -35,6 +35,25 @@ struct PyRef {
 };
 inline std::shared_ptr<PyRef> hold(nb::object o) { return std::make_shared<PyRef>(std::move(o)); }
 
+// The GIL released around engine work: the bindings release it only through this (a scope, or
+// nb::call_guard<GilRelease>). A daemon thread taking the GIL back once the interpreter is
+// finalizing is ended there by pthread_exit, whose unwinding through these C++ frames (noexcept)
+// aborts the process ("terminate called without an active exception"): a DataLoader worker thread
+// still in a __getitem__ at exit. So the releases are counted, and kiln._C._exit_quiesce (kiln.data's
+// atexit hook) waits for the threads inside one to leave it; from then on a thread other than the
+// exiting one keeps the GIL through engine work, so finalization finds every thread in Python code,
+// where ending it is safe.
+class GilRelease {
+ public:
+  GilRelease();
+  ~GilRelease();
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+
+ private:
+  PyThreadState* saved_ = nullptr;  // null: the GIL kept (after _exit_quiesce)
+};
+
 // Argument conversions. Each raises kiln.KilnValueError (a ValueError) naming `what` on bad input.
 DType to_dtype(nb::handle h, const char* what = "dtype");              // kiln.dtype or a name ("float32", "f32")
 Device to_device(nb::handle h, const char* what = "device");           // kiln.Device or "cpu", "cuda", "cuda:1"

@@ -173,7 +173,7 @@ void bind_interop(nb::module_& m) {
       [](const std::filesystem::path& path, bool mmap) {
         io::SafetensorsFile f;
         {
-          nb::gil_scoped_release nogil;
+          GilRelease nogil;
           f = io::load_safetensors(path.string(), mmap);
         }
         return nb::make_tuple(f.tensors, f.metadata);

@@ -4,6 +4,7 @@
 #include <nanobind/stl/tuple.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <mutex>
 #include <set>
@@ -46,6 +47,29 @@ PyRef::~PyRef() {
   }
   nb::gil_scoped_acquire gil;
   obj.reset();
+}
+
+namespace {
+std::atomic<int> g_released{0};  // threads inside a GilRelease that let the GIL go
+std::atomic<bool> g_exiting{false};
+std::atomic<unsigned long> g_exiting_thread{0};  // the thread that ran _exit_quiesce (it finalizes)
+}  // namespace
+
+GilRelease::GilRelease() {
+  // Counted before the check: _exit_quiesce either sees this thread inside or this thread sees the
+  // flag (both sequentially consistent), never neither.
+  g_released.fetch_add(1);
+  if (g_exiting.load() && PyThread_get_thread_ident() != g_exiting_thread.load()) {
+    g_released.fetch_sub(1);
+    return;
+  }
+  saved_ = PyEval_SaveThread();
+}
+
+GilRelease::~GilRelease() {
+  if (!saved_) return;
+  PyEval_RestoreThread(saved_);
+  g_released.fetch_sub(1);
 }
 
 void set_error(PyObject* type, const std::string& msg) {
@@ -372,7 +396,7 @@ NB_MODULE(_C, m) {
   m.def(
       "cuda_synchronize",
       [](int device) {
-        nb::gil_scoped_release nogil;
+        GilRelease nogil;
         cuda::synchronize(device);
       },
       nb::arg("device") = 0, "Waits for the device's queued work.");
@@ -408,6 +432,25 @@ NB_MODULE(_C, m) {
       },
       "Lets Ctrl-C stop a long call between kernels (on this thread, the main one).");
   m.def("_clear_interrupt", [] { g_sigint.store(0); });
+  m.def(
+      "_exit_quiesce",
+      [] {
+        g_exiting_thread.store(PyThread_get_thread_ident());
+        g_exiting.store(true);
+        // No bound: engine work ends by itself, and a thread left inside it aborts the process
+        // (GilRelease). The GIL is let go meanwhile (not through GilRelease: this thread is not
+        // inside engine work), so they can take it back.
+        PyThreadState* s = PyEval_SaveThread();
+        while (g_released.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        PyEval_RestoreThread(s);
+      },
+      "At interpreter exit: waits for the threads inside engine code without the GIL; after it, threads other "
+      "than this one keep the GIL in engine code (a thread taking it back while Python finalizes aborts the "
+      "process).");
+  m.def(
+      "_gil_releases_after_fork", [] { g_released.store(0); },
+      "In a forked child (os.register_at_fork): the threads counted inside engine code are not there, and the "
+      "one that forked held the GIL, so none is (else _exit_quiesce would wait for them for ever).");
   m.def(
       "_release_python_refs",
       [] {

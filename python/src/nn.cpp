@@ -26,8 +26,8 @@
 namespace kiln::py {
 namespace {
 
-using R = nb::gil_scoped_release;
-auto nogil = nb::call_guard<nb::gil_scoped_release>();
+using R = GilRelease;
+auto nogil = nb::call_guard<GilRelease>();
 
 nb::list named(const nn::NamedTensors& v) {
   nb::list out;
@@ -776,15 +776,16 @@ void bind_nn(nb::module_& m) {
     out["class_names"] = d.class_names;
     return out;
   });
-  // kiln.data's worker threads still inside a __getitem__ at exit keep what their frames hold (the
-  // dataset module's globals with them): not the binding's leaks, so kiln.data turns the report off.
+  // kiln.data's worker threads left inside a __getitem__ at exit (blocked past its wait for them)
+  // keep what their frames hold (the dataset module's globals with them): not the binding's leaks,
+  // so kiln.data turns the report off then, and only then.
   m.def("_set_leak_warnings", [](bool on) { nb::set_leak_warnings(on); });
   nb::class_<Loader>(m, "_Loader")
       .def("__init__",
            [](Loader* l, std::shared_ptr<io::Dataset> ds, int64_t batch_size, bool shuffle, bool drop_last,
               uint64_t seed, int workers, bool pin_memory, int rank, int world_size, int prefetch) {
              io::LoaderOptions o;
-             if (prefetch > 0) o.prefetch = prefetch;  // prefetch_factor * workers (0: the default)
+             if (prefetch > 0) o.prefetch = prefetch;  // prefetch_factor * workers (0: the default, 4 in all)
              o.rank = rank;
              o.world_size = world_size;  // each rank a disjoint part, padded to equal sizes (pad_ranks)
              o.batch_size = batch_size;

@@ -11,8 +11,8 @@
 namespace kiln::py {
 namespace {
 
-using R = nb::gil_scoped_release;
-auto nogil = nb::call_guard<nb::gil_scoped_release>();
+using R = GilRelease;
+auto nogil = nb::call_guard<GilRelease>();
 
 template <size_t N> std::array<int64_t, N> tuple_of(nb::handle h, const char* what, int64_t fallback = 0) {
   std::array<int64_t, N> out;

@@ -15,8 +15,8 @@
 namespace kiln::py {
 namespace {
 
-using R = nb::gil_scoped_release;
-auto nogil = nb::call_guard<nb::gil_scoped_release>();
+using R = GilRelease;
+auto nogil = nb::call_guard<GilRelease>();
 
 TensorOptions options(nb::handle dtype, nb::handle device, bool requires_grad, DType fallback = DType::f32) {
   TensorOptions o;
@@ -676,11 +676,11 @@ void bind_ops(nb::module_& mod) {
                             !nb::isinstance<Tensor>(value) && PyIndex_Check(value.ptr());
         if (is_int) {
           const int64_t v = to_int64(value, "masked_fill: value");
-          nb::gil_scoped_release nogil;
+          GilRelease nogil;
           return masked_fill(x, mask, v);
         }
         const double v = to_double(value, "masked_fill: value");
-        nb::gil_scoped_release nogil;
+        GilRelease nogil;
         return masked_fill(x, mask, v);
       },
       nb::arg("input"), nb::arg("mask"), nb::arg("value"));

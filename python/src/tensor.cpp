@@ -17,7 +17,7 @@ nb::object scalar_of(const Tensor& t) {
                 " elements cannot be converted to a Python number (item(), float() and int() need exactly 1)");
   Tensor c;
   {
-    nb::gil_scoped_release nogil;
+    GilRelease nogil;
     c = t.detach();
   }
   if (t.dtype() == DType::boolean) return nb::bool_(c.item<int64_t>() != 0);
@@ -31,7 +31,7 @@ nb::object to_list(const Tensor& t) {
   std::vector<int64_t> vi;
   const bool integral = is_integral(t.dtype());
   {
-    nb::gil_scoped_release nogil;
+    GilRelease nogil;
     if (integral)
       vi = t.values<int64_t>();
     else
@@ -474,11 +474,11 @@ bool number_for_double_op(const Tensor& x, nb::handle h, const char* what) {
 template <typename TT, typename TS> Tensor binary(const Tensor& a, nb::handle b, TT tensor_op, TS scalar_op) {
   if (number_for_double_op(a, b, "operand")) {
     const double v = nb::cast<double>(b);
-    nb::gil_scoped_release nogil;
+    GilRelease nogil;
     return scalar_op(a, v);
   }
   const Tensor t = to_tensor(b, &a, "operand");
-  nb::gil_scoped_release nogil;
+  GilRelease nogil;
   return tensor_op(a, t);
 }
 }  // namespace
@@ -495,7 +495,7 @@ std::optional<Tensor> divide_by_number(const Tensor& a, nb::handle b, bool numbe
     n = int64_scalar(*exact_int(b, "operand")).to(DType::f32);
   else
     return std::nullopt;
-  nb::gil_scoped_release nogil;
+  GilRelease nogil;
   return number_first ? div(n, a) : div(a, n);
 }
 
@@ -503,7 +503,7 @@ namespace {
 
 template <typename TT> Tensor binary(const Tensor& a, nb::handle b, TT tensor_op) {
   const Tensor t = to_tensor(b, &a, "operand");
-  nb::gil_scoped_release nogil;
+  GilRelease nogil;
   return tensor_op(a, t);
 }
 
@@ -550,10 +550,10 @@ Tensor pow_operand(const Tensor& a, nb::handle b) {
     // A double holds it exactly up to 2^53; a larger one (an i64 base) goes as an exact i64 tensor.
     if (v > (int64_t(1) << 53)) {
       const Tensor e = to_tensor(b, &base, "operand");
-      nb::gil_scoped_release nogil;
+      GilRelease nogil;
       return pow(base, e);
     }
-    nb::gil_scoped_release nogil;
+    GilRelease nogil;
     return pow(base, double(v));
   }
   return binary(
@@ -574,7 +574,7 @@ Tensor logical_binary(const char* op, const Tensor& a, nb::handle b, TT2 fn) {
   require_bool(op, a);
   const Tensor t = to_tensor(b, &a, "operand");
   require_bool(op, t);
-  nb::gil_scoped_release nogil;
+  GilRelease nogil;
   return fn(a, t);
 }
 
@@ -734,10 +734,10 @@ void bind_tensor(nb::module_& m) {
           },
           nb::arg("memory_format") = "contiguous")
       .def(
-          "pin_memory", [](const Tensor& x) { return pin_memory(x); }, nb::call_guard<nb::gil_scoped_release>(),
+          "pin_memory", [](const Tensor& x) { return pin_memory(x); }, nb::call_guard<GilRelease>(),
           "A copy in page-locked memory (fast, asynchronous copies to a GPU) when a CUDA device is present; "
           "else, or for a tensor not on the CPU, the tensor itself.")
-      .def("clone", &Tensor::clone, nb::call_guard<nb::gil_scoped_release>())
+      .def("clone", &Tensor::clone, nb::call_guard<GilRelease>())
       .def("detach", &Tensor::detach)
       .def(
           "_alias_no_version",
@@ -801,7 +801,7 @@ void bind_tensor(nb::module_& m) {
               else if (key != "non_blocking" && key != "copy")
                 value_error("to(): unexpected keyword argument '" + key + "'");
             }
-            nb::gil_scoped_release nogil;
+            GilRelease nogil;
             Tensor y = x;
             if (dev) y = y.to(*dev);
             if (dt) y = y.to(*dt);
@@ -1100,7 +1100,7 @@ void bind_tensor(nb::module_& m) {
       .def(
           "backward",
           [](const Tensor& x, std::optional<Tensor> gradient, bool retain_graph) {
-            nb::gil_scoped_release nogil;
+            GilRelease nogil;
             x.backward(gradient ? *gradient : Tensor(), retain_graph);
           },
           nb::arg("gradient") = nb::none(), nb::arg("retain_graph") = false,

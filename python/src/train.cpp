@@ -98,7 +98,7 @@ void bind_train(nb::module_& m) {
         tools::TrainOutcome outcome;
         int rc;
         {
-          nb::gil_scoped_release nogil;
+          GilRelease nogil;
           rc = tools::run_train(c, hooks, &outcome);
         }
         if (callback_raised) {
@@ -148,7 +148,7 @@ void bind_train(nb::module_& m) {
         std::vector<std::string> notes;
         std::string html;
         {
-          nb::gil_scoped_release nogil;
+          GilRelease nogil;
           html = tools::render_report(inputs, title, notes);
         }
         return nb::make_tuple(html, notes);

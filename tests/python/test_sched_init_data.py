@@ -328,6 +328,51 @@ def test_dataloader_shuffle_follows_manual_seed():
         assert first_targets() != t1
 
 
+def test_dataloader_draws_its_seed_at_the_first_iteration_that_needs_it():
+    # Making a loader drew 3 numbers from Kiln's generator (shuffle or not), so the model's init after
+    # it changed; torch's draws nothing when made.
+    def init_after(make):
+        kiln.manual_seed(0)
+        loader = make()
+        return kiln.rand(4).tolist(), loader
+
+    plain, _ = init_after(lambda: None)
+    for make in [lambda: kiln.data.DataLoader(list(range(6))), lambda: kiln.data.DataLoader(list(range(6)), shuffle=True)]:
+        after, loader = init_after(make)
+        assert after == plain and loader.seed is None
+    # not shuffled: never drawn
+    kiln.manual_seed(0)
+    loader = kiln.data.DataLoader(list(range(6)), batch_size=2)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]] and loader.seed is None
+    assert kiln.rand(4).tolist() == plain
+    # shuffled: drawn at the first iteration, from manual_seed's stream, then kept (set_epoch resumes)
+
+    def epochs(loader, n):
+        return [[b.tolist() for b in loader] for _ in range(n)]
+
+    kiln.manual_seed(3)
+    first = kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True)
+    kiln.rand(5)  # the model's init, between making the loader and reading it
+    whole = epochs(first, 4)
+    seed = first.seed
+    assert seed is not None and whole[0] != whole[1]
+    kiln.manual_seed(3)
+    kiln.rand(5)
+    again = kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True)
+    assert epochs(again, 1) == whole[:1] and again.seed == seed
+    again.set_epoch(2)
+    assert epochs(again, 2) == whole[2:] and again.seed == seed
+    assert epochs(kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True, seed=seed), 4) == whole
+    if os.path.isdir(kiln.data.FASHION_MNIST_DIR):  # a kiln Dataset's C++ loader: drawn at its first batch
+        test = kiln.data.fashion_mnist()["test"]
+        after, loader = init_after(lambda: kiln.data.DataLoader(test, batch_size=4))
+        assert after == plain and loader.seed is None
+        kiln.manual_seed(5)
+        t1 = next(iter(loader))["input"].tolist()
+        assert loader.seed is not None
+        assert next(iter(kiln.data.DataLoader(test, batch_size=4, seed=loader.seed)))["input"].tolist() == t1
+
+
 class _Stuck:
     """Items from 2 on block until `release` is set (10 s at most); the first of them can send SIGINT."""
 
@@ -369,6 +414,28 @@ def test_dataloader_interrupt_and_timeout_do_not_wait_for_running_items():
             kiln.data.DataLoader(list(range(4)), **bad)
 
 
+def test_dataloader_timeout_while_the_iterable_dataset_stalls():
+    # The iterable dataset's next item was read under the lock the caller waits on: a stalled stream
+    # held back the batch already built, and timeout= never fired (only when the stream went on).
+    release = threading.Event()
+
+    class Stalls:
+        def __iter__(self):
+            yield 0.0
+            yield 1.0
+            release.wait(20)
+            yield 2.0
+
+    got = []
+    with pytest.raises(RuntimeError, match=r"batch 1 of this pass \(its samples not read yet\) was not ready after "
+                       r"timeout=0.2 s"):
+        for b in kiln.data.DataLoader(Stalls(), batch_size=2, num_workers=2, timeout=0.2):
+            got.append(b.tolist())
+    stalled = not release.is_set()  # the stream still waits: the timeout came from get(), not its end
+    release.set()
+    assert got == [[0.0, 1.0]] and stalled
+
+
 def test_dataloader_exit_does_not_wait_for_running_items():
     import subprocess
     import sys
@@ -388,6 +455,67 @@ print(next(it).tolist(), flush=True)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
     assert r.returncode == 0 and r.stdout == "[0, 1]\n", r.stderr
     assert "leaked" not in r.stderr, r.stderr
+
+
+_HEAVY = """
+import kiln, kiln.data
+class Heavy:
+    def __len__(self): return 1000
+    def __getitem__(self, i):
+        x = kiln.rand(256, 256)
+        for _ in range(100):
+            x = (x @ x).tanh()
+        return x.sum()
+loader = kiln.data.DataLoader(Heavy(), batch_size=1, num_workers=2)
+"""
+
+
+@pytest.mark.parametrize("end", ["for b in loader: break", "it = iter(loader); next(it)",
+                                 "for b in loader: raise SystemExit(0)",
+                                 "kiln.data._EXIT_JOIN_S = 0\nfor b in loader: break"])
+def test_dataloader_exit_with_workers_in_engine_code(end):
+    # Worker threads inside kiln's C++ code (matmuls) at exit, the pass left by break, left open, or
+    # by an exception: the process aborted ("terminate called without an active exception", rc 134)
+    # when Python ended a thread taking the GIL back. A few runs: where the threads are at exit varies.
+    # _EXIT_JOIN_S = 0: as items longer than the exit waits for, the threads left running.
+    import subprocess
+    import sys
+
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", f"{_HEAVY}{end}\nprint('exit')\n"], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, (r.returncode, r.stderr)
+        assert r.stdout == ("" if "raise" in end else "exit\n"), r.stdout
+        assert "terminate" not in r.stderr and "leaked" not in r.stderr, r.stderr
+
+
+def test_dataloader_exit_of_a_forked_child_does_not_wait_for_the_parents_threads():
+    # The exit waits for the threads counted inside engine code; a child forked while the workers ran
+    # matmuls inherited the count, of threads it does not have, and waited for ever. (The child runs
+    # the exit hook itself, then os._exit: only that wait is under test here.)
+    import subprocess
+    import sys
+
+    script = _HEAVY + """
+import os, time
+it = iter(loader)
+next(it)
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        kiln.data._end_passes_at_exit()
+        os._exit(0)
+    deadline = time.monotonic() + 60  # a guard: the child ends at once
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            print("hung", flush=True)
+            os._exit(1)
+        time.sleep(0.05)
+print("ok", flush=True)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0 and r.stdout == "ok\n", (r.stdout, r.stderr)
 
 
 def test_default_collate_dicts_with_keys_in_another_order_as_torch():
@@ -464,6 +592,20 @@ def test_dataloader_set_epoch_and_ranks():
         assert [b["target"].tolist() for b in again] == targets[2]
         half = kiln.data.DataLoader(test, batch_size=10000, shuffle=True, seed=2, rank=1, world_size=2)
         assert len(half) == 1 and next(iter(half))["target"].shape == (5000,)
+
+
+def test_dataloader_ranks_without_a_seed_share_the_order():
+    # seed not given: each rank drew its own from Kiln's generator, which ranks often seed apart, so
+    # their shuffled parts overlapped and missed samples. Now 0, as torch's DistributedSampler.
+    parts, seeds = [], []
+    for r in range(3):
+        kiln.manual_seed(100 + r)
+        loader = kiln.data.DataLoader(list(range(9)), batch_size=9, shuffle=True, rank=r, world_size=3)
+        parts.append([b.tolist() for b in loader][0])
+        seeds.append(loader.seed)
+    assert sorted(sum(parts, [])) == list(range(9)) and seeds == [0, 0, 0]
+    assert parts == [[b.tolist() for b in kiln.data.DataLoader(list(range(9)), batch_size=9, shuffle=True, seed=0,
+                                                                rank=r, world_size=3)][0] for r in range(3)]
 
 
 class _Stream:
@@ -591,6 +733,33 @@ def test_collate_errors_name_types_indices_and_empty_batches():
         kiln.data.default_collate([])
     with pytest.raises(ValueError, match="cannot be stacked"):
         kiln.data.default_collate([np.zeros(3), np.zeros(4)])
+
+
+def test_dataloader_empty_subset_of_an_engine_dataset_has_no_batches(tmp_path):
+    # "the dataset is empty" was raised; an empty Python list (and torch) gives 0 batches
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 50)
+    kiln.data.build_vocab(corpus, tmp_path / "v.txt", size=100, min_frequency=1)
+    mlm = kiln.data.masked_lm(corpus, tmp_path / "v.txt", seq_len=16)
+    assert len(mlm) > 0
+    for kwargs in [dict(batch_size=4), dict(batch_size=4, shuffle=True, drop_last=True, num_workers=2),
+                   dict(batch_size=2, rank=1, world_size=2)]:
+        loader = kiln.data.DataLoader(kiln.data.Subset(mlm, []), **kwargs)
+        assert len(loader) == 0 and list(loader) == [] and list(loader) == []
+    assert len(kiln.data.DataLoader(kiln.data.Subset(list(range(5)), []), batch_size=4)) == 0
+    assert len(TD.DataLoader(TD.Subset(list(range(5)), []), batch_size=4)) == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_empty_batch_from_a_batch_sampler(workers):
+    # an IndexError (default_collate's samples[0]) where default_collate says it has no samples
+    data = [np.float32(i) for i in range(4)]
+    loader = kiln.data.DataLoader(data, batch_sampler=[[0, 1], []], num_workers=workers)
+    with pytest.raises(ValueError, match=r"batch_sampler gave an empty list of indices, and default_collate has no "
+                       r"samples to stack"):
+        list(loader)
+    # a collate_fn is handed the empty batch, as torch's
+    assert list(kiln.data.DataLoader(data, batch_sampler=[[2], []], collate_fn=len, num_workers=workers)) == [1, 0]
 
 
 def test_build_vocab_takes_paths_as_masked_lm(tmp_path):
