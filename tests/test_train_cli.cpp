@@ -880,3 +880,21 @@ TEST_CASE("train: --micro-batch auto reserves the loader's micro-batches, not wh
   CHECK_MESSAGE(contains(r.output, "(1 batch of "), r.output);  // no workers: only the one in hand
   CHECK_MESSAGE(!contains(r.output, "out of memory"), r.output);
 }
+
+TEST_CASE("train: BERT classification with fewer --set num_labels than the TSV's labels stops before the run") {
+  TempDir d("kiln_cfg");
+  const auto r0 =
+      run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r0.code == 0, r0.output);
+  fortunes_tsv(d / "train.tsv", {"computers", "food", "science"}, 9, 1);
+  fortunes_tsv(d / "eval.tsv", {"computers", "food", "science"}, 27, 0);
+  const auto r = run_kiln("train --model bert-tiny --task classify --train-tsv " + d / "train.tsv" + " --eval-tsv " +
+                              d / "eval.tsv" + " --vocab " + d / "vocab.txt" +
+                              " --seq-len 32 --max-steps 1 --batch 4 --threads 1 --progress lines --no-tensorboard "
+                              "--set num_labels=2 --out " +
+                              d / "run",
+                          d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "--set num_labels=2: the labels of " + d / "train.tsv" + " need 3"), r.output);
+  CHECK(!std::filesystem::exists(d / "run/metrics.jsonl"));
+}
