@@ -141,6 +141,30 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
   return c;
 }
 
+std::vector<std::pair<std::string, std::string>> model_config_fields(const std::string& name,
+                                                                     const std::vector<std::string>& sets) {
+  const auto number = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return std::string(b);
+  };
+  const ModelFamily& family = model_family(name);
+  if (family.input == ModelInput::images) {
+    const models::ResNetConfig c = resnet_config_from(name, sets);
+    return {{"num_classes", std::to_string(c.num_classes)},
+            {"in_channels", std::to_string(c.in_channels)},
+            {"zero_init_residual", c.zero_init_residual ? "true" : "false"}};
+  }
+  const models::BertConfig c = bert_config_from(parse_bert_name(name).size, sets);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [field, v, least] : models::size_fields(c)) out.emplace_back(field, std::to_string(v));
+  out.emplace_back("num_labels", std::to_string(c.num_labels));
+  out.emplace_back("layer_norm_eps", number(c.layer_norm_eps));
+  out.emplace_back("hidden_dropout", number(c.hidden_dropout));
+  out.emplace_back("attention_dropout", number(c.attention_dropout));
+  return out;
+}
+
 namespace {
 
 const Tensor& need(const std::map<std::string, Tensor>& in, const std::string& name, const std::string& file) {

@@ -64,6 +64,12 @@ BertName parse_bert_name(const std::string& name);
 // The size's config with `key=value` overrides (vocab_size, hidden_size, num_layers, ...).
 models::BertConfig bert_config_from(const std::string& size, const std::vector<std::string>& sets);
 
+// The model config `sets` make of model `name`'s defaults, as (field, value) text: what a resume compares,
+// so the same config written another way (keys in another order, zero_init_residual=1 or =true, a
+// default given) is the same. recompute is left out: it changes the memory, not the model.
+std::vector<std::pair<std::string, std::string>> model_config_fields(const std::string& name,
+                                                                     const std::vector<std::string>& sets);
+
 // Old BERT checkpoints name LayerNorm parameters gamma/beta and carry the tied decoder and position
 // ids, and Hugging Face's name the encoder under "bert.": `in` with those mapped onto Kiln's names
 // (`mine`: the model's state dict; "bert." is stripped for an encoder-only model). A decoder weight
