@@ -881,6 +881,95 @@ TEST_CASE("train: --micro-batch auto reserves the loader's micro-batches, not wh
   CHECK_MESSAGE(!contains(r.output, "out of memory"), r.output);
 }
 
+TEST_CASE("train --config: a negated key turns its flag off, as --no-augment and kiln.train(no_augment=True)") {
+  require_fashion_mnist();
+  TempDir d("kiln_cfg");
+  const std::string run =
+      " --limit-train 64 --limit-eval 32 --batch 32 --max-steps 1 --threads 1 --workers 0 "
+      "--progress lines --no-tensorboard --out ";
+  struct Case {
+    std::string json;
+    bool augment;
+  };
+  for (const auto& [text, augment] : {Case{R"({"no_augment": true})", false}, Case{R"({"no_augment": false})", true},
+                                      Case{R"({"augment": false})", false}, Case{R"({"no_augment": "1"})", false}}) {
+    std::ofstream(d / "c.json") << text;
+    const std::string out = d / ("r" + std::to_string(augment) + std::to_string(text.size()));
+    const auto r = run_kiln("train --config " + d / "c.json" + run + out, d.p.string());
+    REQUIRE_MESSAGE(r.code == 0, text, " -> ", r.output);
+    const json summary = json::parse(read_text(out + "/summary.json"));
+    CHECK_MESSAGE(summary["config"]["augment"] == augment, text, " -> ", summary["config"]["augment"]);
+  }
+  // Two keys for one flag leave it to the keys' order: refused, naming the flag.
+  std::ofstream(d / "c.json") << R"({"augment": true, "no_augment": true})";
+  const auto r = run_kiln("train --config " + d / "c.json" + run + d / "twice", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "sets 'augment' a second time"), r.output);
+}
+
+TEST_CASE("train --config: a value count the flag does not take, a bad boolean or a non-run key is one line") {
+  TempDir d("kiln_cfg");
+  struct Case {
+    std::string json, says;
+  };
+  const Case cases[] = {
+      // An empty array crashed in CLI11's callback; [1, 3] silently took 3; [] for --model was ignored.
+      {R"({"epochs": []})", "'epochs' takes one value, got 0"},
+      {R"({"lr": []})", "'lr' takes one value, got 0"},
+      {R"({"resume": []})", "'resume' takes one value, got 0"},
+      {R"({"model": []})", "'model' takes one value, got 0"},
+      {R"({"epochs": [1, 3]})", "'epochs' takes one value, got 2"},
+      {R"({"text": []})", "'text' takes at least 1 value(s), got 0"},
+      {R"({"overwrite": []})", "'overwrite' is true or false (or 1, 0), got []"},
+      {R"({"channels_last": []})", "'channels_last' is true or false (or 1, 0), got []"},
+      // Booleans as --set takes them: "no", "off", 2 and -1 were read by CLI11's looser rule.
+      {R"({"augment": "no"})", "'augment' is true or false (or 1, 0), got \"no\""},
+      {R"({"augment": "off"})", "'augment' is true or false"},
+      {R"({"augment": 2})", "'augment' is true or false (or 1, 0), got 2"},
+      {R"({"augment": -1})", "'augment' is true or false (or 1, 0), got -1"},
+      // Not flags of a run: help was silently ignored.
+      {R"({"help": true})", "'help' is not a run flag"},
+      {R"({"config": "other.json"})", "'config' is not a run flag"},
+      {R"({"version": true})", "'version' is not a run flag"},
+  };
+  for (const auto& c : cases) {
+    std::ofstream(d / "c.json") << c.json;
+    // A short run's flags: without the checks, a case runs rather than hangs the test.
+    const auto r = run_kiln("train --config " + d / "c.json" +
+                                " --limit-train 64 --limit-eval 32 --batch 32 --max-steps 1 --threads 1 --workers 0 "
+                                "--progress lines --no-tensorboard --out " +
+                                d / "run",
+                            d.p.string());
+    CHECK_MESSAGE(r.code == 2, c.json, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "kiln train: error: --config " + d / "c.json" + ": " + c.says), c.json, " -> ",
+                  r.output);
+  }
+  CHECK(!std::filesystem::exists(d / "run"));
+}
+
+TEST_CASE("train --config: --out and the model config from the file; {\"set\": {...}} as kiln.train's dict") {
+  require_fashion_mnist();
+  TempDir d("kiln_cfg");
+  // --out was required while parsing, before the file was read: it could never come from one.
+  std::ofstream(d / "c.json") << R"({"out": ")" + d / "run" +
+                                     R"(", "set": {"zero_init_residual": true, "num_classes": 12}, "max_steps": 1,
+      "limit_train": 64, "limit_eval": 32, "batch": 32, "threads": 1, "workers": 0, "progress": "lines",
+      "tensorboard": false})";
+  auto r = run_kiln("train --config " + d / "c.json", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const json summary = json::parse(read_text(d / "run/summary.json"));
+  CHECK(summary["config"]["set"] == json({"num_classes=12", "zero_init_residual=true"}));  // JSON: keys sorted
+  // Without --out anywhere: still required, in one line.
+  std::ofstream(d / "c.json") << R"({"epochs": 1})";
+  r = run_kiln("train --config " + d / "c.json", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "kiln train: error: --out is required"), r.output);
+  // --help still says so.
+  r = run_kiln("train --help", d.p.string());
+  CHECK(r.code == 0);
+  CHECK_MESSAGE(contains(r.output, "--out TEXT REQUIRED"), r.output);
+}
+
 TEST_CASE("train: BERT classification with fewer --set num_labels than the TSV's labels stops before the run") {
   TempDir d("kiln_cfg");
   const auto r0 =

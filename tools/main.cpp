@@ -68,15 +68,14 @@ int main(int argc, char** argv) {
   kiln::tools::add_bench_scaling_flags(*bench_scaling, bench_scaling_opts);
   try {
     app.parse(argc, argv);
-    if (train->parsed() && !train_cfg.config_file.empty()) {
+    if (train->parsed()) {
       try {
-        kiln::tools::apply_json_config(*train, train_cfg.config_file);
+        kiln::tools::finish_train_flags(*train, train_cfg);
       } catch (const kiln::Error& e) {
         std::fprintf(stderr, "kiln train: error: %s\n", e.message().c_str());
         return 2;
       }
     }
-    if (train->parsed()) kiln::tools::apply_model_defaults(*train, train_cfg);
     if (eval->parsed()) kiln::tools::apply_model_defaults(*eval, eval_cfg);
   } catch (const CLI::ExtrasError&) {
     // A word no flag takes: one line naming it (CLI11's own is two, without the command's prefix).

@@ -41,8 +41,7 @@ void bind_train(nb::module_& m) {
                 if (ch == '-') ch = '_';
               value_error("kiln.train: " + key + " takes one value, got " + std::to_string(o->count()) + " (a list)");
             }
-          if (!c.config_file.empty()) tools::apply_json_config(app, c.config_file);
-          tools::apply_model_defaults(app, c);
+          tools::finish_train_flags(app, c);
         } catch (const CLI::CallForHelp&) {
           nb::dict out;
           out["help"] = app.help();
