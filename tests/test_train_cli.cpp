@@ -970,6 +970,35 @@ TEST_CASE("train --config: --out and the model config from the file; {\"set\": {
   CHECK_MESSAGE(contains(r.output, "--out TEXT REQUIRED"), r.output);
 }
 
+TEST_CASE("cli: CLI11's parse errors are one line naming the command; a repeated flag takes its last value anywhere") {
+  TempDir d("kiln_cli");
+  struct Case {
+    std::string args, line;
+  };
+  const Case cases[] = {
+      {"train --lr 0.1", "kiln train: error: --out is required (on the command line or in --config)"},
+      {"eval --model resnet20", "kiln eval: error: --weights is required (see kiln eval --help)"},
+      {"bench train --model",
+       "kiln bench train: error: --model: 1 required TEXT missing (see kiln bench train --help)"},
+      {"plan --batch x", "kiln plan: error: "},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_kiln(c.args, d.p.string());
+    CHECK_MESSAGE(r.code == 2, c.args, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, c.line), c.args, " -> ", r.output);
+    CHECK_MESSAGE(!contains(r.output, "Run with --help for more information"), c.args, " -> ", r.output);
+    CHECK_MESSAGE(std::count(r.output.begin(), r.output.end(), '\n') == 1, c.args, " -> ", r.output);
+  }
+  // Last one wins in every command, and for flags added late (kiln train's --progress).
+  auto r = run_kiln("plan --model resnet20 --batch 8 --batch 16", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resnet20, batch 16,"), r.output);
+  r = run_kiln("train --progress bar --progress lines --epochs 0 --out " + d / "r", d.p.string());
+  CHECK_MESSAGE(contains(r.output, "--epochs must be at least 1"), r.output);  // not "--progress: At Most 1"
+  CHECK(run_kiln("train --help", d.p.string()).code == 0);
+  CHECK(run_kiln("--help", d.p.string()).code == 0);
+}
+
 TEST_CASE("train: BERT classification with fewer --set num_labels than the TSV's labels stops before the run") {
   TempDir d("kiln_cfg");
   const auto r0 =

@@ -199,9 +199,6 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
                "model.safetensors), replacing it and deleting its checkpoints; without it such an --out is refused "
                "unless --resume continues the run");
   app.add_option("--mirror", c.mirror, "Copy every completed checkpoint here too, in the background");
-  // A flag given twice takes its last value, so `scripts/demo --epochs 5` overrides the script's own.
-  for (CLI::Option* o : app.get_options())
-    if (o->get_expected_max() <= 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--progress", c.progress, "auto (a bar on a terminal, lines otherwise), bar or lines")
       ->check(CLI::IsMember({"auto", "bar", "lines"}))
       ->capture_default_str();

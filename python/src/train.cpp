@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "io/atomic_file.h"
+#include "tools/cli_checks.h"
 #include "tools/report.h"
 #include "tools/train.h"
 
@@ -29,6 +30,7 @@ void bind_train(nb::module_& m) {
         CLI::App app{"kiln train"};
         tools::TrainConfig c;
         tools::add_train_flags(app, c);
+        tools::take_last_value(app);
         try {
           std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes them last first
           app.parse(rev);
