@@ -215,6 +215,30 @@ TEST_CASE("models by name: --set values are checked when the model is built") {
   CHECK(bert({"recompute=true"}).recompute);
 }
 
+TEST_CASE("models by name: each --set size has an upper bound naming the field; spaces are trimmed alike") {
+  auto bert = [](const std::vector<std::string>& sets) { return tools::bert_config_from("tiny", sets); };
+  // Past them a shape's element count overflowed without naming the field, or kiln plan ran for minutes.
+  CHECK_THROWS_WITH_AS(bert({"hidden_size=99999999998"}),
+                       doctest::Contains("--set hidden_size=99999999998: must be at most 65536"), Error);
+  CHECK_THROWS_WITH_AS(bert({"num_layers=100000000"}), doctest::Contains("--set num_layers=100000000: must be at most"),
+                       Error);
+  for (const char* s : {"vocab_size=999999999", "intermediate_size=99999999", "max_position=99999999",
+                        "type_vocab_size=9999999", "num_labels=999999999", "num_heads=8192"})
+    CHECK_THROWS_WITH_AS(bert({s}), doctest::Contains((std::string("--set ") + s + ": must be at most").c_str()),
+                         Error);
+  CHECK_THROWS_WITH_AS(tools::resnet_config_from("resnet20", {"num_classes=999999999"}),
+                       doctest::Contains("--set num_classes=999999999: must be at most"), Error);
+  CHECK_THROWS_WITH_AS(tools::resnet_config_from("resnet20", {"in_channels=9999999"}),
+                       doctest::Contains("--set in_channels=9999999: must be at most"), Error);
+  // Real models pass: BERT-large (and a bigger vocabulary, longer positions), ResNet-152 on ImageNet-21k.
+  const models::BertConfig large = tools::bert_config_from("large", {"vocab_size=250002", "max_position=8192"});
+  CHECK(large.num_layers == 24);
+  CHECK(tools::resnet_config_from("resnet152", {"num_classes=21841"}).num_classes == 21841);
+  // "num_layers= 2" was taken and "num_layers=2 " refused: both are 2 now, as is " num_layers =2".
+  for (const char* s : {"num_layers= 2", "num_layers=2 ", " num_layers = 2 "}) CHECK(bert({s}).num_layers == 2);
+  CHECK_THROWS_WITH_AS(bert({" =2"}), doctest::Contains("expected key=value"), Error);
+}
+
 TEST_CASE("checkpoint names: tied decoder, two decoder biases and the bert. prefix") {
   models::BertConfig c = models::bert_config("tiny");
   c.vocab_size = 40;

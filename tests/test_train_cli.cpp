@@ -965,3 +965,139 @@ TEST_CASE("train: --micro-batch auto reserves the loader's micro-batches, not wh
   CHECK_MESSAGE(contains(r.output, "(1 batch of "), r.output);  // no workers: only the one in hand
   CHECK_MESSAGE(!contains(r.output, "out of memory"), r.output);
 }
+
+TEST_CASE("train --config: a negated key turns its flag off, as --no-augment and kiln.train(no_augment=True)") {
+  require_fashion_mnist();
+  TempDir d("kiln_cfg");
+  const std::string run =
+      " --limit-train 64 --limit-eval 32 --batch 32 --max-steps 1 --threads 1 --workers 0 "
+      "--progress lines --no-tensorboard --out ";
+  struct Case {
+    std::string json;
+    bool augment;
+  };
+  for (const auto& [text, augment] : {Case{R"({"no_augment": true})", false}, Case{R"({"no_augment": false})", true},
+                                      Case{R"({"augment": false})", false}, Case{R"({"no_augment": "1"})", false}}) {
+    std::ofstream(d / "c.json") << text;
+    const std::string out = d / ("r" + std::to_string(augment) + std::to_string(text.size()));
+    const auto r = run_kiln("train --config " + d / "c.json" + run + out, d.p.string());
+    REQUIRE_MESSAGE(r.code == 0, text, " -> ", r.output);
+    const json summary = json::parse(read_text(out + "/summary.json"));
+    CHECK_MESSAGE(summary["config"]["augment"] == augment, text, " -> ", summary["config"]["augment"]);
+  }
+  // Two keys for one flag leave it to the keys' order: refused, naming the flag.
+  std::ofstream(d / "c.json") << R"({"augment": true, "no_augment": true})";
+  const auto r = run_kiln("train --config " + d / "c.json" + run + d / "twice", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "sets 'augment' a second time"), r.output);
+}
+
+TEST_CASE("train --config: a value count the flag does not take, a bad boolean or a non-run key is one line") {
+  TempDir d("kiln_cfg");
+  struct Case {
+    std::string json, says;
+  };
+  const Case cases[] = {
+      // An empty array crashed in CLI11's callback; [1, 3] silently took 3; [] for --model was ignored.
+      {R"({"epochs": []})", "'epochs' takes one value, got 0"},
+      {R"({"lr": []})", "'lr' takes one value, got 0"},
+      {R"({"resume": []})", "'resume' takes one value, got 0"},
+      {R"({"model": []})", "'model' takes one value, got 0"},
+      {R"({"epochs": [1, 3]})", "'epochs' takes one value, got 2"},
+      {R"({"text": []})", "'text' takes at least 1 value(s), got 0"},
+      {R"({"overwrite": []})", "'overwrite' is true or false (or 1, 0), got []"},
+      {R"({"channels_last": []})", "'channels_last' is true or false (or 1, 0), got []"},
+      // Booleans as --set takes them: "no", "off", 2 and -1 were read by CLI11's looser rule.
+      {R"({"augment": "no"})", "'augment' is true or false (or 1, 0), got \"no\""},
+      {R"({"augment": "off"})", "'augment' is true or false"},
+      {R"({"augment": 2})", "'augment' is true or false (or 1, 0), got 2"},
+      {R"({"augment": -1})", "'augment' is true or false (or 1, 0), got -1"},
+      // Not flags of a run: help was silently ignored.
+      {R"({"help": true})", "'help' is not a run flag"},
+      {R"({"config": "other.json"})", "'config' is not a run flag"},
+      {R"({"version": true})", "'version' is not a run flag"},
+  };
+  for (const auto& c : cases) {
+    std::ofstream(d / "c.json") << c.json;
+    // A short run's flags: without the checks, a case runs rather than hangs the test.
+    const auto r = run_kiln("train --config " + d / "c.json" +
+                                " --limit-train 64 --limit-eval 32 --batch 32 --max-steps 1 --threads 1 --workers 0 "
+                                "--progress lines --no-tensorboard --out " +
+                                d / "run",
+                            d.p.string());
+    CHECK_MESSAGE(r.code == 2, c.json, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "kiln train: error: --config " + d / "c.json" + ": " + c.says), c.json, " -> ",
+                  r.output);
+  }
+  CHECK(!std::filesystem::exists(d / "run"));
+}
+
+TEST_CASE("train --config: --out and the model config from the file; {\"set\": {...}} as kiln.train's dict") {
+  require_fashion_mnist();
+  TempDir d("kiln_cfg");
+  // --out was required while parsing, before the file was read: it could never come from one.
+  std::ofstream(d / "c.json") << R"({"out": ")" + d / "run" +
+                                     R"(", "set": {"zero_init_residual": true, "num_classes": 12}, "max_steps": 1,
+      "limit_train": 64, "limit_eval": 32, "batch": 32, "threads": 1, "workers": 0, "progress": "lines",
+      "tensorboard": false})";
+  auto r = run_kiln("train --config " + d / "c.json", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const json summary = json::parse(read_text(d / "run/summary.json"));
+  CHECK(summary["config"]["set"] == json({"num_classes=12", "zero_init_residual=true"}));  // JSON: keys sorted
+  // Without --out anywhere: still required, in one line.
+  std::ofstream(d / "c.json") << R"({"epochs": 1})";
+  r = run_kiln("train --config " + d / "c.json", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "kiln train: error: --out is required"), r.output);
+  // --help still says so.
+  r = run_kiln("train --help", d.p.string());
+  CHECK(r.code == 0);
+  CHECK_MESSAGE(contains(r.output, "--out TEXT REQUIRED"), r.output);
+}
+
+TEST_CASE("cli: CLI11's parse errors are one line naming the command; a repeated flag takes its last value anywhere") {
+  TempDir d("kiln_cli");
+  struct Case {
+    std::string args, line;
+  };
+  const Case cases[] = {
+      {"train --lr 0.1", "kiln train: error: --out is required (on the command line or in --config)"},
+      {"eval --model resnet20", "kiln eval: error: --weights is required (see kiln eval --help)"},
+      {"bench train --model",
+       "kiln bench train: error: --model: 1 required TEXT missing (see kiln bench train --help)"},
+      {"plan --batch x", "kiln plan: error: "},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_kiln(c.args, d.p.string());
+    CHECK_MESSAGE(r.code == 2, c.args, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, c.line), c.args, " -> ", r.output);
+    CHECK_MESSAGE(!contains(r.output, "Run with --help for more information"), c.args, " -> ", r.output);
+    CHECK_MESSAGE(std::count(r.output.begin(), r.output.end(), '\n') == 1, c.args, " -> ", r.output);
+  }
+  // Last one wins in every command, and for flags added late (kiln train's --progress).
+  auto r = run_kiln("plan --model resnet20 --batch 8 --batch 16", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resnet20, batch 16,"), r.output);
+  r = run_kiln("train --progress bar --progress lines --epochs 0 --out " + d / "r", d.p.string());
+  CHECK_MESSAGE(contains(r.output, "--epochs must be at least 1"), r.output);  // not "--progress: At Most 1"
+  CHECK(run_kiln("train --help", d.p.string()).code == 0);
+  CHECK(run_kiln("--help", d.p.string()).code == 0);
+}
+
+TEST_CASE("train: BERT classification with fewer --set num_labels than the TSV's labels stops before the run") {
+  TempDir d("kiln_cfg");
+  const auto r0 =
+      run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r0.code == 0, r0.output);
+  fortunes_tsv(d / "train.tsv", {"computers", "food", "science"}, 9, 1);
+  fortunes_tsv(d / "eval.tsv", {"computers", "food", "science"}, 27, 0);
+  const auto r = run_kiln("train --model bert-tiny --task classify --train-tsv " + d / "train.tsv" + " --eval-tsv " +
+                              d / "eval.tsv" + " --vocab " + d / "vocab.txt" +
+                              " --seq-len 32 --max-steps 1 --batch 4 --threads 1 --progress lines --no-tensorboard "
+                              "--set num_labels=2 --out " +
+                              d / "run",
+                          d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "--set num_labels=2: the labels of " + d / "train.tsv" + " need 3"), r.output);
+  CHECK(!std::filesystem::exists(d / "run/metrics.jsonl"));
+}

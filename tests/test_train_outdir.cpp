@@ -381,3 +381,26 @@ TEST_CASE("train: a --mirror inside --out is refused however either is written")
   CHECK(!fs::exists(d / "so3"));  // refused before anything was made
   CHECK(!fs::exists(d / "so5"));
 }
+
+TEST_CASE("train: a resume compares --set as the model config it makes, and names a differing field") {
+  TempDir d("kiln_outdir");
+  const std::string args =
+      "train --limit-train 64 --limit-eval 32 --batch 32 --max-steps 2 --threads 1 --workers 0 --progress lines "
+      "--no-tensorboard --out " +
+      d / "r";
+  auto r = run_kiln(args + " --set zero_init_residual=true --set num_classes=12", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  // The same config written otherwise (another order, 1 for true, as Python's True, recompute added):
+  // the run continues (there is nothing left to train; it was refused as "another configuration").
+  for (const std::string sets : {" --set num_classes=12 --set zero_init_residual=1",
+                                 " --set zero_init_residual=True --set num_classes=12 --set recompute=1",
+                                 " --set 'zero_init_residual = true' --set num_classes=12 --set num_classes=12"}) {
+    r = run_kiln(args + sets + " --resume auto", d.p.string());
+    CHECK_MESSAGE(r.code == 0, sets, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "resumed at step 2"), sets, " -> ", r.output);
+  }
+  r = run_kiln(args + " --set num_classes=12 --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "set zero_init_residual: checkpoint true, now false"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "set: checkpoint"), r.output);  // the field, not the whole list
+}

@@ -12,15 +12,26 @@
 
 namespace kiln::tools {
 
-namespace {
-
-// "kiln bench train" for the App of `bench train`.
 std::string command_path(const CLI::App& app) {
   std::string path = app.get_name();
   for (const CLI::App* p = app.get_parent(); p != nullptr; p = p->get_parent())
     path = (p->get_parent() != nullptr ? p->get_name() : std::string("kiln")) + " " + path;
   return app.get_parent() != nullptr ? path : "kiln";
 }
+
+const CLI::App& deepest_parsed(const CLI::App& top) {
+  const CLI::App* app = &top;
+  while (!app->get_subcommands().empty()) app = app->get_subcommands().back();
+  return *app;
+}
+
+void take_last_value(CLI::App& app) {
+  for (CLI::Option* o : app.get_options())
+    if (o->get_expected_max() <= 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  for (CLI::App* sub : app.get_subcommands({})) take_last_value(*sub);
+}
+
+namespace {
 
 // Words CLI11 left with `app` that are a mistake: none for a command that takes extras (kiln launch
 // names its own), nor a lone `--` (`kiln --bogus launch -- echo hi` leaves one with launch; the mistake

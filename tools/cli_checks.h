@@ -33,6 +33,15 @@ std::string output_file_problem(const std::string& flag, const std::string& path
 // ignores capture_default_str() for flags. `value` holds the default when this is called.
 CLI::Option* add_on_off_flag(CLI::App& app, const std::string& names, bool& value, const std::string& help);
 
+// "kiln bench train" for the App of `bench train`, "kiln" for the top level's.
+std::string command_path(const CLI::App& app);
+// The deepest command of a parsed (or partly parsed) command line: `bench train`'s App for `kiln bench
+// train ...`, `top` itself when no command was given.
+const CLI::App& deepest_parsed(const CLI::App& top);
+// Makes every one-value flag of `app` and of its commands, at any depth, take the last of its values
+// when given twice (CLI11's default refuses a repeat): call once every flag is added.
+void take_last_value(CLI::App& app);
+
 // The one line for the words a command was given and takes no flag for (what CLI11's ExtrasError
 // reports as "The following arguments were not expected: 1 --zero" and a second line): "kiln train:
 // error: --bogus is not a flag of kiln train (see kiln train --help)", or, for a flag of kiln train

@@ -829,7 +829,24 @@ class Trainer {
           was.erase(key);
           now.erase(key);
         }
-        refuse(config_differences(was, now));
+        // --set compared as the model config it makes, not as text: the same keys in another order,
+        // zero_init_residual=1 for =true, continue the run; a difference is named by its field.
+        std::vector<std::string> diffs;
+        try {
+          const auto was_sets = was.value("set", std::vector<std::string>{}),
+                     now_sets = now.value("set", std::vector<std::string>{});
+          if (was.value("model", "") == now.value("model", "") && was_sets != now_sets) {
+            const auto a = model_config_fields(c_.model, was_sets), b = model_config_fields(c_.model, now_sets);
+            for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+              if (a[i] != b[i])
+                diffs.push_back("set " + a[i].first + ": checkpoint " + a[i].second + ", now " + b[i].second);
+            was.erase("set");
+            now.erase("set");
+          }
+        } catch (const std::exception&) {  // a checkpoint's --set this version cannot read: compared as text
+        }
+        for (const std::string& d : config_differences(was, now)) diffs.push_back(d);
+        refuse(diffs);
         const std::string isa_was = saved.value("cpu_isa", std::string()), isa_now = resolved_.value("cpu_isa", "");
         // Only the CPU's kernels differ between sets: a GPU run's numbers come from the GPU.
         if (lead_ && !device_.is_cuda() && !isa_was.empty() && isa_was != isa_now)

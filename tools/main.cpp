@@ -66,17 +66,19 @@ int main(int argc, char** argv) {
   CLI::App* bench_scaling =
       bench->add_subcommand("scaling", "Data-parallel training throughput for 1..N ranks and its efficiency");
   kiln::tools::add_bench_scaling_flags(*bench_scaling, bench_scaling_opts);
+  // A flag given twice takes its last value, in every command (so `scripts/demo --epochs 5` overrides
+  // the script's own): set once every flag is added.
+  kiln::tools::take_last_value(app);
   try {
     app.parse(argc, argv);
-    if (train->parsed() && !train_cfg.config_file.empty()) {
+    if (train->parsed()) {
       try {
-        kiln::tools::apply_json_config(*train, train_cfg.config_file);
+        kiln::tools::finish_train_flags(*train, train_cfg);
       } catch (const kiln::Error& e) {
         std::fprintf(stderr, "kiln train: error: %s\n", e.message().c_str());
         return 2;
       }
     }
-    if (train->parsed()) kiln::tools::apply_model_defaults(*train, train_cfg);
     if (eval->parsed()) kiln::tools::apply_model_defaults(*eval, eval_cfg);
   } catch (const CLI::ExtrasError&) {
     // A word no flag takes: one line naming it (CLI11's own is two, without the command's prefix).
@@ -84,9 +86,12 @@ int main(int argc, char** argv) {
                  kiln::tools::extras_message(app, *train, std::vector<std::string>(argv + 1, argv + argc)).c_str());
     return 2;
   } catch (const CLI::ParseError& e) {
-    // Bad flags: one clear line (CLI11 prints it) and exit code 2, before any work starts.
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all: CLI11 prints them
+    // Bad flags: one line naming the command (CLI11's own is two, without it) and exit code 2, before
+    // any work starts.
+    const std::string cmd = kiln::tools::command_path(kiln::tools::deepest_parsed(app));
+    std::fprintf(stderr, "%s: error: %s (see %s --help)\n", cmd.c_str(), e.what(), cmd.c_str());
+    return 2;
   }
   try {
     kiln::tools::apply_environment();

@@ -384,10 +384,15 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
     eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, c.label_names);
     train = eval;  // not trained on: kiln eval only evaluates
   }
-  auto model = std::make_shared<models::BertForSequenceClassification>(
-      bert_config_for(c, bn, *tok, {"num_labels=" + std::to_string(train->label_names().size())}));
+  const int64_t labels = int64_t(train->label_names().size());
+  const models::BertConfig bc = bert_config_for(c, bn, *tok, {"num_labels=" + std::to_string(labels)});
+  // Checked here, as the ResNet task checks num_classes: a label past the classifier's outputs would
+  // otherwise stop the run in its first loss, after it started writing.
+  KILN_CHECK(bc.num_labels >= labels, "--set num_labels=", bc.num_labels, ": the labels of ",
+             c.train_tsv.empty() ? c.eval_tsv : c.train_tsv, " need ", labels);
+  auto model = std::make_shared<models::BertForSequenceClassification>(bc);
   Task t = task_of(c, "classify", "accuracy", model, train, eval);
-  t.model_sets = bert_sets_for(c, *tok, {"num_labels=" + std::to_string(train->label_names().size())});
+  t.model_sets = bert_sets_for(c, *tok, {"num_labels=" + std::to_string(labels)});
   const double smoothing = c.label_smoothing;
   const Device dev = c.resolved_device();
   t.step = [model, smoothing, dev](const io::Batch& b) {

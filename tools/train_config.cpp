@@ -1,9 +1,11 @@
 // The flags of `kiln train` and `kiln eval`, a JSON config file that supplies any of them, and the
 // checks that reject an impossible run before any work starts.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "engine/dist.h"
@@ -197,12 +199,16 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
                "model.safetensors), replacing it and deleting its checkpoints; without it such an --out is refused "
                "unless --resume continues the run");
   app.add_option("--mirror", c.mirror, "Copy every completed checkpoint here too, in the background");
-  // A flag given twice takes its last value, so `scripts/demo --epochs 5` overrides the script's own.
-  for (CLI::Option* o : app.get_options())
-    if (o->get_expected_max() <= 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--progress", c.progress, "auto (a bar on a terminal, lines otherwise), bar or lines")
       ->check(CLI::IsMember({"auto", "bar", "lines"}))
       ->capture_default_str();
+  // A required flag may come from --config, which is read after the command line is parsed (CLI11
+  // checks required() while parsing): finish_train_flags checks these then. --help still says REQUIRED.
+  for (CLI::Option* o : app.get_options())
+    if (o->get_required()) {
+      o->required(false)->option_text(o->get_type_name() + " REQUIRED");
+      c.required_flags.push_back(o->get_name());
+    }
 }
 
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights) {
@@ -214,6 +220,23 @@ void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights) {
   app.add_option("--out", c.out, "Write the metrics to this JSON file too");
 }
 
+namespace {
+
+// A true/false value of --config: JSON true/false, or as --set takes it, true/false (any case) or 1/0.
+// CLI11 alone would also take "no", "off", 2 and -1 (as false).
+std::optional<bool> config_bool(const nlohmann::json& v) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number_integer() && (v == 0 || v == 1)) return v == 1;
+  if (!v.is_string()) return std::nullopt;
+  std::string l = v.get<std::string>();
+  for (char& ch : l) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  if (l == "true" || l == "1") return true;
+  if (l == "false" || l == "0") return false;
+  return std::nullopt;
+}
+
+}  // namespace
+
 void apply_json_config(CLI::App& app, const std::string& path) {
   std::ifstream in(path);
   KILN_CHECK(in.good(), "--config ", path, ": cannot open");
@@ -224,6 +247,11 @@ void apply_json_config(CLI::App& app, const std::string& path) {
     KILN_FAIL("--config ", path, ": not valid JSON: ", e.what());
   }
   KILN_CHECK(j.is_object(), "--config ", path, ": expected a JSON object of flag names and values");
+  // The flags the command line gave (they win), and those this file set (two keys for one flag,
+  // "augment" and "no_augment", would leave which one counts to the order of the keys).
+  std::vector<const CLI::Option*> from_command_line, from_file;
+  for (const CLI::Option* o : app.get_options())
+    if (o->count() > 0) from_command_line.push_back(o);
   for (const auto& item : j.items()) {
     // Not a structured binding: clang 14 does not let the lambda below capture one.
     const std::string& key = item.key();
@@ -231,23 +259,53 @@ void apply_json_config(CLI::App& app, const std::string& path) {
     std::string name = key;
     for (char& ch : name)
       if (ch == '_') ch = '-';
-    CLI::Option* opt = name == "config" ? nullptr : app.get_option_no_throw("--" + name);
+    // Asking for help, or naming another config file, is the command line's business, not a run's flag.
+    KILN_CHECK(name != "help" && name != "config" && name != "version", "--config ", path, ": '", key,
+               "' is not a run flag (a config file holds the flags of `kiln ", app.get_name(), "`'s run)");
+    CLI::Option* opt = app.get_option_no_throw("--" + name);
     const auto& lnames = opt ? opt->get_lnames() : std::vector<std::string>{};
-    // A typo must not pass silently, and a negated flag name ("no-augment") would invert its value.
+    // A typo must not pass silently.
     KILN_CHECK(opt && std::find(lnames.begin(), lnames.end(), name) != lnames.end(), "--config ", path, ": '", key,
-               "' is not a flag of `kiln ", app.get_name(), "`", opt ? " (use the positive name with true/false)" : "");
-    if (opt->count() > 0) continue;  // given on the command line: that wins
+               "' is not a flag of `kiln ", app.get_name(), "`");
+    const bool is_flag = opt->get_expected_max() == 0;
+    // A negated name ("no_augment": true) means what --no-augment=true means on the command line, and
+    // kiln.train(no_augment=True): the flag off.
+    const bool negated = is_flag && opt->get_flag_value(name, "true") == "false";
+    std::string positive = opt->get_single_name();
+    for (char& ch : positive)
+      if (ch == '-') ch = '_';
+    KILN_CHECK(std::find(from_file.begin(), from_file.end(), opt) == from_file.end(), "--config ", path, ": '", key,
+               "' sets '", positive, "' a second time (one key per flag)");
+    from_file.push_back(opt);
     std::vector<std::string> inputs;
-    auto str = [&](const nlohmann::json& x) -> std::string {
-      if (x.is_string()) return x.get<std::string>();
-      if (x.is_boolean()) return x.get<bool>() ? "true" : "false";
-      if (x.is_number()) return x.dump();
-      KILN_FAIL("--config ", path, ": the value of '", key, "' must be a string, number, boolean or an array of them");
-    };
-    if (value.is_array())
-      for (const auto& e : value) inputs.push_back(str(e));
-    else
-      inputs.push_back(str(value));
+    if (is_flag) {
+      const std::optional<bool> b = config_bool(value);
+      KILN_CHECK(b.has_value(), "--config ", path, ": '", key, "' is true or false (or 1, 0), got ", value.dump());
+      inputs.push_back(*b != negated ? "true" : "false");
+    } else {
+      auto str = [&](const nlohmann::json& x) -> std::string {
+        if (x.is_string()) return x.get<std::string>();
+        if (x.is_boolean()) return x.get<bool>() ? "true" : "false";
+        if (x.is_number()) return x.dump();
+        KILN_FAIL("--config ", path, ": the value of '", key,
+                  "' must be a string, number, boolean or an array of them");
+      };
+      if (value.is_array())
+        for (const auto& e : value) inputs.push_back(str(e));
+      else if (value.is_object() && name == "set")  // {"in_channels": 1}, as kiln.train's set= dict
+        for (const auto& f : value.items()) inputs.push_back(f.key() + "=" + str(f.value()));
+      else
+        inputs.push_back(str(value));
+      // CLI11 would take an empty list as nothing given (and crash in the option's callback), and keep
+      // the last of several for a one-value flag: both are a mistake in the file.
+      const int least = std::max(1, opt->get_expected_min()), most = opt->get_expected_max();
+      KILN_CHECK(int64_t(inputs.size()) >= least && int64_t(inputs.size()) <= most, "--config ", path, ": '", key,
+                 "' takes ", most == 1 ? std::string("one value") : "at least " + std::to_string(least) + " value(s)",
+                 ", got ", inputs.size(), " (", value.dump(), ")");
+    }
+    // The file's mistakes above are named even for a flag the command line gives (its value wins).
+    if (std::find(from_command_line.begin(), from_command_line.end(), opt) != from_command_line.end())
+      continue;  // given on the command line: that wins
     try {
       for (const auto& v : inputs) opt->add_result(v);
       opt->run_callback();
@@ -255,6 +313,13 @@ void apply_json_config(CLI::App& app, const std::string& path) {
       KILN_FAIL("--config ", path, ": '", key, "': ", e.what());
     }
   }
+}
+
+void finish_train_flags(CLI::App& app, TrainConfig& c) {
+  if (!c.config_file.empty()) apply_json_config(app, c.config_file);
+  for (const std::string& name : c.required_flags)
+    KILN_CHECK(app.get_option(name)->count() > 0, name, " is required (on the command line or in --config)");
+  apply_model_defaults(app, c);
 }
 
 std::string run_in_folder(const std::string& dir) {

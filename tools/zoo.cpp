@@ -16,10 +16,25 @@
 namespace kiln::tools {
 namespace {
 
+// Spaces around the key and the value are dropped, both sides alike: "num_layers= 2" and
+// "num_layers=2 " are num_layers=2 (kiln.models.create strips its comma-separated pairs too).
 std::pair<std::string, std::string> split_set(const std::string& kv) {
+  const auto trim = [](std::string s) {
+    const auto space = [](char ch) { return std::isspace(static_cast<unsigned char>(ch)) != 0; };
+    while (!s.empty() && space(s.back())) s.pop_back();
+    s.erase(s.begin(), std::find_if_not(s.begin(), s.end(), space));
+    return s;
+  };
   const auto eq = kv.find('=');
-  KILN_CHECK(eq != std::string::npos && eq > 0, "--set ", kv, ": expected key=value");
-  return {kv.substr(0, eq), kv.substr(eq + 1)};
+  KILN_CHECK(eq != std::string::npos && !trim(kv.substr(0, eq)).empty(), "--set ", kv, ": expected key=value");
+  return {trim(kv.substr(0, eq)), trim(kv.substr(eq + 1))};
+}
+
+// A size field's upper bound: far above any real model (BERT-large: 24 layers of 1024, vocabulary
+// 30522; ImageNet-21k: 21841 classes), and low enough that a typo ("num_layers=100000000") is named
+// here rather than planned or allocated for minutes, or overflowing a shape's element count.
+void check_at_most(const char* field, int64_t v, int64_t most) {
+  KILN_CHECK(v <= most, "--set ", field, "=", v, ": must be at most ", most);
 }
 
 template <typename T> T parse_number(const std::string& k, const std::string& v) {
@@ -70,6 +85,8 @@ models::ResNetConfig resnet_config_from(const std::string& name, const std::vect
   }
   KILN_CHECK(c.num_classes >= 1, "--set num_classes=", c.num_classes, ": must be at least 1");
   KILN_CHECK(c.in_channels >= 1, "--set in_channels=", c.in_channels, ": must be at least 1");
+  check_at_most("num_classes", c.num_classes, int64_t(1) << 24);
+  check_at_most("in_channels", c.in_channels, 65536);
   return c;
 }
 
@@ -108,6 +125,17 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
   sizes.emplace_back("num_labels", c.num_labels, 1);  // the classifier's (the encoder has none)
   for (const auto& [field, v, least] : sizes)
     KILN_CHECK(v >= least, "--set ", field, "=", v, ": must be at least ", least);
+  const std::pair<const char*, int64_t> most[] = {{"vocab_size", int64_t(1) << 24},
+                                                  {"hidden_size", 65536},
+                                                  {"num_layers", 1024},
+                                                  {"num_heads", 4096},
+                                                  {"intermediate_size", 262144},
+                                                  {"max_position", int64_t(1) << 20},
+                                                  {"type_vocab_size", 65536},
+                                                  {"num_labels", int64_t(1) << 24}};
+  for (const auto& [field, v, least] : sizes)
+    for (const auto& [name, limit] : most)
+      if (std::string(field) == name) check_at_most(name, v, limit);
   KILN_CHECK(c.hidden_size % c.num_heads == 0, "--set hidden_size=", c.hidden_size, " / num_heads=", c.num_heads,
              ": hidden_size must be a multiple of num_heads");
   // The ranges the layers would refuse only at the first forward (dropout) or never (a zero or NaN
@@ -212,6 +240,30 @@ std::vector<std::string> sets_with_hf_config(const std::string& model, const std
   std::vector<std::string> all = hf_bert_config_sets(hf_config);
   all.insert(all.end(), sets.begin(), sets.end());
   return all;
+}
+
+std::vector<std::pair<std::string, std::string>> model_config_fields(const std::string& name,
+                                                                     const std::vector<std::string>& sets) {
+  const auto number = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return std::string(b);
+  };
+  const ModelFamily& family = model_family(name);
+  if (family.input == ModelInput::images) {
+    const models::ResNetConfig c = resnet_config_from(name, sets);
+    return {{"num_classes", std::to_string(c.num_classes)},
+            {"in_channels", std::to_string(c.in_channels)},
+            {"zero_init_residual", c.zero_init_residual ? "true" : "false"}};
+  }
+  const models::BertConfig c = bert_config_from(parse_bert_name(name).size, sets);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [field, v, least] : models::size_fields(c)) out.emplace_back(field, std::to_string(v));
+  out.emplace_back("num_labels", std::to_string(c.num_labels));
+  out.emplace_back("layer_norm_eps", number(c.layer_norm_eps));
+  out.emplace_back("hidden_dropout", number(c.hidden_dropout));
+  out.emplace_back("attention_dropout", number(c.attention_dropout));
+  return out;
 }
 
 namespace {

@@ -86,6 +86,12 @@ std::vector<std::string> sets_with_hf_config(const std::string& model, const std
 // reader needs it; files before it said "format" "kiln" and load the same).
 inline std::map<std::string, std::string> torch_compatible_metadata() { return {{"format", "pt"}, {"writer", "kiln"}}; }
 
+// The model config `sets` make of model `name`'s defaults, as (field, value) text: what a resume compares,
+// so the same config written another way (keys in another order, zero_init_residual=1 or =true, a
+// default given) is the same. recompute is left out: it changes the memory, not the model.
+std::vector<std::pair<std::string, std::string>> model_config_fields(const std::string& name,
+                                                                     const std::vector<std::string>& sets);
+
 // Old BERT checkpoints name LayerNorm parameters gamma/beta and carry the tied decoder and position
 // ids, and Hugging Face's name the encoder under "bert.": `in` with those mapped onto Kiln's names
 // (`mine`: the model's state dict; "bert." is stripped for an encoder-only model, and added to a bare

@@ -6,6 +6,7 @@ import signal
 import numpy as np
 
 from . import _C
+from .models import _sets_of
 
 
 def _flags(options):
@@ -29,10 +30,12 @@ def _flags(options):
             value = int(value) % 2**64  # as kiln.manual_seed (and torch): -1 is 2**64 - 1; the flag takes 0..2**64-1
         if isinstance(value, (bool, np.bool_)):
             args.append(f"{flag}={'true' if value else 'false'}")
-        elif key == "set" and isinstance(value, dict):
-            for k, v in value.items():
-                args += ["--set", f"{k}={v}"]
+        elif key == "set":  # as kiln.models.create takes it: a dict, "a=1,b=2" or a list of "key=value"
+            for s in _sets_of(value, "kiln.train"):
+                args += ["--set", s]
         elif isinstance(value, (list, tuple)):
+            if not value:  # no flag at all would pass silently as "the default"
+                raise _C.KilnValueError(f"kiln.train: {key}=[] gives no value (leave it out for the default)")
             for v in value:
                 args += [flag, os.fspath(v) if hasattr(v, "__fspath__") else str(v)]
         else:
@@ -43,7 +46,8 @@ def _flags(options):
 def train(model="resnet20", *, out=None, callback=None, **options):
     """Trains as `kiln train` does, in this process, with the same options: each keyword is the flag
     of the same name (epochs=2 is --epochs 2, max_steps is --max-steps, augment=False is
-    --no-augment, text=[...] repeats --text, set={"hidden": 64} is --set hidden=64); `out` is the
+    --no-augment, text=[...] repeats --text, set={"hidden": 64} or set="hidden=64,num_layers=2" is
+    --set for each field, as kiln.models.create takes set=); `out` is the
     run directory (metrics.jsonl, summary.json, checkpoints, model.safetensors), required unless
     help=True.
 

@@ -174,28 +174,28 @@ def _map_copies(new, olds, news, store, memo):
                     d[name] = swap[id(t)]
 
 
-def _set_value(key, v):
+def _set_value(key, v, who="kiln.models.create"):
     """A set= dict value as the config parser reads it: bools as true/false (only the boolean
     fields take them), numbers as Python writes them."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float, str)):
         return str(v)
-    raise TypeError(f"kiln.models.create: set['{key}'] is a {type(v).__name__}, expected a number or a bool")
+    raise TypeError(f"{who}: set['{key}'] is a {type(v).__name__}, expected a number or a bool")
 
 
-def _sets_of(set):  # noqa: A002
+def _sets_of(set, who="kiln.models.create"):  # noqa: A002
     """set= as the list of key=value strings the engine takes: a dict, one string of key=value
-    pairs separated by commas, or an iterable of key=value strings."""
+    pairs separated by commas, or an iterable of key=value strings; `who` begins the errors."""
     if set is None:
         return []
     if isinstance(set, dict):
         items = []
         for k, v in set.items():
             if not isinstance(k, str):
-                raise TypeError(f"kiln.models.create: set= keys are config field names (str), got "
+                raise TypeError(f"{who}: set= keys are config field names (str), got "
                                 f"{type(k).__name__} {k!r}")
-            items.append(f"{k}={_set_value(k, v)}")
+            items.append(f"{k}={_set_value(k, v, who)}")
         return items
     if isinstance(set, str):
         if not set.strip():
@@ -207,16 +207,16 @@ def _sets_of(set):  # noqa: A002
         try:
             items = list(set)
         except TypeError:
-            raise TypeError(f"kiln.models.create: set= takes a dict, a 'key=value' string or a list of them, got "
+            raise TypeError(f"{who}: set= takes a dict, a 'key=value' string or a list of them, got "
                             f"{type(set).__name__}") from None
         for s in items:
             if not isinstance(s, str):
-                raise TypeError(f"kiln.models.create: set= items must be 'key=value' strings, got "
+                raise TypeError(f"{who}: set= items must be 'key=value' strings, got "
                                 f"{type(s).__name__} {s!r}")
     for s in items:
         k, eq, _ = s.partition("=")
         if not eq or not k.strip():
-            raise _C.KilnValueError(f"kiln.models.create: set= item {s!r} is not 'key=value'")
+            raise _C.KilnValueError(f"{who}: set= item {s!r} is not 'key=value'")
     return [s.strip() for s in items]
 
 

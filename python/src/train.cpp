@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "io/atomic_file.h"
+#include "tools/cli_checks.h"
 #include "tools/report.h"
 #include "tools/train.h"
 
@@ -29,6 +30,7 @@ void bind_train(nb::module_& m) {
         CLI::App app{"kiln train"};
         tools::TrainConfig c;
         tools::add_train_flags(app, c);
+        tools::take_last_value(app);
         try {
           std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes them last first
           app.parse(rev);
@@ -41,8 +43,7 @@ void bind_train(nb::module_& m) {
                 if (ch == '-') ch = '_';
               value_error("kiln.train: " + key + " takes one value, got " + std::to_string(o->count()) + " (a list)");
             }
-          if (!c.config_file.empty()) tools::apply_json_config(app, c.config_file);
-          tools::apply_model_defaults(app, c);
+          tools::finish_train_flags(app, c);
         } catch (const CLI::CallForHelp&) {
           nb::dict out;
           out["help"] = app.help();

@@ -265,3 +265,27 @@ def test_clip_grad_norm_is_logged_and_label_smoothing_1_is_taken(tmp_path):
     assert events and b"train/grad_norm" in open(out / events[0], "rb").read()
     plain = kiln.train("resnet20", out=tmp_path / "plain", **RESNET)
     assert plain["steps"] == 4 and all("grad_norm" not in r for r in lines(tmp_path / "plain"))
+
+
+def test_config_files_and_keywords_agree(tmp_path):
+    # {"no_augment": true} in a --config file turned augmentation on: it is what no_augment=True is
+    opts = dict(RESNET, max_steps=1, limit_train=16, limit_eval=16)
+    by_keyword = kiln.train("resnet20", out=tmp_path / "kw", no_augment=True, **opts)["config"]
+    (tmp_path / "c.json").write_text('{"no_augment": true, "set": {"zero_init_residual": true}}')
+    by_file = kiln.train("resnet20", out=tmp_path / "file", config=tmp_path / "c.json", **opts)["config"]
+    assert by_keyword["augment"] is False and by_file["augment"] is False
+    assert by_file["set"] == ["zero_init_residual=true"]
+    # set= as kiln.models.create takes it: "a=1,b=2" is two fields, not one value "1,b=2"
+    by_string = kiln.train("resnet20", out=tmp_path / "str", set="zero_init_residual=1, num_classes=12", **opts)
+    assert by_string["config"]["set"] == ["zero_init_residual=1", "num_classes=12"]
+
+
+def test_empty_lists_and_empty_config_arrays_are_refused(tmp_path):
+    # epochs=[] was no flag at all; {"epochs": []} in a config file killed the interpreter in CLI11's callback
+    with pytest.raises(kiln.KilnValueError, match=r"kiln.train: epochs=\[\] gives no value"):
+        kiln.train("resnet20", out=tmp_path / "x", epochs=[], max_steps=1)
+    for key in ("epochs", "lr", "resume", "model"):
+        (tmp_path / "c.json").write_text(json.dumps({key: []}))
+        with pytest.raises(kiln.KilnValueError, match=f"'{key}' takes one value, got 0"):
+            kiln.train("resnet20", out=tmp_path / "x", config=tmp_path / "c.json", max_steps=1)
+    assert not os.path.exists(tmp_path / "x")
