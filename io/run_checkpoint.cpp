@@ -334,7 +334,7 @@ void check_run_state(const RunState& r, const std::string& path) {
 
 LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
                               const LocalOptimizerState& local, const ConfigCheck& check_config,
-                              const std::string& model_name) {
+                              const std::string& model_name, const SameModel& same_model) {
   io::CheckpointReader r(path);
   json state = json::parse(r.state_json());
   LoadedRun out;
@@ -373,7 +373,8 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
     std::string msg;
     for (const auto& l : lines) msg += "\n  " + l;
     const json saved = out.config.value("model", json());
-    if (!model_name.empty() && saved.is_string() && saved.get<std::string>() != model_name)
+    if (!model_name.empty() && saved.is_string() && saved.get<std::string>() != model_name &&
+        !(same_model && same_model(out.config)))
       KILN_FAIL(path, " holds ", saved.get<std::string>(), " weights, not ", model_name, ": they do not match:", msg);
     KILN_FAIL(path, " does not match the model:", msg);
   }

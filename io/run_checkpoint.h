@@ -126,12 +126,15 @@ struct LoadedRun {
 //
 // `model_name`, the run's --model: weights that do not match, saved from another model (a weights-only
 // checkpoint's config names it), are said to be that model's first ("X holds bert-tiny-mlm weights, not
-// resnet20"), before the lists of missing and unexpected tensors.
+// resnet20"), before the lists of missing and unexpected tensors. `same_model`, given the checkpoint's
+// config, says whether its model, though named otherwise, is the run's (bert-tiny-cls's weights under
+// --model bert-tiny --task classify): a mismatch there is the model's config, listed without the names.
 using LocalOptimizerState = std::function<optim::OptimizerState(const CheckpointReader& r, const nlohmann::json& zero)>;
 using ConfigCheck = std::function<void(const nlohmann::json& config)>;
+using SameModel = std::function<bool(const nlohmann::json& config)>;
 LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt,
                               const LocalOptimizerState& local = {}, const ConfigCheck& check_config = {},
-                              const std::string& model_name = {});
+                              const std::string& model_name = {}, const SameModel& same_model = {});
 
 // Config keys that change the numbers of a run, and what they made of the data (data_info's labels,
 // classes, files, sample counts): a resume with any of them different is refused.

@@ -473,12 +473,63 @@ TEST_CASE("eval: a BERT classifier's file without label names says it was not ki
                 r.output);
   CHECK_MESSAGE(contains(r.output, "Give --train-tsv"), r.output);
   CHECK_MESSAGE(!contains(r.output, "older kiln"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "kiln ckpt export"), r.output);  // its files carry them (weights_metadata)
   // A kiln train file from before label names were saved is named as that.
   kiln::io::save_safetensors(d / "old.safetensors", {{"classifier.weight", kiln::zeros({2, 128})}},
                              {{"format", "kiln"}, {"model", "bert-tiny"}, {"task", "classify"}});
   r = run_kiln(eval + d / "old.safetensors", d.p.string());
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "carries no label names: it was written by a kiln train older than them"), r.output);
+  // A masked-LM run's file (kiln train's, or kiln ckpt export's of its checkpoint) names its task, not its age.
+  kiln::io::save_safetensors(d / "mlm.safetensors", {{"classifier.weight", kiln::zeros({2, 128})}},
+                             {{"format", "pt"}, {"writer", "kiln"}, {"model", "bert-tiny"}, {"task", "mlm"}});
+  r = run_kiln(eval + d / "mlm.safetensors", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "carries no label names: it was trained for --task mlm, not classify. Give "
+                         "--train-tsv"),
+                r.output);
+  CHECK_MESSAGE(!contains(r.output, "older than them"), r.output);
+}
+
+TEST_CASE(
+    "train: resuming bert-tiny-cls weights under --model bert-tiny --task classify lists a num_labels "
+    "difference as shapes, not as another model") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  using namespace kiln;
+  TempDir d("kiln_resume_cls");
+  const std::string common = micro_batch_classify(d);  // 2 labels
+  int64_t vocab = 0;
+  {
+    std::istringstream in(read_text(d / "vocab.txt"));
+    for (std::string line; std::getline(in, line);) ++vocab;
+  }
+  // What `kiln ckpt import --model bert-tiny-cls --set num_labels=3` writes: the same model, 3 labels.
+  const std::vector<std::string> sets = {"vocab_size=" + std::to_string(vocab), "num_labels=3"};
+  const auto m = tools::model_family("bert-tiny-cls").build("bert-tiny-cls", sets, false).module;
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (const auto& kv : m->state_dict()) weights.emplace_back("model/" + kv.first, kv.second);
+  const json state = {{"kind", "weights"}, {"config", {{"model", "bert-tiny-cls"}, {"set", sets}}}};
+  io::save_checkpoint(d / "w.kiln", weights, state.dump());
+  auto r =
+      run_kiln(common + " --max-steps 1 --threads 1 --resume " + d / "w.kiln" + " --out " + d / "ft", d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "w.kiln" + " does not match the model:"), r.output);
+  CHECK_MESSAGE(contains(r.output, "classifier.bias: checkpoint [3], model [2]"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "weights, not"), r.output);
+  // Another model is still named as that: bert-tiny-mlm's weights under the classifier run.
+  const auto mlm = tools::model_family("bert-tiny-mlm")
+                       .build("bert-tiny-mlm", {"vocab_size=" + std::to_string(vocab)}, false)
+                       .module;
+  weights.clear();
+  for (const auto& kv : mlm->state_dict()) weights.emplace_back("model/" + kv.first, kv.second);
+  io::save_checkpoint(
+      d / "mlm.kiln", weights,
+      json{{"kind", "weights"}, {"config", {{"model", "bert-tiny-mlm"}, {"set", json::array()}}}}.dump());
+  r = run_kiln(common + " --max-steps 1 --threads 1 --resume " + d / "mlm.kiln" + " --out " + d / "ft2", d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "mlm.kiln" + " holds bert-tiny-mlm weights, not bert-tiny: they do not match:"),
+                r.output);
 }
 
 TEST_CASE("train: --accum-steps K with batch B updates like one batch of K x B (BERT, no dropout, no batch norm)") {

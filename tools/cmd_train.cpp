@@ -856,8 +856,19 @@ class Trainer {
                        "(KILN_CPU_ISA=%s gives the same set, where this CPU has it)\n",
                        path.c_str(), isa_was.c_str(), isa_now.c_str(), isa_was.c_str());
       };
-      // Another model's weights (a weights-only checkpoint of it) are named as that model's first.
-      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, check_config, c_.model);
+      // Another model's weights (a weights-only checkpoint of it) are named as that model's first;
+      // the same model under another name (bert-tiny-cls's, resumed by --model bert-tiny --task
+      // classify) is not: what differs there is its config (num_labels), listed as such.
+      const std::string mine = trained_model_name(c_.model, task_.name);
+      const io::SameModel same_model = [&mine](const nlohmann::json& config) {
+        const nlohmann::json model = config.value("model", nlohmann::json()),
+                             task = config.value("task", nlohmann::json());
+        if (!model.is_string() || !find_model_family(model.get<std::string>())) return false;
+        // A weights-only checkpoint (kiln ckpt import's) has no task: its --model names the model whole.
+        if (!task.is_string()) return model.get<std::string>() == mine;
+        return trained_model_name(model.get<std::string>(), task.get<std::string>()) == mine;
+      };
+      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, check_config, c_.model, same_model);
       if (!lr.weights_only) {
         if (const std::string d = resume_micro_batch(lr); !d.empty()) refuse({d});
         run_ = lr.run;  // its position counts micro-batches of micro_, as resume_micro_batch made sure
@@ -1809,16 +1820,21 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     // A classifier's label names travel with its weights, so ids mean the same classes here.
     if (auto it = f.metadata.find("labels"); it != f.metadata.end())
       c.label_names = nlohmann::json::parse(it->second).get<std::vector<std::string>>();
-    // Only kiln train's model.safetensors has them (and its "task"); a file from elsewhere needs the
-    // labels' file, said with the file's name and where it came from.
+    // Only Kiln's files have them (kiln train's model.safetensors and kiln ckpt export's, with their
+    // "task"); a file without them needs the labels' file, said with the file's name and where it came
+    // from: elsewhere, an older kiln train, or a run of another task (an MLM run's file).
     if (c.task == "classify" && c.label_names.empty() && c.train_tsv.empty() &&
-        model_family(c.model).input == ModelInput::tokens)
-      KILN_FAIL("--task classify: ", weights, " carries no label names: ",
-                f.metadata.count("task") ? "it was written by a kiln train older than them"
-                                         : "it was not written by kiln train (Hugging Face's model.safetensors and "
-                                           "kiln ckpt export's carry none)",
+        model_family(c.model).input == ModelInput::tokens) {
+      const auto task = f.metadata.find("task");
+      const std::string why = task == f.metadata.end() ? "it was not written by kiln train (Hugging Face's "
+                                                         "model.safetensors carries none)"
+                              : task->second == "classify"
+                                  ? "it was written by a kiln train older than them"
+                                  : "it was trained for --task " + task->second + ", not classify";
+      KILN_FAIL("--task classify: ", weights, " carries no label names: ", why,
                 ". Give --train-tsv, the file the model was trained on (or any with its labels: integer labels 0..N-1 "
                 "are classes 0..N-1, as Hugging Face numbers them)");
+    }
     // A size the model was trained at (metadata `key`): taken unless its flag was given; another one
     // given is a legitimate choice (longer texts, larger images), with a warning.
     const auto trained_size = [&](const char* key, const char* flag, bool given, int64_t& value) {

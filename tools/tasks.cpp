@@ -374,8 +374,8 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
   auto tok = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(c.vocab), bo);
   // kiln eval: the label names come with the weights, and --train-tsv is needed only without them.
   KILN_CHECK(!c.train_tsv.empty() || !c.label_names.empty(),
-             "--task classify: the weights carry no label names (only kiln train's model.safetensors has them, not "
-             "Hugging Face's): give --train-tsv, the file the model was trained on, for them");
+             "--task classify: the weights carry no label names (kiln train's model.safetensors and kiln ckpt "
+             "export's have them, Hugging Face's not): give --train-tsv, the file the model was trained on, for them");
   std::shared_ptr<io::TsvClassificationDataset> train, eval;
   if (!c.train_tsv.empty()) {
     train = std::make_shared<io::TsvClassificationDataset>(tok, c.train_tsv, c.seq_len, c.label_names);

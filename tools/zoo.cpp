@@ -97,6 +97,12 @@ BertName parse_bert_name(const std::string& name) {
   KILN_FAIL(unknown_model_message(name));
 }
 
+std::string trained_model_name(const std::string& name, const std::string& task) {
+  const ModelFamily* f = find_model_family(name);
+  if (!f || f->input != ModelInput::tokens) return name;
+  return "bert-" + parse_bert_name(name).size + (task == "classify" ? "-cls" : "-mlm");
+}
+
 models::BertConfig bert_config_from(const std::string& size, const std::vector<std::string>& sets) {
   models::BertConfig c = models::bert_config(size);
   for (const auto& kv : sets) {

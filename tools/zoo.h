@@ -51,6 +51,11 @@ std::string unknown_model_message(const std::string& name);
 // Every name of the table, comma-separated (for --help).
 std::string model_names_text();
 
+// The model `kiln train --model name --task task` builds, by its full name: a BERT name is
+// bert-SIZE-cls under --task classify and bert-SIZE-mlm under mlm (or no task, its default), whatever
+// head the name says; any other name is itself. Two runs' weights have the same tensors only if these match.
+std::string trained_model_name(const std::string& name, const std::string& task);
+
 // Applies `key=value` overrides to a ResNet config (num_classes, in_channels, zero_init_residual).
 models::ResNetConfig resnet_config_from(const std::string& name, const std::vector<std::string>& sets);
 
