@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -237,6 +238,19 @@ TEST_CASE("models by name: each --set size has an upper bound naming the field; 
   // "num_layers= 2" was taken and "num_layers=2 " refused: both are 2 now, as is " num_layers =2".
   for (const char* s : {"num_layers= 2", "num_layers=2 ", " num_layers = 2 "}) CHECK(bert({s}).num_layers == 2);
   CHECK_THROWS_WITH_AS(bert({" =2"}), doctest::Contains("expected key=value"), Error);
+}
+
+TEST_CASE("models by name: model_config_fields writes a real number as the shortest text that reads back") {
+  // A resume refusal names the two runs' fields: 0.1 as given, not %.17g's 0.10000000000000001.
+  std::map<std::string, std::string> f;
+  for (const auto& [k, v] : tools::model_config_fields("bert-tiny", {"hidden_dropout=0.1", "layer_norm_eps=1e-12"}))
+    f[k] = v;
+  CHECK(f.at("hidden_dropout") == "0.1");
+  CHECK(f.at("layer_norm_eps") == "1e-12");
+  CHECK(f.at("attention_dropout") == "0.1");  // the default
+  // Still exact: a value that needs 17 digits keeps them.
+  for (const auto& [k, v] : tools::model_config_fields("bert-tiny", {"hidden_dropout=0.30000000000000004"})) f[k] = v;
+  CHECK(f.at("hidden_dropout") == "0.30000000000000004");
 }
 
 TEST_CASE("checkpoint names: tied decoder, two decoder biases and the bert. prefix") {

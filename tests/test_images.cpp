@@ -542,6 +542,28 @@ TEST_CASE("image folder: --limit-train / --limit-eval take samples spread over t
         t.eval_data->get_batch(idx, 0).at("target").to_vector());
 }
 
+TEST_CASE("image folder: --set in_channels is read as the model reads it, spaces around key and value too") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 2);
+  tools::TrainConfig c;
+  c.data = "folder";
+  c.data_dir = d.p.string();
+  c.image_size = 8;
+  c.device = "cpu";
+  // A prefix match of "in_channels=" missed these: the folder loaded 3 channels and the run was
+  // refused ("the folder images have 3 channel(s)") for the model's 1.
+  const std::pair<const char*, int64_t> cases[] = {
+      {" in_channels = 1", 1}, {"in_channels =1", 1}, {"in_channels=1", 1}, {" in_channels=3 ", 3}};
+  const std::vector<int64_t> first = {0};
+  for (const auto& one : cases) {
+    CAPTURE(one.first);
+    c.sets = {"in_channels=3", one.first};  // the last one wins, as in the model's config
+    tools::Task t = tools::make_task(c);
+    CHECK(t.train_data->get_batch(first, 0).at("input").size(1) == one.second);
+    CHECK(t.eval_data->get_batch(first, 0).at("input").size(1) == one.second);
+  }
+}
+
 TEST_CASE("train: a bad validation image after an epoch keeps its checkpoint; a bad header stops before work") {
   TempDir d("kiln_img");
   make_folder(d.p.string(), 6);

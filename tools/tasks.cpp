@@ -133,9 +133,8 @@ Task image_folder(const TrainConfig& c) {
   const bool stored_classes = !c.label_names.empty();
   KILN_CHECK((stored_classes || fs::is_directory(root / "train")) && fs::is_directory(val), "--data-dir ", c.data_dir,
              ": an image-folder data set holds train/ and val/ (or test/), each with one sub-directory per class");
-  int64_t channels = 3;
-  for (const auto& kv : c.sets)
-    if (kv.rfind("in_channels=", 0) == 0) channels = std::stoll(kv.substr(12));
+  // The --set parser's reading (spaces trimmed, the last one wins), not a prefix match of its own.
+  const int64_t channels = resnet_config_from(c.model, c.sets).in_channels;
   KILN_CHECK(channels == 1 || channels == 3, "--set in_channels=", channels, ": images load as 1 (grey) or 3 (RGB) channels");
   io::ImageFolderOptions o;
   o.size = c.image_size;

@@ -250,10 +250,12 @@ std::vector<std::string> sets_with_hf_config(const std::string& model, const std
 
 std::vector<std::pair<std::string, std::string>> model_config_fields(const std::string& name,
                                                                      const std::vector<std::string>& sets) {
+  // The shortest text that reads back as the same double: a resume refusal says 0.1, not
+  // 0.10000000000000001 (as hf_bert_config_sets writes them).
   const auto number = [](double v) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.17g", v);
-    return std::string(b);
+    char b[64];
+    const auto r = std::to_chars(b, b + sizeof b, v);
+    return std::string(b, r.ptr);
   };
   const ModelFamily& family = model_family(name);
   if (family.input == ModelInput::images) {

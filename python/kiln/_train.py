@@ -31,7 +31,10 @@ def _flags(options):
         if isinstance(value, (bool, np.bool_)):
             args.append(f"{flag}={'true' if value else 'false'}")
         elif key == "set":  # as kiln.models.create takes it: a dict, "a=1,b=2" or a list of "key=value"
-            for s in _sets_of(value, "kiln.train"):
+            sets = _sets_of(value, "kiln.train")
+            if not sets:  # as epochs=[]: no flag at all would pass silently as "the default"
+                raise _C.KilnValueError(f"kiln.train: set={value!r} gives no value (leave it out for the default)")
+            for s in sets:
                 args += ["--set", s]
         elif isinstance(value, (list, tuple)):
             if not value:  # no flag at all would pass silently as "the default"
@@ -68,7 +71,7 @@ def train(model="resnet20", *, out=None, callback=None, **options):
     momentum=1.5; also what the run cannot start from: a missing data file or checkpoint, an `out`
     another run holds, a failed rendezvous) raises kiln.KilnValueError (a ValueError). A true/false option given anything but
     a bool (augment=0), or a callback that returns something other than None, True or False, raises
-    TypeError; a list for a one-value option is an error. An int seed is taken modulo 2**64, as
+    TypeError; a list for a one-value option is an error, as is an empty list or set= ("", [], {}). An int seed is taken modulo 2**64, as
     kiln.manual_seed does (seed=-1 is 2**64 - 1); --seed itself refuses values outside 0..2**64 - 1."""
     if out is None and options.get("help") is not True:
         # only help=True runs nothing; Python's own "missing keyword-only argument" would be the

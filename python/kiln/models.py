@@ -10,6 +10,8 @@ names and --set overrides (set=):
 import copy
 from collections import OrderedDict
 
+import numpy as np
+
 from . import _C
 from ._tensor import tensor
 from .nn.modules import CppModule, _state_tensors
@@ -177,9 +179,14 @@ def _map_copies(new, olds, news, store, memo):
 def _set_value(key, v, who="kiln.models.create"):
     """A set= dict value as the config parser reads it: bools as true/false (only the boolean
     fields take them), numbers as Python writes them."""
-    if isinstance(v, bool):
+    if isinstance(v, (bool, np.bool_)):
         return "true" if v else "false"
-    if isinstance(v, (int, float, str)):
+    # NumPy scalars (a value read from an array, np.int64 from a config sweep) are numbers too: an
+    # integer as Python writes it, a float as NumPy does, the shortest text in its own precision
+    # (np.float32(0.1) is 0.1, not its double 0.10000000149011612).
+    if isinstance(v, np.integer):
+        return str(int(v))
+    if isinstance(v, (int, float, str, np.floating)):
         return str(v)
     raise TypeError(f"{who}: set['{key}'] is a {type(v).__name__}, expected a number or a bool")
 
