@@ -1044,10 +1044,7 @@ class Trainer {
   // what the data already holds, or the host's available memory; every rank takes the smallest.
   int plan_micro_batch() {
     PlanOptions po;
-    po.model = c_.model;
-    if (model_family(c_.model).input == ModelInput::tokens && task_.name == "classify" &&
-        parse_bert_name(c_.model).head.empty())
-      po.model += "-cls";  // plan the step this run takes
+    po.model = trained_model_name(c_.model, task_.name);  // plan the step this run takes
     po.sets = task_.model_sets;
     po.seq_len = c_.seq_len;
     po.amp = c_.amp;
