@@ -1817,14 +1817,15 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     // A classifier's label names travel with its weights, so ids mean the same classes here.
     if (auto it = f.metadata.find("labels"); it != f.metadata.end())
       c.label_names = nlohmann::json::parse(it->second).get<std::vector<std::string>>();
-    // Only Kiln's files have them (kiln train's model.safetensors and kiln ckpt export's, with their
-    // "task"); a file without them needs the labels' file, said with the file's name and where it came
-    // from: elsewhere, an older kiln train, or a run of another task (an MLM run's file).
+    // Only Kiln's files have them (kiln train's model.safetensors and kiln ckpt export's of its
+    // checkpoints, with their "task"; not an import's); a file without them needs the labels' file, said with the
+    // file's name and where it came from: elsewhere, an older kiln train, or a run of another task (an MLM run's file).
     if (c.task == "classify" && c.label_names.empty() && c.train_tsv.empty() &&
         model_family(c.model).input == ModelInput::tokens) {
       const auto task = f.metadata.find("task");
       const std::string why = task == f.metadata.end() ? "it was not written by kiln train (Hugging Face's "
-                                                         "model.safetensors carries none)"
+                                                         "model.safetensors carries none, nor do the weights of "
+                                                         "a kiln ckpt import, exported or not)"
                               : task->second == "classify"
                                   ? "it was written by a kiln train older than them"
                                   : "it was trained for --task " + task->second + ", not classify";

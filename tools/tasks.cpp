@@ -374,7 +374,8 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
   // kiln eval: the label names come with the weights, and --train-tsv is needed only without them.
   KILN_CHECK(!c.train_tsv.empty() || !c.label_names.empty(),
              "--task classify: the weights carry no label names (kiln train's model.safetensors and kiln ckpt "
-             "export's have them, Hugging Face's not): give --train-tsv, the file the model was trained on, for them");
+             "export's of its checkpoints have them; Hugging Face's and an import's not): give --train-tsv, the file "
+             "the model was trained on, for them");
   std::shared_ptr<io::TsvClassificationDataset> train, eval;
   if (!c.train_tsv.empty()) {
     train = std::make_shared<io::TsvClassificationDataset>(tok, c.train_tsv, c.seq_len, c.label_names);
