@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -24,6 +25,9 @@
 
 #if defined(__linux__)
 #include <sched.h>
+#endif
+#if defined(__unix__)
+#include <pthread.h>
 #endif
 
 #if defined(__SSE2__)
@@ -101,6 +105,12 @@ class Pool {
   ~Pool() { stop(); }
 
   int size() const { return n_; }
+
+  // A forked child's pool (see pool()) back to n threads, at its first parallel work.
+  void restart(int n) {
+    std::lock_guard<std::mutex> lk(run_mutex_);
+    resize(n);
+  }
 
   void resize(int n) {
     KILN_CHECK(n >= 1 && n <= kMaxThreads, "set_num_threads: need 1 to ", kMaxThreads, " threads, got ", n);
@@ -216,8 +226,30 @@ class Pool {
   std::exception_ptr error_;
 };
 
+std::atomic<int> g_threads_after_fork{0};  // a forked child's pool size to start at its first use
+
 Pool& pool() {
   static Pool p(default_threads());
+  // In a forked child only the forking thread runs: the workers, and the locks and conditions they
+  // held or waited on, are the parent's. Its pool's destructor at exit waited for them for ever
+  // (pthread_cond_destroy), as did its next parallel work. So the child gets a fresh pool in place
+  // (the old one's memory let go without its destructor) of 1 thread, started to the parent's size
+  // at its first use (not in the fork itself: a fork to exec starts none).
+#if defined(__unix__)
+  static const bool at_fork = [] {
+    pthread_atfork(nullptr, nullptr, [] {
+      const int n = p.size();
+      new (&p) Pool(1);
+      g_threads_after_fork.store(n);
+    });
+    return true;
+  }();
+  (void)at_fork;
+#endif
+  if (g_threads_after_fork.load(std::memory_order_relaxed) != 0) {
+    const int n = g_threads_after_fork.exchange(0);
+    if (n > 1) p.restart(n);
+  }
   return p;
 }
 

@@ -201,9 +201,11 @@ class DataLoader:
     C++ loader's default). pin_memory: batches in page-locked memory when a CUDA device is present.
     timeout: seconds to wait for one batch of a Python dataset's threads (0: for ever), as torch's.
     seed: the order's (and a kiln Dataset's augmentation's) seed; not given, drawn from Kiln's
-    generator (kiln.manual_seed) at the first iteration, as torch's loader draws from torch's, and
-    only where it is used (a kiln Dataset, or shuffle=True): loader.seed is None until then. With
-    world_size > 1 it is 0 (every rank the same order, as torch's DistributedSampler's seed).
+    generator (kiln.manual_seed) when the loader is made, and only where it is used (a kiln Dataset,
+    or shuffle=True; else loader.seed is None). torch's loader draws from torch's at each iteration;
+    drawn once when built, from the thread making it, no other thread's random numbers can come
+    between (worker threads augmenting with kiln.rand). With world_size > 1 it is 0 (every rank the
+    same order, as torch's DistributedSampler's seed).
     rank / world_size: this rank's part of each epoch's order, as torch's DistributedSampler."""
 
     def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None, num_workers=None,
@@ -241,9 +243,9 @@ class DataLoader:
             seed = 0
         elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise TypeError(f"DataLoader: seed must be an int or None, got {seed!r}")
-        # as kiln.manual_seed: any int, taken modulo 2**64. None: drawn from Kiln's generator at the
-        # first iteration that needs it (_draw_seed), not here: making a loader leaves the
-        # generator's stream (the model's init after it) as it was, as torch's.
+        # as kiln.manual_seed: any int, taken modulo 2**64. None: drawn below where it is used, here
+        # and not at the first iteration: worker threads of another pass drawing from Kiln's
+        # generator then (augmentation) would race it, and the order would vary run to run.
         self.seed = None if seed is None else int(seed) % 2**64
         if not (world_size >= 1 and 0 <= rank < world_size):
             raise ValueError(f"DataLoader: rank must be in [0, world_size) and world_size >= 1, got rank={rank}, "
@@ -310,10 +312,10 @@ class DataLoader:
                                   bool(pin_memory), self._rank, self._world,
                                   int(prefetch_factor) * int(workers) if prefetch_factor else 0)
 
-            # its batches may take the seed whether shuffled or not (augmentation, masking): made
-            # again with the seed drawn at the first iteration
-            self._make_impl, self._needs_seed = make, True
-            self._impl = make(0 if self.seed is None else self.seed)
+            # its batches may take the seed whether shuffled or not (augmentation, masking)
+            if self.seed is None:
+                self.seed = _seed_from_generator()
+            self._impl = make(self.seed)
             return
         if not iterable and not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TypeError(f"DataLoader: dataset must be a kiln Dataset (kiln.data.mnist_dir, masked_lm, "
@@ -325,7 +327,8 @@ class DataLoader:
                 raise TypeError(f"DataLoader: len(dataset) must be an int >= 0, got {n!r}")
             self._size = int(n)
         self._impl = None
-        self._needs_seed = bool(shuffle)  # a sampler's, a batch_sampler's or an iterable's order is theirs
+        if self.seed is None and shuffle:  # a sampler's, a batch_sampler's or an iterable's order is theirs
+            self.seed = _seed_from_generator()
         self._iterable = iterable
         self._dataset = dataset
         self._shuffle = bool(shuffle)
@@ -369,8 +372,6 @@ class DataLoader:
         self._generation += 1
         mine = self._generation
         batches = None  # a Python dataset's batches of this pass (its threads end with it)
-        if self.seed is None and self._needs_seed:
-            self._draw_seed()
         self._epoch += 1
         if self._impl is not None:
             self._impl.start_epoch(self._epoch)
@@ -394,13 +395,6 @@ class DataLoader:
         finally:
             if batches is not None:
                 batches.close()  # a pass left early (break): its worker threads stop now
-
-    def _draw_seed(self):
-        # once, at the first iteration: then fixed for the loader's life, so set_epoch(n) gives
-        # epoch n's order whenever it is called
-        self.seed = _seed_from_generator()
-        if self._impl is not None:
-            self._impl = self._make_impl(self.seed)
 
     # ---- Python datasets ----
     def _order(self, epoch):
@@ -478,24 +472,40 @@ class DataLoader:
 
 _passes = weakref.WeakSet()  # every pass's _Workers while its threads run (their target holds it)
 _EXIT_JOIN_S = 3.0  # how long the exit waits for the threads to end their items, in all
+_EXIT_QUIESCE_S = 10.0  # then how long for threads still inside engine code (a hook blocked for ever)
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
 
 
-@atexit.register
+def _register_exit_hook():
+    # Only once a pass starts worker threads: a program without them has nothing to wait for at
+    # exit. Registered after kiln's _release_python_refs, so it runs before it (atexit is LIFO): the
+    # threads still running find the hooks they call.
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        if not _exit_hook_registered:
+            atexit.register(_end_passes_at_exit)
+            _exit_hook_registered = True
+
+
 def _end_passes_at_exit():
     # Worker threads still in a __getitem__ at exit (a pass left by break, Ctrl-C, an exception):
     # every pass is closed, so each thread ends after the item it is on, and waited for. Not for
     # ever: one blocked in Python code (a sleep, a queue) is harmless to leave, as Python ends it
     # where it waits. One inside engine code is not (taking the GIL back once Python finalizes, it
-    # would abort the process): _exit_quiesce waits for those, however long, and keeps the others
-    # out of engine code from then on.
+    # would abort the process): _exit_quiesce waits for those (_EXIT_QUIESCE_S at most; Ctrl-C ends
+    # it) and keeps the others out of engine code from then on.
     passes = list(_passes)
-    for p in passes:
-        p.close()
     threads = [t for p in passes for t in p.threads]
-    deadline = time.monotonic() + _EXIT_JOIN_S
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    _C._exit_quiesce()
+    try:
+        for p in passes:
+            p.close()
+        deadline = time.monotonic() + _EXIT_JOIN_S
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        pass  # Ctrl-C ends the wait, not the quiesce: without it a thread in engine code aborts the exit
+    _C._exit_quiesce(int(_EXIT_QUIESCE_S * 1000))
     left = [t for t in threads if t.is_alive()]
     if left:
         # Their frames keep what the items made (tensors, the dataset module's globals) past the
@@ -506,9 +516,18 @@ def _end_passes_at_exit():
               "leak report is off: what they hold is not the binding's)", file=sys.stderr)
 
 
-# In a forked child only the forking thread runs, and it held the GIL to fork: the threads counted
-# inside engine code in the parent are not there (its exit would wait for them for ever).
-os.register_at_fork(after_in_child=_C._gil_releases_after_fork)
+def _after_fork_in_child():
+    # In a forked child only the forking thread runs, and it held the GIL to fork: the threads counted
+    # inside engine code in the parent are not there (its exit would wait for them for ever), nor the
+    # parent's passes, whose locks a parent's thread may have held at the fork (the exit hook closing
+    # them would wait for ever).
+    global _passes, _exit_hook_lock
+    _C._gil_releases_after_fork()
+    _passes = weakref.WeakSet()
+    _exit_hook_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Workers:
@@ -531,6 +550,7 @@ class _Workers:
         self._done = {}  # k -> (True, batch) or (False, exception)
         self._exhausted = self._closed = False
         self.threads = []
+        _register_exit_hook()
         _passes.add(self)
         try:
             for i in range(workers):
@@ -568,6 +588,8 @@ class _Workers:
                         self._cv.notify_all()
                     return
                 with self._cv:
+                    if self._closed:  # closed while the task was read: no new batch
+                        return
                     self._next += 1
                     self._running[k] = task
             try:

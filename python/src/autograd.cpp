@@ -39,7 +39,7 @@ void bind_autograd(nb::module_& m) {
         const size_t n_in = inputs.size();
         const std::string label = name;
         autograd::record(intern(name), inputs, outputs, [fn, n_in, label](const GradCtx& c) -> std::vector<Tensor> {
-          nb::gil_scoped_acquire gil;
+          GilAcquire gil;
           KILN_CHECK(!fn->obj.is_none(), label, ": the Python backward was released at interpreter exit");
           nb::list grads;
           for (const Tensor& g : *c.grads) grads.append(nb::cast(g));
@@ -74,7 +74,7 @@ void bind_autograd(nb::module_& m) {
       [](nb::callable fn, const std::vector<Tensor>& inputs) {
         auto held = hold(fn);
         auto run = [held](const std::vector<Tensor>& xs) -> std::vector<Tensor> {
-          nb::gil_scoped_acquire gil;  // backward reruns it without the GIL held
+          GilAcquire gil;  // backward reruns it without the GIL held
           KILN_CHECK(!held->obj.is_none(), "checkpoint: the function was released at interpreter exit");
           nb::list args;
           for (const Tensor& x : xs) args.append(nb::cast(x));

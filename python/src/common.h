@@ -42,7 +42,8 @@ inline std::shared_ptr<PyRef> hold(nb::object o) { return std::make_shared<PyRef
 // still in a __getitem__ at exit. So the releases are counted, and kiln._C._exit_quiesce (kiln.data's
 // atexit hook) waits for the threads inside one to leave it; from then on a thread other than the
 // exiting one keeps the GIL through engine work, so finalization finds every thread in Python code,
-// where ending it is safe.
+// where ending it is safe. _exit_quiesce's wait is bounded (10 s) and ends at Ctrl-C: engine work
+// that never ends (a hook blocked for ever) must not keep the process from exiting.
 class GilRelease {
  public:
   GilRelease();
@@ -52,6 +53,22 @@ class GilRelease {
 
  private:
   PyThreadState* saved_ = nullptr;  // null: the GIL kept (after _exit_quiesce)
+};
+
+// The GIL taken back to call Python from engine code (a hook, a Function's backward, kiln.train's
+// callback, a tensor's owner dropped): the thread is in Python code while it holds it, so it is not
+// counted inside a GilRelease meanwhile (else _exit_quiesce waited on a hook waiting on an Event).
+// Going back into engine code once the exit has begun, it keeps the GIL (as GilRelease then does).
+class GilAcquire {
+ public:
+  GilAcquire();
+  ~GilAcquire();
+  GilAcquire(const GilAcquire&) = delete;
+  GilAcquire& operator=(const GilAcquire&) = delete;
+
+ private:
+  PyGILState_STATE state_;
+  bool uncounted_ = false;  // this thread was counted in a GilRelease, and is not while it holds the GIL
 };
 
 // Argument conversions. Each raises kiln.KilnValueError (a ValueError) naming `what` on bad input.

@@ -93,7 +93,7 @@ template <typename... A> Tensor wrap(const nb::ndarray<A...>& a, const char* wha
   // inside it) is dropped exactly once, with the release function or its last copy.
   std::shared_ptr<void> held(new Held(a), [](void* p) {
     if (!Py_IsInitialized()) return;
-    nb::gil_scoped_acquire gil;
+    GilAcquire gil;
     delete static_cast<Held*>(p);
   });
   std::function<void(void*)> release;

@@ -45,7 +45,7 @@ PyRef::~PyRef() {
     (void)obj.release();  // the interpreter is gone: nothing to give back
     return;
   }
-  nb::gil_scoped_acquire gil;
+  GilAcquire gil;
   obj.reset();
 }
 
@@ -53,23 +53,57 @@ namespace {
 std::atomic<int> g_released{0};  // threads inside a GilRelease that let the GIL go
 std::atomic<bool> g_exiting{false};
 std::atomic<unsigned long> g_exiting_thread{0};  // the thread that ran _exit_quiesce (it finalizes)
+thread_local bool t_counted = false;             // this thread is counted in g_released now
+thread_local bool t_kept_gil = false;            // a GilAcquire kept the GIL at exit: its GilRelease has it already
+
+bool exiting_elsewhere() { return g_exiting.load() && PyThread_get_thread_ident() != g_exiting_thread.load(); }
 }  // namespace
 
 GilRelease::GilRelease() {
   // Counted before the check: _exit_quiesce either sees this thread inside or this thread sees the
   // flag (both sequentially consistent), never neither.
   g_released.fetch_add(1);
-  if (g_exiting.load() && PyThread_get_thread_ident() != g_exiting_thread.load()) {
+  if (exiting_elsewhere()) {
     g_released.fetch_sub(1);
     return;
   }
+  t_counted = true;
   saved_ = PyEval_SaveThread();
 }
 
 GilRelease::~GilRelease() {
   if (!saved_) return;
-  PyEval_RestoreThread(saved_);
-  g_released.fetch_sub(1);
+  if (t_kept_gil)
+    t_kept_gil = false;  // held since a callback inside this scope returned during the exit
+  else
+    PyEval_RestoreThread(saved_);
+  if (t_counted) {
+    t_counted = false;
+    g_released.fetch_sub(1);
+  }
+}
+
+GilAcquire::GilAcquire() : state_(PyGILState_Ensure()) {
+  if (t_counted) {
+    t_counted = false;
+    uncounted_ = true;
+    g_released.fetch_sub(1);
+  }
+}
+
+GilAcquire::~GilAcquire() {
+  if (uncounted_) {
+    g_released.fetch_add(1);  // before the check, as GilRelease's
+    if (exiting_elsewhere()) {
+      // Letting the GIL go now, the thread would take it back in GilRelease's end while Python
+      // finalizes (an abort): it keeps it through the rest of the engine work instead.
+      g_released.fetch_sub(1);
+      t_kept_gil = true;
+      return;
+    }
+    t_counted = true;
+  }
+  PyGILState_Release(state_);
 }
 
 void set_error(PyObject* type, const std::string& msg) {
@@ -434,19 +468,35 @@ NB_MODULE(_C, m) {
   m.def("_clear_interrupt", [] { g_sigint.store(0); });
   m.def(
       "_exit_quiesce",
-      [] {
+      [](int64_t timeout_ms) {
         g_exiting_thread.store(PyThread_get_thread_ident());
         g_exiting.store(true);
-        // No bound: engine work ends by itself, and a thread left inside it aborts the process
-        // (GilRelease). The GIL is let go meanwhile (not through GilRelease: this thread is not
-        // inside engine work), so they can take it back.
-        PyThreadState* s = PyEval_SaveThread();
-        while (g_released.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        PyEval_RestoreThread(s);
+        // Bounded, and Ctrl-C ends it: engine work that never ends (a hook blocked for ever inside a
+        // backward) must not keep the process from exiting. A thread left inside may abort the
+        // process as Python finalizes (GilRelease): said on stderr. The GIL is let go meanwhile (not
+        // through GilRelease: this thread is not inside engine work), so they can take it back.
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        bool interrupted = false;
+        while (g_released.load() > 0 && std::chrono::steady_clock::now() < deadline && !interrupted) {
+          PyThreadState* s = PyEval_SaveThread();
+          for (int i = 0; i < 20 && g_released.load() > 0; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          PyEval_RestoreThread(s);
+          if (PyErr_CheckSignals() != 0) {
+            PyErr_Clear();  // the exit goes on: Ctrl-C only ends the wait
+            interrupted = true;
+          }
+        }
+        const int left = g_released.load();
+        if (left > 0)
+          PySys_WriteStderr("kiln: exit did not wait for %d thread%s still in Kiln code (%s)\n", left,
+                            left > 1 ? "s" : "", interrupted ? "interrupted" : "still there after the exit's wait");
+        return left;
       },
-      "At interpreter exit: waits for the threads inside engine code without the GIL; after it, threads other "
-      "than this one keep the GIL in engine code (a thread taking it back while Python finalizes aborts the "
-      "process).");
+      nb::arg("timeout_ms") = 10000,
+      "At interpreter exit: waits (timeout_ms at most; Ctrl-C ends it) for the threads inside engine code without "
+      "the GIL, and returns how many are left; after it, threads other than this one keep the GIL in engine code "
+      "(a thread taking it back while Python finalizes aborts the process).");
   m.def(
       "_gil_releases_after_fork", [] { g_released.store(0); },
       "In a forked child (os.register_at_fork): the threads counted inside engine code are not there, and the "

@@ -1110,7 +1110,7 @@ void bind_tensor(nb::module_& m) {
           [](Tensor& x, nb::callable fn) {
             auto ref = hold(fn);
             const int id = x.register_grad_ready_hook([ref](Tensor& leaf) {
-              nb::gil_scoped_acquire gil;
+              GilAcquire gil;
               if (ref->obj.is_none()) return;  // released at exit
               ref->obj(leaf);
             });
@@ -1130,7 +1130,7 @@ void bind_tensor(nb::module_& m) {
           [](Tensor& x, nb::callable fn) {
             auto ref = hold(fn);
             const int id = x.register_hook([ref](const Tensor& grad) -> Tensor {
-              nb::gil_scoped_acquire gil;
+              GilAcquire gil;
               if (ref->obj.is_none()) return Tensor();  // released at exit
               nb::object res = ref->obj(grad);
               if (res.is_none()) return Tensor();

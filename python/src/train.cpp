@@ -69,7 +69,7 @@ void bind_train(nb::module_& m) {
         hooks.on_error = [&errors](const std::string& msg) { errors.push_back(msg); };
         if (cb) {
           hooks.on_metrics = [cb, &stop_from_callback, &callback_error, &callback_raised](const nlohmann::json& j) {
-            nb::gil_scoped_acquire gil;
+            GilAcquire gil;
             if (callback_raised) return;  // stopping already
             nb::object r;
             try {

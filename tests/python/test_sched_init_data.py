@@ -328,49 +328,83 @@ def test_dataloader_shuffle_follows_manual_seed():
         assert first_targets() != t1
 
 
-def test_dataloader_draws_its_seed_at_the_first_iteration_that_needs_it():
-    # Making a loader drew 3 numbers from Kiln's generator (shuffle or not), so the model's init after
-    # it changed; torch's draws nothing when made.
+def test_dataloader_draws_its_seed_when_made_and_only_when_used():
+    # A loader that does not use the seed draws nothing (the model's init after it is as without it);
+    # a shuffling one draws once, when made (not at its first iteration, where other threads drawing
+    # from Kiln's generator raced it: test_dataloader_seed_does_not_race_other_threads).
     def init_after(make):
         kiln.manual_seed(0)
         loader = make()
         return kiln.rand(4).tolist(), loader
 
     plain, _ = init_after(lambda: None)
-    for make in [lambda: kiln.data.DataLoader(list(range(6))), lambda: kiln.data.DataLoader(list(range(6)), shuffle=True)]:
-        after, loader = init_after(make)
-        assert after == plain and loader.seed is None
-    # not shuffled: never drawn
+    after, loader = init_after(lambda: kiln.data.DataLoader(list(range(6))))
+    assert after == plain and loader.seed is None
     kiln.manual_seed(0)
-    loader = kiln.data.DataLoader(list(range(6)), batch_size=2)
-    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]] and loader.seed is None
-    assert kiln.rand(4).tolist() == plain
-    # shuffled: drawn at the first iteration, from manual_seed's stream, then kept (set_epoch resumes)
+    assert [b.tolist() for b in loader] == [[0], [1], [2], [3], [4], [5]] and loader.seed is None
+    after, loader = init_after(lambda: kiln.data.DataLoader(list(range(6)), shuffle=True))
+    assert after != plain and loader.seed is not None
+    # drawn from manual_seed's stream when made, then kept (set_epoch resumes)
 
     def epochs(loader, n):
         return [[b.tolist() for b in loader] for _ in range(n)]
 
     kiln.manual_seed(3)
     first = kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True)
-    kiln.rand(5)  # the model's init, between making the loader and reading it
-    whole = epochs(first, 4)
     seed = first.seed
-    assert seed is not None and whole[0] != whole[1]
+    kiln.rand(5)  # the model's init, between making the loader and reading it: changes nothing
+    whole = epochs(first, 4)
+    assert seed is not None and first.seed == seed and whole[0] != whole[1]
     kiln.manual_seed(3)
-    kiln.rand(5)
     again = kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True)
-    assert epochs(again, 1) == whole[:1] and again.seed == seed
+    assert again.seed == seed and epochs(again, 1) == whole[:1]
     again.set_epoch(2)
     assert epochs(again, 2) == whole[2:] and again.seed == seed
     assert epochs(kiln.data.DataLoader(list(range(10)), batch_size=3, shuffle=True, seed=seed), 4) == whole
-    if os.path.isdir(kiln.data.FASHION_MNIST_DIR):  # a kiln Dataset's C++ loader: drawn at its first batch
+    assert kiln.data.DataLoader(list(range(10)), shuffle=True, world_size=2).seed == 0
+    if os.path.isdir(kiln.data.FASHION_MNIST_DIR):  # a kiln Dataset's C++ loader: drawn when made too
         test = kiln.data.fashion_mnist()["test"]
         after, loader = init_after(lambda: kiln.data.DataLoader(test, batch_size=4))
-        assert after == plain and loader.seed is None
-        kiln.manual_seed(5)
+        assert after != plain and loader.seed is not None
         t1 = next(iter(loader))["input"].tolist()
-        assert loader.seed is not None
         assert next(iter(kiln.data.DataLoader(test, batch_size=4, seed=loader.seed)))["input"].tolist() == t1
+
+
+def _run_script(script, timeout=120):
+    """Runs `script` in a fresh interpreter: (returncode, stdout, stderr); a hang fails, naming where."""
+    import subprocess
+    import sys
+
+    try:
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the script did not end in {timeout} s; stdout: {e.stdout!r}, stderr: {e.stderr!r}")
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_dataloader_seed_does_not_race_other_threads():
+    # The seed was drawn at the first iteration, while the other loader's worker threads drew from
+    # Kiln's generator (augmentation): a different seed in most runs of the same program.
+    script = """
+import time, kiln, kiln.data
+class Aug:
+    def __len__(self): return 64
+    def __getitem__(self, i):
+        time.sleep(0.002); return kiln.rand(4).sum()
+seeds = []
+for trial in range(8):
+    kiln.manual_seed(0)
+    train = kiln.data.DataLoader(Aug(), batch_size=4, num_workers=2)
+    aux = kiln.data.DataLoader(list(range(100)), batch_size=10, shuffle=True)
+    for a, b in zip(train, aux):
+        break
+    seeds.append(aux.seed)
+print(len(set(seeds)), seeds[0])
+"""
+    runs = [_run_script(script) for _ in range(2)]
+    for rc, out, err in runs:
+        assert rc == 0 and out.split()[0] == "1", (out, err)
+    assert runs[0][1] == runs[1][1]
 
 
 class _Stuck:
@@ -516,6 +550,190 @@ print("ok", flush=True)
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=400)
     assert r.returncode == 0 and r.stdout == "ok\n", (r.stdout, r.stderr)
+
+
+_HOOK_BLOCKED = """
+import threading, time, kiln, kiln.data
+ev = threading.Event()
+x = kiln.ones(2, requires_grad=True)
+x.register_hook(lambda g: ev.wait())  # a hook waiting on something that never comes
+threading.Thread(target=lambda: (x * 2).sum().backward(), daemon=True).start()
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.parametrize("loader", [False, True])
+def test_exit_does_not_wait_for_a_thread_in_a_python_callback(loader):
+    # A daemon thread's backward in a hook blocked on an Event: the exit waited for it for ever, as
+    # inside Kiln code, in every program importing kiln (the exit hook was registered at import), and
+    # with a DataLoader pass started (the hook's thread counted though back in Python).
+    start = "next(iter(kiln.data.DataLoader(list(range(8)), num_workers=1)))\n" if loader else ""
+    rc, out, err = _run_script(_HOOK_BLOCKED + start + "print('main done', flush=True)\n")
+    assert rc == 0 and out == "main done\n", (rc, out, err)
+    assert "did not wait" not in err and "terminate" not in err, err
+
+
+def test_exit_hook_only_in_a_program_that_started_worker_threads():
+    # kiln.data's exit hook (and its wait for threads in Kiln code) ran in every program importing
+    # kiln, DataLoader or not.
+    script = """
+import kiln, kiln.data
+real = kiln.data._C
+class Spy:
+    def __getattr__(self, name): return getattr(real, name)
+    def _exit_quiesce(self, *args):
+        print("quiesced", flush=True)
+        return real._exit_quiesce(*args)
+kiln.data._C = Spy()
+print([b.tolist() for b in kiln.data.DataLoader(list(range(4)), batch_size=2)], flush=True)
+"""
+    assert _run_script(script)[1] == "[[0, 1], [2, 3]]\n"
+    rc, out, err = _run_script(script.replace("batch_size=2", "batch_size=2, num_workers=1"))
+    assert rc == 0 and out == "[[0, 1], [2, 3]]\nquiesced\n", (rc, out, err)
+
+
+_IN_ENGINE = """
+import os, signal, tempfile, threading, time, kiln, kiln.data
+fifo = os.path.join(tempfile.mkdtemp(), "f")
+os.mkfifo(fifo)
+# inside Kiln code without the GIL for ever: opening a FIFO no one writes to
+threading.Thread(target=lambda: kiln._C._load_safetensors(fifo, False), daemon=True).start()
+time.sleep(0.5)
+"""
+
+
+def test_exit_wait_for_threads_in_kiln_code_is_bounded_and_ctrl_c_ends_it():
+    # A thread that never leaves Kiln code: the exit waited for it for ever, Ctrl-C or not.
+    script = _IN_ENGINE + """
+next(iter(kiln.data.DataLoader(list(range(8)), num_workers=1)))
+kiln.data._EXIT_QUIESCE_S = 0.5
+print('main done', flush=True)
+"""
+    rc, out, err = _run_script(script)
+    assert rc == 0 and out == "main done\n", (rc, out, err)
+    assert "kiln: exit did not wait for 1 thread still in Kiln code (still there after the exit's wait)" in err, err
+    script = _IN_ENGINE + """
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+print(kiln._C._exit_quiesce(3600 * 1000), flush=True)
+os._exit(0)
+"""
+    rc, out, err = _run_script(script)
+    assert rc == 0 and out == "1\n", (rc, out, err)
+    assert "kiln: exit did not wait for 1 thread still in Kiln code (interrupted)" in err, err
+
+
+def test_exit_of_a_forked_child_does_not_take_the_parents_pass_locks():
+    # A parent's thread held a pass's lock when another forked: the child's exit hook, closing the
+    # parent's passes, waited for that lock for ever.
+    script = """
+import os, sys, threading, time, kiln, kiln.data
+class Slow:
+    def __len__(self): return 100
+    def __getitem__(self, i): time.sleep(0.01); return float(i)
+it = iter(kiln.data.DataLoader(Slow(), batch_size=1, num_workers=2)); next(it)
+p = next(iter(kiln.data._passes))
+threading.Thread(target=lambda: (p._cv.acquire(), time.sleep(30), p._cv.release()), daemon=True).start()
+time.sleep(0.2)
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # the child's normal exit runs kiln.data's exit hook
+deadline = time.monotonic() + 20  # a guard: the child ends at once
+while not os.waitpid(pid, os.WNOHANG)[0]:
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        print("child hung", flush=True)
+        os._exit(1)
+    time.sleep(0.05)
+print("child exited", flush=True)
+os._exit(0)
+"""
+    rc, out, err = _run_script(script)
+    assert rc == 0 and out == "child exited\n", (rc, out, err)
+
+
+def test_dataloader_close_stops_a_thread_reading_its_next_task():
+    # close() while a worker thread read the next batch's indices from the sampler: the thread built
+    # that batch anyway (the closed flag was checked only before reading).
+    script = """
+import threading, time, kiln, kiln.data
+built, got = [], threading.Event()
+class Data:
+    def __len__(self): return 10
+    def __getitem__(self, i):
+        built.append(i)
+        return i
+class Closing:
+    def __iter__(self):
+        yield 0
+        got.wait(60)  # (else close would drop batch 0 before the caller has it)
+        for p in list(kiln.data._passes):
+            p.close()  # the pass closed (as by break elsewhere) while this thread reads index 1
+        yield 1
+    def __len__(self): return 2
+it = iter(kiln.data.DataLoader(Data(), sampler=Closing(), num_workers=1))
+print(next(it).tolist(), flush=True)
+got.set()
+time.sleep(1)
+print(built, flush=True)
+"""
+    rc, out, err = _run_script(script)
+    assert rc == 0 and out == "[0]\n[0]\n", (rc, out, err)
+
+
+def test_ctrl_c_during_the_exit_join_still_quiesces():
+    # Ctrl-C while the exit hook joined the worker threads skipped _exit_quiesce (a worker left inside
+    # Kiln code then aborts the process).
+    script = """
+import atexit, os, signal, threading, time, kiln, kiln.data
+exiting = threading.Event()
+class Slow:
+    def __len__(self): return 10
+    def __getitem__(self, i):
+        if i >= 2:
+            exiting.wait(60)
+            time.sleep(0.3)  # the exit hook joins this thread now
+            if i == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(600)
+        return i
+it = iter(kiln.data.DataLoader(Slow(), batch_size=2, num_workers=2))
+print(next(it).tolist(), flush=True)
+real = kiln.data._C
+class Spy:
+    def __getattr__(self, name): return getattr(real, name)
+    def _exit_quiesce(self, *args):
+        print("quiesced", flush=True)
+        return real._exit_quiesce(*args)
+kiln.data._C = Spy()
+kiln.data._EXIT_JOIN_S = 30
+atexit.register(exiting.set)  # runs before kiln.data's hook (atexit is LIFO)
+"""
+    rc, out, err = _run_script(script)
+    assert out == "[0, 1]\nquiesced\n", (rc, out, err)
+
+
+def test_engine_objects_are_released_after_the_dataloader_exit_hook():
+    # kiln's _release_python_refs ran before kiln.data's exit hook (atexit is LIFO, and kiln.data's
+    # was registered first): threads still running in the exit's wait found their hooks let go.
+    script = """
+import weakref, kiln, kiln.data
+class Token: pass
+tok = Token()
+alive = weakref.ref(tok)
+x = kiln.ones(2, requires_grad=True)
+x.register_hook(lambda g, t=tok: None)
+del tok
+next(iter(kiln.data.DataLoader(list(range(8)), num_workers=1)))
+real = kiln.data._C
+class Spy:
+    def __getattr__(self, name): return getattr(real, name)
+    def _exit_quiesce(self, *args):
+        print("hook held:", alive() is not None, flush=True)
+        return real._exit_quiesce(*args)
+kiln.data._C = Spy()
+"""
+    rc, out, err = _run_script(script)
+    assert rc == 0 and out == "hook held: True\n", (rc, out, err)
 
 
 def test_default_collate_dicts_with_keys_in_another_order_as_torch():
