@@ -106,8 +106,9 @@ class Pool {
 
   int size() const { return n_; }
 
-  // A forked child's pool (see pool()) back to n threads, at its first parallel work.
-  void restart(int n) {
+  // resize() while no parallel work runs: set_num_threads, and a forked child's pool (see pool())
+  // back to the parent's size at its first use.
+  void resize_between_runs(int n) {
     std::lock_guard<std::mutex> lk(run_mutex_);
     resize(n);
   }
@@ -238,7 +239,9 @@ Pool& pool() {
 #if defined(__unix__)
   static const bool at_fork = [] {
     pthread_atfork(nullptr, nullptr, [] {
-      const int n = p.size();
+      // a child forking again before its first use passes on the size its parent was to start at
+      const int pending = g_threads_after_fork.load();
+      const int n = pending != 0 ? pending : p.size();
       new (&p) Pool(1);
       g_threads_after_fork.store(n);
     });
@@ -248,7 +251,10 @@ Pool& pool() {
 #endif
   if (g_threads_after_fork.load(std::memory_order_relaxed) != 0) {
     const int n = g_threads_after_fork.exchange(0);
-    if (n > 1) p.restart(n);
+    try {
+      if (n > 1) p.resize_between_runs(n);
+    } catch (const std::exception&) {  // threads the child may not start (pids.max): it runs on 1
+    }
   }
   return p;
 }
@@ -368,7 +374,7 @@ int num_threads() { return pool().size(); }
 
 void set_num_threads(int n) {
   KILN_CHECK(!t_in_parallel, "set_num_threads: cannot resize the pool from inside a parallel_for");
-  pool().resize(n);
+  pool().resize_between_runs(n);
 }
 
 bool in_parallel_region() { return t_in_parallel; }

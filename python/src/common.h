@@ -42,7 +42,9 @@ inline std::shared_ptr<PyRef> hold(nb::object o) { return std::make_shared<PyRef
 // still in a __getitem__ at exit. So the releases are counted, and kiln._C._exit_quiesce (kiln.data's
 // atexit hook) waits for the threads inside one to leave it; from then on a thread other than the
 // exiting one keeps the GIL through engine work, so finalization finds every thread in Python code,
-// where ending it is safe. _exit_quiesce's wait is bounded (10 s) and ends at Ctrl-C: engine work
+// where ending it is safe. kiln.data registers that hook when a pass first starts worker threads, so
+// a program's own daemon threads in engine work at exit are its own to join (as with any C++
+// extension). _exit_quiesce's wait is bounded (10 s) and ends at Ctrl-C: engine work
 // that never ends (a hook blocked for ever) must not keep the process from exiting.
 class GilRelease {
  public:

@@ -230,9 +230,11 @@ void bind_nn_ops(nb::module_& mod) {
           }
           return nb::make_tuple(vi.values, vi.indices);
         }
-        R r;
-        Tensor out = max_pool1d(x, kk, ss, pp, dd, ceil_mode);
-        nb::gil_scoped_acquire g;
+        Tensor out;
+        {
+          R r;  // the GIL let go for the kernel only: the result is made with it held
+          out = max_pool1d(x, kk, ss, pp, dd, ceil_mode);
+        }
         return nb::cast(out);
       },
       a("input"), a("kernel_size"), nb::arg("stride") = nb::none(), nb::arg("padding") = 0, nb::arg("dilation") = 1,

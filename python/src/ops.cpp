@@ -544,9 +544,11 @@ void bind_ops(nb::module_& mod) {
                         (is_max ? "largest" : "smallest") +
                         " element; give a dim (or use amax/amin, which give -inf/+inf)");
           if (!dim) return nb::cast(is_max ? amax(x, {}, false) : amin(x, {}, false));
-          R r;
-          const ValuesIndices vi = is_max ? max(x, *dim, keepdim) : min(x, *dim, keepdim);
-          nb::gil_scoped_acquire g;
+          ValuesIndices vi;
+          {
+            R r;  // the GIL let go for the kernel only: the result is made with it held
+            vi = is_max ? max(x, *dim, keepdim) : min(x, *dim, keepdim);
+          }
           return pair_of(vi);
         },
         nb::arg("input"), nb::arg("dim") = nb::none(), nb::arg("keepdim") = false,

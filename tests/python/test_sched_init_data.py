@@ -992,3 +992,46 @@ def test_build_vocab_takes_paths_as_masked_lm(tmp_path):
         assert tok.vocab_size > 5 and tok.id("fox") >= 0
     assert (tmp_path / "a.txt").read_text() == (tmp_path / "b.txt").read_text() == (tmp_path / "c.txt").read_text()
     assert len(kiln.data.masked_lm(corpus, tmp_path / "a.txt", seq_len=16)) > 0
+
+
+def test_a_grandchild_forked_before_its_parents_first_use_keeps_the_thread_count():
+    # A child that forked again before any parallel work passed its own fresh 1-thread pool's size
+    # on, not the size its parent was to start at: the grandchild ran on 1 thread for good.
+    script = """
+import os, kiln
+kiln.set_num_threads(2)
+pid = os.fork()
+if pid == 0:
+    pid2 = os.fork()
+    if pid2 == 0:
+        print("grandchild", kiln.get_num_threads(), flush=True); os._exit(0)
+    os.waitpid(pid2, 0)
+    print("child", kiln.get_num_threads(), flush=True); os._exit(0)
+os.waitpid(pid, 0)
+print("parent", kiln.get_num_threads(), flush=True)
+"""
+    rc, out, err = _run_script(script)
+    assert rc == 0, err
+    assert sorted(out.split("\n")[:3]) == ["child 2", "grandchild 2", "parent 2"], out
+
+
+def test_an_op_run_by_python_code_inside_a_result_conversion_leaves_the_kiln_code_count_balanced():
+    # max(x, dim) took the GIL back inside its release to build its result: Python code run
+    # there (a GC callback) calling another op cleared the thread's mark, and the count of threads
+    # in Kiln code grew by one each time (an exit then waited its whole limit for no thread).
+    script = """
+import gc, kiln
+x = kiln.ones([4, 4])
+calls = [0]
+def cb(phase, info):
+    calls[0] += 1
+    kiln.argmax(x)
+gc.callbacks.append(cb)
+gc.set_threshold(1)
+keep = [kiln._C.max(x, 0) for _ in range(3000)]  # the binding itself (kiln.max may take another way)
+gc.callbacks.clear(); gc.set_threshold(700)
+print(calls[0] > 0, kiln._C._exit_quiesce(0), flush=True)
+"""
+    rc, out, err = _run_script(script)
+    assert rc == 0, err
+    assert out.split() == ["True", "0"], out + err
