@@ -15,14 +15,25 @@ std::string shape_text(const Shape& s) {
   return o.str();
 }
 
-// "missing (39): a [16], b [16], ... and 29 more"
-std::string name_list(const char* what, const std::vector<std::string>& names, const std::string& hint) {
-  std::string s = std::string(what) + " (" + std::to_string(names.size()) + hint + "): ";
+// "a [16], b [16], ... and 29 more"
+std::string cut_list(const std::vector<std::string>& names) {
+  std::string s;
   for (size_t i = 0; i < names.size() && i < kShown; ++i) s += (i ? ", " : "") + names[i];
   if (names.size() > kShown) s += ", ... and " + std::to_string(names.size() - kShown) + " more";
   return s;
 }
+
+// "missing (39): a [16], b [16], ... and 29 more"
+std::string name_list(const char* what, const std::vector<std::string>& names, const std::string& hint) {
+  return std::string(what) + " (" + std::to_string(names.size()) + hint + "): " + cut_list(names);
+}
 }  // namespace
+
+std::string names_with_shapes(const nn::StateDict& tensors) {
+  std::vector<std::string> names;
+  for (const auto& [n, t] : tensors) names.push_back(n + " " + shape_text(t.shape()));
+  return cut_list(names);
+}
 
 bool dtype_fits(DType stored, DType expected) { return is_floating(stored) == is_floating(expected); }
 

@@ -30,6 +30,9 @@ struct StoredTensor {
 std::vector<std::string> weights_mismatch(const nn::StateDict& mine, const std::map<std::string, StoredTensor>& stored,
                                           bool allow_missing, const std::string& where,
                                           const std::string& missing_hint = "");
+// "a [3,4], b [5], ... and 29 more": the names of `tensors` with their shapes for a one-line
+// message, cut as weights_mismatch cuts its lists.
+std::string names_with_shapes(const nn::StateDict& tensors);
 // Throws "FILE does not match the model:" and those lines when `given` cannot load into `model`
 // (load_state_dict's own message names no file and lists every name).
 void check_weights(const nn::Module& model, const nn::StateDict& given, const std::string& file,

@@ -18,6 +18,7 @@
 #include "io/checkpoint.h"
 #include "io/run_checkpoint.h"
 #include "io/safetensors.h"
+#include "io/weights.h"
 #include "kiln.h"
 #include "models/resnet.h"
 #include "test_util.h"
@@ -1093,4 +1094,14 @@ TEST_CASE("checkpoint: messages for a directory, another format version, weights
                                                   "with kiln.load (Python), or make a weights-only checkpoint of it "
                                                   "with `kiln ckpt import"),
                 e);
+}
+
+TEST_CASE("names_with_shapes lists names with their shapes, cut after 10 with a count") {
+  nn::StateDict few{{"a", zeros({3, 4})}, {"b", zeros({5})}};
+  CHECK(io::names_with_shapes(few) == "a [3,4], b [5]");
+  nn::StateDict many;
+  for (int i = 0; i < 12; ++i) many[std::string(1, char('a' + i))] = zeros({2});
+  const std::string s = io::names_with_shapes(many);
+  CHECK(contains(s, "j [2], ... and 2 more"));
+  CHECK_FALSE(contains(s, "k [2]"));
 }

@@ -157,17 +157,6 @@ int export_weights(const CkptOptions& o) {
   return 0;
 }
 
-// "a [3, 4], b [5]": names (with their shapes) for a one-line message.
-std::string named_list(const nn::StateDict& tensors) {
-  std::string s;
-  for (const auto& [n, t] : tensors) {
-    std::ostringstream shape;
-    shape << t.shape();
-    s += (s.empty() ? "" : ", ") + n + " " + shape.str();
-  }
-  return s;
-}
-
 int import_weights(const CkptOptions& o) {
   // Seeded as kiln train seeds its fresh model: what --allow-missing leaves at the initialisation
   // (a new classifier) is the same tensors a run with that --seed starts from.
@@ -197,13 +186,13 @@ int import_weights(const CkptOptions& o) {
     if (!skipped.empty())
       std::fprintf(stderr, "kiln ckpt import: skipped %zu tensor%s of %s that %s has no place for: %s\n",
                    skipped.size(), skipped.size() == 1 ? "" : "s", o.file.c_str(), o.model.c_str(),
-                   named_list(skipped).c_str());
+                   io::names_with_shapes(skipped).c_str());
     if (!missing.empty())
       std::fprintf(stderr,
                    "kiln ckpt import: %zu tensor%s of %s not in %s start from the model's initialisation (--seed "
                    "%llu): %s\n",
                    missing.size(), missing.size() == 1 ? "" : "s", o.model.c_str(), o.file.c_str(),
-                   (unsigned long long)o.seed, named_list(missing).c_str());
+                   (unsigned long long)o.seed, io::names_with_shapes(missing).c_str());
   }
   // The flag is named where a missing head is the likely case (a BERT file without the classifier),
   // not for weights of another ResNet.
