@@ -514,3 +514,14 @@ def test_to_keeps_ties_grad_and_attributes(lib):
     w = s.emb.weight
     assert w.dtype == lib.float64 and w.grad.dtype == lib.float64 and w.grad.tolist() == [[1.0] * 2] * 2
     assert w.tag == "shared" and isinstance(w, n.Parameter)
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_incompatible_keys_repr_as_torch(lib):
+    n = nn if lib is kiln else tnn
+    m = n.Linear(2, 2)
+    r = m.load_state_dict(n.Linear(2, 2).state_dict())
+    assert repr(r) == str(r) == "<All keys matched successfully>"
+    assert r == ([], []) and r.missing_keys == [] and r.unexpected_keys == []
+    r = m.load_state_dict({"weight": lib.zeros(2, 2)}, strict=False)
+    assert repr(r).endswith("IncompatibleKeys(missing_keys=['bias'], unexpected_keys=[])")

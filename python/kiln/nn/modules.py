@@ -17,9 +17,18 @@ from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
 
 
-# What load_state_dict(strict=False) left out, as torch's named tuple: names of the module's tensors
-# the state dict lacks, and names in the state dict the module does not have.
-IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+class IncompatibleKeys(collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
+    """What load_state_dict(strict=False) left out, as torch's named tuple: names of the module's
+    tensors the state dict lacks, and names in the state dict the module does not have."""
+    __slots__ = ()
+
+    def __repr__(self):
+        # As torch's: a load that matched every key says so rather than printing two empty lists.
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"
+        return super().__repr__()
+
+    __str__ = __repr__
 
 
 class Parameter(Tensor):
