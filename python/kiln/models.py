@@ -50,9 +50,7 @@ class ZooModel(CppModule):
             if p.dtype != old.dtype:  # the C++ model converts as a whole
                 raise _C.KilnError(f"copy.deepcopy({self.name}): its parameters have several dtypes ({k} is "
                                    f"{old.dtype}); copy a model of one dtype, or load its state_dict into a new one")
-            p.requires_grad_(old.requires_grad)
-            if old.grad is not None:
-                p.grad = old.grad.detach().clone()
+            p.requires_grad_(old.requires_grad)  # not .grad: torch's Parameter.__deepcopy__ drops it
         new.train(self.training)
         # As torch's deepcopy: an object copied with the model (a hook's state among them, so the
         # parameters are mapped before the hooks are copied) maps each parameter to the copy's, and

@@ -525,3 +525,20 @@ def test_incompatible_keys_repr_as_torch(lib):
     assert r == ([], []) and r.missing_keys == [] and r.unexpected_keys == []
     r = m.load_state_dict({"weight": lib.zeros(2, 2)}, strict=False)
     assert repr(r).endswith("IncompatibleKeys(missing_keys=['bias'], unexpected_keys=[])")
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_deepcopy_drops_a_parameters_grad_and_keeps_a_tensors(lib):
+    # torch's Parameter.__deepcopy__ copies the data and requires_grad only; a plain leaf keeps .grad.
+    n = nn if lib is kiln else tnn
+    m = n.Linear(2, 2)
+    m(lib.ones(1, 2)).sum().backward()
+    m.bias.requires_grad_(False)
+    c = copy.deepcopy(m)
+    assert c.weight.grad is None and m.weight.grad is not None
+    assert type(c.weight) is n.Parameter and c.weight.requires_grad and not c.bias.requires_grad
+    p = copy.deepcopy(m.weight)
+    assert p.grad is None and p.tolist() == m.weight.tolist() and p is not m.weight
+    t = lib.ones(2, requires_grad=True)
+    (t * 2).sum().backward()
+    assert copy.deepcopy(t).grad.tolist() == [2.0, 2.0]

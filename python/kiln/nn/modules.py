@@ -56,6 +56,15 @@ class Parameter(Tensor):
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
 
+    def __deepcopy__(self, memo):
+        # As torch's Parameter.__deepcopy__: a copy of the data with requires_grad, without .grad (a
+        # plain leaf tensor keeps its .grad, as torch's); an EMA or teacher copy starts with none.
+        if id(self) in memo:
+            return memo[id(self)]
+        new = type(self)(self.detach().clone(), self.requires_grad)
+        memo[id(self)] = new
+        return new
+
 
 class _HookHandle:
     """What register_forward_hook and friends return: remove() takes the hook off (also as a context
