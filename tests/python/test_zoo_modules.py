@@ -2,6 +2,7 @@
 # tree as submodules, Hugging Face state dicts, iterator parameters(), deepcopy with hooks.
 import copy
 import inspect
+import pickle
 
 import numpy as np
 import pytest
@@ -457,3 +458,12 @@ def test_deepcopy_of_a_zoo_model_leaves_out_the_grads():
     c = copy.deepcopy(m)
     assert all(p.grad is None for p in c.parameters())
     assert m.fc.weight.grad is not None
+
+
+def test_pickling_a_zoo_model_says_to_save_its_state_dict():
+    m = kiln.models.create("resnet20")
+    for what in (m, m.layer1[0]):
+        with pytest.raises(TypeError, match=r"cannot pickle .*kiln.models.*state_dict\(\)"):
+            pickle.dumps(what)
+    with pytest.raises(TypeError, match="cannot pickle"):
+        copy.copy(m)

@@ -1693,6 +1693,15 @@ class CppModule(Module):
         # A one-tensor layer (Linear, Conv2d, a ResNet block, ...) of the tree, called on its own.
         return self._c.forward(x)
 
+    def __reduce_ex__(self, protocol):
+        # pickle (and copy.copy) would reach the C++ module and fail with "cannot pickle '_CModule'
+        # object", which does not say what to do instead.
+        what = f"'{self._path}' ({self._c.type_name}), a submodule of a kiln.models model" if self._path \
+            else f"a kiln.models model ({self._c.type_name})"
+        raise TypeError(f"cannot pickle {what}: it is built in C++; save its weights instead, "
+                        "kiln.save(model.state_dict(), 'model.safetensors'), and load them into "
+                        "kiln.models.create(name) with load_state_dict(kiln.load('model.safetensors'))")
+
     def __deepcopy__(self, memo):
         raise KilnError(f"copy.deepcopy of '{self._path}' ({self._c.type_name}), a submodule of a kiln.models "
                         "model: deep-copy the whole model")
