@@ -542,3 +542,37 @@ def test_deepcopy_drops_a_parameters_grad_and_keeps_a_tensors(lib):
     t = lib.ones(2, requires_grad=True)
     (t * 2).sum().backward()
     assert copy.deepcopy(t).grad.tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_full_backward_hook_zeros_for_inputs_without_grad_and_none_for_unused_outputs(lib):
+    # torch: once some input needs a gradient, a tensor input that does not gets zeros (of its dtype)
+    # in grad_input, a non-tensor argument None; an output no loss reaches, or one without grad, gets None.
+    n = nn if lib is kiln else tnn
+
+    class Three(n.Module):
+        def forward(self, a, b, idx, c=None):
+            return a * b * 2, a + 0, b * 5
+
+    m = Three()
+    log = []
+
+    def hook(mod, gi, go):
+        log.append(([None if g is None else (g.tolist(), str(g.dtype).split(".")[-1]) for g in gi],
+                     [None if g is None else g.tolist() for g in go]))
+        return (gi[0] * 10,) + tuple(gi[1:])
+
+    m.register_full_backward_hook(hook)
+    a = lib.tensor([1.0, 2.0], requires_grad=True)
+    o1, o2, o3 = m(a, lib.tensor([3.0, 4.0]), lib.tensor([1, 2]))
+    o1.sum().backward()
+    assert log == [([([6.0, 8.0], "float32"), ([0.0, 0.0], "float32"), ([0, 0], "int64")],
+                    [[1.0, 1.0], None, None])]
+    assert a.grad.tolist() == [60.0, 80.0]
+    log.clear()
+    a.grad = None
+    b = lib.tensor([3.0, 4.0], requires_grad=True)
+    o1, o2, o3 = m(a, b, 7)
+    (o2.sum() * 3).backward()
+    assert log == [([([3.0, 3.0], "float32"), ([0.0, 0.0], "float32"), None], [None, [3.0, 3.0], None])]
+    assert a.grad.tolist() == [30.0, 30.0] and b.grad.tolist() == [0.0, 0.0]

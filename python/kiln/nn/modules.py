@@ -512,8 +512,10 @@ class Module:
 
     def register_full_backward_hook(self, hook):
         """hook(module, grad_input, grad_output) runs in backward once the gradients of the module's
-        positional inputs are known (tuples, one per input / output, None where there is none); a
-        tuple it returns replaces grad_input. Returns a handle whose remove() takes the hook off."""
+        positional inputs are known: tuples, one per input / output, as torch's: zeros for a tensor
+        input that needs no gradient (while another does), None for a non-tensor input and for an
+        output without grad or that no loss reached. A tuple it returns replaces grad_input. Returns
+        a handle whose remove() takes the hook off."""
         h = _HookHandle(self._backward_hooks)
         self._backward_hooks[h.id] = hook
         return h
@@ -577,14 +579,18 @@ class _Identity(Function):
 
 class _BackwardHooks:
     """One call's full backward hooks (torch's BackwardHook): the outputs pass through an identity
-    whose backward keeps grad_output; the inputs that need a gradient through another, whose
-    backward (run after, as the inputs come before the outputs) calls the hooks. Without such
+    whose backward hands grad_output on, and each output then through one of its own, which records
+    its gradient (an output no loss reaches runs none, so its grad_output is None, as torch's, where
+    the shared identity's would be zeros); the inputs that need a gradient pass through another,
+    whose backward (run after, as the inputs come before the outputs) calls the hooks. Without such
     inputs the hooks run at the outputs with grad_input all None."""
 
     def __init__(self, module, hooks, n_inputs):
         self.module, self.hooks, self.n_inputs = module, hooks, n_inputs
         self.grad_output = None
         self.has_inputs = False
+        self.reached = {}  # output position -> its gradient, from the per-output identities
+        self.zeros = {}  # input position -> (shape, dtype, device) of a tensor input that needs no gradient
 
     def wrap(self, values, step):
         at = [i for i, v in enumerate(values) if isinstance(v, Tensor) and v.requires_grad]
@@ -601,22 +607,39 @@ class _BackwardHooks:
 
         if step == self.input_backward:
             self.has_inputs = True
+            # As torch: once some input needs a gradient, a tensor input that does not gets zeros in
+            # grad_input (torch's hook function marks it non-differentiable and fills in zeros).
+            self.zeros = {i: (tuple(v.shape), v.dtype, v.device) for i, v in enumerate(values)
+                          if isinstance(v, Tensor) and i not in at}
         wrapped = _Identity.apply(backward_step, *[values[i] for i in at])
+        if step == self.output_backward:
+            wrapped = [_Identity.apply(self._recorder(i), v)[0] for i, v in zip(at, wrapped)]
         values = list(values)
         for i, v in zip(at, wrapped):
             values[i] = v
         return tuple(values)
 
+    def _recorder(self, i):
+        def record(grads):
+            self.reached[i] = grads[0]
+            return grads
+        return record
+
     def output_backward(self, grads):
-        self.grad_output = grads
+        # grads has zeros where no loss reached an output; grad_output has None there, as torch's.
+        self.grad_output = tuple(self.reached.get(i) for i in range(len(grads)))
         if not self.has_inputs:
             for hook in self.hooks:
-                if hook(self.module, (None,) * self.n_inputs, grads) is not None:
+                if hook(self.module, (None,) * self.n_inputs, self.grad_output) is not None:
                     raise KilnError("register_full_backward_hook: a hook cannot return a grad_input when no "
                                     "input of the module requires grad")
         return grads
 
     def input_backward(self, grads):
+        grads = list(grads)
+        for i, (shape, dtype, device) in self.zeros.items():
+            grads[i] = _C.zeros(list(shape), dtype=dtype, device=device)
+        grads = tuple(grads)
         for hook in self.hooks:
             r = hook(self.module, grads, self.grad_output)
             if r is not None:
