@@ -60,7 +60,8 @@ class ZooModel(CppModule):
         # same object points at it), so, as torch's, the copy is the copied model's own.
         _map_copies(new, dict(self.named_parameters()), dict(new.named_parameters()), "_parameters", memo)
         _map_copies(new, dict(self.named_buffers()), dict(new.named_buffers()), "_buffers", memo)
-        for hooks in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
+        for hooks in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_forward_pre_hooks_with_kwargs",
+                      "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
             object.__setattr__(new, hooks, copy.deepcopy(getattr(self, hooks), memo))
         return new
 
@@ -98,7 +99,9 @@ class ZooModel(CppModule):
     def _tied_names(self, prefix):
         return self._tied_decoder(prefix)
 
-    def load_state_dict(self, state_dict, strict=True):
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        if assign:
+            self._refuse_assign("load_state_dict(assign=True)")
         if hasattr(state_dict, "keys"):
             for k in state_dict.keys():
                 if not isinstance(k, str):

@@ -576,3 +576,101 @@ def test_full_backward_hook_zeros_for_inputs_without_grad_and_none_for_unused_ou
     (o2.sum() * 3).backward()
     assert log == [([([3.0, 3.0], "float32"), ([0.0, 0.0], "float32"), None], [None, [3.0, 3.0], None])]
     assert a.grad.tolist() == [30.0, 30.0] and b.grad.tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_load_state_dict_assign_makes_the_given_tensors_the_modules(lib):
+    n = nn if lib is kiln else tnn
+    m = n.Sequential(n.Linear(2, 2), n.BatchNorm1d(2))
+    m[0].weight.requires_grad_(False)
+    w, b, rm = lib.zeros(2, 2, dtype=lib.float64), lib.ones(2), lib.full((2,), 5.0)
+    p = n.Parameter(lib.ones(2), requires_grad=False)
+    sd = dict(m.state_dict(), **{"0.weight": w, "0.bias": b, "1.weight": p, "1.running_mean": rm})
+    assert repr(m.load_state_dict(sd, assign=True)) == "<All keys matched successfully>"
+    # A plain tensor becomes a Parameter sharing its memory, with the module's requires_grad, in the
+    # tensor's dtype; a Parameter given is used itself; a buffer is the tensor itself.
+    assert type(m[0].weight) is n.Parameter and not m[0].weight.requires_grad and m[0].bias.requires_grad
+    assert m[0].weight.dtype == lib.float64 and m[0].weight.data_ptr() == w.data_ptr()
+    assert m[1].weight is p and p.requires_grad and m[1].running_mean is rm
+    with lib.no_grad():
+        b.fill_(7.0)
+    assert m[0].bias.tolist() == [7.0, 7.0]
+    m[0].double()
+    m[0](lib.ones(1, 2, dtype=lib.float64)).sum().backward()
+    assert m[0].bias.grad.tolist() == [1.0, 1.0] and m[0].weight.grad is None
+    with pytest.raises(RuntimeError, match="size mismatch|shape"):
+        n.Linear(2, 2).load_state_dict({"weight": lib.zeros(3, 2), "bias": lib.zeros(2)}, assign=True)
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_forward_hooks_with_kwargs_prepend_and_always_call(lib):
+    n = nn if lib is kiln else tnn
+
+    class KW(n.Module):
+        def forward(self, x, scale=1.0):
+            return x * scale
+
+    m, log = KW(), []
+    h = m.register_forward_pre_hook(lambda mod, a, kw: (a, {"scale": kw["scale"] * 3}), with_kwargs=True)
+    m.register_forward_pre_hook(lambda mod, a: log.append("pre first"), prepend=True)
+    m.register_forward_hook(lambda mod, a, kw, out: out + kw["scale"], with_kwargs=True)
+    m.register_forward_hook(lambda mod, a, out: log.append(("post first", out.tolist())), prepend=True)
+    assert m(lib.ones(1), scale=2.0).tolist() == [12.0]
+    assert log == ["pre first", ("post first", [6.0])]
+    h.remove()
+    assert m(lib.ones(1), scale=2.0).tolist() == [4.0]
+    c = copy.deepcopy(m)  # the flags follow the copy
+    assert c(lib.ones(1), scale=2.0).tolist() == [4.0]
+    m = KW()
+    m.register_forward_pre_hook(lambda mod, a, kw: 5, with_kwargs=True)
+    with pytest.raises(RuntimeError, match="new_args, new_kwargs"):
+        m(lib.ones(1))
+
+    class Bad(n.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+
+    b, log = Bad(), []
+    b.register_forward_hook(lambda mod, a, out: log.append(("always", out)), always_call=True)
+    b.register_forward_hook(lambda mod, a, out: log.append("not run"))
+    b.register_forward_hook(lambda mod, a, kw, out: log.append(("kw", kw)), always_call=True, with_kwargs=True)
+    b.register_forward_hook(lambda mod, a, out: 1 / 0, always_call=True)
+    with pytest.warns(UserWarning, match="always_call=True"), pytest.raises(ValueError, match="boom"):
+        b(lib.ones(1))
+    assert log == [("always", None), ("kw", {})]
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_sequential_pop_add_mul_and_input_keyword(lib):
+    n = nn if lib is kiln else tnn
+    relu, tanh, sig = n.ReLU(), n.Tanh(), n.Sigmoid()
+    s = n.Sequential(relu, tanh, sig)
+    assert s.pop(1) is tanh and list(s) == [relu, sig] and list(s._modules) == ["0", "1"]
+    assert s.pop(-1) is sig and list(s) == [relu]
+    s = n.Sequential(relu, tanh)
+    assert list(s + n.Sequential(sig)) == [relu, tanh, sig]
+    assert list(s * 2) == list(2 * s) == [relu, tanh, relu, tanh]
+    assert list((s * 2)._modules) == ["0", "1", "2", "3"]
+    with pytest.raises(ValueError, match="Non-positive"):
+        s * 0
+    with pytest.raises(TypeError):
+        s * 1.5
+    with pytest.raises(ValueError, match="only objects of Sequential"):
+        s + [sig]
+    t = s
+    s += n.Sequential(sig)
+    assert s is t and list(s) == [relu, tanh, sig]
+    s *= 2
+    assert s is t and len(s) == 6 and list(s._modules) == [str(i) for i in range(6)]
+    assert n.Sequential(n.ReLU())(input=lib.ones(1)).tolist() == [1.0]
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_named_modules_memo_skips_a_given_module_and_its_subtree(lib):
+    n = nn if lib is kiln else tnn
+    inner = n.Sequential(n.ReLU(), n.Tanh())
+    m = n.Sequential(n.Linear(1, 1), inner)
+    memo = {inner}
+    assert [name for name, _ in m.named_modules(memo=memo)] == ["", "0"]
+    assert len(memo) == 3 and m in memo and m[0] in memo
+    assert [name for name, _ in m.named_modules(None, "p")] == ["p", "p.0", "p.1", "p.1.0", "p.1.1"]

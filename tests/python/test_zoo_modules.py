@@ -467,3 +467,15 @@ def test_pickling_a_zoo_model_says_to_save_its_state_dict():
             pickle.dumps(what)
     with pytest.raises(TypeError, match="cannot pickle"):
         copy.copy(m)
+
+
+def test_load_state_dict_assign_is_refused_for_a_zoo_model():
+    # The C++ forward uses the model's own tensors: they cannot become the state dict's.
+    m = kiln.models.create("resnet20")
+    sd = m.state_dict()
+    with pytest.raises(kiln.KilnError, match=r"assign=True.*built in C\+\+.*assign=False"):
+        m.load_state_dict(sd, assign=True)
+    parent = nn.Sequential(m)
+    with pytest.raises(kiln.KilnError, match=r"assign=True.*built in C\+\+"):
+        parent.load_state_dict(parent.state_dict(), assign=True)
+    assert m.load_state_dict(sd) == ([], [])

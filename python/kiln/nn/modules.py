@@ -71,23 +71,27 @@ class _HookHandle:
     manager's exit), as torch.utils.hooks.RemovableHandle."""
     _ids = itertools.count()
 
-    def __init__(self, hooks):
+    def __init__(self, hooks, extra=()):
         self._hooks = weakref.ref(hooks)
+        # The flag dicts (with_kwargs, always_call) that hold this hook's id too, as torch's extra_dict.
+        self._extra = tuple(weakref.ref(d) for d in extra)
         self.id = next(_HookHandle._ids)
 
     def remove(self):
-        hooks = self._hooks()
-        if hooks is not None:
-            hooks.pop(self.id, None)
+        for ref in (self._hooks,) + self._extra:
+            hooks = ref()
+            if hooks is not None:
+                hooks.pop(self.id, None)
 
     # As torch's RemovableHandle: pickled and deep-copied with the hooks dict itself, so that a copy's
     # handle follows the copy's module (deepcopy's memo gives the dict the module's copy has).
     def __getstate__(self):
-        return (self._hooks(), self.id)
+        return (self._hooks(), self.id, tuple(ref() for ref in self._extra))
 
     def __setstate__(self, state):
-        hooks, self.id = state
+        hooks, self.id = state[:2]
         self._hooks = weakref.ref(hooks if hooks is not None else _HookDict())
+        self._extra = tuple(weakref.ref(d) for d in (state[2] if len(state) > 2 else ()) if d is not None)
 
     def __enter__(self):
         return self
@@ -127,6 +131,10 @@ class Module:
         object.__setattr__(self, "_forward_pre_hooks", _HookDict())
         object.__setattr__(self, "_forward_hooks", _HookDict())
         object.__setattr__(self, "_backward_hooks", _HookDict())
+        # Hook ids registered with_kwargs=True / always_call=True, as torch's dicts of the same names.
+        object.__setattr__(self, "_forward_pre_hooks_with_kwargs", _HookDict())
+        object.__setattr__(self, "_forward_hooks_with_kwargs", _HookDict())
+        object.__setattr__(self, "_forward_hooks_always_called", _HookDict())
 
     # ---- attributes ----
     def __setattr__(self, name, value):
@@ -252,22 +260,20 @@ class Module:
     def children(self):
         return (m for _, m in self.named_children())
 
-    def named_modules(self, prefix="", remove_duplicate=True):
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
         """Every module once (as PyTorch: a module reused under two names comes under its first), or every
-        name with remove_duplicate=False."""
-        seen = set()
-        for name, m in self._all_modules(prefix):
-            if remove_duplicate:
-                if id(m) in seen:
-                    continue
-                seen.add(id(m))
-            yield name, m
-
-    def _all_modules(self, prefix):
+        name with remove_duplicate=False. As torch's, memo is the set of modules already given (it is
+        added to): one in it is skipped with its whole subtree."""
+        if memo is None:
+            memo = set()
+        if self in memo:
+            return
+        if remove_duplicate:
+            memo.add(self)
         yield prefix, self
         for name, m in self._modules.items():
             if m is not None:
-                yield from m._all_modules(f"{prefix}.{name}" if prefix else name)
+                yield from m.named_modules(memo, f"{prefix}.{name}" if prefix else name, remove_duplicate)
 
     def modules(self):
         return (m for _, m in self.named_modules())
@@ -276,7 +282,7 @@ class Module:
         # Module by module (its own tensors, then its children's), as torch: the order of state_dict.
         # seen holds the tensors it has given, so that an id it compares stays that tensor's.
         seen = {}
-        mods = self.named_modules(prefix, remove_duplicate) if recurse else [(prefix, self)]
+        mods = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse else [(prefix, self)]
         for mp, m in mods:
             for name, t in members(m):
                 if t is None:
@@ -452,10 +458,17 @@ class Module:
             if b is not None and name not in self._non_persistent_buffers_set:
                 destination[prefix + name] = b if keep_vars else b.detach()
 
-    def load_state_dict(self, state_dict, strict=True):
+    def load_state_dict(self, state_dict, strict=True, assign=False):
         """Copies tensors into the parameters and buffers of the same names. With strict, a missing or
         unexpected name is an error that names them (and nothing is copied); a shape mismatch always is.
-        Returns (missing_keys, unexpected_keys), as torch does: what strict=False left out."""
+        With assign=True, as torch's, the given tensors become the parameters and buffers instead (their
+        memory, dtype and device; a parameter keeps the module's requires_grad, and a tensor that is not
+        a Parameter becomes one sharing its memory). Returns (missing_keys, unexpected_keys), as torch
+        does: what strict=False left out."""
+        if assign:
+            for name, m in self.named_modules():
+                if isinstance(m, CppModule):
+                    m._refuse_assign(f"load_state_dict(assign=True) on {type(self).__name__}")
         mine = self.state_dict()
         # A module may fill in keys an older save lacks (BatchNorm's num_batches_tracked), as torch's
         # _load_from_state_dict does: on _state_tensors' copy, so the caller's dict is left alone.
@@ -477,11 +490,32 @@ class Module:
         for k, t in state_dict.items():
             if k in mine and tuple(t.shape) != tuple(mine[k].shape):
                 raise KilnError(f"load_state_dict: {k} has shape {tuple(t.shape)}, the module's is {tuple(mine[k].shape)}")
+        if assign:
+            self._assign_state(state_dict, mine)
+            return IncompatibleKeys(missing, unexpected)
         with no_grad():
             for k, t in state_dict.items():
                 if k in mine:
                     mine[k].copy_(t)
         return IncompatibleKeys(missing, unexpected)
+
+    def _assign_state(self, state_dict, mine):
+        # Module by module, every name (a module reused under two names too), as state_dict lists them.
+        for prefix, m in self.named_modules(remove_duplicate=False):
+            prefix = f"{prefix}." if prefix else ""
+            for name, p in list(m._parameters.items()):
+                t = state_dict.get(prefix + name)
+                if p is None or t is None or prefix + name not in mine:
+                    continue
+                if isinstance(t, Parameter):
+                    t.requires_grad_(p.requires_grad)
+                else:
+                    t = Parameter(t, p.requires_grad)
+                m._parameters[name] = t
+            for name, b in list(m._buffers.items()):
+                t = state_dict.get(prefix + name)
+                if b is not None and t is not None and prefix + name in mine:
+                    m._buffers[name] = t
 
     def _tied_names(self, prefix):
         """{a second name this module's state_dict lists for a tensor: the tensor's own name}, each with
@@ -496,18 +530,30 @@ class Module:
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} must define forward")
 
-    def register_forward_pre_hook(self, hook):
+    def register_forward_pre_hook(self, hook, *, prepend=False, with_kwargs=False):
         """hook(module, args) runs before forward; a value it returns (a tuple, or one value) replaces
-        the positional arguments. Returns a handle whose remove() takes the hook off."""
-        h = _HookHandle(self._forward_pre_hooks)
-        self._forward_pre_hooks[h.id] = hook
-        return h
+        the positional arguments. With with_kwargs=True, hook(module, args, kwargs) returns None or
+        (args, kwargs). prepend=True runs it before the hooks already registered. Returns a handle
+        whose remove() takes the hook off."""
+        return self._add_hook(self._forward_pre_hooks, hook, prepend,
+                              [self._forward_pre_hooks_with_kwargs] if with_kwargs else [])
 
-    def register_forward_hook(self, hook):
-        """hook(module, args, output) runs after forward; a value it returns replaces the output.
-        Returns a handle whose remove() takes the hook off."""
-        h = _HookHandle(self._forward_hooks)
-        self._forward_hooks[h.id] = hook
+    def register_forward_hook(self, hook, *, prepend=False, with_kwargs=False, always_call=False):
+        """hook(module, args, output) runs after forward; a value it returns replaces the output. With
+        with_kwargs=True it is hook(module, args, kwargs, output); prepend=True runs it before the hooks
+        already registered; always_call=True runs it also when forward (or a hook) raises, with output
+        None if there was none yet. Returns a handle whose remove() takes the hook off."""
+        flags = ([self._forward_hooks_with_kwargs] if with_kwargs else []) + \
+            ([self._forward_hooks_always_called] if always_call else [])
+        return self._add_hook(self._forward_hooks, hook, prepend, flags)
+
+    def _add_hook(self, hooks, hook, prepend, flags):
+        h = _HookHandle(hooks, flags)
+        hooks[h.id] = hook
+        if prepend:
+            hooks.move_to_end(h.id, last=False)
+        for d in flags:
+            d[h.id] = True
         return h
 
     def register_full_backward_hook(self, hook):
@@ -525,18 +571,47 @@ class Module:
         pre, post, back = d.get("_forward_pre_hooks"), d.get("_forward_hooks"), d.get("_backward_hooks")
         if not pre and not post and not back:
             return self.forward(*args, **kwargs)
-        for hook in list(pre.values() if pre else ()):
-            r = hook(self, args)
-            if r is not None:
-                args = r if isinstance(r, tuple) else (r,)
-        bw = _BackwardHooks(self, list(back.values()), len(args)) if back and _C.is_grad_enabled() else None
-        if bw is not None:
-            args = bw.wrap(args, bw.input_backward)
-        out = self.forward(*args, **kwargs)
-        for hook in list(post.values() if post else ()):
-            r = hook(self, args, out)
-            if r is not None:
-                out = r
+        pre_kw = d.get("_forward_pre_hooks_with_kwargs") or {}
+        post_kw = d.get("_forward_hooks_with_kwargs") or {}
+        always = d.get("_forward_hooks_always_called") or {}
+        out = None
+        called = set()  # the always_call hooks that ran, so that an error does not run them twice
+        try:
+            for hook_id, hook in list(pre.items() if pre else ()):
+                if hook_id in pre_kw:
+                    r = hook(self, args, kwargs)
+                    if r is not None:
+                        if not (isinstance(r, tuple) and len(r) == 2):
+                            raise KilnError("forward pre-hook registered with with_kwargs=True must return None or "
+                                            f"a tuple of (new_args, new_kwargs), but got {r!r}")
+                        args, kwargs = r
+                else:
+                    r = hook(self, args)
+                    if r is not None:
+                        args = r if isinstance(r, tuple) else (r,)
+            bw = _BackwardHooks(self, list(back.values()), len(args)) if back and _C.is_grad_enabled() else None
+            if bw is not None:
+                args = bw.wrap(args, bw.input_backward)
+            out = self.forward(*args, **kwargs)
+            for hook_id, hook in list(post.items() if post else ()):
+                if hook_id in always:
+                    called.add(hook_id)
+                r = hook(self, args, kwargs, out) if hook_id in post_kw else hook(self, args, out)
+                if r is not None:
+                    out = r
+        except Exception:
+            # As torch: the always_call hooks that have not run see the output so far (None if forward
+            # raised); an error of theirs is a warning, so that forward's own error is the one raised.
+            for hook_id, hook in list(post.items() if post else ()):
+                if hook_id in always and hook_id not in called:
+                    try:
+                        r = hook(self, args, kwargs, out) if hook_id in post_kw else hook(self, args, out)
+                        if r is not None:
+                            out = r
+                    except Exception as e:
+                        warnings.warn("a forward hook registered with always_call=True raised an exception that "
+                                      f"was silenced as another error was raised in forward: {e}", stacklevel=2)
+            raise
         if bw is not None:
             # As torch: a tensor or a tuple (a namedtuple rebuilt from its fields) of outputs gets the
             # backward step; anything else (a dict, a list) is returned as it is.
@@ -1344,10 +1419,10 @@ class Sequential(Module):
             for i, m in enumerate(args):
                 self.add_module(str(i), m)
 
-    def forward(self, x):
+    def forward(self, input):
         for m in self._modules.values():
-            x = m(x)
-        return x
+            input = m(input)
+        return input
 
     def __getitem__(self, idx):
         if isinstance(idx, slice):
@@ -1380,6 +1455,43 @@ class Sequential(Module):
         for m in modules:
             self.append(m)
         return self
+
+    def pop(self, key):
+        m = self[key]
+        del self[key]
+        return m
+
+    # As torch's: + and += take a Sequential (the same module objects, numbered on), * and *= a count
+    # (each module repeated, so its parameters are shared, not copied).
+    def __add__(self, other):
+        _check_sequential(other)
+        return Sequential(*self, *other)
+
+    def __iadd__(self, other):
+        _check_sequential(other)
+        return self.extend(list(other))
+
+    def __mul__(self, other):
+        _check_repeat(self, other)
+        return Sequential(*(list(self) * other))
+
+    __rmul__ = __mul__
+
+    def __imul__(self, other):
+        _check_repeat(self, other)
+        return self.extend(list(self) * (other - 1))
+
+
+def _check_sequential(other):
+    if not isinstance(other, Sequential):
+        raise ValueError(f"add operator supports only objects of Sequential class, but {type(other).__name__} is given")
+
+
+def _check_repeat(seq, other):
+    if not isinstance(other, int):
+        raise TypeError(f"unsupported operand type(s) for *: Sequential and {type(other).__name__}")
+    if other <= 0:
+        raise ValueError(f"Non-positive multiplication factor {other} for Sequential")
 
 
 class ModuleList(Module):
@@ -1700,13 +1812,13 @@ class CppModule(Module):
                             "submodules inside its C++ forward, where Python hooks are not called; register it "
                             "on the whole model")
 
-    def register_forward_pre_hook(self, hook):
+    def register_forward_pre_hook(self, hook, **flags):
         self._hook_on_submodule("register_forward_pre_hook")
-        return super().register_forward_pre_hook(hook)
+        return super().register_forward_pre_hook(hook, **flags)
 
-    def register_forward_hook(self, hook):
+    def register_forward_hook(self, hook, **flags):
         self._hook_on_submodule("register_forward_hook")
-        return super().register_forward_hook(hook)
+        return super().register_forward_hook(hook, **flags)
 
     def register_full_backward_hook(self, hook):
         self._hook_on_submodule("register_full_backward_hook")
@@ -1740,7 +1852,15 @@ class CppModule(Module):
         if dtype is not None:
             self._c.to_dtype(dtype)
 
-    def load_state_dict(self, state_dict, strict=True):
+    def _refuse_assign(self, what):
+        where = f"'{self._path}' ({self._c.type_name})" if self._path else f"the model ({self._c.type_name})"
+        raise KilnError(f"{what}: {where} is a kiln.models model, built in C++, whose forward uses its own "
+                        "tensors, so they cannot be replaced by the state dict's; load with assign=False "
+                        "(the values are copied into the model's tensors)")
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        if assign:
+            self._refuse_assign("load_state_dict(assign=True)")
         state_dict = _state_tensors(state_dict, self._c.state_dict())
         return IncompatibleKeys(*self._c.load_state_dict(dict(state_dict), strict))
 
