@@ -674,3 +674,24 @@ def test_named_modules_memo_skips_a_given_module_and_its_subtree(lib):
     assert [name for name, _ in m.named_modules(memo=memo)] == ["", "0"]
     assert len(memo) == 3 and m in memo and m[0] in memo
     assert [name for name, _ in m.named_modules(None, "p")] == ["p", "p.0", "p.1", "p.1.0", "p.1.1"]
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
+def test_set_submodule_as_torch(lib):
+    n = nn if lib is kiln else tnn
+    m = n.Sequential(n.Linear(1, 1), n.Sequential(n.ReLU()))
+    tanh = n.Tanh()
+    m.set_submodule("1.0", tanh)
+    assert m[1][0] is tanh and m.get_submodule("1.0") is tanh
+    m.set_submodule("0.act", tanh)  # a new name is fine unless strict
+    assert m[0].act is tanh
+    with pytest.raises(AttributeError, match="no attribute `other`"):
+        m.set_submodule("0.other", tanh, strict=True)
+    with pytest.raises(AttributeError, match="`weight` is not an nn.Module"):
+        m.set_submodule("0.weight", tanh)
+    with pytest.raises(AttributeError):
+        m.set_submodule("2.x", tanh)  # the parent must exist
+    with pytest.raises(ValueError):
+        m.set_submodule("", tanh)
+    with pytest.raises(ValueError):
+        m.set_submodule("1", 3)

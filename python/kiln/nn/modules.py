@@ -232,6 +232,22 @@ class Module:
                 raise AttributeError(f"`{item}` is not an nn.Module")
         return mod
 
+    def set_submodule(self, target, module, strict=False):
+        """Puts module at a dotted path, as torch's: its parent must exist; the name must be free or a
+        module's (strict=True: a module's)."""
+        if target == "":
+            raise ValueError("set_submodule: cannot set the submodule without a target name")
+        if not isinstance(module, Module):
+            raise ValueError(f"set_submodule('{target}'): `module` is not a kiln.nn.Module, found "
+                             f"{type(module).__name__}")
+        path, _, name = target.rpartition(".")
+        parent = self.get_submodule(path)
+        if strict and not hasattr(parent, name):
+            raise AttributeError(f"set_submodule('{target}'): {type(parent).__name__} has no attribute `{name}`")
+        if hasattr(parent, name) and not isinstance(getattr(parent, name), Module):
+            raise AttributeError(f"set_submodule('{target}'): `{name}` is not an nn.Module")
+        setattr(parent, name, module)
+
     def get_parameter(self, target):
         path, _, name = target.rpartition(".")
         mod = self.get_submodule(path)
