@@ -579,6 +579,34 @@ def test_full_backward_hook_zeros_for_inputs_without_grad_and_none_for_unused_ou
 
 
 @pytest.mark.parametrize("lib", [kiln, torch])
+def test_full_backward_hook_grad_output_is_fresh_on_a_second_backward(lib):
+    # A second backward over a retained graph gives the hook only what that backward reached (None for
+    # an output it did not), and two calls of the module in one graph each see their own outputs.
+    n = nn if lib is kiln else tnn
+
+    class Two(n.Module):
+        def forward(self, x):
+            return x * 2, x * 3
+
+    m = Two()
+    log = []
+    m.register_full_backward_hook(lambda mod, gi, go: log.append([None if g is None else g.tolist() for g in go]))
+    x = lib.ones(2, requires_grad=True)
+    a, b = m(x)
+    (a.sum() + b.sum()).backward(retain_graph=True)
+    a.sum().backward()
+    assert log == [[[1.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], None]]
+    log.clear()
+    a1, b1 = m(x)
+    a2, b2 = m(x)
+    (a1.sum() + (b2 * 4).sum()).backward(retain_graph=True)
+    assert sorted(log, key=repr) == sorted([[[1.0, 1.0], None], [None, [4.0, 4.0]]], key=repr)
+    log.clear()
+    (b1 * 5).sum().backward()
+    assert log == [[None, [5.0, 5.0]]]
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
 def test_load_state_dict_assign_makes_the_given_tensors_the_modules(lib):
     n = nn if lib is kiln else tnn
     m = n.Sequential(n.Linear(2, 2), n.BatchNorm1d(2))

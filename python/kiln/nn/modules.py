@@ -719,6 +719,9 @@ class _BackwardHooks:
     def output_backward(self, grads):
         # grads has zeros where no loss reached an output; grad_output has None there, as torch's.
         self.grad_output = tuple(self.reached.get(i) for i in range(len(grads)))
+        # A second backward over the same graph (retain_graph=True) records afresh: an output that only
+        # the first reached must be None again, not the first backward's gradient.
+        self.reached = {}
         if not self.has_inputs:
             for hook in self.hooks:
                 if hook(self.module, (None,) * self.n_inputs, self.grad_output) is not None:
