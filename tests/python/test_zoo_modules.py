@@ -465,8 +465,14 @@ def test_pickling_a_zoo_model_says_to_save_its_state_dict():
     for what in (m, m.layer1[0]):
         with pytest.raises(TypeError, match=r"cannot pickle .*kiln.models.*state_dict\(\)"):
             pickle.dumps(what)
-    with pytest.raises(TypeError, match="cannot pickle"):
-        copy.copy(m)
+    # copy.copy, as torch's, is a shallow copy: a new wrapper sharing the C++ model and its tensors.
+    for what in (m, m.layer1[0]):
+        c = copy.copy(what)
+        assert type(c) is type(what) and c is not what and c._c is what._c
+        assert all(p is q for (_, p), (_, q) in zip(c.named_parameters(), what.named_parameters(), strict=True))
+    x = kiln.randn(2, 3, 32, 32)
+    m.eval()
+    assert copy.copy(m)(x).tolist() == m(x).tolist()
 
 
 def test_load_state_dict_assign_is_refused_for_a_zoo_model():

@@ -1847,9 +1847,16 @@ class CppModule(Module):
         # A one-tensor layer (Linear, Conv2d, a ResNet block, ...) of the tree, called on its own.
         return self._c.forward(x)
 
+    def __copy__(self):
+        # As copy.copy of a torch module: a new wrapper whose attributes are this one's (the same C++
+        # module, parameter and child dicts); __reduce_ex__ below refuses pickling only.
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
     def __reduce_ex__(self, protocol):
-        # pickle (and copy.copy) would reach the C++ module and fail with "cannot pickle '_CModule'
-        # object", which does not say what to do instead.
+        # pickle would reach the C++ module and fail with "cannot pickle '_CModule' object", which
+        # does not say what to do instead.
         what = f"'{self._path}' ({self._c.type_name}), a submodule of a kiln.models model" if self._path \
             else f"a kiln.models model ({self._c.type_name})"
         raise TypeError(f"cannot pickle {what}: it is built in C++; save its weights instead, "
