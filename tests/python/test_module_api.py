@@ -494,6 +494,26 @@ def test_hook_handle_follows_deepcopy_and_pickle(cls, how):
 
 
 @pytest.mark.parametrize("lib", [kiln, torch])
+def test_module_pickled_without_the_hook_flag_dicts_takes_the_flags_after_loading(lib):
+    # A module pickled before with_kwargs / always_call existed has none of their dicts: loading it
+    # makes empty ones, as torch's Module.__setstate__.
+    m = build(lib)
+    flags = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+    for sub in m.modules():
+        for name in flags:
+            del sub.__dict__[name]
+    m2 = pickle.loads(pickle.dumps(m))
+    seen = []
+    for sub in (m2, m2.fc1):
+        assert all(len(getattr(sub, name)) == 0 for name in flags)
+        sub.register_forward_hook(lambda mod, args, kwargs, out: seen.append(type(mod).__name__),
+                                  with_kwargs=True, always_call=True)
+        sub.register_forward_pre_hook(lambda mod, args, kwargs: None, with_kwargs=True)
+    m2.eval()(lib.ones(2, 3))
+    assert seen == ["Linear", type(m2).__name__]
+
+
+@pytest.mark.parametrize("lib", [kiln, torch])
 def test_to_keeps_ties_grad_and_attributes(lib):
     n = nn if lib is kiln else tnn
 

@@ -136,6 +136,15 @@ class Module:
         object.__setattr__(self, "_forward_hooks_with_kwargs", _HookDict())
         object.__setattr__(self, "_forward_hooks_always_called", _HookDict())
 
+    def __setstate__(self, state):
+        # pickle and deepcopy: as torch's, a module pickled before the hook flag dicts existed gets
+        # empty ones, so that register_forward_hook(with_kwargs=, always_call=) works on it.
+        self.__dict__.update(state)
+        for name in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                     "_forward_hooks_always_called"):
+            if name not in self.__dict__:
+                object.__setattr__(self, name, _HookDict())
+
     # ---- attributes ----
     def __setattr__(self, name, value):
         # As torch's: a Parameter, Module or tensor goes to its store; assigning to a name that holds
