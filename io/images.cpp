@@ -523,7 +523,14 @@ void ImageFolderDataset::scan() {
                  ": the class folder holds no .jpg, .jpeg, .png, .bmp, .ppm or .pgm images (remove it, or add images)");
       note(dir.string() + ": the class folder holds no images (none of this class is evaluated)");
     }
-    std::sort(files.begin(), files.end());
+    // torchvision's order (ImageFolder walks sorted(os.walk(...)), each folder's files sorted): by folder
+    // path, then by name, so a folder's own files come before its sub-folders' (c/z.png before
+    // c/b/x.png), not sorted by full path.
+    std::sort(files.begin(), files.end(), [](const std::string& a, const std::string& b) {
+      const fs::path pa(a), pb(b);
+      const std::string da = pa.parent_path().string(), db = pb.parent_path().string();
+      return da != db ? da < db : pa.filename().string() < pb.filename().string();
+    });
     for (auto& f : files) {
       files_.push_back(std::move(f));
       labels_.push_back(int64_t(ci));

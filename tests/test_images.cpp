@@ -482,7 +482,7 @@ TEST_CASE("image folder: .ppm/.pgm, other extensions noted, symbolic links follo
   o.size = 8;
   o.resize = 8;
   io::ImageFolderDataset ds(d / "train", o);
-  CHECK(ds.size() == 6);  // cat: img0.png grey.pgm rgb.ppm; dog: img0.png linked/m.png one.bmp
+  CHECK(ds.size() == 6);  // cat: img0.png grey.pgm rgb.ppm; dog: img0.png one.bmp linked/m.png
   std::vector<int64_t> all = {0, 1, 2, 3, 4, 5};
   CHECK(ds.get_batch(all, 0).at("target").to_vector() == std::vector<double>{0, 0, 0, 1, 1, 1});
   CHECK(ds.other_files_note() ==
@@ -845,4 +845,22 @@ TEST_CASE("image folder: grey is PIL's convert('L'), rounded; a grey PNG keeps i
     CHECK(g1.data<uint8_t>()[i] == i);
     for (int c = 0; c < 3; ++c) CHECK(g3.data<uint8_t>()[c * 256 + i] == i);
   }
+}
+
+TEST_CASE("image folder: a class folder's own files come before its sub-folders', as torchvision's ImageFolder") {
+  TempDir d("kiln_img");
+  // torchvision lists sorted(os.walk(class folder)): by folder path, then each folder's files by name.
+  // Folder paths sort "c", "c/b", "c/b-x", "c/b/d" ('-' comes before '/').
+  for (const char* f : {"c/z.png", "c/a.png", "c/b/x.png", "c/b/d/w.png", "c/b-x/y.png", "other/o.png"}) {
+    fs::create_directories((d.p / "train" / f).parent_path());
+    write_image((d.p / "train" / f).string(), 4, 4, 1, 2, 3);
+  }
+  io::ImageFolderOptions o;
+  o.size = 4;
+  o.resize = 4;
+  io::ImageFolderDataset ds(d / "train", o);
+  std::vector<std::string> got;
+  for (int64_t i = 0; i < ds.size(); ++i) got.push_back(fs::relative(ds.file(i), d.p / "train").string());
+  CHECK(got ==
+        std::vector<std::string>{"c/a.png", "c/z.png", "c/b/x.png", "c/b-x/y.png", "c/b/d/w.png", "other/o.png"});
 }
