@@ -173,7 +173,9 @@ Tensor decode_image(const std::string& path, int64_t channels) {
     const std::string big = too_many_pixels(w, h);
     KILN_CHECK(big.empty(), path, ": ", big);
   }
-  unsigned char* px = stbi_load_from_memory(data, int(bytes.size()), &w, &h, &n, int(channels));
+  // Always RGB (a grey file's value in all three; alpha dropped, as PIL's convert does): stb_image's own
+  // grey conversion truncates (77 r + 150 g + 29 b) >> 8, darker than PIL's convert('L') by up to 1.
+  unsigned char* px = stbi_load_from_memory(data, int(bytes.size()), &w, &h, &n, 3);
   if (px == nullptr) {
     // stb_image calls an empty file an "unknown image type"; an interrupted copy is the likelier cause.
     const char* why = stbi_failure_reason();
@@ -185,8 +187,16 @@ Tensor decode_image(const std::string& path, int64_t channels) {
   Tensor t = make_tensor({channels, h, w}, DType::u8, kCPU);
   uint8_t* out = t.data<uint8_t>();
   for (int64_t y = 0; y < h; ++y)
-    for (int64_t x = 0; x < w; ++x)
-      for (int64_t ch = 0; ch < channels; ++ch) out[(ch * h + y) * w + x] = px[(y * w + x) * channels + ch];
+    for (int64_t x = 0; x < w; ++x) {
+      const unsigned char* rgb = px + (y * w + x) * 3;
+      if (channels == 1) {
+        // PIL's L = R 299/1000 + G 587/1000 + B 114/1000, in 16-bit fixed point and rounded (Convert.c's
+        // L24); the weights sum to 65536, so a grey pixel keeps its value exactly.
+        out[y * w + x] = uint8_t((19595u * rgb[0] + 38470u * rgb[1] + 7471u * rgb[2] + 0x8000u) >> 16);
+      } else {
+        for (int64_t ch = 0; ch < 3; ++ch) out[(ch * h + y) * w + x] = rgb[ch];
+      }
+    }
   return t;
 }
 
@@ -513,7 +523,14 @@ void ImageFolderDataset::scan() {
                  ": the class folder holds no .jpg, .jpeg, .png, .bmp, .ppm or .pgm images (remove it, or add images)");
       note(dir.string() + ": the class folder holds no images (none of this class is evaluated)");
     }
-    std::sort(files.begin(), files.end());
+    // torchvision's order (ImageFolder walks sorted(os.walk(...)), each folder's files sorted): by folder
+    // path, then by name, so a folder's own files come before its sub-folders' (c/z.png before
+    // c/b/x.png), not sorted by full path.
+    std::sort(files.begin(), files.end(), [](const std::string& a, const std::string& b) {
+      const fs::path pa(a), pb(b);
+      const std::string da = pa.parent_path().string(), db = pb.parent_path().string();
+      return da != db ? da < db : pa.filename().string() < pb.filename().string();
+    });
     for (auto& f : files) {
       files_.push_back(std::move(f));
       labels_.push_back(int64_t(ci));

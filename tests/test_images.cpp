@@ -482,7 +482,7 @@ TEST_CASE("image folder: .ppm/.pgm, other extensions noted, symbolic links follo
   o.size = 8;
   o.resize = 8;
   io::ImageFolderDataset ds(d / "train", o);
-  CHECK(ds.size() == 6);  // cat: img0.png grey.pgm rgb.ppm; dog: img0.png linked/m.png one.bmp
+  CHECK(ds.size() == 6);  // cat: img0.png grey.pgm rgb.ppm; dog: img0.png one.bmp linked/m.png
   std::vector<int64_t> all = {0, 1, 2, 3, 4, 5};
   CHECK(ds.get_batch(all, 0).at("target").to_vector() == std::vector<double>{0, 0, 0, 1, 1, 1});
   CHECK(ds.other_files_note() ==
@@ -803,4 +803,64 @@ TEST_CASE("image folder: PNG rules as libpng's: an ancillary chunk's bad CRC and
   put_bytes(d / "train/cat/n.png", good.substr(0, iend + 5));
   CHECK(contains(io::image_header_problem(d / "train/cat/n.png"), "corrupt PNG: cut short"));
   CHECK(contains(error_of([&] { io::decode_image(d / "train/cat/n.png", 3); }), "corrupt PNG: cut short"));
+}
+
+TEST_CASE("image folder: grey is PIL's convert('L'), rounded; a grey PNG keeps its values") {
+  TempDir d("kiln_img");
+  fs::create_directories(d.p);
+  // Every (r, g, b) here is where stb_image's truncating (77 r + 150 g + 29 b) >> 8 and PIL's rounded
+  // L differ or sit at an edge; and 64 more pseudo-random pixels.
+  std::vector<unsigned char> rgb = {255, 0, 0, 0, 255, 0, 0, 0, 255, 255, 255, 255, 0, 0, 0, 1, 2, 3, 200, 100, 50};
+  uint32_t x = 12345;
+  for (int i = 0; i < 64 * 3; ++i) {
+    x = x * 1664525u + 1013904223u;
+    rgb.push_back(static_cast<unsigned char>(x >> 24));
+  }
+  const int w = int(rgb.size() / 3);
+  REQUIRE(stbi_write_png((d / "rgb.png").c_str(), w, 1, 3, rgb.data(), w * 3));
+  std::vector<unsigned char> rgba;
+  for (int i = 0; i < w; ++i) {
+    rgba.insert(rgba.end(), rgb.begin() + 3 * i, rgb.begin() + 3 * i + 3);
+    rgba.push_back(static_cast<unsigned char>(i * 37));  // alpha is dropped, as PIL's convert('L')
+  }
+  REQUIRE(stbi_write_png((d / "rgba.png").c_str(), w, 1, 4, rgba.data(), w * 4));
+  int differ = 0;
+  for (const char* file : {"rgb.png", "rgba.png"}) {
+    const Tensor g = io::decode_image(d / file, 1);
+    REQUIRE(g.shape() == Shape{1, 1, w});
+    for (int i = 0; i < w; ++i) {
+      const unsigned r = rgb[size_t(3 * i)], gr = rgb[size_t(3 * i + 1)], b = rgb[size_t(3 * i + 2)];
+      const unsigned pil = (19595 * r + 38470 * gr + 7471 * b + 0x8000) >> 16;  // PIL's L24 >> 16
+      differ += pil != (77 * r + 150 * gr + 29 * b) >> 8;
+      CHECK_MESSAGE(g.data<uint8_t>()[i] == pil, std::string(file), " pixel ", i, " (", r, ", ", gr, ", ", b, ")");
+    }
+  }
+  CHECK(differ > 0);  // the test would not tell the two conversions apart otherwise
+  // A grey PNG: every value kept, in one channel or three.
+  std::vector<unsigned char> grey(256);
+  for (int i = 0; i < 256; ++i) grey[size_t(i)] = static_cast<unsigned char>(i);
+  REQUIRE(stbi_write_png((d / "grey.png").c_str(), 256, 1, 1, grey.data(), 256));
+  const Tensor g1 = io::decode_image(d / "grey.png", 1), g3 = io::decode_image(d / "grey.png", 3);
+  for (int i = 0; i < 256; ++i) {
+    CHECK(g1.data<uint8_t>()[i] == i);
+    for (int c = 0; c < 3; ++c) CHECK(g3.data<uint8_t>()[c * 256 + i] == i);
+  }
+}
+
+TEST_CASE("image folder: a class folder's own files come before its sub-folders', as torchvision's ImageFolder") {
+  TempDir d("kiln_img");
+  // torchvision lists sorted(os.walk(class folder)): by folder path, then each folder's files by name.
+  // Folder paths sort "c", "c/b", "c/b-x", "c/b/d" ('-' comes before '/').
+  for (const char* f : {"c/z.png", "c/a.png", "c/b/x.png", "c/b/d/w.png", "c/b-x/y.png", "other/o.png"}) {
+    fs::create_directories((d.p / "train" / f).parent_path());
+    write_image((d.p / "train" / f).string(), 4, 4, 1, 2, 3);
+  }
+  io::ImageFolderOptions o;
+  o.size = 4;
+  o.resize = 4;
+  io::ImageFolderDataset ds(d / "train", o);
+  std::vector<std::string> got;
+  for (int64_t i = 0; i < ds.size(); ++i) got.push_back(fs::relative(ds.file(i), d.p / "train").string());
+  CHECK(got ==
+        std::vector<std::string>{"c/a.png", "c/z.png", "c/b/x.png", "c/b-x/y.png", "c/b/d/w.png", "other/o.png"});
 }

@@ -30,23 +30,45 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 _MNIST_TRANSFORMS = {"fashion-mnist": ((0.2860,), (0.3530,), True), "mnist": ((0.1307,), (0.3081,), False)}
 
 
-def mnist_dir(path, name="mnist", augment=True, mean=None, std=None, hflip=None):
+def _per_channel(what, value, channels):
+    """`value` (a number, or a sequence of one per channel) as a list of `channels` floats."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return [float(value)] * channels
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        values = [float(v) for v in value]
+    except (TypeError, ValueError):
+        raise TypeError(f"mnist_dir: {what} must be a number or a sequence of {channels} numbers (one per "
+                        f"channel), got {value!r}") from None
+    if len(values) != channels:
+        raise ValueError(f"mnist_dir: {what} has {len(values)} values, but the data set has {channels} "
+                         f"channel{'s' if channels != 1 else ''}: give a number or {channels} values")
+    return values
+
+
+def mnist_dir(path, name="mnist", augment=True, mean=None, std=None, hflip=None, pad=2):
     """An MNIST-format directory (train/t10k idx files, gzipped or not): {"train", "test",
     "num_classes", "shape", "class_names"}, with kiln train's transforms for `name`: "mnist"
     normalises with MNIST's mean and std (0.1307, 0.3081) and augments with a random crop (pad 2);
     "fashion-mnist" with (0.2860, 0.3530) and a random crop plus a horizontal flip. Any other name
-    takes MNIST's; `mean`, `std` and `hflip` override them."""
+    takes MNIST's; `mean`, `std` (a number or a one-value sequence: the images are grey) and `hflip`
+    override them, and `pad` is the random crop's zero padding (0: no crop shift)."""
     d_mean, d_std, d_flip = _MNIST_TRANSFORMS.get(name, _MNIST_TRANSFORMS["mnist"])
-    mean = d_mean if mean is None else mean
-    std = d_std if std is None else std
+    mean = _per_channel("mean", d_mean if mean is None else mean, 1)
+    std = _per_channel("std", d_std if std is None else std, 1)
     hflip = d_flip if hflip is None else hflip
-    return dict(_C._load_mnist_dir(str(path), name, 2 if augment else 0, bool(augment and hflip), list(mean),
-                                   list(std)))
+    if isinstance(pad, bool) or not isinstance(pad, numbers.Integral):
+        raise TypeError(f"mnist_dir: pad must be an int (the random crop's padding in pixels), got {pad!r}")
+    if pad < 0:
+        raise ValueError(f"mnist_dir: pad must be >= 0 (the random crop's padding in pixels; 0: no crop), got {pad}")
+    return dict(_C._load_mnist_dir(str(path), name, int(pad) if augment else 0, bool(augment and hflip), mean, std))
 
 
-def fashion_mnist(path=FASHION_MNIST_DIR, augment=True):
-    """Fashion-MNIST with kiln train's transforms (the same batches for the same seed)."""
-    return mnist_dir(path, "fashion-mnist", augment)
+def fashion_mnist(path=FASHION_MNIST_DIR, augment=True, mean=None, std=None, hflip=None, pad=2):
+    """Fashion-MNIST with kiln train's transforms (the same batches for the same seed); `mean`, `std`,
+    `hflip` and `pad` override them as mnist_dir's."""
+    return mnist_dir(path, "fashion-mnist", augment, mean=mean, std=std, hflip=hflip, pad=pad)
 
 
 def default_collate(samples):

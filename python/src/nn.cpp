@@ -17,6 +17,7 @@
 #include <set>
 
 #include "common.h"
+#include "engine/random.h"
 #include "io/checkpoint.h"
 #include "io/data.h"
 #include "io/safetensors.h"
@@ -742,17 +743,25 @@ void bind_nn(nb::module_& m) {
             if (i < -n || i >= n)
               index_error("Dataset: index " + std::to_string(i) + " is out of range for " + std::to_string(n) +
                           " samples");
+            // A fresh augmentation each call, as a torch data set's random transform draws from torch's
+            // generator: the seed comes from Kiln's (kiln.manual_seed), taken here with the GIL held. A
+            // fixed seed froze one augmented sample per index for a loop or a torch DataLoader over it.
+            Generator& g = default_generator();
+            PhiloxStream draw(g.seed, g.reserve(4) / 4);
+            const uint64_t seed = uint64_t(draw.next_u32()) << 32 | draw.next_u32();
             io::Batch b;
             {
               R r;
-              b = d.get_batch({i < 0 ? i + n : i}, 0);
+              b = d.get_batch({i < 0 ? i + n : i}, seed);
               for (auto& kv : b) kv.second = kv.second.select(0, 0);
             }
             return batch_dict(b);
           },
           nb::arg("index"),
-          "Sample `index` as a dict of tensors: get_batch([index], seed=0) without the batch dim. (A "
-          "DataLoader over a Subset of an engine data set reads it in batches, augmented per epoch.)");
+          "Sample `index` as a dict of tensors: get_batch([index], seed) without the batch dim, the seed "
+          "drawn from Kiln's generator (kiln.manual_seed), so each call is a fresh augmentation. (A "
+          "DataLoader over an engine data set or a Subset of one reads it in batches, augmented per "
+          "epoch from its own seed.)");
   m.def("_subset", [](std::shared_ptr<io::Dataset> base, std::vector<int64_t> indices) {
     return std::static_pointer_cast<io::Dataset>(std::make_shared<SubsetDataset>(std::move(base), std::move(indices)));
   });

@@ -511,3 +511,37 @@ def test_mnist_dir_takes_the_named_data_sets_transforms():
     assert black() == pytest.approx(-0.1307 / 0.3081, abs=1e-6)
     assert black(name="fashion-mnist") == pytest.approx(-0.2860 / 0.3530, abs=1e-6)
     assert black(mean=(0.5,), std=(0.5,)) == pytest.approx(-1.0, abs=1e-6)
+
+
+@pytest.mark.skipif(not os.path.isdir(kiln.data.FASHION_MNIST_DIR), reason="dataset-fashion-mnist is not installed")
+def test_mnist_dir_takes_a_number_for_the_one_channels_mean_and_std():
+    d = kiln.data.mnist_dir(kiln.data.FASHION_MNIST_DIR, augment=False, mean=0.5, std=0.25)
+    x = next(iter(kiln.data.DataLoader(d["test"], batch_size=4)))["input"]
+    assert min(x.flatten().tolist()) == pytest.approx(-2.0, abs=1e-6)  # black: (0 - 0.5) / 0.25
+    with pytest.raises(ValueError, match=r"mean has 2 values, but the data set has 1 channel"):
+        kiln.data.mnist_dir(kiln.data.FASHION_MNIST_DIR, mean=(0.5, 0.5))
+    with pytest.raises(TypeError, match=r"std must be a number or a sequence of 1 numbers"):
+        kiln.data.mnist_dir(kiln.data.FASHION_MNIST_DIR, std="wide")
+
+
+@pytest.mark.skipif(not os.path.isdir(kiln.data.FASHION_MNIST_DIR), reason="dataset-fashion-mnist is not installed")
+def test_fashion_mnist_forwards_the_overrides_and_pad():
+    def first(d, split="test"):
+        return next(iter(kiln.data.DataLoader(d[split], batch_size=8)))["input"].numpy()
+
+    d = kiln.data.fashion_mnist(mean=(0.5,), std=0.5)
+    assert first(d).min() == pytest.approx(-1.0, abs=1e-6)  # black: (0 - 0.5) / 0.5
+    # pad=0 and no flip: training batches are the images as they are, whatever the seed
+    plain = kiln.data.fashion_mnist(hflip=False, pad=0)
+    assert np.array_equal(first(plain, "train"), plain["train"].get_batch(list(range(8)), seed=0)["input"].numpy())
+    raw = kiln.data.fashion_mnist(augment=False)
+    assert np.array_equal(plain["train"].get_batch(list(range(8)), seed=9)["input"].numpy(),
+                          raw["train"].get_batch(list(range(8)))["input"].numpy())
+    # the default pad is 2: some sample of a batch is shifted
+    shifted = kiln.data.fashion_mnist(hflip=False)
+    assert not np.array_equal(shifted["train"].get_batch(list(range(8)), seed=9)["input"].numpy(),
+                              raw["train"].get_batch(list(range(8)))["input"].numpy())
+    with pytest.raises(ValueError, match=r"pad must be >= 0.*got -1"):
+        kiln.data.fashion_mnist(pad=-1)
+    with pytest.raises(TypeError, match=r"pad must be an int"):
+        kiln.data.mnist_dir(kiln.data.FASHION_MNIST_DIR, pad=1.5)

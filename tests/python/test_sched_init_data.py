@@ -778,6 +778,26 @@ def test_dataloader_subset_of_engine_dataset():
         kiln.data.DataLoader(kiln.data.Subset(train, [60000]))
 
 
+@pytest.mark.skipif(not os.path.isdir(kiln.data.FASHION_MNIST_DIR), reason="dataset-fashion-mnist is not installed")
+def test_engine_dataset_item_is_a_fresh_augmentation_from_kilns_generator():
+    # As a torch data set with a random transform: each ds[i] a new draw (not one frozen augmented
+    # sample per index), reproducible with kiln.manual_seed.
+    d = kiln.data.fashion_mnist()
+    train, test = d["train"], d["test"]
+
+    def draws(i, n):
+        return [train[i]["input"].numpy().tobytes() for _ in range(n)]
+
+    kiln.manual_seed(11)
+    first = draws(5, 12)
+    assert len(set(first)) > 1  # 25 crop shifts x 2 flips: 12 equal draws would be a frozen sample
+    kiln.manual_seed(11)
+    assert draws(5, 12) == first
+    assert all(train[5]["target"].item() == train.get_batch([5])["target"][0].item() for _ in range(3))
+    # an unaugmented set gives its sample whatever the seed
+    assert np.array_equal(test[3]["input"].numpy(), test.get_batch([3])["input"][0].numpy())
+
+
 def test_dataloader_set_epoch_and_ranks():
     def epochs(loader, n):
         return [[b.tolist() for b in loader] for _ in range(n)]
