@@ -432,3 +432,31 @@ TEST_CASE("e2e dist: --zero 1 equals data parallel; sharded checkpoints resume, 
   CHECK(r.code != 0);
   CHECK_MESSAGE(contains(r.output, "is not sharded"), r.output);
 }
+
+// A sample count that is no multiple of ranks x batch: an epoch is floor(n / (N*B)) steps on every
+// rank, as for one process with --batch N*B, and the losses are that process's. Before, the loader
+// padded the order to equal shares and each rank dropped only its own partial batch: 47 samples, 2
+// ranks x batch 4 took 6 steps an epoch (one over a repeated sample), one process x batch 8 took 5.
+TEST_CASE("e2e dist: a sample count that is no multiple of N*B: N ranks take one process's steps and losses") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_dist_uneven");
+  kiln::testing::small_mlm_train(d);  // builds d/vocab.txt
+  const std::string common = "train --model bert-tiny --text " + kFortunes + "/computers --vocab " + d / "vocab.txt" +
+                             " --seq-len 32 --limit-train 47 --limit-eval 16 --epochs 2 --optimizer adamw --lr 0.001 "
+                             "--log-every 1 --progress lines --seed 5 --threads 1 --no-save-epochs --set "
+                             "hidden_dropout=0 --set attention_dropout=0";
+  auto r = run_kiln(common + " --batch 8 --out " + d / "one", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("launch --nproc-per-node 2 --master-port 29641 -- kiln " + common + " --batch 4 --out " + d / "two",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const json one = json::parse(read_text(d / "one/summary.json")), two = json::parse(read_text(d / "two/summary.json"));
+  CHECK(one["config"]["steps_per_epoch"] == 5);
+  CHECK(two["config"]["steps_per_epoch"] == 5);
+  CHECK(two["config"]["total_steps"] == one["config"]["total_steps"]);
+  CHECK(two["test_samples"] == one["test_samples"]);  // evaluation still counts every sample once
+  const auto want = losses(d / "one/metrics.jsonl"), got = losses(d / "two/metrics.jsonl");
+  REQUIRE(want.size() == 10);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+}

@@ -558,17 +558,17 @@ class Trainer {
       return fail(e.message());
     }
     // The batch against the data before any planning: an optimizer step takes --accum-steps x --batch
-    // of each rank's share of the training samples (the loader pads the ranks to equal shares, as
-    // torch's DistributedSampler: ceil(n / ranks) each).
+    // samples on each rank, ranks x that in all.
     {
-      const int64_t n = task_.train_data->size(), share = (n + world_ - 1) / world_;
-      if (c_.batch > share / c_.accum_steps) {
-        const std::string samples =
-            std::to_string(n) + " training samples" +
-            (world_ > 1 ? " (" + std::to_string(share) + " per rank over " + std::to_string(world_) + " ranks)" : "");
-        return fail(c_.accum_steps == 1 ? "--batch " + std::to_string(c_.batch) + " is larger than the " + samples
-                                        : "--accum-steps " + std::to_string(c_.accum_steps) + " x --batch " +
-                                              std::to_string(c_.batch) + " is more than the " + samples);
+      const int64_t n = task_.train_data->size();
+      if (int64_t(world_) * c_.accum_steps * c_.batch > n) {
+        const std::string ranks = world_ > 1 ? " x " + std::to_string(world_) + " ranks" : "";
+        return fail(c_.accum_steps == 1 && world_ == 1
+                        ? "--batch " + std::to_string(c_.batch) + " is larger than the " + std::to_string(n) +
+                              " training samples"
+                        : (c_.accum_steps > 1 ? "--accum-steps " + std::to_string(c_.accum_steps) + " x " : "") +
+                              "--batch " + std::to_string(c_.batch) + ranks + " is more than the " + std::to_string(n) +
+                              " training samples");
       }
     }
     // The loader's batch: --batch, or a micro-batch of it (--micro-batch N, or auto from the planner).
@@ -588,12 +588,16 @@ class Trainer {
     lo.world_size = world_; // together are the one-process batch of world x --batch
     lo.pin_memory = device_.is_cuda();  // batch copies to the GPU never block the host
     loader_ = std::make_unique<io::DataLoader>(task_.train_data, lo);
-    // Optimizer steps per epoch: each takes --accum-steps micro-batches; a last partial group is dropped.
+    // Optimizer steps per epoch: those the epoch's samples fill for all ranks together, floor(n / (ranks x
+    // accum x batch)), as one process with the whole batch takes; the rest of the epoch is dropped. Rank r's
+    // micro-batch k is then every world-th sample of the one process's micro-batch k, and no rank reaches
+    // the samples the loader repeats to give every rank an equal share (each rank dropping only its own
+    // partial batch took an extra step over them when n is not a multiple: 15 samples, 2 ranks x batch 4
+    // took 2 steps, one process x batch 8 one).
     accum_ = c_.accum_steps * (c_.batch / micro_);
-    spe_ = loader_->batches_per_epoch() / accum_;
-    if (spe_ < 1)  // checked above for the smallest share; kept against a loader that reads fewer
-      return fail("--accum-steps " + std::to_string(c_.accum_steps) + " x --batch " + std::to_string(c_.batch) +
-                  " is more than this rank's " + std::to_string(loader_->samples_per_epoch()) + " training samples");
+    spe_ = task_.train_data->size() / (int64_t(world_) * c_.accum_steps * c_.batch);
+    KILN_ASSERT(spe_ >= 1 && spe_ * accum_ <= loader_->batches_per_epoch(), "steps per epoch ", spe_, " x ", accum_,
+                " micro-batches, the loader has ", loader_->batches_per_epoch());
     std::error_code ec;
     std::filesystem::create_directories(c_.out, ec);
     if (any_rank(ec || ::access(c_.out.c_str(), W_OK) != 0))
