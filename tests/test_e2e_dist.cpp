@@ -460,3 +460,38 @@ TEST_CASE("e2e dist: a sample count that is no multiple of N*B: N ranks take one
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
 }
+
+// Ranks started by hand (as on two machines) whose data differs: rank 1 reads another corpus, so its
+// splits have other sample counts and its file other bytes. Both stop before training, rank 1 naming
+// the splits and both values (before, the ranks took other step counts: collectives paired up wrongly,
+// one rank printed a test loss of 0 and another ended silently).
+TEST_CASE("e2e dist: ranks with other data stop together naming the split and both values") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/food"), "apt-get install fortunes");
+  TempDir d("kiln_dist_data");
+  kiln::testing::small_mlm_train(d);  // builds d/vocab.txt
+  const std::string train = std::string(KILN_BINARY) + " train --model bert-tiny --vocab " + d / "vocab.txt" +
+                            " --seq-len 32 --batch 4 --max-steps 2 --threads 1 --progress lines --dist-timeout 30 ";
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29642 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
+  const std::string cmd = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + "--text " + kFortunes + "/computers --out " +
+                          d / "a" + " > " + d / "r0.txt" + " 2>&1; echo $? > " + d / "rc0) & (" + env +
+                          "RANK=1 LOCAL_RANK=1 " + train + "--text " + kFortunes + "/food --out " + d / "b" + " > " +
+                          d / "r1.txt" + " 2>&1; echo $? > " + d / "rc1); wait";
+  REQUIRE(std::system(("timeout 120 sh -c '" + cmd + "'").c_str()) == 0);
+  CHECK(read_text(d / "rc0") == "2\n");
+  CHECK(read_text(d / "rc1") == "2\n");
+  const std::string r1 = read_text(d / "r1.txt"), r0 = read_text(d / "r0.txt");
+  CHECK_MESSAGE(contains(r1, "rank 1 reads other data than rank 0: training samples "), r1);
+  CHECK_MESSAGE(contains(r1, "), evaluation samples "), r1);
+  CHECK_MESSAGE(contains(r1, ", data file --text[0]: "), r1);
+  CHECK_MESSAGE(contains(r1, " (rank 0: --text[0]: "), r1);
+  const size_t at = r1.find("training samples ");
+  REQUIRE(at != std::string::npos);
+  const size_t lead_at = r1.find("(rank 0: ", at) + 9;
+  const std::string mine = r1.substr(at + 17, r1.find(' ', at + 17) - at - 17),
+                    lead = r1.substr(lead_at, r1.find(')', lead_at) - lead_at);
+  CHECK_MESSAGE(mine != lead, r1);  // the two counts, each a number
+  CHECK(std::stoll(mine) > 0);
+  CHECK(std::stoll(lead) > 0);
+  CHECK_MESSAGE(contains(r0, "1 other rank reads other data than rank 0"), r0);
+  CHECK_MESSAGE(!contains(r0, "epoch 1"), r0);  // nothing trained
+}

@@ -557,6 +557,8 @@ class Trainer {
     } catch (const Error& e) {
       return fail(e.message());
     }
+    if (world_ > 1)
+      if (const int rc = agree_on_data(); rc >= 0) return rc;
     // The batch against the data before any planning: an optimizer step takes --accum-steps x --batch
     // samples on each rank, ranks x that in all.
     {
@@ -1265,6 +1267,37 @@ class Trainer {
     return fail(std::to_string(n) + (n == 1 ? " other rank runs" : " other ranks run") +
                 " another configuration than rank 0 (each names its flags); every rank must run the same kiln "
                 "train command");
+  }
+
+  // Every rank must read the same data, each its share of one order: rank 0 sends each split's sample
+  // count and the contents it read (the fingerprint a checkpoint keeps, data_info.contents), and all
+  // stop together if any differs. Ranks with other data took other step counts: their collectives
+  // paired up wrongly, one rank printed a test loss of 0 and another ended silently.
+  int agree_on_data() {
+    const nlohmann::json mine = {{"train", task_.train_data ? task_.train_data->size() : 0},
+                                 {"eval", task_.eval_data ? task_.eval_data->size() : 0},
+                                 {"contents", task_.data_info.value("contents", nlohmann::json::array())}};
+    const nlohmann::json lead = nlohmann::json::parse(broadcast_string(mine.dump()));
+    std::string diff;
+    const auto add = [&diff](const std::string& what, const nlohmann::json& here, const nlohmann::json& there) {
+      diff += (diff.empty() ? "" : ", ") + what + " " + (here.is_string() ? here.get<std::string>() : here.dump()) +
+              " (rank 0: " + (there.is_string() ? there.get<std::string>() : there.dump()) + ")";
+    };
+    if (mine["train"] != lead["train"]) add("training samples", mine["train"], lead["train"]);
+    if (mine["eval"] != lead["eval"]) add("evaluation samples", mine["eval"], lead["eval"]);
+    const nlohmann::json &a = mine["contents"], &b = lead["contents"];
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i)
+      if (i >= a.size() || i >= b.size() || a[i] != b[i])
+        add("data file", i < a.size() ? a[i] : nlohmann::json("none"), i < b.size() ? b[i] : nlohmann::json("none"));
+    Tensor bad = from_vector({diff.empty() ? 0.0 : 1.0}, {1}, DType::f64);
+    comm_->all_reduce(bad, dist::ReduceOp::sum);
+    if (bad.data<double>()[0] == 0) return -1;
+    if (!diff.empty())
+      return fail("rank " + std::to_string(rank_) + " reads other data than rank 0: " + diff +
+                  ". Every rank must read the same data set (its own copy, at any path)");
+    const int64_t n = int64_t(bad.data<double>()[0]);
+    return fail(std::to_string(n) + (n == 1 ? " other rank reads" : " other ranks read") +
+                " other data than rank 0 (each names its counts and files); every rank must read the same data set");
   }
 
   // Every rank says whether it ran out of memory in this step's micro-batches; if any did, each
