@@ -495,3 +495,25 @@ TEST_CASE("e2e dist: ranks with other data stop together naming the split and bo
   CHECK_MESSAGE(contains(r0, "1 other rank reads other data than rank 0"), r0);
   CHECK_MESSAGE(!contains(r0, "epoch 1"), r0);  // nothing trained
 }
+
+// A flag left at a default that stands for a rule is named as --help names it ("default"), not by its
+// internal value: rank 1 with --warmup 1 read "--warmup 1 (rank 0: -1)".
+TEST_CASE("e2e dist: ranks with other flags name a rule's default as --help does, not its internal value") {
+  TempDir d("kiln_dist_default");
+  const std::string train = std::string(KILN_BINARY) +
+                            " train --limit-train 64 --batch 4 --max-steps 2 --threads 1 "
+                            "--progress lines --dist-timeout 30 ";
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29643 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
+  const std::string cmd = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + "--out " + d / "a" + " > " + d / "r0.txt" +
+                          " 2>&1; echo $? > " + d / "rc0) & (" + env + "RANK=1 LOCAL_RANK=1 " + train +
+                          "--warmup 1 --micro-batch 2 --out " + d / "b" + " > " + d / "r1.txt" + " 2>&1; echo $? > " +
+                          d / "rc1); wait";
+  REQUIRE(std::system(("timeout 120 sh -c '" + cmd + "'").c_str()) == 0);
+  CHECK(read_text(d / "rc0") == "2\n");
+  CHECK(read_text(d / "rc1") == "2\n");
+  const std::string r1 = read_text(d / "r1.txt");
+  CHECK_MESSAGE(contains(r1,
+                         "rank 1 runs another configuration than rank 0: --micro-batch \"2\" (rank 0: default), "
+                         "--warmup 1 (rank 0: default)."),
+                r1);
+}

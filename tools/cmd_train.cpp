@@ -1244,7 +1244,16 @@ class Trainer {
     // take the same path through resume(): its collectives would not pair up otherwise. The file
     // itself may sit at another path on each machine.
     mine["resume"] = c_.resume.empty() ? "none" : c_.resume == "auto" ? "auto" : "a checkpoint file";
+    // No --task: the model's (to_json says classify, a BERT model's is mlm).
+    if (c_.task.empty()) mine["task"] = model_family(c_.model).input == ModelInput::tokens ? "mlm" : "classify";
     const std::string text = broadcast_string(mine.dump());
+    // A flag left at a default that stands for a rule (--warmup -1: by model; no --micro-batch) is
+    // named as --help names it, not by its internal value.
+    const auto shown = [](const std::string& k, const nlohmann::json& v) -> std::string {
+      if (k == "warmup" && v == -1) return "default";
+      if (k == "micro_batch" && v == "") return "default";
+      return v.dump();
+    };
     std::string diff;
     if (!lead_) {
       const nlohmann::json lead = nlohmann::json::parse(text);
@@ -1252,8 +1261,8 @@ class Trainer {
         if (!lead.contains(k) || lead[k] != v) {
           std::string flag = "--" + k;
           std::replace(flag.begin(), flag.end(), '_', '-');
-          diff += (diff.empty() ? "" : ", ") + flag + " " + v.dump() +
-                  " (rank 0: " + (lead.contains(k) ? lead[k].dump() : "unset") + ")";
+          diff += (diff.empty() ? "" : ", ") + flag + " " + shown(k, v) +
+                  " (rank 0: " + (lead.contains(k) ? shown(k, lead[k]) : "unset") + ")";
         }
     }
     Tensor bad = from_vector({diff.empty() ? 0.0 : 1.0}, {1}, DType::f64);
