@@ -5,7 +5,10 @@
 // Collectives are ring algorithms: all-reduce = reduce-scatter + all-gather (each chunk is reduced
 // once, in one order, then copied, so every rank ends with identical bits), each step sending to the
 // next rank while receiving from the previous one. A step that stalls past the timeout, or a peer
-// that disconnects, throws CollectiveError naming the collective and the rank.
+// that disconnects, throws CollectiveError naming the collective and the rank. Every step's data
+// follows a 24-byte header (the collective, its reduce op, dtype, element count and sequence number)
+// that the receiver compares with its own: ranks gone out of step (another collective or size on
+// each, as ranks given other data) stop naming both sides instead of reducing each other's bytes.
 //
 // Nobody else gets in. A single-machine job (LOCAL_WORLD_SIZE == WORLD_SIZE) listens on loopback
 // only; a multi-machine job binds rank 0 to MASTER_ADDR's address and every other rank to the
@@ -23,11 +26,13 @@
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <optional>
 #include <sstream>
@@ -159,16 +164,21 @@ Socket accept_one(const Socket& l, Clock::time_point deadline, int64_t timeout_s
 // Sends sn bytes on `out` while receiving rn bytes on `in`, until both are done. false: timed out.
 // A peer that closed its end throws CollectiveError (it has exited).
 // `to` and `from` name the peers in errors (a ring step names their ranks).
+// With a header (hn bytes, a ring step's): `sh` goes out before the sn bytes in the same stream, and
+// the first hn bytes received land in `rh`; `check` sees them as soon as they are whole, before the
+// data is used. One exchange, so the header costs no round trip or call of its own.
 bool exchange(int out, const void* sp, size_t sn, int in, void* rp, size_t rn, Clock::time_point deadline,
-              const std::string& what, const std::string& to = "the peer", const std::string& from = "the peer") {
-  size_t so = 0, ro = 0;
+              const std::string& what, const std::string& to = "the peer", const std::string& from = "the peer",
+              const void* sh = nullptr, void* rh = nullptr, size_t hn = 0, const std::function<void()>& check = {}) {
+  const size_t hs = sh ? hn : 0, hr = rh ? hn : 0;  // header bytes sent, received
+  size_t so = 0, ro = 0;                            // offsets into header + data
   const char* s = static_cast<const char*>(sp);
   char* r = static_cast<char*>(rp);
-  while (so < sn || ro < rn) {
+  while (so < hs + sn || ro < hr + rn) {
     pollfd p[2];
     int np = 0, io = -1, ii = -1;
-    if (so < sn) io = np, p[np++] = {out, POLLOUT, 0};
-    if (ro < rn) ii = np, p[np++] = {in, POLLIN, 0};
+    if (so < hs + sn) io = np, p[np++] = {out, POLLOUT, 0};
+    if (ro < hr + rn) ii = np, p[np++] = {in, POLLIN, 0};
     const int k = ::poll(p, nfds_t(np), 200);
     if (k < 0 && errno != EINTR) broken(what + ": poll: " + std::strerror(errno));
     if (k <= 0) {
@@ -176,18 +186,38 @@ bool exchange(int out, const void* sp, size_t sn, int in, void* rp, size_t rn, C
       continue;
     }
     if (io >= 0 && (p[io].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t n = ::send(out, s + so, sn - so, MSG_NOSIGNAL | MSG_DONTWAIT);
+      iovec v[2];
+      int nv = 0;
+      if (so < hs) v[nv++] = {const_cast<void*>(static_cast<const void*>(static_cast<const char*>(sh) + so)), hs - so};
+      if (sn > 0) v[nv++] = {const_cast<char*>(s + (so < hs ? 0 : so - hs)), so < hs ? sn : sn - (so - hs)};
+      msghdr m{};
+      m.msg_iov = v;
+      m.msg_iovlen = size_t(nv);
+      const ssize_t n = ::sendmsg(out, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) so += size_t(n);
       else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         broken(what + ": " + to + " is gone (" + std::strerror(errno) + ")");
     }
     if (ii >= 0 && (p[ii].revents & (POLLIN | POLLERR | POLLHUP))) {
-      const ssize_t n = ::recv(in, r + ro, rn - ro, MSG_DONTWAIT);
-      if (n > 0) ro += size_t(n);
-      else if (n == 0)
+      // Header and data in one call (a header alone would cost a call per step); the header is
+      // checked as soon as it is whole, and a wrong one throws before the data is used.
+      iovec v[2];
+      int nv = 0;
+      if (ro < hr) v[nv++] = {static_cast<char*>(rh) + ro, hr - ro};
+      if (rn > 0) v[nv++] = {r + (ro < hr ? 0 : ro - hr), ro < hr ? rn : rn - (ro - hr)};
+      msghdr m{};
+      m.msg_iov = v;
+      m.msg_iovlen = size_t(nv);
+      const ssize_t n = ::recvmsg(in, &m, MSG_DONTWAIT);
+      if (n > 0) {
+        const bool head = ro < hr;
+        ro += size_t(n);
+        if (head && ro >= hr && check) check();
+      } else if (n == 0) {
         broken(what + ": " + from + " closed its connection (it has exited)");
-      else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         broken(what + ": receiving from " + from + ": " + std::strerror(errno));
+      }
     }
   }
   return true;
@@ -492,6 +522,7 @@ class TcpCommunicator final : public Communicator {
   std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) override {
     detail::check_tensor(t, "all_reduce");
     return thread_.submit([this, t, op] {
+      const Op me = begin(Kind::all_reduce, op, t.dtype(), t.numel());
       const bool low = is_low_precision(t.dtype());
       Tensor buf = low ? t.to(DType::f32) : t;
       const int64_t n = buf.numel(), es = int64_t(dtype_size(buf.dtype()));
@@ -501,15 +532,14 @@ class TcpCommunicator final : public Communicator {
       // Reduce-scatter: after size-1 steps rank r holds chunk r reduced over all ranks.
       for (int s = 0; s < size_ - 1; ++s) {
         const int sc = mod(rank_ - s - 1), rc = mod(rank_ - s - 2);
-        step("all_reduce", base + off(sc) * es, (off(sc + 1) - off(sc)) * es, tmp.data(), (off(rc + 1) - off(rc)) * es,
-             n * es);
+        step(me, base + off(sc) * es, (off(sc + 1) - off(sc)) * es, tmp.data(), (off(rc + 1) - off(rc)) * es, n * es);
         reduce_bytes(buf.dtype(), base + off(rc) * es, tmp.data(), off(rc + 1) - off(rc), op);
       }
       // All-gather of the reduced chunks.
       for (int s = 0; s < size_ - 1; ++s) {
         const int sc = mod(rank_ - s), rc = mod(rank_ - s - 1);
-        step("all_reduce", base + off(sc) * es, (off(sc + 1) - off(sc)) * es, base + off(rc) * es,
-             (off(rc + 1) - off(rc)) * es, n * es);
+        step(me, base + off(sc) * es, (off(sc + 1) - off(sc)) * es, base + off(rc) * es, (off(rc + 1) - off(rc)) * es,
+             n * es);
       }
       NoGradGuard g;
       if (op == ReduceOp::avg) Tensor(buf).mul_(1.0 / double(size_));
@@ -520,23 +550,29 @@ class TcpCommunicator final : public Communicator {
   void broadcast(const Tensor& t, int root) override {
     detail::check_tensor(t, "broadcast");
     detail::check_root(root, size_);
-    thread_.submit([this, t, root] {
-      const size_t bytes = size_t(t.numel()) * dtype_size(t.dtype());
-      // Along the ring from the root; the rank before the root does not forward.
-      if (rank_ != root) step("broadcast", nullptr, 0, t.raw_data(), int64_t(bytes), int64_t(bytes));
-      if (mod(rank_ + 1) != root) step("broadcast", t.raw_data(), int64_t(bytes), nullptr, 0, int64_t(bytes));
-    })->wait();
+    thread_
+        .submit([this, t, root] {
+          const Op me = begin(Kind::broadcast, ReduceOp::sum, t.dtype(), t.numel());
+          const size_t bytes = size_t(t.numel()) * dtype_size(t.dtype());
+          // Along the ring from the root; the rank before the root does not forward.
+          if (rank_ != root) step(me, nullptr, 0, t.raw_data(), int64_t(bytes), int64_t(bytes));
+          if (mod(rank_ + 1) != root) step(me, t.raw_data(), int64_t(bytes), nullptr, 0, int64_t(bytes));
+        })
+        ->wait();
   }
 
   void all_gather(const Tensor& in, const Tensor& out) override {
     detail::check_blocks("all_gather", out, in, size_);
-    thread_.submit([this, in, out] {
-      const int64_t b = in.numel() * int64_t(dtype_size(in.dtype()));
-      char* base = static_cast<char*>(out.raw_data());
-      if (base + rank_ * b != in.raw_data()) std::memcpy(base + rank_ * b, in.raw_data(), size_t(b));
-      for (int s = 0; s < size_ - 1; ++s)
-        step("all_gather", base + mod(rank_ - s) * b, b, base + mod(rank_ - s - 1) * b, b, b * size_);
-    })->wait();
+    thread_
+        .submit([this, in, out] {
+          const Op me = begin(Kind::all_gather, ReduceOp::sum, in.dtype(), in.numel());
+          const int64_t b = in.numel() * int64_t(dtype_size(in.dtype()));
+          char* base = static_cast<char*>(out.raw_data());
+          if (base + rank_ * b != in.raw_data()) std::memcpy(base + rank_ * b, in.raw_data(), size_t(b));
+          for (int s = 0; s < size_ - 1; ++s)
+            step(me, base + mod(rank_ - s) * b, b, base + mod(rank_ - s - 1) * b, b, b * size_);
+        })
+        ->wait();
   }
 
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
@@ -546,13 +582,14 @@ class TcpCommunicator final : public Communicator {
   std::shared_ptr<Work> reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) override {
     detail::check_blocks("reduce_scatter", in, out, size_);
     return thread_.submit([this, in, out, op] {
+      const Op me = begin(Kind::reduce_scatter, op, in.dtype(), out.numel());
       Tensor work = in.clone();
       const int64_t n = out.numel(), b = n * int64_t(dtype_size(in.dtype()));
       char* base = static_cast<char*>(work.raw_data());
       std::vector<char> tmp(static_cast<size_t>(b));
       for (int s = 0; s < size_ - 1; ++s) {
         const int sc = mod(rank_ - s - 1), rc = mod(rank_ - s - 2);
-        step("reduce_scatter", base + sc * b, b, tmp.data(), b, b * size_);
+        step(me, base + sc * b, b, tmp.data(), b, b * size_);
         reduce_bytes(in.dtype(), base + rc * b, tmp.data(), n, op);
       }
       std::memcpy(out.raw_data(), base + rank_ * b, size_t(b));
@@ -569,13 +606,71 @@ class TcpCommunicator final : public Communicator {
  private:
   int mod(int x) const { return ((x % size_) + size_) % size_; }
 
-  // One ring step: send to the next rank while receiving from the previous one.
-  void step(const char* what, const void* sp, int64_t sn, void* rp, int64_t rn, int64_t total_bytes) {
-    if (!exchange(next_.fd, sp, size_t(sn), prev_.fd, rp, size_t(rn), Clock::now() + timeout_, label_ + ": " + what,
-                  "rank " + std::to_string(mod(rank_ + 1)) + " (the next in the ring)",
-                  "rank " + std::to_string(mod(rank_ - 1)) + " (the previous in the ring)")) {
-      detail::throw_timeout("tcp", rank_, size_, what, (long long)total_bytes, timeout_);
+  // What a ring step belongs to, sent before its data (the header every step carries).
+  enum class Kind : uint8_t { all_reduce = 1, broadcast, all_gather, reduce_scatter };
+  struct Op {
+    uint32_t magic = kStepMagic;
+    Kind kind;
+    ReduceOp reduce;  // all_reduce and reduce_scatter; sum for the others
+    uint8_t dtype;
+    uint8_t unused = 0;
+    int64_t count;  // elements: the tensor's (all_reduce, broadcast), a rank's block (all_gather, reduce_scatter)
+    uint64_t seq;   // collectives this communicator began, this one included
+  };
+  static_assert(sizeof(Op) == 24);
+  static constexpr uint32_t kStepMagic = 0x5054534b;  // "KSTP"
+
+  // Called first on the communication thread, which runs the collectives in the order they were submitted.
+  Op begin(Kind kind, ReduceOp reduce, DType dtype, int64_t count) {
+    Op o;
+    o.kind = kind;
+    o.reduce = reduce;
+    o.dtype = uint8_t(dtype);
+    o.count = count;
+    o.seq = ++seq_;
+    return o;
+  }
+
+  static const char* kind_name(Kind k) {
+    switch (k) {
+      case Kind::all_reduce: return "all_reduce";
+      case Kind::broadcast: return "broadcast";
+      case Kind::all_gather: return "all_gather";
+      case Kind::reduce_scatter: return "reduce_scatter";
     }
+    return "an unknown collective";
+  }
+  // "all_reduce (sum) of 24 f32 elements, collective 5"
+  static std::string describe(const Op& o) {
+    static const char* kReduce[] = {"sum", "avg", "max", "min"};
+    const bool reduces = o.kind == Kind::all_reduce || o.kind == Kind::reduce_scatter;
+    std::string dt = "dtype " + std::to_string(int(o.dtype));
+    if (o.dtype <= uint8_t(DType::i16)) dt = dtype_name(DType(o.dtype));
+    return std::string(kind_name(o.kind)) +
+           (reduces && uint8_t(o.reduce) < 4 ? std::string(" (") + kReduce[uint8_t(o.reduce)] + ")" : "") + " of " +
+           std::to_string(o.count) + " " + dt + " elements" +
+           (o.kind == Kind::all_gather || o.kind == Kind::reduce_scatter ? " per rank" : "") + ", collective " +
+           std::to_string(o.seq);
+  }
+
+  // One ring step: send to the next rank while receiving from the previous one, each message after
+  // the header of the collective it belongs to (checked before the data is read).
+  void step(const Op& me, const void* sp, int64_t sn, void* rp, int64_t rn, int64_t total_bytes) {
+    const char* what = kind_name(me.kind);
+    const std::string to = "rank " + std::to_string(mod(rank_ + 1)) + " (the next in the ring)",
+                      from = "rank " + std::to_string(mod(rank_ - 1)) + " (the previous in the ring)";
+    Op theirs{};
+    const bool sends = sp != nullptr || sn > 0, receives = rp != nullptr || rn > 0;
+    const auto check = [&] {
+      if (std::memcmp(&theirs, &me, sizeof me) == 0) return;
+      KILN_COLLECTIVE_FAIL(false, label_, ": ", describe(me), " here, but ", from, " sent ",
+                           theirs.magic == kStepMagic ? describe(theirs) : std::string("bytes that are no step header"),
+                           ": the ranks went out of step (each must run the same collectives in the same order; "
+                           "ranks given other data or flags do not)");
+    };
+    if (!exchange(next_.fd, sp, size_t(sn), prev_.fd, rp, size_t(rn), Clock::now() + timeout_, label_ + ": " + what, to,
+                  from, sends ? &me : nullptr, receives ? &theirs : nullptr, sizeof me, check))
+      detail::throw_timeout("tcp", rank_, size_, what, (long long)total_bytes, timeout_);
   }
 
   void say(const std::string& line) const {
@@ -597,6 +692,7 @@ class TcpCommunicator final : public Communicator {
   std::function<void(const std::string&)> log_;
   std::string label_;
   Socket next_, prev_;
+  uint64_t seq_ = 0;           // collectives begun (on the communication thread only)
   detail::CommThread thread_;  // last member: started after, stopped before the rest
 };
 

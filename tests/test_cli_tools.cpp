@@ -238,15 +238,19 @@ TEST_CASE("cli tools: kiln launch names a flag it does not know") {
   CHECK(r.code == 0);
   CHECK(contains(r.output, "hello from a rank"));
   CHECK(contains(r.output, "kiln launch: 1 rank on this node"));
-  // Each rank's share of the samples is padded to ceil(n / ranks), as the loader does: 3 samples
-  // over 2 ranks take --batch 2 (the check before planning took floor(3 / 2) = 1 and refused it).
+  // An epoch is floor(n / (ranks x batch)) steps, as one process with the whole batch takes: 3
+  // samples over 2 ranks take --batch 1 (one step), and --batch 2 is refused on every rank before
+  // any work (it took a step over a padded, repeated sample before).
   if (std::filesystem::exists("/usr/share/datasets/fashion-mnist")) {
-    r = run_kiln(
-        "launch --nproc-per-node 2 --master-port 29713 -- kiln train --model resnet20 --limit-train 3 "
-        "--limit-eval 2 --batch 2 --max-steps 1 --threads 1 --progress lines --out " +
-            d / "padded",
-        d.p.string());
+    const std::string train =
+        "launch --nproc-per-node 2 --master-port 29713 -- kiln train --model resnet20 "
+        "--limit-train 3 --limit-eval 2 --max-steps 1 --threads 1 --progress lines --out " +
+        d / "padded";
+    r = run_kiln(train + " --batch 1", d.p.string());
     CHECK_MESSAGE(r.code == 0, r.output);
+    r = run_kiln(train + " --batch 2 --overwrite", d.p.string());
+    CHECK_MESSAGE(r.code != 0, r.output);
+    CHECK_MESSAGE(contains(r.output, "--batch 2 x 2 ranks is more than the 3 training samples"), r.output);
   }
 }
 

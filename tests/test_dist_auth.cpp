@@ -318,3 +318,39 @@ TEST_CASE("dist env: a launcher's variables half set are an error, not a job of 
   CHECK(dist::DistEnv::from_variables(env({{"WORLD_SIZE", "1"}})).world_size == 1);  // a job of one needs no RANK
   CHECK(dist::DistEnv::from_variables(env({})).launcher == "none");
 }
+
+// Ranks gone out of step (another size, or another reduce op, on each: ranks given other data) stop
+// with both sides' collective named; before, the ring read the other side's bytes as its own data
+// (garbage sums, or a wait for bytes that never came until --dist-timeout).
+TEST_CASE("tcp: ranks whose collectives differ stop naming both sides' op and element count") {
+  struct Want {
+    int64_t n0, n1;
+    dist::ReduceOp op1;
+    std::string here0, there0;  // rank 0's own and rank 1's collective, as rank 0 names them
+  };
+  for (const Want& w : {Want{24, 40, dist::ReduceOp::sum, "all_reduce (sum) of 24 f32 elements, collective 2",
+                             "all_reduce (sum) of 40 f32 elements, collective 2"},
+                        Want{8, 8, dist::ReduceOp::max, "all_reduce (sum) of 8 f32 elements, collective 2",
+                             "all_reduce (max) of 8 f32 elements, collective 2"}}) {
+    CAPTURE(w.there0);
+    const int port = free_port();
+    Log log;
+    auto run_rank = [&w](dist::DistEnv env) {
+      auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(5));
+      Tensor same = full({6}, 1.0);
+      comm->all_reduce(same, dist::ReduceOp::sum);  // in step: the sum of both
+      CHECK(same.to_vector() == std::vector<double>(6, 2.0));
+      Tensor t = full({env.rank == 0 ? w.n0 : w.n1}, 1.0);
+      return error_of([&] { comm->all_reduce(t, env.rank == 0 ? dist::ReduceOp::sum : w.op1); });
+    };
+    auto r0 = std::async(std::launch::async, run_rank, rank_env(0, port, "s", log));
+    auto r1 = std::async(std::launch::async, run_rank, rank_env(1, port, "s", log));
+    const std::string e0 = r0.get(), e1 = r1.get();
+    CHECK_MESSAGE(contains(e0, "rank 0 of 2 (tcp): " + w.here0 + " here, but rank 1 (the previous in the ring) sent " +
+                                   w.there0 + ": the ranks went out of step"),
+                  e0);
+    CHECK_MESSAGE(contains(e1, "rank 1 of 2 (tcp): " + w.there0 + " here, but rank 0 (the previous in the ring) sent " +
+                                   w.here0 + ": the ranks went out of step"),
+                  e1);
+  }
+}

@@ -432,3 +432,88 @@ TEST_CASE("e2e dist: --zero 1 equals data parallel; sharded checkpoints resume, 
   CHECK(r.code != 0);
   CHECK_MESSAGE(contains(r.output, "is not sharded"), r.output);
 }
+
+// A sample count that is no multiple of ranks x batch: an epoch is floor(n / (N*B)) steps on every
+// rank, as for one process with --batch N*B, and the losses are that process's. Before, the loader
+// padded the order to equal shares and each rank dropped only its own partial batch: 47 samples, 2
+// ranks x batch 4 took 6 steps an epoch (one over a repeated sample), one process x batch 8 took 5.
+TEST_CASE("e2e dist: a sample count that is no multiple of N*B: N ranks take one process's steps and losses") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_dist_uneven");
+  kiln::testing::small_mlm_train(d);  // builds d/vocab.txt
+  const std::string common = "train --model bert-tiny --text " + kFortunes + "/computers --vocab " + d / "vocab.txt" +
+                             " --seq-len 32 --limit-train 47 --limit-eval 16 --epochs 2 --optimizer adamw --lr 0.001 "
+                             "--log-every 1 --progress lines --seed 5 --threads 1 --no-save-epochs --set "
+                             "hidden_dropout=0 --set attention_dropout=0";
+  auto r = run_kiln(common + " --batch 8 --out " + d / "one", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("launch --nproc-per-node 2 --master-port 29641 -- kiln " + common + " --batch 4 --out " + d / "two",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const json one = json::parse(read_text(d / "one/summary.json")), two = json::parse(read_text(d / "two/summary.json"));
+  CHECK(one["config"]["steps_per_epoch"] == 5);
+  CHECK(two["config"]["steps_per_epoch"] == 5);
+  CHECK(two["config"]["total_steps"] == one["config"]["total_steps"]);
+  CHECK(two["test_samples"] == one["test_samples"]);  // evaluation still counts every sample once
+  const auto want = losses(d / "one/metrics.jsonl"), got = losses(d / "two/metrics.jsonl");
+  REQUIRE(want.size() == 10);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+}
+
+// Ranks started by hand (as on two machines) whose data differs: rank 1 reads another corpus, so its
+// splits have other sample counts and its file other bytes. Both stop before training, rank 1 naming
+// the splits and both values (before, the ranks took other step counts: collectives paired up wrongly,
+// one rank printed a test loss of 0 and another ended silently).
+TEST_CASE("e2e dist: ranks with other data stop together naming the split and both values") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/food"), "apt-get install fortunes");
+  TempDir d("kiln_dist_data");
+  kiln::testing::small_mlm_train(d);  // builds d/vocab.txt
+  const std::string train = std::string(KILN_BINARY) + " train --model bert-tiny --vocab " + d / "vocab.txt" +
+                            " --seq-len 32 --batch 4 --max-steps 2 --threads 1 --progress lines --dist-timeout 30 ";
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29642 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
+  const std::string cmd = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + "--text " + kFortunes + "/computers --out " +
+                          d / "a" + " > " + d / "r0.txt" + " 2>&1; echo $? > " + d / "rc0) & (" + env +
+                          "RANK=1 LOCAL_RANK=1 " + train + "--text " + kFortunes + "/food --out " + d / "b" + " > " +
+                          d / "r1.txt" + " 2>&1; echo $? > " + d / "rc1); wait";
+  REQUIRE(std::system(("timeout 120 sh -c '" + cmd + "'").c_str()) == 0);
+  CHECK(read_text(d / "rc0") == "2\n");
+  CHECK(read_text(d / "rc1") == "2\n");
+  const std::string r1 = read_text(d / "r1.txt"), r0 = read_text(d / "r0.txt");
+  CHECK_MESSAGE(contains(r1, "rank 1 reads other data than rank 0: training samples "), r1);
+  CHECK_MESSAGE(contains(r1, "), evaluation samples "), r1);
+  CHECK_MESSAGE(contains(r1, ", data file --text[0]: "), r1);
+  CHECK_MESSAGE(contains(r1, " (rank 0: --text[0]: "), r1);
+  const size_t at = r1.find("training samples ");
+  REQUIRE(at != std::string::npos);
+  const size_t lead_at = r1.find("(rank 0: ", at) + 9;
+  const std::string mine = r1.substr(at + 17, r1.find(' ', at + 17) - at - 17),
+                    lead = r1.substr(lead_at, r1.find(')', lead_at) - lead_at);
+  CHECK_MESSAGE(mine != lead, r1);  // the two counts, each a number
+  CHECK(std::stoll(mine) > 0);
+  CHECK(std::stoll(lead) > 0);
+  CHECK_MESSAGE(contains(r0, "1 other rank reads other data than rank 0"), r0);
+  CHECK_MESSAGE(!contains(r0, "epoch 1"), r0);  // nothing trained
+}
+
+// A flag left at a default that stands for a rule is named as --help names it ("default"), not by its
+// internal value: rank 1 with --warmup 1 read "--warmup 1 (rank 0: -1)".
+TEST_CASE("e2e dist: ranks with other flags name a rule's default as --help does, not its internal value") {
+  TempDir d("kiln_dist_default");
+  const std::string train = std::string(KILN_BINARY) +
+                            " train --limit-train 64 --batch 4 --max-steps 2 --threads 1 "
+                            "--progress lines --dist-timeout 30 ";
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29643 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
+  const std::string cmd = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + "--out " + d / "a" + " > " + d / "r0.txt" +
+                          " 2>&1; echo $? > " + d / "rc0) & (" + env + "RANK=1 LOCAL_RANK=1 " + train +
+                          "--warmup 1 --micro-batch 2 --out " + d / "b" + " > " + d / "r1.txt" + " 2>&1; echo $? > " +
+                          d / "rc1); wait";
+  REQUIRE(std::system(("timeout 120 sh -c '" + cmd + "'").c_str()) == 0);
+  CHECK(read_text(d / "rc0") == "2\n");
+  CHECK(read_text(d / "rc1") == "2\n");
+  const std::string r1 = read_text(d / "r1.txt");
+  CHECK_MESSAGE(contains(r1,
+                         "rank 1 runs another configuration than rank 0: --micro-batch \"2\" (rank 0: default), "
+                         "--warmup 1 (rank 0: default)."),
+                r1);
+}

@@ -557,18 +557,20 @@ class Trainer {
     } catch (const Error& e) {
       return fail(e.message());
     }
+    if (world_ > 1)
+      if (const int rc = agree_on_data(); rc >= 0) return rc;
     // The batch against the data before any planning: an optimizer step takes --accum-steps x --batch
-    // of each rank's share of the training samples (the loader pads the ranks to equal shares, as
-    // torch's DistributedSampler: ceil(n / ranks) each).
+    // samples on each rank, ranks x that in all.
     {
-      const int64_t n = task_.train_data->size(), share = (n + world_ - 1) / world_;
-      if (c_.batch > share / c_.accum_steps) {
-        const std::string samples =
-            std::to_string(n) + " training samples" +
-            (world_ > 1 ? " (" + std::to_string(share) + " per rank over " + std::to_string(world_) + " ranks)" : "");
-        return fail(c_.accum_steps == 1 ? "--batch " + std::to_string(c_.batch) + " is larger than the " + samples
-                                        : "--accum-steps " + std::to_string(c_.accum_steps) + " x --batch " +
-                                              std::to_string(c_.batch) + " is more than the " + samples);
+      const int64_t n = task_.train_data->size();
+      if (int64_t(world_) * c_.accum_steps * c_.batch > n) {
+        const std::string ranks = world_ > 1 ? " x " + std::to_string(world_) + " ranks" : "";
+        return fail(c_.accum_steps == 1 && world_ == 1
+                        ? "--batch " + std::to_string(c_.batch) + " is larger than the " + std::to_string(n) +
+                              " training samples"
+                        : (c_.accum_steps > 1 ? "--accum-steps " + std::to_string(c_.accum_steps) + " x " : "") +
+                              "--batch " + std::to_string(c_.batch) + ranks + " is more than the " + std::to_string(n) +
+                              " training samples");
       }
     }
     // The loader's batch: --batch, or a micro-batch of it (--micro-batch N, or auto from the planner).
@@ -588,12 +590,16 @@ class Trainer {
     lo.world_size = world_; // together are the one-process batch of world x --batch
     lo.pin_memory = device_.is_cuda();  // batch copies to the GPU never block the host
     loader_ = std::make_unique<io::DataLoader>(task_.train_data, lo);
-    // Optimizer steps per epoch: each takes --accum-steps micro-batches; a last partial group is dropped.
+    // Optimizer steps per epoch: those the epoch's samples fill for all ranks together, floor(n / (ranks x
+    // accum x batch)), as one process with the whole batch takes; the rest of the epoch is dropped. Rank r's
+    // micro-batch k is then every world-th sample of the one process's micro-batch k, and no rank reaches
+    // the samples the loader repeats to give every rank an equal share (each rank dropping only its own
+    // partial batch took an extra step over them when n is not a multiple: 15 samples, 2 ranks x batch 4
+    // took 2 steps, one process x batch 8 one).
     accum_ = c_.accum_steps * (c_.batch / micro_);
-    spe_ = loader_->batches_per_epoch() / accum_;
-    if (spe_ < 1)  // checked above for the smallest share; kept against a loader that reads fewer
-      return fail("--accum-steps " + std::to_string(c_.accum_steps) + " x --batch " + std::to_string(c_.batch) +
-                  " is more than this rank's " + std::to_string(loader_->samples_per_epoch()) + " training samples");
+    spe_ = task_.train_data->size() / (int64_t(world_) * c_.accum_steps * c_.batch);
+    KILN_ASSERT(spe_ >= 1 && spe_ * accum_ <= loader_->batches_per_epoch(), "steps per epoch ", spe_, " x ", accum_,
+                " micro-batches, the loader has ", loader_->batches_per_epoch());
     std::error_code ec;
     std::filesystem::create_directories(c_.out, ec);
     if (any_rank(ec || ::access(c_.out.c_str(), W_OK) != 0))
@@ -1238,7 +1244,16 @@ class Trainer {
     // take the same path through resume(): its collectives would not pair up otherwise. The file
     // itself may sit at another path on each machine.
     mine["resume"] = c_.resume.empty() ? "none" : c_.resume == "auto" ? "auto" : "a checkpoint file";
+    // No --task: the model's (to_json says classify, a BERT model's is mlm).
+    if (c_.task.empty()) mine["task"] = model_family(c_.model).input == ModelInput::tokens ? "mlm" : "classify";
     const std::string text = broadcast_string(mine.dump());
+    // A flag left at a default that stands for a rule (--warmup -1: by model; no --micro-batch) is
+    // named as --help names it, not by its internal value.
+    const auto shown = [](const std::string& k, const nlohmann::json& v) -> std::string {
+      if (k == "warmup" && v == -1) return "default";
+      if (k == "micro_batch" && v == "") return "default";
+      return v.dump();
+    };
     std::string diff;
     if (!lead_) {
       const nlohmann::json lead = nlohmann::json::parse(text);
@@ -1246,8 +1261,8 @@ class Trainer {
         if (!lead.contains(k) || lead[k] != v) {
           std::string flag = "--" + k;
           std::replace(flag.begin(), flag.end(), '_', '-');
-          diff += (diff.empty() ? "" : ", ") + flag + " " + v.dump() +
-                  " (rank 0: " + (lead.contains(k) ? lead[k].dump() : "unset") + ")";
+          diff += (diff.empty() ? "" : ", ") + flag + " " + shown(k, v) +
+                  " (rank 0: " + (lead.contains(k) ? shown(k, lead[k]) : "unset") + ")";
         }
     }
     Tensor bad = from_vector({diff.empty() ? 0.0 : 1.0}, {1}, DType::f64);
@@ -1261,6 +1276,37 @@ class Trainer {
     return fail(std::to_string(n) + (n == 1 ? " other rank runs" : " other ranks run") +
                 " another configuration than rank 0 (each names its flags); every rank must run the same kiln "
                 "train command");
+  }
+
+  // Every rank must read the same data, each its share of one order: rank 0 sends each split's sample
+  // count and the contents it read (the fingerprint a checkpoint keeps, data_info.contents), and all
+  // stop together if any differs. Ranks with other data took other step counts: their collectives
+  // paired up wrongly, one rank printed a test loss of 0 and another ended silently.
+  int agree_on_data() {
+    const nlohmann::json mine = {{"train", task_.train_data ? task_.train_data->size() : 0},
+                                 {"eval", task_.eval_data ? task_.eval_data->size() : 0},
+                                 {"contents", task_.data_info.value("contents", nlohmann::json::array())}};
+    const nlohmann::json lead = nlohmann::json::parse(broadcast_string(mine.dump()));
+    std::string diff;
+    const auto add = [&diff](const std::string& what, const nlohmann::json& here, const nlohmann::json& there) {
+      diff += (diff.empty() ? "" : ", ") + what + " " + (here.is_string() ? here.get<std::string>() : here.dump()) +
+              " (rank 0: " + (there.is_string() ? there.get<std::string>() : there.dump()) + ")";
+    };
+    if (mine["train"] != lead["train"]) add("training samples", mine["train"], lead["train"]);
+    if (mine["eval"] != lead["eval"]) add("evaluation samples", mine["eval"], lead["eval"]);
+    const nlohmann::json &a = mine["contents"], &b = lead["contents"];
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i)
+      if (i >= a.size() || i >= b.size() || a[i] != b[i])
+        add("data file", i < a.size() ? a[i] : nlohmann::json("none"), i < b.size() ? b[i] : nlohmann::json("none"));
+    Tensor bad = from_vector({diff.empty() ? 0.0 : 1.0}, {1}, DType::f64);
+    comm_->all_reduce(bad, dist::ReduceOp::sum);
+    if (bad.data<double>()[0] == 0) return -1;
+    if (!diff.empty())
+      return fail("rank " + std::to_string(rank_) + " reads other data than rank 0: " + diff +
+                  ". Every rank must read the same data set (its own copy, at any path)");
+    const int64_t n = int64_t(bad.data<double>()[0]);
+    return fail(std::to_string(n) + (n == 1 ? " other rank reads" : " other ranks read") +
+                " other data than rank 0 (each names its counts and files); every rank must read the same data set");
   }
 
   // Every rank says whether it ran out of memory in this step's micro-batches; if any did, each
