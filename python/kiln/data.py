@@ -158,6 +158,24 @@ def _seed_from_generator():
     return (a | b << 24 | c << 48) % 2**64
 
 
+_NOTE = "(in DataLoader, reading dataset["
+
+
+def _note_index(e, i):
+    # One note naming the index: the same exception object raised again (re-raised by the user's code,
+    # or kept and raised by a caching dataset for several items) had a note added at every raise. The
+    # note names the latest index that raised it.
+    if not hasattr(e, "add_note"):  # (Python < 3.11)
+        return
+    note = f"{_NOTE}{i}])"
+    notes = getattr(e, "__notes__", None)
+    for k, n in enumerate(notes if isinstance(notes, list) else []):
+        if isinstance(n, str) and n.startswith(_NOTE):
+            notes[k] = note
+            return
+    e.add_note(note)
+
+
 class _NoBatches:
     """An empty engine data set's loader: 0 batches each epoch."""
 
@@ -435,8 +453,7 @@ class DataLoader:
                 try:
                     samples.append(self._dataset[i])
                 except Exception as e:
-                    if hasattr(e, "add_note"):
-                        e.add_note(f"(in DataLoader, reading dataset[{i}])")
+                    _note_index(e, i)
                     raise
         if not self._batched:
             batch = self._collate(samples[0])

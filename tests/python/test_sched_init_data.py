@@ -1035,3 +1035,39 @@ print(calls[0] > 0, kiln._C._exit_quiesce(0), flush=True)
     rc, out, err = _run_script(script)
     assert rc == 0, err
     assert out.split() == ["True", "0"], out + err
+
+
+@pytest.mark.skipif(not hasattr(BaseException, "add_note"), reason="exception notes are Python 3.11's")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_notes_the_index_once_on_an_exception_raised_again(workers):
+    # The note naming the index was added at every raise of the same exception object: twice when
+    # the user's code re-raised it through a second pass, once per item for a dataset that keeps it.
+    kept = KeyError("no such sample")
+
+    class Cached:
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            if i >= 3:
+                raise kept
+            return np.float32(i)
+
+    def notes(e):
+        return [n for n in getattr(e, "__notes__", []) if "in DataLoader" in n]
+
+    loader = kiln.data.DataLoader(Cached(), batch_sampler=[[0, 1], [2, 3]], num_workers=workers)
+    for _ in range(2):  # the same object from two passes (item 3, then 3 again)
+        with pytest.raises(KeyError) as e:
+            list(loader)
+        assert e.value is kept and notes(e.value) == ["(in DataLoader, reading dataset[3])"]
+    # items 5 and 4 after 3: one note, naming the item that raised last (either, with worker threads)
+    with pytest.raises(KeyError) as e:
+        list(kiln.data.DataLoader(Cached(), batch_sampler=[[5], [4]], num_workers=workers))
+    assert notes(e.value) in (["(in DataLoader, reading dataset[5])"], ["(in DataLoader, reading dataset[4])"])
+    # the user's own notes are left as they are
+    kept.add_note("mine")
+    with pytest.raises(KeyError) as e:
+        list(kiln.data.DataLoader(Cached(), batch_sampler=[[4]], num_workers=workers))
+    assert e.value.__notes__ == ["(in DataLoader, reading dataset[4])", "mine"]
+
