@@ -90,6 +90,25 @@ def _by(samples, key, indices):
     return " and ".join(f"{k} at {_where(indices, ps)}" for k, ps in groups.items())
 
 
+def _check_dtypes(samples, where, indices):
+    """Refuses NumPy arrays of strings or objects (as torch's default_collate, its TypeError and words)
+    and complex samples (Kiln has no complex dtype), before from_numpy's low-level error."""
+    for s in samples:
+        if isinstance(s, np.ndarray) and s.dtype.kind in "SUOV":
+            raise TypeError("default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; "
+                            f"found {s.dtype}")
+    dtypes = {}  # the complex samples' positions, by dtype
+    for p, s in enumerate(samples):
+        dt = s.dtype if isinstance(s, (np.ndarray, np.generic)) else np.asarray(s).dtype
+        if dt.kind == "c":
+            dtypes.setdefault(str(dt), []).append(p)
+    if dtypes:
+        found = " and ".join(f"{dt} at {_where(indices, ps)}" for dt, ps in dtypes.items())
+        raise TypeError(f"DataLoader: {where}s of one batch are complex ({found}): Kiln has no complex dtype (give "
+                        "the real and imaginary parts as real arrays, e.g. np.stack([z.real, z.imag], -1), or a "
+                        "collate_fn)")
+
+
 def _collate(samples, where, indices):
     first = samples[0]
     tensors = sum(isinstance(s, _C.Tensor) for s in samples)
@@ -125,6 +144,7 @@ def _collate(samples, where, indices):
     if isinstance(first, (bool, np.bool_)) and all(isinstance(s, (bool, np.bool_)) for s in samples):
         return _C.from_numpy(np.array(samples, dtype=np.bool_))
     if isinstance(first, (numbers.Number, np.ndarray, np.generic)):
+        _check_dtypes(samples, where, indices)
         try:
             if isinstance(first, numbers.Real) and not isinstance(first, np.generic):
                 # Python numbers: int64 when every one is an int (or a bool among ints), else float64

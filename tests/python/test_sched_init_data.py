@@ -1071,3 +1071,27 @@ def test_dataloader_notes_the_index_once_on_an_exception_raised_again(workers):
         list(kiln.data.DataLoader(Cached(), batch_sampler=[[4]], num_workers=workers))
     assert e.value.__notes__ == ["(in DataLoader, reading dataset[4])", "mine"]
 
+
+def test_default_collate_of_string_object_and_complex_arrays_is_a_type_error():
+    # from_numpy's low-level error came out. String and object arrays: torch's TypeError and words;
+    # complex ones (which Kiln has no dtype for): a TypeError naming the dtype and the samples.
+    for samples in ([np.array(["ab", "c"]), np.array(["d", "e"])], [np.array([b"x"]), np.array([b"y"])],
+                    [np.array([object()]), np.array([object()])]):
+        with pytest.raises(TypeError) as te:
+            TD.default_collate(samples)
+        with pytest.raises(TypeError) as ke:
+            kiln.data.default_collate(samples)
+        assert str(ke.value) == str(te.value)
+        assert str(ke.value).startswith("default_collate: batch must contain tensors, numpy arrays, numbers, dicts "
+                                        "or lists; found ")
+    with pytest.raises(TypeError, match=r"samples of one batch are complex \(complex64 at batch position \[1\]\): "
+                                        "Kiln has no complex dtype"):
+        kiln.data.default_collate([np.zeros(2, np.float32), np.zeros(2, np.complex64)])
+    with pytest.raises(TypeError, match=r"sample\[1\]s of one batch are complex \(complex128 at batch positions "
+                                        r"\[0, 1\]\)"):
+        kiln.data.default_collate([(1, 1j), (2, 2 + 0j)])
+    with pytest.raises(TypeError, match=r"complex \(complex128 at dataset indices \[2, 3\]\)"):
+        list(kiln.data.DataLoader([np.float64(0), np.float64(1), np.complex128(2), np.complex128(3)], batch_size=2))
+    # NumPy string scalars stay a list, as torch's
+    assert kiln.data.default_collate([np.str_("a"), np.str_("b")]) == ["a", "b"]
+
