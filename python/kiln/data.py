@@ -553,18 +553,32 @@ def _end_passes_at_exit():
               "leak report is off: what they hold is not the binding's)", file=sys.stderr)
 
 
+_threads_at_fork = 1  # the parent's Python threads (with a frame) when it last forked
+
+
+def _before_fork():
+    global _threads_at_fork
+    _threads_at_fork = len(sys._current_frames())
+
+
 def _after_fork_in_child():
     # In a forked child only the forking thread runs, and it held the GIL to fork: the threads counted
     # inside engine code in the parent are not there (its exit would wait for them for ever), nor the
     # parent's passes, whose locks a parent's thread may have held at the fork (the exit hook closing
     # them would wait for ever).
+    # The parent's other Python threads (DataLoader workers, the user's) are gone too, but their frames
+    # are never freed: what they held, and the globals they reach, is still referenced at the child's
+    # exit, and nanobind reported those tensors and modules as the binding's leaks. Only in a child
+    # whose parent had such threads is the report off; the parent's, and other children's, keep it.
     global _passes, _exit_hook_lock
     _C._gil_releases_after_fork()
     _passes = weakref.WeakSet()
     _exit_hook_lock = threading.Lock()
+    if _threads_at_fork > 1:
+        _C._set_leak_warnings(False)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class _Workers:

@@ -1095,3 +1095,38 @@ def test_default_collate_of_string_object_and_complex_arrays_is_a_type_error():
     # NumPy string scalars stay a list, as torch's
     assert kiln.data.default_collate([np.str_("a"), np.str_("b")]) == ["a", "b"]
 
+
+@pytest.mark.parametrize("threads", ["loader", "user"])
+def test_a_forked_child_of_a_parent_with_threads_exits_without_leak_reports(threads):
+    # The parent's other threads are gone in the child, their frames never freed: what they held (the
+    # tensors, the module's globals) was reported by nanobind as leaked at the child's exit.
+    script = """
+import os, sys, threading, time, numpy as np, kiln, kiln.data
+m = kiln.nn.Linear(3, 2)
+m(kiln.randn(4, 3)).sum().backward()
+if sys.argv[1] == "loader":
+    class DS:
+        def __len__(self): return 100
+        def __getitem__(self, i):
+            time.sleep(0.05); return np.float32(i)
+    it = iter(kiln.data.DataLoader(DS(), batch_size=2, num_workers=2))
+    next(it)
+else:
+    started = threading.Event()
+    def hold():
+        t = kiln.randn(5)
+        started.set(); time.sleep(30)
+    threading.Thread(target=hold, daemon=True).start(); started.wait()
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # the interpreter's whole exit, as a script's child ends
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+os._exit(0)
+"""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", script, threads], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["child", "0"], r.stdout + r.stderr
+    assert "leaked" not in r.stderr, r.stderr
