@@ -4,6 +4,7 @@
 #include "engine/optim.h"
 
 #include <cmath>
+#include <limits>
 
 #include <algorithm>
 #include <map>
@@ -658,14 +659,34 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
   // element NaN), a NaN norm NaN; written so that a NaN quotient stays NaN.
   const Tensor q = max_norm / (norm + 1e-6);
   const Tensor factor = where(ge(q, scalar_like(1.0, q)), scalar_like(1.0, q), q);
-  std::map<DType, Tensor> in_dtype;  // the factor cast once per gradient dtype
+  // A factor below FLT_MIN (a norm past ~8.5e37 x max_norm) is subnormal in an f32 (bf16) gradient's
+  // multiply, and the CPU kernels flush subnormals (FTZ + DAZ): the gradients became 0 where torch's
+  // come out near max_norm. On the CPU such gradients are scaled twice, by sqrt(f) and by sqrt(f), both
+  // normal (g * sqrt(f) lies between g and g * f: it neither overflows nor flushes a normal result);
+  // a normal f is applied as f then 1, bit for bit torch's product. Chosen on the device, without a
+  // host read. CUDA keeps subnormals: one multiply there.
+  Tensor first, second;
+  if (norm.device().is_cpu()) {
+    const Tensor small = lt(factor, scalar_like(double(std::numeric_limits<float>::min()), factor));
+    const Tensor root = sqrt(factor);
+    first = where(small, root, factor);
+    second = where(small, root, scalar_like(1.0, factor));
+  }
+  std::map<DType, std::pair<Tensor, Tensor>> in_dtype;  // the factor(s) cast once per gradient dtype
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     KILN_CHECK(g.device() == norm.device(), "clip_grad_norm: gradients on ", norm.device(), " and ", g.device());
     auto it = in_dtype.find(g.dtype());
-    if (it == in_dtype.end()) it = in_dtype.emplace(g.dtype(), factor.to(g.dtype())).first;
-    g.mul_(it->second);
+    if (it == in_dtype.end()) {
+      const bool split = second.defined() && g.dtype() != DType::f64;
+      it = in_dtype
+               .emplace(g.dtype(), split ? std::make_pair(first.to(g.dtype()), second.to(g.dtype()))
+                                         : std::make_pair(factor.to(g.dtype()), Tensor()))
+               .first;
+    }
+    g.mul_(it->second.first);
+    if (it->second.second.defined()) g.mul_(it->second.second);
   }
   return norm;
 }

@@ -60,18 +60,18 @@
 namespace kiln::cuda {
 
 // What a kernel found wrong with its input; written to the device error word (first one wins) and
-// reported by the next synchronisation (item(), to(cpu), synchronize()).
+// reported by the next synchronisation (item(), to(cpu), synchronize()). An integer pow with a negative
+// exponent is no error: it gives torch's truncated result, as the CPU (kernels/common/int_pow.h).
 enum class KernelError : int {
   none = 0,
   index_select,  // an index outside [0, n)
   index_add,
   gather,
   scatter_add,
-  max_pool_index,    // a max-pool index outside its plane
-  ce_target,         // a cross-entropy target outside [0, classes) that is not ignore_index
-  int_div_zero,      // integer division by zero
-  int_pow_negative,  // an integer raised to a negative integer power
-  int_mod_zero,      // fmod/remainder of integers by zero
+  max_pool_index,  // a max-pool index outside its plane
+  ce_target,       // a cross-entropy target outside [0, classes) that is not ignore_index
+  int_div_zero,    // integer division by zero
+  int_mod_zero,    // fmod/remainder of integers by zero
 };
 inline const char* kernel_error_text(KernelError e) {
   switch (e) {
@@ -83,7 +83,6 @@ inline const char* kernel_error_text(KernelError e) {
     case KernelError::max_pool_index: return "max_pool2d backward: a saved index is outside its plane";
     case KernelError::ce_target: return "cross_entropy: a target is outside [0, classes) and is not ignore_index";
     case KernelError::int_div_zero: return "div: integer division by zero";
-    case KernelError::int_pow_negative: return "pow: an integer raised to a negative integer exponent";
     case KernelError::int_mod_zero: return "fmod/remainder: integer division by zero";
   }
   return "unknown kernel error";

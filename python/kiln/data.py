@@ -112,6 +112,25 @@ def _by(samples, key, indices):
     return " and ".join(f"{k} at {_where(indices, ps)}" for k, ps in groups.items())
 
 
+def _check_dtypes(samples, where, indices):
+    """Refuses NumPy arrays of strings or objects (as torch's default_collate, its TypeError and words)
+    and complex samples (Kiln has no complex dtype), before from_numpy's low-level error."""
+    for s in samples:
+        if isinstance(s, np.ndarray) and s.dtype.kind in "SUOV":
+            raise TypeError("default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; "
+                            f"found {s.dtype}")
+    dtypes = {}  # the complex samples' positions, by dtype
+    for p, s in enumerate(samples):
+        dt = s.dtype if isinstance(s, (np.ndarray, np.generic)) else np.asarray(s).dtype
+        if dt.kind == "c":
+            dtypes.setdefault(str(dt), []).append(p)
+    if dtypes:
+        found = " and ".join(f"{dt} at {_where(indices, ps)}" for dt, ps in dtypes.items())
+        raise TypeError(f"DataLoader: {where}s of one batch are complex ({found}): Kiln has no complex dtype (give "
+                        "the real and imaginary parts as real arrays, e.g. np.stack([z.real, z.imag], -1), or a "
+                        "collate_fn)")
+
+
 def _collate(samples, where, indices):
     first = samples[0]
     tensors = sum(isinstance(s, _C.Tensor) for s in samples)
@@ -147,6 +166,7 @@ def _collate(samples, where, indices):
     if isinstance(first, (bool, np.bool_)) and all(isinstance(s, (bool, np.bool_)) for s in samples):
         return _C.from_numpy(np.array(samples, dtype=np.bool_))
     if isinstance(first, (numbers.Number, np.ndarray, np.generic)):
+        _check_dtypes(samples, where, indices)
         try:
             if isinstance(first, numbers.Real) and not isinstance(first, np.generic):
                 # Python numbers: int64 when every one is an int (or a bool among ints), else float64
@@ -178,6 +198,24 @@ def _seed_from_generator():
     # order (and a kiln Dataset's augmentation). 3 x 24 random bits (randint's widest range) make 64.
     a, b, c = _C.randint(0, 2**24, (3,), dtype=_C.dtype.int64, device="cpu").tolist()
     return (a | b << 24 | c << 48) % 2**64
+
+
+_NOTE = "(in DataLoader, reading dataset["
+
+
+def _note_index(e, i):
+    # One note naming the index: the same exception object raised again (re-raised by the user's code,
+    # or kept and raised by a caching dataset for several items) had a note added at every raise. The
+    # note names the latest index that raised it.
+    if not hasattr(e, "add_note"):  # (Python < 3.11)
+        return
+    note = f"{_NOTE}{i}])"
+    notes = getattr(e, "__notes__", None)
+    for k, n in enumerate(notes if isinstance(notes, list) else []):
+        if isinstance(n, str) and n.startswith(_NOTE):
+            notes[k] = note
+            return
+    e.add_note(note)
 
 
 class _NoBatches:
@@ -457,8 +495,7 @@ class DataLoader:
                 try:
                     samples.append(self._dataset[i])
                 except Exception as e:
-                    if hasattr(e, "add_note"):
-                        e.add_note(f"(in DataLoader, reading dataset[{i}])")
+                    _note_index(e, i)
                     raise
         if not self._batched:
             batch = self._collate(samples[0])
@@ -538,18 +575,32 @@ def _end_passes_at_exit():
               "leak report is off: what they hold is not the binding's)", file=sys.stderr)
 
 
+_threads_at_fork = 1  # the parent's Python threads (with a frame) when it last forked
+
+
+def _before_fork():
+    global _threads_at_fork
+    _threads_at_fork = len(sys._current_frames())
+
+
 def _after_fork_in_child():
     # In a forked child only the forking thread runs, and it held the GIL to fork: the threads counted
     # inside engine code in the parent are not there (its exit would wait for them for ever), nor the
     # parent's passes, whose locks a parent's thread may have held at the fork (the exit hook closing
     # them would wait for ever).
+    # The parent's other Python threads (DataLoader workers, the user's) are gone too, but their frames
+    # are never freed: what they held, and the globals they reach, is still referenced at the child's
+    # exit, and nanobind reported those tensors and modules as the binding's leaks. Only in a child
+    # whose parent had such threads is the report off; the parent's, and other children's, keep it.
     global _passes, _exit_hook_lock
     _C._gil_releases_after_fork()
     _passes = weakref.WeakSet()
     _exit_hook_lock = threading.Lock()
+    if _threads_at_fork > 1:
+        _C._set_leak_warnings(False)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class _Workers:

@@ -131,6 +131,10 @@ int64_t to_int64(nb::handle h, const char* what);
 std::optional<int64_t> exact_int(nb::handle h, const char* what);
 // A real number (int or float, or anything with __float__; not a str); TypeError naming `what`.
 double to_double(nb::handle h, const char* what);
+// A fill value for a tensor of dtype t (fill_, full, masked_fill): to_double's, but a Python int from
+// -255 to -1 for a uint8 tensor wraps to 1..255, as torch's (its check lets such ints through for
+// uint8 and casts them: fill_(-1) is 255); a negative float stays out of range there, as torch's.
+double fill_value(DType t, nb::handle h, const char* what);
 // A 0-dim int64 tensor holding v exactly (scalar_tensor goes through double).
 Tensor int64_scalar(int64_t v);
 // What an activation called with inplace=`inplace` returns, given its out-of-place result (nn_ops.cpp).

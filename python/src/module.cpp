@@ -194,6 +194,16 @@ double to_double(nb::handle h, const char* what) {
   return v;
 }
 
+double fill_value(DType t, nb::handle h, const char* what) {
+  if (t == DType::u8 && PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
+    if (overflow == 0 && v >= -255 && v < 0) return double(v + 256);
+    if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+  }
+  return to_double(h, what);
+}
+
 Tensor int64_scalar(int64_t v) { return from_blob_copy(&v, Shape{}); }
 
 DType to_dtype(nb::handle h, const char* what) {

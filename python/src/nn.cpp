@@ -787,7 +787,8 @@ void bind_nn(nb::module_& m) {
   });
   // kiln.data's worker threads left inside a __getitem__ at exit (blocked past its wait for them)
   // keep what their frames hold (the dataset module's globals with them): not the binding's leaks,
-  // so kiln.data turns the report off then, and only then.
+  // so kiln.data turns the report off then; and in a forked child of a parent with other Python
+  // threads, whose frames the child never frees.
   m.def("_set_leak_warnings", [](bool on) { nb::set_leak_warnings(on); });
   nb::class_<Loader>(m, "_Loader")
       .def("__init__",

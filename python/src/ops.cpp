@@ -175,9 +175,10 @@ void bind_ops(nb::module_& mod) {
   sized("randn", [](const Shape& s, TensorOptions o) { return randn(s, o); });
   m.def(
       "full",
-      [](nb::handle size, double value, nb::handle dtype, nb::handle device, bool rg) {
+      [](nb::handle size, nb::handle fill_value_, nb::handle dtype, nb::handle device, bool rg) {
         const Shape s(to_dims(size, "size"));
-        return finish(full(s, value, options(dtype, device, false)), rg);
+        const TensorOptions o = options(dtype, device, false);
+        return finish(full(s, fill_value(o.dtype, fill_value_, "full: fill_value"), o), rg);
       },
       nb::arg("size"), nb::arg("fill_value"), nb::kw_only(), nb::arg("dtype") = nb::none(),
       nb::arg("device") = nb::none(), nb::arg("requires_grad") = false);
@@ -677,7 +678,8 @@ void bind_ops(nb::module_& mod) {
         const bool is_int = !PyBool_Check(value.ptr()) && tn != "numpy.bool" && tn != "numpy.bool_" &&
                             !nb::isinstance<Tensor>(value) && PyIndex_Check(value.ptr());
         if (is_int) {
-          const int64_t v = to_int64(value, "masked_fill: value");
+          int64_t v = to_int64(value, "masked_fill: value");
+          if (x.dtype() == DType::u8 && v >= -255 && v < 0) v += 256;  // wrapped, as torch's (fill_value)
           GilRelease nogil;
           return masked_fill(x, mask, v);
         }

@@ -408,7 +408,7 @@ void setitem(Tensor& x, nb::handle key, nb::handle value) {
   const bool scalar = PyFloat_Check(number.ptr()) || (PyLong_Check(number.ptr()) && is_double_exact(number, "value"));
   if (!r.advanced) {
     if (scalar)
-      r.view.fill_(nb::cast<double>(number));
+      r.view.fill_(fill_value(x.dtype(), number, "x[key] = value"));
     else
       r.view.copy_(drop_leading_ones(to_tensor(value, &x, "value"), r.view.dim()));
     return;
@@ -417,7 +417,8 @@ void setitem(Tensor& x, nb::handle key, nb::handle value) {
   // in place. Values broadcast to what x[key] would give.
   // A number is written with fill_, as x[0] = v above is, so that one out of an integer dtype's range is
   // refused (i8 x[idx] = 300) rather than wrapped.
-  Tensor vals = scalar ? empty({}, TensorOptions(r.view.dtype(), r.view.device())).fill_(nb::cast<double>(number))
+  Tensor vals = scalar ? empty({}, TensorOptions(r.view.dtype(), r.view.device()))
+                             .fill_(fill_value(x.dtype(), number, "x[key] = value"))
                        : to_tensor(value, &x, "value");
   if (vals.dtype() != r.view.dtype()) vals = vals.to(r.view.dtype());
   if (vals.device() != r.view.device()) vals = vals.to(r.view.device());
@@ -820,8 +821,9 @@ void bind_tensor(nb::module_& m) {
           nb::arg("src"), nb::rv_policy::reference)
       .def(
           "fill_",
-          [](Tensor& x, double v) -> Tensor& {
+          [](Tensor& x, nb::handle value) -> Tensor& {
             check_inplace(x, "fill_");
+            const double v = fill_value(x.dtype(), value, "fill_: value");
             return x.fill_(v);
           },
           nb::arg("value"), nb::rv_policy::reference)

@@ -528,3 +528,42 @@ def test_numpy_0d_integer_arrays_are_int_bounds_and_abstract_numpy_types_no_dtyp
     for t in (np.generic, np.floating, np.integer):
         with pytest.raises(ValueError, match="not a dtype"):
             kiln.zeros(2, dtype=t)
+
+
+def test_uint8_with_negative_python_ints_as_torch():
+    # torch wraps a Python int into uint8 for arithmetic and comparisons, and lets -255..-1 through the
+    # written values' check (fill_(-1) is 255); Kiln's fill_, full and masked_fill refused -1.
+    def setitem(key):
+        def f(x, v):
+            y = x.clone()
+            y[key(x)] = v
+            return y
+        return f
+
+    cases = {
+        "x + v": lambda x, v: x + v, "x - v": lambda x, v: x - v, "x * v": lambda x, v: x * v,
+        "v - x": lambda x, v: v - x, "x == v": lambda x, v: x == v, "x != v": lambda x, v: x != v,
+        "x < v": lambda x, v: x < v, "x > v": lambda x, v: x > v, "x >= v": lambda x, v: x >= v,
+        "x <= v": lambda x, v: x <= v,
+        "fill_": lambda x, v: x.clone().fill_(v),
+        "full": lambda x, v: lib(x).full((2,), v, dtype=x.dtype),
+        "masked_fill": lambda x, v: x.masked_fill(lib(x).tensor([True, False]), v),
+        "x[0] = v": setitem(lambda x: 0),
+        "x[mask] = v": setitem(lambda x: lib(x).tensor([False, True])),
+    }
+    x, xt = kiln.tensor([1, 2], dtype=kiln.uint8), torch.tensor([1, 2], dtype=torch.uint8)
+    for name, f in cases.items():
+        for v in (-1, -2, -255):
+            try:
+                want = f(xt, v)
+            except RuntimeError:
+                with pytest.raises(RuntimeError):
+                    f(x, v)
+                continue
+            same(f(x, v), want)
+    for name in ("fill_", "full", "masked_fill", "x[0] = v"):  # past -255, or a float: refused in both
+        for v in (-256, -1.0):
+            with pytest.raises(RuntimeError, match="without overflow"):
+                cases[name](xt, v)
+            with pytest.raises(RuntimeError, match="does not fit in u8"):
+                cases[name](x, v)

@@ -351,6 +351,21 @@ def test_clip_grad_norm_of_huge_f32_gradients_is_finite():
         np.testing.assert_allclose(p.grad.numpy(), np.full(4, 0.5, np.float32), rtol=1e-5)
 
 
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")])
+def test_clip_grad_norm_of_a_norm_past_f32s_smallest_factor_clips_as_torch(norm_type):
+    # Past ~8.5e37 x max_norm the factor max_norm / norm is below FLT_MIN: subnormal in f32, and the
+    # CPU kernels flush subnormals, so the gradients became 0 where torch's come out at max_norm. (One
+    # element: with more, torch's f32 sum of squares overflows where Kiln's f64 one does not. torch's
+    # subnormal factor keeps fewer digits: 1e-3 comes out 3e-5 off there.)
+    for v, max_norm in [(1e38, 1.0), (3e38, 1.0), (2e38, 0.5), (1e38, 1e-3)]:
+        kp, tp = _clip_pair([np.array([v], np.float32)])
+        kn = kiln.nn.clip_grad_norm_(kp, max_norm, norm_type)
+        tn = torch.nn.utils.clip_grad_norm_(tp, max_norm, norm_type)
+        assert np.isclose(kn.item(), tn.item(), rtol=1e-6)
+        np.testing.assert_allclose(kp[0].grad.numpy(), tp[0].grad.numpy(), rtol=1e-4, atol=0)
+        assert np.isclose(kp[0].grad.item(), max_norm, rtol=1e-5)
+
+
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 @pytest.mark.parametrize("norm_type", [2.0, float("inf")])
 def test_clip_grad_norm_of_a_non_finite_norm_scales_as_torch(bad, norm_type):

@@ -1055,3 +1055,98 @@ print(calls[0] > 0, kiln._C._exit_quiesce(0), flush=True)
     rc, out, err = _run_script(script)
     assert rc == 0, err
     assert out.split() == ["True", "0"], out + err
+
+
+@pytest.mark.skipif(not hasattr(BaseException, "add_note"), reason="exception notes are Python 3.11's")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_notes_the_index_once_on_an_exception_raised_again(workers):
+    # The note naming the index was added at every raise of the same exception object: twice when
+    # the user's code re-raised it through a second pass, once per item for a dataset that keeps it.
+    kept = KeyError("no such sample")
+
+    class Cached:
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            if i >= 3:
+                raise kept
+            return np.float32(i)
+
+    def notes(e):
+        return [n for n in getattr(e, "__notes__", []) if "in DataLoader" in n]
+
+    loader = kiln.data.DataLoader(Cached(), batch_sampler=[[0, 1], [2, 3]], num_workers=workers)
+    for _ in range(2):  # the same object from two passes (item 3, then 3 again)
+        with pytest.raises(KeyError) as e:
+            list(loader)
+        assert e.value is kept and notes(e.value) == ["(in DataLoader, reading dataset[3])"]
+    # items 5 and 4 after 3: one note, naming the item that raised last (either, with worker threads)
+    with pytest.raises(KeyError) as e:
+        list(kiln.data.DataLoader(Cached(), batch_sampler=[[5], [4]], num_workers=workers))
+    assert notes(e.value) in (["(in DataLoader, reading dataset[5])"], ["(in DataLoader, reading dataset[4])"])
+    # the user's own notes are left as they are
+    kept.add_note("mine")
+    with pytest.raises(KeyError) as e:
+        list(kiln.data.DataLoader(Cached(), batch_sampler=[[4]], num_workers=workers))
+    assert e.value.__notes__ == ["(in DataLoader, reading dataset[4])", "mine"]
+
+
+def test_default_collate_of_string_object_and_complex_arrays_is_a_type_error():
+    # from_numpy's low-level error came out. String and object arrays: torch's TypeError and words;
+    # complex ones (which Kiln has no dtype for): a TypeError naming the dtype and the samples.
+    for samples in ([np.array(["ab", "c"]), np.array(["d", "e"])], [np.array([b"x"]), np.array([b"y"])],
+                    [np.array([object()]), np.array([object()])]):
+        with pytest.raises(TypeError) as te:
+            TD.default_collate(samples)
+        with pytest.raises(TypeError) as ke:
+            kiln.data.default_collate(samples)
+        assert str(ke.value) == str(te.value)
+        assert str(ke.value).startswith("default_collate: batch must contain tensors, numpy arrays, numbers, dicts "
+                                        "or lists; found ")
+    with pytest.raises(TypeError, match=r"samples of one batch are complex \(complex64 at batch position \[1\]\): "
+                                        "Kiln has no complex dtype"):
+        kiln.data.default_collate([np.zeros(2, np.float32), np.zeros(2, np.complex64)])
+    with pytest.raises(TypeError, match=r"sample\[1\]s of one batch are complex \(complex128 at batch positions "
+                                        r"\[0, 1\]\)"):
+        kiln.data.default_collate([(1, 1j), (2, 2 + 0j)])
+    with pytest.raises(TypeError, match=r"complex \(complex128 at dataset indices \[2, 3\]\)"):
+        list(kiln.data.DataLoader([np.float64(0), np.float64(1), np.complex128(2), np.complex128(3)], batch_size=2))
+    # NumPy string scalars stay a list, as torch's
+    assert kiln.data.default_collate([np.str_("a"), np.str_("b")]) == ["a", "b"]
+
+
+@pytest.mark.parametrize("threads", ["loader", "user"])
+def test_a_forked_child_of_a_parent_with_threads_exits_without_leak_reports(threads):
+    # The parent's other threads are gone in the child, their frames never freed: what they held (the
+    # tensors, the module's globals) was reported by nanobind as leaked at the child's exit.
+    script = """
+import os, sys, threading, time, numpy as np, kiln, kiln.data
+m = kiln.nn.Linear(3, 2)
+m(kiln.randn(4, 3)).sum().backward()
+if sys.argv[1] == "loader":
+    class DS:
+        def __len__(self): return 100
+        def __getitem__(self, i):
+            time.sleep(0.05); return np.float32(i)
+    it = iter(kiln.data.DataLoader(DS(), batch_size=2, num_workers=2))
+    next(it)
+else:
+    started = threading.Event()
+    def hold():
+        t = kiln.randn(5)
+        started.set(); time.sleep(30)
+    threading.Thread(target=hold, daemon=True).start(); started.wait()
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # the interpreter's whole exit, as a script's child ends
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+os._exit(0)
+"""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", script, threads], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["child", "0"], r.stdout + r.stderr
+    assert "leaked" not in r.stderr, r.stderr
