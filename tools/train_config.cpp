@@ -377,7 +377,8 @@ std::vector<std::string> validate(const TrainConfig& c) {
   if (c.batch < 1) e.push_back("--batch must be at least 1, got " + std::to_string(c.batch));
   if (c.epochs < 1) e.push_back("--epochs must be at least 1, got " + std::to_string(c.epochs));
   // Written so that nan fails each test (every comparison with it is false) and inf the finite ones.
-  if (!(c.lr > 0 && std::isfinite(c.lr))) e.push_back("--lr must be positive and finite, got " + std::to_string(c.lr));
+  // 0 is a frozen run (step-0 metrics, as torch's lr=0): no optimizer or schedule divides by the lr.
+  if (!(c.lr >= 0 && std::isfinite(c.lr))) e.push_back("--lr must be >= 0 and finite, got " + std::to_string(c.lr));
   if (!(c.momentum >= 0 && c.momentum < 1))
     e.push_back("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
   else if (c.optimizer == "sgd" && c.nesterov && c.momentum == 0)
