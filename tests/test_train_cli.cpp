@@ -1169,6 +1169,55 @@ TEST_CASE("train --lr 0: a frozen run, whatever the optimizer and schedule (torc
   }
 }
 
+TEST_CASE("eval --config: flags from a JSON file as train's, the command line wins, unknown keys refused") {
+  require_fashion_mnist();
+  TempDir d("kiln_cfg");
+  auto r = run_kiln(
+      "train --limit-train 64 --limit-eval 32 --batch 32 --max-steps 1 --threads 1 --workers 0 "
+      "--progress lines --no-tensorboard --out " +
+          d / "run",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  // --weights (required) and --out from the file, "set" as train's object; --limit-eval given on the
+  // command line wins over the file's.
+  std::ofstream(d / "e.json") << R"({"weights": ")" + d / "run/model.safetensors" + R"(", "out": ")" + d / "m.json" +
+                                     R"(", "limit_eval": 64, "threads": 1, "workers": 0,
+      "set": {"zero_init_residual": true}})";
+  r = run_kiln("eval --config " + d / "e.json" + " --limit-eval 16", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(json::parse(read_text(d / "m.json"))["test_samples"] == 16);
+  r = run_kiln("eval --config " + d / "e.json", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(json::parse(read_text(d / "m.json"))["test_samples"] == 64);
+  struct Case {
+    std::string json, says;
+  };
+  const Case cases[] = {
+      {R"({"epochs": 1})", "'epochs' is not a flag of `kiln eval`"},  // a training flag: refused, named
+      {R"({"lr": 0.1})", "'lr' is not a flag of `kiln eval`"},
+      {R"({"help": true})", "'help' is not a run flag"},
+      {R"({"config": "other.json"})", "'config' is not a run flag"},
+      {R"({"version": true})", "'version' is not a run flag"},
+      {R"({"set": ["bogus=1"]})", "bogus"},  // the file's --set reaches the model's config
+  };
+  for (const auto& c : cases) {
+    std::ofstream(d / "bad.json") << c.json;
+    r = run_kiln(
+        "eval --config " + d / "bad.json" + " --threads 1 --limit-eval 16 --weights " + d / "run/model.safetensors",
+        d.p.string());
+    CHECK_MESSAGE(r.code == 2, c.json, " -> ", r.output);
+    const bool file_key = c.says[0] == '\'';  // the file's own mistake: one line naming the file and key
+    CHECK_MESSAGE(contains(r.output, (file_key ? "kiln eval: error: --config " + d / "bad.json" + ": " : "") + c.says),
+                  c.json, " -> ", r.output);
+  }
+  // --weights in neither: still required, in one line.
+  std::ofstream(d / "bad.json") << R"({"limit_eval": 16})";
+  r = run_kiln("eval --config " + d / "bad.json", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "kiln eval: error: --weights is required (on the command line or in --config)"),
+                r.output);
+}
+
 TEST_CASE("cli: CLI11's parse errors are one line naming the command; a repeated flag takes its last value anywhere") {
   TempDir d("kiln_cli");
   struct Case {
@@ -1176,7 +1225,7 @@ TEST_CASE("cli: CLI11's parse errors are one line naming the command; a repeated
   };
   const Case cases[] = {
       {"train --lr 0.1", "kiln train: error: --out is required (on the command line or in --config)"},
-      {"eval --model resnet20", "kiln eval: error: --weights is required (see kiln eval --help)"},
+      {"eval --model resnet20", "kiln eval: error: --weights is required (on the command line or in --config)"},
       {"bench train --model",
        "kiln bench train: error: --model: 1 required TEXT missing (see kiln bench train --help)"},
       {"plan --batch x", "kiln plan: error: "},

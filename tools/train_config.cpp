@@ -133,9 +133,28 @@ Device TrainConfig::resolved_device() const {
   return Device::parse(device);
 }
 
-void add_train_flags(CLI::App& app, TrainConfig& c) {
-  app.add_option("--config", c.config_file, "A JSON object of flags (e.g. {\"epochs\": 5, \"lr\": 0.05}); flags given here win")
+namespace {
+
+// --config FILE: a JSON object of the command's flags, read by finish_train_flags.
+void add_config_flag(CLI::App& app, TrainConfig& c, const std::string& example) {
+  app.add_option("--config", c.config_file, "A JSON object of flags (e.g. " + example + "); flags given here win")
       ->check(CLI::ExistingFile);
+}
+
+// A required flag may come from --config, which is read after the command line is parsed (CLI11
+// checks required() while parsing): finish_train_flags checks these then. --help still says REQUIRED.
+void defer_required_flags(CLI::App& app, TrainConfig& c) {
+  for (CLI::Option* o : app.get_options())
+    if (o->get_required()) {
+      o->required(false)->option_text(o->get_type_name() + " REQUIRED");
+      c.required_flags.push_back(o->get_name());
+    }
+}
+
+}  // namespace
+
+void add_train_flags(CLI::App& app, TrainConfig& c) {
+  add_config_flag(app, c, "{\"epochs\": 5, \"lr\": 0.05}");
   add_model_data_flags(app, c);
   add_on_off_flag(
       app, "--augment,!--no-augment", c.augment,
@@ -202,22 +221,18 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--progress", c.progress, "auto (a bar on a terminal, lines otherwise), bar or lines")
       ->check(CLI::IsMember({"auto", "bar", "lines"}))
       ->capture_default_str();
-  // A required flag may come from --config, which is read after the command line is parsed (CLI11
-  // checks required() while parsing): finish_train_flags checks these then. --help still says REQUIRED.
-  for (CLI::Option* o : app.get_options())
-    if (o->get_required()) {
-      o->required(false)->option_text(o->get_type_name() + " REQUIRED");
-      c.required_flags.push_back(o->get_name());
-    }
+  defer_required_flags(app, c);
 }
 
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights) {
   c.evaluating = true;
+  add_config_flag(app, c, "{\"weights\": \"runs/r20/model.safetensors\", \"limit_eval\": 1000}");
   add_model_data_flags(app, c);
   app.add_option("--weights", weights, "Trained weights (safetensors, e.g. RUN/model.safetensors)")
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--out", c.out, "Write the metrics to this JSON file too");
+  defer_required_flags(app, c);
 }
 
 namespace {
