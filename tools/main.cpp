@@ -70,6 +70,12 @@ int main(int argc, char** argv) {
   // the script's own): set once every flag is added.
   kiln::tools::take_last_value(app);
   try {
+    // A true/false flag's --flag=VALUE by --set's and --config's rule, not CLI11's looser one.
+    if (const std::string bad = kiln::tools::bad_flag_value(app, std::vector<std::string>(argv + 1, argv + argc));
+        !bad.empty()) {
+      std::fprintf(stderr, "%s\n", bad.c_str());
+      return 2;
+    }
     app.parse(argc, argv);
     // --config, the required flags and the model's defaults, for kiln train and kiln eval alike.
     for (const auto& [cmd, cfg] : {std::pair{train, &train_cfg}, std::pair{eval, &eval_cfg}}) {

@@ -237,17 +237,13 @@ void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights) {
 
 namespace {
 
-// A true/false value of --config: JSON true/false, or as --set takes it, true/false (any case) or 1/0.
-// CLI11 alone would also take "no", "off", 2 and -1 (as false).
+// A true/false value of --config: JSON true/false, or as --set and --flag=VALUE take it, true/false
+// (any case) or 1/0. CLI11 alone would also take "no", "off", 2 and -1 (as false).
 std::optional<bool> config_bool(const nlohmann::json& v) {
   if (v.is_boolean()) return v.get<bool>();
   if (v.is_number_integer() && (v == 0 || v == 1)) return v == 1;
   if (!v.is_string()) return std::nullopt;
-  std::string l = v.get<std::string>();
-  for (char& ch : l) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  if (l == "true" || l == "1") return true;
-  if (l == "false" || l == "0") return false;
-  return std::nullopt;
+  return strict_bool(v.get<std::string>());  // the command line's --flag=VALUE rule
 }
 
 }  // namespace
