@@ -340,3 +340,44 @@ TEST_CASE("cli tools: KILN_NUM_THREADS follows --threads' bound; kiln doctor rep
   CHECK(r.code == 0);
   CHECK(!contains(r.output, "Environment"));
 }
+
+TEST_CASE("cli tools: a true/false flag's --flag=VALUE takes true/false or 1/0, as --set and --config") {
+  TempDir d("kiln_cli_bool");
+  std::ofstream(d / "w.safetensors") << "x";
+  // (--batch 0: a value CLI11 takes ends the run there, on its batch.) CLI11's own rule took --augment=no and
+  // --augment=-1 as off, --augment=2 and --no-augment=no as on, and named neither the flag nor the command for
+  // --augment=maybe.
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"train --augment=no --out r --batch 0",
+            "kiln train: error: --augment=no: --augment takes true or false (or 1, 0), got 'no' (see kiln train "
+            "--help)\n"},
+           {"train --augment=maybe --out r --batch 0",
+            "kiln train: error: --augment=maybe: --augment takes true or false"},
+           {"train --augment=2 --out r --batch 0", "kiln train: error: --augment=2: --augment takes"},
+           {"train --augment=-1 --out r --batch 0", "kiln train: error: --augment=-1: --augment takes"},
+           {"train --no-augment=off --out r --batch 0", "kiln train: error: --no-augment=off: --no-augment takes"},
+           {"train --overwrite=yes --out r --batch 0", "kiln train: error: --overwrite=yes: --overwrite takes"},
+           {"train --tensorboard= --out r --batch 0",
+            "kiln train: error: --tensorboard=: --tensorboard takes true or false "
+            "(or 1, 0), got ''"},
+           {"eval --lower-case=on --weights " + d / "w.safetensors",
+            "kiln eval: error: --lower-case=on: --lower-case takes"},
+           {"doctor --json=y", "kiln doctor: error: --json=y: --json takes"},
+           {"vocab --overwrite=enable --text t --out v", "kiln vocab: error: --overwrite=enable: --overwrite takes"},
+           {"ckpt import --allow-missing=n x.safetensors --model resnet20 --out o",
+            "kiln ckpt import: error: --allow-missing=n: --allow-missing takes"},
+           {"forward --train=t", "kiln forward: error: --train=t: --train takes"},
+           {"--version=no", "kiln: error: --version=no: --version takes"}}) {
+    const auto r = run_kiln(args, d.p.string());
+    CAPTURE(args);
+    CAPTURE(r.output);
+    CHECK(r.code == 2);
+    CHECK(contains(r.output, says));
+  }
+  // The values --set and --config take pass, in any case: the run then fails on its --batch alone.
+  const auto r = run_kiln("train --augment=TRUE --no-tensorboard=0 --overwrite=1 --save-epochs=False --batch 0 --out r",
+                          d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--batch must be at least 1"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "takes true or false"), r.output);
+}

@@ -249,7 +249,8 @@ TEST_CASE("e2e dist: kiln launch and its ranks leave a stop signal ignored on en
   const std::string log = read_text(d / "log.txt");
   CHECK_MESSAGE(read_text(d / "rc") == "0\n", log);
   CHECK_MESSAGE(!contains(log, "SIGHUP"), log);
-  CHECK_MESSAGE(std::filesystem::exists(run + "/summary.json"), log);  // finished, not stopped
+  CHECK_MESSAGE(std::filesystem::exists(run + "/summary.json"), log);
+  CHECK_MESSAGE(!contains(read_text(run + "/summary.json"), "\"stopped\""), log);  // finished, not stopped
 }
 
 TEST_CASE("e2e dist: a launcher started with SIGTERM ignored still stops its ranks with SIGTERM") {

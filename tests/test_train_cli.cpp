@@ -53,7 +53,7 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
   const Case cases[] = {
       {"--batch 0" + out, "--batch must be at least 1"},
       {"--epochs 0" + out, "--epochs must be at least 1"},
-      {"--lr -1" + out, "--lr must be positive"},
+      {"--lr -1" + out, "--lr must be >= 0 and finite, got -1"},
       {"--model resnet7" + out, "--model resnet7: unknown"},
       {"--data-dir " + d / "nowhere" + out, "train-images-idx3-ubyte"},
       {"--optimizer adam" + out, "--optimizer"},
@@ -65,7 +65,8 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
       {"--epochs", "--epochs"},
       {"--lr 0.1", "--out is required"},
       // Not numbers anything could train with; CLI11's own range messages printed DBL_MAX in full.
-      {"--lr inf" + out, "--lr must be positive and finite, got inf"},
+      {"--lr inf" + out, "--lr must be >= 0 and finite, got inf"},
+      {"--lr nan" + out, "--lr must be >= 0 and finite, got nan"},
       {"--weight-decay inf" + out, "--weight-decay must be >= 0 and finite, got inf"},
       {"--momentum nan" + out, "--momentum must be in [0, 1), got nan"},
       {"--label-smoothing nan" + out, "--label-smoothing must be in [0, 1], got nan"},
@@ -1135,6 +1136,88 @@ TEST_CASE("train --config: --out and the model config from the file; {\"set\": {
   CHECK_MESSAGE(contains(r.output, "--out TEXT REQUIRED"), r.output);
 }
 
+TEST_CASE("train --lr 0: a frozen run, whatever the optimizer and schedule (torch's lr=0)") {
+  require_fashion_mnist();
+  TempDir d("kiln_lr0");
+  // Two epochs of 2 steps: warm-up, LAMB's trust ratio and AdamW's decoupled decay all meet lr 0.
+  const std::string common =
+      "train --lr 0 --limit-train 64 --limit-eval 32 --batch 32 --epochs 2 --threads 1 --workers 0 --log-every 1 "
+      "--progress lines --no-tensorboard --seed 4";
+  std::vector<std::string> runs;
+  for (const std::string flags : {" --max-steps 1", " --optimizer lamb --warmup 2 --schedule linear",
+                                  " --optimizer adamw --warmup 1", " --momentum 0.9 --schedule step"}) {
+    const std::string out = d / ("run" + std::to_string(runs.size()));
+    const auto r = run_kiln(common + flags + " --out " + out, d.p.string());
+    REQUIRE_MESSAGE(r.code == 0, flags, " -> ", r.output);
+    for (const json& m : read_jsonl(out + "/metrics.jsonl"))
+      if (m.contains("loss")) CHECK_MESSAGE(m["lr"] == 0.0, flags, ": ", m.dump());
+    runs.push_back(out);
+  }
+  // Every parameter as initialised (the seed's): one step or four, any optimizer. Batch norm's running
+  // statistics still follow the batches, as in torch.
+  const auto first = kiln::io::load_safetensors(runs[0] + "/model.safetensors");
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const auto w = kiln::io::load_safetensors(runs[i] + "/model.safetensors");
+    REQUIRE(w.tensors.size() == first.tensors.size());
+    int compared = 0;
+    for (const auto& [name, t] : first.tensors) {
+      if (contains(name, "running_") || contains(name, "num_batches_tracked")) continue;
+      CHECK_MESSAGE(kiln::allclose(t, w.tensors.at(name), 0, 0), runs[i], ": ", name);  // exactly
+      ++compared;
+    }
+    CHECK(compared > 20);
+  }
+}
+
+TEST_CASE("eval --config: flags from a JSON file as train's, the command line wins, unknown keys refused") {
+  require_fashion_mnist();
+  TempDir d("kiln_cfg");
+  auto r = run_kiln(
+      "train --limit-train 64 --limit-eval 32 --batch 32 --max-steps 1 --threads 1 --workers 0 "
+      "--progress lines --no-tensorboard --out " +
+          d / "run",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  // --weights (required) and --out from the file, "set" as train's object; --limit-eval given on the
+  // command line wins over the file's.
+  std::ofstream(d / "e.json") << R"({"weights": ")" + d / "run/model.safetensors" + R"(", "out": ")" + d / "m.json" +
+                                     R"(", "limit_eval": 64, "threads": 1, "workers": 0,
+      "set": {"zero_init_residual": true}})";
+  r = run_kiln("eval --config " + d / "e.json" + " --limit-eval 16", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(json::parse(read_text(d / "m.json"))["test_samples"] == 16);
+  r = run_kiln("eval --config " + d / "e.json", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(json::parse(read_text(d / "m.json"))["test_samples"] == 64);
+  struct Case {
+    std::string json, says;
+  };
+  const Case cases[] = {
+      {R"({"epochs": 1})", "'epochs' is not a flag of `kiln eval`"},  // a training flag: refused, named
+      {R"({"lr": 0.1})", "'lr' is not a flag of `kiln eval`"},
+      {R"({"help": true})", "'help' is not a run flag"},
+      {R"({"config": "other.json"})", "'config' is not a run flag"},
+      {R"({"version": true})", "'version' is not a run flag"},
+      {R"({"set": ["bogus=1"]})", "bogus"},  // the file's --set reaches the model's config
+  };
+  for (const auto& c : cases) {
+    std::ofstream(d / "bad.json") << c.json;
+    r = run_kiln(
+        "eval --config " + d / "bad.json" + " --threads 1 --limit-eval 16 --weights " + d / "run/model.safetensors",
+        d.p.string());
+    CHECK_MESSAGE(r.code == 2, c.json, " -> ", r.output);
+    const bool file_key = c.says[0] == '\'';  // the file's own mistake: one line naming the file and key
+    CHECK_MESSAGE(contains(r.output, (file_key ? "kiln eval: error: --config " + d / "bad.json" + ": " : "") + c.says),
+                  c.json, " -> ", r.output);
+  }
+  // --weights in neither: still required, in one line.
+  std::ofstream(d / "bad.json") << R"({"limit_eval": 16})";
+  r = run_kiln("eval --config " + d / "bad.json", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "kiln eval: error: --weights is required (on the command line or in --config)"),
+                r.output);
+}
+
 TEST_CASE("cli: CLI11's parse errors are one line naming the command; a repeated flag takes its last value anywhere") {
   TempDir d("kiln_cli");
   struct Case {
@@ -1142,7 +1225,7 @@ TEST_CASE("cli: CLI11's parse errors are one line naming the command; a repeated
   };
   const Case cases[] = {
       {"train --lr 0.1", "kiln train: error: --out is required (on the command line or in --config)"},
-      {"eval --model resnet20", "kiln eval: error: --weights is required (see kiln eval --help)"},
+      {"eval --model resnet20", "kiln eval: error: --weights is required (on the command line or in --config)"},
       {"bench train --model",
        "kiln bench train: error: --model: 1 required TEXT missing (see kiln bench train --help)"},
       {"plan --batch x", "kiln plan: error: "},

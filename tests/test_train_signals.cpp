@@ -260,14 +260,30 @@ TEST_CASE("train: a signal stop is recorded in metrics.jsonl, and its readers ta
   const std::string ckpt = stop.value("checkpoint", "");
   CHECK(fs::exists(ckpt));
   CHECK(stop["step"] == lines[lines.size() - 2]["step"]);
-  CHECK(!fs::exists(out + "/summary.json"));  // a finished run's
+  // summary.json says so too (it was not written: a tool waiting for it waited for ever): the step
+  // reached, the checkpoint, and no test numbers before the first evaluation.
+  REQUIRE(fs::exists(out + "/summary.json"));
+  const json summary = json::parse(read_text(out + "/summary.json"));
+  CHECK(summary.value("stopped", "") == "SIGTERM");
+  CHECK(summary["steps"] == stop["step"]);
+  CHECK(summary.value("last_checkpoint", "") == ckpt);
+  if (summary["per_epoch"].empty()) CHECK(summary["test_loss"].is_null());
   auto r = run_kiln("report " + out + " --out " + d / "report.html", d.p.string());
   CHECK_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(!contains(r.output, "skipped"), r.output);
+  const std::string resume = kTiny + " --max-steps 24 --save-every 0 --no-save-epochs --resume auto --out " + out;
+  // The resumed run removes the stop's summary: it no longer says where the run is.
+  const size_t before = step_lines<json>(out + "/metrics.jsonl").size();
+  const pid_t again = start_kiln(resume, d / "log2.txt");
+  REQUIRE(wait_for(again, [&] { return has_step_lines(out + "/metrics.jsonl", before + 1); }));
+  ::kill(again, SIGKILL);
+  CHECK(finish(again) == -SIGKILL);
+  CHECK(!fs::exists(out + "/summary.json"));
   // The resumed run continues, and until it saves, its last good checkpoint is the one it resumed from.
-  r = run_kiln(kTiny + " --max-steps 24 --save-every 0 --no-save-epochs --resume auto --out " + out, d.p.string());
+  r = run_kiln(resume, d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   const json resumed = json::parse(read_text(out + "/summary.json"));
+  CHECK(!resumed.contains("stopped"));  // a finished run's
   CHECK(resumed.value("last_checkpoint", "") == ckpt);
   CHECK(step_lines<json>(out + "/metrics.jsonl").back()["step"] == 8);
 }

@@ -1,6 +1,7 @@
 #include "tools/cli_checks.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -92,6 +93,41 @@ std::string extras_message(const CLI::App& top, const CLI::App& train, const std
   if (cmd == "kiln eval" && train.get_option_no_throw(name) != nullptr)
     return cmd + ": error: " + name + " is a kiln train flag (training only)";
   return cmd + ": error: " + name + " is not a flag of " + cmd + " (see " + cmd + " --help)";
+}
+
+std::optional<bool> strict_bool(const std::string& s) {
+  std::string l = s;
+  for (char& ch : l) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  if (l == "true" || l == "1") return true;
+  if (l == "false" || l == "0") return false;
+  return std::nullopt;
+}
+
+std::string bad_flag_value(const CLI::App& top, const std::vector<std::string>& args) {
+  // CLI11 parses a flag's value by its own looser rule (`--augment=no` off, `--augment=2` on,
+  // `--no-augment=yes` off) and hands an option only the value it made of it, so the words are read
+  // here, before parsing. A word that names a command of the current one moves into it, as CLI11 does.
+  const CLI::App* app = &top;
+  for (const std::string& w : args) {
+    if (w == "--") break;  // what follows is not this command's (kiln launch's command, positionals)
+    if (w.empty() || w[0] != '-') {
+      for (const CLI::App* sub : app->get_subcommands({}))
+        if (sub->check_name(w)) {
+          app = sub;
+          break;
+        }
+      continue;
+    }
+    const size_t eq = w.find('=');
+    if (w.rfind("--", 0) != 0 || eq == std::string::npos) continue;
+    const std::string name = w.substr(0, eq), value = w.substr(eq + 1);
+    const CLI::Option* opt = app->get_option_no_throw(name);
+    if (opt == nullptr || opt->get_expected_max() != 0 || strict_bool(value).has_value()) continue;
+    const std::string cmd = command_path(*app);
+    return cmd + ": error: " + w + ": " + name + " takes true or false (or 1, 0), got '" + value + "' (see " + cmd +
+           " --help)";
+  }
+  return "";
 }
 
 std::string output_file_problem(const std::string& flag, const std::string& path, const std::string& what) {

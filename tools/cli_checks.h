@@ -2,6 +2,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,16 @@ const CLI::App& deepest_parsed(const CLI::App& top);
 // Makes every one-value flag of `app` and of its commands, at any depth, take the last of its values
 // when given twice (CLI11's default refuses a repeat): call once every flag is added.
 void take_last_value(CLI::App& app);
+
+// true/false (any case) or 1/0: what --set and --config take for a true/false value, and the command
+// line for a true/false flag's --flag=VALUE. CLI11 alone also reads yes/no, on/off, enable/disable,
+// any integer (2 as true, -1 as false) and some single letters (y, n, t, f).
+std::optional<bool> strict_bool(const std::string& s);
+// The one line for the first --flag=VALUE among `args` (the command line's words after `kiln`, up to a
+// `--`) where --flag is a true/false flag of the command it follows and strict_bool refuses VALUE:
+// "kiln train: error: --augment=no: --augment takes true or false (or 1, 0), got 'no' (see kiln train
+// --help)"; "" when there is none. `top` is the `kiln` app, before or after parsing.
+std::string bad_flag_value(const CLI::App& top, const std::vector<std::string>& args);
 
 // The one line for the words a command was given and takes no flag for (what CLI11's ExtrasError
 // reports as "The following arguments were not expected: 1 --zero" and a second line): "kiln train:

@@ -200,6 +200,20 @@ void trim_metrics(const std::string& path, const RunState& run) {
   io::write_file_atomic(path, kept);
 }
 
+// Removes `path` when it is a signal stop's summary.json (it has "stopped"); a finished run's, or one that
+// cannot be read, is left alone.
+void remove_stopped_summary(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return;
+  try {
+    if (!nlohmann::json::parse(in).contains("stopped")) return;
+  } catch (const std::exception&) {
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+}
+
 // The exclusive lock on OUT/.lock (rank 0): flock's lock goes with the descriptor, so it is released
 // when the run ends, and by the kernel when the process dies (a crash leaves no stale lock).
 struct OutLock {
@@ -721,6 +735,8 @@ class Trainer {
         io::EventWriter::remove_old(c_.out);
       } else {
         trim_metrics(metrics_path_, run_);
+        // A signal stop's summary ("stopped") no longer says where the run is: it goes on.
+        remove_stopped_summary(c_.out + "/summary.json");
       }
       metrics_fd_ = ::open(metrics_path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
       KILN_CHECK(metrics_fd_ >= 0, metrics_path_, ": cannot open for writing (", std::strerror(errno), ")");
@@ -1599,7 +1615,10 @@ class Trainer {
     if (outcome_) outcome_->saved = ok ? last_saved_ : "";
     const std::string why = g_stop_signal ? "caught " + std::string(signal_name(int(g_stop_signal)))
                                           : std::string(asked_stop_ ? "stop requested" : "caught SIGTERM");
-    if (g_stop_signal) record_stop(signal_name(int(g_stop_signal)));
+    if (g_stop_signal) {
+      record_stop(signal_name(int(g_stop_signal)));
+      write_stopped_summary(signal_name(int(g_stop_signal)));
+    }
     if (!ok) {
       progress_->line("kiln train: " + why + where + " and stopped, but its checkpoint failed (above): " +
                       (last_saved_.empty()
@@ -1611,10 +1630,28 @@ class Trainer {
     return 0;
   }
   // Why a run stopped early, for whoever reads its folder later: a metrics line {"stopped": "SIGHUP",
-  // "step": N, "checkpoint": the last good one} (kiln report skips it; the resume keeps it). No
-  // summary.json: that is a finished run's, with its test numbers (a script takes it as done).
+  // "step": N, "checkpoint": the last good one} (kiln report skips it; the resume keeps it).
   void record_stop(const std::string& signal) {
     if (lead_) write_metrics_line({{"stopped", signal}, {"step", run_.step}, {"checkpoint", last_saved_}});
+  }
+  // And a summary.json as a finished run's, with "stopped": the signal, so a tool that waits for the
+  // summary sees the stop (and the step reached, the last checkpoint) instead of waiting for ever; the
+  // test numbers are the last evaluation's, null before the first. The resumed run removes it. One
+  // that cannot be written is a warning: the checkpoint is what the stop is for.
+  void write_stopped_summary(const std::string& signal) {
+    if (!lead_) return;
+    try {
+      nlohmann::json summary = summary_json(since(t_start_));
+      summary["stopped"] = signal;
+      if (run_.epochs_log.empty())
+        for (const std::string& k : {std::string("test_loss"), "test_" + task_.metric, std::string("test_samples")})
+          summary[k] = nullptr;
+      io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
+    } catch (const std::exception& e) {
+      const auto* error = dynamic_cast<const Error*>(&e);
+      progress_->line("kiln train: warning: summary.json of the stop not written: " +
+                      (error ? error->message() : std::string(e.what())));
+    }
   }
   // -1 while OUT/.lock is still this run's lock file, else the exit code; every rank asks, unless
   // `rank0_only` (rank 0 tells).

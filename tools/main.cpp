@@ -70,16 +70,23 @@ int main(int argc, char** argv) {
   // the script's own): set once every flag is added.
   kiln::tools::take_last_value(app);
   try {
+    // A true/false flag's --flag=VALUE by --set's and --config's rule, not CLI11's looser one.
+    if (const std::string bad = kiln::tools::bad_flag_value(app, std::vector<std::string>(argv + 1, argv + argc));
+        !bad.empty()) {
+      std::fprintf(stderr, "%s\n", bad.c_str());
+      return 2;
+    }
     app.parse(argc, argv);
-    if (train->parsed()) {
+    // --config, the required flags and the model's defaults, for kiln train and kiln eval alike.
+    for (const auto& [cmd, cfg] : {std::pair{train, &train_cfg}, std::pair{eval, &eval_cfg}}) {
+      if (!cmd->parsed()) continue;
       try {
-        kiln::tools::finish_train_flags(*train, train_cfg);
+        kiln::tools::finish_train_flags(*cmd, *cfg);
       } catch (const kiln::Error& e) {
-        std::fprintf(stderr, "kiln train: error: %s\n", e.message().c_str());
+        std::fprintf(stderr, "kiln %s: error: %s\n", cmd->get_name().c_str(), e.message().c_str());
         return 2;
       }
     }
-    if (eval->parsed()) kiln::tools::apply_model_defaults(*eval, eval_cfg);
   } catch (const CLI::ExtrasError&) {
     // A word no flag takes: one line naming it (CLI11's own is two, without the command's prefix).
     std::fprintf(stderr, "%s\n",

@@ -100,13 +100,14 @@ void add_train_flags(CLI::App& app, TrainConfig& c);
 // Fills every flag of `app` not given on the command line from the JSON object in `path`; an
 // unknown key, a bad value or a broken file is an error naming the file and the key.
 void apply_json_config(CLI::App& app, const std::string& path);
-// After `app` is parsed: applies --config (if given), checks the required flags (given on the command
-// line or by the file) and applies the model's defaults. Errors are kiln::Error, each one line.
+// After `app` (kiln train's or kiln eval's) is parsed: applies --config (if given), checks the required
+// flags (given on the command line or by the file) and applies the model's defaults. Errors are
+// kiln::Error, each one line.
 void finish_train_flags(CLI::App& app, TrainConfig& c);
 // Defaults that depend on the model, for flags the user did not give: BERT trains with AdamW,
 // lr 5e-4, weight decay 0.01 and a linear schedule; ResNet with the defaults above.
 void apply_model_defaults(const CLI::App& app, TrainConfig& c);
-// Flags of `kiln eval`: the model and data flags of train plus --weights.
+// Flags of `kiln eval`: the model and data flags of train plus --weights, --out and --config (as train's).
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights);
 // The checks that need no data: one message per problem, empty when the config is sound.
 std::vector<std::string> validate(const TrainConfig& c);

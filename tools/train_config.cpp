@@ -133,9 +133,28 @@ Device TrainConfig::resolved_device() const {
   return Device::parse(device);
 }
 
-void add_train_flags(CLI::App& app, TrainConfig& c) {
-  app.add_option("--config", c.config_file, "A JSON object of flags (e.g. {\"epochs\": 5, \"lr\": 0.05}); flags given here win")
+namespace {
+
+// --config FILE: a JSON object of the command's flags, read by finish_train_flags.
+void add_config_flag(CLI::App& app, TrainConfig& c, const std::string& example) {
+  app.add_option("--config", c.config_file, "A JSON object of flags (e.g. " + example + "); flags given here win")
       ->check(CLI::ExistingFile);
+}
+
+// A required flag may come from --config, which is read after the command line is parsed (CLI11
+// checks required() while parsing): finish_train_flags checks these then. --help still says REQUIRED.
+void defer_required_flags(CLI::App& app, TrainConfig& c) {
+  for (CLI::Option* o : app.get_options())
+    if (o->get_required()) {
+      o->required(false)->option_text(o->get_type_name() + " REQUIRED");
+      c.required_flags.push_back(o->get_name());
+    }
+}
+
+}  // namespace
+
+void add_train_flags(CLI::App& app, TrainConfig& c) {
+  add_config_flag(app, c, "{\"epochs\": 5, \"lr\": 0.05}");
   add_model_data_flags(app, c);
   add_on_off_flag(
       app, "--augment,!--no-augment", c.augment,
@@ -202,37 +221,29 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--progress", c.progress, "auto (a bar on a terminal, lines otherwise), bar or lines")
       ->check(CLI::IsMember({"auto", "bar", "lines"}))
       ->capture_default_str();
-  // A required flag may come from --config, which is read after the command line is parsed (CLI11
-  // checks required() while parsing): finish_train_flags checks these then. --help still says REQUIRED.
-  for (CLI::Option* o : app.get_options())
-    if (o->get_required()) {
-      o->required(false)->option_text(o->get_type_name() + " REQUIRED");
-      c.required_flags.push_back(o->get_name());
-    }
+  defer_required_flags(app, c);
 }
 
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights) {
   c.evaluating = true;
+  add_config_flag(app, c, "{\"weights\": \"runs/r20/model.safetensors\", \"limit_eval\": 1000}");
   add_model_data_flags(app, c);
   app.add_option("--weights", weights, "Trained weights (safetensors, e.g. RUN/model.safetensors)")
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--out", c.out, "Write the metrics to this JSON file too");
+  defer_required_flags(app, c);
 }
 
 namespace {
 
-// A true/false value of --config: JSON true/false, or as --set takes it, true/false (any case) or 1/0.
-// CLI11 alone would also take "no", "off", 2 and -1 (as false).
+// A true/false value of --config: JSON true/false, or as --set and --flag=VALUE take it, true/false
+// (any case) or 1/0. CLI11 alone would also take "no", "off", 2 and -1 (as false).
 std::optional<bool> config_bool(const nlohmann::json& v) {
   if (v.is_boolean()) return v.get<bool>();
   if (v.is_number_integer() && (v == 0 || v == 1)) return v == 1;
   if (!v.is_string()) return std::nullopt;
-  std::string l = v.get<std::string>();
-  for (char& ch : l) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  if (l == "true" || l == "1") return true;
-  if (l == "false" || l == "0") return false;
-  return std::nullopt;
+  return strict_bool(v.get<std::string>());  // the command line's --flag=VALUE rule
 }
 
 }  // namespace
@@ -377,7 +388,8 @@ std::vector<std::string> validate(const TrainConfig& c) {
   if (c.batch < 1) e.push_back("--batch must be at least 1, got " + std::to_string(c.batch));
   if (c.epochs < 1) e.push_back("--epochs must be at least 1, got " + std::to_string(c.epochs));
   // Written so that nan fails each test (every comparison with it is false) and inf the finite ones.
-  if (!(c.lr > 0 && std::isfinite(c.lr))) e.push_back("--lr must be positive and finite, got " + std::to_string(c.lr));
+  // 0 is a frozen run (step-0 metrics, as torch's lr=0): no optimizer or schedule divides by the lr.
+  if (!(c.lr >= 0 && std::isfinite(c.lr))) e.push_back("--lr must be >= 0 and finite, got " + std::to_string(c.lr));
   if (!(c.momentum >= 0 && c.momentum < 1))
     e.push_back("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
   else if (c.optimizer == "sgd" && c.nesterov && c.momentum == 0)

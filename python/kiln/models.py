@@ -274,13 +274,17 @@ def create(name, set=None, deterministic=False):  # noqa: A002  (as the flag)
     """Builds a model by its kiln train name, with the overrides of `kiln train --set`: a dict
     ({"num_classes": 10, "zero_init_residual": True}), a "key=value" string (several separated by
     commas: "num_classes=10,in_channels=1") or a list of "key=value" strings. A bad name, field or
-    value is a kiln.KilnValueError (a ValueError)."""
+    value is a kiln.KilnValueError (a ValueError), as is a set= that gives nothing ("", " ", [], {},
+    [""]): leave it out (None) for the model's own config."""
     if not isinstance(name, str):
         raise TypeError(f"kiln.models.create: the model name must be a str, got {type(name).__name__}")
     if name not in _C._model_names():
         raise _C.KilnValueError(f"kiln.models.create: unknown model {name!r} (expected one of "
                                 f"{', '.join(_C._model_names())})")
     sets = _sets_of(set)
+    if set is not None and not sets:  # as kiln.train(set=""): "no override" passing silently hides a lost value
+        raise _C.KilnValueError(f"kiln.models.create: set={set!r} gives no override (leave it out, or None, for "
+                                f"the model's own config)")
     try:
         built = _C._create_model(name, sets, deterministic)
     except _C.KilnError as e:

@@ -501,6 +501,16 @@ def test_models_create_set_forms_and_errors():
         kiln.models.create("resnet20", set=[("num_classes", 3)])
 
 
+def test_models_create_refuses_a_set_that_gives_nothing():
+    # set="" built the model's own config without a word, though a value was meant (as kiln.train's set="").
+    for empty in ["", " ", [], {}, ()]:
+        with pytest.raises(kiln.KilnValueError, match=r"set=.* gives no override \(leave it out, or None"):
+            kiln.models.create("resnet20", set=empty)
+    with pytest.raises(kiln.KilnValueError, match="set= item '' is not 'key=value'"):
+        kiln.models.create("resnet20", set=[""])
+    assert kiln.models.create("resnet20", set=None)(kiln.randn(1, 3, 32, 32)).shape == (1, 10)
+
+
 @pytest.mark.skipif(not os.path.isdir(kiln.data.FASHION_MNIST_DIR), reason="dataset-fashion-mnist is not installed")
 def test_mnist_dir_takes_the_named_data_sets_transforms():
     # A black pixel normalised with MNIST's statistics (kiln train --data mnist), not Fashion-MNIST's.

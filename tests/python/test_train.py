@@ -196,7 +196,9 @@ def test_a_scheduler_signal_saves_then_ends_the_process(tmp_path, capfd, signame
     assert "--resume auto" not in said.out + said.err
     saved = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
     assert saved and saved[-1].startswith("step-")
-    assert not os.path.exists(tmp_path / "run" / "summary.json")
+    with open(tmp_path / "run" / "summary.json") as f:  # the stop's: a reader sees where the run stopped
+        summary = json.load(f)
+    assert summary["stopped"] == signame and summary["last_checkpoint"].endswith(saved[-1])
 
 
 def test_a_signal_stop_with_a_moved_out_still_ends_the_process(tmp_path):
