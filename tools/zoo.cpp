@@ -485,8 +485,8 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
   return out;
 }
 
-void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file, const std::string& model,
-                       const char* who) {
+std::string remove_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file,
+                                const std::string& model) {
   std::vector<std::string> prefixes;
   if (m.type_name() == "BertForMaskedLM") prefixes = {"bert.pooler.", "cls.seq_relationship."};
   // A pretraining checkpoint's heads are unused by the classifier and the bare encoder.
@@ -504,11 +504,17 @@ void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string
       ++it;
     }
   }
-  if (dropped.empty()) return;
+  if (dropped.empty()) return {};
   std::string s = "ignored " + std::to_string(dropped.size()) + " tensor" + (dropped.size() == 1 ? "" : "s") + " of " +
                   file + " that " + model + " does not use:";
   for (size_t i = 0; i < dropped.size(); ++i) s += (i ? ", " : " ") + dropped[i];
-  std::fprintf(stderr, "%s: %s\n", who, s.c_str());
+  return s;
+}
+
+void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file, const std::string& model,
+                       const char* who) {
+  if (const std::string s = remove_unused_heads(m, in, file, model); !s.empty())
+    std::fprintf(stderr, "%s: %s\n", who, s.c_str());
 }
 
 }  // namespace kiln::tools

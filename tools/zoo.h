@@ -113,4 +113,8 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
 void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file, const std::string& model,
                        const char* who);
 
+// drop_unused_heads without the print: returns what it would say after "WHO: " ("" when nothing was
+// dropped), for a caller that says it its own way (Python's from_pretrained, as a warning).
+std::string remove_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file,
+                                const std::string& model);
 }  // namespace kiln::tools
