@@ -238,7 +238,7 @@ def from_pretrained(path, model, set=None, strict=True, deterministic=False):  #
     what the file lacks (a new classifier) from the initialisation, and warns naming it and what
     the file holds that the model does not use. What Kiln's BERT does not compute (hidden_act other
     than "gelu", position_embedding_type other than "absolute", ...) is a kiln.KilnValueError naming
-    the key and value."""
+    the key and value ("gelu_python" is "gelu": the same exact GELU)."""
     import os
     import warnings
 
