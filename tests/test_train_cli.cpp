@@ -532,8 +532,18 @@ TEST_CASE(
       json{{"kind", "weights"}, {"config", {{"model", "bert-tiny-mlm"}, {"set", json::array()}}}}.dump());
   r = run_kiln(common + " --max-steps 1 --threads 1 --resume " + d / "mlm.kiln" + " --out " + d / "ft2", d.p.string());
   CHECK(r.code != 0);
-  CHECK_MESSAGE(contains(r.output, d / "mlm.kiln" + " holds bert-tiny-mlm weights, not bert-tiny: they do not match:"),
-                r.output);
+  CHECK_MESSAGE(
+      contains(r.output, d / "mlm.kiln" + " holds bert-tiny-mlm weights, not bert-tiny-cls: they do not match:"),
+      r.output);
+  // Named by the model the run builds, not its --model text: --model bert-tiny-cls without --task
+  // classify builds bert-tiny-mlm, so the classifier's weights are another model's.
+  r = run_kiln("train --model bert-tiny-cls --text " + kFortunes + "/computers --vocab " + d / "vocab.txt" +
+                   " --seq-len 64 --batch 4 --max-steps 1 --threads 1 --resume " + d / "w.kiln" + " --out " + d / "ft3",
+               d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(
+      contains(r.output, d / "w.kiln" + " holds bert-tiny-cls weights, not bert-tiny-mlm: they do not match:"),
+      r.output);
 }
 
 TEST_CASE("train: --accum-steps K with batch B updates like one batch of K x B (BERT, no dropout, no batch norm)") {

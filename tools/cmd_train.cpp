@@ -868,7 +868,9 @@ class Trainer {
         if (!task.is_string()) return model.get<std::string>() == mine;
         return trained_model_name(model.get<std::string>(), task.get<std::string>()) == mine;
       };
-      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, check_config, c_.model, same_model);
+      // Compared with the model the run builds, not the --model text: --model bert-tiny-cls without
+      // --task classify builds bert-tiny-mlm, which bert-tiny-cls weights are not.
+      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, check_config, mine, same_model);
       if (!lr.weights_only) {
         if (const std::string d = resume_micro_batch(lr); !d.empty()) refuse({d});
         run_ = lr.run;  // its position counts micro-batches of micro_, as resume_micro_batch made sure
