@@ -124,8 +124,9 @@ struct LoadedRun {
 // `check_config`, for a training checkpoint: called with its config before anything is loaded (it
 // throws to refuse another run's checkpoint before the model's weights are compared).
 //
-// `model_name`, the run's --model: weights that do not match, saved from another model (a weights-only
-// checkpoint's config names it), are said to be that model's first ("X holds bert-tiny-mlm weights, not
+// `model_name`, the model the run builds (tools::trained_model_name of its --model and --task, not
+// the --model text): weights that do not match, saved from another model (a weights-only checkpoint's
+// config names it), are said to be that model's first ("X holds bert-tiny-mlm weights, not
 // resnet20"), before the lists of missing and unexpected tensors. `same_model`, given the checkpoint's
 // config, says whether its model, though named otherwise, is the run's (bert-tiny-cls's weights under
 // --model bert-tiny --task classify): a mismatch there is the model's config, listed without the names.

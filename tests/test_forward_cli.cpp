@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "kiln.h"
 #include "models/bert.h"
@@ -448,6 +449,38 @@ TEST_CASE("hf config: a Hugging Face config.json sizes the model; what Kiln's BE
       "ckpt import " + d / "w.st" + " --model bert-tiny --hf-config " + d / "config.json" + " --out " + d / "i.kiln",
       d.p.string());
   CHECK_MESSAGE(ok.code == 0, ok.output);
+}
+
+TEST_CASE("hf config: gelu_python is the exact GELU, and initializer_range starts a new head as transformers") {
+  TempDir d;
+  // transformers' "gelu_python" is the erf GELU of "gelu", written in Python: the same numbers.
+  std::ofstream(d / "py.json") << R"({"hidden_size": 64, "num_attention_heads": 4, "hidden_act": "gelu_python"})";
+  CHECK(tools::bert_config_from("tiny", tools::hf_bert_config_sets(d / "py.json")).hidden_size == 64);
+  // initializer_range is the std of a new head's weights; absent, transformers' 0.02.
+  std::ofstream(d / "init.json") << R"({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1,
+    "intermediate_size": 96, "vocab_size": 40, "max_position_embeddings": 32, "initializer_range": 0.5,
+    "id2label": {"0": "a", "1": "b", "2": "c"}})";
+  const std::vector<std::string> sets = tools::hf_bert_config_sets(d / "init.json");
+  CHECK(tools::bert_config_from("tiny", sets).initializer_range == 0.5);
+  CHECK(tools::bert_config_from("tiny", tools::hf_bert_config_sets(d / "py.json")).initializer_range == 0.02);
+  CHECK_THROWS_WITH_AS(tools::bert_config_from("tiny", {"initializer_range=-1"}),
+                       doctest::Contains("--set initializer_range=-1: must be a finite number >= 0"), Error);
+  // kiln ckpt import --allow-missing --seed 3 --hf-config: the new classifier is the one a model with
+  // that std gives under that seed (transformers' BertForSequenceClassification.from_pretrained draws
+  // it from N(0, initializer_range) too).
+  models::BertConfig c = tools::bert_config_from("tiny", sets);
+  models::BertModel enc(c);
+  io::save_safetensors(d / "enc.st", enc.state_dict());
+  const auto r = testing::run_kiln("ckpt import " + d / "enc.st" + " --model bert-tiny-cls --hf-config " +
+                                       d / "init.json" + " --allow-missing --seed 3 --out " + d / "start.kiln",
+                                   d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  manual_seed(3);
+  const auto want = tools::model_family("bert-tiny-cls").build("bert-tiny-cls", sets, false).module->state_dict();
+  const Tensor got = io::CheckpointReader(d / "start.kiln").read("model/classifier.weight");
+  CHECK(allclose(got, want.at("classifier.weight"), 0.0, 0.0));
+  // Drawn with std 0.5, not 0.02: the file's std says so without the model above.
+  CHECK(stddev(got).item<float>() > 0.3f);
 }
 
 TEST_CASE("checkpoint names: a batch norm saved without num_batches_tracked starts it at 0, as torch") {

@@ -533,8 +533,55 @@ TEST_CASE(
       json{{"kind", "weights"}, {"config", {{"model", "bert-tiny-mlm"}, {"set", json::array()}}}}.dump());
   r = run_kiln(common + " --max-steps 1 --threads 1 --resume " + d / "mlm.kiln" + " --out " + d / "ft2", d.p.string());
   CHECK(r.code != 0);
-  CHECK_MESSAGE(contains(r.output, d / "mlm.kiln" + " holds bert-tiny-mlm weights, not bert-tiny: they do not match:"),
+  CHECK_MESSAGE(
+      contains(r.output, d / "mlm.kiln" + " holds bert-tiny-mlm weights, not bert-tiny-cls: they do not match:"),
+      r.output);
+  // Named by the model the run builds, not its --model text: --model bert-tiny-cls without --task
+  // classify builds bert-tiny-mlm, so the classifier's weights are another model's.
+  r = run_kiln("train --model bert-tiny-cls --text " + kFortunes + "/computers --vocab " + d / "vocab.txt" +
+                   " --seq-len 64 --batch 4 --max-steps 1 --threads 1 --resume " + d / "w.kiln" + " --out " + d / "ft3",
+               d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(
+      contains(r.output, d / "w.kiln" + " holds bert-tiny-cls weights, not bert-tiny-mlm: they do not match:"),
+      r.output);
+}
+
+TEST_CASE("train: resuming a kiln ckpt import's weights compares the model config it was built with, by field") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  using namespace kiln;
+  TempDir d("kiln_resume_import_cfg");
+  const std::string common = micro_batch_classify(d);  // bert-tiny (2 heads), 2 labels, no dropout
+  int64_t vocab = 0;
+  {
+    std::istringstream in(read_text(d / "vocab.txt"));
+    for (std::string line; std::getline(in, line);) ++vocab;
+  }
+  // What `kiln ckpt import --model bert-tiny-cls --set num_heads=4` writes: 4 heads have the shapes of 2.
+  const auto write = [&](const std::string& file, const json& config) {
+    const std::vector<std::string> sets = {"vocab_size=" + std::to_string(vocab), "num_heads=4"};
+    const auto m = tools::model_family("bert-tiny-cls").build("bert-tiny-cls", sets, false).module;
+    std::vector<std::pair<std::string, Tensor>> weights;
+    for (const auto& kv : m->state_dict()) weights.emplace_back("model/" + kv.first, kv.second);
+    io::save_checkpoint(d / file, weights, json{{"kind", "weights"}, {"config", config}}.dump());
+  };
+  write("heads4.kiln", {{"model", "bert-tiny-cls"}, {"set", {"vocab_size=" + std::to_string(vocab), "num_heads=4"}}});
+  auto r =
+      run_kiln(common + " --max-steps 1 --threads 1 --resume " + d / "heads4.kiln" + " --out " + d / "a", d.p.string());
+  CHECK(r.code != 0);
+  CHECK_MESSAGE(contains(r.output, d / "heads4.kiln" + " holds bert-tiny-cls weights built with another model config"),
                 r.output);
+  CHECK_MESSAGE(contains(r.output, "num_heads: checkpoint 4, this run 2 (--set num_heads=4 builds the checkpoint's)"),
+                r.output);
+  // With --set num_heads=4 it is the same model; the dropouts (0.1 in the file, 0 here) are the run's own.
+  r = run_kiln(
+      common + " --set num_heads=4 --max-steps 1 --threads 1 --resume " + d / "heads4.kiln" + " --out " + d / "b",
+      d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  // A file that says no config (written otherwise) is compared by its shapes only, as before.
+  write("bare.kiln", {{"model", "bert-tiny-cls"}});
+  r = run_kiln(common + " --max-steps 1 --threads 1 --resume " + d / "bare.kiln" + " --out " + d / "c", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
 }
 
 TEST_CASE("train: --accum-steps K with batch B updates like one batch of K x B (BERT, no dropout, no batch norm)") {

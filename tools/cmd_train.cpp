@@ -890,7 +890,10 @@ class Trainer {
         if (!task.is_string()) return model.get<std::string>() == mine;
         return trained_model_name(model.get<std::string>(), task.get<std::string>()) == mine;
       };
-      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, check_config, c_.model, same_model);
+      // Compared with the model the run builds, not the --model text: --model bert-tiny-cls without
+      // --task classify builds bert-tiny-mlm, which bert-tiny-cls weights are not.
+      LoadedRun lr = load_run_checkpoint(path, model(), opt_.get(), local, check_config, mine, same_model);
+      if (lr.weights_only && same_model(lr.config)) check_imported_config(path, lr.config);
       if (!lr.weights_only) {
         if (const std::string d = resume_micro_batch(lr); !d.empty()) refuse({d});
         run_ = lr.run;  // its position counts micro-batches of micro_, as resume_micro_batch made sure
@@ -918,6 +921,35 @@ class Trainer {
     resumed_from_ = path;
     return -1;
   }
+  // A weights-only checkpoint (kiln ckpt import's) of this model says the config it was built with
+  // (model, set): a field that changes what the weights compute without changing a shape (num_heads,
+  // layer_norm_eps) must be the run's too, or they load and give other numbers. Dropout and the
+  // initialisation (zero_init_residual) are the new run's to choose. A file without a config, or one
+  // this version cannot read, is compared by its shapes only, as before.
+  void check_imported_config(const std::string& path, const nlohmann::json& saved) const {
+    const nlohmann::json model = saved.value("model", nlohmann::json()), set = saved.value("set", nlohmann::json());
+    if (!model.is_string() || !set.is_array()) return;
+    std::vector<std::pair<std::string, std::string>> was, now;
+    try {
+      was = model_config_fields(model.get<std::string>(), set.get<std::vector<std::string>>());
+      now = model_config_fields(c_.model, task_.model_sets);  // the sets the run built its model with
+    } catch (const std::exception&) {
+      return;
+    }
+    std::string msg;
+    for (size_t i = 0; i < was.size() && i < now.size(); ++i) {
+      const std::string& field = was[i].first;
+      if (field == "hidden_dropout" || field == "attention_dropout" || field == "zero_init_residual") continue;
+      if (was[i] != now[i])
+        msg += "\n  " + field + ": checkpoint " + was[i].second + ", this run " + now[i].second + " (--set " + field +
+               "=" + was[i].second + " builds the checkpoint's)";
+    }
+    KILN_CHECK(msg.empty(), path, " holds ", model.get<std::string>(),
+               " weights built with another model config (its kiln ckpt import's --set or --hf-config); loaded into "
+               "this run's model they would compute other numbers:",
+               msg);
+  }
+
   // The micro-batch of a resumed run is the checkpoint's run's: batch-norm statistics and dropout
   // draws are per micro-batch, so another one would not continue the run. `auto` takes it when it
   // still fits; an explicit --micro-batch equal to the saving run's flag takes what that run had

@@ -118,13 +118,15 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
     else if (k == "layer_norm_eps") c.layer_norm_eps = parse_number<double>(k, v);
     else if (k == "hidden_dropout") c.hidden_dropout = parse_number<double>(k, v);
     else if (k == "attention_dropout") c.attention_dropout = parse_number<double>(k, v);
+    else if (k == "initializer_range")
+      c.initializer_range = parse_number<double>(k, v);
     else if (k == "recompute")
       c.recompute = parse_bool(k, v);
     else
       KILN_FAIL("--set ", k,
                 ": not a BERT config field (vocab_size, hidden_size, num_layers, num_heads, "
                 "intermediate_size, max_position, type_vocab_size, num_labels, layer_norm_eps, hidden_dropout, "
-                "attention_dropout, recompute)");
+                "attention_dropout, initializer_range, recompute)");
   }
   // Sizes named by field: the model's own check (models/bert.cpp) runs only when it is built.
   std::vector<models::SizeField> sizes = models::size_fields(c);
@@ -148,6 +150,9 @@ models::BertConfig bert_config_from(const std::string& size, const std::vector<s
   // epsilon gives NaN outputs), refused when the model is built.
   KILN_CHECK(std::isfinite(c.layer_norm_eps) && c.layer_norm_eps > 0, "--set layer_norm_eps=", c.layer_norm_eps,
              ": must be a finite number > 0");
+  KILN_CHECK(std::isfinite(c.initializer_range) && c.initializer_range >= 0,
+             "--set initializer_range=", c.initializer_range,
+             ": must be a finite number >= 0 (the std of the initial weights)");
   check_dropout("hidden_dropout", c.hidden_dropout);
   check_dropout("attention_dropout", c.attention_dropout);
   return c;
@@ -194,9 +199,10 @@ std::vector<std::string> hf_bert_config_sets(const std::string& path) {
   const std::string model_type = text("model_type", "bert");
   KILN_CHECK(model_type == "bert", path, ": model_type is \"", model_type,
              "\": Kiln's BERT models load a BERT config (model_type \"bert\") only");
+  // transformers' "gelu_python" is the same exact GELU written in Python (before torch had one).
   const std::string act = text("hidden_act", "gelu");
-  KILN_CHECK(act == "gelu", path, ": hidden_act is \"", act,
-             "\": Kiln's BERT computes the exact (erf) GELU, transformers' \"gelu\", only");
+  KILN_CHECK(act == "gelu" || act == "gelu_python", path, ": hidden_act is \"", act,
+             "\": Kiln's BERT computes the exact (erf) GELU, transformers' \"gelu\" (or \"gelu_python\"), only");
   const std::string pos = text("position_embedding_type", "absolute");
   KILN_CHECK(pos == "absolute", path, ": position_embedding_type is \"", pos,
              "\": Kiln's BERT has absolute position embeddings only");
@@ -232,10 +238,10 @@ std::vector<std::string> hf_bert_config_sets(const std::string& path) {
           "intermediate_size=" + std::to_string(whole("intermediate_size", 3072)),
           "max_position=" + std::to_string(whole("max_position_embeddings", 512)),
           "type_vocab_size=" + std::to_string(whole("type_vocab_size", 2)),
-          "layer_norm_eps=" + real(number("layer_norm_eps", 1e-12)),
-          "hidden_dropout=" + real(hidden_dropout),
+          "layer_norm_eps=" + real(number("layer_norm_eps", 1e-12)), "hidden_dropout=" + real(hidden_dropout),
           "attention_dropout=" + real(number("attention_probs_dropout_prob", 0.1)),
-          "num_labels=" + std::to_string(num_labels)};
+          // The std of the weights a new head (--allow-missing) starts from, as transformers' _init_weights.
+          "initializer_range=" + real(number("initializer_range", 0.02)), "num_labels=" + std::to_string(num_labels)};
 }
 
 std::vector<std::string> sets_with_hf_config(const std::string& model, const std::string& hf_config,
@@ -485,8 +491,8 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
   return out;
 }
 
-void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file, const std::string& model,
-                       const char* who) {
+std::string remove_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file,
+                                const std::string& model) {
   std::vector<std::string> prefixes;
   if (m.type_name() == "BertForMaskedLM") prefixes = {"bert.pooler.", "cls.seq_relationship."};
   // A pretraining checkpoint's heads are unused by the classifier and the bare encoder.
@@ -504,11 +510,17 @@ void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string
       ++it;
     }
   }
-  if (dropped.empty()) return;
+  if (dropped.empty()) return {};
   std::string s = "ignored " + std::to_string(dropped.size()) + " tensor" + (dropped.size() == 1 ? "" : "s") + " of " +
                   file + " that " + model + " does not use:";
   for (size_t i = 0; i < dropped.size(); ++i) s += (i ? ", " : " ") + dropped[i];
-  std::fprintf(stderr, "%s: %s\n", who, s.c_str());
+  return s;
+}
+
+void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file, const std::string& model,
+                       const char* who) {
+  if (const std::string s = remove_unused_heads(m, in, file, model); !s.empty())
+    std::fprintf(stderr, "%s: %s\n", who, s.c_str());
 }
 
 }  // namespace kiln::tools

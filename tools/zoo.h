@@ -93,7 +93,8 @@ inline std::map<std::string, std::string> torch_compatible_metadata() { return {
 
 // The model config `sets` make of model `name`'s defaults, as (field, value) text: what a resume compares,
 // so the same config written another way (keys in another order, zero_init_residual=1 or =true, a
-// default given) is the same. recompute is left out: it changes the memory, not the model.
+// default given) is the same. recompute is left out: it changes the memory, not the model; so is
+// initializer_range: it changes only the weights a model starts from, which a resume loads.
 std::vector<std::pair<std::string, std::string>> model_config_fields(const std::string& name,
                                                                      const std::vector<std::string>& sets);
 
@@ -112,5 +113,9 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
 // heads, cls.*), and says so on stderr: "WHO: ignored 2 tensors of FILE that MODEL does not use: a, b".
 void drop_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file, const std::string& model,
                        const char* who);
+// drop_unused_heads without the print: returns what it would say after "WHO: " ("" when nothing was
+// dropped), for a caller that says it its own way (Python's from_pretrained, as a warning).
+std::string remove_unused_heads(const nn::Module& m, nn::StateDict& in, const std::string& file,
+                                const std::string& model);
 
 }  // namespace kiln::tools

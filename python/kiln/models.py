@@ -233,11 +233,13 @@ def from_pretrained(path, model, set=None, strict=True, deterministic=False):  #
     alone: kiln.models.create(model) with the config's sizes (hidden_size, num_hidden_layers,
     num_attention_heads, intermediate_size, vocab_size, max_position_embeddings, type_vocab_size,
     layer_norm_eps, the dropouts, num_labels or id2label's count), then `set` (which wins), then
-    the folder's model.safetensors loaded with load_state_dict(strict=strict). strict=False starts
+    the folder's model.safetensors loaded with load_state_dict(strict=strict), less the heads the model
+    never uses (a BertForPreTraining file's pooler and next-sentence head, named in a warning, as
+    kiln ckpt import drops them: strict=True loads such a file). strict=False starts
     what the file lacks (a new classifier) from the initialisation, and warns naming it and what
     the file holds that the model does not use. What Kiln's BERT does not compute (hidden_act other
     than "gelu", position_embedding_type other than "absolute", ...) is a kiln.KilnValueError naming
-    the key and value."""
+    the key and value ("gelu_python" is "gelu": the same exact GELU)."""
     import os
     import warnings
 
@@ -260,7 +262,16 @@ def from_pretrained(path, model, set=None, strict=True, deterministic=False):  #
             raise _C.KilnValueError(f"kiln.models.from_pretrained: {path} has a config.json but no model.safetensors "
                                     f"(a pytorch_model.bin or sharded checkpoint: save it as one safetensors file; "
                                     f"or pass the config.json itself for a model without weights)")
-        res = m.load_state_dict(load(weights), strict=strict)
+        # As kiln ckpt import: the heads this model never uses (a BertForPreTraining file's pooler and
+        # next-sentence head under bert-*-mlm, its cls.* heads under a classifier) are dropped, named in
+        # a warning, so strict=True loads such a file; any other tensor the model lacks is still
+        # unexpected, and one it needs still missing.
+        mine = m._c.state_dict()
+        given = _C._normalise_checkpoint_names(load(weights), mine, weights)
+        given, dropped = _C._drop_unused_heads(m._c, given, weights, model)
+        if dropped:
+            warnings.warn(f"kiln.models.from_pretrained: {dropped}", stacklevel=2)
+        res = m.load_state_dict(given, strict=strict)
         if res.missing_keys:
             warnings.warn(f"kiln.models.from_pretrained: {len(res.missing_keys)} tensors of {model} are not in "
                           f"{weights} and start from the initialisation: {', '.join(res.missing_keys)}", stacklevel=2)

@@ -432,6 +432,16 @@ void bind_nn(nb::module_& m) {
       "tools::normalise_checkpoint_names: a checkpoint's names mapped onto a model's (`mine`: its state dict), "
       "as `kiln forward` loads one: Hugging Face's \"bert.\" prefix, gamma/beta, the tied decoder.");
   m.def(
+      "_drop_unused_heads",
+      [](const nn::Module& module, nn::StateDict in, const std::string& file, const std::string& model) {
+        std::string said = tools::remove_unused_heads(module, in, file, model);
+        return std::make_pair(std::move(in), std::move(said));
+      },
+      nb::arg("module"), nb::arg("state_dict"), nb::arg("file"), nb::arg("model"),
+      "tools::remove_unused_heads: a checkpoint's state dict (names normalised) without the heads the model never "
+      "uses (a pretraining file's pooler and next-sentence head for a masked-LM model, as kiln ckpt import drops "
+      "them), and the sentence naming them (\"\" if none).");
+  m.def(
       "_hf_bert_config_sets", [](const std::string& path) { return tools::hf_bert_config_sets(path); }, nb::arg("path"),
       "tools::hf_bert_config_sets: a Hugging Face BERT config.json as Kiln's key=value overrides; what Kiln's "
       "BERT does not compute is an error naming the key and value.");

@@ -485,3 +485,47 @@ def test_load_state_dict_assign_is_refused_for_a_zoo_model():
     with pytest.raises(kiln.KilnError, match=r"assign=True.*built in C\+\+"):
         parent.load_state_dict(parent.state_dict(), assign=True)
     assert m.load_state_dict(sd) == ([], [])
+
+
+@pytest.mark.filterwarnings("ignore:kiln.models.from_pretrained. ignored")  # said again by the refused loads
+def test_from_pretrained_drops_a_pretraining_files_unused_heads_as_kiln_ckpt_import_does(tmp_path):
+    # A BertForPreTraining file (HF names: the tied decoder, the pooler, the NSP head) loads into
+    # bert-*-mlm with strict=True, the pooler and NSP head named in a warning, as `kiln ckpt import`
+    # names them on stderr; a tensor the model has no place for otherwise is still refused.
+    import json
+    config = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "intermediate_size": 48, "vocab_size": 30, "max_position_embeddings": 16, "hidden_dropout_prob": 0.0,
+              "attention_probs_dropout_prob": 0.0}
+    kiln.manual_seed(0)
+    src = kiln.models.create("bert-tiny-mlm", set={"hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                                                   "intermediate_size": 48, "vocab_size": 30,
+                                                   "max_position": 16}).eval()
+    sd = dict(src.state_dict())
+    assert "cls.predictions.decoder.weight" in sd  # Hugging Face's names
+    rng = np.random.default_rng(0)
+    heads = {"bert.pooler.dense.weight": (32, 32), "bert.pooler.dense.bias": (32,),
+             "cls.seq_relationship.weight": (2, 32), "cls.seq_relationship.bias": (2,)}
+    for k, shape in heads.items():
+        sd[k] = kiln.tensor(rng.standard_normal(shape).astype(np.float32))
+
+    def folder(name, tensors):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config))
+        kiln.save(tensors, str(path / "model.safetensors"))
+        return path
+
+    pre = folder("pretraining", sd)
+    ids = kiln.tensor(rng.integers(0, 30, (2, 5)))
+    with pytest.warns(UserWarning, match="ignored 4 tensors of .*model.safetensors that bert-tiny-mlm does not use: "
+                      "bert.pooler.dense.bias, bert.pooler.dense.weight, cls.seq_relationship.bias"):
+        got = kiln.models.from_pretrained(pre, model="bert-tiny-mlm", strict=True).eval()
+    with kiln.no_grad():
+        np.testing.assert_allclose(got(ids).numpy(), src(ids).numpy(), rtol=1e-5, atol=1e-6)
+    # Not a head the model never uses: unexpected, and a tensor it needs: missing, both still refused.
+    odd = folder("odd", {**sd, "bert.encoder.layer.7.output.dense.bias": kiln.zeros(32)})
+    with pytest.raises(kiln.KilnError, match="bert.encoder.layer.7.output.dense.bias"):
+        kiln.models.from_pretrained(odd, model="bert-tiny-mlm", strict=True)
+    short = folder("short", {k: v for k, v in sd.items() if k != "cls.predictions.transform.dense.bias"})
+    with pytest.raises(kiln.KilnError, match="cls.predictions.transform.dense.bias"):
+        kiln.models.from_pretrained(short, model="bert-tiny-mlm", strict=True)
