@@ -354,3 +354,35 @@ TEST_CASE("tcp: ranks whose collectives differ stop naming both sides' op and el
                   e1);
   }
 }
+
+// Zero-size collectives complete at once, also when an empty tensor's data pointer is null on one
+// rank (a fresh empty tensor) and not on the other (an empty view of real storage). Before, a step
+// sent its header only for a non-null pointer and awaited one for any receive buffer: a zero-size
+// all_reduce stalled until --dist-timeout and left the communicator broken.
+TEST_CASE("tcp: zero-size collectives complete on every rank and the communicator goes on") {
+  const int port = free_port();
+  Log log;
+  auto run_rank = [](dist::DistEnv env) {
+    return error_of([&] {
+      auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(5));
+      Tensor storage = full({8}, 1.0);
+      // Rank 0: fresh empty tensors; rank 1: empty views into storage.
+      auto empty = [&](int64_t n) { return env.rank == 0 ? zeros({n}) : storage.narrow(0, 0, n); };
+      Tensor a = empty(0);
+      comm->all_reduce(a, dist::ReduceOp::sum);
+      comm->broadcast(empty(0), 0);
+      comm->broadcast(empty(0), 1);
+      comm->all_gather(empty(0), empty(0));
+      comm->reduce_scatter(empty(0), empty(0), dist::ReduceOp::sum);
+      comm->all_reduce_async(empty(0), dist::ReduceOp::avg)->wait();
+      Tensor one = full({3}, 1.0);
+      comm->all_reduce(one, dist::ReduceOp::sum);
+      CHECK(one.to_vector() == std::vector<double>(3, 2.0));
+    });
+  };
+  auto r0 = std::async(std::launch::async, run_rank, rank_env(0, port, "s", log));
+  auto r1 = std::async(std::launch::async, run_rank, rank_env(1, port, "s", log));
+  const std::string e0 = r0.get(), e1 = r1.get();
+  CHECK_MESSAGE(e0 == "NO ERROR", e0);
+  CHECK_MESSAGE(e1 == "NO ERROR", e1);
+}
