@@ -236,9 +236,11 @@ struct Challenge {
   Digest256 mac;  // HMAC(secret, "server" | hello | nonce)
 };
 static_assert(sizeof(Challenge) == 48);
-// The last byte is the handshake's version: 2 added the listener's verdict.
-constexpr char kRendezvous[8] = {'K', 'I', 'L', 'N', 'R', 'D', 'V', '2'};
-constexpr char kRing[8] = {'K', 'I', 'L', 'N', 'R', 'N', 'G', '2'};
+// The last byte is the wire format's version: 2 added the listener's verdict, 3 the header before
+// each ring step's data. Bump it with any change to what ranks send each other, so a rank of
+// another build is refused at the handshake, not misread mid-collective.
+constexpr char kRendezvous[8] = {'K', 'I', 'L', 'N', 'R', 'D', 'V', '3'};
+constexpr char kRing[8] = {'K', 'I', 'L', 'N', 'R', 'N', 'G', '3'};
 constexpr auto kHandshakeTime = std::chrono::seconds(5);  // what a stranger can hold a listener up
 constexpr int32_t kMaxVerdict = 1024;                     // the longest refusal reason sent to a rank
 

@@ -136,16 +136,16 @@ TEST_CASE("tcp: strangers at the rendezvous and ring ports are refused and logge
     if (std::string(what) != "rendezvous") return;
     bound = addr;
     keep(stranger(p, std::string(64, 'G')));
-    keep(stranger(p, forged_hello("KILNRDV2", 1, 2)));
+    keep(stranger(p, forged_hello("KILNRDV3", 1, 2)));
     keep(stranger(p, ""));
-    keep(stranger(p, forged_hello("KILNRDV1", 1, 2)));  // a rank of an older Kiln
+    keep(stranger(p, forged_hello("KILNRDV2", 1, 2)));  // a rank of the Kiln before the step headers
     rendezvous_up.set_value();
   };
   // Before rank 1's ring listener is known to rank 0: garbage and a forged ring hello claiming rank 0.
   e1.on_listen = [&](const char* what, const std::string&, int p) {
     if (std::string(what) != "ring") return;
     keep(stranger(p, "GET / HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(40, ' ')));
-    keep(stranger(p, forged_hello("KILNRNG2", 0, 2)));
+    keep(stranger(p, forged_hello("KILNRNG3", 0, 2)));
   };
   auto run_rank = [](dist::DistEnv env) {
     auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(60));
@@ -162,7 +162,7 @@ TEST_CASE("tcp: strangers at the rendezvous and ring ports are refused and logge
   CHECK(bound == "127.0.0.1");  // a single-machine job listens on loopback only
   for (const auto& l : log.lines) MESSAGE(l);
   CHECK(log.count("refused a connection") == 6);
-  CHECK(log.count("to the rendezvous port: it is a Kiln rank of another version (handshake version 1, this one 2)") ==
+  CHECK(log.count("to the rendezvous port: it is a Kiln rank of another version (handshake version 2, this one 3)") ==
         1);
   CHECK(log.count("to the rendezvous port: it sent bytes that are not a Kiln handshake") == 1);
   CHECK(log.count("to the rendezvous port: it does not know the job's secret (KILN_DIST_SECRET)") == 1);
@@ -238,7 +238,7 @@ TEST_CASE("tcp: a ring neighbour that never connects: the wait names --dist-time
   // nonce), challenge (nonce, HMAC(secret, "server" | hello | nonce)), the rank's proof, a verdict.
   char hello[36];
   REQUIRE(::recv(c, hello, sizeof hello, MSG_WAITALL) == ssize_t(sizeof hello));
-  CHECK(std::string(hello, 8) == "KILNRDV2");
+  CHECK(std::string(hello, 8) == "KILNRDV3");
   int32_t rank1_port = 0;
   std::memcpy(&rank1_port, hello + 16, 4);
   uint8_t challenge[48] = {};
