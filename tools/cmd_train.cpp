@@ -560,10 +560,11 @@ class Trainer {
     if (world_ > 1)
       if (const int rc = agree_on_data(); rc >= 0) return rc;
     // The batch against the data before any planning: an optimizer step takes --accum-steps x --batch
-    // samples on each rank, ranks x that in all.
+    // samples on each rank, ranks x that in all. Compared by division: the product of huge flags
+    // overflows (--accum-steps 2^62 --batch 2 wrapped negative and passed).
     {
       const int64_t n = task_.train_data->size();
-      if (int64_t(world_) * c_.accum_steps * c_.batch > n) {
+      if (c_.batch > n / world_ / c_.accum_steps) {  // world x accum x batch > n, for positive integers
         const std::string ranks = world_ > 1 ? " x " + std::to_string(world_) + " ranks" : "";
         return fail(c_.accum_steps == 1 && world_ == 1
                         ? "--batch " + std::to_string(c_.batch) + " is larger than the " + std::to_string(n) +
@@ -597,7 +598,7 @@ class Trainer {
     // partial batch took an extra step over them when n is not a multiple: 15 samples, 2 ranks x batch 4
     // took 2 steps, one process x batch 8 one).
     accum_ = c_.accum_steps * (c_.batch / micro_);
-    spe_ = task_.train_data->size() / (int64_t(world_) * c_.accum_steps * c_.batch);
+    spe_ = task_.train_data->size() / world_ / c_.accum_steps / c_.batch;  // no product to overflow
     KILN_ASSERT(spe_ >= 1 && spe_ * accum_ <= loader_->batches_per_epoch(), "steps per epoch ", spe_, " x ", accum_,
                 " micro-batches, the loader has ", loader_->batches_per_epoch());
     std::error_code ec;
