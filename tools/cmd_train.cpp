@@ -854,6 +854,17 @@ class Trainer {
         }
         for (const std::string& d : config_differences(was, now)) diffs.push_back(d);
         refuse(diffs);
+        // The same flags and data with epochs of another length: the rule that makes them changed
+        // (a checkpoint from before floor(n / (ranks x accum x batch))). Its position is then in
+        // other epochs and its schedule over other total steps: at an epoch's last step it read as
+        // edited, elsewhere it went on with another step size, silently.
+        const nlohmann::json spe_was = saved.value("steps_per_epoch", nlohmann::json());
+        if (spe_was.is_number_integer() && spe_was != nlohmann::json(spe_))
+          KILN_FAIL(path, ": this checkpoint's epochs are ", spe_was.dump(), " steps, this build makes ", spe_,
+                    ": the rule for a sample count that is no multiple of ranks x --accum-steps x --batch (here ",
+                    world_, " x ", c_.accum_steps, " x ", c_.batch, ") changed, an epoch is now floor(",
+                    task_.train_data->size(), " / ", world_ * c_.accum_steps * c_.batch,
+                    ") steps; start a new run, or finish this one with the Kiln version that wrote it");
         const std::string isa_was = saved.value("cpu_isa", std::string()), isa_now = resolved_.value("cpu_isa", "");
         // Only the CPU's kernels differ between sets: a GPU run's numbers come from the GPU.
         if (lead_ && !device_.is_cuda() && !isa_was.empty() && isa_was != isa_now)
