@@ -236,9 +236,11 @@ struct Challenge {
   Digest256 mac;  // HMAC(secret, "server" | hello | nonce)
 };
 static_assert(sizeof(Challenge) == 48);
-// The last byte is the handshake's version: 2 added the listener's verdict.
-constexpr char kRendezvous[8] = {'K', 'I', 'L', 'N', 'R', 'D', 'V', '2'};
-constexpr char kRing[8] = {'K', 'I', 'L', 'N', 'R', 'N', 'G', '2'};
+// The last byte is the wire format's version: 2 added the listener's verdict, 3 the header before
+// each ring step's data. Bump it with any change to what ranks send each other, so a rank of
+// another build is refused at the handshake, not misread mid-collective.
+constexpr char kRendezvous[8] = {'K', 'I', 'L', 'N', 'R', 'D', 'V', '3'};
+constexpr char kRing[8] = {'K', 'I', 'L', 'N', 'R', 'N', 'G', '3'};
 constexpr auto kHandshakeTime = std::chrono::seconds(5);  // what a stranger can hold a listener up
 constexpr int32_t kMaxVerdict = 1024;                     // the longest refusal reason sent to a rank
 
@@ -532,14 +534,15 @@ class TcpCommunicator final : public Communicator {
       // Reduce-scatter: after size-1 steps rank r holds chunk r reduced over all ranks.
       for (int s = 0; s < size_ - 1; ++s) {
         const int sc = mod(rank_ - s - 1), rc = mod(rank_ - s - 2);
-        step(me, base + off(sc) * es, (off(sc + 1) - off(sc)) * es, tmp.data(), (off(rc + 1) - off(rc)) * es, n * es);
+        step(me, kBoth, base + off(sc) * es, (off(sc + 1) - off(sc)) * es, tmp.data(), (off(rc + 1) - off(rc)) * es,
+             n * es);
         reduce_bytes(buf.dtype(), base + off(rc) * es, tmp.data(), off(rc + 1) - off(rc), op);
       }
       // All-gather of the reduced chunks.
       for (int s = 0; s < size_ - 1; ++s) {
         const int sc = mod(rank_ - s), rc = mod(rank_ - s - 1);
-        step(me, base + off(sc) * es, (off(sc + 1) - off(sc)) * es, base + off(rc) * es, (off(rc + 1) - off(rc)) * es,
-             n * es);
+        step(me, kBoth, base + off(sc) * es, (off(sc + 1) - off(sc)) * es, base + off(rc) * es,
+             (off(rc + 1) - off(rc)) * es, n * es);
       }
       NoGradGuard g;
       if (op == ReduceOp::avg) Tensor(buf).mul_(1.0 / double(size_));
@@ -555,8 +558,8 @@ class TcpCommunicator final : public Communicator {
           const Op me = begin(Kind::broadcast, ReduceOp::sum, t.dtype(), t.numel());
           const size_t bytes = size_t(t.numel()) * dtype_size(t.dtype());
           // Along the ring from the root; the rank before the root does not forward.
-          if (rank_ != root) step(me, nullptr, 0, t.raw_data(), int64_t(bytes), int64_t(bytes));
-          if (mod(rank_ + 1) != root) step(me, t.raw_data(), int64_t(bytes), nullptr, 0, int64_t(bytes));
+          if (rank_ != root) step(me, kReceives, nullptr, 0, t.raw_data(), int64_t(bytes), int64_t(bytes));
+          if (mod(rank_ + 1) != root) step(me, kSends, t.raw_data(), int64_t(bytes), nullptr, 0, int64_t(bytes));
         })
         ->wait();
   }
@@ -568,9 +571,9 @@ class TcpCommunicator final : public Communicator {
           const Op me = begin(Kind::all_gather, ReduceOp::sum, in.dtype(), in.numel());
           const int64_t b = in.numel() * int64_t(dtype_size(in.dtype()));
           char* base = static_cast<char*>(out.raw_data());
-          if (base + rank_ * b != in.raw_data()) std::memcpy(base + rank_ * b, in.raw_data(), size_t(b));
+          if (b > 0 && base + rank_ * b != in.raw_data()) std::memcpy(base + rank_ * b, in.raw_data(), size_t(b));
           for (int s = 0; s < size_ - 1; ++s)
-            step(me, base + mod(rank_ - s) * b, b, base + mod(rank_ - s - 1) * b, b, b * size_);
+            step(me, kBoth, base + mod(rank_ - s) * b, b, base + mod(rank_ - s - 1) * b, b, b * size_);
         })
         ->wait();
   }
@@ -589,10 +592,10 @@ class TcpCommunicator final : public Communicator {
       std::vector<char> tmp(static_cast<size_t>(b));
       for (int s = 0; s < size_ - 1; ++s) {
         const int sc = mod(rank_ - s - 1), rc = mod(rank_ - s - 2);
-        step(me, base + sc * b, b, tmp.data(), b, b * size_);
+        step(me, kBoth, base + sc * b, b, tmp.data(), b, b * size_);
         reduce_bytes(in.dtype(), base + rc * b, tmp.data(), n, op);
       }
-      std::memcpy(out.raw_data(), base + rank_ * b, size_t(b));
+      if (b > 0) std::memcpy(out.raw_data(), base + rank_ * b, size_t(b));
       NoGradGuard g;
       if (op == ReduceOp::avg) Tensor(out).mul_(1.0 / double(size_));
     });
@@ -653,14 +656,20 @@ class TcpCommunicator final : public Communicator {
            std::to_string(o.seq);
   }
 
+  // Which way a ring step goes. Said by the collective, never inferred from its pointers: an empty
+  // tensor's data may be null on one rank and not on another, and a header sent by one side but
+  // awaited by neither (or the reverse) stalls the ring until --dist-timeout.
+  enum Way { kSends = 1, kReceives = 2, kBoth = 3 };
+
   // One ring step: send to the next rank while receiving from the previous one, each message after
-  // the header of the collective it belongs to (checked before the data is read).
-  void step(const Op& me, const void* sp, int64_t sn, void* rp, int64_t rn, int64_t total_bytes) {
+  // the header of the collective it belongs to (checked before the data is read). The header goes
+  // both ways `way` says also when there is no data, so a zero-size collective completes at once.
+  void step(const Op& me, Way way, const void* sp, int64_t sn, void* rp, int64_t rn, int64_t total_bytes) {
     const char* what = kind_name(me.kind);
     const std::string to = "rank " + std::to_string(mod(rank_ + 1)) + " (the next in the ring)",
                       from = "rank " + std::to_string(mod(rank_ - 1)) + " (the previous in the ring)";
     Op theirs{};
-    const bool sends = sp != nullptr || sn > 0, receives = rp != nullptr || rn > 0;
+    const bool sends = (way & kSends) != 0, receives = (way & kReceives) != 0;
     const auto check = [&] {
       if (std::memcmp(&theirs, &me, sizeof me) == 0) return;
       KILN_COLLECTIVE_FAIL(false, label_, ": ", describe(me), " here, but ", from, " sent ",

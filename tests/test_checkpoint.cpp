@@ -525,6 +525,34 @@ TEST_CASE("train: --resume refuses a checkpoint whose position is past what the 
   }
 }
 
+// A checkpoint whose epochs are of another length than the same flags and data make now (written
+// before the epoch rule became floor(n / (ranks x accum x batch))): refused naming both lengths and
+// the rule. Before, one saved at an epoch's last step read as "damaged or was edited", any other
+// went on with another total_steps and step size.
+TEST_CASE("train: --resume refuses a checkpoint whose steps per epoch another rule made, naming both") {
+  TempDir d("kiln_resume");
+  const std::string args =
+      "train --limit-train 64 --limit-eval 32 --batch 8 --max-steps 3 --save-every 2 --threads 1 "
+      "--progress lines --out ";
+  auto r = run_kiln(args + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string ckpt = d / "run/checkpoints/step-000000002.kiln";
+  REQUIRE(fs::exists(ckpt));
+  json m = manifest_of(ckpt);
+  REQUIRE(m["state"]["config"]["steps_per_epoch"] == 8);
+  for (const int64_t spe : {9, 2}) {  // longer and shorter epochs than this build makes
+    m["state"]["config"]["steps_per_epoch"] = spe;
+    write_bytes(d / "old.kiln", with_manifest(ckpt, m.dump()));
+    r = run_kiln(args + d / ("again" + std::to_string(spe)) + " --resume " + d / "old.kiln", d.p.string());
+    CHECK_MESSAGE(r.code == 2, spe, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "old.kiln: this checkpoint's epochs are " + std::to_string(spe) +
+                                         " steps, this build makes 8: the rule for a sample count that is no "
+                                         "multiple of ranks x --accum-steps x --batch (here 1 x 1 x 8) changed"),
+                  r.output);
+    CHECK_MESSAGE(!contains(r.output, "damaged or was edited"), r.output);
+  }
+}
+
 TEST_CASE("train: --resume auto passes over damaged checkpoints to the newest intact one and says so") {
   TempDir d("kiln_resume");
   const std::string args =

@@ -136,16 +136,16 @@ TEST_CASE("tcp: strangers at the rendezvous and ring ports are refused and logge
     if (std::string(what) != "rendezvous") return;
     bound = addr;
     keep(stranger(p, std::string(64, 'G')));
-    keep(stranger(p, forged_hello("KILNRDV2", 1, 2)));
+    keep(stranger(p, forged_hello("KILNRDV3", 1, 2)));
     keep(stranger(p, ""));
-    keep(stranger(p, forged_hello("KILNRDV1", 1, 2)));  // a rank of an older Kiln
+    keep(stranger(p, forged_hello("KILNRDV2", 1, 2)));  // a rank of the Kiln before the step headers
     rendezvous_up.set_value();
   };
   // Before rank 1's ring listener is known to rank 0: garbage and a forged ring hello claiming rank 0.
   e1.on_listen = [&](const char* what, const std::string&, int p) {
     if (std::string(what) != "ring") return;
     keep(stranger(p, "GET / HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(40, ' ')));
-    keep(stranger(p, forged_hello("KILNRNG2", 0, 2)));
+    keep(stranger(p, forged_hello("KILNRNG3", 0, 2)));
   };
   auto run_rank = [](dist::DistEnv env) {
     auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(60));
@@ -162,7 +162,7 @@ TEST_CASE("tcp: strangers at the rendezvous and ring ports are refused and logge
   CHECK(bound == "127.0.0.1");  // a single-machine job listens on loopback only
   for (const auto& l : log.lines) MESSAGE(l);
   CHECK(log.count("refused a connection") == 6);
-  CHECK(log.count("to the rendezvous port: it is a Kiln rank of another version (handshake version 1, this one 2)") ==
+  CHECK(log.count("to the rendezvous port: it is a Kiln rank of another version (handshake version 2, this one 3)") ==
         1);
   CHECK(log.count("to the rendezvous port: it sent bytes that are not a Kiln handshake") == 1);
   CHECK(log.count("to the rendezvous port: it does not know the job's secret (KILN_DIST_SECRET)") == 1);
@@ -238,7 +238,7 @@ TEST_CASE("tcp: a ring neighbour that never connects: the wait names --dist-time
   // nonce), challenge (nonce, HMAC(secret, "server" | hello | nonce)), the rank's proof, a verdict.
   char hello[36];
   REQUIRE(::recv(c, hello, sizeof hello, MSG_WAITALL) == ssize_t(sizeof hello));
-  CHECK(std::string(hello, 8) == "KILNRDV2");
+  CHECK(std::string(hello, 8) == "KILNRDV3");
   int32_t rank1_port = 0;
   std::memcpy(&rank1_port, hello + 16, 4);
   uint8_t challenge[48] = {};
@@ -353,4 +353,36 @@ TEST_CASE("tcp: ranks whose collectives differ stop naming both sides' op and el
                                    w.here0 + ": the ranks went out of step"),
                   e1);
   }
+}
+
+// Zero-size collectives complete at once, also when an empty tensor's data pointer is null on one
+// rank (a fresh empty tensor) and not on the other (an empty view of real storage). Before, a step
+// sent its header only for a non-null pointer and awaited one for any receive buffer: a zero-size
+// all_reduce stalled until --dist-timeout and left the communicator broken.
+TEST_CASE("tcp: zero-size collectives complete on every rank and the communicator goes on") {
+  const int port = free_port();
+  Log log;
+  auto run_rank = [](dist::DistEnv env) {
+    return error_of([&] {
+      auto comm = dist::make_cpu_communicator(env, std::chrono::seconds(5));
+      Tensor storage = full({8}, 1.0);
+      // Rank 0: fresh empty tensors; rank 1: empty views into storage.
+      auto empty = [&](int64_t n) { return env.rank == 0 ? zeros({n}) : storage.narrow(0, 0, n); };
+      Tensor a = empty(0);
+      comm->all_reduce(a, dist::ReduceOp::sum);
+      comm->broadcast(empty(0), 0);
+      comm->broadcast(empty(0), 1);
+      comm->all_gather(empty(0), empty(0));
+      comm->reduce_scatter(empty(0), empty(0), dist::ReduceOp::sum);
+      comm->all_reduce_async(empty(0), dist::ReduceOp::avg)->wait();
+      Tensor one = full({3}, 1.0);
+      comm->all_reduce(one, dist::ReduceOp::sum);
+      CHECK(one.to_vector() == std::vector<double>(3, 2.0));
+    });
+  };
+  auto r0 = std::async(std::launch::async, run_rank, rank_env(0, port, "s", log));
+  auto r1 = std::async(std::launch::async, run_rank, rank_env(1, port, "s", log));
+  const std::string e0 = r0.get(), e1 = r1.get();
+  CHECK_MESSAGE(e0 == "NO ERROR", e0);
+  CHECK_MESSAGE(e1 == "NO ERROR", e1);
 }

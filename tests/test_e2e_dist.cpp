@@ -518,3 +518,37 @@ TEST_CASE("e2e dist: ranks with other flags name a rule's default as --help does
                          "--warmup 1 (rank 0: default)."),
                 r1);
 }
+
+// Ranks reading the same corpus through other --vocab files (the same tokens, two of them swapped:
+// the same sample counts and data files, another vocabulary) stop before training, rank 1 naming
+// the vocabulary's fingerprints. Before, the ranks compared counts and files only and trained on,
+// each rank's token ids meaning other words.
+TEST_CASE("e2e dist: ranks with other --vocab files stop together naming the vocabulary's fingerprint") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_dist_vocab");
+  kiln::testing::small_mlm_train(d);  // builds d/vocab.txt
+  std::string other = read_text(d / "vocab.txt");
+  // The last two entries swapped: ordinary word pieces, so the samples are cut the same.
+  const size_t last = other.rfind('\n', other.size() - 2), before = other.rfind('\n', last - 1);
+  REQUIRE(before != std::string::npos);
+  other = other.substr(0, before + 1) + other.substr(last + 1, other.size() - last - 2) + "\n" +
+          other.substr(before + 1, last - before - 1) + "\n";
+  std::ofstream(d / "other.txt", std::ios::binary) << other;
+  REQUIRE(other != read_text(d / "vocab.txt"));
+  const std::string train = std::string(KILN_BINARY) + " train --model bert-tiny --text " + kFortunes +
+                            "/computers --seq-len 32 --batch 4 --max-steps 2 --threads 1 --progress lines "
+                            "--dist-timeout 30 ";
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29644 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
+  const std::string cmd = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + "--vocab " + d / "vocab.txt" + " --out " +
+                          d / "a" + " > " + d / "r0.txt" + " 2>&1; echo $? > " + d / "rc0) & (" + env +
+                          "RANK=1 LOCAL_RANK=1 " + train + "--vocab " + d / "other.txt" + " --out " + d / "b" + " > " +
+                          d / "r1.txt" + " 2>&1; echo $? > " + d / "rc1); wait";
+  REQUIRE(std::system(("timeout 120 sh -c '" + cmd + "'").c_str()) == 0);
+  CHECK(read_text(d / "rc0") == "2\n");
+  CHECK(read_text(d / "rc1") == "2\n");
+  const std::string r1 = read_text(d / "r1.txt"), r0 = read_text(d / "r0.txt");
+  CHECK_MESSAGE(contains(r1, "rank 1 reads other data than rank 0: data vocab_fingerprint "), r1);
+  CHECK_MESSAGE(!contains(r1, "training samples"), r1);  // the same counts: only the vocabulary differs
+  CHECK_MESSAGE(contains(r0, "1 other rank reads other data than rank 0"), r0);
+  CHECK_MESSAGE(!contains(r0, "epoch 1"), r0);  // nothing trained
+}

@@ -82,6 +82,11 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
       {"--limit-train 64 --batch 1000000000 --micro-batch auto" + out,
        "--batch 1000000000 is larger than the 64 training samples"},
       {"--limit-train 64 --batch 16 --accum-steps 8" + out, "--accum-steps 8 x --batch 16 is more than the 64"},
+      // A product of huge flags that overflows int64 (2^62 x 2 wrapped negative and passed the check).
+      {"--limit-train 64 --accum-steps 4611686018427387904 --batch 2" + out,
+       "--accum-steps 4611686018427387904 x --batch 2 is more than the 64 training samples"},
+      {"--limit-train 64 --accum-steps 4611686018427387905 --batch 4" + out,
+       "--accum-steps 4611686018427387905 x --batch 4 is more than the 64 training samples"},
       {"--batch 9223372036854775807" + out, "--batch 9223372036854775807: a step's largest tensor would hold"},
       // Flags the run would not use are refused, not dropped.
       {"--model resnet20 --seq-len 64" + out, "--seq-len: for BERT models; --model resnet20 reads images"},

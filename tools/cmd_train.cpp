@@ -574,10 +574,11 @@ class Trainer {
     if (world_ > 1)
       if (const int rc = agree_on_data(); rc >= 0) return rc;
     // The batch against the data before any planning: an optimizer step takes --accum-steps x --batch
-    // samples on each rank, ranks x that in all.
+    // samples on each rank, ranks x that in all. Compared by division: the product of huge flags
+    // overflows (--accum-steps 2^62 --batch 2 wrapped negative and passed).
     {
       const int64_t n = task_.train_data->size();
-      if (int64_t(world_) * c_.accum_steps * c_.batch > n) {
+      if (c_.batch > n / world_ / c_.accum_steps) {  // world x accum x batch > n, for positive integers
         const std::string ranks = world_ > 1 ? " x " + std::to_string(world_) + " ranks" : "";
         return fail(c_.accum_steps == 1 && world_ == 1
                         ? "--batch " + std::to_string(c_.batch) + " is larger than the " + std::to_string(n) +
@@ -611,7 +612,7 @@ class Trainer {
     // partial batch took an extra step over them when n is not a multiple: 15 samples, 2 ranks x batch 4
     // took 2 steps, one process x batch 8 one).
     accum_ = c_.accum_steps * (c_.batch / micro_);
-    spe_ = task_.train_data->size() / (int64_t(world_) * c_.accum_steps * c_.batch);
+    spe_ = task_.train_data->size() / world_ / c_.accum_steps / c_.batch;  // no product to overflow
     KILN_ASSERT(spe_ >= 1 && spe_ * accum_ <= loader_->batches_per_epoch(), "steps per epoch ", spe_, " x ", accum_,
                 " micro-batches, the loader has ", loader_->batches_per_epoch());
     std::error_code ec;
@@ -869,6 +870,17 @@ class Trainer {
         }
         for (const std::string& d : config_differences(was, now)) diffs.push_back(d);
         refuse(diffs);
+        // The same flags and data with epochs of another length: the rule that makes them changed
+        // (a checkpoint from before floor(n / (ranks x accum x batch))). Its position is then in
+        // other epochs and its schedule over other total steps: at an epoch's last step it read as
+        // edited, elsewhere it went on with another step size, silently.
+        const nlohmann::json spe_was = saved.value("steps_per_epoch", nlohmann::json());
+        if (spe_was.is_number_integer() && spe_was != nlohmann::json(spe_))
+          KILN_FAIL(path, ": this checkpoint's epochs are ", spe_was.dump(), " steps, this build makes ", spe_,
+                    ": the rule for a sample count that is no multiple of ranks x --accum-steps x --batch (here ",
+                    world_, " x ", c_.accum_steps, " x ", c_.batch, ") changed, an epoch is now floor(",
+                    task_.train_data->size(), " / ", world_ * c_.accum_steps * c_.batch,
+                    ") steps; start a new run, or finish this one with the Kiln version that wrote it");
         const std::string isa_was = saved.value("cpu_isa", std::string()), isa_now = resolved_.value("cpu_isa", "");
         // Only the CPU's kernels differ between sets: a GPU run's numbers come from the GPU.
         if (lead_ && !device_.is_cuda() && !isa_was.empty() && isa_was != isa_now)
@@ -1331,17 +1343,27 @@ class Trainer {
   // stop together if any differs. Ranks with other data took other step counts: their collectives
   // paired up wrongly, one rank printed a test loss of 0 and another ended silently.
   int agree_on_data() {
-    const nlohmann::json mine = {{"train", task_.train_data ? task_.train_data->size() : 0},
-                                 {"eval", task_.eval_data ? task_.eval_data->size() : 0},
-                                 {"contents", task_.data_info.value("contents", nlohmann::json::array())}};
+    // What a resume compares of the data (io/run_checkpoint.cpp): the same counts and files read
+    // through another --vocab, or with other label names or classes, train another model per rank.
+    static const char* kKeys[] = {"vocab_fingerprint", "vocab_size", "labels", "classes", "corpus_tokens", "shape"};
+    nlohmann::json mine = {{"train", task_.train_data ? task_.train_data->size() : 0},
+                           {"eval", task_.eval_data ? task_.eval_data->size() : 0},
+                           {"contents", task_.data_info.value("contents", nlohmann::json::array())}};
+    for (const char* k : kKeys) mine[k] = task_.data_info.value(k, nlohmann::json());
     const nlohmann::json lead = nlohmann::json::parse(broadcast_string(mine.dump()));
     std::string diff;
     const auto add = [&diff](const std::string& what, const nlohmann::json& here, const nlohmann::json& there) {
-      diff += (diff.empty() ? "" : ", ") + what + " " + (here.is_string() ? here.get<std::string>() : here.dump()) +
-              " (rank 0: " + (there.is_string() ? there.get<std::string>() : there.dump()) + ")";
+      const auto text = [](const nlohmann::json& v) {
+        std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+        return s.size() > 160 ? s.substr(0, 150) + " ... (" + std::to_string(s.size()) + " characters)" : s;
+      };
+      diff += (diff.empty() ? "" : ", ") + what + " " + text(here) + " (rank 0: " + text(there) + ")";
     };
     if (mine["train"] != lead["train"]) add("training samples", mine["train"], lead["train"]);
     if (mine["eval"] != lead["eval"]) add("evaluation samples", mine["eval"], lead["eval"]);
+    for (const char* k : kKeys)
+      if (mine[k] != lead.value(k, nlohmann::json()))
+        add(std::string("data ") + k, mine[k], lead.value(k, nlohmann::json()));
     const nlohmann::json &a = mine["contents"], &b = lead["contents"];
     for (size_t i = 0; i < std::max(a.size(), b.size()); ++i)
       if (i >= a.size() || i >= b.size() || a[i] != b[i])
