@@ -51,6 +51,7 @@ class Prefix final : public io::Dataset {
     for (int64_t i : idx) mapped.push_back(idx_.at(size_t(i)));
     return ds_->get_batch(mapped, seed);
   }
+  bool random() const override { return ds_->random(); }
 
  private:
   std::shared_ptr<const io::Dataset> ds_;
@@ -253,6 +254,7 @@ class Subset final : public io::Dataset {
     for (int64_t i : idx) mapped.push_back(idx_.at(size_t(i)));
     return ds_->get_batch(mapped, seed);
   }
+  bool random() const override { return ds_->random(); }
 
  private:
   std::shared_ptr<const io::Dataset> ds_;

@@ -166,6 +166,7 @@ class SubsetDataset final : public io::Dataset {
     for (int64_t i : idx) mapped.push_back(indices_.at(size_t(i)));
     return base_->get_batch(mapped, seed);
   }
+  bool random() const override { return base_->random(); }
 
  private:
   std::shared_ptr<const io::Dataset> base_;
@@ -746,9 +747,14 @@ void bind_nn(nb::module_& m) {
             // A fresh augmentation each call, as a torch data set's random transform draws from torch's
             // generator: the seed comes from Kiln's (kiln.manual_seed), taken here with the GIL held. A
             // fixed seed froze one augmented sample per index for a loop or a torch DataLoader over it.
-            Generator& g = default_generator();
-            PhiloxStream draw(g.seed, g.reserve(4) / 4);
-            const uint64_t seed = uint64_t(draw.next_u32()) << 32 | draw.next_u32();
+            // A set without augmentation (a test split) draws nothing: peeking at it must not move the
+            // generator that model init and a DataLoader's default seed draw from next.
+            uint64_t seed = 0;
+            if (d.random()) {
+              Generator& g = default_generator();
+              PhiloxStream draw(g.seed, g.reserve(4) / 4);
+              seed = uint64_t(draw.next_u32()) << 32 | draw.next_u32();
+            }
             io::Batch b;
             {
               R r;

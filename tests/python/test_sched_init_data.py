@@ -798,6 +798,20 @@ def test_engine_dataset_item_is_a_fresh_augmentation_from_kilns_generator():
     assert np.array_equal(test[3]["input"].numpy(), test.get_batch([3])["input"][0].numpy())
 
 
+def test_engine_dataset_item_of_an_unaugmented_set_leaves_kilns_generator():
+    # Peeking at the test split must not move the generator that model init (and a DataLoader's
+    # default seed) draw from next; an augmented set draws its seed from it.
+    d = kiln.data.fashion_mnist()
+    kiln.manual_seed(3)
+    expected = kiln.randn(5).numpy()
+    kiln.manual_seed(3)
+    d["test"][0], d["test"][-1], kiln.data.Subset(d["test"], [7, 9])[1]
+    assert np.array_equal(kiln.randn(5).numpy(), expected)
+    kiln.manual_seed(3)
+    d["train"][0]
+    assert not np.array_equal(kiln.randn(5).numpy(), expected)
+
+
 def test_dataloader_set_epoch_and_ranks():
     def epochs(loader, n):
         return [[b.tolist() for b in loader] for _ in range(n)]
