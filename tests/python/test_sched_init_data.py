@@ -812,6 +812,34 @@ def test_engine_dataset_item_of_an_unaugmented_set_leaves_kilns_generator():
     assert not np.array_equal(kiln.randn(5).numpy(), expected)
 
 
+class _TrainItems(torch.utils.data.Dataset):  # module level: picklable for the workers
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return self.ds[i]["input"].numpy()
+
+
+def test_engine_dataset_item_in_torch_dataloader_workers_draws_per_worker_seeds():
+    # Forked workers copy Kiln's generator: each epoch's (and each worker's) draws repeated the
+    # parent's. Like torch's own generator, Kiln's is seeded per worker from get_worker_info().seed.
+    items = _TrainItems(kiln.data.fashion_mnist()["train"])
+
+    def epoch():
+        loader = torch.utils.data.DataLoader(items, batch_size=1, num_workers=2, multiprocessing_context="fork")
+        return [b.numpy().tobytes() for b in loader]
+
+    torch.manual_seed(0)
+    first, second = epoch(), epoch()
+    assert first != second
+    assert first[0] != first[1]  # worker 0's first sample and worker 1's: another seed, another shift
+    torch.manual_seed(0)  # torch's base seed decides the workers' seeds: reproducible
+    assert epoch() == first
+
+
 def test_dataloader_set_epoch_and_ranks():
     def epochs(loader, n):
         return [[b.tolist() for b in loader] for _ in range(n)]
