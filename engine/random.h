@@ -1,6 +1,7 @@
 // A Philox generator is just (seed, offset): draws reserve blocks of the counter space, so the
 // state is two integers that a checkpoint saves and any device can reproduce.
 #pragma once
+#include <atomic>
 #include <cstdint>
 
 namespace kiln {
@@ -11,11 +12,10 @@ struct Generator {
 
   Generator() = default;
   explicit Generator(uint64_t s) : seed(s) {}
-  // Reserves `n` elements and returns where they start.
+  // Reserves `n` elements and returns where they start. Atomic: dropout draws without the GIL while
+  // ds[i] draws under it, and a plain read-then-add could hand two callers the same Philox blocks.
   uint64_t reserve(uint64_t n) {
-    const uint64_t start = offset;
-    offset += (n + 3) / 4 * 4;
-    return start;
+    return std::atomic_ref<uint64_t>(offset).fetch_add((n + 3) / 4 * 4, std::memory_order_relaxed);
   }
 };
 

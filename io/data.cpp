@@ -185,6 +185,10 @@ TensorImageDataset::TensorImageDataset(Tensor images, Tensor labels, ImageTransf
              " means and ", t_.std.size(), " stds for ", c, " channels");
   for (float s : t_.std) KILN_CHECK(s > 0, name_, ": normalisation std must be positive, got ", s);
   KILN_CHECK(t_.pad_crop >= 0, name_, ": crop padding must be >= 0, got ", t_.pad_crop);
+  // A crop shifted by more than the image shows only padding; the bound also keeps 2 * pad + 1 from
+  // overflowing in get_batch.
+  KILN_CHECK(t_.pad_crop <= std::max(images_.size(2), images_.size(3)), name_, ": crop padding (pad) ", t_.pad_crop,
+             " is larger than the ", images_.size(2), "x", images_.size(3), " images");
 }
 
 Batch TensorImageDataset::get_batch(const std::vector<int64_t>& indices, uint64_t seed) const {

@@ -27,6 +27,10 @@ class Dataset {
   // The batch holding samples `indices`, in that order. Random augmentation must be a function of
   // (seed, sample index) alone. Called from several loader threads at once.
   virtual Batch get_batch(const std::vector<int64_t>& indices, uint64_t seed) const = 0;
+  // Whether get_batch depends on its seed (random augmentation or masking). Python's ds[i] draws a
+  // seed from Kiln's generator only then, so indexing a fixed set (a test split) leaves the
+  // generator, and so model init and a DataLoader's default seed, as they were.
+  virtual bool random() const { return true; }
 };
 
 struct LoaderOptions {
@@ -110,6 +114,7 @@ class TensorImageDataset final : public Dataset {
   TensorImageDataset(Tensor images, Tensor labels, ImageTransform transform, std::string name);
   int64_t size() const override { return images_.size(0); }
   Batch get_batch(const std::vector<int64_t>& indices, uint64_t seed) const override;
+  bool random() const override { return t_.pad_crop > 0 || t_.hflip; }
   const Tensor& images() const { return images_; }
   const Tensor& labels() const { return labels_; }
 

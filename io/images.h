@@ -37,6 +37,7 @@ class ImageFolderDataset final : public Dataset {
   ImageFolderDataset(const std::string& root, ImageFolderOptions o, std::vector<std::string> classes = {});
   int64_t size() const override { return int64_t(files_.size()); }
   Batch get_batch(const std::vector<int64_t>& indices, uint64_t seed) const override;
+  bool random() const override { return o_.train; }
   const std::vector<std::string>& classes() const { return classes_; }
   const std::string& file(int64_t i) const { return files_.at(size_t(i)); }
   int64_t bad_samples() const { return bad_.load(); }  // distinct files skipped so far (skip_bad)

@@ -158,6 +158,7 @@ class TsvClassificationDataset final : public Dataset {
                            std::vector<std::string> label_names = {});
   int64_t size() const override { return int64_t(seqs_.size()); }
   Batch get_batch(const std::vector<int64_t>& indices, uint64_t seed) const override;
+  bool random() const override { return false; }  // a sequence is the same at every read
   const std::vector<std::string>& label_names() const { return labels_; }
   // The header's names of the text column, or of a pair's two; empty without a header.
   const std::vector<std::string>& text_columns() const { return text_columns_; }

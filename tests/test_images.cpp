@@ -12,11 +12,14 @@
 
 #include <zlib.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "io/checkpoint.h"
 #include "io/images.h"
 #include "kiln.h"
 #include "test_util.h"
@@ -622,6 +625,64 @@ TEST_CASE("train: a resume from an image folder compares its files, not its path
   CHECK_MESSAGE(r.code == 2, r.output);
   CHECK_MESSAGE(contains(r.output, "data contents: checkpoint [\"train/: 8 files, "), r.output);
   CHECK_MESSAGE(contains(r.output, "first difference at entry 0"), r.output);
+}
+
+// An image folder's data_info.contents entry as versions before the sub-folder order change wrote it:
+// the files' paths below `dir`, sorted, and sizes, hashed (FNV-1a 64).
+std::string sorted_fingerprint(const fs::path& dir, const std::string& label) {
+  std::vector<std::pair<std::string, uint64_t>> files;
+  uint64_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) {
+      files.emplace_back(e.path().lexically_relative(dir).generic_string(), uint64_t(e.file_size()));
+      total += files.back().second;
+    }
+  std::sort(files.begin(), files.end());
+  uint64_t h = 14695981039346656037ull;
+  for (const auto& f : files)
+    for (const char ch : f.first + "\t" + std::to_string(f.second) + "\n")
+      h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return label + ": " + std::to_string(files.size()) + " files, " + std::to_string(total) + " bytes, names and sizes " +
+         hex;
+}
+
+// A folder with files in a class folder's sub-folders changed its sample order (a class folder's own
+// files first): a checkpoint fingerprinting it the old way (sorted) must not resume on the new
+// index -> file mapping. A folder without sub-folders keeps its old fingerprint, so its runs resume.
+TEST_CASE("train: a resume from an image folder with sub-folders compares its files in sample order") {
+  TempDir d("kiln_img_nested");
+  make_folder((d.p / "a").string(), 4);
+  fs::create_directories(d.p / "a/train/dog/b");
+  write_image(d / "a/train/dog/b/x.bmp", 20, 16, 90, 90, 90);  // before dog/img0.png sorted, after it now
+  const std::string flags =
+      "train --model resnet20 --data folder --image-size 16 --batch 4 --max-steps 1 --save-every 1 --threads 1 "
+      "--no-tensorboard --data-dir ";
+  auto r = kiln::testing::run_kiln(flags + d / "a --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string ckpt = d / "run/checkpoints/step-000000001.kiln";
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::string js;
+  {
+    io::CheckpointReader reader(ckpt);
+    for (const auto& e : reader.entries()) tensors.emplace_back(e.name, reader.read(e.name));
+    js = reader.state_json();
+  }
+  const size_t at = js.find("\"train/: ");
+  REQUIRE(at != std::string::npos);
+  const std::string entry = js.substr(at + 1, js.find('"', at + 1) - at - 1);
+  const std::string old = sorted_fingerprint(d.p / "a/train", "train/");
+  CHECK_MESSAGE(entry != old, entry);
+  CHECK_MESSAGE(contains(entry, "train/: 9 files, "), entry);
+  // The checkpoint as the old order's version would have written it: refused, naming the contents.
+  js.replace(at + 1, entry.size(), old);
+  io::save_checkpoint(d / "old.kiln", tensors, js);
+  r = kiln::testing::run_kiln(flags + d / "a --resume " + d / "old.kiln --out " + d / "old", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "data contents: checkpoint [\"" + old + "\""), r.output);
+  // The val/ folder has no sub-folders: its entry is the sorted one, as older versions wrote it.
+  CHECK_MESSAGE(contains(js, "\"" + sorted_fingerprint(d.p / "a/val", "val/") + "\""), js);
 }
 
 TEST_CASE("train: an image folder's class names and image size travel with the weights to kiln eval") {

@@ -2,12 +2,14 @@
 // printing, in-place updates and versions, error messages, and reproducible random numbers.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kiln.h"
@@ -987,6 +989,26 @@ TEST_CASE("tensor: generator offsets advance in multiples of 4") {
   CHECK(h.reserve(5) == 0);
   CHECK(h.reserve(1) == 8);
   CHECK(h.offset == 12);
+}
+
+// Dropout reserves without the GIL while ds[i] reserves under it: concurrent reservations must never
+// share a Philox block (a lost update hands two callers the same start).
+TEST_CASE("tensor: concurrent generator reservations get disjoint ranges") {
+  Generator g(3);
+  constexpr int kThreads = 4, kEach = 50000;
+  std::vector<std::vector<uint64_t>> starts(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&g, &starts, t] {
+      for (int k = 0; k < kEach; ++k) starts[size_t(t)].push_back(g.reserve(1 + uint64_t(k % 4)));  // 4 each
+    });
+  for (auto& th : threads) th.join();
+  std::vector<uint64_t> all;
+  for (const auto& v : starts) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());  // no start handed out twice
+  CHECK(g.offset == uint64_t(kThreads) * kEach * 4);
+  for (size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == 4 * i);  // each 4-element block exactly once
 }
 
 TEST_CASE("tensor: random elements are the documented Philox lanes") {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -51,6 +52,7 @@ class Prefix final : public io::Dataset {
     for (int64_t i : idx) mapped.push_back(idx_.at(size_t(i)));
     return ds_->get_batch(mapped, seed);
   }
+  bool random() const override { return ds_->random(); }
 
  private:
   std::shared_ptr<const io::Dataset> ds_;
@@ -102,18 +104,25 @@ std::string file_content(const std::string& path, const std::string& label) {
 // An image folder split's entry in data_info.contents: its files' paths below `dir`, sorted, and
 // sizes, hashed (FNV-1a 64). Reading every image's bytes would cost a pass over the data set; the
 // names and sizes tell another folder (or an added, removed or re-encoded image) at a stat each.
+// A folder with files in a class folder's sub-folders is hashed in sample order instead, under its
+// own wording: the sample order of such folders changed (a class folder's own files first, commit
+// dbb9e6e), and a checkpoint of the old order would resume, and --limit-train pick, on another
+// index -> file mapping. Folders without sub-folders kept their order and their fingerprint.
 std::string folder_content(const io::ImageFolderDataset& ds, const std::filesystem::path& dir,
                            const std::string& label) {
   std::vector<std::pair<std::string, uint64_t>> files;
   uint64_t total = 0;
+  bool nested = false;  // a file below class/sub/
   for (int64_t i = 0; i < ds.size(); ++i) {
     std::error_code ec;
     const uint64_t size = std::filesystem::file_size(ds.file(i), ec);
     KILN_CHECK(!ec, label, " ", ds.file(i), ": cannot read its size (", ec.message(), ")");
-    files.emplace_back(std::filesystem::path(ds.file(i)).lexically_relative(dir).generic_string(), size);
+    const std::filesystem::path rel = std::filesystem::path(ds.file(i)).lexically_relative(dir);
+    nested = nested || std::distance(rel.begin(), rel.end()) > 2;
+    files.emplace_back(rel.generic_string(), size);
     total += size;
   }
-  std::sort(files.begin(), files.end());
+  if (!nested) std::sort(files.begin(), files.end());
   uint64_t h = 14695981039346656037ull;
   auto mix = [&h](const std::string& text) {
     for (const char ch : text) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
@@ -122,7 +131,7 @@ std::string folder_content(const io::ImageFolderDataset& ds, const std::filesyst
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return label + ": " + std::to_string(files.size()) + " files, " + std::to_string(total) + " bytes, names and sizes " +
-         hex;
+         (nested ? "in sample order " : "") + hex;
 }
 
 Task image_folder(const TrainConfig& c) {
@@ -253,6 +262,7 @@ class Subset final : public io::Dataset {
     for (int64_t i : idx) mapped.push_back(idx_.at(size_t(i)));
     return ds_->get_batch(mapped, seed);
   }
+  bool random() const override { return ds_->random(); }
 
  private:
   std::shared_ptr<const io::Dataset> ds_;

@@ -62,6 +62,8 @@ def mnist_dir(path, name="mnist", augment=True, mean=None, std=None, hflip=None,
         raise TypeError(f"mnist_dir: pad must be an int (the random crop's padding in pixels), got {pad!r}")
     if pad < 0:
         raise ValueError(f"mnist_dir: pad must be >= 0 (the random crop's padding in pixels; 0: no crop), got {pad}")
+    if pad >= 2**63:  # past the engine's int64; smaller ones above the image size are refused naming it
+        raise ValueError(f"mnist_dir: pad {pad} is larger than the images (the random crop's padding in pixels)")
     return dict(_C._load_mnist_dir(str(path), name, int(pad) if augment else 0, bool(augment and hflip), mean, std))
 
 

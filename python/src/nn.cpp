@@ -143,6 +143,22 @@ nb::dict batch_dict(const io::Batch& b) {
   return d;
 }
 
+// In a torch DataLoader's worker process (torch imported, get_worker_info() set), Kiln's generator is
+// seeded once from the worker's seed, as torch seeds its own and `random` there: a forked worker
+// otherwise inherits the parent's generator, and every epoch's workers repeat one augmentation.
+// torch is never imported here, only looked up.
+void seed_torch_worker() {
+  static std::optional<uint64_t> applied;  // the worker seed this process took (fork copies it unset)
+  nb::dict modules = nb::borrow<nb::dict>(nb::module_::import_("sys").attr("modules"));
+  if (!modules.contains("torch.utils.data")) return;
+  nb::object info = modules["torch.utils.data"].attr("get_worker_info")();
+  if (info.is_none()) return;
+  const uint64_t seed = nb::cast<uint64_t>(info.attr("seed"));
+  if (applied == seed) return;
+  manual_seed(seed);
+  applied = seed;
+}
+
 // kiln.data.Subset (random_split's parts) of an engine data set, for the C++ loader: batch i of it is
 // the base set's batch of indices_[i] with the same seed, so its samples and their augmentation are
 // the base set's.
@@ -166,6 +182,7 @@ class SubsetDataset final : public io::Dataset {
     for (int64_t i : idx) mapped.push_back(indices_.at(size_t(i)));
     return base_->get_batch(mapped, seed);
   }
+  bool random() const override { return base_->random(); }
 
  private:
   std::shared_ptr<const io::Dataset> base_;
@@ -756,9 +773,15 @@ void bind_nn(nb::module_& m) {
             // A fresh augmentation each call, as a torch data set's random transform draws from torch's
             // generator: the seed comes from Kiln's (kiln.manual_seed), taken here with the GIL held. A
             // fixed seed froze one augmented sample per index for a loop or a torch DataLoader over it.
-            Generator& g = default_generator();
-            PhiloxStream draw(g.seed, g.reserve(4) / 4);
-            const uint64_t seed = uint64_t(draw.next_u32()) << 32 | draw.next_u32();
+            // A set without augmentation (a test split) draws nothing: peeking at it must not move the
+            // generator that model init and a DataLoader's default seed draw from next.
+            uint64_t seed = 0;
+            if (d.random()) {
+              seed_torch_worker();
+              Generator& g = default_generator();
+              PhiloxStream draw(g.seed, g.reserve(4) / 4);
+              seed = uint64_t(draw.next_u32()) << 32 | draw.next_u32();
+            }
             io::Batch b;
             {
               R r;

@@ -555,3 +555,13 @@ def test_fashion_mnist_forwards_the_overrides_and_pad():
         kiln.data.fashion_mnist(pad=-1)
     with pytest.raises(TypeError, match=r"pad must be an int"):
         kiln.data.mnist_dir(kiln.data.FASHION_MNIST_DIR, pad=1.5)
+
+
+def test_mnist_dir_refuses_a_pad_larger_than_the_images():
+    # 2 * pad + 1 overflowed for pad=2**62; 2**63 was nanobind's TypeError on the int64 argument
+    assert len(kiln.data.fashion_mnist(pad=28)["train"]) == 60000  # the image size itself is fine
+    for pad in (29, 2**62):
+        with pytest.raises(kiln.KilnError, match=rf"crop padding \(pad\) {pad} is larger than the 28x28 images"):
+            kiln.data.fashion_mnist(pad=pad)
+    with pytest.raises(ValueError, match=rf"pad {2**63} is larger than the images"):
+        kiln.data.mnist_dir(kiln.data.FASHION_MNIST_DIR, pad=2**63)

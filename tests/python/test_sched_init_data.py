@@ -798,6 +798,48 @@ def test_engine_dataset_item_is_a_fresh_augmentation_from_kilns_generator():
     assert np.array_equal(test[3]["input"].numpy(), test.get_batch([3])["input"][0].numpy())
 
 
+def test_engine_dataset_item_of_an_unaugmented_set_leaves_kilns_generator():
+    # Peeking at the test split must not move the generator that model init (and a DataLoader's
+    # default seed) draw from next; an augmented set draws its seed from it.
+    d = kiln.data.fashion_mnist()
+    kiln.manual_seed(3)
+    expected = kiln.randn(5).numpy()
+    kiln.manual_seed(3)
+    d["test"][0], d["test"][-1], kiln.data.Subset(d["test"], [7, 9])[1]
+    assert np.array_equal(kiln.randn(5).numpy(), expected)
+    kiln.manual_seed(3)
+    d["train"][0]
+    assert not np.array_equal(kiln.randn(5).numpy(), expected)
+
+
+class _TrainItems(torch.utils.data.Dataset):  # module level: picklable for the workers
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return self.ds[i]["input"].numpy()
+
+
+def test_engine_dataset_item_in_torch_dataloader_workers_draws_per_worker_seeds():
+    # Forked workers copy Kiln's generator: each epoch's (and each worker's) draws repeated the
+    # parent's. Like torch's own generator, Kiln's is seeded per worker from get_worker_info().seed.
+    items = _TrainItems(kiln.data.fashion_mnist()["train"])
+
+    def epoch():
+        loader = torch.utils.data.DataLoader(items, batch_size=1, num_workers=2, multiprocessing_context="fork")
+        return [b.numpy().tobytes() for b in loader]
+
+    torch.manual_seed(0)
+    first, second = epoch(), epoch()
+    assert first != second
+    assert first[0] != first[1]  # worker 0's first sample and worker 1's: another seed, another shift
+    torch.manual_seed(0)  # torch's base seed decides the workers' seeds: reproducible
+    assert epoch() == first
+
+
 def test_dataloader_set_epoch_and_ranks():
     def epochs(loader, n):
         return [[b.tolist() for b in loader] for _ in range(n)]
