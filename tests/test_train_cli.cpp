@@ -127,6 +127,11 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
             "kiln eval: error: --micro-batch is a kiln train flag (training only)"},
            {"eval --model resnet20 --limit-train 5 --weights " + d / "bad.json",
             "kiln eval: error: --limit-train is a kiln train flag (training only)"},
+           // kiln eval draws nothing and runs on one process: these did nothing there.
+           {"eval --model resnet20 --seed 3 --weights " + d / "bad.json",
+            "kiln eval: error: --seed is a kiln train flag (training only)"},
+           {"eval --model resnet20 --dist-timeout 5 --weights " + d / "bad.json",
+            "kiln eval: error: --dist-timeout is a kiln train flag (training only)"},
            {"launch --grace nan -- kiln train", "--grace: must be a finite number >= 0, got nan"},
            {"launch --grace -1 -- kiln train", "--grace: must be >= 0, got -1"},
            {"vocab --text " + d / "bad.json" + " --min-frequency 0 --out " + d / "v.txt",
@@ -169,7 +174,8 @@ TEST_CASE("train flags: --help shows each on/off flag pair's real default") {
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
   r = run_kiln("eval --help", d.p.string());
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
-  for (const char* train_only : {"--memory-cap", "--zero", "--recompute", "--micro-batch", "--limit-train"})
+  for (const char* train_only :
+       {"--memory-cap", "--zero", "--recompute", "--micro-batch", "--limit-train", "--seed", "--dist-timeout"})
     CHECK_MESSAGE(!contains(r.output, train_only), train_only, " in\n", r.output);
   r = run_kiln("doctor --help", d.p.string());
   CHECK_MESSAGE(contains(r.output, "--self-test,--no-self-test (default: on)"), r.output);

@@ -74,9 +74,12 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                   "weights were trained, and the other is an error): ") +
           io::kLowerCaseScope);
   app.add_option("--batch", c.batch, "Batch size (default: 128; 32 for BERT models)");
-  app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout (0 to 2^64 - 1)")
-      ->check(u64_number())
-      ->capture_default_str();
+  // kiln eval draws nothing (no initialisation, shuffling or dropout; a masked-LM evaluation's masks
+  // are fixed) and runs on one process: a --seed or --dist-timeout given to it would do nothing.
+  if (!c.evaluating)
+    app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout (0 to 2^64 - 1)")
+        ->check(u64_number())
+        ->capture_default_str();
   app.add_option("--threads", c.threads,
                  "CPU threads for the kernels (0: KILN_NUM_THREADS or the CPUs available; at most " +
                      std::to_string(max_threads()) +
@@ -87,10 +90,11 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
       ->check(between(0, 64))
       ->capture_default_str();
   app.add_option("--device", c.device, "cpu, cuda, cuda:N, or auto (the GPU when one is visible)")->capture_default_str();
-  app.add_option("--dist-timeout", c.dist_timeout,
-                 "Seconds a collective between ranks may take before the job is ended with an error")
-      ->check(at_least(1))
-      ->capture_default_str();
+  if (!c.evaluating)
+    app.add_option("--dist-timeout", c.dist_timeout,
+                   "Seconds a collective between ranks may take before the job is ended with an error")
+        ->check(at_least(1))
+        ->capture_default_str();
   add_on_off_flag(app, "--channels-last,!--no-channels-last", c.channels_last,
                   "ResNet: feed batches as channels_last (NHWC) tensors, so every activation stays NHWC and cuDNN's "
                   "tensor-core convolutions need no layout transposes; on the CPU it only adds copies");
