@@ -22,11 +22,12 @@ namespace kiln::tools {
 namespace {
 
 void add_model_data_flags(CLI::App& app, TrainConfig& c) {
-  app.add_option("--model", c.model, "One of " + model_names_text())
-      ->capture_default_str();
-  app.add_option("--task", c.task, "classify or mlm (default: classify for ResNet, mlm for BERT)")
+  // kiln eval takes these from the weights (kiln train's model.safetensors says what it holds).
+  const std::string from_weights = c.evaluating ? "; kiln eval: default the weights' own, when they say it" : "";
+  app.add_option("--model", c.model, "One of " + model_names_text() + from_weights)->capture_default_str();
+  app.add_option("--task", c.task, "classify or mlm (default: classify for ResNet, mlm for BERT" + from_weights + ")")
       ->check(CLI::IsMember({"classify", "mlm"}));
-  app.add_option("--set", c.sets, "Override a model config field, key=value (repeatable)");
+  app.add_option("--set", c.sets, "Override a model config field, key=value (repeatable" + from_weights + ")");
   app.add_option("--data", c.data,
                  "fashion-mnist; mnist (an MNIST-format directory given by --data-dir); folder (--data-dir holds "
                  "train/ and val/, each with one sub-directory of .jpg/.png/.bmp/.ppm/.pgm images per class)")
