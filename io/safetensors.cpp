@@ -110,6 +110,15 @@ uint64_t header_length(const uint8_t* data, uint64_t size, const std::string& wh
              "CHECKPOINT --safetensors FILE` and give FILE");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];
+  // So is a PyTorch checkpoint (torch.save's zip archive, or the pickle of its legacy format), which
+  // Kiln cannot read (unpickling runs code): named with the conversion, not as a header length. Only
+  // where its bytes are no valid length: a pickle's first two could be a real header's length.
+  if (n > kMaxHeaderBytes || n > size - 8) {
+    const bool zip = std::memcmp(data, "PK\x03\x04", 4) == 0, pickle = data[0] == 0x80 && data[1] >= 2 && data[1] <= 5;
+    KILN_CHECK(!zip && !pickle, what, ": this is a PyTorch checkpoint (torch.save's ", zip ? "zip archive" : "pickle",
+               "), not a safetensors file: convert it in Python with safetensors.torch.save_file(model.state_dict(), "
+               "\"model.safetensors\") (a saved state dict: save_file(torch.load(FILE), ...)) and give that file");
+  }
   KILN_CHECK(n <= kMaxHeaderBytes, what, ": header length ", n, " exceeds the limit of ", kMaxHeaderBytes,
              " bytes (corrupt, or not a safetensors file)");
   KILN_CHECK(n <= size - 8, what, ": header length ", n, " runs past the end of the file (", size,

@@ -673,6 +673,36 @@ TEST_CASE("checkpoint: a Kiln checkpoint given where safetensors are expected is
   }
 }
 
+// torch.save's file (a zip archive, "PK\x03\x04"; the legacy format a pickle) read as safetensors
+// said "header length 578712552184433488 exceeds the limit".
+TEST_CASE("checkpoint: a PyTorch checkpoint given where safetensors are expected is named as one") {
+  TempDir d("kiln_ckpt");
+  const std::string zip = d / "model.pt", pickle = d / "legacy.pt";
+  // The first bytes of each, as torch 2.x writes them (a zip's local file header; pickle protocol 2's
+  // PROTO opcode, then the legacy format's magic number as a LONG1).
+  const auto write = [](const std::string& path, std::vector<unsigned char> bytes) {
+    bytes.resize(64, 0);
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  };
+  write(zip, {'P', 'K', 3, 4, 0, 0, 8, 8, 0, 0, 'a', 'r', 'c', 'h', 'i', 'v', 'e'});
+  write(pickle, {0x80, 2, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8});
+  io::save_safetensors(d / "x.st", {{"input", zeros({1, 1, 28, 28})}});
+  for (const auto& [file, kind] : {std::pair{zip, "zip archive"}, std::pair{pickle, "pickle"}})
+    for (const std::string& args :
+         {"eval --model resnet20 --weights " + file, "ckpt import " + file + " --model resnet20 --out " + d / "i.kiln",
+          "forward --model resnet20 --set in_channels=1 --weights " + file + " --inputs " + d / "x.st" + " --out " +
+              d / "y.st"}) {
+      const auto r = run_kiln(args, d.p.string());
+      CHECK(r.code != 0);
+      CHECK_MESSAGE(contains(r.output, file + ": this is a PyTorch checkpoint (torch.save's " + kind +
+                                           "), not a safetensors file: convert it in Python with "
+                                           "safetensors.torch.save_file(model.state_dict(), "),
+                    args, " -> ", r.output);
+      CHECK_MESSAGE(!contains(r.output, "header length"), r.output);
+    }
+}
+
 TEST_CASE(
     "checkpoint: no command writes its output over its input (export, import, consolidate, forward, eval, vocab)") {
   TempDir d("kiln_ckpt");

@@ -132,6 +132,11 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
             "kiln eval: error: --micro-batch is a kiln train flag (training only)"},
            {"eval --model resnet20 --limit-train 5 --weights " + d / "bad.json",
             "kiln eval: error: --limit-train is a kiln train flag (training only)"},
+           // kiln eval draws nothing and runs on one process: these did nothing there.
+           {"eval --model resnet20 --seed 3 --weights " + d / "bad.json",
+            "kiln eval: error: --seed is a kiln train flag (training only)"},
+           {"eval --model resnet20 --dist-timeout 5 --weights " + d / "bad.json",
+            "kiln eval: error: --dist-timeout is a kiln train flag (training only)"},
            {"launch --grace nan -- kiln train", "--grace: must be a finite number >= 0, got nan"},
            {"launch --grace -1 -- kiln train", "--grace: must be >= 0, got -1"},
            {"vocab --text " + d / "bad.json" + " --min-frequency 0 --out " + d / "v.txt",
@@ -174,7 +179,8 @@ TEST_CASE("train flags: --help shows each on/off flag pair's real default") {
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
   r = run_kiln("eval --help", d.p.string());
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
-  for (const char* train_only : {"--memory-cap", "--zero", "--recompute", "--micro-batch", "--limit-train"})
+  for (const char* train_only :
+       {"--memory-cap", "--zero", "--recompute", "--micro-batch", "--limit-train", "--seed", "--dist-timeout"})
     CHECK_MESSAGE(!contains(r.output, train_only), train_only, " in\n", r.output);
   r = run_kiln("doctor --help", d.p.string());
   CHECK_MESSAGE(contains(r.output, "--self-test,--no-self-test (default: on)"), r.output);
@@ -495,11 +501,100 @@ TEST_CASE("eval: a BERT classifier's file without label names says it was not ki
                              {{"format", "pt"}, {"writer", "kiln"}, {"model", "bert-tiny"}, {"task", "mlm"}});
   r = run_kiln(eval + d / "mlm.safetensors", d.p.string());
   CHECK(r.code == 2);
-  CHECK_MESSAGE(contains(r.output,
-                         "carries no label names: it was trained for --task mlm, not classify. Give "
-                         "--train-tsv"),
+  CHECK_MESSAGE(contains(r.output, "--task classify: " + d / "mlm.safetensors" +
+                                       " holds bert-tiny-mlm weights, trained for --task mlm"),
                 r.output);
   CHECK_MESSAGE(!contains(r.output, "older than them"), r.output);
+}
+
+// The model a file says it holds (kiln train's metadata "model" and "task") is compared with the one
+// asked for before anything of the model's is: BERT classifier weights under the default --model
+// resnet20 said "--vocab  (0 tokens) is not the vocabulary ...", ResNet weights under --model bert-tiny
+// --task classify that they "carry no label names".
+TEST_CASE("eval: weights of another model are named as such before their vocabulary or label names") {
+  TempDir d("kiln_eval_other_model");
+  kiln::io::save_safetensors(d / "cls.st", {{"classifier.weight", kiln::zeros({2, 128})}},
+                             {{"format", "pt"},
+                              {"writer", "kiln"},
+                              {"model", "bert-tiny"},
+                              {"task", "classify"},
+                              {"labels", R"(["a","b"])"},
+                              {"vocab", "vocab.txt"},
+                              {"vocab_size", "1000"},
+                              {"vocab_fingerprint", "f309b596433a18ee"}});
+  kiln::io::save_safetensors(d / "r20.st", {{"fc.weight", kiln::zeros({10, 64})}},
+                             {{"format", "pt"}, {"writer", "kiln"}, {"model", "resnet20"}, {"task", "classify"}});
+  std::ofstream(d / "e.tsv") << "a\tsome text\n";
+  std::ofstream(d / "v.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nsome\ntext\n";
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--model resnet20 --weights " + d / "cls.st",
+            d / "cls.st" + " holds bert-tiny-cls weights, not resnet20 (--model resnet20): leave --model out"},
+           {"--model bert-tiny --task classify --eval-tsv " + d / "e.tsv" + " --vocab " + d / "v.txt" + " --weights " +
+                d / "r20.st",
+            d / "r20.st" + " holds resnet20 weights, not bert-tiny-cls (--model bert-tiny --task classify)"},
+           {"--task mlm --weights " + d / "cls.st",
+            "--task mlm: " + d / "cls.st" + " holds bert-tiny-cls weights, trained for --task classify"}}) {
+    const auto r = run_kiln("eval " + args, d.p.string());
+    CHECK_MESSAGE(r.code == 2, args, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, says), args, " -> ", r.output);
+    CHECK_MESSAGE(!contains(r.output, "is not the vocabulary"), r.output);
+    CHECK_MESSAGE(!contains(r.output, "label names"), r.output);
+  }
+}
+
+// kiln eval's --model, --task and --set default to what the weights say they were trained as: resnet32
+// weights without --model said "unexpected (72): layer1.3..."; --model bert-tiny-cls --eval-tsv without
+// --task asked for --task classify; a --set num_classes=12 run's weights needed it repeated.
+TEST_CASE("eval: the model, task and --set default to the weights' own; another one given is refused") {
+  require_fashion_mnist();
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  using namespace kiln;
+  TempDir d("kiln_eval_defaults");
+  auto r = run_kiln(
+      "train --set num_classes=12 --limit-train 32 --limit-eval 16 --batch 16 --max-steps 1 --threads 1 "
+      "--no-tensorboard --out " +
+          d / "r12",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string w12 = d / "r12/model.safetensors";
+  CHECK(io::load_safetensors(w12).metadata.at("set") == R"(["num_classes=12"])");
+  r = run_kiln("eval --limit-eval 16 --threads 1 --weights " + w12 + " --out " + d / "e12.json", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  r = run_kiln("eval --limit-eval 16 --threads 1 --set num_classes=12 --weights " + w12, d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);  // the same --set given
+  r = run_kiln("eval --limit-eval 16 --threads 1 --set num_classes=10 --weights " + w12, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--set num_classes=10: " + w12 + " was trained with num_classes=12"), r.output);
+
+  io::save_safetensors(d / "r32.st", models::make_resnet({"resnet32", 10, 1})->state_dict(),
+                       {{"format", "pt"}, {"writer", "kiln"}, {"model", "resnet32"}, {"task", "classify"}});
+  r = run_kiln("eval --limit-eval 16 --threads 1 --weights " + d / "r32.st" + " --out " + d / "e32.json", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK(json::parse(read_text(d / "e32.json"))["model"] == "resnet32");
+  r = run_kiln("eval --model resnet20 --limit-eval 16 --threads 1 --weights " + d / "r32.st", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, d / "r32.st" + " holds resnet32 weights, not resnet20"), r.output);
+
+  // A BERT classifier's weights under --model bert-tiny-cls, no --task: classify, as the file says.
+  micro_batch_classify(d);  // vocab.txt, eval.tsv (2 labels)
+  int64_t vocab = 0;
+  {
+    std::istringstream in(read_text(d / "vocab.txt"));
+    for (std::string line; std::getline(in, line);) ++vocab;
+  }
+  const auto m = tools::model_family("bert-tiny-cls")
+                     .build("bert-tiny-cls", {"vocab_size=" + std::to_string(vocab), "num_labels=2"}, false)
+                     .module;
+  io::save_safetensors(d / "cls.st", m->state_dict(),
+                       {{"format", "pt"},
+                        {"writer", "kiln"},
+                        {"model", "bert-tiny"},
+                        {"task", "classify"},
+                        {"labels", R"(["computers","food"])"}});
+  r = run_kiln("eval --model bert-tiny-cls --eval-tsv " + d / "eval.tsv" + " --vocab " + d / "vocab.txt" +
+                   " --seq-len 64 --threads 1 --weights " + d / "cls.st",
+               d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
 }
 
 TEST_CASE(

@@ -1940,32 +1940,101 @@ int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outco
   }
 }
 
+namespace {
+
+// What kiln train's model.safetensors (and kiln ckpt export's) says it holds, metadata "model",
+// "task" and "set": the defaults of kiln eval's --model, --task and --set, so the weights evaluate as
+// the model they are. A flag given that builds another model is refused naming both, before the
+// vocabulary or the label names (another model's) are looked at.
+void take_trained_model(TrainConfig& c, const std::map<std::string, std::string>& meta, const std::string& weights) {
+  const auto model_it = meta.find("model");
+  if (model_it == meta.end() || !find_model_family(model_it->second)) return;  // not Kiln's, or a newer model
+  const std::string& model = model_it->second;
+  const auto task_it = meta.find("task");
+  // A kiln ckpt import's weights have no task: a BERT name says its head (bert-tiny-cls), others classify.
+  std::string task = task_it != meta.end() ? task_it->second : "classify";
+  if (task_it == meta.end() && model_family(model).input == ModelInput::tokens)
+    task = parse_bert_name(model).head == "cls" ? "classify" : "mlm";
+  KILN_CHECK(task == "classify" || task == "mlm", weights, ": damaged metadata: task is '", task,
+             "', not classify or mlm");
+  const std::string theirs = trained_model_name(model, task);
+  if (c.was_given("task") && c.task != task)
+    KILN_FAIL("--task ", c.task, ": ", weights, " holds ", theirs, " weights, trained for --task ", task);
+  if (!c.was_given("task")) c.task = task;
+  if (!c.was_given("model")) {
+    c.model = model;
+    if (!c.was_given("batch")) c.batch = model_defaults(model).batch;
+  }
+  const std::string mine = trained_model_name(c.model, c.task);
+  KILN_CHECK(mine == theirs, weights, " holds ", theirs, " weights, not ", mine, " (--model ", c.model,
+             c.was_given("task") ? " --task " + c.task : std::string(),
+             "): leave --model out to evaluate them as the model they are");
+  // The run's --set (files before it was stored: none known, the flags as given).
+  const auto set_it = meta.find("set");
+  if (set_it == meta.end()) return;
+  std::vector<std::string> trained;
+  try {
+    trained = nlohmann::json::parse(set_it->second).get<std::vector<std::string>>();
+  } catch (const std::exception&) {
+    KILN_FAIL(weights, ": damaged metadata: set is '", set_it->second, "', not a JSON list of key=value texts");
+  }
+  if (!c.was_given("set")) {
+    c.sets = trained;
+    return;
+  }
+  // Compared as the config each makes (keys in another order are the same); dropout and the start's
+  // zero_init_residual do not change what the weights compute in evaluation.
+  const auto was = model_config_fields(c.model, trained), now = model_config_fields(c.model, c.sets);
+  for (size_t i = 0; i < was.size() && i < now.size(); ++i) {
+    const std::string& field = was[i].first;
+    if (field == "hidden_dropout" || field == "attention_dropout" || field == "zero_init_residual") continue;
+    KILN_CHECK(was[i] == now[i], "--set ", field, "=", now[i].second, ": ", weights, " was trained with ", field, "=",
+               was[i].second, " (leave --set out to take the weights' own)");
+  }
+}
+
+}  // namespace
+
 int run_eval(const TrainConfig& c0, const std::string& weights) {
   TrainConfig c = c0;
   c.evaluating = true;
+  // The weights first: their model, task and --set are the flags' defaults. A file that does not
+  // load is said after the flags' own problems.
+  std::optional<io::SafetensorsFile> file;
+  std::string unreadable;
+  try {
+    file = io::load_safetensors(weights);
+    take_trained_model(c, file->metadata, weights);
+  } catch (const Error& e) {
+    if (!file)
+      unreadable = e.message();
+    else {
+      std::fprintf(stderr, "kiln eval: error: %s\n", e.message().c_str());
+      return 2;
+    }
+  }
   auto problems = validate(c);
   if (std::string clash = output_is_input("--out", c.out, {weights}); !clash.empty()) problems.push_back(clash);
+  if (problems.empty() && !unreadable.empty()) problems.push_back(unreadable);
   for (const auto& p : problems) std::fprintf(stderr, "kiln eval: error: %s\n", p.c_str());
   if (!problems.empty()) return 2;
   if (c.threads > 0) set_num_threads(c.threads);
   Task task;
   try {
-    const io::SafetensorsFile f = io::load_safetensors(weights);
+    const io::SafetensorsFile& f = *file;
     // A classifier's label names travel with its weights, so ids mean the same classes here.
     if (auto it = f.metadata.find("labels"); it != f.metadata.end())
       c.label_names = nlohmann::json::parse(it->second).get<std::vector<std::string>>();
     // Only Kiln's files have them (kiln train's model.safetensors and kiln ckpt export's of its
     // checkpoints, with their "task"; not an import's); a file without them needs the labels' file, said with the
-    // file's name and where it came from: elsewhere, an older kiln train, or a run of another task (an MLM run's file).
+    // file's name and where it came from: elsewhere, or an older kiln train (another task's file was refused
+    // by take_trained_model, as another model's).
     if (c.task == "classify" && c.label_names.empty() && c.train_tsv.empty() &&
         model_family(c.model).input == ModelInput::tokens) {
-      const auto task = f.metadata.find("task");
-      const std::string why = task == f.metadata.end() ? "it was not written by kiln train (Hugging Face's "
-                                                         "model.safetensors carries none, nor do the weights of "
-                                                         "a kiln ckpt import, exported or not)"
-                              : task->second == "classify"
-                                  ? "it was written by a kiln train older than them"
-                                  : "it was trained for --task " + task->second + ", not classify";
+      const std::string why = f.metadata.count("task") == 0 ? "it was not written by kiln train (Hugging Face's "
+                                                              "model.safetensors carries none, nor do the weights of "
+                                                              "a kiln ckpt import, exported or not)"
+                                                            : "it was written by a kiln train older than them";
       KILN_FAIL("--task classify: ", weights, " carries no label names: ", why,
                 ". Give --train-tsv, the file the model was trained on (or any with its labels: integer labels 0..N-1 "
                 "are classes 0..N-1, as Hugging Face numbers them)");

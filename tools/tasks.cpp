@@ -682,6 +682,8 @@ std::map<std::string, std::string> weights_metadata(const nlohmann::json& config
   };
   if (config.contains("model")) put("model", config["model"]);
   if (config.contains("task")) put("task", config["task"]);
+  // The run's --set (a JSON list of key=value): `kiln eval` builds the same model without it repeated.
+  if (config.contains("set") && config["set"].is_array()) meta["set"] = config["set"].dump();
   const nlohmann::json info = config.value("data_info", nlohmann::json::object());
   if (!info.is_object()) return meta;
   if (info.contains("labels")) meta["labels"] = info["labels"].dump();

@@ -22,11 +22,12 @@ namespace kiln::tools {
 namespace {
 
 void add_model_data_flags(CLI::App& app, TrainConfig& c) {
-  app.add_option("--model", c.model, "One of " + model_names_text())
-      ->capture_default_str();
-  app.add_option("--task", c.task, "classify or mlm (default: classify for ResNet, mlm for BERT)")
+  // kiln eval takes these from the weights (kiln train's model.safetensors says what it holds).
+  const std::string from_weights = c.evaluating ? "; kiln eval: default the weights' own, when they say it" : "";
+  app.add_option("--model", c.model, "One of " + model_names_text() + from_weights)->capture_default_str();
+  app.add_option("--task", c.task, "classify or mlm (default: classify for ResNet, mlm for BERT" + from_weights + ")")
       ->check(CLI::IsMember({"classify", "mlm"}));
-  app.add_option("--set", c.sets, "Override a model config field, key=value (repeatable)");
+  app.add_option("--set", c.sets, "Override a model config field, key=value (repeatable" + from_weights + ")");
   app.add_option("--data", c.data,
                  "fashion-mnist; mnist (an MNIST-format directory given by --data-dir); folder (--data-dir holds "
                  "train/ and val/, each with one sub-directory of .jpg/.png/.bmp/.ppm/.pgm images per class)")
@@ -74,9 +75,12 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                   "weights were trained, and the other is an error): ") +
           io::kLowerCaseScope);
   app.add_option("--batch", c.batch, "Batch size (default: 128; 32 for BERT models)");
-  app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout (0 to 2^64 - 1)")
-      ->check(u64_number())
-      ->capture_default_str();
+  // kiln eval draws nothing (no initialisation, shuffling or dropout; a masked-LM evaluation's masks
+  // are fixed) and runs on one process: a --seed or --dist-timeout given to it would do nothing.
+  if (!c.evaluating)
+    app.add_option("--seed", c.seed, "Seed of initialisation, shuffling, augmentation and dropout (0 to 2^64 - 1)")
+        ->check(u64_number())
+        ->capture_default_str();
   app.add_option("--threads", c.threads,
                  "CPU threads for the kernels (0: KILN_NUM_THREADS or the CPUs available; at most " +
                      std::to_string(max_threads()) +
@@ -87,10 +91,11 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
       ->check(between(0, 64))
       ->capture_default_str();
   app.add_option("--device", c.device, "cpu, cuda, cuda:N, or auto (the GPU when one is visible)")->capture_default_str();
-  app.add_option("--dist-timeout", c.dist_timeout,
-                 "Seconds a collective between ranks may take before the job is ended with an error")
-      ->check(at_least(1))
-      ->capture_default_str();
+  if (!c.evaluating)
+    app.add_option("--dist-timeout", c.dist_timeout,
+                   "Seconds a collective between ranks may take before the job is ended with an error")
+        ->check(at_least(1))
+        ->capture_default_str();
   add_on_off_flag(app, "--channels-last,!--no-channels-last", c.channels_last,
                   "ResNet: feed batches as channels_last (NHWC) tensors, so every activation stays NHWC and cuDNN's "
                   "tensor-core convolutions need no layout transposes; on the CPU it only adds copies");
