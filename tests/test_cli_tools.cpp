@@ -381,3 +381,28 @@ TEST_CASE("cli tools: a true/false flag's --flag=VALUE takes true/false or 1/0, 
   CHECK_MESSAGE(contains(r.output, "--batch must be at least 1"), r.output);
   CHECK_MESSAGE(!contains(r.output, "takes true or false"), r.output);
 }
+
+TEST_CASE("cli tools: a --flag=VALUE word that an option before it takes as its value is that value") {
+  TempDir d("kiln_cli_bool_value");
+  // CLI11 gives --out the next word, whatever it is: --out is the folder '--augment=no' and the run ends
+  // on its --batch 0, as it did before --flag=VALUE was checked; the check read it as --augment's value.
+  for (const std::string& args :
+       {"train --out --augment=no --batch 0", "train --batch 0 --out --overwrite=maybe", "train --out -- --batch 0"}) {
+    const auto r = run_kiln(args, d.p.string());
+    CAPTURE(args);
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(contains(r.output, "--batch must be at least 1"), r.output);
+    CHECK_MESSAGE(!contains(r.output, "takes true or false"), r.output);
+  }
+  // A flag (no value) before it takes nothing: the word is still checked, as is one after the value.
+  for (const std::string& args :
+       {"train --overwrite --augment=no --out r --batch 0", "train --out r --augment=no --batch 0"}) {
+    const auto r = run_kiln(args, d.p.string());
+    CAPTURE(args);
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(contains(r.output, "kiln train: error: --augment=no: --augment takes"), r.output);
+  }
+  // --help=VALUE is CLI11's to answer, as before the check.
+  const auto r = run_kiln("train --help=maybe", d.p.string());
+  CHECK_MESSAGE(!contains(r.output, "takes true or false"), r.output);
+}

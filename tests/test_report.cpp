@@ -77,6 +77,22 @@ TEST_CASE("report: a resumed run's time is its whole training time, not the last
   CHECK(html.find("<td>42 (wall)</td>") != std::string::npos);
 }
 
+TEST_CASE("report: a run a signal stopped is labelled so in its row, not shown as finished") {
+  TempDir d("kiln_report_stopped");
+  std::filesystem::create_directories(d.p / "stopped");
+  std::filesystem::create_directories(d.p / "done");
+  write(d.p / "stopped" / "metrics.jsonl", "{\"step\":1,\"loss\":1.0}\n{\"stopped\":\"SIGTERM\",\"step\":7}\n");
+  write(d.p / "stopped" / "summary.json", R"({"steps":7,"test_loss":0.5,"stopped":"SIGTERM","train_seconds":3})");
+  write(d.p / "done" / "metrics.jsonl", "{\"step\":1,\"loss\":1.0}\n");
+  write(d.p / "done" / "summary.json", R"({"steps":9,"test_loss":0.25,"train_seconds":4})");
+  std::vector<std::string> notes;
+  const std::string html = tools::render_report({(d.p / "stopped").string(), (d.p / "done").string()}, "t", notes);
+  CHECK_MESSAGE(html.find("<td>stopped</td><td>stopped (SIGTERM) at step 7</td><td>0.5</td>") != std::string::npos,
+                html);
+  CHECK_MESSAGE(html.find("<td>done</td><td>9</td><td>0.25</td>") != std::string::npos, html);
+  CHECK(html.find("stopped (SIGTERM)", html.find("<td>done</td>")) == std::string::npos);
+}
+
 TEST_CASE("report: a chart's axes, and no data") {
   tools::Chart c{"T", "step", "loss", false, {{"s", {{0, 1}, {10, 3}}, false}}};
   const std::string svg = tools::render_chart(c);

@@ -684,6 +684,29 @@ TEST_CASE("train: resuming a kiln ckpt import's weights compares the model confi
   CHECK_MESSAGE(r.code == 0, r.output);
 }
 
+TEST_CASE("train: a masked-LM run resumes a kiln ckpt import --hf-config whose config has an id2label") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_resume_import_mlm");
+  auto r = run_kiln("vocab --text " + kFortunes + "/computers --size 300 --out " + d / "v.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string common = "train --model bert-tiny --task mlm --text " + kFortunes + "/computers --vocab " +
+                             d / "v.txt" + " --seq-len 32 --batch 4 --max-steps 1 --threads 1";
+  r = run_kiln(common + " --out " + d / "r0", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  // import --hf-config writes num_labels (3, from id2label) for any BERT: a masked-LM model has no
+  // classifier, so it was refused as "num_labels: checkpoint 3, this run 2".
+  std::ofstream(d / "c.json") << R"({"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "intermediate_size": 512, "vocab_size": 300, "max_position_embeddings": 512,
+    "id2label": {"0": "a", "1": "b", "2": "c"}})";
+  r = run_kiln("ckpt import " + d / "r0/model.safetensors" + " --model bert-tiny-mlm --hf-config " + d / "c.json" +
+                   " --out " + d / "imp.kiln",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = run_kiln(common + " --resume " + d / "imp.kiln" + " --out " + d / "r1", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(!contains(r.output, "num_labels"), r.output);
+}
+
 TEST_CASE("train: --accum-steps K with batch B updates like one batch of K x B (BERT, no dropout, no batch norm)") {
   REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
   TempDir d("kiln_accum");

@@ -108,7 +108,15 @@ std::string bad_flag_value(const CLI::App& top, const std::vector<std::string>& 
   // `--no-augment=yes` off) and hands an option only the value it made of it, so the words are read
   // here, before parsing. A word that names a command of the current one moves into it, as CLI11 does.
   const CLI::App* app = &top;
+  // Words an option given without '=' (`--out`, `-o`) takes as its value whatever they are (`--out
+  // --augment=no` names the folder '--augment=no'), as many as CLI11 takes unconditionally: read as
+  // that option's value, not as a flag or a command.
+  int values_owed = 0;
   for (const std::string& w : args) {
+    if (values_owed > 0) {
+      --values_owed;
+      continue;
+    }
     if (w == "--") break;  // what follows is not this command's (kiln launch's command, positionals)
     if (w.empty() || w[0] != '-') {
       for (const CLI::App* sub : app->get_subcommands({}))
@@ -119,10 +127,19 @@ std::string bad_flag_value(const CLI::App& top, const std::vector<std::string>& 
       continue;
     }
     const size_t eq = w.find('=');
-    if (w.rfind("--", 0) != 0 || eq == std::string::npos) continue;
+    const bool is_long = w.rfind("--", 0) == 0;
+    if (eq == std::string::npos || !is_long) {
+      // `--out` or `-o` alone waits for its value; `-oDIR` and `-abc` carry theirs.
+      if (is_long || w.size() == 2)
+        if (const CLI::Option* opt = app->get_option_no_throw(w); opt != nullptr && opt->get_expected_max() != 0)
+          values_owed = std::min(opt->get_type_size_min(), opt->get_items_expected_min());
+      continue;
+    }
     const std::string name = w.substr(0, eq), value = w.substr(eq + 1);
     const CLI::Option* opt = app->get_option_no_throw(name);
     if (opt == nullptr || opt->get_expected_max() != 0 || strict_bool(value).has_value()) continue;
+    // `--help=...` is CLI11's to answer, as it was before this check.
+    if (opt == app->get_help_ptr() || opt == app->get_help_all_ptr()) continue;
     const std::string cmd = command_path(*app);
     return cmd + ": error: " + w + ": " + name + " takes true or false (or 1, 0), got '" + value + "' (see " + cmd +
            " --help)";

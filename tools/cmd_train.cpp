@@ -936,8 +936,8 @@ class Trainer {
   // A weights-only checkpoint (kiln ckpt import's) of this model says the config it was built with
   // (model, set): a field that changes what the weights compute without changing a shape (num_heads,
   // layer_norm_eps) must be the run's too, or they load and give other numbers. Dropout and the
-  // initialisation (zero_init_residual) are the new run's to choose. A file without a config, or one
-  // this version cannot read, is compared by its shapes only, as before.
+  // initialisation (zero_init_residual) are the new run's to choose, and num_labels only a classifier's.
+  // A file without a config, or one this version cannot read, is compared by its shapes only, as before.
   void check_imported_config(const std::string& path, const nlohmann::json& saved) const {
     const nlohmann::json model = saved.value("model", nlohmann::json()), set = saved.value("set", nlohmann::json());
     if (!model.is_string() || !set.is_array()) return;
@@ -952,6 +952,9 @@ class Trainer {
     for (size_t i = 0; i < was.size() && i < now.size(); ++i) {
       const std::string& field = was[i].first;
       if (field == "hidden_dropout" || field == "attention_dropout" || field == "zero_init_residual") continue;
+      // Only a classifier has num_labels' head: an import's --hf-config says it (id2label) for any
+      // BERT, and a masked-LM run neither builds nor loads that head.
+      if (field == "num_labels" && task_.name != "classify") continue;
       if (was[i] != now[i])
         msg += "\n  " + field + ": checkpoint " + was[i].second + ", this run " + now[i].second + " (--set " + field +
                "=" + was[i].second + " builds the checkpoint's)";

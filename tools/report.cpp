@@ -652,8 +652,15 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
     // last process's); a summary from before train_seconds shows its wall time, labelled so.
     std::string train_time = field("train_seconds");
     if (train_time == "&mdash;" && field("wall_seconds") != "&mdash;") train_time = field("wall_seconds") + " (wall)";
-    o << "<tr><td>" << esc(r.name) << "</td><td>" << field("steps") << "</td><td>" << field("test_loss") << "</td><td>"
-      << metric << "</td><td>" << field("samples_per_s") << "</td><td>" << train_time << "</td></tr>";
+    // A signal stop's summary is where the run was, not its end: said in its row, or its last
+    // evaluation's numbers would read as a finished run's.
+    std::string steps = field("steps");
+    if (s.is_object() && s.contains("stopped")) {
+      const json& sig = s["stopped"];
+      steps = "stopped (" + esc(sig.is_string() ? sig.get<std::string>() : sig.dump()) + ") at step " + steps;
+    }
+    o << "<tr><td>" << esc(r.name) << "</td><td>" << steps << "</td><td>" << field("test_loss") << "</td><td>" << metric
+      << "</td><td>" << field("samples_per_s") << "</td><td>" << train_time << "</td></tr>";
   }
   o << "</table>\n<h2>Config</h2>";
   for (const Run& r : runs) {

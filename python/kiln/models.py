@@ -239,7 +239,8 @@ def from_pretrained(path, model, set=None, strict=True, deterministic=False):  #
     what the file lacks (a new classifier) from the initialisation, and warns naming it and what
     the file holds that the model does not use. What Kiln's BERT does not compute (hidden_act other
     than "gelu", position_embedding_type other than "absolute", ...) is a kiln.KilnValueError naming
-    the key and value ("gelu_python" is "gelu": the same exact GELU)."""
+    the key and value ("gelu_python" is "gelu": the same exact GELU). A set= that gives nothing
+    ("", [], {}) is a kiln.KilnValueError, as in create."""
     import os
     import warnings
 
@@ -254,7 +255,11 @@ def from_pretrained(path, model, set=None, strict=True, deterministic=False):  #
         sets = list(_C._hf_bert_config_sets(config))
     except _C.KilnError as e:
         raise _C.KilnValueError(f"kiln.models.from_pretrained: {e}") from None
-    m = create(model, set=sets + _sets_of(set), deterministic=deterministic)
+    extra = _sets_of(set, "kiln.models.from_pretrained")
+    if set is not None and not extra:  # as create(set=""): the config's own sizes would pass for the lost value
+        raise _C.KilnValueError(f"kiln.models.from_pretrained: set={set!r} gives no override (leave it out, or "
+                                f"None, for the config's own)")
+    m = create(model, set=sets + extra, deterministic=deterministic)
     if os.path.isdir(path):
         weights = os.path.join(path, "model.safetensors")
         if not os.path.isfile(weights):

@@ -409,6 +409,24 @@ def _hf_folder(path, model, config):
     return path
 
 
+def test_from_pretrained_refuses_a_set_that_gives_nothing(tmp_path):
+    # set="" built the config's own sizes without a word, though create(set="") and kiln.train(set="")
+    # refuse it: a value was meant and lost.
+    import json
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 1,
+                                  "num_attention_heads": 2, "intermediate_size": 96, "vocab_size": 40,
+                                  "max_position_embeddings": 32}))
+    for empty in ["", " ", [], {}, ()]:
+        with pytest.raises(kiln.KilnValueError,
+                           match=r"from_pretrained: set=.* gives no override \(leave it out, or None"):
+            kiln.models.from_pretrained(config, model="bert-tiny-mlm", set=empty)
+    with pytest.raises(kiln.KilnValueError, match="from_pretrained: set= item '' is not 'key=value'"):
+        kiln.models.from_pretrained(config, model="bert-tiny-mlm", set=[""])
+    assert kiln.models.from_pretrained(config, model="bert-tiny-mlm", set={"vocab_size": 50}).state_dict()[
+        "bert.embeddings.word_embeddings.weight"].shape == (50, 64)
+
+
 def test_from_pretrained_reads_config_json_and_refuses_what_kiln_does_not_compute(tmp_path):
     # num_attention_heads 4 has the shapes of bert-tiny's 2: the weights load either way, and only the
     # config gives the right numbers.
