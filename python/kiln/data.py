@@ -575,12 +575,38 @@ def _end_passes_at_exit():
               "leak report is off: what they hold is not the binding's)", file=sys.stderr)
 
 
-_threads_at_fork = 1  # the parent's Python threads (with a frame) when it last forked
+_kiln_threads_at_fork = False  # whether the parent's other threads held Kiln objects when it last forked
+
+
+def _is_kilns(v):
+    # A Kiln object (a tensor, a module, a loader, or a subclass of one), or a list/tuple/dict holding one
+    if isinstance(v, (list, tuple)):
+        return any(_is_kilns(x) for x in v[:64] if not isinstance(x, (list, tuple, dict)))
+    if isinstance(v, dict):
+        return any(_is_kilns(x) for x in itertools.islice(v.values(), 64) if not isinstance(x, (list, tuple, dict)))
+    return any(getattr(c, "__module__", "").startswith("kiln") for c in type(v).__mro__)
 
 
 def _before_fork():
-    global _threads_at_fork
-    _threads_at_fork = len(sys._current_frames())
+    # Whether another thread, at the fork, holds Kiln objects in its frames (or is one of the loader's
+    # worker threads): in the child those frames are never freed, and what they hold is reported as the
+    # binding's leaks. The parent's other threads that do nothing with Kiln leave the child's report on.
+    global _kiln_threads_at_fork
+    me = threading.get_ident()
+    workers = {t.ident for p in list(_passes) for t in p.threads}
+    found = False
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        if ident in workers:
+            found = True
+            break
+        while frame is not None and not found:
+            found = any(_is_kilns(v) for v in list(frame.f_locals.values()))
+            frame = frame.f_back
+        if found:
+            break
+    _kiln_threads_at_fork = found
 
 
 def _after_fork_in_child():
@@ -591,12 +617,13 @@ def _after_fork_in_child():
     # The parent's other Python threads (DataLoader workers, the user's) are gone too, but their frames
     # are never freed: what they held, and the globals they reach, is still referenced at the child's
     # exit, and nanobind reported those tensors and modules as the binding's leaks. Only in a child
-    # whose parent had such threads is the report off; the parent's, and other children's, keep it.
+    # whose parent had threads holding Kiln objects (_before_fork) is the report off; the parent's,
+    # other children's, and those of a parent whose threads did nothing with Kiln keep it.
     global _passes, _exit_hook_lock
     _C._gil_releases_after_fork()
     _passes = weakref.WeakSet()
     _exit_hook_lock = threading.Lock()
-    if _threads_at_fork > 1:
+    if _kiln_threads_at_fork:
         _C._set_leak_warnings(False)
 
 
