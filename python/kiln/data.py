@@ -115,15 +115,21 @@ def _by(samples, key, indices):
 def _check_dtypes(samples, where, indices):
     """Refuses NumPy arrays of strings or objects (as torch's default_collate, its TypeError and words)
     and complex samples (Kiln has no complex dtype), before from_numpy's low-level error."""
+    if all(type(s) in (float, int) for s in samples):  # Python numbers, the common batch of labels: nothing to refuse
+        return
     for s in samples:
         if isinstance(s, np.ndarray) and s.dtype.kind in "SUOV":
             raise TypeError("default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; "
                             f"found {s.dtype}")
     dtypes = {}  # the complex samples' positions, by dtype
     for p, s in enumerate(samples):
-        dt = s.dtype if isinstance(s, (np.ndarray, np.generic)) else np.asarray(s).dtype
-        if dt.kind == "c":
-            dtypes.setdefault(str(dt), []).append(p)
+        # (no np.asarray of the others: it cost more than the stacking for Python numbers, and raised
+        # NumPy's own ValueError for a ragged list before the stacking's error could name it)
+        if isinstance(s, (np.ndarray, np.generic)):
+            if s.dtype.kind == "c":
+                dtypes.setdefault(str(s.dtype), []).append(p)
+        elif isinstance(s, complex):
+            dtypes.setdefault("complex128", []).append(p)
     if dtypes:
         found = " and ".join(f"{dt} at {_where(indices, ps)}" for dt, ps in dtypes.items())
         raise TypeError(f"DataLoader: {where}s of one batch are complex ({found}): Kiln has no complex dtype (give "

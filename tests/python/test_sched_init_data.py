@@ -1161,3 +1161,13 @@ os._exit(0)
         assert "leaked" in r.stderr, r.stderr
     else:
         assert "leaked" not in r.stderr, r.stderr
+
+
+def test_default_collate_of_a_ragged_sample_is_the_stacking_error():
+    # The complex check's np.asarray of every sample raised NumPy's bare ValueError for a ragged list
+    # before the stacking could say which batch cannot be stacked.
+    for samples in ([np.zeros(2), [[1, 2], [3]]], [1.0, [[1, 2], [3]]]):
+        with pytest.raises(ValueError, match=r"^DataLoader: samples of one batch cannot be stacked: "):
+            kiln.data.default_collate(samples)
+    with pytest.raises(TypeError, match=r"complex \(complex128 at batch position \[1\]\)"):
+        kiln.data.default_collate([np.float64(1), 2j])
