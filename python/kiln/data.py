@@ -209,19 +209,38 @@ def _seed_from_generator():
 _NOTE = "(in DataLoader, reading dataset["
 
 
-def _note_index(e, i):
-    # One note naming the index: the same exception object raised again (re-raised by the user's code,
-    # or kept and raised by a caching dataset for several items) had a note added at every raise. The
-    # note names the latest index that raised it.
+_note_lock = threading.Lock()  # (worker threads may note one exception object at once)
+
+
+def _note_index(e, i, loader):
+    # One note naming the index per loader: the same exception object raised again (re-raised by the
+    # user's code, or kept and raised by a caching dataset for several items) had a note added at every
+    # raise. The note names the latest index that raised it through this loader; another loader's note
+    # (an inner loader read by the outer one's dataset) stays. The exception keeps (loader, its note)
+    # pairs: exceptions take no weak references, the loader is held by a weak one.
     if not hasattr(e, "add_note"):  # (Python < 3.11)
         return
     note = f"{_NOTE}{i}])"
-    notes = getattr(e, "__notes__", None)
-    for k, n in enumerate(notes if isinstance(notes, list) else []):
-        if isinstance(n, str) and n.startswith(_NOTE):
-            notes[k] = note
-            return
-    e.add_note(note)
+    with _note_lock:
+        mine = getattr(e, "_kiln_loader_notes", None)
+        if not isinstance(mine, list):
+            mine = []
+            try:
+                e._kiln_loader_notes = mine
+            except AttributeError:  # (an exception type without a __dict__: a note each time)
+                pass
+        notes = getattr(e, "__notes__", None)
+        for k, (ref, old) in enumerate(mine):
+            if ref() is loader:
+                mine[k] = (ref, note)
+                for j, n in enumerate(notes if isinstance(notes, list) else []):
+                    if n is old:
+                        notes[j] = note
+                        return
+                break
+        else:
+            mine.append((weakref.ref(loader), note))
+        e.add_note(note)
 
 
 class _NoBatches:
@@ -501,7 +520,7 @@ class DataLoader:
                 try:
                     samples.append(self._dataset[i])
                 except Exception as e:
-                    _note_index(e, i)
+                    _note_index(e, i, self)
                     raise
         if not self._batched:
             batch = self._collate(samples[0])

@@ -1081,15 +1081,51 @@ def test_dataloader_notes_the_index_once_on_an_exception_raised_again(workers):
         with pytest.raises(KeyError) as e:
             list(loader)
         assert e.value is kept and notes(e.value) == ["(in DataLoader, reading dataset[3])"]
-    # items 5 and 4 after 3: one note, naming the item that raised last (either, with worker threads)
+    # items 5 and 4 after 3 (through another loader, whose note is its own): one note, naming the item
+    # that raised last (either, with worker threads)
+    del kept.__notes__
     with pytest.raises(KeyError) as e:
         list(kiln.data.DataLoader(Cached(), batch_sampler=[[5], [4]], num_workers=workers))
     assert notes(e.value) in (["(in DataLoader, reading dataset[5])"], ["(in DataLoader, reading dataset[4])"])
     # the user's own notes are left as they are
+    del kept.__notes__
+    loader = kiln.data.DataLoader(Cached(), batch_sampler=[[3]], num_workers=workers)
+    with pytest.raises(KeyError):
+        list(loader)
     kept.add_note("mine")
+    loader.batch_sampler = [[4]]
     with pytest.raises(KeyError) as e:
-        list(kiln.data.DataLoader(Cached(), batch_sampler=[[4]], num_workers=workers))
+        list(loader)
     assert e.value.__notes__ == ["(in DataLoader, reading dataset[4])", "mine"]
+
+
+@pytest.mark.skipif(not hasattr(BaseException, "add_note"), reason="exception notes are Python 3.11's")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_keeps_an_inner_loaders_index_note(workers):
+    # A dataset reading another DataLoader: the inner loader's note (its index) and the outer's are both
+    # kept; the outer's replaced the inner's.
+    class Inner:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            if i == 7:
+                raise KeyError("no such sample")
+            return np.float32(i)
+
+    inner = kiln.data.DataLoader(Inner(), batch_sampler=[[7]], num_workers=workers)
+
+    class Outer:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return next(iter(inner)) if i == 1 else np.float32(0)
+
+    with pytest.raises(KeyError) as e:
+        list(kiln.data.DataLoader(Outer(), batch_size=2, num_workers=workers))
+    assert [n for n in e.value.__notes__ if "in DataLoader" in n] == ["(in DataLoader, reading dataset[7])",
+                                                                    "(in DataLoader, reading dataset[1])"]
 
 
 def test_default_collate_of_string_object_and_complex_arrays_is_a_type_error():
