@@ -117,15 +117,21 @@ def _by(samples, key, indices):
 def _check_dtypes(samples, where, indices):
     """Refuses NumPy arrays of strings or objects (as torch's default_collate, its TypeError and words)
     and complex samples (Kiln has no complex dtype), before from_numpy's low-level error."""
+    if all(type(s) in (float, int) for s in samples):  # Python numbers, the common batch of labels: nothing to refuse
+        return
     for s in samples:
         if isinstance(s, np.ndarray) and s.dtype.kind in "SUOV":
             raise TypeError("default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; "
                             f"found {s.dtype}")
     dtypes = {}  # the complex samples' positions, by dtype
     for p, s in enumerate(samples):
-        dt = s.dtype if isinstance(s, (np.ndarray, np.generic)) else np.asarray(s).dtype
-        if dt.kind == "c":
-            dtypes.setdefault(str(dt), []).append(p)
+        # (no np.asarray of the others: it cost more than the stacking for Python numbers, and raised
+        # NumPy's own ValueError for a ragged list before the stacking's error could name it)
+        if isinstance(s, (np.ndarray, np.generic)):
+            if s.dtype.kind == "c":
+                dtypes.setdefault(str(s.dtype), []).append(p)
+        elif isinstance(s, complex):
+            dtypes.setdefault("complex128", []).append(p)
     if dtypes:
         found = " and ".join(f"{dt} at {_where(indices, ps)}" for dt, ps in dtypes.items())
         raise TypeError(f"DataLoader: {where}s of one batch are complex ({found}): Kiln has no complex dtype (give "
@@ -205,19 +211,38 @@ def _seed_from_generator():
 _NOTE = "(in DataLoader, reading dataset["
 
 
-def _note_index(e, i):
-    # One note naming the index: the same exception object raised again (re-raised by the user's code,
-    # or kept and raised by a caching dataset for several items) had a note added at every raise. The
-    # note names the latest index that raised it.
+_note_lock = threading.Lock()  # (worker threads may note one exception object at once)
+
+
+def _note_index(e, i, loader):
+    # One note naming the index per loader: the same exception object raised again (re-raised by the
+    # user's code, or kept and raised by a caching dataset for several items) had a note added at every
+    # raise. The note names the latest index that raised it through this loader; another loader's note
+    # (an inner loader read by the outer one's dataset) stays. The exception keeps (loader, its note)
+    # pairs: exceptions take no weak references, the loader is held by a weak one.
     if not hasattr(e, "add_note"):  # (Python < 3.11)
         return
     note = f"{_NOTE}{i}])"
-    notes = getattr(e, "__notes__", None)
-    for k, n in enumerate(notes if isinstance(notes, list) else []):
-        if isinstance(n, str) and n.startswith(_NOTE):
-            notes[k] = note
-            return
-    e.add_note(note)
+    with _note_lock:
+        mine = getattr(e, "_kiln_loader_notes", None)
+        if not isinstance(mine, list):
+            mine = []
+            try:
+                e._kiln_loader_notes = mine
+            except AttributeError:  # (an exception type without a __dict__: a note each time)
+                pass
+        notes = getattr(e, "__notes__", None)
+        for k, (ref, old) in enumerate(mine):
+            if ref() is loader:
+                mine[k] = (ref, note)
+                for j, n in enumerate(notes if isinstance(notes, list) else []):
+                    if n is old:
+                        notes[j] = note
+                        return
+                break
+        else:
+            mine.append((weakref.ref(loader), note))
+        e.add_note(note)
 
 
 class _NoBatches:
@@ -497,7 +522,7 @@ class DataLoader:
                 try:
                     samples.append(self._dataset[i])
                 except Exception as e:
-                    _note_index(e, i)
+                    _note_index(e, i, self)
                     raise
         if not self._batched:
             batch = self._collate(samples[0])
@@ -577,12 +602,38 @@ def _end_passes_at_exit():
               "leak report is off: what they hold is not the binding's)", file=sys.stderr)
 
 
-_threads_at_fork = 1  # the parent's Python threads (with a frame) when it last forked
+_kiln_threads_at_fork = False  # whether the parent's other threads held Kiln objects when it last forked
+
+
+def _is_kilns(v):
+    # A Kiln object (a tensor, a module, a loader, or a subclass of one), or a list/tuple/dict holding one
+    if isinstance(v, (list, tuple)):
+        return any(_is_kilns(x) for x in v[:64] if not isinstance(x, (list, tuple, dict)))
+    if isinstance(v, dict):
+        return any(_is_kilns(x) for x in itertools.islice(v.values(), 64) if not isinstance(x, (list, tuple, dict)))
+    return any(getattr(c, "__module__", "").startswith("kiln") for c in type(v).__mro__)
 
 
 def _before_fork():
-    global _threads_at_fork
-    _threads_at_fork = len(sys._current_frames())
+    # Whether another thread, at the fork, holds Kiln objects in its frames (or is one of the loader's
+    # worker threads): in the child those frames are never freed, and what they hold is reported as the
+    # binding's leaks. The parent's other threads that do nothing with Kiln leave the child's report on.
+    global _kiln_threads_at_fork
+    me = threading.get_ident()
+    workers = {t.ident for p in list(_passes) for t in p.threads}
+    found = False
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        if ident in workers:
+            found = True
+            break
+        while frame is not None and not found:
+            found = any(_is_kilns(v) for v in list(frame.f_locals.values()))
+            frame = frame.f_back
+        if found:
+            break
+    _kiln_threads_at_fork = found
 
 
 def _after_fork_in_child():
@@ -593,12 +644,13 @@ def _after_fork_in_child():
     # The parent's other Python threads (DataLoader workers, the user's) are gone too, but their frames
     # are never freed: what they held, and the globals they reach, is still referenced at the child's
     # exit, and nanobind reported those tensors and modules as the binding's leaks. Only in a child
-    # whose parent had such threads is the report off; the parent's, and other children's, keep it.
+    # whose parent had threads holding Kiln objects (_before_fork) is the report off; the parent's,
+    # other children's, and those of a parent whose threads did nothing with Kiln keep it.
     global _passes, _exit_hook_lock
     _C._gil_releases_after_fork()
     _passes = weakref.WeakSet()
     _exit_hook_lock = threading.Lock()
-    if _threads_at_fork > 1:
+    if _kiln_threads_at_fork:
         _C._set_leak_warnings(False)
 
 

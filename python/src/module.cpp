@@ -195,11 +195,18 @@ double to_double(nb::handle h, const char* what) {
 }
 
 double fill_value(DType t, nb::handle h, const char* what) {
-  if (t == DType::u8 && PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
-    if (overflow == 0 && v >= -255 && v < 0) return double(v + 256);
-    if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+  // uint8 takes an int from -255 to -1 wrapped, as torch's: a Python int or an integer-like one
+  // (np.int64, a 0-d integer tensor: operator.index), as masked_fill and x[key] = v take them.
+  if (t == DType::u8 && !PyBool_Check(h.ptr()) && !PyFloat_Check(h.ptr()) && PyIndex_Check(h.ptr())) {
+    nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+    if (!i.is_valid()) {
+      PyErr_Clear();  // (a float tensor's __index__ refuses: it is a number below)
+    } else if (!PyBool_Check(i.ptr())) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+      if (overflow == 0 && v >= -255 && v < 0) return double(v + 256);
+      if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+    }
   }
   return to_double(h, what);
 }

@@ -236,11 +236,11 @@ void bind_ops(nb::module_& mod) {
   like("randn_like", [](const Shape& s, TensorOptions o) { return randn(s, o); });
   m.def(
       "full_like",
-      [](const Tensor& t, double v, nb::handle dtype, nb::handle device) {
+      [](const Tensor& t, nb::handle v, nb::handle dtype, nb::handle device) {
         TensorOptions o(t.dtype(), t.device());
         if (!dtype.is_none()) o.dtype = to_dtype(dtype);
         if (!device.is_none()) o.device = to_device(device);
-        return full(t.shape(), v, o);
+        return full(t.shape(), fill_value(o.dtype, v, "full_like: fill_value"), o);
       },
       nb::arg("input"), nb::arg("fill_value"), nb::kw_only(), nb::arg("dtype") = nb::none(),
       nb::arg("device") = nb::none());
@@ -683,7 +683,7 @@ void bind_ops(nb::module_& mod) {
           GilRelease nogil;
           return masked_fill(x, mask, v);
         }
-        const double v = to_double(value, "masked_fill: value");
+        const double v = fill_value(x.dtype(), value, "masked_fill: value");  // (a 0-d int tensor wraps into u8)
         GilRelease nogil;
         return masked_fill(x, mask, v);
       },

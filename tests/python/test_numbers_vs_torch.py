@@ -561,7 +561,14 @@ def test_uint8_with_negative_python_ints_as_torch():
                     f(x, v)
                 continue
             same(f(x, v), want)
-    for name in ("fill_", "full", "masked_fill", "x[0] = v"):  # past -255, or a float: refused in both
+    # full_like too, and an integer-like value (np.int64, a 0-d int tensor) as a Python int: fill_ and
+    # full refused them, full_like took only a float
+    cases["full_like"] = lambda x, v: lib(x).full_like(x, v)
+    for v in (-1, np.int64(-1), np.int64(-255), kiln.tensor(-1), kiln.tensor(-7)):
+        tv = torch.tensor(v.item()) if isinstance(v, kiln.Tensor) else v
+        for name in ("fill_", "full", "full_like", "masked_fill", "x[0] = v"):
+            same(cases[name](x, v), cases[name](xt, tv))
+    for name in ("fill_", "full", "full_like", "masked_fill", "x[0] = v"):  # past -255, or a float: refused in both
         for v in (-256, -1.0):
             with pytest.raises(RuntimeError, match="without overflow"):
                 cases[name](xt, v)

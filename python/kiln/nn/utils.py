@@ -1,5 +1,8 @@
 """kiln.nn.utils: torch.nn.utils' gradient clipping and flat parameter vectors. The clipping runs in
-the engine (optim::clip_grad_norm / clip_grad_value), on the gradients' device, one pass."""
+the engine (optim::clip_grad_norm / clip_grad_value), on the gradients' device, without a host read:
+one pass to sum the norm, then the gradients scaled in place (clip_grad_norm_ on the CPU scales an
+f32/f16/bf16 gradient in two multiplies, so that a factor below f32's smallest normal is not flushed
+to 0)."""
 import numbers
 
 from .. import _C
@@ -35,7 +38,10 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     gradients, an inf norm scales them by 0 and a NaN norm by NaN, unless error_if_nonfinite, which
     raises instead (a KilnError, a RuntimeError, with torch's words) and scales nothing; a negative
     max_norm is refused. Returns the norm before clipping (an f64 0-dim tensor); parameters without a
-    gradient are skipped. foreach is accepted and changes nothing (the engine clips in one pass)."""
+    gradient are skipped. foreach is accepted and changes nothing (the engine scales every gradient
+    itself: one multiply each, two for a non-f64 gradient on the CPU, by sqrt(factor) twice when the
+    factor is below f32's smallest normal, else by the factor then 1, so the result is the single
+    product's)."""
     parameters = _tensors("clip_grad_norm_", parameters)
     if isinstance(norm_type, str) and norm_type.lower() in ("inf", "infinity"):  # as torch's float(norm_type)
         norm_type = float("inf")
