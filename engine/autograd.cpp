@@ -461,20 +461,20 @@ std::vector<Tensor> checkpoint(const RecomputeFn& fn, const std::vector<Tensor>&
            }
            std::vector<Tensor> again;
            {
-             struct Replay {  // the forward's random stream and autocast, put back afterwards
-               Generator keep = default_generator();
+             // The forward's random stream, on this thread only (the process-wide generator goes on
+             // for other threads and is where it was afterwards), and grad mode, put back afterwards.
+             ThreadGenerator stream(rng);
+             struct Replay {
                bool grad = GradMode::enabled();
-               Replay(const Generator& g) {
-                 default_generator() = g;
+               Replay() {
                  GradMode::set_enabled(true);
                  ++t_recomputing;
                }
                ~Replay() {
-                 default_generator() = keep;
                  GradMode::set_enabled(grad);
                  --t_recomputing;
                }
-             } replay(rng);
+             } replay;
              amp::AutocastGuard ac(cast.value_or(DType::f16), cast.has_value());
              again = fn(xs);
            }

@@ -7,10 +7,16 @@
 
 namespace kiln {
 
+namespace {
+thread_local Generator* t_generator = nullptr;  // a ThreadGenerator's, while one lives
+}  // namespace
+
 Generator& default_generator() {
   static Generator g(0x4b494c4eull);  // "KILN"
-  return g;
+  return t_generator ? *t_generator : g;
 }
+ThreadGenerator::ThreadGenerator(const Generator& g) : g_(g), prev_(t_generator) { t_generator = &g_; }
+ThreadGenerator::~ThreadGenerator() { t_generator = prev_; }
 void manual_seed(uint64_t seed) { default_generator() = Generator(seed); }
 
 namespace {

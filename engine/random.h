@@ -19,9 +19,24 @@ struct Generator {
   }
 };
 
-// The process-wide default generator of the current Context.
+// The process-wide default generator of the current Context (or this thread's ThreadGenerator).
 Generator& default_generator();
 void manual_seed(uint64_t seed);
+
+// While it lives, default_generator() on this thread is a private copy of `g`: a checkpoint's
+// recompute replays the forward's stream through it, so draws other threads make meanwhile (a data
+// loader, ds[i]) neither shift the replayed masks nor are lost when the replay ends.
+class ThreadGenerator {
+ public:
+  explicit ThreadGenerator(const Generator& g);
+  ~ThreadGenerator();
+  ThreadGenerator(const ThreadGenerator&) = delete;
+  ThreadGenerator& operator=(const ThreadGenerator&) = delete;
+
+ private:
+  Generator g_;
+  Generator* prev_;
+};
 
 }  // namespace kiln
 

@@ -3,6 +3,8 @@
 // statistics and random stream of the normal run on the CPU, and hold less memory at the peak.
 #include <doctest/doctest.h>
 
+#include <thread>
+
 #include "kiln.h"
 #include "models/bert.h"
 #include "models/resnet.h"
@@ -133,4 +135,28 @@ TEST_CASE("recompute: parameters inside get gradients when no input requires one
     CHECK(!plain.requires_grad());
   }
   CHECK(runs == 3);
+}
+
+TEST_CASE("recompute: another thread drawing during the replay shifts no mask and keeps its draw") {
+  // The replay runs on a thread-local copy of the forward's stream: a draw made by another thread
+  // meanwhile (a data loader) goes to the process-wide generator, as it would without checkpoint.
+  manual_seed(3);
+  const Tensor x = randn({64, 32}).set_requires_grad(true);
+  auto fn = [](const std::vector<Tensor>& in) {
+    if (autograd::recomputing()) std::thread([] { default_generator().reserve(4096); }).join();
+    return std::vector<Tensor>{dropout(in[0], 0.5, true)};
+  };
+  const Tensor out = autograd::checkpoint(fn, {x})[0];
+  const uint64_t before = default_generator().offset;
+  sum(out).backward();
+  // d(sum(dropout(x)))/dx is the forward's mask times 2: zero exactly where the output is.
+  const std::vector<double> g = x.grad().to_vector(), o = out.to_vector();
+  size_t differ = 0, dropped = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    differ += (g[i] == 0.0) != (o[i] == 0.0);
+    dropped += o[i] == 0.0;
+  }
+  CHECK(differ == 0);
+  CHECK(dropped > 0);
+  CHECK(default_generator().offset == before + 4096);
 }
