@@ -149,6 +149,10 @@ void bind_autograd(nb::module_& m);
 void bind_train(nb::module_& m);
 void bind_nn(nb::module_& m);
 
+// kiln.manual_seed in a torch DataLoader worker: the worker's seed counts as applied, so the first
+// ds[i] there keeps the user's seed (nn.cpp).
+void note_manual_seed_in_torch_worker();
+
 // The module's exception types (set up by module.cpp).
 extern PyObject* g_kiln_error;
 extern PyObject* g_value_error;

@@ -437,6 +437,7 @@ NB_MODULE(_C, m) {
         nb::object wrapped = nb::steal(PyNumber_And(seed.ptr(), nb::int_(~0ULL).ptr()));
         if (!wrapped.is_valid()) throw nb::python_error();
         manual_seed(uint64_t(PyLong_AsUnsignedLongLong(wrapped.ptr())));
+        note_manual_seed_in_torch_worker();  // a worker_init_fn's seed wins over the worker's
       },
       nb::arg("seed"),
       "Seeds the default random stream (Philox; the same on CPU and GPU). Any int: taken modulo 2**64, "

@@ -143,20 +143,29 @@ nb::dict batch_dict(const io::Batch& b) {
   return d;
 }
 
-// In a torch DataLoader's worker process (torch imported, get_worker_info() set), Kiln's generator is
-// seeded once from the worker's seed, as torch seeds its own and `random` there: a forked worker
-// otherwise inherits the parent's generator, and every epoch's workers repeat one augmentation.
-// torch is never imported here, only looked up.
-void seed_torch_worker() {
-  static std::optional<uint64_t> applied;  // the worker seed this process took (fork copies it unset)
+// The worker seed of the torch DataLoader worker process this is (torch imported, get_worker_info()
+// set), or none. torch is never imported here, only looked up.
+std::optional<uint64_t> torch_worker_seed() {
   nb::dict modules = nb::borrow<nb::dict>(nb::module_::import_("sys").attr("modules"));
-  if (!modules.contains("torch.utils.data")) return;
+  if (!modules.contains("torch.utils.data")) return std::nullopt;
   nb::object info = modules["torch.utils.data"].attr("get_worker_info")();
-  if (info.is_none()) return;
-  const uint64_t seed = nb::cast<uint64_t>(info.attr("seed"));
-  if (applied == seed) return;
-  manual_seed(seed);
-  applied = seed;
+  if (info.is_none()) return std::nullopt;
+  return nb::cast<uint64_t>(info.attr("seed"));
+}
+
+// The worker seed this process took, or the one current when the user seeded Kiln in the worker (fork
+// copies it unset: the parent is no worker).
+std::optional<uint64_t> applied_worker_seed;
+
+// In a torch DataLoader's worker process, Kiln's generator is seeded once from the worker's seed, as
+// torch seeds its own and `random` there: a forked worker otherwise inherits the parent's generator,
+// and every epoch's workers repeat one augmentation. A kiln.manual_seed already made in the worker
+// (its worker_init_fn) is the user's choice and stays (note_manual_seed_in_torch_worker).
+void seed_torch_worker() {
+  const std::optional<uint64_t> seed = torch_worker_seed();
+  if (!seed || applied_worker_seed == seed) return;
+  manual_seed(*seed);
+  applied_worker_seed = seed;
 }
 
 // kiln.data.Subset (random_split's parts) of an engine data set, for the C++ loader: batch i of it is
@@ -190,6 +199,10 @@ class SubsetDataset final : public io::Dataset {
 };
 
 }  // namespace
+
+void note_manual_seed_in_torch_worker() {
+  if (std::optional<uint64_t> seed = torch_worker_seed()) applied_worker_seed = seed;
+}
 
 namespace {
 int64_t special_id(const io::WordPieceTokenizer& t, int64_t id, const char* token) {

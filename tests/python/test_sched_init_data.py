@@ -820,7 +820,11 @@ class _TrainItems(torch.utils.data.Dataset):  # module level: picklable for the 
         return 8
 
     def __getitem__(self, i):
-        return self.ds[i]["input"].numpy()
+        return self.ds[0]["input"].numpy()  # one sample for every i: only the seed makes two items differ
+
+
+def _seed_kiln_1234(worker_id):  # a worker_init_fn seeding Kiln the same in every worker
+    kiln.manual_seed(1234)
 
 
 def test_engine_dataset_item_in_torch_dataloader_workers_draws_per_worker_seeds():
@@ -838,6 +842,19 @@ def test_engine_dataset_item_in_torch_dataloader_workers_draws_per_worker_seeds(
     assert first[0] != first[1]  # worker 0's first sample and worker 1's: another seed, another shift
     torch.manual_seed(0)  # torch's base seed decides the workers' seeds: reproducible
     assert epoch() == first
+
+
+def test_kiln_manual_seed_in_torch_worker_init_fn_is_kept():
+    # The worker seed replaced a worker_init_fn's kiln.manual_seed at the first ds[i]: the user's
+    # seed, made in the worker, wins.
+    ds = kiln.data.fashion_mnist()["train"]
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(_TrainItems(ds), batch_size=1, num_workers=2, worker_init_fn=_seed_kiln_1234,
+                                         multiprocessing_context="fork")
+    got = [b.numpy().tobytes() for b in loader]
+    kiln.manual_seed(1234)
+    want = ds[0]["input"].numpy().tobytes()
+    assert got[0] == want and got[1] == want  # each worker's first item: the draw after kiln.manual_seed(1234)
 
 
 def test_dataloader_set_epoch_and_ranks():
