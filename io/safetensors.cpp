@@ -114,7 +114,9 @@ uint64_t header_length(const uint8_t* data, uint64_t size, const std::string& wh
   // Kiln cannot read (unpickling runs code): named with the conversion, not as a header length. Only
   // where its bytes are no valid length: a pickle's first two could be a real header's length.
   if (n > kMaxHeaderBytes || n > size - 8) {
-    const bool zip = std::memcmp(data, "PK\x03\x04", 4) == 0, pickle = data[0] == 0x80 && data[1] >= 2 && data[1] <= 5;
+    // A truncated safetensors file's length can start 0x80 0x02 too: its header starts with '{'.
+    const bool zip = std::memcmp(data, "PK\x03\x04", 4) == 0,
+               pickle = data[0] == 0x80 && data[1] >= 2 && data[1] <= 5 && (size <= 8 || data[8] != '{');
     KILN_CHECK(!zip && !pickle, what, ": this is a PyTorch checkpoint (torch.save's ", zip ? "zip archive" : "pickle",
                "), not a safetensors file: convert it in Python with safetensors.torch.save_file(model.state_dict(), "
                "\"model.safetensors\") (a saved state dict: save_file(torch.load(FILE), ...)) and give that file");

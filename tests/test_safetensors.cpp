@@ -508,6 +508,22 @@ TEST_CASE("safetensors: truncated files are rejected at every length") {
   }
 }
 
+// A header of 640 bytes (0x280) starts the file 0x80 0x02, as a pickle does: cut short, the file was
+// said to be a PyTorch checkpoint. The '{' after the length says it is a safetensors file.
+TEST_CASE("safetensors: a truncated file whose header length reads as a pickle's start is said truncated") {
+  std::string h = obj({entry("w", "F32", "[1]", 0, 4)});
+  h.resize(0x280, ' ');
+  Bytes b = st_bytes(h, {0, 0, 0, 0});
+  REQUIRE(b[0] == 0x80);
+  REQUIRE(b[1] == 0x02);
+  REQUIRE(parse_message(b) == "NO ERROR");
+  b.resize(100);
+  const std::string m = parse_message(b);
+  INFO("message: ", m);
+  CHECK(contains(m, "header length 640 runs past the end of the file (100 bytes"));
+  CHECK_FALSE(contains(m, "PyTorch"));
+}
+
 TEST_CASE("safetensors: header length bounds") {
   const std::string h = obj({entry("w", "F32", "[1]", 0, 4)});
   const Bytes good = st_bytes(h, {0, 0, 0, 0});

@@ -542,6 +542,45 @@ TEST_CASE("eval: weights of another model are named as such before their vocabul
   }
 }
 
+// Files of older builds carry "model" (the run's --model, bert-tiny) but no "task" or "set": the task
+// guessed from the name (mlm) refused --task classify as "trained for --task mlm". And a --set given
+// was compared in every field (those not typed too), num_labels even for a masked LM.
+TEST_CASE("eval: a file naming no task takes the --task given; --set compares only the fields it names") {
+  using namespace kiln;
+  TempDir d("kiln_eval_old_meta");
+  std::ofstream(d / "v.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\nthe\nruns\n";
+  std::ofstream(d / "e.tsv") << "label\tsentence\na\thello world\nb\tthe runs\n";
+  std::ofstream(d / "c.txt") << "hello world the runs\nthe world runs\n";
+  const std::string text = " --vocab " + d / "v.txt" + " --seq-len 16 --batch 2 --threads 1";
+  const auto cls = tools::model_family("bert-tiny-cls").build("bert-tiny-cls", {"vocab_size=9", "num_labels=2"}, false);
+  io::save_safetensors(d / "old.st", cls.module->state_dict(),
+                       {{"format", "kiln"}, {"model", "bert-tiny"}, {"labels", R"(["a","b"])"}});
+  auto r =
+      run_kiln("eval --model bert-tiny --task classify --eval-tsv " + d / "e.tsv" + text + " --weights " + d / "old.st",
+               d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(!contains(r.output, "trained for --task"), r.output);
+
+  const auto mlm = tools::model_family("bert-tiny-mlm").build("bert-tiny-mlm", {"vocab_size=9"}, false);
+  io::save_safetensors(d / "mlm.st", mlm.module->state_dict(),
+                       {{"format", "pt"},
+                        {"writer", "kiln"},
+                        {"model", "bert-tiny"},
+                        {"task", "mlm"},
+                        {"set", R"(["num_labels=3","hidden_dropout=0"])"}});
+  const std::string eval =
+      "eval --text " + d / "c.txt" + " --eval-text " + d / "c.txt" + text + " --weights " + d / "mlm.st";
+  r = run_kiln(eval + " --set layer_norm_eps=1e-12", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(!contains(r.output, "was trained with"), r.output);
+  // A field named is still compared.
+  r = run_kiln(eval + " --set layer_norm_eps=1e-5", d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(
+      contains(r.output, "--set layer_norm_eps=1e-05: " + d / "mlm.st" + " was trained with layer_norm_eps=1e-12"),
+      r.output);
+}
+
 // kiln eval's --model, --task and --set default to what the weights say they were trained as: resnet32
 // weights without --model said "unexpected (72): layer1.3..."; --model bert-tiny-cls --eval-tsv without
 // --task asked for --task classify; a --set num_classes=12 run's weights needed it repeated.

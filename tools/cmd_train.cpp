@@ -1954,10 +1954,18 @@ void take_trained_model(TrainConfig& c, const std::map<std::string, std::string>
   if (model_it == meta.end() || !find_model_family(model_it->second)) return;  // not Kiln's, or a newer model
   const std::string& model = model_it->second;
   const auto task_it = meta.find("task");
-  // A kiln ckpt import's weights have no task: a BERT name says its head (bert-tiny-cls), others classify.
-  std::string task = task_it != meta.end() ? task_it->second : "classify";
-  if (task_it == meta.end() && model_family(model).input == ModelInput::tokens)
-    task = parse_bert_name(model).head == "cls" ? "classify" : "mlm";
+  std::string task;
+  if (task_it != meta.end()) {
+    task = task_it->second;
+  } else if (c.was_given("task")) {
+    // Older builds' files and kiln ckpt import's name no task: a guess from the name would refuse the
+    // --task given (bert-tiny guesses mlm); the weights' shapes say whether it is right.
+    task = c.task;
+  } else {
+    // A BERT name says its head (bert-tiny-cls), others classify: the --model given, else the file's.
+    const std::string& named = c.was_given("model") && find_model_family(c.model) ? c.model : model;
+    task = model_family(named).input == ModelInput::tokens && parse_bert_name(named).head != "cls" ? "mlm" : "classify";
+  }
   KILN_CHECK(task == "classify" || task == "mlm", weights, ": damaged metadata: task is '", task,
              "', not classify or mlm");
   const std::string theirs = trained_model_name(model, task);
@@ -1985,11 +1993,16 @@ void take_trained_model(TrainConfig& c, const std::map<std::string, std::string>
     c.sets = trained;
     return;
   }
-  // Compared as the config each makes (keys in another order are the same); dropout and the start's
-  // zero_init_residual do not change what the weights compute in evaluation.
+  // Compared as the config each makes (keys in another order are the same), only in the fields the
+  // --set given names: the others are not the user's choice. Dropout and the start's
+  // zero_init_residual do not change what the weights compute in evaluation; num_labels is the
+  // classifier's, which a masked LM does not have.
   const auto was = model_config_fields(c.model, trained), now = model_config_fields(c.model, c.sets);
+  std::set<std::string> named;
+  for (const auto& kv : c.sets) named.insert(split_set(kv).first);  // well-formed: model_config_fields read them
   for (size_t i = 0; i < was.size() && i < now.size(); ++i) {
     const std::string& field = was[i].first;
+    if (!named.count(field) || (field == "num_labels" && c.task != "classify")) continue;
     if (field == "hidden_dropout" || field == "attention_dropout" || field == "zero_init_residual") continue;
     KILN_CHECK(was[i] == now[i], "--set ", field, "=", now[i].second, ": ", weights, " was trained with ", field, "=",
                was[i].second, " (leave --set out to take the weights' own)");

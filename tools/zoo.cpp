@@ -14,7 +14,6 @@
 #include <tuple>
 
 namespace kiln::tools {
-namespace {
 
 // Spaces around the key and the value are dropped, both sides alike: "num_layers= 2" and
 // "num_layers=2 " are num_layers=2 (kiln.models.create strips its comma-separated pairs too).
@@ -29,6 +28,8 @@ std::pair<std::string, std::string> split_set(const std::string& kv) {
   KILN_CHECK(eq != std::string::npos && !trim(kv.substr(0, eq)).empty(), "--set ", kv, ": expected key=value");
   return {trim(kv.substr(0, eq)), trim(kv.substr(eq + 1))};
 }
+
+namespace {
 
 // A size field's upper bound: far above any real model (BERT-large: 24 layers of 1024, vocabulary
 // 30522; ImageNet-21k: 21841 classes), and low enough that a typo ("num_layers=100000000") is named

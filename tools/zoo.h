@@ -91,6 +91,9 @@ std::vector<std::string> sets_with_hf_config(const std::string& model, const std
 // reader needs it; files before it said "format" "kiln" and load the same).
 inline std::map<std::string, std::string> torch_compatible_metadata() { return {{"format", "pt"}, {"writer", "kiln"}}; }
 
+// A --set's key=value, spaces around each dropped; one without '=' or a key is refused.
+std::pair<std::string, std::string> split_set(const std::string& kv);
+
 // The model config `sets` make of model `name`'s defaults, as (field, value) text: what a resume compares,
 // so the same config written another way (keys in another order, zero_init_residual=1 or =true, a
 // default given) is the same. recompute is left out: it changes the memory, not the model; so is
