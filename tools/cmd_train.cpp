@@ -951,10 +951,7 @@ class Trainer {
     std::string msg;
     for (size_t i = 0; i < was.size() && i < now.size(); ++i) {
       const std::string& field = was[i].first;
-      if (field == "hidden_dropout" || field == "attention_dropout" || field == "zero_init_residual") continue;
-      // Only a classifier has num_labels' head: an import's --hf-config says it (id2label) for any
-      // BERT, and a masked-LM run neither builds nor loads that head.
-      if (field == "num_labels" && task_.name != "classify") continue;
+      if (!weights_config_field(field, task_.name == "classify")) continue;
       if (was[i] != now[i])
         msg += "\n  " + field + ": checkpoint " + was[i].second + ", this run " + now[i].second + " (--set " + field +
                "=" + was[i].second + " builds the checkpoint's)";
@@ -2002,8 +1999,7 @@ void take_trained_model(TrainConfig& c, const std::map<std::string, std::string>
   for (const auto& kv : c.sets) named.insert(split_set(kv).first);  // well-formed: model_config_fields read them
   for (size_t i = 0; i < was.size() && i < now.size(); ++i) {
     const std::string& field = was[i].first;
-    if (!named.count(field) || (field == "num_labels" && c.task != "classify")) continue;
-    if (field == "hidden_dropout" || field == "attention_dropout" || field == "zero_init_residual") continue;
+    if (!named.count(field) || !weights_config_field(field, c.task == "classify")) continue;
     KILN_CHECK(was[i] == now[i], "--set ", field, "=", now[i].second, ": ", weights, " was trained with ", field, "=",
                was[i].second, " (leave --set out to take the weights' own)");
   }

@@ -255,6 +255,11 @@ std::vector<std::string> sets_with_hf_config(const std::string& model, const std
   return all;
 }
 
+bool weights_config_field(const std::string& field, bool classifier) {
+  if (field == "hidden_dropout" || field == "attention_dropout" || field == "zero_init_residual") return false;
+  return field != "num_labels" || classifier;
+}
+
 std::vector<std::pair<std::string, std::string>> model_config_fields(const std::string& name,
                                                                      const std::vector<std::string>& sets) {
   // The shortest text that reads back as the same double: a resume refusal says 0.1, not

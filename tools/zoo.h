@@ -100,6 +100,11 @@ std::pair<std::string, std::string> split_set(const std::string& kv);
 // initializer_range: it changes only the weights a model starts from, which a resume loads.
 std::vector<std::pair<std::string, std::string>> model_config_fields(const std::string& name,
                                                                      const std::vector<std::string>& sets);
+// Whether a model_config_fields field must match between weights and the model they load into: not
+// dropout or zero_init_residual (a run's choice, not what the weights compute), and num_labels only
+// for a classifier (a masked LM neither builds nor loads that head; an import's --hf-config names it
+// for any BERT).
+bool weights_config_field(const std::string& field, bool classifier);
 
 // Old BERT checkpoints name LayerNorm parameters gamma/beta and carry the tied decoder and position
 // ids, and Hugging Face's name the encoder under "bert.": `in` with those mapped onto Kiln's names
