@@ -281,7 +281,7 @@ TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees wit
 
   const auto bad = run_kiln("eval --model resnet32 --weights " + d / "run/model.safetensors", d.p.string());
   CHECK(bad.code == 2);
-  CHECK_MESSAGE(contains(bad.output, "layer1.3"), bad.output);
+  CHECK_MESSAGE(contains(bad.output, "holds resnet20 weights, not resnet32"), bad.output);
 
   // Weights that give NaN: the numbers are written, and the exit status and stderr say they are not finite.
   auto w = kiln::io::load_safetensors(d / "run/model.safetensors");
@@ -604,6 +604,9 @@ TEST_CASE("eval: the model, task and --set default to the weights' own; another 
   r = run_kiln("eval --limit-eval 16 --threads 1 --set num_classes=10 --weights " + w12, d.p.string());
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "--set num_classes=10: " + w12 + " was trained with num_classes=12"), r.output);
+  // Another field given: the weights' num_classes=12 stays under it.
+  r = run_kiln("eval --limit-eval 16 --threads 1 --set zero_init_residual=true --weights " + w12, d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
 
   io::save_safetensors(d / "r32.st", models::make_resnet({"resnet32", 10, 1})->state_dict(),
                        {{"format", "pt"}, {"writer", "kiln"}, {"model", "resnet32"}, {"task", "classify"}});

@@ -2003,6 +2003,13 @@ void take_trained_model(TrainConfig& c, const std::map<std::string, std::string>
     KILN_CHECK(was[i] == now[i], "--set ", field, "=", now[i].second, ": ", weights, " was trained with ", field, "=",
                was[i].second, " (leave --set out to take the weights' own)");
   }
+  // The weights' own sets under the given ones: a field the --set given does not name keeps its
+  // trained value (num_classes=12 weights evaluated with another --set still build 12 classes).
+  std::vector<std::string> sets;
+  for (const auto& kv : trained)
+    if (!named.count(split_set(kv).first)) sets.push_back(kv);
+  sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+  c.sets = std::move(sets);
 }
 
 }  // namespace
