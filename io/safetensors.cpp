@@ -369,8 +369,11 @@ SafetensorsFile load_mapped(int fd, uint64_t size, const std::string& path) {
 }
 
 SafetensorsFile load_copied(int fd, uint64_t size, const std::string& path) {
-  uint8_t len[8] = {};
-  if (size >= 8) pread_all(fd, len, 8, 0, path);
+  uint8_t len[9] = {};  // the length, and the header's first byte ('{') that header_length may look at
+  if (size >= 9)
+    pread_all(fd, len, 9, 0, path);
+  else if (size >= 8)
+    pread_all(fd, len, 8, 0, path);
   const uint64_t n = header_length(len, size, path);
   std::string header(size_t(n), '\0');
   pread_all(fd, header.data(), size_t(n), 8, path);
