@@ -437,6 +437,17 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
   return out;
 }
 
+std::span<const char* const> data_info_keys() {
+  static const char* const kKeys[] = {"labels",        "classes",    "contents",          "train_samples",
+                                      "corpus_tokens", "vocab_size", "vocab_fingerprint", "shape"};
+  return kKeys;
+}
+
+std::string short_json(const json& v, bool bare) {
+  const std::string s = bare && v.is_string() ? v.get<std::string>() : v.dump();
+  return s.size() > 160 ? s.substr(0, 150) + " ... (" + std::to_string(s.size()) + " characters)" : s;
+}
+
 std::vector<std::string> config_differences(const json& saved, const json& now) {
   // The data's paths (--data-dir, --text, --eval-text, --vocab, --train-tsv) are not compared: the
   // same files under another path (./txt, an absolute path, a copy) continue the run. What they hold
@@ -463,10 +474,6 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
   // sample counts, the vocabulary): data read another way (a newer version's rules, a changed file)
   // does not continue the run either. A key the checkpoint lacks (written by an older version) is not
   // compared; "files" (their paths) no longer is.
-  const auto short_dump = [](const json& v) {
-    std::string s = v.dump();
-    return s.size() > 160 ? s.substr(0, 150) + " ... (" + std::to_string(s.size()) + " characters)" : s;
-  };
   const json saved_data = saved.value("data_info", json::object()), now_data = now.value("data_info", json::object());
   // A checkpoint without the contents (an older version's) is compared by the data's paths as it was
   // then, each path normalised (./x, x and its absolute path are one): nothing else tells its data.
@@ -495,8 +502,7 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
     }
   }
   if (saved_data.is_object() && now_data.is_object())
-    for (const char* k : {"labels", "classes", "contents", "train_samples", "corpus_tokens", "vocab_size",
-                          "vocab_fingerprint", "shape"})
+    for (const char* k : data_info_keys())
       if (saved_data.contains(k) && now_data.value(k, json()) != saved_data[k]) {
         const json &a = saved_data[k], b = now_data.value(k, json());
         std::string where;  // a long list's first difference, which the cut values may not show
@@ -504,10 +510,10 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
           size_t i = 0;
           while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
           where = " (first difference at entry " + std::to_string(i) + ": checkpoint " +
-                  (i < a.size() ? short_dump(a[i]) : "none") + ", now " + (i < b.size() ? short_dump(b[i]) : "none") +
+                  (i < a.size() ? short_json(a[i]) : "none") + ", now " + (i < b.size() ? short_json(b[i]) : "none") +
                   "; " + std::to_string(a.size()) + " and " + std::to_string(b.size()) + " entries)";
         }
-        out.push_back(std::string("data ") + k + ": checkpoint " + short_dump(a) + ", now " + short_dump(b) + where);
+        out.push_back(std::string("data ") + k + ": checkpoint " + short_json(a) + ", now " + short_json(b) + where);
       }
   return out;
 }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -140,6 +141,15 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
 // Config keys that change the numbers of a run, and what they made of the data (data_info's labels,
 // classes, files, sample counts): a resume with any of them different is refused.
 std::vector<std::string> config_differences(const nlohmann::json& saved, const nlohmann::json& now);
+
+// The data_info keys config_differences compares (what the same flags made of the data: labels,
+// classes, the files' contents, sample counts, the vocabulary, the shape); the ranks of one run
+// compare them at its start too (kiln train).
+std::span<const char* const> data_info_keys();
+
+// `v` as text for a message: its JSON (a string bare, without quotes, when `bare`), cut after 150
+// characters when longer than 160, naming its length.
+std::string short_json(const nlohmann::json& v, bool bare = false);
 
 // The absolute form of `path` as the file system resolves it, so one folder compares equal however it
 // is written (relative, with `.`, `..`, `//`, a trailing `/`, through a link): links in its longest

@@ -1343,25 +1343,25 @@ class Trainer {
   // stop together if any differs. Ranks with other data took other step counts: their collectives
   // paired up wrongly, one rank printed a test loss of 0 and another ended silently.
   int agree_on_data() {
-    // What a resume compares of the data (io/run_checkpoint.cpp): the same counts and files read
+    // What a resume compares of the data (io::data_info_keys): the same counts and files read
     // through another --vocab, or with other label names or classes, train another model per rank.
-    static const char* kKeys[] = {"vocab_fingerprint", "vocab_size", "labels", "classes", "corpus_tokens", "shape"};
+    // The files' contents are compared file by file below, and the sample counts as the loaders have them.
+    std::vector<const char*> keys;
+    for (const char* k : io::data_info_keys())
+      if (std::string_view(k) != "contents" && std::string_view(k) != "train_samples") keys.push_back(k);
     nlohmann::json mine = {{"train", task_.train_data ? task_.train_data->size() : 0},
                            {"eval", task_.eval_data ? task_.eval_data->size() : 0},
                            {"contents", task_.data_info.value("contents", nlohmann::json::array())}};
-    for (const char* k : kKeys) mine[k] = task_.data_info.value(k, nlohmann::json());
+    for (const char* k : keys) mine[k] = task_.data_info.value(k, nlohmann::json());
     const nlohmann::json lead = nlohmann::json::parse(broadcast_string(mine.dump()));
     std::string diff;
     const auto add = [&diff](const std::string& what, const nlohmann::json& here, const nlohmann::json& there) {
-      const auto text = [](const nlohmann::json& v) {
-        std::string s = v.is_string() ? v.get<std::string>() : v.dump();
-        return s.size() > 160 ? s.substr(0, 150) + " ... (" + std::to_string(s.size()) + " characters)" : s;
-      };
-      diff += (diff.empty() ? "" : ", ") + what + " " + text(here) + " (rank 0: " + text(there) + ")";
+      diff += (diff.empty() ? "" : ", ") + what + " " + io::short_json(here, true) +
+              " (rank 0: " + io::short_json(there, true) + ")";
     };
     if (mine["train"] != lead["train"]) add("training samples", mine["train"], lead["train"]);
     if (mine["eval"] != lead["eval"]) add("evaluation samples", mine["eval"], lead["eval"]);
-    for (const char* k : kKeys)
+    for (const char* k : keys)
       if (mine[k] != lead.value(k, nlohmann::json()))
         add(std::string("data ") + k, mine[k], lead.value(k, nlohmann::json()));
     const nlohmann::json &a = mine["contents"], &b = lead["contents"];
