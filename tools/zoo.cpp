@@ -450,6 +450,10 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
   // encoder) the checkpoint's cls.* heads are unused: kept here, so drop_unused_heads drops them
   // unexamined and a strict load (Python's load_state_dict) names them as unexpected.
   const bool mlm_head = mine.count("cls.predictions.bias") > 0;
+  // The BERT mappings only for a BERT model: another model's load stays strict about every name (a
+  // stray BERT key is unexpected); what applies to all is the batch-norm counter below.
+  const bool bert =
+      mine.count("embeddings.word_embeddings.weight") || mine.count("bert.embeddings.word_embeddings.weight");
   nn::StateDict out;
   std::map<std::string, std::string> source;  // Kiln name -> the checkpoint's name it came from
   std::vector<std::pair<std::string, Tensor>> decoders;
@@ -457,13 +461,15 @@ nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::Stat
     std::string k = n;
     if (strip_bert && starts_with(k, "bert.")) k = k.substr(5);
     if (add_bert && encoder_name(k)) k = "bert." + k;
-    if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".gamma")) k = k.substr(0, k.size() - 6) + ".weight";
-    if (k.find("LayerNorm.") != std::string::npos && ends_with(k, ".beta")) k = k.substr(0, k.size() - 5) + ".bias";
+    if (bert && k.find("LayerNorm.") != std::string::npos && ends_with(k, ".gamma"))
+      k = k.substr(0, k.size() - 6) + ".weight";
+    if (bert && k.find("LayerNorm.") != std::string::npos && ends_with(k, ".beta"))
+      k = k.substr(0, k.size() - 5) + ".bias";
     if (k == "cls.predictions.decoder.weight" && !mine.count(k) && mlm_head) {
       decoders.emplace_back(n, t);  // tied: checked against the word embeddings below
       continue;
     }
-    if (ends_with(k, "embeddings.position_ids") && !mine.count(k)) continue;
+    if (bert && ends_with(k, "embeddings.position_ids") && !mine.count(k)) continue;
     if (k == "cls.predictions.decoder.bias" && mlm_head) k = "cls.predictions.bias";
     if (auto it = out.find(k); it != out.end()) {
       // The decoder's bias given both as cls.predictions.bias and cls.predictions.decoder.bias (or a

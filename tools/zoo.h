@@ -111,7 +111,9 @@ bool weights_config_field(const std::string& field, bool classifier);
 // (`mine`: the model's state dict; "bert." is stripped for an encoder-only model, and added to a bare
 // encoder's names, embeddings./encoder./pooler., for a headed one). A decoder weight
 // that differs from the word embeddings the model ties it to, or cls.predictions.decoder.bias
-// differing from cls.predictions.bias, is an error naming both (`file` names the checkpoint).
+// differing from cls.predictions.bias, is an error naming both (`file` names the checkpoint). For
+// any model, a batch norm's missing num_batches_tracked (weights saved before PyTorch 0.4.1) is 0 when
+// the layer's running_mean is there; the BERT mappings apply only to a BERT model.
 nn::StateDict normalise_checkpoint_names(const nn::StateDict& in, const nn::StateDict& mine,
                                          const std::string& file = {});
 

@@ -109,13 +109,13 @@ class ZooModel(CppModule):
                                     f"a parameter or buffer of {self.name})")
             # A BERT checkpoint named as Hugging Face names it (BertForMaskedLM: the tied decoder weight,
             # "bert." on an encoder, gamma/beta, position_ids) loads as `kiln forward` loads it: the
-            # same C++ normalisation, onto this model's names. Only for BERT: another model's load
-            # stays strict about every name (a stray key is unexpected). NumPy arrays and torch
-            # tensors are read as kiln tensors first.
+            # same C++ normalisation, onto this model's names, which maps BERT names only for BERT
+            # (another model's load stays strict about every name: a stray key is unexpected) and
+            # starts a batch norm saved without num_batches_tracked (old torchvision weights) at 0,
+            # as torch does. NumPy arrays and torch tensors are read as kiln tensors first.
             mine = self._c.state_dict()
             state_dict = _state_tensors(state_dict, mine, f"load_state_dict({self.name})")
-            if any(k.endswith("embeddings.word_embeddings.weight") for k in mine):
-                state_dict = _C._normalise_checkpoint_names(dict(state_dict), mine, f"load_state_dict({self.name})")
+            state_dict = _C._normalise_checkpoint_names(dict(state_dict), mine, f"load_state_dict({self.name})")
         return super().load_state_dict(state_dict, strict)
 
     @property
