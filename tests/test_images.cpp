@@ -925,3 +925,30 @@ TEST_CASE("image folder: a class folder's own files come before its sub-folders'
   CHECK(got ==
         std::vector<std::string>{"c/a.png", "c/z.png", "c/b/x.png", "c/b-x/y.png", "c/b/d/w.png", "other/o.png"});
 }
+
+TEST_CASE("Fashion-MNIST: an interrupt while it is read stays an interrupt, without the install hint") {
+  // kiln.train's Ctrl-C during the read was reported as an error with "apt-get install
+  // dataset-fashion-mnist" appended (the package was installed), and Python's KeyboardInterrupt lost
+  // its message. The hint is for a missing folder only.
+  tools::TrainConfig c;
+  c.data = "fashion-mnist";
+  c.limit_train = 4;
+  c.limit_eval = 4;
+  c.device = "cpu";
+  set_interrupt_poll([] { return true; });
+  std::string what;
+  bool interrupted = false;
+  try {
+    tools::make_task(c);
+  } catch (const Interrupted& e) {
+    interrupted = true;
+    what = e.what();
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  set_interrupt_poll(nullptr);
+  CHECK_MESSAGE(interrupted, what);
+  CHECK_MESSAGE(what.find("apt-get") == std::string::npos, what);
+  c.data_dir = "/nonexistent/kiln-fashion";  // a folder given: its own error, no package hint
+  CHECK_THROWS_WITH(tools::make_task(c), doctest::Contains("/nonexistent/kiln-fashion"));
+}

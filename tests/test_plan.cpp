@@ -406,3 +406,21 @@ TEST_CASE("plan: data-parallel and ZeRO-1 plans are within 10% of the measured p
     CHECK(row["planned_peak_mib"].get<double>() == doctest::Approx(planned));
   }
 }
+
+TEST_CASE("plan: an interrupt during the micro-batch search ends it as an interrupt") {
+  // Each candidate that failed was taken as a micro-batch the model cannot train on: Ctrl-C went on to
+  // the next candidate and ended as "cannot train on any micro-batch of it (interrupted)".
+  tools::PlanOptions o;
+  o.model = "resnet20";
+  set_interrupt_poll([] { return true; });
+  bool interrupted = false;
+  try {
+    tools::largest_micro_batch(o, 8, size_t(1) << 40, kCPU);
+  } catch (const Interrupted&) {
+    interrupted = true;
+  } catch (const Error& e) {
+    MESSAGE(e.what());
+  }
+  set_interrupt_poll(nullptr);
+  CHECK(interrupted);
+}

@@ -359,6 +359,8 @@ std::pair<int64_t, MemoryPlan> largest_micro_batch(const PlanOptions& o, int64_t
     try {
       p = plan_memory(q, divisors[i]);
       return true;
+    } catch (const Interrupted&) {
+      throw;  // Ctrl-C (Python's) ends the search; it is not a micro-batch the model cannot train on
     } catch (const Error& e) {
       if (i + 1 == divisors.size())
         KILN_FAIL("--batch ", batch, ": the model cannot train on any micro-batch of it (", e.message(), ")");

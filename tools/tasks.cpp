@@ -199,8 +199,10 @@ Task image_classification(const TrainConfig& c) {
   try {
     // Only the --limit-train / --limit-eval samples stay in memory (the first ones, as limit() takes).
     d = io::load_mnist_dir(dir, tr, c.data, c.evaluating, c.limit_train, c.limit_eval);
+  } catch (const Interrupted&) {
+    throw;  // Ctrl-C while reading (kiln.train's KeyboardInterrupt), not a missing package
   } catch (const Error& e) {
-    if (c.data == "fashion-mnist" && c.data_dir.empty())
+    if (c.data == "fashion-mnist" && c.data_dir.empty() && !std::filesystem::exists(dir))
       KILN_FAIL(e.message(), "\n  Fashion-MNIST comes from Debian's package: apt-get install dataset-fashion-mnist "
                 "(or pass --data-dir)");
     throw;
