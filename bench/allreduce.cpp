@@ -1,8 +1,9 @@
 // All-reduce bandwidth between ranks, as nccl-tests defines it: for S bytes in time t,
 // algbw = S / t and busbw = algbw x 2(n-1)/n (what each link carries in a ring). Run it under a
 // launcher: `mpirun -np 4 bench_allreduce` (CPU ranks, MPI), `kiln launch --nproc-per-node 4 --
-// bench_allreduce` (TCP ring), or with --device cuda one rank per GPU over NCCL. Sizes from 8 B to
-// --max-bytes (default 1 GiB; fewer when memory is short); rank 0 prints the table, --json FILE.
+// bench_allreduce` (TCP ring), or with --device cuda one rank per GPU over NCCL. Sizes from 8 B (x4)
+// up to and including --max-bytes (default 1 GiB); rank 0 prints the table, naming the CPU and its
+// threads (or the GPU), and with --json FILE writes it. One rank has nothing to reduce: refused.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,11 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/allreduce_sizes.h"
+#include "bench/bench_main.h"
 #include "engine/dist.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "runtime/nccl_comm.h"
+#include "kernels/cuda/runtime_info.h"
 #include "kiln.h"
-#include "bench/bench_main.h"
+#include "runtime/nccl_comm.h"
 
 using namespace kiln;
 
@@ -27,14 +30,24 @@ int main(int argc, char** argv) {
   int64_t max_bytes = int64_t(1) << 30;
   int iters = 20;
   std::string device = "cpu";
-  app.add_option("--max-bytes", max_bytes, "Largest message")->check(CLI::PositiveNumber);
-  app.add_option("--iters", iters, "Timed repetitions per size")->check(CLI::PositiveNumber);
+  app.add_option("--max-bytes", max_bytes, "Largest message")
+      ->check(bench::whole_number(1, std::numeric_limits<int64_t>::max()));
+  app.add_option("--iters", iters, "Timed repetitions per size")->check(bench::whole_number(1));
   app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   if (const int rc = bench::start(app, flags, argc, argv); rc >= 0) return rc;
   const std::string& json_path = flags.json;
   const bool gpu = device == "cuda";
+  if (!bench::json_path_ok("bench_allreduce", json_path)) return 2;
   const dist::DistEnv env = kiln::tools::dist_env();
   auto host_comm = dist::make_cpu_communicator(env, std::chrono::seconds(600));
+  if (host_comm->world_size() < 2) {
+    std::fprintf(stderr,
+                 "bench_allreduce: error: this job has %d rank: an all-reduce over one rank moves nothing, so there "
+                 "is no bandwidth to measure; run it under a launcher (mpirun -np N bench_allreduce, or kiln launch "
+                 "--nproc-per-node N -- bench_allreduce)\n",
+                 host_comm->world_size());
+    return 2;
+  }
   std::unique_ptr<dist::Communicator> gpu_comm;
   if (gpu) {
     if (cuda::device_count() == 0) {
@@ -47,11 +60,17 @@ int main(int argc, char** argv) {
   const Device dev = gpu ? cuda_device(env.local_rank % cuda::device_count()) : kCPU;
   const int n = comm->world_size();
   const bool lead = comm->rank() == 0;
+  // What the ranks ran on: each rank's CPU and threads, or its GPU (rank 0's, as the others').
+  const std::string where = gpu ? cuda::query_runtime().devices.at(size_t(dev.index)).name
+                                : bench::cpu_line() + ", " + std::to_string(num_threads()) + " thread" +
+                                      (num_threads() == 1 ? "" : "s") + " per rank";
   if (lead)
-    std::printf("all-reduce (sum, f32) over %d ranks, backend %s; median of %d iterations after 3 warm-up\n%12s %12s %14s %14s\n",
-                n, comm->backend(), iters, "bytes", "time us", "algbw GB/s", "busbw GB/s");
+    std::printf(
+        "all-reduce (sum, f32) over %d ranks, backend %s, on %s; median of %d iterations after 3 warm-up\n"
+        "%12s %12s %14s %14s\n",
+        n, comm->backend(), where.c_str(), iters, "bytes", "time us", "algbw GB/s", "busbw GB/s");
   nlohmann::json rows = nlohmann::json::array();
-  for (int64_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
+  for (const int64_t bytes : bench::allreduce_sizes(max_bytes)) {
     const int64_t count = bytes / 4;
     Tensor t = ones({count}, TensorOptions(DType::f32, dev));
     // Large sizes take fewer iterations so the sweep stays in minutes.
@@ -68,9 +87,7 @@ int main(int argc, char** argv) {
     // The slowest rank's time is the collective's time.
     Tensor mine = from_vector(us, {int64_t(us.size())}, DType::f64);
     comm->all_reduce(mine, dist::ReduceOp::max);
-    std::vector<double> worst = mine.to_vector();
-    std::sort(worst.begin(), worst.end());
-    const double med = worst[worst.size() / 2];
+    const double med = bench::median(mine.to_vector());
     const double algbw = double(bytes) / (med * 1e-6) / 1e9;
     const double busbw = algbw * 2.0 * double(n - 1) / double(n);
     if (lead) {
@@ -84,12 +101,16 @@ int main(int argc, char** argv) {
   const bool ok = chk.to_vector()[999] == double(n) * double(n + 1) / 2.0;
   if (lead) {
     std::printf("check: %s\n", ok ? "sums correct" : "WRONG SUMS");
-    if (!json_path.empty()) {
-      std::ofstream f(json_path);
-      f << nlohmann::json{{"benchmark", "allreduce"}, {"backend", comm->backend()}, {"ranks", n}, {"rows", rows}}.dump(2)
-        << "\n";
-      std::printf("wrote %s\n", json_path.c_str());
+    nlohmann::json doc = {
+        {"benchmark", "allreduce"}, {"backend", comm->backend()}, {"ranks", n}, {"sums_correct", ok}, {"rows", rows}};
+    if (gpu) {
+      doc["device"] = where;
+    } else {
+      doc["cpu"] = tools::cpu_model();
+      doc["cpu_kernels"] = cpu_isa_name(cpu_isa());
+      doc["threads"] = num_threads();
     }
+    if (!bench::write_json("bench_allreduce", json_path, doc)) return 1;
   }
   return ok ? 0 : 1;
 }

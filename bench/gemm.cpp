@@ -1,5 +1,6 @@
 // bench_gemm: kiln::cpu::gemm_f32 on square and transformer-shaped problems, beside OpenBLAS when the build found it.
-// Prints a table (ms, GFLOP/s, OpenBLAS GFLOP/s, ratio) and, with --json FILE, writes the rows.
+// Prints a table (ms, GFLOP/s, OpenBLAS GFLOP/s, and the ratio Kiln/OpenBLAS of GFLOP/s: above 1, Kiln is
+// faster) and, with --json FILE, writes the rows with the ratio, the repetitions and the agreement check.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,8 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "base/thread_pool.h"
-#include "kernels/cpu/gemm.h"
 #include "bench/bench_main.h"
+#include "bench/gemm_check.h"
+#include "kernels/cpu/gemm.h"
 
 #if defined(KILN_BENCH_HAVE_CBLAS)
 #include <cblas.h>
@@ -34,23 +36,23 @@ struct Shape {
 
 std::string layout_name(const Shape& s) { return std::string(s.trans_a ? "T" : "N") + (s.trans_b ? "T" : "N"); }
 
-// Median wall time of `reps` calls after `warmup` untimed ones, in seconds. The rep count grows for fast
-// problems so each measurement spans at least `min_total_s`.
-double median_seconds(const std::function<void()>& fn, int min_reps, int max_reps, double min_total_s) {
+// Median wall time of `reps` calls after two untimed ones, in seconds. The rep count grows for fast
+// problems so each measurement spans at least `min_total_s`; *reps_out gets it.
+double median_seconds(const std::function<void()>& fn, int min_reps, int max_reps, double min_total_s, int* reps_out) {
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   fn();  // warm-up: page faults, pack buffers, pool threads awake
   fn();
   const double once = std::chrono::duration<double>(clock::now() - t0).count() / 2;
   const int reps = std::clamp(int(min_total_s / std::max(once, 1e-9)), min_reps, max_reps);
+  *reps_out = reps;
   std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
     auto t = clock::now();
     fn();
     times.push_back(std::chrono::duration<double>(clock::now() - t).count());
   }
-  std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
-  return times[reps / 2];
+  return kiln::bench::median(std::move(times));
 }
 
 template <typename T>
@@ -66,7 +68,9 @@ struct Row {
   Shape shape;
   double ms, gflops;
   double openblas_gflops;  // NaN when not measured
-  double max_rel_diff;     // Kiln vs OpenBLAS, NaN when not measured
+  double max_rel_diff;     // Kiln vs OpenBLAS, NaN when not measured or when either result has a NaN
+  bool compared = false;   // OpenBLAS ran and the results were compared
+  int reps = 0, openblas_reps = 0;
 };
 
 template <typename T>
@@ -86,8 +90,10 @@ Row run_shape(const Shape& s, bool quick) {
     else
       kiln::cpu::gemm_f64(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0, a.data(), lda, b.data(), ldb, 0.0, c.data(), ldc);
   };
-  const double t = median_seconds(kiln_call, min_reps, max_reps, min_total);
+  int reps = 0;
+  const double t = median_seconds(kiln_call, min_reps, max_reps, min_total, &reps);
   Row row{s, t * 1e3, flops / t * 1e-9, NAN, NAN};
+  row.reps = reps;
 
 #if defined(KILN_BENCH_HAVE_CBLAS)
   std::vector<T> c_ref(size_t(c_count), T(0));
@@ -100,18 +106,24 @@ Row run_shape(const Shape& s, bool quick) {
       cblas_dgemm(CblasRowMajor, ta, tb, int(s.m), int(s.n), int(s.k), 1.0, a.data(), int(lda), b.data(), int(ldb),
                   0.0, c_ref.data(), int(ldc));
   };
-  const double tb_s = median_seconds(blas_call, min_reps, max_reps, min_total);
+  const double tb_s = median_seconds(blas_call, min_reps, max_reps, min_total, &row.openblas_reps);
   row.openblas_gflops = flops / tb_s * 1e-9;
-  double worst = 0;
-  for (int64_t i = 0; i < c_count; ++i)
-    worst = std::max(worst, std::abs(double(c[size_t(i)]) - double(c_ref[size_t(i)])) /
-                                (std::abs(double(c_ref[size_t(i)])) + std::sqrt(double(s.k))));
-  row.max_rel_diff = worst;
+  row.compared = true;
+  row.max_rel_diff = kiln::bench::max_scaled_diff(c.data(), c_ref.data(), c_count, s.k);
   // OpenBLAS workers spin for a while after a call; let them settle so they don't steal the next Kiln run's cores.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
 #endif
   return row;
 }
+
+// Kiln's result agrees with OpenBLAS's (bench/gemm_check.h: a NaN in either fails); true when not compared.
+bool agree(const Row& r) { return !r.compared || kiln::bench::gemm_results_agree(r.max_rel_diff, r.shape.f64); }
+
+#if defined(KILN_BENCH_HAVE_CBLAS)
+constexpr bool have_openblas = true;
+#else
+constexpr bool have_openblas = false;
+#endif
 
 }  // namespace
 
@@ -124,6 +136,7 @@ int main(int argc, char** argv) {
   app.add_option("--only", only, "Run the shapes whose note or m x n x k contains this text");
   if (const int rc = kiln::bench::start(app, flags, argc, argv); rc >= 0) return rc;
   const std::string& json_path = flags.json;
+  if (!kiln::bench::json_path_ok("bench_gemm", json_path)) return 2;
   const bool quick = flags.quick;
   int threads = kiln::num_threads();
 #if defined(KILN_BENCH_HAVE_CBLAS)
@@ -163,6 +176,17 @@ int main(int argc, char** argv) {
               {1024, 1024, 1024, false, false, true, "square f64"}};
   }
 
+  // --only must select something: checked before any work, as bench_ops checks --rows.
+  const auto name_of = [](const Shape& s) {
+    return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + s.note;
+  };
+  if (!only.empty() && std::none_of(shapes.begin(), shapes.end(),
+                                    [&](const Shape& s) { return name_of(s).find(only) != std::string::npos; })) {
+    std::fprintf(stderr,
+                 "bench_gemm: error: no shape matches --only '%s' (a note or m x n x k such as 512x512x512%s)\n",
+                 only.c_str(), quick ? "; --quick has the 256 squares and one conv-like shape only" : "");
+    return 2;
+  }
   std::printf("bench_gemm: %s; %d thread%s%s\n", kiln::bench::cpu_line().c_str(), threads, threads == 1 ? "" : "s",
 #if defined(KILN_BENCH_HAVE_CBLAS)
               ", OpenBLAS beside Kiln"
@@ -170,47 +194,57 @@ int main(int argc, char** argv) {
               " (built without OpenBLAS: Kiln only)"
 #endif
   );
-  std::printf("%-20s %-6s %-18s %10s %10s %14s %8s\n", "shape (m x n x k)", "layout", "note", "ms", "GFLOP/s",
-              "OpenBLAS GF/s", "ratio");
+  std::printf("%-20s %-6s %-18s %10s %10s %14s %13s\n", "shape (m x n x k)", "layout", "note", "ms", "GFLOP/s",
+              "OpenBLAS GF/s", "Kiln/OpenBLAS");
   nlohmann::json rows = nlohmann::json::array();
   bool mismatch = false;
   for (const auto& s : shapes) {
-    const std::string name = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + s.note;
-    if (!only.empty() && name.find(only) == std::string::npos) continue;
+    if (!only.empty() && name_of(s).find(only) == std::string::npos) continue;
     const Row r = s.f64 ? run_shape<double>(s, quick) : run_shape<float>(s, quick);
     const std::string dims = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
     const std::string layout = layout_name(s) + (s.f64 ? " f64" : "");
     if (std::isnan(r.openblas_gflops)) {
-      std::printf("%-20s %-6s %-18s %10.3f %10.1f %14s %8s\n", dims.c_str(), layout.c_str(), s.note, r.ms, r.gflops,
+      std::printf("%-20s %-6s %-18s %10.3f %10.1f %14s %13s\n", dims.c_str(), layout.c_str(), s.note, r.ms, r.gflops,
                   "-", "-");
     } else {
-      std::printf("%-20s %-6s %-18s %10.3f %10.1f %14.1f %7.2fx\n", dims.c_str(), layout.c_str(), s.note, r.ms,
+      std::printf("%-20s %-6s %-18s %10.3f %10.1f %14.1f %12.2fx\n", dims.c_str(), layout.c_str(), s.note, r.ms,
                   r.gflops, r.openblas_gflops, r.gflops / r.openblas_gflops);
-      // Loose: only a wrong result, not rounding, trips it.
-      if (r.max_rel_diff > (s.f64 ? 1e-10 : 1e-4)) {
+      // Loose: only a wrong result, not rounding, trips it; a NaN in either result always does.
+      if (!agree(r)) {
         std::printf("  ^ Kiln and OpenBLAS disagree: max scaled difference %.3g\n", r.max_rel_diff);
         mismatch = true;
       }
     }
     std::fflush(stdout);
-    nlohmann::json j = {{"m", s.m},   {"n", s.n},   {"k", s.k},         {"layout", layout_name(s)},
-                        {"ms", r.ms}, {"gflops", r.gflops}, {"dtype", s.f64 ? "f64" : "f32"}};
-    j["openblas_gflops"] = std::isnan(r.openblas_gflops) ? nlohmann::json(nullptr) : nlohmann::json(r.openblas_gflops);
+    nlohmann::json j = {{"m", s.m},
+                        {"n", s.n},
+                        {"k", s.k},
+                        {"layout", layout_name(s)},
+                        {"ms", r.ms},
+                        {"gflops", r.gflops},
+                        {"dtype", s.f64 ? "f64" : "f32"},
+                        {"note", s.note},
+                        {"reps", r.reps}};
+    // Not measured: null (built without OpenBLAS).
+    const nlohmann::json none(nullptr);
+    j["openblas_gflops"] = r.compared ? nlohmann::json(r.openblas_gflops) : none;
+    j["openblas_reps"] = r.compared ? nlohmann::json(r.openblas_reps) : none;
+    j["kiln_over_openblas"] = r.compared ? nlohmann::json(r.gflops / r.openblas_gflops) : none;
+    j["max_scaled_diff"] = !r.compared                  ? none
+                           : std::isnan(r.max_rel_diff) ? nlohmann::json("nan")
+                                                        : nlohmann::json(r.max_rel_diff);
+    j["check"] = !r.compared ? "not compared (no OpenBLAS)" : agree(r) ? "agree" : "DISAGREE";
     rows.push_back(j);
   }
-  if (!json_path.empty()) {
-    std::ofstream out(json_path);
-    out << nlohmann::json{{"benchmark", "gemm"},
-                          {"cpu", kiln::bench::cpu_model()},
-                          {"cpu_kernels", kiln::cpu_isa_name(kiln::cpu_isa())},
-                          {"threads", threads},
-                          {"rows", rows}}
-               .dump(2)
-        << "\n";
-    if (!out) {
-      std::fprintf(stderr, "bench_gemm: could not write %s\n", json_path.c_str());
-      return 1;
-    }
-  }
+  const nlohmann::json doc = {
+      {"benchmark", "gemm"},
+      {"ratio", "kiln_over_openblas: Kiln GFLOP/s over OpenBLAS GFLOP/s (above 1: Kiln faster)"},
+      {"peer", have_openblas ? nlohmann::json("OpenBLAS") : nlohmann::json(nullptr)},
+      {"results_agree", !mismatch},
+      {"cpu", kiln::bench::cpu_model()},
+      {"cpu_kernels", kiln::cpu_isa_name(kiln::cpu_isa())},
+      {"threads", threads},
+      {"rows", rows}};
+  if (!kiln::bench::write_json("bench_gemm", json_path, doc)) return 1;
   return mismatch ? 1 : 0;
 }

@@ -63,14 +63,14 @@ int main(int argc, char** argv) {
   bench::add_common_flags(app, flags, /*threads=*/false);
   if (const int rc = bench::start(app, flags, argc, argv); rc >= 0) return rc;
   const std::string& json_path = flags.json;
+  if (!bench::json_path_ok("bench_gpu", json_path)) return 2;
   const bool quick = flags.quick;
   nlohmann::json out;
   if (cuda::device_count() == 0) {
     const std::string why = cuda::compiled() ? "no CUDA device visible" : "this build has no CUDA backend";
     std::printf("bench_gpu: %s; nothing measured\n", why.c_str());
     out = {{"skipped", why}};
-    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
-    return 0;
+    return bench::write_json("bench_gpu", json_path, out) ? 0 : 1;
   }
   const cuda::RuntimeInfo info = cuda::query_runtime();
   const std::string dev_name = info.devices.at(0).name;
@@ -137,15 +137,16 @@ int main(int argc, char** argv) {
         {"layer_norm bwd [R,1024]", 3 * fb, [&] { return layer_norm(xs, {cols}, gamma, beta); }},
     };
     for (const Bwd& bw : bwds) {
-      const double ms = median_ms(
+      // The forward runs untimed before each rep (and the device settles), so the backward is timed
+      // alone, not as a difference of two medians.
+      Tensor y;
+      const double bms = bench::median_ms(
           [&] {
-            const Tensor y = bw.fwd();
-            cuda::synchronize(0);
             y.backward(g2);
+            xs.set_grad(Tensor());
           },
-          reps);
-      const double fwd_ms = median_ms([&] { (void)bw.fwd(); }, reps);
-      const double bms = std::max(ms - fwd_ms, 1e-6), gbps = bw.bytes / bms / 1e6;
+          reps, [] { cuda::synchronize(0); }, [&] { y = bw.fwd(); });
+      const double gbps = bw.bytes / bms / 1e6;
       std::printf("%-30s %10.3f %10.0f %10s %10s\n", bw.name, bms, gbps, pct(gbps, copy_gbps).c_str(),
                   pct(gbps, peak.tbps * 1000).c_str());
       mem_rows.push_back({{"kernel", bw.name}, {"ms", bms}, {"GBps", gbps}, {"bytes", bw.bytes}});
@@ -292,6 +293,5 @@ int main(int argc, char** argv) {
     }
   }
   out["conv"] = conv_rows;
-  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
-  return 0;
+  return bench::write_json("bench_gpu", json_path, out) ? 0 : 1;
 }

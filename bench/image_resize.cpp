@@ -2,9 +2,12 @@
 // decoded 8-bit pixels to 224x224, for the evaluation transform (Resize(256) then CenterCrop(224)) and
 // the training one (RandomResizedCrop: here its largest box, the whole image), at ImageNet's typical
 // 500x375 and a 12-megapixel 4000x3000 photo. Decoding is not timed. One thread, as a loader worker.
-// The peer, PIL's Image.resize(BILINEAR) on the same sizes and boxes (u8 RGB out), is timed in the same
-// run through --python (default python3), when that imports PIL. Prints a table; --json FILE writes
-// the rows as the other benchmarks do (an object: benchmark, cpu, cpu_kernels, threads, rows).
+// The peer, PIL's Image.resize(BILINEAR) on the same sizes and boxes, is timed in the same run through
+// --python; without it, the first of $KILN_VENV/bin/python, the checkout's .venv/bin/python (the venv
+// scripts/common.sh makes) and python3 that imports PIL. Where none does, the table says why its column
+// is "-". The outputs differ in layout: Kiln writes planar f32 (CHW, the loader's tensor), PIL
+// interleaved u8 (HWC RGB). Prints a table; --json FILE writes the rows as the other benchmarks do (an
+// object: benchmark, cpu, cpu_kernels, threads, peer, rows).
 #include <sys/wait.h>
 #include <algorithm>
 #include <chrono>
@@ -73,6 +76,30 @@ std::map<std::string, double> pil_times(const std::string& python, int reps, con
                             " (PIL missing? run it with -c 'import PIL' to see)";
   return out;
 }
+
+// Whether `python` runs and imports PIL.
+bool imports_pil(const std::string& python) {
+  if (python.empty() || python.find('\'') != std::string::npos) return false;
+  const std::string cmd = "timeout 60 '" + python + "' -c 'import PIL' >/dev/null 2>&1";
+  const int st = std::system(cmd.c_str());
+  return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+// The Python for the peer when --python was not given: the first candidate that imports PIL, else ""
+// with `why` naming those tried.
+std::string find_python(std::string& why) {
+  std::vector<std::string> tried;
+  if (const char* venv = std::getenv("KILN_VENV"); venv && *venv) tried.push_back(std::string(venv) + "/bin/python");
+  tried.push_back(std::string(KILN_BENCH_SOURCE_DIR) + "/.venv/bin/python");
+  tried.push_back("python3");
+  std::string names;
+  for (const std::string& p : tried) {
+    if (imports_pil(p)) return p;
+    names += (names.empty() ? "" : ", ") + p;
+  }
+  why = "none of " + names + " imports PIL: pip install pillow into one, or give --python PATH";
+  return "";
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,10 +109,14 @@ int main(int argc, char** argv) {
   int reps_flag = 0;
   app.add_option("--reps", reps_flag,
                  "Timed repetitions of each case, the median reported (default 20; 3 with --quick)")
-      ->check(CLI::NonNegativeNumber);
-  std::string python = "python3";
-  app.add_option("--python", python, "The Python that times PIL as the peer (default python3; \"\" for none)");
+      ->check(bench::whole_number(0));
+  std::string python;
+  const CLI::Option* python_opt = app.add_option(
+      "--python", python,
+      "The Python that times PIL as the peer (default: $KILN_VENV/bin/python, the checkout's .venv, then python3, "
+      "the first that imports PIL; \"\" for none)");
   if (const int rc = bench::start(app, flags, argc, argv); rc >= 0) return rc;
+  if (!bench::json_path_ok("bench_image_resize", flags.json)) return 2;
   const int reps = reps_flag > 0 ? reps_flag : flags.quick ? 3 : 20;
   const int64_t c = 3, s = 224, resize = 256;
   struct Case {
@@ -125,9 +156,15 @@ int main(int argc, char** argv) {
     pil_cases.push_back(box);
   }
   std::string pil_missing;
-  const std::map<std::string, double> pil = pil_times(python, reps, pil_cases, pil_missing);
-  std::printf("bench_image_resize: %s\n", bench::cpu_line().c_str());
-  if (pil.empty()) std::printf("peer: PIL unavailable (%s)\n", pil_missing.c_str());
+  std::map<std::string, double> pil;
+  if (python_opt->count() == 0) python = find_python(pil_missing);
+  if (python_opt->count() > 0 || !python.empty()) pil = pil_times(python, reps, pil_cases, pil_missing);
+  std::printf("bench_image_resize: %s; 1 thread\n", bench::cpu_line().c_str());
+  std::printf("out: 224x224; Kiln writes planar f32 (CHW), PIL interleaved u8 (HWC RGB)\n");
+  if (pil.empty())
+    std::printf("peer: PIL unavailable, its columns \"-\" (%s)\n", pil_missing.c_str());
+  else
+    std::printf("peer: PIL through %s\n", python.c_str());
   std::printf("%-12s %-6s %10s %10s %8s\n", "image", "pass", "ms/image", "PIL ms", "PIL/Kiln");
   nlohmann::json rows = nlohmann::json::array();
   for (const Case& k : cases) {
@@ -142,15 +179,13 @@ int main(int argc, char** argv) {
     }
     rows.push_back(row);
   }
-  if (!flags.json.empty()) {
-    std::ofstream(flags.json) << nlohmann::json{{"benchmark", "image_resize"},
-                                                {"cpu", bench::cpu_model()},
-                                                {"cpu_kernels", cpu_isa_name(cpu_isa())},
-                                                {"threads", 1},
-                                                {"rows", rows}}
-                                     .dump(2)
-                              << "\n";
-    std::printf("\nwrote %s\n", flags.json.c_str());
-  }
-  return 0;
+  const nlohmann::json doc = {{"benchmark", "image_resize"},
+                              {"cpu", bench::cpu_model()},
+                              {"cpu_kernels", cpu_isa_name(cpu_isa())},
+                              {"threads", 1},
+                              {"layout", "Kiln: planar f32 (CHW); PIL: interleaved u8 (HWC RGB)"},
+                              {"peer", pil.empty() ? nlohmann::json(nullptr) : nlohmann::json("PIL via " + python)},
+                              {"peer_missing", pil.empty() ? nlohmann::json(pil_missing) : nlohmann::json(nullptr)},
+                              {"rows", rows}};
+  return bench::write_json("bench_image_resize", flags.json, doc) ? 0 : 1;
 }

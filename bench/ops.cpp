@@ -1,6 +1,8 @@
 // The op table's timing mode: every row of tests/op_table.cpp (or those matching --rows), forward
 // alone and forward + backward, median milliseconds in f32 on the CPU and, where a GPU is visible,
-// on cuda:0 with the CPU/CUDA ratio. Prints a table and writes JSON (--json FILE).
+// on cuda:0 with the CPU/CUDA ratio. fwd+bwd times the op itself (optable::timed_step: backward from
+// an upstream gradient made on the device once, no loss, no copies); "-" for a row without gradients.
+// Prints a table and writes JSON (--json FILE).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,25 +35,35 @@ template <typename F> double median_ms(int reps, Device dev, F&& f) {
     if (dev.is_cuda()) cuda::synchronize(dev.index);
     t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return bench::median(std::move(t));
 }
 
 struct Timing {
   double fwd = 0, both = 0;
+  bool backward = false;  // false: the row has no gradient, `both` not measured
 };
 
+// The op itself, as a training step runs it (optable::timed_step): forward, backward from upstream
+// gradients made on the device once, the inputs' gradients cleared; nothing copied in the timed
+// region. run_row, the tests' harness, builds a loss and copies to the CPU: not what is timed here.
 Timing time_row(const Row& r, Device dev, int reps) {
-  const std::vector<Tensor> in = make_inputs(r, DType::f32, false);
-  std::vector<Tensor> xs;
-  for (const Tensor& x : in) xs.push_back(x.to(dev));
+  const TimedStep st = timed_step(r, dev);
   Timing t;
-  t.fwd = median_ms(reps, dev, [&] {
-    NoGradGuard ng;
-    r.fn(xs);
-  });
-  t.both = median_ms(reps, dev, [&] { run_row(r, in, false, dev); });
+  t.fwd = median_ms(reps, dev, st.forward);
+  if (!st.forward_backward) return t;
+  t.backward = true;
+  t.both = median_ms(reps, dev, st.forward_backward);
   return t;
+}
+
+// "%14.3f" of a measured time, "-" for none.
+std::string cell(bool measured, double ms, int width) {
+  char b[32];
+  if (measured)
+    std::snprintf(b, sizeof b, "%*.3f", width, ms);
+  else
+    std::snprintf(b, sizeof b, "%*s", width, "-");
+  return b;
 }
 
 }  // namespace
@@ -63,6 +75,7 @@ int main(int argc, char** argv) {
   std::string pattern = ".*";
   app.add_option("--rows", pattern, "Only rows whose name matches this regular expression");
   if (const int rc = bench::start(app, flags, argc, argv); rc >= 0) return rc;
+  if (!bench::json_path_ok("bench_ops", flags.json)) return 2;
 
   std::regex re;
   try {
@@ -84,14 +97,20 @@ int main(int argc, char** argv) {
     if (!std::regex_search(r.name, re)) continue;
     ++n;
     const Timing c = time_row(r, kCPU, reps);
-    nlohmann::json j = {{"row", r.name}, {"cpu_fwd_ms", c.fwd}, {"cpu_fwd_bwd_ms", c.both}};
-    std::printf("%-26s %12.3f %14.3f", r.name.c_str(), c.fwd, c.both);
+    // A row without gradients has no fwd+bwd time: null in the JSON, "-" in the table.
+    const auto ms_or_null = [](const Timing& t) {
+      return t.backward ? nlohmann::json(t.both) : nlohmann::json(nullptr);
+    };
+    nlohmann::json j = {{"row", r.name}, {"cpu_fwd_ms", c.fwd}, {"cpu_fwd_bwd_ms", ms_or_null(c)}};
+    std::printf("%-26s %12.3f %s", r.name.c_str(), c.fwd, cell(c.backward, c.both, 14).c_str());
     if (gpu) {
       const Timing g = time_row(r, cuda_device(0), reps);
-      std::printf(" %12.3f %14.3f %10.1f", g.fwd, g.both, c.both / g.both);
+      // The ratio of fwd+bwd where the row has a backward, else of the forward alone.
+      const double ratio = c.backward ? c.both / g.both : c.fwd / g.fwd;
+      std::printf(" %12.3f %s %10.1f", g.fwd, cell(g.backward, g.both, 14).c_str(), ratio);
       j["cuda_fwd_ms"] = g.fwd;
-      j["cuda_fwd_bwd_ms"] = g.both;
-      j["cpu_over_cuda"] = c.both / g.both;
+      j["cuda_fwd_bwd_ms"] = ms_or_null(g);
+      j["cpu_over_cuda"] = ratio;
     }
     std::printf("\n");
     rows_json.push_back(j);
@@ -100,20 +119,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_ops: no row matches --rows '%s'\n", pattern.c_str());
     return 2;
   }
-  if (!flags.json.empty()) {
-    std::ofstream out(flags.json);
-    out << nlohmann::json{{"benchmark", "ops"},
-                          {"cpu", tools::cpu_model()},
-                          {"cpu_kernels", cpu_isa_name(cpu_isa())},
-                          {"threads", num_threads()},
-                          {"rows", rows_json}}
-               .dump(2)
-        << "\n";
-    if (!out) {
-      std::fprintf(stderr, "bench_ops: cannot write %s\n", flags.json.c_str());
-      return 1;
-    }
-    std::printf("\nwrote %s\n", flags.json.c_str());
-  }
-  return 0;
+  const nlohmann::json doc = {{"benchmark", "ops"},
+                              {"cpu", tools::cpu_model()},
+                              {"cpu_kernels", cpu_isa_name(cpu_isa())},
+                              {"threads", num_threads()},
+                              {"rows", rows_json}};
+  return bench::write_json("bench_ops", flags.json, doc) ? 0 : 1;
 }

@@ -2101,6 +2101,44 @@ RunResult run_row(const Row& row, const std::vector<Tensor>& cpu_inputs, bool tr
   return res;
 }
 
+TimedStep timed_step(const Row& row, Device dev) {
+  TimedStep st;
+  const std::vector<Tensor> in = make_inputs(row, DType::f32, false);
+  for (size_t i = 0; i < in.size(); ++i) {
+    Tensor x = in[i].to(dev);
+    if (is_floating(x.dtype())) x = x.detach().set_requires_grad(row.inputs[i].grad);
+    st.inputs.push_back(x);
+  }
+  const Fn fn = row.fn;
+  const std::vector<Tensor> xs = st.inputs;
+  st.forward = [fn, xs] {
+    NoGradGuard ng;
+    (void)fn(xs);
+  };
+  std::vector<size_t> diff;
+  std::vector<Tensor> gys;
+  {
+    const std::vector<Tensor> outs = fn(xs);
+    Generator g(99);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const Tensor& o = outs[i];
+      if (!o.defined() || !is_floating(o.dtype()) || !o.requires_grad()) continue;
+      diff.push_back(i);
+      gys.push_back(randn(o.shape(), TensorOptions(o.dtype(), dev), &g));
+    }
+  }
+  if (diff.empty()) return st;
+  st.forward_backward = [fn, xs, diff, gys] {
+    const std::vector<Tensor> outs = fn(xs);
+    std::vector<Tensor> roots;
+    for (size_t i : diff) roots.push_back(outs[i]);
+    autograd::backward(roots, gys);
+    for (Tensor x : xs)
+      if (x.requires_grad()) x.set_grad(Tensor());
+  };
+  return st;
+}
+
 double worst_error(const Tensor& got, const Tensor& want) {
   if (got.shape() != want.shape()) return INFINITY;
   const std::vector<double> x = got.to_vector(), y = want.to_vector();

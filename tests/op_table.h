@@ -77,6 +77,19 @@ struct RunResult {
 };
 RunResult run_row(const Row& row, const std::vector<Tensor>& cpu_inputs, bool transposed, Device dev,
                   std::optional<DType> dtype = std::nullopt, uint64_t grad_seed = 99);
+// The timing mode's work for one row (bench/ops.cpp): the row's f32 inputs put on `dev` once
+// (floating ones leaves wanting gradients where the row differentiates them) and, from one untimed
+// forward, an N(0, 1) upstream gradient for each differentiable output, drawn on `dev` once.
+// `forward` runs the op under NoGradGuard; `forward_backward` runs it, backward(gy) from those
+// outputs, then clears the inputs' .grad: nothing is copied, cast or reduced beyond the op itself
+// (run_row builds a loss and copies to the CPU: it is for correctness, not timing). Empty
+// `forward_backward` when no output is differentiable.
+struct TimedStep {
+  std::vector<Tensor> inputs;  // on `dev`
+  std::function<void()> forward;
+  std::function<void()> forward_backward;
+};
+TimedStep timed_step(const Row& row, Device dev);
 // Largest |a - b| / (1 + |b|), NaN matching NaN only and infinities matching exactly; +inf when
 // the shapes differ.
 double worst_error(const Tensor& got, const Tensor& want);

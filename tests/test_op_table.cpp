@@ -255,3 +255,39 @@ TEST_CASE("op table: every public op and every op the models record has a row") 
       CHECK_MESSAGE(table_records.count((*it)[1]), src, " records '", (*it)[1].str(), "' but no row of the op table does");
   }
 }
+
+TEST_CASE("op table: the timing step runs the op and its backward alone, then clears the gradients") {
+  // bench_ops times timed_step: the ops recorded in one forward + backward must be the row's own
+  // (run_row's loss adds mul, cast and sum), a gradient must reach the inputs, and none may be left.
+  int timed = 0;
+  for (const Row& r : rows()) {
+    const TimedStep st = timed_step(r, kCPU);
+    if (!st.forward_backward) continue;
+    ++timed;
+    std::set<std::string> own;
+    {
+      RecordNames rec;
+      (void)r.fn(st.inputs);
+      own = rec.names;
+    }
+    int reached = 0;
+    std::vector<std::pair<Tensor, int>> hooks;
+    for (Tensor x : st.inputs)
+      if (x.requires_grad())
+        hooks.emplace_back(x, x.register_hook([&reached](const Tensor&) {
+          ++reached;
+          return Tensor();
+        }));
+    std::set<std::string> step;
+    {
+      RecordNames rec;
+      st.forward_backward();
+      step = rec.names;
+    }
+    for (auto& [x, id] : hooks) x.remove_hook(id);
+    CHECK_MESSAGE(step == own, r.name, ": the timed step records more than the op");
+    CHECK_MESSAGE(reached > 0, r.name, ": no gradient reached the inputs");
+    for (const Tensor& x : st.inputs) CHECK_MESSAGE(!x.grad().defined(), r.name, ": a gradient was left on an input");
+  }
+  CHECK(timed > 50);
+}
