@@ -54,6 +54,34 @@ uint32_t be32(const unsigned char* p) {
 }
 constexpr unsigned char kPngMagic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 bool is_png(const unsigned char* p, size_t n) { return n >= 8 && std::equal(kPngMagic, kPngMagic + 8, p); }
+
+// A binary PGM or PPM's (P5, P6) maxval, its header read as stb_image reads it (whitespace and '#'
+// comments between the fields), or -1 when the data is not one.
+int64_t pnm_maxval(const unsigned char* data, size_t n) {
+  if (n < 2 || data[0] != 'P' || (data[1] != '5' && data[1] != '6')) return -1;
+  size_t i = 2;
+  const auto space = [](unsigned char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+  };
+  const auto skip = [&] {
+    for (;;) {
+      while (i < n && space(data[i])) ++i;
+      if (i >= n || data[i] != '#') return;
+      while (i < n && data[i] != '\n' && data[i] != '\r') ++i;
+    }
+  };
+  const auto number = [&] {
+    int64_t v = 0;
+    while (i < n && data[i] >= '0' && data[i] <= '9' && v <= 65535) v = v * 10 + (data[i++] - '0');
+    return v;
+  };
+  for (int field = 0; field < 2; ++field) {  // width, height
+    skip();
+    number();
+  }
+  skip();
+  return number();
+}
 }  // namespace
 
 namespace {
@@ -184,6 +212,16 @@ Tensor decode_image(const std::string& path, int64_t channels) {
   }
   std::unique_ptr<unsigned char, void (*)(void*)> guard(px, stbi_image_free);
   KILN_CHECK(w > 0 && h > 0, path, ": empty image ", w, "x", h);
+  // A PGM or PPM of maxval below 255 holds values 0..maxval, which stb_image returns as they are: PIL
+  // scales them to 0-255, round(v / maxval * 255) (Python's round, half to even; a value above maxval
+  // gives 255), so 50 of maxval 100 is 128, as here. Maxval 0 PIL refuses.
+  if (const int64_t maxval = pnm_maxval(data, bytes.size()); maxval >= 0 && maxval < 255) {
+    KILN_CHECK(maxval > 0, path, ": cannot decode the image (a PGM/PPM maxval of 0; it must be 1 to 65535)");
+    uint8_t scaled[256];
+    for (int v = 0; v < 256; ++v)
+      scaled[v] = uint8_t(std::min(255.0, std::nearbyint(double(v) / double(maxval) * 255.0)));
+    for (int64_t i = 0; i < int64_t(w) * h * 3; ++i) px[i] = scaled[px[i]];
+  }
   Tensor t = make_tensor({channels, h, w}, DType::u8, kCPU);
   uint8_t* out = t.data<uint8_t>();
   for (int64_t y = 0; y < h; ++y)

@@ -438,8 +438,8 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
 }
 
 std::span<const char* const> data_info_keys() {
-  static const char* const kKeys[] = {"labels",        "classes",    "contents",          "train_samples",
-                                      "corpus_tokens", "vocab_size", "vocab_fingerprint", "shape"};
+  static const char* const kKeys[] = {"labels",     "classes",           "contents", "train_samples", "corpus_tokens",
+                                      "vocab_size", "vocab_fingerprint", "shape",    "mean",          "std"};
   return kKeys;
 }
 

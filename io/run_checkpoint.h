@@ -143,8 +143,8 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
 std::vector<std::string> config_differences(const nlohmann::json& saved, const nlohmann::json& now);
 
 // The data_info keys config_differences compares (what the same flags made of the data: labels,
-// classes, the files' contents, sample counts, the vocabulary, the shape); the ranks of one run
-// compare them at its start too (kiln train).
+// classes, the files' contents, sample counts, the vocabulary, the shape, an image folder's mean and std); the ranks of
+// one run compare them at its start too (kiln train).
 std::span<const char* const> data_info_keys();
 
 // `v` as text for a message: its JSON (a string bare, without quotes, when `bare`), cut after 150

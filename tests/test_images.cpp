@@ -495,6 +495,33 @@ TEST_CASE("image folder: .ppm/.pgm, other extensions noted, symbolic links follo
   CHECK_MESSAGE(contains(e, d / "train/cat/gone.png" + ": a broken symbolic link"), e);
 }
 
+TEST_CASE("image folder: a PGM/PPM of maxval below 255 is scaled to 0-255, as PIL") {
+  TempDir d("kiln_img");
+  fs::create_directories(d.p);
+  // The expected values are PIL 13's (Image.open(...).getdata(), .convert('L')): round(v / maxval * 255),
+  // half to even (30 -> 76.5 -> 76, 70 -> 178.5 -> 178), a value above maxval 255. Comments in the header.
+  const std::string grey =
+      std::string("P5\n# a comment\n6 1 # more\n100\n") + std::string("\x00\x01\x1e\x32\x46\x96", 6);
+  put_bytes(d / "g.pgm", grey);
+  const Tensor g = io::decode_image(d / "g.pgm", 1);
+  REQUIRE(g.shape() == Shape{1, 1, 6});
+  CHECK(std::vector<int>(g.data<uint8_t>(), g.data<uint8_t>() + 6) == std::vector<int>{0, 3, 76, 128, 178, 255});
+  put_bytes(d / "c.ppm", std::string("P6 2 1 100\n") + std::string("\x32\x00\x64\x01\x02\x03", 6));
+  const Tensor c = io::decode_image(d / "c.ppm", 3), l = io::decode_image(d / "c.ppm", 1);
+  REQUIRE(c.shape() == Shape{3, 1, 2});
+  CHECK(std::vector<int>(c.data<uint8_t>(), c.data<uint8_t>() + 6) == std::vector<int>{128, 3, 0, 5, 255, 8});
+  CHECK(std::vector<int>(l.data<uint8_t>(), l.data<uint8_t>() + 2) == std::vector<int>{67, 5});
+  // maxval 255 keeps every value; maxval 0 PIL refuses.
+  std::string all;
+  for (int v = 0; v < 256; ++v) all += char(v);
+  put_bytes(d / "full.pgm", "P5\n256 1\n255\n" + all);
+  const Tensor f = io::decode_image(d / "full.pgm", 1);
+  for (int v = 0; v < 256; ++v) CHECK(f.data<uint8_t>()[v] == v);
+  put_bytes(d / "zero.pgm", std::string("P5\n1 1\n0\n") + std::string(1, '\0'));
+  CHECK(contains(error_of([&] { io::decode_image(d / "zero.pgm", 1); }),
+                 "zero.pgm: cannot decode the image (a PGM/PPM maxval of 0"));
+}
+
 TEST_CASE("image folder: --skip-bad-samples counts a bad file once however often it is read") {
   TempDir d("kiln_img");
   make_folder(d.p.string(), 2);
@@ -736,6 +763,76 @@ TEST_CASE("train: an image folder's class names and image size travel with the w
   r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "run/model.safetensors", d.p.string());
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, d / "run/model.safetensors" + ": damaged metadata: image_size is '1x'"), r.output);
+}
+
+TEST_CASE("train: an image folder's --mean/--std are kept by a resume and travel with the weights to kiln eval") {
+  TempDir d("kiln_img");
+  make_folder(d.p.string(), 4);
+  const std::string data =
+      " --model resnet20 --data folder --data-dir " + d.p.string() + " --threads 1 --image-size 16";
+  const std::string train = "train" + data + " --batch 4 --max-steps 1 --save-every 1 --no-tensorboard";
+  auto r = kiln::testing::run_kiln(train + " --mean 0.5 --std 0.25,0.5,0.25 --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  // kiln eval normalises as the run did, unless told otherwise (then with a warning).
+  const std::string weights = d / "run/model.safetensors";
+  r = kiln::testing::run_kiln("eval" + data + " --weights " + weights + " --out " + d / "e.json", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto j = nlohmann::json::parse(kiln::testing::read_text(d / "e.json"));
+  CHECK(j["data"]["mean"] == nlohmann::json({0.5, 0.5, 0.5}));
+  CHECK(j["data"]["std"] == nlohmann::json({0.25, 0.5, 0.25}));
+  r = kiln::testing::run_kiln(
+      "eval" + data + " --mean 0.5,0.5,0.5 --std 0.25,0.5,0.25 --weights " + weights + " --out " + d / "same.json",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(!contains(r.output, "warning"), r.output);
+  CHECK(nlohmann::json::parse(kiln::testing::read_text(d / "same.json"))["test_loss"] == j["test_loss"]);
+  r = kiln::testing::run_kiln(
+      "eval" + data + " --mean 0.485,0.456,0.406 --weights " + weights + " --out " + d / "o.json", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "--mean 0.485,0.456,0.406, but " + weights + " was trained with --mean 0.5,0.5,0.5"),
+                r.output);
+  const auto o = nlohmann::json::parse(kiln::testing::read_text(d / "o.json"));
+  CHECK(o["data"]["mean"] == nlohmann::json({0.485, 0.456, 0.406}));
+  CHECK(o["data"]["std"] == j["data"]["std"]);
+  CHECK(o["test_loss"] != j["test_loss"]);
+  // A resume with other values is refused, naming both; with the same ones it continues.
+  const std::string ckpt = d / "run/checkpoints/step-000000001.kiln";
+  r = kiln::testing::run_kiln(train + " --mean 0.5 --std 0.25,0.5,0.25 --resume " + ckpt + " --out " + d / "again",
+                              d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  r = kiln::testing::run_kiln(train + " --resume " + ckpt + " --out " + d / "imagenet", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "data mean: checkpoint [0.5,0.5,0.5], now [0.485,0.456,0.406]"), r.output);
+  CHECK_MESSAGE(contains(r.output, "data std: checkpoint [0.25,0.5,0.25], now [0.229,0.224,0.225]"), r.output);
+  // Bad values name the flag and what is wrong.
+  for (const auto& bad : std::vector<std::pair<std::string, std::string>>{
+           {"--mean 0.1,0.2", "--mean '0.1,0.2': 2 values; give one (grey, or every channel) or three (R,G,B)"},
+           {"--std 0.2,0,0.2", "--std '0.2,0,0.2': 0 is not above 0"},
+           {"--std=-1", "--std '-1': -1 is not above 0"},
+           {"--mean 0.5,x,0.5", "--mean '0.5,x,0.5': 'x' is not a finite number"},
+           {"--mean nan", "--mean 'nan': 'nan' is not a finite number"},
+           {"--mean 0.5,", "--mean '0.5,': '' is not a finite number"},
+           {"--set in_channels=1 --mean 0.1,0.2,0.3",
+            "--mean '0.1,0.2,0.3': 3 values, but the images load as 1 channel (grey, --set in_channels=1)"}}) {
+    r = kiln::testing::run_kiln(train + " " + bad.first + " --out " + d / "bad", d.p.string());
+    CHECK_MESSAGE(r.code == 2, bad.first, r.output);
+    CHECK_MESSAGE(contains(r.output, bad.second), bad.first, r.output);
+  }
+  // Grey images take ImageNet's grey values by default, and one value given.
+  r = kiln::testing::run_kiln(train + " --set in_channels=1 --std 0.3 --out " + d / "grey", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "grey/model.safetensors --out " + d / "g.json",
+                              d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto g = nlohmann::json::parse(kiln::testing::read_text(d / "g.json"));
+  CHECK(g["data"]["mean"] == nlohmann::json({0.449}));
+  CHECK(g["data"]["std"] == nlohmann::json({0.3}));
+  // Only image folders normalise with them.
+  r = kiln::testing::run_kiln(
+      "train --model resnet20 --data mnist --data-dir " + d.p.string() + " --mean 0.5 --out " + d / "mnist",
+      d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--mean"), r.output);
 }
 
 TEST_CASE("train: kiln eval --data mnist reads only the t10k files") {

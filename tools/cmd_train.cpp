@@ -19,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "base/cpu_isa.h"
 #include "base/thread_pool.h"
@@ -2076,6 +2077,28 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     };
     // An image folder's model evaluates at the size it was trained at, unless --image-size says otherwise.
     if (c.data == "folder") trained_size("image_size", "--image-size", c.was_given("image-size"), c.image_size);
+    // And normalises as it was trained (--mean / --std); others given are used, with a warning.
+    for (const auto& norm : {std::tuple{"mean", "--mean", &c.norm_mean}, std::tuple{"std", "--std", &c.norm_std}}) {
+      const char *key = std::get<0>(norm), *flag = std::get<1>(norm);
+      std::string* value = std::get<2>(norm);
+      const auto it = f.metadata.find(key);
+      if (c.data != "folder" || it == f.metadata.end()) continue;
+      std::vector<double> trained;
+      try {
+        trained = normalisation_values(flag, it->second);
+      } catch (const Error&) {
+        KILN_FAIL(weights, ": damaged metadata: ", key, " is '", it->second, "', not one or three numbers");
+      }
+      if (value->empty()) {
+        *value = it->second;
+        continue;
+      }
+      std::vector<double> given = normalisation_values(flag, *value);
+      if (given.size() == 1) given.resize(trained.size(), given[0]);
+      if (given != trained)
+        std::fprintf(stderr, "kiln eval: warning: %s %s, but %s was trained with %s %s\n", flag, value->c_str(),
+                     weights.c_str(), flag, it->second.c_str());
+    }
     // A BERT model's text settings (weights from before them carry none: the flags as given).
     if (auto it = f.metadata.find("lower_case"); it != f.metadata.end()) {
       KILN_CHECK(it->second == "true" || it->second == "false", weights, ": damaged metadata: lower_case is '",

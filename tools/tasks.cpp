@@ -149,10 +149,20 @@ Task image_folder(const TrainConfig& c) {
   o.size = c.image_size;
   o.resize = c.image_size * 8 / 7;  // 224 -> 256, the usual evaluation resize
   o.channels = channels;
-  if (channels == 1) {
-    o.mean = {0.449f};
-    o.std = {0.226f};
-  }
+  // --mean / --std, one value or one per channel (ImageNet's when not given), as data_info keeps them:
+  // a resume with others is refused, and the weights carry them for kiln eval.
+  const auto per_channel = [&](const char* flag, const std::string& text, std::vector<double> rgb, double grey) {
+    if (text.empty()) return channels == 1 ? std::vector<double>{grey} : rgb;
+    std::vector<double> v = normalisation_values(flag, text);
+    KILN_CHECK(v.size() == 1 || int64_t(v.size()) == channels, flag, " '", text, "': ", v.size(),
+               " values, but the images load as 1 channel (grey, --set in_channels=1): give one");
+    v.resize(size_t(channels), v[0]);  // one value: every channel's, as torchvision's Normalize broadcasts it
+    return v;
+  };
+  const std::vector<double> mean = per_channel("--mean", c.norm_mean, {0.485, 0.456, 0.406}, 0.449),
+                            std_dev = per_channel("--std", c.norm_std, {0.229, 0.224, 0.225}, 0.226);
+  o.mean.assign(mean.begin(), mean.end());
+  o.std.assign(std_dev.begin(), std_dev.end());
   o.skip_bad = c.skip_bad_samples;
   o.train = c.augment;
   std::shared_ptr<io::ImageFolderDataset> train, test;
@@ -167,7 +177,9 @@ Task image_folder(const TrainConfig& c) {
                          {"dir", c.data_dir},
                          {"shape", {channels, c.image_size, c.image_size}},
                          {"classes", test->classes()},
-                         {"image_size", c.image_size}};
+                         {"image_size", c.image_size},
+                         {"mean", mean},
+                         {"std", std_dev}};
   // What the folders hold, so a resume from another --data-dir with the same classes and counts is told
   // (a stat per image: kiln eval, which resumes nothing, skips it).
   if (!c.evaluating) {
@@ -692,6 +704,13 @@ std::map<std::string, std::string> weights_metadata(const nlohmann::json& config
   if (info.value("name", nlohmann::json()) == "folder") {  // `kiln eval` gets the ids and size of this run
     if (info.contains("classes")) meta["labels"] = info["classes"].dump();
     if (info.contains("image_size")) put("image_size", info["image_size"]);
+    // --mean / --std as the flags take them ("0.485,0.456,0.406"): kiln eval normalises as the run did.
+    for (const char* key : {"mean", "std"})
+      if (info.contains(key) && info[key].is_array()) {
+        std::string text;
+        for (const auto& v : info[key]) text += (text.empty() ? "" : ",") + v.dump();
+        meta[key] = text;
+      }
   }
   // A BERT model's text settings: what turns its text into these ids, so `kiln eval` makes the same.
   if (info.contains("vocab_fingerprint"))

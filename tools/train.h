@@ -30,6 +30,9 @@ struct TrainConfig {
   std::string data_dir;
   bool augment = true;
   int64_t image_size = 224;  // image folders
+  // --mean / --std (image folders): the text given, one value or one per channel, comma-separated ("":
+  // ImageNet's); read by normalisation_values.
+  std::string norm_mean, norm_std;
   bool skip_bad_samples = false;
   int64_t limit_train = 0, limit_eval = 0;  // use only the first N samples (0: all)
   // text (BERT)
@@ -111,6 +114,9 @@ void apply_model_defaults(const CLI::App& app, TrainConfig& c);
 void add_eval_flags(CLI::App& app, TrainConfig& c, std::string& weights);
 // The checks that need no data: one message per problem, empty when the config is sound.
 std::vector<std::string> validate(const TrainConfig& c);
+// The values of --mean or --std (`flag`): one, or three (R,G,B), comma-separated, finite (a standard
+// deviation above 0); an error naming the flag otherwise.
+std::vector<double> normalisation_values(const char* flag, const std::string& text);
 // The flags this run would not use (their long names, "seq-len") and why: validate refuses them when
 // given, and a resume does not compare them with the checkpoint's (a run that an older Kiln started
 // with such a flag, then dropped, resumes without it).

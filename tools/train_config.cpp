@@ -2,7 +2,9 @@
 // checks that reject an impossible run before any work starts.
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -39,6 +41,13 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                  "trained at)")
       ->check(at_least(1))
       ->capture_default_str();
+  app.add_option("--mean", c.norm_mean,
+                 "Image folders: the pixel mean to normalise with (of pixel / 255), R,G,B or one value (grey, or every "
+                 "channel), as torchvision's Normalize (default ImageNet's 0.485,0.456,0.406; grey 0.449; kiln eval: "
+                 "default the weights' own)");
+  app.add_option("--std", c.norm_std,
+                 "Image folders: the pixel standard deviation to divide by, as --mean (default ImageNet's "
+                 "0.229,0.224,0.225; grey 0.226; kiln eval: default the weights' own)");
   app.add_flag("--skip-bad-samples", c.skip_bad_samples,
                "Leave unreadable images out (a warning naming each, once) and count them, instead of stopping");
   // Training-only flags are not kiln eval's at all (its --help does not list them, and giving one is
@@ -371,10 +380,10 @@ std::vector<UnusedFlag> unused_flags(const TrainConfig& c) {
     unused({"seq-len", "mask-prob", "lower-case", "text", "eval-text", "vocab", "train-tsv", "eval-tsv"},
            "for BERT models; --model " + c.model + " reads images");
   if (images && c.data != "folder")
-    unused({"image-size", "skip-bad-samples"},
+    unused({"image-size", "mean", "std", "skip-bad-samples"},
            "for image folders (--data folder); --data " + c.data + " reads its images at their own size");
   if (tokens)
-    unused({"data", "data-dir", "image-size", "augment", "skip-bad-samples"},
+    unused({"data", "data-dir", "image-size", "mean", "std", "augment", "skip-bad-samples"},
            "for ResNet models' images; --model " + c.model + " reads text");
   if (tokens && (c.task.empty() || c.task == "mlm"))
     unused({"train-tsv", "eval-tsv"}, "for --task classify; masked-LM reads --text");
@@ -388,8 +397,41 @@ std::vector<UnusedFlag> unused_flags(const TrainConfig& c) {
   return out;
 }
 
+std::vector<double> normalisation_values(const char* flag, const std::string& text) {
+  const bool is_std = std::string(flag) == "--std";
+  std::vector<double> out;
+  size_t at = 0;
+  for (;;) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    std::string v = text.substr(at, comma - at);
+    v.erase(0, v.find_first_not_of(" \t"));
+    v.erase(v.find_last_not_of(" \t") + 1);
+    char* end = nullptr;
+    errno = 0;
+    const double x = v.empty() ? 0.0 : std::strtod(v.c_str(), &end);
+    KILN_CHECK(!v.empty() && *end == '\0' && errno == 0 && std::isfinite(x), flag, " '", text, "': '", v,
+               "' is not a finite number (give one value, or one per channel: R,G,B)");
+    KILN_CHECK(!is_std || x > 0, flag, " '", text, "': ", v,
+               " is not above 0 (the pixels are divided by each standard deviation)");
+    out.push_back(x);
+    if (comma == text.size()) break;
+    at = comma + 1;
+  }
+  KILN_CHECK(out.size() == 1 || out.size() == 3, flag, " '", text, "': ", out.size(),
+             " values; give one (grey, or every channel) or three (R,G,B)");
+  return out;
+}
+
 std::vector<std::string> validate(const TrainConfig& c) {
   std::vector<std::string> e;
+  for (const auto& norm : {std::pair{"--mean", &c.norm_mean}, std::pair{"--std", &c.norm_std}}) {
+    if (norm.second->empty()) continue;
+    try {
+      normalisation_values(norm.first, *norm.second);
+    } catch (const Error& err) {
+      e.push_back(err.message());
+    }
+  }
   if (c.batch < 1) e.push_back("--batch must be at least 1, got " + std::to_string(c.batch));
   if (c.epochs < 1) e.push_back("--epochs must be at least 1, got " + std::to_string(c.epochs));
   // Written so that nan fails each test (every comparison with it is false) and inf the finite ones.
@@ -559,6 +601,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"data_dir", data_dir},
           {"augment", augment},
           {"image_size", image_size},
+          {"mean", norm_mean},
+          {"std", norm_std},
           {"skip_bad_samples", skip_bad_samples},
           {"limit_train", limit_train},
           {"limit_eval", limit_eval},

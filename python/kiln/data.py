@@ -85,7 +85,11 @@ def default_collate(samples):
 def default_convert(sample):
     """One sample as a loader with batch_size=None gives it, as torch's default_convert: NumPy arrays
     and scalars become tensors (no batch dim), dicts, tuples and lists are converted field by field,
-    anything else stays as it is."""
+    anything else stays as it is: NumPy arrays of strings or objects too, as torch's. A complex array or
+    scalar, which torch makes a complex tensor, is a TypeError (Kiln has no complex dtype)."""
+    if isinstance(sample, (np.ndarray, np.complexfloating)) and sample.dtype.kind == "c":
+        raise TypeError(f"default_convert: a complex sample ({sample.dtype}, shape {tuple(sample.shape)}): "
+                        f"{_NO_COMPLEX}")
     if isinstance(sample, np.ndarray) and sample.dtype.kind not in "OSUV":
         return _C.from_numpy(np.ascontiguousarray(sample))
     if isinstance(sample, np.generic) and not isinstance(sample, (np.str_, np.bytes_)):
@@ -134,9 +138,11 @@ def _check_dtypes(samples, where, indices):
             dtypes.setdefault("complex128", []).append(p)
     if dtypes:
         found = " and ".join(f"{dt} at {_where(indices, ps)}" for dt, ps in dtypes.items())
-        raise TypeError(f"DataLoader: {where}s of one batch are complex ({found}): Kiln has no complex dtype (give "
-                        "the real and imaginary parts as real arrays, e.g. np.stack([z.real, z.imag], -1), or a "
-                        "collate_fn)")
+        raise TypeError(f"DataLoader: {where}s of one batch are complex ({found}): {_NO_COMPLEX}")
+
+
+_NO_COMPLEX = ("Kiln has no complex dtype (give the real and imaginary parts as real arrays, e.g. "
+               "np.stack([z.real, z.imag], -1), or a collate_fn)")
 
 
 def _collate(samples, where, indices):

@@ -745,6 +745,35 @@ def test_default_collate_dicts_with_keys_in_another_order_as_torch():
         kiln.data.default_collate([{"a": 1, "b": 2}, {"a": 1, "c": 2}])
 
 
+def test_default_convert_and_collate_of_numpy_strings_and_complex_as_torch():
+    # strings and objects: default_convert keeps them as they are, default_collate refuses arrays of them
+    # with torch's TypeError and words, and keeps NumPy string scalars a list, as torch 2.15
+    for a in [np.array(["a", "b"]), np.array([b"a"]), np.array("a"), np.array([{}, 1], dtype=object)]:
+        assert kiln.data.default_convert(a) is a and TD.default_convert(a) is a
+    s = np.str_("x")
+    assert kiln.data.default_convert(s) is s and TD.default_convert(s) is s
+    for batch in [[np.array(["a", "b"]), np.array(["c", "d"])], [np.array("a"), np.array("b")]]:
+        for collate in (kiln.data.default_collate, TD.default_collate):
+            with pytest.raises(TypeError, match=r"default_collate: batch must contain tensors, numpy arrays, numbers, "
+                                                r"dicts or lists; found <U1"):
+                collate(batch)
+    strs = [np.str_("a"), np.str_("b")]
+    assert kiln.data.default_collate(strs) == TD.default_collate(strs) == ["a", "b"]
+    # complex: torch makes a complex tensor; Kiln has no complex dtype, and says so (it was from_numpy's
+    # error, which named no sample), in default_convert as in default_collate and the loader
+    z = np.array([1 + 2j, 3j])
+    assert TD.default_convert(z).dtype == torch.complex128
+    for sample, what in [(z, r"complex128, shape \(2,\)"), (np.complex64(1 + 1j), r"complex64, shape \(\)"),
+                         ({"x": z.astype(np.complex64)}, r"complex64, shape \(2,\)")]:
+        with pytest.raises(TypeError, match=f"default_convert: a complex sample \\({what}\\): Kiln has no complex "
+                                            "dtype"):
+            kiln.data.default_convert(sample)
+    with pytest.raises(TypeError, match=r"default_convert: a complex sample .*Kiln has no complex dtype"):
+        list(kiln.data.DataLoader([z, z], batch_size=None))
+    with pytest.raises(TypeError, match=r"complex \(complex128 at batch positions \[0, 1\]\): Kiln has no complex"):
+        kiln.data.default_collate([z, z])
+
+
 @pytest.mark.skipif(not os.path.isdir(kiln.data.FASHION_MNIST_DIR), reason="dataset-fashion-mnist is not installed")
 def test_dataloader_subset_of_engine_dataset():
     d = kiln.data.fashion_mnist()
