@@ -455,18 +455,26 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
   // clang-format off
   static const char* kKeys[] = {"model", "task", "set", "data", "augment", "image_size", "limit_train",
                                 "seq_len", "mask_prob", "lower_case",
-                                "epochs", "batch", "accum_steps", "max_steps", "optimizer", "lr", "momentum", "nesterov",
+                                "epochs", "batch", "accum_steps", "max_steps", "optimizer", "lr", "momentum", "nesterov", "betas", "eps",
                                 "weight_decay", "label_smoothing", "clip_grad_norm", "schedule", "warmup", "seed",
                                 "amp", "loss_scale_window", "world_size"};
   // clang-format on
   // Keys added after checkpoints were first written: a config without one ran with its default.
-  const json later = {{"amp", "off"}, {"loss_scale_window", 2000}, {"world_size", 1}};
+  // eps's depends on the optimizer: AdamW's 1e-8, LAMB's 1e-6 (SGD's config records AdamW's, unused).
+  const json later = {{"amp", "off"}, {"loss_scale_window", 2000}, {"world_size", 1}, {"betas", {0.9, 0.999}}};
+  const auto old_eps = [](const json& config) {
+    return json(config.value("optimizer", json()) == "lamb" ? 1e-6 : 1e-8);
+  };
   std::vector<std::string> out;
   for (const char* k : kKeys) {
     json a = saved.value(k, json()), b = now.value(k, json());
     if (later.contains(k)) {
       if (a.is_null()) a = later[k];
       if (b.is_null()) b = later[k];
+    }
+    if (std::string(k) == "eps") {
+      if (a.is_null()) a = old_eps(saved);
+      if (b.is_null()) b = old_eps(now);
     }
     if (a != b) out.push_back(std::string(k) + ": checkpoint " + a.dump() + ", now " + b.dump());
   }

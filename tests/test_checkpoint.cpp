@@ -915,6 +915,29 @@ TEST_CASE("train: --zero 1 with one rank says it splits nothing") {
   CHECK_MESSAGE(contains(r.output, "note: --zero 1 with one rank keeps the whole optimizer state on it"), r.output);
 }
 
+// --betas and --eps came after checkpoints were first written: a config without them ran with the
+// optimizer's constants then (AdamW 0.9,0.999 and 1e-8; LAMB's eps 1e-6), and resumes as them.
+TEST_CASE("checkpoint: a resume compares the Adam betas and eps; a checkpoint without them ran the old defaults") {
+  const json adamw = {{"optimizer", "adamw"}, {"betas", {0.9, 0.999}}, {"eps", 1e-8}};
+  const json lamb = {{"optimizer", "lamb"}, {"betas", {0.9, 0.999}}, {"eps", 1e-6}};
+  CHECK(io::config_differences({{"optimizer", "adamw"}}, adamw).empty());
+  CHECK(io::config_differences({{"optimizer", "lamb"}}, lamb).empty());
+  // LAMB's old eps is not AdamW's.
+  json lamb8 = lamb;
+  lamb8["eps"] = 1e-8;
+  auto d = io::config_differences({{"optimizer", "lamb"}}, lamb8);
+  REQUIRE(d.size() == 1);
+  CHECK(d[0] == "eps: checkpoint 1e-06, now 1e-08");
+  json other = adamw;
+  other["betas"] = {0.9, 0.98};
+  d = io::config_differences(adamw, other);
+  REQUIRE(d.size() == 1);
+  CHECK(d[0] == "betas: checkpoint [0.9,0.999], now [0.9,0.98]");
+  d = io::config_differences({{"optimizer", "adamw"}}, other);
+  REQUIRE(d.size() == 1);
+  CHECK(d[0] == "betas: checkpoint [0.9,0.999], now [0.9,0.98]");
+}
+
 TEST_CASE("checkpoint: a resume compares what the flags made of the data (label order, classes, sizes)") {
   const json saved = {{"batch", 32},
                       {"data_info", {{"name", "tsv"}, {"labels", {"0", "1", "10", "2"}}, {"train_samples", 40}}}};

@@ -78,6 +78,12 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
       {"--image-size 0" + out, "--image-size: must be >= 1, got 0"},
       {"--accum-steps 0" + out, "--accum-steps: must be >= 1, got 0"},
       {"--max-steps -1" + out, "--max-steps: must be >= 0, got -1"},
+      {"--optimizer adamw --betas 1,0.999" + out, "--betas must be two numbers B1,B2, each in [0, 1), got 1,0.999"},
+      {"--optimizer adamw --betas 0.9,-0.1" + out, "--betas must be two numbers B1,B2, each in [0, 1), got 0.9,-0.1"},
+      {"--optimizer lamb --eps 0" + out, "--eps must be > 0 and finite, got 0"},
+      {"--optimizer adamw --eps nan" + out, "--eps must be > 0 and finite, got nan"},
+      {"--betas 0.9,0.99" + out, "--betas: for --optimizer adamw or lamb (sgd keeps no moment estimates)"},
+      {"--eps 1e-8" + out, "--eps: for --optimizer adamw or lamb"},
       // The batch against the data before --micro-batch auto plans for it, in the flags given.
       {"--limit-train 64 --batch 1000000000 --micro-batch auto" + out,
        "--batch 1000000000 is larger than the 64 training samples"},
@@ -413,6 +419,71 @@ TEST_CASE("train: BERT-tiny masked LM and classification on fortune text (Debian
                d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK(json::parse(read_text(d / "cls_eval.json"))["test_accuracy"].get<double>() == doctest::Approx(acc).epsilon(1e-9));
+}
+
+// The tester's finding: kiln eval masked 15% of the tokens of weights trained with --mask-prob 0.3
+// (other numbers than the run's test, no note), scored only every 50th sequence of --text without
+// saying so, and refused --eval-text without --text.
+TEST_CASE("eval: a masked LM's weights carry --mask-prob; --text scores the held-out split, --eval-text all") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_mlm_eval");
+  auto r = run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string text = " --text " + kFortunes + "/computers", vocab = " --vocab " + d / "vocab.txt";
+  r = run_kiln("train --model bert-tiny" + text + vocab +
+                   " --seq-len 32 --batch 8 --max-steps 2 --mask-prob 0.3 --threads 2 --progress lines --out " +
+                   d / "run",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, " perplexity "), r.output);  // the epoch line
+  const json s = json::parse(read_text(d / "run/summary.json"));
+  json last;
+  for (const auto& m : read_jsonl(d / "run/metrics.jsonl"))
+    if (m.contains("eval_loss")) last = m;
+  REQUIRE_MESSAGE(last.contains("eval_perplexity"), last.dump());
+  CHECK(last["eval_perplexity"].get<double>() == doctest::Approx(std::exp(last["eval_loss"].get<double>())));
+  CHECK(s["test_perplexity"].get<double>() == doctest::Approx(std::exp(s["test_loss"].get<double>())));
+  const int64_t held_out = s["test_samples"].get<int64_t>();
+  const std::string weights = " --weights " + d / "run/model.safetensors";
+
+  // --text alone: the run's held-out split, with its masks: the run's own test numbers.
+  r = run_kiln("eval" + weights + text + vocab + " --out " + d / "heldout.json", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "kiln eval: scoring the held-out split of --text: every 50th sequence, " +
+                                       std::to_string(held_out) + " samples"),
+                r.output);
+  CHECK_MESSAGE(contains(r.output, " perplexity "), r.output);
+  const json h = json::parse(read_text(d / "heldout.json"));
+  CHECK(h["test_loss"].get<double>() == doctest::Approx(s["test_loss"].get<double>()).epsilon(1e-6));
+  CHECK(h["test_scored_tokens"] == last["eval_scored_tokens"]);
+  CHECK(h["test_samples"] == held_out);
+  CHECK(h["test_perplexity"].get<double>() == doctest::Approx(std::exp(h["test_loss"].get<double>())));
+
+  // Another --mask-prob given: allowed, said, and it masks fewer tokens.
+  r = run_kiln("eval" + weights + text + vocab + " --mask-prob 0.15 --out " + d / "mp.json", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "kiln eval: warning: --mask-prob 0.15, but " + d / "run/model.safetensors" +
+                                       " was trained with --mask-prob 0.3"),
+                r.output);
+  CHECK(json::parse(read_text(d / "mp.json"))["test_scored_tokens"].get<int64_t>() <
+        h["test_scored_tokens"].get<int64_t>());
+
+  // --eval-text alone: all of it, no training corpus; --text given too is not read.
+  r = run_kiln("eval" + weights + vocab + " --eval-text " + kFortunes + "/computers --out " + d / "all.json",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const int64_t all = json::parse(read_text(d / "all.json"))["test_samples"].get<int64_t>();
+  CHECK(all / 50 == held_out);  // every sequence of the file
+  CHECK_MESSAGE(contains(r.output, "kiln eval: scoring all of --eval-text, " + std::to_string(all) + " samples\n"),
+                r.output);
+  r = run_kiln("eval" + weights + vocab + " --eval-text " + kFortunes + "/computers --text " + d / "nowhere.txt",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "samples (--text is not read)"), r.output);
+  // Neither: the message names both.
+  r = run_kiln("eval" + weights + vocab, d.p.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.output, "--task mlm needs --eval-text (scored whole) or --text"), r.output);
 }
 
 TEST_CASE("train: a classifier fine-tunes from an encoder-only file: ckpt import --allow-missing, then --resume") {

@@ -58,6 +58,14 @@ using io::save_run_checkpoint;
 using io::config_differences;
 namespace {
 
+// A masked-LM's perplexity as the printed lines give it: exp of the mean masked-token loss.
+std::string perplexity_text(double loss) {
+  const double p = std::exp(loss);
+  char buf[48];
+  std::snprintf(buf, sizeof buf, p < 1e9 ? "%.2f" : "%.3g", p);
+  return buf;
+}
+
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -1621,10 +1629,13 @@ class Trainer {
     const EvalResult ev = evaluate(task_, ec, comm_.get());
     const EpochStats& e = run_.epoch_sums;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "epoch %lld: train loss %.4f %s %.2f%% | test loss %.4f %s %.2f%% | %.1f s (+%.1f s eval)",
+    // Masked-LM: the test perplexity too, exp of the mean loss over the masked tokens.
+    const std::string ppl = task_.terms ? " perplexity " + perplexity_text(ev.loss) : std::string();
+    std::snprintf(buf, sizeof buf,
+                  "epoch %lld: train loss %.4f %s %.2f%% | test loss %.4f%s %s %.2f%% | %.1f s (+%.1f s eval)",
                   (long long)run_.epoch + 1, e.loss / double(std::max<int64_t>(run_.batch / accum_, 1)),
                   task_.metric.c_str(), 100.0 * double(e.correct) / double(std::max<int64_t>(e.count, 1)), ev.loss,
-                  task_.metric.c_str(), 100.0 * ev.accuracy, epoch_s, ev.seconds);
+                  ppl.c_str(), task_.metric.c_str(), 100.0 * ev.accuracy, epoch_s, ev.seconds);
     progress_->line(buf);
     if (lead_ && !std::isfinite(ev.loss))
       std::fprintf(stderr,
@@ -1636,7 +1647,10 @@ class Trainer {
                          {"eval_loss", ev.loss},       {"eval_" + task_.metric, ev.accuracy},
                          {"eval_samples", ev.samples}, {"epoch_seconds", epoch_s},
                          {"eval_seconds", ev.seconds}};
-    if (task_.terms) em["eval_scored_tokens"] = ev.count;  // masked-LM: the metric is over masked tokens
+    if (task_.terms) {  // masked-LM: the metric is over masked tokens
+      em["eval_scored_tokens"] = ev.count;
+      em["eval_perplexity"] = std::exp(ev.loss);
+    }
     write_metrics_line(em);
     write_events(em, "eval/");
     if (lead_ && hooks_.on_metrics) hooks_.on_metrics(em);
@@ -1838,6 +1852,7 @@ class Trainer {
                               {"per_epoch", run_.epochs_log},
                               {"config", resolved_}};
     if (device_.is_cuda()) summary["gpu_memory_mib"] = gpu_memory_json(device_.index);
+    if (task_.terms) summary["test_perplexity"] = std::exp(run_.last_eval_loss);  // masked-LM
     return summary;
   }
 
@@ -2110,6 +2125,20 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
       c.lower_case = trained;
     }
     trained_size("seq_len", "--seq-len", c.was_given("seq-len"), c.seq_len);
+    // A masked-LM's --mask-prob (weights from before it carry none: the flag as given). Another one
+    // given is a legitimate choice, with a warning: the numbers then differ from the run's test's.
+    if (auto it = f.metadata.find("mask_prob"); it != f.metadata.end() && c.task == "mlm") {
+      const std::string& v = it->second;
+      char* end = nullptr;
+      const double trained = std::strtod(v.c_str(), &end);
+      KILN_CHECK(!v.empty() && end == v.c_str() + v.size() && trained > 0 && trained < 1, weights,
+                 ": damaged metadata: mask_prob is '", v, "', not a number in (0, 1)");
+      if (!c.was_given("mask-prob"))
+        c.mask_prob = trained;
+      else if (c.mask_prob != trained)
+        std::fprintf(stderr, "kiln eval: warning: --mask-prob %g, but %s was trained with --mask-prob %g\n",
+                     c.mask_prob, weights.c_str(), trained);
+    }
     task = make_task(c);
     if (auto it = f.metadata.find("vocab_fingerprint"); it != f.metadata.end()) {
       const std::string here = task.data_info.value("vocab_fingerprint", "");
@@ -2131,6 +2160,11 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     std::fprintf(stderr, "kiln eval: error: %s\n", e.message().c_str());
     return 2;
   }
+  // Which sequences a masked-LM evaluation scores: --text alone gives kiln train's held-out split.
+  if (task.data_info.contains("eval_split"))
+    std::fprintf(stderr, "kiln eval: scoring %s, %lld samples%s\n",
+                 task.data_info["eval_split"].get<std::string>().c_str(), (long long)task.eval_data->size(),
+                 !c.text.empty() && !c.eval_text.empty() ? " (--text is not read)" : "");
   const EvalResult r = evaluate(task, c);
   // An evaluation has no training set: the task's train side is the eval data, so its count would
   // only echo eval_samples (or, cut by another limit, contradict it).
@@ -2143,10 +2177,15 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
                       {"test_" + task.metric, r.accuracy},
                       {"test_samples", r.samples},
                       {"seconds", r.seconds}};
-  if (task.terms) j["test_scored_tokens"] = r.count;
-  std::printf("test %s %.2f%% loss %.4f (%lld samples%s, %.1f s)\n", task.metric.c_str(), 100.0 * r.accuracy, r.loss,
-              (long long)r.samples, task.terms ? (", " + std::to_string(r.count) + " masked tokens").c_str() : "",
-              r.seconds);
+  // Masked-LM: the perplexity, exp of the mean loss over the masked tokens.
+  if (task.terms) {
+    j["test_scored_tokens"] = r.count;
+    j["test_perplexity"] = std::exp(r.loss);
+  }
+  const std::string ppl = task.terms ? " perplexity " + perplexity_text(r.loss) : std::string();
+  const std::string tokens = task.terms ? ", " + std::to_string(r.count) + " masked tokens" : std::string();
+  std::printf("test %s %.2f%% loss %.4f%s (%lld samples%s, %.1f s)\n", task.metric.c_str(), 100.0 * r.accuracy, r.loss,
+              ppl.c_str(), (long long)r.samples, tokens.c_str(), r.seconds);
   if (!c.out.empty()) io::write_file_atomic(c.out, j.dump(2) + "\n");
   if (!std::isfinite(r.loss)) {
     std::fprintf(stderr, "kiln eval: error: the test loss is %s: %s gives non-finite outputs on this data\n",

@@ -336,19 +336,30 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
   io::BasicTokenizerOptions bo{c.lower_case, c.lower_case};
   auto tok = std::make_shared<io::WordPieceTokenizer>(io::Vocab::load(c.vocab), bo);
   io::MlmOptions mo{c.seq_len, c.mask_prob};
-  const std::vector<std::string> files = expand_text_paths(c.text, "--text");
-  auto corpus = std::make_shared<io::MlmDataset>(tok, files, mo);
+  // kiln eval with --eval-text scores all of it and reads no training corpus (--text, if given too, is not read).
+  const bool eval_only = c.evaluating && !c.eval_text.empty();
+  const std::vector<std::string> files = eval_only ? std::vector<std::string>() : expand_text_paths(c.text, "--text");
+  std::shared_ptr<io::MlmDataset> corpus;
   std::shared_ptr<const io::Dataset> train, eval;
-  if (!c.eval_text.empty()) {
+  std::string eval_split;  // which sequences are scored, as kiln eval says it
+  if (eval_only) {
+    corpus = std::make_shared<io::MlmDataset>(tok, expand_text_paths(c.eval_text, "--eval-text"), mo);
+    train = eval = corpus;  // not trained on: kiln eval only evaluates
+    eval_split = "all of --eval-text";
+  } else if (!c.eval_text.empty()) {
+    corpus = std::make_shared<io::MlmDataset>(tok, files, mo);
     train = corpus;
     eval = std::make_shared<io::MlmDataset>(tok, expand_text_paths(c.eval_text, "--eval-text"), mo);
+    eval_split = "all of --eval-text";
   } else {
     // Every 50th sequence is held out: the held-out text comes from all over the corpus.
+    corpus = std::make_shared<io::MlmDataset>(tok, files, mo);
     std::vector<int64_t> tr, ev;
     for (int64_t i = 0; i < corpus->size(); ++i) (i % 50 == 49 ? ev : tr).push_back(i);
     KILN_CHECK(!ev.empty(), "--text: ", corpus->size(), " sequences are too few to hold 2% out for evaluation (give --eval-text)");
     train = std::make_shared<Subset>(corpus, tr);
     eval = std::make_shared<Subset>(corpus, ev);
+    eval_split = "the held-out split of --text: every 50th sequence";
   }
   auto model = std::make_shared<models::BertForMaskedLM>(bert_config_for(c, bn, *tok, {}));
   Task t = task_of(c, "mlm", "mlm_accuracy", model, train, eval);
@@ -388,6 +399,8 @@ Task bert_mlm(const TrainConfig& c, const BertName& bn) {
                  {"corpus_tokens", corpus->tokens()},
                  {"seq_len", c.seq_len},
                  {"lower_case", c.lower_case},
+                 {"mask_prob", c.mask_prob},
+                 {"eval_split", eval_split},
                  {"vocab_fingerprint", vocab_fingerprint(tok->vocab())}};
   return t;
 }
@@ -517,14 +530,19 @@ const std::vector<std::string>& data_names() {
 
 const std::vector<OptimizerKind>& optimizer_kinds() {
   static const std::vector<OptimizerKind> kinds = {
-      {"sgd", [](const TrainConfig& c, std::vector<optim::ParamGroup> g) -> std::unique_ptr<optim::Optimizer> {
+      {"sgd",
+       [](const TrainConfig& c, std::vector<optim::ParamGroup> g) -> std::unique_ptr<optim::Optimizer> {
          return std::make_unique<optim::SGD>(std::move(g), optim::SgdOptions{c.momentum, 0.0, c.nesterov});
        }},
-      {"adamw", [](const TrainConfig&, std::vector<optim::ParamGroup> g) -> std::unique_ptr<optim::Optimizer> {
-         return std::make_unique<optim::AdamW>(std::move(g));
+      {"adamw",
+       [](const TrainConfig& c, std::vector<optim::ParamGroup> g) -> std::unique_ptr<optim::Optimizer> {
+         return std::make_unique<optim::AdamW>(std::move(g),
+                                               optim::AdamOptions{c.betas.at(0), c.betas.at(1), c.adam_eps()});
        }},
-      {"lamb", [](const TrainConfig&, std::vector<optim::ParamGroup> g) -> std::unique_ptr<optim::Optimizer> {
-         return std::make_unique<optim::LAMB>(std::move(g));
+      {"lamb",
+       [](const TrainConfig& c, std::vector<optim::ParamGroup> g) -> std::unique_ptr<optim::Optimizer> {
+         return std::make_unique<optim::LAMB>(std::move(g),
+                                              optim::AdamOptions{c.betas.at(0), c.betas.at(1), c.adam_eps()});
        }},
   };
   return kinds;
@@ -716,6 +734,13 @@ std::map<std::string, std::string> weights_metadata(const nlohmann::json& config
   if (info.contains("vocab_fingerprint"))
     for (const char* key : {"lower_case", "seq_len", "vocab", "vocab_size", "vocab_fingerprint"})
       if (info.contains(key)) put(key, info[key]);
+  // A masked-LM run's --mask-prob (data "text"; a checkpoint from before data_info held it, the
+  // config's): `kiln eval` masks as many of its tokens as the run's test did.
+  if (info.value("name", nlohmann::json()) == "text") {
+    const nlohmann::json mp =
+        info.contains("mask_prob") ? info["mask_prob"] : config.value("mask_prob", nlohmann::json());
+    if (mp.is_number()) meta["mask_prob"] = mp.dump();
+  }
   return meta;
 }
 

@@ -62,6 +62,11 @@ struct TrainConfig {
   std::string optimizer = "sgd";
   double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0.0, clip_grad_norm = 0.0;
   bool nesterov = true;
+  // AdamW and LAMB: the moments' decay rates, and the term added to the denominator (0: the
+  // optimizer's own, adam_eps: 1e-8 for AdamW, 1e-6 for LAMB)
+  std::vector<double> betas = {0.9, 0.999};
+  double eps = 0;
+  double adam_eps() const { return eps > 0 ? eps : optimizer == "lamb" ? 1e-6 : 1e-8; }
   std::string schedule = "cosine";
   int64_t warmup = -1;  // -1: 0 for ResNet, 6% of the steps for BERT
   // machine

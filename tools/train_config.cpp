@@ -60,9 +60,14 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
                  "Use only N evaluation samples (0: all): the first N; image folders: N spread over the classes")
       ->check(at_least(0));
   app.add_option("--text", c.text,
-                 "Masked-LM corpus: text files or directories of them, sub-directories included (links to files "
-                 "followed; hidden and binary files skipped) (BERT --task mlm)");
-  app.add_option("--eval-text", c.eval_text, "Held-out masked-LM text (default: every 50th sequence of --text)");
+                 std::string("Masked-LM corpus: text files or directories of them, sub-directories included (links "
+                             "to files followed; hidden and binary files skipped) (BERT --task mlm") +
+                     (c.evaluating ? "; kiln eval scores its held-out split, every 50th sequence, as kiln train's "
+                                     "test does: give --eval-text to score all of a file)"
+                                   : ")"));
+  app.add_option("--eval-text", c.eval_text,
+                 c.evaluating ? "Masked-LM text to score, all of it (--text is then not read)"
+                              : "Held-out masked-LM text (default: every 50th sequence of --text)");
   app.add_option("--vocab", c.vocab, "WordPiece vocab.txt (BERT; make one with `kiln vocab`)");
   app.add_option("--train-tsv", c.train_tsv,
                  "label<TAB>text training file, or one with a header line naming its 'label' and 'sentence' (or "
@@ -76,7 +81,8 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--mask-prob", c.mask_prob,
                  "Share of tokens masked for masked-LM ([CLS], [SEP] and [UNK] never are); a sequence that drew "
                  "none gets one, so the real share is higher on short sequences (16% for 15% on short texts at "
-                 "--seq-len 128, 24% at 8)")
+                 "--seq-len 128, 24% at 8)" +
+                     std::string(c.evaluating ? "; kiln eval: default the share the weights were trained with" : ""))
       ->capture_default_str();
   add_on_off_flag(
       app, "--lower-case,!--no-lower-case", c.lower_case,
@@ -189,6 +195,14 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--lr", c.lr, "Peak learning rate (default: 0.1; 5e-4 for BERT models)");
   app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
   add_on_off_flag(app, "--nesterov,!--no-nesterov", c.nesterov, "Nesterov momentum for SGD");
+  app.add_option("--betas", c.betas,
+                 "AdamW and LAMB: the decay rates B1,B2 of the moment estimates, each in [0, 1) (as torch's betas)")
+      ->delimiter(',')
+      ->expected(2)
+      ->capture_default_str();
+  app.add_option("--eps", c.eps,
+                 "AdamW and LAMB: the term added to the update's denominator, > 0 (default: 1e-8 for adamw, as "
+                 "torch's AdamW; 1e-6 for lamb, as the LAMB paper's)");
   app.add_option("--weight-decay", c.weight_decay,
                  "Weight decay, not on biases and normalisation weights (default: 5e-4; 0.01 for BERT models)");
   app.add_option("--label-smoothing", c.label_smoothing, "Label smoothing of the classification loss, in [0, 1]")
@@ -391,6 +405,8 @@ std::vector<UnusedFlag> unused_flags(const TrainConfig& c) {
     unused({"text", "eval-text", "mask-prob"}, "for --task mlm; classification reads --train-tsv and --eval-tsv");
   if (c.optimizer != "sgd")
     unused({"momentum", "nesterov"}, "for --optimizer sgd (" + c.optimizer + " keeps its own moment estimates)");
+  else
+    unused({"betas", "eps"}, "for --optimizer adamw or lamb (sgd keeps no moment estimates)");
   if (c.amp != "fp16")
     unused({"loss-scale", "loss-scale-window"},
            "the dynamic loss scale of --amp fp16 (--amp " + c.amp + " needs none: f32's exponent range)");
@@ -443,6 +459,15 @@ std::vector<std::string> validate(const TrainConfig& c) {
     e.push_back(
         "--momentum 0 with Nesterov momentum (on by default for SGD): add --no-nesterov "
         "(kiln.train: nesterov=False), or give --momentum > 0");
+  if (c.betas.size() != 2 || !(c.betas[0] >= 0 && c.betas[0] < 1 && c.betas[1] >= 0 && c.betas[1] < 1)) {
+    std::string got;
+    for (const double b : c.betas) got += (got.empty() ? "" : ",") + detail::str_cat(b);
+    e.push_back("--betas must be two numbers B1,B2, each in [0, 1), got " + got);
+  }
+  // 0 would divide by sqrt(v_hat) alone (torch's AdamW allows it; LAMB's trust ratio does not): a
+  // parameter whose gradient was 0 so far gets 0/0.
+  if (c.was_given("eps") && !(c.eps > 0 && std::isfinite(c.eps)))
+    e.push_back(detail::str_cat("--eps must be > 0 and finite, got ", c.eps));
   if (!(c.weight_decay >= 0 && std::isfinite(c.weight_decay)))
     e.push_back("--weight-decay must be >= 0 and finite, got " + std::to_string(c.weight_decay));
   // 1 included, as torch's cross_entropy (the target then uniform over the classes)
@@ -550,8 +575,10 @@ std::vector<std::string> validate(const TrainConfig& c) {
                                                     : "--eval-tsv is") +
                   " for --task classify: add --task classify (without --task, --model " + c.model +
                   " is masked-LM on --text)");
-    else if (task == "mlm" && c.text.empty())
-      e.push_back("--task mlm needs --text (a corpus: files or directories)");
+    else if (task == "mlm" && c.text.empty() && !(c.evaluating && !c.eval_text.empty()))
+      e.push_back(c.evaluating ? "--task mlm needs --eval-text (scored whole) or --text (its held-out split: every "
+                                 "50th sequence)"
+                               : "--task mlm needs --text (a corpus: files or directories)");
     // kiln eval takes the label names from the weights (a run's model.safetensors carries them); it
     // reads --train-tsv for them only when they are not there.
     if (task == "classify" && c.evaluating && c.eval_tsv.empty())
@@ -622,6 +649,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"lr", lr},
           {"momentum", momentum},
           {"nesterov", nesterov},
+          {"betas", betas},
+          {"eps", adam_eps()},
           {"weight_decay", weight_decay},
           {"label_smoothing", label_smoothing},
           {"clip_grad_norm", clip_grad_norm},

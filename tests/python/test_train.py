@@ -62,6 +62,31 @@ def test_bert_tiny_steps_match_the_command(tmp_path):
     assert len(want) == 3 and got == want
 
 
+@pytest.mark.skipif(not os.path.isdir(FORTUNES), reason="Debian's fortunes package is not installed")
+def test_betas_and_eps_reach_the_optimizer_as_the_command_gives_them(tmp_path):
+    # betas=(B1, B2) is --betas B1,B2; both are the run's config, and they change the steps
+    text = f"{FORTUNES}/computers"
+    cli("vocab", "--text", text, "--size", "1000", "--out", tmp_path / "vocab.txt")
+    opts = dict(task="mlm", vocab=tmp_path / "vocab.txt", seq_len=32, batch=8, max_steps=3, epochs=1, log_every=1,
+                threads=2, seed=3, limit_eval=8, workers=0, optimizer="lamb", lr=1e-3, text=text)
+    cli("train", "--model", "bert-tiny", "--out", tmp_path / "cli", "--betas", "0.5,0.9", "--eps", "1e-3",
+        *as_flags(opts))
+    summary = kiln.train("bert-tiny", out=tmp_path / "py", betas=(0.5, 0.9), eps=1e-3, **opts)
+    assert summary["config"]["betas"] == [0.5, 0.9] and summary["config"]["eps"] == 1e-3
+    default = kiln.train("bert-tiny", out=tmp_path / "default", **opts)
+    assert default["config"]["betas"] == [0.9, 0.999] and default["config"]["eps"] == 1e-6  # LAMB's
+    want, got = losses(lines(tmp_path / "cli")), losses(lines(tmp_path / "py"))
+    assert len(want) == 3 and got == want
+    plain = losses(lines(tmp_path / "default"))
+    assert plain[0] == got[0] and plain[2] != got[2]  # the same first batch, then other updates
+    with pytest.raises(kiln.KilnValueError, match=r"--betas must be two numbers B1,B2, each in \[0, 1\), got 0.9,1"):
+        kiln.train("bert-tiny", out=tmp_path / "x", betas=(0.9, 1.0), **opts)
+    with pytest.raises(kiln.KilnValueError, match="--eps must be > 0 and finite, got 0"):
+        kiln.train("bert-tiny", out=tmp_path / "x", eps=0.0, **opts)
+    with pytest.raises(kiln.KilnValueError, match=r"--betas: for --optimizer adamw or lamb"):
+        kiln.train("resnet20", out=tmp_path / "x", betas=(0.9, 0.99), max_steps=1)
+
+
 def test_callback_stops_and_resume_continues(tmp_path):
     opts = dict(RESNET, max_steps=6)
 
