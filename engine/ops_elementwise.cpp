@@ -118,18 +118,28 @@ void check_not_bool(const char* name, DType t) {
 
 // ---- binary arithmetic ------------------------------------------------------------------------------
 
-namespace {
-// An integer add/sub takes alpha in its own dtype: a whole number the dtype holds (PyTorch refuses the
-// rest too), so the kernels never convert an out-of-range double.
-void check_alpha(const char* op, DType t, double alpha) {
+namespace detail {
+// An integer add/sub takes alpha in its own dtype, as PyTorch: a whole number the dtype holds, and for
+// u8 a negative one down to -255 too (taken modulo 256, so u8 a.add(b, alpha=-1) is a - b, wrapping);
+// sub checks -alpha, as PyTorch's (which is add with -alpha): i8 sub takes 128, not -128. PyTorch
+// refuses the rest too, so the kernels never convert an out-of-range double.
+void check_alpha(const char* op, DType t, double alpha, bool subtracts) {
   if (is_floating(t) || t == DType::boolean || alpha == 1.0) return;
   const int bits = int(dtype_size(t)) * 8;
-  const double lo = t == DType::u8 ? 0.0 : -std::ldexp(1.0, bits - 1);
-  const double hi = t == DType::u8 ? std::ldexp(1.0, bits) : std::ldexp(1.0, bits - 1);  // exclusive
-  KILN_CHECK(std::isfinite(alpha) && alpha == std::floor(alpha) && alpha >= lo && alpha < hi, op, ": alpha ", alpha,
-             " is not a value of ", t);
+  const double lo = t == DType::u8 ? -255.0 : -std::ldexp(1.0, bits - 1);
+  const double hi = t == DType::u8 ? 256.0 : std::ldexp(1.0, bits - 1);  // exclusive
+  const double v = subtracts && alpha != -0x1p63 ? -alpha : alpha;       // PyTorch negates in int64: -2**63 stays
+  KILN_CHECK(std::isfinite(v) && v == std::floor(v) && v >= lo && v < hi, op, ": alpha ", alpha,
+             subtracts ? ", negated," : "", " is not a value of ", t,
+             t == DType::u8 ? " (-255 to 255, as PyTorch's)" : "");
 }
-}  // namespace
+
+double alpha_in(DType t, double alpha) {
+  return is_floating(t) || t == DType::boolean ? alpha : wrap_integral(alpha, t);
+}
+}  // namespace detail
+
+using detail::check_alpha;
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   const DType t = arith_type("add", a, b);
@@ -151,7 +161,7 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
   KILN_CHECK(!ba && !bb, "sub: subtraction with a bool tensor (", (ba ? a : b).type_str(),
              ") is not supported, as in PyTorch; to invert a mask use ~ or logical_not() instead");
   const DType t = arith_type("sub", a, b);
-  check_alpha("sub", t, alpha);
+  check_alpha("sub", t, alpha, true);
   Tensor out = run_binary("sub", BinaryOp::sub, a, b, t, t, alpha);
   if (autograd::needs_grad({a, b}))
     autograd::record("sub", {a, b}, {out}, [alpha](const GradCtx& c) -> std::vector<Tensor> {

@@ -661,32 +661,36 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
   const Tensor factor = where(ge(q, scalar_like(1.0, q)), scalar_like(1.0, q), q);
   // A factor below FLT_MIN (a norm past ~8.5e37 x max_norm) is subnormal in an f32 (bf16) gradient's
   // multiply, and the CPU kernels flush subnormals (FTZ + DAZ): the gradients became 0 where torch's
-  // come out near max_norm. On the CPU such gradients are scaled twice, by sqrt(f) and by sqrt(f), both
-  // normal (g * sqrt(f) lies between g and g * f: it neither overflows nor flushes a normal result);
-  // a normal f is applied as f then 1, bit for bit torch's product. Chosen on the device, without a
-  // host read. CUDA keeps subnormals: one multiply there.
-  Tensor first, second;
-  if (norm.device().is_cpu()) {
-    const Tensor small = lt(factor, scalar_like(double(std::numeric_limits<float>::min()), factor));
-    const Tensor root = sqrt(factor);
-    first = where(small, root, factor);
-    second = where(small, root, scalar_like(1.0, factor));
-  }
-  std::map<DType, std::pair<Tensor, Tensor>> in_dtype;  // the factor(s) cast once per gradient dtype
+  // come out near max_norm. On the CPU a non-f64 gradient is therefore multiplied, in one pass, by an f64
+  // number (the CPU kernel's f64 pair, kernels/cpu/elementwise.cpp: the product in f64, rounded once):
+  // the factor rounded to the gradient's dtype where it is normal, so the product is bit for bit torch's
+  // (that dtype's multiply), and the f64 factor itself below FLT_MIN. Chosen on the device, without a
+  // host read (it was two passes, by sqrt(factor) twice or by factor then 1). CUDA keeps subnormals:
+  // the factor in the gradient's dtype there, as an f64 gradient's everywhere.
+  const bool cpu = norm.device().is_cpu();
+  const Tensor small = cpu ? lt(factor, scalar_like(double(std::numeric_limits<float>::min()), factor)) : Tensor();
+  std::map<DType, Tensor> in_dtype;  // the factor as each gradient dtype takes it, made once per dtype
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     KILN_CHECK(g.device() == norm.device(), "clip_grad_norm: gradients on ", norm.device(), " and ", g.device());
+    const bool f64_pair = cpu && g.dtype() != DType::f64;
     auto it = in_dtype.find(g.dtype());
     if (it == in_dtype.end()) {
-      const bool split = second.defined() && g.dtype() != DType::f64;
-      it = in_dtype
-               .emplace(g.dtype(), split ? std::make_pair(first.to(g.dtype()), second.to(g.dtype()))
-                                         : std::make_pair(factor.to(g.dtype()), Tensor()))
-               .first;
+      const Tensor f = g.dtype() == DType::f64 ? factor
+                       : f64_pair              ? where(small, factor, factor.to(g.dtype()).to(DType::f64))
+                                               : factor.to(g.dtype());
+      it = in_dtype.emplace(g.dtype(), f).first;
     }
-    g.mul_(it->second.first);
-    if (it->second.second.defined()) g.mul_(it->second.second);
+    if (!f64_pair) {
+      g.mul_(it->second);
+      continue;
+    }
+    // mul_ would cast the number to g's dtype first; its check that g's elements do not share memory
+    // (an expanded view, which one write per element would scale twice) is kept.
+    detail::inplace_operand(g, it->second, "clip_grad_norm");
+    detail::backend(g.device()).binary(BinaryOp::mul, detail::desc(g), detail::desc(g), detail::desc(it->second), 1.0);
+    g.bump_version();
   }
   return norm;
 }

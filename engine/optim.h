@@ -194,8 +194,9 @@ class LAMB final : public AdamFamily {
 // most max_norm (max_norm >= 0; an inf norm gives factor 0, a NaN norm NaN, as torch); returns the norm
 // before, as an f64 0-dim tensor on the gradients' device (on the CPU when there are none), the powers
 // summed in f64. No value goes to the host unless error_if_nonfinite (then an inf or NaN norm is an
-// error, torch's, before anything is scaled). On the CPU, whose kernels flush subnormals, a factor
-// below FLT_MIN is applied to non-f64 gradients as two normal ones (sqrt(factor) twice).
+// error, torch's, before anything is scaled). On the CPU, whose kernels flush subnormals, non-f64
+// gradients are scaled in one pass by the factor as an f64 number, rounded to their dtype where that
+// is normal (torch's product, bit for bit), unrounded below FLT_MIN (not flushed to 0).
 // norm_type: 2 (L2), any p > 0 (the p-th root of the sum of |g|^p), or inf (the largest |g|), as
 // torch's clip_grad_norm_.
 // With `reduce_partial`, the f64 partial (the sum of |g|^p, or for inf the largest |g|; `is_max`

@@ -893,8 +893,10 @@ void binary_inplace(Tensor& t, BinaryOp op, const Tensor& other, double alpha, c
   detail::check_inplace_source(t, other, name);
   detail::common_device(name, {t, other});  // a kernel reads only its own device's memory
   detail::check_inplace_result(t, other, name);
-  KILN_CHECK(is_floating(t.dtype()) || alpha == std::trunc(alpha), name, ": alpha ", alpha,
-             " is not a whole number, and ", t.type_str(), " holds integers");
+  // alpha as the out-of-place op takes it in the type the two compute in (PyTorch's check), then in t's
+  // dtype, which the kernel computes in: integer sums wrap alike (u8 x.add_(y, alpha=-1) is x - y).
+  detail::check_alpha(name, result_type(t, other), alpha);
+  alpha = detail::alpha_in(t.dtype(), alpha);
   Tensor o = detail::inplace_operand(t, other, name);
   // A 0-dim f32 operand (a number) of a 16-bit x += / *= stays f32, as in x + n and x * n (run_binary):
   // the kernel computes in f32 and rounds once (bf16 x *= 0.999 was x *= 0.99609375).

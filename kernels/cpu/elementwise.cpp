@@ -380,8 +380,24 @@ void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, 
 }
 
 void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, double alpha) {
+  if (a.dtype != b.dtype && b.dtype == DType::f64 && op == BinaryOp::mul) {
+    // An f32 or 16-bit tensor times a one-element f64 number (clip_grad_norm's
+    // factor, engine/optim.cpp): the product in f64, rounded once into a's dtype. A number that a's dtype
+    // holds gives that dtype's own product bit for bit (both are exact in f64), and one below FLT_MIN is
+    // not flushed as an f32 one is under DAZ, so the scaled values neither vanish nor take a second pass.
+    KILN_ASSERT(is_floating(a.dtype) && a.dtype != DType::f64 && dst.dtype == a.dtype && b.ndim == 0,
+                "binary op mul: operands ", a.dtype, " and ", b.dtype, " (output ", dst.dtype, ") do not pair");
+    const double v = *static_cast<const double*>(b.data);
+    const auto run = [&](auto tag) {
+      using T = decltype(tag);
+      unary_loop<T>(dst, a, [v](float x) { return convert_to<float>(double(x) * v); });
+    };
+    if (a.dtype == DType::f32) return run(float{});
+    if (a.dtype == DType::f16) return run(Half{});
+    return run(BFloat16{});
+  }
   if (a.dtype != b.dtype) {
-    // The only mixed pair: a 16-bit tensor and a one-element f32 number (binary_scalar_typed).
+    // The other mixed pair: a 16-bit tensor and a one-element f32 number (binary_scalar_typed).
     const bool first = a.dtype == DType::f32;
     const TensorDesc& t = first ? b : a;
     const TensorDesc& s = first ? a : b;

@@ -335,6 +335,18 @@ template <typename T> struct BinaryScalarStridedF {
   BinaryScalarF<T> f;
   __device__ void operator()(const int64_t (&off)[2]) const { st(o + off[0], f(ld(a + off[1]))); }
 };
+// An f32 or 16-bit tensor times a one-element f64 number in device memory: the product in f64, rounded
+// once (binary's f64 pair, as the CPU's: kernels/cpu/elementwise.cpp).
+template <typename T> struct MulF64F {
+  const double* s;
+  __device__ DAcc<T> operator()(DAcc<T> x) const { return convert_to<DAcc<T>>(double(x) * *s); }
+};
+template <typename T> struct MulF64StridedF {
+  T* o;
+  const T* a;
+  MulF64F<T> f;
+  __device__ void operator()(const int64_t (&off)[2]) const { st(o + off[0], f(ld(a + off[1]))); }
+};
 template <typename T> struct CompareStridedF {
   bool* o;
   const T* a;
@@ -446,6 +458,28 @@ void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, 
 }
 
 void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, double alpha) {
+  if (a.dtype != b.dtype && b.dtype == DType::f64 && op == BinaryOp::mul) {
+    // The f64 pair (MulF64F): what engine/optim.cpp's clip_grad_norm gives the CPU, taken here too so that
+    // the CUDA kernels in its place (the emulator's BackendOverride) compute the same.
+    KILN_ASSERT(is_floating(a.dtype) && a.dtype != DType::f64 && dst.dtype == a.dtype && b.ndim == 0,
+                "binary op mul: operands ", a.dtype, " and ", b.dtype, " (output ", dst.dtype, ") do not pair");
+    const TensorDesc* ds[2] = {&dst, &a};
+    const MergedDims<2> g = merge_dims(ds);
+    const auto run = [&](auto tag) {
+      using T = decltype(tag);
+      const MulF64F<T> f{static_cast<const double*>(b.data)};
+      T* o = static_cast<T*>(dst.data);
+      const T* x = static_cast<const T*>(a.data);
+      if (contiguous(g) && aligned16(o) && aligned16(x)) {
+        launch_vector<T, 1>(o, x, nullptr, g.numel, f);
+      } else {
+        launch_strided(g, MulF64StridedF<T>{o, x, f});
+      }
+    };
+    if (a.dtype == DType::f32) return run(float{});
+    if (a.dtype == DType::f16) return run(Half{});
+    return run(BFloat16{});
+  }
   if (a.dtype != b.dtype) {
     // The only mixed pair: a 16-bit tensor and a one-element f32 number (BinaryScalarF).
     const bool first = a.dtype == DType::f32;

@@ -289,16 +289,6 @@ Tensor.__contains__ = _contains
 # The cheap in-place forms: written through copy_/add_/mul_, so the same rules hold (refused on a tensor
 # that requires grad, or with an operand that does, unless under kiln.no_grad()); checked first here so
 # that the error names the method called, not the one underneath.
-def _sub_(self, other, alpha=1):
-    _C._check_inplace(self, "sub_", other)
-    # add_ with -alpha underneath: sub's refusal of a bool operand (torch's) is repeated here, as -='s is.
-    if self.dtype == _C.dtype.bool or isinstance(other, bool) or getattr(other, "dtype", None) in (_C.dtype.bool, bool):
-        bad = self if self.dtype == _C.dtype.bool else other
-        raise _C.KilnError(f"sub_: subtraction with a bool tensor ({getattr(bad, 'dtype', 'bool')}) is not supported, as "
-                           "in PyTorch; to invert a mask use ~ or logical_not() instead")
-    return self.add_(other, alpha=-alpha)
-
-
 def _div_(self, other):
     _C._check_inplace(self, "div_", other)
     return Tensor.__itruediv__(self, other)
@@ -332,7 +322,6 @@ def _masked_fill_(self, mask, value):
     return self.copy_(_C.masked_fill(self, mask, value))
 
 
-Tensor.sub_ = _sub_
 Tensor.div_ = _div_
 Tensor.neg_ = _neg_
 Tensor.clamp_ = _clamp_named("clamp_")
@@ -357,6 +346,27 @@ def _new(fill):
 
 Tensor.new_zeros = _new(0)
 Tensor.new_ones = _new(1)
+
+
+def _new_full(self, size, fill_value, *, dtype=None, device=None, requires_grad=False):
+    """torch's Tensor.new_full: a tensor of `size` (a sequence of ints) filled with fill_value (a number or
+    a 0-dim tensor), with this tensor's dtype and device unless given; the value must fit the dtype as
+    full's (uint8 takes -1 as 255)."""
+    if isinstance(size, (builtins.int, float)) or not hasattr(size, "__iter__"):
+        raise TypeError(f"new_full(): argument 'size' (position 1) must be tuple of ints, not {type(size).__name__}")
+    if isinstance(fill_value, Tensor):
+        if fill_value.dim() != 0:
+            raise TypeError(f"new_full(): argument 'fill_value' (position 2) must be Number, not a "
+                            f"{list(fill_value.shape)} Tensor")
+        fill_value = fill_value.item()
+    t = _C.full(list(size), fill_value, dtype=self.dtype if dtype is None else dtype,
+                device=self.device if device is None else device)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+Tensor.new_full = _new_full
 
 
 # ---- .data ----
@@ -689,6 +699,41 @@ def _index_add(input, dim, index, source, *, alpha=1):
     return _movedim(out, 0, d)
 
 
+def _index_fill(input, dim, index, value):
+    """torch.index_fill: input with value written along dim at the positions index names (an int64 vector
+    or 0-dim tensor; negative indices count from the end; repeats are allowed). value is a number or a
+    0-dim tensor, in input's dtype as masked_fill's (an int tensor takes 2.7 as 2, uint8 -1 as 255).
+    Differentiable in input (no gradient at the filled positions) and in a 0-dim value tensor that
+    requires grad (the sum of the gradient over the filled positions)."""
+    n = input.dim()
+    d = _norm_dim(dim, n)
+    if not isinstance(index, Tensor) or index.dtype != _C.dtype.int64:
+        raise _C.KilnIndexError("index_fill_(): Expected dtype int64 for index, got "
+                                f"{getattr(index, 'dtype', type(index).__name__)}")
+    if index.dim() > 1:
+        raise _C.KilnIndexError(f"index_fill_(): Index has to be a vector/scalar, but got dim: {index.dim()} with "
+                                f"size: {list(index.shape)}")
+    if isinstance(value, Tensor) and value.dim() != 0:
+        raise _C.KilnError(f"index_fill_ only supports a 0-dimensional value tensor, but got tensor with {value.dim()} "
+                           "dimension(s).")
+    size = input.shape[d] if n else 1
+    index = index.reshape(-1)
+    if index.device != input.device:
+        index = index.to(input.device)
+    mask = _C.zeros(size, dtype=_C.dtype.bool, device=input.device)
+    if index.numel():
+        lo, hi = builtins.int(index.min()), builtins.int(index.max())
+        if lo < -size or hi >= size:
+            bad = lo if lo < -size else hi
+            raise _C.KilnIndexError(f"index_fill_(): index {bad} is out of bounds for dimension {dim} with size {size}")
+        index = _C.where(_C.lt(index, 0), index + size, index)
+        mask = _C.index_put(mask, [index], _C.ones(index.shape[0], dtype=_C.dtype.bool, device=input.device))
+    mask = mask.reshape([size] + [1] * (n - d - 1)) if n else mask.reshape([])
+    if isinstance(value, Tensor) and value.requires_grad and input.dtype.is_floating_point:
+        return _C.where(mask, value.to(input.dtype), input)  # value's gradient: g summed over the filled positions
+    return _C.masked_fill(input, mask, value)
+
+
 def _bincount(input, weights=None, minlength=0):
     """torch.bincount: how often each value 0..max occurs in a 1-D non-negative integer tensor (at
     least minlength bins); with weights, the sum of the weights of each value."""
@@ -827,8 +872,8 @@ _PAIRS = {name: _named_pair(name) for name in
 
 _EXPORTS = dict(_PAIRS, sum=_sum, mean=_mean, cumsum=_cumsum, nonzero=_nonzero, where=_where, split=_split,
                 squeeze=_squeeze, flatten=_flatten, unflatten=_unflatten, movedim=_movedim, moveaxis=_movedim,
-                diagonal=_diagonal, bmm=_bmm, baddbmm=_baddbmm, index_add=_index_add, bincount=_bincount,
-                multinomial=_multinomial, randperm=_randperm, randint=_randint, return_types=return_types)
+                diagonal=_diagonal, bmm=_bmm, baddbmm=_baddbmm, index_add=_index_add, index_fill=_index_fill,
+                bincount=_bincount, multinomial=_multinomial, randperm=_randperm, randint=_randint, return_types=return_types)
 
 for _name, _fn in _EXPORTS.items():  # the engine's documentation (from engine/ops.h) stays with the name
     _c_fn = getattr(_C, _name, None)
@@ -837,11 +882,12 @@ for _name, _fn in _EXPORTS.items():  # the engine's documentation (from engine/o
 
 _MORE_METHODS = dict(_PAIRS, sum=_sum, mean=_mean, cumsum=_cumsum, nonzero=_nonzero, split=_split,
                      squeeze=_squeeze, unflatten=_unflatten, movedim=_movedim, moveaxis=_movedim,
-                     diagonal=_diagonal, bmm=_bmm, baddbmm=_baddbmm, index_add=_index_add, bincount=_bincount,
-                     multinomial=_multinomial)
+                     diagonal=_diagonal, bmm=_bmm, baddbmm=_baddbmm, index_add=_index_add, index_fill=_index_fill,
+                     bincount=_bincount, multinomial=_multinomial)
 for _name, _fn in _MORE_METHODS.items():
     setattr(Tensor, _name, _as_method(_fn))
 Tensor.index_add_ = _inplace("index_add_", _index_add)
+Tensor.index_fill_ = _inplace("index_fill_", _index_fill)
 Tensor.lerp_ = _inplace("lerp_", _C.lerp)
 Tensor.addcmul_ = _inplace("addcmul_", _C.addcmul)
 Tensor.addcdiv_ = _inplace("addcdiv_", _C.addcdiv)

@@ -135,6 +135,11 @@ double to_double(nb::handle h, const char* what);
 // -255 to -1 for a uint8 tensor wraps to 1..255, as torch's (its check lets such ints through for
 // uint8 and casts them: fill_(-1) is 255); a negative float stays out of range there, as torch's.
 double fill_value(DType t, nb::handle h, const char* what);
+// add/sub's alpha (add_, sub_ too) for a result of dtype t, as torch takes it: a bool only for a bool
+// result, an int (not a float, not even 1.0) for an integer or bool one, and that a value of t (u8: -255
+// to 255, a negative one wrapping; with `subtracts`, -alpha must be one, as torch's sub checks); a
+// KilnValueError naming `op` otherwise.
+double alpha_arg(nb::handle h, DType t, const char* op, bool subtracts = false);
 // A 0-dim int64 tensor holding v exactly (scalar_tensor goes through double).
 Tensor int64_scalar(int64_t v);
 // What an activation called with inplace=`inplace` returns, given its out-of-place result (nn_ops.cpp).

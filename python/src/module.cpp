@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <mutex>
 #include <set>
@@ -209,6 +210,30 @@ double fill_value(DType t, nb::handle h, const char* what) {
     }
   }
   return to_double(h, what);
+}
+
+double alpha_arg(nb::handle h, DType t, const char* op, bool subtracts) {
+  if (PyBool_Check(h.ptr())) {
+    if (t != DType::boolean)
+      value_error(std::string(op) + ": alpha " + str_of(h) + " is a bool, which only a bool result takes, and the " +
+                  "result is " + dtype_name(t) + " (as PyTorch); give a number");
+    return h.ptr() == Py_True ? 1.0 : 0.0;
+  }
+  if (!is_floating(t) && !PyIndex_Check(h.ptr()))
+    value_error(std::string(op) + ": alpha " + str_of(h).substr(0, 40) + " is not an int, and the result is " +
+                dtype_name(t) + ", an integral dtype (PyTorch refuses a floating-point alpha there, 1.0 too)");
+  const double a = to_double(h, (std::string(op) + ": alpha").c_str());
+  if (is_floating(t) || t == DType::boolean || a == 1.0) return a;
+  // The engine's range (detail::check_alpha), checked here too so that sub_'s error names sub_ and the alpha
+  // given; a subtraction checks -alpha, as PyTorch's (i8 sub takes 128, not -128).
+  const int bits = int(dtype_size(t)) * 8;
+  const double lo = t == DType::u8 ? -255.0 : -std::ldexp(1.0, bits - 1);
+  const double hi = t == DType::u8 ? 256.0 : std::ldexp(1.0, bits - 1);  // exclusive
+  const double v = subtracts && a != -0x1p63 ? -a : a;                   // torch negates in int64: -2**63 stays
+  if (!(std::isfinite(v) && v == std::floor(v) && v >= lo && v < hi))
+    value_error(std::string(op) + ": alpha " + str_of(h).substr(0, 40) + (subtracts ? ", negated," : "") +
+                " is not a value of " + dtype_name(t) + (t == DType::u8 ? " (-255 to 255, as PyTorch's)" : ""));
+  return a;
 }
 
 Tensor int64_scalar(int64_t v) { return from_blob_copy(&v, Shape{}); }

@@ -341,28 +341,32 @@ void bind_ops(nb::module_& mod) {
 
   m.def(
       "add",
-      [](const Tensor& a, nb::handle b, double alpha) {
+      [](const Tensor& a, nb::handle b, nb::handle alpha_h) {
         if (const auto v = number_beside_16bit(b, a, "other")) {
+          const double alpha = alpha_arg(alpha_h, a.dtype(), "add");
           R r;
           return a + *v * alpha;
         }
         const Tensor t = operand(b, a);
+        const double alpha = alpha_arg(alpha_h, result_type(a, t), "add");
         R r;
         return add(a, t, alpha);
       },
-      nb::arg("input"), nb::arg("other"), nb::kw_only(), nb::arg("alpha") = 1.0, "input + alpha * other");
+      nb::arg("input"), nb::arg("other"), nb::kw_only(), nb::arg("alpha") = 1, "input + alpha * other");
   m.def(
       "sub",
-      [](const Tensor& a, nb::handle b, double alpha) {
+      [](const Tensor& a, nb::handle b, nb::handle alpha_h) {
         if (const auto v = number_beside_16bit(b, a, "other")) {
+          const double alpha = alpha_arg(alpha_h, a.dtype(), "sub", true);
           R r;
           return a - *v * alpha;
         }
         const Tensor t = operand(b, a);
+        const double alpha = alpha_arg(alpha_h, result_type(a, t), "sub", true);
         R r;
         return sub(a, t, alpha);
       },
-      nb::arg("input"), nb::arg("other"), nb::kw_only(), nb::arg("alpha") = 1.0, "input - alpha * other");
+      nb::arg("input"), nb::arg("other"), nb::kw_only(), nb::arg("alpha") = 1, "input - alpha * other");
   m.def(
       "mul",
       [](const Tensor& a, nb::handle b) {

@@ -836,11 +836,25 @@ void bind_tensor(nb::module_& m) {
           nb::rv_policy::reference)
       .def(
           "add_",
-          [](Tensor& x, nb::handle o, double alpha) -> Tensor& {
+          [](Tensor& x, nb::handle o, nb::handle alpha) -> Tensor& {
             check_inplace(x, "add_", o);
-            return x.add_(arith_operand(o, x, "other"), alpha);
+            const Tensor t = arith_operand(o, x, "other");
+            return x.add_(t, alpha_arg(alpha, result_type(x, t), "add_"));
           },
-          nb::arg("other"), nb::arg("alpha") = 1.0, nb::rv_policy::reference)
+          nb::arg("other"), nb::arg("alpha") = 1, nb::rv_policy::reference)
+      .def(
+          "sub_",
+          [](Tensor& x, nb::handle o, nb::handle alpha) -> Tensor& {
+            check_inplace(x, "sub_", o);
+            const Tensor t = arith_operand(o, x, "other");
+            // sub's refusal of a bool operand, as PyTorch's: a mask is inverted with ~ (logical_not)
+            KILN_CHECK(x.dtype() != DType::boolean && t.dtype() != DType::boolean,
+                       "sub_: subtraction with a bool tensor (", (x.dtype() == DType::boolean ? x : t).type_str(),
+                       ") is not supported, as in PyTorch; to invert a mask use ~ or logical_not() instead");
+            const double a = alpha_arg(alpha, result_type(x, t), "sub_", true);
+            return x.add_(t, a == -0x1p63 ? a : -a);  // -alpha as torch's int64 negation (-2**63 stays)
+          },
+          nb::arg("other"), nb::arg("alpha") = 1, nb::rv_policy::reference)
       .def(
           "mul_",
           [](Tensor& x, nb::handle o) -> Tensor& {

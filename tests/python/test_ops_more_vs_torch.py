@@ -134,6 +134,46 @@ def test_bmm_baddbmm_and_their_errors():
         assert str(ke.value) == str(te.value)
 
 
+def _outcome(f):
+    """f()'s values as a list, or "error" (torch: RuntimeError or OverflowError; Kiln: KilnError or OverflowError)."""
+    try:
+        return f().tolist()
+    except (RuntimeError, OverflowError):
+        return "error"
+
+
+@pytest.mark.parametrize("dt", ["uint8", "int8", "int16", "int32", "int64"])
+def test_integer_add_sub_alpha_as_torch(dt):
+    # uint8 takes alpha from -255 to 255 (a negative one wrapping: a.add(b, alpha=-1) is a - b), a signed
+    # dtype its own values; a float alpha (1.0 too) and a bool one are refused for an integer result, as
+    # torch. uint8 add/sub/add_/sub_ with alpha=-1 were refused ("alpha -1 is not a value of u8").
+    kd, td = getattr(kiln, dt), getattr(torch, dt)
+    alphas = [1, -1, 2, -2, 127, -128, 128, -129, 255, -255, 256, -256, 300, 2**31 - 1, -2**31, 2**31, 2**40,
+              -2**63, 2**63, 1.0, -1.0, 2.0, 1.5, True, False]
+    for alpha in alphas:
+        for op in ["add", "sub", "add_", "sub_"]:
+            def run(lib, d, wide):
+                a = lib.tensor([1, 2, 200 if dt == "uint8" else 100], dtype=d)
+                b = lib.tensor([1, 3, 7], dtype=lib.int64 if wide else d)
+                return lambda: getattr(a, op)(b, alpha=alpha)
+            for wide in (False, True):  # an int64 other: the alpha check is in int64, an in-place sum wraps into a
+                want = _outcome(run(torch, td, wide))
+                got = _outcome(run(kiln, kd, wide))
+                assert got == want, (dt, op, alpha, wide, got, want)
+    a = kiln.tensor([1, 2], dtype=kiln.uint8)
+    assert a.add(kiln.tensor([1, 1], dtype=kiln.uint8), alpha=-1).tolist() == [0, 1]
+    assert kiln.sub(a, kiln.tensor([3, 3], dtype=kiln.uint8), alpha=-1).tolist() == [4, 5]
+    assert kiln.add(a, 3, alpha=-1).tolist() == [254, 255]
+    with pytest.raises(kiln.KilnError, match=r"sub_: alpha 256, negated, is not a value of u8 \(-255 to 255"):
+        a.sub_(a, alpha=256)
+    with pytest.raises(kiln.KilnError, match="add: alpha 1.0 is not an int, and the result is i64"):
+        kiln.add(kiln.tensor([1]), kiln.tensor([1]), alpha=1.0)
+    with pytest.raises(kiln.KilnError, match="add: alpha True is a bool"):
+        kiln.add(kiln.tensor([1.0]), kiln.tensor([1.0]), alpha=True)
+    assert kiln.add(kiln.tensor([True]), kiln.tensor([False]), alpha=True).tolist() == [True]
+    assert kiln.add(a, kiln.tensor([0.5, 0.5]), alpha=1.5).tolist() == [1.75, 2.75]  # a float result takes any
+
+
 def test_index_add_with_alpha_repeats_and_gradient():
     x, src = RNG.standard_normal((4, 5, 3)), RNG.standard_normal((4, 4, 3))
     idx = np.array([0, 4, 0, 2])
@@ -844,3 +884,81 @@ def test_cross_entropy_and_nll_take_a_uint8_target_as_torch():
     np.testing.assert_allclose(kx.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(kiln.nn.CrossEntropyLoss()(kx, kiln.tensor(y)).item(),
                                torch.nn.CrossEntropyLoss()(tx, torch.tensor(y)).item(), rtol=1e-6)
+
+
+def test_index_fill_as_torch():
+    # index_fill / index_fill_ were missing: value (a number or a 0-d tensor) written along dim at index
+    x = RNG.standard_normal((3, 4, 2))
+    cases = [(1, [0, 2]), (-2, [3, 3, -1]), (0, [1]), (2, [-2]), (1, []), (0, 2)]
+    for dim, idx in cases:
+        for value in [-1.5, 7, True, float("nan"), "t"]:
+            (kx, tx) = both(x, True)
+            ki = kiln.tensor(idx, dtype=kiln.int64)
+            ti = torch.tensor(idx, dtype=torch.int64)
+            kv, tv = (kiln.tensor(2.5), torch.tensor(2.5)) if value == "t" else (value, value)
+            ko, to = kx.index_fill(dim, ki, kv), tx.index_fill(dim, ti, tv)
+            np.testing.assert_array_equal(ko.detach().numpy(), to.detach().numpy())
+            w = RNG.standard_normal(x.shape)
+            (ko * kiln.tensor(w)).sum().backward()
+            (to * torch.tensor(w)).sum().backward()
+            np.testing.assert_array_equal(kx.grad.numpy(), tx.grad.numpy())  # 0 at the filled positions
+    # a 0-d value tensor that requires grad gets the gradient summed over the filled positions
+    (kv, tv) = both(np.array(3.0), True)
+    kiln.index_fill(kiln.tensor(x), 1, kiln.tensor([0, 3]), kv).sum().backward()
+    torch.index_fill(torch.tensor(x), 1, torch.tensor([0, 3]), tv).sum().backward()
+    assert kv.grad.item() == tv.grad.item() == 12.0
+    # dtypes: the value in the tensor's dtype, as torch (2.7 is 2 in int64, -1 is 255 in uint8)
+    for dt, value in [("int64", 2.7), ("uint8", -1), ("int32", kiln.tensor(2.7)), ("bool", 2.5), ("float16", 0.1),
+                      ("bfloat16", 0.1)]:
+        tval = torch.tensor(value.item()) if isinstance(value, kiln.Tensor) else value
+        k = kiln.arange(6).to(getattr(kiln, dt)).index_fill(0, kiln.tensor([0, 2]), value)
+        t = torch.arange(6).to(getattr(torch, dt)).index_fill(0, torch.tensor([0, 2]), tval)
+        assert k.dtype == getattr(kiln, dt) and k.float().tolist() == t.float().tolist(), dt
+    # in place, and on a 0-d tensor
+    kz, tz = kiln.zeros(2, 3), torch.zeros(2, 3)
+    assert kz.index_fill_(-1, kiln.tensor([0, 2]), 1) is kz
+    tz.index_fill_(-1, torch.tensor([0, 2]), 1)
+    assert kz.tolist() == tz.tolist()
+    assert kiln.tensor(3.0).index_fill(-1, kiln.tensor([0]), 1).item() == 1.0
+    with pytest.raises(kiln.KilnError, match="index_fill_"):
+        kiln.zeros(2, 3, requires_grad=True).index_fill_(1, kiln.tensor([0]), 1.0)
+    # errors as torch's
+    kx = kiln.zeros(2, 3)
+    with pytest.raises(IndexError, match=r"index_fill_\(\): Expected dtype int64 for index"):
+        kx.index_fill(1, kiln.tensor([0, 2], dtype=kiln.int32), 5)
+    with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 1 with size 3"):
+        kx.index_fill(1, kiln.tensor([3]), 5)
+    with pytest.raises(IndexError, match="index -4 is out of bounds for dimension 1 with size 3"):
+        kx.index_fill(1, kiln.tensor([0, -4]), 5)
+    with pytest.raises(IndexError, match=r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"):
+        kx.index_fill(2, kiln.tensor([0]), 5)
+    with pytest.raises(IndexError, match="Index has to be a vector/scalar"):
+        kx.index_fill(1, kiln.tensor([[0, 2]]), 5)
+    with pytest.raises(kiln.KilnError, match="only supports a 0-dimensional value tensor, but got tensor with 1 dim"):
+        kx.index_fill(1, kiln.tensor([0]), kiln.tensor([5.0]))
+    with pytest.raises(kiln.KilnError, match="u8"):  # 300 does not fit uint8 (torch: overflow)
+        kiln.zeros(3, dtype=kiln.uint8).index_fill(0, kiln.tensor([0]), 300)
+
+
+def test_new_full_as_torch():
+    for kt, tt in [(kiln.zeros(2, dtype=kiln.int32), torch.zeros(2, dtype=torch.int32)), (kiln.zeros(2), torch.zeros(2))]:
+        for args, kw in [(((2, 3), 5), {}), (([2], 2.5), {}), (((), 7), {}), (((2,), True), {}),
+                         (((2,), -1), {"dtype": "uint8"}), (((2, 1), 2.5), {"dtype": "float64"}),
+                         (((2,), "t"), {})]:
+            kargs = (args[0], kiln.tensor(3.5)) if args[1] == "t" else args
+            targs = (args[0], torch.tensor(3.5)) if args[1] == "t" else args
+            k = kt.new_full(*kargs, **{n: getattr(kiln, v) for n, v in kw.items()})
+            t = tt.new_full(*targs, **{n: getattr(torch, v) for n, v in kw.items()})
+            assert k.dtype == getattr(kiln, str(t.dtype).split(".")[-1]), (args, kw, k.dtype, t.dtype)
+            assert tuple(k.shape) == tuple(t.shape) and k.tolist() == t.tolist(), (args, kw)
+            assert not k.requires_grad and k.device == kt.device
+    k = kiln.zeros(2, dtype=kiln.int32).new_full(size=(3,), fill_value=2.5, dtype=kiln.float32, requires_grad=True)
+    assert k.requires_grad and k.is_leaf and k.tolist() == [2.5] * 3
+    with pytest.raises(TypeError, match="must be tuple of ints, not int"):
+        kiln.zeros(2).new_full(3, 5)
+    with pytest.raises(TypeError, match="fill_value"):
+        kiln.zeros(2).new_full((2,), kiln.tensor([3.5]))
+    with pytest.raises(kiln.KilnError):  # 300 does not fit uint8, as torch
+        kiln.zeros(2).new_full((2,), 300, dtype=kiln.uint8)
+    with pytest.raises(kiln.KilnError):  # an integer tensor cannot require grad, as torch
+        kiln.zeros(2).new_full((2,), 2, dtype=kiln.int64, requires_grad=True)

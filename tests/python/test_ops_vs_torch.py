@@ -366,6 +366,34 @@ def test_clip_grad_norm_of_a_norm_past_f32s_smallest_factor_clips_as_torch(norm_
         assert np.isclose(kp[0].grad.item(), max_norm, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dt", ["float32", "bfloat16", "float16"])
+def test_clip_grad_norm_scales_each_gradient_once_bit_for_bit(dt):
+    # One pass over each gradient, as torch's (its version moves by 1): every non-f64 gradient on the CPU
+    # was scaled twice (by the factor, then by 1, or by sqrt(factor) twice below FLT_MIN), ~7% of a clip.
+    # The product is the dtype's own multiply by the factor in that dtype, bit for bit.
+    kd, td = getattr(kiln, dt), getattr(torch, dt)
+    grads = [arr(37, 5) * 40, arr(300) * 3, arr(2, 3, 4)]
+    kp = [kiln.zeros(g.shape, dtype=kd, requires_grad=True) for g in grads]
+    for k, g in zip(kp, grads):
+        k.grad = kiln.tensor(g).to(kd)
+    versions = [k.grad._version for k in kp]
+    n = kiln.nn.clip_grad_norm_(kp, 0.5)
+    assert [k.grad._version for k in kp] == [v + 1 for v in versions]
+    factor = torch.tensor(min(0.5 / (n.item() + 1e-6), 1.0), dtype=torch.float64).to(td)
+    assert factor.item() < 0.05
+    for k, g in zip(kp, grads):
+        want = torch.tensor(g).to(td) * factor
+        np.testing.assert_array_equal(k.grad.float().numpy(), want.float().numpy())
+    # a factor below FLT_MIN (not flushed to 0): the gradient comes out at max_norm, bf16 as f32
+    if dt != "float16":  # (an f16 gradient cannot hold a norm that large)
+        (k,) = [kiln.zeros(1, dtype=kd, requires_grad=True)]
+        k.grad = kiln.tensor([3e38]).to(kd)
+        v = k.grad._version
+        kiln.nn.clip_grad_norm_([k], 0.5)
+        assert k.grad._version == v + 1
+        assert np.isclose(k.grad.float().item(), 0.5, rtol=1e-2 if dt == "bfloat16" else 1e-6)
+
+
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 @pytest.mark.parametrize("norm_type", [2.0, float("inf")])
 def test_clip_grad_norm_of_a_non_finite_norm_scales_as_torch(bad, norm_type):
