@@ -2,7 +2,9 @@
 // leaf's .grad and fires its grad-ready hooks, and backward() runs ready nodes newest first.
 #include "engine/autograd.h"
 
+#include <array>
 #include <atomic>
+#include <mutex>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -67,10 +69,22 @@ Tensor run_hook(const TensorHook& hook, const Tensor& g) {
   return r;
 }
 
+// Guards a tensor's AutogradMeta where threads meet on it: the get-or-create of a leaf's
+// accumulator (threads building graphs on a shared leaf) and the read-modify-write of .grad (threads
+// running backward into a shared leaf, or through a shared retained tensor). Torch keeps a mutex in
+// its AutogradMeta; here a fixed pool of mutexes is picked by the meta's address, which leaves the
+// layout of TensorImpl alone. Only leaf-level work runs under it (no hook, no other meta's lock), so
+// two metas sharing a mutex cannot deadlock, and one thread pays one uncontended lock per leaf.
+std::mutex& meta_mutex(const AutogradMeta& m) {
+  static std::array<std::mutex, 64> pool;
+  return pool[(reinterpret_cast<uintptr_t>(&m) / alignof(AutogradMeta)) % pool.size()];
+}
+
 // Keeps `g` as the .grad of a tensor that retains its gradient: a copy the first time, then summed.
 void keep_grad(TensorImpl& im, const Tensor& g) {
   if (!im.autograd || !im.autograd->retains_grad) return;
   NoGradGuard ng;
+  const std::lock_guard<std::mutex> lock(meta_mutex(*im.autograd));
   if (!im.autograd->grad)
     im.autograd->grad = g.clone().impl_ptr();
   else
@@ -205,6 +219,17 @@ class AccumulateGrad final : public Node {
     if (!g.defined()) return {};
     Tensor leaf(leaf_);
     AutogradMeta& m = *leaf_->autograd;
+    {
+      // Another thread's backward may be accumulating into this leaf too.
+      const std::lock_guard<std::mutex> lock(meta_mutex(m));
+      accumulate(leaf, m, std::move(g));
+    }
+    for (auto& [id, hook] : m.grad_ready_hooks) hook(leaf);
+    return {};
+  }
+
+ private:
+  static void accumulate(const Tensor& leaf, AutogradMeta& m, Tensor g) {
     if (!m.grad) {
       // Keep the incoming buffer when nobody else can see it; otherwise own a copy. Either way dense
       // in the leaf's layout (a channels_last leaf gets a channels_last gradient).
@@ -221,11 +246,8 @@ class AccumulateGrad final : public Node {
     } else {
       Tensor(m.grad).add_(g);
     }
-    for (auto& [id, hook] : m.grad_ready_hooks) hook(leaf);
-    return {};
   }
 
- private:
   std::shared_ptr<TensorImpl> leaf_;
 };
 
@@ -233,6 +255,8 @@ Edge gradient_edge(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
   AutogradMeta& m = *t.impl().autograd;
   if (m.grad_fn) return {m.grad_fn, m.output_nr};
+  // Threads building graphs on one leaf must share one accumulator (and not tear the weak_ptr).
+  const std::lock_guard<std::mutex> lock(meta_mutex(m));
   std::shared_ptr<Node> acc = m.grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.impl_ptr());

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -1934,7 +1935,32 @@ class Trainer {
 
 }  // namespace
 
+namespace {
+
+// One run at a time in a process: runs share the default random generator (each seeds it, and saves
+// and restores its state around evaluation) and the process-wide signal handlers (each installs its
+// own and puts back what it found), so two at once changed each other's losses and left Ctrl-C
+// ignored. 0: none running; else the OS thread id of the one that is (threading.get_native_id()).
+std::atomic<long> g_running_train{0};
+
+struct OneRunAtATime {
+  OneRunAtATime() {
+    long none = 0;
+    const long me = static_cast<long>(::gettid());
+    KILN_CHECK(g_running_train.compare_exchange_strong(none, me),
+               "kiln.train is already running in this process (thread ", none,
+               "); runs in one process share the random generator and the signal handlers: run them one after "
+               "another or in separate processes");
+  }
+  ~OneRunAtATime() { g_running_train.store(0); }
+  OneRunAtATime(const OneRunAtATime&) = delete;
+  OneRunAtATime& operator=(const OneRunAtATime&) = delete;
+};
+
+}  // namespace
+
 int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outcome) {
+  const OneRunAtATime one_run;
   auto trainer = std::make_unique<Trainer>(c, hooks, outcome);
   try {
     return trainer->run();

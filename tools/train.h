@@ -216,6 +216,8 @@ struct TrainOutcome {
   bool stop_asked = false;  // stop_requested() stopped it
   std::string saved;        // the checkpoint it saved on stopping
 };
+// One run at a time per process: a call while another thread's run is going is refused (an Error
+// naming that thread), as runs share the default random generator and the signal handlers.
 int run_train(const TrainConfig& c, const TrainHooks& hooks = {}, TrainOutcome* outcome = nullptr);
 // `kiln vocab`: learn a WordPiece vocabulary from text.
 struct VocabOptions {

@@ -13,6 +13,7 @@ dynamically.
 import functools
 import math
 import numbers
+import threading
 from collections import abc
 
 from . import _C
@@ -59,16 +60,29 @@ class autocast:  # noqa: N801  (as torch.autocast)
             dtype = device_type
         _C.autocast(dtype, enabled)  # checks the arguments now
         self.dtype, self.enabled = dtype, enabled
-        self._entered = []  # the engine's regions this object has open, innermost last
+        # The engine's regions this object has open, innermost last, per thread: autocast state is
+        # per thread, so an object shared by threads must exit each thread's own region (one list
+        # for all let a thread's __exit__ pop another's region, leaving both threads in the wrong one).
+        self._local = threading.local()
+
+    def _entered(self):
+        entered = getattr(self._local, "entered", None)
+        if entered is None:
+            entered = self._local.entered = []
+        return entered
 
     def __enter__(self):
         region = _C.autocast(self.dtype, self.enabled)
         region.__enter__()
-        self._entered.append(region)
+        self._entered().append(region)
         return self
 
     def __exit__(self, *exc):
-        self._entered.pop().__exit__(*exc)
+        entered = self._entered()
+        if not entered:
+            raise _C.KilnError("autocast.__exit__: this thread has no region of this autocast open (each thread "
+                               "exits the regions it entered)")
+        entered.pop().__exit__(*exc)
         return False
 
     def __call__(self, func):

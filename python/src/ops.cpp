@@ -5,6 +5,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/pair.h>
@@ -47,6 +48,19 @@ std::pair<Tensor, Tensor> operand_pair(nb::handle a, nb::handle b, const char* w
 }
 
 nb::tuple pair_of(const ValuesIndices& vi) { return nb::make_tuple(vi.values, vi.indices); }
+// Runs `op` with the GIL let go (other Python threads go on through a long sort), then makes the
+// Python result with it held.
+template <class F> nb::object nogil_result(F op) {
+  decltype(op()) out;
+  {
+    R r;
+    out = op();
+  }
+  if constexpr (std::is_same_v<decltype(op()), ValuesIndices>)
+    return pair_of(out);
+  else
+    return nb::cast(std::move(out));
+}
 
 // A NumPy integer: a scalar (np.int32(3)) or a 0-dim integer array (np.array(3)), which NumPy code passes
 // for a number alike.
@@ -548,13 +562,9 @@ void bind_ops(nb::module_& mod) {
             value_error(std::string(name) + "(): the tensor " + x.type_str() + " is empty, so it has no " +
                         (is_max ? "largest" : "smallest") +
                         " element; give a dim (or use amax/amin, which give -inf/+inf)");
-          if (!dim) return nb::cast(is_max ? amax(x, {}, false) : amin(x, {}, false));
-          ValuesIndices vi;
-          {
-            R r;  // the GIL let go for the kernel only: the result is made with it held
-            vi = is_max ? max(x, *dim, keepdim) : min(x, *dim, keepdim);
-          }
-          return pair_of(vi);
+          // The GIL let go for the kernel only: the result is made with it held.
+          if (!dim) return nogil_result([&] { return is_max ? amax(x, {}, false) : amin(x, {}, false); });
+          return nogil_result([&] { return is_max ? max(x, *dim, keepdim) : min(x, *dim, keepdim); });
         },
         nb::arg("input"), nb::arg("dim") = nb::none(), nb::arg("keepdim") = false,
         "Without dim: the largest (smallest) element. With dim: (values, indices) along it.");
@@ -578,29 +588,37 @@ void bind_ops(nb::module_& mod) {
   m.def("cumsum", &cumsum, nb::arg("input"), nb::arg("dim"), nogil);
   m.def("cumprod", &cumprod, nb::arg("input"), nb::arg("dim"), nogil);
   m.def(
-      "cummax", [](const Tensor& x, int64_t d) { return pair_of(cummax(x, d)); }, nb::arg("input"), nb::arg("dim"));
+      "cummax", [](const Tensor& x, int64_t d) { return nogil_result([&] { return cummax(x, d); }); }, nb::arg("input"),
+      nb::arg("dim"));
   m.def(
-      "cummin", [](const Tensor& x, int64_t d) { return pair_of(cummin(x, d)); }, nb::arg("input"), nb::arg("dim"));
+      "cummin", [](const Tensor& x, int64_t d) { return nogil_result([&] { return cummin(x, d); }); }, nb::arg("input"),
+      nb::arg("dim"));
   m.def(
-      "sort", [](const Tensor& x, int64_t d, bool desc) { return pair_of(sort(x, d, desc)); }, nb::arg("input"),
-      nb::arg("dim") = -1, nb::arg("descending") = false);
+      "sort", [](const Tensor& x, int64_t d, bool desc) { return nogil_result([&] { return sort(x, d, desc); }); },
+      nb::arg("input"), nb::arg("dim") = -1, nb::arg("descending") = false);
   m.def("argsort", &argsort, nb::arg("input"), nb::arg("dim") = -1, nb::arg("descending") = false, nogil);
   m.def(
-      "topk", [](const Tensor& x, int64_t k, int64_t d, bool largest) { return pair_of(topk(x, k, d, largest)); },
+      "topk",
+      [](const Tensor& x, int64_t k, int64_t d, bool largest) {
+        return nogil_result([&] { return topk(x, k, d, largest); });
+      },
       nb::arg("input"), nb::arg("k"), nb::arg("dim") = -1, nb::arg("largest") = true);
   m.def(
-      "kthvalue", [](const Tensor& x, int64_t k, int64_t d, bool keep) { return pair_of(kthvalue(x, k, d, keep)); },
+      "kthvalue",
+      [](const Tensor& x, int64_t k, int64_t d, bool keep) {
+        return nogil_result([&] { return kthvalue(x, k, d, keep); });
+      },
       nb::arg("input"), nb::arg("k"), nb::arg("dim") = -1, nb::arg("keepdim") = false);
   m.def(
       "median",
       [](const Tensor& x, std::optional<int64_t> d, bool keep) -> nb::object {
-        if (!d) return nb::cast(median(x));
-        return pair_of(median(x, *d, keep));
+        if (!d) return nogil_result([&] { return median(x); });
+        return nogil_result([&] { return median(x, *d, keep); });
       },
       nb::arg("input"), nb::arg("dim") = nb::none(), nb::arg("keepdim") = false);
   m.def(
-      "mode", [](const Tensor& x, int64_t d, bool keep) { return pair_of(mode(x, d, keep)); }, nb::arg("input"),
-      nb::arg("dim") = -1, nb::arg("keepdim") = false);
+      "mode", [](const Tensor& x, int64_t d, bool keep) { return nogil_result([&] { return mode(x, d, keep); }); },
+      nb::arg("input"), nb::arg("dim") = -1, nb::arg("keepdim") = false);
 
   // ---- linear algebra ----
   m.def(

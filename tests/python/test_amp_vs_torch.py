@@ -192,3 +192,42 @@ def test_a_growth_interval_of_zero_or_less_never_grows_the_scale_as_torch(interv
     s = kiln.amp.GradScaler("cpu", growth_interval=5)
     s.load_state_dict(t[1])  # torch's state with that interval loads too
     assert s.get_growth_interval() == interval and s.get_scale() == 4.0
+
+
+def test_an_autocast_object_shared_by_threads_exits_each_threads_own_region():
+    # The object kept the regions it had entered in one list: thread A's __exit__ popped thread B's
+    # region (entered later), so A stayed in autocast and B fell out of its own region early.
+    import threading
+
+    shared, a, b = kiln.amp.autocast(kiln.bfloat16), {}, {}
+    entered_a, entered_b, exited_a = threading.Event(), threading.Event(), threading.Event()
+
+    def thread_a():
+        shared.__enter__()
+        entered_a.set()
+        entered_b.wait(10)
+        a["inside"] = kiln.autocast_dtype()
+        shared.__exit__(None, None, None)
+        a["after"] = kiln.autocast_dtype()
+        exited_a.set()
+
+    def thread_b():
+        with kiln.amp.autocast(kiln.float16):
+            entered_a.wait(10)
+            shared.__enter__()
+            entered_b.set()
+            exited_a.wait(10)
+            b["inside"] = kiln.autocast_dtype()
+            shared.__exit__(None, None, None)
+            b["after_inner"] = kiln.autocast_dtype()
+        b["after_outer"] = kiln.autocast_dtype()
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert a == {"inside": kiln.bfloat16, "after": None}
+    assert b == {"inside": kiln.bfloat16, "after_inner": kiln.float16, "after_outer": None}
+    with pytest.raises(kiln.KilnError, match="no region of this autocast open"):
+        shared.__exit__(None, None, None)

@@ -1295,3 +1295,46 @@ def test_default_collate_of_a_ragged_sample_is_the_stacking_error():
             kiln.data.default_collate(samples)
     with pytest.raises(TypeError, match=r"complex \(complex128 at batch position \[1\]\)"):
         kiln.data.default_collate([np.float64(1), 2j])
+
+
+def test_a_python_thread_runs_while_a_long_sort_runs():
+    # sort, topk, kthvalue, median, mode, cummax and cummin (and max/min without a dim) held the GIL
+    # for the whole op: every other Python thread stopped until a sort of millions of elements ended.
+    # A counter thread's progress during one sort is compared with its progress in one GIL switch
+    # interval: holding the GIL, the sort let it run for an interval or three around the call.
+    import sys
+    import time
+
+    count = [0]
+    stop = threading.Event()
+
+    def counter():
+        while not stop.is_set():
+            count[0] += 1
+
+    threads = kiln.get_num_threads()
+    kiln.set_num_threads(1)
+    t = threading.Thread(target=counter)
+    t.start()
+    try:
+        x = kiln.randn(1_000_000)
+        kiln.sort(x)  # warm up
+        while count[0] == 0:
+            time.sleep(0.001)
+        at = count[0]
+        time.sleep(10 * sys.getswitchinterval())  # the GIL let go: what the counter does in an interval
+        per_interval = max(1, (count[0] - at) // 10)
+        progress = []
+        for _ in range(3):
+            at = count[0]
+            start = time.perf_counter()
+            kiln.sort(x)
+            took = time.perf_counter() - start
+            progress.append(count[0] - at)
+            if took < 20 * sys.getswitchinterval():  # too short to tell; a bigger sort next time
+                x = kiln.cat([x, x])
+    finally:
+        stop.set()
+        t.join()
+        kiln.set_num_threads(threads)
+    assert max(progress) > 8 * per_interval, (progress, per_interval)

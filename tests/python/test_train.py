@@ -341,3 +341,47 @@ def test_an_empty_set_is_refused(tmp_path, empty):
     with pytest.raises(kiln.KilnValueError, match="kiln.train: set=.* gives no value"):
         kiln.train("resnet20", out=tmp_path / "x", max_steps=1, set=empty)
     assert not os.path.exists(tmp_path / "x")
+
+
+def test_a_second_run_in_another_thread_is_refused_and_leaves_the_first_alone(tmp_path):
+    # Two kiln.train calls at once in one process shared the random generator (each run's losses
+    # changed with the other's draws) and the process-wide signal handlers (each put back what it had
+    # found, out of order, and Ctrl-C stayed ignored afterwards). The second is refused, naming the
+    # thread of the first; the first trains as it would alone, and Ctrl-C works after both.
+    import signal
+    import threading
+    import time
+
+    opts = dict(RESNET, max_steps=3, threads=1)
+    handler = signal.getsignal(signal.SIGINT)
+    kiln.train("resnet20", out=tmp_path / "solo", **opts)
+    second = {}
+
+    def second_run():
+        try:
+            second["result"] = kiln.train("resnet20", out=tmp_path / "second", **opts)
+        except BaseException as e:
+            second["error"] = e
+
+    def on_line(record):
+        if "started" not in second:  # while the first run is going: its first metrics line
+            second["started"] = True
+            t = threading.Thread(target=second_run)
+            t.start()
+            t.join(300)
+
+    kiln.train("resnet20", out=tmp_path / "first", callback=on_line, **opts)
+    assert "result" not in second, "the second run was not refused"
+    assert isinstance(second.get("error"), kiln.KilnError), second
+    msg = str(second["error"])
+    assert f"kiln.train is already running in this process (thread {threading.get_native_id()})" in msg
+    assert "run them one after another or in separate processes" in msg
+    assert not os.path.exists(tmp_path / "second" / "metrics.jsonl")
+    assert losses(lines(tmp_path / "first")) == losses(lines(tmp_path / "solo"))
+    # Ctrl-C raises KeyboardInterrupt again (the run's handler swallowed it when restored out of order)
+    assert signal.getsignal(signal.SIGINT) is handler
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(10)
+    # and a run after the first one is not refused
+    assert kiln.train("resnet20", out=tmp_path / "after", **opts)["steps"] == 3
