@@ -74,10 +74,16 @@ Tensor run_hook(const TensorHook& hook, const Tensor& g) {
 // running backward into a shared leaf, or through a shared retained tensor). Torch keeps a mutex in
 // its AutogradMeta; here a fixed pool of mutexes is picked by the meta's address, which leaves the
 // layout of TensorImpl alone. Only leaf-level work runs under it (no hook, no other meta's lock), so
-// two metas sharing a mutex cannot deadlock, and one thread pays one uncontended lock per leaf.
+// two metas sharing a mutex cannot deadlock, and one thread pays one uncontended lock per leaf. No
+// tensor another owner may have lent (a NumPy or DLPack buffer, whose release takes Python's GIL) may
+// die under it either: a thread holding the GIL waiting here for the mutex while this one waits for
+// the GIL would hang both. So the gradients a locked region reads stay alive past it (the caller's).
 std::mutex& meta_mutex(const AutogradMeta& m) {
   static std::array<std::mutex, 64> pool;
-  return pool[(reinterpret_cast<uintptr_t>(&m) / alignof(AutogradMeta)) % pool.size()];
+  // Heap addresses share their low bits (16-byte alignment, metas allocated 128 bytes apart): a
+  // multiplicative hash of the address spreads them over the whole pool.
+  const uint64_t a = uint64_t(reinterpret_cast<uintptr_t>(&m)) >> 4;
+  return pool[size_t((a * 0x9E3779B97F4A7C15ull) >> 58)];
 }
 
 // Keeps `g` as the .grad of a tensor that retains its gradient: a copy the first time, then summed.
@@ -220,16 +226,17 @@ class AccumulateGrad final : public Node {
     Tensor leaf(leaf_);
     AutogradMeta& m = *leaf_->autograd;
     {
-      // Another thread's backward may be accumulating into this leaf too.
+      // Another thread's backward may be accumulating into this leaf too. `g` outlives the lock (its
+      // buffer may be one only Python can free: see meta_mutex).
       const std::lock_guard<std::mutex> lock(meta_mutex(m));
-      accumulate(leaf, m, std::move(g));
+      accumulate(leaf, m, g);
     }
     for (auto& [id, hook] : m.grad_ready_hooks) hook(leaf);
     return {};
   }
 
  private:
-  static void accumulate(const Tensor& leaf, AutogradMeta& m, Tensor g) {
+  static void accumulate(const Tensor& leaf, AutogradMeta& m, const Tensor& g) {
     if (!m.grad) {
       // Keep the incoming buffer when nobody else can see it; otherwise own a copy. Either way dense
       // in the leaf's layout (a channels_last leaf gets a channels_last gradient).

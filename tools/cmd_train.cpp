@@ -3,6 +3,7 @@
 // fetch batches, forward, loss, backward, reduce, clip, update, log, maybe checkpoint; per epoch:
 // evaluate; at the end: weights and a summary with the final metrics.
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -1941,16 +1942,23 @@ namespace {
 // and restores its state around evaluation) and the process-wide signal handlers (each installs its
 // own and puts back what it found), so two at once changed each other's losses and left Ctrl-C
 // ignored. 0: none running; else the OS thread id of the one that is (threading.get_native_id()).
+// A forked child has none running: the thread that ran one is not in it.
 std::atomic<long> g_running_train{0};
+[[maybe_unused]] const int g_running_train_atfork =
+    ::pthread_atfork(nullptr, nullptr, [] { g_running_train.store(0); });
 
 struct OneRunAtATime {
   OneRunAtATime() {
     long none = 0;
     const long me = static_cast<long>(::gettid());
-    KILN_CHECK(g_running_train.compare_exchange_strong(none, me),
-               "kiln.train is already running in this process (thread ", none,
-               "); runs in one process share the random generator and the signal handlers: run them one after "
-               "another or in separate processes");
+    if (g_running_train.compare_exchange_strong(none, me)) return;
+    KILN_CHECK(none != me,
+               "kiln.train was called from inside the running kiln.train (its callback, on the same thread); "
+               "runs in one process share the random generator and the signal handlers: start the next run "
+               "after this one returns");
+    KILN_FAIL("kiln.train is already running in this process (thread ", none,
+              "); runs in one process share the random generator and the signal handlers: run them one after "
+              "another or in separate processes");
   }
   ~OneRunAtATime() { g_running_train.store(0); }
   OneRunAtATime(const OneRunAtATime&) = delete;

@@ -65,6 +65,15 @@ class autocast:  # noqa: N801  (as torch.autocast)
         # for all let a thread's __exit__ pop another's region, leaving both threads in the wrong one).
         self._local = threading.local()
 
+    # Copies and pickles (as torch's autocast allows) carry the settings, not the regions open on
+    # this object (a threading.local cannot be pickled; a copy has none open).
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._local = threading.local()
+
     def _entered(self):
         entered = getattr(self._local, "entered", None)
         if entered is None:

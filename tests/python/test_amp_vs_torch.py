@@ -231,3 +231,20 @@ def test_an_autocast_object_shared_by_threads_exits_each_threads_own_region():
     assert b == {"inside": kiln.bfloat16, "after_inner": kiln.float16, "after_outer": None}
     with pytest.raises(kiln.KilnError, match="no region of this autocast open"):
         shared.__exit__(None, None, None)
+
+
+def test_an_autocast_object_copies_and_pickles_as_torchs():
+    import copy
+    import pickle
+
+    a = kiln.amp.autocast(kiln.bfloat16)
+    with a:
+        b = copy.deepcopy(a)
+        c = pickle.loads(pickle.dumps(a))
+    for x in (b, c, copy.copy(a)):
+        assert (x.dtype, x.enabled) == (a.dtype, a.enabled)
+        with x:
+            assert (kiln.ones(2, 2) @ kiln.ones(2, 2)).dtype == kiln.bfloat16
+        assert (kiln.ones(2, 2) @ kiln.ones(2, 2)).dtype == kiln.float32
+    torch_copy = copy.deepcopy(torch.autocast("cpu", dtype=torch.bfloat16))
+    assert torch_copy.fast_dtype == torch.bfloat16

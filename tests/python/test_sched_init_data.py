@@ -1338,3 +1338,43 @@ def test_a_python_thread_runs_while_a_long_sort_runs():
         t.join()
         kiln.set_num_threads(threads)
     assert max(progress) > 8 * per_interval, (progress, per_interval)
+
+
+DEADLOCK_SCRIPT = """
+import threading, time, numpy as np, kiln
+w = kiln.zeros(3, 4).requires_grad_(True)
+# Each backward's gradient is a fresh NumPy buffer that the leaf's accumulation copies and lets go:
+# its release takes the GIL, while the other thread, holding the GIL, builds graphs on other leaves.
+w.register_hook(lambda g: kiln.from_numpy(np.ones((3, 4), dtype=np.float32)))
+w.grad = kiln.zeros(3, 4)
+qs = [kiln.zeros(2).requires_grad_(True) for _ in range(64)]
+stop = False
+def a():
+    x = kiln.ones(3, 4)
+    while not stop:
+        (w * x).sum().backward()
+def b():
+    while not stop:
+        for q in qs:
+            q.t()
+ts = [threading.Thread(target=f, daemon=True) for f in (a, b)]
+for t in ts:
+    t.start()
+time.sleep(3)
+stop = True
+for t in ts:
+    t.join(10)
+print("alive", sum(t.is_alive() for t in ts))
+"""
+
+
+def test_backward_releasing_a_numpy_gradient_while_another_thread_builds_graphs_does_not_hang():
+    # The leaf accumulation's lock (a pool of mutexes shared by leaves) was held while a NumPy-owned
+    # gradient died, whose release waits for the GIL; a thread holding the GIL waited for the same
+    # mutex in a graph's leaf edge: both hung for good (in under a second).
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", DEADLOCK_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "alive 0" in r.stdout, r.stdout + r.stderr

@@ -385,3 +385,17 @@ def test_a_second_run_in_another_thread_is_refused_and_leaves_the_first_alone(tm
         time.sleep(10)
     # and a run after the first one is not refused
     assert kiln.train("resnet20", out=tmp_path / "after", **opts)["steps"] == 3
+
+
+def test_a_run_started_from_the_running_runs_callback_is_refused_as_such(tmp_path):
+    seen = {}
+
+    def again(record):
+        if "error" not in seen:
+            try:
+                kiln.train("resnet20", out=tmp_path / "inner", **dict(RESNET, max_steps=1))
+            except kiln.KilnError as e:
+                seen["error"] = str(e)
+
+    kiln.train("resnet20", out=tmp_path / "outer", callback=again, **dict(RESNET, max_steps=2))
+    assert "from inside the running kiln.train" in seen["error"], seen
