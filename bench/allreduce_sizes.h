@@ -11,7 +11,9 @@ namespace kiln::bench {
 inline std::vector<int64_t> allreduce_sizes(int64_t max_bytes) {
   const int64_t last = std::max<int64_t>(4, max_bytes / 4 * 4);
   std::vector<int64_t> sizes;
-  for (int64_t b = 8; b < last; b *= 4) sizes.push_back(b);
+  // The next size only while it stays below `last`: b * 4 overflowed (and looped forever) for a
+  // --max-bytes above 2^61.
+  for (int64_t b = 8; b < last; b = b <= (last - 1) / 4 ? b * 4 : last) sizes.push_back(b);
   sizes.push_back(last);
   return sizes;
 }

@@ -18,6 +18,14 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bench/gemm_sets.sh [--build DIR] [--quick] [--json FILE]" >&2; exit 2 ;;
   esac
 done
+# --json checked before the runs, as amp_accuracy.sh and the bench_* programs do: an existing directory
+# we can write (the write came after every set's run, and failed there with a traceback).
+if [ -n "$json" ]; then
+  [ ! -d "$json" ] || { echo "bench/gemm_sets.sh: --json $json is a directory: name the JSON file to write" >&2; exit 2; }
+  jdir=$(dirname "$json")
+  [ -d "$jdir" ] || { echo "bench/gemm_sets.sh: --json $json: the directory $jdir does not exist" >&2; exit 2; }
+  [ -w "$jdir" ] || { echo "bench/gemm_sets.sh: --json $json: the directory $jdir is not writable" >&2; exit 2; }
+fi
 bench="$build/bench/bench_gemm"
 [ -x "$bench" ] || { echo "bench/gemm_sets.sh: no bench_gemm at $bench (build first, or --build DIR)" >&2; exit 2; }
 work=$(mktemp -d)

@@ -34,7 +34,7 @@ using bench::median_ms;
 // PIL or fails). Its input is noise as ours is (the time does not depend on the values); each case is
 // "w,h,pass,left,top,box_w,box_h".
 const char* kPilScript = R"(
-import os, sys, time
+import os, statistics, sys, time
 from PIL import Image
 reps = int(sys.argv[1])
 for case in sys.argv[2:]:
@@ -48,7 +48,7 @@ for case in sys.argv[2:]:
         a = time.perf_counter()
         im.resize((224, 224), Image.BILINEAR, box=box)
         ts.append((time.perf_counter() - a) * 1e3)
-    print(f"{w}x{h}", p, sorted(ts)[len(ts) // 2])
+    print(f"{w}x{h}", p, statistics.median(ts))
 )";
 
 // PIL's times, or none with the reason in `why`. The script runs under timeout(1): a Python that

@@ -47,11 +47,6 @@ int main(int argc, char** argv) {
   const int reps = reps_flag > 0 ? reps_flag : quick ? 2 : 5;
   auto wanted = [&](const char* name) { return only.empty() || std::string(name).find(only) != std::string::npos; };
   nlohmann::json rows = nlohmann::json::array();
-  int matched = 0;  // cases --only selected
-  std::printf("bench_nn: %s\nconv2d forward + backward (f32, %d thread%s)\n", kiln::bench::cpu_line().c_str(),
-              num_threads(), num_threads() == 1 ? "" : "s");
-  std::printf("%-28s %-18s %9s %9s %9s %9s %8s %8s %8s %8s\n", "layer", "input", "fwd ms", "dgrad ms", "wgrad ms",
-              "all ms", "fwd GF/s", "dgr GF/s", "wgr GF/s", "all GF/s");
   std::vector<ConvCase> convs = {
       {"resnet20 stage1 3x3 (32px)", 128, 16, 32, 32, 16, 3, 1, 1},
       {"resnet20 stage2 3x3 (32px)", 128, 32, 16, 16, 32, 3, 1, 1},
@@ -69,9 +64,60 @@ int main(int argc, char** argv) {
       {"resnet50 layer4 3x3", 8, 512, 7, 7, 512, 3, 1, 1},
   };
   if (quick) convs.resize(2);
+  enum class MemOp { layer_norm, softmax, bn_relu, bn_add_relu };
+  struct Mem {
+    const char* name;
+    MemOp op;
+    Shape shape;
+  };
+  // Batch norm + ReLU, and with ResNet's shortcut added before the ReLU, on ResNet-20's first stage (one op,
+  // batch_norm_relu: see kernels/cpu/batch_norm.cpp).
+  std::vector<Mem> mems = {{"layer_norm (BERT-base)", MemOp::layer_norm, {4096, 768}},
+                           {"softmax (attention)", MemOp::softmax, {8 * 12 * 128, 128}},
+                           {"layer_norm (BERT-large)", MemOp::layer_norm, {4096, 1024}},
+                           {"batch_norm_relu (ResNet-20)", MemOp::bn_relu, {128, 16, 32, 32}},
+                           {"bn + add + relu (ResNet-20)", MemOp::bn_add_relu, {128, 16, 32, 32}}};
+  if (quick) mems.resize(1);
+  // The plain loops of the kernel set (kernels/cpu/isa/loops.inc) at BERT-tiny's sizes: an elementwise add of
+  // its embedding gradient, the dropout mask of its attention probabilities, its AdamW step.
+  struct Loop {
+    const char* name;
+    int64_t n;
+    double bytes_per;  // bytes each element moves
+    std::function<std::function<void()>(int64_t)> make;
+  };
+  const std::vector<Loop> loops = {
+      {"add", 30522 * 128, 12,
+       [](int64_t n) {
+         auto a = std::make_shared<Tensor>(randn({n})), b = std::make_shared<Tensor>(randn({n}));
+         return std::function<void()>([a, b] { (void)(*a + *b); });
+       }},
+      {"bernoulli (dropout mask)", 32 * 2 * 128 * 128, 4,
+       [](int64_t n) { return std::function<void()>([n] { (void)bernoulli({n}, 0.9); }); }},
+      {"adamw step", 30522 * 128 + 400000, 28,
+       [](int64_t n) {
+         Tensor w = randn({n}).set_requires_grad();
+         w.set_grad(randn({n}) * 0.01);
+         auto opt = std::make_shared<optim::AdamW>(std::vector<optim::ParamGroup>{optim::ParamGroup({w}, 1e-3, 0.01)});
+         return std::function<void()>([opt] { opt->step(); });
+       }},
+  };
+  // --only that selects nothing is an error before any table header is printed.
+  int matched = 0;  // cases --only selected
+  for (const ConvCase& cc : convs) matched += wanted(cc.name);
+  for (const Mem& m : mems) matched += wanted(m.name);
+  for (const Loop& l : loops) matched += wanted(l.name);
+  if (matched == 0) {
+    std::fprintf(stderr, "bench_nn: error: no case matches --only '%s'%s\n", only.c_str(),
+                 quick ? " (--quick runs the first cases of each table only)" : "");
+    return 2;
+  }
+  std::printf("bench_nn: %s\nconv2d forward + backward (f32, %d thread%s)\n", kiln::bench::cpu_line().c_str(),
+              num_threads(), num_threads() == 1 ? "" : "s");
+  std::printf("%-28s %-18s %9s %9s %9s %9s %8s %8s %8s %8s\n", "layer", "input", "fwd ms", "dgrad ms", "wgrad ms",
+              "all ms", "fwd GF/s", "dgr GF/s", "wgr GF/s", "all GF/s");
   for (const ConvCase& cc : convs) {
     if (!wanted(cc.name)) continue;
-    ++matched;
     const Tensor x0 = randn({cc.n, cc.c, cc.h, cc.w});
     const Tensor w0 = randn({cc.o, cc.c, cc.k, cc.k}) * 0.05;
     const int64_t oh = (cc.h + 2 * cc.p - cc.k) / cc.s + 1, ow = (cc.w + 2 * cc.p - cc.k) / cc.s + 1;
@@ -137,23 +183,8 @@ int main(int argc, char** argv) {
 
   std::printf("\nmemory-bound ops, forward + backward (f32)\n");
   std::printf("%-28s %-22s %10s %10s\n", "op", "shape", "ms", "GB/s");
-  enum class MemOp { layer_norm, softmax, bn_relu, bn_add_relu };
-  struct Mem {
-    const char* name;
-    MemOp op;
-    Shape shape;
-  };
-  // Batch norm + ReLU, and with ResNet's shortcut added before the ReLU, on ResNet-20's first stage (one op,
-  // batch_norm_relu: see kernels/cpu/batch_norm.cpp).
-  std::vector<Mem> mems = {{"layer_norm (BERT-base)", MemOp::layer_norm, {4096, 768}},
-                           {"softmax (attention)", MemOp::softmax, {8 * 12 * 128, 128}},
-                           {"layer_norm (BERT-large)", MemOp::layer_norm, {4096, 1024}},
-                           {"batch_norm_relu (ResNet-20)", MemOp::bn_relu, {128, 16, 32, 32}},
-                           {"bn + add + relu (ResNet-20)", MemOp::bn_add_relu, {128, 16, 32, 32}}};
-  if (quick) mems.resize(1);
   for (const Mem& m : mems) {
     if (!wanted(m.name)) continue;
-    ++matched;
     const bool bn = m.op == MemOp::bn_relu || m.op == MemOp::bn_add_relu, shortcut = m.op == MemOp::bn_add_relu;
     Tensor x = randn(m.shape).set_requires_grad();
     const int64_t d = bn ? m.shape[1] : m.shape.back();
@@ -180,46 +211,16 @@ int main(int argc, char** argv) {
                                                : "batch_norm_relu";
     rows.push_back({{"op", op}, {"name", m.name}, {"shape", m.shape}, {"ms", ms}, {"gbps", gbs}});
   }
-  // The plain loops of the kernel set (kernels/cpu/isa/loops.inc) at BERT-tiny's sizes: an elementwise add of
-  // its embedding gradient, the dropout mask of its attention probabilities, its AdamW step.
   std::printf("\nplain loops (f32)\n");
   std::printf("%-28s %-22s %10s %10s\n", "op", "shape", "ms", "GB/s");
-  struct Loop {
-    const char* name;
-    int64_t n;
-    double bytes_per;  // bytes each element moves
-    std::function<std::function<void()>(int64_t)> make;
-  };
-  const std::vector<Loop> loops = {
-      {"add", 30522 * 128, 12,
-       [](int64_t n) {
-         auto a = std::make_shared<Tensor>(randn({n})), b = std::make_shared<Tensor>(randn({n}));
-         return std::function<void()>([a, b] { (void)(*a + *b); });
-       }},
-      {"bernoulli (dropout mask)", 32 * 2 * 128 * 128, 4,
-       [](int64_t n) { return std::function<void()>([n] { (void)bernoulli({n}, 0.9); }); }},
-      {"adamw step", 30522 * 128 + 400000, 28,
-       [](int64_t n) {
-         Tensor w = randn({n}).set_requires_grad();
-         w.set_grad(randn({n}) * 0.01);
-         auto opt = std::make_shared<optim::AdamW>(std::vector<optim::ParamGroup>{optim::ParamGroup({w}, 1e-3, 0.01)});
-         return std::function<void()>([opt] { opt->step(); });
-       }},
-  };
   for (const Loop& l : loops) {
     if (!wanted(l.name)) continue;
-    ++matched;
     const double ms = median_ms(l.make(l.n), reps * 2);
     const double gbs = double(l.n) * l.bytes_per / (ms * 1e-3) / 1e9;
     char shape[64];
     std::snprintf(shape, sizeof shape, "f32 [%lld]", (long long)l.n);
     std::printf("%-28s %-22s %10.3f %10.1f\n", l.name, shape, ms, gbs);
     rows.push_back({{"op", l.name}, {"name", l.name}, {"shape", {l.n}}, {"ms", ms}, {"gbps", gbs}});
-  }
-  if (matched == 0) {
-    std::fprintf(stderr, "bench_nn: error: no case matches --only '%s'%s\n", only.c_str(),
-                 quick ? " (--quick runs the first cases of each table only)" : "");
-    return 2;
   }
   const nlohmann::json doc = {{"benchmark", "nn"},
                               {"cpu", tools::cpu_model()},

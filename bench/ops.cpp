@@ -1,6 +1,6 @@
 // The op table's timing mode: every row of tests/op_table.cpp (or those matching --rows), forward
 // alone and forward + backward, median milliseconds in f32 on the CPU and, where a GPU is visible,
-// on cuda:0 with the CPU/CUDA ratio. fwd+bwd times the op itself (optable::timed_step: backward from
+// on cuda:0 with the CPU/CUDA ratios of each. fwd+bwd times the op itself (optable::timed_step: backward from
 // an upstream gradient made on the device once, no loss, no copies); "-" for a row without gradients.
 // Prints a table and writes JSON (--json FILE).
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_main.h"
+#include "bench/ops_row.h"
 #include "engine/autograd.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/op_table.h"
@@ -38,10 +39,7 @@ template <typename F> double median_ms(int reps, Device dev, F&& f) {
   return bench::median(std::move(t));
 }
 
-struct Timing {
-  double fwd = 0, both = 0;
-  bool backward = false;  // false: the row has no gradient, `both` not measured
-};
+using Timing = bench::OpTiming;
 
 // The op itself, as a training step runs it (optable::timed_step): forward, backward from upstream
 // gradients made on the device once, the inputs' gradients cleared; nothing copied in the timed
@@ -89,7 +87,7 @@ int main(int argc, char** argv) {
   std::printf("op table timings, f32, median of %d (CPU: %s, %d thread%s; %s)\n", reps, tools::cpu_line().c_str(),
               num_threads(), num_threads() == 1 ? "" : "s", gpu ? "CUDA device 0" : "no GPU visible: CPU columns only");
   std::printf("%-26s %12s %14s", "row", "cpu fwd ms", "cpu fwd+bwd ms");
-  if (gpu) std::printf(" %12s %14s %10s", "cuda fwd ms", "cuda fwd+bwd", "cpu/cuda");
+  if (gpu) std::printf(" %12s %14s %12s %16s", "cuda fwd ms", "cuda fwd+bwd", "cpu/cuda fwd", "cpu/cuda fwd+bwd");
   std::printf("\n");
   nlohmann::json rows_json = nlohmann::json::array();
   int n = 0;
@@ -97,23 +95,17 @@ int main(int argc, char** argv) {
     if (!std::regex_search(r.name, re)) continue;
     ++n;
     const Timing c = time_row(r, kCPU, reps);
-    // A row without gradients has no fwd+bwd time: null in the JSON, "-" in the table.
-    const auto ms_or_null = [](const Timing& t) {
-      return t.backward ? nlohmann::json(t.both) : nlohmann::json(nullptr);
-    };
-    nlohmann::json j = {{"row", r.name}, {"cpu_fwd_ms", c.fwd}, {"cpu_fwd_bwd_ms", ms_or_null(c)}};
+    // A row without gradients has no fwd+bwd time (nor ratio): null in the JSON, "-" in the table.
     std::printf("%-26s %12.3f %s", r.name.c_str(), c.fwd, cell(c.backward, c.both, 14).c_str());
     if (gpu) {
       const Timing g = time_row(r, cuda_device(0), reps);
-      // The ratio of fwd+bwd where the row has a backward, else of the forward alone.
-      const double ratio = c.backward ? c.both / g.both : c.fwd / g.fwd;
-      std::printf(" %12.3f %s %10.1f", g.fwd, cell(g.backward, g.both, 14).c_str(), ratio);
-      j["cuda_fwd_ms"] = g.fwd;
-      j["cuda_fwd_bwd_ms"] = ms_or_null(g);
-      j["cpu_over_cuda"] = ratio;
+      std::printf(" %12.3f %s %s %s", g.fwd, cell(g.backward, g.both, 14).c_str(),
+                  cell(true, c.fwd / g.fwd, 12).c_str(), cell(c.backward && g.backward, c.both / g.both, 16).c_str());
+      rows_json.push_back(bench::ops_row_json(r.name, c, &g));
+    } else {
+      rows_json.push_back(bench::ops_row_json(r.name, c, nullptr));
     }
     std::printf("\n");
-    rows_json.push_back(j);
   }
   if (n == 0) {
     std::fprintf(stderr, "bench_ops: no row matches --rows '%s'\n", pattern.c_str());

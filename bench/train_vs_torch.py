@@ -13,8 +13,9 @@ median over rounds of each run's median step, so a slow patch of a shared machin
 it, the rounds' own ratios (each round's Kiln run over its PyTorch run, side by side in time): their
 lowest, median and highest, which show how far the machine's drift moves the figure. The load average
 (os.getloadavg) before and after each case goes in the table and the JSON; when it exceeds the cores
-or the round ratios spread more than 1.5x (highest/lowest), a warning says the figure is not to be
-trusted: "met" on an overloaded machine proves nothing. The table names PyTorch's CPU capability (the
+plus the benchmark's own --threads (the 1-minute average counts its own runs too) or the round ratios
+spread more than 1.5x (highest/lowest), a warning says the figure is not to be trusted: "met" on an
+overloaded machine proves nothing. The table names PyTorch's CPU capability (the
 instruction set its kernels ran with) beside each row.
 
 Run with a Python that has torch (PyPI):
@@ -99,13 +100,17 @@ def load():
         return None
 
 
-def why_unreliable(round_ratios, load_before, load_after, cores):
-    """Why a row's figure is not to be trusted (empty: no reason): a load average above the cores
-    before or after its runs, or round ratios spread more than SPREAD_WARN (highest / lowest)."""
+def why_unreliable(round_ratios, load_before, load_after, cores, own_threads=0):
+    """Why a row's figure is not to be trusted (empty: no reason): a load average above the cores plus
+    the benchmark's own threads before or after its runs, or round ratios spread more than SPREAD_WARN
+    (highest / lowest). The 1-minute load average counts the benchmark's own runs (`own_threads`
+    busy threads, Kiln's or PyTorch's, one run at a time): on 2 cores with --threads 2 it is near 2
+    from them alone, so only what is above cores + own_threads is another program's load."""
     why = []
     worst_load = max(x for x in (load_before, load_after, 0.0) if x is not None)
-    if worst_load > cores:
-        why.append(f"load average {worst_load:.1f} above the {cores} cores")
+    if worst_load > cores + own_threads:
+        why.append(f"load average {worst_load:.1f} above the {cores} cores plus the benchmark's own "
+                   f"{own_threads} threads")
     if round_ratios and max(round_ratios) / min(round_ratios) > SPREAD_WARN:
         why.append(f"round ratios spread {max(round_ratios) / min(round_ratios):.2f}x (above {SPREAD_WARN}x)")
     return why
@@ -154,7 +159,8 @@ def main():
     cores = os.cpu_count() or 1
     print(f"train_vs_torch: {cpu}; {cores} cores; {a.threads} threads; {a.rounds} rounds of Kiln and PyTorch "
           f"alternated, {a.warmup} warm-up + {a.steps} timed steps each; figure: median over rounds of each run's "
-          f"median; load: 1-minute load average before/after each case")
+          f"median; load: 1-minute load average before/after each case (its own {a.threads} threads count in it; "
+          f"unreliable above {cores} + {a.threads})")
     print(f"{'set':7} {'model':10} {'input':14} {'kiln ms':>9} {'torch ms':>9} {'kiln/torch':>11} "
           f"{'rounds: low/median/high':>24} {'torch isa':>9} {'load':>11}  target <= {TARGET}x")
     rows = []
@@ -180,7 +186,7 @@ def main():
                 paired = [x / y for x, y in zip(kms, pms)]
                 spread = f"{min(paired):.2f}/{statistics.median(paired):.2f}/{max(paired):.2f}x"
                 loads = "-" if load_before is None else f"{load_before:.1f}/{load_after:.1f}"
-                why = why_unreliable(paired, load_before, load_after, cores)
+                why = why_unreliable(paired, load_before, load_after, cores, a.threads)
                 verdict = "met" if ratio <= TARGET else "not met"
                 print(f"{s:7} {name:10} {label:14} {k:9.1f} {p:9.1f} {ratio:10.2f}x {spread:>24} "
                       f"{peer['cpu_capability']:>9} {loads:>11}  {verdict}{' (unreliable)' if why else ''}", flush=True)

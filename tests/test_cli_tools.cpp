@@ -167,6 +167,19 @@ TEST_CASE("cli tools: kiln bench train --warmup 0 reports no peak; scaling's JSO
   CHECK(contains(r.output, "1 thread per rank"));
 }
 
+TEST_CASE("cli tools: kiln bench train's median of an even step count is the mean of the two middle steps") {
+  TempDir d("kiln_cli_bench_median");
+  // Was the upper middle step, while the PyTorch peers of train_vs_torch took statistics.median.
+  auto r = run_kiln(
+      "bench train --model resnet20 --batch 2 --image-size 8 --steps 2 --warmup 0 --threads 1 --json " + d / "t.json",
+      d.p.string());
+  REQUIRE(r.code == 0);
+  const auto row = nlohmann::json::parse(read_text(d / "t.json"))["rows"][0];
+  const double lo = row["min_ms"].get<double>(), hi = row["max_ms"].get<double>();
+  CHECK(lo < hi);
+  CHECK(row["median_ms"].get<double>() == (lo + hi) / 2.0);
+}
+
 TEST_CASE("cli tools: kiln bench train under a launcher waits --dist-timeout, as kiln train does") {
   TempDir d("kiln_cli_bench_timeout");
   // Rank 1 of 2 whose rank 0 never comes: the wait ends after --dist-timeout (was a fixed 600 s, while

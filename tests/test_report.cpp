@@ -152,6 +152,22 @@ TEST_CASE("report: benchmark JSON of each kind, and one it does not know") {
         std::string::npos);
 }
 
+TEST_CASE("report: bench_ops' rows without a backward are drawn with their forward time, labelled so") {
+  TempDir d("kiln_report_ops");
+  write(d.p / "ops.json", R"({"benchmark":"ops","cpu":"X","cpu_kernels":"avx2","threads":1,"rows":[
+    {"row":"matmul","cpu_fwd_ms":1.5,"cpu_fwd_bwd_ms":4.25},
+    {"row":"argmax","cpu_fwd_ms":0.75,"cpu_fwd_bwd_ms":null},
+    {"row":"broken","cpu_fwd_ms":null,"cpu_fwd_bwd_ms":null}]})");
+  std::vector<std::string> notes;
+  const std::string html = tools::render_report({(d.p / "ops.json").string()}, "bench", notes);
+  CHECK(notes.empty());
+  CHECK(points(html, "bars") == 2);  // the row with no number has no bar
+  CHECK(html.find("nan ms") == std::string::npos);
+  CHECK(html.find(">matmul<") != std::string::npos);
+  CHECK(html.find(">argmax (forward only)<") != std::string::npos);
+  CHECK(html.find("broken") == std::string::npos);
+}
+
 TEST_CASE("report: bench_gpu's JSON, with the datasheet's peaks as reference lines") {
   TempDir d("kiln_report_gpu");
   write(d.p / "gpu.json", R"({"device":"NVIDIA H200","datasheet":{"memory_TBps":4.8,"f16_TFLOPs":989,"tf32_TFLOPs":494,

@@ -204,7 +204,11 @@ Timing time_steps(const BenchTrainOptions& o, const std::string& name, const std
     planned = plan_memory(po, batch).peak;
   }
   std::sort(ms.begin(), ms.end());
-  return {input, batch * world, ms[ms.size() / 2], ms.front(), ms.back(), peak, planned};
+  // The median: the mean of the two middle steps for an even count (as the peers' scripts and
+  // bench::median take it), so train_vs_torch compares like with like.
+  const size_t h = ms.size() / 2;
+  const double median = ms.size() % 2 == 1 ? ms[h] : (ms[h - 1] + ms[h]) / 2.0;
+  return {input, batch * world, median, ms.front(), ms.back(), peak, planned};
 }
 
 }  // namespace

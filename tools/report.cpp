@@ -451,10 +451,16 @@ std::vector<std::string> bench_charts(const std::string& path, std::vector<std::
     out.push_back(render_bars("Training step (median)" + where, "ms", ms));
   } else if (kind == "nn" || kind == "ops") {
     std::vector<std::pair<std::string, double>> bars;
-    for (const json& r : rows)
-      bars.emplace_back(key_of(r, {"op", "name", "row"}), std::isfinite(get(r, "fwd_bwd_ms")) ? get(r, "fwd_bwd_ms")
-                                                          : std::isfinite(get(r, "ms"))       ? get(r, "ms")
-                                                                                        : get(r, "cpu_fwd_bwd_ms"));
+    // bench_ops writes "cpu_fwd_bwd_ms": null for a row without gradients: its bar is the forward time,
+    // labelled so; a row with no time at all has no bar (not a "nan ms" one).
+    for (const json& r : rows) {
+      const std::string k = key_of(r, {"op", "name", "row"});
+      bool drawn = false;
+      for (const char* t : {"fwd_bwd_ms", "ms", "cpu_fwd_bwd_ms"})
+        if (!drawn && std::isfinite(get(r, t))) bars.emplace_back(k, get(r, t)), drawn = true;
+      for (const char* t : {"fwd_ms", "cpu_fwd_ms"})
+        if (!drawn && std::isfinite(get(r, t))) bars.emplace_back(k + " (forward only)", get(r, t)), drawn = true;
+    }
     out.push_back(render_bars(kind + " benchmark: forward+backward (or one pass)" + where, "ms", bars));
   } else if (kind == "image_resize") {  // bench_image_resize, PIL beside it when it was measured
     std::vector<std::pair<std::string, double>> bars;

@@ -3,7 +3,7 @@
 # The peer of bench/train_vs_torch.py. Needs torch (PyPI).
 # Usage: python3 bench/peer/torch_bert_tiny.py [--threads 2] [--batch 32] [--seq-len 128] [--steps 20]
 #        [--warmup 3]; the last line printed is JSON.
-import argparse, json, time, math, torch, torch.nn as nn, torch.nn.functional as F
+import argparse, json, statistics, time, math, torch, torch.nn as nn, torch.nn.functional as F
 ap = argparse.ArgumentParser()
 for name, default in [("threads", 2), ("batch", 32), ("seq-len", 128), ("steps", 20), ("warmup", 3)]:
     ap.add_argument("--" + name, type=int, default=default)
@@ -46,4 +46,4 @@ for i in range(a.warmup + a.steps):
     if i >= a.warmup: ms.append((time.perf_counter() - t0) * 1e3)
 ms.sort()
 print(json.dumps({"peer": "torch " + torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                  "threads": a.threads, "median_ms": ms[len(ms) // 2], "min_ms": ms[0], "max_ms": ms[-1]}))
+                  "threads": a.threads, "median_ms": statistics.median(ms), "min_ms": ms[0], "max_ms": ms[-1]}))

@@ -3,7 +3,7 @@
 # bench/train_vs_torch.py. Needs torch (PyPI).
 # Usage: python3 bench/peer/torch_resnet20.py [--threads 2] [--batch 128] [--in-channels 3] [--image-size 32]
 #        [--steps 30] [--warmup 3]; the last line printed is JSON.
-import argparse, json, time, torch, torch.nn as nn, torch.nn.functional as F
+import argparse, json, statistics, time, torch, torch.nn as nn, torch.nn.functional as F
 ap = argparse.ArgumentParser()
 for name, default in [("threads", 2), ("batch", 128), ("in-channels", 3), ("image-size", 32), ("steps", 30), ("warmup", 3)]:
     ap.add_argument("--" + name, type=int, default=default)
@@ -44,4 +44,4 @@ for i in range(a.warmup + a.steps):
     if i >= a.warmup: ms.append(t)
 ms.sort()
 print(json.dumps({"peer": "torch " + torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                  "threads": a.threads, "median_ms": ms[len(ms) // 2], "min_ms": ms[0], "max_ms": ms[-1]}))
+                  "threads": a.threads, "median_ms": statistics.median(ms), "min_ms": ms[0], "max_ms": ms[-1]}))
