@@ -195,8 +195,11 @@ class LAMB final : public AdamFamily {
 // before, as an f64 0-dim tensor on the gradients' device (on the CPU when there are none), the powers
 // summed in f64. No value goes to the host unless error_if_nonfinite (then an inf or NaN norm is an
 // error, torch's, before anything is scaled). On the CPU, whose kernels flush subnormals, non-f64
-// gradients are scaled in one pass by the factor as an f64 number, rounded to their dtype where that
-// is normal (torch's product, bit for bit), unrounded below FLT_MIN (not flushed to 0).
+// gradients are scaled in one pass by the factor as an f64 number: each product in f64, rounded to
+// f32 and then (16-bit gradients) to their dtype. Where a product's magnitude is FLT_MIN or more, for
+// every dtype, that is one rounding (torch's product, bit for bit); below FLT_MIN it is kept (an f32
+// subnormal, not flushed to 0), and a 16-bit one, rounded twice there, may differ from one rounding
+// in its last bit.
 // norm_type: 2 (L2), any p > 0 (the p-th root of the sum of |g|^p), or inf (the largest |g|), as
 // torch's clip_grad_norm_.
 // With `reduce_partial`, the f64 partial (the sum of |g|^p, or for inf the largest |g|; `is_max`

@@ -228,9 +228,10 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
   }
   KILN_ASSERT(dst.dtype == a.dtype, "binary op output dtype ", dst.dtype, " differs from input ", a.dtype);
   if constexpr (std::is_same_v<T, bool>) {
-    // bool arithmetic: + is or, * is and; other ops make no sense on bool.
+    // bool arithmetic: + is or, * is and; other ops make no sense on bool. add is x + alpha * y with
+    // alpha a bool too (the Python layer takes False or 0): alpha False gives x, as PyTorch's.
     switch (op) {
-      case BinaryOp::add: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x || y; });
+      case BinaryOp::add: return binary_loop<T, T>(dst, a, b, [al = alpha != 0.0](A x, A y) { return x || (al && y); });
       case BinaryOp::mul: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x && y; });
       case BinaryOp::maximum: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x || y; });
       case BinaryOp::minimum: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x && y; });
@@ -382,9 +383,12 @@ void unary(UnaryOp op, const TensorDesc& dst, const TensorDesc& src, double p0, 
 void binary(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const TensorDesc& b, double alpha) {
   if (a.dtype != b.dtype && b.dtype == DType::f64 && op == BinaryOp::mul) {
     // An f32 or 16-bit tensor times a one-element f64 number (clip_grad_norm's
-    // factor, engine/optim.cpp): the product in f64, rounded once into a's dtype. A number that a's dtype
-    // holds gives that dtype's own product bit for bit (both are exact in f64), and one below FLT_MIN is
-    // not flushed as an f32 one is under DAZ, so the scaled values neither vanish nor take a second pass.
+    // factor, engine/optim.cpp): the product in f64, rounded to f32, then (16-bit) to a's dtype. Where the
+    // product's magnitude is FLT_MIN or more, for every dtype, that is one rounding (f32's 24 bits are at least
+    // 2p + 2 for a 16-bit dtype's p, so rounding twice is rounding once), so a number that a's dtype holds gives that
+    // dtype's own product bit for bit; below FLT_MIN the f32 step is a subnormal with fewer bits, and a 16-bit result
+    // may then differ from one rounding in its last bit. Such a product is not flushed as an f32 one is under DAZ, so
+    // the scaled values neither vanish nor take a second pass.
     KILN_ASSERT(is_floating(a.dtype) && a.dtype != DType::f64 && dst.dtype == a.dtype && b.ndim == 0,
                 "binary op mul: operands ", a.dtype, " and ", b.dtype, " (output ", dst.dtype, ") do not pair");
     const double v = *static_cast<const double*>(b.data);

@@ -221,8 +221,10 @@ template <typename T> struct BinaryF {
   int* err;
   __device__ A operator()(A x, A y) const {
     if constexpr (std::is_same_v<T, bool>) {
-      // bool arithmetic: + is or, * is and (the host rejects the rest).
-      return (op == BinaryOp::add || op == BinaryOp::maximum) ? (x || y) : (x && y);
+      // bool arithmetic: + is or, * is and (the host rejects the rest); add is x + alpha * y with
+      // alpha a bool too: alpha False gives x, as PyTorch's.
+      if (op == BinaryOp::add) return x || (alpha && y);
+      return op == BinaryOp::maximum ? (x || y) : (x && y);
     } else {
       switch (op) {
         case BinaryOp::add: return A(x + alpha * y);

@@ -692,9 +692,17 @@ def _index_add(input, dim, index, source, *, alpha=1):
     if list(source.shape) != want and not (n == 0 and source.numel() == 1):
         raise _C.KilnError(f"index_add_(): source {list(source.shape)} does not match the input {list(input.shape)} "
                            f"with dim {dim} of the index's length {index.shape[0]}")
+    # alpha as add takes it for input's dtype (an integral input takes an int it holds, a bool one a bool),
+    # and alpha * source stays in that dtype: an int64 input with alpha=2 came back f32
+    a = _C._alpha(alpha, input.dtype, "index_add")
+    if input.dtype == _C.dtype.bool:
+        s = source if a else _C.zeros_like(source)
+    elif a == 1:
+        s = source
+    else:
+        s = source * (a if input.dtype.is_floating_point else builtins.int(a))
     if n == 0:
-        return _C.index_put(input.unsqueeze(0), [index], (source * alpha).reshape(1), True).squeeze(0)
-    s = source if alpha == 1 else source * alpha
+        return _C.index_put(input.unsqueeze(0), [index], s.reshape(1), True).squeeze(0)
     out = _C.index_put(_movedim(input, d, 0), [index], _movedim(s, d, 0), True)
     return _movedim(out, 0, d)
 
@@ -725,7 +733,8 @@ def _index_fill(input, dim, index, value):
         lo, hi = builtins.int(index.min()), builtins.int(index.max())
         if lo < -size or hi >= size:
             bad = lo if lo < -size else hi
-            raise _C.KilnIndexError(f"index_fill_(): index {bad} is out of bounds for dimension {dim} with size {size}")
+            # the dimension as torch names it: normalised (dim=-1 of a 2-d input is dimension 1)
+            raise _C.KilnIndexError(f"index_fill_(): index {bad} is out of bounds for dimension {d} with size {size}")
         index = _C.where(_C.lt(index, 0), index + size, index)
         mask = _C.index_put(mask, [index], _C.ones(index.shape[0], dtype=_C.dtype.bool, device=input.device))
     mask = mask.reshape([size] + [1] * (n - d - 1)) if n else mask.reshape([])

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -213,15 +214,40 @@ double fill_value(DType t, nb::handle h, const char* what) {
 }
 
 double alpha_arg(nb::handle h, DType t, const char* op, bool subtracts) {
-  if (PyBool_Check(h.ptr())) {
+  const std::string type = py_type_name(h);
+  if (PyBool_Check(h.ptr()) || type == "numpy.bool" || type == "numpy.bool_") {  // NumPy's bools are bools too
     if (t != DType::boolean)
       value_error(std::string(op) + ": alpha " + str_of(h) + " is a bool, which only a bool result takes, and the " +
                   "result is " + dtype_name(t) + " (as PyTorch); give a number");
-    return h.ptr() == Py_True ? 1.0 : 0.0;
+    return PyObject_IsTrue(h.ptr()) == 1 ? 1.0 : 0.0;
   }
   if (!is_floating(t) && !PyIndex_Check(h.ptr()))
     value_error(std::string(op) + ": alpha " + str_of(h).substr(0, 40) + " is not an int, and the result is " +
                 dtype_name(t) + ", an integral dtype (PyTorch refuses a floating-point alpha there, 1.0 too)");
+  if (t == DType::i64) {
+    // alpha reaches the kernels as a double, exact for integers up to 2**53: one it cannot hold would
+    // compute with another value (2**53 + 1 as 2**53, -(2**63 - 1) as -2**63), so it is refused.
+    nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+    if (!i.is_valid()) throw nb::python_error();
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+    if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+    // sub negates alpha as PyTorch does, in int64: 2**63 becomes -2**63 (a double holds both)
+    if (overflow > 0 && subtracts) {
+      const unsigned long long u = PyLong_AsUnsignedLongLong(i.ptr());
+      if (!PyErr_Occurred() && u == 1ULL << 63) return 0x1p63;
+      PyErr_Clear();
+    }
+    if (overflow != 0) value_error(std::string(op) + ": alpha " + str_of(i).substr(0, 40) + " is not a value of i64");
+    const double d = double(v);
+    if (!(d >= -0x1p63 && d < 0x1p63) || static_cast<long long>(d) != v) {
+      char as[32];
+      std::snprintf(as, sizeof as, "%.0f", d);  // the integer the double is, exactly
+      value_error(std::string(op) + ": alpha " + std::to_string(v) + " is an i64 that a double cannot hold (it " +
+                  "would act as " + as + "); Kiln carries alpha as a double, exact for integers up to 2**53 in " +
+                  "magnitude");
+    }
+  }
   const double a = to_double(h, (std::string(op) + ": alpha").c_str());
   if (is_floating(t) || t == DType::boolean || a == 1.0) return a;
   // The engine's range (detail::check_alpha), checked here too so that sub_'s error names sub_ and the alpha
@@ -477,6 +503,11 @@ NB_MODULE(_C, m) {
         cuda::synchronize(device);
       },
       nb::arg("device") = 0, "Waits for the device's queued work.");
+  m.def(
+      "_alpha", [](nb::handle alpha, DType t, const std::string& op) { return alpha_arg(alpha, t, op.c_str()); },
+      nb::arg("alpha"), nb::arg("dtype"), nb::arg("op"),
+      "add's alpha rules for a result of dtype: the alpha as a float (an integral dtype takes only an int it "
+      "holds, a float dtype no bool), or an error naming op.");
   m.def("get_num_threads", [] { return Context::current().num_threads; });
   m.def(
       "set_num_threads",

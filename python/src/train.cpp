@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "engine/context.h"
+#include "engine/random.h"
 #include "io/atomic_file.h"
 #include "tools/cli_checks.h"
 #include "tools/report.h"
@@ -20,6 +22,29 @@ nb::object to_python(const nlohmann::json& j) {
   nb::module_ json = nb::module_::import_("json");
   return json.attr("loads")(j.dump());
 }
+
+// The run sets the CPU thread count (--threads) and seeds the default generator (--seed), as the
+// command's process needs; kiln.train's caller goes on in the same process, so both are put back
+// as they were when the run ends, however it ends (a normal return, an error, an interrupt).
+class ProcessStateGuard {
+ public:
+  ProcessStateGuard() : threads_(Context::current().num_threads), generator_(default_generator()) {}
+  ~ProcessStateGuard() {
+    default_generator() = generator_;
+    try {
+      Context c = Context::current();
+      c.num_threads = threads_;
+      c.apply();
+    } catch (const Error&) {  // threads_ was in force before, so apply cannot refuse it
+    }
+  }
+  ProcessStateGuard(const ProcessStateGuard&) = delete;
+  ProcessStateGuard& operator=(const ProcessStateGuard&) = delete;
+
+ private:
+  int threads_;
+  Generator generator_;
+};
 
 }  // namespace
 
@@ -99,6 +124,7 @@ void bind_train(nb::module_& m) {
         tools::TrainOutcome outcome;
         int rc;
         {
+          ProcessStateGuard restore;  // threads and the default generator, as before the run
           GilRelease nogil;
           rc = tools::run_train(c, hooks, &outcome);
         }

@@ -171,7 +171,38 @@ def test_integer_add_sub_alpha_as_torch(dt):
     with pytest.raises(kiln.KilnError, match="add: alpha True is a bool"):
         kiln.add(kiln.tensor([1.0]), kiln.tensor([1.0]), alpha=True)
     assert kiln.add(kiln.tensor([True]), kiln.tensor([False]), alpha=True).tolist() == [True]
+    # a bool result is a + alpha * b with alpha a bool: alpha False (or 0) gives a, as torch (it gave a | b)
+    for alpha in [True, False, 1, 0]:
+        for op in ["add", "add_"]:
+            for other in ([True, False, True, False], True):
+                def run(lib):
+                    a = lib.tensor([False, False, True, True])
+                    b = lib.tensor(other) if isinstance(other, list) else other
+                    return lambda: getattr(a, op)(b, alpha=alpha)
+                assert _outcome(run(kiln)) == _outcome(run(torch)), (op, alpha, other)
+    assert kiln.add(kiln.tensor([False]), kiln.tensor([True]), alpha=0).tolist() == [False]
     assert kiln.add(a, kiln.tensor([0.5, 0.5]), alpha=1.5).tolist() == [1.75, 2.75]  # a float result takes any
+
+
+def test_int64_alpha_a_double_cannot_hold_is_refused_not_changed():
+    # alpha travels as a double: sub(alpha=-(2**63 - 1)) computed with -2**63 (torch: 2**63 - 1), add(alpha=
+    # 2**63 - 1) was refused as out of range, 2**53 + 1 acted as 2**53. Such an alpha is now refused, naming
+    # it; one a double holds gives torch's result.
+    for alpha in [2**53, -2**53, 2**62, -2**63, 2**53 + 1, -(2**53 + 1), 2**63 - 1, -(2**63 - 1), 2**62 + 1]:
+        for op in ["add", "sub", "add_", "sub_"]:
+            def run(lib):
+                a, b = lib.tensor([0, 1, -1]), lib.tensor([1, 0, 1])
+                return getattr(a, op)(b, alpha=alpha).tolist()
+            if float(alpha) == alpha:
+                assert run(kiln) == run(torch), (op, alpha)
+            else:
+                with pytest.raises(kiln.KilnError, match=f"{op}: alpha {alpha} is an i64 that a double cannot hold"):
+                    run(kiln)
+    with pytest.raises(kiln.KilnError, match="add: alpha -9223372036854775809 is not a value of i64"):
+        kiln.add(kiln.tensor([1]), kiln.tensor([1]), alpha=-(2**63 + 1))
+    # a float result takes it as a float, as torch
+    assert (kiln.add(kiln.tensor([1.0]), kiln.tensor([1.0]), alpha=2**53 + 1).tolist() ==
+            torch.add(torch.tensor([1.0]), torch.tensor([1.0]), alpha=2**53 + 1).tolist())
 
 
 def test_index_add_with_alpha_repeats_and_gradient():
@@ -195,6 +226,20 @@ def test_index_add_with_alpha_repeats_and_gradient():
          ti.index_add(0, torch.tensor([3, 3]), torch.tensor([2**40, 1])))
     with pytest.raises(IndexError, match="Index is supposed to be a vector"):
         kz.index_add(0, kiln.tensor([[0]]), kiln.ones(1, 2))
+    # alpha on an integer input: add's rules, and the input's dtype kept (an int64 input with alpha came back f32)
+    for alpha in [3, -2, 0, 2**40]:
+        k = ki.index_add(0, kiln.tensor([3, 0, 3]), kiln.tensor([5, 7, 1]), alpha=alpha)
+        t = ti.index_add(0, torch.tensor([3, 0, 3]), torch.tensor([5, 7, 1]), alpha=alpha)
+        assert k.dtype == kiln.int64 and k.tolist() == t.tolist(), alpha
+        k0 = kiln.tensor(4).index_add(0, kiln.tensor([0]), kiln.tensor(5), alpha=alpha)  # a 0-d input
+        t0 = torch.tensor(4).index_add(0, torch.tensor([0]), torch.tensor(5), alpha=alpha)
+        assert k0.dtype == kiln.int64 and k0.tolist() == t0.tolist(), alpha
+    with pytest.raises(kiln.KilnError, match="index_add: alpha 2.0 is not an int, and the result is i64"):
+        ki.index_add(0, kiln.tensor([0]), kiln.tensor([1]), alpha=2.0)
+    for alpha in [True, False]:  # a bool input takes a bool alpha, as add
+        kb = kiln.zeros(3, dtype=kiln.bool).index_add(0, kiln.tensor([0, 2]), kiln.tensor([True, True]), alpha=alpha)
+        tb = torch.zeros(3, dtype=torch.bool).index_add(0, torch.tensor([0, 2]), torch.tensor([True, True]), alpha=alpha)
+        assert kb.dtype == kiln.bool and kb.tolist() == tb.tolist(), alpha
 
 
 def test_bincount():
@@ -932,6 +977,12 @@ def test_index_fill_as_torch():
         kx.index_fill(1, kiln.tensor([0, -4]), 5)
     with pytest.raises(IndexError, match=r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"):
         kx.index_fill(2, kiln.tensor([0]), 5)
+    # the dimension normalised, as torch's message (it said "dimension -1")
+    with pytest.raises(IndexError) as te:
+        torch.zeros(2, 3).index_fill(-1, torch.tensor([3]), 5)
+    with pytest.raises(IndexError) as ke:
+        kx.index_fill(-1, kiln.tensor([3]), 5)
+    assert "for dimension 1 with size 3" in str(te.value) and "for dimension 1 with size 3" in str(ke.value)
     with pytest.raises(IndexError, match="Index has to be a vector/scalar"):
         kx.index_fill(1, kiln.tensor([[0, 2]]), 5)
     with pytest.raises(kiln.KilnError, match="only supports a 0-dimensional value tensor, but got tensor with 1 dim"):

@@ -399,3 +399,39 @@ def test_a_run_started_from_the_running_runs_callback_is_refused_as_such(tmp_pat
 
     kiln.train("resnet20", out=tmp_path / "outer", callback=again, **dict(RESNET, max_steps=2))
     assert "from inside the running kiln.train" in seen["error"], seen
+
+
+def test_a_run_leaves_the_thread_count_and_the_default_generator_as_they_were(tmp_path):
+    # the run set the process's threads (--threads) and reseeded the default generator (--seed) and
+    # left them so: after train(threads=1), get_num_threads() was 1; after train(seed=5), kiln.rand
+    # drew another stream than the caller's. Both are put back however the run ends.
+    opts = dict(RESNET, threads=1, max_steps=1, limit_train=16, limit_eval=16)
+    original = kiln.get_num_threads()
+    before = 2 if original == 1 else original  # not the run's 1
+    kiln.set_num_threads(before)
+    kiln.manual_seed(0)
+    kiln.rand(3)  # the stream has moved on: its position is put back too, not only its seed
+    want = kiln.rand(3).tolist()
+
+    def stop_with(exc):
+        def callback(record):
+            raise exc
+
+        return callback
+
+    runs = [
+        (dict(), None),
+        (dict(lr=1e30, momentum=0.0, nesterov=False, max_steps=4, limit_train=64), kiln.KilnError),  # diverges
+        (dict(callback=stop_with(KeyboardInterrupt("from the callback"))), KeyboardInterrupt),
+    ]
+    for i, (extra, raises) in enumerate(runs):
+        kiln.manual_seed(0)
+        kiln.rand(3)
+        if raises is None:
+            kiln.train("resnet20", out=tmp_path / str(i), **dict(opts, **extra))
+        else:
+            with pytest.raises(raises):
+                kiln.train("resnet20", out=tmp_path / str(i), **dict(opts, **extra))
+        assert kiln.get_num_threads() == before, extra
+        assert kiln.rand(3).tolist() == want, extra
+    kiln.set_num_threads(original)
