@@ -804,7 +804,12 @@ TEST_CASE("train: an image folder's --mean/--std are kept by a resume and travel
   CHECK_MESSAGE(r.code == 2, r.output);
   CHECK_MESSAGE(contains(r.output, "data mean: checkpoint [0.5,0.5,0.5], now [0.485,0.456,0.406]"), r.output);
   CHECK_MESSAGE(contains(r.output, "data std: checkpoint [0.25,0.5,0.25], now [0.229,0.224,0.225]"), r.output);
-  // Bad values name the flag and what is wrong.
+  // Bad values name the flag and what is wrong. A config file's array is the flag's R,G,B.
+  std::ofstream(d / "two.json") << R"({"mean": [0.5, 0.5]})";
+  std::ofstream(d / "three.json") << R"({"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.5, 0.25]})";
+  r = kiln::testing::run_kiln(train + " --config " + d / "three.json" + " --resume " + ckpt + " --out " + d / "cfg",
+                              d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
   for (const auto& bad : std::vector<std::pair<std::string, std::string>>{
            {"--mean 0.1,0.2", "--mean '0.1,0.2': 2 values; give one (grey, or every channel) or three (R,G,B)"},
            {"--std 0.2,0,0.2", "--std '0.2,0,0.2': 0 is not above 0"},
@@ -812,6 +817,9 @@ TEST_CASE("train: an image folder's --mean/--std are kept by a resume and travel
            {"--mean 0.5,x,0.5", "--mean '0.5,x,0.5': 'x' is not a finite number"},
            {"--mean nan", "--mean 'nan': 'nan' is not a finite number"},
            {"--mean 0.5,", "--mean '0.5,': '' is not a finite number"},
+           {"--std 1e-320", "--std '1e-320': 1e-320 is too small: below the smallest normal double"},
+           {"--mean ''", "--mean: an empty value; give one value or three (R,G,B), or leave the flag out"},
+           {"--config " + d / "two.json", "--mean '0.5,0.5': 2 values; give one (grey, or every channel)"},
            {"--set in_channels=1 --mean 0.1,0.2,0.3",
             "--mean '0.1,0.2,0.3': 3 values, but the images load as 1 channel (grey, --set in_channels=1)"}}) {
     r = kiln::testing::run_kiln(train + " " + bad.first + " --out " + d / "bad", d.p.string());
@@ -832,7 +840,11 @@ TEST_CASE("train: an image folder's --mean/--std are kept by a resume and travel
       "train --model resnet20 --data mnist --data-dir " + d.p.string() + " --mean 0.5 --out " + d / "mnist",
       d.p.string());
   CHECK(r.code == 2);
-  CHECK_MESSAGE(contains(r.output, "--mean"), r.output);
+  CHECK_MESSAGE(contains(r.output,
+                         "--mean: --mean/--std are for --data folder; MNIST and Fashion-MNIST normalise "
+                         "with their own fixed values"),
+                r.output);
+  CHECK_MESSAGE(!contains(r.output, "at their own size"), r.output);
 }
 
 TEST_CASE("train: kiln eval --data mnist reads only the t10k files") {
