@@ -79,12 +79,14 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--seq-len", c.seq_len,
                  "BERT sequence length (kiln eval: default the length the weights were trained at)")
       ->capture_default_str();
-  app.add_option("--mask-prob", c.mask_prob,
-                 "Share of tokens masked for masked-LM ([CLS], [SEP] and [UNK] never are); a sequence that drew "
-                 "none gets one, so the real share is higher on short sequences (16% for 15% on short texts at "
-                 "--seq-len 128, 24% at 8)" +
-                     std::string(c.evaluating ? "; kiln eval: default the share the weights were trained with" : ""))
-      ->capture_default_str();
+  // kiln eval's default is the weights' share, not 0.15: no default shown there.
+  CLI::Option* mask_prob = app.add_option(
+      "--mask-prob", c.mask_prob,
+      "Share of tokens masked for masked-LM ([CLS], [SEP] and [UNK] never are); a sequence that drew "
+      "none gets one, so the real share is higher on short sequences (16% for 15% on short texts at "
+      "--seq-len 128, 24% at 8)" +
+          std::string(c.evaluating ? "; kiln eval: default the share the weights were trained with" : ""));
+  if (!c.evaluating) mask_prob->capture_default_str();
   add_on_off_flag(
       app, "--lower-case,!--no-lower-case", c.lower_case,
       std::string("Lower-case and strip accents before WordPiece (as BERT's uncased models; kiln eval: default as the "
