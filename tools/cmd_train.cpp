@@ -1713,9 +1713,12 @@ class Trainer {
     try {
       nlohmann::json summary = summary_json(since(t_start_));
       summary["stopped"] = signal;
-      if (run_.epochs_log.empty())
+      if (run_.epochs_log.empty()) {
         for (const std::string& k : {std::string("test_loss"), "test_" + task_.metric, std::string("test_samples")})
           summary[k] = nullptr;
+        // exp of the loss not yet measured (0) would read as a perfect perplexity of 1.
+        if (summary.contains("test_perplexity")) summary["test_perplexity"] = nullptr;
+      }
       io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
     } catch (const std::exception& e) {
       const auto* error = dynamic_cast<const Error*>(&e);
