@@ -55,10 +55,21 @@ uint32_t be32(const unsigned char* p) {
 constexpr unsigned char kPngMagic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 bool is_png(const unsigned char* p, size_t n) { return n >= 8 && std::equal(kPngMagic, kPngMagic + 8, p); }
 
-// A binary PGM or PPM's (P5, P6) maxval, its header read as stb_image reads it (whitespace and '#'
-// comments between the fields), or -1 when the data is not one.
-int64_t pnm_maxval(const unsigned char* data, size_t n) {
-  if (n < 2 || data[0] != 'P' || (data[1] != '5' && data[1] != '6')) return -1;
+// A binary PGM or PPM's (P5, P6) header, read as stb_image reads it (whitespace and '#' comments
+// between the fields). A number is read to its last digit, its value capped at kPnmCap (a side of
+// 700000 px is 700000, not 70000 then a height of 0); `cut` when the data ends before the maxval's
+// digits; `pixels` is where the samples start (one whitespace character after the maxval).
+constexpr int64_t kPnmCap = int64_t(1) << 40;
+struct PnmHeader {
+  bool grey = false;
+  int64_t width = 0, height = 0, maxval = 0;
+  bool cut = false;
+  size_t pixels = 0;
+};
+// False when the data is not a P5 or P6 file.
+bool pnm_header(const unsigned char* data, size_t n, PnmHeader* h) {
+  if (n < 2 || data[0] != 'P' || (data[1] != '5' && data[1] != '6')) return false;
+  h->grey = data[1] == '5';
   size_t i = 2;
   const auto space = [](unsigned char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
@@ -72,15 +83,29 @@ int64_t pnm_maxval(const unsigned char* data, size_t n) {
   };
   const auto number = [&] {
     int64_t v = 0;
-    while (i < n && data[i] >= '0' && data[i] <= '9' && v <= 65535) v = v * 10 + (data[i++] - '0');
+    for (; i < n && data[i] >= '0' && data[i] <= '9'; ++i) v = std::min(v * 10 + (data[i] - '0'), kPnmCap);
     return v;
   };
-  for (int field = 0; field < 2; ++field) {  // width, height
+  int64_t* fields[3] = {&h->width, &h->height, &h->maxval};
+  for (int64_t* f : fields) {
     skip();
-    number();
+    if (i >= n) {
+      h->cut = true;
+      return true;
+    }
+    *f = number();
   }
-  skip();
-  return number();
+  h->pixels = i + 1;
+  return true;
+}
+
+// What is wrong with a P5/P6 header that stb_image takes (it reads a missing maxval as 0), or "".
+std::string pnm_problem(const PnmHeader& h) {
+  if (h.cut) return "truncated header: the PGM/PPM header ends before its maxval";
+  if (h.maxval < 1 || h.maxval > 65535)
+    return "a PGM/PPM maxval of " + std::string(h.maxval >= kPnmCap ? "over " : "") + std::to_string(h.maxval) +
+           "; it must be 1 to 65535";
+  return "";
 }
 }  // namespace
 
@@ -162,6 +187,16 @@ std::string image_header_problem(const std::string& path) {
   }
   if (w <= 0 || h <= 0) return "empty image " + std::to_string(w) + "x" + std::to_string(h);
   if (std::string big = too_many_pixels(w, h); !big.empty()) return big;
+  // A PGM/PPM's maxval, as decode_image checks it: its header is in the first bytes (unless comments
+  // make it longer than these, when it is left to the decode).
+  {
+    unsigned char start[4096];
+    std::rewind(f);
+    const size_t got = std::fread(start, 1, sizeof start, f);
+    PnmHeader pnm;
+    if (pnm_header(start, got, &pnm) && (!pnm.cut || got < sizeof start))
+      if (std::string p = pnm_problem(pnm); !p.empty()) return "cannot decode the image (" + p + ")";
+  }
   // A PNG's chunks by their lengths only, the same walk as png_problem's (the CRCs are checked when it
   // is decoded): a file cut short.
   if (std::fseek(f, 0, SEEK_END) != 0) return "cannot read the file";
@@ -201,25 +236,65 @@ Tensor decode_image(const std::string& path, int64_t channels) {
     const std::string big = too_many_pixels(w, h);
     KILN_CHECK(big.empty(), path, ": ", big);
   }
+  // A PGM/PPM's header as stb_image reads it, checked first: it takes a header cut before its maxval
+  // (maxval 0) and a maxval of 0.
+  PnmHeader pnm;
+  const bool is_pnm = pnm_header(data, bytes.size(), &pnm);
+  if (is_pnm)
+    if (const std::string p = pnm_problem(pnm); !p.empty()) KILN_FAIL(path, ": cannot decode the image (", p, ")");
   // Always RGB (a grey file's value in all three; alpha dropped, as PIL's convert does): stb_image's own
   // grey conversion truncates (77 r + 150 g + 29 b) >> 8, darker than PIL's convert('L') by up to 1.
-  unsigned char* px = stbi_load_from_memory(data, int(bytes.size()), &w, &h, &n, 3);
-  if (px == nullptr) {
-    // stb_image calls an empty file an "unknown image type"; an interrupted copy is the likelier cause.
-    const char* why = stbi_failure_reason();
-    KILN_CHECK(!bytes.empty(), path, ": the file is empty (0 bytes), not an image");
-    KILN_FAIL(path, ": cannot decode the image (", why, ")");
+  std::vector<unsigned char> wide;  // a 16-bit PGM/PPM's pixels, decoded here
+  unsigned char* px = nullptr;
+  std::unique_ptr<unsigned char, void (*)(void*)> guard(nullptr, stbi_image_free);
+  if (is_pnm && pnm.maxval > 255) {
+    // 16-bit samples, big-endian, which stb_image returns byte-swapped and puts through its 8-bit grey
+    // to RGB path. PIL (13) reads a PPM's as min(255, round(v / maxval * 255)), and a PGM's as mode I,
+    // min(65535, round(v / maxval * 65535)), which convert('RGB') and convert('L') clip to 255: such a
+    // PGM is white from v = maxval / 257 up (maxval 65535: v itself, clipped). Round is Python's, half
+    // to even, as std::nearbyint.
+    w = int(pnm.width);
+    h = int(pnm.height);
+    KILN_CHECK(pnm.width > 0 && pnm.height > 0, path, ": empty image ", pnm.width, "x", pnm.height);
+    KILN_CHECK(pnm.width <= (1 << 24) && pnm.height <= (1 << 24), path, ": cannot decode the image (", pnm.width, "x",
+               pnm.height, " is too large: a side over 16777216 px)");
+    const std::string big = too_many_pixels(pnm.width, pnm.height);
+    KILN_CHECK(big.empty(), path, ": ", big);
+    const int64_t bands = pnm.grey ? 1 : 3, samples = pnm.width * pnm.height * bands;
+    KILN_CHECK(pnm.pixels <= bytes.size() && int64_t(bytes.size() - pnm.pixels) / 2 >= samples, path,
+               ": cut short: a 16-bit ", pnm.grey ? "PGM" : "PPM", " of ", pnm.width, "x", pnm.height, " needs ",
+               samples * 2, " bytes of pixels after its header, the file has ",
+               pnm.pixels <= bytes.size() ? bytes.size() - pnm.pixels : 0);
+    const double out_max = pnm.grey ? 65535.0 : 255.0;
+    wide.resize(size_t(pnm.width * pnm.height * 3));
+    const unsigned char* in = data + pnm.pixels;
+    for (int64_t i = 0; i < samples; ++i) {
+      const double v = double(uint32_t(in[2 * i]) << 8 | in[2 * i + 1]);
+      const double q = std::min(255.0, std::min(out_max, std::nearbyint(v / double(pnm.maxval) * out_max)));
+      if (pnm.grey)
+        wide[size_t(3 * i)] = wide[size_t(3 * i + 1)] = wide[size_t(3 * i + 2)] = uint8_t(q);
+      else
+        wide[size_t(i)] = uint8_t(q);
+    }
+    px = wide.data();
+  } else {
+    px = stbi_load_from_memory(data, int(bytes.size()), &w, &h, &n, 3);
+    if (px == nullptr) {
+      // stb_image calls an empty file an "unknown image type"; an interrupted copy is the likelier cause.
+      const char* why = stbi_failure_reason();
+      KILN_CHECK(!bytes.empty(), path, ": the file is empty (0 bytes), not an image");
+      KILN_FAIL(path, ": cannot decode the image (", why, ")");
+    }
+    guard.reset(px);
   }
-  std::unique_ptr<unsigned char, void (*)(void*)> guard(px, stbi_image_free);
   KILN_CHECK(w > 0 && h > 0, path, ": empty image ", w, "x", h);
   // A PGM or PPM of maxval below 255 holds values 0..maxval, which stb_image returns as they are: PIL
   // scales them to 0-255, round(v / maxval * 255) (Python's round, half to even; a value above maxval
-  // gives 255), so 50 of maxval 100 is 128, as here. Maxval 0 PIL refuses.
-  if (const int64_t maxval = pnm_maxval(data, bytes.size()); maxval >= 0 && maxval < 255) {
-    KILN_CHECK(maxval > 0, path, ": cannot decode the image (a PGM/PPM maxval of 0; it must be 1 to 65535)");
+  // gives 255), so 50 of maxval 100 is 128, as here.
+  if (is_pnm && pnm.maxval < 255) {
     uint8_t scaled[256];
     for (int v = 0; v < 256; ++v)
-      scaled[v] = uint8_t(std::min(255.0, std::nearbyint(double(v) / double(maxval) * 255.0)));
+      scaled[v] = uint8_t(std::min(255.0, std::nearbyint(double(v) / double(pnm.maxval) * 255.0)));
     for (int64_t i = 0; i < int64_t(w) * h * 3; ++i) px[i] = scaled[px[i]];
   }
   Tensor t = make_tensor({channels, h, w}, DType::u8, kCPU);

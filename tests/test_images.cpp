@@ -522,6 +522,75 @@ TEST_CASE("image folder: a PGM/PPM of maxval below 255 is scaled to 0-255, as PI
                  "zero.pgm: cannot decode the image (a PGM/PPM maxval of 0"));
 }
 
+TEST_CASE("image folder: a PGM/PPM header's numbers are read whole, a cut header is called so") {
+  TempDir d("kiln_img");
+  fs::create_directories(d.p);
+  // A side of 700000 px (over 65535) was read as 70000 then a height of 0: decoded as maxval 1 (all 255).
+  std::string pixels(700000, '\0');
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = char(i % 251);
+  put_bytes(d / "wide.pgm", "P5\n700000 1\n255\n" + pixels);
+  const Tensor g = io::decode_image(d / "wide.pgm", 1);
+  REQUIRE(g.shape() == Shape{1, 1, 700000});
+  CHECK(std::equal(pixels.begin(), pixels.end(), reinterpret_cast<const char*>(g.data<uint8_t>())));
+  put_bytes(d / "wide.ppm", "P6 700000 1 255\n" + std::string(3 * 700000, char(100)));
+  const Tensor c = io::decode_image(d / "wide.ppm", 3);
+  REQUIRE(c.shape() == Shape{3, 1, 700000});
+  CHECK(std::all_of(c.data<uint8_t>(), c.data<uint8_t>() + 3 * 700000, [](uint8_t v) { return v == 100; }));
+  // A header cut before its maxval: truncated, not a maxval of 0.
+  put_bytes(d / "cut.pgm", "P5\n3 2");
+  const std::string e = error_of([&] { io::decode_image(d / "cut.pgm", 1); });
+  CHECK_MESSAGE(contains(e, "cut.pgm: cannot decode the image (truncated header"), e);
+  CHECK_MESSAGE(!contains(e, "maxval of 0"), e);
+  // The folder scan runs the same check: a maxval-0 file is found there, not at its batch.
+  make_folder(d / "f", 2);
+  put_bytes(d / "f/train/cat/zero.pgm", std::string("P5\n1 1\n0\n") + std::string(1, '\0'));
+  CHECK(contains(io::image_header_problem(d / "f/train/cat/zero.pgm"), "a PGM/PPM maxval of 0"));
+  CHECK(!io::image_header_problem(d / "cut.pgm").empty());  // stb_image's own refusal of the header
+  CHECK(io::image_header_problem(d / "wide.pgm").empty());
+  io::ImageFolderOptions o;
+  const std::string scan = error_of([&] { io::ImageFolderDataset(d / "f/train", o); });
+  CHECK_MESSAGE(contains(scan, "zero.pgm: cannot decode the image (a PGM/PPM maxval of 0"), scan);
+}
+
+TEST_CASE("image folder: a 16-bit PGM/PPM (maxval above 255) decodes as PIL's convert") {
+  TempDir d("kiln_img");
+  fs::create_directories(d.p);
+  // Big-endian samples. The expected values are PIL 13's, from these files: a PPM's convert('RGB') is
+  // min(255, round(v / maxval * 255)) (half to even: 300 of 1000 is 76.5 -> 76); a PGM is mode I,
+  // round(v / maxval * 65535), which convert('L') and convert('RGB') clip to 255.
+  const auto be16 = [](const std::vector<int>& vs) {
+    std::string b;
+    for (int v : vs) b += std::string{char(v >> 8), char(v & 0xff)};
+    return b;
+  };
+  const std::vector<int> vs = {0, 1, 127, 128, 129, 255, 256, 257, 300, 1000};
+  std::vector<int> rgb;
+  for (int v : vs) rgb.insert(rgb.end(), {v, v, v});
+  put_bytes(d / "c.ppm", "P6 10 1 1000\n" + be16(rgb));
+  const Tensor c = io::decode_image(d / "c.ppm", 3), cl = io::decode_image(d / "c.ppm", 1);
+  REQUIRE(c.shape() == Shape{3, 1, 10});
+  const std::vector<int> want_c = {0, 0, 32, 33, 33, 65, 65, 66, 76, 255};
+  for (int ch = 0; ch < 3; ++ch)
+    CHECK(std::vector<int>(c.data<uint8_t>() + ch * 10, c.data<uint8_t>() + ch * 10 + 10) == want_c);
+  CHECK(std::vector<int>(cl.data<uint8_t>(), cl.data<uint8_t>() + 10) == want_c);
+  put_bytes(d / "rgb.ppm", "P6 1 1 1000\n" + be16({1000, 500, 100}));
+  const Tensor one = io::decode_image(d / "rgb.ppm", 3), onel = io::decode_image(d / "rgb.ppm", 1);
+  CHECK(std::vector<int>(one.data<uint8_t>(), one.data<uint8_t>() + 3) == std::vector<int>{255, 128, 26});
+  CHECK(onel.data<uint8_t>()[0] == 154);
+  const std::vector<int> gv = {0, 1, 127, 128, 129, 255, 256, 257, 300, 1000, 32767, 32768, 65534, 65535};
+  put_bytes(d / "g.pgm", "P5 14 1 65535\n" + be16(gv));
+  const Tensor g = io::decode_image(d / "g.pgm", 1), g3 = io::decode_image(d / "g.pgm", 3);
+  const std::vector<int> want_g = {0, 1, 127, 128, 129, 255, 255, 255, 255, 255, 255, 255, 255, 255};
+  CHECK(std::vector<int>(g.data<uint8_t>(), g.data<uint8_t>() + 14) == want_g);
+  CHECK(std::vector<int>(g3.data<uint8_t>() + 28, g3.data<uint8_t>() + 42) == want_g);
+  put_bytes(d / "g300.pgm", "P5 4 1 300\n" + be16({0, 1, 2, 300}));
+  const Tensor h = io::decode_image(d / "g300.pgm", 1);
+  CHECK(std::vector<int>(h.data<uint8_t>(), h.data<uint8_t>() + 4) == std::vector<int>{0, 218, 255, 255});
+  put_bytes(d / "short.ppm", "P6 2 1 1000\n" + be16({1, 2, 3}));
+  const std::string e = error_of([&] { io::decode_image(d / "short.ppm", 3); });
+  CHECK_MESSAGE(contains(e, "short.ppm: cut short: a 16-bit PPM of 2x1 needs 12 bytes"), e);
+}
+
 TEST_CASE("image folder: --skip-bad-samples counts a bad file once however often it is read") {
   TempDir d("kiln_img");
   make_folder(d.p.string(), 2);
@@ -804,7 +873,12 @@ TEST_CASE("train: an image folder's --mean/--std are kept by a resume and travel
   CHECK_MESSAGE(r.code == 2, r.output);
   CHECK_MESSAGE(contains(r.output, "data mean: checkpoint [0.5,0.5,0.5], now [0.485,0.456,0.406]"), r.output);
   CHECK_MESSAGE(contains(r.output, "data std: checkpoint [0.25,0.5,0.25], now [0.229,0.224,0.225]"), r.output);
-  // Bad values name the flag and what is wrong.
+  // Bad values name the flag and what is wrong. A config file's array is the flag's R,G,B.
+  std::ofstream(d / "two.json") << R"({"mean": [0.5, 0.5]})";
+  std::ofstream(d / "three.json") << R"({"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.5, 0.25]})";
+  r = kiln::testing::run_kiln(train + " --config " + d / "three.json" + " --resume " + ckpt + " --out " + d / "cfg",
+                              d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
   for (const auto& bad : std::vector<std::pair<std::string, std::string>>{
            {"--mean 0.1,0.2", "--mean '0.1,0.2': 2 values; give one (grey, or every channel) or three (R,G,B)"},
            {"--std 0.2,0,0.2", "--std '0.2,0,0.2': 0 is not above 0"},
@@ -812,6 +886,9 @@ TEST_CASE("train: an image folder's --mean/--std are kept by a resume and travel
            {"--mean 0.5,x,0.5", "--mean '0.5,x,0.5': 'x' is not a finite number"},
            {"--mean nan", "--mean 'nan': 'nan' is not a finite number"},
            {"--mean 0.5,", "--mean '0.5,': '' is not a finite number"},
+           {"--std 1e-320", "--std '1e-320': 1e-320 is too small: below the smallest normal double"},
+           {"--mean ''", "--mean: an empty value; give one value or three (R,G,B), or leave the flag out"},
+           {"--config " + d / "two.json", "--mean '0.5,0.5': 2 values; give one (grey, or every channel)"},
            {"--set in_channels=1 --mean 0.1,0.2,0.3",
             "--mean '0.1,0.2,0.3': 3 values, but the images load as 1 channel (grey, --set in_channels=1)"}}) {
     r = kiln::testing::run_kiln(train + " " + bad.first + " --out " + d / "bad", d.p.string());
@@ -832,7 +909,11 @@ TEST_CASE("train: an image folder's --mean/--std are kept by a resume and travel
       "train --model resnet20 --data mnist --data-dir " + d.p.string() + " --mean 0.5 --out " + d / "mnist",
       d.p.string());
   CHECK(r.code == 2);
-  CHECK_MESSAGE(contains(r.output, "--mean"), r.output);
+  CHECK_MESSAGE(contains(r.output,
+                         "--mean: --mean/--std are for --data folder; MNIST and Fashion-MNIST normalise "
+                         "with their own fixed values"),
+                r.output);
+  CHECK_MESSAGE(!contains(r.output, "at their own size"), r.output);
 }
 
 TEST_CASE("train: kiln eval --data mnist reads only the t10k files") {

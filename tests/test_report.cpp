@@ -93,6 +93,23 @@ TEST_CASE("report: a run a signal stopped is labelled so in its row, not shown a
   CHECK(html.find("stopped (SIGTERM)", html.find("<td>done</td>")) == std::string::npos);
 }
 
+TEST_CASE("report: the test metric is the task's, not the last test_* number (a masked-LM's perplexity)") {
+  TempDir d("kiln_report_metric");
+  std::filesystem::create_directories(d.p / "mlm");
+  std::filesystem::create_directories(d.p / "cls");
+  write(d.p / "mlm" / "metrics.jsonl", "{\"step\":1,\"loss\":1.0}\n");
+  write(
+      d.p / "mlm" / "summary.json",
+      R"({"task":"mlm","steps":5,"test_loss":11.49,"test_mlm_accuracy":0.25,"test_samples":8,"test_perplexity":97830})");
+  write(d.p / "cls" / "metrics.jsonl", "{\"step\":1,\"loss\":1.0}\n");
+  write(d.p / "cls" / "summary.json", R"({"task":"classify","steps":5,"test_loss":0.5,"test_accuracy":0.75})");
+  std::vector<std::string> notes;
+  const std::string html = tools::render_report({(d.p / "mlm").string(), (d.p / "cls").string()}, "t", notes);
+  CHECK_MESSAGE(html.find("<td>mlm_accuracy 25%</td>") != std::string::npos, html);
+  CHECK_MESSAGE(html.find("<td>accuracy 75%</td>") != std::string::npos, html);
+  CHECK(html.find("perplexity") == std::string::npos);
+}
+
 TEST_CASE("report: a chart's axes, and no data") {
   tools::Chart c{"T", "step", "loss", false, {{"s", {{0, 1}, {10, 3}}, false}}};
   const std::string svg = tools::render_chart(c);

@@ -185,6 +185,9 @@ TEST_CASE("train flags: --help shows each on/off flag pair's real default") {
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
   r = run_kiln("eval --help", d.p.string());
   CHECK_MESSAGE(contains(r.output, "--lower-case,--no-lower-case (default: on)"), r.output);
+  // kiln eval's --mask-prob defaults to the weights' share: 0.15 shown beside it would contradict it.
+  CHECK_MESSAGE(contains(r.output, "default the share the weights were trained with"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "0.15"), r.output);
   for (const char* train_only :
        {"--memory-cap", "--zero", "--recompute", "--micro-batch", "--limit-train", "--seed", "--dist-timeout"})
     CHECK_MESSAGE(!contains(r.output, train_only), train_only, " in\n", r.output);
@@ -467,6 +470,12 @@ TEST_CASE("eval: a masked LM's weights carry --mask-prob; --text scores the held
                 r.output);
   CHECK(json::parse(read_text(d / "mp.json"))["test_scored_tokens"].get<int64_t>() <
         h["test_scored_tokens"].get<int64_t>());
+  // Two shares %g would print alike are printed as they are.
+  r = run_kiln("eval" + weights + text + vocab + " --mask-prob 0.30000001 --out " + d / "mp2.json", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "kiln eval: warning: --mask-prob 0.30000001, but " + d / "run/model.safetensors" +
+                                       " was trained with --mask-prob 0.3\n"),
+                r.output);
 
   // --eval-text alone: all of it, no training corpus; --text given too is not read.
   r = run_kiln("eval" + weights + vocab + " --eval-text " + kFortunes + "/computers --out " + d / "all.json",
@@ -475,6 +484,13 @@ TEST_CASE("eval: a masked LM's weights carry --mask-prob; --text scores the held
   const int64_t all = json::parse(read_text(d / "all.json"))["test_samples"].get<int64_t>();
   CHECK(all / 50 == held_out);  // every sequence of the file
   CHECK_MESSAGE(contains(r.output, "kiln eval: scoring all of --eval-text, " + std::to_string(all) + " samples\n"),
+                r.output);
+  // Cut by --limit-eval: the first N, said so ("all of" alone would be false).
+  r = run_kiln(
+      "eval" + weights + vocab + " --eval-text " + kFortunes + "/computers --limit-eval 5 --out " + d / "five.json",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "kiln eval: scoring all of --eval-text, 5 samples (the first 5: --limit-eval)\n"),
                 r.output);
   r = run_kiln("eval" + weights + vocab + " --eval-text " + kFortunes + "/computers --text " + d / "nowhere.txt",
                d.p.string());

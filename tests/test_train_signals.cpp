@@ -20,6 +20,7 @@
 #include "test_util.h"
 
 using kiln::testing::contains;
+using kiln::testing::kFortunes;
 using kiln::testing::read_text;
 using kiln::testing::run_kiln;
 using kiln::testing::step_lines;
@@ -243,6 +244,30 @@ TEST_CASE("train: metrics lines a full disk cuts short leave every line of metri
   int n = 0;
   for (std::string line; std::getline(in, line); ++n) CHECK_MESSAGE(json::accept(line), "line ", n + 1, ": ", line);
   CHECK(n >= 2);
+}
+
+TEST_CASE("train: a masked-LM stopped before its first evaluation has no test perplexity") {
+  TempDir d("kiln_signals");
+  REQUIRE_MESSAGE(fs::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  auto r = run_kiln("vocab --text " + kFortunes + "/computers --size 1000 --out " + d / "vocab.txt", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string out = d / "run", log = d / "log.txt";
+  // One epoch far longer than the wait: the stop comes before any evaluation.
+  const pid_t pid = start_kiln("train --model bert-tiny --text " + kFortunes + "/computers --vocab " + d / "vocab.txt" +
+                                   " --seq-len 32 --batch 2 --max-steps 100000 --log-every 1 --threads 1 --workers 0"
+                                   " --progress lines --no-tensorboard --out " +
+                                   out,
+                               log);
+  REQUIRE(wait_for(pid, [&] { return has_step_lines(out + "/metrics.jsonl", 1); }));
+  ::kill(pid, SIGTERM);
+  REQUIRE_MESSAGE(finish(pid) == 0, read_text(log));
+  const json summary = json::parse(read_text(out + "/summary.json"));
+  CHECK(summary.value("stopped", "") == "SIGTERM");
+  REQUIRE(summary["per_epoch"].empty());
+  CHECK(summary["test_loss"].is_null());
+  CHECK(summary["test_mlm_accuracy"].is_null());
+  REQUIRE(summary.contains("test_perplexity"));
+  CHECK_MESSAGE(summary["test_perplexity"].is_null(), summary["test_perplexity"]);  // not exp(0) = 1
 }
 
 TEST_CASE("train: a signal stop is recorded in metrics.jsonl, and its readers take it") {

@@ -1714,9 +1714,12 @@ class Trainer {
     try {
       nlohmann::json summary = summary_json(since(t_start_));
       summary["stopped"] = signal;
-      if (run_.epochs_log.empty())
+      if (run_.epochs_log.empty()) {
         for (const std::string& k : {std::string("test_loss"), "test_" + task_.metric, std::string("test_samples")})
           summary[k] = nullptr;
+        // exp of the loss not yet measured (0) would read as a perfect perplexity of 1.
+        if (summary.contains("test_perplexity")) summary["test_perplexity"] = nullptr;
+      }
       io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
     } catch (const std::exception& e) {
       const auto* error = dynamic_cast<const Error*>(&e);
@@ -2169,9 +2172,15 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
                  ": damaged metadata: mask_prob is '", v, "', not a number in (0, 1)");
       if (!c.was_given("mask-prob"))
         c.mask_prob = trained;
-      else if (c.mask_prob != trained)
-        std::fprintf(stderr, "kiln eval: warning: --mask-prob %g, but %s was trained with --mask-prob %g\n",
-                     c.mask_prob, weights.c_str(), trained);
+      else if (c.mask_prob != trained) {
+        // The shortest text of each that reads back as it: %g could print two different values alike.
+        const auto shortest = [](double x) {
+          char b[32];
+          return std::string(b, std::to_chars(b, b + sizeof b, x).ptr);
+        };
+        std::fprintf(stderr, "kiln eval: warning: --mask-prob %s, but %s was trained with --mask-prob %s\n",
+                     shortest(c.mask_prob).c_str(), weights.c_str(), shortest(trained).c_str());
+      }
     }
     task = make_task(c);
     if (auto it = f.metadata.find("vocab_fingerprint"); it != f.metadata.end()) {
@@ -2195,10 +2204,15 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     return 2;
   }
   // Which sequences a masked-LM evaluation scores: --text alone gives kiln train's held-out split.
-  if (task.data_info.contains("eval_split"))
-    std::fprintf(stderr, "kiln eval: scoring %s, %lld samples%s\n",
-                 task.data_info["eval_split"].get<std::string>().c_str(), (long long)task.eval_data->size(),
+  if (task.data_info.contains("eval_split")) {
+    // --limit-eval cuts either to its first N: "all of" would then be false.
+    const int64_t n = task.eval_data->size();
+    const std::string first =
+        c.limit_eval > 0 && c.limit_eval <= n ? " (the first " + std::to_string(n) + ": --limit-eval)" : "";
+    std::fprintf(stderr, "kiln eval: scoring %s, %lld samples%s%s\n",
+                 task.data_info["eval_split"].get<std::string>().c_str(), (long long)n, first.c_str(),
                  !c.text.empty() && !c.eval_text.empty() ? " (--text is not read)" : "");
+  }
   const EvalResult r = evaluate(task, c);
   // An evaluation has no training set: the task's train side is the eval data, so its count would
   // only echo eval_samples (or, cut by another limit, contradict it).

@@ -646,11 +646,20 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
     << "<th>samples/s</th><th>train time (s)</th></tr>";
   for (const Run& r : runs) {
     const json& s = r.summary;
+    // The run's metric, a share shown in percent: "test_" + the task's metric (tools/tasks.cpp: mlm_accuracy
+    // for "mlm", accuracy for "classify"), never test_perplexity (no share) nor test_loss / test_samples.
+    // A summary without "task" shows its test_*accuracy key.
     std::string metric = "&mdash;";
-    if (s.is_object())
-      for (const auto& [k, v] : s.items())
-        if (k.rfind("test_", 0) == 0 && k != "test_loss" && k != "test_samples" && v.is_number())
-          metric = esc(k.substr(5)) + " " + num(100.0 * v.get<double>()) + "%";
+    if (s.is_object()) {
+      std::string key;
+      if (s.contains("task") && s["task"].is_string())
+        key = s["task"].get<std::string>() == "mlm" ? "test_mlm_accuracy" : "test_accuracy";
+      else
+        for (const auto& [k, v] : s.items())
+          if (k.rfind("test_", 0) == 0 && k.size() >= 8 && k.compare(k.size() - 8, 8, "accuracy") == 0) key = k;
+      if (!key.empty() && s.contains(key) && s[key].is_number())
+        metric = esc(key.substr(5)) + " " + num(100.0 * s[key].get<double>()) + "%";
+    }
     auto field = [&](const char* k) {
       return s.is_object() && s.contains(k) && s[k].is_number() ? num(s[k].get<double>()) : std::string("&mdash;");
     };

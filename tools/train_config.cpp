@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -78,12 +79,14 @@ void add_model_data_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--seq-len", c.seq_len,
                  "BERT sequence length (kiln eval: default the length the weights were trained at)")
       ->capture_default_str();
-  app.add_option("--mask-prob", c.mask_prob,
-                 "Share of tokens masked for masked-LM ([CLS], [SEP] and [UNK] never are); a sequence that drew "
-                 "none gets one, so the real share is higher on short sequences (16% for 15% on short texts at "
-                 "--seq-len 128, 24% at 8)" +
-                     std::string(c.evaluating ? "; kiln eval: default the share the weights were trained with" : ""))
-      ->capture_default_str();
+  // kiln eval's default is the weights' share, not 0.15: no default shown there.
+  CLI::Option* mask_prob = app.add_option(
+      "--mask-prob", c.mask_prob,
+      "Share of tokens masked for masked-LM ([CLS], [SEP] and [UNK] never are); a sequence that drew "
+      "none gets one, so the real share is higher on short sequences (16% for 15% on short texts at "
+      "--seq-len 128, 24% at 8)" +
+          std::string(c.evaluating ? "; kiln eval: default the share the weights were trained with" : ""));
+  if (!c.evaluating) mask_prob->capture_default_str();
   add_on_off_flag(
       app, "--lower-case,!--no-lower-case", c.lower_case,
       std::string("Lower-case and strip accents before WordPiece (as BERT's uncased models; kiln eval: default as the "
@@ -329,9 +332,19 @@ void apply_json_config(CLI::App& app, const std::string& path) {
         KILN_FAIL("--config ", path, ": the value of '", key,
                   "' must be a string, number, boolean or an array of them");
       };
-      if (value.is_array())
+      if (value.is_array() && (name == "mean" || name == "std")) {
+        // One value on the command line, R,G,B: an array of numbers is joined with commas.
+        std::string joined;
+        for (const auto& e : value) {
+          KILN_CHECK(e.is_number(), "--config ", path, ": '", key, "' takes a number or an array of numbers, got ",
+                     value.dump());
+          joined += (joined.empty() ? "" : ",") + e.dump();
+        }
+        KILN_CHECK(!joined.empty(), "--config ", path, ": '", key, "' gives no value (", value.dump(), ")");
+        inputs.push_back(joined);
+      } else if (value.is_array()) {
         for (const auto& e : value) inputs.push_back(str(e));
-      else if (value.is_object() && name == "set")  // {"in_channels": 1}, as kiln.train's set= dict
+      } else if (value.is_object() && name == "set")  // {"in_channels": 1}, as kiln.train's set= dict
         for (const auto& f : value.items()) inputs.push_back(f.key() + "=" + str(f.value()));
       else
         inputs.push_back(str(value));
@@ -393,9 +406,13 @@ std::vector<UnusedFlag> unused_flags(const TrainConfig& c) {
   if (images)
     unused({"seq-len", "mask-prob", "lower-case", "text", "eval-text", "vocab", "train-tsv", "eval-tsv"},
            "for BERT models; --model " + c.model + " reads images");
-  if (images && c.data != "folder")
-    unused({"image-size", "mean", "std", "skip-bad-samples"},
+  if (images && c.data != "folder") {
+    unused({"image-size", "skip-bad-samples"},
            "for image folders (--data folder); --data " + c.data + " reads its images at their own size");
+    unused({"mean", "std"},
+           "--mean/--std are for --data folder; MNIST and Fashion-MNIST normalise with their own fixed values "
+           "(or use kiln.data.mnist_dir / fashion_mnist(mean=..., std=...) in Python)");
+  }
   if (tokens)
     unused({"data", "data-dir", "image-size", "mean", "std", "augment", "skip-bad-samples"},
            "for ResNet models' images; --model " + c.model + " reads text");
@@ -425,6 +442,10 @@ std::vector<double> normalisation_values(const char* flag, const std::string& te
     char* end = nullptr;
     errno = 0;
     const double x = v.empty() ? 0.0 : std::strtod(v.c_str(), &end);
+    // strtod's ERANGE is an overflow (inf: not finite) or an underflow (a denormal or 0): such a value
+    // is a number, but none a mean or std could be.
+    KILN_CHECK(!(errno == ERANGE && std::isfinite(x) && *end == '\0'), flag, " '", text, "': ", v,
+               " is too small: below the smallest normal double (", detail::str_cat(DBL_MIN), ")");
     KILN_CHECK(!v.empty() && *end == '\0' && errno == 0 && std::isfinite(x), flag, " '", text, "': '", v,
                "' is not a finite number (give one value, or one per channel: R,G,B)");
     KILN_CHECK(!is_std || x > 0, flag, " '", text, "': ", v,
@@ -441,7 +462,13 @@ std::vector<double> normalisation_values(const char* flag, const std::string& te
 std::vector<std::string> validate(const TrainConfig& c) {
   std::vector<std::string> e;
   for (const auto& norm : {std::pair{"--mean", &c.norm_mean}, std::pair{"--std", &c.norm_std}}) {
-    if (norm.second->empty()) continue;
+    if (norm.second->empty()) {
+      // Empty is the default's (ImageNet's values): given so, it would mean them silently.
+      if (c.was_given(norm.first + 2))
+        e.push_back(std::string(norm.first) +
+                    ": an empty value; give one value or three (R,G,B), or leave the flag out for ImageNet's");
+      continue;
+    }
     try {
       normalisation_values(norm.first, *norm.second);
     } catch (const Error& err) {

@@ -36,7 +36,9 @@ def _flags(options):
                 raise _C.KilnValueError(f"kiln.train: set={value!r} gives no value (leave it out for the default)")
             for s in sets:
                 args += ["--set", s]
-        elif key == "betas" and isinstance(value, (list, tuple)):  # one flag of two values: --betas B1,B2
+        elif key in ("betas", "mean", "std") and isinstance(value, (list, tuple)):  # one flag: --betas B1,B2
+            if not value:  # as epochs=[]: "--betas ''" would be refused for its empty number, not for this
+                raise _C.KilnValueError(f"kiln.train: {key}=[] gives no value (leave it out for the default)")
             args += [flag, ",".join(str(v) for v in value)]
         elif isinstance(value, (list, tuple)):
             if not value:  # no flag at all would pass silently as "the default"

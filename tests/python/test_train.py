@@ -311,6 +311,10 @@ def test_empty_lists_and_empty_config_arrays_are_refused(tmp_path):
     # epochs=[] was no flag at all; {"epochs": []} in a config file killed the interpreter in CLI11's callback
     with pytest.raises(kiln.KilnValueError, match=r"kiln.train: epochs=\[\] gives no value"):
         kiln.train("resnet20", out=tmp_path / "x", epochs=[], max_steps=1)
+    # betas=[] (one flag of several values, as mean= and std=) too, not "--betas ''" refused as a number
+    for key in ("betas", "mean", "std"):
+        with pytest.raises(kiln.KilnValueError, match=rf"kiln.train: {key}=\[\] gives no value"):
+            kiln.train("resnet20", out=tmp_path / "x", max_steps=1, **{key: []})
     for key in ("epochs", "lr", "resume", "model"):
         (tmp_path / "c.json").write_text(json.dumps({key: []}))
         with pytest.raises(kiln.KilnValueError, match=f"'{key}' takes one value, got 0"):
