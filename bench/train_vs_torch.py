@@ -72,24 +72,19 @@ def peer_step(a, env, script, flags):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def positive_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"want a whole number >= 1, got '{text}'")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"want a whole number >= 1, got {v}")
-    return v
+def whole_number(least):
+    """An argparse type: a whole number >= least, or an error naming what was given."""
 
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"want a whole number >= {least}, got '{text}'")
+        if v < least:
+            raise argparse.ArgumentTypeError(f"want a whole number >= {least}, got {v}")
+        return v
 
-def non_negative_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"want a whole number >= 0, got '{text}'")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"want a whole number >= 0, got {v}")
-    return v
+    return parse
 
 
 def load():
@@ -128,10 +123,10 @@ def supported_sets(kiln):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kiln", default=os.path.join(HERE, "..", "build", "kiln"), help="the kiln binary")
-    ap.add_argument("--threads", type=positive_int, default=2, help="threads of both (default 2)")
-    ap.add_argument("--rounds", type=positive_int, default=3, help="alternations of Kiln and PyTorch per case")
-    ap.add_argument("--steps", type=positive_int, default=8, help="timed steps per run")
-    ap.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first, per run")
+    ap.add_argument("--threads", type=whole_number(1), default=2, help="threads of both (default 2)")
+    ap.add_argument("--rounds", type=whole_number(1), default=3, help="alternations of Kiln and PyTorch per case")
+    ap.add_argument("--steps", type=whole_number(1), default=8, help="timed steps per run")
+    ap.add_argument("--warmup", type=whole_number(0), default=2, help="untimed steps first, per run")
     ap.add_argument("--set", action="append", choices=list(PEER_ISA), help="kernel sets (default: all supported)")
     ap.add_argument("--case", action="append", type=int, choices=range(len(CASES)), metavar="{0,1,2}",
                     help="case indices (0: ResNet-20 1x28x28, 1: 3x32x32, 2: BERT-tiny)")
