@@ -51,9 +51,7 @@ void check_inplace_result(const Tensor& t, const Tensor& other, const char* op);
 // The operand of an in-place op on t, detached: cloned when it shares memory with t other than as t itself,
 // so that no element is read after it was written. Throws when t's elements share memory (an expanded view).
 Tensor inplace_operand(const Tensor& t, const Tensor& other, const char* op);
-// Throws when alpha of an add/sub computing in dtype t is not one PyTorch takes: for an integer t a whole
-// number t holds (u8: -255 to 255, a negative one taken modulo 256); `subtracts`: -alpha must be one, as
-// PyTorch's sub checks. engine/ops_elementwise.cpp.
+// Throws, naming op, when alpha_fits(t, alpha, subtracts) (engine/ops.h) does not hold.
 void check_alpha(const char* op, DType t, double alpha, bool subtracts = false);
 // A checked alpha as the kernels of dtype t take it: for an integer t wrapped into t's values (modulo 2^bits),
 // so that an i32 x.add_(i64 y, alpha=2**40) multiplies by 0 as PyTorch's i64 sum cast to i32 does.

@@ -65,6 +65,10 @@ Tensor bernoulli(const Shape& shape, double p, TensorOptions opts = {}, Generato
 // ---- elementwise: broadcasting and type promotion ----------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);  // a + alpha * b
 Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0);
+// Whether add/sub computing in dtype t take alpha, as PyTorch's: any for a floating or bool t; for an integer t
+// a whole number t holds (u8: -255 to 255, a negative one taken modulo 256). `subtracts`: -alpha must be one,
+// as PyTorch's sub (add with -alpha, negated in int64) checks: i8 sub takes 128, not -128.
+bool alpha_fits(DType t, double alpha, bool subtracts = false);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
 // Division rounded to a whole number, in the operands' promoted type (integers stay integers):

@@ -118,20 +118,20 @@ void check_not_bool(const char* name, DType t) {
 
 // ---- binary arithmetic ------------------------------------------------------------------------------
 
-namespace detail {
-// An integer add/sub takes alpha in its own dtype, as PyTorch: a whole number the dtype holds, and for
-// u8 a negative one down to -255 too (taken modulo 256, so u8 a.add(b, alpha=-1) is a - b, wrapping);
-// sub checks -alpha, as PyTorch's (which is add with -alpha): i8 sub takes 128, not -128. PyTorch
-// refuses the rest too, so the kernels never convert an out-of-range double.
-void check_alpha(const char* op, DType t, double alpha, bool subtracts) {
-  if (is_floating(t) || t == DType::boolean || alpha == 1.0) return;
+bool alpha_fits(DType t, double alpha, bool subtracts) {
+  if (is_floating(t) || t == DType::boolean || alpha == 1.0) return true;
   const int bits = int(dtype_size(t)) * 8;
   const double lo = t == DType::u8 ? -255.0 : -std::ldexp(1.0, bits - 1);
   const double hi = t == DType::u8 ? 256.0 : std::ldexp(1.0, bits - 1);  // exclusive
   const double v = subtracts && alpha != -0x1p63 ? -alpha : alpha;       // PyTorch negates in int64: -2**63 stays
-  KILN_CHECK(std::isfinite(v) && v == std::floor(v) && v >= lo && v < hi, op, ": alpha ", alpha,
-             subtracts ? ", negated," : "", " is not a value of ", t,
-             t == DType::u8 ? " (-255 to 255, as PyTorch's)" : "");
+  return std::isfinite(v) && v == std::floor(v) && v >= lo && v < hi;
+}
+
+namespace detail {
+// PyTorch refuses an alpha alpha_fits() refuses too, so the kernels never convert an out-of-range double.
+void check_alpha(const char* op, DType t, double alpha, bool subtracts) {
+  KILN_CHECK(alpha_fits(t, alpha, subtracts), op, ": alpha ", alpha, subtracts ? ", negated," : "",
+             " is not a value of ", t, t == DType::u8 ? " (-255 to 255, as PyTorch's)" : "");
 }
 
 double alpha_in(DType t, double alpha) {

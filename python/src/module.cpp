@@ -249,14 +249,8 @@ double alpha_arg(nb::handle h, DType t, const char* op, bool subtracts) {
     }
   }
   const double a = to_double(h, (std::string(op) + ": alpha").c_str());
-  if (is_floating(t) || t == DType::boolean || a == 1.0) return a;
-  // The engine's range (detail::check_alpha), checked here too so that sub_'s error names sub_ and the alpha
-  // given; a subtraction checks -alpha, as PyTorch's (i8 sub takes 128, not -128).
-  const int bits = int(dtype_size(t)) * 8;
-  const double lo = t == DType::u8 ? -255.0 : -std::ldexp(1.0, bits - 1);
-  const double hi = t == DType::u8 ? 256.0 : std::ldexp(1.0, bits - 1);  // exclusive
-  const double v = subtracts && a != -0x1p63 ? -a : a;                   // torch negates in int64: -2**63 stays
-  if (!(std::isfinite(v) && v == std::floor(v) && v >= lo && v < hi))
+  // The engine's rule (alpha_fits), checked here too so that sub_'s error names sub_ and the alpha given.
+  if (!alpha_fits(t, a, subtracts))
     value_error(std::string(op) + ": alpha " + str_of(h).substr(0, 40) + (subtracts ? ", negated," : "") +
                 " is not a value of " + dtype_name(t) + (t == DType::u8 ? " (-255 to 255, as PyTorch's)" : ""));
   return a;
