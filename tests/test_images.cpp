@@ -812,8 +812,9 @@ TEST_CASE("train: an image folder's class names and image size travel with the w
       "eval" + data + " --image-size 24 --weights " + d / "run/model.safetensors" + " --out " + d / "e24.json",
       d.p.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
-  CHECK_MESSAGE(contains(r.output, "--image-size 24, but " + d / "run/model.safetensors" + " was trained at 16"),
-                r.output);
+  CHECK_MESSAGE(
+      contains(r.output, "--image-size 24, but " + d / "run/model.safetensors" + " was trained with --image-size 16"),
+      r.output);
   CHECK(nlohmann::json::parse(kiln::testing::read_text(d / "e24.json"))["data"]["image_size"] == 24);
   fs::create_directories(d.p / "val/bird");
   write_image(d / "val/bird/b.png", 5, 5, 1, 2, 3);

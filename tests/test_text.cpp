@@ -617,7 +617,8 @@ TEST_CASE(
   // Another length is a choice (longer texts), said once.
   r = kiln::testing::run_kiln("eval" + data + w + " --seq-len 16", d.p.string());
   CHECK_MESSAGE(r.code == 0, r.output);
-  CHECK_MESSAGE(contains(r.output, "warning: --seq-len 16, but " + d / "run/model.safetensors" + " was trained at 12"),
+  CHECK_MESSAGE(contains(r.output, "warning: --seq-len 16, but " + d / "run/model.safetensors" +
+                                       " was trained with --seq-len 12"),
                 r.output);
   // A vocabulary of the same size with another token gives other ids: refused.
   r = kiln::testing::run_kiln("eval --model bert-tiny --task classify --vocab " + d / "other.txt" +

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -1995,6 +1996,15 @@ int run_train(const TrainConfig& c, const TrainHooks& hooks, TrainOutcome* outco
 
 namespace {
 
+// A kiln eval setting as its flag takes it, for a warning: a number's shortest text that reads back as it (%g
+// could print two different values alike).
+std::string setting_text(const std::string& v) { return v; }
+std::string setting_text(int64_t v) { return std::to_string(v); }
+std::string setting_text(double v) {
+  char b[32];
+  return std::string(b, std::to_chars(b, b + sizeof b, v).ptr);
+}
+
 // What kiln train's model.safetensors (and kiln ckpt export's) says it holds, metadata "model",
 // "task" and "set": the defaults of kiln eval's --model, --task and --set, so the weights evaluate as
 // the model they are. A flag given that builds another model is refused naming both, before the
@@ -2111,45 +2121,51 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
                 ". Give --train-tsv, the file the model was trained on (or any with its labels: integer labels 0..N-1 "
                 "are classes 0..N-1, as Hugging Face numbers them)");
     }
-    // A size the model was trained at (metadata `key`): taken unless its flag was given; another one
-    // given is a legitimate choice (longer texts, larger images), with a warning.
-    const auto trained_size = [&](const char* key, const char* flag, bool given, int64_t& value) {
+    // A setting the model was trained with (metadata `key`, read by `parse`, which throws on text that is not
+    // `what`): taken unless its flag was given; another one given is a legitimate choice (longer texts, larger
+    // images, another masking rate) and is used, with a warning: the numbers then differ from the run's test's.
+    const auto take_trained = [&](const char* key, const char* flag, bool given, auto& value, const char* what,
+                                  const auto& parse, const auto& same) {
       const auto it = f.metadata.find(key);
-      if (it == f.metadata.end()) return;
-      int64_t trained = 0;
-      const std::string& v = it->second;
-      const auto parsed = std::from_chars(v.data(), v.data() + v.size(), trained);
-      KILN_CHECK(parsed.ec == std::errc() && parsed.ptr == v.data() + v.size() && trained >= 1, weights,
-                 ": damaged metadata: ", key, " is '", v, "', not a positive whole number");
-      if (!given)
-        value = trained;
-      else if (value != trained)
-        std::fprintf(stderr, "kiln eval: warning: %s %lld, but %s was trained at %lld\n", flag, (long long)value,
-                     weights.c_str(), (long long)trained);
-    };
-    // An image folder's model evaluates at the size it was trained at, unless --image-size says otherwise.
-    if (c.data == "folder") trained_size("image_size", "--image-size", c.was_given("image-size"), c.image_size);
-    // And normalises as it was trained (--mean / --std); others given are used, with a warning.
-    for (const auto& norm : {std::tuple{"mean", "--mean", &c.norm_mean}, std::tuple{"std", "--std", &c.norm_std}}) {
-      const char *key = std::get<0>(norm), *flag = std::get<1>(norm);
-      std::string* value = std::get<2>(norm);
-      const auto it = f.metadata.find(key);
-      if (c.data != "folder" || it == f.metadata.end()) continue;
-      std::vector<double> trained;
+      if (it == f.metadata.end()) return;  // weights from before the setting: the flag as given
+      std::optional<std::decay_t<decltype(value)>> trained;
       try {
-        trained = normalisation_values(flag, it->second);
+        trained = parse(it->second);
       } catch (const Error&) {
-        KILN_FAIL(weights, ": damaged metadata: ", key, " is '", it->second, "', not one or three numbers");
       }
-      if (value->empty()) {
-        *value = it->second;
-        continue;
+      KILN_CHECK(trained, weights, ": damaged metadata: ", key, " is '", it->second, "', not ", what);
+      if (!given)
+        value = *trained;
+      else if (!same(value, *trained))
+        std::fprintf(stderr, "kiln eval: warning: %s %s, but %s was trained with %s %s\n", flag,
+                     setting_text(value).c_str(), weights.c_str(), flag, setting_text(*trained).c_str());
+    };
+    const auto equal = [](const auto& a, const auto& b) { return a == b; };
+    const auto size = [](const std::string& v) {
+      int64_t n = 0;
+      const auto parsed = std::from_chars(v.data(), v.data() + v.size(), n);
+      KILN_CHECK(parsed.ec == std::errc() && parsed.ptr == v.data() + v.size() && n >= 1, "not a size");
+      return n;
+    };
+    // An image folder's model evaluates at the size it was trained at, and normalises as it was trained.
+    if (c.data == "folder") {
+      take_trained("image_size", "--image-size", c.was_given("image-size"), c.image_size, "a positive whole number",
+                   size, equal);
+      for (const auto& norm : {std::tuple{"mean", "--mean", &c.norm_mean}, std::tuple{"std", "--std", &c.norm_std}}) {
+        const char* flag = std::get<1>(norm);
+        const auto values = [flag](const std::string& v) { return normalisation_values(flag, v); };
+        take_trained(
+            std::get<0>(norm), flag, !std::get<2>(norm)->empty(), *std::get<2>(norm), "one or three numbers",
+            [&values](const std::string& v) {
+              values(v);  // checked: the text is kept as it was given
+              return v;
+            },
+            [&values](const std::string& given, const std::string& trained) {
+              std::vector<double> g = values(given), t = values(trained);
+              if (g.size() == 1) g.resize(t.size(), g[0]);
+              return g == t;
+            });
       }
-      std::vector<double> given = normalisation_values(flag, *value);
-      if (given.size() == 1) given.resize(trained.size(), given[0]);
-      if (given != trained)
-        std::fprintf(stderr, "kiln eval: warning: %s %s, but %s was trained with %s %s\n", flag, value->c_str(),
-                     weights.c_str(), flag, it->second.c_str());
     }
     // A BERT model's text settings (weights from before them carry none: the flags as given).
     if (auto it = f.metadata.find("lower_case"); it != f.metadata.end()) {
@@ -2161,27 +2177,17 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
                  " was trained with ", flag(trained), " (its ids come from that text)");
       c.lower_case = trained;
     }
-    trained_size("seq_len", "--seq-len", c.was_given("seq-len"), c.seq_len);
-    // A masked-LM's --mask-prob (weights from before it carry none: the flag as given). Another one
-    // given is a legitimate choice, with a warning: the numbers then differ from the run's test's.
-    if (auto it = f.metadata.find("mask_prob"); it != f.metadata.end() && c.task == "mlm") {
-      const std::string& v = it->second;
-      char* end = nullptr;
-      const double trained = std::strtod(v.c_str(), &end);
-      KILN_CHECK(!v.empty() && end == v.c_str() + v.size() && trained > 0 && trained < 1, weights,
-                 ": damaged metadata: mask_prob is '", v, "', not a number in (0, 1)");
-      if (!c.was_given("mask-prob"))
-        c.mask_prob = trained;
-      else if (c.mask_prob != trained) {
-        // The shortest text of each that reads back as it: %g could print two different values alike.
-        const auto shortest = [](double x) {
-          char b[32];
-          return std::string(b, std::to_chars(b, b + sizeof b, x).ptr);
-        };
-        std::fprintf(stderr, "kiln eval: warning: --mask-prob %s, but %s was trained with --mask-prob %s\n",
-                     shortest(c.mask_prob).c_str(), weights.c_str(), shortest(trained).c_str());
-      }
-    }
+    take_trained("seq_len", "--seq-len", c.was_given("seq-len"), c.seq_len, "a positive whole number", size, equal);
+    if (c.task == "mlm")
+      take_trained(
+          "mask_prob", "--mask-prob", c.was_given("mask-prob"), c.mask_prob, "a number in (0, 1)",
+          [](const std::string& v) {
+            char* end = nullptr;
+            const double p = std::strtod(v.c_str(), &end);
+            KILN_CHECK(!v.empty() && end == v.c_str() + v.size() && p > 0 && p < 1, "not a probability");
+            return p;
+          },
+          equal);
     task = make_task(c);
     if (auto it = f.metadata.find("vocab_fingerprint"); it != f.metadata.end()) {
       const std::string here = task.data_info.value("vocab_fingerprint", "");
