@@ -168,11 +168,15 @@ class FunctionNode final : public Node {
     KILN_CHECK(!released_, "backward through ", name_,
                " a second time: its saved tensors were freed by an earlier backward through it (one that finished, "
                "or one that failed partway); pass retain_graph=true to the first call, or run the forward again");
+    std::vector<bool> reached(grads.size(), true);
     for (size_t i = 0; i < grads.size(); ++i)
-      if (!grads[i].defined()) grads[i] = zeros(out_meta[i].shape, TensorOptions(out_meta[i].dtype, out_meta[i].device));
+      if (!grads[i].defined()) {
+        reached[i] = false;
+        grads[i] = zeros(out_meta[i].shape, TensorOptions(out_meta[i].dtype, out_meta[i].device));
+      }
     std::vector<bool> needs(next_edges.size());
     for (size_t i = 0; i < needs.size(); ++i) needs[i] = next_edges[i].fn != nullptr;
-    GradCtx ctx{&grads, &needs, name_};
+    GradCtx ctx{&grads, &needs, name_, &reached};
     std::vector<Tensor> res = fn_(ctx);
     KILN_CHECK(res.size() == next_edges.size(), name_, " backward returned ", res.size(), " gradient(s) for its ",
                next_edges.size(), " input(s): return one per input, in order (an undefined Tensor where none)");
@@ -400,15 +404,21 @@ std::atomic<RecordObserver> g_record_observer{nullptr};
 
 void set_record_observer(RecordObserver observer) { g_record_observer.store(observer); }
 
-void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn) {
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn,
+            bool inputs_modified) {
   if (!needs_grad(inputs)) return;
   if (const RecordObserver obs = g_record_observer.load(std::memory_order_relaxed)) obs(name);
   for (size_t i = 0; i < outputs.size(); ++i) {
     KILN_CHECK(outputs[i].defined(), name, ": output ", i, " given to autograd::record is an undefined tensor");
-    for (size_t j = 0; j < inputs.size(); ++j)
-      KILN_CHECK(!inputs[j].defined() || &outputs[i].impl() != &inputs[j].impl(), name, ": output ", i, " is input ", j,
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      if (!inputs[j].defined() || &outputs[i].impl() != &inputs[j].impl()) continue;
+      KILN_CHECK(inputs_modified, name, ": output ", i, " is input ", j,
                  " itself; an op returns a new tensor (a view, x.detach() or a copy) so the input "
                  "keeps its own place in the graph");
+      KILN_CHECK(!(inputs[j].requires_grad() && inputs[j].is_leaf()), name, ": input ", j, " ", inputs[j].type_str(),
+                 " is a leaf that requires grad and was modified in place; its gradient would be lost (modify a "
+                 "copy, or do it under no_grad outside the op)");
+    }
   }
   auto node = std::make_shared<FunctionNode>(name, std::move(fn));
   for (const Tensor& in : inputs) {

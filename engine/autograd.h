@@ -71,6 +71,8 @@ struct GradCtx {
   const std::vector<Tensor>* grads;
   const std::vector<bool>* needs;
   const char* op = "";  // the recorded name, for errors
+  // Which outputs a gradient reached; the others' are zeros in grads (null: all reached).
+  const std::vector<bool>* reached = nullptr;
   // The gradient of output i; an index past the outputs is an error naming the op.
   const Tensor& g(size_t i = 0) const;
   // Whether input i needs a gradient; an index past the inputs is an error naming the op.
@@ -97,7 +99,11 @@ namespace autograd {
 bool needs_grad(const std::vector<Tensor>& inputs);
 // Records `fn` as the backward of `outputs` w.r.t. `inputs`. Gradients it returns are summed down
 // to each input's shape (undoing broadcasting) and cast to its dtype. A no-op when !needs_grad.
-void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn);
+// An output is a new tensor, unless inputs_modified: then an output may be an input itself, one the
+// op modified in place (torch's mark_dirty), and its history becomes this node (its old one is this
+// node's input edge). Such an input must not be a leaf that requires grad.
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn,
+            bool inputs_modified = false);
 // Called with the op's name each time record() records a backward; null removes it. Process-wide,
 // for tests and tools (the op table checks that every recorded op has a row).
 using RecordObserver = void (*)(const char* name);

@@ -22,10 +22,12 @@ struct GradcheckOptions {
 
 // `fn` maps the inputs to one output. Floating inputs are copied to contiguous f64 leaves that
 // require grad (fn can take views of them to test strided paths); others pass as they are.
-// Compares d(sum(w * fn(x)))/dx for a random w with the numerical derivative, element by element,
-// within atol + rtol * |numerical| + the difference quotient's rounding error (which grows with the
-// size of sum(w * fn(x))).
-// Returns "" on success, otherwise a message naming the input, the element and both values.
+// Compares d(sum(w * fn(x)))/dx for a random signed w (|w| in [0.5, 1.5]) with the numerical
+// derivative sum(w * (fn(x + e) - fn(x - e))) / 2 eps, element by element, within atol +
+// rtol * |numerical| + the rounding of the outputs that moved (which grows with their magnitudes,
+// not with their number or sum). An output that does not depend on the inputs has a zero gradient.
+// Returns "" on success, otherwise a message naming the input, the element and both values; also a
+// failure when that rounding is as large as the gradient (nothing could be told apart there).
 std::string gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                       const std::vector<Tensor>& inputs, GradcheckOptions opts = {});
 

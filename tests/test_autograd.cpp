@@ -86,6 +86,19 @@ Tensor custom_square(const Tensor& x, double grad_scale) {
   return out;
 }
 
+// y = x + offset with a backward of grad_scale * g, or |g| when abs_grad (a backward that loses the sign).
+Tensor custom_shift(const Tensor& x, double offset, double grad_scale, bool abs_grad = false) {
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = x + offset;
+  }
+  autograd::record("custom_shift", {x}, {out}, [grad_scale, abs_grad](const GradCtx& c) -> std::vector<Tensor> {
+    return {(abs_grad ? abs(c.g()) : c.g()) * grad_scale};
+  });
+  return out;
+}
+
 }  // namespace
 
 // ---- gradcheck itself (every op's gradients are checked by the op table: tests/test_op_table.cpp) ----
@@ -109,6 +122,40 @@ TEST_CASE("autograd: gradcheck catches a wrong backward") {
   CHECK(gradcheck([](const std::vector<Tensor>& v) { return v[0] * v[1].detach(); }, {x, rnd({3, 2}, -1, 1, 4)}, skip)
             .empty());
   CHECK(!gradcheck([](const std::vector<Tensor>& v) { return v[0] * v[1].detach(); }, {x, rnd({3, 2}, -1, 1, 4)}).empty());
+}
+
+TEST_CASE("autograd: gradcheck catches a wrong backward next to large outputs, at any size") {
+  // A backward 3x too large on outputs near 1e6: the numerical derivative comes from each output's own
+  // difference, so the size (and number) of the other outputs adds no slack.
+  for (int64_t n : {1, 10, 1000, 5000}) {
+    CAPTURE(n);
+    const Tensor x = zeros({n}, TensorOptions(DType::f64));
+    const std::string bad =
+        run_gradcheck([](const std::vector<Tensor>& v) { return custom_shift(v[0], 1e6, 3.0); }, {x});
+    CHECK(contains(bad, "analytic"));
+    CHECK(run_gradcheck([](const std::vector<Tensor>& v) { return custom_shift(v[0], 1e6, 1.0); }, {x}).empty());
+  }
+  // Where the rounding of the outputs is as large as the gradient (outputs near 1e9 moved by 2e-6: a
+  // few ulps), it fails saying so rather than pass, right backward or wrong.
+  CHECK(contains(run_gradcheck([](const std::vector<Tensor>& v) { return custom_shift(v[0], 1e9, 1.0); },
+                               {zeros({4}, TensorOptions(DType::f64))}),
+                 "cannot be resolved at this magnitude"));
+  const std::string blind = run_gradcheck([](const std::vector<Tensor>& v) { return custom_shift(v[0], 1e9, 3.0); },
+                                          {zeros({4}, TensorOptions(DType::f64))});
+  CHECK(contains(blind, "cannot be resolved at this magnitude"));
+}
+
+TEST_CASE("autograd: gradcheck weights the outputs with both signs, and a constant output passes") {
+  // A backward that takes |g| agrees with the truth for positive weights only.
+  const Tensor x = rnd({10}, -1, 1, 5);
+  CHECK(contains(run_gradcheck([](const std::vector<Tensor>& v) { return custom_shift(v[0], 0.0, 1.0, true); }, {x}),
+                 "analytic"));
+  CHECK(run_gradcheck([](const std::vector<Tensor>& v) { return custom_shift(v[0], 0.0, 1.0); }, {x}).empty());
+  // An output that does not depend on the input: both gradients are zero (as PyTorch's gradcheck).
+  CHECK(run_gradcheck([](const std::vector<Tensor>& v) { return ones({3}, TensorOptions(DType::f64)); }, {x}).empty());
+  // ...but one that depends on it behind a detach (no gradient, a numerical derivative) still fails.
+  CHECK(contains(run_gradcheck([](const std::vector<Tensor>& v) { return v[0].detach() * v[0].detach(); }, {x}),
+                 "analytic 0 vs numerical"));
 }
 
 TEST_CASE("autograd: gradcheck refuses options that would check nothing or guess") {

@@ -77,6 +77,13 @@ def train(model="resnet20", *, out=None, callback=None, **options):
     a bool (augment=0), or a callback that returns something other than None, True or False, raises
     TypeError; a list for a one-value option is an error, as is an empty list or set= ("", [], {}). An int seed is taken modulo 2**64, as
     kiln.manual_seed does (seed=-1 is 2**64 - 1); --seed itself refuses values outside 0..2**64 - 1."""
+    if not isinstance(model, str):
+        # str(model) of a Python module would reach --model as its printout
+        raise TypeError("kiln.train: model must be a model name, one of kiln.models.names() "
+                        f"({', '.join(_C._model_names())}), not a {type(model).__name__}; kiln.train runs "
+                        "`kiln train`, whose models are built in C++. "
+                        "A Python module (kiln.nn.Module) trains in a loop of its own: loss.backward(), opt.step() "
+                        "with kiln.optim, as README.md's Python example shows")
     if out is None and options.get("help") is not True:
         # only help=True runs nothing; Python's own "missing keyword-only argument" would be the
         # message had `out` no default, but help=True alone must work as docs/python.md shows it

@@ -53,8 +53,8 @@ class GradcheckError(KilnError):
 def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, max_checks=0, raise_exception=True):
     """Checks fn's gradients against central differences in float64: fn(*inputs) -> one tensor.
     As torch, only the inputs with requires_grad=True are checked; they are copied to float64
-    leaves. Returns True, or raises GradcheckError with the input, element and both values (False
-    with raise_exception=False)."""
+    leaves; inputs other than tensors are passed to fn as they are. Returns True, or raises
+    GradcheckError with the input, element and both values (False with raise_exception=False)."""
     if isinstance(inputs, Tensor):
         inputs = (inputs,)
     inputs = list(inputs)
@@ -62,7 +62,17 @@ def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, max_checks=0, raise
     if not any(differentiate):
         raise ValueError("gradcheck: no input requires grad, so there is nothing to check; as torch, only the "
                          "inputs with requires_grad=True are checked (x.requires_grad_())")
-    msg = _C._gradcheck(lambda xs: fn(*xs), inputs, eps, atol, rtol, max_checks, differentiate)
+    # Only the tensors go to the engine; the other arguments (a scale, a flag) go back in their place
+    # in each call of fn.
+    at = [i for i, x in enumerate(inputs) if isinstance(x, Tensor)]
+
+    def call(xs):
+        args = list(inputs)
+        for i, x in zip(at, xs):
+            args[i] = x
+        return fn(*args)
+
+    msg = _C._gradcheck(call, [inputs[i] for i in at], eps, atol, rtol, max_checks, [differentiate[i] for i in at])
     if msg:
         if raise_exception:
             raise GradcheckError(msg)
@@ -73,7 +83,8 @@ def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, max_checks=0, raise
 class FunctionCtx:
     """What forward leaves for backward: save_for_backward(*tensors) / saved_tensors,
     needs_input_grad (one flag per forward argument), and any attribute set on it. Tensors are
-    saved detached and checked for in-place changes when read back."""
+    saved detached and checked for in-place changes when read back. As torch's, it also takes
+    mark_non_differentiable, mark_dirty and set_materialize_grads."""
 
     def save_for_backward(self, *tensors):
         for i, t in enumerate(tensors):
@@ -81,6 +92,28 @@ class FunctionCtx:
                 raise TypeError(f"save_for_backward can only save tensors (or None), but argument {i} is of "
                                 f"type {type(t).__name__}; keep other values as attributes of ctx")
         self._saved = [(None, 0) if t is None else (t.detach(), t._version) for t in tensors]
+
+    def _mark(self, what, tensors):
+        for i, t in enumerate(tensors):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"ctx.{what} takes tensors, but argument {i} is of type {type(t).__name__}")
+        return getattr(self, "_" + what, ()) + tuple(tensors)
+
+    def mark_non_differentiable(self, *tensors):
+        """These outputs of forward get no gradient (as torch): they do not require grad, and backward
+        gets zeros for them (None with set_materialize_grads(False))."""
+        self._mark_non_differentiable = self._mark("mark_non_differentiable", tensors)
+
+    def mark_dirty(self, *tensors):
+        """These inputs were modified in place by forward and are returned as outputs (as torch): the
+        output is the input itself, whose history becomes this Function's. Refused for a leaf that
+        requires grad, and for a tensor whose memory another tensor shares (a view or the base of one;
+        Kiln cannot move that tensor's history too): clone() it first."""
+        self._mark_dirty = self._mark("mark_dirty", tensors)
+
+    def set_materialize_grads(self, value):
+        """With False, backward gets None for an output no gradient reached, instead of zeros (as torch)."""
+        self._materialize = bool(value)
 
     @property
     def saved_tensors(self):
@@ -111,10 +144,11 @@ class Function:
 
     forward runs without gradient recording and returns a tensor or a tuple (values other than
     tensors in it pass through and get no gradient); backward gets one gradient per output (None for
-    a non-tensor output) and returns one per forward argument (None for non-tensors or inputs that
-    need none; extra trailing Nones are ignored, as torch). Keep tensors for backward
-    with ctx.save_for_backward, not as ctx attributes (an output held there would keep its own
-    graph alive)."""
+    a non-tensor output) and returns one per forward argument (None for inputs that need none; a
+    non-tensor argument must get None, as torch; extra trailing Nones are ignored). torch 2's style
+    works too: forward(*args) without ctx plus setup_context(ctx, inputs, output). Keep tensors for
+    backward with ctx.save_for_backward, not as ctx attributes (an output held there would keep its
+    own graph alive)."""
 
     @staticmethod
     def forward(ctx, *args, **kwargs):
@@ -123,6 +157,12 @@ class Function:
     @staticmethod
     def backward(ctx, *grads):
         raise NotImplementedError("a kiln.autograd.Function subclass must define backward")
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        """torch 2's style: define it, and forward(*args) takes no ctx; setup_context(ctx, inputs,
+        output) then gets the forward's arguments (a tuple) and what it returned."""
+        raise NotImplementedError("setup_context is not defined: forward takes ctx first")
 
     @classmethod
     def apply(cls, *args, **kwargs):
@@ -135,7 +175,11 @@ class Function:
                                 "positionally (backward returns one gradient per positional argument)")
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         with no_grad():
-            out = cls.forward(ctx, *args, **kwargs)
+            if cls.setup_context is Function.setup_context:
+                out = cls.forward(ctx, *args, **kwargs)
+            else:  # torch 2's style: forward without ctx, then setup_context
+                out = cls.forward(*args, **kwargs)
+                cls.setup_context(ctx, args, out)
         name = cls.__name__
         single = isinstance(out, Tensor)
         if not single and not isinstance(out, (tuple, list)):
@@ -143,22 +187,57 @@ class Function:
         outs = (out,) if single else tuple(out)
         if not outs:
             raise KilnError(f"{name}.forward returned no tensors (an empty {type(out).__name__})")
+        # What ctx marked; ctx lets go of the tensors (backward's closure holds ctx).
+        non_diff = ctx.__dict__.pop("_mark_non_differentiable", ())
+        dirty = ctx.__dict__.pop("_mark_dirty", ())
+        materialize = ctx.__dict__.pop("_materialize", True)
+        for t in dirty:
+            if not any(t is o for o in outs):
+                raise KilnError(f"{name}.forward marked a tensor dirty (ctx.mark_dirty) but did not return it; as "
+                                "torch, an input modified in place must be one of the outputs")
+        dirty_in = [i for i, a in enumerate(args) if isinstance(a, Tensor) and any(a is t for t in dirty)]
         # As torch, other values among the outputs pass through as they are and get no gradient
-        # (backward still gets one argument per output: None for them).
-        tensor_at = [k for k, o in enumerate(outs) if isinstance(o, Tensor)]
+        # (backward still gets one argument per output: None for them), and so do the outputs
+        # marked non-differentiable (backward gets zeros for them, or None without materialize).
+        tensor_at = [k for k, o in enumerate(outs) if isinstance(o, Tensor) and not any(o is t for t in non_diff)]
+        non_diff_at = [k for k, o in enumerate(outs) if isinstance(o, Tensor) and k not in tensor_at]
         n_outs = len(outs)
-        # An input returned as it is gets a new handle, so that its own graph is not overwritten.
-        outs = tuple(o.detach() if isinstance(o, Tensor) and any(o is a for a in args) else o for o in outs)
+        # An input returned as it is gets a new handle, so that its own graph is not overwritten;
+        # one marked dirty is returned itself, and its history becomes this Function's below.
+        outs = tuple(o.detach() if isinstance(o, Tensor) and any(o is a for a in args)
+                     and not any(o is t for t in dirty) else o for o in outs)
+        non_diff_meta = {k: (tuple(outs[k].shape), outs[k].dtype, outs[k].device) for k in non_diff_at}
         positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
-        if tensor_at and _C.is_grad_enabled() and any(ctx.needs_input_grad):
+        recording = _C.is_grad_enabled() and any(ctx.needs_input_grad)
+        if recording:
+            for i in dirty_in:
+                a = args[i]
+                if a.requires_grad and a.is_leaf:
+                    raise KilnError(f"{name}.forward modified input {i} in place (ctx.mark_dirty), a leaf that "
+                                    "requires grad: as torch, a leaf that requires grad cannot be modified in "
+                                    "place; pass a copy (x.clone())")
+                if _C._storage_shared(a):
+                    raise KilnError(f"{name}.forward modified input {i} in place (ctx.mark_dirty), whose memory "
+                                    "another tensor shares (a view of it, or the tensor it is a view of): Kiln "
+                                    "moves the history of the input alone, so that tensor's gradient would be "
+                                    "wrong; pass a copy (x.clone())")
+        for k in non_diff_at:
+            if outs[k].requires_grad:  # an input returned as it is, marked non-differentiable
+                outs = outs[:k] + (outs[k].detach(),) + outs[k + 1:]
+        if tensor_at and recording:
             n_args = len(args)
-            # What backward's results are checked against; the closure holds shapes, not the inputs.
+            # What backward's results are checked against; the closure holds shapes and type names,
+            # not the inputs.
             shapes = {i: tuple(args[i].shape) for i in positions}
+            kinds = {i: type(a).__name__ for i, a in enumerate(args) if i not in shapes}
 
-            def run_backward(grads, needs):
+            def run_backward(grads, needs, reached):
                 full = [None] * n_outs
-                for k, g in zip(tensor_at, grads):
-                    full[k] = g
+                for k, g, r in zip(tensor_at, grads, reached):
+                    full[k] = g if r or materialize else None
+                if materialize:
+                    for k, (shape, dtype, device) in non_diff_meta.items():
+                        full[k] = _C.zeros(*shape, dtype=dtype, device=device)
                 res = cls.backward(ctx, *full)
                 if not isinstance(res, tuple):
                     res = (res,)
@@ -168,6 +247,11 @@ class Function:
                 if len(res) != n_args:
                     raise KilnError(f"{name}.backward returned {len(res)} values for {n_args} forward arguments "
                                     "(one per argument; only extra trailing Nones are allowed)")
+                for i, kind in kinds.items():
+                    if res[i] is not None:  # as torch: a gradient for a number would be dropped silently
+                        raise KilnError(f"{name}.backward returned a gradient different than None at position "
+                                        f"{i + 1}, but the corresponding forward input was not a tensor (a {kind}, "
+                                        f"given a {type(res[i]).__name__}); return None there")
                 for i in positions:
                     g = res[i]
                     if isinstance(g, Tensor) and not _expandable(shapes[i], tuple(g.shape)):
@@ -176,7 +260,8 @@ class Function:
                                         "broadcasting: it is summed down)")
                 return tuple(res[i] for i in positions)
 
-            _C._record_function(name, [args[i] for i in positions], [outs[k] for k in tensor_at], run_backward)
+            _C._record_function(name, [args[i] for i in positions], [outs[k] for k in tensor_at], run_backward,
+                                bool(dirty_in))
         return outs[0] if single else outs
 
 

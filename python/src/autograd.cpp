@@ -34,40 +34,51 @@ void bind_autograd(nb::module_& m) {
   m.def(
       "_record_function",
       [](const std::string& name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-         nb::callable backward) {
+         nb::callable backward, bool inputs_modified) {
         auto fn = hold(backward);
         const size_t n_in = inputs.size();
         const std::string label = name;
-        autograd::record(intern(name), inputs, outputs, [fn, n_in, label](const GradCtx& c) -> std::vector<Tensor> {
-          GilAcquire gil;
-          KILN_CHECK(!fn->obj.is_none(), label, ": the Python backward was released at interpreter exit");
-          nb::list grads;
-          for (const Tensor& g : *c.grads) grads.append(nb::cast(g));
-          nb::list needs;
-          for (size_t i = 0; i < n_in; ++i) needs.append(c.needs_grad(i));
-          nb::object res = fn->obj(grads, needs);
-          if (nb::isinstance<Tensor>(res) || res.is_none()) res = nb::make_tuple(res);
-          std::vector<Tensor> out;
-          for (nb::handle h : nb::iter(res)) {
-            if (h.is_none()) {
-              out.push_back(Tensor());
-            } else if (nb::isinstance<Tensor>(h)) {
-              out.push_back(nb::cast<Tensor>(h));
-            } else {
-              KILN_FAIL(label, ".backward returned a ",
-                        nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(h.ptr()))))),
-                        ", expected kiln.Tensor or None");
-            }
-          }
-          KILN_CHECK(out.size() == n_in, label, ".backward returned ", out.size(), " gradients for ", n_in,
-                     " tensor inputs of forward");
-          for (size_t i = 0; i < n_in; ++i)
-            if (out[i].defined() && !c.needs_grad(i)) out[i] = Tensor();
-          return out;
-        });
+        autograd::record(
+            intern(name), inputs, outputs,
+            [fn, n_in, label](const GradCtx& c) -> std::vector<Tensor> {
+              GilAcquire gil;
+              KILN_CHECK(!fn->obj.is_none(), label, ": the Python backward was released at interpreter exit");
+              nb::list grads;
+              for (const Tensor& g : *c.grads) grads.append(nb::cast(g));
+              nb::list needs;
+              for (size_t i = 0; i < n_in; ++i) needs.append(c.needs_grad(i));
+              nb::list reached;
+              for (size_t i = 0; i < c.grads->size(); ++i) reached.append(!c.reached || (*c.reached)[i]);
+              nb::object res = fn->obj(grads, needs, reached);
+              if (nb::isinstance<Tensor>(res) || res.is_none()) res = nb::make_tuple(res);
+              std::vector<Tensor> out;
+              for (nb::handle h : nb::iter(res)) {
+                if (h.is_none()) {
+                  out.push_back(Tensor());
+                } else if (nb::isinstance<Tensor>(h)) {
+                  out.push_back(nb::cast<Tensor>(h));
+                } else {
+                  KILN_FAIL(label, ".backward returned a ",
+                            nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(h.ptr()))))),
+                            ", expected kiln.Tensor or None");
+                }
+              }
+              KILN_CHECK(out.size() == n_in, label, ".backward returned ", out.size(), " gradients for ", n_in,
+                         " tensor inputs of forward");
+              for (size_t i = 0; i < n_in; ++i)
+                if (out[i].defined() && !c.needs_grad(i)) out[i] = Tensor();
+              return out;
+            },
+            inputs_modified);
       },
-      nb::arg("name"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("backward"),
-      "Records backward(grads, needs_input_grad) -> one gradient (or None) per input as the backward of outputs.");
+      nb::arg("name"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("backward"), nb::arg("inputs_modified") = false,
+      "Records backward(grads, needs_input_grad, reached) -> one gradient (or None) per input as the backward of "
+      "outputs (reached: whether a gradient reached each output; the others' are zeros). inputs_modified: an "
+      "output may be an input modified in place, whose history becomes this node.");
+
+  m.def(
+      "_storage_shared", [](const Tensor& x) { return x.defined() && x.storage() && x.storage().use_count() > 1; },
+      nb::arg("x"), "Whether another tensor (a view, its base, an alias) holds x's memory.");
 
   m.def(
       "_checkpoint",

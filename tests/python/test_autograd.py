@@ -595,3 +595,182 @@ def test_inplace_refusal_of_an_operand_that_requires_grad_names_the_op(op, call)
     assert msg.startswith(op + ": the operand"), msg
     assert "kiln.no_grad()" in msg
     assert z.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("n", [1, 10, 1000])
+def test_gradcheck_catches_a_wrong_backward_next_to_large_outputs_as_torch(n):
+    import torch
+    for lib in (kiln, torch):
+        Fn = kiln.autograd.Function if lib is kiln else torch.autograd.Function
+
+        class Shift(Fn):
+            @staticmethod
+            def forward(ctx, x):
+                return x + 1e6
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 3  # the true gradient is g
+
+        x = lib.zeros(n, dtype=lib.float64).requires_grad_()
+        with pytest.raises((GradcheckError, RuntimeError)):
+            lib.autograd.gradcheck(Shift.apply, (x,))
+    assert gradcheck(lambda a: a + 1e6, (kiln.zeros(n, dtype=kiln.float64).requires_grad_(),))
+
+
+def test_gradcheck_weights_outputs_of_both_signs_so_a_backward_losing_the_sign_fails():
+    class AbsGrad(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g.abs() * 3 * x * x
+
+    x = kiln.tensor([-1 + 2 * i / 9 for i in range(10)], dtype=kiln.float64).requires_grad_()
+    with pytest.raises(GradcheckError, match="analytic"):
+        gradcheck(AbsGrad.apply, (x,))
+
+
+def test_gradcheck_passes_other_arguments_and_a_constant_output_as_torch():
+    import torch
+    for lib in (kiln, torch):
+        x = lib.ones(2, dtype=lib.float64, requires_grad=True)
+        assert lib.autograd.gradcheck(lambda a, k: a * k, (x, 2.0))
+        assert lib.autograd.gradcheck(lambda k, a, flag: a * k if flag else a, (3, x, True))
+        # an output that does not depend on the input: both gradients are zero
+        assert lib.autograd.gradcheck(lambda a: (a > 5).double() + 2, (x,))
+        assert lib.autograd.gradcheck(lambda a: lib.ones(3, dtype=lib.float64), (x,))
+    with pytest.raises(GradcheckError, match="analytic 0 vs numerical"):
+        gradcheck(lambda a: a.detach() * a.detach(), (kiln.ones(2, dtype=kiln.float64, requires_grad=True),))
+    with pytest.raises(ValueError, match="no input requires grad"):
+        gradcheck(lambda a, k: a * k, (kiln.ones(2, dtype=kiln.float64), 2.0))
+
+
+def test_function_gradient_for_a_non_tensor_argument_is_refused_as_torch():
+    import torch
+    for lib in (kiln, torch):
+        Fn = kiln.autograd.Function if lib is kiln else torch.autograd.Function
+
+        class Scale(Fn):
+            @staticmethod
+            def forward(ctx, x, k):
+                return x * k
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 3, g.sum()
+
+        x = lib.ones(2, requires_grad=True)
+        with pytest.raises((kiln.KilnError, RuntimeError), match="position 2, but the corresponding forward input"):
+            Scale.apply(x, 3.0).sum().backward()
+
+
+def test_function_ctx_marks_and_setup_context_as_torch():
+    import torch
+    for lib in (kiln, torch):
+        Fn = kiln.autograd.Function if lib is kiln else torch.autograd.Function
+        seen = []
+
+        class NonDiff(Fn):
+            @staticmethod
+            def forward(ctx, x, materialize):
+                ctx.set_materialize_grads(materialize)
+                idx = (x > 0).double()
+                ctx.mark_non_differentiable(idx)
+                return x * 2, idx, x * 5
+
+            @staticmethod
+            def backward(ctx, ga, gi, gc):
+                seen.append([None if g is None else g.tolist() for g in (ga, gi, gc)])
+                return ga * 2 if gc is None else ga * 2 + gc * 5, None
+
+        x = lib.tensor([1.0, -2.0], dtype=lib.float64, requires_grad=True)
+        a, i, c = NonDiff.apply(x, True)
+        assert a.requires_grad and not i.requires_grad and c.requires_grad
+        a.sum().backward()
+        assert x.grad.tolist() == [2.0, 2.0]
+        a, i, c = NonDiff.apply(x, False)
+        a.sum().backward()
+        assert seen == [[[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], None, None]]
+        with pytest.raises((TypeError, RuntimeError), match="int"):
+            type("M", (Fn,), {"forward": staticmethod(lambda ctx, x: (ctx.mark_non_differentiable(3), x)[1]),
+                              "backward": staticmethod(lambda ctx, g: g)}).apply(x)
+
+        class Double(Fn):
+            @staticmethod
+            def forward(ctx, x):
+                x.mul_(2)
+                ctx.mark_dirty(x)
+                return x
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 2
+
+        a = lib.tensor([1.0, 2.0], requires_grad=True)
+        b = a * 1
+        y = Double.apply(b)
+        assert y is b and not b.is_leaf and b.tolist() == [2.0, 4.0]
+        y.sum().backward()
+        assert a.grad.tolist() == [2.0, 2.0]
+        with pytest.raises((kiln.KilnError, RuntimeError), match="leaf"):
+            Double.apply(lib.ones(2, requires_grad=True))
+        plain = lib.ones(2)
+        assert Double.apply(plain) is plain and not plain.requires_grad
+
+        class NotReturned(Fn):
+            @staticmethod
+            def forward(ctx, x):
+                x.mul_(2)
+                ctx.mark_dirty(x)
+                return x * 1
+
+            @staticmethod
+            def backward(ctx, g):
+                return g
+
+        with pytest.raises((kiln.KilnError, RuntimeError), match="dirty"):
+            NotReturned.apply(a * 1)
+
+        class Torch2(Fn):  # torch 2's style: forward without ctx, then setup_context
+            @staticmethod
+            def forward(x, k):
+                return x * k, x * x
+
+            @staticmethod
+            def setup_context(ctx, inputs, output):
+                x, k = inputs
+                assert isinstance(output, tuple) and len(output) == 2
+                ctx.k = k
+                ctx.save_for_backward(x)
+
+            @staticmethod
+            def backward(ctx, ga, gb):
+                (x,) = ctx.saved_tensors
+                return ga * ctx.k + gb * 2 * x, None
+
+        x = lib.tensor([1.0, 3.0], requires_grad=True)
+        p, q = Torch2.apply(x, 3.0)
+        (p + q).sum().backward()
+        assert x.grad.tolist() == [5.0, 9.0]
+
+    # Kiln moves the history of the input alone (torch moves its base's too): an input whose memory
+    # another tensor shares is refused rather than leave that tensor's gradient wrong
+    class KilnDouble(Function):
+        @staticmethod
+        def forward(ctx, x):
+            x.mul_(2)
+            ctx.mark_dirty(x)
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    b = kiln.ones(3, requires_grad=True) * 1
+    with pytest.raises(kiln.KilnError, match="another tensor shares"):
+        KilnDouble.apply(b[0:2])

@@ -113,6 +113,18 @@ def test_bad_options(tmp_path):
     assert not os.path.exists(tmp_path / "x")
 
 
+def test_a_python_module_for_model_is_a_type_error_naming_the_way(tmp_path):
+    class Net(kiln.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = kiln.nn.Linear(2, 2)
+
+    for model in (Net(), kiln.models.create("resnet20"), 20):
+        with pytest.raises(TypeError, match=r"model name.*resnet20.*loop of its own"):
+            kiln.train(model, out=tmp_path / "x", max_steps=1)
+    assert not os.path.exists(tmp_path / "x")
+
+
 def test_unknown_keywords_are_named_whatever_their_value(tmp_path):
     # None means "the flag's default" for a known option; an unknown one is still a mistake to name
     with pytest.raises(kiln.KilnValueError, match=r"unknown option\(s\) bogus_opt"):
