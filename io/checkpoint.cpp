@@ -66,6 +66,16 @@ void pread_all(int fd, void* buf, size_t n, uint64_t offset, const std::string& 
     offset += uint64_t(r);
   }
 }
+
+// The entries that hold bytes, by offset. An empty tensor takes no room, so it is left out of every check
+// of the blobs' layout (overlaps, padding): the writer gives it the offset of the next blob.
+std::vector<const CheckpointEntry*> blobs_by_offset(const std::vector<CheckpointEntry>& entries) {
+  std::vector<const CheckpointEntry*> blobs;
+  for (const auto& e : entries)
+    if (e.nbytes) blobs.push_back(&e);
+  std::sort(blobs.begin(), blobs.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  return blobs;
+}
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
@@ -209,6 +219,16 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   KILN_CHECK(m.is_object() && m.value("format", "") == "kiln-checkpoint" && m.contains("tensors") &&
                  m["tensors"].is_array(),
              path, ": the manifest lacks the kiln-checkpoint format tag or its tensor list");
+  // The header's version decided above how to read the file; the manifest says it again, and a manifest
+  // that says another (or something that is no version) is refused: the writer was wrong, or the file was
+  // edited. A manifest without one is read by the header's.
+  if (m.contains("version")) {
+    const json& v = m["version"];
+    KILN_CHECK(v.is_array() && v.size() == 2 && v[0].is_number_unsigned() && v[1].is_number_unsigned() &&
+                   v[0].get<uint64_t>() == major_ && v[1].get<uint64_t>() == minor_,
+               path, ": the manifest's version ", v.dump(), " is not the header's [", major_, ",", minor_,
+               "]: the file was written or edited wrongly");
+  }
   if (m.contains("state")) {
     KILN_CHECK(m["state"].is_object(), path, ": the manifest's state is not an object");
     state_ = m["state"].dump();
@@ -225,13 +245,23 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
         // a size is a whole number in 0..2^63-1: 16.5 or 2^64-1 are refused, not read as 16 or -1
         if (!d.is_number_integer() ||
             (d.is_number_unsigned() ? d.get<uint64_t>() > uint64_t(INT64_MAX) : d.get<int64_t>() < 0))
-          throw std::invalid_argument("shape " + e.at("shape").dump() + " holds " + d.dump() +
+          throw std::invalid_argument("tensor '" + c.name + "': shape " + e.at("shape").dump() + " holds " + d.dump() +
                                       ", which is not a whole number >= 0");
         c.shape.push_back(d.get<int64_t>());
       }
-      c.offset = e.at("offset").get<uint64_t>();
-      c.nbytes = e.at("nbytes").get<uint64_t>();
-      c.crc = e.at("crc32c").get<uint32_t>();
+      // offset, nbytes and crc32c are JSON integers in range: get<uint64_t>() would read 64.7 as 64 and
+      // get<uint32_t>() 2^32+5 as 5.
+      auto whole = [&](const char* field, uint64_t max) {
+        const json& v = e.at(field);
+        if (!v.is_number_unsigned() || v.get<uint64_t>() > max)
+          throw std::invalid_argument("tensor '" + c.name + "': \"" + field + "\" is " + v.dump() +
+                                      ", which is not an integer in 0.." + std::to_string(max) +
+                                      " (written without a fraction or exponent)");
+        return v.get<uint64_t>();
+      };
+      c.offset = whole("offset", UINT64_MAX);
+      c.nbytes = whole("nbytes", UINT64_MAX);
+      c.crc = uint32_t(whole("crc32c", UINT32_MAX));
     } catch (const std::exception& ex) {
       KILN_FAIL(path, ": a manifest tensor entry is malformed (", ex.what(), ")");
     }
@@ -251,12 +281,12 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
                ", outside the data area 64..", manifest_offset_, " or unaligned");
     entries_.push_back(std::move(c));
   }
-  std::vector<const CheckpointEntry*> by_offset;
-  for (const auto& e : entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
-  for (size_t i = 1; i < by_offset.size(); ++i)
-    KILN_CHECK(by_offset[i - 1]->offset + by_offset[i - 1]->nbytes <= by_offset[i]->offset, path, ": tensors '",
-               by_offset[i - 1]->name, "' and '", by_offset[i]->name, "' overlap");
+  // An empty tensor may share its offset with a blob or lie inside one: it takes no bytes. Whether two
+  // blobs overlap then depends on neither the manifest's order nor the sort's.
+  const auto blobs = blobs_by_offset(entries_);
+  for (size_t i = 1; i < blobs.size(); ++i)
+    KILN_CHECK(blobs[i - 1]->offset + blobs[i - 1]->nbytes <= blobs[i]->offset, path, ": tensors '", blobs[i - 1]->name,
+               "' and '", blobs[i]->name, "' overlap");
 }
 
 CheckpointReader::~CheckpointReader() {
@@ -286,9 +316,6 @@ Tensor CheckpointReader::read(const std::string& name) const {
 
 std::vector<std::string> CheckpointReader::verify() const {
   std::vector<std::string> problems;
-  std::vector<const CheckpointEntry*> by_offset;
-  for (const auto& e : entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
   std::vector<unsigned char> buf;
   auto check_zero = [&](uint64_t from, uint64_t to) {
     if (to <= from) return;
@@ -301,8 +328,16 @@ std::vector<std::string> CheckpointReader::verify() const {
         return;
       }
   };
+  // Empty tensors are read (their checksum and entry checked) but take no room in the walk over the
+  // blobs, whose gaps are the padding.
+  for (const auto& e : entries_)
+    if (!e.nbytes) try {
+        (void)read(e.name);
+      } catch (const Error& err) {
+        problems.push_back(err.message());
+      }
   uint64_t at = 40;  // the header's reserved bytes onwards
-  for (const auto* e : by_offset) {
+  for (const auto* e : blobs_by_offset(entries_)) {
     check_zero(at, e->offset);
     try {
       (void)read(e->name);

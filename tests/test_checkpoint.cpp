@@ -204,6 +204,150 @@ TEST_CASE("checkpoint: a shape size that is not a whole number >= 0 is refused, 
   }
 }
 
+TEST_CASE("checkpoint: offset, nbytes and crc32c that are not integers in range are refused, not truncated") {
+  TempDir d("kiln_ckpt");
+  io::save_checkpoint(d / "a.kiln", {{"w", ones({16})}}, "{}");
+  const json good = manifest_of(d / "a.kiln");
+  const std::string crc = std::to_string(good["tensors"][0]["crc32c"].get<uint64_t>());
+  const std::tuple<const char*, std::string, const char*> bad[] = {
+      {"offset", "64.7", "0..18446744073709551615"},
+      {"offset", "64.0", "0..18446744073709551615"},
+      {"offset", "-64", "0..18446744073709551615"},
+      {"offset", "\"64\"", "0..18446744073709551615"},
+      {"nbytes", "64.9", "0..18446744073709551615"},
+      {"nbytes", "6.4e1", "0..18446744073709551615"},
+      {"crc32c", crc + ".5", "0..4294967295"},
+      {"crc32c", std::to_string(good["tensors"][0]["crc32c"].get<uint64_t>() + (uint64_t(1) << 32)), "0..4294967295"}};
+  for (const auto& b : bad) {
+    const std::string field = std::get<0>(b), value = std::get<1>(b), range = std::get<2>(b);
+    json m = good;
+    m["tensors"][0][field] = json::parse(value);
+    write_bytes(d / "b.kiln", with_manifest(d / "a.kiln", m.dump()));
+    const std::string e = error_of([&] { io::CheckpointReader r(d / "b.kiln"); });
+    CHECK_MESSAGE(contains(e, "b.kiln: a manifest tensor entry is malformed (tensor 'w': \"" + field + "\" is " +
+                                  m["tensors"][0][field].dump() + ", which is not an integer in " + range),
+                  field, "=", value, ": ", e);
+  }
+  // The same entry with its own integers reads back.
+  write_bytes(d / "b.kiln", with_manifest(d / "a.kiln", good.dump()));
+  CHECK(io::CheckpointReader(d / "b.kiln").read("w").to_vector() == ones({16}).to_vector());
+}
+
+TEST_CASE("checkpoint: empty tensors take no room: any number, in any place and manifest order, read back") {
+  TempDir d("kiln_ckpt");
+  // The writer gives an empty tensor the offset of the next blob (or the manifest's): files of this layout
+  // by every Kiln version read back. More than 16 entries made std::sort order equal offsets otherwise.
+  const std::pair<const char*, std::function<bool(int, int)>> patterns[] = {
+      {"every other", [](int i, int) { return i % 2 == 0; }},     {"odd ones", [](int i, int) { return i % 2 == 1; }},
+      {"every third", [](int i, int) { return i % 3 == 0; }},     {"the first ten", [](int i, int) { return i < 10; }},
+      {"the last ten", [](int i, int n) { return i >= n - 10; }}, {"all", [](int, int) { return true; }},
+      {"all but one", [](int i, int) { return i != 7; }}};
+  for (const auto& pattern : patterns) {
+    const std::string what = pattern.first;
+    const auto& empty = pattern.second;
+    for (int n : {17, 33}) {
+      std::vector<std::pair<std::string, Tensor>> t;
+      for (int i = 0; i < n; ++i) {
+        char name[16];
+        std::snprintf(name, sizeof name, "t%04d", i);
+        t.emplace_back(name, empty(i, n) ? zeros({0, i % 3}) : full({3}, double(i), i % 2 ? DType::f32 : DType::u8));
+      }
+      const std::string p = d / "e.kiln";
+      io::save_checkpoint(p, t, "{}");
+      std::string e = error_of([&] {
+        io::CheckpointReader r(p);
+        for (const auto& named : t)
+          CHECK_MESSAGE(r.read(named.first).to_vector() == named.second.to_vector(), what, " ", named.first);
+        const auto problems = r.verify();
+        CHECK_MESSAGE(problems.empty(), what, " n=", n, ": ", problems.empty() ? "" : problems[0]);
+      });
+      CHECK_MESSAGE(e == "NO ERROR", what, " n=", n, ": ", e);
+      // The same file with its manifest's entries reversed and rotated: the order does not matter.
+      for (int turn : {0, 1, 5}) {
+        json m = manifest_of(p);
+        auto& list = m["tensors"];
+        std::reverse(list.begin(), list.end());
+        std::rotate(list.begin(), list.begin() + turn, list.end());
+        write_bytes(d / "r.kiln", with_manifest(p, m.dump()));
+        e = error_of([&] { CHECK(io::CheckpointReader(d / "r.kiln").verify().empty()); });
+        CHECK_MESSAGE(e == "NO ERROR", what, " n=", n, " reordered ", turn, ": ", e);
+      }
+    }
+  }
+  const auto r = run_kiln("ckpt verify " + d / "r.kiln", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "OK (33 tensors"), r.output);
+
+  // By hand: an empty tensor at an aligned offset inside a blob, or at the manifest's, takes no room and is
+  // read; an empty one unaligned or past the data area is still refused, and so are two blobs that
+  // overlap, with empties at their offsets in any order.
+  io::save_checkpoint(d / "a.kiln", {{"a", ones({40})}, {"b", ones({3})}, {"z", zeros({0})}, {"y", zeros({2, 0})}},
+                      "{}");
+  json m = manifest_of(d / "a.kiln");
+  REQUIRE(m["tensors"][0]["offset"] == 64);
+  m["tensors"][2]["offset"] = 128;  // inside a's 160 bytes
+  write_bytes(d / "h.kiln", with_manifest(d / "a.kiln", m.dump()));
+  {
+    io::CheckpointReader h(d / "h.kiln");
+    CHECK(h.verify().empty());
+    CHECK(h.read("z").shape() == Shape{0});
+  }
+  m["tensors"][2]["offset"] = 130;
+  write_bytes(d / "h.kiln", with_manifest(d / "a.kiln", m.dump()));
+  CHECK(contains(error_of([&] { io::CheckpointReader h(d / "h.kiln"); }), "tensor 'z' lies at bytes 130..130"));
+  for (int order = 0; order < 4; ++order) {
+    json o = manifest_of(d / "a.kiln");
+    o["tensors"][1]["offset"] = 128;  // b inside a
+    o["tensors"][2]["offset"] = 64;
+    o["tensors"][3]["offset"] = 128;
+    auto& list = o["tensors"];
+    std::rotate(list.begin(), list.begin() + order, list.end());
+    write_bytes(d / "h.kiln", with_manifest(d / "a.kiln", o.dump()));
+    const std::string e = error_of([&] { io::CheckpointReader h(d / "h.kiln"); });
+    CHECK_MESSAGE(contains(e, "h.kiln: tensors 'a' and 'b' overlap"), order, ": ", e);
+  }
+}
+
+TEST_CASE("checkpoint: the manifest's version must be the header's; state may be absent; format and bools checked") {
+  TempDir d("kiln_ckpt");
+  io::save_checkpoint(d / "a.kiln", {{"m", ones({3}).to(DType::boolean)}}, R"({"k": 1})");
+  const json good = manifest_of(d / "a.kiln");
+  CHECK(good["version"] == json::array({io::kCheckpointMajor, io::kCheckpointMinor}));
+  auto open_with = [&](const json& m) {
+    write_bytes(d / "b.kiln", with_manifest(d / "a.kiln", m.dump()));
+    return error_of([&] { io::CheckpointReader r(d / "b.kiln"); });
+  };
+  for (const char* v : {"[2, 0]", "[1, 1]", "[0, 0]", "[1]", "\"1.0\"", "[1, 0.5]", "[1, 0, 0]", "null"}) {
+    json m = good;
+    m["version"] = json::parse(v);
+    const std::string e = open_with(m);
+    CHECK_MESSAGE(contains(e, "b.kiln: the manifest's version " + m["version"].dump() + " is not the header's [1,0]"),
+                  v, ": ", e);
+  }
+  // Without a version (the header's rules) or a state (read as {}), the file reads.
+  json m = good;
+  m.erase("version");
+  m.erase("state");
+  CHECK(open_with(m) == "NO ERROR");
+  {
+    io::CheckpointReader r(d / "b.kiln");
+    CHECK(r.state_json() == "{}");
+    CHECK(r.read("m").to_vector() == std::vector<double>{1, 1, 1});
+  }
+  m = good;
+  m["format"] = "kiln-ckpt";
+  CHECK(contains(open_with(m), "lacks the kiln-checkpoint format tag"));
+  // A bool blob of a byte other than 0 and 1 (its checksum right) is refused when read.
+  std::string b = bytes_of(d / "a.kiln");
+  b[65] = 2;
+  m = good;
+  m["tensors"][0]["crc32c"] = io::crc32c(b.data() + 64, 3);
+  write_bytes(d / "c.kiln", b);
+  write_bytes(d / "c.kiln", with_manifest(d / "c.kiln", m.dump()));
+  io::CheckpointReader r(d / "c.kiln");
+  CHECK(contains(error_of([&] { (void)r.read("m"); }), "tensor 'm' is bool but holds the byte 2"));
+}
+
 TEST_CASE("checkpoint: a writer killed mid-write leaves `latest` pointing at a complete checkpoint") {
   TempDir d("kiln_ckpt");
   const std::string dir = d.p.string();

@@ -142,6 +142,17 @@ def test_files(tmp_path):
         kiln.load_checkpoint(str(tmp_path / "nope.kiln"))
 
 
+def test_checkpoint_of_many_tensors_with_empty_ones_reads_back(tmp_path):
+    # An empty tensor shares its offset with the next blob; with more than 16 entries the reader once
+    # sorted them the wrong way round and called the file's tensors overlapping.
+    for empty in (lambda i: i % 2 == 0, lambda i: i % 3 == 1, lambda i: i >= 10, lambda i: True):
+        want = {"t%04d" % i: (kiln.zeros(0) if empty(i) else kiln.ones(3) * i) for i in range(17)}
+        kiln.save_checkpoint(str(tmp_path / "k17.kiln"), want, {"n": 17})
+        got, state = kiln.load_checkpoint(str(tmp_path / "k17.kiln"))
+        assert state == {"n": 17} and list(got) == list(want)
+        assert all(got[k].tolist() == v.tolist() for k, v in want.items())
+
+
 @pytest.mark.skipif(not os.path.isdir(kiln.data.FASHION_MNIST_DIR), reason="dataset-fashion-mnist is not installed")
 def test_data_loader():
     d = kiln.data.fashion_mnist()
