@@ -102,7 +102,10 @@ DistEnv DistEnv::from_variables(const Lookup& get) {
              "too (unset RANK for a one-process run)");
   if (e.launcher == "torchrun") {
     if (const char* a = get("MASTER_ADDR")) e.master_addr = a;
-    env_int(get, "MASTER_PORT", e.master_port);
+    // A port past 65535 wrapped (95536 listened on 30000) and 0 read as "not set": refused as given.
+    if (env_int(get, "MASTER_PORT", e.master_port))
+      KILN_CHECK(e.master_port >= 1 && e.master_port <= 65535, "environment variable MASTER_PORT='", get("MASTER_PORT"),
+                 "' is not a TCP port: expected 1..65535 (the port rank 0 listens on)");
   }
   if (const char* k = get("KILN_DIST_SECRET")) e.secret = k;
   KILN_CHECK(e.world_size >= 1 && e.rank < e.world_size && e.local_rank < std::max(e.local_world_size, 1),

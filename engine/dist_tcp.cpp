@@ -120,14 +120,19 @@ void tune(int fd) {
 }
 
 // Connects to host:port, retrying until the deadline (the peer may not be listening yet). The
-// failure names the wait (--dist-timeout, `timeout_s`), as rank 0's wait for the others does.
+// failure names the wait (--dist-timeout, `timeout_s`), as rank 0's wait for the others does. With
+// `note`, a wait is told 5 s in and every 10 s after ("waiting for WHO at HOST:PORT: 15 s of 600 s"):
+// a rank whose rank 0 never came (refused to start, another machine not up) said nothing for the
+// whole --dist-timeout.
 Socket connect_to(const std::string& host, int port, Clock::time_point deadline, int64_t timeout_s,
-                  const std::string& who) {
+                  const std::string& who, const std::function<void(const std::string&)>& note = nullptr) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
   KILN_CHECK(rc == 0 && res, "cannot resolve ", who, " address '", host, "': ", ::gai_strerror(rc));
+  const auto start = Clock::now();
+  auto next_note = start + std::chrono::seconds(5);
   for (;;) {
     Socket s(::socket(AF_INET, SOCK_STREAM, 0));
     if (s.fd >= 0 && ::connect(s.fd, res->ai_addr, res->ai_addrlen) == 0) {
@@ -139,6 +144,12 @@ Socket connect_to(const std::string& host, int port, Clock::time_point deadline,
       ::freeaddrinfo(res);
       KILN_FAIL("could not connect to ", who, " at ", host, ":", port, " within --dist-timeout (", timeout_s,
                 " s; is it running?)");
+    }
+    if (note && Clock::now() >= next_note) {
+      const auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count();
+      note("waiting for " + who + " at " + host + ":" + std::to_string(port) + ": " + std::to_string(waited) +
+           " s of " + std::to_string(timeout_s) + " s (--dist-timeout; is it running?)");
+      next_note += std::chrono::seconds(10);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -403,6 +414,8 @@ class TcpCommunicator final : public Communicator {
         label_("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + " (tcp)") {
     KILN_CHECK(!env.master_addr.empty() && env.master_port > 0, "rank ", rank_, " of ", size_,
                ": MASTER_ADDR and MASTER_PORT must be set (kiln launch sets them)");
+    KILN_CHECK(env.master_port <= 65535, "rank ", rank_, " of ", size_, ": MASTER_PORT ", env.master_port,
+               " is not a TCP port: expected 1..65535");
     const auto deadline = Clock::now() + timeout_;
     if (rank_ == 0 && secret_.empty())
       say("KILN_DIST_SECRET is not set: the ranks authenticate with an empty secret, so any process that can "
@@ -468,7 +481,7 @@ class TcpCommunicator final : public Communicator {
       }
     } else {
       Socket s = connect_to(master_ip, env.master_port, deadline, int64_t(timeout_.count()),
-                            "rank 0 (MASTER_ADDR:MASTER_PORT)");
+                            "rank 0 (MASTER_ADDR:MASTER_PORT)", [this](const std::string& line) { say(line); });
       const int my_port = open_ring(one_machine ? master_ip : endpoint(s.fd, true).first);
       introduce(s, kRendezvous, rank_, size_, my_port, secret_, deadline,
                 "rank 0 at " + master_ip + ":" + std::to_string(env.master_port));

@@ -267,6 +267,25 @@ TEST_CASE("cli tools: kiln launch names a flag it does not know") {
   }
 }
 
+TEST_CASE("cli tools: kiln launch's header gives the threads its ranks get, KILN_NUM_THREADS when it is set") {
+  TempDir d("kiln_cli_launch_threads");
+  const char* was = std::getenv("KILN_NUM_THREADS");
+  const std::string before = was ? was : "";
+  // The header said each rank's share of the CPUs while the ranks kept the user's KILN_NUM_THREADS.
+  ::setenv("KILN_NUM_THREADS", "3", 1);
+  const auto r = run_kiln("launch --nproc-per-node 2 -- sh -c 'echo rank has $KILN_NUM_THREADS'", d.p.string());
+  if (was)
+    ::setenv("KILN_NUM_THREADS", before.c_str(), 1);
+  else
+    ::unsetenv("KILN_NUM_THREADS");
+  CAPTURE(r.output);
+  CHECK(r.code == 0);
+  CHECK(contains(r.output, "kiln launch: 2 ranks on this node (ranks 0..1 of 2), rendezvous at "));
+  CHECK(contains(r.output, ", 3 threads each (KILN_NUM_THREADS)\n"));
+  CHECK(contains(r.output, "[rank 0] rank has 3\n"));
+  CHECK(contains(r.output, "[rank 1] rank has 3\n"));
+}
+
 // Fake ranks (a shell script by RANK) fail as a job does when one rank dies: its ring neighbour
 // exits at once with kiln's status for a collective that lost its peer (3), the rank at fault a
 // moment later. The launcher names and exits with the one at fault, and lists every rank's status.

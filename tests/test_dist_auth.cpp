@@ -199,6 +199,18 @@ TEST_CASE("tcp: a rank that finds no rank 0 names the wait it gave up after and 
                        doctest::Contains(want.c_str()), Error);
 }
 
+TEST_CASE("tcp: a rank waiting for rank 0 says so while it waits, not only when --dist-timeout ends") {
+  // Rank 0 refusing to start (its --out holds a run) left a rank on another machine silent for the
+  // whole --dist-timeout (600 s by default).
+  const int port = free_port();  // nobody listens there
+  Log log;
+  CHECK_THROWS_AS(dist::make_cpu_communicator(rank_env(1, port, "s", log), std::chrono::seconds(7)), Error);
+  const std::string want =
+      "rank 1 of 2 (tcp): waiting for rank 0 (MASTER_ADDR:MASTER_PORT) at 127.0.0.1:" + std::to_string(port) +
+      ": 5 s of 7 s (--dist-timeout; is it running?)";
+  CHECK(log.count(want) == 1);
+}
+
 namespace {
 
 // A listening socket on 127.0.0.1 (port 0: any); its port in *got.
@@ -317,6 +329,28 @@ TEST_CASE("dist env: a launcher's variables half set are an error, not a job of 
   CHECK(ok.world_size == 2);
   CHECK(dist::DistEnv::from_variables(env({{"WORLD_SIZE", "1"}})).world_size == 1);  // a job of one needs no RANK
   CHECK(dist::DistEnv::from_variables(env({})).launcher == "none");
+}
+
+TEST_CASE("dist env: a MASTER_PORT outside 1..65535 is refused naming it, not wrapped or read as unset") {
+  auto env = [](const std::string& port) {
+    return [port](const char* n) -> const char* {
+      const std::string name = n;
+      return name == "WORLD_SIZE"    ? "2"
+             : name == "RANK"        ? "1"
+             : name == "MASTER_ADDR" ? "127.0.0.1"
+             : name == "MASTER_PORT" ? port.c_str()
+                                     : nullptr;
+    };
+  };
+  // 95536 listened on 30000 (the port modulo 65536), 70000 on a connecting rank waited out --dist-timeout
+  // for a port nobody could listen on, and 0 said MASTER_PORT "must be set".
+  for (const std::string port : {"95536", "70000", "65536", "0"}) {
+    CAPTURE(port);
+    CHECK(contains(error_of([&] { dist::DistEnv::from_variables(env(port)); }),
+                   "environment variable MASTER_PORT='" + port + "' is not a TCP port: expected 1..65535"));
+  }
+  CHECK(dist::DistEnv::from_variables(env("65535")).master_port == 65535);
+  CHECK(dist::DistEnv::from_variables(env("1")).master_port == 1);
 }
 
 // Ranks gone out of step (another size, or another reduce op, on each: ranks given other data) stop

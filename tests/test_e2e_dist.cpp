@@ -253,6 +253,45 @@ TEST_CASE("e2e dist: kiln launch and its ranks leave a stop signal ignored on en
   CHECK_MESSAGE(!contains(read_text(run + "/summary.json"), "\"stopped\""), log);  // finished, not stopped
 }
 
+TEST_CASE("e2e dist: a stop signal only rank 1 caught is reported, recorded and summarised as that signal") {
+  // The signal to another machine's launcher reached rank 1 alone: the ranks agreed to stop, but rank 0,
+  // which had caught nothing, said "caught SIGTERM" and wrote no {"stopped": ...} line and no summary.
+  TempDir d("kiln_dist_stop_rank1");
+  const std::string run = d / "run";
+  const std::string train = std::string(KILN_BINARY) +
+                            " train --limit-train 2048 --limit-eval 64 --batch 16 --max-steps 400 --threads 1 "
+                            "--workers 0 --log-every 1 --progress lines --no-tensorboard --out " +
+                            run;
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29698 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
+  const std::string both = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + " > " + d / "r0.txt" + " 2>&1; echo $? > " +
+                           d / "rc0) & (" + env + "RANK=1 LOCAL_RANK=1 " + train + " > " + d / "r1.txt" +
+                           " 2>&1 & echo $! > " + d / "pid1" + "; wait $!; echo $? > " + d / "rc1); wait";
+  std::thread waiter([&] { (void)std::system(("timeout 300 sh -c '" + both + "' < /dev/null").c_str()); });
+  auto steps_logged = [&] {  // read while the run writes: counted, not parsed (a line may be half there)
+    const std::string m = read_text(run + "/metrics.jsonl");
+    size_t n = 0;
+    for (size_t at = m.find("\"loss\""); at != std::string::npos; at = m.find("\"loss\"", at + 1)) ++n;
+    return n;
+  };
+  for (int i = 0; i < 12000 && steps_logged() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::string pid = read_text(d / "pid1").substr(0, read_text(d / "pid1").find('\n'));
+  REQUIRE(!pid.empty());
+  CHECK(std::system(("kill -HUP " + pid).c_str()) == 0);
+  waiter.join();
+  const std::string r0 = read_text(d / "r0.txt"), r1 = read_text(d / "r1.txt");
+  CAPTURE(r0);
+  CAPTURE(r1);
+  CHECK(read_text(d / "rc0") == "0\n");
+  CHECK(read_text(d / "rc1") == "0\n");
+  CHECK(contains(r0, "kiln train: rank 1 caught SIGHUP at step "));
+  CHECK(!contains(r0, "SIGTERM"));
+  const std::string metrics = read_text(run + "/metrics.jsonl");
+  CHECK_MESSAGE(contains(metrics, "\"rank\":1,\"step\":"), metrics);
+  CHECK_MESSAGE(contains(metrics, "\"stopped\":\"SIGHUP\""), metrics);
+  const std::string summary = read_text(run + "/summary.json");
+  CHECK_MESSAGE(contains(summary, "\"stopped\": \"SIGHUP\""), summary);
+}
+
 TEST_CASE("e2e dist: a launcher started with SIGTERM ignored still stops its ranks with SIGTERM") {
   // SIGTERM is how the launcher stops the others after a failure and its death signal: a rank that kept
   // it ignored ran on until the SIGKILL after --grace, or orphaned when the launcher was killed.

@@ -165,8 +165,12 @@ int run_launch(const LaunchOptions& o) {
     if (n > 0) cmd[0] = std::string(self, size_t(n));
   }
   // Cores are shared: each rank's compute pool gets its share of the CPUs this process may run on
-  // (the ranks inherit its affinity) unless the user chose.
-  const std::string threads = std::to_string(std::max(1, available_cpus() / o.nproc_per_node));
+  // (the ranks inherit its affinity) unless the user chose (KILN_NUM_THREADS, which the header then shows:
+  // it showed the share the ranks never got).
+  const char* user_threads = std::getenv("KILN_NUM_THREADS");
+  const bool threads_chosen = user_threads && *user_threads;
+  const std::string threads =
+      threads_chosen ? std::string(user_threads) : std::to_string(std::max(1, available_cpus() / o.nproc_per_node));
 
   // A stop signal ignored on entry stays ignored, in the launcher and (but SIGTERM, below) its ranks
   // (kiln train's rule): `nohup kiln launch ...` survives the terminal's hang-up.
@@ -233,7 +237,7 @@ int run_launch(const LaunchOptions& o) {
       ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
       ::setenv("KILN_DIST_SECRET", secret.c_str(), 1);
-      ::setenv("KILN_NUM_THREADS", threads.c_str(), 0);
+      ::setenv("KILN_NUM_THREADS", threads.c_str(), 1);
       std::vector<char*> argv;
       for (auto& a : cmd) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -273,10 +277,10 @@ int run_launch(const LaunchOptions& o) {
   }
   {
     std::lock_guard<std::mutex> lk(print_mutex);
-    std::printf("kiln launch: %d rank%s on this node (ranks %d..%d of %d), rendezvous at %s:%d, %s thread%s each\n",
+    std::printf("kiln launch: %d rank%s on this node (ranks %d..%d of %d), rendezvous at %s:%d, %s thread%s each%s\n",
                 o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s", o.node_rank * o.nproc_per_node,
                 (o.node_rank + 1) * o.nproc_per_node - 1, world, o.master_addr.c_str(), o.master_port, threads.c_str(),
-                threads == "1" ? "" : "s");
+                threads == "1" ? "" : "s", threads_chosen ? " (KILN_NUM_THREADS)" : "");
     std::fflush(stdout);
   }
 

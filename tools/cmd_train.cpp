@@ -1674,22 +1674,31 @@ class Trainer {
   // reported and training goes on: the previous ones are intact and the next save point tries again.
   int checkpoint(bool stopping, const std::string& where) {
     if (const int rc = fold(); rc >= 0) return rc;
+    if (stopping) agree_on_stop();
     // A signal stop is one before anything else can fail (a moved --out): kiln.train raises
     // KeyboardInterrupt / SystemExit for it, not a KilnError.
     if (stopping && outcome_) {
-      outcome_->stop_signal = int(g_stop_signal);
-      outcome_->stop_asked = g_stop_signal == 0;
+      outcome_->stop_signal = stop_signal_;
+      outcome_->stop_asked = stop_signal_ == 0;
     }
     if (const int rc = check_out_in_place(); rc >= 0) return rc;
-    const bool ok = save();
+    bool ok = save();
     last_save_time_ = Clock::now();
     if (!stopping) return -1;
-    if (outcome_) outcome_->saved = ok ? last_saved_ : "";
-    const std::string why = g_stop_signal ? "caught " + std::string(signal_name(int(g_stop_signal)))
-                                          : std::string(asked_stop_ ? "stop requested" : "caught SIGTERM");
-    if (g_stop_signal) {
-      record_stop(signal_name(int(g_stop_signal)));
-      write_stopped_summary(signal_name(int(g_stop_signal)));
+    std::string saved = ok ? last_saved_ : "";
+    if (world_ > 1) {  // rank 0 wrote it for all: every rank's kiln.train returns its path
+      const std::string lead = broadcast_string(lead_ ? std::string(ok ? "1" : "0") + saved : std::string());
+      ok = lead[0] == '1';
+      saved = lead.substr(1);
+    }
+    if (outcome_) outcome_->saved = saved;
+    const std::string why =
+        stop_signal_ ? (stop_rank_ > 0 ? "rank " + std::to_string(stop_rank_) + " caught " : std::string("caught ")) +
+                           signal_name(stop_signal_)
+                     : std::string("stop requested");
+    if (stop_signal_) {
+      record_stop(signal_name(stop_signal_));
+      write_stopped_summary(signal_name(stop_signal_));
     }
     if (!ok) {
       progress_->line("kiln train: " + why + where + " and stopped, but its checkpoint failed (above): " +
@@ -1701,10 +1710,34 @@ class Trainer {
     progress_->line("kiln train: " + why + where + "; saved " + last_saved_ + "; continue with " + hooks_.resume_hint);
     return 0;
   }
+  // Why the run stops, the same on every rank (a collective when there are several): the signal of
+  // the lowest rank that caught one, and that rank; 0 when none did (the host's stop request). A
+  // rank's own g_stop_signal is 0 when the signal went to another machine's launcher: rank 0 alone
+  // would have reported no signal at all (no stop line, no summary).
+  void agree_on_stop() {
+    const int mine = int(g_stop_signal);  // read once: a signal may come in meanwhile
+    stop_signal_ = mine;
+    stop_rank_ = mine ? rank_ : -1;
+    if (world_ == 1) return;
+    Tensor m = zeros({1}, DType::i64), all = zeros({world_}, DType::i64);
+    m.data<int64_t>()[0] = mine;
+    comm_->all_gather(m, all);
+    stop_signal_ = 0;
+    stop_rank_ = -1;
+    for (int q = 0; q < world_ && !stop_signal_; ++q)
+      if (const int sig = int(all.data<int64_t>()[q]); sig != 0) {
+        stop_signal_ = sig;
+        stop_rank_ = q;
+      }
+  }
   // Why a run stopped early, for whoever reads its folder later: a metrics line {"stopped": "SIGHUP",
-  // "step": N, "checkpoint": the last good one} (kiln report skips it; the resume keeps it).
+  // "step": N, "checkpoint": the last good one} (kiln report skips it; the resume keeps it), with
+  // "rank": the rank that caught the signal when there are several.
   void record_stop(const std::string& signal) {
-    if (lead_) write_metrics_line({{"stopped", signal}, {"step", run_.step}, {"checkpoint", last_saved_}});
+    if (!lead_) return;
+    nlohmann::json line = {{"stopped", signal}, {"step", run_.step}, {"checkpoint", last_saved_}};
+    if (world_ > 1) line["rank"] = stop_rank_;
+    write_metrics_line(line);
   }
   // And a summary.json as a finished run's, with "stopped": the signal, so a tool that waits for the
   // summary sees the stop (and the step reached, the last checkpoint) instead of waiting for ever; the
@@ -1801,25 +1834,34 @@ class Trainer {
 
   // ---- weights and summary (rank 0) ----
   int finish() {
+    // The summary, rank 0's on every rank: kiln.train returns it there too (rank 0 alone writes it).
+    nlohmann::json summary = lead_ ? summary_json(since(t_start_)) : nlohmann::json();
+    if (world_ > 1) {
+      const std::string lead = broadcast_string(lead_ ? summary.dump() : std::string());
+      if (!lead_) summary = nlohmann::json::parse(lead);
+    }
+    if (outcome_) {
+      outcome_->finished = true;
+      outcome_->summary = summary.dump();
+    }
     if (!lead_) return 0;
     if (const int rc = check_out_in_place(/*rank0_only=*/true); rc >= 0) return rc;
     try {
-      return write_outputs();
+      return write_outputs(summary);
     } catch (const Error& e) {  // said as kiln train's, and to kiln.train's on_error
       return fail(e.message(), 1);
     } catch (const std::exception& e) {
       return fail(e.what(), 1);
     }
   }
-  int write_outputs() {
+  int write_outputs(const nlohmann::json& summary) {
     std::map<std::string, std::string> meta = torch_compatible_metadata();
     meta["model"] = c_.model;
     meta["task"] = task_.name;
     meta.merge(weights_metadata(resolved_));  // the rest as kiln ckpt export writes it from a checkpoint
     io::save_safetensors(c_.out + "/model.safetensors", model().state_dict(), meta);
-    const double wall = since(t_start_);
+    const double wall = summary["wall_seconds"].get<double>();
     const double sps = double(run_.samples_seen) / std::max(run_.train_seconds, 1e-9);
-    const nlohmann::json summary = summary_json(wall);
     io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
     refresh_report();
     char buf[384];
@@ -1931,6 +1973,7 @@ class Trainer {
   Clock::time_point last_save_time_, win_start_, epoch_start_;
   double epoch_seconds_before_ = 0;
   bool stop_now_ = false, time_due_ = false;
+  int stop_signal_ = 0, stop_rank_ = -1;  // the stop the ranks agreed on (agree_on_stop)
   // this rank's sums since the window's and the epoch's start, on the device (see fold())
   Tensor win_loss_, epoch_loss_, win_correct_, epoch_correct_;
   Tensor grad_norm_;           // the last step's, with --clip-grad-norm

@@ -214,7 +214,9 @@ struct TrainHooks {
 struct TrainOutcome {
   int stop_signal = 0;      // the signal that stopped the run early (SIGINT, SIGTERM, SIGHUP), or 0
   bool stop_asked = false;  // stop_requested() stopped it
-  std::string saved;        // the checkpoint it saved on stopping
+  std::string saved;        // the checkpoint it saved on stopping (rank 0's, on every rank)
+  bool finished = false;    // the run reached its end (not stopped, not failed)
+  std::string summary;      // then summary.json's contents as JSON text (rank 0's, on every rank)
 };
 // One run at a time per process: a call while another thread's run is going is refused (an Error
 // naming that thread), as runs share the default random generator and the signal handlers.

@@ -69,7 +69,9 @@ def train(model="resnet20", *, out=None, callback=None, **options):
     with the status a shell gives a killed one (143 for SIGTERM). train(..., resume="auto")
     continues from the checkpoint.
 
-    Returns the run's summary.json as a dict (help=True prints the options and returns None). A run
+    Returns the run's summary.json as a dict (help=True prints the options and returns None); under
+    kiln launch every rank returns rank 0's summary (which rank 0 alone writes), and a stop's saved
+    checkpoint is rank 0's path on every rank. A run
     that fails raises kiln.KilnError with its messages; a bad option or config (what `kiln train`
     refuses with exit code 2 before any work: an unknown keyword, whatever its value, batch=0,
     momentum=1.5; also what the run cannot start from: a missing data file or checkpoint, an `out`
@@ -107,10 +109,10 @@ def train(model="resnet20", *, out=None, callback=None, **options):
         # rendezvous): a bad argument, as the options the flag parser refuses
         error = _C.KilnValueError if r["returncode"] == 2 else _C.KilnError
         raise error(f"kiln.train: {detail}")
-    summary = os.path.join(r["out"], "summary.json")
-    if os.path.exists(summary):
-        with open(summary) as f:
-            return json.load(f)
+    # the run's own outcome, on every rank: only rank 0 writes summary.json, and a shared out may hold
+    # a previous run's
+    if r["finished"]:
+        return json.loads(r["summary"])
     return {"stopped": True, "saved": r["saved"]}
 
 

@@ -139,6 +139,8 @@ void bind_train(nb::module_& m) {
         out["stop_signal"] = outcome.stop_signal;
         out["stopped_by_callback"] = outcome.stop_asked;
         out["saved"] = outcome.saved;
+        out["finished"] = outcome.finished;
+        out["summary"] = outcome.summary;  // JSON text: rank 0's summary.json, on every rank
         out["errors"] = nb::cast(errors);
         out["out"] = c.out;
         return out;

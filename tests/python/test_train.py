@@ -451,3 +451,30 @@ def test_a_run_leaves_the_thread_count_and_the_default_generator_as_they_were(tm
         assert kiln.get_num_threads() == before, extra
         assert kiln.rand(3).tolist() == want, extra
     kiln.set_num_threads(original)
+
+
+def test_every_rank_of_a_launch_returns_the_runs_summary(tmp_path):
+    # Rank 1 returned {"stopped": True, "saved": ""} for a finished run: kiln.train looked for
+    # summary.json in its out, which rank 0 alone writes (and a shared out may hold an earlier run's).
+    # Each rank has its own out here, as on two machines.
+    script = tmp_path / "ranks.py"
+    script.write_text("import json, os, sys, kiln\n"
+                      "out = os.path.join(sys.argv[1], 'rank' + os.environ['RANK'])\n"
+                      "r = kiln.train('resnet20', out=out, **json.loads(sys.argv[2]))\n"
+                      "print('RESULT', os.environ['RANK'], json.dumps(r), flush=True)\n")
+    opts = dict(RESNET, threads=1, dist_timeout=120)
+    r = cli("launch", "--nproc-per-node", 2, "--master-port", 29733, "--", sys.executable, script, tmp_path,
+            json.dumps(opts))
+    got = {}
+    for line in r.stdout.splitlines():
+        if "RESULT " in line:
+            rank, summary = line.split("RESULT ", 1)[1].split(" ", 1)
+            got[rank] = json.loads(summary)
+    assert set(got) == {"0", "1"}, r.stdout + r.stderr
+    with open(tmp_path / "rank0" / "summary.json") as f:
+        written = json.load(f)
+    assert not os.path.exists(tmp_path / "rank1" / "summary.json")
+    for rank in ("0", "1"):
+        assert "stopped" not in got[rank], (rank, got[rank])
+        assert got[rank] == written, rank
+    assert written["steps"] == 2 and written["config"]["world_size"] == 2  # 64 samples / (2 ranks x batch 16)
