@@ -216,7 +216,9 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
                                " levels (Kiln writes a few; the file is damaged or was not written by Kiln)");
       },
       path + ": the manifest is not valid JSON");
-  KILN_CHECK(m.is_object() && m.value("format", "") == "kiln-checkpoint" && m.contains("tensors") &&
+  // (m.value("format", "") would throw JSON's own type error at a format that is not a string)
+  KILN_CHECK(m.is_object() && m.contains("format") && m["format"].is_string() &&
+                 m["format"].get<std::string>() == "kiln-checkpoint" && m.contains("tensors") &&
                  m["tensors"].is_array(),
              path, ": the manifest lacks the kiln-checkpoint format tag or its tensor list");
   // The header's version decided above how to read the file; the manifest says it again, and a manifest
@@ -241,6 +243,9 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
     try {
       c.name = e.at("name").get<std::string>();
       c.dtype = dtype_from_name(e.at("dtype").get<std::string>());
+      if (!e.at("shape").is_array())  // a number or an object would be walked as if it were a list
+        throw std::invalid_argument("tensor '" + c.name + "': shape " + e.at("shape").dump() +
+                                    " is not a list of sizes");
       for (const auto& d : e.at("shape")) {
         // a size is a whole number in 0..2^63-1: 16.5 or 2^64-1 are refused, not read as 16 or -1
         if (!d.is_number_integer() ||
@@ -250,10 +255,10 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
         c.shape.push_back(d.get<int64_t>());
       }
       // offset, nbytes and crc32c are JSON integers in range: get<uint64_t>() would read 64.7 as 64 and
-      // get<uint32_t>() 2^32+5 as 5.
+      // get<uint32_t>() 2^32+5 as 5. -0 is 0, as in a shape and in safetensors.
       auto whole = [&](const char* field, uint64_t max) {
         const json& v = e.at(field);
-        if (!v.is_number_unsigned() || v.get<uint64_t>() > max)
+        if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0) || v.get<uint64_t>() > max)
           throw std::invalid_argument("tensor '" + c.name + "': \"" + field + "\" is " + v.dump() +
                                       ", which is not an integer in 0.." + std::to_string(max) +
                                       " (written without a fraction or exponent)");
@@ -317,16 +322,18 @@ Tensor CheckpointReader::read(const std::string& name) const {
 std::vector<std::string> CheckpointReader::verify() const {
   std::vector<std::string> problems;
   std::vector<unsigned char> buf;
+  // Read in pieces: Kiln's gaps are under 64 bytes, but a hostile file's could be the whole disk.
   auto check_zero = [&](uint64_t from, uint64_t to) {
-    if (to <= from) return;
-    buf.resize(size_t(to - from));
-    pread_all(fd_, buf.data(), buf.size(), from, path_, "padding");
-    for (size_t i = 0; i < buf.size(); ++i)
-      if (buf[i] != 0) {
+    for (uint64_t at = from; at < to;) {
+      buf.resize(size_t(std::min<uint64_t>(to - at, uint64_t(1) << 20)));
+      pread_all(fd_, buf.data(), buf.size(), at, path_, "padding");
+      if (std::any_of(buf.begin(), buf.end(), [](unsigned char b) { return b != 0; })) {
         problems.push_back("bytes " + std::to_string(from) + ".." + std::to_string(to) +
                            " (padding) are not zero: the file is damaged");
         return;
       }
+      at += buf.size();
+    }
   };
   // Empty tensors are read (their checksum and entry checked) but take no room in the walk over the
   // blobs, whose gaps are the padding.

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <thread>
 #include <tuple>
 
@@ -231,6 +232,48 @@ TEST_CASE("checkpoint: offset, nbytes and crc32c that are not integers in range 
   // The same entry with its own integers reads back.
   write_bytes(d / "b.kiln", with_manifest(d / "a.kiln", good.dump()));
   CHECK(io::CheckpointReader(d / "b.kiln").read("w").to_vector() == ones({16}).to_vector());
+  // A shape is a list: a number or an object was walked as one ([3]).
+  for (const char* shape : {"16", "{\"x\": 16}", "\"16\""}) {
+    json m = good;
+    m["tensors"][0]["shape"] = json::parse(shape);
+    write_bytes(d / "b.kiln", with_manifest(d / "a.kiln", m.dump()));
+    const std::string e = error_of([&] { io::CheckpointReader r(d / "b.kiln"); });
+    CHECK_MESSAGE(contains(e, "(tensor 'w': shape " + m["tensors"][0]["shape"].dump() + " is not a list of sizes"),
+                  shape, ": ", e);
+  }
+  // -0 is 0 (JSON reads it as a signed integer), as in a shape: an empty tensor's nbytes and crc32c.
+  io::save_checkpoint(d / "e.kiln", {{"e", zeros({0})}}, "{}");
+  json m = manifest_of(d / "e.kiln");
+  REQUIRE(m["tensors"][0]["crc32c"] == 0);
+  const std::string text = std::regex_replace(m.dump(), std::regex(R"re("(nbytes|crc32c)":0)re"), R"re("$1":-0)re");
+  REQUIRE(text != m.dump());
+  write_bytes(d / "b.kiln", with_manifest(d / "e.kiln", text));
+  CHECK(error_of([&] { (void)io::CheckpointReader(d / "b.kiln").read("e"); }) == "NO ERROR");
+}
+
+TEST_CASE("checkpoint: verify walks a padding gap of megabytes in pieces and finds a byte anywhere in it") {
+  TempDir d("kiln_ckpt");
+  io::save_checkpoint(d / "a.kiln", {{"w", ones({16})}}, "{}");
+  json m = manifest_of(d / "a.kiln");
+  const std::string a = bytes_of(d / "a.kiln");
+  const uint64_t blob = m["tensors"][0]["offset"].get<uint64_t>(), at = (uint64_t(3) << 20) + 64;
+  // The same blob moved 3 MiB on, the gap zeros (a hostile file's could be far larger: read in pieces).
+  std::string b = a.substr(0, 64) + std::string(size_t(at - 64), '\0') + a.substr(size_t(blob), 64);
+  const uint64_t manifest_at = b.size();
+  std::memcpy(b.data() + 16, &manifest_at, 8);
+  m["tensors"][0]["offset"] = at;
+  write_bytes(d / "big.kiln", b);
+  write_bytes(d / "big.kiln", with_manifest(d / "big.kiln", m.dump()));
+  CHECK(io::CheckpointReader(d / "big.kiln").verify().empty());
+  for (const uint64_t bad : {uint64_t(100), (uint64_t(1) << 20) + 3, (uint64_t(2) << 20) + 77, at - 1}) {
+    std::string c = bytes_of(d / "big.kiln");
+    c[size_t(bad)] = 1;
+    write_bytes(d / "bad.kiln", c);
+    const auto problems = io::CheckpointReader(d / "bad.kiln").verify();
+    REQUIRE_MESSAGE(problems.size() == 1, bad);
+    CHECK_MESSAGE(contains(problems[0], "bytes 40.." + std::to_string(at) + " (padding) are not zero"), bad, ": ",
+                  problems[0]);
+  }
 }
 
 TEST_CASE("checkpoint: empty tensors take no room: any number, in any place and manifest order, read back") {
@@ -337,6 +380,13 @@ TEST_CASE("checkpoint: the manifest's version must be the header's; state may be
   m = good;
   m["format"] = "kiln-ckpt";
   CHECK(contains(open_with(m), "lacks the kiln-checkpoint format tag"));
+  // A format that is no string is refused alike (it threw JSON's own type error, which no caller catches).
+  for (const char* f : {"1", "null", "[\"kiln-checkpoint\"]", "{}"}) {
+    m = good;
+    m["format"] = json::parse(f);
+    const std::string e = open_with(m);
+    CHECK_MESSAGE(contains(e, "b.kiln: the manifest lacks the kiln-checkpoint format tag"), f, ": ", e);
+  }
   // A bool blob of a byte other than 0 and 1 (its checksum right) is refused when read.
   std::string b = bytes_of(d / "a.kiln");
   b[65] = 2;

@@ -212,6 +212,7 @@ TEST_CASE("op table: every public op and every op the models record has a row") 
       {"broadcast_shapes", "shape arithmetic: tests/test_tensor.cpp"},
       {"allclose", "a host-side comparison for tests"},
       {"result_type", "a dtype rule: tests/test_ops.cpp (type promotion)"},
+      {"alpha_fits", "add/sub's alpha rule: tests/test_ops.cpp (integer alpha) and tests/python/test_ops.py"},
   };
   for (const std::string header : {"engine/ops.h", "engine/nn_ops.h"}) {
     const std::set<std::string> declared = declared_functions(header);

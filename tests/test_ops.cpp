@@ -1615,3 +1615,24 @@ TEST_CASE("ops: index_put into i64 is exact, with and without accumulate") {
   CHECK(masked.values<int64_t>() == std::vector<int64_t>{1, big, big, big});
   CHECK(index_put(x, {zeros({0}, DType::i64)}, zeros({0}, DType::i64), true).values<int64_t>() == xv);
 }
+
+TEST_CASE("ops: alpha_fits is PyTorch's integer alpha rule, and add/sub refuse what it refuses") {
+  CHECK(alpha_fits(DType::f32, 0.5));
+  CHECK(alpha_fits(DType::boolean, 0.0));
+  CHECK(alpha_fits(DType::i8, 127));
+  CHECK_FALSE(alpha_fits(DType::i8, 128));
+  CHECK(alpha_fits(DType::i8, -128));
+  CHECK_FALSE(alpha_fits(DType::i8, -128, /*subtracts=*/true));  // sub negates: 128 is no i8
+  CHECK(alpha_fits(DType::i8, 128, /*subtracts=*/true));
+  CHECK(alpha_fits(DType::u8, -255));  // taken modulo 256
+  CHECK_FALSE(alpha_fits(DType::u8, -256));
+  CHECK_FALSE(alpha_fits(DType::u8, 256));
+  CHECK_FALSE(alpha_fits(DType::i32, 2.5));
+  CHECK_FALSE(alpha_fits(DType::i64, std::nan("")));
+  CHECK(alpha_fits(DType::i64, -0x1p63, /*subtracts=*/true));  // PyTorch negates in int64: -2**63 stays
+  CHECK(contains(error_of([] { add(ones({2}, DType::i8), ones({2}, DType::i8), 128); }),
+                 "add: alpha 128 is not a value of i8"));
+  CHECK(contains(error_of([] { sub(ones({2}, DType::u8), ones({2}, DType::u8), -256); }),
+                 "sub: alpha -256, negated, is not a value of u8 (-255 to 255, as PyTorch's)"));
+  CHECK(add(ones({2}, DType::u8), ones({2}, DType::u8), -1).to_vector() == std::vector<double>{0, 0});
+}
