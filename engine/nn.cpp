@@ -45,6 +45,30 @@ Tensor Module::register_parameter(const std::string& name, Tensor t) {
   return t;
 }
 
+void Module::replace_parameter(const std::string& name, Tensor& member, Tensor t) {
+  auto it = std::find_if(params_.begin(), params_.end(), [&name](const auto& e) { return e.first == name; });
+  if (it == params_.end()) {
+    std::string known;
+    for (const auto& e : params_) known += (known.empty() ? "" : ", ") + e.first;
+    KILN_FAIL("replace_parameter: this module has no parameter '", name, "' (",
+              known.empty() ? std::string("it has none") : "its parameters: " + known,
+              "; a sub-module's parameter is replaced on that sub-module)");
+  }
+  Tensor& old = it->second;
+  KILN_CHECK(t.defined() && t.is_leaf(), "replace_parameter: '", name,
+             "' must be replaced by a leaf tensor (a parameter), got ",
+             t.defined() ? "one computed from others (" + t.type_str() + ")" : std::string("none"));
+  KILN_CHECK(member.same(old) || member.same(t), "replace_parameter: the member passed for '", name,
+             "' holds neither the registered tensor (", old.defined() ? old.type_str() : std::string("none"),
+             ") nor the new one: pass the member that holds '", name, "'");
+  KILN_CHECK(!old.defined() || (t.shape() == old.shape() && t.dtype() == old.dtype() && t.device() == old.device()),
+             "replace_parameter: '", name, "' is ", old.type_str(), ", the tensor for it is ", t.type_str(),
+             " (a replacement keeps the shape, dtype and device the module was built with)");
+  if (!t.requires_grad()) t.set_requires_grad(true);
+  old = t;
+  member = t;
+}
+
 Tensor Module::register_buffer(const std::string& name, Tensor t) {
   check_new_name(*this, "register_buffer", name, params_, buffers_, children_);
   buffers_.emplace_back(name, t);

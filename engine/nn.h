@@ -56,6 +56,16 @@ class Module {
   };
   IncompatibleKeys load_state_dict(const StateDict& sd, bool strict = true);
 
+  // Puts t in place of this module's parameter `name` (its own, no dots) and of the member that holds it,
+  // e.g. to tie a decoder to the word embeddings: out->replace_parameter("weight", out->weight, emb->weight).
+  // Assigning the member alone (out->weight = emb->weight) is the pitfall this avoids: forward uses the
+  // new tensor while parameters(), state_dict() and so the optimizer and checkpoints keep the old one,
+  // which nothing uses. `member` must hold the registered tensor (or t already); t must be a leaf of
+  // the same shape, dtype and device (it is flagged requires_grad, as register_parameter flags it). A
+  // tensor held under two names is tied: listed once by parameters() (stepped once), under each name by
+  // state_dict(), as PyTorch. Make the optimizer after this (it holds the tensors it was given).
+  void replace_parameter(const std::string& name, Tensor& member, Tensor t);
+
  protected:
   Tensor register_parameter(const std::string& name, Tensor t);  // flags requires_grad
   Tensor register_buffer(const std::string& name, Tensor t);

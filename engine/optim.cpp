@@ -24,6 +24,16 @@ void check_lr(double lr, size_t group) {
 // The dtype of a parameter's state and of its update's arithmetic: f32 at least, f64 for an f64 parameter
 // (an f64 weight updated in f32 was rounded to f32 each step: SGD's 1 - 0.01 * 0.1 gave 0.99900001287).
 DType state_dtype(const Tensor& p) { return p.dtype() == DType::f64 ? DType::f64 : DType::f32; }
+// A state slot of Kiln's optimizers is shaped as its parameter, in its state dtype, on its device; any
+// other (a parameter converted or moved in place after its state was made) is refused before a kernel
+// gets a pointer to it. `where` names the parameter.
+void check_slot(const Tensor& s, const std::string& slot, const Tensor& p, const std::string& where) {
+  KILN_CHECK(s.shape() == p.shape() && s.dtype() == state_dtype(p) && s.device() == p.device(), where, ": state '",
+             slot, "' is ", s.type_str(), ", its parameter (", p.type_str(), ") needs ", state_dtype(p), " ",
+             p.device(), " ", p.shape(),
+             "; a parameter converted or moved in place after its state was made needs a new "
+             "optimizer (make it after Module::to)");
+}
 }  // namespace
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
@@ -45,6 +55,8 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
                  " of group ", at->second.first, " (", p.type_str(), ")");
     }
     slots_.emplace_back(groups_[g].params.size());
+    ids_.emplace_back();
+    for (const Tensor& p : groups_[g].params) ids_.back().emplace_back(p.impl_ptr());
     first_.push_back(nparams_);
     nparams_ += groups_[g].params.size();
   }
@@ -55,13 +67,9 @@ void Optimizer::place_counts(Device dev) {
   if (counts_.device() != dev) counts_ = counts_.to(dev);
 }
 
-void Optimizer::step(const Tensor& skip_if) {
-  NoGradGuard ng;
-  // Every check before anything changes: the parameters with gradients share one device (the
-  // step count's and the flag's), and their gradients match them in shape and dtype (an f64
-  // gradient of an f32 parameter is refused, as torch does, not rounded silently).
-  // groups() is mutable for lrs and weight decays; the parameter lists must stay as they were made
-  // (the per-parameter state and counts are laid out by them).
+void Optimizer::check_layout() const {
+  // groups() is mutable; the number of groups and their sizes must stay as they were made (the
+  // per-parameter state and counts are laid out by them).
   KILN_CHECK(groups_.size() == first_.size(), name(), ": ", groups_.size(), " parameter groups, made with ",
              first_.size(), "; groups cannot be added or removed after the optimizer is made (make a new one)");
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -71,7 +79,73 @@ void Optimizer::step(const Tensor& skip_if) {
                "; parameters cannot be added or removed after the optimizer is "
                "made (make a new one)");
   }
+}
+
+std::vector<int64_t> Optimizer::moved() const {
+  const auto same = [](const std::weak_ptr<TensorImpl>& a, const std::shared_ptr<TensorImpl>& b) {
+    return !a.owner_before(b) && !b.owner_before(a);
+  };
+  bool replaced = false;
+  for (size_t g = 0; g < groups_.size() && !replaced; ++g)
+    for (size_t i = 0; i < groups_[g].params.size() && !replaced; ++i)
+      replaced = !same(ids_[g][i], groups_[g].params[i].impl_ptr());
+  if (!replaced) return {};
+  // The constructor's checks for the tensors there now, and where each one's state was.
+  std::map<std::weak_ptr<TensorImpl>, int64_t, std::owner_less<std::weak_ptr<TensorImpl>>> was;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i = 0; i < ids_[g].size(); ++i) was.emplace(ids_[g][i], int64_t(first_[g] + i));
+  std::map<const void*, std::pair<size_t, size_t>> seen;
+  std::vector<int64_t> from(nparams_, -1);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const Tensor& p = groups_[g].params[i];
+      KILN_CHECK(p.defined() && p.is_leaf(), name(), ": parameter ", i, " of group ", g,
+                 " was replaced by a tensor that is not a leaf (a parameter), got ",
+                 p.defined() ? "one computed from others (" + p.type_str() + ")" : std::string("none"));
+      const auto [at, fresh] = seen.try_emplace(p.impl_ptr().get(), g, i);
+      KILN_CHECK(fresh, name(), ": parameter ", i, " of group ", g, " is also parameter ", at->second.second,
+                 " of group ", at->second.first, " (", p.type_str(), "); a tensor is stepped once, in one place");
+      const auto it = was.find(std::weak_ptr<TensorImpl>(p.impl_ptr()));
+      if (it != was.end()) from[first_[g] + i] = it->second;
+    }
+  return from;
+}
+
+void Optimizer::rebind() {
+  const std::vector<int64_t> from = moved();
+  if (from.empty()) return;
+  std::vector<std::map<std::string, Tensor>*> old(nparams_);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i = 0; i < slots_[g].size(); ++i) old[first_[g] + i] = &slots_[g][i];
+  std::vector<std::vector<std::map<std::string, Tensor>>> slots(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    slots[g].resize(groups_[g].params.size());
+    for (size_t i = 0; i < groups_[g].params.size(); ++i)  // each old index is taken once at most
+      if (from[first_[g] + i] >= 0) slots[g][i] = std::move(*old[size_t(from[first_[g] + i])]);
+  }
+  if (counts_.defined()) {  // once, when a parameter was replaced: its count goes with its state
+    const std::vector<double> before = counts_.to_vector();
+    std::vector<double> after(nparams_, 0.0);
+    for (size_t k = 0; k < nparams_; ++k) after[k] = from[k] >= 0 ? before[size_t(from[k])] : 0.0;
+    counts_ = from_vector(after, {int64_t(nparams_)}, TensorOptions(DType::f64, counts_.device()));
+  }
+  mask_ = Tensor();
+  mask_host_.clear();
+  slots_ = std::move(slots);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) ids_[g][i] = groups_[g].params[i].impl_ptr();
+}
+
+void Optimizer::step(const Tensor& skip_if) {
+  NoGradGuard ng;
+  // Every check before anything changes: the parameters with gradients share one device (the
+  // step count's and the flag's), and their gradients match them in shape and dtype (an f64
+  // gradient of an f32 parameter is refused, as torch does, not rounded silently).
+  check_layout();
+  rebind();               // a tensor put in a parameter's place through groups() takes its own state (as torch)
   check_group_options();  // groups() may have changed a group's own momentum or betas since the last step
+  // Kiln's optimizers keep state shaped as each parameter (one written outside Kiln may keep others).
+  const bool own_slots = dynamic_cast<const AdamFamily*>(this) || dynamic_cast<const SGD*>(this);
   std::optional<Device> dev;
   std::vector<double> mask(nparams_, 0.0);  // which parameters have a gradient (their counts advance)
   for (size_t g = 0; g < groups_.size(); ++g)
@@ -86,6 +160,9 @@ void Optimizer::step(const Tensor& skip_if) {
       if (!dev) dev = p.device();
       KILN_CHECK(p.device() == *dev && grad.device() == *dev, name(), ": parameters and gradients on ", *dev, " and ",
                  p.device() == *dev ? grad.device() : p.device(), "; one optimizer serves one device");
+      if (own_slots)
+        for (const auto& [slot, t] : slots_[g][i])
+          check_slot(t, slot, p, name() + ": parameter " + std::to_string(i) + " of group " + std::to_string(g));
       mask[first_[g] + i] = 1.0;
     }
   if (!dev) return;  // no gradient anywhere: nothing moves and nothing is counted (as torch)
@@ -155,10 +232,13 @@ void Optimizer::step(const Tensor& skip_if) {
 int64_t Optimizer::steps() const { return step_count_.defined() ? int64_t(step_count_.item<double>()) : 0; }
 
 int64_t Optimizer::steps(size_t group, size_t index) const {
+  check_layout();
   KILN_CHECK(group < groups_.size() && index < groups_[group].params.size(), name(), ": no parameter ", index,
              " in group ", group);
   if (!counts_.defined()) return 0;
-  return int64_t(counts_.narrow(0, int64_t(first_[group] + index), 1).item<double>());
+  const std::vector<int64_t> from = moved();  // a tensor put there through groups(): its own count
+  const int64_t at = from.empty() ? int64_t(first_[group] + index) : from[first_[group] + index];
+  return at < 0 ? 0 : int64_t(counts_.narrow(0, at, 1).item<double>());
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -180,14 +260,26 @@ void Optimizer::set_lr(double lr) {
 }
 
 OptimizerState Optimizer::state() const {
+  check_layout();
+  // The state of the tensors there now: one put in a parameter's place through groups() since the
+  // last step saves its own (none for a new one), as step() will use it.
+  const std::vector<int64_t> from = moved();
+  std::vector<const std::map<std::string, Tensor>*> flat(nparams_);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i = 0; i < slots_[g].size(); ++i) flat[first_[g] + i] = &slots_[g][i];
+  const std::map<std::string, Tensor> none;
   OptimizerState s;
   s.scalars["steps"] = double(steps());
   for (const auto& [k, v] : hyper()) s.scalars[k] = v;
   // Each parameter's own count, where it is not what a state without it would give: "steps" for a
   // parameter with state, 0 for one without (so a run whose parameters all step together saves none,
   // and a ZeRO rank's views need no names of their own).
-  const std::vector<double> counts =
+  std::vector<double> counts =
       counts_steps() && counts_.defined() ? counts_.to_vector() : std::vector<double>(nparams_, 0.0);
+  if (!from.empty()) {
+    const std::vector<double> before = counts;
+    for (size_t k = 0; k < nparams_; ++k) counts[k] = from[k] >= 0 ? before[size_t(from[k])] : 0.0;
+  }
   for (size_t g = 0; g < groups_.size(); ++g) {
     const std::string pre = "group" + std::to_string(g) + ".";
     s.scalars[pre + "lr"] = groups_[g].lr;
@@ -196,8 +288,10 @@ OptimizerState Optimizer::state() const {
     for (const auto& [k, v] : groups_[g].options) s.scalars[pre + k] = v;
     for (size_t i = 0; i < slots_[g].size(); ++i) {
       const std::string at = std::to_string(g) + "." + std::to_string(i) + ".";
-      for (const auto& [slot, t] : slots_[g][i]) s.tensors[at + slot] = t;
-      const double fallback = slots_[g][i].empty() ? 0.0 : s.scalars["steps"];
+      const int64_t src = from.empty() ? int64_t(first_[g] + i) : from[first_[g] + i];
+      const std::map<std::string, Tensor>& mine = src < 0 ? none : *flat[size_t(src)];
+      for (const auto& [slot, t] : mine) s.tensors[at + slot] = t;
+      const double fallback = mine.empty() ? 0.0 : s.scalars["steps"];
       if (counts_steps() && counts[first_[g] + i] != fallback) s.scalars[at + "step"] = counts[first_[g] + i];
     }
   }
@@ -260,6 +354,10 @@ std::optional<std::set<std::string>> slot_names(const Optimizer& o, const std::m
 
 void Optimizer::load_state(const OptimizerState& s) {
   // Everything is checked before anything changes: a refused state leaves the optimizer as it was.
+  // The state is laid out by the groups as they are now (a parameter replaced through groups() takes
+  // the state saved at its index), which must be as the optimizer was made.
+  check_layout();
+  (void)moved();  // the constructor's checks of any tensor put in a parameter's place
   auto it = s.scalars.find("steps");
   KILN_CHECK(it != s.scalars.end(), name(), ": optimizer state has no step count");
   KILN_CHECK(std::isfinite(it->second) && it->second >= 0 && it->second == std::trunc(it->second), name(),
@@ -409,6 +507,7 @@ void Optimizer::load_state(const OptimizerState& s) {
   for (size_t g = 0; g < groups_.size(); ++g) {
     std::tie(groups_[g].lr, groups_[g].weight_decay) = lr_wd[g];
     groups_[g].options = std::move(options[g]);
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) ids_[g][i] = groups_[g].params[i].impl_ptr();
   }
   slots_ = std::move(slots);
 }
@@ -418,6 +517,8 @@ Tensor& slot(std::map<std::string, Tensor>& slots, const char* name, const Tenso
   auto it = slots.find(name);
   if (it == slots.end())
     it = slots.emplace(name, zeros(like.shape(), TensorOptions(state_dtype(like), like.device()))).first;
+  else
+    check_slot(it->second, name, like, "optimizer");  // step() checked it; this guards every caller
   return it->second;
 }
 // t in the update's dtype for parameter p (state_dtype).

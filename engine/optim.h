@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,12 @@ class Optimizer {
   void step(const Tensor& skip_if = {});
   // Drops the gradients, or with set_to_none = false sets them to zero in place.
   void zero_grad(bool set_to_none = true);
+  // Mutable for each group's lr, weight decay and options, and for replacing a parameter by another
+  // tensor (its index kept; groups and parameters cannot be added or removed: make a new optimizer).
+  // State follows the tensor, as torch keys its state by the tensor: a tensor put in a parameter's
+  // place gets fresh state (its moments and step count start from zero) unless it was a parameter of
+  // this optimizer at another index, whose state then comes with it; the replaced tensor's state is
+  // dropped. The new tensor must be a leaf and in one place only, as the constructor requires.
   std::vector<ParamGroup>& groups() { return groups_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   void set_lr(double lr);  // every group
@@ -64,7 +71,8 @@ class Optimizer {
   OptimizerState state() const;
   // Restores state() output: the slots, the step counts, each group's lr and weight decay and the
   // optimizer's hyper-parameters (momentum, betas, ...), as torch's load_state_dict. Names, shapes,
-  // the optimizer kind, the number of groups and each group's size must match.
+  // the optimizer kind, the number of groups and each group's size must match; the state is the
+  // state of the tensors the groups hold now.
   void load_state(const OptimizerState& s);
   // Replaces group g's own hyper-parameters (ParamGroup::options) after checking them as the
   // constructor does; nothing changes when it throws.
@@ -122,7 +130,19 @@ class Optimizer {
   std::vector<double> mask_host_;
   std::vector<size_t> first_;  // each group's first index into counts_
   size_t nparams_ = 0;
+  // Each parameter's tensor (its TensorImpl) as the state is laid out: a tensor put in its place
+  // through groups() is told apart from it (a weak handle: a replaced tensor that died cannot be
+  // mistaken for a new one made at its address).
+  std::vector<std::vector<std::weak_ptr<TensorImpl>>> ids_;
   void place_counts(Device dev);  // counts_ made (zeros) or moved to dev
+  // Throws unless the groups have the number of groups and sizes the optimizer was made with.
+  void check_layout() const;
+  // Empty when every parameter is the tensor its state was made for; else, for each parameter
+  // (first_[g] + i), the index whose state it takes (its own old index, or -1: fresh state), after
+  // checking each is a leaf in one place only.
+  std::vector<int64_t> moved() const;
+  // Lays the state out by moved() (the per-parameter counts read to the host once, when it changed).
+  void rebind();
 };
 
 struct SgdOptions {

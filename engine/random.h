@@ -47,6 +47,16 @@ namespace kiln {
 // Sequential host-side draws from one Philox stream: key `seed`, counters from `first_block` on.
 // Data loaders use it so a shuffle or an augmentation is a pure function of (seed, stream), never
 // of thread timing.
+// The high 64 bits of the 128-bit product a * b, from 32-bit halves (ISO C++ has no 128-bit integer:
+// unsigned __int128 here warned under -Wpedantic in every file that includes ops.h); the same value.
+inline uint64_t mul_high(uint64_t a, uint64_t b) {
+  const uint64_t a_lo = a & 0xFFFFFFFFull, a_hi = a >> 32, b_lo = b & 0xFFFFFFFFull, b_hi = b >> 32;
+  const uint64_t lo_hi = a_lo * b_hi, hi_lo = a_hi * b_lo;
+  // at most (2^32 - 1) * 2 + (2^32 - 1)^2 = 2^64 - 1: no carry lost
+  const uint64_t mid = ((a_lo * b_lo) >> 32) + (hi_lo & 0xFFFFFFFFull) + lo_hi;
+  return a_hi * b_hi + (hi_lo >> 32) + (mid >> 32);
+}
+
 class PhiloxStream {
  public:
   PhiloxStream(uint64_t seed, uint64_t first_block) : seed_(seed), block_(first_block) {}
@@ -60,7 +70,7 @@ class PhiloxStream {
   // Uniform in [0, n) for n >= 1 (64-bit multiply-shift; the bias is below 2^-32 for the sizes used).
   uint64_t below(uint64_t n) {
     const uint64_t x = uint64_t(next_u32()) << 32 | next_u32();
-    return static_cast<uint64_t>((static_cast<unsigned __int128>(x) * n) >> 64);
+    return mul_high(x, n);
   }
   float uniform() { return u32_to_uniform(next_u32()); }  // [0, 1)
 

@@ -936,8 +936,10 @@ std::string Tensor::type_str() const {
 }
 
 namespace {
-void print_rec(std::ostream& os, const std::vector<double>& v, const Shape& shape, size_t d, int64_t base,
-               int64_t max_per_dim, DType dt, int indent) {
+// v holds the elements of a floating or boolean tensor, iv those of an integer one (read as i64, exactly:
+// through a double, 2^62 + 1 printed as 4611686018427387904).
+void print_rec(std::ostream& os, const std::vector<double>& v, const std::vector<int64_t>& iv, const Shape& shape,
+               size_t d, int64_t base, int64_t max_per_dim, DType dt, int indent) {
   const int64_t n = shape[d];
   int64_t inner = 1;
   for (size_t i = d + 1; i < shape.size(); ++i) inner *= shape[i];
@@ -951,16 +953,15 @@ void print_rec(std::ostream& os, const std::vector<double>& v, const Shape& shap
       continue;
     }
     if (d + 1 == shape.size()) {
-      const double x = v[size_t(base + i)];
       if (dt == DType::boolean) {
-        os << (x != 0 ? "true" : "false");
+        os << (v[size_t(base + i)] != 0 ? "true" : "false");
       } else if (is_floating(dt)) {
-        os << std::setprecision(5) << x;
+        os << std::setprecision(5) << v[size_t(base + i)];
       } else {
-        os << int64_t(x);
+        os << iv[size_t(base + i)];
       }
     } else {
-      print_rec(os, v, shape, d + 1, base + i * inner, max_per_dim, dt, indent + 1);
+      print_rec(os, v, iv, shape, d + 1, base + i * inner, max_per_dim, dt, indent + 1);
     }
     if (i + 1 < n) os << (d + 1 == shape.size() ? ", " : ",\n" + std::string(size_t(indent + 1), ' '));
   }
@@ -975,13 +976,15 @@ std::string Tensor::str(int64_t max_per_dim) const {
   if (requires_grad()) os << ", requires_grad";
   if (grad_fn()) os << ", grad_fn=" << grad_fn()->name();
   os << ")\n";
-  const std::vector<double> v = to_vector();
+  const bool integral = !is_floating(dtype()) && dtype() != DType::boolean;
+  const std::vector<double> v = integral ? std::vector<double>() : to_vector();
+  const std::vector<int64_t> iv = integral ? values<int64_t>() : std::vector<int64_t>();
   if (dim() == 0) {
-    print_rec(os, v, Shape{1}, 0, 0, max_per_dim, dtype(), 0);
+    print_rec(os, v, iv, Shape{1}, 0, 0, max_per_dim, dtype(), 0);
   } else if (numel() == 0) {
     os << "[]";
   } else {
-    print_rec(os, v, shape(), 0, 0, std::max<int64_t>(max_per_dim, 2), dtype(), 0);
+    print_rec(os, v, iv, shape(), 0, 0, std::max<int64_t>(max_per_dim, 2), dtype(), 0);
   }
   return os.str();
 }

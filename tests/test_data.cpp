@@ -385,6 +385,35 @@ TEST_CASE("philox stream: reproducible, uniform in range") {
   CHECK(mix_seed(1, 2) != mix_seed(2, 1));
 }
 
+TEST_CASE("philox stream: mul_high (32-bit halves) is the 128-bit product's high half, so below() draws as before") {
+  __extension__ typedef unsigned __int128 u128;  // the reference (the header no longer uses it: -Wpedantic)
+  const auto ref = [](uint64_t a, uint64_t b) { return uint64_t((u128(a) * b) >> 64); };
+  const uint64_t edges[] = {0,
+                            1,
+                            2,
+                            0xFFFFFFFFull,
+                            0x100000000ull,
+                            0xFFFFFFFFFFFFFFFFull,
+                            0x8000000000000000ull,
+                            0xFFFFFFFF00000000ull,
+                            0x00000000FFFFFFFFull,
+                            0x123456789ABCDEF0ull};
+  for (uint64_t a : edges)
+    for (uint64_t b : edges) CHECK(mul_high(a, b) == ref(a, b));
+  PhiloxStream s(7, 3);
+  for (int i = 0; i < 10000; ++i) {
+    const uint64_t a = uint64_t(s.next_u32()) << 32 | s.next_u32(), b = uint64_t(s.next_u32()) << 32 | s.next_u32();
+    CHECK(mul_high(a, b) == ref(a, b));
+  }
+  for (uint64_t n : {uint64_t(1), uint64_t(10), uint64_t(1) << 40, ~uint64_t(0)}) {
+    PhiloxStream u(9, 1), v(9, 1);
+    for (int i = 0; i < 100; ++i) {
+      const uint64_t x = uint64_t(v.next_u32()) << 32 | v.next_u32();
+      CHECK(u.below(n) == ref(x, n));
+    }
+  }
+}
+
 TEST_CASE("mnist directory: the uncompressed file wins over its .gz; eval reads no train files; a fake gzip is named") {
   TempDir dir("kiln_mnist");
   auto images = [](uint32_t n) { return idx_bytes(0x08, {n, 4, 4}, std::string(n * 16, '\x80')); };

@@ -171,6 +171,50 @@ TEST_CASE("modules: a tensor registered under two names is one tied parameter") 
   m.load_state_dict(m.state_dict());
 }
 
+TEST_CASE("modules: replace_parameter ties a layer's weight to another module's, parameters() and state_dict() agree") {
+  struct Lm : nn::Module {
+    std::shared_ptr<nn::Embedding> emb;
+    std::shared_ptr<nn::Linear> out;
+    Lm() {
+      emb = register_module("emb", std::make_shared<nn::Embedding>(5, 3));
+      out = register_module("out", std::make_shared<nn::Linear>(3, 5));
+    }
+    std::string type_name() const override { return "Lm"; }
+  };
+  Lm m;
+  const Tensor old = m.out->weight;
+  // The pitfall: `m.out->weight = m.emb->weight` alone left parameters() and state_dict() with `old`.
+  m.out->replace_parameter("weight", m.out->weight, m.emb->weight);
+  CHECK(m.out->weight.same(m.emb->weight));
+  CHECK(names(m.named_parameters()) == std::vector<std::string>{"emb.weight", "out.bias"});  // the tie once
+  CHECK(m.state_dict().at("out.weight").same(m.emb->weight));  // under each name, as PyTorch
+  for (const Tensor& p : m.parameters()) CHECK(!p.same(old));
+  // One optimizer step moves the tied tensor, which forward uses.
+  optim::SGD opt({optim::ParamGroup(m.parameters(), 0.1)});
+  const Tensor before = m.emb->weight.clone();
+  sum((*m.out)((*m.emb)(from_vector({1, 2}, {2}, DType::i64)))).backward();
+  opt.step();
+  CHECK(amax(abs(m.emb->weight - before)).item<double>() > 0);
+  // The member may be assigned first; then only the registration changes.
+  nn::Linear lin(3, 5);
+  lin.weight = m.emb->weight;
+  lin.replace_parameter("weight", lin.weight, m.emb->weight);
+  CHECK(lin.named_parameters()[0].second.same(m.emb->weight));
+  // Refused, naming what was wrong.
+  nn::Linear other(3, 5);
+  CHECK(contains(error_of([&] { other.replace_parameter("w", other.weight, m.emb->weight); }),
+                 "this module has no parameter 'w' (its parameters: weight, bias"));
+  CHECK(contains(error_of([&] { other.replace_parameter("weight", other.bias, m.emb->weight); }),
+                 "the member passed for 'weight' holds neither the registered tensor (f32 cpu [5,3])"));
+  CHECK(contains(error_of([&] {
+                   other.replace_parameter("weight", other.weight, ones({3, 5}));
+                 }),
+                 "'weight' is f32 cpu [5,3], the tensor for it is f32 cpu [3,5]"));
+  CHECK(contains(error_of([&] { other.replace_parameter("weight", other.weight, m.emb->weight * 2.0); }),
+                 "must be replaced by a leaf tensor"));
+  CHECK(names(other.named_parameters()) == std::vector<std::string>{"weight", "bias"});
+}
+
 TEST_CASE("modules: register_parameter keeps the caller's leaf; a tensor made by an op is detached") {
   struct Keep : nn::Module {
     Tensor mine = randn({2}), made;
@@ -783,6 +827,86 @@ TEST_CASE("optim: a non-finite or negative lr, and a parameter listed twice, are
   optim::SGD ok({optim::ParamGroup({p, q}, 0.1)});
   CHECK(contains(error_of([&] { ok.set_lr(-5); }), "lr must be finite and >= 0, got -5"));
   CHECK(ok.groups()[0].lr == 0.1);
+}
+
+TEST_CASE("optim: a parameter replaced through groups() gets its own state, as torch keys state by tensor") {
+  // SGD with momentum: [2] stepped, then a [4] in its place. Its momentum buffer was the [2]'s, and the
+  // step read and wrote past it ([0.81, 0.81, 0.93, 0.93]); now the new tensor starts fresh: 1 - 0.1 * 1.
+  Tensor a = zeros({2}).set_requires_grad();
+  optim::SGD sgd({optim::ParamGroup({a}, 0.1)}, {0.9});
+  sum(a).backward();
+  sgd.step();
+  Tensor b = ones({4}).set_requires_grad();
+  sgd.groups()[0].params[0] = b;
+  CHECK(sgd.state().tensors.empty());  // the replaced tensor's buffer is not b's
+  sum(b).backward();
+  sgd.step();
+  CHECK(amax(abs(b - 0.9)).item<double>() < 1e-6);
+  CHECK(sgd.state().tensors.at("0.0.momentum_buffer").shape() == Shape{4});
+  // The same shape too: a new tensor does not inherit the old one's momentum.
+  Tensor c = ones({4}).set_requires_grad();
+  sgd.groups()[0].params[0] = c;
+  sum(c).backward();
+  sgd.step();
+  CHECK(amax(abs(c - 0.9)).item<double>() < 1e-6);
+
+  // AdamW: [2] -> [100000] crashed; the new tensor gets fresh moments and its own step count, and two
+  // parameters swapped take their state with them (as a reference optimizer that never swapped them).
+  Tensor p = ones({2}).set_requires_grad(), q = full({3}, 2.0).set_requires_grad();
+  Tensor rp = ones({2}).set_requires_grad(), rq = full({3}, 2.0).set_requires_grad();
+  optim::AdamW adam({optim::ParamGroup({p, q}, 0.1)}), ref({optim::ParamGroup({rp, rq}, 0.1)});
+  auto step_both = [&] {
+    for (Tensor t : {p, q, rp, rq}) t.set_grad(Tensor());
+    (sum(p * p) + sum(q * q * q)).backward();
+    (sum(rp * rp) + sum(rq * rq * rq)).backward();
+    adam.step();
+    ref.step();
+  };
+  step_both();
+  step_both();
+  adam.groups()[0].params = {q, p};
+  CHECK(adam.steps(0, 0) == 2);
+  step_both();
+  CHECK(p.to_vector() == rp.to_vector());
+  CHECK(q.to_vector() == rq.to_vector());
+  CHECK(adam.state().tensors.at("0.0.exp_avg").shape() == Shape{3});
+  Tensor big = ones({100000}).set_requires_grad();
+  adam.groups()[0].params[1] = big;  // p's place
+  CHECK(adam.steps(0, 1) == 0);
+  sum(big).backward();
+  q.set_grad(Tensor());
+  adam.step();
+  CHECK(adam.steps(0, 1) == 1);
+  CHECK(amax(abs(big - 0.9)).item<double>() < 1e-6);  // Adam's first step: lr * sign(g)
+
+  // A state saved for another shape is refused, naming it; so are a computed tensor and one listed twice.
+  optim::OptimizerState s = adam.state();
+  adam.groups()[0].params[1] = p;
+  CHECK(contains(error_of([&] { adam.load_state(s); }),
+                 "optimizer state '0.1.exp_avg' has shape [100000], parameter has [2]"));
+  adam.groups()[0].params[1] = p * 2;
+  CHECK(contains(error_of([&] { adam.step(); }), "parameter 1 of group 0 was replaced by a tensor that is not a leaf"));
+  adam.groups()[0].params[1] = q;
+  CHECK(contains(error_of([&] { adam.step(); }), "parameter 1 of group 0 is also parameter 0 of group 0"));
+  adam.groups()[0].params.push_back(p);
+  CHECK(contains(error_of([&] { (void)adam.state(); }), "parameters cannot be added or removed"));
+  CHECK(contains(error_of([&] { adam.load_state(s); }), "parameters cannot be added or removed"));
+  adam.groups().emplace_back(std::vector<Tensor>{p});
+  CHECK(contains(error_of([&] { (void)adam.steps(1, 0); }), "groups cannot be added or removed"));
+}
+
+TEST_CASE("optim: state that no longer matches its parameter (converted in place) is refused, not used") {
+  nn::Linear lin(3, 2);
+  optim::AdamW opt({optim::ParamGroup(lin.parameters(), 0.1)});
+  sum(lin(ones({1, 3}))).backward();
+  opt.step();
+  lin.to(DType::f64);  // the same tensors, now f64: their f32 moments no longer fit
+  sum(lin(ones({1, 3}, DType::f64))).backward();
+  const Tensor before = lin.weight.clone();
+  CHECK(contains(error_of([&] { opt.step(); }),
+                 "adamw: parameter 0 of group 0: state 'exp_avg' is f32 cpu [2,3], its parameter (f64 cpu [2,3]) needs "
+                 "f64 cpu [2,3]"));
+  CHECK(lin.weight.to_vector() == before.to_vector());  // refused before anything changed
 }
 
 TEST_CASE("modules: a small transformer block learns to copy a token") {

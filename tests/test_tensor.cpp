@@ -706,6 +706,16 @@ TEST_CASE("tensor: printing shows dtype, device, shape and values") {
   CHECK(contains(i.str(), "4567"));
   CHECK(contains(i.str(), "123"));
 
+  // Integer elements print exactly (they went through a double: 2^62 + 1 printed as 4611686018427387904).
+  std::vector<int64_t> wide = {(int64_t(1) << 62) + 1, std::numeric_limits<int64_t>::max(),
+                               std::numeric_limits<int64_t>::min(), -3};
+  const Tensor w = from_blob(wide.data(), {4}, DType::i64, [](void*) {});
+  CHECK(contains(w.str(), "[4611686018427387905, 9223372036854775807, -9223372036854775808, -3]"));
+  CHECK(contains(w.select(0, 1).str(), "[9223372036854775807]"));  // 0-dim
+  CHECK(contains(from_vector({-7, 2147483647}, {2}, DType::i32).str(), "[-7, 2147483647]"));
+  CHECK(contains(from_vector({0, 255}, {2}, DType::u8).str(), "[0, 255]"));
+  CHECK(contains(from_vector({1, 0}, {2}, DType::boolean).str(), "[true, false]"));
+
   // A large tensor shows its ends and elides the middle.
   Tensor big = arange(int64_t(1000)).to(DType::f64);
   const std::string b = big.str();

@@ -26,6 +26,18 @@ def test_construction_and_dtypes():
     assert kiln.zeros(1).device == "cpu"
 
 
+def test_repr_prints_integers_exactly():
+    # Integer elements went through a double: 2**62 + 1 printed as 4611686018427387904.
+    values = [2**62 + 1, -2**63, 2**63 - 1, -3]
+    t = kiln.from_numpy(np.array(values, dtype=np.int64))
+    assert t.tolist() == values
+    assert "[4611686018427387905, -9223372036854775808, 9223372036854775807, -3]" in repr(t)
+    assert "[2147483647, -2147483648]" in repr(kiln.from_numpy(np.array([2**31 - 1, -2**31], dtype=np.int32)))
+    torch = pytest.importorskip("torch")
+    for v in values:  # the digits torch prints
+        assert str(v) in repr(torch.tensor(values)) and str(v) in repr(t)
+
+
 def test_random_streams_repeat():
     kiln.manual_seed(7)
     a = kiln.randn(5).tolist()
