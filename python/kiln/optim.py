@@ -60,6 +60,26 @@ def _split(groups, options, check, py_keys=_PY_KEYS):
     return engine, extras
 
 
+class _ParamList(list):
+    """A group's 'params': the engine steps the tensors it was given, so the list cannot change in place
+    (`group['params'][0] = t` would leave the engine stepping the old tensor while the list shows the new)."""
+
+    def __init__(self, index, params):
+        super().__init__(params)
+        self._index = index
+
+    def _refuse(self, *args, **kwargs):
+        raise _C.KilnValueError(f"optimizer: param_groups[{self._index}]['params'] cannot be changed after the "
+                                f"optimizer is built (the engine steps the tensors it was given): build a new "
+                                f"optimizer, or add others with add_param_group")
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+
+    def __reduce__(self):  # pickled and copied as the plain list it shows
+        return (list, (list(self),))
+
+
 class _ParamGroup(dict):
     """One entry of Optimizer.param_groups: a dict whose 'lr' and 'weight_decay' are the engine's, so
     `group['lr'] = x` takes effect at the next step (checked as the constructor checks it). The
@@ -70,6 +90,8 @@ class _ParamGroup(dict):
     def __init__(self, opt, index, values):
         super().__init__(values)
         self._opt, self._index = opt, index
+        if "params" in values:
+            dict.__setitem__(self, "params", _ParamList(index, values["params"]))
 
     def __setitem__(self, key, value):
         impl = self._opt._engine

@@ -661,3 +661,25 @@ def test_bad_hyper_parameters_name_the_optimizer_and_the_value_as_torch():
     for cls in ("SGD", "Adam", "AdamW"):
         k, t = getattr(kiln.optim, cls)([p]).defaults, getattr(torch.optim, cls)([tp]).defaults
         assert {key: k[key] for key in ("lr", "weight_decay")} == {key: t[key] for key in ("lr", "weight_decay")}
+
+
+def test_a_groups_params_list_cannot_change_in_place():
+    # The engine steps the tensors it was given: `group['params'][0] = t` changed only the Python list (the
+    # engine went on stepping the old tensor while the list showed the new), so it is refused, as replacing
+    # the whole list was; copies and pickles are plain lists, and add_param_group still adds.
+    import copy
+    import pickle
+    w, v = kiln.ones(2, requires_grad=True), kiln.zeros(2, requires_grad=True)
+    opt = kiln.optim.SGD([w], lr=0.1)
+    params = opt.param_groups[0]["params"]
+    for change in (lambda: params.__setitem__(0, v), lambda: params.append(v), lambda: params.pop(),
+                   lambda: params.extend([v]), lambda: params.remove(w), lambda: params.clear()):
+        with pytest.raises(kiln.KilnValueError, match=r"param_groups\[0\]\['params'\] cannot be changed after"):
+            change()
+    assert len(params) == 1 and params[0] is w and params == [w]
+    assert type(copy.deepcopy(params)) is list and len(pickle.loads(pickle.dumps(params))) == 1
+    opt.add_param_group({"params": [v]})
+    assert len(opt.param_groups) == 2 and opt.param_groups[1]["params"] == [v]
+    w.grad = kiln.ones(2)
+    opt.step()
+    assert w.tolist() == pytest.approx([0.9, 0.9])
