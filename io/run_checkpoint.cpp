@@ -528,11 +528,41 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
 
 // ---- mirror --------------------------------------------------------------------------------------
 
+namespace {
+// `p` (absolute) with every symbolic link among its parts replaced by its target, a relative target
+// read from the link's folder, until none is left (40 at most, as the kernel's limit). weakly_canonical
+// stops at the first part that does not exist, and a link whose target does not exist yet (a mirror
+// folder a run is about to make) reads to it as a plain name: the link's own path, not where it points.
+fs::path follow_links(fs::path p) {
+  for (int hops = 0; hops < 40; ++hops) {
+    fs::path done;
+    bool followed = false;
+    for (auto it = p.begin(); it != p.end() && !followed; ++it) {
+      if (it->empty()) continue;  // "DIR/": a trailing separator
+      const fs::path next = done / *it;
+      std::error_code ec;
+      if (fs::is_symlink(fs::symlink_status(next, ec))) {
+        const fs::path target = fs::read_symlink(next, ec);
+        if (ec) return p;
+        fs::path rest;
+        for (auto r = std::next(it); r != p.end(); ++r) rest /= *r;
+        p = (target.is_absolute() ? target : done / target) / rest;
+        followed = true;
+      }
+      done = next;
+    }
+    if (!followed) return p;
+  }
+  return p;  // a loop of links: left as it is, which weakly_canonical then keeps
+}
+}  // namespace
+
 std::string resolved_path(const std::string& path) {
   std::error_code ec;
   // Absolute first: weakly_canonical leaves a relative path whose first part does not exist as it is.
   fs::path p = fs::absolute(path, ec);
   if (ec) p = fs::path(path);
+  p = follow_links(p);
   fs::path w = fs::weakly_canonical(p, ec);
   if (ec) w = p;
   std::string s = w.lexically_normal().string();
@@ -549,12 +579,19 @@ std::string host_name() {
   return host;
 }
 
-std::string not_ours(const std::string& dir, const std::string& other, const std::string& host, bool owner_file) {
+// `kept`: why the run in `other` keeps its mirror even from a rescue (its checkpoints, its live
+// process); empty when a run resuming from the mirror's copies may take it over.
+std::string not_ours(const std::string& dir, const std::string& other, const std::string& host, bool owner_file,
+                     const std::string& kept) {
   const std::string release = owner_file ? "delete " + (fs::path(dir) / kMirrorOwner).string() + " if that run is gone"
                                          : "if that run is gone, move its step-*.kiln out of " + dir;
-  return "--mirror " + dir + " holds the checkpoints of the run in " + other + " (host " + host +
-         "): give each run its own mirror folder (" + release +
-         "; or continue that run here: --resume auto into an --out without checkpoints takes the mirror over)";
+  std::string msg = "--mirror " + dir + " holds the checkpoints of the run in " + other + " (host " + host +
+                    "): give each run its own mirror folder (" + release;
+  if (kept.empty())
+    msg += "; or continue that run here: --resume auto into an --out without checkpoints takes the mirror over)";
+  else
+    msg += "); it is not taken over, since " + kept;
+  return msg;
 }
 
 // DIR/kiln-mirror.json naming `me`, replacing what is there; false if it cannot be written.
@@ -568,15 +605,23 @@ bool write_owner(const fs::path& file, const std::string& me) {
   }
 }
 
-// Whether the run in `out` still has its checkpoints or runs now (another process holds its OUT/.lock,
-// which kiln train flocks for as long as it runs).
-bool other_run_still_there(const std::string& out) {
-  if (!find_latest_checkpoint(out + "/checkpoints").empty()) return true;
+// Why the run in `out` still owns its mirror, or "" when it is gone: its folder, as seen from here,
+// holds an intact checkpoint (damaged ones continue nothing), or another process holds its OUT/.lock,
+// which kiln train flocks for as long as it runs (the pid it wrote there named).
+std::string other_run_still_there(const std::string& out) {
+  const std::string ckpt = find_intact_checkpoint(out + "/checkpoints").path;
+  if (!ckpt.empty()) return "its folder " + out + " still holds the intact checkpoint " + ckpt;
   const int fd = ::open((out + "/.lock").c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
+  if (fd < 0) return "";
   const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  char buf[32] = "";
+  const ssize_t n = held ? ::pread(fd, buf, sizeof buf - 1, 0) : 0;
   ::close(fd);
-  return held;
+  if (!held) return "";
+  std::string pid = n > 0 ? std::string(buf, size_t(n)) : "";
+  while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+  return "that run is running now (pid " + (pid.empty() ? std::string("unknown") : pid) + ", holding " + out +
+         "/.lock)";
 }
 }  // namespace
 
@@ -588,9 +633,12 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
   // only while that run's folder, as seen from here, holds no checkpoint and no live run (its .lock
   // free): a run started with --resume auto into a new or misspelt --out must not take the mirror from
   // a run that still has its own checkpoints or is running.
-  const auto other_owner = [&](const std::string& other, const std::string& host, const std::string& refusal) {
-    if (!other_run || other_run_still_there(other)) return refusal;
-    *other_run = MirrorOwner{other, host, refusal};
+  const auto other_owner = [&](const std::string& other, const std::string& host, bool owner_file,
+                               const std::string& host_said) {
+    if (!other_run) return not_ours(dir, other, host_said, owner_file, "");
+    if (const std::string kept = other_run_still_there(other); !kept.empty())
+      return not_ours(dir, other, host_said, owner_file, kept);
+    *other_run = MirrorOwner{other, host, not_ours(dir, other, host_said, owner_file, "")};
     return std::string();
   };
   for (int tries = 0; tries < 2; ++tries) {
@@ -609,7 +657,7 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
       if (other == me) return "";
       const std::string host = owner.is_object() ? owner.value("host", std::string("unknown")) : std::string("unknown");
       const std::string named = other.empty() ? "(none named)" : other;
-      return other_owner(named, host, not_ours(dir, named, host, true));
+      return other_owner(named, host, true, host);
     }
     // A mirror from before owners: its checkpoints' config names the run (a damaged copy names none).
     for (const fs::path& p : step_files(dir)) {
@@ -623,10 +671,8 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
       }
       if (!other.empty() && other != me)
         return other_owner(
-            other, "unknown",
-            not_ours(dir, other,
-                     "unknown: " + p.filename().string() + " names it, and " + dir + " has no " + kMirrorOwner + " yet",
-                     false));
+            other, "unknown", false,
+            "unknown: " + p.filename().string() + " names it, and " + dir + " has no " + kMirrorOwner + " yet");
     }
     // Claimed by a hard link of a complete file: of two runs claiming at once, one link fails (EEXIST),
     // and that run reads the winner's file on the second pass.
@@ -634,11 +680,19 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
     const std::string tmp = file.string() + ".tmp." + std::to_string(::getpid());
     fs::create_directories(dir, ec);
     {
+      // Not writable (a mount down, no permission): never fatal, as the copies are not, but said, since
+      // the folder stays unclaimed until a copy succeeds (the copies' own config then names this run).
+      errno = 0;
       std::ofstream f(tmp, std::ios::trunc);
       f << owner.dump(2) << "\n";
       if (!f.flush()) {
+        const int err = errno;
         fs::remove(tmp, ec);
-        return "";  // not writable: the copies will say so, and retry
+        std::fprintf(stderr,
+                     "kiln train: warning: --mirror %s: cannot write %s (%s), the file that records which run the "
+                     "mirror belongs to: the run goes on, and its copies to the mirror try again\n",
+                     dir.c_str(), file.c_str(), err ? std::strerror(err) : "write failed");
+        return "";
       }
     }
     const int linked = ::link(tmp.c_str(), file.c_str());

@@ -152,8 +152,9 @@ std::span<const char* const> data_info_keys();
 std::string short_json(const nlohmann::json& v, bool bare = false);
 
 // The absolute form of `path` as the file system resolves it, so one folder compares equal however it
-// is written (relative, with `.`, `..`, `//`, a trailing `/`, through a link): links in its longest
-// existing prefix followed (weakly_canonical of the absolute path), the rest normalised lexically.
+// is written (relative, with `.`, `..`, `//`, a trailing `/`, through a link): every symbolic link
+// among its parts followed, a dangling one too (to where it points), then links in its longest existing
+// prefix (weakly_canonical of the absolute path), the rest normalised lexically.
 std::string resolved_path(const std::string& path);
 
 // The run a --mirror folder belongs to: DIR/kiln-mirror.json, {"out": its --out resolved, "host"},

@@ -1,6 +1,8 @@
 // TensorBoard event files: the encoders and the writer (io/tensorboard.h has the format).
 #include "io/tensorboard.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -107,13 +109,13 @@ EventWriter::EventWriter(const std::string& dir) {
   std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.%s.%010d.kiln", (long long)std::time(nullptr), host,
                 int(::getpid()));
   path_ = (std::filesystem::path(dir) / name).string();
-  f_ = std::fopen(path_.c_str(), "wb");
-  KILN_CHECK(f_, path_, ": cannot create the TensorBoard event file: ", std::strerror(errno));
-  write(tb::file_version_event(now_seconds()));
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  KILN_CHECK(fd_ >= 0, path_, ": cannot create the TensorBoard event file: ", std::strerror(errno));
+  write(std::string(), 0);  // the file version event alone
 }
 
 EventWriter::~EventWriter() {
-  if (f_) std::fclose(f_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 namespace {
@@ -135,19 +137,55 @@ bool EventWriter::any_old(const std::string& dir) {
   return false;
 }
 
-void EventWriter::restart(int64_t step) { write(tb::session_start_event(now_seconds(), step)); }
+void EventWriter::restart(int64_t step) { write(tb::session_start_event(now_seconds(), step), step); }
 
 void EventWriter::scalars(int64_t step, const std::vector<std::pair<std::string, float>>& values) {
-  if (!values.empty()) write(tb::scalars_event(now_seconds(), step, values));
+  if (!values.empty()) write(tb::scalars_event(now_seconds(), step, values), step);
 }
 
-void EventWriter::write(const std::string& event) {
-  if (!ok_) return;
-  const std::string r = tb::record(event);
-  if (std::fwrite(r.data(), 1, r.size(), f_) != r.size() || std::fflush(f_) != 0) {
-    ok_ = false;
-    error_ = path_ + ": writing failed (" + std::strerror(errno) + "); TensorBoard events stop here";
+std::vector<std::string> EventWriter::take_notices() {
+  std::vector<std::string> n;
+  n.swap(notices_);
+  return n;
+}
+
+// One record in one write(2) on an O_APPEND descriptor (looped if short), as metrics.jsonl's lines: a
+// write that fails (a full disk) cuts its part of a record off at once (ftruncate to the size before
+// it), so the file holds whole records only, and each later event tries again. The file version event
+// goes first, with the first event whose write succeeds if its own failed.
+void EventWriter::write(const std::string& event, int64_t step) {
+  std::string r;
+  if (version_pending_) r = tb::record(tb::file_version_event(now_seconds()));
+  if (!event.empty()) r += tb::record(event);
+  struct stat st {};
+  const off_t before = ::fstat(fd_, &st) == 0 ? st.st_size : -1;
+  size_t done = 0;
+  int err = 0;
+  while (done < r.size()) {
+    const ssize_t n = ::write(fd_, r.data() + done, r.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : ENOSPC;
+      break;
+    }
+    done += size_t(n);
   }
+  if (done == r.size()) {
+    if (!ok_)
+      notices_.push_back(path_ + ": writing again at step " + std::to_string(step) + " (the events since step " +
+                         std::to_string(failed_at_) + " are missing)");
+    version_pending_ = false;
+    ok_ = true;
+    return;
+  }
+  if (done > 0 && before >= 0) (void)!::ftruncate(fd_, before);
+  if (ok_) {
+    error_ = path_ + ": cannot write the TensorBoard events of step " + std::to_string(step) + " (" +
+             std::strerror(err) + "); training goes on, and each later event tries again";
+    notices_.push_back("warning: " + error_);
+    failed_at_ = step;
+  }
+  ok_ = false;
 }
 
 }  // namespace kiln::io

@@ -45,15 +45,23 @@ class EventWriter {
   void restart(int64_t step);  // SessionLog.START at `step`: earlier files' events at steps >= it are dropped
   void scalars(int64_t step, const std::vector<std::pair<std::string, float>>& values);
   const std::string& path() const { return path_; }
-  // False once a write failed (a full disk): training goes on, the message says why once.
+  // False while writes fail (a full disk): a failed write leaves no part of its record in the file,
+  // and each later event tries again; error() says why.
   bool ok() const { return ok_; }
   const std::string& error() const { return error_; }
+  // What the caller says, once each, since it last asked: "warning: FILE: cannot write the TensorBoard
+  // events of step N (why); ..." at the first failed write, "FILE: writing again at step M (the events
+  // since step N are missing)" at the first good one after.
+  std::vector<std::string> take_notices();
 
  private:
-  void write(const std::string& event);
+  void write(const std::string& event, int64_t step);
   std::string path_, error_;
-  std::FILE* f_ = nullptr;
+  std::vector<std::string> notices_;
+  int fd_ = -1;
   bool ok_ = true;
+  bool version_pending_ = true;  // the file version event is not written yet: it goes before the next event
+  int64_t failed_at_ = 0;
 };
 
 }  // namespace kiln::io

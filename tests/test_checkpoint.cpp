@@ -1078,21 +1078,42 @@ TEST_CASE("train: --mirror copies every checkpoint; a mirror that cannot be writ
   r = run_kiln(args + " --out " + d / "run2" + " --mirror " + d / "blocker/sub", d.p.string());
   CHECK_MESSAGE(r.code == 0, r.output);
   CHECK(contains(r.output, "mirror: copying"));
+  // Its owner file not written is said at the start, not passed over in silence.
+  CHECK_MESSAGE(contains(r.output, "warning: --mirror " + d / "blocker/sub" + ": cannot write " +
+                                       d / "blocker/sub/kiln-mirror.json (Not a directory)"),
+                r.output);
   CHECK(fs::exists(d / "run2/model.safetensors"));
 }
 
 TEST_CASE("train: a checkpoint that cannot be written (file-size limit, like a full disk) is reported; training goes on") {
   TempDir d("kiln_full");
-  // 3000 blocks of 512 bytes (1.5 MB) per file: metrics and the final weights (1.1 MB) fit, a training checkpoint (2.2 MB) does not.
+  // 3000 blocks of 512 bytes (1.5 MB) per file: metrics and the final weights (1.1 MB) fit, a training checkpoint (2.2
+  // MB) does not.
+  // --save-every 4: the step-8 checkpoint is due at the step and at the end of the epoch.
   const std::string cmd = "sh -c 'ulimit -f 3000; exec " + std::string(KILN_BINARY) +
                           " train --limit-train 256 --limit-eval 64 --batch 32 --epochs 1 --threads 2 --progress lines "
-                          "--out " + d / "run" + "' > " + d / "log.txt" + " 2>&1";
+                          "--save-every 4 --out " +
+                          d / "run" + "' > " + d / "log.txt" + " 2>&1";
   const int rc = std::system(cmd.c_str());
   const std::string log = read_text(d / "log.txt");
   CHECK_MESSAGE(WIFEXITED(rc), log);
+  // The run's results are written: exit 0, and the failed checkpoints said in the last line and
+  // summary.json, for a script to tell.
   CHECK_MESSAGE(WEXITSTATUS(rc) == 0, log);
+  CHECK(contains(log, "checkpoint at step 4 failed"));
   CHECK(contains(log, "checkpoint at step 8 failed"));
   CHECK(contains(log, "File too large"));
+  // The step that failed is not tried again at the end of the epoch, right after.
+  size_t tries = 0;
+  for (size_t at = log.find("checkpoint at step 8 failed"); at != std::string::npos;
+       at = log.find("checkpoint at step 8 failed", at + 1))
+    ++tries;
+  CHECK_MESSAGE(tries == 1, log);
+  CHECK_MESSAGE(contains(log, "warning: checkpoints failed since step 4: this run has no checkpoint to continue from"),
+                log);
+  const auto summary = nlohmann::json::parse(read_text(d / "run/summary.json"));
+  CHECK(summary["checkpoints_failed_since"] == 4);
+  CHECK(summary["last_checkpoint"] == "");
   CHECK(fs::exists(d / "run/model.safetensors"));
   for (const auto& e : fs::directory_iterator(d / "run/checkpoints"))
     CHECK_MESSAGE(e.path().filename().string().find(".tmp.") == std::string::npos, e.path());

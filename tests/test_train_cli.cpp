@@ -440,6 +440,12 @@ TEST_CASE("eval: a masked LM's weights carry --mask-prob; --text scores the held
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, " perplexity "), r.output);  // the epoch line
   const json s = json::parse(read_text(d / "run/summary.json"));
+  {  // and the final line, as kiln eval's: "test mlm_accuracy X% perplexity P (N samples), ..."
+    char ppl[64];
+    std::snprintf(ppl, sizeof ppl, "%% perplexity %.2f (", s["test_perplexity"].get<double>());
+    CHECK_MESSAGE(contains(r.output, "\ntest mlm_accuracy "), r.output);
+    CHECK_MESSAGE(contains(r.output, ppl), ppl, "\n", r.output);
+  }
   json last;
   for (const auto& m : read_jsonl(d / "run/metrics.jsonl"))
     if (m.contains("eval_loss")) last = m;

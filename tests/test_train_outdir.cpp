@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -40,6 +42,17 @@ bool any_event_file(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir, ec))
     if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) return true;
   return false;
+}
+// One byte of FILE flipped, halfway in (a tensor's bytes: only its CRC tells).
+void flip_a_byte(const std::string& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  const std::streamoff half = f.tellg() / 2;
+  char c = 0;
+  f.seekg(half);
+  f.get(c);
+  f.seekp(half);
+  f.put(char(c ^ 0x10));
 }
 }  // namespace
 
@@ -160,6 +173,41 @@ TEST_CASE("train: --resume auto with the local checkpoints lost continues from t
   CHECK_MESSAGE(contains(r.output, "is this run's own checkpoints folder"), r.output);
 }
 
+TEST_CASE("train: --resume auto takes the newest intact checkpoint of the run's folder and the --mirror") {
+  TempDir d("kiln_outdir");
+  const std::string run = d / "run", mirror = d / "mirror";
+  const std::string args =
+      "train --limit-train 256 --limit-eval 64 --batch 32 --max-steps 8 --threads 1 --workers 0 --progress lines "
+      "--save-every 4 --no-save-epochs --no-tensorboard --out " +
+      run + " --mirror " + mirror;
+  auto r = run_kiln(args, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, ", 8 steps in "), r.output);  // a run of one session says no more
+  REQUIRE(fs::exists(mirror + "/step-000000008.kiln"));
+  // The run's newest checkpoint damaged, the mirror's copy of it intact: the copy, not step 4.
+  flip_a_byte(run + "/checkpoints/step-000000008.kiln");
+  r = run_kiln(args + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "skipped damaged checkpoint " + run + "/checkpoints/step-000000008.kiln"), r.output);
+  CHECK_MESSAGE(contains(r.output, "continuing from the mirror's copy " + mirror +
+                                       "/step-000000008.kiln, newer than step-000000004.kiln, the newest intact "
+                                       "checkpoint in " +
+                                       run + "/checkpoints (the newer ones there are damaged"),
+                r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 8 from " + mirror + "/step-000000008.kiln"), r.output);
+  // Resumed at step 4, the last line's time and rate are this session's, and say so; summary.json too.
+  fs::remove(run + "/checkpoints/step-000000008.kiln");
+  fs::remove(mirror + "/step-000000008.kiln");
+  r = run_kiln(args + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 4"), r.output);
+  CHECK_MESSAGE(contains(r.output, ", 8 steps (4 in this session) in "), r.output);
+  const auto summary = nlohmann::json::parse(read_text(run + "/summary.json"));
+  CHECK(summary["steps"] == 8);
+  CHECK(summary["session_steps"] == 4);
+  CHECK(summary["session_samples_per_s"].get<double>() > 0);
+}
+
 TEST_CASE("train: the mirror never says a checkpoint --keep-last deleted is still in the run directory") {
   TempDir d("kiln_outdir");
   std::ofstream(d / "blocker") << "a file where the mirror directory should go";
@@ -263,7 +311,30 @@ TEST_CASE("train: --resume auto takes over the --mirror of its run, its folder l
   r = run_kiln(args + " --out " + d / "typo" + " --mirror " + mirror + " --resume auto", d.p.string());
   CHECK_MESSAGE(r.code == 2, r.output);
   CHECK_MESSAGE(!contains(r.output, "taking it over"), r.output);
+  // Why it is not taken over is said, and no takeover is suggested.
+  CHECK_MESSAGE(contains(r.output, "; it is not taken over, since its folder " + old +
+                                       " still holds the intact "
+                                       "checkpoint " +
+                                       old + "/checkpoints/step-000000004.kiln"),
+                r.output);
+  CHECK_MESSAGE(!contains(r.output, "takes the mirror over"), r.output);
   CHECK(contains(read_text(mirror + "/kiln-mirror.json"), "\"out\": \"" + old + "\""));
+  // A folder of damaged checkpoints keeps nothing, but a run that holds its lock does.
+  flip_a_byte(a + "/checkpoints/step-000000004.kiln");
+  {
+    const int lock = ::open((a + "/.lock").c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(lock >= 0);
+    REQUIRE(::flock(lock, LOCK_EX | LOCK_NB) == 0);
+    const std::string pid = "4242\n";
+    REQUIRE(::write(lock, pid.data(), pid.size()) == ssize_t(pid.size()));
+    r = run_kiln(args + " --out " + d / "typo" + " --mirror " + mirror + " --resume auto", d.p.string());
+    ::close(lock);
+  }
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(
+      contains(r.output, "; it is not taken over, since that run is running now (pid 4242, holding " + old + "/.lock)"),
+      r.output);
+  fs::remove_all(d / "typo");
   fs::remove_all(d / "a");  // the run's disk lost
   fs::create_directories(d / "x");
   // Another working directory, another spelling of both folders. A fresh run is still refused.
@@ -373,6 +444,23 @@ TEST_CASE("train: a --mirror inside --out is refused however either is written")
       {"--out ./so3/ --mirror " + d / "so3/backup",
        "--mirror " + d / "so3/backup (" + d / "so3/backup) is inside this run's --out ./so3/ (" + d / "so3)"},
   };
+  // Links that do not lead anywhere yet (a relative one, read from its folder, and an absolute one):
+  // where they point, the run's own checkpoints folder or its --out, counts.
+  fs::create_symlink("so6/checkpoints", d / "lnk6");
+  fs::create_symlink(d / "so7", d / "lnk7");
+  fs::create_symlink("lnk6", d / "lnk6b");  // a link to a link
+  const std::pair<std::string, std::string> linked[] = {
+      {"--out so6 --mirror lnk6", "is this run's own checkpoints folder (" + d / "so6/checkpoints)"},
+      {"--out so6 --mirror lnk6b/", "is this run's own checkpoints folder (" + d / "so6/checkpoints)"},
+      {"--out so7 --mirror lnk7/m", "--mirror lnk7/m (" + d / "so7/m) is inside this run's --out so7"},
+  };
+  for (const auto& c : linked) {
+    const auto r = train_in_d(c.first);
+    CHECK_MESSAGE(r.first == 2, c.first, "\n", r.second);
+    CHECK_MESSAGE(contains(r.second, c.second), c.first, "\n", r.second);
+  }
+  CHECK(!fs::exists(d / "so6"));
+  CHECK(!fs::exists(d / "so7"));
   for (const auto& c : cases) {  // (no structured bindings: doctest's messages capture them in lambdas)
     const auto r = train_in_d(c.first);
     CHECK_MESSAGE(r.first == 2, c.first, "\n", r.second);

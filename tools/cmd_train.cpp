@@ -69,6 +69,17 @@ std::string perplexity_text(double loss) {
   return buf;
 }
 
+// The step a checkpoint's file name gives (step-NNNNNNNNN.kiln), -1 for "" or another name.
+int64_t checkpoint_step(const std::string& path) {
+  const std::string n = std::filesystem::path(path).filename().string();
+  if (n.size() < 11 || n.rfind("step-", 0) != 0 || n.compare(n.size() - 5, 5, ".kiln") != 0) return -1;
+  const std::string digits = n.substr(5, n.size() - 10);
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  return std::stoll(digits);
+}
+
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -421,7 +432,7 @@ class Trainer {
   // (the train_/eval_ prefix of a key dropped), "rank1/comm_wait_s" for the per-rank phases,
   // "gpu_memory_mib/peak" for an object's fields.
   void write_events(const nlohmann::json& line, const std::string& prefix) {
-    if (!tb_ || !tb_->ok()) return;
+    if (!tb_) return;
     std::vector<std::pair<std::string, float>> values;
     auto add = [&](const std::string& tag, const nlohmann::json& v) {
       if (v.is_number()) values.emplace_back(tag, v.get<float>());
@@ -442,8 +453,10 @@ class Trainer {
         add(prefix + name, v);
       }
     }
+    // A write that fails (a full disk) is said once and tried again at every later line, as
+    // metrics.jsonl's; the file keeps whole records only.
     tb_->scalars(line.value("step", int64_t(0)), values);
-    if (!tb_->ok()) progress_->line("kiln train: warning: " + tb_->error());
+    for (const std::string& n : tb_->take_notices()) progress_->line("kiln train: " + n);
   }
 
   // One line of metrics.jsonl (rank 0), in one write(2) on an O_APPEND descriptor (looped if short).
@@ -723,6 +736,9 @@ class Trainer {
     if (any_rank(!mirror_problem.empty()))
       return fail(lead_ ? mirror_problem : "rank 0 refused --mirror " + c_.mirror + " (its message says why)");
     load_sums();
+    session_step0_ = run_.step;
+    session_samples0_ = run_.samples_seen;
+    session_train0_ = run_.train_seconds;
     shown_loss_ = run_.window.mean_loss();  // a resumed run shows its window's loss until the next line
     metrics_path_ = c_.out + "/metrics.jsonl";
     const bool fresh = resumed_from_.empty() || run_.step == 0;
@@ -802,19 +818,32 @@ class Trainer {
         io::IntactCheckpoint found = io::find_intact_checkpoint(ckpt_dir_);
         for (const auto& s : found.skipped)
           std::fprintf(stderr, "kiln train: warning: --resume auto: skipped damaged checkpoint %s\n", s.c_str());
-        if (found.path.empty() && !c_.mirror.empty()) {
-          // The local checkpoints lost or all damaged: the mirror is what it is for.
-          const io::IntactCheckpoint mirrored = io::find_intact_checkpoint(c_.mirror);
-          for (const auto& s : mirrored.skipped)
-            std::fprintf(stderr, "kiln train: warning: --resume auto: skipped damaged mirror copy %s\n", s.c_str());
-          if (!mirrored.path.empty()) {
-            std::fprintf(stderr,
-                         "kiln train: --resume auto: no intact checkpoint in %s; continuing from the mirror's copy "
-                         "%s\n",
-                         ckpt_dir_.c_str(), mirrored.path.c_str());
-            found.path = mirrored.path;
+        if (!c_.mirror.empty()) {
+          // The newest intact checkpoint of the two places: the local ones lost, all damaged, or the
+          // newest damaged while the mirror holds an intact copy of it. The mirror's files are read
+          // only when its newest is newer than the local choice (on a tie the local file is taken).
+          const int64_t local_step = checkpoint_step(found.path);
+          if (found.path.empty() || checkpoint_step(io::find_latest_checkpoint(c_.mirror)) > local_step) {
+            const io::IntactCheckpoint mirrored = io::find_intact_checkpoint(c_.mirror);
+            for (const auto& s : mirrored.skipped)
+              std::fprintf(stderr, "kiln train: warning: --resume auto: skipped damaged mirror copy %s\n", s.c_str());
+            if (found.path.empty() && !mirrored.path.empty()) {
+              std::fprintf(stderr,
+                           "kiln train: --resume auto: no intact checkpoint in %s; continuing from the mirror's "
+                           "copy %s\n",
+                           ckpt_dir_.c_str(), mirrored.path.c_str());
+              found.path = mirrored.path;
+            } else if (!mirrored.path.empty() && checkpoint_step(mirrored.path) > local_step) {
+              std::fprintf(
+                  stderr,
+                  "kiln train: --resume auto: continuing from the mirror's copy %s, newer than %s, the "
+                  "newest intact checkpoint in %s (%s)\n",
+                  mirrored.path.c_str(), std::filesystem::path(found.path).filename().c_str(), ckpt_dir_.c_str(),
+                  found.skipped.empty() ? "the newer ones are not there" : "the newer ones there are damaged, above");
+              found.path = mirrored.path;
+            }
+            found.skipped.insert(found.skipped.end(), mirrored.skipped.begin(), mirrored.skipped.end());
           }
-          found.skipped.insert(found.skipped.end(), mirrored.skipped.begin(), mirrored.skipped.end());
         }
         if (found.path.empty() && !found.skipped.empty()) {
           for (const auto& s : found.skipped) problem += "\n  " + s;
@@ -1682,6 +1711,9 @@ class Trainer {
       outcome_->stop_asked = stop_signal_ == 0;
     }
     if (const int rc = check_out_in_place(); rc >= 0) return rc;
+    // The end of the epoch right after the step's own checkpoint failed: tried once, not twice (the
+    // next save point tries again). A stop still tries: it is what the stop saves for.
+    if (!stopping && ckpt_failed_at_ == run_.step && ckpt_failed_at_ >= 0) return -1;
     bool ok = save();
     last_save_time_ = Clock::now();
     if (!stopping) return -1;
@@ -1824,8 +1856,11 @@ class Trainer {
       progress_->line("kiln train: error: checkpoint at step " + std::to_string(run_.step) +
                       " failed: " + (error ? error->message() : std::string(e.what())) +
                       (last_saved_.empty() ? "" : "; the last good one is " + last_saved_));
+      if (ckpt_failed_since_ < 0) ckpt_failed_since_ = run_.step;
+      ckpt_failed_at_ = run_.step;
       return false;
     }
+    ckpt_failed_since_ = ckpt_failed_at_ = -1;
     set_second_interrupt_message(last_saved_);
     prune_checkpoints(ckpt_dir_, c_.keep_last);
     if (mirror_) mirror_->enqueue(last_saved_);
@@ -1861,7 +1896,6 @@ class Trainer {
     meta.merge(weights_metadata(resolved_));  // the rest as kiln ckpt export writes it from a checkpoint
     io::save_safetensors(c_.out + "/model.safetensors", model().state_dict(), meta);
     const double wall = summary["wall_seconds"].get<double>();
-    const double sps = double(run_.samples_seen) / std::max(run_.train_seconds, 1e-9);
     io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
     refresh_report();
     char buf[384];
@@ -1869,16 +1903,33 @@ class Trainer {
     if (scaler_->enabled())
       std::snprintf(skipped, sizeof skipped, " (%lld skipped for inf/NaN gradients, loss scale %g)",
                     (long long)scaler_->skipped_steps(), scaler_->get_scale());
-    std::snprintf(buf, sizeof buf, "test %s %.2f%% (%lld samples), %lld steps%s in %s, %.0f samples/s; wrote %s",
-                  task_.metric.c_str(), 100.0 * run_.last_eval_accuracy, (long long)run_.last_eval_count,
-                  (long long)run_.step, skipped, hms(wall).c_str(), sps, c_.out.c_str());
+    // The time and rate are this process's (a resumed run's session), and say so when the steps are more.
+    const int64_t session_steps = run_.step - session_step0_;
+    char steps[96];
+    if (session_steps == run_.step)
+      std::snprintf(steps, sizeof steps, "%lld steps", (long long)run_.step);
+    else
+      std::snprintf(steps, sizeof steps, "%lld steps (%lld in this session)", (long long)run_.step,
+                    (long long)session_steps);
+    const std::string ppl = task_.terms ? " perplexity " + perplexity_text(run_.last_eval_loss) : std::string();
+    std::snprintf(buf, sizeof buf, "test %s %.2f%%%s (%lld samples), %s%s in %s, %.0f samples/s; wrote %s",
+                  task_.metric.c_str(), 100.0 * run_.last_eval_accuracy, ppl.c_str(), (long long)run_.last_eval_count,
+                  steps, skipped, hms(wall).c_str(), summary["session_samples_per_s"].get<double>(), c_.out.c_str());
     progress_->line(buf);
+    // Checkpoints that failed to the end (a full disk): the run's results are written (exit 0), but
+    // what a resume would continue from is older; summary.json says it too (checkpoints_failed_since).
+    if (ckpt_failed_since_ >= 0)
+      progress_->line("kiln train: warning: checkpoints failed since step " + std::to_string(ckpt_failed_since_) +
+                      (last_saved_.empty() ? ": this run has no checkpoint to continue from"
+                                           : " (last good: " + last_saved_ + ")"));
     return 0;
   }
 
   // summary.json's contents: the run's final numbers (at the end, or where a signal stopped it).
   nlohmann::json summary_json(double wall) {
     const double sps = double(run_.samples_seen) / std::max(run_.train_seconds, 1e-9);
+    const double session_sps =
+        double(run_.samples_seen - session_samples0_) / std::max(run_.train_seconds - session_train0_, 1e-9);
     nlohmann::json summary = {{"model", c_.model},
                               {"task", task_.name},
                               {"steps", run_.step},
@@ -1895,12 +1946,18 @@ class Trainer {
                               {"cpu_isa", cpu_isa_name(cpu_isa())},
                               {"train_seconds", run_.train_seconds},
                               {"samples_per_s", sps},
+                              {"session_steps", run_.step - session_step0_},
+                              {"session_samples_per_s", session_sps},
                               {"resumed_from", resumed_from_},
                               {"last_checkpoint", last_saved_},
                               {"per_epoch", run_.epochs_log},
                               {"config", resolved_}};
     if (device_.is_cuda()) summary["gpu_memory_mib"] = gpu_memory_json(device_.index);
     if (task_.terms) summary["test_perplexity"] = std::exp(run_.last_eval_loss);  // masked-LM
+    // The step of the first checkpoint that failed since the last good one (last_checkpoint); null
+    // when the last one saved.
+    summary["checkpoints_failed_since"] =
+        ckpt_failed_since_ >= 0 ? nlohmann::json(ckpt_failed_since_) : nlohmann::json(nullptr);
     return summary;
   }
 
@@ -1965,6 +2022,13 @@ class Trainer {
   int metrics_fd_ = -1;           // metrics.jsonl, O_APPEND (rank 0)
   bool metrics_failed_ = false;  // the last metrics line was not written: reopen before the next
   int64_t metrics_failed_at_ = 0;
+  // Checkpoints failing (a full disk): the step of the first of the failures since the last good
+  // one (-1 while the last one saved), and of the latest failure (the end of an epoch does not try
+  // the step that just failed a second time).
+  int64_t ckpt_failed_since_ = -1, ckpt_failed_at_ = -1;
+  // Where this process's session began (a resumed run: the checkpoint's step, samples and seconds).
+  int64_t session_step0_ = 0, session_samples0_ = 0;
+  double session_train0_ = 0;
   std::unique_ptr<io::EventWriter> tb_;  // rank 0, unless --no-tensorboard
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<CheckpointMirror> mirror_;
