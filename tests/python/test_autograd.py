@@ -970,3 +970,33 @@ def test_gradcheck_agrees_with_torch_across_magnitudes(op):
             except (GradcheckError, RuntimeError) as e:
                 verdict.append(str(e).split("\n")[0])
         assert (verdict[0] is True) == (verdict[1] is True), (op, mag, verdict)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "normalize", "softmax", "sum_sq"])
+def test_gradcheck_agrees_with_torch_on_wide_outputs(op):
+    # Every output moves with every input here (4096 of them), so the rounding allowance, summed over
+    # the outputs, is large: it must not fail what torch passes. 40 elements checked, in torch through
+    # a function of those 40 alone.
+    torch = pytest.importorskip("torch")
+    f = _SWEEP_OPS[op]
+    gen = torch.Generator().manual_seed(0)
+    idx = list(range(0, 4096, 103))
+    for mag in (1e-3, 1.0, 1e3, 1e5, 1e6):
+        base = torch.randn(1, 4096, dtype=torch.float64, generator=gen) * mag
+        verdict = []
+        x = kiln.tensor(base.tolist(), dtype=kiln.float64, requires_grad=True)
+        try:
+            verdict.append(gradcheck(lambda a: f(kiln, a), (x,), max_checks=len(idx)))
+        except GradcheckError as e:
+            verdict.append(str(e))
+
+        def on_subset(s):
+            full = base.clone()
+            full[0, idx] = s
+            return f(torch, full)
+
+        try:
+            verdict.append(torch.autograd.gradcheck(on_subset, (base[0, idx].clone().requires_grad_(),), fast_mode=True))
+        except RuntimeError as e:
+            verdict.append(str(e).split("\n")[0])
+        assert (verdict[0] is True) == (verdict[1] is True), (op, mag, verdict)
