@@ -108,6 +108,10 @@ void record(const char* name, const std::vector<Tensor>& inputs, const std::vect
 // for tests and tools (the op table checks that every recorded op has a row).
 using RecordObserver = void (*)(const char* name);
 void set_record_observer(RecordObserver observer);
+// How many of the tensors that autograd keeps for backward (SavedTensor, alive now) hold x's memory:
+// aliases that the version counter guards, not views with a history of their own. For the refusal of
+// ctx.mark_dirty on an input whose memory another tensor shares.
+size_t saved_aliases(const Tensor& x);
 // Runs backward from several roots at once.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false);
 // Gradients of `outputs` w.r.t. `inputs` without touching .grad of leaves. An input no gradient

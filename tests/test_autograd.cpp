@@ -145,6 +145,34 @@ TEST_CASE("autograd: gradcheck catches a wrong backward next to large outputs, a
   CHECK(contains(blind, "cannot be resolved at this magnitude"));
 }
 
+TEST_CASE("autograd: gradcheck passes a right gradient next to large outputs, as torch") {
+  // The rounding allowance is a loose bound (16 ulp of every moved output, summed): it only loosens
+  // the tolerance. A difference within atol + rtol * |numerical| passes however large the outputs; the
+  // reviewer's cases, which torch.autograd.gradcheck passes (with its atol 1e-5, rtol 1e-3), failed
+  // as "cannot be resolved" although the numerical derivative was within 1e-8 of the analytic one.
+  GradcheckOptions torch_tol;
+  torch_tol.atol = 1e-5;
+  torch_tol.rtol = 1e-3;
+  for (double scale : {1e5, 1e6}) {
+    CAPTURE(scale);
+    GradcheckOptions o = torch_tol;
+    o.max_checks = 20;
+    Generator gen(7);
+    const Tensor x = randn({1, 4096}, TensorOptions(DType::f64), &gen) * scale;
+    CHECK(run_gradcheck([](const std::vector<Tensor>& v) { return layer_norm(v[0], Shape{4096}); }, {x}, o).empty());
+  }
+  std::vector<double> ones_but_one(10000, 1.0);
+  ones_but_one[0] = 1e-5;
+  GradcheckOptions five = torch_tol;
+  five.max_checks = 5;
+  CHECK(run_gradcheck([](const std::vector<Tensor>& v) { return sum(v[0] * v[0]); },
+                      {from_vector(ones_but_one, Shape{10000}, TensorOptions(DType::f64))}, five)
+            .empty());
+  CHECK(run_gradcheck([](const std::vector<Tensor>& v) { return v[0] * 1e-4 + 1e5; },
+                      {zeros({3}, TensorOptions(DType::f64))}, torch_tol)
+            .empty());
+}
+
 TEST_CASE("autograd: gradcheck weights the outputs with both signs, and a constant output passes") {
   // A backward that takes |g| agrees with the truth for positive weights only.
   const Tensor x = rnd({10}, -1, 1, 5);

@@ -1,5 +1,7 @@
 """kiln.autograd: backward and grad over several tensors, custom functions with a Python backward
 (Function), and gradcheck against finite differences."""
+import inspect
+
 from . import _C
 from ._C import Tensor, KilnError
 from ._tensor import no_grad
@@ -53,8 +55,11 @@ class GradcheckError(KilnError):
 def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, max_checks=0, raise_exception=True):
     """Checks fn's gradients against central differences in float64: fn(*inputs) -> one tensor.
     As torch, only the inputs with requires_grad=True are checked; they are copied to float64
-    leaves; inputs other than tensors are passed to fn as they are. Returns True, or raises
-    GradcheckError with the input, element and both values (False with raise_exception=False)."""
+    leaves; inputs other than tensors are passed to fn as they are. A difference within atol +
+    rtol * |numerical| passes; a larger one only within a loose allowance for the rounding of large
+    outputs, and not where that allowance is as large as the gradient (fails as unresolvable).
+    Returns True, or raises GradcheckError with the input (its position among the arguments),
+    element and both values (False with raise_exception=False)."""
     if isinstance(inputs, Tensor):
         inputs = (inputs,)
     inputs = list(inputs)
@@ -62,17 +67,18 @@ def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, max_checks=0, raise
     if not any(differentiate):
         raise ValueError("gradcheck: no input requires grad, so there is nothing to check; as torch, only the "
                          "inputs with requires_grad=True are checked (x.requires_grad_())")
-    # Only the tensors go to the engine; the other arguments (a scale, a flag) go back in their place
-    # in each call of fn.
+    # The engine gets None in place of each argument that is not a tensor (so the input it names is
+    # the argument's position); the argument itself (a scale, a flag) goes back there in each call.
     at = [i for i, x in enumerate(inputs) if isinstance(x, Tensor)]
 
     def call(xs):
         args = list(inputs)
-        for i, x in zip(at, xs):
-            args[i] = x
+        for i in at:
+            args[i] = xs[i]
         return fn(*args)
 
-    msg = _C._gradcheck(call, [inputs[i] for i in at], eps, atol, rtol, max_checks, [differentiate[i] for i in at])
+    msg = _C._gradcheck(call, [x if isinstance(x, Tensor) else None for x in inputs], eps, atol, rtol, max_checks,
+                        differentiate)
     if msg:
         if raise_exception:
             raise GradcheckError(msg)
@@ -106,9 +112,12 @@ class FunctionCtx:
 
     def mark_dirty(self, *tensors):
         """These inputs were modified in place by forward and are returned as outputs (as torch): the
-        output is the input itself, whose history becomes this Function's. Refused for a leaf that
-        requires grad, and for a tensor whose memory another tensor shares (a view or the base of one;
-        Kiln cannot move that tensor's history too): clone() it first."""
+        output is the input itself, whose history becomes this Function's; saving it
+        (save_for_backward) saves that output. Refused for a leaf that requires grad, and for a tensor
+        whose memory another tensor holds (a view of it, the tensor it is a view of, or another alias
+        such as a detach(); Kiln cannot move that tensor's history too): clone() it first. Tensors
+        autograd saved for an earlier op's backward may hold it: that backward then fails, as torch's,
+        saying the tensor was modified in place."""
         self._mark_dirty = self._mark("mark_dirty", tensors)
 
     def set_materialize_grads(self, value):
@@ -161,13 +170,24 @@ class Function:
     @staticmethod
     def setup_context(ctx, inputs, output):
         """torch 2's style: define it, and forward(*args) takes no ctx; setup_context(ctx, inputs,
-        output) then gets the forward's arguments (a tuple) and what it returned."""
+        output) then gets the forward's arguments (a tuple, bound to forward's signature as torch
+        binds them: keywords and defaults included) and what it returned."""
         raise NotImplementedError("setup_context is not defined: forward takes ctx first")
 
     @classmethod
     def apply(cls, *args, **kwargs):
         ctx = FunctionCtx()
         ctx._name = cls.__name__
+        torch2 = cls.setup_context is not Function.setup_context
+        if torch2:
+            # As torch: forward's signature binds the arguments, defaults included, so setup_context's
+            # inputs (and backward's gradients, one per argument) cover keywords and defaults too.
+            try:
+                bound = inspect.signature(cls.forward).bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{cls.__name__}.apply: the arguments do not fit forward's signature: {e}") from None
+            bound.apply_defaults()
+            args, kwargs = bound.args, bound.kwargs
         for k, v in kwargs.items():
             # backward returns one gradient per positional argument: a keyword's would be lost silently
             if isinstance(v, Tensor) and v.requires_grad and _C.is_grad_enabled():
@@ -175,11 +195,14 @@ class Function:
                                 "positionally (backward returns one gradient per positional argument)")
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         with no_grad():
-            if cls.setup_context is Function.setup_context:
-                out = cls.forward(ctx, *args, **kwargs)
-            else:  # torch 2's style: forward without ctx, then setup_context
+            if torch2:  # torch 2's style: forward without ctx, then setup_context
                 out = cls.forward(*args, **kwargs)
                 cls.setup_context(ctx, args, out)
+            else:
+                out = cls.forward(ctx, *args, **kwargs)
+        # As torch, the saved tensors' versions are taken once forward is done: a tensor saved and then
+        # modified in forward (an input marked dirty) is saved as it is returned.
+        ctx._saved = [(t, 0 if t is None else t._version) for t, _ in getattr(ctx, "_saved", [])]
         name = cls.__name__
         single = isinstance(out, Tensor)
         if not single and not isinstance(out, (tuple, list)):
@@ -216,11 +239,13 @@ class Function:
                     raise KilnError(f"{name}.forward modified input {i} in place (ctx.mark_dirty), a leaf that "
                                     "requires grad: as torch, a leaf that requires grad cannot be modified in "
                                     "place; pass a copy (x.clone())")
-                if _C._storage_shared(a):
-                    raise KilnError(f"{name}.forward modified input {i} in place (ctx.mark_dirty), whose memory "
-                                    "another tensor shares (a view of it, or the tensor it is a view of): Kiln "
-                                    "moves the history of the input alone, so that tensor's gradient would be "
-                                    "wrong; pass a copy (x.clone())")
+                # The ctx's own saved tensors and those autograd keeps for backward (whose version
+                # counter catches a stale one) may hold its memory; anything else is refused.
+                shared = _C._shared_memory(a, [t for t, _ in getattr(ctx, "_saved", []) if t is not None])
+                if shared:
+                    raise KilnError(f"{name}.forward modified input {i} in place (ctx.mark_dirty), which {shared}: "
+                                    "Kiln moves the history of the input alone, so that tensor's gradient would "
+                                    "be wrong; pass a copy (x.clone())")
         for k in non_diff_at:
             if outs[k].requires_grad:  # an input returned as it is, marked non-differentiable
                 outs = outs[:k] + (outs[k].detach(),) + outs[k + 1:]

@@ -4,6 +4,7 @@
 
 #include <mutex>
 #include <set>
+#include <sstream>
 
 #include "common.h"
 
@@ -77,8 +78,33 @@ void bind_autograd(nb::module_& m) {
       "output may be an input modified in place, whose history becomes this node.");
 
   m.def(
-      "_storage_shared", [](const Tensor& x) { return x.defined() && x.storage() && x.storage().use_count() > 1; },
-      nb::arg("x"), "Whether another tensor (a view, its base, an alias) holds x's memory.");
+      "_shared_memory",
+      [](const Tensor& x, const std::vector<Tensor>& own) -> std::string {
+        // Who holds x's memory besides x: the aliases autograd saved for backward (its version counter
+        // catches a stale one) and those in `own` (the ctx's saved tensors) are fine; anything else is
+        // a view of x, the tensor x is a view of, or another alias, whose history Kiln cannot move.
+        if (!x.defined() || !x.storage()) return "";
+        const Storage* s = x.storage().get();
+        std::set<const TensorImpl*> mine;
+        for (const Tensor& t : own)
+          if (t.defined() && t.storage().get() == s && &t.impl() != &x.impl()) mine.insert(&t.impl());
+        const long holders = x.storage().use_count();
+        const long others = holders - 1 - long(mine.size()) - long(autograd::saved_aliases(x));
+        if (others <= 0) return "";
+        std::ostringstream os;
+        const size_t storage_bytes = x.storage()->nbytes;
+        if (x.offset() != 0 || x.nbytes() < storage_bytes) {
+          os << "is a view of a larger tensor (it covers " << x.nbytes() << " of the " << storage_bytes
+             << " bytes of its memory, which " << others << " other tensor" << (others == 1 ? "" : "s") << " also hold"
+             << (others == 1 ? "s" : "") << ")";
+        } else {
+          os << "shares its memory with " << others << " other tensor" << (others == 1 ? "" : "s")
+             << " (a view of it, the tensor it is a view of, or an alias such as x.detach())";
+        }
+        return os.str();
+      },
+      nb::arg("x"), nb::arg("own"),
+      "Empty when only x, autograd's saved tensors and `own` hold x's memory; otherwise what else does.");
 
   m.def(
       "_checkpoint",
@@ -143,8 +169,11 @@ void bind_autograd(nb::module_& m) {
 
   m.def(
       "_gradcheck",
-      [](nb::callable fn, const std::vector<Tensor>& inputs, double eps, double atol, double rtol, int64_t max_checks,
-         const std::vector<bool>& differentiate) {
+      [](nb::callable fn, const std::vector<std::optional<Tensor>>& given, double eps, double atol, double rtol,
+         int64_t max_checks, const std::vector<bool>& differentiate) {
+        // None stands for an argument that is not a tensor (kiln.autograd.gradcheck puts it back), so
+        // the input an error names is the argument's position.
+        const std::vector<Tensor> inputs = tensors_or_empty(given);
         GradcheckOptions o;
         o.differentiate = differentiate;
         o.eps = eps;
@@ -153,7 +182,9 @@ void bind_autograd(nb::module_& m) {
         o.max_checks = max_checks;
         return gradcheck(
             [&fn](const std::vector<Tensor>& xs) {
-              nb::object r = fn(nb::cast(xs));
+              nb::list args;
+              for (const Tensor& x : xs) args.append(x.defined() ? nb::cast(x) : nb::none());
+              nb::object r = fn(args);
               if (!nb::isinstance<Tensor>(r)) value_error("gradcheck: the function must return one kiln.Tensor");
               return nb::cast<Tensor>(r);
             },
