@@ -140,66 +140,15 @@ void Tensor::retain_grad() {
   m.grad_fn->retained.emplace_back(output_nr(), impl_ptr());
 }
 
-namespace {
-// The aliases SavedTensor keeps, by storage, for autograd::saved_aliases: weak, so it keeps no
-// tensor alive; dead entries go when their storage is next saved, or in a sweep of the whole map
-// each time it has doubled.
-struct SavedRegistry {
-  std::mutex mu;
-  std::unordered_map<const Storage*, std::vector<std::weak_ptr<TensorImpl>>> by_storage;
-  size_t entries = 0;
-  size_t sweep_at = 4096;
-};
-SavedRegistry& saved_registry() {
-  static SavedRegistry* r = new SavedRegistry;  // never destroyed: tensors may be saved at exit
-  return *r;
-}
-void drop_dead(std::vector<std::weak_ptr<TensorImpl>>& v, const Storage* s) {
-  v.erase(std::remove_if(v.begin(), v.end(),
-                         [s](const std::weak_ptr<TensorImpl>& w) {
-                           const std::shared_ptr<TensorImpl> im = w.lock();
-                           return !im || im->storage.get() != s;
-                         }),
-          v.end());
-}
-}  // namespace
-
 SavedTensor::SavedTensor(const Tensor& t) {
   if (!t.defined()) return;
   data_ = t.detach();
   version_ = t.version();
-  SavedRegistry& r = saved_registry();
-  const Storage* s = data_.storage().get();
-  std::lock_guard<std::mutex> lock(r.mu);
-  std::vector<std::weak_ptr<TensorImpl>>& v = r.by_storage[s];
-  r.entries -= v.size();
-  drop_dead(v, s);
-  v.push_back(data_.impl_ptr());
-  r.entries += v.size();
-  if (r.entries >= r.sweep_at) {
-    r.entries = 0;
-    for (auto it = r.by_storage.begin(); it != r.by_storage.end();) {
-      drop_dead(it->second, it->first);
-      r.entries += it->second.size();
-      it = it->second.empty() ? r.by_storage.erase(it) : std::next(it);
-    }
-    r.sweep_at = std::max<size_t>(4096, 2 * r.entries);
-  }
+  data_.impl_ptr()->saved_alias.mark(data_.impl().storage);  // a new impl (detach): counted while it lives
 }
 
 size_t autograd::saved_aliases(const Tensor& x) {
-  if (!x.defined() || !x.storage()) return 0;
-  SavedRegistry& r = saved_registry();
-  const Storage* s = x.storage().get();
-  std::lock_guard<std::mutex> lock(r.mu);
-  const auto it = r.by_storage.find(s);
-  if (it == r.by_storage.end()) return 0;
-  size_t n = 0;
-  for (const std::weak_ptr<TensorImpl>& w : it->second) {
-    const std::shared_ptr<TensorImpl> im = w.lock();
-    if (im && im->storage.get() == s) ++n;
-  }
-  return n;
+  return x.defined() && x.storage() ? x.storage()->saved_aliases.load(std::memory_order_relaxed) : 0;
 }
 
 Tensor SavedTensor::unpack(const char* op) const {

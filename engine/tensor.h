@@ -1,6 +1,7 @@
 // Tensor: a refcounted view (shape, strides, offset, dtype) onto a refcounted Storage, plus the
 // autograd state. Copying a Tensor copies the handle, never the data.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -84,6 +85,37 @@ struct Storage {
   std::function<void(void*)> release;
   // Bumped by every in-place write; autograd compares it with the value seen when a tensor was saved.
   uint64_t version = 0;
+  // How many of the tensors holding this memory are autograd's saved copies (SavedTensor), alive now.
+  std::atomic<uint32_t> saved_aliases{0};
+};
+
+// Marks a TensorImpl as one of autograd's saved copies (SavedTensor) of its storage, counted in
+// Storage::saved_aliases while it lives; weak, so the storage's holders are counted as before.
+class SavedAliasMark {
+ public:
+  SavedAliasMark() = default;
+  SavedAliasMark(SavedAliasMark&& o) noexcept : storage_(std::move(o.storage_)) { o.storage_.reset(); }
+  SavedAliasMark& operator=(SavedAliasMark&& o) noexcept {
+    if (this != &o) {
+      release();
+      storage_ = std::move(o.storage_);
+      o.storage_.reset();
+    }
+    return *this;
+  }
+  ~SavedAliasMark() { release(); }
+  void mark(const std::shared_ptr<Storage>& s) {
+    release();
+    storage_ = s;
+    if (s) s->saved_aliases.fetch_add(1, std::memory_order_relaxed);
+  }
+
+ private:
+  void release() {
+    if (const std::shared_ptr<Storage> s = storage_.lock()) s->saved_aliases.fetch_sub(1, std::memory_order_relaxed);
+    storage_.reset();
+  }
+  std::weak_ptr<Storage> storage_;
 };
 
 // How a 4-D [N, C, H, W] tensor lies in memory: contiguous (NCHW) or channels_last (NHWC, strides
@@ -127,6 +159,7 @@ struct TensorImpl {
   int64_t offset = 0;  // in elements
   DType dtype = DType::f32;
   std::unique_ptr<AutogradMeta> autograd;
+  SavedAliasMark saved_alias;  // set on autograd's saved copies only
 };
 
 class Tensor {
