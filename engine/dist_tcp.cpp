@@ -20,6 +20,7 @@
 // that sends anything else, says nothing for a few seconds, does not know the secret or claims a rank
 // that is not expected is closed and logged, and the listener goes on waiting for the real rank.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -29,6 +30,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -119,11 +121,34 @@ void tune(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+// A wait told while it lasts: 5 s in and every 10 s after ("WHAT: 15 s of 600 s SUFFIX"), each note
+// 10 s after the previous one was said (a wait blocked for long makes one late note, not a burst).
+struct WaitNote {
+  std::function<void(const std::string&)> note;
+  std::string what, suffix;
+  int64_t timeout_s;
+  Clock::time_point start = Clock::now(), next = start + std::chrono::seconds(5);
+  void tick() {
+    const auto now = Clock::now();
+    if (!note || now < next) return;
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - start).count();
+    note(what + ": " + std::to_string(waited) + " s of " + std::to_string(timeout_s) + " s" + suffix);
+    next = now + std::chrono::seconds(10);
+  }
+};
+
+// Milliseconds to the deadline, at most `cap` and at least 0 (a poll's timeout).
+int ms_until(Clock::time_point deadline, int cap) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return int(std::clamp<int64_t>(left, 0, cap));
+}
+
 // Connects to host:port, retrying until the deadline (the peer may not be listening yet). The
 // failure names the wait (--dist-timeout, `timeout_s`), as rank 0's wait for the others does. With
 // `note`, a wait is told 5 s in and every 10 s after ("waiting for WHO at HOST:PORT: 15 s of 600 s"):
 // a rank whose rank 0 never came (refused to start, another machine not up) said nothing for the
-// whole --dist-timeout.
+// whole --dist-timeout. Each attempt is a non-blocking connect polled until the deadline: a blocking
+// one to a host that drops packets took ~127 s, past --dist-timeout and the notes.
 Socket connect_to(const std::string& host, int port, Clock::time_point deadline, int64_t timeout_s,
                   const std::string& who, const std::function<void(const std::string&)>& note = nullptr) {
   addrinfo hints{}, *res = nullptr;
@@ -131,12 +156,29 @@ Socket connect_to(const std::string& host, int port, Clock::time_point deadline,
   hints.ai_socktype = SOCK_STREAM;
   const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
   KILN_CHECK(rc == 0 && res, "cannot resolve ", who, " address '", host, "': ", ::gai_strerror(rc));
-  const auto start = Clock::now();
-  auto next_note = start + std::chrono::seconds(5);
+  WaitNote waiting{note, "waiting for " + who + " at " + host + ":" + std::to_string(port),
+                   " (--dist-timeout; is it running?)", timeout_s};
   for (;;) {
-    Socket s(::socket(AF_INET, SOCK_STREAM, 0));
-    if (s.fd >= 0 && ::connect(s.fd, res->ai_addr, res->ai_addrlen) == 0) {
+    Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0));
+    bool connected = s.fd >= 0 && ::connect(s.fd, res->ai_addr, res->ai_addrlen) == 0;
+    if (!connected && s.fd >= 0 && errno == EINPROGRESS) {
+      for (;;) {  // until it connects, fails, or the deadline passes
+        pollfd p{s.fd, POLLOUT, 0};
+        const int k = ::poll(&p, 1, ms_until(deadline, 200));
+        if (k > 0) {
+          int err = 0;
+          socklen_t len = sizeof err;
+          connected = ::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+          break;
+        }
+        if (Clock::now() > deadline) break;
+        waiting.tick();
+      }
+    }
+    if (connected) {
       ::freeaddrinfo(res);
+      const int flags = ::fcntl(s.fd, F_GETFL, 0);
+      ::fcntl(s.fd, F_SETFL, flags & ~O_NONBLOCK);  // as a blocking connect left it
       tune(s.fd);
       return s;
     }
@@ -145,22 +187,28 @@ Socket connect_to(const std::string& host, int port, Clock::time_point deadline,
       KILN_FAIL("could not connect to ", who, " at ", host, ":", port, " within --dist-timeout (", timeout_s,
                 " s; is it running?)");
     }
-    if (note && Clock::now() >= next_note) {
-      const auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count();
-      note("waiting for " + who + " at " + host + ":" + std::to_string(port) + ": " + std::to_string(waited) +
-           " s of " + std::to_string(timeout_s) + " s (--dist-timeout; is it running?)");
-      next_note += std::chrono::seconds(10);
-    }
+    waiting.tick();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
+// Waits until `fd` is readable or the deadline passes (false), telling the wait with `waiting`.
+bool wait_readable(int fd, Clock::time_point deadline, WaitNote& waiting) {
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, ms_until(deadline, 200)) > 0) return true;
+    if (Clock::now() > deadline) return false;
+    waiting.tick();
+  }
+}
+
 // Accepts one connection on `l` by the deadline. The failure names the wait (--dist-timeout,
-// `timeout_s`), as connect_to's does.
-Socket accept_one(const Socket& l, Clock::time_point deadline, int64_t timeout_s, const std::string& who) {
+// `timeout_s`), as connect_to's does; `waiting` tells the wait meanwhile.
+Socket accept_one(const Socket& l, Clock::time_point deadline, int64_t timeout_s, const std::string& who,
+                  WaitNote* waiting = nullptr) {
   for (;;) {
     pollfd p{l.fd, POLLIN, 0};
-    const int k = ::poll(&p, 1, 200);
+    const int k = ::poll(&p, 1, ms_until(deadline, 200));
     if (k > 0) {
       Socket s(::accept(l.fd, nullptr, nullptr));
       if (s.fd >= 0) {
@@ -169,6 +217,7 @@ Socket accept_one(const Socket& l, Clock::time_point deadline, int64_t timeout_s
       }
     }
     if (Clock::now() > deadline) KILN_FAIL("no connection from ", who, " within --dist-timeout (", timeout_s, " s)");
+    if (waiting) waiting->tick();
   }
 }
 
@@ -441,13 +490,35 @@ class TcpCommunicator final : public Communicator {
       Socket l = listener(master_ip, env.master_port, size_ + 4);
       if (env.on_listen) env.on_listen("rendezvous", master_ip, env.master_port);
       std::vector<Socket> peers(static_cast<size_t>(size_));
+      // Told while it lasts, as a rank waiting for rank 0 is: it was silent for the whole --dist-timeout.
+      WaitNote waiting{[this](const std::string& line) { say(line); }, "", " (--dist-timeout)",
+                       int64_t(timeout_.count())};
       for (int joined = 1; joined < size_;) {
         std::string missing;  // named when the wait ends: which ranks never came
         for (int k = 1; k < size_; ++k)
           if (peers[size_t(k)].fd < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
-        Socket s = accept_one(l, deadline, int64_t(timeout_.count()),
-                              "the other ranks (" + std::to_string(joined) + " of " + std::to_string(size_) +
-                                  " joined; missing rank(s) " + missing + ")");
+        waiting.what = "waiting for rank(s) " + missing + " to join";
+        Socket s;
+        try {
+          s = accept_one(l, deadline, int64_t(timeout_.count()),
+                         "the other ranks (" + std::to_string(joined) + " of " + std::to_string(size_) +
+                             " joined; missing rank(s) " + missing + ")",
+                         &waiting);
+        } catch (const Error&) {
+          // The ranks that joined wait for the address table: a negative length and the reason tell
+          // them why none comes (they saw only the connection close). Best effort, briefly.
+          const std::string why = "rank 0 gave up waiting for rank(s) " + missing + " to join within --dist-timeout (" +
+                                  std::to_string(timeout_.count()) + " s)";
+          const int32_t n = -int32_t(why.size());
+          for (int k = 1; k < size_; ++k)
+            if (peers[size_t(k)].fd >= 0) try {
+                const auto until = Clock::now() + std::chrono::seconds(1);
+                exchange(peers[size_t(k)].fd, &n, sizeof n, -1, nullptr, 0, until, "rendezvous");
+                exchange(peers[size_t(k)].fd, why.data(), why.size(), -1, nullptr, 0, until, "rendezvous");
+              } catch (const Error&) {
+              }
+          throw;
+        }
         std::string why;
         std::optional<Hello> h = admit(s, kRendezvous, secret_, deadline, why);
         if (h) {
@@ -485,9 +556,22 @@ class TcpCommunicator final : public Communicator {
       const int my_port = open_ring(one_machine ? master_ip : endpoint(s.fd, true).first);
       introduce(s, kRendezvous, rank_, size_, my_port, secret_, deadline,
                 "rank 0 at " + master_ip + ":" + std::to_string(env.master_port));
+      // The table comes when every rank has joined: told while it lasts, as rank 0's wait is.
+      WaitNote waiting{[this](const std::string& line) { say(line); },
+                       "waiting for the other ranks to join (rank 0 sends the address table when all " +
+                           std::to_string(size_) + " have)",
+                       " (--dist-timeout)", int64_t(timeout_.count())};
       int32_t len = 0;
-      KILN_CHECK(exchange(-1, nullptr, 0, s.fd, &len, sizeof len, deadline, "rendezvous") && len > 0 && len < (1 << 24),
-                 "rendezvous: no address table from rank 0");
+      KILN_CHECK(wait_readable(s.fd, deadline, waiting) &&
+                     exchange(-1, nullptr, 0, s.fd, &len, sizeof len, deadline, "rendezvous"),
+                 "rendezvous: no address table from rank 0 within --dist-timeout (", timeout_.count(), " s)");
+      if (len < 0 && len >= -kMaxVerdict) {  // rank 0 gave up, and says why
+        std::string why(size_t(-len), '\0');
+        if (!exchange(-1, nullptr, 0, s.fd, why.data(), why.size(), deadline, "rendezvous"))
+          why = "rank 0 gave up waiting for the other ranks";
+        KILN_FAIL("rendezvous: ", why);
+      }
+      KILN_CHECK(len > 0 && len < (1 << 24), "rendezvous: no address table from rank 0");
       std::string table(size_t(len), '\0');
       exchange(-1, nullptr, 0, s.fd, table.data(), table.size(), deadline, "rendezvous");
       std::istringstream in(table);

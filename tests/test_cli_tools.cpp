@@ -286,6 +286,21 @@ TEST_CASE("cli tools: kiln launch's header gives the threads its ranks get, KILN
   CHECK(contains(r.output, "[rank 1] rank has 3\n"));
 }
 
+TEST_CASE("cli tools: kiln launch's header says when the command's --threads overrides the threads it gives") {
+  // The header gave KILN_NUM_THREADS or the CPU share when the ranks' own --threads chose otherwise.
+  TempDir d("kiln_cli_launch_threads_flag");
+  for (const std::string flag : {"--threads 2", "--threads=2"}) {
+    const auto r = run_kiln("launch --nproc-per-node 1 -- sh -c true sh " + flag, d.p.string());
+    CAPTURE(r.output);
+    CHECK(r.code == 0);
+    const bool said = contains(r.output, " each (the command's --threads overrides it)\n") ||
+                      contains(r.output, " each (KILN_NUM_THREADS; the command's --threads overrides it)\n");
+    CHECK(said);
+  }
+  const auto r = run_kiln("launch --nproc-per-node 1 -- sh -c true", d.p.string());
+  CHECK(!contains(r.output, "--threads"));
+}
+
 // Fake ranks (a shell script by RANK) fail as a job does when one rank dies: its ring neighbour
 // exits at once with kiln's status for a collective that lost its peer (3), the rank at fault a
 // moment later. The launcher names and exits with the one at fault, and lists every rank's status.
@@ -319,6 +334,16 @@ TEST_CASE("cli tools: kiln launch names the rank that caused a failure, not the 
   CHECK(r.code == 3);
   CHECK(contains(r.output, "kiln launch: failed: rank 1 (pid "));
   CHECK(!contains(r.output, "each rank:"));
+  // A rank that stopped on a stop signal from outside (kiln.train's SystemExit(143) on the rank that
+  // caught a SIGTERM) is a stop, and the others, which stop with it, are given time to end by themselves.
+  r = launch("outside.sh", "sleep 1; echo rank 0 ended", "exit 143");
+  CAPTURE(r.output);
+  CHECK(r.code == 143);
+  CHECK(contains(r.output, "kiln launch: stopped: rank 1 (pid "));
+  CHECK(contains(r.output,
+                 ") exited with status 143 (it caught SIGTERM, not from the launcher: the ranks stop together)"));
+  CHECK(contains(r.output, "[rank 0] rank 0 ended"));
+  CHECK(!contains(r.output, "failed"));
 }
 
 // A rank that hangs (here: one that ignores SIGTERM) after its peer lost it is killed --grace after

@@ -7,11 +7,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <future>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -24,6 +26,7 @@
 using namespace kiln;
 using kiln::testing::contains;
 using kiln::testing::error_of;
+using kiln::testing::free_port;
 
 namespace {
 
@@ -32,18 +35,6 @@ std::string hex(const Digest256& d) {
   char b[3];
   for (uint8_t x : d) std::snprintf(b, sizeof b, "%02x", x), s += b;
   return s;
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 // A connection to 127.0.0.1:port that sends `bytes` and stays open until the test ends.
@@ -209,6 +200,59 @@ TEST_CASE("tcp: a rank waiting for rank 0 says so while it waits, not only when 
       "rank 1 of 2 (tcp): waiting for rank 0 (MASTER_ADDR:MASTER_PORT) at 127.0.0.1:" + std::to_string(port) +
       ": 5 s of 7 s (--dist-timeout; is it running?)";
   CHECK(log.count(want) == 1);
+}
+
+TEST_CASE("tcp: rank 0 waiting for a rank that never came says so, and the ranks that joined learn why it gave up") {
+  // Ranks 0 and 1 of 3 were silent for the whole --dist-timeout; rank 1 then said only "rendezvous:
+  // the peer closed its connection".
+  const int port = free_port();
+  Log log;
+  auto env = [&](int rank) {
+    dist::DistEnv e = rank_env(rank, port, "s", log);
+    e.world_size = e.local_world_size = 3;
+    return e;
+  };
+  auto start = [](dist::DistEnv e) { dist::make_cpu_communicator(e, std::chrono::seconds(7)); };
+  auto r0 = std::async(std::launch::async, start, env(0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 0 gives up first, as when it started first
+  auto r1 = std::async(std::launch::async, start, env(1));
+  CHECK_THROWS_WITH_AS(r0.get(),
+                       doctest::Contains("no connection from the other ranks (2 of 3 joined; missing rank(s) 2) "
+                                         "within --dist-timeout (7 s)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(
+      r1.get(),
+      doctest::Contains("rendezvous: rank 0 gave up waiting for rank(s) 2 to join within --dist-timeout (7 s)"), Error);
+  for (const auto& l : log.lines) MESSAGE(l);
+  CHECK(log.count("rank 0 of 3 (tcp): waiting for rank(s) 2 to join: 5 s of 7 s (--dist-timeout)") == 1);
+  CHECK(log.count("rank 1 of 3 (tcp): waiting for the other ranks to join (rank 0 sends the address table when all 3 "
+                  "have): 5 s of 7 s (--dist-timeout)") == 1);
+}
+
+TEST_CASE("tcp: --dist-timeout holds against a rank 0 address that drops the connection attempts") {
+  // A blocking connect to a host that drops packets took ~127 s (the kernel's SYN retries): the wait
+  // overran --dist-timeout and its notes came ~127 s apart. A listener whose queue is full (backlog 0,
+  // one connection never accepted) drops SYNs the same way.
+  const int l = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(l, 0) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  const int held = stranger(port, "");  // fills the queue
+  Log log;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(dist::make_cpu_communicator(rank_env(1, port, "s", log), std::chrono::seconds(7)),
+                       doctest::Contains("within --dist-timeout (7 s; is it running?)"), Error);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(held);
+  ::close(l);
+  CHECK(took < 8.5);
+  CHECK(log.count("rank 1 of 2 (tcp): waiting for rank 0 (MASTER_ADDR:MASTER_PORT) at 127.0.0.1:" +
+                  std::to_string(port) + ": 5 s of 7 s (--dist-timeout; is it running?)") == 1);
 }
 
 namespace {

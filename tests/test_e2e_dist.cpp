@@ -17,6 +17,7 @@
 #include "test_util.h"
 
 using kiln::testing::contains;
+using kiln::testing::free_port;
 using kiln::testing::read_text;
 using kiln::testing::run_kiln;
 using kiln::testing::TempDir;
@@ -262,7 +263,8 @@ TEST_CASE("e2e dist: a stop signal only rank 1 caught is reported, recorded and 
                             " train --limit-train 2048 --limit-eval 64 --batch 16 --max-steps 400 --threads 1 "
                             "--workers 0 --log-every 1 --progress lines --no-tensorboard --out " +
                             run;
-  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=29698 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+                          " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
   const std::string both = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + " > " + d / "r0.txt" + " 2>&1; echo $? > " +
                            d / "rc0) & (" + env + "RANK=1 LOCAL_RANK=1 " + train + " > " + d / "r1.txt" +
                            " 2>&1 & echo $! > " + d / "pid1" + "; wait $!; echo $? > " + d / "rc1); wait";
@@ -290,6 +292,62 @@ TEST_CASE("e2e dist: a stop signal only rank 1 caught is reported, recorded and 
   CHECK_MESSAGE(contains(metrics, "\"stopped\":\"SIGHUP\""), metrics);
   const std::string summary = read_text(run + "/summary.json");
   CHECK_MESSAGE(contains(summary, "\"stopped\": \"SIGHUP\""), summary);
+}
+
+TEST_CASE("e2e dist: when rank 0's checkpoint of a stop fails, the other ranks say why they exit 1") {
+  // Rank 0's checkpoints folder replaced by a file, SIGHUP to rank 1: rank 1 exited 1 with no message.
+  TempDir d("kiln_dist_stop_ckpt_fails");
+  const std::string run = d / "run";
+  const std::string train = std::string(KILN_BINARY) +
+                            " train --limit-train 2048 --limit-eval 64 --batch 16 --max-steps 400 --threads 1 "
+                            "--workers 0 --log-every 1 --progress lines --no-tensorboard --out " +
+                            run;
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+                          " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s KILN_NUM_THREADS=1 ";
+  const std::string both = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + " > " + d / "r0.txt" + " 2>&1; echo $? > " +
+                           d / "rc0) & (" + env + "RANK=1 LOCAL_RANK=1 " + train + " > " + d / "r1.txt" +
+                           " 2>&1 & echo $! > " + d / "pid1" + "; wait $!; echo $? > " + d / "rc1); wait";
+  std::thread waiter([&] { (void)std::system(("timeout 300 sh -c '" + both + "' < /dev/null").c_str()); });
+  auto steps_logged = [&] {  // read while the run writes: counted, not parsed (a line may be half there)
+    const std::string m = read_text(run + "/metrics.jsonl");
+    size_t n = 0;
+    for (size_t at = m.find("\"loss\""); at != std::string::npos; at = m.find("\"loss\"", at + 1)) ++n;
+    return n;
+  };
+  for (int i = 0; i < 12000 && steps_logged() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::filesystem::remove_all(run + "/checkpoints");
+  std::ofstream(run + "/checkpoints") << "not a folder\n";
+  const std::string pid = read_text(d / "pid1").substr(0, read_text(d / "pid1").find('\n'));
+  REQUIRE(!pid.empty());
+  CHECK(std::system(("kill -HUP " + pid).c_str()) == 0);
+  waiter.join();
+  const std::string r0 = read_text(d / "r0.txt"), r1 = read_text(d / "r1.txt");
+  CAPTURE(r0);
+  CAPTURE(r1);
+  CHECK(read_text(d / "rc0") == "1\n");
+  CHECK(read_text(d / "rc1") == "1\n");
+  CHECK(contains(r0, "kiln train: rank 1 caught SIGHUP at step "));
+  CHECK(contains(r0, "and stopped, but its checkpoint failed (above)"));
+  CHECK(contains(r1, "kiln train: error: rank 0 could not save the checkpoint (rank 1 caught SIGHUP at step "));
+  CHECK(contains(r1, "): see rank 0's messages"));
+}
+
+TEST_CASE("e2e dist: an --out that is not UTF-8 gets its weights and summary with two ranks") {
+  // finish() dumped the summary (JSON, UTF-8 only) before its try: rank 0 ended with a bare "[json.exception
+  // .type_error.316]", no model.safetensors, and rank 1 exited 3.
+  TempDir d("kiln_dist_out_latin1");
+  const std::string out = (d.p / "caf\xe9").string();
+  const auto r = run_kiln("launch --nproc-per-node 2 --master-port " + std::to_string(free_port()) +
+                              " -- kiln train --limit-train 256 --limit-eval 32 --batch 16 --max-steps 2 --threads 1 "
+                              "--workers 0 --no-tensorboard --out '" +
+                              out + "'",
+                          d.p.string());
+  CAPTURE(r.output);
+  CHECK(r.code == 0);
+  CHECK(!contains(r.output, "kiln: error:"));  // (the checkpoint's own failure on such a path is another matter)
+  CHECK(std::filesystem::exists(out + "/model.safetensors"));
+  const json summary = json::parse(read_text(out + "/summary.json"));
+  CHECK(summary["steps"] == 2);
 }
 
 TEST_CASE("e2e dist: a launcher started with SIGTERM ignored still stops its ranks with SIGTERM") {

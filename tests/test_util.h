@@ -1,5 +1,8 @@
 // Helpers shared by the test files.
 #pragma once
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +31,20 @@ template <typename F> std::string error_of(F&& f) {
 }
 
 inline bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+// A loopback TCP port free a moment ago (the kernel's pick): a test's rendezvous port, so tests that
+// run at once (parallel ctest) do not collide on a fixed one.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
 
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
 struct TempDir {

@@ -70,9 +70,23 @@ bool stopped_by_launcher(const Child& c) {
   return sig > 0 && sig < 64 && (c.sent >> sig & 1);
 }
 
+// Exited as a shell reports a stop signal's death (128 + SIGINT, SIGTERM or SIGHUP), or killed by one,
+// that the launcher did not send: a stop from outside (another machine's launcher, a kill to one rank).
+// kiln train's ranks agree on such a stop and end by themselves (kiln.train raises SystemExit(128 +
+// signal) on the rank that caught it): the job stopped, it did not fail.
+bool stopped_from_outside(const Child& c) {
+  const int sig = WIFSIGNALED(c.status) ? WTERMSIG(c.status) : WEXITSTATUS(c.status) - 128;
+  return (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !stopped_by_launcher(c);
+}
+
 // A failure that follows another rank's: it lost a peer in a collective, or the launcher stopped it.
 bool consequence(const Child& c) {
   return (WIFEXITED(c.status) && WEXITSTATUS(c.status) == kCollectiveFailed) || stopped_by_launcher(c);
+}
+
+const char* sigabbrev(const Child& c) {
+  const int sig = WIFSIGNALED(c.status) ? WTERMSIG(c.status) : WEXITSTATUS(c.status) - 128;
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
 }
 
 std::string describe(const Child& c) {
@@ -81,6 +95,8 @@ std::string describe(const Child& c) {
     d += " (stopped by the launcher)";
   else if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == kCollectiveFailed)
     d += " (a collective failed: a peer ended or hangs)";
+  else if (stopped_from_outside(c))
+    d += std::string(" (it caught ") + sigabbrev(c) + ", not from the launcher: the ranks stop together)";
   return d;
 }
 
@@ -277,10 +293,18 @@ int run_launch(const LaunchOptions& o) {
   }
   {
     std::lock_guard<std::mutex> lk(print_mutex);
+    // A --threads in the command (kiln train's) is what its ranks take instead: said, as the header's
+    // count is then not theirs.
+    bool flag = false;
+    for (const auto& a : o.command) flag = flag || a == "--threads" || a.rfind("--threads=", 0) == 0;
+    const std::string note = threads_chosen && flag ? " (KILN_NUM_THREADS; the command's --threads overrides it)"
+                             : threads_chosen       ? " (KILN_NUM_THREADS)"
+                             : flag                 ? " (the command's --threads overrides it)"
+                                                    : "";
     std::printf("kiln launch: %d rank%s on this node (ranks %d..%d of %d), rendezvous at %s:%d, %s thread%s each%s\n",
                 o.nproc_per_node, o.nproc_per_node == 1 ? "" : "s", o.node_rank * o.nproc_per_node,
                 (o.node_rank + 1) * o.nproc_per_node - 1, world, o.master_addr.c_str(), o.master_port, threads.c_str(),
-                threads == "1" ? "" : "s", threads_chosen ? " (KILN_NUM_THREADS)" : "");
+                threads == "1" ? "" : "s", note.c_str());
     std::fflush(stdout);
   }
 
@@ -328,7 +352,7 @@ int run_launch(const LaunchOptions& o) {
           c.failed_as = failures++;
           if (!stopping) {
             stopping = true;
-            const bool wait = consequence(c) && alive > 0;
+            const bool wait = (consequence(c) || stopped_from_outside(c)) && alive > 0;
             {
               std::lock_guard<std::mutex> lk(print_mutex);
               if (wait)
@@ -367,8 +391,9 @@ int run_launch(const LaunchOptions& o) {
       if (c.failed_as == k && !consequence(c)) cause = &c;
   for (const auto& c : children)
     if (!cause && c.failed_as == 0) cause = &c;
-  std::string line = "kiln launch: failed: rank " + std::to_string(cause->rank) + " (pid " +
-                     std::to_string(cause->pid) + ") " + describe(*cause);
+  std::string line =
+      std::string(stopped_from_outside(*cause) ? "kiln launch: stopped: rank " : "kiln launch: failed: rank ") +
+      std::to_string(cause->rank) + " (pid " + std::to_string(cause->pid) + ") " + describe(*cause);
   if (failures > 1) {
     line += "; each rank: ";
     for (const auto& c : children)

@@ -1705,9 +1705,11 @@ class Trainer {
     if (const int rc = fold(); rc >= 0) return rc;
     if (stopping) agree_on_stop();
     // A signal stop is one before anything else can fail (a moved --out): kiln.train raises
-    // KeyboardInterrupt / SystemExit for it, not a KilnError.
+    // KeyboardInterrupt / SystemExit for it, not a KilnError, on the rank that caught it; the other
+    // ranks return {"stopped": True} as their `kiln train` exits 0 (a SystemExit(143) on every rank
+    // made kiln launch blame rank 0).
     if (stopping && outcome_) {
-      outcome_->stop_signal = stop_signal_;
+      outcome_->stop_signal = own_signal_;
       outcome_->stop_asked = stop_signal_ == 0;
     }
     if (const int rc = check_out_in_place(); rc >= 0) return rc;
@@ -1732,6 +1734,8 @@ class Trainer {
       record_stop(signal_name(stop_signal_));
       write_stopped_summary(signal_name(stop_signal_));
     }
+    if (!ok && !lead_)  // rank 0 said why; a rank that exits 1 saying nothing looks like the cause
+      return fail("rank 0 could not save the checkpoint (" + why + where + "): see rank 0's messages", 1);
     if (!ok) {
       progress_->line("kiln train: " + why + where + " and stopped, but its checkpoint failed (above): " +
                       (last_saved_.empty()
@@ -1748,7 +1752,7 @@ class Trainer {
   // would have reported no signal at all (no stop line, no summary).
   void agree_on_stop() {
     const int mine = int(g_stop_signal);  // read once: a signal may come in meanwhile
-    stop_signal_ = mine;
+    own_signal_ = stop_signal_ = mine;
     stop_rank_ = mine ? rank_ : -1;
     if (world_ == 1) return;
     Tensor m = zeros({1}, DType::i64), all = zeros({world_}, DType::i64);
@@ -1869,34 +1873,44 @@ class Trainer {
 
   // ---- weights and summary (rank 0) ----
   int finish() {
-    // The summary, rank 0's on every rank: kiln.train returns it there too (rank 0 alone writes it).
-    nlohmann::json summary = lead_ ? summary_json(since(t_start_)) : nlohmann::json();
+    nlohmann::json summary;
+    int rc = lead_ ? check_out_in_place(/*rank0_only=*/true) : 0;
+    if (lead_ && rc < 0) {
+      try {
+        rc = write_outputs(summary);
+      } catch (const Error& e) {  // said as kiln train's, and to kiln.train's on_error
+        rc = fail(e.message(), 1);
+      } catch (const std::exception& e) {
+        rc = fail(e.what(), 1);
+      }
+    }
+    // The summary, rank 0's on every rank once its writes are done (kiln.train returns it there too;
+    // rank 0 alone writes it), or nothing when they failed: the other ranks fail with it. A path that
+    // is not UTF-8 (--out) is written with U+FFFD, as in summary.json.
+    const auto text = [](const nlohmann::json& j) {
+      return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    };
     if (world_ > 1) {
-      const std::string lead = broadcast_string(lead_ ? summary.dump() : std::string());
+      const std::string lead = broadcast_string(lead_ && rc == 0 ? text(summary) : std::string());
+      if (!lead_ && lead.empty()) return fail("rank 0 could not write the run's outputs: see rank 0's messages", 1);
       if (!lead_) summary = nlohmann::json::parse(lead);
     }
-    if (outcome_) {
+    if (outcome_ && rc == 0) {
       outcome_->finished = true;
-      outcome_->summary = summary.dump();
+      outcome_->summary = text(summary);
     }
-    if (!lead_) return 0;
-    if (const int rc = check_out_in_place(/*rank0_only=*/true); rc >= 0) return rc;
-    try {
-      return write_outputs(summary);
-    } catch (const Error& e) {  // said as kiln train's, and to kiln.train's on_error
-      return fail(e.message(), 1);
-    } catch (const std::exception& e) {
-      return fail(e.what(), 1);
-    }
+    return rc;
   }
-  int write_outputs(const nlohmann::json& summary) {
+  int write_outputs(nlohmann::json& summary) {
     std::map<std::string, std::string> meta = torch_compatible_metadata();
     meta["model"] = c_.model;
     meta["task"] = task_.name;
     meta.merge(weights_metadata(resolved_));  // the rest as kiln ckpt export writes it from a checkpoint
     io::save_safetensors(c_.out + "/model.safetensors", model().state_dict(), meta);
+    summary = summary_json(since(t_start_));  // after the weights: wall_seconds is the whole run's
     const double wall = summary["wall_seconds"].get<double>();
-    io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
+    io::write_file_atomic(c_.out + "/summary.json",
+                          summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     refresh_report();
     char buf[384];
     char skipped[96] = "";
@@ -2038,6 +2052,7 @@ class Trainer {
   double epoch_seconds_before_ = 0;
   bool stop_now_ = false, time_due_ = false;
   int stop_signal_ = 0, stop_rank_ = -1;  // the stop the ranks agreed on (agree_on_stop)
+  int own_signal_ = 0;                    // the signal this rank caught itself, or 0
   // this rank's sums since the window's and the epoch's start, on the device (see fold())
   Tensor win_loss_, epoch_loss_, win_correct_, epoch_correct_;
   Tensor grad_norm_;           // the last step's, with --clip-grad-norm

@@ -66,11 +66,14 @@ def train(model="resnet20", *, out=None, callback=None, **options):
     a notebook's stop button) saves a checkpoint, stops, and raises KeyboardInterrupt; SIGTERM and
     SIGHUP (a scheduler ending the job, a dropped terminal) save, stop and raise SystemExit(128 +
     signal), so the code after the call does not run on a half-finished run and the process ends
-    with the status a shell gives a killed one (143 for SIGTERM). train(..., resume="auto")
+    with the status a shell gives a killed one (143 for SIGTERM); under kiln launch on the rank that
+    caught the signal only: the ranks that stop with it return {"stopped": True, "saved": CHECKPOINT},
+    as their `kiln train` exits 0. train(..., resume="auto")
     continues from the checkpoint.
 
     Returns the run's summary.json as a dict (help=True prints the options and returns None); under
-    kiln launch every rank returns rank 0's summary (which rank 0 alone writes), and a stop's saved
+    kiln launch every rank returns rank 0's summary (which rank 0 alone writes) once rank 0 wrote its
+    outputs (KilnError on every rank when it could not), and a stop's saved
     checkpoint is rank 0's path on every rank. A run
     that fails raises kiln.KilnError with its messages; a bad option or config (what `kiln train`
     refuses with exit code 2 before any work: an unknown keyword, whatever its value, batch=0,

@@ -3,8 +3,11 @@
 # resumes, and bad options are clear errors.
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -17,6 +20,13 @@ def cli(*args, cwd=None):
     r = subprocess.run([sys.executable, "-m", "kiln", *map(str, args)], capture_output=True, text=True, cwd=cwd)
     assert r.returncode == 0, r.stdout + r.stderr
     return r
+
+
+def free_port():
+    # a loopback port free a moment ago (the kernel's pick): tests that run at once do not collide on it
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def lines(run_dir):
@@ -463,7 +473,7 @@ def test_every_rank_of_a_launch_returns_the_runs_summary(tmp_path):
                       "r = kiln.train('resnet20', out=out, **json.loads(sys.argv[2]))\n"
                       "print('RESULT', os.environ['RANK'], json.dumps(r), flush=True)\n")
     opts = dict(RESNET, threads=1, dist_timeout=120)
-    r = cli("launch", "--nproc-per-node", 2, "--master-port", 29733, "--", sys.executable, script, tmp_path,
+    r = cli("launch", "--nproc-per-node", 2, "--master-port", free_port(), "--", sys.executable, script, tmp_path,
             json.dumps(opts))
     got = {}
     for line in r.stdout.splitlines():
@@ -478,3 +488,38 @@ def test_every_rank_of_a_launch_returns_the_runs_summary(tmp_path):
         assert "stopped" not in got[rank], (rank, got[rank])
         assert got[rank] == written, rank
     assert written["steps"] == 2 and written["config"]["world_size"] == 2  # 64 samples / (2 ranks x batch 16)
+
+
+def test_a_stop_signal_to_one_rank_raises_there_and_returns_stopped_on_the_others(tmp_path):
+    # SIGTERM to rank 1 alone made both ranks raise SystemExit(143), and kiln launch said "failed: rank 0
+    # ... exited with status 143"; the CLI's ranks exit 0 after such a stop, so the rank that did not
+    # catch the signal returns {"stopped": True} and the launcher reports a stop.
+    script = tmp_path / "ranks.py"
+    script.write_text("import json, os, sys, kiln\n"
+                      "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+                      "r = kiln.train('resnet20', out=os.path.join(sys.argv[1], 'run'), **json.loads(sys.argv[2]))\n"
+                      "print('RESULT', os.environ['RANK'], json.dumps(r), flush=True)\n")
+    opts = dict(batch=16, limit_train=2048, limit_eval=64, max_steps=400, log_every=1, threads=1, workers=0,
+                dist_timeout=120)
+    p = subprocess.Popen([sys.executable, "-m", "kiln", "launch", "--nproc-per-node", "2", "--master-port",
+                          str(free_port()), "--", sys.executable, str(script), str(tmp_path), json.dumps(opts)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, pid1 = tmp_path / "run" / "metrics.jsonl", tmp_path / "pid1"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (pid1.exists() and metrics.exists()
+                                          and metrics.read_text().count('"loss"') >= 3):
+        time.sleep(0.05)
+    os.kill(int(pid1.read_text()), signal.SIGTERM)
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 143, out + err
+    assert "kiln launch: stopped: rank 1 " in err, out + err
+    assert "(it caught SIGTERM, not from the launcher: the ranks stop together)" in err, err
+    assert "failed" not in err, err
+    got = {}
+    for line in out.splitlines():
+        if "RESULT " in line:
+            rank, result = line.split("RESULT ", 1)[1].split(" ", 1)
+            got[rank] = json.loads(result)
+    assert set(got) == {"0"}, out + err  # rank 1 raised SystemExit(143)
+    assert got["0"]["stopped"] is True and got["0"]["saved"].endswith(".kiln"), got
+    assert "rank 1 caught SIGTERM at step " in out, out
