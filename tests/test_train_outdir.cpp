@@ -192,9 +192,20 @@ TEST_CASE("train: --resume auto takes the newest intact checkpoint of the run's 
   CHECK_MESSAGE(contains(r.output, "continuing from the mirror's copy " + mirror +
                                        "/step-000000008.kiln, newer than step-000000004.kiln, the newest intact "
                                        "checkpoint in " +
-                                       run + "/checkpoints (the newer ones there are damaged"),
+                                       run + "/checkpoints (its copy of that step is damaged"),
                 r.output);
   CHECK_MESSAGE(contains(r.output, "resumed at step 8 from " + mirror + "/step-000000008.kiln"), r.output);
+  // The run's step 8 gone, not damaged, while the mirror holds one: it may be another run's (a run
+  // started afresh into the same --out and --mirror), so the local step 4, with a note naming the file.
+  fs::remove(run + "/checkpoints/step-000000008.kiln");
+  r = run_kiln(args + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "note: the mirror holds " + mirror +
+                                       "/step-000000008.kiln, newer than "
+                                       "step-000000004.kiln, but " +
+                                       run + "/checkpoints has no file of that step"),
+                r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 4 from " + run + "/checkpoints/step-000000004.kiln"), r.output);
   // Resumed at step 4, the last line's time and rate are this session's, and say so; summary.json too.
   fs::remove(run + "/checkpoints/step-000000008.kiln");
   fs::remove(mirror + "/step-000000008.kiln");

@@ -833,13 +833,23 @@ class Trainer {
                            "copy %s\n",
                            ckpt_dir_.c_str(), mirrored.path.c_str());
               found.path = mirrored.path;
+            } else if (!mirrored.path.empty() && checkpoint_step(mirrored.path) > local_step &&
+                       !std::filesystem::exists(std::filesystem::path(ckpt_dir_) /
+                                                std::filesystem::path(mirrored.path).filename())) {
+              // This folder has no file of that step: the mirror's may be another run's (a run started
+              // afresh into the same --out and --mirror), so the local choice stands; the user decides.
+              std::fprintf(stderr,
+                           "kiln train: --resume auto: note: the mirror holds %s, newer than %s, but %s has no "
+                           "file of that step (the mirror's may be another run's copy); continuing from the "
+                           "newest intact checkpoint here. To continue from the mirror's, give --resume %s\n",
+                           mirrored.path.c_str(), std::filesystem::path(found.path).filename().c_str(),
+                           ckpt_dir_.c_str(), mirrored.path.c_str());
             } else if (!mirrored.path.empty() && checkpoint_step(mirrored.path) > local_step) {
-              std::fprintf(
-                  stderr,
-                  "kiln train: --resume auto: continuing from the mirror's copy %s, newer than %s, the "
-                  "newest intact checkpoint in %s (%s)\n",
-                  mirrored.path.c_str(), std::filesystem::path(found.path).filename().c_str(), ckpt_dir_.c_str(),
-                  found.skipped.empty() ? "the newer ones are not there" : "the newer ones there are damaged, above");
+              std::fprintf(stderr,
+                           "kiln train: --resume auto: continuing from the mirror's copy %s, newer than %s, the "
+                           "newest intact checkpoint in %s (%s)\n",
+                           mirrored.path.c_str(), std::filesystem::path(found.path).filename().c_str(),
+                           ckpt_dir_.c_str(), "its copy of that step is damaged, above");
               found.path = mirrored.path;
             }
             found.skipped.insert(found.skipped.end(), mirrored.skipped.begin(), mirrored.skipped.end());
@@ -1715,7 +1725,11 @@ class Trainer {
     if (const int rc = check_out_in_place(); rc >= 0) return rc;
     // The end of the epoch right after the step's own checkpoint failed: tried once, not twice (the
     // next save point tries again). A stop still tries: it is what the stop saves for.
-    if (!stopping && ckpt_failed_at_ == run_.step && ckpt_failed_at_ >= 0) return -1;
+    // Rank 0 alone knows (the others' save() succeeds without writing): its decision is every rank's, or
+    // rank 0 would skip the collective the others enter in save().
+    bool skip = !stopping && ckpt_failed_at_ == run_.step && ckpt_failed_at_ >= 0;
+    if (world_ > 1 && !stopping) skip = broadcast_string(lead_ && skip ? "skip" : "") == "skip";
+    if (skip) return -1;
     bool ok = save();
     last_save_time_ = Clock::now();
     if (!stopping) return -1;
