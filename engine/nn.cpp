@@ -58,9 +58,13 @@ void Module::replace_parameter(const std::string& name, Tensor& member, Tensor t
   KILN_CHECK(t.defined() && t.is_leaf(), "replace_parameter: '", name,
              "' must be replaced by a leaf tensor (a parameter), got ",
              t.defined() ? "one computed from others (" + t.type_str() + ")" : std::string("none"));
-  KILN_CHECK(member.same(old) || member.same(t), "replace_parameter: the member passed for '", name,
-             "' holds neither the registered tensor (", old.defined() ? old.type_str() : std::string("none"),
-             ") nor the new one: pass the member that holds '", name, "'");
+  // The member must hold the registered tensor: one holding t already could as well be another module's
+  // (out.replace_parameter("weight", emb.weight, emb.weight) would leave out.weight, which forward reads,
+  // untied), and the two cannot be told apart.
+  KILN_CHECK(member.same(old), "replace_parameter: the member passed for '", name,
+             "' does not hold the registered tensor (", old.defined() ? old.type_str() : std::string("none"),
+             "): pass the member that holds '", name, "' (one assigned already, out->weight = emb->weight, ",
+             "is the trap this avoids: assign the registered tensor back first)");
   KILN_CHECK(!old.defined() || (t.shape() == old.shape() && t.dtype() == old.dtype() && t.device() == old.device()),
              "replace_parameter: '", name, "' is ", old.type_str(), ", the tensor for it is ", t.type_str(),
              " (a replacement keeps the shape, dtype and device the module was built with)");

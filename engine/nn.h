@@ -60,7 +60,7 @@ class Module {
   // e.g. to tie a decoder to the word embeddings: out->replace_parameter("weight", out->weight, emb->weight).
   // Assigning the member alone (out->weight = emb->weight) is the pitfall this avoids: forward uses the
   // new tensor while parameters(), state_dict() and so the optimizer and checkpoints keep the old one,
-  // which nothing uses. `member` must hold the registered tensor (or t already); t must be a leaf of
+  // which nothing uses. `member` must hold the registered tensor; t must be a leaf of
   // the same shape, dtype and device (it is flagged requires_grad, as register_parameter flags it). A
   // tensor held under two names is tied: listed once by parameters() (stepped once), under each name by
   // state_dict(), as PyTorch. Make the optimizer after this (it holds the tensors it was given).

@@ -27,12 +27,15 @@ DType state_dtype(const Tensor& p) { return p.dtype() == DType::f64 ? DType::f64
 // A state slot of Kiln's optimizers is shaped as its parameter, in its state dtype, on its device; any
 // other (a parameter converted or moved in place after its state was made) is refused before a kernel
 // gets a pointer to it. `where` names the parameter.
+bool slot_fits(const Tensor& s, const Tensor& p) {
+  return s.shape() == p.shape() && s.dtype() == state_dtype(p) && s.device() == p.device();
+}
 void check_slot(const Tensor& s, const std::string& slot, const Tensor& p, const std::string& where) {
-  KILN_CHECK(s.shape() == p.shape() && s.dtype() == state_dtype(p) && s.device() == p.device(), where, ": state '",
-             slot, "' is ", s.type_str(), ", its parameter (", p.type_str(), ") needs ", state_dtype(p), " ",
-             p.device(), " ", p.shape(),
-             "; a parameter converted or moved in place after its state was made needs a new "
-             "optimizer (make it after Module::to)");
+  KILN_CHECK(slot_fits(s, p), where, ": state '", slot, "' is ", s.type_str(), ", its parameter (", p.type_str(),
+             ") needs ", state_dtype(p), " ", p.device(), " ", p.shape(),
+             "; a parameter converted or moved in place after its state was made needs a new optimizer (made "
+             "after Module::to; to keep the state, give the new one the old one's state() through load_state, "
+             "which converts dtype and device)");
 }
 }  // namespace
 
@@ -161,8 +164,9 @@ void Optimizer::step(const Tensor& skip_if) {
       KILN_CHECK(p.device() == *dev && grad.device() == *dev, name(), ": parameters and gradients on ", *dev, " and ",
                  p.device() == *dev ? grad.device() : p.device(), "; one optimizer serves one device");
       if (own_slots)
-        for (const auto& [slot, t] : slots_[g][i])
-          check_slot(t, slot, p, name() + ": parameter " + std::to_string(i) + " of group " + std::to_string(g));
+        for (const auto& [slot, t] : slots_[g][i])  // the message is built only for a misfit (a hot loop)
+          if (!slot_fits(t, p))
+            check_slot(t, slot, p, name() + ": parameter " + std::to_string(i) + " of group " + std::to_string(g));
       mask[first_[g] + i] = 1.0;
     }
   if (!dev) return;  // no gradient anywhere: nothing moves and nothing is counted (as torch)
@@ -517,7 +521,7 @@ Tensor& slot(std::map<std::string, Tensor>& slots, const char* name, const Tenso
   auto it = slots.find(name);
   if (it == slots.end())
     it = slots.emplace(name, zeros(like.shape(), TensorOptions(state_dtype(like), like.device()))).first;
-  else
+  else if (!slot_fits(it->second, like))
     check_slot(it->second, name, like, "optimizer");  // step() checked it; this guards every caller
   return it->second;
 }

@@ -195,17 +195,20 @@ TEST_CASE("modules: replace_parameter ties a layer's weight to another module's,
   sum((*m.out)((*m.emb)(from_vector({1, 2}, {2}, DType::i64)))).backward();
   opt.step();
   CHECK(amax(abs(m.emb->weight - before)).item<double>() > 0);
-  // The member may be assigned first; then only the registration changes.
+  // A member that holds the new tensor already is refused: it could be another module's (here the
+  // embedding's own, which would leave lin.weight, which forward reads, untied).
   nn::Linear lin(3, 5);
-  lin.weight = m.emb->weight;
-  lin.replace_parameter("weight", lin.weight, m.emb->weight);
-  CHECK(lin.named_parameters()[0].second.same(m.emb->weight));
+  CHECK(contains(error_of([&] { lin.replace_parameter("weight", m.emb->weight, m.emb->weight); }),
+                 "the member passed for 'weight' does not hold the registered tensor"));
+  lin.weight = m.emb->weight;  // the trap, assigned already: refused too, saying how to undo it
+  CHECK(contains(error_of([&] { lin.replace_parameter("weight", lin.weight, m.emb->weight); }),
+                 "assign the registered tensor back first"));
   // Refused, naming what was wrong.
   nn::Linear other(3, 5);
   CHECK(contains(error_of([&] { other.replace_parameter("w", other.weight, m.emb->weight); }),
                  "this module has no parameter 'w' (its parameters: weight, bias"));
   CHECK(contains(error_of([&] { other.replace_parameter("weight", other.bias, m.emb->weight); }),
-                 "the member passed for 'weight' holds neither the registered tensor (f32 cpu [5,3])"));
+                 "the member passed for 'weight' does not hold the registered tensor (f32 cpu [5,3])"));
   CHECK(contains(error_of([&] {
                    other.replace_parameter("weight", other.weight, ones({3, 5}));
                  }),
