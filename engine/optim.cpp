@@ -114,8 +114,7 @@ std::vector<int64_t> Optimizer::moved() const {
   return from;
 }
 
-void Optimizer::rebind() {
-  const std::vector<int64_t> from = moved();
+void Optimizer::rebind(const std::vector<int64_t>& from) {
   if (from.empty()) return;
   std::vector<std::map<std::string, Tensor>*> old(nparams_);
   for (size_t g = 0; g < groups_.size(); ++g)
@@ -145,7 +144,17 @@ void Optimizer::step(const Tensor& skip_if) {
   // step count's and the flag's), and their gradients match them in shape and dtype (an f64
   // gradient of an f32 parameter is refused, as torch does, not rounded silently).
   check_layout();
-  rebind();               // a tensor put in a parameter's place through groups() takes its own state (as torch)
+  // A tensor put in a parameter's place through groups() takes its own state (as torch): where each
+  // one's state is now, checked here and applied after every other check, so a refused step changes nothing.
+  const std::vector<int64_t> from = moved();
+  const auto state_of = [&](size_t g, size_t i) -> const std::map<std::string, Tensor>* {
+    if (from.empty()) return &slots_[g][i];
+    const int64_t k = from[first_[g] + i];
+    if (k < 0) return nullptr;  // a new tensor: fresh state
+    size_t h = 0;
+    while (h + 1 < groups_.size() && first_[h + 1] <= size_t(k)) ++h;
+    return &slots_[h][size_t(k) - first_[h]];
+  };
   check_group_options();  // groups() may have changed a group's own momentum or betas since the last step
   // Kiln's optimizers keep state shaped as each parameter (one written outside Kiln may keep others).
   const bool own_slots = dynamic_cast<const AdamFamily*>(this) || dynamic_cast<const SGD*>(this);
@@ -163,8 +172,8 @@ void Optimizer::step(const Tensor& skip_if) {
       if (!dev) dev = p.device();
       KILN_CHECK(p.device() == *dev && grad.device() == *dev, name(), ": parameters and gradients on ", *dev, " and ",
                  p.device() == *dev ? grad.device() : p.device(), "; one optimizer serves one device");
-      if (own_slots)
-        for (const auto& [slot, t] : slots_[g][i])  // the message is built only for a misfit (a hot loop)
+      if (const std::map<std::string, Tensor>* state = own_slots ? state_of(g, i) : nullptr)
+        for (const auto& [slot, t] : *state)  // the message is built only for a misfit (a hot loop)
           if (!slot_fits(t, p))
             check_slot(t, slot, p, name() + ": parameter " + std::to_string(i) + " of group " + std::to_string(g));
       mask[first_[g] + i] = 1.0;
@@ -174,6 +183,7 @@ void Optimizer::step(const Tensor& skip_if) {
     KILN_CHECK(skip_if.numel() == 1 && skip_if.dtype() == DType::f32 && skip_if.device() == *dev, name(),
                ": the skip flag must be one f32 element on ", *dev, ", got ", skip_if.dtype(), " ", skip_if.shape(),
                " on ", skip_if.device());
+  rebind(from);
   // The step count lives with the parameters (it follows them when they move: a CPU checkpoint
   // resumed on a GPU) and counts this step unless the flag is set, on the device.
   if (!step_count_.defined()) step_count_ = zeros({}, TensorOptions(DType::f64, *dev));

@@ -142,7 +142,7 @@ class Optimizer {
   // checking each is a leaf in one place only.
   std::vector<int64_t> moved() const;
   // Lays the state out by moved() (the per-parameter counts read to the host once, when it changed).
-  void rebind();
+  void rebind(const std::vector<int64_t>& from);  // from: moved()'s answer
 };
 
 struct SgdOptions {

@@ -832,6 +832,25 @@ TEST_CASE("optim: a non-finite or negative lr, and a parameter listed twice, are
   CHECK(ok.groups()[0].lr == 0.1);
 }
 
+TEST_CASE("optim: a refused step after a parameter was replaced changes nothing; putting it back keeps its state") {
+  Tensor a = ones({2}).set_requires_grad();
+  optim::AdamW adam({optim::ParamGroup({a}, 0.1)});
+  for (int k = 0; k < 3; ++k) {
+    a.set_grad(Tensor());
+    sum(a * a).backward();
+    adam.step();
+  }
+  REQUIRE(adam.steps(0, 0) == 3);
+  Tensor t = ones({2}).set_requires_grad();
+  adam.groups()[0].params[0] = t;
+  sum(t).backward();
+  // Refused (an f64 skip flag): the replacement was applied before this check, and a's state was lost.
+  CHECK(contains(error_of([&] { adam.step(scalar_tensor(0.0, DType::f64)); }), "the skip flag must be one f32"));
+  adam.groups()[0].params[0] = a;
+  CHECK(adam.steps(0, 0) == 3);
+  CHECK(adam.state().tensors.count("0.0.exp_avg") == 1);
+}
+
 TEST_CASE("optim: a parameter replaced through groups() gets its own state, as torch keys state by tensor") {
   // SGD with momentum: [2] stepped, then a [4] in its place. Its momentum buffer was the [2]'s, and the
   // step read and wrote past it ([0.81, 0.81, 0.93, 0.93]); now the new tensor starts fresh: 1 - 0.1 * 1.
