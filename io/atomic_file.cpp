@@ -2,6 +2,7 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,6 +70,23 @@ void AtomicFile::commit() {
              std::strerror(errno));
   committed_ = true;
   fsync_parent_dir(path_);
+}
+
+int append_whole(int fd, const std::string& text) {
+  struct stat st {};
+  const off_t before = ::fstat(fd, &st) == 0 ? st.st_size : -1;
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      if (done > 0 && before >= 0) (void)!::ftruncate(fd, before);
+      return err;
+    }
+    done += size_t(n);
+  }
+  return 0;
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

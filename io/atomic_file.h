@@ -31,6 +31,9 @@ class AtomicFile {
 
 // The whole of `text` as `path`, atomically.
 void write_file_atomic(const std::string& path, const std::string& text);
+// Appends the whole of `text` to `fd` (an O_APPEND log), or nothing: a write cut short (a full disk) is
+// cut back to the size before it, so the file keeps whole records. 0, or the errno of the failure.
+int append_whole(int fd, const std::string& text);
 // fsync of the directory holding `path` (best effort: some file systems refuse it).
 void fsync_parent_dir(const std::string& path);
 

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "base/error.h"
+#include "io/atomic_file.h"
 #include "io/checkpoint.h"
 
 namespace kiln::io {
@@ -157,20 +158,8 @@ void EventWriter::write(const std::string& event, int64_t step) {
   std::string r;
   if (version_pending_) r = tb::record(tb::file_version_event(now_seconds()));
   if (!event.empty()) r += tb::record(event);
-  struct stat st {};
-  const off_t before = ::fstat(fd_, &st) == 0 ? st.st_size : -1;
-  size_t done = 0;
-  int err = 0;
-  while (done < r.size()) {
-    const ssize_t n = ::write(fd_, r.data() + done, r.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      err = n < 0 ? errno : ENOSPC;
-      break;
-    }
-    done += size_t(n);
-  }
-  if (done == r.size()) {
+  const int err = append_whole(fd_, r);
+  if (err == 0) {
     if (!ok_)
       notices_.push_back(path_ + ": writing again at step " + std::to_string(step) + " (the events since step " +
                          std::to_string(failed_at_) + " are missing)");
@@ -178,7 +167,6 @@ void EventWriter::write(const std::string& event, int64_t step) {
     ok_ = true;
     return;
   }
-  if (done > 0 && before >= 0) (void)!::ftruncate(fd_, before);
   if (ok_) {
     error_ = path_ + ": cannot write the TensorBoard events of step " + std::to_string(step) + " (" +
              std::strerror(err) + "); training goes on, and each later event tries again";

@@ -254,21 +254,20 @@ TEST_CASE("e2e dist: kiln launch and its ranks leave a stop signal ignored on en
   CHECK_MESSAGE(!contains(read_text(run + "/summary.json"), "\"stopped\""), log);  // finished, not stopped
 }
 
-TEST_CASE("e2e dist: a stop signal only rank 1 caught is reported, recorded and summarised as that signal") {
-  // The signal to another machine's launcher reached rank 1 alone: the ranks agreed to stop, but rank 0,
-  // which had caught nothing, said "caught SIGTERM" and wrote no {"stopped": ...} line and no summary.
-  TempDir d("kiln_dist_stop_rank1");
-  const std::string run = d / "run";
+// Ranks 0 and 1 of a 400-step run into `run`, started by hand (no launcher: a signal reaches one rank
+// alone), outputs in d/r0.txt and d/r1.txt, exit codes in d/rc0 and d/rc1, rank 1's pid in d/pid1;
+// returns the thread that waits for both once three steps are logged.
+static std::thread start_two_ranks_by_hand(const TempDir& d, const std::string& run) {
   const std::string train = std::string(KILN_BINARY) +
                             " train --limit-train 2048 --limit-eval 64 --batch 16 --max-steps 400 --threads 1 "
                             "--workers 0 --log-every 1 --progress lines --no-tensorboard --out " +
                             run;
   const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
-                          " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s ";
+                          " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s KILN_NUM_THREADS=1 ";
   const std::string both = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + " > " + d / "r0.txt" + " 2>&1; echo $? > " +
                            d / "rc0) & (" + env + "RANK=1 LOCAL_RANK=1 " + train + " > " + d / "r1.txt" +
                            " 2>&1 & echo $! > " + d / "pid1" + "; wait $!; echo $? > " + d / "rc1); wait";
-  std::thread waiter([&] { (void)std::system(("timeout 300 sh -c '" + both + "' < /dev/null").c_str()); });
+  std::thread waiter([both] { (void)std::system(("timeout 300 sh -c '" + both + "' < /dev/null").c_str()); });
   auto steps_logged = [&] {  // read while the run writes: counted, not parsed (a line may be half there)
     const std::string m = read_text(run + "/metrics.jsonl");
     size_t n = 0;
@@ -276,6 +275,15 @@ TEST_CASE("e2e dist: a stop signal only rank 1 caught is reported, recorded and 
     return n;
   };
   for (int i = 0; i < 12000 && steps_logged() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return waiter;
+}
+
+TEST_CASE("e2e dist: a stop signal only rank 1 caught is reported, recorded and summarised as that signal") {
+  // The signal to another machine's launcher reached rank 1 alone: the ranks agreed to stop, but rank 0,
+  // which had caught nothing, said "caught SIGTERM" and wrote no {"stopped": ...} line and no summary.
+  TempDir d("kiln_dist_stop_rank1");
+  const std::string run = d / "run";
+  std::thread waiter = start_two_ranks_by_hand(d, run);
   const std::string pid = read_text(d / "pid1").substr(0, read_text(d / "pid1").find('\n'));
   REQUIRE(!pid.empty());
   CHECK(std::system(("kill -HUP " + pid).c_str()) == 0);
@@ -298,23 +306,7 @@ TEST_CASE("e2e dist: when rank 0's checkpoint of a stop fails, the other ranks s
   // Rank 0's checkpoints folder replaced by a file, SIGHUP to rank 1: rank 1 exited 1 with no message.
   TempDir d("kiln_dist_stop_ckpt_fails");
   const std::string run = d / "run";
-  const std::string train = std::string(KILN_BINARY) +
-                            " train --limit-train 2048 --limit-eval 64 --batch 16 --max-steps 400 --threads 1 "
-                            "--workers 0 --log-every 1 --progress lines --no-tensorboard --out " +
-                            run;
-  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
-                          " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 KILN_DIST_SECRET=s KILN_NUM_THREADS=1 ";
-  const std::string both = "(" + env + "RANK=0 LOCAL_RANK=0 " + train + " > " + d / "r0.txt" + " 2>&1; echo $? > " +
-                           d / "rc0) & (" + env + "RANK=1 LOCAL_RANK=1 " + train + " > " + d / "r1.txt" +
-                           " 2>&1 & echo $! > " + d / "pid1" + "; wait $!; echo $? > " + d / "rc1); wait";
-  std::thread waiter([&] { (void)std::system(("timeout 300 sh -c '" + both + "' < /dev/null").c_str()); });
-  auto steps_logged = [&] {  // read while the run writes: counted, not parsed (a line may be half there)
-    const std::string m = read_text(run + "/metrics.jsonl");
-    size_t n = 0;
-    for (size_t at = m.find("\"loss\""); at != std::string::npos; at = m.find("\"loss\"", at + 1)) ++n;
-    return n;
-  };
-  for (int i = 0; i < 12000 && steps_logged() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::thread waiter = start_two_ranks_by_hand(d, run);
   std::filesystem::remove_all(run + "/checkpoints");
   std::ofstream(run + "/checkpoints") << "not a folder\n";
   const std::string pid = read_text(d / "pid1").substr(0, read_text(d / "pid1").find('\n'));

@@ -474,27 +474,14 @@ class Trainer {
       }
     }
     const std::string text = line.dump() + "\n";
-    struct stat st {};
-    const off_t before = ::fstat(metrics_fd_, &st) == 0 ? st.st_size : -1;
-    size_t done = 0;
-    int err = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(metrics_fd_, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        err = n < 0 ? errno : ENOSPC;
-        break;
-      }
-      done += size_t(n);
-    }
-    if (done == text.size()) {
+    const int err = io::append_whole(metrics_fd_, text);
+    if (err == 0) {
       if (metrics_failed_)
         progress_->line("kiln train: " + metrics_path_ + ": writing again at step " + std::to_string(run_.step) +
                         " (the lines since step " + std::to_string(metrics_failed_at_) + " are missing)");
       metrics_failed_ = false;
       return;
     }
-    if (done > 0 && before >= 0) (void)!::ftruncate(metrics_fd_, before);
     if (!metrics_failed_)
       progress_->line("kiln train: warning: " + metrics_path_ + ": cannot write the metrics line of step " +
                       std::to_string(run_.step) + " (" + std::strerror(err) +
