@@ -93,6 +93,21 @@ TEST_CASE("report: a run a signal stopped is labelled so in its row, not shown a
   CHECK(html.find("stopped (SIGTERM)", html.find("<td>done</td>")) == std::string::npos);
 }
 
+TEST_CASE("report: a run without summary.json (still running) shows its last step and evaluation, labelled so") {
+  TempDir d("kiln_report_running");
+  std::filesystem::create_directories(d.p / "running");
+  write(d.p / "running" / "metrics.jsonl",
+        "{\"step\":4,\"loss\":1.0,\"samples_per_s\":120}\n"
+        "{\"step\":4,\"epoch\":1,\"eval_loss\":0.75,\"eval_accuracy\":0.5}\n"
+        "{\"step\":6,\"loss\":0.9,\"samples_per_s\":130}\n");
+  std::vector<std::string> notes;
+  const std::string html = tools::render_report({(d.p / "running").string()}, "t", notes);
+  CHECK_MESSAGE(html.find("<td>running</td><td>6 (no summary.json: still running, or ended before writing one)</td>"
+                          "<td>0.75 (eval, step 4)</td><td>accuracy 50% (eval, step 4)</td>"
+                          "<td>130 (last step)</td>") != std::string::npos,
+                html);
+}
+
 TEST_CASE("report: the test metric is the task's, not the last test_* number (a masked-LM's perplexity)") {
   TempDir d("kiln_report_metric");
   std::filesystem::create_directories(d.p / "mlm");

@@ -674,8 +674,30 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
       const json& sig = s["stopped"];
       steps = "stopped (" + esc(sig.is_string() ? sig.get<std::string>() : sig.dump()) + ") at step " + steps;
     }
-    o << "<tr><td>" << esc(r.name) << "</td><td>" << steps << "</td><td>" << field("test_loss") << "</td><td>" << metric
-      << "</td><td>" << field("samples_per_s") << "</td><td>" << train_time << "</td></tr>";
+    std::string test_loss = field("test_loss"), samples = field("samples_per_s");
+    // No summary.json: a run still going (or one killed before its end). Its row says so and shows
+    // where the metrics are, the last evaluation's numbers labelled as such, not a row of dashes.
+    if (!s.is_object() && (!r.train.empty() || !r.eval.empty())) {
+      double last_step = NAN;
+      for (const auto* v : {&r.train, &r.eval})
+        if (!v->empty() && std::isfinite(get(v->back(), "step")))
+          last_step = std::isfinite(last_step) ? std::max(last_step, get(v->back(), "step")) : get(v->back(), "step");
+      steps = (std::isfinite(last_step) ? num(last_step) : std::string("&mdash;")) +
+              " (no summary.json: still running, or ended before writing one)";
+      if (!r.eval.empty()) {
+        const json& e = r.eval.back();
+        const std::string at = " (eval, step " + num(get(e, "step")) + ")";
+        if (std::isfinite(get(e, "eval_loss"))) test_loss = num(get(e, "eval_loss")) + at;
+        for (const auto& [k, v] : e.items())
+          if (k.rfind("eval_", 0) == 0 && k.size() >= 13 && k.compare(k.size() - 8, 8, "accuracy") == 0 &&
+              v.is_number())
+            metric = esc(k.substr(5)) + " " + num(100.0 * v.get<double>()) + "%" + at;
+      }
+      if (!r.train.empty() && std::isfinite(get(r.train.back(), "samples_per_s")))
+        samples = num(get(r.train.back(), "samples_per_s")) + " (last step)";
+    }
+    o << "<tr><td>" << esc(r.name) << "</td><td>" << steps << "</td><td>" << test_loss << "</td><td>" << metric
+      << "</td><td>" << samples << "</td><td>" << train_time << "</td></tr>";
   }
   o << "</table>\n<h2>Config</h2>";
   for (const Run& r : runs) {
