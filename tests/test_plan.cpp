@@ -5,6 +5,8 @@
 
 #include <chrono>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <tuple>
@@ -423,4 +425,60 @@ TEST_CASE("plan: an interrupt during the micro-batch search ends it as an interr
   }
   set_interrupt_poll(nullptr);
   CHECK(interrupted);
+}
+
+namespace {
+void put(const std::filesystem::path& p, const std::string& text) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+}  // namespace
+
+TEST_CASE("plan: the host memory a run can count on is its cgroup's limit, not only MemAvailable (v1 and v2)") {
+  TempDir d("kiln_hostmem");
+  const std::string meminfo = (d.p / "meminfo").string();
+  put(meminfo, "MemTotal:       16777216 kB\nMemFree:  1 kB\nMemAvailable:   12582912 kB\n");  // 16 GiB, 12 GiB
+  const size_t gib = size_t(1) << 30;
+  SUBCASE("no limit") {
+    put(d.p / "self", "0::/\n");
+    put(d.p / "v2" / "cgroup.controllers", "cpu memory\n");
+    put(d.p / "v2" / "memory.max", "max\n");
+    const auto m = tools::host_memory(meminfo, (d.p / "v2").string(), (d.p / "self").string());
+    CHECK(m.total == 16 * gib);
+    CHECK(m.cgroup_limit == 0);
+    CHECK(m.usable() == 12 * gib);
+  }
+  SUBCASE("v2: the smallest limit on the way up, less its usage") {
+    put(d.p / "self", "0::/job/step\n");
+    put(d.p / "v2" / "cgroup.controllers", "cpu memory\n");
+    put(d.p / "v2" / "memory.max", "max\n");
+    put(d.p / "v2" / "job" / "memory.max", std::to_string(4 * gib) + "\n");
+    put(d.p / "v2" / "job" / "memory.current", std::to_string(gib) + "\n");
+    put(d.p / "v2" / "job" / "step" / "memory.max", "max\n");
+    const auto m = tools::host_memory(meminfo, (d.p / "v2").string(), (d.p / "self").string());
+    CHECK(m.cgroup_limit == 4 * gib);
+    CHECK(m.usable() == 3 * gib);
+    CHECK(m.cgroup_file.find("job/memory.max") != std::string::npos);
+  }
+  SUBCASE("v1: memory.limit_in_bytes; its 'no limit' (2^63 rounded) limits nothing") {
+    put(d.p / "self", "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n");
+    put(d.p / "v1" / "memory" / "memory.limit_in_bytes", "9223372036854771712\n");
+    put(d.p / "v1" / "memory" / "docker" / "abc" / "memory.limit_in_bytes", std::to_string(2 * gib) + "\n");
+    put(d.p / "v1" / "memory" / "docker" / "abc" / "memory.usage_in_bytes", std::to_string(gib / 2) + "\n");
+    auto m = tools::host_memory(meminfo, (d.p / "v1").string(), (d.p / "self").string());
+    CHECK(m.cgroup_limit == 2 * gib);
+    CHECK(m.usable() == gib + gib / 2);
+    put(d.p / "v1" / "memory" / "docker" / "abc" / "memory.limit_in_bytes", "9223372036854771712\n");
+    m = tools::host_memory(meminfo, (d.p / "v1").string(), (d.p / "self").string());
+    CHECK(m.cgroup_limit == 0);
+    CHECK(m.usable() == 12 * gib);
+  }
+  SUBCASE("a limit used up leaves nothing; unreadable files leave MemAvailable") {
+    put(d.p / "self", "0::/\n");
+    put(d.p / "v2" / "cgroup.controllers", "memory\n");
+    put(d.p / "v2" / "memory.max", std::to_string(gib) + "\n");
+    put(d.p / "v2" / "memory.current", std::to_string(2 * gib) + "\n");
+    CHECK(tools::host_memory(meminfo, (d.p / "v2").string(), (d.p / "self").string()).usable() == 0);
+    CHECK(tools::host_memory(meminfo, (d.p / "none").string(), (d.p / "nothing").string()).usable() == 12 * gib);
+  }
 }

@@ -3,6 +3,8 @@
 #include <Eigen/Core>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -15,6 +17,7 @@
 #include "tools/cli_checks.h"
 #include "tools/commands.h"
 #include "tools/environment.h"
+#include "tools/plan.h"
 
 namespace kiln::tools {
 
@@ -287,6 +290,63 @@ void add_doctor_flags(CLI::App& app, DoctorOptions& o) {
   });
 }
 
+namespace {
+
+// What a rented machine gives this process: memory (the cgroup's limit too: a container's --memory
+// is not in free's numbers), the disk under the current directory (where a relative --out goes) and
+// whether other processes are using the CPUs. Notes, not failures: the verdict is about the devices.
+void check_machine(Report& r) {
+  r.section("Machine");
+  const HostMemory m = host_memory();
+  nlohmann::json j;
+  if (m.total > 0) {
+    std::string v = gib(m.available) + " available of " + gib(m.total);
+    if (m.cgroup_limit > 0)
+      v += "; this process's cgroup is limited to " + gib(m.cgroup_limit) + " (" + gib(m.cgroup_used) + " used, " +
+           m.cgroup_file + "): kiln train plans for " + gib(m.usable());
+    r.line("memory", v);
+    if (m.usable() < (size_t(2) << 30))
+      r.fix("less than 2 GiB is free for training: stop other processes or use a smaller --batch");
+    j["memory_total_bytes"] = m.total;
+    j["memory_available_bytes"] = m.available;
+    j["memory_usable_bytes"] = m.usable();
+    j["cgroup_memory_limit_bytes"] = m.cgroup_limit;
+  } else {
+    r.line("memory", "unknown (no /proc/meminfo)");
+  }
+  std::error_code ec;
+  const std::filesystem::path cwd = std::filesystem::current_path(ec);
+  const std::filesystem::space_info sp = std::filesystem::space(ec ? std::filesystem::path(".") : cwd, ec);
+  if (!ec) {
+    r.line("disk", gib(sp.available) + " free of " + gib(sp.capacity) + " under " + cwd.string() +
+                       " (a relative --out, checkpoints)");
+    if (sp.available < (uintmax_t(5) << 30))
+      r.fix(
+          "less than 5 GiB free under the current directory: checkpoints (each kept one and its .bak) may fail; "
+          "give --out (and --mirror) on a larger disk");
+    j["disk_free_bytes"] = sp.available;
+    j["disk_path"] = cwd.string();
+  } else {
+    r.line("disk", "unknown (" + ec.message() + ")");
+  }
+  double load = -1;
+  if (std::ifstream la("/proc/loadavg"); !(la >> load)) load = -1;
+  if (load >= 0) {
+    const int cpus = available_cpus();
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.2f", load);
+    std::string v = std::string("1-minute load ") + buf + " on " + std::to_string(cpus) + " CPUs";
+    // This process is idle while it reads: a load near the CPU count is other work.
+    if (load > 0.75 * cpus)
+      v += ": other processes are using the CPUs; kiln train's threads will share them (slower steps, noisy timings)";
+    r.line("load", v);
+    j["load_1min"] = load;
+  }
+  r.j["machine"] = j;
+}
+
+}  // namespace
+
 int run_doctor(const DoctorOptions& o) {
   Report r;
   r.json = o.json;
@@ -339,6 +399,8 @@ int run_doctor(const DoctorOptions& o) {
                   {"threads_reason", threads_reason},
                   {"cuda_compiled", ci.compiled},
                   {"cuda_architectures", ci.archs}};
+
+  check_machine(r);
 
   GpuFindings f;
   if (ci.compiled) {

@@ -1175,8 +1175,11 @@ class Trainer {
       memory = cap_.bytes > held ? cap_.bytes - held : 0;
       from = "free under --memory-cap " + c_.memory_cap + " (the data and model already hold " + mib(held) + ")";
     } else {
-      memory = host_available_bytes();
-      from = "available on this machine";
+      const HostMemory hm = host_memory();
+      memory = hm.usable();
+      from = hm.cgroup_limit > 0 ? "available to this process (its cgroup's limit " + mib(hm.cgroup_limit) + ", " +
+                                       mib(hm.cgroup_used) + " used; " + hm.cgroup_file + ")"
+                                 : std::string("available on this machine");
     }
     // The data loader starts after the plan, and then holds batches the plan does not count: up to
     // its prefetch depth built ahead (workers > 0) and the one in hand, each a micro-batch (the loader's

@@ -83,14 +83,71 @@ size_t parse_bytes(const std::string& s, const std::string& flag) {
   return size_t(v * scale);
 }
 
-size_t host_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  size_t kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib << 10;
-  return 0;
+namespace {
+
+// A cgroup file's number; "max" (v2's no limit) and unreadable files are 0.
+size_t read_cgroup_number(const std::string& path) {
+  std::ifstream f(path);
+  std::string v;
+  if (!(f >> v) || v.empty() || !std::isdigit(static_cast<unsigned char>(v[0]))) return 0;
+  try {
+    return size_t(std::stoull(v));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+size_t HostMemory::usable() const {
+  if (cgroup_limit == 0) return available;
+  const size_t left = cgroup_limit > cgroup_used ? cgroup_limit - cgroup_used : 0;
+  return available == 0 ? left : std::min(available, left);
+}
+
+HostMemory host_memory(const std::string& meminfo, const std::string& cgroup_root, const std::string& self_cgroup) {
+  HostMemory m;
+  {
+    std::ifstream f(meminfo);
+    std::string key, unit;
+    size_t kib = 0;
+    while (f >> key >> kib >> unit) {
+      if (key == "MemTotal:") m.total = kib << 10;
+      if (key == "MemAvailable:") m.available = kib << 10;
+    }
+  }
+  // This process's cgroup: "0::/path" (v2) or "N:memory:/path" (v1); a container sees its own at
+  // the root, a systemd or batch job a path below it. Every cgroup on the way up limits it: the
+  // smallest limit counts, with that cgroup's usage.
+  std::string v2_path = "/", v1_path = "/";
+  {
+    std::ifstream f(self_cgroup);
+    for (std::string line; std::getline(f, line);) {
+      const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+      if (b == std::string::npos || line.size() <= b + 1 || line[b + 1] != '/') continue;
+      const std::string id = line.substr(0, a), ctrl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+      if (id == "0" && ctrl.empty()) v2_path = path;
+      if (("," + ctrl + ",").find(",memory,") != std::string::npos) v1_path = path;
+    }
+  }
+  const bool v2 = std::ifstream(cgroup_root + "/cgroup.controllers").good();
+  const std::string base = v2 ? cgroup_root : cgroup_root + "/memory";
+  const char* limit_file = v2 ? "memory.max" : "memory.limit_in_bytes";
+  const char* usage_file = v2 ? "memory.current" : "memory.usage_in_bytes";
+  for (std::string path = v2 ? v2_path : v1_path;;) {
+    const std::string dir = base + (path == "/" ? std::string() : path);
+    const size_t lim = read_cgroup_number(dir + "/" + limit_file);
+    // v1 writes "no limit" as a page-rounded 2^63: a limit past the machine's memory limits nothing.
+    if (lim > 0 && (m.total == 0 || lim < m.total) && (m.cgroup_limit == 0 || lim < m.cgroup_limit)) {
+      m.cgroup_limit = lim;
+      m.cgroup_used = read_cgroup_number(dir + "/" + usage_file);
+      m.cgroup_file = dir + "/" + limit_file;
+    }
+    if (path == "/" || path.empty()) break;
+    const size_t cut = path.find_last_of('/');
+    path = cut == 0 || cut == std::string::npos ? "/" : path.substr(0, cut);
+  }
+  return m;
 }
 
 nlohmann::json MemoryPlan::to_json() const {
