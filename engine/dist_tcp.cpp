@@ -493,6 +493,19 @@ class TcpCommunicator final : public Communicator {
       // Told while it lasts, as a rank waiting for rank 0 is: it was silent for the whole --dist-timeout.
       WaitNote waiting{[this](const std::string& line) { say(line); }, "", " (--dist-timeout)",
                        int64_t(timeout_.count())};
+      // The ranks that joined wait for the address table: when rank 0 gives up, a negative length and
+      // the reason tell them why none comes (they saw only the connection close). Best effort, briefly.
+      const auto give_up = [&peers, this](const std::string& why) {
+        const std::string w = why.substr(0, size_t(kMaxVerdict));
+        const int32_t n = -int32_t(w.size());
+        for (int k = 1; k < size_; ++k)
+          if (peers[size_t(k)].fd >= 0) try {
+              const auto until = Clock::now() + std::chrono::seconds(1);
+              exchange(peers[size_t(k)].fd, &n, sizeof n, -1, nullptr, 0, until, "rendezvous");
+              exchange(peers[size_t(k)].fd, w.data(), w.size(), -1, nullptr, 0, until, "rendezvous");
+            } catch (const Error&) {
+            }
+      };
       for (int joined = 1; joined < size_;) {
         std::string missing;  // named when the wait ends: which ranks never came
         for (int k = 1; k < size_; ++k)
@@ -505,18 +518,8 @@ class TcpCommunicator final : public Communicator {
                              " joined; missing rank(s) " + missing + ")",
                          &waiting);
         } catch (const Error&) {
-          // The ranks that joined wait for the address table: a negative length and the reason tell
-          // them why none comes (they saw only the connection close). Best effort, briefly.
-          const std::string why = "rank 0 gave up waiting for rank(s) " + missing + " to join within --dist-timeout (" +
-                                  std::to_string(timeout_.count()) + " s)";
-          const int32_t n = -int32_t(why.size());
-          for (int k = 1; k < size_; ++k)
-            if (peers[size_t(k)].fd >= 0) try {
-                const auto until = Clock::now() + std::chrono::seconds(1);
-                exchange(peers[size_t(k)].fd, &n, sizeof n, -1, nullptr, 0, until, "rendezvous");
-                exchange(peers[size_t(k)].fd, why.data(), why.size(), -1, nullptr, 0, until, "rendezvous");
-              } catch (const Error&) {
-              }
+          give_up("rank 0 gave up waiting for rank(s) " + missing + " to join within --dist-timeout (" +
+                  std::to_string(timeout_.count()) + " s)");
           throw;
         }
         std::string why;
@@ -535,7 +538,12 @@ class TcpCommunicator final : public Communicator {
           const bool fatal = h && !secret_.empty() && h->world != size_;
           const std::string from = endpoint(s.fd, false).first;
           refuse(s, "the rendezvous port", why);
-          KILN_CHECK(!fatal, label_, ": a rank at ", from, " that knows this job's KILN_DIST_SECRET joined, but ", why);
+          if (fatal) {
+            // The ranks that joined are told too: they saw only rank 0 close its connection.
+            const std::string what = "a rank at " + from + " that knows this job's KILN_DIST_SECRET joined, but " + why;
+            give_up("rank 0 gave up: " + what);
+            KILN_FAIL(label_, ": ", what);
+          }
           continue;
         }
         addr[size_t(h->rank)] = endpoint(s.fd, false).first;

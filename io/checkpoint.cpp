@@ -19,6 +19,7 @@
 
 #include "io/atomic_file.h"
 #include "io/json_parse.h"
+#include "io/json_text.h"
 #if defined(__SSE4_2__)
 #include <nmmintrin.h>
 #endif
@@ -145,7 +146,7 @@ void save_checkpoint_lazy(const std::string& path,
                          {"version", {kCheckpointMajor, kCheckpointMinor}},
                          {"tensors", entries},
                          {"state", state}};
-  const std::string text = manifest.dump();
+  const std::string text = io::dump_json(manifest);
   const uint64_t manifest_offset = f.size();
   f.write(text.data(), text.size());
   std::string header(kHeaderBytes, '\0');

@@ -20,6 +20,7 @@
 #include "engine/random.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "io/json_text.h"
 #include "io/weights.h"
 #include "kiln_build_info.h"
 
@@ -31,7 +32,7 @@ namespace {
 // Typed reads of the state a checkpoint keeps, each error naming the field ("state.run.step is
 // "3", expected an integer") instead of nlohmann's "type must be number, but is string".
 std::string brief(const json& v) {
-  std::string s = v.dump();
+  std::string s = io::dump_json(v);
   return s.size() > 40 ? s.substr(0, 40) + "..." : s;
 }
 const json& need(const json& obj, const char* key, const std::string& where) {
@@ -204,7 +205,7 @@ std::string save_run(const std::string& dir, const nn::Module& model, const opti
   char name[64];
   std::snprintf(name, sizeof name, "step-%09lld.kiln", (long long)run.step);
   const std::string path = (fs::path(dir) / name).string();
-  io::save_checkpoint_lazy(path, tensors, state.dump());
+  io::save_checkpoint_lazy(path, tensors, io::dump_json(state));
   io::write_file_atomic((fs::path(dir) / "latest").string(), std::string(name) + "\n");
   return path;
 }
@@ -444,7 +445,7 @@ std::span<const char* const> data_info_keys() {
 }
 
 std::string short_json(const json& v, bool bare) {
-  const std::string s = bare && v.is_string() ? v.get<std::string>() : v.dump();
+  const std::string s = bare && v.is_string() ? v.get<std::string>() : io::dump_json(v);
   return s.size() > 160 ? s.substr(0, 150) + " ... (" + std::to_string(s.size()) + " characters)" : s;
 }
 
@@ -476,7 +477,7 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
       if (a.is_null()) a = old_eps(saved);
       if (b.is_null()) b = old_eps(now);
     }
-    if (a != b) out.push_back(std::string(k) + ": checkpoint " + a.dump() + ", now " + b.dump());
+    if (a != b) out.push_back(std::string(k) + ": checkpoint " + io::dump_json(a) + ", now " + io::dump_json(b));
   }
   // What the same flags made of the data (label names and their order, classes, the files' contents,
   // sample counts, the vocabulary): data read another way (a newer version's rules, a changed file)
@@ -505,7 +506,7 @@ std::vector<std::string> config_differences(const json& saved, const json& now) 
     for (const char* k : {"data_dir", "text", "eval_text", "vocab", "train_tsv"}) {
       const json a = saved.value(k, json()), b = now.value(k, json());
       if (normal(a) != normal(b))
-        out.push_back(std::string(k) + ": checkpoint " + a.dump() + ", now " + b.dump() +
+        out.push_back(std::string(k) + ": checkpoint " + io::dump_json(a) + ", now " + io::dump_json(b) +
                       " (the checkpoint records no data contents, so its paths are compared)");
     }
   }
@@ -598,7 +599,7 @@ std::string not_ours(const std::string& dir, const std::string& other, const std
 bool write_owner(const fs::path& file, const std::string& me) {
   const json owner = {{"out", me}, {"host", host_name()}};
   try {
-    io::write_file_atomic(file.string(), owner.dump(2) + "\n");
+    io::write_file_atomic(file.string(), io::dump_json(owner, 2) + "\n");
     return true;
   } catch (const std::exception&) {
     return false;
@@ -654,7 +655,7 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
                " holds this run's copies, delete the file, and this run claims the folder";
       }
       const std::string other = owner.is_object() ? owner.value("out", std::string()) : std::string();
-      if (other == me) return "";
+      if (other == me || other == as_json_text(me)) return "";  // as written: a path not UTF-8 has U+FFFD
       const std::string host = owner.is_object() ? owner.value("host", std::string("unknown")) : std::string("unknown");
       const std::string named = other.empty() ? "(none named)" : other;
       return other_owner(named, host, true, host);
@@ -669,7 +670,7 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
           other = resolved_path(config["out"].get<std::string>());
       } catch (const std::exception&) {
       }
-      if (!other.empty() && other != me)
+      if (!other.empty() && other != me && other != as_json_text(me))
         return other_owner(
             other, "unknown", false,
             "unknown: " + p.filename().string() + " names it, and " + dir + " has no " + kMirrorOwner + " yet");
@@ -684,7 +685,7 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
       // the folder stays unclaimed until a copy succeeds (the copies' own config then names this run).
       errno = 0;
       std::ofstream f(tmp, std::ios::trunc);
-      f << owner.dump(2) << "\n";
+      f << io::dump_json(owner, 2) << "\n";
       if (!f.flush()) {
         const int err = errno;
         fs::remove(tmp, ec);

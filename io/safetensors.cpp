@@ -22,6 +22,7 @@
 
 #include "io/atomic_file.h"
 #include "io/json_parse.h"
+#include "io/json_text.h"
 
 namespace kiln::io {
 
@@ -74,7 +75,7 @@ std::string quote_name(const std::string& s) {
 
 // A JSON value in a message, cut short.
 std::string brief(const json& j) {
-  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string s = io::dump_json(j);
   if (s.size() > 80) s = s.substr(0, 80) + "...";
   return s;
 }
@@ -462,7 +463,7 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
     offset += nbytes;
     blobs.push_back(std::move(c));
   }
-  std::string text = header.dump();
+  std::string text = io::dump_json(header);
   text.resize((text.size() + 7) / 8 * 8, ' ');  // so the data starts 8-byte aligned
   KILN_CHECK(text.size() <= kMaxHeaderBytes, path, ": the header would be ", text.size(),
              " bytes, over the format's limit of ", kMaxHeaderBytes, " (too many tensors or too much metadata)");

@@ -4,6 +4,7 @@
 // that caused a failure, and kiln doctor reports a bad environment variable instead of stopping on it.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -344,6 +345,27 @@ TEST_CASE("cli tools: kiln launch names the rank that caused a failure, not the 
                  ") exited with status 143 (it caught SIGTERM, not from the launcher: the ranks stop together)"));
   CHECK(contains(r.output, "[rank 0] rank 0 ended"));
   CHECK(!contains(r.output, "failed"));
+}
+
+// A rank killed outright by SIGTERM from outside (it did not catch it: not Kiln's command, or a rank killed
+// before it set its handlers) agreed no stop with the others. The launcher said "(it caught SIGTERM, not
+// from the launcher: the ranks stop together)", called the job stopped and let the others run on.
+TEST_CASE("cli tools: kiln launch reports a rank killed by an outside SIGTERM as a failure, not a caught stop") {
+  TempDir d("kiln_cli_launch_killed_outside");
+  write(d / "killed.sh", "if [ \"$RANK\" = 0 ]; then exec sleep 30; else kill -TERM $$; fi\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_kiln("launch --nproc-per-node 2 --grace 30 -- sh " + d / "killed.sh", d.p.string());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CAPTURE(r.output);
+  CHECK(r.code == 143);
+  CHECK(contains(r.output, "kiln launch: failed: rank 1 (pid "));
+  CHECK(contains(r.output,
+                 ") was killed by signal 15 (Terminated), not sent by the launcher (the rank did not catch it, so "
+                 "the others did not stop with it)"));
+  CHECK(contains(r.output, "rank 0 was killed by signal 15 (Terminated) (stopped by the launcher)"));
+  CHECK(!contains(r.output, "caught SIGTERM"));
+  CHECK(!contains(r.output, "stopped: rank"));
+  CHECK(took < 14);  // the others are stopped at once, not given half of --grace (15 s)
 }
 
 // A rank that hangs (here: one that ignores SIGTERM) after its peer lost it is killed --grace after

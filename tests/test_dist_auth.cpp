@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -332,6 +333,37 @@ TEST_CASE("tcp: a refused rank is told why; a WORLD_SIZE that differs fails rank
                                          "KILN_DIST_SECRET joined, but it was started as rank 1 of 3"),
                        Error);
   CHECK(log.count("refused a connection from 127.0.0.1:") == 1);
+}
+
+TEST_CASE("tcp: when a rank of another WORLD_SIZE makes rank 0 give up, the ranks that joined are told why") {
+  // Rank 1 had joined and waited for the address table; rank 0 failed on rank 2's WORLD_SIZE and rank 1
+  // said only "rank 0 ... closed its connection", not why (the timeout's give-up told it).
+  const int port = free_port();
+  Log log;
+  auto start = [](dist::DistEnv env) { dist::make_cpu_communicator(env, std::chrono::seconds(60)); };
+  dist::DistEnv e0 = rank_env(0, port, "s", log), e1 = rank_env(1, port, "s", log), e2 = rank_env(2, port, "s", log);
+  e0.world_size = e0.local_world_size = e1.world_size = e1.local_world_size = 3;
+  e2.world_size = e2.local_world_size = 4;
+  std::atomic<bool> listening{false};
+  e1.on_listen = [&listening](const char* what, const std::string&, int) {
+    if (std::string(what) == "ring") listening = true;
+  };
+  auto r0 = std::async(std::launch::async, start, e0);
+  auto r1 = std::async(std::launch::async, start, e1);
+  // Rank 1 introduces itself right after it opens its ring port: give it time to be admitted.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!listening && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(listening);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto r2 = std::async(std::launch::async, start, e2);
+  CHECK_THROWS_WITH_AS(r2.get(), doctest::Contains("refused this rank: it was started as rank 2 of 4"), Error);
+  CHECK_THROWS_WITH_AS(r0.get(), doctest::Contains("joined, but it was started as rank 2 of 4"), Error);
+  CHECK_THROWS_WITH_AS(r1.get(),
+                       doctest::Contains("rendezvous: rank 0 gave up: a rank at 127.0.0.1 that knows this job's "
+                                         "KILN_DIST_SECRET joined, but it was started as rank 2 of 4 (WORLD_SIZE=4), "
+                                         "this job has 3 ranks"),
+                       Error);
 }
 
 TEST_CASE("tcp: without a secret the handshake still runs, and rank 0 says the job is open") {

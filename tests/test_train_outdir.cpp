@@ -503,3 +503,39 @@ TEST_CASE("train: a resume compares --set as the model config it makes, and name
   CHECK_MESSAGE(contains(r.output, "set zero_init_residual: checkpoint true, now false"), r.output);
   CHECK_MESSAGE(!contains(r.output, "set: checkpoint"), r.output);  // the field, not the whole list
 }
+
+TEST_CASE("train: an --out and --mirror whose paths are not UTF-8 checkpoint, resume and write their outputs") {
+  // The checkpoint's state (its config names --out) and the mirror's owner file were dumped as JSON,
+  // which takes UTF-8 only: every checkpoint failed ("[json.exception.type_error.316] invalid UTF-8
+  // byte"), so --resume auto had nothing to continue from. Such strings are now written with U+FFFD.
+  TempDir d("kiln_outdir_utf8");
+  const std::string run = d / "run\xff", mirror = d / "mirror\xfe";
+  const std::string args =
+      "train --limit-train 128 --limit-eval 32 --batch 32 --epochs 2 --max-steps 8 --threads 1 --workers 0 "
+      "--progress lines --save-every 2 --no-save-epochs --mirror " +
+      mirror + " --out " + run;
+  auto r = run_kiln(args, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(!contains(r.output, "failed"), r.output);
+  for (const std::string& dir : {run + "/checkpoints", mirror})
+    for (const char* step : {"/step-000000006.kiln", "/step-000000008.kiln"})
+      CHECK_MESSAGE(fs::exists(dir + step), std::string(dir + step));
+  CHECK(fs::exists(run + "/summary.json"));
+  CHECK(fs::exists(run + "/model.safetensors"));
+  CHECK(fs::exists(run + "/metrics.jsonl"));
+  const auto owner = nlohmann::json::parse(read_text(mirror + "/kiln-mirror.json"));
+  CHECK(contains(owner["out"].get<std::string>(), "run\xef\xbf\xbd"));  // U+FFFD for the byte 0xFF
+  // The last checkpoint lost: --resume auto continues from step 6, the mirror still this run's (its owner
+  // file names --out with U+FFFD), and the run writes its step 8 and its outputs again.
+  fs::remove(run + "/checkpoints/step-000000008.kiln");
+  fs::remove(mirror + "/step-000000008.kiln");
+  fs::remove(run + "/summary.json");
+  r = run_kiln(args + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 6"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "failed"), r.output);
+  CHECK(fs::exists(run + "/checkpoints/step-000000008.kiln"));
+  CHECK(fs::exists(mirror + "/step-000000008.kiln"));
+  REQUIRE(fs::exists(run + "/summary.json"));
+  CHECK(nlohmann::json::parse(read_text(run + "/summary.json"))["steps"] == 8);
+}

@@ -14,6 +14,7 @@
 #include "engine/dist.h"
 #include "engine/optim.h"
 #include "engine/zero.h"
+#include "io/json_text.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
 #include "models/bert.h"
@@ -67,7 +68,7 @@ void write_bench_json(const std::string& path, nlohmann::json head, const nlohma
   std::ofstream f(path);
   KILN_CHECK(f.good(), path, ": cannot open for writing");
   head["rows"] = rows;
-  f << head.dump(2) << "\n";
+  f << io::dump_json(head, 2) << "\n";
 }
 
 // The checks every bench makes on its flags before any work, each "" when the value is fine: a

@@ -10,6 +10,7 @@
 
 #include "engine/random.h"
 #include "io/checkpoint.h"
+#include "io/json_text.h"
 #include "io/run_checkpoint.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
@@ -70,7 +71,7 @@ namespace {
 std::string text_of(const nlohmann::json& obj, const char* key) {
   if (!obj.is_object() || !obj.contains(key)) return "?";
   const nlohmann::json& v = obj[key];
-  return v.is_string() ? v.get<std::string>() : v.dump();
+  return v.is_string() ? v.get<std::string>() : io::dump_json(v);
 }
 // A state's config, or null (a weights-only checkpoint's is {model, set}; a damaged state may have none).
 nlohmann::json config_of(const nlohmann::json& state) {
@@ -94,7 +95,7 @@ int inspect(const CkptOptions& o) {
   // The CPU kernel set changes a run's last bits: a resume under another one is warned about.
   if (state.contains("config") && state["config"].is_object() && state["config"].contains("cpu_isa"))
     std::printf("cpu kernel set: %s\n", text_of(state["config"], "cpu_isa").c_str());
-  if (state.contains("config")) std::printf("config: %s\n", state["config"].dump().c_str());
+  if (state.contains("config")) std::printf("config: %s\n", io::dump_json(state["config"]).c_str());
   size_t shown = 0;
   for (const auto& e : r.entries()) {
     if (!o.all && shown == 20) {
@@ -205,7 +206,7 @@ int import_weights(const CkptOptions& o) {
   // No "run": a weights-only checkpoint, from which kiln train --resume starts at step 0, epoch 0.
   nlohmann::json state = {{"kind", "weights"}, {"config", {{"model", o.model}, {"set", sets}}}, {"source", o.file}};
   if (o.allow_missing) state["config"]["seed"] = o.seed;
-  io::save_checkpoint(o.out, tensors, state.dump());
+  io::save_checkpoint(o.out, tensors, io::dump_json(state));
   std::printf("wrote %s: %zu tensors of %s from %s (start from it with kiln train --resume %s)\n", o.out.c_str(),
               tensors.size(), o.model.c_str(), o.file.c_str(), o.out.c_str());
   return 0;
@@ -250,7 +251,7 @@ int consolidate(const CkptOptions& o) {
   }
   state.erase("zero");
   if (state.contains("config")) state["config"]["zero"] = 0;
-  io::save_checkpoint(o.out, tensors, state.dump());
+  io::save_checkpoint(o.out, tensors, io::dump_json(state));
   std::printf(
       "wrote %s: %zu optimizer tensors made whole from %d ranks' shards, %zu model tensors (resume it "
       "without --zero, with the same number of ranks)\n",

@@ -12,6 +12,7 @@
 
 #include "base/cpu_isa.h"
 #include "base/thread_pool.h"
+#include "io/json_text.h"
 #include "kernels/cuda/runtime_info.h"
 #include "kiln_build_info.h"
 #include "tools/cli_checks.h"
@@ -451,7 +452,7 @@ int run_doctor(const DoctorOptions& o) {
   r.j["verdict"] = verdict;
   r.j["ready"] = rc == 0;
   if (o.json) {
-    std::printf("%s\n", r.j.dump(2).c_str());
+    std::printf("%s\n", io::dump_json(r.j, 2).c_str());
   } else {
     std::printf("Verdict: %s\n", verdict.c_str());
   }

@@ -70,12 +70,22 @@ bool stopped_by_launcher(const Child& c) {
   return sig > 0 && sig < 64 && (c.sent >> sig & 1);
 }
 
-// Exited as a shell reports a stop signal's death (128 + SIGINT, SIGTERM or SIGHUP), or killed by one,
-// that the launcher did not send: a stop from outside (another machine's launcher, a kill to one rank).
-// kiln train's ranks agree on such a stop and end by themselves (kiln.train raises SystemExit(128 +
-// signal) on the rank that caught it): the job stopped, it did not fail.
+// Exited with 128 + SIGINT, SIGTERM or SIGHUP, a signal the launcher did not send: a stop from outside
+// (another machine's launcher, a kill to one rank) that the rank caught. kiln train's ranks agree on
+// such a stop and end by themselves (kiln.train raises SystemExit(128 + signal) on the rank that caught
+// it): the job stopped, it did not fail. A rank killed by the signal itself did not catch it (a command
+// that is not Kiln's, a rank killed before it set its handlers): it agreed no stop with the others, so
+// it failed, and the others are stopped as after any failure.
 bool stopped_from_outside(const Child& c) {
-  const int sig = WIFSIGNALED(c.status) ? WTERMSIG(c.status) : WEXITSTATUS(c.status) - 128;
+  if (!WIFEXITED(c.status)) return false;
+  const int sig = WEXITSTATUS(c.status) - 128;
+  return (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !stopped_by_launcher(c);
+}
+
+// Killed by a stop signal (SIGINT, SIGTERM or SIGHUP) the launcher did not send, which it did not catch.
+bool killed_from_outside(const Child& c) {
+  if (!WIFSIGNALED(c.status)) return false;
+  const int sig = WTERMSIG(c.status);
   return (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !stopped_by_launcher(c);
 }
 
@@ -85,7 +95,7 @@ bool consequence(const Child& c) {
 }
 
 const char* sigabbrev(const Child& c) {
-  const int sig = WIFSIGNALED(c.status) ? WTERMSIG(c.status) : WEXITSTATUS(c.status) - 128;
+  const int sig = WEXITSTATUS(c.status) - 128;  // only for a rank stopped_from_outside
   return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
 }
 
@@ -97,6 +107,8 @@ std::string describe(const Child& c) {
     d += " (a collective failed: a peer ended or hangs)";
   else if (stopped_from_outside(c))
     d += std::string(" (it caught ") + sigabbrev(c) + ", not from the launcher: the ranks stop together)";
+  else if (killed_from_outside(c))
+    d += ", not sent by the launcher (the rank did not catch it, so the others did not stop with it)";
   return d;
 }
 

@@ -31,6 +31,7 @@
 #include "engine/autograd.h"
 #include "engine/optim.h"
 #include "io/atomic_file.h"
+#include "io/json_text.h"
 #include "io/run_checkpoint.h"
 #include "io/safetensors.h"
 #include "io/tensorboard.h"
@@ -473,7 +474,7 @@ class Trainer {
         metrics_fd_ = fd;
       }
     }
-    const std::string text = line.dump() + "\n";
+    const std::string text = io::dump_json(line) + "\n";
     const int err = io::append_whole(metrics_fd_, text);
     if (err == 0) {
       if (metrics_failed_)
@@ -1347,13 +1348,13 @@ class Trainer {
     mine["resume"] = c_.resume.empty() ? "none" : c_.resume == "auto" ? "auto" : "a checkpoint file";
     // No --task: the model's (to_json says classify, a BERT model's is mlm).
     if (c_.task.empty()) mine["task"] = model_family(c_.model).input == ModelInput::tokens ? "mlm" : "classify";
-    const std::string text = broadcast_string(mine.dump());
+    const std::string text = broadcast_string(io::dump_json(mine));
     // A flag left at a default that stands for a rule (--warmup -1: by model; no --micro-batch) is
     // named as --help names it, not by its internal value.
     const auto shown = [](const std::string& k, const nlohmann::json& v) -> std::string {
       if (k == "warmup" && v == -1) return "default";
       if (k == "micro_batch" && v == "") return "default";
-      return v.dump();
+      return io::dump_json(v);
     };
     std::string diff;
     if (!lead_) {
@@ -1394,7 +1395,7 @@ class Trainer {
                            {"eval", task_.eval_data ? task_.eval_data->size() : 0},
                            {"contents", task_.data_info.value("contents", nlohmann::json::array())}};
     for (const char* k : keys) mine[k] = task_.data_info.value(k, nlohmann::json());
-    const nlohmann::json lead = nlohmann::json::parse(broadcast_string(mine.dump()));
+    const nlohmann::json lead = nlohmann::json::parse(broadcast_string(io::dump_json(mine)));
     std::string diff;
     const auto add = [&diff](const std::string& what, const nlohmann::json& here, const nlohmann::json& there) {
       diff += (diff.empty() ? "" : ", ") + what + " " + io::short_json(here, true) +
@@ -1794,7 +1795,7 @@ class Trainer {
         // exp of the loss not yet measured (0) would read as a perfect perplexity of 1.
         if (summary.contains("test_perplexity")) summary["test_perplexity"] = nullptr;
       }
-      io::write_file_atomic(c_.out + "/summary.json", summary.dump(2) + "\n");
+      io::write_file_atomic(c_.out + "/summary.json", io::dump_json(summary, 2) + "\n");
     } catch (const std::exception& e) {
       const auto* error = dynamic_cast<const Error*>(&e);
       progress_->line("kiln train: warning: summary.json of the stop not written: " +
@@ -1891,9 +1892,7 @@ class Trainer {
     // The summary, rank 0's on every rank once its writes are done (kiln.train returns it there too;
     // rank 0 alone writes it), or nothing when they failed: the other ranks fail with it. A path that
     // is not UTF-8 (--out) is written with U+FFFD, as in summary.json.
-    const auto text = [](const nlohmann::json& j) {
-      return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    };
+    const auto text = [](const nlohmann::json& j) { return io::dump_json(j); };
     if (world_ > 1) {
       const std::string lead = broadcast_string(lead_ && rc == 0 ? text(summary) : std::string());
       if (!lead_ && lead.empty()) return fail("rank 0 could not write the run's outputs: see rank 0's messages", 1);
@@ -1913,8 +1912,7 @@ class Trainer {
     io::save_safetensors(c_.out + "/model.safetensors", model().state_dict(), meta);
     summary = summary_json(since(t_start_));  // after the weights: wall_seconds is the whole run's
     const double wall = summary["wall_seconds"].get<double>();
-    io::write_file_atomic(c_.out + "/summary.json",
-                          summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    io::write_file_atomic(c_.out + "/summary.json", io::dump_json(summary, 2) + "\n");
     refresh_report();
     char buf[384];
     char skipped[96] = "";
@@ -2366,7 +2364,7 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
   const std::string tokens = task.terms ? ", " + std::to_string(r.count) + " masked tokens" : std::string();
   std::printf("test %s %.2f%% loss %.4f%s (%lld samples%s, %.1f s)\n", task.metric.c_str(), 100.0 * r.accuracy, r.loss,
               ppl.c_str(), (long long)r.samples, tokens.c_str(), r.seconds);
-  if (!c.out.empty()) io::write_file_atomic(c.out, j.dump(2) + "\n");
+  if (!c.out.empty()) io::write_file_atomic(c.out, io::dump_json(j, 2) + "\n");
   if (!std::isfinite(r.loss)) {
     std::fprintf(stderr, "kiln eval: error: the test loss is %s: %s gives non-finite outputs on this data\n",
                  std::isnan(r.loss) ? "NaN" : "infinite", weights.c_str());

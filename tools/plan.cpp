@@ -13,6 +13,7 @@
 #include "engine/optim.h"
 #include "engine/random.h"
 #include "engine/zero.h"
+#include "io/json_text.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/runtime_info.h"
@@ -644,7 +645,7 @@ int run_plan(const PlanOptions& given) {
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);
-    f << j.dump(2) << "\n";
+    f << io::dump_json(j, 2) << "\n";
     KILN_CHECK(f.good(), "--json ", o.json, ": cannot write");
   }
   return nofit ? 3 : 0;  // 3: not even one sample fits the memory

@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "io/atomic_file.h"
+#include "io/json_text.h"
 #include "tools/cli_checks.h"
 
 namespace kiln::tools {
@@ -262,7 +263,7 @@ std::string wrong_field(const json& j) {
                          k == "comm_wait_s" || k == "optimizer_s" || k == "grad_norm" ||
                          (k.size() >= 8 && k.compare(k.size() - 8, 8, "accuracy") == 0);
     if (numeric && !v.is_number() && !v.is_null())
-      return "\"" + k + "\" is a " + v.type_name() + " (" + v.dump().substr(0, 40) + "), not a number";
+      return "\"" + k + "\" is a " + v.type_name() + " (" + io::dump_json(v).substr(0, 40) + "), not a number";
   }
   return "";
 }
@@ -380,7 +381,8 @@ std::vector<std::string> bench_charts(const std::string& path, std::vector<std::
   auto key_of = [](const json& r, std::initializer_list<const char*> ks) {
     std::string s;
     for (const char* k : ks)
-      if (r.contains(k)) s += (s.empty() ? "" : " ") + (r[k].is_string() ? r[k].get<std::string>() : r[k].dump());
+      if (r.contains(k))
+        s += (s.empty() ? "" : " ") + (r[k].is_string() ? r[k].get<std::string>() : io::dump_json(r[k]));
     return s;
   };
   if (kind == "gemm") {
@@ -672,7 +674,7 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
     std::string steps = field("steps");
     if (s.is_object() && s.contains("stopped")) {
       const json& sig = s["stopped"];
-      steps = "stopped (" + esc(sig.is_string() ? sig.get<std::string>() : sig.dump()) + ") at step " + steps;
+      steps = "stopped (" + esc(sig.is_string() ? sig.get<std::string>() : io::dump_json(sig)) + ") at step " + steps;
     }
     std::string test_loss = field("test_loss"), samples = field("samples_per_s");
     // No summary.json: a run still going (or one killed before its end). Its row says so and shows
@@ -704,7 +706,8 @@ std::string render_report(const std::vector<std::string>& inputs, const std::str
     if (!r.summary.is_object() || !r.summary.contains("config")) continue;
     o << "<details" << (runs.size() == 1 ? " open" : "") << "><summary>" << esc(r.name) << "</summary><table>";
     for (const auto& [k, v] : r.summary["config"].items())
-      o << "<tr><td>" << esc(k) << "</td><td>" << esc(v.is_string() ? v.get<std::string>() : v.dump()) << "</td></tr>";
+      o << "<tr><td>" << esc(k) << "</td><td>" << esc(v.is_string() ? v.get<std::string>() : io::dump_json(v))
+        << "</td></tr>";
     o << "</table></details>";
   }
   o << "\n</body></html>\n";

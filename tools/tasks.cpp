@@ -21,6 +21,7 @@
 #include "io/checkpoint.h"
 #include "io/data.h"
 #include "io/images.h"
+#include "io/json_text.h"
 #include "io/text.h"
 #include "models/bert.h"
 #include "tools/train.h"
@@ -715,18 +716,18 @@ std::map<std::string, std::string> weights_metadata(const nlohmann::json& config
   if (config.contains("model")) put("model", config["model"]);
   if (config.contains("task")) put("task", config["task"]);
   // The run's --set (a JSON list of key=value): `kiln eval` builds the same model without it repeated.
-  if (config.contains("set") && config["set"].is_array()) meta["set"] = config["set"].dump();
+  if (config.contains("set") && config["set"].is_array()) meta["set"] = io::dump_json(config["set"]);
   const nlohmann::json info = config.value("data_info", nlohmann::json::object());
   if (!info.is_object()) return meta;
-  if (info.contains("labels")) meta["labels"] = info["labels"].dump();
+  if (info.contains("labels")) meta["labels"] = io::dump_json(info["labels"]);
   if (info.value("name", nlohmann::json()) == "folder") {  // `kiln eval` gets the ids and size of this run
-    if (info.contains("classes")) meta["labels"] = info["classes"].dump();
+    if (info.contains("classes")) meta["labels"] = io::dump_json(info["classes"]);
     if (info.contains("image_size")) put("image_size", info["image_size"]);
     // --mean / --std as the flags take them ("0.485,0.456,0.406"): kiln eval normalises as the run did.
     for (const char* key : {"mean", "std"})
       if (info.contains(key) && info[key].is_array()) {
         std::string text;
-        for (const auto& v : info[key]) text += (text.empty() ? "" : ",") + v.dump();
+        for (const auto& v : info[key]) text += (text.empty() ? "" : ",") + io::dump_json(v);
         meta[key] = text;
       }
   }
@@ -739,7 +740,7 @@ std::map<std::string, std::string> weights_metadata(const nlohmann::json& config
   if (info.value("name", nlohmann::json()) == "text") {
     const nlohmann::json mp =
         info.contains("mask_prob") ? info["mask_prob"] : config.value("mask_prob", nlohmann::json());
-    if (mp.is_number()) meta["mask_prob"] = mp.dump();
+    if (mp.is_number()) meta["mask_prob"] = io::dump_json(mp);
   }
   return meta;
 }

@@ -11,6 +11,7 @@
 #include "engine/context.h"
 #include "engine/random.h"
 #include "io/atomic_file.h"
+#include "io/json_text.h"
 #include "tools/cli_checks.h"
 #include "tools/report.h"
 #include "tools/train.h"
@@ -20,7 +21,7 @@ namespace {
 
 nb::object to_python(const nlohmann::json& j) {
   nb::module_ json = nb::module_::import_("json");
-  return json.attr("loads")(j.dump());
+  return json.attr("loads")(io::dump_json(j));
 }
 
 // The run sets the CPU thread count (--threads) and seeds the default generator (--seed), as the
