@@ -434,51 +434,72 @@ void put(const std::filesystem::path& p, const std::string& text) {
 }
 }  // namespace
 
-TEST_CASE("plan: the host memory a run can count on is its cgroup's limit, not only MemAvailable (v1 and v2)") {
+TEST_CASE("plan: the host memory a run can count on is its cgroups' limits, not only MemAvailable (v1 and v2)") {
   TempDir d("kiln_hostmem");
-  const std::string meminfo = (d.p / "meminfo").string();
+  const std::string meminfo = (d.p / "meminfo").string(), mounts = (d.p / "mountinfo").string(),
+                    self = (d.p / "self").string();
   put(meminfo, "MemTotal:       16777216 kB\nMemFree:  1 kB\nMemAvailable:   12582912 kB\n");  // 16 GiB, 12 GiB
   const size_t gib = size_t(1) << 30;
+  const std::string v2 = (d.p / "v2").string(), v1 = (d.p / "v1").string();
+  auto mount_v2 = [&](const std::string& root) {
+    put(mounts, "30 23 0:26 " + root + " " + v2 + " rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n");
+  };
   SUBCASE("no limit") {
-    put(d.p / "self", "0::/\n");
-    put(d.p / "v2" / "cgroup.controllers", "cpu memory\n");
+    mount_v2("/");
+    put(self, "0::/\n");
     put(d.p / "v2" / "memory.max", "max\n");
-    const auto m = tools::host_memory(meminfo, (d.p / "v2").string(), (d.p / "self").string());
+    const auto m = tools::host_memory(meminfo, mounts, self);
     CHECK(m.total == 16 * gib);
     CHECK(m.cgroup_limit == 0);
     CHECK(m.usable() == 12 * gib);
   }
-  SUBCASE("v2: the smallest limit on the way up, less its usage") {
-    put(d.p / "self", "0::/job/step\n");
-    put(d.p / "v2" / "cgroup.controllers", "cpu memory\n");
+  SUBCASE("v2: the limit on the way up that leaves the least, less its working set") {
+    mount_v2("/");
+    put(self, "0::/job/step\n");
     put(d.p / "v2" / "memory.max", "max\n");
-    put(d.p / "v2" / "job" / "memory.max", std::to_string(4 * gib) + "\n");
-    put(d.p / "v2" / "job" / "memory.current", std::to_string(gib) + "\n");
-    put(d.p / "v2" / "job" / "step" / "memory.max", "max\n");
-    const auto m = tools::host_memory(meminfo, (d.p / "v2").string(), (d.p / "self").string());
-    CHECK(m.cgroup_limit == 4 * gib);
-    CHECK(m.usable() == 3 * gib);
-    CHECK(m.cgroup_file.find("job/memory.max") != std::string::npos);
+    put(d.p / "v2" / "job" / "memory.max", std::to_string(10 * gib) + "\n");
+    put(d.p / "v2" / "job" / "memory.current", std::to_string(9 * gib + gib / 2) + "\n");
+    put(d.p / "v2" / "job" / "memory.stat", "anon 1\ninactive_file " + std::to_string(gib / 4) + "\nactive_file 5\n");
+    put(d.p / "v2" / "job" / "step" / "memory.max", std::to_string(4 * gib) + "\n");
+    put(d.p / "v2" / "job" / "step" / "memory.current", std::to_string(gib) + "\n");
+    const auto m = tools::host_memory(meminfo, mounts, self);
+    CHECK(m.cgroup_limit == 10 * gib);  // 4 GiB leaves 3, the slice above only 0.75
+    CHECK(m.usable() == gib / 2 + gib / 4);
+    CHECK(m.cgroup_file == v2 + "/job/memory.max");
   }
-  SUBCASE("v1: memory.limit_in_bytes; its 'no limit' (2^63 rounded) limits nothing") {
-    put(d.p / "self", "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n");
-    put(d.p / "v1" / "memory" / "memory.limit_in_bytes", "9223372036854771712\n");
-    put(d.p / "v1" / "memory" / "docker" / "abc" / "memory.limit_in_bytes", std::to_string(2 * gib) + "\n");
-    put(d.p / "v1" / "memory" / "docker" / "abc" / "memory.usage_in_bytes", std::to_string(gib / 2) + "\n");
-    auto m = tools::host_memory(meminfo, (d.p / "v1").string(), (d.p / "self").string());
+  SUBCASE("v2 in a container without a cgroup namespace: the mount's root is the cgroup's path") {
+    mount_v2("/docker/abc");
+    put(self, "0::/docker/abc\n");
+    put(d.p / "v2" / "memory.max", std::to_string(2 * gib) + "\n");
+    put(d.p / "v2" / "memory.current", std::to_string(gib) + "\n");
+    CHECK(tools::host_memory(meminfo, mounts, self).usable() == gib);
+  }
+  SUBCASE("v1 (co-mounted with cpu, beside a v2 hierarchy): memory.limit_in_bytes; 2^63 limits nothing") {
+    put(mounts, "30 23 0:26 / " + v2 + " rw - cgroup2 cgroup2 rw\n35 31 0:32 / " + v1 +
+                    " rw,relatime shared:9 - cgroup cgroup rw,cpu,memory\n");
+    put(self, "4:cpu,memory:/docker/abc\n0::/\n");
+    put(d.p / "v1" / "memory.limit_in_bytes", "9223372036854771712\n");
+    put(d.p / "v1" / "docker" / "abc" / "memory.limit_in_bytes", std::to_string(2 * gib) + "\n");
+    put(d.p / "v1" / "docker" / "abc" / "memory.usage_in_bytes", std::to_string(gib) + "\n");
+    put(d.p / "v1" / "docker" / "abc" / "memory.stat",
+        "cache 9\ntotal_inactive_file " + std::to_string(gib / 2) + "\n");
+    auto m = tools::host_memory(meminfo, mounts, self);
     CHECK(m.cgroup_limit == 2 * gib);
     CHECK(m.usable() == gib + gib / 2);
-    put(d.p / "v1" / "memory" / "docker" / "abc" / "memory.limit_in_bytes", "9223372036854771712\n");
-    m = tools::host_memory(meminfo, (d.p / "v1").string(), (d.p / "self").string());
+    put(d.p / "v1" / "docker" / "abc" / "memory.limit_in_bytes", "9223372036854771712\n");
+    m = tools::host_memory(meminfo, mounts, self);
     CHECK(m.cgroup_limit == 0);
     CHECK(m.usable() == 12 * gib);
   }
   SUBCASE("a limit used up leaves nothing; unreadable files leave MemAvailable") {
-    put(d.p / "self", "0::/\n");
-    put(d.p / "v2" / "cgroup.controllers", "memory\n");
+    mount_v2("/");
+    put(self, "0::/\n");
     put(d.p / "v2" / "memory.max", std::to_string(gib) + "\n");
     put(d.p / "v2" / "memory.current", std::to_string(2 * gib) + "\n");
-    CHECK(tools::host_memory(meminfo, (d.p / "v2").string(), (d.p / "self").string()).usable() == 0);
-    CHECK(tools::host_memory(meminfo, (d.p / "none").string(), (d.p / "nothing").string()).usable() == 12 * gib);
+    CHECK(tools::host_memory(meminfo, mounts, self).usable() == 0);
+    CHECK(tools::host_memory(meminfo, (d.p / "none").string(), self).usable() == 12 * gib);
+    put(d.p / "bad", "0::\nx\n::::\n");
+    put(d.p / "badmounts", "1 2 3\n- - -\n 4 5 0:1 / / - cgroup2\n");
+    CHECK(tools::host_memory(meminfo, (d.p / "badmounts").string(), (d.p / "bad").string()).usable() == 12 * gib);
   }
 }

@@ -333,11 +333,14 @@ void check_machine(Report& r) {
   double load = -1;
   if (std::ifstream la("/proc/loadavg"); !(la >> load)) load = -1;
   if (load >= 0) {
-    const int cpus = available_cpus();
+    // /proc/loadavg counts the whole machine (a container's too): compared with the machine's
+    // hardware threads, not this process's share of them (a quota or an affinity mask).
+    const int cpus = cpu_limits().hardware;
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.2f", load);
-    std::string v = std::string("1-minute load ") + buf + " on " + std::to_string(cpus) + " CPUs";
-    // This process is idle while it reads: a load near the CPU count is other work.
+    std::string v =
+        std::string("1-minute load ") + buf + " on the machine's " + std::to_string(cpus) + " hardware threads";
+    // This process is idle while it reads: a load near the thread count is other work.
     if (load > 0.75 * cpus)
       v += ": other processes are using the CPUs; kiln train's threads will share them (slower steps, noisy timings)";
     r.line("load", v);

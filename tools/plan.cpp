@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
@@ -98,6 +99,16 @@ size_t read_cgroup_number(const std::string& path) {
   }
 }
 
+// A key's number in a cgroup's memory.stat ("inactive_file 123"), or 0.
+size_t read_stat(const std::string& path, const std::string& key) {
+  std::ifstream f(path);
+  std::string k;
+  size_t v = 0;
+  while (f >> k >> v)
+    if (k == key) return v;
+  return 0;
+}
+
 }  // namespace
 
 size_t HostMemory::usable() const {
@@ -106,7 +117,7 @@ size_t HostMemory::usable() const {
   return available == 0 ? left : std::min(available, left);
 }
 
-HostMemory host_memory(const std::string& meminfo, const std::string& cgroup_root, const std::string& self_cgroup) {
+HostMemory host_memory(const std::string& meminfo, const std::string& mountinfo, const std::string& self_cgroup) {
   HostMemory m;
   {
     std::ifstream f(meminfo);
@@ -117,10 +128,30 @@ HostMemory host_memory(const std::string& meminfo, const std::string& cgroup_roo
       if (key == "MemAvailable:") m.available = kib << 10;
     }
   }
-  // This process's cgroup: "0::/path" (v2) or "N:memory:/path" (v1); a container sees its own at
-  // the root, a systemd or batch job a path below it. Every cgroup on the way up limits it: the
-  // smallest limit counts, with that cgroup's usage.
-  std::string v2_path = "/", v1_path = "/";
+  // Where the memory controller is mounted: a v1 hierarchy whose super options name "memory" (also
+  // co-mounted, "cpu,memory"), else the v2 one (hybrid hosts mount it at /sys/fs/cgroup/unified
+  // beside v1's). Each mount's own root: a container without a cgroup namespace sees its cgroup's
+  // path in /proc/self/cgroup and that same path as the mount's root.
+  struct Mount {
+    std::string root, point;
+  };
+  std::optional<Mount> v1, v2;
+  {
+    std::ifstream f(mountinfo);
+    for (std::string line; std::getline(f, line);) {
+      std::istringstream in(line);
+      std::vector<std::string> w;
+      for (std::string x; in >> x;) w.push_back(x);
+      const auto dash = std::find(w.begin(), w.end(), "-");
+      if (w.size() < 5 || dash == w.end() || w.end() - dash < 4) continue;
+      const std::string& type = dash[1];
+      const std::string opts = "," + dash[3] + ",";
+      if (type == "cgroup2" && !v2) v2 = Mount{w[3], w[4]};
+      if (type == "cgroup" && opts.find(",memory,") != std::string::npos && !v1) v1 = Mount{w[3], w[4]};
+    }
+  }
+  // This process's cgroup: "0::/path" (v2) or "N:memory:/path" (v1, "N:cpu,memory:/path" co-mounted).
+  std::string v2_path, v1_path;
   {
     std::ifstream f(self_cgroup);
     for (std::string line; std::getline(f, line);) {
@@ -131,18 +162,36 @@ HostMemory host_memory(const std::string& meminfo, const std::string& cgroup_roo
       if (("," + ctrl + ",").find(",memory,") != std::string::npos) v1_path = path;
     }
   }
-  const bool v2 = std::ifstream(cgroup_root + "/cgroup.controllers").good();
-  const std::string base = v2 ? cgroup_root : cgroup_root + "/memory";
-  const char* limit_file = v2 ? "memory.max" : "memory.limit_in_bytes";
-  const char* usage_file = v2 ? "memory.current" : "memory.usage_in_bytes";
-  for (std::string path = v2 ? v2_path : v1_path;;) {
-    const std::string dir = base + (path == "/" ? std::string() : path);
+  const bool use_v1 = v1.has_value() && !v1_path.empty();
+  if (!use_v1 && !(v2 && !v2_path.empty())) return m;
+  const Mount& mnt = use_v1 ? *v1 : *v2;
+  std::string path = use_v1 ? v1_path : v2_path;
+  // The part of the path below the mount's root ("/" when they are the same).
+  if (mnt.root != "/" && path.rfind(mnt.root, 0) == 0 &&
+      (path.size() == mnt.root.size() || path[mnt.root.size()] == '/'))
+    path = path.size() == mnt.root.size() ? "/" : path.substr(mnt.root.size());
+  const char* limit_file = use_v1 ? "memory.limit_in_bytes" : "memory.max";
+  const char* usage_file = use_v1 ? "memory.usage_in_bytes" : "memory.current";
+  const char* inactive_key = use_v1 ? "total_inactive_file" : "inactive_file";
+  // Every cgroup on the way up limits this process: the one that leaves the least counts. Its usage
+  // counts the page cache, which the kernel drops before it fails an allocation: the working set
+  // (usage less inactive_file, as docker and kubernetes count it) is what holds memory.
+  size_t least_left = 0;
+  for (;;) {
+    const std::string dir = mnt.point + (path == "/" ? std::string() : path);
     const size_t lim = read_cgroup_number(dir + "/" + limit_file);
     // v1 writes "no limit" as a page-rounded 2^63: a limit past the machine's memory limits nothing.
-    if (lim > 0 && (m.total == 0 || lim < m.total) && (m.cgroup_limit == 0 || lim < m.cgroup_limit)) {
-      m.cgroup_limit = lim;
-      m.cgroup_used = read_cgroup_number(dir + "/" + usage_file);
-      m.cgroup_file = dir + "/" + limit_file;
+    if (lim > 0 && (m.total == 0 || lim < m.total)) {
+      const size_t usage = read_cgroup_number(dir + "/" + usage_file);
+      const size_t inactive = read_stat(dir + "/memory.stat", inactive_key);
+      const size_t used = usage > inactive ? usage - inactive : 0;
+      const size_t left = lim > used ? lim - used : 0;
+      if (m.cgroup_limit == 0 || left < least_left) {
+        least_left = left;
+        m.cgroup_limit = lim;
+        m.cgroup_used = used;
+        m.cgroup_file = dir + "/" + limit_file;
+      }
     }
     if (path == "/" || path.empty()) break;
     const size_t cut = path.find_last_of('/');

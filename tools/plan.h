@@ -91,19 +91,21 @@ void check_batch_size(const PlanOptions& o, int64_t batch, const std::string& fl
 // 2^64 bytes or more.
 size_t parse_bytes(const std::string& s, const std::string& flag);
 using detail::mib;  // "12.5 MiB" (base/error.h)
-// The memory this process can have: the machine's (/proc/meminfo) and its cgroup's limit (a
-// container's --memory, a job's share), v2 (memory.max) or v1 (memory.limit_in_bytes); 0 when unknown.
+// The memory this process can have: the machine's (/proc/meminfo) and the limits of its cgroup and
+// the cgroups above it (a container's --memory, a job's slice), v2 (memory.max) or v1
+// (memory.limit_in_bytes), found through /proc/self/mountinfo; 0 when unknown.
 struct HostMemory {
   size_t total = 0;         // MemTotal
   size_t available = 0;     // MemAvailable: what the host can give without swapping
-  size_t cgroup_limit = 0;  // 0: none (or "max")
-  size_t cgroup_used = 0;   // the cgroup's usage at the time read
-  std::string cgroup_file;  // the limit's file, for messages
+  size_t cgroup_limit = 0;  // the limit that leaves the least (0: no limit below the machine's memory)
+  size_t cgroup_used = 0;   // that cgroup's working set: its usage less the page cache it can drop (inactive_file)
+  std::string cgroup_file;  // that limit's file, for messages
   // What a new allocation can count on: MemAvailable, and under a limit no more than it leaves.
   size_t usable() const;
 };
-// `root` and `self_cgroup` are /sys/fs/cgroup and /proc/self/cgroup; tests give others.
-HostMemory host_memory(const std::string& meminfo = "/proc/meminfo", const std::string& cgroup_root = "/sys/fs/cgroup",
+// `mountinfo` and `self_cgroup` are /proc/self/mountinfo and /proc/self/cgroup; tests give others.
+HostMemory host_memory(const std::string& meminfo = "/proc/meminfo",
+                       const std::string& mountinfo = "/proc/self/mountinfo",
                        const std::string& self_cgroup = "/proc/self/cgroup");
 
 void add_plan_flags(CLI::App& app, PlanOptions& o);
