@@ -155,4 +155,92 @@ inline void check_integer_dtypes() {
   }
 }
 
+// i32 and i64 at their overflow edges: every op that can overflow wraps, two's complement, as PyTorch's
+// (kernels/common/int_arith.h; a signed overflow in C++ is undefined behaviour, which the sanitizer build
+// of CI reports), INT_MIN / -1 gives INT_MIN without the trap of x86's idiv, and a zero divisor is an error
+// naming the op. The expected values are PyTorch 2.15's on the CPU (torch.add, torch.sub(alpha=), *, neg,
+// abs, sum, cumsum, cumprod, prod, //, div(rounding_mode='trunc'), remainder, fmod and pow on the same
+// tensors), except div_trunc(INT_MIN, -1), where PyTorch's own CPU kernel dies of SIGFPE: Kiln gives what
+// floor division gives, INT_MIN.
+template <typename T> void check_integer_overflow_of() {
+  using L = std::numeric_limits<T>;
+  const T mn = L::min(), mx = L::max();
+  const auto t = [](std::vector<T> v) { return from_blob_copy(v.data(), {int64_t(v.size())}); };
+  const auto is = [](const Tensor& x, const std::vector<T>& want) {
+    REQUIRE(x.dtype() == DTypeOf<T>::value);
+    CHECK(x.template values<T>() == want);
+  };
+  const auto is64 = [](const Tensor& x, const std::vector<int64_t>& want) {
+    REQUIRE(x.dtype() == DType::i64);
+    CHECK(x.values<int64_t>() == want);
+  };
+  constexpr bool w64 = sizeof(T) == 8;
+
+  is(t({mx, mn}) + t({1, -1}), {mn, mx});
+  is(t({mn, mx}) - t({1, -1}), {mx, mn});
+  is(add(t({mx}), t({mx}), 2.0), {T(mx - 2)});  // 3 * max - 0 wraps to max - 2
+  is(sub(t({mn}), t({mx}), 3.0), {3});
+  if constexpr (w64) {
+    is(t({mx, mn, T(4294967297)}) * t({2, -1, T(4294967297)}), {-2, mn, T(8589934593)});  // (2^32 + 1)^2
+  } else {
+    is(t({mx, mn, 65537}) * t({2, -1, 65537}), {-2, mn, 131073});  // (2^16 + 1)^2
+  }
+  is(t({mx}) + 1.0, {mn});  // a whole-number scalar takes the dtype, then wraps
+  is(t({mx}) * 2.0, {-2});
+  is(-t({mn, mx}), {mn, T(-mx)});
+  is(neg(t({mn})), {mn});
+  is(abs(t({mn, -5})), {mn, 5});
+  if constexpr (w64) {
+    is(pow(t({mn, 3}), t({2, 41})), {0, T(-420491770248316829)});  // 3^41 wraps
+  } else {
+    is(pow(t({mn, 3}), t({2, 41})), {0, 2069870691});
+  }
+
+  // Sums, running sums and products accumulate in i64 (PyTorch's too): only i64 inputs overflow there.
+  if constexpr (w64) {
+    is64(sum(t({mx, mx, 1})), {-1});
+    is64(sum(from_blob_copy(std::vector<T>{mx, 1, mx, 1, 1, 1}.data(), {3, 2}), {0}), {-1, 3});  // columns
+    is64(sum(from_blob_copy(std::vector<T>{mx, mx, mx, mx, 1, 1}.data(), {3, 2}), {1}), {-2, -2, 2});
+    std::vector<T> chunks(8193, 0);  // two summation chunks of 8192, each max: they overflow when combined
+    chunks.front() = chunks.back() = mx;
+    is64(sum(t(chunks)), {-2});
+    is64(cumsum(t({mx, mx, 3}), 0), {mx, -2, 1});
+    is64(cumprod(t({mx, mx, 3}), 0), {mx, 1, 3});
+    is64(cumprod(t({T(1) << 40, T(1) << 40, 3}), 0), {int64_t(1) << 40, 0, 0});
+    is64(prod(t({mx, mx, 3})), {3});
+  } else {
+    is64(sum(t({mx, mx, 1})), {4294967295});
+    is64(cumsum(t({mx, mx, 3}), 0), {2147483647, 4294967294, 4294967297});
+    is64(prod(t({mx, mx, 3})), {-4611686031312289789});  // (2^31 - 1)^2 * 3 wraps in i64
+  }
+
+  // Division: INT_MIN / -1 is the one quotient that overflows.
+  is(floor_divide(t({mn, mn, 7}), t({-1, 1, -1})), {mn, mn, -7});
+  is(div_trunc(t({mn, mn, mn}), t({-1, -2, 3})), {mn, T(-(mn / 2)), T(mn / 3)});
+  is(remainder(t({mn, mn, mx}), t({-1, mx, mn})), {0, T(mx - 1), -1});
+  is(fmod(t({mn, mn, mx}), t({-1, mx, mn})), {0, -1, mx});
+  // A zero divisor is PyTorch's ZeroDivisionError; here an Error naming the op.
+  CHECK_THROWS_WITH_AS(floor_divide(t({mn}), t({0})), doctest::Contains("floor_divide"), Error);
+  CHECK_THROWS_WITH_AS(floor_divide(t({1}), t({0})), doctest::Contains("division by zero"), Error);
+  CHECK_THROWS_WITH_AS(div_trunc(t({mx}), t({0})), doctest::Contains("div_trunc"), Error);
+  CHECK_THROWS_WITH_AS(remainder(t({mn}), t({0})), doctest::Contains("remainder"), Error);
+  CHECK_THROWS_WITH_AS(fmod(t({mn}), t({0})), doctest::Contains("fmod"), Error);
+}
+
+inline void check_integer_overflow() {
+  SUBCASE("i32") { check_integer_overflow_of<int32_t>(); }
+  SUBCASE("i64") { check_integer_overflow_of<int64_t>(); }
+  SUBCASE("i8 and i16: INT_MIN / -1 and the zero divisor") {
+    // Their arithmetic computes in int, where nothing overflows (check_integer_dtypes covers the wrapping).
+    const auto t = [](const std::vector<double>& v, DType dt) { return from_vector(v, {int64_t(v.size())}, dt); };
+    for (DType dt : {DType::i8, DType::i16}) {
+      INFO("dtype " << dt);
+      const double mn = dt == DType::i8 ? -128 : -32768;
+      CHECK(floor_divide(t({mn, mn}, dt), t({-1, 1}, dt)).to_vector() == std::vector<double>{mn, mn});
+      CHECK(div_trunc(t({mn, mn}, dt), t({-1, -2}, dt)).to_vector() == std::vector<double>{mn, -mn / 2});
+      CHECK_THROWS_WITH_AS(floor_divide(t({mn}, dt), t({0}, dt)), doctest::Contains("division by zero"), Error);
+    }
+  }
+}
+
 }  // namespace kiln::testing

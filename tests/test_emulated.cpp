@@ -144,6 +144,13 @@ TEST_CASE("emulated cuda: u8, i8 and i16 give the CPU's values (wrapping, divisi
   kiln::testing::check_integer_dtypes();
 }
 
+TEST_CASE(
+    "emulated cuda: i32 and i64 wrap at overflow as the CPU's; INT_MIN / -1 does not trap; a zero divisor is an "
+    "error") {
+  detail::BackendOverride use(emu::emulated_cuda_backend());
+  kiln::testing::check_integer_overflow();
+}
+
 TEST_CASE("emulated cuda: index_put into i64 is exact (sort, scan and scatter of its composition)") {
   detail::BackendOverride use(emu::emulated_cuda_backend());
   const int64_t big = (int64_t(1) << 60) + 3;

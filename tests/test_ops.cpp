@@ -625,6 +625,10 @@ TEST_CASE("ops: u8, i8 and i16 wrap, divide, cast, promote, reduce and sort as d
   kiln::testing::check_integer_dtypes();
 }
 
+TEST_CASE("ops: i32 and i64 wrap at overflow as PyTorch's; INT_MIN / -1 does not trap; a zero divisor is an error") {
+  kiln::testing::check_integer_overflow();
+}
+
 TEST_CASE("ops: comparisons and logical ops give bool") {
   Gen gen(5);
   run_binary_cases(

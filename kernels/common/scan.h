@@ -6,10 +6,12 @@
 
 #include "base/macros.h"
 #include "kernels/backend.h"
+#include "kernels/common/int_arith.h"
 
 namespace kiln::scan {
 
-// Sums and products run in f64 for floats (one rounding per output), i64 for integers.
+// Sums and products run in f64 for floats (one rounding per output), i64 for integers, wrapping there
+// as PyTorch's (math::wrap_add, wrap_mul: a signed overflow would be undefined).
 template <typename T> using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
 
 template <typename T> KILN_HD bool is_nan(T v) { return v != v; }
@@ -28,7 +30,7 @@ template <typename T> KILN_HD void scan_column(ScanOp op, int64_t n, int64_t str
     Acc<T> acc = op == ScanOp::cumsum ? Acc<T>(0) : Acc<T>(1);
     for (int64_t i = 0; i < n; ++i) {
       const Acc<T> v = Acc<T>(x[i * stride]);
-      acc = op == ScanOp::cumsum ? Acc<T>(acc + v) : Acc<T>(acc * v);
+      acc = op == ScanOp::cumsum ? math::wrap_add(acc, v) : math::wrap_mul(acc, v);
       y[i * stride] = T(acc);
     }
     return;

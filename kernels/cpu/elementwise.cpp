@@ -5,6 +5,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/common/int_arith.h"
 #include "kernels/common/int_pow.h"
 #include "kernels/common/math.h"
 #include "kernels/cpu/kernel_sets.h"
@@ -183,9 +184,10 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
     }
   }
   switch (op) {
-    case UnaryOp::neg: return unary_loop<T>(dst, src, [](A x) { return A(-x); });
+    // Integers wrap (math::wrap_neg): neg and abs of INT_MIN give INT_MIN, as PyTorch's.
+    case UnaryOp::neg: return unary_loop<T>(dst, src, [](A x) { return math::wrap_neg(x); });
     // 0 - x, not -x, at zero: abs(-0.0) is +0.0 (as fabs and PyTorch), so 1 / abs(-0.0) is +inf.
-    case UnaryOp::abs: return unary_loop<T>(dst, src, [](A x) { return x <= A(0) ? A(A(0) - x) : x; });
+    case UnaryOp::abs: return unary_loop<T>(dst, src, [](A x) { return x <= A(0) ? math::wrap_sub(A(0), x) : x; });
     case UnaryOp::sign: return unary_loop<T>(dst, src, [](A x) { return A((A(0) < x) - (x < A(0))); });
     case UnaryOp::relu:
       return unary_loop<T>(
@@ -238,6 +240,22 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
       default: KILN_FAIL("binary op ", int(op), " is not defined for bool tensors");
     }
   } else {
+    if constexpr (!is_float_v<T>) {
+      // Integers wrap at the dtype's width, two's complement, as PyTorch's (kernels/common/int_arith.h):
+      // signed overflow would be undefined behaviour.
+      switch (op) {
+        case BinaryOp::add:
+          if (alpha == 1.0) return binary_loop<T, T>(dst, a, b, [](A x, A y) { return math::wrap_add(x, y); });
+          return binary_loop<T, T>(
+              dst, a, b, [al = convert_to<A>(alpha)](A x, A y) { return math::wrap_add(x, math::wrap_mul(al, y)); });
+        case BinaryOp::sub:
+          if (alpha == 1.0) return binary_loop<T, T>(dst, a, b, [](A x, A y) { return math::wrap_sub(x, y); });
+          return binary_loop<T, T>(
+              dst, a, b, [al = convert_to<A>(alpha)](A x, A y) { return math::wrap_sub(x, math::wrap_mul(al, y)); });
+        case BinaryOp::mul: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return math::wrap_mul(x, y); });
+        default: break;
+      }
+    }
     switch (op) {
       case BinaryOp::add:
         if (alpha == 1.0)
@@ -257,13 +275,11 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
           return binary_loop<T, T>(
               dst, a, b, [](A x, A y) { return x / y; }, rows.div);
         } else {
-          // Integer division truncates toward zero; division by zero is an error, never UB.
+          // Integer division truncates toward zero (INT_MIN / -1 wraps to INT_MIN, never the trap of x86's
+          // idiv); division by zero is an error, never UB.
           return binary_loop<T, T>(dst, a, b, [](A x, A y) {
             KILN_CHECK(y != A(0), "div: integer division by zero");
-            if constexpr (std::is_signed_v<A>) {
-              if (y == A(-1)) return A(A(0) - x);
-            }
-            return A(x / y);
+            return math::trunc_div(x, y);
           });
         }
       case BinaryOp::fmod:

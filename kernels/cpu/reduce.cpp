@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/common/int_arith.h"
 #include "kernels/cpu/kernel_sets.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -18,6 +19,7 @@ constexpr int64_t kColBlock = 256;  // columns per task when inner > 1
 template <typename T> constexpr bool is_float_v =
     std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
+// Integers sum in i64 and wrap there (math::wrap_add), as PyTorch's: a signed overflow would be undefined.
 template <typename T> using SumAcc = std::conditional_t<is_float_v<T>, double, int64_t>;
 
 template <typename TO, typename T> void sum_typed(TO* dst, const T* src, int64_t outer, int64_t r, int64_t inner) {
@@ -31,13 +33,13 @@ template <typename TO, typename T> void sum_typed(TO* dst, const T* src, int64_t
         const T* p = src + o * r;
         const int64_t i0 = c * kChunk, i1 = std::min(r, i0 + kChunk);
         S acc = 0;
-        for (int64_t i = i0; i < i1; ++i) acc += S(load(p + i));
+        for (int64_t i = i0; i < i1; ++i) acc = math::wrap_add(acc, S(load(p + i)));
         partial[size_t(t)] = acc;
       }
     });
     for (int64_t o = 0; o < outer; ++o) {
       S acc = 0;
-      for (int64_t c = 0; c < nchunks; ++c) acc += partial[size_t(o * nchunks + c)];
+      for (int64_t c = 0; c < nchunks; ++c) acc = math::wrap_add(acc, partial[size_t(o * nchunks + c)]);
       store(dst + o, acc);
     }
     return;
@@ -54,7 +56,7 @@ template <typename TO, typename T> void sum_typed(TO* dst, const T* src, int64_t
       } else {
         for (int64_t i = 0; i < r; ++i) {
           const T* p = src + (o * r + i) * inner;
-          for (int64_t j = j0; j < j1; ++j) acc[size_t(j - j0)] += S(load(p + j));
+          for (int64_t j = j0; j < j1; ++j) acc[size_t(j - j0)] = math::wrap_add(acc[size_t(j - j0)], S(load(p + j)));
         }
       }
       for (int64_t j = j0; j < j1; ++j) store(dst + o * inner + j, acc[size_t(j - j0)]);

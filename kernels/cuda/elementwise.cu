@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "kernels/common/dims.h"
+#include "kernels/common/int_arith.h"
 #include "kernels/common/int_pow.h"
 #include "kernels/common/math.h"
 #include "kernels/common/random_draw.h"
@@ -175,8 +176,9 @@ template <typename T> struct UnaryF {
       }
     }
     switch (op) {
-      case UnaryOp::neg: return A(-x);
-      case UnaryOp::abs: return negative(x) || x == A(0) ? A(A(0) - x) : x;  // +0 for -0, as the CPU loop
+      // Integers wrap (kernels/common/int_arith.h): neg and abs of INT_MIN give INT_MIN, as the CPU loop.
+      case UnaryOp::neg: return math::wrap_neg(x);
+      case UnaryOp::abs: return negative(x) || x == A(0) ? math::wrap_sub(A(0), x) : x;  // +0 for -0, as the CPU loop
       case UnaryOp::sign: return A((A(0) < x) - negative(x));
       case UnaryOp::relu: return x <= A(0) ? A(0) : x;
       case UnaryOp::logical_not: return A(!x);
@@ -227,9 +229,20 @@ template <typename T> struct BinaryF {
       return op == BinaryOp::maximum ? (x || y) : (x && y);
     } else {
       switch (op) {
-        case BinaryOp::add: return A(x + alpha * y);
-        case BinaryOp::sub: return A(x - alpha * y);
-        case BinaryOp::mul: return A(x * y);
+        // Integers wrap at the dtype's width, as the CPU loop (kernels/common/int_arith.h); floats as they were.
+        case BinaryOp::add:
+          if constexpr (is_float_v<T>) {
+            return A(x + alpha * y);
+          } else {
+            return math::wrap_add(x, math::wrap_mul(alpha, y));
+          }
+        case BinaryOp::sub:
+          if constexpr (is_float_v<T>) {
+            return A(x - alpha * y);
+          } else {
+            return math::wrap_sub(x, math::wrap_mul(alpha, y));
+          }
+        case BinaryOp::mul: return math::wrap_mul(x, y);
         case BinaryOp::div:
           if constexpr (is_float_v<T>) {
             return x / y;
@@ -238,10 +251,7 @@ template <typename T> struct BinaryF {
               flag_error(err, KernelError::int_div_zero);
               return A(0);
             }
-            if constexpr (std::is_signed_v<A>) {
-              if (y == A(-1)) return A(A(0) - x);
-            }
-            return A(x / y);
+            return math::trunc_div(x, y);  // INT_MIN / -1 wraps to INT_MIN
           }
         case BinaryOp::fmod:
         case BinaryOp::remainder:

@@ -6,6 +6,7 @@
 // No atomics: r is cut into fixed-size chunks, each chunk reduced in a fixed order, and the chunk
 // results combined by the same kernels in a second (or further) pass, so the bits never depend on
 // scheduling, and the chunking depends only on the shape (not on the device).
+#include "kernels/common/int_arith.h"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -18,12 +19,12 @@ constexpr int64_t kColChunk = 64;    // elements of r per thread when inner > 1
 // barrier tree per row would leave most of its threads idle (a [65536, 2] sum took 65536 such blocks).
 constexpr int64_t kShortRow = kColChunk;
 
-// Running sum of elements of T.
+// Running sum of elements of T; integers in i64, wrapping there as the CPU's (kernels/common/int_arith.h).
 template <typename T> struct SumR {
   using State = std::conditional_t<is_float_v<T>, double, int64_t>;
   __device__ static State init() { return State(0); }
   __device__ static State from(const T* p, int64_t) { return State(ld(p)); }
-  __device__ static State combine(State a, State b) { return a + b; }
+  __device__ static State combine(State a, State b) { return math::wrap_add(a, b); }
 };
 
 // The best element so far and where it was (index along r; -1 when empty).
