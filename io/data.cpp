@@ -253,7 +253,9 @@ std::pair<Tensor, Tensor> load_split(const std::string& dir, const std::string& 
                                      std::vector<std::string>& files) {
   const std::string is = split + "-images-idx3-ubyte", ls = split + "-labels-idx1-ubyte";
   const std::string ip = find_idx(dir, is), lp = find_idx(dir, ls);
-  Tensor images = load_idx(ip), labels = load_idx(lp);
+  // The rank first: an images file given for the labels read its dims as too many elements.
+  Tensor images = load_idx(ip, 3, "an images file: u8 images [N, H, W]"),
+         labels = load_idx(lp, 1, "a 1-D labels file: u8 labels [N]");
   auto content = [&files](const std::string& stem, const Tensor& t) {
     char hex[9];
     std::snprintf(hex, sizeof hex, "%08x", crc32c(t.data<uint8_t>(), t.nbytes()));

@@ -51,7 +51,8 @@ std::string read_maybe_gzip(const std::string& path) {
   return out;
 }
 
-Tensor parse_idx(const uint8_t* data, size_t size, const std::string& what) {
+Tensor parse_idx(const uint8_t* data, size_t size, const std::string& what, int want_rank,
+                 const std::string& expected) {
   KILN_CHECK(size >= 4, what, ": ", size, " bytes is too short for an IDX header (4 bytes of magic)");
   KILN_CHECK(data[0] == 0 && data[1] == 0, what, ": not an IDX file (magic starts ", int(data[0]), " ", int(data[1]),
              ", expected 0 0)");
@@ -61,6 +62,7 @@ Tensor parse_idx(const uint8_t* data, size_t size, const std::string& what) {
   KILN_CHECK(type, what, ": unknown IDX element type 0x", std::hex, int(data[2]),
              " (expected 0x08 u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32 or 0x0E f64)");
   const int rank = data[3];
+  KILN_CHECK(want_rank <= 0 || rank == want_rank, what, ": IDX rank ", rank, ", expected ", expected);
   KILN_CHECK(rank >= 1 && rank <= kMaxDims, what, ": IDX rank ", rank, " (Kiln reads 1 to ", kMaxDims, " dims)");
   const size_t header = 4 + 4 * size_t(rank);
   KILN_CHECK(size >= header, what, ": truncated header: ", size, " bytes, the ", rank, " dims need ", header);
@@ -107,9 +109,9 @@ Tensor parse_idx(const uint8_t* data, size_t size, const std::string& what) {
   return t;
 }
 
-Tensor load_idx(const std::string& path) {
+Tensor load_idx(const std::string& path, int rank, const std::string& expected) {
   const std::string bytes = read_maybe_gzip(path);
-  return parse_idx(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
+  return parse_idx(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path, rank, expected);
 }
 
 }  // namespace kiln::io

@@ -12,9 +12,12 @@ namespace kiln::io {
 // Reads `path` (gzip or plain, detected from the bytes). u8 data gives a u8 tensor, i8/i16/i32 an
 // i32 tensor, f32 and f64 their own. A wrong magic, an unknown type code, a truncated file or
 // trailing bytes are errors naming the file and what was expected.
-Tensor load_idx(const std::string& path);
+// With `rank` > 0, a file of another rank is an error saying `expected` ("a 1-D labels file ...")
+// before its dims are read (an images file given for the labels named its dims as too many elements).
+Tensor load_idx(const std::string& path, int rank = 0, const std::string& expected = "");
 // The same from bytes in memory (tests, fuzzing); `what` names the source in errors.
-Tensor parse_idx(const uint8_t* data, size_t size, const std::string& what);
+Tensor parse_idx(const uint8_t* data, size_t size, const std::string& what, int rank = 0,
+                 const std::string& expected = "");
 
 // The whole file, gunzipped when it is gzip (or plain as it is). Errors name the file.
 std::string read_maybe_gzip(const std::string& path);

@@ -161,11 +161,32 @@ int64_t max_image_pixels() {
 namespace {
 // An image above the pixel limit, or "": a few hundred KB of PNG can hold 14000x14000 pixels that
 // take gigabytes and many seconds to decode (PIL refuses the same, as a DecompressionBombError).
+// w and h below 2^32 (a PNG's IHDR holds up to 2^32 - 1): their product fits 64 bits unsigned.
 std::string too_many_pixels(int64_t w, int64_t h) {
   const int64_t limit = max_image_pixels();
-  if (w * h <= limit) return "";
-  return std::to_string(w) + "x" + std::to_string(h) + " is " + std::to_string(w * h) + " pixels, above the limit of " +
-         std::to_string(limit) + " (a decompression bomb?); set KILN_MAX_IMAGE_PIXELS to raise it (0: no limit)";
+  const uint64_t pixels = uint64_t(w) * uint64_t(h);
+  if (pixels <= uint64_t(limit)) return "";
+  return std::to_string(w) + "x" + std::to_string(h) + " is " + std::to_string(pixels) +
+         " pixels, above the limit of " + std::to_string(limit) +
+         " (a decompression bomb?); set KILN_MAX_IMAGE_PIXELS to raise it (0: no limit)";
+}
+
+// When stb_image refuses a PNG (its info and its load alike): an IHDR whose image is past stb_image's
+// own limits, a side over 2^24 px or more than 2^30 bytes of pixels, as "WxH: too large ...", or "".
+// stb_image then tries its other formats, and says "unknown image type" whatever the limit above is.
+// `head`: the file's first n bytes (the IHDR is in the first 33).
+std::string png_too_large(const unsigned char* head, size_t n) {
+  if (n < 33 || !is_png(head, n) || be32(head + 8) != 13 || std::memcmp(head + 12, "IHDR", 4) != 0) return "";
+  const uint64_t w = be32(head + 16), h = be32(head + 20);
+  const int color = head[25];
+  // The bytes per pixel stb_image reckons for the check: 4 for a palette's (expanded to RGBA), else
+  // grey or RGB, with alpha.
+  const uint64_t channels = color == 3 ? 4 : uint64_t(color & 2 ? 3 : 1) + (color & 4 ? 1 : 0);
+  if (w == 0 || h == 0) return "";
+  if (w <= (1u << 24) && h <= (1u << 24) && w * h * channels <= (uint64_t(1) << 30)) return "";
+  return std::to_string(w) + "x" + std::to_string(h) +
+         ": too large to decode (stb_image's limit of 2^30 bytes of pixels, a side of at most 2^24 px; "
+         "KILN_MAX_IMAGE_PIXELS does not raise it)";
 }
 }  // namespace
 
@@ -183,7 +204,15 @@ std::string image_header_problem(const std::string& path) {
   if (!stbi_info_from_file(f, &w, &h, &n)) {
     std::error_code ec;
     if (fs::file_size(path, ec) == 0 && !ec) return "the file is empty (0 bytes), not an image";
-    return std::string("cannot decode the image (") + stbi_failure_reason() + ")";
+    const std::string reason = stbi_failure_reason();
+    unsigned char head[33];
+    std::rewind(f);
+    if (std::string big = png_too_large(head, std::fread(head, 1, sizeof head, f)); !big.empty()) {
+      const uint64_t pw = be32(head + 16), ph = be32(head + 20);
+      const std::string over = too_many_pixels(int64_t(pw), int64_t(ph));  // the limit a user sets, first
+      return over.empty() ? big : over;
+    }
+    return "cannot decode the image (" + reason + ")";
   }
   if (w <= 0 || h <= 0) return "empty image " + std::to_string(w) + "x" + std::to_string(h);
   if (std::string big = too_many_pixels(w, h); !big.empty()) return big;
@@ -235,6 +264,9 @@ Tensor decode_image(const std::string& path, int64_t channels) {
   if (stbi_info_from_memory(data, int(bytes.size()), &w, &h, &n)) {
     const std::string big = too_many_pixels(w, h);
     KILN_CHECK(big.empty(), path, ": ", big);
+  } else if (std::string big = png_too_large(data, bytes.size()); !big.empty()) {
+    const std::string over = too_many_pixels(int64_t(be32(data + 16)), int64_t(be32(data + 20)));
+    KILN_FAIL(path, ": ", over.empty() ? big : over);
   }
   // A PGM/PPM's header as stb_image reads it, checked first: it takes a header cut before its maxval
   // (maxval 0) and a maxval of 0.

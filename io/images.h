@@ -76,7 +76,8 @@ std::string png_problem(const unsigned char* data, size_t n, bool* no_iend = nul
 std::string image_header_problem(const std::string& path);
 
 // The most pixels an image may hold: PIL's limit (2 * Image.MAX_IMAGE_PIXELS, past which it raises a
-// DecompressionBombError), or KILN_MAX_IMAGE_PIXELS (0: no limit; not a number: an error naming it).
+// DecompressionBombError), or KILN_MAX_IMAGE_PIXELS (0: no limit of its own, stb_image's 2^30 bytes of
+// pixels still hold; not a number: an error naming it).
 // A larger image is refused by image_header_problem and decode_image, before its pixels are decoded.
 constexpr int64_t kDefaultMaxImagePixels = 178956970;
 int64_t max_image_pixels();

@@ -20,4 +20,11 @@ nlohmann::json parse_json_bounded(const char* text, size_t n, int max_depth,
                                   const std::function<std::string()>& too_deep, const std::string& not_json,
                                   const JsonEventHook& hook = {});
 
+// A JSON file a user writes by hand (kiln train --config, a Hugging Face config.json), parsed whole:
+// content after the value is an error, and so is a key repeated within one object (nlohmann keeps the
+// last, silently). Errors start with `what`: "<what>: not valid JSON: <nlohmann's message, with the
+// line>", "<what>: key 'k' appears twice (one key per setting; JSON keeps only the last)", or, within
+// an object that is a key's value, "... appears twice in 'owner'". Nests at most 64 levels.
+nlohmann::json parse_json_file_text(const std::string& text, const std::string& what);
+
 }  // namespace kiln::io

@@ -27,9 +27,10 @@ namespace kiln::io {
 
 namespace {
 // decode_utf8, counting in `bad` the bytes it could not decode (each became U+FFFD).
-std::u32string decode_utf8_counting(std::string_view s, int64_t* bad) {
+// With keep false nothing is kept (the count alone: a 30 MB file's check held 120 MB of code points).
+std::u32string decode_utf8_counting(std::string_view s, int64_t* bad, bool keep = true) {
   std::u32string out;
-  out.reserve(s.size());
+  if (keep) out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
     const auto b = static_cast<unsigned char>(s[i]);
     int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
@@ -44,10 +45,10 @@ std::u32string decode_utf8_counting(std::string_view s, int64_t* bad) {
     ok = ok && !(len == 2 && cp < 0x80) && !(len == 3 && cp < 0x800) && !(len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) &&
          !(cp >= 0xD800 && cp <= 0xDFFF);
     if (ok) {
-      out.push_back(cp);
+      if (keep) out.push_back(cp);
       i += size_t(len);
     } else {
-      out.push_back(0xFFFD);
+      if (keep) out.push_back(0xFFFD);
       i += 1;
       if (bad) ++*bad;
     }
@@ -59,7 +60,7 @@ std::u32string decode_utf8_counting(std::string_view s, int64_t* bad) {
 // ("café" in Latin-1 trains as "caf"): said once per file, with the count; never fatal.
 void warn_invalid_utf8(const std::string& path, std::string_view text) {
   int64_t bad = 0;
-  (void)decode_utf8_counting(text, &bad);
+  (void)decode_utf8_counting(text, &bad, /*keep=*/false);
   if (bad)
     std::fprintf(stderr,
                  "kiln: warning: %s: %lld bytes are not valid UTF-8 and are left out of its words (a Latin-1 file? "
@@ -148,29 +149,6 @@ std::string encode_utf8(std::u32string_view s) {
 // ---- basic tokenizer -----------------------------------------------------------------------------
 
 namespace {
-// The special tokens a text may hold, kept whole as BERT's tokenizer keeps its never_split/added tokens:
-// found as written (case-sensitive) anywhere in the text, before any cleaning.
-std::vector<std::string_view> split_special(std::string_view text, std::vector<bool>* special) {
-  std::vector<std::string_view> parts;
-  size_t start = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] != '[') continue;
-    for (const std::string& t : kBertSpecialTokens) {
-      if (text.compare(i, t.size(), t) != 0) continue;
-      parts.push_back(text.substr(start, i - start));
-      special->push_back(false);
-      parts.push_back(text.substr(i, t.size()));
-      special->push_back(true);
-      start = i + t.size();
-      i = start - 1;
-      break;
-    }
-  }
-  parts.push_back(text.substr(start));
-  special->push_back(false);
-  return parts;
-}
-
 // Appends c to `out` as UTF-8.
 void append_utf8(std::string* out, char32_t c) {
   if (c < 0x80) {
@@ -247,10 +225,21 @@ void split_word(std::u32string_view word, bool ascii, const BasicTokenizerOption
 }
 }  // namespace
 
-std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& o) {
-  std::vector<std::string> out;
-  std::vector<bool> special;
-  const std::vector<std::string_view> parts = split_special(text, &special);
+namespace {
+// basic_tokenize's words, each given to on_word as it is found, until on_word returns false: a text
+// is read only as far as its caller needs (a TSV line of 30 MB cut to --seq-len tokens took seconds
+// and a gigabyte, every word of it held as a string).
+template <class OnWord> void each_basic_token(std::string_view text, const BasicTokenizerOptions& o, OnWord&& on_word) {
+  std::vector<std::string> out;  // the words of one whitespace-separated word, or a special token
+  bool stopped = false;
+  auto give = [&] {
+    for (std::string& w : out)
+      if (!on_word(w)) {
+        stopped = true;
+        break;
+      }
+    out.clear();
+  };
   std::u32string word;
   bool ascii = true;  // word holds only ASCII
   WordScratch scratch;
@@ -258,18 +247,15 @@ std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokeni
     if (!word.empty()) split_word(word, ascii, o, &scratch, &out);
     word.clear();
     ascii = true;
+    give();
   };
-  for (size_t p = 0; p < parts.size(); ++p) {
-    if (special[p]) {
-      out.emplace_back(parts[p]);
-      continue;
-    }
-    // Cleaning (controls dropped), CJK ideographs made words of their own, split at whitespace. ASCII
-    // bytes are read as they are; each run of other bytes is decoded on its own, which decodes as the
-    // whole text would (no ASCII byte is part of a multi-byte character, and a sequence cut short by
-    // one is malformed either way).
-    const std::string_view part = parts[p];
-    for (size_t i = 0; i < part.size();) {
+  // Cleaning (controls dropped), CJK ideographs made words of their own, split at whitespace. ASCII
+  // bytes are read as they are; each run of other bytes is decoded on its own, which decodes as the
+  // whole text would (no ASCII byte is part of a multi-byte character, and a sequence cut short by
+  // one is malformed either way), in pieces of about 4 KiB cut where no character can span the cut:
+  // before a byte that is not a continuation byte, or after three that are.
+  auto read_part = [&](std::string_view part) {
+    for (size_t i = 0; i < part.size() && !stopped;) {
       const auto b = static_cast<unsigned char>(part[i]);
       if (b < 0x80) {
         const uint8_t k = unicode::kAsciiClass[b];
@@ -281,8 +267,10 @@ std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokeni
         continue;
       }
       size_t j = i;
-      while (j < part.size() && static_cast<unsigned char>(part[j]) >= 0x80) ++j;
+      while (j < part.size() && j - i < 4096 && static_cast<unsigned char>(part[j]) >= 0x80) ++j;
+      for (int k = 0; k < 3 && j < part.size() && (static_cast<unsigned char>(part[j]) >> 6) == 2; ++k) ++j;
       for (const char32_t c : decode_utf8(part.substr(i, j - i))) {
+        if (stopped) break;
         if (unicode::is_control(c)) continue;
         if (unicode::is_whitespace(c)) {
           flush();
@@ -298,8 +286,38 @@ std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokeni
       }
       i = j;
     }
-    flush();
+    if (!stopped) flush();
+  };
+  // The special tokens a text may hold, kept whole as BERT's tokenizer keeps its never_split/added
+  // tokens: found as written (case-sensitive) anywhere in the text, before any cleaning; the text
+  // between them is read as above.
+  for (size_t start = 0; !stopped;) {
+    size_t at = start;
+    const std::string* special = nullptr;
+    for (; at < text.size() && special == nullptr; ++at) {
+      if (text[at] != '[') continue;
+      for (const std::string& t : kBertSpecialTokens)
+        if (text.compare(at, t.size(), t) == 0) {
+          special = &t;
+          break;
+        }
+    }
+    if (special != nullptr) --at;  // the loop stepped past it
+    read_part(text.substr(start, at - start));
+    if (stopped || special == nullptr) break;
+    out.push_back(*special);
+    give();
+    start = at + special->size();
   }
+}
+}  // namespace
+
+std::vector<std::string> basic_tokenize(std::string_view text, const BasicTokenizerOptions& o) {
+  std::vector<std::string> out;
+  each_basic_token(text, o, [&out](std::string& w) {
+    out.push_back(std::move(w));
+    return true;
+  });
   return out;
 }
 
@@ -328,6 +346,21 @@ Vocab Vocab::load(const std::string& path) {
   // file too, with one empty token more at the end, so the ids of the real tokens agree); a blank line before a token
   // stays an error (it would shift every id after it).
   while (!tokens.empty() && tokens.back().empty()) tokens.pop_back();
+  // A token holding whitespace can never match: the tokenizer splits words there. Hugging Face's
+  // BertTokenizer keeps such a line as a token too (its ids stay as the file numbers them), so it is
+  // said, not refused.
+  int64_t spaced = 0, first = -1;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i].find_first_of(" \t\v\f") != std::string::npos) {
+      if (first < 0) first = int64_t(i);
+      ++spaced;
+    }
+  if (spaced > 0)
+    std::fprintf(stderr,
+                 "kiln: warning: %s:%lld: the token '%s' holds whitespace, which no word of a text can (the "
+                 "tokenizer splits words there): it never matches%s\n",
+                 path.c_str(), (long long)first + 1, tokens[size_t(first)].c_str(),
+                 spaced > 1 ? (" (nor do the " + std::to_string(spaced - 1) + " other such tokens)").c_str() : "");
   return from_tokens(std::move(tokens), path);
 }
 
@@ -366,44 +399,68 @@ WordPieceTokenizer::WordPieceTokenizer(Vocab vocab, BasicTokenizerOptions o, int
              "cannot split");
 }
 
-std::vector<std::string> WordPieceTokenizer::tokenize(std::string_view text) const {
-  std::vector<std::string> out;
-  for (const std::string& word : basic_tokenize(text, o_)) {
-    const std::u32string cps = decode_utf8(word);
-    if (int64_t(cps.size()) > max_chars_) {
-      out.push_back("[UNK]");
-      continue;
-    }
-    std::vector<std::string> pieces;
-    size_t start = 0;
-    bool bad = false;
-    while (start < cps.size()) {
-      size_t end = cps.size();
-      std::string found;
-      for (; end > start; --end) {
-        std::string sub = (start > 0 ? "##" : "") + encode_utf8(cps.substr(start, end - start));
-        if (vocab_.id(sub) >= 0) {
-          found = std::move(sub);
-          break;
-        }
-      }
-      if (found.empty()) {
-        bad = true;
+namespace {
+// WordPiece of one basic word: its pieces appended to `out`, or "[UNK]" for a word with no
+// segmentation or longer than max_chars code points.
+void wordpiece(const std::string& word, const Vocab& vocab, int64_t max_chars, std::vector<std::string>* out) {
+  const std::u32string cps = decode_utf8(word);
+  if (int64_t(cps.size()) > max_chars) {
+    out->push_back("[UNK]");
+    return;
+  }
+  const size_t before = out->size();
+  size_t start = 0;
+  while (start < cps.size()) {
+    size_t end = cps.size();
+    std::string found;
+    for (; end > start; --end) {
+      std::string sub = (start > 0 ? "##" : "") + encode_utf8(cps.substr(start, end - start));
+      if (vocab.id(sub) >= 0) {
+        found = std::move(sub);
         break;
       }
-      pieces.push_back(std::move(found));
-      start = end;
     }
-    if (bad) out.push_back("[UNK]");
-    else out.insert(out.end(), pieces.begin(), pieces.end());
+    if (found.empty()) {
+      out->resize(before);
+      out->push_back("[UNK]");
+      return;
+    }
+    out->push_back(std::move(found));
+    start = end;
   }
+}
+}  // namespace
+
+std::vector<std::string> WordPieceTokenizer::tokenize(std::string_view text, size_t max_tokens) const {
+  std::vector<std::string> out;
+  if (max_tokens == 0) return out;
+  // Each word gives at least one token: the words after the max_tokens-th cannot change the first
+  // max_tokens tokens, and are not read.
+  each_basic_token(text, o_, [&](const std::string& word) {
+    wordpiece(word, vocab_, max_chars_, &out);
+    return out.size() < max_tokens;
+  });
+  if (out.size() > max_tokens) out.resize(max_tokens);
   return out;
 }
 
-std::vector<int64_t> WordPieceTokenizer::encode(std::string_view text) const {
+std::vector<int64_t> WordPieceTokenizer::encode(std::string_view text, size_t max_tokens) const {
   std::vector<int64_t> ids;
-  for (const auto& t : tokenize(text)) ids.push_back(t == "[UNK]" ? unk_id : vocab_.id(t));
+  for (const auto& t : tokenize(text, max_tokens)) ids.push_back(t == "[UNK]" ? unk_id : vocab_.id(t));
   return ids;
+}
+
+size_t WordPieceTokenizer::count(std::string_view text, size_t max_tokens) const {
+  size_t n = 0;
+  std::vector<std::string> pieces;
+  if (max_tokens == 0) return 0;
+  each_basic_token(text, o_, [&](const std::string& word) {
+    pieces.clear();
+    wordpiece(word, vocab_, max_chars_, &pieces);
+    n += pieces.size();
+    return n < max_tokens;
+  });
+  return std::min(n, max_tokens);
 }
 
 std::string WordPieceTokenizer::decode(const std::vector<int64_t>& ids) const {
@@ -832,12 +889,30 @@ TsvClassificationDataset::TsvClassificationDataset(std::shared_ptr<const WordPie
                 " training labels (", known, labels_.size() > 10 ? ", ..." : "", ")");
     }
     // [CLS] a [SEP], or a pair [CLS] a [SEP] b [SEP] (token type 1 from b on), cut to seq_len.
-    std::vector<int64_t> a = tok_->encode(text_of(r, text_col)), b;
+    // Only the tokens that can be kept are read (a 30 MB line took seconds and a gigabyte to tokenize
+    // whole), and the cut is the one the whole texts' tokens would get.
+    std::vector<int64_t> a, b;
     if (pair_col == kNone) {
-      a.resize(std::min(a.size(), size_t(seq_len_ - 2)));
+      a = tok_->encode(text_of(r, text_col), size_t(seq_len_ - 2));
     } else {
-      b = tok_->encode(text_of(r, pair_col));
-      const auto [na, nb] = longest_first(a.size(), b.size(), size_t(seq_len_ - 3));
+      // longest_first's cut depends on a length only up to room + 1, but for one token: when both
+      // texts are longer than an odd room, the longer one (a when a > b) keeps room / 2 + 1. That is
+      // settled by counting both, in step, until one ends.
+      const size_t room = size_t(seq_len_ - 3);
+      const std::string_view ta = text_of(r, text_col), tb = text_of(r, pair_col);
+      a = tok_->encode(ta, room + 1);
+      b = tok_->encode(tb, room + 1);
+      size_t la = a.size(), lb = b.size();
+      if (la > room && lb > room && room % 2 == 1) {
+        size_t ca = 0, cb = 0;
+        for (size_t upto = 2 * (room + 1);; upto *= 4) {
+          ca = tok_->count(ta, upto);
+          cb = tok_->count(tb, upto);
+          if (ca < upto || cb < upto) break;
+        }
+        la = ca > cb ? room + 2 : room + 1;  // the same comparison as the whole lengths'
+      }
+      const auto [na, nb] = longest_first(la, lb, room);
       a.resize(na);
       b.resize(nb);
     }

@@ -76,8 +76,12 @@ class Vocab {
 class WordPieceTokenizer {
  public:
   explicit WordPieceTokenizer(Vocab vocab, BasicTokenizerOptions o = {}, int64_t max_chars_per_word = 100);
-  std::vector<std::string> tokenize(std::string_view text) const;
-  std::vector<int64_t> encode(std::string_view text) const;  // no special tokens added
+  // The first max_tokens tokens (all by default): the text after them is not read, and they are the
+  // whole text's tokens' first max_tokens.
+  std::vector<std::string> tokenize(std::string_view text, size_t max_tokens = SIZE_MAX) const;
+  std::vector<int64_t> encode(std::string_view text, size_t max_tokens = SIZE_MAX) const;  // no special tokens added
+  // How many tokens the text has, up to max_tokens (then max_tokens), without keeping them.
+  size_t count(std::string_view text, size_t max_tokens = SIZE_MAX) const;
   // Tokens joined with spaces, continuation pieces glued to the piece before.
   std::string decode(const std::vector<int64_t>& ids) const;
   const Vocab& vocab() const { return vocab_; }

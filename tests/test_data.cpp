@@ -140,6 +140,19 @@ TEST_CASE("mnist directory: images and labels must agree, labels must be classes
   CHECK(contains(error_of([&] { io::load_mnist_dir(dir.p.string(), t, "m"); }), "3 labels, but"));
   write_file(dir / "t10k-labels-idx1-ubyte", labels(std::string("\x00\x0c", 2)), false);
   CHECK(contains(error_of([&] { io::load_mnist_dir(dir.p.string(), t, "m"); }), "label 12 of sample 1"));
+  // A file of another rank is said as such before its dims are read: a labels file of rank 3 whose
+  // dims are garbage "held too many elements", an images file given for the labels failed later.
+  write_file(dir / "t10k-labels-idx1-ubyte", std::string("\0\0\x08\x03\0\0\0\x40\x09\0\0\x03\0\x02\x07\x02", 16),
+             false);
+  CHECK(contains(error_of([&] { io::load_mnist_dir(dir.p.string(), t, "m"); }),
+                 "t10k-labels-idx1-ubyte: IDX rank 3, expected a 1-D labels file: u8 labels [N]"));
+  write_file(dir / "t10k-labels-idx1-ubyte", images(2), false);
+  CHECK(contains(error_of([&] { io::load_mnist_dir(dir.p.string(), t, "m"); }),
+                 "t10k-labels-idx1-ubyte: IDX rank 3, expected a 1-D labels file"));
+  write_file(dir / "t10k-images-idx3-ubyte", labels(std::string("\x00\x09", 2)), false);
+  CHECK(contains(error_of([&] { io::load_mnist_dir(dir.p.string(), t, "m"); }),
+                 "t10k-images-idx3-ubyte: IDX rank 1, expected an images file: u8 images [N, H, W]"));
+  write_file(dir / "t10k-images-idx3-ubyte", images(2), false);
   write_file(dir / "t10k-labels-idx1-ubyte", labels(std::string("\x00\x09", 2)), false);
   io::ImageClassData d = io::load_mnist_dir(dir.p.string(), t, "m");
   CHECK(d.train->size() == 3);

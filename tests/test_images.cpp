@@ -377,6 +377,45 @@ TEST_CASE("image folder: an image above the pixel limit (a decompression bomb) i
   }
 }
 
+// A PNG past stb_image's own limit (2^30 bytes of pixels) failed stb's header read, then every other
+// format's: "cannot decode the image (unknown image type)", with KILN_MAX_IMAGE_PIXELS=0 too.
+TEST_CASE("image folder: a PNG past stb_image's 2^30-byte limit is called too large, with its size") {
+  TempDir d("kiln_img_stb_limit");
+  const auto png = [&](const std::string& name, uint32_t w, uint32_t h, char color) {
+    std::string ihdr(13, '\0');
+    for (int i = 0; i < 4; ++i) {
+      ihdr[size_t(i)] = char(w >> (24 - 8 * i));
+      ihdr[size_t(4 + i)] = char(h >> (24 - 8 * i));
+    }
+    ihdr[8] = 8;  // bit depth
+    ihdr[9] = color;
+    std::ofstream(d / name, std::ios::binary) << std::string("\x89PNG\r\n\x1a\n", 8) + png_chunk("IHDR", ihdr) +
+                                                     png_chunk("IDAT", std::string("\x78\x9c", 2)) +
+                                                     png_chunk("IEND", "");
+  };
+  png("huge.png", 100000, 100000, 2);  // RGB: 3e10 bytes
+  png("rgba.png", 16384, 16385, 6);    // RGBA: just past 2^30 bytes, 268 million pixels
+  png("wide.png", 20000000, 1, 0);     // a side past 2^24
+  {
+    PixelLimit limit("0");  // no limit of Kiln's: stb_image's still holds
+    for (const auto& file_size : {std::pair{"huge.png", "100000x100000"}, std::pair{"rgba.png", "16384x16385"},
+                                  std::pair{"wide.png", "20000000x1"}}) {
+      const std::string name = file_size.first;  // not a structured binding: clang 14's lambdas cannot capture one
+      const std::string says = std::string(file_size.second) + ": too large to decode (stb_image's limit of 2^30 bytes";
+      const std::string header = io::image_header_problem(d / name);
+      CHECK_MESSAGE(contains(header, says), header);
+      const std::string e = error_of([&] { io::decode_image(d / name, 3); });
+      CHECK_MESSAGE(contains(e, std::string(name) + ": " + says), e);
+      CHECK_MESSAGE(!contains(e, "unknown image type"), e);
+    }
+  }
+  {
+    PixelLimit limit(nullptr);  // the default limit is said first, as for any image over it
+    CHECK(contains(io::image_header_problem(d / "huge.png"),
+                   "100000x100000 is 10000000000 pixels, above the limit of 178956970"));
+  }
+}
+
 TEST_CASE("image folder: a bad KILN_MAX_IMAGE_PIXELS is an error when scanning, with the header checks off too") {
   TempDir d("kiln_img_bad_limit");
   make_folder(d / "set", 1);

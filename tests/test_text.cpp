@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <cstdio>
 
 #include <filesystem>
@@ -924,4 +925,140 @@ TEST_CASE("basic tokenizer: mixed ASCII and non-ASCII words match the character-
       CHECK(io::basic_tokenize(utf8, o) == reference_basic_tokenize(text, o));
     }
   }
+}
+
+// A TSV line of 30 MB with --seq-len 16 took 9 s and 1.1 GB: every token of the text was made, then all
+// but the sequence's dropped. Now a text is read only as far as the tokens kept: they must be the
+// whole text's first ones, the pair's cut the one the whole texts' lengths give, and the non-ASCII
+// runs, now decoded in pieces, must decode as the whole text.
+TEST_CASE("tokenizer: a text read only as far as max_tokens gives the whole text's first tokens") {
+  auto tok = pair_tokenizer();
+  const std::string texts[] = {"hello world [MASK] the cat sat on the mat.",
+                               "runs running zzz [SEP]x[PAD] hello[CLS]world",
+                               "\xe4\xb8\xad\xe6\x96\x87 the\xe4\xb8\xad cat, Caf\xc3\xa9 a\xff b \xe2\x82 hello",
+                               "",
+                               "[MASK][MASK] [UNK]",
+                               "   the   "};
+  for (const std::string& text : texts) {
+    const Words all = tok->tokenize(text);
+    const std::vector<int64_t> ids = tok->encode(text);
+    for (size_t k = 0; k <= all.size() + 2; ++k) {
+      CAPTURE(text);
+      CAPTURE(k);
+      CHECK(tok->tokenize(text, k) == Words(all.begin(), all.begin() + std::ptrdiff_t(std::min(k, all.size()))));
+      CHECK(tok->encode(text, k) ==
+            std::vector<int64_t>(ids.begin(), ids.begin() + std::ptrdiff_t(std::min(k, ids.size()))));
+      CHECK(tok->count(text, k) == std::min(k, all.size()));
+    }
+    CHECK(tok->count(text) == all.size());
+  }
+  // Runs of non-ASCII bytes longer than the 4 KiB pieces they are decoded in: two-, three- and
+  // four-byte characters, stray continuation bytes and sequences cut short, across the cuts.
+  const std::string bits[] = {"\xc3\xa9", "\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\x80",     "\x80\x80\x80\x80\x80",
+                              "\xe2\x82", "\xf0\x9f",     "\xce\xa3",         "\xc2\xa0", "\xff"};
+  uint64_t state = 7;
+  for (int n = 0; n < 40; ++n) {
+    std::string text;
+    while (text.size() < 9000) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      text += bits[(state >> 33) % std::size(bits)];
+      if ((state >> 40) % 97 == 0) text += " a";
+    }
+    CHECK(io::basic_tokenize(text) == reference_basic_tokenize(io::decode_utf8(text), {}));
+  }
+}
+
+TEST_CASE("tsv classification: a long text is cut as its whole tokens would be, one text or a pair") {
+  TempDir d("kiln_tsv_long");
+  auto tok = pair_tokenizer();
+  const auto words = [](const char* w, int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += (i ? " " : "") + std::string(w);
+    return s;
+  };
+  // Lengths around the room (seq_len - 3 for a pair) and far past it: the odd token of an odd room
+  // goes to the longer text when both are past it, whichever that is, and to the second on a tie.
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (const int a : {0, 1, 3, 4, 5, 6, 7, 8, 40, 41, 300})
+    for (const int b : {0, 1, 4, 5, 6, 7, 20, 40, 41, 150, 300})  // "the cat" x b: 2b tokens
+      rows.emplace_back(words("hello", a), words("the cat", b));
+  for (const int64_t seq_len : {8, 9, 10, 11, 16}) {
+    std::ofstream out(d / "p.tsv");
+    out << "sentence1\tsentence2\tlabel\n";
+    for (const auto& [a, b] : rows) out << a << "\t" << b << "\t1\n";
+    out.close();
+    std::ofstream one(d / "one.tsv");
+    for (const auto& r : rows) one << "1\t" << r.first << " " << r.second << "\n";
+    one.close();
+    const io::TsvClassificationDataset pairs(tok, d / "p.tsv", seq_len), single(tok, d / "one.tsv", seq_len);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      CAPTURE(seq_len);
+      CAPTURE(i);
+      // The reference: every token made, then cut.
+      std::vector<int64_t> a = tok->encode(rows[i].first), b = tok->encode(rows[i].second);
+      const auto [na, nb] = io::longest_first(a.size(), b.size(), size_t(seq_len - 3));
+      std::vector<int64_t> want = {tok->cls_id};
+      want.insert(want.end(), a.begin(), a.begin() + std::ptrdiff_t(na));
+      want.push_back(tok->sep_id);
+      want.insert(want.end(), b.begin(), b.begin() + std::ptrdiff_t(nb));
+      want.push_back(tok->sep_id);
+      const io::Batch got = pairs.get_batch({int64_t(i)}, 0);
+      std::vector<int64_t> ids;
+      for (int64_t j = 0; j < seq_len; ++j)
+        if (got.at("attention_mask").data<int64_t>()[j]) ids.push_back(got.at("input_ids").data<int64_t>()[j]);
+      CHECK(ids == want);
+      std::vector<int64_t> whole = tok->encode(rows[i].first + " " + rows[i].second);
+      whole.resize(std::min(whole.size(), size_t(seq_len - 2)));
+      whole.insert(whole.begin(), tok->cls_id);
+      whole.push_back(tok->sep_id);
+      const io::Batch got1 = single.get_batch({int64_t(i)}, 0);
+      ids.clear();
+      for (int64_t j = 0; j < seq_len; ++j)
+        if (got1.at("attention_mask").data<int64_t>()[j]) ids.push_back(got1.at("input_ids").data<int64_t>()[j]);
+      CHECK(ids == whole);
+    }
+  }
+}
+
+// A vocabulary line holding a space ("a b") can never match a word (the tokenizer splits there): it
+// was taken without a word. Hugging Face's BertTokenizer keeps such a line as a token too (its ids stay
+// as the file numbers them), so it is a warning naming the file and line, and the ids are unchanged.
+TEST_CASE("vocabulary: a token holding whitespace is a warning naming its line, its id kept") {
+  TempDir d("kiln_vocab_space");
+  std::ofstream(d / "v.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na b\nhello\nx\ty\n";
+  std::optional<io::Vocab> v;
+  const std::string said = stderr_of([&] { v = io::Vocab::load(d / "v.txt"); }, d / "err.txt");
+  CHECK_MESSAGE(contains(said, "kiln: warning: " + d / "v.txt" + ":6: the token 'a b' holds whitespace"), said);
+  CHECK_MESSAGE(contains(said, "it never matches (nor do the 1 other such tokens)"), said);
+  CHECK(v->id("hello") == 6);
+  CHECK(v->id("a b") == 5);
+  std::ofstream(d / "ok.txt") << "[PAD]\n[UNK]\nhello\n";
+  CHECK(stderr_of([&] { io::Vocab::load(d / "ok.txt"); }, d / "err.txt").empty());
+}
+
+// The work, not only the tokens: a 32 MB line cut to 16 tokens must take less time than making every
+// token of 16 MB of the same text (its whole 32 MB were tokenized; now only its first words are, and
+// the rest is reading the file and splitting its lines and columns).
+TEST_CASE("tsv classification: a 32 MB line is read only as far as --seq-len, faster than 16 MB tokenized whole") {
+  TempDir d("kiln_tsv_huge_line");
+  auto tok = pair_tokenizer();
+  std::string text;
+  while (text.size() < (size_t(4) << 20)) text += "hello world the cat sat on the mat. ";
+  std::string line = "1\t";
+  for (int i = 0; i < 8; ++i) line += text;
+  std::ofstream(d / "big.tsv") << line << "\n0\tthe cat\n";
+  const auto seconds = [](const auto& f) {
+    double best = 1e30;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  size_t whole = 0;
+  const double cut = seconds([&] { CHECK(io::TsvClassificationDataset(tok, d / "big.tsv", 16).size() == 2); });
+  const double four_mb = seconds([&] { whole = tok->encode(text).size(); });
+  CHECK(whole > 1000000);
+  CHECK_MESSAGE(cut < 4 * four_mb, "the 32 MB line took ", cut, " s, 4 MB tokenized whole ", four_mb, " s");
 }

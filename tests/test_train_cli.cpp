@@ -17,6 +17,7 @@
 #include "kiln.h"
 #include "models/bert.h"
 #include "test_util.h"
+#include "tools/plan.h"
 #include "tools/train.h"
 #include "tools/zoo.h"
 
@@ -165,6 +166,35 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
   CHECK(r.code == 2);
   CHECK_MESSAGE(contains(r.output, "not valid JSON"), r.output);
   CHECK(!std::filesystem::exists(d / "run/metrics.jsonl"));
+}
+
+// A --seq-len below 8 is its own error, said before the batch is sized from it: 0 divided by zero
+// there (SIGFPE: exit 136 and no word; kiln.train killed the interpreter), -3 first said the batch's
+// largest tensor would hold about -183132 values.
+TEST_CASE("train flags: a --seq-len of 0 or less is said as such, not a crash or a batch too large") {
+  TempDir d("kiln_seq_len");
+  std::ofstream(d / "v.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n";
+  std::ofstream(d / "t.tsv") << "x\ta\ny\ta\n";
+  for (const std::string len : {"0", "-3"}) {
+    const auto r =
+        run_kiln("train --model bert-tiny --task classify --train-tsv " + d / "t.tsv" + " --eval-tsv " + d / "t.tsv" +
+                     " --vocab " + d / "v.txt" + " --batch 2 --max-steps 1 --seq-len " + len + " --out " + d / "run",
+                 d.p.string());
+    CHECK_MESSAGE(r.code == 2, len, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "kiln train: error: --seq-len must be at least 8, got " + len), r.output);
+    CHECK_MESSAGE(!contains(r.output, "largest tensor"), r.output);
+  }
+  // The batch's check refuses a length of no values itself (kiln plan's flags allow none below 1).
+  kiln::tools::PlanOptions po;
+  po.model = "bert-tiny";
+  for (const int64_t len : {0, -3}) {
+    po.seq_len = len;
+    const std::string e = kiln::testing::error_of([&] { kiln::tools::check_batch_size(po, 2, "--batch"); });
+    CHECK_MESSAGE(contains(e, "--seq-len " + std::to_string(len) + ": a sample of --model bert-tiny would hold"), e);
+  }
+  po.seq_len = int64_t(1) << 40;  // the product overflowed int64
+  CHECK(contains(kiln::testing::error_of([&] { kiln::tools::check_batch_size(po, 1, "--batch"); }),
+                 "more than the 2^52 a plan counts"));
 }
 
 TEST_CASE("train flags: --help shows each on/off flag pair's real default") {
@@ -632,6 +662,37 @@ TEST_CASE("eval: weights of another model are named as such before their vocabul
     CHECK_MESSAGE(contains(r.output, says), args, " -> ", r.output);
     CHECK_MESSAGE(!contains(r.output, "is not the vocabulary"), r.output);
     CHECK_MESSAGE(!contains(r.output, "label names"), r.output);
+  }
+}
+
+// Weights that do not load leave the model unknown: it fell back to the default resnet20, and kiln
+// eval blamed the flags of a BERT run ("--vocab: for BERT models; --model resnet20 reads images")
+// instead of the file. The file is said first, then only the problems any model would have.
+TEST_CASE("eval: weights that do not load are said first, not the flags of the model eval fell back to") {
+  TempDir d("kiln_eval_unreadable");
+  kiln::io::save_safetensors(d / "good.st", {{"classifier.weight", kiln::zeros({2, 128})}},
+                             {{"format", "pt"}, {"writer", "kiln"}, {"model", "bert-tiny"}, {"task", "classify"}});
+  const std::string good = read_text(d / "good.st");
+  std::ofstream(d / "cut.st", std::ios::binary) << good.substr(0, good.size() / 2);
+  std::ofstream(d / "text.st") << "label\ttext\n";
+  std::ofstream(d / "e.tsv") << "a\tsome text\n";
+  std::ofstream(d / "v.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nsome\ntext\n";
+  for (const char* file : {"cut.st", "text.st"}) {
+    const std::string bert = " --task classify --eval-tsv " + d / "e.tsv" + " --vocab " + d / "v.txt";
+    auto r = run_kiln("eval" + bert + " --weights " + d / file, d.p.string());
+    CHECK_MESSAGE(r.code == 2, file, " -> ", r.output);
+    CHECK_MESSAGE(r.output.rfind("kiln eval: error: " + d / file, 0) == 0, file, " -> ", r.output);
+    CHECK_MESSAGE(!contains(r.output, "for BERT models"), r.output);
+    CHECK_MESSAGE(!contains(r.output, "reads images"), r.output);
+    // A flag's own problem, whatever the model, is still said, after the file's.
+    r = run_kiln("eval" + bert + " --batch 0 --weights " + d / file, d.p.string());
+    CHECK_MESSAGE(r.output.rfind("kiln eval: error: " + d / file, 0) == 0, file, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "kiln eval: error: --batch must be at least 1, got 0"), r.output);
+    CHECK_MESSAGE(!contains(r.output, "for BERT models"), r.output);
+    // With --model given, its flags are checked as that model's.
+    r = run_kiln("eval --model resnet20 --vocab " + d / "v.txt" + " --weights " + d / file, d.p.string());
+    CHECK_MESSAGE(r.output.rfind("kiln eval: error: " + d / file, 0) == 0, file, " -> ", r.output);
+    CHECK_MESSAGE(contains(r.output, "--vocab: for BERT models"), r.output);
   }
 }
 
@@ -1377,6 +1438,14 @@ TEST_CASE("train --config: a value count the flag does not take, a bad boolean o
       {R"({"help": true})", "'help' is not a run flag"},
       {R"({"config": "other.json"})", "'config' is not a run flag"},
       {R"({"version": true})", "'version' is not a run flag"},
+      // The whole file is the config: what followed the first object was ignored, and the run trained.
+      {"{\"epochs\": 2}\n{\"lr\": \"abc\"} junk",
+       "not valid JSON: [json.exception.parse_error.101] parse error at line 2, column 1"},
+      {"{\"epochs\": 1} x", "not valid JSON: [json.exception.parse_error.101] parse error at line 1, column 15"},
+      // A key given twice kept its last value silently.
+      {R"({"epochs": 1, "epochs": 2})", "key 'epochs' appears twice (one key per setting; JSON keeps only the last)"},
+      {R"({"set": {"num_classes": 3, "num_classes": 4}})", "key 'num_classes' appears twice in 'set'"},
+      {R"({"lr": 0.1, "set": {"num_classes": 3}, "lr": 0.2})", "key 'lr' appears twice"},
   };
   for (const auto& c : cases) {
     std::ofstream(d / "c.json") << c.json;
@@ -1391,6 +1460,18 @@ TEST_CASE("train --config: a value count the flag does not take, a bad boolean o
                   r.output);
   }
   CHECK(!std::filesystem::exists(d / "run"));
+  // A UTF-8 byte order mark is still taken (the file is read: its bad --lr is the error).
+  std::ofstream(d / "bom.json") << "\xef\xbb\xbf{\"lr\": -1}";
+  const auto r = run_kiln("train --config " + d / "bom.json" + " --out " + d / "run", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "--lr must be >= 0 and finite, got -1"), r.output);
+  // A Hugging Face config.json read by kiln ckpt import --hf-config, by hand too: the same rules.
+  std::ofstream(d / "config.json") << R"({"hidden_size": 128, "num_attention_heads": 2, "hidden_size": 256})";
+  CHECK(contains(kiln::testing::error_of([&] { kiln::tools::hf_bert_config_sets(d / "config.json"); }),
+                 d / "config.json" + ": key 'hidden_size' appears twice"));
+  std::ofstream(d / "config.json") << R"({"hidden_size": 128} {})";
+  CHECK(contains(kiln::testing::error_of([&] { kiln::tools::hf_bert_config_sets(d / "config.json"); }),
+                 d / "config.json" + ": not valid JSON: "));
 }
 
 TEST_CASE("train --config: the README names each flag that takes an array, from the flags themselves") {

@@ -2205,7 +2205,7 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
   TrainConfig c = c0;
   c.evaluating = true;
   // The weights first: their model, task and --set are the flags' defaults. A file that does not
-  // load is said after the flags' own problems.
+  // load is said first, then the flags' problems that do not hang on its model.
   std::optional<io::SafetensorsFile> file;
   std::string unreadable;
   try {
@@ -2220,8 +2220,19 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
     }
   }
   auto problems = validate(c);
+  if (!unreadable.empty() && !c.was_given("model")) {
+    // The model is the file's, which did not load (c.model fell back to the default, resnet20): only
+    // the problems every model family has are the flags' own ("--vocab: for BERT models" was not).
+    TrainConfig other = c;
+    other.model = model_family(c.model).input == ModelInput::tokens ? "resnet20" : "bert-tiny";
+    const auto theirs = validate(other);
+    std::erase_if(problems, [&theirs](const std::string& p) {
+      return std::find(theirs.begin(), theirs.end(), p) == theirs.end();
+    });
+  }
   if (std::string clash = output_is_input("--out", c.out, {weights}); !clash.empty()) problems.push_back(clash);
-  if (problems.empty() && !unreadable.empty()) problems.push_back(unreadable);
+  // A file that does not load is said first: the flags' problems may follow from it.
+  if (!unreadable.empty()) problems.insert(problems.begin(), unreadable);
   for (const auto& p : problems) std::fprintf(stderr, "kiln eval: error: %s\n", p.c_str());
   if (!problems.empty()) return 2;
   if (c.threads > 0) set_num_threads(c.threads);

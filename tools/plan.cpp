@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -550,14 +551,24 @@ int64_t values_per_sample(const PlanOptions& o) {
     const int64_t s = o.image_size > 0 ? o.image_size : imagenet ? 224 : 32;
     // The widest activation holds 16 values per input pixel (16 channels at full size in the small
     // ResNets; 64 at half size or 256 at a quarter in the ImageNet ones), or the input if wider.
-    return std::max<int64_t>(16, o.in_channels > 0 ? o.in_channels : rc.in_channels) * s * s;
+    const double values =
+        double(std::max<int64_t>(16, o.in_channels > 0 ? o.in_channels : rc.in_channels)) * double(s) * double(s);
+    return values >= 0x1p63 ? std::numeric_limits<int64_t>::max() : int64_t(values);
   }
   const models::BertConfig bc = bert_config_from(parse_bert_name(o.model).size, o.sets);
-  return o.seq_len * std::max({bc.hidden_size, bc.intermediate_size, bc.vocab_size, bc.num_heads * o.seq_len});
+  // In doubles: a --seq-len of 2^40 would overflow the product (past 2^63 it saturates, and is refused
+  // by check_batch_size as past kMaxPlannedValues).
+  const double values = double(o.seq_len) * std::max({double(bc.hidden_size), double(bc.intermediate_size),
+                                                      double(bc.vocab_size), double(bc.num_heads) * double(o.seq_len)});
+  return values >= 0x1p63 ? std::numeric_limits<int64_t>::max() : int64_t(values);
 }
 
 void check_batch_size(const PlanOptions& o, int64_t batch, const std::string& flag) {
   const int64_t per_sample = values_per_sample(o);
+  // Only a --seq-len of 0 or less gives none (images hold at least one pixel): it would divide by zero
+  // below (SIGFPE), or pass a negative count. Callers check the flag first; this is the last guard.
+  KILN_CHECK(per_sample > 0, "--seq-len ", o.seq_len, ": a sample of --model ", o.model, " would hold ", per_sample,
+             " values, so ", flag, " ", batch, " cannot be sized; give a --seq-len of at least 1");
   KILN_CHECK(per_sample <= kMaxPlannedValues && batch <= kMaxPlannedValues / per_sample, flag, " ", batch,
              ": a step's largest tensor would hold about ", double(batch) * double(per_sample), " values (", per_sample,
              " per sample), more than the 2^52 a plan counts (sizes past that overflow); give a smaller ", flag);

@@ -13,6 +13,7 @@
 
 #include "engine/dist.h"
 #include "engine/optim.h"
+#include "io/json_parse.h"
 #include "io/text.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tools/cli_checks.h"
@@ -280,14 +281,13 @@ std::optional<bool> config_bool(const nlohmann::json& v) {
 }  // namespace
 
 void apply_json_config(CLI::App& app, const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   KILN_CHECK(in.good(), "--config ", path, ": cannot open");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const std::exception& e) {
-    KILN_FAIL("--config ", path, ": not valid JSON: ", e.what());
-  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  // The whole file (`in >> j` read one value and ignored what followed it), each object's keys once
+  // (a repeated one kept its last value silently); a UTF-8 byte order mark is skipped, as before.
+  const nlohmann::json j = io::parse_json_file_text(text.str(), "--config " + path);
   KILN_CHECK(j.is_object(), "--config ", path, ": expected a JSON object of flag names and values");
   // The flags the command line gave (they win), and those this file set (two keys for one flag,
   // "augment" and "no_augment", would leave which one counts to the order of the keys).
@@ -546,7 +546,12 @@ std::vector<std::string> validate(const TrainConfig& c) {
       e.push_back("--micro-batch " + c.micro_batch + ": expected auto or a number dividing --batch " +
                   std::to_string(c.batch));
   }
-  if (family != nullptr && c.batch >= 1) {  // the cap `kiln plan` has: past it a step's byte counts overflow
+  // The flag's own range before the batch's size is reckoned from it (0 divided by zero there, a
+  // negative length gave a negative size).
+  const bool seq_len_ok = !tokens || c.seq_len >= 8;
+  if (!seq_len_ok) e.push_back("--seq-len must be at least 8, got " + std::to_string(c.seq_len));
+  if (family != nullptr && c.batch >= 1 &&
+      seq_len_ok) {  // the cap `kiln plan` has: past it a step's byte counts overflow
     PlanOptions po;
     po.model = c.model;
     po.sets = c.sets;
@@ -616,7 +621,6 @@ std::vector<std::string> validate(const TrainConfig& c) {
       e.push_back("--label-smoothing " + std::to_string(c.label_smoothing) +
                   ": applies to the classification loss (--task classify); masked-LM training does not smooth its "
                   "targets");
-    if (c.seq_len < 8) e.push_back("--seq-len must be at least 8, got " + std::to_string(c.seq_len));
     if (!(c.mask_prob > 0 && c.mask_prob < 1)) e.push_back("--mask-prob must be in (0, 1), got " + std::to_string(c.mask_prob));
   }
   return e;

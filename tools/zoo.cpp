@@ -13,6 +13,8 @@
 #include <sstream>
 #include <tuple>
 
+#include "io/json_parse.h"
+
 namespace kiln::tools {
 
 // Spaces around the key and the value are dropped, both sides alike: "num_layers= 2" and
@@ -166,11 +168,8 @@ std::vector<std::string> hf_bert_config_sets(const std::string& path) {
     KILN_CHECK(in.good(), path, ": cannot open the config (", std::strerror(errno), ")");
     std::ostringstream text;
     text << in.rdbuf();
-    try {
-      cfg = nlohmann::json::parse(text.str());
-    } catch (const nlohmann::json::exception& e) {
-      KILN_FAIL(path, ": not JSON (", e.what(), ")");
-    }
+    // A key given twice would take its last value silently (transformers' json.load does too): refused.
+    cfg = io::parse_json_file_text(text.str(), path);
   }
   KILN_CHECK(cfg.is_object(), path, ": a config is a JSON object, this one is a JSON ", cfg.type_name());
   const auto shown = [&cfg](const char* key) { return cfg[key].dump(); };

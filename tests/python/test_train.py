@@ -165,6 +165,17 @@ def test_a_bad_config_is_a_value_error(tmp_path, kw):
         kiln.train("resnet20", out=tmp_path / "x", **options)
 
 
+@pytest.mark.parametrize("seq_len", [0, -3])
+def test_a_bert_seq_len_below_8_is_a_value_error_not_a_crash(tmp_path, seq_len):
+    # 0 divided by zero sizing the batch (SIGFPE: the interpreter died); -3 first said the batch was too large
+    (tmp_path / "v.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n")
+    (tmp_path / "t.tsv").write_text("x\ta\ny\ta\n")
+    with pytest.raises(kiln.KilnValueError, match=rf"--seq-len must be at least 8, got {seq_len}") as e:
+        kiln.train("bert-tiny", out=tmp_path / "x", task="classify", train_tsv=tmp_path / "t.tsv",
+                   eval_tsv=tmp_path / "t.tsv", vocab=tmp_path / "v.txt", batch=2, max_steps=1, seq_len=seq_len)
+    assert "largest tensor" not in str(e.value)
+
+
 def test_callback_exception_saves_then_raises(tmp_path):
     # as a stop: the run saves, then the callback's own exception is raised, and resume="auto" goes on
     opts = dict(RESNET)  # 4 steps
