@@ -4,7 +4,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include <chrono>
 #include <cstdio>
 
 #include <filesystem>
@@ -1034,31 +1033,4 @@ TEST_CASE("vocabulary: a token holding whitespace is a warning naming its line, 
   CHECK(v->id("a b") == 5);
   std::ofstream(d / "ok.txt") << "[PAD]\n[UNK]\nhello\n";
   CHECK(stderr_of([&] { io::Vocab::load(d / "ok.txt"); }, d / "err.txt").empty());
-}
-
-// The work, not only the tokens: a 32 MB line cut to 16 tokens must take less time than making every
-// token of 16 MB of the same text (its whole 32 MB were tokenized; now only its first words are, and
-// the rest is reading the file and splitting its lines and columns).
-TEST_CASE("tsv classification: a 32 MB line is read only as far as --seq-len, faster than 16 MB tokenized whole") {
-  TempDir d("kiln_tsv_huge_line");
-  auto tok = pair_tokenizer();
-  std::string text;
-  while (text.size() < (size_t(4) << 20)) text += "hello world the cat sat on the mat. ";
-  std::string line = "1\t";
-  for (int i = 0; i < 8; ++i) line += text;
-  std::ofstream(d / "big.tsv") << line << "\n0\tthe cat\n";
-  const auto seconds = [](const auto& f) {
-    double best = 1e30;
-    for (int i = 0; i < 3; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      f();
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
-  };
-  size_t whole = 0;
-  const double cut = seconds([&] { CHECK(io::TsvClassificationDataset(tok, d / "big.tsv", 16).size() == 2); });
-  const double four_mb = seconds([&] { whole = tok->encode(text).size(); });
-  CHECK(whole > 1000000);
-  CHECK_MESSAGE(cut < 4 * four_mb, "the 32 MB line took ", cut, " s, 4 MB tokenized whole ", four_mb, " s");
 }
