@@ -462,7 +462,7 @@ TEST_CASE("ops: reductions over an empty dim give their identity") {
   CHECK(norm(e, 2, {0}).to_vector() == std::vector<double>{0, 0, 0});
   // amax/amin (and the inf norm) over nothing have no value: an error naming the op and the shape, as
   // PyTorch's, for every dtype. Over a dim with elements, an empty tensor gives an empty result.
-  CHECK_THROWS_WITH_AS(amax(e, {0}), doctest::Contains("amax: cannot reduce over an empty dim of [0, 3]"), kiln::Error);
+  CHECK_THROWS_WITH_AS(amax(e, {0}), doctest::Contains("amax: cannot reduce over an empty dim of [0,3]"), kiln::Error);
   CHECK_THROWS_WITH_AS(amin(e, {0}), doctest::Contains("amin: cannot reduce over an empty dim"), kiln::Error);
   CHECK_THROWS_WITH_AS(amax(e), doctest::Contains("amax"), kiln::Error);
   CHECK_THROWS_WITH_AS(amax(zeros({0, 3}, TensorOptions(DType::i64)), {0}), doctest::Contains("amax"), kiln::Error);
