@@ -52,6 +52,9 @@ Tensor scalar_tensor(double v, TensorOptions o) { return filled(Shape{}, v, o, n
 Tensor arange(double start, double end, double step, TensorOptions o) {
   KILN_CHECK(step != 0 && std::isfinite(step), "arange: step must be finite and non-zero, got ", step);
   KILN_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start ", start, " and end ", end, " must be finite");
+  // As PyTorch: a step that leads away from the end is an error, not an empty range (start == end is).
+  KILN_CHECK(step > 0 ? end >= start : end <= start, "arange: the step ", step, " leads from start ", start,
+             " away from end ", end, " (upper bound and lower bound inconsistent with step sign)");
   const double n = std::ceil((end - start) / step);
   KILN_CHECK(n < 9.0e15, "arange: ", n, " elements is too many");
   Tensor t = make_tensor(Shape{std::max<int64_t>(0, int64_t(n))}, o.dtype, place(o.device));

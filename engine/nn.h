@@ -233,7 +233,8 @@ template <typename M> class ModuleList : public Module {
 };
 
 // Self-attention over x [B, L, E] with `heads` heads; children query, key, value, out (Linear).
-// mask: additive, broadcastable to [B, heads, L, L] (e.g. [B, 1, 1, L] from a padding mask).
+// mask: additive, broadcastable to [B, heads, L, L] (e.g. [B, 1, 1, L] from a padding mask), or bool
+// with True where a key is attended (scaled_dot_product_attention's rule).
 class MultiheadSelfAttention : public Module {
  public:
   MultiheadSelfAttention(int64_t embed_dim, int64_t heads, double dropout_p = 0.0);

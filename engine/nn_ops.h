@@ -21,7 +21,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Pa
 
 // The adjoint of conv2d (a "deconvolution"): x [N, C_in, H, W], weight [C_in, C_out/groups, kh, kw],
 // bias [C_out]; output size (H - 1) stride - 2 padding + dilation (kh - 1) + output_padding + 1, with
-// output_padding smaller than the stride. torch.nn.functional.conv_transpose2d's argument order.
+// output_padding smaller than the stride or the dilation. torch.nn.functional.conv_transpose2d's argument order.
 Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, Pair stride = {1, 1},
                         Pair padding = {0, 0}, Pair output_padding = {0, 0}, int64_t groups = 1,
                         Pair dilation = {1, 1});
@@ -148,9 +148,10 @@ Tensor glu(const Tensor& x, int64_t dim = -1);
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 // softmax(scale * x + mask) over the last dim in one kernel (attention's scores): mask additive,
-// broadcastable to x's shape (no more dims than x; a bool mask adds 0 or 1, as x + mask would), and
-// may be undefined. The result has x's dtype (the mask is converted to it), softmax's autocast rule
-// applies. Gradients flow to x and to a floating mask that requires them.
+// broadcastable to x's shape (no more dims than x), and may be undefined; a bool mask keeps its True
+// places and leaves out the others (adds 0 or -inf: PyTorch's scaled_dot_product_attention rule). A
+// row with every place left out gives zeros. The result has x's dtype (the mask is converted to it),
+// softmax's autocast rule applies. Gradients flow to x and to a floating mask that requires them.
 // causal: query i of the last-but-one dim (L) sees keys j <= i (top_left, PyTorch's is_causal) or
 // j <= i + S - L (bottom_right: the queries are the last L of S positions, as with a KV cache), in
 // the kernel, with no mask tensor; it combines with `mask`.
@@ -180,8 +181,8 @@ Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction
 Tensor binary_cross_entropy(const Tensor& probs, const Tensor& target, Reduction reduction = Reduction::mean,
                             const Tensor& weight = {});
 // KL(target || input) with input as log-probabilities: target (log target - input), 0 where target is
-// 0; log_target: target given as log-probabilities. Mean is over elements (PyTorch's default); use
-// batchmean for the true mean KL per sample.
+// exactly 0, NaN where it is negative (PyTorch's); log_target: target given as log-probabilities. Mean
+// is over elements (PyTorch's default); use batchmean for the true mean KL per sample.
 Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean,
               bool log_target = false);
 // max(0, -y (x1 - x2) + margin), y = +-1.
@@ -209,7 +210,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
 // Zeroes elements with probability p and scales the rest by 1/(1-p); the mask comes from the
 // Philox stream, so a (seed, offset) reproduces it on any device.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
-// q [..., L, D], k [..., S, D], v [..., S, Dv]; mask additive, broadcastable to [..., L, S]. k and v
+// q [..., L, D], k [..., S, D], v [..., S, Dv]; mask additive, broadcastable to [..., L, S], or bool
+// (True: attended, as PyTorch's; see masked_softmax). k and v
 // may have fewer heads (dim -3) than q, dividing them (grouped-query and multi-query attention):
 // query head h reads key/value head h / (q heads / kv heads).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},

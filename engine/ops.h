@@ -33,7 +33,8 @@ Tensor ones_like(const Tensor& t);
 Tensor full_like(const Tensor& t, double value);
 Tensor empty_like(const Tensor& t);
 Tensor scalar_tensor(double value, TensorOptions opts = {});  // 0-dim
-// [start, end) with `step`; the number of elements is ceil((end - start) / step).
+// [start, end) with `step`; the number of elements is ceil((end - start) / step). A step leading
+// away from end is an error (start == end gives an empty range), as PyTorch's.
 Tensor arange(double start, double end, double step = 1.0, TensorOptions opts = {DType::i64});
 Tensor arange(int64_t end, TensorOptions opts = {DType::i64});
 Tensor eye(int64_t n, int64_t m = -1, TensorOptions opts = {});
@@ -252,6 +253,8 @@ Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands);
 
 // ---- shape ops as free functions (also on Tensor) -----------------------------------------------
 Shape broadcast_shapes(const Shape& a, const Shape& b);
-bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+// |a - b| <= atol + rtol |b| everywhere, PyTorch's: the shapes broadcast, an infinity matches only
+// itself, NaN matches NaN only with equal_nan.
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
 
 }  // namespace kiln

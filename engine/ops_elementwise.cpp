@@ -315,9 +315,10 @@ Tensor atan2(const Tensor& a, const Tensor& b) {
   if (autograd::needs_grad({a, b})) {
     SavedTensor sa(a), sb(b);
     autograd::record("atan2", {a, b}, {out}, [sa, sb](const GradCtx& c) -> std::vector<Tensor> {
-      // d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2).
+      // d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2); 0 at a = b = 0 (PyTorch's), not 0/0.
       const Tensor a = sa.unpack("atan2"), b = sb.unpack("atan2");
-      const Tensor gr = c.g() / (a * a + b * b);
+      const Tensor r2 = a * a + b * b;
+      const Tensor gr = c.g() / where(eq(r2, scalar_like(0.0, r2)), ones_like(r2), r2);
       return {c.needs_grad(0) ? gr * b : Tensor(), c.needs_grad(1) ? neg(gr * a) : Tensor()};
     });
   }
@@ -822,12 +823,21 @@ Tensor operator/(double s, const Tensor& a) {
   return with_number(a, s, true, [](const Tensor& x, const Tensor& y) { return div(x, y); });
 }
 
-bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
-  if (a.shape() != b.shape()) return false;
-  const std::vector<double> x = a.to_vector(), y = b.to_vector();
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
+  const OpScope scope("allclose");
+  KILN_CHECK(rtol >= 0 && atol >= 0, "allclose: rtol and atol must be >= 0, got ", rtol, " and ", atol);
+  // PyTorch's rule: the shapes broadcast (an error where they cannot); NaN matches NaN only with
+  // equal_nan; an infinity matches only the same infinity (|inf - x| <= atol + rtol |x| is true for
+  // x = inf or -inf, so they are compared first).
+  const Shape s = broadcast_shapes(a.shape(), b.shape());
+  const std::vector<double> x = a.expand(s).to_vector(), y = b.expand(s).to_vector();
   for (size_t i = 0; i < x.size(); ++i) {
     if (std::isnan(x[i]) || std::isnan(y[i])) {
-      if (!(std::isnan(x[i]) && std::isnan(y[i]))) return false;
+      if (!(equal_nan && std::isnan(x[i]) && std::isnan(y[i]))) return false;
+      continue;
+    }
+    if (std::isinf(x[i]) || std::isinf(y[i])) {
+      if (x[i] != y[i]) return false;
       continue;
     }
     if (std::abs(x[i] - y[i]) > atol + rtol * std::abs(y[i])) return false;

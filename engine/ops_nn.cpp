@@ -1,6 +1,8 @@
 // Neural-network ops over the backend's fused kernels: convolution, pooling, normalisation,
 // softmax and cross-entropy. 16-bit inputs compute in f32 and return their own dtype.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
@@ -123,12 +125,23 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& weight_in, const Tenso
   for (int i = 0; i < 2; ++i) {
     KILN_CHECK(stride[i] >= 1 && dilation[i] >= 1 && padding[i] >= 0, op,
                ": stride and dilation must be >= 1 and padding >= 0");
-    KILN_CHECK(output_padding[i] >= 0 && output_padding[i] < stride[i], op, ": output_padding [", output_padding[0],
-               ",", output_padding[1], "] must be >= 0 and smaller than the stride [", stride[0], ",", stride[1], "]");
+    KILN_CHECK(output_padding[i] >= 0 && output_padding[i] < std::max(stride[i], dilation[i]), op, ": output_padding [",
+               output_padding[0], ",", output_padding[1], "] must be >= 0 and smaller than the stride [", stride[0],
+               ",", stride[1], "] or the dilation [", dilation[0], ",", dilation[1], "] (PyTorch's rule)");
   }
   const int64_t c_out = weight.size(1) * groups;
   if (bias.defined())
     KILN_CHECK(bias.dim() == 1 && bias.size(0) == c_out, op, ": bias ", bias.shape(), " must be [", c_out, "]");
+  // output_padding of a stride or more (which a larger dilation allows) is past the rows the adjoint
+  // convolution reaches (cuDNN refuses such an output size): the transpose with output_padding
+  // stride - 1, then zero rows (columns) to the size asked, then the bias over all of it, as PyTorch's.
+  if (output_padding[0] >= stride[0] || output_padding[1] >= stride[1]) {
+    const Pair reached{std::min(output_padding[0], stride[0] - 1), std::min(output_padding[1], stride[1] - 1)};
+    Tensor y = conv_transpose2d(x_in, weight_in, Tensor(), stride, padding, reached, groups, dilation);
+    y = pad(y, {0, output_padding[1] - reached[1], 0, output_padding[0] - reached[0]});
+    if (bias.defined()) y = y + (bias.dtype() == y.dtype() ? bias : cast(bias, y.dtype())).reshape({1, c_out, 1, 1});
+    return y;
+  }
   auto out_size = [&](int i) {
     return (x.size(2 + i) - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.size(2 + i) - 1) +
            output_padding[i] + 1;
@@ -509,8 +522,11 @@ Tensor masked_softmax(const Tensor& input, const Tensor& mask_in, double scale, 
                x.shape());
     KILN_CHECK(x.dim() - 1 <= MaskRows::kMaxDims, "masked_softmax: at most ", MaskRows::kMaxDims + 1,
                " dims with a mask, got ", x.shape());
-    // Right-aligned broadcast of the mask over x, as strides of its contiguous copy.
-    mc = kin(mask_in, ct);
+    // Right-aligned broadcast of the mask over x, as strides of its contiguous copy. A bool mask keeps
+    // its True places (PyTorch's scaled_dot_product_attention): 0 there, -inf elsewhere.
+    mc = mask_in.dtype() == DType::boolean ? masked_fill(zeros(mask_in.shape(), TensorOptions(ct, dev)),
+                                                         logical_not(mask_in), -std::numeric_limits<double>::infinity())
+                                           : kin(mask_in, ct);
     const int64_t off = x.dim() - mc.dim();
     const Shape ms = contiguous_strides(mc.shape());
     auto stride_for = [&](int64_t d) -> int64_t {  // d: a dim of x
@@ -792,12 +808,12 @@ Tensor binary_cross_entropy(const Tensor& p_in, const Tensor& y_in, Reduction re
 }
 Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction, bool log_target) {
   check_same_shape("kl_div", input, target);
-  // target * (log target - input), 0 where target is 0 (the limit of t log t).
-  const Tensor per =
-      log_target ? exp(target) * (target - input)
-                 : where(gt(target, scalar_like(0, target)),
-                         target * (log(where(gt(target, scalar_like(0, target)), target, ones_like(target))) - input),
-                         zeros_like(input * target));
+  // target * (log target - input), 0 where target is exactly 0 (the limit of t log t); a negative
+  // target gives NaN (its log), as PyTorch's xlogy, not a number that hides it.
+  const Tensor nonzero = ne(target, scalar_like(0, target));
+  const Tensor per = log_target ? exp(target) * (target - input)
+                                : where(nonzero, target * (log(where(nonzero, target, ones_like(target))) - input),
+                                        zeros_like(input * target));
   return reduce_loss(per, reduction);
 }
 Tensor margin_ranking_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin, Reduction reduction) {

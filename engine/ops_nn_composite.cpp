@@ -47,7 +47,13 @@ Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
 
 Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
                         int64_t output_padding, int64_t groups, int64_t dilation) {
-  check_conv_dims("conv_transpose1d", x, weight, 1, "[N, C_in, L]", "[C_in, C_out/groups, k]");
+  const char* op = "conv_transpose1d";
+  check_conv_dims(op, x, weight, 1, "[N, C_in, L]", "[C_in, C_out/groups, k]");
+  KILN_CHECK(stride >= 1 && dilation >= 1 && padding >= 0, op, ": stride ", stride, " and dilation ", dilation,
+             " must be >= 1 and padding ", padding, " >= 0");
+  KILN_CHECK(output_padding >= 0 && output_padding < std::max(stride, dilation), op, ": output_padding ",
+             output_padding, " must be >= 0 and smaller than the stride ", stride, " or the dilation ", dilation,
+             " (PyTorch's rule)");
   return conv_transpose2d(x.unsqueeze(2), weight.unsqueeze(2), bias, {1, stride}, {0, padding}, {0, output_padding},
                           groups, {1, dilation})
       .squeeze(2);

@@ -18,6 +18,16 @@ struct Plan {
   Shape out_shape;   // keep_shape, or with those dims removed
 };
 
+// The elements of each slice a reduction over dims_in reads (plan_reduce's r, without its copy).
+int64_t slice_count(const Tensor& a, const std::vector<int64_t>& dims_in, const char* op) {
+  if (a.dim() == 0) return 1;
+  const std::vector<int64_t> dims = detail::normalize_dims(dims_in, a.dim(), op);
+  if (dims.empty()) return a.numel();
+  int64_t r = 1;
+  for (int64_t d : dims) r *= a.size(d);
+  return r;
+}
+
 Plan plan_reduce(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim, const char* op) {
   Plan p;
   const int64_t nd = a.dim();
@@ -115,19 +125,10 @@ namespace {
 
 Tensor extreme_all(const char* name, ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   Plan p = plan_reduce(a, dims, keepdim, name);
-  if (p.r == 0) {  // nothing to compare: the reduction's identity, where the dtype has one
-    KILN_CHECK(is_floating(a.dtype()), name, ": cannot reduce ", a.dtype(), " over an empty dim of ", a.shape(),
-               " (no identity: only floating tensors have -inf/+inf)");
-    const double inf = std::numeric_limits<double>::infinity();
-    Tensor out = full(p.out_shape, op == ReduceOp::max ? -inf : inf, TensorOptions(a.dtype(), a.device()));
-    if (autograd::needs_grad({a})) {
-      const Shape in_shape = a.shape();
-      autograd::record(name, {a}, {out}, [in_shape](const GradCtx& c) -> std::vector<Tensor> {
-        return {zeros(in_shape, TensorOptions(c.g().dtype(), c.g().device()))};
-      });
-    }
-    return out;
-  }
+  // Nothing to compare is an error, as PyTorch's amax/amin (and max/min over a dim): no result would
+  // be one of the slice's values.
+  KILN_CHECK(p.r > 0, name, ": cannot reduce over an empty dim of ", a.shape(),
+             " (the slice has no elements to take the ", op == ReduceOp::max ? "largest" : "smallest", " of)");
   Tensor out = run_reduce(op, p, a.dtype());
   if (autograd::needs_grad({a})) {
     SavedTensor sa(a), so(out);
@@ -198,7 +199,10 @@ Tensor logsumexp(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim
   const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
   // The shift only steadies the exponentials (it cancels): no gradient through it. A slice whose
   // maximum is not finite shifts by 0 (all -inf: log(0) = -inf; +inf or NaN: inf/NaN as arithmetic says).
-  const Tensor m = amax(x.detach(), dims, true);
+  // (An empty slice has no maximum: shift 0, and its sum of exponentials 0 gives -inf.)
+  const Tensor m = slice_count(x, dims, "logsumexp") == 0
+                       ? zeros(plan_reduce(x, dims, true, "logsumexp").keep_shape, TensorOptions(x.dtype(), x.device()))
+                       : amax(x.detach(), dims, true);
   const Tensor shift = where(isfinite(m), m, zeros_like(m));
   const Tensor out = log(sum(exp(x - shift), dims, true)) + shift;
   if (keepdim) return out;
@@ -211,8 +215,23 @@ Tensor norm(const Tensor& a, double p, const std::vector<int64_t>& dims, bool ke
   if (is_low_precision(a.dtype()) && !std::isinf(p) && p != 0)  // sums of powers: f16 300^2 overflowed
     return in_f32_at_least(a, [&](const Tensor& xw) { return norm(xw, p, dims, keepdim); });
   const Tensor x = is_floating(a.dtype()) ? a : a.to(DType::f32);
-  if (std::isinf(p)) return p > 0 ? amax(abs(x), dims, keepdim) : amin(abs(x), dims, keepdim);
-  if (p == 0) return cast(sum(ne(x.detach(), scalar_like(0, x)), dims, keepdim), x.dtype());
+  if (std::isinf(p)) {
+    KILN_CHECK(slice_count(x, dims, "norm") > 0, "norm: the ", p > 0 ? "inf" : "-inf", " norm of an empty slice of ",
+               a.shape(), " has no value (no maximum), as PyTorch's refuses");
+    return p > 0 ? amax(abs(x), dims, keepdim) : amin(abs(x), dims, keepdim);
+  }
+  if (p == 0) {
+    // The number of non-zeros: piecewise constant, so its gradient is zeros, but the result stays in
+    // the graph (requires_grad), as PyTorch's.
+    const Tensor out = cast(sum(ne(x.detach(), scalar_like(0, x)), dims, keepdim), x.dtype());
+    if (autograd::needs_grad({x})) {
+      const Shape in_shape = x.shape();
+      autograd::record("norm", {x}, {out}, [in_shape](const GradCtx& c) -> std::vector<Tensor> {
+        return {zeros(in_shape, TensorOptions(c.g().dtype(), c.g().device()))};
+      });
+    }
+    return out;
+  }
   if (p == 1) return sum(abs(x), dims, keepdim);
   if (p == 2) {
     // sqrt(sum(x^2)) with the gradient x / norm, and 0 where the norm is 0 (sqrt's inf would make NaN).

@@ -140,6 +140,13 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) 
   Tensor out;
   if (r == 0) {
     out = ones(kept, TensorOptions(is_floating(x.dtype()) ? x.dtype() : DType::i64, x.device()));
+    // Still part of the graph, as PyTorch's: its gradient is zeros of x's (empty) shape.
+    if (autograd::needs_grad({x})) {
+      const Shape in_shape = x.shape();
+      autograd::record("prod", {x}, {out}, [in_shape](const GradCtx& c) -> std::vector<Tensor> {
+        return {zeros(in_shape, TensorOptions(c.g().dtype(), c.g().device()))};
+      });
+    }
   } else {
     out = cumprod(x.permute(perm).reshape(flat), -1).select(-1, r - 1);
   }

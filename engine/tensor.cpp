@@ -445,6 +445,7 @@ int64_t Tensor::stride(int64_t d) const {
 bool Tensor::is_contiguous(MemoryFormat format) const {
   if (format == MemoryFormat::contiguous) return is_contiguous();
   if (dim() != 4) return false;
+  if (numel() == 0) return true;
   int64_t expected = 1;
   for (int64_t i : {1, 3, 2, 0}) {  // C, W, H, N: innermost first
     const int64_t s = shape()[size_t(i)];
@@ -456,6 +457,9 @@ bool Tensor::is_contiguous(MemoryFormat format) const {
 }
 
 bool Tensor::is_contiguous() const {
+  // An empty tensor has no element to misplace: contiguous whatever its strides (PyTorch's rule; its
+  // contiguous strides, like contiguous_strides', count a size-0 dim as 1).
+  if (numel() == 0) return true;
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     const int64_t s = shape()[size_t(i)];

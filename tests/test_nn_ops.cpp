@@ -830,9 +830,16 @@ TEST_CASE("nn: masked_softmax equals softmax(scale * x + mask) for every mask br
       const Tensor m = rnd(ms, 72).to(dt);
       check_close(masked_softmax(xd, m, 0.5).to_vector(), softmax(xd * 0.5 + m, -1).to_vector(), 1e-6);
     }
-    // A bool mask adds 0 or 1, as x + mask does.
+    // A bool mask keeps its True places, as PyTorch's scaled_dot_product_attention: the additive mask
+    // 0 there and -inf elsewhere, no weight where False (it added 0 or 1, as x + mask).
     const Tensor bm = lt(rand({4, 5}, DType::f64), scalar_tensor(0.5, DType::f64));
-    check_close(masked_softmax(xd, bm).to_vector(), softmax(xd + bm, -1).to_vector(), 1e-6);
+    const Tensor add =
+        masked_fill(zeros({4, 5}, TensorOptions(dt)), logical_not(bm), -std::numeric_limits<double>::infinity());
+    const std::vector<double> kept = masked_softmax(xd, bm).to_vector();
+    check_close(kept, masked_softmax(xd, add).to_vector(), 1e-12);
+    const std::vector<double> keep = bm.expand(xd.shape()).to_vector();
+    for (size_t i = 0; i < kept.size(); ++i)
+      if (keep[i] == 0) CHECK(kept[i] == 0.0);
   }
   // A fully masked row follows softmax's rule (0/0), a partly masked one puts no weight on -inf.
   Tensor inf_mask = zeros({2, 5}, TensorOptions(DType::f64));

@@ -455,19 +455,27 @@ TEST_CASE("ops: reductions over an empty dim give their identity") {
   const Tensor e = zeros({0, 3});
   CHECK(sum(e, {0}).to_vector() == std::vector<double>{0, 0, 0});
   for (double m : mean(e, {0}).to_vector()) CHECK(std::isnan(m));
-  CHECK(amax(e, {0}).to_vector() == std::vector<double>(3, -std::numeric_limits<double>::infinity()));
-  CHECK(amin(e, {0}).to_vector() == std::vector<double>(3, std::numeric_limits<double>::infinity()));
   CHECK(logsumexp(e, {0}).to_vector() == std::vector<double>(3, -std::numeric_limits<double>::infinity()));
   CHECK(any(e, {0}).to_vector() == std::vector<double>{0, 0, 0});
   CHECK(all(e, {0}).to_vector() == std::vector<double>{1, 1, 1});
   CHECK(count_nonzero(e, {0}).to_vector() == std::vector<double>{0, 0, 0});
   CHECK(norm(e, 2, {0}).to_vector() == std::vector<double>{0, 0, 0});
-  // amax over nothing of an integer tensor has no identity: an error naming the dtype and shape.
-  CHECK_THROWS_WITH_AS(amax(zeros({0, 3}, TensorOptions(DType::i64)), {0}), doctest::Contains("i64"), kiln::Error);
+  // amax/amin (and the inf norm) over nothing have no value: an error naming the op and the shape, as
+  // PyTorch's, for every dtype. Over a dim with elements, an empty tensor gives an empty result.
+  CHECK_THROWS_WITH_AS(amax(e, {0}), doctest::Contains("amax: cannot reduce over an empty dim of [0,3]"), kiln::Error);
+  CHECK_THROWS_WITH_AS(amin(e, {0}), doctest::Contains("amin: cannot reduce over an empty dim"), kiln::Error);
+  CHECK_THROWS_WITH_AS(amax(e), doctest::Contains("amax"), kiln::Error);
+  CHECK_THROWS_WITH_AS(amax(zeros({0, 3}, TensorOptions(DType::i64)), {0}), doctest::Contains("amax"), kiln::Error);
+  CHECK_THROWS_WITH_AS(norm(e, std::numeric_limits<double>::infinity(), {0}), doctest::Contains("norm: the inf norm"),
+                       kiln::Error);
+  CHECK(amax(e, {1}).shape() == Shape{0});
   // Gradients through an empty reduction are empty, not an error.
   Tensor x = zeros({0, 3}).set_requires_grad();
-  sum(amax(x, {0})).backward();
+  sum(amax(x, {1})).backward();
   CHECK(x.grad().shape() == Shape{0, 3});
+  Tensor xl = zeros({0, 3}).set_requires_grad();
+  sum(logsumexp(xl, {0})).backward();
+  CHECK(xl.grad().shape() == Shape{0, 3});
   // logsumexp of a slice of -inf is -inf; of large values, max + log(n) without overflow.
   const double inf = std::numeric_limits<double>::infinity();
   CHECK(logsumexp(from_vector({-inf, -inf}, {2})).item<double>() == -inf);
@@ -986,9 +994,36 @@ TEST_CASE("ops: allclose") {
   CHECK(allclose(a, a));
   CHECK(allclose(a, from_vector({1, 2, 3.00001}, {3}), 1e-4));
   CHECK(!allclose(a, from_vector({1, 2, 3.1}, {3})));
-  CHECK(!allclose(a, from_vector({1, 2, 3}, {3, 1})));  // shapes differ
+  CHECK(!allclose(a, from_vector({1, 2, 3}, {3, 1})));  // [3, 3] after broadcasting: rows against columns
   CHECK(allclose(a, from_vector({1, 2, 3.05}, {3}), 0.0, 0.1));
   CHECK(allclose(a.to(DType::f64), a));
+  // PyTorch's rules: shapes broadcast ([2] against [1]), an infinity matches only itself (|inf - -inf| <=
+  // atol + rtol inf held), NaN matches NaN only with equal_nan.
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  CHECK(allclose(from_vector({1, 1}, {2}), from_vector({1}, {1})));
+  CHECK_THROWS_WITH_AS(allclose(a, from_vector({1, 2}, {2})), doctest::Contains("allclose: shapes [3] and [2]"),
+                       kiln::Error);
+  CHECK(!allclose(from_vector({inf}, {1}), from_vector({-inf}, {1})));
+  CHECK(!allclose(from_vector({1e10}, {1}), from_vector({inf}, {1})));
+  CHECK(allclose(from_vector({inf, -inf}, {2}), from_vector({inf, -inf}, {2})));
+  CHECK(!allclose(from_vector({nan}, {1}), from_vector({nan}, {1})));
+  CHECK(allclose(from_vector({nan, 1}, {2}), from_vector({nan, 1}, {2}), 1e-5, 1e-8, true));
+  CHECK(!allclose(from_vector({nan}, {1}), from_vector({1}, {1}), 1e-5, 1e-8, true));
+}
+
+TEST_CASE("ops: an empty tensor is contiguous, and an empty product is zeros") {
+  // PyTorch's rule: no element can be out of place (its strides count a size-0 dim as 1, as Kiln's).
+  const Tensor e = zeros({2, 0});
+  CHECK(e.is_contiguous());
+  CHECK(e.strides() == Shape{1, 1});
+  Tensor a = randn({2, 0}).set_requires_grad(), b = randn({0, 3}).set_requires_grad();
+  const Tensor y = matmul(a, b);  // was "assertion out.is_contiguous() failed"
+  CHECK(y.shape() == Shape{2, 3});
+  CHECK(y.to_vector() == std::vector<double>(6, 0.0));
+  sum(y).backward();
+  CHECK(a.grad().shape() == Shape{2, 0});
+  CHECK(b.grad().shape() == Shape{0, 3});
+  CHECK(linear(randn({2, 4}), randn({0, 4})).shape() == Shape{2, 0});
 }
 
 // ---- reductions -------------------------------------------------------------------------------------

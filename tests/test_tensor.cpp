@@ -182,8 +182,11 @@ TEST_CASE("tensor: arange with positive, negative and fractional steps") {
   check_values(arange(-1.0, 1.0, 0.5, DType::f32), {-1, -0.5, 0, 0.5});
   CHECK(arange(0.0, 1.0, 0.3, DType::f32).numel() == 4);  // ceil(3.33)
   CHECK(arange(3.0, 3.0).numel() == 0);
-  CHECK(arange(0.0, -3.0).numel() == 0);  // wrong direction: empty
-  CHECK(arange(0.0, 3.0, -1.0).numel() == 0);
+  // A step leading away from the end is an error, as PyTorch's (it was an empty range).
+  CHECK_THROWS_WITH_AS(arange(0.0, -3.0), doctest::Contains("inconsistent with step sign"), Error);
+  CHECK_THROWS_WITH_AS(arange(0.0, 3.0, -1.0),
+                       doctest::Contains("arange: the step -1 leads from start 0 away from end 3"), Error);
+  CHECK(arange(3.0, 3.0, -1.0).numel() == 0);
   CHECK(arange(int64_t(0)).numel() == 0);
   check_values(arange(int64_t(4), TensorOptions(DType::f16)), {0, 1, 2, 3});
   CHECK(arange(int64_t(4), TensorOptions(DType::f16)).dtype() == DType::f16);

@@ -89,10 +89,13 @@ Tensor opt(const std::optional<Tensor>& t) { return t ? *t : Tensor(); }
 // torch's cross_entropy: class indices go to the engine's; a floating target of the input's shape holds
 // class probabilities (soft labels: mixup, distillation): -sum_c weight_c y_c log_softmax(x)_c over the
 // class dim (1), the labels smoothed first (y (1 - s) + s / C), and a mean over the other positions (not
-// divided by the weights, as torch; ignore_index does not apply).
+// divided by the weights, as torch; ignore_index has no class to ignore there: refused unless -100,
+// its default, as torch refuses it).
 Tensor cross_entropy_py(const Tensor& x, const Tensor& t, const Tensor& w, int64_t ignore_index, Reduction r,
                         double smoothing) {
   if (!is_floating(t.dtype())) return cross_entropy(x, t, ignore_index, smoothing, r, w);
+  KILN_CHECK(ignore_index == -100, "cross_entropy: ignore_index ", ignore_index,
+             " is for class-index targets; a floating target (class probabilities) takes none (leave it -100)");
   KILN_CHECK(x.dim() >= 2 && t.shape() == x.shape(),
              "cross_entropy: a floating target holds class probabilities "
              "and must have the input's shape ",
@@ -361,11 +364,19 @@ void bind_nn_ops(nb::module_& mod) {
   m.def(
       "batch_norm",
       [](const Tensor& x, std::optional<Tensor> rm, std::optional<Tensor> rv, std::optional<Tensor> w,
-         std::optional<Tensor> b, bool training, double momentum,
-         double eps) { return batch_norm(x, opt(rm), opt(rv), opt(w), opt(b), training, momentum, eps); },
+         std::optional<Tensor> b, bool training, std::optional<double> momentum, double eps) {
+        // torch's functional form takes a number too; None (a cumulative average) needs the batch count
+        // that only the module keeps.
+        if (!momentum)
+          type_error(
+              "batch_norm: momentum must be a number, got None (the cumulative average, momentum=None, "
+              "is nn.BatchNorm's: it counts the batches; here pass 1 / batches seen)");
+        R r;
+        return batch_norm(x, opt(rm), opt(rv), opt(w), opt(b), training, *momentum, eps);
+      },
       a("input"), a("running_mean").none(), a("running_var").none(), nb::arg("weight") = nb::none(),
-      nb::arg("bias") = nb::none(), nb::arg("training") = false, nb::arg("momentum") = 0.1, nb::arg("eps") = 1e-5,
-      nogil);
+      nb::arg("bias") = nb::none(), nb::arg("training") = false, nb::arg("momentum").none() = 0.1,
+      nb::arg("eps") = 1e-5);
   m.def(
       "_instance_norm_running",
       [](const Tensor& x, std::optional<Tensor> rm, std::optional<Tensor> rv, std::optional<Tensor> w,
@@ -585,8 +596,13 @@ void bind_nn_ops(nb::module_& mod) {
       },
       a("input"), a("weight"), nb::arg("padding_idx") = nb::none(), nogil);
   m.def(
-      "dropout", [](const Tensor& x, double p, bool training) { return dropout(x, p, training); }, a("input"),
-      nb::arg("p") = 0.5, nb::arg("training") = true, nogil);
+      "dropout",
+      [](const Tensor& x, double p, bool training, bool inplace) {
+        return activation_out(x, inplace && training, dropout(x, p, training));
+      },
+      a("input"), nb::arg("p") = 0.5, nb::arg("training") = true, nb::arg("inplace") = false, nogil,
+      "Zeroes elements with probability p, scaling the rest by 1/(1-p); inplace=True writes into the input "
+      "(as torch) where Kiln may change it in place (it needs no gradient, or under kiln.no_grad()).");
   m.def(
       "scaled_dot_product_attention",
       [](const Tensor& q, const Tensor& k, const Tensor& v, std::optional<Tensor> mask, double dropout_p,
@@ -596,11 +612,7 @@ void bind_nn_ops(nb::module_& mod) {
         o.scale = scale;
         o.dropout_p = dropout_p;
         o.training = dropout_p > 0;
-        Tensor am = opt(mask);
-        if (am.defined() && am.dtype() == DType::boolean)  // torch's rule: True takes part; Kiln's masks add
-          am = masked_fill(zeros(am.shape(), TensorOptions(q.dtype(), q.device())), logical_not(am),
-                           -std::numeric_limits<double>::infinity());
-        return attention(q, k, v, am, o).out;
+        return attention(q, k, v, opt(mask), o).out;  // a bool mask: True takes part (torch's rule)
       },
       a("query"), a("key"), a("value"), nb::arg("attn_mask") = nb::none(), nb::arg("dropout_p") = 0.0,
       nb::arg("is_causal") = false, nb::arg("scale") = nb::none(), nogil,
@@ -619,7 +631,9 @@ void bind_nn_ops(nb::module_& mod) {
         R r;
         return masked_softmax(x, opt(mask), scale, cz);
       },
-      a("input"), nb::arg("mask") = nb::none(), nb::arg("scale") = 1.0, nb::arg("causal") = "none");
+      a("input"), nb::arg("mask") = nb::none(), nb::arg("scale") = 1.0, nb::arg("causal") = "none",
+      "softmax(scale * input + mask) over the last dim; mask additive, or bool keeping its True places "
+      "(-inf elsewhere, as scaled_dot_product_attention); a row with no place kept gives zeros.");
   m.def(
       "attention",
       [causal_of](const Tensor& q, const Tensor& k, const Tensor& v, std::optional<Tensor> mask,
@@ -642,13 +656,14 @@ void bind_nn_ops(nb::module_& mod) {
       a("query"), a("key"), a("value"), nb::arg("mask") = nb::none(), nb::kw_only(), nb::arg("causal") = "none",
       nb::arg("scale") = nb::none(), nb::arg("softcap") = 0.0, nb::arg("dropout_p") = 0.0, nb::arg("training") = false,
       nb::arg("need_weights") = false,
-      "Kiln's attention with all its options: an additive mask (or bias), a causal mask computed in the "
+      "Kiln's attention with all its options: an additive mask (or bias), or a bool mask keeping its True "
+      "places (as scaled_dot_product_attention), a causal mask computed in the "
       "softmax kernel, scale (default 1/sqrt(head size)), softcap; need_weights also returns the weights.");
 
   // ---- padding, resampling ----
   m.def(
       "pad",
-      [](const Tensor& x, nb::handle pad_, const std::string& mode, double value) {
+      [](const Tensor& x, nb::handle pad_, const std::string& mode, std::optional<double> value) {
         PadMode pm;
         if (mode == "constant")
           pm = PadMode::constant;
@@ -660,11 +675,15 @@ void bind_nn_ops(nb::module_& mod) {
           pm = PadMode::circular;
         else
           value_error("pad: mode must be constant, reflect, replicate or circular, got \"" + mode + "\"");
+        // torch's rule: only constant padding has a fill value (a value of 0 passes with the others).
+        if (pm != PadMode::constant && value && *value != 0.0)
+          value_error("pad: mode \"" + mode +
+                      "\" takes no value (only \"constant\" fills), got value=" + std::to_string(*value));
         const std::vector<int64_t> p = to_dims(pad_, "pad");
         R r;
-        return pad(x, p, pm, value);
+        return pad(x, p, pm, value.value_or(0.0));
       },
-      a("input"), a("pad"), nb::arg("mode") = "constant", nb::arg("value") = 0.0);
+      a("input"), a("pad"), nb::arg("mode") = "constant", nb::arg("value") = nb::none());
   m.def(
       "interpolate",
       [](const Tensor& x, nb::handle size, nb::handle scale, const std::string& mode, std::optional<bool> align_corners,

@@ -191,7 +191,15 @@ void bind_ops(nb::module_& mod) {
       "full",
       [](nb::handle size, nb::handle fill_value_, nb::handle dtype, nb::handle device, bool rg) {
         const Shape s(to_dims(size, "size"));
-        const TensorOptions o = options(dtype, device, false);
+        // No dtype: the fill value's, as torch.full and kiln.tensor infer it: a bool (Python's or
+        // NumPy's) gives bool, an int (Python's or a NumPy integer) int64, anything else float32.
+        const std::string tn = py_type_name(fill_value_);
+        const bool is_bool = PyBool_Check(fill_value_.ptr()) || tn == "numpy.bool" || tn == "numpy.bool_";
+        const bool is_int =
+            !is_bool && !nb::isinstance<Tensor>(fill_value_) && !PyFloat_Check(fill_value_.ptr()) &&
+            (PyLong_Check(fill_value_.ptr()) || tn.rfind("numpy.int", 0) == 0 || tn.rfind("numpy.uint", 0) == 0);
+        const TensorOptions o =
+            options(dtype, device, false, is_bool ? DType::boolean : (is_int ? DType::i64 : DType::f32));
         return finish(full(s, fill_value(o.dtype, fill_value_, "full: fill_value"), o), rg);
       },
       nb::arg("size"), nb::arg("fill_value"), nb::kw_only(), nb::arg("dtype") = nb::none(),
@@ -276,7 +284,11 @@ void bind_ops(nb::module_& mod) {
           const __int128 span = __int128(e) - s0;
           __int128 n = span / st;
           if (n * st != span) ++n;  // ceil: span and st have the same sign when n > 0
-          if (n < 0) n = 0;
+          // As torch (and the engine's arange): a step leading away from the end is an error.
+          if (n < 0)
+            value_error("arange: the step " + std::to_string(st) + " leads from start " + std::to_string(s0) +
+                        " away from end " + std::to_string(e) +
+                        " (upper bound and lower bound inconsistent with step sign)");
           Tensor t;
           {
             R r;
@@ -450,6 +462,8 @@ void bind_ops(nb::module_& mod) {
   m.def(
       "clamp",
       [](const Tensor& x, nb::handle lo, nb::handle hi) {
+        if (lo.is_none() && hi.is_none())  // as torch: a clamp that bounds nothing is a mistake, not a copy
+          value_error("clamp: give min or max (or both); neither bound was given");
         const bool tensors = nb::isinstance<Tensor>(lo) || nb::isinstance<Tensor>(hi);
         if (tensors) {
           const Tensor tl = lo.is_none() ? Tensor() : to_tensor(lo, &x, "min");
@@ -747,7 +761,7 @@ void bind_ops(nb::module_& mod) {
     return nb::tuple(l);
   });
   m.def("allclose", &allclose, nb::arg("input"), nb::arg("other"), nb::arg("rtol") = 1e-5, nb::arg("atol") = 1e-8,
-        nogil);
+        nb::arg("equal_nan") = false, nogil);
   m.def("cast", &cast, nb::arg("input"), nb::arg("dtype"), nogil);
 }
 

@@ -647,7 +647,7 @@ void bind_tensor(nb::module_& m) {
       .def("dim", &Tensor::dim)
       .def("numel", &Tensor::numel)
       .def("element_size", &Tensor::element_size)
-      .def("nbytes", &Tensor::nbytes)
+      .def_prop_ro("nbytes", &Tensor::nbytes)  // a property, as torch's (numel() * element_size())
       .def(
           "size",
           [](const Tensor& x, std::optional<int64_t> d) -> nb::object {

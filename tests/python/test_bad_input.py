@@ -21,7 +21,11 @@ def test_arange_dtype_follows_the_arguments():
     assert kiln.arange(2.5).tolist() == [0.0, 1.0, 2.0]
     assert kiln.arange(5, dtype=kiln.float64).dtype == kiln.float64
     assert kiln.arange(10, 0, -3).tolist() == [10, 7, 4, 1]
-    assert kiln.arange(3, 2).tolist() == []
+    assert kiln.arange(2, 2).tolist() == []
+    with pytest.raises(ValueError, match="inconsistent with step sign"):  # torch's error, not an empty range
+        kiln.arange(3, 2)
+    with pytest.raises(kiln.KilnError, match="arange: the step 0.5 leads from start 3 away from end 2"):
+        kiln.arange(3, 2, 0.5)
 
 
 def test_arange_is_exact_for_large_int64():

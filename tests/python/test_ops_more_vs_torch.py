@@ -1013,3 +1013,203 @@ def test_new_full_as_torch():
         kiln.zeros(2).new_full((2,), 300, dtype=kiln.uint8)
     with pytest.raises(kiln.KilnError):  # an integer tensor cannot require grad, as torch
         kiln.zeros(2).new_full((2,), 2, dtype=kiln.int64, requires_grad=True)
+
+
+# ---- the long tail: allclose, empty matmuls, bool attention masks, argument checks ----
+def near(k, t, tol=1e-10):
+    """same() for floating results of any shape (an empty one too: tolist() loses its shape)."""
+    assert tuple(k.shape) == tuple(t.shape), (tuple(k.shape), tuple(t.shape))
+    kn, tn = k.detach().double().numpy(), t.detach().double().numpy()
+    assert np.allclose(kn, tn, rtol=tol, atol=tol), np.abs(kn - tn).max()
+
+
+@pytest.mark.parametrize("a, b, kw", [
+    ([1.0, 1.0], [1.0], {}),  # broadcasts
+    ([float("nan")], [float("nan")], {}),  # NaN is not close to NaN by default
+    ([float("nan")], [float("nan")], {"equal_nan": True}),
+    ([float("inf")], [float("-inf")], {}),
+    ([float("inf")], [float("inf")], {}),
+    ([float("inf")], [1.0], {}),
+    ([1e10], [float("inf")], {}),
+    ([1.0, 2.0], [1.0, 2.00001], {}),
+    ([1.0, 2.0], [1.0, 2.1], {"rtol": 0.1}),
+])
+def test_allclose_as_torch(a, b, kw):
+    assert kiln.allclose(kiln.tensor(a), kiln.tensor(b), **kw) == torch.allclose(torch.tensor(a), torch.tensor(b), **kw)
+
+
+def test_allclose_refuses_shapes_that_do_not_broadcast():
+    with pytest.raises(kiln.KilnError, match=r"\[2\].*\[3\]|broadcast"):
+        kiln.allclose(kiln.ones(2), kiln.ones(3))
+
+
+def test_empty_tensors_are_contiguous_with_torchs_strides():
+    for shape in [(2, 0), (0, 3), (2, 0, 3), (0,)]:
+        k, t = kiln.zeros(*shape), torch.zeros(*shape)
+        assert k.is_contiguous() and t.is_contiguous()
+        assert tuple(k.stride()) == tuple(t.stride()), shape
+
+
+@pytest.mark.parametrize("fn", [
+    lambda m, a, b: m.nn.functional.linear(a, b),
+    lambda m, a, b: a @ b.t(),
+    lambda m, a, b: m.bmm(a.unsqueeze(0), b.t().unsqueeze(0)),
+])
+@pytest.mark.parametrize("sa, sb", [((2, 4), (0, 4)), ((0, 4), (3, 4)), ((2, 0), (3, 0))])
+def test_matmuls_with_empty_operands_as_torch(fn, sa, sb):
+    a, b = RNG.standard_normal(sa), RNG.standard_normal(sb)
+    ka, ta = both(a, grad=True)
+    kb, tb = both(b, grad=True)
+    ko, to = fn(kiln, ka, kb), fn(torch, ta, tb)
+    near(ko, to)  # [2, 0] @ [0, 3] is zeros [2, 3], as torch
+    ko.sum().backward()
+    to.sum().backward()
+    near(ka.grad, ta.grad)
+    near(kb.grad, tb.grad)
+
+
+def test_linear_with_no_inputs_trains_as_torch():
+    km, tm = kiln.nn.Linear(0, 3), torch.nn.Linear(0, 3)
+    with torch.no_grad():
+        tm.bias.copy_(torch.from_numpy(km.bias.detach().numpy()))
+    ky, ty = km(kiln.zeros(2, 0, requires_grad=True)), tm(torch.zeros(2, 0, requires_grad=True))
+    near(ky, ty.double())
+    ky.sum().backward()
+    ty.sum().backward()
+    assert tuple(km.weight.grad.shape) == (3, 0)
+    near(km.bias.grad, tm.bias.grad.double())
+
+
+def test_bool_attention_masks_keep_their_true_places_as_torchs_sdpa():
+    q, k, v = arr_qkv = [RNG.standard_normal(s) for s in [(1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4)]]
+    mask = np.array([[True, False, True, False, True], [False] * 5, [True] * 5])  # a row of nothing: zeros
+    kq, kk, kv = [kiln.tensor(a) for a in arr_qkv]
+    tq, tk, tv = [torch.tensor(a) for a in arr_qkv]
+    want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.tensor(mask))
+    want = torch.nan_to_num(want)  # torch's math path may give NaN for the fully masked row; Kiln's zeros
+    km = kiln.tensor(mask)
+    F = kiln.nn.functional
+    near(F.scaled_dot_product_attention(kq, kk, kv, attn_mask=km), want)
+    near(F.attention(kq, kk, kv, km), want)
+    scores = kiln.tensor(RNG.standard_normal((3, 5)))
+    tw = torch.softmax(torch.tensor(scores.numpy()).masked_fill(~torch.tensor(mask), float("-inf")), -1)
+    near(F.masked_softmax(scores, km), torch.nan_to_num(tw))
+
+
+def test_multihead_attention_bool_masks_leave_out_their_true_places_as_torch():
+    torch.manual_seed(0)
+    tm = torch.nn.MultiheadAttention(4, 2).double()
+    km = kiln.nn.MultiheadAttention(4, 2)
+    km.load_state_dict({n: kiln.tensor(p.detach().numpy()).float() for n, p in tm.state_dict().items()})
+    x = RNG.standard_normal((3, 2, 4))
+    attn = np.array([[False, True, False], [False, False, True], [False, False, False]])
+    pad = np.array([[False, False, True], [False, False, False]])
+    ko = km(*[kiln.tensor(x).float()] * 3, attn_mask=kiln.tensor(attn), key_padding_mask=kiln.tensor(pad))[0]
+    to = tm(*[torch.tensor(x)] * 3, attn_mask=torch.tensor(attn), key_padding_mask=torch.tensor(pad))[0]
+    near(ko.double(), to, tol=1e-5)
+
+
+def test_atan2_gradient_at_the_origin_is_torchs():
+    ka, ta = both([0.0, 1.0, 0.0], grad=True)
+    kb, tb = both([0.0, 1.0, -2.0], grad=True)
+    kiln.atan2(ka, kb).sum().backward()
+    torch.atan2(ta, tb).sum().backward()
+    near(ka.grad, ta.grad)
+    near(kb.grad, tb.grad)
+
+
+@pytest.mark.parametrize("value", [3, True, 2.5, -7])
+def test_full_infers_the_dtype_from_the_value_as_torch(value):
+    k, t = kiln.full((2,), value), torch.full((2,), value)
+    assert str(k.dtype).split(".")[-1] == str(t.dtype).split(".")[-1]
+    assert k.tolist() == t.tolist()
+    assert kiln.full((2,), 3, dtype=kiln.float32).dtype == kiln.float32
+
+
+def test_conv_transpose_takes_output_padding_below_the_dilation_as_torch():
+    x, w, b = RNG.standard_normal((1, 2, 5, 5)), RNG.standard_normal((2, 3, 3, 3)), RNG.standard_normal(3)
+    kx, tx = both(x, grad=True)
+    kw, tw = both(w, grad=True)
+    kb, tb = both(b, grad=True)
+    F, TF = kiln.nn.functional, torch.nn.functional
+    for kwargs in [dict(dilation=2, output_padding=1), dict(stride=(2, 1), dilation=3, output_padding=(1, 2))]:
+        ko, to = F.conv_transpose2d(kx, kw, kb, **kwargs), TF.conv_transpose2d(tx, tw, tb, **kwargs)
+        near(ko, to)
+        (ko * ko).sum().backward()
+        (to * to).sum().backward()
+        for kg, tg in [(kx, tx), (kw, tw), (kb, tb)]:
+            near(kg.grad, tg.grad, tol=1e-9)
+            kg.grad, tg.grad = None, None
+    k1 = F.conv_transpose1d(kiln.tensor(x[..., 0]), kiln.tensor(w[..., 0]), dilation=2, output_padding=1)
+    near(k1, TF.conv_transpose1d(torch.tensor(x[..., 0]), torch.tensor(w[..., 0]), dilation=2, output_padding=1))
+    with pytest.raises(kiln.KilnError, match=r"conv_transpose1d: output_padding 2 .*stride 1 or the dilation 2"):
+        F.conv_transpose1d(kiln.tensor(x[..., 0]), kiln.tensor(w[..., 0]), dilation=2, output_padding=2)
+
+
+def test_arguments_torch_refuses_are_refused():
+    F = kiln.nn.functional
+    x, p = kiln.randn(4, 3), kiln.randn(4, 3).softmax(-1)
+    with pytest.raises(kiln.KilnError, match="cross_entropy: ignore_index 1 .*floating target"):
+        F.cross_entropy(x, p, ignore_index=1)
+    F.cross_entropy(x, p)  # the default still passes
+    with pytest.raises(ValueError, match=r"pad: mode \"reflect\" takes no value"):
+        F.pad(kiln.randn(1, 2, 4), (1, 1), mode="reflect", value=9.0)
+    F.pad(kiln.randn(1, 2, 4), (1, 1), mode="reflect", value=0.0)  # torch takes 0
+    with pytest.raises(kiln.KilnError, match="amax: cannot reduce over an empty dim"):
+        kiln.amax(kiln.zeros(0, 3), 0)
+    with pytest.raises(kiln.KilnError, match="amin: cannot reduce over an empty dim"):
+        kiln.amin(kiln.zeros(0, 3), 0)
+    assert tuple(kiln.amax(kiln.zeros(0, 3), 1).shape) == (0,)
+    with pytest.raises(kiln.KilnError, match="arange: the step -1 .*inconsistent with step sign"):
+        kiln.arange(0, 5, -1)
+    assert tuple(kiln.arange(5, 5, -1).shape) == (0,)
+    with pytest.raises(ValueError, match="clamp: give min or max"):
+        kiln.clamp(kiln.arange(3.0))
+    with pytest.raises(TypeError, match="batch_norm: momentum must be a number, got None"):
+        F.batch_norm(kiln.randn(4, 3), kiln.zeros(3), kiln.ones(3), training=True, momentum=None)
+
+
+def test_kl_div_with_a_negative_target_is_nan_as_torch():
+    for t in [[-0.1, 0.5], [0.0, 0.5], [0.2, 0.8]]:
+        ki, ti = both([-1.0, -2.0], grad=True)
+        kt, tt = both(t)
+        ko = kiln.nn.functional.kl_div(ki, kt, reduction="none")
+        to = torch.nn.functional.kl_div(ti, tt, reduction="none")
+        assert np.array_equal(np.isnan(ko.detach().numpy()), np.isnan(to.detach().numpy())), t
+        assert np.allclose(ko.detach().numpy(), to.detach().numpy(), equal_nan=True), t
+        ko.sum().backward()
+        to.sum().backward()
+        near(ki.grad, ti.grad)
+
+
+def test_dropout_inplace_writes_into_the_input_as_torch():
+    F = kiln.nn.functional
+    for drop in [lambda x: kiln.nn.Dropout(0.5, inplace=True)(x), lambda x: F.dropout(x, 0.5, True, True),
+                 lambda x: F.dropout(x, p=0.5, inplace=True), lambda x: kiln.nn.Dropout2d(0.5, inplace=True)(x)]:
+        x = kiln.ones(4, 8, 2, 2)
+        y = drop(x)
+        assert np.array_equal(x.numpy(), y.numpy())
+        assert (x.numpy() == 0).any() and (x.numpy() == 2).any()
+    x = kiln.ones(4, 8)
+    y = F.dropout(x, 0.5)  # not in place by default
+    assert (x.numpy() == 1).all() and (y.numpy() == 0).any()
+    x = kiln.ones(4, 8, requires_grad=True)  # a leaf needing a gradient: a new tensor, as the activations
+    F.dropout(x, 0.5, inplace=True).sum().backward()
+    assert (x.detach().numpy() == 1).all()
+
+
+def test_empty_prod_and_zero_norm_stay_in_the_graph_as_torch():
+    for kfn, tfn, shape in [(kiln.prod, torch.prod, (0,)), (lambda x: kiln.norm(x, 0), lambda x: torch.norm(x, 0), (3,)),
+                            (lambda x: kiln.prod(x, 1), lambda x: torch.prod(x, 1), (2, 0))]:
+        kx, tx = both(np.ones(shape), grad=True)
+        ko, to = kfn(kx), tfn(tx)
+        assert ko.requires_grad == to.requires_grad is True
+        near(ko, to)
+        ko.sum().backward()
+        to.sum().backward()
+        near(kx.grad, torch.zeros(shape, dtype=torch.float64) if tx.grad is None else tx.grad)  # torch: None is 0
+
+
+def test_nbytes_is_a_property_as_torch():
+    assert kiln.ones(3).nbytes == torch.ones(3).nbytes == 12
+    assert kiln.ones(2, 3, dtype=kiln.float64).t().nbytes == 48

@@ -180,9 +180,17 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     return loss.sum() if reduction == "sum" else loss.mean()
 
 
-def _channel_dropout(name, input, p, training, batched_dim):
+def _channel_dropout(name, input, p, training, batched_dim, inplace):
     """Zeroes whole channels (every element of a [N, C, ...] input's (n, c) slice) with probability p
-    and scales the others by 1 / (1 - p); an unbatched input (one dim fewer) is a batch of one."""
+    and scales the others by 1 / (1 - p); an unbatched input (one dim fewer) is a batch of one.
+    inplace=True writes the result into the input where Kiln may (as F.dropout)."""
+    y = _channel_dropout_out(name, input, p, training, batched_dim)
+    if not inplace or y is input or (_C.is_grad_enabled() and input.requires_grad):
+        return y
+    return input.copy_(y)
+
+
+def _channel_dropout_out(name, input, p, training, batched_dim):
     if not 0 <= p <= 1:
         raise _C.KilnValueError(f"{name}: dropout probability has to be between 0 and 1, but got {p}")
     if input.dim() not in (batched_dim - 1, batched_dim):
@@ -201,18 +209,18 @@ def _channel_dropout(name, input, p, training, batched_dim):
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False):
-    """Channel dropout of [N, C, L] (or [C, L]); inplace is accepted and computed out of place."""
-    return _channel_dropout("dropout1d", input, p, training, 3)
+    """Channel dropout of [N, C, L] (or [C, L]); inplace=True writes into the input where Kiln may."""
+    return _channel_dropout("dropout1d", input, p, training, 3, inplace)
 
 
 def dropout2d(input, p=0.5, training=True, inplace=False):
-    """Channel dropout of [N, C, H, W] (or [C, H, W]); inplace is accepted and computed out of place."""
-    return _channel_dropout("dropout2d", input, p, training, 4)
+    """Channel dropout of [N, C, H, W] (or [C, H, W]); inplace=True writes into the input where Kiln may."""
+    return _channel_dropout("dropout2d", input, p, training, 4, inplace)
 
 
 def dropout3d(input, p=0.5, training=True, inplace=False):
-    """Channel dropout of [N, C, D, H, W] (or [C, D, H, W]); inplace is accepted and computed out of place."""
-    return _channel_dropout("dropout3d", input, p, training, 5)
+    """Channel dropout of [N, C, D, H, W] (or [C, D, H, W]); inplace=True writes into the input where Kiln may."""
+    return _channel_dropout("dropout3d", input, p, training, 5, inplace)
 
 
 _pixel_shuffle, _pixel_unshuffle = pixel_shuffle, pixel_unshuffle

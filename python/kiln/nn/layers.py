@@ -167,7 +167,7 @@ class PReLU(Module):
     def __init__(self, num_parameters=1, init=0.25, device=None, dtype=None):
         super().__init__()
         self.num_parameters = num_parameters
-        self.weight = Parameter(_C.full([num_parameters], init))
+        self.weight = Parameter(_C.full([num_parameters], float(init)))
         _place(self, device, dtype)
 
     def forward(self, x):
@@ -245,7 +245,7 @@ class _DropoutNd(Module):
         self.p, self.inplace = _check_p(type(self).__name__, p), inplace
 
     def forward(self, x):
-        return type(self)._fn(x, self.p, self.training)
+        return type(self)._fn(x, self.p, self.training, self.inplace)
 
     def extra_repr(self):
         return f"p={self.p}, inplace={self.inplace}"

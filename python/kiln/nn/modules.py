@@ -774,7 +774,7 @@ def _check_tied(state_dict, alias, target, what="load_state_dict"):
         return
     f64 = _C.dtype.float64  # the values compared exactly, whatever the dtypes and devices
     same = tuple(v.shape) == tuple(t.shape) and _C.allclose(_C.cast(v.detach().cpu(), f64),
-                                                            _C.cast(t.detach().cpu(), f64), 0.0, 0.0)
+                                                            _C.cast(t.detach().cpu(), f64), 0.0, 0.0, True)
     if not same:
         raise KilnError(f"{what}: '{alias}' differs from '{target}': the model ties them (one tensor), so an "
                         "untied value cannot be loaded")
@@ -1224,15 +1224,15 @@ def _check_p(cls, p):
 
 
 class Dropout(Module):
-    """inplace=True is accepted for torch code; the result is computed out of place (the input is
-    left as it was)."""
+    """inplace=True writes into the input, as torch's, where Kiln may change it in place (it needs no
+    gradient, or under kiln.no_grad()); inside a graph the result is a new tensor."""
 
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
         self.p, self.inplace = _check_p(type(self).__name__, p), inplace
 
     def forward(self, x):
-        return F.dropout(x, self.p, self.training)
+        return F.dropout(x, self.p, self.training, self.inplace)
 
     def extra_repr(self):
         return f"p={self.p}, inplace={self.inplace}"
