@@ -972,7 +972,10 @@ TEST_CASE("tsv classification: a long text is cut as its whole tokens would be, 
   auto tok = pair_tokenizer();
   const auto words = [](const char* w, int n) {
     std::string s;
-    for (int i = 0; i < n; ++i) s += (i ? " " : "") + std::string(w);
+    for (int i = 0; i < n; ++i) {
+      if (i) s += ' ';
+      s += w;
+    }
     return s;
   };
   // Lengths around the room (seq_len - 3 for a pair) and far past it: the odd token of an odd room
