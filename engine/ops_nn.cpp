@@ -133,12 +133,19 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& weight_in, const Tenso
   if (bias.defined())
     KILN_CHECK(bias.dim() == 1 && bias.size(0) == c_out, op, ": bias ", bias.shape(), " must be [", c_out, "]");
   // output_padding of a stride or more (which a larger dilation allows) is past the rows the adjoint
-  // convolution reaches (cuDNN refuses such an output size): the transpose with output_padding
-  // stride - 1, then zero rows (columns) to the size asked, then the bias over all of it, as PyTorch's.
+  // convolution reaches (cuDNN refuses such an output size). The whole transpose (no padding, no
+  // output_padding), output_padding zero rows (columns) after it, then the rows [padding, padding +
+  // out) of that: the rows padding crops at the end hold data, which a cut-down output_padding and
+  // zeros after it would lose. Then the bias over all of it, as PyTorch's.
   if (output_padding[0] >= stride[0] || output_padding[1] >= stride[1]) {
-    const Pair reached{std::min(output_padding[0], stride[0] - 1), std::min(output_padding[1], stride[1] - 1)};
-    Tensor y = conv_transpose2d(x_in, weight_in, Tensor(), stride, padding, reached, groups, dilation);
-    y = pad(y, {0, output_padding[1] - reached[1], 0, output_padding[0] - reached[0]});
+    Tensor y = conv_transpose2d(x_in, weight_in, Tensor(), stride, {0, 0}, {0, 0}, groups, dilation);
+    y = pad(y, {0, output_padding[1], 0, output_padding[0]});
+    for (int i = 0; i < 2; ++i) {
+      const int64_t out = y.size(2 + i) - 2 * padding[i];  // the whole transpose + output_padding - 2 padding
+      KILN_CHECK(out > 0, op, ": input ", x.shape(), " with kernel ", weight.shape(), ", stride [", stride[0], ",",
+                 stride[1], "] and padding [", padding[0], ",", padding[1], "] gives an empty output");
+      y = y.narrow(2 + i, padding[i], out);
+    }
     if (bias.defined()) y = y + (bias.dtype() == y.dtype() ? bias : cast(bias, y.dtype())).reshape({1, c_out, 1, 1});
     return y;
   }

@@ -1,5 +1,6 @@
 // `kiln forward` end to end: weights and inputs written with the safetensors writer, the binary
 // run as a user would, its outputs and gradients compared with the same model run in-process.
+#include <cmath>
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
@@ -267,6 +268,15 @@ TEST_CASE("checkpoint names: tied decoder, two decoder biases and the bert. pref
   nn::StateDict sd = mine;
   sd["cls.predictions.decoder.weight"] = mine.at(emb).clone();
   CHECK(tools::normalise_checkpoint_names(sd, mine).count("cls.predictions.decoder.weight") == 0);
+  // The same tensor holding a NaN (a diverged run's) is still the same tensor saved twice.
+  {
+    nn::StateDict nan_sd = mine;
+    Tensor e = mine.at(emb).clone();
+    e.data<float>()[0] = std::nanf("");
+    nan_sd[emb] = e;
+    nan_sd["cls.predictions.decoder.weight"] = e.clone();
+    CHECK(tools::normalise_checkpoint_names(nan_sd, mine).count("cls.predictions.decoder.weight") == 0);
+  }
   sd["cls.predictions.decoder.weight"] = mine.at(emb) + 1.0;
   const std::string untied = "w.st: 'cls.predictions.decoder.weight' differs from '" + emb +
                              "': this model ties its decoder to the word embeddings";

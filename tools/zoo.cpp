@@ -417,7 +417,7 @@ bool ends_with(const std::string& s, const std::string& p) {
 
 // Whether two tensors of a checkpoint hold the same values (a tied pair saved twice).
 bool same_values(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && allclose(a.to(DType::f64), b.to(DType::f64), 0.0, 0.0);
+  return a.shape() == b.shape() && allclose(a.to(DType::f64), b.to(DType::f64), 0.0, 0.0, /*equal_nan=*/true);
 }
 
 std::string where(const std::string& file) { return file.empty() ? std::string() : file + ": "; }

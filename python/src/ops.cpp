@@ -198,8 +198,12 @@ void bind_ops(nb::module_& mod) {
         const bool is_int =
             !is_bool && !nb::isinstance<Tensor>(fill_value_) && !PyFloat_Check(fill_value_.ptr()) &&
             (PyLong_Check(fill_value_.ptr()) || tn.rfind("numpy.int", 0) == 0 || tn.rfind("numpy.uint", 0) == 0);
-        const TensorOptions o =
-            options(dtype, device, false, is_bool ? DType::boolean : (is_int ? DType::i64 : DType::f32));
+        // A 0-d tensor gives its own dtype, as torch.full.
+        const DType inferred = nb::isinstance<Tensor>(fill_value_) ? nb::cast<const Tensor&>(fill_value_).dtype()
+                               : is_bool                           ? DType::boolean
+                               : is_int                            ? DType::i64
+                                                                   : DType::f32;
+        const TensorOptions o = options(dtype, device, false, inferred);
         return finish(full(s, fill_value(o.dtype, fill_value_, "full: fill_value"), o), rg);
       },
       nb::arg("size"), nb::arg("fill_value"), nb::kw_only(), nb::arg("dtype") = nb::none(),
@@ -570,12 +574,11 @@ void bind_ops(nb::module_& mod) {
     m.def(
         name,
         [name, is_max](const Tensor& x, std::optional<int64_t> dim, bool keepdim) -> nb::object {
-          // An empty tensor has no largest element: refused as torch (and as max(x, 0) over an empty dim),
-          // where amax gives its -inf identity.
+          // An empty tensor has no largest element: refused as torch (and as max(x, 0) over an empty dim).
           if (!dim && x.numel() == 0)
             value_error(std::string(name) + "(): the tensor " + x.type_str() + " is empty, so it has no " +
                         (is_max ? "largest" : "smallest") +
-                        " element; give a dim (or use amax/amin, which give -inf/+inf)");
+                        " element");
           // The GIL let go for the kernel only: the result is made with it held.
           if (!dim) return nogil_result([&] { return is_max ? amax(x, {}, false) : amin(x, {}, false); });
           return nogil_result([&] { return is_max ? max(x, *dim, keepdim) : min(x, *dim, keepdim); });

@@ -1124,6 +1124,8 @@ def test_full_infers_the_dtype_from_the_value_as_torch(value):
     assert str(k.dtype).split(".")[-1] == str(t.dtype).split(".")[-1]
     assert k.tolist() == t.tolist()
     assert kiln.full((2,), 3, dtype=kiln.float32).dtype == kiln.float32
+    assert kiln.full((2,), kiln.tensor(3)).dtype == kiln.int64  # a 0-d tensor gives its dtype, as torch
+    assert kiln.full((2,), kiln.tensor(True)).dtype == kiln.bool
 
 
 def test_conv_transpose_takes_output_padding_below_the_dilation_as_torch():
@@ -1132,7 +1134,14 @@ def test_conv_transpose_takes_output_padding_below_the_dilation_as_torch():
     kw, tw = both(w, grad=True)
     kb, tb = both(b, grad=True)
     F, TF = kiln.nn.functional, torch.nn.functional
-    for kwargs in [dict(dilation=2, output_padding=1), dict(stride=(2, 1), dilation=3, output_padding=(1, 2))]:
+    # padding past the stride - 1 crops rows that hold data (a review found them zeroed).
+    for kwargs in [
+        dict(dilation=2, output_padding=1),
+        dict(stride=(2, 1), dilation=3, output_padding=(1, 2)),
+        dict(dilation=3, output_padding=(2, 0), padding=(1, 1)),
+        dict(dilation=2, output_padding=1, padding=3),
+        dict(stride=(2, 1), dilation=3, output_padding=(2, 2), padding=(1, 2)),
+    ]:
         ko, to = F.conv_transpose2d(kx, kw, kb, **kwargs), TF.conv_transpose2d(tx, tw, tb, **kwargs)
         near(ko, to)
         (ko * ko).sum().backward()
@@ -1140,8 +1149,9 @@ def test_conv_transpose_takes_output_padding_below_the_dilation_as_torch():
         for kg, tg in [(kx, tx), (kw, tw), (kb, tb)]:
             near(kg.grad, tg.grad, tol=1e-9)
             kg.grad, tg.grad = None, None
-    k1 = F.conv_transpose1d(kiln.tensor(x[..., 0]), kiln.tensor(w[..., 0]), dilation=2, output_padding=1)
-    near(k1, TF.conv_transpose1d(torch.tensor(x[..., 0]), torch.tensor(w[..., 0]), dilation=2, output_padding=1))
+    for kwargs in [dict(dilation=2, output_padding=1), dict(padding=1, dilation=3, output_padding=2)]:
+        k1 = F.conv_transpose1d(kiln.tensor(x[..., 0]), kiln.tensor(w[..., 0]), **kwargs)
+        near(k1, TF.conv_transpose1d(torch.tensor(x[..., 0]), torch.tensor(w[..., 0]), **kwargs))
     with pytest.raises(kiln.KilnError, match=r"conv_transpose1d: output_padding 2 .*stride 1 or the dilation 2"):
         F.conv_transpose1d(kiln.tensor(x[..., 0]), kiln.tensor(w[..., 0]), dilation=2, output_padding=2)
 
