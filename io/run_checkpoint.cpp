@@ -449,7 +449,10 @@ std::string short_json(const json& v, bool bare) {
   return s.size() > 160 ? s.substr(0, 150) + " ... (" + std::to_string(s.size()) + " characters)" : s;
 }
 
-std::vector<std::string> config_differences(const json& saved, const json& now) {
+std::vector<std::string> config_differences(const json& saved_given, const json& now_given) {
+  // Compared as written: the checkpoint's config holds U+FFFD where a live string (a class folder's name,
+  // a path) has a byte that is not UTF-8.
+  const json saved = io::as_written(saved_given), now = io::as_written(now_given);
   // The data's paths (--data-dir, --text, --eval-text, --vocab, --train-tsv) are not compared: the
   // same files under another path (./txt, an absolute path, a copy) continue the run. What they hold
   // is, through data_info below (each file's size and CRC-32C, the vocabulary's fingerprint).
