@@ -39,6 +39,9 @@ struct DistEnv {
   // Called when a TCP listener is up, before it accepts: rank 0's "rendezvous" listener and each
   // rank's "ring" listener, with the address and port bound. For tests and tools; may be null.
   std::function<void(const char* what, const std::string& addr, int port)> on_listen;
+  // Called on rank 0 when a rank has joined the rendezvous (proved the secret and was admitted), with
+  // that rank. For tests and tools; may be null.
+  std::function<void(int rank)> on_join;
   using Lookup = std::function<const char*(const char*)>;
   static DistEnv from_variables(const Lookup& get);
 };

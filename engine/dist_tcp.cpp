@@ -550,6 +550,7 @@ class TcpCommunicator final : public Communicator {
         port[size_t(h->rank)] = h->port;
         peers[size_t(h->rank)] = std::move(s);
         ++joined;
+        if (env.on_join) env.on_join(h->rank);
       }
       std::string table;
       for (int k = 0; k < size_; ++k) table += addr[size_t(k)] + " " + std::to_string(port[size_t(k)]) + "\n";

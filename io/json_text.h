@@ -19,4 +19,10 @@ inline std::string as_json_text(const std::string& s) {
   return nlohmann::json::parse(dump_json(nlohmann::json(s))).get<std::string>();
 }
 
+// j as a JSON file Kiln wrote gives it back: each string that is not valid UTF-8 with U+FFFD for each bad
+// byte. A live value (a config, data_info's classes or labels read from folder and file names) is passed
+// through this before it is compared with one read from such a file (a checkpoint's config, another
+// rank's broadcast), or a name with a byte that is not UTF-8 differs from its own saved self.
+inline nlohmann::json as_written(const nlohmann::json& j) { return nlohmann::json::parse(dump_json(j)); }
+
 }  // namespace kiln::io

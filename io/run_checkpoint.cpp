@@ -449,7 +449,10 @@ std::string short_json(const json& v, bool bare) {
   return s.size() > 160 ? s.substr(0, 150) + " ... (" + std::to_string(s.size()) + " characters)" : s;
 }
 
-std::vector<std::string> config_differences(const json& saved, const json& now) {
+std::vector<std::string> config_differences(const json& saved_given, const json& now_given) {
+  // Compared as written: the checkpoint's config holds U+FFFD where a live string (a class folder's name,
+  // a path) has a byte that is not UTF-8.
+  const json saved = io::as_written(saved_given), now = io::as_written(now_given);
   // The data's paths (--data-dir, --text, --eval-text, --vocab, --train-tsv) are not compared: the
   // same files under another path (./txt, an absolute path, a copy) continue the run. What they hold
   // is, through data_info below (each file's size and CRC-32C, the vocabulary's fingerprint).
@@ -595,9 +598,48 @@ std::string not_ours(const std::string& dir, const std::string& other, const std
   return msg;
 }
 
+// The bytes of s in lower-case hex: the owner file's "out_hex", the run's path exactly as it is on disk
+// ("out" is written with U+FFFD for each byte that is not UTF-8, which names no folder and matches other
+// such paths: $'run\xfe' and $'run\xff' both read "run\uFFFD").
+std::string to_hex(const std::string& s) {
+  static const char digits[] = "0123456789abcdef";
+  std::string h;
+  h.reserve(2 * s.size());
+  for (const unsigned char c : s) {
+    h += digits[c >> 4];
+    h += digits[c & 15];
+  }
+  return h;
+}
+
+// The bytes `hex` spells (to_hex's inverse); false if it is not an even run of hex digits.
+bool from_hex(const std::string& hex, std::string& out) {
+  const auto digit = [](char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+  };
+  if (hex.size() % 2 != 0) return false;
+  std::string bytes;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    bytes += char(hi << 4 | lo);
+  }
+  out = std::move(bytes);
+  return true;
+}
+
+// A path read from a JSON file Kiln wrote that holds U+FFFD: a byte that was not UTF-8, or U+FFFD itself.
+bool has_replacement(const std::string& s) { return s.find("\xef\xbf\xbd") != std::string::npos; }
+
+// The owner file's content naming `me`: "out" as JSON can hold it, "out_hex" its exact bytes.
+json owner_json(const std::string& me) { return {{"out", me}, {"out_hex", to_hex(me)}, {"host", host_name()}}; }
+
 // DIR/kiln-mirror.json naming `me`, replacing what is there; false if it cannot be written.
 bool write_owner(const fs::path& file, const std::string& me) {
-  const json owner = {{"out", me}, {"host", host_name()}};
+  const json owner = owner_json(me);
   try {
     io::write_file_atomic(file.string(), io::dump_json(owner, 2) + "\n");
     return true;
@@ -634,9 +676,17 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
   // only while that run's folder, as seen from here, holds no checkpoint and no live run (its .lock
   // free): a run started with --resume auto into a new or misspelt --out must not take the mirror from
   // a run that still has its own checkpoints or is running.
+  // `exact`: `other` is the path's own bytes (an owner file's out_hex, or a path with no U+FFFD); a
+  // path read with U+FFFD names no folder, so whether its run is still there cannot be seen.
   const auto other_owner = [&](const std::string& other, const std::string& host, bool owner_file,
-                               const std::string& host_said) {
+                               const std::string& host_said, bool exact) {
     if (!other_run) return not_ours(dir, other, host_said, owner_file, "");
+    if (!exact)
+      return not_ours(dir, other, host_said, owner_file,
+                      "that path is not UTF-8 and is named with U+FFFD for its bad bytes (a " +
+                          std::string(kMirrorOwner) +
+                          " without \"out_hex\", or a checkpoint's config): whether that run's folder still holds "
+                          "checkpoints, or the run is running, cannot be checked");
     if (const std::string kept = other_run_still_there(other); !kept.empty())
       return not_ours(dir, other, host_said, owner_file, kept);
     *other_run = MirrorOwner{other, host, not_ours(dir, other, host_said, owner_file, "")};
@@ -654,11 +704,15 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
         return file.string() + ": cannot read the mirror's owner (" + e.what() + "); if " + dir +
                " holds this run's copies, delete the file, and this run claims the folder";
       }
-      const std::string other = owner.is_object() ? owner.value("out", std::string()) : std::string();
-      if (other == me || other == as_json_text(me)) return "";  // as written: a path not UTF-8 has U+FFFD
+      std::string other = owner.is_object() ? owner.value("out", std::string()) : std::string();
+      // "out_hex": the path's exact bytes, compared and checked as they are. An owner file without it
+      // (an older Kiln's) names "out" as written: a path not UTF-8 has U+FFFD, which names no folder.
+      const auto hex = owner.is_object() ? owner.find("out_hex") : owner.end();
+      const bool exact = hex != owner.end() && hex->is_string() && from_hex(hex->get<std::string>(), other);
+      if (exact ? other == me : (other == me || other == as_json_text(me))) return "";
       const std::string host = owner.is_object() ? owner.value("host", std::string("unknown")) : std::string("unknown");
       const std::string named = other.empty() ? "(none named)" : other;
-      return other_owner(named, host, true, host);
+      return other_owner(named, host, true, host, exact || !has_replacement(other));
     }
     // A mirror from before owners: its checkpoints' config names the run (a damaged copy names none).
     for (const fs::path& p : step_files(dir)) {
@@ -673,11 +727,12 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
       if (!other.empty() && other != me && other != as_json_text(me))
         return other_owner(
             other, "unknown", false,
-            "unknown: " + p.filename().string() + " names it, and " + dir + " has no " + kMirrorOwner + " yet");
+            "unknown: " + p.filename().string() + " names it, and " + dir + " has no " + kMirrorOwner + " yet",
+            !has_replacement(other));
     }
     // Claimed by a hard link of a complete file: of two runs claiming at once, one link fails (EEXIST),
     // and that run reads the winner's file on the second pass.
-    const json owner = {{"out", me}, {"host", host_name()}};
+    const json owner = owner_json(me);
     const std::string tmp = file.string() + ".tmp." + std::to_string(::getpid());
     fs::create_directories(dir, ec);
     {

@@ -344,18 +344,14 @@ TEST_CASE("tcp: when a rank of another WORLD_SIZE makes rank 0 give up, the rank
   dist::DistEnv e0 = rank_env(0, port, "s", log), e1 = rank_env(1, port, "s", log), e2 = rank_env(2, port, "s", log);
   e0.world_size = e0.local_world_size = e1.world_size = e1.local_world_size = 3;
   e2.world_size = e2.local_world_size = 4;
-  std::atomic<bool> listening{false};
-  e1.on_listen = [&listening](const char* what, const std::string&, int) {
-    if (std::string(what) == "ring") listening = true;
+  // Rank 2 connects once rank 0 has admitted rank 1 (told by rank 0 itself, not guessed with a sleep).
+  std::promise<void> joined;
+  e0.on_join = [&joined](int rank) {
+    if (rank == 1) joined.set_value();
   };
   auto r0 = std::async(std::launch::async, start, e0);
   auto r1 = std::async(std::launch::async, start, e1);
-  // Rank 1 introduces itself right after it opens its ring port: give it time to be admitted.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!listening && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  REQUIRE(listening);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  REQUIRE(joined.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready);
   auto r2 = std::async(std::launch::async, start, e2);
   CHECK_THROWS_WITH_AS(r2.get(), doctest::Contains("refused this rank: it was started as rank 2 of 4"), Error);
   CHECK_THROWS_WITH_AS(r0.get(), doctest::Contains("joined, but it was started as rank 2 of 4"), Error);

@@ -1170,3 +1170,37 @@ TEST_CASE("Fashion-MNIST: an interrupt while it is read stays an interrupt, with
   c.data_dir = "/nonexistent/kiln-fashion";  // a folder given: its own error, no package hint
   CHECK_THROWS_WITH(tools::make_task(c), doctest::Contains("/nonexistent/kiln-fashion"));
 }
+
+TEST_CASE("train: a class folder whose name is not UTF-8 resumes, agrees across ranks and is found by kiln eval") {
+  // The saved JSON (checkpoint config, weights' labels, rank 0's broadcast) names the class $'cat\xff' as
+  // "cat\uFFFD" while the live value keeps the byte: a resume was refused ("data classes: checkpoint
+  // ["cat�","dog"], now ["cat�","dog"]"), rank 1 of two "reads other data than rank 0", and kiln eval
+  // said "class 'cat�' is not among the training classes".
+  TempDir d("kiln_img_utf8");
+  make_folder(d.p.string(), 4);
+  for (const char* split : {"train", "val"}) fs::rename(d.p / split / "cat", d.p / split / "cat\xff");
+  const std::string data = " --model resnet20 --data folder --data-dir " + d.p.string() +
+                           " --threads 1 --workers 0 --image-size 16 --batch 4",
+                    train = "train" + data + " --progress lines --no-tensorboard --max-steps 2 --save-every 1";
+  auto r = kiln::testing::run_kiln(train + " --out " + d / "run", d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  fs::remove(d.p / "run/checkpoints/step-000000002.kiln");
+  fs::remove(d.p / "run/summary.json");
+  r = kiln::testing::run_kiln(train + " --resume auto --out " + d / "run", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "another configuration"), r.output);
+  r = kiln::testing::run_kiln("eval" + data + " --weights " + d / "run/model.safetensors" + " --out " + d / "e.json",
+                              d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const auto j = nlohmann::json::parse(kiln::testing::read_text(d / "e.json"));
+  CHECK(j["data"]["classes"] == nlohmann::json({"cat\xef\xbf\xbd", "dog"}));  // U+FFFD for the byte 0xFF
+  CHECK(j["test_samples"] == 8);
+  // Two ranks read the same folder and agree on its classes.
+  r = kiln::testing::run_kiln("launch --nproc-per-node 2 --master-port " + std::to_string(kiln::testing::free_port()) +
+                                  " -- kiln " + train + " --limit-train 16 --out " + d / "two",
+                              d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(!contains(r.output, "reads other data"), r.output);
+  CHECK(fs::exists(d / "two/model.safetensors"));
+}

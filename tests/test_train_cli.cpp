@@ -1650,3 +1650,31 @@ TEST_CASE("train: BERT classification with fewer --set num_labels than the TSV's
   CHECK_MESSAGE(contains(r.output, "--set num_labels=2: the labels of " + d / "train.tsv" + " need 3"), r.output);
   CHECK(!std::filesystem::exists(d / "run/metrics.jsonl"));
 }
+
+TEST_CASE("train: a TSV label that is not UTF-8 (latin-1) resumes and is found by kiln eval") {
+  // The checkpoint's config and the weights' metadata name the label "caf\xe9" with U+FFFD, the file
+  // keeps the byte: a resume was refused ("data labels: checkpoint [...], now [...]", the same as
+  // printed), and kiln eval said the file's label is not one of the training labels.
+  REQUIRE_MESSAGE(std::filesystem::exists(kFortunes + "/computers"), "apt-get install fortunes");
+  TempDir d("kiln_tsv_latin1");
+  const std::string common = micro_batch_classify(d);  // vocab.txt, train.tsv, eval.tsv
+  for (const char* name : {"train.tsv", "eval.tsv"}) {
+    std::istringstream in(read_text(d / name));
+    std::string text, line;
+    while (std::getline(in, line)) text += (line.rfind("food\t", 0) == 0 ? "caf\xe9" + line.substr(4) : line) + "\n";
+    std::ofstream(d / name, std::ios::trunc) << text;
+  }
+  const std::string train = common + " --max-steps 2 --save-every 1 --threads 1 --limit-eval 16 --out " + d / "run";
+  auto r = run_kiln(train, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  std::filesystem::remove(d / "run/checkpoints/step-000000002.kiln");
+  std::filesystem::remove(d / "run/summary.json");
+  r = run_kiln(train + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 1"), r.output);
+  r = run_kiln("eval --model bert-tiny --task classify --eval-tsv " + d / "eval.tsv" + " --vocab " + d / "vocab.txt" +
+                   " --seq-len 64 --threads 1 --weights " + d / "run/model.safetensors" + " --out " + d / "e.json",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(json::parse(read_text(d / "e.json"))["test_samples"].get<int64_t>() > 0);
+}

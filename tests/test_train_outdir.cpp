@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "io/json_text.h"
 #include "io/run_checkpoint.h"
 #include "test_util.h"
 
@@ -538,4 +539,53 @@ TEST_CASE("train: an --out and --mirror whose paths are not UTF-8 checkpoint, re
   CHECK(fs::exists(mirror + "/step-000000008.kiln"));
   REQUIRE(fs::exists(run + "/summary.json"));
   CHECK(nlohmann::json::parse(read_text(run + "/summary.json"))["steps"] == 8);
+}
+
+TEST_CASE("train: a --mirror of a run whose --out is not UTF-8 is named by its bytes: no other run takes it over") {
+  // The owner file named --out with U+FFFD alone: $'run\xfe' matched $'run\xff' (the second run used the
+  // first one's mirror as its own), and a --resume auto took the mirror over while that run still had
+  // its checkpoints, since the path read back ("run\uFFFD") names no folder to check.
+  TempDir d("kiln_outdir_utf8_owner");
+  const std::string a = d / "run\xff", b = d / "run\xfe", mirror = d / "mirror";
+  const std::string args =
+      "train --limit-train 64 --limit-eval 32 --batch 32 --max-steps 2 --threads 1 --workers 0 --progress lines "
+      "--save-every 2 --no-save-epochs --no-tensorboard --mirror " +
+      mirror;
+  auto r = run_kiln(args + " --out " + a, d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  REQUIRE(fs::exists(mirror + "/step-000000002.kiln"));
+  const auto owner = nlohmann::json::parse(read_text(mirror + "/kiln-mirror.json"));
+  std::string hex;
+  for (const unsigned char c : fs::canonical(a).string()) {
+    const char digits[] = "0123456789abcdef";
+    hex += digits[c >> 4];
+    hex += digits[c & 15];
+  }
+  CHECK(owner.value("out_hex", std::string()) == hex);
+  for (const char* extra : {"", " --resume auto"}) {
+    r = run_kiln(args + " --out " + b + extra, d.p.string());
+    CHECK_MESSAGE(r.code == 2, r.output);
+    CHECK_MESSAGE(contains(r.output, "holds the checkpoints of the run in " + fs::canonical(a).string() + " (host "),
+                  r.output);
+    CHECK_MESSAGE(!contains(r.output, "taking it over"), r.output);
+    CHECK(nlohmann::json::parse(read_text(mirror + "/kiln-mirror.json")) == owner);
+  }
+  CHECK_MESSAGE(contains(r.output, "; it is not taken over, since its folder " + fs::canonical(a).string() +
+                                       " still holds the intact checkpoint "),
+                r.output);
+  // Its own run still continues from it.
+  fs::remove(a + "/summary.json");
+  r = run_kiln(args + " --out " + a + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "resumed at step 2"), r.output);
+  // An older Kiln's owner file (no out_hex) that names such a path with U+FFFD: never taken over.
+  nlohmann::json old = owner;
+  old.erase("out_hex");
+  std::ofstream(mirror + "/kiln-mirror.json") << kiln::io::dump_json(old, 2) << "\n";
+  fs::remove_all(a);  // even with that folder gone: "run\uFFFD" cannot be checked
+  r = run_kiln(args + " --out " + d / "c" + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(!contains(r.output, "taking it over"), r.output);
+  CHECK_MESSAGE(contains(r.output, "; it is not taken over, since that path is not UTF-8 and is named with U+FFFD"),
+                r.output);
 }

@@ -70,23 +70,29 @@ bool stopped_by_launcher(const Child& c) {
   return sig > 0 && sig < 64 && (c.sent >> sig & 1);
 }
 
-// Exited with 128 + SIGINT, SIGTERM or SIGHUP, a signal the launcher did not send: a stop from outside
-// (another machine's launcher, a kill to one rank) that the rank caught. kiln train's ranks agree on
-// such a stop and end by themselves (kiln.train raises SystemExit(128 + signal) on the rank that caught
-// it): the job stopped, it did not fail. A rank killed by the signal itself did not catch it (a command
-// that is not Kiln's, a rank killed before it set its handlers): it agreed no stop with the others, so
-// it failed, and the others are stopped as after any failure.
-bool stopped_from_outside(const Child& c) {
-  if (!WIFEXITED(c.status)) return false;
-  const int sig = WEXITSTATUS(c.status) - 128;
-  return (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !stopped_by_launcher(c);
+// The stop signal (SIGINT, SIGTERM or SIGHUP) that ended a rank the launcher did not send it to; 0 for
+// any other end. Exited with 128 + the signal, or killed by it.
+int outside_stop_signal(const Child& c) {
+  const int sig = WIFSIGNALED(c.status) ? WTERMSIG(c.status) : WIFEXITED(c.status) ? WEXITSTATUS(c.status) - 128 : 0;
+  return (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !stopped_by_launcher(c) ? sig : 0;
 }
 
-// Killed by a stop signal (SIGINT, SIGTERM or SIGHUP) the launcher did not send, which it did not catch.
+// Ended by SIGINT, SIGTERM or SIGHUP, a signal the launcher did not send: a stop from outside (another
+// machine's launcher, a kill to one rank) that the rank caught. kiln train's ranks agree on such a stop
+// and end by themselves: the job stopped, it did not fail. The rank that caught the signal exits with
+// 128 + it (kiln.train raises SystemExit(128 + signal) for SIGTERM and SIGHUP), except a Python rank's
+// SIGINT: kiln.train raises KeyboardInterrupt, and CPython ends on an uncaught KeyboardInterrupt by
+// killing itself with SIGINT, so a death by SIGINT is that stop too. A rank killed by SIGTERM or SIGHUP
+// itself did not catch it (a command that is not Kiln's, a rank killed before it set its handlers): it
+// agreed no stop with the others, so it failed, and the others are stopped as after any failure.
+bool stopped_from_outside(const Child& c) {
+  const int sig = outside_stop_signal(c);
+  return sig != 0 && (WIFEXITED(c.status) || sig == SIGINT);
+}
+
+// Killed by SIGTERM or SIGHUP, not sent by the launcher, which it did not catch.
 bool killed_from_outside(const Child& c) {
-  if (!WIFSIGNALED(c.status)) return false;
-  const int sig = WTERMSIG(c.status);
-  return (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !stopped_by_launcher(c);
+  return WIFSIGNALED(c.status) && outside_stop_signal(c) != 0 && !stopped_from_outside(c);
 }
 
 // A failure that follows another rank's: it lost a peer in a collective, or the launcher stopped it.
@@ -95,7 +101,7 @@ bool consequence(const Child& c) {
 }
 
 const char* sigabbrev(const Child& c) {
-  const int sig = WEXITSTATUS(c.status) - 128;  // only for a rank stopped_from_outside
+  const int sig = outside_stop_signal(c);  // only for a rank stopped_from_outside
   return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
 }
 
@@ -105,6 +111,9 @@ std::string describe(const Child& c) {
     d += " (stopped by the launcher)";
   else if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == kCollectiveFailed)
     d += " (a collective failed: a peer ended or hangs)";
+  else if (stopped_from_outside(c) && WIFSIGNALED(c.status))
+    d += " (ended by SIGINT, not from the launcher: a Python rank's KeyboardInterrupt ends so; a stop the ranks "
+         "agree on)";
   else if (stopped_from_outside(c))
     d += std::string(" (it caught ") + sigabbrev(c) + ", not from the launcher: the ranks stop together)";
   else if (killed_from_outside(c))

@@ -884,7 +884,8 @@ class Trainer {
       const auto check_config = [&](const nlohmann::json& saved) {
         // Keys of flags this run does not use are not compared: an older Kiln accepted them (and
         // saved them) without using them, and they cannot be given again now.
-        nlohmann::json was = saved, now = resolved_;
+        // Compared as written: the checkpoint's strings hold U+FFFD for each byte that is not UTF-8.
+        nlohmann::json was = saved, now = io::as_written(resolved_);
         for (const UnusedFlag& u : unused_flags(c_)) {
           std::string key = u.flag;
           std::replace(key.begin(), key.end(), '-', '_');
@@ -1348,6 +1349,7 @@ class Trainer {
     mine["resume"] = c_.resume.empty() ? "none" : c_.resume == "auto" ? "auto" : "a checkpoint file";
     // No --task: the model's (to_json says classify, a BERT model's is mlm).
     if (c_.task.empty()) mine["task"] = model_family(c_.model).input == ModelInput::tokens ? "mlm" : "classify";
+    mine = io::as_written(mine);  // as rank 0's arrives: U+FFFD for each byte that is not UTF-8
     const std::string text = broadcast_string(io::dump_json(mine));
     // A flag left at a default that stands for a rule (--warmup -1: by model; no --micro-batch) is
     // named as --help names it, not by its internal value.
@@ -1395,6 +1397,7 @@ class Trainer {
                            {"eval", task_.eval_data ? task_.eval_data->size() : 0},
                            {"contents", task_.data_info.value("contents", nlohmann::json::array())}};
     for (const char* k : keys) mine[k] = task_.data_info.value(k, nlohmann::json());
+    mine = io::as_written(mine);  // as rank 0's arrives: a class folder not UTF-8 is named with U+FFFD
     const nlohmann::json lead = nlohmann::json::parse(broadcast_string(io::dump_json(mine)));
     std::string diff;
     const auto add = [&diff](const std::string& what, const nlohmann::json& here, const nlohmann::json& there) {

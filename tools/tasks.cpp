@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -169,7 +170,22 @@ Task image_folder(const TrainConfig& c) {
   std::shared_ptr<io::ImageFolderDataset> train, test;
   if (!stored_classes) train = std::make_shared<io::ImageFolderDataset>((root / "train").string(), o);
   o.train = false;
-  test = std::make_shared<io::ImageFolderDataset>(val.string(), o, stored_classes ? c.label_names : train->classes());
+  // The weights' class names are as written in their metadata (JSON): U+FFFD for each byte of a folder
+  // name that is not UTF-8. Each such name is the val/ folder that reads as it when written so (one
+  // alone: of two that do, neither is guessed at, and the folder check names the one left out).
+  std::vector<std::string> classes = stored_classes ? c.label_names : train->classes();
+  if (stored_classes) {
+    std::map<std::string, std::vector<std::string>> folders;  // as written -> the folders written so
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(val, ec))
+      if (e.is_directory(ec)) {
+        const std::string name = e.path().filename().string();
+        if (io::as_json_text(name) != name) folders[io::as_json_text(name)].push_back(name);
+      }
+    for (std::string& name : classes)
+      if (const auto it = folders.find(name); it != folders.end() && it->second.size() == 1) name = it->second[0];
+  }
+  test = std::make_shared<io::ImageFolderDataset>(val.string(), o, classes);
   if (!train) train = test;
   for (const auto& ds : train == test ? std::vector{test} : std::vector{train, test})
     if (const std::string note = ds->other_files_note(); !note.empty())
@@ -419,7 +435,20 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
     train = std::make_shared<io::TsvClassificationDataset>(tok, c.train_tsv, c.seq_len, c.label_names);
     eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, train->label_names());
   } else {
-    eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, c.label_names);
+    // The weights' label names are as written in their metadata (JSON): U+FFFD for each byte that is not
+    // UTF-8 (a latin-1 label). Each such name is the file's label that reads as it when written so (one
+    // alone: of two that do, neither is guessed at, and the file's check names the one left out).
+    std::vector<std::string> labels = c.label_names;
+    if (std::any_of(labels.begin(), labels.end(),
+                    [](const std::string& l) { return l.find("\xef\xbf\xbd") != std::string::npos; })) {
+      std::map<std::string, std::vector<std::string>> raw;                 // as written -> the file's labels written so
+      const io::TsvClassificationDataset own(tok, c.eval_tsv, c.seq_len);  // the file's own labels
+      for (const std::string& l : own.label_names())
+        if (io::as_json_text(l) != l) raw[io::as_json_text(l)].push_back(l);
+      for (std::string& l : labels)
+        if (const auto it = raw.find(l); it != raw.end() && it->second.size() == 1) l = it->second[0];
+    }
+    eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, labels);
     train = eval;  // not trained on: kiln eval only evaluates
   }
   const int64_t labels = int64_t(train->label_names().size());

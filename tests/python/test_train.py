@@ -534,3 +534,41 @@ def test_a_stop_signal_to_one_rank_raises_there_and_returns_stopped_on_the_other
     assert set(got) == {"0"}, out + err  # rank 1 raised SystemExit(143)
     assert got["0"]["stopped"] is True and got["0"]["saved"].endswith(".kiln"), got
     assert "rank 1 caught SIGTERM at step " in out, out
+
+
+def test_a_sigint_to_one_python_rank_is_a_stop_under_kiln_launch(tmp_path):
+    # kiln.train turns a caught SIGINT into KeyboardInterrupt, and Python ends on an uncaught one by
+    # killing itself with SIGINT: kiln launch said "failed: rank 1 ... was killed by signal 2
+    # (Interrupt), not sent by the launcher (the rank did not catch it ...)" and stopped rank 0 at once,
+    # for the stop both ranks had agreed on.
+    script = tmp_path / "ranks.py"
+    script.write_text("import json, os, sys, kiln\n"
+                      "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+                      "r = kiln.train('resnet20', out=os.path.join(sys.argv[1], 'run'), **json.loads(sys.argv[2]))\n"
+                      "print('RESULT', os.environ['RANK'], json.dumps(r), flush=True)\n")
+    opts = dict(batch=16, limit_train=2048, limit_eval=64, max_steps=400, log_every=1, threads=1, workers=0,
+                dist_timeout=120)
+    p = subprocess.Popen([sys.executable, "-m", "kiln", "launch", "--nproc-per-node", "2", "--master-port",
+                          str(free_port()), "--", sys.executable, str(script), str(tmp_path), json.dumps(opts)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, pid1 = tmp_path / "run" / "metrics.jsonl", tmp_path / "pid1"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (pid1.exists() and metrics.exists()
+                                          and metrics.read_text().count('"loss"') >= 3):
+        time.sleep(0.05)
+    os.kill(int(pid1.read_text()), signal.SIGINT)
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 130, out + err
+    assert "kiln launch: stopped: rank 1 " in err, out + err
+    assert ("was killed by signal 2 (Interrupt) (ended by SIGINT, not from the launcher: a Python rank's "
+            "KeyboardInterrupt ends so; a stop the ranks agree on)") in err, err
+    assert "failed" not in err and "did not catch it" not in err, err
+    assert "KeyboardInterrupt: kiln.train: interrupted; saved " in out + err, out + err
+    got = {}
+    for line in out.splitlines():
+        if "RESULT " in line:
+            rank, result = line.split("RESULT ", 1)[1].split(" ", 1)
+            got[rank] = json.loads(result)
+    assert set(got) == {"0"}, out + err  # rank 1 raised KeyboardInterrupt
+    assert got["0"]["stopped"] is True and got["0"]["saved"].endswith(".kiln"), got
+    assert "rank 1 caught SIGINT at step " in out, out
