@@ -40,7 +40,8 @@ struct DistEnv {
   // rank's "ring" listener, with the address and port bound. For tests and tools; may be null.
   std::function<void(const char* what, const std::string& addr, int port)> on_listen;
   // Called on rank 0 when a rank has joined the rendezvous (proved the secret and was admitted), with
-  // that rank. For tests and tools; may be null.
+  // that rank. For tests and tools; may be null. It runs inside rank 0's accept loop: it must be quick
+  // (its time counts against --dist-timeout) and must not throw (the joined ranks would not be told why).
   std::function<void(int rank)> on_join;
   using Lookup = std::function<const char*(const char*)>;
   static DistEnv from_variables(const Lookup& get);

@@ -709,7 +709,10 @@ std::string claim_mirror(const std::string& dir, const std::string& out, MirrorO
       // (an older Kiln's) names "out" as written: a path not UTF-8 has U+FFFD, which names no folder.
       const auto hex = owner.is_object() ? owner.find("out_hex") : owner.end();
       const bool exact = hex != owner.end() && hex->is_string() && from_hex(hex->get<std::string>(), other);
-      if (exact ? other == me : (other == me || other == as_json_text(me))) return "";
+      // Without it the file is an older Kiln's, which could not write a path that is not UTF-8 (its dump
+      // threw): its "out" is a UTF-8 path, this run's only if equal. A path matching it only once written
+      // with U+FFFD (--out $'run\xff' against an owner "run\uFFFD") is another run's.
+      if (other == me) return "";
       const std::string host = owner.is_object() ? owner.value("host", std::string("unknown")) : std::string("unknown");
       const std::string named = other.empty() ? "(none named)" : other;
       return other_owner(named, host, true, host, exact || !has_replacement(other));

@@ -368,6 +368,27 @@ TEST_CASE("cli tools: kiln launch reports a rank killed by an outside SIGTERM as
   CHECK(took < 14);  // the others are stopped at once, not given half of --grace (15 s)
 }
 
+// A SIGINT death from outside counts as a stop (a Python rank's KeyboardInterrupt ends so) only when the
+// others then end by themselves: a shell killed by SIGINT agreed nothing, and the launcher has to stop
+// rank 0. The launcher signals each rank's process group: rank 0's shell's child sleep ends with it
+// (it held the output pipe open for its 30 s before).
+TEST_CASE("cli tools: kiln launch calls an outside SIGINT death a failure when the others had to be stopped") {
+  TempDir d("kiln_cli_launch_sigint_outside");
+  write(d / "int.sh", "if [ \"$RANK\" = 0 ]; then sleep 30; echo rank 0 slept; else kill -INT $$; fi\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_kiln("launch --nproc-per-node 2 --grace 2 -- sh " + d / "int.sh", d.p.string());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CAPTURE(r.output);
+  CHECK(r.code == 130);
+  CHECK(contains(r.output, "kiln launch: failed: rank 1 (pid "));
+  CHECK(contains(r.output, "(ended by SIGINT, not from the launcher: a Python rank's KeyboardInterrupt ends so)"));
+  CHECK(
+      contains(r.output, "the other ranks did not end by themselves (the launcher stopped them): no stop was agreed"));
+  CHECK(!contains(r.output, "stopped: rank"));
+  CHECK(!contains(r.output, "rank 0 slept"));
+  CHECK(took < 20);  // the sleep (30 s) was ended with its shell, not waited for
+}
+
 // A rank that hangs (here: one that ignores SIGTERM) after its peer lost it is killed --grace after
 // that first failure. The launcher waited --grace before the SIGTERM and another --grace before the
 // SIGKILL: rank 0 below, 1.5 x --grace from its end, outlived that and said so. (--grace 4 leaves

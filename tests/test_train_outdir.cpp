@@ -588,4 +588,9 @@ TEST_CASE("train: a --mirror of a run whose --out is not UTF-8 is named by its b
   CHECK_MESSAGE(!contains(r.output, "taking it over"), r.output);
   CHECK_MESSAGE(contains(r.output, "; it is not taken over, since that path is not UTF-8 and is named with U+FFFD"),
                 r.output);
+  // Nor is it the mirror of a run whose --out reads as it once written with U+FFFD ($'run\xfe' against
+  // "run\uFFFD"): the review's case, which used that run's copies as its own.
+  r = run_kiln(args + " --out " + b + " --resume auto", d.p.string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(!contains(r.output, "resumed at step"), r.output);
 }

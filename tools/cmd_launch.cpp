@@ -112,8 +112,7 @@ std::string describe(const Child& c) {
   else if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == kCollectiveFailed)
     d += " (a collective failed: a peer ended or hangs)";
   else if (stopped_from_outside(c) && WIFSIGNALED(c.status))
-    d += " (ended by SIGINT, not from the launcher: a Python rank's KeyboardInterrupt ends so; a stop the ranks "
-         "agree on)";
+    d += " (ended by SIGINT, not from the launcher: a Python rank's KeyboardInterrupt ends so)";
   else if (stopped_from_outside(c))
     d += std::string(" (it caught ") + sigabbrev(c) + ", not from the launcher: the ranks stop together)";
   else if (killed_from_outside(c))
@@ -284,6 +283,7 @@ int run_launch(const LaunchOptions& o) {
     }
     ::close(fds[1]);
     c.pid = pid;
+    ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before a signal
     c.out = fds[0];
     c.running = true;
     c.reader = std::thread([&print_mutex, fd = c.out, rank = c.rank] {
@@ -346,7 +346,10 @@ int run_launch(const LaunchOptions& o) {
   auto signal_all = [&](int sig) {
     for (auto& c : children)
       if (c.running) {
-        ::kill(c.pid, sig);
+        // The rank's process group (each rank leads its own, setpgid above): a command's children
+        // (a shell's sleep) end with it instead of holding its output pipe open past it. Before the
+        // child's setpgid the group does not exist yet: the rank alone then.
+        if (::kill(-c.pid, sig) != 0) ::kill(c.pid, sig);
         c.sent |= uint64_t(1) << sig;
       }
   };
@@ -412,9 +415,18 @@ int run_launch(const LaunchOptions& o) {
       if (c.failed_as == k && !consequence(c)) cause = &c;
   for (const auto& c : children)
     if (!cause && c.failed_as == 0) cause = &c;
-  std::string line =
-      std::string(stopped_from_outside(*cause) ? "kiln launch: stopped: rank " : "kiln launch: failed: rank ") +
-      std::to_string(cause->rank) + " (pid " + std::to_string(cause->pid) + ") " + describe(*cause);
+  // A stop from outside is a stop when the other ranks then ended by themselves (kiln train's ranks
+  // agree on it); when the launcher had to stop them, nothing was agreed (a command that is not
+  // Kiln's, a rank killed by SIGINT before kiln.train set its handlers): a failure.
+  bool others_stopped = false;
+  for (const auto& c : children)
+    if (&c != cause && stopped_by_launcher(c)) others_stopped = true;
+  const bool agreed = stopped_from_outside(*cause) && !others_stopped;
+  std::string line = std::string(agreed ? "kiln launch: stopped: rank " : "kiln launch: failed: rank ") +
+                     std::to_string(cause->rank) + " (pid " + std::to_string(cause->pid) + ") " + describe(*cause);
+  if (stopped_from_outside(*cause))
+    line += agreed ? "; the other ranks stopped with it"
+                   : "; the other ranks did not end by themselves (the launcher stopped them): no stop was agreed";
   if (failures > 1) {
     line += "; each rank: ";
     for (const auto& c : children)

@@ -176,14 +176,17 @@ Task image_folder(const TrainConfig& c) {
   std::vector<std::string> classes = stored_classes ? c.label_names : train->classes();
   if (stored_classes) {
     std::map<std::string, std::vector<std::string>> folders;  // as written -> the folders written so
+    std::set<std::string> exact;                              // a folder of the name itself is that class
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(val, ec))
       if (e.is_directory(ec)) {
         const std::string name = e.path().filename().string();
+        exact.insert(name);
         if (io::as_json_text(name) != name) folders[io::as_json_text(name)].push_back(name);
       }
     for (std::string& name : classes)
-      if (const auto it = folders.find(name); it != folders.end() && it->second.size() == 1) name = it->second[0];
+      if (const auto it = folders.find(name); !exact.count(name) && it != folders.end() && it->second.size() == 1)
+        name = it->second[0];
   }
   test = std::make_shared<io::ImageFolderDataset>(val.string(), o, classes);
   if (!train) train = test;
@@ -443,10 +446,12 @@ Task bert_classify(const TrainConfig& c, const BertName& bn) {
                     [](const std::string& l) { return l.find("\xef\xbf\xbd") != std::string::npos; })) {
       std::map<std::string, std::vector<std::string>> raw;                 // as written -> the file's labels written so
       const io::TsvClassificationDataset own(tok, c.eval_tsv, c.seq_len);  // the file's own labels
+      const std::set<std::string> exact(own.label_names().begin(), own.label_names().end());
       for (const std::string& l : own.label_names())
         if (io::as_json_text(l) != l) raw[io::as_json_text(l)].push_back(l);
       for (std::string& l : labels)
-        if (const auto it = raw.find(l); it != raw.end() && it->second.size() == 1) l = it->second[0];
+        if (const auto it = raw.find(l); !exact.count(l) && it != raw.end() && it->second.size() == 1)
+          l = it->second[0];
     }
     eval = std::make_shared<io::TsvClassificationDataset>(tok, c.eval_tsv, c.seq_len, labels);
     train = eval;  // not trained on: kiln eval only evaluates

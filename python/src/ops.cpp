@@ -198,11 +198,14 @@ void bind_ops(nb::module_& mod) {
         const bool is_int =
             !is_bool && !nb::isinstance<Tensor>(fill_value_) && !PyFloat_Check(fill_value_.ptr()) &&
             (PyLong_Check(fill_value_.ptr()) || tn.rfind("numpy.int", 0) == 0 || tn.rfind("numpy.uint", 0) == 0);
-        // A 0-d tensor gives its own dtype, as torch.full.
-        const DType inferred = nb::isinstance<Tensor>(fill_value_) ? nb::cast<const Tensor&>(fill_value_).dtype()
-                               : is_bool                           ? DType::boolean
-                               : is_int                            ? DType::i64
-                                                                   : DType::f32;
+        // A 0-d tensor gives the default of its kind, as torch.full (an f64 or i32 one: float32, int64).
+        DType inferred = is_bool ? DType::boolean : (is_int ? DType::i64 : DType::f32);
+        if (nb::isinstance<Tensor>(fill_value_)) {
+          const Tensor& t = nb::cast<const Tensor&>(fill_value_);
+          if (t.dim() != 0)
+            type_error("full: fill_value must be a number or a 0-d tensor, got a tensor " + t.type_str());
+          inferred = t.dtype() == DType::boolean ? DType::boolean : is_integral(t.dtype()) ? DType::i64 : DType::f32;
+        }
         const TensorOptions o = options(dtype, device, false, inferred);
         return finish(full(s, fill_value(o.dtype, fill_value_, "full: fill_value"), o), rg);
       },

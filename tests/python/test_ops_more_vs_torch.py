@@ -1124,8 +1124,13 @@ def test_full_infers_the_dtype_from_the_value_as_torch(value):
     assert str(k.dtype).split(".")[-1] == str(t.dtype).split(".")[-1]
     assert k.tolist() == t.tolist()
     assert kiln.full((2,), 3, dtype=kiln.float32).dtype == kiln.float32
-    assert kiln.full((2,), kiln.tensor(3)).dtype == kiln.int64  # a 0-d tensor gives its dtype, as torch
-    assert kiln.full((2,), kiln.tensor(True)).dtype == kiln.bool
+    # a 0-d tensor gives the default dtype of its kind, as torch.full (not its own: f64 -> float32)
+    for kd, td in [(kiln.int64, torch.int64), (kiln.int32, torch.int32), (kiln.float64, torch.float64),
+                   (kiln.float16, torch.float16), (kiln.bfloat16, torch.bfloat16), (kiln.bool, torch.bool)]:
+        k, t = kiln.full((2,), kiln.tensor(1, dtype=kd)), torch.full((2,), torch.tensor(1, dtype=td))
+        assert str(k.dtype).split(".")[-1] == str(t.dtype).split(".")[-1], (kd, k.dtype, t.dtype)
+    with pytest.raises(TypeError, match="0-d tensor"):
+        kiln.full((2,), kiln.tensor([3]))
 
 
 def test_conv_transpose_takes_output_padding_below_the_dilation_as_torch():

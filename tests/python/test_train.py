@@ -561,7 +561,7 @@ def test_a_sigint_to_one_python_rank_is_a_stop_under_kiln_launch(tmp_path):
     assert p.returncode == 130, out + err
     assert "kiln launch: stopped: rank 1 " in err, out + err
     assert ("was killed by signal 2 (Interrupt) (ended by SIGINT, not from the launcher: a Python rank's "
-            "KeyboardInterrupt ends so; a stop the ranks agree on)") in err, err
+            "KeyboardInterrupt ends so); the other ranks stopped with it") in err, err
     assert "failed" not in err and "did not catch it" not in err, err
     assert "KeyboardInterrupt: kiln.train: interrupted; saved " in out + err, out + err
     got = {}
