@@ -53,6 +53,11 @@ TEST_CASE("train flags: impossible configurations exit 2 with one clear line, be
   };
   const Case cases[] = {
       {"--batch 0" + out, "--batch must be at least 1"},
+      // ResNet-18 on 28x28 images: layer4 is 1x1, a batch norm over one value per channel at one sample
+      // (it failed at the first step, after metrics.jsonl and the events file were written).
+      {"--model resnet18 --batch 1 --limit-train 64" + out,
+       "--batch 1: the model cannot train on one sample at a time (batch_norm_relu: training needs more than one "
+       "value per channel"},
       {"--epochs 0" + out, "--epochs must be at least 1"},
       {"--lr -1" + out, "--lr must be >= 0 and finite, got -1"},
       {"--model resnet7" + out, "--model resnet7: unknown"},

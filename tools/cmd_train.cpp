@@ -609,6 +609,21 @@ class Trainer {
     } else if (!c_.micro_batch.empty()) {
       micro_ = std::stoll(c_.micro_batch);
     }
+    // A forward of one sample that the model cannot train on (batch norm over one value per channel: a
+    // ResNet's 1x1 stage) is a flag error before any file is written, as `kiln plan` says it: found by
+    // planning the step (on the meta device, a fraction of a second). Two samples or more always give
+    // a batch norm two values.
+    if (micro_ == 1 && model_family(c_.model).input == ModelInput::images) {
+      PlanOptions po = step_plan_options();
+      po.device = "cpu";  // the question is the model's, not the device's: no cuDNN asked
+      try {
+        (void)plan_memory(po, 1);
+      } catch (const Error& e) {
+        return fail((c_.micro_batch.empty() ? "--batch 1" : "--micro-batch 1") +
+                    std::string(": the model cannot train on one sample at a time (") + e.message() +
+                    "); give 2 or more, or a larger --image-size");
+      }
+    }
     io::LoaderOptions lo;
     lo.batch_size = micro_;
     lo.seed = c_.seed;
@@ -1148,7 +1163,8 @@ class Trainer {
 
   // The planner's micro-batch for the memory there is: a GPU's free memory, the --memory-cap less
   // what the data already holds, or the host's available memory; every rank takes the smallest.
-  int plan_micro_batch() {
+  // The planner's options for the step this run takes (the data's own image shape).
+  PlanOptions step_plan_options() const {
     PlanOptions po;
     po.model = trained_model_name(c_.model, task_.name);  // plan the step this run takes
     po.sets = task_.model_sets;
@@ -1167,6 +1183,11 @@ class Trainer {
       po.in_channels = x.size(1);
       po.image_size = std::max(x.size(2), x.size(3));
     }
+    return po;
+  }
+
+  int plan_micro_batch() {
+    const PlanOptions po = step_plan_options();
     size_t memory = 0;
     std::string from;  // where `memory` comes from
     if (device_.is_cuda()) {
