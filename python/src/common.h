@@ -142,8 +142,9 @@ double fill_value(DType t, nb::handle h, const char* what);
 double alpha_arg(nb::handle h, DType t, const char* op, bool subtracts = false);
 // A 0-dim int64 tensor holding v exactly (scalar_tensor goes through double).
 Tensor int64_scalar(int64_t v);
-// What an activation called with inplace=`inplace` returns, given its out-of-place result (nn_ops.cpp).
-Tensor activation_out(Tensor x, bool inplace, const Tensor& out);
+// What the activation `op` called with inplace=`inplace` returns, given its out-of-place result
+// (nn_ops.cpp); a leaf that requires grad is refused, as torch's.
+Tensor activation_out(const char* op, Tensor x, bool inplace, const Tensor& out);
 
 // Each file's part of the module.
 void bind_tensor(nb::module_& m);

@@ -429,40 +429,43 @@ void bind_nn_ops(nb::module_& mod) {
 
   // ---- activations ----
   m.def(
-      "silu", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, silu(x)); }, a("input"),
+      "silu", [](const Tensor& x, bool inplace) { return activation_out("silu", x, inplace, silu(x)); }, a("input"),
       nb::arg("inplace") = false, nogil);
   m.def(
-      "mish", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, mish(x)); }, a("input"),
+      "mish", [](const Tensor& x, bool inplace) { return activation_out("mish", x, inplace, mish(x)); }, a("input"),
       nb::arg("inplace") = false, nogil);
   m.def("softsign", &softsign, a("input"), nogil);
   m.def("logsigmoid", &logsigmoid, a("input"), nogil);
   m.def(
-      "selu", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, selu(x)); }, a("input"),
+      "selu", [](const Tensor& x, bool inplace) { return activation_out("selu", x, inplace, selu(x)); }, a("input"),
       nb::arg("inplace") = false, nogil);
   m.def(
-      "relu6", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, relu6(x)); }, a("input"),
+      "relu6", [](const Tensor& x, bool inplace) { return activation_out("relu6", x, inplace, relu6(x)); }, a("input"),
       nb::arg("inplace") = false, nogil);
   m.def(
-      "hardsigmoid", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, hardsigmoid(x)); },
+      "hardsigmoid",
+      [](const Tensor& x, bool inplace) { return activation_out("hardsigmoid", x, inplace, hardsigmoid(x)); },
       a("input"), nb::arg("inplace") = false, nogil);
   m.def(
-      "hardswish", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, hardswish(x)); }, a("input"),
-      nb::arg("inplace") = false, nogil);
+      "hardswish", [](const Tensor& x, bool inplace) { return activation_out("hardswish", x, inplace, hardswish(x)); },
+      a("input"), nb::arg("inplace") = false, nogil);
   m.def("softplus", &softplus, a("input"), nb::arg("beta") = 1.0, nb::arg("threshold") = 20.0, nogil);
   m.def(
       "leaky_relu",
-      [](const Tensor& x, double v, bool inplace) { return activation_out(x, inplace, leaky_relu(x, v)); }, a("input"),
-      nb::arg("negative_slope") = 0.01, nb::arg("inplace") = false, nogil);
+      [](const Tensor& x, double v, bool inplace) {
+        return activation_out("leaky_relu", x, inplace, leaky_relu(x, v));
+      },
+      a("input"), nb::arg("negative_slope") = 0.01, nb::arg("inplace") = false, nogil);
   m.def(
-      "elu", [](const Tensor& x, double v, bool inplace) { return activation_out(x, inplace, elu(x, v)); }, a("input"),
-      nb::arg("alpha") = 1.0, nb::arg("inplace") = false, nogil);
+      "elu", [](const Tensor& x, double v, bool inplace) { return activation_out("elu", x, inplace, elu(x, v)); },
+      a("input"), nb::arg("alpha") = 1.0, nb::arg("inplace") = false, nogil);
   m.def(
-      "celu", [](const Tensor& x, double v, bool inplace) { return activation_out(x, inplace, celu(x, v)); },
+      "celu", [](const Tensor& x, double v, bool inplace) { return activation_out("celu", x, inplace, celu(x, v)); },
       a("input"), nb::arg("alpha") = 1.0, nb::arg("inplace") = false, nogil);
   m.def(
       "hardtanh",
       [](const Tensor& x, double lo, double hi, bool inplace) {
-        return activation_out(x, inplace, hardtanh(x, lo, hi));
+        return activation_out("hardtanh", x, inplace, hardtanh(x, lo, hi));
       },
       a("input"), nb::arg("min_val") = -1.0, nb::arg("max_val") = 1.0, nb::arg("inplace") = false, nogil);
   m.def("prelu", &prelu, a("input"), a("weight"), nogil);
@@ -598,7 +601,7 @@ void bind_nn_ops(nb::module_& mod) {
   m.def(
       "dropout",
       [](const Tensor& x, double p, bool training, bool inplace) {
-        return activation_out(x, inplace && training, dropout(x, p, training));
+        return activation_out("dropout", x, inplace && training, dropout(x, p, training));
       },
       a("input"), nb::arg("p") = 0.5, nb::arg("training") = true, nb::arg("inplace") = false, nogil,
       "Zeroes elements with probability p, scaling the rest by 1/(1-p); inplace=True writes into the input "
@@ -728,9 +731,16 @@ void bind_nn_ops(nb::module_& mod) {
 // An activation's inplace=True (torch.nn.functional's): the result is written into x and x returned
 // where Kiln may change x in place (it needs no gradient, or grad mode is off); otherwise a new tensor,
 // as Kiln records no in-place op, so code that uses the result (x = F.elu(x, inplace=True),
-// nn.ELU(inplace=True)) computes what torch's does.
-Tensor activation_out(Tensor x, bool inplace, const Tensor& out) {
-  if (!inplace || (GradMode::enabled() && x.requires_grad())) return out;
+// nn.ELU(inplace=True)) computes what torch's does. A leaf that requires grad is refused, as torch
+// refuses it ("a leaf Variable that requires grad is being used in an in-place operation").
+Tensor activation_out(const char* op, Tensor x, bool inplace, const Tensor& out) {
+  if (!inplace) return out;
+  if (GradMode::enabled() && x.requires_grad()) {
+    KILN_CHECK(!x.is_leaf(), op, ": inplace=True on a leaf tensor that requires grad ", x.type_str(),
+               " (torch refuses it too: a leaf Variable that requires grad is being used in an in-place operation); "
+               "pass inplace=False, or do it under kiln.no_grad()");
+    return out;
+  }
   x.copy_(out);
   return x;
 }

@@ -334,8 +334,8 @@ void bind_ops(nb::module_& mod) {
   unary(m, "tanh", [](const Tensor& x) { return tanh(x); });
   unary(m, "sigmoid", [](const Tensor& x) { return sigmoid(x); });
   m.def(
-      "relu", [](const Tensor& x, bool inplace) { return activation_out(x, inplace, relu(x)); }, nb::arg("input"),
-      nb::arg("inplace") = false, nogil);
+      "relu", [](const Tensor& x, bool inplace) { return activation_out("relu", x, inplace, relu(x)); },
+      nb::arg("input"), nb::arg("inplace") = false, nogil);
   unary(m, "sin", [](const Tensor& x) { return sin(x); });
   unary(m, "cos", [](const Tensor& x) { return cos(x); });
   unary(m, "tan", [](const Tensor& x) { return tan(x); });

@@ -1208,9 +1208,73 @@ def test_dropout_inplace_writes_into_the_input_as_torch():
     x = kiln.ones(4, 8)
     y = F.dropout(x, 0.5)  # not in place by default
     assert (x.numpy() == 1).all() and (y.numpy() == 0).any()
-    x = kiln.ones(4, 8, requires_grad=True)  # a leaf needing a gradient: a new tensor, as the activations
-    F.dropout(x, 0.5, inplace=True).sum().backward()
-    assert (x.detach().numpy() == 1).all()
+    for drop in [lambda x: F.dropout(x, 0.5, inplace=True), lambda x: F.dropout2d(x, 0.5, inplace=True)]:
+        x = kiln.ones(4, 8, 2, requires_grad=True)  # a leaf needing a gradient: refused, as torch and the activations
+        with pytest.raises(kiln.KilnError, match="dropout.*inplace=True on a leaf tensor that requires grad"):
+            drop(x)
+        with pytest.raises(RuntimeError, match="leaf Variable"):
+            torch.nn.functional.dropout(torch.ones(4, 8, 2, requires_grad=True), 0.5, inplace=True)
+        y = drop(x * 1.0)  # inside a graph: a new tensor, the input unchanged
+        y.sum().backward()
+        assert (x.detach().numpy() == 1).all() and x.grad is not None
+
+
+INPLACE_MODULES = [("ReLU", {}), ("ReLU6", {}), ("LeakyReLU", {"negative_slope": 0.2}), ("ELU", {"alpha": 0.7}),
+                   ("CELU", {"alpha": 1.3}), ("SELU", {}), ("SiLU", {}), ("Mish", {}), ("Hardswish", {}),
+                   ("Hardsigmoid", {}), ("Hardtanh", {"min_val": -0.5, "max_val": 0.8}),
+                   ("Dropout", {"p": 0.4}), ("Dropout1d", {"p": 0.4}), ("Dropout2d", {"p": 0.4}),
+                   ("Dropout3d", {"p": 0.4})]
+
+
+@pytest.mark.parametrize("name,kw", INPLACE_MODULES)
+def test_module_inplace_writes_into_the_input_as_torch(name, kw):
+    km_, tm_ = getattr(kiln.nn, name)(inplace=True, **kw), getattr(torch.nn, name)(inplace=True, **kw)
+    assert repr(km_) == repr(tm_)
+    assert repr(getattr(kiln.nn, name)(**kw)) == repr(getattr(torch.nn, name)(**kw))
+    dropout = name.startswith("Dropout")
+    shape = {"Dropout1d": (2, 3, 4), "Dropout2d": (2, 3, 4, 5)}.get(name, (2, 3, 4, 5, 2))
+    a = RNG.standard_normal(shape) * 3
+    if dropout:
+        km_.eval(), tm_.eval()  # eval: no randomness, the input returned (y is x, as torch)
+    # a tensor that needs no gradient (or under no_grad): written in place and returned itself, as torch
+    for grad_off in [False, True]:
+        kx, tx = both(a)
+        if grad_off:
+            kx.requires_grad = True
+            with kiln.no_grad():
+                ky = km_(kx)
+            with torch.no_grad():
+                tx.requires_grad = True
+                ty = tm_(tx)
+        else:
+            ky, ty = km_(kx), tm_(tx)
+        assert ky is kx and ty is tx
+        same(kx, tx, 1e-6)
+        if not dropout:
+            same(kx, getattr(torch.nn, name)(**kw)(torch.tensor(a)), 1e-6)
+    if dropout:  # training: the input holds the dropped and scaled values
+        kx = kiln.ones(*((8, 16) + shape[2:]))
+        ky = getattr(kiln.nn, name)(inplace=True, **kw)(kx)
+        assert ky is kx and (kx.numpy() == 0).any() and np.allclose(kx.numpy().max(), 1 / 0.6)
+        km_.train(), tm_.train()
+    # a leaf that requires grad: refused, as torch
+    kl, tl = both(a, True)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        tm_(tl)
+    with pytest.raises(kiln.KilnError, match="inplace=True on a leaf tensor that requires grad"):
+        km_(kl)
+    # inside a graph: torch's values and gradients (a new tensor in Kiln, which records no in-place op)
+    if not dropout:
+        kh, th = kl * 2.0, tl * 2.0
+        ko, to = km_(kh), tm_(th)
+        same(ko, to, 1e-6)
+        ko.sum().backward()
+        to.sum().backward()
+        same(kl.grad, tl.grad, 1e-6)
+    # inplace=False leaves the input alone
+    kx, tx = both(a)
+    ky = getattr(kiln.nn, name)(**kw).eval()(kx)
+    assert np.array_equal(np.asarray(kx.tolist()), a)
 
 
 def test_empty_prod_and_zero_norm_stay_in_the_graph_as_torch():

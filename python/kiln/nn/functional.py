@@ -185,7 +185,14 @@ def _channel_dropout(name, input, p, training, batched_dim, inplace):
     and scales the others by 1 / (1 - p); an unbatched input (one dim fewer) is a batch of one.
     inplace=True writes the result into the input where Kiln may (as F.dropout)."""
     y = _channel_dropout_out(name, input, p, training, batched_dim)
-    if not inplace or y is input or (_C.is_grad_enabled() and input.requires_grad):
+    if not inplace or y is input:
+        return y
+    if _C.is_grad_enabled() and input.requires_grad:
+        if input.is_leaf:  # as the activations' inplace (and torch)
+            raise _C.KilnError(f"{name}: inplace=True on a leaf tensor that requires grad (shape "
+                               f"{list(input.shape)}; torch refuses it too: a leaf Variable that requires grad is "
+                               "being used in an in-place operation); pass inplace=False, or do it under "
+                               "kiln.no_grad()")
         return y
     return input.copy_(y)
 

@@ -8,7 +8,7 @@ from .._C import KilnValueError
 from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
 from .modules import Module, Parameter, Linear, Softmax, _ConvNd, _MaxPoolNd, _AvgPoolNd, _Inplace, _check_p, _place, \
-    _uniform, _NormBase
+    _uniform, _NormBase, _inplace_result
 
 
 # ---- transposed convolution ----
@@ -92,7 +92,6 @@ def _activation(name, fn, doc):
     return type(name, (Module,), {"forward": lambda self, x: fn(x), "__doc__": doc, "__module__": __name__})
 
 
-Mish = _activation("Mish", F.mish, "x * tanh(softplus(x))")
 Softsign = _activation("Softsign", F.softsign, "x / (1 + |x|)")
 Tanhshrink = _activation("Tanhshrink", lambda x: x - F.tanh(x), "x - tanh(x)")
 LogSigmoid = _activation("LogSigmoid", F.logsigmoid, "log(sigmoid(x))")
@@ -107,14 +106,25 @@ class Hardswish(_Inplace):
     """x * relu6(x + 3) / 6"""
     _fn = staticmethod(F.hardswish)
 
+    def extra_repr(self):  # torch's Hardswish and Hardsigmoid do not show inplace
+        return ""
+
 
 class Hardsigmoid(_Inplace):
     """relu6(x + 3) / 6"""
     _fn = staticmethod(F.hardsigmoid)
 
+    def extra_repr(self):
+        return ""
+
 
 class SELU(_Inplace):
     _fn = staticmethod(F.selu)
+
+
+class Mish(_Inplace):
+    """x * tanh(softplus(x))"""
+    _fn = staticmethod(F.mish)
 
 
 class ELU(Module):
@@ -123,7 +133,7 @@ class ELU(Module):
         self.alpha, self.inplace = alpha, inplace
 
     def forward(self, x):
-        return F.elu(x, self.alpha)
+        return _inplace_result(x, F.elu(x, self.alpha, self.inplace), self.inplace)
 
     def extra_repr(self):
         return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
@@ -131,7 +141,7 @@ class ELU(Module):
 
 class CELU(ELU):
     def forward(self, x):
-        return F.celu(x, self.alpha)
+        return _inplace_result(x, F.celu(x, self.alpha, self.inplace), self.inplace)
 
 
 class Hardtanh(Module):
@@ -142,7 +152,7 @@ class Hardtanh(Module):
         self.min_val, self.max_val, self.inplace = min_val, max_val, inplace
 
     def forward(self, x):
-        return F.hardtanh(x, self.min_val, self.max_val)
+        return _inplace_result(x, F.hardtanh(x, self.min_val, self.max_val, self.inplace), self.inplace)
 
     def extra_repr(self):
         return f"min_val={self.min_val}, max_val={self.max_val}" + (", inplace=True" if self.inplace else "")
@@ -245,7 +255,7 @@ class _DropoutNd(Module):
         self.p, self.inplace = _check_p(type(self).__name__, p), inplace
 
     def forward(self, x):
-        return type(self)._fn(x, self.p, self.training, self.inplace)
+        return _inplace_result(x, type(self)._fn(x, self.p, self.training, self.inplace), self.inplace)
 
     def extra_repr(self):
         return f"p={self.p}, inplace={self.inplace}"

@@ -1232,15 +1232,23 @@ class Dropout(Module):
         self.p, self.inplace = _check_p(type(self).__name__, p), inplace
 
     def forward(self, x):
-        return F.dropout(x, self.p, self.training, self.inplace)
+        return _inplace_result(x, F.dropout(x, self.p, self.training, self.inplace), self.inplace)
 
     def extra_repr(self):
         return f"p={self.p}, inplace={self.inplace}"
 
 
+def _inplace_result(x, y, inplace):
+    """What a module's forward with inplace= returns, given its functional form's result y: where that
+    wrote into x (x needs no gradient, or under kiln.no_grad()), x itself, as torch's (y is x); inside a
+    graph y, a new tensor (Kiln records no in-place op)."""
+    return x if inplace and y is not x and y.data_ptr() == x.data_ptr() else y
+
+
 class _Inplace(Module):
-    """An activation that takes torch's inplace= (accepted; computed out of place, the input is left
-    as it was)."""
+    """An activation that takes torch's inplace=: True writes the result into the input and returns it,
+    as torch's, where Kiln may change it in place (it needs no gradient, or under kiln.no_grad()); inside
+    a graph the result is a new tensor, and a leaf that requires grad is refused (as torch)."""
     _fn = None
 
     def __init__(self, inplace=False):
@@ -1248,7 +1256,7 @@ class _Inplace(Module):
         self.inplace = inplace
 
     def forward(self, x):
-        return type(self)._fn(x)
+        return _inplace_result(x, type(self)._fn(x, inplace=self.inplace), self.inplace)
 
     def extra_repr(self):
         return "inplace=True" if self.inplace else ""
@@ -1306,7 +1314,7 @@ class LeakyReLU(Module):
         self.negative_slope, self.inplace = negative_slope, inplace
 
     def forward(self, x):
-        return F.leaky_relu(x, self.negative_slope)
+        return _inplace_result(x, F.leaky_relu(x, self.negative_slope, self.inplace), self.inplace)
 
     def extra_repr(self):
         return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
