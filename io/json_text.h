@@ -13,16 +13,14 @@ inline std::string dump_json(const nlohmann::json& j, int indent = -1) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-// s as a JSON file Kiln wrote gives it back: s itself when it is valid UTF-8, else with U+FFFD for each
-// bad byte. What a string read from such a file is compared with (a mirror's owner, --out).
-inline std::string as_json_text(const std::string& s) {
-  return nlohmann::json::parse(dump_json(nlohmann::json(s))).get<std::string>();
-}
-
 // j as a JSON file Kiln wrote gives it back: each string that is not valid UTF-8 with U+FFFD for each bad
 // byte. A live value (a config, data_info's classes or labels read from folder and file names) is passed
 // through this before it is compared with one read from such a file (a checkpoint's config, another
 // rank's broadcast), or a name with a byte that is not UTF-8 differs from its own saved self.
 inline nlohmann::json as_written(const nlohmann::json& j) { return nlohmann::json::parse(dump_json(j)); }
+
+// s as a JSON file Kiln wrote gives it back: s itself when it is valid UTF-8, else with U+FFFD for each
+// bad byte. What a string read from such a file is compared with (a mirror's owner, --out).
+inline std::string as_json_text(const std::string& s) { return as_written(nlohmann::json(s)).get<std::string>(); }
 
 }  // namespace kiln::io

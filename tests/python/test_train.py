@@ -501,10 +501,9 @@ def test_every_rank_of_a_launch_returns_the_runs_summary(tmp_path):
     assert written["steps"] == 2 and written["config"]["world_size"] == 2  # 64 samples / (2 ranks x batch 16)
 
 
-def test_a_stop_signal_to_one_rank_raises_there_and_returns_stopped_on_the_others(tmp_path):
-    # SIGTERM to rank 1 alone made both ranks raise SystemExit(143), and kiln launch said "failed: rank 0
-    # ... exited with status 143"; the CLI's ranks exit 0 after such a stop, so the rank that did not
-    # catch the signal returns {"stopped": True} and the launcher reports a stop.
+def _signal_rank1_of_two_python_ranks(tmp_path, sig):
+    """Two kiln.train ranks under kiln launch; `sig` to rank 1 once it has logged 3 steps. Returns the
+    launcher's (returncode, stdout, stderr) and each rank's printed result."""
     script = tmp_path / "ranks.py"
     script.write_text("import json, os, sys, kiln\n"
                       "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
@@ -520,17 +519,25 @@ def test_a_stop_signal_to_one_rank_raises_there_and_returns_stopped_on_the_other
     while time.time() < deadline and not (pid1.exists() and metrics.exists()
                                           and metrics.read_text().count('"loss"') >= 3):
         time.sleep(0.05)
-    os.kill(int(pid1.read_text()), signal.SIGTERM)
+    os.kill(int(pid1.read_text()), sig)
     out, err = p.communicate(timeout=240)
-    assert p.returncode == 143, out + err
-    assert "kiln launch: stopped: rank 1 " in err, out + err
-    assert "(it caught SIGTERM, not from the launcher: the ranks stop together)" in err, err
-    assert "failed" not in err, err
     got = {}
     for line in out.splitlines():
         if "RESULT " in line:
             rank, result = line.split("RESULT ", 1)[1].split(" ", 1)
             got[rank] = json.loads(result)
+    return p.returncode, out, err, got
+
+
+def test_a_stop_signal_to_one_rank_raises_there_and_returns_stopped_on_the_others(tmp_path):
+    # SIGTERM to rank 1 alone made both ranks raise SystemExit(143), and kiln launch said "failed: rank 0
+    # ... exited with status 143"; the CLI's ranks exit 0 after such a stop, so the rank that did not
+    # catch the signal returns {"stopped": True} and the launcher reports a stop.
+    returncode, out, err, got = _signal_rank1_of_two_python_ranks(tmp_path, signal.SIGTERM)
+    assert returncode == 143, out + err
+    assert "kiln launch: stopped: rank 1 " in err, out + err
+    assert "(it caught SIGTERM, not from the launcher: the ranks stop together)" in err, err
+    assert "failed" not in err, err
     assert set(got) == {"0"}, out + err  # rank 1 raised SystemExit(143)
     assert got["0"]["stopped"] is True and got["0"]["saved"].endswith(".kiln"), got
     assert "rank 1 caught SIGTERM at step " in out, out
@@ -541,34 +548,13 @@ def test_a_sigint_to_one_python_rank_is_a_stop_under_kiln_launch(tmp_path):
     # killing itself with SIGINT: kiln launch said "failed: rank 1 ... was killed by signal 2
     # (Interrupt), not sent by the launcher (the rank did not catch it ...)" and stopped rank 0 at once,
     # for the stop both ranks had agreed on.
-    script = tmp_path / "ranks.py"
-    script.write_text("import json, os, sys, kiln\n"
-                      "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
-                      "r = kiln.train('resnet20', out=os.path.join(sys.argv[1], 'run'), **json.loads(sys.argv[2]))\n"
-                      "print('RESULT', os.environ['RANK'], json.dumps(r), flush=True)\n")
-    opts = dict(batch=16, limit_train=2048, limit_eval=64, max_steps=400, log_every=1, threads=1, workers=0,
-                dist_timeout=120)
-    p = subprocess.Popen([sys.executable, "-m", "kiln", "launch", "--nproc-per-node", "2", "--master-port",
-                          str(free_port()), "--", sys.executable, str(script), str(tmp_path), json.dumps(opts)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics, pid1 = tmp_path / "run" / "metrics.jsonl", tmp_path / "pid1"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (pid1.exists() and metrics.exists()
-                                          and metrics.read_text().count('"loss"') >= 3):
-        time.sleep(0.05)
-    os.kill(int(pid1.read_text()), signal.SIGINT)
-    out, err = p.communicate(timeout=240)
-    assert p.returncode == 130, out + err
+    returncode, out, err, got = _signal_rank1_of_two_python_ranks(tmp_path, signal.SIGINT)
+    assert returncode == 130, out + err
     assert "kiln launch: stopped: rank 1 " in err, out + err
     assert ("was killed by signal 2 (Interrupt) (ended by SIGINT, not from the launcher: a Python rank's "
             "KeyboardInterrupt ends so); the other ranks stopped with it") in err, err
     assert "failed" not in err and "did not catch it" not in err, err
     assert "KeyboardInterrupt: kiln.train: interrupted; saved " in out + err, out + err
-    got = {}
-    for line in out.splitlines():
-        if "RESULT " in line:
-            rank, result = line.split("RESULT ", 1)[1].split(" ", 1)
-            got[rank] = json.loads(result)
     assert set(got) == {"0"}, out + err  # rank 1 raised KeyboardInterrupt
     assert got["0"]["stopped"] is True and got["0"]["saved"].endswith(".kiln"), got
     assert "rank 1 caught SIGINT at step " in out, out
