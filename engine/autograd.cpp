@@ -479,11 +479,21 @@ std::vector<Tensor> checkpoint(const RecomputeFn& fn, const std::vector<Tensor>&
   if (!GradMode::enabled()) return fn(inputs);
   const Generator rng = default_generator();
   const std::optional<DType> cast = amp::autocast_dtype();
+  std::vector<uint64_t> versions;
+  for (const Tensor& t : inputs) versions.push_back(t.defined() ? t.version() : 0);
   std::vector<Tensor> outs;
   {
     NoGradGuard ng;
     outs = fn(inputs);
   }
+  // Backward recomputes the block from its inputs: one it wrote into in place (an inplace=True
+  // activation or dropout first) would be recomputed from the written values, twice applied, and the
+  // gradients silently wrong (torch refuses such a block too).
+  for (size_t i = 0; i < inputs.size(); ++i)
+    KILN_CHECK(!inputs[i].defined() || inputs[i].version() == versions[i], "checkpoint: the block modified its input ",
+               i, " ", inputs[i].type_str(),
+               " in place (an inplace=True activation or dropout at its start?); its backward recomputes the block "
+               "from that input, which would give wrong gradients: make that op out of place");
   for (Tensor& o : outs) o = o.detach();  // fresh handles: record() gives them their grad_fn
   std::vector<SavedTensor> saved;
   std::vector<bool> wanted;

@@ -283,6 +283,7 @@ Tensor BatchNorm2d::run(const Tensor& x, const Tensor& residual, bool relu) {
   // again but must not count them into the running ones twice.
   if (is_training() && autograd::recomputing()) return bn(Tensor(), Tensor(), true);
   if (is_training()) {
+    if (x.dim() >= 2 && x.size(1) > 0) values_per_channel = x.numel() / x.size(1);
     NoGradGuard ng;
     num_batches_tracked.add_(ones({}, TensorOptions(DType::i64, num_batches_tracked.device())));
   }

@@ -119,6 +119,9 @@ class BatchNorm2d : public Layer {
   Tensor forward_relu(const Tensor& x, const Tensor& residual = {});
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   double eps, momentum;
+  // The values each channel's statistics came from in the last training forward (N x H x W; 0 before
+  // one): a handful (a ResNet's last stage at a small micro-batch) makes them noise (kiln plan says so).
+  int64_t values_per_channel = 0;
 
  private:
   Tensor run(const Tensor& x, const Tensor& residual, bool relu);

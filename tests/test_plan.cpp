@@ -503,3 +503,41 @@ TEST_CASE("plan: the host memory a run can count on is its cgroups' limits, not 
     CHECK(tools::host_memory(meminfo, (d.p / "badmounts").string(), (d.p / "bad").string()).usable() == 12 * gib);
   }
 }
+
+// ResNet-18 at a micro-batch of 2 on 16 px images: layer2's batch norms see 2 x 2 x 2 values per channel,
+// layer3's and layer4's 2 x 1 x 1. It ends in NaN within steps (in torch too); kiln plan and kiln train
+// say why at the start rather than leaving a NaN loss to explain itself.
+TEST_CASE("plan: batch norms over fewer than 16 values per channel are counted and named") {
+  tools::PlanOptions o;
+  o.model = "resnet18";
+  o.image_size = 16;
+  tools::MemoryPlan p = tools::plan_memory(o, 2);
+  CHECK(p.norms == 20);
+  CHECK(p.small_norms == 15);
+  CHECK(p.fewest_norm_values == 2);
+  CHECK(contains(tools::small_norms_note(p),
+                 "15 of the model's 20 batch norms normalise fewer than 16 values per "
+                 "channel at a micro-batch of 2 (the fewest: 2)"));
+  CHECK(p.to_json()["batch_norms_below_16_values"] == 15);
+  o.image_size = 32;  // layer4 at 1 x 1, 8 samples: 8 values; layer3 at 2 x 2: 32
+  p = tools::plan_memory(o, 8);
+  CHECK(p.small_norms == 5);
+  CHECK(p.fewest_norm_values == 8);
+  p = tools::plan_memory(o, 16);
+  CHECK(p.small_norms == 0);
+  CHECK(p.fewest_norm_values == 16);
+  CHECK(tools::small_norms_note(p).empty());
+  o.model = "bert-tiny";  // no batch norms
+  p = tools::plan_memory(o, 2);
+  CHECK(p.norms == 0);
+  CHECK(tools::small_norms_note(p).empty());
+
+  TempDir d("kiln_plan_norms");
+  auto r = run_kiln("plan --model resnet18 --image-size 16 --batch 2", d.p.string());
+  CHECK_MESSAGE(contains(r.output, "note: 15 of the model's 20 batch norms"), r.output);
+  r = run_kiln(
+      "train --model resnet18 --batch 2 --limit-train 4 --limit-eval 4 --max-steps 1 --threads 1 --out " + d / "run",
+      d.p.string());
+  CHECK_MESSAGE(r.code == 0, r.output);  // Fashion-MNIST's 28 px: layer3 and layer4 at 1 x 1
+  CHECK_MESSAGE(contains(r.output, "kiln train: note: 10 of the model's 20 batch norms"), r.output);
+}

@@ -613,16 +613,23 @@ class Trainer {
     // ResNet's 1x1 stage) is a flag error before any file is written, as `kiln plan` says it: found by
     // planning the step (on the meta device, a fraction of a second). Two samples or more always give
     // a batch norm two values.
-    if (micro_ == 1 && model_family(c_.model).input == ModelInput::images) {
+    // The same plan says whether some batch norms normalise a handful of values per channel (noise
+    // statistics: a run that may end in NaN), a note at the start and in the NaN message.
+    if (model_family(c_.model).input == ModelInput::images && (micro_ == 1 || lead_)) {
       PlanOptions po = step_plan_options();
       po.device = "cpu";  // the question is the model's, not the device's: no cuDNN asked
+      po.ranks = 1;       // nor the ranks': each normalises its own micro-batch
+      po.zero = 0;
       try {
-        (void)plan_memory(po, 1);
+        norms_note_ = small_norms_note(plan_memory(po, micro_));
       } catch (const Error& e) {
-        return fail((c_.micro_batch.empty() ? "--batch 1" : "--micro-batch 1") +
-                    std::string(": the model cannot train on one sample at a time (") + e.message() +
-                    "); give 2 or more, or a larger --image-size");
+        if (micro_ == 1)
+          return fail((c_.micro_batch.empty() ? "--batch 1" : "--micro-batch 1") +
+                      std::string(": the model cannot train on one sample at a time (") + e.message() +
+                      "); give 2 or more, or a larger --image-size");
+        // larger micro-batches: the training step itself says what is wrong, as it did without the note
       }
+      if (lead_ && !norms_note_.empty()) std::fprintf(stderr, "kiln train: note: %s\n", norms_note_.c_str());
     }
     io::LoaderOptions lo;
     lo.batch_size = micro_;
@@ -1663,7 +1670,7 @@ class Trainer {
                     (long long)run_.step, (long long)run_.epoch + 1, lr_text,
                     amp_dt_ == DType::f16 ? " (the forward pass overflowed f16: try --amp bf16)" : "",
                     metrics_path_.c_str());
-      fail(msg, 1);
+      fail(norms_note_.empty() ? std::string(msg) : std::string(msg) + ". Also: " + norms_note_, 1);
     }
     return 1;
   }
@@ -1697,9 +1704,10 @@ class Trainer {
     if (lead_ && !std::isfinite(ev.loss))
       std::fprintf(stderr,
                    "kiln train: warning: the test loss is %s after epoch %lld while the training loss is finite: the "
-                   "model gives non-finite outputs in evaluation mode on the test data%s\n",
+                   "model gives non-finite outputs in evaluation mode on the test data%s%s\n",
                    std::isnan(ev.loss) ? "NaN" : "infinite", (long long)run_.epoch + 1,
-                   amp_dt_ == DType::f16 ? " (f16 autocast overflows: try --amp bf16)" : "");
+                   amp_dt_ == DType::f16 ? " (f16 autocast overflows: try --amp bf16)" : "",
+                   norms_note_.empty() ? "" : (" (the running statistics may be broken: " + norms_note_ + ")").c_str());
     nlohmann::json em = {{"step", run_.step},          {"epoch", run_.epoch + 1},
                          {"eval_loss", ev.loss},       {"eval_" + task_.metric, ev.accuracy},
                          {"eval_samples", ev.samples}, {"epoch_seconds", epoch_s},
@@ -2058,6 +2066,7 @@ class Trainer {
   // progress, output, checkpoints
   RunState run_;
   std::string ckpt_dir_, metrics_path_, resumed_from_, last_saved_;
+  std::string norms_note_;        // small_norms_note of the micro-batch (image models), "" when none
   io::MirrorOwner mirror_owner_;  // another run's --mirror, which this run takes over if it resumes from it
   int metrics_fd_ = -1;           // metrics.jsonl, O_APPEND (rank 0)
   bool metrics_failed_ = false;  // the last metrics line was not written: reopen before the next

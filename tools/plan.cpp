@@ -12,6 +12,7 @@
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/dist.h"
+#include "engine/nn.h"
 #include "engine/optim.h"
 #include "engine/random.h"
 #include "engine/zero.h"
@@ -216,8 +217,34 @@ nlohmann::json MemoryPlan::to_json() const {
           {"workspace", workspace},
           {"cudnn_workspace_counted", gpu ? nlohmann::json(cudnn_asked) : nlohmann::json()},
           {"peak", peak},
-          {"blocks", b}};
+          {"blocks", b},
+          {"batch_norms", norms},
+          {"batch_norms_below_16_values", small_norms},
+          {"fewest_batch_norm_values", fewest_norm_values}};
 }
+
+std::string small_norms_note(const MemoryPlan& p) {
+  if (p.small_norms == 0) return "";
+  return std::to_string(p.small_norms) + " of the model's " + std::to_string(p.norms) +
+         " batch norms normalise fewer than " + std::to_string(kFewNormValues) +
+         " values per channel at a micro-batch of " + std::to_string(p.micro_batch) +
+         " (the fewest: " + std::to_string(p.fewest_norm_values) +
+         "): their batch statistics are mostly noise and training can diverge to NaN; a larger micro-batch or "
+         "--image-size gives them more";
+}
+
+namespace {
+// The batch norms' values per channel after a training forward, into p's counts.
+void count_norms(const nn::Module& m, MemoryPlan& p) {
+  if (const auto* bn = dynamic_cast<const nn::BatchNorm2d*>(&m); bn && bn->values_per_channel > 0) {
+    ++p.norms;
+    if (bn->values_per_channel < kFewNormValues) ++p.small_norms;
+    if (p.fewest_norm_values == 0 || bn->values_per_channel < p.fewest_norm_values)
+      p.fewest_norm_values = bn->values_per_channel;
+  }
+  for (const auto& [name, child] : m.children()) count_norms(*child, p);
+}
+}  // namespace
 
 HostMemoryStats memory_stats(Device dev) {
   if (dev.is_cuda()) {  // the device's caching allocator: bytes handed out, before its rounding
@@ -398,6 +425,7 @@ MemoryPlan step_memory(const PlanOptions& o, int64_t micro_batch, Device dev) {
     if (zero) zero->gather();
   }
   for (size_t k = 0; k < params.size(); ++k) Tensor(params[k]).remove_grad_ready_hook(grad_hooks[k]);
+  count_norms(*st.model, p);
   const size_t peak = memory_stats(dev).peak_allocated;
   p.peak = peak > base ? peak - base : 0;
   std::stable_sort(p.blocks.begin(), p.blocks.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -674,6 +702,7 @@ int run_plan(const PlanOptions& given) {
                                           : "with cuBLASLt's 32 MiB per matmul; not the convolutions' cuDNN "
                                             "workspaces (no CUDA device here to ask: up to 1 GiB per pass)");
   row("predicted peak", p.peak, target.is_cuda() ? "(a GPU adds its context and the allocator's rounding)" : "");
+  if (const std::string note = small_norms_note(p); !note.empty()) std::printf("note: %s\n", note.c_str());
   nlohmann::json j = {{"model", o.model}, {"batch", batch}, {"device", o.device}, {"plan", p.to_json()}};
   bool nofit = false;
   if (memory > 0) {
@@ -698,6 +727,8 @@ int run_plan(const PlanOptions& given) {
           "(or kiln train --micro-batch auto)\n",
           (long long)micro, mib(mp.peak).c_str(), (long long)(o.accum_steps * batch / micro),
           (long long)(o.accum_steps * batch));
+      if (const std::string note = small_norms_note(mp); micro < batch && !note.empty())
+        std::printf("note: %s\n", note.c_str());
     }
     j["micro_batch"] = micro;
     j["accum_steps"] = micro ? o.accum_steps * batch / micro : 0;

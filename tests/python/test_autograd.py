@@ -1000,3 +1000,20 @@ def test_gradcheck_agrees_with_torch_on_wide_outputs(op):
         except RuntimeError as e:
             verdict.append(str(e).split("\n")[0])
         assert (verdict[0] is True) == (verdict[1] is True), (op, mag, verdict)
+
+
+def test_checkpoint_refuses_a_block_that_writes_into_its_input():
+    # An in-place module first: the no-grad first run wrote ELU into x, backward recomputed ELU over
+    # that and Linear's weight gradient came out [3.531, 1.370, 5.387] instead of [3.368, 1.007, 5.050].
+    import kiln.nn as nn
+
+    for first in (nn.ELU(inplace=True), nn.Dropout(0.5, inplace=True)):
+        kiln.manual_seed(0)
+        block = nn.Sequential(first, nn.Linear(3, 2))
+        x = kiln.randn(4, 3)
+        before = x.numpy().copy()
+        with pytest.raises(kiln.KilnError, match="modified its input 0 .* in place"):
+            kiln.autograd.checkpoint(block, x)
+        assert not (x.numpy() == before).all()  # it did write: that is what is refused
+        y = kiln.autograd.checkpoint(nn.Sequential(nn.ELU(), nn.Linear(3, 2)), x)  # out of place: fine
+        y.sum().backward()
