@@ -142,9 +142,22 @@ double fill_value(DType t, nb::handle h, const char* what);
 double alpha_arg(nb::handle h, DType t, const char* op, bool subtracts = false);
 // A 0-dim int64 tensor holding v exactly (scalar_tensor goes through double).
 Tensor int64_scalar(int64_t v);
-// What the activation `op` called with inplace=`inplace` returns, given its out-of-place result
-// (nn_ops.cpp); a leaf that requires grad is refused, as torch's.
-Tensor activation_out(const char* op, Tensor x, bool inplace, const Tensor& out);
+// An activation's inplace=True (nn_ops.cpp): whether x, given the out-of-place result `out`, now holds
+// the result (written into it, or pointed at it inside a graph), so that the call returns x's own Python
+// object, as torch's; a leaf that requires grad is refused, as torch's. False for inplace=False.
+bool activation_into(const char* op, Tensor& x, bool inplace, const Tensor& out);
+// What the activation `op` (compute(x), run without the GIL) called with inplace=`inplace` returns: x's
+// own Python object where activation_into put the result in it (y is x, as torch's), else the new tensor.
+template <class F> nb::object activation_out(const char* op, Tensor& x, bool inplace, F&& compute) {
+  Tensor out;
+  bool into = false;
+  {
+    GilRelease nogil;
+    out = compute(x);
+    into = activation_into(op, x, inplace, out);
+  }
+  return into ? nb::find(&x) : nb::cast(std::move(out));
+}
 
 // Each file's part of the module.
 void bind_tensor(nb::module_& m);

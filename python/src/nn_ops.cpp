@@ -429,45 +429,68 @@ void bind_nn_ops(nb::module_& mod) {
 
   // ---- activations ----
   m.def(
-      "silu", [](const Tensor& x, bool inplace) { return activation_out("silu", x, inplace, silu(x)); }, a("input"),
-      nb::arg("inplace") = false, nogil);
+      "silu",
+      [](Tensor& x, bool inplace) {
+        return activation_out("silu", x, inplace, [&](const Tensor& t) { return silu(t); });
+      },
+      a("input"), nb::arg("inplace") = false);
   m.def(
-      "mish", [](const Tensor& x, bool inplace) { return activation_out("mish", x, inplace, mish(x)); }, a("input"),
-      nb::arg("inplace") = false, nogil);
+      "mish",
+      [](Tensor& x, bool inplace) {
+        return activation_out("mish", x, inplace, [&](const Tensor& t) { return mish(t); });
+      },
+      a("input"), nb::arg("inplace") = false);
   m.def("softsign", &softsign, a("input"), nogil);
   m.def("logsigmoid", &logsigmoid, a("input"), nogil);
   m.def(
-      "selu", [](const Tensor& x, bool inplace) { return activation_out("selu", x, inplace, selu(x)); }, a("input"),
-      nb::arg("inplace") = false, nogil);
+      "selu",
+      [](Tensor& x, bool inplace) {
+        return activation_out("selu", x, inplace, [&](const Tensor& t) { return selu(t); });
+      },
+      a("input"), nb::arg("inplace") = false);
   m.def(
-      "relu6", [](const Tensor& x, bool inplace) { return activation_out("relu6", x, inplace, relu6(x)); }, a("input"),
-      nb::arg("inplace") = false, nogil);
+      "relu6",
+      [](Tensor& x, bool inplace) {
+        return activation_out("relu6", x, inplace, [&](const Tensor& t) { return relu6(t); });
+      },
+      a("input"), nb::arg("inplace") = false);
   m.def(
       "hardsigmoid",
-      [](const Tensor& x, bool inplace) { return activation_out("hardsigmoid", x, inplace, hardsigmoid(x)); },
-      a("input"), nb::arg("inplace") = false, nogil);
+      [](Tensor& x, bool inplace) {
+        return activation_out("hardsigmoid", x, inplace, [&](const Tensor& t) { return hardsigmoid(t); });
+      },
+      a("input"), nb::arg("inplace") = false);
   m.def(
-      "hardswish", [](const Tensor& x, bool inplace) { return activation_out("hardswish", x, inplace, hardswish(x)); },
-      a("input"), nb::arg("inplace") = false, nogil);
+      "hardswish",
+      [](Tensor& x, bool inplace) {
+        return activation_out("hardswish", x, inplace, [&](const Tensor& t) { return hardswish(t); });
+      },
+      a("input"), nb::arg("inplace") = false);
   m.def("softplus", &softplus, a("input"), nb::arg("beta") = 1.0, nb::arg("threshold") = 20.0, nogil);
   m.def(
       "leaky_relu",
-      [](const Tensor& x, double v, bool inplace) {
-        return activation_out("leaky_relu", x, inplace, leaky_relu(x, v));
+      [](Tensor& x, double v, bool inplace) {
+        return activation_out("leaky_relu", x, inplace, [&](const Tensor& t) { return leaky_relu(t, v); });
       },
-      a("input"), nb::arg("negative_slope") = 0.01, nb::arg("inplace") = false, nogil);
+      a("input"), nb::arg("negative_slope") = 0.01, nb::arg("inplace") = false);
   m.def(
-      "elu", [](const Tensor& x, double v, bool inplace) { return activation_out("elu", x, inplace, elu(x, v)); },
-      a("input"), nb::arg("alpha") = 1.0, nb::arg("inplace") = false, nogil);
+      "elu",
+      [](Tensor& x, double v, bool inplace) {
+        return activation_out("elu", x, inplace, [&](const Tensor& t) { return elu(t, v); });
+      },
+      a("input"), nb::arg("alpha") = 1.0, nb::arg("inplace") = false);
   m.def(
-      "celu", [](const Tensor& x, double v, bool inplace) { return activation_out("celu", x, inplace, celu(x, v)); },
-      a("input"), nb::arg("alpha") = 1.0, nb::arg("inplace") = false, nogil);
+      "celu",
+      [](Tensor& x, double v, bool inplace) {
+        return activation_out("celu", x, inplace, [&](const Tensor& t) { return celu(t, v); });
+      },
+      a("input"), nb::arg("alpha") = 1.0, nb::arg("inplace") = false);
   m.def(
       "hardtanh",
-      [](const Tensor& x, double lo, double hi, bool inplace) {
-        return activation_out("hardtanh", x, inplace, hardtanh(x, lo, hi));
+      [](Tensor& x, double lo, double hi, bool inplace) {
+        return activation_out("hardtanh", x, inplace, [&](const Tensor& t) { return hardtanh(t, lo, hi); });
       },
-      a("input"), nb::arg("min_val") = -1.0, nb::arg("max_val") = 1.0, nb::arg("inplace") = false, nogil);
+      a("input"), nb::arg("min_val") = -1.0, nb::arg("max_val") = 1.0, nb::arg("inplace") = false);
   m.def("prelu", &prelu, a("input"), a("weight"), nogil);
   m.def("glu", &glu, a("input"), nb::arg("dim") = -1, nogil);
   m.def("softmax", &softmax, a("input"), a("dim"), nogil);
@@ -600,12 +623,21 @@ void bind_nn_ops(nb::module_& mod) {
       a("input"), a("weight"), nb::arg("padding_idx") = nb::none(), nogil);
   m.def(
       "dropout",
-      [](const Tensor& x, double p, bool training, bool inplace) {
-        return activation_out("dropout", x, inplace && training, dropout(x, p, training));
+      [](Tensor& x, double p, bool training, bool inplace) -> nb::object {
+        if (inplace && !training) return nb::find(&x);  // torch's dropout_: the input itself, as it was
+        return activation_out("dropout", x, inplace, [&](const Tensor& t) { return dropout(t, p, training); });
       },
-      a("input"), nb::arg("p") = 0.5, nb::arg("training") = true, nb::arg("inplace") = false, nogil,
+      a("input"), nb::arg("p") = 0.5, nb::arg("training") = true, nb::arg("inplace") = false,
       "Zeroes elements with probability p, scaling the rest by 1/(1-p); inplace=True writes into the input "
       "(as torch) where Kiln may change it in place (it needs no gradient, or under kiln.no_grad()).");
+  m.def(
+      "_activation_into",
+      [](const char* op, Tensor& x, const Tensor& out) {
+        return activation_out(op, x, true, [&](const Tensor&) { return out; });
+      },
+      nb::arg("op"), a("input"), nb::arg("out"),
+      "inplace=True for an op written in Python (F.dropout1d/2d/3d): puts its out-of-place result `out` into "
+      "the input as the activations' inplace= does and returns the input itself.");
   m.def(
       "scaled_dot_product_attention",
       [](const Tensor& q, const Tensor& k, const Tensor& v, std::optional<Tensor> mask, double dropout_p,
@@ -728,21 +760,25 @@ void bind_nn_ops(nb::module_& mod) {
   m.def("pixel_unshuffle", &pixel_unshuffle, a("input"), a("downscale_factor"), nogil);
 }
 
-// An activation's inplace=True (torch.nn.functional's): the result is written into x and x returned
-// where Kiln may change x in place (it needs no gradient, or grad mode is off); otherwise a new tensor,
-// as Kiln records no in-place op, so code that uses the result (x = F.elu(x, inplace=True),
-// nn.ELU(inplace=True)) computes what torch's does. A leaf that requires grad is refused, as torch
-// refuses it ("a leaf Variable that requires grad is being used in an in-place operation").
-Tensor activation_out(const char* op, Tensor x, bool inplace, const Tensor& out) {
-  if (!inplace) return out;
+// An activation's inplace=True (torch.nn.functional's): where Kiln may change x in place (it needs no
+// gradient, or grad mode is off) the result is written into it; inside a graph, where Kiln records no
+// in-place op, x is pointed at the result (a non-leaf: its Python object now holds the result and its
+// gradient function, as torch's after an in-place op, while its old storage, which the graph may have
+// saved, is left as it was). Either way the call returns x itself, so code that uses the result
+// (x = F.elu(x, inplace=True)) or ignores it (F.relu(x, inplace=True); return x) computes what torch's
+// does. A leaf that requires grad is refused, as torch refuses it ("a leaf Variable that requires grad
+// is being used in an in-place operation").
+bool activation_into(const char* op, Tensor& x, bool inplace, const Tensor& out) {
+  if (!inplace) return false;
   if (GradMode::enabled() && x.requires_grad()) {
     KILN_CHECK(!x.is_leaf(), op, ": inplace=True on a leaf tensor that requires grad ", x.type_str(),
                " (torch refuses it too: a leaf Variable that requires grad is being used in an in-place operation); "
                "pass inplace=False, or do it under kiln.no_grad()");
-    return out;
+    x = out;
+    return true;
   }
   x.copy_(out);
-  return x;
+  return true;
 }
 
 }  // namespace kiln::py

@@ -2,6 +2,7 @@
 // scans and sorting, linear algebra, and the shape and index ops of nn_ops.h. Argument names and
 // defaults follow torch where the op exists there (dim, keepdim, ...). The GIL is released around
 // every computation.
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <string>
@@ -334,8 +335,11 @@ void bind_ops(nb::module_& mod) {
   unary(m, "tanh", [](const Tensor& x) { return tanh(x); });
   unary(m, "sigmoid", [](const Tensor& x) { return sigmoid(x); });
   m.def(
-      "relu", [](const Tensor& x, bool inplace) { return activation_out("relu", x, inplace, relu(x)); },
-      nb::arg("input"), nb::arg("inplace") = false, nogil);
+      "relu",
+      [](Tensor& x, bool inplace) {
+        return activation_out("relu", x, inplace, [](const Tensor& t) { return relu(t); });
+      },
+      nb::arg("input"), nb::arg("inplace") = false);
   unary(m, "sin", [](const Tensor& x) { return sin(x); });
   unary(m, "cos", [](const Tensor& x) { return cos(x); });
   unary(m, "tan", [](const Tensor& x) { return tan(x); });
@@ -355,7 +359,21 @@ void bind_ops(nb::module_& mod) {
   unary(m, "reciprocal", [](const Tensor& x) { return reciprocal(x); });
   unary(m, "floor", [](const Tensor& x) { return floor(x); });
   unary(m, "ceil", [](const Tensor& x) { return ceil(x); });
-  unary(m, "round", [](const Tensor& x) { return round(x); });
+  m.def(
+      "round",
+      [](const Tensor& x, int64_t decimals) {
+        if (decimals == 0) return round(x);
+        // torch's: half to even at the given decimal place, x * 10^n rounded then divided by it (x / 10^-n
+        // rounded then multiplied, for n < 0), in x's dtype; it has no such kernel for integer tensors
+        KILN_CHECK(is_floating(x.dtype()), "round: decimals=", decimals, " needs a floating tensor, got ", x.type_str(),
+                   " (torch has none for integers either); convert it first, e.g. x.float().round(decimals=", decimals,
+                   ")");
+        const double ten_pow = std::pow(10.0, double(decimals > 0 ? decimals : -decimals));
+        return decimals > 0 ? round(x * ten_pow) / ten_pow : round(x / ten_pow) * ten_pow;
+      },
+      nb::arg("input"), nb::kw_only(), nb::arg("decimals") = 0, nogil,
+      "Rounds half to even; decimals= rounds to that many decimal places (negative: to tens, hundreds, ...), "
+      "as torch.round.");
   unary(m, "trunc", [](const Tensor& x) { return trunc(x); });
   unary(m, "frac", [](const Tensor& x) { return frac(x); });
   unary(m, "isnan", [](const Tensor& x) { return isnan(x); });
@@ -614,9 +632,18 @@ void bind_ops(nb::module_& mod) {
       "cummin", [](const Tensor& x, int64_t d) { return nogil_result([&] { return cummin(x, d); }); }, nb::arg("input"),
       nb::arg("dim"));
   m.def(
-      "sort", [](const Tensor& x, int64_t d, bool desc) { return nogil_result([&] { return sort(x, d, desc); }); },
-      nb::arg("input"), nb::arg("dim") = -1, nb::arg("descending") = false);
-  m.def("argsort", &argsort, nb::arg("input"), nb::arg("dim") = -1, nb::arg("descending") = false, nogil);
+      "sort",
+      [](const Tensor& x, int64_t d, bool desc, std::optional<bool>) {
+        return nogil_result([&] { return sort(x, d, desc); });
+      },
+      nb::arg("input"), nb::arg("dim") = -1, nb::arg("descending") = false, nb::kw_only(),
+      nb::arg("stable") = nb::none(),
+      "Sorts along dim: (values, indices). Always stable (equal values keep their order, NaN last ascending, first "
+      "descending), so torch's stable=True is what every call gives; stable=False is taken too.");
+  m.def(
+      "argsort", [](const Tensor& x, int64_t d, bool desc, bool) { return argsort(x, d, desc); }, nb::arg("input"),
+      nb::arg("dim") = -1, nb::arg("descending") = false, nb::kw_only(), nb::arg("stable") = false, nogil,
+      "The indices that sort x along dim; always stable (equal values keep their order), as torch's stable=True.");
   m.def(
       "topk",
       [](const Tensor& x, int64_t k, int64_t d, bool largest) {

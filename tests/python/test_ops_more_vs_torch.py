@@ -1292,3 +1292,206 @@ def test_empty_prod_and_zero_norm_stay_in_the_graph_as_torch():
 def test_nbytes_is_a_property_as_torch():
     assert kiln.ones(3).nbytes == torch.ones(3).nbytes == 12
     assert kiln.ones(2, 3, dtype=kiln.float64).t().nbytes == 48
+
+
+# ---- torch 2.15 spellings: inplace= returns the input object, unbatched conv/pool, broadcasting losses,
+# round(decimals=), sort(stable=) ----
+
+@pytest.mark.parametrize("name,kw", ACTIVATIONS + [("dropout", {"p": 0.4}), ("dropout1d", {"p": 0.4}),
+                                                   ("dropout2d", {"p": 0.4}), ("dropout3d", {"p": 0.4})])
+def test_functional_inplace_returns_the_input_object_as_torch(name, kw):
+    F, TF = kiln.nn.functional, torch.nn.functional
+    dropout = name.startswith("dropout")
+    a = RNG.standard_normal({"dropout1d": (2, 3, 4), "dropout2d": (2, 3, 4, 5)}.get(name, (2, 3, 4, 5, 2))) * 3
+    # no gradient needed, or under no_grad: written in place, and the call returns x itself (y is x)
+    kx, tx = both(a)
+    ky, ty = getattr(F, name)(kx, inplace=True, **kw), getattr(TF, name)(tx, inplace=True, **kw)
+    assert ky is kx and ty is tx
+    if not dropout:
+        same(kx, tx, 1e-6)
+    kx.requires_grad = True
+    with kiln.no_grad():
+        assert getattr(F, name)(kx, inplace=True, **kw) is kx
+    # inside a graph (a non-leaf): x itself comes back holding the result, with torch's values and
+    # gradients, also where the result is not used (F.relu(h, inplace=True); h.sum())
+    kl, tl = both(a, True)
+    for use_result in [True, False]:
+        kh, th = kl * 2.0, tl * 2.0
+        ko, to = getattr(F, name)(kh, inplace=True, **kw), getattr(TF, name)(th, inplace=True, **kw)
+        assert ko is kh and to is th
+        if not dropout:
+            same(kh, th, 1e-6)
+            kl.grad, tl.grad = None, None
+            ((ko if use_result else kh) * 1.5).sum().backward()
+            ((to if use_result else th) * 1.5).sum().backward()
+            same(kl.grad, tl.grad, 1e-6)
+    # dropout with training=False and inplace=True: the input itself, unchanged (torch's dropout_)
+    if dropout:
+        kx, tx = both(a)
+        assert getattr(F, name)(kx, training=False, inplace=True, **kw) is kx
+        assert getattr(TF, name)(tx, training=False, inplace=True, **kw) is tx
+        same(kx, tx)
+    else:  # a module inside a graph returns its input object too
+        mod = {n.lower(): n for n, _ in INPLACE_MODULES}.get(name.replace("_", ""))
+        if mod is not None:
+            mkw = {k: v for k, v in kw.items()}
+            kh = kl * 2.0
+            assert getattr(kiln.nn, mod)(inplace=True, **mkw)(kh) is kh
+
+
+UNBATCHED = [  # (op, input shape, extra arguments: a weight's shape or the op's own)
+    ("conv1d", (3, 9), {"weight": (4, 3, 2)}, {"stride": 2, "padding": 1}),
+    ("conv2d", (3, 7, 6), {"weight": (4, 3, 3, 2)}, {"padding": 1, "dilation": (1, 2)}),
+    ("conv3d", (2, 5, 4, 6), {"weight": (3, 2, 2, 2, 3), "bias": (3,)}, {"stride": (1, 2, 1)}),
+    ("conv_transpose1d", (3, 5), {"weight": (3, 2, 3)}, {"stride": 2, "output_padding": 1}),
+    ("conv_transpose2d", (3, 4, 5), {"weight": (3, 2, 2, 3), "bias": (2,)}, {"stride": (2, 1)}),
+    ("max_pool1d", (3, 9), {}, {"kernel_size": 3, "stride": 2}),
+    ("max_pool2d", (3, 7, 6), {}, {"kernel_size": 2, "ceil_mode": True}),
+    ("max_pool3d", (2, 5, 4, 6), {}, {"kernel_size": (2, 2, 3)}),
+    ("avg_pool1d", (3, 9), {}, {"kernel_size": 3, "padding": 1}),
+    ("avg_pool2d", (3, 7, 6), {}, {"kernel_size": 3, "stride": 2, "count_include_pad": False}),
+    ("avg_pool3d", (2, 5, 4, 6), {}, {"kernel_size": 2}),
+]
+
+
+@pytest.mark.parametrize("name,shape,tensors,kw", UNBATCHED, ids=[c[0] for c in UNBATCHED])
+def test_unbatched_conv_and_pool_as_torch(name, shape, tensors, kw):
+    F, TF = kiln.nn.functional, torch.nn.functional
+    kx, tx = both(RNG.standard_normal(shape), True)
+    kt, tt = {}, {}
+    for arg, s in tensors.items():
+        kt[arg], tt[arg] = both(RNG.standard_normal(s), True)
+    ko, to = getattr(F, name)(kx, **kt, **kw), getattr(TF, name)(tx, **tt, **kw)
+    assert to.dim() == len(shape)
+    same(ko, to)
+    g = RNG.standard_normal(tuple(to.shape))
+    (ko * kiln.tensor(g)).sum().backward()
+    (to * torch.tensor(g)).sum().backward()
+    same(kx.grad, tx.grad)
+    for arg in tensors:
+        same(kt[arg].grad, tt[arg].grad)
+    if name.startswith("max_pool"):  # return_indices: both unbatched
+        kv, ki = getattr(F, name)(kx, **kw, return_indices=True)
+        tv, ti = getattr(TF, name)(tx, **kw, return_indices=True)
+        same(kv, tv)
+        same(ki, ti)
+
+
+@pytest.mark.parametrize("cls,kw,shape", [
+    ("MaxPool1d", {"kernel_size": 2}, (3, 8)), ("MaxPool2d", {"kernel_size": 2, "stride": 1}, (3, 5, 4)),
+    ("MaxPool3d", {"kernel_size": 2}, (2, 4, 4, 4)), ("AvgPool1d", {"kernel_size": 3}, (3, 8)),
+    ("AvgPool2d", {"kernel_size": 2}, (3, 5, 4)), ("AvgPool3d", {"kernel_size": 2}, (2, 4, 4, 4)),
+    ("Conv2d", {"in_channels": 3, "out_channels": 2, "kernel_size": 3}, (3, 5, 6)),
+    ("ConvTranspose1d", {"in_channels": 3, "out_channels": 2, "kernel_size": 3}, (3, 5)),
+])
+def test_unbatched_pool_and_conv_modules_as_torch(cls, kw, shape):
+    km, tm = getattr(kiln.nn, cls)(**kw), getattr(torch.nn, cls)(**kw).double()
+    if "in_channels" in kw:
+        km.load_state_dict({k: kiln.tensor(v.detach().numpy()) for k, v in tm.state_dict().items()})
+    kx, tx = both(RNG.standard_normal(shape), True)
+    ko, to = km(kx), tm(tx)
+    same(ko, to)
+    ko.sum().backward()
+    to.sum().backward()
+    same(kx.grad, tx.grad)
+
+
+@pytest.mark.parametrize("name,kw", [("mse_loss", {}), ("l1_loss", {}), ("smooth_l1_loss", {"beta": 0.5}),
+                                     ("huber_loss", {"delta": 0.7})])
+@pytest.mark.parametrize("xs,ts", [((4, 3), (4, 1)), ((4, 1), (3,)), ((2, 3), ())], ids=["col", "outer", "0d"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_losses_broadcast_a_target_of_another_shape_as_torch(name, kw, xs, ts, reduction):
+    F, TF = kiln.nn.functional, torch.nn.functional
+    kx, tx = both(RNG.standard_normal(xs), True)
+    ky, ty = both(RNG.standard_normal(ts), True)
+    with pytest.warns(UserWarning, match="different to the input size") as kw_warn:
+        ko = getattr(F, name)(kx, ky, reduction=reduction, **kw)
+    with pytest.warns(UserWarning, match="different to the input size"):
+        to = getattr(TF, name)(tx, ty, reduction=reduction, **kw)
+    assert kw_warn[0].filename == __file__  # the warning points at the caller, as torch's
+    same(ko, to)
+    g = RNG.standard_normal(tuple(to.shape))
+    (ko * kiln.tensor(g)).sum().backward()
+    (to * torch.tensor(g)).sum().backward()
+    same(kx.grad, tx.grad)
+    same(ky.grad, ty.grad)
+    # the modules too
+    cls = {"mse_loss": "MSELoss", "l1_loss": "L1Loss", "smooth_l1_loss": "SmoothL1Loss", "huber_loss": "HuberLoss"}
+    with pytest.warns(UserWarning, match="different to the input size"):
+        same(getattr(kiln.nn, cls[name])(reduction=reduction, **kw)(kx, ky), to)
+
+
+@pytest.mark.parametrize("name", ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"])
+def test_losses_refuse_shapes_that_do_not_broadcast_as_torch(name):
+    with pytest.raises(RuntimeError, match="must match"), pytest.warns(UserWarning):
+        getattr(torch.nn.functional, name)(torch.ones(4, 3), torch.ones(4, 2))
+    with pytest.raises(ValueError, match=f"{name}: the target size \\[4, 2\\] and the input size \\[4, 3\\] do "
+                       "not broadcast"), pytest.warns(UserWarning):
+        getattr(kiln.nn.functional, name)(kiln.ones(4, 3), kiln.ones(4, 2))
+
+
+def test_round_decimals_as_torch():
+    a = np.array([1.25, 2.5, -0.555, 1234.5, 0.125, -7.45, 3.14159, 1e-3, 0.0, -0.0, float("inf"), float("nan")])
+    for dt in [np.float32, np.float64]:
+        for n in [0, 1, 2, 3, -1, -2]:
+            kx, tx = kiln.tensor(a.astype(dt)), torch.tensor(a.astype(dt))
+            ko, to = kx.round(decimals=n), tx.round(decimals=n)
+            assert ko.dtype == kx.dtype
+            assert np.array_equal(ko.numpy(), to.numpy(), equal_nan=True), (dt, n, ko.numpy(), to.numpy())
+            assert np.array_equal(kiln.round(kx, decimals=n).numpy(), torch.round(tx, decimals=n).numpy(),
+                                  equal_nan=True)
+    kx, tx = both(RNG.standard_normal((3, 4)), True)  # the gradient: zero, as torch's
+    kiln.round(kx * 3.0, decimals=1).sum().backward()
+    torch.round(tx * 3.0, decimals=1).sum().backward()
+    same(kx.grad, tx.grad)
+    with pytest.raises(NotImplementedError):
+        torch.round(torch.tensor([15, 25]), decimals=-1)
+    with pytest.raises(kiln.KilnError, match="round: decimals=-1 needs a floating tensor, got i64"):
+        kiln.round(kiln.tensor([15, 25]), decimals=-1)
+    assert kiln.tensor([15, 25]).round().tolist() == [15, 25]
+
+
+def test_sort_and_argsort_stable_as_torch():
+    a = RNG.integers(0, 4, size=(5, 40))  # many ties
+    for dt in [np.int64, np.float32]:
+        kx, tx = kiln.tensor(a.astype(dt)), torch.tensor(a.astype(dt))
+        for dim in [0, 1, -1]:
+            for desc in [False, True]:
+                kv, ki = kx.sort(dim=dim, descending=desc, stable=True)
+                tv, ti = tx.sort(dim=dim, descending=desc, stable=True)
+                same(kv, tv)
+                same(ki, ti)
+                kr = kiln.sort(kx, stable=True, dim=dim, descending=desc)
+                same(kr.indices, ti)
+                same(kiln.argsort(kx, dim, desc, stable=True), torch.argsort(tx, dim=dim, descending=desc, stable=True))
+                same(kx.argsort(dim=dim, descending=desc, stable=True), ti)
+    same(kiln.sort(kiln.tensor([2, 1, 2, 1]), stable=False).indices, torch.tensor([1, 3, 0, 2]))
+    with pytest.raises(TypeError):  # stable is keyword-only, as torch's
+        kiln.argsort(kiln.tensor([1, 2]), 0, False, True)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0])
+def test_embedding_max_norm_renormalises_the_rows_in_place_as_torch(norm_type):
+    w = RNG.standard_normal((6, 4)) * 2
+    idx = np.array([[0, 2, 2], [5, 0, 3]])
+    for module in [False, True]:
+        kw, tw = both(w, True)
+        ki, ti = kiln.tensor(idx), torch.tensor(idx)
+        if module:
+            km = kiln.nn.Embedding.from_pretrained(kw, freeze=False, max_norm=1.5, norm_type=norm_type)
+            tm = torch.nn.Embedding.from_pretrained(tw, freeze=False, max_norm=1.5, norm_type=norm_type)
+            assert repr(km) == repr(tm)
+            kw, tw = km.weight, tm.weight
+            ko, to = km(ki), tm(ti)
+        else:
+            ko = kiln.nn.functional.embedding(ki, kw, max_norm=1.5, norm_type=norm_type)
+            to = torch.nn.functional.embedding(ti, tw, max_norm=1.5, norm_type=norm_type)
+        same(ko, to, 1e-6)
+        same(kw, tw, 1e-6)  # the looked-up rows renormalised in the weight itself; rows 1 and 4 left
+        assert np.array_equal(kw.detach().numpy()[[1, 4]], w[[1, 4]])
+        g = RNG.standard_normal(tuple(to.shape))
+        (ko * kiln.tensor(g)).sum().backward()
+        (to * torch.tensor(g)).sum().backward()
+        same(kw.grad, tw.grad, 1e-6)
+    with pytest.raises(kiln.KilnError, match="embedding: sparse=True is not supported"):
+        kiln.nn.functional.embedding(kiln.tensor([0]), kiln.ones(2, 2), sparse=True)

@@ -183,18 +183,11 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
 def _channel_dropout(name, input, p, training, batched_dim, inplace):
     """Zeroes whole channels (every element of a [N, C, ...] input's (n, c) slice) with probability p
     and scales the others by 1 / (1 - p); an unbatched input (one dim fewer) is a batch of one.
-    inplace=True writes the result into the input where Kiln may (as F.dropout)."""
+    inplace=True puts the result into the input and returns the input itself (as F.dropout)."""
     y = _channel_dropout_out(name, input, p, training, batched_dim)
     if not inplace or y is input:
         return y
-    if _C.is_grad_enabled() and input.requires_grad:
-        if input.is_leaf:  # as the activations' inplace (and torch)
-            raise _C.KilnError(f"{name}: inplace=True on a leaf tensor that requires grad (shape "
-                               f"{list(input.shape)}; torch refuses it too: a leaf Variable that requires grad is "
-                               "being used in an in-place operation); pass inplace=False, or do it under "
-                               "kiln.no_grad()")
-        return y
-    return input.copy_(y)
+    return _C._activation_into(name, input, y)  # the input itself, as torch's (a leaf needing grad refused)
 
 
 def _channel_dropout_out(name, input, p, training, batched_dim):
@@ -262,3 +255,84 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
         loss = _cosine_embedding_loss(input1.unsqueeze(0), input2.unsqueeze(0), target.reshape([1]), margin, reduction)
         return loss.reshape([]) if reduction == "none" else loss
     return _cosine_embedding_loss(input1, input2, target, margin, reduction)
+
+
+# ---- convolution of an unbatched input, as torch's: [C, *spatial] is a batch of one, the result without
+# the batch dim ----
+def _takes_unbatched(op, spatial):
+    def fn(input, *args, **kwargs):
+        if isinstance(input, _C.Tensor) and input.dim() == spatial + 1:
+            out = op(input.unsqueeze(0), *args, **kwargs)
+            return tuple(o.squeeze(0) for o in out) if isinstance(out, tuple) else out.squeeze(0)
+        return op(input, *args, **kwargs)
+    fn.__name__ = fn.__qualname__ = op.__name__
+    fn.__doc__ = ((op.__doc__ or "").rstrip() + f"\nAn unbatched input ({spatial + 1}-D, [C, ...]) gives an unbatched "
+                  "result, as torch's (its gradient has the input's shape).")
+    return fn
+
+
+# (the pooling ops take an unbatched input in the engine already)
+conv1d, conv_transpose1d = _takes_unbatched(conv1d, 1), _takes_unbatched(conv_transpose1d, 1)
+conv2d, conv_transpose2d = _takes_unbatched(conv2d, 2), _takes_unbatched(conv_transpose2d, 2)
+conv3d = _takes_unbatched(conv3d, 3)
+
+
+# ---- mse_loss, l1_loss, smooth_l1_loss, huber_loss: a target of another shape broadcasts, as torch's ----
+def _broadcast_loss(op):
+    name = op.__name__
+
+    def fn(input, target, *args, **kwargs):
+        if isinstance(input, _C.Tensor) and isinstance(target, _C.Tensor) and \
+                tuple(target.shape) != tuple(input.shape):
+            _warnings.warn(f"Using a target size ({_size(target)}) that is different to the input size "
+                           f"({_size(input)}). This will likely lead to incorrect results due to broadcasting. "
+                           "Please ensure they have the same size.", stacklevel=2)
+            try:
+                shape = list(_C.broadcast_shapes(tuple(input.shape), tuple(target.shape)))
+            except Exception:
+                raise _C.KilnValueError(f"{name}: the target size {list(target.shape)} and the input size "
+                                        f"{list(input.shape)} do not broadcast together") from None
+            input, target = input.expand(*shape), target.expand(*shape)
+        return op(input, target, *args, **kwargs)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = ((op.__doc__ or "").rstrip() + "\nA target of another shape broadcasts with the input, with torch's "
+                  "UserWarning; each gradient is summed back to its tensor's shape.")
+    return fn
+
+
+def _size(t):
+    return f"kiln.Size({list(t.shape)})"
+
+
+mse_loss, l1_loss, smooth_l1_loss, huber_loss = (_broadcast_loss(f) for f in (mse_loss, l1_loss, smooth_l1_loss,
+                                                                              huber_loss))
+
+
+# ---- embedding with torch's max_norm ----
+_embedding = embedding
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+              sparse=False):
+    """The rows of weight at the indices in input. max_norm renormalises, in place and outside autograd as
+    torch's embedding_renorm_, each looked-up row whose norm_type-norm exceeds it to max_norm / (norm + 1e-7)
+    times itself, before the lookup. scale_grad_by_freq and sparse are refused by name."""
+    for arg, v in (("scale_grad_by_freq", scale_grad_by_freq), ("sparse", sparse)):
+        if v:
+            raise _C.KilnError(f"embedding: {arg}=True is not supported by Kiln (leave it False)")
+    if max_norm is not None:
+        _embedding_renorm(weight, input, max_norm, norm_type)
+    return _embedding(input, weight, padding_idx)
+
+
+def _embedding_renorm(weight, input, max_norm, norm_type):
+    if weight.dim() != 2:  # the lookup's own error names it
+        return
+    with _no_grad():
+        flat = input.reshape([-1])
+        if flat.dtype != _C.dtype.int64:
+            flat = flat.to(_C.dtype.int64)
+        rows = weight[flat]  # a repeated index writes the same row twice below, as renormalising it once
+        norm = _C.norm(rows, float(norm_type), -1, True)
+        scale = _C.where(norm > max_norm, max_norm / (norm + 1e-7), _C.ones_like(norm))
+        weight[flat] = rows * scale

@@ -1160,13 +1160,13 @@ class GroupNorm(Module):
 
 class Embedding(Module):
     """torch's Embedding: padding_idx's row starts at 0 (it still gets gradients here: torch zeroes
-    them). max_norm, scale_grad_by_freq and sparse are not supported and are refused by name."""
+    them); max_norm renormalises the looked-up rows of the weight in place, as torch's.
+    scale_grad_by_freq and sparse are not supported and are refused by name."""
 
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
                  scale_grad_by_freq=False, sparse=False, _weight=None, _freeze=False, device=None, dtype=None):
         super().__init__()
-        for arg, v, default in (("max_norm", max_norm, None), ("scale_grad_by_freq", scale_grad_by_freq, False),
-                                ("sparse", sparse, False)):
+        for arg, v, default in (("scale_grad_by_freq", scale_grad_by_freq, False), ("sparse", sparse, False)):
             if v != default:
                 raise KilnError(f"Embedding: {arg}={v!r} is not supported by Kiln (leave it at {default!r})")
         if padding_idx is not None:
@@ -1204,7 +1204,7 @@ class Embedding(Module):
                    _freeze=freeze)
 
     def forward(self, idx):
-        return F.embedding(idx, self.weight, self.padding_idx)
+        return F.embedding(idx, self.weight, self.padding_idx, self.max_norm, self.norm_type)
 
     def extra_repr(self):
         s = f"{self.num_embeddings}, {self.embedding_dim}"
@@ -1239,16 +1239,16 @@ class Dropout(Module):
 
 
 def _inplace_result(x, y, inplace):
-    """What a module's forward with inplace= returns, given its functional form's result y: where that
-    wrote into x (x needs no gradient, or under kiln.no_grad()), x itself, as torch's (y is x); inside a
-    graph y, a new tensor (Kiln records no in-place op)."""
+    """What a module's forward with inplace= returns, given its functional form's result y: x itself
+    where that put the result into x (y is x already for the F.* forms, which return their input), as
+    torch's."""
     return x if inplace and y is not x and y.data_ptr() == x.data_ptr() else y
 
 
 class _Inplace(Module):
-    """An activation that takes torch's inplace=: True writes the result into the input and returns it,
-    as torch's, where Kiln may change it in place (it needs no gradient, or under kiln.no_grad()); inside
-    a graph the result is a new tensor, and a leaf that requires grad is refused (as torch)."""
+    """An activation that takes torch's inplace=: True puts the result into the input and returns it, as
+    torch's (written into it where Kiln may change it in place; inside a graph the input's object is
+    pointed at the result); a leaf that requires grad is refused (as torch)."""
     _fn = None
 
     def __init__(self, inplace=False):
