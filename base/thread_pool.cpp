@@ -16,11 +16,11 @@
 #include <thread>
 #include <vector>
 
+#include "base/cgroup.h"
 #include "base/error.h"
 
 #include <cerrno>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
 #if defined(__linux__)
@@ -282,14 +282,6 @@ int affinity_cpus() {
   return 0;
 }
 
-std::string read_small_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return "";
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 // "quota period" (cgroup v2's cpu.max; "max ..." is none) or two numbers from v1's files, as CPUs;
 // 0 for none (also for nonsense: not positive, or beyond any machine).
 double quota_cpus(double quota, double period) {
@@ -304,41 +296,19 @@ double cgroup_cpu_quota(const std::function<std::string(const std::string&)>& re
   auto take = [&](double n) {
     if (n > 0) limit = limit == 0 ? n : std::min(limit, n);
   };
-  std::istringstream lines(read("/proc/self/cgroup"));
-  for (std::string line; std::getline(lines, line);) {
-    // "id:controllers:path": id 0 with no controllers is cgroup v2; v1 names "cpu" among its controllers.
-    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
-    if (b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    std::string path = line.substr(b + 1);
-    const bool v2 = line.substr(0, a) == "0" && controllers.empty();
-    bool v1 = false;
-    for (size_t s = 0; s <= controllers.size();) {
-      const size_t e = std::min(controllers.find(',', s), controllers.size());
-      v1 = v1 || controllers.substr(s, e - s) == "cpu";
-      s = e + 1;
-    }
-    // A cgroup outside this namespace's root ("/../x") is not under the mount: nothing to read.
-    if ((!v1 && !v2) || path.find("/..") != std::string::npos) continue;
-    // The process's cgroup and each one above it (a quota may sit on a parent); inside a container
-    // the path is often not under the mount, so the mount's root is read as well.
-    for (;;) {
-      const std::string dir = path == "/" ? "" : path;
-      if (v2) {
-        std::istringstream f(read("/sys/fs/cgroup" + dir + "/cpu.max"));
-        std::string q;
-        double period = 0;
-        if (f >> q >> period && q != "max") take(quota_cpus(std::atof(q.c_str()), period));
-      } else {
-        for (const char* mount : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
-          const std::string q = read(std::string(mount) + dir + "/cpu.cfs_quota_us");
-          const std::string p = read(std::string(mount) + dir + "/cpu.cfs_period_us");
-          if (!q.empty() && !p.empty()) take(quota_cpus(std::atof(q.c_str()), std::atof(p.c_str())));
-        }
-      }
-      if (path.empty() || path == "/") break;
-      const size_t slash = path.rfind('/');
-      path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+  // The process's cgroup and each one above it (a quota may sit on a parent), where the cpu
+  // controller is mounted (base/cgroup.h).
+  const CgroupDirs c = cgroup_dirs(read, "cpu");
+  for (const std::string& dir : c.dirs) {
+    if (c.version == 2) {
+      std::istringstream f(read(dir + "/cpu.max"));
+      std::string q;
+      double period = 0;
+      if (f >> q >> period && q != "max") take(quota_cpus(std::atof(q.c_str()), period));
+    } else {
+      const std::string q = read(dir + "/cpu.cfs_quota_us");
+      const std::string p = read(dir + "/cpu.cfs_period_us");
+      if (!q.empty() && !p.empty()) take(quota_cpus(std::atof(q.c_str()), std::atof(p.c_str())));
     }
   }
   return limit;

@@ -26,7 +26,9 @@ struct CpuLimits {
 CpuLimits cpu_limits();
 // The CPUs a cgroup CPU quota allows this process, rounded up (cgroup v2's cpu.max, v1's
 // cpu.cfs_quota_us / cpu.cfs_period_us, on the process's cgroup and those above it; the smallest),
-// or 0 for no quota. `read(path)` gives a file's text, "" when it cannot be read.
+// or 0 for no quota. The cpu controller's mount and this process's cgroup come from
+// /proc/self/mountinfo and /proc/self/cgroup (base/cgroup.h cgroup_dirs). `read(path)` gives a
+// file's text, "" when it cannot be read.
 int cgroup_cpu_limit(const std::function<std::string(const std::string&)>& read);
 // The same quota as a fraction of CPUs (1.5 for 150 ms per 100 ms), 0 for none.
 double cgroup_cpu_quota(const std::function<std::string(const std::string&)>& read);

@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 
+#include "base/cgroup.h"
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/dist.h"
@@ -130,48 +131,18 @@ HostMemory host_memory(const std::string& meminfo, const std::string& mountinfo,
       if (key == "MemAvailable:") m.available = kib << 10;
     }
   }
-  // Where the memory controller is mounted: a v1 hierarchy whose super options name "memory" (also
-  // co-mounted, "cpu,memory"), else the v2 one (hybrid hosts mount it at /sys/fs/cgroup/unified
-  // beside v1's). Each mount's own root: a container without a cgroup namespace sees its cgroup's
-  // path in /proc/self/cgroup and that same path as the mount's root.
-  struct Mount {
-    std::string root, point;
-  };
-  std::optional<Mount> v1, v2;
-  {
-    std::ifstream f(mountinfo);
-    for (std::string line; std::getline(f, line);) {
-      std::istringstream in(line);
-      std::vector<std::string> w;
-      for (std::string x; in >> x;) w.push_back(x);
-      const auto dash = std::find(w.begin(), w.end(), "-");
-      if (w.size() < 5 || dash == w.end() || w.end() - dash < 4) continue;
-      const std::string& type = dash[1];
-      const std::string opts = "," + dash[3] + ",";
-      if (type == "cgroup2" && !v2) v2 = Mount{w[3], w[4]};
-      if (type == "cgroup" && opts.find(",memory,") != std::string::npos && !v1) v1 = Mount{w[3], w[4]};
-    }
-  }
-  // This process's cgroup: "0::/path" (v2) or "N:memory:/path" (v1, "N:cpu,memory:/path" co-mounted).
-  std::string v2_path, v1_path;
-  {
-    std::ifstream f(self_cgroup);
-    for (std::string line; std::getline(f, line);) {
-      const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
-      if (b == std::string::npos || line.size() <= b + 1 || line[b + 1] != '/') continue;
-      const std::string id = line.substr(0, a), ctrl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-      if (id == "0" && ctrl.empty()) v2_path = path;
-      if (("," + ctrl + ",").find(",memory,") != std::string::npos) v1_path = path;
-    }
-  }
-  const bool use_v1 = v1.has_value() && !v1_path.empty();
-  if (!use_v1 && !(v2 && !v2_path.empty())) return m;
-  const Mount& mnt = use_v1 ? *v1 : *v2;
-  std::string path = use_v1 ? v1_path : v2_path;
-  // The part of the path below the mount's root ("/" when they are the same).
-  if (mnt.root != "/" && path.rfind(mnt.root, 0) == 0 &&
-      (path.size() == mnt.root.size() || path[mnt.root.size()] == '/'))
-    path = path.size() == mnt.root.size() ? "/" : path.substr(mnt.root.size());
+  // The memory controller's cgroups over this process, its own first (base/cgroup.h): v1's where a
+  // hierarchy names "memory" (also co-mounted, "cpu,memory"), else v2's (hybrid hosts mount it at
+  // /sys/fs/cgroup/unified beside v1's).
+  const CgroupDirs c = cgroup_dirs(
+      [&](const std::string& path) {
+        return read_small_file(path == "/proc/self/mountinfo" ? mountinfo
+                               : path == "/proc/self/cgroup"  ? self_cgroup
+                                                              : path);
+      },
+      "memory");
+  if (c.version == 0) return m;
+  const bool use_v1 = c.version == 1;
   const char* limit_file = use_v1 ? "memory.limit_in_bytes" : "memory.max";
   const char* usage_file = use_v1 ? "memory.usage_in_bytes" : "memory.current";
   const char* inactive_key = use_v1 ? "total_inactive_file" : "inactive_file";
@@ -179,8 +150,7 @@ HostMemory host_memory(const std::string& meminfo, const std::string& mountinfo,
   // counts the page cache, which the kernel drops before it fails an allocation: the working set
   // (usage less inactive_file, as docker and kubernetes count it) is what holds memory.
   size_t least_left = 0;
-  for (;;) {
-    const std::string dir = mnt.point + (path == "/" ? std::string() : path);
+  for (const std::string& dir : c.dirs) {
     const size_t lim = read_cgroup_number(dir + "/" + limit_file);
     // v1 writes "no limit" as a page-rounded 2^63: a limit past the machine's memory limits nothing.
     if (lim > 0 && (m.total == 0 || lim < m.total)) {
@@ -195,9 +165,6 @@ HostMemory host_memory(const std::string& meminfo, const std::string& mountinfo,
         m.cgroup_file = dir + "/" + limit_file;
       }
     }
-    if (path == "/" || path.empty()) break;
-    const size_t cut = path.find_last_of('/');
-    path = cut == 0 || cut == std::string::npos ? "/" : path.substr(0, cut);
   }
   return m;
 }

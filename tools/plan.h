@@ -103,7 +103,8 @@ size_t parse_bytes(const std::string& s, const std::string& flag);
 using detail::mib;  // "12.5 MiB" (base/error.h)
 // The memory this process can have: the machine's (/proc/meminfo) and the limits of its cgroup and
 // the cgroups above it (a container's --memory, a job's slice), v2 (memory.max) or v1
-// (memory.limit_in_bytes), found through /proc/self/mountinfo; 0 when unknown.
+// (memory.limit_in_bytes), found through /proc/self/mountinfo and /proc/self/cgroup (base/cgroup.h
+// cgroup_dirs, which the CPU quota reads through too); 0 when unknown.
 struct HostMemory {
   size_t total = 0;         // MemTotal
   size_t available = 0;     // MemAvailable: what the host can give without swapping
