@@ -280,6 +280,9 @@ Tensor tile(const Tensor& x, const std::vector<int64_t>& reps);
 // `chunks` pieces of ceil(size / chunks) along dim (fewer when that leaves nothing for the last).
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);
 std::vector<Tensor> unbind(const Tensor& x, int64_t dim);  // the slices along dim, that dim removed
+// The diagonal of dims dim1 and dim2 (above it for offset > 0, below for offset < 0) as a new last dim,
+// the others kept in order: a view sharing x's storage (writes into it reach x), as torch.diagonal.
+Tensor diagonal(const Tensor& x, int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1);
 // gather with indices broadcast against x in every dim but `dim` (torch.take_along_dim).
 Tensor take_along_dim(const Tensor& x, const Tensor& indices, int64_t dim);
 enum class PadMode { constant, reflect, replicate, circular };

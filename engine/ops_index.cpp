@@ -631,6 +631,43 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   return split(x, std::max<int64_t>(1, (n + chunks - 1) / chunks), d);
 }
 
+Tensor diagonal(const Tensor& x, int64_t offset, int64_t dim1, int64_t dim2) {
+  KILN_CHECK(x.dim() >= 2, "diagonal: needs at least 2 dims, got ", x.shape());
+  const int64_t d1 = wrap_dim(dim1, x.dim(), "diagonal"), d2 = wrap_dim(dim2, x.dim(), "diagonal");
+  KILN_CHECK(d1 != d2, "diagonal: dimensions cannot be identical ", dim1, ", ", dim2);
+  const int64_t n1 = x.size(d1), n2 = x.size(d2);
+  // Elements (r, r + offset) with both in range; compared without forming -offset or offset + n (a huge
+  // offset would overflow).
+  int64_t length = 0, r0 = 0, c0 = 0;
+  if (offset >= 0 && offset < n2) {
+    c0 = offset;
+    length = std::min(n1, n2 - offset);
+  } else if (offset < 0 && offset > -n1) {
+    r0 = -offset;
+    length = std::min(n1 - r0, n2);
+  }
+  Shape ns, st;
+  for (int64_t i = 0; i < x.dim(); ++i)
+    if (i != d1 && i != d2) {
+      ns.push_back(x.size(i));
+      st.push_back(x.strides()[size_t(i)]);
+    }
+  ns.push_back(length);
+  st.push_back(x.strides()[size_t(d1)] + x.strides()[size_t(d2)]);
+  const int64_t off = x.offset() + (length > 0 ? r0 * x.strides()[size_t(d1)] + c0 * x.strides()[size_t(d2)] : 0);
+  Tensor out = detail::make_view(x, ns, st, off);
+  if (autograd::needs_grad({x})) {
+    const Shape in_shape = x.shape();
+    const DType dt = x.dtype();
+    autograd::record("diagonal", {x}, {out}, [=](const GradCtx& c) -> std::vector<Tensor> {
+      Tensor gx = zeros(in_shape, TensorOptions(dt, c.g().device()));
+      diagonal(gx, offset, d1, d2).copy_(c.g().detach());
+      return {gx};
+    });
+  }
+  return out;
+}
+
 std::vector<Tensor> unbind(const Tensor& x, int64_t dim) {
   const int64_t d = wrap_dim(dim, x.dim(), "unbind");
   std::vector<Tensor> out;

@@ -387,8 +387,12 @@ def _span(t):
 
 
 def _set_data(self, value):
-    # torch rebinds the tensor to value's memory; a Kiln tensor cannot be rebound without breaking the
-    # handle an optimizer holds, so the values are copied in (same shape, dtype and device only).
+    # torch rebinds the tensor to value's memory. Kiln does that where another tensor shares self's
+    # memory (base[1].data = t leaves base alone, as torch's), except for a parameter (a leaf that
+    # requires grad): ZeRO keeps those in a flat buffer its optimizer updates, which a rebound parameter
+    # would leave, so the values are copied in there, as they are for a tensor that holds its memory
+    # alone (the handle an optimizer holds and a graph's saved copies then see them). Shape, dtype and
+    # device must match.
     if not isinstance(value, Tensor):
         raise TypeError(f"data: expected a kiln.Tensor, got {type(value).__name__}")
     if (tuple(value.shape), value.dtype, value.device) != (tuple(self.shape), self.dtype, self.device):
@@ -396,13 +400,18 @@ def _set_data(self, value):
             f"data: cannot assign a {list(value.shape)} {value.dtype.name} tensor on {value.device} to a "
             f"{list(self.shape)} {self.dtype.name} one on {self.device}: Kiln copies the values in place (torch "
             "rebinds the tensor), so shape, dtype and device must match; make a new Parameter (and optimizer) instead")
-    if not self.is_contiguous():
+    shared = self._data_shared(value)  # before detach(), which would hold the memory once more
+    value = value.detach()
+    if shared and not (self.requires_grad and self.is_leaf):
+        self._rebind_data(value)
+        return
+    if shared and not self.is_contiguous():
         # torch rebinds a view (base[:, 1:3].data = v leaves base alone); copying in would write base.
         raise _C.KilnValueError(
-            f"data: cannot assign to the .data of a non-contiguous {list(self.shape)} tensor (a view such as "
-            "base[:, 1:3]): torch would rebind the view and leave its base alone, Kiln would write through to the "
-            "base; assign to base[...] (under kiln.no_grad()) instead")
-    value = value.detach()
+            f"data: cannot assign to the .data of a non-contiguous {list(self.shape)} parameter that is a view "
+            "(such as base[:, 1:3]): torch would rebind the view and leave its base alone, Kiln copies into a "
+            "parameter's memory and would write through to the base; assign to base[...] (under kiln.no_grad()) "
+            "instead")
     if value.numel() and self.numel():
         (a, b), (c, d) = _span(self), _span(value)
         if a < d and c < b:  # overlapping memory (p.data = p.data.t()): copy from a snapshot
@@ -613,17 +622,10 @@ def _movedim(input, source, destination):
 
 
 def _diagonal(input, offset=0, dim1=0, dim2=1):
-    """torch.diagonal: the diagonal of the dims dim1, dim2 (above it for offset > 0) as the last dim.
-    Unlike torch's (a view), a copy: writes into it do not reach the input."""
-    n = input.dim()
-    d1, d2 = _norm_dim(dim1, n), _norm_dim(dim2, n)
-    if d1 == d2:
-        raise _C.KilnError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
-    x = _movedim(input, (d1, d2), (-2, -1))
-    r0, c0 = builtins.max(0, -offset), builtins.max(0, offset)
-    length = builtins.max(0, builtins.min(x.shape[-2] - r0, x.shape[-1] - c0))
-    i = _C.arange(length, dtype=_C.dtype.int64, device=input.device)
-    return x[..., i + r0, i + c0]
+    """torch.diagonal: the diagonal of the dims dim1, dim2 (above it for offset > 0, below for offset < 0)
+    as the last dim. A view, as torch's: writes into it (x.diagonal().add_(1), x.diagonal()[:] = 5) reach
+    the input."""
+    return _C.diagonal(input, offset, dim1, dim2)
 
 
 def _bmm(input, mat2):
@@ -683,9 +685,18 @@ def _index_add(input, dim, index, source, *, alpha=1):
     if index.dim() > 1:
         raise _C.KilnIndexError(f"index_add_(): Index is supposed to be a vector, but got dim: {index.dim()} with "
                                 f"size: {list(index.shape)}")
+    if index.dtype not in (_C.dtype.int64, _C.dtype.int32):
+        raise _C.KilnError(f"index_add_(): Expected dtype int32/int64 for index but got: {index.dtype.name}")
     n = input.dim()
     d = _norm_dim(dim, n)
     index = index.reshape(-1)
+    # As torch: an index outside [0, size) is refused (a negative one too; index_put would count it from the end).
+    size = input.shape[d] if n else 1
+    if index.numel():
+        lo, hi = builtins.int(index.min()), builtins.int(index.max())
+        if lo < 0 or hi >= size:
+            raise _C.KilnIndexError(f"index_add_(): index {lo if lo < 0 else hi} is out of bounds for dimension {d} "
+                                    f"with size {size}")
     want = list(input.shape)
     if n:
         want[d] = index.shape[0]

@@ -689,6 +689,8 @@ void bind_ops(nb::module_& mod) {
       nb::arg("split_size"), nb::arg("dim") = 0, nogil);
   m.def("chunk", &chunk, nb::arg("input"), nb::arg("chunks"), nb::arg("dim") = 0, nogil);
   m.def("unbind", &unbind, nb::arg("input"), nb::arg("dim") = 0, nogil);
+  m.def("diagonal", &diagonal, nb::arg("input"), nb::arg("offset") = 0, nb::arg("dim1") = 0, nb::arg("dim2") = 1,
+        nogil);
   m.def("index_select", &index_select, nb::arg("input"), nb::arg("dim"), nb::arg("index"), nogil);
   m.def("gather", &gather, nb::arg("input"), nb::arg("dim"), nb::arg("index"), nogil);
   m.def(

@@ -84,7 +84,7 @@ bool is_int_index(nb::handle h) {
   if (PyLong_Check(h.ptr())) return true;
   if (nb::isinstance<Tensor>(h)) {  // a 0-dim integer tensor acts as an int (select: a view), as in torch
     const Tensor& t = nb::cast<const Tensor&>(h);
-    return t.dim() == 0 && is_integral(t.dtype()) && t.dtype() != DType::boolean;
+    return t.dim() == 0 && is_integral(t.dtype()) && t.dtype() != DType::boolean && t.dtype() != DType::u8;
   }
   if (!PyIndex_Check(h.ptr())) return false;
   nb::object nd = nb::getattr(h, "ndim", nb::none());
@@ -110,21 +110,40 @@ bool is_tensor_index(nb::handle h) {
   return nb::isinstance<Tensor>(h) || PyList_Check(h.ptr()) || (nb::hasattr(h, "__array__") && !is_int_index(h));
 }
 
-Tensor index_tensor(nb::handle h) {
+void warn_user(const std::string& msg) {
+  if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) throw nb::python_error();
+}
+
+// As torch: a uint8 index is a mask (deprecated there, with this warning), not integer indices.
+void warn_uint8_index() {
+  warn_user(
+      "indexing with dtype uint8 is deprecated (as in torch, it is read as a bool mask), please use a dtype "
+      "bool instead");
+}
+
+// An index tensor as torch takes one: int64 or int32 indices, or a bool mask (uint8 is read as one, with
+// torch's deprecation warning when `warn`); other dtypes are refused as there.
+Tensor index_tensor(nb::handle h, bool warn = true) {
   Tensor t = to_tensor(h, nullptr, "index");
   // [] and np.array([]) come out as floats (nothing says otherwise): an empty index, as in torch.
   if (t.numel() == 0 && is_floating(t.dtype()) && !nb::isinstance<Tensor>(h)) t = t.to(DType::i64);
-  if (t.dtype() != DType::boolean && !is_integral(t.dtype()))
-    index_error("tensors used as indices must be integer or bool, not " + std::string(dtype_name(t.dtype())));
+  if (t.dtype() == DType::u8) {
+    if (warn) warn_uint8_index();
+    return t.to(DType::boolean);
+  }
+  if (t.dtype() != DType::boolean && t.dtype() != DType::i64 && t.dtype() != DType::i32)
+    index_error("tensors used as indices must be long, int, byte or bool tensors, not " +
+                std::string(dtype_name(t.dtype())));
   return t;
 }
 
-// A Python bool, or a 0-dim bool tensor, which acts as one (a new dim of size 1 or 0, as in torch).
+// A Python bool, or a 0-dim bool tensor, which acts as one (a new dim of size 1 or 0, as in torch); a
+// 0-dim uint8 tensor too, as torch's (without a warning there).
 bool is_bool_index(nb::handle h) {
   if (PyBool_Check(h.ptr())) return true;
   if (!nb::isinstance<Tensor>(h)) return false;
   const Tensor& t = nb::cast<const Tensor&>(h);
-  return t.dim() == 0 && t.dtype() == DType::boolean;
+  return t.dim() == 0 && (t.dtype() == DType::boolean || t.dtype() == DType::u8);
 }
 
 bool bool_index(nb::handle h) {
@@ -137,7 +156,7 @@ int64_t consumed_dims(nb::handle item) {
   if (item.is_none() || item.is(Py_Ellipsis) || is_bool_index(item)) return 0;
   if (is_int_index(item) || PySlice_Check(item.ptr())) return 1;
   if (is_tensor_index(item)) {
-    Tensor t = index_tensor(item);
+    Tensor t = index_tensor(item, false);
     return t.dtype() == DType::boolean ? std::max<int64_t>(t.dim(), 1) : 1;
   }
   index_error("only integers, slices, None, ..., and integer or bool tensors are valid indices (got " +
@@ -152,6 +171,22 @@ struct Indexed {
   std::vector<Tensor> advs;  // every tensor index, in subscript order
   std::vector<int64_t> adv_dims;
 };
+
+// torch's rule for a list used as an index: one that holds a sequence, a tensor, a slice, None or
+// Ellipsis (and has fewer than 32 items) is read as a tuple of indices (x[[t0, t1]] is x[t0, t1]), with
+// torch's warning; a list of plain ints or bools stays one index tensor.
+nb::object index_key(nb::handle key) {
+  if (!PyList_Check(key.ptr()) || PyList_GET_SIZE(key.ptr()) >= 32) return nb::borrow(key);
+  for (nb::handle it : nb::borrow<nb::list>(key))
+    if (nb::isinstance<Tensor>(it) || PySequence_Check(it.ptr()) || PySlice_Check(it.ptr()) || it.is_none() ||
+        it.is(Py_Ellipsis)) {
+      warn_user(
+          "Using a non-tuple sequence for multidimensional indexing is deprecated (as in torch, it is read as "
+          "a tuple of indices); use x[tuple(seq)] instead of x[seq]");
+      return nb::steal(PyList_AsTuple(key.ptr()));
+    }
+  return nb::borrow(key);
+}
 
 // Applies the basic items of `key` to x as views; the tensor indices are kept for the caller.
 // `for_write`: a negative-step slice (a copy) is refused, as a write through it would be lost.
@@ -361,7 +396,8 @@ Tensor take_multi(const Tensor& v, const Advanced& a) {
   return a.in_place ? out.permute(result_order(a)) : out;
 }
 
-Tensor getitem(const Tensor& x, nb::handle key) {
+Tensor getitem(const Tensor& x, nb::handle key_in) {
+  const nb::object key = index_key(key_in);
   Indexed r = apply_index(x, key, false);
   if (!r.advanced) return r.view;
   if (r.advs.size() > 1) return take_multi(r.view, resolve_advanced(r.view, r));
@@ -390,7 +426,8 @@ void check_inplace(const Tensor& x, const char* op, nb::handle operand = nb::han
   }
 }
 
-void setitem(Tensor& x, nb::handle key, nb::handle value) {
+void setitem(Tensor& x, nb::handle key_in, nb::handle value) {
+  const nb::object key = index_key(key_in);
   check_inplace(x, "x[key] = value");
   // Kiln does not record in-place writes: a value that requires grad would lose its gradient silently.
   if (nb::isinstance<Tensor>(value) && GradMode::enabled() && nb::cast<const Tensor&>(value).requires_grad())
@@ -757,6 +794,36 @@ void bind_tensor(nb::module_& m) {
             return Tensor(std::move(impl));
           },
           "A detached alias with its own version counter (what .data returns).")
+      .def(
+          "_data_shared",
+          [](const Tensor& x, const Tensor& value) {
+            // Whether a tensor besides x (a view of it, the tensor it is a view of, another alias) holds
+            // x's memory; autograd's saved copies do not count, nor does `value` (x.data = x.data.t():
+            // value holds x's memory directly, or through the storage of a .data alias).
+            const auto& st = x.storage();
+            if (!st) return false;
+            long others = st.use_count() - 1 - long(autograd::saved_aliases(x));
+            if (value.defined() && value.storage() == st)
+              --others;
+            else if (value.defined() && value.storage()->data == st->data && value.storage()->nbytes == st->nbytes)
+              --others;  // an alias's storage (what .data returns) holds x's once
+            return others > 0;
+          },
+          nb::arg("value"), "Whether another tensor than value holds this tensor's memory (what .data = checks).")
+      .def(
+          "_rebind_data",
+          [](const Tensor& x, const Tensor& value) {
+            // torch's .data = value: x takes value's memory and layout, keeping its own autograd state
+            // (requires_grad, .grad, hooks); the tensors that shared x's old memory keep it.
+            TensorImpl& im = x.impl();
+            const TensorImpl& from = value.impl();
+            im.storage = from.storage;
+            im.shape = from.shape;
+            im.strides = from.strides;
+            im.offset = from.offset;
+            im.dtype = from.dtype;
+          },
+          nb::arg("value"), "x.data = value as torch's: x rebound to value's memory.")
       .def(
           "to",
           [](const Tensor& x, nb::args args, nb::kwargs kw) {

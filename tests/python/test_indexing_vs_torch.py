@@ -276,3 +276,228 @@ def test_view_helpers_match_torch():
     assert z.dtype == kiln.int64 and z.tolist() == [[0] * 3] * 2
     o = k.float().new_ones((2,), dtype=kiln.float64)
     assert o.dtype == kiln.float64 and o.tolist() == [1.0, 1.0]
+
+
+# ---- diagonal: a view sharing the input's memory, as torch's ----
+
+def test_diagonal_writes_reach_the_input():
+    # the tester's cases: covariance jitter, assignment and fill through the diagonal
+    for lib in (kiln, torch):
+        c = lib.zeros(3, 3)
+        c.diagonal().add_(1e-3)
+        d = lib.zeros(2, 2)
+        d.diagonal()[:] = 5.0
+        e = lib.zeros(2, 3)
+        e.diagonal(dim1=0, dim2=1).fill_(7.0)
+        f = lib.zeros(3, 4)
+        lib.diagonal(f, -1).copy_(lib.tensor([1.0, 2.0]))
+        if lib is kiln:
+            got = [c.tolist(), d.tolist(), e.tolist(), f.tolist()]
+        else:
+            assert got == [c.tolist(), d.tolist(), e.tolist(), f.tolist()]
+    assert got[0][1][1] == pytest.approx(1e-3) and got[1] == [[5.0, 0.0], [0.0, 5.0]]
+
+
+@pytest.mark.parametrize("shape,offset,dim1,dim2", [
+    ((3, 3), 0, 0, 1), ((3, 3), 1, 0, 1), ((3, 3), -2, 0, 1), ((2, 4), 1, 0, 1), ((4, 2), -1, 1, 0),
+    ((2, 3, 4), 1, 1, 2), ((2, 3, 4), -2, 0, 2), ((4, 3, 5), 2, -1, 0), ((3, 3), 3, 0, 1), ((3, 3), -5, 0, 1),
+    ((0, 3), 0, 0, 1), ((2, 3, 4), 0, 2, 1)])
+def test_diagonal_is_a_view_with_torch_values_strides_and_gradient(shape, offset, dim1, dim2):
+    a = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    k, t = kiln.tensor(a), torch.tensor(a)
+    kd, td = k.diagonal(offset, dim1, dim2), t.diagonal(offset, dim1, dim2)
+    same(kd, td)
+    if td.numel():
+        assert tuple(kd.stride()) == tuple(td.stride())
+        assert kd.data_ptr() - k.data_ptr() == td.data_ptr() - t.data_ptr()
+    # of a non-contiguous input (a transpose) too
+    same(k.transpose(0, -1).diagonal(offset, dim1, dim2), t.transpose(0, -1).diagonal(offset, dim1, dim2))
+    kd.mul_(-1.0)
+    td.mul_(-1.0)
+    same(k, t)
+    k.diagonal(offset, dim1, dim2)[...] = 9.0
+    t.diagonal(offset, dim1, dim2)[...] = 9.0
+    same(k, t)
+    # the gradient lands on the diagonal
+    g = np.random.default_rng(0).standard_normal(tuple(td.shape)).astype(np.float32)
+    kx = kiln.tensor(a).requires_grad_(True)
+    tx = torch.tensor(a).requires_grad_(True)
+    (kiln.diagonal(kx, offset, dim1, dim2) * kiln.tensor(g)).sum().backward()
+    (torch.diagonal(tx, offset, dim1, dim2) * torch.tensor(g)).sum().backward()
+    same(kx.grad, tx.grad)
+    # through a non-leaf, and used twice
+    kx.grad = None
+    tx.grad = None
+    h, th = kx * 2, tx * 2
+    (h.diagonal(offset, dim1, dim2) ** 2).sum().backward()
+    (th.diagonal(offset, dim1, dim2) ** 2).sum().backward()
+    assert np.allclose(kx.grad.numpy(), tx.grad.numpy())
+
+
+def test_diagonal_errors_as_torch():
+    for lib in (kiln, torch):
+        with pytest.raises(RuntimeError, match="cannot be identical"):
+            lib.zeros(2, 2).diagonal(0, 1, 1)
+        with pytest.raises((IndexError, RuntimeError)):
+            lib.zeros(2, 2).diagonal(0, 0, 2)
+        with pytest.raises((IndexError, RuntimeError)):
+            lib.zeros(3).diagonal()
+
+
+# ---- v.data = t on a view: torch rebinds v, the base is untouched ----
+
+def test_data_assignment_on_a_view_rebinds_it_as_torch():
+    out = {}
+    for lib in (kiln, torch):
+        base = lib.zeros(2, 3)
+        v = base[1]  # a contiguous view
+        v.data = lib.ones(3)
+        base2 = lib.zeros(2, 4)
+        w = base2[:, 1:3]  # a non-contiguous one
+        w.data = lib.ones(2, 2)
+        t = lib.full((3,), 2.0)
+        ub = lib.zeros(2, 3)
+        u = ub[0]
+        u.data = t
+        t.add_(1.0)  # u now holds t's memory
+        base3 = lib.zeros(3)
+        tail = base3[1:]
+        base3.data = lib.ones(3)  # the base rebound: its view keeps the old memory
+        m = lib.arange(4.0).reshape(2, 2)
+        keep = m[0]
+        m.data = m.data.t()  # value is an alias of m's memory
+        out[lib.__name__] = [base.tolist(), v.tolist(), base2.tolist(), w.tolist(), u.tolist(), ub.tolist(),
+                             base3.tolist(), tail.tolist(), m.tolist(), keep.tolist()]
+    assert out["kiln"] == out["torch"]
+    assert out["kiln"][0] == [[0.0] * 3] * 2 and out["kiln"][4] == [3.0] * 3
+
+
+def test_data_assignment_of_a_tensor_alone_still_copies_in():
+    # nothing else holds the memory: the values are copied in (the handle an optimizer holds sees them)
+    x = kiln.zeros(3)
+    p0 = x.data_ptr()
+    x.data = kiln.ones(3)
+    assert x.tolist() == [1.0] * 3 and x.data_ptr() == p0
+    t = kiln.tensor([[1.0, 2.0], [3.0, 4.0]])
+    t.data = t.data.T
+    assert t.tolist() == [[1.0, 3.0], [2.0, 4.0]]
+
+
+# ---- a list index holding sequences, tensors, slices, None or ... is a tuple, as torch's ----
+
+def _list_keys(lib):
+    return [
+        [[0, 2], [1, 0]], [lib.tensor([0, 2]), lib.tensor([1, 3])], [slice(None), 0], [None, 0], [Ellipsis, 1],
+        [0, [1, 2]], [[True, False, True]], [slice(0, 2), [1, 1, 3]], [lib.tensor(1), slice(None), 0]]
+
+
+@pytest.mark.parametrize("i", range(9))
+def test_list_holding_sequences_or_slices_is_a_tuple_index(i):
+    a = np.arange(24, dtype=np.float32).reshape(3, 4, 2)
+    kkey, tkey = _list_keys(kiln)[i], _list_keys(torch)[i]
+    k, t = kiln.tensor(a), torch.tensor(a)
+    with pytest.warns(UserWarning, match="non-tuple sequence"):
+        kr = k[kkey]
+    with pytest.warns(UserWarning):
+        tr = t[tkey]
+    same(kr, tr)
+    # writing
+    with pytest.warns(UserWarning, match="non-tuple sequence"):
+        k[kkey] = -1.0
+    with pytest.warns(UserWarning):
+        t[tkey] = -1.0
+    same(k, t)
+    # the gradient
+    kx = kiln.tensor(a).requires_grad_(True)
+    tx = torch.tensor(a).requires_grad_(True)
+    with pytest.warns(UserWarning):
+        (kx[kkey] * 3.0).sum().backward()
+    with pytest.warns(UserWarning):
+        (tx[tkey] * 3.0).sum().backward()
+    same(kx.grad, tx.grad)
+
+
+def test_list_of_plain_ints_or_bools_stays_one_index():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    k, t = kiln.tensor(a), torch.tensor(a)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for key in ([0, 2, 2], [True, False, True], [-1], [[0, 1]][0]):
+            same(k[key], t[key])
+        same(k[(0, [1, 3])], t[(0, [1, 3])])
+
+
+# ---- index tensor dtypes and a second Ellipsis, as torch ----
+
+def test_uint8_index_tensor_is_a_mask_with_a_warning():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    k, t = kiln.tensor(a), torch.tensor(a)
+    m = [1, 0, 2]  # nonzero is true
+    with pytest.warns(UserWarning, match="uint8"):
+        kr = k[kiln.tensor(m).to(kiln.uint8)]
+    with pytest.warns(UserWarning):
+        tr = t[torch.tensor(m, dtype=torch.uint8)]
+    same(kr, tr)
+    # (torch's x[u8 mask] = number fails in masked_fill_; a tensor value is written as by a bool mask)
+    with pytest.warns(UserWarning, match="uint8"):
+        k[:, kiln.tensor([0, 1, 1, 0]).to(kiln.uint8)] = kiln.zeros(3, 2)
+    with pytest.warns(UserWarning):
+        t[:, torch.tensor([0, 1, 1, 0], dtype=torch.uint8)] = torch.zeros(3, 2)
+    same(k, t)
+    with pytest.warns(UserWarning, match="uint8"):
+        k[kiln.tensor([0, 3, 1]).to(kiln.uint8)] = -1.0
+    t[torch.tensor([False, True, True])] = -1.0
+    same(k, t)
+    # a 0-dim uint8 tensor: a 0-dim mask (a new dim of size 1 or 0), not an int, as torch's
+    for v in (0, 2):
+        same(k[kiln.tensor(v).to(kiln.uint8)], t[torch.tensor(v, dtype=torch.uint8)])
+    same(k[kiln.tensor(2).to(kiln.uint8), kiln.tensor([0, 1])], t[torch.tensor(2, dtype=torch.uint8), torch.tensor([0, 1])])
+
+
+@pytest.mark.parametrize("dt", ["int8", "int16"])
+def test_int8_and_int16_index_tensors_are_refused(dt):
+    k, t = kiln.arange(4.0), torch.arange(4.0)
+    with pytest.raises(IndexError, match="long, int, byte or bool"):
+        t[torch.tensor([1, 0]).to(getattr(torch, dt))]
+    with pytest.raises(IndexError, match="long, int, byte or bool"):
+        k[kiln.tensor([1, 0]).to(getattr(kiln, dt))]
+    with pytest.raises(IndexError, match="long, int, byte or bool"):
+        k[kiln.tensor([1, 0]).to(getattr(kiln, dt))] = 1.0
+    # a 0-dim one is an int, as torch's
+    same(k[kiln.tensor(2).to(getattr(kiln, dt))], t[torch.tensor(2).to(getattr(torch, dt))])
+
+
+def test_two_ellipses_are_refused():
+    # NumPy's rule, and torch's before 2.15 (which now takes x[..., ...] as x[...]): a clear error
+    with pytest.raises(IndexError, match=r"single ellipsis \('...'\)"):
+        kiln.zeros(2, 3)[..., ...]
+    x = kiln.zeros(2, 3)
+    with pytest.raises(IndexError, match="single ellipsis"):
+        x[..., 0, ...] = 1.0
+    with pytest.raises(IndexError, match="single ellipsis"), pytest.warns(UserWarning, match="non-tuple"):
+        x[[Ellipsis, Ellipsis]]
+    assert x.tolist() == [[0.0] * 3] * 2
+
+
+# ---- index_add with an index out of range is refused, as torch's ----
+
+@pytest.mark.parametrize("idx", [[-1], [3], [0, 5], [-4, 1]])
+def test_index_add_refuses_an_index_out_of_range(idx):
+    for lib in (kiln, torch):
+        x = lib.zeros(3, 2)
+        src = lib.ones(len(idx), 2)
+        with pytest.raises((IndexError, RuntimeError), match="out of"):
+            x.index_add_(0, lib.tensor(idx), src)
+        with pytest.raises((IndexError, RuntimeError), match="out of"):
+            lib.index_add(x, 0, lib.tensor(idx), src)
+        if lib is kiln:  # checked before anything is written (torch's may have added the rows in range)
+            assert x.tolist() == [[0.0, 0.0]] * 3
+    with pytest.raises(IndexError, match=r"index_add_\(\): index .* out of bounds for dimension 0 with size 3"):
+        kiln.zeros(3).index_add_(0, kiln.tensor(idx), kiln.ones(len(idx)))
+    with pytest.raises(IndexError, match="dimension 1 with size 2"):
+        kiln.zeros(2, 2).index_add(-1, kiln.tensor([2]), kiln.ones(2, 1))
+    # in range: torch's values
+    k, t = kiln.zeros(3).index_add(0, kiln.tensor([2, 0, 2]), kiln.ones(3)), torch.zeros(3).index_add(
+        0, torch.tensor([2, 0, 2]), torch.ones(3))
+    same(k, t)
