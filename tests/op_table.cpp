@@ -1599,6 +1599,27 @@ std::vector<Row> build() {
       })
       .covers({"tile", "chunk", "unbind"})
       .autocast(AutocastOp::elementwise);
+  // A strided view (offset, dims, batched): the backward puts the gradient on the diagonal.
+  row("diagonal", {{{3, 4}}, {{2, 3, 4}}},
+      [](const V& x) {
+        return V{diagonal(x[0]), diagonal(x[0], 1), diagonal(x[0], -1) * 2.0, diagonal(x[1], 1, 2, 1),
+                 diagonal(x[1], 0, 0, 2)};
+      })
+      .ref([](const V& x) {
+        const std::vector<double> a = x[0].to_vector(), b = x[1].to_vector();
+        std::vector<double> d0, d1, dm, e, f;
+        for (int64_t i = 0; i < 3; ++i) d0.push_back(a[size_t(i * 4 + i)]);
+        for (int64_t i = 0; i < 3; ++i) d1.push_back(a[size_t(i * 4 + i + 1)]);
+        for (int64_t i = 0; i < 2; ++i) dm.push_back(2 * a[size_t((i + 1) * 4 + i)]);
+        for (int64_t k = 0; k < 2; ++k)  // b[k, i + 1, i] for dims 2 (columns) and 1 (rows), offset 1
+          for (int64_t i = 0; i < 2; ++i) e.push_back(b[size_t(k * 12 + (i + 1) * 4 + i)]);
+        for (int64_t j = 0; j < 3; ++j)  // b[i, j, i], dims 0 and 2: j first, the diagonal last
+          for (int64_t i = 0; i < 2; ++i) f.push_back(b[size_t(i * 12 + j * 4 + i)]);
+        return V{from_vector(d0, {3}, DType::f64), from_vector(d1, {3}, DType::f64), from_vector(dm, {2}, DType::f64),
+                 from_vector(e, {2, 2}, DType::f64), from_vector(f, {3, 2}, DType::f64)};
+      })
+      .covers({"diagonal"})
+      .autocast(AutocastOp::elementwise);
   row("take_along_dim", {{{4, 6}}, {{4, 2}, Kind::index, 6}, {{2, 1}, Kind::index, 4}},
       [](const V& x) {
         return V{take_along_dim(x[0], x[1], 1), take_along_dim(x[0], x[2], 0)};
