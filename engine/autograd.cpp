@@ -490,10 +490,12 @@ std::vector<Tensor> checkpoint(const RecomputeFn& fn, const std::vector<Tensor>&
   // activation or dropout first) would be recomputed from the written values, twice applied, and the
   // gradients silently wrong (torch refuses such a block too).
   for (size_t i = 0; i < inputs.size(); ++i)
-    KILN_CHECK(!inputs[i].defined() || inputs[i].version() == versions[i], "checkpoint: the block modified its input ",
-               i, " ", inputs[i].type_str(),
-               " in place (an inplace=True activation or dropout at its start?); its backward recomputes the block "
-               "from that input, which would give wrong gradients: make that op out of place");
+    KILN_CHECK(!inputs[i].defined() || inputs[i].version() == versions[i], "checkpoint: input ", i, " ",
+               inputs[i].type_str(),
+               " (or memory it shares) was written in place during the block (an in-place op such as an "
+               "inplace=True activation or dropout, or a buffer update such as batch norm's running statistics); "
+               "backward recomputes the block from that input, which would give wrong gradients: make the write "
+               "out of place, or pass a clone()");
   for (Tensor& o : outs) o = o.detach();  // fresh handles: record() gives them their grad_fn
   std::vector<SavedTensor> saved;
   std::vector<bool> wanted;

@@ -616,17 +616,13 @@ class Trainer {
     // The same plan says whether some batch norms normalise a handful of values per channel (noise
     // statistics: a run that may end in NaN), a note at the start and in the NaN message.
     if (model_family(c_.model).input == ModelInput::images && (micro_ == 1 || lead_)) {
-      PlanOptions po = step_plan_options();
-      po.device = "cpu";  // the question is the model's, not the device's: no cuDNN asked
-      po.ranks = 1;       // nor the ranks': each normalises its own micro-batch
-      po.zero = 0;
       try {
-        norms_note_ = small_norms_note(plan_memory(po, micro_));
+        norms_note_ = plan_norms_note(micro_);
       } catch (const Error& e) {
         if (micro_ == 1)
           return fail((c_.micro_batch.empty() ? "--batch 1" : "--micro-batch 1") +
                       std::string(": the model cannot train on one sample at a time (") + e.message() +
-                      "); give 2 or more, or a larger --image-size");
+                      "); give 2 or more" + (c_.data == "folder" ? ", or a larger --image-size" : ""));
         // larger micro-batches: the training step itself says what is wrong, as it did without the note
       }
       if (lead_ && !norms_note_.empty()) std::fprintf(stderr, "kiln train: note: %s\n", norms_note_.c_str());
@@ -1325,6 +1321,24 @@ class Trainer {
     lo.batch_size = micro_;
     loader_ = std::make_unique<io::DataLoader>(task_.train_data, lo);
     resolved_["micro_batch_used"] = micro_;
+    if (lead_ && model_family(c_.model).input == ModelInput::images) {  // the NaN message's note, for this size
+      try {
+        norms_note_ = plan_norms_note(micro_);
+      } catch (const Error&) {
+        norms_note_.clear();  // the step itself will say what is wrong
+      }
+    }
+  }
+
+  // small_norms_note of a micro-batch of m on the meta device, with the remedy this run's flags allow.
+  std::string plan_norms_note(int64_t m) const {
+    PlanOptions po = step_plan_options();
+    po.device = "cpu";  // the question is the model's, not the device's: no cuDNN asked
+    po.ranks = 1;       // nor the ranks': each normalises its own micro-batch
+    po.zero = 0;
+    return small_norms_note(plan_memory(po, m), c_.data == "folder" ? "a larger micro-batch (--batch, --micro-batch) "
+                                                                      "or --image-size"
+                                                                    : "a larger micro-batch (--batch, --micro-batch)");
   }
 
   int step_once(double lr, StepStats& s) {

@@ -190,14 +190,13 @@ nlohmann::json MemoryPlan::to_json() const {
           {"fewest_batch_norm_values", fewest_norm_values}};
 }
 
-std::string small_norms_note(const MemoryPlan& p) {
+std::string small_norms_note(const MemoryPlan& p, const std::string& remedy) {
   if (p.small_norms == 0) return "";
   return std::to_string(p.small_norms) + " of the model's " + std::to_string(p.norms) +
          " batch norms normalise fewer than " + std::to_string(kFewNormValues) +
          " values per channel at a micro-batch of " + std::to_string(p.micro_batch) +
          " (the fewest: " + std::to_string(p.fewest_norm_values) +
-         "): their batch statistics are mostly noise and training can diverge to NaN; a larger micro-batch or "
-         "--image-size gives them more";
+         "): their batch statistics are mostly noise and training can diverge to NaN; " + remedy + " gives them more";
 }
 
 namespace {
@@ -669,7 +668,8 @@ int run_plan(const PlanOptions& given) {
                                           : "with cuBLASLt's 32 MiB per matmul; not the convolutions' cuDNN "
                                             "workspaces (no CUDA device here to ask: up to 1 GiB per pass)");
   row("predicted peak", p.peak, target.is_cuda() ? "(a GPU adds its context and the allocator's rounding)" : "");
-  if (const std::string note = small_norms_note(p); !note.empty()) std::printf("note: %s\n", note.c_str());
+  if (const std::string note = small_norms_note(p, "a larger --batch or --image-size"); !note.empty())
+    std::printf("note: %s\n", note.c_str());
   nlohmann::json j = {{"model", o.model}, {"batch", batch}, {"device", o.device}, {"plan", p.to_json()}};
   bool nofit = false;
   if (memory > 0) {
@@ -694,8 +694,10 @@ int run_plan(const PlanOptions& given) {
           "(or kiln train --micro-batch auto)\n",
           (long long)micro, mib(mp.peak).c_str(), (long long)(o.accum_steps * batch / micro),
           (long long)(o.accum_steps * batch));
-      if (const std::string note = small_norms_note(mp); micro < batch && !note.empty())
+      if (const std::string note = small_norms_note(mp, "a larger micro-batch or --image-size");
+          micro < batch && !note.empty())
         std::printf("note: %s\n", note.c_str());
+      if (micro < batch) j["micro_plan"] = mp.to_json();  // its batch-norm counts are the run's
     }
     j["micro_batch"] = micro;
     j["accum_steps"] = micro ? o.accum_steps * batch / micro : 0;

@@ -63,8 +63,9 @@ struct MemoryPlan {
 // micro-batch of 2 on 16 px images (ten batch norms over 2 values each) reaches NaN in one step, in
 // torch as in Kiln.
 constexpr int64_t kFewNormValues = 16;
-// A sentence on p's batch norms below kFewNormValues values per channel, "" when none.
-std::string small_norms_note(const MemoryPlan& p);
+// A sentence on p's batch norms below kFewNormValues values per channel, "" when none; `remedy` says
+// what gives them more ("a larger micro-batch or --image-size").
+std::string small_norms_note(const MemoryPlan& p, const std::string& remedy);
 
 // Tensor bytes held on a device now and at most since the last reset: the CPU allocator's count,
 // the meta device's, or cuda:N's caching allocator (bytes handed out, before its rounding).
