@@ -1183,7 +1183,10 @@ TEST_CASE("ops: 16-bit mean, var, std, norm and logsumexp compute in f32 and rou
   // The exact value rounded once to dt (PyTorch's result: it accumulates 16-bit reductions in f32).
   const auto once = [](double v, DType dt) { return scalar_tensor(v, dt).item<double>(); };
   std::vector<double> alt;
-  for (int i = 0; i < 5; ++i) alt.insert(alt.end(), {0, 200});
+  for (int i = 0; i < 5; ++i) {  // push_back: insert of a list here set off GCC 12's -Wstringop-overflow
+    alt.push_back(0);
+    alt.push_back(200);
+  }
   for (DType dt : {DType::f16, DType::bf16}) {
     INFO(dt);
     const Tensor x = from_vector(alt, {10}, dt);
