@@ -777,8 +777,11 @@ void bind_nn_ops(nb::module_& mod) {
 // gradient, pointing x at the result would leave the other stale).
 bool activation_into(const char* op, Tensor& x, bool inplace, const Tensor& out) {
   if (!inplace) return false;
-  KILN_CHECK(out.dtype() == x.dtype(), op, ": inplace=True on ", x.type_str(), " would give a ",
-             dtype_name(out.dtype()),
+  // relu6 and hardtanh are clamps, which torch runs on integer tensors too (bounds cast to the dtype):
+  // the float result copied in, truncated, gives its values.
+  const bool clamp_op = std::string_view(op) == "relu6" || std::string_view(op) == "hardtanh";
+  KILN_CHECK(out.dtype() == x.dtype() || (clamp_op && is_integral(x.dtype()) && x.dtype() != DType::boolean), op,
+             ": inplace=True on ", x.type_str(), " would give a ", dtype_name(out.dtype()),
              " result, which does not fit the input (torch has no in-place kernel for it either); pass inplace=False, "
              "or convert the input first (e.g. x.float())");
   if (GradMode::enabled() && x.requires_grad()) {

@@ -1602,5 +1602,7 @@ def test_inplace_activation_refuses_a_result_of_another_dtype(name, kw):
     with pytest.raises(kiln.KilnError, match="inplace=True on .*i64.*(float32|f32).*pass inplace=False"):
         getattr(kiln.nn, name)(inplace=True, **kw)(kx)
     assert kx.tolist() == [-2, 3, 5]
-    ko, to = kiln.nn.ReLU(inplace=True)(kx), torch.nn.ReLU(inplace=True)(torch.tensor([-2, 3, 5]))
-    assert ko is kx and kx.tolist() == to.tolist()
+    for mod, mkw in [("ReLU", {}), ("ReLU6", {}), ("Hardtanh", {}), ("Hardtanh", {"min_val": -0.5, "max_val": 2.7})]:
+        kx, tx = kiln.tensor([-2, 3, 5]), torch.tensor([-2, 3, 5])  # clamps: torch runs them on integers
+        ko, to = getattr(kiln.nn, mod)(inplace=True, **mkw)(kx), getattr(torch.nn, mod)(inplace=True, **mkw)(tx)
+        assert ko is kx and kx.dtype == kiln.int64 and kx.tolist() == to.tolist(), (mod, mkw, kx.tolist(), to.tolist())
