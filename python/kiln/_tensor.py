@@ -387,22 +387,28 @@ def _span(t):
 
 
 def _set_data(self, value):
-    # torch rebinds the tensor to value's memory. Kiln does that where another tensor shares self's
-    # memory (base[1].data = t leaves base alone, as torch's), except for a parameter (a leaf that
-    # requires grad): ZeRO keeps those in a flat buffer its optimizer updates, which a rebound parameter
-    # would leave, so the values are copied in there, as they are for a tensor that holds its memory
-    # alone (the handle an optimizer holds and a graph's saved copies then see them). Shape, dtype and
-    # device must match.
+    # torch rebinds the tensor to value's memory (and layout: shape, dtype and device may change). Kiln
+    # does that where another tensor shares self's memory (base[1].data = t leaves base alone, as torch's;
+    # a .data alias's .data = t leaves the tensor it came from alone) and where the layout changes, except
+    # for a parameter (a leaf that requires grad): ZeRO keeps those in a flat buffer its optimizer updates,
+    # which a rebound parameter would leave, so the values are copied in there (shape, dtype and device
+    # must match), as they are for a tensor that holds its memory alone (the handle an optimizer holds and
+    # a graph's saved copies then see them).
     if not isinstance(value, Tensor):
         raise TypeError(f"data: expected a kiln.Tensor, got {type(value).__name__}")
+    parameter = self.requires_grad and self.is_leaf
     if (tuple(value.shape), value.dtype, value.device) != (tuple(self.shape), self.dtype, self.device):
+        if not parameter:
+            self._rebind_data(value.detach())
+            return
         raise _C.KilnValueError(
-            f"data: cannot assign a {list(value.shape)} {value.dtype.name} tensor on {value.device} to a "
-            f"{list(self.shape)} {self.dtype.name} one on {self.device}: Kiln copies the values in place (torch "
-            "rebinds the tensor), so shape, dtype and device must match; make a new Parameter (and optimizer) instead")
+            f"data: cannot assign a {list(value.shape)} {value.dtype.name} tensor on {value.device} to the .data of "
+            f"a {list(self.shape)} {self.dtype.name} parameter on {self.device} (a leaf that requires grad): Kiln "
+            "copies a parameter's values in place (ZeRO keeps them in its flat buffer; torch rebinds it), so shape, "
+            "dtype and device must match; make a new Parameter (and optimizer) instead")
     shared = self._data_shared(value)  # before detach(), which would hold the memory once more
     value = value.detach()
-    if shared and not (self.requires_grad and self.is_leaf):
+    if shared and not parameter:
         self._rebind_data(value)
         return
     if shared and not self.is_contiguous():
@@ -693,7 +699,7 @@ def _index_add(input, dim, index, source, *, alpha=1):
     # As torch: an index outside [0, size) is refused (a negative one too; index_put would count it from the end).
     size = input.shape[d] if n else 1
     if index.numel():
-        lo, hi = builtins.int(index.min()), builtins.int(index.max())
+        lo, hi = _C.stack([index.min(), index.max()]).tolist()  # one read from the device, not two
         if lo < 0 or hi >= size:
             raise _C.KilnIndexError(f"index_add_(): index {lo if lo < 0 else hi} is out of bounds for dimension {d} "
                                     f"with size {size}")
@@ -741,7 +747,7 @@ def _index_fill(input, dim, index, value):
         index = index.to(input.device)
     mask = _C.zeros(size, dtype=_C.dtype.bool, device=input.device)
     if index.numel():
-        lo, hi = builtins.int(index.min()), builtins.int(index.max())
+        lo, hi = _C.stack([index.min(), index.max()]).tolist()  # one read from the device, not two
         if lo < -size or hi >= size:
             bad = lo if lo < -size else hi
             # the dimension as torch names it: normalised (dim=-1 of a 2-d input is dimension 1)

@@ -624,12 +624,16 @@ void bind_nn_ops(nb::module_& mod) {
   m.def(
       "dropout",
       [](Tensor& x, double p, bool training, bool inplace) -> nb::object {
-        if (inplace && !training) return nb::find(&x);  // torch's dropout_: the input itself, as it was
+        // torch's dropout_: the input itself, as it was, out of training, for p = 0 or an empty input (a leaf
+        // that requires grad included: nothing is written)
+        if (inplace && (!training || p == 0 || (x.numel() == 0 && p > 0 && p <= 1))) return nb::find(&x);
         return activation_out("dropout", x, inplace, [&](const Tensor& t) { return dropout(t, p, training); });
       },
       a("input"), nb::arg("p") = 0.5, nb::arg("training") = true, nb::arg("inplace") = false,
-      "Zeroes elements with probability p, scaling the rest by 1/(1-p); inplace=True writes into the input "
-      "(as torch) where Kiln may change it in place (it needs no gradient, or under kiln.no_grad()).");
+      "Zeroes elements with probability p, scaling the rest by 1/(1-p). inplace=True returns the input itself, "
+      "as torch: the result is written into it where it needs no gradient (or under kiln.no_grad()); inside a "
+      "graph its object is pointed at the result (refused for a leaf that requires grad, as torch, and for a "
+      "tensor whose memory a view shares); out of training or with p=0 it is returned as it was.");
   m.def(
       "_activation_into",
       [](const char* op, Tensor& x, const Tensor& out) {
@@ -766,15 +770,42 @@ void bind_nn_ops(nb::module_& mod) {
 // gradient function, as torch's after an in-place op, while its old storage, which the graph may have
 // saved, is left as it was). Either way the call returns x itself, so code that uses the result
 // (x = F.elu(x, inplace=True)) or ignores it (F.relu(x, inplace=True); return x) computes what torch's
-// does. A leaf that requires grad is refused, as torch refuses it ("a leaf Variable that requires grad
-// is being used in an in-place operation").
+// does. Refused: a leaf that requires grad, as torch refuses it ("a leaf Variable that requires grad is
+// being used in an in-place operation"); a result of another dtype (SiLU of an int64 tensor: torch has no
+// such in-place kernel, and a copy would truncate the floats); and, inside a graph, an x whose memory
+// another tensor shares (a view, or the base of one: torch would write through to it and route its
+// gradient, pointing x at the result would leave the other stale).
 bool activation_into(const char* op, Tensor& x, bool inplace, const Tensor& out) {
   if (!inplace) return false;
+  // relu6 and hardtanh are clamps, which torch runs on integer tensors too (bounds cast to the dtype):
+  // the float result copied in, truncated, gives its values.
+  const bool clamp_op = std::string_view(op) == "relu6" || std::string_view(op) == "hardtanh";
+  KILN_CHECK(out.dtype() == x.dtype() || (clamp_op && is_integral(x.dtype()) && x.dtype() != DType::boolean), op,
+             ": inplace=True on ", x.type_str(), " would give a ", dtype_name(out.dtype()),
+             " result, which does not fit the input (torch has no in-place kernel for it either); pass inplace=False, "
+             "or convert the input first (e.g. x.float())");
   if (GradMode::enabled() && x.requires_grad()) {
     KILN_CHECK(!x.is_leaf(), op, ": inplace=True on a leaf tensor that requires grad ", x.type_str(),
                " (torch refuses it too: a leaf Variable that requires grad is being used in an in-place operation); "
                "pass inplace=False, or do it under kiln.no_grad()");
+    // Besides x's own impl, only autograd's saved copies may hold its memory (what _data_shared counts).
+    const auto& st = x.storage();
+    const long others = st.use_count() - 1 - long(autograd::saved_aliases(x)) - (out.storage() == st ? 1 : 0);
+    KILN_CHECK(others <= 0, op, ": inplace=True on ", x.type_str(),
+               " inside a graph, whose memory another tensor shares (a view of it, or the tensor it is a view of): "
+               "Kiln records no in-place op, so that tensor and its gradient would not see the change as torch's "
+               "do; use the out-of-place result instead (y = F.",
+               op, "(x), or inplace=False)");
+    // x's object becomes the result; the state torch keeps on the object goes with it: retain_grad (torch
+    // moves it to the new grad_fn) and the gradient kept so far. Hooks registered on x before stay with the
+    // old value's node and see its gradient, as torch's do; requires_grad follows from the result.
+    const bool retains = x.retains_grad();
+    const std::shared_ptr<TensorImpl> kept = retains ? x.impl().autograd->grad : nullptr;
     x = out;
+    if (retains && x.requires_grad() && !x.is_leaf()) {
+      x.retain_grad();
+      x.impl().autograd->grad = kept;
+    }
     return true;
   }
   x.copy_(out);

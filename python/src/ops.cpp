@@ -364,12 +364,16 @@ void bind_ops(nb::module_& mod) {
       [](const Tensor& x, int64_t decimals) {
         if (decimals == 0) return round(x);
         // torch's: half to even at the given decimal place, x * 10^n rounded then divided by it (x / 10^-n
-        // rounded then multiplied, for n < 0), in x's dtype; it has no such kernel for integer tensors
+        // rounded then multiplied, for n < 0), in x's dtype, but f16/bf16 in float32 (its opmath type) and
+        // rounded back once: in 16 bits f16 1234.5 * 100 overflows to inf; it has no such kernel for integers
         KILN_CHECK(is_floating(x.dtype()), "round: decimals=", decimals, " needs a floating tensor, got ", x.type_str(),
                    " (torch has none for integers either); convert it first, e.g. x.float().round(decimals=", decimals,
                    ")");
         const double ten_pow = std::pow(10.0, double(decimals > 0 ? decimals : -decimals));
-        return decimals > 0 ? round(x * ten_pow) / ten_pow : round(x / ten_pow) * ten_pow;
+        const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
+        const Tensor xo = half ? x.to(DType::f32) : x;
+        Tensor y = decimals > 0 ? round(xo * ten_pow) / ten_pow : round(xo / ten_pow) * ten_pow;
+        return half ? y.to(x.dtype()) : y;
       },
       nb::arg("input"), nb::kw_only(), nb::arg("decimals") = 0, nogil,
       "Rounds half to even; decimals= rounds to that many decimal places (negative: to tens, hundreds, ...), "

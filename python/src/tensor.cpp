@@ -77,6 +77,13 @@ bool is_double_exact(nb::handle h, const char* what) {
 
 // ---- indexing ---------------------------------------------------------------------------------
 
+// The release of a .data alias's storage (_alias_no_version): keeps the storage it aliases alive, and
+// names it (_data_shared finds there whether another tensor holds the alias's memory).
+struct AliasRelease {
+  std::shared_ptr<Storage> src;
+  void operator()(void*) const {}
+};
+
 // An integer index: a Python int, or a scalar with __index__ that is not an array (a NumPy integer
 // scalar drops its dim as an int does). Bools are not integer indices.
 bool is_int_index(nb::handle h) {
@@ -106,8 +113,13 @@ int64_t int_index(nb::handle h) {
   return int64_t(v);
 }
 
+// An index tensor or its data: a list, an array, or another non-string sequence (a tuple or range,
+// as x[[(0, 1)]] and x[[range(2), [1, 2]]] hold once read as a tuple of indices), as torch's.
 bool is_tensor_index(nb::handle h) {
-  return nb::isinstance<Tensor>(h) || PyList_Check(h.ptr()) || (nb::hasattr(h, "__array__") && !is_int_index(h));
+  if (nb::isinstance<Tensor>(h) || PyList_Check(h.ptr())) return true;
+  if (nb::hasattr(h, "__array__")) return !is_int_index(h);
+  return PySequence_Check(h.ptr()) && !PyUnicode_Check(h.ptr()) && !PyBytes_Check(h.ptr()) &&
+         !PyByteArray_Check(h.ptr()) && !is_int_index(h);
 }
 
 void warn_user(const std::string& msg) {
@@ -122,11 +134,22 @@ void warn_uint8_index() {
 }
 
 // An index tensor as torch takes one: int64 or int32 indices, or a bool mask (uint8 is read as one, with
-// torch's deprecation warning when `warn`); other dtypes are refused as there.
+// torch's deprecation warning when `warn`); other tensor dtypes (int8, int16, floats) are refused as there.
+// Index data that is not a tensor (a list, a NumPy array of any other dtype: int8, int32, float, and []
+// which comes out as floats) is converted to int64 as torch's indexing_tensor_from_data does; only bool
+// and uint8 data stay a mask.
 Tensor index_tensor(nb::handle h, bool warn = true) {
-  Tensor t = to_tensor(h, nullptr, "index");
-  // [] and np.array([]) come out as floats (nothing says otherwise): an empty index, as in torch.
-  if (t.numel() == 0 && is_floating(t.dtype()) && !nb::isinstance<Tensor>(h)) t = t.to(DType::i64);
+  nb::object data = nb::borrow(h);
+  if (!nb::isinstance<Tensor>(h) && nb::hasattr(h, "__array__") && nb::hasattr(h, "astype")) {
+    // A NumPy array of a dtype Kiln lacks (uint16, uint32, uint64, ...): its int64 values, as torch's.
+    const nb::object dt = nb::getattr(h, "dtype", nb::none());
+    const std::string kind = dt.is_none() ? "" : str_of(nb::getattr(dt, "kind", nb::str("")));
+    const std::string name = dt.is_none() ? "" : str_of(nb::getattr(dt, "name", nb::str("")));
+    if ((kind == "i" || kind == "u" || kind == "f") && name != "uint8") data = h.attr("astype")("int64");
+  }
+  Tensor t = to_tensor(data, nullptr, "index");
+  if (!nb::isinstance<Tensor>(h) && t.dtype() != DType::u8 && t.dtype() != DType::boolean && t.dtype() != DType::i64)
+    t = t.to(DType::i64);
   if (t.dtype() == DType::u8) {
     if (warn) warn_uint8_index();
     return t.to(DType::boolean);
@@ -784,7 +807,7 @@ void bind_tensor(nb::module_& m) {
             // write through it (p.data.mul_(2)) neither bumps nor is checked against the version the
             // autograd graph saved for x. The original storage is kept alive by the alias's release.
             auto src = x.storage();
-            auto st = std::make_shared<Storage>(src->data, src->nbytes, src->device, [src](void*) {});
+            auto st = std::make_shared<Storage>(src->data, src->nbytes, src->device, AliasRelease{src});
             auto impl = std::make_shared<TensorImpl>();
             impl->storage = std::move(st);
             impl->shape = x.shape();
@@ -802,6 +825,12 @@ void bind_tensor(nb::module_& m) {
             // value holds x's memory directly, or through the storage of a .data alias).
             const auto& st = x.storage();
             if (!st) return false;
+            // x is itself a .data alias (d = p.data; d.data = t), perhaps of another alias (p.data.data):
+            // the tensor it came from (or its views) holds the memory too, through the storage each alias
+            // keeps alive (held once by that alias's release).
+            for (const Storage* s = st.get(); const AliasRelease* a = s->release.target<AliasRelease>();
+                 s = a->src.get())
+              if (a->src.use_count() - 1 - long(a->src->saved_aliases.load(std::memory_order_relaxed)) > 0) return true;
             long others = st.use_count() - 1 - long(autograd::saved_aliases(x));
             if (value.defined() && value.storage() == st)
               --others;

@@ -213,8 +213,7 @@ def test_empty_list_and_array_index():
     same(x, tx)
     with pytest.raises(IndexError):
         x[kiln.tensor([1.0])]  # a float tensor is still refused
-    with pytest.raises(IndexError):
-        x[[1.0]]
+    same(x[[1.0]], tx[[1.0]])  # index data that is not a tensor: int64, as torch's
 
 
 # ---- `in` ----
@@ -372,6 +371,40 @@ def test_data_assignment_on_a_view_rebinds_it_as_torch():
     assert out["kiln"][0] == [[0.0] * 3] * 2 and out["kiln"][4] == [3.0] * 3
 
 
+def test_data_assignment_on_a_data_alias_leaves_the_tensor_alone_as_torch():
+    out = {}
+    for lib in (kiln, torch):
+        p = lib.zeros(3)
+        d = p.data
+        d.data = lib.ones(3)  # d rebound: p keeps its memory and values
+        w = lib.nn.Linear(2, 2).weight
+        w0 = w.tolist()
+        dw = w.data
+        dw.data = lib.full((2, 2), 7.0)
+        e = p.data.data  # an alias of an alias
+        e.data = lib.full((3,), 5.0)
+        out[lib.__name__] = [p.tolist(), d.tolist(), w.tolist() == w0, dw.tolist(), e.tolist()]
+    assert out["kiln"] == out["torch"]
+    assert out["kiln"][0] == [0.0] * 3
+
+
+def test_data_assignment_of_another_shape_rebinds_as_torch():
+    out = {}
+    for lib in (kiln, torch):
+        base = lib.zeros(2, 5)
+        v = base[1]
+        v.data = lib.ones(5)  # a shared view, same shape
+        v.data = lib.ones(2, 3)  # another shape: rebound
+        x = lib.zeros(3)
+        x.data = lib.arange(6.0).reshape(2, 3)  # a tensor alone, another shape and
+        y = lib.zeros(3)
+        y.data = lib.tensor([1, 2], dtype=lib.int64)  # dtype
+        out[lib.__name__] = [base.tolist(), v.tolist(), list(v.shape), x.tolist(), y.tolist(), y.dtype.is_floating_point]
+    assert out["kiln"] == out["torch"]
+    with pytest.raises(ValueError, match=r"\[3\] float32 .*\[2, 2\] float32 parameter.*make a new Parameter"):
+        kiln.nn.Linear(2, 2).weight.data = kiln.zeros(3)
+
+
 def test_data_assignment_of_a_tensor_alone_still_copies_in():
     # nothing else holds the memory: the values are copied in (the handle an optimizer holds sees them)
     x = kiln.zeros(3)
@@ -468,6 +501,61 @@ def test_int8_and_int16_index_tensors_are_refused(dt):
     same(k[kiln.tensor(2).to(getattr(kiln, dt))], t[torch.tensor(2).to(getattr(torch, dt))])
 
 
+@pytest.mark.parametrize("dt", ["int8", "int16", "int32", "uint16", "float64"])
+def test_non_tensor_index_data_of_any_dtype_is_int64_as_torch(dt):
+    # torch converts index data that is not a tensor to int64 (bool and uint8 data stay a mask)
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    k, t = kiln.tensor(a), torch.tensor(a)
+    i = np.array([2, 0, 1], dtype=dt)
+    same(k[i], t[i])
+    same(k[:, i], t[:, i])
+    with pytest.warns(UserWarning, match="non-tuple sequence"):
+        kr = k[[i]]
+    with pytest.warns(UserWarning):
+        tr = t[[i]]
+    same(kr, tr)
+    k[i[:2]] = -1.0
+    t[i[:2]] = -1.0
+    same(k, t)
+    kx, tx = kiln.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+    (kx[i] * 2.0).sum().backward()
+    (tx[i] * 2.0).sum().backward()
+    same(kx.grad, tx.grad)
+
+
+def test_numpy_uint8_and_bool_index_data_stay_a_mask_as_torch():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    k, t = kiln.tensor(a), torch.tensor(a)
+    m = np.array([1, 0, 1], dtype=np.uint8)
+    with pytest.warns(UserWarning, match="uint8"):
+        kr = k[m]
+    with pytest.warns(UserWarning):
+        tr = t[m]
+    same(kr, tr)
+    same(k[m.astype(bool)], t[m.astype(bool)])
+
+
+@pytest.mark.parametrize("which", range(4))
+def test_tuples_and_ranges_inside_a_list_key_are_index_data_as_torch(which):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    keys = [lambda: [(0, 1)], lambda: [range(2), [1, 2]], lambda: [(0, 2), (1, 3)], lambda: [slice(None), range(1, 3)]]
+    k, t = kiln.tensor(a), torch.tensor(a)
+    with pytest.warns(UserWarning, match="non-tuple sequence"):
+        kr = k[keys[which]()]
+    with pytest.warns(UserWarning):
+        tr = t[keys[which]()]
+    same(kr, tr)
+    with pytest.warns(UserWarning, match="non-tuple sequence"):
+        k[keys[which]()] = -1.0
+    with pytest.warns(UserWarning):
+        t[keys[which]()] = -1.0
+    same(k, t)
+    # a tuple inside a tuple key too
+    same(k[(0, 2), 1], t[(0, 2), 1])
+    with pytest.raises(IndexError):
+        k["ab"]
+
+
 def test_two_ellipses_are_refused():
     # NumPy's rule, and torch's before 2.15 (which now takes x[..., ...] as x[...]): a clear error
     with pytest.raises(IndexError, match=r"single ellipsis \('...'\)"):
@@ -501,3 +589,14 @@ def test_index_add_refuses_an_index_out_of_range(idx):
     k, t = kiln.zeros(3).index_add(0, kiln.tensor([2, 0, 2]), kiln.ones(3)), torch.zeros(3).index_add(
         0, torch.tensor([2, 0, 2]), torch.ones(3))
     same(k, t)
+
+
+def test_index_add_range_check_reads_the_index_once():
+    # an index out of range stops index_add before index_put (which reads on its own): only the check reads
+    x, idx, src = kiln.zeros(5, 2), kiln.tensor([4, 0, 9]), kiln.ones(3, 2)
+    before = kiln._C.host_read_count()
+    with pytest.raises(IndexError, match="index 9 is out of bounds"):
+        x.index_add(0, idx, src)
+    assert kiln._C.host_read_count() - before == 1
+    idx = kiln.tensor([4, 0, 2])
+    same(x.index_add(0, idx, src), torch.zeros(5, 2).index_add(0, torch.tensor([4, 0, 2]), torch.ones(3, 2)))

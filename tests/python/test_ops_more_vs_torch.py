@@ -1451,6 +1451,20 @@ def test_round_decimals_as_torch():
     assert kiln.tensor([15, 25]).round().tolist() == [15, 25]
 
 
+def test_round_decimals_16bit_in_float32_as_torch():
+    # torch computes x * 10^n in float32 for f16/bf16 and rounds back once: f16 1234.5 * 100 is inf in 16 bits
+    a = np.array([1234.5, 1.25, -0.555, 65504.0, 3.14159, 0.125, -7.45, 1e-3, 300.7])
+    for kdt, tdt in DT16:
+        tx = torch.tensor(a).to(tdt)
+        kx = kiln.tensor(tx.float().numpy()).to(kdt)
+        for n in [1, 2, 3, 4, -1, -2]:
+            ko, to = kx.round(decimals=n), tx.round(decimals=n)
+            assert ko.dtype == kdt
+            assert np.array_equal(ko.float().numpy(), to.float().numpy(), equal_nan=True), \
+                (tdt, n, ko.float().numpy(), to.float().numpy())
+    assert kiln.tensor([1234.5], dtype=kiln.float16).round(decimals=2).tolist() == [1234.0]
+
+
 def test_sort_and_argsort_stable_as_torch():
     a = RNG.integers(0, 4, size=(5, 40))  # many ties
     for dt in [np.int64, np.float32]:
@@ -1495,3 +1509,100 @@ def test_embedding_max_norm_renormalises_the_rows_in_place_as_torch(norm_type):
         same(kw.grad, tw.grad, 1e-6)
     with pytest.raises(kiln.KilnError, match="embedding: sparse=True is not supported"):
         kiln.nn.functional.embedding(kiln.tensor([0]), kiln.ones(2, 2), sparse=True)
+
+
+# ---- inplace= inside a graph: the state kept on the tensor object, views, dtypes, p=0 ----
+
+@pytest.mark.parametrize("how", ["F.relu", "nn.ReLU", "F.elu", "F.dropout2d"])
+def test_inplace_activation_keeps_retain_grad_as_torch(how):
+    def act(lib, h):
+        if how == "F.relu":
+            return lib.nn.functional.relu(h, inplace=True)
+        if how == "nn.ReLU":
+            return lib.nn.ReLU(inplace=True)(h)
+        if how == "F.elu":
+            return lib.nn.functional.elu(h, inplace=True)
+        return lib.nn.functional.dropout2d(h, 0.0, inplace=True)
+    a = RNG.standard_normal((2, 3, 4))
+    kx, tx = both(a, True)
+    kh, th = kx * 2.0, tx * 2.0
+    kh.retain_grad(), th.retain_grad()
+    act(kiln, kh), act(torch, th)
+    assert kh.retains_grad and th.retains_grad and kh.requires_grad and not kh.is_leaf
+    (kh * 3.0).sum().backward(retain_graph=True)
+    (th * 3.0).sum().backward(retain_graph=True)
+    assert th.grad is not None and kh.grad is not None
+    same(kh.grad, th.grad)
+    same(kx.grad, tx.grad, 1e-6)
+    (kh * 3.0).sum().backward()  # accumulated on the same object, as torch's
+    (th * 3.0).sum().backward()
+    same(kh.grad, th.grad)
+
+
+def test_inplace_activation_keeps_hooks_registered_before_as_torch():
+    a = RNG.standard_normal((3, 4))
+    seen = {}
+    for lib in (kiln, torch):
+        x = lib.tensor(a, requires_grad=True)
+        h = x * 2.0
+        got = []
+        h.register_hook(lambda g, got=got: got.append(g.tolist()))  # sees the gradient of the old value
+        lib.nn.functional.relu(h, inplace=True)
+        (h * 3.0).sum().backward()
+        seen[lib.__name__] = got
+    assert seen["kiln"] == seen["torch"] and len(seen["kiln"]) == 1
+
+
+@pytest.mark.parametrize("view", ["select", "slice", "base"])
+def test_inplace_activation_on_shared_memory_in_a_graph_is_refused(view):
+    F = kiln.nn.functional
+    x = kiln.tensor(RNG.standard_normal((2, 3, 4, 5)), requires_grad=True)
+    h = x * 2.0
+    v = h[0] if view == "select" else h[:, 1:3]
+    target = h if view == "base" else v
+    before = h.tolist()
+    for call in [lambda t: F.relu(t, inplace=True), lambda t: kiln.nn.ReLU(inplace=True)(t),
+                 lambda t: F.dropout(t, 0.5, inplace=True), lambda t: F.dropout2d(t, 0.5, inplace=True)]:
+        with pytest.raises(kiln.KilnError, match="memory another tensor shares.*out-of-place"):
+            call(target)
+    assert h.tolist() == before and v.tolist() == (h[0] if view == "select" else h[:, 1:3]).tolist()
+    # torch: a view of a leaf that requires grad is refused; Kiln refuses it as a view
+    tl = torch.tensor(RNG.standard_normal((3, 4)), requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        torch.nn.functional.relu(tl[0], inplace=True)
+    with pytest.raises(kiln.KilnError, match="memory another tensor shares"):
+        F.relu(x[0], inplace=True)
+    # a tensor alone (the graph's saved copies do not count): still pointed at the result
+    h = kiln.relu(x) * 2.0
+    assert F.relu(h, inplace=True) is h
+    # no gradient needed: a view is written in place, through to its base, as torch's
+    kb, tb = both(RNG.standard_normal((3, 4)))
+    F.relu(kb[1], inplace=True), torch.nn.functional.relu(tb[1], inplace=True)
+    same(kb, tb)
+
+
+def test_dropout_p0_inplace_returns_the_input_as_torch():
+    F = kiln.nn.functional
+    for lib in (kiln, torch):
+        x = lib.ones(3, 4, requires_grad=True)
+        assert lib.nn.functional.dropout(x, p=0.0, training=True, inplace=True) is x
+        assert lib.nn.Dropout(p=0.0, inplace=True)(x) is x
+        e = lib.ones(0, 4, requires_grad=True)
+        assert lib.nn.functional.dropout(e, p=0.5, training=True, inplace=True) is e
+    with pytest.raises(kiln.KilnError, match="leaf tensor that requires grad"):
+        F.dropout(kiln.ones(3, requires_grad=True), p=1.0, inplace=True)
+
+
+@pytest.mark.parametrize("name,kw", [("SiLU", {}), ("LeakyReLU", {"negative_slope": 0.2}), ("ELU", {}),
+                                     ("Hardswish", {}), ("Mish", {})])
+def test_inplace_activation_refuses_a_result_of_another_dtype(name, kw):
+    with pytest.raises(RuntimeError, match="not implemented for 'Long'"):
+        getattr(torch.nn, name)(inplace=True, **kw)(torch.tensor([-2, 3, 5]))
+    kx = kiln.tensor([-2, 3, 5])
+    with pytest.raises(kiln.KilnError, match="inplace=True on .*i64.*(float32|f32).*pass inplace=False"):
+        getattr(kiln.nn, name)(inplace=True, **kw)(kx)
+    assert kx.tolist() == [-2, 3, 5]
+    for mod, mkw in [("ReLU", {}), ("ReLU6", {}), ("Hardtanh", {}), ("Hardtanh", {"min_val": -0.5, "max_val": 2.7})]:
+        kx, tx = kiln.tensor([-2, 3, 5]), torch.tensor([-2, 3, 5])  # clamps: torch runs them on integers
+        ko, to = getattr(kiln.nn, mod)(inplace=True, **mkw)(kx), getattr(torch.nn, mod)(inplace=True, **mkw)(tx)
+        assert ko is kx and kx.dtype == kiln.int64 and kx.tolist() == to.tolist(), (mod, mkw, kx.tolist(), to.tolist())

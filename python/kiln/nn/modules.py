@@ -1224,8 +1224,10 @@ def _check_p(cls, p):
 
 
 class Dropout(Module):
-    """inplace=True writes into the input, as torch's, where Kiln may change it in place (it needs no
-    gradient, or under kiln.no_grad()); inside a graph the result is a new tensor."""
+    """inplace=True returns the input itself, as torch's: the result is written into it where Kiln may
+    change it in place (it needs no gradient, or under kiln.no_grad()); inside a graph its object is
+    pointed at the result (refused for a leaf that requires grad, as torch, and for a tensor whose memory
+    a view shares: use inplace=False there); out of training or with p=0 it is returned as it was."""
 
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
@@ -1239,16 +1241,17 @@ class Dropout(Module):
 
 
 def _inplace_result(x, y, inplace):
-    """What a module's forward with inplace= returns, given its functional form's result y: x itself
-    where that put the result into x (y is x already for the F.* forms, which return their input), as
-    torch's."""
-    return x if inplace and y is not x and y.data_ptr() == x.data_ptr() else y
+    """What a module's forward with inplace= returns, given its functional form's result y: with
+    inplace=True the F.* forms return their input object itself (y is x), as torch's, so y is returned
+    as it is; no guessing from data_ptr(), which every meta tensor and empty tensors share."""
+    return y
 
 
 class _Inplace(Module):
     """An activation that takes torch's inplace=: True puts the result into the input and returns it, as
     torch's (written into it where Kiln may change it in place; inside a graph the input's object is
-    pointed at the result); a leaf that requires grad is refused (as torch)."""
+    pointed at the result); a leaf that requires grad is refused (as torch), and so are, inside a graph,
+    a tensor whose memory a view shares (use inplace=False there) and a result of another dtype."""
     _fn = None
 
     def __init__(self, inplace=False):
