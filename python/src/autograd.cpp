@@ -106,6 +106,10 @@ void bind_autograd(nb::module_& m) {
       nb::arg("x"), nb::arg("own"),
       "Empty when only x, autograd's saved tensors and `own` hold x's memory; otherwise what else does.");
 
+  m.def("_recomputing", &autograd::recomputing,
+        "True while checkpoint's backward reruns its block on this thread (batch norm then leaves its running "
+        "statistics alone: they were counted in the first run).");
+
   m.def(
       "_checkpoint",
       [](nb::callable fn, const std::vector<Tensor>& inputs) {

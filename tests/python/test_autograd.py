@@ -1017,3 +1017,29 @@ def test_checkpoint_refuses_a_block_that_writes_into_its_input():
         assert not (x.numpy() == before).all()  # it did write: that is what is refused
         y = kiln.autograd.checkpoint(nn.Sequential(nn.ELU(), nn.Linear(3, 2)), x)  # out of place: fine
         y.sum().backward()
+
+
+def test_checkpoint_counts_batch_norm_running_statistics_once():
+    # backward reran the block and BatchNorm updated running_mean/var and num_batches_tracked again
+    # (num_batches_tracked 2 after one step, running_mean about doubled); the C++ engine's BatchNorm2d
+    # already skipped that, and so does kiln.nn now. Gradients as without checkpoint.
+    import kiln.nn as nn
+
+    def run(recompute):
+        kiln.manual_seed(1)
+        conv, bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+        x = kiln.randn(2, 3, 6, 6, requires_grad=True)
+
+        def block(h):
+            return kiln.nn.functional.relu(bn(conv(h)))
+
+        y = kiln.autograd.checkpoint(block, x) if recompute else block(x)
+        (y * y).sum().backward()
+        return bn, [t.grad.numpy().copy() for t in (x, conv.weight, bn.weight, bn.bias)]
+
+    (bn0, g0), (bn1, g1) = run(False), run(True)
+    assert bn1.num_batches_tracked.item() == 1
+    assert (bn1.running_mean.numpy() == bn0.running_mean.numpy()).all()
+    assert (bn1.running_var.numpy() == bn0.running_var.numpy()).all()
+    for a, b in zip(g0, g1):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -1084,6 +1084,10 @@ class _BatchNorm(_NormBase):
 
     def forward(self, x):
         self._check_input_dim(x)
+        if self.training and _C._recomputing():
+            # checkpoint's backward reruns the block: the batch's statistics again, but the running ones
+            # and num_batches_tracked were updated by the first run (torch's count them twice)
+            return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             with no_grad():
