@@ -1683,3 +1683,21 @@ TEST_CASE("train: a TSV label that is not UTF-8 (latin-1) resumes and is found b
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK(json::parse(read_text(d / "e.json"))["test_samples"].get<int64_t>() > 0);
 }
+
+// Out of memory at step 2 where no smaller micro-batch can help: ResNet-50 on 28 px needs more at a
+// micro-batch of 4 (the held gradients) than at 8. The run halved to 4, 2 and 1 and died at 1 with
+// batch_norm_relu's "more than one value per channel" error (exit 1, the cause unsaid).
+TEST_CASE("train: out of memory that a smaller micro-batch cannot fix ends saying why") {
+  TempDir d("kiln_train_oom");
+  const auto r = run_kiln(
+      "train --model resnet50 --batch 8 --micro-batch 8 --limit-train 8 --limit-eval 8 "
+      "--no-augment --epochs 2 --threads 1 --workers 0 --no-save-epochs --memory-cap 285000000 "
+      "--out " +
+          d / "run",
+      d.p.string());
+  CHECK_MESSAGE(r.code == 1, r.output);
+  CHECK_MESSAGE(contains(r.output, "out of memory with a micro-batch of 8"), r.output);
+  CHECK_MESSAGE(contains(r.output, "a micro-batch of 4 needs no less (planned"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "more than one value per channel"), r.output);
+  CHECK_MESSAGE(!contains(r.output, "redoing step"), r.output);
+}
