@@ -1701,3 +1701,31 @@ TEST_CASE("train: out of memory that a smaller micro-batch cannot fix ends sayin
   CHECK_MESSAGE(!contains(r.output, "more than one value per channel"), r.output);
   CHECK_MESSAGE(!contains(r.output, "redoing step"), r.output);
 }
+
+// Weights trained with --amp bf16 were evaluated in f32 by kiln eval: a loss other than the run's own
+// evaluation (a tester: 90652.75 against the summary's 90400.0). The weights carry the run's --amp and
+// kiln eval takes it unless --amp is given.
+TEST_CASE("train: kiln eval of --amp bf16 weights evaluates as the run did, unless told otherwise") {
+  require_fashion_mnist();
+  TempDir d("kiln_train_amp_eval");
+  auto r = run_kiln(
+      "train --model resnet20 --amp bf16 --batch 16 --limit-train 64 --limit-eval 32 --epochs 1 "
+      "--threads 1 --out " +
+          d / "run",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const double run_loss = json::parse(read_text(d / "run/summary.json"))["test_loss"].get<double>();
+  r = run_kiln("eval --weights " + d / "run/model.safetensors" + " --limit-eval 32 --threads 1 --out " + d / "e.json",
+               d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const json ev = json::parse(read_text(d / "e.json"));
+  CHECK(ev["amp"] == "bf16");
+  CHECK(ev["test_loss"].get<double>() == run_loss);
+  r = run_kiln(
+      "eval --weights " + d / "run/model.safetensors" + " --limit-eval 32 --threads 1 --amp off --out " + d / "f.json",
+      d.p.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const json f32 = json::parse(read_text(d / "f.json"));
+  CHECK(f32["amp"] == "off");
+  CHECK(f32["test_loss"].get<double>() != run_loss);
+}

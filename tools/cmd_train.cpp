@@ -2246,6 +2246,12 @@ void take_trained_model(TrainConfig& c, const std::map<std::string, std::string>
   KILN_CHECK(mine == theirs, weights, " holds ", theirs, " weights, not ", mine, " (--model ", c.model,
              c.was_given("task") ? " --task " + c.task : std::string(),
              "): leave --model out to evaluate them as the model they are");
+  // The run's --amp, as its evaluations ran (files before it was stored: the flag as given).
+  if (const auto amp_it = meta.find("amp"); amp_it != meta.end() && !c.was_given("amp")) {
+    KILN_CHECK(amp_it->second == "off" || amp_it->second == "fp16" || amp_it->second == "bf16", weights,
+               ": damaged metadata: amp is '", amp_it->second, "', not off, fp16 or bf16");
+    c.amp = amp_it->second;
+  }
   // The run's --set (files before it was stored: none known, the flags as given).
   const auto set_it = meta.find("set");
   if (set_it == meta.end()) return;
@@ -2443,6 +2449,7 @@ int run_eval(const TrainConfig& c0, const std::string& weights) {
   data.erase("train_samples");
   nlohmann::json j = {{"model", c.model},
                       {"weights", weights},
+                      {"amp", c.amp},
                       {"data", data},
                       {"test_loss", r.loss},
                       {"test_" + task.metric, r.accuracy},

@@ -749,6 +749,9 @@ std::map<std::string, std::string> weights_metadata(const nlohmann::json& config
   };
   if (config.contains("model")) put("model", config["model"]);
   if (config.contains("task")) put("task", config["task"]);
+  // Its --amp: `kiln eval` evaluates as the run's own evaluations did (bf16 weights evaluated in f32
+  // gave another loss than the run's summary).
+  if (config.contains("amp")) put("amp", config["amp"]);
   // The run's --set (a JSON list of key=value): `kiln eval` builds the same model without it repeated.
   if (config.contains("set") && config["set"].is_array()) meta["set"] = io::dump_json(config["set"]);
   const nlohmann::json info = config.value("data_info", nlohmann::json::object());
