@@ -626,6 +626,8 @@ void bind_nn_ops(nb::module_& mod) {
       [](Tensor& x, double p, bool training, bool inplace) -> nb::object {
         // torch's dropout_: the input itself, as it was, out of training, for p = 0 or an empty input (a leaf
         // that requires grad included: nothing is written)
+        if (!(p >= 0 && p <= 1))  // before the shortcuts: torch checks p out of training too
+          value_error("dropout: dropout probability has to be between 0 and 1, but got " + str_of(nb::float_(p)));
         if (inplace && (!training || p == 0 || (x.numel() == 0 && p > 0 && p <= 1))) return nb::find(&x);
         return activation_out("dropout", x, inplace, [&](const Tensor& t) { return dropout(t, p, training); });
       },
@@ -792,10 +794,13 @@ bool activation_into(const char* op, Tensor& x, bool inplace, const Tensor& out)
     const auto& st = x.storage();
     const long others = st.use_count() - 1 - long(autograd::saved_aliases(x)) - (out.storage() == st ? 1 : 0);
     KILN_CHECK(others <= 0, op, ": inplace=True on ", x.type_str(),
-               " inside a graph, whose memory another tensor shares (a view of it, or the tensor it is a view of): "
-               "Kiln records no in-place op, so that tensor and its gradient would not see the change as torch's "
-               "do; use the out-of-place result instead (y = F.",
-               op, "(x), or inplace=False)");
+               " inside a graph, whose memory another tensor still holds (a view of it or the tensor it is a view "
+               "of, a .detach()/.data alias, or one kept by Python code such as a hook): Kiln records no in-place "
+               "op, so that tensor and its gradient would not see the change as torch's do. Use the out-of-place "
+               "result (y = F.",
+               op,
+               "(x), or inplace=False), or drop the other reference first: x = x.view(...); x = act(x) holds no "
+               "other, act(x.view(...)) while x is still bound does");
     // x's object becomes the result; the state torch keeps on the object goes with it: retain_grad (torch
     // moves it to the new grad_fn) and the gradient kept so far. Hooks registered on x before stay with the
     // old value's node and see its gradient, as torch's do; requires_grad follows from the result.

@@ -113,10 +113,26 @@ int64_t int_index(nb::handle h) {
   return int64_t(v);
 }
 
+// A NumPy scalar (np.float32(1.7), np.bool_): a number, not index data.
+bool is_numpy_scalar(nb::handle h) {
+  nb::handle type = nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(h.ptr())));
+  return str_of(nb::getattr(type, "__module__", nb::str(""))) == "numpy" &&
+         str_of(nb::getattr(type, "__name__", nb::str(""))) != "ndarray";
+}
+
+bool is_numpy_array(nb::handle h) {
+  nb::handle type = nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(h.ptr())));
+  return str_of(nb::getattr(type, "__module__", nb::str(""))) == "numpy" &&
+         str_of(nb::getattr(type, "__name__", nb::str(""))) == "ndarray";
+}
+
 // An index tensor or its data: a list, an array, or another non-string sequence (a tuple or range,
-// as x[[(0, 1)]] and x[[range(2), [1, 2]]] hold once read as a tuple of indices), as torch's.
+// as x[[(0, 1)]] and x[[range(2), [1, 2]]] hold once read as a tuple of indices), as torch's. A NumPy
+// scalar that is not an integer (np.float64(2.5), np.bool_) is refused as torch refuses it, not
+// truncated to an index.
 bool is_tensor_index(nb::handle h) {
   if (nb::isinstance<Tensor>(h) || PyList_Check(h.ptr())) return true;
+  if (is_numpy_scalar(h)) return false;
   if (nb::hasattr(h, "__array__")) return !is_int_index(h);
   return PySequence_Check(h.ptr()) && !PyUnicode_Check(h.ptr()) && !PyBytes_Check(h.ptr()) &&
          !PyByteArray_Check(h.ptr()) && !is_int_index(h);
@@ -148,7 +164,9 @@ Tensor index_tensor(nb::handle h, bool warn = true) {
     if ((kind == "i" || kind == "u" || kind == "f") && name != "uint8") data = h.attr("astype")("int64");
   }
   Tensor t = to_tensor(data, nullptr, "index");
-  if (!nb::isinstance<Tensor>(h) && t.dtype() != DType::u8 && t.dtype() != DType::boolean && t.dtype() != DType::i64)
+  // Python data and NumPy arrays only: another library's tensor (torch's) keeps its dtype's rule.
+  const bool data_of_python = !nb::isinstance<Tensor>(h) && (!nb::hasattr(h, "__array__") || is_numpy_array(h));
+  if (data_of_python && t.dtype() != DType::u8 && t.dtype() != DType::boolean && t.dtype() != DType::i64)
     t = t.to(DType::i64);
   if (t.dtype() == DType::u8) {
     if (warn) warn_uint8_index();

@@ -1043,3 +1043,20 @@ def test_checkpoint_counts_batch_norm_running_statistics_once():
     assert (bn1.running_var.numpy() == bn0.running_var.numpy()).all()
     for a, b in zip(g0, g1):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_checkpoint_counts_instance_norm_running_statistics_once():
+    # InstanceNorm(track_running_stats=True) had no rerun rule: running_mean 0.15629 against 0.10419
+    # without checkpoint (momentum 0.5).
+    import kiln.nn as nn
+
+    def run(recompute):
+        kiln.manual_seed(2)
+        norm = nn.InstanceNorm2d(3, momentum=0.5, track_running_stats=True)
+        x = kiln.randn(2, 3, 5, 5, requires_grad=True) + 1.0
+        y = kiln.autograd.checkpoint(norm, x) if recompute else norm(x)
+        (y * y).sum().backward()
+        return norm.running_mean.numpy().copy(), norm.running_var.numpy().copy()
+
+    for a, b in zip(run(False), run(True)):
+        assert (a == b).all()

@@ -1,6 +1,7 @@
 # Indexing and in-place writes compared with PyTorch: 0-dim bool and integer tensors as indices,
 # assignment into int64 tensors, values with leading size-1 dims, empty indices, `in`, the refusal of
 # an in-place write that would drop a gradient, and the small in-place methods.
+import warnings
 import numpy as np
 import pytest
 
@@ -600,3 +601,24 @@ def test_index_add_range_check_reads_the_index_once():
     assert kiln._C.host_read_count() - before == 1
     idx = kiln.tensor([4, 0, 2])
     same(x.index_add(0, idx, src), torch.zeros(5, 2).index_add(0, torch.tensor([4, 0, 2]), torch.ones(3, 2)))
+
+
+@pytest.mark.parametrize("key", ["np.float32(1.7)", "np.float64(-0.9)", "np.bool_(True)", "(0, np.float64(1.0))",
+                                 "np.array(1.7)", "np.array([1.5, 0.2])", "[1.0]", "np.int16(1)",
+                                 "np.array([1, 0], dtype=np.int16)", "torch.tensor([1.0, 0.0])",
+                                 "torch.tensor([1, 0])"])
+def test_numpy_scalars_and_foreign_tensors_as_indices_as_torch(key):
+    # np.float32(1.7) was truncated to index 1 (x[1]) and x[np.float64(2.5)] = 9 wrote element 2, where
+    # torch refuses a float scalar; a torch float tensor was converted too. Arrays and lists of floats
+    # are index data (int64) in both.
+    torch = pytest.importorskip("torch")
+    results = []
+    for lib in (torch, kiln):
+        x = lib.arange(12.0).reshape(4, 3)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                results.append(x[eval(key)].tolist())
+        except IndexError:
+            results.append("IndexError")
+    assert results[1] == results[0]

@@ -1563,14 +1563,14 @@ def test_inplace_activation_on_shared_memory_in_a_graph_is_refused(view):
     before = h.tolist()
     for call in [lambda t: F.relu(t, inplace=True), lambda t: kiln.nn.ReLU(inplace=True)(t),
                  lambda t: F.dropout(t, 0.5, inplace=True), lambda t: F.dropout2d(t, 0.5, inplace=True)]:
-        with pytest.raises(kiln.KilnError, match="memory another tensor shares.*out-of-place"):
+        with pytest.raises(kiln.KilnError, match="memory another tensor still holds.*out-of-place"):
             call(target)
     assert h.tolist() == before and v.tolist() == (h[0] if view == "select" else h[:, 1:3]).tolist()
     # torch: a view of a leaf that requires grad is refused; Kiln refuses it as a view
     tl = torch.tensor(RNG.standard_normal((3, 4)), requires_grad=True)
     with pytest.raises(RuntimeError, match="leaf Variable"):
         torch.nn.functional.relu(tl[0], inplace=True)
-    with pytest.raises(kiln.KilnError, match="memory another tensor shares"):
+    with pytest.raises(kiln.KilnError, match="memory another tensor still holds"):
         F.relu(x[0], inplace=True)
     # a tensor alone (the graph's saved copies do not count): still pointed at the result
     h = kiln.relu(x) * 2.0
@@ -1579,6 +1579,31 @@ def test_inplace_activation_on_shared_memory_in_a_graph_is_refused(view):
     kb, tb = both(RNG.standard_normal((3, 4)))
     F.relu(kb[1], inplace=True), torch.nn.functional.relu(tb[1], inplace=True)
     same(kb, tb)
+
+
+def test_inplace_activation_in_common_model_code_is_accepted_as_torch():
+    # The refusal above must not reach torch model code whose input nothing else holds: Conv-BN-ReLU
+    # (inplace), a view whose base is gone before the activation, softmax then Dropout(p=0, inplace).
+    def body(nn):
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True), nn.Conv2d(4, 4, 1),
+                             nn.BatchNorm2d(4))
+
+    kb, tb = body(kiln.nn), body(torch.nn)
+    tb.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in kb.state_dict().items()})
+
+    def run(lib, model):
+        x = lib.tensor(np.random.default_rng(7).standard_normal((2, 3, 6, 6)), dtype=lib.float32,
+                       requires_grad=True)
+        h = model(x).flatten(1)  # the base is gone once flatten returns
+        h = lib.nn.functional.relu(h, inplace=True)
+        h = h.view(2, 4, -1).transpose(1, 2) * 1.0
+        h = lib.nn.Dropout(0.0, inplace=True)(lib.softmax(h, dim=-1))
+        (h * h).sum().backward()
+        return h.detach().numpy(), x.grad.numpy()
+
+    (kh, kg), (th, tg) = run(kiln, kb), run(torch, tb)
+    np.testing.assert_allclose(kh, th, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(kg, tg, rtol=1e-4, atol=1e-6)
 
 
 def test_dropout_p0_inplace_returns_the_input_as_torch():
@@ -1606,3 +1631,12 @@ def test_inplace_activation_refuses_a_result_of_another_dtype(name, kw):
         kx, tx = kiln.tensor([-2, 3, 5]), torch.tensor([-2, 3, 5])  # clamps: torch runs them on integers
         ko, to = getattr(kiln.nn, mod)(inplace=True, **mkw)(kx), getattr(torch.nn, mod)(inplace=True, **mkw)(tx)
         assert ko is kx and kx.dtype == kiln.int64 and kx.tolist() == to.tolist(), (mod, mkw, kx.tolist(), to.tolist())
+
+
+def test_dropout_checks_p_out_of_training_and_inplace_as_torch():
+    # F.dropout(x, 1.5, training=False, inplace=True) returned x without a word; torch checks p first.
+    for kw in ({"training": False, "inplace": True}, {"training": False}, {"inplace": True}, {}):
+        with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
+            torch.nn.functional.dropout(torch.ones(3), 1.5, **kw)
+        with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1, but got 1.5"):
+            kiln.nn.functional.dropout(kiln.ones(3), 1.5, **kw)

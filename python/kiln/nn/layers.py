@@ -228,9 +228,12 @@ class _InstanceNorm(_NormBase):
         unbatched = x.dim() == n + 1
         if unbatched:
             x = x.unsqueeze(0)
-        y = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                            self.training or not self.track_running_stats, self.momentum if self.momentum is not None
-                            else 0.0, self.eps)
+        use_input_stats = self.training or not self.track_running_stats
+        # checkpoint's backward reruns the block: the running statistics were updated by the first run
+        rerun = use_input_stats and _C._recomputing()
+        y = F.instance_norm(x, None if rerun else self.running_mean, None if rerun else self.running_var,
+                            self.weight, self.bias, use_input_stats,
+                            self.momentum if self.momentum is not None else 0.0, self.eps)
         return y.squeeze(0) if unbatched else y
 
 
