@@ -742,3 +742,18 @@ def test_set_submodule_as_torch(lib):
         m.set_submodule("", tanh)
     with pytest.raises(ValueError):
         m.set_submodule("1", 3)
+
+
+def test_module_to_refuses_what_it_would_ignore():
+    # m.to(memory_format="channels_last") and m.to(bogus=3) were accepted and did nothing.
+    torch = pytest.importorskip("torch")
+    m = kiln.nn.Conv2d(3, 4, 3)
+    for fmt in ("channels_last", torch.channels_last):
+        with pytest.raises(kiln.KilnValueError, match="keeps parameters in their standard layout"):
+            m.to(memory_format=fmt)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        m.to(bogus=3)
+    with pytest.raises(TypeError):
+        torch.nn.Conv2d(3, 4, 3).to(bogus=3)
+    assert m.to(memory_format=torch.contiguous_format, non_blocking=True) is m
+    assert m.to(memory_format="contiguous", dtype=kiln.float64).weight.dtype == kiln.float64

@@ -842,6 +842,18 @@ def _foreign_tensor(key, value, mine, what):
 
 
 def _parse_to(args, kwargs):
+    # torch's Module.to keywords: non_blocking is a hint (Kiln's copies finish before they return);
+    # memory_format="channels_last" would make 4-D weights NHWC, which Kiln's modules do not keep (feed
+    # channels_last inputs: x.contiguous(memory_format="channels_last")); anything else is a mistake.
+    unknown = set(kwargs) - {"device", "dtype", "non_blocking", "memory_format"}
+    if unknown:
+        raise TypeError(f"to() got an unexpected keyword argument '{sorted(unknown)[0]}'")
+    fmt = kwargs.get("memory_format")
+    if fmt is not None and str(fmt).replace("torch.", "") not in ("contiguous", "contiguous_format",
+                                                                  "preserve_format"):
+        raise KilnValueError(f"Module.to(memory_format={fmt!r}): Kiln keeps parameters in their standard layout "
+                             "(NCHW); for NHWC activations feed channels_last inputs "
+                             "(x.contiguous(memory_format=\"channels_last\")), which the convolutions keep")
     device, dtype = kwargs.get("device"), kwargs.get("dtype")
     for a in args:
         if isinstance(a, Tensor):
