@@ -1311,20 +1311,11 @@ class Trainer {
     // micro-batches hold their gradients, which can outweigh the activations they save (ResNet-50 on
     // 28 px: 274.8 MiB planned at 8, 281.5 at 2).
     {
-      PlanOptions po = step_plan_options();
-      po.device = "cpu";
-      po.ranks = 1;  // the same on both sides of the comparison
-      po.zero = 0;
-      const auto plan_at = [&](int64_t m) {
-        PlanOptions q = po;
-        if (m < c_.batch) q.accum_steps = c_.accum_steps * (c_.batch / m);
-        return plan_memory(q, m);
-      };
       std::string why;
       try {
-        const MemoryPlan smaller = plan_at(next);
+        const MemoryPlan smaller = plan_model_step(next);
         if (!device_.is_cuda()) {
-          const MemoryPlan now = plan_at(micro_);
+          const MemoryPlan now = plan_model_step(micro_);
           if (smaller.peak >= now.peak)
             why = "a micro-batch of " + std::to_string(next) + " needs no less (planned " + mib(smaller.peak) +
                   " against " + mib(now.peak) + " at " + std::to_string(micro_) +
@@ -1367,13 +1358,21 @@ class Trainer {
 
   // small_norms_note of a micro-batch of m on the meta device, with the remedy this run's flags allow.
   std::string plan_norms_note(int64_t m) const {
-    PlanOptions po = step_plan_options();
-    po.device = "cpu";  // the question is the model's, not the device's: no cuDNN asked
-    po.ranks = 1;       // nor the ranks': each normalises its own micro-batch
-    po.zero = 0;
-    return small_norms_note(plan_memory(po, m), c_.data == "folder" ? "a larger micro-batch (--batch, --micro-batch) "
+    return small_norms_note(plan_model_step(m), c_.data == "folder" ? "a larger micro-batch (--batch, --micro-batch) "
                                                                       "or --image-size"
                                                                     : "a larger micro-batch (--batch, --micro-batch)");
+  }
+
+  // The step at micro-batch m as the model alone makes it, on the meta device: planned for the CPU (the
+  // question is the model's, not the device's: no cuDNN asked), one rank (each normalises its own
+  // micro-batch), no ZeRO; below --batch its micro-batches accumulate.
+  MemoryPlan plan_model_step(int64_t m) const {
+    PlanOptions q = step_plan_options();
+    q.device = "cpu";
+    q.ranks = 1;
+    q.zero = 0;
+    if (m < c_.batch) q.accum_steps = c_.accum_steps * (c_.batch / m);
+    return plan_memory(q, m);
   }
 
   int step_once(double lr, StepStats& s) {
