@@ -1688,6 +1688,7 @@ TEST_CASE("train: a TSV label that is not UTF-8 (latin-1) resumes and is found b
 // micro-batch of 4 (the held gradients) than at 8. The run halved to 4, 2 and 1 and died at 1 with
 // batch_norm_relu's "more than one value per channel" error (exit 1, the cause unsaid).
 TEST_CASE("train: out of memory that a smaller micro-batch cannot fix ends saying why") {
+  require_fashion_mnist();
   TempDir d("kiln_train_oom");
   const auto r = run_kiln(
       "train --model resnet50 --batch 8 --micro-batch 8 --limit-train 8 --limit-eval 8 "

@@ -113,17 +113,18 @@ int64_t int_index(nb::handle h) {
   return int64_t(v);
 }
 
-// A NumPy scalar (np.float32(1.7), np.bool_): a number, not index data.
-bool is_numpy_scalar(nb::handle h) {
+// The name of h's type where NumPy defines it ("ndarray", "float32", "bool"), else "".
+std::string numpy_type(nb::handle h) {
   nb::handle type = nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(h.ptr())));
-  return str_of(nb::getattr(type, "__module__", nb::str(""))) == "numpy" &&
-         str_of(nb::getattr(type, "__name__", nb::str(""))) != "ndarray";
+  if (str_of(nb::getattr(type, "__module__", nb::str(""))) != "numpy") return "";
+  return str_of(nb::getattr(type, "__name__", nb::str("")));
 }
 
-bool is_numpy_array(nb::handle h) {
-  nb::handle type = nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(h.ptr())));
-  return str_of(nb::getattr(type, "__module__", nb::str(""))) == "numpy" &&
-         str_of(nb::getattr(type, "__name__", nb::str(""))) == "ndarray";
+bool is_numpy_array(nb::handle h) { return numpy_type(h) == "ndarray"; }
+// A NumPy scalar (np.float32(1.7), np.bool_): a number, not index data.
+bool is_numpy_scalar(nb::handle h) {
+  const std::string t = numpy_type(h);
+  return !t.empty() && t != "ndarray";
 }
 
 // An index tensor or its data: a list, an array, or another non-string sequence (a tuple or range,
