@@ -305,6 +305,11 @@ TEST_CASE("train: a short ResNet-20 run on Fashion-MNIST learns; eval agrees wit
   CHECK(s["steps"] == 48);
   CHECK(s["config"]["lr"] == 0.05);   // the command line won
   CHECK(s["config"]["batch"] == 64);  // from the file
+  // The record holds the flags the run used: ResNet-20's SGD on Fashion-MNIST's 28 x 28 images takes
+  // neither --image-size (its default, 224, was recorded) nor --betas/--eps, nor BERT's text flags.
+  CHECK(s["config"]["momentum"] == 0.9);
+  for (const char* unused : {"image_size", "mean", "std", "betas", "eps", "seq_len", "vocab", "loss_scale"})
+    CHECK_MESSAGE(!s["config"].contains(unused), unused, " in ", s["config"].dump());
   CHECK(s["test_samples"] == 500);
   const double acc = s["test_accuracy"].get<double>();
   // Ten classes: chance is 0.1. Two epochs of 24 steps land between 0.43 and 0.68 over seeds 3-5 under
@@ -429,6 +434,9 @@ TEST_CASE("train: BERT-tiny masked LM and classification on fortune text (Debian
   CHECK(s["task"] == "mlm");
   CHECK(s["test_mlm_accuracy"].get<double>() > 0.02);
   CHECK(s["config"]["optimizer"] == "adamw");  // BERT's default
+  for (const char* unused : {"image_size", "data", "augment", "momentum", "nesterov", "train_tsv"})
+    CHECK_MESSAGE(!s["config"].contains(unused), unused, " in ", s["config"].dump());
+  CHECK(s["config"]["seq_len"] == 64);
   // The samples are the held-out sequences (every 50th); the accuracy is over their masked tokens.
   const int64_t held_out = s["config"]["data_info"]["eval_samples"].get<int64_t>();
   CHECK(held_out > 0);

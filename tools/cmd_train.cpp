@@ -327,6 +327,16 @@ bool inside_folder(const std::string& dir, const std::string& path) {
 
 // A metrics.jsonl left with part of a line at its end (a failed write whose cut-back failed, or a file put
 // back in its place): the part cut off, so the next line starts on a line of its own and every line parses.
+// Removes from a run's config (as TrainConfig::to_json writes it) the keys of the flags `c` does
+// not use.
+void erase_unused_flags(nlohmann::json& config, const TrainConfig& c) {
+  for (const UnusedFlag& u : unused_flags(c)) {
+    std::string key = u.flag;
+    std::replace(key.begin(), key.end(), '-', '_');
+    config.erase(key);
+  }
+}
+
 void cut_partial_line(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return;
@@ -716,6 +726,10 @@ class Trainer {
     scaler_ = std::make_unique<amp::GradScaler>(so);
 
     resolved_ = c_.to_json();
+    // The record holds what the run used: a flag it does not use (--image-size of a Fashion-MNIST
+    // run, --betas of SGD) would read as a setting of the run (its default, 224, was written for
+    // 28 x 28 images). A resume ignores such keys on both sides.
+    erase_unused_flags(resolved_, c_);
     resolved_["task"] = task_.name;
     resolved_["threads"] = num_threads();
     resolved_["warmup"] = sched_.warmup_steps;
@@ -903,13 +917,8 @@ class Trainer {
         // Keys of flags this run does not use are not compared: an older Kiln accepted them (and
         // saved them) without using them, and they cannot be given again now.
         // Compared as written: the checkpoint's strings hold U+FFFD for each byte that is not UTF-8.
-        nlohmann::json was = saved, now = io::as_written(resolved_);
-        for (const UnusedFlag& u : unused_flags(c_)) {
-          std::string key = u.flag;
-          std::replace(key.begin(), key.end(), '-', '_');
-          was.erase(key);
-          now.erase(key);
-        }
+        nlohmann::json was = saved, now = io::as_written(resolved_);  // resolved_ holds none
+        erase_unused_flags(was, c_);
         // --set compared as the model config it makes, not as text: the same keys in another order,
         // zero_init_residual=1 for =true, continue the run; a difference is named by its field.
         std::vector<std::string> diffs;
