@@ -53,7 +53,8 @@ class GradcheckError(KilnError):
 
 
 def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, max_checks=0, raise_exception=True):
-    """Checks fn's gradients against central differences in float64: fn(*inputs) -> one tensor.
+    """Checks fn's gradients against central differences in float64: fn(*inputs) -> a tensor, or a
+    tuple/list of outputs whose floating-point tensors are each checked (the others skipped, as torch).
     As torch, only the inputs with requires_grad=True are checked; they are copied to float64
     leaves; inputs other than tensors are passed to fn as they are. A difference within atol +
     rtol * |numerical| passes; a larger one only within a loose allowance for the rounding of large
@@ -77,8 +78,30 @@ def gradcheck(fn, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, max_checks=0, raise
             args[i] = xs[i]
         return fn(*args)
 
-    msg = _C._gradcheck(call, [x if isinstance(x, Tensor) else None for x in inputs], eps, atol, rtol, max_checks,
-                        differentiate)
+    given = [x if isinstance(x, Tensor) else None for x in inputs]
+    with no_grad():
+        first = fn(*inputs)
+    if isinstance(first, (tuple, list)):
+        # Several outputs (as torch): each floating-point tensor among them is checked on its own, the
+        # others (integer indices, counts, None) are not differentiable and are skipped, as torch's.
+        checked = [k for k, y in enumerate(first) if isinstance(y, Tensor) and y.dtype.is_floating_point]
+        if not checked:
+            raise ValueError(f"gradcheck: the function returned {len(first)} outputs, none of them a floating-point "
+                             "kiln.Tensor, so there is nothing to check")
+        msg = ""
+        for k in checked:
+            def one(xs, k=k):
+                out = call(xs)
+                if not isinstance(out, (tuple, list)) or len(out) != len(first):
+                    raise ValueError(f"gradcheck: the function returned {len(first)} outputs on its first call and "
+                                     f"{len(out) if isinstance(out, (tuple, list)) else 'one'} on a later one")
+                return out[k]
+            msg = _C._gradcheck(one, given, eps, atol, rtol, max_checks, differentiate)
+            if msg:
+                msg = f"output {k} (of {len(first)}): {msg}"
+                break
+    else:
+        msg = _C._gradcheck(call, given, eps, atol, rtol, max_checks, differentiate)
     if msg:
         if raise_exception:
             raise GradcheckError(msg)

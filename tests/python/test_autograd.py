@@ -1060,3 +1060,30 @@ def test_checkpoint_counts_instance_norm_running_statistics_once():
 
     for a, b in zip(run(False), run(True)):
         assert (a == b).all()
+
+
+def test_gradcheck_checks_each_floating_output_of_a_tuple_as_torch():
+    # torch.autograd.gradcheck takes a function of several outputs: each floating-point one is checked,
+    # integer ones (argmax, sort's indices) are skipped. A wrong gradient of the second output is named.
+    x = kiln.randn(5).double().requires_grad_()
+    assert gradcheck(lambda a: (a.sin(), a.argmax(), a * a), (x,))
+    assert gradcheck(lambda a: kiln.sort(a), (x,))
+    assert gradcheck(lambda a, b: [a * b, a + b], (x, kiln.randn(5).double().requires_grad_()))
+
+    class SecondWrong(Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2, a * 3
+
+        @staticmethod
+        def backward(ctx, g1, g2):
+            return g1 * 2 + g2 * 2  # the second output's derivative is 3
+
+    with pytest.raises(GradcheckError, match=r"^output 1 \(of 2\): gradcheck: input 0"):
+        gradcheck(lambda a: SecondWrong.apply(a), (x,))
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(x.detach().numpy()).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a: torch.sort(a), (t,))  # (values, indices): the same as Kiln's
+    assert torch.autograd.gradcheck(lambda a: (a.sin(), a * a, a.argmax()), (t,))
+    with pytest.raises(ValueError, match="none of them a floating-point"):
+        gradcheck(lambda a: (a.argmax(),), (x,))
