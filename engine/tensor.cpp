@@ -445,7 +445,8 @@ int64_t Tensor::stride(int64_t d) const {
 bool Tensor::is_contiguous(MemoryFormat format) const {
   if (format == MemoryFormat::contiguous) return is_contiguous();
   if (dim() != 4) return false;
-  if (numel() == 0) return true;
+  // No exception for an empty tensor, as PyTorch's: its NCHW strides are not channels_last ones (so
+  // contiguous(channels_last) gives it channels_last strides, which count a size-0 dim as 0).
   int64_t expected = 1;
   for (int64_t i : {1, 3, 2, 0}) {  // C, W, H, N: innermost first
     const int64_t s = shape()[size_t(i)];

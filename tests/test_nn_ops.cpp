@@ -988,6 +988,11 @@ TEST_CASE("nn: channels_last tensors: layout, copies, and elementwise ops keep i
   // A size-1 channel or plane is both layouts at once: not "channels_last" for the ops.
   CHECK_FALSE(rnd({2, 1, 4, 5}, 1).contiguous(MemoryFormat::channels_last).is_channels_last());
   CHECK_THROWS_WITH_AS(rnd({2, 3}, 1).contiguous(MemoryFormat::channels_last), doctest::Contains("4-D"), kiln::Error);
+  // An empty tensor is channels_last-contiguous only with NHWC strides, as PyTorch's (a size-0 dim counted as 0).
+  const Tensor e = zeros({2, 0, 4, 5});
+  CHECK_FALSE(e.is_contiguous(MemoryFormat::channels_last));
+  CHECK(e.contiguous(MemoryFormat::channels_last).strides() == Shape{0, 1, 0, 0});
+  CHECK(e.contiguous(MemoryFormat::channels_last).is_contiguous(MemoryFormat::channels_last));
   // Elementwise results keep the layout (and the values).
   const Tensor b = rnd({3, 1, 1}, 102, DType::f32);
   for (const Tensor& r : {relu(xl), xl + b, xl * xl, where(gt(xl, b), xl, b), xl.to(DType::f64)}) {

@@ -63,6 +63,9 @@ from ._C import Tensor, Device, dtype, KilnError, KilnValueError, KilnIndexError
 from . import _tensor
 from ._tensor import tensor, no_grad, enable_grad, set_grad_enabled, is_grad_enabled
 globals().update(_tensor._EXPORTS)  # torch's signatures over the engine's ops: sum(dtype=), split(sizes), bmm, ...
+from . import _memory_format, _views  # noqa: E402
+from ._memory_format import memory_format, contiguous_format, channels_last, preserve_format  # noqa: E402
+globals().update(_views._EXPORTS)  # tensor_split, swapaxes, swapdims, index_copy
 from . import autograd
 from ._train import train, report
 from . import nn

@@ -167,6 +167,7 @@ void bind_nn_ops(nb::module_& m);
 void bind_autograd(nb::module_& m);
 void bind_train(nb::module_& m);
 void bind_nn(nb::module_& m);
+void bind_tensor_views(nb::module_& m);  // tensor_views.cpp: unfold, view(dtype), channels_last
 
 // kiln.manual_seed in a torch DataLoader worker: the worker's seed counts as applied, so the first
 // ds[i] there keeps the user's seed (nn.cpp).

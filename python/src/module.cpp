@@ -605,4 +605,5 @@ NB_MODULE(_C, m) {
   bind_autograd(m);
   bind_train(m);
   bind_nn(m);
+  bind_tensor_views(m);
 }

@@ -12,6 +12,7 @@ from collections import OrderedDict
 
 from .. import _C
 from .._C import Tensor, KilnError, KilnValueError
+from .._memory_format import _memory_format, channels_last
 from ..autograd import Function
 from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
@@ -843,17 +844,17 @@ def _foreign_tensor(key, value, mine, what):
 
 def _parse_to(args, kwargs):
     # torch's Module.to keywords: non_blocking is a hint (Kiln's copies finish before they return);
-    # memory_format="channels_last" would make 4-D weights NHWC, which Kiln's modules do not keep (feed
-    # channels_last inputs: x.contiguous(memory_format="channels_last")); anything else is a mistake.
+    # memory_format=kiln.channels_last (torch's, or the name) would make 4-D weights NHWC, which Kiln's
+    # modules do not keep (feed channels_last inputs: x.contiguous(memory_format=kiln.channels_last));
+    # contiguous_format and preserve_format change nothing; anything else is a mistake.
     unknown = set(kwargs) - {"device", "dtype", "non_blocking", "memory_format"}
     if unknown:
         raise TypeError(f"to() got an unexpected keyword argument '{sorted(unknown)[0]}'")
     fmt = kwargs.get("memory_format")
-    if fmt is not None and str(fmt).replace("torch.", "") not in ("contiguous", "contiguous_format",
-                                                                  "preserve_format"):
+    if fmt is not None and _memory_format(fmt, "Module.to()") is channels_last:
         raise KilnValueError(f"Module.to(memory_format={fmt!r}): Kiln keeps parameters in their standard layout "
                              "(NCHW); for NHWC activations feed channels_last inputs "
-                             "(x.contiguous(memory_format=\"channels_last\")), which the convolutions keep")
+                             "(x.contiguous(memory_format=kiln.channels_last)), which the convolutions keep")
     device, dtype = kwargs.get("device"), kwargs.get("dtype")
     for a in args:
         if isinstance(a, Tensor):
