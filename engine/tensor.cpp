@@ -848,7 +848,10 @@ Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   KILN_CHECK(!device().is_meta(), "a meta tensor ", type_str(), " holds a shape but no values: nothing to copy to ", d,
              " (meta tensors are for planning memory)");
-  const Tensor src = contiguous();
+  // A channels_last tensor moves as it is laid out (dense NHWC bytes): its copy keeps the layout, as
+  // torch's (made NCHW, a model fed channels_last inputs ran its NCHW kernels on the device).
+  const bool nhwc = is_channels_last();
+  const Tensor src = nhwc ? *this : contiguous();
   Tensor out;
   if (d.is_meta()) {  // the shape goes, not the values
     out = make_tensor(shape(), dtype(), d);
@@ -865,6 +868,10 @@ Tensor Tensor::to(Device d) const {
     out = make_tensor(shape(), dtype(), d);
     if (d.is_cpu()) detail::count_host_read();  // waits for the device
     cuda::copy_bytes(out.raw_data(), d, src.raw_data(), src.device(), nbytes());
+  }
+  if (nhwc) {
+    const Shape& s = shape();
+    out.impl().strides = {s[2] * s[3] * s[1], 1, s[3] * s[1], s[1]};
   }
   record_view("to", *this, out, [from = device()](const Tensor& g) { return g.to(from); });
   return out;

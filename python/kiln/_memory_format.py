@@ -37,7 +37,7 @@ _BY_NAME = {"contiguous_format": contiguous_format, "contiguous": contiguous_for
 def _memory_format(value, op):
     """value (a kiln or torch memory format, or a name) as one of the three objects; op names the call."""
     if isinstance(value, memory_format):
-        return value
+        return _BY_NAME[value._name]  # a kiln.memory_format("channels_last") made by hand is the one object
     name = None
     if isinstance(value, str):
         name = value
@@ -105,9 +105,15 @@ def _suggested_format(x):
 
 
 def _to(self, *args, memory_format=preserve_format, **kwargs):
-    fmt = _memory_format(memory_format, "to()")
+    # None is preserve_format, as torch's (and Module.to's)
+    fmt = _memory_format(preserve_format if memory_format is None else memory_format, "to()")
     _needs_4d(self, fmt, "to")
     out = _c_to(self, *args, **kwargs)
+    if kwargs.get("copy") and out.dtype == self.dtype and out.device == self.device:
+        # copy=True: a new tensor even where nothing is converted, as torch's (writes into it leave self)
+        if fmt is channels_last or (fmt is preserve_format and _suggested_format(self) is channels_last):
+            return _copy_channels_last(self)
+        return self.clone()  # a contiguous copy
     if out.dtype == self.dtype and out.device == self.device:
         # Nothing converted: the tensor itself, as torch's, unless asked for a format its strides do not
         # suggest (torch's rule: a sliced NCHW tensor stays as it is under contiguous_format)

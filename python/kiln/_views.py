@@ -8,6 +8,7 @@ import numbers
 from . import _C
 from ._C import Tensor
 from ._tensor import _as_method, _inplace, _movedim, _norm_dim
+from .autograd import Function
 
 
 def _unfold(self, dimension, size, step):
@@ -87,6 +88,10 @@ def _index_copy(input, dim, index, source):
         raise _C.KilnIndexError(f"index_copy_(): Index should have dimension 1 or 0 (got {index.dim()})")
     if not isinstance(source, Tensor):
         raise TypeError(f"index_copy(): argument 'source' must be a Tensor, not {type(source).__name__}")
+    if n and source.dim() and source.dim() != n:
+        raise _C.KilnIndexError("index_copy_(): When source and destination are not scalars, their dimensionality "
+                                f"must match. Source dimensionality ({source.dim()}), destination dimensionality "
+                                f"({n})")
     if source.dtype != input.dtype:
         raise _C.KilnError("index_copy_(): self and source expected to have the same dtype, but got (self) "
                            f"{input.dtype.name} and (source) {source.dtype.name}")
@@ -110,9 +115,29 @@ def _index_copy(input, dim, index, source):
     if index.device != input.device:
         index = index.to(input.device)
     if n == 0:
-        return _C.index_put(input.reshape(1), [index], source.reshape(1), False).reshape([])
-    out = _C.index_put(_movedim(input, d, 0), [index], _movedim(source, d, 0), False)
-    return _movedim(out, 0, d)
+        return _IndexCopy.apply(input.reshape(1), index, source.reshape(1)).reshape([])
+    if source.dim() == 0:  # a 1-D input's one slice
+        source = source.reshape(1)
+    return _movedim(_IndexCopy.apply(_movedim(input, d, 0), index, _movedim(source, d, 0)), 0, d)
+
+
+class _IndexCopy(Function):
+    """index_copy along dim 0: source's rows written into input's rows `index`. Its backward is torch's:
+    input's gradient without the written rows, and each source row the gradient of the row it was
+    written to, also where an index repeats (index_put's backward gives a repeated row's gradient to
+    its last write only)."""
+
+    @staticmethod
+    def forward(ctx, input, index, source):
+        ctx.save_for_backward(index)
+        ctx.source_shape = list(source.shape)
+        return _C.index_put(input, [index], source, False)
+
+    @staticmethod
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        g_input = _C.index_put(g, [index], _C.zeros(ctx.source_shape, dtype=g.dtype, device=g.device), False)
+        return g_input, None, g.index_select(0, index)
 
 
 def _split_along(name, dim, least):
@@ -122,6 +147,8 @@ def _split_along(name, dim, least):
             raise _C.KilnError(f"torch.{name} requires a tensor with at least {least} dimension, but got a tensor "
                                f"with {n} dimensions!")
         d = 0 if name == "hsplit" and n == 1 else dim
+        if isinstance(indices_or_sections, Tensor) and indices_or_sections.dim() == 0:
+            indices_or_sections = indices_or_sections.item()  # a number of sections, checked as one
         if isinstance(indices_or_sections, numbers.Integral) and not isinstance(indices_or_sections, builtins.bool):
             size = input.shape[d]
             if indices_or_sections == 0 or size % indices_or_sections:
@@ -158,8 +185,9 @@ def _view(self, *shape, dtype=None):
     (of the same element size the same shape; of a smaller one the last dim, which must have stride 1,
     longer by the ratio; of a larger one shorter, its size, the offset and the other strides divisible by
     the ratio). A view that shares the memory and needs no gradient (as torch's)."""
-    if dtype is None and len(shape) == 1 and not isinstance(shape[0], (numbers.Integral, list, tuple)) \
-            and not hasattr(shape[0], "__index__"):
+    # A dtype: anything but a size (a NumPy scalar type such as np.int32 is a class with __index__)
+    if dtype is None and len(shape) == 1 and (isinstance(shape[0], type) or not isinstance(
+            shape[0], (numbers.Integral, list, tuple)) and not hasattr(shape[0], "__index__")):
         dtype = shape[0]
         shape = ()
     if dtype is not None:

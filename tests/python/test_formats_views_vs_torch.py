@@ -423,3 +423,37 @@ def test_small_methods_as_torch():
     assert ke.shape == tuple(te.shape) and ke.dtype == kiln.float64 and not ke.requires_grad
     ke = kx.new_empty((3,), dtype=kiln.int32, requires_grad=False)
     assert ke.shape == (3,) and ke.dtype == kiln.int32
+
+
+def test_review_cases_as_torch():
+    # Found by a review: each was another result or error than torch's.
+    # index_copy with a repeated index: every source row gets the gradient of the row it was written to
+    # (torch's g.index_select), not only the last write
+    for mk in (kiln, torch):
+        x = mk.zeros(3, 3, requires_grad=True)
+        s = mk.arange(6.0).reshape(2, 3).requires_grad_()
+        (x.index_copy(0, mk.tensor([1, 1]), s) * mk.arange(9.0).reshape(3, 3)).sum().backward()
+        assert s.grad.tolist() == [[3.0, 4.0, 5.0], [3.0, 4.0, 5.0]]
+        assert x.grad.tolist() == [[0.0, 1.0, 2.0], [0.0, 0.0, 0.0], [6.0, 7.0, 8.0]]
+    # a 1-D input takes a 0-dim source; a source of other dims is an IndexError
+    assert kiln.zeros(3).index_copy(0, kiln.tensor([1]), kiln.tensor(5.0)).tolist() == [0.0, 5.0, 0.0]
+    with pytest.raises(IndexError, match="dimensionality must match"):
+        kiln.zeros(3, 3).index_copy(0, kiln.tensor([1]), kiln.zeros(1, 1, 3))
+    # a NumPy scalar type is a dtype for view(), as np.dtype is
+    assert kiln.tensor([1.0, 2.0]).view(np.int32).tolist() == torch.tensor([1.0, 2.0]).view(torch.int32).tolist()
+    # a 0-dim tensor of sections is checked as a number of sections
+    with pytest.raises(kiln.KilnError, match="not divisible"):
+        kiln.arange(10.0).hsplit(kiln.tensor(3))
+    # to(copy=True) copies even where nothing converts; writes into the copy leave the input
+    x = kiln.ones(2)
+    y = x.to(kiln.float32, copy=True)
+    y[0] = 100
+    assert x.tolist() == [1.0, 1.0] and y is not x
+    c = kiln.randn(2, 3, 4, 5).contiguous(memory_format=kiln.channels_last)
+    assert c.to(copy=True).stride() == (60, 1, 15, 3) and c.to(copy=True) is not c
+    # memory_format=None is preserve_format; a memory_format made by hand is the named one
+    assert c.to(memory_format=None) is c
+    assert c.is_contiguous(memory_format=kiln.memory_format("channels_last"))
+    # a device move keeps channels_last, as torch's (it gave NCHW strides)
+    assert c.to("meta").stride() == (60, 1, 15, 3)
+    assert c.to("meta").is_contiguous(memory_format=kiln.channels_last)
