@@ -62,6 +62,7 @@ from ._C import *  # noqa: F401,F403  (the engine's functions: zeros, matmul, su
 from ._C import Tensor, Device, dtype, KilnError, KilnValueError, KilnIndexError
 from . import _tensor
 from ._tensor import tensor, no_grad, enable_grad, set_grad_enabled, is_grad_enabled
+from ._tensor import inference_mode, is_inference_mode_enabled  # noqa: E402
 globals().update(_tensor._EXPORTS)  # torch's signatures over the engine's ops: sum(dtype=), split(sizes), bmm, ...
 from . import _memory_format, _views  # noqa: E402
 from ._memory_format import memory_format, contiguous_format, channels_last, preserve_format  # noqa: E402
@@ -70,6 +71,7 @@ from . import autograd
 from ._train import train, report
 from . import nn
 from . import optim, amp, models, data  # noqa: E402
+from . import utils  # noqa: E402  (kiln.utils.data: torch.utils.data's import path over kiln.data)
 from .amp import autocast  # noqa: E402,F811  (kiln.autocast is kiln.amp.autocast: a decorator too)
 
 float32 = dtype.float32

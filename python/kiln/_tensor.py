@@ -4,6 +4,7 @@ import builtins
 import functools
 import inspect
 import numbers
+import threading
 
 from . import _C
 from ._C import Tensor
@@ -121,6 +122,45 @@ class set_grad_enabled(_GradModeContext):
     def __enter__(self):  # the previous mode was taken in __init__; __exit__ (the base's) restores it
         _C._set_grad_enabled(self.mode)
         return self
+
+    def clone(self):
+        return self.__class__(self.mode)
+
+
+_inference = threading.local()  # this thread's inference mode (autograd's grad mode is the engine's)
+
+
+def is_inference_mode_enabled():
+    """Whether this thread is inside kiln.inference_mode() (torch.is_inference_mode_enabled)."""
+    return getattr(_inference, "enabled", False)
+
+
+class inference_mode(_GradModeContext):
+    """torch.inference_mode(mode=True): no gradient recording inside, as kiln.no_grad (Kiln has no
+    inference tensors: what is made inside is an ordinary tensor without a grad_fn, usable in autograd
+    later). `with kiln.inference_mode():`, `@kiln.inference_mode()` or `@kiln.inference_mode`;
+    inference_mode(False) changes nothing (the grad mode stays the caller's, as torch's), and
+    kiln.is_inference_mode_enabled() says whether an enabled one is current."""
+
+    def __new__(cls, mode=True):
+        if mode is None or isinstance(mode, builtins.bool):
+            return super().__new__(cls)
+        return cls()(mode)  # bare @kiln.inference_mode
+
+    def __init__(self, mode=True):
+        self.mode = True if mode is None else mode
+
+    def __enter__(self):
+        self.prev, self.prev_inference = _C.is_grad_enabled(), is_inference_mode_enabled()
+        if self.mode:
+            _C._set_grad_enabled(False)
+        _inference.enabled = self.mode
+        return self
+
+    def __exit__(self, *exc):
+        _C._set_grad_enabled(self.prev)
+        _inference.enabled = self.prev_inference
+        return False
 
     def clone(self):
         return self.__class__(self.mode)

@@ -13,6 +13,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -29,6 +32,12 @@ namespace {
 
 using R = GilRelease;
 auto nogil = nb::call_guard<GilRelease>();
+
+// "a list", "an int": a value's Python type with its article, for messages.
+std::string a_type(nb::handle h) {
+  const std::string t = py_type_name(h);
+  return (t.empty() || std::string("aeiouAEIOU").find(t[0]) == std::string::npos ? "a " : "an ") + t;
+}
 
 nb::list named(const nn::NamedTensors& v) {
   nb::list out;
@@ -59,8 +68,7 @@ std::vector<optim::ParamGroup> groups_of(nb::handle params, double lr, double we
       nb::object plist = d["params"];
       if (nb::isinstance<Tensor>(plist)) plist = nb::make_tuple(plist);
       for (nb::handle p : nb::iter(plist)) {
-        if (!nb::isinstance<Tensor>(p))
-          type_error(g + ": \"params\" holds a " + py_type_name(p) + ", expected kiln.Tensor");
+        if (!nb::isinstance<Tensor>(p)) type_error(g + ": \"params\" holds " + a_type(p) + ", expected kiln.Tensor");
         ps.push_back(nb::cast<Tensor>(p));
       }
       const double glr = d.contains("lr") ? to_double(d["lr"], (g + ": lr").c_str()) : lr;
@@ -73,7 +81,7 @@ std::vector<optim::ParamGroup> groups_of(nb::handle params, double lr, double we
       }
       groups.emplace_back(std::move(ps), glr, gwd, name);
     } else {
-      type_error("optimizer: params must be tensors or dicts of parameter groups, got a " + py_type_name(item));
+      type_error("optimizer: params must be tensors or dicts of parameter groups, got " + a_type(item));
     }
   }
   if (!plain.empty()) groups.emplace(groups.begin(), std::move(plain), lr, weight_decay);
@@ -93,35 +101,91 @@ std::map<std::string, Tensor> tensor_dict(nb::handle h, const char* what) {
       type_error(std::string(what) + ": tensor names must be str, got the " + py_type_name(k) + " key " + str_of(k));
     const std::string key = nb::cast<std::string>(k);
     if (!nb::isinstance<Tensor>(v))
-      type_error(std::string(what) + ": '" + key + "' is a " + py_type_name(v) + ", expected kiln.Tensor");
+      type_error(std::string(what) + ": '" + key + "' is " + a_type(v) + ", expected kiln.Tensor");
     out[key] = nb::cast<Tensor>(v);
   }
   return out;
 }
 
-// A checkpoint's state as load_checkpoint will read it back: a dict with str keys, and numbers
-// that JSON has (no NaN or infinity); `at` is the path to the value, for the message.
-void check_state(nb::handle h, const std::string& at) {
+// A checkpoint's state holds JSON values. JSON has no NaN or infinity, so a non-finite float is
+// written as the object {"$float": "inf"}, "-inf", "nan" (Python's float("nan")) or, for any other
+// NaN, "nan:0x<its 16 hex digits>", and load_checkpoint turns each back into the same float. A dict
+// whose only key is "$float" would read back as such a float, so it is refused.
+constexpr const char* kFloatKey = "$float";
+
+nb::object non_finite_to_json(double v) {
+  std::string text;
+  if (std::isinf(v)) {
+    text = v > 0 ? "inf" : "-inf";
+  } else {
+    uint64_t bits = 0, quiet = 0;
+    const double canonical = std::numeric_limits<double>::quiet_NaN();
+    std::memcpy(&bits, &v, sizeof bits);
+    std::memcpy(&quiet, &canonical, sizeof quiet);
+    if (bits == quiet) {
+      text = "nan";
+    } else {
+      char hex[19];
+      std::snprintf(hex, sizeof hex, "0x%016llx", static_cast<unsigned long long>(bits));
+      text = std::string("nan:") + hex;
+    }
+  }
+  nb::dict d;
+  d[kFloatKey] = text;
+  return d;
+}
+
+// The state as it is written: a copy with str keys and JSON values, non-finite floats encoded as above;
+// `at` is the path to the value, for the message.
+nb::object state_to_json(nb::handle h, const std::string& at) {
   if (PyFloat_Check(h.ptr())) {
     const double v = PyFloat_AS_DOUBLE(h.ptr());
-    if (std::isnan(v) || std::isinf(v))
-      value_error("save_checkpoint: " + at + " is " + str_of(h) +
-                  "; JSON has no NaN or infinity, so load_checkpoint could not read it back (store it as a string "
-                  "or None)");
-  } else if (nb::isinstance<nb::dict>(h)) {
-    for (auto [k, v] : nb::borrow<nb::dict>(h)) {
+    if (std::isnan(v) || std::isinf(v)) return non_finite_to_json(v);
+    return nb::borrow(h);
+  }
+  if (nb::isinstance<nb::dict>(h)) {
+    nb::dict in = nb::borrow<nb::dict>(h), out;
+    if (nb::len(in) == 1 && in.contains(kFloatKey))
+      value_error("save_checkpoint: " + at + " is a dict whose only key is '" + kFloatKey +
+                  "', the form load_checkpoint reads a NaN or an infinity from; give it another key as well, or "
+                  "rename it");
+    for (auto [k, v] : in) {
       if (!nb::isinstance<nb::str>(k))
         type_error("save_checkpoint: " + at + " has the " + py_type_name(k) + " key " + str_of(k) +
                    "; JSON keys are strings (it would come back as '" + str_of(k) + "')");
-      check_state(v, at + "['" + nb::cast<std::string>(k) + "']");
+      out[k] = state_to_json(v, at + "['" + nb::cast<std::string>(k) + "']");
     }
-  } else if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h)) {
-    size_t i = 0;
-    for (nb::handle v : nb::iter(h)) check_state(v, at + "[" + std::to_string(i++) + "]");
-  } else if (!h.is_none() && !PyBool_Check(h.ptr()) && !PyLong_Check(h.ptr()) && !nb::isinstance<nb::str>(h)) {
-    type_error("save_checkpoint: " + at + " is a " + py_type_name(h) +
-               "; the state holds JSON values (dict, list, str, int, float, bool, None)");
+    return out;
   }
+  if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h)) {
+    nb::list out;
+    size_t i = 0;
+    for (nb::handle v : nb::iter(h)) out.append(state_to_json(v, at + "[" + std::to_string(i++) + "]"));
+    return out;
+  }
+  if (!h.is_none() && !PyBool_Check(h.ptr()) && !PyLong_Check(h.ptr()) && !nb::isinstance<nb::str>(h))
+    type_error("save_checkpoint: " + at + " is " + a_type(h) +
+               "; the state holds JSON values (dict, list, str, int, float, bool, None)");
+  return nb::borrow(h);
+}
+
+// json.loads' object_hook for load_checkpoint: {"$float": "inf"} and the other forms back to floats.
+nb::object float_from_json(nb::dict d) {
+  if (nb::len(d) != 1 || !d.contains(kFloatKey) || !nb::isinstance<nb::str>(d[kFloatKey])) return d;
+  const std::string text = nb::cast<std::string>(d[kFloatKey]);
+  if (text == "inf") return nb::float_(std::numeric_limits<double>::infinity());
+  if (text == "-inf") return nb::float_(-std::numeric_limits<double>::infinity());
+  if (text == "nan") return nb::float_(std::numeric_limits<double>::quiet_NaN());
+  if (text.size() == 22 && text.compare(0, 6, "nan:0x") == 0 &&
+      text.find_first_not_of("0123456789abcdef", 6) == std::string::npos) {
+    const uint64_t bits = std::stoull(text.substr(6), nullptr, 16);
+    double v = 0;
+    std::memcpy(&v, &bits, sizeof v);
+    if (std::isnan(v)) return nb::float_(v);
+  }
+  value_error("load_checkpoint: the state holds {\"" + std::string(kFloatKey) + "\": \"" + text +
+              "\"}, which is not a float this format writes (\"inf\", \"-inf\", \"nan\" or \"nan:0x\" and the 16 "
+              "hex digits of a NaN)");
 }
 
 // An autocast region as a context manager object.
@@ -250,7 +314,7 @@ nb::dict wordpiece_call(const io::WordPieceTokenizer& t, nb::handle text, nb::ha
       type_error(std::string("tokenizer: ") + what + " must be a str or a list of str, got " + py_type_name(h));
     for (nb::handle x : h) {
       if (!nb::isinstance<nb::str>(x))
-        type_error(std::string("tokenizer: ") + what + " holds a " + py_type_name(x) + ", expected str");
+        type_error(std::string("tokenizer: ") + what + " holds " + a_type(x) + ", expected str");
       out.push_back(nb::cast<std::string>(x));
     }
     return std::make_pair(false, out);
@@ -736,8 +800,9 @@ void bind_nn(nb::module_& m) {
         const std::map<std::string, Tensor> tensors = tensor_dict(tensors_, "save_checkpoint");
         if (!nb::isinstance<nb::dict>(state))
           type_error("save_checkpoint: state must be a dict (a JSON object), got " + py_type_name(state));
-        check_state(state, "state");
-        const std::string js = nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(state));
+        const nb::object json_state = state_to_json(state, "state");
+        const std::string js =
+            nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(json_state, nb::arg("allow_nan") = false));
         std::vector<std::pair<std::string, Tensor>> v(tensors.begin(), tensors.end());
         R r;
         io::save_checkpoint(path, v, js);
@@ -756,7 +821,8 @@ void bind_nn(nb::module_& m) {
           for (const auto& e : reader.entries()) tensors[e.name] = reader.read(e.name);
           js = reader.state_json();
         }
-        return nb::make_tuple(tensors, nb::module_::import_("json").attr("loads")(js));
+        return nb::make_tuple(tensors, nb::module_::import_("json").attr("loads")(
+                                           js, nb::arg("object_hook") = nb::cpp_function(float_from_json)));
       },
       nb::arg("path"), "(tensors, state) of a Kiln checkpoint, every checksum verified.");
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common.h"
+#include "engine/autocast.h"
 
 namespace kiln::py {
 namespace {
@@ -56,6 +57,37 @@ int64_t divisor_of(const std::optional<int64_t>& d, const char* op) {
   if (*d == 0) value_error(std::string(op) + ": divisor_override must be nonzero (None: the pooling region's size)");
   return *d;
 }
+// kiln.float32's name of a dtype, for messages.
+const char* kiln_dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::f16: return "float16";
+    case DType::bf16: return "bfloat16";
+    case DType::f64: return "float64";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
+    case DType::u8: return "uint8";
+    case DType::boolean: return "bool";
+    case DType::i8: return "int8";
+    case DType::i16: return "int16";
+  }
+  return "?";
+}
+
+// torch refuses a linear or convolution whose input, weight and bias differ in dtype (a float64 NumPy
+// batch into float32 layers), where the engine would promote and give a float64 result. Under autocast
+// the engine casts them first by its own rules (docs/amp.md), so mixed dtypes there are left to it.
+void check_same_dtype(const char* op, const Tensor& x, const Tensor& w, const std::optional<Tensor>& b) {
+  if (amp::autocast_dtype()) return;
+  const char* wn = kiln_dtype_name(w.dtype());
+  const std::string to = w.dtype() == DType::f32 ? "x.float()" : std::string("x.to(kiln.") + wn + ")";
+  KILN_CHECK(x.dtype() == w.dtype(), op, ": the input is ", kiln_dtype_name(x.dtype()), " and the weight ", wn,
+             "; they must have the same dtype, as in torch: convert the input (", to,
+             ") or the module's parameters (.to(kiln.", kiln_dtype_name(x.dtype()), "))");
+  KILN_CHECK(!b || b->dtype() == w.dtype(), op, ": the bias is ", kiln_dtype_name(b->dtype()), " and the weight ", wn,
+             "; they must have the same dtype, as in torch (convert the bias: b.to(kiln.", wn, "))");
+}
+
 // max_unpool's output_size against the sizes the pooling could have come from, as torch checks:
 // within a stride of (in - 1) * stride - 2 * padding + kernel, per spatial dim.
 template <size_t N> void check_unpool_size(const char* op, const Tensor& x,
@@ -141,7 +173,11 @@ void bind_nn_ops(nb::module_& mod) {
   Defs m{mod};
   auto a = [](const char* n) { return nb::arg(n); };
   m.def(
-      "linear", [](const Tensor& x, const Tensor& w, std::optional<Tensor> b) { return linear(x, w, opt(b)); },
+      "linear",
+      [](const Tensor& x, const Tensor& w, std::optional<Tensor> b) {
+        check_same_dtype("linear", x, w, b);
+        return linear(x, w, opt(b));
+      },
       a("input"), a("weight"), nb::arg("bias") = nb::none(), nogil);
 
   // ---- convolution ----
@@ -149,6 +185,7 @@ void bind_nn_ops(nb::module_& mod) {
       "conv1d",
       [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, nb::handle stride, nb::handle padding,
          nb::handle dilation, int64_t groups) {
+        check_same_dtype("conv1d", x, w, b);
         const int64_t dl = one_of(dilation, "dilation", 1);
         if (is_same(padding)) {
           check_same_stride<1>({one_of(stride, "stride", 1)}, "conv1d");
@@ -165,6 +202,7 @@ void bind_nn_ops(nb::module_& mod) {
       "conv2d",
       [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, nb::handle stride, nb::handle padding,
          nb::handle dilation, int64_t groups) {
+        check_same_dtype("conv2d", x, w, b);
         const Pair dl = tuple_of<2>(dilation, "dilation", 1);
         if (is_same(padding)) {
           check_same_stride<2>(tuple_of<2>(stride, "stride", 1), "conv2d");
@@ -182,6 +220,7 @@ void bind_nn_ops(nb::module_& mod) {
       "conv3d",
       [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, nb::handle stride, nb::handle padding,
          nb::handle dilation, int64_t groups) {
+        check_same_dtype("conv3d", x, w, b);
         const Triple dl = tuple_of<3>(dilation, "dilation", 1);
         if (is_same(padding)) {
           check_same_stride<3>(tuple_of<3>(stride, "stride", 1), "conv3d");
@@ -199,6 +238,7 @@ void bind_nn_ops(nb::module_& mod) {
       "conv_transpose1d",
       [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, nb::handle stride, nb::handle padding,
          nb::handle output_padding, int64_t groups, nb::handle dilation) {
+        check_same_dtype("conv_transpose1d", x, w, b);
         const int64_t st = one_of(stride, "stride", 1), pd = one_of(padding, "padding"),
                       op = one_of(output_padding, "output_padding"), dl = one_of(dilation, "dilation", 1);
         R r;
@@ -210,6 +250,7 @@ void bind_nn_ops(nb::module_& mod) {
       "conv_transpose2d",
       [](const Tensor& x, const Tensor& w, std::optional<Tensor> b, nb::handle stride, nb::handle padding,
          nb::handle output_padding, int64_t groups, nb::handle dilation) {
+        check_same_dtype("conv_transpose2d", x, w, b);
         const Pair st = tuple_of<2>(stride, "stride", 1), pd = tuple_of<2>(padding, "padding"),
                    op = tuple_of<2>(output_padding, "output_padding"), dl = tuple_of<2>(dilation, "dilation", 1);
         R r;

@@ -10,10 +10,10 @@ import math
 
 import numpy as np
 
-from . import _C
+from .. import _C
 from . import lr_scheduler  # noqa: F401  (kiln.optim.lr_scheduler, torch's schedulers)
-from ._tensor import no_grad as _no_grad
-from ._C import LrSchedule  # noqa: F401
+from .._tensor import no_grad as _no_grad
+from .._C import LrSchedule  # noqa: F401
 
 
 def _params(params):
@@ -423,7 +423,7 @@ class Optimizer:
             raise _C.KilnValueError(f"load_state_dict: expected the dict state_dict() returns, with keys 'tensors' "
                                     f"and 'scalars'; got {got}")
         # The slots may be NumPy arrays or torch tensors too (state ported from elsewhere), as a module's.
-        from .nn.modules import _state_tensors
+        from ..nn.modules import _state_tensors
 
         groups = state.get("groups")  # absent in a state_dict() of an older Kiln
         if groups is not None and (not isinstance(groups, (list, tuple))

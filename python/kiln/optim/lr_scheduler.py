@@ -21,7 +21,7 @@ __all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR
 
 
 def _check_optimizer(optimizer, who):
-    from .optim import Optimizer
+    from . import Optimizer
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"{who}: {type(optimizer).__name__} is not a kiln.optim optimizer")
 
