@@ -63,6 +63,8 @@ from ._C import Tensor, Device, dtype, KilnError, KilnValueError, KilnIndexError
 from . import _tensor
 from ._tensor import tensor, no_grad, enable_grad, set_grad_enabled, is_grad_enabled
 globals().update(_tensor._EXPORTS)  # torch's signatures over the engine's ops: sum(dtype=), split(sizes), bmm, ...
+from ._extras import (clip, clamp_min, clamp_max, logaddexp, addmm, cdist, get_rng_state,  # noqa: E402,F401
+                      set_rng_state, device, cuda)
 from . import autograd
 from ._train import train, report
 from . import nn
