@@ -165,6 +165,11 @@ void Optimizer::step(const Tensor& skip_if) {
       const Tensor& p = groups_[g].params[i];
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
+      // A group's lr may be set below 0 (a schedule past its end gives one, which torch's loop never uses); a
+      // step with it would ascend the loss where descent was meant, so it is refused (maximize=True ascends).
+      KILN_CHECK(std::isfinite(groups_[g].lr) && groups_[g].lr >= 0, name(), ": group ", g, "'s lr is ", groups_[g].lr,
+                 " at this step; a step needs a finite lr >= 0 (a negative lr would ascend the "
+                 "gradient where torch's loop with a schedule past its end never steps; to ascend use maximize=True)");
       KILN_CHECK(grad.shape() == p.shape(), name(), ": parameter ", i, " of group ", g, ": gradient ", grad.shape(),
                  " does not match parameter ", p.shape());
       KILN_CHECK(grad.dtype() == p.dtype(), name(), ": parameter ", i, " of group ", g, " (", p.type_str(), ") has a ",
@@ -269,7 +274,9 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 void Optimizer::set_lr(double lr) {
-  KILN_CHECK(std::isfinite(lr) && lr >= 0, "optimizer: set_lr: lr must be finite and >= 0, got ", lr);
+  // Any finite lr is kept, as torch keeps what a schedule sets (OneCycleLR's and a LambdaLR's last lr past the
+  // end is below 0 and never used); step() refuses a negative one.
+  KILN_CHECK(std::isfinite(lr), "optimizer: set_lr: lr must be finite, got ", lr);
   for (auto& g : groups_) g.lr = lr;
 }
 
@@ -433,8 +440,9 @@ void Optimizer::load_state(const OptimizerState& s) {
     const auto lr = s.scalars.find(pre + "lr"), wd = s.scalars.find(pre + "weight_decay");
     lr_wd[g] = {lr != s.scalars.end() ? lr->second : groups_[g].lr,
                 wd != s.scalars.end() ? wd->second : groups_[g].weight_decay};
-    KILN_CHECK(std::isfinite(lr_wd[g].first) && lr_wd[g].first >= 0, name(), ": optimizer state's ", pre,
-               "lr must be finite and >= 0, got ", lr_wd[g].first);
+    // a negative lr is kept (a schedule's last, which no step used, as torch saves it); step() refuses it
+    KILN_CHECK(std::isfinite(lr_wd[g].first), name(), ": optimizer state's ", pre, "lr must be finite, got ",
+               lr_wd[g].first);
     KILN_CHECK(std::isfinite(lr_wd[g].second) && lr_wd[g].second >= 0, name(), ": optimizer state's ", pre,
                "weight_decay must be finite and >= 0, got ", lr_wd[g].second);
   }

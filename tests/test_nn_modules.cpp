@@ -439,13 +439,19 @@ TEST_CASE("optim: load_state checks and restores each group's lr and weight deca
   const optim::OptimizerState good = a.state();
   // Held to the constructor's checks, and a refused state changes nothing.
   optim::AdamW b({optim::ParamGroup({param({0.0, 0.0, 0.0})}, 0.1)});
-  for (const char* key : {"group0.lr", "group0.weight_decay"})
-    for (double bad : {std::nan(""), -1.0, double(INFINITY)}) {
-      optim::OptimizerState s = good;
-      s.scalars[key] = bad;
-      const std::string e = error_of([&] { b.load_state(s); });
-      CHECK_MESSAGE(contains(e, std::string("adamw: optimizer state's ") + key + " must be finite and >= 0"), e);
-    }
+  for (double bad : {std::nan(""), -1.0, double(INFINITY)}) {
+    optim::OptimizerState s = good;
+    s.scalars["group0.weight_decay"] = bad;
+    const std::string e = error_of([&] { b.load_state(s); });
+    CHECK_MESSAGE(contains(e, "adamw: optimizer state's group0.weight_decay must be finite and >= 0"), e);
+  }
+  // a negative lr is kept (a schedule's last, which no step used, as torch saves it); step() refuses it
+  for (double bad : {std::nan(""), double(INFINITY)}) {
+    optim::OptimizerState s = good;
+    s.scalars["group0.lr"] = bad;
+    const std::string e = error_of([&] { b.load_state(s); });
+    CHECK_MESSAGE(contains(e, "adamw: optimizer state's group0.lr must be finite, got"), e);
+  }
   CHECK(b.steps() == 0);
   CHECK(b.groups()[0].lr == 0.1);
   // The weight decay state() saves comes back.
@@ -828,8 +834,19 @@ TEST_CASE("optim: a non-finite or negative lr, and a parameter listed twice, are
                  }),
                  "parameter 1 of group 1 is also parameter 0 of group 0"));
   optim::SGD ok({optim::ParamGroup({p, q}, 0.1)});
-  CHECK(contains(error_of([&] { ok.set_lr(-5); }), "lr must be finite and >= 0, got -5"));
+  CHECK(contains(error_of([&] { ok.set_lr(std::nan("")); }), "lr must be finite, got nan"));
   CHECK(ok.groups()[0].lr == 0.1);
+  // A negative lr is kept when set (a schedule's last past its end, as torch keeps it) and refused at the step,
+  // which changes nothing.
+  ok.set_lr(-5);
+  CHECK(ok.groups()[0].lr == -5);
+  p.set_grad(ones({2}));
+  CHECK(contains(error_of([&] { ok.step(); }), "sgd: group 0's lr is -5 at this step; a step needs a finite lr >= 0"));
+  CHECK(p.to_vector() == std::vector<double>{0.0, 0.0});
+  CHECK(ok.steps() == 0);
+  ok.set_lr(0.5);
+  ok.step();
+  CHECK(p.to_vector() == std::vector<double>{-0.5, -0.5});
 }
 
 TEST_CASE("optim: a refused step after a parameter was replaced changes nothing; putting it back keeps its state") {

@@ -67,6 +67,8 @@ globals().update(_tensor._EXPORTS)  # torch's signatures over the engine's ops: 
 from . import _memory_format, _views  # noqa: E402
 from ._memory_format import memory_format, contiguous_format, channels_last, preserve_format  # noqa: E402
 globals().update(_views._EXPORTS)  # tensor_split, swapaxes, swapdims, index_copy
+from ._extras import (clip, clamp_min, clamp_max, logaddexp, addmm, cdist, get_rng_state,  # noqa: E402,F401
+                      set_rng_state, device, cuda)
 from . import autograd
 from ._train import train, report
 from . import nn

@@ -1,7 +1,7 @@
 """More of torch's Tensor API: unfold (sliding windows, a view), tensor_split (and hsplit, vsplit,
 dsplit), swapaxes/swapdims, index_copy/index_copy_, view(dtype), and the small ones ported code calls
-(square, ravel, reshape_as, new_empty, nelement, ndimension, clamp_min, clamp_max), as functions
-(kiln.<name>, _EXPORTS) and Tensor methods, with torch's arguments, results, gradients and errors."""
+(square, ravel, reshape_as, new_empty, nelement, ndimension; clamp_min/clamp_max are in
+kiln/_extras.py), as functions (kiln.<name>, _EXPORTS) and Tensor methods, with torch's arguments, results, gradients and errors."""
 import builtins
 import numbers
 
@@ -213,9 +213,6 @@ Tensor.reshape_as = lambda self, other: self.reshape(*other.shape)
 Tensor.ravel = lambda self: self.reshape(-1)
 Tensor.nelement = lambda self: self.numel()
 Tensor.ndimension = lambda self: self.dim()
-Tensor.clamp_min = lambda self, min: self.clamp(min=min)
-Tensor.clamp_max = lambda self, max: self.clamp(max=max)
 
 _EXPORTS = dict(tensor_split=_tensor_split, swapaxes=_swapaxes, swapdims=_swapdims, index_copy=_index_copy,
-                hsplit=_hsplit, vsplit=_vsplit, dsplit=_dsplit, square=_square, ravel=lambda input: input.reshape(-1),
-                clamp_min=lambda input, min: input.clamp(min=min), clamp_max=lambda input, max: input.clamp(max=max))
+                hsplit=_hsplit, vsplit=_vsplit, dsplit=_dsplit, square=_square, ravel=lambda input: input.reshape(-1))

@@ -488,6 +488,21 @@ NB_MODULE(_C, m) {
       "Seeds the default random stream (Philox; the same on CPU and GPU). Any int: taken modulo 2**64, "
       "as torch.manual_seed (a negative seed wraps).");
   m.def(
+      "_rng_state",
+      [] {
+        const Generator& g = default_generator();
+        return nb::make_tuple(g.seed, g.offset);
+      },
+      "The default generator's (seed, offset): kiln.get_rng_state's bytes.");
+  m.def(
+      "_set_rng_state",
+      [](uint64_t seed, uint64_t offset) {
+        Generator& g = default_generator();
+        g.seed = seed;
+        g.offset = offset;
+      },
+      nb::arg("seed"), nb::arg("offset"), "Restores a (seed, offset) that _rng_state gave (kiln.set_rng_state).");
+  m.def(
       "cuda_device_count", [] { return cuda::device_count(); },
       "CUDA devices visible (0 without a GPU or a CUDA build).");
   m.def(

@@ -566,8 +566,10 @@ void bind_nn(nb::module_& m) {
       .def("set_group_lr",
            [](optim::Optimizer& o, size_t i, double lr) {
              if (i >= o.groups().size()) index_error("optimizer: no parameter group " + std::to_string(i));
-             if (!std::isfinite(lr) || lr < 0)
-               value_error("optimizer: group " + std::to_string(i) + "'s lr must be finite and >= 0, got " +
+             // any finite lr is kept, as torch keeps a schedule's last (below 0 past its end); step() refuses
+             // a negative one
+             if (!std::isfinite(lr))
+               value_error("optimizer: group " + std::to_string(i) + "'s lr must be finite, got " +
                            str_of(nb::float_(lr)));
              o.groups()[i].lr = lr;
            })

@@ -87,11 +87,76 @@ def test_scheduler_lrs_equal_torchs(name, kind):
                 s.optimizer = ko
             ks2.load_state_dict(state)
             ks = ks2
-    if name == "OneCycleLR_cos":  # (linear annealing goes below 0 past its end: an lr Kiln refuses)
+    if name == "OneCycleLR_cos":  # (linear annealing goes below 0 past its end: test_a_schedule_below_0...)
         ks.step()
         ks.step()  # step 50 is the last torch allows
         with pytest.raises(ValueError, match="total_steps is 50"):
             ks.step()
+
+
+PAST_THE_END = {
+    "OneCycleLR_linear": (lambda m, o: m.OneCycleLR(o, max_lr=0.1, total_steps=10, anneal_strategy="linear"), 10),
+    "OneCycleLR_linear_3phase": (lambda m, o: m.OneCycleLR(o, max_lr=0.1, total_steps=10, anneal_strategy="linear",
+                                                           three_phase=True), 10),
+    "LambdaLR": (lambda m, o: m.LambdaLR(o, lambda e: 1 - e / 3), 4),
+}
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+@pytest.mark.parametrize("name", sorted(PAST_THE_END))
+def test_a_schedule_below_0_past_its_end_is_kept_as_torchs_and_refused_at_a_step(name, kind):
+    # The ordinary loop `opt.step(); sched.step()` ends with a schedule's lr below 0 (OneCycleLR's linear
+    # annealing, a LambdaLR past its end), never used: torch keeps it, and so does Kiln (it raised at the last
+    # sched.step()). A step with it is refused (torch would ascend the gradient) and changes nothing.
+    make, steps = PAST_THE_END[name]
+    ko, to = optimizers(kind)
+    ks, ts = make(KS, ko), make(TS, to)
+    kp = [g["params"][0] for g in ko.param_groups]
+    tp = [g["params"][0] for g in to.param_groups]
+    for step in range(steps):
+        for k, t, v in zip(kp, tp, (0.5 + step, -1.5 + step)):
+            k.grad, t.grad = kiln.tensor([v]), torch.tensor([v])
+        ko.step()
+        to.step()
+        ks.step()
+        ts.step()
+        assert lrs(ko) == pytest.approx(lrs(to), rel=1e-12, abs=1e-15), step
+    assert min(lrs(to)) < 0 and ks.get_last_lr() == pytest.approx(ts.get_last_lr(), rel=1e-12)
+    assert [k.item() for k in kp] == pytest.approx([t.item() for t in tp], rel=1e-6)
+    # state_dict() round-trips the lr no step used
+    ko2 = optimizers(kind)[0]
+    ko2.load_state_dict(ko.state_dict())
+    assert lrs(ko2) == lrs(ko)
+    before = [k.item() for k in kp]
+    for k in kp:
+        k.grad = kiln.tensor([1.0])
+    with pytest.raises(kiln.KilnError, match=r"group 0's lr is -0\.0[0-9]+ at this step; a step needs a finite "
+                                             r"lr >= 0 .*maximize=True"):
+        ko.step()
+    assert [k.item() for k in kp] == before
+    ko.param_groups[0]["lr"] = to.param_groups[0]["lr"] = -0.1  # stored as torch stores it
+    assert lrs(ko) == lrs(to)
+    extra = (kiln.tensor([3.0], requires_grad=True), torch.tensor([3.0], requires_grad=True))
+    ko.add_param_group({"params": [extra[0]]})  # the engine rebuilt over the groups keeps their lrs
+    to.add_param_group({"params": [extra[1]]})
+    assert lrs(ko) == lrs(to)
+    ko.param_groups[0]["lr"] = ko.param_groups[1]["lr"] = 0.1
+    ko.step()
+    assert all(k.item() != b for k, b in zip(kp, before))
+
+
+def test_a_non_finite_scheduled_lr_changes_no_group():
+    # every group's lr is checked before any changes, and last_epoch is put back
+    ko, _ = optimizers()
+    ks = KS.LambdaLR(ko, [lambda e: 1.0 / (e + 1), lambda e: math.inf if e == 2 else 1.0])
+    ks.step()
+    before = lrs(ko)
+    with pytest.raises(ValueError, match=r"LambdaLR: step at epoch 2: group 1's lr would be inf \(an lr must be "
+                                         r"finite\); no group's lr was changed"):
+        ks.step()
+    assert lrs(ko) == before and ks.last_epoch == 1
+    with pytest.raises(kiln.KilnValueError, match="group 0's lr must be finite, got nan"):
+        ko.param_groups[0]["lr"] = math.nan
 
 
 def test_a_custom_scheduler_subclass_as_torchs():

@@ -16,7 +16,7 @@ from .layers import (  # noqa: F401
     ConvTranspose1d, ConvTranspose2d, MaxPool1d, MaxPool3d, AvgPool1d, AvgPool3d, Mish, Softsign, Tanhshrink,
     LogSigmoid, ReLU6, Hardswish, Hardsigmoid, SELU, ELU, CELU, Hardtanh, Softplus, PReLU, GLU, LogSoftmax, Softmin,
     InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, Dropout1d, Dropout2d, Dropout3d, Unflatten, PixelShuffle,
-    PixelUnshuffle, MultiheadAttention,
+    PixelUnshuffle, MultiheadAttention, AdaptiveAvgPool1d, AdaptiveMaxPool1d, AdaptiveMaxPool2d,
 )
 from . import utils  # noqa: F401  (kiln.nn.utils, torch.nn.utils' clipping and vectors)
 from .utils import clip_grad_norm_, clip_grad_value_  # noqa: F401

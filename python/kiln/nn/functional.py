@@ -336,3 +336,82 @@ def _embedding_renorm(weight, input, max_norm, norm_type):
         norm = _C.norm(rows, float(norm_type), -1, True)
         scale = _C.where(norm > max_norm, max_norm / (norm + 1e-7), _C.ones_like(norm))
         weight[flat] = rows * scale
+
+
+# ---- adaptive pooling of 1-d inputs, and adaptive max pooling: torch's bins ----
+def _adaptive_size(name, output_size, n):
+    """output_size as n ints (an int repeats; None keeps the input's size: given back as None)."""
+    size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * n
+    if len(size) != n or not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and s >= 0)
+                                 for s in size):
+        raise _C.KilnValueError(f"{name}: output_size must be {'an int' if n == 1 else f'an int or {n} ints'} "
+                                f">= 0{'' if n == 1 else ' (or None)'}, got {output_size!r}")
+    return size
+
+
+def _adaptive_input(name, input, n):
+    if input.dim() not in (n + 1, n + 2):
+        raise _C.KilnValueError(f"{name}: expected a {n + 1}-D or {n + 2}-D input (unbatched or batched), got "
+                                f"{list(input.shape)}")
+    if any(s == 0 for s in input.shape[-n:]):
+        raise _C.KilnValueError(f"{name}: the input's last {n} dim{'s' if n > 1 else ''} must be non-empty, got "
+                                f"{list(input.shape)}")
+
+
+def _bins(length, out):
+    """torch's adaptive bins: [floor(i * length / out), ceil((i + 1) * length / out)) for i < out."""
+    return [((i * length) // out, -((-(i + 1) * length) // out)) for i in range(out)]
+
+
+def adaptive_avg_pool1d(input, output_size):
+    """The mean over torch's adaptive bins of the last dim: (N, C, L) or (C, L) to (..., output_size)."""
+    (out,) = _adaptive_size("adaptive_avg_pool1d", output_size, 1)
+    _adaptive_input("adaptive_avg_pool1d", input, 1)
+    if out is None:
+        out = input.shape[-1]
+    return _adaptive_avg_pool2d(input.unsqueeze(-2), (1, out)).squeeze(-2)
+
+
+def _adaptive_max(bins, return_indices):
+    """The maximum over each of bins (slices of the flattened last dims, with their (start, width)
+    conversion to flat input indices) and, with return_indices, where it is."""
+    values, indices = [], []
+    for window, flat in bins:
+        v, i = _C.max(window, -1)
+        values.append(v)
+        if return_indices:
+            indices.append(flat(i))
+    out = _C.stack(values, -1)
+    return (out, _C.stack(indices, -1)) if return_indices else out
+
+
+def adaptive_max_pool1d(input, output_size, return_indices=False):
+    """The maximum over torch's adaptive bins of the last dim: (N, C, L) or (C, L) to (..., output_size);
+    with return_indices=True also where each is in L, as torch's."""
+    (out,) = _adaptive_size("adaptive_max_pool1d", output_size, 1)
+    _adaptive_input("adaptive_max_pool1d", input, 1)
+    length = input.shape[-1]
+    out = length if out is None else out
+    bins = [(input[..., s:e], lambda i, s=s: i + s) for s, e in _bins(length, out)]
+    return _adaptive_max(bins, return_indices)
+
+
+def adaptive_max_pool2d(input, output_size, return_indices=False):
+    """The maximum over torch's adaptive bins of the last two dims: (N, C, H, W) or (C, H, W) to
+    (..., oh, ow) (an int output_size for both; None keeps that dim); with return_indices=True also where
+    each is, as an index into H * W, as torch's."""
+    oh, ow = _adaptive_size("adaptive_max_pool2d", output_size, 2)
+    _adaptive_input("adaptive_max_pool2d", input, 2)
+    h, w = input.shape[-2], input.shape[-1]
+    oh, ow = h if oh is None else oh, w if ow is None else ow
+    rows = []
+    for hs, he in _bins(h, oh):
+        bins = []
+        for ws, we in _bins(w, ow):
+            window = input[..., hs:he, ws:we]
+            window = window.reshape(list(window.shape[:-2]) + [(he - hs) * (we - ws)])
+            bins.append((window, lambda i, hs=hs, ws=ws, bw=we - ws: (i // bw + hs) * w + i % bw + ws))
+        rows.append(_adaptive_max(bins, return_indices))
+    if return_indices:
+        return _C.stack([r[0] for r in rows], -2), _C.stack([r[1] for r in rows], -2)
+    return _C.stack(rows, -2)

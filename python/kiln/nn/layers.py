@@ -442,3 +442,37 @@ class MultiheadAttention(Module):
         elif self.batch_first:
             out = out.transpose(0, 1)
         return out, weights
+
+
+class _AdaptivePoolNd(Module):
+    def __init__(self, output_size, return_indices=False):
+        super().__init__()
+        self.output_size, self.return_indices = output_size, return_indices
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(_AdaptivePoolNd):
+    """torch.nn.AdaptiveAvgPool1d: F.adaptive_avg_pool1d."""
+
+    def __init__(self, output_size):
+        super().__init__(output_size)
+        del self.return_indices
+
+    def forward(self, x):
+        return F.adaptive_avg_pool1d(x, self.output_size)
+
+
+class AdaptiveMaxPool1d(_AdaptivePoolNd):
+    """torch.nn.AdaptiveMaxPool1d: F.adaptive_max_pool1d."""
+
+    def forward(self, x):
+        return F.adaptive_max_pool1d(x, self.output_size, self.return_indices)
+
+
+class AdaptiveMaxPool2d(_AdaptivePoolNd):
+    """torch.nn.AdaptiveMaxPool2d: F.adaptive_max_pool2d."""
+
+    def forward(self, x):
+        return F.adaptive_max_pool2d(x, self.output_size, self.return_indices)

@@ -340,7 +340,9 @@ class Optimizer:
         full = {**self.defaults, **group}
         engine_new, (extra,) = _split([full], self._options, self._check_option, self._py_keys)
         self._apply_options()
-        old = [{"params": list(g["params"]), "lr": g["lr"], "weight_decay": self._engine_wd(i), "name": g["name"]}
+        # a group's negative lr (a schedule's last) is refused by the engine's constructor: 0 there, the saved
+        # scalars' lr restored by load_state
+        old = [{"params": list(g["params"]), "lr": max(g["lr"], 0.0), "weight_decay": self._engine_wd(i), "name": g["name"]}
                for i, g in enumerate(self.param_groups)]
         tensors, scalars = self._engine.state()
         engine = self._make(old + engine_new)
@@ -385,8 +387,8 @@ class Optimizer:
     def _set_lrs(self, lrs):
         self._apply_options()  # as lr's setter
         for i, lr in enumerate(lrs):  # every value checked before any is set
-            if not (math.isfinite(lr) and lr >= 0):
-                raise _C.KilnValueError(f"optimizer: group {i}'s lr must be finite and >= 0, got {lr}")
+            if not math.isfinite(lr):  # a negative one is kept (step() refuses it), as the groups' setter
+                raise _C.KilnValueError(f"optimizer: group {i}'s lr must be finite, got {lr}")
         for i, lr in enumerate(lrs):
             self._engine.set_group_lr(i, lr)
         self._sync()

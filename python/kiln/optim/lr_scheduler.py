@@ -80,12 +80,22 @@ class LRScheduler:
         self._update_lr(epoch)
 
     def _update_lr(self, epoch=None):
+        last = self.last_epoch
         if epoch is None:
             self.last_epoch += 1
             values = self.get_lr()
         else:
             self.last_epoch = epoch
             values = self._get_closed_form_lr() if hasattr(self, "_get_closed_form_lr") else self.get_lr()
+        values = list(values)
+        # every lr checked before any group's changes (a negative one is kept, as torch's: step() refuses it)
+        bad = [(i, lr) for i, lr in enumerate(values) if not math.isfinite(lr)]
+        if bad or len(values) != len(self.optimizer.param_groups):
+            self.last_epoch = last
+            what = (f"group {bad[0][0]}'s lr would be {bad[0][1]} (an lr must be finite)" if bad else
+                    f"get_lr() gave {len(values)} lrs for {len(self.optimizer.param_groups)} parameter groups")
+            raise ValueError(f"{type(self).__name__}: step at epoch {self.last_epoch + 1 if epoch is None else epoch}: "
+                             f"{what}; no group's lr was changed")
         for group, lr in zip(self.optimizer.param_groups, values, strict=True):
             group["lr"] = lr
         self._last_lr = _lrs(self.optimizer)

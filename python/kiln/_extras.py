@@ -1,0 +1,203 @@
+"""Small torch APIs over the engine's ops: Tensor.fill_diagonal_, clamp_min/clamp_max, the unary in-place
+methods (exp_, sqrt_, pow_, ...), kiln.clip, logaddexp, addmm, cdist, get_rng_state/set_rng_state,
+kiln.device and kiln.cuda.is_available. Each is torch's function written with Kiln's ops, so autograd
+differentiates it as it does them; the in-place forms follow Kiln's rule for in-place ops (refused on a
+tensor that requires grad, outside kiln.no_grad(), naming the method)."""
+import builtins
+import numbers
+import types
+
+import numpy as np
+
+from . import _C
+from ._C import Tensor, Device
+
+__all__ = ["clip", "clamp_min", "clamp_max", "logaddexp", "addmm", "cdist", "get_rng_state", "set_rng_state",
+           "device", "cuda"]
+
+
+def _is_float(dtype):
+    return dtype.is_floating_point
+
+
+def _inplace_unary(name, compute):
+    """torch's in-place form of an op: compute(self, ...) written into self. A result of another kind than
+    self's dtype (exp_ of an integer tensor gives floats) is refused as torch refuses it, not truncated."""
+    def method(self, *args, **kwargs):
+        _C._check_inplace(self, name)
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, Tensor):
+                _C._check_inplace(self, name, a)
+        out = compute(self, *args, **kwargs)
+        if ((_is_float(out.dtype) and not _is_float(self.dtype))
+                or (self.dtype == _C.dtype.bool and out.dtype != _C.dtype.bool)):
+            raise _C.KilnError(f"{name}: the result type {out.dtype.name} cannot be written into {self.dtype.name} "
+                               f"in place, as in PyTorch (result type can't be cast to the desired output type); "
+                               f"use the out-of-place {name[:-1]} or convert the tensor first")
+        return self.copy_(out)
+    method.__name__ = name
+    return method
+
+
+def clamp_min(input, min):
+    """torch.clamp_min: clamp(input, min=min)."""
+    return _C.clamp(input, min, None)
+
+
+def clamp_max(input, max):
+    """torch.clamp_max: clamp(input, max=max)."""
+    return _C.clamp(input, None, max)
+
+
+clip = _C.clamp  # torch.clip is torch.clamp
+
+
+def logaddexp(input, other):
+    """log(exp(input) + exp(other)) without overflow, as torch.logaddexp: max + log1p(exp(-|input - other|)),
+    equal infinities giving themselves (-inf for two -inf, not NaN)."""
+    for arg, t in (("input", input), ("other", other)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"logaddexp(): argument '{arg}' must be a kiln.Tensor, not {type(t).__name__}")
+    m = _C.maximum(input, other)
+    same = input == other  # equal infinities: their difference is NaN, their logaddexp themselves
+    diff = _C.where(same, _C.zeros_like(m), _C.abs(input - other))
+    return m + _C.log1p(_C.exp(-diff))
+
+
+def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+    """beta * input + alpha * (mat1 @ mat2), as torch.addmm (mat1, mat2 2-D; input broadcast to the result);
+    with beta=0 input is ignored, NaN and inf in it too, as torch's."""
+    for arg, t in (("mat1", mat1), ("mat2", mat2)):
+        if not isinstance(t, Tensor) or t.dim() != 2:
+            got = f"a {t.dim()}-D tensor" if isinstance(t, Tensor) else type(t).__name__
+            raise _C.KilnValueError(f"addmm: {arg} must be a 2-D matrix, got {got}")
+    out = _C.matmul(mat1, mat2)
+    if alpha != 1:
+        out = out * alpha
+    if beta == 0:
+        return out
+    return out + (input if beta == 1 else input * beta)
+
+
+def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
+    """The p-norm distance of each row of x1 (..., P, M) to each row of x2 (..., R, M): (..., P, R), as
+    torch.cdist (batch dims broadcast). Computed as norm(x1_i - x2_j, p), so its gradient is torch's: 0 where
+    two rows are equal. compute_mode is accepted; the result is the direct computation's (torch's
+    matrix-product shortcut for large inputs agrees to rounding)."""
+    for arg, t in (("x1", x1), ("x2", x2)):
+        if not isinstance(t, Tensor) or t.dim() < 2:
+            got = f"a {t.dim()}-D tensor" if isinstance(t, Tensor) else type(t).__name__
+            raise _C.KilnValueError(f"cdist: {arg} must be at least 2-D (..., rows, features), got {got}")
+    if x1.shape[-1] != x2.shape[-1]:
+        raise _C.KilnValueError(f"cdist: x1 and x2 must have the same number of columns (features): x1 "
+                                f"{list(x1.shape)}, x2 {list(x2.shape)}")
+    if not _is_float(x1.dtype) or not _is_float(x2.dtype):
+        raise _C.KilnValueError(f"cdist: only floating-point tensors are supported, got {x1.dtype.name} and "
+                                f"{x2.dtype.name}")
+    p = float(p)
+    if not p >= 0:
+        raise _C.KilnValueError(f"cdist: p value for the p-norm distance must be >= 0, got {p}")
+    if compute_mode not in ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist",
+                            "donot_use_mm_for_euclid_dist"):
+        raise _C.KilnValueError(f"cdist: {compute_mode!r} is not a valid value for compute_mode")
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (..., P, R, M)
+    if diff.shape[-1] == 0:
+        return _C.zeros(list(diff.shape[:-1]), dtype=diff.dtype, device=diff.device)
+    # rows at distance 0 take the norm of ones instead, and give 0: their gradient is 0, as torch's (the
+    # p-norm's own is 0 / 0 there for p other than 1 and 2)
+    zero = (diff == 0).all(-1, True)
+    dist = _C.norm(_C.where(zero, _C.ones_like(diff), diff), p, -1, False)
+    return _C.where(zero.squeeze(-1), _C.zeros_like(dist), dist)
+
+
+def _fill_diagonal_values(self, fill_value, wrap=False):
+    if self.dim() < 2:
+        raise _C.KilnValueError(f"fill_diagonal_: dimensions must be larger than 1, got a {self.dim()}-D tensor")
+    if self.dim() > 2 and len(set(self.shape)) != 1:
+        raise _C.KilnValueError(f"fill_diagonal_: all dimensions of input must be of equal length, got "
+                                f"{list(self.shape)}")
+    mask = np.zeros(tuple(self.shape), dtype=bool)
+    np.fill_diagonal(mask, True, wrap=builtins.bool(wrap))  # torch's positions, wrap included, are NumPy's
+    return _C.masked_fill(self, _C.from_numpy(mask).to(self.device), fill_value)
+
+
+def get_rng_state():
+    """The default generator's state as a uint8 tensor (its Philox seed and offset, 16 bytes), as
+    torch.get_rng_state: set_rng_state(state) later makes the next draws repeat the ones after this."""
+    seed, offset = _C._rng_state()
+    return _C.from_numpy(np.frombuffer(np.array([seed, offset], dtype="<u8").tobytes(), dtype=np.uint8).copy())
+
+
+def set_rng_state(new_state):
+    """Restores a state get_rng_state() gave (a uint8 tensor of 16 bytes), as torch.set_rng_state."""
+    if not isinstance(new_state, Tensor) or new_state.dtype != _C.dtype.uint8 or list(new_state.shape) != [16]:
+        got = (f"{new_state.dtype.name} {list(new_state.shape)}" if isinstance(new_state, Tensor)
+               else type(new_state).__name__)
+        raise _C.KilnValueError(f"set_rng_state: new_state must be the uint8 tensor of 16 bytes that "
+                                f"kiln.get_rng_state() gives (seed and offset), got {got}")
+    seed, offset = np.frombuffer(new_state.cpu().numpy().tobytes(), dtype="<u8")
+    if offset % 4:
+        raise _C.KilnValueError(f"set_rng_state: the state's offset {int(offset)} is not a multiple of 4: not a "
+                                f"state kiln.get_rng_state() gave")
+    _C._set_rng_state(int(seed), int(offset))
+
+
+class _DeviceType(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, Device)
+
+
+class device(metaclass=_DeviceType):
+    """torch.device: kiln.device("cpu"), kiln.device("cuda", 0), kiln.device("cuda:1") give a kiln.Device
+    (isinstance(d, kiln.device) holds for any kiln.Device)."""
+
+    def __new__(cls, type, index=None):
+        if isinstance(type, Device):
+            if index is not None:
+                raise TypeError("device(): an index cannot be given with a device")
+            return type
+        if not isinstance(type, str):
+            raise TypeError(f"device(): argument 'type' must be a str, not {builtins.type(type).__name__}")
+        if index is not None:
+            if ":" in type:
+                raise _C.KilnValueError(f"device(): type (string) must not include an index because index was "
+                                        f"passed explicitly: {type}")
+            if not isinstance(index, numbers.Integral) or isinstance(index, builtins.bool) or index < 0:
+                raise _C.KilnValueError(f"device(): index must be a non-negative int, got {index!r}")
+            type = f"{type}:{index}"
+        return Device(type)
+
+
+def _cuda_is_available():
+    """Whether a CUDA device is visible to this build (torch.cuda.is_available)."""
+    return _C.cuda_device_count() > 0
+
+
+def _cuda_device_count():
+    """CUDA devices visible (torch.cuda.device_count)."""
+    return _C.cuda_device_count()
+
+
+cuda = types.ModuleType("kiln.cuda", "torch.cuda's queries: is_available(), device_count(), synchronize().")
+cuda.is_available = _cuda_is_available
+cuda.device_count = _cuda_device_count
+cuda.synchronize = lambda device=0: _C.cuda_synchronize(device.index if isinstance(device, Device) else device)
+
+_UNARY = ("exp", "sqrt", "log", "abs", "sigmoid", "tanh", "sin", "cos", "rsqrt", "reciprocal", "log1p", "expm1",
+          "floor", "ceil", "round", "trunc", "frac", "sign", "relu", "erf")
+
+
+def _install():
+    for name in _UNARY:
+        setattr(Tensor, name + "_", _inplace_unary(name + "_", getattr(_C, name)))
+    Tensor.pow_ = _inplace_unary("pow_", _C.pow)
+    Tensor.clamp_min = lambda self, min: clamp_min(self, min)
+    Tensor.clamp_max = lambda self, max: clamp_max(self, max)
+    Tensor.clamp_min_ = lambda self, min: self.clamp_(min, None)
+    Tensor.clamp_max_ = lambda self, max: self.clamp_(None, max)
+    Tensor.logaddexp = lambda self, other: logaddexp(self, other)
+    Tensor.addmm = lambda self, mat1, mat2, *, beta=1, alpha=1: addmm(self, mat1, mat2, beta=beta, alpha=alpha)
+    Tensor.fill_diagonal_ = _inplace_unary("fill_diagonal_", _fill_diagonal_values)
+
+
+_install()
