@@ -599,8 +599,9 @@ std::vector<Row> build() {
        {{17}, Kind::mask},
        {{33, 17}, Kind::index, 80}},
       [](const V& x) {
-        const Tensor a = sub(x[0], scalar_tensor(1 << 19, DType::i64)), b = x[1], m = x[2], mb = x[3];
-        const Tensor s = sub(x[4], scalar_tensor(8, DType::i64));  // shift amounts in [-8, 72)
+        const Tensor a = sub(x[0], full({}, 1 << 19, TensorOptions(DType::i64, x[0].device()))), b = x[1], m = x[2],
+                     mb = x[3];
+        const Tensor s = sub(x[4], full({}, 8, TensorOptions(DType::i64, x[4].device())));  // shift amounts in [-8, 72)
         return V{bitwise_and(a, b),
                  bitwise_or(a, b),
                  bitwise_xor(a, b),
