@@ -155,6 +155,17 @@ Tensor ge(const Tensor& a, const Tensor& b);
 Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor logical_or(const Tensor& a, const Tensor& b);
 Tensor logical_not(const Tensor& a);
+// Bitwise ops on integer and bool tensors (bool: logical and, or, xor, not), broadcasting, in result_type(a, b)
+// (bool & bool is bool, i32 & i64 is i64, bool & i32 is i32), not differentiable, as PyTorch's. A floating
+// operand is an error naming the op and the operand. The shifts take integer results only (two bool operands
+// are refused); a shift by a negative amount or by the width or more gives 0 (to the right: the sign fill,
+// 0 or -1), as PyTorch's.
+Tensor bitwise_and(const Tensor& a, const Tensor& b);
+Tensor bitwise_or(const Tensor& a, const Tensor& b);
+Tensor bitwise_xor(const Tensor& a, const Tensor& b);
+Tensor bitwise_not(const Tensor& a);
+Tensor bitwise_left_shift(const Tensor& a, const Tensor& b);
+Tensor bitwise_right_shift(const Tensor& a, const Tensor& b);
 // A cast that autograd sees (the gradient is cast back).
 Tensor cast(const Tensor& a, DType dtype);
 

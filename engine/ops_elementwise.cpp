@@ -393,6 +393,47 @@ Tensor logical_and(const Tensor& a, const Tensor& b) { return compare("logical_a
 Tensor logical_or(const Tensor& a, const Tensor& b) { return compare("logical_or", BinaryOp::logical_or, a, b); }
 Tensor logical_not(const Tensor& a) { return run_unary(UnaryOp::logical_not, raw_cast(a, DType::boolean), DType::boolean); }
 
+// ---- bitwise (integers and bool; not differentiable) -------------------------------------------------
+
+namespace {
+// Integer and bool operands only, as PyTorch's: a floating one is refused, naming the op and the operand.
+void check_bitwise_operand(const char* name, const char* which, const Tensor& t) {
+  KILN_CHECK(!is_floating(t.dtype()), name, ": ", which, " is ", t.type_str(),
+             "; bitwise ops take integer and bool tensors only, as in PyTorch (for a mask use a bool tensor, or "
+             "convert with .to(i64) first)");
+}
+
+// The result type is result_type(a, b) (bool & bool is bool, i32 & i64 is i64, bool & i32 is i32); the
+// shifts refuse a bool result (PyTorch has no bool shift).
+Tensor bitwise_binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
+  check_bitwise_operand(name, "the first operand", a);
+  check_bitwise_operand(name, "the second operand", b);
+  const DType t = result_type(a, b);
+  KILN_CHECK(t != DType::boolean || (op != BinaryOp::shift_left && op != BinaryOp::shift_right), name,
+             ": not defined for two bool operands (", a.type_str(), ", ", b.type_str(),
+             "), as in PyTorch; convert one to an integer dtype first");
+  return run_binary(name, op, a, b, t, t);
+}
+}  // namespace
+
+Tensor bitwise_and(const Tensor& a, const Tensor& b) {
+  return bitwise_binary("bitwise_and", BinaryOp::bitwise_and, a, b);
+}
+Tensor bitwise_or(const Tensor& a, const Tensor& b) { return bitwise_binary("bitwise_or", BinaryOp::bitwise_or, a, b); }
+Tensor bitwise_xor(const Tensor& a, const Tensor& b) {
+  return bitwise_binary("bitwise_xor", BinaryOp::bitwise_xor, a, b);
+}
+Tensor bitwise_left_shift(const Tensor& a, const Tensor& b) {
+  return bitwise_binary("bitwise_left_shift", BinaryOp::shift_left, a, b);
+}
+Tensor bitwise_right_shift(const Tensor& a, const Tensor& b) {
+  return bitwise_binary("bitwise_right_shift", BinaryOp::shift_right, a, b);
+}
+Tensor bitwise_not(const Tensor& a) {
+  check_bitwise_operand("bitwise_not", "the operand", a);
+  return run_unary(UnaryOp::bitwise_not, a, a.dtype());
+}
+
 // ---- unary ---------------------------------------------------------------------------------------
 
 namespace {

@@ -70,10 +70,11 @@ enum class UnaryOp : uint8_t {
   logsigmoid,
   hardsigmoid,
   hardswish,
-  softplus,    // log(1 + e^(p0 x)) / p0; x where p0 x > p1 (beta, threshold)
-  leaky_relu,  // x > 0 ? x : p0 x
-  elu,         // p1 (x > 0 ? x : p0 (e^x - 1))   (alpha, scale: selu is elu with its two constants)
-  celu,        // x > 0 ? x : p0 (e^(x / p0) - 1)
+  softplus,     // log(1 + e^(p0 x)) / p0; x where p0 x > p1 (beta, threshold)
+  leaky_relu,   // x > 0 ? x : p0 x
+  elu,          // p1 (x > 0 ? x : p0 (e^x - 1))   (alpha, scale: selu is elu with its two constants)
+  celu,         // x > 0 ? x : p0 (e^(x / p0) - 1)
+  bitwise_not,  // ~x for integers, !x for bool; not defined for floating types
 };
 enum class BinaryOp : uint8_t {
   add,  // a + alpha * b
@@ -99,6 +100,13 @@ enum class BinaryOp : uint8_t {
   gelu_tanh_backward,  // a * gelu_tanh'(b)
   sigmoid_backward,    // a * b * (1 - b)        (b: sigmoid output)
   tanh_backward,       // a * (1 - b * b)        (b: tanh output)
+  // Integers and bool only (for bool: and, or, xor); the shifts integers only, as PyTorch's
+  // (kernels/common/int_arith.h: an amount out of [0, width) gives 0, or the sign fill to the right).
+  bitwise_and,
+  bitwise_or,
+  bitwise_xor,
+  shift_left,
+  shift_right,
 };
 enum class ReduceOp : uint8_t { sum, max, min, argmax, argmin };
 // Running scans along a dim (kernels/common/scan.h): sums and products accumulate in f64 (i64 for

@@ -589,6 +589,86 @@ std::vector<Row> build() {
       })
       .covers({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "scalar_like"})
       .no_grad();
+  // Bitwise ops on integers and bool (no floating inputs: no gradients, nothing in 16 bits), exact: both signs,
+  // broadcasting, promotion (i32 with i64, bool with i8, bool with bool), u8 / i8 / i16 wrapping, a transposed
+  // operand, and shifts by amounts in and out of [0, width), negative ones too.
+  row("bitwise",
+      {{{33, 17}, Kind::index, 1 << 20},
+       {{17}, Kind::index, 1 << 20},
+       {{33, 17}, Kind::mask},
+       {{17}, Kind::mask},
+       {{33, 17}, Kind::index, 80}},
+      [](const V& x) {
+        const Tensor a = sub(x[0], full({}, 1 << 19, TensorOptions(DType::i64, x[0].device()))), b = x[1], m = x[2],
+                     mb = x[3];
+        const Tensor s = sub(x[4], full({}, 8, TensorOptions(DType::i64, x[4].device())));  // shift amounts in [-8, 72)
+        return V{bitwise_and(a, b),
+                 bitwise_or(a, b),
+                 bitwise_xor(a, b),
+                 bitwise_not(a),
+                 bitwise_and(a.to(DType::i32), b),
+                 bitwise_or(a.to(DType::i16), b.to(DType::i16)),
+                 bitwise_xor(a.to(DType::u8), b.to(DType::u8)),
+                 bitwise_not(a.to(DType::u8)),
+                 bitwise_and(a.to(DType::i8), m),
+                 bitwise_and(m, mb),
+                 bitwise_or(m, mb),
+                 bitwise_xor(m, mb),
+                 bitwise_not(m),
+                 bitwise_xor(a.t(), b.unsqueeze(1)),
+                 bitwise_left_shift(a, s),
+                 bitwise_right_shift(a, s),
+                 bitwise_left_shift(a.to(DType::i32), s.to(DType::i32)),
+                 bitwise_right_shift(a.to(DType::i8), s.to(DType::i8)),
+                 bitwise_right_shift(a.to(DType::u8), s.to(DType::u8)),
+                 bitwise_left_shift(m, s)};
+      })
+      .ref([](const V& x) {
+        using I = int64_t;
+        const Tensor a = map1(x[0], [](double p) { return p - double(1 << 19); }), b = x[1], m = x[2], mb = x[3];
+        const Tensor s = map1(x[4], [](double p) { return p - 8.0; });
+        // The integer dtypes' wrapping, from the low bits (two's complement).
+        const auto i32 = [](I v) { return double(int32_t(uint32_t(uint64_t(v)))); };
+        const auto i16 = [](I v) { return double(int16_t(uint16_t(uint64_t(v)))); };
+        const auto i8 = [](I v) { return double(int8_t(uint8_t(uint64_t(v)))); };
+        const auto u8 = [](I v) { return double(uint8_t(uint64_t(v))); };
+        // Shifts as PyTorch's, for a width of `bits` (signed unless u8): out of [0, width) gives 0, or the sign fill.
+        const auto shl = [](I v, I k, int bits) { return k < 0 || k >= bits ? I(0) : I(uint64_t(v) << k); };
+        const auto shr = [](I v, I k, int bits, bool is_signed) {
+          if (k < 0 || k >= bits) return is_signed ? (v < 0 ? I(-1) : I(0)) : I(0);
+          return v >> k;  // v holds the operand's value: arithmetic for a negative one
+        };
+        const auto f = [](const Tensor& p, const Tensor& q, std::function<double(I, I)> g) {
+          return map2(p, q, [g](double u, double v) { return g(I(u), I(v)); });
+        };
+        const auto u = [](const Tensor& p, std::function<double(I)> g) {
+          return map1(p, [g](double v) { return g(I(v)); });
+        };
+        return V{f(a, b, [](I p, I q) { return double(p & q); }),
+                 f(a, b, [](I p, I q) { return double(p | q); }),
+                 f(a, b, [](I p, I q) { return double(p ^ q); }),
+                 u(a, [](I p) { return double(~p); }),
+                 f(a, b, [&](I p, I q) { return double(I(i32(p)) & q); }),
+                 f(a, b, [&](I p, I q) { return i16(I(i16(p)) | I(i16(q))); }),
+                 f(a, b, [&](I p, I q) { return u8(I(u8(p)) ^ I(u8(q))); }),
+                 u(a, [&](I p) { return u8(~I(u8(p))); }),
+                 f(a, m, [&](I p, I q) { return double(I(i8(p)) & q); }),
+                 f(m, mb, [](I p, I q) { return double(p & q); }),
+                 f(m, mb, [](I p, I q) { return double(p | q); }),
+                 f(m, mb, [](I p, I q) { return double(p ^ q); }),
+                 u(m, [](I p) { return double(!p); }),
+                 f(a.t(), b.unsqueeze(1), [](I p, I q) { return double(p ^ q); }),
+                 f(a, s, [&](I p, I q) { return double(shl(p, q, 64)); }),
+                 f(a, s, [&](I p, I q) { return double(shr(p, q, 64, true)); }),
+                 f(a, s, [&](I p, I q) { return i32(shl(I(i32(p)), I(i32(q)), 32)); }),
+                 f(a, s, [&](I p, I q) { return i8(shr(I(i8(p)), I(i8(q)), 8, true)); }),
+                 f(a, s, [&](I p, I q) { return u8(shr(I(u8(p)), I(u8(q)), 8, false)); }),
+                 f(m, s, [&](I p, I q) { return double(shl(p, q, 64)); })};
+      })
+      .covers({"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift"})
+      .f32_only()
+      .no_grad()
+      .tol(0.0, 0.0);
   row("masked_fill", {{{33, 17}}, {{33, 17}, Kind::mask}}, [](const V& x) { return one(masked_fill(x[0], x[1], -3.0)); })
       .autocast(ew);
   // x with +inf where x > 1, -inf where x < -1 and NaN where 0.5 < x < 0.6; each test as 0/1 in x's dtype.

@@ -1678,3 +1678,70 @@ TEST_CASE("ops: alpha_fits is PyTorch's integer alpha rule, and add/sub refuse w
                  "sub: alpha -256, negated, is not a value of u8 (-255 to 255, as PyTorch's)"));
   CHECK(add(ones({2}, DType::u8), ones({2}, DType::u8), -1).to_vector() == std::vector<double>{0, 0});
 }
+
+TEST_CASE("ops: bitwise and, or, xor, not and shifts on integers and bool, as PyTorch's") {
+  using V = std::vector<double>;
+  const Tensor x = from_vector({12, -5, 0, 255}, {4}, DType::i32), y = from_vector({10, 3, -1, 256}, {4}, DType::i32);
+  CHECK(bitwise_and(x, y).to_vector() == V{8, 3, 0, 0});
+  CHECK(bitwise_or(x, y).to_vector() == V{14, -5, -1, 511});
+  CHECK(bitwise_xor(x, y).to_vector() == V{6, -8, -1, 511});
+  CHECK(bitwise_not(x).to_vector() == V{-13, 4, -1, -256});
+  CHECK(bitwise_not(x).dtype() == DType::i32);
+  // Every integer dtype keeps its own (u8's not is 255 - x; i8, i16, i64 two's complement).
+  for (DType dt : {DType::u8, DType::i8, DType::i16, DType::i32, DType::i64}) {
+    CAPTURE(std::string(dtype_name(dt)));
+    const Tensor a = from_vector({6, 5}, {2}, dt), b = from_vector({3, 1}, {2}, dt);
+    CHECK(bitwise_and(a, b).dtype() == dt);
+    CHECK(bitwise_and(a, b).to_vector() == V{2, 1});
+    CHECK(bitwise_or(a, b).to_vector() == V{7, 5});
+    CHECK(bitwise_xor(a, b).to_vector() == V{5, 4});
+    CHECK(bitwise_not(a).to_vector() == (dt == DType::u8 ? V{249, 250} : V{-7, -6}));
+  }
+  // bool: logical and, or, xor, not; the result stays bool.
+  const Tensor p = from_vector({1, 1, 0, 0}, {4}, DType::boolean), q = from_vector({1, 0, 1, 0}, {4}, DType::boolean);
+  CHECK(bitwise_and(p, q).dtype() == DType::boolean);
+  CHECK(bitwise_and(p, q).to_vector() == V{1, 0, 0, 0});
+  CHECK(bitwise_or(p, q).to_vector() == V{1, 1, 1, 0});
+  CHECK(bitwise_xor(p, q).to_vector() == V{0, 1, 1, 0});
+  CHECK(bitwise_not(p).dtype() == DType::boolean);
+  CHECK(bitwise_not(p).to_vector() == V{0, 0, 1, 1});
+  // Promotion as result_type: i32 with i64 gives i64, bool with an integer that integer, u8 with i8 i16; a
+  // 0-dim i64 beside an i8 tensor counts by its category (i8).
+  CHECK(bitwise_and(x, y.to(DType::i64)).dtype() == DType::i64);
+  CHECK(bitwise_or(p, x).dtype() == DType::i32);
+  CHECK(bitwise_or(p, x).to_vector() == V{13, -5, 0, 255});
+  CHECK(bitwise_xor(from_vector({1}, {1}, DType::u8), from_vector({-1}, {1}, DType::i8)).dtype() == DType::i16);
+  CHECK(bitwise_xor(from_vector({1}, {1}, DType::u8), from_vector({-1}, {1}, DType::i8)).to_vector() == V{-2});
+  CHECK(bitwise_and(from_vector({7}, {1}, DType::i8), scalar_tensor(5, DType::i64)).dtype() == DType::i8);
+  // Broadcasting, and a transposed (non-contiguous) operand.
+  const Tensor col = from_vector({1, 2}, {2, 1}, DType::i64), row = from_vector({3, 6, 5}, {3}, DType::i64);
+  CHECK(bitwise_and(col, row).shape() == Shape{2, 3});
+  CHECK(bitwise_and(col, row).to_vector() == V{1, 0, 1, 2, 2, 0});
+  const Tensor m = from_vector({1, 2, 4, 8, 16, 32}, {2, 3}, DType::i64);
+  CHECK(bitwise_or(m.t(), from_vector({64, 128}, {2}, DType::i64)).to_vector() == V{65, 136, 66, 144, 68, 160});
+  // Shifts: an amount out of [0, width) gives 0 to the left and the sign fill to the right.
+  const Tensor v = from_vector({-5, 3, 1, -1, -8, 200}, {6}, DType::i64);
+  const Tensor k = from_vector({1, 62, 64, -1, 70, 3}, {6}, DType::i64);
+  CHECK(bitwise_left_shift(v, k).to_vector() == V{-10, double(int64_t(3) << 62), 0, 0, 0, 1600});
+  CHECK(bitwise_right_shift(v, k).to_vector() == V{-3, 0, 0, -1, -1, 25});
+  const Tensor v8 = from_vector({-128, 64, 200 - 256, 1}, {4}, DType::i8),
+               k8 = from_vector({1, 1, 7, 8}, {4}, DType::i8);
+  CHECK(bitwise_left_shift(v8, k8).to_vector() == V{0, -128, 0, 0});  // wraps at 8 bits
+  CHECK(bitwise_right_shift(v8, k8).to_vector() == V{-64, 32, -1, 0});
+  const Tensor u = from_vector({200, 7}, {2}, DType::u8), ku = from_vector({9, 3}, {2}, DType::u8);
+  CHECK(bitwise_right_shift(u, ku).to_vector() == V{0, 0});
+  CHECK(bitwise_left_shift(u, ku).to_vector() == V{0, 56});
+  CHECK(bitwise_left_shift(p, from_vector({2}, {1}, DType::i32)).to_vector() == V{4, 4, 0, 0});
+  CHECK(contains(error_of([&] { bitwise_left_shift(p, q); }), "bitwise_left_shift: not defined for two bool"));
+  // A floating operand is refused, naming the op, the operand and its dtype; no value is taken as an integer.
+  CHECK(contains(error_of([&] { bitwise_and(x, from_vector({1.5}, {1})); }), "bitwise_and: the second operand is f32"));
+  CHECK(contains(error_of([&] { bitwise_or(from_vector({1}, {1}, DType::f16), x); }),
+                 "bitwise_or: the first operand is f16"));
+  CHECK(
+      contains(error_of([&] { bitwise_not(from_vector({1}, {1}, DType::bf16)); }), "bitwise_not: the operand is bf16"));
+  CHECK(contains(error_of([&] { bitwise_right_shift(x, scalar_tensor(1.0, DType::f64)); }),
+                 "bitwise_right_shift: the second operand is f64"));
+  // Not differentiable: a float tensor that requires grad never reaches them, and the results are plain tensors.
+  CHECK(!bitwise_xor(x, y).requires_grad());
+  CHECK(!bitwise_not(p).requires_grad());
+}

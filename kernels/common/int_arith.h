@@ -53,4 +53,27 @@ template <typename A> KILN_HD A trunc_div(A x, A y) {
   return A(x / y);
 }
 
+// Bitwise shifts as PyTorch's (bitwise_left_shift / bitwise_right_shift, << and >>) for an integer A (not
+// bool: the engine refuses a bool result): a shift by a negative amount or by A's width or more gives 0 to
+// the left and, to the right, the sign fill (x >> (width - 1): 0 or -1; 0 for an unsigned A); in range the
+// left shift is computed unsigned (a signed overflow would be undefined behaviour) and the right shift is
+// arithmetic for a signed A, as C++20 defines it.
+template <typename A> KILN_HD A shift_left(A x, A y) {
+  constexpr A width = A(sizeof(A) * 8);
+  if constexpr (std::is_signed_v<A>) {
+    if (y < A(0)) return A(0);
+  }
+  if (y >= width) return A(0);
+  return A(WrapUnsigned<A>(x) << unsigned(y));
+}
+template <typename A> KILN_HD A shift_right(A x, A y) {
+  constexpr A width = A(sizeof(A) * 8);
+  if constexpr (std::is_signed_v<A>) {
+    if (y < A(0) || y >= width - A(1)) return A(x >> unsigned(width - A(1)));
+  } else {
+    if (y >= width) return A(0);
+  }
+  return A(x >> unsigned(y));
+}
+
 }  // namespace kiln::math

@@ -193,6 +193,13 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
       return unary_loop<T>(
           dst, src, [](A x) { return x <= A(0) ? A(0) : x; }, kernel_set().rows.relu);
     case UnaryOp::logical_not: return unary_loop<T>(dst, src, [](A x) { return A(!x); });
+    case UnaryOp::bitwise_not:
+      if constexpr (std::is_same_v<T, bool>) {
+        return unary_loop<T>(dst, src, [](A x) { return A(!x); });
+      } else if constexpr (!is_float_v<T>) {
+        return unary_loop<T>(dst, src, [](A x) { return A(~x); });
+      }
+      break;
     case UnaryOp::clamp: {
       // Both bounds given: an absent one is an infinity, which clamp_bound saturates for integers. A NaN
       // bound makes every element NaN, as PyTorch's (the engine refuses one for integers).
@@ -237,6 +244,9 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
       case BinaryOp::mul: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x && y; });
       case BinaryOp::maximum: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x || y; });
       case BinaryOp::minimum: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x && y; });
+      case BinaryOp::bitwise_and: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x && y; });
+      case BinaryOp::bitwise_or: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x || y; });
+      case BinaryOp::bitwise_xor: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return x != y; });
       default: KILN_FAIL("binary op ", int(op), " is not defined for bool tensors");
     }
   } else {
@@ -253,6 +263,12 @@ void binary_typed(BinaryOp op, const TensorDesc& dst, const TensorDesc& a, const
           return binary_loop<T, T>(
               dst, a, b, [al = convert_to<A>(alpha)](A x, A y) { return math::wrap_sub(x, math::wrap_mul(al, y)); });
         case BinaryOp::mul: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return math::wrap_mul(x, y); });
+        case BinaryOp::bitwise_and: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x & y); });
+        case BinaryOp::bitwise_or: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x | y); });
+        case BinaryOp::bitwise_xor: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return A(x ^ y); });
+        case BinaryOp::shift_left: return binary_loop<T, T>(dst, a, b, [](A x, A y) { return math::shift_left(x, y); });
+        case BinaryOp::shift_right:
+          return binary_loop<T, T>(dst, a, b, [](A x, A y) { return math::shift_right(x, y); });
         default: break;
       }
     }

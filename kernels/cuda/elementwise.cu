@@ -182,6 +182,15 @@ template <typename T> struct UnaryF {
       case UnaryOp::sign: return A((A(0) < x) - negative(x));
       case UnaryOp::relu: return x <= A(0) ? A(0) : x;
       case UnaryOp::logical_not: return A(!x);
+      case UnaryOp::bitwise_not:
+        // ~x for integers, !x for bool, as the CPU loop (the host refuses floating types)
+        if constexpr (std::is_same_v<T, bool>) {
+          return A(!x);
+        } else if constexpr (!is_float_v<T>) {
+          return A(~x);
+        } else {
+          return x;
+        }
       case UnaryOp::clamp:
         // Both bounds given (an absent one is an infinity); a NaN bound makes every element NaN, as
         // PyTorch's (the host refuses one for integers), as the CPU loop.
@@ -203,6 +212,7 @@ bool unary_defined(UnaryOp op, DType t) {
     case UnaryOp::neg: case UnaryOp::abs: case UnaryOp::sign: case UnaryOp::relu: case UnaryOp::logical_not:
     case UnaryOp::clamp:
       return true;
+    case UnaryOp::bitwise_not: return !is_floating(t);
     default: return is_floating(t);
   }
 }
@@ -226,7 +236,8 @@ template <typename T> struct BinaryF {
       // bool arithmetic: + is or, * is and (the host rejects the rest); add is x + alpha * y with
       // alpha a bool too: alpha False gives x, as PyTorch's.
       if (op == BinaryOp::add) return x || (alpha && y);
-      return op == BinaryOp::maximum ? (x || y) : (x && y);
+      if (op == BinaryOp::bitwise_xor) return x != y;
+      return op == BinaryOp::maximum || op == BinaryOp::bitwise_or ? (x || y) : (x && y);
     } else {
       switch (op) {
         // Integers wrap at the dtype's width, as the CPU loop (kernels/common/int_arith.h); floats as they were.
@@ -280,6 +291,17 @@ template <typename T> struct BinaryF {
           }
         default: break;
       }
+      if constexpr (!is_float_v<T>) {
+        // Integers only (the host checks), as the CPU loop (kernels/common/int_arith.h for the shifts).
+        switch (op) {
+          case BinaryOp::bitwise_and: return A(x & y);
+          case BinaryOp::bitwise_or: return A(x | y);
+          case BinaryOp::bitwise_xor: return A(x ^ y);
+          case BinaryOp::shift_left: return math::shift_left(x, y);
+          case BinaryOp::shift_right: return math::shift_right(x, y);
+          default: break;
+        }
+      }
       if constexpr (is_float_v<T>) {
         switch (op) {
           case BinaryOp::atan2: return atan2(x, y);
@@ -301,8 +323,14 @@ bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq && op <= BinaryOp::l
 bool binary_defined(BinaryOp op, DType t) {
   if (is_comparison(op)) return true;
   if (t == DType::boolean)
-    return op == BinaryOp::add || op == BinaryOp::mul || op == BinaryOp::maximum || op == BinaryOp::minimum;
+    return op == BinaryOp::add || op == BinaryOp::mul || op == BinaryOp::maximum || op == BinaryOp::minimum ||
+           op == BinaryOp::bitwise_and || op == BinaryOp::bitwise_or || op == BinaryOp::bitwise_xor;
   switch (op) {
+    case BinaryOp::bitwise_and:
+    case BinaryOp::bitwise_or:
+    case BinaryOp::bitwise_xor:
+    case BinaryOp::shift_left:
+    case BinaryOp::shift_right: return !is_floating(t);
     case BinaryOp::add: case BinaryOp::sub: case BinaryOp::mul: case BinaryOp::div: case BinaryOp::maximum:
     case BinaryOp::minimum:
     case BinaryOp::pow:

@@ -961,3 +961,8 @@ Tensor.normal_ = _inplace("normal_", _normal_values)
 Tensor.uniform_ = _inplace("uniform_", _uniform_values)
 Tensor.exponential_ = _inplace("exponential_", _exponential_values)
 Tensor.__format__ = _format
+
+# The bitwise ops as methods (x.bitwise_and(y), ...), as torch's; the operators and the in-place forms
+# (& | ^ ~ << >>, &= ..., x.bitwise_and_(y)) are the engine's own (python/src/tensor.cpp).
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift"):
+    setattr(Tensor, _name, _as_method(getattr(_C, _name)))

@@ -802,6 +802,14 @@ void bind_ops(nb::module_& mod) {
   m.def("allclose", &allclose, nb::arg("input"), nb::arg("other"), nb::arg("rtol") = 1e-5, nb::arg("atol") = 1e-8,
         nb::arg("equal_nan") = false, nogil);
   m.def("cast", &cast, nb::arg("input"), nb::arg("dtype"), nogil);
+
+  // Bitwise ops on integer and bool tensors, as torch's (the operators are in tensor.cpp).
+  binary_fn(m, "bitwise_and", [](const Tensor& a, const Tensor& b) { return bitwise_and(a, b); });
+  binary_fn(m, "bitwise_or", [](const Tensor& a, const Tensor& b) { return bitwise_or(a, b); });
+  binary_fn(m, "bitwise_xor", [](const Tensor& a, const Tensor& b) { return bitwise_xor(a, b); });
+  binary_fn(m, "bitwise_left_shift", [](const Tensor& a, const Tensor& b) { return bitwise_left_shift(a, b); });
+  binary_fn(m, "bitwise_right_shift", [](const Tensor& a, const Tensor& b) { return bitwise_right_shift(a, b); });
+  unary(m, "bitwise_not", [](const Tensor& x) { return bitwise_not(x); });
 }
 
 }  // namespace kiln::py

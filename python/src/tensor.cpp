@@ -643,19 +643,25 @@ Tensor pow_operand(const Tensor& a, nb::handle b) {
 
 namespace {
 
-void require_bool(const char* op, const Tensor& t) {
-  if (t.dtype() != DType::boolean)
-    type_error(std::string("operator ") + op + " on a " + std::string(dtype_name(t.dtype())) +
-               " tensor: Kiln's ~ & | ^ are logical and take bool tensors only (Kiln has no bitwise ops); for a "
-               "logical result use kiln.logical_not / logical_and / logical_or on x.bool() or x != 0");
+// a OP b (b OP a where reflected) for the bitwise operators: b a Tensor, a Python int or bool (an int takes
+// a's integer dtype, wrapped; beside a bool tensor it is i64, as torch's) or anything to_tensor takes. The
+// engine refuses a floating operand, naming the op.
+Tensor bitwise_operator(const Tensor& a, nb::handle b, TT2 fn, bool reflected) {
+  const Tensor t = to_tensor(b, &a, "operand");
+  GilRelease nogil;
+  return reflected ? fn(t, a) : fn(a, t);
 }
 
-Tensor logical_binary(const char* op, const Tensor& a, nb::handle b, TT2 fn) {
-  require_bool(op, a);
-  const Tensor t = to_tensor(b, &a, "operand");
-  require_bool(op, t);
+// x OP= o and x.bitwise_OP_(o): the result, in result_type(x, o), written into x, which must take it (PyTorch's
+// rule: i32 &= an i64 tensor is taken; bool |= 1 is refused, the result being i64).
+Tensor& bitwise_inplace(Tensor& x, nb::handle o, const char* op, TT2 fn) {
+  check_inplace(x, op, o);
+  const Tensor t = to_tensor(o, &x, "operand");
   GilRelease nogil;
-  return fn(a, t);
+  const Tensor r = fn(x, t);
+  KILN_CHECK(can_cast(r.dtype(), x.dtype()), op, ": the result type ", r.dtype(), " cannot be written into ",
+             x.type_str(), " in place, as in PyTorch");
+  return x.copy_(r);
 }
 
 // What Tensor.register_hook returns: remove() takes the hook off, if the tensor still lives (the
@@ -1144,31 +1150,102 @@ void bind_tensor(nb::module_& m) {
           "__pos__", [](const Tensor& a) { return a; }, nb::is_operator())
       .def(
           "__abs__", [](const Tensor& a) { return abs(a); }, nb::is_operator())
-      // ~ & | ^ are logical: Kiln has no bitwise ops, so on anything but bool tensors they refuse
-      // rather than give a logical result where torch and NumPy give a bitwise one.
+      // ~ & | ^ << >> are bitwise on integer and bool tensors (on bool: logical), as torch's; a floating
+      // operand is refused (~ with torch's TypeError, the others by the engine, naming the op).
       .def(
           "__invert__",
           [](const Tensor& a) {
-            require_bool("~", a);
-            return logical_not(a);
+            if (is_floating(a.dtype()))
+              type_error("~ (bitwise_not) on " + a.type_str() +
+                         ": ~ is only implemented on integer and bool tensors, as in PyTorch; to invert a mask "
+                         "use a bool tensor (x > 0, x.bool())");
+            GilRelease nogil;
+            return bitwise_not(a);
           },
           nb::is_operator())
       .def(
-          "__and__", [](const Tensor& a, nb::handle b) { return logical_binary("&", a, b, &logical_and); },
+          "__and__", [](const Tensor& a, nb::handle b) { return bitwise_operator(a, b, &bitwise_and, false); },
           nb::is_operator())
       .def(
-          "__rand__", [](const Tensor& a, nb::handle b) { return logical_binary("&", a, b, &logical_and); },
+          "__rand__", [](const Tensor& a, nb::handle b) { return bitwise_operator(a, b, &bitwise_and, true); },
           nb::is_operator())
       .def(
-          "__or__", [](const Tensor& a, nb::handle b) { return logical_binary("|", a, b, &logical_or); },
+          "__or__", [](const Tensor& a, nb::handle b) { return bitwise_operator(a, b, &bitwise_or, false); },
           nb::is_operator())
       .def(
-          "__ror__", [](const Tensor& a, nb::handle b) { return logical_binary("|", a, b, &logical_or); },
+          "__ror__", [](const Tensor& a, nb::handle b) { return bitwise_operator(a, b, &bitwise_or, true); },
           nb::is_operator())
       .def(
-          "__xor__", [](const Tensor& a, nb::handle b) { return logical_binary("^", a, b, &ne); }, nb::is_operator())
+          "__xor__", [](const Tensor& a, nb::handle b) { return bitwise_operator(a, b, &bitwise_xor, false); },
+          nb::is_operator())
       .def(
-          "__rxor__", [](const Tensor& a, nb::handle b) { return logical_binary("^", a, b, &ne); }, nb::is_operator())
+          "__rxor__", [](const Tensor& a, nb::handle b) { return bitwise_operator(a, b, &bitwise_xor, true); },
+          nb::is_operator())
+      .def(
+          "__lshift__",
+          [](const Tensor& a, nb::handle b) { return bitwise_operator(a, b, &bitwise_left_shift, false); },
+          nb::is_operator())
+      .def(
+          "__rlshift__",
+          [](const Tensor& a, nb::handle b) { return bitwise_operator(a, b, &bitwise_left_shift, true); },
+          nb::is_operator())
+      .def(
+          "__rshift__",
+          [](const Tensor& a, nb::handle b) { return bitwise_operator(a, b, &bitwise_right_shift, false); },
+          nb::is_operator())
+      .def(
+          "__rrshift__",
+          [](const Tensor& a, nb::handle b) { return bitwise_operator(a, b, &bitwise_right_shift, true); },
+          nb::is_operator())
+      .def(
+          "__iand__", [](Tensor& x, nb::handle o) -> Tensor& { return bitwise_inplace(x, o, "&=", &bitwise_and); },
+          nb::rv_policy::reference, nb::is_operator())
+      .def(
+          "__ior__", [](Tensor& x, nb::handle o) -> Tensor& { return bitwise_inplace(x, o, "|=", &bitwise_or); },
+          nb::rv_policy::reference, nb::is_operator())
+      .def(
+          "__ixor__", [](Tensor& x, nb::handle o) -> Tensor& { return bitwise_inplace(x, o, "^=", &bitwise_xor); },
+          nb::rv_policy::reference, nb::is_operator())
+      .def(
+          "__ilshift__",
+          [](Tensor& x, nb::handle o) -> Tensor& { return bitwise_inplace(x, o, "<<=", &bitwise_left_shift); },
+          nb::rv_policy::reference, nb::is_operator())
+      .def(
+          "__irshift__",
+          [](Tensor& x, nb::handle o) -> Tensor& { return bitwise_inplace(x, o, ">>=", &bitwise_right_shift); },
+          nb::rv_policy::reference, nb::is_operator())
+      .def(
+          "bitwise_and_",
+          [](Tensor& x, nb::handle o) -> Tensor& { return bitwise_inplace(x, o, "bitwise_and_", &bitwise_and); },
+          nb::arg("other"), nb::rv_policy::reference)
+      .def(
+          "bitwise_or_",
+          [](Tensor& x, nb::handle o) -> Tensor& { return bitwise_inplace(x, o, "bitwise_or_", &bitwise_or); },
+          nb::arg("other"), nb::rv_policy::reference)
+      .def(
+          "bitwise_xor_",
+          [](Tensor& x, nb::handle o) -> Tensor& { return bitwise_inplace(x, o, "bitwise_xor_", &bitwise_xor); },
+          nb::arg("other"), nb::rv_policy::reference)
+      .def(
+          "bitwise_left_shift_",
+          [](Tensor& x, nb::handle o) -> Tensor& {
+            return bitwise_inplace(x, o, "bitwise_left_shift_", &bitwise_left_shift);
+          },
+          nb::arg("other"), nb::rv_policy::reference)
+      .def(
+          "bitwise_right_shift_",
+          [](Tensor& x, nb::handle o) -> Tensor& {
+            return bitwise_inplace(x, o, "bitwise_right_shift_", &bitwise_right_shift);
+          },
+          nb::arg("other"), nb::rv_policy::reference)
+      .def(
+          "bitwise_not_",
+          [](Tensor& x) -> Tensor& {
+            check_inplace(x, "bitwise_not_");
+            GilRelease nogil;
+            return x.copy_(bitwise_not(x));
+          },
+          nb::rv_policy::reference)
       .def(
           "__eq__", [](const Tensor& a, nb::handle b) { return binary(a, b, static_cast<TT2>(&eq)); },
           nb::is_operator())
