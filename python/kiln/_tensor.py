@@ -139,8 +139,10 @@ class inference_mode(_GradModeContext):
     """torch.inference_mode(mode=True): no gradient recording inside, as kiln.no_grad (Kiln has no
     inference tensors: what is made inside is an ordinary tensor without a grad_fn, usable in autograd
     later). `with kiln.inference_mode():`, `@kiln.inference_mode()` or `@kiln.inference_mode`;
-    inference_mode(False) changes nothing (the grad mode stays the caller's, as torch's), and
-    kiln.is_inference_mode_enabled() says whether an enabled one is current."""
+    inference_mode(False) turns recording on (as torch's, also inside no_grad or an enabled
+    inference_mode), and kiln.is_inference_mode_enabled() says whether an enabled one is current.
+    Unlike torch's, an enable_grad() inside an enabled inference_mode records (torch's inference
+    mode wins over it)."""
 
     def __new__(cls, mode=True):
         if mode is None or isinstance(mode, builtins.bool):
@@ -152,8 +154,7 @@ class inference_mode(_GradModeContext):
 
     def __enter__(self):
         self.prev, self.prev_inference = _C.is_grad_enabled(), is_inference_mode_enabled()
-        if self.mode:
-            _C._set_grad_enabled(False)
+        _C._set_grad_enabled(not self.mode)  # torch's InferenceMode(mode) sets grad mode to !mode
         _inference.enabled = self.mode
         return self
 
@@ -301,6 +302,12 @@ max min argmax argmin cumsum cumprod cummax cummin sort argsort topk kthvalue me
 unbind index_select gather scatter scatter_add scatter_reduce take_along_dim nonzero masked_fill
 masked_scatter index_put tril triu flip roll tile softmax log_softmax
 """.split()
+
+
+def _a_type(value):
+    """'a float', 'an int': the article and the name of value's type, for messages."""
+    name = type(value).__name__
+    return ("an " if name[:1].lower() in "aeiou" else "a ") + name
 
 
 def _as_method(fn):

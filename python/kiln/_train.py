@@ -6,6 +6,7 @@ import signal
 import numpy as np
 
 from . import _C
+from ._tensor import _a_type
 from .models import _sets_of
 
 
@@ -85,7 +86,7 @@ def train(model="resnet20", *, out=None, callback=None, **options):
     if not isinstance(model, str):
         # str(model) of a Python module would reach --model as its printout
         raise TypeError("kiln.train: model must be a model name, one of kiln.models.names() "
-                        f"({', '.join(_C._model_names())}), not a {type(model).__name__}; kiln.train runs "
+                        f"({', '.join(_C._model_names())}), not {_a_type(model)}; kiln.train runs "
                         "`kiln train`, whose models are built in C++. "
                         "A Python module (kiln.nn.Module) trains in a loop of its own: loss.backward(), opt.step() "
                         "with kiln.optim, as README.md's Python example shows")

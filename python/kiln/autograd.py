@@ -4,7 +4,7 @@ import inspect
 
 from . import _C
 from ._C import Tensor, KilnError
-from ._tensor import no_grad
+from ._tensor import _a_type, no_grad
 
 def _tensors(x, what):
     """A tensor or a sequence of them (or Nones, for gradients) as a list."""
@@ -299,7 +299,7 @@ class Function:
                     if res[i] is not None:  # as torch: a gradient for a number would be dropped silently
                         raise KilnError(f"{name}.backward returned a gradient different than None at position "
                                         f"{i + 1}, but the corresponding forward input was not a tensor (a {kind}, "
-                                        f"given a {type(res[i]).__name__}); return None there")
+                                        f"given {_a_type(res[i])}); return None there")
                 for i in positions:
                     g = res[i]
                     if isinstance(g, Tensor) and not _expandable(shapes[i], tuple(g.shape)):

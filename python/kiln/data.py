@@ -21,6 +21,7 @@ import weakref
 import numpy as np
 
 from . import _C
+from ._tensor import _a_type
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -774,7 +775,7 @@ class TensorDataset:
             raise ValueError("TensorDataset: give at least one tensor")
         for i, t in enumerate(tensors):
             if not isinstance(t, _C.Tensor):
-                raise TypeError(f"TensorDataset: argument {i} is a {type(t).__name__}, not a kiln.Tensor")
+                raise TypeError(f"TensorDataset: argument {i} is {_a_type(t)}, not a kiln.Tensor")
             if len(t.shape) == 0:
                 raise ValueError(f"TensorDataset: argument {i} is 0-dimensional; samples are taken along dim 0")
         sizes = [t.shape[0] for t in tensors]

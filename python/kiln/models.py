@@ -13,7 +13,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _C
-from ._tensor import tensor
+from ._tensor import _a_type, tensor
 from .nn.modules import CppModule, _state_tensors
 
 
@@ -105,7 +105,7 @@ class ZooModel(CppModule):
         if hasattr(state_dict, "keys"):
             for k in state_dict.keys():
                 if not isinstance(k, str):
-                    raise TypeError(f"load_state_dict: key {k!r} is a {type(k).__name__}, expected a str (the name of "
+                    raise TypeError(f"load_state_dict: key {k!r} is {_a_type(k)}, expected a str (the name of "
                                     f"a parameter or buffer of {self.name})")
             # A BERT checkpoint named as Hugging Face names it (BertForMaskedLM: the tied decoder weight,
             # "bert." on an encoder, gamma/beta, position_ids) loads as `kiln forward` loads it: the
@@ -140,6 +140,14 @@ class ZooModel(CppModule):
                 except (ValueError, TypeError) as e:
                     raise TypeError(f"{self.name}: input '{k}' must be a kiln.Tensor or an array, got "
                                     f"{type(v).__name__} ({e})") from None
+            if k == "input" and v.dtype.is_floating_point and _C.autocast_dtype() is None:
+                # A ResNet's images in another float dtype than its weights (a float64 NumPy batch): refused
+                # as torch's conv refuses it (the engine would promote and run in float64).
+                w = next((p for p in self.parameters() if p.dtype.is_floating_point), None)
+                if w is not None and w.dtype != v.dtype:
+                    raise _C.KilnError(f"{self.name}: the input is {v.dtype.name} and the weights {w.dtype.name}; "
+                                       f"they must have the same dtype, as in torch: convert the input "
+                                       f"(x.to(kiln.{w.dtype.name})) or the model (.to(kiln.{v.dtype.name}))")
             feed[k] = v
         return dict(self._built.run(feed))
 
@@ -189,7 +197,7 @@ def _set_value(key, v, who="kiln.models.create"):
         return str(int(v))
     if isinstance(v, (int, float, str, np.floating)):
         return str(v)
-    raise TypeError(f"{who}: set['{key}'] is a {type(v).__name__}, expected a number or a bool")
+    raise TypeError(f"{who}: set['{key}'] is {_a_type(v)}, expected a number or a bool")
 
 
 def _sets_of(set, who="kiln.models.create"):  # noqa: A002

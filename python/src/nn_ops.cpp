@@ -81,11 +81,33 @@ void check_same_dtype(const char* op, const Tensor& x, const Tensor& w, const st
   if (amp::autocast_dtype()) return;
   const char* wn = kiln_dtype_name(w.dtype());
   const std::string to = w.dtype() == DType::f32 ? "x.float()" : std::string("x.to(kiln.") + wn + ")";
+  // An integer input (token ids, raw pixels) is converted; weights are not made integers.
   KILN_CHECK(x.dtype() == w.dtype(), op, ": the input is ", kiln_dtype_name(x.dtype()), " and the weight ", wn,
-             "; they must have the same dtype, as in torch: convert the input (", to,
-             ") or the module's parameters (.to(kiln.", kiln_dtype_name(x.dtype()), "))");
+             "; they must have the same dtype, as in torch: convert the input (", to, ")",
+             is_floating(x.dtype()) ? std::string(" or the weights (.to(kiln.") + kiln_dtype_name(x.dtype()) + "))"
+                                    : std::string());
   KILN_CHECK(!b || b->dtype() == w.dtype(), op, ": the bias is ", kiln_dtype_name(b->dtype()), " and the weight ", wn,
              "; they must have the same dtype, as in torch (convert the bias: b.to(kiln.", wn, "))");
+}
+
+// torch's normalisations (batch, layer, group, instance) take parameters of the input's dtype, or f32
+// ones for a 16-bit input; anything else (a float64 batch into float32 norms) it refuses as "mixed
+// dtype", where the engine would promote. Under autocast the engine's casts decide, as for linear.
+void check_norm_dtype(const char* op, const Tensor& x, std::initializer_list<const std::optional<Tensor>*> params) {
+  if (amp::autocast_dtype()) return;
+  for (const std::optional<Tensor>* p : params) {
+    if (!*p || (*p)->dtype() == x.dtype()) continue;
+    KILN_CHECK(is_low_precision(x.dtype()) && (*p)->dtype() == DType::f32, op, ": the input is ",
+               kiln_dtype_name(x.dtype()), " and its parameters or running statistics ", kiln_dtype_name((*p)->dtype()),
+               "; mixed dtypes are refused, as in torch (which takes float32 parameters only with a 16-bit input): ",
+               "convert the input (x.to(kiln.", kiln_dtype_name((*p)->dtype()), "))");
+  }
+}
+
+// A 16-bit input's normalisation with float32 parameters is the input's dtype, as torch's (the engine's
+// group and instance norms promote to float32).
+Tensor in_input_dtype(const Tensor& x, const Tensor& y) {
+  return is_low_precision(x.dtype()) && !amp::autocast_dtype() ? y.to(x.dtype()) : y;
 }
 
 // max_unpool's output_size against the sizes the pooling could have come from, as torch checks:
@@ -412,6 +434,7 @@ void bind_nn_ops(nb::module_& mod) {
           type_error(
               "batch_norm: momentum must be a number, got None (the cumulative average, momentum=None, "
               "is nn.BatchNorm's: it counts the batches; here pass 1 / batches seen)");
+        check_norm_dtype("batch_norm", x, {&rm, &rv, &w, &b});
         R r;
         return batch_norm(x, opt(rm), opt(rv), opt(w), opt(b), training, *momentum, eps);
       },
@@ -422,7 +445,9 @@ void bind_nn_ops(nb::module_& mod) {
       "_instance_norm_running",
       [](const Tensor& x, std::optional<Tensor> rm, std::optional<Tensor> rv, std::optional<Tensor> w,
          std::optional<Tensor> b, bool use_input_stats, double momentum, double eps) {
-        return instance_norm_running(x, opt(rm), opt(rv), opt(w), opt(b), use_input_stats, momentum, eps);
+        check_norm_dtype("instance_norm", x, {&rm, &rv, &w, &b});
+        return in_input_dtype(
+            x, instance_norm_running(x, opt(rm), opt(rv), opt(w), opt(b), use_input_stats, momentum, eps));
       },
       a("input"), a("running_mean").none(), a("running_var").none(), a("weight").none(), a("bias").none(),
       a("use_input_stats"), a("momentum"), a("eps"), nogil);
@@ -430,6 +455,7 @@ void bind_nn_ops(nb::module_& mod) {
       "batch_norm_relu",
       [](const Tensor& x, std::optional<Tensor> rm, std::optional<Tensor> rv, std::optional<Tensor> w,
          std::optional<Tensor> b, bool training, double momentum, double eps, std::optional<Tensor> residual) {
+        check_norm_dtype("batch_norm", x, {&rm, &rv, &w, &b});
         return batch_norm_relu(x, opt(rm), opt(rv), opt(w), opt(b), training, momentum, eps, opt(residual));
       },
       a("input"), a("running_mean").none(), a("running_var").none(), nb::arg("weight") = nb::none(),
@@ -439,6 +465,7 @@ void bind_nn_ops(nb::module_& mod) {
       "layer_norm",
       [](const Tensor& x, nb::handle shape, std::optional<Tensor> w, std::optional<Tensor> b, double eps) {
         const Shape s(to_dims(shape, "normalized_shape"));
+        check_norm_dtype("layer_norm", x, {&w, &b});
         R r;
         return layer_norm(x, s, opt(w), opt(b), eps);
       },
@@ -447,14 +474,16 @@ void bind_nn_ops(nb::module_& mod) {
   m.def(
       "group_norm",
       [](const Tensor& x, int64_t g, std::optional<Tensor> w, std::optional<Tensor> b, double eps) {
-        return group_norm(x, g, opt(w), opt(b), eps);
+        check_norm_dtype("group_norm", x, {&w, &b});
+        return in_input_dtype(x, group_norm(x, g, opt(w), opt(b), eps));
       },
       a("input"), a("num_groups"), nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(), nb::arg("eps") = 1e-5,
       nogil);
   m.def(
       "instance_norm",
       [](const Tensor& x, std::optional<Tensor> w, std::optional<Tensor> b, double eps) {
-        return instance_norm(x, opt(w), opt(b), eps);
+        check_norm_dtype("instance_norm", x, {&w, &b});
+        return in_input_dtype(x, instance_norm(x, opt(w), opt(b), eps));
       },
       a("input"), nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(), nb::arg("eps") = 1e-5, nogil);
   m.def(

@@ -417,7 +417,7 @@ def test_zoo_load_state_dict_names_a_non_str_key():
     m = kiln.models.create("resnet20", set={"num_classes": 3})
     sd = m.state_dict()
     sd[7] = kiln.zeros(1)
-    with pytest.raises(TypeError, match="key 7 is a int, expected a str"):
+    with pytest.raises(TypeError, match="key 7 is an int, expected a str"):
         m.load_state_dict(sd)
 
 

@@ -322,7 +322,7 @@ def test_clip_grad_norm_takes_a_tensor_or_an_iterable():
     lin(kiln.ones((4, 3))).sum().backward()
     assert kiln.nn.clip_grad_norm_(lin.parameters(), 1e-3, norm_type=float("inf")).item() > 0  # an iterator
     assert kiln.nn.clip_grad_norm_((p for p in lin.parameters()), 1e-3).item() > 0  # a generator
-    with pytest.raises(TypeError, match=r"parameters\[1\] is a int"):
+    with pytest.raises(TypeError, match=r"parameters\[1\] is an int"):
         kiln.nn.clip_grad_norm_([one, 3], 1.0)
     with pytest.raises(TypeError, match="max_norm must be a number"):
         kiln.nn.clip_grad_norm_(one, "1")

@@ -150,9 +150,17 @@ def test_inference_mode_as_torch():
     with kiln.inference_mode():
         assert kiln.is_inference_mode_enabled() and not kiln.is_grad_enabled()
         assert not (x * 2).requires_grad
-        with kiln.inference_mode(False):  # changes nothing: grad mode stays the caller's
-            assert not kiln.is_inference_mode_enabled() and not kiln.is_grad_enabled()
-        assert kiln.is_inference_mode_enabled()
+        with kiln.inference_mode(False):  # turns recording on, as torch's
+            assert not kiln.is_inference_mode_enabled() and kiln.is_grad_enabled() and (x * 2).requires_grad
+        assert kiln.is_inference_mode_enabled() and not kiln.is_grad_enabled()
+    with kiln.no_grad(), kiln.inference_mode(False):
+        assert kiln.is_grad_enabled() and (x * 2).requires_grad
+    tx = torch.ones(2, requires_grad=True)
+    with torch.inference_mode():
+        with torch.inference_mode(False):
+            assert torch.is_grad_enabled() and (tx * 2).requires_grad
+    with torch.no_grad(), torch.inference_mode(False):
+        assert torch.is_grad_enabled() and (tx * 2).requires_grad
     assert kiln.is_grad_enabled() and not kiln.is_inference_mode_enabled()
     with kiln.inference_mode(False):
         assert kiln.is_grad_enabled() and (x * 2).requires_grad
@@ -211,3 +219,43 @@ def test_mixed_dtypes_under_autocast_still_cast():
         assert conv(kiln.ones(1, 2, 5, 5, dtype=kiln.bfloat16)).dtype == kiln.bfloat16
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.nn.Linear(2, 2)(torch.ones(3, 2, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_mixed_dtype_norms_and_zoo_models_as_torch():
+    # A review found the promotion the linear/conv check refuses still open through the norms and the
+    # C++ zoo models: torch refuses float64 input into float32 norms (and float32 into bfloat16 ones),
+    # takes float32 parameters with a 16-bit input (result in the input's dtype), and rms_norm mixes.
+    Fk = kiln.nn.functional
+    Ft = torch.nn.functional
+    cases = [("batch_norm", lambda F, x, w, b, z, o: F.batch_norm(x, z, o, w, b, True)),
+             ("layer_norm", lambda F, x, w, b, z, o: F.layer_norm(x.transpose(1, 2), (6,), w, b)),
+             ("group_norm", lambda F, x, w, b, z, o: F.group_norm(x, 2, w, b)),
+             ("instance_norm", lambda F, x, w, b, z, o: F.instance_norm(x, weight=w, bias=b))]
+    data = np.random.default_rng(3).standard_normal((4, 6, 3))
+    for xd, wd in [("float64", "float32"), ("bfloat16", "float32"), ("float32", "bfloat16"), ("float16", "float32"),
+                   ("float32", "float64"), ("float32", "float32")]:
+        for name, f in cases:
+            def run(mk, F):
+                x = mk.tensor(data, dtype=getattr(mk, "float64")).to(getattr(mk, xd))
+                p = [mk.ones(6, dtype=getattr(mk, wd)), mk.zeros(6, dtype=getattr(mk, wd))]
+                try:
+                    return f(F, x, p[0], p[1], p[1].clone(), p[0].clone()).dtype
+                except RuntimeError:
+                    return None
+            want, got = run(torch, Ft), run(kiln, Fk)
+            assert (got is None) == (want is None), (name, xd, wd, got, want)
+            if want is not None:
+                assert got.name == str(want).replace("torch.", ""), (name, xd, wd, got, want)
+    with pytest.raises(kiln.KilnError, match="batch_norm: the input is float64 and its parameters .* float32"):
+        kiln.nn.BatchNorm1d(6)(kiln.tensor(data))
+    m = kiln.models.create("resnet20")
+    with pytest.raises(kiln.KilnError, match=r"resnet20: the input is float64 and the weights float32"):
+        m(kiln.tensor(np.random.rand(2, 3, 32, 32)))
+    assert m(kiln.randn(2, 3, 32, 32)).dtype == kiln.float32
+    assert kiln.models.create("resnet20").to(kiln.float64)(kiln.tensor(np.random.rand(2, 3, 32, 32))).dtype \
+        == kiln.float64
+    with kiln.autocast("cpu", dtype=kiln.bfloat16):  # autocast casts as before
+        assert m(kiln.randn(2, 3, 32, 32)).dtype == kiln.bfloat16
+    # an integer input is converted; the message does not suggest integer weights
+    with pytest.raises(kiln.KilnError, match=r"convert the input \(x\.float\(\)\)$|convert the input \(x\.float\(\)\) \("):
+        Fk.linear(kiln.ones(2, 3, dtype=kiln.int64), kiln.ones(4, 3))

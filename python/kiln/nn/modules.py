@@ -14,7 +14,7 @@ from .. import _C
 from .._C import Tensor, KilnError, KilnValueError
 from .._memory_format import _memory_format, channels_last
 from ..autograd import Function
-from .._tensor import no_grad, tensor as _tensor
+from .._tensor import _a_type, no_grad, tensor as _tensor
 from . import functional as F
 
 
@@ -815,7 +815,7 @@ def _foreign_tensor(key, value, mine, what):
         if callable(getattr(value, "resolve_neg", None)):
             value = value.resolve_neg()  # torch exports a negative-bit view's memory, not its values
     else:
-        raise TypeError(f"{what}: '{key}' is a {type(value).__name__}, expected a kiln.Tensor, a NumPy array or "
+        raise TypeError(f"{what}: '{key}' is {_a_type(value)}, expected a kiln.Tensor, a NumPy array or "
                         "a torch.Tensor")
     try:
         try:
@@ -1666,7 +1666,7 @@ def _pairs(cls, items):
     pairs = []
     for j, kv in enumerate(items):
         if not hasattr(kv, "__iter__") or isinstance(kv, (str, Tensor)):
-            raise TypeError(f"{cls}.update: element #{j} is a {type(kv).__name__}, not a key/value pair")
+            raise TypeError(f"{cls}.update: element #{j} is {_a_type(kv)}, not a key/value pair")
         kv = tuple(kv)
         if len(kv) != 2:
             raise ValueError(f"{cls}.update: element #{j} has length {len(kv)}; 2 is required")

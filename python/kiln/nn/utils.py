@@ -6,7 +6,7 @@ to 0)."""
 import numbers
 
 from .. import _C
-from .._tensor import no_grad as _no_grad
+from .._tensor import _a_type, no_grad as _no_grad
 
 
 def _tensors(fn, parameters):
@@ -21,7 +21,7 @@ def _tensors(fn, parameters):
                         f"{type(parameters).__name__}") from None
     for i, p in enumerate(parameters):
         if not isinstance(p, _C.Tensor):
-            raise TypeError(f"{fn}: parameters[{i}] is a {type(p).__name__}, not a tensor")
+            raise TypeError(f"{fn}: parameters[{i}] is {_a_type(p)}, not a tensor")
     return parameters
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _C
 from . import lr_scheduler  # noqa: F401  (kiln.optim.lr_scheduler, torch's schedulers)
-from .._tensor import no_grad as _no_grad
+from .._tensor import _a_type, no_grad as _no_grad
 from .._C import LrSchedule  # noqa: F401
 
 
@@ -333,7 +333,7 @@ class Optimizer:
         (group,) = _params([param_group])
         for p in group["params"]:
             if not isinstance(p, _C.Tensor):
-                raise TypeError(f"add_param_group: 'params' holds a {type(p).__name__}, expected kiln.Tensor")
+                raise TypeError(f"add_param_group: 'params' holds {_a_type(p)}, expected kiln.Tensor")
         have = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in have for p in group["params"]):
             raise ValueError("add_param_group: some parameters appear in more than one parameter group")
