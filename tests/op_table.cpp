@@ -602,26 +602,18 @@ std::vector<Row> build() {
         const Tensor a = sub(x[0], full({}, 1 << 19, TensorOptions(DType::i64, x[0].device()))), b = x[1], m = x[2],
                      mb = x[3];
         const Tensor s = sub(x[4], full({}, 8, TensorOptions(DType::i64, x[4].device())));  // shift amounts in [-8, 72)
-        return V{bitwise_and(a, b),
-                 bitwise_or(a, b),
-                 bitwise_xor(a, b),
-                 bitwise_not(a),
-                 bitwise_and(a.to(DType::i32), b),
-                 bitwise_or(a.to(DType::i16), b.to(DType::i16)),
-                 bitwise_xor(a.to(DType::u8), b.to(DType::u8)),
-                 bitwise_not(a.to(DType::u8)),
-                 bitwise_and(a.to(DType::i8), m),
-                 bitwise_and(m, mb),
-                 bitwise_or(m, mb),
-                 bitwise_xor(m, mb),
-                 bitwise_not(m),
-                 bitwise_xor(a.t(), b.unsqueeze(1)),
-                 bitwise_left_shift(a, s),
-                 bitwise_right_shift(a, s),
-                 bitwise_left_shift(a.to(DType::i32), s.to(DType::i32)),
+        return V{bitwise_and(a, b), bitwise_or(a, b), bitwise_xor(a, b), bitwise_not(a),
+                 bitwise_and(a.to(DType::i32), b), bitwise_or(a.to(DType::i16), b.to(DType::i16)),
+                 bitwise_xor(a.to(DType::u8), b.to(DType::u8)), bitwise_not(a.to(DType::u8)),
+                 bitwise_and(a.to(DType::i8), m), bitwise_and(m, mb), bitwise_or(m, mb), bitwise_xor(m, mb),
+                 bitwise_not(m), bitwise_xor(a.t(), b.unsqueeze(1)), bitwise_left_shift(a, s),
+                 bitwise_right_shift(a, s), bitwise_left_shift(a.to(DType::i32), s.to(DType::i32)),
                  bitwise_right_shift(a.to(DType::i8), s.to(DType::i8)),
-                 bitwise_right_shift(a.to(DType::u8), s.to(DType::u8)),
-                 bitwise_left_shift(m, s)};
+                 bitwise_right_shift(a.to(DType::u8), s.to(DType::u8)), bitwise_left_shift(m, s),
+                 // An i64 shift's result goes past 2^53, where the comparison's doubles drop low bits: its
+                 // low and high 32 bits each, exactly.
+                 bitwise_and(bitwise_left_shift(a, s), full({}, 0xFFFFFFFFLL, TensorOptions(DType::i64, a.device()))),
+                 bitwise_right_shift(bitwise_left_shift(a, s), full({}, 32, TensorOptions(DType::i64, a.device())))};
       })
       .ref([](const V& x) {
         using I = int64_t;
@@ -663,7 +655,9 @@ std::vector<Row> build() {
                  f(a, s, [&](I p, I q) { return i32(shl(I(i32(p)), I(i32(q)), 32)); }),
                  f(a, s, [&](I p, I q) { return i8(shr(I(i8(p)), I(i8(q)), 8, true)); }),
                  f(a, s, [&](I p, I q) { return u8(shr(I(u8(p)), I(u8(q)), 8, false)); }),
-                 f(m, s, [&](I p, I q) { return double(shl(p, q, 64)); })};
+                 f(m, s, [&](I p, I q) { return double(shl(p, q, 64)); }),
+                 f(a, s, [&](I p, I q) { return double(shl(p, q, 64) & I(0xFFFFFFFFLL)); }),
+                 f(a, s, [&](I p, I q) { return double(shl(p, q, 64) >> 32); })};
       })
       .covers({"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift"})
       .f32_only()

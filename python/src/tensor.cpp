@@ -657,6 +657,15 @@ Tensor bitwise_operator(const Tensor& a, nb::handle b, TT2 fn, bool reflected) {
 Tensor& bitwise_inplace(Tensor& x, nb::handle o, const char* op, TT2 fn) {
   check_inplace(x, op, o);
   const Tensor t = to_tensor(o, &x, "operand");
+  // The result must have x's shape (checked before computing it, as add_ does)
+  Shape shape;
+  try {
+    shape = broadcast_shapes(x.shape(), t.shape());
+  } catch (const Error& e) {
+    KILN_FAIL(op, ": ", e.message());
+  }
+  KILN_CHECK(shape == x.shape(), op, ": cannot broadcast ", t.shape(), " into ", x.shape(),
+             " (the result would not fit x in place)");
   GilRelease nogil;
   const Tensor r = fn(x, t);
   KILN_CHECK(can_cast(r.dtype(), x.dtype()), op, ": the result type ", r.dtype(), " cannot be written into ",

@@ -151,3 +151,17 @@ def test_float_operands_are_refused_naming_the_op_and_dtype():
     with pytest.raises(kiln.KilnError, match="bitwise_and: the first operand is f32"):
         f.requires_grad_()
         kiln.bitwise_and(f, i)
+
+
+def test_in_place_shape_errors_name_the_op():
+    # x |= y whose result is larger than x: refused naming |= before anything is computed (it named copy_'s
+    # expand); shapes that do not broadcast name it too
+    x = kiln.zeros(3, dtype=kiln.int64)
+    with pytest.raises(kiln.KilnError, match=r"^\|=: cannot broadcast \[1,3\] into \[3\]"):
+        x |= kiln.ones((1, 3), dtype=kiln.int64)
+    with pytest.raises(kiln.KilnError, match=r"^bitwise_and_: shapes \[3\] and \[4\] do not broadcast"):
+        x.bitwise_and_(kiln.ones(4, dtype=kiln.int64))
+    with pytest.raises(RuntimeError):
+        tx = torch.zeros(3, dtype=torch.int64)
+        tx |= torch.ones((1, 3), dtype=torch.int64)
+    assert x.tolist() == [0, 0, 0]
