@@ -367,6 +367,13 @@ Tensor to_tensor(nb::handle h, const Tensor* like, const char* what) {
     const std::string tn = py_type_name(h);
     if (tn == "numpy.bool" || tn == "numpy.bool_")
       return to_tensor(nb::float_(PyObject_IsTrue(h.ptr()) == 1), like, what);
+    // A NumPy integer beside a bool tensor is an int to PyTorch, so i64 (mask + np.int32(2) was i32);
+    // beside other tensors its own dtype already gives PyTorch's result.
+    if (like->dtype() == DType::boolean && tn.rfind("numpy.", 0) == 0 && PyIndex_Check(h.ptr())) {
+      PyObject* i = PyNumber_Index(h.ptr());
+      if (!i) nb::raise_python_error();
+      return to_tensor(nb::steal(i), like, what);
+    }
   }
   if (PyBool_Check(h.ptr())) return scalar_tensor(h.is(Py_True) ? 1.0 : 0.0, TensorOptions(DType::boolean));
   if (PyLong_Check(h.ptr())) {

@@ -165,3 +165,14 @@ def test_in_place_shape_errors_name_the_op():
         tx = torch.zeros(3, dtype=torch.int64)
         tx |= torch.ones((1, 3), dtype=torch.int64)
     assert x.tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("number", [np.int32(2), np.uint8(200), np.int16(-3), np.int64(5)])
+def test_numpy_integers_beside_a_bool_tensor_are_ints_as_torch(number):
+    # torch takes a NumPy integer scalar as a Python int: beside a bool tensor the result is int64 (it
+    # was the scalar's own dtype: mask + np.int32(2) int32, np.uint8(200) << mask wrapped in uint8)
+    k, t = kiln.tensor([True, False]), torch.tensor([True, False])
+    for op in (operator.add, operator.mul, operator.and_, operator.or_, operator.xor):
+        same(op(k, number), op(t, number))
+        same(op(number, k), op(number, t))
+    same(np.uint8(200) << k, np.uint8(200) << t)
