@@ -95,6 +95,9 @@ void GradScaler::step(optim::Optimizer& opt, const std::vector<Tensor>& params) 
     KILN_CHECK(p->stage != Stage::stepped,
                "GradScaler: step() was already called on this optimizer since the last "
                "update(); call update() first");
+  // The optimizer's own refusals that need no gradient, before the gradients are unscaled and the stage
+  // moves on: a refused step leaves both as they were, and a retry after fixing the lr steps.
+  opt.check_lrs();
   if (!find(opt)) unscale(opt, params);
   PerOptimizer& p = *find(opt);
   if (agree) agree(p.found_inf);

@@ -138,8 +138,20 @@ void Optimizer::rebind(const std::vector<int64_t>& from) {
     for (size_t i = 0; i < groups_[g].params.size(); ++i) ids_[g][i] = groups_[g].params[i].impl_ptr();
 }
 
+void Optimizer::check_lrs() const {
+  // A group's lr may be set below 0 (a schedule past its end gives one, which torch's loop never uses); a
+  // step with it would ascend the loss where descent was meant, so it is refused. Every group is checked,
+  // with a gradient or not: under ZeRO a rank whose shard holds no parameter of a group with gradients
+  // would otherwise step on where the other ranks refuse, and the collectives would hang.
+  for (size_t g = 0; g < groups_.size(); ++g)
+    KILN_CHECK(std::isfinite(groups_[g].lr) && groups_[g].lr >= 0, name(), ": group ", g, "'s lr is ", groups_[g].lr,
+               " at this step; a step needs a finite lr >= 0 (a negative lr would ascend the gradient where "
+               "torch's loop with a schedule past its end never steps; to ascend, minimize the negated loss)");
+}
+
 void Optimizer::step(const Tensor& skip_if) {
   NoGradGuard ng;
+  check_lrs();
   // Every check before anything changes: the parameters with gradients share one device (the
   // step count's and the flag's), and their gradients match them in shape and dtype (an f64
   // gradient of an f32 parameter is refused, as torch does, not rounded silently).
@@ -165,11 +177,6 @@ void Optimizer::step(const Tensor& skip_if) {
       const Tensor& p = groups_[g].params[i];
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      // A group's lr may be set below 0 (a schedule past its end gives one, which torch's loop never uses); a
-      // step with it would ascend the loss where descent was meant, so it is refused (maximize=True ascends).
-      KILN_CHECK(std::isfinite(groups_[g].lr) && groups_[g].lr >= 0, name(), ": group ", g, "'s lr is ", groups_[g].lr,
-                 " at this step; a step needs a finite lr >= 0 (a negative lr would ascend the "
-                 "gradient where torch's loop with a schedule past its end never steps; to ascend use maximize=True)");
       KILN_CHECK(grad.shape() == p.shape(), name(), ": parameter ", i, " of group ", g, ": gradient ", grad.shape(),
                  " does not match parameter ", p.shape());
       KILN_CHECK(grad.dtype() == p.dtype(), name(), ": parameter ", i, " of group ", g, " (", p.type_str(), ") has a ",

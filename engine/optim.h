@@ -51,6 +51,9 @@ class Optimizer {
   // the flag and the step count there, so a step never waits for the host. (Parameters outside the
   // fused path, see use_fused, read both on the host.)
   void step(const Tensor& skip_if = {});
+  // step()'s first check, callable before it (GradScaler::step runs it before unscaling): every group's
+  // lr finite and >= 0, whether or not its parameters have gradients.
+  void check_lrs() const;
   // Drops the gradients, or with set_to_none = false sets them to zero in place.
   void zero_grad(bool set_to_none = true);
   // Mutable for each group's lr, weight decay and options, and for replacing a parameter by another

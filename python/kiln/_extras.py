@@ -5,6 +5,7 @@ differentiates it as it does them; the in-place forms follow Kiln's rule for in-
 tensor that requires grad, outside kiln.no_grad(), naming the method)."""
 import builtins
 import numbers
+import sys
 import types
 
 import numpy as np
@@ -64,26 +65,49 @@ def logaddexp(input, other):
     return m + _C.log1p(_C.exp(-diff))
 
 
+def _dropped(t, like):
+    """0 in like's shape where t is ignored (torch's beta=0 and alpha=0): t's NaN and inf do not reach the
+    result, and t's gradient is zeros, not None, as torch's."""
+    none = _C.zeros(list(like.shape), dtype=_C.dtype.bool, device=like.device)
+    return _C.where(none, t, _C.zeros_like(like))
+
+
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
-    """beta * input + alpha * (mat1 @ mat2), as torch.addmm (mat1, mat2 2-D; input broadcast to the result);
-    with beta=0 input is ignored, NaN and inf in it too, as torch's."""
+    """beta * input + alpha * (mat1 @ mat2), as torch.addmm (mat1, mat2 2-D; input must broadcast to the
+    result's (n, p)); with beta=0 input is ignored, NaN and inf in it too, and its gradient is zeros, as
+    torch's; with alpha=0 so is mat1 @ mat2 (inf in mat1 gives input, not NaN)."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"addmm(): argument 'input' must be a kiln.Tensor, not {type(input).__name__}")
     for arg, t in (("mat1", mat1), ("mat2", mat2)):
         if not isinstance(t, Tensor) or t.dim() != 2:
             got = f"a {t.dim()}-D tensor" if isinstance(t, Tensor) else type(t).__name__
             raise _C.KilnValueError(f"addmm: {arg} must be a 2-D matrix, got {got}")
     out = _C.matmul(mat1, mat2)
-    if alpha != 1:
+    n_p = (mat1.shape[0], mat2.shape[1])
+    try:
+        fits = input.dim() <= 2 and np.broadcast_shapes(tuple(input.shape), n_p) == n_p
+    except ValueError:
+        fits = False
+    if not fits:
+        raise _C.KilnValueError(f"addmm: input {list(input.shape)} cannot be broadcast to the product's shape "
+                                f"{list(n_p)} (mat1 {list(mat1.shape)} @ mat2 {list(mat2.shape)})")
+    if alpha == 0:
+        out = _dropped(out, out)
+    elif alpha != 1:
         out = out * alpha
     if beta == 0:
-        return out
+        return out + _dropped(input, out)
     return out + (input if beta == 1 else input * beta)
 
 
 def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     """The p-norm distance of each row of x1 (..., P, M) to each row of x2 (..., R, M): (..., P, R), as
-    torch.cdist (batch dims broadcast). Computed as norm(x1_i - x2_j, p), so its gradient is torch's: 0 where
-    two rows are equal. compute_mode is accepted; the result is the direct computation's (torch's
-    matrix-product shortcut for large inputs agrees to rounding)."""
+    torch.cdist (batch dims broadcast), values and gradients: 0 where two rows are equal; for 0 < p < 1 a
+    coordinate where the rows agree contributes 0 (not NaN); for p=inf each coordinate tied at the maximum
+    gets sign(difference), as torch's. For p=2 with more than 25 rows on either side (compute_mode
+    'use_mm_for_euclid_dist_if_necessary', torch's default) or with 'use_mm_for_euclid_dist' the distance is
+    torch's matrix-product form sqrt(max(|a|^2 + |b|^2 - 2 a.b, 0)), without the (..., P, R, M) difference
+    tensor; 'donot_use_mm_for_euclid_dist' always takes the difference."""
     for arg, t in (("x1", x1), ("x2", x2)):
         if not isinstance(t, Tensor) or t.dim() < 2:
             got = f"a {t.dim()}-D tensor" if isinstance(t, Tensor) else type(t).__name__
@@ -94,19 +118,45 @@ def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     if not _is_float(x1.dtype) or not _is_float(x2.dtype):
         raise _C.KilnValueError(f"cdist: only floating-point tensors are supported, got {x1.dtype.name} and "
                                 f"{x2.dtype.name}")
+    if x1.dtype != x2.dtype:
+        raise _C.KilnValueError(f"cdist: x1 and x2 must have the same dtype, got {x1.dtype.name} and "
+                                f"{x2.dtype.name} (as torch: convert one first)")
     p = float(p)
     if not p >= 0:
         raise _C.KilnValueError(f"cdist: p value for the p-norm distance must be >= 0, got {p}")
     if compute_mode not in ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist",
                             "donot_use_mm_for_euclid_dist"):
         raise _C.KilnValueError(f"cdist: {compute_mode!r} is not a valid value for compute_mode")
+    if x1.shape[-1] == 0:
+        batch = list(np.broadcast_shapes(tuple(x1.shape[:-2]), tuple(x2.shape[:-2])))
+        return _C.zeros(batch + [x1.shape[-2], x2.shape[-2]], dtype=x1.dtype, device=x1.device)
+    if p == 2 and (compute_mode == "use_mm_for_euclid_dist" or (
+            compute_mode == "use_mm_for_euclid_dist_if_necessary" and (x1.shape[-2] > 25 or x2.shape[-2] > 25))):
+        # torch's _euclidean_dist: |a|^2 + |b|^2 - 2 a.b, clamped at 0 (rounding can take it below), its
+        # square root 0 with gradient 0 where it is 0 (torch's clamp_min(1e-30) passes none there)
+        sq = (x1 * x1).sum(-1, True) + (x2 * x2).sum(-1, True).transpose(-1, -2) \
+            - 2 * _C.matmul(x1, x2.transpose(-1, -2))
+        pos = sq > 0
+        return _C.where(pos, _C.sqrt(_C.where(pos, sq, _C.ones_like(sq))), _C.zeros_like(sq))
     diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (..., P, R, M)
-    if diff.shape[-1] == 0:
-        return _C.zeros(list(diff.shape[:-1]), dtype=diff.dtype, device=diff.device)
-    # rows at distance 0 take the norm of ones instead, and give 0: their gradient is 0, as torch's (the
-    # p-norm's own is 0 / 0 there for p other than 1 and 2)
+    # rows at distance 0 give 0 with gradient 0, as torch's (the p-norm's own is 0 / 0 there for p other
+    # than 1 and 2): their differences are replaced by ones before the norm
     zero = (diff == 0).all(-1, True)
-    dist = _C.norm(_C.where(zero, _C.ones_like(diff), diff), p, -1, False)
+    safe = _C.where(zero, _C.ones_like(diff), diff)
+    if p == float("inf"):
+        # max |d|, its gradient sign(d) at every coordinate tied at the maximum (torch's), not shared
+        a = _C.abs(safe)
+        top = a.detach().amax(-1, True)
+        tied = a.detach() == top
+        dist = (top + _C.where(tied, a - a.detach(), _C.zeros_like(a)).sum(-1, True)).squeeze(-1)
+    elif 0 < p < 1:
+        # sum |d|^p with |d| taken as 1 where d is 0 and its term masked to 0: |d|^p's derivative is
+        # infinite at 0 (times 0: NaN), torch's is 0 there
+        nz = safe != 0
+        a = _C.abs(_C.where(nz, safe, _C.ones_like(safe)))
+        dist = _C.pow(_C.where(nz, _C.pow(a, p), _C.zeros_like(a)).sum(-1, False), 1.0 / p)
+    else:
+        dist = _C.norm(safe, p, -1, False)
     return _C.where(zero.squeeze(-1), _C.zeros_like(dist), dist)
 
 
@@ -148,14 +198,22 @@ class _DeviceType(type):
 
 
 class device(metaclass=_DeviceType):
-    """torch.device: kiln.device("cpu"), kiln.device("cuda", 0), kiln.device("cuda:1") give a kiln.Device
-    (isinstance(d, kiln.device) holds for any kiln.Device)."""
+    """torch.device: kiln.device("cpu"), kiln.device("cuda", 0), kiln.device("cuda:1"), kiln.device(0) (cuda:0,
+    as torch's), kiln.device("cpu", 0) give a kiln.Device (isinstance(d, kiln.device) holds for any
+    kiln.Device). A Device always has an index: "cuda" is cuda:0 (index 0, torch's has None and prints
+    "cuda"), "cpu" has index 0 and prints "cpu" (torch's "cpu:0" prints its index)."""
 
     def __new__(cls, type, index=None):
         if isinstance(type, Device):
             if index is not None:
                 raise TypeError("device(): an index cannot be given with a device")
             return type
+        if isinstance(type, numbers.Integral) and not isinstance(type, builtins.bool):
+            if index is not None:
+                raise TypeError("device(): an index cannot be given with a device ordinal")
+            if type < 0:
+                raise _C.KilnValueError(f"device(): device ordinal must be non-negative, got {type}")
+            return Device(f"cuda:{int(type)}")  # torch.device(0) is cuda:0
         if not isinstance(type, str):
             raise TypeError(f"device(): argument 'type' must be a str, not {builtins.type(type).__name__}")
         if index is not None:
@@ -164,6 +222,11 @@ class device(metaclass=_DeviceType):
                                         f"passed explicitly: {type}")
             if not isinstance(index, numbers.Integral) or isinstance(index, builtins.bool) or index < 0:
                 raise _C.KilnValueError(f"device(): index must be a non-negative int, got {index!r}")
+            if type in ("cpu", "meta"):
+                # Kiln's CPU and meta devices are one each, index 0 (torch's "cpu:0" prints its index)
+                if index != 0:
+                    raise _C.KilnValueError(f"device(): Kiln has one {type} device, index 0; got index {index}")
+                return Device(type)
             type = f"{type}:{index}"
         return Device(type)
 
@@ -181,10 +244,42 @@ def _cuda_device_count():
 cuda = types.ModuleType("kiln.cuda", "torch.cuda's queries: is_available(), device_count(), synchronize().")
 cuda.is_available = _cuda_is_available
 cuda.device_count = _cuda_device_count
-cuda.synchronize = lambda device=0: _C.cuda_synchronize(device.index if isinstance(device, Device) else device)
+
+
+def _cuda_synchronize(device=None):
+    """Waits for the work queued on a CUDA device (torch.cuda.synchronize): device None (device 0), an int,
+    a "cuda"/"cuda:N" string or a CUDA kiln.device; a CPU device is refused."""
+    if device is None:
+        device = 0
+    if isinstance(device, str):
+        device = Device(device)
+    if isinstance(device, Device):
+        if device.type != "cuda":
+            raise _C.KilnValueError(f"cuda.synchronize: expected a CUDA device, got {str(device)!r}")
+        device = device.index
+    if not isinstance(device, numbers.Integral) or isinstance(device, builtins.bool):
+        raise TypeError(f"cuda.synchronize(): argument 'device' must be a kiln.device, str or int, not "
+                        f"{type(device).__name__}")
+    _C.cuda_synchronize(int(device))
+
+
+cuda.synchronize = _cuda_synchronize
+# a module in sys.modules, as torch.cuda: `import kiln.cuda` and `from kiln.cuda import is_available` work
+sys.modules[cuda.__name__] = cuda
 
 _UNARY = ("exp", "sqrt", "log", "abs", "sigmoid", "tanh", "sin", "cos", "rsqrt", "reciprocal", "log1p", "expm1",
           "floor", "ceil", "round", "trunc", "frac", "sign", "relu", "erf")
+
+
+def _clamp_inplace(name, side):
+    """Tensor.clamp_min_ / clamp_max_: clamp_ with one bound, its in-place refusals naming name."""
+    def method(self, bound):
+        _C._check_inplace(self, name)
+        if isinstance(bound, Tensor):
+            _C._check_inplace(self, name, bound)
+        return self.clamp_(bound, None) if side == "min" else self.clamp_(None, bound)
+    method.__name__ = name
+    return method
 
 
 def _install():
@@ -193,8 +288,8 @@ def _install():
     Tensor.pow_ = _inplace_unary("pow_", _C.pow)
     Tensor.clamp_min = lambda self, min: clamp_min(self, min)
     Tensor.clamp_max = lambda self, max: clamp_max(self, max)
-    Tensor.clamp_min_ = lambda self, min: self.clamp_(min, None)
-    Tensor.clamp_max_ = lambda self, max: self.clamp_(None, max)
+    Tensor.clamp_min_ = _clamp_inplace("clamp_min_", "min")
+    Tensor.clamp_max_ = _clamp_inplace("clamp_max_", "max")
     Tensor.logaddexp = lambda self, other: logaddexp(self, other)
     Tensor.addmm = lambda self, mat1, mat2, *, beta=1, alpha=1: addmm(self, mat1, mat2, beta=beta, alpha=alpha)
     Tensor.fill_diagonal_ = _inplace_unary("fill_diagonal_", _fill_diagonal_values)

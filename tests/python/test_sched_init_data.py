@@ -1443,3 +1443,67 @@ def test_backward_releasing_a_numpy_gradient_while_another_thread_builds_graphs_
     r = subprocess.run([sys.executable, "-c", DEADLOCK_SCRIPT], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "alive 0" in r.stdout, r.stdout + r.stderr
+
+
+def test_grad_scaler_step_with_a_negative_lr_changes_nothing_and_can_be_retried():
+    # the lr check runs before the gradients are unscaled and the scaler notes the step: fixing the lr and
+    # stepping again takes the step once, with the gradient unscaled once
+    p = kiln.tensor([1.0, 2.0], requires_grad=True)
+    opt = kiln.optim.SGD([p], lr=0.1)
+    scaler = kiln.amp.GradScaler("cpu", init_scale=8.0)
+    scaler.scale((p * kiln.tensor([1.0, 3.0])).sum()).backward()
+    opt.param_groups[0]["lr"] = -0.1
+    with pytest.raises(kiln.KilnError, match=r"group 0's lr is -0\.1 at this step; a step needs a finite lr >= 0"):
+        scaler.step(opt)
+    assert p.grad.numpy().tolist() == [8.0, 24.0] and p.detach().numpy().tolist() == [1.0, 2.0]
+    opt.param_groups[0]["lr"] = 0.1
+    scaler.step(opt)
+    scaler.update()
+    assert p.detach().numpy().tolist() == pytest.approx([0.9, 1.7])
+
+
+def test_the_negative_lr_refusal_suggests_maximize_only_where_the_group_does_not_set_it():
+    for maximize in (False, True):
+        p = kiln.tensor([1.0], requires_grad=True)
+        opt = kiln.optim.SGD([p], lr=0.1, maximize=maximize)
+        opt.param_groups[0]["lr"] = -0.5
+        p.grad = kiln.tensor([1.0])
+        with pytest.raises(kiln.KilnError, match=r"group 0's lr is -0\.5 at this step") as e:
+            opt.step()
+        assert ("to ascend, use maximize=True" in str(e.value)) == (not maximize), str(e.value)
+        assert p.detach().numpy().tolist() == [1.0]
+
+
+def test_every_groups_lr_is_checked_not_only_those_with_gradients():
+    # under ZeRO a rank whose shard holds none of a group's parameters must refuse as the others do
+    a, b = kiln.tensor([1.0], requires_grad=True), kiln.tensor([2.0], requires_grad=True)
+    opt = kiln.optim.SGD([{"params": [a]}, {"params": [b]}], lr=0.1)
+    opt.param_groups[1]["lr"] = -0.1
+    a.grad = kiln.tensor([1.0])
+    with pytest.raises(kiln.KilnError, match=r"group 1's lr is -0\.1 at this step"):
+        opt.step()
+    with pytest.raises(kiln.KilnError, match=r"group 1's lr is -0\.1 at this step; .*minimize the negated loss"):
+        opt._engine.step()
+    assert a.detach().numpy().tolist() == [1.0]
+
+
+def test_a_refused_scheduler_step_rolls_back_its_step_count():
+    ko, _ = optimizers()
+    ks = KS.LambdaLR(ko, lambda e: math.inf if e == 2 else 1.0)
+    ks.step()
+    count = ks._step_count
+    with pytest.raises(ValueError, match="LambdaLR: step at epoch 2"):
+        ks.step()
+    assert ks._step_count == count and ks.last_epoch == 1
+
+
+def test_a_groups_own_negative_lr_is_refused_where_torch_takes_it_as_documented():
+    # docs/python.md: torch takes {'lr': -0.1} in a group and in add_param_group; Kiln refuses both
+    tp = torch.zeros(1, requires_grad=True)
+    torch.optim.SGD([{"params": [tp], "lr": -0.1}], lr=0.1).add_param_group(
+        {"params": [torch.zeros(1, requires_grad=True)], "lr": -0.2})
+    kp = kiln.zeros(1, requires_grad=True)
+    with pytest.raises(kiln.KilnError, match="group 0's lr must be finite and >= 0, got -0.1"):
+        kiln.optim.SGD([{"params": [kp], "lr": -0.1}], lr=0.1)
+    with pytest.raises(kiln.KilnError, match="group 1's lr must be finite and >= 0, got -0.2"):
+        kiln.optim.SGD([kp], lr=0.1).add_param_group({"params": [kiln.zeros(1, requires_grad=True)], "lr": -0.2})

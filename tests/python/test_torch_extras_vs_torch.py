@@ -2,6 +2,9 @@
 # mask), clamp_min/clamp_max, the unary in-place methods (exp_, sqrt_, pow_, ...), kiln.clip, logaddexp,
 # addmm, cdist (values and gradients), the adaptive 1-d pools and adaptive_max_pool2d (values, indices,
 # gradients), get_rng_state/set_rng_state, kiln.device and kiln.cuda.is_available.
+import importlib
+import time
+
 import numpy as np
 import pytest
 
@@ -230,3 +233,144 @@ def test_device_and_cuda_is_available_as_torch():
         kiln.device("cuda:0", 1)
     assert kiln.cuda.is_available() == (kiln._C.cuda_device_count() > 0)
     assert kiln.cuda.device_count() == kiln._C.cuda_device_count()
+
+
+@pytest.mark.parametrize("p", [0.5, 0.3])
+def test_cdist_fractional_p_gradient_where_one_coordinate_agrees(p):
+    # rows [1,2,3] and [1,4,1] agree in one coordinate: |d|^p's derivative is infinite there, torch's 0
+    (k1, t1), (k2, t2) = both(np.array([[1.0, 2.0, 3.0], [0.5, 0.5, 0.5]]), True), both(
+        np.array([[1.0, 4.0, 1.0], [0.5, 0.5, 0.5]]), True)
+    k, t = kiln.cdist(k1, k2, p), torch.cdist(t1, t2, p)
+    same(k, t, 1e-10)
+    k.sum().backward()
+    t.sum().backward()
+    assert not np.isnan(k1.grad.numpy()).any()
+    same(k1.grad, t1.grad, 1e-10)
+    same(k2.grad, t2.grad, 1e-10)
+
+
+def test_cdist_inf_gradient_with_tied_coordinates_as_torch():
+    # |d| = [0, 2, 2]: each tied maximum gets sign(d), not half of it
+    (k1, t1), (k2, t2) = both(np.array([[1.0, 2.0, 3.0]]), True), both(np.array([[1.0, 4.0, 1.0]]), True)
+    k, t = kiln.cdist(k1, k2, float("inf")), torch.cdist(t1, t2, float("inf"))
+    same(k, t, 0)
+    k.sum().backward()
+    t.sum().backward()
+    same(k1.grad, t1.grad, 0)
+    same(k2.grad, t2.grad, 0)
+
+
+@pytest.mark.parametrize("mode,rows", [("use_mm_for_euclid_dist_if_necessary", 40),
+                                       ("use_mm_for_euclid_dist", 5),
+                                       ("donot_use_mm_for_euclid_dist", 40)])
+def test_cdist_euclid_matrix_product_form_as_torch(mode, rows):
+    x1, x2 = RNG.standard_normal((2, rows, 6)), RNG.standard_normal((2, 30, 6))
+    x2[:, 3] = x1[:, 1]  # a distance of 0: gradient 0 on both paths, as torch's
+    (k1, t1), (k2, t2) = both(x1, True), both(x2, True)
+    k, t = kiln.cdist(k1, k2, 2.0, mode), torch.cdist(t1, t2, 2.0, mode)
+    same(k, t, 1e-6)
+    g = RNG.standard_normal(tuple(t.shape))
+    k.backward(kiln.tensor(g))
+    t.backward(torch.tensor(g))
+    same(k1.grad, t1.grad, 1e-6)
+    same(k2.grad, t2.grad, 1e-6)
+
+
+def test_cdist_euclid_large_does_not_build_the_difference_tensor():
+    # 1024 x 1024 x 128 f32 differences are 512 MiB; the matrix-product form needs the 4 MiB result only
+    x1, x2 = RNG.standard_normal((1024, 128)).astype(np.float32), RNG.standard_normal((1024, 128)).astype(np.float32)
+    (k1, t1), (k2, t2) = both(x1), both(x2)
+    start = time.perf_counter()
+    k = kiln.cdist(k1, k2)
+    took = time.perf_counter() - start
+    same(k, torch.cdist(t1, t2), 1e-3)
+    assert took < 1.5, took  # the difference form took 2.3 s (and 3.1 GB)
+
+
+def test_cdist_refuses_mixed_dtypes_as_torch():
+    with pytest.raises(kiln.KilnValueError, match="cdist: x1 and x2 must have the same dtype, got float32 and "
+                                                  "float64"):
+        kiln.cdist(kiln.zeros(3, 2), kiln.zeros(3, 2, dtype=kiln.float64))
+    with pytest.raises(RuntimeError):
+        torch.cdist(torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.float64))
+
+
+def test_addmm_input_must_broadcast_to_the_product_as_torch():
+    with pytest.raises(RuntimeError):
+        torch.addmm(torch.ones(3, 4), torch.ones(1, 2), torch.ones(2, 1))
+    with pytest.raises(kiln.KilnValueError, match=r"addmm: input \[3, 4\] cannot be broadcast to the product's "
+                                                  r"shape \[1, 1\]"):
+        kiln.addmm(kiln.ones(3, 4), kiln.ones(1, 2), kiln.ones(2, 1))
+    with pytest.raises(kiln.KilnValueError, match=r"addmm: input \[3, 4\] cannot be broadcast"):
+        kiln.addmm(kiln.ones(3, 4), kiln.ones(1, 2), kiln.ones(2, 1), beta=0)
+
+
+def test_addmm_beta_0_gives_input_a_zero_gradient_and_alpha_0_ignores_inf():
+    i, m1, m2 = RNG.standard_normal((3, 5)), RNG.standard_normal((3, 4)), RNG.standard_normal((4, 5))
+    (ki, ti), (k1, t1), (k2, t2) = both(i, True), both(m1, True), both(m2, True)
+    kiln.addmm(ki, k1, k2, beta=0).sum().backward()
+    torch.addmm(ti, t1, t2, beta=0).sum().backward()
+    assert ki.grad is not None
+    same(ki.grad, ti.grad, 0)
+    m1[0, 0] = np.inf
+    (ki, ti), (k1, t1), (k2, t2) = both(i, True), both(m1, True), both(m2, True)
+    k, t = kiln.addmm(ki, k1, k2, alpha=0), torch.addmm(ti, t1, t2, alpha=0)
+    same(k, t, 0)
+    assert not np.isnan(k.detach().numpy()).any()
+    k.sum().backward()
+    t.sum().backward()
+    same(ki.grad, ti.grad, 0)
+    same(k1.grad, t1.grad, 0)
+
+
+def test_kiln_cuda_imports_and_synchronize_as_torch():
+    mod = importlib.import_module("kiln.cuda")
+    assert mod is kiln.cuda
+    from kiln.cuda import is_available, device_count  # noqa: F401
+    assert is_available() == (kiln._C.cuda_device_count() > 0)
+    with pytest.raises(kiln.KilnValueError, match="cuda.synchronize: expected a CUDA device, got 'cpu'"):
+        kiln.cuda.synchronize(kiln.device("cpu"))
+    with pytest.raises(kiln.KilnValueError, match="cuda.synchronize: expected a CUDA device, got 'cpu'"):
+        kiln.cuda.synchronize("cpu")
+    with pytest.raises(TypeError, match=r"cuda\.synchronize\(\): argument 'device' must be"):
+        kiln.cuda.synchronize(1.5)
+    if kiln.cuda.is_available():
+        kiln.cuda.synchronize("cuda:0")
+        kiln.cuda.synchronize(kiln.device("cuda", 0))
+        kiln.cuda.synchronize()
+
+
+def test_device_ordinal_and_cpu_index_as_torch():
+    for args in [(0,), (1,), ("cuda", 2)]:
+        d, td = kiln.device(*args), torch.device(*args)
+        assert (d.type, d.index, str(d)) == (td.type, td.index, str(td)), (args, d)
+    # Kiln's devices always hold an index (docs/python.md): cpu:0 is "cpu", "cuda" is cuda:0
+    d, td = kiln.device("cpu", 0), torch.device("cpu", 0)
+    assert (d.type, d.index) == (td.type, td.index) and d == kiln.device("cpu")
+    assert kiln.device("cuda").type == "cuda" and kiln.device("cuda").index == 0
+    with pytest.raises(kiln.KilnValueError, match=r"device\(\): Kiln has one cpu device, index 0; got index 1"):
+        kiln.device("cpu", 1)
+
+
+def test_adaptive_max_pools_output_size_0_and_numpy_ints_as_torch():
+    x = RNG.standard_normal((2, 3, 7, 9))
+    (k, t) = both(x, True)
+    for out in [0, (0, 3), (2, 0)]:
+        (km, ki), (tm, ti) = F.adaptive_max_pool2d(k, out, True), TF.adaptive_max_pool2d(t, out, True)
+        same(km, tm)
+        same(ki, ti)
+        assert ki.dtype == kiln.int64
+    (km, ki), (tm, ti) = F.adaptive_max_pool1d(k[0], 0, True), TF.adaptive_max_pool1d(t[0], 0, True)
+    same(km, tm)
+    same(ki, ti)
+    assert km.requires_grad == tm.requires_grad
+    same(F.adaptive_max_pool1d(k[0], np.int64(4)), TF.adaptive_max_pool1d(t[0], np.int64(4)), 0)
+    same(F.adaptive_max_pool2d(k, (np.int32(3), np.int64(2))), TF.adaptive_max_pool2d(t, (3, 2)), 0)
+
+
+def test_clamp_min_and_max_in_place_refusals_name_themselves():
+    k = kiln.ones(3, requires_grad=True)
+    with pytest.raises(kiln.KilnError, match="clamp_min_"):
+        k.clamp_min_(0.5)
+    with pytest.raises(kiln.KilnError, match="clamp_max_"):
+        k.clamp_max_(0.5)

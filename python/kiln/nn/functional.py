@@ -24,6 +24,7 @@ def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=
 
 
 # ---- torch.nn.functional's signatures over the ops above ----
+import numbers as _numbers
 import warnings as _warnings
 
 from .. import _C
@@ -342,11 +343,21 @@ def _embedding_renorm(weight, input, max_norm, norm_type):
 def _adaptive_size(name, output_size, n):
     """output_size as n ints (an int repeats; None keeps the input's size: given back as None)."""
     size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * n
-    if len(size) != n or not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and s >= 0)
-                                 for s in size):
+    # a NumPy integer is an int, as torch takes it
+    if len(size) != n or not all(s is None or (isinstance(s, _numbers.Integral) and not isinstance(s, bool)
+                                               and s >= 0) for s in size):
         raise _C.KilnValueError(f"{name}: output_size must be {'an int' if n == 1 else f'an int or {n} ints'} "
                                 f">= 0{'' if n == 1 else ' (or None)'}, got {output_size!r}")
-    return size
+    return tuple(None if s is None else int(s) for s in size)
+
+
+def _adaptive_max_empty(input, out_shape, return_indices):
+    """torch's result of an adaptive max pool with an output size of 0: empty, of out_shape (the input's
+    leading dims and the output sizes), connected to input for autograd, int64 indices."""
+    none = input.reshape([-1])[:0].reshape(out_shape)
+    if not return_indices:
+        return none
+    return none, _C.zeros(out_shape, dtype=_C.dtype.int64, device=input.device)
 
 
 def _adaptive_input(name, input, n):
@@ -392,6 +403,8 @@ def adaptive_max_pool1d(input, output_size, return_indices=False):
     _adaptive_input("adaptive_max_pool1d", input, 1)
     length = input.shape[-1]
     out = length if out is None else out
+    if out == 0:
+        return _adaptive_max_empty(input, list(input.shape[:-1]) + [0], return_indices)
     bins = [(input[..., s:e], lambda i, s=s: i + s) for s, e in _bins(length, out)]
     return _adaptive_max(bins, return_indices)
 
@@ -404,6 +417,8 @@ def adaptive_max_pool2d(input, output_size, return_indices=False):
     _adaptive_input("adaptive_max_pool2d", input, 2)
     h, w = input.shape[-2], input.shape[-1]
     oh, ow = h if oh is None else oh, w if ow is None else ow
+    if oh == 0 or ow == 0:
+        return _adaptive_max_empty(input, list(input.shape[:-2]) + [oh, ow], return_indices)
     rows = []
     for hs, he in _bins(h, oh):
         bins = []

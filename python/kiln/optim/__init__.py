@@ -290,7 +290,20 @@ class Optimizer:
         """Group index's L2 decay added to its gradients for the step (Adam's); the engine decays the others."""
         return 0.0
 
+    def _check_lrs(self):
+        """The engine's lr check (every group's finite and >= 0) before anything runs, its advice fitting the
+        group: maximize=True to ascend only where the group does not already set it."""
+        for i, group in enumerate(self.param_groups):
+            lr = dict.get(group, "lr")
+            if not (math.isfinite(lr) and lr >= 0):
+                hint = ("the group already sets maximize=True, which ascends with an lr >= 0"
+                        if dict.get(group, "maximize", False) else "to ascend, use maximize=True")
+                raise _C.KilnError(f"{type(self).__name__}: group {i}'s lr is {lr} at this step; a step needs a "
+                                   f"finite lr >= 0 (a negative lr would ascend the gradient where torch's loop "
+                                   f"with a schedule past its end never steps; {hint})")
+
     def step(self, closure=None):
+        self._check_lrs()
         loss = closure() if closure is not None else None
         self._apply_options()
         # torch's maximize and Adam's L2 decay: each gradient g of such a group is -g (maximize), plus

@@ -73,11 +73,15 @@ class LRScheduler:
         raise NotImplementedError
 
     def step(self, epoch=None):
-        self._step_count += 1
         if epoch is not None:
             warnings.warn("The epoch parameter in `scheduler.step()` is deprecated (as in torch); call step() "
                           "without it", UserWarning, stacklevel=2)
-        self._update_lr(epoch)
+        self._step_count += 1
+        try:
+            self._update_lr(epoch)
+        except BaseException:
+            self._step_count -= 1  # a refused step changes nothing, its count neither
+            raise
 
     def _update_lr(self, epoch=None):
         last = self.last_epoch
