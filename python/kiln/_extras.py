@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _C
 from ._C import Tensor, Device
+from ._tensor import _check_inplace_result
 
 __all__ = ["clip", "clamp_min", "clamp_max", "logaddexp", "addmm", "cdist", "get_rng_state", "set_rng_state",
            "device", "cuda"]
@@ -30,11 +31,7 @@ def _inplace_unary(name, compute):
             if isinstance(a, Tensor):
                 _C._check_inplace(self, name, a)
         out = compute(self, *args, **kwargs)
-        if ((_is_float(out.dtype) and not _is_float(self.dtype))
-                or (self.dtype == _C.dtype.bool and out.dtype != _C.dtype.bool)):
-            raise _C.KilnError(f"{name}: the result type {out.dtype.name} cannot be written into {self.dtype.name} "
-                               f"in place, as in PyTorch (result type can't be cast to the desired output type); "
-                               f"use the out-of-place {name[:-1]} or convert the tensor first")
+        _check_inplace_result(self, out, name, name[:-1])
         return self.copy_(out)
     method.__name__ = name
     return method

@@ -351,17 +351,22 @@ def _clamp_named(name):
         _C._check_inplace(self, name, min)
         _C._check_inplace(self, name, max)
         out = _C.clamp(self, min, max)
-        # float bounds promote an integer x (clamp gives f32), which copy_ would truncate back: refused, as
-        # torch's clamp_ ("result type Float can't be cast to the desired output type"); a float result into
-        # another float dtype is written, as there
-        if ((out.dtype.is_floating_point and not self.dtype.is_floating_point)
-                or (self.dtype == _C.dtype.bool and out.dtype != _C.dtype.bool)):
-            raise _C.KilnError(f"{name}: the result type {out.dtype.name} (bounds {min!r}, {max!r} on "
-                               f"{self.dtype.name}) cannot be written into {self.dtype.name} in place, as in "
-                               f"PyTorch; use the out-of-place clamp or convert the tensor first")
+        # float bounds promote an integer x (clamp gives f32), which copy_ would truncate back
+        _check_inplace_result(self, out, name, "clamp", f" (bounds {min!r}, {max!r} on {self.dtype.name})")
         return self.copy_(out)
     clamp_.__name__ = name
     return clamp_
+
+
+def _check_inplace_result(self, out, name, out_of_place, detail=""):
+    """Refuses writing `out` into self in place where torch does ("result type can't be cast to the desired
+    output type"): a floating result into an integer or bool tensor, an integer one into a bool tensor (copy_
+    would truncate it). A floating result into another floating dtype is written, as there."""
+    if ((out.dtype.is_floating_point and not self.dtype.is_floating_point)
+            or (self.dtype == _C.dtype.bool and out.dtype != _C.dtype.bool)):
+        raise _C.KilnError(f"{name}: the result type {out.dtype.name}{detail} cannot be written into "
+                           f"{self.dtype.name} in place, as in PyTorch (result type can't be cast to the desired "
+                           f"output type); use the out-of-place {out_of_place} or convert the tensor first")
 
 
 def _masked_fill_(self, mask, value):

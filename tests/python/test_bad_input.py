@@ -394,7 +394,7 @@ def test_optimizer_lr_must_be_finite_and_non_negative():
         opt.lr = float("nan")
     opt.lr = -5.0  # kept, as torch keeps a schedule's last lr below 0; refused at the step
     w.grad = kiln.ones(3)
-    with pytest.raises(kiln.KilnError, match="group 0's lr is -5 at this step"):
+    with pytest.raises(kiln.KilnError, match=r"group 0's lr is -5(\.0)? at this step"):
         opt.step()
     with pytest.raises(kiln.KilnError, match="also parameter 0"):
         kiln.optim.SGD([w, w], lr=0.1)
