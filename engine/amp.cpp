@@ -95,8 +95,10 @@ void GradScaler::step(optim::Optimizer& opt, const std::vector<Tensor>& params) 
     KILN_CHECK(p->stage != Stage::stepped,
                "GradScaler: step() was already called on this optimizer since the last "
                "update(); call update() first");
-  // The optimizer's own refusals that need no gradient, before the gradients are unscaled and the stage
-  // moves on: a refused step leaves both as they were, and a retry after fixing the lr steps.
+  // The optimizer's lr check (the refusal a schedule can cause), before the gradients are unscaled and the
+  // stage moves on: a refused step leaves both as they were, and a retry after fixing the lr steps. Its
+  // other refusals (groups' layout or options edited through groups(), C++ only) come from opt.step(),
+  // after the unscale.
   opt.check_lrs();
   if (!find(opt)) unscale(opt, params);
   PerOptimizer& p = *find(opt);

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _C
 from ._C import Tensor, Device
-from ._tensor import _check_inplace_result
+from ._tensor import _check_inplace_result, _clamp_named
 
 __all__ = ["clip", "clamp_min", "clamp_max", "logaddexp", "addmm", "cdist", "get_rng_state", "set_rng_state",
            "device", "cuda"]
@@ -79,6 +79,9 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
         if not isinstance(t, Tensor) or t.dim() != 2:
             got = f"a {t.dim()}-D tensor" if isinstance(t, Tensor) else type(t).__name__
             raise _C.KilnValueError(f"addmm: {arg} must be a 2-D matrix, got {got}")
+    if not input.dtype == mat1.dtype == mat2.dtype:
+        raise _C.KilnError(f"addmm: input, mat1 and mat2 must have the same dtype, as in torch, got "
+                           f"{input.dtype.name}, {mat1.dtype.name} and {mat2.dtype.name}")
     out = _C.matmul(mat1, mat2)
     n_p = (mat1.shape[0], mat2.shape[1])
     try:
@@ -133,8 +136,10 @@ def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
         # square root 0 with gradient 0 where it is 0 (torch's clamp_min(1e-30) passes none there)
         sq = (x1 * x1).sum(-1, True) + (x2 * x2).sum(-1, True).transpose(-1, -2) \
             - 2 * _C.matmul(x1, x2.transpose(-1, -2))
+        # NaN stays NaN (torch's clamp_min keeps it; `sq > 0` alone made a NaN distance 0)
         pos = sq > 0
-        return _C.where(pos, _C.sqrt(_C.where(pos, sq, _C.ones_like(sq))), _C.zeros_like(sq))
+        return _C.where(pos, _C.sqrt(_C.where(pos, sq, _C.ones_like(sq))),
+                        _C.where(sq != sq, sq, _C.zeros_like(sq)))
     diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (..., P, R, M)
     # rows at distance 0 give 0 with gradient 0, as torch's (the p-norm's own is 0 / 0 there for p other
     # than 1 and 2): their differences are replaced by ones before the norm
@@ -270,11 +275,10 @@ _UNARY = ("exp", "sqrt", "log", "abs", "sigmoid", "tanh", "sin", "cos", "rsqrt",
 
 def _clamp_inplace(name, side):
     """Tensor.clamp_min_ / clamp_max_: clamp_ with one bound, its in-place refusals naming name."""
+    clamp = _clamp_named(name)
+
     def method(self, bound):
-        _C._check_inplace(self, name)
-        if isinstance(bound, Tensor):
-            _C._check_inplace(self, name, bound)
-        return self.clamp_(bound, None) if side == "min" else self.clamp_(None, bound)
+        return clamp(self, bound, None) if side == "min" else clamp(self, None, bound)
     method.__name__ = name
     return method
 

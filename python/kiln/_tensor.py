@@ -352,7 +352,10 @@ def _clamp_named(name):
         _C._check_inplace(self, name, max)
         out = _C.clamp(self, min, max)
         # float bounds promote an integer x (clamp gives f32), which copy_ would truncate back
-        _check_inplace_result(self, out, name, "clamp", f" (bounds {min!r}, {max!r} on {self.dtype.name})")
+        def shown(b):  # a tensor bound by its type, not its (multi-line) values
+            return f"a {b.dtype.name} tensor of shape {list(b.shape)}" if isinstance(b, Tensor) else repr(b)
+        _check_inplace_result(self, out, name, name[:-1],
+                              f" (bounds {shown(min)}, {shown(max)} on {self.dtype.name})")
         return self.copy_(out)
     clamp_.__name__ = name
     return clamp_

@@ -1495,6 +1495,22 @@ def test_a_refused_scheduler_step_rolls_back_its_step_count():
     with pytest.raises(ValueError, match="LambdaLR: step at epoch 2"):
         ks.step()
     assert ks._step_count == count and ks.last_epoch == 1
+    # a lr_lambda that raises (a review): last_epoch rolled back too, so a retry steps epoch 2
+    calls = []
+
+    def flaky(e):
+        calls.append(e)
+        if e == 2 and calls.count(2) == 1:
+            raise RuntimeError("data not ready")
+        return 0.5 ** e
+
+    ks = KS.LambdaLR(optimizers()[0], flaky)
+    ks.step()
+    with pytest.raises(RuntimeError, match="data not ready"):
+        ks.step()
+    assert ks.last_epoch == 1 and ks._step_count == 2
+    ks.step()
+    assert ks.last_epoch == 2 and ks.get_last_lr()[0] == pytest.approx(0.25 * ks.base_lrs[0])
 
 
 def test_a_groups_own_negative_lr_is_refused_where_torch_takes_it_as_documented():

@@ -374,3 +374,23 @@ def test_clamp_min_and_max_in_place_refusals_name_themselves():
         k.clamp_min_(0.5)
     with pytest.raises(kiln.KilnError, match="clamp_max_"):
         k.clamp_max_(0.5)
+
+
+def test_review_cases_of_cdist_addmm_and_clamp_as_torch():
+    # cdist's matrix-product form (past 25 rows) made a NaN distance 0: NaN and inf propagate as torch's
+    a, b = RNG.standard_normal((30, 3)), RNG.standard_normal((4, 3))
+    a[0, 0], a[1, 1] = np.nan, np.inf
+    (k1, t1), (k2, t2) = both(a), both(b)
+    for mode in ("use_mm_for_euclid_dist_if_necessary", "donot_use_mm_for_euclid_dist"):
+        same(kiln.cdist(k1, k2, compute_mode=mode), torch.cdist(t1, t2, compute_mode=mode))
+    # addmm of mixed dtypes is refused as torch's
+    with pytest.raises(RuntimeError):
+        torch.addmm(torch.zeros(2, 2, dtype=torch.float64), torch.ones(2, 2), torch.ones(2, 2))
+    with pytest.raises(kiln.KilnError, match="addmm: input, mat1 and mat2 must have the same dtype"):
+        kiln.addmm(kiln.zeros(2, 2, dtype=kiln.float64), kiln.ones(2, 2), kiln.ones(2, 2))
+    # clamp_min_/clamp_max_ castability refusals name themselves, a tensor bound by its type
+    x = kiln.ones(3, dtype=kiln.int64)
+    with pytest.raises(kiln.KilnError, match=r"^clamp_min_: .*out-of-place clamp_min "):
+        x.clamp_min_(0.5)
+    with pytest.raises(kiln.KilnError, match=r"^clamp_max_: .*a float32 tensor of shape \[\]"):
+        x.clamp_max_(kiln.tensor(0.5))

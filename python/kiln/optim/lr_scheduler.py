@@ -77,10 +77,14 @@ class LRScheduler:
             warnings.warn("The epoch parameter in `scheduler.step()` is deprecated (as in torch); call step() "
                           "without it", UserWarning, stacklevel=2)
         self._step_count += 1
+        last = self.last_epoch
         try:
             self._update_lr(epoch)
         except BaseException:
-            self._step_count -= 1  # a refused step changes nothing, its count neither
+            # a refused step, or a get_lr (a user's lr_lambda) that raises, changes nothing: a retry steps the
+            # same epoch
+            self._step_count -= 1
+            self.last_epoch = last
             raise
 
     def _update_lr(self, epoch=None):
