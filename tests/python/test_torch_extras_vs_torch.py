@@ -394,3 +394,18 @@ def test_review_cases_of_cdist_addmm_and_clamp_as_torch():
         x.clamp_min_(0.5)
     with pytest.raises(kiln.KilnError, match=r"^clamp_max_: .*a float32 tensor of shape \[\]"):
         x.clamp_max_(kiln.tensor(0.5))
+
+
+@pytest.mark.parametrize("size", [0, (0, 3), (2, None), (np.int64(2), np.int32(3)), 3])
+def test_adaptive_avg_pools_output_size_0_and_numpy_ints_as_torch(size):
+    # as the max pools: a size of 0 gives torch's empty result (it was refused, the 1-d one naming the 2-d
+    # pool), NumPy ints are sizes
+    x = RNG.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    (kx, tx) = both(x, True)
+    k, t = F.adaptive_avg_pool2d(kx, size), torch.nn.functional.adaptive_avg_pool2d(tx, size)
+    same(k, t)
+    assert k.requires_grad
+    assert tuple(kiln.nn.AdaptiveAvgPool2d(size)(kx).shape) == tuple(t.shape)
+    y = both(x[0])
+    n = size[0] if isinstance(size, tuple) else size
+    same(F.adaptive_avg_pool1d(y[0], n), torch.nn.functional.adaptive_avg_pool1d(y[1], n))

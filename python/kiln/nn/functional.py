@@ -111,12 +111,14 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
 
 
 def adaptive_avg_pool2d(input, output_size):
-    """output_size: an int, or (H, W) where None keeps the input's size in that dim (as torch)."""
-    if isinstance(output_size, (tuple, list)) and any(s is None for s in output_size):
-        if len(output_size) != 2:
-            raise _C.KilnValueError(f"adaptive_avg_pool2d: output_size must be an int or 2 values, got {output_size!r}")
-        output_size = tuple(input.shape[input.dim() - 2 + i] if s is None else s for i, s in enumerate(output_size))
-    return _adaptive_avg_pool2d(input, output_size)
+    """output_size: an int, or (H, W) where None keeps the input's size in that dim (as torch); NumPy ints
+    taken, and a size of 0 gives torch's empty result."""
+    oh, ow = _adaptive_size("adaptive_avg_pool2d", output_size, 2)
+    oh = input.shape[-2] if oh is None else oh
+    ow = input.shape[-1] if ow is None else ow
+    if oh == 0 or ow == 0:
+        return _adaptive_max_empty(input, list(input.shape[:-2]) + [oh, ow], False)
+    return _adaptive_avg_pool2d(input, (oh, ow))
 
 
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
@@ -352,7 +354,7 @@ def _adaptive_size(name, output_size, n):
 
 
 def _adaptive_max_empty(input, out_shape, return_indices):
-    """torch's result of an adaptive max pool with an output size of 0: empty, of out_shape (the input's
+    """torch's result of an adaptive (max or average) pool with an output size of 0: empty, of out_shape (the input's
     leading dims and the output sizes), connected to input for autograd, int64 indices."""
     none = input.reshape([-1])[:0].reshape(out_shape)
     if not return_indices:
@@ -380,6 +382,8 @@ def adaptive_avg_pool1d(input, output_size):
     _adaptive_input("adaptive_avg_pool1d", input, 1)
     if out is None:
         out = input.shape[-1]
+    if out == 0:
+        return _adaptive_max_empty(input, list(input.shape[:-1]) + [0], False)
     return _adaptive_avg_pool2d(input.unsqueeze(-2), (1, out)).squeeze(-2)
 
 
