@@ -12,29 +12,20 @@ import numpy as np
 
 from . import _C
 from ._C import Tensor, Device
-from ._tensor import _check_inplace_result, _clamp_named
+from ._tensor import _check_inplace_result, _clamp_named, _inplace
 
 __all__ = ["clip", "clamp_min", "clamp_max", "logaddexp", "addmm", "cdist", "get_rng_state", "set_rng_state",
            "device", "cuda"]
 
 
-def _is_float(dtype):
-    return dtype.is_floating_point
-
-
 def _inplace_unary(name, compute):
-    """torch's in-place form of an op: compute(self, ...) written into self. A result of another kind than
-    self's dtype (exp_ of an integer tensor gives floats) is refused as torch refuses it, not truncated."""
-    def method(self, *args, **kwargs):
-        _C._check_inplace(self, name)
-        for a in list(args) + list(kwargs.values()):
-            if isinstance(a, Tensor):
-                _C._check_inplace(self, name, a)
+    """torch's in-place form of an op: _tensor._inplace's, with a result of another kind than self's dtype
+    (exp_ of an integer tensor gives floats) refused as torch refuses it, not truncated."""
+    def checked(self, *args, **kwargs):
         out = compute(self, *args, **kwargs)
         _check_inplace_result(self, out, name, name[:-1])
-        return self.copy_(out)
-    method.__name__ = name
-    return method
+        return out
+    return _inplace(name, checked)
 
 
 def clamp_min(input, min):
@@ -115,7 +106,7 @@ def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     if x1.shape[-1] != x2.shape[-1]:
         raise _C.KilnValueError(f"cdist: x1 and x2 must have the same number of columns (features): x1 "
                                 f"{list(x1.shape)}, x2 {list(x2.shape)}")
-    if not _is_float(x1.dtype) or not _is_float(x2.dtype):
+    if not x1.dtype.is_floating_point or not x2.dtype.is_floating_point:
         raise _C.KilnValueError(f"cdist: only floating-point tensors are supported, got {x1.dtype.name} and "
                                 f"{x2.dtype.name}")
     if x1.dtype != x2.dtype:
