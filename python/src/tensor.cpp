@@ -7,6 +7,7 @@
 #include <nanobind/stl/pair.h>
 
 #include "common.h"
+#include "engine/internal.h"
 
 namespace kiln::py {
 namespace {
@@ -666,11 +667,9 @@ Tensor& bitwise_inplace(Tensor& x, nb::handle o, const char* op, TT2 fn) {
   }
   KILN_CHECK(shape == x.shape(), op, ": cannot broadcast ", t.shape(), " into ", x.shape(),
              " (the result would not fit x in place)");
+  detail::check_inplace_result(x, t, op);  // the engine's in-place ops' rule, before the result is computed
   GilRelease nogil;
-  const Tensor r = fn(x, t);
-  KILN_CHECK(can_cast(r.dtype(), x.dtype()), op, ": the result type ", r.dtype(), " cannot be written into ",
-             x.type_str(), " in place, as in PyTorch");
-  return x.copy_(r);
+  return x.copy_(fn(x, t));
 }
 
 // What Tensor.register_hook returns: remove() takes the hook off, if the tensor still lives (the
