@@ -66,6 +66,8 @@ from ._tensor import inference_mode, is_inference_mode_enabled  # noqa: E402
 globals().update(_tensor._EXPORTS)  # torch's signatures over the engine's ops: sum(dtype=), split(sizes), bmm, ...
 from . import _memory_format, _views  # noqa: E402
 from ._memory_format import memory_format, contiguous_format, channels_last, preserve_format  # noqa: E402
+from ._memory_format import (clone, empty_like, zeros_like, ones_like, full_like, rand_like,  # noqa: E402,F811
+                             randn_like)
 globals().update(_views._EXPORTS)  # tensor_split, swapaxes, swapdims, index_copy
 from ._extras import (clip, clamp_min, clamp_max, logaddexp, addmm, cdist, get_rng_state,  # noqa: E402,F401
                       set_rng_state, device, cuda)

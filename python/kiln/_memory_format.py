@@ -6,7 +6,7 @@ ops keep it, so a channels_last input batch keeps the network in it."""
 from . import _C
 from ._C import Tensor
 
-__all__ = ["memory_format", "contiguous_format", "channels_last", "preserve_format"]
+__all__ = ["memory_format", "contiguous_format", "channels_last", "preserve_format", "clone"]
 
 
 class memory_format:
@@ -113,33 +113,75 @@ def _to(self, *args, memory_format=preserve_format, **kwargs):
         # copy=True: a new tensor even where nothing is converted, as torch's (writes into it leave self)
         if fmt is channels_last or (fmt is preserve_format and _suggested_format(self) is channels_last):
             return _copy_channels_last(self)
-        return self.clone()  # a contiguous copy
+        return _c_clone(self)  # a contiguous copy
     if out.dtype == self.dtype and out.device == self.device:
         # Nothing converted: the tensor itself, as torch's, unless asked for a format its strides do not
         # suggest (torch's rule: a sliced NCHW tensor stays as it is under contiguous_format)
         if fmt is preserve_format or _suggested_format(self) is fmt:
             return self
-        return _copy_channels_last(self) if fmt is channels_last else self.clone()
+        return _copy_channels_last(self) if fmt is channels_last else _c_clone(self)
     if fmt is channels_last:
         n, c, h, w = out.shape
         return out if out.stride() == (h * w * c, 1, w * c, c) else _copy_channels_last(out)
-    return out if fmt is preserve_format or _c_is_contiguous(out) else out.clone()
+    return out if fmt is preserve_format or _c_is_contiguous(out) else _c_clone(out)
 
 
 def _copy_channels_last(x):
     """A copy of a 4-D x with torch's NHWC strides, also where x's are channels_last already (C or more
     dims of size 1, whose strides the engine's contiguous(channels_last) keeps); recorded for autograd."""
     if x.numel():
-        return x.permute(0, 2, 3, 1).clone().permute(0, 3, 1, 2)
-    return _c_contiguous(x.clone(), "channels_last")  # NHWC strides with a size-0 dim counted as 0, as torch's
+        return _c_clone(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    return _c_contiguous(_c_clone(x), "channels_last")  # NHWC strides with a size-0 dim counted as 0, as torch's
 
+
+def clone(input, *, memory_format=preserve_format):
+    """A copy of input (autograd sees it), as torch.clone: preserve_format (the default) keeps a
+    channels_last tensor channels_last, contiguous_format or channels_last gives that layout."""
+    fmt = _memory_format(memory_format, "clone()")
+    _needs_4d(input, fmt, "clone")
+    if fmt is channels_last or (fmt is preserve_format and _suggested_format(input) is channels_last):
+        return _copy_channels_last(input)
+    return _c_clone(input)
+
+
+def _like(c_fn):
+    """c_fn (one of the engine's *_like functions) taking torch's memory_format=: preserve_format (the
+    default) gives a channels_last input a channels_last result, as torch's; the result is made NHWC and
+    viewed as NCHW, so it stays a leaf (requires_grad=True)."""
+    def fn(input, *args, memory_format=preserve_format, requires_grad=False, **kwargs):
+        fmt = _memory_format(memory_format, f"{c_fn.__name__}()")
+        _needs_4d(input, fmt, c_fn.__name__)
+        if not (fmt is channels_last or (fmt is preserve_format and _suggested_format(input) is channels_last)):
+            return c_fn(input, *args, requires_grad=requires_grad, **kwargs)
+        out = c_fn(input.detach().permute(0, 2, 3, 1), *args, **kwargs).permute(0, 3, 1, 2).detach()
+        return out.requires_grad_(True) if requires_grad else out
+
+    fn.__name__ = fn.__qualname__ = c_fn.__name__
+    fn.__doc__ = (c_fn.__doc__ or "") + (
+        "\n\nmemory_format=kiln.preserve_format (the default) keeps a channels_last input's layout; "
+        "kiln.contiguous_format or kiln.channels_last gives that layout, as torch's.")
+    return fn
+
+
+def _full_like_grad(input, fill_value, *, requires_grad=False, **kwargs):
+    out = _C.full_like(input, fill_value, **kwargs)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+_full_like_grad.__name__ = "full_like"
+_full_like_grad.__doc__ = _C.full_like.__doc__
+empty_like, zeros_like, ones_like, rand_like, randn_like = (
+    _like(f) for f in (_C.empty_like, _C.zeros_like, _C.ones_like, _C.rand_like, _C.randn_like))
+full_like = _like(_full_like_grad)
 
 _c_is_contiguous = Tensor.is_contiguous
 _c_contiguous = Tensor.contiguous
 _c_to = Tensor.to
+_c_clone = Tensor.clone
 _to.__doc__ = (_c_to.__doc__ or "") + (
     "\n\nmemory_format=kiln.preserve_format (the default) keeps the layout (a cast keeps channels_last); "
     "kiln.contiguous_format or kiln.channels_last gives that layout, as torch's.")
 Tensor.is_contiguous = _is_contiguous
 Tensor.contiguous = _contiguous
 Tensor.to = _to
+Tensor.clone = clone

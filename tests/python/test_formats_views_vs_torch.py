@@ -174,6 +174,49 @@ def test_refused_memory_formats_as_torch():
         kiln.zeros(1, 2, 3, 4, 5).contiguous(memory_format=torch.channels_last_3d)
 
 
+LIKES = ["empty_like", "zeros_like", "ones_like", "rand_like", "randn_like", "full_like"]
+
+
+@pytest.mark.parametrize("fmt", range(3))
+def test_clone_and_like_functions_keep_or_set_the_format_as_torch(fmt):
+    kf, tf = FORMATS[fmt]
+    a = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    for src in ("nchw", "nhwc", "sliced"):
+        k, t = both(a)
+        if src == "nhwc":
+            k, t = k.to(memory_format=kiln.channels_last), t.to(memory_format=torch.channels_last)
+        elif src == "sliced":  # NHWC-ordered strides but not dense: preserve_format suggests channels_last
+            k = k.to(memory_format=kiln.channels_last)[:, :, ::2]
+            t = t.to(memory_format=torch.channels_last)[:, :, ::2]
+        for kc, tc in ((k.clone(memory_format=kf), t.clone(memory_format=tf)),
+                       (kiln.clone(k, memory_format=kf), torch.clone(t, memory_format=tf))):
+            same(kc, tc)
+            assert kc.stride() == tc.stride(), (src, kc.stride(), tc.stride())
+        for name in LIKES:
+            args = (2.5,) if name == "full_like" else ()
+            kl = getattr(kiln, name)(k, *args, memory_format=kf, requires_grad=True)
+            tl = getattr(torch, name)(t, *args, memory_format=tf, requires_grad=True)
+            assert kl.stride() == tl.stride(), (src, name, kl.stride(), tl.stride())
+            assert kl.is_leaf and kl.requires_grad and tuple(kl.shape) == tuple(tl.shape)
+            if name in ("zeros_like", "ones_like", "full_like"):
+                same(kl, tl)
+    # the default is preserve_format, and a channels_last clone passes gradients back to the NCHW source
+    k, t = both(a, grad=True)
+    kc, tc = k.to(memory_format=kiln.channels_last).clone(), t.to(memory_format=torch.channels_last).clone()
+    assert kc.stride() == tc.stride()
+    w = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    (kc * kiln.tensor(w)).sum().backward()
+    (tc * torch.tensor(w)).sum().backward()
+    same(k.grad, t.grad)
+    k3, t3 = both(a[0])
+    raises_as_torch(lambda: k3.clone(memory_format=kiln.channels_last),
+                    lambda: t3.clone(memory_format=torch.channels_last),
+                    match="required rank 4 tensor to use channels_last format")
+    raises_as_torch(lambda: kiln.zeros_like(k3, memory_format=kiln.channels_last),
+                    lambda: torch.zeros_like(t3, memory_format=torch.channels_last),
+                    match="required rank 4 tensor to use channels_last format")
+
+
 def test_module_to_memory_format():
     m = kiln.nn.Conv2d(3, 4, 3)
     w = m.weight
