@@ -217,10 +217,14 @@ def test_load_state_dict_takes_torch_tensors_and_numpy_arrays():
     lin(kiln.ones(2, 3)).sum().backward()
     opt.step()
     state = opt.state_dict()
-    ported = {"tensors": {k: torch.from_numpy(v.numpy() * 0 + 5) for k, v in state["tensors"].items()},
-              "scalars": state["scalars"]}
+    ported = {"state": {i: {k: torch.from_numpy(v.numpy() * 0 + 5) for k, v in e.items()}
+                        for i, e in state["state"].items()}, "param_groups": state["param_groups"]}
     opt.load_state_dict(ported)
-    assert all(set(v.numpy().ravel().tolist()) == {5.0} for v in opt.state_dict()["tensors"].values())
+    assert all(set(v.numpy().ravel().tolist()) == {5.0} for e in opt.state_dict()["state"].values() for v in e.values())
+    tensors, scalars = opt._engine.state()  # and in Kiln's older layout
+    opt.load_state_dict({"tensors": {k: np.full(v.shape, 6, np.float32) for k, v in tensors.items()},
+                         "scalars": scalars})
+    assert all(set(v.numpy().ravel().tolist()) == {6.0} for e in opt.state_dict()["state"].values() for v in e.values())
     # A wrong shape names the key and both shapes; a dtype Kiln lacks names the key, it and the module's.
     with pytest.raises(kiln.KilnError, match=r"weight has shape \(4, 2\), the module's is \(4, 3\)"):
         lin.load_state_dict({"weight": np.zeros((4, 2), np.float32), "bias": b})

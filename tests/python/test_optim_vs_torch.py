@@ -76,9 +76,13 @@ def test_lamb_refuses_eps_0():
         kiln.optim.LAMB([{"params": [p], "eps": 0.0}])
     opt = kiln.optim.LAMB([p], eps=1e-6)
     state = opt.state_dict()
-    state["scalars"]["group0.eps"] = 0.0
-    with pytest.raises(kiln.KilnError, match="eps must be > 0"):
+    state["param_groups"][0]["eps"] = 0.0
+    with pytest.raises(kiln.KilnError, match=r"param_groups\[0\]\['eps'\]: .*eps must be > 0"):
         kiln.optim.LAMB([p], eps=1e-6).load_state_dict(state)
+    tensors, scalars = opt._engine.state()  # Kiln's older layout too
+    with pytest.raises(kiln.KilnError, match="eps must be > 0"):
+        kiln.optim.LAMB([p], eps=1e-6).load_state_dict({"tensors": tensors,
+                                                        "scalars": dict(scalars, **{"group0.eps": 0.0})})
 
 
 @pytest.mark.parametrize("name", ["Adam", "AdamW"])
@@ -125,7 +129,8 @@ def test_load_state_dict_checks_groups_and_restores_hyper_parameters():
     one.step()
     two = kiln.optim.SGD([kiln.tensor([1.0], requires_grad=True), kiln.tensor([2.0], requires_grad=True)],
                          lr=0.1, momentum=0.9)
-    with pytest.raises(kiln.KilnError, match="group 0 has 1 parameter, this optimizer's group 0 has 2"):
+    with pytest.raises(kiln.KilnError,
+                       match=r"param_groups\[0\] has 1 parameter in the state, this optimizer's group 0 has 2"):
         two.load_state_dict(one.state_dict())
     grouped = kiln.optim.SGD([{"params": [kiln.tensor([1.0], requires_grad=True)]},
                               {"params": [kiln.tensor([1.0], requires_grad=True)], "lr": 0.01}], lr=0.1)
@@ -197,9 +202,9 @@ def test_param_groups_edits_take_effect_as_in_torch():
     ko.step()
     to.step()
     close(ks, ts, 1e-6)
-    scalars = ko.state_dict()["scalars"]
-    assert ko.defaults["momentum"] == 0.9 and scalars["momentum"] == 0.9
-    assert (scalars["group0.momentum"], scalars["group1.momentum"]) == (0.25, 0.5)
+    groups = ko.state_dict()["param_groups"]
+    assert ko.defaults["momentum"] == 0.9
+    assert (groups[0]["momentum"], groups[1]["momentum"]) == (0.25, 0.5)
     # a bad value is refused at the next step, naming the group, and changes nothing
     ko.param_groups[1]["momentum"] = -0.5
     before = [k.detach().numpy().copy() for k in ks]
@@ -546,7 +551,7 @@ def test_state_keeps_the_dicts_it_makes_as_torchs_defaultdict():
     o = kiln.optim.SGD([p], lr=0.1, momentum=0.9)
     sd = o.state_dict()
     o.state[p]["note"] = 1
-    assert o.state_dict()["tensors"].keys() == sd["tensors"].keys()
+    assert o.state_dict()["state"] == sd["state"] == {}
     o.load_state_dict(sd)
     assert p not in o.state and o.state[p] == {}
 
@@ -608,7 +613,7 @@ def test_adam_decoupled_weight_decay_as_torch():
         to, to2, t = run(torch, tcls, torch.optim.Adam, decoupled_weight_decay=True)
         assert type(ko) is kcls and isinstance(ko, kiln.optim.Adam) and type(to) is tcls
         assert ko.param_groups[0]["decoupled_weight_decay"] is True
-        assert ko.state_dict()["groups"][0]["decoupled_weight_decay"] is True
+        assert ko.state_dict()["param_groups"][0]["decoupled_weight_decay"] is True
         assert ko2.param_groups[0]["decoupled_weight_decay"] is to2.param_groups[0]["decoupled_weight_decay"] is True
         assert ko2.param_groups[0]["weight_decay"] == to2.param_groups[0]["weight_decay"] == 0.3
         np.testing.assert_allclose(k, t, rtol=1e-5, atol=1e-5)

@@ -104,15 +104,26 @@ def test_training_checkpoint_with_every_scheduler(tmp_path):
         opt = kiln.optim.Adam(model.parameters(), lr=0.1)
         sched = make(opt)
         assert same_floats(sched.state_dict(), sched.state_dict())
-        osd = opt.state_dict()
+        model(kiln.ones(1, 2)).sum().backward()
+        opt.step()
+        osd = opt.state_dict()  # torch's layout: the state tensors as "opt/<index>.<slot>", the groups in the state
         tensors = {**{"model/" + k: v for k, v in model.state_dict().items()},
-                   **{"opt/" + k: v for k, v in osd["tensors"].items()}}
-        state = {"opt": {"scalars": osd["scalars"], "groups": osd["groups"]}, "sched": sched.state_dict(),
-                 "epoch": 3}
+                   **{f"opt/{i}.{k}": v for i, e in osd["state"].items() for k, v in e.items()}}
+        state = {"opt": {"param_groups": osd["param_groups"]}, "sched": sched.state_dict(), "epoch": 3}
         kiln.save_checkpoint(tmp_path / f"{name}.kiln", tensors, state)
-        _, back = kiln.load_checkpoint(tmp_path / f"{name}.kiln")
+        back_tensors, back = kiln.load_checkpoint(tmp_path / f"{name}.kiln")
         assert same_floats(json_like(state), back), name
-        sched2 = make(kiln.optim.Adam(model.parameters(), lr=0.1))
+        opt2 = kiln.optim.Adam(model.parameters(), lr=0.1)
+        entries = {}
+        for k, v in back_tensors.items():
+            if k.startswith("opt/"):
+                i, slot = k[4:].split(".", 1)
+                entries.setdefault(int(i), {})[slot] = v
+        opt2.load_state_dict({"state": entries, "param_groups": back["opt"]["param_groups"]})
+        assert same_floats(json_like(opt2.state_dict()["param_groups"]), json_like(osd["param_groups"])), name
+        assert all(opt2.state_dict()["state"][i][k].tolist() == v.tolist() for i, e in osd["state"].items()
+                   for k, v in e.items()), name
+        sched2 = make(opt2)
         sched2.load_state_dict(back["sched"])
         assert same_floats(json_like(sched2.state_dict()), json_like(sched.state_dict())), name
 

@@ -4,6 +4,10 @@ updated in place, so a model built in Python or in C++ (kiln.models) sees the up
 
     opt = kiln.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
     loss.backward(); opt.step(); opt.zero_grad()
+
+state_dict() is torch's layout ({"state": {index: {"step", "exp_avg", ...}}, "param_groups": [...]}), so a
+torch optimizer's state resumes in Kiln and Kiln's in torch; Kiln's older layout ({"tensors", "scalars",
+"groups"}) still loads.
 """
 import collections.abc
 import math
@@ -415,28 +419,176 @@ class Optimizer:
         """Steps that updated a parameter (a step without any gradient is not one)."""
         return self._engine.steps
 
-    # keys of a group that the engine's scalars carry (the rest are saved in state_dict()'s "groups")
+    # keys of a group that the engine's scalars carry (the rest are a group's own notes: initial_lr, ...)
     _ENGINE_KEYS = ("params", "lr", "weight_decay", "name")
+    # torch's group keys, in torch's order (state_dict() writes the group's other keys after them);
+    # _TORCH_FIXED: those Kiln takes one value of only (the constructor refuses another), with it
+    _TORCH_KEYS = ("lr", "weight_decay")
+    _TORCH_FIXED = {}
+    # the state tensors kept per parameter, shaped as it, by torch's names
+    _SLOTS = ()
+    # whether each parameter's state has torch's "step" (a 0-dim f32 tensor: the Adam family's; SGD's has none)
+    _counts_steps = True
 
     def state_dict(self):
-        """{"tensors": ..., "scalars": ...} (the engine's state, step counts, lrs, weight decays, options) and
-        "groups": each group's other keys (initial_lr and a scheduler's other notes, maximize, ...), as torch's
-        param_groups keep them, so that a scheduler built with last_epoch= after a load finds them."""
+        """torch's layout: {"state": {index: {slot: tensor}}, "param_groups": [{"lr": ..., options, ...,
+        "params": [index, ...]}]}, the parameters numbered 0, 1, ... across the groups in order, as torch's.
+        A parameter without state (no step yet) has no entry. The Adam family's "step" is a 0-dim f32
+        tensor, as torch's; the other tensors are the engine's own. Each group also keeps Kiln's own keys
+        ("name", a scheduler's initial_lr, ...), as torch's keeps initial_lr."""
         self._apply_options()
         tensors, scalars = self._engine.state()
-        groups = [{k: v for k, v in g.items() if k not in self._ENGINE_KEYS and k not in self._options}
-                  for g in self.param_groups]
-        return {"tensors": tensors, "scalars": scalars, "groups": groups}
+        state, groups, index = {}, [], 0
+        for g, group in enumerate(self.param_groups):
+            numbers = []
+            for i in range(len(group["params"])):
+                at = f"{g}.{i}."
+                entry = {k[len(at):]: t for k, t in tensors.items() if k.startswith(at)}
+                if entry:
+                    if self._counts_steps:
+                        step = scalars.get(at + "step", scalars["steps"])
+                        entry = {"step": _C.from_numpy(np.array(step, dtype=np.float32)), **entry}
+                    state[index] = entry
+                numbers.append(index)
+                index += 1
+            out = {k: self._torch_value(group, k) for k in self._TORCH_KEYS}
+            out.update((k, v) for k, v in group.items() if k not in out and k != "params")
+            out["params"] = numbers
+            groups.append(out)
+        return {"state": state, "param_groups": groups}
+
+    def _torch_value(self, group, key):
+        """group's value of torch's group key."""
+        if key in self._TORCH_FIXED:
+            return self._TORCH_FIXED[key]
+        if key == "capturable":
+            return self._capturable
+        return dict.get(group, key, self.defaults.get(key))
 
     def load_state_dict(self, state):
-        """Restores what state_dict() returned: {"tensors": {...}, "scalars": {...}}: the state, the step
-        counts, each group's lr, weight decay and options (momentum, betas, ...) and the optimizer's, as
-        torch's does, and with "groups" (state_dict() gives it) each group's other keys (initial_lr, ...).
-        The number of groups and their sizes must match."""
-        if not isinstance(state, dict) or "tensors" not in state or "scalars" not in state:
-            got = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise _C.KilnValueError(f"load_state_dict: expected the dict state_dict() returns, with keys 'tensors' "
-                                    f"and 'scalars'; got {got}")
+        """Restores a state in torch's layout: what state_dict() returned, or torch's own optimizer's
+        state_dict() (torch tensors, as torch.load gives them): the state, each parameter's step count, each
+        group's lr, weight decay, options (momentum, betas, ...) and other keys (initial_lr, ...), as torch's.
+        The layout of Kiln before it, {"tensors": ..., "scalars": ..., "groups": ...} (checkpoints of older
+        versions), loads too. The number of groups, each group's number of parameters and each state
+        tensor's shape must match; a refused state changes nothing."""
+        if isinstance(state, collections.abc.Mapping) and "tensors" in state and "scalars" in state:
+            return self._load_kiln_layout(dict(state))
+        if not isinstance(state, collections.abc.Mapping) or "state" not in state or "param_groups" not in state:
+            got = sorted(state, key=str) if isinstance(state, collections.abc.Mapping) else type(state).__name__
+            raise _C.KilnValueError(f"load_state_dict: expected the dict state_dict() returns, with keys 'state' and "
+                                    f"'param_groups' (torch's layout), or Kiln's older one with 'tensors' and "
+                                    f"'scalars'; got {got}")
+        return self._load_kiln_layout(self._from_torch_layout(state))
+
+    def _from_torch_layout(self, state):
+        """state (torch's layout) as Kiln's older one, {"tensors", "scalars", "groups"}, checked first."""
+        from ..nn.modules import _state_tensors
+
+        name = type(self).__name__
+        saved, entries = state["param_groups"], state["state"]
+        if not isinstance(saved, (list, tuple)) or not all(isinstance(g, collections.abc.Mapping) for g in saved):
+            raise _C.KilnValueError(f"{name}.load_state_dict: 'param_groups' must be a list of dicts (one per "
+                                    f"parameter group), got {saved!r:.200}")
+        if not isinstance(entries, collections.abc.Mapping):
+            raise _C.KilnValueError(f"{name}.load_state_dict: 'state' must be a dict of parameter index -> dict of "
+                                    f"state, got {type(entries).__name__}")
+        if len(saved) != len(self.param_groups):
+            raise _C.KilnValueError(f"{name}.load_state_dict: the state has {len(saved)} parameter group"
+                                    f"{'' if len(saved) == 1 else 's'}, this optimizer has {len(self.param_groups)}")
+        where = {}  # a saved parameter index -> (group, index in the group)
+        for g, (s, mine) in enumerate(zip(saved, self.param_groups)):
+            ids = s.get("params")
+            if not isinstance(ids, (list, tuple)):
+                raise _C.KilnValueError(f"{name}.load_state_dict: param_groups[{g}] has no 'params' list of "
+                                        f"parameter indices (got {ids!r:.100})")
+            if len(ids) != len(mine["params"]):
+                raise _C.KilnValueError(f"{name}.load_state_dict: param_groups[{g}] has {len(ids)} parameter"
+                                        f"{'' if len(ids) == 1 else 's'} in the state, this optimizer's group {g} "
+                                        f"has {len(mine['params'])}")
+            for i, k in enumerate(ids):
+                if k in where:
+                    raise _C.KilnValueError(f"{name}.load_state_dict: parameter index {k!r} is in param_groups"
+                                            f"[{where[k][0]}] and param_groups[{g}]")
+                where[k] = (g, i)
+        scalars, tensors, steps = {}, {}, []
+        for k, entry in entries.items():
+            if k not in where and isinstance(k, str) and k.isdigit():
+                k = int(k)  # a state written through JSON has its indices as strings
+            if k not in where:
+                raise _C.KilnValueError(f"{name}.load_state_dict: state[{k!r}] is for no parameter of 'param_groups'")
+            g, i = where[k]
+            at = f"state[{k!r}] (param_groups[{g}]'s parameter {i})"
+            if not isinstance(entry, collections.abc.Mapping):
+                raise _C.KilnValueError(f"{name}.load_state_dict: {at} must be a dict of state, got "
+                                        f"{type(entry).__name__}")
+            p = self.param_groups[g]["params"][i]
+            for slot, value in entry.items():
+                if slot == "step" and self._counts_steps:
+                    try:
+                        step = float(value.item() if hasattr(value, "item") else value)
+                    except (TypeError, ValueError):
+                        raise _C.KilnValueError(f"{name}.load_state_dict: {at}'s 'step' must be a number, got "
+                                                f"{value!r:.100}") from None
+                    if not (math.isfinite(step) and step >= 0 and step == int(step)):
+                        raise _C.KilnValueError(f"{name}.load_state_dict: {at}'s 'step' is {step}, not a whole "
+                                                f"number >= 0")
+                    scalars[f"{g}.{i}.step"] = step
+                    steps.append(step)
+                    continue
+                if value is None and slot == "momentum_buffer":  # torch's SGD before its first step with momentum
+                    continue
+                if slot == "max_exp_avg_sq":
+                    raise _C.KilnValueError(f"{name}.load_state_dict: {at} has 'max_exp_avg_sq' (torch's amsgrad=True"
+                                            f"), which Kiln's optimizers do not implement")
+                if slot not in self._SLOTS:
+                    raise _C.KilnValueError(f"{name}.load_state_dict: {at} has '{slot}', a slot {name} does not keep "
+                                            f"(it keeps {', '.join(repr(s) for s in self._SLOTS)})")
+                (t,) = _state_tensors({slot: value}, None, f"{name}.load_state_dict: {at}").values()
+                if tuple(t.shape) != tuple(p.shape):
+                    raise _C.KilnValueError(f"{name}.load_state_dict: {at}'s '{slot}' has shape {tuple(t.shape)}, the "
+                                            f"parameter has {tuple(p.shape)}")
+                tensors[f"{g}.{i}.{slot}"] = t
+        # torch keeps no optimizer-wide count: the Adam family's is its parameters' largest, SGD's restarts at 0
+        scalars["steps"] = max(steps, default=0.0)
+        scalars.update(self._hyper(self._options))  # the optimizer-wide options stay (torch's defaults)
+        groups = []
+        for g, (s, mine) in enumerate(zip(saved, self.param_groups)):
+            options = {}
+            for k in self._options:
+                try:
+                    options[k] = self._check_option(k, s[k] if k in s else dict.get(mine, k))
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"{name}.load_state_dict: param_groups[{g}]['{k}']: {e}") from None
+            for k, v in self._hyper(options).items():
+                scalars[f"group{g}.{k}"] = v
+            for k in ("lr", "weight_decay"):
+                v = s.get(k, dict.get(mine, k))
+                try:
+                    scalars[f"group{g}.{k}"] = float(v)
+                except (TypeError, ValueError):
+                    raise TypeError(f"{name}.load_state_dict: param_groups[{g}]['{k}'] must be a number, got "
+                                    f"{v!r:.100}") from None
+            scalars[f"group{g}.params"] = float(len(mine["params"]))
+            extra = {}
+            for k, v in s.items():
+                if k in self._ENGINE_KEYS or k in self._options:
+                    continue
+                if k == "capturable" and k in self._TORCH_KEYS:
+                    continue  # accepted and not used, as the constructor's
+                if k in self._TORCH_FIXED:
+                    if bool(v) != self._TORCH_FIXED[k]:
+                        raise _C.KilnValueError(f"{name}.load_state_dict: param_groups[{g}] sets {k}={v!r}, which "
+                                                f"Kiln's {name} does not implement")
+                    continue
+                extra[k] = v
+            groups.append(extra)
+        return {"tensors": tensors, "scalars": scalars, "groups": groups}
+
+    def _load_kiln_layout(self, state):
+        """Restores Kiln's older layout: {"tensors": {...}, "scalars": {...}}: the state, the step counts,
+        each group's lr, weight decay and options (momentum, betas, ...) and the optimizer's, and with
+        "groups" each group's other keys (initial_lr, ...)."""
         # The slots may be NumPy arrays or torch tensors too (state ported from elsewhere), as a module's.
         from ..nn.modules import _state_tensors
 
@@ -482,6 +634,12 @@ class SGD(Optimizer):
         super().__init__(params, lr, weight_decay,
                          {"momentum": float(momentum), "dampening": float(dampening), "nesterov": bool(nesterov)},
                          maximize, foreach, fused)
+
+    _TORCH_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach", "differentiable",
+                   "fused")
+    _TORCH_FIXED = {"differentiable": False}
+    _SLOTS = ("momentum_buffer",)
+    _counts_steps = False
 
     def _make(self, groups):
         o = self._options
@@ -529,6 +687,8 @@ def _no_amsgrad(name, amsgrad):
 
 class _AdamFamily(Optimizer):
     _lamb = False
+    _TORCH_KEYS = ("lr", "betas", "eps", "weight_decay")
+    _SLOTS = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr, betas, eps, weight_decay, maximize=False, foreach=None, fused=None):
         name = type(self).__name__
@@ -565,9 +725,12 @@ class Adam(_AdamFamily):
     groups itself and the others not at all: their L2 decay is added to each gradient for the step and
     the gradient put back after it. kiln.amp.GradScaler steps the engine directly, so with it an L2
     weight_decay must be 0 (it is refused otherwise). The flag is a group key: state_dict() saves it in
-    "groups" and load_state_dict restores it, so an AdamW's state loaded into an Adam stays decoupled."""
+    "param_groups" and load_state_dict restores it, so an AdamW's state loaded into an Adam stays decoupled."""
 
     _py_keys = _PY_KEYS + ("decoupled_weight_decay",)
+    _TORCH_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable",
+                   "differentiable", "fused", "decoupled_weight_decay")
+    _TORCH_FIXED = {"amsgrad": False, "differentiable": False}
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
@@ -588,6 +751,7 @@ class Adam(_AdamFamily):
             if not (math.isfinite(v) and v >= 0):
                 raise _C.KilnValueError(f"{name}: group {i}'s weight_decay must be finite and >= 0, got {v}")
         self._decoupled_default = bool(decoupled_weight_decay)
+        self._capturable = bool(capturable)  # accepted and saved, as torch's: the engine's step needs no host sync
         super().__init__(params, lr, betas, eps, 0.0, maximize, foreach, fused)
         self.defaults["weight_decay"] = wd
         self.defaults["decoupled_weight_decay"] = self._decoupled_default
@@ -638,26 +802,20 @@ class Adam(_AdamFamily):
     def _l2(self, index):
         return 0.0 if self._decoupled(index) else self._decay[index]
 
-    def state_dict(self):
-        # each group's weight_decay saved as it is given (L2 or decoupled: "groups" holds the flag), so that it
-        # round-trips
-        state = super().state_dict()
-        for i, wd in enumerate(self._decay):
-            state["scalars"][f"group{i}.weight_decay"] = wd
-        return state
-
-    def load_state_dict(self, state):
-        if not isinstance(state, dict) or "scalars" not in state or "tensors" not in state:
-            return super().load_state_dict(state)
+    def _load_kiln_layout(self, state):
+        # each group's weight_decay is saved as it is given (L2 or decoupled: the group's flag says which,
+        # a group without it, from an older Kiln, keeps this optimizer's); the engine's is set at the next step
         scalars = dict(state["scalars"])
         decay = list(self._decay)
         for i in range(len(decay)):
             key = f"group{i}.weight_decay"
             if key in scalars:
                 decay[i] = float(scalars[key])
+                if not (math.isfinite(decay[i]) and decay[i] >= 0):
+                    raise _C.KilnValueError(f"{type(self).__name__}.load_state_dict: group {i}'s weight_decay must "
+                                            f"be finite and >= 0, got {decay[i]}")
                 scalars[key] = 0.0
-        # the flag comes with "groups" (a group without it, from an older Kiln, keeps this optimizer's)
-        super().load_state_dict({**state, "scalars": scalars})
+        super()._load_kiln_layout({**state, "scalars": scalars})
         self._decay = decay
         self._sync()
 
