@@ -18,5 +18,6 @@ from .layers import (  # noqa: F401
     InstanceNorm1d, InstanceNorm2d, InstanceNorm3d, Dropout1d, Dropout2d, Dropout3d, Unflatten, PixelShuffle,
     PixelUnshuffle, MultiheadAttention, AdaptiveAvgPool1d, AdaptiveMaxPool1d, AdaptiveMaxPool2d,
 )
+from .rnn import RNNBase, RNN, LSTM, GRU, RNNCellBase, RNNCell, LSTMCell, GRUCell  # noqa: F401
 from . import utils  # noqa: F401  (kiln.nn.utils, torch.nn.utils' clipping and vectors)
 from .utils import clip_grad_norm_, clip_grad_value_  # noqa: F401

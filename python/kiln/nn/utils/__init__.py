@@ -1,12 +1,13 @@
-"""kiln.nn.utils: torch.nn.utils' gradient clipping and flat parameter vectors. The clipping runs in
+"""kiln.nn.utils: torch.nn.utils' gradient clipping and flat parameter vectors (and, in
+kiln.nn.utils.rnn, the packed and padded sequences of the recurrent layers). The clipping runs in
 the engine (optim::clip_grad_norm / clip_grad_value), on the gradients' device, without a host read:
 one pass to sum the norm, then the gradients scaled in place (clip_grad_norm_ on the CPU scales an
 f32/f16/bf16 gradient in two multiplies, so that a factor below f32's smallest normal is not flushed
 to 0)."""
 import numbers
 
-from .. import _C
-from .._tensor import _a_type, no_grad as _no_grad
+from ... import _C
+from ..._tensor import _a_type, no_grad as _no_grad
 
 
 def _tensors(fn, parameters):
@@ -85,3 +86,6 @@ def vector_to_parameters(vec, parameters):
             n = p.numel()
             p.copy_(vec[at:at + n].reshape(list(p.shape)))
             at += n
+
+
+from . import rnn  # noqa: E402,F401  (kiln.nn.utils.rnn, torch's path)
