@@ -4,6 +4,8 @@
 # bucketize, searchsorted, histc, unique, unique_consecutive, quantile/nanquantile, take_along_dim without
 # dim, Tensor.new_tensor, Tensor.index_reduce, kiln.special and kiln.linalg: values, dtypes, shapes,
 # gradients and refusals.
+import importlib
+
 import numpy as np
 import pytest
 
@@ -414,3 +416,19 @@ def test_empty_and_integer_inputs_as_torch(shape):
         _both_or_neither(lambda: kiln.linalg.vector_norm(k), lambda: torch.linalg.vector_norm(t))
         _both_or_neither(lambda: kiln.logcumsumexp(k, 0), lambda: torch.logcumsumexp(t, 0))
         _both_or_neither(lambda: kiln.histc(k, 3), lambda: torch.histc(t, 3))
+
+
+def test_inplace_methods_and_import_paths():
+    k, t = both(np.array([3.0, 0.0, 2.0]))
+    ky, ty = both(np.array([4.0, 5.0, 0.5]))
+    assert k.hypot_(ky) is k
+    t.hypot_(ty)
+    same(k, t)
+    k2, t2 = both(np.array([0.0, 2.0]))
+    assert k2.xlogy_(kiln.tensor([0.0, 3.0], dtype=kiln.float64)) is k2
+    same(k2, t2.xlogy_(torch.tensor([0.0, 3.0], dtype=torch.float64)))
+    with pytest.raises(Exception, match="xlogy_"):
+        kiln.ones(2, requires_grad=True).xlogy_(kiln.ones(2))
+    # `import kiln.linalg`, `from kiln.special import expit` work, as torch's
+    assert importlib.import_module("kiln.linalg") is kiln.linalg
+    assert importlib.import_module("kiln.special").expit is kiln.special.expit
