@@ -71,6 +71,8 @@ from ._memory_format import (clone, empty_like, zeros_like, ones_like, full_like
 globals().update(_views._EXPORTS)  # tensor_split, swapaxes, swapdims, index_copy
 from ._extras import (clip, clamp_min, clamp_max, logaddexp, addmm, cdist, get_rng_state,  # noqa: E402,F401
                       set_rng_state, device, cuda)
+from . import _math  # noqa: E402
+globals().update({name: getattr(_math, name) for name in _math.__all__})  # add(3, t), quantile, special, linalg
 from . import autograd
 from ._train import train, report
 from . import nn

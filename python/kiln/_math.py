@@ -1,0 +1,933 @@
+"""torch's math functions the engine has no op for, written with Kiln's ops (autograd differentiates them as
+it does those ops): a Python number as the first argument of add, sub, mul, div, true_divide, floor_divide,
+remainder and pow (torch.add(3, t)); trace, diag_embed, rot90, hypot, xlogy, diff, kron, meshgrid,
+cartesian_prod, block_diag, tril_indices/triu_indices, aminmax, std_mean/var_mean, logcumsumexp, isin,
+bucketize, searchsorted, histc, unique, unique_consecutive, quantile/nanquantile, take_along_dim without
+dim, Tensor.new_tensor, Tensor.index_reduce; kiln.special and kiln.linalg (the norms, cross, vecdot,
+matrix_power, diagonal: no decompositions). The index-valued ones (bucketize, searchsorted, histc, unique,
+isin's counts) are computed with NumPy on the host, as they have no gradient."""
+import builtins
+import collections
+import math
+import numbers
+import sys
+import types
+
+import numpy as np
+
+from . import _C
+from ._C import Tensor
+from ._tensor import _EXPORTS as _T, _inplace
+from ._extras import _dropped, logaddexp
+
+__all__ = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow", "trace", "diag_embed",
+           "rot90", "hypot", "xlogy", "diff", "kron", "meshgrid", "cartesian_prod", "block_diag", "tril_indices",
+           "triu_indices", "aminmax", "std_mean", "var_mean", "logcumsumexp", "isin", "bucketize", "searchsorted",
+           "histc", "unique", "unique_consecutive", "quantile", "nanquantile", "take_along_dim", "special",
+           "linalg"]
+
+_c_add, _c_sub, _c_mul, _c_div = _C.add, _C.sub, _C.mul, _C.div
+_c_floor_divide, _c_remainder, _c_pow, _c_take_along_dim = _C.floor_divide, _C.remainder, _C.pow, _C.take_along_dim
+
+
+def _is_number(x):
+    return isinstance(x, numbers.Number) or (isinstance(x, np.generic) and np.ndim(x) == 0)
+
+
+def _number_first(x, other):
+    """Whether torch's number-first form applies: x a Python (or NumPy) number, other a tensor."""
+    return not isinstance(x, Tensor) and isinstance(other, Tensor) and _is_number(x)
+
+
+def _scaled(t, alpha):
+    """alpha * t in t's dtype, alpha checked as add's is (a float alpha with an integer tensor refused):
+    0 + alpha * t with a 0-dim zero of t's dtype, which counts only by its category."""
+    return _c_add(_C.zeros([], dtype=t.dtype, device=t.device), t, alpha=alpha)
+
+
+def add(input, other, *, alpha=1):
+    """input + alpha * other, as torch.add: input may be a number when other is a tensor (add(3, t))."""
+    if _number_first(input, other):
+        return (other if alpha == 1 else _scaled(other, alpha)).__radd__(input)
+    return _c_add(input, other, alpha=alpha)
+
+
+def sub(input, other, *, alpha=1):
+    """input - alpha * other, as torch.sub: input may be a number when other is a tensor (sub(1.0, t))."""
+    if _number_first(input, other):
+        return (other if alpha == 1 else _scaled(other, alpha)).__rsub__(input)
+    return _c_sub(input, other, alpha=alpha)
+
+
+def mul(input, other):
+    """input * other, as torch.mul: input may be a number when other is a tensor (mul(2, t))."""
+    if _number_first(input, other):
+        return other.__rmul__(input)
+    return _c_mul(input, other)
+
+
+def _wrapped(number, t):
+    """number as a 0-dim tensor of the dtype torch computes number (op) t in, on t's device."""
+    return _C.full([], number, dtype=_C.result_type(number, t), device=t.device)
+
+
+def div(input, other, *, rounding_mode=None):
+    """input / other, as torch.div (rounding_mode None, 'trunc' or 'floor'): input may be a number when
+    other is a tensor (div(1, t))."""
+    if _number_first(input, other):
+        if rounding_mode is None:
+            return other.__rtruediv__(input)
+        return _c_div(_wrapped(input, other), other, rounding_mode=rounding_mode)
+    return _c_div(input, other, rounding_mode=rounding_mode)
+
+
+def true_divide(input, other):
+    """torch.true_divide: div without a rounding mode."""
+    return div(input, other)
+
+
+def floor_divide(input, other):
+    """torch.floor_divide; input may be a number when other is a tensor."""
+    if _number_first(input, other):
+        return other.__rfloordiv__(input)
+    return _c_floor_divide(input, other)
+
+
+def remainder(input, other):
+    """torch.remainder (Python's %, the sign of other); input may be a number when other is a tensor."""
+    if _number_first(input, other):
+        return other.__rmod__(input)
+    return _c_remainder(input, other)
+
+
+def pow(input, exponent):
+    """torch.pow; input may be a number when exponent is a tensor (pow(2, t), as 2 ** t)."""
+    if _number_first(input, exponent):
+        return exponent.__rpow__(input)
+    return _c_pow(input, exponent)
+
+
+def _tensor_arg(fn, name, x):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{fn}(): argument '{name}' must be a kiln.Tensor, not {type(x).__name__}")
+
+
+def _dim(d, n, fn):
+    if not -builtins.max(n, 1) <= d < builtins.max(n, 1):
+        raise _C.KilnIndexError(f"{fn}: dimension {d} is out of range for a {n}-D tensor (expected [-{max(n, 1)}, "
+                                f"{max(n, 1) - 1}])")
+    return d % builtins.max(n, 1)
+
+
+def _pair_operands(fn, x, y, xname, yname):
+    """Two operands of which at most one is a number, as tensors of their common float dtype."""
+    if not isinstance(x, Tensor) and not isinstance(y, Tensor):
+        raise TypeError(f"{fn}(): one of '{xname}' and '{yname}' must be a kiln.Tensor, got {type(x).__name__} "
+                        f"and {type(y).__name__}")
+    if not isinstance(x, Tensor):
+        x = _wrapped(x, y)
+    if not isinstance(y, Tensor):
+        y = _wrapped(y, x)
+    dt = _C.result_type(x, y)  # a 0-dim operand (a number) counts by its category only, as torch's
+    dt = dt if dt.is_floating_point else _C.dtype.float32
+    return x.to(dt), y.to(dt)
+
+
+def trace(input):
+    """torch.trace: the sum of a matrix's main diagonal (integers summed as int64, as torch's)."""
+    _tensor_arg("trace", "input", input)
+    if input.dim() != 2:
+        raise _C.KilnValueError(f"trace: expected a matrix (2-D tensor), got a {input.dim()}-D tensor")
+    return _T["sum"](_C.diagonal(input, 0, 0, 1))
+
+
+def diag_embed(input, offset=0, dim1=-2, dim2=-1):
+    """torch.diag_embed: input's last dimension as the diagonal (offset above it, below for negative) of
+    matrices in dims dim1 and dim2 of the result, zeros elsewhere."""
+    _tensor_arg("diag_embed", "input", input)
+    nd = input.dim() + 1
+    d1, d2 = _dim(dim1, nd, "diag_embed"), _dim(dim2, nd, "diag_embed")
+    if d1 == d2:
+        raise _C.KilnValueError(f"diag_embed: diagonal dimensions cannot be identical {dim1}, {dim2}")
+    n = input.shape[-1] if input.dim() else 1
+    x = input.reshape([1]) if input.dim() == 0 else input
+    m = n + builtins.abs(offset)
+    r, c = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
+    on = (c - r == offset) & (r - builtins.max(-offset, 0) < n)
+    src = np.where(on, r - builtins.max(-offset, 0), 0).reshape(-1)
+    if n == 0:
+        out = _C.zeros(list(x.shape[:-1]) + [m, m], dtype=x.dtype, device=x.device)
+    else:
+        picked = _C.index_select(x, -1, _C.from_numpy(src.astype(np.int64)).to(x.device))
+        picked = picked.reshape(list(x.shape[:-1]) + [m, m])
+        out = _C.where(_C.from_numpy(on).to(x.device), picked, _C.zeros_like(picked))
+    return _T["movedim"](out, [-2, -1], [d1, d2])
+
+
+def rot90(input, k=1, dims=(0, 1)):
+    """torch.rot90: rotates by 90 degrees k times in the plane of dims, from the first towards the second."""
+    _tensor_arg("rot90", "input", input)
+    dims = list(dims)
+    if len(dims) != 2:
+        raise _C.KilnValueError(f"rot90: expected total rotation dims == 2, but got dims = {len(dims)}")
+    if input.dim() < 2:
+        raise _C.KilnValueError(f"rot90: expected total dims >= 2, but got total dims = {input.dim()}")
+    a, b = _dim(dims[0], input.dim(), "rot90"), _dim(dims[1], input.dim(), "rot90")
+    if a == b:
+        raise _C.KilnValueError(f"rot90: expected rotation dims to be different, but got dim0 = {a} and dim1 = {b}")
+    k %= 4
+    if k == 1:
+        return _C.flip(input, [b]).transpose(a, b)
+    if k == 2:
+        return _C.flip(input, [a, b])
+    if k == 3:
+        return _C.flip(input, [a]).transpose(a, b)
+    return input.clone()
+
+
+def hypot(input, other):
+    """torch.hypot: sqrt(input^2 + other^2), floating tensors only (as torch's); inf beside NaN gives inf."""
+    for name, t in (("input", input), ("other", other)):
+        _tensor_arg("hypot", name, t)
+        if not t.dtype.is_floating_point:
+            raise _C.KilnValueError(f"hypot: {name} must be a floating-point tensor, got {t.dtype.name} (as torch)")
+    x, y = (input, other) if input.dtype == other.dtype else _pair_operands("hypot", input, other, "input", "other")
+    out = _C.sqrt(x * x + y * y)
+    inf = _C.logical_or(_C.isinf(x), _C.isinf(y))
+    return _C.where(inf, _C.full_like(out, math.inf), out)
+
+
+def _xlog(fn, x, y, log, edge):
+    """x * log(y) (log1p for xlog1py), 0 where x is 0 and y is not NaN; input's gradient there is log(y) (0
+    for y <= edge, where the log is not finite), as torch's."""
+    x, y = _pair_operands(fn, x, y, "input", "other")
+    zero = _C.logical_and(x == 0, _C.logical_not(_C.isnan(y)))
+    safe = _C.where(zero, _C.ones_like(y), y)
+    out = x * log(safe)
+    has_log = y.detach() > edge
+    slope = _C.where(has_log, log(_C.where(has_log, y.detach(), _C.ones_like(safe))), _C.zeros_like(safe))
+    return _C.where(zero, (x - x.detach()) * slope, out)
+
+
+def xlogy(input, other):
+    """torch.xlogy: input * log(other), 0 where input is 0 (unless other is NaN); either may be a number;
+    integers compute in float32."""
+    return _xlog("xlogy", input, other, _C.log, 0)
+
+
+def diff(input, n=1, dim=-1, prepend=None, append=None):
+    """torch.diff: the n-th forward difference along dim, prepend and append (tensors) joined first; bool
+    tensors differ by logical xor, as torch's."""
+    _tensor_arg("diff", "input", input)
+    if input.dim() == 0:
+        raise _C.KilnValueError("diff: expects input to be at least one-dimensional")
+    if not isinstance(n, numbers.Integral) or n < 0:
+        raise _C.KilnValueError(f"diff: order must be non-negative but got {n}")
+    d = _dim(dim, input.dim(), "diff")
+    for name, t in (("prepend", prepend), ("append", append)):
+        if t is not None:
+            _tensor_arg("diff", name, t)
+            if t.dim() != input.dim():
+                raise _C.KilnValueError(f"diff: {name} must have the same number of dimensions as input, got "
+                                        f"{t.dim()} and {input.dim()}")
+    x = _C.cat([t for t in (prepend, input, append) if t is not None], d) if prepend is not None or \
+        append is not None else input
+    for _ in range(n):
+        length = x.shape[d]
+        if length == 0:
+            break
+        hi, lo = x.narrow(d, 1, length - 1), x.narrow(d, 0, length - 1)
+        x = _C.ne(hi, lo) if x.dtype == _C.dtype.bool else hi - lo
+    return x
+
+
+def kron(input, other):
+    """torch.kron: the Kronecker product; the operands' shapes are padded with leading 1s to one length."""
+    _tensor_arg("kron", "input", input)
+    _tensor_arg("kron", "other", other)
+    nd = builtins.max(input.dim(), other.dim())
+    sa = [1] * (nd - input.dim()) + list(input.shape)
+    sb = [1] * (nd - other.dim()) + list(other.shape)
+    a = input.reshape([v for s in sa for v in (s, 1)])
+    b = other.reshape([v for s in sb for v in (1, s)])
+    return (a * b).reshape([x * y for x, y in zip(sa, sb)])
+
+
+def _tensor_list(fn, tensors):
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{fn}(): expected kiln.Tensor arguments, got {type(t).__name__} at position {i}")
+    return tensors
+
+
+def meshgrid(*tensors, indexing="ij"):
+    """torch.meshgrid: N 1-D (or 0-dim) tensors give N tensors of their sizes' shape; indexing 'ij' (the
+    default) or 'xy' (the first two dims swapped). The results are expanded views."""
+    tensors = _tensor_list("meshgrid", tensors)
+    if indexing not in ("ij", "xy"):
+        raise _C.KilnValueError(f"meshgrid: indexing must be one of 'xy' or 'ij', but received: {indexing!r}")
+    if not tensors:
+        raise _C.KilnValueError("meshgrid: expects a non-empty list of tensors")
+    for t in tensors:
+        if t.dim() > 1:
+            raise _C.KilnValueError(f"meshgrid: expects all tensors to be 0- or 1-dimensional, got a {t.dim()}-D "
+                                    f"tensor")
+        if t.dtype != tensors[0].dtype or t.device != tensors[0].device:
+            raise _C.KilnValueError("meshgrid: expects all tensors to have the same dtype and device, got "
+                                    f"{tensors[0].dtype.name} and {t.dtype.name}")
+    swap = indexing == "xy" and len(tensors) >= 2
+    order = list(tensors)
+    if swap:
+        order[0], order[1] = order[1], order[0]
+    sizes = [t.numel() for t in order]
+    out = []
+    for i, t in enumerate(order):
+        view = [1] * len(order)
+        view[i] = -1
+        out.append(t.reshape(view).expand(sizes))
+    if swap:
+        out[0], out[1] = out[1], out[0]
+    return tuple(out)
+
+
+def cartesian_prod(*tensors):
+    """torch.cartesian_prod: the rows of every combination of the 1-D tensors' elements (one tensor: itself)."""
+    tensors = _tensor_list("cartesian_prod", tensors)
+    for t in tensors:
+        if t.dim() != 1:
+            raise _C.KilnValueError(f"cartesian_prod: expects 1-D tensors, got a {t.dim()}-D tensor")
+    if len(tensors) == 1:
+        return tensors[0]
+    return _C.stack([g.reshape([-1]) for g in meshgrid(*tensors, indexing="ij")], 1)
+
+
+def block_diag(*tensors):
+    """torch.block_diag: the tensors (0-, 1- or 2-D; a 1-D one is a row) down the diagonal of one matrix,
+    zeros elsewhere, in their promoted dtype."""
+    tensors = _tensor_list("block_diag", tensors)
+    mats = []
+    for i, t in enumerate(tensors):
+        if t.dim() > 2:
+            raise _C.KilnValueError(f"block_diag: Input tensors must have 2 or fewer dimensions. Input {i} has "
+                                    f"{t.dim()} dimensions")
+        mats.append(t.reshape([1, 1]) if t.dim() == 0 else t.reshape([1, -1]) if t.dim() == 1 else t)
+    if not mats:
+        return _C.zeros(1, 0)
+    dt = mats[0].dtype
+    for m in mats[1:]:
+        dt = _C.promote_types(dt, m.dtype)
+    cols = builtins.sum(m.shape[1] for m in mats)
+    rows, left = [], 0
+    for m in mats:
+        r, c = m.shape
+        parts = [_C.zeros(r, left, dtype=dt, device=m.device), m.to(dt),
+                 _C.zeros(r, cols - left - c, dtype=dt, device=m.device)]
+        rows.append(_C.cat(parts, 1))
+        left += c
+    return _C.cat(rows, 0)
+
+
+def _indices(fn, row, col, offset, dtype, device, lower):
+    for name, v in (("row", row), ("col", col), ("offset", offset)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, builtins.bool):
+            raise TypeError(f"{fn}(): argument '{name}' must be an int, not {type(v).__name__}")
+    if row < 0 or col < 0:
+        raise _C.KilnValueError(f"{fn}: row must be non-negative, got {row}; col must be non-negative, got {col}")
+    r, c = (np.tril_indices if lower else np.triu_indices)(row, offset, col)
+    out = _C.from_numpy(np.stack([r, c]).astype(np.int64).reshape(2, -1))
+    return out.to(dtype if dtype is not None else _C.dtype.int64).to(device if device is not None else "cpu")
+
+
+def tril_indices(row, col, offset=0, *, dtype=None, device=None):
+    """torch.tril_indices: the (2, N) row and column indices of a row x col matrix's lower triangle."""
+    return _indices("tril_indices", row, col, offset, dtype, device, True)
+
+
+def triu_indices(row, col, offset=0, *, dtype=None, device=None):
+    """torch.triu_indices: the (2, N) row and column indices of a row x col matrix's upper triangle."""
+    return _indices("triu_indices", row, col, offset, dtype, device, False)
+
+
+aminmax_result = collections.namedtuple("aminmax", ["min", "max"])
+
+
+def aminmax(input, *, dim=None, keepdim=False):
+    """torch.aminmax: (min, max), of all elements or along dim, as a named tuple."""
+    _tensor_arg("aminmax", "input", input)
+    if dim is None and input.numel() == 0:
+        raise _C.KilnValueError("aminmax: Expected reduction dim to be specified for input.numel() == 0")
+    return aminmax_result(_C.amin(input, dim, keepdim), _C.amax(input, dim, keepdim))
+
+
+def _spread(fn, input, dim, unbiased, keepdim, correction):
+    _tensor_arg(fn, "input", input)
+    if isinstance(dim, builtins.bool):  # std_mean(x, False): torch's (input, unbiased) overload
+        dim, unbiased = None, dim
+    spread = (_C.std if fn == "std_mean" else _C.var)(input, dim, unbiased, correction=correction, keepdim=keepdim)
+    return spread, _T["mean"](input, dim, keepdim) if dim is not None else (
+        _T["mean"](input).reshape([1] * input.dim()) if keepdim else _T["mean"](input))
+
+
+def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """torch.std_mean: (std, mean) of input, both as std and mean would give them."""
+    return _spread("std_mean", input, dim, unbiased, keepdim, correction)
+
+
+def var_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """torch.var_mean: (var, mean) of input, both as var and mean would give them."""
+    return _spread("var_mean", input, dim, unbiased, keepdim, correction)
+
+
+def logcumsumexp(input, dim):
+    """torch.logcumsumexp: log(cumsum(exp(input))) along dim without overflow or underflow: a log-space
+    scan with logaddexp (log2(n) steps), floating tensors only (as torch's)."""
+    _tensor_arg("logcumsumexp", "input", input)
+    if not input.dtype.is_floating_point:
+        raise _C.KilnValueError(f"logcumsumexp: expected a floating-point tensor, got {input.dtype.name} (as "
+                                f"torch)")
+    if input.dim() == 0:
+        return input.clone()
+    d = _dim(dim, input.dim(), "logcumsumexp")
+    n, out, shift = input.shape[d], input, 1
+    while shift < n:
+        pad = list(out.shape)
+        pad[d] = shift
+        shifted = _C.cat([_C.full(pad, -math.inf, dtype=out.dtype, device=out.device), out.narrow(d, 0, n - shift)],
+                         d)
+        out = logaddexp(out, shifted)
+        shift *= 2
+    return input.clone() if out is input else out
+
+
+def _host(t):
+    return np.asarray(t.detach().cpu().numpy())
+
+
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    """torch.isin: whether each of elements is among test_elements (either may be a number), a bool tensor
+    of elements' shape; NaN is in nothing."""
+    if not isinstance(elements, Tensor) and not isinstance(test_elements, Tensor):
+        raise TypeError("isin(): one of 'elements' and 'test_elements' must be a kiln.Tensor")
+    like = elements if isinstance(elements, Tensor) else test_elements
+    e = _host(elements) if isinstance(elements, Tensor) else np.asarray(elements)
+    t = _host(test_elements) if isinstance(test_elements, Tensor) else np.asarray(test_elements)
+    out = np.isin(e, t, invert=builtins.bool(invert))
+    return _C.from_numpy(np.array(out)).to(like.device)
+
+
+def _search_result(idx, out_int32, device):
+    return _C.from_numpy(np.array(idx.astype(np.int32 if out_int32 else np.int64))).to(device)
+
+
+def bucketize(input, boundaries, *, out_int32=False, right=False):
+    """torch.bucketize: for each element the index of its bucket in the sorted 1-D boundaries: the first i
+    with x <= boundaries[i] (right=True: x < boundaries[i]); input may be a number."""
+    _tensor_arg("bucketize", "boundaries", boundaries)
+    if boundaries.dim() != 1:
+        raise _C.KilnValueError(f"bucketize: boundaries tensor must be 1 dimension, but got dim({boundaries.dim()})")
+    x = _host(input) if isinstance(input, Tensor) else np.asarray(input)
+    idx = np.searchsorted(_host(boundaries), x, side="right" if right else "left")
+    return _search_result(np.asarray(idx), out_int32, boundaries.device)
+
+
+def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=None, sorter=None):
+    """torch.searchsorted: where each of input's values would go in sorted_sequence's last dimension (1-D,
+    or with the same leading dims as input) to keep it sorted: side 'left' (the first such place) or
+    'right' (right=True); sorter, the indices that sort sorted_sequence; input may be a number."""
+    _tensor_arg("searchsorted", "sorted_sequence", sorted_sequence)
+    if side is not None and side not in ("left", "right"):
+        raise _C.KilnValueError(f"searchsorted: side can only be 'left' or 'right' but got {side!r}")
+    if side == "left" and right:
+        raise _C.KilnValueError("searchsorted: side and right can't be set to opposites, got side of left while "
+                                "right was True")
+    side = side or ("right" if right else "left")
+    seq = _host(sorted_sequence)
+    if sorter is not None:
+        _tensor_arg("searchsorted", "sorter", sorter)
+        if tuple(sorter.shape) != seq.shape:
+            raise _C.KilnValueError(f"searchsorted: boundary and sorter must have the same size, but got boundary "
+                                    f"{list(seq.shape)} and sorter {list(sorter.shape)}")
+        if sorter.dtype != _C.dtype.int64:
+            raise _C.KilnValueError(f"searchsorted: sorter must be a tensor of long dtype, got {sorter.dtype.name}")
+        order = _host(sorter)
+        if seq.size and (order.min() < 0 or order.max() >= seq.shape[-1]):
+            raise _C.KilnValueError("searchsorted: sorter index out of range")
+        seq = np.take_along_axis(seq, order, -1)
+    scalar = not isinstance(input, Tensor)
+    vals = np.asarray(input) if scalar else _host(input)
+    if seq.ndim == 1 or seq.ndim == 0:
+        if seq.ndim == 0:
+            raise _C.KilnValueError("searchsorted: boundaries tensor should be 1 dimension or the first N-1 "
+                                    "dimensions of boundaries tensor and input value tensor must match, but we got "
+                                    "a 0-D boundaries tensor")
+        idx = np.searchsorted(seq, vals, side=side)
+    else:
+        if scalar or vals.shape[:-1] != seq.shape[:-1]:
+            raise _C.KilnValueError(f"searchsorted: boundaries tensor should be 1 dimension or the first N-1 "
+                                    f"dimensions of boundaries tensor and input value tensor must match, but we got "
+                                    f"boundaries tensor {list(seq.shape)} and input value tensor "
+                                    f"{list(vals.shape)}")
+        rows_s, rows_v = seq.reshape(-1, seq.shape[-1]), vals.reshape(-1, vals.shape[-1])
+        idx = np.stack([np.searchsorted(s, v, side=side) for s, v in zip(rows_s, rows_v)]) if rows_s.shape[0] \
+            else np.zeros(rows_v.shape, np.int64)
+        idx = idx.reshape(vals.shape)
+    return _search_result(np.asarray(idx), out_int32, sorted_sequence.device)
+
+
+def histc(input, bins=100, min=0, max=0):
+    """torch.histc: counts of input's elements in `bins` equal-width bins over [min, max] (min == max: the
+    data's range; still equal: widened by 1 each side); elements outside are ignored, max falls in the last
+    bin. Floating tensors only, the counts in input's dtype, as torch's."""
+    _tensor_arg("histc", "input", input)
+    if not input.dtype.is_floating_point:
+        raise _C.KilnValueError(f"histc: expected a floating-point tensor, got {input.dtype.name} (as torch)")
+    if bins <= 0:
+        raise _C.KilnValueError(f"histc: bins must be > 0, but got {bins}")
+    x = _host(input.float() if input.dtype in (_C.dtype.float16, _C.dtype.bfloat16) else input)
+    lo, hi = x.dtype.type(min), x.dtype.type(max)
+    if lo == hi and x.size:
+        lo, hi = x.min(), x.max()
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise _C.KilnValueError(f"histc: range of [{lo}, {hi}] is not finite")
+    if lo > hi:
+        raise _C.KilnValueError(f"histc: max must be larger than min, got min={min}, max={max}")
+    keep = x[(x >= lo) & (x <= hi)]
+    pos = ((keep - lo) / (hi - lo) * x.dtype.type(bins)).astype(np.int64)
+    pos[pos == bins] = bins - 1
+    counts = np.bincount(pos, minlength=bins).astype(x.dtype)
+    return _C.from_numpy(counts).to(input.dtype).to(input.device)
+
+
+def _unique_result(vals, inverse, counts, return_inverse, return_counts, device):
+    out = [_C.from_numpy(np.array(vals)).to(device)]
+    if return_inverse:
+        out.append(_C.from_numpy(np.array(inverse.astype(np.int64))).to(device))
+    if return_counts:
+        out.append(_C.from_numpy(np.array(counts.astype(np.int64))).to(device))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=None):
+    """torch.unique: the distinct elements (dim=None, flattened) or slices along dim, sorted (sorted=False
+    sorts too, which torch allows), with return_inverse (each element's index in the result, input's shape)
+    and return_counts; every NaN is distinct, as torch's."""
+    _tensor_arg("unique", "input", input)
+    conv = input.dtype == _C.dtype.bfloat16
+    x = _host(input.float() if conv else input)
+    if dim is None:
+        flat = x.reshape(-1)
+        vals, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True, equal_nan=False)
+        inverse = inverse.reshape(x.shape)
+    else:
+        d = _dim(dim, input.dim(), "unique")
+        if x.shape[d] == 0 and x.size == 0 and x.ndim > 1 and builtins.any(
+                s == 0 for i, s in enumerate(x.shape) if i != d):
+            vals, inverse, counts = x, np.zeros(x.shape[d], np.int64), np.zeros(0, np.int64)
+        else:
+            vals, inverse, counts = np.unique(x, return_inverse=True, return_counts=True, axis=d)
+            inverse = inverse.reshape(-1)
+    out = _unique_result(vals, inverse, counts, return_inverse, return_counts, input.device)
+    if conv:
+        out = out.to(input.dtype) if isinstance(out, Tensor) else (out[0].to(input.dtype),) + out[1:]
+    return out
+
+
+def unique_consecutive(input, return_inverse=False, return_counts=False, dim=None):
+    """torch.unique_consecutive: each run of equal consecutive elements (dim=None, flattened) or slices along
+    dim kept once, with return_inverse and return_counts."""
+    _tensor_arg("unique_consecutive", "input", input)
+    conv = input.dtype == _C.dtype.bfloat16
+    x = _host(input.float() if conv else input)
+    if dim is None:
+        flat = x.reshape(-1)
+        start = np.ones(flat.shape[0], bool)
+        start[1:] = flat[1:] != flat[:-1]
+        vals, shape = flat[start], x.shape
+    else:
+        d = _dim(dim, input.dim(), "unique_consecutive")
+        moved = np.moveaxis(x, d, 0).reshape(x.shape[d], -1)
+        start = np.ones(moved.shape[0], bool)
+        start[1:] = (moved[1:] != moved[:-1]).any(1)
+        vals, shape = np.compress(start, x, axis=d), (x.shape[d],)
+    inverse = (np.cumsum(start) - 1).reshape(shape)
+    counts = np.diff(np.append(np.flatnonzero(start), start.shape[0]))
+    out = _unique_result(vals, inverse, counts, return_inverse, return_counts, input.device)
+    if conv:
+        out = out.to(input.dtype) if isinstance(out, Tensor) else (out[0].to(input.dtype),) + out[1:]
+    return out
+
+
+_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def _quantile(fn, input, q, dim, keepdim, interpolation, ignore_nan):
+    _tensor_arg(fn, "input", input)
+    if input.dtype not in (_C.dtype.float32, _C.dtype.float64):
+        raise _C.KilnValueError(f"{fn}: input tensor must be either float or double dtype, got {input.dtype.name}")
+    if interpolation not in _INTERPOLATIONS:
+        raise _C.KilnValueError(f"{fn}: interpolation must be one of linear, lower, higher, midpoint or nearest. "
+                                f"Got {interpolation!r}")
+    scalar_q = not isinstance(q, Tensor)
+    qs = np.asarray([q], dtype=np.float64) if scalar_q else _host(q).astype(np.float64)
+    if not scalar_q:
+        if q.dim() > 1:
+            raise _C.KilnValueError(f"{fn}: q must be a scalar or 1D tensor, got a {q.dim()}-D tensor")
+        if q.dtype != input.dtype:
+            raise _C.KilnValueError(f"{fn}: q tensor must be same dtype as the input tensor, got {q.dtype.name} "
+                                    f"and {input.dtype.name}")
+        scalar_q = q.dim() == 0
+        qs = qs.reshape(-1)
+    if qs.size and not ((qs >= 0) & (qs <= 1)).all():
+        raise _C.KilnValueError(f"{fn}: q values must be in the range [0, 1]")
+    if input.numel() == 0:  # as torch's, along any dim
+        raise _C.KilnValueError(f"{fn}: input tensor must be non-empty")
+    x = input.reshape([-1]) if dim is None else input
+    d = -1 if dim is None else _dim(dim, input.dim(), fn)
+    if x.dim() == 0:
+        x, d = x.reshape([1]), 0
+    x = x.movedim(d, -1) if x.dim() else x
+    n = x.shape[-1]
+    srt = _T["sort"](x, -1)[0]  # NaN sorts last
+    nan = _C.isnan(x)
+    valid = (n - nan.sum(-1, True)) if ignore_nan else _C.full(list(x.shape[:-1]) + [1], n, dtype=_C.dtype.int64,
+                                                                device=x.device)
+    last = (valid - 1).clamp(0, None).to(x.dtype)  # (..., 1)
+    outs = []
+    for qv in qs:
+        rank = last * float(qv)
+        if interpolation == "nearest":
+            rank = _C.round(rank)
+        below = _C.floor(rank).to(_C.dtype.int64)
+        above = _C.ceil(rank).to(_C.dtype.int64)
+        lo, hi = _C.gather(srt, -1, below), _C.gather(srt, -1, above)
+        if interpolation in ("lower", "nearest"):
+            v = lo
+        elif interpolation == "higher":
+            v = hi
+        else:
+            w = _C.full_like(rank, 0.5) if interpolation == "midpoint" else rank - _C.floor(rank)
+            v = _C.lerp(lo, hi, w)
+        bad = (valid == 0) if ignore_nan else nan.any(-1, True)
+        outs.append(_C.where(bad, _C.full_like(v, math.nan), v).squeeze(-1))
+    out = _C.stack(outs, 0)
+    if keepdim:
+        if dim is None:
+            out = out.reshape([len(outs)] + [1] * input.dim())
+        else:
+            out = out.unsqueeze(d + 1 if input.dim() else 1) if input.dim() else out
+    return out.squeeze(0) if scalar_q else out
+
+
+def quantile(input, q, dim=None, keepdim=False, *, interpolation="linear"):
+    """torch.quantile: the q-th quantiles (q a number or a 1-D tensor, in [0, 1]; a tensor's quantiles are the
+    result's first dim) of all elements or along dim, interpolation linear, lower, higher, midpoint or
+    nearest (half to even); a slice holding NaN gives NaN. Float32 and float64 only, as torch's."""
+    return _quantile("quantile", input, q, dim, keepdim, interpolation, False)
+
+
+def nanquantile(input, q, dim=None, keepdim=False, *, interpolation="linear"):
+    """torch.nanquantile: quantile ignoring NaN (an all-NaN slice gives NaN)."""
+    return _quantile("nanquantile", input, q, dim, keepdim, interpolation, True)
+
+
+def take_along_dim(input, indices, dim=None):
+    """torch.take_along_dim; without dim both tensors are taken flattened."""
+    if dim is None:
+        _tensor_arg("take_along_dim", "input", input)
+        _tensor_arg("take_along_dim", "indices", indices)
+        return _c_take_along_dim(input.reshape([-1]), indices.reshape([-1]), 0)
+    return _c_take_along_dim(input, indices, dim)
+
+
+def _new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+    """Tensor.new_tensor: a copy of data with this tensor's dtype and device unless given (a tensor's
+    values are copied, detached)."""
+    if isinstance(data, Tensor):
+        data = data.detach().cpu().numpy()
+    from ._tensor import tensor
+    return tensor(data, dtype=dtype if dtype is not None else self.dtype,
+                  device=device if device is not None else self.device, requires_grad=requires_grad)
+
+
+def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    """Tensor.index_reduce: source's slices along dim reduced into self's at index ('prod', 'mean', 'amax'
+    or 'amin'; include_self=False leaves self's values out where an index lands), scatter_reduce's
+    reductions."""
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise _C.KilnValueError(f"index_reduce: reduce argument must be either prod, mean, amax or amin, got "
+                                f"{reduce!r}")
+    _tensor_arg("index_reduce", "index", index)
+    _tensor_arg("index_reduce", "source", source)
+    d = _dim(dim, self.dim(), "index_reduce")
+    if index.dim() > 1 or index.dtype not in (_C.dtype.int64, _C.dtype.int32):
+        raise _C.KilnValueError(f"index_reduce: index must be a 1-D int64 or int32 tensor, got "
+                                f"{index.dtype.name} {list(index.shape)}")
+    if source.dim() != builtins.max(self.dim(), 1) and not (self.dim() == 0 and source.dim() <= 1):
+        raise _C.KilnValueError(f"index_reduce: source must have the same number of dimensions as self, got "
+                                f"{source.dim()} and {self.dim()}")
+    src = source.reshape([-1]) if source.dim() == 0 else source
+    n = index.numel()
+    if self.dim() and (src.shape[d] != n or builtins.any(
+            src.shape[i] != self.shape[i] for i in range(self.dim()) if i != d)):
+        raise _C.KilnValueError(f"index_reduce: source {list(source.shape)} must be self's shape "
+                                f"{list(self.shape)} with {n} (index's length) at dim {d}")
+    if source.dtype != self.dtype:
+        raise _C.KilnValueError(f"index_reduce: self and source must have the same dtype, got {self.dtype.name} "
+                                f"and {source.dtype.name}")
+    view = [1] * src.dim()
+    view[d] = -1
+    idx = index.to(_C.dtype.int64).reshape(view).expand(list(src.shape))
+    base = self.reshape([1]) if self.dim() == 0 else self
+    out = _C.scatter_reduce(base, d, idx, src, reduce, include_self=include_self)
+    return out.reshape([]) if self.dim() == 0 else out
+
+
+# ---- kiln.special ----
+def _logit(input, eps=None):
+    """torch.special.logit: log(p / (1 - p)), p clamped to [eps, 1 - eps] when eps is given."""
+    x = input if eps is None else _C.clamp(input, eps, 1 - eps)
+    if not x.dtype.is_floating_point:
+        x = x.to(_C.dtype.float32)
+    return _C.log(x / (1 - x))
+
+
+def _xlog1py(input, other):
+    """torch.special.xlog1py: input * log1p(other), 0 where input is 0 (unless other is NaN)."""
+    return _xlog("xlog1py", input, other, _C.log1p, -1)
+
+
+def _entr(input):
+    """torch.special.entr: -x log x for x > 0, 0 at 0, -inf below 0, NaN for NaN. The gradient at 0 is 0
+    (torch's is -inf)."""
+    x = input if input.dtype.is_floating_point else input.to(_C.dtype.float32)
+    pos = x > 0
+    val = -x * _C.log(_C.where(pos, x, _C.ones_like(x)))
+    out = _C.where(pos, val, _C.where(x == 0, _C.zeros_like(x), _C.full_like(x, -math.inf)))
+    return _C.where(_C.isnan(x), x, out)
+
+
+def _sinc(input):
+    """torch.special.sinc: sin(pi x) / (pi x), 1 at 0 (gradient 0 there)."""
+    x = input if input.dtype.is_floating_point else input.to(_C.dtype.float32)
+    zero = x == 0
+    px = _C.where(zero, _C.ones_like(x), x) * math.pi
+    return _C.where(zero, _C.ones_like(x), _C.sin(px) / px)
+
+
+def _ndtr(input):
+    """torch.special.ndtr: the standard normal CDF, erfc(-x / sqrt(2)) / 2."""
+    x = input if input.dtype.is_floating_point else input.to(_C.dtype.float32)
+    return 0.5 * _C.erfc(x * (-1 / math.sqrt(2)))
+
+
+def _softmax_dtype(fn):
+    def wrapped(input, dim, *, dtype=None):
+        return fn(input if dtype is None else input.to(dtype), dim)
+    wrapped.__doc__ = f"torch.special.{fn.__name__}: kiln.{fn.__name__}, dtype= converting the input first."
+    return wrapped
+
+
+special = types.ModuleType("kiln.special", "torch.special's functions that Kiln has: expit, logit, erf, erfc, "
+                                           "erfinv, xlogy, xlog1py, entr, sinc, ndtr, round, exp2, expm1, log1p, "
+                                           "log_softmax, softmax, logsumexp. (No gammaln, digamma, i0, ndtri.)")
+special.expit = _C.sigmoid
+special.logit = _logit
+special.erf, special.erfc, special.erfinv = _C.erf, _C.erfc, _C.erfinv
+special.xlogy = xlogy
+special.xlog1py = _xlog1py
+special.entr = _entr
+special.sinc = _sinc
+special.ndtr = _ndtr
+special.round = _C.round
+special.exp2, special.expm1, special.log1p = _C.exp2, _C.expm1, _C.log1p
+special.log_softmax = _softmax_dtype(_C.log_softmax)
+special.softmax = _softmax_dtype(_C.softmax)
+special.logsumexp = _C.logsumexp
+sys.modules[special.__name__] = special
+
+
+# ---- kiln.linalg ----
+def _float_only(fn, x):
+    _tensor_arg(fn, "input", x)
+    if not x.dtype.is_floating_point:
+        raise _C.KilnValueError(f"linalg.{fn}: Expected a floating point tensor as input. Got {x.dtype.name}")
+
+
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """torch.linalg.vector_norm: the ord-norm of all elements (dim None), or over dim (an int or a tuple):
+    ord inf (max |x|), -inf (min |x|), 0 (the count of nonzeros), any other p (sum |x|^p)^(1/p)."""
+    _float_only("vector_norm", x)
+    if dtype is not None:
+        x = x.to(dtype)
+    if isinstance(ord, str) or not isinstance(ord, numbers.Real):
+        raise TypeError(f"linalg.vector_norm(): argument 'ord' must be a number, not {type(ord).__name__}")
+    dims = None if dim is None else ([dim] if isinstance(dim, numbers.Integral) else list(dim))
+    if dims == []:
+        dims = None
+    a = _C.abs(x)
+    if ord == math.inf or ord == -math.inf:
+        if x.numel() == 0 and (dims is None or builtins.any(x.shape[i] == 0 for i in dims)):
+            raise _C.KilnValueError(f"linalg.vector_norm: Expected a non-empty tensor for ord={ord}")
+        return (_C.amax if ord > 0 else _C.amin)(a, dims, keepdim)
+    if ord == 0:
+        return _C.ne(x, 0).to(x.dtype).sum(dims, keepdim) if dims is not None else \
+            _T["sum"](_C.ne(x, 0).to(x.dtype)).reshape([1] * x.dim() if keepdim else [])
+    if ord == 1:
+        return a.sum(dims, keepdim) if dims is not None else (
+            _T["sum"](a).reshape([1] * x.dim()) if keepdim else _T["sum"](a))
+    if ord == 2:
+        if dims is None:
+            out = _C.norm(x.reshape([-1]), 2, 0, False)
+            return out.reshape([1] * x.dim()) if keepdim else out
+        return _C.norm(x, 2, dims if len(dims) > 1 else dims[0], keepdim)
+    if ord < 0:
+        s = (_C.pow(a, float(ord))).sum(dims, keepdim) if dims is not None else _T["sum"](_C.pow(a, float(ord)))
+        out = _C.pow(s, 1.0 / ord)
+        return out.reshape([1] * x.dim()) if keepdim and dims is None else out
+    s = (_C.pow(a, float(ord))).sum(dims, keepdim) if dims is not None else _T["sum"](_C.pow(a, float(ord)))
+    out = _C.pow(s, 1.0 / ord)
+    return out.reshape([1] * x.dim()) if keepdim and dims is None else out
+
+
+def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
+    """torch.linalg.matrix_norm for ord 'fro', 1, -1, inf and -inf over the two dims; 'nuc', 2 and -2 need
+    singular values, which Kiln does not compute: they are refused."""
+    _float_only("matrix_norm", A)
+    if dtype is not None:
+        A = A.to(dtype)
+    dims = list(dim)
+    if len(dims) != 2:
+        raise _C.KilnValueError(f"linalg.matrix_norm: dim must be a 2-tuple. Got {tuple(dims)}")
+    if A.dim() < 2:
+        raise _C.KilnValueError(f"linalg.matrix_norm: The input tensor A must have at least 2 dimensions, got "
+                                f"{A.dim()}")
+    d0, d1 = _dim(dims[0], A.dim(), "linalg.matrix_norm"), _dim(dims[1], A.dim(), "linalg.matrix_norm")
+    if d0 == d1:
+        raise _C.KilnValueError(f"linalg.matrix_norm: dims must be different. Got ({dims[0]}, {dims[1]})")
+    if ord == "fro":
+        return vector_norm(A, 2, (d0, d1), keepdim)
+    if ord in ("nuc", 2, -2):
+        raise _C.KilnValueError(f"linalg.matrix_norm: ord={ord!r} needs the singular values (an SVD), which Kiln "
+                                f"does not compute; 'fro', 1, -1, inf and -inf are supported")
+    if ord not in (1, -1, math.inf, -math.inf):
+        raise _C.KilnValueError(f"linalg.matrix_norm: Order {ord} not supported.")
+    # 1 / -1: max / min column sum (over rows, d0); inf / -inf: max / min row sum (over columns, d1)
+    sum_dim, red_dim = (d0, d1) if ord in (1, -1) else (d1, d0)
+    s = _C.abs(A).sum([sum_dim], True)
+    out = (_C.amax if ord > 0 else _C.amin)(s, [red_dim], True)
+    return out if keepdim else out.squeeze(builtins.max(d0, d1)).squeeze(builtins.min(d0, d1))
+
+
+def norm(A, ord=None, dim=None, keepdim=False, *, dtype=None):
+    """torch.linalg.norm: a matrix norm when ord is a string or dim a 2-tuple (or A 2-D with ord given and no
+    dim), otherwise a vector norm (ord None: the 2-norm of all elements, flattened)."""
+    _float_only("norm", A)
+    if dim is not None and not isinstance(dim, numbers.Integral):
+        dim = tuple(dim)
+        if len(dim) == 2:
+            return matrix_norm(A, "fro" if ord is None else ord, dim, keepdim, dtype=dtype)
+        if len(dim) != 1:
+            raise _C.KilnValueError(f"linalg.norm: If dim is specified, it must be of length 1 or 2. Got {dim}")
+    if ord is not None and dim is None:
+        if A.dim() == 2:
+            return matrix_norm(A, ord, (-2, -1), keepdim, dtype=dtype)
+        if A.dim() != 1:
+            raise _C.KilnValueError(f"linalg.norm: If dim is not specified but ord is, the input must be 1D or "
+                                    f"2D. Got {A.dim()}D.")
+    if isinstance(ord, str):
+        raise _C.KilnValueError(f"linalg.norm: ord={ord!r} is a matrix norm and needs a 2-D input or a 2-tuple "
+                                f"dim")
+    return vector_norm(A, 2 if ord is None else ord, dim, keepdim, dtype=dtype)
+
+
+def cross(input, other, *, dim=-1):
+    """torch.linalg.cross: the cross product of 3-vectors along dim (the operands broadcast)."""
+    _tensor_arg("linalg.cross", "input", input)
+    _tensor_arg("linalg.cross", "other", other)
+    shape = list(np.broadcast_shapes(tuple(input.shape), tuple(other.shape)))
+    a, b = input.expand(shape), other.expand(shape)
+    d = _dim(dim, len(shape), "linalg.cross")
+    if input.dim() != other.dim():
+        raise _C.KilnValueError(f"linalg.cross: inputs must have the same number of dimensions, got {input.dim()} "
+                                f"and {other.dim()}")
+    if shape[d] != 3 or input.shape[d] != 3 or other.shape[d] != 3:
+        raise _C.KilnValueError(f"linalg.cross: inputs dimension {dim} must have length 3. Got "
+                                f"{input.shape[d]} and {other.shape[d]}")
+    a0, a1, a2 = (a.narrow(d, i, 1) for i in range(3))
+    b0, b1, b2 = (b.narrow(d, i, 1) for i in range(3))
+    return _C.cat([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], d)
+
+
+def vecdot(x, y, *, dim=-1):
+    """torch.linalg.vecdot: the dot product of x and y (broadcast) along dim."""
+    _tensor_arg("linalg.vecdot", "x", x)
+    _tensor_arg("linalg.vecdot", "y", y)
+    if x.dtype != y.dtype:
+        raise _C.KilnValueError(f"linalg.vecdot: Expected x and y to have the same dtype, but found x of type "
+                                f"{x.dtype.name} and y of type {y.dtype.name} instead")
+    return (x * y).sum([dim], False)
+
+
+def matrix_power(A, n):
+    """torch.linalg.matrix_power for n >= 0 (by repeated squaring; n = 0 the identity); a negative n needs
+    the inverse, which Kiln does not compute: refused."""
+    _tensor_arg("linalg.matrix_power", "A", A)
+    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        raise _C.KilnValueError(f"linalg.matrix_power: A must be batches of square matrices, but they are "
+                                f"{list(A.shape[-2:])} matrices")
+    if not isinstance(n, numbers.Integral) or isinstance(n, builtins.bool):
+        raise TypeError(f"linalg.matrix_power(): argument 'n' must be an int, not {type(n).__name__}")
+    if n < 0:
+        raise _C.KilnValueError(f"linalg.matrix_power: n={n} < 0 needs the matrix inverse, which Kiln does not "
+                                f"compute")
+    if n == 0:
+        # the identity, its gradient to A zeros (not None), as torch's
+        return _C.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand(list(A.shape)) + _dropped(A, A)
+    result, base = None, A
+    while n:
+        if n & 1:
+            result = base if result is None else _C.matmul(result, base)
+        n >>= 1
+        if n:
+            base = _C.matmul(base, base)
+    return result if result is not A else A.clone()
+
+
+def _linalg_diagonal(A, *, offset=0, dim1=-2, dim2=-1):
+    """torch.linalg.diagonal: kiln.diagonal with dim1=-2, dim2=-1 by default."""
+    return _C.diagonal(A, offset, dim1, dim2)
+
+
+linalg = types.ModuleType("kiln.linalg", "torch.linalg's norms and products that need no decomposition: "
+                                         "vector_norm, matrix_norm ('fro', 1, -1, inf, -inf), norm, cross, vecdot, "
+                                         "matrix_power (n >= 0), diagonal. (No inv, solve, qr, svd, eigh, det or "
+                                         "cholesky.)")
+linalg.vector_norm, linalg.matrix_norm, linalg.norm = vector_norm, matrix_norm, norm
+linalg.cross, linalg.vecdot, linalg.matrix_power, linalg.diagonal = cross, vecdot, matrix_power, _linalg_diagonal
+sys.modules[linalg.__name__] = linalg
+
+
+def _method(fn):
+    def method(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    method.__name__ = fn.__name__
+    method.__doc__ = fn.__doc__
+    return method
+
+
+def _install():
+    for fn in (histc, diff, kron, unique, unique_consecutive, quantile, nanquantile, logcumsumexp, trace,
+               diag_embed, rot90, hypot, xlogy, aminmax, take_along_dim, true_divide):
+        setattr(Tensor, fn.__name__, _method(fn))
+    Tensor.new_tensor = _new_tensor
+    Tensor.index_reduce = _index_reduce
+    Tensor.index_reduce_ = _inplace("index_reduce_", _index_reduce)
+    Tensor.xlogy_ = _inplace("xlogy_", xlogy)
+    Tensor.hypot_ = _inplace("hypot_", hypot)
+
+
+_install()
