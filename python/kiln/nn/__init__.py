@@ -21,3 +21,7 @@ from .layers import (  # noqa: F401
 from .rnn import RNNBase, RNN, LSTM, GRU, RNNCellBase, RNNCell, LSTMCell, GRUCell  # noqa: F401
 from . import utils  # noqa: F401  (kiln.nn.utils, torch.nn.utils' clipping and vectors)
 from .utils import clip_grad_norm_, clip_grad_value_  # noqa: F401
+from .transformer import (  # noqa: F401
+    TransformerEncoderLayer, TransformerEncoder, TransformerDecoderLayer, TransformerDecoder, Transformer,
+)
+from ._extra import Bilinear, EmbeddingBag, Fold, Unfold  # noqa: F401

@@ -434,3 +434,9 @@ def adaptive_max_pool2d(input, output_size, return_indices=False):
     if return_indices:
         return _C.stack([r[0] for r in rows], -2), _C.stack([r[1] for r in rows], -2)
     return _C.stack(rows, -2)
+
+
+# torch.nn.functional's bilinear, embedding_bag, gumbel_softmax, fold / unfold (kiln/nn/_extra.py)
+from ._extra import (  # noqa: E402,F401
+    bilinear, embedding_bag, gumbel_softmax, fold, unfold, affine_grid, grid_sample,
+)

@@ -1,5 +1,6 @@
-"""kiln.nn.utils: torch.nn.utils' gradient clipping and flat parameter vectors (and, in
-kiln.nn.utils.rnn, the packed and padded sequences of the recurrent layers). The clipping runs in
+"""kiln.nn.utils: torch.nn.utils' gradient clipping, flat parameter vectors, parametrize / parametrizations
+(weight_norm, spectral_norm), the older weight_norm / spectral_norm hooks and (in kiln.nn.utils.rnn) the
+packed and padded sequences of the recurrent layers. The clipping runs in
 the engine (optim::clip_grad_norm / clip_grad_value), on the gradients' device, without a host read:
 one pass to sum the norm, then the gradients scaled in place (clip_grad_norm_ on the CPU scales an
 f32/f16/bf16 gradient in two multiplies, so that a factor below f32's smallest normal is not flushed
@@ -89,3 +90,12 @@ def vector_to_parameters(vec, parameters):
 
 
 from . import rnn  # noqa: E402,F401  (kiln.nn.utils.rnn, torch's path)
+# torch.nn.utils.parametrize / parametrizations (kiln/nn/parametrize.py, kiln/nn/parametrizations.py)
+from .. import parametrize, parametrizations  # noqa: E402,F401
+import sys as _sys  # noqa: E402
+
+# They live in kiln.nn: these make torch's import paths work too
+# (`from kiln.nn.utils.parametrizations import weight_norm`, `import kiln.nn.utils.parametrize as P`)
+_sys.modules[__name__ + ".parametrize"] = parametrize
+_sys.modules[__name__ + ".parametrizations"] = parametrizations
+from .._norm_hooks import weight_norm, remove_weight_norm, spectral_norm, remove_spectral_norm  # noqa: E402,F401
