@@ -239,9 +239,11 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);
 // indices i64 1-D.
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices);
-// indices i64 with x's shape except along dim; out[..i..] = x[..indices[..i..]..] along dim.
+// indices i64 of x's rank, no larger than x outside dim; out (indices' shape) [..i..] = x[..indices[..i..]..]
+// along dim.
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices);
-// out = x, then out[..indices[..i..]..] += src[..i..] along dim; indices has src's shape.
+// out = x, then out[..indices[..i..]..] += src[..i..] along dim; indices no larger than src (whose part
+// they cover is read) nor than x outside dim, as torch's (so for scatter and scatter_reduce).
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src);
 // out = x, then out[..indices[..i..]..] = src[..i..] along dim; of several writes to one place the
 // last in index order wins (deterministic; PyTorch leaves it unspecified), and only it gets gradient.

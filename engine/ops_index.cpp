@@ -137,14 +137,27 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices) {
   return out;
 }
 
+namespace {
+// t's leading part in every dim but `skip` (-1: none) where idx is shorter: a view (autograd sees it),
+// as torch's gather and scatter read only the part of input and src that the indices cover.
+Tensor narrow_to(const Tensor& t, const Tensor& idx, int64_t skip) {
+  Tensor r = t;
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (i != skip && idx.size(i) < t.size(i)) r = r.narrow(i, 0, idx.size(i));
+  return r;
+}
+}  // namespace
+
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices) {
   KILN_CHECK(x.dim() > 0, "gather: tensor is 0-dim");
   const int64_t d = wrap_dim(dim, x.dim(), "gather");
   const Tensor idx = index_tensor("gather", indices, x);
   KILN_CHECK(idx.dim() == x.dim(), "gather: indices ", idx.shape(), " must have the rank of input ", x.shape());
   for (int64_t i = 0; i < x.dim(); ++i)
-    KILN_CHECK(i == d || idx.size(i) == x.size(i), "gather: indices ", idx.shape(), " must match input ", x.shape(),
-               " outside dim ", d);
+    KILN_CHECK(i == d || idx.size(i) <= x.size(i), "gather: indices ", idx.shape(), " must be no larger than input ",
+               x.shape(), " outside dim ", d, " (dim ", i, ")");
+  // Indices shorter than x outside dim (torch allows it) read x's leading part there.
+  if (narrow_to(x, idx, d).shape() != x.shape()) return gather(narrow_to(x, idx, d), d, idx);
   const Tensor xc = x.detach().contiguous();
   int64_t outer, n, inner;
   split_dims(xc.shape(), d, outer, n, inner);
@@ -170,8 +183,8 @@ Tensor scatter_raw(const char* name, ScatterOp op, bool include_self, const Tens
   KILN_CHECK(idx.shape() == src.shape(), name, ": indices ", idx.shape(), " and src ", src.shape(), " differ");
   KILN_CHECK(idx.dim() == x.dim(), name, ": indices ", idx.shape(), " must have the rank of input ", x.shape());
   for (int64_t i = 0; i < x.dim(); ++i)
-    KILN_CHECK(i == d || idx.size(i) == x.size(i), name, ": indices ", idx.shape(), " must match input ", x.shape(),
-               " outside dim ", d);
+    KILN_CHECK(i == d || idx.size(i) <= x.size(i), name, ": indices ", idx.shape(), " must be no larger than input ",
+               x.shape(), " outside dim ", d, " (dim ", i, ")");
   const DType t = promote_types(x.dtype(), src.dtype());
   // Integers of 32 bits or fewer (and bool) combine in f64, which holds each of their values exactly;
   // i64 does not fit f64's 53 bits, so it is refused rather than rounded.
@@ -180,16 +193,32 @@ Tensor scatter_raw(const char* name, ScatterOp op, bool include_self, const Tens
   const DType ct = is_floating(t) ? float_compute(t) : DType::f64;
   Tensor out = x.detach().to(ct).contiguous().clone();
   const Tensor sc = src.detach().to(ct).contiguous();
+  // Indices shorter than x outside dim write into x's leading part there: scattered in a dense copy of
+  // that part, copied back.
+  const Tensor part = narrow_to(out, idx, d);
+  const bool whole = part.shape() == out.shape();
+  Tensor dst = whole ? out : part.contiguous();
   int64_t outer, n, inner;
-  split_dims(out.shape(), d, outer, n, inner);
-  detail::backend(out.device())
-      .scatter(op, include_self, ct, outer, n, inner, out.raw_data(), idx.size(d), idx.data<int64_t>(), sc.raw_data());
+  split_dims(dst.shape(), d, outer, n, inner);
+  detail::backend(dst.device())
+      .scatter(op, include_self, ct, outer, n, inner, dst.raw_data(), idx.size(d), idx.data<int64_t>(), sc.raw_data());
+  if (!whole) narrow_to(out, idx, d).copy_(dst);
   return t != ct ? out.to(t) : out;
+}
+
+// src's part that the indices cover (torch reads no more of a larger src): refused where src is shorter.
+Tensor src_part(const char* name, const Tensor& src, const Tensor& idx) {
+  if (src.dim() != idx.dim()) return src;  // scatter_raw names the mismatch
+  for (int64_t i = 0; i < src.dim(); ++i)
+    KILN_CHECK(idx.size(i) <= src.size(i), name, ": indices ", idx.shape(), " must be no larger than src ", src.shape(),
+               " (dim ", i, ")");
+  return narrow_to(src, idx, -1);
 }
 }  // namespace
 
-Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src) {
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src_) {
   const Tensor idx = index_tensor("scatter_add", indices, x);
+  const Tensor src = src_part("scatter_add", src_, idx);
   int64_t d = 0;
   Tensor out = scatter_raw("scatter_add", ScatterOp::add, true, x, dim, idx, src, d);
   if (autograd::needs_grad({x, src})) {
@@ -200,8 +229,9 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& indices, const Te
   return out;
 }
 
-Tensor scatter(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src) {
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src_) {
   const Tensor idx = index_tensor("scatter", indices, x);
+  const Tensor src = src_part("scatter", src_, idx);
   int64_t d = 0;
   Tensor out = scatter_raw("scatter", ScatterOp::assign, true, x, dim, idx, src, d);
   if (autograd::needs_grad({x, src})) {
@@ -226,9 +256,10 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor
   return out;
 }
 
-Tensor scatter_reduce(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src, ScatterReduce reduce,
+Tensor scatter_reduce(const Tensor& x, int64_t dim, const Tensor& indices, const Tensor& src_, ScatterReduce reduce,
                       bool include_self) {
   const Tensor idx = index_tensor("scatter_reduce", indices, x);
+  const Tensor src = src_part("scatter_reduce", src_, idx);
   static constexpr ScatterOp kOps[] = {ScatterOp::add, ScatterOp::mul, ScatterOp::mean, ScatterOp::amax,
                                        ScatterOp::amin};
   const ScatterOp op = kOps[int(reduce)];

@@ -112,6 +112,46 @@ def case_scatter():
              torch.scatter(td, 0, ti, tsd, reduce="multiply")], [kx, ks], [tx, ts])
 
 
+def case_shorter_indices():
+    # indices shorter than input (outside dim) and than src in any dim: torch reads and writes only the
+    # part they cover. torch's backward refuses a src larger than the indices, so its gradient is compared
+    # with torch's through the slice the indices cover (Kiln's: zeros beyond it); scatter's src gradient
+    # is Kiln's own rule (only the write that lands gets it: engine/nn_ops.h), so it is left out.
+    (kx, tx), (ks, ts), (kx3, tx3) = both(arr(4, 6)), both(arr(5, 7)), both(arr(3, 5, 4))
+    idx = RNG.integers(0, 4, size=(3, 4))
+    ki, ti = kiln.tensor(idx), torch.tensor(idx)
+    idx3 = RNG.integers(0, 5, size=(2, 3, 2))
+    ki3, ti3 = kiln.tensor(idx3), torch.tensor(idx3)
+    tsp = ts[:3, :4]
+    kouts = [kiln.gather(kx, 0, ki), kiln.gather(kx3, 1, ki3), kiln.scatter_add(kx, 0, ki, ks),
+             kiln.scatter(kx, 0, ki, ks.detach()), kiln.scatter_reduce(kx, 0, ki, ks, "mean", include_self=False),
+             kiln.scatter_reduce(kx, 0, ki, ks, "amin"), kiln.scatter_reduce(kx, 0, ki, ks, "prod"),
+             kiln.gather(kx, 1, ki[:, :2])]
+    touts = [torch.gather(tx, 0, ti), torch.gather(tx3, 1, ti3), torch.scatter_add(tx, 0, ti, tsp),
+             torch.scatter(tx, 0, ti, tsp.detach()), torch.scatter_reduce(tx, 0, ti, tsp, "mean", include_self=False),
+             torch.scatter_reduce(tx, 0, ti, tsp, "amin"), torch.scatter_reduce(tx, 0, ti, tsp, "prod"),
+             torch.gather(tx, 1, ti[:, :2])]
+    # the values with the larger src itself, as torch reads it
+    td, tsd = tx.detach(), ts.detach()
+    kouts += [kiln.scatter_add(kx.detach(), 0, ki, ks.detach()), kiln.scatter(kx.detach(), 0, ki, ks.detach())]
+    touts += [torch.scatter_add(td, 0, ti, tsd), torch.scatter(td, 0, ti, tsd)]
+    return kouts, touts, [kx, ks, kx3], [tx, ts, tx3]
+
+
+def test_shorter_indices_refusals_as_torch():
+    x, i = kiln.zeros(3, 4), kiln.zeros(2, 5, dtype=kiln.int64)
+    with pytest.raises(RuntimeError, match=r"gather: indices \[2,5\] must be no larger than input \[3,4\] outside dim 0"):
+        kiln.gather(x, 0, i)
+    with pytest.raises(RuntimeError, match=r"scatter_add: indices \[2,3\] must be no larger than src \[2,2\]"):
+        kiln.scatter_add(x, 0, kiln.zeros(2, 3, dtype=kiln.int64), kiln.ones(2, 2))
+    with pytest.raises(RuntimeError):
+        torch.scatter_add(torch.zeros(3, 4), 0, torch.zeros(2, 3, dtype=torch.int64), torch.ones(2, 2))
+    with pytest.raises(RuntimeError, match="must be no larger than input"):
+        kiln.scatter(x, 1, kiln.zeros(4, 2, dtype=kiln.int64), kiln.ones(4, 2))
+    with pytest.raises(RuntimeError):
+        torch.scatter(torch.zeros(3, 4), 1, torch.zeros(4, 2, dtype=torch.int64), torch.ones(4, 2))
+
+
 def case_indexing():
     (kx, tx), (kv, tv) = both(arr(5, 4)), both(arr(3, 4))
     rows = np.array([4, 0, 4])
@@ -196,7 +236,8 @@ def case_pool3d():
              TF.avg_pool3d(tx, 2, divisor_override=5)], [kx], [tx])
 
 
-CASES = [case_conv3d, case_conv_transpose1d, case_interpolate, case_embedding_padding, case_scatter, case_indexing, case_scans, case_math,
+CASES = [case_conv3d, case_conv_transpose1d, case_interpolate, case_embedding_padding, case_scatter, case_shorter_indices,
+         case_indexing, case_scans, case_math,
          case_norms, case_batch_norm_relu, case_activations_and_losses, case_shapes, case_pool3d]
 
 
