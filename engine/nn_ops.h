@@ -293,19 +293,24 @@ enum class PadMode { constant, reflect, replicate, circular };
 // mirrors without repeating the edge (pad < size), replicate repeats the edge, circular wraps
 // (pad <= size).
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pad, PadMode mode = PadMode::constant, double value = 0.0);
-// Resizes the last two dims of [N, C, H, W] to `size`: nearest (source index floor(dst * in / out), as
-// PyTorch's 'nearest') or bilinear (align_corners false: source (dst + 0.5) in / out - 0.5, clamped at
-// 0; true: dst (in - 1) / (out - 1)). interpolate_scale: size floor(in * scale), and without
-// align_corners the source coordinates step by 1 / scale, as PyTorch's default; with
-// recompute_scale_factor by in / out, as interpolate to that size (the two differ where in * scale is
-// not whole: 5 -> 7 at scale 1.5).
-// bicubic: PyTorch's cubic convolution (A = -0.75) over 4 taps per dim clamped to the edge (values may
-// overshoot the input's range, as there).
-enum class InterpMode { nearest, bilinear, bicubic };
-Tensor interpolate(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode = InterpMode::nearest,
+// Resizes the spatial dims (all after the first two) of [N, C, ...] to `size`, one value per spatial dim,
+// separably, as PyTorch's modes: nearest (source index floor(dst * in / out), the step in float, as
+// PyTorch's 'nearest'; on 4-d input, as its 2-d kernel, a copy where out == in and dst / 2 where out ==
+// 2 in, whatever the scale), nearest_exact (floor((dst + 0.5) in / out), 'nearest-exact'), linear / bilinear /
+// trilinear (the one linear rule on 3-, 4- and 5-d input; align_corners false: source (dst + 0.5) in / out - 0.5,
+// clamped at 0; true: dst (in - 1) / (out - 1)), bicubic (4-d; PyTorch's cubic convolution, A = -0.75, over 4 taps per
+// dim clamped to the edge: values may overshoot the input's range, as there) and area (the mean over adaptive average
+// pooling's windows [floor(o in / out), ceil((o + 1) in / out))). nearest, nearest_exact and area take 3- to 5-d input;
+// align_corners is for the linear modes and bicubic. interpolate_scale: size floor(in * scale), and without
+// align_corners the source coordinates step by 1 / scale, as PyTorch's default; with recompute_scale_factor by in /
+// out, as interpolate to that size (the two differ where in * scale is not whole: 5 -> 7 at scale 1.5). area ignores
+// the scale.
+enum class InterpMode { nearest, bilinear, bicubic, linear, trilinear, nearest_exact, area };
+Tensor interpolate(const Tensor& x, const std::vector<int64_t>& size, InterpMode mode = InterpMode::nearest,
                    bool align_corners = false);
-Tensor interpolate_scale(const Tensor& x, std::array<double, 2> scale_factor, InterpMode mode = InterpMode::nearest,
-                         bool align_corners = false, bool recompute_scale_factor = false);
+Tensor interpolate_scale(const Tensor& x, const std::vector<double>& scale_factor,
+                         InterpMode mode = InterpMode::nearest, bool align_corners = false,
+                         bool recompute_scale_factor = false);
 // [N, C r^2, H, W] <-> [N, C, H r, W r] (sub-pixel convolution's rearrangement).
 Tensor pixel_shuffle(const Tensor& x, int64_t r);
 Tensor pixel_unshuffle(const Tensor& x, int64_t r);

@@ -787,14 +787,53 @@ Tensor pixel_unshuffle(const Tensor& x, int64_t r) {
 
 namespace kiln {
 namespace {
-// Resizes dim d of x from its size to `out`; without align_corners, output o reads source
-// (o + 0.5) * ratio - 0.5 (nearest: floor(o * ratio)), where ratio is in / out for a size and
-// 1 / scale_factor for a scale (PyTorch's rule, which differs where in * scale is not whole).
-Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool align_corners, double ratio) {
+const char* interp_name(InterpMode m) {
+  switch (m) {
+    case InterpMode::nearest: return "nearest";
+    case InterpMode::bilinear: return "bilinear";
+    case InterpMode::bicubic: return "bicubic";
+    case InterpMode::linear: return "linear";
+    case InterpMode::trilinear: return "trilinear";
+    case InterpMode::nearest_exact: return "nearest-exact";
+    case InterpMode::area: return "area";
+  }
+  return "?";
+}
+bool interp_linear(InterpMode m) {
+  return m == InterpMode::linear || m == InterpMode::bilinear || m == InterpMode::trilinear;
+}
+
+// area: dim d averaged over adaptive pooling's windows [floor(o in / out), ceil((o + 1) in / out)), as
+// PyTorch's 'area' (adaptive_avg_pool); one matmul by the [in, out] window-mean matrix.
+Tensor area_dim(const Tensor& x, int64_t d, int64_t out) {
   const int64_t in = x.size(d);
-  // The same size is a copy whatever the scale, as in PyTorch's nearest and bilinear kernels; its bicubic
-  // kernel has no such case and resamples by 1 / scale (identity only where that is 1).
-  if (in == out && (mode != InterpMode::bicubic || align_corners || ratio == 1.0)) return x;
+  if (in == out) return x;
+  std::vector<double> m(static_cast<size_t>(in * out), 0.0);
+  for (int64_t o = 0; o < out; ++o) {
+    const int64_t lo = (o * in) / out, hi = ((o + 1) * in + out - 1) / out;
+    for (int64_t i = lo; i < hi; ++i) m[size_t(i * out + o)] = 1.0 / double(hi - lo);
+  }
+  const Tensor w = from_vector(m, {in, out}, TensorOptions(x.dtype(), x.device()));
+  // A mean, not a GEMM: under autocast it runs in x's dtype (interpolate's elementwise rule).
+  const amp::AutocastGuard no_autocast(x.dtype(), false);
+  const int64_t last = x.dim() - 1;
+  if (d == last) return matmul(x, w);
+  return matmul(x.transpose(d, last), w).transpose(d, last);
+}
+
+// Resizes dim d of x from its size to `out`; without align_corners, output o reads source
+// (o + 0.5) * ratio - 0.5 (nearest: floor(o * ratio); nearest-exact: floor((o + 0.5) * ratio), both
+// with ratio in float as PyTorch's), where ratio is in / out for a size and 1 / scale_factor for a
+// scale (PyTorch's rule, which differs where in * scale is not whole).
+Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool align_corners, double ratio) {
+  if (mode == InterpMode::area) return area_dim(x, d, out);
+  const int64_t in = x.size(d);
+  // PyTorch's 2-d nearest kernel (only it: the 1-d and 3-d ones do not) copies where out == in and takes
+  // o / 2 where out == 2 in, whatever the scale.
+  const bool nearest2d = mode == InterpMode::nearest && x.dim() == 4;
+  // The same size is a copy whatever the scale, as in PyTorch's linear kernels and its 2-d nearest; its
+  // bicubic, nearest-exact and 1-d and 3-d nearest kernels resample by 1 / scale (identity where that is 1).
+  if (in == out && (nearest2d || interp_linear(mode) || align_corners || ratio == 1.0)) return x;
   if (mode == InterpMode::bicubic) {
     // PyTorch's cubic convolution (A = -0.75) over taps floor(src) - 1 .. + 2, clamped to the edge;
     // the source index is not clamped at 0 as bilinear's is.
@@ -826,9 +865,18 @@ Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool
   std::vector<int64_t> i0(static_cast<size_t>(out)), i1(static_cast<size_t>(out));
   std::vector<double> w1(static_cast<size_t>(out));
   const double scale = ratio;
+  // nearest and nearest-exact: PyTorch computes the step in float and rounds the source coordinate to float.
+  const float fscale = float(ratio);
+  const bool pick = mode == InterpMode::nearest || mode == InterpMode::nearest_exact;
   for (int64_t o = 0; o < out; ++o) {
     if (mode == InterpMode::nearest) {
-      i0[size_t(o)] = std::min<int64_t>(int64_t(std::floor(double(o) * scale)), in - 1);
+      const float src = float(o) * fscale;
+      i0[size_t(o)] = nearest2d && out == 2 * in ? o / 2 : std::min<int64_t>(int64_t(std::floor(src)), in - 1);
+      continue;
+    }
+    if (mode == InterpMode::nearest_exact) {
+      const float src = float((double(o) + 0.5) * double(fscale));
+      i0[size_t(o)] = std::min<int64_t>(int64_t(std::floor(src)), in - 1);
       continue;
     }
     const double src = align_corners ? (out > 1 ? double(o) * double(in - 1) / double(out - 1) : 0.0)
@@ -839,47 +887,74 @@ Tensor resize_dim(const Tensor& x, int64_t d, int64_t out, InterpMode mode, bool
     w1[size_t(o)] = src - double(lo);
   }
   const Tensor a = index_select(x, d, from_blob_copy(i0.data(), {out}).to(x.device()));
-  if (mode == InterpMode::nearest) return a;
+  if (pick) return a;
   const Tensor b = index_select(x, d, from_blob_copy(i1.data(), {out}).to(x.device()));
   Shape ws(size_t(x.dim()), 1);
   ws[size_t(d)] = out;
   const Tensor w = from_vector(w1, ws, TensorOptions(x.dtype(), x.device()));
   return a + (b - a) * w;
 }
-}  // namespace
 
-namespace {
-Tensor resize(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode, bool align_corners,
-              std::array<double, 2> ratio) {
-  KILN_CHECK(x.dim() == 4, "interpolate: needs [N, C, H, W], got ", x.shape());
-  KILN_CHECK(size[0] >= 1 && size[1] >= 1, "interpolate: output size must be >= 1, got ", size[0], "x", size[1]);
-  KILN_CHECK(x.size(2) >= 1 && x.size(3) >= 1, "interpolate: empty input ", x.shape());
-  KILN_CHECK(mode != InterpMode::nearest || !align_corners, "interpolate: align_corners is for bilinear and bicubic");
-  if (mode != InterpMode::nearest)
-    KILN_CHECK(is_floating(x.dtype()), "interpolate: bilinear and bicubic need a floating tensor");
-  return resize_dim(resize_dim(x, 2, size[0], mode, align_corners, ratio[0]), 3, size[1], mode, align_corners,
-                    ratio[1]);
+// The input's rank against the mode's (PyTorch's: linear 3-d, bilinear and bicubic 4-d, trilinear 5-d,
+// the others 3- to 5-d) and the output sizes' count against its spatial dims.
+void check_interp(const Tensor& x, size_t n, InterpMode mode, bool align_corners, const char* what) {
+  const char* name = interp_name(mode);
+  const int64_t need = mode == InterpMode::linear                                    ? 3
+                       : mode == InterpMode::trilinear                               ? 5
+                       : mode == InterpMode::bilinear || mode == InterpMode::bicubic ? 4
+                                                                                     : 0;
+  if (need)
+    KILN_CHECK(x.dim() == need, "interpolate: mode ", name, " needs ", need, "-d input [N, C, ",
+               need == 3   ? "L"
+               : need == 4 ? "H, W"
+                           : "D, H, W",
+               "], got ", x.shape());
+  else
+    KILN_CHECK(x.dim() >= 3 && x.dim() <= 5, "interpolate: mode ", name,
+               " needs 3-d, 4-d or 5-d input [N, C, spatial...], got ", x.shape());
+  KILN_CHECK(int64_t(n) == x.dim() - 2, "interpolate: ", what, " has ", n, " values for the ", x.dim() - 2,
+             " spatial dims of ", x.shape());
+  for (int64_t d = 2; d < x.dim(); ++d) KILN_CHECK(x.size(d) >= 1, "interpolate: empty input ", x.shape());
+  KILN_CHECK(!align_corners || interp_linear(mode) || mode == InterpMode::bicubic, "interpolate: align_corners is for ",
+             "linear, bilinear, bicubic and trilinear, not ", name);
+  if (mode != InterpMode::nearest && mode != InterpMode::nearest_exact)
+    KILN_CHECK(is_floating(x.dtype()), "interpolate: mode ", name, " needs a floating tensor, got ", x.dtype());
+}
+
+Tensor resize(const Tensor& x, const std::vector<int64_t>& size, InterpMode mode, bool align_corners,
+              const std::vector<double>& ratio) {
+  for (const int64_t s : size) KILN_CHECK(s >= 1, "interpolate: output size must be >= 1, got ", s);
+  Tensor y = x;
+  for (size_t i = 0; i < size.size(); ++i) y = resize_dim(y, int64_t(i) + 2, size[i], mode, align_corners, ratio[i]);
+  return y;
 }
 }  // namespace
 
-Tensor interpolate(const Tensor& x, std::array<int64_t, 2> size, InterpMode mode, bool align_corners) {
-  KILN_CHECK(x.dim() == 4, "interpolate: needs [N, C, H, W], got ", x.shape());
-  KILN_CHECK(size[0] >= 1 && size[1] >= 1, "interpolate: output size must be >= 1, got ", size[0], "x", size[1]);
-  return resize(x, size, mode, align_corners,
-                {double(x.size(2)) / double(size[0]), double(x.size(3)) / double(size[1])});
+Tensor interpolate(const Tensor& x, const std::vector<int64_t>& size, InterpMode mode, bool align_corners) {
+  check_interp(x, size.size(), mode, align_corners, "size");
+  std::vector<double> ratio(size.size());
+  for (size_t i = 0; i < size.size(); ++i) {
+    KILN_CHECK(size[i] >= 1, "interpolate: output size must be >= 1, got ", size[i]);
+    ratio[i] = double(x.size(int64_t(i) + 2)) / double(size[i]);
+  }
+  return resize(x, size, mode, align_corners, ratio);
 }
 
-Tensor interpolate_scale(const Tensor& x, std::array<double, 2> scale, InterpMode mode, bool align_corners,
+Tensor interpolate_scale(const Tensor& x, const std::vector<double>& scale, InterpMode mode, bool align_corners,
                          bool recompute_scale_factor) {
-  KILN_CHECK(x.dim() == 4, "interpolate: needs [N, C, H, W], got ", x.shape());
-  KILN_CHECK(std::isfinite(scale[0]) && std::isfinite(scale[1]) && scale[0] > 0 && scale[1] > 0,
-             "interpolate: scale factors must be finite and > 0, got ", scale[0], ", ", scale[1]);
-  const std::array<int64_t, 2> size = {int64_t(std::floor(double(x.size(2)) * scale[0])),
-                                       int64_t(std::floor(double(x.size(3)) * scale[1]))};
-  KILN_CHECK(size[0] >= 1 && size[1] >= 1, "interpolate: scale factors ", scale[0], ", ", scale[1], " make ", x.size(2),
-             "x", x.size(3), " an empty ", size[0], "x", size[1]);
+  check_interp(x, scale.size(), mode, align_corners, "scale_factor");
+  std::vector<int64_t> size(scale.size());
+  std::vector<double> ratio(scale.size());
+  for (size_t i = 0; i < scale.size(); ++i) {
+    KILN_CHECK(std::isfinite(scale[i]) && scale[i] > 0, "interpolate: scale factors must be finite and > 0, got ",
+               scale[i]);
+    const int64_t in = x.size(int64_t(i) + 2);
+    size[i] = int64_t(std::floor(double(in) * scale[i]));
+    KILN_CHECK(size[i] >= 1, "interpolate: scale factor ", scale[i], " makes spatial size ", in, " an empty ", size[i]);
+    ratio[i] = 1.0 / scale[i];
+  }
   if (recompute_scale_factor) return interpolate(x, size, mode, align_corners);
-  return resize(x, size, mode, align_corners, {1.0 / scale[0], 1.0 / scale[1]});
+  return resize(x, size, mode, align_corners, ratio);
 }
 
 }  // namespace kiln

@@ -1840,6 +1840,22 @@ std::vector<Row> build() {
       })
       .covers({"interpolate", "interpolate_scale"})
       .autocast(AutocastOp::elementwise);
+  // The other ranks and modes (values against torch in tests/python/test_interpolate_vs_torch.py): here
+  // gradients, f32 and the CUDA path.
+  row("interpolate_nd", {{{2, 3, 7}}, {{1, 2, 3, 5, 4}}},
+      [](const V& x) {
+        return V{interpolate(x[0], {11}, InterpMode::linear),
+                 interpolate(x[0], {4}, InterpMode::linear, true),
+                 interpolate(x[0], {3}, InterpMode::area),
+                 interpolate_scale(x[0], {1.7}, InterpMode::nearest_exact),
+                 interpolate(x[1], {5, 7, 3}, InterpMode::trilinear),
+                 interpolate_scale(x[1], {1.5, 0.6, 2.0}, InterpMode::trilinear, true),
+                 interpolate(x[1], {2, 3, 3}, InterpMode::area),
+                 interpolate(x[1], {4, 3, 6}, InterpMode::nearest_exact),
+                 interpolate(x[1], {4, 3, 6})};
+      })
+      .covers({"interpolate"})
+      .autocast(AutocastOp::elementwise);
   // 280 indices: the CUDA backward sums runs in chunks of 256 (index_add_chunks_kernel).
   row("embedding", {{{50, 24}}, {{4, 70}, Kind::index, 50}}, [](const V& x) {
     return one(embedding(x[0], x[1]));

@@ -544,6 +544,29 @@ NB_MODULE(_C, m) {
       nb::arg("mode"),
       "CPU kernels flush subnormal inputs and results to zero (x86 FTZ + DAZ; on by default: subnormals "
       "made GEMMs 8x slower). Returns True, as torch.set_flush_denormal where it is supported.");
+  // torch.use_deterministic_algorithms: the Context's deterministic flag. Every Kiln kernel has a
+  // deterministic path (no floating atomics: index_add, scatter_add and embedding's backward sort; the
+  // CPU always is); the flag picks it where a faster one exists on CUDA (cuDNN convolution and batch
+  // norm algorithms, the GEMM choice), so no op is refused and warn_only changes nothing but its getter.
+  static bool g_deterministic_warn_only = false;
+  m.def(
+      "use_deterministic_algorithms",
+      [](nb::handle mode, nb::handle warn_only) {
+        if (!PyBool_Check(mode.ptr()))
+          type_error("use_deterministic_algorithms: mode must be a bool, got " + py_type_name(mode));
+        if (!PyBool_Check(warn_only.ptr()))
+          type_error("use_deterministic_algorithms: warn_only must be a bool, got " + py_type_name(warn_only));
+        Context c = Context::current();
+        c.deterministic = mode.ptr() == Py_True;
+        c.apply();
+        g_deterministic_warn_only = warn_only.ptr() == Py_True;
+      },
+      nb::arg("mode"), nb::kw_only(), nb::arg("warn_only") = false,
+      "Deterministic algorithms only (the Context's deterministic flag): on CUDA the deterministic cuDNN "
+      "convolution and handwritten batch norm kernels and a fixed GEMM choice; the CPU always is. Every Kiln "
+      "op has a deterministic path, so none is refused (warn_only is recorded).");
+  m.def("are_deterministic_algorithms_enabled", [] { return Context::current().deterministic; });
+  m.def("is_deterministic_algorithms_warn_only_enabled", [] { return g_deterministic_warn_only; });
   m.def(
       "cpu_isa", [] { return Context::current().cpu_isa; }, "The CPU kernel set in use: avx512, avx2 or generic.");
   m.def("host_read_count", &host_read_count);

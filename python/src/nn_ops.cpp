@@ -798,40 +798,85 @@ void bind_nn_ops(nb::module_& mod) {
   m.def(
       "interpolate",
       [](const Tensor& x, nb::handle size, nb::handle scale, const std::string& mode, std::optional<bool> align_corners,
-         std::optional<bool> recompute_scale_factor) {
-        InterpMode im;
-        if (mode == "nearest")
-          im = InterpMode::nearest;
-        else if (mode == "bilinear")
-          im = InterpMode::bilinear;
-        else if (mode == "bicubic")
-          im = InterpMode::bicubic;
-        else
-          value_error("interpolate: mode must be nearest, bilinear or bicubic, got \"" + mode + "\"");
+         std::optional<bool> recompute_scale_factor, bool antialias) {
+        static const std::pair<const char*, InterpMode> kModes[] = {{"nearest", InterpMode::nearest},
+                                                                    {"linear", InterpMode::linear},
+                                                                    {"bilinear", InterpMode::bilinear},
+                                                                    {"bicubic", InterpMode::bicubic},
+                                                                    {"trilinear", InterpMode::trilinear},
+                                                                    {"area", InterpMode::area},
+                                                                    {"nearest-exact", InterpMode::nearest_exact}};
+        std::optional<InterpMode> found;
+        for (const auto& [name, m] : kModes)
+          if (mode == name) found = m;
+        if (!found)
+          value_error(
+              "interpolate: mode must be nearest, linear, bilinear, bicubic, trilinear, area or nearest-exact, "
+              "got \"" +
+              mode + "\"");
+        const InterpMode im = *found;
+        const bool picks = im == InterpMode::nearest || im == InterpMode::area || im == InterpMode::nearest_exact;
+        // torch's rule: align_corners (even False) only with the interpolating modes.
+        if (picks && align_corners)
+          value_error(
+              "interpolate: align_corners option can only be set with the interpolating modes: linear | "
+              "bilinear | bicubic | trilinear (mode \"" +
+              mode + "\")");
+        // the rank each mode takes, a ValueError as torch's (the engine checks it again)
+        const int64_t need = im == InterpMode::linear                                  ? 3
+                             : im == InterpMode::trilinear                             ? 5
+                             : im == InterpMode::bilinear || im == InterpMode::bicubic ? 4
+                                                                                       : 0;
+        if (need && x.dim() != need)
+          value_error("interpolate: mode " + mode + " needs " + std::to_string(need) + "-d input, got " +
+                      std::to_string(x.dim()) + "-d");
+        if (!need && (x.dim() < 3 || x.dim() > 5))
+          value_error("interpolate: mode " + mode + " needs 3-d, 4-d or 5-d input [N, C, spatial...], got " +
+                      std::to_string(x.dim()) + "-d");
         const bool ac = align_corners.value_or(false);
+        const size_t nsp = x.dim() >= 2 ? size_t(x.dim() - 2) : 0;
         if (!size.is_none() && !scale.is_none())
           value_error("interpolate: only one of size or scale_factor should be defined");
+        if (antialias) {
+          if (!((im == InterpMode::bilinear || im == InterpMode::bicubic) && x.dim() == 4))
+            value_error("interpolate: antialias is restricted to bilinear and bicubic modes on 4-d input (mode \"" +
+                        mode + "\", input of " + std::to_string(x.dim()) + " dims)");
+          value_error(
+              "interpolate: antialias=True is not implemented in Kiln (antialias=False resamples as torch's "
+              "default)");
+        }
         if (!size.is_none()) {
           if (recompute_scale_factor.value_or(false))
-            value_error("interpolate: recompute_scale_factor is for scale_factor, not size");
-          const Pair s = tuple_of<2>(size, "size");
+            value_error("interpolate: recompute_scale_factor is not meaningful with an explicit size");
+          std::vector<int64_t> s;
+          if (PySequence_Check(size.ptr())) {
+            s = to_dims(size, "size");
+            if (s.size() != nsp)
+              value_error("interpolate: size has " + std::to_string(s.size()) + " values for the " +
+                          std::to_string(nsp) + " spatial dims of the input (" + std::to_string(x.dim()) + "-d)");
+          } else {
+            s.assign(nsp, to_dims(size, "size").at(0));
+          }
           R r;
           return interpolate(x, s, im, ac);
         }
         if (scale.is_none()) value_error("interpolate: give size or scale_factor");
-        std::array<double, 2> sf;
+        std::vector<double> sf;
         if (PyFloat_Check(scale.ptr()) || PyLong_Check(scale.ptr())) {
-          sf.fill(nb::cast<double>(scale));
+          sf.assign(nsp, nb::cast<double>(scale));
         } else {
-          auto v = nb::cast<std::vector<double>>(scale);
-          if (v.size() != 2) value_error("interpolate: scale_factor takes a number or two");
-          sf = {v[0], v[1]};
+          sf = nb::cast<std::vector<double>>(scale);
+          if (sf.size() != nsp)
+            value_error("interpolate: scale_factor has " + std::to_string(sf.size()) + " values for the " +
+                        std::to_string(nsp) + " spatial dims of the input (" + std::to_string(x.dim()) + "-d)");
         }
         R r;
-        return interpolate_scale(x, sf, im, ac, recompute_scale_factor.value_or(false));
+        // area is adaptive pooling to the output size: the scale only sizes it, as torch's.
+        return interpolate_scale(x, sf, im, ac, recompute_scale_factor.value_or(false) || im == InterpMode::area);
       },
       a("input"), nb::arg("size") = nb::none(), nb::arg("scale_factor") = nb::none(), nb::arg("mode") = "nearest",
-      nb::arg("align_corners") = nb::none(), nb::arg("recompute_scale_factor") = nb::none());
+      nb::arg("align_corners") = nb::none(), nb::arg("recompute_scale_factor") = nb::none(),
+      nb::arg("antialias") = false);
   m.def("pixel_shuffle", &pixel_shuffle, a("input"), a("upscale_factor"), nogil);
   m.def("pixel_unshuffle", &pixel_unshuffle, a("input"), a("downscale_factor"), nogil);
 }

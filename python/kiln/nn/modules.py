@@ -1073,6 +1073,14 @@ class _NormBase(Module):
         prefix (load_state_dict takes the second name as optional, checked equal to the first)."""
         return {}
 
+    def reset_running_stats(self):
+        """running_mean 0, running_var 1, num_batches_tracked 0 (as torch's; nothing without them)."""
+        if self.track_running_stats:
+            with no_grad():
+                self.running_mean.zero_()
+                self.running_var.fill_(1)
+                self.num_batches_tracked.zero_()
+
     def _upgrade_state_dict(self, state_dict, prefix):
         _fill_num_batches_tracked(self, state_dict, prefix)
 

@@ -866,3 +866,6 @@ class LambdaSchedule:
     def step(self):
         self.step_count += 1
         self._apply(self.step_count)
+
+
+from . import swa_utils  # noqa: E402,F401  (kiln.optim.swa_utils: AveragedModel, SWALR, update_bn)

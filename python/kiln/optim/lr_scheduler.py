@@ -14,10 +14,11 @@ import types
 import warnings
 from bisect import bisect_right
 from collections import Counter
+from functools import partial
 
 __all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
            "ExponentialLR", "PolynomialLR", "SequentialLR", "ChainedScheduler", "CosineAnnealingLR", "ReduceLROnPlateau", "CosineAnnealingWarmRestarts",
-           "OneCycleLR"]
+           "OneCycleLR", "CyclicLR"]
 
 
 def _check_optimizer(optimizer, who):
@@ -520,10 +521,10 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         self._last_lr = _lrs(self.optimizer)
 
 
-def _per_group(name, optimizer, value):
+def _per_group(name, optimizer, value, who="OneCycleLR"):
     if isinstance(value, (list, tuple)):
         if len(value) != len(optimizer.param_groups):
-            raise ValueError(f"OneCycleLR: expected {len(optimizer.param_groups)} values for {name}, got {len(value)}")
+            raise ValueError(f"{who}: expected {len(optimizer.param_groups)} values for {name}, got {len(value)}")
         return list(value)
     return [value] * len(optimizer.param_groups)
 
@@ -620,3 +621,127 @@ class OneCycleLR(LRScheduler):
                 else:
                     group["momentum"] = momentum
         return lrs
+
+
+def _triangular_scale_fn(x):
+    return 1.0
+
+
+def _triangular2_scale_fn(x):
+    return 1 / (2.0 ** (x - 1))
+
+
+def _exp_range_scale_fn(gamma, x):
+    return gamma ** x
+
+
+class CyclicLR(LRScheduler):
+    """Cyclical learning rates (torch's CyclicLR): lr climbs from base_lr to max_lr over step_size_up steps
+    and back over step_size_down (default the same), the swing scaled by mode: 'triangular' (1),
+    'triangular2' (halved each cycle), 'exp_range' (gamma ** step), or scale_fn(x) with x the cycle
+    ('cycle') or the step ('iterations'). With cycle_momentum the momentum (SGD) or beta1 (Adam, AdamW,
+    LAMB) goes the other way, between max_momentum and base_momentum. Step it after every batch."""
+
+    def __init__(self, optimizer, base_lr, max_lr, step_size_up=2000, step_size_down=None, mode="triangular",
+                 gamma=1.0, scale_fn=None, scale_mode="cycle", cycle_momentum=True, base_momentum=0.8,
+                 max_momentum=0.9, last_epoch=-1):
+        _check_optimizer(optimizer, "CyclicLR")
+        self.optimizer = optimizer
+        base_lrs = _per_group("base_lr", optimizer, base_lr, "CyclicLR")
+        if last_epoch == -1:
+            for lr, group in zip(base_lrs, optimizer.param_groups):
+                group["lr"] = lr
+        self.max_lrs = _per_group("max_lr", optimizer, max_lr, "CyclicLR")
+        step_size_up = float(step_size_up)
+        step_size_down = float(step_size_down) if step_size_down is not None else step_size_up
+        if step_size_up <= 0 or step_size_down < 0:
+            raise ValueError(f"CyclicLR: step_size_up must be > 0 and step_size_down >= 0, got {step_size_up} and "
+                             f"{step_size_down}")
+        self.total_size = step_size_up + step_size_down
+        self.step_ratio = step_size_up / self.total_size
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            raise ValueError(f"CyclicLR: mode must be 'triangular', 'triangular2' or 'exp_range' (or give scale_fn), "
+                             f"got {mode!r}")
+        if scale_fn is not None and scale_mode not in ("cycle", "iterations"):
+            raise ValueError(f"CyclicLR: scale_mode must be 'cycle' or 'iterations', got {scale_mode!r}")
+        self.mode, self.gamma = mode, gamma
+        self._scale_fn_custom = scale_fn
+        self.scale_mode = scale_mode
+        self._init_scale_fn()
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError("CyclicLR: cycle_momentum needs an optimizer with momentum or betas")
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = _per_group("base_momentum", optimizer, base_momentum, "CyclicLR")
+            self.max_momentums = _per_group("max_momentum", optimizer, max_momentum, "CyclicLR")
+            if last_epoch == -1:
+                for m, b, group in zip(self.max_momentums, self.base_momentums, optimizer.param_groups):
+                    if self.use_beta1:
+                        group["betas"] = (m, *group["betas"][1:])
+                    else:
+                        group["momentum"] = m
+                    group["max_momentum"] = m
+                    group["base_momentum"] = b
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def step(self, epoch=None):
+        # a refused step changes nothing: get_lr sets the momenta before the base checks the lrs
+        saved = [{k: g[k] for k in ("momentum", "betas") if k in g} for g in self.optimizer.param_groups]
+        try:
+            super().step(epoch)
+        except BaseException:
+            if self.cycle_momentum:
+                for g, keep in zip(self.optimizer.param_groups, saved):
+                    for k, v in keep.items():
+                        g[k] = v
+            raise
+
+    def _init_scale_fn(self):
+        if self._scale_fn_custom is not None:
+            return
+        if self.mode == "triangular":
+            self._scale_fn_ref, self.scale_mode = _triangular_scale_fn, "cycle"
+        elif self.mode == "triangular2":
+            self._scale_fn_ref, self.scale_mode = _triangular2_scale_fn, "cycle"
+        elif self.mode == "exp_range":
+            self._scale_fn_ref, self.scale_mode = partial(_exp_range_scale_fn, self.gamma), "iterations"
+
+    def scale_fn(self, x):
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        return self._scale_fn_ref(x)
+
+    def get_lr(self):
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle
+        scale_factor = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        at = cycle if self.scale_mode == "cycle" else self.last_epoch
+        lrs = [base_lr + (max_lr - base_lr) * scale_factor * self.scale_fn(at)
+               for base_lr, max_lr in zip(self.base_lrs, self.max_lrs, strict=True)]
+        if self.cycle_momentum:
+            momenta = [max_m - (max_m - base_m) * scale_factor * self.scale_fn(at)
+                       for base_m, max_m in zip(self.base_momentums, self.max_momentums, strict=True)]
+            for group, m in zip(self.optimizer.param_groups, momenta, strict=True):
+                if self.use_beta1:
+                    group["betas"] = (m, *group["betas"][1:])
+                else:
+                    group["momentum"] = m
+        return lrs
+
+    def state_dict(self):
+        # torch's: the mode's scale function is rebuilt on load; a custom one is saved only as an object's
+        # __dict__ (a function or lambda is not)
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_scale_fn_ref", "_scale_fn_custom")}
+        fn = self._scale_fn_custom
+        state["_scale_fn_custom"] = None if fn is None or isinstance(fn, types.FunctionType) else fn.__dict__.copy()
+        return state
+
+    def load_state_dict(self, state_dict):
+        state = dict(state_dict)
+        fn = state.pop("_scale_fn_custom", None)
+        self.__dict__.update(state)
+        if fn is not None:
+            self._scale_fn_custom.__dict__.update(fn)
+        self._init_scale_fn()
