@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _C
 from ._C import Tensor
-from ._tensor import _EXPORTS as _T, _inplace
+from ._tensor import _EXPORTS as _T, _check_inplace_result, _inplace
 from ._extras import _dropped, logaddexp
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow", "trace", "diag_embed",
@@ -39,23 +39,27 @@ def _number_first(x, other):
     return not isinstance(x, Tensor) and isinstance(other, Tensor) and _is_number(x)
 
 
-def _scaled(t, alpha):
-    """alpha * t in t's dtype, alpha checked as add's is (a float alpha with an integer tensor refused):
-    0 + alpha * t with a 0-dim zero of t's dtype, which counts only by its category."""
-    return _c_add(_C.zeros([], dtype=t.dtype, device=t.device), t, alpha=alpha)
+def _scaled(number, t, alpha):
+    """alpha * t in the dtype of number (op) t (torch's: add(0.5, int8 t, alpha=2) scales in float32, not
+    int8), alpha checked as add's is against that dtype (a float alpha with an integer result refused):
+    0 + alpha * t with a 0-dim zero of that dtype, which counts only by its category."""
+    dt = _C.result_type(number, t)
+    return _c_add(_C.zeros([], dtype=dt, device=t.device), t.to(dt), alpha=alpha)
 
 
 def add(input, other, *, alpha=1):
     """input + alpha * other, as torch.add: input may be a number when other is a tensor (add(3, t))."""
     if _number_first(input, other):
-        return (other if alpha == 1 else _scaled(other, alpha)).__radd__(input)
+        return (other if alpha == 1 else _scaled(input, other, alpha)).__radd__(input)
     return _c_add(input, other, alpha=alpha)
 
 
 def sub(input, other, *, alpha=1):
     """input - alpha * other, as torch.sub: input may be a number when other is a tensor (sub(1.0, t))."""
     if _number_first(input, other):
-        return (other if alpha == 1 else _scaled(other, alpha)).__rsub__(input)
+        if alpha != 1 and other.dtype == _C.dtype.bool:  # refused by the engine, as torch's
+            return _c_sub(_wrapped(input, other), other, alpha=alpha)
+        return (other if alpha == 1 else _scaled(input, other, alpha)).__rsub__(input)
     return _c_sub(input, other, alpha=alpha)
 
 
@@ -77,7 +81,14 @@ def div(input, other, *, rounding_mode=None):
     if _number_first(input, other):
         if rounding_mode is None:
             return other.__rtruediv__(input)
-        return _c_div(_wrapped(input, other), other, rounding_mode=rounding_mode)
+        dt = _C.result_type(input, other)
+        if not dt.is_floating_point and dt != _C.dtype.bool and isinstance(input, numbers.Integral):
+            # an integer number is taken in the integer dtype as torch takes it, wrapping around (300 is 44 in
+            # uint8: div(300, uint8 t, rounding_mode='trunc') is 44 // t), not refused by full
+            number = _C.full([], int(input), dtype=_C.dtype.int64, device=other.device).to(dt)
+        else:
+            number = _wrapped(input, other)
+        return _c_div(number, other, rounding_mode=rounding_mode)
     return _c_div(input, other, rounding_mode=rounding_mode)
 
 
@@ -192,7 +203,13 @@ def hypot(input, other):
         if not t.dtype.is_floating_point:
             raise _C.KilnValueError(f"hypot: {name} must be a floating-point tensor, got {t.dtype.name} (as torch)")
     x, y = (input, other) if input.dtype == other.dtype else _pair_operands("hypot", input, other, "input", "other")
-    out = _C.sqrt(x * x + y * y)
+    # m * sqrt(1 + (n / m)^2) with m the larger magnitude: no overflow or underflow of the squares (float16
+    # hypot(300, 400) is 500, float32 hypot(3e-30, 4e-30) is 5e-30); the gradient at (0, 0) is 0, as torch's
+    ax, ay = _C.abs(x), _C.abs(y)
+    x_larger = ax >= ay  # ties take m from x and n from y, so each gets half of the gradient
+    m, n = _C.where(x_larger, ax, ay), _C.where(x_larger, ay, ax)
+    r = n / _C.where(m == 0, _C.ones_like(m), m)
+    out = m * _C.sqrt(1 + r * r)
     inf = _C.logical_or(_C.isinf(x), _C.isinf(y))
     return _C.where(inf, _C.full_like(out, math.inf), out)
 
@@ -274,9 +291,12 @@ def meshgrid(*tensors, indexing="ij"):
         if t.dim() > 1:
             raise _C.KilnValueError(f"meshgrid: expects all tensors to be 0- or 1-dimensional, got a {t.dim()}-D "
                                     f"tensor")
-        if t.dtype != tensors[0].dtype or t.device != tensors[0].device:
-            raise _C.KilnValueError("meshgrid: expects all tensors to have the same dtype and device, got "
+        if t.dtype != tensors[0].dtype:
+            raise _C.KilnValueError("meshgrid: expects all tensors to have the same dtype, got "
                                     f"{tensors[0].dtype.name} and {t.dtype.name}")
+        if t.device != tensors[0].device:
+            raise _C.KilnValueError(f"meshgrid: expects all tensors to be on the same device, got "
+                                    f"{tensors[0].device} and {t.device}")
     swap = indexing == "xy" and len(tensors) >= 2
     order = list(tensors)
     if swap:
@@ -365,6 +385,11 @@ def _spread(fn, input, dim, unbiased, keepdim, correction):
     _tensor_arg(fn, "input", input)
     if isinstance(dim, builtins.bool):  # std_mean(x, False): torch's (input, unbiased) overload
         dim, unbiased = None, dim
+    if correction is not None and not isinstance(correction, builtins.bool):
+        if not isinstance(correction, numbers.Real) or not float(correction).is_integer():
+            raise _C.KilnValueError(f"{fn}: correction must be a whole number (the engine's var and std take an "
+                                    f"integer correction; torch also accepts fractional ones), got {correction!r}")
+        correction = int(correction)
     spread = (_C.std if fn == "std_mean" else _C.var)(input, dim, unbiased, correction=correction, keepdim=keepdim)
     return spread, _T["mean"](input, dim, keepdim) if dim is not None else (
         _T["mean"](input).reshape([1] * input.dim()) if keepdim else _T["mean"](input))
@@ -402,7 +427,12 @@ def logcumsumexp(input, dim):
 
 
 def _host(t):
-    return np.asarray(t.detach().cpu().numpy())
+    """t's values as a NumPy array on the host; bfloat16 (which NumPy lacks) as float32, which holds each of
+    its values exactly."""
+    t = t.detach()
+    if t.dtype == _C.dtype.bfloat16:
+        t = t.float()
+    return np.asarray(t.cpu().numpy())
 
 
 def isin(elements, test_elements, *, assume_unique=False, invert=False):
@@ -496,7 +526,9 @@ def histc(input, bins=100, min=0, max=0):
     if lo > hi:
         raise _C.KilnValueError(f"histc: max must be larger than min, got min={min}, max={max}")
     keep = x[(x >= lo) & (x <= hi)]
-    pos = ((keep - lo) / (hi - lo) * x.dtype.type(bins)).astype(np.int64)
+    # multiplied before dividing, as torch's: a value on an interior bin edge (0.3 of 10 bins over [0, 1])
+    # falls in the bin it starts, where dividing first can round it into the one below
+    pos = ((keep - lo) * x.dtype.type(bins) / (hi - lo)).astype(np.int64)
     pos[pos == bins] = bins - 1
     counts = np.bincount(pos, minlength=bins).astype(x.dtype)
     return _C.from_numpy(counts).to(input.dtype).to(input.device)
@@ -509,6 +541,14 @@ def _unique_result(vals, inverse, counts, return_inverse, return_counts, device)
     if return_counts:
         out.append(_C.from_numpy(np.array(counts.astype(np.int64))).to(device))
     return out[0] if len(out) == 1 else tuple(out)
+
+
+def _unique_dim_sizes(fn, x, d):
+    """Refuses a zero-sized dimension other than dim (no slices to tell apart), as torch's."""
+    if builtins.any(s == 0 for i, s in enumerate(x.shape) if i != d):
+        raise _C.KilnValueError(f"{fn}: input of shape {list(x.shape)} has a 0-sized dimension other than dim {d}, "
+                                f"so unique cannot be applied along it (There are 0 sized dimensions, and they "
+                                f"aren't selected, as in PyTorch)")
 
 
 def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=None):
@@ -524,9 +564,9 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
         inverse = inverse.reshape(x.shape)
     else:
         d = _dim(dim, input.dim(), "unique")
-        if x.shape[d] == 0 and x.size == 0 and x.ndim > 1 and builtins.any(
-                s == 0 for i, s in enumerate(x.shape) if i != d):
-            vals, inverse, counts = x, np.zeros(x.shape[d], np.int64), np.zeros(0, np.int64)
+        _unique_dim_sizes("unique", x, d)
+        if x.shape[d] == 0:
+            vals, inverse, counts = x, np.zeros(0, np.int64), np.zeros(0, np.int64)
         else:
             vals, inverse, counts = np.unique(x, return_inverse=True, return_counts=True, axis=d)
             inverse = inverse.reshape(-1)
@@ -549,7 +589,9 @@ def unique_consecutive(input, return_inverse=False, return_counts=False, dim=Non
         vals, shape = flat[start], x.shape
     else:
         d = _dim(dim, input.dim(), "unique_consecutive")
-        moved = np.moveaxis(x, d, 0).reshape(x.shape[d], -1)
+        _unique_dim_sizes("unique_consecutive", x, d)
+        moved = np.moveaxis(x, d, 0).reshape(
+            x.shape[d], int(np.prod([s for i, s in enumerate(x.shape) if i != d])))
         start = np.ones(moved.shape[0], bool)
         start[1:] = (moved[1:] != moved[:-1]).any(1)
         vals, shape = np.compress(start, x, axis=d), (x.shape[d],)
@@ -597,7 +639,7 @@ def _quantile(fn, input, q, dim, keepdim, interpolation, ignore_nan):
                                                                 device=x.device)
     last = (valid - 1).clamp(0, None).to(x.dtype)  # (..., 1)
     outs = []
-    for qv in qs:
+    for qv in (qs if qs.size else [0.0]):  # no q: one computed for its shape, then narrowed away
         rank = last * float(qv)
         if interpolation == "nearest":
             rank = _C.round(rank)
@@ -614,9 +656,11 @@ def _quantile(fn, input, q, dim, keepdim, interpolation, ignore_nan):
         bad = (valid == 0) if ignore_nan else nan.any(-1, True)
         outs.append(_C.where(bad, _C.full_like(v, math.nan), v).squeeze(-1))
     out = _C.stack(outs, 0)
+    if not qs.size:
+        out = out.narrow(0, 0, 0)
     if keepdim:
         if dim is None:
-            out = out.reshape([len(outs)] + [1] * input.dim())
+            out = out.reshape([out.shape[0]] + [1] * input.dim())
         else:
             out = out.unsqueeze(d + 1 if input.dim() else 1) if input.dim() else out
     return out.squeeze(0) if scalar_q else out
@@ -647,7 +691,7 @@ def _new_tensor(self, data, dtype=None, device=None, requires_grad=False):
     """Tensor.new_tensor: a copy of data with this tensor's dtype and device unless given (a tensor's
     values are copied, detached)."""
     if isinstance(data, Tensor):
-        data = data.detach().cpu().numpy()
+        data = _host(data)
     from ._tensor import tensor
     return tensor(data, dtype=dtype if dtype is not None else self.dtype,
                   device=device if device is not None else self.device, requires_grad=requires_grad)
@@ -784,12 +828,17 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
             out = _C.norm(x.reshape([-1]), 2, 0, False)
             return out.reshape([1] * x.dim()) if keepdim else out
         return _C.norm(x, 2, dims if len(dims) > 1 else dims[0], keepdim)
-    if ord < 0:
-        s = (_C.pow(a, float(ord))).sum(dims, keepdim) if dims is not None else _T["sum"](_C.pow(a, float(ord)))
+    # (sum |x|^p)^(1/p) with the zeros masked, so their gradient is 0 as torch's rather than NaN: |x|^p of a
+    # zero is 0 (p > 0) or inf (p < 0, making the norm 0) with no gradient, and a zero sum (p > 0) gives 0
+    zero = a == 0
+    safe = _C.where(zero, _C.ones_like(a), a)
+    powered = _C.where(zero, _C.full_like(a, 0.0 if ord > 0 else math.inf), _C.pow(safe, float(ord)))
+    s = powered.sum(dims, keepdim) if dims is not None else _T["sum"](powered)
+    if ord > 0:
+        s_zero = s == 0
+        out = _C.where(s_zero, _C.zeros_like(s), _C.pow(_C.where(s_zero, _C.ones_like(s), s), 1.0 / ord))
+    else:
         out = _C.pow(s, 1.0 / ord)
-        return out.reshape([1] * x.dim()) if keepdim and dims is None else out
-    s = (_C.pow(a, float(ord))).sum(dims, keepdim) if dims is not None else _T["sum"](_C.pow(a, float(ord)))
-    out = _C.pow(s, 1.0 / ord)
     return out.reshape([1] * x.dim()) if keepdim and dims is None else out
 
 
@@ -872,10 +921,21 @@ def vecdot(x, y, *, dim=-1):
     return (x * y).sum([dim], False)
 
 
+def _matrix_product(a, b):
+    """a @ b; integer matrices (which the engine's matmul refuses) as the broadcast product summed over the
+    inner dimension, in their dtype (wrapping around as torch's)."""
+    if a.dtype.is_floating_point:
+        return _C.matmul(a, b)
+    return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum([-2], False).to(a.dtype)
+
+
 def matrix_power(A, n):
-    """torch.linalg.matrix_power for n >= 0 (by repeated squaring; n = 0 the identity); a negative n needs
-    the inverse, which Kiln does not compute: refused."""
+    """torch.linalg.matrix_power for n >= 0 (by repeated squaring; n = 0 the identity), floating or integer
+    (not bool, as torch's); a negative n needs the inverse, which Kiln does not compute: refused."""
     _tensor_arg("linalg.matrix_power", "A", A)
+    if A.dtype == _C.dtype.bool:
+        raise _C.KilnValueError("linalg.matrix_power: A must be a floating-point or integer tensor, got bool (as "
+                                "torch)")
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise _C.KilnValueError(f"linalg.matrix_power: A must be batches of square matrices, but they are "
                                 f"{list(A.shape[-2:])} matrices")
@@ -890,10 +950,10 @@ def matrix_power(A, n):
     result, base = None, A
     while n:
         if n & 1:
-            result = base if result is None else _C.matmul(result, base)
+            result = base if result is None else _matrix_product(result, base)
         n >>= 1
         if n:
-            base = _C.matmul(base, base)
+            base = _matrix_product(base, base)
     return result if result is not A else A.clone()
 
 
@@ -919,6 +979,20 @@ def _method(fn):
     return method
 
 
+def _into_self(name, fn):
+    """fn's result, checked to be writable into self in place as torch's: not a float result into an integer
+    tensor (xlogy_ on int64; copy_ would truncate it), and of self's shape (other does not broadcast self
+    to a larger one)."""
+    def compute(self, *args, **kwargs):
+        out = fn(self, *args, **kwargs)
+        _check_inplace_result(self, out, name, name[:-1])
+        if list(out.shape) != list(self.shape):
+            raise _C.KilnValueError(f"{name}: output with shape {list(self.shape)} doesn't match the broadcast "
+                                    f"shape {list(out.shape)} (self cannot grow in place)")
+        return out
+    return compute
+
+
 def _install():
     for fn in (histc, diff, kron, unique, unique_consecutive, quantile, nanquantile, logcumsumexp, trace,
                diag_embed, rot90, hypot, xlogy, aminmax, take_along_dim, true_divide):
@@ -926,8 +1000,8 @@ def _install():
     Tensor.new_tensor = _new_tensor
     Tensor.index_reduce = _index_reduce
     Tensor.index_reduce_ = _inplace("index_reduce_", _index_reduce)
-    Tensor.xlogy_ = _inplace("xlogy_", xlogy)
-    Tensor.hypot_ = _inplace("hypot_", hypot)
+    Tensor.xlogy_ = _inplace("xlogy_", _into_self("xlogy_", xlogy))
+    Tensor.hypot_ = _inplace("hypot_", _into_self("hypot_", hypot))
 
 
 _install()

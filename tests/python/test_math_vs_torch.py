@@ -5,6 +5,7 @@
 # dim, Tensor.new_tensor, Tensor.index_reduce, kiln.special and kiln.linalg: values, dtypes, shapes,
 # gradients and refusals.
 import importlib
+import math
 
 import numpy as np
 import pytest
@@ -432,3 +433,168 @@ def test_inplace_methods_and_import_paths():
     # `import kiln.linalg`, `from kiln.special import expit` work, as torch's
     assert importlib.import_module("kiln.linalg") is kiln.linalg
     assert importlib.import_module("kiln.special").expit is kiln.special.expit
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_hypot_no_overflow_or_underflow(dtype):
+    # the squares of sqrt(x*x + y*y) overflow (f16 300^2, f32 1e30^2, bf16 3e20^2) or underflow (3e-30^2)
+    kd, td = getattr(kiln, dtype), getattr(torch, dtype)
+    xs = [300.0, 3.0, 0.0, -3.0, 1e30, 3e-30, 3e20, 0.0, 5e-5]
+    ys = [400.0, -4.0, 0.0, 4.0, 1e30, 4e-30, 4e20, 2.0, 0.0]
+    tx, ty = torch.tensor(xs, dtype=td), torch.tensor(ys, dtype=td)
+    kx, ky = kiln.tensor(tx.float().numpy()).to(kd), kiln.tensor(ty.float().numpy()).to(kd)
+    ko, to = kiln.hypot(kx, ky), torch.hypot(tx, ty)
+    assert str(ko.dtype).split(".")[-1] == dtype
+    kn, tn = ko.float().numpy(), to.float().numpy()
+    assert np.allclose(kn, tn, rtol=1e-2 if dtype in ("float16", "bfloat16") else 1e-6, atol=0), (kn, tn)
+    assert (kn[0] == 500.0) if dtype == "float16" else True
+    # gradients, ties |x| == |y| included; at (0, 0) it is 0 (documented; torch's is NaN)
+    grads(kiln.hypot, torch.hypot, np.array([3e-30, 2.0, -1.0, 1e200]), np.array([4e-30, -2.0, 1.0, 1e200]))
+    kx, ky = kiln.tensor([0.0, 3.0], requires_grad=True), kiln.tensor([0.0, 4.0], requires_grad=True)
+    kiln.hypot(kx, ky).sum().backward()
+    assert kx.grad.numpy().tolist() == [0.0, pytest.approx(0.6)] and ky.grad.numpy().tolist()[0] == 0.0
+    k = kiln.tensor([300.0, 0.0], dtype=kiln.float16)
+    k.hypot_(kiln.tensor([400.0, 0.0], dtype=kiln.float16))
+    assert k.float().numpy().tolist() == [500.0, 0.0]
+
+
+def test_inplace_xlogy_hypot_result_type_and_shape():
+    # an integer self cannot hold xlogy's float result (copy_ truncated it), as torch refuses
+    for fn in ("xlogy_",):
+        k = kiln.tensor([1, 2], dtype=kiln.int64)
+        with pytest.raises(Exception, match=f"{fn}: the result type float32 cannot be written into int64"):
+            getattr(k, fn)(kiln.tensor([2.0, 3.0]))
+        with pytest.raises(RuntimeError, match="can't be cast"):
+            getattr(torch.tensor([1, 2]), fn)(torch.tensor([2.0, 3.0]))
+        assert k.numpy().tolist() == [1, 2]
+    for fn in ("xlogy_", "hypot_"):
+        with pytest.raises(Exception, match=f"{fn}: output with shape \\[2\\] doesn't match the broadcast shape "
+                                            f"\\[2, 2\\]"):
+            getattr(kiln.ones(2), fn)(kiln.ones(2, 2))
+        with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+            getattr(torch.ones(2), fn)(torch.ones(2, 2))
+    # self broadcasts nothing: other [3] into self [2, 3] is fine
+    k, t = both(np.full((2, 3), 2.0))
+    same(k.xlogy_(kiln.tensor(np.array([1.0, 2.0, 3.0]))), t.xlogy_(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)))
+
+
+def test_histc_values_on_bin_edges():
+    grid = np.round(np.arange(0, 11) * 0.1, 10)
+    for dtype in ("float32", "float64"):
+        k, t = kiln.tensor(grid).to(getattr(kiln, dtype)), torch.tensor(grid, dtype=getattr(torch, dtype))
+        same(kiln.histc(k, 10, 0, 1), torch.histc(t, 10, 0, 1))
+        same(kiln.histc(k * 3 - 1, 30, -1, 2), torch.histc(t * 3 - 1, 30, -1, 2))
+        same(kiln.histc(k, 5, 0, 1), torch.histc(t, 5, 0, 1))
+
+
+def test_number_first_alpha_in_result_dtype():
+    cases = [("add", 0.5, "int8", [100], 2), ("sub", 0.5, "uint8", [100], 3), ("add", 1, "bool", [True], 2),
+             ("add", 1.5, "int64", [2**40], -2), ("add", 2, "int8", [100], 2), ("sub", 2.5, "int16", [-7], 4)]
+    for name, number, dtype, values, alpha in cases:
+        k = kiln.tensor(np.array(values)).to(getattr(kiln, dtype))
+        t = torch.tensor(values, dtype=getattr(torch, dtype))
+        same(getattr(kiln, name)(number, k, alpha=alpha), getattr(torch, name)(number, t, alpha=alpha))
+    # bool subtraction and a float alpha with an integer result are still refused, as torch's
+    with pytest.raises(Exception, match="sub: subtraction with a bool tensor"):
+        kiln.sub(2, kiln.tensor([True, False]), alpha=3)
+    with pytest.raises(Exception, match="alpha"):
+        kiln.add(1, kiln.tensor([1], dtype=kiln.int64), alpha=0.5)
+
+
+@pytest.mark.parametrize("ord", [0.5, 0.25, -1, -2.5, 3, 1.5])
+def test_vector_norm_gradient_at_zeros(ord):
+    grads(lambda x: kiln.linalg.vector_norm(x, ord), lambda x: torch.linalg.vector_norm(x, ord),
+          np.array([0.0, 1.0, -2.0, 0.0]))
+    grads(lambda x: kiln.linalg.vector_norm(x, ord, dim=1), lambda x: torch.linalg.vector_norm(x, ord, dim=1),
+          np.array([[0.0, 1.0, -2.0], [0.5, 3.0, -1.0]]))
+    if ord > 0:
+        grads(lambda x: kiln.linalg.vector_norm(x, ord), lambda x: torch.linalg.vector_norm(x, ord),
+              np.array([0.0, 0.0]))
+
+
+def test_unique_empty_dims_as_torch():
+    k, t = kiln.zeros(0, 3), torch.zeros(0, 3)
+    for name in ("unique", "unique_consecutive"):
+        same(getattr(kiln, name)(k, dim=0, return_inverse=True, return_counts=True),
+             getattr(torch, name)(t, dim=0, return_inverse=True, return_counts=True))
+        same(getattr(kiln, name)(kiln.zeros(2, 0), dim=1, return_inverse=True, return_counts=True),
+             getattr(torch, name)(torch.zeros(2, 0), dim=1, return_inverse=True, return_counts=True))
+        with pytest.raises(RuntimeError, match="0 sized dimensions"):
+            getattr(torch, name)(torch.zeros(2, 0), dim=0)
+        with pytest.raises(Exception, match=f"{name}: input of shape \\[2, 0\\] has a 0-sized dimension"):
+            getattr(kiln, name)(kiln.zeros(2, 0), dim=0)
+
+
+def test_quantile_empty_q():
+    k, t = both(RNG.standard_normal((3, 4)))
+    kq, tq = kiln.tensor(np.zeros(0)), torch.tensor(np.zeros(0))
+    same(kiln.quantile(k, kq), torch.quantile(t, tq))
+    same(kiln.quantile(k, kq, dim=1), torch.quantile(t, tq, dim=1))
+    same(kiln.quantile(k, kq, dim=1, keepdim=True), torch.quantile(t, tq, dim=1, keepdim=True))
+    same(kiln.quantile(k, kq, keepdim=True), torch.quantile(t, tq, keepdim=True))
+    same(kiln.nanquantile(k, kq, dim=0), torch.nanquantile(t, tq, dim=0))
+
+
+def test_bfloat16_host_inputs():
+    kb = kiln.tensor([1.5, 2.0, 3.0, -1.0]).to(kiln.bfloat16)
+    tb = torch.tensor([1.5, 2.0, 3.0, -1.0], dtype=torch.bfloat16)
+    same(kiln.isin(kb, kiln.tensor([2.0, 3.0]).to(kiln.bfloat16)),
+         torch.isin(tb, torch.tensor([2.0, 3.0], dtype=torch.bfloat16)))
+    same(kiln.isin(kb, 2.0), torch.isin(tb, 2.0))
+    same(kiln.bucketize(kb, kiln.tensor([0.0, 2.0, 4.0]).to(kiln.bfloat16)),
+         torch.bucketize(tb, torch.tensor([0.0, 2.0, 4.0], dtype=torch.bfloat16)))
+    same(kiln.searchsorted(kiln.tensor([0.0, 2.0, 4.0]).to(kiln.bfloat16), kb, right=True),
+         torch.searchsorted(torch.tensor([0.0, 2.0, 4.0], dtype=torch.bfloat16), tb, right=True))
+    same(kiln.ones(1).new_tensor(kb), torch.ones(1).new_tensor(tb))
+    copied = kb.new_tensor(kb)
+    assert copied.dtype == kiln.bfloat16 and copied.float().numpy().tolist() == tb.float().tolist()
+
+
+def test_logcumsumexp_gradient_at_minus_inf_is_logaddexps():
+    # documented (docs/python.md): leading -inf inputs take logaddexp's halves at (-inf, -inf), torch's NaN
+    k = kiln.tensor([-math.inf, -math.inf, 0.0], requires_grad=True)
+    kiln.logcumsumexp(k, 0).sum().backward()
+    assert k.grad.numpy().tolist() == [0.5, 0.25, 1.0]
+
+
+def test_div_number_first_integer_wraps_as_torch():
+    for number, dtype, values, mode in [(300, "uint8", [7, 50], "trunc"), (300, "int8", [7, -3], "floor"),
+                                        (-3, "uint8", [2, 5], "floor"), (1000, "int16", [7, -9], "trunc"),
+                                        (5, "int32", [2, -2], "floor")]:
+        k = kiln.tensor(np.array(values)).to(getattr(kiln, dtype))
+        t = torch.tensor(values, dtype=getattr(torch, dtype))
+        same(kiln.div(number, k, rounding_mode=mode), torch.div(number, t, rounding_mode=mode))
+
+
+def test_std_var_mean_correction():
+    k, t = both(np.array([[1.0, 2.0, 4.0], [0.5, -1.0, 3.0]]))
+    for name in ("std_mean", "var_mean"):
+        same(getattr(kiln, name)(k, 1, correction=0), getattr(torch, name)(t, 1, correction=0))
+        same(getattr(kiln, name)(k, 1, correction=2.0), getattr(torch, name)(t, 1, correction=2.0))
+        with pytest.raises(Exception, match=f"{name}: correction must be a whole number .* got 0.5"):
+            getattr(kiln, name)(k, correction=0.5)
+
+
+def test_meshgrid_device_mismatch_names_devices():
+    with pytest.raises(Exception, match="meshgrid: expects all tensors to have the same dtype, got float32 and "
+                                        "float64"):
+        kiln.meshgrid(kiln.ones(2), kiln.ones(2, dtype=kiln.float64))
+    if not kiln.cuda_is_available():
+        pytest.skip("needs a CUDA device for the device mismatch")
+    with pytest.raises(Exception, match="meshgrid: expects all tensors to be on the same device, got cpu and cuda"):
+        kiln.meshgrid(kiln.ones(2), kiln.ones(2, device="cuda"))
+
+
+def test_matrix_power_integer_as_torch():
+    # the engine's matmul is floating only: integer powers are exact broadcast products, wrapping as torch's
+    for dtype, values in [("int32", [[1, 2], [3, 4]]), ("int64", [[1, -2, 0], [3, 4, 1], [0, 2, -1]]),
+                          ("uint8", [[10, 20], [30, 40]])]:
+        k = kiln.tensor(np.array(values)).to(getattr(kiln, dtype))
+        t = torch.tensor(values, dtype=getattr(torch, dtype))
+        for n in (0, 1, 2, 3, 5):
+            same(kiln.linalg.matrix_power(k, n), torch.linalg.matrix_power(t, n))
+    kb = kiln.tensor(np.arange(8).reshape(2, 2, 2)).to(kiln.int64)
+    same(kiln.linalg.matrix_power(kb, 3), torch.linalg.matrix_power(torch.arange(8).reshape(2, 2, 2), 3))
+    with pytest.raises(Exception, match="linalg.matrix_power: A must be a floating-point or integer tensor, got "
+                                        "bool"):
+        kiln.linalg.matrix_power(kiln.ones(2, 2, dtype=kiln.bool), 2)
