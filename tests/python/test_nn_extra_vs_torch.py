@@ -489,3 +489,94 @@ def test_checkpoint_drops_the_saved_activations():
     plain, ckpt = grown("plain"), grown("ckpt")
     assert plain > 48, plain
     assert ckpt < plain - 40, (plain, ckpt)
+
+
+# ---- review fixes ----
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_nan_and_inf_grid_points_match_torch(mode, padding_mode, align_corners):
+    # a NaN (or, reflected, +-inf) coordinate made the gather index -2**63; torch samples as below
+    x = rnd(1, 2, 3, 4).double()
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        if padding_mode == "border" and bad != bad:
+            continue  # torch's border clip of a NaN reads outside the input (its backward crashes)
+        grid = torch.tensor([[[[bad, 0.2], [0.3, bad], [0.1, -0.4]]]], dtype=torch.float64)
+        to = TF.grid_sample(x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+        ko = F.grid_sample(k(x), k(grid), mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+        np.testing.assert_allclose(np.asarray(ko), to.numpy(), rtol=1e-12, atol=1e-12, err_msg=f"grid point {bad}")
+    kx, kg = k(x, True), k(grid, True)  # the backward runs too
+    F.grid_sample(kx, kg, mode=mode, padding_mode=padding_mode, align_corners=align_corners).sum().backward()
+    assert kx.grad is not None
+
+
+def test_grid_sample_dtypes_and_nearest_grid_gradient():
+    x, grid = rnd(1, 2, 3, 4), rnd(1, 2, 2, 2, seed=1)
+    refused = "expected input and grid to have the same dtype"
+    with pytest.raises(ValueError, match=refused):
+        F.grid_sample(k(x), k(grid.double()), align_corners=False)
+    with pytest.raises(RuntimeError):
+        TF.grid_sample(x, grid.double(), align_corners=False)
+    tg, kg = grid.clone().requires_grad_(True), k(grid, True)
+    TF.grid_sample(x, tg, mode="nearest", align_corners=False).sum().backward()
+    F.grid_sample(k(x), kg, mode="nearest", align_corners=False).sum().backward()
+    assert kg.grad is not None  # torch's zeros, not None
+    np.testing.assert_array_equal(np.asarray(kg.grad), tg.grad.numpy())
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_affine_grid_float64_is_built_in_float64(align_corners):
+    theta = rnd(2, 2, 3).double()
+    to = TF.affine_grid(theta, (2, 1, 7, 9), align_corners=align_corners)
+    ko = F.affine_grid(k(theta), (2, 1, 7, 9), align_corners=align_corners)
+    assert ko.dtype == kiln.float64
+    np.testing.assert_allclose(np.asarray(ko), to.numpy(), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_uneven_bags_match_torch(mode):
+    # one long bag among short and empty ones: only the rows used are gathered (index_add / a segment
+    # max by bag), values and weight gradients as torch's
+    rng = np.random.default_rng(8)
+    lengths = [1] * 30 + [0, 200] + [2] * 10 + [0]
+    inp = torch.from_numpy(rng.integers(0, 50, sum(lengths)))
+    off = torch.tensor(np.concatenate([[0], np.cumsum(lengths)[:-1]]))
+    w = rnd(50, 6).requires_grad_(True)
+    kw = k(w, True)
+    for padding_idx in (None, 3):
+        w.grad, kw.grad = None, None
+        to = TF.embedding_bag(inp, w, off, mode=mode, padding_idx=padding_idx)
+        ko = F.embedding_bag(k(inp), kw, k(off), mode=mode, padding_idx=padding_idx)
+        close(ko, to)
+        g = rnd(*to.shape, seed=9)
+        to.backward(g)
+        ko.backward(k(g))
+        close(kw.grad, w.grad)
+    psw = rnd(len(inp), seed=3)
+    close(F.embedding_bag(k(inp), kw, k(off), mode="sum", per_sample_weights=k(psw)),
+          TF.embedding_bag(inp, w, off, mode="sum", per_sample_weights=psw))
+
+
+def test_embedding_bag_include_last_offset_must_end_at_the_input():
+    w = rnd(10, 3)
+    inp = torch.tensor([1, 2, 4, 5, 4, 3])
+    with pytest.raises(ValueError, match=r"include_last_offset=True the last offset must equal input's length \(6"):
+        F.embedding_bag(k(inp), k(w), kiln.tensor([0, 2, 4]), include_last_offset=True)
+    close(F.embedding_bag(k(inp), k(w), kiln.tensor([0, 2, 6]), include_last_offset=True),
+          TF.embedding_bag(inp, w, torch.tensor([0, 2, 6]), include_last_offset=True))
+
+
+def test_transformer_xavier_fans_of_higher_dimensional_parameters():
+    # torch's fans: fan_in = shape[1] * prod(shape[2:]), fan_out = shape[0] * prod(shape[2:])
+    class Conv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(kiln.zeros(4, 3, 5))
+
+        def forward(self, x, mask=None, src_key_padding_mask=None, is_causal=None):
+            return x
+
+    km = nn.Transformer(8, 2, 1, 1, 16, custom_encoder=Conv())
+    w = np.abs(np.asarray(km.encoder.weight))
+    bound = np.sqrt(6 / (3 * 5 + 4 * 5))  # the old fans (15, 4) gave sqrt(6 / 19)
+    assert w.max() <= bound + 1e-6 and w.max() > 0.8 * bound

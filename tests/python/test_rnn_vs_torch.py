@@ -476,3 +476,109 @@ def test_sequence_utility_refusals():
             "must be sorted in decreasing order")
     with pytest.raises(TypeError, match="pad_packed_sequence: sequence must be a PackedSequence"):
         pad_packed_sequence(k(x))
+
+
+# ---- the steps of a layer are one autograd node; review fixes ----
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("packing", ["padded", "unsorted"])
+def test_steps_are_cut_by_one_node_whose_backward_stacks_them(monkeypatch, mode, packing):
+    # Slicing the input projection per step made a node per step whose backward built a gradient of the
+    # whole projection (backward O(T^2)); now one node per layer and direction cuts the steps, and its
+    # backward runs once and stacks the steps' gradients. The gradients stay torch's.
+    from kiln.nn import rnn as rnn_module
+    calls = []
+    backward = rnn_module._Unbind.backward
+
+    def counted(ctx, *grads):
+        calls.append(len(grads))
+        return backward(ctx, *grads)
+
+    monkeypatch.setattr(rnn_module._Unbind, "backward", staticmethod(counted))
+    steps = 40
+    km, tm = pair(mode, IN, H, 2, bidirectional=True)
+    x = rnd(steps, N, IN, seed=5)
+    kx, tx = k(x, True), x.clone().requires_grad_()
+    if packing == "padded":
+        ko, to = km(kx)[0], tm(tx)[0]
+    else:
+        lengths = [steps // 2, steps, 3]
+        ko = pad_packed_sequence(km(pack_padded_sequence(kx, lengths, enforce_sorted=False))[0])[0]
+        to = trnn.pad_packed_sequence(tm(trnn.pack_padded_sequence(tx, lengths, enforce_sorted=False))[0])[0]
+    close(ko, to, 1e-5)
+    g = rnd(*to.shape, seed=6)
+    ko.backward(k(g))
+    to.backward(g)
+    check_grads(km, tm, {"input": (kx, tx)}, 1e-4)
+    assert calls == [steps] * 4  # 2 layers x 2 directions, each one node over all the steps
+
+
+def test_unbind_steps_gives_zeros_to_steps_without_gradient():
+    from kiln.nn.rnn import _unbind_steps
+    x = kiln.randn(6, 2).requires_grad_()
+    parts = _unbind_steps(x, [3, 2, 1])
+    assert [tuple(p.shape) for p in parts] == [(3, 2), (2, 2), (1, 2)]
+    (parts[1] * 2).sum().backward()  # steps 0 and 2 get no gradient
+    assert np.asarray(x.grad).tolist() == [[0, 0]] * 3 + [[2, 2]] * 2 + [[0, 0]]
+
+
+def test_packed_sequence_cuda_names_the_device():
+    p = PackedSequence(kiln.randn(3, 2), kiln.tensor([2, 1]))
+    if kiln.cuda_is_available():
+        assert p.cuda().is_cuda and p.cuda(0).data.device == p.cuda("cuda:0").data.device
+        assert p.cuda().batch_sizes.tolist() == [2, 1]  # batch_sizes stays on the CPU
+    else:
+        with pytest.raises(Exception, match="(?i)cuda") as e:
+            p.cuda()
+        assert not isinstance(e.value, TypeError)  # a Device("cuda", 0) call was a TypeError
+        with pytest.raises(Exception, match="(?i)cuda") as e:
+            p.cuda(0)
+        assert not isinstance(e.value, TypeError)
+
+
+def test_sequence_utility_review_refusals():
+    x = rnd(4, 3, 2)
+    refused(lambda: pack_padded_sequence(k(rnd(0, 0, 2)), []), lambda: trnn.pack_padded_sequence(rnd(0, 0, 2), []),
+            "Cannot pack empty tensors")
+    with pytest.raises(ValueError, match=r"pack_padded_sequence: lengths\[1\] is nan"):
+        pack_padded_sequence(k(x), [3.0, float("nan"), 1.0])
+    p, tp = pack_padded_sequence(k(x), [3, 3, 1]), trnn.pack_padded_sequence(x, [3, 3, 1])
+    refused(lambda: pad_packed_sequence(p, total_length=7.0), lambda: trnn.pad_packed_sequence(tp, total_length=7.0),
+            "pad_packed_sequence: total_length must be an int", TypeError)
+    padded, lengths = pad_packed_sequence(p, total_length=np.int64(5))
+    assert tuple(padded.shape) == (5, 3, 2) and lengths.tolist() == [3, 3, 1]
+    # mixed dtypes: as torch, the result has sequences[0]'s dtype
+    seqs = [rnd(2, 3), rnd(3, 3, dtype=torch.float64)]
+    kp, tp = pad_sequence([k(s) for s in seqs]), trnn.pad_sequence(seqs)
+    assert kp.dtype == kiln.float32 and tp.dtype == torch.float32
+    close(kp, tp, 1e-6)
+
+
+def test_lstm_cell_refuses_a_missing_state():
+    km, tm = pair("LSTMCell", IN, H)
+    x, h = rnd(N, IN), rnd(N, H)
+    for state, kstate, at in (((h, None), (k(h), None), 1), ((None, h), (None, k(h)), 0)):
+        refused(lambda: km(k(x), kstate), lambda: tm(x, state), rf"LSTMCell: .*got hx\[{at}\] None", TypeError)
+
+
+@pytest.mark.parametrize("mode", ["RNN", "GRU"])
+def test_positional_arguments_in_torch_order(mode):
+    # torch's RNNBase order: ..., bidirectional, proj_size, device, dtype (RNN: nonlinearity fourth)
+    args = (IN, H, 1) + (("tanh",) if mode == "RNN" else ()) + (True, False, 0.0, True)
+    km, tm = getattr(nn, mode)(*args, 0, "cpu"), getattr(tnn, mode)(*args, 0, "cpu")
+    assert km.bidirectional and tm.bidirectional and km.proj_size == 0
+    refused(lambda: getattr(nn, mode)(*args, "cpu"), lambda: getattr(tnn, mode)(*args, "cpu"),
+            "proj_size should be of type int, got: str", TypeError)
+
+
+@pytest.mark.skipif(not kiln.cuda_is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU", "GRUCell", "LSTMCell"])
+def test_hidden_state_on_another_device_is_refused(mode):
+    cell = mode.endswith("Cell")
+    km = getattr(nn, mode)(IN, H)
+    x = kiln.randn(N, IN) if cell else kiln.randn(T, N, IN)
+    h = kiln.randn(N, H) if cell else kiln.randn(1, N, H)
+    h = h.to("cuda")
+    hx = (h, h) if mode.startswith("LSTM") else h
+    with pytest.raises(RuntimeError, match="Input and hidden tensors are not at the same device, found input tensor "
+                                           "at cpu and hidden tensor"):
+        km(x, hx)

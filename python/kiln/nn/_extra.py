@@ -126,6 +126,10 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         if include_last_offset:
             if len(off) == 0:
                 raise KilnValueError("embedding_bag: include_last_offset needs at least one offset")
+            if off[-1] != len(idx):
+                raise KilnValueError(f"embedding_bag: with include_last_offset=True the last offset must equal "
+                                     f"input's length ({len(idx)}, the end of the last bag), got offsets[-1]="
+                                     f"{off[-1]}")
             starts, ends = off[:-1], off[1:]
         else:
             starts, ends = off, np.append(off[1:], len(idx)).astype(np.int64)
@@ -137,28 +141,28 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     if max_norm is not None:
         F._embedding_renorm(weight, _tensor(idx, device=weight.device), max_norm, norm_type)
     bags = len(starts)
+    # Only the rows used are gathered (memory O(indices x dim), not O(bags x longest bag x dim)): each
+    # position of input that a bag holds, its bag's number, then the padding_idx entries left out.
     lengths = ends - starts
-    width = int(lengths.max()) if bags else 0
-    # each bag's positions in input, padded to the longest bag: [B, width]
-    pos = starts[:, None] + np.arange(width, dtype=np.int64)[None, :]
-    valid = np.arange(width)[None, :] < lengths[:, None]
-    pos = np.where(valid, pos, 0)
-    if padding_idx is not None and idx.size:
-        valid &= idx[pos] != padding_idx
-    rows = np.where(valid, idx[pos] if idx.size else 0, 0)
+    bag_of = np.repeat(np.arange(bags, dtype=np.int64), lengths)
+    first = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)  # a bag's start less its rank
+    pos = first + np.arange(len(bag_of), dtype=np.int64)
+    if padding_idx is not None and pos.size:
+        keep = idx[pos] != padding_idx
+        pos, bag_of = pos[keep], bag_of[keep]
+    count = np.bincount(bag_of, minlength=bags)
     dev = weight.device
-    emb = weight.index_select(0, _tensor(rows.reshape(-1), device=dev)).reshape([bags, width, dim])
-    mask = _tensor(valid, device=dev)
-    count = valid.sum(1)
+    emb = weight.index_select(0, _tensor(idx[pos], dtype=_C.dtype.int64, device=dev))  # [used, dim]
+    bag = _tensor(bag_of, dtype=_C.dtype.int64, device=dev)
+    zeros = _C.zeros(bags, dim, dtype=weight.dtype, device=dev)
     if mode == "max":
-        filled = emb.masked_fill(mask.logical_not().unsqueeze(-1), float("-inf"))
-        out = filled.max(1)[0] if width else _C.zeros([bags, dim], dtype=weight.dtype, device=dev)
-        return out.masked_fill(_tensor(count == 0, device=dev).unsqueeze(-1), 0.0) if width else out
-    w = mask.to(weight.dtype)
+        # a segment max (an empty bag keeps its zeros, as torch's)
+        return zeros.scatter_reduce(0, bag.unsqueeze(-1).expand([len(bag_of), dim]), emb, "amax",
+                                    include_self=False)
     if per_sample_weights is not None:
-        psw = per_sample_weights.reshape([-1]).index_select(0, _tensor(pos.reshape(-1), device=dev))
-        w = w * psw.reshape([bags, width]).to(weight.dtype)
-    out = (emb * w.unsqueeze(-1)).sum(1)
+        psw = per_sample_weights.reshape([-1]).index_select(0, _tensor(pos, dtype=_C.dtype.int64, device=dev))
+        emb = emb * psw.to(weight.dtype).unsqueeze(-1)
+    out = zeros.index_add(0, bag, emb)
     if mode == "mean":
         out = out / _tensor(np.maximum(count, 1).astype(np.float32), device=dev).to(weight.dtype).unsqueeze(-1)
     return out
@@ -368,7 +372,8 @@ def affine_grid(theta, size, align_corners=None):
         raise KilnValueError(f"affine_grid: size's H and W must be > 0, got {size}")
     xs, ys = _base_coords(w, align_corners), _base_coords(h, align_corners)
     base = np.stack(np.broadcast_arrays(xs[None, :], ys[:, None], np.ones((1, 1))), -1)  # [H, W, 3]
-    base = _tensor(base.reshape(1, h * w, 3).astype(np.float32), device=theta.device).to(theta.dtype)
+    # built in theta's dtype, as torch's (a float32 base would round float64 grids)
+    base = _tensor(base.reshape(1, h * w, 3), dtype=theta.dtype, device=theta.device)
     grid = base.expand([n, h * w, 3]).matmul(theta.transpose(1, 2))  # [N, H * W, 2]
     return grid.reshape([n, h, w, 2])
 
@@ -405,6 +410,9 @@ def _source_index(coord, size, padding_mode, align_corners):
         else:
             coord = _reflect(coord, -1.0, 2.0 * size - 1.0)
         coord = coord.clamp(0.0, size - 1.0)
+    if padding_mode != "zeros":
+        # torch's clip_coordinates takes a NaN (from a NaN grid point, or +-inf reflected) to 0
+        coord = coord.masked_fill(coord.isnan(), 0.0)
     return coord
 
 
@@ -412,7 +420,9 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
     """torch.nn.functional.grid_sample, 2-D: input [N, C, H, W] sampled at grid [N, Ho, Wo, 2] (x, y
     in [-1, 1]) to [N, C, Ho, Wo]; mode bilinear or nearest, padding_mode zeros, border or
     reflection; align_corners=None is False, as torch. Differentiable in input and (bilinear) grid,
-    with torch's gradients. Bicubic and 5-D (volumetric) inputs are refused."""
+    with torch's gradients (nearest: the grid's is zero). input and grid must have the same dtype; a
+    NaN grid point samples as torch's (zeros padding: NaN for bilinear, 0 for nearest; border and
+    reflection: coordinate 0, as +-inf gives with reflection). Bicubic and 5-D (volumetric) inputs are refused."""
     align_corners = bool(align_corners)
     if mode == "bicubic":
         raise KilnError("grid_sample: mode='bicubic' is not supported by Kiln; use 'bilinear' or 'nearest'")
@@ -432,6 +442,9 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
     if not input.is_floating_point() or not grid.is_floating_point():
         raise KilnValueError(f"grid_sample: input and grid must be floating point, got {input.dtype} and "
                              f"{grid.dtype}")
+    if input.dtype != grid.dtype:
+        raise KilnValueError(f"grid_sample: expected input and grid to have the same dtype, but input has "
+                             f"{input.dtype} and grid has {grid.dtype} (as torch, neither is converted)")
     n, c, h, w = input.shape
     _, ho, wo, _ = grid.shape
     ix = _source_index(grid[..., 0], w, padding_mode, align_corners).reshape([n, 1, ho * wo])
@@ -439,8 +452,10 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
     flat = input.reshape([n, c, h * w])
 
     def tap(x, y):
-        # input at integer pixel (x, y) (no gradient through them), 0 outside: [N, C, Ho * Wo]
+        # input at integer pixel (x, y) (no gradient through them), 0 outside: [N, C, Ho * Wo]. A NaN
+        # (grid point NaN, zeros padding) is outside; the index is built from a NaN-free copy.
         inside = (x >= 0) & (x <= w - 1) & (y >= 0) & (y <= h - 1)
+        x, y = x.masked_fill(x.isnan(), 0.0), y.masked_fill(y.isnan(), 0.0)
         index = (y.clamp(0, h - 1) * w + x.clamp(0, w - 1)).long()
         vals = flat.gather(2, index.expand([n, c, ho * wo]))
         return vals * inside.to(input.dtype)
@@ -449,6 +464,10 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
         with no_grad():
             x, y = ix.round(), iy.round()  # half to even, as torch's nearbyint
         out = tap(x, y)
+        if grid.requires_grad and _C.is_grad_enabled():
+            # as torch, the grid gets a zero gradient (not none): a zero-valued term that depends on it
+            everywhere = _C.ones(*grid.shape, dtype=_C.dtype.bool, device=grid.device)
+            out = out + grid.masked_fill(everywhere, 0.0).sum()
     else:
         with no_grad():
             x0, y0 = ix.floor(), iy.floor()

@@ -14,8 +14,9 @@ import operator
 import warnings
 
 from .. import _C
-from .._C import Tensor, KilnValueError
+from .._C import Tensor, KilnError, KilnValueError
 from .._tensor import _a_type
+from ..autograd import Function
 from . import functional as F
 from .modules import Module, Parameter, _uniform, _place
 from .utils.rnn import PackedSequence
@@ -43,6 +44,40 @@ def _nonlinearity(cls, nonlinearity):
     if nonlinearity not in ("tanh", "relu"):
         raise KilnValueError(f"{cls}: Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
     return nonlinearity
+
+
+class _Unbind(Function):
+    """x's rows cut into consecutive blocks of the given sizes (one per time step), as one node of
+    the graph: its backward stacks the steps' gradients (zeros for a step none reached) into one
+    gradient for x. Slicing x per step instead gives a node per step whose backward builds a gradient
+    of x's full size, so a backward over T steps cost O(T^2)."""
+
+    @staticmethod
+    def forward(ctx, x, sizes):
+        ctx.shape, ctx.dtype, ctx.device = tuple(x.shape), x.dtype, x.device
+        ctx.sizes = sizes
+        out, at = [], 0
+        for b in sizes:
+            # a copy, not a view: slicing a view of x (the gates) would again give a gradient of x's size
+            out.append(x[at:at + b].clone())
+            at += b
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        tail = ctx.shape[1:]
+        parts = [g if g is not None else _C.zeros(b, *tail, dtype=ctx.dtype, device=ctx.device)
+                 for g, b in zip(grads, ctx.sizes)]
+        return _C.cat(parts, 0), None
+
+
+def _unbind_steps(x, sizes):
+    """x [sum(sizes), *] as a list of its steps' blocks (copies), one autograd node for all of them."""
+    if not sizes:
+        return []
+    if len(sizes) == 1:
+        return [x]
+    return list(_Unbind.apply(x, tuple(sizes)))
 
 
 def _step(mode, g, h, c, w_hh, b_hh, w_hr, hidden):
@@ -163,6 +198,9 @@ class RNNBase(Module):
         for i, (t, name) in enumerate(zip(states, names)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{cls}: {name} must be a kiln.Tensor, got {_a_type(t)}")
+            if t.device != device:
+                raise KilnError(f"{cls}: Input and hidden tensors are not at the same device, found input tensor at "
+                                f"{device} and hidden tensor ({name}) at {t.device}")
             want = 3 if batched else 2
             if t.dim() != want:
                 which = "hx and cx" if lstm else "hx"
@@ -195,11 +233,8 @@ class RNNBase(Module):
         mode, hidden = self.mode, self.hidden_size
         if mode != "GRU" and b_ih is not None:  # r (W_hn h + b_hn) keeps GRU's b_hh in the step
             b_ih, b_hh = b_ih + b_hh, None
-        projected = F.linear(x, w_ih, b_ih)
-        starts = [0]
-        for b in batch_sizes:
-            starts.append(starts[-1] + b)
         steps = len(batch_sizes)
+        projected = _unbind_steps(F.linear(x, w_ih, b_ih), batch_sizes)  # one node, not a slice per step
         outputs = [None] * steps
         if not reverse:
             finished_h, finished_c = [], []
@@ -211,7 +246,7 @@ class RNNBase(Module):
                     if c is not None:
                         finished_c.append(c[b:])
                         c = c[:b]
-                h, c = _step(mode, projected[starts[t]:starts[t + 1]], h, c, w_hh, b_hh, w_hr, hidden)
+                h, c = _step(mode, projected[t], h, c, w_hh, b_hh, w_hr, hidden)
                 outputs[t] = h
             if finished_h:
                 h = _C.cat([h] + finished_h[::-1], 0)
@@ -229,7 +264,7 @@ class RNNBase(Module):
                     if c is not None:
                         c = _C.cat([c, c0[alive:b]], 0)
                     alive = b
-                h, c = _step(mode, projected[starts[t]:starts[t + 1]], h, c, w_hh, b_hh, w_hr, hidden)
+                h, c = _step(mode, projected[t], h, c, w_hh, b_hh, w_hr, hidden)
                 outputs[t] = h
         return _C.cat(outputs, 0), h, c
 
@@ -315,11 +350,12 @@ class RNNBase(Module):
 
 
 class RNN(RNNBase):
-    """torch.nn.RNN: h' = tanh(x W_ih^T + b_ih + h W_hh^T + b_hh) (nonlinearity="relu": relu). proj_size
-    is taken only to refuse it with torch's message, as GRU's."""
+    """torch.nn.RNN: h' = tanh(x W_ih^T + b_ih + h W_hh^T + b_hh) (nonlinearity="relu": relu). The
+    arguments in torch's positional order (RNNBase's, nonlinearity fourth); proj_size is taken only to
+    refuse it with torch's message, as GRU's."""
 
     def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, device=None, dtype=None, *, proj_size=0):
+                 dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None):
         _nonlinearity("RNN", nonlinearity)
         super().__init__("RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU", input_size, hidden_size, num_layers,
                          bias, batch_first, dropout, bidirectional, proj_size, device, dtype)
@@ -336,10 +372,11 @@ class LSTM(RNNBase):
 
 
 class GRU(RNNBase):
-    """torch.nn.GRU (gates r, z, n in torch's order and form)."""
+    """torch.nn.GRU (gates r, z, n in torch's order and form); the arguments in torch's positional order
+    (RNNBase's: proj_size, refused, before device and dtype)."""
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, device=None, dtype=None, *, proj_size=0):
+                 bidirectional=False, proj_size=0, device=None, dtype=None):
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
                          proj_size, device, dtype)
 
@@ -406,6 +443,9 @@ class RNNCellBase(Module):
             if t.dtype != dtype:
                 raise KilnValueError(f"{cls}: {name} dtype ({_dtype_name(t.dtype)}) does not match weight dtype "
                                      f"({_dtype_name(dtype)})")
+            if t.device != x.device:
+                raise KilnError(f"{cls}: Input and hidden tensors are not at the same device, found input tensor at "
+                                f"{x.device} and hidden tensor ({name}) at {t.device}")
             checked.append(t)
         g = F.linear(x, self.weight_ih, self.bias_ih)
         h, c = _step(mode, g, checked[0], checked[1] if len(checked) > 1 else None, self.weight_hh, self.bias_hh,
@@ -445,6 +485,9 @@ class LSTMCell(RNNCellBase):
             hx = (None, None)
         elif not isinstance(hx, (tuple, list)) or len(hx) != 2:
             raise TypeError(f"LSTMCell: hx must be a tuple (h, c) of two tensors, got {_a_type(hx)}")
+        elif hx[0] is None or hx[1] is None:  # torch's lstm_cell takes both or neither (hx=None)
+            raise TypeError(f"LSTMCell: hx must be a tuple (h, c) of two tensors, got hx[{0 if hx[0] is None else 1}] "
+                            "None (pass hx=None for zero states)")
         return self._run("LSTM", input, list(hx))
 
 

@@ -237,8 +237,9 @@ class Transformer(Module):
     def _reset_parameters(self):
         with no_grad():
             for p in self.parameters():
-                if p.dim() > 1:  # torch's xavier_uniform_
-                    fan_out, fan_in = p.shape[0], p.numel() // p.shape[0]
+                if p.dim() > 1:  # torch's xavier_uniform_ and its _calculate_fan_in_and_fan_out
+                    receptive = math.prod(p.shape[2:])
+                    fan_in, fan_out = p.shape[1] * receptive, p.shape[0] * receptive
                     p.copy_(_uniform(tuple(p.shape), math.sqrt(6.0 / (fan_in + fan_out))).to(p.dtype))
 
     @staticmethod

@@ -6,6 +6,7 @@ pad_sequence, pack_padded_sequence, pad_packed_sequence, pack_sequence, unpad_se
 unpack_sequence convert, with torch's arguments and refusals, using Kiln's ops (index_select, slices,
 cat, stack), so the gradients flow through them."""
 import collections
+import math
 import numbers
 import operator
 
@@ -65,8 +66,13 @@ class PackedSequence(collections.namedtuple("PackedSequence", ["data", "batch_si
     def cpu(self):
         return self.to("cpu")
 
-    def cuda(self, device=0):
-        return self.to(_C.Device("cuda", device) if isinstance(device, int) else device)
+    def cuda(self, device=None):
+        """data on CUDA device `device` (an index, "cuda:N" or a kiln.Device; None: device 0)."""
+        if device is None:
+            device = 0
+        if isinstance(device, numbers.Integral) and not isinstance(device, bool):
+            device = f"cuda:{int(device)}"
+        return self.to(device)
 
     def float(self):
         return self.to(dtype=_C.dtype.float32)
@@ -96,16 +102,22 @@ def _lengths(fn, lengths):
         if getattr(lengths, "ndim", lengths.dim() if isinstance(lengths, Tensor) else 1) != 1:
             raise KilnValueError(f"{fn}: lengths must be 1-D, got shape {list(lengths.shape)}")
         lengths = lengths.tolist()
-    try:
-        return [int(n) if isinstance(n, numbers.Real) and n == int(n) else operator.index(n) for n in lengths]
-    except TypeError:
-        raise TypeError(f"{fn}: lengths must be a list or 1-D tensor of ints, got {lengths!r}") from None
+    out = []
+    for i, n in enumerate(lengths):
+        if isinstance(n, numbers.Real) and not isinstance(n, numbers.Integral) and not math.isfinite(n):
+            raise KilnValueError(f"{fn}: lengths[{i}] is {n}; each length must be a whole number of time steps")
+        try:
+            out.append(int(n) if isinstance(n, numbers.Real) and n == int(n) else operator.index(n))
+        except TypeError:
+            raise TypeError(f"{fn}: lengths must be a list or 1-D tensor of ints, got {lengths!r}") from None
+    return out
 
 
 def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="right"):
     """torch's pad_sequence: tensors [L_i, *] (the same trailing sizes, dtype and device) stacked into
     [max L, N, *] ([N, max L, *] with batch_first), the shorter ones padded with padding_value after
-    their steps (padding_side="right") or before them ("left")."""
+    their steps (padding_side="right") or before them ("left"). As torch, the result has sequences[0]'s
+    dtype (the others are converted to it)."""
     if padding_side not in ("left", "right"):
         raise KilnValueError(f"pad_sequence: Expected padding_side to be one of left or right, but got "
                              f"{padding_side}.")
@@ -124,6 +136,8 @@ def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="
     longest = max(s.shape[0] for s in sequences)
     padded = []
     for s in sequences:
+        if s.dtype != sequences[0].dtype:
+            s = s.to(sequences[0].dtype)
         missing = longest - s.shape[0]
         if missing:
             fill = s.new_full((missing,) + tuple(s.shape[1:]), padding_value)
@@ -145,6 +159,9 @@ def pack_padded_sequence(input, lengths, batch_first=False, enforce_sorted=True)
     lengths = _lengths(fn, lengths)
     x = input.transpose(0, 1) if batch_first else input
     steps, batch = x.shape[0], x.shape[1]
+    if input.numel() == 0:
+        raise KilnValueError(f"{fn}: Cannot pack empty tensors (input has shape {list(input.shape)}, lengths "
+                             f"{lengths})")
     if len(lengths) != batch:
         raise KilnValueError(f"{fn}: Expected `len(lengths)` to be equal to batch_size, but got {len(lengths)} "
                              f"(batch_size={batch})")
@@ -165,7 +182,9 @@ def pack_padded_sequence(input, lengths, batch_first=False, enforce_sorted=True)
         sorted_indices = _indices(order).to(x.device)
         x = x.index_select(1, sorted_indices)
     batch_sizes = [sum(1 for n in lengths if n > t) for t in range(lengths[0])]
-    data = _C.cat([x[t, :b] for t, b in enumerate(batch_sizes)], 0)
+    # one index_select of the time-major rows (a slice per step would cost O(T^2) in backward)
+    rows = [t * batch + i for t, b in enumerate(batch_sizes) for i in range(b)]
+    data = x.reshape([steps * batch] + list(x.shape[2:])).index_select(0, _indices(rows).to(x.device))
     return PackedSequence(data, _indices(batch_sizes), sorted_indices, _invert(sorted_indices))
 
 
@@ -179,27 +198,35 @@ def pad_packed_sequence(sequence, batch_first=False, padding_value=0.0, total_le
     data, batch_sizes = sequence.data, [int(b) for b in sequence.batch_sizes.tolist()]
     steps, batch = len(batch_sizes), (batch_sizes[0] if batch_sizes else 0)
     if total_length is not None:
+        if isinstance(total_length, bool) or not isinstance(total_length, numbers.Integral):
+            raise TypeError(f"{fn}: total_length must be an int (or None), got {_a_type(total_length)} "
+                            f"{total_length!r}")
+        total_length = int(total_length)
         if total_length < steps:
             raise KilnValueError(f"{fn}: Expected total_length to be at least the length of the longest sequence in "
                                  f"input, but got total_length={total_length} and max sequence length being {steps}")
         steps_out = total_length
     else:
         steps_out = steps
-    rows, at = [], 0
     tail = tuple(data.shape[1:])
-    for b in batch_sizes:
-        step = data[at:at + b]
-        at += b
-        if b < batch:
-            step = _C.cat([step, data.new_full((batch - b,) + tail, padding_value)], 0)
-        rows.append(step)
-    if steps_out > steps:
-        rows.extend([data.new_full((batch,) + tail, padding_value)] * (steps_out - steps))
-    padded = _C.stack(rows, 0) if rows else data.new_full((0, 0) + tail, padding_value)
     lengths = [sum(1 for b in batch_sizes if b > i) for i in range(batch)]
+    order = list(range(batch))  # the packed column of each output column
     if sequence.unsorted_indices is not None:
-        padded = padded.index_select(1, sequence.unsorted_indices)
-        lengths = [lengths[int(i)] for i in sequence.unsorted_indices.tolist()]
+        order = [int(i) for i in sequence.unsorted_indices.tolist()]
+        lengths = [lengths[i] for i in order]
+    if batch:
+        # One index_select of data and a padding row (a slice per step would cost O(T^2) in backward):
+        # step t of packed column j is data row starts[t] + j when j < batch_sizes[t].
+        pad_row = data.shape[0]
+        rows, at = [], 0
+        for t in range(steps_out):
+            b = batch_sizes[t] if t < steps else 0
+            rows.extend(at + j if j < b else pad_row for j in order)
+            at += b
+        source = _C.cat([data, data.new_full((1,) + tail, padding_value)], 0)
+        padded = source.index_select(0, _indices(rows).to(data.device)).reshape([steps_out, batch] + list(tail))
+    else:
+        padded = data.new_full((steps_out, 0) + tail, padding_value)
     if batch_first:
         padded = padded.transpose(0, 1)
     return padded, _indices(lengths)
