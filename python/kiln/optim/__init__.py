@@ -36,6 +36,11 @@ def _params(params):
     return params
 
 
+# The first group's key in state_dict() for the optimizer's step count (opt.steps), which torch's layout
+# lacks: torch keeps it as a note of the group and ignores it; Kiln's load_state_dict restores the count
+# from it.
+_STEPS_KEY = "kiln_steps"
+
 # Group keys that Python handles, not the engine: maximize (the gradients negated for the step, as
 # torch's), foreach and fused (how torch runs its update; Kiln's is always one fused engine step), and
 # Adam's decoupled_weight_decay (Adam._py_keys).
@@ -137,6 +142,16 @@ def _same(q, p):
             and q.shape == p.shape and q.dtype == p.dtype)
 
 
+def _by_param(tensors):
+    """The engine's state tensors ({"<group>.<index>.<slot>": tensor}) by parameter, {(group, index): {slot:
+    tensor}}, in one pass over the keys (a scan of all of them per parameter was quadratic in their number)."""
+    out = {}
+    for key, t in tensors.items():
+        g, i, slot = key.split(".", 2)
+        out.setdefault((int(g), int(i)), {})[slot] = t
+    return out
+
+
 class _State(collections.abc.Mapping):
     """Optimizer.state: each parameter's state tensors by torch's names (exp_avg, exp_avg_sq and step
     for the Adam family, momentum_buffer for SGD with momentum), for the parameters that have state.
@@ -149,14 +164,14 @@ class _State(collections.abc.Mapping):
         self._kept = opt._kept
         self._items = []
         counts = opt._engine.name != "sgd"
+        by_param = _by_param(tensors)
         for g, group in enumerate(opt.param_groups):
             for i, p in enumerate(group["params"]):
-                at = f"{g}.{i}."
-                entry = {k[len(at):]: t for k, t in tensors.items() if k.startswith(at)}
+                entry = by_param.get((g, i))
                 if not entry:
                     continue
                 if counts:
-                    step = scalars.get(at + "step", scalars["steps"])
+                    step = scalars.get(f"{g}.{i}.step", scalars["steps"])
                     entry["step"] = _C.from_numpy(np.array(step, dtype=np.float32))
                 self._items.append((p, entry))
 
@@ -435,24 +450,28 @@ class Optimizer:
         "params": [index, ...]}]}, the parameters numbered 0, 1, ... across the groups in order, as torch's.
         A parameter without state (no step yet) has no entry. The Adam family's "step" is a 0-dim f32
         tensor, as torch's; the other tensors are the engine's own. Each group also keeps Kiln's own keys
-        ("name", a scheduler's initial_lr, ...), as torch's keeps initial_lr."""
+        ("name", a scheduler's initial_lr, ...), as torch's keeps initial_lr, and the first group Kiln's
+        "kiln_steps" (the optimizer's step count, opt.steps: torch's layout has none; torch's load keeps
+        it as a note and its step ignores it)."""
         self._apply_options()
         tensors, scalars = self._engine.state()
+        by_param = _by_param(tensors)
         state, groups, index = {}, [], 0
         for g, group in enumerate(self.param_groups):
             numbers = []
             for i in range(len(group["params"])):
-                at = f"{g}.{i}."
-                entry = {k[len(at):]: t for k, t in tensors.items() if k.startswith(at)}
+                entry = by_param.get((g, i))
                 if entry:
                     if self._counts_steps:
-                        step = scalars.get(at + "step", scalars["steps"])
+                        step = scalars.get(f"{g}.{i}.step", scalars["steps"])
                         entry = {"step": _C.from_numpy(np.array(step, dtype=np.float32)), **entry}
                     state[index] = entry
                 numbers.append(index)
                 index += 1
             out = {k: self._torch_value(group, k) for k in self._TORCH_KEYS}
             out.update((k, v) for k, v in group.items() if k not in out and k != "params")
+            if g == 0:  # the optimizer's own count (opt.steps), which torch's layout has no place for
+                out[_STEPS_KEY] = int(scalars["steps"])
             out["params"] = numbers
             groups.append(out)
         return {"state": state, "param_groups": groups}
@@ -461,8 +480,8 @@ class Optimizer:
         """group's value of torch's group key."""
         if key in self._TORCH_FIXED:
             return self._TORCH_FIXED[key]
-        if key == "capturable":
-            return self._capturable
+        if key == "capturable":  # a loaded group's own, else the constructor's
+            return bool(dict.get(group, key, self._capturable))
         return dict.get(group, key, self.defaults.get(key))
 
     def load_state_dict(self, state):
@@ -479,7 +498,7 @@ class Optimizer:
             raise _C.KilnValueError(f"load_state_dict: expected the dict state_dict() returns, with keys 'state' and "
                                     f"'param_groups' (torch's layout), or Kiln's older one with 'tensors' and "
                                     f"'scalars'; got {got}")
-        return self._load_kiln_layout(self._from_torch_layout(state))
+        return self._load_kiln_layout(self._from_torch_layout(state), "param_groups")
 
     def _from_torch_layout(self, state):
         """state (torch's layout) as Kiln's older one, {"tensors", "scalars", "groups"}, checked first."""
@@ -523,18 +542,13 @@ class Optimizer:
                 raise _C.KilnValueError(f"{name}.load_state_dict: {at} must be a dict of state, got "
                                         f"{type(entry).__name__}")
             p = self.param_groups[g]["params"][i]
+            present = []  # the keys of the entry that hold state
             for slot, value in entry.items():
                 if slot == "step" and self._counts_steps:
-                    try:
-                        step = float(value.item() if hasattr(value, "item") else value)
-                    except (TypeError, ValueError):
-                        raise _C.KilnValueError(f"{name}.load_state_dict: {at}'s 'step' must be a number, got "
-                                                f"{value!r:.100}") from None
-                    if not (math.isfinite(step) and step >= 0 and step == int(step)):
-                        raise _C.KilnValueError(f"{name}.load_state_dict: {at}'s 'step' is {step}, not a whole "
-                                                f"number >= 0")
+                    step = _whole(value, f"{name}.load_state_dict: {at}'s 'step'")
                     scalars[f"{g}.{i}.step"] = step
                     steps.append(step)
+                    present.append(slot)
                     continue
                 if value is None and slot == "momentum_buffer":  # torch's SGD before its first step with momentum
                     continue
@@ -549,8 +563,22 @@ class Optimizer:
                     raise _C.KilnValueError(f"{name}.load_state_dict: {at}'s '{slot}' has shape {tuple(t.shape)}, the "
                                             f"parameter has {tuple(p.shape)}")
                 tensors[f"{g}.{i}.{slot}"] = t
-        # torch keeps no optimizer-wide count: the Adam family's is its parameters' largest, SGD's restarts at 0
-        scalars["steps"] = max(steps, default=0.0)
+                present.append(slot)
+            # a parameter's state is all of its keys or none: {"step": 5} alone, or exp_avg without exp_avg_sq,
+            # would step from moments of zero with the bias corrections of step 5
+            need = (("step",) if self._counts_steps else ()) + self._SLOTS
+            missing = [s for s in need if s not in present]
+            if present and missing:
+                raise _C.KilnValueError(f"{name}.load_state_dict: {at} has {', '.join(repr(s) for s in present)} "
+                                        f"but no {', '.join(repr(s) for s in missing)}: a parameter's state holds "
+                                        f"all of {', '.join(repr(s) for s in need)} (or none: no entry)")
+        # the optimizer's own count (opt.steps): Kiln's note in the first group where the state has it (a
+        # state_dict() of Kiln's), else, as torch keeps none, the Adam family's parameters' largest and SGD's
+        # 0; the Adam family's never below its parameters' largest (a note a torch optimizer kept and stepped on)
+        kiln_steps = saved[0].get(_STEPS_KEY) if saved else None
+        if kiln_steps is not None:
+            kiln_steps = _whole(kiln_steps, f"{name}.load_state_dict: param_groups[0]['{_STEPS_KEY}']")
+        scalars["steps"] = max(steps + ([] if kiln_steps is None else [kiln_steps]), default=0.0)
         scalars.update(self._hyper(self._options))  # the optimizer-wide options stay (torch's defaults)
         groups = []
         for g, (s, mine) in enumerate(zip(saved, self.param_groups)):
@@ -572,10 +600,8 @@ class Optimizer:
             scalars[f"group{g}.params"] = float(len(mine["params"]))
             extra = {}
             for k, v in s.items():
-                if k in self._ENGINE_KEYS or k in self._options:
+                if k in self._ENGINE_KEYS or k in self._options or k == _STEPS_KEY:
                     continue
-                if k == "capturable" and k in self._TORCH_KEYS:
-                    continue  # accepted and not used, as the constructor's
                 if k in self._TORCH_FIXED:
                     if bool(v) != self._TORCH_FIXED[k]:
                         raise _C.KilnValueError(f"{name}.load_state_dict: param_groups[{g}] sets {k}={v!r}, which "
@@ -585,7 +611,24 @@ class Optimizer:
             groups.append(extra)
         return {"tensors": tensors, "scalars": scalars, "groups": groups}
 
-    def _load_kiln_layout(self, state):
+    def _group_note(self, key, value, where):
+        """A group's key other than the engine's, as load_state_dict keeps it: maximize, foreach, fused (and
+        Adam's decoupled_weight_decay and capturable) checked as the constructor checks them, others as given."""
+        name = type(self).__name__
+        if key in self._py_keys:
+            try:
+                return _py_key(key, value)
+            except TypeError:
+                raise TypeError(f"{name}.load_state_dict: {where}['{key}'] must be None, True or False, got "
+                                f"{value!r:.100}") from None
+        if key == "capturable" and key in self._TORCH_KEYS:  # accepted and not used, as the constructor's
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name}.load_state_dict: {where}['capturable'] must be True or False, got "
+                                f"{value!r:.100}")
+            return bool(value)
+        return value
+
+    def _load_kiln_layout(self, state, label="groups"):
         """Restores Kiln's older layout: {"tensors": {...}, "scalars": {...}}: the state, the step counts,
         each group's lr, weight decay and options (momentum, betas, ...) and the optimizer's, and with
         "groups" each group's other keys (initial_lr, ...)."""
@@ -603,19 +646,32 @@ class Optimizer:
             if len(groups) != n:
                 raise _C.KilnValueError(f"load_state_dict: 'groups' has {len(groups)} dicts, the state's 'scalars' "
                                         f"{n} parameter groups")
+        # each group's other keys checked before anything is loaded too (a refused load changes nothing)
+        notes = [{k: self._group_note(k, v, f"{label}[{g}]") for k, v in extra.items()
+                  if k not in self._ENGINE_KEYS and k not in self._options and k != _STEPS_KEY}
+                 for g, extra in enumerate(groups or [])]
         self._engine.load_state(dict(tensors), state["scalars"])
         self._kept = []  # torch's load replaces its state: the dicts state[p] made go with it
         self._options = self._options_from(state["scalars"])
         self._ratios = None  # the loaded lrs', not this optimizer's
         self._sync()
-        for group, extra in zip(self.param_groups, groups or []):
-            for k, v in extra.items():
-                if k in self._ENGINE_KEYS or k in self._options:
-                    continue  # the scalars' value won
-                dict.__setitem__(group, k, _py_key(k, v) if k in self._py_keys else v)
+        for group, extra in zip(self.param_groups, notes):
+            for k, v in extra.items():  # the engine's keys and options left out: the scalars' value won
+                dict.__setitem__(group, k, v)
 
     def _options_from(self, scalars):
         return self._options
+
+
+def _whole(value, what):
+    """value (a number, or a 0-dim tensor: torch's 'step') as a float of a whole number >= 0; what names it."""
+    try:
+        n = float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):
+        raise _C.KilnValueError(f"{what} must be a number, got {value!r:.100}") from None
+    if not (math.isfinite(n) and n >= 0 and n == int(n)):
+        raise _C.KilnValueError(f"{what} is {n}, not a whole number >= 0")
+    return n
 
 
 def _no_differentiable(name, differentiable):
@@ -713,6 +769,8 @@ class _AdamFamily(Optimizer):
 
 class LAMB(_AdamFamily):
     _lamb = True
+    # torch's Adam keys of one value in Kiln (a torch Adam's state loaded into a LAMB): True refused, as Adam's
+    _TORCH_FIXED = {"amsgrad": False, "differentiable": False}
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
         super().__init__(params, lr, betas, eps, weight_decay)
@@ -802,7 +860,7 @@ class Adam(_AdamFamily):
     def _l2(self, index):
         return 0.0 if self._decoupled(index) else self._decay[index]
 
-    def _load_kiln_layout(self, state):
+    def _load_kiln_layout(self, state, label="groups"):
         # each group's weight_decay is saved as it is given (L2 or decoupled: the group's flag says which,
         # a group without it, from an older Kiln, keeps this optimizer's); the engine's is set at the next step
         scalars = dict(state["scalars"])
@@ -815,7 +873,7 @@ class Adam(_AdamFamily):
                     raise _C.KilnValueError(f"{type(self).__name__}.load_state_dict: group {i}'s weight_decay must "
                                             f"be finite and >= 0, got {decay[i]}")
                 scalars[key] = 0.0
-        super()._load_kiln_layout({**state, "scalars": scalars})
+        super()._load_kiln_layout({**state, "scalars": scalars}, label)
         self._decay = decay
         self._sync()
 
