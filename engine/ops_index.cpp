@@ -804,21 +804,25 @@ bool interp_linear(InterpMode m) {
 }
 
 // area: dim d averaged over adaptive pooling's windows [floor(o in / out), ceil((o + 1) in / out)), as
-// PyTorch's 'area' (adaptive_avg_pool); one matmul by the [in, out] window-mean matrix.
+// PyTorch's 'area' (adaptive_avg_pool): dim d moved last and the rest flattened to [rows, 1, in], pooled
+// to [rows, 1, out] by the engine's adaptive_avg_pool2d (each window summed directly), so memory is
+// O(input + output), not a dense [in, out] matrix.
 Tensor area_dim(const Tensor& x, int64_t d, int64_t out) {
   const int64_t in = x.size(d);
   if (in == out) return x;
-  std::vector<double> m(static_cast<size_t>(in * out), 0.0);
-  for (int64_t o = 0; o < out; ++o) {
-    const int64_t lo = (o * in) / out, hi = ((o + 1) * in + out - 1) / out;
-    for (int64_t i = lo; i < hi; ++i) m[size_t(i * out + o)] = 1.0 / double(hi - lo);
+  const int64_t last = x.dim() - 1;
+  const Tensor t = d == last ? x : x.transpose(d, last);
+  Shape shape = t.shape();
+  shape.back() = out;
+  if (x.numel() == 0) {
+    const Tensor y = zeros(shape, TensorOptions(x.dtype(), x.device()));
+    return d == last ? y : y.transpose(d, last);
   }
-  const Tensor w = from_vector(m, {in, out}, TensorOptions(x.dtype(), x.device()));
   // A mean, not a GEMM: under autocast it runs in x's dtype (interpolate's elementwise rule).
   const amp::AutocastGuard no_autocast(x.dtype(), false);
-  const int64_t last = x.dim() - 1;
-  if (d == last) return matmul(x, w);
-  return matmul(x.transpose(d, last), w).transpose(d, last);
+  const int64_t rows = t.numel() / in;
+  const Tensor y = adaptive_avg_pool2d(t.reshape({rows, 1, in}), Pair{1, out}).reshape(shape);
+  return d == last ? y : y.transpose(d, last);
 }
 
 // Resizes dim d of x from its size to `out`; without align_corners, output o reads source
@@ -926,6 +930,10 @@ Tensor resize(const Tensor& x, const std::vector<int64_t>& size, InterpMode mode
   for (const int64_t s : size) KILN_CHECK(s >= 1, "interpolate: output size must be >= 1, got ", s);
   Tensor y = x;
   for (size_t i = 0; i < size.size(); ++i) y = resize_dim(y, int64_t(i) + 2, size[i], mode, align_corners, ratio[i]);
+  // Nothing resampled (every dim kept its size): a new tensor, as PyTorch's, not x's storage (an in-place
+  // op on the result would change x, and be refused on a leaf that requires grad); clone is recorded
+  // for autograd.
+  if (&y.impl() == &x.impl()) return x.clone();
   return y;
 }
 }  // namespace

@@ -545,9 +545,11 @@ NB_MODULE(_C, m) {
       "CPU kernels flush subnormal inputs and results to zero (x86 FTZ + DAZ; on by default: subnormals "
       "made GEMMs 8x slower). Returns True, as torch.set_flush_denormal where it is supported.");
   // torch.use_deterministic_algorithms: the Context's deterministic flag. Every Kiln kernel has a
-  // deterministic path (no floating atomics: index_add, scatter_add and embedding's backward sort; the
-  // CPU always is); the flag picks it where a faster one exists on CUDA (cuDNN convolution and batch
-  // norm algorithms, the GEMM choice), so no op is refused and warn_only changes nothing but its getter.
+  // deterministic path (no floating atomics: index_add and embedding's backward sort their indices,
+  // scatter_add's CUDA kernel is a gather that scans the indices in order; the CPU always is); the flag
+  // picks it where a faster one exists on CUDA (cuDNN convolution and batch norm algorithms, the GEMM
+  // choice), so no op is refused and warn_only changes nothing but its getter. cuDNN benchmark mode may
+  // still time and pick a different deterministic convolution algorithm from run to run.
   static bool g_deterministic_warn_only = false;
   m.def(
       "use_deterministic_algorithms",
@@ -564,7 +566,10 @@ NB_MODULE(_C, m) {
       nb::arg("mode"), nb::kw_only(), nb::arg("warn_only") = false,
       "Deterministic algorithms only (the Context's deterministic flag): on CUDA the deterministic cuDNN "
       "convolution and handwritten batch norm kernels and a fixed GEMM choice; the CPU always is. Every Kiln "
-      "op has a deterministic path, so none is refused (warn_only is recorded).");
+      "op has a deterministic path (no floating atomics: index_add and embedding's backward sort their "
+      "indices, scatter_add's CUDA kernel is a gather scan), so none is refused (warn_only is recorded). With "
+      "cuDNN benchmark mode on, the timing may still pick a different deterministic convolution algorithm "
+      "from run to run, whose bits can differ.");
   m.def("are_deterministic_algorithms_enabled", [] { return Context::current().deterministic; });
   m.def("is_deterministic_algorithms_warn_only_enabled", [] { return g_deterministic_warn_only; });
   m.def(

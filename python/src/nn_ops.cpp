@@ -189,6 +189,16 @@ template <size_t N> void check_same_stride(const std::array<int64_t, N>& stride,
                   std::to_string(v) + ")");
 }
 
+// interpolate's refusal of an input rank its mode does not take: a NotImplementedError, the type
+// torch raises (Kiln has no KilnError subclass of it; its Python code raises the builtin too).
+[[noreturn]] void not_implemented(const std::string& msg) {
+  set_error(PyExc_NotImplementedError, msg);
+  throw nb::python_error();
+}
+// One of interpolate's output sizes: an int or anything with __index__ (a NumPy integer), as torch's;
+// TypeError for a float or a bool.
+int64_t interp_int(nb::handle h) { return to_int64(h, "interpolate: size"); }
+
 }  // namespace
 
 void bind_nn_ops(nb::module_& mod) {
@@ -822,17 +832,17 @@ void bind_nn_ops(nb::module_& mod) {
               "interpolate: align_corners option can only be set with the interpolating modes: linear | "
               "bilinear | bicubic | trilinear (mode \"" +
               mode + "\")");
-        // the rank each mode takes, a ValueError as torch's (the engine checks it again)
+        // the rank each mode takes: a NotImplementedError, as torch's (the engine checks it again)
         const int64_t need = im == InterpMode::linear                                  ? 3
                              : im == InterpMode::trilinear                             ? 5
                              : im == InterpMode::bilinear || im == InterpMode::bicubic ? 4
                                                                                        : 0;
         if (need && x.dim() != need)
-          value_error("interpolate: mode " + mode + " needs " + std::to_string(need) + "-d input, got " +
-                      std::to_string(x.dim()) + "-d");
+          not_implemented("interpolate: mode " + mode + " needs " + std::to_string(need) + "-d input, got " +
+                          std::to_string(x.dim()) + "-d");
         if (!need && (x.dim() < 3 || x.dim() > 5))
-          value_error("interpolate: mode " + mode + " needs 3-d, 4-d or 5-d input [N, C, spatial...], got " +
-                      std::to_string(x.dim()) + "-d");
+          not_implemented("interpolate: mode " + mode + " needs 3-d, 4-d or 5-d input [N, C, spatial...], got " +
+                          std::to_string(x.dim()) + "-d");
         const bool ac = align_corners.value_or(false);
         const size_t nsp = x.dim() >= 2 ? size_t(x.dim() - 2) : 0;
         if (!size.is_none() && !scale.is_none())
@@ -848,24 +858,26 @@ void bind_nn_ops(nb::module_& mod) {
         if (!size.is_none()) {
           if (recompute_scale_factor.value_or(false))
             value_error("interpolate: recompute_scale_factor is not meaningful with an explicit size");
+          // ints, or anything with __index__ (a NumPy integer), one or one per spatial dim, as torch's
           std::vector<int64_t> s;
           if (PySequence_Check(size.ptr())) {
-            s = to_dims(size, "size");
+            for (nb::handle v : nb::iter(size)) s.push_back(interp_int(v));
             if (s.size() != nsp)
               value_error("interpolate: size has " + std::to_string(s.size()) + " values for the " +
                           std::to_string(nsp) + " spatial dims of the input (" + std::to_string(x.dim()) + "-d)");
           } else {
-            s.assign(nsp, to_dims(size, "size").at(0));
+            s.assign(nsp, interp_int(size));
           }
           R r;
           return interpolate(x, s, im, ac);
         }
         if (scale.is_none()) value_error("interpolate: give size or scale_factor");
+        // numbers (a NumPy float or int too), one or one per spatial dim
         std::vector<double> sf;
-        if (PyFloat_Check(scale.ptr()) || PyLong_Check(scale.ptr())) {
-          sf.assign(nsp, nb::cast<double>(scale));
+        if (!PySequence_Check(scale.ptr())) {
+          sf.assign(nsp, to_double(scale, "interpolate: scale_factor"));
         } else {
-          sf = nb::cast<std::vector<double>>(scale);
+          for (nb::handle v : nb::iter(scale)) sf.push_back(to_double(v, "interpolate: scale_factor"));
           if (sf.size() != nsp)
             value_error("interpolate: scale_factor has " + std::to_string(sf.size()) + " values for the " +
                         std::to_string(nsp) + " spatial dims of the input (" + std::to_string(x.dim()) + "-d)");

@@ -262,6 +262,61 @@ def test_update_bn():
     kiln.optim.swa_utils.update_bn([kiln.zeros(1, 2)], lin)
 
 
+def bn_stats(model):
+    return {n: b.numpy().copy() for n, b in model.named_buffers() if n.endswith(("running_mean", "running_var"))}
+
+
+def test_update_bn_on_a_cpp_model():
+    # kiln.models' BatchNorms are C++ modules: update_bn recomputes them too. The reference: each batch's
+    # own statistics, by running it alone in training mode until the running statistics (momentum 0.1)
+    # have converged to them (0.9 ** 200 of the start is left); update_bn's cumulative average over two
+    # batches is their mean
+    model = kiln.models.create("resnet20")
+    rng = np.random.default_rng(11)
+    batches = [kiln.tensor(rng.standard_normal((4, 3, 8, 8)).astype(np.float32) * s + s) for s in (1.0, 2.0)]
+    per_batch = []
+    model.train()
+    with kiln.no_grad():
+        for x in batches:
+            for _ in range(200):
+                model(x)
+            per_batch.append(bn_stats(model))
+    want = {n: (per_batch[0][n] + per_batch[1][n]) / 2 for n in per_batch[0]}
+    assert len(want) == 2 * 21  # resnet20's 21 BatchNorms (two in shortcuts), none left out
+    model.eval()
+    kiln.optim.swa_utils.update_bn([(x, 0) for x in batches], model)
+    got = bn_stats(model)
+    for n in want:
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-4, atol=1e-5, err_msg=n)
+    assert not model.training
+    for n, b in model.named_buffers():
+        if n.endswith("num_batches_tracked"):
+            assert b.item() == 2, n
+    # an AveragedModel of it; and an empty loader leaves the statistics reset, as torch's
+    avg = kiln.optim.swa_utils.AveragedModel(model)
+    kiln.optim.swa_utils.update_bn([batches[0]], avg)
+    for n, v in bn_stats(avg.module).items():
+        np.testing.assert_allclose(v, per_batch[0][n], rtol=1e-4, atol=1e-5, err_msg=n)
+    kiln.optim.swa_utils.update_bn([], model)
+    for n, v in bn_stats(model).items():
+        np.testing.assert_array_equal(v, np.zeros_like(v) if n.endswith("mean") else np.ones_like(v))
+
+
+def test_update_bn_refuses_an_unknown_module_with_running_stats():
+    class Norm(kiln.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("running_mean", kiln.zeros(3))
+            self.register_buffer("running_var", kiln.ones(3))
+
+        def forward(self, x):
+            return x
+
+    model = kiln.nn.Sequential(kiln.nn.Linear(3, 3), Norm())
+    with pytest.raises(NotImplementedError, match="module '1' \\(Norm\\) holds running_mean"):
+        kiln.optim.swa_utils.update_bn([kiln.zeros(2, 3)], model)
+
+
 @pytest.mark.parametrize("strategy", ["cos", "linear"])
 @pytest.mark.parametrize("anneal_epochs", [0, 1, 4])
 def test_swalr(strategy, anneal_epochs):

@@ -143,13 +143,14 @@ def test_refusals():
     # torch: align_corners (even False) only with the interpolating modes
     for mode in ("nearest", "nearest-exact", "area"):
         refused(ValueError, "align_corners", x4, size=3, mode=mode, align_corners=False)
-    # the rank each mode needs
-    refused(ValueError, "linear needs 3-d", x4, size=3, mode="linear")
-    refused(ValueError, "bilinear needs 4-d", x3, size=3, mode="bilinear")
-    refused(ValueError, "bicubic needs 4-d", x5, size=3, mode="bicubic")
-    refused(ValueError, "trilinear needs 5-d", x4, size=3, mode="trilinear")
-    refused(ValueError, "3-d, 4-d or 5-d", kiln.zeros(2, 3), size=3)
-    refused(ValueError, "3-d, 4-d or 5-d", kiln.zeros(1, 1, 2, 2, 2, 2), size=3, mode="area")
+    # the rank each mode needs: a NotImplementedError, as torch's
+    for (x, mode, match) in ((x4, "linear", "linear needs 3-d"), (x3, "bilinear", "bilinear needs 4-d"),
+                             (x5, "bicubic", "bicubic needs 4-d"), (x4, "trilinear", "trilinear needs 5-d"),
+                             (kiln.zeros(2, 3), "nearest", "3-d, 4-d or 5-d"),
+                             (kiln.zeros(1, 1, 2, 2, 2, 2), "area", "3-d, 4-d or 5-d")):
+        refused(NotImplementedError, match, x, size=3, mode=mode)
+        with pytest.raises(NotImplementedError):
+            TF.interpolate(torch.zeros(*x.shape), size=3, mode=mode)
     # sizes and scales: one per spatial dim
     refused(ValueError, "size has 2 values for the 3 spatial dims", x5, size=(2, 3))
     refused(ValueError, "scale_factor has 3 values for the 1 spatial dims", x3, scale_factor=(2, 2, 2))
@@ -162,3 +163,78 @@ def test_refusals():
     # antialias: torch's rule for where it applies, and Kiln does not implement it
     refused(ValueError, "restricted to bilinear and bicubic", x3, size=3, mode="linear", antialias=True)
     refused(ValueError, "antialias=True is not implemented", x4, size=3, mode="bilinear", antialias=True)
+
+
+def test_numpy_scalars():
+    # a NumPy integer size and a NumPy float scale factor, alone or in a tuple, as torch takes them
+    a = np.random.default_rng(6).standard_normal((1, 2, 8, 6))
+    for kw in (dict(size=np.int64(3)), dict(size=(np.int32(3), np.int64(5))), dict(scale_factor=np.float32(0.5)),
+               dict(scale_factor=(np.float32(1.5), np.float64(0.5))), dict(scale_factor=np.int64(2))):
+        k = F.interpolate(kiln.tensor(a), mode="bilinear", **kw)
+        t = TF.interpolate(torch.tensor(a), mode="bilinear", **kw)
+        np.testing.assert_allclose(k.numpy(), t.numpy(), rtol=1e-12, err_msg=str(kw))
+    refused(TypeError, "size: expected an int", kiln.tensor(a), size=3.0)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "area", "linear", "bicubic"])
+@pytest.mark.parametrize("rank", [3, 4, 5])
+def test_same_size_is_a_new_tensor(mode, rank):
+    # as torch's: the result of a resize that changes nothing is a copy, not the input's storage
+    if mode == "linear":
+        mode = LINEAR[rank]
+    if mode == "bicubic" and rank != 4:
+        return
+    a = np.random.default_rng(8).standard_normal(SHAPES[rank])
+    x = kiln.tensor(a)
+    y = F.interpolate(x, size=tuple(x.shape[2:]), mode=mode)
+    y.add_(1)
+    np.testing.assert_array_equal(x.numpy(), a)
+    # with a leaf that requires grad: the copy is recorded for autograd (not the leaf itself), and the
+    # gradient reaches x
+    xg = kiln.tensor(a, requires_grad=True)
+    yg = F.interpolate(xg, scale_factor=1, mode=mode)
+    assert yg is not xg and not yg.is_leaf and yg.grad_fn is not None
+    (yg * 2).sum().backward()
+    np.testing.assert_array_equal(xg.grad.numpy(), np.full(a.shape, 2.0))
+
+
+def test_area_matches_torch_at_large_sizes():
+    # 1-d 8000 -> 4000 and 3000 -> 7 (uneven windows), 2-d 600 x 500 -> 7 x 9, in float64
+    rng = np.random.default_rng(9)
+    for shape, size in (((2, 3, 8000), 4000), ((1, 2, 3000), 7), ((1, 2, 600, 500), (7, 9))):
+        a = rng.standard_normal(shape)
+        kx, tx = kiln.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+        ky, ty = F.interpolate(kx, size=size, mode="area"), TF.interpolate(tx, size=size, mode="area")
+        np.testing.assert_allclose(ky.detach().numpy(), ty.detach().numpy(), rtol=1e-12, atol=1e-14)
+        w = rng.standard_normal(tuple(ty.shape))
+        (ky * kiln.tensor(w)).sum().backward()
+        (ty * torch.tensor(w)).sum().backward()
+        np.testing.assert_allclose(kx.grad.numpy(), tx.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_area_memory_is_linear_in_the_input():
+    # 1-d 12000 -> 6000 in float64: the input and output are 0.15 MB; a dense [in, out] matrix would be
+    # 576 MB (twice that while it is copied into a tensor). Peak RSS in a fresh process, after a warm-up.
+    import subprocess
+    import sys
+    code = (
+        "import resource, numpy as np, kiln\n"
+        "F = kiln.nn.functional\n"
+        "F.interpolate(kiln.tensor(np.ones((1, 1, 40))), size=20, mode='area')\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "x = kiln.tensor(np.random.default_rng(0).standard_normal((1, 1, 12000)))\n"
+        "y = F.interpolate(x, size=6000, mode='area')\n"
+        "assert tuple(y.shape) == (1, 1, 6000)\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    grew_mb = int(out.stdout.split()[-1])
+    assert grew_mb < 100, f"area interpolation of 12000 -> 6000 values grew the peak RSS by {grew_mb} MB"
+
+
+def test_area_under_autocast_keeps_the_dtype():
+    a = np.random.default_rng(10).standard_normal((2, 3, 50)).astype(np.float32)
+    with kiln.amp.autocast("cpu", dtype=kiln.bfloat16):
+        y = F.interpolate(kiln.tensor(a), size=20, mode="area")
+    assert y.dtype == kiln.float32
+    np.testing.assert_allclose(y.numpy(), TF.interpolate(torch.tensor(a), size=20, mode="area").numpy(), rtol=1e-5,
+                               atol=1e-6)

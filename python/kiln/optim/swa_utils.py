@@ -17,7 +17,7 @@ import math
 
 from .. import _C
 from .._tensor import no_grad, tensor as _tensor
-from ..nn.modules import Module, _BatchNorm
+from ..nn.modules import CppModule, Module, _BatchNorm
 from .lr_scheduler import LRScheduler, _check_optimizer, _per_group
 
 __all__ = ["AveragedModel", "update_bn", "SWALR", "get_ema_multi_avg_fn", "get_swa_multi_avg_fn",
@@ -155,21 +155,69 @@ class AveragedModel(Module):
             self.n_averaged.add_(1)
 
 
+def _cpp_batchnorms(model, bns):
+    """The modules other than kiln.nn BatchNorms that hold running_mean and running_var buffers: a
+    kiln.models model's C++ BatchNorms (CppModule), as (name, module). Any other module with such
+    buffers is a NotImplementedError naming it: update_bn would leave its statistics stale."""
+    found = []
+    for name, module in model.named_modules():
+        if module in bns:
+            continue
+        bufs = module._buffers
+        if bufs.get("running_mean") is None or bufs.get("running_var") is None:
+            continue
+        if not isinstance(module, CppModule):
+            raise NotImplementedError(f"update_bn: module '{name}' ({type(module).__name__}) holds running_mean "
+                                      "and running_var buffers but is not a kiln.nn BatchNorm, so update_bn cannot "
+                                      "recompute them; derive it from kiln.nn.BatchNorm1d/2d/3d")
+        found.append((name or "the model", module))
+    return found
+
+
+def _cpp_stats(module):
+    b = module._buffers
+    return b["running_mean"], b["running_var"], b.get("num_batches_tracked")
+
+
+def _reset_cpp(cpp):
+    """Each (name, C++ BatchNorm)'s statistics as reset_running_stats leaves them: mean 0, var 1, count 0."""
+    with no_grad():
+        for _, module in cpp:
+            mean, var, count = _cpp_stats(module)
+            mean.zero_()
+            var.fill_(1)
+            if count is not None:
+                count.zero_()
+
+
 def update_bn(loader, model, device=None):
     """One pass over `loader` in training mode to recompute every BatchNorm's running statistics from
     scratch (their cumulative average: momentum None for the pass, then restored), as torch's; an item
-    that is a list or tuple gives its first element. A model without BatchNorm is left alone."""
+    that is a list or tuple gives its first element. A model without BatchNorm is left alone.
+
+    A kiln.models model's BatchNorms are C++ modules whose momentum Python cannot set: their buffers
+    (shared with C++) are zeroed before each batch, so the update leaves momentum * the batch's
+    statistics, and summed; momentum is measured once, by running the first batch a second time with the
+    statistics at one (the update leaves (1 - momentum) + momentum * statistics); at the end each holds
+    the sum / (batches * momentum), the cumulative average torch's momentum=None gives, and
+    num_batches_tracked the batch count. A C++ BatchNorm the forward does not run is left reset, as
+    torch's; one with momentum 0 (its statistics cannot be read back) is a NotImplementedError."""
     momenta = {}
     for module in model.modules():
         if isinstance(module, _BatchNorm) and module.track_running_stats:
             module.reset_running_stats()
             momenta[module] = module.momentum
-    if not momenta:
+    cpp = _cpp_batchnorms(model, momenta)
+    if not momenta and not cpp:
         return
+    _reset_cpp(cpp)
     was_training = model.training
     model.train()
     for module in momenta:
         module.momentum = None
+    sums = {}  # C++ BatchNorm -> [sum of its mean updates, of its var updates]
+    momentum = {}  # C++ BatchNorm -> its measured momentum (absent: the forward does not run it)
+    n = 0
     try:
         with no_grad():
             for item in loader:
@@ -177,11 +225,62 @@ def update_bn(loader, model, device=None):
                     item = item[0]
                 if device is not None:
                     item = item.to(device)
+                if cpp and n == 0:
+                    # the probe: the first batch with every C++ BatchNorm's statistics at one; one the
+                    # forward ran has counted a batch or moved its statistics
+                    for _, module in cpp:
+                        mean, var, count = _cpp_stats(module)
+                        mean.fill_(1)
+                        var.fill_(1)
+                    model(item)
+                    probed = {}
+                    for _, module in cpp:
+                        mean, var, count = _cpp_stats(module)
+                        ran = (count is not None and count.item() > 0) or (mean != 1).any().item() or \
+                            (var != 1).any().item()
+                        probed[module] = (mean.clone(), var.clone()) if ran else None
+                    for module in momenta:  # the probe counted the first batch once already
+                        module.reset_running_stats()
+                for _, module in cpp:
+                    mean, var, _ = _cpp_stats(module)
+                    mean.zero_()
+                    var.zero_()
                 model(item)
+                for name, module in cpp:
+                    mean, var, _ = _cpp_stats(module)
+                    if n == 0:
+                        if probed[module] is not None:
+                            one_mean, one_var = probed[module]
+                            # (1 - m) + m * stat against m * stat: 1 - m, averaged over every channel
+                            m = 1.0 - ((one_mean - mean).mean().item() + (one_var - var).mean().item()) / 2
+                            if not m > 1e-6:
+                                raise NotImplementedError(
+                                    f"update_bn: BatchNorm '{name}' ({module._c.type_name}, a C++ module) has "
+                                    f"momentum {m:.3g}: its statistics cannot be recomputed through its updates; "
+                                    "build the model with a nonzero BatchNorm momentum")
+                            momentum[module] = m
+                            sums[module] = [mean.clone(), var.clone()]
+                    elif module in momentum:
+                        sums[module][0] = sums[module][0] + mean
+                        sums[module][1] = sums[module][1] + var
+                n += 1
+    except BaseException:
+        _reset_cpp(cpp)  # a half pass's sums mean nothing
+        raise
     finally:
-        for module, momentum in momenta.items():
-            module.momentum = momentum
+        for module, m in momenta.items():
+            module.momentum = m
         model.train(was_training)
+    with no_grad():
+        for _, module in cpp:
+            if module not in momentum:
+                _reset_cpp([(None, module)])  # not run (or no batch): reset, as torch leaves such a BatchNorm
+                continue
+            mean, var, count = _cpp_stats(module)
+            mean.copy_(sums[module][0] / (n * momentum[module]))
+            var.copy_(sums[module][1] / (n * momentum[module]))
+            if count is not None:
+                count.fill_(n)
 
 
 class SWALR(LRScheduler):
