@@ -10,7 +10,7 @@ from .. import _C
 from .._C import KilnError, KilnValueError
 from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
-from .modules import Module, Parameter, _place, _uniform
+from .modules import Module, Parameter, _embedding_weight, _place, _uniform
 
 
 def _tuple2(name, what, v):
@@ -192,16 +192,7 @@ class EmbeddingBag(Module):
         self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
         self.mode, self.sparse, self.include_last_offset, self.padding_idx = mode, sparse, include_last_offset, \
             padding_idx
-        if _weight is None:
-            w = _C.randn(num_embeddings, embedding_dim)
-            if padding_idx is not None:
-                w[padding_idx] = 0.0
-        else:
-            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
-                raise KilnValueError(f"EmbeddingBag: _weight has shape {tuple(_weight.shape)}, expected "
-                                     f"({num_embeddings}, {embedding_dim})")
-            w = _weight
-        self.weight = Parameter(w)
+        self.weight = Parameter(_embedding_weight("EmbeddingBag", num_embeddings, embedding_dim, padding_idx, _weight))
         _place(self, device, dtype)
 
     @classmethod

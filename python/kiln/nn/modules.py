@@ -1183,6 +1183,20 @@ class GroupNorm(Module):
                 f"bias={self.bias is not None}")
 
 
+def _embedding_weight(who, num_embeddings, embedding_dim, padding_idx, _weight):
+    """An embedding table's initial weight (Embedding, EmbeddingBag): N(0, 1) with padding_idx's row zero,
+    or the given _weight, whose shape must be [num_embeddings, embedding_dim]."""
+    if _weight is None:
+        w = _C.randn(num_embeddings, embedding_dim)
+        if padding_idx is not None:
+            w[padding_idx] = 0.0
+        return w
+    if tuple(_weight.shape) != (num_embeddings, embedding_dim):
+        raise KilnValueError(f"{who}: _weight has shape {tuple(_weight.shape)}, expected "
+                             f"({num_embeddings}, {embedding_dim})")
+    return _weight
+
+
 class Embedding(Module):
     """torch's Embedding: padding_idx's row starts at 0 (it still gets gradients here: torch zeroes
     them); max_norm renormalises the looked-up rows of the weight in place, as torch's.
@@ -1206,16 +1220,8 @@ class Embedding(Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
         self.scale_grad_by_freq, self.sparse = scale_grad_by_freq, sparse
-        if _weight is None:
-            w = _C.randn(num_embeddings, embedding_dim)
-            if padding_idx is not None:
-                w[padding_idx] = 0.0
-        else:
-            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
-                raise KilnValueError(f"Embedding: _weight has shape {tuple(_weight.shape)}, expected "
-                                     f"({num_embeddings}, {embedding_dim})")
-            w = _weight
-        self.weight = Parameter(w, requires_grad=not _freeze)
+        self.weight = Parameter(_embedding_weight("Embedding", num_embeddings, embedding_dim, padding_idx, _weight),
+                                requires_grad=not _freeze)
         _place(self, device, dtype)
 
     @classmethod

@@ -69,6 +69,23 @@ def _seq_len(x, batch_first):
     return x.shape[1 if batch_first else 0]
 
 
+def _attention_layer(layer, who, blocks, d_model, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                     norm_first, bias):
+    """The parts torch's encoder and decoder layers share, registered in torch's order (so state dict keys
+    and parameter order are torch's): the feed-forward block (linear1, dropout, linear2), norm_first, one
+    norm<i> and dropout<i> per residual block, the activation and batch_first."""
+    layer.linear1 = Linear(d_model, dim_feedforward, bias=bias)
+    layer.dropout = Dropout(dropout)
+    layer.linear2 = Linear(dim_feedforward, d_model, bias=bias)
+    layer.norm_first = norm_first
+    for i in range(1, blocks + 1):
+        setattr(layer, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
+    for i in range(1, blocks + 1):
+        setattr(layer, f"dropout{i}", Dropout(dropout))
+    layer.activation = _activation_fn(who, activation)
+    layer.batch_first = batch_first
+
+
 class TransformerEncoderLayer(Module):
     """torch.nn.TransformerEncoderLayer: self_attn (MultiheadAttention), linear1 -> activation ->
     dropout -> linear2, norm1/norm2 (post-norm, or pre-norm with norm_first), dropout1/dropout2.
@@ -79,16 +96,8 @@ class TransformerEncoderLayer(Module):
                  batch_first=False, norm_first=False, bias=True, device=None, dtype=None):
         super().__init__()
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.activation = _activation_fn("TransformerEncoderLayer", activation)
-        self.batch_first = batch_first
+        _attention_layer(self, "TransformerEncoderLayer", 2, d_model, dim_feedforward, dropout, activation,
+                         layer_norm_eps, batch_first, norm_first, bias)
         _place(self, device, dtype)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
@@ -119,18 +128,8 @@ class TransformerDecoderLayer(Module):
         super().__init__()
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
         self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.dropout3 = Dropout(dropout)
-        self.activation = _activation_fn("TransformerDecoderLayer", activation)
-        self.batch_first = batch_first
+        _attention_layer(self, "TransformerDecoderLayer", 3, d_model, dim_feedforward, dropout, activation,
+                         layer_norm_eps, batch_first, norm_first, bias)
         _place(self, device, dtype)
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,

@@ -521,6 +521,18 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         self._last_lr = _lrs(self.optimizer)
 
 
+def _start_momenta(optimizer, use_beta1, max_ms, base_ms):
+    """A momentum-cycling scheduler's start (OneCycleLR, CyclicLR): each group's momentum (or beta1) at its
+    max, and the two bounds noted in the group, as torch's."""
+    for m, b, group in zip(max_ms, base_ms, optimizer.param_groups):
+        if use_beta1:
+            group["betas"] = (m, *group["betas"][1:])
+        else:
+            group["momentum"] = m
+        group["max_momentum"] = m
+        group["base_momentum"] = b
+
+
 def _per_group(name, optimizer, value, who="OneCycleLR"):
     if isinstance(value, (list, tuple)):
         if len(value) != len(optimizer.param_groups):
@@ -584,13 +596,7 @@ class OneCycleLR(LRScheduler):
             max_ms = _per_group("max_momentum", optimizer, max_momentum)
             base_ms = _per_group("base_momentum", optimizer, base_momentum)
             if last_epoch == -1:
-                for m, b, group in zip(max_ms, base_ms, optimizer.param_groups):
-                    if self.use_beta1:
-                        group["betas"] = (m, *group["betas"][1:])
-                    else:
-                        group["momentum"] = m
-                    group["max_momentum"] = m
-                    group["base_momentum"] = b
+                _start_momenta(optimizer, self.use_beta1, max_ms, base_ms)
         super().__init__(optimizer, last_epoch)
 
     def _anneal_func(self, start, end, pct):
@@ -676,13 +682,7 @@ class CyclicLR(LRScheduler):
             self.base_momentums = _per_group("base_momentum", optimizer, base_momentum, "CyclicLR")
             self.max_momentums = _per_group("max_momentum", optimizer, max_momentum, "CyclicLR")
             if last_epoch == -1:
-                for m, b, group in zip(self.max_momentums, self.base_momentums, optimizer.param_groups):
-                    if self.use_beta1:
-                        group["betas"] = (m, *group["betas"][1:])
-                    else:
-                        group["momentum"] = m
-                    group["max_momentum"] = m
-                    group["base_momentum"] = b
+                _start_momenta(optimizer, self.use_beta1, self.max_momentums, self.base_momentums)
         super().__init__(optimizer, last_epoch)
         self.base_lrs = base_lrs
 
