@@ -524,6 +524,28 @@ def test_grid_sample_dtypes_and_nearest_grid_gradient():
     np.testing.assert_array_equal(np.asarray(kg.grad), tg.grad.numpy())
 
 
+def test_grid_sample_mixed_dtypes_under_autocast_run_in_float32_as_torch():
+    # a spatial transformer under mixed precision: float32 image, bfloat16 grid
+    x, theta = rnd(2, 3, 5, 6), rnd(2, 2, 3, seed=3) * 0.5
+    grid = TF.affine_grid(theta, (2, 3, 4, 5), align_corners=False).to(torch.bfloat16)
+    tx, tg = x.clone().requires_grad_(True), grid.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        to = TF.grid_sample(tx, tg, align_corners=False)
+    assert to.dtype == torch.float32
+    to.sum().backward()
+    kx, kg = k(x, True), kiln.tensor(grid.float().numpy()).to(kiln.bfloat16).requires_grad_(True)
+    with kiln.amp.autocast(kiln.bfloat16):
+        ko = F.grid_sample(kx, kg, align_corners=False)
+    assert ko.dtype == kiln.float32
+    ko.sum().backward()
+    close(ko, to)
+    close(kx.grad, tx.grad)
+    assert kg.grad.dtype == kiln.bfloat16
+    close(kg.grad.float(), tg.grad.float(), tol=2e-2)
+    with pytest.raises(ValueError, match="run under kiln.amp.autocast"):
+        F.grid_sample(k(x), kiln.tensor(grid.float().numpy()).to(kiln.bfloat16), align_corners=False)
+
+
 @pytest.mark.parametrize("align_corners", [False, True])
 def test_affine_grid_float64_is_built_in_float64(align_corners):
     theta = rnd(2, 2, 3).double()
@@ -557,10 +579,35 @@ def test_embedding_bag_uneven_bags_match_torch(mode):
           TF.embedding_bag(inp, w, off, mode="sum", per_sample_weights=psw))
 
 
+@pytest.mark.parametrize("padding_idx", [None, 0])
+def test_embedding_bag_max_ties_give_the_gradient_to_one_element_as_torch(padding_idx):
+    # rows 0, 1 and 3 tie in places: torch's gradient goes whole to the first tied element in bag
+    # order, not split; empty bags give 0 and no gradient
+    w = torch.tensor([[1., 2., 0.], [1., 2., 3.], [0., 5., 3.], [1., -1., 3.], [2., 2., 2.]], requires_grad=True)
+    inp = torch.tensor([2, 0, 1, 3, 1, 0, 3, 3, 4, 0, 1])
+    off = torch.tensor([0, 4, 4, 7, 9])  # bag 1 empty; bag 3 repeats row 3
+    kw = k(w, True)
+    to = TF.embedding_bag(inp, w, off, mode="max", padding_idx=padding_idx)
+    ko = F.embedding_bag(k(inp), kw, k(off), mode="max", padding_idx=padding_idx)
+    close(ko, to)
+    g = rnd(*to.shape, seed=2)
+    to.backward(g)
+    ko.backward(k(g))
+    np.testing.assert_allclose(np.asarray(kw.grad), w.grad.numpy(), rtol=1e-6, atol=1e-6)
+    w.grad, kw.grad = None, None
+    two_d = torch.tensor([[1, 0, 3], [3, 3, 1]])
+    to, ko = TF.embedding_bag(two_d, w, mode="max"), F.embedding_bag(k(two_d), kw, mode="max")
+    close(ko, to)
+    to.sum().backward()
+    ko.sum().backward()
+    np.testing.assert_allclose(np.asarray(kw.grad), w.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_embedding_bag_include_last_offset_must_end_at_the_input():
     w = rnd(10, 3)
     inp = torch.tensor([1, 2, 4, 5, 4, 3])
-    with pytest.raises(ValueError, match=r"include_last_offset=True the last offset must equal input's length \(6"):
+    with pytest.raises(ValueError, match=r"include_last_offset=True the last offset must equal input's length \(6"
+                                         r".*Kiln refuses this because torch's result there is ill-defined"):
         F.embedding_bag(k(inp), k(w), kiln.tensor([0, 2, 4]), include_last_offset=True)
     close(F.embedding_bag(k(inp), k(w), kiln.tensor([0, 2, 6]), include_last_offset=True),
           TF.embedding_bag(inp, w, torch.tensor([0, 2, 6]), include_last_offset=True))

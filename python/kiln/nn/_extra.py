@@ -77,7 +77,9 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     2-D [B, L] (B bags of L indices; offsets must be None) or 1-D with offsets (bag b starts at
     offsets[b]; include_last_offset: offsets has B + 1 entries, the last the end). per_sample_weights
     (input's shape) scales each row, mode "sum" only; entries equal to padding_idx are left out (of
-    the mean's count too); an empty bag gives zeros. max_norm renormalises the rows in place, as
+    the mean's count too); an empty bag gives zeros; mode "max" gives each (bag, dim)'s gradient to the
+    first element in bag order holding the max, as torch. With include_last_offset, Kiln refuses a last
+    offset other than input's length (torch's result there is ill-defined). max_norm renormalises the rows in place, as
     F.embedding. scale_grad_by_freq and sparse are refused."""
     for arg, v in (("scale_grad_by_freq", scale_grad_by_freq), ("sparse", sparse)):
         if v:
@@ -127,9 +129,12 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
             if len(off) == 0:
                 raise KilnValueError("embedding_bag: include_last_offset needs at least one offset")
             if off[-1] != len(idx):
+                # Kiln's refusal: torch's docs say the last offset should equal input's length, and
+                # torch's own results otherwise are ill-defined (sum, mean and max read different ranges)
                 raise KilnValueError(f"embedding_bag: with include_last_offset=True the last offset must equal "
                                      f"input's length ({len(idx)}, the end of the last bag), got offsets[-1]="
-                                     f"{off[-1]}")
+                                     f"{off[-1]}; Kiln refuses this because torch's result there is ill-defined "
+                                     f"(its modes read different ranges); pass offsets ending at {len(idx)}")
             starts, ends = off[:-1], off[1:]
         else:
             starts, ends = off, np.append(off[1:], len(idx)).astype(np.int64)
@@ -156,9 +161,25 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     bag = _tensor(bag_of, dtype=_C.dtype.int64, device=dev)
     zeros = _C.zeros(bags, dim, dtype=weight.dtype, device=dev)
     if mode == "max":
-        # a segment max (an empty bag keeps its zeros, as torch's)
-        return zeros.scatter_reduce(0, bag.unsqueeze(-1).expand([len(bag_of), dim]), emb, "amax",
-                                    include_self=False)
+        # a segment max (an empty bag keeps its zeros, as torch's). As torch, the gradient goes to one
+        # element per (bag, dim), the first in bag order that holds the max (scatter_reduce's amax would
+        # split it among ties): that position is found without gradient (float64 positions are exact),
+        # then emb is gathered there, differentiably.
+        used = len(bag_of)
+        if used == 0:
+            return zeros
+        bag2 = bag.unsqueeze(-1).expand([used, dim])
+        with no_grad():
+            e = emb.detach()
+            best = zeros.scatter_reduce(0, bag2, e, "amax", include_self=False).index_select(0, bag)
+            hit = (e == best) | (e.isnan() & best.isnan())
+            where = _tensor(np.arange(used, dtype=np.float64), device=dev).unsqueeze(-1).expand([used, dim])
+            where = where.masked_fill(hit.logical_not(), float(used))
+            start = _C.full([bags, dim], float(used), dtype=_C.dtype.float64, device=dev)
+            first = start.scatter_reduce(0, bag2, where, "amin", include_self=True)
+            empty = first >= used
+            first = first.clamp(0, used - 1).long()
+        return emb.gather(0, first).masked_fill(empty, 0.0)
     if per_sample_weights is not None:
         psw = per_sample_weights.reshape([-1]).index_select(0, _tensor(pos, dtype=_C.dtype.int64, device=dev))
         emb = emb * psw.to(weight.dtype).unsqueeze(-1)
@@ -411,7 +432,8 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
     """torch.nn.functional.grid_sample, 2-D: input [N, C, H, W] sampled at grid [N, Ho, Wo, 2] (x, y
     in [-1, 1]) to [N, C, Ho, Wo]; mode bilinear or nearest, padding_mode zeros, border or
     reflection; align_corners=None is False, as torch. Differentiable in input and (bilinear) grid,
-    with torch's gradients (nearest: the grid's is zero). input and grid must have the same dtype; a
+    with torch's gradients (nearest: the grid's is zero). input and grid must have the same dtype,
+    except under autocast, where (as torch) both are converted to float32 and the result is float32; a
     NaN grid point samples as torch's (zeros padding: NaN for bilinear, 0 for nearest; border and
     reflection: coordinate 0, as +-inf gives with reflection). Bicubic and 5-D (volumetric) inputs are refused."""
     align_corners = bool(align_corners)
@@ -433,9 +455,13 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
     if not input.is_floating_point() or not grid.is_floating_point():
         raise KilnValueError(f"grid_sample: input and grid must be floating point, got {input.dtype} and "
                              f"{grid.dtype}")
-    if input.dtype != grid.dtype:
+    if _C.autocast_dtype() is not None:
+        # as torch's autocast (grid_sampler is on its float32 list): both run in float32
+        input, grid = input.to(_C.dtype.float32), grid.to(_C.dtype.float32)
+    elif input.dtype != grid.dtype:
         raise KilnValueError(f"grid_sample: expected input and grid to have the same dtype, but input has "
-                             f"{input.dtype} and grid has {grid.dtype} (as torch, neither is converted)")
+                             f"{input.dtype} and grid has {grid.dtype}; as torch, neither is converted outside "
+                             f"autocast: convert one (e.g. grid.to(input.dtype)) or run under kiln.amp.autocast")
     n, c, h, w = input.shape
     _, ho, wo, _ = grid.shape
     ix = _source_index(grid[..., 0], w, padding_mode, align_corners).reshape([n, 1, ho * wo])
