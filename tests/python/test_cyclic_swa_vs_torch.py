@@ -302,19 +302,36 @@ def test_update_bn_on_a_cpp_model():
         np.testing.assert_array_equal(v, np.zeros_like(v) if n.endswith("mean") else np.ones_like(v))
 
 
-def test_update_bn_refuses_an_unknown_module_with_running_stats():
+def test_update_bn_leaves_other_python_modules_with_running_stats_alone_as_torch():
+    # torch's update_bn only touches _BatchNorm modules: an InstanceNorm2d tracking running statistics
+    # (and a module of one's own with such buffers) keeps what it has, the BatchNorm is recomputed
+    def build(nn):
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Conv2d(2, 3, 3), nn.InstanceNorm2d(3, track_running_stats=True), nn.BatchNorm2d(3))
+
+    tm, km = build(torch.nn), build(kiln.nn)
+    km.load_state_dict({k: kiln.tensor(v.numpy()) for k, v in tm.state_dict().items()})
+    rng = np.random.default_rng(5)
+    warm = rng.standard_normal((2, 2, 6, 6)).astype(np.float32) * 2 + 1
+    tm(torch.tensor(warm))  # training mode: the InstanceNorm's statistics move away from 0 / 1
+    km(kiln.tensor(warm))
+    same_state(km, tm, 1e-5)
+
     class Norm(kiln.nn.Module):
         def __init__(self):
             super().__init__()
-            self.register_buffer("running_mean", kiln.zeros(3))
-            self.register_buffer("running_var", kiln.ones(3))
+            self.register_buffer("running_mean", kiln.full([3], 2.0))
+            self.register_buffer("running_var", kiln.full([3], 3.0))
 
         def forward(self, x):
             return x
 
-    model = kiln.nn.Sequential(kiln.nn.Linear(3, 3), Norm())
-    with pytest.raises(NotImplementedError, match="module '1' \\(Norm\\) holds running_mean"):
-        kiln.optim.swa_utils.update_bn([kiln.zeros(2, 3)], model)
+    km.append(Norm())
+    data = [rng.standard_normal((4, 2, 6, 6)).astype(np.float32) for _ in range(3)]
+    kiln.optim.swa_utils.update_bn([kiln.tensor(d) for d in data], km)
+    torch.optim.swa_utils.update_bn([torch.tensor(d) for d in data], tm)
+    del km[3]
+    same_state(km, tm, 1e-5)
 
 
 @pytest.mark.parametrize("strategy", ["cos", "linear"])

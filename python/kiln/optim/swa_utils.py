@@ -157,8 +157,8 @@ class AveragedModel(Module):
 
 def _cpp_batchnorms(model, bns):
     """The modules other than kiln.nn BatchNorms that hold running_mean and running_var buffers: a
-    kiln.models model's C++ BatchNorms (CppModule), as (name, module). Any other module with such
-    buffers is a NotImplementedError naming it: update_bn would leave its statistics stale."""
+    kiln.models model's C++ BatchNorms (CppModule), as (name, module). A Python module with such
+    buffers that is not a kiln.nn BatchNorm is skipped, as torch's update_bn skips it."""
     found = []
     for name, module in model.named_modules():
         if module in bns:
@@ -167,9 +167,9 @@ def _cpp_batchnorms(model, bns):
         if bufs.get("running_mean") is None or bufs.get("running_var") is None:
             continue
         if not isinstance(module, CppModule):
-            raise NotImplementedError(f"update_bn: module '{name}' ({type(module).__name__}) holds running_mean "
-                                      "and running_var buffers but is not a kiln.nn BatchNorm, so update_bn cannot "
-                                      "recompute them; derive it from kiln.nn.BatchNorm1d/2d/3d")
+            # a Python module that is not a _BatchNorm (InstanceNorm with track_running_stats, a user's
+            # own): left alone, as torch's update_bn, which only touches _BatchNorm modules
+            continue
         found.append((name or "the model", module))
     return found
 
@@ -201,7 +201,11 @@ def update_bn(loader, model, device=None):
     statistics at one (the update leaves (1 - momentum) + momentum * statistics); at the end each holds
     the sum / (batches * momentum), the cumulative average torch's momentum=None gives, and
     num_batches_tracked the batch count. A C++ BatchNorm the forward does not run is left reset, as
-    torch's; one with momentum 0 (its statistics cannot be read back) is a NotImplementedError."""
+    torch's; one with momentum 0 (its statistics cannot be read back) is a NotImplementedError. Since
+    momentum is measured by running the first batch twice, the forward must be deterministic in which
+    C++ BatchNorms it runs and what it feeds them, and run each of them on every batch. Python modules
+    with running statistics that are not kiln.nn BatchNorms (InstanceNorm with track_running_stats) are
+    left alone, as torch's."""
     momenta = {}
     for module in model.modules():
         if isinstance(module, _BatchNorm) and module.track_running_stats:
