@@ -546,6 +546,13 @@ def test_sequence_utility_review_refusals():
             "pad_packed_sequence: total_length must be an int", TypeError)
     padded, lengths = pad_packed_sequence(p, total_length=np.int64(5))
     assert tuple(padded.shape) == (5, 3, 2) and lengths.tolist() == [3, 3, 1]
+    # a 0-d integer tensor, as torch accepts; a bool (tensor), a float tensor and a 1-d tensor are refused
+    padded, lengths = pad_packed_sequence(p, total_length=kiln.tensor(5))
+    tpadded, _ = trnn.pad_packed_sequence(tp, total_length=torch.tensor(5))
+    close(padded, tpadded, 0)
+    for bad in (True, kiln.tensor(True), kiln.tensor(5.0), kiln.tensor([5])):
+        with pytest.raises(TypeError, match="pad_packed_sequence: total_length must be an int or a 0-d integer"):
+            pad_packed_sequence(p, total_length=bad)
     # mixed dtypes: as torch, the result has sequences[0]'s dtype
     seqs = [rnd(2, 3), rnd(3, 3, dtype=torch.float64)]
     kp, tp = pad_sequence([k(s) for s in seqs]), trnn.pad_sequence(seqs)

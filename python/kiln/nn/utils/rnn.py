@@ -198,10 +198,17 @@ def pad_packed_sequence(sequence, batch_first=False, padding_value=0.0, total_le
     data, batch_sizes = sequence.data, [int(b) for b in sequence.batch_sizes.tolist()]
     steps, batch = len(batch_sizes), (batch_sizes[0] if batch_sizes else 0)
     if total_length is not None:
-        if isinstance(total_length, bool) or not isinstance(total_length, numbers.Integral):
-            raise TypeError(f"{fn}: total_length must be an int (or None), got {_a_type(total_length)} "
-                            f"{total_length!r}")
-        total_length = int(total_length)
+        # an int, a numpy integer or (as torch) a 0-d integer tensor; never a bool or a float
+        bad = isinstance(total_length, bool) or (
+            isinstance(total_length, Tensor) and (total_length.dtype == _C.dtype.bool or total_length.dim() != 0))
+        try:
+            value = None if bad else operator.index(total_length)
+        except TypeError:
+            value = None
+        if value is None:
+            raise TypeError(f"{fn}: total_length must be an int or a 0-d integer tensor (or None), got "
+                            f"{_a_type(total_length)} {total_length!r}")
+        total_length = value
         if total_length < steps:
             raise KilnValueError(f"{fn}: Expected total_length to be at least the length of the longest sequence in "
                                  f"input, but got total_length={total_length} and max sequence length being {steps}")
