@@ -521,6 +521,29 @@ def test_unbind_steps_gives_zeros_to_steps_without_gradient():
     assert np.asarray(x.grad).tolist() == [[0, 0]] * 3 + [[2, 2]] * 2 + [[0, 0]]
 
 
+def test_unbind_steps_gives_views_when_no_gradient_is_needed(monkeypatch):
+    # under no_grad, or for an input that needs no gradient, the steps are views of x (no copies, no
+    # autograd node); an LSTM's forward under no_grad still gives torch's output
+    from kiln.nn import rnn as rnn_module
+    for grad in (False, True):
+        x = kiln.randn(6, 2).requires_grad_(grad)
+        with kiln.no_grad():
+            parts = rnn_module._unbind_steps(x, [3, 2, 1])
+            x.fill_(7.0)  # a view sees the write
+        assert [np.asarray(p).tolist() for p in parts] == [[[7, 7]] * 3, [[7, 7]] * 2, [[7, 7]]]
+    calls = []
+    apply = rnn_module._Unbind.apply
+    monkeypatch.setattr(rnn_module._Unbind, "apply", lambda *a: calls.append(1) or apply(*a))
+    km, tm = pair("LSTM", IN, H, 2)
+    x = rnd(5, N, IN, seed=4)
+    with kiln.no_grad():
+        ko = km(k(x))[0]
+    close(ko, tm(x)[0], 1e-5)
+    assert calls == []
+    km(k(x, True))[0].sum().backward()  # with a gradient: the one node per layer
+    assert len(calls) == 2
+
+
 def test_packed_sequence_cuda_names_the_device():
     p = PackedSequence(kiln.randn(3, 2), kiln.tensor([2, 1]))
     if kiln.cuda_is_available():

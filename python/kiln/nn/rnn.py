@@ -72,11 +72,19 @@ class _Unbind(Function):
 
 
 def _unbind_steps(x, sizes):
-    """x [sum(sizes), *] as a list of its steps' blocks (copies), one autograd node for all of them."""
+    """x [sum(sizes), *] as a list of its steps' blocks: copies from one autograd node for all of them
+    when x needs a gradient and grad mode is on, else views of x."""
     if not sizes:
         return []
     if len(sizes) == 1:
         return [x]
+    if not (x.requires_grad and _C.is_grad_enabled()):
+        # no gradient will flow back (no_grad, or nothing needs one): plain views, no copies
+        out, at = [], 0
+        for b in sizes:
+            out.append(x[at:at + b])
+            at += b
+        return out
     return list(_Unbind.apply(x, tuple(sizes)))
 
 
