@@ -12,20 +12,16 @@ import numpy as np
 
 from . import _C
 from ._C import Tensor, Device
-from ._tensor import _check_inplace_result, _clamp_named, _inplace
+from ._tensor import _clamp_named, _inplace
 
 __all__ = ["clip", "clamp_min", "clamp_max", "logaddexp", "addmm", "cdist", "get_rng_state", "set_rng_state",
            "device", "cuda"]
 
 
 def _inplace_unary(name, compute):
-    """torch's in-place form of an op: _tensor._inplace's, with a result of another kind than self's dtype
-    (exp_ of an integer tensor gives floats) refused as torch refuses it, not truncated."""
-    def checked(self, *args, **kwargs):
-        out = compute(self, *args, **kwargs)
-        _check_inplace_result(self, out, name, name[:-1])
-        return out
-    return _inplace(name, checked)
+    """torch's in-place form of an op: _tensor._inplace's, which refuses a result of another kind than
+    self's dtype (exp_ of an integer tensor gives floats) as torch refuses it, not truncated."""
+    return _inplace(name, compute)
 
 
 def clamp_min(input, min):

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _C
 from ._C import Tensor
-from ._tensor import _EXPORTS as _T, _check_inplace_result, _inplace
+from ._tensor import _EXPORTS as _T, _inplace
 from ._extras import _dropped, logaddexp
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow", "trace", "diag_embed",
@@ -203,14 +203,24 @@ def hypot(input, other):
         if not t.dtype.is_floating_point:
             raise _C.KilnValueError(f"hypot: {name} must be a floating-point tensor, got {t.dtype.name} (as torch)")
     x, y = (input, other) if input.dtype == other.dtype else _pair_operands("hypot", input, other, "input", "other")
-    # m * sqrt(1 + (n / m)^2) with m the larger magnitude: no overflow or underflow of the squares (float16
-    # hypot(300, 400) is 500, float32 hypot(3e-30, 4e-30) is 5e-30); the gradient at (0, 0) is 0, as torch's
+    dtype = x.dtype
+    inf = _C.logical_or(_C.isinf(x), _C.isinf(y))
+    # inf inputs become 1 before the formula (the result there is inf anyway): with inf inside it the finite
+    # operand's gradient was NaN (inf * 0); now it is 0, as torch's (finite / inf)
+    x = _C.where(_C.isinf(x), _C.ones_like(x), x)
+    y = _C.where(_C.isinf(y), _C.ones_like(y), y)
+    if dtype != _C.dtype.float64:
+        # float16, bfloat16, float32: computed in float64 and rounded once to dtype (each step in dtype
+        # rounded again: float16 relative errors to 1.1e-3, twice torch's); their squares cannot overflow
+        # or underflow in float64
+        x, y = x.to(_C.dtype.float64), y.to(_C.dtype.float64)
+    # m * sqrt(1 + (n / m)^2) with m the larger magnitude: no overflow or underflow of the squares (float64
+    # hypot(1e200, 1e200), hypot(3e-300, 4e-300)); the gradient at (0, 0) is 0 (torch's is NaN)
     ax, ay = _C.abs(x), _C.abs(y)
     x_larger = ax >= ay  # ties take m from x and n from y, so each gets half of the gradient
     m, n = _C.where(x_larger, ax, ay), _C.where(x_larger, ay, ax)
     r = n / _C.where(m == 0, _C.ones_like(m), m)
-    out = m * _C.sqrt(1 + r * r)
-    inf = _C.logical_or(_C.isinf(x), _C.isinf(y))
+    out = (m * _C.sqrt(1 + r * r)).to(dtype)
     return _C.where(inf, _C.full_like(out, math.inf), out)
 
 
@@ -526,8 +536,9 @@ def histc(input, bins=100, min=0, max=0):
     if lo > hi:
         raise _C.KilnValueError(f"histc: max must be larger than min, got min={min}, max={max}")
     keep = x[(x >= lo) & (x <= hi)]
-    # multiplied before dividing, as torch's: a value on an interior bin edge (0.3 of 10 bins over [0, 1])
-    # falls in the bin it starts, where dividing first can round it into the one below
+    # multiplied before dividing, as torch's: a value at an interior bin edge of a range whose width is not 1
+    # falls in torch's bin, where dividing first rounded it into another (30 bins over [-1, 2]: float64
+    # 0.3 * 3 - 1 = -0.10000000000000009 is bin 8, was 9; float32 0.7 * 3 - 1 = 1.0999999 is bin 20, was 21)
     pos = ((keep - lo) * x.dtype.type(bins) / (hi - lo)).astype(np.int64)
     pos[pos == bins] = bins - 1
     counts = np.bincount(pos, minlength=bins).astype(x.dtype)
@@ -926,7 +937,22 @@ def _matrix_product(a, b):
     inner dimension, in their dtype (wrapping around as torch's)."""
     if a.dtype.is_floating_point:
         return _C.matmul(a, b)
-    return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum([-2], False).to(a.dtype)
+    # over blocks of the inner dimension: the broadcast product of the whole of it is n x k x m per matrix
+    # (1000 x 1000 int64: 8 GB); a block's is at most about _PRODUCT_BLOCK_ELEMENTS elements
+    k = a.shape[-1]
+    rows_cols = builtins.max(1, a.numel() // builtins.max(1, k)) * b.shape[-1]
+    block = builtins.max(1, builtins.min(k, _PRODUCT_BLOCK_ELEMENTS // builtins.max(1, rows_cols)))
+    out = None
+    for start in range(0, k, block):
+        size = builtins.min(block, k - start)
+        part = (a.narrow(-1, start, size).unsqueeze(-1) * b.narrow(-2, start, size).unsqueeze(-3)).sum([-2], False)
+        out = part if out is None else out + part
+    if out is None:  # k == 0: zeros, as the empty sum
+        return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum([-2], False).to(a.dtype)
+    return out.to(a.dtype)
+
+
+_PRODUCT_BLOCK_ELEMENTS = 1 << 24
 
 
 def matrix_power(A, n):
@@ -979,20 +1005,6 @@ def _method(fn):
     return method
 
 
-def _into_self(name, fn):
-    """fn's result, checked to be writable into self in place as torch's: not a float result into an integer
-    tensor (xlogy_ on int64; copy_ would truncate it), and of self's shape (other does not broadcast self
-    to a larger one)."""
-    def compute(self, *args, **kwargs):
-        out = fn(self, *args, **kwargs)
-        _check_inplace_result(self, out, name, name[:-1])
-        if list(out.shape) != list(self.shape):
-            raise _C.KilnValueError(f"{name}: output with shape {list(self.shape)} doesn't match the broadcast "
-                                    f"shape {list(out.shape)} (self cannot grow in place)")
-        return out
-    return compute
-
-
 def _install():
     for fn in (histc, diff, kron, unique, unique_consecutive, quantile, nanquantile, logcumsumexp, trace,
                diag_embed, rot90, hypot, xlogy, aminmax, take_along_dim, true_divide):
@@ -1000,8 +1012,8 @@ def _install():
     Tensor.new_tensor = _new_tensor
     Tensor.index_reduce = _index_reduce
     Tensor.index_reduce_ = _inplace("index_reduce_", _index_reduce)
-    Tensor.xlogy_ = _inplace("xlogy_", _into_self("xlogy_", xlogy))
-    Tensor.hypot_ = _inplace("hypot_", _into_self("hypot_", hypot))
+    Tensor.xlogy_ = _inplace("xlogy_", xlogy)
+    Tensor.hypot_ = _inplace("hypot_", hypot)
 
 
 _install()

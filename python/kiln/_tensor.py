@@ -906,13 +906,19 @@ def _randint(*args, low=None, high=None, size=None, dtype=None, device=None, req
 
 def _inplace(name, compute):
     """A torch in-place method: `compute(self, ...)` written into self through copy_ (refused, naming
-    the method, where autograd would miss the write)."""
+    the method, where autograd would miss the write; where torch refuses it: a float result into an integer
+    tensor, which copy_ would truncate, or a result of another shape, operands broadcasting self larger)."""
     def method(self, *args, **kwargs):
         _C._check_inplace(self, name)
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, Tensor):
                 _C._check_inplace(self, name, a)
-        return self.copy_(compute(self, *args, **kwargs))
+        out = compute(self, *args, **kwargs)
+        _check_inplace_result(self, out, name, name[:-1])
+        if list(out.shape) != list(self.shape):
+            raise _C.KilnValueError(f"{name}: output with shape {list(self.shape)} doesn't match the broadcast "
+                                    f"shape {list(out.shape)} (self cannot grow in place)")
+        return self.copy_(out)
     method.__name__ = name
     return method
 

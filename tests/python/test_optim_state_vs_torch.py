@@ -470,3 +470,43 @@ def test_state_dict_of_many_parameters_reads_the_engine_state_once(name):
     for j, p in enumerate(kps):
         assert sd["state"][j].keys() == state[p].keys()
         assert all(np.array_equal(numpy_of(sd["state"][j][k]), numpy_of(v)) for k, v in state[p].items())
+
+
+def test_adam_group_capturable_in_the_constructor_and_checked_when_set():
+    # torch takes {"params": ..., "capturable": True} as a group's own; Kiln's constructor refused it
+    # ("unknown key"), and param_groups[0]["capturable"] = "maybe" was stored unchecked
+    rng = np.random.default_rng(13)
+    values = grads(rng)
+    for lib in (torch, kiln):
+        ps = [lib.tensor(v.copy(), requires_grad=True) for v in values]
+        for name in ("Adam", "AdamW"):
+            opt = getattr(lib.optim, name)([{"params": ps[:2], "capturable": True}, {"params": ps[2:]}], lr=0.05)
+            assert [g["capturable"] for g in opt.state_dict()["param_groups"]] == [True, False], (lib, name)
+    kps, ko = make(kiln, "Adam", dict(lr=0.05), values)
+    ko.param_groups[1]["capturable"] = True
+    assert [g["capturable"] for g in ko.state_dict()["param_groups"]] == [False, True]
+    for bad in ("maybe", 1, None):
+        with pytest.raises(TypeError, match="capturable must be True or False"):
+            ko.param_groups[0]["capturable"] = bad
+        with pytest.raises(TypeError, match="capturable must be True or False"):
+            kiln.optim.Adam([{"params": kps[:1], "capturable": bad}], lr=0.05)
+    assert ko.param_groups[0]["capturable"] is False or "capturable" not in ko.param_groups[0]
+    run(kiln, kps, ko, [grads(rng)])  # and it steps
+
+
+@pytest.mark.parametrize("bad", ["3", True, [3], b"3"])
+def test_kiln_steps_must_be_a_number(bad):
+    # float() took "3" and True: a string or a bool is no step count
+    rng = np.random.default_rng(14)
+    values = grads(rng)
+    kps, ko = make(kiln, "SGD", dict(lr=0.05, momentum=0.9), values)
+    run(kiln, kps, ko, [grads(rng)])
+    sd = ko.state_dict()
+    groups = [dict(sd["param_groups"][0], kiln_steps=bad), sd["param_groups"][1]]
+    with pytest.raises(kiln.KilnValueError, match=r"param_groups\[0\]\['kiln_steps'\] must be a number"):
+        ko.load_state_dict({"state": sd["state"], "param_groups": groups})
+    assert ko.steps == 1
+    for good, want in ((3, 3), (4.0, 4), (np.int64(5), 5), (kiln.tensor(6.0), 6), (torch.tensor(7), 7)):
+        ko.load_state_dict({"state": sd["state"], "param_groups": [dict(sd["param_groups"][0], kiln_steps=good),
+                                                                  sd["param_groups"][1]]})
+        assert ko.steps == want

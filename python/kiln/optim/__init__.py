@@ -10,6 +10,7 @@ torch optimizer's state resumes in Kiln and Kiln's in torch; Kiln's older layout
 "groups"}) still loads.
 """
 import collections.abc
+import numbers
 import math
 
 import numpy as np
@@ -43,12 +44,16 @@ _STEPS_KEY = "kiln_steps"
 
 # Group keys that Python handles, not the engine: maximize (the gradients negated for the step, as
 # torch's), foreach and fused (how torch runs its update; Kiln's is always one fused engine step), and
-# Adam's decoupled_weight_decay (Adam._py_keys).
+# Adam's decoupled_weight_decay and capturable (Adam._py_keys).
 _PY_KEYS = ("maximize", "foreach", "fused")
 
 
 def _py_key(key, value):
     if key in ("maximize", "decoupled_weight_decay"):
+        return bool(value)
+    if key == "capturable":  # Adam's: accepted (a group's own too, as torch's) and not used
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"optimizer: capturable must be True or False, got {value!r:.100}")
         return bool(value)
     if value is not None and not isinstance(value, bool):
         raise TypeError(f"optimizer: {key} must be None, True or False, got {value!r}")
@@ -619,13 +624,9 @@ class Optimizer:
             try:
                 return _py_key(key, value)
             except TypeError:
-                raise TypeError(f"{name}.load_state_dict: {where}['{key}'] must be None, True or False, got "
+                allowed = "True or False" if key == "capturable" else "None, True or False"
+                raise TypeError(f"{name}.load_state_dict: {where}['{key}'] must be {allowed}, got "
                                 f"{value!r:.100}") from None
-        if key == "capturable" and key in self._TORCH_KEYS:  # accepted and not used, as the constructor's
-            if not isinstance(value, (bool, np.bool_)):
-                raise TypeError(f"{name}.load_state_dict: {where}['capturable'] must be True or False, got "
-                                f"{value!r:.100}")
-            return bool(value)
         return value
 
     def _load_kiln_layout(self, state, label="groups"):
@@ -664,11 +665,19 @@ class Optimizer:
 
 
 def _whole(value, what):
-    """value (a number, or a 0-dim tensor: torch's 'step') as a float of a whole number >= 0; what names it."""
-    try:
-        n = float(value.item() if hasattr(value, "item") else value)
-    except (TypeError, ValueError):
-        raise _C.KilnValueError(f"{what} must be a number, got {value!r:.100}") from None
+    """value (a real number, or a 0-dim tensor: torch's 'step') as a float of a whole number >= 0; what names
+    it. A bool or a string is refused (float() took "3" and True)."""
+    n = value
+    if hasattr(value, "item") and not isinstance(value, numbers.Number):  # a tensor or a NumPy array
+        shape = tuple(getattr(value, "shape", ()))
+        if shape != ():
+            raise _C.KilnValueError(f"{what} must be a number or a 0-dim tensor, got a tensor of shape "
+                                    f"{list(shape)}")
+        n = value.item()
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Real):
+        raise _C.KilnValueError(f"{what} must be a number (an int or a float) or a 0-dim tensor, got "
+                                f"{type(value).__name__} {value!r:.100}")
+    n = float(n)
     if not (math.isfinite(n) and n >= 0 and n == int(n)):
         raise _C.KilnValueError(f"{what} is {n}, not a whole number >= 0")
     return n
@@ -785,7 +794,8 @@ class Adam(_AdamFamily):
     weight_decay must be 0 (it is refused otherwise). The flag is a group key: state_dict() saves it in
     "param_groups" and load_state_dict restores it, so an AdamW's state loaded into an Adam stays decoupled."""
 
-    _py_keys = _PY_KEYS + ("decoupled_weight_decay",)
+    # capturable: accepted, a group's own too (as torch's), checked (True or False) and not used
+    _py_keys = _PY_KEYS + ("decoupled_weight_decay", "capturable")
     _TORCH_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable",
                    "differentiable", "fused", "decoupled_weight_decay")
     _TORCH_FIXED = {"amsgrad": False, "differentiable": False}
@@ -813,8 +823,10 @@ class Adam(_AdamFamily):
         super().__init__(params, lr, betas, eps, 0.0, maximize, foreach, fused)
         self.defaults["weight_decay"] = wd
         self.defaults["decoupled_weight_decay"] = self._decoupled_default
+        self.defaults["capturable"] = self._capturable
         for g in self.param_groups:
             dict.setdefault(g, "decoupled_weight_decay", self._decoupled_default)
+            dict.setdefault(g, "capturable", self._capturable)  # each group's, as torch's
         self._sync()
 
     def _decoupled(self, index):
@@ -842,6 +854,7 @@ class Adam(_AdamFamily):
 
     def _after_add(self, group):
         self._decay.append(float(group.get("weight_decay", self.defaults["weight_decay"])))
+        dict.setdefault(self.param_groups[-1], "capturable", self._capturable)
         self._sync()
 
     def _sync(self):
