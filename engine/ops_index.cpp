@@ -157,7 +157,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& indices) {
     KILN_CHECK(i == d || idx.size(i) <= x.size(i), "gather: indices ", idx.shape(), " must be no larger than input ",
                x.shape(), " outside dim ", d, " (dim ", i, ")");
   // Indices shorter than x outside dim (torch allows it) read x's leading part there.
-  if (narrow_to(x, idx, d).shape() != x.shape()) return gather(narrow_to(x, idx, d), d, idx);
+  if (const Tensor part = narrow_to(x, idx, d); part.shape() != x.shape()) return gather(part, d, idx);
   const Tensor xc = x.detach().contiguous();
   int64_t outer, n, inner;
   split_dims(xc.shape(), d, outer, n, inner);
@@ -195,14 +195,14 @@ Tensor scatter_raw(const char* name, ScatterOp op, bool include_self, const Tens
   const Tensor sc = src.detach().to(ct).contiguous();
   // Indices shorter than x outside dim write into x's leading part there: scattered in a dense copy of
   // that part, copied back.
-  const Tensor part = narrow_to(out, idx, d);
+  Tensor part = narrow_to(out, idx, d);  // a view of out
   const bool whole = part.shape() == out.shape();
   Tensor dst = whole ? out : part.contiguous();
   int64_t outer, n, inner;
   split_dims(dst.shape(), d, outer, n, inner);
   detail::backend(dst.device())
       .scatter(op, include_self, ct, outer, n, inner, dst.raw_data(), idx.size(d), idx.data<int64_t>(), sc.raw_data());
-  if (!whole) narrow_to(out, idx, d).copy_(dst);
+  if (!whole) part.copy_(dst);
   return t != ct ? out.to(t) : out;
 }
 
@@ -927,8 +927,7 @@ void check_interp(const Tensor& x, size_t n, InterpMode mode, bool align_corners
 
 Tensor resize(const Tensor& x, const std::vector<int64_t>& size, InterpMode mode, bool align_corners,
               const std::vector<double>& ratio) {
-  for (const int64_t s : size) KILN_CHECK(s >= 1, "interpolate: output size must be >= 1, got ", s);
-  Tensor y = x;
+  Tensor y = x;  // (interpolate and interpolate_scale checked each size >= 1)
   for (size_t i = 0; i < size.size(); ++i) y = resize_dim(y, int64_t(i) + 2, size[i], mode, align_corners, ratio[i]);
   // Nothing resampled (every dim kept its size): a new tensor, as PyTorch's, not x's storage (an in-place
   // op on the result would change x, and be refused on a leaf that requires grad); clone is recorded
