@@ -18,12 +18,6 @@ __all__ = ["clip", "clamp_min", "clamp_max", "logaddexp", "addmm", "cdist", "get
            "device", "cuda"]
 
 
-def _inplace_unary(name, compute):
-    """torch's in-place form of an op: _tensor._inplace's, which refuses a result of another kind than
-    self's dtype (exp_ of an integer tensor gives floats) as torch refuses it, not truncated."""
-    return _inplace(name, compute)
-
-
 def clamp_min(input, min):
     """torch.clamp_min: clamp(input, min=min)."""
     return _C.clamp(input, min, None)
@@ -272,15 +266,15 @@ def _clamp_inplace(name, side):
 
 def _install():
     for name in _UNARY:
-        setattr(Tensor, name + "_", _inplace_unary(name + "_", getattr(_C, name)))
-    Tensor.pow_ = _inplace_unary("pow_", _C.pow)
+        setattr(Tensor, name + "_", _inplace(name + "_", getattr(_C, name)))
+    Tensor.pow_ = _inplace("pow_", _C.pow)
     Tensor.clamp_min = lambda self, min: clamp_min(self, min)
     Tensor.clamp_max = lambda self, max: clamp_max(self, max)
     Tensor.clamp_min_ = _clamp_inplace("clamp_min_", "min")
     Tensor.clamp_max_ = _clamp_inplace("clamp_max_", "max")
     Tensor.logaddexp = lambda self, other: logaddexp(self, other)
     Tensor.addmm = lambda self, mat1, mat2, *, beta=1, alpha=1: addmm(self, mat1, mat2, beta=beta, alpha=alpha)
-    Tensor.fill_diagonal_ = _inplace_unary("fill_diagonal_", _fill_diagonal_values)
+    Tensor.fill_diagonal_ = _inplace("fill_diagonal_", _fill_diagonal_values)
 
 
 _install()

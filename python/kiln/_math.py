@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _C
 from ._C import Tensor
-from ._tensor import _EXPORTS as _T, _inplace
+from ._tensor import _EXPORTS as _T, _as_method, _inplace, _numpy
 from ._extras import _dropped, logaddexp
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow", "trace", "diag_embed",
@@ -437,12 +437,9 @@ def logcumsumexp(input, dim):
 
 
 def _host(t):
-    """t's values as a NumPy array on the host; bfloat16 (which NumPy lacks) as float32, which holds each of
-    its values exactly."""
-    t = t.detach()
-    if t.dtype == _C.dtype.bfloat16:
-        t = t.float()
-    return np.asarray(t.cpu().numpy())
+    """t's values as a NumPy array on the host (Tensor.numpy(force=True): bfloat16, which NumPy lacks, as
+    float32, which holds each of its values exactly)."""
+    return _numpy(t, force=True)
 
 
 def isin(elements, test_elements, *, assume_unique=False, invert=False):
@@ -525,7 +522,7 @@ def histc(input, bins=100, min=0, max=0):
         raise _C.KilnValueError(f"histc: expected a floating-point tensor, got {input.dtype.name} (as torch)")
     if bins <= 0:
         raise _C.KilnValueError(f"histc: bins must be > 0, but got {bins}")
-    x = _host(input.float() if input.dtype in (_C.dtype.float16, _C.dtype.bfloat16) else input)
+    x = _host(input.float() if input.dtype == _C.dtype.float16 else input)
     lo, hi = x.dtype.type(min), x.dtype.type(max)
     if lo == hi and x.size:
         lo, hi = x.min(), x.max()
@@ -545,12 +542,13 @@ def histc(input, bins=100, min=0, max=0):
     return _C.from_numpy(counts).to(input.dtype).to(input.device)
 
 
-def _unique_result(vals, inverse, counts, return_inverse, return_counts, device):
-    out = [_C.from_numpy(np.array(vals)).to(device)]
+def _unique_result(vals, inverse, counts, return_inverse, return_counts, input):
+    # the values in input's dtype (a bfloat16 input's came back from the host as float32) and device
+    out = [_C.from_numpy(np.array(vals)).to(input.device).to(input.dtype)]
     if return_inverse:
-        out.append(_C.from_numpy(np.array(inverse.astype(np.int64))).to(device))
+        out.append(_C.from_numpy(np.array(inverse.astype(np.int64))).to(input.device))
     if return_counts:
-        out.append(_C.from_numpy(np.array(counts.astype(np.int64))).to(device))
+        out.append(_C.from_numpy(np.array(counts.astype(np.int64))).to(input.device))
     return out[0] if len(out) == 1 else tuple(out)
 
 
@@ -567,8 +565,7 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
     sorts too, which torch allows), with return_inverse (each element's index in the result, input's shape)
     and return_counts; every NaN is distinct, as torch's."""
     _tensor_arg("unique", "input", input)
-    conv = input.dtype == _C.dtype.bfloat16
-    x = _host(input.float() if conv else input)
+    x = _host(input)
     if dim is None:
         flat = x.reshape(-1)
         vals, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True, equal_nan=False)
@@ -581,18 +578,14 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
         else:
             vals, inverse, counts = np.unique(x, return_inverse=True, return_counts=True, axis=d)
             inverse = inverse.reshape(-1)
-    out = _unique_result(vals, inverse, counts, return_inverse, return_counts, input.device)
-    if conv:
-        out = out.to(input.dtype) if isinstance(out, Tensor) else (out[0].to(input.dtype),) + out[1:]
-    return out
+    return _unique_result(vals, inverse, counts, return_inverse, return_counts, input)
 
 
 def unique_consecutive(input, return_inverse=False, return_counts=False, dim=None):
     """torch.unique_consecutive: each run of equal consecutive elements (dim=None, flattened) or slices along
     dim kept once, with return_inverse and return_counts."""
     _tensor_arg("unique_consecutive", "input", input)
-    conv = input.dtype == _C.dtype.bfloat16
-    x = _host(input.float() if conv else input)
+    x = _host(input)
     if dim is None:
         flat = x.reshape(-1)
         start = np.ones(flat.shape[0], bool)
@@ -608,10 +601,7 @@ def unique_consecutive(input, return_inverse=False, return_counts=False, dim=Non
         vals, shape = np.compress(start, x, axis=d), (x.shape[d],)
     inverse = (np.cumsum(start) - 1).reshape(shape)
     counts = np.diff(np.append(np.flatnonzero(start), start.shape[0]))
-    out = _unique_result(vals, inverse, counts, return_inverse, return_counts, input.device)
-    if conv:
-        out = out.to(input.dtype) if isinstance(out, Tensor) else (out[0].to(input.dtype),) + out[1:]
-    return out
+    return _unique_result(vals, inverse, counts, return_inverse, return_counts, input)
 
 
 _INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
@@ -997,18 +987,10 @@ linalg.cross, linalg.vecdot, linalg.matrix_power, linalg.diagonal = cross, vecdo
 sys.modules[linalg.__name__] = linalg
 
 
-def _method(fn):
-    def method(self, *args, **kwargs):
-        return fn(self, *args, **kwargs)
-    method.__name__ = fn.__name__
-    method.__doc__ = fn.__doc__
-    return method
-
-
 def _install():
     for fn in (histc, diff, kron, unique, unique_consecutive, quantile, nanquantile, logcumsumexp, trace,
                diag_embed, rot90, hypot, xlogy, aminmax, take_along_dim, true_divide):
-        setattr(Tensor, fn.__name__, _method(fn))
+        setattr(Tensor, fn.__name__, _as_method(fn))
     Tensor.new_tensor = _new_tensor
     Tensor.index_reduce = _index_reduce
     Tensor.index_reduce_ = _inplace("index_reduce_", _index_reduce)

@@ -104,6 +104,11 @@ def _suggested_format(x):
     return channels_last
 
 
+def _wants_channels_last(x, fmt):
+    """Whether a copy of x in fmt is channels_last: asked for, or preserve_format with x's strides suggesting it."""
+    return fmt is channels_last or (fmt is preserve_format and _suggested_format(x) is channels_last)
+
+
 def _to(self, *args, memory_format=preserve_format, **kwargs):
     # None is preserve_format, as torch's (and Module.to's)
     fmt = _memory_format(preserve_format if memory_format is None else memory_format, "to()")
@@ -111,7 +116,7 @@ def _to(self, *args, memory_format=preserve_format, **kwargs):
     out = _c_to(self, *args, **kwargs)
     if kwargs.get("copy") and out.dtype == self.dtype and out.device == self.device:
         # copy=True: a new tensor even where nothing is converted, as torch's (writes into it leave self)
-        if fmt is channels_last or (fmt is preserve_format and _suggested_format(self) is channels_last):
+        if _wants_channels_last(self, fmt):
             return _copy_channels_last(self)
         return _c_clone(self)  # a contiguous copy
     if out.dtype == self.dtype and out.device == self.device:
@@ -139,7 +144,7 @@ def clone(input, *, memory_format=preserve_format):
     channels_last tensor channels_last, contiguous_format or channels_last gives that layout."""
     fmt = _memory_format(memory_format, "clone()")
     _needs_4d(input, fmt, "clone")
-    if fmt is channels_last or (fmt is preserve_format and _suggested_format(input) is channels_last):
+    if _wants_channels_last(input, fmt):
         return _copy_channels_last(input)
     return _c_clone(input)
 
@@ -151,7 +156,7 @@ def _like(c_fn):
     def fn(input, *args, memory_format=preserve_format, requires_grad=False, **kwargs):
         fmt = _memory_format(memory_format, f"{c_fn.__name__}()")
         _needs_4d(input, fmt, c_fn.__name__)
-        if not (fmt is channels_last or (fmt is preserve_format and _suggested_format(input) is channels_last)):
+        if not _wants_channels_last(input, fmt):
             return c_fn(input, *args, requires_grad=requires_grad, **kwargs)
         out = c_fn(input.detach().permute(0, 2, 3, 1), *args, **kwargs).permute(0, 3, 1, 2).detach()
         return out.requires_grad_(True) if requires_grad else out

@@ -1,24 +1,20 @@
 """torch.nn.utils' older weight_norm / remove_weight_norm and spectral_norm / remove_spectral_norm:
 forward pre-hooks that recompute module.NAME from NAME_g and NAME_v (weight norm) or from NAME_orig
 with the buffers NAME_u and NAME_v (spectral norm), with torch's state_dict keys."""
-from .. import _C
 from .._C import KilnError, KilnValueError
 from .._tensor import no_grad
 from . import functional as F
 from .modules import Parameter
-from .parametrizations import _norm_except_dim
+from .parametrizations import (_default_spectral_dim, _norm_except_dim, _sigma, _start_vector, _weight_from,
+                              _weight_matrix, _weight_norm_dim)
 
 
 class _WeightNormHook:
     def __init__(self, name, dim):
         self.name, self.dim = name, -1 if dim is None else dim
 
-    def _dim(self, v):
-        return self.dim if self.dim == -1 or self.dim >= 0 else self.dim + v.dim()
-
     def compute_weight(self, module):
-        g, v = getattr(module, self.name + "_g"), getattr(module, self.name + "_v")
-        return v * (g / _norm_except_dim(v, self._dim(v)))
+        return _weight_from(getattr(module, self.name + "_g"), getattr(module, self.name + "_v"), self.dim)
 
     def __call__(self, module, inputs):
         object.__setattr__(module, self.name, self.compute_weight(module))
@@ -31,15 +27,10 @@ class _SpectralNormHook:
                                  f"n_power_iterations={n_power_iterations}")
         self.name, self.n_power_iterations, self.dim, self.eps = name, n_power_iterations, dim, eps
 
-    def reshape_weight_to_matrix(self, weight):
-        if self.dim != 0:
-            weight = weight.permute([self.dim] + [d for d in range(weight.dim()) if d != self.dim])
-        return weight.flatten(1)
-
     def compute_weight(self, module, do_power_iteration):
         weight = getattr(module, self.name + "_orig")
         u, v = getattr(module, self.name + "_u"), getattr(module, self.name + "_v")
-        mat = self.reshape_weight_to_matrix(weight)
+        mat = _weight_matrix(weight, self.dim)
         if do_power_iteration:
             with no_grad():
                 m = mat.detach()
@@ -47,8 +38,7 @@ class _SpectralNormHook:
                     v.copy_(F.normalize(m.t().matmul(u), dim=0, eps=self.eps))
                     u.copy_(F.normalize(m.matmul(v), dim=0, eps=self.eps))
                 u, v = u.clone(), v.clone()
-        sigma = (u * mat.matmul(v)).sum()
-        return weight / sigma
+        return weight / _sigma(u, mat, v)
 
     def __call__(self, module, inputs):
         object.__setattr__(module, self.name, self.compute_weight(module, module.training))
@@ -77,7 +67,7 @@ def weight_norm(module, name="weight", dim=0):
     fn = _WeightNormHook(name, dim)
     weight = module._parameters[name]
     with no_grad():
-        g = _norm_except_dim(weight.detach(), fn._dim(weight))
+        g = _norm_except_dim(weight.detach(), _weight_norm_dim(fn.dim, weight))
     del module._parameters[name]
     module.register_parameter(name + "_g", Parameter(g.clone()))
     module.register_parameter(name + "_v", Parameter(weight.detach().clone()))
@@ -107,15 +97,12 @@ def spectral_norm(module, name="weight", n_power_iterations=1, eps=1e-12, dim=No
     of power iteration in training mode. dim defaults to 1 for transposed convolutions, else 0."""
     _check_plain_parameter("spectral_norm", module, name)
     if dim is None:
-        from .layers import ConvTranspose1d, ConvTranspose2d
-        dim = 1 if isinstance(module, (ConvTranspose1d, ConvTranspose2d)) else 0
+        dim = _default_spectral_dim(module)
     fn = _SpectralNormHook(name, n_power_iterations, dim, eps)
     weight = module._parameters[name]
     with no_grad():
-        mat = fn.reshape_weight_to_matrix(weight.detach())
-        h, w = mat.shape
-        u = F.normalize(_C.randn(h).to(weight.dtype).to(weight.device), dim=0, eps=eps)
-        v = F.normalize(_C.randn(w).to(weight.dtype).to(weight.device), dim=0, eps=eps)
+        h, w = _weight_matrix(weight.detach(), dim).shape
+        u, v = _start_vector(h, weight, eps), _start_vector(w, weight, eps)
     del module._parameters[name]
     module.register_parameter(name + "_orig", weight)
     object.__setattr__(module, name, weight.detach())

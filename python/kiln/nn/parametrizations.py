@@ -20,21 +20,48 @@ def _norm_except_dim(v, dim):
     return (v * v).sum(dims, keepdim=True).sqrt()
 
 
+def _weight_norm_dim(dim, v):
+    """weight_norm's dim for v (-1: the whole tensor; a negative one counted from v's end)."""
+    return dim if dim == -1 or dim >= 0 else dim + v.dim()
+
+
+def _weight_from(g, v, dim):
+    """g * v / ||v||, the norm over every dimension of v but dim."""
+    return v * (g / _norm_except_dim(v, _weight_norm_dim(dim, v)))
+
+
+def _weight_matrix(weight, dim):
+    """spectral_norm's view of weight as a matrix: dim first, the rest flattened."""
+    if dim != 0:
+        weight = weight.permute([dim] + [d for d in range(weight.dim()) if d != dim])
+    return weight.flatten(1)
+
+
+def _start_vector(n, like, eps):
+    """A power iteration's random unit start vector of n elements, in like's dtype and device."""
+    return F.normalize(_C.randn(n).to(like.dtype).to(like.device), dim=0, eps=eps)
+
+
+def _sigma(u, mat, v):
+    return (u * mat.matmul(v)).sum()
+
+
+def _default_spectral_dim(module):
+    """spectral_norm's default dim: 1 for transposed convolutions (their weight is [in, out, ...]), else 0."""
+    from .layers import ConvTranspose1d, ConvTranspose2d
+    return 1 if isinstance(module, (ConvTranspose1d, ConvTranspose2d)) else 0
+
+
 class _WeightNorm(Module):
     def __init__(self, dim=0):
         super().__init__()
         self.dim = -1 if dim is None else dim
 
     def forward(self, weight_g, weight_v):
-        return weight_v * (weight_g / _norm_except_dim(weight_v, self._dim(weight_v)))
-
-    def _dim(self, v):
-        if self.dim == -1 or self.dim >= 0:
-            return self.dim
-        return self.dim + v.dim()
+        return _weight_from(weight_g, weight_v, self.dim)
 
     def right_inverse(self, weight):
-        return _norm_except_dim(weight, self._dim(weight)), weight
+        return _norm_except_dim(weight, _weight_norm_dim(self.dim, weight)), weight
 
 
 def weight_norm(module, name="weight", dim=0):
@@ -62,18 +89,11 @@ class _SpectralNorm(Module):
         if ndim > 1:
             self.n_power_iterations = n_power_iterations
             with no_grad():
-                mat = self._reshape_weight_to_matrix(weight)
+                mat = _weight_matrix(weight, self.dim)
                 h, w = mat.shape
-                self.register_buffer("_u", F.normalize(_C.randn(h).to(weight.dtype).to(weight.device), dim=0,
-                                                       eps=eps))
-                self.register_buffer("_v", F.normalize(_C.randn(w).to(weight.dtype).to(weight.device), dim=0,
-                                                       eps=eps))
+                self.register_buffer("_u", _start_vector(h, weight, eps))
+                self.register_buffer("_v", _start_vector(w, weight, eps))
             self._power_method(mat, 15)
-
-    def _reshape_weight_to_matrix(self, weight):
-        if self.dim != 0:
-            weight = weight.permute([self.dim] + [d for d in range(weight.dim()) if d != self.dim])
-        return weight.flatten(1)
 
     def _power_method(self, mat, n):
         with no_grad():
@@ -85,12 +105,10 @@ class _SpectralNorm(Module):
     def forward(self, weight):
         if weight.dim() == 1:
             return F.normalize(weight, dim=0, eps=self.eps)
-        mat = self._reshape_weight_to_matrix(weight)
+        mat = _weight_matrix(weight, self.dim)
         if self.training:
             self._power_method(mat, self.n_power_iterations)
-        u, v = self._u.clone(), self._v.clone()
-        sigma = (u * mat.matmul(v)).sum()
-        return weight / sigma
+        return weight / _sigma(self._u.clone(), mat, self._v.clone())
 
     def right_inverse(self, value):
         return value
@@ -105,7 +123,6 @@ def spectral_norm(module, name="weight", n_power_iterations=1, eps=1e-12, dim=No
         raise KilnValueError(f"spectral_norm: module {type(module).__name__} has no parameter or buffer with name "
                              f"'{name}'")
     if dim is None:
-        from .layers import ConvTranspose1d, ConvTranspose2d
-        dim = 1 if isinstance(module, (ConvTranspose1d, ConvTranspose2d)) else 0
+        dim = _default_spectral_dim(module)
     register_parametrization(module, name, _SpectralNorm(weight, n_power_iterations, dim, eps))
     return module

@@ -165,9 +165,7 @@ def remove_parametrizations(module, tensor_name, leave_parametrized=True):
                                  "a tensor that is parametrized in terms of a sequence of tensors")
         with no_grad():
             t = getattr(module, tensor_name)
-        like = ps.original0
-        original = Parameter(t.detach().clone(), like.requires_grad) if isinstance(like, Parameter) \
-            else t.detach().clone()
+        original = _as_original(t, ps.original0)
     delattr(module.__class__, tensor_name)
     del module.parametrizations[tensor_name]
     if isinstance(original, Parameter):

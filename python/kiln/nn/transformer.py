@@ -2,15 +2,13 @@
 TransformerDecoder and Transformer, built on kiln.nn.MultiheadAttention with torch's parameter names,
 shapes, initialisation and defaults, so a torch state_dict loads into them."""
 import copy
-import math
 import types
 
 from .. import _C
 from .._C import KilnValueError
-from .._tensor import no_grad
-from . import functional as F
+from . import functional as F, init
 from .layers import MultiheadAttention
-from .modules import Module, Linear, LayerNorm, Dropout, ModuleList, _place, _uniform
+from .modules import Module, Linear, LayerNorm, Dropout, ModuleList, _place
 
 
 def _activation_fn(cls, activation):
@@ -234,12 +232,9 @@ class Transformer(Module):
         _place(self, device, dtype)
 
     def _reset_parameters(self):
-        with no_grad():
-            for p in self.parameters():
-                if p.dim() > 1:  # torch's xavier_uniform_ and its _calculate_fan_in_and_fan_out
-                    receptive = math.prod(p.shape[2:])
-                    fan_in, fan_out = p.shape[1] * receptive, p.shape[0] * receptive
-                    p.copy_(_uniform(tuple(p.shape), math.sqrt(6.0 / (fan_in + fan_out))).to(p.dtype))
+        for p in self.parameters():
+            if p.dim() > 1:  # as torch's
+                init.xavier_uniform_(p)
 
     @staticmethod
     def generate_square_subsequent_mask(sz, device=None, dtype=None):

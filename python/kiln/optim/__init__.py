@@ -157,6 +157,12 @@ def _by_param(tensors):
     return out
 
 
+def _step_tensor(scalars, g, i):
+    """Group g's parameter i's step count (the optimizer's where it has none of its own) as torch keeps it:
+    a 0-dim float32 tensor."""
+    return _C.from_numpy(np.array(scalars.get(f"{g}.{i}.step", scalars["steps"]), dtype=np.float32))
+
+
 class _State(collections.abc.Mapping):
     """Optimizer.state: each parameter's state tensors by torch's names (exp_avg, exp_avg_sq and step
     for the Adam family, momentum_buffer for SGD with momentum), for the parameters that have state.
@@ -168,16 +174,14 @@ class _State(collections.abc.Mapping):
         tensors, scalars = opt._engine.state()
         self._kept = opt._kept
         self._items = []
-        counts = opt._engine.name != "sgd"
         by_param = _by_param(tensors)
         for g, group in enumerate(opt.param_groups):
             for i, p in enumerate(group["params"]):
                 entry = by_param.get((g, i))
                 if not entry:
                     continue
-                if counts:
-                    step = scalars.get(f"{g}.{i}.step", scalars["steps"])
-                    entry["step"] = _C.from_numpy(np.array(step, dtype=np.float32))
+                if opt._counts_steps:
+                    entry["step"] = _step_tensor(scalars, g, i)
                 self._items.append((p, entry))
 
     @staticmethod
@@ -463,21 +467,20 @@ class Optimizer:
         by_param = _by_param(tensors)
         state, groups, index = {}, [], 0
         for g, group in enumerate(self.param_groups):
-            numbers = []
+            indices = []
             for i in range(len(group["params"])):
                 entry = by_param.get((g, i))
                 if entry:
                     if self._counts_steps:
-                        step = scalars.get(f"{g}.{i}.step", scalars["steps"])
-                        entry = {"step": _C.from_numpy(np.array(step, dtype=np.float32)), **entry}
+                        entry = {"step": _step_tensor(scalars, g, i), **entry}
                     state[index] = entry
-                numbers.append(index)
+                indices.append(index)
                 index += 1
             out = {k: self._torch_value(group, k) for k in self._TORCH_KEYS}
             out.update((k, v) for k, v in group.items() if k not in out and k != "params")
             if g == 0:  # the optimizer's own count (opt.steps), which torch's layout has no place for
                 out[_STEPS_KEY] = int(scalars["steps"])
-            out["params"] = numbers
+            out["params"] = indices
             groups.append(out)
         return {"state": state, "param_groups": groups}
 

@@ -521,14 +521,19 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         self._last_lr = _lrs(self.optimizer)
 
 
+def _set_momentum(group, use_beta1, m):
+    """A group's momentum, or beta1 for an Adam-like optimizer (use_beta1), as torch's cycling schedulers."""
+    if use_beta1:
+        group["betas"] = (m, *group["betas"][1:])
+    else:
+        group["momentum"] = m
+
+
 def _start_momenta(optimizer, use_beta1, max_ms, base_ms):
     """A momentum-cycling scheduler's start (OneCycleLR, CyclicLR): each group's momentum (or beta1) at its
     max, and the two bounds noted in the group, as torch's."""
     for m, b, group in zip(max_ms, base_ms, optimizer.param_groups):
-        if use_beta1:
-            group["betas"] = (m, *group["betas"][1:])
-        else:
-            group["momentum"] = m
+        _set_momentum(group, use_beta1, m)
         group["max_momentum"] = m
         group["base_momentum"] = b
 
@@ -622,10 +627,7 @@ class OneCycleLR(LRScheduler):
                 start_step = phase["end_step"]
             lrs.append(lr)
             if self.cycle_momentum:
-                if self.use_beta1:
-                    group["betas"] = (momentum, *group["betas"][1:])
-                else:
-                    group["momentum"] = momentum
+                _set_momentum(group, self.use_beta1, momentum)
         return lrs
 
 
@@ -724,10 +726,7 @@ class CyclicLR(LRScheduler):
             momenta = [max_m - (max_m - base_m) * scale_factor * self.scale_fn(at)
                        for base_m, max_m in zip(self.base_momentums, self.max_momentums, strict=True)]
             for group, m in zip(self.optimizer.param_groups, momenta, strict=True):
-                if self.use_beta1:
-                    group["betas"] = (m, *group["betas"][1:])
-                else:
-                    group["momentum"] = m
+                _set_momentum(group, self.use_beta1, m)
         return lrs
 
     def state_dict(self):

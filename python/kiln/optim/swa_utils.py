@@ -128,7 +128,8 @@ class AveragedModel(Module):
                 raise ValueError(f"AveragedModel.update_parameters: tensor {i} has shape {list(c.shape)} in the model "
                                  f"and {list(a.shape)} in the averaged copy")
         with no_grad():
-            if self.n_averaged.item() == 0:
+            n = self.n_averaged.item()  # one host read per update
+            if n == 0:
                 for a, c in zip(averaged, current):
                     a.copy_(c)
             elif self.avg_fn is not None:
@@ -147,7 +148,7 @@ class AveragedModel(Module):
                 # SWA's equal average, per tensor as torch's CPU path (an integer buffer: the mean truncated)
                 swa = get_swa_avg_fn()
                 for a, c in zip(averaged, current):
-                    a.copy_(swa(a, c, self.n_averaged.to(a.device)))
+                    a.copy_(swa(a, c, n))
             if not self.use_buffers:
                 # buffers are not averaged: they follow the model's
                 for b_avg, b_model in zip(self.module.buffers(), model.buffers()):
