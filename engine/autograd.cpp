@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -140,11 +141,47 @@ void Tensor::retain_grad() {
   m.grad_fn->retained.emplace_back(output_nr(), impl_ptr());
 }
 
+// Where a saved tensor's gradient goes in a backward that is differentiated again (see SavedTensor).
+struct SavedTensor::History {
+  std::shared_ptr<TensorImpl> leaf;  // a leaf that requires grad: the tensor itself
+  // An earlier op's output: its node and output. Held weakly once the op that saved it records it as
+  // an input (that op's edges keep the node alive; a strong hold here would make a long chain free
+  // itself by recursion), strongly otherwise (an intermediate the op computed and saved).
+  std::shared_ptr<Node> fn;
+  std::weak_ptr<Node> input_fn;
+  uint32_t output_nr = 0;
+  std::weak_ptr<TensorImpl> origin;  // neither yet: perhaps an output of the op about to record
+  int64_t own_output = -1;           // set by record(): which of that op's outputs it is
+};
+
+namespace {
+// Saved tensors made since the last record() on this thread: the next one recognises its own outputs
+// and inputs among them.
+thread_local std::vector<std::weak_ptr<SavedTensor::History>> t_unclaimed;
+// The node whose backward runs on this thread now: the owner of a saved output.
+thread_local Node* t_applying = nullptr;
+}  // namespace
+
 SavedTensor::SavedTensor(const Tensor& t) {
   if (!t.defined()) return;
   data_ = t.detach();
   version_ = t.version();
   data_.impl_ptr()->saved_alias.mark(data_.impl().storage);  // a new impl (detach): counted while it lives
+  if (!is_floating(t.dtype())) return;
+  history_ = std::make_shared<History>();
+  if (t.requires_grad() && !t.grad_fn()) {
+    history_->leaf = t.impl_ptr();
+    return;
+  }
+  if (t.requires_grad()) {
+    history_->fn = t.grad_fn();
+    history_->output_nr = t.output_nr();
+  } else {
+    history_->origin = t.impl_ptr();
+  }
+  if (t_unclaimed.size() >= 64)  // saved tensors that no record() claimed (an op that did not record)
+    std::erase_if(t_unclaimed, [](const auto& w) { return w.expired(); });
+  t_unclaimed.push_back(history_);
 }
 
 size_t autograd::saved_aliases(const Tensor& x) {
@@ -156,14 +193,33 @@ Tensor SavedTensor::unpack(const char* op) const {
   KILN_CHECK(data_.version() == version_, op, ": a tensor ", data_.type_str(),
              " saved for its backward was modified in place afterwards (version ", data_.version(), ", saved at ",
              version_, "); clone() it before modifying, or modify a copy");
-  return data_;
+  // Grad mode is off in an ordinary backward, on in one with create_graph.
+  if (!history_ || !GradMode::enabled()) return data_;
+  if (history_->leaf) return Tensor(history_->leaf);
+  std::shared_ptr<Node> fn = history_->fn ? history_->fn : history_->input_fn.lock();
+  uint32_t nr = history_->output_nr;
+  if (!fn && history_->own_output >= 0 && t_applying) {
+    fn = t_applying->shared_from_this();
+    nr = uint32_t(history_->own_output);
+  }
+  if (!fn) return data_;  // a constant
+  Tensor t = data_.detach();
+  auto m = std::make_unique<AutogradMeta>();
+  m->requires_grad = true;
+  m->grad_fn = std::move(fn);
+  m->output_nr = nr;
+  t.impl().autograd = std::move(m);
+  return t;
 }
 
 namespace {
 
+Edge gradient_edge(const Tensor& t);
+
 class FunctionNode final : public Node {
  public:
-  FunctionNode(const char* name, BackwardFn fn) : name_(name), fn_(std::move(fn)) {}
+  FunctionNode(const char* name, BackwardFn fn, bool once_differentiable)
+      : name_(name), fn_(std::move(fn)), once_(once_differentiable) {}
   std::string name() const override { return name_; }
   void release() override {
     fn_ = nullptr;
@@ -183,7 +239,18 @@ class FunctionNode final : public Node {
     std::vector<bool> needs(next_edges.size());
     for (size_t i = 0; i < needs.size(); ++i) needs[i] = next_edges[i].fn != nullptr;
     GradCtx ctx{&grads, &needs, name_, &reached};
-    std::vector<Tensor> res = fn_(ctx);
+    std::vector<Tensor> res;
+    {
+      struct Applying {  // whose saved outputs unpack() resolves to (a backward may run a nested one)
+        Node* prev = t_applying;
+        explicit Applying(Node* n) { t_applying = n; }
+        ~Applying() { t_applying = prev; }
+      } applying(this);
+      // A once-differentiable backward runs unrecorded (its kernels' buffers are written in place).
+      std::optional<NoGradGuard> unrecorded;
+      if (once_) unrecorded.emplace();
+      res = fn_(ctx);
+    }
     KILN_CHECK(res.size() == next_edges.size(), name_, " backward returned ", res.size(), " gradient(s) for its ",
                next_edges.size(), " input(s): return one per input, in order (an undefined Tensor where none)");
     for (size_t i = 0; i < res.size(); ++i) {
@@ -208,16 +275,53 @@ class FunctionNode final : public Node {
       }
       if (res[i].dtype() != m.dtype) res[i] = res[i].to(m.dtype);
     }
+    if (once_ && GradMode::enabled()) refuse_second_derivative(res, grads);
     return res;
   }
 
   std::vector<TensorMeta> in_meta, out_meta;
 
  private:
+  // A backward with create_graph through an op whose backward is not made of recorded ops: each
+  // gradient gets a node of its own that fails when a second backward reaches it (the gradient
+  // depends on the op's inputs and on the incoming gradients, which its edges name).
+  void refuse_second_derivative(std::vector<Tensor>& res, const std::vector<Tensor>& grads);
+
   const char* name_;
   BackwardFn fn_;
+  bool once_ = false;
   bool released_ = false;
 };
+
+class NotDifferentiable final : public Node {
+ public:
+  explicit NotDifferentiable(const char* op) : op_(op) {}
+  std::string name() const override { return std::string(op_) + " (its backward, not differentiable)"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&&) override {
+    KILN_FAIL("backward through the gradient of ", op_, ": a backward with create_graph ran through ", op_,
+              ", whose backward is not differentiable in Kiln, and a second derivative came back to it (second "
+              "derivatives of ", op_, " are not implemented; the first derivative is right)");
+  }
+
+ private:
+  const char* op_;
+};
+
+void FunctionNode::refuse_second_derivative(std::vector<Tensor>& res, const std::vector<Tensor>& grads) {
+  for (Tensor& r : res) {
+    if (!r.defined() || !is_floating(r.dtype())) continue;
+    auto node = std::make_shared<NotDifferentiable>(name_);
+    node->next_edges = next_edges;
+    for (const Tensor& g : grads)
+      if (g.defined() && g.requires_grad()) node->next_edges.push_back(gradient_edge(g));
+    Tensor alias = r.detach();
+    auto m = std::make_unique<AutogradMeta>();
+    m->requires_grad = true;
+    m->grad_fn = std::move(node);
+    alias.impl().autograd = std::move(m);
+    r = alias;
+  }
+}
 
 class AccumulateGrad final : public Node {
  public:
@@ -247,6 +351,11 @@ class AccumulateGrad final : public Node {
 
  private:
   static void accumulate(const Tensor& leaf, AutogradMeta& m, const Tensor& g) {
+    if (GradMode::enabled()) {  // create_graph: .grad keeps the gradient's history, summed out of place
+      const Tensor own = g.dtype() == leaf.dtype() ? g : g.to(leaf.dtype());
+      m.grad = (m.grad ? add(Tensor(m.grad), own) : own).impl_ptr();
+      return;
+    }
     if (!m.grad) {
       // Keep the incoming buffer when nobody else can see it; otherwise own a copy. Either way dense
       // in the leaf's layout (a channels_last leaf gets a channels_last gradient).
@@ -295,11 +404,18 @@ struct Capture {
 
 // The engine. With `captures`, gradients reaching those (node, output) pairs are returned instead
 // of accumulated, and leaves' .grad are left alone.
+// With create_graph the backward's ops are recorded (grad mode on) and the graph is kept.
 std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads_in,
-                                 bool retain_graph, const std::vector<Capture>* captures, size_t ncapture) {
+                                 bool retain_graph, const std::vector<Capture>* captures, size_t ncapture,
+                                 bool create_graph) {
   KILN_CHECK(roots.size() == grads_in.size() || grads_in.empty(), "backward: ", roots.size(), " outputs but ",
              grads_in.size(), " gradients");
-  NoGradGuard no_grad;
+  struct Mode {
+    bool prev = GradMode::enabled();
+    explicit Mode(bool on) { GradMode::set_enabled(on); }
+    ~Mode() { GradMode::set_enabled(prev); }
+  } mode(create_graph);
+  retain_graph = retain_graph || create_graph;
   // Backward ops take the dtypes the forward chose; an autocast region around backward() changes nothing.
   amp::AutocastGuard no_autocast(DType::f16, /*enabled=*/false);
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
@@ -411,14 +527,31 @@ std::atomic<RecordObserver> g_record_observer{nullptr};
 void set_record_observer(RecordObserver observer) { g_record_observer.store(observer); }
 
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn,
-            bool inputs_modified) {
+            RecordOptions opts) {
+  // The saved tensors made since the last record() that are this op's outputs belong to its node.
+  std::vector<std::weak_ptr<SavedTensor::History>> unclaimed;
+  unclaimed.swap(t_unclaimed);
   if (!needs_grad(inputs)) return;
+  for (const auto& w : unclaimed) {
+    const auto h = w.lock();
+    if (!h) continue;
+    if (const auto origin = h->origin.lock())
+      for (size_t i = 0; i < outputs.size(); ++i)
+        if (outputs[i].defined() && outputs[i].impl_ptr() == origin) h->own_output = int64_t(i);
+    if (h->fn)
+      for (const Tensor& in : inputs)
+        if (in.defined() && in.grad_fn() == h->fn) {
+          h->input_fn = h->fn;  // (a weak_ptr copies even from an rvalue shared_ptr)
+          h->fn.reset();
+          break;
+        }
+  }
   if (const RecordObserver obs = g_record_observer.load(std::memory_order_relaxed)) obs(name);
   for (size_t i = 0; i < outputs.size(); ++i) {
     KILN_CHECK(outputs[i].defined(), name, ": output ", i, " given to autograd::record is an undefined tensor");
     for (size_t j = 0; j < inputs.size(); ++j) {
       if (!inputs[j].defined() || &outputs[i].impl() != &inputs[j].impl()) continue;
-      KILN_CHECK(inputs_modified, name, ": output ", i, " is input ", j,
+      KILN_CHECK(opts.inputs_modified, name, ": output ", i, " is input ", j,
                  " itself; an op returns a new tensor (a view, x.detach() or a copy) so the input "
                  "keeps its own place in the graph");
       KILN_CHECK(!(inputs[j].requires_grad() && inputs[j].is_leaf()), name, ": input ", j, " ", inputs[j].type_str(),
@@ -426,7 +559,7 @@ void record(const char* name, const std::vector<Tensor>& inputs, const std::vect
                  "copy, or do it under no_grad outside the op)");
     }
   }
-  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn), opts.once_differentiable);
   for (const Tensor& in : inputs) {
     node->next_edges.push_back(gradient_edge(in));
     if (in.defined()) {
@@ -447,12 +580,14 @@ void record(const char* name, const std::vector<Tensor>& inputs, const std::vect
   }
 }
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
-  run_backward(roots, grads, retain_graph, nullptr, 0);
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph,
+              bool create_graph) {
+  run_backward(roots, grads, retain_graph, nullptr, 0, create_graph);
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                         const std::vector<Tensor>& grad_outputs, bool retain_graph, bool materialize) {
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph, bool materialize,
+                         bool create_graph) {
   std::vector<Capture> caps;
   std::vector<std::shared_ptr<Node>> keep;  // accumulators created here must live through the pass
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -462,7 +597,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     keep.push_back(e.fn);
     caps.push_back({e.fn.get(), e.input_nr, i});
   }
-  std::vector<Tensor> res = run_backward(outputs, grad_outputs, retain_graph, &caps, inputs.size());
+  std::vector<Tensor> res = run_backward(outputs, grad_outputs, retain_graph, &caps, inputs.size(), create_graph);
   if (materialize)
     for (size_t i = 0; i < res.size(); ++i)
       if (!res[i].defined()) res[i] = zeros_like(inputs[i]);
@@ -547,7 +682,8 @@ std::vector<Tensor> checkpoint(const RecomputeFn& fn, const std::vector<Tensor>&
            for (size_t i = 0; i < n; ++i)
              if (wanted[i] && ctx.needs_grad(i)) res[i] = xs[i].grad();
            return res;
-         });
+         },
+         {.once_differentiable = true});  // its backward runs a backward of its own
   return outs;
 }
 

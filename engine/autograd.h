@@ -37,7 +37,7 @@ struct TensorMeta {
   Device device;
 };
 
-class Node {
+class Node : public std::enable_shared_from_this<Node> {
  public:
   Node();
   // Frees the nodes behind it one at a time, not by recursion: a chain of 200000 ops overflowed the
@@ -81,29 +81,46 @@ struct GradCtx {
 using BackwardFn = std::function<std::vector<Tensor>(const GradCtx&)>;
 
 // A tensor kept for backward; unpack() fails with a clear error if it was modified in place since.
+// In an ordinary backward unpack() gives the tensor without its history. In one that builds a graph
+// of its own (create_graph), it gives the tensor with its history, so the backward's ops record how
+// the gradient depends on it: a leaf's accumulator, an earlier op's node, or, for an output of the
+// op that saved it (recognised when that op records), the op's own node.
 class SavedTensor {
  public:
   SavedTensor() = default;
   explicit SavedTensor(const Tensor& t);
   Tensor unpack(const char* op) const;
   bool defined() const { return data_.defined(); }
+  struct History;
 
  private:
   Tensor data_;
   uint64_t version_ = 0;
+  std::shared_ptr<History> history_;  // null: not a floating tensor
 };
 
 namespace autograd {
 
 // True when grad mode is on and some input requires a gradient.
 bool needs_grad(const std::vector<Tensor>& inputs);
+
+struct RecordOptions {
+  // An output may be an input itself, one the op modified in place (torch's mark_dirty): its history
+  // becomes this node (its old one is this node's input edge). Such an input must not be a leaf that
+  // requires grad.
+  bool inputs_modified = false;
+  // The backward is not made of differentiable ops (it calls kernels directly, or runs a backward of
+  // its own): in a backward with create_graph its gradients get a node that refuses to be
+  // differentiated, so a second derivative through this op is an error naming it, never a silently
+  // missing term. Without it, the backward's own ops are recorded in such a pass, as torch's custom
+  // functions' (so a backward must use engine ops on what GradCtx and SavedTensor give it).
+  bool once_differentiable = false;
+};
 // Records `fn` as the backward of `outputs` w.r.t. `inputs`. Gradients it returns are summed down
 // to each input's shape (undoing broadcasting) and cast to its dtype. A no-op when !needs_grad.
-// An output is a new tensor, unless inputs_modified: then an output may be an input itself, one the
-// op modified in place (torch's mark_dirty), and its history becomes this node (its old one is this
-// node's input edge). Such an input must not be a leaf that requires grad.
+// An output is a new tensor, unless opts.inputs_modified.
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn,
-            bool inputs_modified = false);
+            RecordOptions opts = {});
 // Called with the op's name each time record() records a backward; null removes it. Process-wide,
 // for tests and tools (the op table checks that every recorded op has a row).
 using RecordObserver = void (*)(const char* name);
@@ -112,13 +129,20 @@ void set_record_observer(RecordObserver observer);
 // aliases that the version counter guards, not views with a history of their own. For the refusal of
 // ctx.mark_dirty on an input whose memory another tensor shares.
 size_t saved_aliases(const Tensor& x);
-// Runs backward from several roots at once.
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false);
+// Runs backward from several roots at once. With create_graph the backward runs with grad mode on
+// and its ops are recorded: leaves' .grad then have a history (differentiate them again with
+// backward or grad), summed out of place; the graph is kept (create_graph implies retain_graph: the
+// second pass goes back through this graph's nodes). As with torch, a .grad with a history keeps the graph, and with it the leaf,
+// alive until .grad is reset (zero_grad with set_to_none), so prefer grad() for higher derivatives.
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false,
+              bool create_graph = false);
 // Gradients of `outputs` w.r.t. `inputs` without touching .grad of leaves. An input no gradient
-// reaches gets zeros, or an undefined tensor with materialize = false (torch's allow_unused).
+// reaches gets zeros, or an undefined tensor with materialize = false (torch's allow_unused). With
+// create_graph, the gradients have a history (Hessian-vector products, gradient penalties) and the
+// graph is kept.
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
-                         bool materialize = true);
+                         bool materialize = true, bool create_graph = false);
 
 // Activation recomputation. Runs fn(inputs) keeping none of its intermediate tensors for backward:
 // only the inputs, the default generator's state and the autocast state. Backward runs fn again

@@ -683,9 +683,31 @@ Tensor hardswish(const Tensor& x) {
 }
 
 namespace {
+// An activation's backward in one kernel; in a backward with create_graph (grad mode on there) the
+// same formula from recorded ops, so that it can be differentiated again.
 Tensor fused_backward(BinaryOp op, const Tensor& g, const Tensor& saved) {
-  return run_binary("backward", op, g, saved, promote_types(g.dtype(), saved.dtype()),
-                    promote_types(g.dtype(), saved.dtype()));
+  const DType t = promote_types(g.dtype(), saved.dtype());
+  if (!autograd::needs_grad({g, saved})) return run_binary("backward", op, g, saved, t, t);
+  const Tensor a = g.to(t), b = saved.to(t);
+  switch (op) {
+    case BinaryOp::relu_backward:  // b <= 0 ? 0 : a (a NaN b passes a)
+      return where(le(b, scalar_like(0, b)), zeros_like(a), a);
+    case BinaryOp::sigmoid_backward:
+      return a * b * (1.0 - b);
+    case BinaryOp::tanh_backward:
+      return a * (1.0 - b * b);
+    case BinaryOp::gelu_erf_backward: {  // Phi(x) + x phi(x)
+      const double inv_sqrt2 = 0.70710678118654752440, inv_sqrt_2pi = 0.39894228040143267794;
+      return a * ((erf(b * inv_sqrt2) + 1.0) * 0.5 + b * exp(b * b * -0.5) * inv_sqrt_2pi);
+    }
+    case BinaryOp::gelu_tanh_backward: {  // d/dx 0.5 x (1 + tanh(k (x + 0.044715 x^3)))
+      const double k = 0.79788456080286535588;
+      const Tensor th = tanh((b + b * b * b * 0.044715) * k);
+      return a * ((th + 1.0) * 0.5 + b * (1.0 - th * th) * ((b * b * (3 * 0.044715) + 1.0) * (0.5 * k)));
+    }
+    default:
+      KILN_FAIL("backward: no recorded form of fused backward op ", int(op));
+  }
 }
 }  // namespace
 

@@ -132,7 +132,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices) {
       detail::backend(g.device()).index_add(ct, outer, n, inner, gx.raw_data(), idx.numel(), idx.data<int64_t>(),
                                             g.raw_data());
       return {gx};
-    });
+    }, {.once_differentiable = true});
   }
   return out;
 }
@@ -326,7 +326,7 @@ Tensor scatter_reduce(const Tensor& x, int64_t dim, const Tensor& indices, const
       }
     }
     return {c.needs_grad(0) ? gx : Tensor(), c.needs_grad(1) ? gs : Tensor()};
-  });
+  }, {.once_differentiable = true});  // prod's products of the others come from the kernel
   return out;
 }
 
@@ -525,7 +525,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
       detail::backend(g.device()).index_add(ct, 1, v, dm, gw.raw_data(), flat.numel(), flat.data<int64_t>(),
                                             g.raw_data());
       return {gw};
-    });
+    }, {.once_differentiable = true});
   }
   return out;
 }
@@ -693,6 +693,11 @@ Tensor diagonal(const Tensor& x, int64_t offset, int64_t dim1, int64_t dim2) {
     autograd::record("diagonal", {x}, {out}, [=](const GradCtx& c) -> std::vector<Tensor> {
       Tensor gx = zeros(in_shape, TensorOptions(dt, c.g().device()));
       diagonal(gx, offset, d1, d2).copy_(c.g().detach());
+      // In a backward with create_graph: recorded, its own gradient the same diagonal.
+      if (autograd::needs_grad({c.g()}))
+        autograd::record("diagonal_backward", {c.g()}, {gx}, [=](const GradCtx& cc) -> std::vector<Tensor> {
+          return {diagonal(cc.g(), offset, d1, d2)};
+        });
       return {gx};
     });
   }

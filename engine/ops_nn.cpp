@@ -98,7 +98,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
       if (gw.defined()) gw = gw.contiguous();
       if (gx.defined()) gx = gx.contiguous(out_fmt);
       return {gx, gw, gb};
-    });
+    }, {.once_differentiable = true});
   }
   return y;
 }
@@ -188,7 +188,7 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& weight_in, const Tenso
       }
       Tensor gb = c.needs_grad(2) ? sum(g, {0, 2, 3}) : Tensor();
       return {gx, gw, gb};
-    });
+    }, {.once_differentiable = true});
   }
   return y;
 }
@@ -257,7 +257,7 @@ Tensor avg_pool_impl(const char* name, const Tensor& x, const Pool2dParams& p) {
       Tensor gx = kout(in_shape, ct, dev);
       detail::backend(dev).avg_pool2d_backward(ct, p, g.raw_data(), gx.raw_data());
       return {gx.contiguous(fmt)};
-    });
+    }, {.once_differentiable = true});
   }
   return y;
 }
@@ -283,7 +283,7 @@ ValuesIndices max_pool2d_with_indices(const Tensor& x, Pair kernel, Pair stride,
       Tensor gx = kout(in_shape, ct, dev);
       detail::backend(dev).max_pool2d_backward(ct, p, g.raw_data(), idx.data<int64_t>(), gx.raw_data());
       return {gx.contiguous(fmt)};
-    });
+    }, {.once_differentiable = true});
   }
   return {y, idx};
 }
@@ -401,7 +401,8 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& running_me
                        if (gx.defined()) gx = gx.contiguous(out_fmt);
                        if (gr.defined()) gr = gr.contiguous(out_fmt);
                        return {gx, gg, gb, gr};
-                     });
+                     },
+                     {.once_differentiable = true});
   }
   return y;
 }
@@ -475,7 +476,8 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
                            gx.defined() ? gx.raw_data() : nullptr, gg.defined() ? gg.raw_data() : nullptr,
                            gb.defined() ? gb.raw_data() : nullptr);
                        return {gx, gg, gb};
-                     });
+                     },
+                     {.once_differentiable = true});
   }
   return y;
 }
@@ -507,7 +509,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
       Tensor gx = kout(ys.shape(), ct, dev);
       detail::backend(dev).softmax_backward(ct, log, outer, n, inner, ys.raw_data(), g.raw_data(), gx.raw_data());
       return {gx};
-    });
+    }, {.once_differentiable = true});
   }
   return y;
 }
@@ -577,7 +579,7 @@ Tensor masked_softmax(const Tensor& input, const Tensor& mask_in, double scale, 
       if (c.needs->size() == 1) return {gz};
       if (!mask_grad) return {gz, Tensor()};
       return {c.needs_grad(0) ? gz * scale : Tensor(), gz};
-    });
+    }, {.once_differentiable = true});
   }
   return y;
 }
@@ -723,7 +725,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
         g = g.to(glogits.dtype()) * inv.to(glogits.dtype());  // in the compute dtype: 1/count unrounded to 16 bits
       }
       return {glogits * g.to(glogits.dtype())};
-    });
+    }, {.once_differentiable = true});
   }
   return out;
 }

@@ -110,7 +110,7 @@ Tensor cumprod(const Tensor& x, int64_t dim) {
       detail::backend(dev).cumprod_backward(ct, geo.outer, geo.n, geo.inner, xc.raw_data(), gc.raw_data(),
                                             gx.raw_data());
       return {gx.reshape(g.g().shape()).to(g.g().dtype())};
-    });
+    }, {.once_differentiable = true});
   }
   return y;
 }

@@ -536,8 +536,8 @@ void Tensor::set_grad(const Tensor& g) {
   im.autograd->grad = g.defined() ? g.impl_ptr() : nullptr;
 }
 
-void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
-  autograd::backward({*this}, {grad_output}, retain_graph);
+void Tensor::backward(const Tensor& grad_output, bool retain_graph, bool create_graph) const {
+  autograd::backward({*this}, {grad_output}, retain_graph, create_graph);
 }
 
 Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offset()); }
@@ -715,7 +715,14 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   const DType dt = dtype();
   record_view("slice", *this, out, [=](const Tensor& g) {
     Tensor gi = zeros(in_shape, TensorOptions(dt, g.device()));
-    gi.slice(d, start, end, step).copy_(g);
+    {
+      NoGradGuard ng;
+      gi.slice(d, start, end, step).copy_(g);
+    }
+    // In a backward with create_graph: recorded, its own gradient the same slice.
+    if (autograd::needs_grad({g}))
+      autograd::record("slice_backward", {g}, {gi},
+                       [=](const GradCtx& c) -> std::vector<Tensor> { return {c.g().slice(d, start, end, step)}; });
     return gi;
   });
   return out;

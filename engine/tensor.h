@@ -228,7 +228,8 @@ class Tensor {
   Tensor grad() const;
   void set_grad(const Tensor& g);
   // Runs reverse-mode autograd from this tensor. With no gradient the tensor must have one element.
-  void backward(const Tensor& grad_output = Tensor(), bool retain_graph = false) const;
+  // create_graph: record the backward too (see autograd::backward).
+  void backward(const Tensor& grad_output = Tensor(), bool retain_graph = false, bool create_graph = false) const;
   // A tensor sharing the data, cut from the graph.
   Tensor detach() const;
   // Called after the gradient of this leaf has been fully accumulated in a backward pass. Returns an id.

@@ -916,3 +916,118 @@ TEST_CASE("autograd: threads building graphs on a shared leaf and running backwa
   REQUIRE(w.grad().defined());
   for (double v : w.grad().to_vector()) CHECK(v == double(threads_n * iters));
 }
+
+// ---- second derivatives (create_graph); every op's are checked by the op table ----
+
+namespace {
+// y = x^3 with a backward recorded as once differentiable: first derivatives only.
+Tensor custom_cube_once(const Tensor& x) {
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = x * x * x;
+  }
+  SavedTensor sx(x);
+  autograd::record(
+      "custom_cube_once", {x}, {out},
+      [sx](const GradCtx& c) -> std::vector<Tensor> {
+        const Tensor xs = sx.unpack("custom_cube_once");
+        return {c.g() * xs * xs * 3.0};
+      },
+      {.once_differentiable = true});
+  return out;
+}
+
+// y = exp(x), saving its output for backward (as exp does): the saved output's history is the op's own node.
+Tensor custom_exp(const Tensor& x) {
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = exp(x);
+  }
+  SavedTensor so(out);
+  autograd::record("custom_exp", {x}, {out}, [so](const GradCtx& c) -> std::vector<Tensor> {
+    return {c.g() * so.unpack("custom_exp")};
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("autograd: create_graph gives gradients with a history, differentiated again") {
+  const Tensor x = leaf({5}, -2, 2, 3);
+  const std::vector<double> xv = x.to_vector();
+  // d/dx x^3 = 3 x^2, then d/dx sum(3 x^2) = 6 x; the third derivative is 6.
+  const Tensor g = autograd::grad({sum(x * x * x)}, {x}, {}, false, true, /*create_graph=*/true)[0];
+  CHECK(g.requires_grad());
+  const Tensor h = autograd::grad({sum(g)}, {x}, {}, false, true, true)[0];
+  const Tensor t = autograd::grad({sum(h)}, {x})[0];
+  std::vector<double> want_g, want_h, want_t;
+  for (double v : xv) want_g.push_back(3 * v * v), want_h.push_back(6 * v), want_t.push_back(6);
+  check_values(g, want_g, 1e-12, "first");
+  check_values(h, want_h, 1e-12, "second");
+  check_values(t, want_t, 1e-12, "third");
+  // Without create_graph the gradient has no history.
+  CHECK(!autograd::grad({sum(x * x * x)}, {x})[0].requires_grad());
+  // A Hessian-vector product of a small tanh layer against finite differences of its gradient.
+  const Tensor w = leaf({4, 5}, -1, 1, 4), v = rnd({4, 5}, -1, 1, 5);
+  auto grad_w = [&](const Tensor& wt, bool create) {
+    return autograd::grad({sum(tanh(matmul(wt, x.detach().reshape({5, 1}))) * 0.7)}, {wt}, {}, false, true, create)[0];
+  };
+  const Tensor hv = autograd::grad({sum(grad_w(w, true) * v)}, {w})[0];
+  const double eps = 1e-6;
+  Tensor wp = (w.detach() + v * eps).set_requires_grad(true), wm = (w.detach() - v * eps).set_requires_grad(true);
+  const Tensor fd = (grad_w(wp, false) - grad_w(wm, false)) / (2 * eps);
+  check_values(hv, fd.to_vector(), 1e-6, "Hessian-vector product");
+}
+
+TEST_CASE("autograd: backward(create_graph) leaves .grad with a history; a second backward adds to it") {
+  // As torch: y = x^3; y.backward(create_graph) gives x.grad = 3x^2 (with a graph); x.grad.sum().backward()
+  // then adds 6x to it.
+  Tensor x = from_vector(std::vector<double>{1.5, -2.0}, {2}, DType::f64).set_requires_grad(true);
+  sum(x * x * x).backward(Tensor(), false, /*create_graph=*/true);
+  const Tensor g1 = x.grad();
+  CHECK(g1.requires_grad());
+  check_values(g1, {6.75, 12.0}, 1e-12, "first");
+  sum(g1).backward();
+  check_values(x.grad(), {6.75 + 9.0, 12.0 - 12.0}, 1e-12, "accumulated");
+  // A saved output (exp saves its result) takes its history from the op's own node.
+  const Tensor z = from_vector(std::vector<double>{0.3, -1.1}, {2}, DType::f64).set_requires_grad(true);
+  const Tensor gz = autograd::grad({sum(custom_exp(z))}, {z}, {}, false, true, true)[0];
+  const Tensor hz = autograd::grad({sum(gz)}, {z})[0];
+  check_values(hz, {std::exp(0.3), std::exp(-1.1)}, 1e-12, "exp twice");
+  const Tensor hz2 = autograd::grad({sum(autograd::grad({sum(exp(z) * sigmoid(z))}, {z}, {}, false, true, true)[0])},
+                                    {z})[0];
+  std::vector<double> want;
+  for (double v : {0.3, -1.1}) {
+    // f = e^v s(v); f'' = e^v (s + 2 s' + s''), s' = s(1-s), s'' = s'(1-2s)
+    const double s = 1 / (1 + std::exp(-v)), s1 = s * (1 - s), s2 = s1 * (1 - 2 * s);
+    want.push_back(std::exp(v) * (s + 2 * s1 + s2));
+  }
+  check_values(hz2, want, 1e-12, "exp * sigmoid twice");
+}
+
+TEST_CASE("autograd: a once-differentiable backward refuses a second derivative, naming the op") {
+  const Tensor x = from_vector(std::vector<double>{1.0, 2.0}, {2}, DType::f64).set_requires_grad(true);
+  // First derivatives are right with or without create_graph.
+  const Tensor g = autograd::grad({sum(custom_cube_once(x))}, {x}, {}, false, true, true)[0];
+  check_values(g, {3.0, 12.0}, 1e-12, "first");
+  CHECK(contains(error_of([&] { autograd::grad({sum(g)}, {x}); }),
+                 "custom_cube_once, whose backward is not differentiable in Kiln"));
+  // A gradient that does not go through it differentiates as usual, even beside it.
+  const Tensor g2 = autograd::grad({sum(custom_cube_once(x) + x * x)}, {x}, {}, false, true, true)[0];
+  CHECK(contains(error_of([&] { autograd::grad({sum(g2)}, {x}); }), "custom_cube_once"));
+  const Tensor g3 = autograd::grad({sum(custom_cube_once(x.detach()) + x * x)}, {x}, {}, false, true, true)[0];
+  check_values(autograd::grad({sum(g3)}, {x})[0], {2.0, 2.0}, 1e-12, "beside it");
+  // conv2d's backward is a kernel of its own: refused the same way.
+  const Tensor img = rnd({1, 1, 4, 4}, -1, 1, 6).set_requires_grad(true), k = rnd({1, 1, 3, 3}, -1, 1, 7);
+  const Tensor gi = autograd::grad({sum(conv2d(img, k) * conv2d(img, k))}, {img}, {}, false, true, true)[0];
+  CHECK(contains(error_of([&] { autograd::grad({sum(gi)}, {img}); }), "second derivatives of conv2d"));
+  // A saved tensor modified in place is still caught in a backward with create_graph.
+  Tensor y = x * 2.0;
+  const Tensor out = y * y;
+  {
+    NoGradGuard ng;
+    y.add_(ones_like(y));
+  }
+  CHECK(contains(error_of([&] { autograd::grad({sum(out)}, {x}, {}, false, true, true); }), "modified in place"));
+}

@@ -1,5 +1,6 @@
 """kiln.autograd: backward and grad over several tensors, custom functions with a Python backward
 (Function), and gradcheck against finite differences."""
+import functools
 import inspect
 
 from . import _C
@@ -16,12 +17,16 @@ def _tensors(x, what):
         raise TypeError(f"{what} must be a kiln.Tensor or a sequence of them, got {type(x).__name__}") from None
 
 
-def backward(tensors, grad_tensors=None, retain_graph=None):
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False):
     """Backward from several outputs at once (each a tensor or a sequence of tensors, as torch):
-    leaves accumulate .grad. grad_tensors: one gradient (or None for a one-element output) each."""
+    leaves accumulate .grad. grad_tensors: one gradient (or None for a one-element output) each.
+    create_graph=True records the backward too: .grad can then be differentiated again (as torch,
+    it keeps the graph, and the .grad keeps it alive until it is reset: prefer grad())."""
     tensors = _tensors(tensors, "backward: tensors")
     grads = None if grad_tensors is None else _tensors(grad_tensors, "backward: grad_tensors")
-    _C.backward(tensors, grads, bool(retain_graph))
+    if retain_graph is None:
+        retain_graph = create_graph
+    _C.backward(tensors, grads, bool(retain_graph), bool(create_graph))
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=None,
@@ -38,7 +43,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     outs = _tensors(outputs, "autograd.grad: outputs")
     ins = _tensors(inputs, "autograd.grad: inputs")
     gos = None if grad_outputs is None else _tensors(grad_outputs, "autograd.grad: grad_outputs")
-    res = _C.grad(outs, ins, gos, retain_graph=bool(retain_graph), create_graph=create_graph)
+    if retain_graph is None:
+        retain_graph = create_graph
+    res = _C.grad(outs, ins, gos, retain_graph=bool(retain_graph), create_graph=bool(create_graph))
     for i, g in enumerate(res):
         if g is None and not allow_unused:
             raise KilnError(f"autograd.grad: input {i} appears to not have been used in the graph (no gradient "
@@ -121,6 +128,7 @@ class FunctionCtx:
                 raise TypeError(f"save_for_backward can only save tensors (or None), but argument {i} is of "
                                 f"type {type(t).__name__}; keep other values as attributes of ctx")
         self._saved = [(None, 0) if t is None else (t.detach(), t._version) for t in tensors]
+        self._originals = tensors  # for their history; Function.apply lets go of them once forward is done
 
     def _mark(self, what, tensors):
         for i, t in enumerate(tensors):
@@ -154,8 +162,23 @@ class FunctionCtx:
             if t is not None and t._version != version:
                 raise KilnError(f"saved tensor {i} of {self._name} was modified in place after it was saved "
                                 f"(version {version}, now {t._version})")
-            out.append(t)
+            out.append(t if t is None else self._history[i].unpack(self._name))
         return tuple(out)
+
+
+def once_differentiable(backward):
+    """Decorates a Function's backward (under @staticmethod) as torch.autograd.function's does: it
+    runs without recording, and a second derivative through the Function (a backward with
+    create_graph, differentiated again) is an error naming it rather than a silently missing term.
+    Without it, a backward with create_graph records the ops backward runs, so they must be kiln
+    ops on the tensors it is given."""
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with no_grad():
+            return backward(ctx, *grads)
+
+    wrapper._kiln_once_differentiable = True
+    return wrapper
 
 
 class Function:
@@ -226,6 +249,10 @@ class Function:
         # As torch, the saved tensors' versions are taken once forward is done: a tensor saved and then
         # modified in forward (an input marked dirty) is saved as it is returned.
         ctx._saved = [(t, 0 if t is None else t._version) for t, _ in getattr(ctx, "_saved", [])]
+        # With create_graph, saved_tensors come back with their history (an output's is this
+        # Function's node, recognised when it records below).
+        saved_originals = ctx.__dict__.pop("_originals", ())
+        ctx._history = [None if t is None else _C._SavedTensor(t) for t in saved_originals]
         name = cls.__name__
         single = isinstance(out, Tensor)
         if not single and not isinstance(out, (tuple, list)):
@@ -308,8 +335,12 @@ class Function:
                                         "broadcasting: it is summed down)")
                 return tuple(res[i] for i in positions)
 
+            # A saved tensor that forward modified in place (marked dirty) is this Function's output,
+            # which Kiln cannot tell its saved copy apart from: its second derivative is refused too.
+            once = getattr(cls.backward, "_kiln_once_differentiable", False) or any(
+                t is not None and any(t is d for d in dirty) for t in saved_originals)
             _C._record_function(name, [args[i] for i in positions], [outs[k] for k in tensor_at], run_backward,
-                                bool(dirty_in))
+                                bool(dirty_in), once)
         return outs[0] if single else outs
 
 

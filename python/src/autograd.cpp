@@ -32,10 +32,18 @@ void bind_autograd(nb::module_& m) {
   m.def("is_grad_enabled", &GradMode::enabled);
   m.def("_set_grad_enabled", &GradMode::set_enabled, nb::arg("enabled"));
 
+  nb::class_<SavedTensor>(m, "_SavedTensor",
+                          "A tensor kept for a Python Function's backward: unpack() gives it back, with its "
+                          "history in a backward with create_graph (an output of the Function: the Function's "
+                          "node, once it records).")
+      .def(nb::init<const Tensor&>(), nb::arg("tensor"))
+      .def(
+          "unpack", [](const SavedTensor& s, const std::string& op) { return s.unpack(op.c_str()); }, nb::arg("op"));
+
   m.def(
       "_record_function",
       [](const std::string& name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-         nb::callable backward, bool inputs_modified) {
+         nb::callable backward, bool inputs_modified, bool once_differentiable) {
         auto fn = hold(backward);
         const size_t n_in = inputs.size();
         const std::string label = name;
@@ -70,12 +78,14 @@ void bind_autograd(nb::module_& m) {
                 if (out[i].defined() && !c.needs_grad(i)) out[i] = Tensor();
               return out;
             },
-            inputs_modified);
+            {.inputs_modified = inputs_modified, .once_differentiable = once_differentiable});
       },
       nb::arg("name"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("backward"), nb::arg("inputs_modified") = false,
+      nb::arg("once_differentiable") = false,
       "Records backward(grads, needs_input_grad, reached) -> one gradient (or None) per input as the backward of "
       "outputs (reached: whether a gradient reached each output; the others' are zeros). inputs_modified: an "
-      "output may be an input modified in place, whose history becomes this node.");
+      "output may be an input modified in place, whose history becomes this node. once_differentiable: a "
+      "second derivative through it is an error (otherwise, with create_graph, backward's ops are recorded).");
 
   m.def(
       "_shared_memory",
@@ -139,28 +149,25 @@ void bind_autograd(nb::module_& m) {
   m.def(
       "backward",
       [](const std::vector<Tensor>& tensors, std::optional<std::vector<std::optional<Tensor>>> grads,
-         bool retain_graph) {
+         bool retain_graph, bool create_graph) {
         std::vector<Tensor> g = tensors_or_empty(grads);
         if (g.empty()) g.resize(tensors.size());
         GilRelease nogil;
-        autograd::backward(tensors, g, retain_graph);
+        autograd::backward(tensors, g, retain_graph, create_graph);
       },
-      nb::arg("tensors"), nb::arg("grad_tensors") = nb::none(), nb::arg("retain_graph") = false);
+      nb::arg("tensors"), nb::arg("grad_tensors") = nb::none(), nb::arg("retain_graph") = false,
+      nb::arg("create_graph") = false);
 
   m.def(
       "grad",
       [](const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
          std::optional<std::vector<std::optional<Tensor>>> grad_outputs, bool retain_graph, bool create_graph) {
         // kiln.autograd.grad (Python) wraps this: tensors or sequences, allow_unused, materialize_grads.
-        if (create_graph)
-          value_error(
-              "autograd.grad: create_graph=True is not supported: Kiln's backward is not recorded, so "
-              "there are no second derivatives (double backward); the gradients come back without a graph");
         const std::vector<Tensor> go = tensors_or_empty(grad_outputs);
         std::vector<Tensor> res;
         {
           GilRelease nogil;
-          res = autograd::grad(outputs, inputs, go, retain_graph, /*materialize=*/false);
+          res = autograd::grad(outputs, inputs, go, retain_graph, /*materialize=*/false, create_graph);
         }
         nb::list out;
         for (const Tensor& g : res) out.append(g.defined() ? nb::cast(g) : nb::none());

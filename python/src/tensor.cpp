@@ -1315,12 +1315,13 @@ void bind_tensor(nb::module_& m) {
           "The name of the op that made this tensor (None for a leaf).")
       .def(
           "backward",
-          [](const Tensor& x, std::optional<Tensor> gradient, bool retain_graph) {
+          [](const Tensor& x, std::optional<Tensor> gradient, std::optional<bool> retain_graph, bool create_graph) {
             GilRelease nogil;
-            x.backward(gradient ? *gradient : Tensor(), retain_graph);
+            x.backward(gradient ? *gradient : Tensor(), retain_graph.value_or(create_graph), create_graph);
           },
-          nb::arg("gradient") = nb::none(), nb::arg("retain_graph") = false,
-          "Reverse-mode autograd from this tensor (one element, or pass `gradient`); leaves accumulate .grad.")
+          nb::arg("gradient") = nb::none(), nb::arg("retain_graph") = nb::none(), nb::arg("create_graph") = false,
+          "Reverse-mode autograd from this tensor (one element, or pass `gradient`); leaves accumulate .grad. "
+          "create_graph=True records the backward too, so .grad can be differentiated again (it keeps the graph).")
       .def(
           "register_post_accumulate_grad_hook",
           [](Tensor& x, nb::callable fn) {
