@@ -18,9 +18,9 @@ def _one_of(probs, logits):
 
 
 def _bce_with_logits(logits, target):
-    """binary cross-entropy of target against sigmoid(logits), elementwise, in torch's stable form:
-    max(l, 0) - l * t + log1p(exp(-|l|))."""
-    return _C.clamp(logits, min=0) - logits * target + _C.log1p(_C.exp(-_C.abs(logits)))
+    """binary cross-entropy of target against sigmoid(logits), elementwise: softplus(l) - l * t (its
+    gradient sigmoid(l) - t everywhere, l = 0 included, as torch's)."""
+    return _C.softplus(logits) - logits * target
 
 
 class _Binary(Distribution):
