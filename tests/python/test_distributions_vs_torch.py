@@ -89,6 +89,7 @@ def test_rsample_is_reparameterised(name):
     kiln.manual_seed(3)
     x = kd.rsample((50,))
     assert x.shape == (50, 2, 3) and x.requires_grad
+    assert not kd.sample((2,)).requires_grad  # sample() is taken outside autograd, as torch's
     x.sum().backward()
     tx = torch.tensor(x.detach().numpy())
     density = td.log_prob(tx).exp().detach()
