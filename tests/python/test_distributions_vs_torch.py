@@ -136,6 +136,28 @@ def test_shapes_expand_and_number_parameters():
     assert ke.log_prob(kiln.zeros(7, 1, 1, 1, dtype=F64)).shape == (7, 2, 3, 4)
     ku = KD.Uniform(kiln.zeros(3, dtype=F64), 2.0).expand((5, 3))
     assert ku.batch_shape == (5, 3) and ku.rsample((2,)).shape == (2, 5, 3)
+    p = RNG.uniform(0.1, 0.9, size=(3,))
+    for name, by, value in [("Bernoulli", "probs", 1.0), ("Geometric", "logits", 2.0), ("Exponential", None, 0.5),
+                            ("Gumbel", None, 0.5)]:
+        kp, tp = pair(p)
+        args = {by: kp} if by else {}
+        kd = getattr(KD, name)(*([] if by else [kp] * (2 if name == "Gumbel" else 1)), **args).expand((4, 3))
+        targs = {by: tp} if by else {}
+        td = getattr(TD, name)(*([] if by else [tp] * (2 if name == "Gumbel" else 1)), **targs).expand((4, 3))
+        assert kd.batch_shape == (4, 3) and type(kd) is getattr(KD, name) and kd.sample((2,)).shape == (2, 4, 3)
+        same(kd.log_prob(kiln.full((4, 3), value, dtype=F64)), td.log_prob(torch.full((4, 3), value,
+                                                                                      dtype=torch.float64)))
+
+    class Plain(KD.Normal):  # torch's rule: a subclass keeps expand unless it has an __init__ of its own
+        pass
+
+    class Custom(KD.Normal):
+        def __init__(self, loc):
+            super().__init__(loc, 1.0)
+
+    assert type(Plain(0.0, 1.0).expand((2,))) is Plain
+    with pytest.raises(NotImplementedError, match="Subclass Custom of Normal that defines a custom __init__"):
+        Custom(0.0).expand((2,))
 
 
 BINARY = {"Bernoulli": np.array([0.2, 0.5, 0.9]), "Geometric": np.array([0.2, 0.5, 0.9])}

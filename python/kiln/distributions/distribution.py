@@ -151,7 +151,8 @@ class Distribution:
 
     def _get_checked_instance(self, cls, _instance=None):
         if _instance is None and type(self).__init__ != cls.__init__:
-            raise NotImplementedError(f"Subclass {self.__class__.__name__} of {cls.__name__} that defines a "
+            base = next(c for c in type(self).__mro__[1:] if not c.__name__.startswith("_"))
+            raise NotImplementedError(f"Subclass {self.__class__.__name__} of {base.__name__} that defines a "
                                       "custom __init__ method must also define a custom .expand() method.")
         return self.__new__(type(self)) if _instance is None else _instance
 
