@@ -390,3 +390,64 @@ def test_import_path():
     code = "import kiln; print(kiln.distributions.Normal(0.0, 1.0).log_prob(kiln.tensor(0.0)).item())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert abs(float(out) + 0.5 * math.log(2 * math.pi)) < 1e-6
+
+
+@pytest.mark.parametrize("by", ["probs", "logits"])
+def test_relaxed_bernoulli(by):
+    p = np.array([[0.2, 0.5, 0.9], [0.7, 0.4, 0.1]])
+    arg = p if by == "probs" else np.log(p) - np.log1p(-p)
+    kp, tp = pair(arg, grad=True)
+    kt, tt = pair(0.7, grad=True)
+    kd, td = KD.RelaxedBernoulli(kt, **{by: kp}), TD.RelaxedBernoulli(tt, **{by: tp})
+    assert kd.batch_shape == (2, 3) and kd.has_rsample
+    kv, tv = pair(RNG.uniform(0.01, 0.99, size=(4, 2, 3)))
+    same(kd.log_prob(kv), td.log_prob(tv))
+    kd.log_prob(kv).sum().backward()
+    td.log_prob(tv).sum().backward()
+    same(kp.grad, tp.grad)
+    same(kt.grad, tt.grad)
+    # x = sigmoid(y), y = (logit(u) + logits) / T: dx/dlogits = x (1 - x) / T, dx/dT = -x (1 - x) y / T
+    kl, kt = kiln.tensor(np.log(p) - np.log1p(-p), dtype=F64, requires_grad=True), kiln.tensor(0.7, dtype=F64,
+                                                                                             requires_grad=True)
+    kiln.manual_seed(4)
+    x = KD.RelaxedBernoulli(kt, logits=kl).rsample((50,))
+    assert x.shape == (50, 2, 3)
+    x.sum().backward()
+    xn = x.detach().numpy()
+    y = np.log(xn) - np.log1p(-xn)
+    assert np.allclose(kl.grad.numpy(), (xn * (1 - xn) / 0.7).sum(0), rtol=1e-6)
+    assert np.allclose(kt.grad.item(), (-xn * (1 - xn) * y / 0.7).sum(), rtol=1e-6)
+    kiln.manual_seed(5)
+    s = kd.sample((20000,)).numpy()
+    assert s.min() > 0 and s.max() < 1
+    assert np.abs((s > 0.5).mean(0) - p).max() < 0.015  # P(x > 1/2) = P(logit(u) + logits > 0) = p
+
+
+@pytest.mark.parametrize("by", ["probs", "logits"])
+def test_relaxed_one_hot_categorical(by):
+    raw = RNG.uniform(0.1, 2.0, size=(2, 4)) if by == "probs" else RNG.normal(size=(2, 4))
+    kp, tp = pair(raw, grad=True)
+    kt, tt = pair(0.6, grad=True)
+    kd, td = KD.RelaxedOneHotCategorical(kt, **{by: kp}), TD.RelaxedOneHotCategorical(tt, **{by: tp})
+    assert kd.batch_shape == (2,) and kd.event_shape == (4,)
+    same(kd.probs, td.probs)
+    v = RNG.uniform(0.05, 1.0, size=(3, 2, 4))
+    v /= v.sum(-1, keepdims=True)
+    kv, tv = pair(v)
+    same(kd.log_prob(kv), td.log_prob(tv))
+    kd.log_prob(kv).sum().backward()
+    td.log_prob(tv).sum().backward()
+    same(kp.grad, tp.grad)
+    same(kt.grad, tt.grad)
+    kiln.manual_seed(6)
+    x = kd.rsample((20000,))
+    assert x.shape == (20000, 2, 4) and x.requires_grad and not kd.sample().requires_grad
+    xn = x.detach().numpy()
+    assert np.allclose(xn.sum(-1), 1)
+    # Gumbel-max: the largest coordinate is a draw of Categorical(probs)
+    am = xn.argmax(-1)
+    freq = np.stack([(am == k).mean(0) for k in range(4)], -1)
+    assert np.abs(freq - td.probs.detach().numpy()).max() < 0.015
+    assert kd.expand((3, 2)).rsample().shape == (3, 2, 4)
+    with pytest.raises(ValueError, match="to be within the support"):
+        kd.log_prob(kiln.tensor([0.5, 0.6, 0.0, 0.0], dtype=F64))

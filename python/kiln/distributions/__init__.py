@@ -5,12 +5,12 @@ sample() is taken outside autograd, rsample() is differentiable where has_rsampl
 
     Normal, LogNormal, Uniform, Exponential, Laplace, Cauchy, Gumbel      (rsample, cdf, icdf)
     Bernoulli, Geometric, Categorical, OneHotCategorical                  (probs= or logits=)
-    Independent
+    Independent, RelaxedBernoulli, RelaxedOneHotCategorical             (rsample, log_prob)
     kl_divergence, register_kl; constraints; Distribution
 
 Left out, because Kiln has no op they need: Gamma, Beta, Dirichlet, Chi2, StudentT, Poisson, Binomial
 (lgamma/digamma) and MultivariateNormal, LowRankMultivariateNormal (a Cholesky factorisation); also
-TransformedDistribution and the transforms, the Relaxed* distributions and the mixtures.
+TransformedDistribution and the transforms, LogitRelaxedBernoulli/ExpRelaxedCategorical and the mixtures.
 """
 from . import constraints
 from .constraints import Constraint
@@ -18,8 +18,9 @@ from .distribution import Distribution
 from .continuous import Normal, LogNormal, Uniform, Exponential, Laplace, Cauchy, Gumbel
 from .discrete import Bernoulli, Geometric, Categorical, OneHotCategorical
 from .independent import Independent
+from .relaxed import RelaxedBernoulli, RelaxedOneHotCategorical
 from .kl import kl_divergence, register_kl
 
 __all__ = ["constraints", "Constraint", "Distribution", "Normal", "LogNormal", "Uniform", "Exponential", "Laplace",
            "Cauchy", "Gumbel", "Bernoulli", "Geometric", "Categorical", "OneHotCategorical", "Independent",
-           "kl_divergence", "register_kl"]
+           "RelaxedBernoulli", "RelaxedOneHotCategorical", "kl_divergence", "register_kl"]

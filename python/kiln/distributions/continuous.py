@@ -40,7 +40,7 @@ class _LocScale(Distribution):
         super().__init__(_batch_shape(self.loc, self.scale, loc, scale), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(type(self), _instance)
+        new = self._get_checked_instance(_LocScale, _instance)
         batch_shape = tuple(batch_shape)
         new.loc = self.loc.expand(*batch_shape)
         new.scale = self.scale.expand(*batch_shape)

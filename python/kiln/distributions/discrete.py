@@ -38,7 +38,7 @@ class _Binary(Distribution):
                          validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(type(self), _instance)
+        new = self._get_checked_instance(_Binary, _instance)
         batch_shape = tuple(batch_shape)
         if "probs" in self.__dict__:
             new.probs = self.probs.expand(*batch_shape)
@@ -112,6 +112,9 @@ class Geometric(_Binary):
                 raise ValueError(f"Expected parameter probs ({type(value).__name__} of shape {tuple(value.shape)}) "
                                  f"of distribution {self!r} to be positive but found invalid values:\n"
                                  f"{value.detach()[~valid]}")
+
+    def expand(self, batch_shape, _instance=None):
+        return super().expand(batch_shape, self._get_checked_instance(Geometric, _instance))
 
     @property
     def mean(self):
