@@ -6,8 +6,7 @@ from .. import _C
 from .._tensor import _multinomial, no_grad
 from . import constraints
 from .distribution import Distribution
-from .utils import (broadcast_all, clamp_probs, float_min, lazy_property, logits_to_probs, probs_to_logits,
-                    tiny)
+from .utils import broadcast_all, float_min, lazy_property, logits_to_probs, probs_to_logits, tiny
 
 __all__ = ["Bernoulli", "Geometric", "Categorical", "OneHotCategorical"]
 
