@@ -77,6 +77,7 @@ from . import autograd
 from ._train import train, report
 from . import nn
 from . import optim, amp, models, data  # noqa: E402
+from . import distributions  # noqa: E402  (torch.distributions' everyday subset)
 from . import utils  # noqa: E402  (kiln.utils.data: torch.utils.data's import path over kiln.data)
 from .amp import autocast  # noqa: E402,F811  (kiln.autocast is kiln.amp.autocast: a decorator too)
 

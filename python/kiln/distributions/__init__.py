@@ -1,0 +1,26 @@
+"""kiln.distributions: torch.distributions' everyday subset, written with Kiln's tensor ops, so values and
+gradients (rsample's, log_prob's with respect to the parameters) go through Kiln's autograd, on the CPU
+and on CUDA. Samples come from Kiln's random stream (kiln.manual_seed makes them reproducible);
+sample() is taken outside autograd, rsample() is differentiable where has_rsample.
+
+    Normal, LogNormal, Uniform, Exponential, Laplace, Cauchy, Gumbel      (rsample, cdf, icdf)
+    Bernoulli, Geometric, Categorical, OneHotCategorical                  (probs= or logits=)
+    Independent, RelaxedBernoulli, RelaxedOneHotCategorical             (rsample, log_prob)
+    kl_divergence, register_kl; constraints; Distribution
+
+Left out, because Kiln has no op they need: Gamma, Beta, Dirichlet, Chi2, StudentT, Poisson, Binomial
+(lgamma/digamma) and MultivariateNormal, LowRankMultivariateNormal (a Cholesky factorisation); also
+TransformedDistribution and the transforms, LogitRelaxedBernoulli/ExpRelaxedCategorical and the mixtures.
+"""
+from . import constraints
+from .constraints import Constraint
+from .distribution import Distribution
+from .continuous import Normal, LogNormal, Uniform, Exponential, Laplace, Cauchy, Gumbel
+from .discrete import Bernoulli, Geometric, Categorical, OneHotCategorical
+from .independent import Independent
+from .relaxed import RelaxedBernoulli, RelaxedOneHotCategorical
+from .kl import kl_divergence, register_kl
+
+__all__ = ["constraints", "Constraint", "Distribution", "Normal", "LogNormal", "Uniform", "Exponential", "Laplace",
+           "Cauchy", "Gumbel", "Bernoulli", "Geometric", "Categorical", "OneHotCategorical", "Independent",
+           "RelaxedBernoulli", "RelaxedOneHotCategorical", "kl_divergence", "register_kl"]
