@@ -3,9 +3,9 @@
 import functools
 import inspect
 
-from . import _C
-from ._C import Tensor, KilnError
-from ._tensor import _a_type, no_grad
+from .. import _C
+from .._C import Tensor, KilnError
+from .._tensor import _a_type, no_grad
 
 def _tensors(x, what):
     """A tensor or a sequence of them (or Nones, for gradients) as a list."""
@@ -359,3 +359,6 @@ def checkpoint(fn, *inputs):
     Returns what fn returns (a tensor or a tuple of tensors)."""
     outs = _C._checkpoint(fn, list(inputs))
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+from . import functional, function  # noqa: E402  (they use grad and Function above)
