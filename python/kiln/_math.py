@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _C
 from ._C import Tensor
-from ._tensor import _EXPORTS as _T, _as_method, _inplace, _numpy
+from ._tensor import _EXPORTS as _T, _as_method, _inplace, _numpy, return_types
 from ._extras import _dropped, logaddexp
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow", "trace", "diag_embed",
@@ -999,3 +999,710 @@ def _install():
 
 
 _install()
+
+
+# ---- more of torch's functions research code calls: factories, products, NaN-aware reductions, number
+# functions, statistics; written with the engine's ops (autograd differentiates them where torch does) or,
+# for the integer- and bit-valued ones without a gradient (gcd, lcm, nextafter, frexp's exponent), NumPy ----
+
+for _name, _fields in (("nanmedian", ["values", "indices"]), ("frexp", ["mantissa", "exponent"])):
+    _t = collections.namedtuple(_name, _fields)
+    _t.__module__, _t.__qualname__ = "kiln.return_types", _name
+    setattr(return_types, _name, _t)
+
+
+def _factory_dtype(dtype):
+    return _C.dtype.float32 if dtype is None else _C.empty([0], dtype=dtype).dtype
+
+
+def _number_arg(fn, name, x):
+    if isinstance(x, Tensor):
+        if x.numel() != 1:
+            raise _C.KilnValueError(f"{fn}: {name} must be a number or a one-element tensor, got a tensor of shape "
+                                    f"{list(x.shape)}")
+        return x.item()
+    if not _is_number(x) or isinstance(x, complex):
+        raise TypeError(f"{fn}(): argument '{name}' must be a number, not {type(x).__name__}")
+    return x
+
+
+def _steps_arg(fn, steps):
+    if not isinstance(steps, numbers.Integral) or isinstance(steps, builtins.bool):
+        raise TypeError(f"{fn}(): argument 'steps' must be an int, not {type(steps).__name__}")
+    if steps < 0:
+        raise _C.KilnValueError(f"{fn}: number of steps must be non-negative, got steps={steps}")
+    return int(steps)
+
+
+def _linspace_host(start, end, steps, step_t):
+    """torch's linspace kernel on the host: step = (end - start) / (steps - 1) in step_t (the dtype, or float64
+    for an integer dtype); the first half start + i * step, the second end - (steps - 1 - i) * step."""
+    s, e = step_t(start), step_t(end)
+    i = np.arange(steps, dtype=step_t)
+    if steps == 1:
+        return np.full([1], s, dtype=step_t)
+    step = step_t((e - s) / step_t(steps - 1))
+    half = steps // 2
+    return np.where(i < half, s + step * i, e - step * (step_t(steps - 1) - i)).astype(step_t)
+
+
+def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False):
+    """torch.linspace: steps values from start to end evenly spaced (both included), float32 unless dtype is
+    given, computed as torch's kernel (in the dtype; float64 for an integer dtype, then truncated)."""
+    start, end = _number_arg("linspace", "start", start), _number_arg("linspace", "end", end)
+    steps = _steps_arg("linspace", steps)
+    dt = _factory_dtype(dtype)
+    step_t = np.float64 if dt == _C.dtype.float64 or not dt.is_floating_point else np.float32
+    with np.errstate(invalid="ignore", over="ignore"):
+        values = _linspace_host(start, end, steps, step_t)
+    out = _C.from_numpy(np.ascontiguousarray(values)).to(dt)
+    out = out.to(device) if device is not None else out
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def logspace(start, end, steps, base=10.0, *, dtype=None, device=None, requires_grad=False):
+    """torch.logspace: base ** linspace(start, end, steps), float32 unless dtype is given."""
+    start, end = _number_arg("logspace", "start", start), _number_arg("logspace", "end", end)
+    base = _number_arg("logspace", "base", base)
+    steps = _steps_arg("logspace", steps)
+    dt = _factory_dtype(dtype)
+    step_t = np.float64 if dt == _C.dtype.float64 or not dt.is_floating_point else np.float32
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        values = np.power(step_t(base), _linspace_host(start, end, steps, step_t)).astype(step_t)
+    out = _C.from_numpy(np.ascontiguousarray(values)).to(dt)
+    out = out.to(device) if device is not None else out
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def as_tensor(data, dtype=None, device=None):
+    """torch.as_tensor: data itself when it is a tensor of that dtype and device (else converted, keeping its
+    graph); a writable NumPy array of a Kiln dtype shares its memory on the CPU; anything else is copied
+    (kiln.tensor)."""
+    if isinstance(data, Tensor):
+        dt = None if dtype is None else _C.empty([0], dtype=dtype).dtype
+        out = data if dt is None or data.dtype == dt else data.to(dt)
+        return out if device is None else out.to(device)
+    if isinstance(data, np.ndarray) and data.flags.writeable and data.dtype.byteorder in "=|" and (
+            dtype is None and device is None) and data.dtype.kind in "biuf":
+        try:
+            return _C.from_numpy(data)
+        except (ValueError, _C.KilnError):
+            pass  # strides or a dtype Kiln does not share: a copy
+    from ._tensor import tensor
+    return tensor(data, dtype=dtype, device=device)
+
+
+def asarray(obj, *, dtype=None, device=None, copy=None, requires_grad=False):
+    """torch.asarray: obj itself where it is a tensor (or a NumPy array's memory) that needs no conversion and
+    copy is not True; copy=True always copies; copy=False refuses (ValueError) where a copy is needed."""
+    from ._tensor import tensor
+    if isinstance(obj, Tensor):
+        dt = None if dtype is None else _C.empty([0], dtype=dtype).dtype
+        converts = (dt is not None and dt != obj.dtype) or (device is not None and str(_C.empty(
+            [0], device=device).device) != str(obj.device))
+        if copy is False and converts:
+            raise ValueError(f"asarray: obj ({obj.dtype.name} on {obj.device}) needs a copy to become "
+                             f"{dt.name if dt is not None else obj.dtype.name} on {device or obj.device}, and "
+                             f"copy=False")
+        out = obj.to(dtype=dt or obj.dtype, device=device or obj.device) if converts else obj
+        if copy and out is obj:
+            out = obj.clone()
+    elif isinstance(obj, np.ndarray) and not copy:
+        out = as_tensor(obj, dtype=dtype, device=device)
+        if copy is False and (str(out.device) != "cpu" or not np.shares_memory(obj, _numpy(out))):
+            raise ValueError(f"asarray: the {obj.dtype} array needs a copy to become a tensor of dtype {dtype} on "
+                             f"{device or 'cpu'}, and copy=False")
+    else:
+        if copy is False:
+            raise ValueError(f"asarray: a {type(obj).__name__} cannot be shared without a copy, and copy=False")
+        out = tensor(obj, dtype=dtype, device=device)
+    if requires_grad and not out.requires_grad:  # (a tensor that does not is a leaf)
+        out.requires_grad_(True)
+    return out
+
+
+def _vector_arg(fn, name, t):
+    _tensor_arg(fn, name, t)
+    if t.dim() != 1:
+        raise _C.KilnValueError(f"{fn}: {name} must be 1-D, but got a {t.dim()}-D tensor of shape {list(t.shape)}")
+
+
+def outer(input, vec2):
+    """torch.outer (torch.ger): input[i] * vec2[j], both 1-D, in their promoted dtype."""
+    _vector_arg("outer", "input", input)
+    _vector_arg("outer", "vec2", vec2)
+    return input.unsqueeze(1) * vec2.unsqueeze(0)
+
+
+def ger(input, vec2):
+    """torch.ger: outer."""
+    return outer(input, vec2)
+
+
+def dot(input, other):
+    """torch.dot: the sum of input * other, both 1-D of one size and one dtype (as torch: no promotion)."""
+    _vector_arg("dot", "input", input)
+    _vector_arg("dot", "other", other)
+    if input.dtype != other.dtype:
+        raise _C.KilnError(f"dot: expected both vectors to have same dtype, but found {input.dtype.name} and "
+                           f"{other.dtype.name}")
+    if input.shape[0] != other.shape[0]:
+        raise _C.KilnError(f"dot: inconsistent tensor size, expected input [{input.shape[0]}] and other "
+                           f"[{other.shape[0]}] to have the same number of elements")
+    if input.dtype == _C.dtype.bool:
+        raise _C.KilnError("dot: not implemented for bool, as torch")
+    return _T["sum"](input * other)
+
+
+def vdot(input, other):
+    """torch.vdot for real tensors: dot (the conjugate of a real vector is itself)."""
+    return dot(input, other)
+
+
+def _dims_list(fn, dims, n, name):
+    out = []
+    for d in dims:
+        if not isinstance(d, numbers.Integral) or isinstance(d, builtins.bool):
+            raise TypeError(f"{fn}(): dims must be ints, got {type(d).__name__} in {name}'s")
+        out.append(_dim(int(d), n, fn))
+    if len(set(out)) != len(out):
+        raise _C.KilnError(f"{fn}: dim {out} appears multiple times in the list of dims of {name}")
+    return out
+
+
+def tensordot(a, b, dims=2, out=None):
+    """torch.tensordot: the sum over a's dims[0] and b's dims[1] (dims an int: a's last dims and b's first
+    dims), the rest of a's dims then the rest of b's; in their promoted dtype."""
+    _tensor_arg("tensordot", "a", a)
+    _tensor_arg("tensordot", "b", b)
+    if out is not None:
+        raise TypeError("tensordot(): out= is not supported by Kiln")
+    if isinstance(dims, Tensor):
+        dims = dims.tolist()
+    if isinstance(dims, numbers.Integral) and not isinstance(dims, builtins.bool):
+        if dims < 0:
+            raise _C.KilnError(f"tensordot: expects dims >= 0, but got dims={dims}")
+        if dims > a.dim() or dims > b.dim():
+            raise _C.KilnError(f"tensordot: expects dims <= the number of dims of a ({a.dim()}) and b "
+                               f"({b.dim()}), but got dims={dims}")
+        da, db = list(range(a.dim() - dims, a.dim())), list(range(dims))
+    elif isinstance(dims, (list, tuple)) and len(dims) == 2:
+        da = [dims[0]] if isinstance(dims[0], numbers.Integral) else list(dims[0])
+        db = [dims[1]] if isinstance(dims[1], numbers.Integral) else list(dims[1])
+        if len(da) != len(db):
+            raise _C.KilnError(f"tensordot: both dimension lists should have same length, got {len(da)} and "
+                               f"{len(db)}")
+        da, db = _dims_list("tensordot", da, a.dim(), "a"), _dims_list("tensordot", db, b.dim(), "b")
+    else:
+        raise TypeError(f"tensordot(): argument 'dims' must be an int or a pair of lists of ints, not {dims!r}")
+    for i, j in zip(da, db):
+        if a.shape[i] != b.shape[j]:
+            raise _C.KilnError(f"tensordot: contracted dimensions need to match, but first has size {a.shape[i]} "
+                               f"in dim {i} and second has size {b.shape[j]} in dim {j}")
+    dt = _C.result_type(a, b)
+    a, b = a.to(dt), b.to(dt)
+    free_a = [d for d in range(a.dim()) if d not in da]
+    free_b = [d for d in range(b.dim()) if d not in db]
+    k = math.prod(a.shape[d] for d in da)
+    ma = a.permute(free_a + da).reshape([math.prod(a.shape[d] for d in free_a), k])
+    mb = b.permute(db + free_b).reshape([k, math.prod(b.shape[d] for d in free_b)])
+    return _matrix_product(ma, mb).reshape([a.shape[d] for d in free_a] + [b.shape[d] for d in free_b])
+
+
+def inner(input, other):
+    """torch.inner: the sum over the last dim of both (a 0-dim operand multiplies), shape input.shape[:-1] +
+    other.shape[:-1]."""
+    _tensor_arg("inner", "input", input)
+    _tensor_arg("inner", "other", other)
+    if input.dim() == 0 or other.dim() == 0:
+        return input * other
+    if input.shape[-1] != other.shape[-1]:
+        raise _C.KilnError(f"inner: inner() the last dimension must match on both input tensors but got shapes "
+                           f"{list(input.shape)} and {list(other.shape)}")
+    return tensordot(input, other, ([input.dim() - 1], [other.dim() - 1]))
+
+
+def masked_select(input, mask):
+    """torch.masked_select: input's elements where the bool mask is True (the two broadcast), 1-D."""
+    _tensor_arg("masked_select", "input", input)
+    _tensor_arg("masked_select", "mask", mask)
+    if mask.dtype != _C.dtype.bool:
+        raise _C.KilnError(f"masked_select: expected BoolTensor for mask, got {mask.dtype.name}")
+    shape = list(_C.broadcast_shapes(list(input.shape), list(mask.shape)))
+    return input.expand(shape)[mask.expand(shape)]
+
+
+def _repeats_array(fn, repeats, n):
+    r = _host(repeats).astype(np.int64).reshape([-1]) if isinstance(repeats, Tensor) else np.asarray([repeats])
+    if isinstance(repeats, Tensor) and (repeats.dim() > 1 or repeats.dtype.is_floating_point or
+                                        repeats.dtype == _C.dtype.bool):
+        raise _C.KilnError(f"{fn}: repeats must be a 0-dim or 1-D integer tensor, got {repeats.dtype.name} of shape "
+                           f"{list(repeats.shape)}")
+    if (r < 0).any():
+        raise _C.KilnError(f"{fn}: repeats can not be negative, got {r[r < 0][0]}")
+    if r.size == 1:
+        r = np.full([n], r[0], dtype=np.int64)
+    elif r.size != n:
+        raise _C.KilnError(f"{fn}: repeats must have the same size as input along dim, but got repeats.size(0) = "
+                           f"{r.size} and input.size({n})")
+    return r
+
+
+def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
+    """torch.repeat_interleave: each element (slice along dim; input flattened without dim) repeated repeats
+    times, repeats an int or a tensor with one count per slice; repeat_interleave(counts) alone gives
+    arange's indices repeated by counts."""
+    _tensor_arg("repeat_interleave", "input", input)
+    if repeats is None:  # the one-argument form: counts
+        if input.dim() > 1 or input.dtype.is_floating_point or input.dtype == _C.dtype.bool:
+            raise _C.KilnError(f"repeat_interleave: repeats must be a 0-dim or 1-D integer tensor, got "
+                               f"{input.dtype.name} of shape {list(input.shape)}")
+        r = _repeats_array("repeat_interleave", input, builtins.max(1, input.numel()))
+        return _C.from_numpy(np.repeat(np.arange(r.size, dtype=np.int64), r)).to(input.device)
+    if isinstance(repeats, numbers.Integral) and not isinstance(repeats, builtins.bool):
+        pass
+    elif not isinstance(repeats, Tensor):
+        raise TypeError(f"repeat_interleave(): argument 'repeats' must be an int or a kiln.Tensor, not "
+                        f"{type(repeats).__name__}")
+    x = input.reshape([-1]) if dim is None else input
+    d = 0 if dim is None else _dim(dim, input.dim(), "repeat_interleave")
+    if x.dim() == 0:
+        x = x.reshape([1])
+    r = _repeats_array("repeat_interleave", repeats, x.shape[d])
+    total = int(r.sum())
+    if output_size is not None and output_size != total:
+        raise _C.KilnError(f"repeat_interleave: allocated size does not match required size: output_size="
+                           f"{output_size}, the repeats sum to {total}")
+    index = _C.from_numpy(np.repeat(np.arange(x.shape[d], dtype=np.int64), r)).to(input.device)
+    return _C.index_select(x, d, index)
+
+
+def take(input, index):
+    """torch.take: input as if flattened, at index (int64; negative counts from the end), index's shape."""
+    _tensor_arg("take", "input", input)
+    _tensor_arg("take", "index", index)
+    if index.dtype != _C.dtype.int64:
+        raise _C.KilnError(f"take: expected a long tensor for index, but got {index.dtype.name}")
+    n = input.numel()
+    flat = index.reshape([-1])
+    if flat.numel():
+        lo, hi = int(_T["min"](flat).item()), int(_T["max"](flat).item())
+        for i in (lo, hi):
+            if not -n <= i < n:
+                raise _C.KilnIndexError(f"take: out of range: tried to access index {i} on a tensor of {n} "
+                                        f"elements")
+    flat = _C.where(flat < 0, flat + n, flat)
+    return _C.index_select(input.reshape([-1]), 0, flat).reshape(list(index.shape))
+
+
+def argwhere(input):
+    """torch.argwhere: the indices of the non-zero elements, one row each, [count, input.dim()]."""
+    _tensor_arg("argwhere", "input", input)
+    return _C.nonzero(input)
+
+
+_NAN_TO_ZERO = []
+
+
+def _nan_zeroed(x):
+    """x with NaN as 0; its gradient grad * (x is not NaN), a product as torch's nansum's (an inf or NaN
+    gradient at a NaN gives NaN there, not 0: nanmean of an all-NaN row)."""
+    if not x.dtype.is_floating_point:
+        return x
+    if not _NAN_TO_ZERO:
+        from .autograd import Function
+
+        class NanToZero(Function):
+            @staticmethod
+            def forward(ctx, t):
+                keep = _C.logical_not(_C.isnan(t))
+                ctx.save_for_backward(keep)
+                return _C.where(keep, t, _C.zeros([], dtype=t.dtype, device=t.device))
+
+            @staticmethod
+            def backward(ctx, grad):
+                (keep,) = ctx.saved_tensors
+                return grad * keep.to(grad.dtype)
+        _NAN_TO_ZERO.append(NanToZero)
+    return _NAN_TO_ZERO[0].apply(x) if x.requires_grad else _C.where(
+        _C.isnan(x), _C.zeros([], dtype=x.dtype, device=x.device), x)
+
+
+def nansum(input, dim=None, keepdim=False, *, dtype=None):
+    """torch.nansum: sum treating NaN as 0 (its gradient 0 there)."""
+    _tensor_arg("nansum", "input", input)
+    x = _nan_zeroed(input)
+    if dtype is not None:
+        x = x.to(dtype)
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        s = _T["sum"](x)
+        return s.reshape([1] * input.dim()) if keepdim else s
+    return x.sum(dim if isinstance(dim, (list, tuple)) else [dim], keepdim)
+
+
+def nanmean(input, dim=None, keepdim=False, *, dtype=None):
+    """torch.nanmean: the mean of the non-NaN elements (NaN where there are none); floating input only."""
+    _tensor_arg("nanmean", "input", input)
+    if not input.dtype.is_floating_point and dtype is None:
+        raise _C.KilnError(f"nanmean(): expected input to have floating point dtype but got {input.dtype.name}")
+    kept = _C.logical_not(_C.isnan(input))
+    count = nansum(kept.to(dtype or input.dtype), dim, keepdim)
+    return nansum(input, dim, keepdim, dtype=dtype) / count
+
+
+def nanmedian(input, dim=None, keepdim=False):
+    """torch.nanmedian: the median of the non-NaN elements (the lower of the two middle ones; NaN where all
+    are NaN); with dim, (values, indices) as torch.return_types.nanmedian."""
+    _tensor_arg("nanmedian", "input", input)
+    if dim is None:
+        x = input.reshape([-1])
+        if x.numel() == 0:
+            return _C.full([], float("nan"), dtype=input.dtype, device=input.device)
+        return nanmedian(x, 0)[0]
+    d = _dim(dim, input.dim(), "nanmedian")
+    x = input if input.dim() else input.reshape([1])
+    if x.shape[d] == 0:
+        raise _C.KilnIndexError(f"nanmedian(): Expected reduction dim {d} to have non-zero size")
+    srt, order = _T["sort"](x, d)  # NaN sorts last
+    if x.dtype.is_floating_point:
+        count = _C.logical_not(_C.isnan(x)).to(_C.dtype.int64).sum([d], True)
+    else:
+        count = _C.full([1] * x.dim(), x.shape[d], dtype=_C.dtype.int64, device=x.device)
+    # the lower middle of the non-NaN values; where all are NaN, the middle (torch's index there)
+    pos = _C.where(count == 0, _C.full([], (x.shape[d] - 1) // 2, dtype=_C.dtype.int64, device=x.device),
+                   (count - 1) // 2)
+    pos = pos.expand([*x.shape[:d], 1, *x.shape[d + 1:]])
+    values, indices = _C.gather(srt, d, pos), _C.gather(order, d, pos)
+    if not keepdim or input.dim() == 0:
+        values, indices = values.squeeze(d), indices.squeeze(d)
+    return return_types.nanmedian(values, indices)
+
+
+_SIGN_VIEW = {_C.dtype.float64: _C.dtype.int64, _C.dtype.float32: _C.dtype.int32,
+              _C.dtype.float16: _C.dtype.int16, _C.dtype.bfloat16: _C.dtype.int16}
+
+
+def signbit(input):
+    """torch.signbit: whether the sign bit is set (True for -0.0 and a negative NaN; False for unsigned and
+    bool)."""
+    _tensor_arg("signbit", "input", input)
+    if input.dtype in _SIGN_VIEW:
+        bits = _C._view_dtype(input.detach().contiguous(), _SIGN_VIEW[input.dtype])
+        return bits < 0
+    if input.dtype in (_C.dtype.bool, _C.dtype.uint8):
+        return _C.zeros(list(input.shape), dtype=_C.dtype.bool, device=input.device)
+    return input < 0
+
+
+def _float_result(fn, *ts):
+    dt = _C.result_type(*ts) if builtins.len(ts) > 1 else ts[0].dtype
+    return dt if dt.is_floating_point else _C.dtype.float32
+
+
+def copysign(input, other):
+    """torch.copysign: input's magnitude with other's sign (its sign bit: -0.0 counts as negative), floating;
+    the gradient to input is sign(result / input) (0 where input is 0), to other zeros, as torch's."""
+    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+        raise TypeError(f"copysign(): argument 'input' must be a kiln.Tensor, not {type(input).__name__}")
+    if not isinstance(other, Tensor):
+        other = _C.full([], other, dtype=_C.dtype.float64 if isinstance(other, builtins.float) else
+                        _C.dtype.int64, device=input.device)
+        dt = _float_result("copysign", input)
+    else:
+        _tensor_arg("copysign", "input", input)
+        dt = _float_result("copysign", input, other)
+    x = input.to(dt)
+    negative = signbit(other)
+    mag = _C.abs(x)
+    out = _C.where(negative, -mag, mag)
+    if isinstance(other, Tensor) and other.requires_grad and other.dtype.is_floating_point:
+        out = out + _dropped(other, out)
+    return out
+
+
+def logit(input, eps=None):
+    """torch.logit (torch.special.logit): log(p / (1 - p)), p clamped to [eps, 1 - eps] where eps is given (its
+    gradient 0 outside); an integer input gives float32."""
+    _tensor_arg("logit", "input", input)
+    return _logit(input, eps)
+
+
+def _host_binary(fn, input, other, compute, check):
+    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+        raise TypeError(f"{fn}(): argument 'input' must be a kiln.Tensor, not {type(input).__name__}")
+    ref = input if isinstance(input, Tensor) else other
+    a = input if isinstance(input, Tensor) else _wrapped(input, other)
+    b = other if isinstance(other, Tensor) else _wrapped(other, input)
+    dt = _C.result_type(a, b)
+    check(dt)
+    shape = list(_C.broadcast_shapes(list(a.shape), list(b.shape)))
+    host_dt = _numpy(_C.empty([0], dtype=dt)).dtype
+    with np.errstate(all="ignore"):  # converted on the host: the engine's casts flush subnormals
+        host = np.asarray(compute(_host(a).astype(host_dt), _host(b).astype(host_dt)))
+    out = _C.from_numpy(np.ascontiguousarray(np.broadcast_to(host, shape)).astype(host.dtype)).to(dt)
+    return out.to(ref.device)
+
+
+def _integer_only(fn):
+    def check(dt):
+        if dt.is_floating_point or dt == _C.dtype.bool:
+            raise _C.KilnError(f"{fn}: not implemented for {dt.name} (integer tensors only, as torch)")
+    return check
+
+
+def gcd(input, other):
+    """torch.gcd: the greatest common divisor, element by element, of integer tensors (non-negative)."""
+    return _host_binary("gcd", input, other, np.gcd, _integer_only("gcd"))
+
+
+def lcm(input, other):
+    """torch.lcm: the least common multiple, element by element, of integer tensors (non-negative; 0 with a
+    0)."""
+    return _host_binary("lcm", input, other, np.lcm, _integer_only("lcm"))
+
+
+def heaviside(input, values):
+    """torch.heaviside: 0 where input < 0 (and NaN), values where input == 0, 1 where input > 0; input and
+    values of one dtype, as torch's; no gradient (torch has none)."""
+    _tensor_arg("heaviside", "input", input)
+    _tensor_arg("heaviside", "values", values)
+    if input.dtype != values.dtype:
+        raise _C.KilnError(f"heaviside is not yet implemented for tensors with different dtypes: input "
+                           f"{input.dtype.name}, values {values.dtype.name}")
+    x, v = input.detach(), values.detach()
+    return _C.where(x == 0, v, (x > 0).to(x.dtype))
+
+
+def _beta_alpha(fn, input, product, beta, alpha):
+    """beta * input + alpha * product, as addmm: beta=0 ignores input (NaN too, its gradient zeros), alpha=0
+    the product."""
+    shape = list(product.shape)
+    try:
+        fits = list(_C.broadcast_shapes(list(input.shape), shape)) == shape
+    except Exception:
+        fits = False
+    if not fits:
+        raise _C.KilnError(f"{fn}: input {list(input.shape)} cannot be broadcast to the product's shape {shape}")
+    if alpha == 0:
+        product = _dropped(product, product)
+    elif alpha != 1:
+        product = product * alpha
+    if beta == 0:
+        return product + _dropped(input, product)
+    return (input if beta == 1 else input * beta) + product
+
+
+def _same_dtype(fn, **ts):
+    dts = {t.dtype for t in ts.values()}
+    if len(dts) > 1:
+        raise _C.KilnError(f"{fn}: expected " + ", ".join(ts) + " to have the same dtype, but got " +
+                           ", ".join(t.dtype.name for t in ts.values()))
+
+
+def addmv(input, mat, vec, *, beta=1, alpha=1):
+    """torch.addmv: beta * input + alpha * (mat @ vec), mat 2-D, vec 1-D."""
+    for name, t in (("input", input), ("mat", mat), ("vec", vec)):
+        _tensor_arg("addmv", name, t)
+    if mat.dim() != 2 or vec.dim() != 1 or input.dim() > 1:
+        raise _C.KilnError(f"addmv: vector + matrix @ vector expected, got {input.dim()}, {mat.dim()}, {vec.dim()}")
+    if mat.shape[1] != vec.shape[0]:
+        raise _C.KilnError(f"addmv: size mismatch, got input ({input.shape[0] if input.dim() else 1}), mat "
+                           f"({mat.shape[0]}x{mat.shape[1]}), vec ({vec.shape[0]})")
+    _same_dtype("addmv", input=input, mat=mat, vec=vec)
+    return _beta_alpha("addmv", input, _matrix_product(mat, vec.unsqueeze(1)).squeeze(1), beta, alpha)
+
+
+def addr(input, vec1, vec2, *, beta=1, alpha=1):
+    """torch.addr: beta * input + alpha * outer(vec1, vec2)."""
+    for name, t in (("input", input), ("vec1", vec1), ("vec2", vec2)):
+        _tensor_arg("addr", name, t)
+    for name, t in (("vec1", vec1), ("vec2", vec2)):
+        if t.dim() != 1:
+            raise _C.KilnError(f"addr: expected 1-D argument {name}, but got {t.dim()}-D")
+    return _beta_alpha("addr", input, outer(vec1, vec2), beta, alpha)
+
+
+def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    """torch.addbmm: beta * input + alpha * the sum over the batch of batch1[i] @ batch2[i]."""
+    for name, t in (("input", input), ("batch1", batch1), ("batch2", batch2)):
+        _tensor_arg("addbmm", name, t)
+    if batch1.dim() != 3 or batch2.dim() != 3:
+        raise _C.KilnError(f"addbmm: batch1 and batch2 must be 3-D tensors, got {batch1.dim()}-D and "
+                           f"{batch2.dim()}-D")
+    if batch1.shape[0] != batch2.shape[0] or batch1.shape[2] != batch2.shape[1]:
+        raise _C.KilnError(f"addbmm: batch1 {list(batch1.shape)} and batch2 {list(batch2.shape)} do not multiply "
+                           f"(same batch size, batch1.size(2) == batch2.size(1))")
+    _same_dtype("addbmm", input=input, batch1=batch1, batch2=batch2)
+    product = _matrix_product(batch1, batch2).sum([0], False)
+    return _beta_alpha("addbmm", input, product, beta, alpha)
+
+
+def renorm(input, p, dim, maxnorm):
+    """torch.renorm: each slice along dim whose p-norm exceeds maxnorm scaled to norm maxnorm (by
+    maxnorm / (norm + 1e-7), as torch's)."""
+    _tensor_arg("renorm", "input", input)
+    if not input.dtype.is_floating_point:
+        raise _C.KilnError(f"renorm: expected a floating point input, got {input.dtype.name}")
+    if not p > 0:
+        raise _C.KilnError(f"renorm: non-positive-norm not supported, got p={p}")
+    if maxnorm < 0:
+        raise _C.KilnError(f"renorm: expected maxnorm to be >= 0 but got {maxnorm}")
+    if input.dim() <= 1:
+        raise _C.KilnError(f"renorm: input needs at least 2 dimensions, got {input.dim()} dimensions")
+    d = _dim(dim, input.dim(), "renorm")
+    others = [i for i in range(input.dim()) if i != d]
+    norm = vector_norm(input, p, others, True)
+    one = _C.ones([], dtype=input.dtype, device=input.device)
+    factor = _C.where(norm > maxnorm, maxnorm / (norm + 1e-7), one)
+    return input * factor
+
+
+def cov(input, *, correction=1, fweights=None, aweights=None):
+    """torch.cov: the covariance of input's rows (variables) over its columns (observations), 1-D input one
+    variable; fweights (integer frequencies) and aweights (weights) as torch's."""
+    _tensor_arg("cov", "input", input)
+    if input.dim() > 2:
+        raise _C.KilnError(f"cov(): expected input to have two or fewer dimensions but got an input with "
+                           f"{input.dim()} dimensions")
+    x = input.reshape([1, -1]) if input.dim() < 2 else input
+    if not x.dtype.is_floating_point:
+        x = x.to(_C.dtype.float32)
+    n = x.shape[1]
+    w = None
+    if fweights is not None:
+        _tensor_arg("cov", "fweights", fweights)
+        if fweights.dim() > 1 or fweights.numel() != n:
+            raise _C.KilnError(f"cov(): expected fweights to have one dimension and {n} elements, got shape "
+                               f"{list(fweights.shape)}")
+        if fweights.dtype.is_floating_point or fweights.dtype == _C.dtype.bool:
+            raise _C.KilnError(f"cov(): expected fweights to have integral dtype, got {fweights.dtype.name}")
+        if fweights.numel() and bool(_T["min"](fweights).item() < 0):
+            raise _C.KilnError("cov(): fweights cannot be negative")
+        w = fweights.reshape([-1]).to(x.dtype)
+    if aweights is not None:
+        _tensor_arg("cov", "aweights", aweights)
+        if aweights.dim() > 1 or aweights.numel() != n:
+            raise _C.KilnError(f"cov(): expected aweights to have one dimension and {n} elements, got shape "
+                               f"{list(aweights.shape)}")
+        if not aweights.dtype.is_floating_point:
+            raise _C.KilnError(f"cov(): expected aweights to have floating point dtype, got {aweights.dtype.name}")
+        if aweights.numel() and bool(_T["min"](aweights).item() < 0):
+            raise _C.KilnError("cov(): aweights cannot be negative")
+        aw = aweights.reshape([-1]).to(x.dtype)
+        w = aw if w is None else w * aw
+    if w is None:
+        w_sum = _C.full([], n, dtype=x.dtype, device=x.device)
+        avg = _T["mean"](x, [1], True) if n else _T["sum"](x, [1], True) / 0.0
+    else:
+        w_sum = _T["sum"](w)
+        avg = _T["sum"](x * w, [1], True) / w_sum
+    if w is None:
+        norm_factor = w_sum - correction
+    elif correction == 0:
+        norm_factor = w_sum
+    elif aweights is None:
+        norm_factor = w_sum - correction
+    else:
+        norm_factor = w_sum - correction * _T["sum"](w * aw) / w_sum
+    norm_factor = _C.clamp(norm_factor, 0, None)
+    xm = x - avg
+    c = _matrix_product(xm * w if w is not None else xm, xm.transpose(0, 1)) / norm_factor
+    return c.reshape([]) if c.shape[0] == 1 and input.dim() < 2 else c
+
+
+def corrcoef(input):
+    """torch.corrcoef: the Pearson correlation coefficients of input's rows (cov normalised by the standard
+    deviations, clipped to [-1, 1])."""
+    _tensor_arg("corrcoef", "input", input)
+    c = cov(input)
+    if c.dim() == 0:
+        return c / c
+    d = _C.diagonal(c, 0, 0, 1)
+    std = _C.sqrt(d)
+    c = c / std.unsqueeze(1)
+    c = c / std.unsqueeze(0)
+    return _C.clamp(c, -1, 1)
+
+
+def vander(x, N=None, increasing=False):
+    """torch.vander: the columns x ** (N - 1), ..., x ** 0 (increasing: the other order), by cumprod as
+    torch's; integer and bool x give int64."""
+    _tensor_arg("vander", "x", x)
+    if x.dim() != 1:
+        raise _C.KilnError(f"vander: x must be a one-dimensional tensor, got {x.dim()}-D")
+    if N is None:
+        N = x.shape[0]
+    if N < 0:
+        raise _C.KilnError(f"vander: N must be non-negative, got N={N}")
+    dt = x.dtype if x.dtype.is_floating_point else _C.dtype.int64
+    xs = x.to(dt)
+    ones = _C.ones([x.shape[0], builtins.min(N, 1)], dtype=dt, device=x.device)
+    if N > 1:
+        rest = _C.cumprod(xs.unsqueeze(1).expand([x.shape[0], N - 1]), 1)
+        out = _C.cat([ones, rest], 1)
+    else:
+        out = ones
+    return out if increasing else _C.flip(out, [1])
+
+
+def frexp(input):
+    """torch.frexp: (mantissa, exponent) with input = mantissa * 2 ** exponent, |mantissa| in [0.5, 1)
+    (0, inf and NaN keep theirs with exponent 0); exponent int32; the mantissa's gradient is
+    grad / 2 ** exponent, as torch's."""
+    _tensor_arg("frexp", "input", input)
+    if not input.dtype.is_floating_point:
+        raise _C.KilnError(f"torch.frexp() only supports floating-point dtypes, got {input.dtype.name}")
+    host = _host(input.detach())
+    host_mantissa, exponent = np.frexp(host)
+    exponent = exponent.astype(np.int32)
+    power = _C.from_numpy(np.ascontiguousarray(np.ldexp(np.ones_like(exponent, dtype=np.float64), exponent)))
+    mantissa = input / power.to(input.dtype).to(input.device)
+    tiny = np.abs(host) < np.finfo(host.dtype if input.dtype != _C.dtype.float16 else np.float16).tiny
+    if input.dtype == _C.dtype.bfloat16:
+        tiny = np.abs(host) < np.finfo(np.float32).tiny
+    tiny &= host != 0
+    if tiny.any():  # subnormals, which the engine's arithmetic flushes to 0: the host's mantissa (no gradient)
+        mantissa = _C.where(_C.from_numpy(np.ascontiguousarray(tiny)).to(input.device),
+                            _C.from_numpy(np.ascontiguousarray(host_mantissa)).to(input.dtype).to(input.device),
+                            mantissa)
+    return return_types.frexp(
+        mantissa, _C.from_numpy(np.ascontiguousarray(exponent)).to(input.device))
+
+
+def ldexp(input, other):
+    """torch.ldexp: input * 2 ** other, as torch's (a floating result; an integer input gives float32)."""
+    _tensor_arg("ldexp", "input", input)
+    if not isinstance(other, Tensor):
+        raise TypeError(f"ldexp(): argument 'other' must be a kiln.Tensor, not {type(other).__name__}")
+    return input * pow(2.0, other)
+
+
+def nextafter(input, other):
+    """torch.nextafter: the next floating-point value after input towards other, in their promoted dtype,
+    float32, float64 or float16 (not bfloat16, which torch has and NumPy lacks); no gradient (torch has
+    none)."""
+    _tensor_arg("nextafter", "input", input)
+    _tensor_arg("nextafter", "other", other)
+
+    def check(dt):
+        if dt not in (_C.dtype.float32, _C.dtype.float64, _C.dtype.float16):
+            raise _C.KilnError(f"nextafter: not implemented for {dt.name} (float32, float64 and float16 in Kiln)")
+    return _host_binary("nextafter", input.detach(), other.detach(), np.nextafter, check)
+
+
+__all__ += ["linspace", "logspace", "as_tensor", "asarray", "outer", "ger", "dot", "vdot", "inner", "tensordot",
+            "masked_select", "repeat_interleave", "take", "argwhere", "nansum", "nanmean", "nanmedian", "signbit",
+            "copysign", "logit", "gcd", "lcm", "heaviside", "addmv", "addr", "addbmm", "renorm", "cov", "corrcoef",
+            "vander", "frexp", "ldexp", "nextafter"]
+
+
+def _install_more():
+    for fn in (outer, ger, dot, vdot, inner, masked_select, repeat_interleave, take, argwhere, nansum, nanmean,
+               nanmedian, signbit, copysign, logit, gcd, lcm, heaviside, addmv, addr, addbmm, renorm, cov,
+               corrcoef, frexp, ldexp, nextafter):
+        setattr(Tensor, fn.__name__, _as_method(fn))
+    for fn in (copysign, logit, gcd, lcm, heaviside, addmv, addr, addbmm, renorm, ldexp, nextafter):
+        setattr(Tensor, fn.__name__ + "_", _inplace(fn.__name__ + "_", fn))
+
+
+_install_more()

@@ -13,14 +13,47 @@ from ._C import Tensor
 def tensor(data, dtype=None, device=None, requires_grad=False):
     """A new tensor holding a copy of `data`: a (nested) list of numbers, a number, a NumPy array
     or anything NumPy accepts, or a tensor. Python floats give float32 and ints int64 (as PyTorch);
-    NumPy arrays keep their dtype."""
-    t = data.detach().clone() if isinstance(data, Tensor) else _C._tensor_from(data)
+    NumPy arrays keep their dtype. With a dtype, Python numbers convert to it as torch.tensor's do:
+    each float read as its double (kiln.tensor([0.3], dtype=kiln.float64) is 0.3, not float32's
+    0.30000001192092896), each int as its exact int64."""
+    t = data.detach().clone() if isinstance(data, Tensor) else _C._tensor_from(_python_numbers(data, dtype))
     if dtype is not None or device is not None:
         t = t.to(dtype=dtype, device=device) if dtype is not None and device is not None else (
             t.to(dtype) if dtype is not None else t.to(device))
     if requires_grad:
         t.requires_grad_(True)
     return t
+
+
+def _python_numbers(data, dtype):
+    """data, or where it is Python numbers (a number, or nested lists of them) given with a dtype, a
+    NumPy array of them that converts to dtype as torch.tensor's: a float kept as its double (the
+    engine would read it as float32 first), an int as int64; for float32, float16 and bfloat16 rounded
+    from the double to float32, then (16-bit) from float32, as torch's stores do; for int64, each
+    element converted on its own (an int beyond 2**53 beside a float stays exact)."""
+    import numpy as np
+    if dtype is None or isinstance(data, (np.ndarray, np.generic)):
+        return data
+    if not isinstance(dtype, _C.dtype):  # a name, a torch or NumPy dtype, float/int/bool
+        dtype = _C.empty([0], dtype=dtype).dtype
+    try:
+        a = np.asarray(data)
+    except (ValueError, TypeError, OverflowError):
+        return data  # not numbers: _tensor_from says what is wrong with it
+    if a.dtype.kind not in "biuf":
+        return data
+    if dtype.is_floating_point:
+        a = a.astype(np.float64)  # an int as Python's float(int) gives it
+        if dtype == _C.dtype.float64:
+            return a
+        with np.errstate(over="ignore"):  # beyond float32: inf, as torch's
+            return a.astype(np.float32)
+    if dtype == _C.dtype.int64 and a.dtype.kind == "f":
+        try:
+            return np.array(data, dtype=np.int64)  # each number on its own, floats toward zero
+        except (ValueError, OverflowError):
+            pass  # NaN or out of range: as the engine converts float64
+    return a
 
 
 def is_grad_enabled():

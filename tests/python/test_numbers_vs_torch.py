@@ -574,3 +574,44 @@ def test_uint8_with_negative_python_ints_as_torch():
                 cases[name](xt, v)
             with pytest.raises(RuntimeError, match="does not fit in u8"):
                 cases[name](x, v)
+
+
+# ---- kiln.tensor / Tensor.new_tensor from Python numbers with a dtype: converted as torch.tensor's ----
+
+_FROM_PYTHON = [
+    0.3, [0.3], [[0.1, 0.2], [1e-50, -2.5]], [1, 2**60 + 1, -(2**53) - 1], [2**60 + 1, 0.5], [True, False, 2.5],
+    [1 + 2**-11 + 2**-40, 1 + 2**-8 + 2**-40, 65519.0, 70000.0, 1e300, -1e-300], [[3], [4]], 7, True,
+    np.float64(0.3), np.float32(0.3), np.int32(7), [np.float64(0.1), 2],
+]
+
+
+@pytest.mark.parametrize("data", _FROM_PYTHON, ids=range(len(_FROM_PYTHON)))
+@pytest.mark.parametrize("dt", ["float64", "float32", "float16", "bfloat16", "int64", "bool"])
+def test_tensor_from_python_numbers_with_a_dtype_is_torchs(data, dt):
+    if dt == "int64" and isinstance(data, list) and 1e300 in data:
+        pytest.skip("torch refuses a float beyond int64; Kiln's engine cast gives its minimum")
+    if dt in ("int64", "bool") and isinstance(data, np.float32):
+        pytest.skip("torch 2.15 refuses a NumPy float32 scalar with an integer or bool dtype")
+    t = torch.tensor(data, dtype=getattr(torch, dt))
+    for k in (kiln.tensor(data, dtype=getattr(kiln, dt)), kiln.zeros([1], dtype=getattr(kiln, dt)).new_tensor(data)):
+        assert str(k.dtype).split(".")[-1] == dt
+        assert list(k.shape) == list(t.shape)
+        # exact: the same double for every element (NaN-free data)
+        assert k.float().tolist() == t.float().tolist() if dt in ("float16", "bfloat16") else k.tolist() == t.tolist()
+
+
+def test_tensor_with_float64_keeps_the_python_double():
+    assert kiln.tensor([0.3], dtype=kiln.float64).item() == 0.3
+    assert kiln.tensor(0.1, dtype=kiln.float64).item() == 0.1
+    for spelt in ("float64", torch.float64, np.float64, float):
+        assert kiln.tensor([0.3], dtype=spelt).item() == 0.3
+    assert kiln.zeros([2], dtype=kiln.float64).new_tensor([[0.7]]).tolist() == [[0.7]]
+    assert kiln.tensor([2**60 + 1], dtype=kiln.int64).item() == 2**60 + 1
+    assert kiln.tensor([2**60 + 1, 0.5], dtype=kiln.int64).tolist() == [2**60 + 1, 0]
+
+
+@pytest.mark.parametrize("data", [[0.3], 0.3, [[1, 2]], [2**60 + 1], [True], [np.float32(0.5)], np.float64(0.3)])
+def test_tensor_default_dtype_rules_are_unchanged(data):
+    k, t = kiln.tensor(data), torch.tensor(data)
+    assert str(k.dtype).split(".")[-1] == str(t.dtype).split(".")[-1]
+    assert k.tolist() == t.tolist()
