@@ -1,4 +1,4 @@
-// Optimizer bookkeeping, the three update rules, gradient clipping and LR schedules.
+// Optimizer bookkeeping, the update rules (SGD, AdamW, LAMB, RMSprop, Adagrad), gradient clipping and LR schedules.
 // Updates are tensor ops under NoGradGuard, so they run on whatever device holds the parameters;
 // state tensors are f32 for f32 parameters (and f32 for 16-bit ones: master precision), f64 for f64 ones.
 #include "engine/optim.h"
@@ -169,7 +169,8 @@ void Optimizer::step(const Tensor& skip_if) {
   };
   check_group_options();  // groups() may have changed a group's own momentum or betas since the last step
   // Kiln's optimizers keep state shaped as each parameter (one written outside Kiln may keep others).
-  const bool own_slots = dynamic_cast<const AdamFamily*>(this) || dynamic_cast<const SGD*>(this);
+  const bool own_slots = dynamic_cast<const AdamFamily*>(this) || dynamic_cast<const SGD*>(this) ||
+                         dynamic_cast<const RMSprop*>(this) || dynamic_cast<const Adagrad*>(this);
   std::optional<Device> dev;
   std::vector<double> mask(nparams_, 0.0);  // which parameters have a gradient (their counts advance)
   for (size_t g = 0; g < groups_.size(); ++g)
@@ -244,8 +245,9 @@ void Optimizer::step(const Tensor& skip_if) {
         slices.push_back(slice);
         p.bump_version();
       } else if (!skip_on_host()) {
-        if (counts_steps() && host_counts.empty()) host_counts = counts_.to_vector();  // once a step
-        steps_ = counts_steps() ? int64_t(host_counts[first_[g] + i]) : 0;             // this parameter's step number
+        if (host_steps() && host_counts.empty()) host_counts = counts_.to_vector();  // once a step
+        steps_ = host_steps() ? int64_t(host_counts[first_[g] + i]) : 0;             // this parameter's step number
+        step_t_ = counts_steps() ? counts_.narrow(0, int64_t(first_[g] + i), 1).reshape({}) : Tensor();
         update(groups_[g], p, grad, slots_[g][i]);
       }
     }
@@ -376,6 +378,9 @@ std::optional<std::set<std::string>> slot_names(const Optimizer& o, const std::m
   // SGD's buffer whatever the momentum now: a group whose momentum was set to 0 after it had a buffer
   // keeps it (and saves it), as torch's does.
   if (dynamic_cast<const SGD*>(&o)) return std::set<std::string>{"momentum_buffer"};
+  // RMSprop's, whatever its momentum and centered now (as SGD's buffer)
+  if (dynamic_cast<const RMSprop*>(&o)) return std::set<std::string>{"square_avg", "momentum_buffer", "grad_avg"};
+  if (dynamic_cast<const Adagrad*>(&o)) return std::set<std::string>{"sum"};
   return std::nullopt;
 }
 }  // namespace
@@ -738,6 +743,134 @@ void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<s
   if (!w.same(p)) w = w.clone();
   w.add_(u, -g.lr * trust);
   write_back(p, w);
+}
+
+// ---- RMSprop and Adagrad ----------------------------------------------------------------------------
+// Tensor ops per parameter (a fused backend kernel, as SGD's and the Adam family's, would be faster:
+// one pass over the parameter instead of several), in the order of torch's single-tensor rules, with
+// no value read on the host.
+
+RMSprop::RMSprop(std::vector<ParamGroup> groups, RmspropOptions o) : Optimizer(std::move(groups)), o_(o) {
+  check_hyper(hyper(), "its");
+  check_group_options();
+}
+
+RmspropOptions RMSprop::options(const ParamGroup& g) const {
+  RmspropOptions o = o_;
+  for (const auto& [k, v] : g.options) {
+    if (k == "alpha") o.alpha = v;
+    if (k == "eps") o.eps = v;
+    if (k == "momentum") o.momentum = v;
+    if (k == "centered") o.centered = v != 0;
+  }
+  return o;
+}
+
+std::map<std::string, double> RMSprop::hyper() const {
+  return {{"alpha", o_.alpha}, {"eps", o_.eps}, {"momentum", o_.momentum}, {"centered", o_.centered ? 1.0 : 0.0}};
+}
+
+void RMSprop::check_hyper(const std::map<std::string, double>& h, const std::string& where) const {
+  // torch's bounds (each >= 0), and finite
+  for (const char* k : {"alpha", "eps", "momentum"}) {
+    const double v = h.at(k);
+    KILN_CHECK(std::isfinite(v) && v >= 0, "rmsprop: ", where, " ", k, " must be finite and >= 0, got ", v);
+  }
+  const double centered = h.at("centered");
+  KILN_CHECK(centered == 0 || centered == 1, "rmsprop: ", where, " centered must be 0 or 1, got ", centered);
+}
+
+void RMSprop::set_hyper(const std::map<std::string, double>& h) {
+  check_hyper(h, "optimizer state's");
+  o_ = RmspropOptions{h.at("alpha"), h.at("eps"), h.at("momentum"), h.at("centered") == 1};
+}
+
+void RMSprop::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  const RmspropOptions o = options(g);
+  Tensor w = in_state_dtype(p, p);
+  Tensor d = in_state_dtype(grad, p);  // may be the gradient itself: only read
+  if (g.weight_decay != 0) d = d + w * g.weight_decay;
+  Tensor& sq = slot(slots, "square_avg", p);
+  sq.mul_(o.alpha).add_(d * d, 1.0 - o.alpha);
+  Tensor avg;
+  if (o.centered) {
+    Tensor& ga = slot(slots, "grad_avg", p);
+    ga.add_(d - ga, 1.0 - o.alpha);  // torch's lerp_(g, 1 - alpha)
+    avg = sqrt(sq - ga * ga);
+  } else {
+    avg = sqrt(sq);
+  }
+  avg = avg + o.eps;
+  Tensor step;
+  if (o.momentum > 0) {
+    Tensor& buf = slot(slots, "momentum_buffer", p);
+    buf.mul_(o.momentum).add_(d / avg);
+    step = buf;
+  } else {
+    step = d / avg;
+  }
+  if (w.same(p)) {
+    p.add_(step, -g.lr);
+  } else {
+    write_back(p, w - step * g.lr);
+  }
+}
+
+Adagrad::Adagrad(std::vector<ParamGroup> groups, AdagradOptions o) : Optimizer(std::move(groups)), o_(o) {
+  check_hyper(hyper(), "its");
+  check_group_options();
+}
+
+AdagradOptions Adagrad::options(const ParamGroup& g) const {
+  AdagradOptions o = o_;
+  for (const auto& [k, v] : g.options) {
+    if (k == "lr_decay") o.lr_decay = v;
+    if (k == "eps") o.eps = v;
+    if (k == "initial_accumulator_value") o.initial_accumulator_value = v;
+  }
+  return o;
+}
+
+std::map<std::string, double> Adagrad::hyper() const {
+  return {{"lr_decay", o_.lr_decay}, {"eps", o_.eps}, {"initial_accumulator_value", o_.initial_accumulator_value}};
+}
+
+void Adagrad::check_hyper(const std::map<std::string, double>& h, const std::string& where) const {
+  for (const char* k : {"lr_decay", "eps", "initial_accumulator_value"}) {
+    const double v = h.at(k);
+    KILN_CHECK(std::isfinite(v) && v >= 0, "adagrad: ", where, " ", k, " must be finite and >= 0, got ", v);
+  }
+}
+
+void Adagrad::set_hyper(const std::map<std::string, double>& h) {
+  check_hyper(h, "optimizer state's");
+  o_ = AdagradOptions{h.at("lr_decay"), h.at("eps"), h.at("initial_accumulator_value")};
+}
+
+void Adagrad::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) {
+  const AdagradOptions o = options(g);
+  Tensor w = in_state_dtype(p, p);
+  Tensor d = in_state_dtype(grad, p);
+  if (g.weight_decay != 0) d = d + w * g.weight_decay;
+  const bool fresh = !slots.count("sum");
+  Tensor& acc = slot(slots, "sum", p);
+  if (fresh && o.initial_accumulator_value != 0) acc.fill_(o.initial_accumulator_value);
+  acc.add_(d * d);
+  const Tensor std_ = sqrt(acc) + o.eps;
+  Tensor step = d / std_;
+  double alpha = -g.lr;
+  if (o.lr_decay != 0) {
+    // lr / (1 + (t - 1) * lr_decay) from this parameter's device-side step count t, in f64 as torch's
+    // Python float, then in the update's dtype
+    const Tensor clr = g.lr / ((step_t_ - 1.0) * o.lr_decay + 1.0);
+    step = step * clr.to(step.dtype());
+    alpha = -1.0;
+  }
+  if (w.same(p)) {
+    p.add_(step, alpha);
+  } else {
+    write_back(p, w + step * alpha);
+  }
 }
 
 // ---- clipping, groups --------------------------------------------------------------------------------

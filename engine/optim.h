@@ -1,4 +1,4 @@
-// Optimizers (SGD, AdamW, LAMB) over parameter groups, gradient clipping, and learning-rate
+// Optimizers (SGD, AdamW, LAMB, RMSprop, Adagrad) over parameter groups, gradient clipping, and learning-rate
 // schedules that are pure functions of the step (a resumed run gets the same LR).
 #pragma once
 #include <functional>
@@ -114,10 +114,17 @@ class Optimizer {
   // Whether the update uses the per-parameter step count (Adam's bias corrections; SGD does not:
   // its counts stay 0 and are not saved).
   virtual bool counts_steps() const { return true; }
+  // Whether the per-tensor update() reads its step number on the host (steps_: one synchronising
+  // read of the counts per step). An optimizer that answers false reads it on the device instead,
+  // from step_t_, so its steps never wait for the device.
+  virtual bool host_steps() const { return counts_steps(); }
   // This parameter's step number (skipped steps not counted), for the per-tensor update() path only:
   // from a host copy of counts_, read once in a step that runs that path (update() is called once
   // per parameter, and the fused path must not wait for the device).
   int64_t steps_ = 0;
+  // This parameter's step number as an f64 [] view of the device-side counts (this step counted), for
+  // the per-tensor update() path of an optimizer that counts steps; no host read.
+  Tensor step_t_;
 
  private:
   std::vector<ParamGroup> groups_;
@@ -211,6 +218,54 @@ class LAMB final : public AdamFamily {
 
  private:
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
+};
+
+// torch.optim.RMSprop (its single-tensor rule): with g = grad + weight_decay * p (L2, as torch),
+// square_avg = alpha * square_avg + (1 - alpha) * g^2; centered: grad_avg lerps to g by 1 - alpha and
+// avg = sqrt(square_avg - grad_avg^2) + eps, else sqrt(square_avg) + eps; with momentum > 0
+// momentum_buffer = momentum * momentum_buffer + g / avg and p -= lr * momentum_buffer, else
+// p -= lr * g / avg. Slots "square_avg", "momentum_buffer" (momentum > 0), "grad_avg" (centered), as
+// torch's state; the step count is kept (torch's state['step']) though the rule does not use it.
+// torch's maximize (the gradient negated) is the Python class's, as for the other optimizers.
+struct RmspropOptions {
+  double alpha = 0.99, eps = 1e-8, momentum = 0.0;
+  bool centered = false;
+};
+class RMSprop final : public Optimizer {
+ public:
+  RMSprop(std::vector<ParamGroup> groups, RmspropOptions o = {});
+  std::string name() const override { return "rmsprop"; }
+
+ private:
+  void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
+  std::map<std::string, double> hyper() const override;
+  void set_hyper(const std::map<std::string, double>& h) override;
+  void check_hyper(const std::map<std::string, double>& h, const std::string& where) const override;
+  bool host_steps() const override { return false; }
+  RmspropOptions options(const ParamGroup& g) const;  // o_ with the group's own values
+  RmspropOptions o_;
+};
+
+// torch.optim.Adagrad (its single-tensor rule, dense gradients): with g = grad + weight_decay * p (L2)
+// and t this parameter's step number (from 1), sum += g^2 and p -= lr / (1 + (t - 1) * lr_decay) *
+// g / (sqrt(sum) + eps). The slot "sum" starts at initial_accumulator_value (made at the parameter's
+// first step; torch makes it at construction, with the same value).
+struct AdagradOptions {
+  double lr_decay = 0.0, eps = 1e-10, initial_accumulator_value = 0.0;
+};
+class Adagrad final : public Optimizer {
+ public:
+  Adagrad(std::vector<ParamGroup> groups, AdagradOptions o = {});
+  std::string name() const override { return "adagrad"; }
+
+ private:
+  void update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<std::string, Tensor>& slots) override;
+  std::map<std::string, double> hyper() const override;
+  void set_hyper(const std::map<std::string, double>& h) override;
+  void check_hyper(const std::map<std::string, double>& h, const std::string& where) const override;
+  bool host_steps() const override { return false; }
+  AdagradOptions options(const ParamGroup& g) const;  // o_ with the group's own values
+  AdagradOptions o_;
 };
 
 // Scales all gradients by torch's factor min(max_norm / (norm + 1e-6), 1), so their global norm is at

@@ -422,7 +422,7 @@ LoadedRun load_run_checkpoint(const std::string& path, nn::Module& model, optim:
       for (const auto& e : r.entries())
         if (e.name.rfind("optim/", 0) == 0) os.tensors[e.name.substr(6)] = r.read(e.name);
     }
-    // An optimizer with per-parameter state (SGD with momentum, AdamW, LAMB) has some after its first
+    // An optimizer with per-parameter state (SGD with momentum, AdamW, LAMB, RMSprop, Adagrad) has some after its first
     // step: a training checkpoint without any would resume from a fresh optimizer and silently not
     // continue the run.
     const auto steps = os.scalars.find("steps");

@@ -476,6 +476,49 @@ TEST_CASE("checkpoint: loading into another model lists every missing, unexpecte
   CHECK(same->state_dict().at("conv1.weight").to_vector() == a->state_dict().at("conv1.weight").to_vector());
 }
 
+TEST_CASE("checkpoint: RMSprop and Adagrad runs resume from a run checkpoint bit for bit") {
+  for (const char* which : {"rmsprop", "adagrad"}) {
+    CAPTURE(which);
+    TempDir d("kiln_ckpt_opt");
+    // `fresh`: made with other hyper-parameters and lrs, which the checkpoint's replace (as torch's load)
+    auto make = [&which](nn::Linear& m, bool fresh) -> std::unique_ptr<optim::Optimizer> {
+      std::vector<optim::ParamGroup> groups = {{{m.weight}, fresh ? 0.5 : 0.02, 0.01}, {{m.bias}, 0.05, 0.0}};
+      if (std::string(which) == "rmsprop")
+        return std::make_unique<optim::RMSprop>(
+            groups, fresh ? optim::RmspropOptions{} : optim::RmspropOptions{0.95, 1e-8, 0.5, true});
+      return std::make_unique<optim::Adagrad>(groups,
+                                              fresh ? optim::AdagradOptions{} : optim::AdagradOptions{0.1, 1e-10, 0.2});
+    };
+    manual_seed(4);
+    nn::Linear a(6, 3), b(6, 3);
+    auto opt_a = make(a, false);
+    const Tensor x = randn({8, 6});
+    auto train = [&x](nn::Linear& m, optim::Optimizer& o, int steps) {
+      for (int s = 0; s < steps; ++s) {
+        o.zero_grad();
+        sum(m(x * double(s + 1)) * m(x)).backward();
+        o.step();
+      }
+    };
+    train(a, *opt_a, 3);
+    io::RunState run;
+    run.step = 3;
+    const std::string path = io::save_run_checkpoint(d.p.string(), a, *opt_a, run, {{"optimizer", which}});
+    auto opt_b = make(b, true);  // b's own initial weights and options, replaced by the checkpoint's
+    CHECK(io::load_run_checkpoint(path, b, opt_b.get()).run.step == 3);
+    CHECK(opt_b->steps(0, 0) == 3);
+    train(a, *opt_a, 4);
+    train(b, *opt_b, 4);
+    CHECK(a.weight.to_vector() == b.weight.to_vector());
+    CHECK(a.bias.to_vector() == b.bias.to_vector());
+    // the other optimizer's checkpoint is refused, naming both
+    nn::Linear c(6, 3);
+    optim::SGD sgd({{c.parameters(), 0.1, 0.0}}, {0.9});
+    CHECK(contains(error_of([&] { io::load_run_checkpoint(path, c, &sgd); }),
+                   std::string("saved with optimizer ") + which));
+  }
+}
+
 namespace {
 std::vector<std::pair<int64_t, double>> step_losses(const std::string& path) {
   std::vector<std::pair<int64_t, double>> out;

@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <set>
+#include <tuple>
 #include <type_traits>
 
 #include "kernels/common/optim_math.h"
@@ -368,6 +371,127 @@ TEST_CASE("optim: AdamW by hand") {
   CHECK(p.item<double>() == p2.item<double>());
   optim::SGD sgd({{{p2}, 0.1, 0.0}}, {0.9});
   CHECK_THROWS_AS(sgd.load_state(opt.state()), kiln::Error);
+}
+
+TEST_CASE("optim: RMSprop by hand (momentum, centered, L2 weight decay), torch's single-tensor rule") {
+  const double gs[4][2] = {{0.5, -1.0}, {0.2, 0.3}, {-0.4, 0.1}, {0.0, -0.6}};
+  for (const double momentum : {0.0, 0.9})
+    for (const bool centered : {false, true}) {
+      CAPTURE(momentum);
+      CAPTURE(centered);
+      Tensor p = param({1.0, -2.0});
+      optim::RMSprop opt({{{p}, 0.01, 0.1}}, {0.9, 1e-6, momentum, centered});
+      double w[2] = {1.0, -2.0}, sq[2] = {0, 0}, ga[2] = {0, 0}, buf[2] = {0, 0};
+      for (int t = 0; t < 4; ++t) {
+        p.set_grad(from_vector({gs[t][0], gs[t][1]}, {2}));
+        opt.step();
+        for (int k = 0; k < 2; ++k) {
+          const double g = gs[t][k] + 0.1 * w[k];
+          sq[k] = 0.9 * sq[k] + 0.1 * g * g;
+          ga[k] = ga[k] + 0.1 * (g - ga[k]);
+          const double avg = std::sqrt(centered ? sq[k] - ga[k] * ga[k] : sq[k]) + 1e-6;
+          buf[k] = momentum * buf[k] + g / avg;
+          w[k] -= 0.01 * (momentum > 0 ? buf[k] : g / avg);
+          CHECK(p.to_vector()[size_t(k)] == doctest::Approx(w[k]).epsilon(1e-5));
+        }
+      }
+      CHECK(opt.steps(0, 0) == 4);  // torch's state['step']
+      std::set<std::string> names;
+      for (const auto& [k, t] : opt.state().tensors) names.insert(k);
+      std::set<std::string> want = {"0.0.square_avg"};
+      if (momentum > 0) want.insert("0.0.momentum_buffer");
+      if (centered) want.insert("0.0.grad_avg");
+      CHECK(names == want);
+    }
+  Tensor q = param({1.0});
+  CHECK(contains(error_of([&] {
+                   optim::RMSprop({{{q}, 0.01, 0.0}}, {-0.5});
+                 }),
+                 "alpha must be finite and >= 0, got -0.5"));
+  CHECK(contains(error_of([&] {
+                   optim::RMSprop({{{q}, 0.01, 0.0}}, {0.99, 1e-8, -1});
+                 }),
+                 "momentum must be finite and >= 0, got -1"));
+}
+
+TEST_CASE("optim: Adagrad by hand (lr_decay, initial accumulator, L2 weight decay), torch's single-tensor rule") {
+  const double gs[4][2] = {{0.5, -1.0}, {0.2, 0.3}, {-0.4, 0.1}, {0.0, -0.6}};
+  for (const double lr_decay : {0.0, 0.5})
+    for (const double init : {0.0, 0.3}) {
+      CAPTURE(lr_decay);
+      CAPTURE(init);
+      Tensor p = param({1.0, -2.0});
+      optim::Adagrad opt({{{p}, 0.1, 0.05}}, {lr_decay, 1e-10, init});
+      double w[2] = {1.0, -2.0}, acc[2] = {init, init};
+      for (int t = 1; t <= 4; ++t) {
+        p.set_grad(from_vector({gs[t - 1][0], gs[t - 1][1]}, {2}));
+        opt.step();
+        const double clr = 0.1 / (1 + (t - 1) * lr_decay);
+        for (int k = 0; k < 2; ++k) {
+          const double g = gs[t - 1][k] + 0.05 * w[k];
+          acc[k] += g * g;
+          w[k] -= clr * g / (std::sqrt(acc[k]) + 1e-10);
+          CHECK(p.to_vector()[size_t(k)] == doctest::Approx(w[k]).epsilon(1e-5));
+        }
+      }
+      CHECK(opt.steps(0, 0) == 4);
+    }
+  Tensor q = param({1.0});
+  CHECK(contains(error_of([&] {
+                   optim::Adagrad({{{q}, 0.01, 0.0}}, {0.0, 1e-10, -1});
+                 }),
+                 "initial_accumulator_value must be finite and >= 0, got -1"));
+}
+
+TEST_CASE(
+    "optim: RMSprop and Adagrad state() / load_state() resume exactly, and a parameter's late first step counts "
+    "alone") {
+  auto make = [](const std::string& which) {
+    Generator g(3);
+    std::vector<Tensor> ps = {randn({5, 3}, DType::f32, &g).set_requires_grad(),
+                              randn({4}, DType::f32, &g).set_requires_grad()};
+    std::vector<optim::ParamGroup> groups = {{{ps[0]}, 0.02, 0.01}, {{ps[1]}, 0.05, 0.0}};
+    std::unique_ptr<optim::Optimizer> opt;
+    if (which == "rmsprop") opt = std::make_unique<optim::RMSprop>(groups, optim::RmspropOptions{0.9, 1e-8, 0.5, true});
+    if (which == "adagrad") opt = std::make_unique<optim::Adagrad>(groups, optim::AdagradOptions{0.1, 1e-10, 0.2});
+    return std::make_tuple(std::move(opt), ps);
+  };
+  for (const char* which : {"rmsprop", "adagrad"}) {
+    CAPTURE(which);
+    auto [a, pa] = make(which);
+    auto [b, pb] = make(which);
+    Generator g(11);
+    std::vector<std::vector<Tensor>> grads;
+    for (int s = 0; s < 6; ++s) grads.push_back({randn({5, 3}, DType::f32, &g), randn({4}, DType::f32, &g)});
+    for (int s = 0; s < 3; ++s) {
+      pa[0].set_grad(grads[size_t(s)][0]);
+      if (s > 0) pa[1].set_grad(grads[size_t(s)][1]);  // its first gradient at the second step
+      a->step();
+    }
+    CHECK(a->steps(0, 0) == 3);
+    CHECK(a->steps(1, 0) == 2);
+    {
+      NoGradGuard ng;
+      for (size_t k = 0; k < 2; ++k) pb[k].copy_(pa[k]);
+    }
+    b->load_state(a->state());
+    CHECK(b->steps(1, 0) == 2);
+    for (int s = 3; s < 6; ++s) {
+      for (size_t k = 0; k < 2; ++k) {
+        pa[k].set_grad(grads[size_t(s)][k]);
+        pb[k].set_grad(grads[size_t(s)][k]);
+      }
+      a->step();
+      b->step();
+    }
+    for (size_t k = 0; k < 2; ++k) CHECK(pa[k].to_vector() == pb[k].to_vector());
+    const optim::OptimizerState sa = a->state(), sb = b->state();
+    for (const auto& [k, t] : sa.tensors) CHECK(t.to_vector() == sb.tensors.at(k).to_vector());
+    CHECK(sa.scalars == sb.scalars);
+    // another optimizer's state is refused
+    optim::SGD sgd({{{pb[0]}, 0.1, 0.0}, {{pb[1]}, 0.1, 0.0}}, {0.9});
+    CHECK_THROWS_AS(sgd.load_state(a->state()), kiln::Error);
+  }
 }
 
 TEST_CASE("optim: load_state with an empty first group, and with no parameters at all") {

@@ -629,6 +629,16 @@ void bind_nn(nb::module_& m) {
     if (lamb) return std::unique_ptr<optim::Optimizer>(new optim::LAMB(std::move(groups), o));
     return std::unique_ptr<optim::Optimizer>(new optim::AdamW(std::move(groups), o));
   });
+  m.def("_rmsprop",
+        [](nb::handle params, double lr, double alpha, double eps, double momentum, bool centered, double wd) {
+          optim::RmspropOptions o{alpha, eps, momentum, centered};
+          return std::unique_ptr<optim::Optimizer>(new optim::RMSprop(groups_of(params, lr, wd), o));
+        });
+  m.def("_adagrad",
+        [](nb::handle params, double lr, double lr_decay, double eps, double initial_accumulator_value, double wd) {
+          optim::AdagradOptions o{lr_decay, eps, initial_accumulator_value};
+          return std::unique_ptr<optim::Optimizer>(new optim::Adagrad(groups_of(params, lr, wd), o));
+        });
   m.def(
       "clip_grad_norm_",
       [](const std::vector<Tensor>& ps, double max_norm, double norm_type, bool error_if_nonfinite) {

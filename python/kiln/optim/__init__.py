@@ -1,5 +1,5 @@
 """kiln.optim: the engine's optimizers (SGD, Adam, AdamW, LAMB: fused update kernels, one step over
-all parameters) and LR schedules (kiln.optim.lr_scheduler: torch's schedulers). Parameters are
+all parameters; RMSprop, Adagrad: engine tensor ops per parameter) and LR schedules (kiln.optim.lr_scheduler: torch's schedulers). Parameters are
 updated in place, so a model built in Python or in C++ (kiln.models) sees the update.
 
     opt = kiln.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
@@ -157,6 +157,11 @@ def _by_param(tensors):
     return out
 
 
+def _in_order(entry, slots):
+    """entry's slots in torch's order (slots: the optimizer's _SLOTS; the engine's map is by name)."""
+    return {k: entry[k] for k in sorted(entry, key=lambda k: slots.index(k) if k in slots else len(slots))}
+
+
 def _step_tensor(scalars, g, i):
     """Group g's parameter i's step count (the optimizer's where it has none of its own) as torch keeps it:
     a 0-dim float32 tensor."""
@@ -180,8 +185,9 @@ class _State(collections.abc.Mapping):
                 entry = by_param.get((g, i))
                 if not entry:
                     continue
+                entry = _in_order(entry, opt._SLOTS)
                 if opt._counts_steps:
-                    entry["step"] = _step_tensor(scalars, g, i)
+                    entry = {"step": _step_tensor(scalars, g, i), **entry}
                 self._items.append((p, entry))
 
     @staticmethod
@@ -471,6 +477,7 @@ class Optimizer:
             for i in range(len(group["params"])):
                 entry = by_param.get((g, i))
                 if entry:
+                    entry = _in_order(entry, self._SLOTS)
                     if self._counts_steps:
                         entry = {"step": _step_tensor(scalars, g, i), **entry}
                     state[index] = entry
@@ -574,7 +581,7 @@ class Optimizer:
                 present.append(slot)
             # a parameter's state is all of its keys or none: {"step": 5} alone, or exp_avg without exp_avg_sq,
             # would step from moments of zero with the bias corrections of step 5
-            need = (("step",) if self._counts_steps else ()) + self._SLOTS
+            need = (("step",) if self._counts_steps else ()) + self._needed_slots(saved[g], self.param_groups[g])
             missing = [s for s in need if s not in present]
             if present and missing:
                 raise _C.KilnValueError(f"{name}.load_state_dict: {at} has {', '.join(repr(s) for s in present)} "
@@ -618,6 +625,11 @@ class Optimizer:
                 extra[k] = v
             groups.append(extra)
         return {"tensors": tensors, "scalars": scalars, "groups": groups}
+
+    def _needed_slots(self, saved, group):
+        """The slots a parameter's saved state must hold, given its saved group (torch's dict) and the group
+        it loads into: all of _SLOTS (RMSprop's depend on the group's momentum and centered)."""
+        return self._SLOTS
 
     def _group_note(self, key, value, where):
         """A group's key other than the engine's, as load_state_dict keeps it: maximize, foreach, fused (and
@@ -908,6 +920,115 @@ class AdamW(Adam):
         super().load_state_dict(state)
         for g in self.param_groups:  # torch's AdamW: whatever state it loads, its decay stays decoupled
             dict.__setitem__(g, "decoupled_weight_decay", True)
+
+
+def _nonneg(name, what, value):
+    """value as a float, refused (torch's words: 'Invalid <what> value: ...') unless finite and >= 0."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: {what} must be a number, got {value!r:.100}") from None
+    if not (math.isfinite(v) and v >= 0):  # torch's words, the value as given
+        word = {"lr": "Invalid learning rate", "eps": "Invalid epsilon value"}.get(what, f"Invalid {what} value")
+        raise _C.KilnValueError(f"{name}: {word}: {value} ({what} must be finite and >= 0)")
+    return v
+
+
+class RMSprop(Optimizer):
+    """torch.optim.RMSprop, torch's single-tensor rule: weight_decay is L2 (added to the gradient),
+    centered subtracts the running mean of the gradients, momentum > 0 keeps a buffer of the steps.
+    state per parameter as torch's: 'step', 'square_avg', 'momentum_buffer' (momentum > 0), 'grad_avg'
+    (centered). The engine steps with tensor ops per parameter (no fused kernel, no host reads).
+    maximize negates the gradients (torch's); capturable and foreach are accepted and change nothing."""
+
+    _py_keys = ("maximize", "foreach", "capturable")
+    _TORCH_KEYS = ("lr", "momentum", "alpha", "eps", "centered", "weight_decay", "capturable", "foreach", "maximize",
+                   "differentiable")
+    _TORCH_FIXED = {"differentiable": False}
+    _SLOTS = ("square_avg", "momentum_buffer", "grad_avg")
+
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False,
+                 capturable=False, foreach=None, maximize=False, differentiable=False):
+        _no_differentiable("RMSprop", differentiable)
+        lr, weight_decay = _nonneg("RMSprop", "lr", lr), _nonneg("RMSprop", "weight_decay", weight_decay)
+        self._capturable = _py_key("capturable", capturable)
+        options = {"momentum": self._check_option("momentum", momentum), "alpha": self._check_option("alpha", alpha),
+                   "eps": self._check_option("eps", eps), "centered": self._check_option("centered", centered)}
+        super().__init__(params, lr, weight_decay, options, maximize, foreach)
+        # torch's RMSprop has capturable where the others have fused
+        del self.defaults["fused"]
+        self.defaults["capturable"] = self._capturable
+        for g in self.param_groups:
+            dict.pop(g, "fused", None)
+            dict.setdefault(g, "capturable", self._capturable)
+
+    def _make(self, groups):
+        o = self._options
+        return _C._rmsprop(groups, self._lr, o["alpha"], o["eps"], o["momentum"], o["centered"], self._weight_decay)
+
+    def _check_option(self, key, value):
+        return bool(value) if key == "centered" else _nonneg("RMSprop", key, value)
+
+    def _hyper(self, o):
+        return {"alpha": o["alpha"], "eps": o["eps"], "momentum": o["momentum"], "centered": float(o["centered"])}
+
+    def _options_from(self, scalars):
+        return {"momentum": scalars["momentum"], "alpha": scalars["alpha"], "eps": scalars["eps"],
+                "centered": bool(scalars["centered"])}
+
+    def _after_add(self, group):
+        dict.setdefault(self.param_groups[-1], "capturable", self._capturable)
+
+    def _needed_slots(self, saved, group):
+        momentum = saved.get("momentum", dict.get(group, "momentum"))
+        centered = saved.get("centered", dict.get(group, "centered"))
+        return (("square_avg",) + (("momentum_buffer",) if momentum and float(momentum) > 0 else ())
+                + (("grad_avg",) if centered else ()))
+
+
+class Adagrad(Optimizer):
+    """torch.optim.Adagrad, torch's single-tensor rule for dense gradients: weight_decay is L2, the step is
+    lr / (1 + (step - 1) * lr_decay) * g / (sqrt(sum) + eps), 'sum' starting at initial_accumulator_value.
+    state per parameter as torch's: 'step' and 'sum', made at construction for every parameter, as
+    torch's (step 0, sum = the optimizer's initial_accumulator_value, a group's own not used there). The
+    engine steps with tensor ops per parameter (no fused kernel, no host reads). maximize negates the
+    gradients; foreach and fused are accepted and change nothing."""
+
+    _TORCH_KEYS = ("lr", "lr_decay", "eps", "weight_decay", "initial_accumulator_value", "foreach", "maximize",
+                   "differentiable", "fused")
+    _TORCH_FIXED = {"differentiable": False}
+    _SLOTS = ("sum",)
+
+    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
+                 foreach=None, *, maximize=False, differentiable=False, fused=None):
+        _no_differentiable("Adagrad", differentiable)
+        lr, weight_decay = _nonneg("Adagrad", "lr", lr), _nonneg("Adagrad", "weight_decay", weight_decay)
+        options = {"lr_decay": self._check_option("lr_decay", lr_decay), "eps": self._check_option("eps", eps),
+                   "initial_accumulator_value": self._check_option("initial_accumulator_value",
+                                                                   initial_accumulator_value)}
+        super().__init__(params, lr, weight_decay, options, maximize, foreach, fused)
+        # torch's Adagrad makes every parameter's state here, step 0 and sum filled with the optimizer's
+        # initial_accumulator_value (not a group's own: only add_param_group's groups take theirs, made at
+        # their first step, as the engine makes them)
+        tensors, scalars = self._engine.state()
+        for g, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                tensors[f"{g}.{i}.sum"] = _C.full_like(p.detach(), options["initial_accumulator_value"])
+        self._engine.load_state(tensors, scalars)
+
+    def _make(self, groups):
+        o = self._options
+        return _C._adagrad(groups, self._lr, o["lr_decay"], o["eps"], o["initial_accumulator_value"],
+                           self._weight_decay)
+
+    def _check_option(self, key, value):
+        return _nonneg("Adagrad", key, value)
+
+    def _hyper(self, o):
+        return {"lr_decay": o["lr_decay"], "eps": o["eps"], "initial_accumulator_value": o["initial_accumulator_value"]}
+
+    def _options_from(self, scalars):
+        return {k: scalars[k] for k in ("lr_decay", "eps", "initial_accumulator_value")}
 
 
 def decay_groups(named_parameters, lr, weight_decay):
