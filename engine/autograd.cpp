@@ -144,19 +144,21 @@ void Tensor::retain_grad() {
 // Where a saved tensor's gradient goes in a backward that is differentiated again (see SavedTensor).
 struct SavedTensor::History {
   std::shared_ptr<TensorImpl> leaf;  // a leaf that requires grad: the tensor itself
-  // An earlier op's output: its node and output. Held weakly once the op that saved it records it as
-  // an input (that op's edges keep the node alive; a strong hold here would make a long chain free
-  // itself by recursion), strongly otherwise (an intermediate the op computed and saved).
-  std::shared_ptr<Node> fn;
-  std::weak_ptr<Node> input_fn;
+  // An earlier op's output: its node (weakly: a strong hold inside a backward closure, which
+  // Node::~Node cannot see, would make a long chain free itself by recursion) and output. An input's
+  // node lives as long as the recording node's edges; an intermediate the op computed with a history
+  // of its own and saved may lose it, and a create_graph backward then refuses rather than treat it
+  // as a constant.
+  std::weak_ptr<Node> fn;
+  bool has_fn = false;
   uint32_t output_nr = 0;
   std::weak_ptr<TensorImpl> origin;  // neither yet: perhaps an output of the op about to record
   int64_t own_output = -1;           // set by record(): which of that op's outputs it is
 };
 
 namespace {
-// Saved tensors made since the last record() on this thread: the next one recognises its own outputs
-// and inputs among them.
+// Saved tensors without a history yet, on this thread, for the next record() to recognise its own
+// outputs among them.
 thread_local std::vector<std::weak_ptr<SavedTensor::History>> t_unclaimed;
 // The node whose backward runs on this thread now: the owner of a saved output.
 thread_local Node* t_applying = nullptr;
@@ -175,11 +177,12 @@ SavedTensor::SavedTensor(const Tensor& t) {
   }
   if (t.requires_grad()) {
     history_->fn = t.grad_fn();
+    history_->has_fn = true;
     history_->output_nr = t.output_nr();
-  } else {
-    history_->origin = t.impl_ptr();
+    return;
   }
-  if (t_unclaimed.size() >= 64)  // saved tensors that no record() claimed (an op that did not record)
+  history_->origin = t.impl_ptr();
+  if (t_unclaimed.size() >= 64)  // saved constants that no record() claimed (an op that did not record)
     std::erase_if(t_unclaimed, [](const auto& w) { return w.expired(); });
   t_unclaimed.push_back(history_);
 }
@@ -196,7 +199,11 @@ Tensor SavedTensor::unpack(const char* op) const {
   // Grad mode is off in an ordinary backward, on in one with create_graph.
   if (!history_ || !GradMode::enabled()) return data_;
   if (history_->leaf) return Tensor(history_->leaf);
-  std::shared_ptr<Node> fn = history_->fn ? history_->fn : history_->input_fn.lock();
+  std::shared_ptr<Node> fn = history_->fn.lock();
+  KILN_CHECK(fn || !history_->has_fn, op, ": a tensor ", data_.type_str(),
+             " saved for its backward had a history that has since been freed (it is neither an input nor an "
+             "output of ", op, ", and nothing else kept the ops that made it); a backward with create_graph cannot "
+             "differentiate through it: save an input or an output of the op instead");
   uint32_t nr = history_->output_nr;
   if (!fn && history_->own_output >= 0 && t_applying) {
     fn = t_applying->shared_from_this();
@@ -351,9 +358,20 @@ class AccumulateGrad final : public Node {
 
  private:
   static void accumulate(const Tensor& leaf, AutogradMeta& m, const Tensor& g) {
-    if (GradMode::enabled()) {  // create_graph: .grad keeps the gradient's history, summed out of place
-      const Tensor own = g.dtype() == leaf.dtype() ? g : g.to(leaf.dtype());
-      m.grad = (m.grad ? add(Tensor(m.grad), own) : own).impl_ptr();
+    // create_graph: .grad keeps the gradient's history, and is summed out of place. A first gradient
+    // is a recorded copy, dense in the leaf's layout: g itself may be another leaf's gradient too
+    // (add's backward hands one tensor to both inputs), the caller's grad_output, or a broadcast view.
+    // A .grad with a history is never written in place (a graph may have saved it).
+    if (GradMode::enabled() || (m.grad && Tensor(m.grad).requires_grad())) {
+      const MemoryFormat fmt = leaf.is_channels_last() ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+      Tensor own = g.dtype() == leaf.dtype() ? g : g.to(leaf.dtype());
+      if (m.grad) {
+        m.grad = add(Tensor(m.grad), own).impl_ptr();
+        return;
+      }
+      own = own.clone();
+      if (!own.is_contiguous(fmt)) own = own.contiguous(fmt);
+      m.grad = own.impl_ptr();
       return;
     }
     if (!m.grad) {
@@ -538,13 +556,6 @@ void record(const char* name, const std::vector<Tensor>& inputs, const std::vect
     if (const auto origin = h->origin.lock())
       for (size_t i = 0; i < outputs.size(); ++i)
         if (outputs[i].defined() && outputs[i].impl_ptr() == origin) h->own_output = int64_t(i);
-    if (h->fn)
-      for (const Tensor& in : inputs)
-        if (in.defined() && in.grad_fn() == h->fn) {
-          h->input_fn = h->fn;  // (a weak_ptr copies even from an rvalue shared_ptr)
-          h->fn.reset();
-          break;
-        }
   }
   if (const RecordObserver obs = g_record_observer.load(std::memory_order_relaxed)) obs(name);
   for (size_t i = 0; i < outputs.size(); ++i) {

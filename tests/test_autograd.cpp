@@ -1031,3 +1031,33 @@ TEST_CASE("autograd: a once-differentiable backward refuses a second derivative,
   }
   CHECK(contains(error_of([&] { autograd::grad({sum(out)}, {x}, {}, false, true, true); }), "modified in place"));
 }
+
+namespace {
+// y = 2x whose backward reads an intermediate it computed with a history of its own (t = x * 1, not
+// an input or output of the op): a custom op's mistake the engine must survive.
+Tensor custom_saves_intermediate(const Tensor& x) {
+  const Tensor t = x * 1.0;
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = x * 2.0;
+  }
+  SavedTensor st(t);
+  autograd::record("custom_saves_intermediate", {x}, {out}, [st](const GradCtx& c) -> std::vector<Tensor> {
+    return {c.g() * st.unpack("custom_saves_intermediate") * 0.0 + c.g() * 2.0};
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("autograd: saved intermediates with a history free a deep chain in constant stack; create_graph refuses them") {
+  {
+    Tensor y = leaf({2});
+    for (int i = 0; i < 300000; ++i) y = custom_saves_intermediate(y);
+  }  // freed here, iteratively (a strong hold on the intermediate's node recursed)
+  const Tensor x = leaf({2});
+  const Tensor y = custom_saves_intermediate(x);
+  check_values(autograd::grad({sum(y)}, {x})[0], {2.0, 2.0}, 0, "first order");
+  CHECK(contains(error_of([&] { autograd::grad({sum(custom_saves_intermediate(x))}, {x}, {}, false, true, true); }),
+                 "had a history that has since been freed"));
+}

@@ -36,13 +36,18 @@ Tensor unfold_view(const Tensor& x, int64_t d, int64_t size, int64_t step) {
     const DType dt = x.dtype();
     autograd::record("unfold", {x}, {out}, [=](const GradCtx& c) -> std::vector<Tensor> {
       const Tensor g = c.g().detach();
-      if (scalar) return {sum(g).to(dt)};
+      if (scalar) return {sum(c.g()).to(dt)};  // recorded under create_graph
       // Element j of every window lies `step` apart along d from j on: one strided add per offset.
       Tensor gx = zeros(in_shape, TensorOptions(dt, g.device()));
       for (int64_t j = 0; j < size; ++j) {
         Tensor part = gx.slice(d, j, j + (windows - 1) * step + 1, step);
         part.add_(g.select(g.dim() - 1, j));
       }
+      // In a backward with create_graph: recorded, its own gradient the same windows.
+      if (autograd::needs_grad({c.g()}))
+        autograd::record("unfold_backward", {c.g()}, {gx}, [=](const GradCtx& cc) -> std::vector<Tensor> {
+          return {unfold_view(cc.g(), d, size, step)};
+        });
       return {gx};
     });
   }

@@ -164,3 +164,43 @@ def test_second_derivative_through_a_fused_kernel_is_refused_never_wrong():
     (g,) = kiln.autograd.grad(conv(x).pow(2).sum(), x, create_graph=True)
     with pytest.raises(kiln.KilnError, match="second derivatives of conv2d are not implemented"):
         kiln.autograd.grad(g.sum(), x)
+
+
+# ---- .grad after backward(create_graph=True) and Tensor.unfold (review findings) ----
+
+def test_create_graph_grads_are_their_own_memory():
+    # add's backward gives one tensor to both inputs; a later backward must not write into both.
+    res = []
+    for lib in (kiln, torch):
+        a = lib.ones(3, dtype=lib.float64, requires_grad=True)
+        b = lib.ones(3, dtype=lib.float64, requires_grad=True)
+        c = lib.full((3,), 2.0, dtype=lib.float64)
+        ((a + b) * c).sum().backward(create_graph=True)
+        (a * 3).sum().backward()
+        # A broadcast gradient (sum's backward) and the caller's gradient are copied too.
+        w = lib.ones(2, 2, dtype=lib.float64, requires_grad=True)
+        w.sum().backward(create_graph=True)
+        w.sum().backward()
+        v = lib.full((2,), 5.0, dtype=lib.float64)
+        u = lib.ones(2, dtype=lib.float64, requires_grad=True)
+        (u + 0.0).backward(v, create_graph=True)
+        u.grad.mul_(0) if lib is torch else None
+        res.append((a.grad.detach().clone(), b.grad.detach().clone(), w.grad.detach().clone(), v.clone()))
+    with kiln.no_grad():
+        pass
+    for k, t in zip(res[0], res[1]):
+        close(k, t)
+
+
+def test_unfold_second_derivative():
+    xk, xt = pair((6,), 31)
+    wk, wt = pair((3,), 32)
+
+    def f(x, w):
+        return (((x.unfold(0, 3, 1) * w).sum(-1)) ** 2).sum() + (x ** 3).sum()
+
+    (gk,) = kiln.autograd.grad(f(xk, wk), xk, create_graph=True)
+    (gt,) = torch.autograd.grad(f(xt, wt), xt, create_graph=True)
+    close(gk, gt)
+    for a, b in zip(kiln.autograd.grad(gk.sum(), [xk, wk]), torch.autograd.grad(gt.sum(), [xt, wt])):
+        close(a, b)
