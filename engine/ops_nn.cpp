@@ -440,6 +440,29 @@ Tensor instance_norm_running(const Tensor& x, const Tensor& running_mean, const 
                          Tensor(), false);
 }
 
+namespace {
+// layer_norm's backward from recorded ops (in a backward with create_graph), over the last k dims of
+// x: with xhat = (x - mean) rstd and gh = g gamma, gx = rstd (gh - mean(gh) - xhat mean(gh xhat)),
+// ggamma = sum over rows of g xhat, gbeta = sum over rows of g; in the compute dtype.
+std::vector<Tensor> layer_norm_backward_recorded(const GradCtx& c, const Tensor& x_in, const Tensor& gamma_in,
+                                                 int64_t k, double eps, DType ct) {
+  const Tensor x = back_to(x_in, ct), g = back_to(c.g(), ct);
+  std::vector<int64_t> norm_dims, row_dims;
+  for (int64_t i = 0; i < x.dim(); ++i) (i < x.dim() - k ? row_dims : norm_dims).push_back(i);
+  const Tensor xm = x - mean(x, norm_dims, true);
+  const Tensor rstd = rsqrt(mean(xm * xm, norm_dims, true) + eps);
+  const Tensor xhat = xm * rstd;
+  Tensor gx, gg, gb;
+  if (c.needs_grad(0)) {
+    const Tensor gh = gamma_in.defined() ? g * back_to(gamma_in, ct) : g;
+    gx = rstd * (gh - mean(gh, norm_dims, true) - xhat * mean(gh * xhat, norm_dims, true));
+  }
+  if (c.needs_grad(1)) gg = row_dims.empty() ? g * xhat : sum(g * xhat, row_dims);
+  if (c.needs_grad(2)) gb = row_dims.empty() ? g : sum(g, row_dims);
+  return {gx, gg, gb};
+}
+}  // namespace
+
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& gamma, const Tensor& beta, double eps) {
   const Tensor x = amp::autocast_arg(amp::AutocastOp::layer_norm, x_in);
   check_floating("layer_norm", x, "input");
@@ -463,10 +486,18 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
                                           y.raw_data(), mean.raw_data(), rstd.raw_data());
   y = back_to(y, x.dtype());
   if (autograd::needs_grad({x, gamma, beta})) {
-    SavedTensor sx(xc);
+    // The kernel reads the compute-dtype copies; x and gamma themselves are saved too (the same memory
+    // for a dense f32/f64 x) for the recorded backward, which needs their history.
+    SavedTensor sx(xc), sx_in(x), sgamma(gamma);
     autograd::record("layer_norm", {x, gamma, beta}, {y},
-                     [sx, gc, mean, rstd, rows, d, ct, dev, normalized_shape](const GradCtx& c) -> std::vector<Tensor> {
+                     [sx, sx_in, sgamma, gc, mean, rstd, rows, d, ct, dev, normalized_shape,
+                      eps](const GradCtx& c) -> std::vector<Tensor> {
                        const Tensor xs = sx.unpack("layer_norm");
+                       if (GradMode::enabled()) {  // a backward with create_graph
+                         const Tensor xh = sx_in.unpack("layer_norm"), gh = sgamma.unpack("layer_norm");
+                         if (autograd::needs_grad({c.g(), xh, gh}))
+                           return layer_norm_backward_recorded(c, xh, gh, int64_t(normalized_shape.size()), eps, ct);
+                       }
                        const Tensor g = kin(c.g(), ct);
                        Tensor gx = c.needs_grad(0) ? kout(xs.shape(), ct, dev) : Tensor();
                        Tensor gg = c.needs_grad(1) ? kout(normalized_shape, ct, dev) : Tensor();
@@ -476,8 +507,7 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
                            gx.defined() ? gx.raw_data() : nullptr, gg.defined() ? gg.raw_data() : nullptr,
                            gb.defined() ? gb.raw_data() : nullptr);
                        return {gx, gg, gb};
-                     },
-                     {.once_differentiable = true});
+                     });
   }
   return y;
 }
@@ -485,6 +515,14 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
 // ---- softmax ---------------------------------------------------------------------------------------
 
 namespace {
+// Softmax's (log_softmax's) backward from its output y along dim, from recorded ops (in a backward
+// with create_graph): y (g - sum(g y)), or g - exp(y) sum(g) for log_softmax; in the compute dtype.
+Tensor softmax_backward_recorded(const Tensor& g_in, const Tensor& y_in, int64_t dim, bool log, DType ct) {
+  const Tensor g = back_to(g_in, ct), y = back_to(y_in, ct);
+  if (log) return g - exp(y) * sum(g, {dim}, true);
+  return y * (g - sum(g * y, {dim}, true));
+}
+
 Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   const char* name = log ? "log_softmax" : "softmax";
   check_floating(name, x, "input");
@@ -502,14 +540,20 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   const Tensor yc = y;
   y = back_to(y, x.dtype());
   if (autograd::needs_grad({x})) {
-    SavedTensor sy(yc);
-    autograd::record(name, {x}, {y}, [sy, log, outer, n, inner, ct, dev, name](const GradCtx& c) -> std::vector<Tensor> {
-      const Tensor ys = sy.unpack(name);
-      const Tensor g = kin(c.g(), ct);
-      Tensor gx = kout(ys.shape(), ct, dev);
-      detail::backend(dev).softmax_backward(ct, log, outer, n, inner, ys.raw_data(), g.raw_data(), gx.raw_data());
-      return {gx};
-    }, {.once_differentiable = true});
+    // The kernel reads the output in the compute dtype; a 16-bit output is saved as well, for the
+    // recorded backward's history (the f32 copy has none).
+    SavedTensor sy(yc), sy_out(y.dtype() == ct ? Tensor() : y);
+    autograd::record(
+        name, {x}, {y}, [sy, sy_out, log, d, outer, n, inner, ct, dev, name](const GradCtx& c) -> std::vector<Tensor> {
+          const Tensor ys = sy.unpack(name);
+          // Under create_graph: the same formula from recorded ops, differentiable again.
+          const Tensor yh = sy_out.defined() && GradMode::enabled() ? sy_out.unpack(name) : ys;
+          if (autograd::needs_grad({c.g(), yh})) return {softmax_backward_recorded(c.g(), yh, d, log, ct)};
+          const Tensor g = kin(c.g(), ct);
+          Tensor gx = kout(ys.shape(), ct, dev);
+          detail::backend(dev).softmax_backward(ct, log, outer, n, inner, ys.raw_data(), g.raw_data(), gx.raw_data());
+          return {gx};
+        });
   }
   return y;
 }
@@ -566,20 +610,29 @@ Tensor masked_softmax(const Tensor& input, const Tensor& mask_in, double scale, 
   std::vector<Tensor> inputs{x};
   if (mask_in.defined() && is_floating(mask_in.dtype())) inputs.push_back(mask_in);
   if (autograd::needs_grad(inputs)) {
-    SavedTensor sy(yc);
-    autograd::record("masked_softmax", inputs, {y}, [sy, rows, n, ct, dev, scale](const GradCtx& c) -> std::vector<Tensor> {
-      const Tensor ys = sy.unpack("masked_softmax");
-      const Tensor g = kin(c.g(), ct);
-      const bool mask_grad = c.needs->size() > 1 && c.needs_grad(1);
-      // The gradient of the scaled, masked scores z; x's is scale times it, the mask's is z's summed
-      // down to the mask's shape (record does that).
-      Tensor gz = kout(ys.shape(), ct, dev);
-      detail::backend(dev).masked_softmax_backward(ct, rows, n, ys.raw_data(), g.raw_data(), mask_grad ? 1.0 : scale,
-                                                   gz.raw_data());
-      if (c.needs->size() == 1) return {gz};
-      if (!mask_grad) return {gz, Tensor()};
-      return {c.needs_grad(0) ? gz * scale : Tensor(), gz};
-    }, {.once_differentiable = true});
+    SavedTensor sy(yc), sy_out(y.dtype() == ct ? Tensor() : y);  // as softmax's
+    autograd::record("masked_softmax", inputs, {y},
+                     [sy, sy_out, rows, n, ct, dev, scale](const GradCtx& c) -> std::vector<Tensor> {
+                       const Tensor ys = sy.unpack("masked_softmax");
+                       const bool mask_grad = c.needs->size() > 1 && c.needs_grad(1);
+                       const Tensor yh = sy_out.defined() && GradMode::enabled() ? sy_out.unpack("masked_softmax") : ys;
+                       if (autograd::needs_grad({c.g(), yh})) {
+                         // Under create_graph, from recorded ops: softmax's backward along the last dim (a masked
+                         // place has y = 0, so its gradient is 0).
+                         const Tensor gz = softmax_backward_recorded(c.g(), yh, -1, false, ct);
+                         if (c.needs->size() == 1) return {gz * scale};
+                         return {c.needs_grad(0) ? gz * scale : Tensor(), mask_grad ? gz : Tensor()};
+                       }
+                       const Tensor g = kin(c.g(), ct);
+                       // The gradient of the scaled, masked scores z; x's is scale times it, the mask's is z's summed
+                       // down to the mask's shape (record does that).
+                       Tensor gz = kout(ys.shape(), ct, dev);
+                       detail::backend(dev).masked_softmax_backward(ct, rows, n, ys.raw_data(), g.raw_data(),
+                                                                    mask_grad ? 1.0 : scale, gz.raw_data());
+                       if (c.needs->size() == 1) return {gz};
+                       if (!mask_grad) return {gz, Tensor()};
+                       return {c.needs_grad(0) ? gz * scale : Tensor(), gz};
+                     });
   }
   return y;
 }
@@ -716,16 +769,33 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
   if (grad) {
     // d loss / d logits = glogits * (upstream gradient of each row's loss); recorded against l2,
     // whose own views carry it back to logits' layout.
+    // Under create_graph the gradient is recomputed from the saved logits with recorded ops, so it
+    // is differentiable again: keep * (softmax(logits) - (1 - e) onehot(t) - e / C).
     const Shape row_shape{rows, 1};
-    autograd::record("cross_entropy", {l2}, {out}, [glogits, reduction, inv, row_shape](const GradCtx& c) -> std::vector<Tensor> {
-      Tensor g = c.g();
-      if (reduction == Reduction::none) {
-        g = g.reshape(row_shape);
-      } else if (reduction == Reduction::mean) {
-        g = g.to(glogits.dtype()) * inv.to(glogits.dtype());  // in the compute dtype: 1/count unrounded to 16 bits
-      }
-      return {glogits * g.to(glogits.dtype())};
-    }, {.once_differentiable = true});
+    SavedTensor sl(l2);
+    autograd::record("cross_entropy", {l2}, {out},
+                     [glogits, sl, tc, ignore_index, label_smoothing, reduction, inv,
+                      row_shape](const GradCtx& c) -> std::vector<Tensor> {
+                       const DType ct = glogits.dtype();
+                       Tensor g = c.g();
+                       if (reduction == Reduction::none) {
+                         g = g.reshape(row_shape);
+                       } else if (reduction == Reduction::mean) {
+                         g = g.to(ct) * inv.to(ct);  // in the compute dtype: 1/count unrounded to 16 bits
+                       }
+                       // (grad mode is on only in a backward with create_graph; the logits are unpacked only there)
+                       const Tensor ls = GradMode::enabled() ? sl.unpack("cross_entropy") : Tensor();
+                       if (!autograd::needs_grad({c.g(), ls})) return {glogits * g.to(ct)};
+                       const int64_t classes = ls.size(1);
+                       const Tensor keep =
+                           ne(tc, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, tc.device())));
+                       const Tensor safe = where(keep, tc, zeros_like(tc));
+                       const Tensor want =
+                           one_hot(safe, classes).to(ct) * (1.0 - label_smoothing) + label_smoothing / double(classes);
+                       const Tensor p = softmax(back_to(ls, ct), 1);
+                       const Tensor gl = where(keep.unsqueeze(1), p - want, zeros_like(p));
+                       return {gl * g.to(ct)};
+                     });
   }
   return out;
 }

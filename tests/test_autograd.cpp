@@ -1006,6 +1006,41 @@ TEST_CASE("autograd: backward(create_graph) leaves .grad with a history; a secon
   check_values(hz2, want, 1e-12, "exp * sigmoid twice");
 }
 
+TEST_CASE("autograd: softmax, layer_norm and cross_entropy on 16-bit inputs differentiate twice with every term") {
+  // Their kernels read f32 copies, which have no history: the recorded backward must use the 16-bit
+  // output (softmax) or input (layer_norm, cross_entropy) itself, else a Hessian-vector product
+  // silently drops the terms through it. Against the same product in f64.
+  const Tensor x = rnd({4, 6}, -2, 2, 11), w = rnd({4, 6}, -1, 1, 12), v = rnd({4, 6}, -1, 1, 13);
+  const Tensor gamma = rnd({6}, 0.5, 1.5, 14), beta = rnd({6}, -1, 1, 15);
+  const Tensor target = from_vector(std::vector<double>{1, 5, 0, 3}, {4}, DType::f64).to(DType::i64);
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> ops{
+      {"softmax", [](const Tensor& t) { return softmax(t, 1); }},
+      {"log_softmax", [](const Tensor& t) { return log_softmax(t, 1); }},
+      {"masked_softmax", [](const Tensor& t) { return masked_softmax(t, Tensor(), 0.7); }},
+      {"layer_norm", [&](const Tensor& t) { return layer_norm(t, {6}, gamma.to(t.dtype()), beta.to(t.dtype())); }},
+      {"cross_entropy", [&](const Tensor& t) { return cross_entropy(t, target, -100, 0.1, Reduction::none); }},
+  };
+  for (const auto& entry : ops) {
+    const char* name = entry.first;
+    const std::function<Tensor(const Tensor&)>& op = entry.second;
+    auto hvp = [&](DType dt) {
+      Tensor xl = x.to(dt);
+      xl.set_requires_grad(true);
+      const Tensor y = cast(op(xl), DType::f64);
+      const Tensor wy = y.dim() == 2 ? w : w.select(1, 0);  // cross_entropy's rows: [4]
+      const Tensor g = autograd::grad({sum(y * y * wy)}, {xl}, {}, false, true, true)[0];
+      return cast(autograd::grad({sum(cast(g, DType::f64) * v)}, {xl})[0], DType::f64);
+    };
+    const Tensor want = hvp(DType::f64);
+    for (DType dt : {DType::f16, DType::bf16}) {
+      const double scale = amax(abs(want)).item_double();
+      const double err = amax(abs(hvp(dt) - want)).item_double();
+      CHECK_MESSAGE(err <= 0.05 * scale, std::string(name), dt == DType::f16 ? " in f16" : " in bf16",
+                    ": Hessian-vector product off by ", err, " (largest ", scale, ")");
+    }
+  }
+}
+
 TEST_CASE("autograd: a once-differentiable backward refuses a second derivative, naming the op") {
   const Tensor x = from_vector(std::vector<double>{1.0, 2.0}, {2}, DType::f64).set_requires_grad(true);
   // First derivatives are right with or without create_graph.

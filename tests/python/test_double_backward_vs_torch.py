@@ -203,4 +203,162 @@ def test_unfold_second_derivative():
     (gt,) = torch.autograd.grad(f(xt, wt), xt, create_graph=True)
     close(gk, gt)
     for a, b in zip(kiln.autograd.grad(gk.sum(), [xk, wk]), torch.autograd.grad(gt.sum(), [xt, wt])):
+# ---- softmax, log_softmax, masked_softmax (attention), cross_entropy, nll_loss, layer_norm, group_norm:
+# their backwards switch to recorded forms under create_graph, so these differentiate twice.
+
+def _grad(lib, out, inputs, **kw):
+    return (kiln if lib is KF else torch).autograd.grad(out, inputs, **kw)
+
+
+def _class_targets(shape, classes, seed, ignore=None):
+    t = np.random.default_rng(seed).integers(0, classes, size=shape)
+    if ignore is not None:
+        t.flat[::3] = ignore
+    return kiln.tensor(t, dtype=kiln.int64), torch.tensor(t, dtype=torch.int64)
+
+
+CE_CASES = {
+    "mean": dict(),
+    "sum_smoothing": dict(reduction="sum", label_smoothing=0.2),
+    "none_ignore": dict(reduction="none", ignore_index=1),
+    "mean_ignore_smoothing": dict(ignore_index=2, label_smoothing=0.1),
+    "weights_ignore_smoothing": dict(weight=True, ignore_index=0, label_smoothing=0.3),
+    "weights_sum": dict(weight=True, reduction="sum"),
+    "kdim_mean": dict(kdim=True, label_smoothing=0.1),
+    "kdim_weights_none": dict(kdim=True, weight=True, reduction="none", ignore_index=3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CE_CASES))
+@pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
+def test_gradient_penalty_through_a_classifier_loss(case, loss):
+    # || d loss / d x ||^2 of a small classifier, differentiated w.r.t. its weights and the input.
+    opts = dict(CE_CASES[case])
+    kdim, use_weight = opts.pop("kdim", False), opts.pop("weight", False)
+    if loss == "nll_loss":
+        opts.pop("label_smoothing", None)
+    classes = 4
+    xk, xt = pair((6, 5, 3) if kdim else (6, 5), 21)
+    wk, wt = pair((classes, 5), 22, 0.7)
+    tk, tt = _class_targets((6, 3) if kdim else (6,), classes, 23, opts.get("ignore_index"))
+    cwk, cwt = pair((classes,), 24)
+    cwk, cwt = (kiln.abs(cwk.detach()) + 0.5), (torch.abs(cwt.detach()) + 0.5)
+
+    def penalty(F, lib, x, w, t, cw):
+        h = lib.tanh(x.transpose(1, 2) if kdim else x)
+        logits = F.linear(h, w)
+        if kdim:
+            logits = logits.transpose(1, 2)  # [N, C, d]
+        kw = dict(opts, weight=cw if use_weight else None)
+        out = F.cross_entropy(logits, t, **kw) if loss == "cross_entropy" else F.nll_loss(
+            F.log_softmax(logits, 1), t, **kw)
+        (gx,) = _grad(F, out.sum(), x, create_graph=True)
+        return (gx * gx).sum()
+
+    pk = penalty(KF, kiln, xk, wk, tk, cwk)
+    pt = penalty(torch.nn.functional, torch, xt, wt, tt, cwt)
+    close(pk, pt)
+    for a, b in zip(kiln.autograd.grad(pk, [wk, xk]), torch.autograd.grad(pt, [wt, xt])):
+        close(a, b)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_hessian_vector_product_through_softmax(op, dim):
+    xk, xt = pair((3, 4, 5), 25)
+    vk, vt = pair((3, 4, 5), 26)
+    wk, wt = pair((3, 4, 5), 27)
+
+    def hvp(F, x, v, w):
+        f = (getattr(F, op)(x, dim) * w.detach()).pow(2).sum()
+        (g,) = _grad(F, f, x, create_graph=True)
+        return _grad(F, (g * v.detach()).sum(), x)[0]
+
+    close(hvp(KF, xk, vk, wk), hvp(torch.nn.functional, xt, vt, wt))
+
+
+@pytest.mark.parametrize("masked", ["none", "bool", "float", "causal"])
+def test_gradient_penalty_through_attention(masked):
+    # Scaled dot-product attention: its masked softmax differentiates twice (w.r.t. q, k, v).
+    qk, qt = pair((2, 2, 4, 3), 28)
+    kk, kt = pair((2, 2, 5, 3), 29)
+    vk, vt = pair((2, 2, 5, 3), 30)
+    m = np.random.default_rng(31).random((4, 5)) > 0.3
+    m[:, 0] = True
+    kw_k, kw_t = {}, {}
+    if masked == "bool":
+        kw_k["attn_mask"], kw_t["attn_mask"] = kiln.tensor(m), torch.tensor(m)
+    elif masked == "float":
+        fm = np.random.default_rng(32).standard_normal((4, 5))
+        kw_k["attn_mask"], kw_t["attn_mask"] = kiln.tensor(fm), torch.tensor(fm)
+    elif masked == "causal":
+        kw_k["is_causal"] = kw_t["is_causal"] = True
+
+    def torch_sdpa(q, k, v, attn_mask=None, is_causal=False):
+        # torch's math form: its fused CPU kernel's backward is not differentiable again.
+        s = q @ k.transpose(-1, -2) / np.sqrt(q.shape[-1])
+        if is_causal:
+            attn_mask = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            s = s.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            s = s + attn_mask
+        return torch.softmax(s, -1) @ v
+
+    def penalty(F, sdpa, q, k, v, kw):
+        out = (sdpa(q, k, v, **kw) ** 2).sum()
+        gq, gk = _grad(F, out, [q, k], create_graph=True)
+        return (gq * gq).sum() + (gk * gk).sum()
+
+    pk = penalty(KF, KF.scaled_dot_product_attention, qk, kk, vk, kw_k)
+    pt = penalty(torch.nn.functional, torch_sdpa, qt, kt, vt, kw_t)
+    close(pk, pt)
+    for a, b in zip(kiln.autograd.grad(pk, [qk, kk, vk]), torch.autograd.grad(pt, [qt, kt, vt])):
+        close(a, b)
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "layer_norm_affine", "group_norm"])
+def test_gradient_penalty_through_a_norm(norm):
+    xk, xt = pair((3, 4, 6), 33)
+    gk, gt = pair((4, 6) if norm != "group_norm" else (4,), 34)
+    bk, bt = pair(gk.shape, 35)
+
+    def penalty(F, x, g, b):
+        if norm == "layer_norm":
+            y = F.layer_norm(x, (6,))
+        elif norm == "layer_norm_affine":
+            y = F.layer_norm(x, (4, 6), g, b)
+        else:
+            y = F.group_norm(x, 2, g, b)
+        out = (y * y * y).sum()
+        (gx,) = _grad(F, out, x, create_graph=True)
+        return (gx * gx).sum()
+
+    pk = penalty(KF, xk, gk, bk)
+    pt = penalty(torch.nn.functional, xt, gt, bt)
+    close(pk, pt)
+    wrt_k, wrt_t = ([xk], [xt]) if norm == "layer_norm" else ([xk, gk, bk], [xt, gt, bt])
+    for a, b in zip(kiln.autograd.grad(pk, wrt_k, materialize_grads=True), torch.autograd.grad(pt, wrt_t)):
+        close(a, b)
+
+
+def test_maml_inner_step_through_layer_norm_and_cross_entropy():
+    # One inner SGD step on a LayerNorm classifier with create_graph, then the outer loss's gradient
+    # w.r.t. the initial parameters.
+    xk, xt = pair((8, 5), 36)
+    tk, tt = _class_targets((8,), 3, 37)
+    wk, wt = pair((3, 5), 38, 0.5)
+    gk, gt = pair((5,), 39)
+    bk, bt = pair((5,), 40)
+
+    def outer(F, lib, x, t, w, g, b):
+        def loss(x, w, g, b):
+            return F.cross_entropy(F.linear(F.layer_norm(x, (5,), g, b), w), t, label_smoothing=0.1)
+        gw, gg, gb = _grad(F, loss(x, w, g, b), [w, g, b], create_graph=True)
+        return loss(x * 0.5 + 0.1, w - 0.4 * gw, g - 0.4 * gg, b - 0.4 * gb)
+
+    lk = outer(KF, kiln, xk, tk, wk, gk, bk)
+    lt = outer(torch.nn.functional, torch, xt, tt, wt, gt, bt)
+    close(lk, lt)
+    for a, b in zip(kiln.autograd.grad(lk, [wk, gk, bk]), torch.autograd.grad(lt, [wt, gt, bt])):
         close(a, b)
