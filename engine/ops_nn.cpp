@@ -40,6 +40,43 @@ void check_floating(const char* op, const Tensor& t, const char* what) {
 
 int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; }
 
+// The output_padding that makes conv_transpose2d, the adjoint of the convolution p describes, give
+// that convolution's input size back (the rows a stride leaves unread at the end).
+Pair conv_output_padding(const Conv2dParams& p) {
+  return {p.h - ((p.oh - 1) * p.sh - 2 * p.ph + p.dh * (p.kh - 1) + 1),
+          p.w - ((p.ow - 1) * p.sw - 2 * p.pw + p.dw * (p.kw - 1) + 1)};
+}
+
+// The weight gradient of the convolution p describes, for input x [N, C, H, W] and output gradient g
+// [N, O, OH, OW]: [O, C/groups, kh, kw]. Only a backward with create_graph calls it (the ordinary one
+// calls the kernel with the input gradient's). It is bilinear, so its own backward is convolutions:
+// d/dx = conv_transpose2d(g, G), d/dg = conv2d(x, G), recorded again for higher derivatives.
+Tensor conv2d_weight_grad(const Tensor& x, const Tensor& g, Conv2dParams p) {
+  const Device dev = detail::common_device("conv2d_weight_grad", {x, g});
+  const DType out_t = promote_types(x.dtype(), g.dtype());
+  const DType ct =
+      is_low_precision(out_t) && detail::backend(dev).native_16bit_gemm_conv ? out_t : compute_dtype(out_t);
+  p.nhwc = false;
+  const Tensor xc = kin(x, ct), gc = kin(g, ct);
+  Tensor gw = kout({p.o, p.c / p.groups, p.kh, p.kw}, ct, dev);
+  // The weight-gradient pass reads no weight; gw (being written) stands in for it.
+  detail::backend(dev).conv2d_backward(ct, p, xc.raw_data(), gw.raw_data(), gc.raw_data(), nullptr, gw.raw_data());
+  gw = back_to(gw, out_t);
+  if (autograd::needs_grad({x, g})) {
+    SavedTensor sx(x), sg(g);
+    autograd::record("conv2d_weight_grad", {x, g}, {gw}, [sx, sg, p](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor xs = sx.unpack("conv2d_weight_grad"), gs = sg.unpack("conv2d_weight_grad");
+      const Tensor gx = c.needs_grad(0) ? conv_transpose2d(gs, c.g(), Tensor(), {p.sh, p.sw}, {p.ph, p.pw},
+                                                           conv_output_padding(p), p.groups, {p.dh, p.dw})
+                                        : Tensor();
+      const Tensor gg =
+          c.needs_grad(1) ? conv2d(xs, c.g(), Tensor(), {p.sh, p.sw}, {p.ph, p.pw}, {p.dh, p.dw}, p.groups) : Tensor();
+      return {gx, gg};
+    });
+  }
+  return gw;
+}
+
 }  // namespace
 
 // ---- conv2d ---------------------------------------------------------------------------------------
@@ -83,22 +120,37 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   detail::backend(dev).conv2d_forward(ct, p, xc.raw_data(), wc.raw_data(), ptr_or_null(bc), y.raw_data());
   y = back_to(y.contiguous(out_fmt), out_t);
   if (autograd::needs_grad({x, weight, bias})) {
-    SavedTensor sx(xc), sw(wc);
-    autograd::record("conv2d", {x, weight, bias}, {y}, [sx, sw, p, ct, dev, fmt, out_fmt](const GradCtx& c) -> std::vector<Tensor> {
-      const Tensor xs = sx.unpack("conv2d"), ws = sw.unpack("conv2d");
-      const Tensor g = kin(c.g(), ct, fmt);
-      Tensor gx = c.needs_grad(0) ? kout(xs.shape(), ct, dev, fmt) : Tensor();
-      Tensor gw = c.needs_grad(1) ? kout(ws.shape(), ct, dev, fmt) : Tensor();
-      if (gx.defined() || gw.defined())
-        detail::backend(dev).conv2d_backward(ct, p, xs.raw_data(), ws.raw_data(), g.raw_data(),
-                                             gx.defined() ? gx.raw_data() : nullptr,
-                                             gw.defined() ? gw.raw_data() : nullptr);
-      Tensor gb = c.needs_grad(2) ? sum(g, {0, 2, 3}) : Tensor();
-      // The weight gradient in the parameters' own (NCHW) layout, the input's in the input's.
-      if (gw.defined()) gw = gw.contiguous();
-      if (gx.defined()) gx = gx.contiguous(out_fmt);
-      return {gx, gw, gb};
-    }, {.once_differentiable = true});
+    // hx, hw: the inputs themselves (their history), for a backward with create_graph; they share
+    // xc's and wc's memory unless the kernel needed a converted copy.
+    SavedTensor sx(xc), sw(wc), hx(x.requires_grad() ? x : Tensor()), hw(weight.requires_grad() ? weight : Tensor());
+    autograd::record(
+        "conv2d", {x, weight, bias}, {y},
+        [sx, sw, hx, hw, p, ct, dev, fmt, out_fmt](const GradCtx& c) -> std::vector<Tensor> {
+          if (GradMode::enabled()) {  // a backward with create_graph: the same gradients from recorded convolutions
+            const Tensor xh = hx.defined() ? hx.unpack("conv2d") : sx.unpack("conv2d");
+            const Tensor wh = hw.defined() ? hw.unpack("conv2d") : sw.unpack("conv2d");
+            if (autograd::needs_grad({c.g(), xh, wh})) {
+              const Tensor gx = c.needs_grad(0) ? conv_transpose2d(c.g(), wh, Tensor(), {p.sh, p.sw}, {p.ph, p.pw},
+                                                                   conv_output_padding(p), p.groups, {p.dh, p.dw})
+                                                : Tensor();
+              const Tensor gw = c.needs_grad(1) ? conv2d_weight_grad(xh, c.g(), p) : Tensor();
+              return {gx, gw, c.needs_grad(2) ? sum(c.g(), {0, 2, 3}) : Tensor()};
+            }
+          }
+          const Tensor xs = sx.unpack("conv2d"), ws = sw.unpack("conv2d");
+          const Tensor g = kin(c.g(), ct, fmt);
+          Tensor gx = c.needs_grad(0) ? kout(xs.shape(), ct, dev, fmt) : Tensor();
+          Tensor gw = c.needs_grad(1) ? kout(ws.shape(), ct, dev, fmt) : Tensor();
+          if (gx.defined() || gw.defined())
+            detail::backend(dev).conv2d_backward(ct, p, xs.raw_data(), ws.raw_data(), g.raw_data(),
+                                                 gx.defined() ? gx.raw_data() : nullptr,
+                                                 gw.defined() ? gw.raw_data() : nullptr);
+          Tensor gb = c.needs_grad(2) ? sum(g, {0, 2, 3}) : Tensor();
+          // The weight gradient in the parameters' own (NCHW) layout, the input's in the input's.
+          if (gw.defined()) gw = gw.contiguous();
+          if (gx.defined()) gx = gx.contiguous(out_fmt);
+          return {gx, gw, gb};
+        });
   }
   return y;
 }
@@ -173,8 +225,21 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& weight_in, const Tenso
   if (bias.defined()) y = y + kin(bias, ct).reshape({1, c_out, 1, 1});
   y = back_to(y, out_t);
   if (autograd::needs_grad({x, weight, bias})) {
-    SavedTensor sx(xc), sw(wc);
-    autograd::record(op, {x, weight, bias}, {y}, [sx, sw, p, ct, dev](const GradCtx& c) -> std::vector<Tensor> {
+    // hx, hw: the inputs themselves (their history), for a backward with create_graph (see conv2d).
+    SavedTensor sx(xc), sw(wc), hx(x.requires_grad() ? x : Tensor()), hw(weight.requires_grad() ? weight : Tensor());
+    autograd::record(op, {x, weight, bias}, {y}, [sx, sw, hx, hw, p, ct, dev](const GradCtx& c) -> std::vector<Tensor> {
+      if (GradMode::enabled()) {  // a backward with create_graph: the same gradients from recorded convolutions
+        const Tensor xh = hx.defined() ? hx.unpack("conv_transpose2d") : sx.unpack("conv_transpose2d");
+        const Tensor wh = hw.defined() ? hw.unpack("conv_transpose2d") : sw.unpack("conv_transpose2d");
+        if (autograd::needs_grad({c.g(), xh, wh})) {
+          // c.g() is the input of the convolution p describes, x its output gradient.
+          const Tensor gx = c.needs_grad(0)
+                                ? conv2d(c.g(), wh, Tensor(), {p.sh, p.sw}, {p.ph, p.pw}, {p.dh, p.dw}, p.groups)
+                                : Tensor();
+          const Tensor gw = c.needs_grad(1) ? conv2d_weight_grad(c.g(), xh, p) : Tensor();
+          return {gx, gw, c.needs_grad(2) ? sum(c.g(), {0, 2, 3}) : Tensor()};
+        }
+      }
       const Tensor xs = sx.unpack("conv_transpose2d"), ws = sw.unpack("conv_transpose2d");
       const Tensor g = kin(c.g(), ct);
       Tensor gx, gw;
@@ -188,7 +253,7 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& weight_in, const Tenso
       }
       Tensor gb = c.needs_grad(2) ? sum(g, {0, 2, 3}) : Tensor();
       return {gx, gw, gb};
-    }, {.once_differentiable = true});
+    });
   }
   return y;
 }
@@ -241,6 +306,23 @@ Shape pooled_shape(const Tensor& x, const Pool2dParams& p) {
   return s;
 }
 
+Tensor avg_pool_impl(const char* name, const Tensor& x, const Pool2dParams& p);
+
+// Average pooling's backward, recorded: only a backward with create_graph calls it. It is linear, its
+// adjoint the pooling itself, so its own backward is the forward op (named `name`) on the gradient.
+Tensor avg_pool_backward(const char* name, const Tensor& g, const Pool2dParams& p, const Shape& in_shape) {
+  const Device dev = g.device();
+  const DType ct = compute_dtype(g.dtype());
+  const Tensor gc = kin(g, ct);
+  Tensor gx = kout(in_shape, ct, dev);
+  detail::backend(dev).avg_pool2d_backward(ct, p, gc.raw_data(), gx.raw_data());
+  gx = back_to(gx, g.dtype());
+  if (autograd::needs_grad({g}))
+    autograd::record("avg_pool2d_backward", {g}, {gx},
+                     [name, p](const GradCtx& c) -> std::vector<Tensor> { return {avg_pool_impl(name, c.g(), p)}; });
+  return gx;
+}
+
 Tensor avg_pool_impl(const char* name, const Tensor& x, const Pool2dParams& p) {
   const Device dev = x.device();
   const DType ct = compute_dtype(x.dtype());
@@ -252,12 +334,14 @@ Tensor avg_pool_impl(const char* name, const Tensor& x, const Pool2dParams& p) {
   y = back_to(y.contiguous(fmt), x.dtype());
   if (autograd::needs_grad({x})) {
     const Shape in_shape = x.shape();
-    autograd::record(name, {x}, {y}, [p, ct, dev, in_shape, fmt](const GradCtx& c) -> std::vector<Tensor> {
+    autograd::record(name, {x}, {y}, [name, p, ct, dev, in_shape, fmt](const GradCtx& c) -> std::vector<Tensor> {
+      // A backward with create_graph: recorded, so that it can be differentiated again.
+      if (autograd::needs_grad({c.g()})) return {avg_pool_backward(name, c.g(), p, in_shape).contiguous(fmt)};
       const Tensor g = kin(c.g(), ct);
       Tensor gx = kout(in_shape, ct, dev);
       detail::backend(dev).avg_pool2d_backward(ct, p, g.raw_data(), gx.raw_data());
       return {gx.contiguous(fmt)};
-    }, {.once_differentiable = true});
+    });
   }
   return y;
 }
@@ -279,11 +363,21 @@ ValuesIndices max_pool2d_with_indices(const Tensor& x, Pair kernel, Pair stride,
   if (autograd::needs_grad({x})) {
     const Shape in_shape = x.shape();
     autograd::record("max_pool2d", {x}, {y}, [p, ct, dev, in_shape, idx, fmt](const GradCtx& c) -> std::vector<Tensor> {
+      if (autograd::needs_grad({c.g()})) {
+        // A backward with create_graph: g scattered to each window's argmax (an index into its plane; -1,
+        // an empty window's, takes nothing) by recorded ops, whose own backward gathers.
+        const Tensor flat = idx.reshape({p.planes, p.oh * p.ow});
+        const Tensor valid = ge(flat, scalar_like(0, flat));
+        const Tensor g = where(valid, c.g().reshape({p.planes, p.oh * p.ow}), zeros_like(flat).to(c.g().dtype()));
+        const Tensor gx = scatter_add(zeros({p.planes, p.h * p.w}, TensorOptions(g.dtype(), g.device())), 1,
+                                      where(valid, flat, zeros_like(flat)), g);
+        return {gx.reshape(in_shape).contiguous(fmt)};
+      }
       const Tensor g = kin(c.g(), ct);
       Tensor gx = kout(in_shape, ct, dev);
       detail::backend(dev).max_pool2d_backward(ct, p, g.raw_data(), idx.data<int64_t>(), gx.raw_data());
       return {gx.contiguous(fmt)};
-    }, {.once_differentiable = true});
+    });
   }
   return {y, idx};
 }
@@ -321,6 +415,42 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair out) {
 // ---- normalisation -------------------------------------------------------------------------------
 
 namespace {
+
+// batch_norm's backward from recorded ops, for a backward with create_graph: x (with its history),
+// gamma (undefined: 1), g, and the forward's ReLU output y (undefined: no ReLU; a mask, constant).
+// Training normalises with x's batch statistics, recomputed here (torch's formula: gx = rstd (gxhat -
+// mean(gxhat) - xhat mean(gxhat xhat))); eval with the running ones, constants the forward kept.
+std::vector<Tensor> batch_norm_backward_recorded(const GradCtx& cx, const Tensor& x, const Tensor& gamma,
+                                                 const Tensor& y, const Tensor& mean_c, const Tensor& rstd_c,
+                                                 bool training, double eps) {
+  const DType t = promote_types(cx.g().dtype(), x.dtype());
+  const Tensor xt = back_to(x, t);
+  std::vector<int64_t> red = {0};
+  Shape per_channel(size_t(xt.dim()), 1);
+  per_channel[1] = xt.size(1);
+  for (int64_t d = 2; d < xt.dim(); ++d) red.push_back(d);
+  Tensor mu, rs;
+  if (training) {
+    mu = mean(xt, red, true);
+    const Tensor dev = xt - mu;
+    rs = rsqrt(mean(dev * dev, red, true) + eps);
+  } else {
+    mu = back_to(mean_c, t).reshape(per_channel);
+    rs = back_to(rstd_c, t).reshape(per_channel);
+  }
+  const Tensor xhat = (xt - mu) * rs;
+  Tensor gz = back_to(cx.g(), t);
+  if (y.defined()) gz = where(gt(y, scalar_like(0, y)), gz, zeros_like(gz));
+  Tensor gx, gg, gb, gr;
+  if (cx.needs_grad(0)) {
+    const Tensor gxhat = gamma.defined() ? gz * back_to(gamma, t).reshape(per_channel) : gz;
+    gx = training ? (gxhat - mean(gxhat, red, true) - xhat * mean(gxhat * xhat, red, true)) * rs : gxhat * rs;
+  }
+  if (cx.needs_grad(1)) gg = sum(gz * xhat, red);
+  if (cx.needs_grad(2)) gb = sum(gz, red);
+  if (cx.needs_grad(3)) gr = gz;
+  return {gx, gg, gb, gr};
+}
 
 // batch_norm, and with relu (batch_norm_relu) relu(batch_norm(x) + residual): one kernel call each way.
 Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
@@ -383,10 +513,19 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& running_me
   const Tensor yc = y;  // in the compute dtype and layout: the ReLU mask of the backward
   y = back_to(y.contiguous(out_fmt), x.dtype());
   if (autograd::needs_grad({x, gamma, beta, residual})) {
-    SavedTensor sx(xc), sy(relu ? yc : Tensor());
+    // hx, hg: x and gamma themselves (their history), for a backward with create_graph; hx shares
+    // xc's memory unless the kernel needed a converted copy.
+    SavedTensor sx(xc), sy(relu ? yc : Tensor()), hx(x.requires_grad() ? x : Tensor()), hg(gamma);
     autograd::record(op, {x, gamma, beta, residual}, {y},
-                     [op, sx, sy, gc, mean, rstd, n, c, hw, training, eps, ct, dev, nhwc, fmt,
+                     [op, sx, sy, hx, hg, gc, mean, rstd, n, c, hw, training, eps, ct, dev, nhwc, fmt,
                       out_fmt](const GradCtx& cx) -> std::vector<Tensor> {
+                       if (GradMode::enabled()) {  // a backward with create_graph: recorded
+                         const Tensor xh = hx.defined() ? hx.unpack(op) : sx.unpack(op), gh = hg.unpack(op);
+                         if (autograd::needs_grad({cx.g(), xh, gh})) {
+                           const Tensor mask = sy.defined() ? sy.unpack(op).detach() : Tensor();
+                           return batch_norm_backward_recorded(cx, xh, gh, mask, mean, rstd, training, eps);
+                         }
+                       }
                        const Tensor xs = sx.unpack(op);
                        const Tensor ys = sy.defined() ? sy.unpack(op) : Tensor();
                        const Tensor g = kin(cx.g(), ct, fmt);
@@ -401,8 +540,7 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& running_me
                        if (gx.defined()) gx = gx.contiguous(out_fmt);
                        if (gr.defined()) gr = gr.contiguous(out_fmt);
                        return {gx, gg, gb, gr};
-                     },
-                     {.once_differentiable = true});
+                     });
   }
   return y;
 }

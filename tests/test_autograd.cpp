@@ -1041,6 +1041,45 @@ TEST_CASE("autograd: softmax, layer_norm and cross_entropy on 16-bit inputs diff
   }
 }
 
+TEST_CASE("autograd: Hessian-vector products through conv2d, conv_transpose2d, pooling and batch norm") {
+  // d/dt grad(f)(x + t v) at t = 0 by central differences of the first gradient, against the
+  // gradient of <grad f(x), v> from a backward with create_graph; the weights' Hessian too.
+  const Tensor w1 = rnd({4, 2, 3, 3}, -0.5, 0.5, 21), w2 = rnd({4, 3, 2, 2}, -0.5, 0.5, 22);
+  const Tensor gamma = rnd({3}, 0.5, 1.5, 23), beta = rnd({3}, -0.3, 0.3, 24);
+  auto f = [&](const Tensor& x, const Tensor& a, const Tensor& b, bool training) {
+    Tensor h = tanh(conv2d(x, a, Tensor(), {2, 1}, {1, 1}, {1, 2}, 2));
+    h = max_pool2d(h, {2, 2}, {1, 1}, {1, 1});
+    h = conv_transpose2d(h, b, Tensor(), {2, 2}, {1, 0}, {1, 0});
+    h = training
+            ? batch_norm_relu(h, Tensor(), Tensor(), gamma, beta, true, 0.1, 1e-5, h * 0.5)
+            : batch_norm(h, zeros({3}, DType::f64) + 0.1, ones({3}, DType::f64) * 1.5, gamma, beta, false, 0.1, 1e-5);
+    h = avg_pool2d(tanh(h), {3, 3}, {2, 2}, {1, 1}, false);
+    return sum(adaptive_avg_pool2d(h, {2, 3}) * adaptive_avg_pool2d(h, {2, 3}));
+  };
+  for (bool training : {true, false}) {
+    INFO(std::string(training ? "training" : "eval"));
+    const Tensor x0 = rnd({2, 4, 7, 6}, -1, 1, 25), v = rnd({2, 4, 7, 6}, -1, 1, 26);
+    const Tensor va = rnd({4, 2, 3, 3}, -1, 1, 27), vb = rnd({4, 3, 2, 2}, -1, 1, 28);
+    auto grads = [&](const Tensor& x, const Tensor& a, const Tensor& b, bool create) {
+      const Tensor xl = x.detach().set_requires_grad(true), al = a.detach().set_requires_grad(true),
+                   bl = b.detach().set_requires_grad(true);
+      std::vector<Tensor> g = autograd::grad({f(xl, al, bl, training)}, {xl, al, bl}, {}, false, true, create);
+      g.insert(g.end(), {xl, al, bl});
+      return g;
+    };
+    const std::vector<Tensor> g = grads(x0, w1, w2, true);
+    const Tensor dot = sum(g[0] * v) + sum(g[1] * va) + sum(g[2] * vb);
+    const std::vector<Tensor> hv = autograd::grad({dot}, {g[3], g[4], g[5]});
+    const double eps = 1e-5;
+    const std::vector<Tensor> gp = grads(x0 + v * eps, w1 + va * eps, w2 + vb * eps, false);
+    const std::vector<Tensor> gm = grads(x0 - v * eps, w1 - va * eps, w2 - vb * eps, false);
+    for (size_t i = 0; i < 3; ++i) {
+      const std::vector<double> want = ((gp[i] - gm[i]) * (0.5 / eps)).to_vector();
+      check_values(hv[i], want, 1e-6, "Hessian-vector product, input " + std::to_string(i));
+    }
+  }
+}
+
 TEST_CASE("autograd: a once-differentiable backward refuses a second derivative, naming the op") {
   const Tensor x = from_vector(std::vector<double>{1.0, 2.0}, {2}, DType::f64).set_requires_grad(true);
   // First derivatives are right with or without create_graph.
@@ -1053,10 +1092,15 @@ TEST_CASE("autograd: a once-differentiable backward refuses a second derivative,
   CHECK(contains(error_of([&] { autograd::grad({sum(g2)}, {x}); }), "custom_cube_once"));
   const Tensor g3 = autograd::grad({sum(custom_cube_once(x.detach()) + x * x)}, {x}, {}, false, true, true)[0];
   check_values(autograd::grad({sum(g3)}, {x})[0], {2.0, 2.0}, 1e-12, "beside it");
-  // conv2d's backward is a kernel of its own: refused the same way.
+  // checkpoint's backward runs a backward of its own: refused the same way (conv2d's, which once
+  // was, records under create_graph).
   const Tensor img = rnd({1, 1, 4, 4}, -1, 1, 6).set_requires_grad(true), k = rnd({1, 1, 3, 3}, -1, 1, 7);
-  const Tensor gi = autograd::grad({sum(conv2d(img, k) * conv2d(img, k))}, {img}, {}, false, true, true)[0];
-  CHECK(contains(error_of([&] { autograd::grad({sum(gi)}, {img}); }), "second derivatives of conv2d"));
+  const autograd::RecomputeFn conv_sq = [k](const std::vector<Tensor>& in) {
+    const Tensor c = conv2d(in[0], k);
+    return std::vector<Tensor>{c * c};
+  };
+  const Tensor gi = autograd::grad({sum(autograd::checkpoint(conv_sq, {img})[0])}, {img}, {}, false, true, true)[0];
+  CHECK(contains(error_of([&] { autograd::grad({sum(gi)}, {img}); }), "second derivatives of checkpoint"));
   // A saved tensor modified in place is still caught in a backward with create_graph.
   Tensor y = x * 2.0;
   const Tensor out = y * y;

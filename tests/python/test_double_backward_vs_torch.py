@@ -158,11 +158,13 @@ def test_once_differentiable_function_refuses_the_second_derivative():
     assert g.tolist() == [3.0, 12.0] and not g.requires_grad
 
 
-def test_second_derivative_through_a_fused_kernel_is_refused_never_wrong():
+def test_second_derivative_through_a_nested_backward_is_refused_never_wrong():
+    # checkpoint's backward runs a backward of its own (conv2d's, once refused here, now records).
     x = kiln.randn(1, 2, 5, 5, requires_grad=True)
     conv = kiln.nn.Conv2d(2, 3, 3)
-    (g,) = kiln.autograd.grad(conv(x).pow(2).sum(), x, create_graph=True)
-    with pytest.raises(kiln.KilnError, match="second derivatives of conv2d are not implemented"):
+    y = kiln.autograd.checkpoint(lambda t: conv(t).pow(2), x)
+    (g,) = kiln.autograd.grad(y.sum(), x, create_graph=True)
+    with pytest.raises(kiln.KilnError, match="second derivatives of checkpoint are not implemented"):
         kiln.autograd.grad(g.sum(), x)
 
 
@@ -362,3 +364,98 @@ def test_maml_inner_step_through_layer_norm_and_cross_entropy():
     close(lk, lt)
     for a, b in zip(kiln.autograd.grad(lk, [wk, gk, bk]), torch.autograd.grad(lt, [wt, gt, bt])):
         close(a, b)
+# ---- conv2d, conv_transpose2d, conv1d, conv3d, max_pool2d, avg_pool2d, adaptive_avg_pool2d,
+# batch_norm (training and eval) and batch_norm_relu: second derivatives against torch ----
+
+
+def _cnn_params(seed):
+    shapes = {"w1": (6, 2, 3, 3), "b1": (6,), "w2": (6, 3, 2, 3), "gamma": (6,), "beta": (6,), "w3": (4, 6, 3, 3),
+              "lw": (1, 16)}
+    out = {}
+    for i, (name, shape) in enumerate(shapes.items()):
+        out[name] = pair(shape, seed + i, 0.4)
+    return out
+
+
+def _cnn(F, x, p, training=True):
+    # Grouped, strided, dilated and padded convolutions, a transposed one, the three poolings and
+    # batch norm with batch statistics (training) or running ones (eval).
+    h = F.conv2d(x, p["w1"], p["b1"], stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+    h = F.max_pool2d(F.tanh(h), 2, stride=1, padding=1)
+    h = F.conv_transpose2d(h, p["w2"], stride=2, padding=1, output_padding=1, groups=2)
+    if training:
+        h = F.batch_norm(h, None, None, p["gamma"] + 1, p["beta"], training=True)
+    else:
+        rm = h.detach().mean((0, 2, 3)) * 0 + 0.1
+        rv = h.detach().mean((0, 2, 3)) * 0 + 1.5
+        h = F.batch_norm(h, rm, rv, p["gamma"] + 1, p["beta"], training=False)
+    h = F.avg_pool2d(F.tanh(h), 3, stride=2, padding=1, count_include_pad=False)
+    h = F.conv2d(h, p["w3"], padding=1)
+    h = F.adaptive_avg_pool2d(h, (2, 2))
+    return F.linear(h.reshape(h.shape[0], -1), p["lw"]).sum()
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_gradient_penalty_of_a_cnn_through_conv_pooling_and_batch_norm(training):
+    # WGAN-GP's penalty through a small critic of convolutions, poolings and batch norm, then its
+    # gradient w.r.t. every weight and the input.
+    xk, xt = pair((3, 4, 9, 8), 40)
+    p = _cnn_params(41)
+    pk = {k: v[0] for k, v in p.items()}
+    pt = {k: v[1] for k, v in p.items()}
+
+    def penalty(F, lib, x, params):
+        (gx,) = lib.autograd.grad(_cnn(F, x, params, training), x, create_graph=True)
+        return ((gx * gx).sum((1, 2, 3)).sqrt() - 1).pow(2).mean()
+
+    lk = penalty(KF, kiln, xk, pk)
+    lt = penalty(torch.nn.functional, torch, xt, pt)
+    close(lk, lt)
+    names = sorted(p)
+    gk = kiln.autograd.grad(lk, [pk[n] for n in names] + [xk], materialize_grads=True)
+    gt = torch.autograd.grad(lt, [pt[n] for n in names] + [xt])
+    for n, a, b in zip(names + ["x"], gk, gt):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-10, err_msg=n)
+
+
+def test_maml_step_of_a_cnn_with_conv1d_conv3d_and_batch_norm_relu():
+    # One inner SGD step with create_graph through conv1d, conv3d and the fused batch norm + residual
+    # + ReLU, then the outer loss's gradient w.r.t. the initial weights.
+    x1k, x1t = pair((2, 4, 11), 50)
+    x3k, x3t = pair((2, 2, 5, 4, 6), 51)
+    w1k, w1t = pair((4, 2, 3), 52, 0.5)
+    w3k, w3t = pair((3, 2, 2, 3, 2), 53, 0.5)
+    gk_, gt_ = pair((4,), 54, 0.3)
+
+    def bn_relu(F, x, g, res):
+        if F is KF:
+            return KF.batch_norm_relu(x, None, None, g + 1, g * 0.5, training=True, residual=res)
+        return torch.relu(torch.nn.functional.batch_norm(x, None, None, g + 1, g * 0.5, training=True) + res)
+
+    def loss(F, x1, x3, w1, w3, g):
+        h = F.conv1d(x1, w1, stride=1, padding=1, groups=2)
+        h = bn_relu(F, h, g, x1 * 0.5)
+        y = F.conv3d(x3, w3, padding=(1, 0, 1))
+        return (h * h).mean() + (F.tanh(y) ** 2).mean()
+
+    def outer(F, lib, x1, x3, w1, w3, g):
+        inner = loss(F, x1, x3, w1, w3, g)
+        d1, d3, dg = lib.autograd.grad(inner, [w1, w3, g], create_graph=True)
+        return loss(F, x1 * 0.7, x3 * 0.7, w1 - 0.3 * d1, w3 - 0.3 * d3, g - 0.3 * dg)
+
+    lk = outer(KF, kiln, x1k, x3k, w1k, w3k, gk_)
+    lt = outer(torch.nn.functional, torch, x1t, x3t, w1t, w3t, gt_)
+    close(lk, lt)
+    for a, b in zip(kiln.autograd.grad(lk, [w1k, w3k, gk_, x1k, x3k], materialize_grads=True),
+                    torch.autograd.grad(lt, [w1t, w3t, gt_, x1t, x3t])):
+        close(a, b)
+
+
+def test_hessian_vector_product_through_max_pool2d_scatters_and_gathers():
+    # max_pool2d's second derivative: its backward scatters to the argmax, the double backward gathers.
+    xk, xt = pair((2, 3, 7, 6), 60)
+    vk, vt = pair((2, 3, 7, 6), 61)
+    (gk,) = kiln.autograd.grad((KF.max_pool2d(xk, 3, 2, 1) ** 3).sum(), xk, create_graph=True)
+    (gt,) = torch.autograd.grad((torch.nn.functional.max_pool2d(xt, 3, 2, 1) ** 3).sum(), xt, create_graph=True)
+    close(gk, gt)
+    close(kiln.autograd.grad((gk * vk.detach()).sum(), xk)[0], torch.autograd.grad((gt * vt.detach()).sum(), xt)[0])
