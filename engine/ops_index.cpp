@@ -131,8 +131,12 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices) {
       split_dims(in_shape, d, outer, n, inner);
       detail::backend(g.device()).index_add(ct, outer, n, inner, gx.raw_data(), idx.numel(), idx.data<int64_t>(),
                                             g.raw_data());
+      // In a backward with create_graph: recorded, its own gradient the same index_select.
+      if (autograd::needs_grad({c.g()}))
+        autograd::record("index_select_backward", {c.g()}, {gx},
+                         [idx, d](const GradCtx& cc) -> std::vector<Tensor> { return {index_select(cc.g(), d, idx)}; });
       return {gx};
-    }, {.once_differentiable = true});
+    });
   }
   return out;
 }
@@ -288,7 +292,8 @@ Tensor scatter_reduce(const Tensor& x, int64_t dim, const Tensor& indices, const
         break;
       case ScatterReduce::mean: {
         const Tensor n = writes + (include_self ? 1.0 : 0.0);
-        const Tensor gn = where(gt(n, zeros({}, o)), g / n, g);
+        // g / n where n is 0 would give a NaN in its own gradient (0 / 0) under create_graph.
+        const Tensor gn = g / where(gt(n, zeros({}, o)), n, ones({}, o));
         gx = where(x_in, gn, zeros({}, o));
         gs = gather(gn, d, idx);
         break;
@@ -320,13 +325,44 @@ Tensor scatter_reduce(const Tensor& x, int64_t dim, const Tensor& indices, const
           return where(eq(v, zero), where(eq(zv, ones_like(zv)), pv, zeros_like(pv)),
                        where(eq(zv, zeros_like(zv)), pv / v, zeros_like(pv)));
         };
-        gx = where(x_in, g * others(xs, p, z).to(g.dtype()), zeros({}, o));
-        gs = gather(g, d, idx) * others(ss, gather(p, d, idx), gather(z, d, idx)).to(g.dtype());
+        if (!autograd::needs_grad({g, xs, ss})) {
+          gx = where(x_in, g * others(xs, p, z).to(g.dtype()), zeros({}, o));
+          gs = gather(g, d, idx) * others(ss, gather(p, d, idx), gather(z, d, idx)).to(g.dtype());
+          break;
+        }
+        // In a backward with create_graph, PyTorch's form, from recorded products: x's share is the
+        // product with x itself set to 1; a src's is the result over it, or, for the only zero src
+        // of its place, the product with it set to 1. A zero src of a place with several has no
+        // such form: its gradient (0) refuses a second derivative.
+        const Tensor xm = where(eq(xs, zero), ones_like(xs), xs);
+        gx = where(x_in, g * (scatter_reduce(xm, d, idx, ss, ScatterReduce::prod, include_self) / xm).to(g.dtype()),
+                   zeros({}, o));
+        const Tensor s_zero = eq(ss, zero);
+        const Tensor zs =
+            scatter_raw("scatter_reduce", ScatterOp::add, true, zeros(xs.shape(), o), d, idx, s_zero.to(g.dtype()), dd);
+        const Tensor nz = gather(zs, d, idx);
+        const Tensor single = logical_and(s_zero, eq(nz, ones_like(nz)));
+        const Tensor sm = where(single, ones_like(ss), ss);
+        const Tensor r = scatter_reduce(xs, d, idx, ss, ScatterReduce::prod, include_self);
+        const Tensor rm = scatter_reduce(xs, d, idx, sm, ScatterReduce::prod, include_self);
+        gs = where(single, gather(g * rm.to(g.dtype()), d, idx),
+                   gather(g * r.to(g.dtype()), d, idx) / where(s_zero, ones_like(ss), ss).to(g.dtype()));
+        if (c.needs_grad(1) && any(logical_and(s_zero, gt(nz, ones_like(nz)))).item<bool>()) {
+          const Tensor value = gs.detach();
+          gs = value.clone();
+          autograd::record("scatter_reduce_backward", {xs, ss, g}, {gs}, [](const GradCtx&) -> std::vector<Tensor> {
+            KILN_FAIL(
+                "backward through the gradient of scatter_reduce: a backward with create_graph ran through "
+                "scatter_reduce (prod) with more than one zero src scattered to one place, whose gradient is "
+                "not differentiable in Kiln, and a second derivative came back to it (the first derivative "
+                "is right)");
+          });
+        }
         break;
       }
     }
     return {c.needs_grad(0) ? gx : Tensor(), c.needs_grad(1) ? gs : Tensor()};
-  }, {.once_differentiable = true});  // prod's products of the others come from the kernel
+  });
   return out;
 }
 
@@ -524,8 +560,23 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
       Tensor gw = zeros({v, dm}, TensorOptions(ct, g.device()));
       detail::backend(g.device()).index_add(ct, 1, v, dm, gw.raw_data(), flat.numel(), flat.data<int64_t>(),
                                             g.raw_data());
+      // In a backward with create_graph: recorded, its own gradient the rows the indices pick (none for
+      // padding_idx), shaped as the incoming gradient.
+      if (autograd::needs_grad({c.g()})) {
+        const Shape gs = c.g().shape();
+        autograd::record("embedding_backward", {c.g()}, {gw},
+                         [flat, gs, padding_idx](const GradCtx& cc) -> std::vector<Tensor> {
+                           Tensor r = index_select(cc.g(), 0, flat);
+                           if (padding_idx >= 0) {
+                             const Tensor pad =
+                                 eq(flat, scalar_tensor(double(padding_idx), TensorOptions(DType::i64, flat.device())));
+                             r = where(pad.unsqueeze(1), zeros_like(r), r);
+                           }
+                           return {r.reshape(gs)};
+                         });
+      }
       return {gw};
-    }, {.once_differentiable = true});
+    });
   }
   return out;
 }

@@ -75,6 +75,28 @@ Tensor sorted_positions(const char* name, const Tensor& x, int64_t dim, bool des
   return x.dim() == 0 ? idx.reshape({}) : idx;
 }
 
+// cumprod's gradient from recorded ops, for a backward with create_graph (so that it is differentiable
+// again). Without zeros in x: the reversed running sum of g * y, divided by x. With zeros, where that
+// divides by zero, PyTorch's exact form: each position's sum over the later outputs of g times the
+// product of the others (O(n^2) ops, only here).
+Tensor cumprod_backward_recorded(const Tensor& g, const Tensor& x, int64_t d) {
+  if (x.dim() == 0 || x.size(d) <= 1) return g;
+  const int64_t n = x.size(d);
+  if (!any(eq(x, zeros({}, TensorOptions(x.dtype(), x.device())))).item<bool>())
+    return flip(cumsum(flip(g * cumprod(x, d), {d}), d), {d}) / x;
+  Shape one = x.shape();
+  one[size_t(d)] = 1;
+  const Tensor ones1 = ones(one, TensorOptions(x.dtype(), x.device()));
+  std::vector<Tensor> parts;
+  for (int64_t k = 0; k < n; ++k) {
+    // The products leaving out x_k of the outputs k..n-1: those of x_0..x_{k-1}, times x_{k+1}..x_j.
+    Tensor omitted = k + 1 < n ? cat({ones1, cumprod(x.narrow(d, k + 1, n - k - 1), d)}, d) : ones1;
+    if (k > 0) omitted = omitted * prod(x.narrow(d, 0, k), {d}, true);
+    parts.push_back(sum(g.narrow(d, k, n - k) * omitted, {d}, true));
+  }
+  return cat(parts, d);
+}
+
 }  // namespace
 
 Tensor cumsum(const Tensor& x, int64_t dim) {
@@ -99,10 +121,14 @@ Tensor cumprod(const Tensor& x, int64_t dim) {
   const Columns c = columns(is_floating(x.dtype()) ? x : x.to(DType::i64), dim, "cumprod");
   Tensor y = scan_values(ScanOp::cumprod, x, c, nullptr).to(out_t).reshape(x.shape());
   if (autograd::needs_grad({x})) {
-    SavedTensor sx(c.src);
+    SavedTensor sx(c.src), sx_in(x);  // sx_in: x with its history, for a backward with create_graph
     const Device dev = x.device();
     const Columns geo{Tensor(), c.dim, c.outer, c.n, c.inner};
-    autograd::record("cumprod", {x}, {y}, [sx, geo, dev](const GradCtx& g) -> std::vector<Tensor> {
+    autograd::record("cumprod", {x}, {y}, [sx, sx_in, geo, dev](const GradCtx& g) -> std::vector<Tensor> {
+      if (GradMode::enabled()) {
+        const Tensor xh = sx_in.unpack("cumprod");
+        if (autograd::needs_grad({g.g(), xh})) return {cumprod_backward_recorded(g.g(), xh, geo.dim)};
+      }
       const Tensor xs = sx.unpack("cumprod");
       const DType ct = xs.dtype() == DType::f64 ? DType::f64 : DType::f32;
       const Tensor xc = xs.to(ct).contiguous(), gc = g.g().detach().to(ct).contiguous().reshape(xc.shape());
@@ -110,7 +136,7 @@ Tensor cumprod(const Tensor& x, int64_t dim) {
       detail::backend(dev).cumprod_backward(ct, geo.outer, geo.n, geo.inner, xc.raw_data(), gc.raw_data(),
                                             gx.raw_data());
       return {gx.reshape(g.g().shape()).to(g.g().dtype())};
-    }, {.once_differentiable = true});
+    });
   }
   return y;
 }

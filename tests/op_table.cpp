@@ -2037,6 +2037,29 @@ std::vector<Row> build() {
       .covers({"scatter", "scatter_reduce"})
       .tol(3e-2)
       .autocast(AutocastOp::elementwise);
+  // scatter_reduce's prod with zeros at fixed places of x and src (and fixed indices), with and without
+  // x's own value. At most one zero src per place: each gradient is a product of the others, and so is
+  // differentiable again (x zero and src zero in one place too). Two zero srcs in one place: the
+  // second derivative of those srcs' gradient (0, the product of the others) is refused, as torch's.
+  const auto prod_zeros = [](bool two) {
+    return [two](const V& x) {
+      const Device dev = x[0].device();
+      const Tensor idx = from_vector({0, 1, 0, 2, 1, 2, 2, 0, 1, 0}, {2, 5}, DType::i64).to(dev);
+      const Tensor xz = from_vector({0, 1, 0, 0, 0, 1}, {2, 3}, DType::boolean).to(dev);
+      const Tensor sz = from_vector({1, 0, two ? 1.0 : 0.0, 0, 0, 0, 1, 0, 0, 0}, {2, 5}, DType::boolean).to(dev);
+      const Tensor a = masked_fill(x[0], xz, 0.0), b = masked_fill(x[1], sz, 0.0);
+      return V{scatter_reduce(a, 1, idx, b, ScatterReduce::prod, true),
+               scatter_reduce(a, 1, idx, b, ScatterReduce::prod, false)};
+    };
+  };
+  row("scatter_reduce_prod_zero", {{{2, 3}, Kind::positive}, {{2, 5}, Kind::positive}}, prod_zeros(false))
+      .covers({"scatter_reduce"})
+      .tol(3e-2)
+      .autocast(AutocastOp::elementwise);
+  row("scatter_reduce_prod_zeros", {{{2, 3}, Kind::positive}, {{2, 5}, Kind::positive}}, prod_zeros(true))
+      .covers({"scatter_reduce"})
+      .tol(3e-2)
+      .autocast(AutocastOp::elementwise);
   // index_put on [5, 4, 3] with two broadcast index tensors (a repeated place, negative indices), a
   // bool mask over the leading dims, and accumulation.
   row("index_put", {{{5, 4, 3}}, {{2, 1}}, {{3, 4, 3}}, {{5, 4}, Kind::mask}},

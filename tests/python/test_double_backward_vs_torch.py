@@ -459,3 +459,82 @@ def test_hessian_vector_product_through_max_pool2d_scatters_and_gathers():
     (gt,) = torch.autograd.grad((torch.nn.functional.max_pool2d(xt, 3, 2, 1) ** 3).sum(), xt, create_graph=True)
     close(gk, gt)
     close(kiln.autograd.grad((gk * vk.detach()).sum(), xk)[0], torch.autograd.grad((gt * vt.detach()).sum(), xt)[0])
+# ---- second derivatives through index_select, embedding, cumprod (and prod), scatter_reduce ----
+def leaves(a, zero_at):
+    a = a.copy()
+    a[zero_at] = 0.0
+    return (kiln.tensor(a, dtype=kiln.float64, requires_grad=True),
+            torch.tensor(a, dtype=torch.float64, requires_grad=True))
+
+
+def ints(values, lib):
+    return kiln.tensor(np.array(values, dtype=np.int64)) if lib is kiln else torch.tensor(values, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 2])
+def test_gradient_penalty_through_embedding_and_index_select(padding_idx):
+    # A penalty on the embedding table's gradient, differentiated w.r.t. the table and a projection:
+    # its path runs through embedding's and index_select's recorded backwards.
+    wk, wt = pair((6, 4), 20)
+    ak, at = pair((4, 5), 21, 0.5)
+
+    def penalty(F, lib, w, a):
+        ids = ints([[0, 2, 5, 2], [3, 0, 0, 1]], lib)
+        h = lib.tanh(F.embedding(ids, w, padding_idx=padding_idx) @ a)
+        out = (h.index_select(2, ints([4, 0, 0, 3], lib)) ** 2).sum()
+        (gw,) = (kiln if lib is kiln else torch).autograd.grad(out, w, create_graph=True)
+        return (gw * gw).sum()
+
+    pk, pt = penalty(KF, kiln, wk, ak), penalty(torch.nn.functional, torch, wt, at)
+    close(pk, pt)
+    for a, b in zip(kiln.autograd.grad(pk, [wk, ak]), torch.autograd.grad(pt, [wt, at])):
+        close(a, b)
+
+
+@pytest.mark.parametrize("zeros", [0, 1, 3])
+def test_gradient_penalty_through_cumprod_and_prod(zeros):
+    # Zeros (none, one, several per row) where x / x would divide by zero: the recorded backward
+    # is PyTorch's exact product of the others, so the second derivative matches torch's.
+    xk, xt = leaves(np.random.default_rng(22).standard_normal((3, 6)), (slice(None), slice(1, 1 + zeros)))
+    vk, vt = pair((3, 6), 23)
+
+    def penalty(lib, x, v):
+        out = (lib.cumprod(x, 1) * v.detach()).sum() + (x.prod(1) ** 2).sum()
+        (g,) = (kiln if lib is kiln else torch).autograd.grad(out, x, create_graph=True)
+        return (g * g).sum(), g
+
+    (pk, gk), (pt, gt) = penalty(kiln, xk, vk), penalty(torch, xt, vt)
+    close(gk, gt)
+    close(pk, pt)
+    close(kiln.autograd.grad(pk, xk)[0], torch.autograd.grad(pt, xt)[0])
+
+
+def test_maml_step_through_scatter_reduce_prod():
+    # An inner SGD step on the scattered factors (one of them zero), then the outer loss's gradient
+    # w.r.t. the initial factors and the base.
+    bk, bt = pair((2, 3), 24)
+    sk, st = leaves(np.random.default_rng(25).standard_normal((2, 5)), (0, 0))
+    yk, yt = pair((2, 3), 26)
+
+    def outer(lib, b, s, y, include_self):
+        idx = ints([[0, 1, 0, 2, 1], [2, 2, 0, 1, 0]], lib)
+        loss = lambda s_: ((b.scatter_reduce(1, idx, s_, "prod", include_self=include_self) - y.detach()) ** 2).sum()
+        (gs,) = (kiln if lib is kiln else torch).autograd.grad(loss(s), s, create_graph=True)
+        return loss(s - 0.1 * gs)
+
+    for include_self in (True, False):
+        lk, lt = outer(kiln, bk, sk, yk, include_self), outer(torch, bt, st, yt, include_self)
+        close(lk, lt)
+        for a, b in zip(kiln.autograd.grad(lk, [sk, bk]), torch.autograd.grad(lt, [st, bt])):
+            close(a, b)
+
+
+def test_scatter_reduce_prod_two_zero_srcs_in_one_place_refuse_the_second_derivative():
+    b = kiln.tensor([[1.5, 2.0]], dtype=kiln.float64, requires_grad=True)
+    s = kiln.tensor([[0.0, 0.0, 3.0]], dtype=kiln.float64, requires_grad=True)
+    idx = kiln.tensor(np.array([[0, 0, 1]], dtype=np.int64))
+    out = b.scatter_reduce(1, idx, s, "prod")
+    (g,) = kiln.autograd.grad((out * out).sum(), s, create_graph=True)
+    assert g.tolist() == [[0.0, 0.0, 24.0]]
+    with pytest.raises(kiln.KilnError, match="scatter_reduce .prod. with more than one zero src"):
+        kiln.autograd.grad(g.sum(), s)
