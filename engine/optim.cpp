@@ -748,7 +748,8 @@ void LAMB::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::map<s
 // ---- RMSprop and Adagrad ----------------------------------------------------------------------------
 // Tensor ops per parameter (a fused backend kernel, as SGD's and the Adam family's, would be faster:
 // one pass over the parameter instead of several), in the order of torch's single-tensor rules, with
-// no value read on the host.
+// no value read on the host except a GradScaler's skip flag (step()'s skip_if, read once a step, as for
+// every per-tensor update).
 
 RMSprop::RMSprop(std::vector<ParamGroup> groups, RmspropOptions o) : Optimizer(std::move(groups)), o_(o) {
   check_hyper(hyper(), "its");
@@ -854,7 +855,8 @@ void Adagrad::update(const ParamGroup& g, Tensor& p, const Tensor& grad, std::ma
   if (g.weight_decay != 0) d = d + w * g.weight_decay;
   const bool fresh = !slots.count("sum");
   Tensor& acc = slot(slots, "sum", p);
-  if (fresh && o.initial_accumulator_value != 0) acc.fill_(o.initial_accumulator_value);
+  // torch 2.x fills a new sum with the optimizer's initial_accumulator_value (its defaults), never a group's
+  if (fresh && o_.initial_accumulator_value != 0) acc.fill_(o_.initial_accumulator_value);
   acc.add_(d * d);
   const Tensor std_ = sqrt(acc) + o.eps;
   Tensor step = d / std_;

@@ -248,8 +248,10 @@ class RMSprop final : public Optimizer {
 
 // torch.optim.Adagrad (its single-tensor rule, dense gradients): with g = grad + weight_decay * p (L2)
 // and t this parameter's step number (from 1), sum += g^2 and p -= lr / (1 + (t - 1) * lr_decay) *
-// g / (sqrt(sum) + eps). The slot "sum" starts at initial_accumulator_value (made at the parameter's
-// first step; torch makes it at construction, with the same value).
+// g / (sqrt(sum) + eps). The slot "sum" starts at the optimizer's initial_accumulator_value (made at the
+// parameter's first step; torch makes it at construction, with the same value): a group's own
+// "initial_accumulator_value" is kept but not used, as torch 2.x's, whose add_param_group's groups also
+// start from the optimizer's (its defaults').
 struct AdagradOptions {
   double lr_decay = 0.0, eps = 1e-10, initial_accumulator_value = 0.0;
 };

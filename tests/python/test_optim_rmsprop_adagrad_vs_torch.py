@@ -139,15 +139,96 @@ def test_adagrad_state_before_any_step_is_torchs():
         close([ks["state"][i]["step"], ks["state"][i]["sum"]], [te["step"], te["sum"]])
 
 
-def test_a_torch_state_missing_a_slot_its_options_need_is_refused():
-    values = grads(np.random.default_rng(11))
-    tps, to = make(torch, "RMSprop", dict(lr=0.01, momentum=0.9), values)
-    run(torch, tps, to, [grads(np.random.default_rng(12))])
-    sd = to.state_dict()
-    del sd["state"][0]["momentum_buffer"]
-    ko = make(kiln, "RMSprop", dict(lr=0.01, momentum=0.9), values)[1]
-    with pytest.raises(ValueError, match=r"state\[0\] .*has 'step', 'square_avg' but no 'momentum_buffer'"):
-        ko.load_state_dict(sd)
+def test_adagrad_add_param_groups_sum_starts_from_the_optimizers_initial_accumulator_value():
+    # torch 2.x makes an added group's state at its first step from self.defaults: the optimizer's
+    # initial_accumulator_value, not the group's own (kept as a key)
+    rng = np.random.default_rng(14)
+    values = grads(rng)
+    gs = [grads(rng) for _ in range(5)]
+    out = {}
+    for lib in (kiln, torch):
+        ps = [lib.tensor(v.copy(), requires_grad=True) for v in values]
+        opt = lib.optim.Adagrad(ps[:2], lr=0.1, initial_accumulator_value=0.5)
+        opt.add_param_group({"params": ps[2:], "initial_accumulator_value": 5.0, "lr_decay": 0.1})
+        assert opt.param_groups[1]["initial_accumulator_value"] == 5.0
+        run(lib, ps, opt, gs[:1])
+        sums = [numpy_of(opt.state_dict()["state"][i]["sum"]).copy() for i in range(3)]
+        run(lib, ps, opt, gs[1:])
+        out[lib.__name__] = ps, sums
+    close(out["kiln"][1], out["torch"][1])
+    close(out["kiln"][0], out["torch"][0])
+    # after one step: 0.5 + g^2, not 5 + g^2
+    assert np.allclose(out["kiln"][1][2], 0.5 + gs[0][2] ** 2)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_adagrad_sum_of_a_16_bit_parameter_is_f32(dtype):
+    # the sum is made in the engine's state dtype (f32), not the parameter's: 1e5 is not inf in f16, 0.1
+    # is f32's 0.1, and the first step is the f32 rule's
+    values = np.array([1.0, -2.0, 0.5], np.float32)
+    for init in (1e5, 0.1):
+        p = kiln.tensor(values).to(getattr(kiln, dtype)).requires_grad_()
+        opt = kiln.optim.Adagrad([p], lr=0.1, initial_accumulator_value=init)
+        s = opt.state_dict()["state"][0]["sum"]
+        assert s.dtype == kiln.float32
+        assert numpy_of(s).tolist() == [np.float32(init)] * 3
+        g = np.array([0.25, -1.0, 2.0], np.float32)
+        p.grad = kiln.tensor(g).to(getattr(kiln, dtype))
+        opt.step()
+        w = values.astype(np.float64) - 0.1 * g / (np.sqrt(np.float32(init) + g.astype(np.float64) ** 2) + 1e-10)
+        tol = 1e-2 if dtype == "bfloat16" else 1e-3
+        assert np.all(np.isfinite(numpy_of(p.float())))
+        assert np.allclose(numpy_of(p.float()), w, rtol=tol, atol=tol), (numpy_of(p.float()), w)
+        assert numpy_of(opt.state_dict()["state"][0]["sum"]).tolist() == \
+            (np.float32(init) + g.astype(np.float32) ** 2).tolist()
+
+
+def test_adagrad_bf16_parameter_under_a_grad_scaler():
+    # one GradScaler step on a bfloat16 parameter (an f16 gradient is refused, as torch's): the unscaled
+    # gradient steps the f32 sum, whose 0.1 is f32's
+    p = kiln.tensor(np.array([1.0, 2.0], np.float32)).to(kiln.bfloat16).requires_grad_()
+    opt = kiln.optim.Adagrad([p], lr=0.1, initial_accumulator_value=0.1)
+    scaler = kiln.amp.GradScaler(init_scale=1024.0)
+    p.grad = kiln.tensor(np.array([1024.0, 2048.0], np.float32)).to(kiln.bfloat16)
+    scaler.step(opt)
+    scaler.update()
+    assert numpy_of(opt.state_dict()["state"][0]["sum"]).tolist() == [np.float32(0.1) + np.float32(1),
+                                                                       np.float32(0.1) + np.float32(4)]
+    w = np.array([1.0, 2.0]) - 0.1 * np.array([1.0, 2.0]) / np.sqrt(np.array([1.1, 4.1]))
+    assert np.allclose(numpy_of(p.float()), w, atol=1e-2)
+
+
+def test_rmsprop_state_saved_after_switching_momentum_and_centered_on_loads_back():
+    # momentum and centered switched on after a step, the state saved before the next: the group says
+    # momentum > 0 and centered, the entries have no momentum_buffer or grad_avg yet (the engine makes them
+    # as zeros at the next step), so the state loads back and resumes as the run that went on
+    rng = np.random.default_rng(11)
+    values = grads(rng)
+    before, after = [grads(rng) for _ in range(3)], [grads(rng) for _ in range(5)]
+    kps, ko = make(kiln, "RMSprop", dict(lr=0.01), values)
+    run(kiln, kps, ko, before)
+    for g in ko.param_groups:
+        g["momentum"], g["centered"] = 0.9, True
+    sd = ko.state_dict()
+    assert list(sd["state"][0]) == ["step", "square_avg"] and sd["param_groups"][0]["momentum"] == 0.9
+    kps2, ko2 = make(kiln, "RMSprop", dict(lr=0.01), [numpy_of(p) for p in kps])
+    ko2.load_state_dict(sd)
+    assert ko2.param_groups[0]["momentum"] == 0.9 and ko2.param_groups[0]["centered"] is True
+    run(kiln, kps, ko, after)
+    run(kiln, kps2, ko2, after)
+    for a, b in zip(kps2, kps):
+        assert np.array_equal(numpy_of(a), numpy_of(b))
+    assert list(ko2.state_dict()["state"][0]) == ["step", "square_avg", "momentum_buffer", "grad_avg"]
+    # a slot that is there is still checked, and square_avg stays needed with step
+    for label, edit, message in [
+            ("wrong shape", lambda e: e.__setitem__("momentum_buffer", kiln.tensor(np.zeros(7, np.float32))),
+             r"'momentum_buffer' has shape \(7,\)"),
+            ("unknown slot", lambda e: e.__setitem__("foo", kiln.tensor(np.zeros((3, 2), np.float32))), r"'foo', a slot"),
+            ("no square_avg", lambda e: e.pop("square_avg"), r"has 'step' but no 'square_avg'")]:
+        bad = {"state": {i: dict(e) for i, e in sd["state"].items()}, "param_groups": sd["param_groups"]}
+        edit(bad["state"][0])
+        with pytest.raises(ValueError, match=message):
+            ko2.load_state_dict(bad)
 
 
 @pytest.mark.parametrize("name,kw", [("RMSprop", dict(lr=0.05, momentum=0.5, centered=True)),

@@ -169,10 +169,12 @@ def _step_tensor(scalars, g, i):
 
 
 class _State(collections.abc.Mapping):
-    """Optimizer.state: each parameter's state tensors by torch's names (exp_avg, exp_avg_sq and step
-    for the Adam family, momentum_buffer for SGD with momentum), for the parameters that have state.
-    The tensors are the engine's own (an in-place change is seen by the next step); 'step' is a new
-    0-dim f32 tensor, as torch's. As torch's defaultdict(dict), `state[p]` makes p's dict if it has
+    """Optimizer.state: each parameter's state tensors by torch's names, for the parameters that have
+    state, in torch's key order: 'step' first (where the optimizer counts steps), then the slots in the
+    class's _SLOTS order: step, exp_avg, exp_avg_sq for the Adam family (and LAMB); momentum_buffer for
+    SGD with momentum; step, square_avg, momentum_buffer (momentum > 0), grad_avg (centered) for
+    RMSprop; step, sum for Adagrad (every parameter from construction). The tensors are the engine's own
+    (an in-place change is seen by the next step); 'step' is a new 0-dim f32 tensor, as torch's. As torch's defaultdict(dict), `state[p]` makes p's dict if it has
     none and keeps it (opt._kept): what is written into it stays, and p is then `in` the state."""
 
     def __init__(self, opt):
@@ -938,7 +940,8 @@ class RMSprop(Optimizer):
     """torch.optim.RMSprop, torch's single-tensor rule: weight_decay is L2 (added to the gradient),
     centered subtracts the running mean of the gradients, momentum > 0 keeps a buffer of the steps.
     state per parameter as torch's: 'step', 'square_avg', 'momentum_buffer' (momentum > 0), 'grad_avg'
-    (centered). The engine steps with tensor ops per parameter (no fused kernel, no host reads).
+    (centered). The engine steps with tensor ops per parameter (no fused kernel; no host reads but a
+    GradScaler's skip flag, once a step).
     maximize negates the gradients (torch's); capturable and foreach are accepted and change nothing."""
 
     _py_keys = ("maximize", "foreach", "capturable")
@@ -980,18 +983,23 @@ class RMSprop(Optimizer):
         dict.setdefault(self.param_groups[-1], "capturable", self._capturable)
 
     def _needed_slots(self, saved, group):
-        momentum = saved.get("momentum", dict.get(group, "momentum"))
-        centered = saved.get("centered", dict.get(group, "centered"))
-        return (("square_avg",) + (("momentum_buffer",) if momentum and float(momentum) > 0 else ())
-                + (("grad_avg",) if centered else ()))
+        """square_avg only: the engine makes a missing momentum_buffer or grad_avg as zeros at the next step that
+        needs it, as it does after momentum or centered is switched on, so a state saved then (before the next
+        step: the group says momentum > 0 or centered, the entry has no buffer yet) loads back. A slot that is
+        there is still checked (a tensor of the parameter's shape, one of _SLOTS)."""
+        return ("square_avg",)
 
 
 class Adagrad(Optimizer):
     """torch.optim.Adagrad, torch's single-tensor rule for dense gradients: weight_decay is L2, the step is
     lr / (1 + (step - 1) * lr_decay) * g / (sqrt(sum) + eps), 'sum' starting at initial_accumulator_value.
     state per parameter as torch's: 'step' and 'sum', made at construction for every parameter, as
-    torch's (step 0, sum = the optimizer's initial_accumulator_value, a group's own not used there). The
-    engine steps with tensor ops per parameter (no fused kernel, no host reads). maximize negates the
+    torch's (step 0, sum = the optimizer's initial_accumulator_value; a group's own, in the constructor's
+    groups or add_param_group's, is kept as a key but never used: an added group's sum, made at its first
+    step, starts from the optimizer's value too, as torch 2.x's). 'sum' is f32 (f64 for f64 parameters),
+    also for f16/bf16 parameters (torch's is the parameter's dtype). The
+    engine steps with tensor ops per parameter (no fused kernel; no host reads but a GradScaler's skip flag,
+    once a step). maximize negates the
     gradients; foreach and fused are accepted and change nothing."""
 
     _TORCH_KEYS = ("lr", "lr_decay", "eps", "weight_decay", "initial_accumulator_value", "foreach", "maximize",
@@ -1008,12 +1016,15 @@ class Adagrad(Optimizer):
                                                                    initial_accumulator_value)}
         super().__init__(params, lr, weight_decay, options, maximize, foreach, fused)
         # torch's Adagrad makes every parameter's state here, step 0 and sum filled with the optimizer's
-        # initial_accumulator_value (not a group's own: only add_param_group's groups take theirs, made at
-        # their first step, as the engine makes them)
+        # initial_accumulator_value (never a group's own: add_param_group's groups get theirs at their first
+        # step, as the engine makes them, from the optimizer's value too, as torch 2.x's). The sum is in the
+        # engine's state dtype (f32, f64 for f64 parameters), not a 16-bit parameter's: 1e5 stays finite
+        # and 0.1 is 0.1 in f32.
         tensors, scalars = self._engine.state()
         for g, group in enumerate(self.param_groups):
             for i, p in enumerate(group["params"]):
-                tensors[f"{g}.{i}.sum"] = _C.full_like(p.detach(), options["initial_accumulator_value"])
+                dt = _C.dtype.float64 if p.dtype == _C.dtype.float64 else _C.dtype.float32
+                tensors[f"{g}.{i}.sum"] = _C.full_like(p.detach(), options["initial_accumulator_value"], dtype=dt)
         self._engine.load_state(tensors, scalars)
 
     def _make(self, groups):
