@@ -1052,6 +1052,36 @@ TEST_CASE("tensor: random elements are the documented Philox lanes") {
   }
 }
 
+TEST_CASE("tensor: f16 and bf16 uniform fills stay below 1 (the dtype's top bits); f32 and f64 draw one stream") {
+  // 24 random bits rounded to nearest reached 1.0 in f16 (about 240 draws a million) and in bf16; each 16-bit
+  // element is now the top 11 (f16) or 8 (bf16) bits of its Philox lane, exact in the dtype.
+  const uint64_t seed = 77;
+  const int64_t n = int64_t(1) << 20;
+  for (DType dt : {DType::f16, DType::bf16}) {
+    const int bits = dt == DType::f16 ? 11 : 8;
+    CAPTURE(bits);
+    Generator g(seed);
+    const std::vector<double> v = rand({n}, TensorOptions(dt), &g).to_vector();
+    int64_t out_of_range = 0;
+    double hi = 0;
+    for (double x : v) {
+      out_of_range += !(x >= 0.0 && x < 1.0);
+      hi = std::max(hi, x);
+    }
+    CHECK(out_of_range == 0);
+    CHECK(hi == 1.0 - std::ldexp(1.0, -bits));  // the largest draw is reached (all but certain in 2^20)
+    for (int64_t i = 0; i < 64; ++i) {
+      const U32x4 r = philox_block(seed, uint64_t(i) / 4);
+      CHECK(v[size_t(i)] == std::ldexp(double(r.v[i % 4] >> (32 - bits)), -bits));
+    }
+    Generator g2(seed);
+    const std::vector<double> w = uniform({n}, -2.0, 6.0, TensorOptions(dt), &g2).to_vector();
+    CHECK(*std::max_element(w.begin(), w.end()) < 6.0);
+  }
+  Generator a(seed), b(seed);
+  CHECK(rand({1000}, TensorOptions(DType::f64), &a).to_vector() == rand({1000}, {}, &b).to_vector());
+}
+
 TEST_CASE("tensor: moments of 100k random samples") {
   Generator g(2024);
   const int64_t n = 100000;

@@ -45,6 +45,11 @@ KILN_HD U32x4 philox_block(uint64_t seed, uint64_t block) {
 
 // [0, 1) with 24 random bits, exactly representable in f32.
 KILN_HD float u32_to_uniform(uint32_t x) { return static_cast<float>(x >> 8) * (1.0f / 16777216.0f); }
+// [0, 1) with the top `bits` random bits (1..24), k * 2^-bits: exact in a type whose significand has
+// `bits` bits, so a 16-bit fill never rounds up to 1. bits = 24 is u32_to_uniform's number.
+KILN_HD float u32_to_uniform_bits(uint32_t x, int bits) {
+  return static_cast<float>(x >> (32 - bits)) * (1.0f / static_cast<float>(1u << bits));
+}
 // (0, 1], safe for log().
 KILN_HD float u32_to_uniform_pos(uint32_t x) { return static_cast<float>((x >> 8) + 1u) * (1.0f / 16777216.0f); }
 

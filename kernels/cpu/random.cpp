@@ -26,13 +26,14 @@ void random(RandomKind kind, const TensorDesc& dst, uint64_t seed, uint64_t offs
     });
     return;
   }
+  const int bits = uniform_bits(dst.dtype);
   visit_dtype(dst.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* out = static_cast<T*>(dst.data);
     parallel_for(0, nblocks, 1024, [&](int64_t b0, int64_t b1) {
       for (int64_t blk = b0; blk < b1; ++blk) {
         float v[4];
-        random_draw4(kind, philox_block(seed, first + uint64_t(blk)), p0, p1, v);
+        random_draw4(kind, philox_block(seed, first + uint64_t(blk)), p0, p1, v, bits);
         for (int l = 0; l < 4; ++l) {
           const int64_t i = blk * 4 + l;
           if (i < n) store(out + i, v[l]);

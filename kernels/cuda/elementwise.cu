@@ -420,13 +420,13 @@ template <typename T> __global__ void arange_kernel(T* o, int64_t n, int64_t str
 // Launch: grid-stride over Philox blocks; thread b draws block (offset/4 + b) and writes elements
 // 4b .. 4b+3 of the contiguous output, exactly as the CPU does (so dropout masks are identical).
 // Memory: 4 elements written per block, nothing read.
-template <typename T>
-__global__ void random_kernel(T* out, int64_t n, RandomKind kind, uint64_t seed, uint64_t first, double p0, double p1) {
+template <typename T> __global__ void random_kernel(T* out, int64_t n, RandomKind kind, uint64_t seed, uint64_t first,
+                                                    double p0, double p1, int bits) {
   const int64_t nblocks = (n + 3) / 4;
   for (int64_t blk = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; blk < nblocks;
        blk += int64_t(gridDim.x) * blockDim.x) {
     float v[4];
-    random_draw4(kind, philox_block(seed, first + uint64_t(blk)), p0, p1, v);
+    random_draw4(kind, philox_block(seed, first + uint64_t(blk)), p0, p1, v, bits);
     for (int l = 0; l < 4; ++l) {
       const int64_t i = blk * 4 + l;
       if (i < n) st(out + i, v[l]);
@@ -589,7 +589,7 @@ void random(RandomKind kind, const TensorDesc& dst, uint64_t seed, uint64_t offs
   visit_dtype(dst.dtype, [&](auto tag) {
     using T = decltype(tag);
     launch("random_kernel", random_kernel<T>, grid_for((n + 3) / 4), kThreads, 0, current().stream,
-           static_cast<T*>(dst.data), n, kind, seed, offset / 4, p0, p1);
+           static_cast<T*>(dst.data), n, kind, seed, offset / 4, p0, p1, uniform_bits(dst.dtype));
   });
 }
 

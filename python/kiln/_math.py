@@ -733,10 +733,14 @@ def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
 
 # ---- kiln.special ----
 def _logit(input, eps=None):
-    """torch.special.logit: log(p / (1 - p)), p clamped to [eps, 1 - eps] when eps is given."""
-    x = input if eps is None else _C.clamp(input, eps, 1 - eps)
-    if not x.dtype.is_floating_point:
-        x = x.to(_C.dtype.float32)
+    """torch.special.logit: log(p / (1 - p)); with eps >= 0, p below eps taken as eps and p above 1 - eps as
+    1 - eps, element by element as torch's kernel (not torch.clamp: with eps > 0.5 every p is moved, to eps
+    below eps and to 1 - eps from eps up). The gradient is 1 / (p (1 - p)) where p is kept (eps <= p <= 1 - eps,
+    the ends included) and 0 where it is moved, as torch's."""
+    x = input if input.dtype.is_floating_point else input.to(_C.dtype.float32)
+    if eps is not None and eps >= 0:
+        lo, hi = eps, 1 - eps
+        x = _C.where(x < lo, _C.full_like(x, lo), _C.where(x > hi, _C.full_like(x, hi), x))
     return _C.log(x / (1 - x))
 
 
@@ -1350,6 +1354,29 @@ def nanmean(input, dim=None, keepdim=False, *, dtype=None):
     return nansum(input, dim, keepdim, dtype=dtype) / count
 
 
+def _all_nan_index(n):
+    """The index torch.nanmedian returns along a dim of n NaNs: its CPU kernel runs std::nth_element with nth at
+    position (0 - 1) / 2 == 0 over the indices 0..n-1, all equivalent under its comparator, and returns what
+    libstdc++'s introselect leaves first: each round over a range longer than 3 swaps the middle to the front
+    (median of three among equals) and partitions by swapping pairs from both ends inward, keeping the lower
+    part; an insertion sort of the last 3 or fewer moves nothing (0 for n <= 3, 2 for 4 and 5, 3 for 6, 5
+    for 7)."""
+    idx = list(range(n))
+    first, last = 0, n
+    while last - first > 3:
+        mid = first + (last - first) // 2
+        idx[first], idx[mid] = idx[mid], idx[first]
+        lo, hi = first + 1, last
+        while True:  # __unguarded_partition with a comparator that is always false
+            hi -= 1
+            if not lo < hi:
+                break
+            idx[lo], idx[hi] = idx[hi], idx[lo]
+            lo += 1
+        last = lo  # the cut is past nth (position 0): keep [first, cut)
+    return idx[first]
+
+
 def nanmedian(input, dim=None, keepdim=False):
     """torch.nanmedian: the median of the non-NaN elements (the lower of the two middle ones; NaN where all
     are NaN); with dim, (values, indices) as torch.return_types.nanmedian."""
@@ -1368,8 +1395,8 @@ def nanmedian(input, dim=None, keepdim=False):
         count = _C.logical_not(_C.isnan(x)).to(_C.dtype.int64).sum([d], True)
     else:
         count = _C.full([1] * x.dim(), x.shape[d], dtype=_C.dtype.int64, device=x.device)
-    # the lower middle of the non-NaN values; where all are NaN, the middle (torch's index there)
-    pos = _C.where(count == 0, _C.full([], (x.shape[d] - 1) // 2, dtype=_C.dtype.int64, device=x.device),
+    # the lower middle of the non-NaN values; where all are NaN, the index torch's CPU kernel leaves first
+    pos = _C.where(count == 0, _C.full([], _all_nan_index(x.shape[d]), dtype=_C.dtype.int64, device=x.device),
                    (count - 1) // 2)
     pos = pos.expand([*x.shape[:d], 1, *x.shape[d + 1:]])
     values, indices = _C.gather(srt, d, pos), _C.gather(order, d, pos)
@@ -1421,8 +1448,9 @@ def copysign(input, other):
 
 
 def logit(input, eps=None):
-    """torch.logit (torch.special.logit): log(p / (1 - p)), p clamped to [eps, 1 - eps] where eps is given (its
-    gradient 0 outside); an integer input gives float32."""
+    """torch.logit (torch.special.logit): log(p / (1 - p)), p moved into [eps, 1 - eps] where eps >= 0 is given
+    (its gradient 0 where moved, 1 / (p (1 - p)) at the ends; eps > 0.5 as torch's, element by element); an
+    integer input gives float32."""
     _tensor_arg("logit", "input", input)
     return _logit(input, eps)
 
@@ -1483,6 +1511,20 @@ def _beta_alpha(fn, input, product, beta, alpha):
         fits = False
     if not fits:
         raise _C.KilnError(f"{fn}: input {list(input.shape)} cannot be broadcast to the product's shape {shape}")
+    dt = _C.result_type(input, product)
+    if not dt.is_floating_point and dt != _C.dtype.bool:
+        # integer tensors keep their dtype, as torch's: addr refuses a float or bool beta/alpha, addmv and
+        # addbmm convert them to the integer type (truncated towards zero: beta=1.5 is 1, 0.5 is 0)
+        if fn == "addr":
+            for name, v in (("beta", beta), ("alpha", alpha)):
+                if isinstance(v, builtins.bool):
+                    raise _C.KilnError(f"addr: Boolean {name} only supported for Boolean results, got {name}={v} "
+                                       f"for {dt.name} tensors")
+                if isinstance(v, builtins.float):
+                    raise _C.KilnError(f"addr: For integral input tensors, argument {name} must not be a floating "
+                                       f"point number, got {name}={v} for {dt.name} tensors")
+        else:
+            beta, alpha = builtins.int(beta), builtins.int(alpha)
     if alpha == 0:
         product = _dropped(product, product)
     elif alpha != 1:
@@ -1607,7 +1649,7 @@ def cov(input, *, correction=1, fweights=None, aweights=None):
     norm_factor = _C.clamp(norm_factor, 0, None)
     xm = x - avg
     c = _matrix_product(xm * w if w is not None else xm, xm.transpose(0, 1)) / norm_factor
-    return c.reshape([]) if c.shape[0] == 1 and input.dim() < 2 else c
+    return c.reshape([]) if c.shape[0] == 1 else c  # torch squeezes: one variable gives a 0-dim result
 
 
 def corrcoef(input):
@@ -1655,8 +1697,14 @@ def frexp(input):
     host = _host(input.detach())
     host_mantissa, exponent = np.frexp(host)
     exponent = exponent.astype(np.int32)
-    power = _C.from_numpy(np.ascontiguousarray(np.ldexp(np.ones_like(exponent, dtype=np.float64), exponent)))
-    mantissa = input / power.to(input.dtype).to(input.device)
+    # divided by 2 ** exponent in two exact steps, 2 ** (exponent // 2) then the rest: 2 ** exponent itself
+    # overflows the dtype near its largest values (2 ** 16 in float16, 2 ** 128 in float32 and bfloat16,
+    # 2 ** 1024 in float64), which made the mantissa 0 there
+    half = exponent // 2
+    mantissa = input
+    for part in (half, exponent - half):
+        power = _C.from_numpy(np.ascontiguousarray(np.ldexp(np.ones_like(part, dtype=np.float64), part)))
+        mantissa = mantissa / power.to(input.dtype).to(input.device)
     tiny = np.abs(host) < np.finfo(host.dtype if input.dtype != _C.dtype.float16 else np.float16).tiny
     if input.dtype == _C.dtype.bfloat16:
         tiny = np.abs(host) < np.finfo(np.float32).tiny
@@ -1670,11 +1718,25 @@ def frexp(input):
 
 
 def ldexp(input, other):
-    """torch.ldexp: input * 2 ** other, as torch's (a floating result; an integer input gives float32)."""
+    """torch.ldexp: input * 2 ** other in the dtype of input and other promoted (an integer exponent keeps
+    input's float16/bfloat16; integers alone give float32), as torch's. Computed in float32 (16-bit results)
+    or float64 with the exponent clamped and split in three, so that no factor overflows before the product
+    does (1e-30 * 2 ** 200 is 1.6e30 in float32, not inf)."""
     _tensor_arg("ldexp", "input", input)
     if not isinstance(other, Tensor):
         raise TypeError(f"ldexp(): argument 'other' must be a kiln.Tensor, not {type(other).__name__}")
-    return input * pow(2.0, other)
+    dt = _float_result("ldexp", input, other)
+    narrow = dt in (_C.dtype.float16, _C.dtype.bfloat16)
+    work = _C.dtype.float32 if narrow else _C.dtype.float64
+    # past +-limit the product is 0 or inf whatever the finite input (log2 spans: float32 from -149 to 128,
+    # which holds the 16-bit types, float64 from -1074 to 1024); each third stays inside the work dtype's range
+    limit = 300 if narrow else 2200
+    e = _C.clamp(other.to(work), -limit, limit)
+    third = _C.trunc(e.detach() / 3)
+    out = input.to(work)
+    for part in (third, third, e - 2 * third):  # the last part carries a float exponent's fraction and gradient
+        out = out * pow(2.0, part)
+    return out.to(dt)
 
 
 def nextafter(input, other):

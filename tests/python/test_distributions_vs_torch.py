@@ -116,6 +116,20 @@ def test_sample_statistics_and_seed(name):
     assert np.array_equal(kd.sample((20000,)).numpy(), xn)
 
 
+def test_16_bit_samples_stay_inside_the_support():
+    # kiln.rand in float16/bfloat16 reached 1.0 (24 random bits rounded to nearest), so Laplace gave -inf
+    # and Uniform(0, 1) gave its high
+    kiln.manual_seed(5)
+    n = 1 << 20
+    for dt in (kiln.float16, kiln.bfloat16):
+        r = kiln.rand((n,), dtype=dt).to(kiln.float32).numpy()
+        assert r.min() >= 0 and r.max() < 1, (dt, r.max())
+        lap = KD.Laplace(kiln.tensor([0.0], dtype=dt), 1.0).sample((n,)).to(kiln.float32).numpy()
+        assert np.isfinite(lap).all(), (dt, lap[~np.isfinite(lap)][:3])
+        uni = KD.Uniform(kiln.tensor([0.0], dtype=dt), 1.0).sample((n,)).to(kiln.float32).numpy()
+        assert uni.min() >= 0 and uni.max() < 1, (dt, uni.max())
+
+
 def test_shapes_expand_and_number_parameters():
     kd = KD.Normal(0.0, 1.0)
     td = TD.Normal(0.0, 1.0)
@@ -190,6 +204,29 @@ def test_binary_distributions(name, by):
         freq = (xn == k).mean(0)
         expected = td.log_prob(torch.full((2, 3), float(k), dtype=torch.float64)).exp().detach().numpy()
         assert np.abs(freq - expected).max() < 0.015, (k, freq, expected)
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_log_prob_and_entropy_at_large_logits_are_torchs(name):
+    # softplus(l) with no threshold: the engine's softplus returns l (gradient 1) above 20, which was off by
+    # exp(-l) in the values and by up to 1 in the gradients near probs = 1 in float64
+    logits = np.array([-40.0, -33.0, -25.0, -20.5, -19.5, -3.0, 0.0, 3.0, 19.5, 20.5, 25.0, 33.0, 40.0])
+    values = np.arange(logits.size) % 2.0 if name == "Bernoulli" else np.arange(logits.size) % 3.0
+    kl, tl = pair(logits, grad=True)
+    kd, td = getattr(KD, name)(logits=kl), getattr(TD, name)(logits=tl)
+    kv, tv = pair(values)
+    same(kd.log_prob(kv), td.log_prob(tv), 1e-12)
+    same(kd.entropy(), td.entropy(), 1e-12)
+    (kd.log_prob(kv).sum() + kd.entropy().sum()).backward()
+    (td.log_prob(tv).sum() + td.entropy().sum()).backward()
+    same(kl.grad, tl.grad, 1e-12)
+    probs = np.array([1 - 1e-12, 1 - 1e-9, 0.5, 1e-9])
+    kp, tp = pair(probs, grad=True)
+    kd, td = getattr(KD, name)(probs=kp), getattr(TD, name)(probs=tp)
+    kv, tv = pair([1.0, 0.0, 1.0, 0.0])
+    (kd.log_prob(kv).sum() + kd.entropy().sum()).backward()
+    (td.log_prob(tv).sum() + td.entropy().sum()).backward()
+    same(kp.grad, tp.grad, 1e-6)
 
 
 def test_bernoulli_enumerate_support():

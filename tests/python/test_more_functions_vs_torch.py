@@ -3,6 +3,8 @@
 # argwhere, nansum, nanmean, nanmedian, signbit, copysign, logit, gcd, lcm, heaviside, addmv, addr, addbmm,
 # renorm, cov, corrcoef, vander, frexp, ldexp, nextafter: values, dtypes and shapes, gradients and refusals
 # against PyTorch itself.
+import warnings
+
 import numpy as np
 import pytest
 
@@ -211,6 +213,25 @@ def test_addmv_addr_addbmm_refuse_as_torch():
             getattr(kiln, name)(*[k_of(a) for a in args])
 
 
+@pytest.mark.parametrize("beta,alpha", [(1.5, 1), (1, 2.5), (0.5, 0.5), (-1.5, -2.5), (1.9, 0.0), (2, 3), (True, 2)])
+def test_integer_addmv_addr_addbmm_take_beta_alpha_as_torch(beta, alpha):
+    # integer tensors keep their dtype: addmv and addbmm truncate a float beta/alpha, addr refuses one
+    t = torch.tensor
+    cases = [("addmv", (t([1, 2]), t([[1, 2], [3, 4]]), t([1, -1]))),
+             ("addbmm", (t([[1, 2], [3, 4]]), t([[[1, 2], [3, 4]], [[0, 1], [1, 0]]]), t([[[1, 0], [2, 1]]] * 2))),
+             ("addr", (t([[1, 2], [3, 4]]), t([1, 2]), t([3, -4]))),
+             ("addr", (t([[1, 2], [3, 4]], dtype=torch.int32), t([1, 2], dtype=torch.int32),
+                       t([3, -4], dtype=torch.int32)))]
+    for name, args in cases:
+        try:
+            want = getattr(torch, name)(*args, beta=beta, alpha=alpha)
+        except RuntimeError:
+            with pytest.raises(RuntimeError, match="beta|alpha"):
+                getattr(kiln, name)(*[k_of(a) for a in args], beta=beta, alpha=alpha)
+            continue
+        same(getattr(kiln, name)(*[k_of(a) for a in args], beta=beta, alpha=alpha), want)
+
+
 # ---- selection ----
 
 def test_masked_select_broadcasts_and_differentiates():
@@ -324,6 +345,18 @@ def test_nanmedian_global_and_integers():
         kiln.nanmedian(k_of(X_NAN), 2)
 
 
+def test_nanmedian_index_of_an_all_nan_row_is_torchs():
+    # torch's CPU kernel returns what std::nth_element leaves first: 0, 0, 0, 2, 2, 3, 5, ... (not the middle)
+    for n in list(range(1, 40)) + [64, 100, 257]:
+        x = torch.full((2, n), NAN, dtype=torch.float64)
+        x[1, n // 2] = 1.0
+        kv, ki = kiln.nanmedian(k_of(x), 1)
+        tv, ti = torch.nanmedian(x, 1)
+        same(kv, tv)
+        same(ki, ti)
+        same(kiln.nanmedian(k_of(x.t()), 0).indices, torch.nanmedian(x.t(), 0).indices)
+
+
 # ---- number functions ----
 
 SIGNED = torch.tensor([-0.0, 0.0, -1.5, 2.0, INF, -INF, NAN, -NAN, 1e-310, -1e-310], dtype=torch.float64)
@@ -364,6 +397,15 @@ def test_logit_is_torchs(eps):
     inner = torch.tensor([0.05, 0.3, 0.5, 0.97], dtype=torch.float64)
     grads_match(lambda a: kiln.logit(a, eps), lambda a: torch.logit(a, eps), inner)
     same(kiln.logit(kiln.tensor([0, 1])), torch.logit(torch.tensor([0, 1])))
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.25, 0.5, 0.6, 0.9, 1.0, 1.5, -0.1])
+def test_logit_eps_ends_and_eps_above_half_are_torchs(eps):
+    # the gradient passes where eps <= x <= 1 - eps, the ends included; eps > 0.5 moves every x, element by
+    # element (to eps below eps, to 1 - eps from eps up), as torch's kernel
+    x = torch.tensor([0.05, 0.1, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9, 0.95], dtype=torch.float64)
+    grads_match(lambda a: kiln.logit(a, eps), lambda a: torch.logit(a, eps), x, rtol=1e-12)
+    same(kiln.logit(k_of(x.float()), eps), torch.logit(x.float(), eps), 1e-6)
 
 
 def test_gcd_lcm_are_torchs():
@@ -413,6 +455,18 @@ def test_frexp_gradient_is_torchs():
                 torch.tensor([3.0, -0.375, 1000.0, 5e-3], dtype=torch.float64))
 
 
+def test_frexp_of_the_largest_values_is_torchs():
+    # 2 ** exponent overflowed the dtype there (2 ** 16 in float16, 2 ** 128 in float32 and bfloat16), which made
+    # the mantissa 0
+    for dt, v in ((torch.float16, [40000.0, 65504.0, -33000.0]), (torch.float32, [3e38, 2.0**127, -1.7e38]),
+                  (torch.float64, [1.7e308, 2.0**1023, -9e307]), (torch.bfloat16, [3e38, 2.0**127])):
+        x = torch.tensor(v, dtype=torch.float64).to(dt)
+        km, ke = kiln.frexp(k_of(x))
+        tm, te = torch.frexp(x)
+        same(km, tm)
+        same(ke, te)
+
+
 def test_ldexp_is_torchs():
     x = torch.tensor([1.0, -0.75, 3.0, 0.0], dtype=torch.float64)
     e = torch.tensor([2, -3, 10, 5])
@@ -421,6 +475,25 @@ def test_ldexp_is_torchs():
     same(kiln.ldexp(k_of(x.float()), k_of(e)), torch.ldexp(x.float(), e))
     same(kiln.ldexp(kiln.tensor([1, 3]), kiln.tensor([2, 1])), torch.ldexp(torch.tensor([1, 3]), torch.tensor([2, 1])))
     grads_match(lambda a: kiln.ldexp(a, k_of(e)), lambda a: torch.ldexp(a, e), x)
+
+
+def test_ldexp_keeps_16_bit_dtypes_and_does_not_overflow_early():
+    for dt in (torch.float16, torch.bfloat16):
+        x, e = torch.tensor([1.0, -0.75, 3.0], dtype=dt), torch.tensor([3, -2, 4])
+        same(kiln.ldexp(k_of(x), k_of(e)), torch.ldexp(x, e))
+        same(kiln.ldexp(k_of(x), k_of(e.int())), torch.ldexp(x, e.int()))
+        same(kiln.ldexp(k_of(x), k_of(e.float())), torch.ldexp(x, e.float()))  # float32 exponent: float32
+        grads_match(lambda a: kiln.ldexp(a, k_of(e)), lambda a: torch.ldexp(a, e), x)
+    same(kiln.ldexp(k_of(torch.tensor([1e-3], dtype=torch.bfloat16)), k_of(torch.tensor([140]))),
+         torch.ldexp(torch.tensor([1e-3], dtype=torch.bfloat16), torch.tensor([140])))
+    # 2 ** 200 overflows float32, the product does not (subnormal results left out: the engine flushes them)
+    for x, e in (([1e-30, 1.0, 3.0, 0.0, 1e30], [200, 200, -100, 2000, -200]), ([5.0, -1.0], [2**31 - 1, 300])):
+        xt, et = torch.tensor(x), torch.tensor(e)
+        same(kiln.ldexp(k_of(xt), k_of(et)), torch.ldexp(xt, et), 1e-6)
+    xt, et = torch.tensor([1e-300, 0.0, 1.0], dtype=torch.float64), torch.tensor([1500, 3000, -1000])
+    same(kiln.ldexp(k_of(xt), k_of(et)), torch.ldexp(xt, et), 1e-15)
+    xt, et = torch.tensor([3.0, 1e-30], dtype=torch.float64), torch.tensor([2.5, 150.25], dtype=torch.float64)
+    grads_match(kiln.ldexp, torch.ldexp, xt, et)
 
 
 @pytest.mark.parametrize("dt", [torch.float64, torch.float32])
@@ -494,6 +567,18 @@ def test_cov_corrcoef_shapes_dtypes_and_refusals():
         torch.cov(randn(2, 2, 2))
     with pytest.raises(RuntimeError):
         kiln.cov(k_of(randn(2, 2, 2)))
+
+
+def test_cov_corrcoef_of_one_variable_are_0_dim_as_torch():
+    # torch squeezes the result: one row of a 2-D input gives a 0-dim tensor, as a 1-D input does
+    for x in (randn(1, 5, seed=4), randn(1, 1, seed=4), randn(5, seed=4), torch.tensor([[2, 5, 1]])):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's degrees-of-freedom warning for one observation
+            tc, tr = torch.cov(x), torch.corrcoef(x)
+        same(kiln.cov(k_of(x)), tc, 1e-12)
+        same(kiln.corrcoef(k_of(x)), tr, 1e-12)
+    x = randn(1, 6, seed=5)
+    grads_match(kiln.cov, torch.cov, x, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("N,increasing", [(None, False), (4, True), (1, False), (0, False), (2, True)])

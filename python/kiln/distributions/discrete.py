@@ -17,9 +17,20 @@ def _one_of(probs, logits):
 
 
 def _bce_with_logits(logits, target):
-    """binary cross-entropy of target against sigmoid(logits), elementwise: softplus(l) - l * t (its
-    gradient sigmoid(l) - t everywhere, l = 0 included, as torch's)."""
-    return _C.softplus(logits) - logits * target
+    """binary cross-entropy of target against sigmoid(logits), elementwise, as torch's
+    binary_cross_entropy_with_logits: the value (1 - t) * l + log1p(exp(-|l|)) + max(-l, 0), in that order
+    (so it rounds as torch's; no threshold, where the engine's softplus returns l above 20), and torch's
+    gradients sigmoid(l) - t to the logits and -l to the target, from -logsigmoid(-l) - l * t (whose
+    backward is sigmoid(l) - t in one rounding: summing the value formula's own gradients leaves residues
+    that, divided by a tiny probs in Geometric's entropy, came out 1 or 2 off near probs 0 or 1 in
+    float64). The gradient graph is that function's, so higher derivatives hold too."""
+    pos = logits > 0
+    soft = _C.log1p(_C.exp(_C.where(pos, -logits, logits)))
+    value = (1 - target) * logits + soft + _C.where(pos, _C.zeros_like(logits), -logits)
+    if not (logits.requires_grad or target.requires_grad):
+        return value
+    smooth = -_C.logsigmoid(-logits) - logits * target
+    return value.detach() + (smooth - smooth.detach())  # the value exactly (an exact zero added), smooth's gradient
 
 
 class _Binary(Distribution):
