@@ -23,6 +23,21 @@ Tensor kin(const Tensor& t, DType dt, MemoryFormat format = MemoryFormat::contig
 Tensor kout(const Shape& shape, DType dt, Device dev, MemoryFormat format = MemoryFormat::contiguous) {
   return make_tensor(shape, dt, dev, format);
 }
+// A kernel input kept for backward as the tensor itself (its history serves a backward with
+// create_graph), its kernel copy made again in backward when the forward needed one (a dtype or
+// layout conversion): never the copy beside the tensor, and no more memory than the copy alone.
+class Kept {
+ public:
+  Kept() = default;
+  Kept(const Tensor& t, DType dt, MemoryFormat fmt = MemoryFormat::contiguous) : t_(t), dt_(dt), fmt_(fmt) {}
+  Tensor kernel(const char* op) const { return kin(t_.unpack(op), dt_, fmt_); }
+  Tensor history(const char* op) const { return t_.unpack(op); }
+
+ private:
+  SavedTensor t_;
+  DType dt_ = DType::f32;
+  MemoryFormat fmt_ = MemoryFormat::contiguous;
+};
 // The layout a 4-D op keeps: channels_last in, channels_last out.
 MemoryFormat layout_of(const Tensor& x) { return x.is_channels_last() ? MemoryFormat::channels_last : MemoryFormat::contiguous; }
 // Whether the backend runs a channels_last op on channels_last buffers (else it gets NCHW copies).
@@ -120,15 +135,12 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   detail::backend(dev).conv2d_forward(ct, p, xc.raw_data(), wc.raw_data(), ptr_or_null(bc), y.raw_data());
   y = back_to(y.contiguous(out_fmt), out_t);
   if (autograd::needs_grad({x, weight, bias})) {
-    // hx, hw: the inputs themselves (their history), for a backward with create_graph; they share
-    // xc's and wc's memory unless the kernel needed a converted copy.
-    SavedTensor sx(xc), sw(wc), hx(x.requires_grad() ? x : Tensor()), hw(weight.requires_grad() ? weight : Tensor());
+    const Kept kx(x, ct, fmt), kw(weight, ct, fmt);
     autograd::record(
         "conv2d", {x, weight, bias}, {y},
-        [sx, sw, hx, hw, p, ct, dev, fmt, out_fmt](const GradCtx& c) -> std::vector<Tensor> {
+        [kx, kw, p, ct, dev, fmt, out_fmt](const GradCtx& c) -> std::vector<Tensor> {
           if (GradMode::enabled()) {  // a backward with create_graph: the same gradients from recorded convolutions
-            const Tensor xh = hx.defined() ? hx.unpack("conv2d") : sx.unpack("conv2d");
-            const Tensor wh = hw.defined() ? hw.unpack("conv2d") : sw.unpack("conv2d");
+            const Tensor xh = kx.history("conv2d"), wh = kw.history("conv2d");
             if (autograd::needs_grad({c.g(), xh, wh})) {
               const Tensor gx = c.needs_grad(0) ? conv_transpose2d(c.g(), wh, Tensor(), {p.sh, p.sw}, {p.ph, p.pw},
                                                                    conv_output_padding(p), p.groups, {p.dh, p.dw})
@@ -137,7 +149,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
               return {gx, gw, c.needs_grad(2) ? sum(c.g(), {0, 2, 3}) : Tensor()};
             }
           }
-          const Tensor xs = sx.unpack("conv2d"), ws = sw.unpack("conv2d");
+          const Tensor xs = kx.kernel("conv2d"), ws = kw.kernel("conv2d");
           const Tensor g = kin(c.g(), ct, fmt);
           Tensor gx = c.needs_grad(0) ? kout(xs.shape(), ct, dev, fmt) : Tensor();
           Tensor gw = c.needs_grad(1) ? kout(ws.shape(), ct, dev, fmt) : Tensor();
@@ -225,12 +237,10 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& weight_in, const Tenso
   if (bias.defined()) y = y + kin(bias, ct).reshape({1, c_out, 1, 1});
   y = back_to(y, out_t);
   if (autograd::needs_grad({x, weight, bias})) {
-    // hx, hw: the inputs themselves (their history), for a backward with create_graph (see conv2d).
-    SavedTensor sx(xc), sw(wc), hx(x.requires_grad() ? x : Tensor()), hw(weight.requires_grad() ? weight : Tensor());
-    autograd::record(op, {x, weight, bias}, {y}, [sx, sw, hx, hw, p, ct, dev](const GradCtx& c) -> std::vector<Tensor> {
+    const Kept kx(x, ct), kw(weight, ct);
+    autograd::record(op, {x, weight, bias}, {y}, [kx, kw, p, ct, dev](const GradCtx& c) -> std::vector<Tensor> {
       if (GradMode::enabled()) {  // a backward with create_graph: the same gradients from recorded convolutions
-        const Tensor xh = hx.defined() ? hx.unpack("conv_transpose2d") : sx.unpack("conv_transpose2d");
-        const Tensor wh = hw.defined() ? hw.unpack("conv_transpose2d") : sw.unpack("conv_transpose2d");
+        const Tensor xh = kx.history("conv_transpose2d"), wh = kw.history("conv_transpose2d");
         if (autograd::needs_grad({c.g(), xh, wh})) {
           // c.g() is the input of the convolution p describes, x its output gradient.
           const Tensor gx = c.needs_grad(0)
@@ -240,7 +250,7 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& weight_in, const Tenso
           return {gx, gw, c.needs_grad(2) ? sum(c.g(), {0, 2, 3}) : Tensor()};
         }
       }
-      const Tensor xs = sx.unpack("conv_transpose2d"), ws = sw.unpack("conv_transpose2d");
+      const Tensor xs = kx.kernel("conv_transpose2d"), ws = kw.kernel("conv_transpose2d");
       const Tensor g = kin(c.g(), ct);
       Tensor gx, gw;
       if (c.needs_grad(0)) {
@@ -513,20 +523,20 @@ Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& running_me
   const Tensor yc = y;  // in the compute dtype and layout: the ReLU mask of the backward
   y = back_to(y.contiguous(out_fmt), x.dtype());
   if (autograd::needs_grad({x, gamma, beta, residual})) {
-    // hx, hg: x and gamma themselves (their history), for a backward with create_graph; hx shares
-    // xc's memory unless the kernel needed a converted copy.
-    SavedTensor sx(xc), sy(relu ? yc : Tensor()), hx(x.requires_grad() ? x : Tensor()), hg(gamma);
+    // hg: gamma itself (its history), for a backward with create_graph (gc is its kernel copy).
+    const Kept kx(x, ct, fmt);
+    SavedTensor sy(relu ? yc : Tensor()), hg(gamma);
     autograd::record(op, {x, gamma, beta, residual}, {y},
-                     [op, sx, sy, hx, hg, gc, mean, rstd, n, c, hw, training, eps, ct, dev, nhwc, fmt,
+                     [op, kx, sy, hg, gc, mean, rstd, n, c, hw, training, eps, ct, dev, nhwc, fmt,
                       out_fmt](const GradCtx& cx) -> std::vector<Tensor> {
                        if (GradMode::enabled()) {  // a backward with create_graph: recorded
-                         const Tensor xh = hx.defined() ? hx.unpack(op) : sx.unpack(op), gh = hg.unpack(op);
+                         const Tensor xh = kx.history(op), gh = hg.unpack(op);
                          if (autograd::needs_grad({cx.g(), xh, gh})) {
                            const Tensor mask = sy.defined() ? sy.unpack(op).detach() : Tensor();
                            return batch_norm_backward_recorded(cx, xh, gh, mask, mean, rstd, training, eps);
                          }
                        }
-                       const Tensor xs = sx.unpack(op);
+                       const Tensor xs = kx.kernel(op);
                        const Tensor ys = sy.defined() ? sy.unpack(op) : Tensor();
                        const Tensor g = kin(cx.g(), ct, fmt);
                        Tensor gx = cx.needs_grad(0) ? kout(xs.shape(), ct, dev, fmt) : Tensor();
@@ -624,18 +634,19 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
                                           y.raw_data(), mean.raw_data(), rstd.raw_data());
   y = back_to(y, x.dtype());
   if (autograd::needs_grad({x, gamma, beta})) {
-    // The kernel reads the compute-dtype copies; x and gamma themselves are saved too (the same memory
-    // for a dense f32/f64 x) for the recorded backward, which needs their history.
-    SavedTensor sx(xc), sx_in(x), sgamma(gamma);
+    // The kernel reads the compute-dtype copies (x's made again in backward); gamma itself is saved
+    // too, for the recorded backward, which needs its history.
+    const Kept kx(x, ct);
+    SavedTensor sgamma(gamma);
     autograd::record("layer_norm", {x, gamma, beta}, {y},
-                     [sx, sx_in, sgamma, gc, mean, rstd, rows, d, ct, dev, normalized_shape,
+                     [kx, sgamma, gc, mean, rstd, rows, d, ct, dev, normalized_shape,
                       eps](const GradCtx& c) -> std::vector<Tensor> {
-                       const Tensor xs = sx.unpack("layer_norm");
                        if (GradMode::enabled()) {  // a backward with create_graph
-                         const Tensor xh = sx_in.unpack("layer_norm"), gh = sgamma.unpack("layer_norm");
+                         const Tensor xh = kx.history("layer_norm"), gh = sgamma.unpack("layer_norm");
                          if (autograd::needs_grad({c.g(), xh, gh}))
                            return layer_norm_backward_recorded(c, xh, gh, int64_t(normalized_shape.size()), eps, ct);
                        }
+                       const Tensor xs = kx.kernel("layer_norm");
                        const Tensor g = kin(c.g(), ct);
                        Tensor gx = c.needs_grad(0) ? kout(xs.shape(), ct, dev) : Tensor();
                        Tensor gg = c.needs_grad(1) ? kout(normalized_shape, ct, dev) : Tensor();
@@ -675,17 +686,16 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   const Tensor xc = kin(x, ct);
   Tensor y = kout(x.shape(), ct, dev);
   detail::backend(dev).softmax_forward(ct, log, outer, n, inner, xc.raw_data(), y.raw_data());
-  const Tensor yc = y;
   y = back_to(y, x.dtype());
   if (autograd::needs_grad({x})) {
-    // The kernel reads the output in the compute dtype; a 16-bit output is saved as well, for the
-    // recorded backward's history (the f32 copy has none).
-    SavedTensor sy(yc), sy_out(y.dtype() == ct ? Tensor() : y);
+    // The output itself is saved (its history serves the recorded backward); a 16-bit one is widened
+    // again for the kernel, as torch's half softmax backward reads its half output (half the memory
+    // of keeping the f32 copy).
+    const SavedTensor sy(y);
     autograd::record(
-        name, {x}, {y}, [sy, sy_out, log, d, outer, n, inner, ct, dev, name](const GradCtx& c) -> std::vector<Tensor> {
-          const Tensor ys = sy.unpack(name);
+        name, {x}, {y}, [sy, log, d, outer, n, inner, ct, dev, name](const GradCtx& c) -> std::vector<Tensor> {
+          const Tensor yh = sy.unpack(name), ys = kin(yh, ct);
           // Under create_graph: the same formula from recorded ops, differentiable again.
-          const Tensor yh = sy_out.defined() && GradMode::enabled() ? sy_out.unpack(name) : ys;
           if (autograd::needs_grad({c.g(), yh})) return {softmax_backward_recorded(c.g(), yh, d, log, ct)};
           const Tensor g = kin(c.g(), ct);
           Tensor gx = kout(ys.shape(), ct, dev);
@@ -743,17 +753,15 @@ Tensor masked_softmax(const Tensor& input, const Tensor& mask_in, double scale, 
   const Tensor xc = kin(x, ct);
   Tensor y = kout(x.shape(), ct, dev);
   detail::backend(dev).masked_softmax_forward(ct, rows, n, xc.raw_data(), scale, ptr_or_null(mc), mr, y.raw_data());
-  const Tensor yc = y;
   y = back_to(y, x.dtype());
   std::vector<Tensor> inputs{x};
   if (mask_in.defined() && is_floating(mask_in.dtype())) inputs.push_back(mask_in);
   if (autograd::needs_grad(inputs)) {
-    SavedTensor sy(yc), sy_out(y.dtype() == ct ? Tensor() : y);  // as softmax's
+    const SavedTensor sy(y);  // as softmax's
     autograd::record("masked_softmax", inputs, {y},
-                     [sy, sy_out, rows, n, ct, dev, scale](const GradCtx& c) -> std::vector<Tensor> {
-                       const Tensor ys = sy.unpack("masked_softmax");
+                     [sy, rows, n, ct, dev, scale](const GradCtx& c) -> std::vector<Tensor> {
+                       const Tensor yh = sy.unpack("masked_softmax"), ys = kin(yh, ct);
                        const bool mask_grad = c.needs->size() > 1 && c.needs_grad(1);
-                       const Tensor yh = sy_out.defined() && GradMode::enabled() ? sy_out.unpack("masked_softmax") : ys;
                        if (autograd::needs_grad({c.g(), yh})) {
                          // Under create_graph, from recorded ops: softmax's backward along the last dim (a masked
                          // place has y = 0, so its gradient is 0).
@@ -907,12 +915,18 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
   if (grad) {
     // d loss / d logits = glogits * (upstream gradient of each row's loss); recorded against l2,
     // whose own views carry it back to logits' layout.
-    // Under create_graph the gradient is recomputed from the saved logits with recorded ops, so it
-    // is differentiable again: keep * (softmax(logits) - (1 - e) onehot(t) - e / C).
+    // Under create_graph the gradient is recomputed with recorded ops, so that it is differentiable
+    // again: keep * (softmax(z) - want), want = (1 - e) onehot(t) + e / C, where z stands for the
+    // logits: log of the softmax read back from glogits (p = glogits + want on the rows kept), with the
+    // logits' history (their node, held weakly: this node's edge keeps it; a leaf is kept itself, as
+    // its owner keeps it). softmax is shift-invariant per row, so softmax(z) = softmax(logits) and its
+    // Jacobian is theirs: nothing logits-sized is kept but glogits.
     const Shape row_shape{rows, 1};
-    SavedTensor sl(l2);
+    const std::weak_ptr<Node> l_fn = l2.grad_fn();
+    const uint32_t l_nr = l2.output_nr();
+    const SavedTensor l_leaf(l2.is_leaf() ? l2 : Tensor());
     autograd::record("cross_entropy", {l2}, {out},
-                     [glogits, sl, tc, ignore_index, label_smoothing, reduction, inv,
+                     [glogits, l_fn, l_nr, l_leaf, tc, ignore_index, label_smoothing, reduction, inv,
                       row_shape](const GradCtx& c) -> std::vector<Tensor> {
                        const DType ct = glogits.dtype();
                        Tensor g = c.g();
@@ -921,16 +935,36 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, int64_t igno
                        } else if (reduction == Reduction::mean) {
                          g = g.to(ct) * inv.to(ct);  // in the compute dtype: 1/count unrounded to 16 bits
                        }
-                       // (grad mode is on only in a backward with create_graph; the logits are unpacked only there)
-                       const Tensor ls = GradMode::enabled() ? sl.unpack("cross_entropy") : Tensor();
-                       if (!autograd::needs_grad({c.g(), ls})) return {glogits * g.to(ct)};
-                       const int64_t classes = ls.size(1);
+                       // (grad mode is on only in a backward with create_graph)
+                       const std::shared_ptr<Node> fn = GradMode::enabled() ? l_fn.lock() : nullptr;
+                       const Tensor leaf = GradMode::enabled() ? l_leaf.unpack("cross_entropy") : Tensor();
+                       if (!autograd::needs_grad({c.g()}) && !fn && !leaf.defined()) return {glogits * g.to(ct)};
+                       const int64_t classes = glogits.size(1);
                        const Tensor keep =
                            ne(tc, scalar_tensor(double(ignore_index), TensorOptions(DType::i64, tc.device())));
                        const Tensor safe = where(keep, tc, zeros_like(tc));
                        const Tensor want =
                            one_hot(safe, classes).to(ct) * (1.0 - label_smoothing) + label_smoothing / double(classes);
-                       const Tensor p = softmax(back_to(ls, ct), 1);
+                       Tensor z;
+                       if (leaf.defined()) {
+                         z = back_to(leaf, ct);
+                       } else {
+                         const double tiny = ct == DType::f64 ? std::numeric_limits<double>::min()
+                                                              : double(std::numeric_limits<float>::min());
+                         {
+                           NoGradGuard ng;
+                           z = where(keep.unsqueeze(1), log(maximum(glogits + want, scalar_like(tiny, glogits))),
+                                     zeros_like(glogits));
+                         }
+                         if (fn) {
+                           auto m = std::make_unique<AutogradMeta>();
+                           m->requires_grad = true;
+                           m->grad_fn = fn;
+                           m->output_nr = l_nr;
+                           z.impl().autograd = std::move(m);
+                         }
+                       }
+                       const Tensor p = softmax(z, 1);
                        const Tensor gl = where(keep.unsqueeze(1), p - want, zeros_like(p));
                        return {gl * g.to(ct)};
                      });

@@ -67,6 +67,16 @@ def _independent(i):
             "strict mode.")
 
 
+def _input_vector(v, inputs, fn_name):
+    """v as a tuple matching the inputs; None only for one single-element input (then ones)."""
+    if v is None:
+        if len(inputs) != 1 or inputs[0].numel() != 1:
+            raise RuntimeError("The vector v can only be None if the input to the user-provided function is a "
+                               "single Tensor with a single element.")
+        return (_C.ones_like(inputs[0]),)
+    return _check_v(v, inputs, fn_name)
+
+
 def _grads(outputs, inputs, grad_outputs, create_graph, strict, retain_graph=None, message=_independent):
     """d(outputs . grad_outputs)/d inputs; an input the outputs do not reach gets zeros (torch's
     non-strict mode) or, with strict, torch's RuntimeError (message(i))."""
@@ -109,27 +119,12 @@ def jvp(func, inputs, v=None, create_graph=False, strict=False):
     be None only when there is one single-element input."""
     single_in, inputs = _tuple(inputs, "inputs", "jvp")
     inputs = _prepare(inputs, create_graph)
-    if v is None:
-        if len(inputs) != 1 or inputs[0].numel() != 1:
-            raise RuntimeError("The vector v can only be None if the input to the user-provided function is a "
-                               "single Tensor with a single element.")
-        vs = (_C.ones_like(inputs[0]),)
-    else:
-        vs = _check_v(v, inputs, "jvp")
+    vs = _input_vector(v, inputs, "jvp")
     single_out, outputs = _tuple_outputs(func(*inputs), "jvp")
     # u: placeholders for the output vector; g(u) = J^T u is linear in u, so d(g . v)/du = J v.
     us = tuple(_C.zeros_like(o).requires_grad_(True) for o in outputs)
     g = _grads(outputs, inputs, us, True, strict)
-    pairs = [(gi, vi) for gi, vi in zip(g, vs) if gi.requires_grad]
-    res = [None] * len(us)
-    if pairs:
-        res = list(_grad([a for a, _ in pairs], list(us), [b for _, b in pairs], create_graph=create_graph,
-                         retain_graph=True, allow_unused=True))
-    for i, r in enumerate(res):
-        if r is None:
-            if strict:
-                raise RuntimeError(_independent(i))
-            res[i] = _C.zeros_like(outputs[i])
+    res = _grads(g, us, vs, create_graph, strict)
     return _untuple(single_out, _finish(outputs, create_graph)), _untuple(single_out, _finish(res, create_graph))
 
 
@@ -245,23 +240,9 @@ def _hessian_product(func, inputs, v, create_graph, strict, fn_name):
     if not single_out or outs[0].numel() != 1:
         raise RuntimeError(f"The Tensor returned by the function given to {fn_name} should contain a single element")
     out = outs[0]
-    if v is None:
-        if len(inputs) != 1 or inputs[0].numel() != 1:
-            raise RuntimeError("The vector v can only be None if the input to the user-provided function is a "
-                               "single Tensor with a single element.")
-        vs = (_C.ones_like(inputs[0]),)
-    else:
-        vs = _check_v(v, inputs, fn_name)
+    vs = _input_vector(v, inputs, fn_name)
     g = _grads((out,), inputs, (_C.ones_like(out),), True, strict)
-    pairs = [(gi, vi) for gi, vi in zip(g, vs) if gi.requires_grad]
-    res = [None] * len(inputs)
-    if pairs:
-        res = list(_grad([a for a, _ in pairs], list(inputs), [b for _, b in pairs], create_graph=create_graph,
-                         retain_graph=True, allow_unused=True))
-    for i, r in enumerate(res):
-        if r is None:
-            if strict:
-                raise RuntimeError(f"The Tensor returned by the function given to {fn_name} is independent of "
-                                   f"input {i}. This is not allowed in strict mode.")
-            res[i] = _C.zeros_like(inputs[i])
+    res = _grads(g, inputs, vs, create_graph, strict, message=lambda i: (
+        f"The Tensor returned by the function given to {fn_name} is independent of input {i}. This is not "
+        "allowed in strict mode."))
     return _finish((out,), create_graph)[0], _untuple(single_in, _finish(res, create_graph))

@@ -253,7 +253,28 @@ class Categorical(Distribution):
         return values.expand(-1, *self._batch_shape) if expand else values
 
 
-class OneHotCategorical(Distribution):
+class _OverCategorical:
+    """A distribution over one-hot vectors that keeps a Categorical (self._categorical) for its
+    parameters: probs, logits, param_shape and _param are the Categorical's."""
+
+    @property
+    def _param(self):
+        return self._categorical._param
+
+    @property
+    def probs(self):
+        return self._categorical.probs
+
+    @property
+    def logits(self):
+        return self._categorical.logits
+
+    @property
+    def param_shape(self):
+        return self._categorical.param_shape
+
+
+class OneHotCategorical(_OverCategorical, Distribution):
     """OneHotCategorical(probs=p) or (logits=l): Categorical's draws as one-hot vectors of the K
     categories (event_shape (K,)), in the parameters' dtype."""
     arg_constraints = {"probs": constraints.simplex, "logits": constraints.independent(constraints.real, 1)}
@@ -272,22 +293,6 @@ class OneHotCategorical(Distribution):
         Distribution.__init__(new, batch_shape, self._event_shape, validate_args=False)
         new._validate_args = self._validate_args
         return new
-
-    @property
-    def _param(self):
-        return self._categorical._param
-
-    @property
-    def probs(self):
-        return self._categorical.probs
-
-    @property
-    def logits(self):
-        return self._categorical.logits
-
-    @property
-    def param_shape(self):
-        return self._categorical.param_shape
 
     @property
     def mean(self):

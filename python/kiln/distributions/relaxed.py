@@ -5,7 +5,7 @@ import math
 
 from .. import _C
 from . import constraints
-from .discrete import Categorical, _Binary
+from .discrete import Categorical, _Binary, _OverCategorical
 from .distribution import Distribution
 from .utils import broadcast_all, clamp_probs, eps, tiny
 
@@ -58,7 +58,7 @@ class RelaxedBernoulli(_Binary):
         return base + _C.softplus(-y) + _C.softplus(y)
 
 
-class RelaxedOneHotCategorical(Distribution):
+class RelaxedOneHotCategorical(_OverCategorical, Distribution):
     """RelaxedOneHotCategorical(temperature, probs=p or logits=l): softmax((l + Gumbel noise) /
     temperature), points of the simplex that tend to OneHotCategorical(p)'s as the temperature goes to 0."""
     arg_constraints = {"probs": constraints.simplex, "logits": constraints.independent(constraints.real, 1)}
@@ -80,18 +80,6 @@ class RelaxedOneHotCategorical(Distribution):
         Distribution.__init__(new, batch_shape, self._event_shape, validate_args=False)
         new._validate_args = self._validate_args
         return new
-
-    @property
-    def probs(self):
-        return self._categorical.probs
-
-    @property
-    def logits(self):
-        return self._categorical.logits
-
-    @property
-    def param_shape(self):
-        return self._categorical.param_shape
 
     def rsample(self, sample_shape=()):
         shape = self._extended_shape(sample_shape)
