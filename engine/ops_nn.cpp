@@ -433,7 +433,8 @@ namespace {
 std::vector<Tensor> batch_norm_backward_recorded(const GradCtx& cx, const Tensor& x, const Tensor& gamma,
                                                  const Tensor& y, const Tensor& mean_c, const Tensor& rstd_c,
                                                  bool training, double eps) {
-  const DType t = promote_types(cx.g().dtype(), x.dtype());
+  // In f32 at least, as the kernel and the other recorded forms (16-bit statistics lose digits).
+  const DType t = promote_types(promote_types(cx.g().dtype(), x.dtype()), DType::f32);
   const Tensor xt = back_to(x, t);
   std::vector<int64_t> red = {0};
   Shape per_channel(size_t(xt.dim()), 1);

@@ -1019,6 +1019,9 @@ TEST_CASE("autograd: softmax, layer_norm and cross_entropy on 16-bit inputs diff
       {"masked_softmax", [](const Tensor& t) { return masked_softmax(t, Tensor(), 0.7); }},
       {"layer_norm", [&](const Tensor& t) { return layer_norm(t, {6}, gamma.to(t.dtype()), beta.to(t.dtype())); }},
       {"cross_entropy", [&](const Tensor& t) { return cross_entropy(t, target, -100, 0.1, Reduction::none); }},
+      {"batch_norm", [&](const Tensor& t) {
+         return batch_norm(t, Tensor(), Tensor(), gamma.to(t.dtype()), beta.to(t.dtype()), true, 0.1, 1e-5);
+       }},
   };
   for (const auto& entry : ops) {
     const char* name = entry.first;
