@@ -72,13 +72,19 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     if not fits:
         raise _C.KilnValueError(f"addmm: input {list(input.shape)} cannot be broadcast to the product's shape "
                                 f"{list(n_p)} (mat1 {list(mat1.shape)} @ mat2 {list(mat2.shape)})")
+    return _beta_alpha(input, out, beta, alpha)
+
+
+def _beta_alpha(input, product, beta, alpha):
+    """beta * input + alpha * product as torch's add-product family (addmm, addmv, addr, addbmm): a
+    zero factor drops its term, NaN and inf included, with a zero gradient."""
     if alpha == 0:
-        out = _dropped(out, out)
+        product = _dropped(product, product)
     elif alpha != 1:
-        out = out * alpha
+        product = product * alpha
     if beta == 0:
-        return out + _dropped(input, out)
-    return out + (input if beta == 1 else input * beta)
+        return product + _dropped(input, product)
+    return product + (input if beta == 1 else input * beta)
 
 
 def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
