@@ -72,10 +72,10 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     if not fits:
         raise _C.KilnValueError(f"addmm: input {list(input.shape)} cannot be broadcast to the product's shape "
                                 f"{list(n_p)} (mat1 {list(mat1.shape)} @ mat2 {list(mat2.shape)})")
-    return _beta_alpha(input, out, beta, alpha)
+    return _scaled_sum(input, out, beta, alpha)
 
 
-def _beta_alpha(input, product, beta, alpha):
+def _scaled_sum(input, product, beta, alpha):
     """beta * input + alpha * product as torch's add-product family (addmm, addmv, addr, addbmm): a
     zero factor drops its term, NaN and inf included, with a zero gradient."""
     if alpha == 0:

@@ -18,7 +18,7 @@ import numpy as np
 from . import _C
 from ._C import Tensor
 from ._tensor import _EXPORTS as _T, _as_method, _inplace, _numpy, return_types
-from ._extras import _beta_alpha, _dropped, logaddexp
+from ._extras import _dropped, _scaled_sum, logaddexp
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "pow", "trace", "diag_embed",
            "rot90", "hypot", "xlogy", "diff", "kron", "meshgrid", "cartesian_prod", "block_diag", "tril_indices",
@@ -1525,7 +1525,7 @@ def _beta_alpha(fn, input, product, beta, alpha):
                                        f"point number, got {name}={v} for {dt.name} tensors")
         else:
             beta, alpha = builtins.int(beta), builtins.int(alpha)
-    return _beta_alpha(input, product, beta, alpha)
+    return _scaled_sum(input, product, beta, alpha)
 
 
 def _same_dtype(fn, **ts):
