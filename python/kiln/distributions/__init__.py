@@ -19,8 +19,22 @@ from .continuous import Normal, LogNormal, Uniform, Exponential, Laplace, Cauchy
 from .discrete import Bernoulli, Geometric, Categorical, OneHotCategorical
 from .independent import Independent
 from .relaxed import RelaxedBernoulli, RelaxedOneHotCategorical
+from . import transforms
+from .transforms import (AbsTransform, AffineTransform, CatTransform, ComposeTransform, ExpTransform,
+                         IndependentTransform, PowerTransform, ReshapeTransform, SigmoidTransform, SoftmaxTransform,
+                         SoftplusTransform, StackTransform, StickBreakingTransform, TanhTransform, Transform,
+                         identity_transform)
+from .constraint_registry import biject_to, transform_to
+from .transformed_distribution import TransformedDistribution
+from .transformed import HalfNormal, HalfCauchy, Pareto, Weibull, LogisticNormal
+from .continuous_bernoulli import ContinuousBernoulli
 from .kl import kl_divergence, register_kl
 
 __all__ = ["constraints", "Constraint", "Distribution", "Normal", "LogNormal", "Uniform", "Exponential", "Laplace",
            "Cauchy", "Gumbel", "Bernoulli", "Geometric", "Categorical", "OneHotCategorical", "Independent",
-           "RelaxedBernoulli", "RelaxedOneHotCategorical", "kl_divergence", "register_kl"]
+           "RelaxedBernoulli", "RelaxedOneHotCategorical", "kl_divergence", "register_kl", "transforms",
+           "Transform", "ComposeTransform", "IndependentTransform", "ReshapeTransform", "ExpTransform",
+           "PowerTransform", "SigmoidTransform", "SoftplusTransform", "TanhTransform", "AbsTransform",
+           "AffineTransform", "SoftmaxTransform", "StickBreakingTransform", "CatTransform", "StackTransform",
+           "identity_transform", "biject_to", "transform_to", "TransformedDistribution", "HalfNormal",
+           "HalfCauchy", "Pareto", "Weibull", "LogisticNormal", "ContinuousBernoulli"]

@@ -6,7 +6,7 @@ from .. import _C
 __all__ = ["Constraint", "dependent", "dependent_property", "is_dependent", "independent", "boolean", "one_hot",
            "nonnegative_integer", "positive_integer", "integer_interval", "real", "real_vector", "positive",
            "nonnegative", "greater_than", "greater_than_eq", "less_than", "unit_interval", "interval",
-           "half_open_interval", "simplex"]
+           "half_open_interval", "simplex", "cat", "stack"]
 
 
 class Constraint:
@@ -179,6 +179,66 @@ class _Simplex(Constraint):
         return (value >= 0).all(-1) & (_C.abs(value.sum(-1) - 1) < 1e-6)
 
 
+class _Cat(Constraint):
+    """cseq[i] on the i-th piece (lengths[i] entries, 1 each by default) of value along dim (the domain
+    of CatTransform)."""
+
+    def __init__(self, cseq, dim=0, lengths=None):
+        self.cseq = list(cseq)
+        for i, c in enumerate(self.cseq):
+            if not isinstance(c, Constraint):
+                raise TypeError(f"cat: cseq[{i}] must be a Constraint, got {type(c).__name__}")
+        self.lengths = [1] * len(self.cseq) if lengths is None else list(lengths)
+        if len(self.lengths) != len(self.cseq):
+            raise ValueError(f"cat: lengths has {len(self.lengths)} entries for {len(self.cseq)} constraints")
+        self.dim = dim
+
+    @property
+    def is_discrete(self):
+        return any(c.is_discrete for c in self.cseq)
+
+    @property
+    def event_dim(self):
+        return max(c.event_dim for c in self.cseq)
+
+    def check(self, value):
+        if not -value.dim() <= self.dim < value.dim():
+            raise ValueError(f"cat: dim {self.dim} out of range for a value of {value.dim()} dims")
+        checks, start = [], 0
+        for c, length in zip(self.cseq, self.lengths):
+            checks.append(c.check(value.narrow(self.dim, start, length)))
+            start = start + length
+        return _C.cat(checks, self.dim)
+
+
+class _Stack(Constraint):
+    """cseq[i] on value.select(dim, i) (the domain of StackTransform)."""
+
+    def __init__(self, cseq, dim=0):
+        self.cseq = list(cseq)
+        for i, c in enumerate(self.cseq):
+            if not isinstance(c, Constraint):
+                raise TypeError(f"stack: cseq[{i}] must be a Constraint, got {type(c).__name__}")
+        self.dim = dim
+
+    @property
+    def is_discrete(self):
+        return any(c.is_discrete for c in self.cseq)
+
+    @property
+    def event_dim(self):
+        dim = max(c.event_dim for c in self.cseq)
+        if self.dim + dim < 0:
+            dim += 1
+        return dim
+
+    def check(self, value):
+        if not -value.dim() <= self.dim < value.dim():
+            raise ValueError(f"stack: dim {self.dim} out of range for a value of {value.dim()} dims")
+        vs = [value.select(self.dim, i) for i in range(tuple(value.shape)[self.dim])]
+        return _C.stack([c.check(v) for v, c in zip(vs, self.cseq)], self.dim)
+
+
 dependent = _Dependent()
 dependent_property = _DependentProperty
 independent = _IndependentConstraint
@@ -198,3 +258,5 @@ unit_interval = _Interval(0.0, 1.0)
 interval = _Interval
 half_open_interval = _HalfOpenInterval
 simplex = _Simplex()
+cat = _Cat
+stack = _Stack
