@@ -4,13 +4,19 @@ and on CUDA. Samples come from Kiln's random stream (kiln.manual_seed makes them
 sample() is taken outside autograd, rsample() is differentiable where has_rsample.
 
     Normal, LogNormal, Uniform, Exponential, Laplace, Cauchy, Gumbel      (rsample, cdf, icdf)
+    HalfNormal, HalfCauchy, Pareto, Weibull, LogisticNormal               (TransformedDistributions)
+    ContinuousBernoulli                                                   (probs= or logits=, rsample)
     Bernoulli, Geometric, Categorical, OneHotCategorical                  (probs= or logits=)
     Independent, RelaxedBernoulli, RelaxedOneHotCategorical             (rsample, log_prob)
-    kl_divergence, register_kl; constraints; Distribution
+    TransformedDistribution; transforms (ExpTransform, AffineTransform, SigmoidTransform, TanhTransform,
+    SoftplusTransform, PowerTransform, AbsTransform, SoftmaxTransform, StickBreakingTransform,
+    ReshapeTransform, IndependentTransform, ComposeTransform, CatTransform, StackTransform);
+    biject_to, transform_to; kl_divergence, register_kl; constraints; Distribution
 
-Left out, because Kiln has no op they need: Gamma, Beta, Dirichlet, Chi2, StudentT, Poisson, Binomial
-(lgamma/digamma) and MultivariateNormal, LowRankMultivariateNormal (a Cholesky factorisation); also
-TransformedDistribution and the transforms, LogitRelaxedBernoulli/ExpRelaxedCategorical and the mixtures.
+Left out, because Kiln has no op they need: Gamma, Beta, Dirichlet, Chi2, StudentT, Poisson, Binomial,
+Kumaraswamy (lgamma/digamma; Weibull's mean and variance only for a number concentration) and
+MultivariateNormal, LowRankMultivariateNormal and the Cholesky transforms (a Cholesky factorisation);
+also LogitRelaxedBernoulli/ExpRelaxedCategorical and the mixtures.
 """
 from . import constraints
 from .constraints import Constraint
@@ -19,7 +25,7 @@ from .continuous import Normal, LogNormal, Uniform, Exponential, Laplace, Cauchy
 from .discrete import Bernoulli, Geometric, Categorical, OneHotCategorical
 from .independent import Independent
 from .relaxed import RelaxedBernoulli, RelaxedOneHotCategorical
-from . import transforms
+from . import transforms, constraint_registry
 from .transforms import (AbsTransform, AffineTransform, CatTransform, ComposeTransform, ExpTransform,
                          IndependentTransform, PowerTransform, ReshapeTransform, SigmoidTransform, SoftmaxTransform,
                          SoftplusTransform, StackTransform, StickBreakingTransform, TanhTransform, Transform,
