@@ -427,6 +427,11 @@ def test_continuous_bernoulli(by):
     assert e.batch_shape == tuple(te.batch_shape)
     same(e.log_prob(kv[0]), te.log_prob(tv[0]))
     assert KD.ContinuousBernoulli(0.3).batch_shape == () and KD.ContinuousBernoulli(0.3).sample().shape == ()
+    # wide lims: the Taylor expansions' higher terms matter (with the default lims they are below 1e-12)
+    kd, td = KD.ContinuousBernoulli(**{by: kp}, lims=(0.25, 0.75)), TD.ContinuousBernoulli(**{by: tp}, lims=(0.25, 0.75))
+    for k, t in ((kd.log_prob(kv), td.log_prob(tv)), (kd.mean, td.mean), (kd.variance, td.variance),
+                 (kd.entropy(), td.entropy()), (kd.cdf(kv), td.cdf(tv)), (kd.icdf(kq), td.icdf(tq))):
+        same(k, t)
 
 
 # ------------------------------------------------------------------------------------------------ KL
