@@ -25,7 +25,7 @@ class _Half(TransformedDistribution):
         super().__init__(self._base(0.0, scale, validate_args=False), AbsTransform(), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(type(self), _instance)
+        new = self._get_checked_instance(_Half, _instance)
         return super().expand(batch_shape, _instance=new)
 
     @property

@@ -48,7 +48,7 @@ class Transform:
     codomain = constraints.real
 
     def __init__(self, cache_size=0):
-        if cache_size not in (0, 1) or isinstance(cache_size, bool):
+        if cache_size not in (0, 1):
             raise ValueError(f"{type(self).__name__}: cache_size must be 0 or 1, got {cache_size!r}")
         self._cache_size = cache_size
         self._inv = None
