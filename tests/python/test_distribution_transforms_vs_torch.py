@@ -273,7 +273,8 @@ def test_transformed_distribution_shapes():
     # a transform whose parameters broadcast the base (AffineTransform with a (5, 1) scale)
     sc = RNG.uniform(0.5, 2, (5, 1))
     k = KD.TransformedDistribution(KD.Normal(kiln.zeros(3, dtype=F64), 1.0), T.AffineTransform(0.0, pair(sc)[0]))
-    t = TD.TransformedDistribution(TD.Normal(torch.zeros(3, dtype=torch.float64), 1.0), TT.AffineTransform(0.0, pair(sc)[1]))
+    t = TD.TransformedDistribution(TD.Normal(torch.zeros(3, dtype=torch.float64), 1.0),
+                                   TT.AffineTransform(0.0, pair(sc)[1]))
     assert k.batch_shape == tuple(t.batch_shape) == (5, 3) and k.base_dist.batch_shape == (5, 3)
     with pytest.raises(ValueError, match="base_distribution needs a shape of at least 1 dims"):
         KD.TransformedDistribution(KD.Normal(0.0, 1.0), T.StickBreakingTransform())
@@ -459,7 +460,8 @@ def test_continuous_bernoulli(by):
     same(e.log_prob(kv[0]), te.log_prob(tv[0]))
     assert KD.ContinuousBernoulli(0.3).batch_shape == () and KD.ContinuousBernoulli(0.3).sample().shape == ()
     # wide lims: the Taylor expansions' higher terms matter (with the default lims they are below 1e-12)
-    kd, td = KD.ContinuousBernoulli(**{by: kp}, lims=(0.25, 0.75)), TD.ContinuousBernoulli(**{by: tp}, lims=(0.25, 0.75))
+    kd = KD.ContinuousBernoulli(**{by: kp}, lims=(0.25, 0.75))
+    td = TD.ContinuousBernoulli(**{by: tp}, lims=(0.25, 0.75))
     for k, t in ((kd.log_prob(kv), td.log_prob(tv)), (kd.mean, td.mean), (kd.variance, td.variance),
                  (kd.entropy(), td.entropy()), (kd.cdf(kv), td.cdf(tv)), (kd.icdf(kq), td.icdf(tq))):
         same(k, t)
@@ -487,7 +489,8 @@ KL_PARAMS = {
 KL_PAIRS = [("ContinuousBernoulli", "ContinuousBernoulli"), ("Geometric", "Geometric"), ("HalfNormal", "HalfNormal"),
             ("LogNormal", "LogNormal"), ("Pareto", "Pareto"), ("Cauchy", "Cauchy"),
             ("ContinuousBernoulli", "Pareto"), ("ContinuousBernoulli", "Exponential"),
-            ("ContinuousBernoulli", "Normal"), ("ContinuousBernoulli", "Uniform"), ("Exponential", "ContinuousBernoulli"),
+            ("ContinuousBernoulli", "Normal"), ("ContinuousBernoulli", "Uniform"),
+            ("Exponential", "ContinuousBernoulli"),
             ("Exponential", "Pareto"), ("Exponential", "Uniform"), ("Exponential", "Gumbel"), ("Exponential", "Normal"),
             ("Gumbel", "ContinuousBernoulli"), ("Gumbel", "Exponential"), ("Gumbel", "Pareto"), ("Gumbel", "Uniform"),
             ("Gumbel", "Normal"), ("Laplace", "ContinuousBernoulli"), ("Laplace", "Exponential"), ("Laplace", "Pareto"),

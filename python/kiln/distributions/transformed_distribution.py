@@ -1,7 +1,6 @@
 """TransformedDistribution(base_distribution, transforms): the distribution of t_n(...t_1(x)) for x from
 base_distribution, as torch's: log_prob by the change of variables (the transforms' inverses and
 log_abs_det_jacobian), cdf/icdf through monotone transforms, rsample when the base has it."""
-from .. import _C
 from .._tensor import no_grad
 from . import constraints
 from .distribution import Distribution
