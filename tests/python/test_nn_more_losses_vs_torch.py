@@ -256,6 +256,8 @@ def test_gaussian_nll_loss_float_var_and_refusals():
     compare(lambda a, b, c: F.gaussian_nll_loss(a, b, c), lambda a, b, c: TF.gaussian_nll_loss(a, b, c),
             [arr(2, 3, 4), arr(2, 3, 4, seed=3), arr(2, 1, 4, low=0.5, high=1.0)])
     kx = kiln.tensor(x)
+    # an int var is taken as the float (torch refuses it: documented)
+    assert float(F.gaussian_nll_loss(kx, kx * 0.5, 2)) == float(F.gaussian_nll_loss(kx, kx * 0.5, 2.0))
     with pytest.raises(ValueError, match="var is of incorrect size"):
         F.gaussian_nll_loss(kx, kx, kiln.ones(3, 3, dtype=kiln.float64))
     with pytest.raises(ValueError, match="var has negative entry"):
