@@ -364,7 +364,8 @@ def test_multi_margin_loss_refusals():
     kx = kiln.tensor(arr(3, 4))
     t = kiln.tensor(np.array([0, 1, 2]))
     for bad, match in ((dict(target=kiln.tensor(np.array([0, 1, 4]))), "target 4 is out of range for 4 classes"),
-                       (dict(target=kiln.tensor(np.array([0, 1]))), "target should be 1-D .* got target of size \\[2\\]"),
+                       (dict(target=kiln.tensor(np.array([0, 1]))),
+                        "target should be 1-D .* got target of size \\[2\\]"),
                        (dict(target=kiln.tensor(np.array([0.0, 1, 2]))), "target must hold integer class indices"),
                        (dict(weight=kiln.ones(3, dtype=kiln.float64)), "weight must have one entry per class \\(4\\)"),
                        (dict(weight=kiln.ones(2, 2, dtype=kiln.float64)), "weight must be one-dimensional"),
@@ -417,7 +418,8 @@ def test_triplet_margin_loss_matches_torch(reduction, p, eps, swap, margin):
 @pytest.mark.parametrize("swap", [False, True])
 def test_triplet_margin_with_distance_loss_matches_torch(reduction, swap):
     a, pos, neg = arr(6, 5), arr(6, 5, seed=1), arr(6, 5, seed=2) * 0.7
-    for kd, td in ((None, None), (lambda x, y: 1 - F.cosine_similarity(x, y), lambda x, y: 1 - TF.cosine_similarity(x, y))):
+    cosine = (lambda x, y: 1 - F.cosine_similarity(x, y), lambda x, y: 1 - TF.cosine_similarity(x, y))
+    for kd, td in ((None, None), cosine):
         compare(lambda *x: F.triplet_margin_with_distance_loss(*x, distance_function=kd, margin=0.8, swap=swap,
                                                                reduction=reduction),
                 lambda *x: TF.triplet_margin_with_distance_loss(*x, distance_function=td, margin=0.8, swap=swap,

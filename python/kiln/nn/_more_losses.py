@@ -355,12 +355,11 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
         bad = t[(t < -1) | (t >= dim)][0]
         raise KilnValueError(f"multilabel_margin_loss: target {bad} is out of range: it must be a class index in "
                              f"[0, {dim}) or -1 (the end of the targets)")
+    # each row's targets are those before its first -1; counts[n, c]: how often class c is one of them
+    valid = np.cumprod(t >= 0, axis=1).astype(bool)
+    rows, cols = np.nonzero(valid)
     counts = np.zeros((nframe, dim))
-    for n in range(nframe):
-        for c in t[n]:
-            if c < 0:
-                break
-            counts[n, c] += 1
+    np.add.at(counts, (rows, t[rows, cols]), 1)
     dev = x.device
     pairs = _tensor(counts[:, :, None] * (counts == 0)[:, None, :], dtype=x.dtype, device=dev)  # [N, j, k]
     z = F.relu(1 - x.unsqueeze(2) + x.unsqueeze(1))
