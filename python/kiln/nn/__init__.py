@@ -12,6 +12,7 @@ from .loss import (  # noqa: F401
     CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, SmoothL1Loss, HuberLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss,
     CosineEmbeddingLoss, MarginRankingLoss, CTCLoss,
 )
+from ._more_losses import *  # noqa: F401,F403  (torch.nn's shrinks, RReLU, alpha dropouts, margin/NLL losses)
 from .layers import (  # noqa: F401
     ConvTranspose1d, ConvTranspose2d, MaxPool1d, MaxPool3d, AvgPool1d, AvgPool3d, Mish, Softsign, Tanhshrink,
     LogSigmoid, ReLU6, Hardswish, Hardsigmoid, SELU, ELU, CELU, Hardtanh, Softplus, PReLU, GLU, LogSoftmax, Softmin,
