@@ -310,3 +310,97 @@ def test_new_names_are_in_kiln_nn():
                  "UpsamplingBilinear2d"):
         assert hasattr(nn, name) and hasattr(tnn, name)
     assert not hasattr(nn, "numbers") and not hasattr(nn, "np")  # only the module's __all__ is taken
+
+
+# ---- nn.Buffer ----
+def test_buffer_registers_as_torch():
+    km, tm = nn.Module(), tnn.Module()
+    for m, B, ones in ((km, nn.Buffer, lambda n: kiln.ones(n)), (tm, tnn.Buffer, lambda n: torch.ones(n))):
+        m.a = B(ones(2), persistent=False)
+        m.b = B(ones(1))
+        m.b = ones(3)  # a plain tensor on a buffer's name stays a buffer, with its flag
+        m.x = 1
+        m.p = (nn.Parameter if m is km else tnn.Parameter)(ones(1))
+    assert list(km.state_dict()) == list(tm.state_dict()) == ["p", "b"]
+    assert list(dict(km.named_buffers())) == list(dict(tm.named_buffers())) == ["a", "b"]
+    assert tuple(km.b.shape) == (3,)
+    km.b = nn.Buffer(kiln.zeros(3), persistent=False)  # the flag of a new Buffer counts
+    tm.b = tnn.Buffer(torch.zeros(3), persistent=False)
+    assert list(km.state_dict()) == list(tm.state_dict()) == ["p"]
+    with pytest.raises(KeyError, match="attribute 'x' already exists"):
+        km.x = nn.Buffer(kiln.ones(1))
+    with pytest.raises(TypeError, match="cannot assign .* as parameter 'p'"):
+        km.p = nn.Buffer(kiln.ones(1))
+    src = kiln.ones(2).requires_grad_(True)
+    assert nn.Buffer(src).requires_grad and tnn.Buffer(torch.ones(2, requires_grad=True)).requires_grad
+    assert isinstance(nn.Buffer(kiln.ones(1)), kiln.Tensor) and tuple(nn.Buffer().shape) == (0,)
+
+
+# ---- lazy modules ----
+_LAZY = [("LazyLinear", (3,), {}, (2, 5)),
+         ("LazyConv1d", (4, 3), dict(padding=1), (2, 3, 7)),
+         ("LazyConv2d", (4, 3), dict(stride=2, groups=2), (2, 6, 7, 6)),
+         ("LazyConv3d", (4, 2), {}, (3, 4, 4, 5)),  # unbatched: in_channels from dim 0
+         ("LazyConvTranspose1d", (4, 3), dict(stride=2), (2, 3, 5)),
+         ("LazyConvTranspose2d", (6, 3), dict(groups=2), (4, 5, 5)),
+         ("LazyConvTranspose3d", (4, 2), dict(stride=2, output_padding=1), (1, 2, 3, 3, 2)),
+         ("LazyBatchNorm1d", (), {}, (4, 3)),
+         ("LazyBatchNorm2d", (), dict(momentum=0.2), (4, 3, 2, 2)),
+         ("LazyBatchNorm3d", (), dict(affine=False), (2, 3, 2, 2, 2)),
+         ("LazyInstanceNorm1d", (), dict(affine=True, track_running_stats=True), (2, 3, 5)),
+         ("LazyInstanceNorm2d", (), {}, (2, 3, 4, 4)),
+         ("LazyInstanceNorm3d", (), dict(affine=True), (2, 3, 2, 3, 2))]
+
+
+@pytest.mark.parametrize("name,args,kw,shape", _LAZY, ids=[c[0] for c in _LAZY])
+def test_lazy_modules_match_torch(name, args, kw, shape):
+    km, tm = getattr(nn, name)(*args, **kw, dtype=kiln.float64), getattr(tnn, name)(*args, **kw, dtype=torch.float64)
+    base = getattr(nn, name[4:])
+    assert repr(km) == repr(tm) and isinstance(km, base)
+    assert list(km.state_dict()) == list(tm.state_dict())
+    assert km.has_uninitialized_params() and tm.has_uninitialized_params()
+    x = rnd(*shape)
+    ty = tm(x)
+    ky = km(kiln.tensor(x.numpy()))
+    # the first forward infers the sizes and makes it the eager module, as torch's
+    assert type(km) is base and type(tm).__name__ == base.__name__ and repr(km) == repr(tm)
+    assert not any(isinstance(t, (nn.UninitializedParameter, nn.UninitializedBuffer))
+                   for t in list(km.parameters()) + list(km.buffers()))
+    assert tuple(ky.shape) == tuple(ty.shape)
+    assert {k: tuple(v.shape) for k, v in km.state_dict().items()} == {k: tuple(v.shape) for k, v in
+                                                                       tm.state_dict().items()}
+    assert all(p.dtype == kiln.float64 for p in km.parameters())
+    # with torch's values loaded, the same outputs and gradients
+    km.load_state_dict({k: kiln.tensor(v.numpy()) for k, v in tm.state_dict().items()})
+    km.eval(), tm.eval()
+    same_fwd_bwd(km, tm, x)
+    for (n, kp), (_, tp) in zip(km.named_parameters(), tm.named_parameters()):
+        close(kp.grad, tp.grad)
+
+
+def test_lazy_module_loads_a_state_dict_before_its_first_forward():
+    src = tnn.Linear(5, 3, dtype=torch.float64)
+    tl = tnn.LazyLinear(3, dtype=torch.float64)
+    tl.load_state_dict(src.state_dict())
+    kseq = nn.Sequential(nn.LazyLinear(3, dtype=kiln.float64), nn.ReLU())
+    kseq.load_state_dict({"0." + k: kiln.tensor(v.detach().numpy()) for k, v in src.state_dict().items()})
+    kl = kseq[0]
+    assert type(kl).__name__ == "LazyLinear" and not kl.has_uninitialized_params()
+    assert tuple(kl.weight.shape) == (3, 5) and kl.in_features == 5  # torch's in_features stays 0 here
+    x = rnd(4, 5)
+    close(kseq(kiln.tensor(x.numpy())), torch.relu(tl(x)))
+    assert type(kl) is nn.Linear and type(tl) is tnn.Linear
+
+
+def test_lazy_modules_errors_and_uninitialized_parameter():
+    with pytest.raises(ValueError, match=r"LazyConv2d: expected a 3D \(unbatched\) or 4D \(batched\) input"):
+        nn.LazyConv2d(4, 3)(kiln.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"LazyConv2d: the input's 3 channels \(in_channels\) must be divisible by "
+                                         r"groups \(2\)"):
+        nn.LazyConv2d(4, 3, groups=2)(kiln.zeros(1, 3, 5, 5))
+    with pytest.raises(ValueError, match="LazyLinear: the input must have at least 1 dim"):
+        nn.LazyLinear(3)(kiln.tensor(1.0))
+    p = nn.UninitializedParameter()
+    assert repr(p) == repr(tnn.UninitializedParameter()) == "<UninitializedParameter>"
+    q = p.materialize((2, 3))
+    assert type(q) is nn.Parameter and tuple(q.shape) == (2, 3) and q.requires_grad

@@ -4,7 +4,9 @@ pooling (F.lp_pool1d/2d/3d, nn.LPPool1d/2d/3d), 3-d adaptive pooling (F.adaptive
 F.adaptive_max_pool3d, their modules), torch's *_with_indices pooling functions, nn.MaxUnpool1d/2d/3d,
 F.conv_transpose3d and nn.ConvTranspose3d, F.channel_shuffle and nn.ChannelShuffle,
 nn.LocalResponseNorm and nn.CrossMapLRN2d, nn.UpsamplingNearest2d / nn.UpsamplingBilinear2d with
-F.upsample_nearest / F.upsample_bilinear. The functionals are attached to kiln.nn.functional here."""
+F.upsample_nearest / F.upsample_bilinear; nn.Buffer, nn.UninitializedParameter / UninitializedBuffer and the
+lazy modules (LazyLinear, LazyConv*, LazyConvTranspose*, LazyBatchNorm*, LazyInstanceNorm*). The functionals
+are attached to kiln.nn.functional here."""
 import numbers
 import warnings
 
@@ -12,7 +14,7 @@ import numpy as np
 
 from .. import _C
 from .._C import KilnValueError
-from .._tensor import tensor as _tensor
+from .._tensor import no_grad as _no_grad, tensor as _tensor
 from . import functional as F
 from .modules import Module, Upsample
 from .layers import _ConvTransposeNd, _AdaptivePoolNd
@@ -591,4 +593,264 @@ __all__ = [
     "CircularPad2d", "CircularPad3d", "LPPool1d", "LPPool2d", "LPPool3d", "AdaptiveAvgPool3d", "AdaptiveMaxPool3d",
     "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d", "ConvTranspose3d", "ChannelShuffle", "LocalResponseNorm",
     "CrossMapLRN2d", "UpsamplingNearest2d", "UpsamplingBilinear2d",
+]
+
+
+# ---- nn.Buffer, uninitialized parameters and the lazy modules ----
+from .._C import Tensor  # noqa: E402
+from .modules import (  # noqa: E402
+    Parameter, Linear, Conv1d, Conv2d, Conv3d, BatchNorm1d, BatchNorm2d, BatchNorm3d, _bound, _uniform,
+)
+from .layers import ConvTranspose1d, ConvTranspose2d, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d  # noqa: E402
+
+
+class Buffer(Tensor):
+    """torch.nn.Buffer(data=None, *, persistent=True) (torch 2.5's marker): a tensor that, assigned to a Module
+    attribute, is registered as a buffer (persistent=False keeps it out of state_dict). It shares data's memory
+    and keeps its requires_grad; None gives an empty tensor."""
+    _is_buffer = True
+
+    def __init__(self, data=None, *, persistent=True):
+        if data is None:
+            data = _C.empty(0)
+        elif not isinstance(data, Tensor):
+            data = _tensor(data)
+        super().__init__(data.detach())
+        self.requires_grad_(data.requires_grad)
+        self.persistent = persistent
+
+
+def _empty_like_spec(device, dtype):
+    return _to(_C.empty(0), device, dtype)
+
+
+def _to(t, device, dtype):
+    kw = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
+    return t.to(**kw) if kw else t
+
+
+class UninitializedParameter(Parameter):
+    """torch.nn.UninitializedParameter, as far as Kiln's Parameter allows: an empty [0] parameter standing for
+    one whose shape is not known yet (a lazy module's, until its first forward or load_state_dict). Kiln's
+    tensors cannot change shape in place, so materialize(shape) returns the new Parameter (uninitialized values;
+    torch's changes this object) and the lazy module puts it in this one's place."""
+    cls_to_become = Parameter
+
+    def __init__(self, requires_grad=True, device=None, dtype=None):
+        super().__init__(_empty_like_spec(device, dtype), requires_grad)
+
+    def materialize(self, shape, device=None, dtype=None):
+        return Parameter(_to(_C.empty(*shape), device or self.device, dtype or self.dtype), self.requires_grad)
+
+    def __repr__(self):
+        return "<UninitializedParameter>"
+
+
+class UninitializedBuffer(Tensor):
+    """torch.nn.UninitializedBuffer, as far as Kiln allows: an empty [0] buffer of a lazy module until its shape
+    is known; materialize(shape) returns the new tensor."""
+
+    def __init__(self, requires_grad=False, device=None, dtype=None):
+        super().__init__(_empty_like_spec(device, dtype))
+        self.requires_grad_(requires_grad)
+
+    def materialize(self, shape, device=None, dtype=None):
+        return _to(_C.empty(*shape), device or self.device, dtype or self.dtype)
+
+    def __repr__(self):
+        return "<UninitializedBuffer>"
+
+
+def _lazy_infer(module, args):
+    module.initialize_parameters(*args)
+    module._lazy_hook.remove()
+    del module._lazy_hook
+    module.__class__ = module.cls_to_become
+
+
+class _LazyMixin:
+    """torch's LazyModuleMixin: the parameters (and buffers) are uninitialized until the first forward, which
+    infers their shapes from the input, initialises them as the eager module would, and turns the module into
+    cls_to_become (LazyLinear into Linear). load_state_dict into an uninitialized module takes the shapes it
+    is given (and Kiln sets in_features / in_channels / num_features from them, where torch leaves 0)."""
+    cls_to_become = None
+
+    def _lazy_start(self, params, buffers, device, dtype):
+        for name in params:
+            if getattr(self, name) is not None:
+                setattr(self, name, UninitializedParameter(device=device, dtype=dtype))
+        for name in buffers:
+            if getattr(self, name) is not None:
+                self._buffers[name] = UninitializedBuffer(device=device, dtype=dtype)
+        self._lazy_hook = self.register_forward_pre_hook(_lazy_infer)
+
+    def _uninitialized(self):
+        return [(store, n) for store in (self._parameters, self._buffers) for n, v in store.items()
+                if isinstance(v, (UninitializedParameter, UninitializedBuffer))]
+
+    def has_uninitialized_params(self):
+        return bool(self._uninitialized())
+
+    def _materialize(self, shapes):
+        for store, name in self._uninitialized():
+            store[name] = store[name].materialize(shapes[name])
+
+    def _materialize_from_state_dict(self, state_dict, prefix):
+        for store, name in self._uninitialized():
+            t = state_dict.get(prefix + name)
+            if isinstance(t, Tensor):
+                store[name] = store[name].materialize(tuple(t.shape), dtype=t.dtype)
+        self._set_sizes_from_state()
+
+    def _extra_lazy_repr(self):
+        return None
+
+
+class LazyLinear(_LazyMixin, Linear):
+    """torch.nn.LazyLinear(out_features, bias=True): a Linear whose in_features (input.shape[-1]) is taken at
+    the first forward; then it is a Linear."""
+    cls_to_become = Linear
+
+    def __init__(self, out_features, bias=True, device=None, dtype=None):
+        Linear.__init__(self, 0, out_features, bias, device, dtype)
+        self._lazy_start(("weight", "bias"), (), device, dtype)
+
+    def initialize_parameters(self, input, *args, **kwargs):
+        if not self.has_uninitialized_params():
+            return
+        if input.dim() < 1:
+            raise KilnValueError(f"LazyLinear: the input must have at least 1 dim (its last is in_features), got "
+                                 f"{list(input.shape)}")
+        self.in_features = input.shape[-1]
+        self._materialize({"weight": (self.out_features, self.in_features), "bias": (self.out_features,)})
+        self._reset()
+
+    def _reset(self):
+        bound = _bound(self.in_features)
+        with _no_grad():
+            self.weight.copy_(_uniform(tuple(self.weight.shape), bound))
+            if self.bias is not None:
+                self.bias.copy_(_uniform(tuple(self.bias.shape), bound))
+
+    def _set_sizes_from_state(self):
+        if not isinstance(self.weight, UninitializedParameter):
+            self.in_features = self.weight.shape[1]
+
+
+class _LazyConvMixin(_LazyMixin):
+    def _lazy_conv_start(self, device, dtype):
+        self._lazy_start(("weight", "bias"), (), device, dtype)
+
+    def initialize_parameters(self, input, *args, **kwargs):
+        if not self.has_uninitialized_params():
+            return
+        n, name = self._dims, type(self).__name__
+        if input.dim() not in (n + 1, n + 2):
+            raise KilnValueError(f"{name}: expected a {n + 1}D (unbatched) or {n + 2}D (batched) input, got "
+                                 f"{list(input.shape)}")
+        cin = input.shape[1] if input.dim() == n + 2 else input.shape[0]
+        if cin % self.groups:
+            raise KilnValueError(f"{name}: the input's {cin} channels (in_channels) must be divisible by groups "
+                                 f"({self.groups})")
+        self.in_channels = cin
+        g = self.groups
+        wshape = ((cin, self.out_channels // g) if self._transposed else (self.out_channels, cin // g)) \
+            + tuple(self.kernel_size)
+        self._materialize({"weight": wshape, "bias": (self.out_channels,)})
+        bound = _bound(wshape[1] * _prod(self.kernel_size))
+        with _no_grad():
+            self.weight.copy_(_uniform(wshape, bound))
+            if self.bias is not None:
+                self.bias.copy_(_uniform((self.out_channels,), bound))
+
+    def _set_sizes_from_state(self):
+        if not isinstance(self.weight, UninitializedParameter):
+            self.in_channels = self.weight.shape[0] if self._transposed else self.weight.shape[1] * self.groups
+
+
+def _prod(t):
+    out = 1
+    for e in t:
+        out *= e
+    return out
+
+
+def _lazy_conv(name, base):
+    def __init__(self, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 padding_mode="zeros", device=None, dtype=None):
+        base.__init__(self, 0, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+                      device, dtype)
+        self._lazy_conv_start(device, dtype)
+    return type(name, (_LazyConvMixin, base), {
+        "__init__": __init__, "cls_to_become": base, "__module__": __name__,
+        "__doc__": f"torch.nn.{name}(out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True, "
+                   f"padding_mode='zeros'): a {base.__name__} whose in_channels is taken from the first input."})
+
+
+def _lazy_conv_transpose(name, base):
+    def __init__(self, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1, bias=True,
+                 dilation=1, padding_mode="zeros", device=None, dtype=None):
+        base.__init__(self, 0, out_channels, kernel_size, stride, padding, output_padding, groups, bias, dilation,
+                      padding_mode, device, dtype)
+        self._lazy_conv_start(device, dtype)
+    return type(name, (_LazyConvMixin, base), {
+        "__init__": __init__, "cls_to_become": base, "__module__": __name__,
+        "__doc__": f"torch.nn.{name}(out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1, "
+                   f"bias=True, dilation=1, padding_mode='zeros'): a {base.__name__} whose in_channels is taken from "
+                   "the first input."})
+
+
+LazyConv1d, LazyConv2d, LazyConv3d = (_lazy_conv(f"LazyConv{i + 1}d", b) for i, b in enumerate((Conv1d, Conv2d,
+                                                                                                  Conv3d)))
+LazyConvTranspose1d, LazyConvTranspose2d, LazyConvTranspose3d = (
+    _lazy_conv_transpose(f"LazyConvTranspose{i + 1}d", b)
+    for i, b in enumerate((ConvTranspose1d, ConvTranspose2d, ConvTranspose3d)))
+
+
+class _LazyNormMixin(_LazyMixin):
+    def initialize_parameters(self, input, *args, **kwargs):
+        if not self.has_uninitialized_params():
+            return
+        name = type(self).__name__
+        # the channels: dim 1 of a batched input; an unbatched instance-norm input's dim 0 (torch takes dim 1
+        # there too, which then fails its own check)
+        unbatched = getattr(self, "_dims", None) is not None and input.dim() == self._dims + 1
+        if input.dim() < (1 if unbatched else 2):
+            raise KilnValueError(f"{name}: expected an input [N, C, ...], got {list(input.shape)}")
+        c = input.shape[0] if unbatched else input.shape[1]
+        self.num_features = c
+        self._materialize({k: (c,) for k in ("weight", "bias", "running_mean", "running_var")})
+        with _no_grad():
+            for k, fill in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0), ("running_var", 1.0)):
+                t = getattr(self, k)
+                if t is not None:
+                    t.fill_(fill)
+
+    def _set_sizes_from_state(self):
+        for k in ("weight", "running_mean"):
+            t = getattr(self, k)
+            if t is not None and not isinstance(t, (UninitializedParameter, UninitializedBuffer)):
+                self.num_features = t.shape[0]
+
+
+def _lazy_norm(name, base, affine, track):
+    def __init__(self, eps=1e-5, momentum=0.1, affine=affine, track_running_stats=track, device=None, dtype=None):
+        base.__init__(self, 0, eps, momentum, affine, track_running_stats, device, dtype)
+        self._lazy_start(("weight", "bias"), ("running_mean", "running_var"), device, dtype)
+    return type(name, (_LazyNormMixin, base), {
+        "__init__": __init__, "cls_to_become": base, "__module__": __name__,
+        "__doc__": f"torch.nn.{name}(eps=1e-5, momentum=0.1, affine={affine}, track_running_stats={track}): a "
+                   f"{base.__name__} whose num_features is taken from the first input."})
+
+
+LazyBatchNorm1d, LazyBatchNorm2d, LazyBatchNorm3d = (_lazy_norm(f"LazyBatchNorm{i + 1}d", b, True, True)
+                                                     for i, b in enumerate((BatchNorm1d, BatchNorm2d, BatchNorm3d)))
+LazyInstanceNorm1d, LazyInstanceNorm2d, LazyInstanceNorm3d = (
+    _lazy_norm(f"LazyInstanceNorm{i + 1}d", b, True, True)  # torch's defaults here, unlike InstanceNorm's
+    for i, b in enumerate((InstanceNorm1d, InstanceNorm2d, InstanceNorm3d)))
+
+__all__ += [
+    "Buffer", "UninitializedParameter", "UninitializedBuffer", "LazyLinear", "LazyConv1d", "LazyConv2d", "LazyConv3d",
+    "LazyConvTranspose1d", "LazyConvTranspose2d", "LazyConvTranspose3d", "LazyBatchNorm1d", "LazyBatchNorm2d",
+    "LazyBatchNorm3d", "LazyInstanceNorm1d", "LazyInstanceNorm2d", "LazyInstanceNorm3d",
 ]
