@@ -404,3 +404,62 @@ def test_lazy_modules_errors_and_uninitialized_parameter():
     assert repr(p) == repr(tnn.UninitializedParameter()) == "<UninitializedParameter>"
     q = p.materialize((2, 3))
     assert type(q) is nn.Parameter and tuple(q.shape) == (2, 3) and q.requires_grad
+
+
+# ---- fractional max pooling ----
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("kw", [dict(output_size=4), dict(output_ratio=0.5), dict(output_size=(3, 5, 2))],
+                         ids=["size", "ratio", "sizes"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fractional_max_pool_matches_torch_with_the_same_samples(n, kw, dtype):
+    kw = {k: (v[:n] if isinstance(v, tuple) else (v,) * n if k == "output_ratio" else v) for k, v in kw.items()}
+    x = rnd(2, 3, 9, 8, 7)[(slice(None), slice(None)) + ((0,) if n == 2 else ())].to(dtype)
+    s = torch.from_numpy(np.random.default_rng(5).random((2, 3, n))).to(dtype)
+    k = (2, 3) if n == 2 else 2
+    fk, ft = getattr(F, f"fractional_max_pool{n}d"), getattr(TF, f"fractional_max_pool{n}d")
+    ks = kiln.tensor(s.numpy())
+    kv, ki = fk(kiln.tensor(x.numpy()), k, return_indices=True, _random_samples=ks, **kw)
+    tv, ti = ft(x, k, return_indices=True, _random_samples=s, **kw)
+    close(kv, tv)
+    np.testing.assert_array_equal(np.asarray(ki), ti.numpy())
+    kw2 = getattr(F, f"fractional_max_pool{n}d_with_indices")(kiln.tensor(x.numpy()), k, _random_samples=ks, **kw)
+    np.testing.assert_array_equal(np.asarray(kw2[1]), ti.numpy())
+    if dtype == torch.float64:
+        same_fwd_bwd(lambda t: fk(t, k, _random_samples=ks, **kw), lambda t: ft(t, k, _random_samples=s, **kw), x)
+        # unbatched: [C, ...] with samples [1, C, n]
+        same_fwd_bwd(lambda t: fk(t, k, _random_samples=ks[:1], **kw), lambda t: ft(t, k, _random_samples=s[:1], **kw),
+                     x[0])
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_fractional_max_pool_modules_and_errors(n):
+    name = f"FractionalMaxPool{n}d"
+    s = torch.rand(2, 3, n, dtype=torch.float64)
+    km = getattr(nn, name)(2, output_size=3, _random_samples=kiln.tensor(s.numpy()))
+    tm = getattr(tnn, name)(2, output_size=3, _random_samples=s)
+    assert repr(km) == repr(tm)
+    assert list(km.state_dict()) == list(tm.state_dict()) == ["_random_samples"]
+    x = rnd(*((2, 3) + (7, 6, 5)[:n]))
+    same_fwd_bwd(km, tm, x)
+    assert list(getattr(nn, name)(2, output_ratio=0.5).state_dict()) == []
+    # samples drawn from Kiln's generator: the same seed, the same windows
+    kx = kiln.tensor(x.numpy())
+    kiln.manual_seed(3)
+    a = getattr(F, f"fractional_max_pool{n}d")(kx, 2, output_ratio=0.6)
+    kiln.manual_seed(3)
+    b = getattr(F, f"fractional_max_pool{n}d")(kx, 2, output_ratio=0.6)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert tuple(a.shape) == (2, 3) + tuple(int(v * 0.6) for v in (7, 6, 5)[:n])
+    with pytest.raises(ValueError, match=f"{name} requires specifying either an output size, or a pooling ratio"):
+        getattr(nn, name)(2)
+    with pytest.raises(ValueError, match=f"{name}: only one of output_size and output_ratio may be specified"):
+        getattr(nn, name)(2, output_size=2, output_ratio=0.5)
+    with pytest.raises(ValueError, match=rf"{name}: output_ratio must be between 0 and 1 \(got 1.5\)"):
+        getattr(nn, name)(2, output_ratio=1.5)
+    fn = getattr(F, f"fractional_max_pool{n}d")
+    with pytest.raises(ValueError, match=f"fractional_max_pool{n}d: the pool size 4 is too large for the input size"):
+        fn(kx, 4, output_size=5)
+    with pytest.raises(ValueError, match=rf"fractional_max_pool{n}d: _random_samples must be \[N, C, {n}\]"):
+        fn(kx, 2, output_size=2, _random_samples=kiln.zeros(1, 3, n))
+    with pytest.raises(ValueError, match=f"fractional_max_pool{n}d requires specifying either an output_size or"):
+        fn(kx, 2)

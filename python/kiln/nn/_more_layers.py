@@ -5,7 +5,8 @@ F.adaptive_max_pool3d, their modules), torch's *_with_indices pooling functions,
 F.conv_transpose3d and nn.ConvTranspose3d, F.channel_shuffle and nn.ChannelShuffle,
 nn.LocalResponseNorm and nn.CrossMapLRN2d, nn.UpsamplingNearest2d / nn.UpsamplingBilinear2d with
 F.upsample_nearest / F.upsample_bilinear; nn.Buffer, nn.UninitializedParameter / UninitializedBuffer and the
-lazy modules (LazyLinear, LazyConv*, LazyConvTranspose*, LazyBatchNorm*, LazyInstanceNorm*). The functionals
+lazy modules (LazyLinear, LazyConv*, LazyConvTranspose*, LazyBatchNorm*, LazyInstanceNorm*); fractional max
+pooling (F.fractional_max_pool2d/3d, nn.FractionalMaxPool2d/3d). The functionals
 are attached to kiln.nn.functional here."""
 import numbers
 import warnings
@@ -854,3 +855,159 @@ __all__ += [
     "LazyConvTranspose1d", "LazyConvTranspose2d", "LazyConvTranspose3d", "LazyBatchNorm1d", "LazyBatchNorm2d",
     "LazyBatchNorm3d", "LazyInstanceNorm1d", "LazyInstanceNorm2d", "LazyInstanceNorm3d",
 ]
+
+
+# ---- fractional max pooling ----
+def _fractional_intervals(sample, in_size, out_size, pool, ftype):
+    """torch's generate_intervals, in the input's float type: the window starts of one dim of one plane."""
+    seq = np.zeros(out_size, dtype=np.int64)
+    if out_size > 1:
+        alpha = ftype(in_size - pool) / ftype(out_size - 1)
+        s = ftype(sample)
+        for i in range(out_size - 1):
+            seq[i] = int(ftype(ftype(i) + s) * alpha) - int(s * alpha)
+    if out_size > 0:
+        seq[out_size - 1] = in_size - pool
+    return seq
+
+
+def _fractional_max_pool(n, input, kernel_size, output_size, output_ratio, return_indices, _random_samples):
+    name = f"fractional_max_pool{n}d"
+    if input.dim() not in (n + 1, n + 2):
+        raise KilnValueError(f"{name}: expected a {n + 1}D (unbatched) or {n + 2}D (batched) input, got "
+                             f"{input.dim()}D input {list(input.shape)}")
+    if output_size is None and output_ratio is None:
+        raise KilnValueError(f"{name} requires specifying either an output_size or an output_ratio")
+    k = _ints(name, "kernel_size", kernel_size, n, 1)
+    spatial = list(input.shape[-n:])
+    if output_size is None:
+        ratio = tuple(output_ratio) if isinstance(output_ratio, (tuple, list)) else (output_ratio,) * n
+        if len(ratio) != n:
+            raise KilnValueError(f"{name}: output_ratio must be a number or {n} numbers, got {output_ratio!r}")
+        output_size = [int(s * r) for s, r in zip(spatial, ratio)]
+    out = _ints(name, "output_size", output_size, n, 0)
+    for i in range(n):
+        if out[i] + k[i] - 1 > spatial[i]:
+            raise KilnValueError(f"{name}: the pool size {k[i]} is too large for the input size {spatial[i]} and "
+                                 f"the output size {out[i]} in spatial dim {i} (output + pool - 1 must be <= input)")
+    unbatched = input.dim() == n + 1
+    x = input.unsqueeze(0) if unbatched else input
+    nb, c = x.shape[0], x.shape[1]
+    if _random_samples is None:
+        samples = _C.rand(nb, c, n, device=x.device)
+    else:
+        samples = _random_samples
+        if tuple(samples.shape) != (nb, c, n):
+            raise KilnValueError(f"{name}: _random_samples must be [N, C, {n}] = {[nb, c, n]} for this input, got "
+                                 f"{list(samples.shape)}")
+    ftype = np.float64 if x.dtype == _C.dtype.float64 else np.float32
+    u = np.asarray(samples.detach().to("cpu").to(_C.dtype.float64)).astype(ftype)
+    # the flat input positions of every window element, per plane: [N, C, *out, prod(k)]
+    strides = [int(np.prod(spatial[i + 1:])) for i in range(n)]
+    offs = np.zeros([1] * n + list(k), dtype=np.int64)
+    for i in range(n):
+        shape = [1] * (2 * n)
+        shape[n + i] = k[i]
+        offs = offs + np.arange(k[i]).reshape(shape) * strides[i]
+    offs = offs.reshape([1] * n + [-1])
+    idx = np.zeros((nb, c) + out + (offs.shape[-1],), dtype=np.int64)
+    order = (1, 0) if n == 2 else (0, 1, 2)  # torch's kernels: 2-d (width, height), 3-d (depth, height, width)
+    for b in range(nb):
+        for ch in range(c):
+            start = np.zeros(out, dtype=np.int64)
+            for i in range(n):
+                seq = _fractional_intervals(u[b, ch, order[i]], spatial[i], out[i], k[i], ftype)
+                shape = [1] * n
+                shape[i] = out[i]
+                start = start + seq.reshape(shape) * strides[i]
+            idx[b, ch] = start[..., None] + offs
+    tot = int(np.prod(out))
+    flat_idx = _tensor(idx.reshape(nb, c, -1), dtype=_C.dtype.int64, device=x.device)
+    windows = x.reshape([nb, c, -1]).gather(2, flat_idx).reshape([nb, c, tot, offs.shape[-1]])
+    if tot == 0:
+        values = windows.sum(-1)
+        where = _C.zeros([nb, c, tot], dtype=_C.dtype.int64, device=x.device)
+    else:
+        values, arg = _C.max(windows, -1)
+        where = flat_idx.reshape([nb, c, tot, offs.shape[-1]]).gather(3, arg.unsqueeze(-1)).squeeze(-1)
+    values = values.reshape([nb, c] + list(out))
+    where = where.reshape([nb, c] + list(out))
+    if unbatched:
+        values, where = values.squeeze(0), where.squeeze(0)
+    return (values, where) if return_indices else values
+
+
+def fractional_max_pool2d(input, kernel_size, output_size=None, output_ratio=None, return_indices=False,
+                          _random_samples=None):
+    """torch.nn.functional.fractional_max_pool2d: max pooling over kernel_size windows at pseudo-random starts
+    (Graham's fractional max pooling): an output of output_size, or int(input size * output_ratio). Each
+    (sample, channel) plane's starts come from its two numbers in [0, 1) of _random_samples [N, C, 2] (width
+    first, then height, as torch's kernel), drawn from Kiln's generator when None; the same samples give torch's
+    windows, values and indices (into H * W)."""
+    return _fractional_max_pool(2, input, kernel_size, output_size, output_ratio, return_indices, _random_samples)
+
+
+def fractional_max_pool3d(input, kernel_size, output_size=None, output_ratio=None, return_indices=False,
+                          _random_samples=None):
+    """torch.nn.functional.fractional_max_pool3d: as fractional_max_pool2d over the last 3 dims, _random_samples
+    [N, C, 3] (depth, height, width); indices into D * H * W."""
+    return _fractional_max_pool(3, input, kernel_size, output_size, output_ratio, return_indices, _random_samples)
+
+
+def fractional_max_pool2d_with_indices(input, kernel_size, output_size=None, output_ratio=None, return_indices=False,
+                                       _random_samples=None):
+    """torch.nn.functional.fractional_max_pool2d_with_indices: (values, indices), whatever return_indices."""
+    return _fractional_max_pool(2, input, kernel_size, output_size, output_ratio, True, _random_samples)
+
+
+def fractional_max_pool3d_with_indices(input, kernel_size, output_size=None, output_ratio=None, return_indices=False,
+                                       _random_samples=None):
+    """torch.nn.functional.fractional_max_pool3d_with_indices: (values, indices), whatever return_indices."""
+    return _fractional_max_pool(3, input, kernel_size, output_size, output_ratio, True, _random_samples)
+
+
+class _FractionalMaxPoolNd(Module):
+    _n = 2
+
+    def __init__(self, kernel_size, output_size=None, output_ratio=None, return_indices=False,
+                 _random_samples=None):
+        super().__init__()
+        name, n = type(self).__name__, self._n
+        self.kernel_size = _ints(name, "kernel_size", kernel_size, n, 1)
+        self.return_indices = return_indices
+        self.register_buffer("_random_samples", _random_samples)
+        self.output_size = _ints(name, "output_size", output_size, n, 0) if output_size is not None else None
+        self.output_ratio = None
+        if output_ratio is not None:
+            ratio = tuple(output_ratio) if isinstance(output_ratio, (tuple, list)) else (output_ratio,) * n
+            if len(ratio) != n:
+                raise KilnValueError(f"{name}: output_ratio must be a number or {n} numbers, got {output_ratio!r}")
+            self.output_ratio = ratio
+        if output_size is None and output_ratio is None:
+            raise KilnValueError(f"{name} requires specifying either an output size, or a pooling ratio")
+        if output_size is not None and output_ratio is not None:
+            raise KilnValueError(f"{name}: only one of output_size and output_ratio may be specified")
+        if self.output_ratio is not None and not all(0 < r < 1 for r in self.output_ratio):
+            raise KilnValueError(f"{name}: output_ratio must be between 0 and 1 (got {output_ratio})")
+
+    def forward(self, input):
+        return _fractional_max_pool(self._n, input, self.kernel_size, self.output_size, self.output_ratio,
+                                    self.return_indices, self._random_samples)
+
+
+class FractionalMaxPool2d(_FractionalMaxPoolNd):
+    """torch.nn.FractionalMaxPool2d(kernel_size, output_size=None, output_ratio=None, return_indices=False,
+    _random_samples=None): F.fractional_max_pool2d (the samples a buffer, as torch's)."""
+    _n = 2
+
+
+class FractionalMaxPool3d(_FractionalMaxPoolNd):
+    """torch.nn.FractionalMaxPool3d: F.fractional_max_pool3d."""
+    _n = 3
+
+
+for _fn in (fractional_max_pool2d, fractional_max_pool3d, fractional_max_pool2d_with_indices,
+            fractional_max_pool3d_with_indices):
+    setattr(F, _fn.__name__, _fn)
+del _fn
+__all__ += ["FractionalMaxPool2d", "FractionalMaxPool3d"]
