@@ -26,3 +26,4 @@ from .transformer import (  # noqa: F401
     TransformerEncoderLayer, TransformerEncoder, TransformerDecoderLayer, TransformerDecoder, Transformer,
 )
 from ._extra import Bilinear, EmbeddingBag, Fold, Unfold  # noqa: F401
+from ._more_layers import *  # noqa: F401,F403  (padding, LP / 3-d adaptive pooling, MaxUnpool, ConvTranspose3d, ...)

@@ -171,6 +171,9 @@ class Module:
                 raise TypeError(f"cannot assign '{type(value).__name__}' as child module '{name}' "
                                 "(kiln.nn.Module or None expected)")
             modules[name] = None
+        elif isinstance(value, Tensor) and getattr(value, "_is_buffer", False) is True:
+            # an nn.Buffer (kiln/nn/_more_layers.py): a buffer with its persistent flag, as torch's
+            self.register_buffer(name, value, value.persistent)
         elif name in buffers:
             if value is not None and not isinstance(value, Tensor):
                 raise TypeError(f"cannot assign '{type(value).__name__}' as buffer '{name}' "
@@ -495,6 +498,10 @@ class Module:
             for name, m in self.named_modules():
                 if isinstance(m, CppModule):
                     m._refuse_assign(f"load_state_dict(assign=True) on {type(self).__name__}")
+        for name, m in self.named_modules():
+            # a lazy module (kiln/nn/_more_layers.py) takes its uninitialized shapes from the state dict, as torch's
+            if hasattr(m, "_materialize_from_state_dict"):
+                m._materialize_from_state_dict(state_dict, f"{name}." if name else "")
         mine = self.state_dict()
         # A module may fill in keys an older save lacks (BatchNorm's num_batches_tracked), as torch's
         # _load_from_state_dict does: on _state_tensors' copy, so the caller's dict is left alone.
