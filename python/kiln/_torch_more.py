@@ -736,7 +736,7 @@ def histogram(input, bins=100, *, range=None, weight=None, density=False):  # no
         elif data.size:
             lo, hi = _float(data.min()), _float(data.max())
         else:
-            lo, hi = 0.0, 0.0
+            lo, hi = 0.0, 1.0  # torch's range for an empty input
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise _C.KilnValueError(f"histogram(): range of [{lo}, {hi}] is not finite")
         if lo == hi:
@@ -755,6 +755,8 @@ def histogram(input, bins=100, *, range=None, weight=None, density=False):  # no
 # ---------------------------------------------------------------- windows
 
 def _window(fn, length, periodic, dtype, device, requires_grad, values):
+    """The window computed in float64 and rounded once to dtype (torch computes in dtype: float16 values can
+    differ from torch's in the last place)."""
     if not isinstance(length, numbers.Integral) or length < 0:
         raise _C.KilnValueError(f"{fn}(): window_length must be a non-negative int, got {length!r}")
     dt = dtype or _C.dtype.float32
@@ -855,8 +857,20 @@ def _random_values(self, *args, generator=None, **kwargs):
     hi = default_to if hi is None else hi
     if lo >= hi:
         raise _C.KilnError(f"random_ expects 'from' to be less than 'to', but got from={lo} >= to={hi}")
-    u = _uniform64(self)
-    return (_k().floor(u * (hi - lo)) + lo).clamp(lo, hi - 1).to(dt)
+    if dt.is_floating_point:
+        u = _uniform64(self)
+        return (_k().floor(u * _float(hi - lo)) + lo).clamp(lo, hi - 1).to(dt)
+    shape, dev, i64 = tuple(self.shape), self.device, _C.dtype.int64
+    span = hi - lo
+    if span <= 2 ** 24:  # the engine's randint draws spans up to 2**24
+        return _k().randint(lo, hi, shape, dtype=i64, device=dev).to(dt)
+    # 63 random bits from three 21-bit draws, taken modulo the span as torch does for wide ranges
+    bits = _k().randint(0, 2 ** 21, shape, dtype=i64, device=dev)
+    for _ in _range(2):
+        bits = bits * 2 ** 21 + _k().randint(0, 2 ** 21, shape, dtype=i64, device=dev)
+    if span < 2 ** 63:
+        bits = _k().remainder(bits, span)
+    return (bits + lo).to(dt)
 
 
 def _cauchy_values(self, median=0.0, sigma=1.0, *, generator=None):

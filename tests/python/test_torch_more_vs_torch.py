@@ -271,6 +271,12 @@ def test_random_fills_ranges_and_seed():
     r = kiln.zeros(1000).random_(5).numpy()
     assert r.min() == 0 and r.max() == 4 and (r == np.floor(r)).all()
     assert set(np.unique(kiln.zeros(100, dtype=kiln.bool).random_().numpy())) == {False, True}
+    r = kiln.zeros(1000, dtype=kiln.int64).random_().numpy()  # [0, 2**63 - 1]
+    assert r.min() >= 0 and r.max() > 2 ** 60
+    r = kiln.zeros(1000, dtype=kiln.int64).random_(-2 ** 40, 2 ** 40).numpy()
+    assert r.min() >= -2 ** 40 and r.max() < 2 ** 40 and r.min() < -2 ** 38 and r.max() > 2 ** 38
+    r = kiln.zeros(1000, dtype=kiln.uint8).random_().numpy()
+    assert r.min() == 0 and r.max() == 255
     c = kiln.zeros(4001).cauchy_(1.0, 2.0).numpy()
     assert abs(np.median(c) - 1.0) < 0.3
     ln = kiln.zeros(4001).log_normal_(0.5, 0.25).numpy()
@@ -536,6 +542,8 @@ def test_histogram():
     same(r, torch.histogram(t, torch.tensor(edges), density=True))
     assert r.hist is r[0] and r.bin_edges is r[1]
     same(k.histogram(4), t.histogram(4))
+    same(kiln.histogram(kiln.zeros(0), 3), torch.histogram(torch.zeros(0), 3))
+    same(kiln.histogram(kiln.full((5,), 2.0), 4), torch.histogram(torch.full((5,), 2.0), 4))
     with pytest.raises(kiln.KilnError, match="floating"):
         kiln.histogram(kiln.tensor([1, 2]), 3)
     with pytest.raises(kiln.KilnError, match="same shape"):
