@@ -523,6 +523,46 @@ def can_cast(from_, to):
     return _CATEGORY[from_] <= _CATEGORY[to]
 
 
+class finfo:
+    """torch.finfo: the limits of a floating dtype (float32 with no argument): bits, eps, max, min, tiny
+    (smallest_normal) and resolution, dtype its name."""
+
+    def __init__(self, type=None):  # noqa: A002  (torch's name)
+        type = _C.dtype.float32 if type is None else type
+        if not isinstance(type, _C.dtype) or not type.is_floating_point:
+            raise TypeError(f"kiln.finfo() requires a floating point dtype, got {type!r}; use kiln.iinfo for "
+                            "integer ones")
+        if type == _C.dtype.bfloat16:  # 8 exponent bits as float32, 8 significand bits
+            self.bits, self.eps, self.max, self.tiny, self.resolution = (
+                16, 2.0 ** -7, _float(np.finfo(np.float32).max) * (1 - 2.0 ** -8) / (1 - 2.0 ** -24), 2.0 ** -126,
+                0.01)
+        else:
+            f = np.finfo(np.dtype(type.name))
+            self.bits, self.eps, self.max, self.tiny, self.resolution = (
+                f.bits, _float(f.eps), _float(f.max), _float(f.tiny), 10.0 ** -f.precision)
+        self.min = -self.max
+        self.smallest_normal = self.tiny
+        self.dtype = type.name
+
+    def __repr__(self):
+        return (f"finfo(resolution={self.resolution:g}, min={self.min:g}, max={self.max:g}, eps={self.eps:g}, "
+                f"smallest_normal={self.smallest_normal:g}, tiny={self.tiny:g}, dtype={self.dtype})")
+
+
+class iinfo:
+    """torch.iinfo: the limits of an integer dtype: bits, min, max, dtype its name (not bool, as torch)."""
+
+    def __init__(self, type):  # noqa: A002
+        if not isinstance(type, _C.dtype) or type.is_floating_point or type == _C.dtype.bool:
+            raise TypeError(f"kiln.iinfo() requires an integer dtype (not bool), got {type!r}; use kiln.finfo "
+                            "for floating ones")
+        i = np.iinfo(np.dtype(type.name))
+        self.bits, self.min, self.max, self.dtype = i.bits, _int(i.min), _int(i.max), type.name
+
+    def __repr__(self):
+        return f"iinfo(min={self.min:g}, max={self.max:g}, dtype={self.dtype})"
+
+
 # ---------------------------------------------------------------- scatters into slices
 
 def _scatter_along(fn, input, src, dim, positions):
@@ -1183,6 +1223,37 @@ def _forward(name, doc):
     return fn
 
 
+def _copy_of(name, view):
+    """torch.<name>: view(input, ...) as a new contiguous tensor (never input's memory), differentiable."""
+    def fn(input, *args, **kwargs):
+        _tensor_arg(name, "input", input)
+        out = view(input, *args, **kwargs)
+        fresh = lambda t: _k().clone(t, memory_format=_k().contiguous_format)  # noqa: E731
+        return tuple(fresh(t) for t in out) if isinstance(out, (tuple, list)) else fresh(out)
+    fn.__name__ = name
+    fn.__doc__ = f"torch.{name}: {name[:-5]}(input, ...) copied into new contiguous memory."
+    return fn
+
+
+_COPIES = {
+    "alias_copy": lambda x: x, "detach_copy": lambda x: x.detach(),
+    "diagonal_copy": lambda x, offset=0, dim1=0, dim2=1: _k().diagonal(x, offset, dim1, dim2),
+    "expand_copy": lambda x, size: x.expand(*size), "permute_copy": lambda x, dims: x.permute(*dims),
+    "select_copy": lambda x, dim, index: x.select(dim, index),
+    "slice_copy": lambda x, dim=0, start=None, end=None, step=1: x[(slice(None),) * _norm_dim("slice_copy", dim,
+                                                                                                x.dim())
+                                                                   + (slice(start, end, step),)],
+    "squeeze_copy": lambda x, dim=None: _k().squeeze(x, dim), "t_copy": lambda x: x.t(),
+    "transpose_copy": lambda x, dim0, dim1: x.transpose(dim0, dim1), "unbind_copy": lambda x, dim=0: x.unbind(dim),
+    "unfold_copy": lambda x, dimension, size, step: x.unfold(dimension, size, step),
+    "unsqueeze_copy": lambda x, dim: x.unsqueeze(dim), "view_copy": lambda x, size: x.view(*size),
+    "split_copy": lambda x, split_size, dim=0: _k().split(x, split_size, dim),
+    "split_with_sizes_copy": lambda x, split_sizes, dim=0: _k().split(x, list(split_sizes), dim),
+    "as_strided_copy": lambda x, size, stride, storage_offset=0: x.as_strided(size, stride, storage_offset),
+}
+globals().update({name: _copy_of(name, view) for name, view in _COPIES.items()})
+
+
 # torch's top-level forms of methods Kiln had only on Tensor
 narrow = _forward("narrow", "torch.narrow: input.narrow(dim, start, length).")
 permute = _forward("permute", "torch.permute: input.permute(dims).")
@@ -1199,10 +1270,11 @@ __all__ = (list(_ALIASES) + [
     "chain_matmul", "cross", "diag", "diagflat", "fmax", "fmin", "float_power", "deg2rad", "rad2deg", "sgn", "sinc",
     "logaddexp2", "logical_xor", "isclose", "allclose", "equal", "isposinf", "isneginf", "isreal", "rsub", "dist",
     "msort", "is_tensor", "is_floating_point", "is_signed", "is_nonzero", "is_same_size", "numel",
-    "get_default_dtype", "can_cast", "select_scatter", "slice_scatter", "diagonal_scatter", "trapezoid", "trapz",
+    "get_default_dtype", "can_cast", "finfo", "iinfo", "select_scatter", "slice_scatter", "diagonal_scatter", "trapezoid", "trapz",
     "cumulative_trapezoid", "combinations", "unravel_index", "range", "histogram", "hann_window", "hamming_window",
     "blackman_window", "bartlett_window", "adjoint", "fill", "put", "index_reduce", "randint_like",
-    "narrow", "permute", "reshape", "select", "t", "transpose", "unsqueeze", "detach"] + list(_TOP_INPLACE))
+    "narrow", "permute", "reshape", "select", "t", "transpose", "unsqueeze", "detach"] + list(_TOP_INPLACE)
+           + list(_COPIES))
 
 
 _install()

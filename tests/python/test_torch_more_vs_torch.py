@@ -575,3 +575,46 @@ def test_small_top_level_functions():
 def test_aliases_are_the_functions_they_name():
     assert kiln.absolute is kiln.abs and kiln.multiply is kiln.mul and kiln.row_stack is kiln.vstack
     assert kiln.Tensor.exp_.__name__ == "exp_" and kiln.abs.__name__ == "abs"
+
+
+def test_finfo_iinfo():
+    for name in ("float16", "bfloat16", "float32", "float64"):
+        k, t = kiln.finfo(getattr(kiln, name)), torch.finfo(getattr(torch, name))
+        for attr in ("bits", "eps", "max", "min", "tiny", "smallest_normal", "resolution", "dtype"):
+            assert getattr(k, attr) == getattr(t, attr), (name, attr)
+        assert repr(k) == repr(t)
+    assert kiln.finfo().eps == torch.finfo().eps
+    for name in ("uint8", "int8", "int16", "int32", "int64"):
+        k, t = kiln.iinfo(getattr(kiln, name)), torch.iinfo(getattr(torch, name))
+        assert (k.bits, k.min, k.max, k.dtype, repr(k)) == (t.bits, t.min, t.max, t.dtype, repr(t))
+    with pytest.raises(TypeError, match="floating"):
+        kiln.finfo(kiln.int32)
+    with pytest.raises(TypeError, match="integer"):
+        kiln.iinfo(kiln.bool)
+
+
+@pytest.mark.parametrize("name,args", [
+    ("alias_copy", ()), ("detach_copy", ()), ("diagonal_copy", (1, 1, 2)), ("expand_copy", ((2, 2, 3, 4),)),
+    ("permute_copy", ((2, 0, 1),)), ("select_copy", (1, -1)), ("slice_copy", (2, 1, None, 2)), ("slice_copy", ()),
+    ("squeeze_copy", ()), ("t_copy", ()), ("transpose_copy", (0, 2)), ("unbind_copy", (1,)),
+    ("unfold_copy", (2, 2, 1)), ("unsqueeze_copy", (0,)), ("view_copy", ((6, 4),)), ("split_copy", (2, 1)),
+    ("split_with_sizes_copy", ([1, 2], 1)), ("as_strided_copy", ((2, 2), (1, 4), 1))])
+def test_copy_variants(name, args):
+    x = arr(2, 3, 4) if name != "t_copy" else arr(3, 4)
+    differentiable = name not in ("detach_copy", "as_strided_copy")  # Kiln's as_strided has no gradient
+    (k, t) = both(x, grad=differentiable)
+    ko, to = getattr(kiln, name)(k, *args), getattr(torch, name)(t, *args)
+    same(ko, to)
+    outs = ko if isinstance(ko, tuple) else (ko,)
+    touts = to if isinstance(to, tuple) else (to,)
+    for o in outs:
+        assert o.is_contiguous()
+        if o.numel():
+            assert o.data_ptr() != k.data_ptr()
+    if differentiable:
+        sum(o.sum() for o in outs).backward()
+        sum(o.sum() for o in touts).backward()
+        same(k.grad, t.grad)
+    with kiln.no_grad():
+        outs[0].zero_()
+    assert (k.detach().numpy() == x).all()  # a copy: writing it leaves the input alone
