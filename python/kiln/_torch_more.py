@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _C
 from ._C import Tensor
-from ._tensor import _as_method, _inplace, _check_inplace_result, return_types
+from ._tensor import _as_method, _inplace, return_types
 
 _bool = builtins.bool
 _float = builtins.float
@@ -676,6 +676,68 @@ def cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
     return out if out.dtype.is_floating_point else out.to(_C.dtype.float32)
 
 
+def gradient(input, *, spacing=1, dim=None, edge_order=1):
+    """torch.gradient: the derivative estimated by central differences in the interior and one-sided ones
+    (first or second order, edge_order) at the ends, along each of dim (all dims by default): a tuple of
+    tensors. spacing is one number for every dim, one number per dim, or one 1-D coordinate tensor per dim
+    (unevenly spaced samples)."""
+    _tensor_arg("gradient", "input", input)
+    if edge_order not in (1, 2):
+        raise _C.KilnValueError(f"gradient(): only edge_order 1 and 2 are supported, got {edge_order}")
+    dims = list(_range(input.dim())) if dim is None else [dim] if isinstance(dim, numbers.Integral) else list(dim)
+    dims = [_norm_dim("gradient", d, input.dim()) for d in dims]
+    if isinstance(spacing, (list, tuple)):
+        if len(spacing) != len(dims):
+            raise _C.KilnValueError(f"gradient(): expected spacing to be unspecified, a scalar or a list of length "
+                                    f"{len(dims)} (one per dim), but got a list of length {len(spacing)}")
+        spacings = list(spacing)
+    else:
+        spacings = [spacing] * len(dims)
+    f = _floating(input)
+    out = []
+    for d, h in zip(dims, spacings):
+        n = f.shape[d]
+        if n < edge_order + 1:
+            raise _C.KilnValueError(f"gradient(): expected each dimension size to be at least edge_order+1, got "
+                                    f"size {n} in dim {d}")
+
+        def part(start, length=None):
+            return f.narrow(d, start if start >= 0 else n + start, 1 if length is None else length)
+        if isinstance(h, Tensor):
+            if h.dim() != 1 or h.shape[0] != n:
+                raise _C.KilnValueError(f"gradient(): the coordinates for dim {d} must be a 1-D tensor of "
+                                        f"{n} elements, got shape {list(h.shape)}")
+            shape = [1] * f.dim()
+            x = _floating(h).to(f.dtype)
+
+            def along(t):
+                shape[d] = t.shape[0]
+                return t.reshape(shape)
+            dx = x[1:] - x[:-1]
+            hl, hr = along(dx[:-1]), along(dx[1:])
+            inner = (-hr / (hl * (hl + hr)) * part(0, n - 2) + (hr - hl) / (hl * hr) * part(1, n - 2)
+                     + hl / (hr * (hl + hr)) * part(2, n - 2))
+            if edge_order == 1:
+                first = (part(1) - part(0)) / along(dx[:1])
+                last = (part(-1) - part(-2)) / along(dx[-1:])
+            else:
+                a1, a2 = along(dx[:1]), along(dx[1:2])
+                first = (-(2 * a1 + a2) / (a1 * (a1 + a2)) * part(0) + (a1 + a2) / (a1 * a2) * part(1)
+                         - a1 / (a2 * (a1 + a2)) * part(2))
+                b1, b2 = along(dx[-2:-1]), along(dx[-1:])
+                last = (b2 / (b1 * (b1 + b2)) * part(-3) - (b1 + b2) / (b1 * b2) * part(-2)
+                        + (2 * b2 + b1) / (b2 * (b1 + b2)) * part(-1))
+        else:
+            inner = (part(2, n - 2) - part(0, n - 2)) / (2 * h)
+            if edge_order == 1:
+                first, last = (part(1) - part(0)) / h, (part(-1) - part(-2)) / h
+            else:
+                first = (-1.5 * part(0) + 2 * part(1) - 0.5 * part(2)) / h
+                last = (0.5 * part(-3) - 2 * part(-2) + 1.5 * part(-1)) / h
+        out.append(_C.cat([first, inner, last], d))
+    return tuple(out)
+
+
 def combinations(input, r=2, with_replacement=False):
     """torch.combinations: the length-r combinations of a 1-D tensor's elements, one per row."""
     _tensor_arg("combinations", "input", input)
@@ -1270,10 +1332,10 @@ __all__ = (list(_ALIASES) + [
     "chain_matmul", "cross", "diag", "diagflat", "fmax", "fmin", "float_power", "deg2rad", "rad2deg", "sgn", "sinc",
     "logaddexp2", "logical_xor", "isclose", "allclose", "equal", "isposinf", "isneginf", "isreal", "rsub", "dist",
     "msort", "is_tensor", "is_floating_point", "is_signed", "is_nonzero", "is_same_size", "numel",
-    "get_default_dtype", "can_cast", "finfo", "iinfo", "select_scatter", "slice_scatter", "diagonal_scatter", "trapezoid", "trapz",
-    "cumulative_trapezoid", "combinations", "unravel_index", "range", "histogram", "hann_window", "hamming_window",
-    "blackman_window", "bartlett_window", "adjoint", "fill", "put", "index_reduce", "randint_like",
-    "narrow", "permute", "reshape", "select", "t", "transpose", "unsqueeze", "detach"] + list(_TOP_INPLACE)
+    "get_default_dtype", "can_cast", "finfo", "iinfo", "select_scatter", "slice_scatter", "diagonal_scatter",
+    "trapezoid", "trapz", "cumulative_trapezoid", "gradient", "combinations", "unravel_index", "range", "histogram",
+    "hann_window", "hamming_window", "blackman_window", "bartlett_window", "adjoint", "fill", "put", "index_reduce",
+    "randint_like", "narrow", "permute", "reshape", "select", "t", "transpose", "unsqueeze", "detach"] + list(_TOP_INPLACE)
            + list(_COPIES))
 
 

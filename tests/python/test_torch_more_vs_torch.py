@@ -175,7 +175,8 @@ def test_scatter_index_put_masked_scatter_put_inplace():
         tt.put_(torch.tensor(flat[:3] if not acc else flat), torch.tensor(pv[:3] if not acc else pv),
                 accumulate=acc)
         same(kk, tt)
-        same(kiln.put(k, kiln.tensor(flat), kiln.tensor(pv), acc), torch.put(t, torch.tensor(flat), torch.tensor(pv), acc))
+        same(kiln.put(k, kiln.tensor(flat), kiln.tensor(pv), acc),
+             torch.put(t, torch.tensor(flat), torch.tensor(pv), acc))
     with pytest.raises(kiln.KilnIndexError, match="put"):
         k.clone().put_(kiln.tensor([12]), kiln.tensor(arr(1)))
     with pytest.raises(kiln.KilnError, match="same number of elements"):
@@ -569,7 +570,8 @@ def test_small_top_level_functions():
     (ki, ti) = both(np.zeros((3, 2), dtype=np.float32))
     idx = np.array([0, 2, 0])
     (ks, ts) = both(arr(3, 2))
-    same(kiln.index_reduce(ki, 0, kiln.tensor(idx), ks, "amax"), torch.index_reduce(ti, 0, torch.tensor(idx), ts, "amax"))
+    same(kiln.index_reduce(ki, 0, kiln.tensor(idx), ks, "amax"),
+         torch.index_reduce(ti, 0, torch.tensor(idx), ts, "amax"))
 
 
 def test_aliases_are_the_functions_they_name():
@@ -618,3 +620,23 @@ def test_copy_variants(name, args):
     with kiln.no_grad():
         outs[0].zero_()
     assert (k.detach().numpy() == x).all()  # a copy: writing it leaves the input alone
+
+
+def test_gradient():
+    x = arr(4, 5)
+    (k, t) = both(x)
+    for kw in ({}, {"spacing": 0.5}, {"dim": 1}, {"dim": [0], "edge_order": 2}, {"spacing": [2.0, 0.25]},
+               {"edge_order": 2, "spacing": 3.0}):
+        same(kiln.gradient(k, **kw), torch.gradient(t, **kw))
+    cx = np.sort(arr(5, lo=0, hi=10))
+    for order in (1, 2):
+        same(kiln.gradient(k, spacing=[kiln.tensor(cx)], dim=1, edge_order=order),
+             torch.gradient(t, spacing=[torch.tensor(cx)], dim=1, edge_order=order), 1e-4)
+    ki, ti = both(np.array([1, 4, 9, 16]))
+    same(kiln.gradient(ki), torch.gradient(ti))
+    (kg, tg) = both(x, True)
+    sum(g.sum() * (i + 1) for i, g in enumerate(kiln.gradient(kg, edge_order=2))).backward()
+    sum(g.sum() * (i + 1) for i, g in enumerate(torch.gradient(tg, edge_order=2))).backward()
+    same(kg.grad, tg.grad, 1e-4)
+    with pytest.raises(kiln.KilnValueError, match="at least edge_order"):
+        kiln.gradient(kiln.zeros(2), edge_order=2)
