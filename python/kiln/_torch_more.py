@@ -1335,8 +1335,8 @@ __all__ = (list(_ALIASES) + [
     "get_default_dtype", "can_cast", "finfo", "iinfo", "select_scatter", "slice_scatter", "diagonal_scatter",
     "trapezoid", "trapz", "cumulative_trapezoid", "gradient", "combinations", "unravel_index", "range", "histogram",
     "hann_window", "hamming_window", "blackman_window", "bartlett_window", "adjoint", "fill", "put", "index_reduce",
-    "randint_like", "narrow", "permute", "reshape", "select", "t", "transpose", "unsqueeze", "detach"] + list(_TOP_INPLACE)
-           + list(_COPIES))
+    "randint_like", "narrow", "permute", "reshape", "select", "t", "transpose", "unsqueeze", "detach"]
+           + list(_TOP_INPLACE) + list(_COPIES))
 
 
 _install()
