@@ -1276,6 +1276,41 @@ def randint_like(input, low=0, high=None, *, dtype=None, device=None, requires_g
                         device=device or input.device, requires_grad=requires_grad)
 
 
+def empty_strided(size, stride, *, dtype=None, device=None, requires_grad=False):
+    """torch.empty_strided: an uninitialized tensor of this size laid out with these strides (non-negative)."""
+    size, stride = tuple(size), tuple(stride)
+    if len(size) != len(stride):
+        raise _C.KilnValueError(f"empty_strided(): mismatch in length of strides and shape: size {list(size)}, "
+                                f"stride {list(stride)}")
+    if any(s < 0 for s in size) or any(s < 0 for s in stride):
+        raise _C.KilnValueError(f"empty_strided(): sizes and strides must be non-negative, got size {list(size)}, "
+                                f"stride {list(stride)}")
+    span = 0 if 0 in size else 1 + builtins.sum((n - 1) * st for n, st in zip(size, stride))
+    out = _C.empty([span], dtype=dtype or _C.dtype.float32, device=device).as_strided(size, stride, 0)
+    if requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def typename(obj):
+    """torch.typename: a tensor's type name ('kiln.FloatTensor'), else the object's qualified class name."""
+    if isinstance(obj, Tensor):
+        return obj.type()
+    cls = type(obj)
+    module = cls.__module__
+    return cls.__qualname__ if module in (None, "builtins") else f"{module}.{cls.__qualname__}"
+
+
+def bilinear(input1, input2, weight, bias=None):
+    """torch.bilinear: kiln.nn.functional.bilinear."""
+    return _k().nn.functional.bilinear(input1, input2, weight, bias)
+
+
+def constant_pad_nd(input, pad, value=0):
+    """torch.constant_pad_nd: kiln.nn.functional.pad(input, pad, value=value) (negative pads crop)."""
+    return _k().nn.functional.pad(input, list(pad), mode="constant", value=value)
+
+
 def _forward(name, doc):
     def fn(input, *args, **kwargs):
         _tensor_arg(name, "input", input)
@@ -1335,7 +1370,7 @@ __all__ = (list(_ALIASES) + [
     "get_default_dtype", "can_cast", "finfo", "iinfo", "select_scatter", "slice_scatter", "diagonal_scatter",
     "trapezoid", "trapz", "cumulative_trapezoid", "gradient", "combinations", "unravel_index", "range", "histogram",
     "hann_window", "hamming_window", "blackman_window", "bartlett_window", "adjoint", "fill", "put", "index_reduce",
-    "randint_like", "narrow", "permute", "reshape", "select", "t", "transpose", "unsqueeze", "detach"]
+    "randint_like", "empty_strided", "typename", "bilinear", "constant_pad_nd", "narrow", "permute", "reshape", "select", "t", "transpose", "unsqueeze", "detach"]
            + list(_TOP_INPLACE) + list(_COPIES))
 
 

@@ -640,3 +640,17 @@ def test_gradient():
     same(kg.grad, tg.grad, 1e-4)
     with pytest.raises(kiln.KilnValueError, match="at least edge_order"):
         kiln.gradient(kiln.zeros(2), edge_order=2)
+
+
+def test_empty_strided_typename_bilinear_constant_pad_nd():
+    e = kiln.empty_strided((2, 3), (1, 2), dtype=kiln.float64)
+    assert tuple(e.shape) == (2, 3) and e.stride() == (1, 2) and e.dtype == kiln.float64 and not e.is_contiguous()
+    assert tuple(kiln.empty_strided((0, 3), (3, 1)).shape) == (0, 3)
+    with pytest.raises(kiln.KilnValueError, match="length of strides"):
+        kiln.empty_strided((2, 3), (1,))
+    assert kiln.typename(kiln.zeros(2)) == "kiln.FloatTensor" and kiln.typename(3) == torch.typename(3)
+    assert kiln.typename(kiln.nn.Linear(2, 2)) == type(kiln.nn.Linear(2, 2)).__module__ + ".Linear"
+    (a, ta), (b, tb), (w, tw), (bias, tbias) = both(arr(4, 3)), both(arr(4, 2)), both(arr(5, 3, 2)), both(arr(5))
+    same(kiln.bilinear(a, b, w, bias), torch.bilinear(ta, tb, tw, tbias), 1e-4)
+    for pad, value in (((1, 2), 0.0), ((1, 0, -1, 2), 3.5)):
+        same(kiln.constant_pad_nd(a, pad, value), torch.constant_pad_nd(ta, pad, value))
