@@ -1370,7 +1370,8 @@ __all__ = (list(_ALIASES) + [
     "get_default_dtype", "can_cast", "finfo", "iinfo", "select_scatter", "slice_scatter", "diagonal_scatter",
     "trapezoid", "trapz", "cumulative_trapezoid", "gradient", "combinations", "unravel_index", "range", "histogram",
     "hann_window", "hamming_window", "blackman_window", "bartlett_window", "adjoint", "fill", "put", "index_reduce",
-    "randint_like", "empty_strided", "typename", "bilinear", "constant_pad_nd", "narrow", "permute", "reshape", "select", "t", "transpose", "unsqueeze", "detach"]
+    "randint_like", "empty_strided", "typename", "bilinear", "constant_pad_nd", "narrow", "permute", "reshape",
+    "select", "t", "transpose", "unsqueeze", "detach"]
            + list(_TOP_INPLACE) + list(_COPIES))
 
 
