@@ -473,11 +473,14 @@ def test_gradients_of_composed_functions():
     a[1, 1] = 0.0
     cases = [("fmax", 2), ("fmin", 2), ("logaddexp2", 2), ("float_power", 2), ("sinc", 1), ("deg2rad", 1),
              ("rad2deg", 1), ("dist", 2), ("trapezoid", 1), ("cumulative_trapezoid", 1), ("diag", 1), ("fliplr", 1),
-             ("hstack", 0), ("atleast_3d", 1), ("rsub", 2), ("diagflat", 1)]
+             ("hstack", 0), ("atleast_3d", 1), ("rsub", 2), ("diagflat", 1), ("cross", 2), ("vstack", 0),
+             ("dstack", 0), ("column_stack", 0), ("flipud", 1), ("msort", 1), ("mm", 3)]
     for name, n in cases:
         (ka, ta), (kb, tb) = both(np.abs(a) + 0.5 if name == "float_power" else a, True), both(b, True)
         if n == 0:
             ko, to = getattr(kiln, name)([ka, kb]), getattr(torch, name)([ta, tb])
+        elif n == 3:  # a 3x4 by 4x3 product
+            ko, to = getattr(kiln, name)(ka, kb.t()), getattr(torch, name)(ta, tb.t())
         else:
             ko, to = getattr(kiln, name)(*[ka, kb][:n]), getattr(torch, name)(*[ta, tb][:n])
         g = RNG.standard_normal(tuple(to.shape)).astype(np.float64 if to.dtype == torch.float64 else np.float32)
@@ -511,6 +514,10 @@ def test_combinations_unravel_range():
     for r in (0, 1, 2, 3, 5):
         for rep in (False, True):
             same(kiln.combinations(k, r, rep), torch.combinations(t, r, rep))
+    (kc, tc) = both(arr(4), True)
+    (kiln.combinations(kc, 2) * kiln.tensor(np.arange(12.0, dtype=np.float32).reshape(6, 2))).sum().backward()
+    (torch.combinations(tc, 2) * torch.arange(12.0).reshape(6, 2)).sum().backward()
+    same(kc.grad, tc.grad)
     with pytest.raises(kiln.KilnError, match="1D vector"):
         kiln.combinations(kiln.zeros(2, 2))
     idx = np.array([0, 7, 23, -1, 11])
