@@ -1198,6 +1198,9 @@ def _install():
                msort, is_nonzero, is_same_size, is_signed, select_scatter, slice_scatter, diagonal_scatter,
                histogram, positive):
         setattr(T, fn.__name__, _as_method(fn))
+    for fn in (split_with_sizes, unsafe_split, unsafe_chunk, unsafe_split_with_sizes, nonzero_static,
+               g["narrow_copy"]):
+        setattr(T, fn.__name__, _as_method(fn))
     T.sum_to_size = sum_to_size
     T.type = _type
     T.new = _new
@@ -1311,6 +1314,45 @@ def constant_pad_nd(input, pad, value=0):
     return _k().nn.functional.pad(input, list(pad), mode="constant", value=value)
 
 
+def split_with_sizes(input, split_sizes, dim=0):
+    """torch.split_with_sizes: input split along dim into pieces of these sizes (which must sum to its size)."""
+    _tensor_arg("split_with_sizes", "input", input)
+    sizes = list(split_sizes)
+    d = _norm_dim("split_with_sizes", dim, input.dim())
+    if builtins.sum(sizes) != input.shape[d] or any(n < 0 for n in sizes):
+        raise _C.KilnError(f"split_with_sizes expects split_sizes to sum exactly to {input.shape[d]} (input tensor's "
+                           f"size at dimension {dim}), but got split_sizes={sizes}")
+    return _k().split(input, sizes, d)
+
+
+def unsafe_split(input, split_size, dim=0):
+    """torch.unsafe_split: kiln.split (Kiln's pieces are ordinary views)."""
+    return _k().split(input, split_size, dim)
+
+
+def unsafe_chunk(input, chunks, dim=0):
+    """torch.unsafe_chunk: kiln.chunk (Kiln's pieces are ordinary views)."""
+    return _k().chunk(input, chunks, dim)
+
+
+def unsafe_split_with_sizes(input, split_sizes, dim=0):
+    """torch.unsafe_split_with_sizes: split_with_sizes (Kiln's pieces are ordinary views)."""
+    return split_with_sizes(input, split_sizes, dim)
+
+
+def nonzero_static(input, *, size, fill_value=-1):
+    """torch.nonzero_static: nonzero's (n, ndim) indices cut or padded with fill_value to exactly size rows."""
+    _tensor_arg("nonzero_static", "input", input)
+    if not isinstance(size, numbers.Integral) or size < 0:
+        raise _C.KilnValueError(f"nonzero_static: 'size' must be a non-negative integer, got {size!r}")
+    idx = _k().nonzero(input)
+    n = idx.shape[0]
+    if n >= size:
+        return idx[:size]
+    pad = _C.full([size - n, input.dim()], fill_value, dtype=_C.dtype.int64, device=input.device)
+    return _C.cat([idx, pad], 0)
+
+
 def _forward(name, doc):
     def fn(input, *args, **kwargs):
         _tensor_arg(name, "input", input)
@@ -1347,6 +1389,7 @@ _COPIES = {
     "split_copy": lambda x, split_size, dim=0: _k().split(x, split_size, dim),
     "split_with_sizes_copy": lambda x, split_sizes, dim=0: _k().split(x, list(split_sizes), dim),
     "as_strided_copy": lambda x, size, stride, storage_offset=0: x.as_strided(size, stride, storage_offset),
+    "narrow_copy": lambda x, dim, start, length: x.narrow(dim, start, length),
 }
 globals().update({name: _copy_of(name, view) for name, view in _COPIES.items()})
 
@@ -1371,7 +1414,8 @@ __all__ = (list(_ALIASES) + [
     "trapezoid", "trapz", "cumulative_trapezoid", "gradient", "combinations", "unravel_index", "range", "histogram",
     "hann_window", "hamming_window", "blackman_window", "bartlett_window", "adjoint", "fill", "put", "index_reduce",
     "randint_like", "empty_strided", "typename", "bilinear", "constant_pad_nd", "narrow", "permute", "reshape",
-    "select", "t", "transpose", "unsqueeze", "detach"]
+    "select", "t", "transpose", "unsqueeze", "detach", "split_with_sizes", "unsafe_split", "unsafe_chunk",
+    "unsafe_split_with_sizes", "nonzero_static"]
            + list(_TOP_INPLACE) + list(_COPIES))
 
 

@@ -661,3 +661,18 @@ def test_empty_strided_typename_bilinear_constant_pad_nd():
     same(kiln.bilinear(a, b, w, bias), torch.bilinear(ta, tb, tw, tbias), 1e-4)
     for pad, value in (((1, 2), 0.0), ((1, 0, -1, 2), 3.5)):
         same(kiln.constant_pad_nd(a, pad, value), torch.constant_pad_nd(ta, pad, value))
+
+
+def test_split_forms_narrow_copy_nonzero_static():
+    (k, t) = both(arr(5, 4), True)
+    for name, args in (("split_with_sizes", ([2, 3],)), ("unsafe_split", (2,)), ("unsafe_chunk", (2, 1)),
+                       ("unsafe_split_with_sizes", ([1, 3], 1)), ("narrow_copy", (1, 1, 2))):
+        same(getattr(kiln, name)(k, *args), getattr(torch, name)(t, *args))
+        same(getattr(k, name)(*args), getattr(t, name)(*args))
+    with pytest.raises(kiln.KilnError, match="sum exactly to 5"):
+        kiln.split_with_sizes(k, [2, 2])
+    m = np.array([[0, 1, 0], [2, 0, 3]])
+    (km, tm) = both(m)
+    for size, fill in ((2, -1), (3, -1), (5, 7), (0, -1)):
+        same(kiln.nonzero_static(km, size=size, fill_value=fill), torch.nonzero_static(tm, size=size, fill_value=fill))
+    same(km.nonzero_static(size=4), tm.nonzero_static(size=4))
