@@ -73,6 +73,10 @@ from ._extras import (clip, clamp_min, clamp_max, logaddexp, addmm, cdist, get_r
                       set_rng_state, device, cuda)
 from . import _math  # noqa: E402
 globals().update({name: getattr(_math, name) for name in _math.__all__})  # add(3, t), quantile, special, linalg
+from . import _torch_more  # noqa: E402
+globals().update({name: getattr(_torch_more, name) for name in _torch_more.__all__  # aliases, in-place forms, ...
+                  if name not in globals()})
+bernoulli = _torch_more.bernoulli  # torch's bernoulli(input, p=None) beside the engine's bernoulli(size, p)
 from . import autograd
 from ._train import train, report
 from . import nn
