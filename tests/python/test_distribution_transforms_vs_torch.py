@@ -39,11 +39,13 @@ def same(k, t, tol=1e-9):
 POS = RNG.uniform(0.2, 3.0, size=(4, 3))
 REAL = RNG.normal(size=(4, 3))
 SIMPLEX = RNG.dirichlet(np.ones(4), size=3)  # (3, 4)
+REAL_ZEROS = REAL.copy()
+REAL_ZEROS[0, :2] = [0.0, -0.0]  # softplus' and log-sigmoid's kink points of a clamp/abs form: gradient 0.5
 TRANSFORMS = {
     "Exp": (lambda M, p: M.ExpTransform(), [], REAL),
-    "Sigmoid": (lambda M, p: M.SigmoidTransform(), [], REAL),
-    "Softplus": (lambda M, p: M.SoftplusTransform(), [], REAL * 3),
-    "Tanh": (lambda M, p: M.TanhTransform(), [], REAL),
+    "Sigmoid": (lambda M, p: M.SigmoidTransform(), [], REAL_ZEROS),
+    "Softplus": (lambda M, p: M.SoftplusTransform(), [], REAL_ZEROS * 3),
+    "Tanh": (lambda M, p: M.TanhTransform(), [], REAL_ZEROS),
     "AffineNumbers": (lambda M, p: M.AffineTransform(0.5, -2.0), [], REAL),
     "AffineTensors": (lambda M, p: M.AffineTransform(p[0], p[1]), [RNG.normal(size=(3,)), RNG.uniform(0.5, 2, (4, 1))],
                       REAL),
@@ -96,6 +98,32 @@ def test_transform_values_and_gradients(name):
     (kt.inv(ky2) * pair(TRANSFORMS[name][2])[0]).sum().backward()
     (tt.inv(ty2) * pair(TRANSFORMS[name][2])[1]).sum().backward()
     same(ky2.grad, ty2.grad, 1e-7)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", ["Softplus", "Tanh", "Sigmoid"])
+def test_softplus_based_transforms_over_the_whole_range(name, dtype):
+    # forward and log_abs_det_jacobian values and gradients over +-800 (and at +-0, where torch's softplus
+    # has gradient 0.5) against torch in float32 and float64
+    x = np.concatenate([np.linspace(-800.0, 800.0, 3201), [0.0, -0.0, 20.0, 20.5, -20.0]]).astype(dtype)
+    kt, tt = getattr(KD.transforms, name + "Transform")(), getattr(TT, name + "Transform")()
+    eps = float(np.finfo(dtype).eps)
+    for part in ("forward", "log_abs_det_jacobian"):
+        kx = kiln.tensor(x, dtype=getattr(kiln, dtype), requires_grad=True)
+        tx = torch.tensor(x, dtype=getattr(torch, dtype), requires_grad=True)
+        ky, ty = kt(kx), tt(tx)
+        if part == "log_abs_det_jacobian":
+            ky, ty = kt.log_abs_det_jacobian(kx, ky), tt.log_abs_det_jacobian(tx, ty)
+        ky.sum().backward()
+        ty.sum().backward()
+        kn, tn = ky.detach().numpy().astype(np.float64), ty.detach().numpy().astype(np.float64)
+        finite = np.isfinite(tn)
+        assert np.array_equal(kn[~finite], tn[~finite]), (part, kn[~finite], tn[~finite])
+        assert np.all(np.abs(kn - tn)[finite] <= 16 * eps * np.maximum(1.0, np.abs(tn[finite]))), part
+        kg, tg = kx.grad.numpy().astype(np.float64), tx.grad.numpy().astype(np.float64)
+        assert np.allclose(kg, tg, rtol=4 * eps, atol=4 * eps), (part, np.abs(kg - tg).max())
+        if name == "Softplus" and part == "forward":
+            assert kg[-5] == 0.5 and kg[-4] == 0.5  # at 0.0 and -0.0
 
 
 @pytest.mark.parametrize("name", sorted(TRANSFORMS))
@@ -189,6 +217,32 @@ def test_transform_argument_errors():
         KD.TransformedDistribution(KD.Normal(0.0, 1.0), [lambda x: x])
     with pytest.raises(TypeError, match="base_distribution must be a kiln.distributions.Distribution"):
         KD.TransformedDistribution(TD.Normal(0.0, 1.0), [T.ExpTransform()])
+
+
+def test_numpy_integer_ndims_accepted():
+    # event_dim / reinterpreted_batch_ndims accept any operator.index()-able int (numpy's), not bools
+    T = KD.transforms
+    kx, tx = pair(REAL)
+    for n in (np.int64(1), np.int32(1)):
+        k, t = T.IndependentTransform(T.ExpTransform(), n), TT.IndependentTransform(TT.ExpTransform(), 1)
+        assert type(k.reinterpreted_batch_ndims) is int and k.domain.event_dim == 1
+        same(k.log_abs_det_jacobian(kx, k(kx)), t.log_abs_det_jacobian(tx, t(tx)))
+        k, t = T.AffineTransform(0.5, 2.0, event_dim=n), TT.AffineTransform(0.5, 2.0, event_dim=1)
+        assert type(k.event_dim) is int and k.codomain.event_dim == 1
+        same(k.log_abs_det_jacobian(kx, k(kx)), t.log_abs_det_jacobian(tx, t(tx)))
+        assert KD.constraints.independent(KD.constraints.real, n).event_dim == 1
+        ki = KD.Independent(KD.Normal(kiln.zeros(4, 3, dtype=F64), 1.0), n)
+        assert ki.event_shape == (3,) and ki.support.event_dim == 1
+    for bad, match in ((True, "got bool True"), (1.0, "got float 1.0"), (-1, "got -1"), (np.int64(-2), "got -2")):
+        with pytest.raises(ValueError, match="IndependentTransform: reinterpreted_batch_ndims must be an int >= 0, "
+                                             + match):
+            T.IndependentTransform(T.ExpTransform(), bad)
+        with pytest.raises(ValueError, match="AffineTransform: event_dim must be an int >= 0, " + match):
+            T.AffineTransform(0.0, 1.0, event_dim=bad)
+        with pytest.raises(ValueError, match="independent: reinterpreted_batch_ndims must be an int >= 0, " + match):
+            KD.constraints.independent(KD.constraints.real, bad)
+        with pytest.raises(ValueError, match="Independent: reinterpreted_batch_ndims must be an int >= 0, " + match):
+            KD.Independent(KD.Normal(kiln.zeros(4, 3, dtype=F64), 1.0), bad)
 
 
 # ------------------------------------------------------------------------------------- biject_to
@@ -428,6 +482,16 @@ def test_logistic_normal(shape):
     assert KD.LogisticNormal(0.0, 1.0).event_shape == tuple(TD.LogisticNormal(0.0, 1.0).event_shape) == (2,)
     same(KD.LogisticNormal(kl, ks).expand((5,) + kd.batch_shape).log_prob(kv[:1]),
          TD.LogisticNormal(tl, ts).expand((5,) + td.batch_shape).log_prob(tv[:1]))
+    # no entropy, mean, mode, variance, cdf or icdf: NotImplementedError, as torch's, with a message
+    for name, match in (("entropy", "LogisticNormal has no entropy"), ("mean", "LogisticNormal'> does not implement"),
+                        ("mode", "does not implement mode"), ("variance", "does not implement variance"),
+                        ("cdf", "LogisticNormal has no cdf"), ("icdf", "LogisticNormal has no icdf")):
+        with pytest.raises(NotImplementedError):
+            getattr(td, name)() if name == "entropy" else (
+                getattr(td, name)(tv) if name in ("cdf", "icdf") else getattr(td, name))
+        with pytest.raises(NotImplementedError, match=match):
+            getattr(kd, name)() if name == "entropy" else (
+                getattr(kd, name)(kv) if name in ("cdf", "icdf") else getattr(kd, name))
 
 
 CB_PROBS = np.array([[0.02, 0.3, 0.4995, 0.5, 0.5007, 0.93]])  # inside and outside lims of 1/2
@@ -536,6 +600,24 @@ def test_kl_transformed_distributions_and_gumbel_left_out():
     other = KD.TransformedDistribution(base[1], [KD.transforms.TanhTransform()])
     with pytest.raises(NotImplementedError, match="needs equal transforms"):
         KD.kl_divergence(kt[0], other)
+    # kiln's LogNormal is written directly (not a TransformedDistribution), but pairs with exp of a Normal
+    # as torch's LogNormal does: the Normals' KL, with gradients
+    kb, tb = zip(pair(LOCS, True), pair(SCALES, True))  # (kiln loc, kiln scale), (torch loc, torch scale)
+    kq, tq = KD.LogNormal(0.3, 1.5), TD.LogNormal(0.3, 1.5)
+    kexp = KD.TransformedDistribution(KD.Normal(kb[0], kb[1]), [KD.transforms.ExpTransform()])
+    texp = TD.TransformedDistribution(TD.Normal(tb[0], tb[1]), [TT.ExpTransform()])
+    w = RNG.normal(size=(3,))
+    for k, t in ((KD.kl_divergence(kexp, kq), TD.kl_divergence(texp, tq)),
+                 (KD.kl_divergence(kq, kexp), TD.kl_divergence(tq, texp))):
+        same(k, t)
+        (k * pair(w)[0]).sum().backward()
+        (t * pair(w)[1]).sum().backward()
+    same(kb[0].grad, tb[0].grad)
+    same(kb[1].grad, tb[1].grad)
+    with pytest.raises(NotImplementedError, match="needs equal transforms"):
+        KD.kl_divergence(kq, other)
+    with pytest.raises(NotImplementedError, match="needs equal transforms"):
+        KD.kl_divergence(KD.HalfNormal(1.0), kq)
     g = KD.Gumbel(0.0, 1.0)
     with pytest.raises(NotImplementedError, match="No KL\\(p \\|\\| q\\) is implemented for p type Gumbel"):
         KD.kl_divergence(g, g)  # needs lgamma of a tensor

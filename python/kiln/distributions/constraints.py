@@ -1,12 +1,27 @@
 """torch.distributions.constraints' everyday subset: objects with check(value) -> a bool tensor (True where
 value satisfies the constraint), is_discrete and event_dim, and torch's repr (the error messages of
 validate_args name them)."""
+import operator
+
 from .. import _C
 
 __all__ = ["Constraint", "dependent", "dependent_property", "is_dependent", "independent", "boolean", "one_hot",
            "nonnegative_integer", "positive_integer", "integer_interval", "real", "real_vector", "positive",
            "nonnegative", "greater_than", "greater_than_eq", "less_than", "unit_interval", "interval",
            "half_open_interval", "simplex", "cat", "stack"]
+
+
+def _ndims(owner, name, value):
+    """value as a plain int >= 0: any operator.index()-able integer (numpy's included), not a bool."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{owner}: {name} must be an int >= 0, got {type(value).__name__} {value!r}") from None
+    if n < 0:
+        raise ValueError(f"{owner}: {name} must be an int >= 0, got {n}")
+    return n
 
 
 class Constraint:
@@ -56,11 +71,8 @@ class _IndependentConstraint(Constraint):
         if not isinstance(base_constraint, Constraint):
             raise TypeError(f"independent: base_constraint must be a Constraint, got "
                             f"{type(base_constraint).__name__}")
-        if not isinstance(reinterpreted_batch_ndims, int) or reinterpreted_batch_ndims < 0:
-            raise ValueError(f"independent: reinterpreted_batch_ndims must be an int >= 0, got "
-                             f"{reinterpreted_batch_ndims!r}")
         self.base_constraint = base_constraint
-        self.reinterpreted_batch_ndims = reinterpreted_batch_ndims
+        self.reinterpreted_batch_ndims = _ndims("independent", "reinterpreted_batch_ndims", reinterpreted_batch_ndims)
 
     @property
     def is_discrete(self):

@@ -14,7 +14,7 @@ class Independent(Distribution):
         if not isinstance(base_distribution, Distribution):
             raise TypeError("Independent: base_distribution must be a kiln.distributions.Distribution, got "
                             f"{type(base_distribution).__name__}")
-        n = reinterpreted_batch_ndims
+        n = constraints._ndims("Independent", "reinterpreted_batch_ndims", reinterpreted_batch_ndims)
         shape = base_distribution.batch_shape + base_distribution.event_shape
         event_dim = n + len(base_distribution.event_shape)
         if n > len(base_distribution.batch_shape):

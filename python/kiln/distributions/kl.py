@@ -12,6 +12,7 @@ from .distribution import Distribution
 from .independent import Independent
 from .transformed import HalfNormal, Pareto
 from .transformed_distribution import TransformedDistribution
+from .transforms import ExpTransform
 from .utils import EULER_GAMMA, sum_rightmost
 
 __all__ = ["kl_divergence", "register_kl"]
@@ -192,13 +193,24 @@ def _kl_pareto_pareto(p, q):
     return _inf_where(p.support.lower_bound < q.support.lower_bound, result)
 
 
+def _transformed_parts(d):
+    """(base distribution, transforms) of a TransformedDistribution, or of kiln's LogNormal as torch's
+    (TransformedDistribution(Normal(loc, scale), [ExpTransform()]); kiln's is written directly)."""
+    if isinstance(d, LogNormal):
+        return Normal(d.loc, d.scale, validate_args=False), [ExpTransform()]
+    return d.base_dist, d.transforms
+
+
 @register_kl(TransformedDistribution, TransformedDistribution)
+@register_kl(TransformedDistribution, LogNormal)
+@register_kl(LogNormal, TransformedDistribution)
 def _kl_transformed_transformed(p, q):
-    if p.transforms != q.transforms:
+    (p_base, p_transforms), (q_base, q_transforms) = _transformed_parts(p), _transformed_parts(q)
+    if p_transforms != q_transforms:
         raise NotImplementedError("kl_divergence of TransformedDistributions needs equal transforms")
     if p.event_shape != q.event_shape:
         raise NotImplementedError("kl_divergence of TransformedDistributions needs equal event_shape")
-    return kl_divergence(p.base_dist, q.base_dist)
+    return kl_divergence(p_base, q_base)
 
 
 @register_kl(Cauchy, Cauchy)

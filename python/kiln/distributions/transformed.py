@@ -195,3 +195,15 @@ class LogisticNormal(TransformedDistribution):
     @property
     def scale(self):
         return self.base_dist.base_dist.scale
+
+    # no closed form (NotImplementedError, as torch's), each naming what is missing
+    def entropy(self):
+        raise NotImplementedError("LogisticNormal has no entropy (no closed form; torch's has none either)")
+
+    def cdf(self, value):
+        raise NotImplementedError("LogisticNormal has no cdf (StickBreakingTransform is not a monotone "
+                                  "elementwise transform; torch's has none either)")
+
+    def icdf(self, value):
+        raise NotImplementedError("LogisticNormal has no icdf (StickBreakingTransform is not a monotone "
+                                  "elementwise transform; torch's has none either)")

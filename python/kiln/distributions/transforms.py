@@ -307,9 +307,8 @@ class IndependentTransform(Transform):
         if not isinstance(base_transform, Transform):
             raise TypeError(f"IndependentTransform: base_transform must be a Transform, got "
                             f"{type(base_transform).__name__}")
-        if not isinstance(reinterpreted_batch_ndims, int) or reinterpreted_batch_ndims < 0:
-            raise ValueError(f"IndependentTransform: reinterpreted_batch_ndims must be an int >= 0, got "
-                             f"{reinterpreted_batch_ndims!r}")
+        reinterpreted_batch_ndims = constraints._ndims("IndependentTransform", "reinterpreted_batch_ndims",
+                                                       reinterpreted_batch_ndims)
         super().__init__(cache_size=cache_size)
         self.base_transform = base_transform.with_cache(cache_size)
         self.reinterpreted_batch_ndims = reinterpreted_batch_ndims
@@ -504,8 +503,10 @@ class SigmoidTransform(Transform):
 
 
 def _softplus(x):
-    """log(1 + exp(x)) without torch's threshold (exact, as torch.nn.functional.softplus to rounding)."""
-    return (x).clamp_min(0) + _C.log1p(_C.exp(-_C.abs(x)))
+    """log(1 + exp(x)) as torch.nn.functional.softplus (x itself above 20), with its gradient sigmoid(x):
+    0.5 at x == 0 (a clamp_min(0) + log1p(exp(-|x|)) form has gradient 0 there, kiln's clamp_min and abs
+    passing none at their kinks)."""
+    return _C.softplus(x)
 
 
 class SoftplusTransform(Transform):
@@ -578,8 +579,7 @@ class AffineTransform(Transform):
         for name, v in (("loc", loc), ("scale", scale)):
             if not isinstance(v, (Tensor, numbers.Number)):
                 raise TypeError(f"AffineTransform: {name} must be a number or a kiln.Tensor, got {type(v).__name__}")
-        if not isinstance(event_dim, int) or event_dim < 0:
-            raise ValueError(f"AffineTransform: event_dim must be an int >= 0, got {event_dim!r}")
+        event_dim = constraints._ndims("AffineTransform", "event_dim", event_dim)
         super().__init__(cache_size=cache_size)
         self.loc, self.scale = loc, scale
         self._event_dim = event_dim
