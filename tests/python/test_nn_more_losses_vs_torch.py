@@ -88,6 +88,18 @@ def test_shrink_modules_match_torch():
     compare(nn.Tanhshrink(), tnn.Tanhshrink(), [x])
     with pytest.raises(ValueError, match="lambd must be >= 0, got -1"):
         F.softshrink(kiln.tensor(x), -1)
+    # Softshrink is not a Hardshrink, as torch's
+    assert not isinstance(nn.Softshrink(), nn.Hardshrink) and not isinstance(tnn.Softshrink(), tnn.Hardshrink)
+
+
+@pytest.mark.parametrize("name", ["hardshrink", "softshrink"])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+def test_shrinks_refuse_integer_input_as_torch(name, dtype):
+    a = np.array([-2, 0, 1, 3]).astype(dtype)
+    with pytest.raises(NotImplementedError):
+        getattr(TF, name)(torch.from_numpy(a))
+    with pytest.raises(NotImplementedError, match=f"{name}: not implemented for input of dtype .*floating point"):
+        getattr(F, name)(kiln.tensor(a))
 
 
 @pytest.mark.parametrize("th,value", [(0.1, 20.0), (-0.5, -2.0), (0.0, 0.0)])
@@ -171,6 +183,20 @@ def test_alpha_dropout_eval_is_identity_and_p_checked():
     with pytest.raises(ValueError, match="at least 2 dimensions"):
         F.feature_alpha_dropout(kiln.tensor(arr(5)), 0.5, True)
     np.testing.assert_array_equal(np.asarray(F.alpha_dropout(x, 1.0, True)), np.zeros((4, 5)))
+    # FeatureAlphaDropout is not an AlphaDropout, as torch's
+    assert not isinstance(nn.FeatureAlphaDropout(), nn.AlphaDropout)
+    assert not isinstance(tnn.FeatureAlphaDropout(), tnn.AlphaDropout)
+
+
+@pytest.mark.parametrize("p,training", [(0.5, False), (0.0, True), (1.0, True)])
+def test_feature_alpha_dropout_of_1d_input_without_noise_as_torch(p, training):
+    # torch checks the dims only where it draws noise: out of training, p 0 and p 1 take a 1-D input
+    x = arr(5)
+    kx = kiln.tensor(x)
+    ky, ty = F.feature_alpha_dropout(kx, p, training), TF.feature_alpha_dropout(torch.from_numpy(x), p, training)
+    np.testing.assert_array_equal(np.asarray(ky), ty.numpy())
+    if p < 1:
+        assert ky is kx
 
 
 @pytest.mark.parametrize("p", [0.2, 0.5])
@@ -190,10 +216,14 @@ def test_alpha_dropout_keeps_selu_statistics_and_matches_torchs_affine_map(p):
     np.testing.assert_allclose(yv[kept], x[kept] * a + b, rtol=1e-12, atol=1e-12)
     y.sum().backward()
     np.testing.assert_allclose(np.asarray(kx.grad), kept * a, rtol=1e-12)
-    # torch's output takes the same two values on kept / dropped positions
+    # torch's output (its own draw): where both keep an element, and where both drop one, kiln's equals it
     ty = TF.alpha_dropout(torch.from_numpy(x), p, True).numpy()
     t_dropped = np.isclose(ty, -alpha * a + b)
-    np.testing.assert_allclose(ty[~t_dropped], x[~t_dropped] * a + b, rtol=1e-12)
+    assert abs(t_dropped.mean() - p) < 0.01
+    both_kept, both_dropped = kept & ~t_dropped, dropped & t_dropped
+    assert both_kept.sum() > 1000 and both_dropped.sum() > 1000
+    np.testing.assert_allclose(yv[both_kept], ty[both_kept], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(yv[both_dropped], ty[both_dropped], rtol=1e-12, atol=1e-12)
 
 
 def test_feature_alpha_dropout_drops_whole_channels():
@@ -213,6 +243,55 @@ def test_feature_alpha_dropout_drops_whole_channels():
 def test_pdist_matches_torch(p):
     x = arr(6, 4, seed=8)
     compare(lambda a: F.pdist(a, p), lambda a: TF.pdist(a, p), [x])
+
+
+@pytest.mark.parametrize("p", [0.5, 1.5, 3.0])
+def test_pdist_gradient_at_equal_rows_and_shared_coordinates_as_torch(p):
+    # rows 0 and 1 are equal (a zero difference), rows 0 and 2 share two coordinates: torch's gradient is 0
+    # there, not NaN
+    x = np.array([[1.0, 2.0, 3.0, -1.0], [1.0, 2.0, 3.0, -1.0], [1.0, 5.0, 3.0, 0.5], [0.2, -2.0, 9.0, 4.0]])
+    compare(lambda a: F.pdist(a, p), lambda a: TF.pdist(a, p), [x], tol=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 0.5, 1, float("inf"), 0])
+def test_pdist_in_several_chunks_matches_torch(p, monkeypatch):
+    # the pairs are taken a chunk at a time: a chunk of 7 pairs (28 // 4) splits the 45 pairs of 10 rows
+    from kiln.nn import _more_losses
+    monkeypatch.setattr(_more_losses, "_PDIST_CHUNK", 28)
+    x = arr(10, 4, seed=11)
+    x[6] = x[2]
+    compare(lambda a: F.pdist(a, p), lambda a: TF.pdist(a, p), [x], tol=1e-12)
+
+
+def _spy_on_built_tensors(monkeypatch):
+    """The sizes of the tensors _more_losses builds from NumPy arrays (its pair indices and masks)."""
+    from kiln.nn import _more_losses
+    sizes, build = [], _more_losses._tensor
+
+    def spy(a, *args, **kw):
+        sizes.append(np.asarray(a).size)
+        return build(a, *args, **kw)
+    monkeypatch.setattr(_more_losses, "_tensor", spy)
+    return _more_losses, sizes
+
+
+def test_pdist_gathers_a_chunk_of_pairs_at_a_time(monkeypatch):
+    # no [N (N - 1) / 2, M] difference at once: each index tensor covers at most a chunk (28 // 4 = 7 pairs)
+    mod, sizes = _spy_on_built_tensors(monkeypatch)
+    monkeypatch.setattr(mod, "_PDIST_CHUNK", 28)
+    x = arr(10, 4, seed=13)
+    compare(lambda a: F.pdist(a, 3), lambda a: TF.pdist(a, 3), [x], tol=1e-12)
+    assert sizes and max(sizes) <= 7
+
+
+def test_multilabel_margin_loss_terms_are_n_by_most_targets_by_c(monkeypatch):
+    # the masks are [N, k_max, C] (k_max = 3 here), not [N, C, C]
+    _, sizes = _spy_on_built_tensors(monkeypatch)
+    x, t = arr(2, 300, seed=14), np.full((2, 300), -1)
+    t[0, :3], t[1, :2] = [4, 250, 4], [17, 3]
+    compare(lambda a, b: F.multilabel_margin_loss(a, b, reduction="none"),
+            lambda a, b: TF.multilabel_margin_loss(a, b, reduction="none"), [x, t], tol=1e-12)
+    assert sizes and max(sizes) <= 2 * 3 * 300
 
 
 def test_pdist_and_distance_modules():
@@ -256,8 +335,13 @@ def test_gaussian_nll_loss_float_var_and_refusals():
     compare(lambda a, b, c: F.gaussian_nll_loss(a, b, c), lambda a, b, c: TF.gaussian_nll_loss(a, b, c),
             [arr(2, 3, 4), arr(2, 3, 4, seed=3), arr(2, 1, 4, low=0.5, high=1.0)])
     kx = kiln.tensor(x)
-    # an int var is taken as the float (torch refuses it: documented)
-    assert float(F.gaussian_nll_loss(kx, kx * 0.5, 2)) == float(F.gaussian_nll_loss(kx, kx * 0.5, 2.0))
+    # an integer var, a number or a tensor, is refused, as torch's
+    tx = torch.from_numpy(x)
+    for kv, tv in ((2, 2), (True, True), (kiln.tensor(np.full((4, 3), 2)), torch.full((4, 3), 2))):
+        with pytest.raises((TypeError, RuntimeError)):
+            TF.gaussian_nll_loss(tx, tx * 0.5, tv)
+        with pytest.raises(ValueError, match="gaussian_nll_loss: var must be a floating-point tensor"):
+            F.gaussian_nll_loss(kx, kx * 0.5, kv)
     with pytest.raises(ValueError, match="var is of incorrect size"):
         F.gaussian_nll_loss(kx, kx, kiln.ones(3, 3, dtype=kiln.float64))
     with pytest.raises(ValueError, match="var has negative entry"):
@@ -337,8 +421,16 @@ def test_multilabel_soft_margin_loss_matches_torch(reduction, weighted):
         km = nn.MultiLabelSoftMarginLoss(kiln.tensor(w), reduction=reduction)
         assert list(km.state_dict()) == ["weight"]
         compare(km, tnn.MultiLabelSoftMarginLoss(torch.from_numpy(w), reduction=reduction), [x, y])
-        with pytest.raises(ValueError, match="weight of size \\[2, 5\\] does not broadcast"):
+        with pytest.raises(ValueError, match="the loss of size \\[4, 5\\] and weight of size \\[2, 5\\] do not "
+                                             "broadcast"):
             F.multilabel_soft_margin_loss(kiln.tensor(x), kiln.tensor(y), kiln.ones(2, 5, dtype=kiln.float64))
+        # a weight wider than the input widens the loss, as torch's (summed over input's class dim)
+        compare(lambda a, b, c: F.multilabel_soft_margin_loss(a, b, c, reduction=reduction),
+                lambda a, b, c: TF.multilabel_soft_margin_loss(a, b, c, reduction=reduction),
+                [x, y, arr(3, 4, 5, seed=4, low=0.2, high=2.0)])
+        compare(lambda a, b, c: F.multilabel_soft_margin_loss(a, b, c, reduction=reduction),
+                lambda a, b, c: TF.multilabel_soft_margin_loss(a, b, c, reduction=reduction),
+                [x[0], y[0], arr(2, 5, seed=5, low=0.2, high=2.0)])
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -366,7 +458,9 @@ def test_multi_margin_loss_refusals():
     for bad, match in ((dict(target=kiln.tensor(np.array([0, 1, 4]))), "target 4 is out of range for 4 classes"),
                        (dict(target=kiln.tensor(np.array([0, 1]))),
                         "target should be 1-D .* got target of size \\[2\\]"),
-                       (dict(target=kiln.tensor(np.array([0.0, 1, 2]))), "target must hold integer class indices"),
+                       (dict(target=kiln.tensor(np.array([0.0, 1, 2]))), "target must hold int64 class indices"),
+                       (dict(target=kiln.tensor(np.array([0, 1, 2], dtype=np.int32))),
+                        "target must hold int64 class indices, got int32"),
                        (dict(weight=kiln.ones(3, dtype=kiln.float64)), "weight must have one entry per class \\(4\\)"),
                        (dict(weight=kiln.ones(2, 2, dtype=kiln.float64)), "weight must be one-dimensional"),
                        (dict(p=3), "only p == 1 and p == 2"),
@@ -398,8 +492,42 @@ def test_multilabel_margin_loss_refusals():
         F.multilabel_margin_loss(kx, kiln.tensor(np.array([[0, 1, 5, -1]] * 3)))
     with pytest.raises(ValueError, match="target -2 is out of range"):
         F.multilabel_margin_loss(kx, kiln.tensor(np.array([[0, 1, -2, -1]] * 3)))
-    with pytest.raises(ValueError, match="integer class indices"):
+    with pytest.raises(ValueError, match="int64 class indices"):
         F.multilabel_margin_loss(kx, kiln.zeros(3, 4, dtype=kiln.float64))
+    # int32 targets: torch's kernels take int64 only
+    t32 = np.array([[0, 1, -1, 0]] * 3, dtype=np.int32)
+    with pytest.raises(RuntimeError, match="expected scalar type Long"):
+        TF.multilabel_margin_loss(torch.from_numpy(arr(3, 4)), torch.from_numpy(t32))
+    with pytest.raises(ValueError, match="target must hold int64 class indices, got int32"):
+        F.multilabel_margin_loss(kx, kiln.tensor(t32))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("p", [1, 2])
+def test_margin_losses_skip_nan_terms_as_torch(reduction, p):
+    # torch's kernels add a term only if it is > 0: a NaN logit's terms add nothing (and no gradient)
+    x = np.array([[1.0, 2.0, np.nan], [0.3, np.nan, -0.2], [np.nan, 0.5, 0.1]])
+    t = np.array([0, 2, 0])  # row 2's own logit is NaN: every term is NaN, its loss 0
+    compare(lambda a, b: F.multi_margin_loss(a, b, p=p, reduction=reduction),
+            lambda a, b: TF.multi_margin_loss(a, b, p=p, reduction=reduction), [x, t], tol=1e-12)
+    loss = F.multi_margin_loss(kiln.tensor(x[:1]), kiln.tensor(t[:1]), p=p)
+    assert abs(float(loss) - (2 / 3 if p == 1 else 4 / 3)) < 1e-12
+    tm = np.array([[0, -1, 0], [2, 0, -1], [0, 2, -1]])
+    compare(lambda a, b: F.multilabel_margin_loss(a, b, reduction=reduction),
+            lambda a, b: TF.multilabel_margin_loss(a, b, reduction=reduction), [x, tm], tol=1e-12)
+
+
+def test_multilabel_margin_loss_with_many_classes_and_uneven_target_counts():
+    # one row with many targets (k_max 40), one with none, repeats: the [N, k_max, C] terms as torch's
+    g = np.random.default_rng(12)
+    x = g.standard_normal((5, 300))
+    t = np.full((5, 300), -1)
+    t[0, :3] = [7, 7, 299]
+    t[1, :40] = g.integers(0, 300, 40)
+    t[3, :1] = [0]
+    t[4, 2] = 5  # after the first -1: not a target
+    compare(lambda a, b: F.multilabel_margin_loss(a, b, reduction="none"),
+            lambda a, b: TF.multilabel_margin_loss(a, b, reduction="none"), [x, t], tol=1e-12)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import _C
 from .._C import KilnValueError
+from .._math import vector_norm as _vector_norm
 from .._tensor import no_grad, tensor as _tensor
 from . import functional as F
 from .loss import _Loss, _WeightedLoss
@@ -53,9 +54,17 @@ def _zeros_of(x):
 
 
 # ---- activations ----
+def _float_input(name, input):
+    """torch's shrink kernels are not implemented for integer or bool input: refused likewise."""
+    if not input.is_floating_point():
+        raise NotImplementedError(f"{name}: not implemented for input of dtype {input.dtype.name}: input must be "
+                                  "floating point")
+
+
 def hardshrink(input, lambd=0.5):
     """x where |x| > lambd, else 0 (torch.nn.functional.hardshrink: 0 only inside [-lambd, lambd], so a NaN
-    stays NaN with gradient 1)."""
+    stays NaN with gradient 1, torch's scalar / CUDA rule); floating input only, as torch's."""
+    _float_input("hardshrink", input)
     inside = (input >= -lambd) & (input <= lambd)
     return _C.where(inside, _zeros_of(input), input)
 
@@ -64,6 +73,7 @@ def softshrink(input, lambd=0.5):
     """x - lambd where x > lambd, x + lambd where x < -lambd, else 0; lambd must be >= 0, as torch's."""
     if lambd < 0:
         raise KilnValueError(f"softshrink: lambd must be >= 0, got {lambd}")
+    _float_input("softshrink", input)
     inside = (input >= -lambd) & (input <= lambd)  # as torch's: a NaN is outside (NaN, gradient 1)
     return _C.where(inside, input * 0, _C.where(input > lambd, input - lambd, input + lambd))
 
@@ -142,13 +152,14 @@ _SELU_ALPHA_PRIME = 1.7580993408473766  # -selu's scale * alpha: the value SELU 
 def _alpha_dropout(name, input, p, training, inplace, feature):
     if not 0 <= p <= 1:
         raise KilnValueError(f"{name}: dropout probability has to be between 0 and 1, but got {p}")
-    if feature and input.dim() < 2:
-        raise KilnValueError(f"{name}: Feature dropout requires at least 2 dimensions in the input, got "
-                             f"{list(input.shape)}")
     if not training or p == 0 or input.numel() == 0:
         return input
     if p == 1:
         return _inplace(name, input, input * 0, inplace)
+    # (as torch's _dropout_impl: checked only here, where the per-channel noise is drawn)
+    if feature and input.dim() < 2:
+        raise KilnValueError(f"{name}: Feature dropout requires at least 2 dimensions in the input, got "
+                             f"{list(input.shape)}")
     # torch's _dropout_impl: keep with probability 1 - p, dropped elements set to SELU's saturation value,
     # then an affine map a * y + b that keeps zero mean and unit variance
     shape = list(input.shape[:2]) + [1] * (input.dim() - 2) if feature else list(input.shape)
@@ -171,20 +182,35 @@ def feature_alpha_dropout(input, p=0.5, training=False, inplace=False):
 
 
 # ---- distances ----
+_PDIST_CHUNK = 1 << 21  # elements of one chunk's [pairs, M] differences (16 MiB in float64)
+
+
 def pdist(input, p=2):
     """The p-norm distance between each pair of rows i < j of a 2-D [N, M] input: [N (N - 1) / 2], in
-    torch's order (row-major over the upper triangle)."""
+    torch's order (row-major over the upper triangle). The row differences are taken a chunk of pairs at a
+    time (each row pair gathered once; a zero difference, or a zero coordinate of one, has gradient 0 for every p,
+    as torch's), then the chunks' distances joined."""
     if input.dim() != 2:
         raise KilnValueError(f"pdist: input must be a 2-D tensor [N, M], got {input.dim()}D {list(input.shape)}")
     if p < 0:
         raise KilnValueError(f"pdist: p must be non-negative, got {p}")
     if not input.is_floating_point():
         raise KilnValueError(f"pdist: input must be floating point, got {input.dtype}")
-    i, j = np.triu_indices(input.shape[0], 1)
+    n, m = input.shape
+    i, j = np.triu_indices(n, 1)
     dev = input.device
-    diff = (input.index_select(0, _tensor(i.astype(np.int64), device=dev))
-            - input.index_select(0, _tensor(j.astype(np.int64), device=dev)))
-    return _C.norm(diff, float(p), -1, False)
+    step = max(1, _PDIST_CHUNK // max(m, 1))
+    parts = []
+    for start in range(0, max(i.size, 1), step):  # (one empty chunk when there are no pairs)
+        ii = _tensor(i[start:start + step].astype(np.int64), device=dev)
+        jj = _tensor(j[start:start + step].astype(np.int64), device=dev)
+        diff = input.index_select(0, ii) - input.index_select(0, jj)
+        # the engine's norm for 0, 1, 2 and inf (its backward is 0 at a zero difference there); the
+        # zero-masked vector_norm for any other p, where the engine's general-p backward gives NaN
+        parts.append(_C.norm(diff, float(p), -1, False) if p in (0, 1, 2, math.inf)
+                     else _vector_norm(diff, float(p), -1))
+        del diff
+    return parts[0] if len(parts) == 1 else _C.cat(parts, 0)
 
 
 # ---- losses ----
@@ -199,14 +225,19 @@ def _check_broadcast(name, what_a, a, what_b, b):
 def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
     """0.5 (log(max(var, eps)) + (input - target)^2 / max(var, eps)) (+ 0.5 log(2 pi) with full=True), as
     torch's: var has input's shape, or one dim fewer (the last dropped), or input's shape with one dim of
-    size 1 (homoscedastic), or is a number. The clamp at eps is outside autograd (var's gradient is taken
-    at the clamped value), as torch's."""
-    if isinstance(var, numbers.Real) and not isinstance(var, bool):
+    size 1 (homoscedastic), or is a float number; an integer var (tensor or number) is refused, as torch's.
+    The clamp at eps is outside autograd (var's gradient is taken at the clamped value), as torch's."""
+    if isinstance(var, numbers.Integral):  # (bool too) torch's var.clamp_ fails on an integer var
+        raise KilnValueError(f"gaussian_nll_loss: var must be a floating-point tensor or a float, got the "
+                             f"{type(var).__name__} {var!r}")
+    if isinstance(var, numbers.Real):
         if var < 0:
             raise KilnValueError(f"gaussian_nll_loss: var has negative entry/entries (var={var})")
         var = _C.full_like(input, float(var))
     elif not isinstance(var, _C.Tensor):
         raise KilnValueError(f"gaussian_nll_loss: var must be a tensor or a number, got {type(var).__name__}")
+    elif not var.is_floating_point():
+        raise KilnValueError(f"gaussian_nll_loss: var must be a floating-point tensor, got {var.dtype.name}")
     elif bool((var < 0).any()):
         raise KilnValueError("gaussian_nll_loss: var has negative entry/entries")
     in_shape, var_shape = list(input.shape), list(var.shape)
@@ -277,10 +308,10 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
         raise KilnValueError("multilabel_soft_margin_loss: input must have a class dim (1-D [C] or [N, C]), got 0-D")
     _check_broadcast("multilabel_soft_margin_loss", "input", input, "target", target)
     loss = -(target * F.logsigmoid(input) + (1 - target) * F.logsigmoid(-input))
-    if weight is not None:
-        F._check_weight_fits("multilabel_soft_margin_loss", weight, input)
+    if weight is not None:  # as torch's: weight broadcasts with the loss, beyond the input's shape too
+        _check_broadcast("multilabel_soft_margin_loss", "the loss", loss, "weight", weight)
         loss = loss * weight
-    loss = loss.sum(input.dim() - 1) / input.shape[-1]
+    loss = loss.sum(input.dim() - 1) / input.shape[-1]  # over input's class dim, as torch's, even where weight widened the loss
     return _reduce(loss, reduction)
 
 
@@ -297,8 +328,8 @@ def _class_input(name, input):
 
 
 def _int_target(name, target):
-    if target.is_floating_point() or target.dtype == _C.dtype.bool:
-        raise KilnValueError(f"{name}: target must hold integer class indices (int64), got {target.dtype}")
+    if target.dtype != _C.dtype.int64:  # torch's kernels take int64 (Long) only
+        raise KilnValueError(f"{name}: target must hold int64 class indices, got {target.dtype.name}")
     return np.asarray(target.detach().to("cpu")).astype(np.int64)
 
 
@@ -327,14 +358,16 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     dev = x.device
     idx = _tensor(t, device=dev).reshape([nframe, 1])
     xy = x.gather(1, idx)
-    z = F.relu(margin - xy + x)
+    z = margin - xy + x
+    others = np.ones((nframe, dim), dtype=bool)
+    others[np.arange(nframe), t] = False
+    # torch's kernel adds a term only if z > 0: a NaN term (a NaN logit) adds nothing, and gets no gradient
+    z = _C.where((z > 0) & _tensor(others, device=dev), z, _zeros_of(z))
     if p == 2:
         z = z * z
     if weight is not None:
         z = z * weight.index_select(0, idx.reshape([nframe])).unsqueeze(1)
-    others = np.ones((nframe, dim))
-    others[np.arange(nframe), t] = 0
-    loss = (z * _tensor(others, dtype=x.dtype, device=dev)).sum(1) / dim
+    loss = z.sum(1) / dim
     if reduction == "none":
         return loss if target.dim() > 0 else loss.reshape([])
     return _reduce(loss, reduction)
@@ -355,15 +388,20 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
         bad = t[(t < -1) | (t >= dim)][0]
         raise KilnValueError(f"multilabel_margin_loss: target {bad} is out of range: it must be a class index in "
                              f"[0, {dim}) or -1 (the end of the targets)")
-    # each row's targets are those before its first -1; counts[n, c]: how often class c is one of them
+    # each row's targets are those before its first -1 (a repeated one counted each time), k_max the most
+    # any row has: the terms are [N, k_max, C], a target j's logit against every class k not a target
     valid = np.cumprod(t >= 0, axis=1).astype(bool)
+    k_max = max(int(valid.sum(1).max()) if valid.size else 0, 1)
+    valid = valid[:, :k_max]
+    is_target = np.zeros((nframe, dim), dtype=bool)
     rows, cols = np.nonzero(valid)
-    counts = np.zeros((nframe, dim))
-    np.add.at(counts, (rows, t[rows, cols]), 1)
+    is_target[rows, t[rows, cols]] = True
     dev = x.device
-    pairs = _tensor(counts[:, :, None] * (counts == 0)[:, None, :], dtype=x.dtype, device=dev)  # [N, j, k]
-    z = F.relu(1 - x.unsqueeze(2) + x.unsqueeze(1))
-    loss = (z * pairs).sum((1, 2)) / dim
+    tgt = _tensor(np.where(valid, t[:, :k_max], 0), device=dev)  # (a padded slot: class 0, masked out)
+    pairs = _tensor(valid[:, :, None] & ~is_target[:, None, :], device=dev)  # [N, k_max, C]
+    z = 1 - x.gather(1, tgt).unsqueeze(2) + x.unsqueeze(1)
+    # as torch's kernel, a term only if z > 0: a NaN term (a NaN logit) adds nothing, and gets no gradient
+    loss = _C.where((z > 0) & pairs, z, _zeros_of(z)).sum((1, 2)) / dim
     if reduction == "none":
         return loss if input.dim() == 2 else loss.reshape([])
     return _reduce(loss, reduction)
@@ -409,19 +447,21 @@ def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_fu
 
 
 # ---- modules ----
-class Hardshrink(Module):
+class _Shrink(Module):
     def __init__(self, lambd=0.5):
         super().__init__()
         self.lambd = lambd
-
-    def forward(self, input):
-        return hardshrink(input, self.lambd)
 
     def extra_repr(self):
         return f"{self.lambd}"
 
 
-class Softshrink(Hardshrink):
+class Hardshrink(_Shrink):
+    def forward(self, input):
+        return hardshrink(input, self.lambd)
+
+
+class Softshrink(_Shrink):  # (not a Hardshrink: isinstance as torch's)
     def forward(self, input):
         return softshrink(input, self.lambd)
 
@@ -452,8 +492,7 @@ class RReLU(Module):
         return f"lower={self.lower}, upper={self.upper}" + (", inplace=True" if self.inplace else "")
 
 
-class AlphaDropout(Module):
-    _fn = staticmethod(alpha_dropout)
+class _AlphaDropoutBase(Module):
 
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
@@ -466,7 +505,11 @@ class AlphaDropout(Module):
         return f"p={self.p}, inplace={self.inplace}"
 
 
-class FeatureAlphaDropout(AlphaDropout):
+class AlphaDropout(_AlphaDropoutBase):
+    _fn = staticmethod(alpha_dropout)
+
+
+class FeatureAlphaDropout(_AlphaDropoutBase):  # (not an AlphaDropout: isinstance as torch's)
     _fn = staticmethod(feature_alpha_dropout)
 
 
