@@ -402,8 +402,120 @@ def test_lazy_modules_errors_and_uninitialized_parameter():
         nn.LazyLinear(3)(kiln.tensor(1.0))
     p = nn.UninitializedParameter()
     assert repr(p) == repr(tnn.UninitializedParameter()) == "<UninitializedParameter>"
-    q = p.materialize((2, 3))
-    assert type(q) is nn.Parameter and tuple(q.shape) == (2, 3) and q.requires_grad
+    tp = tnn.UninitializedParameter()
+    assert p.materialize((2, 3)) is None and tp.materialize((2, 3)) is None  # in place, as torch's
+    assert type(p) is nn.Parameter and type(tp) is tnn.Parameter
+    assert tuple(p.shape) == tuple(tp.shape) == (2, 3) and p.requires_grad and p.is_leaf
+
+
+def test_lazy_module_moved_or_cast_before_its_first_forward_stays_lazy():
+    # Module.to()/double()/half() used to rebuild the UninitializedParameters as plain [0] Parameters: the
+    # module then counted as initialized and its forward failed on the empty weight
+    for conv in ("double", "float", "half", "cpu"):
+        km, tm = getattr(nn.LazyLinear(3), conv)(), getattr(tnn.LazyLinear(3), conv)()
+        assert km.has_uninitialized_params() and tm.has_uninitialized_params()
+        assert type(km.weight) is nn.UninitializedParameter and type(tm.weight) is tnn.UninitializedParameter
+        assert km.weight.dtype.name == str(tm.weight.dtype)[6:]
+    x = rnd(2, 5)
+    km, tm = nn.LazyLinear(3).double(), tnn.LazyLinear(3).double()
+    ky, ty = km(kiln.tensor(x.numpy())), tm(x)
+    assert ky.dtype == kiln.float64 and ty.dtype == torch.float64 and tuple(ky.shape) == tuple(ty.shape)
+    assert type(km) is nn.Linear and type(km.weight) is nn.Parameter
+    km, tm = nn.LazyBatchNorm2d().double(), tnn.LazyBatchNorm2d().double()
+    assert type(km.running_mean) is nn.UninitializedBuffer
+    x = rnd(2, 3, 4, 4)
+    same_fwd_bwd(km, tm, x)
+    close(km.running_mean, tm.running_mean)
+    assert km.running_var.dtype == kiln.float64
+
+
+@pytest.mark.parametrize("opt", ["SGD", "Adam"])
+def test_optimizer_made_before_a_lazy_modules_first_forward_trains_it(opt):
+    # the first forward used to swap in new Parameter objects, leaving the optimizer with the old empty ones
+    # (silently no training); now the parameters are materialized in place, as torch's
+    x = rnd(4, 5)
+    km, tm = nn.LazyLinear(3, dtype=kiln.float64), tnn.LazyLinear(3, dtype=torch.float64)
+    kopt = getattr(kiln.optim, opt)(km.parameters(), lr=0.1)
+    topt = getattr(torch.optim, opt)(tm.parameters(), lr=0.1)
+    held = list(km.parameters())
+    km(kiln.tensor(x.numpy()))
+    tm(x)
+    assert [id(p) for p in km.parameters()] == [id(p) for p in held]
+    km.load_state_dict({k: kiln.tensor(v.detach().numpy()) for k, v in tm.state_dict().items()})
+    for _ in range(2):
+        kopt.zero_grad(), topt.zero_grad()
+        (km(kiln.tensor(x.numpy())) ** 2).sum().backward()
+        (tm(x) ** 2).sum().backward()
+        kopt.step(), topt.step()
+    close(km.weight, tm.weight)
+    close(km.bias, tm.bias)
+
+
+class _KBufLazy(nn.Module):  # at module level for pickle
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Buffer(kiln.ones(2))
+        self.b = nn.Buffer(kiln.zeros(3), persistent=False)
+        self.l = nn.LazyLinear(2, dtype=kiln.float64)
+
+
+class _TBufLazy(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = tnn.Buffer(torch.ones(2))
+        self.b = tnn.Buffer(torch.zeros(3), persistent=False)
+        self.l = tnn.LazyLinear(2, dtype=torch.float64)
+
+
+def test_buffer_and_lazy_modules_deepcopy_and_pickle():
+    import copy
+    import pickle
+    KM, TM = _KBufLazy, _TBufLazy
+
+    # the module holds a plain tensor, as torch's (Buffer is only the marker)
+    assert type(KM().a) is kiln.Tensor and type(TM().a) is torch.Tensor
+    x = rnd(3, 4)
+    for cp in (copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))):
+        km, tm = cp(KM()), cp(TM())
+        assert [n for n, _ in km.named_buffers()] == [n for n, _ in tm.named_buffers()] == ["a", "b"]
+        assert list(km.state_dict()) == list(tm.state_dict()) == ["a", "l.weight", "l.bias"]
+        assert type(km.l).__name__ == type(tm.l).__name__ == "LazyLinear"
+        assert type(km.l.weight) is nn.UninitializedParameter and km.l.weight.dtype == kiln.float64
+        # (torch's copy of an UninitializedParameter forgets its float64; Kiln's keeps it)
+        assert tuple(km.l(kiln.tensor(x.numpy())).shape) == tuple(tm.l(x.to(tm.l.weight.dtype)).shape) == (3, 2)
+        assert type(km.l) is nn.Linear
+    for cp in (copy.deepcopy, lambda t: pickle.loads(pickle.dumps(t))):
+        b = cp(nn.Buffer(kiln.ones(2), persistent=False))
+        assert type(b) is nn.Buffer and not b.persistent and np.asarray(b).tolist() == [1.0, 1.0]
+        p = cp(nn.UninitializedParameter(requires_grad=False, dtype=kiln.float64))
+        assert type(p) is nn.UninitializedParameter and not p.requires_grad and p.dtype == kiln.float64
+        assert type(cp(nn.UninitializedBuffer())) is nn.UninitializedBuffer
+    am = kiln.optim.swa_utils.AveragedModel(KM())
+    assert type(am.module.l).__name__ == "LazyLinear"
+    tam = torch.optim.swa_utils.AveragedModel(TM())
+    assert type(tam.module.l).__name__ == "LazyLinear"
+
+
+def test_lazy_module_load_state_dict_keeps_its_dtype_and_takes_an_uninitialized_one():
+    src = tnn.Linear(5, 3, dtype=torch.float64)
+    km, tm = nn.LazyLinear(3), tnn.LazyLinear(3)
+    km.load_state_dict({k: kiln.tensor(v.detach().numpy()) for k, v in src.state_dict().items()})
+    tm.load_state_dict(src.state_dict())
+    assert km.weight.dtype == kiln.float32 and tm.weight.dtype == torch.float32  # the module's, not the file's
+    x = rnd(2, 5)
+    np.testing.assert_allclose(np.asarray(km(kiln.tensor(x.numpy(), dtype=kiln.float32))), tm(x.float()).detach().numpy(),
+                               rtol=1e-6, atol=1e-6)
+    # another uninitialized lazy module's state dict: accepted, and this one stays uninitialized
+    km, tm = nn.LazyLinear(3), tnn.LazyLinear(3)
+    ksd, tsd = nn.LazyLinear(3).state_dict(), tnn.LazyLinear(3).state_dict()
+    assert [type(v).__name__ for v in ksd.values()] == [type(v).__name__ for v in tsd.values()]
+    km.load_state_dict(ksd)
+    tm.load_state_dict(tsd)
+    assert km.has_uninitialized_params() and tm.has_uninitialized_params()
+    assert tuple(km(kiln.tensor(x.numpy(), dtype=kiln.float32)).shape) == tuple(tm(x.float()).shape) == (2, 3)
+    bn = nn.LazyBatchNorm1d()
+    bn.load_state_dict(nn.LazyBatchNorm1d().state_dict())
+    assert bn.has_uninitialized_params()
 
 
 # ---- fractional max pooling ----

@@ -8,6 +8,7 @@ F.upsample_nearest / F.upsample_bilinear; nn.Buffer, nn.UninitializedParameter /
 lazy modules (LazyLinear, LazyConv*, LazyConvTranspose*, LazyBatchNorm*, LazyInstanceNorm*); fractional max
 pooling (F.fractional_max_pool2d/3d, nn.FractionalMaxPool2d/3d). The functionals
 are attached to kiln.nn.functional here."""
+import copy
 import numbers
 import warnings
 
@@ -607,8 +608,10 @@ from .layers import ConvTranspose1d, ConvTranspose2d, InstanceNorm1d, InstanceNo
 
 class Buffer(Tensor):
     """torch.nn.Buffer(data=None, *, persistent=True) (torch 2.5's marker): a tensor that, assigned to a Module
-    attribute, is registered as a buffer (persistent=False keeps it out of state_dict). It shares data's memory
-    and keeps its requires_grad; None gives an empty tensor."""
+    attribute (or given to register_buffer), is registered as a buffer (persistent=False keeps it out of
+    state_dict). As torch's, the module stores a plain tensor (a detached alias of data, sharing its memory and
+    keeping its requires_grad), not the Buffer object; the marker itself copies and pickles as a Buffer with its
+    flag. None gives an empty tensor."""
     _is_buffer = True
 
     def __init__(self, data=None, *, persistent=True):
@@ -620,6 +623,27 @@ class Buffer(Tensor):
         self.requires_grad_(data.requires_grad)
         self.persistent = persistent
 
+    def _plain(self):
+        """The plain tensor a module stores for this Buffer: same memory, same requires_grad."""
+        t = self.detach()
+        if self.requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        new = Buffer(copy.deepcopy(self._plain(), memo), persistent=self.persistent)
+        memo[id(self)] = new
+        return new
+
+    def __reduce_ex__(self, protocol):
+        return (_rebuild_buffer, (self._plain(), self.persistent))
+
+
+def _rebuild_buffer(data, persistent):
+    return Buffer(data, persistent=persistent)
+
 
 def _empty_like_spec(device, dtype):
     return _to(_C.empty(0), device, dtype)
@@ -630,33 +654,58 @@ def _to(t, device, dtype):
     return t.to(**kw) if kw else t
 
 
-class UninitializedParameter(Parameter):
-    """torch.nn.UninitializedParameter, as far as Kiln's Parameter allows: an empty [0] parameter standing for
-    one whose shape is not known yet (a lazy module's, until its first forward or load_state_dict). Kiln's
-    tensors cannot change shape in place, so materialize(shape) returns the new Parameter (uninitialized values;
-    torch's changes this object) and the lazy module puts it in this one's place."""
+def _rebuild_uninitialized(cls, requires_grad, device, dtype):
+    return cls(requires_grad=requires_grad, device=device, dtype=getattr(_C.dtype, dtype))
+
+
+class _UninitializedMixin:
+    """What UninitializedParameter and UninitializedBuffer share: a copy, a pickle and Module.to() keep the
+    class with requires_grad, device and dtype (torch's do the same)."""
+    _is_uninitialized = True
+
+    def _like(self, device, dtype):
+        return type(self)(requires_grad=self.requires_grad, device=str(device), dtype=dtype)
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        new = memo[id(self)] = self._like(self.device, self.dtype)
+        return new
+
+    def __reduce_ex__(self, protocol):
+        return (_rebuild_uninitialized, (type(self), self.requires_grad, str(self.device), self.dtype.name))
+
+
+class UninitializedParameter(_UninitializedMixin, Parameter):
+    """torch.nn.UninitializedParameter: an empty [0] parameter standing for one whose shape is not known yet (a
+    lazy module's, until its first forward or load_state_dict). materialize(shape) turns this very object into a
+    Parameter of that shape (uninitialized values), as torch's does, so an optimizer made before the lazy
+    module's first forward holds the parameter that trains."""
     cls_to_become = Parameter
 
     def __init__(self, requires_grad=True, device=None, dtype=None):
         super().__init__(_empty_like_spec(device, dtype), requires_grad)
 
     def materialize(self, shape, device=None, dtype=None):
-        return Parameter(_to(_C.empty(*shape), device or self.device, dtype or self.dtype), self.requires_grad)
+        self._rebind_data(_to(_C.empty(*shape), device or str(self.device), dtype or self.dtype))
+        object.__setattr__(self, "__class__", self.cls_to_become)  # Parameter.__setattr__ refuses Tensor names
 
     def __repr__(self):
         return "<UninitializedParameter>"
 
 
-class UninitializedBuffer(Tensor):
+class UninitializedBuffer(_UninitializedMixin, Tensor):
     """torch.nn.UninitializedBuffer, as far as Kiln allows: an empty [0] buffer of a lazy module until its shape
-    is known; materialize(shape) returns the new tensor."""
+    is known. Kiln cannot turn this object into a plain kiln.Tensor (torch's materialize does), so
+    materialize(shape) returns the new tensor and the lazy module puts it in this one's place (buffers are not
+    held by optimizers)."""
 
     def __init__(self, requires_grad=False, device=None, dtype=None):
         super().__init__(_empty_like_spec(device, dtype))
         self.requires_grad_(requires_grad)
 
     def materialize(self, shape, device=None, dtype=None):
-        return _to(_C.empty(*shape), device or self.device, dtype or self.dtype)
+        return _to(_C.empty(*shape), device or str(self.device), dtype or self.dtype)
 
     def __repr__(self):
         return "<UninitializedBuffer>"
@@ -694,14 +743,29 @@ class _LazyMixin:
 
     def _materialize(self, shapes):
         for store, name in self._uninitialized():
-            store[name] = store[name].materialize(shapes[name])
+            if name not in shapes:
+                continue
+            v = store[name]
+            if isinstance(v, UninitializedParameter):
+                v.materialize(shapes[name])  # in place: the object an optimizer may hold
+            else:
+                store[name] = v.materialize(shapes[name])
 
     def _materialize_from_state_dict(self, state_dict, prefix):
-        for store, name in self._uninitialized():
-            t = state_dict.get(prefix + name)
-            if isinstance(t, Tensor):
-                store[name] = store[name].materialize(tuple(t.shape), dtype=t.dtype)
+        # the shapes from the state dict, the module's own dtype and device (the load converts), as torch's; an
+        # uninitialized entry (another lazy module's state dict) leaves this one uninitialized
+        self._materialize({name: tuple(state_dict[prefix + name].shape) for store, name in self._uninitialized()
+                           if isinstance(state_dict.get(prefix + name), Tensor)
+                           and not isinstance(state_dict[prefix + name], _UninitializedMixin)})
         self._set_sizes_from_state()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # as torch's: an uninitialized parameter or buffer is saved as itself (an UninitializedParameter), so
+        # that loading it into another lazy module leaves that one uninitialized
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for store, name in self._uninitialized():
+            if prefix + name in destination:
+                destination[prefix + name] = store[name]
 
     def _extra_lazy_repr(self):
         return None
