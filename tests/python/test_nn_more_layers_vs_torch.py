@@ -575,3 +575,99 @@ def test_fractional_max_pool_modules_and_errors(n):
         fn(kx, 2, output_size=2, _random_samples=kiln.zeros(1, 3, n))
     with pytest.raises(ValueError, match=f"fractional_max_pool{n}d requires specifying either an output_size or"):
         fn(kx, 2)
+
+
+# ---- negative padding in every mode, empty fractional batches, integer lp_pool and other edges ----
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_pad_negative_amounts_crop_in_every_mode_as_torch(mode):
+    x = rnd(3, 5, 6)
+    for p in [(-1, 2), (2, -1), (-1, -2), (-2, 1, 3, -1), (-4, 3) if mode != "circular" else (-4, 2), (-1, 0)]:
+        same_fwd_bwd(lambda t: F.pad(t, p, mode=mode), lambda t: TF.pad(t, p, mode=mode), x)
+    if mode == "circular":  # a circular crop may leave nothing, as torch's
+        assert tuple(F.pad(kiln.tensor(x.numpy()), (-3, -3), mode=mode).shape) == \
+            tuple(TF.pad(x, (-3, -3), mode=mode).shape) == (3, 5, 0)
+    else:
+        with pytest.raises(ValueError, match=rf"pad: padding \(-3, -3\) \({mode}\) crops dim 2 of the input "
+                                             r"\[3, 5, 6\] to size 0"):
+            F.pad(kiln.tensor(x.numpy()), (-3, -3), mode=mode)
+        with pytest.raises(RuntimeError, match="too small"):
+            TF.pad(x, (-3, -3), mode=mode)
+    kind = {"reflect": "ReflectionPad", "replicate": "ReplicationPad", "circular": "CircularPad"}[mode]
+    for n, shape in [(1, (2, 3, 5)), (2, (2, 3, 4, 5)), (3, (2, 3, 4, 5, 4)), (2, (3, 4, 5))]:
+        pad = tuple([-1] + [1] * (2 * n - 2) + [-2])
+        km, tm = getattr(nn, f"{kind}{n}d")(pad), getattr(tnn, f"{kind}{n}d")(pad)
+        same_fwd_bwd(km, tm, rnd(*shape))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_fractional_max_pool_empty_batch_and_errors_as_torch(n):
+    fk, ft = getattr(F, f"fractional_max_pool{n}d"), getattr(TF, f"fractional_max_pool{n}d")
+    name = f"fractional_max_pool{n}d"
+    x = rnd(*((0, 2) + (5,) * n))
+    kv, ki = fk(kiln.tensor(x.numpy()), 2, output_size=3, return_indices=True)
+    tv, ti = ft(x, 2, output_size=3, return_indices=True)
+    assert tuple(kv.shape) == tuple(tv.shape) == tuple(ki.shape) == tuple(ti.shape) == (0, 2) + (3,) * n
+    assert ki.dtype == kiln.int64 and kv.dtype == kiln.float64
+    # an unbatched input of 0 channels too; 0 channels of a batch, or an empty spatial dim, is refused as torch's
+    x0 = rnd(*((0,) + (5,) * n))
+    assert tuple(fk(kiln.tensor(x0.numpy()), 2, output_size=3).shape) == tuple(ft(x0, 2, output_size=3).shape)
+    for shape, dim in [((2, 0) + (5,) * n, 1), ((1, 1, 0) + (5,) * (n - 1), 2)]:
+        with pytest.raises(ValueError, match=rf"{name}: expected input to have non-zero size for non-batch "
+                                             rf"dimensions, but got \[{', '.join(map(str, shape))}\] with dimension "
+                                             rf"{dim} being empty"):
+            fk(kiln.zeros(*shape), 1, output_size=(0,) + (1,) * (n - 1))
+        with pytest.raises(RuntimeError, match="non-zero size for non-batch dimensions"):
+            ft(torch.zeros(*shape), 1, output_size=(0,) + (1,) * (n - 1))
+    # samples of another dtype than the input: refused, as torch's
+    x = rnd(*((1, 1) + (5,) * n)).float()
+    s = torch.rand(1, 1, n, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="Expect _random_samples to have the same dtype as input"):
+        ft(x, 2, output_size=3, _random_samples=s)
+    with pytest.raises(ValueError, match=rf"{name}: expect _random_samples to have the same dtype as input "
+                                         r"\(torch's error\), got float64 samples for a float32 input"):
+        fk(kiln.tensor(x.numpy()), 2, output_size=3, _random_samples=kiln.tensor(s.numpy()))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_lp_pool_integer_input_as_torch(n):
+    x = torch.arange(2 * 4 ** n).reshape((2,) + (4,) * n) - 3
+    fk, ft = getattr(F, f"lp_pool{n}d"), getattr(TF, f"lp_pool{n}d")
+    for p in (1, 2, 3, 1.5) + ((float("inf"),) if n > 1 else ()):  # (torch's max_pool1d refuses int64)
+        xp = x.abs() if p == 1.5 else x
+        ky, ty = fk(kiln.tensor(xp.numpy()), p, 2), ft(xp, p, 2)
+        assert ky.dtype.name == str(ty.dtype)[6:]  # float32, or the input's int64 for p = inf
+        # (torch's integer avg_pool truncates each window's mean: the same numbers)
+        np.testing.assert_allclose(np.asarray(ky), ty.numpy(), rtol=1e-6, atol=1e-5)
+
+
+def test_conv_transpose3d_output_size_checked_and_local_response_norm_size_as_torch():
+    x, w = rnd(1, 2, 2, 3, 3), rnd(2, 3, 2, 2, 2)
+    msg = r"Given input size per channel: \(2 x 3 x 3\). Calculated output size per channel: \(-1 x 4 x 4\). " \
+          r"Output size is too small"
+    with pytest.raises(RuntimeError, match=msg):
+        TF.conv_transpose3d(x, w, padding=(2, 0, 0))
+    with pytest.raises(ValueError, match="conv_transpose3d: " + msg):
+        F.conv_transpose3d(kiln.tensor(x.numpy()), kiln.tensor(w.numpy()), padding=(2, 0, 0))
+    # a size < 1 is accepted at construction and refused by the forward, as torch's
+    km, tm = nn.LocalResponseNorm(0), tnn.LocalResponseNorm(0)
+    assert repr(km) == repr(tm)
+    with pytest.raises(RuntimeError, match="kernel size should be greater than zero"):
+        tm(torch.zeros(2, 3, 4))
+    with pytest.raises(RuntimeError, match="local_response_norm: size must be >= 1, got 0"):
+        km(kiln.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match="LocalResponseNorm: size must be an int, got 1.5"):
+        nn.LocalResponseNorm(1.5)
+    with pytest.raises(ValueError, match="CrossMapLRN2d: size must be >= 1, got 0"):
+        nn.CrossMapLRN2d(0)(kiln.zeros(1, 2, 2, 2))
+
+
+def test_adaptive_max_pool3d_one_gather_keeps_torchs_first_maximum_on_ties_and_nan():
+    # all bins at once, short bins padded with a repeat of their first position: ties (many equal values) and
+    # NaN still give torch's values and indices, over uneven bins
+    x = torch.from_numpy(np.random.default_rng(3).integers(0, 3, (2, 3, 5, 7, 6)).astype(np.float64))
+    x[0, 1, 2, 3, 4] = float("nan")
+    for size in [(2, 3, 4), (3, 5, 4), (5, 7, 6), (4, 2, 5)]:
+        kv, ki = F.adaptive_max_pool3d(kiln.tensor(x.numpy()), size, True)
+        tv, ti = TF.adaptive_max_pool3d(x, size, True)
+        np.testing.assert_array_equal(np.asarray(kv), tv.numpy())
+        np.testing.assert_array_equal(np.asarray(ki), ti.numpy())

@@ -177,14 +177,30 @@ def _lp_pool(n, input, norm_type, kernel_size, stride, ceil_mode):
     if input.dim() not in (n + 1, n + 2):
         raise KilnValueError(f"{name}: expected a {n + 1}D (unbatched) or {n + 2}D (batched) input, got "
                              f"{input.dim()}D input {list(input.shape)}")
+    if not input.is_floating_point():
+        # as torch's: an integer input gives a float32 result (the default dtype), except for p = +-inf (a max
+        # pool), which keeps the input's dtype (computed in float64: exact for |x| < 2^53)
+        if abs(norm_type) == float("inf"):
+            return _lp_pool(n, input.to(_C.dtype.float64), norm_type, k, stride, ceil_mode).to(input.dtype)
+        if float(norm_type).is_integer() and norm_type > 0:
+            # torch's x.pow(p) stays integer there, and its integer avg_pool truncates each window's sum / count:
+            # the same, through float64 (exact sums below 2^53)
+            out = getattr(F, _AVG[n])(input.to(_C.dtype.float64).pow(norm_type), k, stride, 0, ceil_mode)
+            r = out.round()
+            out = _C.where((out - r).abs() <= (r.abs() + 1) * 1e-9, r, out.trunc()).to(_C.dtype.float32)
+            return _lp_finish(out, norm_type, k)
+        input = input.to(_C.dtype.float32)
     if norm_type == float("inf"):
         return getattr(F, _MAX[n])(input.abs(), k, stride, 0, 1, ceil_mode)
     if norm_type == -float("inf"):
         return -getattr(F, _MAX[n])(-input.abs(), k, stride, 0, 1, ceil_mode)
+    return _lp_finish(getattr(F, _AVG[n])(input.pow(norm_type), k, stride, 0, ceil_mode), norm_type, k)
+
+
+def _lp_finish(out, norm_type, k):
     count = 1
     for e in k:
         count *= e
-    out = getattr(F, _AVG[n])(input.pow(norm_type), k, stride, 0, ceil_mode)
     # torch's sign(out) * relu(|out|): a window whose p-th powers sum to 0 gives 0 and a zero gradient
     zero = out == 0
     safe = _C.where(zero, _C.ones_like(out), out)
@@ -262,27 +278,32 @@ def adaptive_max_pool3d(input, output_size, return_indices=False):
     if 0 in (od, oh, ow):
         return F._adaptive_max_empty(input, list(input.shape[:-3]) + [od, oh, ow], return_indices)
     d, h, w = input.shape[-3:]
-    planes = []
-    for ds, de in F._bins(d, od):
-        rows = []
-        for hs, he in F._bins(h, oh):
-            bins = []
-            for ws, we in F._bins(w, ow):
-                window = input[..., ds:de, hs:he, ws:we]
-                window = window.reshape(list(window.shape[:-3]) + [(de - ds) * (he - hs) * (we - ws)])
-                bh, bw = he - hs, we - ws
+    lead = list(input.shape[:-3])
 
-                def flat(i, ds=ds, hs=hs, ws=ws, bh=bh, bw=bw):
-                    return ((i // (bh * bw) + ds) * h + (i // bw) % bh + hs) * w + i % bw + ws
-                bins.append((window, flat))
-            rows.append(F._adaptive_max(bins, return_indices))
-        if return_indices:
-            planes.append((_C.stack([r[0] for r in rows], -2), _C.stack([r[1] for r in rows], -2)))
-        else:
-            planes.append(_C.stack(rows, -2))
-    if return_indices:
-        return _C.stack([p[0] for p in planes], -3), _C.stack([p[1] for p in planes], -3)
-    return _C.stack(planes, -3)
+    def positions(length, out):
+        # [out, longest bin] positions of each bin along one dim, a short bin padded with its first position
+        # (a repeat, which changes neither the maximum nor, coming after it, which position is first)
+        bins = F._bins(length, out)
+        pos = np.empty((out, max(e - s for s, e in bins)), dtype=np.int64)
+        for i, (s, e) in enumerate(bins):
+            pos[i, :e - s] = np.arange(s, e)
+            pos[i, e - s:] = s
+        return pos
+
+    pd, ph, pw = positions(d, od), positions(h, oh), positions(w, ow)
+    # every bin's flat input positions at once: [od * oh * ow, bin size], gathered in one op (as much memory as
+    # the output times the longest bin, instead of one small op per bin)
+    flat = ((pd[:, None, None, :, None, None] * h + ph[None, :, None, None, :, None]) * w
+            + pw[None, None, :, None, None, :]).reshape(od * oh * ow, -1)
+    b = int(np.prod(lead)) if lead else 1
+    flat_t = _tensor(flat, dtype=_C.dtype.int64, device=input.device)
+    windows = input.reshape([b, d * h * w]).index_select(1, flat_t.reshape([-1])).reshape([b] + list(flat.shape))
+    values, arg = _C.max(windows, -1)
+    values = values.reshape(lead + [od, oh, ow])
+    if not return_indices:
+        return values
+    where = flat_t.unsqueeze(0).expand([b] + list(flat.shape)).gather(2, arg.unsqueeze(-1)).squeeze(-1)
+    return values, where.reshape(lead + [od, oh, ow])
 
 
 class AdaptiveAvgPool3d(_AdaptivePoolNd):
@@ -430,6 +451,11 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
                                  f"{d} in each dim")
     k = list(weight.shape[2:])
     cout_g = weight.shape[1]
+    size_in = list(input.shape[2:])
+    size_out = [(size_in[i] - 1) * s[i] - 2 * p[i] + d[i] * (k[i] - 1) + op[i] + 1 for i in range(3)]
+    if min(size_out) <= 0:
+        raise KilnValueError(f"{name}: Given input size per channel: ({' x '.join(map(str, size_in))}). Calculated "
+                             f"output size per channel: ({' x '.join(map(str, size_out))}). Output size is too small")
     if bias is not None and tuple(bias.shape) != (cout_g * groups,):
         raise KilnValueError(f"{name}: bias must be 1-D of C_out = {cout_g * groups} elements, got "
                              f"{list(bias.shape)}")
@@ -492,8 +518,9 @@ class LocalResponseNorm(Module):
 
     def __init__(self, size, alpha=1e-4, beta=0.75, k=1.0):
         super().__init__()
-        if not _int(size) or size <= 0:
-            raise KilnValueError(f"{type(self).__name__}: size must be a positive int, got {size!r}")
+        if not _int(size):
+            raise KilnValueError(f"{type(self).__name__}: size must be an int, got {size!r}")
+        # a size < 1 is refused by the forward (F.local_response_norm), as torch's: not at construction
         self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
 
     def forward(self, input):
@@ -518,6 +545,8 @@ class CrossMapLRN2d(LocalResponseNorm):
         if input.dim() != 4:
             raise KilnValueError(f"CrossMapLRN2d: expected a 4D input [N, C, H, W], got {input.dim()}D input "
                                  f"{list(input.shape)}")
+        if self.size < 1:
+            raise KilnValueError(f"CrossMapLRN2d: size must be >= 1, got {self.size}")
         n, c, h, w = input.shape
         window = np.zeros((c, c))
         pre = int((self.size - 1) / 2 + 1)
@@ -922,16 +951,19 @@ __all__ += [
 
 
 # ---- fractional max pooling ----
-def _fractional_intervals(sample, in_size, out_size, pool, ftype):
-    """torch's generate_intervals, in the input's float type: the window starts of one dim of one plane."""
-    seq = np.zeros(out_size, dtype=np.int64)
+def _fractional_intervals(samples, in_size, out_size, pool, ftype):
+    """torch's generate_intervals, in the input's float type, for every plane at once: samples [N, C] (one dim's
+    numbers) -> the window starts [N, C, out_size] of that dim."""
+    samples = np.asarray(samples, dtype=ftype)
+    seq = np.zeros(samples.shape + (out_size,), dtype=np.int64)
     if out_size > 1:
         alpha = ftype(in_size - pool) / ftype(out_size - 1)
-        s = ftype(sample)
-        for i in range(out_size - 1):
-            seq[i] = int(ftype(ftype(i) + s) * alpha) - int(s * alpha)
+        s = samples[..., None]
+        i = np.arange(out_size - 1, dtype=ftype)
+        # each product in ftype, truncated to int as torch's (all non-negative: truncation is floor)
+        seq[..., :out_size - 1] = ((i + s) * alpha).astype(np.int64) - (s * alpha).astype(np.int64)
     if out_size > 0:
-        seq[out_size - 1] = in_size - pool
+        seq[..., out_size - 1] = in_size - pool
     return seq
 
 
@@ -955,15 +987,30 @@ def _fractional_max_pool(n, input, kernel_size, output_size, output_ratio, retur
             raise KilnValueError(f"{name}: the pool size {k[i]} is too large for the input size {spatial[i]} and "
                                  f"the output size {out[i]} in spatial dim {i} (output + pool - 1 must be <= input)")
     unbatched = input.dim() == n + 1
+    # as torch's: every dim but the first (the batch, or an unbatched input's channels) must be non-empty
+    for i in range(1, input.dim()):
+        if input.shape[i] == 0:
+            raise KilnValueError(f"{name}: expected input to have non-zero size for non-batch dimensions, but got "
+                                 f"{list(input.shape)} with dimension {i} being empty")
     x = input.unsqueeze(0) if unbatched else input
     nb, c = x.shape[0], x.shape[1]
     if _random_samples is None:
-        samples = _C.rand(nb, c, n, device=x.device)
+        kw = {"dtype": x.dtype} if x.is_floating_point() else {}  # torch draws them in the input's dtype
+        samples = _C.rand(nb, c, n, device=x.device, **kw)
     else:
         samples = _random_samples
         if tuple(samples.shape) != (nb, c, n):
             raise KilnValueError(f"{name}: _random_samples must be [N, C, {n}] = {[nb, c, n]} for this input, got "
                                  f"{list(samples.shape)}")
+        if samples.dtype != x.dtype:
+            raise KilnValueError(f"{name}: expect _random_samples to have the same dtype as input (torch's error), "
+                                 f"got {samples.dtype.name} samples for a {x.dtype.name} input")
+    if nb * c == 0:  # an empty batch (or an unbatched input of 0 channels): an empty result, as torch's
+        values = _C.zeros([nb, c] + list(out), dtype=x.dtype, device=x.device) + x.sum() * 0
+        where = _C.zeros([nb, c] + list(out), dtype=_C.dtype.int64, device=x.device)
+        if unbatched:
+            values, where = values.squeeze(0), where.squeeze(0)
+        return (values, where) if return_indices else values
     ftype = np.float64 if x.dtype == _C.dtype.float64 else np.float32
     u = np.asarray(samples.detach().to("cpu").to(_C.dtype.float64)).astype(ftype)
     # the flat input positions of every window element, per plane: [N, C, *out, prod(k)]
@@ -974,17 +1021,15 @@ def _fractional_max_pool(n, input, kernel_size, output_size, output_ratio, retur
         shape[n + i] = k[i]
         offs = offs + np.arange(k[i]).reshape(shape) * strides[i]
     offs = offs.reshape([1] * n + [-1])
-    idx = np.zeros((nb, c) + out + (offs.shape[-1],), dtype=np.int64)
     order = (1, 0) if n == 2 else (0, 1, 2)  # torch's kernels: 2-d (width, height), 3-d (depth, height, width)
-    for b in range(nb):
-        for ch in range(c):
-            start = np.zeros(out, dtype=np.int64)
-            for i in range(n):
-                seq = _fractional_intervals(u[b, ch, order[i]], spatial[i], out[i], k[i], ftype)
-                shape = [1] * n
-                shape[i] = out[i]
-                start = start + seq.reshape(shape) * strides[i]
-            idx[b, ch] = start[..., None] + offs
+    # the window starts of all N * C planes at once: [N, C, *out] flat positions
+    start = np.zeros((nb, c) + (1,) * n, dtype=np.int64)
+    for i in range(n):
+        seq = _fractional_intervals(u[:, :, order[i]], spatial[i], out[i], k[i], ftype)  # [N, C, out[i]]
+        shape = [nb, c] + [1] * n
+        shape[2 + i] = out[i]
+        start = start + seq.reshape(shape) * strides[i]
+    idx = start[..., None] + offs  # [N, C, *out, prod(k)]
     tot = int(np.prod(out))
     flat_idx = _tensor(idx.reshape(nb, c, -1), dtype=_C.dtype.int64, device=x.device)
     windows = x.reshape([nb, c, -1]).gather(2, flat_idx).reshape([nb, c, tot, offs.shape[-1]])
