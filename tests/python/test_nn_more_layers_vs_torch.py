@@ -402,8 +402,120 @@ def test_lazy_modules_errors_and_uninitialized_parameter():
         nn.LazyLinear(3)(kiln.tensor(1.0))
     p = nn.UninitializedParameter()
     assert repr(p) == repr(tnn.UninitializedParameter()) == "<UninitializedParameter>"
-    q = p.materialize((2, 3))
-    assert type(q) is nn.Parameter and tuple(q.shape) == (2, 3) and q.requires_grad
+    tp = tnn.UninitializedParameter()
+    assert p.materialize((2, 3)) is None and tp.materialize((2, 3)) is None  # in place, as torch's
+    assert type(p) is nn.Parameter and type(tp) is tnn.Parameter
+    assert tuple(p.shape) == tuple(tp.shape) == (2, 3) and p.requires_grad and p.is_leaf
+
+
+def test_lazy_module_moved_or_cast_before_its_first_forward_stays_lazy():
+    # Module.to()/double()/half() used to rebuild the UninitializedParameters as plain [0] Parameters: the
+    # module then counted as initialized and its forward failed on the empty weight
+    for conv in ("double", "float", "half", "cpu"):
+        km, tm = getattr(nn.LazyLinear(3), conv)(), getattr(tnn.LazyLinear(3), conv)()
+        assert km.has_uninitialized_params() and tm.has_uninitialized_params()
+        assert type(km.weight) is nn.UninitializedParameter and type(tm.weight) is tnn.UninitializedParameter
+        assert km.weight.dtype.name == str(tm.weight.dtype)[6:]
+    x = rnd(2, 5)
+    km, tm = nn.LazyLinear(3).double(), tnn.LazyLinear(3).double()
+    ky, ty = km(kiln.tensor(x.numpy())), tm(x)
+    assert ky.dtype == kiln.float64 and ty.dtype == torch.float64 and tuple(ky.shape) == tuple(ty.shape)
+    assert type(km) is nn.Linear and type(km.weight) is nn.Parameter
+    km, tm = nn.LazyBatchNorm2d().double(), tnn.LazyBatchNorm2d().double()
+    assert type(km.running_mean) is nn.UninitializedBuffer
+    x = rnd(2, 3, 4, 4)
+    same_fwd_bwd(km, tm, x)
+    close(km.running_mean, tm.running_mean)
+    assert km.running_var.dtype == kiln.float64
+
+
+@pytest.mark.parametrize("opt", ["SGD", "Adam"])
+def test_optimizer_made_before_a_lazy_modules_first_forward_trains_it(opt):
+    # the first forward used to swap in new Parameter objects, leaving the optimizer with the old empty ones
+    # (silently no training); now the parameters are materialized in place, as torch's
+    x = rnd(4, 5)
+    km, tm = nn.LazyLinear(3, dtype=kiln.float64), tnn.LazyLinear(3, dtype=torch.float64)
+    kopt = getattr(kiln.optim, opt)(km.parameters(), lr=0.1)
+    topt = getattr(torch.optim, opt)(tm.parameters(), lr=0.1)
+    held = list(km.parameters())
+    km(kiln.tensor(x.numpy()))
+    tm(x)
+    assert [id(p) for p in km.parameters()] == [id(p) for p in held]
+    km.load_state_dict({k: kiln.tensor(v.detach().numpy()) for k, v in tm.state_dict().items()})
+    for _ in range(2):
+        kopt.zero_grad(), topt.zero_grad()
+        (km(kiln.tensor(x.numpy())) ** 2).sum().backward()
+        (tm(x) ** 2).sum().backward()
+        kopt.step(), topt.step()
+    close(km.weight, tm.weight)
+    close(km.bias, tm.bias)
+
+
+class _KBufLazy(nn.Module):  # at module level for pickle
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Buffer(kiln.ones(2))
+        self.b = nn.Buffer(kiln.zeros(3), persistent=False)
+        self.l = nn.LazyLinear(2, dtype=kiln.float64)
+
+
+class _TBufLazy(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = tnn.Buffer(torch.ones(2))
+        self.b = tnn.Buffer(torch.zeros(3), persistent=False)
+        self.l = tnn.LazyLinear(2, dtype=torch.float64)
+
+
+def test_buffer_and_lazy_modules_deepcopy_and_pickle():
+    import copy
+    import pickle
+    KM, TM = _KBufLazy, _TBufLazy
+
+    # the module holds a plain tensor, as torch's (Buffer is only the marker)
+    assert type(KM().a) is kiln.Tensor and type(TM().a) is torch.Tensor
+    x = rnd(3, 4)
+    for cp in (copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))):
+        km, tm = cp(KM()), cp(TM())
+        assert [n for n, _ in km.named_buffers()] == [n for n, _ in tm.named_buffers()] == ["a", "b"]
+        assert list(km.state_dict()) == list(tm.state_dict()) == ["a", "l.weight", "l.bias"]
+        assert type(km.l).__name__ == type(tm.l).__name__ == "LazyLinear"
+        assert type(km.l.weight) is nn.UninitializedParameter and km.l.weight.dtype == kiln.float64
+        # (torch's copy of an UninitializedParameter forgets its float64; Kiln's keeps it)
+        assert tuple(km.l(kiln.tensor(x.numpy())).shape) == tuple(tm.l(x.to(tm.l.weight.dtype)).shape) == (3, 2)
+        assert type(km.l) is nn.Linear
+    for cp in (copy.deepcopy, lambda t: pickle.loads(pickle.dumps(t))):
+        b = cp(nn.Buffer(kiln.ones(2), persistent=False))
+        assert type(b) is nn.Buffer and not b.persistent and np.asarray(b).tolist() == [1.0, 1.0]
+        p = cp(nn.UninitializedParameter(requires_grad=False, dtype=kiln.float64))
+        assert type(p) is nn.UninitializedParameter and not p.requires_grad and p.dtype == kiln.float64
+        assert type(cp(nn.UninitializedBuffer())) is nn.UninitializedBuffer
+    am = kiln.optim.swa_utils.AveragedModel(KM())
+    assert type(am.module.l).__name__ == "LazyLinear"
+    tam = torch.optim.swa_utils.AveragedModel(TM())
+    assert type(tam.module.l).__name__ == "LazyLinear"
+
+
+def test_lazy_module_load_state_dict_keeps_its_dtype_and_takes_an_uninitialized_one():
+    src = tnn.Linear(5, 3, dtype=torch.float64)
+    km, tm = nn.LazyLinear(3), tnn.LazyLinear(3)
+    km.load_state_dict({k: kiln.tensor(v.detach().numpy()) for k, v in src.state_dict().items()})
+    tm.load_state_dict(src.state_dict())
+    assert km.weight.dtype == kiln.float32 and tm.weight.dtype == torch.float32  # the module's, not the file's
+    x = rnd(2, 5)
+    np.testing.assert_allclose(np.asarray(km(kiln.tensor(x.numpy(), dtype=kiln.float32))), tm(x.float()).detach().numpy(),
+                               rtol=1e-6, atol=1e-6)
+    # another uninitialized lazy module's state dict: accepted, and this one stays uninitialized
+    km, tm = nn.LazyLinear(3), tnn.LazyLinear(3)
+    ksd, tsd = nn.LazyLinear(3).state_dict(), tnn.LazyLinear(3).state_dict()
+    assert [type(v).__name__ for v in ksd.values()] == [type(v).__name__ for v in tsd.values()]
+    km.load_state_dict(ksd)
+    tm.load_state_dict(tsd)
+    assert km.has_uninitialized_params() and tm.has_uninitialized_params()
+    assert tuple(km(kiln.tensor(x.numpy(), dtype=kiln.float32)).shape) == tuple(tm(x.float()).shape) == (2, 3)
+    bn = nn.LazyBatchNorm1d()
+    bn.load_state_dict(nn.LazyBatchNorm1d().state_dict())
+    assert bn.has_uninitialized_params()
 
 
 # ---- fractional max pooling ----
@@ -463,3 +575,99 @@ def test_fractional_max_pool_modules_and_errors(n):
         fn(kx, 2, output_size=2, _random_samples=kiln.zeros(1, 3, n))
     with pytest.raises(ValueError, match=f"fractional_max_pool{n}d requires specifying either an output_size or"):
         fn(kx, 2)
+
+
+# ---- negative padding in every mode, empty fractional batches, integer lp_pool and other edges ----
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_pad_negative_amounts_crop_in_every_mode_as_torch(mode):
+    x = rnd(3, 5, 6)
+    for p in [(-1, 2), (2, -1), (-1, -2), (-2, 1, 3, -1), (-4, 3) if mode != "circular" else (-4, 2), (-1, 0)]:
+        same_fwd_bwd(lambda t: F.pad(t, p, mode=mode), lambda t: TF.pad(t, p, mode=mode), x)
+    if mode == "circular":  # a circular crop may leave nothing, as torch's
+        assert tuple(F.pad(kiln.tensor(x.numpy()), (-3, -3), mode=mode).shape) == \
+            tuple(TF.pad(x, (-3, -3), mode=mode).shape) == (3, 5, 0)
+    else:
+        with pytest.raises(ValueError, match=rf"pad: padding \(-3, -3\) \({mode}\) crops dim 2 of the input "
+                                             r"\[3, 5, 6\] to size 0"):
+            F.pad(kiln.tensor(x.numpy()), (-3, -3), mode=mode)
+        with pytest.raises(RuntimeError, match="too small"):
+            TF.pad(x, (-3, -3), mode=mode)
+    kind = {"reflect": "ReflectionPad", "replicate": "ReplicationPad", "circular": "CircularPad"}[mode]
+    for n, shape in [(1, (2, 3, 5)), (2, (2, 3, 4, 5)), (3, (2, 3, 4, 5, 4)), (2, (3, 4, 5))]:
+        pad = tuple([-1] + [1] * (2 * n - 2) + [-2])
+        km, tm = getattr(nn, f"{kind}{n}d")(pad), getattr(tnn, f"{kind}{n}d")(pad)
+        same_fwd_bwd(km, tm, rnd(*shape))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_fractional_max_pool_empty_batch_and_errors_as_torch(n):
+    fk, ft = getattr(F, f"fractional_max_pool{n}d"), getattr(TF, f"fractional_max_pool{n}d")
+    name = f"fractional_max_pool{n}d"
+    x = rnd(*((0, 2) + (5,) * n))
+    kv, ki = fk(kiln.tensor(x.numpy()), 2, output_size=3, return_indices=True)
+    tv, ti = ft(x, 2, output_size=3, return_indices=True)
+    assert tuple(kv.shape) == tuple(tv.shape) == tuple(ki.shape) == tuple(ti.shape) == (0, 2) + (3,) * n
+    assert ki.dtype == kiln.int64 and kv.dtype == kiln.float64
+    # an unbatched input of 0 channels too; 0 channels of a batch, or an empty spatial dim, is refused as torch's
+    x0 = rnd(*((0,) + (5,) * n))
+    assert tuple(fk(kiln.tensor(x0.numpy()), 2, output_size=3).shape) == tuple(ft(x0, 2, output_size=3).shape)
+    for shape, dim in [((2, 0) + (5,) * n, 1), ((1, 1, 0) + (5,) * (n - 1), 2)]:
+        with pytest.raises(ValueError, match=rf"{name}: expected input to have non-zero size for non-batch "
+                                             rf"dimensions, but got \[{', '.join(map(str, shape))}\] with dimension "
+                                             rf"{dim} being empty"):
+            fk(kiln.zeros(*shape), 1, output_size=(0,) + (1,) * (n - 1))
+        with pytest.raises(RuntimeError, match="non-zero size for non-batch dimensions"):
+            ft(torch.zeros(*shape), 1, output_size=(0,) + (1,) * (n - 1))
+    # samples of another dtype than the input: refused, as torch's
+    x = rnd(*((1, 1) + (5,) * n)).float()
+    s = torch.rand(1, 1, n, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="Expect _random_samples to have the same dtype as input"):
+        ft(x, 2, output_size=3, _random_samples=s)
+    with pytest.raises(ValueError, match=rf"{name}: expect _random_samples to have the same dtype as input "
+                                         r"\(torch's error\), got float64 samples for a float32 input"):
+        fk(kiln.tensor(x.numpy()), 2, output_size=3, _random_samples=kiln.tensor(s.numpy()))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_lp_pool_integer_input_as_torch(n):
+    x = torch.arange(2 * 4 ** n).reshape((2,) + (4,) * n) - 3
+    fk, ft = getattr(F, f"lp_pool{n}d"), getattr(TF, f"lp_pool{n}d")
+    for p in (1, 2, 3, 1.5) + ((float("inf"),) if n > 1 else ()):  # (torch's max_pool1d refuses int64)
+        xp = x.abs() if p == 1.5 else x
+        ky, ty = fk(kiln.tensor(xp.numpy()), p, 2), ft(xp, p, 2)
+        assert ky.dtype.name == str(ty.dtype)[6:]  # float32, or the input's int64 for p = inf
+        # (torch's integer avg_pool truncates each window's mean: the same numbers)
+        np.testing.assert_allclose(np.asarray(ky), ty.numpy(), rtol=1e-6, atol=1e-5)
+
+
+def test_conv_transpose3d_output_size_checked_and_local_response_norm_size_as_torch():
+    x, w = rnd(1, 2, 2, 3, 3), rnd(2, 3, 2, 2, 2)
+    msg = r"Given input size per channel: \(2 x 3 x 3\). Calculated output size per channel: \(-1 x 4 x 4\). " \
+          r"Output size is too small"
+    with pytest.raises(RuntimeError, match=msg):
+        TF.conv_transpose3d(x, w, padding=(2, 0, 0))
+    with pytest.raises(ValueError, match="conv_transpose3d: " + msg):
+        F.conv_transpose3d(kiln.tensor(x.numpy()), kiln.tensor(w.numpy()), padding=(2, 0, 0))
+    # a size < 1 is accepted at construction and refused by the forward, as torch's
+    km, tm = nn.LocalResponseNorm(0), tnn.LocalResponseNorm(0)
+    assert repr(km) == repr(tm)
+    with pytest.raises(RuntimeError, match="kernel size should be greater than zero"):
+        tm(torch.zeros(2, 3, 4))
+    with pytest.raises(RuntimeError, match="local_response_norm: size must be >= 1, got 0"):
+        km(kiln.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match="LocalResponseNorm: size must be an int, got 1.5"):
+        nn.LocalResponseNorm(1.5)
+    with pytest.raises(ValueError, match="CrossMapLRN2d: size must be >= 1, got 0"):
+        nn.CrossMapLRN2d(0)(kiln.zeros(1, 2, 2, 2))
+
+
+def test_adaptive_max_pool3d_one_gather_keeps_torchs_first_maximum_on_ties_and_nan():
+    # all bins at once, short bins padded with a repeat of their first position: ties (many equal values) and
+    # NaN still give torch's values and indices, over uneven bins
+    x = torch.from_numpy(np.random.default_rng(3).integers(0, 3, (2, 3, 5, 7, 6)).astype(np.float64))
+    x[0, 1, 2, 3, 4] = float("nan")
+    for size in [(2, 3, 4), (3, 5, 4), (5, 7, 6), (4, 2, 5)]:
+        kv, ki = F.adaptive_max_pool3d(kiln.tensor(x.numpy()), size, True)
+        tv, ti = TF.adaptive_max_pool3d(x, size, True)
+        np.testing.assert_array_equal(np.asarray(kv), tv.numpy())
+        np.testing.assert_array_equal(np.asarray(ki), ti.numpy())

@@ -8,6 +8,7 @@ F.upsample_nearest / F.upsample_bilinear; nn.Buffer, nn.UninitializedParameter /
 lazy modules (LazyLinear, LazyConv*, LazyConvTranspose*, LazyBatchNorm*, LazyInstanceNorm*); fractional max
 pooling (F.fractional_max_pool2d/3d, nn.FractionalMaxPool2d/3d). The functionals
 are attached to kiln.nn.functional here."""
+import copy
 import numbers
 import warnings
 
@@ -176,14 +177,30 @@ def _lp_pool(n, input, norm_type, kernel_size, stride, ceil_mode):
     if input.dim() not in (n + 1, n + 2):
         raise KilnValueError(f"{name}: expected a {n + 1}D (unbatched) or {n + 2}D (batched) input, got "
                              f"{input.dim()}D input {list(input.shape)}")
+    if not input.is_floating_point():
+        # as torch's: an integer input gives a float32 result (the default dtype), except for p = +-inf (a max
+        # pool), which keeps the input's dtype (computed in float64: exact for |x| < 2^53)
+        if abs(norm_type) == float("inf"):
+            return _lp_pool(n, input.to(_C.dtype.float64), norm_type, k, stride, ceil_mode).to(input.dtype)
+        if float(norm_type).is_integer() and norm_type > 0:
+            # torch's x.pow(p) stays integer there, and its integer avg_pool truncates each window's sum / count:
+            # the same, through float64 (exact sums below 2^53)
+            out = getattr(F, _AVG[n])(input.to(_C.dtype.float64).pow(norm_type), k, stride, 0, ceil_mode)
+            r = out.round()
+            out = _C.where((out - r).abs() <= (r.abs() + 1) * 1e-9, r, out.trunc()).to(_C.dtype.float32)
+            return _lp_finish(out, norm_type, k)
+        input = input.to(_C.dtype.float32)
     if norm_type == float("inf"):
         return getattr(F, _MAX[n])(input.abs(), k, stride, 0, 1, ceil_mode)
     if norm_type == -float("inf"):
         return -getattr(F, _MAX[n])(-input.abs(), k, stride, 0, 1, ceil_mode)
+    return _lp_finish(getattr(F, _AVG[n])(input.pow(norm_type), k, stride, 0, ceil_mode), norm_type, k)
+
+
+def _lp_finish(out, norm_type, k):
     count = 1
     for e in k:
         count *= e
-    out = getattr(F, _AVG[n])(input.pow(norm_type), k, stride, 0, ceil_mode)
     # torch's sign(out) * relu(|out|): a window whose p-th powers sum to 0 gives 0 and a zero gradient
     zero = out == 0
     safe = _C.where(zero, _C.ones_like(out), out)
@@ -261,27 +278,32 @@ def adaptive_max_pool3d(input, output_size, return_indices=False):
     if 0 in (od, oh, ow):
         return F._adaptive_max_empty(input, list(input.shape[:-3]) + [od, oh, ow], return_indices)
     d, h, w = input.shape[-3:]
-    planes = []
-    for ds, de in F._bins(d, od):
-        rows = []
-        for hs, he in F._bins(h, oh):
-            bins = []
-            for ws, we in F._bins(w, ow):
-                window = input[..., ds:de, hs:he, ws:we]
-                window = window.reshape(list(window.shape[:-3]) + [(de - ds) * (he - hs) * (we - ws)])
-                bh, bw = he - hs, we - ws
+    lead = list(input.shape[:-3])
 
-                def flat(i, ds=ds, hs=hs, ws=ws, bh=bh, bw=bw):
-                    return ((i // (bh * bw) + ds) * h + (i // bw) % bh + hs) * w + i % bw + ws
-                bins.append((window, flat))
-            rows.append(F._adaptive_max(bins, return_indices))
-        if return_indices:
-            planes.append((_C.stack([r[0] for r in rows], -2), _C.stack([r[1] for r in rows], -2)))
-        else:
-            planes.append(_C.stack(rows, -2))
-    if return_indices:
-        return _C.stack([p[0] for p in planes], -3), _C.stack([p[1] for p in planes], -3)
-    return _C.stack(planes, -3)
+    def positions(length, out):
+        # [out, longest bin] positions of each bin along one dim, a short bin padded with its first position
+        # (a repeat, which changes neither the maximum nor, coming after it, which position is first)
+        bins = F._bins(length, out)
+        pos = np.empty((out, max(e - s for s, e in bins)), dtype=np.int64)
+        for i, (s, e) in enumerate(bins):
+            pos[i, :e - s] = np.arange(s, e)
+            pos[i, e - s:] = s
+        return pos
+
+    pd, ph, pw = positions(d, od), positions(h, oh), positions(w, ow)
+    # every bin's flat input positions at once: [od * oh * ow, bin size], gathered in one op (as much memory as
+    # the output times the longest bin, instead of one small op per bin)
+    flat = ((pd[:, None, None, :, None, None] * h + ph[None, :, None, None, :, None]) * w
+            + pw[None, None, :, None, None, :]).reshape(od * oh * ow, -1)
+    b = int(np.prod(lead)) if lead else 1
+    flat_t = _tensor(flat, dtype=_C.dtype.int64, device=input.device)
+    windows = input.reshape([b, d * h * w]).index_select(1, flat_t.reshape([-1])).reshape([b] + list(flat.shape))
+    values, arg = _C.max(windows, -1)
+    values = values.reshape(lead + [od, oh, ow])
+    if not return_indices:
+        return values
+    where = flat_t.unsqueeze(0).expand([b] + list(flat.shape)).gather(2, arg.unsqueeze(-1)).squeeze(-1)
+    return values, where.reshape(lead + [od, oh, ow])
 
 
 class AdaptiveAvgPool3d(_AdaptivePoolNd):
@@ -429,6 +451,11 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
                                  f"{d} in each dim")
     k = list(weight.shape[2:])
     cout_g = weight.shape[1]
+    size_in = list(input.shape[2:])
+    size_out = [(size_in[i] - 1) * s[i] - 2 * p[i] + d[i] * (k[i] - 1) + op[i] + 1 for i in range(3)]
+    if min(size_out) <= 0:
+        raise KilnValueError(f"{name}: Given input size per channel: ({' x '.join(map(str, size_in))}). Calculated "
+                             f"output size per channel: ({' x '.join(map(str, size_out))}). Output size is too small")
     if bias is not None and tuple(bias.shape) != (cout_g * groups,):
         raise KilnValueError(f"{name}: bias must be 1-D of C_out = {cout_g * groups} elements, got "
                              f"{list(bias.shape)}")
@@ -491,8 +518,9 @@ class LocalResponseNorm(Module):
 
     def __init__(self, size, alpha=1e-4, beta=0.75, k=1.0):
         super().__init__()
-        if not _int(size) or size <= 0:
-            raise KilnValueError(f"{type(self).__name__}: size must be a positive int, got {size!r}")
+        if not _int(size):
+            raise KilnValueError(f"{type(self).__name__}: size must be an int, got {size!r}")
+        # a size < 1 is refused by the forward (F.local_response_norm), as torch's: not at construction
         self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
 
     def forward(self, input):
@@ -517,6 +545,8 @@ class CrossMapLRN2d(LocalResponseNorm):
         if input.dim() != 4:
             raise KilnValueError(f"CrossMapLRN2d: expected a 4D input [N, C, H, W], got {input.dim()}D input "
                                  f"{list(input.shape)}")
+        if self.size < 1:
+            raise KilnValueError(f"CrossMapLRN2d: size must be >= 1, got {self.size}")
         n, c, h, w = input.shape
         window = np.zeros((c, c))
         pre = int((self.size - 1) / 2 + 1)
@@ -607,8 +637,10 @@ from .layers import ConvTranspose1d, ConvTranspose2d, InstanceNorm1d, InstanceNo
 
 class Buffer(Tensor):
     """torch.nn.Buffer(data=None, *, persistent=True) (torch 2.5's marker): a tensor that, assigned to a Module
-    attribute, is registered as a buffer (persistent=False keeps it out of state_dict). It shares data's memory
-    and keeps its requires_grad; None gives an empty tensor."""
+    attribute (or given to register_buffer), is registered as a buffer (persistent=False keeps it out of
+    state_dict). As torch's, the module stores a plain tensor (a detached alias of data, sharing its memory and
+    keeping its requires_grad), not the Buffer object; the marker itself copies and pickles as a Buffer with its
+    flag. None gives an empty tensor."""
     _is_buffer = True
 
     def __init__(self, data=None, *, persistent=True):
@@ -620,6 +652,27 @@ class Buffer(Tensor):
         self.requires_grad_(data.requires_grad)
         self.persistent = persistent
 
+    def _plain(self):
+        """The plain tensor a module stores for this Buffer: same memory, same requires_grad."""
+        t = self.detach()
+        if self.requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        new = Buffer(copy.deepcopy(self._plain(), memo), persistent=self.persistent)
+        memo[id(self)] = new
+        return new
+
+    def __reduce_ex__(self, protocol):
+        return (_rebuild_buffer, (self._plain(), self.persistent))
+
+
+def _rebuild_buffer(data, persistent):
+    return Buffer(data, persistent=persistent)
+
 
 def _empty_like_spec(device, dtype):
     return _to(_C.empty(0), device, dtype)
@@ -630,33 +683,58 @@ def _to(t, device, dtype):
     return t.to(**kw) if kw else t
 
 
-class UninitializedParameter(Parameter):
-    """torch.nn.UninitializedParameter, as far as Kiln's Parameter allows: an empty [0] parameter standing for
-    one whose shape is not known yet (a lazy module's, until its first forward or load_state_dict). Kiln's
-    tensors cannot change shape in place, so materialize(shape) returns the new Parameter (uninitialized values;
-    torch's changes this object) and the lazy module puts it in this one's place."""
+def _rebuild_uninitialized(cls, requires_grad, device, dtype):
+    return cls(requires_grad=requires_grad, device=device, dtype=getattr(_C.dtype, dtype))
+
+
+class _UninitializedMixin:
+    """What UninitializedParameter and UninitializedBuffer share: a copy, a pickle and Module.to() keep the
+    class with requires_grad, device and dtype (torch's do the same)."""
+    _is_uninitialized = True
+
+    def _like(self, device, dtype):
+        return type(self)(requires_grad=self.requires_grad, device=str(device), dtype=dtype)
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        new = memo[id(self)] = self._like(self.device, self.dtype)
+        return new
+
+    def __reduce_ex__(self, protocol):
+        return (_rebuild_uninitialized, (type(self), self.requires_grad, str(self.device), self.dtype.name))
+
+
+class UninitializedParameter(_UninitializedMixin, Parameter):
+    """torch.nn.UninitializedParameter: an empty [0] parameter standing for one whose shape is not known yet (a
+    lazy module's, until its first forward or load_state_dict). materialize(shape) turns this very object into a
+    Parameter of that shape (uninitialized values), as torch's does, so an optimizer made before the lazy
+    module's first forward holds the parameter that trains."""
     cls_to_become = Parameter
 
     def __init__(self, requires_grad=True, device=None, dtype=None):
         super().__init__(_empty_like_spec(device, dtype), requires_grad)
 
     def materialize(self, shape, device=None, dtype=None):
-        return Parameter(_to(_C.empty(*shape), device or self.device, dtype or self.dtype), self.requires_grad)
+        self._rebind_data(_to(_C.empty(*shape), device or str(self.device), dtype or self.dtype))
+        object.__setattr__(self, "__class__", self.cls_to_become)  # Parameter.__setattr__ refuses Tensor names
 
     def __repr__(self):
         return "<UninitializedParameter>"
 
 
-class UninitializedBuffer(Tensor):
+class UninitializedBuffer(_UninitializedMixin, Tensor):
     """torch.nn.UninitializedBuffer, as far as Kiln allows: an empty [0] buffer of a lazy module until its shape
-    is known; materialize(shape) returns the new tensor."""
+    is known. Kiln cannot turn this object into a plain kiln.Tensor (torch's materialize does), so
+    materialize(shape) returns the new tensor and the lazy module puts it in this one's place (buffers are not
+    held by optimizers)."""
 
     def __init__(self, requires_grad=False, device=None, dtype=None):
         super().__init__(_empty_like_spec(device, dtype))
         self.requires_grad_(requires_grad)
 
     def materialize(self, shape, device=None, dtype=None):
-        return _to(_C.empty(*shape), device or self.device, dtype or self.dtype)
+        return _to(_C.empty(*shape), device or str(self.device), dtype or self.dtype)
 
     def __repr__(self):
         return "<UninitializedBuffer>"
@@ -694,14 +772,29 @@ class _LazyMixin:
 
     def _materialize(self, shapes):
         for store, name in self._uninitialized():
-            store[name] = store[name].materialize(shapes[name])
+            if name not in shapes:
+                continue
+            v = store[name]
+            if isinstance(v, UninitializedParameter):
+                v.materialize(shapes[name])  # in place: the object an optimizer may hold
+            else:
+                store[name] = v.materialize(shapes[name])
 
     def _materialize_from_state_dict(self, state_dict, prefix):
-        for store, name in self._uninitialized():
-            t = state_dict.get(prefix + name)
-            if isinstance(t, Tensor):
-                store[name] = store[name].materialize(tuple(t.shape), dtype=t.dtype)
+        # the shapes from the state dict, the module's own dtype and device (the load converts), as torch's; an
+        # uninitialized entry (another lazy module's state dict) leaves this one uninitialized
+        self._materialize({name: tuple(state_dict[prefix + name].shape) for store, name in self._uninitialized()
+                           if isinstance(state_dict.get(prefix + name), Tensor)
+                           and not isinstance(state_dict[prefix + name], _UninitializedMixin)})
         self._set_sizes_from_state()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # as torch's: an uninitialized parameter or buffer is saved as itself (an UninitializedParameter), so
+        # that loading it into another lazy module leaves that one uninitialized
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for store, name in self._uninitialized():
+            if prefix + name in destination:
+                destination[prefix + name] = store[name]
 
     def _extra_lazy_repr(self):
         return None
@@ -858,16 +951,19 @@ __all__ += [
 
 
 # ---- fractional max pooling ----
-def _fractional_intervals(sample, in_size, out_size, pool, ftype):
-    """torch's generate_intervals, in the input's float type: the window starts of one dim of one plane."""
-    seq = np.zeros(out_size, dtype=np.int64)
+def _fractional_intervals(samples, in_size, out_size, pool, ftype):
+    """torch's generate_intervals, in the input's float type, for every plane at once: samples [N, C] (one dim's
+    numbers) -> the window starts [N, C, out_size] of that dim."""
+    samples = np.asarray(samples, dtype=ftype)
+    seq = np.zeros(samples.shape + (out_size,), dtype=np.int64)
     if out_size > 1:
         alpha = ftype(in_size - pool) / ftype(out_size - 1)
-        s = ftype(sample)
-        for i in range(out_size - 1):
-            seq[i] = int(ftype(ftype(i) + s) * alpha) - int(s * alpha)
+        s = samples[..., None]
+        i = np.arange(out_size - 1, dtype=ftype)
+        # each product in ftype, truncated to int as torch's (all non-negative: truncation is floor)
+        seq[..., :out_size - 1] = ((i + s) * alpha).astype(np.int64) - (s * alpha).astype(np.int64)
     if out_size > 0:
-        seq[out_size - 1] = in_size - pool
+        seq[..., out_size - 1] = in_size - pool
     return seq
 
 
@@ -891,15 +987,30 @@ def _fractional_max_pool(n, input, kernel_size, output_size, output_ratio, retur
             raise KilnValueError(f"{name}: the pool size {k[i]} is too large for the input size {spatial[i]} and "
                                  f"the output size {out[i]} in spatial dim {i} (output + pool - 1 must be <= input)")
     unbatched = input.dim() == n + 1
+    # as torch's: every dim but the first (the batch, or an unbatched input's channels) must be non-empty
+    for i in range(1, input.dim()):
+        if input.shape[i] == 0:
+            raise KilnValueError(f"{name}: expected input to have non-zero size for non-batch dimensions, but got "
+                                 f"{list(input.shape)} with dimension {i} being empty")
     x = input.unsqueeze(0) if unbatched else input
     nb, c = x.shape[0], x.shape[1]
     if _random_samples is None:
-        samples = _C.rand(nb, c, n, device=x.device)
+        kw = {"dtype": x.dtype} if x.is_floating_point() else {}  # torch draws them in the input's dtype
+        samples = _C.rand(nb, c, n, device=x.device, **kw)
     else:
         samples = _random_samples
         if tuple(samples.shape) != (nb, c, n):
             raise KilnValueError(f"{name}: _random_samples must be [N, C, {n}] = {[nb, c, n]} for this input, got "
                                  f"{list(samples.shape)}")
+        if samples.dtype != x.dtype:
+            raise KilnValueError(f"{name}: expect _random_samples to have the same dtype as input (torch's error), "
+                                 f"got {samples.dtype.name} samples for a {x.dtype.name} input")
+    if nb * c == 0:  # an empty batch (or an unbatched input of 0 channels): an empty result, as torch's
+        values = _C.zeros([nb, c] + list(out), dtype=x.dtype, device=x.device) + x.sum() * 0
+        where = _C.zeros([nb, c] + list(out), dtype=_C.dtype.int64, device=x.device)
+        if unbatched:
+            values, where = values.squeeze(0), where.squeeze(0)
+        return (values, where) if return_indices else values
     ftype = np.float64 if x.dtype == _C.dtype.float64 else np.float32
     u = np.asarray(samples.detach().to("cpu").to(_C.dtype.float64)).astype(ftype)
     # the flat input positions of every window element, per plane: [N, C, *out, prod(k)]
@@ -910,17 +1021,15 @@ def _fractional_max_pool(n, input, kernel_size, output_size, output_ratio, retur
         shape[n + i] = k[i]
         offs = offs + np.arange(k[i]).reshape(shape) * strides[i]
     offs = offs.reshape([1] * n + [-1])
-    idx = np.zeros((nb, c) + out + (offs.shape[-1],), dtype=np.int64)
     order = (1, 0) if n == 2 else (0, 1, 2)  # torch's kernels: 2-d (width, height), 3-d (depth, height, width)
-    for b in range(nb):
-        for ch in range(c):
-            start = np.zeros(out, dtype=np.int64)
-            for i in range(n):
-                seq = _fractional_intervals(u[b, ch, order[i]], spatial[i], out[i], k[i], ftype)
-                shape = [1] * n
-                shape[i] = out[i]
-                start = start + seq.reshape(shape) * strides[i]
-            idx[b, ch] = start[..., None] + offs
+    # the window starts of all N * C planes at once: [N, C, *out] flat positions
+    start = np.zeros((nb, c) + (1,) * n, dtype=np.int64)
+    for i in range(n):
+        seq = _fractional_intervals(u[:, :, order[i]], spatial[i], out[i], k[i], ftype)  # [N, C, out[i]]
+        shape = [nb, c] + [1] * n
+        shape[2 + i] = out[i]
+        start = start + seq.reshape(shape) * strides[i]
+    idx = start[..., None] + offs  # [N, C, *out, prod(k)]
     tot = int(np.prod(out))
     flat_idx = _tensor(idx.reshape(nb, c, -1), dtype=_C.dtype.int64, device=x.device)
     windows = x.reshape([nb, c, -1]).gather(2, flat_idx).reshape([nb, c, tot, offs.shape[-1]])

@@ -28,6 +28,39 @@ import numbers as _numbers
 import warnings as _warnings
 
 from .. import _C
+
+_pad = pad
+
+
+def pad(input, pad, mode="constant", value=None):
+    """torch.nn.functional.pad(input, pad, mode='constant', value=None): pads the last len(pad) / 2 dims, in
+    torch's order ({left, right} of the last dim, then {before, after} of the one before it, ...). A negative
+    amount crops that side, in every mode as torch's: reflect and replicate pad the positive sides first
+    (reflecting about the whole input, as torch's indices do) and then crop the negative ones; circular crops
+    first and wraps around what is left (torch's _pad_circular)."""
+    amounts = list(pad) if isinstance(pad, (tuple, list)) else pad
+    if mode == "constant" or not isinstance(amounts, list) or not any(
+            isinstance(a, _numbers.Integral) and a < 0 for a in amounts):
+        return _pad(input, pad, mode, value)
+
+    def crop(t):
+        for i in range(len(amounts) // 2):
+            dim = t.dim() - 1 - i
+            if dim < 0:
+                break  # too short an input: _pad's own error names it
+            lo, hi = -min(int(amounts[2 * i]), 0), -min(int(amounts[2 * i + 1]), 0)
+            size = t.shape[dim] - lo - hi
+            if size < 0 or (size == 0 and mode != "circular"):  # torch: circular may leave 0, the others not
+                raise ValueError(f"pad: padding {tuple(amounts)} ({mode}) crops dim {dim} of the input "
+                                 f"{list(input.shape)} to size {size}: the input is too small")
+            t = t.narrow(dim, lo, size)
+        return t
+
+    positive = [max(int(a), 0) for a in amounts]
+    if mode == "circular":
+        cropped = crop(input)
+        return _pad(cropped, positive, mode, value) if any(positive) else cropped
+    return crop(_pad(input, positive, mode, value))
 from .._tensor import no_grad as _no_grad
 
 _softmax, _log_softmax, _one_hot = softmax, log_softmax, one_hot

@@ -217,6 +217,8 @@ class Module:
         if tensor is not None and not isinstance(tensor, Tensor):
             raise TypeError(f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' "
                             "(kiln.Tensor or None required)")
+        if getattr(tensor, "_is_buffer", False) is True:
+            tensor = tensor._plain()  # an nn.Buffer is a marker: the module holds a plain tensor, as torch's
         self._buffers[name] = tensor
         if persistent:
             self._non_persistent_buffers_set.discard(name)
@@ -438,7 +440,9 @@ class Module:
                 q = conv(p)
                 if q is p:
                     continue
-                new = Parameter(q, p.requires_grad)
+                # a lazy module's UninitializedParameter stays one (with the new device and dtype), as torch's
+                new = p._like(q.device, q.dtype) if getattr(p, "_is_uninitialized", False) else \
+                    Parameter(q, p.requires_grad)
                 if p.grad is not None:
                     new.grad = conv(p.grad)
                 new.__dict__.update(getattr(p, "__dict__", {}))
@@ -446,7 +450,9 @@ class Module:
             self._parameters[name] = entry[1]
         for name, b in list(self._buffers.items()):
             if b is not None:
-                self._buffers[name] = conv(b)
+                q = conv(b)
+                self._buffers[name] = b._like(q.device, q.dtype) if q is not b and getattr(
+                    b, "_is_uninitialized", False) else q
 
     def cpu(self):
         return self.to("cpu")
