@@ -11,6 +11,7 @@ import itertools
 import math
 import numbers
 import sys
+import warnings
 
 import numpy as np
 
@@ -188,10 +189,11 @@ def flipud(input):
     return _C.flip(input, [0])
 
 
-def as_strided(input, size, stride, storage_offset=0):
-    """torch.as_strided: a view of input's memory with the given size, stride and offset."""
+def as_strided(input, size, stride, storage_offset=None):
+    """torch.as_strided: a view of input's memory with the given size, stride and storage offset (by
+    default input's own, as torch's: as_strided(A[1], ...) starts where A[1] does)."""
     _tensor_arg("as_strided", "input", input)
-    return input.as_strided(size, stride, storage_offset)
+    return input.as_strided(size, stride, input.storage_offset() if storage_offset is None else storage_offset)
 
 
 def sum_to_size(self, *size):
@@ -210,6 +212,47 @@ def sum_to_size(self, *size):
     if dims:
         out = out.sum(dims, keepdim=True)
     return out
+
+
+# ---------------------------------------------------------------- scatter with a scalar
+
+def _scalar_of(dt, value):
+    """A Python number as a value of dtype dt, as torch casts a scalar (a float into an integer dtype: truncated)."""
+    if dt == _C.dtype.bool:
+        return _bool(value)
+    if dt.is_floating_point:
+        return _float(value)
+    return _int(value)
+
+
+def scatter(input, dim, index, src=None, *, value=None, reduce=None):
+    """torch.scatter: input with src's values (a tensor, or a number for every indexed place: torch's
+    scatter(input, dim, index, value), `x.scatter_(1, idx, 1.0)` the one-hot idiom) written at index along dim;
+    reduce= 'add' or 'multiply' combines instead of replacing."""
+    _tensor_arg("scatter", "input", input)
+    _tensor_arg("scatter", "index", index)
+    if src is not None and value is not None:
+        raise TypeError("scatter(): give src (a tensor or a number) or value (a number), not both")
+    if src is None:
+        src = value
+    if src is None:
+        raise TypeError("scatter(): missing the values to write: src (a tensor) or value (a number)")
+    if not isinstance(src, Tensor):
+        if not isinstance(src, numbers.Number) or isinstance(src, complex):
+            raise TypeError(f"scatter(): argument 'src' must be a kiln.Tensor or a real number, not "
+                            f"{type(src).__name__}")
+        src = _C.full(list(index.shape), _scalar_of(input.dtype, src), dtype=input.dtype, device=input.device)
+    return _C.scatter(input, dim, index, src, reduce=reduce)
+
+
+def scatter_add(input, dim, index, src):
+    """torch.scatter_add: input with src's values added at index along dim; src must be a tensor (torch refuses
+    a number here)."""
+    _tensor_arg("scatter_add", "input", input)
+    if not isinstance(src, Tensor):
+        raise TypeError(f"scatter_add(): argument 'src' must be a kiln.Tensor, not {type(src).__name__} (torch's "
+                        f"scatter_add takes no scalar: use scatter(..., value, reduce='add'))")
+    return _C.scatter_add(input, dim, index, src)
 
 
 # ---------------------------------------------------------------- products
@@ -362,12 +405,18 @@ def sgn(input):
 
 
 def sinc(input):
-    """torch.sinc: sin(pi x) / (pi x), 1 at 0 (gradient 0 there); integers give float32."""
+    """torch.sinc: sin(pi x) / (pi x), 1 at 0 (gradient 0 there); integers give float32; float16 and
+    bfloat16 computed in float32 and rounded back, as torch (pi x in float16 is off by far more than sin's
+    period allows: sinc(4) would be -3e-4, not 0)."""
     _tensor_arg("sinc", "input", input)
     x = _floating(input)
+    low = x.dtype in (_C.dtype.float16, _C.dtype.bfloat16)
+    if low:
+        x = x.to(_C.dtype.float32)
     zero = x == 0
     safe = _C.where(zero, _C.ones_like(x), x) * math.pi
-    return _C.where(zero, _C.ones_like(x), _C.sin(safe) / safe)
+    out = _C.where(zero, _C.ones_like(x), _C.sin(safe) / safe)
+    return out.to(input.dtype) if low else out
 
 
 def logaddexp2(input, other):
@@ -686,6 +735,9 @@ def gradient(input, *, spacing=1, dim=None, edge_order=1):
         raise _C.KilnValueError(f"gradient(): only edge_order 1 and 2 are supported, got {edge_order}")
     dims = list(_range(input.dim())) if dim is None else [dim] if isinstance(dim, numbers.Integral) else list(dim)
     dims = [_norm_dim("gradient", d, input.dim()) for d in dims]
+    for i, d in enumerate(dims):
+        if d in dims[:i]:
+            raise _C.KilnError(f"gradient(): dim {d} appears multiple times in the list of dims")
     if isinstance(spacing, (list, tuple)):
         if len(spacing) != len(dims):
             raise _C.KilnValueError(f"gradient(): expected spacing to be unspecified, a scalar or a list of length "
@@ -708,12 +760,20 @@ def gradient(input, *, spacing=1, dim=None, edge_order=1):
                 raise _C.KilnValueError(f"gradient(): the coordinates for dim {d} must be a 1-D tensor of "
                                         f"{n} elements, got shape {list(h.shape)}")
             shape = [1] * f.dim()
-            x = _floating(h).to(f.dtype)
+            # the result's dtype is input's and the coordinates' promoted, as torch's (float32 input with
+            # float64 coordinates gives float64; integer coordinates count as float32); the coordinates'
+            # differences are taken in their own dtype, as torch's
+            xc = h if h.dtype.is_floating_point else h.to(_C.dtype.float32)
+            target = _C.promote_types(input.dtype, xc.dtype)
+            fd = f.to(target)
+
+            def part(start, length=None, fd=fd):
+                return fd.narrow(d, start if start >= 0 else n + start, 1 if length is None else length)
 
             def along(t):
                 shape[d] = t.shape[0]
                 return t.reshape(shape)
-            dx = x[1:] - x[:-1]
+            dx = (xc[1:] - xc[:-1]).to(target)
             hl, hr = along(dx[:-1]), along(dx[1:])
             inner = (-hr / (hl * (hl + hr)) * part(0, n - 2) + (hr - hl) / (hl * hr) * part(1, n - 2)
                      + hl / (hr * (hl + hr)) * part(2, n - 2))
@@ -807,11 +867,15 @@ return_types.histogram = _histogram_type
 def histogram(input, bins=100, *, range=None, weight=None, density=False):  # noqa: A002
     """torch.histogram: (hist, bin_edges) of a floating tensor: `bins` equal bins over range (input's min
     and max by default) or the given edges (a 1-D increasing tensor); weight weighs each element, density
-    normalizes to a probability density. Computed on the host (no gradient, as torch)."""
+    normalizes to a probability density. Computed on the host (no gradient, as torch), the edges and bins in
+    the input's dtype as torch's (float16 and bfloat16 in float32)."""
     _tensor_arg("histogram", "input", input)
     if not input.dtype.is_floating_point:
         raise _C.KilnError(f"histogram(): input must be a floating tensor, got {input.dtype.name}")
     data = input.detach().to(_C.dtype.float64).cpu().numpy().reshape(-1)
+    # the input's dtype for the edges and the bins (float16 and bfloat16 in float32)
+    work = np.float64 if input.dtype == _C.dtype.float64 else np.float32
+    raw = data.astype(work)
     w = None
     if weight is not None:
         _tensor_arg("histogram", "weight", weight)
@@ -833,18 +897,39 @@ def histogram(input, bins=100, *, range=None, weight=None, density=False):  # no
             raise _C.KilnValueError(f"histogram(): bins must be a positive int or a tensor of edges, got {bins!r}")
         if range is not None:
             lo, hi = _float(range[0]), _float(range[1])
-            if lo > hi:
-                raise _C.KilnValueError(f"histogram(): min should not exceed max, got range ({lo}, {hi})")
-        elif data.size:
-            lo, hi = _float(data.min()), _float(data.max())
+        elif raw.size:
+            lo, hi = _float(raw.min()), _float(raw.max())
         else:
             lo, hi = 0.0, 1.0  # torch's range for an empty input
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise _C.KilnValueError(f"histogram(): range of [{lo}, {hi}] is not finite")
+        if lo > hi:
+            raise _C.KilnValueError(f"histogram(): min should not exceed max, got range ({lo}, {hi})")
         if lo == hi:
             lo, hi = lo - 0.5, hi + 0.5
-        edges = np.linspace(lo, hi, bins + 1)
-    hist, _ = np.histogram(data, bins=edges, weights=w)
+        # as torch: the edges are linspace(lo, hi) in the input's dtype (lo and hi rounded to it; each edge
+        # start + step * i in the first half, end - step * (n - i) in the second), and an element's bin is
+        # found in that dtype: (x - lo) * bins / (hi - lo), corrected by comparing x with the edges around it
+        lo_t, hi_t = work(lo), work(hi)
+        step = (hi_t - lo_t) / work(bins)
+        i = np.arange(bins + 1)
+        half = (bins + 1) // 2
+        edges = np.where(i < half, lo_t + step * i.astype(work), hi_t - step * (bins - i).astype(work))
+        edges = edges.astype(work)
+        inside = (raw >= edges[0]) & (raw <= edges[-1])
+        x = raw[inside]
+        pos = ((x - edges[0]) * work(bins) / (edges[-1] - edges[0])).astype(np.int64)
+        pos = np.clip(pos, 0, bins)
+        # the local search: among edges pos - 1, pos and pos + 1, the last one <= x
+        pos_min, pos_max = np.maximum(pos - 1, 0), np.minimum(pos + 2, bins + 1)
+        count = builtins.sum(((pos_min + j < pos_max) & (edges[np.minimum(pos_min + j, bins)] <= x)).astype(np.int64)
+                             for j in _range(3))
+        pos = pos_min + count - 1
+        pos = np.where(pos == bins, bins - 1, pos)
+        hist = np.bincount(pos, weights=None if w is None else w[inside], minlength=bins)[:bins]
+        edges = edges.astype(np.float64)
+    if isinstance(bins, Tensor):
+        hist, _ = np.histogram(data, bins=edges, weights=w)
     hist = hist.astype(np.float64)
     if density:
         total = hist.sum()
@@ -926,8 +1011,9 @@ def bernoulli(input, p=None, *, generator=None, **kwargs):
     _no_generator("bernoulli", generator)
     probs = input.detach() if p is None else p
     if isinstance(probs, Tensor):
-        if _bool(((probs < 0) | (probs > 1)).any()):
-            raise _C.KilnError("bernoulli(): all probabilities must be in [0, 1]")
+        if not _bool(((probs >= 0) & (probs <= 1)).all()):
+            raise _C.KilnError("bernoulli(): all probabilities must be in [0, 1] (NaN is not), as torch's "
+                               "'Expected p_in >= 0 && p_in <= 1'")
         probs = probs.to(_C.dtype.float64)
     elif not 0 <= probs <= 1:
         raise _C.KilnError(f"bernoulli(): p must be in [0, 1], got {probs}")
@@ -941,6 +1027,60 @@ def _bernoulli_values(self, p=0.5, *, generator=None):
     return bernoulli(self.detach(), p)
 
 
+_I64_MIN, _I64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
+def _to_float(value, dt):
+    """value (an int) rounded to the floating dtype dt, back as a Python int (C++'s int64 -> scalar_t -> int64);
+    None where dt cannot hold it (overflow to inf: the range check that follows refuses it)."""
+    rounded = _C.full([1], _float(value), dtype=dt).to(_C.dtype.float64).item()
+    return _int(rounded) if math.isfinite(rounded) else None
+
+
+def _update_from(lo, dt, digits):
+    """torch's update_from: from moved right to the next value whose rounding to dt stays >= from."""
+    plus1 = _to_float(lo + 1, dt)
+    if plus1 is not None and plus1 < lo:
+        lo = plus1 + (1 << (builtins.abs(lo + 1).bit_length() - 1 - digits + 1))
+    return lo
+
+
+def _update_to(hi, dt, digits):
+    """torch's update_to: to moved left to the next value whose rounding to dt stays < to."""
+    minus1 = _to_float(hi - 1, dt)
+    if minus1 is not None and minus1 >= hi:
+        hi = minus1 - (1 << (builtins.abs(hi - 1).bit_length() - 1 - digits + 1))
+    return hi
+
+
+def _random_bounds_check(dt, lo, to_inc):
+    """torch's check_from_to_in_range: from and to - 1 must be values of dt (floating dtypes: within its finite
+    range, with torch's warning beyond the integers it holds exactly, +-2**digits)."""
+    if dt.is_floating_point:
+        fmax = {_C.dtype.float16: 65504.0, _C.dtype.bfloat16: 3.3895313892515355e38,
+                _C.dtype.float32: 3.4028234663852886e38, _C.dtype.float64: 1.7976931348623157e308}[dt]
+        tmin, tmax = -fmax, fmax
+    elif dt == _C.dtype.bool:
+        tmin, tmax = 0, 1
+    else:
+        ii = np.iinfo(np.dtype(dt.name))
+        tmin, tmax = _int(ii.min), _int(ii.max)
+    for value, name in ((lo, "from"), (to_inc, "to - 1")):
+        if not tmin <= value <= tmax:
+            raise _C.KilnError(f"random_(): {name} is out of bounds for {dt.name}: {name} = {value} is not in "
+                               f"[{tmin}, {tmax}]")
+    if dt.is_floating_point:
+        digits = _MANTISSA[dt]
+        for value, name in ((lo, "from"), (to_inc, "to - 1")):
+            if value < -(1 << digits) or value > (1 << digits):
+                warnings.warn(f"random_(): {name} is out of bounds [-(2^{digits}), 2^{digits}]. Due to precision "
+                              f"limitations {dt.name} can support discrete uniform distribution only within this "
+                              f"range.", UserWarning, stacklevel=4)
+
+
+_MANTISSA = {_C.dtype.float16: 11, _C.dtype.bfloat16: 8, _C.dtype.float32: 24, _C.dtype.float64: 53}
+
+
 def _random_values(self, *args, generator=None, **kwargs):
     _no_generator("random_", generator)
     bounds = dict(zip(("from", "to"), args) if len(args) == 2 else zip(("to",), args))
@@ -948,31 +1088,76 @@ def _random_values(self, *args, generator=None, **kwargs):
     if set(bounds) - {"from", "to"}:
         raise TypeError(f"random_() got an unexpected keyword argument '{(set(bounds) - {'from', 'to'}).pop()}'")
     dt = self.dtype
-    if dt == _C.dtype.bool:
-        default_to = 2
-    elif dt.is_floating_point:
-        mant = {_C.dtype.float16: 11, _C.dtype.bfloat16: 8, _C.dtype.float32: 24, _C.dtype.float64: 53}[dt]
-        default_to = 2 ** mant + 1
-    else:
-        default_to = _int(np.iinfo(np.dtype(dt.name)).max) + 1
     lo, hi = bounds.get("from", 0), bounds.get("to")
-    hi = default_to if hi is None else hi
-    if lo >= hi:
-        raise _C.KilnError(f"random_ expects 'from' to be less than 'to', but got from={lo} >= to={hi}")
-    if dt.is_floating_point:
-        u = _uniform64(self)
-        return (_k().floor(u * _float(hi - lo)) + lo).clamp(lo, hi - 1).to(dt)
-    shape, dev, i64 = tuple(self.shape), self.device, _C.dtype.int64
+    for value, name in ((lo, "from"), (hi, "to")):
+        if value is None and name == "to":
+            continue
+        if not isinstance(value, numbers.Integral) or isinstance(value, _bool):
+            raise TypeError(f"random_(): argument '{name}' must be an int, not {type(value).__name__}")
+        if not _I64_MIN <= value <= _I64_MAX:
+            raise _C.KilnValueError(f"random_(): argument '{name}' = {value} does not fit in int64")
+    lo = _int(lo)
+    if hi is not None:
+        hi = _int(hi)
+        # [from, to)
+        if lo >= hi:
+            raise _C.KilnError(f"random_ expects 'from' to be less than 'to', but got from={lo} >= to={hi}")
+        if dt.is_floating_point:
+            lo, hi = _update_from(lo, dt, _MANTISSA[dt]), _update_to(hi, dt, _MANTISSA[dt])
+            if lo >= hi:
+                raise _C.KilnError(f"random_ expects 'from' casted to dtype to be less than 'to' casted to dtype, "
+                                   f"but got from={lo} >= to={hi}")
+        _random_bounds_check(dt, lo, hi - 1)
+    elif lo != _I64_MIN:
+        # [from, the dtype's largest value]
+        if dt.is_floating_point:
+            to_inc = builtins.min(1 << _MANTISSA[dt], _I64_MAX)
+            lo = _update_from(lo, dt, _MANTISSA[dt])
+            if lo >= to_inc:
+                raise _C.KilnError(f"random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' "
+                                   f"casted to dtype, but got from={lo} > to_inc={to_inc}")
+        elif dt == _C.dtype.bool:
+            to_inc = 1
+        else:
+            to_inc = _int(np.iinfo(np.dtype(dt.name)).max)
+        _random_bounds_check(dt, lo, to_inc)
+        hi = to_inc + 1
+    else:
+        # the full int64 range, 2**64 values: int64 and the floating dtypes torch allows
+        if dt not in (_C.dtype.int64, _C.dtype.float64, _C.dtype.float32, _C.dtype.bfloat16):
+            raise _C.KilnError(f"random_(): from=-2**63 with to=None (the full 64-bit range) handles only int64, "
+                               f"float64, float32 and bfloat16, not {dt.name}")
+        hi = 2 ** 63
     span = hi - lo
+    shape, dev, i64 = tuple(self.shape), self.device, _C.dtype.int64
+    if dt.is_floating_point and span <= 2 ** 53:
+        u = _uniform64(self)
+        return (_k().floor(u * _float(span)) + lo).clamp(lo, hi - 1).to(dt)
     if span <= 2 ** 24:  # the engine's randint draws spans up to 2**24
         return _k().randint(lo, hi, shape, dtype=i64, device=dev).to(dt)
-    # 63 random bits from three 21-bit draws, taken modulo the span as torch does for wide ranges
-    bits = _k().randint(0, 2 ** 21, shape, dtype=i64, device=dev)
+    # 64 random bits u = b * 2**63 + u63 (u63 from three 21-bit draws, b one more bit), reduced modulo the
+    # span as torch does for wide ranges, in int64 without overflow: the result is lo + (u mod span)
+    u63 = _k().randint(0, 2 ** 21, shape, dtype=i64, device=dev)
     for _ in _range(2):
-        bits = bits * 2 ** 21 + _k().randint(0, 2 ** 21, shape, dtype=i64, device=dev)
-    if span < 2 ** 63:
-        bits = _k().remainder(bits, span)
-    return (bits + lo).to(dt)
+        u63 = u63 * 2 ** 21 + _k().randint(0, 2 ** 21, shape, dtype=i64, device=dev)
+    top = _k().randint(0, 2, shape, dtype=i64, device=dev) == 1
+    if span <= 2 ** 63:
+        # (u63 mod span + b * (2**63 mod span)) mod span, both terms below span
+        a = u63 if span == 2 ** 63 else _k().remainder(u63, span)
+        c = (2 ** 63) % span
+        r = _C.where(top, _C.where(a >= span - c, a - (span - c), a + c), a) if c else a
+        out = r + lo
+    else:
+        # span > 2**63 (so lo < 0 < hi): u < 2 * span, u mod span is u or u - span
+        below = u63 + lo                            # b = 0: u = u63 < span
+        fits = u63 + (lo + 2 ** 63)                 # b = 1, u < span: lo + 2**63 + u63
+        if span == 2 ** 64:
+            high = fits
+        else:
+            over = span - 2 ** 63
+            high = _C.where(u63 < over, fits, (u63 - over) + lo)  # else lo + u - span
+        out = _C.where(top, high, below)
+    return out.to(dt)
 
 
 def _cauchy_values(self, median=0.0, sigma=1.0, *, generator=None):
@@ -1118,6 +1303,16 @@ def _compare_inplace(name, fn):
     return _inplace(name, fn)
 
 
+def _tensor_other(name, fn):
+    """fn(self, other) with other required to be a tensor, as torch's logical_and_/or_/xor_ (no Python scalar)."""
+    def compute(self, other):
+        if not isinstance(other, Tensor):
+            raise TypeError(f"{name}(): argument 'other' (position 1) must be a kiln.Tensor, not "
+                            f"{type(other).__name__}")
+        return fn(self, other)
+    return compute
+
+
 class _Missing:
     """Tensor's attributes set only where Tensor lacks them (another module's definition stays)."""
 
@@ -1158,18 +1353,29 @@ def _install():
     T.deg2rad_ = _inplace("deg2rad_", deg2rad)
     T.rad2deg_ = _inplace("rad2deg_", rad2deg)
     T.float_power_ = _float_power_
-    for name in ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"):
+    for name in ("eq", "ne", "lt", "le", "gt", "ge"):
         setattr(T, name + "_", _compare_inplace(name + "_", getattr(k, name)))
+    T.logical_and_ = _compare_inplace("logical_and_", _tensor_other("logical_and_", k.logical_and))
+    T.logical_or_ = _compare_inplace("logical_or_", _tensor_other("logical_or_", k.logical_or))
     for alias in ("greater", "greater_equal", "less", "less_equal", "not_equal"):
         setattr(T, alias + "_", _compare_inplace(alias + "_", getattr(k, _ALIASES[alias])))
-    T.logical_xor_ = _compare_inplace("logical_xor_", logical_xor)
+    T.logical_xor_ = _compare_inplace("logical_xor_", _tensor_other("logical_xor_", logical_xor))
     T.logical_not_ = _compare_inplace("logical_not_", k.logical_not)
     T.cumsum_ = _cum_inplace("cumsum_", k.cumsum)
     T.cumprod_ = _cum_inplace("cumprod_", k.cumprod)
     T.tril_ = _inplace("tril_", k.tril)
     T.triu_ = _inplace("triu_", k.triu)
-    T.scatter_ = _inplace("scatter_", k.scatter)
-    T.scatter_add_ = _inplace("scatter_add_", k.scatter_add)
+    # scatter with a number as src (or value=), which the engine's scatter takes only as a tensor
+    k.scatter, k.scatter_add = scatter, scatter_add
+    Tensor.scatter = _as_method(scatter)
+    Tensor.scatter_add = _as_method(scatter_add)
+    T.scatter_ = _inplace("scatter_", scatter)
+
+    def _scatter_add_(self, dim, index, src):
+        if not isinstance(src, Tensor):
+            raise TypeError(f"scatter_add_(): argument 'src' must be a kiln.Tensor, not {type(src).__name__}")
+        return scatter_add(self, dim, index, src)
+    T.scatter_add_ = _inplace("scatter_add_", _scatter_add_)
     T.scatter_reduce_ = _inplace("scatter_reduce_", k.scatter_reduce)
     T.index_put_ = _inplace("index_put_", k.index_put)
     T.masked_scatter_ = _inplace("masked_scatter_", k.masked_scatter)
@@ -1186,7 +1392,14 @@ def _install():
     T.unsqueeze_ = _view_inplace("unsqueeze_", lambda t, dim: t.unsqueeze(dim))
     # random fills
     T.bernoulli = lambda self, p=None, *, generator=None: bernoulli(self, p, generator=generator)
-    T.bernoulli_ = _inplace("bernoulli_", _bernoulli_values)
+    bernoulli_ = _inplace("bernoulli_", _bernoulli_values)
+
+    def _bernoulli_(self, p=0.5, *, generator=None):
+        # p may require grad, as torch allows (a draw has no gradient): detached before the in-place rule,
+        # which refuses an operand that requires grad
+        return bernoulli_(self, p.detach() if isinstance(p, Tensor) else p, generator=generator)
+    _bernoulli_.__name__ = "bernoulli_"
+    T.bernoulli_ = _bernoulli_
     T.random_ = _inplace("random_", _random_values)
     T.cauchy_ = _inplace("cauchy_", _cauchy_values)
     T.log_normal_ = _inplace("log_normal_", _log_normal_values)
@@ -1296,12 +1509,20 @@ def empty_strided(size, stride, *, dtype=None, device=None, requires_grad=False)
 
 
 def typename(obj):
-    """torch.typename: a tensor's type name ('kiln.FloatTensor'), else the object's qualified class name."""
+    """torch.typename: a tensor's type name ('kiln.FloatTensor'); else, as torch's, the object's own
+    module-qualified name where it has one (a class or function: typename(np.ndarray) is 'numpy.ndarray',
+    typename(len) 'len'), or its class's ('numpy.ndarray' for an array); no module for builtins."""
     if isinstance(obj, Tensor):
         return obj.type()
-    cls = type(obj)
-    module = cls.__module__
-    return cls.__qualname__ if module in (None, "builtins") else f"{module}.{cls.__qualname__}"
+    module = getattr(obj, "__module__", "") or ""
+    if hasattr(obj, "__qualname__"):
+        qualname = obj.__qualname__
+    elif hasattr(obj, "__name__"):
+        qualname = obj.__name__
+    else:
+        module = obj.__class__.__module__ or ""
+        qualname = obj.__class__.__qualname__
+    return qualname if module in ("", "builtins") else f"{module}.{qualname}"
 
 
 def bilinear(input1, input2, weight, bias=None):
@@ -1388,7 +1609,7 @@ _COPIES = {
     "unsqueeze_copy": lambda x, dim: x.unsqueeze(dim), "view_copy": lambda x, size: x.view(*size),
     "split_copy": lambda x, split_size, dim=0: _k().split(x, split_size, dim),
     "split_with_sizes_copy": lambda x, split_sizes, dim=0: _k().split(x, list(split_sizes), dim),
-    "as_strided_copy": lambda x, size, stride, storage_offset=0: x.as_strided(size, stride, storage_offset),
+    "as_strided_copy": lambda x, size, stride, storage_offset=None: as_strided(x, size, stride, storage_offset),
     "narrow_copy": lambda x, dim, start, length: x.narrow(dim, start, length),
 }
 globals().update({name: _copy_of(name, view) for name, view in _COPIES.items()})

@@ -676,3 +676,164 @@ def test_split_forms_narrow_copy_nonzero_static():
     for size, fill in ((2, -1), (3, -1), (5, 7), (0, -1)):
         same(kiln.nonzero_static(km, size=size, fill_value=fill), torch.nonzero_static(tm, size=size, fill_value=fill))
     same(km.nonzero_static(size=4), tm.nonzero_static(size=4))
+
+
+# ---------------------------------------------------------------- review fixes (each against torch)
+
+def test_random_wide_int64_spans_reach_the_whole_range():
+    # spans over 2**63 draw 64 bits (torch's random64() % span): random_(-2**63, None) covers all of int64,
+    # half of it positive, where 63 bits gave only [lo, lo + 2**63), all negative
+    kiln.manual_seed(11)
+    r = kiln.zeros(4000, dtype=kiln.int64).random_(-2 ** 63, None).numpy()
+    t = torch.zeros(4000, dtype=torch.int64).random_(-2 ** 63, None).numpy()
+    for a in (r, t):
+        assert 0.4 < (a > 0).mean() < 0.6 and a.min() < -2 ** 62 and a.max() > 2 ** 62
+    # [-2**63, 2**62): u mod span over 64 bits puts a quarter above 0, as torch's does
+    r = kiln.zeros(8000, dtype=kiln.int64).random_(-2 ** 63, 2 ** 62).numpy()
+    t = torch.zeros(8000, dtype=torch.int64).random_(-2 ** 63, 2 ** 62).numpy()
+    for a in (r, t):
+        assert 0.2 < (a > 0).mean() < 0.3 and a.max() < 2 ** 62 and a.min() < -2 ** 62
+    r = kiln.zeros(4000, dtype=kiln.int64).random_(-7, 2 ** 63 - 1).numpy()
+    assert r.min() >= -7 and r.max() > 2 ** 62 and 0.4 < (r > 2 ** 62).mean() < 0.6
+    r = kiln.zeros(2000, dtype=kiln.int64).random_(-2 ** 62, 2 ** 62).numpy()  # span 2**63 exactly
+    assert r.min() >= -2 ** 62 and r.max() < 2 ** 62 and 0.4 < (r > 0).mean() < 0.6
+
+
+@pytest.mark.parametrize("dt,args", [
+    ("uint8", (0, 300)), ("uint8", (-3, 3)), ("uint8", (300,)), ("int8", (0, 200)), ("int8", (200, None)),
+    ("bool", (0, 5)), ("bool", (-1, 1)), ("bool", (5, None)), ("float16", (0, 100000)), ("float16", (-70000, 0)),
+    ("int32", (0, 2 ** 40)), ("int16", (-2 ** 20, 0)), ("uint8", (-2 ** 63, None)), ("float16", (-2 ** 63, None)),
+    ("uint8", (0, 256)), ("int8", (-128, 128)), ("bool", (0, 2)), ("float16", (0, 2049)),
+    ("int32", (-2 ** 31, 2 ** 31)), ("bfloat16", (0, 300)), ("float32", (0, 2 ** 30)), ("bfloat16", (-2 ** 63, None))])
+def test_random_from_to_checked_against_the_dtype(dt, args):
+    # torch's check_from_to: from and to - 1 must be values of the dtype (an error naming which), floating
+    # dtypes within their finite range, with torch's warning past the integers they hold exactly
+    def run(lib):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                x = lib.zeros(64, dtype=getattr(lib, dt)).random_(*args)
+                err = None
+            except (RuntimeError, NotImplementedError) as e:
+                x, err = None, str(e)
+        return x, err, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    kx, kerr, kwarn = run(kiln)
+    tx, terr, twarn = run(torch)
+    assert (kerr is None) == (terr is None), (kerr, terr)
+    if terr is not None:
+        for phrase in ("from is out of bounds", "to - 1 is out of bounds"):
+            assert (phrase in kerr) == (phrase in terr), (kerr, terr)
+        return
+    assert bool(kwarn) == bool(twarn), (kwarn, twarn)
+    lo, hi = (0, args[0]) if len(args) == 1 else args
+    k = kx.to(kiln.float64).numpy()
+    if hi is not None:
+        assert k.min() >= lo and k.max() <= hi - 1
+    assert np.isfinite(k).all()
+
+
+def test_histogram_range_ends_and_edges_in_the_input_dtype():
+    # range= is rounded to the input's dtype and the bins found in it, as torch: float32 values at the ends of
+    # a range that float32 cannot hold exactly were dropped, and values on the edges fell in other bins
+    k, t = kiln.tensor([-3.7, 0.0, 6.3]), torch.tensor([-3.7, 0.0, 6.3])
+    same(kiln.histogram(k, 2, range=(-3.7, 6.3)), torch.histogram(t, 2, range=(-3.7, 6.3)))
+    k, t = kiln.tensor([0.1, 0.2, 0.3]), torch.tensor([0.1, 0.2, 0.3])
+    same(kiln.histogram(k, 2, range=(0.1, 0.3)), torch.histogram(t, 2, range=(0.1, 0.3)))
+    rng = np.random.default_rng(7)
+    for ndt in (np.float32, np.float64):
+        for trial in range(40):
+            bins = int(rng.integers(1, 6))  # torch's linspace rounds more bins differently with its vector width
+            lo = float(rng.choice([0.0, -1.0, 0.1, -3.7])) + float(rng.uniform(-1, 1))
+            hi = lo + float(rng.choice([1.0, 0.3, 7.0, 10.0]))
+            d = np.concatenate([np.linspace(lo, hi, bins + 1), rng.uniform(lo, hi, 20), [lo, hi]]).astype(ndt)
+            for kw in ({"range": (lo, hi)}, {}):
+                kr = kiln.histogram(kiln.from_numpy(d.copy()), bins, **kw)
+                tr = torch.histogram(torch.from_numpy(d.copy()), bins, **kw)
+                assert (kr.bin_edges.numpy() == tr.bin_edges.numpy()).all(), (ndt, bins, lo, hi, kw)
+                assert (kr.hist.numpy() == tr.hist.numpy()).all(), (ndt, bins, lo, hi, kw)
+
+
+def test_as_strided_default_offset_is_the_inputs():
+    a = np.arange(24.0).reshape(2, 3, 4)
+    (k, t) = both(a)
+    same(kiln.as_strided(k[1], (2, 2), (1, 2)), torch.as_strided(t[1], (2, 2), (1, 2)))
+    same(kiln.as_strided_copy(k[1], (2, 2), (1, 2)), torch.as_strided_copy(t[1], (2, 2), (1, 2)))
+    same(kiln.as_strided(k[1], (2, 2), (1, 2), 1), torch.as_strided(t[1], (2, 2), (1, 2), 1))
+    same(kiln.as_strided_copy(k[1], (2, 2), (1, 2), 0), torch.as_strided_copy(t[1], (2, 2), (1, 2), 0))
+
+
+def test_scatter_with_a_scalar_value():
+    idx = np.array([[0], [2], [1]])
+    ki, ti = kiln.tensor(idx), torch.tensor(idx)
+    for dt in (np.float32, np.int32):
+        (k, t) = both(np.zeros((3, 4), dtype=dt))
+        same(k.scatter_(1, ki, 1.0), t.scatter_(1, ti, 1.0))  # the one-hot idiom
+        same(kiln.scatter(k, 1, ki, value=2), torch.scatter(t, 1, ti, value=2))
+        same(k.scatter(1, ki, 3), t.scatter(1, ti, 3))
+        same(k.scatter_(1, ki, value=1.5), t.scatter_(1, ti, value=1.5))  # truncated into int32, as torch
+        same(kiln.ones(3, 4).scatter_(1, ki, 3.0, reduce="multiply"),
+             torch.ones(3, 4).scatter_(1, ti, 3.0, reduce="multiply"))
+    (k, t) = both(np.zeros((3, 4), dtype=np.float32))
+    src = np.ones((3, 1), dtype=np.float32)
+    same(k.scatter_add_(1, ki, kiln.tensor(src)), t.scatter_add_(1, ti, torch.tensor(src)))
+    for fn in (lambda lib, x, i: x.scatter_add_(1, i, 1.0), lambda lib, x, i: lib.scatter_add(x, 1, i, 1.0)):
+        with pytest.raises(TypeError):
+            fn(torch, t, ti)
+        with pytest.raises(TypeError, match="argument 'src' must be a kiln.Tensor, not float"):
+            fn(kiln, k, ki)
+
+
+def test_typename_of_classes_and_functions():
+    class Local:
+        pass
+    for obj in (np.ndarray, len, int, np.zeros(1), 3, "s", Local, Local(), math.sqrt, np.float32(1.0), warnings.warn):
+        assert kiln.typename(obj) == torch.typename(obj), obj
+
+
+def test_gradient_dtype_with_coordinates_and_repeated_dims():
+    y = np.array([1.0, 4.0, 9.0, 16.0])
+    c = np.array([0.0, 1.0, 3.0, 4.0])
+    for ydt, cdt in ((np.float32, np.float64), (np.float16, np.int64), (np.int64, np.float16), (np.int64, np.int64),
+                     (np.float64, np.float32), (np.float32, np.float32)):
+        (k, t), (kc, tc) = both(y.astype(ydt)), both(c.astype(cdt))
+        for order in (1, 2):
+            same(kiln.gradient(k, spacing=(kc,), edge_order=order), torch.gradient(t, spacing=(tc,), edge_order=order),
+                 1e-3)
+    x = arr(3, 3)
+    for dims in ((0, 0), (1, -1)):
+        with pytest.raises(RuntimeError, match="appears multiple times"):
+            torch.gradient(torch.tensor(x), dim=dims)
+        with pytest.raises(kiln.KilnError, match=f"dim {dims[0] % 2} appears multiple times in the list of dims"):
+            kiln.gradient(kiln.tensor(x), dim=dims)
+
+
+def test_sinc_low_precision_computed_in_float32():
+    v = np.array([4.0, 0.5, 1.0, 0.0, -3.0, 2.5, 100.0, 1000.0])
+    for dt in (torch.float16, torch.bfloat16):
+        k, t = kiln.tensor(v, dtype=kdt(dt)), torch.tensor(v, dtype=dt)
+        for ko, to in ((kiln.sinc(k), torch.sinc(t)), (kiln.tensor(v, dtype=kdt(dt)).sinc_(), t.clone().sinc_())):
+            assert ko.dtype == kdt(dt)
+            same(ko.to(kiln.float32), to.float(), 1e-6)
+
+
+def test_bernoulli_nan_logical_inplace_scalar_and_bernoulli_p_with_grad():
+    for p in ([float("nan")], [0.5, float("nan")]):
+        with pytest.raises(RuntimeError):
+            torch.bernoulli(torch.tensor(p))
+        with pytest.raises(kiln.KilnError, match=r"in \[0, 1\]"):
+            kiln.bernoulli(kiln.tensor(p))
+        with pytest.raises(kiln.KilnError, match=r"in \[0, 1\]"):
+            kiln.zeros(2).bernoulli_(kiln.tensor(p))
+    for name in ("logical_and_", "logical_or_", "logical_xor_"):
+        for other in (1, 1.0, True):
+            with pytest.raises(TypeError):
+                getattr(torch.tensor([1.0, 0.0]), name)(other)
+            with pytest.raises(TypeError, match=f"{name}\\(\\): argument 'other'"):
+                getattr(kiln.tensor([1.0, 0.0]), name)(other)
+        (k, t), (ko, to) = both(np.array([1.0, 0.0, 2.0])), both(np.array([1.0, 1.0, 0.0]))
+        same(getattr(k, name)(ko), getattr(t, name)(to))
+    kp, tp = both(np.array([0.0, 1.0, 1.0]), grad=True)
+    tr = torch.zeros(3).bernoulli_(tp)
+    kr = kiln.zeros(3).bernoulli_(kp)
+    assert kr.numpy().tolist() == tr.detach().numpy().tolist() == [0.0, 1.0, 1.0]
+    assert kiln.bernoulli(kp).numpy().tolist() == [0.0, 1.0, 1.0]
