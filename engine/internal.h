@@ -56,5 +56,11 @@ void check_alpha(const char* op, DType t, double alpha, bool subtracts = false);
 // A checked alpha as the kernels of dtype t take it: for an integer t wrapped into t's values (modulo 2^bits),
 // so that an i32 x.add_(i64 y, alpha=2**40) multiplies by 0 as PyTorch's i64 sum cast to i32 does.
 double alpha_in(DType t, double alpha);
+// `r` (a gradient computed in a backward with create_graph) made to depend on `x` with derivative 0, as
+// torch's threshold_backward, leaky_relu_backward, hardtanh_backward and max_pool*_backward do on their
+// saved input: their masks come from comparisons of x, which record nothing, so without this a second
+// backward would find x unused (an error, or None) where torch gives zeros. r itself when x needs no
+// gradient.
+Tensor with_zero_edge(const Tensor& r, const Tensor& x);
 
 }  // namespace kiln::detail

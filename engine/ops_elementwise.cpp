@@ -137,6 +137,17 @@ void check_alpha(const char* op, DType t, double alpha, bool subtracts) {
 double alpha_in(DType t, double alpha) {
   return is_floating(t) || t == DType::boolean ? alpha : wrap_integral(alpha, t);
 }
+
+Tensor with_zero_edge(const Tensor& r, const Tensor& x) {
+  if (!autograd::needs_grad({x})) return r;
+  const Shape shape = x.shape();
+  const TensorOptions opts(x.dtype(), x.device());
+  Tensor out = r.detach();
+  autograd::record("zero_edge", {r, x}, {out}, [shape, opts](const GradCtx& c) -> std::vector<Tensor> {
+    return {c.g(), c.needs_grad(1) ? zeros(shape, opts) : Tensor()};
+  });
+  return out;
+}
 }  // namespace detail
 
 using detail::check_alpha;
@@ -539,6 +550,19 @@ Tensor sinh(const Tensor& a) {
 Tensor cosh(const Tensor& a) {
   return float_unary("cosh", UnaryOp::cosh, a, false, [](const Tensor& g, const Tensor& x) { return g * sinh(x); });
 }
+// torch's derivatives: (x^2 + 1)^-1/2, (x^2 - 1)^-1/2, 1 / (1 - x^2).
+Tensor asinh(const Tensor& a) {
+  return float_unary("asinh", UnaryOp::asinh, a, false,
+                     [](const Tensor& g, const Tensor& x) { return g * rsqrt(x * x + 1.0); });
+}
+Tensor acosh(const Tensor& a) {
+  return float_unary("acosh", UnaryOp::acosh, a, false,
+                     [](const Tensor& g, const Tensor& x) { return g * rsqrt(x * x - 1.0); });
+}
+Tensor atanh(const Tensor& a) {
+  return float_unary("atanh", UnaryOp::atanh, a, false,
+                     [](const Tensor& g, const Tensor& x) { return g / (1.0 - x * x); });
+}
 Tensor erf(const Tensor& a) {
   return float_unary("erf", UnaryOp::erf, a, false,
                      [](const Tensor& g, const Tensor& x) { return g * (exp(-(x * x)) * kTwoOverSqrtPi); });
@@ -625,7 +649,9 @@ Tensor logsigmoid(const Tensor& x) {
 }
 Tensor leaky_relu(const Tensor& x, double slope) {
   return unary_on_input("leaky_relu", UnaryOp::leaky_relu, x, slope, 0,
-                        [slope](const Tensor& g, const Tensor& x) { return where_positive(x, g, g * slope); });
+                        [slope](const Tensor& g, const Tensor& x) {
+                          return detail::with_zero_edge(where_positive(x, g, g * slope), x);
+                        });
 }
 namespace {
 Tensor elu_scaled(const char* name, const Tensor& x, double alpha, double scale) {
@@ -652,7 +678,7 @@ Tensor hardtanh(const Tensor& x, double min_val, double max_val) {
         // 0 at or past a bound, and g elsewhere, NaN included: PyTorch's hardtanh_backward (its CUDA and
         // scalar CPU kernels; its vectorised CPU loop gives 0 at NaN).
         const Tensor outside = logical_or(le(x, scalar_like(min_val, x)), ge(x, scalar_like(max_val, x)));
-        return where(outside, zeros_like(g), g);
+        return detail::with_zero_edge(where(outside, zeros_like(g), g), x);
       });
 }
 Tensor relu6(const Tensor& x) { return hardtanh(x, 0.0, 6.0); }
@@ -691,7 +717,7 @@ Tensor fused_backward(BinaryOp op, const Tensor& g, const Tensor& saved) {
   const Tensor a = g.to(t), b = saved.to(t);
   switch (op) {
     case BinaryOp::relu_backward:  // b <= 0 ? 0 : a (a NaN b passes a)
-      return where(le(b, scalar_like(0, b)), zeros_like(a), a);
+      return detail::with_zero_edge(where(le(b, scalar_like(0, b)), zeros_like(a), a), b);
     case BinaryOp::sigmoid_backward:
       return a * b * (1.0 - b);
     case BinaryOp::tanh_backward:

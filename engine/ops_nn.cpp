@@ -1019,7 +1019,9 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduc
 Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction, double delta) {
   KILN_CHECK(delta > 0, "huber_loss: delta must be > 0, got ", delta);
   const Tensor d = abs_diff("huber_loss", input, target);
-  return reduce_loss(where(le(d, scalar_like(delta, d)), d * d * 0.5, (d - 0.5 * delta) * delta), reduction);
+  // Quadratic strictly inside delta, as torch's: the same values and first derivative at |d| = delta, and
+  // torch's second derivative there (0, the linear side's).
+  return reduce_loss(where(lt(d, scalar_like(delta, d)), d * d * 0.5, (d - 0.5 * delta) * delta), reduction);
 }
 Tensor binary_cross_entropy(const Tensor& p_in, const Tensor& y_in, Reduction reduction, const Tensor& weight) {
   const Tensor p = amp::autocast_arg(amp::AutocastOp::binary_cross_entropy_with_logits, p_in),

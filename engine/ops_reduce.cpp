@@ -252,7 +252,29 @@ Tensor norm(const Tensor& a, double p, const std::vector<int64_t>& dims, bool ke
     }
     return out;
   }
-  return pow(sum(pow(abs(x), p), dims, keepdim), 1.0 / p);
+  // Any other p: sum(|x|^p)^(1/p), with torch's gradient, which is 0 (not NaN) where the norm is 0 and, for
+  // p < 1, at zero elements (|x|^(p-1) is inf there): sgn(x) |x|^(p-1) g / norm^(p-1).
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = pow(sum(pow(abs(x), p), dims, keepdim), 1.0 / p);
+  }
+  if (autograd::needs_grad({x})) {
+    SavedTensor sx(x), so(out);
+    const Shape keep = plan_reduce(a, dims, keepdim, "norm").keep_shape;
+    autograd::record("norm", {x}, {out}, [sx, so, keep, p](const GradCtx& c) -> std::vector<Tensor> {
+      const Tensor xs = sx.unpack("norm"), n = so.unpack("norm").reshape(keep), g = c.g().reshape(keep);
+      if (p < 1) {
+        const Tensor at_zero = eq(xs, scalar_like(0, xs));
+        const Tensor scaled = sign(xs) * where(at_zero, zeros_like(xs), pow(abs(xs), p - 1));
+        return {scaled * (g * pow(n, 1 - p))};
+      }
+      const Tensor scaled = p < 2 ? sign(xs) * pow(abs(xs), p - 1) : xs * pow(abs(xs), p - 2);
+      const Tensor zero = eq(n, scalar_like(0, n));
+      return {scaled * where(zero, zeros_like(n), g / where(zero, ones_like(n), pow(n, p - 1)))};
+    });
+  }
+  return out;
 }
 
 Tensor any(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {

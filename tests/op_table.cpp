@@ -323,6 +323,13 @@ std::vector<Row> build() {
   un(
       "cosh", [](const Tensor& a) { return cosh(a); }, [](double x) { return std::cosh(x); });
   un(
+      "asinh", [](const Tensor& a) { return asinh(a); }, [](double x) { return std::asinh(x); });
+  un(  // acosh over [1.5, 2.5): defined from 1, its derivative infinite there
+      "acosh", [](const Tensor& a) { return acosh(a + 1.0); }, [](double x) { return std::acosh(x + 1.0); },
+      Kind::positive);
+  un(  // atanh over [0, 0.8): its derivative 1 / (1 - x^2) grows without bound towards 1
+      "atanh", [](const Tensor& a) { return atanh(a * 0.8); }, [](double x) { return std::atanh(x * 0.8); }, Kind::unit);
+  un(
       "erf", [](const Tensor& a) { return erf(a); }, [](double x) { return std::erf(x); });
   un(
       "erfc", [](const Tensor& a) { return erfc(a); }, [](double x) { return std::erfc(x); });
@@ -932,6 +939,8 @@ std::vector<Row> build() {
                  norm(x[0], INFINITY, {0}),
                  norm(x[0], -INFINITY, {1}),
                  norm(x[0], 3, {1}),
+                 norm(x[0], 1.5, {0}),
+                 norm(x[0], 0.5, {2}),
                  norm(x[0], 0, {2})};
       })
       .autocast(AutocastOp::reductions)

@@ -156,6 +156,9 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
       case UnaryOp::atan: return F([](A x) { return std::atan(x); });
       case UnaryOp::sinh: return F([](A x) { return std::sinh(x); });
       case UnaryOp::cosh: return F([](A x) { return std::cosh(x); });
+      case UnaryOp::asinh: return F([](A x) { return std::asinh(x); });
+      case UnaryOp::acosh: return F([](A x) { return std::acosh(x); });
+      case UnaryOp::atanh: return F([](A x) { return std::atanh(x); });
       case UnaryOp::erf: return F([](A x) { return std::erf(x); });
       case UnaryOp::erfc: return F([](A x) { return std::erfc(x); });
       case UnaryOp::erfinv: return F([](A x) { return math::erfinv(x); });

@@ -148,6 +148,9 @@ template <typename T> struct UnaryF {
         case UnaryOp::atan: return atan(x);
         case UnaryOp::sinh: return sinh(x);
         case UnaryOp::cosh: return cosh(x);
+        case UnaryOp::asinh: return asinh(x);
+        case UnaryOp::acosh: return acosh(x);
+        case UnaryOp::atanh: return atanh(x);
         case UnaryOp::erf: return erf(x);
         case UnaryOp::erfc: return erfc(x);
         case UnaryOp::erfinv: return math::erfinv(x);

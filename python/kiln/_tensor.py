@@ -327,7 +327,7 @@ Tensor.type_as = lambda self, other: self.to(other.dtype)
 
 # The ops that are also methods (x.sum(), x.relu(), ...): the first argument is the tensor.
 _METHODS = """
-neg abs sign exp log sqrt rsqrt tanh sigmoid relu sin cos tan asin acos atan sinh cosh erf erfc erfinv
+neg abs sign exp log sqrt rsqrt tanh sigmoid relu sin cos tan asin acos atan sinh cosh asinh acosh atanh erf erfc erfinv
 log1p expm1 log2 log10 exp2 reciprocal floor ceil round trunc frac isnan isinf isfinite logical_not gelu
 add sub mul div floor_divide pow fmod remainder atan2 maximum minimum eq ne lt le gt ge logical_and logical_or matmul
 clamp nan_to_num lerp addcmul addcdiv sum mean amax amin logsumexp any all prod count_nonzero var std norm

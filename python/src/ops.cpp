@@ -348,6 +348,9 @@ void bind_ops(nb::module_& mod) {
   unary(m, "atan", [](const Tensor& x) { return atan(x); });
   unary(m, "sinh", [](const Tensor& x) { return sinh(x); });
   unary(m, "cosh", [](const Tensor& x) { return cosh(x); });
+  unary(m, "asinh", [](const Tensor& x) { return asinh(x); });
+  unary(m, "acosh", [](const Tensor& x) { return acosh(x); });
+  unary(m, "atanh", [](const Tensor& x) { return atanh(x); });
   unary(m, "erf", [](const Tensor& x) { return erf(x); });
   unary(m, "erfc", [](const Tensor& x) { return erfc(x); });
   unary(m, "erfinv", [](const Tensor& x) { return erfinv(x); });

@@ -559,3 +559,34 @@ def test_16_bit_batch_norm_gradient_under_create_graph_as_accurate_as_the_plain_
     plain = np.abs(grad(kiln.float16, False) - ref).max() / scale
     recorded = np.abs(grad(kiln.float16, True) - ref).max() / scale
     assert recorded <= 1.1 * plain, (recorded, plain)
+
+
+# ---- relu, leaky_relu, hardtanh, relu6: the mask's input reached with derivative 0 (zeros, not unused) ----
+@pytest.mark.parametrize("name", ["relu", "leaky_relu", "hardtanh", "relu6"])
+def test_piecewise_linear_second_derivative_reaches_the_input_as_torch(name):
+    # torch's threshold/leaky_relu/hardtanh backward ops depend on the saved input with derivative 0:
+    # grad of the gradient w.r.t. x is zeros, where a mask from a comparison alone would leave x unused.
+    xs = [[1.0, -2.0, 3.0, 0.25, 7.0]]
+    ws = [[0.5, 1.0], [2.0, -1.0], [1.0, 1.0], [-0.5, 3.0], [1.5, 0.25]]
+    got = []
+    for lib, f in ((torch, getattr(torch.nn.functional, name)), (kiln, getattr(KF, name))):
+        x = lib.tensor(xs, dtype=lib.float64, requires_grad=True)
+        w = lib.tensor(ws, dtype=lib.float64, requires_grad=True)
+        (g,) = lib.autograd.grad((f(x) @ w).sum(), x, create_graph=True)
+        assert g.requires_grad
+        h, hw = lib.autograd.grad((g * g).sum(), [x, w])
+        got.append((np.array(h.detach().tolist()), np.array(hw.detach().tolist())))
+    np.testing.assert_array_equal(got[1][0], got[0][0])
+    np.testing.assert_allclose(got[1][1], got[0][1], rtol=1e-12, atol=0)
+
+
+def test_huber_second_derivative_at_delta_as_torch():
+    # Quadratic strictly inside delta, as torch's: at |x - y| = delta the second derivative is the linear side's 0.
+    got = []
+    for lib in (torch, kiln):
+        x = lib.tensor([1.0, -2.0, 3.0, 0.25, -1.0], dtype=lib.float64, requires_grad=True)
+        y = lib.nn.functional.huber_loss(x, lib.zeros_like(x), reduction="sum", delta=1.0)
+        (g,) = lib.autograd.grad(y, x, create_graph=True)
+        (h,) = lib.autograd.grad(g.sum(), x)
+        got.append((g.detach().tolist(), h.tolist()))
+    assert got[1] == got[0]

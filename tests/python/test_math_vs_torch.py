@@ -706,3 +706,53 @@ def test_integer_matrix_power_in_blocks_of_the_inner_dimension(monkeypatch):
         to = torch.linalg.matrix_power(torch.tensor(a), n)
         same(ko, to)  # exact, wrapping around in int32/int16 as torch's
     assert sizes and max(sizes) <= 5000, max(sizes)
+
+
+@pytest.mark.parametrize("name", ["asinh", "acosh", "atanh"])
+def test_inverse_hyperbolic_as_torch(name):
+    # Values over each domain and past it (NaN), the poles, inf; gradients and second derivatives in f64;
+    # f32 and an integer input (promoted to f32, as torch's).
+    a = {"asinh": np.concatenate([np.linspace(-30, 30, 61), [1e-300, -1e-8, 1e300, np.inf, -np.inf, np.nan]]),
+         "acosh": np.concatenate([np.linspace(1, 40, 40), [1 + 1e-12, 0.5, -2.0, 1e300, np.inf, np.nan]]),
+         "atanh": np.concatenate([np.linspace(-0.99, 0.99, 45), [1e-12, 1.0, -1.0, 1.5, np.nan]])}[name]
+    k, t = getattr(kiln, name)(kiln.tensor(a, dtype=kiln.float64)), getattr(torch, name)(torch.tensor(a))
+    np.testing.assert_allclose(np.array(k.tolist()), t.numpy(), rtol=1e-15, atol=0)
+    k32 = getattr(kiln, name)(kiln.tensor(a, dtype=kiln.float32))
+    np.testing.assert_allclose(np.array(k32.tolist()), getattr(torch, name)(torch.tensor(a, dtype=torch.float32)).numpy(),
+                               rtol=2e-7, atol=0)
+    ints = [1, 2, 3] if name == "acosh" else [0, -1, 1]
+    ki, ti = getattr(kiln, name)(kiln.tensor(ints)), getattr(torch, name)(torch.tensor(ints))
+    assert dt(ki) == dt(ti) == "float32"
+    np.testing.assert_allclose(np.array(ki.tolist()), ti.numpy(), rtol=1e-7)
+    inside = {"asinh": [-3.0, -0.5, 0.0, 2.0], "acosh": [1.5, 2.0, 7.0], "atanh": [-0.7, 0.0, 0.3, 0.9]}[name]
+    grads = []
+    for lib in (kiln, torch):
+        x = lib.tensor(inside, dtype=lib.float64, requires_grad=True)
+        y = getattr(x, name)()  # the method
+        (g,) = lib.autograd.grad((y * y).sum(), x, create_graph=True)
+        (h,) = lib.autograd.grad(g.sum(), x)
+        grads.append(np.array(g.detach().tolist() + h.tolist()))
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("p", [0.5, 1.5, 3.0])
+def test_general_p_norm_gradient_at_zeros_as_torch(p):
+    # A zero row (norm 0) and zero elements in a non-zero row: torch's gradient is 0 there, where the plain
+    # composite pow(sum(pow(|x|, p)), 1/p) gave NaN (so did F.normalize and pairwise_distance built on it).
+    a = [[0.0, 0.0, 0.0], [0.0, 1.0, -2.0], [0.5, -0.25, 3.0]]
+    w = [[1.0, 2.0, 3.0]]
+    got = []
+    for lib in (kiln, torch):
+        x = lib.tensor(a, dtype=lib.float64, requires_grad=True)
+        n = x.norm(p, dim=1)
+        (g,) = lib.autograd.grad((n * lib.tensor(w[0], dtype=lib.float64)).sum(), x)
+        got.append((np.array(n.detach().tolist()), np.array(g.tolist())))
+    np.testing.assert_allclose(got[0][0], got[1][0], rtol=1e-14)
+    np.testing.assert_allclose(got[0][1], got[1][1], rtol=1e-13, atol=0)
+    if p > 1:
+        got = []
+        for lib in (kiln, torch):
+            x = lib.tensor(a, dtype=lib.float64, requires_grad=True)
+            (g,) = lib.autograd.grad(lib.nn.functional.normalize(x, p=p, dim=1).sum(), x)
+            got.append(np.array(g.tolist()))
+        np.testing.assert_allclose(got[0], got[1], rtol=1e-12, atol=1e-15)
