@@ -648,10 +648,9 @@ Tensor logsigmoid(const Tensor& x) {
                         [](const Tensor& g, const Tensor& x) { return g * sigmoid(-x); });
 }
 Tensor leaky_relu(const Tensor& x, double slope) {
-  return unary_on_input("leaky_relu", UnaryOp::leaky_relu, x, slope, 0,
-                        [slope](const Tensor& g, const Tensor& x) {
-                          return detail::with_zero_edge(where_positive(x, g, g * slope), x);
-                        });
+  return unary_on_input("leaky_relu", UnaryOp::leaky_relu, x, slope, 0, [slope](const Tensor& g, const Tensor& x) {
+    return detail::with_zero_edge(where_positive(x, g, g * slope), x);
+  });
 }
 namespace {
 Tensor elu_scaled(const char* name, const Tensor& x, double alpha, double scale) {

@@ -328,7 +328,8 @@ std::vector<Row> build() {
       "acosh", [](const Tensor& a) { return acosh(a + 1.0); }, [](double x) { return std::acosh(x + 1.0); },
       Kind::positive);
   un(  // atanh over [0, 0.8): its derivative 1 / (1 - x^2) grows without bound towards 1
-      "atanh", [](const Tensor& a) { return atanh(a * 0.8); }, [](double x) { return std::atanh(x * 0.8); }, Kind::unit);
+      "atanh", [](const Tensor& a) { return atanh(a * 0.8); }, [](double x) { return std::atanh(x * 0.8); },
+      Kind::unit);
   un(
       "erf", [](const Tensor& a) { return erf(a); }, [](double x) { return std::erf(x); });
   un(
