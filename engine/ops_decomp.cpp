@@ -336,10 +336,10 @@ Tensor linalg_solve(const Tensor& A, const Tensor& B, bool left) {
   const bool vector =
       B.dim() == 1 || (B.dim() == A.dim() - 1 && B.shape() == Shape(A.shape().begin(), A.shape().end() - 1));
   if (vector) {
-    KILN_CHECK(B.size(-1) == n, "linalg.solve: Incompatible shapes of A and B for the equation ",
+    // A column: with left=false (X A = B) PyTorch refuses it, as here.
+    KILN_CHECK(left && B.size(-1) == n, "linalg.solve: Incompatible shapes of A and B for the equation ",
                left ? "AX = B" : "XA = B", " (", A.size(-2), "x", A.size(-1), " and ", B.size(-1), "x1)");
-    // x A = b is A^T x = b.
-    return solve_left(left ? A : mT(A), B.unsqueeze(-1)).squeeze(-1);
+    return solve_left(A, B.unsqueeze(-1)).squeeze(-1);
   }
   check_vector_or_matrix_rhs("linalg.solve", A, B, n, left);
   return left ? solve_left(A, B) : mT(solve_left(mT(A), mT(B)));

@@ -73,6 +73,8 @@ from ._extras import (clip, clamp_min, clamp_max, logaddexp, addmm, cdist, get_r
                       set_rng_state, device, cuda)
 from . import _math  # noqa: E402
 globals().update({name: getattr(_math, name) for name in _math.__all__})  # add(3, t), quantile, special, linalg
+from . import _linalg_lu  # noqa: E402
+globals().update(_linalg_lu._EXPORTS)  # det, logdet, slogdet, inverse, cholesky, cholesky_solve, ... (kiln.linalg too)
 from . import autograd
 from ._train import train, report
 from . import nn
