@@ -67,7 +67,7 @@ def test_solve(a_shape, b_shape):
             [shifted(a_shape, 1), rand(b_shape, 2)])
 
 
-@pytest.mark.parametrize("b_shape", [(3, 4), (2, 3, 4), (4,)])
+@pytest.mark.parametrize("b_shape", [(3, 4), (2, 3, 4)])  # a vector B: refused, as torch (test_shape_errors)
 def test_solve_left_false(b_shape):
     compare(lambda a, b: kiln.linalg.solve(a, b, left=False), lambda a, b: torch.linalg.solve(a, b, left=False),
             [shifted((2, 4, 4), 3), rand(b_shape, 4)])
