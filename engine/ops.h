@@ -265,6 +265,48 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // needs are summed out first). A label repeated within one operand (a diagonal) is refused.
 Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands);
 
+// ---- matrix decompositions (engine/ops_decomp.cpp): LU, Cholesky, triangular solves ----------------
+// Square matrices in the last two dims, batched over the leading ones (A and B broadcast), f32 or f64
+// (16-bit and integer tensors are refused, as torch.linalg). On the CPU through Eigen; a CUDA tensor is
+// copied to the host, decomposed there and the result copied back. Gradients are PyTorch's, made of these
+// ops, so they differentiate again (create_graph). A singular or non-positive-definite input is an error
+// naming the op and, in a batch, the element, with PyTorch's wording.
+struct LUFactor {
+  Tensor LU;      // L below the diagonal (unit diagonal, not stored), U on and above it
+  Tensor pivots;  // i32 [..., n], LAPACK's 1-based row swaps: P A = L U
+};
+// torch.linalg.lu_factor; a zero on U's diagonal (singular A) is an error.
+LUFactor linalg_lu_factor(const Tensor& A);
+// Solves A X = B (left) or X A = B from lu_factor's result; adjoint: with A^T instead of A.
+Tensor linalg_lu_solve(const Tensor& LU, const Tensor& pivots, const Tensor& B, bool left = true, bool adjoint = false);
+// A X = B (left) or X A = B. B is a vector (a batch of them) when 1-D or shaped as A without its last dim.
+Tensor linalg_solve(const Tensor& A, const Tensor& B, bool left = true);
+Tensor linalg_inv(const Tensor& A);
+// det(A); where det is 0 the gradient is the adjugate's transpose (the cofactors), finite, as PyTorch's.
+Tensor linalg_det(const Tensor& A);
+struct SignLogAbsDet {
+  Tensor sign, logabsdet;  // sign 0 and logabsdet -inf for a singular matrix
+};
+SignLogAbsDet linalg_slogdet(const Tensor& A);
+// log(det A): NaN where det < 0, -inf where det is 0.
+Tensor logdet(const Tensor& A);
+// A = L L^T (upper: A = U^T U, U returned). A not positive-definite is an error naming the leading minor.
+Tensor linalg_cholesky(const Tensor& A, bool upper = false);
+struct CholeskyEx {
+  Tensor L;
+  Tensor info;  // i32 [...]: 0, or the order of the first leading minor that is not positive-definite
+};
+// cholesky without the error: where info > 0, L holds the input's lower (upper) triangle, not a factor.
+CholeskyEx linalg_cholesky_ex(const Tensor& A, bool upper = false);
+// X = A^-1 B with A = L L^T (upper: U^T U) given its factor (torch.cholesky_solve's argument order).
+Tensor cholesky_solve(const Tensor& B, const Tensor& L, bool upper = false);
+// A^-1 from A's Cholesky factor.
+Tensor cholesky_inverse(const Tensor& L, bool upper = false);
+// A X = B (left) or X A = B with A upper or lower triangular (the other triangle is not read);
+// unitriangular: A's diagonal is taken as ones.
+Tensor linalg_solve_triangular(const Tensor& A, const Tensor& B, bool upper, bool left = true,
+                               bool unitriangular = false);
+
 // ---- shape ops as free functions (also on Tensor) -----------------------------------------------
 Shape broadcast_shapes(const Shape& a, const Shape& b);
 // |a - b| <= atol + rtol |b| everywhere, PyTorch's: the shapes broadcast, an infinity matches only

@@ -2162,6 +2162,79 @@ std::vector<Row> build() {
       .tol(2e-2, 1e-5)
       .dtype_dependent("draws in f32 whatever the inputs' dtype: nothing for f64 to check");
 
+  // ---- matrix decompositions (engine/ops_decomp.cpp): inputs made well-conditioned (A + n I, B B^T + n I) ----
+  {
+    const auto shifted = [](const Tensor& a) {  // a + n I over the last two dims
+      return a + eye(a.size(-1), -1, TensorOptions(a.dtype(), a.device())) * double(a.size(-1));
+    };
+    const auto spd = [](const Tensor& b) {  // b b^T + n I, n x n for b [..., n, k]
+      return matmul(b, b.transpose(-1, -2)) +
+             eye(b.size(-2), -1, TensorOptions(b.dtype(), b.device())) * double(b.size(-2));
+    };
+    row("linalg_solve", {{{2, 4, 4}}, {{4, 3}}, {{2, 4}}, {{3, 4}}},
+        [shifted](const V& x) {
+          const Tensor a = shifted(x[0]);
+          return V{linalg_solve(a, x[1]), linalg_solve(a, x[2]), linalg_solve(a, x[3], false)};
+        })
+        .f32_only()
+        .tol(0, 1e-3);
+    row("linalg_inv_det", {{{3, 4, 4}}, {{2, 3}}},
+        [shifted, spd](const V& x) {
+          const Tensor a = shifted(x[0]);
+          const SignLogAbsDet s = linalg_slogdet(a);
+          return V{linalg_inv(a), linalg_det(a), s.sign, s.logabsdet, logdet(spd(x[1]))};
+        })
+        .covers({"linalg_inv", "linalg_det", "linalg_slogdet", "logdet"})
+        .f32_only()
+        .tol(0, 1e-3);
+    // det at a singular matrix (third row the sum of the first two): 0, its gradient the cofactors.
+    row("linalg_det_singular", {{{2, 3}}, {{4, 2}}},
+        [](const V& x) {
+          const Tensor a = cat({x[0], sum(x[0], {0}, true)}, 0);
+          // rank 2 of 4: the cofactors, so the gradient, are 0 too
+          return V{linalg_det(a), linalg_det(matmul(x[1], x[1].transpose(0, 1)))};
+        })
+        .covers({"linalg_det"})
+        .f32_only()
+        .tol(0, 1e-3);
+    row("linalg_cholesky", {{{2, 4, 4}}, {{4, 3}}, {{4, 4}}},
+        [spd, shifted](const V& x) {
+          const Tensor a = spd(x[0]);
+          const Tensor l = linalg_cholesky(a);
+          const Tensor lower = tril(shifted(x[2]));
+          return V{l,
+                   linalg_cholesky(a, true),
+                   linalg_cholesky_ex(a).L,
+                   cholesky_solve(x[1], l),
+                   cholesky_solve(x[1], lower.transpose(0, 1), true),
+                   cholesky_inverse(lower)};
+        })
+        .covers({"linalg_cholesky", "linalg_cholesky_ex", "cholesky_solve", "cholesky_inverse"})
+        .f32_only()
+        .tol(0, 1e-3);
+    row("linalg_solve_triangular", {{{2, 4, 4}}, {{4, 3}}, {{3, 4}}},
+        [shifted](const V& x) {
+          const Tensor a = shifted(x[0]);
+          return V{linalg_solve_triangular(a, x[1], true), linalg_solve_triangular(a, x[2], false, false),
+                   linalg_solve_triangular(a, x[1], false, true, true)};
+        })
+        .f32_only()
+        .tol(0, 1e-3);
+    row("linalg_lu", {{{2, 4, 4}}, {{4, 3}}, {{2, 3, 4}}},
+        [shifted](const V& x) {
+          const LUFactor f = linalg_lu_factor(shifted(x[0]));
+          return V{f.LU,
+                   f.pivots,
+                   linalg_lu_solve(f.LU, f.pivots, x[1]),
+                   linalg_lu_solve(f.LU, f.pivots, x[1], true, true),
+                   linalg_lu_solve(f.LU, f.pivots, x[2], false),
+                   linalg_lu_solve(f.LU, f.pivots, x[2], false, true)};
+        })
+        .covers({"linalg_lu_factor", "linalg_lu_solve"})
+        .f32_only()
+        .tol(0, 1e-3);
+  }
+
   for (Row& r : v)
     if (r.ops.empty()) r.ops = {r.name};
   return v;

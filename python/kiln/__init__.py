@@ -77,6 +77,8 @@ from . import _torch_more  # noqa: E402
 globals().update({name: getattr(_torch_more, name) for name in _torch_more.__all__  # aliases, in-place forms, ...
                   if name not in globals()})
 bernoulli = _torch_more.bernoulli  # torch's bernoulli(input, p=None) beside the engine's bernoulli(size, p)
+from . import _linalg_lu  # noqa: E402
+globals().update(_linalg_lu._EXPORTS)  # det, logdet, slogdet, inverse, cholesky, cholesky_solve, ... (kiln.linalg too)
 from . import autograd
 from ._train import train, report
 from . import nn
