@@ -656,4 +656,5 @@ NB_MODULE(_C, m) {
   bind_train(m);
   bind_nn(m);
   bind_tensor_views(m);
+  bind_linalg_spectral(m);
 }
