@@ -73,6 +73,9 @@ from ._extras import (clip, clamp_min, clamp_max, logaddexp, addmm, cdist, get_r
                       set_rng_state, device, cuda)
 from . import _math  # noqa: E402
 globals().update({name: getattr(_math, name) for name in _math.__all__})  # add(3, t), quantile, special, linalg
+from . import _linalg_spectral  # noqa: E402  (eigh, svd, qr, pinv, lstsq ... on kiln.linalg)
+_linalg_spectral._install(_math.linalg)
+globals().update({name: getattr(_linalg_spectral, name) for name in _linalg_spectral.__all__})  # svd, qr, pinverse
 from . import autograd
 from ._train import train, report
 from . import nn
