@@ -306,6 +306,36 @@ Tensor cholesky_inverse(const Tensor& L, bool upper = false);
 // unitriangular: A's diagonal is taken as ones.
 Tensor linalg_solve_triangular(const Tensor& A, const Tensor& B, bool upper, bool left = true,
                                bool unitriangular = false);
+// ---- spectral decompositions (engine/ops_spectral.cpp) -------------------------------------------
+// torch.linalg's eigh, eigvalsh, svd, svdvals and qr for real f32/f64 matrices in the last two dims,
+// batched over the leading ones (16-bit and integer inputs are refused, as torch's CPU kernels refuse
+// them). Computed on the host with Eigen (SelfAdjointEigenSolver, BDCSVD, HouseholderQR): a CUDA tensor
+// is copied to the host and the results back, no cuSOLVER. Eigen's signs of eigenvectors, singular
+// vectors and of R's diagonal may differ from LAPACK's (torch's); the decompositions agree up to those
+// signs. Gradients are torch's formulas, made of engine ops, so they differentiate again (create_graph);
+// the ones through the vectors need distinct eigenvalues / singular values (repeated ones give
+// infinities or NaN, as torch's). NaN or infinity in the input of eigh or svd is an error, as torch's.
+struct EighResult {
+  Tensor eigenvalues, eigenvectors;  // [..., n] ascending, [..., n, n] as columns
+};
+// A = V diag(L) V^T from the lower triangle of A (upper: the upper one).
+EighResult linalg_eigh(const Tensor& a, bool upper = false);
+// linalg_eigh's eigenvalues; the gradient is V diag(g) V^T.
+Tensor linalg_eigvalsh(const Tensor& a, bool upper = false);
+struct SvdResult {
+  Tensor U, S, Vh;  // [..., m, m or k], [..., k] descending, [..., n or k, n]; k = min(m, n)
+};
+// A = U diag(S) Vh; full_matrices: U and Vh square (their extra columns / rows get no gradient, as torch's).
+SvdResult linalg_svd(const Tensor& a, bool full_matrices = true);
+// linalg_svd's singular values; the gradient is U diag(g) Vh.
+Tensor linalg_svdvals(const Tensor& a);
+enum class QrMode { reduced, complete, r };
+struct QrResult {
+  Tensor Q, R;  // mode r: Q is an empty [0] tensor, as torch's
+};
+// A = QR by Householder reflections: reduced Q [..., m, k], R [..., k, n]; complete Q [..., m, m],
+// R [..., m, n]. Differentiable for m >= n in mode reduced (and complete with m == n), as torch's.
+QrResult linalg_qr(const Tensor& a, QrMode mode = QrMode::reduced);
 
 // ---- shape ops as free functions (also on Tensor) -----------------------------------------------
 Shape broadcast_shapes(const Shape& a, const Shape& b);

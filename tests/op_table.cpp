@@ -999,6 +999,46 @@ std::vector<Row> build() {
       .autocast(AutocastOp::linear)
       .tol(3e-2);
 
+  // ---- spectral decompositions (engine/ops_spectral.cpp) ----
+  // Eigenvectors and singular vectors are determined up to sign (Eigen's may differ from LAPACK's), so the
+  // rows give gauge-invariant results: values, squared vectors (each column's sign drops out),
+  // reconstructions. Random N(0, 1) matrices have distinct eigenvalues and singular values. f32 and f64:
+  // 16-bit inputs are refused, as torch's.
+  row("linalg_eigh", {{{2, 5, 5}}, {{4, 4}}},
+      [](const V& x) {
+        const Tensor a = x[0] + x[0].transpose(-1, -2), b = x[1] + x[1].transpose(-1, -2);
+        const EighResult e = linalg_eigh(a), u = linalg_eigh(b, true);
+        return V{e.eigenvalues, e.eigenvectors * e.eigenvectors,
+                 matmul(u.eigenvectors * u.eigenvalues.unsqueeze(-2), u.eigenvectors.transpose(-1, -2)),
+                 linalg_eigvalsh(b, true)};
+      })
+      .covers({"linalg_eigh", "linalg_eigvalsh"})
+      .f32_only()
+      .tol(2e-2, 1e-3);
+  row("linalg_svd", {{{2, 6, 4}}, {{3, 5}}},
+      [](const V& x) {
+        const SvdResult tall = linalg_svd(x[0], false), wide = linalg_svd(x[1], true);
+        const Tensor wu = wide.U, wv = wide.Vh.narrow(-2, 0, 3);
+        return V{tall.S,
+                 tall.U * tall.U,
+                 tall.Vh * tall.Vh,
+                 wide.S,
+                 wu * wu,
+                 wv * wv,
+                 matmul(wide.U * wide.S.unsqueeze(-2), wv),
+                 linalg_svdvals(x[0])};
+      })
+      .covers({"linalg_svd", "linalg_svdvals"})
+      .f32_only()
+      .tol(2e-2, 1e-3);
+  row("linalg_qr", {{{2, 6, 4}}, {{4, 4}}},
+      [](const V& x) {
+        const QrResult r = linalg_qr(x[0]), c = linalg_qr(x[1], QrMode::complete);
+        return V{r.Q, r.R, c.Q, c.R, linalg_qr(x[0], QrMode::r).R.detach()};
+      })
+      .f32_only()
+      .tol(2e-2, 1e-3);
+
   // ---- neural-network ops ----
   row("conv2d", {{{2, 3, 11, 10}}, {{5, 3, 3, 3}}, {{5}}},
       [](const V& x) { return one(conv2d(x[0], x[1], x[2], {1, 1}, {1, 1})); })

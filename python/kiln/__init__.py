@@ -79,6 +79,9 @@ globals().update({name: getattr(_torch_more, name) for name in _torch_more.__all
 bernoulli = _torch_more.bernoulli  # torch's bernoulli(input, p=None) beside the engine's bernoulli(size, p)
 from . import _linalg_lu  # noqa: E402
 globals().update(_linalg_lu._EXPORTS)  # det, logdet, slogdet, inverse, cholesky, cholesky_solve, ... (kiln.linalg too)
+from . import _linalg_spectral  # noqa: E402  (eigh, svd, qr, pinv, lstsq ... on kiln.linalg)
+_linalg_spectral._install(_math.linalg)
+globals().update({name: getattr(_linalg_spectral, name) for name in _linalg_spectral.__all__})  # svd, qr, pinverse
 from . import autograd
 from ._train import train, report
 from . import nn

@@ -4,7 +4,7 @@ remainder and pow (torch.add(3, t)); trace, diag_embed, rot90, hypot, xlogy, dif
 cartesian_prod, block_diag, tril_indices/triu_indices, aminmax, std_mean/var_mean, logcumsumexp, isin,
 bucketize, searchsorted, histc, unique, unique_consecutive, quantile/nanquantile, take_along_dim without
 dim, Tensor.new_tensor, Tensor.index_reduce; kiln.special and kiln.linalg (the norms, cross, vecdot,
-matrix_power, diagonal: no decompositions). The index-valued ones (bucketize, searchsorted, histc, unique,
+matrix_power, diagonal; the spectral decompositions are attached by _linalg_spectral.py). The index-valued ones (bucketize, searchsorted, histc, unique,
 isin's counts) are computed with NumPy on the host, as they have no gradient."""
 import builtins
 import collections
@@ -848,8 +848,8 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
 
 
 def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
-    """torch.linalg.matrix_norm for ord 'fro', 1, -1, inf and -inf over the two dims; 'nuc', 2 and -2 need
-    singular values, which Kiln does not compute: they are refused."""
+    """torch.linalg.matrix_norm for ord 'fro', 1, -1, inf and -inf over the two dims, and 'nuc', 2 and -2 from the
+    singular values (linalg.svdvals)."""
     _float_only("matrix_norm", A)
     if dtype is not None:
         A = A.to(dtype)
@@ -865,8 +865,12 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
     if ord == "fro":
         return vector_norm(A, 2, (d0, d1), keepdim)
     if ord in ("nuc", 2, -2):
-        raise _C.KilnValueError(f"linalg.matrix_norm: ord={ord!r} needs the singular values (an SVD), which Kiln "
-                                f"does not compute; 'fro', 1, -1, inf and -inf are supported")
+        # from the singular values (kiln._linalg_spectral's svdvals) of A with d0, d1 moved last
+        from ._linalg_spectral import svdvals
+        lo, hi = builtins.min(d0, d1), builtins.max(d0, d1)
+        s = svdvals(_T["movedim"](A, [d0, d1], [-2, -1]))
+        out = s.sum([-1], False) if ord == "nuc" else (_C.amax if ord == 2 else _C.amin)(s, [-1], False)
+        return out.unsqueeze(lo).unsqueeze(hi) if keepdim else out
     if ord not in (1, -1, math.inf, -math.inf):
         raise _C.KilnValueError(f"linalg.matrix_norm: Order {ord} not supported.")
     # 1 / -1: max / min column sum (over rows, d0); inf / -inf: max / min row sum (over columns, d1)
@@ -982,10 +986,9 @@ def _linalg_diagonal(A, *, offset=0, dim1=-2, dim2=-1):
     return _C.diagonal(A, offset, dim1, dim2)
 
 
-linalg = types.ModuleType("kiln.linalg", "torch.linalg's norms and products that need no decomposition: "
-                                         "vector_norm, matrix_norm ('fro', 1, -1, inf, -inf), norm, cross, vecdot, "
-                                         "matrix_power (n >= 0), diagonal. (No inv, solve, qr, svd, eigh, det or "
-                                         "cholesky.)")
+linalg = types.ModuleType("kiln.linalg", "torch.linalg's norms and products: vector_norm, matrix_norm, norm, "
+                                         "cross, vecdot, matrix_power (n >= 0), diagonal; and (_linalg_spectral.py) "
+                                         "eigh, eigvalsh, svd, svdvals, qr, pinv, lstsq, matrix_rank, cond.")
 linalg.vector_norm, linalg.matrix_norm, linalg.norm = vector_norm, matrix_norm, norm
 linalg.cross, linalg.vecdot, linalg.matrix_power, linalg.diagonal = cross, vecdot, matrix_power, _linalg_diagonal
 sys.modules[linalg.__name__] = linalg

@@ -169,6 +169,7 @@ void bind_train(nb::module_& m);
 void bind_nn(nb::module_& m);
 void bind_tensor_views(nb::module_& m);  // tensor_views.cpp: unfold, view(dtype), channels_last
 void bind_linalg_lu(nb::module_& m);     // linalg_lu.cpp: LU, Cholesky, triangular solves (private names)
+void bind_linalg_spectral(nb::module_& m);  // linalg_spectral.cpp: eigh, svd, qr (kiln.linalg)
 
 // kiln.manual_seed in a torch DataLoader worker: the worker's seed counts as applied, so the first
 // ds[i] there keeps the user's seed (nn.cpp).

@@ -657,4 +657,5 @@ NB_MODULE(_C, m) {
   bind_nn(m);
   bind_tensor_views(m);
   bind_linalg_lu(m);
+  bind_linalg_spectral(m);
 }

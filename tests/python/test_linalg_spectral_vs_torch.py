@@ -1,0 +1,243 @@
+# kiln.linalg's spectral decompositions against PyTorch in f64: eigh / eigvalsh, svd / svdvals, qr, pinv, lstsq,
+# matrix_rank, cond, matrix_norm / norm with 'nuc', 2 and -2, and the old kiln.svd / kiln.pinverse.
+# Eigen's signs of eigenvectors, singular vectors and QR's factors may differ from LAPACK's, so vectors are
+# compared through gauge-invariant quantities (reconstructions, projectors, |U^T U_torch|); values, and
+# gradients of gauge-invariant losses, to 1e-8. Also batched shapes, second derivatives and torch's refusals.
+import numpy as np
+import pytest
+
+import kiln
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(23)
+TOL = 1e-8
+
+
+def both(a, grad=False):
+    return kiln.tensor(a, requires_grad=grad), torch.tensor(a, requires_grad=grad)
+
+
+def close(k, t, tol=TOL):
+    kn = np.asarray(k.detach().numpy()) if isinstance(k, kiln.Tensor) else np.asarray(k)
+    tn = t.detach().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+    assert kn.shape == tn.shape, (kn.shape, tn.shape)
+    assert np.allclose(kn, tn, rtol=tol, atol=tol, equal_nan=True), np.nanmax(np.abs(kn - tn))
+
+
+def sym(a):
+    return a + np.swapaxes(a, -1, -2)
+
+
+def grads(k_loss, t_loss, kx, tx):
+    k_loss.backward()
+    t_loss.backward()
+    close(kx.grad, tx.grad)
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (3, 4, 4), (2, 1, 6, 6)])
+@pytest.mark.parametrize("uplo", ["L", "U"])
+def test_eigh_values_vectors_and_gradients(shape, uplo):
+    a = RNG.standard_normal(shape)
+    kx, tx = both(a, True)
+    # torch reads one triangle too: the input need not be symmetric for the forward
+    kL, kV = kiln.linalg.eigh(kx, UPLO=uplo)
+    tL, tV = torch.linalg.eigh(tx, UPLO=uplo)
+    close(kL, tL)
+    # each eigenvector up to sign: |V^T V_torch| is the identity
+    overlap = np.abs(np.swapaxes(kV.detach().numpy(), -1, -2) @ tV.detach().numpy())
+    close(overlap, np.broadcast_to(np.eye(shape[-1]), overlap.shape))
+    # gauge-invariant loss: eigenvalues and V diag(sin L) V^T
+    w = RNG.standard_normal(shape)
+    kw, tw = both(w)
+    kl = (kL * kL).sum() + ((kV * kL.sin().unsqueeze(-2)) @ kV.transpose(-1, -2) * kw).sum()
+    tl = (tL * tL).sum() + ((tV * tL.sin().unsqueeze(-2)) @ tV.transpose(-1, -2) * tw).sum()
+    grads(kl, tl, kx, tx)
+    kx2, tx2 = both(a, True)
+    grads((kiln.linalg.eigvalsh(kx2, UPLO=uplo) * kiln.tensor(w[..., 0])).sum(),
+          (torch.linalg.eigvalsh(tx2, UPLO=uplo) * torch.tensor(w[..., 0])).sum(), kx2, tx2)
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (4, 6), (5, 5), (3, 5, 2), (2, 2, 3, 7)])
+@pytest.mark.parametrize("full", [False, True])
+def test_svd_values_subspaces_and_gradients(shape, full):
+    a = RNG.standard_normal(shape)
+    kx, tx = both(a, True)
+    kU, kS, kVh = kiln.linalg.svd(kx, full_matrices=full)
+    tU, tS, tVh = torch.linalg.svd(tx, full_matrices=full)
+    assert tuple(kU.shape) == tuple(tU.shape) and tuple(kVh.shape) == tuple(tVh.shape)
+    close(kS, tS)
+    k = min(shape[-2:])
+    Un, Vn = kU.detach().numpy(), kVh.detach().numpy()
+    close(np.abs(np.swapaxes(Un[..., :k], -1, -2) @ tU.detach().numpy()[..., :k]),
+          np.broadcast_to(np.eye(k), shape[:-2] + (k, k)))
+    close(np.abs(Vn[..., :k, :] @ np.swapaxes(tVh.detach().numpy()[..., :k, :], -1, -2)),
+          np.broadcast_to(np.eye(k), shape[:-2] + (k, k)))
+    close((Un[..., :k] * kS.detach().numpy()[..., None, :]) @ Vn[..., :k, :], a)
+    close(kiln.linalg.svdvals(kiln.tensor(a)), torch.linalg.svdvals(torch.tensor(a)))
+    # gauge-invariant loss: the projectors U_k diag(S) U_k^T and V_k^T V_k weighted, and the values
+    w1, w2 = RNG.standard_normal(shape[:-2] + (shape[-2],) * 2), RNG.standard_normal(shape[:-2] + (shape[-1],) * 2)
+
+    def loss(U, S, Vh, lib):
+        U, Vh = U[..., :k], Vh[..., :k, :]
+        pu = (U * S.unsqueeze(-2)) @ U.transpose(-1, -2)
+        pv = Vh.transpose(-1, -2) @ (Vh * S.unsqueeze(-1))
+        return (S ** 3).sum() + (pu * lib.tensor(w1)).sum() + (pv * lib.tensor(w2)).sum()
+    grads(loss(kU, kS, kVh, kiln), loss(tU, tS, tVh, torch), kx, tx)
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (5, 5), (3, 5, 2), (4, 6)])
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_qr_as_torch(shape, mode):
+    a = RNG.standard_normal(shape)
+    kx, tx = both(a, True)
+    kQ, kR = kiln.linalg.qr(kx, mode=mode)
+    tQ, tR = torch.linalg.qr(tx, mode=mode)
+    assert tuple(kQ.shape) == tuple(tQ.shape) and tuple(kR.shape) == tuple(tR.shape)
+    # Householder's QR with LAPACK's reflector sign: the same factors, not only up to sign
+    close(kR, tR)
+    if mode != "r":
+        close(kQ, tQ)
+        close(kQ.detach().numpy() @ kR.detach().numpy(), a)
+    differentiable = mode == "reduced" and shape[-2] >= shape[-1] or mode == "complete" and shape[-2] == shape[-1]
+    if differentiable:
+        w1, w2 = RNG.standard_normal(tuple(tQ.shape)), RNG.standard_normal(tuple(tR.shape))
+        grads((kQ * kiln.tensor(w1)).sum() + (kR * kiln.tensor(w2)).sum(),
+              (tQ * torch.tensor(w1)).sum() + (tR * torch.tensor(w2)).sum(), kx, tx)
+
+
+def test_second_derivatives_as_torch():
+    # d/dA of the gradient of a gauge-invariant loss, with create_graph: Hessian-vector products
+    a = RNG.standard_normal((4, 4))
+    v = RNG.standard_normal((4, 4))
+    for f in (lambda lib, x: (lib.linalg.eigvalsh(x + x.transpose(-1, -2)) ** 3).sum(),
+              lambda lib, x: (lib.linalg.svdvals(x) ** 3).sum(),
+              lambda lib, x: lib.linalg.matrix_norm(x, "nuc"),
+              lambda lib, x: (lib.linalg.qr(x).Q.sin()).sum() + (lib.linalg.qr(x).R ** 2).sum(),
+              lambda lib, x: (lib.linalg.pinv(x) ** 2).sum()):
+        out = []
+        for lib in (kiln, torch):
+            x = lib.tensor(a, requires_grad=True)
+            (g,) = lib.autograd.grad(f(lib, x), [x], create_graph=True)
+            (h,) = lib.autograd.grad((g * lib.tensor(v)).sum(), [x])
+            out.append((g, h))
+        close(out[0][0], out[1][0])
+        close(out[0][1], out[1][1], 1e-7)
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (4, 6), (3, 5, 5)])
+@pytest.mark.parametrize("hermitian", [False, True])
+def test_pinv_matrix_rank_cond_norms(shape, hermitian):
+    a = RNG.standard_normal(shape)
+    if hermitian:
+        if shape[-1] != shape[-2]:
+            return
+        a = sym(a)
+    kx, tx = both(a, True)
+    kp, tp = kiln.linalg.pinv(kx, hermitian=hermitian), torch.linalg.pinv(tx, hermitian=hermitian)
+    close(kp, tp)
+    w = RNG.standard_normal(tuple(tp.shape))
+    (kp * kiln.tensor(w)).sum().backward()
+    (tp * torch.tensor(w)).sum().backward()
+    kg, tg = kx.grad.numpy(), tx.grad.numpy()
+    if hermitian:
+        # torch differentiates pinv by the general formula, Kiln through eigh (a symmetric gradient): they agree
+        # on every symmetric direction, the only ones a hermitian input may move in
+        kg, tg = kg + np.swapaxes(kg, -1, -2), tg + np.swapaxes(tg, -1, -2)
+    close(kg, tg)
+    # a rank-deficient matrix and the tolerances
+    b = RNG.standard_normal(shape[:-1] + (2,)) @ RNG.standard_normal(shape[:-2] + (2, shape[-1]))
+    if hermitian:
+        b = b @ np.swapaxes(b, -1, -2)
+    for kw in ({}, {"atol": 1.0}, {"rtol": 0.3}, {"atol": 0.5, "rtol": 0.1}):
+        close(kiln.linalg.matrix_rank(kiln.tensor(b), hermitian=hermitian, **kw),
+              torch.linalg.matrix_rank(torch.tensor(b), hermitian=hermitian, **kw))
+        close(kiln.linalg.pinv(kiln.tensor(b), hermitian=hermitian, **kw),
+              torch.linalg.pinv(torch.tensor(b), hermitian=hermitian, **kw), 1e-7)
+    assert kiln.linalg.matrix_rank(kiln.tensor(b)).dtype == kiln.int64
+    for p in (None, 2, -2):
+        close(kiln.linalg.cond(kiln.tensor(a), p), torch.linalg.cond(torch.tensor(a), p))
+    for ord in ("nuc", 2, -2):
+        kx2, tx2 = both(a, True)
+        kn, tn = kiln.linalg.matrix_norm(kx2, ord), torch.linalg.matrix_norm(tx2, ord)
+        close(kn, tn)
+        grads(kn.sum(), tn.sum(), kx2, tx2)
+        close(kiln.linalg.matrix_norm(kiln.tensor(a), ord, dim=(-1, -2), keepdim=True),
+              torch.linalg.matrix_norm(torch.tensor(a), ord, dim=(-1, -2), keepdim=True))
+    if len(shape) == 2:
+        close(kiln.linalg.norm(kiln.tensor(a), "nuc"), torch.linalg.norm(torch.tensor(a), "nuc"))
+        close(kiln.linalg.norm(kiln.tensor(a), 2), torch.linalg.norm(torch.tensor(a), 2))
+
+
+@pytest.mark.parametrize("ashape,bshape", [((6, 3), (6, 2)), ((6, 3), (6,)), ((3, 5), (3, 2)), ((2, 5, 4), (2, 5, 3))])
+@pytest.mark.parametrize("driver", [None, "gelsd"])
+def test_lstsq_as_torch(ashape, bshape, driver):
+    a, b = RNG.standard_normal(ashape), RNG.standard_normal(bshape)
+    ka, ta = both(a, True)
+    kb, tb = both(b, True)
+    kr, tr = kiln.linalg.lstsq(ka, kb, driver=driver), torch.linalg.lstsq(ta, tb, driver=driver)
+    for name in ("solution", "residuals", "rank", "singular_values"):
+        close(getattr(kr, name), getattr(tr, name))
+    w = RNG.standard_normal(tuple(tr.solution.shape))
+    (kr.solution * kiln.tensor(w)).sum().backward()
+    (tr.solution * torch.tensor(w)).sum().backward()
+    close(ka.grad, ta.grad)
+    close(kb.grad, tb.grad)
+
+
+def test_old_svd_pinverse():
+    a = RNG.standard_normal((5, 3))
+    for some in (True, False):
+        kU, kS, kV = kiln.svd(kiln.tensor(a), some=some)
+        tU, tS, tV = torch.svd(torch.tensor(a), some=some)
+        assert tuple(kU.shape) == tuple(tU.shape) and tuple(kV.shape) == tuple(tV.shape)
+        close(kS, tS)
+        close((kU.numpy()[:, :3] * kS.numpy()) @ kV.numpy()[:, :3].T, a)
+    r = kiln.svd(kiln.tensor(a), compute_uv=False)
+    t = torch.svd(torch.tensor(a), compute_uv=False)
+    for k_, t_ in zip(r, t):
+        close(k_, t_)
+    close(kiln.pinverse(kiln.tensor(a)), torch.pinverse(torch.tensor(a)))
+    close(kiln.tensor(a).pinverse(), torch.tensor(a).pinverse())
+
+
+def test_f32_and_empty():
+    a = RNG.standard_normal((4, 4)).astype(np.float32)
+    close(kiln.linalg.eigvalsh(kiln.tensor(sym(a))), torch.linalg.eigvalsh(torch.tensor(sym(a))), 1e-4)
+    close(kiln.linalg.svdvals(kiln.tensor(a)), torch.linalg.svdvals(torch.tensor(a)), 1e-4)
+    assert kiln.linalg.svd(kiln.tensor(a)).S.dtype == kiln.float32
+    for shape in ((0, 0), (0, 3), (3, 0)):
+        e = np.zeros(shape)
+        for kt, tt in zip(kiln.linalg.svd(kiln.tensor(e)), torch.linalg.svd(torch.tensor(e))):
+            close(kt, tt)
+        for kt, tt in zip(kiln.linalg.qr(kiln.tensor(e), "complete"), torch.linalg.qr(torch.tensor(e), "complete")):
+            close(kt, tt)
+    close(kiln.linalg.eigh(kiln.tensor(np.zeros((2, 0, 0)))).eigenvalues,
+          torch.linalg.eigh(torch.tensor(np.zeros((2, 0, 0)))).eigenvalues)
+
+
+def test_errors_as_torch():
+    with pytest.raises(RuntimeError, match="A must be batches of square matrices, but they are 3 by 4 matrices"):
+        kiln.linalg.eigh(kiln.zeros(3, 4, dtype=kiln.float64))
+    with pytest.raises(RuntimeError, match="at least 2 dimensions"):
+        kiln.linalg.svd(kiln.zeros(3))
+    for dt in (kiln.float16, kiln.bfloat16, kiln.int64):
+        for fn in (kiln.linalg.eigh, kiln.linalg.svd, kiln.linalg.qr, kiln.linalg.svdvals, kiln.linalg.eigvalsh):
+            with pytest.raises(RuntimeError, match="only float32 and float64"):
+                fn(kiln.zeros(3, 3, dtype=dt))
+    nan = kiln.full((3, 3), float("nan"), dtype=kiln.float64)
+    with pytest.raises(RuntimeError, match="failed to converge"):
+        kiln.linalg.eigh(nan)
+    with pytest.raises(RuntimeError, match="non-finite values"):
+        kiln.linalg.svdvals(nan)
+    with pytest.raises(RuntimeError, match="Expected UPLO argument to be 'L' or 'U', but got X"):
+        kiln.linalg.eigh(kiln.eye(3), UPLO="X")
+    with pytest.raises(RuntimeError, match="qr received unrecognized mode 'x'"):
+        kiln.linalg.qr(kiln.eye(3), mode="x")
+    x = kiln.tensor(RNG.standard_normal((4, 3)), requires_grad=True)
+    with pytest.raises(RuntimeError, match="depends on Q, which is not computed when mode='r'"):
+        kiln.linalg.qr(x, mode="r").R.sum().backward()
+    with pytest.raises(RuntimeError, match="not differentiable when mode='complete' and nrows > ncols"):
+        kiln.linalg.qr(x, mode="complete").Q.sum().backward()
+    with pytest.raises(RuntimeError, match="p='fro' needs the matrix inverse"):
+        kiln.linalg.cond(kiln.eye(3), "fro")
