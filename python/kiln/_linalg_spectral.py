@@ -195,18 +195,39 @@ def lstsq(A, B, rcond=None, *, driver=None):
 
 
 def cond(A, p=None):
-    """torch.linalg.cond for p None or 2 (s_max / s_min) and -2 (s_min / s_max). The other p need the inverse
-    (torch: norm(A, p) * norm(inv(A), p)), which this module does not compute: they are refused."""
+    """torch.linalg.cond: p None or 2 (s_max / s_min) and -2 (s_min / s_max) from the singular values (any
+    shape); 'fro', 'nuc', inf, -inf, 1 and -1 as norm(A, p) * norm(inv(A), p) for square matrices, inf where a
+    matrix is singular (its LU has a zero pivot), as torch's."""
     _tensor("cond", "A", A)
     _check_float("cond", A)
-    if p not in (None, 2, -2):
-        raise _C.KilnValueError(f"linalg.cond: p={p!r} needs the matrix inverse; kiln.linalg.cond supports p=None, 2 "
-                                f"and -2 (the singular values)")
-    s = svdvals(A)
-    if s.shape[-1] == 0:
-        return _C.zeros_like(s.sum([-1], False))
-    big, small = s.narrow(-1, 0, 1).squeeze(-1), s.narrow(-1, s.shape[-1] - 1, 1).squeeze(-1)
-    return big / small if p != -2 else small / big
+    if p in (None, 2, -2):
+        s = svdvals(A)
+        if s.shape[-1] == 0:
+            return _C.zeros_like(s.sum([-1], False))
+        big, small = s.narrow(-1, 0, 1).squeeze(-1), s.narrow(-1, s.shape[-1] - 1, 1).squeeze(-1)
+        return big / small if p != -2 else small / big
+    if p not in ("fro", "nuc", float("inf"), float("-inf"), 1, -1):
+        raise _C.KilnValueError(f"linalg.cond got an invalid norm type: {p!r}")
+    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        raise _C.KilnValueError(f"linalg.cond(ord={p}): A must be batches of square matrices, but they are "
+                                f"{A.shape[-2] if A.dim() >= 2 else A.shape[-1]} by {A.shape[-1]} matrices")
+    from . import _math, _linalg_lu  # noqa: PLC0415 (both import this module's siblings)
+    if A.numel() == 0:
+        return _C.zeros(list(A.shape[:-2]), dtype=A.dtype, device=A.device)
+    norm = _math.linalg.matrix_norm
+    try:
+        return norm(A, p) * norm(_linalg_lu.inv(A), p)
+    except _C.KilnError:
+        pass  # some matrix of the batch is singular: each one on its own, inf for the singular ones
+    flat = A.reshape([-1] + list(A.shape[-2:]))
+    out = []
+    for i in range(flat.shape[0]):
+        a = flat.select(0, i)
+        try:
+            out.append(norm(a, p) * norm(_linalg_lu.inv(a), p))
+        except _C.KilnError:
+            out.append(_C.full([], float("inf"), dtype=A.dtype, device=A.device) + a.sum() * 0)
+    return _C.stack(out, 0).reshape(list(A.shape[:-2]))
 
 
 def svd(input, some=True, compute_uv=True):

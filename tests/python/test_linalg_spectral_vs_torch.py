@@ -241,3 +241,22 @@ def test_errors_as_torch():
         kiln.linalg.qr(x, mode="complete").Q.sum().backward()
     with pytest.raises(RuntimeError, match="p='fro' needs the matrix inverse"):
         kiln.linalg.cond(kiln.eye(3), "fro")
+
+
+@pytest.mark.parametrize("p", ["fro", "nuc", float("inf"), float("-inf"), 1, -1])
+def test_cond_other_norms_as_torch(p):
+    # norm(A, p) * norm(inv(A), p); a singular matrix in the batch gives inf there, as torch's.
+    a = np.random.default_rng(3).standard_normal((3, 4, 4))
+    a[1, 2] = 0.0  # a zero row: LU meets an exact zero pivot
+    k = kiln.tensor(a, dtype=kiln.float64, requires_grad=True)
+    t = torch.tensor(a, requires_grad=True)
+    kc, tc = kiln.linalg.cond(k, p), torch.linalg.cond(t, p)
+    np.testing.assert_allclose(np.array(kc.tolist()), tc.detach().numpy(), rtol=1e-10)
+    good = kiln.linalg.cond(k[0::2], p).sum()
+    (kg,) = kiln.autograd.grad(good, k)
+    # torch.linalg.cond's own backward for these p fails (an in-place write to inv_ex's output): its formula
+    tn = torch.linalg.matrix_norm
+    (tg,) = torch.autograd.grad((tn(t[0::2], p) * tn(torch.linalg.inv(t[0::2]), p)).sum(), t)
+    np.testing.assert_allclose(np.array(kg.tolist()), tg.numpy(), rtol=1e-8, atol=1e-12)
+    with pytest.raises(ValueError, match="square"):
+        kiln.linalg.cond(kiln.zeros(2, 3, dtype=kiln.float64), p)
