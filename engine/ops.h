@@ -121,6 +121,22 @@ Tensor erf(const Tensor& a);
 Tensor erfc(const Tensor& a);
 Tensor erfinv(const Tensor& a);
 Tensor log1p(const Tensor& a);
+// torch.special's gamma and Bessel functions (floating results; integer and bool inputs compute in
+// f32, 16-bit ones in f32 rounded back). lgamma is log|Gamma(x)| (inf at the poles), digamma its
+// derivative (-inf at +0, NaN at the negative integers), polygamma(n, x) digamma's n-th derivative
+// (n >= 0); i0, i1 the modified Bessel functions of the first kind, i0e, i1e them times e^-|x|; ndtri the
+// inverse of the normal CDF (+-inf at 0 and 1, NaN outside), log_ndtr the log of the CDF (accurate far
+// below 0), erfcx e^(x^2) erfc(x). Their gradients are made of ops, so they differentiate again.
+Tensor lgamma(const Tensor& a);
+Tensor digamma(const Tensor& a);
+Tensor polygamma(int64_t n, const Tensor& a);
+Tensor i0(const Tensor& a);
+Tensor i0e(const Tensor& a);
+Tensor i1(const Tensor& a);
+Tensor i1e(const Tensor& a);
+Tensor ndtri(const Tensor& a);
+Tensor log_ndtr(const Tensor& a);
+Tensor erfcx(const Tensor& a);
 Tensor expm1(const Tensor& a);
 Tensor log2(const Tensor& a);
 Tensor log10(const Tensor& a);

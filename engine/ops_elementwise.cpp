@@ -579,6 +579,84 @@ Tensor erfinv(const Tensor& a) {
 Tensor log1p(const Tensor& a) {
   return float_unary("log1p", UnaryOp::log1p, a, false, [](const Tensor& g, const Tensor& x) { return g / (x + 1.0); });
 }
+// ---- gamma and Bessel functions ---------------------------------------------------------------------
+
+namespace {
+// A bool input computes as an integer one does (in f32), as PyTorch's special functions.
+Tensor special_input(const Tensor& a) { return a.dtype() == DType::boolean ? a.to(DType::f32) : a; }
+// The machine epsilon of a floating dtype (i1's and i1e's gradient takes 0.5 within it of 0, as PyTorch).
+double epsilon_of(DType t) {
+  switch (t) {
+    case DType::f64: return std::numeric_limits<double>::epsilon();
+    case DType::f16: return 0x1p-10;
+    case DType::bf16: return 0x1p-7;
+    default: return std::numeric_limits<float>::epsilon();
+  }
+}
+// x where |x| > eps, else eps (the input of i1's gradient formula, which divides by x) and whether it was.
+std::pair<Tensor, Tensor> away_from_zero(const Tensor& x) {
+  const double eps = epsilon_of(x.dtype());
+  const Tensor big = gt(abs(x), scalar_like(eps, x));
+  return {where(big, x, scalar_like(eps, x)), big};
+}
+}  // namespace
+
+Tensor lgamma(const Tensor& a) {
+  return float_unary("lgamma", UnaryOp::lgamma, special_input(a), false,
+                     [](const Tensor& g, const Tensor& x) { return g * digamma(x); });
+}
+Tensor digamma(const Tensor& a) {
+  return float_unary("digamma", UnaryOp::digamma, special_input(a), false,
+                     [](const Tensor& g, const Tensor& x) { return g * polygamma(1, x); });
+}
+Tensor polygamma(int64_t n, const Tensor& a) {
+  KILN_CHECK(n >= 0, "polygamma: n is ", n, "; polygamma(n, x) is defined for whole n >= 0 only");
+  KILN_CHECK(n < std::numeric_limits<int32_t>::max(), "polygamma: n is ", n, ", beyond the ",
+             std::numeric_limits<int32_t>::max() - 1, " it supports");
+  if (n == 0) return digamma(a);
+  return float_unary(
+      "polygamma", UnaryOp::polygamma, special_input(a), false,
+      [n](const Tensor& g, const Tensor& x) { return g * polygamma(n + 1, x); }, double(n));
+}
+Tensor i0(const Tensor& a) {
+  return float_unary("i0", UnaryOp::i0, special_input(a), false,
+                     [](const Tensor& g, const Tensor& x) { return g * i1(x); });
+}
+Tensor i0e(const Tensor& a) {
+  // d/dx e^-|x| i0(x) = i1e(x) - sign(x) i0e(x)
+  return float_unary("i0e", UnaryOp::i0e, special_input(a), false,
+                     [](const Tensor& g, const Tensor& x) { return g * (i1e(x) - sign(x) * i0e(x)); });
+}
+Tensor i1(const Tensor& a) {
+  // d/dx i1(x) = i0(x) - i1(x) / x, 1/2 at 0 (where the formula divides 0 by 0)
+  return float_unary("i1", UnaryOp::i1, special_input(a), false, [](const Tensor& g, const Tensor& x) {
+    const auto [safe, big] = away_from_zero(x);
+    return g * where(big, i0(safe) - i1(safe) / safe, scalar_like(0.5, x));
+  });
+}
+Tensor i1e(const Tensor& a) {
+  // d/dx e^-|x| i1(x) = i0e(x) - i1e(x) (sign(x) + 1 / x), 1/2 at 0
+  return float_unary("i1e", UnaryOp::i1e, special_input(a), false, [](const Tensor& g, const Tensor& x) {
+    const auto [safe, big] = away_from_zero(x);
+    return g * where(big, i0e(safe) - i1e(safe) * (sign(safe) + reciprocal(safe)), scalar_like(0.5, x));
+  });
+}
+Tensor ndtri(const Tensor& a) {
+  // d/dp ndtri(p) = sqrt(2 pi) e^(y^2 / 2)
+  return float_unary("ndtri", UnaryOp::ndtri, special_input(a), true,
+                     [](const Tensor& g, const Tensor& y) { return g * (exp(y * y * 0.5) * 2.50662827463100050242); });
+}
+Tensor log_ndtr(const Tensor& a) {
+  // d/dx log ndtr(x) = pdf(x) / ndtr(x) = e^-(x^2 / 2 + log_ndtr(x)) / sqrt(2 pi)
+  return float_unary("log_ndtr", UnaryOp::log_ndtr, special_input(a), false, [](const Tensor& g, const Tensor& x) {
+    return g * (exp(-(x * x * 0.5 + log_ndtr(x))) * 0.39894228040143267794);
+  });
+}
+Tensor erfcx(const Tensor& a) {
+  // d/dx erfcx(x) = 2 x erfcx(x) - 2 / sqrt(pi)
+  return float_unary("erfcx", UnaryOp::erfcx, special_input(a), false,
+                     [](const Tensor& g, const Tensor& x) { return g * (x * erfcx(x) * 2.0 - kTwoOverSqrtPi); });
+}
 Tensor expm1(const Tensor& a) {
   return float_unary("expm1", UnaryOp::expm1, a, true, [](const Tensor& g, const Tensor& y) { return g * (y + 1.0); });
 }

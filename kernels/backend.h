@@ -57,6 +57,17 @@ enum class UnaryOp : uint8_t {
   erfc,
   erfinv,
   log1p,
+  // torch.special's gamma and Bessel family (kernels/common/math.h)
+  lgamma,
+  digamma,
+  polygamma,  // the p0-th derivative of digamma (p0 a whole number >= 0)
+  i0,
+  i0e,  // e^-|x| i0(x)
+  i1,
+  i1e,  // e^-|x| i1(x)
+  ndtri,
+  log_ndtr,
+  erfcx,  // e^(x^2) erfc(x)
   expm1,
   log2,
   log10,

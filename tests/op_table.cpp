@@ -269,6 +269,42 @@ double erfinv_ref(double x) {
   }
   return 0.5 * (lo + hi);
 }
+// Plain references for the gamma and Bessel family: recurrences up to x >= 20, then the first terms of
+// the asymptotic series (far below an f64 ulp there), or the power series; bisection for ndtri.
+double digamma_ref(double x) {
+  if (x < 0) return digamma_ref(1 - x) - M_PI / std::tan(M_PI * x);
+  double acc = 0;
+  for (; x < 20; x += 1) acc -= 1 / x;
+  const double z = 1 / (x * x);
+  return acc + std::log(x) - 0.5 / x - z * (1.0 / 12 - z * (1.0 / 120 - z * (1.0 / 252 - z / 240)));
+}
+double trigamma_ref(double x) {
+  double acc = 0;
+  for (; x < 20; x += 1) acc += 1 / (x * x);
+  const double z = 1 / (x * x);
+  return acc + 1 / x + z / 2 + z / x * (1.0 / 6 - z * (1.0 / 30 - z * (1.0 / 42 - z / 30)));
+}
+double tetragamma_ref(double x) {
+  double acc = 0;
+  for (; x < 20; x += 1) acc -= 2 / (x * x * x);
+  const double z = 1 / (x * x);
+  return acc - z - z / x - z * z * (0.5 - z * (1.0 / 6 - z * (1.0 / 6 - z * 3 / 10)));
+}
+double bessel_i_ref(int nu, double x, bool scaled) {
+  const double q = x * x / 4;
+  double term = nu ? x / 2 : 1, sum = term;
+  for (int k = 1; k < 100; ++k) sum += term *= q / (k * (k + nu));
+  return scaled ? sum * std::exp(-std::abs(x)) : sum;
+}
+double ndtr_ref(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+double ndtri_ref(double p) {
+  double lo = -10, hi = 10;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (ndtr_ref(mid) < p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
 double softplus_ref(double x, double beta, double threshold) {
   return beta * x > threshold ? x : std::log1p(std::exp(beta * x)) / beta;
 }
@@ -345,6 +381,62 @@ std::vector<Row> build() {
       .ref([](const V& x) { return one(map1(x[0], [](double e) { return erfinv_ref(e * 0.007 + 0.9925); })); })
       .covers({"erfinv"})
       .f32_only()
+      .autocast(ew);
+  // The gamma and Bessel family (engine/ops.h), inputs away from the poles of lgamma, digamma and
+  // polygamma; i0e and i1e (sign(x) in their gradients) away from 0.
+  un(
+      "lgamma", [](const Tensor& a) { return lgamma(a); }, [](double x) { return std::lgamma(x); }, Kind::positive);
+  un(
+      "digamma", [](const Tensor& a) { return digamma(a); }, digamma_ref, Kind::positive);
+  // digamma between the poles -3 and -2 (the reflection), in f32 and f64: 16 bits lose its steep tails
+  row("digamma_negative", {{{33, 17}, Kind::unit}}, [](const V& x) { return one(digamma(x[0] * 0.4 - 2.7)); })
+      .ref([](const V& x) { return one(map1(x[0], [](double e) { return digamma_ref(e * 0.4 - 2.7); })); })
+      .covers({"digamma"})
+      .f32_only()
+      .autocast(ew);
+  row("polygamma", {{{33, 17}, Kind::positive}}, [](const V& x) {
+    return V{polygamma(1, x[0]), polygamma(2, x[0])};
+  }).ref([](const V& x) {
+      return V{map1(x[0], trigamma_ref), map1(x[0], tetragamma_ref)};
+    }).autocast(ew);
+  row("i0", {{{33, 17}}}, [](const V& x) {
+    return one(i0(x[0] * 3.0));
+  }).ref([](const V& x) {
+      return one(map1(x[0], [](double e) { return bessel_i_ref(0, e * 3, false); }));
+    }).autocast(ew);
+  row("i1", {{{33, 17}}}, [](const V& x) {
+    return one(i1(x[0] * 3.0));
+  }).ref([](const V& x) {
+      return one(map1(x[0], [](double e) { return bessel_i_ref(1, e * 3, false); }));
+    }).autocast(ew);
+  row("i0e", {{{33, 17}, Kind::nonzero}}, [](const V& x) {
+    return one(i0e(x[0] * 3.0));
+  }).ref([](const V& x) {
+      return one(map1(x[0], [](double e) { return bessel_i_ref(0, e * 3, true); }));
+    }).autocast(ew);
+  row("i1e", {{{33, 17}, Kind::nonzero}}, [](const V& x) {
+    return one(i1e(x[0] * 3.0));
+  }).ref([](const V& x) {
+      return one(map1(x[0], [](double e) { return bessel_i_ref(1, e * 3, true); }));
+    }).autocast(ew);
+  row("ndtri", {{{33, 17}, Kind::unit}}, [](const V& x) {
+    return one(ndtri(x[0] * 0.96 + 0.02));
+  }).ref([](const V& x) {
+      return one(map1(x[0], [](double e) { return ndtri_ref(e * 0.96 + 0.02); }));
+    }).autocast(ew);
+  row("log_ndtr", {{{33, 17}}}, [](const V& x) {
+    return one(log_ndtr(x[0] * 3.0 - 2.0));
+  }).ref([](const V& x) {
+      return one(map1(x[0], [](double e) { return std::log(ndtr_ref(e * 3 - 2)); }));
+    }).autocast(ew);
+  // erfcx over [-1.5, 2.5): further below, 2 e^(x^2) leaves f16's range
+  row("erfcx", {{{33, 17}, Kind::unit}}, [](const V& x) { return one(erfcx(x[0] * 4.0 - 1.5)); })
+      .ref([](const V& x) {
+        return one(map1(x[0], [](double e) {
+          const double y = e * 4 - 1.5;
+          return std::exp(y * y) * std::erfc(y);
+        }));
+      })
       .autocast(ew);
   un(
       "log1p", [](const Tensor& a) { return log1p(a); }, [](double x) { return std::log1p(x); }, Kind::positive);

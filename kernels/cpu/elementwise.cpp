@@ -163,6 +163,19 @@ template <typename T> void unary_typed(UnaryOp op, const TensorDesc& dst, const 
       case UnaryOp::erfc: return F([](A x) { return std::erfc(x); });
       case UnaryOp::erfinv: return F([](A x) { return math::erfinv(x); });
       case UnaryOp::log1p: return F([](A x) { return std::log1p(x); });
+      case UnaryOp::lgamma: return F([](A x) { return std::lgamma(x); });
+      case UnaryOp::digamma: return F([](A x) { return math::digamma(x); });
+      case UnaryOp::polygamma: {
+        const int n = int(p0);
+        return F([n](A x) { return math::polygamma(n, x); });
+      }
+      case UnaryOp::i0: return F([](A x) { return math::bessel_i(0, x, false); });
+      case UnaryOp::i0e: return F([](A x) { return math::bessel_i(0, x, true); });
+      case UnaryOp::i1: return F([](A x) { return math::bessel_i(1, x, false); });
+      case UnaryOp::i1e: return F([](A x) { return math::bessel_i(1, x, true); });
+      case UnaryOp::ndtri: return F([](A x) { return math::ndtri(x); });
+      case UnaryOp::log_ndtr: return F([](A x) { return math::log_ndtr(x); });
+      case UnaryOp::erfcx: return F([](A x) { return math::erfcx(x); });
       case UnaryOp::expm1: return F([](A x) { return std::expm1(x); });
       case UnaryOp::log2: return F([](A x) { return std::log2(x); });
       case UnaryOp::log10: return F([](A x) { return std::log10(x); });

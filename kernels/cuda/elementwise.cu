@@ -155,6 +155,16 @@ template <typename T> struct UnaryF {
         case UnaryOp::erfc: return erfc(x);
         case UnaryOp::erfinv: return math::erfinv(x);
         case UnaryOp::log1p: return log1p(x);
+        case UnaryOp::lgamma: return lgamma(x);
+        case UnaryOp::digamma: return math::digamma(x);
+        case UnaryOp::polygamma: return math::polygamma(int(p0), x);
+        case UnaryOp::i0: return math::bessel_i(0, x, false);
+        case UnaryOp::i0e: return math::bessel_i(0, x, true);
+        case UnaryOp::i1: return math::bessel_i(1, x, false);
+        case UnaryOp::i1e: return math::bessel_i(1, x, true);
+        case UnaryOp::ndtri: return math::ndtri(x);
+        case UnaryOp::log_ndtr: return math::log_ndtr(x);
+        case UnaryOp::erfcx: return math::erfcx(x);
         case UnaryOp::expm1: return expm1(x);
         case UnaryOp::log2: return log2(x);
         case UnaryOp::log10: return log10(x);

@@ -780,9 +780,46 @@ def _softmax_dtype(fn):
     return wrapped
 
 
+def mvlgamma(input, p):
+    """torch.mvlgamma: the log of the multivariate gamma function of dimension p, sum_j lgamma(x - j/2)
+    (j = p-1 .. 0) + p (p - 1) / 4 log(pi), elementwise (inf where an lgamma meets a pole, as torch's; torch
+    2.x no longer refuses x <= (p - 1) / 2)."""
+    if input.dtype == _C.dtype.bool:
+        raise _C.KilnValueError("mvlgamma: the input tensor may not be a boolean tensor")
+    if isinstance(p, builtins.bool) or not isinstance(p, numbers.Integral):
+        raise TypeError(f"mvlgamma(): argument 'p' must be int, not {type(p).__name__}")
+    if p < 1:
+        raise _C.KilnValueError(f"mvlgamma: p is {p}; p has to be greater than or equal to 1")
+    x = input if input.dtype.is_floating_point else input.to(_C.dtype.float32)
+    out = None
+    for j in builtins.range(p - 1, -1, -1):
+        term = _C.lgamma(x - j * 0.5 if j else x)
+        out = term if out is None else out + term
+    return out + p * (p - 1) * 0.25 * math.log(math.pi)
+
+
+def _polygamma_method(self, n):
+    """Tensor.polygamma(n): torch's argument order, the tensor first."""
+    return _C.polygamma(n, self)
+
+
+Tensor.mvlgamma = mvlgamma
+Tensor.mvlgamma_ = _inplace("mvlgamma_", mvlgamma)
+Tensor.polygamma = _polygamma_method
+Tensor.polygamma_ = _inplace("polygamma_", _polygamma_method)
+for _name in ("lgamma", "digamma", "i0"):
+    setattr(Tensor, _name, _as_method(getattr(_C, _name)))
+    setattr(Tensor, _name + "_", _inplace(_name + "_", getattr(_C, _name)))
+__all__ += ["mvlgamma"]
+
 special = types.ModuleType("kiln.special", "torch.special's functions that Kiln has: expit, logit, erf, erfc, "
-                                           "erfinv, xlogy, xlog1py, entr, sinc, ndtr, round, exp2, expm1, log1p, "
-                                           "log_softmax, softmax, logsumexp. (No gammaln, digamma, i0, ndtri.)")
+                                           "erfinv, erfcx, xlogy, xlog1py, entr, sinc, ndtr, ndtri, log_ndtr, "
+                                           "gammaln, digamma, psi, polygamma, multigammaln, i0, i0e, i1, i1e, "
+                                           "round, exp2, expm1, log1p, log_softmax, softmax, logsumexp.")
+special.gammaln, special.digamma, special.psi, special.polygamma = _C.lgamma, _C.digamma, _C.digamma, _C.polygamma
+special.multigammaln = mvlgamma
+special.i0, special.i0e, special.i1, special.i1e = _C.i0, _C.i0e, _C.i1, _C.i1e
+special.ndtri, special.log_ndtr, special.erfcx = _C.ndtri, _C.log_ndtr, _C.erfcx
 special.expit = _C.sigmoid
 special.logit = _logit
 special.erf, special.erfc, special.erfinv = _C.erf, _C.erfc, _C.erfinv

@@ -355,6 +355,17 @@ void bind_ops(nb::module_& mod) {
   unary(m, "erfc", [](const Tensor& x) { return erfc(x); });
   unary(m, "erfinv", [](const Tensor& x) { return erfinv(x); });
   unary(m, "log1p", [](const Tensor& x) { return log1p(x); });
+  unary(m, "lgamma", [](const Tensor& x) { return lgamma(x); });
+  unary(m, "digamma", [](const Tensor& x) { return digamma(x); });
+  m.def(
+      "polygamma", [](int64_t n, const Tensor& x) { return polygamma(n, x); }, nb::arg("n"), nb::arg("input"), nogil);
+  unary(m, "i0", [](const Tensor& x) { return i0(x); });
+  unary(m, "i0e", [](const Tensor& x) { return i0e(x); });
+  unary(m, "i1", [](const Tensor& x) { return i1(x); });
+  unary(m, "i1e", [](const Tensor& x) { return i1e(x); });
+  unary(m, "ndtri", [](const Tensor& x) { return ndtri(x); });
+  unary(m, "log_ndtr", [](const Tensor& x) { return log_ndtr(x); });
+  unary(m, "erfcx", [](const Tensor& x) { return erfcx(x); });
   unary(m, "expm1", [](const Tensor& x) { return expm1(x); });
   unary(m, "log2", [](const Tensor& x) { return log2(x); });
   unary(m, "log10", [](const Tensor& x) { return log10(x); });
