@@ -398,7 +398,9 @@ std::vector<Row> build() {
     return V{polygamma(1, x[0]), polygamma(2, x[0])};
   }).ref([](const V& x) {
       return V{map1(x[0], trigamma_ref), map1(x[0], tetragamma_ref)};
-    }).autocast(ew);
+    })
+      .autocast(ew)
+      .tol(3e-2);  // the gradient (polygamma(n + 1)) of 16-bit inputs, rounded before the f32 compute
   row("i0", {{{33, 17}}}, [](const V& x) {
     return one(i0(x[0] * 3.0));
   }).ref([](const V& x) {
@@ -428,7 +430,9 @@ std::vector<Row> build() {
     return one(log_ndtr(x[0] * 3.0 - 2.0));
   }).ref([](const V& x) {
       return one(map1(x[0], [](double e) { return std::log(ndtr_ref(e * 3 - 2)); }));
-    }).autocast(ew);
+    })
+      .autocast(ew)
+      .tol(5e-2);  // its gradient (about -x far left) amplifies the rounding of a 16-bit input
   // erfcx over [-1.5, 2.5): further below, 2 e^(x^2) leaves f16's range
   row("erfcx", {{{33, 17}, Kind::unit}}, [](const V& x) { return one(erfcx(x[0] * 4.0 - 1.5)); })
       .ref([](const V& x) {
@@ -994,7 +998,9 @@ std::vector<Row> build() {
       .autocast(AutocastOp::reductions);  // f32: a position off by one is an error of at least 1/300
   row("prod_stddev", {{{4, 6, 5}, Kind::positive}, {{4, 6, 5}}},
       [](const V& x) {
-        return V{prod(x[0], {1}), prod(x[0], {0, 2}, true), prod(x[0] * 0.9), stddev(x[1], {1}), stddev(x[1], {}, 0)};
+        // prod over an empty dim: ones, still in the graph (its gradient zeros), as PyTorch's
+        return V{prod(x[0], {1}),           prod(x[0], {0, 2}, true), prod(x[0] * 0.9), stddev(x[1], {1}),
+                 stddev(x[1], {}, 0),       prod(x[0].narrow(1, 0, 0), {1})};
       })
       .ref([](const V& x) {
         const auto p = [](const Tensor& t, const std::vector<int64_t>& d, bool keep) {

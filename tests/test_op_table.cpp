@@ -234,12 +234,12 @@ TEST_CASE("op table: second derivatives in f64 are right, or refused naming the 
 TEST_CASE("op table: each row's op follows its autocast rule") {
   // Rows autocast has nothing to say about (docs/amp.md): explicit casts, factories and random fills
   // make the dtype asked for; batch_norm_deterministic runs backward inside, so it needs gradients. The
-  // decompositions (engine/ops_decomp.cpp) take f32 and f64 only, refusing 16-bit input as torch.linalg does,
+  // decompositions (engine/ops_decomp.cpp, engine/ops_spectral.cpp) take f32 and f64 only, refusing 16-bit input as torch.linalg does,
   // and autocast leaves them alone: f32 in, f32 out, what torch's autocast (fp32 list) gives.
   const std::set<std::string> no_rule = {
       "cast",         "cast_grad",      "factories",           "random",          "batch_norm_deterministic",
       "linalg_solve", "linalg_inv_det", "linalg_det_singular", "linalg_cholesky", "linalg_solve_triangular",
-      "linalg_lu"};
+      "linalg_lu",    "linalg_eigh",    "linalg_svd",          "linalg_qr"};
   int checked = 0;
   for (const Row& r : rows()) {
     if (!r.rule) {
@@ -349,7 +349,8 @@ TEST_CASE("op table: every public op and every op the models record has a row") 
   // Every literal name in the engine's record() calls is recorded by some row.
   for (const std::string src :
        {"engine/ops_elementwise.cpp", "engine/ops_nn.cpp", "engine/ops_reduce.cpp", "engine/ops_index.cpp",
-        "engine/ops_linalg.cpp", "engine/ops_decomp.cpp", "engine/tensor.cpp"}) {
+        "engine/ops_linalg.cpp", "engine/ops_decomp.cpp", "engine/ops_spectral.cpp", "engine/ops_scan_sort.cpp",
+        "engine/ops_nn_composite.cpp", "engine/tensor.cpp"}) {
     const std::string text = testing::read_text(std::string(KILN_TEST_SOURCE_DIR) + "/../" + src);
     REQUIRE_MESSAGE(!text.empty(), "cannot read ", src);
     const std::regex lit(R"(record\("([a-z_0-9]+)\")");

@@ -4,8 +4,13 @@
 #include "kernels/linalg_spectral.h"
 
 #include <atomic>
+#include <cmath>
 #include <string>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 #define EIGEN_DONT_PARALLELIZE
 // GCC 12's false -Wmaybe-uninitialized inside Eigen's vectorised code (as kernels/cpu/gemm.cpp).
@@ -29,10 +34,35 @@ template <typename T> using CMap = Eigen::Map<const Mat<T>>;
 template <typename T> using MMap = Eigen::Map<Mat<T>>;
 template <typename T> using VMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>;
 
+// The pool's tasks flush subnormals to zero (set_flush_denormal, on by default). The iterative solvers
+// lose orthogonality on inputs of wide range that way, and subnormal values vanish, so each batch runs
+// with IEEE subnormals, as LAPACK's (torch's) does; the caller's mode is restored after.
+class IeeeSubnormals {
+ public:
+  IeeeSubnormals() {
+#if defined(__SSE2__)
+    saved_ = _mm_getcsr();
+    if (saved_ & kFtzDaz) _mm_setcsr(saved_ & ~kFtzDaz);
+#endif
+  }
+  ~IeeeSubnormals() {
+#if defined(__SSE2__)
+    if (_mm_getcsr() != saved_) _mm_setcsr(saved_);
+#endif
+  }
+  IeeeSubnormals(const IeeeSubnormals&) = delete;
+  IeeeSubnormals& operator=(const IeeeSubnormals&) = delete;
+
+ private:
+  static constexpr unsigned kFtzDaz = 0x8040u;
+  unsigned saved_ = 0;
+};
+
 // Runs f(i) for each matrix of the batch on the pool; the first failing matrix's index, or -1.
 template <class F> int64_t each(int64_t batch, F f) {
   std::atomic<int64_t> failed{-1};
   parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+    const IeeeSubnormals ieee;
     for (int64_t i = b0; i < b1; ++i)
       if (!f(i)) {
         int64_t none = -1;
@@ -46,19 +76,30 @@ std::string at_batch(int64_t batch, int64_t i) {
   return batch > 1 ? " (batch element " + std::to_string(i) + ")" : std::string();
 }
 
+// Whether the triangle of x that eigh reads is finite (the other one may hold anything, as LAPACK's).
+template <typename T> bool triangle_finite(const CMap<T>& x, bool upper) {
+  for (int64_t r = 0; r < x.rows(); ++r)
+    for (int64_t c = upper ? r : 0; c < (upper ? x.cols() : r + 1); ++c)
+      if (!std::isfinite(x(r, c))) return false;
+  return true;
+}
+
+// f32 matrices are decomposed in f64 and rounded back: Eigen's f32 solvers return eigenvectors and singular
+// vectors far from orthonormal on graded or low-rank inputs (a zero row of Vh), where LAPACK's sgesdd does not.
 template <typename T> std::string eigh_t(int64_t batch, int64_t n, const T* a, bool upper, T* w, T* v) {
   const int64_t bad = each(batch, [&](int64_t i) {
-    const CMap<T> x(a + i * n * n, n, n);
-    if (!x.allFinite()) return false;  // LAPACK's syevd fails on NaN (torch's error)
+    const CMap<T> xt(a + i * n * n, n, n);
+    if (!triangle_finite(xt, upper)) return false;  // LAPACK's syevd fails on NaN (torch's error)
+    const Mat<double> x = xt.template cast<double>();
     // Eigen reads the lower triangle: the upper one of x is the lower one of x^T.
-    Eigen::SelfAdjointEigenSolver<Mat<T>> es;
+    Eigen::SelfAdjointEigenSolver<Mat<double>> es;
     if (upper)
       es.compute(x.transpose(), v ? Eigen::ComputeEigenvectors : Eigen::EigenvaluesOnly);
     else
       es.compute(x, v ? Eigen::ComputeEigenvectors : Eigen::EigenvaluesOnly);
     if (es.info() != Eigen::Success) return false;
-    VMap<T>(w + i * n, n) = es.eigenvalues();
-    if (v) MMap<T>(v + i * n * n, n, n) = es.eigenvectors();
+    VMap<T>(w + i * n, n) = es.eigenvalues().template cast<T>();
+    if (v) MMap<T>(v + i * n * n, n, n) = es.eigenvectors().template cast<T>();
     return true;
   });
   if (bad < 0) return "";
@@ -70,18 +111,19 @@ template <typename T> std::string eigh_t(int64_t batch, int64_t n, const T* a, b
 template <typename T> std::string svd_t(int64_t batch, int64_t m, int64_t n, const T* a, bool full, T* u, T* s, T* vh) {
   const int64_t k = std::min(m, n);
   const int64_t bad = each(batch, [&](int64_t i) {
-    const CMap<T> x(a + i * m * n, m, n);
-    if (!x.allFinite()) return false;  // LAPACK's gesdd does not converge on NaN or infinity either
+    const CMap<T> xt(a + i * m * n, m, n);
+    if (!xt.allFinite()) return false;  // LAPACK's gesdd does not converge on NaN or infinity either
+    const Mat<double> x = xt.template cast<double>();
     const unsigned opts = !u     ? 0u
                           : full ? unsigned(Eigen::ComputeFullU | Eigen::ComputeFullV)
                                  : unsigned(Eigen::ComputeThinU | Eigen::ComputeThinV);
-    Eigen::BDCSVD<Mat<T>> svd(x, opts);
+    Eigen::BDCSVD<Mat<double>> svd(x, opts);
     if (svd.info() != Eigen::Success) return false;
-    VMap<T>(s + i * k, k) = svd.singularValues();
+    VMap<T>(s + i * k, k) = svd.singularValues().template cast<T>();
     if (u) {
       const int64_t uc = full ? m : k, vr = full ? n : k;
-      MMap<T>(u + i * m * uc, m, uc) = svd.matrixU();
-      MMap<T>(vh + i * vr * n, vr, n) = svd.matrixV().transpose();
+      MMap<T>(u + i * m * uc, m, uc) = svd.matrixU().template cast<T>();
+      MMap<T>(vh + i * vr * n, vr, n) = svd.matrixV().transpose().template cast<T>();
     }
     return true;
   });

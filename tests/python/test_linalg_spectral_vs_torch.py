@@ -260,3 +260,44 @@ def test_cond_other_norms_as_torch(p):
     np.testing.assert_allclose(np.array(kg.tolist()), tg.numpy(), rtol=1e-8, atol=1e-12)
     with pytest.raises(ValueError, match="square"):
         kiln.linalg.cond(kiln.zeros(2, 3, dtype=kiln.float64), p)
+
+
+def test_f32_decompositions_stay_orthonormal_on_graded_low_rank_input():
+    # Eigen's f32 BDCSVD gave a zero row of Vh (|Vh Vh^T - I| = 1) for this rank-3 matrix with graded columns,
+    # and f32 eigh lost orthogonality under the pool's flush-to-zero: f32 is decomposed in f64 now.
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal((90, 3)) @ rng.standard_normal((3, 70))) * np.exp(-0.3 * np.arange(70))
+    U, S, Vh = kiln.linalg.svd(kiln.tensor(a, dtype=kiln.float32), full_matrices=False)
+    vh, u = np.array(Vh.tolist(), dtype=np.float64), np.array(U.tolist(), dtype=np.float64)
+    assert np.abs(vh @ vh.T - np.eye(70)).max() < 1e-5
+    assert np.abs(u.T @ u - np.eye(70)).max() < 1e-5
+    x = rng.standard_normal((200, 50)) * np.logspace(0, -9, 50)
+    c = x.T @ x
+    L, V = kiln.linalg.eigh(kiln.tensor(c, dtype=kiln.float32))
+    v = np.array(V.tolist(), dtype=np.float64)
+    assert np.abs(v.T @ v - np.eye(50)).max() < 1e-5
+
+
+def test_subnormal_values_and_the_unread_triangle_as_torch():
+    # Subnormal singular values survive the pool's flush-to-zero, as LAPACK's; eigh reads one triangle only,
+    # so a NaN in the other is no error, as torch's.
+    # (kiln.tensor's f64 -> f32 cast flushes an f32 subnormal itself while flush_denormal is on, its default)
+    kiln.set_flush_denormal(False)
+    try:
+        for dt, tdt, v in ((kiln.float32, torch.float32, 1e-39), (kiln.float64, torch.float64, 1e-310)):
+            x = kiln.tensor([[v, 0.0], [0.0, 2 * v]], dtype=dt)
+            kiln.set_flush_denormal(True)  # the pool's tasks flush again: the decomposition must not
+            k = kiln.linalg.svdvals(x)
+            kiln.set_flush_denormal(False)
+            t = torch.linalg.svdvals(torch.tensor([[v, 0.0], [0.0, 2 * v]], dtype=tdt))
+            assert k.tolist() == t.tolist() and t.tolist()[1] > 0
+    finally:
+        kiln.set_flush_denormal(True)
+    a = np.array([[2.0, 1.0, np.nan], [1.0, 3.0, 0.5], [0.25, 0.5, 4.0]])
+    for uplo, bad in (("L", (0, 2)), ("U", (2, 0))):
+        m = a.copy()
+        m[0, 2], m[2, 0] = 0.25, 0.25
+        m[bad] = np.nan
+        k = kiln.linalg.eigvalsh(kiln.tensor(m, dtype=kiln.float64), UPLO=uplo)
+        t = torch.linalg.eigvalsh(torch.tensor(m), UPLO=uplo)
+        np.testing.assert_allclose(np.array(k.tolist()), t.numpy(), rtol=1e-13)
