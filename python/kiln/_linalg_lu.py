@@ -1,11 +1,10 @@
 """kiln.linalg's LU and Cholesky decompositions and the solves on them, with torch's signatures over the
 engine's ops (engine/ops_decomp.cpp): linalg.lu_factor, lu_solve, solve, inv, det, slogdet, cholesky,
-cholesky_ex, solve_triangular, matrix_power with a negative n; and the torch-level names kiln.det, logdet,
-slogdet, inverse, cholesky, cholesky_solve, cholesky_inverse, triangular_solve, matrix_power (with the
-Tensor methods). f32 and f64, batched over the leading dims; gradients (and second derivatives) as torch's.
-A CUDA tensor is decomposed on the host (copied there and back)."""
+cholesky_ex, solve_triangular (and _math.py's matrix_power takes inv for a negative n); and the torch-level
+names kiln.det, logdet, slogdet, inverse, cholesky, cholesky_solve, cholesky_inverse, triangular_solve,
+matrix_power (with the Tensor methods). f32 and f64, batched over the leading dims; gradients (and second
+derivatives) as torch's. A CUDA tensor is decomposed on the host (copied there and back)."""
 import collections
-import numbers
 
 from . import _C
 from ._C import Tensor
@@ -117,7 +116,8 @@ def triangular_solve(b, A, upper=True, transpose=False, unitriangular=False):
     _tensor_arg("triangular_solve", "A", A)
     coeff = A.transpose(-1, -2) if transpose else A
     x = _C._linalg_solve_triangular(coeff, b, bool(upper) != bool(transpose), True, bool(unitriangular))
-    return return_types.triangular_solve(x, A.clone())
+    # the copy of A broadcast to the batch of the solution, as torch's (b [3, 2, 1], A [2, 2]: [3, 2, 2])
+    return return_types.triangular_solve(x, A.expand(list(x.shape[:-2]) + list(A.shape[-2:])).clone())
 
 
 def torch_cholesky(A, upper=False):
@@ -139,25 +139,14 @@ def cholesky_inverse(L, upper=False):
     return _C._cholesky_inverse(L, bool(upper))
 
 
-_matrix_power_nonnegative = _math.matrix_power
-
-
-def matrix_power(A, n):
-    """torch.linalg.matrix_power: A^n by repeated squaring; a negative n takes the inverse first (floating A)."""
-    if isinstance(n, numbers.Integral) and not isinstance(n, bool) and n < 0:
-        _tensor_arg("linalg.matrix_power", "A", A)
-        return _matrix_power_nonnegative(inv(A), -n)
-    return _matrix_power_nonnegative(A, n)
+# torch.linalg.matrix_power: _math's, which takes inv (above) first for a negative n
+matrix_power = _math.matrix_power
 
 
 def _install():
     linalg.lu_factor, linalg.lu_solve, linalg.solve, linalg.inv = lu_factor, lu_solve, solve, inv
     linalg.det, linalg.slogdet, linalg.cholesky, linalg.cholesky_ex = det, slogdet, cholesky, cholesky_ex
     linalg.solve_triangular, linalg.matrix_power = solve_triangular, matrix_power
-    linalg.__doc__ = ("torch.linalg's norms and products (vector_norm, matrix_norm ('fro', 1, -1, inf, -inf), norm, "
-                      "cross, vecdot, matrix_power, diagonal) and its LU and Cholesky decompositions with their "
-                      "solves: lu_factor, lu_solve, solve, inv, det, slogdet, cholesky, cholesky_ex, "
-                      "solve_triangular.")
     names = {"det": det, "logdet": logdet, "slogdet": _slogdet, "inverse": inv, "cholesky": torch_cholesky,
              "cholesky_solve": cholesky_solve, "cholesky_inverse": cholesky_inverse,
              "triangular_solve": triangular_solve, "matrix_power": matrix_power}

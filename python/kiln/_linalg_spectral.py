@@ -7,7 +7,6 @@ are determined up to sign, and Eigen's signs may differ from LAPACK's (torch's):
 projectors or |U^T U'|, not the vectors."""
 import builtins
 import collections
-import numbers
 
 from . import _C
 from ._C import Tensor
@@ -88,22 +87,28 @@ def linalg_qr(A, mode="reduced"):
 
 
 def _tolerances(fn, A, atol, rtol, smax):
-    """torch's pinv / matrix_rank cutoff, max(atol, rtol * smax): rtol defaults to eps * max(m, n) when atol is
-    not given (or is 0), else to 0. atol and rtol may be numbers or tensors broadcasting with the batch."""
-    if rtol is None:
-        atol_given = atol is not None and not (isinstance(atol, numbers.Real) and atol == 0)
-        rtol = 0.0 if atol_given else _EPS[A.dtype] * builtins.max(A.shape[-2], A.shape[-1])
-    if atol is None:
-        atol = 0.0
+    """torch's pinv / matrix_rank cutoff, max(atol, rtol * smax), smax [..., 1]: rtol defaults to eps * max(m, n)
+    where atol is not given or is <= 0, else to 0 (element-wise for a tensor atol: where(atol > 0, 0, eps *
+    max(m, n))). atol and rtol may be numbers or tensors of the batch shape (broadcasting with it): a tensor is
+    unsqueezed on its last dim to meet smax's, as torch's."""
     for name, v in (("atol", atol), ("rtol", rtol)):
         if isinstance(v, Tensor) and v.dtype.is_floating_point is False:
             raise _C.KilnValueError(f"linalg.{fn}: {name} tensor of dtype {v.dtype.name} is not supported: it must "
                                     f"be floating")
-    r = rtol * smax
-    if isinstance(atol, Tensor) or isinstance(r, Tensor):
-        return _C.maximum(atol if isinstance(atol, Tensor) else _C.full_like(smax, float(atol)),
-                          r if isinstance(r, Tensor) else _C.full_like(smax, float(r)))
-    return builtins.max(atol, r)
+    if rtol is None:
+        default = _EPS[A.dtype] * builtins.max(A.shape[-2], A.shape[-1])
+        if isinstance(atol, Tensor):
+            rtol = _C.where(atol > 0, _C.zeros([], dtype=A.dtype, device=A.device),
+                            _C.full([], default, dtype=A.dtype, device=A.device))
+        else:
+            rtol = 0.0 if atol is not None and atol > 0 else default
+    if atol is None:
+        atol = 0.0
+    atol = atol.unsqueeze(-1) if isinstance(atol, Tensor) else atol
+    r = rtol.unsqueeze(-1) * smax if isinstance(rtol, Tensor) else rtol * smax
+    if isinstance(atol, Tensor):
+        return _C.maximum(atol, r)
+    return _C.maximum(_C.full_like(r, float(atol)), r)
 
 
 def _check_float(fn, A):
@@ -116,7 +121,8 @@ def _check_float(fn, A):
 def pinv(A, *, atol=None, rtol=None, hermitian=False):
     """torch.linalg.pinv: V diag(1/s) U^T over the singular values above max(atol, rtol * s_max) (hermitian: from
     eigh, the eigenvalues by magnitude). The gradient goes through the decomposition: it needs distinct
-    singular values."""
+    singular values; hermitian=True's (through eigh) is symmetric, torch's (its general formula) is not: they
+    agree on symmetric directions only."""
     _tensor("pinv", "A", A)
     _check_float("pinv", A)
     if hermitian:
@@ -129,8 +135,6 @@ def pinv(A, *, atol=None, rtol=None, hermitian=False):
         U, s, Vh = linalg_svd(A, False)
     smax = _C.amax(s, [-1], True) if s.shape[-1] > 0 else _C.zeros_like(s.sum([-1], True))
     tol = _tolerances("pinv", A, atol, rtol, smax)
-    if isinstance(tol, Tensor) and tol.dim() < s.dim():
-        tol = tol.unsqueeze(-1)
     keep = s > tol
     # 1/s where kept, 0 elsewhere; the dropped values divide 1, so no infinity reaches the gradient
     d = _C.where(keep, _C.ones_like(s), _C.zeros_like(s))
@@ -150,16 +154,15 @@ def matrix_rank(A, *, atol=None, rtol=None, hermitian=False):
     s = s.detach()
     smax = _C.amax(s, [-1], True) if s.shape[-1] > 0 else _C.zeros_like(s.sum([-1], True))
     tol = _tolerances("matrix_rank", A, atol, rtol, smax)
-    if isinstance(tol, Tensor) and tol.dim() < s.dim():
-        tol = tol.unsqueeze(-1)
     return (s > tol).sum([-1], False)
 
 
 def lstsq(A, B, rcond=None, *, driver=None):
     """torch.linalg.lstsq as the minimum-norm solution pinv(A, rtol=rcond) @ B (what LAPACK's gelsy and gelsd
     give). The other fields as torch's CPU drivers fill them: rank for 'gelsy' (the default), 'gelsd' and
-    'gelss'; singular_values for 'gelsd' and 'gelss'; residuals (squared, per column) for those two when m > n
-    and every matrix has full rank; the rest empty."""
+    'gelss'; singular_values for 'gelsd' and 'gelss'; residuals (squared, per column) when m > n, for 'gels'
+    always, for 'gelsd' and 'gelss' when every matrix has full rank; the rest empty. B has A's dims or one
+    fewer (a vector per matrix), as torch's."""
     _tensor("lstsq", "A", A)
     _tensor("lstsq", "B", B)
     _check_float("lstsq", A)
@@ -171,6 +174,9 @@ def lstsq(A, B, rcond=None, *, driver=None):
     if A.dtype != B.dtype:
         raise _C.KilnValueError(f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got "
                                 f"input's dtype {A.dtype.name} and other's dtype {B.dtype.name}")
+    if B.dim() > A.dim() or A.dim() - B.dim() > 1:
+        raise _C.KilnValueError(f"torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and "
+                                f"(input.dim() - other.dim()) <= 1 (got A of {A.dim()} dims and B of {B.dim()})")
     vector = B.dim() == A.dim() - 1
     Bm = B.unsqueeze(-1) if vector else B
     if Bm.shape[-2] != A.shape[-2]:
@@ -188,7 +194,8 @@ def lstsq(A, B, rcond=None, *, driver=None):
     rank = keep.sum([-1], False) if driver != "gels" else _C.zeros([0], dtype=_C.dtype.int64, device=A.device)
     sv = s if driver in ("gelsd", "gelss") else empty
     residuals = empty
-    if driver in ("gelsd", "gelss") and m > n and bool((keep.sum([-1], False) == n).all()):
+    # 'gels' (QR) fills them whenever m > n, 'gelsd' / 'gelss' only when every matrix has full rank
+    if m > n and (driver == "gels" or (driver in ("gelsd", "gelss") and bool((keep.sum([-1], False) == n).all()))):
         r = _C.matmul(A, x) - Bm
         residuals = (r * r).sum([-2], False)  # [..., 1] for a vector B, as torch's
     return _Lstsq(x.squeeze(-1) if vector else x, residuals, rank, sv)

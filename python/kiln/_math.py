@@ -906,7 +906,13 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
         from ._linalg_spectral import svdvals
         lo, hi = builtins.min(d0, d1), builtins.max(d0, d1)
         s = svdvals(_T["movedim"](A, [d0, d1], [-2, -1]))
-        out = s.sum([-1], False) if ord == "nuc" else (_C.amax if ord == 2 else _C.amin)(s, [-1], False)
+        if ord == -2 and s.shape[-1] == 0:
+            raise _C.KilnValueError(f"linalg.matrix_norm(ord=-2): the smallest singular value of an empty matrix "
+                                    f"({A.shape[d0]} by {A.shape[d1]}) is undefined (as torch's amin refusal)")
+        if ord == "nuc" or s.shape[-1] == 0:  # an empty matrix's 2-norm is 0 (the empty sum), as torch's
+            out = s.sum([-1], False)
+        else:
+            out = (_C.amax if ord == 2 else _C.amin)(s, [-1], False)
         return out.unsqueeze(lo).unsqueeze(hi) if keepdim else out
     if ord not in (1, -1, math.inf, -math.inf):
         raise _C.KilnValueError(f"linalg.matrix_norm: Order {ord} not supported.")
@@ -991,20 +997,25 @@ _PRODUCT_BLOCK_ELEMENTS = 1 << 24
 
 
 def matrix_power(A, n):
-    """torch.linalg.matrix_power for n >= 0 (by repeated squaring; n = 0 the identity), floating or integer
-    (not bool, as torch's); a negative n needs the inverse, which Kiln does not compute: refused."""
+    """torch.linalg.matrix_power: A^n by repeated squaring (n = 0 the identity), floating or integer (not bool,
+    as torch's); a negative n inverts A first (linalg.inv, _linalg_lu.py: floating A only, as torch's)."""
     _tensor_arg("linalg.matrix_power", "A", A)
     if A.dtype == _C.dtype.bool:
         raise _C.KilnValueError("linalg.matrix_power: A must be a floating-point or integer tensor, got bool (as "
                                 "torch)")
-    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+    if A.dim() < 2:
+        raise _C.KilnValueError("linalg.matrix_power: The input tensor A must have at least 2 dimensions.")
+    if A.shape[-1] != A.shape[-2]:
         raise _C.KilnValueError(f"linalg.matrix_power: A must be batches of square matrices, but they are "
-                                f"{list(A.shape[-2:])} matrices")
+                                f"{A.shape[-2]} by {A.shape[-1]} matrices")
     if not isinstance(n, numbers.Integral) or isinstance(n, builtins.bool):
         raise TypeError(f"linalg.matrix_power(): argument 'n' must be an int, not {type(n).__name__}")
     if n < 0:
-        raise _C.KilnValueError(f"linalg.matrix_power: n={n} < 0 needs the matrix inverse, which Kiln does not "
-                                f"compute")
+        if not A.dtype.is_floating_point:
+            raise _C.KilnValueError(f"linalg.matrix_power: n={n} < 0 inverts A (linalg.inv): Expected a floating "
+                                    f"point tensor as input. Got {A.dtype.name}")
+        from ._linalg_lu import inv  # noqa: PLC0415 (_linalg_lu imports this module)
+        A, n = inv(A), -n
     if n == 0:
         # the identity, its gradient to A zeros (not None), as torch's
         return _C.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand(list(A.shape)) + _dropped(A, A)
@@ -1023,9 +1034,14 @@ def _linalg_diagonal(A, *, offset=0, dim1=-2, dim2=-1):
     return _C.diagonal(A, offset, dim1, dim2)
 
 
-linalg = types.ModuleType("kiln.linalg", "torch.linalg's norms and products: vector_norm, matrix_norm, norm, "
-                                         "cross, vecdot, matrix_power (n >= 0), diagonal; and (_linalg_spectral.py) "
-                                         "eigh, eigvalsh, svd, svdvals, qr, pinv, lstsq, matrix_rank, cond.")
+linalg = types.ModuleType("kiln.linalg", """torch.linalg in Kiln, f32 and f64 (matrix_power also integer),
+batched over the leading dims, with torch's signatures and gradients.
+Norms and products (here, _math.py): vector_norm, matrix_norm ('fro', 'nuc', 1, -1, 2, -2, inf, -inf), norm,
+cross, vecdot, matrix_power (a negative n through inv), diagonal.
+LU and Cholesky decompositions and their solves (_linalg_lu.py): lu_factor, lu_solve, solve, inv, det, slogdet,
+cholesky, cholesky_ex, solve_triangular.
+Spectral decompositions and what is built on them (_linalg_spectral.py): eigh, eigvalsh, svd, svdvals, qr, pinv,
+lstsq, matrix_rank, cond.""")
 linalg.vector_norm, linalg.matrix_norm, linalg.norm = vector_norm, matrix_norm, norm
 linalg.cross, linalg.vecdot, linalg.matrix_power, linalg.diagonal = cross, vecdot, matrix_power, _linalg_diagonal
 sys.modules[linalg.__name__] = linalg

@@ -242,3 +242,37 @@ def test_cholesky_ex_info():
     a = np.stack([np.eye(2), [[1.0, 2.0], [2.0, 1.0]], -np.eye(2)])
     np.testing.assert_array_equal(kiln.linalg.cholesky_ex(kiln.tensor(a)).info.numpy(),
                                   torch.linalg.cholesky_ex(torch.tensor(a)).info.numpy())
+
+
+@pytest.mark.parametrize("bshape,ashape", [((3, 2, 1), (2, 2)), ((2, 1), (3, 2, 2)), ((4, 1, 2, 3), (5, 2, 2))])
+def test_triangular_solve_broadcasts_cloned_coefficient_as_torch(bshape, ashape):
+    # cloned_coefficient is A broadcast to the batch of the solution, as torch's (Kiln returned A's own shape)
+    b, a = rand(bshape, 31), np.triu(shifted(ashape, 32))
+    for transpose in (False, True):
+        ko = kiln.triangular_solve(kiln.tensor(b), kiln.tensor(a), transpose=transpose)
+        to = torch.triangular_solve(torch.tensor(b), torch.tensor(a), transpose=transpose)
+        close(ko.solution, to.solution)
+        close(ko.cloned_coefficient, to.cloned_coefficient)
+
+
+def test_matrix_power_negative_n_errors_as_torch():
+    # a negative n checks what matrix_power needs before inverting, with torch's messages (Kiln reported
+    # non-square A as linalg.inv's error)
+    for n in (-1, 2):
+        with pytest.raises(RuntimeError) as te:
+            torch.linalg.matrix_power(torch.ones(2, 3, dtype=torch.float64), n)
+        with pytest.raises(kiln.KilnError) as ke:
+            kiln.linalg.matrix_power(kiln.ones([2, 3], dtype=kiln.float64), n)
+        assert str(te.value) in str(ke.value)
+        with pytest.raises(RuntimeError) as te:
+            torch.linalg.matrix_power(torch.ones(3, dtype=torch.float64), n)
+        with pytest.raises(kiln.KilnError) as ke:
+            kiln.linalg.matrix_power(kiln.ones([3], dtype=kiln.float64), n)
+        assert str(te.value) in str(ke.value)
+    with pytest.raises(NotImplementedError, match="Expected a floating point"):
+        torch.linalg.matrix_power(torch.ones(3, 3, dtype=torch.int64), -1)
+    with pytest.raises(kiln.KilnError, match="linalg.matrix_power: n=-1 < 0 inverts A .*Expected a floating point"):
+        kiln.linalg.matrix_power(kiln.ones([3, 3], dtype=kiln.int64), -1)
+    a = shifted((2, 3, 3), 33)
+    close(kiln.linalg.matrix_power(kiln.tensor(a), -2), torch.linalg.matrix_power(torch.tensor(a), -2))
+    close(kiln.tensor(a).matrix_power(-3), torch.tensor(a).matrix_power(-3))

@@ -3,6 +3,8 @@
 # Eigen's signs of eigenvectors, singular vectors and QR's factors may differ from LAPACK's, so vectors are
 # compared through gauge-invariant quantities (reconstructions, projectors, |U^T U_torch|); values, and
 # gradients of gauge-invariant losses, to 1e-8. Also batched shapes, second derivatives and torch's refusals.
+import re
+
 import numpy as np
 import pytest
 
@@ -239,8 +241,11 @@ def test_errors_as_torch():
         kiln.linalg.qr(x, mode="r").R.sum().backward()
     with pytest.raises(RuntimeError, match="not differentiable when mode='complete' and nrows > ncols"):
         kiln.linalg.qr(x, mode="complete").Q.sum().backward()
-    with pytest.raises(RuntimeError, match="p='fro' needs the matrix inverse"):
-        kiln.linalg.cond(kiln.eye(3), "fro")
+    # cond(p='fro') is computed now (test_cond_other_norms_as_torch); an unknown p is refused, as torch's
+    with pytest.raises(ValueError, match="linalg.cond got an invalid norm type"):
+        torch.linalg.cond(torch.eye(3), "x")
+    with pytest.raises(ValueError, match="linalg.cond got an invalid norm type"):
+        kiln.linalg.cond(kiln.eye(3), "x")
 
 
 @pytest.mark.parametrize("p", ["fro", "nuc", float("inf"), float("-inf"), 1, -1])
@@ -301,3 +306,78 @@ def test_subnormal_values_and_the_unread_triangle_as_torch():
         k = kiln.linalg.eigvalsh(kiln.tensor(m, dtype=kiln.float64), UPLO=uplo)
         t = torch.linalg.eigvalsh(torch.tensor(m), UPLO=uplo)
         np.testing.assert_allclose(np.array(k.tolist()), t.numpy(), rtol=1e-13)
+
+
+def test_tensor_tolerances_of_batch_shape_as_torch():
+    # a tensor atol / rtol of the batch shape is unsqueezed before the max with s_max [..., 1], as torch's (it
+    # gave max([3, 3]) and 'gt: shapes [3,4] and [3,3] do not broadcast')
+    b = RNG.standard_normal((3, 4, 2)) @ RNG.standard_normal((3, 2, 4))
+    b[1] *= 1e-3
+    kb, tb = kiln.tensor(b), torch.tensor(b)
+    tols = np.array([1e-2, 0.5, 1e-2])
+    for kw in ({"atol": tols}, {"rtol": tols}, {"atol": tols, "rtol": tols[::-1].copy()}):
+        kk = {k: kiln.tensor(v) for k, v in kw.items()}
+        tk = {k: torch.tensor(v) for k, v in kw.items()}
+        close(kiln.linalg.matrix_rank(kb, **kk), torch.linalg.matrix_rank(tb, **tk))
+        close(kiln.linalg.pinv(kb, **kk), torch.linalg.pinv(tb, **tk), 1e-7)
+        close(kiln.linalg.matrix_rank(kb, hermitian=True, **kk), torch.linalg.matrix_rank(tb, hermitian=True, **tk))
+
+
+def test_default_rtol_where_atol_is_not_positive_as_torch():
+    # torch's default rtol is where(atol > 0, 0, eps * max(m, n)), element-wise: a zero tensor atol or a
+    # negative number keeps the relative cutoff (Kiln took rtol = 0 and counted 1e-17 as rank)
+    a = np.diag([1.0, 1e-17, 1.0])
+    ka, ta = kiln.tensor(a), torch.tensor(a)
+    for katol, tatol in ((kiln.zeros(3, dtype=kiln.float64), torch.zeros(3, dtype=torch.float64)),
+                         (kiln.zeros([], dtype=kiln.float64), torch.zeros((), dtype=torch.float64)),
+                         (-1.0, -1.0), (0.0, 0.0), (1e-20, 1e-20)):
+        close(kiln.linalg.matrix_rank(ka, atol=katol), torch.linalg.matrix_rank(ta, atol=tatol))
+        close(kiln.linalg.pinv(ka, atol=katol), torch.linalg.pinv(ta, atol=tatol))
+    # element-wise over a batch: atol 0 in one matrix, 1e-20 (> 0: rtol 0) in the other
+    b = np.stack([a, a])
+    close(kiln.linalg.matrix_rank(kiln.tensor(b), atol=kiln.tensor([0.0, 1e-20])),
+          torch.linalg.matrix_rank(torch.tensor(b), atol=torch.tensor([0.0, 1e-20])))
+    assert kiln.linalg.matrix_rank(kiln.tensor(b), atol=kiln.tensor([0.0, 1e-20])).tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("ashape,bshape", [((6, 3), (6, 2)), ((6, 3), (6,)), ((2, 5, 4), (2, 5, 3)), ((3, 5), (3, 2))])
+def test_lstsq_gels_residuals_as_torch(ashape, bshape):
+    # 'gels' fills the residuals whenever m > n, as torch's (Kiln left them empty)
+    a, b = RNG.standard_normal(ashape), RNG.standard_normal(bshape)
+    kr, tr = kiln.linalg.lstsq(kiln.tensor(a), kiln.tensor(b), driver="gels"), \
+        torch.linalg.lstsq(torch.tensor(a), torch.tensor(b), driver="gels")
+    for name in ("solution", "residuals", "rank", "singular_values"):
+        close(getattr(kr, name), getattr(tr, name))
+
+
+def test_lstsq_refuses_b_with_more_dims_as_torch():
+    for ashape, bshape in (((3, 2), (2, 3, 1)), ((4, 3, 2), (3,))):
+        msg = re.escape("input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1")
+        with pytest.raises(RuntimeError, match=msg):
+            torch.linalg.lstsq(torch.ones(ashape), torch.ones(bshape))
+        with pytest.raises(RuntimeError, match=msg):
+            kiln.linalg.lstsq(kiln.ones(ashape), kiln.ones(bshape))
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (3, 0), (0, 3), (2, 0, 3)])
+def test_matrix_norm_2_of_empty_matrices_as_torch(shape):
+    # ord 2 (and 'nuc') of an empty matrix is 0, as torch's (Kiln: "amax: cannot reduce over an empty dim");
+    # ord -2 is refused by both (torch: amin over an empty dim)
+    a = np.zeros(shape)
+    for ord in (2, "nuc"):
+        close(kiln.linalg.matrix_norm(kiln.tensor(a), ord), torch.linalg.matrix_norm(torch.tensor(a), ord))
+        close(kiln.linalg.matrix_norm(kiln.tensor(a), ord, keepdim=True),
+              torch.linalg.matrix_norm(torch.tensor(a), ord, keepdim=True))
+    with pytest.raises(IndexError):
+        torch.linalg.matrix_norm(torch.tensor(a), -2)
+    with pytest.raises(RuntimeError, match="matrix_norm\\(ord=-2\\): the smallest singular value of an empty"):
+        kiln.linalg.matrix_norm(kiln.tensor(a), -2)
+
+
+def test_linalg_docstring_lists_every_function():
+    # one docstring for kiln.linalg after both installs (_linalg_lu's overwrote it without the spectral family)
+    doc = kiln.linalg.__doc__
+    names = [n for n in dir(kiln.linalg) if not n.startswith("_") and callable(getattr(kiln.linalg, n))]
+    assert len(names) >= 25
+    missing = [n for n in names if n not in doc]
+    assert not missing, missing
