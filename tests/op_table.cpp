@@ -1007,7 +1007,7 @@ std::vector<Row> build() {
           return exp(sum(log(t), d, keep));
         };
         return V{p(x[0], {1}, false), p(x[0], {0, 2}, true), p(x[0] * 0.9, {}, false), sqrt(var(x[1], {1})),
-                 sqrt(var(x[1], {}, 0))};
+                 sqrt(var(x[1], {}, 0)), ones({4, 5}, TensorOptions(x[0].dtype()))};
       })
       .covers({"prod", "stddev"})
       .tol(5e-2)
