@@ -14,6 +14,8 @@ from .transformed import HalfNormal, Pareto
 from .transformed_distribution import TransformedDistribution
 from .transforms import ExpTransform
 from .utils import EULER_GAMMA, sum_rightmost
+from .gamma import Beta, Dirichlet, Gamma
+from .counts import Poisson
 
 __all__ = ["kl_divergence", "register_kl"]
 
@@ -148,8 +150,55 @@ def _kl_independent_independent(p, q):
     return sum_rightmost(result, p.reinterpreted_batch_ndims)
 
 
-# torch's pairs among the distributions above whose formulas need no lgamma/digamma of a tensor
-# (Gumbel-Gumbel does: left out)
+# torch's pairs among the distributions above
+
+@register_kl(Gumbel, Gumbel)
+def _kl_gumbel_gumbel(p, q):
+    ct1 = p.scale / q.scale
+    ct2 = q.loc / q.scale
+    ct3 = p.loc / q.scale
+    t1 = -_C.log(ct1) - ct2 + ct3
+    t2 = ct1 * EULER_GAMMA
+    t3 = _C.exp(ct2 + _C.lgamma(1 + ct1) - ct3)
+    return t1 + t2 + t3 - (1 + EULER_GAMMA)
+
+
+@register_kl(Gamma, Gamma)
+def _kl_gamma_gamma(p, q):
+    t1 = q.concentration * _C.log(p.rate / q.rate)
+    t2 = _C.lgamma(q.concentration) - _C.lgamma(p.concentration)
+    t3 = (p.concentration - q.concentration) * _C.digamma(p.concentration)
+    t4 = (q.rate - p.rate) * (p.concentration / p.rate)
+    return t1 + t2 + t3 + t4
+
+
+@register_kl(Beta, Beta)
+def _kl_beta_beta(p, q):
+    sum_p = p.concentration1 + p.concentration0
+    sum_q = q.concentration1 + q.concentration0
+    t1 = _C.lgamma(q.concentration1) + _C.lgamma(q.concentration0) + _C.lgamma(sum_p)
+    t2 = _C.lgamma(p.concentration1) + _C.lgamma(p.concentration0) + _C.lgamma(sum_q)
+    t3 = (p.concentration1 - q.concentration1) * _C.digamma(p.concentration1)
+    t4 = (p.concentration0 - q.concentration0) * _C.digamma(p.concentration0)
+    t5 = (sum_q - sum_p) * _C.digamma(sum_p)
+    return t1 - t2 + t3 + t4 + t5
+
+
+@register_kl(Dirichlet, Dirichlet)
+def _kl_dirichlet_dirichlet(p, q):
+    sum_p = p.concentration.sum(-1)
+    sum_q = q.concentration.sum(-1)
+    t1 = _C.lgamma(sum_p) - _C.lgamma(sum_q)
+    t2 = (_C.lgamma(p.concentration) - _C.lgamma(q.concentration)).sum(-1)
+    t3 = p.concentration - q.concentration
+    t4 = _C.digamma(p.concentration) - _C.digamma(sum_p).unsqueeze(-1)
+    return t1 - t2 + (t3 * t4).sum(-1)
+
+
+@register_kl(Poisson, Poisson)
+def _kl_poisson_poisson(p, q):
+    return p.rate * (_C.log(p.rate) - _C.log(q.rate)) - (p.rate - q.rate)
+
 
 def _infinite_like(t):
     return _C.full_like(t, math.inf)
