@@ -307,3 +307,94 @@ def test_dirichlet_errors():
         KD.Dirichlet(kiln.tensor([1.0, -1.0], dtype=F64))
     with pytest.raises(ValueError, match="Expected value argument"):
         KD.Dirichlet(kiln.tensor([1.0, 2.0], dtype=F64)).log_prob(kiln.tensor([0.5, 0.6], dtype=F64))
+
+
+# ------------------------------------------------------------------------------------- MultivariateNormal
+def _spd(*batch, n=3):
+    a = RNG.normal(size=batch + (n, n))
+    return a @ np.swapaxes(a, -1, -2) + n * np.eye(n)
+
+
+def _mvn(M, loc, mat, kind):
+    return M.MultivariateNormal(loc, **{kind: mat})
+
+
+MVN_KINDS = {"covariance_matrix": lambda m: m, "precision_matrix": np.linalg.inv,
+             "scale_tril": np.linalg.cholesky}
+
+
+@pytest.mark.parametrize("kind", sorted(MVN_KINDS))
+def test_mvn_values_and_gradients(kind):
+    mat = MVN_KINDS[kind](_spd(2))
+    loc = RNG.normal(size=(4, 1, 3))  # broadcast against the matrices' batch (2,)
+    value = RNG.normal(size=(5, 4, 2, 3))
+    for fn in (lambda d, v: d.log_prob(v).sum(), lambda d, v: d.entropy().sum() * 1.7,
+               lambda d, v: (d.variance * d.mean).sum() + d.covariance_matrix.sum() + d.precision_matrix.sum()
+               + d.scale_tril.sum()):
+        (kl, tl), (km, tm) = pair(loc, True), pair(mat, True)
+        kd, td = _mvn(KD, kl, km, kind), _mvn(TD, tl, tm, kind)
+        assert kd.batch_shape == tuple(td.batch_shape) == (4, 2) and kd.event_shape == (3,)
+        kv, tv = pair(value)
+        same(fn(kd, kv), fn(td, tv))
+        fn(kd, kv).backward()
+        fn(td, tv).backward()
+        same(kl.grad, tl.grad, 1e-8)
+        same(km.grad, tm.grad, 1e-8)
+    same(kd.log_prob(kv), td.log_prob(tv))
+    same(kd.entropy(), td.entropy())
+    for prop in ("mean", "mode", "variance", "stddev", "covariance_matrix", "precision_matrix", "scale_tril"):
+        same(getattr(kd, prop), getattr(td, prop))
+    same(kd.expand((5, 4, 2)).log_prob(kv), td.expand((5, 4, 2)).log_prob(tv))
+
+
+def test_mvn_rsample_moments_and_gradient():
+    kiln.manual_seed(9)
+    cov = _spd(n=3)
+    kl, km = kiln.tensor([1.0, -2.0, 0.5], dtype=F64, requires_grad=True), kiln.tensor(cov, requires_grad=True)
+    d = KD.MultivariateNormal(kl, covariance_matrix=km)
+    n = 40000
+    x = d.rsample((n,))
+    assert tuple(x.shape) == (n, 3)
+    xn = x.detach().numpy()
+    assert np.all(np.abs(xn.mean(0) - [1.0, -2.0, 0.5]) < 5 * np.sqrt(np.diag(cov) / n))
+    assert np.allclose(np.cov(xn.T), cov, rtol=0.05, atol=0.05 * np.sqrt(np.outer(np.diag(cov), np.diag(cov))).max())
+    # d/dSigma E[x x^T][0, 1] = d/dSigma (Sigma_01 + mu_0 mu_1): the pathwise gradient's mean is close
+    (x[:, 0] * x[:, 1]).mean().backward()
+    assert np.allclose(kl.grad.numpy(), [-2.0, 1.0, 0.0], atol=0.1)
+    g = km.grad.numpy()  # symmetric part of the gradient: 1/2 at (0, 1) and (1, 0)
+    assert abs((g[0, 1] + g[1, 0]) - 1.0) < 0.1 and abs(g[0, 0]) < 0.1
+
+
+def test_mvn_kl_values_and_gradients():
+    (kl1, tl1), (kl2, tl2) = pair(RNG.normal(size=(2, 3)), True), pair(RNG.normal(size=(3,)), True)
+    (ka, ta), (kb, tb) = pair(np.linalg.cholesky(_spd(2)), True), pair(_spd(), True)
+    kk = KD.kl_divergence(KD.MultivariateNormal(kl1, scale_tril=ka), KD.MultivariateNormal(kl2, covariance_matrix=kb))
+    tk = TD.kl_divergence(TD.MultivariateNormal(tl1, scale_tril=ta), TD.MultivariateNormal(tl2, covariance_matrix=tb))
+    same(kk, tk)
+    kk.sum().backward()
+    tk.sum().backward()
+    for k, t in ((kl1, tl1), (kl2, tl2), (ka, ta), (kb, tb)):
+        same(k.grad, t.grad, 1e-8)
+    p = KD.MultivariateNormal(kl1.detach(), scale_tril=ka.detach())
+    same(KD.kl_divergence(p, p), torch.zeros(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("case", [
+    (lambda M, t: M.MultivariateNormal(t([0.0, 0.0]), covariance_matrix=t([[1.0, 2.0], [2.0, 1.0]])),
+     "Expected parameter covariance_matrix"),
+    (lambda M, t: M.MultivariateNormal(t([0.0, 0.0]), scale_tril=t([[1.0, 0.5], [0.0, 1.0]])),
+     "Expected parameter scale_tril"),
+    (lambda M, t: M.MultivariateNormal(t([0.0, 0.0]), precision_matrix=t([[1.0, 0.3], [0.0, 1.0]])),
+     "Expected parameter precision_matrix"),
+    (lambda M, t: M.MultivariateNormal(t([0.0, 0.0]), covariance_matrix=t([[1.0, 0.0], [0.0, 1.0]]),
+                                       scale_tril=t([[1.0, 0.0], [0.0, 1.0]])), "Exactly one of"),
+])
+def test_mvn_validate_args_errors(case):
+    fn, msg = case
+    for M in (TD, KD):
+        with pytest.raises(ValueError, match=msg):
+            fn(M, lambda v: _t(M, v))
+    with pytest.raises(ValueError, match="loc must be at least one-dimensional"):
+        KD.MultivariateNormal(kiln.tensor(0.0, dtype=F64), covariance_matrix=kiln.eye(1, dtype=F64))
+    with pytest.raises(ValueError, match=r"covariance_matrix must be of shape \(\.\.\., 2, 2\)"):
+        KD.MultivariateNormal(kiln.zeros(2, dtype=F64), covariance_matrix=kiln.eye(3, dtype=F64))

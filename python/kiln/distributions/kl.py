@@ -16,6 +16,7 @@ from .transforms import ExpTransform
 from .utils import EULER_GAMMA, sum_rightmost
 from .gamma import Beta, Dirichlet, Gamma
 from .counts import Poisson
+from .multivariate_normal import MultivariateNormal, _batch_mahalanobis
 
 __all__ = ["kl_divergence", "register_kl"]
 
@@ -193,6 +194,22 @@ def _kl_dirichlet_dirichlet(p, q):
     t3 = p.concentration - q.concentration
     t4 = _C.digamma(p.concentration) - _C.digamma(sum_p).unsqueeze(-1)
     return t1 - t2 + (t3 * t4).sum(-1)
+
+
+@register_kl(MultivariateNormal, MultivariateNormal)
+def _kl_multivariatenormal_multivariatenormal(p, q):
+    if p.event_shape != q.event_shape:
+        raise ValueError("KL-divergence between two Multivariate Normals with different event shapes cannot "
+                         f"be computed: p's {p.event_shape}, q's {q.event_shape}")
+    from .. import linalg
+    Lp, Lq = p._unbroadcasted_scale_tril, q._unbroadcasted_scale_tril
+    half_term1 = (_C.log(Lq.diagonal(dim1=-2, dim2=-1)).sum(-1) - _C.log(Lp.diagonal(dim1=-2, dim2=-1)).sum(-1))
+    n = p.event_shape[0]
+    batch = tuple(_C.broadcast_shapes(tuple(Lq.shape[:-2]), tuple(Lp.shape[:-2])))
+    X = linalg.solve_triangular(Lq.expand(*(batch + (n, n))), Lp.expand(*(batch + (n, n))), upper=False)
+    term2 = (X * X).reshape(batch + (-1,)).sum(-1)
+    term3 = _batch_mahalanobis(Lq, q.loc - p.loc)
+    return half_term1 + 0.5 * (term2 + term3 - n)
 
 
 @register_kl(Poisson, Poisson)

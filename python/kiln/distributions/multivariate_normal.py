@@ -1,0 +1,122 @@
+"""MultivariateNormal(loc, covariance_matrix= | precision_matrix= | scale_tril=): torch's formulas through
+kiln.linalg (cholesky, solve_triangular), so rsample, log_prob, entropy and kl_divergence differentiate
+with respect to loc and the matrix given."""
+import math
+
+from .. import _C
+from .. import linalg
+from . import constraints
+from .distribution import Distribution
+from .utils import lazy_property
+
+__all__ = ["MultivariateNormal"]
+
+
+def _batch_mahalanobis(L, x):
+    """x^T (L L^T)^-1 x over the last dim of x, L lower triangular (batch dims broadcast)."""
+    batch = tuple(_C.broadcast_shapes(tuple(L.shape[:-2]), tuple(x.shape[:-1])))
+    n = L.shape[-1]
+    Lb = L.expand(*(batch + (n, n)))
+    y = linalg.solve_triangular(Lb, x.expand(*(batch + (n,))).unsqueeze(-1), upper=False).squeeze(-1)
+    return (y * y).sum(-1)
+
+
+class MultivariateNormal(Distribution):
+    """MultivariateNormal(loc, covariance_matrix=None, precision_matrix=None, scale_tril=None): exactly one
+    of the three matrices; loc (..., n) and the matrix (..., n, n) broadcast over their batch dims.
+    The covariance and precision are factorised by Cholesky (the precision's inverse first)."""
+    arg_constraints = {"loc": constraints.real_vector, "covariance_matrix": constraints.positive_definite,
+                       "precision_matrix": constraints.positive_definite,
+                       "scale_tril": constraints.lower_cholesky}
+    support = constraints.real_vector
+    has_rsample = True
+
+    def __init__(self, loc, covariance_matrix=None, precision_matrix=None, scale_tril=None, validate_args=None):
+        if not isinstance(loc, _C.Tensor) or loc.dim() < 1:
+            raise ValueError("MultivariateNormal: loc must be at least one-dimensional (a Tensor of shape "
+                             f"(..., n)), got {loc!r}")
+        given = [(k, m) for k, m in (("covariance_matrix", covariance_matrix), ("precision_matrix", precision_matrix),
+                                     ("scale_tril", scale_tril)) if m is not None]
+        if len(given) != 1:
+            raise ValueError("Exactly one of covariance_matrix or precision_matrix or scale_tril may be specified.")
+        name, matrix = given[0]
+        if not isinstance(matrix, _C.Tensor) or matrix.dim() < 2:
+            raise ValueError(f"MultivariateNormal: {name} must be at least two-dimensional, with optional "
+                             f"leading batch dimensions, got {matrix!r}")
+        n = loc.shape[-1]
+        if tuple(matrix.shape[-2:]) != (n, n):
+            raise ValueError(f"MultivariateNormal: {name} must be of shape (..., {n}, {n}) to match loc of shape "
+                             f"{tuple(loc.shape)}, got {tuple(matrix.shape)}")
+        batch_shape = tuple(_C.broadcast_shapes(tuple(matrix.shape[:-2]), tuple(loc.shape[:-1])))
+        setattr(self, name, matrix.expand(*(batch_shape + (n, n))))
+        self.loc = loc.expand(*(batch_shape + (n,)))
+        super().__init__(batch_shape, (n,), validate_args=validate_args)
+        if name == "scale_tril":
+            self._unbroadcasted_scale_tril = matrix
+        elif name == "covariance_matrix":
+            self._unbroadcasted_scale_tril = linalg.cholesky(matrix)
+        else:
+            self._unbroadcasted_scale_tril = linalg.cholesky(linalg.inv(matrix))
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(MultivariateNormal, _instance)
+        batch_shape = tuple(batch_shape)
+        n = self._event_shape[0]
+        new.loc = self.loc.expand(*(batch_shape + (n,)))
+        new._unbroadcasted_scale_tril = self._unbroadcasted_scale_tril
+        for name in ("covariance_matrix", "precision_matrix", "scale_tril"):
+            if name in self.__dict__:
+                new.__dict__[name] = self.__dict__[name].expand(*(batch_shape + (n, n)))
+        Distribution.__init__(new, batch_shape, self._event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    def _matrix_shape(self):
+        return self._batch_shape + self._event_shape + self._event_shape
+
+    @lazy_property
+    def scale_tril(self):
+        return self._unbroadcasted_scale_tril.expand(*self._matrix_shape())
+
+    @lazy_property
+    def covariance_matrix(self):
+        L = self._unbroadcasted_scale_tril
+        return (L @ L.transpose(-1, -2)).expand(*self._matrix_shape())
+
+    @lazy_property
+    def precision_matrix(self):
+        L = self._unbroadcasted_scale_tril
+        # the inverse of L L^T, differentiated as a function of the whole of L (torch's cholesky_inverse
+        # gradient, upper entries included); a triangular solve would give a lower-triangular gradient
+        return linalg.inv(L @ L.transpose(-1, -2)).expand(*self._matrix_shape())
+
+    @property
+    def mean(self):
+        return self.loc
+
+    @property
+    def mode(self):
+        return self.loc
+
+    @property
+    def variance(self):
+        L = self._unbroadcasted_scale_tril
+        return (L * L).sum(-1).expand(*(self._batch_shape + self._event_shape))
+
+    def rsample(self, sample_shape=()):
+        shape = self._extended_shape(sample_shape)
+        eps = _C.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        return self.loc + (self._unbroadcasted_scale_tril @ eps.unsqueeze(-1)).squeeze(-1)
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        diff = value - self.loc
+        M = _batch_mahalanobis(self._unbroadcasted_scale_tril, diff)
+        half_log_det = _C.log(self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1)).sum(-1)
+        return -0.5 * (self._event_shape[0] * math.log(2 * math.pi) + M) - half_log_det
+
+    def entropy(self):
+        half_log_det = _C.log(self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1)).sum(-1)
+        H = 0.5 * self._event_shape[0] * (1.0 + math.log(2 * math.pi)) + half_log_det
+        return H.expand(*self._batch_shape) if tuple(H.shape) != self._batch_shape else H
