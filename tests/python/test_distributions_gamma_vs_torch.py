@@ -398,3 +398,45 @@ def test_mvn_validate_args_errors(case):
         KD.MultivariateNormal(kiln.tensor(0.0, dtype=F64), covariance_matrix=kiln.eye(1, dtype=F64))
     with pytest.raises(ValueError, match=r"covariance_matrix must be of shape \(\.\.\., 2, 2\)"):
         KD.MultivariateNormal(kiln.zeros(2, dtype=F64), covariance_matrix=kiln.eye(3, dtype=F64))
+
+
+# ------------------------------------------------------------------------------------------- Multinomial
+@pytest.mark.parametrize("by", ["probs", "logits"])
+def test_multinomial_values_and_gradients(by):
+    p = RNG.dirichlet(np.ones(4), size=(2,))
+    arr = p if by == "probs" else np.log(p) + 0.3
+    counts = np.stack([RNG.multinomial(6, q, size=3) for q in p], 1).astype(np.float64)  # (3, 2, 4)
+    for fn in (lambda d, v: d.log_prob(v).sum(), lambda d, v: d.entropy().sum(),
+               lambda d, v: (d.mean * d.variance).sum()):
+        kp, tp = pair(arr, True)
+        kd, td = KD.Multinomial(6, **{by: kp}), TD.Multinomial(6, **{by: tp})
+        assert kd.batch_shape == tuple(td.batch_shape) == (2,) and kd.event_shape == (4,)
+        kv, tv = pair(counts)
+        same(fn(kd, kv), fn(td, tv))
+        fn(kd, kv).backward()
+        fn(td, tv).backward()
+        same(kp.grad, tp.grad, 1e-8)
+    same(kd.log_prob(kv), td.log_prob(tv))
+    same(kd.entropy(), td.entropy())
+    same(kd.expand((3, 2)).log_prob(kv), td.expand((3, 2)).log_prob(tv))
+    # a zero-probability category counted zero times
+    zp = kiln.tensor([0.5, 0.0, 0.5], dtype=F64)
+    same(KD.Multinomial(2, probs=zp).log_prob(kiln.tensor([1.0, 0.0, 1.0], dtype=F64)),
+         TD.Multinomial(2, probs=torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64)).log_prob(
+             torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)))
+
+
+def test_multinomial_samples():
+    kiln.manual_seed(10)
+    p = np.array([[0.1, 0.2, 0.7], [0.5, 0.25, 0.25]])
+    d = KD.Multinomial(5, probs=kiln.tensor(p))
+    n = 20000
+    x = d.sample((n,)).numpy()
+    assert x.shape == (n, 2, 3)
+    assert np.all(x.sum(-1) == 5)
+    _moments_ok(x, 5 * p, 5 * p * (1 - p), n)
+    with pytest.raises(ValueError, match="total_count must be a nonnegative int"):
+        KD.Multinomial(2.5, probs=kiln.tensor(p))
+    for M in (TD, KD):
+        with pytest.raises(ValueError, match="Expected value argument"):
+            M.Multinomial(2, probs=_t(M, [0.5, 0.5])).log_prob(_t(M, [3.0, 1.0]))

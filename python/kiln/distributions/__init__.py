@@ -7,7 +7,7 @@ sample() is taken outside autograd, rsample() is differentiable where has_rsampl
     HalfNormal, HalfCauchy, Pareto, Weibull, LogisticNormal               (TransformedDistributions)
     ContinuousBernoulli                                                   (probs= or logits=, rsample)
     Gamma, Chi2, Beta, Dirichlet, StudentT                                (rsample: gamma.py's docstring)
-    Poisson, Binomial, NegativeBinomial                                   (sample on the host, no rsample)
+    Poisson, Binomial, NegativeBinomial, Multinomial                      (sample, no rsample)
     MultivariateNormal                          (covariance_matrix=, precision_matrix= or scale_tril=; rsample)
     Bernoulli, Geometric, Categorical, OneHotCategorical                  (probs= or logits=)
     Independent, RelaxedBernoulli, RelaxedOneHotCategorical             (rsample, log_prob)
@@ -16,7 +16,7 @@ sample() is taken outside autograd, rsample() is differentiable where has_rsampl
     ReshapeTransform, IndependentTransform, ComposeTransform, CatTransform, StackTransform);
     biject_to, transform_to; kl_divergence, register_kl; constraints; Distribution
 
-Left out (not yet written): Multinomial, LowRankMultivariateNormal, Kumaraswamy,
+Left out (not yet written): LowRankMultivariateNormal, Kumaraswamy,
 the Cholesky transforms, LogitRelaxedBernoulli/ExpRelaxedCategorical and the mixtures; the Gamma family's
 cdf/icdf (no incomplete gamma op).
 """
@@ -37,7 +37,7 @@ from .transformed_distribution import TransformedDistribution
 from .transformed import HalfNormal, HalfCauchy, Pareto, Weibull, LogisticNormal
 from .continuous_bernoulli import ContinuousBernoulli
 from .gamma import Gamma, Chi2, Beta, Dirichlet, StudentT
-from .counts import Poisson, Binomial, NegativeBinomial
+from .counts import Poisson, Binomial, NegativeBinomial, Multinomial
 from .multivariate_normal import MultivariateNormal
 from .kl import kl_divergence, register_kl
 
@@ -49,4 +49,5 @@ __all__ = ["constraints", "Constraint", "Distribution", "Normal", "LogNormal", "
            "AffineTransform", "SoftmaxTransform", "StickBreakingTransform", "CatTransform", "StackTransform",
            "identity_transform", "biject_to", "transform_to", "TransformedDistribution", "HalfNormal",
            "HalfCauchy", "Pareto", "Weibull", "LogisticNormal", "ContinuousBernoulli", "Gamma", "Chi2", "Beta", "Dirichlet",
-           "StudentT", "Poisson", "Binomial", "NegativeBinomial", "MultivariateNormal"]
+           "StudentT", "Poisson", "Binomial", "NegativeBinomial", "MultivariateNormal",
+           "Multinomial"]

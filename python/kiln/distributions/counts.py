@@ -1,7 +1,9 @@
-"""The count distributions: Poisson, Binomial, NegativeBinomial, with torch's log_prob formulas in Kiln's
+"""The count distributions: Poisson, Binomial, NegativeBinomial, Multinomial, with torch's log_prob formulas in Kiln's
 ops (lgamma; gradients to rate, probs/logits and total_count flow). Samples are drawn on the host by
-numpy's generator seeded from Kiln's random stream (kiln.manual_seed makes them reproducible) and carry no
-gradient (has_rsample is False)."""
+numpy's generator seeded from Kiln's random stream (Multinomial's: counts of Categorical draws on Kiln's
+stream); kiln.manual_seed makes them reproducible; they carry no gradient (has_rsample is False)."""
+import math
+
 import numpy as np
 
 from .. import _C
@@ -12,7 +14,7 @@ from .distribution import Distribution
 from .gamma import Gamma
 from .utils import broadcast_all, lazy_property, logits_to_probs, probs_to_logits
 
-__all__ = ["Poisson", "Binomial", "NegativeBinomial"]
+__all__ = ["Poisson", "Binomial", "NegativeBinomial", "Multinomial"]
 
 
 def _is_number(x):
@@ -221,3 +223,84 @@ class NegativeBinomial(_CountsProbs):
         log_normalization = -_C.lgamma(n + value) + _C.lgamma(1.0 + value) + _C.lgamma(n)
         log_normalization = _C.where(n + value == 0.0, _C.zeros_like(log_normalization), log_normalization)
         return log_unnormalized - log_normalization
+
+
+class Multinomial(Distribution):
+    """Multinomial(total_count=1, probs=p or logits=l): counts of total_count draws of
+    Categorical(probs/logits) over the last dim's K categories (event_shape (K,)); total_count is an int.
+    log_prob needs only the counts (any total, as torch's); sample draws on Kiln's random stream."""
+    arg_constraints = {"probs": constraints.simplex, "logits": constraints.independent(constraints.real, 1)}
+
+    def __init__(self, total_count=1, probs=None, logits=None, validate_args=None):
+        from .discrete import Categorical
+        if not isinstance(total_count, int) or isinstance(total_count, bool) or total_count < 0:
+            raise ValueError(f"Multinomial: total_count must be a nonnegative int, got {total_count!r}")
+        self.total_count = total_count
+        self._categorical = Categorical(probs=probs, logits=logits, validate_args=validate_args)
+        self._binomial = Binomial(total_count=total_count, probs=self.probs, validate_args=False)
+        batch_shape = tuple(self._categorical.batch_shape)
+        event_shape = tuple(self._categorical.param_shape[-1:])
+        super().__init__(batch_shape, event_shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(Multinomial, _instance)
+        batch_shape = tuple(batch_shape)
+        new.total_count = self.total_count
+        new._categorical = self._categorical.expand(batch_shape)
+        new._binomial = Binomial(total_count=self.total_count, probs=new._categorical.probs, validate_args=False)
+        Distribution.__init__(new, batch_shape, self._event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @constraints.dependent_property(is_discrete=True, event_dim=1)
+    def support(self):
+        return constraints.multinomial(self.total_count)
+
+    @property
+    def logits(self):
+        return self._categorical.logits
+
+    @property
+    def probs(self):
+        return self._categorical.probs
+
+    @property
+    def param_shape(self):
+        return self._categorical.param_shape
+
+    @property
+    def mean(self):
+        return self.probs * self.total_count
+
+    @property
+    def variance(self):
+        return self.total_count * self.probs * (1 - self.probs)
+
+    def sample(self, sample_shape=()):
+        if isinstance(sample_shape, int):
+            sample_shape = (sample_shape,)
+        shape = self._extended_shape(sample_shape)
+        k = self._event_shape[0]
+        with no_grad():
+            if self.total_count == 0:
+                return _C.zeros(shape, dtype=self.probs.dtype, device=self.probs.device)
+            draws = self._categorical.sample((self.total_count,) + tuple(sample_shape))  # [n, *sample, *batch]
+            return _C.one_hot(draws, k).to(self.probs.dtype).sum(0)
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        logits, value = broadcast_all(self.logits, value)
+        log_factorial_n = _C.lgamma(value.sum(-1) + 1)
+        log_factorial_xs = _C.lgamma(value + 1).sum(-1)
+        # a category of probability 0 counted 0 times contributes 0 (not 0 * -inf)
+        logits = _C.where((value == 0) & (logits == float("-inf")), _C.zeros_like(logits), logits)
+        return log_factorial_n - log_factorial_xs + (logits * value).sum(-1)
+
+    def entropy(self):
+        n = float(self.total_count)
+        term1 = n * self._categorical.entropy() - math.lgamma(n + 1)
+        support = self._binomial.enumerate_support(expand=False)[1:]
+        binomial_probs = _C.exp(self._binomial.log_prob(support))
+        weights = _C.lgamma(support + 1)
+        return term1 + (binomial_probs * weights).sum(-1).sum(0)
