@@ -424,6 +424,10 @@ def test_multinomial_values_and_gradients(by):
     same(KD.Multinomial(2, probs=zp).log_prob(kiln.tensor([1.0, 0.0, 1.0], dtype=F64)),
          TD.Multinomial(2, probs=torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64)).log_prob(
              torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)))
+    zl = [0.0, -math.inf, 0.2]  # logits -inf: 0 * -inf taken as 0
+    same(KD.Multinomial(2, logits=kiln.tensor(zl, dtype=F64)).log_prob(kiln.tensor([1.0, 0.0, 1.0], dtype=F64)),
+         TD.Multinomial(2, logits=torch.tensor(zl, dtype=torch.float64)).log_prob(
+             torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)))
 
 
 def test_multinomial_samples():
