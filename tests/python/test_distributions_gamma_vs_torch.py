@@ -249,6 +249,9 @@ KL_PAIRS = {
     "Dirichlet": lambda M, a, b, c, d: (M.Dirichlet(M_stack(M, a, b)), M.Dirichlet(M_stack(M, c, d))),
     "Poisson": lambda M, a, b, c, d: (M.Poisson(a * b), M.Poisson(c)),
     "Gumbel": lambda M, a, b, c, d: (M.Gumbel(a - 1, b), M.Gumbel(c, d)),
+    "ExponentialGamma": lambda M, a, b, c, d: (M.Exponential(a), M.Gamma(c, d)),
+    "GammaExponential": lambda M, a, b, c, d: (M.Gamma(a, b), M.Exponential(c)),
+    "Binomial": lambda M, a, b, c, d: (M.Binomial(5, probs=a / (a + b)), M.Binomial(5, logits=c - d)),
 }
 
 
@@ -268,8 +271,20 @@ def test_kl_values_and_gradients(name):
     kl_t.sum().backward()
     for k, t in zip(kp, tp):
         same(k.grad, t.grad, 1e-8)
+    if name in ("ExponentialGamma", "GammaExponential"):
+        return
     p, _ = KL_PAIRS[name](KD, *kp)
     same(KD.kl_divergence(p, p), torch.zeros(tuple(kl_t.shape), dtype=torch.float64), 1e-9)
+
+
+def test_kl_binomial_total_counts():
+    (kp, tp), (kq, tq) = pair([0.3, 0.6]), pair([0.5, 0.2])
+    kn, tn = pair([5.0, 3.0])
+    same(KD.kl_divergence(KD.Binomial(kn, kp), KD.Binomial(3.0, kq)),
+         TD.kl_divergence(TD.Binomial(tn, tp), TD.Binomial(3.0, tq)))  # inf where p has more trials
+    for M, a, b in ((KD, kp, kq), (TD, tp, tq)):
+        with pytest.raises(NotImplementedError, match="q.total_count > p.total_count"):
+            M.kl_divergence(M.Binomial(2.0, a), M.Binomial(3.0, b))
 
 
 # --------------------------------------------------------------------------------------------- validation

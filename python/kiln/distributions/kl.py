@@ -15,7 +15,7 @@ from .transformed_distribution import TransformedDistribution
 from .transforms import ExpTransform
 from .utils import EULER_GAMMA, sum_rightmost
 from .gamma import Beta, Dirichlet, Gamma
-from .counts import Poisson
+from .counts import Binomial, Poisson
 from .multivariate_normal import MultivariateNormal, _batch_mahalanobis
 
 __all__ = ["kl_divergence", "register_kl"]
@@ -210,6 +210,27 @@ def _kl_multivariatenormal_multivariatenormal(p, q):
     term2 = (X * X).reshape(batch + (-1,)).sum(-1)
     term3 = _batch_mahalanobis(Lq, q.loc - p.loc)
     return half_term1 + 0.5 * (term2 + term3 - n)
+
+
+@register_kl(Binomial, Binomial)
+def _kl_binomial_binomial(p, q):
+    # torch's: a q with more trials than p is not written; fewer is infinite (p gives mass q cannot)
+    if bool((p.total_count < q.total_count).any()):
+        raise NotImplementedError("KL between Binomials where q.total_count > p.total_count is not implemented")
+    kl = p.total_count * (p.probs * (p.logits - q.logits) + _C.log1p(-p.probs) - _C.log1p(-q.probs))
+    return _C.where(p.total_count > q.total_count, _C.full_like(kl, math.inf), kl)
+
+
+@register_kl(Exponential, Gamma)
+def _kl_exponential_gamma(p, q):
+    ratio = q.rate / p.rate
+    t1 = -q.concentration * _C.log(ratio)
+    return t1 + ratio + _C.lgamma(q.concentration) + q.concentration * EULER_GAMMA - (1 + EULER_GAMMA)
+
+
+@register_kl(Gamma, Exponential)
+def _kl_gamma_exponential(p, q):
+    return -p.entropy() - _C.log(q.rate) + q.rate * (p.concentration / p.rate)
 
 
 @register_kl(Poisson, Poisson)
