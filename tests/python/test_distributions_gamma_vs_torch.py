@@ -151,6 +151,14 @@ def test_gamma_small_concentration_samples():
     _moments_ok(x, c, c, 40000)
 
 
+def test_gamma_invalid_concentration_samples_nan_without_validation():
+    c = kiln.tensor([math.nan, -1.0, 0.0, 2.0], dtype=F64)
+    x = KD.Gamma(c, 1.0, validate_args=False).sample((3,)).numpy()  # would loop forever if never accepted
+    assert np.isnan(x[:, :3]).all() and (x[:, 3] > 0).all()
+    x32 = KD.Gamma(kiln.tensor([0.5, 3.0]), kiln.tensor([1.0, 2.0])).sample((5,))
+    assert x32.dtype == kiln.float32 and (x32.numpy() > 0).all()
+
+
 def test_gamma_samples_follow_the_gamma_cdf():
     # Kolmogorov-Smirnov against torch's regularised incomplete gamma: a sampler with a wrong acceptance
     # step still has nearly the right mean and variance, not the right distribution

@@ -31,10 +31,14 @@ def _marsaglia_tsang(alpha):
     with no_grad():
         boost = alpha < 1
         a = _C.where(boost, alpha + 1, alpha)
+        # NaN, nonpositive or infinite concentrations (validate_args=False) would never be accepted:
+        # their draws are NaN
+        bad = ~((alpha > 0) & (alpha < float("inf")))
+        a = _C.where(bad, _C.ones_like(alpha), a)
         d = a - 1.0 / 3.0
         c = (9 * d).rsqrt()
-        out = _C.zeros_like(alpha)
-        done = _C.zeros_like(alpha) > 0
+        out = _C.full_like(alpha, float("nan"))
+        done = bad
         if alpha.numel() == 0:
             return out
         while True:
@@ -50,7 +54,7 @@ def _marsaglia_tsang(alpha):
                 break
         u = _C.clamp(_C.rand(tuple(alpha.shape), dtype=alpha.dtype, device=alpha.device), min=tiny(alpha.dtype))
         scale = _C.where(boost, u ** alpha.reciprocal(), _C.ones_like(alpha))
-        return _C.clamp(out * scale, min=tiny(alpha.dtype))
+        return _C.clamp(out * scale, min=tiny(alpha.dtype))  # NaN stays NaN
 
 
 def _gamma_cdf_grad_alpha(x, a):
