@@ -61,7 +61,7 @@ def _gamma_cdf_grad_alpha(x, a):
     """d/da of the regularised lower incomplete gamma P(a, x), elementwise (numpy float64 arrays), from
     P(a, x) = sum_n exp((a + n) log x - x - lgamma(a + n + 1)), each term's derivative the term times
     (log x - digamma(a + n + 1)); terms in log space (no underflow for large x), summed until every entry's
-    terms past its peak fall below 1e-17 of its running sum."""
+    terms past their peak (a + n > x: decreasing from there) fall below 1e-17 of its running sum."""
     with no_grad():
         at = _C.from_numpy(np.ascontiguousarray(a))
         lg = _C.lgamma(at + 1).numpy()
@@ -81,7 +81,7 @@ def _gamma_cdf_grad_alpha(x, a):
         logt = logt + logx - np.log(k)
         psi = psi + 1.0 / k
         n += 1
-        active = active & ~((n > x) & (np.abs(np.exp(logt)) * (np.abs(logx - psi) + 1) <= 1e-17 * absum))
+        active = active & ~((a + n > x) & (np.abs(np.exp(logt)) * (np.abs(logx - psi) + 1) <= 1e-17 * absum))
     return total
 
 
