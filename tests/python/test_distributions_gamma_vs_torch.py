@@ -467,3 +467,43 @@ def test_multinomial_samples():
     for M in (TD, KD):
         with pytest.raises(ValueError, match="Expected value argument"):
             M.Multinomial(2, probs=_t(M, [0.5, 0.5])).log_prob(_t(M, [3.0, 1.0]))
+
+
+# ------------------------------------------------------------------------------- LowRankMultivariateNormal
+def test_lowrank_mvn_values_and_gradients():
+    loc, W, D = RNG.normal(size=(4, 1, 3)), RNG.normal(size=(2, 3, 2)), RNG.uniform(0.5, 2.0, (3,))
+    value = RNG.normal(size=(5, 4, 2, 3))
+    for fn in (lambda d, v: d.log_prob(v).sum(), lambda d, v: d.entropy().sum() * 1.7,
+               lambda d, v: (d.variance * d.mean).sum() + d.covariance_matrix.sum() + d.precision_matrix.sum()
+               + d.scale_tril.sum()):
+        ks, ts = zip(*[pair(a, True) for a in (loc, W, D)])
+        kd, td = KD.LowRankMultivariateNormal(*ks), TD.LowRankMultivariateNormal(*ts)
+        assert kd.batch_shape == tuple(td.batch_shape) == (4, 2) and kd.event_shape == (3,)
+        kv, tv = pair(value)
+        same(fn(kd, kv), fn(td, tv))
+        fn(kd, kv).backward()
+        fn(td, tv).backward()
+        for k, t in zip(ks, ts):
+            same(k.grad, t.grad, 1e-8)
+    same(kd.log_prob(kv), td.log_prob(tv))
+    same(kd.entropy(), td.entropy())
+    for prop in ("mean", "mode", "variance", "stddev", "covariance_matrix", "precision_matrix", "scale_tril"):
+        same(getattr(kd, prop), getattr(td, prop))
+    same(kd.expand((5, 4, 2)).log_prob(kv), td.expand((5, 4, 2)).log_prob(tv))
+
+
+def test_lowrank_mvn_rsample_and_errors():
+    kiln.manual_seed(11)
+    W, D = RNG.normal(size=(3, 2)), np.array([0.5, 1.0, 2.0])
+    d = KD.LowRankMultivariateNormal(kiln.tensor([1.0, 0.0, -1.0], dtype=F64), kiln.tensor(W), kiln.tensor(D))
+    n = 40000
+    x = d.rsample((n,)).numpy()
+    assert x.shape == (n, 3)
+    cov = W @ W.T + np.diag(D)
+    assert np.all(np.abs(x.mean(0) - [1.0, 0.0, -1.0]) < 5 * np.sqrt(np.diag(cov) / n))
+    assert np.allclose(np.cov(x.T), cov, atol=0.05 * np.abs(cov).max())
+    for M in (TD, KD):
+        with pytest.raises(ValueError, match="Expected parameter cov_diag"):
+            M.LowRankMultivariateNormal(_t(M, [0.0, 0.0]), _t(M, [[1.0], [1.0]]), _t(M, [1.0, -1.0]))
+        with pytest.raises(ValueError, match="cov_factor must be a batch of matrices with shape"):
+            M.LowRankMultivariateNormal(_t(M, [0.0, 0.0]), _t(M, [[1.0], [1.0], [1.0]]), _t(M, [1.0, 1.0]))

@@ -9,6 +9,7 @@ sample() is taken outside autograd, rsample() is differentiable where has_rsampl
     Gamma, Chi2, Beta, Dirichlet, StudentT                                (rsample: gamma.py's docstring)
     Poisson, Binomial, NegativeBinomial, Multinomial                      (sample, no rsample)
     MultivariateNormal                          (covariance_matrix=, precision_matrix= or scale_tril=; rsample)
+    LowRankMultivariateNormal                   (loc, cov_factor, cov_diag; rsample)
     Bernoulli, Geometric, Categorical, OneHotCategorical                  (probs= or logits=)
     Independent, RelaxedBernoulli, RelaxedOneHotCategorical             (rsample, log_prob)
     TransformedDistribution; transforms (ExpTransform, AffineTransform, SigmoidTransform, TanhTransform,
@@ -16,7 +17,7 @@ sample() is taken outside autograd, rsample() is differentiable where has_rsampl
     ReshapeTransform, IndependentTransform, ComposeTransform, CatTransform, StackTransform);
     biject_to, transform_to; kl_divergence, register_kl; constraints; Distribution
 
-Left out (not yet written): LowRankMultivariateNormal, Kumaraswamy,
+Left out (not yet written): Kumaraswamy,
 the Cholesky transforms, LogitRelaxedBernoulli/ExpRelaxedCategorical and the mixtures; the Gamma family's
 cdf/icdf (no incomplete gamma op).
 """
@@ -38,7 +39,7 @@ from .transformed import HalfNormal, HalfCauchy, Pareto, Weibull, LogisticNormal
 from .continuous_bernoulli import ContinuousBernoulli
 from .gamma import Gamma, Chi2, Beta, Dirichlet, StudentT
 from .counts import Poisson, Binomial, NegativeBinomial, Multinomial
-from .multivariate_normal import MultivariateNormal
+from .multivariate_normal import MultivariateNormal, LowRankMultivariateNormal
 from .kl import kl_divergence, register_kl
 
 __all__ = ["constraints", "Constraint", "Distribution", "Normal", "LogNormal", "Uniform", "Exponential", "Laplace",
@@ -50,4 +51,4 @@ __all__ = ["constraints", "Constraint", "Distribution", "Normal", "LogNormal", "
            "identity_transform", "biject_to", "transform_to", "TransformedDistribution", "HalfNormal",
            "HalfCauchy", "Pareto", "Weibull", "LogisticNormal", "ContinuousBernoulli", "Gamma", "Chi2", "Beta", "Dirichlet",
            "StudentT", "Poisson", "Binomial", "NegativeBinomial", "MultivariateNormal",
-           "Multinomial"]
+           "Multinomial", "LowRankMultivariateNormal"]
