@@ -267,8 +267,7 @@ class Beta(Distribution):
 
     @property
     def concentration1(self):
-        c = self._dirichlet.concentration[..., 0]
-        return c
+        return self._dirichlet.concentration[..., 0]
 
     @property
     def concentration0(self):
