@@ -6,6 +6,10 @@ sample() is taken outside autograd, rsample() is differentiable where has_rsampl
     Normal, LogNormal, Uniform, Exponential, Laplace, Cauchy, Gumbel      (rsample, cdf, icdf)
     HalfNormal, HalfCauchy, Pareto, Weibull, LogisticNormal               (TransformedDistributions)
     ContinuousBernoulli                                                   (probs= or logits=, rsample)
+    Gamma, Chi2, Beta, Dirichlet, StudentT                                (rsample: gamma.py's docstring)
+    Poisson, Binomial, NegativeBinomial, Multinomial                      (sample, no rsample)
+    MultivariateNormal                          (covariance_matrix=, precision_matrix= or scale_tril=; rsample)
+    LowRankMultivariateNormal                   (loc, cov_factor, cov_diag; rsample)
     Bernoulli, Geometric, Categorical, OneHotCategorical                  (probs= or logits=)
     Independent, RelaxedBernoulli, RelaxedOneHotCategorical             (rsample, log_prob)
     TransformedDistribution; transforms (ExpTransform, AffineTransform, SigmoidTransform, TanhTransform,
@@ -13,10 +17,9 @@ sample() is taken outside autograd, rsample() is differentiable where has_rsampl
     ReshapeTransform, IndependentTransform, ComposeTransform, CatTransform, StackTransform);
     biject_to, transform_to; kl_divergence, register_kl; constraints; Distribution
 
-Left out, because Kiln has no op they need: Gamma, Beta, Dirichlet, Chi2, StudentT, Poisson, Binomial,
-Kumaraswamy (lgamma/digamma; Weibull's mean and variance only for a number concentration) and
-MultivariateNormal, LowRankMultivariateNormal and the Cholesky transforms (a Cholesky factorisation);
-also LogitRelaxedBernoulli/ExpRelaxedCategorical and the mixtures.
+Left out (not yet written): Kumaraswamy,
+the Cholesky transforms, LogitRelaxedBernoulli/ExpRelaxedCategorical and the mixtures; the Gamma family's
+cdf/icdf (no incomplete gamma op).
 """
 from . import constraints
 from .constraints import Constraint
@@ -34,6 +37,9 @@ from .constraint_registry import biject_to, transform_to
 from .transformed_distribution import TransformedDistribution
 from .transformed import HalfNormal, HalfCauchy, Pareto, Weibull, LogisticNormal
 from .continuous_bernoulli import ContinuousBernoulli
+from .gamma import Gamma, Chi2, Beta, Dirichlet, StudentT
+from .counts import Poisson, Binomial, NegativeBinomial, Multinomial
+from .multivariate_normal import MultivariateNormal, LowRankMultivariateNormal
 from .kl import kl_divergence, register_kl
 
 __all__ = ["constraints", "Constraint", "Distribution", "Normal", "LogNormal", "Uniform", "Exponential", "Laplace",
@@ -43,4 +49,6 @@ __all__ = ["constraints", "Constraint", "Distribution", "Normal", "LogNormal", "
            "PowerTransform", "SigmoidTransform", "SoftplusTransform", "TanhTransform", "AbsTransform",
            "AffineTransform", "SoftmaxTransform", "StickBreakingTransform", "CatTransform", "StackTransform",
            "identity_transform", "biject_to", "transform_to", "TransformedDistribution", "HalfNormal",
-           "HalfCauchy", "Pareto", "Weibull", "LogisticNormal", "ContinuousBernoulli"]
+           "HalfCauchy", "Pareto", "Weibull", "LogisticNormal", "ContinuousBernoulli", "Gamma", "Chi2", "Beta", "Dirichlet",
+           "StudentT", "Poisson", "Binomial", "NegativeBinomial", "MultivariateNormal",
+           "Multinomial", "LowRankMultivariateNormal"]

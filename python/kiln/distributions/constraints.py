@@ -8,7 +8,7 @@ from .. import _C
 __all__ = ["Constraint", "dependent", "dependent_property", "is_dependent", "independent", "boolean", "one_hot",
            "nonnegative_integer", "positive_integer", "integer_interval", "real", "real_vector", "positive",
            "nonnegative", "greater_than", "greater_than_eq", "less_than", "unit_interval", "interval",
-           "half_open_interval", "simplex", "cat", "stack"]
+           "half_open_interval", "simplex", "cat", "stack", "lower_cholesky", "positive_definite", "multinomial"]
 
 
 def _ndims(owner, name, value):
@@ -191,6 +191,38 @@ class _Simplex(Constraint):
         return (value >= 0).all(-1) & (_C.abs(value.sum(-1) - 1) < 1e-6)
 
 
+class _LowerCholesky(Constraint):
+    """Lower-triangular square matrices with a positive diagonal (torch's lower_cholesky)."""
+    event_dim = 2
+
+    def check(self, value):
+        lower = (value.tril() == value).reshape(tuple(value.shape[:-2]) + (-1,)).all(-1)
+        return lower & (value.diagonal(dim1=-2, dim2=-1) > 0).all(-1)
+
+
+class _PositiveDefinite(Constraint):
+    """Symmetric positive-definite matrices (torch's positive_definite: symmetric to 1e-6 and a
+    Cholesky factorisation that succeeds)."""
+    event_dim = 2
+
+    def check(self, value):
+        from ..linalg import cholesky_ex
+        sym = (_C.abs(value - value.transpose(-1, -2)) <= 1e-6).reshape(tuple(value.shape[:-2]) + (-1,)).all(-1)
+        return sym & (cholesky_ex(value)[1] == 0)
+
+
+class _Multinomial(Constraint):
+    """Nonnegative integer vectors summing to at most upper_bound (torch's multinomial constraint)."""
+    is_discrete = True
+    event_dim = 1
+
+    def __init__(self, upper_bound):
+        self.upper_bound = upper_bound
+
+    def check(self, value):
+        return (value >= 0).all(-1) & (value.sum(-1) <= self.upper_bound)
+
+
 class _Cat(Constraint):
     """cseq[i] on the i-th piece (lengths[i] entries, 1 each by default) of value along dim (the domain
     of CatTransform)."""
@@ -270,5 +302,8 @@ unit_interval = _Interval(0.0, 1.0)
 interval = _Interval
 half_open_interval = _HalfOpenInterval
 simplex = _Simplex()
+lower_cholesky = _LowerCholesky()
+positive_definite = _PositiveDefinite()
+multinomial = _Multinomial
 cat = _Cat
 stack = _Stack

@@ -14,6 +14,9 @@ from .transformed import HalfNormal, Pareto
 from .transformed_distribution import TransformedDistribution
 from .transforms import ExpTransform
 from .utils import EULER_GAMMA, sum_rightmost
+from .gamma import Beta, Dirichlet, Gamma
+from .counts import Binomial, Poisson
+from .multivariate_normal import MultivariateNormal, _batch_mahalanobis
 
 __all__ = ["kl_divergence", "register_kl"]
 
@@ -148,8 +151,92 @@ def _kl_independent_independent(p, q):
     return sum_rightmost(result, p.reinterpreted_batch_ndims)
 
 
-# torch's pairs among the distributions above whose formulas need no lgamma/digamma of a tensor
-# (Gumbel-Gumbel does: left out)
+# torch's pairs among the distributions above
+
+@register_kl(Gumbel, Gumbel)
+def _kl_gumbel_gumbel(p, q):
+    ct1 = p.scale / q.scale
+    ct2 = q.loc / q.scale
+    ct3 = p.loc / q.scale
+    t1 = -_C.log(ct1) - ct2 + ct3
+    t2 = ct1 * EULER_GAMMA
+    t3 = _C.exp(ct2 + _C.lgamma(1 + ct1) - ct3)
+    return t1 + t2 + t3 - (1 + EULER_GAMMA)
+
+
+@register_kl(Gamma, Gamma)
+def _kl_gamma_gamma(p, q):
+    t1 = q.concentration * _C.log(p.rate / q.rate)
+    t2 = _C.lgamma(q.concentration) - _C.lgamma(p.concentration)
+    t3 = (p.concentration - q.concentration) * _C.digamma(p.concentration)
+    t4 = (q.rate - p.rate) * (p.concentration / p.rate)
+    return t1 + t2 + t3 + t4
+
+
+@register_kl(Beta, Beta)
+def _kl_beta_beta(p, q):
+    sum_p = p.concentration1 + p.concentration0
+    sum_q = q.concentration1 + q.concentration0
+    t1 = _C.lgamma(q.concentration1) + _C.lgamma(q.concentration0) + _C.lgamma(sum_p)
+    t2 = _C.lgamma(p.concentration1) + _C.lgamma(p.concentration0) + _C.lgamma(sum_q)
+    t3 = (p.concentration1 - q.concentration1) * _C.digamma(p.concentration1)
+    t4 = (p.concentration0 - q.concentration0) * _C.digamma(p.concentration0)
+    t5 = (sum_q - sum_p) * _C.digamma(sum_p)
+    return t1 - t2 + t3 + t4 + t5
+
+
+@register_kl(Dirichlet, Dirichlet)
+def _kl_dirichlet_dirichlet(p, q):
+    sum_p = p.concentration.sum(-1)
+    sum_q = q.concentration.sum(-1)
+    t1 = _C.lgamma(sum_p) - _C.lgamma(sum_q)
+    t2 = (_C.lgamma(p.concentration) - _C.lgamma(q.concentration)).sum(-1)
+    t3 = p.concentration - q.concentration
+    t4 = _C.digamma(p.concentration) - _C.digamma(sum_p).unsqueeze(-1)
+    return t1 - t2 + (t3 * t4).sum(-1)
+
+
+@register_kl(MultivariateNormal, MultivariateNormal)
+def _kl_multivariatenormal_multivariatenormal(p, q):
+    if p.event_shape != q.event_shape:
+        raise ValueError("KL-divergence between two Multivariate Normals with different event shapes cannot "
+                         f"be computed: p's {p.event_shape}, q's {q.event_shape}")
+    from .. import linalg
+    Lp, Lq = p._unbroadcasted_scale_tril, q._unbroadcasted_scale_tril
+    half_term1 = (_C.log(Lq.diagonal(dim1=-2, dim2=-1)).sum(-1) - _C.log(Lp.diagonal(dim1=-2, dim2=-1)).sum(-1))
+    n = p.event_shape[0]
+    batch = tuple(_C.broadcast_shapes(tuple(Lq.shape[:-2]), tuple(Lp.shape[:-2])))
+    X = linalg.solve_triangular(Lq.expand(*(batch + (n, n))), Lp.expand(*(batch + (n, n))), upper=False)
+    term2 = (X * X).reshape(batch + (-1,)).sum(-1)
+    term3 = _batch_mahalanobis(Lq, q.loc - p.loc)
+    return half_term1 + 0.5 * (term2 + term3 - n)
+
+
+@register_kl(Binomial, Binomial)
+def _kl_binomial_binomial(p, q):
+    # torch's: a q with more trials than p is not written; fewer is infinite (p gives mass q cannot)
+    if bool((p.total_count < q.total_count).any()):
+        raise NotImplementedError("KL between Binomials where q.total_count > p.total_count is not implemented")
+    kl = p.total_count * (p.probs * (p.logits - q.logits) + _C.log1p(-p.probs) - _C.log1p(-q.probs))
+    return _C.where(p.total_count > q.total_count, _C.full_like(kl, math.inf), kl)
+
+
+@register_kl(Exponential, Gamma)
+def _kl_exponential_gamma(p, q):
+    ratio = q.rate / p.rate
+    t1 = -q.concentration * _C.log(ratio)
+    return t1 + ratio + _C.lgamma(q.concentration) + q.concentration * EULER_GAMMA - (1 + EULER_GAMMA)
+
+
+@register_kl(Gamma, Exponential)
+def _kl_gamma_exponential(p, q):
+    return -p.entropy() - _C.log(q.rate) + q.rate * (p.concentration / p.rate)
+
+
+@register_kl(Poisson, Poisson)
+def _kl_poisson_poisson(p, q):
+    return p.rate * (_C.log(p.rate) - _C.log(q.rate)) - (p.rate - q.rate)
+
 
 def _infinite_like(t):
     return _C.full_like(t, math.inf)

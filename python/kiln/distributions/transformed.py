@@ -120,8 +120,8 @@ class Pareto(TransformedDistribution):
 
 class Weibull(TransformedDistribution):
     """Weibull(scale, concentration): scale * E ** (1 / concentration) for E ~ Exponential(1).
-    mean and variance need lgamma(1 + n / concentration): computed (math.lgamma) when concentration was
-    given as a number; a tensor concentration raises NotImplementedError there (Kiln has no lgamma op)."""
+    mean and variance are scale * Gamma(1 + n / concentration) terms, through the lgamma op (gradients
+    to concentration included)."""
     arg_constraints = {"scale": constraints.positive, "concentration": constraints.positive}
     support = constraints.positive
 
@@ -148,10 +148,11 @@ class Weibull(TransformedDistribution):
         return new
 
     def _gamma_ratio(self, n, what):
-        if self._concentration_number is None:
-            raise NotImplementedError(f"Weibull.{what}: needs lgamma(1 + n / concentration) and Kiln has no lgamma "
-                                      "op for a tensor concentration; give concentration as a number")
-        return math.exp(math.lgamma(1 + n / self._concentration_number))
+        """Gamma(1 + n / concentration): math.lgamma for a number concentration, the lgamma op (with its
+        gradient) for a tensor one."""
+        if self._concentration_number is not None:
+            return math.exp(math.lgamma(1 + n / self._concentration_number))
+        return _C.exp(_C.lgamma(1 + n / self.concentration))
 
     @property
     def mean(self):
