@@ -298,21 +298,25 @@ Tensor linalg_lu_solve(const Tensor& LU, const Tensor& pivots, const Tensor& B, 
 // A X = B (left) or X A = B. B is a vector (a batch of them) when 1-D or shaped as A without its last dim.
 Tensor linalg_solve(const Tensor& A, const Tensor& B, bool left = true);
 Tensor linalg_inv(const Tensor& A);
-// det(A); where det is 0 the gradient is the adjugate's transpose (the cofactors), finite, as PyTorch's.
+// det(A). Where A is numerically singular (min |U_ii| <= n eps max |U_ii| in its LU, per matrix) the gradient
+// is the adjugate's transpose from one SVD (finite, differentiable), as PyTorch's; elsewhere det A^-T.
 Tensor linalg_det(const Tensor& A);
 struct SignLogAbsDet {
   Tensor sign, logabsdet;  // sign 0 and logabsdet -inf for a singular matrix
 };
+// At a singular A (an exact zero in U) logabsdet's gradient A^-T has inf/NaN entries, as PyTorch's.
 SignLogAbsDet linalg_slogdet(const Tensor& A);
 // log(det A): NaN where det < 0, -inf where det is 0.
 Tensor logdet(const Tensor& A);
-// A = L L^T (upper: A = U^T U, U returned). A not positive-definite is an error naming the leading minor.
+// A = L L^T from A's lower triangle (upper: A = U^T U from its upper triangle, U returned), as LAPACK's
+// potrf. A not positive-definite (a pivot <= 0 or NaN) is an error naming the leading minor.
 Tensor linalg_cholesky(const Tensor& A, bool upper = false);
 struct CholeskyEx {
   Tensor L;
   Tensor info;  // i32 [...]: 0, or the order of the first leading minor that is not positive-definite
 };
-// cholesky without the error: where info > 0, L holds the input's lower (upper) triangle, not a factor.
+// cholesky without the error: where info = j > 0, L holds LAPACK's partial factor, as PyTorch's: the first
+// j - 1 columns (upper: rows) factored, the failing pivot's value at (j, j), the input's entries after it.
 CholeskyEx linalg_cholesky_ex(const Tensor& A, bool upper = false);
 // X = A^-1 B with A = L L^T (upper: U^T U) given its factor (torch.cholesky_solve's argument order).
 Tensor cholesky_solve(const Tensor& B, const Tensor& L, bool upper = false);

@@ -2,7 +2,9 @@
 // logdet), Cholesky (cholesky, cholesky_solve, cholesky_inverse) and triangular solves, batched over the
 // leading dims, f32 and f64, on the CPU kernels of kernels/linalg_lu.h (Eigen). A CUDA tensor is copied
 // to the host, decomposed there and its result copied back (no cuSOLVER). Every backward is made of these
-// ops and matmul, so second derivatives work under create_graph; the formulas are PyTorch's.
+// ops and matmul (det's singular case: linalg_svd), so second derivatives work under create_graph; the
+// formulas are PyTorch's.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -33,6 +35,12 @@ void check_square(const char* op, const char* what, const Tensor& A) {
              " by ", A.size(-1), " matrices");
 }
 
+// A and B (and lu_solve's pivots) on one device, as PyTorch's "Expected all tensors to be on the same device".
+void check_same_device(const char* op, const Tensor& A, const Tensor& B) {
+  KILN_CHECK(A.device() == B.device(), op, ": Expected all tensors to be on the same device, but found A on ",
+             A.device(), " and B on ", B.device());
+}
+
 void check_same_dtype(const char* op, const Tensor& A, const Tensor& B) {
   KILN_CHECK(A.dtype() == B.dtype(), op, ": Expected A and B to have the same dtype, but found A of type ", A.dtype(),
              " and B of type ", B.dtype(), " instead");
@@ -51,6 +59,13 @@ Shape broadcast_batch(const char* op, const Tensor& A, const Tensor& B) {
   } catch (const Error& e) {
     KILN_FAIL(op, ": the batch dims of A ", A.shape(), " and B ", B.shape(), " do not broadcast (", e.message(), ")");
   }
+}
+
+// A shape as PyTorch prints it in its messages: "[5, 4]".
+std::string torch_shape(const Shape& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
 }
 
 // "(Batch element 3): " where A has batch dims, as PyTorch's messages.
@@ -212,30 +227,49 @@ template <typename T> void det_from_lu(const HostLU& f, int64_t n, T* det, T* si
   }
 }
 
-// The cofactor matrix C (C_ij = (-1)^(i+j) det of A without row i and column j) from the minors' dets:
-// the gradient of det where det is 0 (A^T's adjugate; det A^-T elsewhere). n^2 dets of (n-1) x (n-1).
-Tensor cofactors(const Tensor& A) {
-  const int64_t n = A.size(-1);
-  if (n == 1) return ones_like(A);
-  const TensorOptions idx(DType::i64, A.device());
-  std::vector<Tensor> rows;
-  for (int64_t i = 0; i < n; ++i) {
-    std::vector<double> keep_r;
-    for (int64_t r = 0; r < n; ++r)
-      if (r != i) keep_r.push_back(double(r));
-    const Tensor without_row = index_select(A, -2, from_vector(keep_r, {n - 1}, idx));
-    std::vector<Tensor> row;
-    for (int64_t j = 0; j < n; ++j) {
-      std::vector<double> keep_c;
-      for (int64_t cc = 0; cc < n; ++cc)
-        if (cc != j) keep_c.push_back(double(cc));
-      const Tensor minor = index_select(without_row, -1, from_vector(keep_c, {n - 1}, idx));
-      const Tensor d = linalg_det(minor);
-      row.push_back((i + j) % 2 ? -d : d);
+// Per matrix of f: whether U's diagonal is numerically singular, min |U_ii| <= n eps max |U_ii| (an exact
+// zero included), where det A^-T is rounding noise times an inverse and det's gradient is taken from the SVD.
+template <typename T> std::vector<double> near_singular(const HostLU& f, int64_t n) {
+  const T* lu = f.lu.data<T>();
+  const T tol = T(n) * std::numeric_limits<T>::epsilon();
+  std::vector<double> out(f.info.size(), 0.0);
+  for (size_t b = 0; b < out.size(); ++b) {
+    T lo = std::numeric_limits<T>::infinity(), hi = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T u = std::abs(lu[(int64_t(b) * n + i) * n + i]);
+      lo = std::min(lo, u);
+      hi = std::max(hi, u);
     }
-    rows.push_back(stack(row, -1));
+    out[b] = n > 0 && lo <= tol * hi ? 1.0 : 0.0;
   }
-  return stack(rows, -2);
+  return out;
+}
+
+// det's gradient (the adjugate's transpose) from one SVD, exact at singular A: A = U S Vh gives
+// adj(A)^T = det(U) det(Vh) U diag(p) Vh, p_i the product of the s_j but s_i (PyTorch's singular case).
+// Differentiable through linalg_svd; det(U) det(Vh) is +-1 and piecewise constant, so taken without history.
+Tensor det_grad_svd(const Tensor& A) {
+  const int64_t n = A.size(-1);
+  const SvdResult svd = linalg_svd(A, false);
+  Tensor sign;
+  {
+    NoGradGuard ng;
+    sign = linalg_det(svd.U) * linalg_det(svd.Vh);
+  }
+  const Tensor diag =
+      eq(eye(n, -1, TensorOptions(A.dtype(), A.device())), ones({n, n}, TensorOptions(A.dtype(), A.device())));
+  Shape ss = svd.S.shape();
+  ss.insert(ss.end() - 1, n);
+  const Tensor others = where(diag, ones_like(svd.S).unsqueeze(-2).expand(ss), svd.S.unsqueeze(-2).expand(ss));
+  const Tensor p = prod(others, {-1}) * sign.unsqueeze(-1);
+  return matmul(svd.U * p.unsqueeze(-2), svd.Vh);
+}
+
+// Per-matrix flags (1/0, batch-shaped) as a bool tensor [batch..., 1, 1] that broadcasts over the matrices.
+Tensor matrix_mask(const std::vector<double>& flags, const Shape& batch, Device dev) {
+  return ne(from_vector(flags, batch, TensorOptions(DType::f32, dev)), zeros(batch, TensorOptions(DType::f32, dev)))
+      .unsqueeze(-1)
+      .unsqueeze(-1);
 }
 
 struct CholeskyResult {
@@ -256,7 +290,7 @@ CholeskyResult cholesky_lower(const Tensor& A) {
   r.info_tensor = from_vector(iv, batch, TensorOptions(DType::i32, A.device()));
   {
     NoGradGuard ng;
-    r.L = tril(l).to(A.device());  // a failed matrix keeps its input's lower triangle
+    r.L = tril(l).to(A.device());  // a failed matrix: LAPACK's partial factor (kernels/linalg_lu.h)
   }
   if (autograd::needs_grad({A})) {
     const SavedTensor sl(r.L);
@@ -275,6 +309,7 @@ CholeskyResult cholesky_lower(const Tensor& A) {
 void check_vector_or_matrix_rhs(const char* op, const Tensor& A, const Tensor& B, int64_t n, bool left) {
   check_float(op, "B", B);
   check_same_dtype(op, A, B);
+  check_same_device(op, A, B);
   KILN_CHECK(B.dim() >= 2, op, ": B must have at least 2 dimensions, got shape ", B.shape());
   const int64_t got = left ? B.size(-2) : B.size(-1);
   KILN_CHECK(got == n, op, ": Incompatible shapes of A and B for the equation ", left ? "AX = B" : "XA = B", " (",
@@ -316,8 +351,12 @@ Tensor linalg_lu_solve(const Tensor& LU, const Tensor& pivots, const Tensor& B, 
              "int32 (as linalg.lu_factor gives), got ",
              pivots.defined() ? dtype_name(pivots.dtype()) : "undefined");
   const int64_t n = LU.size(-1);
-  KILN_CHECK(pivots.dim() == LU.dim() - 1 && pivots.size(-1) == n, "linalg.lu_solve: pivots ", pivots.shape(),
-             " must be LU's shape without its last dim (", LU.shape(), ")");
+  KILN_CHECK(pivots.shape() == Shape(LU.shape().begin(), LU.shape().end() - 1),
+             "linalg.lu_solve: Expected LU.shape[:-1] and pivots.shape to be the same, but got pivots with shape ",
+             torch_shape(pivots.shape()), " instead (LU ", LU.shape(), ")");
+  KILN_CHECK(pivots.device() == LU.device(),
+             "linalg.lu_solve: Expected all tensors to be on the same device, but found LU on ", LU.device(),
+             " and pivots on ", pivots.device());
   check_vector_or_matrix_rhs("linalg.lu_solve", LU, B, n, left);
   // X A = B is A^T X^T = B^T, and X A^T = B is A X^T = B^T.
   const Tensor rhs = left ? B : mT(B);
@@ -331,6 +370,7 @@ Tensor linalg_solve(const Tensor& A, const Tensor& B, bool left) {
   check_square("linalg.solve", "A", A);
   check_float("linalg.solve", "B", B);
   check_same_dtype("linalg.solve", A, B);
+  check_same_device("linalg.solve", A, B);
   const int64_t n = A.size(-1);
   // B is a vector (or a batch of them) when 1-D, or when its shape is A's without the last dim (PyTorch's rule).
   const bool vector =
@@ -373,21 +413,32 @@ Tensor linalg_det(const Tensor& A) {
   const Shape batch = batch_of(A);
   const HostLU f = host_lu(A, batch);
   Tensor d = make_tensor(batch, A.dtype(), kCPU);
-  if (A.dtype() == DType::f64)
+  std::vector<double> singular;
+  if (A.dtype() == DType::f64) {
     det_from_lu<double>(f, n, d.data<double>(), nullptr, nullptr);
-  else
+    singular = near_singular<double>(f, n);
+  } else {
     det_from_lu<float>(f, n, d.data<float>(), nullptr, nullptr);
+    singular = near_singular<float>(f, n);
+  }
   d = d.to(A.device());
   if (autograd::needs_grad({A})) {
     const SavedTensor sa(A), sd(d);
-    autograd::record("linalg_det", {A}, {d}, [sa, sd](const GradCtx& c) -> std::vector<Tensor> {
-      // G det A^-T where A is invertible; where some det is 0, G times the cofactors (finite: the adjugate).
+    const size_t count = size_t(std::count(singular.begin(), singular.end(), 1.0));
+    const Tensor mask = count == 0 || count == singular.size() ? Tensor() : matrix_mask(singular, batch, A.device());
+    const bool all = count > 0 && count == singular.size();
+    autograd::record("linalg_det", {A}, {d}, [sa, sd, mask, all](const GradCtx& c) -> std::vector<Tensor> {
+      // G det A^-T where A is invertible; where it is numerically singular (per matrix, near_singular), G
+      // times the adjugate's transpose from the SVD: finite, and its derivative right at rank n - 1.
       const Tensor a = sa.unpack("linalg_det"), det = sd.unpack("linalg_det");
       const Tensor g = c.g().unsqueeze(-1).unsqueeze(-1);
       if (a.size(-1) == 0) return {zeros_like(a)};
-      const bool singular = any(eq(det.detach(), zeros_like(det.detach()))).item<bool>();
-      if (singular) return {g * cofactors(a)};
-      return {(g * det.unsqueeze(-1).unsqueeze(-1)) * mT(linalg_inv(a))};
+      if (all) return {g * det_grad_svd(a)};
+      if (!mask.defined()) return {(g * det.unsqueeze(-1).unsqueeze(-1)) * mT(linalg_inv(a))};
+      // A batch of both: each branch sees the identity in place of the other's matrices.
+      const Tensor id = identity_like(a);
+      const Tensor regular = det.unsqueeze(-1).unsqueeze(-1) * mT(linalg_inv(where(mask, id, a)));
+      return {g * where(mask, det_grad_svd(where(mask, a, id)), regular)};
     });
   }
   return d;
@@ -406,11 +457,25 @@ SignLogAbsDet linalg_slogdet(const Tensor& A) {
   SignLogAbsDet out{s.to(A.device()), la.to(A.device())};
   if (autograd::needs_grad({A})) {
     const SavedTensor sa(A);
-    autograd::record("linalg_slogdet", {A}, {out.sign, out.logabsdet}, [sa](const GradCtx& c) -> std::vector<Tensor> {
-      // The sign's gradient is zero; log|det A|'s is A^-T.
-      const Tensor a = sa.unpack("linalg_slogdet");
-      return {c.g(1).unsqueeze(-1).unsqueeze(-1) * mT(linalg_inv(a))};
-    });
+    // Where U has an exact zero (det 0), A^-T from the LU factors as they are: inf/NaN entries, as
+    // PyTorch's lu_solve gives, with no history (the other matrices keep theirs through linalg_inv).
+    std::vector<double> singular(f.info.size(), 0.0);
+    for (size_t b = 0; b < f.info.size(); ++b) singular[b] = f.info[b] != 0 ? 1.0 : 0.0;
+    const bool any_singular = std::count(singular.begin(), singular.end(), 1.0) > 0;
+    Tensor mask, at_zero;
+    if (any_singular) {
+      NoGradGuard ng;
+      mask = matrix_mask(singular, batch, A.device());
+      at_zero = lu_solve_adjoint(f.lu, row_order(f.piv, true, kCPU), identity_like(f.lu)).to(A.device());
+    }
+    autograd::record("linalg_slogdet", {A}, {out.sign, out.logabsdet},
+                     [sa, mask, at_zero](const GradCtx& c) -> std::vector<Tensor> {
+                       // The sign's gradient is zero; log|det A|'s is A^-T.
+                       const Tensor a = sa.unpack("linalg_slogdet");
+                       const Tensor g = c.g(1).unsqueeze(-1).unsqueeze(-1);
+                       if (!mask.defined()) return {g * mT(linalg_inv(a))};
+                       return {g * where(mask, at_zero, mT(linalg_inv(where(mask, identity_like(a), a))))};
+                     });
   }
   return out;
 }
@@ -424,13 +489,14 @@ Tensor logdet(const Tensor& A) {
 
 CholeskyEx linalg_cholesky_ex(const Tensor& A, bool upper) {
   check_square("linalg.cholesky_ex", "A", A);
-  CholeskyResult r = cholesky_lower(A);
+  // upper reads A's upper triangle: the lower one of A^T, whose factor's transpose is U (LAPACK's 'U').
+  CholeskyResult r = cholesky_lower(upper ? mT(A) : A);
   return {upper ? mT(r.L).contiguous() : r.L, r.info_tensor};
 }
 
 Tensor linalg_cholesky(const Tensor& A, bool upper) {
   check_square("linalg.cholesky", "A", A);
-  CholeskyResult r = cholesky_lower(A);
+  CholeskyResult r = cholesky_lower(upper ? mT(A) : A);
   for (size_t b = 0; b < r.info.size(); ++b)
     KILN_CHECK(r.info[b] == 0, "linalg.cholesky: ", batch_prefix(A, int64_t(b)),
                "The factorization could not be completed because the input is not positive-definite (the leading "

@@ -16,8 +16,9 @@ void lu_factor(DType dt, int64_t batch, int64_t n, void* a, int32_t* piv, int32_
 // A X = B for triangular A [batch, n, n] (the other triangle is not read; unit: the diagonal is taken as
 // ones), B [batch, n, k] overwritten with X.
 void triangular_solve(DType dt, int64_t batch, int64_t n, int64_t k, const void* a, void* b, bool upper, bool unit);
-// A = L L^T in place: L in the lower triangle, the upper one zeroed. info [batch]: 0, or the order of
-// the first leading minor that is not positive-definite (A is then left as it was).
+// A = L L^T in place from the lower triangle: L there, the upper one zeroed. info [batch]: 0, or the order
+// j of the first leading minor that is not positive-definite (a pivot <= 0 or NaN); A then holds LAPACK's
+// partial factor (columns < j factored, the failing pivot on the diagonal, the rest as it was).
 void cholesky(DType dt, int64_t batch, int64_t n, void* a, int32_t* info);
 
 }  // namespace kiln::cpu

@@ -1,8 +1,10 @@
 // The decomposition kernels of kernels/linalg_lu.h over Eigen: PartialPivLU (its row permutation turned
-// into LAPACK's sequence of swaps), triangular views' solveInPlace, LLT. One matrix per task.
+// into LAPACK's sequence of swaps), triangular views' solveInPlace, LLT (with an unblocked
+// loop that finds a failing minor). Small matrices share a pool task (grain).
 #include "kernels/linalg_lu.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -66,23 +68,43 @@ template <typename T> void tri_one(int64_t n, int64_t k, const T* a, T* b, bool 
   if (!upper && !unit) m.template triangularView<Eigen::Lower>().solveInPlace(x);
 }
 
+// LAPACK's unblocked potf2 on the lower triangle: column by column, stopping at the first pivot that is
+// <= 0 or NaN (an inf pivot passes, as LAPACK's). On failure that pivot's value stays on the diagonal, the
+// columns before it hold the factor's and the rest the input's, and info is its 1-based order.
+template <typename T> void chol_unblocked(int64_t n, MapMat<T>& m, int32_t* info) {
+  for (int64_t j = 0; j < n; ++j) {
+    T ajj = m(j, j);
+    for (int64_t k = 0; k < j; ++k) ajj -= m(j, k) * m(j, k);
+    if (!(ajj > T(0))) {  // also NaN
+      m(j, j) = ajj;
+      *info = int32_t(j + 1);
+      return;
+    }
+    ajj = std::sqrt(ajj);
+    m(j, j) = ajj;
+    for (int64_t i = j + 1; i < n; ++i) {
+      T v = m(i, j);
+      for (int64_t k = 0; k < j; ++k) v -= m(i, k) * m(j, k);
+      m(i, j) = v / ajj;
+    }
+  }
+}
+
+// Eigen's blocked LLT first; where it fails, or lets a NaN through (its test is x <= 0), the unblocked
+// loop above on the input finds the failing minor and leaves LAPACK's partial factor (one O(n^3) pass).
 template <typename T> void chol_one(int64_t n, T* a, int32_t* info) {
   MapMat<T> m(a, n, n);
   *info = 0;
   Eigen::LLT<Mat<T>> llt(m);
   if (llt.info() == Eigen::Success) {
-    m = llt.matrixL().toDenseMatrix();
-    return;
-  }
-  // The first leading minor that fails, as LAPACK reports it (only on failure: one factorization each).
-  for (int64_t o = 1; o <= n; ++o) {
-    const Eigen::LLT<Mat<T>> part(m.topLeftCorner(o, o));
-    if (part.info() != Eigen::Success) {
-      *info = int32_t(o);
+    bool nan = false;
+    for (int64_t i = 0; i < n && !nan; ++i) nan = std::isnan(llt.matrixLLT()(i, i));
+    if (!nan) {
+      m = llt.matrixL().toDenseMatrix();
       return;
     }
   }
-  *info = int32_t(n);
+  chol_unblocked(n, m, info);
 }
 
 template <typename F> void over_batch(int64_t batch, int64_t n, F f) {

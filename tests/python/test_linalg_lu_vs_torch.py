@@ -276,3 +276,77 @@ def test_matrix_power_negative_n_errors_as_torch():
     a = shifted((2, 3, 3), 33)
     close(kiln.linalg.matrix_power(kiln.tensor(a), -2), torch.linalg.matrix_power(torch.tensor(a), -2))
     close(kiln.tensor(a).matrix_power(-3), torch.tensor(a).matrix_power(-3))
+
+
+def rank_deficient(seed):  # 3 x 3, the third row the sum of the others: det is 0 only up to rounding
+    x = rand((2, 3), seed)
+    return np.concatenate([x, x.sum(0, keepdims=True)])
+
+
+@pytest.mark.parametrize("a", [np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [5.0, 7.0, 9.0]])] +
+                         [rank_deficient(s) for s in range(6)] +
+                         [np.stack([shifted((3, 3), 1), rank_deficient(7)])])
+def test_det_second_derivative_at_numerically_singular_matrices(a):
+    # Kiln's LU gives these a det of ~1e-15, not 0: the gradient's branch is chosen by a tolerance on U's
+    # diagonal (the SVD adjugate), so the second derivative is torch's, not det A^-T's rounding noise.
+    compare(kiln.linalg.det, torch.linalg.det, [a], tol=1e-8)
+
+
+def test_det_backward_exactly_singular_large():
+    a = np.eye(96)
+    a[3] = 0
+    k = kiln.tensor(a, dtype=kiln.float64, requires_grad=True)
+    t = torch.tensor(a, dtype=torch.float64, requires_grad=True)
+    # under create_graph torch gives the adjugate (without it, 0): one SVD here, not n^2 minors' dets
+    gk, = kiln.autograd.grad(kiln.linalg.det(k), [k], create_graph=True)
+    gt, = torch.autograd.grad(torch.linalg.det(t), [t], create_graph=True)
+    close(gk, gt)
+    assert gk.detach().numpy()[3, 3] == 1
+
+
+@pytest.mark.parametrize("a", [[[4.0, 1.0], [3.0, 5.0]], [[1.0, 2.0], [5.0, 1.0]], [[4.0, 1.0, 1.0], [3.0, 5.0, 2.0],
+                                                                                     [1.0, 1.0, -9.0]],
+                               [[np.nan, 0.0], [0.0, 1.0]], [[4.0, 0.0], [np.nan, 1.0]], [[4.0, 0.0], [np.inf, 1.0]]])
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_ex_reads_torchs_triangle_and_fails_as_torch(a, upper):
+    # Not symmetric: lower reads the lower triangle, upper the upper one; a failed factorization returns
+    # LAPACK's partial factor; a NaN pivot fails (info), an inf one does not.
+    rk = kiln.linalg.cholesky_ex(kiln.tensor(a, dtype=kiln.float64), upper=upper)
+    rt = torch.linalg.cholesky_ex(torch.tensor(a, dtype=torch.float64), upper=upper)
+    np.testing.assert_array_equal(rk.info.numpy(), rt.info.numpy())
+    np.testing.assert_allclose(rk.L.numpy(), rt.L.numpy(), rtol=1e-12, atol=1e-12)
+    if rt.info.item() == 0:
+        close(kiln.cholesky(kiln.tensor(a, dtype=kiln.float64), upper),
+              torch.linalg.cholesky(torch.tensor(a, dtype=torch.float64), upper=upper))
+
+
+def test_cholesky_of_nan_fails_as_torch():
+    with pytest.raises(kiln.KilnError, match=r"the leading minor of order 1 is not positive-definite"):
+        kiln.linalg.cholesky(kiln.tensor([[np.nan, 0.0], [0.0, 1.0]], dtype=kiln.float64))
+
+
+@pytest.mark.parametrize("fn", ["slogdet", "logdet"])
+def test_slogdet_logdet_gradient_at_a_singular_matrix(fn):
+    # torch's lu_solve through a zero pivot: inf entries, not an error naming linalg.inv
+    a = [[1.0, 2.0], [2.0, 4.0]]
+    k = kiln.tensor(a, dtype=kiln.float64, requires_grad=True)
+    t = torch.tensor(a, dtype=torch.float64, requires_grad=True)
+    if fn == "slogdet":
+        kiln.linalg.slogdet(k).logabsdet.backward()
+        torch.linalg.slogdet(t).logabsdet.backward()
+    else:
+        kiln.logdet(k).backward()
+        torch.logdet(t).backward()
+    np.testing.assert_array_equal(k.grad.numpy(), t.grad.numpy())
+
+
+def test_lu_solve_pivots_shape_as_torch():
+    lu = np.broadcast_to(np.eye(4), (3, 4, 4)).copy()
+    for piv in [np.ones((5, 4)), np.ones(4)]:
+        with pytest.raises(RuntimeError) as et:
+            torch.linalg.lu_solve(torch.tensor(lu), torch.tensor(piv, dtype=torch.int32), torch.zeros(3, 4, 1,
+                                                                                                     dtype=torch.float64))
+        with pytest.raises(kiln.KilnError) as ek:
+            kiln.linalg.lu_solve(kiln.tensor(lu), kiln.tensor(piv, dtype=kiln.int32), kiln.zeros([3, 4, 1],
+                                                                                                  dtype=kiln.float64))
+        assert str(et.value) in str(ek.value)
