@@ -611,8 +611,9 @@ Tensor digamma(const Tensor& a) {
 }
 Tensor polygamma(int64_t n, const Tensor& a) {
   KILN_CHECK(n >= 0, "polygamma: n is ", n, "; polygamma(n, x) is defined for whole n >= 0 only");
-  KILN_CHECK(n < std::numeric_limits<int32_t>::max(), "polygamma: n is ", n, ", beyond the ",
-             std::numeric_limits<int32_t>::max() - 1, " it supports");
+  // The CUDA kernel takes n as its float parameter, exact to 2^24; past that n! is inf in f64 anyway.
+  KILN_CHECK(n <= (int64_t(1) << 24), "polygamma: n is ", n, ", beyond the ", int64_t(1) << 24,
+             " it supports (n! overflows f64 from n = 171: every value past that is 0, inf or NaN)");
   if (n == 0) return digamma(a);
   return float_unary(
       "polygamma", UnaryOp::polygamma, special_input(a), false,

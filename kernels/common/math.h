@@ -209,6 +209,21 @@ template <typename T> KILN_HD T hurwitz_zeta(T s, T q) {
   if (q <= T(0)) {
     if (q == floor(q)) return T(INFINITY);
     if (s != floor(s)) return T(NAN);  // q^-s is not real
+    if (q < T(-16)) {
+      // The direct sum would take |q| steps (hours near -1e12). With f = q - floor(q) and M = -floor(q), the
+      // terms q .. q + M - 1 are (f - m), m = 1 .. M, so for whole s: zeta(s, q) = zeta(s, f) +
+      // (-1)^s (zeta(s, 1 - f) - zeta(s, M + 1 - f)), each of them O(1).
+      const T f = q - floor(q), m = -floor(q);
+      const T odd = fmod(s, T(2)) != T(0) ? T(-1) : T(1);
+      // The O(1) pair first (it cancels exactly for odd s at f = 1/2), then the small tail: subtracting the tail
+      // from zeta(s, 1 - f) first would round it away.
+      return (hurwitz_zeta(s, f) + odd * hurwitz_zeta(s, T(1) - f)) - odd * hurwitz_zeta(s, m + T(1) - f);
+    }
+  }
+  if (q > T(1e8) && q < T(INFINITY)) {  // (at inf the sum below gives torch's NaN)
+    // Euler-Maclaurin's first terms, q^(1-s) (1 / (s - 1) + 1 / (2q) + s / (12 q^2)), the next below q^-4
+    // relative: forming q^-s alone underflowed (trigamma was 0 above 1.3e154, where it is about 1 / q).
+    return pow(q, T(1) - s) * (T(1) / (s - T(1)) + T(0.5) / q + s / (T(12) * q * q));
   }
   T sum = pow(q, -s), a = q, b = T(0);
   for (int i = 0; i < 9 || a <= T(9);) {
@@ -341,7 +356,7 @@ template <typename T> KILN_HD T bessel_i(int nu, T x, bool scaled) {
       sum += term;
       if (fabs(term) < kEps * fabs(sum)) break;
     }
-    r = sum / sqrt(T(2 * kPi) * ax);
+    r = sum / (sqrt(ax) * sqrt(T(2 * kPi)));  // not sqrt(2 pi ax): 2 pi ax overflows near the type's top
     if (!scaled) r *= exp(ax);
   }
   return nu && x < T(0) ? -r : r;

@@ -208,3 +208,34 @@ def test_refusals():
     ki = kiln.tensor([1, 2])
     with pytest.raises(Exception, match="lgamma_"):
         ki.lgamma_()
+
+
+def test_polygamma_far_left_and_far_right():
+    # Far left the direct zeta sum took |x| steps (-1e12 + 0.5 ran for hours) and lost digits by cancellation;
+    # far right q^-s underflowed (trigamma 0 above 1.3e154, where it is about 1 / x). Checked with the
+    # reflection psi1(x) = -psi1(1 - x) + pi^2 / sin(pi x)^2 and psi2(x) = psi2(1 - x) at half-integers.
+    x = np.array([-1e12 + 0.5, -1e6 - 0.5, -1000.5, -20.5, -17.25, -33.7])
+    k1 = np.array(kiln.polygamma(1, kiln.tensor(x, dtype=kiln.float64)).tolist())
+    right = np.array(kiln.polygamma(1, kiln.tensor(1 - x, dtype=kiln.float64)).tolist())
+    frac = x - np.floor(x)
+    np.testing.assert_allclose(k1, -right + (math.pi / np.sin(math.pi * frac)) ** 2, rtol=1e-13)
+    half = np.array([-1e6 - 0.5, -1000.5, -20.5])
+    k2 = np.array(kiln.polygamma(2, kiln.tensor(half, dtype=kiln.float64)).tolist())
+    r2 = np.array(kiln.polygamma(2, kiln.tensor(1 - half, dtype=kiln.float64)).tolist())
+    np.testing.assert_allclose(k2, r2, rtol=1e-13)
+    big = np.array([1e160, 1e200, 1e300])
+    np.testing.assert_allclose(np.array(kiln.polygamma(1, kiln.tensor(big, dtype=kiln.float64)).tolist()), 1 / big,
+                               rtol=1e-15)
+    np.testing.assert_allclose(np.array(kiln.polygamma(2, kiln.tensor([1e100], dtype=kiln.float64)).tolist()),
+                               [-1e-200], rtol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["i0", "i0e", "i1", "i1e"])
+def test_bessel_near_the_top_of_the_range_as_torch(name):
+    # sqrt(2 pi x) overflowed first: i0(6e37) in f32 was NaN (torch inf), i0e(1e38) 0 (torch 4e-20).
+    kf, tf = getattr(kiln.special, name), getattr(torch.special, name)
+    for dt, tdt, xs in ((kiln.float32, torch.float32, [6e37, 1e38, -3e38]),
+                        (kiln.float64, torch.float64, [2.9e307, 1e308, -1.7e308])):
+        k = np.array(kf(kiln.tensor(xs, dtype=dt)).tolist())
+        t = tf(torch.tensor(xs, dtype=tdt)).numpy().astype(np.float64)
+        np.testing.assert_allclose(k, t, rtol=2e-6 if dt == kiln.float32 else 1e-14)
