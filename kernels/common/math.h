@@ -188,8 +188,9 @@ template <typename T> KILN_HD T digamma(T x) {
 
 // The Hurwitz zeta function sum_k (k + q)^-s for s > 1 (Cephes' zeta, as torch's): the sum directly
 // until the terms drop below an ulp or past q + 9 terms, then the Euler-Maclaurin tail with B_2 .. B_24.
-// inf at s == 1 and at whole q <= 0, NaN for s < 1 and for a non-whole s with q <= 0.
-template <typename T> KILN_HD T hurwitz_zeta(T s, T q) {
+// inf at s == 1 and at whole q <= 0, NaN for s < 1 and for a non-whole s with q <= 0 (hurwitz_zeta below;
+// this is its sum, for q > -16, not recursive so that device code inlines it).
+template <typename T> KILN_HD T hurwitz_zeta_direct(T s, T q) {
   // (2k)! / B_2k, k = 1 .. 12
   constexpr double kA[12] = {12.0,
                              -720.0,
@@ -204,27 +205,6 @@ template <typename T> KILN_HD T hurwitz_zeta(T s, T q) {
                              1.8152105401943546773e17,
                              -7.1661652561756670113e18};
   constexpr T kEps = std::numeric_limits<T>::epsilon() / 2;
-  if (s == T(1)) return T(INFINITY);
-  if (s < T(1)) return T(NAN);
-  if (q <= T(0)) {
-    if (q == floor(q)) return T(INFINITY);
-    if (s != floor(s)) return T(NAN);  // q^-s is not real
-    if (q < T(-16)) {
-      // The direct sum would take |q| steps (hours near -1e12). With f = q - floor(q) and M = -floor(q), the
-      // terms q .. q + M - 1 are (f - m), m = 1 .. M, so for whole s: zeta(s, q) = zeta(s, f) +
-      // (-1)^s (zeta(s, 1 - f) - zeta(s, M + 1 - f)), each of them O(1).
-      const T f = q - floor(q), m = -floor(q);
-      const T odd = fmod(s, T(2)) != T(0) ? T(-1) : T(1);
-      // The O(1) pair first (it cancels exactly for odd s at f = 1/2), then the small tail: subtracting the tail
-      // from zeta(s, 1 - f) first would round it away.
-      return (hurwitz_zeta(s, f) + odd * hurwitz_zeta(s, T(1) - f)) - odd * hurwitz_zeta(s, m + T(1) - f);
-    }
-  }
-  if (q > T(1e8) && q < T(INFINITY)) {  // (at inf the sum below gives torch's NaN)
-    // Euler-Maclaurin's first terms, q^(1-s) (1 / (s - 1) + 1 / (2q) + s / (12 q^2)), the next below q^-4
-    // relative: forming q^-s alone underflowed (trigamma was 0 above 1.3e154, where it is about 1 / q).
-    return pow(q, T(1) - s) * (T(1) / (s - T(1)) + T(0.5) / q + s / (T(12) * q * q));
-  }
   T sum = pow(q, -s), a = q, b = T(0);
   for (int i = 0; i < 9 || a <= T(9);) {
     ++i;
@@ -248,6 +228,32 @@ template <typename T> KILN_HD T hurwitz_zeta(T s, T q) {
     k += T(1);
   }
   return sum;
+}
+
+template <typename T> KILN_HD T hurwitz_zeta(T s, T q) {
+  if (s == T(1)) return T(INFINITY);
+  if (s < T(1)) return T(NAN);
+  if (q <= T(0)) {
+    if (q == floor(q)) return T(INFINITY);
+    if (s != floor(s)) return T(NAN);  // q^-s is not real
+    if (q < T(-16)) {
+      // The direct sum would take |q| steps (hours near -1e12). With f = q - floor(q) and M = -floor(q), the
+      // terms q .. q + M - 1 are (f - m), m = 1 .. M, so for whole s: zeta(s, q) = zeta(s, f) +
+      // (-1)^s (zeta(s, 1 - f) - zeta(s, M + 1 - f)), each of them O(1).
+      const T f = q - floor(q), m = -floor(q);
+      const T odd = fmod(s, T(2)) != T(0) ? T(-1) : T(1);
+      // The O(1) pair first (it cancels exactly for odd s at f = 1/2), then the small tail: subtracting the tail
+      // from zeta(s, 1 - f) first would round it away.
+      return (hurwitz_zeta_direct(s, f) + odd * hurwitz_zeta_direct(s, T(1) - f)) -
+             odd * hurwitz_zeta_direct(s, m + T(1) - f);
+    }
+  }
+  if (q > T(1e8) && q < T(INFINITY)) {  // (at inf the sum below gives torch's NaN)
+    // Euler-Maclaurin's first terms, q^(1-s) (1 / (s - 1) + 1 / (2q) + s / (12 q^2)), the next below q^-4
+    // relative: forming q^-s alone underflowed (trigamma was 0 above 1.3e154, where it is about 1 / q).
+    return pow(q, T(1) - s) * (T(1) / (s - T(1)) + T(0.5) / q + s / (T(12) * q * q));
+  }
+  return hurwitz_zeta_direct(s, q);
 }
 
 // The n-th derivative of digamma (n >= 0, checked by the caller): digamma for n = 0, else
