@@ -12,7 +12,7 @@ from .._tensor import no_grad
 from . import constraints
 from .distribution import Distribution
 from .gamma import Gamma
-from .utils import broadcast_all, lazy_property, logits_to_probs, probs_to_logits
+from .utils import broadcast_all, expand_probs_or_logits, lazy_property, logits_to_probs, probs_to_logits
 
 __all__ = ["Poisson", "Binomial", "NegativeBinomial", "Multinomial"]
 
@@ -104,12 +104,7 @@ class _CountsProbs(Distribution):
         new = self._get_checked_instance(cls, _instance)
         batch_shape = tuple(batch_shape)
         new.total_count = self.total_count.expand(*batch_shape)
-        if "probs" in self.__dict__:
-            new.probs = self.probs.expand(*batch_shape)
-            new._param = new.probs
-        if "logits" in self.__dict__:
-            new.logits = self.logits.expand(*batch_shape)
-            new._param = new.logits
+        expand_probs_or_logits(self, new, batch_shape)
         Distribution.__init__(new, batch_shape, validate_args=False)
         new._validate_args = self._validate_args
         return new

@@ -6,7 +6,7 @@ from .. import _C
 from .._tensor import _multinomial, no_grad
 from . import constraints
 from .distribution import Distribution
-from .utils import broadcast_all, float_min, lazy_property, logits_to_probs, probs_to_logits, tiny
+from .utils import broadcast_all, expand_probs_or_logits, float_min, lazy_property, logits_to_probs, probs_to_logits, tiny
 
 __all__ = ["Bernoulli", "Geometric", "Categorical", "OneHotCategorical"]
 
@@ -50,12 +50,7 @@ class _Binary(Distribution):
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(_Binary, _instance)
         batch_shape = tuple(batch_shape)
-        if "probs" in self.__dict__:
-            new.probs = self.probs.expand(*batch_shape)
-            new._param = new.probs
-        if "logits" in self.__dict__:
-            new.logits = self.logits.expand(*batch_shape)
-            new._param = new.logits
+        expand_probs_or_logits(self, new, batch_shape)
         Distribution.__init__(new, batch_shape, validate_args=False)
         new._validate_args = self._validate_args
         return new
@@ -182,12 +177,7 @@ class Categorical(Distribution):
         new = self._get_checked_instance(Categorical, _instance)
         batch_shape = tuple(batch_shape)
         param_shape = batch_shape + (self._num_events,)
-        if "probs" in self.__dict__:
-            new.probs = self.probs.expand(*param_shape)
-            new._param = new.probs
-        if "logits" in self.__dict__:
-            new.logits = self.logits.expand(*param_shape)
-            new._param = new.logits
+        expand_probs_or_logits(self, new, param_shape)
         new._num_events = self._num_events
         Distribution.__init__(new, batch_shape, validate_args=False)
         new._validate_args = self._validate_args

@@ -499,14 +499,12 @@ class SigmoidTransform(Transform):
         return _C.log(y) - _C.log1p(-y)
 
     def log_abs_det_jacobian(self, x, y):
-        return -_softplus(-x) - _softplus(x)
+        return -_C.softplus(-x) - _C.softplus(x)
 
 
-def _softplus(x):
-    """log(1 + exp(x)) as torch.nn.functional.softplus (x itself above 20), with its gradient sigmoid(x):
-    0.5 at x == 0 (a clamp_min(0) + log1p(exp(-|x|)) form has gradient 0 there, kiln's clamp_min and abs
-    passing none at their kinks)."""
-    return _C.softplus(x)
+# softplus in this module is the engine's, as torch.nn.functional.softplus (x itself above 20), with its gradient
+# sigmoid(x): 0.5 at x == 0 (a clamp_min(0) + log1p(exp(-|x|)) form has gradient 0 there, kiln's clamp_min and
+# abs passing none at their kinks).
 
 
 class SoftplusTransform(Transform):
@@ -522,13 +520,13 @@ class SoftplusTransform(Transform):
     __hash__ = object.__hash__
 
     def _call(self, x):
-        return _softplus(x)
+        return _C.softplus(x)
 
     def _inverse(self, y):
         return _C.log(-_C.expm1(-y)) + y
 
     def log_abs_det_jacobian(self, x, y):
-        return -_softplus(-x)
+        return -_C.softplus(-x)
 
 
 class TanhTransform(Transform):
@@ -550,7 +548,7 @@ class TanhTransform(Transform):
         return 0.5 * (_C.log1p(y) - _C.log1p(-y))  # atanh(y)
 
     def log_abs_det_jacobian(self, x, y):
-        return 2.0 * (math.log(2.0) - x - _softplus(-2.0 * x))
+        return 2.0 * (math.log(2.0) - x - _C.softplus(-2.0 * x))
 
 
 class AbsTransform(Transform):

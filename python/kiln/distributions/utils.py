@@ -100,3 +100,12 @@ class lazy_property:
 
 EULER_GAMMA = 0.57721566490153286060
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+
+
+def expand_probs_or_logits(src, new, shape):
+    """expand()'s shared step for distributions given probs= or logits=: copies whichever of the two src has
+    computed to new, expanded to shape, and makes the last one copied new._param (logits when both are)."""
+    for name in ("probs", "logits"):
+        if name in src.__dict__:
+            setattr(new, name, getattr(src, name).expand(*shape))
+            new._param = getattr(new, name)
